@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * wheel.h - a hierarchical, tickless timing wheel over a slab of 64-byte
+ * nodes (struct chime_node) in a memory region the caller provides, so it can
+ * live in a shard segment. Nodes are named by 32-bit indices, never pointers.
+ *
+ * The wheel does no I/O, shared-memory setup or threading: it takes now_ns and
+ * hands back the timers that are due (like wahern's timeouts_update/get).
+ * One thread owns a wheel.
+ *
+ * Contract:
+ * - never early: wheel_advance(now) makes a timer due only if deadline_ns <= now;
+ * - exact: every timer with deadline_ns <= now is due after wheel_advance(now)
+ *   (a deadline in the past is due at the next advance; any uint64_t deadline
+ *   works, the levels cover the whole range);
+ * - O(1) arm, cancel and reset;
+ * - wheel_next_deadline() is at most one resolution unit after the earliest
+ *   deadline, so a caller that sleeps until it is late by at most one unit.
+ */
+#ifndef CHIME_WHEEL_H
+#define CHIME_WHEEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chime_shm.h"
+
+/* Private handle: the shared state and the slab, resolved once. */
+struct wheel {
+	struct chime_wheel *w;
+	struct chime_node *nodes;
+};
+
+/* Bytes of region wheel_init() needs for `capacity` nodes. */
+size_t wheel_region_size(uint32_t capacity);
+
+/*
+ * Lay a fresh wheel over [mem, mem + len): header, then `capacity` nodes, all
+ * free. resolution_ns > 0; now_ns is the wheel's starting time.
+ * -EINVAL on a bad argument or a region too small. Pages of the slab are not
+ * touched until nodes are first allocated.
+ */
+int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
+	       uint64_t resolution_ns, uint64_t now_ns);
+
+/*
+ * Re-attach to a wheel that already lives in [mem, mem + len) (a restarted
+ * broker) and rebuild every derived structure (slot lists, occupancy bits,
+ * free list, counters) from the slab alone: ARMED and EXPIRED nodes are
+ * re-armed at their deadline, FREE nodes freed, other states left as they are.
+ * -EINVAL if the header does not fit the region.
+ */
+int wheel_rebuild(struct wheel *wh, void *mem, size_t len);
+
+static inline struct chime_node *wheel_node(const struct wheel *wh, uint32_t idx)
+{
+	return &wh->nodes[idx];
+}
+
+/*
+ * Take a node off the free list: state ALLOC, gen bumped (never 0 within
+ * CHIME_ID_GEN_MASK), every other field zeroed, cq_pos = CHIME_POS_NONE.
+ * Returns its index, or CHIME_NIL if the slab is full.
+ */
+uint32_t wheel_alloc(struct wheel *wh);
+
+/* Return a node in state ALLOC (or any broker state) to the free list. */
+void wheel_free(struct wheel *wh, uint32_t idx);
+
+/* Arm a node that is on no wheel list (ALLOC or a broker state) at deadline_ns. */
+void wheel_arm(struct wheel *wh, uint32_t idx, uint64_t deadline_ns);
+
+/* Take an ARMED or EXPIRED node off its list; it becomes ALLOC. */
+void wheel_cancel(struct wheel *wh, uint32_t idx);
+
+/* Move an ARMED or EXPIRED node to a new deadline (the keepalive "touch"). O(1). */
+void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns);
+
+/*
+ * Re-arm a periodic node from its deadline, not from now: deadline_ns +=
+ * period_ns (saturating). If that is already past, it is due at the next
+ * advance (every period fires; none is skipped).
+ */
+void wheel_rearm_periodic(struct wheel *wh, uint32_t idx);
+
+/*
+ * Advance to now_ns (which never goes backwards; an earlier value is treated
+ * as the last one) and move every timer with deadline_ns <= now_ns to the
+ * expired list. Returns how many became due. Cost: O(due timers + cascaded
+ * timers + slots passed).
+ */
+uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns);
+
+/*
+ * Pop up to `max` due timers into `out` (they become ALLOC). Returns how many.
+ * Order: by deadline tick (floor(deadline_ns / resolution_ns)); within one tick,
+ * in no particular order.
+ */
+unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max);
+
+/*
+ * The time the caller should next call wheel_advance(): CHIME's tickless
+ * sleep. UINT64_MAX if nothing is armed; now_ns or earlier if timers are
+ * already due. Never more than one resolution unit after the earliest armed
+ * deadline, and advancing to it always makes progress (fires or cascades).
+ */
+uint64_t wheel_next_deadline(const struct wheel *wh);
+
+/* Timers in state ARMED or EXPIRED. */
+static inline uint64_t wheel_armed(const struct wheel *wh)
+{
+	return wh->w->armed;
+}
+
+/*
+ * Check every internal invariant (slot lists consistent with occupancy bits
+ * and node levels, counts, free list); abort()s with a message on the first
+ * violation. O(capacity): for tests.
+ */
+void wheel_check(const struct wheel *wh);
+
+#endif /* CHIME_WHEEL_H */

@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * chime.h - the client library of chime, a shared-memory timer broker.
+ *
+ * A process connects to the host's broker (chimed) with chime_open(), arms,
+ * resets and cancels timers with no system call (a store into a shared ring),
+ * and collects expirations with chime_poll(), chime_wait() or chime_dispatch(),
+ * or by watching chime_fd() in its own event loop.
+ *
+ * Conventions: every call that can fail returns 0 (or a count) on success and
+ * a negative errno on failure. The library never prints, logs or raises
+ * signals (no SIGPIPE). Times are uint64_t nanoseconds of CLOCK_MONOTONIC:
+ * *_ns deadlines are absolute.
+ */
+#ifndef CHIME_H
+#define CHIME_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CHIME_VERSION_MAJOR 0
+#define CHIME_VERSION_MINOR 1
+#define CHIME_VERSION_PATCH 0
+
+typedef struct chime chime_t;   /* one connection to a broker */
+typedef uint64_t chime_id_t;    /* a timer handle; never 0 */
+
+struct chime_opts {
+	const char *socket_path;    /* NULL: $CHIME_SOCKET if set, else the default path */
+	unsigned    flags;          /* 0 for now */
+};
+
+struct chime_event {
+	chime_id_t id;
+	uint64_t   key;
+	uint64_t   user_data;
+	uint64_t   deadline_ns;     /* the deadline that fired, CLOCK_MONOTONIC */
+	uint64_t   fired_ns;        /* when the broker fired it, CLOCK_MONOTONIC */
+};
+
+typedef void (*chime_cb)(const struct chime_event *event, void *arg);
+
+/*
+ * Connect to the broker. The socket is opts->socket_path, else $CHIME_SOCKET,
+ * else /run/chime/chime.sock for root and $XDG_RUNTIME_DIR/chime.sock for
+ * others. Returns 0 and sets *out, or:
+ *   -EINVAL        out is NULL, opts->flags is not 0, or the path is too long
+ *   -ENOENT        no broker listens at the socket path
+ *   -EACCES        the broker's policy refused this user (or the socket's permissions did)
+ *   -EPROTO        the broker speaks another shared-memory layout version
+ *   -EUSERS        the broker's client table is full
+ *   -ENOMEM        out of memory (or mapping the segments failed)
+ *   -ECONNRESET    the broker hung up during the handshake
+ *   -EBADMSG       the broker's reply or segments were malformed
+ */
+int chime_open(chime_t **out, const struct chime_opts *opts);
+
+/* Disconnect: the broker cancels every timer of this connection. NULL-safe. */
+void chime_close(chime_t *c);
+
+/* CLOCK_MONOTONIC in nanoseconds (the clock every chime deadline uses). */
+uint64_t chime_now(void);
+
+/* The library's version as "MAJOR.MINOR.PATCH". */
+const char *chime_version(void);
+
+/*
+ * Arm a timer at absolute deadline_ns, repeating every period_ns if that is
+ * not 0 (it fires at deadline_ns + k * period_ns for every k, never drifting).
+ * A deadline in the past fires at once. key groups timers for
+ * chime_cancel_key(); user_data comes back in the event. Sets *id (never 0)
+ * before returning: no round trip. Thread-safe. If the submission ring is
+ * full, waits for room (never drops). Returns 0, or:
+ *   -EINVAL    c or id is NULL
+ *   -ENOTCONN  the broker is gone
+ */
+int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns,
+	      uint64_t user_data, chime_id_t *id);
+
+/*
+ * Move a timer to a new absolute deadline (the keepalive "touch"). After this
+ * returns, the timer fires at deadline_ns and an earlier firing still in
+ * flight is never returned; if the application had already received a
+ * one-shot's event, the timer is gone and this changes nothing. A periodic
+ * timer keeps its period from the new deadline. Thread-safe. Returns 0, or
+ * -EINVAL (c NULL, id 0 or not an id of this broker) or -ENOTCONN.
+ */
+int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns);
+
+/*
+ * Cancel a timer. After this returns, no event for id is ever returned, even
+ * one the broker had already fired. Cancelling a timer that already fired or
+ * was cancelled is not an error. Thread-safe. Returns 0, -EINVAL or -ENOTCONN.
+ */
+int chime_cancel(chime_t *c, chime_id_t id);
+
+/*
+ * Cancel every timer this connection armed with `key`, with the same
+ * guarantee as chime_cancel() for each. Thread-safe. Returns 0, -EINVAL or
+ * -ENOTCONN.
+ */
+int chime_cancel_key(chime_t *c, uint64_t key);
+
+/*
+ * A file descriptor that is readable whenever events are pending, for an
+ * application's own epoll or io_uring loop: when it is readable, call
+ * chime_poll() or chime_dispatch() until they return 0. Do not read it
+ * yourself. Returns the fd, or -EINVAL.
+ */
+int chime_fd(const chime_t *c);
+
+/*
+ * Copy up to max pending events into events; never blocks. Returns how many
+ * (0..max), -EINVAL (c or events NULL, max 0), or -ENOTCONN once the broker is
+ * gone and nothing is left to return. One thread at a time drains a chime_t.
+ */
+int chime_poll(chime_t *c, struct chime_event *events, unsigned max);
+
+/*
+ * Like chime_poll(), but if nothing is pending, block up to timeout_ms
+ * (-1: forever, 0: do not block) for events, using io_uring on the eventfd.
+ * Returns how many events (0 on timeout), -EINVAL, -ENOTCONN, or -EINTR if a
+ * signal interrupted the wait.
+ */
+int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout_ms);
+
+/*
+ * Drain up to max pending events (0: all that are pending now) and call
+ * cb(event, arg) for each, in order; never blocks. The callback may arm,
+ * reset and cancel timers. Returns how many were dispatched, -EINVAL or
+ * -ENOTCONN.
+ */
+int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CHIME_H */

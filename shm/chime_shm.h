@@ -1,0 +1,509 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * chime_shm.h - the shared-memory contract between chimed, libchime and the tools.
+ *
+ * Everything that crosses a process boundary is defined here and nowhere else:
+ * segment layouts, the submission and completion records, the timer node, the
+ * timer id encoding and the socket handshake. Any incompatible change bumps
+ * CHIME_SHM_LAYOUT.
+ *
+ * Rules (DESIGN.md invariants 4 and 5):
+ * - fixed-width types only, explicit padding, no pointers (every process maps a
+ *   segment at its own address: things are found by byte offset or 32-bit index);
+ * - fields written by different sides sit on different cache lines, and a
+ *   producer index and its consumer index sit 128 bytes apart (adjacent-line
+ *   prefetcher);
+ * - every struct here carries _Static_asserts on its size and field offsets;
+ * - the broker never trusts memory a client can write: every index, count or
+ *   sequence it reads from a client's writable segment is bounded by the
+ *   broker's private copy before use.
+ *
+ * Segments (see ARCHITECTURE.md for the picture):
+ *   control   one per broker, file "<socket>.ctl"; broker writes, everybody reads.
+ *   shard     one per shard, file "<socket>.shard<N>"; broker writes, tools read.
+ *   client rw one per client, sealed memfd; the client writes, the broker reads
+ *             (bounded) and writes a few broker-owned words (slot seq, grants).
+ *   client ro one per client, sealed memfd with F_SEAL_FUTURE_WRITE; the broker
+ *             writes, the client can only read.
+ */
+#ifndef CHIME_SHM_H
+#define CHIME_SHM_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CHIME_SHM_MAGIC   UINT64_C(0x0031454d49484321) /* "!CHIME1" in LE bytes */
+#define CHIME_SHM_LAYOUT  1u                           /* bump on ANY incompatible change */
+#define CHIME_CACHELINE   64u
+
+/* Segment kinds, stored in every segment header so a file can't be mistaken for another. */
+#define CHIME_SEG_CONTROL   1u
+#define CHIME_SEG_SHARD     2u
+#define CHIME_SEG_CLIENT_RW 3u
+#define CHIME_SEG_CLIENT_RO 4u
+
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "shm atomics must be lock-free");
+_Static_assert(sizeof(void *) == 8, "chime's shm layout assumes a 64-bit target");
+
+#define CHIME_ALIGNED(n) __attribute__((aligned(n)))
+
+/*
+ * Common segment header: the first 64 bytes of every segment.
+ *
+ * field      | writer           | readers | ordering
+ * magic      | creator, LAST    | all     | release store by creator; readers acquire-load:
+ *            |                  |         | 0 = not ready (-EAGAIN), other = wrong file
+ * layout     | creator, once    | all     | before magic
+ * kind       | creator, once    | all     | before magic
+ * size       | creator, once    | all     | total bytes of the segment; must equal the file size
+ */
+struct chime_seg_hdr {
+	uint64_t magic;
+	uint32_t layout;
+	uint32_t kind;
+	uint64_t size;
+	uint8_t  _reserved[40];
+};
+_Static_assert(sizeof(struct chime_seg_hdr) == 64, "hdr must stay one cache line");
+_Static_assert(offsetof(struct chime_seg_hdr, layout) == 8, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_seg_hdr, kind) == 12, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_seg_hdr, size) == 16, "moved: bump CHIME_SHM_LAYOUT");
+
+/* ------------------------------------------------------------------------ */
+/* Timer ids                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A timer id names a node of one shard's slab, and which reuse of that node:
+ *
+ *   bits 63..40  generation (24 bits, never 0: so an id is never 0)
+ *   bits 39..32  shard index
+ *   bits 31..0   node index in the shard's slab
+ *
+ * The broker hands ids out before they are used (a "grant" in every submission
+ * slot, see struct chime_sqe), so chime_arm() knows its id with no round trip,
+ * and the broker finds a node from an id in O(1) with no hash table. A stale id
+ * (its node freed and reused) has a different generation and is ignored.
+ */
+#define CHIME_ID_GEN_BITS    24u
+#define CHIME_ID_GEN_MASK    ((UINT32_C(1) << CHIME_ID_GEN_BITS) - 1u)
+#define CHIME_MAX_SHARDS     256u
+
+static inline uint64_t chime_id_make(uint32_t gen, uint32_t shard, uint32_t idx)
+{
+	return ((uint64_t)(gen & CHIME_ID_GEN_MASK) << 40) | ((uint64_t)(shard & 0xffu) << 32) | idx;
+}
+static inline uint32_t chime_id_gen(uint64_t id)   { return (uint32_t)(id >> 40) & CHIME_ID_GEN_MASK; }
+static inline uint32_t chime_id_shard(uint64_t id) { return (uint32_t)(id >> 32) & 0xffu; }
+static inline uint32_t chime_id_index(uint64_t id) { return (uint32_t)id; }
+
+/* ------------------------------------------------------------------------ */
+/* Timer node (the slab of a shard segment)                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Node states. The wheel owns FREE, ALLOC, ARMED and EXPIRED; the broker moves
+ * ALLOC nodes through its own states (which the wheel leaves alone).
+ */
+#define CHIME_NODE_FREE     0u  /* on the slab's free list */
+#define CHIME_NODE_ARMED    1u  /* linked into a wheel slot */
+#define CHIME_NODE_EXPIRED  2u  /* due: on the wheel's expired list, not yet popped */
+#define CHIME_NODE_ALLOC    3u  /* allocated, on no wheel list (fresh, cancelled or popped) */
+#define CHIME_NODE_GRANTED  4u  /* broker: id handed to a client in a submission slot, not armed */
+#define CHIME_NODE_BACKLOG  5u  /* broker: fired, held until its client's completion ring has room */
+#define CHIME_NODE_ACKWAIT  6u  /* broker: one-shot delivered; freed once the client consumed it */
+
+#define CHIME_NIL UINT32_C(0xffffffff) /* the null node index */
+
+/*
+ * One timer: 64 bytes, one cache line. Written only by the shard thread that
+ * owns the slab; read by tools (chimectl timers) with no ordering guarantee
+ * (a racy snapshot is fine there).
+ *
+ * next/prev link the node into exactly one list at a time, chosen by state:
+ * a wheel slot (ARMED), the free list (FREE, next only), or one of its
+ * client's per-shard lists (BACKLOG, ACKWAIT). key_next/key_prev link it into
+ * the shard's key index bucket while it belongs to a client.
+ */
+struct chime_node {
+	uint64_t key;
+	uint64_t user_data;
+	uint64_t deadline_ns;   /* absolute CLOCK_MONOTONIC */
+	uint64_t period_ns;     /* 0: one-shot */
+	uint64_t cq_pos;        /* completion-ring position of its unconsumed event, or CHIME_POS_NONE */
+	uint32_t next;
+	uint32_t prev;
+	uint32_t key_next;
+	uint32_t key_prev;
+	uint32_t gen;           /* generation of the id that owns the node now */
+	uint16_t owner;         /* client slot */
+	uint8_t  state;         /* CHIME_NODE_* */
+	uint8_t  level;         /* wheel level while ARMED (its slot follows from deadline) */
+};
+#define CHIME_POS_NONE UINT64_MAX
+
+_Static_assert(sizeof(struct chime_node) == 64, "a timer is one cache line");
+_Static_assert(offsetof(struct chime_node, deadline_ns) == 16, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_node, cq_pos) == 32, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_node, next) == 40, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_node, key_next) == 48, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_node, gen) == 56, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_node, owner) == 60, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_node, state) == 62, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_node, level) == 63, "moved: bump CHIME_SHM_LAYOUT");
+
+/* ------------------------------------------------------------------------ */
+/* Timing wheel state (head of a shard's wheel region)                         */
+/* ------------------------------------------------------------------------ */
+
+#define CHIME_WHEEL_BITS   6u                          /* slots per level = 64 */
+#define CHIME_WHEEL_SLOTS  (1u << CHIME_WHEEL_BITS)
+#define CHIME_WHEEL_LEVELS 11u                         /* 11 * 6 >= 64: any uint64 tick fits */
+
+/*
+ * The wheel's own state. It precedes the node slab in the region the caller
+ * gives wheel_init(); everything in it is derivable from the slab, which is
+ * what wheel_rebuild() does. Single writer: the owning shard thread.
+ */
+struct chime_wheel {
+	uint64_t resolution_ns;     /* one tick */
+	uint64_t now_tick;          /* ticks of the last advance */
+	uint64_t now_ns;            /* time of the last advance */
+	uint32_t capacity;          /* nodes in the slab */
+	uint32_t high_water;        /* nodes [0, high_water) have been handed out at least once */
+	uint32_t free_head;         /* free list (through node.next) */
+	uint32_t _pad0;
+	uint64_t armed;             /* nodes in state ARMED */
+	uint64_t slab_off;          /* byte offset of node 0 from this struct */
+	uint32_t expired_head;      /* due timers not yet popped (through next/prev) */
+	uint32_t expired_tail;
+	uint64_t occupied[CHIME_WHEEL_LEVELS];                 /* bit s: slot s of level is non-empty */
+	uint8_t  _pad2[64 - (CHIME_WHEEL_LEVELS * 8) % 64];
+	uint32_t slot[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];  /* list heads (node index or CHIME_NIL) */
+};
+_Static_assert(offsetof(struct chime_wheel, occupied) == 64, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_wheel, slot) % 64 == 0, "slot heads start a cache line");
+_Static_assert(sizeof(struct chime_wheel) % 64 == 0, "slab follows on a cache line");
+
+/* ------------------------------------------------------------------------ */
+/* Submission ring: client threads -> one shard (MPSC)                          */
+/* ------------------------------------------------------------------------ */
+
+#define CHIME_OP_NOP        0u  /* ignored (a producer that had to give up a slot) */
+#define CHIME_OP_ARM        1u  /* id = the slot's grant; key, deadline_ns, period_ns, user_data */
+#define CHIME_OP_RESET      2u  /* id, deadline_ns */
+#define CHIME_OP_CANCEL     3u  /* id */
+#define CHIME_OP_CANCEL_KEY 4u  /* key */
+
+/*
+ * One submission slot, 64 bytes. The ring is a bounded MPSC queue of such
+ * slots with a sequence number per slot (D. Vyukov's bounded queue):
+ *
+ *   seq == pos            slot is free for the producer of position pos
+ *   seq == pos + 1        slot holds the record of position pos (published)
+ *   consumer sets seq = pos + size after reading, which frees it for pos + size.
+ *
+ * field      | writer                      | reader             | ordering
+ * seq        | producer (publish),         | both               | producer: record fields, then
+ *            | broker (free)               |                    | seq with a full barrier (the
+ *            |                             |                    | sleeping-flag check follows);
+ *            |                             |                    | broker: grant, then seq (release)
+ * grant      | broker, while slot is free  | producer (ARM)     | before seq=pos+size (release)
+ * op..       | producer of pos             | broker             | before seq (release)
+ *
+ * The broker reads seq once per slot; a value other than pos+1 means "not
+ * ready" (it never indexes anything with it). It then copies the record and
+ * validates every field: a client scribbling here only loses its own records.
+ */
+struct chime_sqe {
+	uint64_t seq;
+	uint64_t grant;         /* a fresh timer id, valid for an ARM written in this slot */
+	uint64_t id;            /* ARM: copy of grant; RESET, CANCEL: the target */
+	uint64_t key;
+	uint64_t deadline_ns;
+	uint64_t period_ns;
+	uint64_t user_data;
+	uint32_t op;            /* CHIME_OP_* */
+	uint32_t _pad;
+};
+_Static_assert(sizeof(struct chime_sqe) == 64, "a submission is one cache line");
+_Static_assert(offsetof(struct chime_sqe, grant) == 8, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_sqe, id) == 16, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_sqe, op) == 56, "moved: bump CHIME_SHM_LAYOUT");
+
+/* ------------------------------------------------------------------------ */
+/* Completion ring: one shard -> one client (SPSC)                              */
+/* ------------------------------------------------------------------------ */
+
+#define CHIME_CQE_PERIODIC 0x1u  /* the timer stays armed after this event */
+
+/*
+ * One expiration, 64 bytes. Slots live in the client's read-only segment;
+ * the producer index (tail) too; the consumer index (head) and the claim
+ * words live in the client's writable segment.
+ */
+struct chime_cqe {
+	uint64_t id;
+	uint64_t key;
+	uint64_t user_data;
+	uint64_t deadline_ns;   /* the deadline that fired */
+	uint64_t fired_ns;      /* when the shard fired it */
+	uint32_t flags;         /* CHIME_CQE_* */
+	uint32_t _pad;
+	uint64_t _reserved[2];
+};
+_Static_assert(sizeof(struct chime_cqe) == 64, "a completion is one cache line");
+_Static_assert(offsetof(struct chime_cqe, fired_ns) == 32, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_cqe, flags) == 40, "moved: bump CHIME_SHM_LAYOUT");
+
+/*
+ * Claim words: one uint64 per completion slot, in the client's writable
+ * segment, deciding atomically who owns an event that a RESET or CANCEL races
+ * with. For the event at position pos:
+ *
+ *   (pos << 2) | CHIME_CLAIM_FRESH   written by the broker before publishing the event
+ *   (pos << 2) | CHIME_CLAIM_TAKEN   the client's CAS from FRESH: it returns the event
+ *   (pos << 2) | CHIME_CLAIM_VOID    the broker's CAS from FRESH: a cancel or reset it
+ *                                    consumed beat the client; the client skips it
+ *
+ * Exactly one CAS wins. A value the client did not expect (scribbled) makes it
+ * skip the event; a value the broker did not expect makes it treat the event
+ * as taken. Either way only that client's timers are affected.
+ */
+#define CHIME_CLAIM_FRESH 0u
+#define CHIME_CLAIM_TAKEN 1u
+#define CHIME_CLAIM_VOID  2u
+
+/* ------------------------------------------------------------------------ */
+/* Client segments                                                             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Per shard, in the client's WRITABLE segment.
+ *
+ * field      | writer                   | reader       | ordering
+ * sq_tail    | client producers (CAS)   | producers    | Vyukov: CAS claims a position
+ * cq_head    | the client's drainer     | broker       | release after the drainer copied the
+ *            |                          | (bounded)    | slots; broker acquire-loads, then clamps
+ *            |                          |              | to [its last seen head, its tail]
+ */
+struct chime_chan_rw {
+	uint64_t sq_tail;
+	uint8_t  _pad0[120];
+	uint64_t cq_head;
+	uint8_t  _pad1[120];
+};
+_Static_assert(sizeof(struct chime_chan_rw) == 256, "two 128-byte halves");
+_Static_assert(offsetof(struct chime_chan_rw, cq_head) % 128 == 0, "producer/consumer 128 B apart");
+
+/*
+ * Per shard, in the client's READ-ONLY segment (broker writes).
+ *
+ * field      | writer  | reader  | ordering
+ * cq_tail    | shard   | client  | release after the cqe and its claim word are written;
+ *            |         |         | client acquire-loads
+ * sq_head    | shard   | client  | release after the shard applied every record below it,
+ *            |         |         | including the claim VOIDs those records caused
+ * backlog    | shard   | client, | events held back because the ring was full; the client
+ *            |         | tools   | rings the shard's doorbell after draining if non-zero
+ */
+struct chime_chan_ro {
+	uint64_t cq_tail;
+	uint8_t  _pad0[120];
+	uint64_t sq_head;
+	uint64_t backlog;
+	uint8_t  _pad1[112];
+};
+_Static_assert(sizeof(struct chime_chan_ro) == 256, "two 128-byte halves");
+_Static_assert(offsetof(struct chime_chan_ro, sq_head) % 128 == 0, "producer/consumer 128 B apart");
+
+/*
+ * Client writable segment ("client rw"):
+ *
+ *   struct chime_client_rw                      header, 256 B
+ *   struct chime_chan_rw   [nr_shards]           at chan_off
+ *   struct chime_sqe       [nr_shards][sq_size]  at sq_off   (shard s: sq_off + s*sq_size*64)
+ *   uint64_t claim         [nr_shards][cq_size]  at claim_off
+ *
+ * The geometry fields are a copy for the client's convenience; the broker
+ * never reads them back (it keeps its own).
+ *
+ * want_wakeup: the client sets it (then a full barrier, then re-checks its
+ * completion rings) before it sleeps on its eventfd; a shard that publishes
+ * events after a full barrier loads it, and if set CASes it 1 -> 0 and writes
+ * the eventfd. Exactly one wake-up per sleep; no syscall while awake.
+ */
+struct chime_client_rw {
+	struct chime_seg_hdr hdr;
+	uint32_t nr_shards;
+	uint32_t sq_size;           /* slots per submission ring, power of two */
+	uint32_t cq_size;           /* slots per completion ring, power of two */
+	uint32_t _pad0;
+	uint64_t chan_off;
+	uint64_t sq_off;
+	uint64_t claim_off;
+	uint8_t  _pad1[24];
+	uint32_t want_wakeup;       /* own cache line: client stores, shards CAS */
+	uint8_t  _pad2[124];
+};
+_Static_assert(sizeof(struct chime_client_rw) == 256, "header is 256 B");
+_Static_assert(offsetof(struct chime_client_rw, want_wakeup) == 128, "own cache line");
+
+/*
+ * Client read-only segment ("client ro"):
+ *
+ *   struct chime_client_ro                      header, 256 B
+ *   struct chime_chan_ro   [nr_shards]           at chan_off
+ *   struct chime_cqe       [nr_shards][cq_size]  at cq_off
+ */
+struct chime_client_ro {
+	struct chime_seg_hdr hdr;
+	uint32_t nr_shards;
+	uint32_t sq_size;
+	uint32_t cq_size;
+	uint32_t slot;              /* this client's slot in the control segment's client table */
+	uint64_t chan_off;
+	uint64_t cq_off;
+	uint8_t  _pad[160];
+};
+_Static_assert(sizeof(struct chime_client_ro) == 256, "header is 256 B");
+
+/* ------------------------------------------------------------------------ */
+/* Control segment                                                             */
+/* ------------------------------------------------------------------------ */
+
+#define CHIME_BROKER_STARTING 0u
+#define CHIME_BROKER_RUNNING  1u
+#define CHIME_BROKER_STOPPED  2u   /* clean shutdown; a dead broker leaves RUNNING and a stale heartbeat */
+
+/*
+ * Per shard, in the control segment. The first line is the shard's sleep
+ * handshake with producers; the stats block is written by the shard thread
+ * only and read by tools (issue "observability" adds a sequence counter).
+ *
+ * field      | writer  | reader          | ordering
+ * sleeping   | shard   | client producers| shard: store 1, full barrier, re-check rings, sleep;
+ *            |         |                 | producer: publish (full barrier), load; if 1,
+ *            |         |                 | write the shard's doorbell eventfd
+ */
+struct chime_shard_ctl {
+	uint32_t sleeping;
+	uint8_t  _pad0[124];
+	/* stats: single writer (the shard), plain stores, racy reads are fine for now */
+	uint64_t armed;             /* timers this shard holds for clients now (armed or held) */
+	uint64_t arms;
+	uint64_t resets;
+	uint64_t cancels;
+	uint64_t cancel_keys;
+	uint64_t fires;
+	uint64_t delivered;
+	uint64_t malformed;         /* submissions dropped as malformed */
+	uint64_t loops;
+	uint64_t sleeps;
+	uint64_t wakeups;
+	uint64_t backlog;           /* events held for clients that do not drain, now */
+	uint64_t next_deadline_ns;  /* UINT64_MAX: nothing armed */
+	uint64_t busy_ns;
+	uint8_t  _reserved[1024 - 128 - 14 * 8];
+};
+_Static_assert(sizeof(struct chime_shard_ctl) == 1024, "shard block is 1 KiB");
+_Static_assert(offsetof(struct chime_shard_ctl, armed) == 128, "stats start on their own line");
+
+/* Client table entry (for tools). Written by the control thread (identity) and shards (counters). */
+#define CHIME_CLIENT_EMPTY  0u
+#define CHIME_CLIENT_ACTIVE 1u
+#define CHIME_CLIENT_DYING  2u  /* disconnected; shards are reclaiming its timers */
+
+struct chime_client_ctl {
+	uint32_t state;             /* CHIME_CLIENT_* */
+	int32_t  pid;
+	uint32_t uid;
+	uint32_t gid;
+	char     comm[16];
+	uint64_t connected_ns;
+	uint64_t generation;        /* bumped each time the slot is reused */
+	uint8_t  _reserved[256 - 48];
+};
+_Static_assert(sizeof(struct chime_client_ctl) == 256, "client block is 256 B");
+
+/*
+ * The control segment: header, then nr_shards shard blocks, then max_clients
+ * client blocks. Broker-wide fields are written by the control thread.
+ */
+struct chime_ctl {
+	struct chime_seg_hdr hdr;
+	uint32_t state;             /* CHIME_BROKER_* */
+	int32_t  pid;
+	uint32_t nr_shards;
+	uint32_t max_clients;
+	uint64_t start_ns;          /* CLOCK_MONOTONIC */
+	uint64_t heartbeat_ns;      /* CLOCK_MONOTONIC, updated at least every 100 ms */
+	uint64_t resolution_ns;
+	int64_t  spin_us;           /* -1: busy-poll */
+	uint32_t sq_size;
+	uint32_t cq_size;
+	uint32_t shard_capacity;    /* nodes per shard slab */
+	uint32_t _pad0;
+	uint64_t clients_now;
+	uint64_t clients_total;
+	char     version[16];
+	uint64_t shards_off;        /* byte offset of struct chime_shard_ctl[0] */
+	uint64_t clients_off;       /* byte offset of struct chime_client_ctl[0] */
+	uint8_t  _reserved[256 - 64 - 112];
+};
+_Static_assert(sizeof(struct chime_ctl) == 256, "control header is 256 B");
+_Static_assert(offsetof(struct chime_ctl, heartbeat_ns) == 88, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_ctl, shards_off) == 160, "moved: bump CHIME_SHM_LAYOUT");
+
+/* Shard segment header ("<socket>.shard<N>"); the wheel region follows at wheel_off. */
+struct chime_shard_seg {
+	struct chime_seg_hdr hdr;
+	uint32_t shard;
+	uint32_t key_buckets;       /* power of two */
+	uint64_t key_off;           /* uint32_t bucket heads [key_buckets] */
+	uint64_t wheel_off;         /* struct chime_wheel, then the slab */
+	uint8_t  _reserved[40];
+};
+_Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
+
+/* ------------------------------------------------------------------------ */
+/* Socket handshake                                                             */
+/* ------------------------------------------------------------------------ */
+
+#define CHIME_HELLO_MAGIC UINT32_C(0x4d494843) /* "CHIM" */
+
+/* client -> broker, one SOCK_SEQPACKET message right after connect(). */
+struct chime_hello {
+	uint32_t magic;             /* CHIME_HELLO_MAGIC */
+	uint32_t layout;            /* CHIME_SHM_LAYOUT the client speaks */
+	uint32_t flags;             /* 0 */
+	uint32_t _pad;
+	uint8_t  _reserved[16];
+};
+_Static_assert(sizeof(struct chime_hello) == 32, "hello is 32 B");
+
+/*
+ * broker -> client, one message. status 0 carries SCM_RIGHTS with, in order:
+ *   [0] control segment (O_RDONLY)   [1] client rw memfd   [2] client ro memfd (read-only)
+ *   [3] the client's completion eventfd   [4 .. 4+nr_shards) the shards' doorbell eventfds
+ * status < 0 carries no fds: -EACCES (policy), -EPROTO (layout), -EUSERS (client table full),
+ * -ENOMEM. The broker closes the connection after a refusal.
+ */
+struct chime_welcome {
+	uint32_t magic;             /* CHIME_HELLO_MAGIC */
+	uint32_t layout;            /* CHIME_SHM_LAYOUT the broker speaks */
+	int32_t  status;
+	uint32_t nr_shards;
+	uint32_t slot;
+	uint32_t nr_fds;
+	uint64_t rw_size;
+	uint64_t ro_size;
+	uint64_t ctl_size;
+	uint8_t  _reserved[16];
+};
+_Static_assert(sizeof(struct chime_welcome) == 64, "welcome is 64 B");
+
+#define CHIME_WELCOME_FIXED_FDS 4u
+
+#endif /* CHIME_SHM_H */

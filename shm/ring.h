@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ring.h - the submission (MPSC) and completion (SPSC) rings over chime's
+ * shared-memory slots (struct chime_sqe, struct chime_cqe in chime_shm.h).
+ *
+ * Why not ck_ring itself: ck_ring keeps both indices and the ring geometry in
+ * one shared struct, and its consumer reads `mask` from it. chime's rings
+ * split their indices across a client-writable and a read-only segment, and
+ * the broker must never index with a value a client can write. So the rings
+ * are chime's own, built on ck_pr atomics and fences, and every side keeps the
+ * geometry it indexes with in its own private struct (below).
+ *
+ * Positions are 64-bit and never wrap in practice; slot = pos & mask.
+ */
+#ifndef CHIME_RING_H
+#define CHIME_RING_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "chime_shm.h"
+
+/* ---- submission ring: any number of client threads -> one shard ---- */
+
+/* Producer view (client). Several threads share one. */
+struct chime_sq_prod {
+	struct chime_sqe *slots;
+	uint64_t *tail;            /* chime_chan_rw.sq_tail */
+	uint32_t mask;
+};
+
+/* Consumer view (broker). Private memory: slots pointer and mask are the broker's own. */
+struct chime_sq_cons {
+	struct chime_sqe *slots;
+	uint64_t head;             /* next position to consume */
+	uint32_t mask;
+};
+
+/*
+ * Claim the next free slot. Returns the slot and sets *pos, or NULL if the
+ * ring is full (the consumer has not freed the slot yet). Lock-free; any
+ * number of concurrent producers. The caller fills the record (reading
+ * ->grant for an ARM) and then calls chime_sq_publish().
+ */
+struct chime_sqe *chime_sq_reserve(struct chime_sq_prod *p, uint64_t *pos);
+
+/*
+ * Publish a reserved slot. Contains a full barrier (the store of seq is an
+ * atomic exchange), so a load the caller does next (the shard's sleeping
+ * flag) is ordered after the publication: that is the producer half of the
+ * doorbell handshake.
+ */
+void chime_sq_publish(struct chime_sqe *sqe, uint64_t pos);
+
+/*
+ * Copy the record at the consumer's head into *out if it is published.
+ * Returns true and sets *pos; false if the slot is not ready. Reads exactly
+ * one slot, chosen by the private head and mask, whatever the client wrote.
+ * Single consumer; wait-free.
+ */
+bool chime_sq_pop(struct chime_sq_cons *c, struct chime_sqe *out, uint64_t *pos);
+
+/*
+ * Free the slot just popped for the producer of pos + size, writing `grant`
+ * into it first (release). Must follow each successful chime_sq_pop().
+ */
+void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t grant);
+
+/*
+ * Read the record at position pos without consuming it, if published:
+ * returns true and copies it. For the client's drainer, which scans its own
+ * not-yet-consumed submissions for cancels and resets.
+ */
+bool chime_sq_peek(const struct chime_sqe *slots, uint32_t mask, uint64_t pos, struct chime_sqe *out);
+
+/* ---- completion ring: one shard -> one client ---- */
+
+/* Producer view (broker, private). */
+struct chime_cq_prod {
+	struct chime_cqe *slots;   /* client ro segment */
+	uint64_t *claim;           /* client rw segment, one word per slot */
+	uint64_t *tail_pub;        /* chime_chan_ro.cq_tail */
+	const uint64_t *head_pub;  /* chime_chan_rw.cq_head: client-written, never trusted */
+	uint64_t tail;             /* private: next position to write */
+	uint64_t head;             /* private: last consumer head seen, clamped to [head, tail] */
+	uint32_t size;
+	uint32_t mask;
+};
+
+/* Consumer view (client). One draining thread at a time. */
+struct chime_cq_cons {
+	const struct chime_cqe *slots;
+	uint64_t *claim;
+	const uint64_t *tail_pub;
+	uint64_t *head_pub;
+	uint64_t head;             /* private: next position to read */
+	uint64_t tail;             /* private: last tail seen */
+	uint32_t mask;
+};
+
+/*
+ * Re-read the consumer's head (acquire), clamp it to [previous head, tail]
+ * and return how many slots are free now (0..size).
+ */
+uint32_t chime_cq_room(struct chime_cq_prod *p);
+
+/* The slot for the next event; valid only if chime_cq_room() said there is room. */
+static inline struct chime_cqe *chime_cq_slot(struct chime_cq_prod *p)
+{
+	return &p->slots[p->tail & p->mask];
+}
+
+/*
+ * Finish the event written into chime_cq_slot(): set its claim word FRESH and
+ * advance the private tail. Returns its position. Not visible to the client
+ * until chime_cq_flush().
+ */
+uint64_t chime_cq_push(struct chime_cq_prod *p);
+
+/* Publish every pushed event (release store of the tail). */
+void chime_cq_flush(struct chime_cq_prod *p);
+
+/*
+ * Try to void the event at pos (a cancel or reset beat the client to it).
+ * Returns true if voided: the client will skip it. False if the client
+ * already took it (or pos is no longer in the ring).
+ */
+bool chime_cq_void(struct chime_cq_prod *p, uint64_t pos);
+
+/* True if the client has consumed the event at pos (uses the clamped head; call chime_cq_room() to refresh). */
+static inline bool chime_cq_consumed(const struct chime_cq_prod *p, uint64_t pos)
+{
+	return pos < p->head;
+}
+
+/*
+ * Take the next event the client may return: copies it into *out and claims
+ * it (CAS FRESH -> TAKEN), skipping voided slots. Returns 1 if an event was
+ * taken, 0 if the ring is empty. Does not publish the head: call
+ * chime_cq_release() after a batch.
+ */
+int chime_cq_take(struct chime_cq_cons *c, struct chime_cqe *out);
+
+/* Publish the consumer head (release): the broker may reuse the slots. */
+void chime_cq_release(struct chime_cq_cons *c);
+
+/* True if an event (possibly a voided one) is waiting (acquire-loads the tail). */
+bool chime_cq_pending(struct chime_cq_cons *c);
+
+#endif /* CHIME_RING_H */

@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * segment.h - create, map, seal and validate chime shared-memory segments,
+ * and compute their layouts. Shared by chimed, libchime and the tools.
+ *
+ * Every function returns 0 or a negative errno and prints nothing: the caller
+ * owns the message (it knows the path and the program name).
+ */
+#ifndef CHIME_SEGMENT_H
+#define CHIME_SEGMENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "chime_shm.h"
+
+/* A mapping: base address and length. */
+struct chime_map {
+	void  *base;
+	size_t size;
+};
+
+/*
+ * Create an anonymous memfd of `size` bytes (MFD_CLOEXEC | MFD_ALLOW_SEALING),
+ * map it read-write and set *fd and *map. Errors: -errno of memfd_create,
+ * ftruncate or mmap.
+ */
+int chime_seg_memfd(const char *name, size_t size, int *fd, struct chime_map *map);
+
+/*
+ * Create the file `path` (mode `mode`, replacing a stale one) of `size` bytes,
+ * map it read-write and set *fd and *map. Used for the control and shard
+ * segments, which tools find by name. Errors: -errno of open, ftruncate, mmap.
+ */
+int chime_seg_file(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map);
+
+/*
+ * Seal a memfd against resizing and further sealing, and, if `read_only`,
+ * against new writable mappings (F_SEAL_FUTURE_WRITE): what the broker does to
+ * every segment it hands to a client, so a client's ftruncate cannot SIGBUS it.
+ */
+int chime_seg_seal(int fd, bool read_only);
+
+/* Write the common header (layout, kind, size) and then, last, the magic (release). */
+void chime_seg_publish(struct chime_seg_hdr *hdr, uint32_t kind, uint64_t size);
+
+/*
+ * Check a mapped segment: 0 if it is a ready chime segment of `kind` whose
+ * header size equals map->size. -EAGAIN: magic still 0 (not ready yet);
+ * -EBADMSG: not a chime segment, or of another kind, or sizes disagree;
+ * -EPROTO: another layout version (its number in *layout if not NULL).
+ */
+int chime_seg_check(const struct chime_map *map, uint32_t kind, uint32_t *layout);
+
+/*
+ * Map an fd (its whole size, from fstat), read-only unless `writable`, and
+ * chime_seg_check() it. On failure nothing stays mapped.
+ */
+int chime_seg_map_fd(int fd, uint32_t kind, bool writable, struct chime_map *map);
+
+/* Open `path` read-only and chime_seg_map_fd() it (for the tools). -errno of open too. */
+int chime_seg_open(const char *path, uint32_t kind, struct chime_map *map);
+
+/* Unmap (NULL-safe: a zeroed map is ignored). */
+void chime_seg_unmap(struct chime_map *map);
+
+/* ---- layouts: offsets and sizes, the same computation on every side ---- */
+
+struct chime_client_geom {
+	uint32_t nr_shards;
+	uint32_t sq_size;      /* power of two */
+	uint32_t cq_size;      /* power of two */
+	/* computed by chime_client_layout(): */
+	uint64_t rw_chan_off, rw_sq_off, rw_claim_off, rw_size;
+	uint64_t ro_chan_off, ro_cq_off, ro_size;
+};
+
+/* Fill the computed fields of g. -EINVAL if a size is 0, not a power of two, or too large. */
+int chime_client_layout(struct chime_client_geom *g);
+
+struct chime_ctl_geom {
+	uint32_t nr_shards;
+	uint32_t max_clients;
+	uint64_t shards_off, clients_off, size;
+};
+int chime_ctl_layout(struct chime_ctl_geom *g);
+
+struct chime_shard_geom {
+	uint32_t capacity;     /* slab nodes */
+	uint32_t key_buckets;  /* power of two */
+	uint64_t key_off, wheel_off, wheel_size, size;
+};
+/* wheel_size comes from wheel_region_size() (broker/wheel.h) and must be set by the caller. */
+int chime_shard_layout(struct chime_shard_geom *g);
+
+/* Typed accessors (no pointers are stored in shm: everything is base + offset). */
+static inline void *chime_at(const struct chime_map *m, uint64_t off)
+{
+	return (char *)m->base + off;
+}
+
+#endif /* CHIME_SEGMENT_H */

@@ -1,0 +1,263 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * chime-demo - arm many timers from several threads through a running chimed
+ * and show, once a second, how many fired and how late.
+ *
+ * Each arming thread spreads its share of timers evenly over --seconds, each
+ * with a deadline a random 1..--max-ms milliseconds ahead. The main thread
+ * drains with chime_wait(). Lateness is measured twice: by the broker
+ * (fired_ns - deadline_ns: wheel resolution plus the shard's wake-up) and by
+ * this process (when chime_wait() handed the event over - deadline_ns: adds
+ * the delivery to the client). Exit status 0 only if every timer fired
+ * exactly once and none fired early.
+ */
+#include <chime.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define NSEC_PER_SEC 1000000000ull
+#define NSEC_PER_MSEC 1000000ull
+
+struct demo {
+	chime_t *chime;
+	uint64_t timers;        /* in all */
+	unsigned threads;
+	unsigned seconds;
+	unsigned max_ms;
+	uint64_t start_ns;
+};
+
+struct arm_thread {
+	pthread_t tid;
+	struct demo *demo;
+	unsigned index;
+	int error;              /* first chime_arm() error, 0 if none */
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: chime-demo [OPTIONS]\n"
+		"Arm timers through a running chimed and report fires per second and lateness.\n"
+		"\n"
+		"  -s, --socket PATH   broker socket (default: $CHIME_SOCKET, else the default path)\n"
+		"  -n, --timers N      timers to arm in all (default 1000000)\n"
+		"  -t, --threads N     arming threads (default 4)\n"
+		"  -d, --seconds N     spread the arming over N seconds (default 3)\n"
+		"  -m, --max-ms N      each deadline is 1..N ms after arming (default 200)\n"
+		"  -h, --help          show this help\n"
+		"\n"
+		"Exit status: 0 if every timer fired exactly once and never early, 1 otherwise,\n"
+		"2 on a usage error.\n");
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static void sleep_until(uint64_t t_ns)
+{
+	struct timespec ts = { .tv_sec = (time_t)(t_ns / NSEC_PER_SEC),
+			       .tv_nsec = (long)(t_ns % NSEC_PER_SEC) };
+
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+/* Arm this thread's share in 10 ms steps so the load is spread over the run. */
+static void *arm_main(void *arg)
+{
+	struct arm_thread *t = arg;
+	struct demo *d = t->demo;
+	uint64_t share = d->timers / d->threads + (t->index < d->timers % d->threads);
+	uint64_t steps = (uint64_t)d->seconds * 100, done = 0;
+	uint64_t seed = 0x5eed0000ull + t->index;
+
+	for (uint64_t step = 1; step <= steps && !t->error; step++) {
+		uint64_t target = share * step / steps;
+
+		for (; done < target; done++) {
+			uint64_t delay = (1 + splitmix(&seed) % d->max_ms) * NSEC_PER_MSEC;
+			chime_id_t id;
+			int r = chime_arm(d->chime, done, chime_now() + delay, 0, t->index, &id);
+
+			if (r < 0) {
+				t->error = r;
+				break;
+			}
+		}
+		sleep_until(d->start_ns + step * 10 * NSEC_PER_MSEC);
+	}
+	return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Percentiles of lat[0..n) (sorted in place), printed in microseconds. */
+static void print_lateness(const char *what, uint64_t *lat, size_t n)
+{
+	if (n == 0) {
+		printf("  %-8s -\n", what);
+		return;
+	}
+	qsort(lat, n, sizeof(*lat), cmp_u64);
+	printf("  %-8s p50 %7.1f us  p99 %7.1f us  max %7.1f us\n", what,
+	       lat[n / 2] / 1e3, lat[(n * 99) / 100] / 1e3, lat[n - 1] / 1e3);
+}
+
+static int parse_uint(const char *s, const char *opt, uint64_t min, uint64_t max, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || *s == '\0' || *s == '-' || *end != '\0' || v < min || v > max) {
+		fprintf(stderr, "chime-demo: invalid %s '%s' (expected %" PRIu64 "..%" PRIu64 ")\n",
+			opt, s, min, max);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "timers", required_argument, NULL, 'n' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "seconds", required_argument, NULL, 'd' },
+		{ "max-ms", required_argument, NULL, 'm' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 }
+	};
+	struct demo d = { .timers = 1000000, .threads = 4, .seconds = 3, .max_ms = 200 };
+	struct chime_opts opts = { 0 };
+	struct chime_event ev[256];
+	uint64_t v, fired = 0, early = 0, per_sec = 0, next_report;
+	uint64_t *broker_lat, *client_lat;
+	struct arm_thread *threads;
+	int c, r, status = 0;
+
+	while ((c = getopt_long(argc, argv, "s:n:t:d:m:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 's': opts.socket_path = optarg; break;
+		case 'n': if (parse_uint(optarg, "--timers", 1, 100000000, &d.timers)) return 2; break;
+		case 't': if (parse_uint(optarg, "--threads", 1, 64, &v)) return 2; d.threads = (unsigned)v; break;
+		case 'd': if (parse_uint(optarg, "--seconds", 1, 3600, &v)) return 2; d.seconds = (unsigned)v; break;
+		case 'm': if (parse_uint(optarg, "--max-ms", 1, 60000, &v)) return 2; d.max_ms = (unsigned)v; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "chime-demo: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+
+	r = chime_open(&d.chime, &opts);
+	if (r < 0) {
+		fprintf(stderr, "chime-demo: cannot connect to chimed%s%s: %s\n",
+			opts.socket_path ? " at " : "", opts.socket_path ? opts.socket_path : "",
+			strerror(-r));
+		return 1;
+	}
+	broker_lat = calloc(d.timers, sizeof(*broker_lat));
+	client_lat = calloc(d.timers, sizeof(*client_lat));
+	threads = calloc(d.threads, sizeof(*threads));
+	if (!broker_lat || !client_lat || !threads) {
+		fprintf(stderr, "chime-demo: out of memory for %" PRIu64 " timers\n", d.timers);
+		return 1;
+	}
+
+	printf("chime-demo: arming %" PRIu64 " timers from %u threads over %u s, deadlines 1..%u ms ahead\n",
+	       d.timers, d.threads, d.seconds, d.max_ms);
+	d.start_ns = chime_now();
+	next_report = d.start_ns + NSEC_PER_SEC;
+	for (unsigned i = 0; i < d.threads; i++) {
+		threads[i] = (struct arm_thread){ .demo = &d, .index = i };
+		if (pthread_create(&threads[i].tid, NULL, arm_main, &threads[i]) != 0) {
+			fprintf(stderr, "chime-demo: pthread_create failed\n");
+			return 1;
+		}
+	}
+
+	/* Drain until everything fired, or until well past the last possible deadline. */
+	uint64_t give_up = d.start_ns + (uint64_t)(d.seconds + 5) * NSEC_PER_SEC + d.max_ms * NSEC_PER_MSEC;
+	while (fired < d.timers && chime_now() < give_up) {
+		int n = chime_wait(d.chime, ev, 256, 100);
+		uint64_t now = chime_now();
+
+		if (n < 0 && n != -EINTR) {
+			fprintf(stderr, "chime-demo: chime_wait failed: %s\n", strerror(-n));
+			status = 1;
+			break;
+		}
+		for (int i = 0; i < n; i++) {
+			if (ev[i].fired_ns < ev[i].deadline_ns || now < ev[i].deadline_ns)
+				early++;
+			if (fired < d.timers) {
+				broker_lat[fired] = ev[i].fired_ns - ev[i].deadline_ns;
+				client_lat[fired] = now - ev[i].deadline_ns;
+			}
+			fired++;
+			per_sec++;
+		}
+		if (now >= next_report) {
+			printf("  %2" PRIu64 " s: %8" PRIu64 " fired/s  (%" PRIu64 " of %" PRIu64 " so far)\n",
+			       (now - d.start_ns) / NSEC_PER_SEC, per_sec, fired, d.timers);
+			fflush(stdout);
+			per_sec = 0;
+			next_report += NSEC_PER_SEC;
+		}
+	}
+	for (unsigned i = 0; i < d.threads; i++) {
+		pthread_join(threads[i].tid, NULL);
+		if (threads[i].error) {
+			fprintf(stderr, "chime-demo: chime_arm failed in thread %u: %s\n", i,
+				strerror(-threads[i].error));
+			status = 1;
+		}
+	}
+	/* Anything more would be a duplicate: give stragglers a moment to show up. */
+	for (int i = 0; i < 5; i++) {
+		int n = chime_wait(d.chime, ev, 256, 20);
+
+		if (n > 0)
+			fired += (uint64_t)n;
+	}
+
+	uint64_t kept = fired < d.timers ? fired : d.timers;
+	printf("chime-demo: %" PRIu64 " of %" PRIu64 " timers fired, %" PRIu64 " early\n", fired, d.timers, early);
+	printf("lateness (fired - deadline):\n");
+	print_lateness("broker", broker_lat, kept);
+	print_lateness("client", client_lat, kept);
+	if (fired != d.timers || early) {
+		fprintf(stderr, "chime-demo: FAILED: %s\n",
+			early ? "timers fired early" : fired < d.timers ? "timers missing" : "duplicate events");
+		status = 1;
+	}
+	chime_close(d.chime);
+	free(broker_lat);
+	free(client_lat);
+	free(threads);
+	return status;
+}

@@ -1,0 +1,28 @@
+#!/bin/sh
+# install-deps.sh - install the Debian 12 packages that chime's build, tests,
+# demo and benchmarks need. Idempotent: installs only what is missing, so it
+# needs root (or sudo) only the first time.
+set -eu
+
+pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libck-dev libcriterion-dev jq strace"
+
+missing=""
+for p in $pkgs; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+		missing="$missing $p"
+	fi
+done
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" -eq 0 ]; then
+	sudo=""
+elif command -v sudo >/dev/null 2>&1; then
+	sudo="sudo"
+else
+	echo "install-deps.sh: need root to install:$missing" >&2
+	exit 1
+fi
+echo "install-deps.sh: installing:$missing" >&2
+$sudo apt-get update -qq
+# shellcheck disable=SC2086 # word splitting of the package list is intended
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# run-tests.sh - install what is needed, build chime three ways and run the
+# test suite in each, then print the closing line "N passed, N failed".
+#
+#   tools/run-tests.sh           default suite: unit tests, short integration and
+#                                stress runs (about 10 minutes on 2 cores)
+#   tools/run-tests.sh --stress  the long stress and soak suite instead
+#
+# Builds: build/ (-Werror), build-asan/ (AddressSanitizer + UBSan, -Werror),
+# build-tsan/ (ThreadSanitizer: the plain-executable thread checks only, since
+# criterion cannot run under TSan). Exit status: 0 if every case passed.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+setup="default"
+suite_args=()
+case "${1:-}" in
+"") ;;
+--stress) setup="stress"; suite_args=(--suite stress) ;;
+-h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+*) echo "run-tests.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
+esac
+
+tools/install-deps.sh || exit 1
+
+# configure DIR [meson options...]: set up a build dir, or reconfigure an existing one.
+configure() {
+	local dir=$1; shift
+	if [ -f "$dir/build.ninja" ]; then
+		meson setup --reconfigure "$dir" "$@" >/dev/null
+	else
+		meson setup "$dir" "$@" >/dev/null
+	fi
+}
+
+labels=()
+run() {
+	local label=$1 dir=$2; shift 2
+	echo "==> $label: build ($dir)"
+	if ! configure "$dir" -Dwerror=true "$@" || ! ninja -C "$dir" >"$dir.ninja.log" 2>&1; then
+		cat "$dir.ninja.log" 2>/dev/null | tail -40
+		echo "$label: build failed"
+		mkdir -p "$dir/meson-logs" && : >"$dir/meson-logs/testlog.json"
+		echo '{"name": "build", "result": "FAIL", "stdout": ""}' >"$dir/meson-logs/testlog.json"
+		labels+=("$label=$dir")
+		return
+	fi
+	echo "==> $label: test (setup $setup)"
+	# Serial on purpose: the integration tests measure lateness, and two cores are few.
+	meson test -C "$dir" --setup "$setup" "${suite_args[@]}" --num-processes 1 --print-errorlogs
+	labels+=("$label=$dir")
+}
+
+run release build
+run asan+ubsan build-asan -Db_sanitize=address,undefined -Db_lundef=false
+run tsan build-tsan -Db_sanitize=thread -Db_lundef=false
+
+echo
+exec python3 tools/test-summary.py "${labels[@]}"

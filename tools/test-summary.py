@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""test-summary.py - count test cases across meson test logs and print the
+closing line "N passed, N failed".
+
+Criterion tests run with --tap=- (protocol 'tap'), so each test case is one
+TAP line; an executable that died before reporting all planned cases has the
+missing ones counted as failed. Plain executables (protocol 'exitcode') count
+as one case each. Usage: test-summary.py LABEL=BUILD_DIR [LABEL=BUILD_DIR ...]
+"""
+import json
+import re
+import sys
+
+OK = re.compile(r"^ok\b(?:\s+\d+)?\s*-?\s*(.*)$")
+NOT_OK = re.compile(r"^not ok\b(?:\s+\d+)?\s*-?\s*(.*)$")
+PLAN = re.compile(r"^1\.\.(\d+)")
+
+
+def count(entry):
+    """Return (passed, failed, skipped, failed_names) for one meson test entry."""
+    out = entry.get("stdout") or ""
+    lines = out.splitlines()
+    plan = None
+    passed = failed = skipped = 0
+    names = []
+    tap = False
+    for line in lines:
+        m = PLAN.match(line)
+        if m:
+            plan, tap = int(m.group(1)), True
+            continue
+        m = NOT_OK.match(line)
+        if m:
+            tap = True
+            failed += 1
+            names.append(m.group(1).split("  ")[0])
+            continue
+        m = OK.match(line)
+        if m:
+            tap = True
+            if "# SKIP" in line:
+                skipped += 1
+            else:
+                passed += 1
+    if not tap:
+        if entry["result"] == "OK":
+            return 1, 0, 0, []
+        if entry["result"] == "SKIP":
+            return 0, 0, 1, []
+        return 0, 1, 0, [entry["name"] + " (" + entry["result"] + ")"]
+    if plan is not None and passed + failed + skipped < plan:
+        missing = plan - (passed + failed + skipped)
+        failed += missing
+        names.append("%s: %d case(s) never reported (%s)" % (entry["name"], missing, entry["result"]))
+    elif entry["result"] not in ("OK", "SKIP", "EXPECTEDFAIL") and failed == 0:
+        failed += 1
+        names.append(entry["name"] + " (" + entry["result"] + ")")
+    return passed, failed, skipped, names
+
+
+def main():
+    total_p = total_f = total_s = 0
+    for arg in sys.argv[1:]:
+        label, _, builddir = arg.partition("=")
+        try:
+            log = open(builddir + "/meson-logs/testlog.json")
+        except OSError as e:
+            print("%s: no test log (%s)" % (label, e.strerror))
+            total_f += 1
+            continue
+        p = f = s = 0
+        for raw in log:
+            entry = json.loads(raw)
+            ep, ef, es, names = count(entry)
+            p, f, s = p + ep, f + ef, s + es
+            for n in names:
+                print("  FAILED [%s] %s" % (label, n))
+        print("%s: %d passed, %d failed, %d skipped" % (label, p, f, s))
+        total_p, total_f, total_s = total_p + p, total_f + f, total_s + s
+    line = "%d passed, %d failed" % (total_p, total_f)
+    if total_s:
+        line += ", %d skipped" % total_s
+    print(line)
+    return 1 if total_f else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -378,58 +378,146 @@ _Static_assert(sizeof(struct chime_client_ro) == 256, "header is 256 B");
 #define CHIME_BROKER_STOPPED  2u   /* clean shutdown; a dead broker leaves RUNNING and a stale heartbeat */
 
 /*
- * Per shard, in the control segment. The first line is the shard's sleep
- * handshake with producers; the stats block is written by the shard thread
- * only and read by tools (issue "observability" adds a sequence counter).
+ * Statistics blocks are written by exactly one thread each and read by tools
+ * with a sequence counter (seqlock), so a reader never sees a torn block:
+ *
+ *   writer: seq = odd; fence (R-STAT1); store the fields; seq = even with release (R-STAT2)
+ *   reader: s1 = seq (acquire, A-STAT1); retry if odd; copy the fields; fence (A-STAT2);
+ *           re-read seq; retry unless it is still s1
+ *
+ * chime_stats_begin/end/read below implement both halves. Writers keep their
+ * counters in private memory and publish a block once per loop iteration, so
+ * the hot path never touches a shared line per timer.
+ */
+
+/*
+ * Lateness histogram (fired_ns - deadline_ns): log-scaled, 4 buckets per
+ * power of two from 1 us (2^10 ns) to 2^30 ns (~1.07 s):
+ *   bucket 0                       lateness < 1024 ns
+ *   bucket 1 + 4*(e-10) + q        2^e * (1 + q/4) <= lateness < 2^e * (1 + (q+1)/4), e in 10..29
+ *   bucket CHIME_LAT_BUCKETS - 1   lateness >= 2^30 ns
+ * chime_lat_bucket() and chime_lat_upper_ns() are the one definition.
+ */
+#define CHIME_LAT_BUCKETS 82u
+
+static inline uint32_t chime_lat_bucket(uint64_t lat_ns)
+{
+	uint32_t e, q;
+
+	if (lat_ns < 1024u)
+		return 0;
+	if (lat_ns >= (UINT64_C(1) << 30))
+		return CHIME_LAT_BUCKETS - 1;
+	e = 63u - (uint32_t)__builtin_clzll(lat_ns);
+	q = (uint32_t)(lat_ns >> (e - 2)) & 3u;
+	return 1u + 4u * (e - 10u) + q;
+}
+
+/* Exclusive upper bound of bucket b in ns; UINT64_MAX for the last one. */
+static inline uint64_t chime_lat_upper_ns(uint32_t b)
+{
+	uint32_t e, q;
+
+	if (b == 0)
+		return 1024u;
+	if (b >= CHIME_LAT_BUCKETS - 1)
+		return UINT64_MAX;
+	e = 10u + (b - 1u) / 4u;
+	q = (b - 1u) % 4u;
+	return (UINT64_C(1) << e) + ((uint64_t)(q + 1u) << (e - 2u));
+}
+
+/*
+ * Per shard, in the control segment.
  *
  * field      | writer  | reader          | ordering
  * sleeping   | shard   | client producers| shard: store 1, full barrier, re-check rings, sleep;
  *            |         |                 | producer: publish (full barrier), load; if 1,
  *            |         |                 | write the shard's doorbell eventfd
+ * stats      | shard   | tools           | seqlock (seq), published once per loop iteration
  */
-struct chime_shard_ctl {
-	uint32_t sleeping;
-	uint8_t  _pad0[124];
-	/* stats: single writer (the shard), plain stores, racy reads are fine for now */
+struct chime_shard_stats {
+	uint64_t seq;               /* odd while the shard writes the block */
 	uint64_t armed;             /* timers this shard holds for clients now (armed or held) */
 	uint64_t arms;
 	uint64_t resets;
 	uint64_t cancels;
 	uint64_t cancel_keys;
 	uint64_t fires;
-	uint64_t delivered;
+	uint64_t delivered;         /* events written into completion rings */
 	uint64_t malformed;         /* submissions dropped as malformed */
 	uint64_t loops;
 	uint64_t sleeps;
 	uint64_t wakeups;
 	uint64_t backlog;           /* events held for clients that do not drain, now */
 	uint64_t next_deadline_ns;  /* UINT64_MAX: nothing armed */
-	uint64_t busy_ns;
-	uint8_t  _reserved[1024 - 128 - 14 * 8];
+	uint64_t busy_ns;           /* time spent with work to do */
+	uint64_t sq_depth;          /* submissions found waiting at the last drain, all clients */
+	uint64_t sq_depth_max;      /* high-water mark of sq_depth */
+	uint64_t lat_max_ns;
+	uint64_t lat_sum_ns;
+	uint64_t lat[CHIME_LAT_BUCKETS];
+	uint8_t  _reserved[1792 - 8 * (19 + CHIME_LAT_BUCKETS)];
 };
-_Static_assert(sizeof(struct chime_shard_ctl) == 1024, "shard block is 1 KiB");
-_Static_assert(offsetof(struct chime_shard_ctl, armed) == 128, "stats start on their own line");
+_Static_assert(sizeof(struct chime_shard_stats) == 1792, "stats block size is part of the layout");
+_Static_assert(offsetof(struct chime_shard_stats, lat) == 152, "moved: bump CHIME_SHM_LAYOUT");
 
-/* Client table entry (for tools). Written by the control thread (identity) and shards (counters). */
+struct chime_shard_ctl {
+	uint32_t sleeping;
+	uint8_t  _pad0[124];
+	uint8_t  _pad1[128];        /* keeps the stats 256 B away from the sleep flag */
+	struct chime_shard_stats stats;
+};
+_Static_assert(sizeof(struct chime_shard_ctl) == 2048, "shard block is 2 KiB");
+_Static_assert(offsetof(struct chime_shard_ctl, stats) == 256, "stats start on their own line");
+
+/*
+ * Client table entry (identity), written by the control thread under its seq;
+ * the counters are per (client, shard) in struct chime_client_stats so that
+ * each has one writer.
+ */
 #define CHIME_CLIENT_EMPTY  0u
 #define CHIME_CLIENT_ACTIVE 1u
 #define CHIME_CLIENT_DYING  2u  /* disconnected; shards are reclaiming its timers */
 
 struct chime_client_ctl {
+	uint64_t seq;               /* seqlock, control thread */
 	uint32_t state;             /* CHIME_CLIENT_* */
 	int32_t  pid;
 	uint32_t uid;
 	uint32_t gid;
 	char     comm[16];
-	uint64_t connected_ns;
+	uint64_t connected_ns;      /* CLOCK_MONOTONIC */
 	uint64_t generation;        /* bumped each time the slot is reused */
-	uint8_t  _reserved[256 - 48];
+	uint8_t  _reserved[128 - 56];
 };
-_Static_assert(sizeof(struct chime_client_ctl) == 256, "client block is 256 B");
+_Static_assert(sizeof(struct chime_client_ctl) == 128, "client block is 128 B");
+_Static_assert(offsetof(struct chime_client_ctl, comm) == 24, "moved: bump CHIME_SHM_LAYOUT");
+
+/* Per (client, shard): written by that shard only; tools sum over shards. */
+struct chime_client_stats {
+	uint64_t seq;               /* seqlock, the shard */
+	uint64_t generation;        /* client slot generation these counters belong to */
+	uint64_t armed;             /* timers of this client the shard holds now */
+	uint64_t arms;
+	uint64_t resets;
+	uint64_t cancels;           /* cancel + cancel_key victims */
+	uint64_t fires;
+	uint64_t cq_depth;          /* events waiting in its completion ring, last seen */
+	uint64_t backlog;           /* events held back because it did not drain */
+	uint64_t wakeups;           /* eventfd writes to wake it */
+	uint8_t  _reserved[128 - 80];
+};
+_Static_assert(sizeof(struct chime_client_stats) == 128, "client stats block is 128 B");
 
 /*
- * The control segment: header, then nr_shards shard blocks, then max_clients
- * client blocks. Broker-wide fields are written by the control thread.
+ * The control segment:
+ *   struct chime_ctl                                  header, 256 B
+ *   struct chime_shard_ctl    [nr_shards]              at shards_off
+ *   struct chime_client_ctl   [max_clients]            at clients_off
+ *   struct chime_client_stats [max_clients][nr_shards] at client_stats_off
+ * Broker-wide fields are written by the control thread (heartbeat_ns with a
+ * relaxed store: readers only compare it with their clock).
  */
 struct chime_ctl {
 	struct chime_seg_hdr hdr;
@@ -450,11 +538,55 @@ struct chime_ctl {
 	char     version[16];
 	uint64_t shards_off;        /* byte offset of struct chime_shard_ctl[0] */
 	uint64_t clients_off;       /* byte offset of struct chime_client_ctl[0] */
-	uint8_t  _reserved[256 - 64 - 112];
+	uint64_t client_stats_off;  /* byte offset of struct chime_client_stats[0][0] */
+	uint64_t start_realtime_ns; /* CLOCK_REALTIME at start, for display only */
+	uint8_t  _reserved[256 - 64 - 128];
 };
 _Static_assert(sizeof(struct chime_ctl) == 256, "control header is 256 B");
 _Static_assert(offsetof(struct chime_ctl, heartbeat_ns) == 88, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, shards_off) == 160, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_ctl, client_stats_off) == 176, "moved: bump CHIME_SHM_LAYOUT");
+
+/* ---- seqlock helpers (writer: one thread; readers: anyone, read-only mapping) ---- */
+
+static inline void chime_stats_begin(uint64_t *seq)
+{
+	/* R-STAT1: odd seq before the fields; pairs with A-STAT2 in chime_stats_read(). */
+	__atomic_store_n(seq, *seq + 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static inline void chime_stats_end(uint64_t *seq)
+{
+	/* R-STAT2: fields before the even seq; pairs with A-STAT1 in chime_stats_read(). */
+	__atomic_store_n(seq, *seq + 1, __ATOMIC_RELEASE);
+}
+
+/*
+ * Copy a block whose first field is its seq into dst, retrying while the
+ * writer is inside it. Returns 0, or -EAGAIN after `tries` torn reads (a
+ * writer that died mid-update leaves seq odd forever: the copy is then the
+ * best there is, and the caller says so).
+ */
+static inline int chime_stats_read(void *dst, const void *src, size_t len, unsigned tries)
+{
+	const uint64_t *seqp = (const uint64_t *)src;
+
+	while (tries--) {
+		/* A-STAT1: pairs with R-STAT2. */
+		uint64_t s1 = __atomic_load_n(seqp, __ATOMIC_ACQUIRE);
+
+		if (s1 & 1u)
+			continue;
+		__builtin_memcpy(dst, src, len);
+		/* A-STAT2: the copy before the re-read; pairs with R-STAT1. */
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__atomic_load_n(seqp, __ATOMIC_RELAXED) == s1)
+			return 0;
+	}
+	__builtin_memcpy(dst, src, len);
+	return -11; /* -EAGAIN, without pulling errno.h into the contract */
+}
 
 /* Shard segment header ("<socket>.shard<N>"); the wheel region follows at wheel_off. */
 struct chime_shard_seg {

@@ -83,7 +83,7 @@ int chime_client_layout(struct chime_client_geom *g);
 struct chime_ctl_geom {
 	uint32_t nr_shards;
 	uint32_t max_clients;
-	uint64_t shards_off, clients_off, size;
+	uint64_t shards_off, clients_off, client_stats_off, size;
 };
 int chime_ctl_layout(struct chime_ctl_geom *g);
 

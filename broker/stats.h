@@ -1,0 +1,280 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * stats.h - a shard thread's counters: kept in private memory on the hot path,
+ * published into the control segment's seqlock blocks once per loop iteration
+ * (struct chime_shard_stats for the shard, struct chime_client_stats for each
+ * (client, shard) pair). No threads, no I/O, no clock: pure functions over the
+ * structs, so tests drive them directly.
+ *
+ * Why private copies: a counter in shared memory that a tool reads would turn
+ * every increment into a store to a line another core may hold; here an
+ * increment is a private add, and publishing costs one pass over a ~2 KiB block
+ * plus 128 B per client whose counters changed, once per iteration, not per
+ * timer.
+ *
+ * Call sites (shard thread k; `st` is its struct stats; `slot` the client's
+ * slot in the control segment's client table):
+ *
+ *   start         stats_init(&st, ctl, k) after the control segment is laid
+ *                 out (struct chime_ctl geometry filled); stats_fini(&st) at exit.
+ *   new channel   stats_client_attach(&st, slot, generation) when the shard
+ *                 adopts a client's channel (generation = chime_client_ctl's).
+ *   dropped       stats_client_detach(&st, slot) when the shard has freed all
+ *                 of a dead client's timers (zeroes its gauges and takes its
+ *                 armed timers off the shard's).
+ *   drain         stats_sq_depth(&st, n): records found waiting, all clients,
+ *                 once per drain pass.
+ *   ARM applied   stats_arm(&st, slot)        (armed gauges +1)
+ *   RESET applied stats_reset(&st, slot)      (only when it hit a live timer)
+ *   CANCEL        stats_cancel(&st, slot)     per timer actually removed
+ *                 (armed gauges -1); a stale id counts nothing
+ *   CANCEL_KEY    stats_cancel_key(&st, slot, victims): one record, `victims`
+ *                 timers removed (armed gauges -victims)
+ *   malformed     stats_malformed(&st): a record dropped by validation
+ *   fire          stats_fire(&st, slot, deadline_ns, fired_ns, periodic) for
+ *                 every expiration popped from the wheel (each period of a
+ *                 periodic timer counts), with the same two values the
+ *                 completion record carries; records the lateness. A one-shot
+ *                 that fires leaves the armed gauges: it is no longer armed,
+ *                 whether delivered or held in the backlog.
+ *   deliver       stats_deliver(&st, slot): an event written into the
+ *                 client's completion ring.
+ *   wake client   stats_wake_client(&st, slot): an eventfd write to wake it.
+ *   gauges        stats_client_depth(&st, slot, cq_depth, backlog) whenever
+ *                 they change (after delivering or seeing cq_head move);
+ *                 stats_shard_gauges(&st, backlog, next_deadline_ns) once per
+ *                 iteration.
+ *   loop end      stats_loop(&st, busy_ns) once per iteration (busy_ns: time
+ *                 spent with work this iteration, 0 if idle), then
+ *                 stats_maybe_publish(&st, now_ns) (publishes at most every
+ *                 STATS_PUBLISH_NS: a busy-poll shard spinning idle would
+ *                 otherwise rewrite the block every ~100 ns and starve
+ *                 readers); before sleeping: stats_sleep(&st), then
+ *                 stats_publish(&st) (always publishes) so tools see the
+ *                 sleep, the next deadline and every counter while it sleeps.
+ *   exit          stats_publish(&st) once more, then stats_fini(&st).
+ *
+ * Definitions (what chimestat and the tests expect):
+ *   armed    timers in the wheel (ARMED, EXPIRED) plus periodic timers held
+ *            back in a backlog; not granted-but-unused nodes, not delivered
+ *            one-shots waiting to be consumed.
+ *   cancels  timers removed by CANCEL or CANCEL_KEY (shard and client alike:
+ *            the sum over clients equals the shard's); cancel_keys counts
+ *            CANCEL_KEY records.
+ *   fires    expirations; delivered: events written to completion rings;
+ *   wakeups  eventfd writes to wake clients (shard = sum over its clients).
+ */
+#ifndef CHIME_STATS_H
+#define CHIME_STATS_H
+
+#include <stdint.h>
+
+#include "chime_shm.h"
+
+/* Private counters of one (client, shard) pair. */
+struct stats_client {
+	struct chime_client_stats c;    /* c.seq unused: the shared block has its own */
+	uint8_t dirty;                  /* changed since the last publish */
+	uint8_t attached;
+};
+
+struct stats {
+	struct chime_shard_stats sh;    /* private copy; sh.seq unused */
+	struct chime_shard_stats *pub;  /* the shard's block in the control segment */
+	struct chime_client_stats *cpub;/* [slot * nr_shards + shard] */
+	struct stats_client *cl;        /* [max_clients] */
+	uint32_t *dirty;                /* slots to publish, max_clients entries */
+	uint32_t nr_dirty;
+	uint32_t max_clients;
+	uint32_t nr_shards;
+	uint32_t shard;
+	uint8_t  lat_dirty;             /* histogram changed since the last publish */
+	uint64_t published_ns;          /* now_ns of the last stats_maybe_publish() that published */
+};
+
+/* The most often stats_maybe_publish() publishes: counters are at most this stale. */
+#define STATS_PUBLISH_NS UINT64_C(1000000)
+
+/*
+ * Resolve shard `shard`'s blocks in the (writable) control segment whose
+ * header geometry is already set, and zero the private counters.
+ * Returns 0, -EINVAL (shard out of range), -ENOMEM.
+ */
+int stats_init(struct stats *st, struct chime_ctl *ctl, uint32_t shard);
+
+/*
+ * The same over explicit blocks (tests): pub is the shard's block, cpub the
+ * client stats array [max_clients][nr_shards].
+ */
+int stats_init_blocks(struct stats *st, struct chime_shard_stats *pub,
+		      struct chime_client_stats *cpub, uint32_t max_clients,
+		      uint32_t nr_shards, uint32_t shard);
+
+void stats_fini(struct stats *st);
+
+/* Write the private counters into the shared blocks under their seqlocks. */
+void stats_publish(struct stats *st);
+
+/* stats_publish() if STATS_PUBLISH_NS have passed since the last time it did (or never). */
+static inline void stats_maybe_publish(struct stats *st, uint64_t now_ns)
+{
+	if (st->published_ns && now_ns - st->published_ns < STATS_PUBLISH_NS)
+		return;
+	st->published_ns = now_ns ? now_ns : 1;
+	stats_publish(st);
+}
+
+void stats_client_attach(struct stats *st, uint32_t slot, uint64_t generation);
+void stats_client_detach(struct stats *st, uint32_t slot);
+
+/* Record one lateness sample (fired_ns - deadline_ns) in the histogram. */
+static inline void stats_lateness(struct stats *st, uint64_t lat_ns)
+{
+	st->sh.lat[chime_lat_bucket(lat_ns)]++;
+	st->sh.lat_sum_ns += lat_ns;
+	if (lat_ns > st->sh.lat_max_ns)
+		st->sh.lat_max_ns = lat_ns;
+	st->lat_dirty = 1;
+}
+
+static inline struct chime_client_stats *stats__cl(struct stats *st, uint32_t slot)
+{
+	struct stats_client *c;
+
+	/* Internal code asserts, but an out-of-range slot must not scribble. */
+	if (slot >= st->max_clients)
+		return NULL;
+	c = &st->cl[slot];
+	if (!c->dirty) {
+		c->dirty = 1;
+		st->dirty[st->nr_dirty++] = slot;
+	}
+	return &c->c;
+}
+
+static inline void stats_arm(struct stats *st, uint32_t slot)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	st->sh.arms++;
+	st->sh.armed++;
+	if (c) {
+		c->arms++;
+		c->armed++;
+	}
+}
+
+static inline void stats_reset(struct stats *st, uint32_t slot)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	st->sh.resets++;
+	if (c)
+		c->resets++;
+}
+
+static inline void stats__disarm(struct stats *st, struct chime_client_stats *c, uint64_t n)
+{
+	st->sh.armed = st->sh.armed >= n ? st->sh.armed - n : 0;
+	if (c)
+		c->armed = c->armed >= n ? c->armed - n : 0;
+}
+
+static inline void stats_cancel(struct stats *st, uint32_t slot)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	st->sh.cancels++;
+	if (c)
+		c->cancels++;
+	stats__disarm(st, c, 1);
+}
+
+static inline void stats_cancel_key(struct stats *st, uint32_t slot, uint64_t victims)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	st->sh.cancel_keys++;
+	st->sh.cancels += victims;
+	if (c)
+		c->cancels += victims;
+	stats__disarm(st, c, victims);
+}
+
+static inline void stats_malformed(struct stats *st)
+{
+	st->sh.malformed++;
+}
+
+/*
+ * An expiration. `periodic`: the timer stays armed (re-armed from its
+ * deadline, or held in the backlog), so the armed gauges do not move.
+ */
+static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline_ns,
+			      uint64_t fired_ns, int periodic)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	st->sh.fires++;
+	if (c)
+		c->fires++;
+	if (!periodic)
+		stats__disarm(st, c, 1);
+	/* Never early, so fired >= deadline; clamp anyway rather than wrap. */
+	stats_lateness(st, fired_ns > deadline_ns ? fired_ns - deadline_ns : 0);
+}
+
+static inline void stats_deliver(struct stats *st, uint32_t slot)
+{
+	(void)stats__cl(st, slot);
+	st->sh.delivered++;
+}
+
+static inline void stats_wake_client(struct stats *st, uint32_t slot)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	st->sh.wakeups++;
+	if (c)
+		c->wakeups++;
+}
+
+static inline void stats_client_depth(struct stats *st, uint32_t slot, uint64_t cq_depth,
+				      uint64_t backlog)
+{
+	struct stats_client *p = slot < st->max_clients ? &st->cl[slot] : NULL;
+	struct chime_client_stats *c;
+
+	/* Gauges are set often with the same value: publish only a change. */
+	if (!p || (p->c.cq_depth == cq_depth && p->c.backlog == backlog))
+		return;
+	c = stats__cl(st, slot);
+	c->cq_depth = cq_depth;
+	c->backlog = backlog;
+}
+
+static inline void stats_shard_gauges(struct stats *st, uint64_t backlog, uint64_t next_deadline_ns)
+{
+	st->sh.backlog = backlog;
+	st->sh.next_deadline_ns = next_deadline_ns;
+}
+
+static inline void stats_sq_depth(struct stats *st, uint64_t n)
+{
+	st->sh.sq_depth = n;
+	if (n > st->sh.sq_depth_max)
+		st->sh.sq_depth_max = n;
+}
+
+static inline void stats_loop(struct stats *st, uint64_t busy_ns)
+{
+	st->sh.loops++;
+	st->sh.busy_ns += busy_ns;
+}
+
+static inline void stats_sleep(struct stats *st)
+{
+	st->sh.sleeps++;
+}
+
+#endif /* CHIME_STATS_H */

@@ -1,0 +1,673 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_tools.c - chimestat and chimectl, end to end.
+ *
+ * Suite tools_fake: a control segment built by this test with broker/stats.c
+ * (known counters, no broker needed), read through the real binaries.
+ * Suite tools_live: a real chimed ($CHIMED) on a private socket with a known
+ * load; skipped if the broker or libchime are not built.
+ *
+ * JSON is checked with jq (a real parser); Prometheus output with promtool
+ * when it is installed, and always with our own format check.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chime_shm.h"
+#include "helpers.h"
+#include "segment.h"
+#include "stats.h"
+
+#ifdef CHIME_HAVE_LIBCHIME
+#include <chime.h>
+#endif
+
+static char dir[128], sock[192], out[256], err[256];
+
+static void setup(void)
+{
+	char name[64];
+
+	t_unique_name(name, sizeof(name), "/tmp/chime-tools");
+	snprintf(dir, sizeof(dir), "%s", name);
+	cr_assert_eq(mkdir(dir, 0700), 0, "mkdir %s: %s", dir, strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+	snprintf(out, sizeof(out), "%s/out", dir);
+	snprintf(err, sizeof(err), "%s/err", dir);
+}
+
+static void teardown(void)
+{
+	char cmd[256];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cleanup of %s failed\n", dir);
+}
+
+static const char *bin(const char *env)
+{
+	const char *p = getenv(env);
+
+	if (!p || !*p)
+		cr_skip_test("$%s not set (run through meson test)", env);
+	return p;
+}
+
+/* Run a shell command with stdout to `out` and stderr to `err`; its exit status. */
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...)
+{
+	char cmd[1024], full[1600];
+	va_list ap;
+	int st;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	snprintf(full, sizeof(full), "%s >'%s' 2>'%s'", cmd, out, err);
+	st = system(full);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static char *slurp(const char *path)
+{
+	static char buf[1 << 20];
+	FILE *f = fopen(path, "r");
+	size_t n = 0;
+
+	if (f) {
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+	}
+	buf[n] = '\0';
+	return buf;
+}
+
+/* jq's answer for `expr` over the JSON in `out`, as an integer (jq parses; we don't). */
+static int64_t jq(const char *expr)
+{
+	char cmd[512], line[128] = "";
+	FILE *p;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "jq -r '%s' '%s'", expr, out);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	if (!fgets(line, sizeof(line), p))
+		line[0] = '\0';
+	st = pclose(p);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strcmp(line, "null\n") && *line,
+		  "jq '%s' failed (%s)", expr, line);
+	if (!strcmp(line, "true\n"))
+		return 1;
+	if (!strcmp(line, "false\n"))
+		return 0;
+	return strtoll(line, NULL, 10);
+}
+
+static int have(const char *prog)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "command -v %s >/dev/null 2>&1", prog);
+	return system(cmd) == 0;
+}
+
+/*
+ * Our own check of the text exposition format: HELP/TYPE before samples,
+ * one TYPE per family, valid names, counters end in _total, histogram
+ * buckets cumulative with +Inf equal to _count.
+ */
+static void check_prom_format(const char *text)
+{
+	char fam[128] = "", type[32] = "", prev_le_fam[160] = "";
+	uint64_t prev_cum = 0;
+	const char *l = text;
+	int samples = 0;
+
+	while (*l) {
+		const char *nl = strchr(l, '\n');
+		char line[512], name[160];
+		size_t n = nl ? (size_t)(nl - l) : strlen(l);
+		double v;
+
+		cr_assert_lt(n, sizeof(line));
+		memcpy(line, l, n);
+		line[n] = '\0';
+		l += n + (nl != NULL);
+		if (!strncmp(line, "# HELP ", 7))
+			continue;
+		if (!strncmp(line, "# TYPE ", 7)) {
+			cr_assert_eq(sscanf(line, "# TYPE %127s %31s", fam, type), 2, "%s", line);
+			cr_assert(strcmp(type, "counter") || strstr(fam, "_total"), "counter without _total: %s", fam);
+			continue;
+		}
+		cr_assert_neq(line[0], '#', "stray comment: %s", line);
+		cr_assert_eq(sscanf(line, "%159[a-zA-Z0-9_:]", name), 1, "bad sample: %s", line);
+		cr_assert_eq(strncmp(name, fam, strlen(fam)), 0, "sample %s outside its family %s", name, fam);
+		cr_assert(strchr(line, ' '), "no value: %s", line);
+		if (!strcmp(strrchr(line, ' ') + 1, "+Inf"))
+			v = 1.0 / 0.0;
+		else
+			cr_assert_eq(sscanf(strrchr(line, ' ') + 1, "%lf", &v), 1, "bad value: %s", line);
+		if (!strcmp(type, "histogram") && strstr(name, "_bucket")) {
+			char key[160];
+			uint64_t cum = (uint64_t)v;
+
+			/* the series without le="..." */
+			snprintf(key, sizeof(key), "%.*s", (int)(strstr(line, "le=") - line), line);
+			if (strcmp(key, prev_le_fam))
+				prev_cum = 0;
+			cr_assert_geq(cum, prev_cum, "buckets not cumulative: %s", line);
+			prev_cum = cum;
+			snprintf(prev_le_fam, sizeof(prev_le_fam), "%s", key);
+		}
+		if (!strcmp(type, "histogram") && strstr(name, "_count"))
+			cr_assert_eq((uint64_t)v, prev_cum, "_count != +Inf bucket: %s", line);
+		samples++;
+	}
+	cr_assert_gt(samples, 10);
+}
+
+static void check_prometheus(void)
+{
+	cr_assert_eq(run("%s --socket '%s' --prometheus", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	check_prom_format(slurp(out));
+	if (have("promtool")) {
+		char prom[300];
+
+		snprintf(prom, sizeof(prom), "%s.prom", out);
+		rename(out, prom);
+		cr_assert_eq(run("promtool check metrics < '%s'", prom), 0, "promtool: %s %s",
+			     slurp(out), slurp(err));
+	} else {
+		cr_log_warn("promtool not installed: only our own format check ran");
+	}
+}
+
+/* ---------------------------------------------------------------------- */
+/* A control segment with known counters                                     */
+/* ---------------------------------------------------------------------- */
+
+enum { F_SHARDS = 2, F_CLIENTS = 4 };
+
+struct fake {
+	struct chime_map map;
+	struct chime_ctl *ctl;
+	struct chime_client_ctl *cc;
+};
+
+static void fake_make(struct fake *f, pid_t pid, uint64_t heartbeat_age_ns)
+{
+	char path[256];
+	uint64_t off, size, now = t_now_ns();
+	struct stats st[F_SHARDS];
+	int fd, k, i;
+
+	off = sizeof(struct chime_ctl);
+	f->map.base = NULL;
+	size = off + F_SHARDS * sizeof(struct chime_shard_ctl) + F_CLIENTS * sizeof(struct chime_client_ctl) +
+	       F_CLIENTS * F_SHARDS * sizeof(struct chime_client_stats);
+	size = (size + 4095) & ~UINT64_C(4095);
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	cr_assert_eq(chime_seg_file(path, size, 0640, &fd, &f->map), 0);
+	close(fd);
+	f->ctl = f->map.base;
+	f->ctl->state = CHIME_BROKER_RUNNING;
+	f->ctl->pid = pid;
+	f->ctl->nr_shards = F_SHARDS;
+	f->ctl->max_clients = F_CLIENTS;
+	f->ctl->start_ns = now - UINT64_C(5000000000);
+	/* A fresh fake stays fresh however slow the test is: a beat in the future. */
+	f->ctl->heartbeat_ns = heartbeat_age_ns ? now - heartbeat_age_ns : now + UINT64_C(600000000000);
+	f->ctl->resolution_ns = 100000;
+	f->ctl->spin_us = 50;
+	f->ctl->sq_size = 1024;
+	f->ctl->cq_size = 1024;
+	f->ctl->shard_capacity = 1 << 20;
+	f->ctl->clients_now = 1;
+	f->ctl->clients_total = 3;
+	strcpy(f->ctl->version, "0.1.0");
+	f->ctl->shards_off = off;
+	f->ctl->clients_off = off + F_SHARDS * sizeof(struct chime_shard_ctl);
+	f->ctl->client_stats_off = f->ctl->clients_off + F_CLIENTS * sizeof(struct chime_client_ctl);
+	f->cc = (struct chime_client_ctl *)((char *)f->ctl + f->ctl->clients_off);
+	f->cc[1].state = CHIME_CLIENT_ACTIVE;
+	f->cc[1].pid = 4242;
+	f->cc[1].uid = 1000;
+	strcpy(f->cc[1].comm, "fake \"client\"");
+	f->cc[1].connected_ns = now - 1000000000u;
+	f->cc[1].generation = 7;
+	f->cc[1].seq = 2;
+	/* A slot with stale counters of a previous generation must not count. */
+	f->cc[2].state = CHIME_CLIENT_EMPTY;
+
+	for (k = 0; k < F_SHARDS; k++) {
+		cr_assert_eq(stats_init(&st[k], f->ctl, (uint32_t)k), 0);
+		stats_client_attach(&st[k], 1, 7);
+	}
+	/* shard 0: 10 arms, 3 cancels, 4 fires (lateness 500 ns, 2 us x2, 3 ms) */
+	for (i = 0; i < 10; i++)
+		stats_arm(&st[0], 1);
+	for (i = 0; i < 3; i++)
+		stats_cancel(&st[0], 1);
+	stats_fire(&st[0], 1, 1000, 1500, 0);
+	stats_fire(&st[0], 1, 1000, 3000, 0);
+	stats_fire(&st[0], 1, 1000, 3000, 0);
+	stats_fire(&st[0], 1, 1000, 3001000, 0);
+	stats_malformed(&st[0]);
+	/* shard 1: 5 arms, 1 reset, 2 fires; client has 1 backlog, 2 cq */
+	for (i = 0; i < 5; i++)
+		stats_arm(&st[1], 1);
+	stats_reset(&st[1], 1);
+	stats_fire(&st[1], 1, 0, 100, 0);
+	stats_fire(&st[1], 1, 0, 100, 0);
+	stats_client_depth(&st[1], 1, 2, 1);
+	stats_shard_gauges(&st[1], 1, now + UINT64_C(600000000000));
+	for (k = 0; k < F_SHARDS; k++) {
+		stats_loop(&st[k], 1000);
+		stats_publish(&st[k]);
+		stats_fini(&st[k]);
+	}
+	chime_seg_publish(&f->ctl->hdr, CHIME_SEG_CONTROL, size);
+}
+
+static pid_t dead_pid(void)
+{
+	pid_t p = fork();
+
+	if (p == 0)
+		_exit(0);
+	waitpid(p, NULL, 0);
+	return p;
+}
+
+TestSuite(tools_fake, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(tools_fake, json_has_exact_counters)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	cr_assert_eq(run("%s --socket '%s' -1 -j", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(run("cp '%s/out' '%s/j' && python3 -m json.tool '%s/j'", dir, dir, dir), 0, "not JSON: %s",
+		     slurp(err));
+	cr_assert_eq(run("%s --socket '%s' --json", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".broker.running"), 1);
+	cr_assert_eq(jq(".broker.pid"), getpid());
+	cr_assert_eq(jq(".broker.shards"), 2);
+	cr_assert_eq(jq(".broker.clients_total"), 3);
+	cr_assert_eq(jq(".shards[0].shard"), 0);
+	cr_assert_eq(jq(".shards[0].arms"), 10);
+	cr_assert_eq(jq(".shards[0].cancels"), 3);
+	cr_assert_eq(jq(".shards[0].fires"), 4);
+	cr_assert_eq(jq(".shards[0].malformed"), 1);
+	cr_assert_eq(jq(".shards[0].armed"), 3);
+	cr_assert_eq(jq(".shards[1].resets"), 1);
+	cr_assert_eq(jq(".shards[1].backlog"), 1);
+	cr_assert_eq(jq("[.shards[].arms] | add"), 15);
+	cr_assert_eq(jq(".clients | length"), 1);
+	cr_assert_eq(jq(".clients[0].slot"), 1);
+	cr_assert_eq(jq(".clients[0].pid"), 4242);
+	cr_assert_eq(jq(".clients[0].arms"), 15);
+	cr_assert_eq(jq(".clients[0].fires"), 6);
+	cr_assert_eq(jq(".clients[0].cancels"), 3);
+	cr_assert_eq(jq(".clients[0].armed"), 6);
+	cr_assert_eq(jq(".clients[0].cq_depth"), 2);
+	cr_assert_eq(jq(".clients[0].backlog"), 1);
+	cr_assert_eq(jq(".clients[0].comm == \"fake \\\"client\\\"\""), 1);
+	/* lateness: 500, 2000, 2000, 3000000 on shard 0; 100, 100 on shard 1 */
+	cr_assert_eq(jq(".shards[0].lateness.count"), 4);
+	cr_assert_eq(jq(".shards[0].lateness.max_ns"), 3000000);
+	cr_assert_eq(jq(".shards[0].lateness.p50_ns"), (int64_t)chime_lat_upper_ns(chime_lat_bucket(2000)));
+	cr_assert_eq(jq(".shards[0].lateness.p99_ns"), 3000000);
+	cr_assert_eq(jq(".lateness.count"), 6);
+	cr_assert_eq(jq(".lateness.sum_ns"), 500 + 2000 + 2000 + 3000000 + 200);
+	cr_assert_eq(jq(".lateness.p50_ns"), 1024);
+	cr_assert_eq(jq(".shards[1].next_deadline_in_ns > 1000000000"), 1);
+	cr_assert_eq(jq(".shards[0].next_deadline_in_ns == null"), 1);
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_fake, field_filter_selects_by_name)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	cr_assert_eq(run("%s --socket '%s' -j -f 'shard.*.fires' -f broker.pid", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".broker | length"), 1);
+	cr_assert_eq(jq(".shards[1].fires"), 2);
+	cr_assert_eq(jq(".shards[1] | length"), 3, "shard, fires and the empty lateness object");
+	cr_assert_eq(run("%s --socket '%s' -1 -f 'client.*.arms'", bin("CHIMESTAT"), sock), 0);
+	cr_assert(strstr(slurp(out), "client.1.arms"), "%s", slurp(out));
+	cr_assert_null(strstr(slurp(out), "shard."));
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_fake, prometheus_is_valid)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	check_prometheus();
+	cr_assert_eq(run("%s --socket '%s' --prometheus", bin("CHIMESTAT"), sock), 0);
+	cr_assert(strstr(slurp(out), "chime_shard_arms_total{shard=\"0\"} 10\n"), "%s", slurp(out));
+	cr_assert(strstr(slurp(out), "chime_shard_lateness_seconds_count{shard=\"0\"} 4\n"));
+	cr_assert(strstr(slurp(out), "comm=\"fake \\\"client\\\"\""));
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_fake, dead_pid_means_not_running)
+{
+	struct fake f;
+
+	fake_make(&f, dead_pid(), 0);
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 3);
+	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "NOT RUNNING"), "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 3);
+	cr_assert_eq(jq(".broker.running"), 0);
+	cr_assert_eq(jq(".shards[0].arms"), 10, "the last state is still shown");
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3);
+	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' shutdown", bin("CHIMECTL"), sock), 3);
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_fake, stale_heartbeat_means_not_running)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), UINT64_C(3000000000));
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 3);
+	cr_assert(strstr(slurp(err), "stale heartbeat"), "%s", slurp(err));
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_fake, no_segment_exit_1_with_hint)
+{
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1);
+	cr_assert(strstr(slurp(err), "chimestat: cannot open '"), "%s", slurp(err));
+	cr_assert(strstr(slurp(err), ".ctl': No such file or directory (is chimed running?)"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1);
+	cr_assert(strstr(slurp(err), "chimectl: cannot open '"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 1);
+}
+
+Test(tools_fake, usage_errors_exit_2)
+{
+	cr_assert_eq(run("%s --bogus", bin("CHIMESTAT")), 2);
+	cr_assert_eq(run("%s -j --prometheus", bin("CHIMESTAT")), 2);
+	cr_assert_eq(run("%s extra", bin("CHIMESTAT")), 2);
+	cr_assert_eq(run("%s", bin("CHIMECTL")), 2);
+	cr_assert_eq(run("%s frobnicate", bin("CHIMECTL")), 2);
+	cr_assert_eq(run("%s timers", bin("CHIMECTL")), 2);
+	cr_assert_eq(run("%s status --limit 3", bin("CHIMECTL")), 2);
+	cr_assert_eq(run("%s --help", bin("CHIMESTAT")), 0);
+	cr_assert(strstr(slurp(out), "Exit status"));
+	cr_assert_eq(run("%s --version", bin("CHIMECTL")), 0);
+	cr_assert(strstr(slurp(out), "chimectl 0."));
+}
+
+Test(tools_fake, clients_and_status_without_socket)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "4242"), "%s", slurp(out));
+#ifdef CHIME_HAVE_LIBCHIME
+	/* Alive by the segment, but nobody answers on the socket. */
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1);
+	cr_assert(strstr(slurp(err), "handshake"), "%s", slurp(err));
+#endif
+	/* Not chimed at that pid: shutdown refuses to signal it. */
+	cr_assert_eq(run("%s --socket '%s' shutdown", bin("CHIMECTL"), sock), 1);
+	cr_assert(strstr(slurp(err), "not chimed"), "%s", slurp(err));
+	chime_seg_unmap(&f.map);
+}
+
+/* ---------------------------------------------------------------------- */
+/* A real chimed                                                             */
+/* ---------------------------------------------------------------------- */
+
+#ifdef CHIME_HAVE_LIBCHIME
+
+static pid_t broker;
+
+static pid_t start_broker(const char *extra)
+{
+	const char *chimed = bin("CHIMED");
+	char cmd[600];
+	uint64_t t0 = t_now_ns();
+	pid_t p;
+
+	snprintf(cmd, sizeof(cmd), "exec %s --socket '%s' --foreground %s", chimed, sock, extra);
+	p = fork();
+	cr_assert_geq(p, 0);
+	if (p == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	/* Ready when a handshake succeeds. */
+	for (;;) {
+		struct chime_opts o = { .socket_path = sock };
+		chime_t *c;
+
+		if (chime_open(&c, &o) == 0) {
+			chime_close(c);
+			break;
+		}
+		cr_assert_eq(waitpid(p, NULL, WNOHANG), 0, "chimed exited at start");
+		cr_assert_lt(t_now_ns() - t0, UINT64_C(5000000000), "chimed not ready in 5 s");
+		usleep(10000);
+	}
+	broker = p;
+	return p;
+}
+
+static void live_teardown(void)
+{
+	if (broker > 0) {
+		kill(broker, SIGKILL);
+		waitpid(broker, NULL, 0);
+		broker = 0;
+	}
+	teardown();
+}
+
+TestSuite(tools_live, .init = setup, .fini = live_teardown, .timeout = 120);
+
+/* Poll chimestat -j until jq `expr` is `want` (counters are published once per loop). */
+static int64_t settle(const char *expr, int64_t want)
+{
+	uint64_t t0 = t_now_ns();
+	int64_t v;
+
+	for (;;) {
+		int r = run("%s --socket '%s' -j", bin("CHIMESTAT"), sock);
+
+		cr_assert_eq(r, 0, "chimestat exit %d: %s", r, slurp(err));
+		v = jq(expr);
+		if (v == want || t_now_ns() - t0 > UINT64_C(3000000000))
+			return v;
+		usleep(20000);
+	}
+}
+
+enum { N_FAR = 100, M_FIRE = 50, K_CANCEL = 20, B_HELD = 40 };
+
+Test(tools_live, exact_counters_under_known_load)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_id_t far[N_FAR], id;
+	struct chime_event ev[64];
+	chime_t *a, *b;
+	uint64_t now;
+	int i, got = 0;
+
+	start_broker("--shards 2 --cq-size 8");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	cr_assert_eq(chime_open(&b, &o), 0);
+	now = chime_now();
+	for (i = 0; i < N_FAR; i++)
+		cr_assert_eq(chime_arm(a, 1, now + UINT64_C(3600000000000), 0, 0, &far[i]), 0);
+	for (i = 0; i < M_FIRE; i++)
+		cr_assert_eq(chime_arm(a, 2, now + 10000000, 0, 0, &id), 0);
+	for (i = 0; i < K_CANCEL; i++)
+		cr_assert_eq(chime_cancel(a, far[i]), 0);
+	/* b never drains: its events wait in its rings (8 slots per shard) or the backlog. */
+	for (i = 0; i < B_HELD; i++)
+		cr_assert_eq(chime_arm(b, 3, now, 0, 0, &id), 0);
+	while (got < M_FIRE) {
+		int n = chime_wait(a, ev, 64, 2000);
+
+		cr_assert_gt(n, 0, "a's timers did not all fire (%d of %d)", got, M_FIRE);
+		got += n;
+	}
+	cr_assert_eq(got, M_FIRE);
+
+	settle("[.clients[].fires] | add", M_FIRE + B_HELD);
+	cr_assert_eq(settle(".broker.clients_now", 2), 2);
+	cr_assert_eq(jq(".broker.running"), 1);
+	cr_assert_eq(jq("[.shards[].arms] | add"), N_FAR + M_FIRE + B_HELD);
+	cr_assert_eq(jq("[.shards[].fires] | add"), M_FIRE + B_HELD);
+	cr_assert_eq(jq("[.shards[].cancels] | add"), K_CANCEL);
+	cr_assert_eq(jq("[.shards[].malformed] | add"), 0);
+	cr_assert_eq(settle("[.shards[].armed] | add", N_FAR - K_CANCEL), N_FAR - K_CANCEL);
+	cr_assert_eq(jq(".lateness.count"), M_FIRE + B_HELD);
+	cr_assert_eq(jq(".clients | length"), 2);
+	cr_assert_eq(jq(".clients | map(select(.armed == 80)) | length"), 1, "a: 80 armed");
+	cr_assert_eq(jq(".clients | map(select(.arms == 150 and .fires == 50 and .cancels == 20)) | length"), 1);
+	cr_assert_eq(jq(".clients | map(select(.arms == 40 and .fires == 40)) | length"), 1);
+	/* b: every fired event is either in its completion rings or held back. */
+	cr_assert_eq(jq(".clients | map(select(.arms == 40)) | .[0] | .cq_depth + .backlog"), B_HELD);
+	cr_assert_gt(jq(".clients | map(select(.arms == 40)) | .[0].backlog"), 0);
+	cr_assert_eq(jq("[.shards[].backlog] | add"), jq(".clients | map(select(.arms == 40)) | .[0].backlog"));
+	check_prometheus();
+	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 0);
+	cr_assert_eq(run("%s --socket '%s' timers --client %d --limit 0", bin("CHIMECTL"), sock, (int)getpid()), 0,
+		     "%s", slurp(err));
+	{
+		/* 80 far timers of a, none of b (its one-shots fired): header + 80 lines */
+		int lines = 0;
+
+		for (const char *p = slurp(out); *p; p++)
+			lines += *p == '\n';
+		cr_assert_eq(lines, 1 + 80, "%s", slurp(out));
+	}
+	chime_close(a);
+	chime_close(b);
+}
+
+static int cmp_u64(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+Test(tools_live, lateness_percentiles_match_the_client)
+{
+	enum { N = 400 };
+	static uint64_t lat[N];
+	struct chime_opts o = { .socket_path = sock };
+	struct chime_event ev[64];
+	uint64_t now, seed = 3;
+	const struct {
+		const char *jq;
+		double p;
+	} pc[] = { { ".lateness.p50_ns", 0.5 }, { ".lateness.p90_ns", 0.9 }, { ".lateness.p99_ns", 0.99 },
+		   { ".lateness.p99_9_ns", 0.999 } };
+	chime_id_t id;
+	chime_t *a;
+	size_t i;
+	int got = 0;
+
+	start_broker("--shards 2");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	now = chime_now();
+	for (i = 0; i < N; i++)
+		cr_assert_eq(chime_arm(a, 0, now + 5000000 + t_rand(&seed) % 100000000, 0, 0, &id), 0);
+	while (got < N) {
+		int n = chime_wait(a, ev, 64, 3000);
+
+		cr_assert_gt(n, 0, "chime_wait: %d after %d of %d events", n, got, N);
+		for (int j = 0; j < n; j++)
+			lat[got + j] = ev[j].fired_ns - ev[j].deadline_ns;
+		got += n;
+	}
+	qsort(lat, N, sizeof(lat[0]), cmp_u64);
+	settle(".lateness.count", N);
+	cr_assert_eq(jq(".lateness.count"), N);
+	cr_assert_eq(jq(".lateness.max_ns"), (int64_t)lat[N - 1], "max is exact");
+	for (i = 0; i < sizeof(pc) / sizeof(pc[0]); i++) {
+		size_t rank = (size_t)((double)N * pc[i].p);
+		uint64_t mine, theirs;
+		uint32_t b;
+
+		if ((double)rank < (double)N * pc[i].p)
+			rank++;
+		mine = lat[rank - 1];
+		theirs = (uint64_t)jq(pc[i].jq);
+		b = chime_lat_bucket(mine);
+		/* Same bucket: chimestat reports its upper bound (or the max). */
+		cr_assert_geq(theirs, mine, "%s: %" PRIu64 " < client's %" PRIu64, pc[i].jq, theirs, mine);
+		cr_assert_leq(theirs, chime_lat_upper_ns(b), "%s: %" PRIu64 " beyond the bucket of %" PRIu64,
+			      pc[i].jq, theirs, mine);
+	}
+	chime_close(a);
+}
+
+Test(tools_live, sigkill_leaves_last_state_readable)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_id_t id;
+	chime_t *a;
+	int i;
+
+	start_broker("--shards 1");
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(chime_open(&a, &o), 0);
+	for (i = 0; i < 7; i++)
+		cr_assert_eq(chime_arm(a, 0, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
+	settle(".shards[0].arms", 7);
+	kill(broker, SIGKILL);
+	waitpid(broker, NULL, 0);
+	broker = 0;
+	cr_assert_eq(run("%s --socket '%s' -1 -j", bin("CHIMESTAT"), sock), 3, "%s", slurp(err));
+	cr_assert_eq(jq(".broker.running"), 0);
+	cr_assert_eq(jq(".shards[0].arms"), 7, "the last state");
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 3);
+	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3);
+	chime_close(a);
+}
+
+Test(tools_live, shutdown_stops_and_removes_segments)
+{
+	start_broker("--shards 1");
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	/* chimed is our child: once it exits it is a zombie until we reap it,
+	 * which chimectl counts as exited. */
+	cr_assert_eq(run("%s --socket '%s' shutdown", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	waitpid(broker, NULL, 0);
+	broker = 0;
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1);
+	cr_assert(strstr(slurp(err), "(is chimed running?)"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1);
+}
+
+#endif /* CHIME_HAVE_LIBCHIME */

@@ -1,0 +1,379 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * statsread.c - read-only access to the control segment for the tools.
+ *
+ * Invariants:
+ * - the mapping is PROT_READ of a file opened O_RDONLY: a tool can never
+ *   disturb the broker, and group members need no write permission;
+ * - the segment's geometry (counts and offsets in its header) is checked
+ *   against the mapping's size before anything is indexed with it: a
+ *   corrupt or truncated file gives -EBADMSG, not a crash;
+ * - every block is copied with chime_stats_read(), so a value is never torn;
+ *   a block a dead writer left mid-update is copied anyway and counted in
+ *   snap->torn (the best there is, and the caller says so).
+ */
+#include "statsread.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+/*
+ * A live writer holds a block's seq odd for well under 1 us, unless it is
+ * preempted inside it: so retry in rounds, yielding between them, for up to
+ * SR_READ_WAIT_NS before declaring the block torn (a dead writer).
+ */
+#define SR_READ_TRIES   1000u
+#define SR_READ_WAIT_NS UINT64_C(50000000)
+
+uint64_t sr_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int sr_socket_path(char *buf, size_t len, const char *arg)
+{
+	const char *p = arg;
+	int n;
+
+	if (!p || !*p)
+		p = getenv("CHIME_SOCKET");
+	if (p && *p)
+		n = snprintf(buf, len, "%s", p);
+	else if (geteuid() == 0)
+		n = snprintf(buf, len, "/run/chime/chime.sock");
+	else if ((p = getenv("XDG_RUNTIME_DIR")) && *p)
+		n = snprintf(buf, len, "%s/chime.sock", p);
+	else
+		return -ENOENT;
+	if (n < 0 || (size_t)n >= len)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+/* [off, off + n * size) lies inside the mapping and is 8-byte aligned. */
+static int sr_fits(uint64_t map_size, uint64_t off, uint64_t n, uint64_t size)
+{
+	if (off % 8 || off < sizeof(struct chime_ctl) || off > map_size)
+		return 0;
+	if (n && size > (map_size - off) / n)
+		return 0;
+	return 1;
+}
+
+int sr_open(struct sr *s, const char *sock)
+{
+	const struct chime_ctl *c;
+	uint64_t shards_off, clients_off, cstats_off;
+	int r;
+
+	memset(s, 0, sizeof(*s));
+	if (strlen(sock) >= sizeof(s->sock))
+		return -ENAMETOOLONG;
+	strcpy(s->sock, sock);
+	snprintf(s->ctl_path, sizeof(s->ctl_path), "%s.ctl", sock);
+	r = chime_seg_open(s->ctl_path, CHIME_SEG_CONTROL, &s->map);
+	if (r == -EPROTO) {
+		struct chime_seg_hdr hdr;
+		int fd = open(s->ctl_path, O_RDONLY | O_CLOEXEC);
+
+		if (fd >= 0) {
+			if (pread(fd, &hdr, sizeof(hdr), 0) == (ssize_t)sizeof(hdr))
+				s->layout_seen = hdr.layout;
+			close(fd);
+		}
+	}
+	if (r < 0)
+		return r;
+	c = s->map.base;
+	/* The geometry is written before the magic (which chime_seg_open acquired). */
+	s->nr_shards = c->nr_shards;
+	s->max_clients = c->max_clients;
+	shards_off = c->shards_off;
+	clients_off = c->clients_off;
+	cstats_off = c->client_stats_off;
+	if (!s->nr_shards || s->nr_shards > CHIME_MAX_SHARDS || s->max_clients > UINT16_MAX + 1u ||
+	    !sr_fits(s->map.size, shards_off, s->nr_shards, sizeof(struct chime_shard_ctl)) ||
+	    !sr_fits(s->map.size, clients_off, s->max_clients, sizeof(struct chime_client_ctl)) ||
+	    !sr_fits(s->map.size, cstats_off, (uint64_t)s->max_clients * s->nr_shards,
+		     sizeof(struct chime_client_stats))) {
+		chime_seg_unmap(&s->map);
+		return -EBADMSG;
+	}
+	s->ctl = c;
+	return 0;
+}
+
+void sr_close(struct sr *s)
+{
+	chime_seg_unmap(&s->map);
+	s->ctl = NULL;
+}
+
+void sr_perror(const char *prog, const struct sr *s, int err)
+{
+	switch (err) {
+	case -ENOENT:
+		fprintf(stderr, "%s: cannot open '%s': %s (is chimed running?)\n",
+			prog, s->ctl_path, strerror(-err));
+		break;
+	case -EACCES:
+		fprintf(stderr, "%s: cannot open '%s': %s (are you in the broker's group?)\n",
+			prog, s->ctl_path, strerror(-err));
+		break;
+	case -EAGAIN:
+		fprintf(stderr, "%s: cannot read '%s': not ready yet (chimed is starting; try again)\n",
+			prog, s->ctl_path);
+		break;
+	case -EPROTO:
+		fprintf(stderr, "%s: shm layout %u of '%s' not supported (this build speaks %u); upgrade one side\n",
+			prog, s->layout_seen, s->ctl_path, CHIME_SHM_LAYOUT);
+		break;
+	case -EBADMSG:
+		fprintf(stderr, "%s: cannot read '%s': not a chime control segment, or corrupt\n",
+			prog, s->ctl_path);
+		break;
+	default:
+		fprintf(stderr, "%s: cannot open '%s': %s\n", prog, s->ctl_path, strerror(-err));
+	}
+}
+
+static int sr_read_block(struct sr_snap *snap, void *dst, const void *src, size_t len)
+{
+	uint64_t t0 = 0;
+	int r;
+
+	while ((r = chime_stats_read(dst, src, len, SR_READ_TRIES)) < 0) {
+		uint64_t now = sr_now_ns();
+
+		if (!t0)
+			t0 = now;
+		else if (now - t0 > SR_READ_WAIT_NS)
+			break;
+		sched_yield();
+	}
+	if (r < 0)
+		snap->torn++;
+	return r;
+}
+
+int sr_snapshot(const struct sr *s, struct sr_snap *snap)
+{
+	const char *base = s->map.base;
+	const struct chime_shard_ctl *sc;
+	const struct chime_client_ctl *cc;
+	const struct chime_client_stats *cs;
+	uint32_t i, k;
+
+	memset(snap, 0, sizeof(*snap));
+	snap->shards = calloc(s->nr_shards, sizeof(*snap->shards));
+	snap->clients = calloc(s->max_clients ? s->max_clients : 1, sizeof(*snap->clients));
+	if (!snap->shards || !snap->clients) {
+		sr_snap_free(snap);
+		return -ENOMEM;
+	}
+	snap->now_ns = sr_now_ns();
+	/*
+	 * The header has no seqlock: its fields are written one at a time and
+	 * each is read once here (relaxed), so each is whole; the geometry is
+	 * the one checked at sr_open().
+	 */
+	memcpy(&snap->hdr, s->ctl, sizeof(snap->hdr));
+	snap->hdr.state = __atomic_load_n(&s->ctl->state, __ATOMIC_RELAXED);
+	snap->hdr.heartbeat_ns = __atomic_load_n(&s->ctl->heartbeat_ns, __ATOMIC_RELAXED);
+	snap->hdr.nr_shards = s->nr_shards;
+	snap->hdr.max_clients = s->max_clients;
+	snap->hdr.version[sizeof(snap->hdr.version) - 1] = '\0';
+
+	sc = (const struct chime_shard_ctl *)(base + s->ctl->shards_off);
+	for (k = 0; k < s->nr_shards; k++) {
+		struct chime_shard_stats *st = &snap->shards[k];
+
+		sr_read_block(snap, st, &sc[k].stats, sizeof(*st));
+		for (i = 0; i < CHIME_LAT_BUCKETS; i++)
+			snap->lat[i] += st->lat[i];
+		snap->lat_sum_ns += st->lat_sum_ns;
+		if (st->lat_max_ns > snap->lat_max_ns)
+			snap->lat_max_ns = st->lat_max_ns;
+	}
+
+	cc = (const struct chime_client_ctl *)(base + s->ctl->clients_off);
+	cs = (const struct chime_client_stats *)(base + s->ctl->client_stats_off);
+	for (i = 0; i < s->max_clients; i++) {
+		struct sr_client *cl = &snap->clients[snap->nr_clients];
+
+		sr_read_block(snap, &cl->id, &cc[i], sizeof(cl->id));
+		if (cl->id.state != CHIME_CLIENT_ACTIVE && cl->id.state != CHIME_CLIENT_DYING)
+			continue;
+		cl->id.comm[sizeof(cl->id.comm) - 1] = '\0';
+		cl->slot = i;
+		memset(&cl->sum, 0, sizeof(cl->sum));
+		for (k = 0; k < s->nr_shards; k++) {
+			struct chime_client_stats b;
+
+			sr_read_block(snap, &b, &cs[(uint64_t)i * s->nr_shards + k], sizeof(b));
+			/* A shard that has not adopted this client yet still
+			 * holds the previous occupant's counters: skip them. */
+			if (b.generation != cl->id.generation)
+				continue;
+			cl->sum.armed += b.armed;
+			cl->sum.arms += b.arms;
+			cl->sum.resets += b.resets;
+			cl->sum.cancels += b.cancels;
+			cl->sum.fires += b.fires;
+			cl->sum.cq_depth += b.cq_depth;
+			cl->sum.backlog += b.backlog;
+			cl->sum.wakeups += b.wakeups;
+		}
+		cl->sum.generation = cl->id.generation;
+		snap->nr_clients++;
+	}
+	return 0;
+}
+
+void sr_snap_free(struct sr_snap *snap)
+{
+	free(snap->shards);
+	free(snap->clients);
+	snap->shards = NULL;
+	snap->clients = NULL;
+}
+
+const char *sr_state_name(uint32_t state)
+{
+	switch (state) {
+	case CHIME_BROKER_STARTING:
+		return "starting";
+	case CHIME_BROKER_RUNNING:
+		return "running";
+	case CHIME_BROKER_STOPPED:
+		return "stopped";
+	}
+	return "unknown";
+}
+
+enum sr_state sr_liveness(const struct sr_snap *snap, const char **why)
+{
+	uint64_t hb = snap->hdr.heartbeat_ns;
+	const char *dummy;
+
+	if (!why)
+		why = &dummy;
+	if (snap->hdr.state == CHIME_BROKER_STOPPED) {
+		*why = "chimed stopped cleanly";
+		return SR_STOPPED;
+	}
+	/*
+	 * The pid test is exact on this host but meaningless from another pid
+	 * namespace, so the heartbeat decides too: either one failing means
+	 * not running. EPERM means the process exists (another user's).
+	 */
+	if (snap->hdr.pid <= 0 || (kill(snap->hdr.pid, 0) < 0 && errno == ESRCH)) {
+		*why = "chimed is not running (its process is gone)";
+		return SR_DEAD;
+	}
+	if (snap->now_ns > hb && snap->now_ns - hb > SR_HEARTBEAT_STALE_NS) {
+		*why = "chimed is not running (stale heartbeat)";
+		return SR_DEAD;
+	}
+	if (snap->hdr.state == CHIME_BROKER_STARTING) {
+		*why = "chimed is starting";
+		return SR_STARTING;
+	}
+	if (snap->hdr.state != CHIME_BROKER_RUNNING) {
+		*why = "chimed is in an unknown state";
+		return SR_DEAD;
+	}
+	*why = "chimed is running";
+	return SR_RUNNING;
+}
+
+uint64_t sr_hist_count(const uint64_t *hist)
+{
+	uint64_t n = 0;
+	uint32_t b;
+
+	for (b = 0; b < CHIME_LAT_BUCKETS; b++)
+		n += hist[b];
+	return n;
+}
+
+uint64_t sr_percentile(const uint64_t *hist, uint64_t max_ns, double p)
+{
+	uint64_t n = sr_hist_count(hist), rank, cum = 0, up;
+	uint32_t b;
+
+	if (!n)
+		return 0;
+	if (p <= 0)
+		p = 1e-12;
+	if (p > 1)
+		p = 1;
+	/* Nearest rank: the smallest sample with at least p*n samples <= it. */
+	rank = (uint64_t)((double)n * p);
+	if ((double)rank < (double)n * p)
+		rank++;
+	if (rank < 1)
+		rank = 1;
+	if (rank > n)
+		rank = n;
+	for (b = 0; b < CHIME_LAT_BUCKETS; b++) {
+		cum += hist[b];
+		if (cum >= rank)
+			break;
+	}
+	if (b >= CHIME_LAT_BUCKETS)
+		b = CHIME_LAT_BUCKETS - 1;
+	/* Report the bucket's upper bound (never understate lateness), but
+	 * no more than the exact maximum. */
+	up = chime_lat_upper_ns(b);
+	return up < max_ns ? up : max_ns;
+}
+
+double sr_rate(uint64_t a, uint64_t b, uint64_t dt_ns)
+{
+	if (!dt_ns || b < a)
+		return 0;
+	return (double)(b - a) * 1e9 / (double)dt_ns;
+}
+
+const char *sr_fmt_dur(char *buf, size_t len, uint64_t ns)
+{
+	uint64_t s = ns / 1000000000u;
+
+	if (s >= 86400)
+		snprintf(buf, len, "%llud%02lluh%02llum", (unsigned long long)(s / 86400),
+			 (unsigned long long)(s / 3600 % 24), (unsigned long long)(s / 60 % 60));
+	else if (s >= 3600)
+		snprintf(buf, len, "%lluh%02llum%02llus", (unsigned long long)(s / 3600),
+			 (unsigned long long)(s / 60 % 60), (unsigned long long)(s % 60));
+	else if (s >= 60)
+		snprintf(buf, len, "%llum%02llus", (unsigned long long)(s / 60), (unsigned long long)(s % 60));
+	else
+		snprintf(buf, len, "%.1fs", (double)ns / 1e9);
+	return buf;
+}
+
+const char *sr_fmt_ns(char *buf, size_t len, uint64_t ns)
+{
+	if (ns == UINT64_MAX)
+		snprintf(buf, len, "-");
+	else if (ns < 1000)
+		snprintf(buf, len, "%lluns", (unsigned long long)ns);
+	else if (ns < 1000000)
+		snprintf(buf, len, "%.1fus", (double)ns / 1e3);
+	else if (ns < 1000000000)
+		snprintf(buf, len, "%.1fms", (double)ns / 1e6);
+	else
+		snprintf(buf, len, "%.2fs", (double)ns / 1e9);
+	return buf;
+}

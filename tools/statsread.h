@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * statsread.h - what chimestat and chimectl share: find the broker's control
+ * segment, map it read-only, take consistent snapshots of its blocks, and
+ * derive liveness, rates and lateness percentiles.
+ *
+ * Nothing here writes to shared memory or asks the broker anything, so it
+ * works from any user allowed to read "<socket>.ctl" (mode 0640: the broker's
+ * group) and after the broker died. Functions return 0 or -errno and print
+ * nothing, except sr_perror().
+ */
+#ifndef CHIME_STATSREAD_H
+#define CHIME_STATSREAD_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "chime_shm.h"
+#include "segment.h"
+
+/* Exit codes shared by chimestat and chimectl (documented in their man pages). */
+#define SR_EXIT_OK          0
+#define SR_EXIT_NOSHM       1   /* cannot read the broker's shared memory, or another failure */
+#define SR_EXIT_USAGE       2
+#define SR_EXIT_NOT_RUNNING 3   /* the segment is there but the broker is not running */
+
+/* A heartbeat older than this means the broker is not running (it beats every 100 ms). */
+#define SR_HEARTBEAT_STALE_NS UINT64_C(1000000000)
+
+struct sr {
+	char sock[PATH_MAX];
+	char ctl_path[PATH_MAX + 8];
+	struct chime_map map;
+	const struct chime_ctl *ctl;
+	uint32_t nr_shards;
+	uint32_t max_clients;
+	uint32_t layout_seen;           /* after -EPROTO: the segment's layout version */
+};
+
+/* One client slot in use (ACTIVE or DYING), its counters summed over shards. */
+struct sr_client {
+	uint32_t slot;
+	struct chime_client_ctl id;
+	struct chime_client_stats sum;  /* seq unused; only blocks of id.generation */
+};
+
+struct sr_snap {
+	uint64_t now_ns;                /* CLOCK_MONOTONIC when taken */
+	struct chime_ctl hdr;
+	struct chime_shard_stats *shards;   /* [hdr.nr_shards] */
+	struct sr_client *clients;      /* [nr_clients], by slot */
+	uint32_t nr_clients;
+	uint32_t torn;                  /* blocks whose seq stayed odd (writer died mid-update) */
+	uint64_t lat[CHIME_LAT_BUCKETS];/* all shards */
+	uint64_t lat_sum_ns, lat_max_ns;
+};
+
+enum sr_state {
+	SR_RUNNING,     /* RUNNING, fresh heartbeat, pid alive */
+	SR_STARTING,    /* STARTING, fresh heartbeat */
+	SR_STOPPED,     /* the broker said it stopped cleanly */
+	SR_DEAD,        /* RUNNING or STARTING, but stale heartbeat or pid gone */
+};
+
+/* The socket path: `arg` if not NULL, else $CHIME_SOCKET, else the default. -ENOENT: no default. */
+int sr_socket_path(char *buf, size_t len, const char *arg);
+
+/* Map "<sock>.ctl" read-only and check its geometry. -errno (open, mmap), -EAGAIN, -EBADMSG, -EPROTO. */
+int sr_open(struct sr *s, const char *sock);
+void sr_close(struct sr *s);
+
+/* Print the standard message for an sr_open() failure: "prog: cannot open 'path': ... (hint)". */
+void sr_perror(const char *prog, const struct sr *s, int err);
+
+int sr_snapshot(const struct sr *s, struct sr_snap *snap);
+void sr_snap_free(struct sr_snap *snap);
+
+/* Liveness from the snapshot: state, heartbeat age and whether the pid exists. why: a reason. */
+enum sr_state sr_liveness(const struct sr_snap *snap, const char **why);
+const char *sr_state_name(uint32_t state);
+
+/* Lateness: sum of buckets, and the p-quantile (0 < p <= 1) by nearest rank, reported as
+ * the exclusive upper bound of its bucket capped at max_ns (so it is >= the true value
+ * and within one bucket of it); 0 if the histogram is empty. */
+uint64_t sr_hist_count(const uint64_t *hist);
+uint64_t sr_percentile(const uint64_t *hist, uint64_t max_ns, double p);
+
+/* (b - a) per second over dt_ns; 0 if dt_ns is 0 or the counter went backwards (a restart). */
+double sr_rate(uint64_t a, uint64_t b, uint64_t dt_ns);
+
+/* CLOCK_MONOTONIC in ns. */
+uint64_t sr_now_ns(void);
+
+/* "1h02m03s"-style duration for humans. */
+const char *sr_fmt_dur(char *buf, size_t len, uint64_t ns);
+/* "12.3us"-style short duration. */
+const char *sr_fmt_ns(char *buf, size_t len, uint64_t ns);
+
+#endif /* CHIME_STATSREAD_H */

@@ -25,10 +25,26 @@
 
 #include "chime_shm.h"
 
-/* Private handle: the shared state and the slab, resolved once. */
+/*
+ * Private handle: the shared state and the slab, resolved once, plus what
+ * is derived from the shared state and kept out of shared memory (rebuilt by
+ * wheel_init() and wheel_rebuild()).
+ */
 struct wheel {
 	struct chime_wheel *w;
 	struct chime_node *nodes;
+	/* tick = ns / resolution_ns without a divide: a shift, or libdivide's
+	 * branch-free multiply-shift when div_magic != 0 */
+	uint64_t div_magic;
+	uint32_t div_shift;
+	uint32_t _pad;
+	uint64_t max_tick;      /* tick of UINT64_MAX ns */
+	/* lower bound of the deadlines in the current tick's level-0 slot:
+	 * lets an advance inside one tick skip rescanning it */
+	uint64_t cur_min_ns;
+	/* tail of each slot list: a cascade walks a list from both ends at once,
+	 * two independent chains of cache misses instead of one */
+	uint32_t tail[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
 };
 
 /* Bytes of region wheel_init() needs for `capacity` nodes. */
@@ -67,34 +83,47 @@ uint32_t wheel_alloc(struct wheel *wh);
 /* Return a node in state ALLOC (or any broker state) to the free list. */
 void wheel_free(struct wheel *wh, uint32_t idx);
 
-/* Arm a node that is on no wheel list (ALLOC or a broker state) at deadline_ns. */
+/*
+ * Arm a node that is on no wheel list (ALLOC or a broker state) at deadline_ns.
+ * A deadline at or before the last advance's now_ns puts the node straight on
+ * the expired list (state EXPIRED), poppable after the next wheel_advance().
+ */
 void wheel_arm(struct wheel *wh, uint32_t idx, uint64_t deadline_ns);
 
-/* Take an ARMED or EXPIRED node off its list; it becomes ALLOC. */
+/* Take an ARMED or EXPIRED node off its list; it becomes ALLOC. No-op in any other state. */
 void wheel_cancel(struct wheel *wh, uint32_t idx);
 
-/* Move an ARMED or EXPIRED node to a new deadline (the keepalive "touch"). O(1). */
+/*
+ * Move an ARMED or EXPIRED node to a new deadline (the keepalive "touch"). O(1).
+ * On a node on no wheel list it is wheel_arm().
+ */
 void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns);
 
 /*
  * Re-arm a periodic node from its deadline, not from now: deadline_ns +=
  * period_ns (saturating). If that is already past, it is due at the next
- * advance (every period fires; none is skipped).
+ * advance (every period fires; none is skipped: one period per advance).
+ * The node may be in any state but FREE; period_ns must be > 0.
  */
 void wheel_rearm_periodic(struct wheel *wh, uint32_t idx);
 
 /*
  * Advance to now_ns (which never goes backwards; an earlier value is treated
  * as the last one) and move every timer with deadline_ns <= now_ns to the
- * expired list. Returns how many became due. Cost: O(due timers + cascaded
- * timers + slots passed).
+ * expired list. Returns how many became due (including timers armed with a
+ * past deadline since the last advance). Cost: O(due + cascaded timers) plus
+ * O(levels) per non-empty slot processed, independent of the time elapsed;
+ * plus, when now_ns falls inside a tick holding later timers, a scan of that
+ * tick's timers (skipped while now_ns is below their known minimum).
  */
 uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns);
 
 /*
  * Pop up to `max` due timers into `out` (they become ALLOC). Returns how many.
- * Order: by deadline tick (floor(deadline_ns / resolution_ns)); within one tick,
- * in no particular order.
+ * Order: the order they became due. One advance makes timers due in deadline
+ * tick order (floor(deadline_ns / resolution_ns)), within one tick in no
+ * particular order, after the timers armed in the past before that advance
+ * (in arming order).
  */
 unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max);
 
@@ -106,7 +135,7 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max);
  */
 uint64_t wheel_next_deadline(const struct wheel *wh);
 
-/* Timers in state ARMED or EXPIRED. */
+/* Timers in state ARMED or EXPIRED (chime_wheel.armed counts both). */
 static inline uint64_t wheel_armed(const struct wheel *wh)
 {
 	return wh->w->armed;

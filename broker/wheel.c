@@ -1,0 +1,791 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * wheel.c - hierarchical, tickless timing wheel over a slab of 64-byte nodes.
+ *
+ * Region: struct chime_wheel, then `capacity` struct chime_node. Everything
+ * is named by 32-bit index (CHIME_NIL = none): the region lives in shared
+ * memory mapped at a different address in every reader.
+ *
+ * Time is cut into ticks of resolution_ns: t = floor(ns / resolution_ns).
+ * T = now_tick, the tick of the last advance (now_ns).
+ *
+ * Levels and slots (6 bits per level, 11 levels: every uint64 tick fits).
+ * An ARMED node with tick t lives at
+ *
+ *	level L = highest 6-bit digit where t and T differ (0 if t == T)
+ *	        = fls(t ^ T) / 6
+ *	slot  s = digit L of t = (t >> 6L) & 63
+ *
+ * so its slot follows from its deadline and node.level: unlink is O(1)
+ * (and needs the slot only when the node heads its list). This is wahern's
+ * timeout.c placement. Because t > T (or t == T at level 0), t and T share
+ * every digit above L and digit L of t is above T's: occupied slots of level
+ * L > 0 are all strictly after T's own digit, those of level 0 at or after
+ * it, and every timer at level L is earlier than every timer at level L + 1.
+ * The earliest pending slot is therefore the lowest set bit of the lowest
+ * non-empty level: no rotation, no scan.
+ *
+ * Invariants (wheel_check() verifies all of them):
+ *  I1 ARMED <=> on a slot list; its level and slot are as above for the
+ *     current T, and deadline_ns > now_ns (a timer at or before now_ns is
+ *     never left ARMED: that is "exact").
+ *  I2 occupied[L] bit s <=> slot[L][s] != CHIME_NIL; wh->tail[L][s] (private
+ *     memory) is the list's last node. Slot lists are doubly linked, not
+ *     circular: an insert touches only the old head, and only unlinking a
+ *     list's first or last node needs its slot (one tick computation).
+ *  I3 EXPIRED <=> on the expired list, and deadline_ns <= now_ns. The list is
+ *     [due...][pending...]: level 0 = due (poppable), level 1 = pending (armed
+ *     with a past deadline since the last advance; wheel_advance() makes them
+ *     due, so a periodic timer that is behind fires once per advance).
+ *  I4 FREE <=> on the free list, index < high_water. Nodes at or beyond
+ *     high_water were never touched (the slab costs no RSS until used).
+ *  I5 armed == number of ARMED + EXPIRED nodes.
+ *  I6 every deadline in the level-0 slot of tick T is >= cur_min_ns.
+ *
+ * Never fire early: a node is made due only where `deadline_ns <= now` is
+ * compared (fire_slot_partial(), cascade_slot() for tick == now_tick,
+ * wheel_arm()) or where its whole tick is before now's tick (then every
+ * deadline in it is < now). Rounding to ticks happens only in choosing where
+ * a node waits, and in wheel_next_deadline(), which rounds UP to the end of a
+ * tick: at most resolution_ns - 1 late, never early.
+ *
+ * Advance to now (tick T'): repeat { find the earliest pending slot (lowest
+ * non-empty level, lowest set bit); its first tick e; if e > T' stop; move T
+ * to e; a level-0 slot fires (all of it if e < T', else only deadlines <= now);
+ * a higher slot cascades: each node is re-placed relative to e, landing
+ * strictly lower, or fires if its tick is e }. Stepping from one occupied slot
+ * to the next, never tick by tick, makes the cost independent of the time
+ * elapsed (a broker that slept for hours), and fires timers in tick order.
+ *
+ * Costs (n = nodes, honest):
+ *  arm, cancel, reset, alloc, free: O(1); one tick computation (a multiply
+ *     and shifts, or a shift), touch the node and its list neighbours.
+ *  advance: O(due + cascaded) node visits, each node cascading at most once
+ *     per level (<= 10 times in its life, ~2-3 for deadlines minutes away at
+ *     1 ms resolution), plus O(levels) bitmap work per non-empty slot reached;
+ *     on a wheel larger than the cache each visit is a miss, so a cascade
+ *     walks its list from both ends (two misses in flight);
+ *     plus a scan of the current tick's slot when now falls inside a tick that
+ *     holds later timers (O(timers in that tick), skipped while now <
+ *     cur_min_ns). Never O(ticks elapsed).
+ *  pop: O(popped). next_deadline: O(levels). check: O(capacity). rebuild:
+ *     O(high_water).
+ * A timer far away wakes a tickless sleeper up to once per level on its way
+ * down (each wake-up cascades it): wheel_next_deadline() reads bitmaps only,
+ * it does not know the minimum inside a coarse slot.
+ */
+#include "wheel.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define BITS   CHIME_WHEEL_BITS
+#define SLOTS  CHIME_WHEEL_SLOTS
+#define LEVELS CHIME_WHEEL_LEVELS
+#define NIL    CHIME_NIL
+
+/* node.level of an EXPIRED node: where it sits in the expired list (I3) */
+#define EXP_DUE     0u
+#define EXP_PENDING 1u
+
+__extension__ typedef unsigned __int128 u128;
+
+static inline uint64_t tick_of(const struct wheel *wh, uint64_t ns)
+{
+	uint64_t q;
+
+	/* predictable branch: the resolution never changes */
+	if (wh->div_magic == 0)
+		return ns >> wh->div_shift;
+	/* libdivide's branch-free u64 divide: q = mulhi(n, m); (q + (n - q) / 2) >> s */
+	q = (uint64_t)(((u128)ns * wh->div_magic) >> 64);
+	return (((ns - q) >> 1) + q) >> wh->div_shift;
+}
+
+/* Level of tick t relative to now_tick T: fls(t ^ T) / 6, 0 when t == T. */
+static inline unsigned level_of(uint64_t t, uint64_t T)
+{
+	return (unsigned)(63 - __builtin_clzll((t ^ T) | 1)) / BITS;
+}
+
+static inline unsigned slot_of(uint64_t t, unsigned level)
+{
+	return (unsigned)(t >> (level * BITS)) & (SLOTS - 1);
+}
+
+/* First tick of slot s of `level`, in the group of ticks T lies in. */
+static inline uint64_t slot_base(uint64_t T, unsigned level, unsigned s)
+{
+	unsigned hi = (level + 1) * BITS;
+	uint64_t group = hi >= 64 ? 0 : T & ~((UINT64_C(1) << hi) - 1);
+
+	return group | ((uint64_t)s << (level * BITS));
+}
+
+/* Last ns of tick t (saturating): the wake-up time that covers all of it. */
+static inline uint64_t tick_end_ns(const struct wheel *wh, uint64_t t)
+{
+	if (t >= wh->max_tick)
+		return UINT64_MAX;
+	return (t + 1) * wh->w->resolution_ns - 1;
+}
+
+static void div_init(struct wheel *wh, uint64_t d)
+{
+	unsigned lg = 63u - (unsigned)__builtin_clzll(d);
+	uint64_t m, rem, twice;
+
+	if ((d & (d - 1)) == 0) {
+		wh->div_magic = 0;
+		wh->div_shift = lg;
+		return;
+	}
+	/* libdivide_u64_branchfree_gen(): m = 2^64 + ceil-ish(2^(64+lg) / d) */
+	m = (uint64_t)(((u128)1 << (64 + lg)) / d);
+	rem = (uint64_t)(((u128)1 << (64 + lg)) % d);
+	m += m;
+	twice = rem + rem;
+	if (twice >= d || twice < rem)
+		m += 1;
+	wh->div_magic = m + 1;
+	wh->div_shift = lg;
+}
+
+static void handle_init(struct wheel *wh, void *mem)
+{
+	struct chime_wheel *w = mem;
+
+	wh->w = w;
+	wh->nodes = (struct chime_node *)((char *)mem + w->slab_off);
+	div_init(wh, w->resolution_ns);
+	wh->max_tick = tick_of(wh, UINT64_MAX);
+	wh->cur_min_ns = 0;
+	wh->_pad = 0;
+}
+
+size_t wheel_region_size(uint32_t capacity)
+{
+	return sizeof(struct chime_wheel) + (size_t)capacity * sizeof(struct chime_node);
+}
+
+static void clear_lists(struct wheel *wh, struct chime_wheel *w)
+{
+	for (unsigned l = 0; l < LEVELS; l++) {
+		w->occupied[l] = 0;
+		for (unsigned s = 0; s < SLOTS; s++) {
+			w->slot[l][s] = NIL;
+			wh->tail[l][s] = NIL;
+		}
+	}
+	w->expired_head = NIL;
+	w->expired_tail = NIL;
+	w->free_head = NIL;
+	w->armed = 0;
+}
+
+int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
+	       uint64_t resolution_ns, uint64_t now_ns)
+{
+	struct chime_wheel *w = mem;
+
+	if (!wh || !mem || (uintptr_t)mem % CHIME_CACHELINE || capacity == 0 ||
+	    capacity == NIL || resolution_ns == 0 || len < wheel_region_size(capacity))
+		return -EINVAL;
+	/* header only: the slab's pages stay untouched until wheel_alloc() */
+	*w = (struct chime_wheel){ 0 };
+	w->resolution_ns = resolution_ns;
+	w->now_ns = now_ns;
+	w->capacity = capacity;
+	w->high_water = 0;
+	w->slab_off = sizeof(struct chime_wheel);
+	clear_lists(wh, w);
+	handle_init(wh, mem);
+	w->now_tick = tick_of(wh, now_ns);
+	wh->cur_min_ns = UINT64_MAX;
+	return 0;
+}
+
+/* ---- lists ---------------------------------------------------------------- */
+
+static inline void slot_push(struct wheel *wh, struct chime_node *n, uint32_t idx,
+			     unsigned level, unsigned s)
+{
+	struct chime_wheel *w = wh->w;
+	uint32_t head = w->slot[level][s];
+
+	n->next = head;
+	n->prev = NIL;
+	n->level = (uint8_t)level;
+	n->state = CHIME_NODE_ARMED;
+	/* a store to the old head's line: it does not stall the arm */
+	if (head != NIL)
+		wh->nodes[head].prev = idx;
+	else
+		wh->tail[level][s] = idx;
+	w->slot[level][s] = idx;
+	w->occupied[level] |= UINT64_C(1) << s;
+}
+
+static inline void slot_unlink(struct wheel *wh, struct chime_node *n)
+{
+	struct chime_wheel *w = wh->w;
+	uint32_t next = n->next, prev = n->prev;
+	unsigned l, s;
+
+	if (next != NIL && prev != NIL) {
+		wh->nodes[next].prev = prev;
+		wh->nodes[prev].next = next;
+		return;
+	}
+	/* an end of its list: only now is the slot needed, from deadline + level */
+	l = n->level;
+	s = slot_of(tick_of(wh, n->deadline_ns), l);
+	if (next != NIL)
+		wh->nodes[next].prev = prev;
+	else
+		wh->tail[l][s] = prev;
+	if (prev != NIL) {
+		wh->nodes[prev].next = next;
+	} else {
+		w->slot[l][s] = next;
+		if (next == NIL)
+			w->occupied[l] &= ~(UINT64_C(1) << s);
+	}
+}
+
+static inline void exp_append(struct wheel *wh, struct chime_node *n, uint32_t idx, unsigned kind)
+{
+	struct chime_wheel *w = wh->w;
+	uint32_t tail = w->expired_tail;
+
+	n->next = NIL;
+	n->prev = tail;
+	n->level = (uint8_t)kind;
+	n->state = CHIME_NODE_EXPIRED;
+	if (tail != NIL)
+		wh->nodes[tail].next = idx;
+	else
+		w->expired_head = idx;
+	w->expired_tail = idx;
+}
+
+static inline void exp_unlink(struct wheel *wh, struct chime_node *n)
+{
+	struct chime_wheel *w = wh->w;
+
+	if (n->next != NIL)
+		wh->nodes[n->next].prev = n->prev;
+	else
+		w->expired_tail = n->prev;
+	if (n->prev != NIL)
+		wh->nodes[n->prev].next = n->next;
+	else
+		w->expired_head = n->next;
+}
+
+/* Put an off-list node on the wheel relative to the current now (I1, I3). */
+static inline void place(struct wheel *wh, struct chime_node *n, uint32_t idx)
+{
+	struct chime_wheel *w = wh->w;
+	uint64_t d = n->deadline_ns, t, T = w->now_tick;
+	unsigned l;
+
+	if (d <= w->now_ns) {
+		/* already due: never left ARMED (I1), poppable after the next advance */
+		exp_append(wh, n, idx, EXP_PENDING);
+		return;
+	}
+	t = tick_of(wh, d);
+	l = level_of(t, T);
+	slot_push(wh, n, idx, l, slot_of(t, l));
+	if (t == T && d < wh->cur_min_ns)
+		wh->cur_min_ns = d;
+}
+
+/* ---- allocation ----------------------------------------------------------- */
+
+uint32_t wheel_alloc(struct wheel *wh)
+{
+	struct chime_wheel *w = wh->w;
+	struct chime_node *n;
+	uint32_t idx = w->free_head, gen;
+
+	if (idx != NIL) {
+		w->free_head = wh->nodes[idx].next;
+	} else if (w->high_water < w->capacity) {
+		/* bump: first touch of this node's page happens here */
+		idx = w->high_water++;
+	} else {
+		return NIL;
+	}
+	n = &wh->nodes[idx];
+	gen = (n->gen + 1) & CHIME_ID_GEN_MASK;
+	*n = (struct chime_node){
+		.cq_pos = CHIME_POS_NONE,
+		.next = NIL,
+		.prev = NIL,
+		.key_next = NIL,
+		.key_prev = NIL,
+		.gen = gen ? gen : 1,
+		.state = CHIME_NODE_ALLOC,
+	};
+	return idx;
+}
+
+void wheel_free(struct wheel *wh, uint32_t idx)
+{
+	struct chime_node *n = &wh->nodes[idx];
+
+	assert(idx < wh->w->high_water && n->state != CHIME_NODE_FREE);
+	wheel_cancel(wh, idx);
+	n->state = CHIME_NODE_FREE;
+	/* LIFO: the most recently freed node is the most likely to be cached */
+	n->next = wh->w->free_head;
+	wh->w->free_head = idx;
+}
+
+/* ---- arm / cancel / reset --------------------------------------------------- */
+
+void wheel_arm(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
+{
+	struct chime_node *n = &wh->nodes[idx];
+
+	assert(idx < wh->w->high_water);
+	assert(n->state != CHIME_NODE_FREE && n->state != CHIME_NODE_ARMED &&
+	       n->state != CHIME_NODE_EXPIRED);
+	n->deadline_ns = deadline_ns;
+	wh->w->armed++;
+	place(wh, n, idx);
+}
+
+/* Off whichever wheel list the node is on; true if it was on one. */
+static inline int take_off(struct wheel *wh, struct chime_node *n)
+{
+	if (n->state == CHIME_NODE_ARMED)
+		slot_unlink(wh, n);
+	else if (n->state == CHIME_NODE_EXPIRED)
+		exp_unlink(wh, n);
+	else
+		return 0;
+	return 1;
+}
+
+void wheel_cancel(struct wheel *wh, uint32_t idx)
+{
+	struct chime_node *n = &wh->nodes[idx];
+
+	assert(idx < wh->w->high_water);
+	if (!take_off(wh, n))
+		return;
+	n->state = CHIME_NODE_ALLOC;
+	n->next = NIL;
+	n->prev = NIL;
+	wh->w->armed--;
+}
+
+void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
+{
+	struct chime_node *n = &wh->nodes[idx];
+
+	assert(idx < wh->w->high_water && n->state != CHIME_NODE_FREE);
+	if (!take_off(wh, n))
+		wh->w->armed++;
+	n->deadline_ns = deadline_ns;
+	place(wh, n, idx);
+}
+
+void wheel_rearm_periodic(struct wheel *wh, uint32_t idx)
+{
+	struct chime_node *n = &wh->nodes[idx];
+	uint64_t d;
+
+	assert(n->period_ns > 0);
+	/* from the deadline, not from now: no drift; saturate rather than wrap */
+	d = n->deadline_ns + n->period_ns;
+	if (d < n->deadline_ns)
+		d = UINT64_MAX;
+	wheel_reset(wh, idx, d);
+}
+
+/* ---- advance ---------------------------------------------------------------- */
+
+/*
+ * Move T to tick t. The new current tick's slot minimum is unknown (0) if it
+ * holds nodes already, else exact (none yet; place() lowers it).
+ */
+static inline void set_now_tick(struct wheel *wh, uint64_t t)
+{
+	wh->w->now_tick = t;
+	wh->cur_min_ns = wh->w->occupied[0] >> slot_of(t, 0) & 1 ? 0 : UINT64_MAX;
+}
+
+/* Make every pending node due (I3); returns how many. O(pending). */
+static uint64_t promote_pending(struct wheel *wh)
+{
+	uint32_t i = wh->w->expired_tail;
+	uint64_t cnt = 0;
+
+	while (i != NIL && wh->nodes[i].level == EXP_PENDING) {
+		wh->nodes[i].level = EXP_DUE;
+		i = wh->nodes[i].prev;
+		cnt++;
+	}
+	return cnt;
+}
+
+/*
+ * Fire a whole level-0 slot (its tick is before now's): walk it once to mark
+ * it, then splice it onto the expired list in O(1).
+ */
+static uint64_t fire_slot(struct wheel *wh, unsigned s)
+{
+	struct chime_wheel *w = wh->w;
+	struct chime_node *nodes = wh->nodes;
+	uint32_t head = w->slot[0][s], i = head, last = NIL;
+	uint64_t cnt = 0;
+
+	w->slot[0][s] = NIL;
+	wh->tail[0][s] = NIL;
+	w->occupied[0] &= ~(UINT64_C(1) << s);
+	while (i != NIL) {
+		struct chime_node *n = &nodes[i];
+
+		__builtin_prefetch(&nodes[n->next]);
+		n->state = CHIME_NODE_EXPIRED;
+		n->level = EXP_DUE;
+		last = i;
+		i = n->next;
+		cnt++;
+	}
+	nodes[head].prev = w->expired_tail;
+	if (w->expired_tail != NIL)
+		nodes[w->expired_tail].next = head;
+	else
+		w->expired_head = head;
+	w->expired_tail = last;
+	return cnt;
+}
+
+/*
+ * The level-0 slot of now's own tick: only deadlines <= now fire (exact);
+ * the rest stay, and their minimum lets the next advance inside this tick
+ * skip the scan.
+ */
+static uint64_t fire_slot_partial(struct wheel *wh, unsigned s, uint64_t now)
+{
+	struct chime_wheel *w = wh->w;
+	struct chime_node *nodes = wh->nodes;
+	uint32_t i = w->slot[0][s];
+	uint64_t cnt = 0, min = UINT64_MAX;
+
+	while (i != NIL) {
+		struct chime_node *n = &nodes[i];
+		uint32_t next = n->next;
+
+		__builtin_prefetch(&nodes[next]);
+		if (n->deadline_ns <= now) {
+			slot_unlink(wh, n);
+			exp_append(wh, n, i, EXP_DUE);
+			cnt++;
+		} else if (n->deadline_ns < min) {
+			min = n->deadline_ns;
+		}
+		i = next;
+	}
+	wh->cur_min_ns = min;
+	return cnt;
+}
+
+/* Re-place one node of a cascading slot whose first tick e is now_tick. */
+static inline uint64_t cascade_one(struct wheel *wh, struct chime_node *n, uint32_t i,
+				   uint64_t T_end, uint64_t now)
+{
+	uint64_t e = wh->w->now_tick, t = tick_of(wh, n->deadline_ns);
+	unsigned nl;
+
+	if (t == e && (e < T_end || n->deadline_ns <= now)) {
+		/* never early: tick e is wholly before now, or this deadline is <= now */
+		exp_append(wh, n, i, EXP_DUE);
+		return 1;
+	}
+	nl = level_of(t, e);
+	slot_push(wh, n, i, nl, slot_of(t, nl));
+	return 0;
+}
+
+/*
+ * Cascade slot s of level l (> 0), whose first tick e is now now_tick: each
+ * node lands strictly lower, or fires if its tick is e and it is due. Nodes
+ * of later ticks are not fired here even if due, so that the advance loop
+ * fires them in tick order. The list is walked from both ends at once: on a
+ * large wheel every node is a cache miss, and two independent chains keep
+ * two misses in flight.
+ */
+static uint64_t cascade_slot(struct wheel *wh, unsigned l, unsigned s, uint64_t T_end,
+			     uint64_t now)
+{
+	struct chime_wheel *w = wh->w;
+	struct chime_node *nodes = wh->nodes;
+	uint32_t i = w->slot[l][s], j = wh->tail[l][s];
+	uint64_t cnt = 0;
+
+	w->slot[l][s] = NIL;
+	wh->tail[l][s] = NIL;
+	w->occupied[l] &= ~(UINT64_C(1) << s);
+	while (i != NIL) {
+		struct chime_node *a = &nodes[i], *b = &nodes[j];
+		uint32_t ni = a->next, pj = b->prev;
+
+		if (i == j) {
+			cnt += cascade_one(wh, a, i, T_end, now);
+			break;
+		}
+		__builtin_prefetch(&nodes[ni]);
+		__builtin_prefetch(&nodes[pj]);
+		cnt += cascade_one(wh, a, i, T_end, now);
+		cnt += cascade_one(wh, b, j, T_end, now);
+		if (ni == j)
+			break;
+		i = ni;
+		j = pj;
+	}
+	return cnt;
+}
+
+uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
+{
+	struct chime_wheel *w = wh->w;
+	uint64_t now = now_ns < w->now_ns ? w->now_ns : now_ns;
+	uint64_t T_end = tick_of(wh, now);
+	uint64_t fired = promote_pending(wh);
+
+	/* an advance inside one tick below the current tick's known minimum: done */
+	if (T_end == w->now_tick && now < wh->cur_min_ns) {
+		w->now_ns = now;
+		return fired;
+	}
+	for (;;) {
+		unsigned l = 0, s;
+		uint64_t e;
+
+		while (l < LEVELS && w->occupied[l] == 0)
+			l++;
+		if (l == LEVELS)
+			break;
+		s = (unsigned)__builtin_ctzll(w->occupied[l]);
+		e = slot_base(w->now_tick, l, s);
+		if (e > T_end)
+			break;
+		if (e != w->now_tick)
+			set_now_tick(wh, e);
+		if (l > 0) {
+			fired += cascade_slot(wh, l, s, T_end, now);
+		} else if (e < T_end) {
+			fired += fire_slot(wh, s);
+		} else {
+			fired += fire_slot_partial(wh, s, now);
+			break;
+		}
+	}
+	if (w->now_tick != T_end)
+		set_now_tick(wh, T_end);
+	w->now_ns = now;
+	return fired;
+}
+
+unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
+{
+	struct chime_wheel *w = wh->w;
+	struct chime_node *nodes = wh->nodes;
+	uint32_t i = w->expired_head;
+	unsigned cnt = 0;
+
+	while (cnt < max && i != NIL) {
+		struct chime_node *n = &nodes[i];
+
+		if (n->level == EXP_PENDING)
+			break;
+		__builtin_prefetch(&nodes[n->next]);
+		out[cnt++] = i;
+		n->state = CHIME_NODE_ALLOC;
+		n->prev = NIL;
+		i = n->next;
+		n->next = NIL;
+	}
+	w->expired_head = i;
+	if (i != NIL)
+		nodes[i].prev = NIL;
+	else
+		w->expired_tail = NIL;
+	w->armed -= cnt;
+	return cnt;
+}
+
+uint64_t wheel_next_deadline(const struct wheel *wh)
+{
+	const struct chime_wheel *w = wh->w;
+
+	if (w->expired_head != NIL)
+		return w->now_ns;
+	for (unsigned l = 0; l < LEVELS; l++) {
+		if (w->occupied[l]) {
+			unsigned s = (unsigned)__builtin_ctzll(w->occupied[l]);
+
+			/*
+			 * Round UP to the end of the slot's first tick: never early,
+			 * at most resolution_ns - 1 after the earliest deadline (which
+			 * is in that tick or later), and advancing there fires that
+			 * tick or cascades that slot: progress.
+			 */
+			return tick_end_ns(wh, slot_base(w->now_tick, l, s));
+		}
+	}
+	return UINT64_MAX;
+}
+
+/* ---- rebuild and check ------------------------------------------------------ */
+
+int wheel_rebuild(struct wheel *wh, void *mem, size_t len)
+{
+	struct chime_wheel *w = mem;
+
+	if (!wh || !mem || (uintptr_t)mem % CHIME_CACHELINE || len < sizeof(*w) ||
+	    w->slab_off != sizeof(*w) || w->capacity == 0 || w->capacity == NIL ||
+	    w->resolution_ns == 0 || w->high_water > w->capacity ||
+	    len < wheel_region_size(w->capacity))
+		return -EINVAL;
+	clear_lists(wh, w);
+	handle_init(wh, mem);
+	w->now_tick = tick_of(wh, w->now_ns);
+	wh->cur_min_ns = UINT64_MAX;
+	/* descending, so the free list hands out low indices first */
+	for (uint32_t i = w->high_water; i-- > 0;) {
+		struct chime_node *n = &wh->nodes[i];
+
+		switch (n->state) {
+		case CHIME_NODE_FREE:
+			n->next = w->free_head;
+			w->free_head = i;
+			break;
+		case CHIME_NODE_ARMED:
+		case CHIME_NODE_EXPIRED:
+			w->armed++;
+			place(wh, n, i);
+			break;
+		default:
+			break;
+		}
+	}
+	return 0;
+}
+
+static void __attribute__((noreturn, format(printf, 1, 2))) check_fail(const char *fmt, ...);
+
+static void check_fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fputs("wheel_check: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	abort();
+}
+
+#define CHECK(cond, ...) do { if (!(cond)) check_fail(__VA_ARGS__); } while (0)
+
+void wheel_check(const struct wheel *wh)
+{
+	const struct chime_wheel *w = wh->w;
+	const struct chime_node *nodes = wh->nodes;
+	uint64_t T = w->now_tick, cnt[256] = { 0 }, on_slots = 0, on_exp = 0, on_free = 0;
+
+	CHECK(w->slab_off == sizeof(*w), "slab_off %llu", (unsigned long long)w->slab_off);
+	CHECK(w->high_water <= w->capacity, "high_water %u > capacity %u", w->high_water, w->capacity);
+	CHECK(T == tick_of(wh, w->now_ns), "now_tick %llu is not the tick of now_ns",
+	      (unsigned long long)T);
+	CHECK(tick_of(wh, w->now_ns) == w->now_ns / w->resolution_ns, "tick math is wrong");
+
+	for (unsigned l = 0; l < LEVELS; l++) {
+		for (unsigned s = 0; s < SLOTS; s++) {
+			uint32_t i = w->slot[l][s], prev = NIL;
+			int bit = (int)(w->occupied[l] >> s & 1);
+
+			CHECK(bit == (i != NIL), "level %u slot %u: bit %d, head %u", l, s, bit, i);
+			for (uint64_t k = 0; i != NIL; k++) {
+				const struct chime_node *n;
+				uint64_t t;
+
+				CHECK(i < w->high_water, "slot %u/%u: index %u", l, s, i);
+				CHECK(k < w->capacity, "slot %u/%u: cycle", l, s);
+				n = &nodes[i];
+				t = tick_of(wh, n->deadline_ns);
+				CHECK(n->state == CHIME_NODE_ARMED, "node %u on slot %u/%u in state %u",
+				      i, l, s, n->state);
+				CHECK(n->prev == prev, "node %u: prev %u, expected %u", i, n->prev, prev);
+				CHECK(n->level == l && level_of(t, T) == l && slot_of(t, l) == s,
+				      "node %u (tick %llu, level %u) on slot %u/%u at now_tick %llu", i,
+				      (unsigned long long)t, n->level, l, s, (unsigned long long)T);
+				CHECK(n->deadline_ns > w->now_ns, "node %u armed but due", i);
+				CHECK(t >= T, "node %u behind now", i);
+				if (t == T)
+					CHECK(n->deadline_ns >= wh->cur_min_ns, "node %u below cur_min", i);
+				on_slots++;
+				prev = i;
+				i = n->next;
+			}
+			CHECK(wh->tail[l][s] == prev, "level %u slot %u: tail %u, last %u", l, s,
+			      wh->tail[l][s], prev);
+		}
+	}
+
+	{
+		uint32_t i = w->expired_head, prev = NIL;
+		unsigned seen_pending = 0;
+
+		for (uint64_t k = 0; i != NIL; k++) {
+			const struct chime_node *n;
+
+			CHECK(i < w->high_water && k < w->capacity, "expired list: index %u", i);
+			n = &nodes[i];
+			CHECK(n->state == CHIME_NODE_EXPIRED, "node %u expired list, state %u", i, n->state);
+			CHECK(n->prev == prev, "expired node %u: prev %u, expected %u", i, n->prev, prev);
+			CHECK(n->deadline_ns <= w->now_ns, "expired node %u not due", i);
+			CHECK(n->level == EXP_DUE || n->level == EXP_PENDING, "expired node %u level", i);
+			if (n->level == EXP_PENDING)
+				seen_pending = 1;
+			else
+				CHECK(!seen_pending, "due node %u after a pending one", i);
+			on_exp++;
+			prev = i;
+			i = n->next;
+		}
+		CHECK(w->expired_tail == prev, "expired_tail %u, last %u", w->expired_tail, prev);
+	}
+
+	for (uint32_t i = w->free_head; i != NIL; i = nodes[i].next) {
+		CHECK(i < w->high_water && on_free < w->capacity, "free list: index %u", i);
+		CHECK(nodes[i].state == CHIME_NODE_FREE, "free list node %u state %u", i,
+		      nodes[i].state);
+		on_free++;
+	}
+
+	for (uint32_t i = 0; i < w->high_water; i++) {
+		cnt[nodes[i].state]++;
+		if (nodes[i].state != CHIME_NODE_FREE)
+			CHECK(nodes[i].gen != 0 && nodes[i].gen <= CHIME_ID_GEN_MASK,
+			      "node %u gen %u", i, nodes[i].gen);
+	}
+	CHECK(cnt[CHIME_NODE_ARMED] == on_slots, "%llu ARMED, %llu on slots",
+	      (unsigned long long)cnt[CHIME_NODE_ARMED], (unsigned long long)on_slots);
+	CHECK(cnt[CHIME_NODE_EXPIRED] == on_exp, "%llu EXPIRED, %llu on expired list",
+	      (unsigned long long)cnt[CHIME_NODE_EXPIRED], (unsigned long long)on_exp);
+	CHECK(cnt[CHIME_NODE_FREE] == on_free, "%llu FREE, %llu on free list",
+	      (unsigned long long)cnt[CHIME_NODE_FREE], (unsigned long long)on_free);
+	CHECK(w->armed == on_slots + on_exp, "armed %llu, ARMED+EXPIRED %llu",
+	      (unsigned long long)w->armed, (unsigned long long)(on_slots + on_exp));
+}

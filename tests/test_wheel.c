@@ -1,0 +1,857 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_wheel.c - broker/wheel.c. The test names read as the wheel's spec.
+ *
+ * The core is a randomized differential test against a plain array of live
+ * timers (the reference model): after every advance the wheel must agree with
+ * the model on exactly which timers are due. CHIME_TEST_SCALE multiplies the
+ * operation count (default 1: a few million operations); CHIME_STRESS=1
+ * enables the wheel_stress suite (tests/meson.build runs it in suite
+ * 'stress').
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "helpers.h"
+#include "wheel.h"
+
+#define NIL CHIME_NIL
+
+/* A check in a hot loop: formats only on failure, and always names the seed. */
+#define MCHECK(seed, cond, fmt, ...)                                                   \
+	do {                                                                           \
+		if (!(cond))                                                           \
+			cr_assert_fail("seed %llu: " fmt " (replay: CHIME_TEST_SEED=%llu)", \
+				       (unsigned long long)(seed), ##__VA_ARGS__,      \
+				       (unsigned long long)(seed));                    \
+	} while (0)
+
+struct tw {
+	struct wheel wh;
+	void *mem;
+	size_t len;
+};
+
+static void tw_init(struct tw *t, uint32_t cap, uint64_t res, uint64_t now)
+{
+	t->len = wheel_region_size(cap);
+	/* NORESERVE anonymous memory: untouched slab pages cost nothing */
+	t->mem = mmap(NULL, t->len, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	cr_assert(t->mem != MAP_FAILED, "mmap %zu bytes", t->len);
+	cr_assert_eq(wheel_init(&t->wh, t->mem, t->len, cap, res, now), 0);
+}
+
+static void tw_fini(struct tw *t)
+{
+	munmap(t->mem, t->len);
+}
+
+static double scale(void)
+{
+	const char *s = getenv("CHIME_TEST_SCALE");
+	double v = s ? atof(s) : 1.0;
+
+	return v > 0 ? v : 1.0;
+}
+
+static int stress_enabled(void)
+{
+	const char *s = getenv("CHIME_STRESS");
+
+	return s && *s && *s != '0';
+}
+
+static uint32_t arm_new(struct tw *t, uint64_t deadline)
+{
+	uint32_t i = wheel_alloc(&t->wh);
+
+	cr_assert_neq(i, NIL);
+	wheel_arm(&t->wh, i, deadline);
+	return i;
+}
+
+/* Pop everything due; returns the count, indices in out (if not NULL). */
+static unsigned pop_all(struct tw *t, uint32_t *out, unsigned max)
+{
+	uint32_t buf[64];
+	unsigned n, total = 0;
+
+	while ((n = wheel_pop_expired(&t->wh, buf, 64)) > 0) {
+		for (unsigned k = 0; k < n; k++) {
+			if (out && total + k < max)
+				out[total + k] = buf[k];
+		}
+		total += n;
+	}
+	return total;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Contract edge cases                                                       */
+/* ------------------------------------------------------------------------ */
+
+Test(wheel, region_costs_at_most_64_bytes_per_timer_plus_a_constant)
+{
+	size_t cap = 10u * 1000 * 1000;
+	size_t sz = wheel_region_size((uint32_t)cap);
+
+	cr_assert_leq(sz, cap * sizeof(struct chime_node) + 4096,
+		      "%zu bytes for %zu timers", sz, cap);
+	cr_assert_eq(sizeof(struct chime_node), 64);
+}
+
+Test(wheel, init_touches_no_slab_page_until_nodes_are_allocated)
+{
+	struct tw t;
+	unsigned char vec[64];
+	size_t page = 4096;
+	char *slab;
+
+	tw_init(&t, 10u * 1000 * 1000, 1000000, 0);
+	slab = (char *)t.mem + t.wh.w->slab_off;
+	/* pages well inside the slab must not be resident after init */
+	cr_assert_eq(mincore((void *)(((uintptr_t)slab + 1024 * page) & ~(page - 1)),
+			     64 * page, vec), 0);
+	for (unsigned i = 0; i < 64; i++)
+		cr_assert_eq(vec[i] & 1, 0, "slab page %u resident after init", i);
+	tw_fini(&t);
+}
+
+Test(wheel, init_rejects_bad_arguments)
+{
+	struct wheel wh;
+	size_t len = wheel_region_size(16);
+	void *mem = aligned_alloc(64, len + 64);
+
+	cr_assert_eq(wheel_init(&wh, mem, len, 16, 0, 0), -EINVAL);
+	cr_assert_eq(wheel_init(&wh, mem, len - 1, 16, 1000, 0), -EINVAL);
+	cr_assert_eq(wheel_init(&wh, mem, len, 0, 1000, 0), -EINVAL);
+	cr_assert_eq(wheel_init(&wh, (char *)mem + 8, len, 16, 1000, 0), -EINVAL);
+	cr_assert_eq(wheel_init(&wh, mem, len, 16, 1000, 0), 0);
+	free(mem);
+}
+
+Test(wheel, never_fires_early_and_fires_exactly_at_the_deadline)
+{
+	struct tw t;
+	uint64_t res = 1000000, base = 5 * res + 123;
+	uint64_t offs[] = { 1, 2, res - 1, res, res + 1, 63 * res, 64 * res, 4097 * res + 17 };
+
+	tw_init(&t, 64, res, base);
+	for (unsigned k = 0; k < sizeof(offs) / sizeof(offs[0]); k++) {
+		uint64_t d = base + offs[k] * 3;
+		uint32_t i = arm_new(&t, d), got;
+
+		cr_assert_eq(wheel_advance(&t.wh, d - 1), 0, "fired 1 ns early (offset %llu)",
+			     (unsigned long long)offs[k]);
+		cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 0);
+		cr_assert_eq(wheel_advance(&t.wh, d), 1, "not due at its deadline");
+		cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 1);
+		cr_assert_eq(got, i);
+		cr_assert_eq(wheel_node(&t.wh, i)->state, CHIME_NODE_ALLOC);
+		wheel_free(&t.wh, i);
+		base = d;
+		wheel_check(&t.wh);
+	}
+	tw_fini(&t);
+}
+
+Test(wheel, only_the_due_part_of_the_current_tick_fires)
+{
+	struct tw t;
+	uint64_t res = 1000;
+	uint32_t a, b, got[2];
+
+	tw_init(&t, 8, res, 0);
+	a = arm_new(&t, 10 * res + 100);
+	b = arm_new(&t, 10 * res + 900);
+	cr_assert_eq(wheel_advance(&t.wh, 10 * res + 500), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2), 1);
+	cr_assert_eq(got[0], a);
+	wheel_check(&t.wh);
+	/* inside the same tick, below the rest's minimum: nothing */
+	cr_assert_eq(wheel_advance(&t.wh, 10 * res + 899), 0);
+	cr_assert_eq(wheel_advance(&t.wh, 10 * res + 900), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2), 1);
+	cr_assert_eq(got[0], b);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, past_deadline_is_due_at_the_next_advance)
+{
+	struct tw t;
+	uint32_t i, got;
+
+	tw_init(&t, 8, 1000, 1000000);
+	i = arm_new(&t, 5);
+	cr_assert_eq(wheel_node(&t.wh, i)->state, CHIME_NODE_EXPIRED);
+	cr_assert_leq(wheel_next_deadline(&t.wh), 1000000);
+	/* armed in the past: not poppable before the next advance */
+	cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 0);
+	cr_assert_eq(wheel_advance(&t.wh, 1000000), 1, "same now still makes it due");
+	cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 1);
+	cr_assert_eq(got, i);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, deadline_zero_and_near_uint64_max_work)
+{
+	struct tw t;
+	uint32_t z, m1, m, got[2];
+
+	tw_init(&t, 8, 1000, 0);
+	z = arm_new(&t, 0);
+	m1 = arm_new(&t, UINT64_MAX - 1);
+	m = arm_new(&t, UINT64_MAX);
+	cr_assert_eq(wheel_advance(&t.wh, 0), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2), 1);
+	cr_assert_eq(got[0], z);
+	cr_assert_eq(wheel_advance(&t.wh, UINT64_MAX - 2), 0);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_advance(&t.wh, UINT64_MAX - 1), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2), 1);
+	cr_assert_eq(got[0], m1);
+	cr_assert_eq(wheel_next_deadline(&t.wh), UINT64_MAX);
+	cr_assert_eq(wheel_advance(&t.wh, UINT64_MAX), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2), 1);
+	cr_assert_eq(got[0], m);
+	cr_assert_eq(wheel_armed(&t.wh), 0);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, far_future_deadlines_fire_on_time_after_a_long_sleep)
+{
+	struct tw t;
+	uint64_t res = 1, now = 1000;
+	uint64_t far[] = { UINT64_C(1) << 40, (UINT64_C(1) << 52) + 3, (UINT64_C(1) << 63) + 12345,
+			   UINT64_MAX - 7 };
+	uint32_t got;
+
+	tw_init(&t, 8, res, now);
+	for (unsigned k = 0; k < 4; k++) {
+		uint32_t i = arm_new(&t, far[k]);
+
+		/* one jump to just before: cost independent of the 2^40+ ticks elapsed */
+		cr_assert_eq(wheel_advance(&t.wh, far[k] - 1), 0);
+		wheel_check(&t.wh);
+		cr_assert_eq(wheel_next_deadline(&t.wh), far[k]);
+		cr_assert_eq(wheel_advance(&t.wh, far[k]), 1);
+		cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 1);
+		cr_assert_eq(got, i);
+		wheel_free(&t.wh, i);
+	}
+	tw_fini(&t);
+}
+
+Test(wheel, one_advance_pops_in_deadline_tick_order)
+{
+	struct tw t;
+	uint64_t res = 1000, seed = 7;
+	uint32_t out[4096];
+	unsigned n;
+
+	tw_init(&t, 4096, res, 0);
+	for (unsigned k = 0; k < 4096; k++)
+		arm_new(&t, 1 + t_rand(&seed) % (UINT64_C(1) << 36));
+	cr_assert_eq(wheel_advance(&t.wh, UINT64_C(1) << 36), 4096);
+	n = pop_all(&t, out, 4096);
+	cr_assert_eq(n, 4096);
+	for (unsigned k = 1; k < n; k++)
+		cr_assert_leq(wheel_node(&t.wh, out[k - 1])->deadline_ns / res,
+			      wheel_node(&t.wh, out[k])->deadline_ns / res, "out of tick order at %u", k);
+	tw_fini(&t);
+}
+
+Test(wheel, reset_of_an_expired_unpopped_timer_moves_it_back_to_the_wheel)
+{
+	struct tw t;
+	uint32_t i, got;
+
+	tw_init(&t, 8, 1000, 0);
+	i = arm_new(&t, 5000);
+	cr_assert_eq(wheel_advance(&t.wh, 6000), 1);
+	cr_assert_eq(wheel_node(&t.wh, i)->state, CHIME_NODE_EXPIRED);
+	wheel_reset(&t.wh, i, 100000);
+	cr_assert_eq(wheel_node(&t.wh, i)->state, CHIME_NODE_ARMED);
+	cr_assert_eq(wheel_armed(&t.wh), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 0);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_advance(&t.wh, 99999), 0);
+	cr_assert_eq(wheel_advance(&t.wh, 100000), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 1);
+	cr_assert_eq(got, i);
+	tw_fini(&t);
+}
+
+Test(wheel, cancel_of_an_expired_unpopped_timer_drops_it)
+{
+	struct tw t;
+	uint32_t i, j, got[2];
+
+	tw_init(&t, 8, 1000, 0);
+	i = arm_new(&t, 5000);
+	j = arm_new(&t, 5001);
+	cr_assert_eq(wheel_advance(&t.wh, 6000), 2);
+	wheel_cancel(&t.wh, i);
+	cr_assert_eq(wheel_node(&t.wh, i)->state, CHIME_NODE_ALLOC);
+	cr_assert_eq(wheel_armed(&t.wh), 1);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2), 1);
+	cr_assert_eq(got[0], j);
+	/* a second cancel is a no-op */
+	wheel_cancel(&t.wh, i);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, periodic_timer_does_not_drift_over_many_periods)
+{
+	struct tw t;
+	uint64_t res = 1000000, period = 999983, d0 = 5000017, now = 0, seed = 3;
+	uint32_t i, got;
+
+	tw_init(&t, 8, res, 0);
+	i = wheel_alloc(&t.wh);
+	wheel_node(&t.wh, i)->period_ns = period;
+	wheel_arm(&t.wh, i, d0);
+	for (uint64_t k = 0; k < 20000; k++) {
+		/* wake up late by a random amount, like a real broker */
+		now = wheel_next_deadline(&t.wh) + t_rand(&seed) % (res / 2);
+		wheel_advance(&t.wh, now);
+		cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 1, "period %llu missing",
+			     (unsigned long long)k);
+		cr_assert_eq(wheel_node(&t.wh, i)->deadline_ns, d0 + k * period, "drift at %llu",
+			     (unsigned long long)k);
+		cr_assert_leq(wheel_node(&t.wh, i)->deadline_ns, now);
+		wheel_rearm_periodic(&t.wh, i);
+	}
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, periodic_timer_behind_catches_up_one_period_per_advance)
+{
+	struct tw t;
+	uint64_t period = 1000;
+	uint32_t i, got;
+
+	tw_init(&t, 8, 1000, 0);
+	i = wheel_alloc(&t.wh);
+	wheel_node(&t.wh, i)->period_ns = period;
+	wheel_arm(&t.wh, i, period);
+	wheel_advance(&t.wh, 100 * period);
+	for (uint64_t k = 1; k <= 100; k++) {
+		cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 1);
+		cr_assert_eq(wheel_node(&t.wh, i)->deadline_ns, k * period);
+		wheel_rearm_periodic(&t.wh, i);
+		/* none skipped, none doubled: the next one is due at the next advance */
+		cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 0);
+		wheel_advance(&t.wh, 100 * period);
+	}
+	cr_assert_eq(wheel_node(&t.wh, i)->state, CHIME_NODE_ARMED);
+	cr_assert_eq(wheel_node(&t.wh, i)->deadline_ns, 101 * period);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, periodic_rearm_saturates_at_uint64_max)
+{
+	struct tw t;
+	uint32_t i;
+
+	tw_init(&t, 8, 1000, 0);
+	i = wheel_alloc(&t.wh);
+	wheel_node(&t.wh, i)->period_ns = UINT64_MAX / 2;
+	wheel_arm(&t.wh, i, UINT64_MAX - 10);
+	wheel_rearm_periodic(&t.wh, i);
+	cr_assert_eq(wheel_node(&t.wh, i)->deadline_ns, UINT64_MAX);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, full_slab_returns_nil)
+{
+	struct tw t;
+	uint32_t i;
+
+	tw_init(&t, 5, 1000, 0);
+	for (uint32_t k = 0; k < 5; k++)
+		cr_assert_neq(wheel_alloc(&t.wh), NIL);
+	cr_assert_eq(wheel_alloc(&t.wh), NIL);
+	wheel_free(&t.wh, 3);
+	i = wheel_alloc(&t.wh);
+	cr_assert_eq(i, 3);
+	cr_assert_eq(wheel_alloc(&t.wh), NIL);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, free_then_alloc_bumps_the_generation_and_skips_zero)
+{
+	struct tw t;
+	uint32_t i, gen;
+	struct chime_node *n;
+
+	tw_init(&t, 4, 1000, 0);
+	i = wheel_alloc(&t.wh);
+	n = wheel_node(&t.wh, i);
+	cr_assert_eq(n->state, CHIME_NODE_ALLOC);
+	cr_assert_eq(n->cq_pos, CHIME_POS_NONE);
+	cr_assert_neq(n->gen, 0);
+	gen = n->gen;
+	wheel_free(&t.wh, i);
+	cr_assert_eq(wheel_alloc(&t.wh), i);
+	cr_assert_eq(n->gen, gen + 1);
+	n->gen = CHIME_ID_GEN_MASK;
+	wheel_free(&t.wh, i);
+	cr_assert_eq(wheel_alloc(&t.wh), i);
+	cr_assert_eq(n->gen, 1, "generation wrapped to %u", n->gen);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, tick_math_matches_plain_division_for_any_resolution)
+{
+	uint64_t seed = 11, ress[] = { 1, 2, 3, 7, 1000, 999983, 1000000, UINT64_C(1) << 20,
+				       (UINT64_C(1) << 40) + 7, UINT64_MAX / 3, UINT64_MAX - 1,
+				       UINT64_MAX };
+	struct tw t;
+
+	for (unsigned r = 0; r < 12 + 200; r++) {
+		uint64_t res = r < 12 ? ress[r] : t_rand(&seed) >> (t_rand(&seed) % 64);
+
+		if (res == 0)
+			res = 1;
+
+		tw_init(&t, 1, res, 0);
+		for (unsigned k = 0; k < 2000; k++) {
+			uint64_t ns = k < 4 ? (uint64_t[]){ 0, 1, UINT64_MAX, UINT64_MAX - 1 }[k]
+					    : t_rand(&seed) >> (t_rand(&seed) % 64);
+
+			/* wheel_check() compares now_tick with ns / resolution_ns */
+			t.wh.w->now_ns = ns;
+			t.wh.w->now_tick = ns / res;
+			wheel_check(&t.wh);
+		}
+		tw_fini(&t);
+	}
+}
+
+/* Advance through next_deadline() only: each step is bounded and progresses. */
+static void next_deadline_loop(uint64_t seed, uint64_t res, unsigned n, uint64_t spread)
+{
+	struct tw t;
+	uint64_t rng = seed, now = t_rand(&rng) % spread, steps = 0, fired = 0;
+
+	tw_init(&t, n, res, now);
+	for (unsigned k = 0; k < n; k++)
+		arm_new(&t, now + 1 + t_rand(&rng) % spread);
+	while (wheel_armed(&t.wh) > 0) {
+		uint64_t nd = wheel_next_deadline(&t.wh), earliest = UINT64_MAX, due;
+
+		for (uint32_t i = 0; i < n; i++) {
+			struct chime_node *x = wheel_node(&t.wh, i);
+
+			if (x->state == CHIME_NODE_ARMED && x->deadline_ns < earliest)
+				earliest = x->deadline_ns;
+		}
+		MCHECK(seed, nd > t.wh.w->now_ns, "next deadline %llu not after now %llu",
+		       (unsigned long long)nd, (unsigned long long)t.wh.w->now_ns);
+		MCHECK(seed, nd - earliest < res || nd <= earliest,
+		       "next deadline %llu more than one resolution after earliest %llu",
+		       (unsigned long long)nd, (unsigned long long)earliest);
+		due = wheel_advance(&t.wh, nd);
+		fired += pop_all(&t, NULL, 0);
+		MCHECK(seed, due == 0 || fired > 0, "advance counted but popped nothing");
+		/* progress: each wake-up fires or cascades; cascades are <= 10 per timer */
+		MCHECK(seed, ++steps <= (uint64_t)n * CHIME_WHEEL_LEVELS + 2, "spinning");
+	}
+	cr_assert_eq(fired, n);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, next_deadline_is_within_one_resolution_and_always_progresses)
+{
+	next_deadline_loop(1, 1000000, 2000, 60ull * 1000000000);
+	next_deadline_loop(2, 1, 2000, UINT64_C(1) << 62);
+	next_deadline_loop(3, 999983, 2000, UINT64_C(1) << 50);
+	next_deadline_loop(4, 1 << 20, 200, 100ull << 20);
+}
+
+Test(wheel, next_deadline_of_an_empty_wheel_is_uint64_max)
+{
+	struct tw t;
+
+	tw_init(&t, 4, 1000, 12345);
+	cr_assert_eq(wheel_next_deadline(&t.wh), UINT64_MAX);
+	tw_fini(&t);
+}
+
+/* Copy the region, rebuild the copy, drive both to the end: same expiries. */
+Test(wheel, rebuild_from_a_copy_of_the_region_gives_the_same_future_expiries)
+{
+	struct tw a, b;
+	uint64_t seed = 99, res = 1000000, now = 7 * res + 3;
+	uint32_t n = 5000, outa[5000], outb[5000];
+
+	tw_init(&a, n, res, now);
+	for (uint32_t k = 0; k < n; k++)
+		arm_new(&a, now + t_rand(&seed) % (UINT64_C(100) * res * 1000));
+	for (uint32_t k = 0; k < n; k += 7)
+		wheel_free(&a.wh, k);
+	wheel_advance(&a.wh, now + 1000 * res);     /* some EXPIRED, not popped */
+	/* a node in a broker state: rebuild leaves it (and its links) alone */
+	wheel_cancel(&a.wh, 1);
+	wheel_node(&a.wh, 1)->state = CHIME_NODE_BACKLOG;
+	wheel_node(&a.wh, 1)->next = 4242;
+
+	b.len = a.len;
+	b.mem = mmap(NULL, b.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cr_assert(b.mem != MAP_FAILED);
+	memcpy(b.mem, a.mem, a.len);
+	/* scramble every derived structure: rebuild must not rely on any */
+	memset((char *)b.mem + offsetof(struct chime_wheel, armed), 0xff, 8);
+	memset((char *)b.mem + offsetof(struct chime_wheel, occupied), 0x5a,
+	       sizeof(((struct chime_wheel *)0)->occupied) + sizeof(((struct chime_wheel *)0)->slot));
+	cr_assert_eq(wheel_rebuild(&b.wh, b.mem, b.len), 0);
+	wheel_check(&b.wh);
+	cr_assert_eq(wheel_armed(&b.wh), wheel_armed(&a.wh));
+	cr_assert_eq(wheel_node(&b.wh, 1)->state, CHIME_NODE_BACKLOG);
+	cr_assert_eq(wheel_node(&b.wh, 1)->next, 4242);
+
+	while (wheel_armed(&a.wh) > 0) {
+		uint64_t t = wheel_next_deadline(&a.wh);
+		unsigned na, nb;
+
+		/* (EXPIRED nodes come back due at the next advance, so compare pops) */
+		cr_assert_eq(t, wheel_next_deadline(&b.wh));
+		wheel_advance(&a.wh, t);
+		wheel_advance(&b.wh, t);
+		na = pop_all(&a, outa, n);
+		nb = pop_all(&b, outb, n);
+		cr_assert_eq(na, nb);
+		/* same set (the order within a tick is free) */
+		for (unsigned k = 0; k < na; k++) {
+			wheel_node(&b.wh, outb[k])->user_data = t;
+		}
+		for (unsigned k = 0; k < na; k++)
+			cr_assert_eq(wheel_node(&b.wh, outa[k])->user_data, t, "node %u differs",
+				     outa[k]);
+	}
+	cr_assert_eq(wheel_armed(&b.wh), 0);
+	/* and the free lists hold the same nodes */
+	while (wheel_alloc(&a.wh) != NIL)
+		cr_assert_neq(wheel_alloc(&b.wh), NIL);
+	cr_assert_eq(wheel_alloc(&b.wh), NIL);
+	wheel_check(&b.wh);
+	tw_fini(&a);
+	tw_fini(&b);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Differential test against a reference model                               */
+/* ------------------------------------------------------------------------ */
+
+struct mt {
+	uint32_t idx;       /* wheel node, NIL when not allocated */
+	uint8_t  armed;     /* ARMED or EXPIRED in the wheel */
+	uint8_t  due;       /* made due by an advance, not popped yet */
+	uint64_t deadline;
+	uint64_t period;
+};
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+	return a + b < a ? UINT64_MAX : a + b;
+}
+
+static uint64_t rand_deadline(uint64_t *rng, uint64_t now, uint64_t res)
+{
+	uint64_t r = t_rand(rng);
+
+	switch (r % 16) {
+	case 0:
+		return now >= (r >> 8) % (64 * res) ? now - (r >> 8) % (64 * res) : 0; /* past */
+	case 1:
+		return now;
+	case 2:
+		return (r >> 8) % 3 == 0 ? 0 : (r >> 8) % 3 == 1 ? UINT64_MAX : UINT64_MAX - 1;
+	case 3:
+		return now == UINT64_MAX ? now : now + (r >> 8) % (UINT64_MAX - now); /* ahead */
+	case 4: case 5:
+		return sat_add(now, t_rand(rng) >> (t_rand(rng) % 64)); /* log-uniform */
+	case 6: case 7: case 8:
+		return sat_add(now, (r >> 8) % (4096 * res));
+	default:
+		return sat_add(now, (r >> 8) % (4 * res + 1));
+	}
+}
+
+static uint64_t rand_advance(uint64_t *rng, struct tw *t, uint64_t now, uint64_t res)
+{
+	uint64_t r = t_rand(rng);
+
+	switch (r % 32) {
+	case 0:
+		return now > 100 ? now - 100 : 0; /* backwards: treated as the last now */
+	case 1:
+		return now;
+	case 2: case 3: case 4: case 5: case 6:
+		return wheel_next_deadline(&t->wh); /* the tickless loop */
+	case 7:
+		/* log-uniform steps; a jump of up to 2^64 once in a while */
+		return sat_add(now, t_rand(rng) >> (r % 1024 == 7 ? t_rand(rng) % 64
+							      : 8 + t_rand(rng) % 56));
+	case 8: case 9: case 10:
+		return sat_add(now, (r >> 8) % (256 * res));
+	default:
+		return sat_add(now, (r >> 8) % (2 * res + 1));
+	}
+}
+
+static void run_model(uint64_t seed, uint64_t nops)
+{
+	static const uint64_t ress[] = { 1, 3, 1000, 1000000, 999983, UINT64_C(1) << 20,
+					 UINT64_C(1) << 30, 7777777 };
+	uint64_t rng = seed, res, now, adv = 0;
+	uint32_t m;
+	struct mt *h;
+	uint32_t *owner;
+	struct tw t;
+
+	t_rand(&rng);
+	res = t_rand(&rng) % 4 ? ress[t_rand(&rng) % 8] : 1 + t_rand(&rng) % 50000000;
+	m = 8u << (t_rand(&rng) % 8);   /* 8 .. 1024 live timers */
+	switch (t_rand(&rng) % 4) {
+	case 0: now = 0; break;
+	case 1: now = UINT64_MAX - (t_rand(&rng) % (UINT64_C(1) << 44)); break;
+	default: now = t_rand(&rng) >> 2; break;
+	}
+	tw_init(&t, m, res, now);
+	h = calloc(m, sizeof(*h));
+	owner = calloc(m, sizeof(*owner));
+	for (uint32_t k = 0; k < m; k++)
+		h[k].idx = NIL;
+
+	for (uint64_t op = 0; op < nops; op++) {
+		uint64_t r = t_rand(&rng);
+		struct mt *x = &h[(r >> 32) % m];
+
+		unsigned what = (unsigned)(r % 100);
+
+		if (what < 40) {                                /* arm or reset */
+			uint64_t d = rand_deadline(&rng, now, res);
+
+			if (x->idx == NIL) {
+				uint32_t gen;
+
+				x->idx = wheel_alloc(&t.wh);
+				MCHECK(seed, x->idx != NIL, "slab full with %u of %u", m, m);
+				gen = wheel_node(&t.wh, x->idx)->gen;
+				MCHECK(seed, gen != 0, "generation 0");
+				owner[x->idx] = (uint32_t)(x - h);
+			}
+			x->period = t_rand(&rng) % 8 == 0 ? 1 + t_rand(&rng) % (8 * res) : 0;
+			wheel_node(&t.wh, x->idx)->period_ns = x->period;
+			if (x->armed || t_rand(&rng) % 2)
+				wheel_reset(&t.wh, x->idx, d);
+			else
+				wheel_arm(&t.wh, x->idx, d);
+			x->armed = 1;
+			x->due = 0;
+			x->deadline = d;
+		} else if (what < 50) {                         /* cancel */
+			if (x->idx != NIL) {
+				wheel_cancel(&t.wh, x->idx);
+				MCHECK(seed, wheel_node(&t.wh, x->idx)->state == CHIME_NODE_ALLOC,
+				       "op %llu: cancelled node not ALLOC", (unsigned long long)op);
+				x->armed = x->due = 0;
+			}
+		} else if (what < 55) {                         /* free */
+			if (x->idx != NIL) {
+				wheel_free(&t.wh, x->idx);
+				x->idx = NIL;
+				x->armed = x->due = 0;
+			}
+		} else if (what < 57) {                         /* periodic re-arm while armed */
+			if (x->idx != NIL && x->armed && x->period) {
+				wheel_rearm_periodic(&t.wh, x->idx);
+				x->deadline = sat_add(x->deadline, x->period);
+				x->due = 0;
+			}
+		} else {                                        /* advance, then maybe pop */
+			uint64_t want = rand_advance(&rng, &t, now, res), became = 0, got;
+			uint64_t nd;
+			int any_due = 0, popped_all;
+
+			got = wheel_advance(&t.wh, want);
+			if (want > now)
+				now = want;
+			adv++;
+			/* exact: EXPIRED iff deadline <= now, for every live timer */
+			for (uint32_t k = 0; k < m; k++) {
+				struct mt *y = &h[k];
+				struct chime_node *n;
+
+				if (!y->armed)
+					continue;
+				n = wheel_node(&t.wh, y->idx);
+				MCHECK(seed, n->deadline_ns == y->deadline, "deadline changed");
+				if (y->deadline <= now) {
+					MCHECK(seed, n->state == CHIME_NODE_EXPIRED,
+					       "op %llu advance %llu: deadline %llu <= now %llu not due (state %u)",
+					       (unsigned long long)op, (unsigned long long)adv,
+					       (unsigned long long)y->deadline,
+					       (unsigned long long)now, n->state);
+					became += !y->due;
+					y->due = 1;
+					any_due = 1;
+				} else {
+					MCHECK(seed, n->state == CHIME_NODE_ARMED,
+					       "op %llu: deadline %llu > now %llu fired early",
+					       (unsigned long long)op, (unsigned long long)y->deadline,
+					       (unsigned long long)now);
+				}
+			}
+			MCHECK(seed, got == became, "advance returned %llu, %llu became due",
+			       (unsigned long long)got, (unsigned long long)became);
+
+			nd = wheel_next_deadline(&t.wh);
+			if (any_due) {
+				MCHECK(seed, nd <= now, "due timers but next deadline %llu > now",
+				       (unsigned long long)nd);
+			} else {
+				uint64_t earliest = UINT64_MAX;
+				int armed = 0;
+
+				for (uint32_t k = 0; k < m; k++) {
+					armed |= h[k].armed;
+					if (h[k].armed && h[k].deadline < earliest)
+						earliest = h[k].deadline;
+				}
+				MCHECK(seed, !armed ? nd == UINT64_MAX : nd > now,
+				       "next deadline %llu, now %llu, nothing due, earliest %llu",
+				       (unsigned long long)nd, (unsigned long long)now,
+				       (unsigned long long)earliest);
+				MCHECK(seed, nd <= earliest || nd - earliest < res,
+				       "next deadline %llu > earliest %llu + resolution %llu",
+				       (unsigned long long)nd, (unsigned long long)earliest,
+				       (unsigned long long)res);
+			}
+
+			/* one advance in four leaves them EXPIRED, not popped */
+			popped_all = t_rand(&rng) % 4 != 0;
+			for (int pop = popped_all; pop;) {
+				uint32_t out[64];
+				unsigned want_n = 1 + t_rand(&rng) % 64;
+				unsigned n = wheel_pop_expired(&t.wh, out, want_n);
+
+				pop = n > 0;
+				for (unsigned k = 0; k < n; k++) {
+					struct mt *y;
+
+					MCHECK(seed, out[k] < m, "popped node %u out of range", out[k]);
+					y = &h[owner[out[k]]];
+					MCHECK(seed, y->idx == out[k] && y->armed && y->due,
+					       "popped node %u that is not due", out[k]);
+					MCHECK(seed, wheel_node(&t.wh, out[k])->state == CHIME_NODE_ALLOC,
+					       "popped node not ALLOC");
+					y->due = 0;
+					if (y->period) {
+						wheel_rearm_periodic(&t.wh, y->idx);
+						y->deadline = sat_add(y->deadline, y->period);
+					} else {
+						y->armed = 0;
+					}
+				}
+			}
+			for (uint32_t k = 0; k < m && any_due; k++)
+				MCHECK(seed, !h[k].due || !popped_all, "due timer %u not popped", h[k].idx);
+		}
+		if (op % 512 == 0)
+			wheel_check(&t.wh);
+	}
+	wheel_check(&t.wh);
+	free(h);
+	free(owner);
+	tw_fini(&t);
+}
+
+static void run_seeds(unsigned seeds, uint64_t ops)
+{
+	const char *one = getenv("CHIME_TEST_SEED");
+
+	if (one) {
+		run_model(strtoull(one, NULL, 0), ops);
+		return;
+	}
+	for (unsigned s = 1; s <= seeds; s++)
+		run_model(s * UINT64_C(0x9e3779b97f4a7c15), ops);
+}
+
+Test(wheel, random_operations_agree_with_the_reference_model)
+{
+	/* 64 seeds x 100k ops = 6.4M operations at scale 1 */
+	run_seeds(64, (uint64_t)(100000 * scale()));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stress (CHIME_STRESS=1; meson test --suite stress)                        */
+/* ------------------------------------------------------------------------ */
+
+Test(wheel_stress, random_operations_agree_with_the_reference_model_long, .timeout = 1800)
+{
+	if (!stress_enabled())
+		cr_skip_test("set CHIME_STRESS=1");
+	run_seeds(1000, (uint64_t)(100000 * scale()));
+}
+
+Test(wheel_stress, ten_million_timers_in_one_wheel, .timeout = 600)
+{
+	struct tw t;
+	uint64_t seed = 5, res = 1000000, now = 1000 * res, span = 60ull * 1000000000;
+	uint64_t last_tick = 0, total = 0;
+	uint32_t n = 10u * 1000 * 1000, out[4096];
+
+	if (!stress_enabled())
+		cr_skip_test("set CHIME_STRESS=1");
+	tw_init(&t, n, res, now);
+	for (uint32_t k = 0; k < n; k++)
+		arm_new(&t, now + t_rand(&seed) % span);
+	cr_assert_eq(wheel_alloc(&t.wh), NIL);
+	cr_assert_eq(wheel_armed(&t.wh), n);
+	wheel_check(&t.wh);
+	for (uint32_t k = 0; k < n; k += 3)
+		wheel_reset(&t.wh, k, now + t_rand(&seed) % span);
+	wheel_check(&t.wh);
+	while (wheel_armed(&t.wh)) {
+		unsigned got;
+
+		now += res;
+		wheel_advance(&t.wh, now);
+		while ((got = wheel_pop_expired(&t.wh, out, 4096)) > 0) {
+			for (unsigned k = 0; k < got; k++) {
+				uint64_t d = wheel_node(&t.wh, out[k])->deadline_ns;
+
+				MCHECK(seed, d <= now, "early");
+				MCHECK(seed, d / res >= last_tick, "out of tick order");
+				last_tick = d / res;
+				MCHECK(seed, d + res > now, "late by more than a tick");
+			}
+			total += got;
+		}
+	}
+	cr_assert_eq(total, n);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}

@@ -22,8 +22,8 @@
 #include <string.h>
 #include <time.h>
 
-#define NSEC_PER_SEC 1000000000ull
-#define NSEC_PER_MSEC 1000000ull
+#define NSEC_PER_SEC UINT64_C(1000000000)
+#define NSEC_PER_MSEC UINT64_C(1000000)
 
 struct demo {
 	chime_t *chime;

@@ -434,6 +434,10 @@ static inline uint64_t chime_lat_upper_ns(uint32_t b)
  * sleeping   | shard   | client producers| shard: store 1, full barrier, re-check rings, sleep;
  *            |         |                 | producer: publish (full barrier), load; if 1,
  *            |         |                 | write the shard's doorbell eventfd
+ *            |         |                 | (chimed stores a sleep number, never 0, instead of 1:
+ *            |         |                 | non-zero means asleep, and a producer that already
+ *            |         |                 | rang for this value may skip ringing again; the
+ *            |         |                 | shard stores 0 and a full barrier before draining)
  * stats      | shard   | tools           | seqlock (seq), published once per loop iteration
  */
 struct chime_shard_stats {

@@ -1,0 +1,635 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * chan.c - one client's channel on one shard. See chan.h and ARCHITECTURE.md.
+ *
+ * Node life cycle of a client's timer in this shard (states from chime_shm.h):
+ *
+ *   FREE -alloc-> GRANTED -ARM-> ARMED -advance-> EXPIRED -pop-> ALLOC
+ *   ALLOC -deliver-> ACKWAIT (one-shot) | ARMED (periodic, re-armed)
+ *   ALLOC -ring full, or backlog non-empty, or periodic's event unconsumed-> BACKLOG
+ *   BACKLOG -room-> deliver;  ACKWAIT -client consumed-> FREE
+ *   CANCEL: any of these -> FREE (voiding an unconsumed event)
+ *
+ * Invariants:
+ * - a node owned by a client has node.owner == its slot, and ch->owned counts
+ *   them exactly (so reclaim can stop early);
+ * - GRANTED nodes are exactly the non-zero entries of ch->grants[];
+ * - armed/held nodes (not GRANTED) are in the key index;
+ * - a node has at most one unconsumed event (node.cq_pos), so a client that
+ *   does not drain holds back only its own events, in order (the backlog);
+ * - the backlog is strictly FIFO: while it is non-empty, new expirations join
+ *   its tail, so the client sees events in firing order.
+ *
+ * Cost: every operation is O(1) except CANCEL_KEY (the bucket's chain) and
+ * reclaim (O(high_water) in the worst case, done in budgeted steps).
+ */
+#include "chan.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+
+#include <ck_pr.h>
+
+#define NODE(sc, i) wheel_node(&(sc)->wh, (i))
+
+/* ---- node lists (backlog, ackwait) through node.next/prev ---- */
+
+static void nl_push(struct shard_core *sc, struct nlist *l, uint32_t idx)
+{
+	struct chime_node *n = NODE(sc, idx);
+
+	n->next = CHIME_NIL;
+	n->prev = l->tail;
+	if (l->tail != CHIME_NIL)
+		NODE(sc, l->tail)->next = idx;
+	else
+		l->head = idx;
+	l->tail = idx;
+}
+
+static void nl_del(struct shard_core *sc, struct nlist *l, uint32_t idx)
+{
+	struct chime_node *n = NODE(sc, idx);
+
+	if (n->prev != CHIME_NIL)
+		NODE(sc, n->prev)->next = n->next;
+	else
+		l->head = n->next;
+	if (n->next != CHIME_NIL)
+		NODE(sc, n->next)->prev = n->prev;
+	else
+		l->tail = n->prev;
+	n->next = n->prev = CHIME_NIL;
+}
+
+/* ---- node ownership ---- */
+
+/* A fresh node granted to this client; returns its id, or 0 if the slab is full. */
+static uint64_t grant_new(struct shard_core *sc, struct chan *ch)
+{
+	uint32_t idx = wheel_alloc(&sc->wh);
+	struct chime_node *n;
+
+	if (idx == CHIME_NIL)
+		return 0;
+	n = NODE(sc, idx);
+	n->owner = ch->slot;
+	n->state = CHIME_NODE_GRANTED;
+	n->key_next = n->key_prev = CHIME_NIL;
+	ch->owned++;
+	return chime_id_make(n->gen, sc->shard, idx);
+}
+
+static void grant_free(struct shard_core *sc, struct chan *ch, uint64_t id)
+{
+	wheel_free(&sc->wh, chime_id_index(id));
+	ch->owned--;
+}
+
+/* Free an armed or held node (on no wheel or channel list any more). */
+static void node_release(struct shard_core *sc, struct chan *ch, uint32_t idx)
+{
+	keyidx_remove(&sc->ki, idx);
+	wheel_free(&sc->wh, idx);
+	ch->owned--;
+}
+
+/*
+ * Counters (stats.h definitions): "armed" counts timers on the wheel plus
+ * periodic timers in a backlog; a one-shot leaves it when it fires. These
+ * two cover what stats.h has no call for: a fired one-shot that a reset
+ * brings back to the wheel, and the cancel of one that already fired.
+ */
+static bool counts_as_armed(const struct chime_node *n)
+{
+	return n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED ||
+	       (n->state == CHIME_NODE_BACKLOG && n->period_ns);
+}
+
+static void stats_rearmed(struct stats *st, uint32_t slot)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	st->sh.armed++;
+	if (c)
+		c->armed++;
+}
+
+static void stats_cancel_fired(struct stats *st, uint32_t slot, uint64_t n)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	st->sh.cancels += n;
+	if (c)
+		c->cancels += n;
+}
+
+static void backlog_del(struct shard_core *sc, struct chan *ch, uint32_t idx)
+{
+	nl_del(sc, &ch->backlog, idx);
+	ch->nr_backlog--;
+	sc->backlog--;
+}
+
+/*
+ * Void the node's unconsumed event, if any: true if the client will skip it,
+ * false if it had taken it already (or there was none). The claim CAS in
+ * chime_cq_void() decides; the position check only spares it when the
+ * client is known to be past it.
+ */
+static bool event_void(struct chan *ch, struct chime_node *n)
+{
+	uint64_t pos = n->cq_pos;
+
+	n->cq_pos = CHIME_POS_NONE;
+	if (pos == CHIME_POS_NONE || chime_cq_consumed(&ch->cq, pos))
+		return false;
+	return chime_cq_void(&ch->cq, pos);
+}
+
+/* True if the node's previous event is still in the client's hands (refreshes the head once). */
+static bool event_unconsumed(struct chan *ch, struct chime_node *n)
+{
+	if (n->cq_pos == CHIME_POS_NONE)
+		return false;
+	if (chime_cq_consumed(&ch->cq, n->cq_pos))
+		return false;
+	ch->room = chime_cq_room(&ch->cq);
+	return !chime_cq_consumed(&ch->cq, n->cq_pos);
+}
+
+/* ---- delivery ---- */
+
+static void deliver(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns)
+{
+	struct chime_node *n = NODE(sc, idx);
+	struct chime_cqe *e = chime_cq_slot(&ch->cq);
+
+	assert(ch->room > 0);
+	e->id = chime_id_make(n->gen, sc->shard, idx);
+	e->key = n->key;
+	e->user_data = n->user_data;
+	e->deadline_ns = n->deadline_ns;
+	e->fired_ns = now_ns;
+	e->flags = n->period_ns ? CHIME_CQE_PERIODIC : 0;
+	e->_pad = 0;
+	e->_reserved[0] = e->_reserved[1] = 0;
+	n->cq_pos = chime_cq_push(&ch->cq);
+	ch->room--;
+	stats_deliver(sc->st, ch->slot);
+	if (n->period_ns) {
+		n->state = CHIME_NODE_ALLOC;
+		wheel_rearm_periodic(&sc->wh, idx);
+	} else {
+		n->state = CHIME_NODE_ACKWAIT;
+		nl_push(sc, &ch->ackwait, idx);
+	}
+}
+
+void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns)
+{
+	struct chime_node *n = NODE(sc, idx);
+
+	if (ch->dying) {
+		/* Reclaim is under way: the client is gone, so is its timer. */
+		node_release(sc, ch, idx);
+		return;
+	}
+	stats_fire(sc->st, ch->slot, n->deadline_ns, now_ns, n->period_ns != 0);
+	if (ch->room == 0)
+		ch->room = chime_cq_room(&ch->cq);
+	if (ch->backlog.head != CHIME_NIL || ch->room == 0 ||
+	    (n->period_ns && event_unconsumed(ch, n))) {
+		/* Held, never dropped: delivered in order when the client makes room. */
+		n->state = CHIME_NODE_BACKLOG;
+		nl_push(sc, &ch->backlog, idx);
+		ch->nr_backlog++;
+		sc->backlog++;
+		return;
+	}
+	deliver(sc, ch, idx, now_ns);
+}
+
+/* ---- submissions ---- */
+
+/* Owed grants: an ARM consumed a slot's grant while the slab was full. */
+static void owed_pay(struct shard_core *sc, struct chan *ch)
+{
+	while (ch->owed_n) {
+		uint64_t pos = ch->owed[ch->owed_head];
+		uint64_t g = grant_new(sc, ch);
+
+		if (!g)
+			return;
+		ch->grants[pos & ch->sq_mask] = g;
+		chime_sq_free(&ch->sq, pos, g);
+		ch->owed_head = (ch->owed_head + 1) & ch->sq_mask;
+		ch->owed_n--;
+	}
+}
+
+static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sqe *r, uint64_t pos)
+{
+	uint32_t s = (uint32_t)pos & ch->sq_mask;
+	uint64_t grant = ch->grants[s];
+	uint32_t idx;
+	struct chime_node *n;
+
+	if (!grant || r->id != grant) {
+		/* Only the private grant counts; the shared copy may be scribbled. */
+		stats_malformed(sc->st);
+		if (grant)
+			chime_sq_free(&ch->sq, pos, grant);
+		return;
+	}
+	idx = chime_id_index(grant);
+	n = NODE(sc, idx);
+	assert(n->state == CHIME_NODE_GRANTED && n->owner == ch->slot);
+	n->key = r->key;
+	n->user_data = r->user_data;
+	n->period_ns = r->period_ns;
+	n->cq_pos = CHIME_POS_NONE;
+	n->state = CHIME_NODE_ALLOC;
+	keyidx_insert(&sc->ki, idx);
+	wheel_arm(&sc->wh, idx, r->deadline_ns);
+	stats_arm(sc->st, ch->slot);
+
+	/* The slot's next grant: a fresh node, or owed until one is free. */
+	grant = grant_new(sc, ch);
+	ch->grants[s] = grant;
+	if (grant && !ch->owed_n) {
+		chime_sq_free(&ch->sq, pos, grant);
+	} else {
+		ch->owed[(ch->owed_head + ch->owed_n) & ch->sq_mask] = pos;
+		ch->owed_n++;
+		if (grant) {
+			/* Keep the order: older owed slots get their grants first. */
+			grant_free(sc, ch, grant);
+			ch->grants[s] = 0;
+			owed_pay(sc, ch);
+		}
+	}
+}
+
+/*
+ * The node an id names, if this client may act on it; else CHIME_NIL, counted
+ * as stale (the timer is gone: its node was freed or reused, a normal race
+ * for a cancel after the event) or malformed (an id this client was never given).
+ */
+static uint32_t lookup(struct shard_core *sc, struct chan *ch, uint64_t id)
+{
+	uint32_t idx = chime_id_index(id), gen = chime_id_gen(id);
+	const struct chime_node *n;
+
+	if (chime_id_shard(id) != sc->shard || gen == 0 || idx >= sc->capacity ||
+	    idx >= sc->wh.w->high_water)
+		goto malformed;
+	n = NODE(sc, idx);
+	if (n->gen != gen || n->state == CHIME_NODE_FREE)
+		return CHIME_NIL;       /* stale: not an error, counts nothing */
+	if (n->owner != ch->slot)
+		goto malformed;
+	switch (n->state) {
+	case CHIME_NODE_ARMED:
+	case CHIME_NODE_EXPIRED:
+	case CHIME_NODE_BACKLOG:
+	case CHIME_NODE_ACKWAIT:
+		return idx;
+	default:
+		break;          /* GRANTED: an id not armed yet cannot be named */
+	}
+malformed:
+	stats_malformed(sc->st);
+	return CHIME_NIL;
+}
+
+/* Remove a client's timer whatever its state; true if it counted as armed. */
+static bool node_cancel(struct shard_core *sc, struct chan *ch, uint32_t idx)
+{
+	struct chime_node *n = NODE(sc, idx);
+	bool armed = counts_as_armed(n);
+
+	switch (n->state) {
+	case CHIME_NODE_ARMED:
+	case CHIME_NODE_EXPIRED:
+		wheel_cancel(&sc->wh, idx);
+		break;
+	case CHIME_NODE_BACKLOG:
+		backlog_del(sc, ch, idx);
+		break;
+	case CHIME_NODE_ACKWAIT:
+		nl_del(sc, &ch->ackwait, idx);
+		break;
+	default:
+		assert(0);
+		return false;
+	}
+	/* Its event still in the ring (a periodic's, or a fired one-shot's): the client must skip it. */
+	event_void(ch, n);
+	n->state = CHIME_NODE_ALLOC;
+	node_release(sc, ch, idx);
+	return armed;
+}
+
+static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t deadline_ns)
+{
+	struct chime_node *n = NODE(sc, idx);
+	bool was_armed = counts_as_armed(n);
+
+	switch (n->state) {
+	case CHIME_NODE_ARMED:
+	case CHIME_NODE_EXPIRED:
+		/* A periodic's earlier firing still in flight is never returned. */
+		event_void(ch, n);
+		wheel_reset(&sc->wh, idx, deadline_ns);
+		break;
+	case CHIME_NODE_BACKLOG:
+		/* Fired but not delivered: it simply was not due after all. */
+		backlog_del(sc, ch, idx);
+		event_void(ch, n);
+		n->state = CHIME_NODE_ALLOC;
+		wheel_arm(&sc->wh, idx, deadline_ns);
+		break;
+	case CHIME_NODE_ACKWAIT:
+		nl_del(sc, &ch->ackwait, idx);
+		n->state = CHIME_NODE_ALLOC;
+		if (event_void(ch, n)) {
+			/* We beat the client to the event: the timer lives on, at the new deadline. */
+			wheel_arm(&sc->wh, idx, deadline_ns);
+		} else {
+			/* The application has the event: the timer is gone, reset changes nothing. */
+			node_release(sc, ch, idx);
+			return;
+		}
+		break;
+	default:
+		assert(0);
+		return;
+	}
+	stats_reset(sc->st, ch->slot);
+	if (!was_armed)
+		stats_rearmed(sc->st, ch->slot);
+}
+
+static void op_cancel_key(struct shard_core *sc, struct chan *ch, uint64_t key)
+{
+	uint32_t i = keyidx_first(&sc->ki, ch->slot, key), next;
+	uint64_t armed = 0, fired = 0;
+
+	while (i != CHIME_NIL) {
+		next = keyidx_next(&sc->ki, i);
+		if (node_cancel(sc, ch, i))
+			armed++;
+		else
+			fired++;
+		i = next;
+	}
+	stats_cancel_key(sc->st, ch->slot, armed);
+	if (fired)
+		stats_cancel_fired(sc->st, ch->slot, fired);
+}
+
+unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
+{
+	struct chime_sqe r;
+	uint64_t pos;
+	unsigned n;
+	uint32_t idx;
+
+	for (n = 0; n < budget; n++) {
+		if (!chime_sq_pop(&ch->sq, &r, &pos))
+			break;
+		switch (r.op) {
+		case CHIME_OP_ARM:
+			op_arm(sc, ch, &r, pos);
+			continue;       /* op_arm frees (or owes) the slot itself */
+		case CHIME_OP_RESET:
+			idx = lookup(sc, ch, r.id);
+			if (idx != CHIME_NIL)
+				node_reset(sc, ch, idx, r.deadline_ns);
+			break;
+		case CHIME_OP_CANCEL:
+			idx = lookup(sc, ch, r.id);
+			if (idx == CHIME_NIL)
+				break;
+			if (node_cancel(sc, ch, idx))
+				stats_cancel(sc->st, ch->slot);
+			else
+				stats_cancel_fired(sc->st, ch->slot, 1);
+			break;
+		case CHIME_OP_CANCEL_KEY:
+			op_cancel_key(sc, ch, r.key);
+			break;
+		case CHIME_OP_NOP:
+			break;
+		default:
+			stats_malformed(sc->st);
+			break;
+		}
+		/*
+		 * The slot keeps its unused grant. A slot whose grant is owed is
+		 * only reachable here by a client that forged its seq: leave it
+		 * to owed_pay().
+		 */
+		if (ch->grants[pos & ch->sq_mask])
+			chime_sq_free(&ch->sq, pos, ch->grants[pos & ch->sq_mask]);
+	}
+	if (ch->owed_n)
+		owed_pay(sc, ch);       /* cancels may have freed nodes */
+	if (ch->sq.head != ch->sq_head_pub) {
+		/* R1: every record below head applied, VOIDs included; pairs with the drainer's acquire of sq_head. */
+		ck_pr_fence_store();
+		ck_pr_store_64(&ch->ro->sq_head, ch->sq.head);
+		ch->sq_head_pub = ch->sq.head;
+	}
+	return n;
+}
+
+/* ---- catching up with the client ---- */
+
+static void wake_client(struct shard_core *sc, struct chan *ch)
+{
+	uint32_t *w = ch->want_wakeup;
+
+	/*
+	 * W1: full barrier between publishing cq_tail (chime_cq_flush) and the
+	 * load of want_wakeup; pairs with the client's store of want_wakeup,
+	 * full barrier, re-check of cq_tail. Either it sees our tail or we see
+	 * its flag. The CAS makes it one wake-up per sleep.
+	 */
+	ck_pr_fence_memory();
+	if (ck_pr_load_32(w) != 1 || !ck_pr_cas_32(w, 1, 0))
+		return;
+	ch->wakes++;
+	stats_wake_client(sc->st, ch->slot);
+	if (ch->efd >= 0) {
+		/* Cannot fail but by overflow (2^64-1 wake-ups unread): the client is awake then. */
+		(void)eventfd_write(ch->efd, 1);
+	}
+}
+
+bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
+{
+	bool did = false;
+	uint32_t idx;
+
+	if (ch->cq.tail != ch->cq.head || ch->ackwait.head != CHIME_NIL) {
+		/* Something is (or was) in the client's hands: see how far it got. */
+		ch->room = chime_cq_room(&ch->cq);
+		while ((idx = ch->ackwait.head) != CHIME_NIL &&
+		       chime_cq_consumed(&ch->cq, NODE(sc, idx)->cq_pos)) {
+			nl_del(sc, &ch->ackwait, idx);
+			NODE(sc, idx)->state = CHIME_NODE_ALLOC;
+			node_release(sc, ch, idx);
+			did = true;
+		}
+	}
+	if (ch->owed_n) {
+		uint32_t before = ch->owed_n;
+
+		owed_pay(sc, ch);       /* nodes just freed pay the oldest debts first */
+		did |= ch->owed_n != before;
+	}
+	while ((idx = ch->backlog.head) != CHIME_NIL && ch->room) {
+		struct chime_node *n = NODE(sc, idx);
+
+		if (n->period_ns && event_unconsumed(ch, n))
+			break;  /* strict FIFO: it waits, and so does everything after it */
+		backlog_del(sc, ch, idx);
+		n->state = CHIME_NODE_ALLOC;
+		deliver(sc, ch, idx, now_ns);
+		did = true;
+	}
+	if (ch->ro->backlog != ch->nr_backlog)
+		ck_pr_store_64(&ch->ro->backlog, ch->nr_backlog);
+	stats_client_depth(sc->st, ch->slot, ch->cq.tail - ch->cq.head, ch->nr_backlog);
+	if (ch->cq.tail != ch->flushed) {
+		chime_cq_flush(&ch->cq);
+		ch->flushed = ch->cq.tail;
+		wake_client(sc, ch);
+		did = true;
+	}
+	return did;
+}
+
+bool chan_pending(struct shard_core *sc, struct chan *ch)
+{
+	const struct chime_sqe *s = &ch->sq.slots[ch->sq.head & ch->sq.mask];
+	uint32_t idx = ch->backlog.head;
+
+	/* A1: pairs with the producer's publish of seq (a full barrier). */
+	if (ck_pr_load_64(&s->seq) == ch->sq.head + 1)
+		return true;
+	if (ch->cq.tail != ch->flushed)
+		return true;
+	/*
+	 * Held events that could move now. Not "backlog non-empty": a periodic
+	 * waiting for the client to consume its previous event cannot move, and
+	 * spinning on it would burn the core for a client that does not drain.
+	 * Its client rings our doorbell when it consumes (chan_ro.backlog).
+	 */
+	if (idx == CHIME_NIL)
+		return false;
+	ch->room = chime_cq_room(&ch->cq);
+	return ch->room > 0 && !(NODE(sc, idx)->period_ns && event_unconsumed(ch, NODE(sc, idx)));
+}
+
+/* ---- attach and reclaim ---- */
+
+int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
+		uint64_t generation)
+{
+	uint32_t i;
+
+	memset(ch, 0, sizeof(*ch));
+	ch->grants = calloc(m->sq_size, sizeof(*ch->grants));
+	ch->owed = calloc(m->sq_size, sizeof(*ch->owed));
+	if (!ch->grants || !ch->owed) {
+		chan_fini(ch);
+		return -ENOMEM;
+	}
+	ch->slot = slot;
+	ch->efd = m->efd;
+	ch->ro = m->ro;
+	ch->want_wakeup = m->want_wakeup;
+	ch->sq_mask = m->sq_size - 1;
+	/* Formats the slots (seq = index); the grants follow below. */
+	chime_sq_cons_init(&ch->sq, m->sq_slots, m->sq_size);
+	chime_cq_prod_init(&ch->cq, m->cq_slots, m->claim, &m->ro->cq_tail, &m->rw->cq_head,
+			   m->cq_size);
+	ch->room = m->cq_size;
+	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
+	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
+
+	for (i = 0; i < m->sq_size; i++) {
+		uint64_t g = grant_new(sc, ch);
+
+		if (!g) {
+			while (i--)
+				grant_free(sc, ch, ch->grants[i]);
+			chan_fini(ch);
+			return -ENOMEM;
+		}
+		ch->grants[i] = g;
+		/* Plain store: no client has the segment yet; the welcome follows our hand-back. */
+		m->sq_slots[i].grant = g;
+	}
+	sc->by_slot[slot] = ch;
+	stats_client_attach(sc->st, slot, generation);
+	return 0;
+}
+
+bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
+{
+	uint32_t i, end, idx;
+
+	if (!ch->dying) {
+		ch->dying = 1;
+		for (i = 0; i <= ch->sq_mask; i++)
+			if (ch->grants[i])
+				grant_free(sc, ch, ch->grants[i]);
+		memset(ch->grants, 0, (ch->sq_mask + 1) * sizeof(*ch->grants));
+		while ((idx = ch->backlog.head) != CHIME_NIL) {
+			backlog_del(sc, ch, idx);
+			node_release(sc, ch, idx);
+		}
+		while ((idx = ch->ackwait.head) != CHIME_NIL) {
+			nl_del(sc, &ch->ackwait, idx);
+			node_release(sc, ch, idx);
+		}
+		ch->sweep_pos = 0;
+	}
+	/* What is left is on the wheel: find it by owner. O(high_water), in steps. */
+	end = sc->wh.w->high_water;
+	while (ch->owned && ch->sweep_pos < end && budget--) {
+		struct chime_node *n;
+
+		idx = ch->sweep_pos++;
+		n = NODE(sc, idx);
+		if (n->owner != ch->slot)
+			continue;
+		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
+			wheel_cancel(&sc->wh, idx);
+			node_release(sc, ch, idx);
+		}
+	}
+	if (ch->owned && ch->sweep_pos < end)
+		return false;
+	/* owned must be 0 here; if not, private state is corrupt and we leak rather than crash. */
+	assert(ch->owned == 0);
+	if (sc->by_slot[ch->slot] == ch)
+		sc->by_slot[ch->slot] = NULL;
+	stats_client_detach(sc->st, ch->slot);
+	return true;
+}
+
+void chan_fini(struct chan *ch)
+{
+	free(ch->grants);
+	free(ch->owed);
+	ch->grants = NULL;
+	ch->owed = NULL;
+}

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * chan.h - one client's channel on one shard: applying its submissions to
+ * the shard's wheel, delivering its expirations, its backlog and its ACKWAIT
+ * list (ARCHITECTURE.md: grants, claim words, backlog, ackwait, doorbells).
+ *
+ * No threads, sockets or clocks in here: the shard thread (shard.c) calls
+ * these with the time it read, and tests call them directly on malloc'd
+ * memory. Every function is called by the shard thread that owns `sc` only.
+ *
+ * Trust (DESIGN invariant 4): everything a client can write (its submission
+ * slots and their seq, its cq_head, its claim words, want_wakeup) is read
+ * once into a local and checked against the broker's private state below
+ * (ring geometry, grants, node owner and generation) before it is used.
+ */
+#ifndef CHIMED_CHAN_H
+#define CHIMED_CHAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "chime_shm.h"
+#include "keyidx.h"
+#include "ring.h"
+#include "stats.h"
+#include "wheel.h"
+
+/* What the channel logic needs of its shard. Owned by the shard thread. */
+struct shard_core {
+	struct wheel wh;
+	struct keyidx ki;
+	struct stats *st;               /* this shard's counters (private, published per loop) */
+	struct chan **by_slot;          /* client slot -> its channel here (NULL: none) */
+	uint32_t shard;
+	uint32_t capacity;              /* private copy of the slab size */
+	uint32_t max_clients;
+	uint64_t backlog;               /* events held in backlogs, all channels */
+};
+
+/* Where a channel lives in a client's two segments (set up by the control thread). */
+struct chan_mem {
+	struct chime_sqe *sq_slots;     /* rw: this shard's submission slots */
+	uint64_t *claim;                /* rw: this shard's claim words */
+	struct chime_chan_rw *rw;       /* rw: sq_tail, cq_head */
+	struct chime_chan_ro *ro;       /* ro: cq_tail, sq_head, backlog */
+	struct chime_cqe *cq_slots;     /* ro: this shard's completion slots */
+	uint32_t *want_wakeup;          /* rw header */
+	uint32_t sq_size;               /* powers of two */
+	uint32_t cq_size;
+	int efd;                        /* the client's eventfd; -1: count wake-ups only (tests) */
+};
+
+/* A list of nodes through node.next/prev (BACKLOG or ACKWAIT). */
+struct nlist {
+	uint32_t head, tail;
+};
+
+struct chan {
+	struct chime_sq_cons sq;        /* private head and mask */
+	struct chime_cq_prod cq;        /* private tail, clamped head, mask */
+	struct chime_chan_ro *ro;
+	uint32_t *want_wakeup;
+	uint64_t *grants;               /* private: the id granted in each submission slot, 0 = owed */
+	uint64_t *owed;                 /* positions whose slot waits for a grant (slab was full) */
+	uint32_t owed_head, owed_n;
+	uint32_t sq_mask;
+	uint32_t room;                  /* free completion slots, as last computed */
+	uint16_t slot;                  /* the client's slot; node.owner of its nodes */
+	uint8_t  dying;                 /* detached: its nodes are being reclaimed */
+	int efd;
+	struct nlist backlog;           /* fired, not yet in the ring, in firing order */
+	struct nlist ackwait;           /* one-shots delivered, by cq position */
+	uint64_t nr_backlog;
+	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
+	uint64_t flushed;               /* cq tail last published */
+	uint64_t sq_head_pub;           /* sq_head last published */
+	uint32_t sweep_pos;             /* reclaim: next slab index to look at */
+	uint64_t wakes;                 /* client wake-ups done (eventfd writes) */
+};
+
+/*
+ * Attach: set up private state, allocate a grant for every submission slot
+ * and write it with seq = slot (free for position slot). The client must not
+ * see the segment before this returns. -ENOMEM (nothing kept) if the slab is full.
+ */
+int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
+		uint64_t generation);
+
+/*
+ * Apply up to `budget` published submissions. Returns how many records were
+ * consumed. Publishes sq_head (release) after the VOIDs they caused.
+ */
+unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget);
+
+/* A timer of this channel that the wheel popped (state ALLOC): deliver it or hold it. */
+void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns);
+
+/*
+ * Catch up with the client: free consumed ACKWAIT nodes, move the backlog
+ * into free completion slots, pay owed grants, publish cq_tail, and wake the
+ * client if it asked for it. Returns true if it did anything.
+ */
+bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns);
+
+/* For the sleep re-check: a submission is published, or held events could move now. */
+bool chan_pending(struct shard_core *sc, struct chan *ch);
+
+/*
+ * Reclaim: free every node this client owns in the shard: grants, backlog and
+ * ACKWAIT lists at once, armed ones by sweeping the slab [sweep_pos,
+ * high_water) up to `budget` nodes per call (the sweep stops as soon as the
+ * client owns nothing). Returns true when done. Must not be followed by
+ * chan_drain/chan_service on this channel.
+ */
+bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget);
+
+/* Free the private memory of a channel (after attach failed or reclaim finished). */
+void chan_fini(struct chan *ch);
+
+#endif /* CHIMED_CHAN_H */

@@ -1,0 +1,1024 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * control.c - the control thread. See control.h and ARCHITECTURE.md
+ * ("Client lifecycle").
+ *
+ * One io_uring loop, never blocked by a client:
+ *   accept        one outstanding accept on the listening socket (re-armed
+ *                 while fewer than MAX_HANDSHAKES handshakes are under way);
+ *   hello         a recv linked to a HELLO_TIMEOUT: a silent client is
+ *                 dropped, one that sends anything but a hello is closed;
+ *   attach        segments created and sealed, an ATTACH command to every
+ *                 shard (they allocate the grants); the last shard to finish
+ *                 writes our notify eventfd, and only then is the welcome
+ *                 (with the fds) sent;
+ *   hang-up       a POLLRDHUP poll on every client's socket: death is seen at
+ *                 once; then DETACH to every shard, and when all have
+ *                 reclaimed the client's nodes, its slot is freed;
+ *   signals       a signalfd read (SIGTERM, SIGINT);
+ *   heartbeat     the wait times out so heartbeat_ns moves every 90 ms.
+ *
+ * Client slot states (private): FREE -> ATTACHING -> ACTIVE -> DETACHING -> FREE;
+ * an attach that fails goes ATTACHING -> DETACHING (refused with -ENOMEM).
+ * A slot is reused only after every shard has let go of it.
+ */
+#include "control.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stddef.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ck_pr.h>
+#include <liburing.h>
+
+#include "chime_config.h"
+#include "chime_shm.h"
+#include "log.h"
+#include "segment.h"
+#include "shard.h"
+
+#define MAX_HANDSHAKES   64             /* connections between accept and hello */
+#define HELLO_TIMEOUT_S  2
+#define HEARTBEAT_NS     (90u * 1000000u)  /* the promise is 100 ms; 10 ms of slack */
+#define RING_ENTRIES     256u
+
+/* io_uring user_data: a tag in the low 3 bits, a pointer or a slot above. */
+#define TAG_FIXED   0u      /* UD_ACCEPT, UD_SIGNAL, UD_NOTIFY */
+#define TAG_HELLO   1u      /* struct conn *: the hello recv */
+#define TAG_HTIMER  2u      /* struct conn *: its linked timeout */
+#define TAG_HUP     3u      /* slot << 3: a client's hang-up poll */
+#define UD_ACCEPT   (1u << 3)
+#define UD_SIGNAL   (2u << 3)
+#define UD_NOTIFY   (3u << 3)
+
+enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING };
+
+/* A connection that has not said hello yet. */
+struct conn {
+	struct conn *next, *prev;  /* all handshakes, so stop can free them */
+	int fd;
+	uint8_t inflight;       /* recv + timeout completions still to come */
+	uint8_t closed;
+	uint8_t buf[128] __attribute__((aligned(8)));  /* larger than a hello: a longer one is garbage */
+} __attribute__((aligned(8)));
+
+struct client {
+	uint32_t state;
+	uint16_t slot;
+	int fd;                 /* its socket */
+	int efd;                /* its completion eventfd */
+	int rw_fd, ro_fd;
+	struct chime_map rw, ro;
+	struct chan *chans;     /* [nr_shards], each owned by its shard while attached */
+	struct chan_mem *mems;
+	struct shard_ack ack;
+	int refuse;             /* status to send once the detach is done (failed attach) */
+	struct ucred cred;
+	char comm[16];
+	uint64_t generation;
+	uint64_t connected_ns;
+};
+
+struct broker {
+	struct broker_opts o;
+	char ctl_path[PATH_MAX];
+	char lock_path[PATH_MAX];
+	int lock_fd, listen_fd, ctl_fd, ctl_ro_fd, sig_fd, notify_fd;
+	struct chime_map ctl_map;
+	struct chime_ctl *ctl;
+	struct chime_client_ctl *ctl_clients;
+	struct chime_client_geom geom;
+	struct shard *shards;
+	struct client *clients;
+	uint32_t nr_handshakes;
+	struct conn *conns;
+	bool accept_armed;
+	bool listening;
+	bool stopping;
+	struct io_uring ring;
+	bool ring_ok;
+	uint64_t notify_buf;
+	struct signalfd_siginfo sig_buf;
+	uint64_t clients_now, clients_total;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Start-up: lock, stale socket, segments                                      */
+/* ------------------------------------------------------------------------ */
+
+static pid_t lock_owner(int fd)
+{
+	char buf[32] = { 0 };
+	ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+
+	return n > 0 ? (pid_t)atoi(buf) : 0;
+}
+
+/*
+ * "<socket>.lock", flock()ed for the broker's life: two brokers starting on
+ * one path race safely, and the loser learns the winner's pid. A lock file
+ * unlinked by a stopping broker between our open and our flock is detected
+ * (inode changed) and retried, so two brokers never each hold a lock.
+ */
+static int take_lock(struct broker *b)
+{
+	const char *sock = b->o.socket_path;
+
+	for (int tries = 0; tries < 10; tries++) {
+		struct stat a, p;
+		char pid[32];
+		int fd = open(b->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+
+		if (fd < 0)
+			return log_errno_hint(LOG_ERR, errno,
+					      errno == ENOENT ? "does the directory exist?" :
+					      errno == EACCES || errno == EROFS ? "is the directory writable?" : NULL,
+					      "cannot create lock file '%s'", b->lock_path);
+		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+			int e = errno;
+			pid_t owner = lock_owner(fd);
+
+			close(fd);
+			if (e == EWOULDBLOCK) {
+				if (owner > 0)
+					log_msg(LOG_ERR, "socket '%s' is in use by a running broker (pid %d)",
+						sock, (int)owner);
+				else
+					log_msg(LOG_ERR, "socket '%s' is in use by a running broker", sock);
+				return -EADDRINUSE;
+			}
+			return log_errno(LOG_ERR, e, "flock('%s')", b->lock_path);
+		}
+		if (fstat(fd, &a) < 0 || stat(b->lock_path, &p) < 0 ||
+		    a.st_ino != p.st_ino || a.st_dev != p.st_dev) {
+			close(fd);      /* unlinked under us by a stopping broker: again */
+			continue;
+		}
+		snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+		if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, strlen(pid), 0) < 0) {
+			int e = errno;
+
+			close(fd);
+			return log_errno(LOG_ERR, e, "cannot write lock file '%s'", b->lock_path);
+		}
+		b->lock_fd = fd;
+		return 0;
+	}
+	return log_errno(LOG_ERR, EAGAIN, "lock file '%s' keeps changing", b->lock_path);
+}
+
+/* With the lock held: a live socket is an error, a dead one is taken over. */
+static int clear_stale_socket(struct broker *b)
+{
+	const char *path = b->o.socket_path;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct stat st;
+	int fd, r;
+
+	if (lstat(path, &st) < 0) {
+		if (errno == ENOENT)
+			return 0;
+		return log_errno(LOG_ERR, errno, "cannot stat socket '%s'", path);
+	}
+	if (!S_ISSOCK(st.st_mode)) {
+		log_msg(LOG_ERR, "'%s' exists and is not a socket (remove it or choose another --socket)", path);
+		return -EEXIST;
+	}
+	memcpy(sa.sun_path, path, strlen(path));
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return log_errno(LOG_ERR, errno, "socket(AF_UNIX)");
+	r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+	if (r == 0 || errno == EAGAIN) {
+		close(fd);
+		log_msg(LOG_ERR, "socket '%s' is in use by another process", path);
+		return -EADDRINUSE;
+	}
+	r = errno;
+	close(fd);
+	if (r != ECONNREFUSED && r != ENOENT)
+		return log_errno(LOG_ERR, r, "cannot probe socket '%s'", path);
+	if (unlink(path) < 0 && errno != ENOENT)
+		return log_errno(LOG_ERR, errno, "cannot remove stale socket '%s'", path);
+	log_msg(LOG_INFO, "took over stale socket '%s'", path);
+	return 0;
+}
+
+static int ctl_setup(struct broker *b)
+{
+	struct chime_ctl_geom g = { .nr_shards = b->o.nr_shards, .max_clients = b->o.max_clients };
+	struct chime_ctl *c;
+	struct timespec rt;
+	int r;
+
+	r = chime_ctl_layout(&g);
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "control segment layout (%u shards, %u clients)",
+				 g.nr_shards, g.max_clients);
+	if (!g.client_stats_off) {
+		/* A segment.c that predates the per-client stats table: place it after the clients. */
+		uint64_t off = g.clients_off + (uint64_t)g.max_clients * sizeof(struct chime_client_ctl);
+
+		off = (off + 127) & ~(uint64_t)127;
+		g.client_stats_off = off;
+		off += (uint64_t)g.max_clients * g.nr_shards * sizeof(struct chime_client_stats);
+		g.size = (off + 4095) & ~(uint64_t)4095;
+	}
+	r = chime_seg_file(b->ctl_path, g.size, 0640, &b->ctl_fd, &b->ctl_map);
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "cannot create control segment '%s' (%llu bytes)",
+				 b->ctl_path, (unsigned long long)g.size);
+	/* Clients get a read-only fd of it: they must never be able to write it. */
+	b->ctl_ro_fd = open(b->ctl_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (b->ctl_ro_fd < 0)
+		return log_errno(LOG_ERR, errno, "open('%s', O_RDONLY)", b->ctl_path);
+	c = b->ctl = b->ctl_map.base;
+	c->state = CHIME_BROKER_STARTING;
+	c->pid = (int32_t)getpid();
+	c->nr_shards = b->o.nr_shards;
+	c->max_clients = b->o.max_clients;
+	c->start_ns = now_ns();
+	c->heartbeat_ns = c->start_ns;
+	c->resolution_ns = b->o.resolution_ns;
+	c->spin_us = b->o.spin_us;
+	c->sq_size = b->o.sq_size;
+	c->cq_size = b->o.cq_size;
+	c->shard_capacity = b->o.capacity;
+	snprintf(c->version, sizeof(c->version), "%s", CHIME_VERSION);
+	c->shards_off = g.shards_off;
+	c->clients_off = g.clients_off;
+	c->client_stats_off = g.client_stats_off;
+	clock_gettime(CLOCK_REALTIME, &rt);
+	c->start_realtime_ns = (uint64_t)rt.tv_sec * 1000000000u + (uint64_t)rt.tv_nsec;
+	for (uint32_t i = 0; i < b->o.nr_shards; i++)
+		((struct chime_shard_ctl *)chime_at(&b->ctl_map, g.shards_off))[i].stats.next_deadline_ns = UINT64_MAX;
+	b->ctl_clients = chime_at(&b->ctl_map, g.clients_off);
+	/* Magic last (release): a reader that sees it sees a laid-out segment. */
+	chime_seg_publish(&c->hdr, CHIME_SEG_CONTROL, g.size);
+	return 0;
+}
+
+static int listen_setup(struct broker *b)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	const char *path = b->o.socket_path;
+
+	memcpy(sa.sun_path, path, strlen(path));
+	b->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (b->listen_fd < 0)
+		return log_errno(LOG_ERR, errno, "socket(AF_UNIX, SOCK_SEQPACKET)");
+	if (bind(b->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		return log_errno_hint(LOG_ERR, errno, errno == EACCES ? "is the directory writable?" : NULL,
+				      "cannot bind socket '%s'", path);
+	b->listening = true;    /* from here on, stop unlinks it */
+	if (listen(b->listen_fd, SOMAXCONN) < 0)
+		return log_errno(LOG_ERR, errno, "listen('%s')", path);
+	return 0;
+}
+
+static int ring_setup(struct broker *b)
+{
+	sigset_t set;
+	int r;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	b->sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (b->sig_fd < 0)
+		return log_errno(LOG_ERR, errno, "signalfd");
+	b->notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (b->notify_fd < 0)
+		return log_errno(LOG_ERR, errno, "eventfd");
+	r = io_uring_queue_init(RING_ENTRIES, &b->ring, 0);
+	if (r < 0)
+		return log_errno_hint(LOG_ERR, r, r == -ENOMEM ? "RLIMIT_MEMLOCK too low?" : NULL,
+				      "io_uring setup (%u entries)", RING_ENTRIES);
+	b->ring_ok = true;
+	return 0;
+}
+
+static int shards_setup(struct broker *b)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int r;
+
+	b->shards = calloc(b->o.nr_shards, sizeof(*b->shards));
+	if (!b->shards)
+		return log_errno(LOG_ERR, ENOMEM, "shards");
+	for (uint32_t i = 0; i < b->o.nr_shards; i++)
+		b->shards[i].seg_fd = b->shards[i].doorbell = -1;
+	if (ncpu < 1)
+		ncpu = 1;
+	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+		struct shard_cfg cfg = {
+			.idx = i,
+			.capacity = b->o.capacity,
+			.max_clients = b->o.max_clients,
+			.resolution_ns = b->o.resolution_ns,
+			.spin_us = b->o.spin_us,
+			.ctl = b->ctl,
+			.notify_fd = b->notify_fd,
+		};
+
+		r = shard_init(&b->shards[i], &cfg, b->o.socket_path);
+		if (r < 0)
+			return r;
+	}
+	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+		r = shard_start(&b->shards[i], (int)(i % (uint32_t)ncpu));
+		if (r < 0)
+			return r;
+	}
+	/* Leftovers of an earlier broker with more shards would confuse the tools. */
+	for (uint32_t i = b->o.nr_shards; i < CHIME_MAX_SHARDS; i++) {
+		char p[PATH_MAX];
+
+		snprintf(p, sizeof(p), "%s.shard%u", b->o.socket_path, i);
+		if (unlink(p) < 0 && errno == ENOENT && i > b->o.nr_shards + 8)
+			break;
+	}
+	return 0;
+}
+
+int broker_start(struct broker **out, const struct broker_opts *o)
+{
+	struct broker *b = calloc(1, sizeof(*b));
+	struct chime_client_geom *g;
+	int r;
+
+	if (!b)
+		return log_errno(LOG_ERR, ENOMEM, "broker");
+	b->o = *o;
+	b->lock_fd = b->listen_fd = b->ctl_fd = b->ctl_ro_fd = b->sig_fd = b->notify_fd = -1;
+	snprintf(b->lock_path, sizeof(b->lock_path), "%s.lock", o->socket_path);
+	snprintf(b->ctl_path, sizeof(b->ctl_path), "%s.ctl", o->socket_path);
+
+	g = &b->geom;
+	g->nr_shards = o->nr_shards;
+	g->sq_size = o->sq_size;
+	g->cq_size = o->cq_size;
+	r = chime_client_layout(g);
+	if (r < 0) {
+		log_errno(LOG_ERR, r, "client segment layout (%u shards, sq %u, cq %u)",
+			  o->nr_shards, o->sq_size, o->cq_size);
+		goto fail;
+	}
+	b->clients = calloc(o->max_clients, sizeof(*b->clients));
+	if (!b->clients) {
+		r = log_errno(LOG_ERR, ENOMEM, "client table");
+		goto fail;
+	}
+	if (o->mkdir_parent) {
+		char dir[sizeof(o->socket_path)];
+		char *slash;
+
+		snprintf(dir, sizeof(dir), "%s", o->socket_path);
+		slash = strrchr(dir, '/');
+		if (slash && slash != dir) {
+			*slash = 0;
+			if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+				r = log_errno(LOG_ERR, errno, "cannot create directory '%s'", dir);
+				goto fail;
+			}
+		}
+	}
+	if ((r = take_lock(b)) < 0 || (r = clear_stale_socket(b)) < 0 ||
+	    (r = ctl_setup(b)) < 0 || (r = ring_setup(b)) < 0 ||
+	    (r = shards_setup(b)) < 0 || (r = listen_setup(b)) < 0)
+		goto fail;
+	ck_pr_store_32(&b->ctl->state, CHIME_BROKER_RUNNING);
+	*out = b;
+	return 0;
+fail:
+	broker_stop(b);
+	return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The client table in the control segment (seqlock: we are its only writer)   */
+/* ------------------------------------------------------------------------ */
+
+static void table_set(struct broker *b, struct client *c, uint32_t state)
+{
+	struct chime_client_ctl *e = &b->ctl_clients[c->slot];
+
+	chime_stats_begin(&e->seq);
+	e->state = state;
+	if (state == CHIME_CLIENT_ACTIVE) {
+		e->pid = c->cred.pid;
+		e->uid = c->cred.uid;
+		e->gid = c->cred.gid;
+		memcpy(e->comm, c->comm, sizeof(e->comm));
+		e->connected_ns = c->connected_ns;
+		e->generation = c->generation;
+	}
+	chime_stats_end(&e->seq);
+	/* Plain stores: tools read these racily, as the header table allows. */
+	b->ctl->clients_now = b->clients_now;
+	b->ctl->clients_total = b->clients_total;
+}
+
+static void read_comm(pid_t pid, char comm[16])
+{
+	char path[64];
+	ssize_t n;
+	int fd;
+
+	memset(comm, 0, 16);
+	snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	n = read(fd, comm, 15);
+	close(fd);
+	if (n > 0 && comm[n - 1] == '\n')
+		comm[n - 1] = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The loop                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static struct io_uring_sqe *get_sqe(struct broker *b)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
+
+	if (!sqe) {
+		/* Full: hand what we have to the kernel and take a fresh one. */
+		io_uring_submit(&b->ring);
+		sqe = io_uring_get_sqe(&b->ring);
+	}
+	return sqe;
+}
+
+static void arm_accept(struct broker *b)
+{
+	struct io_uring_sqe *sqe;
+
+	if (b->accept_armed || b->stopping || b->nr_handshakes >= MAX_HANDSHAKES)
+		return;
+	sqe = get_sqe(b);
+	if (!sqe)
+		return;
+	io_uring_prep_accept(sqe, b->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+	io_uring_sqe_set_data64(sqe, UD_ACCEPT);
+	b->accept_armed = true;
+}
+
+static void arm_read(struct broker *b, int fd, void *buf, unsigned len, uint64_t ud)
+{
+	struct io_uring_sqe *sqe = get_sqe(b);
+
+	if (!sqe)
+		return;
+	io_uring_prep_read(sqe, fd, buf, len, 0);
+	io_uring_sqe_set_data64(sqe, ud);
+}
+
+static void arm_hello(struct broker *b, struct conn *cn)
+{
+	static struct __kernel_timespec ts = { .tv_sec = HELLO_TIMEOUT_S };
+	struct io_uring_sqe *sqe;
+
+	/* Both in one submission: make room for two first. */
+	if (io_uring_sq_space_left(&b->ring) < 2)
+		io_uring_submit(&b->ring);
+	sqe = io_uring_get_sqe(&b->ring);
+	io_uring_prep_recv(sqe, cn->fd, cn->buf, sizeof(cn->buf), 0);
+	io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)cn | TAG_HELLO);
+	sqe->flags |= IOSQE_IO_LINK;
+	sqe = io_uring_get_sqe(&b->ring);
+	io_uring_prep_link_timeout(sqe, &ts, 0);
+	io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)cn | TAG_HTIMER);
+	cn->inflight = 2;
+}
+
+static void arm_hup(struct broker *b, struct client *c)
+{
+	struct io_uring_sqe *sqe = get_sqe(b);
+
+	if (!sqe)
+		return;
+	io_uring_prep_poll_add(sqe, c->fd, POLLRDHUP);
+	io_uring_sqe_set_data64(sqe, ((uint64_t)c->slot << 3) | TAG_HUP);
+}
+
+/* A refusal: status only, no fds; then the connection is closed. */
+static void send_status(int fd, int32_t status)
+{
+	struct chime_welcome w = {
+		.magic = CHIME_HELLO_MAGIC,
+		.layout = CHIME_SHM_LAYOUT,
+		.status = status,
+	};
+
+	/* A fresh SEQPACKET socket has room for one 64-byte message: this never blocks. */
+	(void)send(fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+static int send_welcome(struct broker *b, struct client *c)
+{
+	uint32_t nfds = CHIME_WELCOME_FIXED_FDS + b->o.nr_shards;
+	struct chime_welcome w = {
+		.magic = CHIME_HELLO_MAGIC,
+		.layout = CHIME_SHM_LAYOUT,
+		.status = 0,
+		.nr_shards = b->o.nr_shards,
+		.slot = c->slot,
+		.nr_fds = nfds,
+		.rw_size = c->rw.size,
+		.ro_size = c->ro.size,
+		.ctl_size = b->ctl_map.size,
+	};
+	size_t clen = CMSG_SPACE(sizeof(int) * nfds);
+	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	struct cmsghdr *cm;
+	int *fds, r = 0;
+	char *cbuf = calloc(1, clen);
+
+	if (!cbuf)
+		return -ENOMEM;
+	mh.msg_control = cbuf;
+	mh.msg_controllen = clen;
+	cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+	fds = (int *)CMSG_DATA(cm);
+	fds[0] = b->ctl_ro_fd;
+	fds[1] = c->rw_fd;
+	fds[2] = c->ro_fd;
+	fds[3] = c->efd;
+	for (uint32_t i = 0; i < b->o.nr_shards; i++)
+		fds[CHIME_WELCOME_FIXED_FDS + i] = b->shards[i].doorbell;
+	if (sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+		r = -errno;
+	free(cbuf);
+	return r;
+}
+
+static void client_release(struct broker *b, struct client *c)
+{
+	for (uint32_t i = 0; c->chans && i < b->o.nr_shards; i++)
+		chan_fini(&c->chans[i]);
+	free(c->chans);
+	free(c->mems);
+	c->chans = NULL;
+	c->mems = NULL;
+	chime_seg_unmap(&c->rw);
+	chime_seg_unmap(&c->ro);
+	if (c->rw_fd >= 0)
+		close(c->rw_fd);
+	if (c->ro_fd >= 0)
+		close(c->ro_fd);
+	if (c->efd >= 0)
+		close(c->efd);
+	if (c->fd >= 0)
+		close(c->fd);
+	c->rw_fd = c->ro_fd = c->efd = c->fd = -1;
+	c->state = CL_FREE;
+}
+
+/* Build the client's segments and channel descriptions. */
+static int client_segments(struct broker *b, struct client *c)
+{
+	const struct chime_client_geom *g = &b->geom;
+	struct chime_client_rw *rw;
+	struct chime_client_ro *ro;
+	int r;
+
+	c->chans = calloc(g->nr_shards, sizeof(*c->chans));
+	c->mems = calloc(g->nr_shards, sizeof(*c->mems));
+	if (!c->chans || !c->mems)
+		return -ENOMEM;
+	r = chime_seg_memfd("chime-client-rw", g->rw_size, &c->rw_fd, &c->rw);
+	if (r < 0)
+		return r;
+	r = chime_seg_memfd("chime-client-ro", g->ro_size, &c->ro_fd, &c->ro);
+	if (r < 0)
+		return r;
+	c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (c->efd < 0)
+		return -errno;
+
+	rw = c->rw.base;
+	rw->nr_shards = g->nr_shards;
+	rw->sq_size = g->sq_size;
+	rw->cq_size = g->cq_size;
+	rw->chan_off = g->rw_chan_off;
+	rw->sq_off = g->rw_sq_off;
+	rw->claim_off = g->rw_claim_off;
+	ro = c->ro.base;
+	ro->nr_shards = g->nr_shards;
+	ro->sq_size = g->sq_size;
+	ro->cq_size = g->cq_size;
+	ro->slot = c->slot;
+	ro->chan_off = g->ro_chan_off;
+	ro->cq_off = g->ro_cq_off;
+	for (uint32_t s = 0; s < g->nr_shards; s++) {
+		struct chan_mem *m = &c->mems[s];
+
+		m->sq_slots = (struct chime_sqe *)chime_at(&c->rw, g->rw_sq_off) + (size_t)s * g->sq_size;
+		m->claim = (uint64_t *)chime_at(&c->rw, g->rw_claim_off) + (size_t)s * g->cq_size;
+		m->rw = (struct chime_chan_rw *)chime_at(&c->rw, g->rw_chan_off) + s;
+		m->ro = (struct chime_chan_ro *)chime_at(&c->ro, g->ro_chan_off) + s;
+		m->cq_slots = (struct chime_cqe *)chime_at(&c->ro, g->ro_cq_off) + (size_t)s * g->cq_size;
+		m->want_wakeup = &rw->want_wakeup;
+		m->sq_size = g->sq_size;
+		m->cq_size = g->cq_size;
+		m->efd = c->efd;
+	}
+	chime_seg_publish(&rw->hdr, CHIME_SEG_CLIENT_RW, g->rw_size);
+	chime_seg_publish(&ro->hdr, CHIME_SEG_CLIENT_RO, g->ro_size);
+	/* Sealed: a client's ftruncate cannot SIGBUS us, nor can it map ro writable. */
+	r = chime_seg_seal(c->rw_fd, false);
+	if (r < 0)
+		return r;
+	return chime_seg_seal(c->ro_fd, true);
+}
+
+static void post_all(struct broker *b, struct client *c, uint32_t op)
+{
+	/* R4: pending before the commands; the shards' acks count it down. */
+	__atomic_store_n(&c->ack.err, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->ack.pending, b->o.nr_shards, __ATOMIC_RELEASE);
+	for (uint32_t s = 0; s < b->o.nr_shards; s++) {
+		struct shard_cmd cmd = {
+			.op = op,
+			.slot = c->slot,
+			.generation = c->generation,
+			.ch = &c->chans[s],
+			.mem = &c->mems[s],
+			.ack = &c->ack,
+		};
+
+		shard_post(&b->shards[s], &cmd);
+	}
+}
+
+static void client_detach(struct broker *b, struct client *c, int refuse)
+{
+	c->refuse = refuse;
+	c->state = CL_DETACHING;
+	table_set(b, c, CHIME_CLIENT_DYING);
+	if (refuse) {
+		send_status(c->fd, refuse);
+	} else if (c->fd >= 0) {
+		/* Whatever is left of the connection goes now: the client sees EOF. */
+		shutdown(c->fd, SHUT_RDWR);
+	}
+	post_all(b, c, SHARD_CMD_DETACH);
+}
+
+/* A hello arrived on cn: check it and the peer, then start the attach. */
+static void on_hello(struct broker *b, struct conn *cn, int res)
+{
+	struct chime_hello hello, *h = &hello;
+	socklen_t len = sizeof(struct ucred);
+	struct ucred cred;
+	struct client *c = NULL;
+	int r;
+
+	memcpy(h, cn->buf, sizeof(*h));
+	if (res == -ECANCELED)
+		return;         /* the hello timeout fired first: it logs */
+	if (res != (int)sizeof(*h) || h->magic != CHIME_HELLO_MAGIC) {
+		log_msg(LOG_DEBUG, "closing a connection that did not say hello (%d bytes)", res);
+		return;
+	}
+	if (h->layout != CHIME_SHM_LAYOUT) {
+		log_msg(LOG_INFO, "refusing a client speaking layout %u (this broker speaks %u)",
+			h->layout, CHIME_SHM_LAYOUT);
+		send_status(cn->fd, -EPROTO);
+		return;
+	}
+	if (getsockopt(cn->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+		log_errno(LOG_WARNING, errno, "getsockopt(SO_PEERCRED)");
+		return;
+	}
+	if (cred.uid != geteuid() && cred.uid != 0) {
+		log_msg(LOG_INFO, "refusing pid %d (uid %u): policy allows uid %u and root",
+			(int)cred.pid, (unsigned)cred.uid, (unsigned)geteuid());
+		send_status(cn->fd, -EACCES);
+		return;
+	}
+	if (b->stopping) {
+		send_status(cn->fd, -ECONNREFUSED);
+		return;
+	}
+	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+		if (b->clients[i].state == CL_FREE) {
+			c = &b->clients[i];
+			break;
+		}
+	}
+	if (!c) {
+		log_msg(LOG_WARNING, "refusing pid %d: client table full (%u clients; see --max-clients)",
+			(int)cred.pid, b->o.max_clients);
+		send_status(cn->fd, -EUSERS);
+		return;
+	}
+	/* generation survives: it counts the slot's reuses. */
+	memset(c, 0, offsetof(struct client, generation));
+	c->slot = (uint16_t)(c - b->clients);
+	c->rw_fd = c->ro_fd = c->efd = -1;
+	c->fd = -1;
+	c->cred = cred;
+	c->generation++;
+	c->connected_ns = now_ns();
+	read_comm(cred.pid, c->comm);
+	r = client_segments(b, c);
+	if (r < 0) {
+		log_errno(LOG_ERR, r, "cannot create segments for pid %d", (int)cred.pid);
+		send_status(cn->fd, -ENOMEM);
+		client_release(b, c);
+		return;
+	}
+	c->fd = cn->fd;
+	cn->fd = -1;            /* the client owns the socket now */
+	c->state = CL_ATTACHING;
+	b->clients_now++;
+	b->clients_total++;
+	post_all(b, c, SHARD_CMD_ATTACH);
+}
+
+static void conn_put(struct broker *b, struct conn *cn)
+{
+	if (--cn->inflight)
+		return;
+	if (cn->fd >= 0)
+		close(cn->fd);
+	if (cn->prev)
+		cn->prev->next = cn->next;
+	else
+		b->conns = cn->next;
+	if (cn->next)
+		cn->next->prev = cn->prev;
+	free(cn);
+	b->nr_handshakes--;
+	arm_accept(b);
+}
+
+/* Every shard has answered some client's request: find which. */
+static void on_notify(struct broker *b)
+{
+	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+		struct client *c = &b->clients[i];
+		int r;
+
+		if (c->state != CL_ATTACHING && c->state != CL_DETACHING)
+			continue;
+		/* A5: pairs with R3 in the shards' ack(). */
+		if (__atomic_load_n(&c->ack.pending, __ATOMIC_ACQUIRE) != 0)
+			continue;
+		if (c->state == CL_ATTACHING) {
+			r = __atomic_load_n(&c->ack.err, __ATOMIC_RELAXED);
+			if (r < 0) {
+				log_errno(LOG_WARNING, r, "refusing pid %d: no room for its %u grants per shard (see --capacity)",
+					  (int)c->cred.pid, b->o.sq_size);
+				client_detach(b, c, -ENOMEM);
+				continue;
+			}
+			r = send_welcome(b, c);
+			if (r < 0) {
+				log_errno(LOG_DEBUG, r, "client %u (pid %d) left during the handshake",
+					  c->slot, (int)c->cred.pid);
+				client_detach(b, c, 0);
+				continue;
+			}
+			/* The mappings keep the memory: the fds were only for the client. */
+			close(c->rw_fd);
+			close(c->ro_fd);
+			c->rw_fd = c->ro_fd = -1;
+			c->state = CL_ACTIVE;
+			table_set(b, c, CHIME_CLIENT_ACTIVE);
+			arm_hup(b, c);
+			log_msg(LOG_INFO, "client %u connected: pid %d uid %u '%s'",
+				c->slot, (int)c->cred.pid, (unsigned)c->cred.uid, c->comm);
+			continue;
+		}
+		/* DETACHING, and every shard has reclaimed its nodes. */
+		if (!c->refuse)
+			log_msg(LOG_INFO, "client %u disconnected: pid %d '%s'",
+				c->slot, (int)c->cred.pid, c->comm);
+		client_release(b, c);
+		b->clients_now--;
+		table_set(b, c, CHIME_CLIENT_EMPTY);
+	}
+}
+
+static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
+{
+	uint64_t ud = cqe->user_data;
+	int res = cqe->res;
+
+	switch (ud & 7u) {
+	case TAG_FIXED:
+		if (ud == UD_ACCEPT) {
+			struct conn *cn;
+
+			b->accept_armed = false;
+			if (res < 0) {
+				/* EMFILE and friends: the next accept retries; log each kind once. */
+				if (res != -EINTR && res != -ECONNABORTED)
+					log_errno(LOG_WARNING, res, "accept on '%s'", b->o.socket_path);
+				if (res == -EMFILE || res == -ENFILE || res == -ENOMEM)
+					return 0;       /* re-armed by the next finished handshake */
+				arm_accept(b);
+				return 0;
+			}
+			cn = calloc(1, sizeof(*cn));
+			if (!cn) {
+				close(res);
+				arm_accept(b);
+				return 0;
+			}
+			cn->fd = res;
+			cn->next = b->conns;
+			if (cn->next)
+				cn->next->prev = cn;
+			b->conns = cn;
+			b->nr_handshakes++;
+			arm_hello(b, cn);
+			arm_accept(b);
+		} else if (ud == UD_SIGNAL) {
+			if (res == (int)sizeof(b->sig_buf)) {
+				log_msg(LOG_INFO, "%s received, stopping", strsignal((int)b->sig_buf.ssi_signo));
+				return 1;
+			}
+			arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
+		} else if (ud == UD_NOTIFY) {
+			on_notify(b);
+			arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);
+		}
+		return 0;
+	case TAG_HELLO: {
+		struct conn *cn = (struct conn *)(uintptr_t)(ud & ~(uint64_t)7);
+
+		on_hello(b, cn, res);
+		conn_put(b, cn);
+		return 0;
+	}
+	case TAG_HTIMER: {
+		struct conn *cn = (struct conn *)(uintptr_t)(ud & ~(uint64_t)7);
+
+		if (res == -ETIME)
+			log_msg(LOG_DEBUG, "closing a connection silent for %d s", HELLO_TIMEOUT_S);
+		conn_put(b, cn);
+		return 0;
+	}
+	case TAG_HUP: {
+		uint32_t slot = (uint32_t)(ud >> 3);
+		struct client *c;
+
+		if (slot >= b->o.max_clients)
+			return 0;
+		c = &b->clients[slot];
+		if (c->state != CL_ACTIVE)
+			return 0;
+		if (res < 0 && res != -ECANCELED) {
+			log_errno(LOG_WARNING, res, "poll on client %u", slot);
+		} else if (res >= 0 && !(res & (POLLRDHUP | POLLHUP | POLLERR))) {
+			/* Data after the hello is not part of the protocol: the peer gets closed. */
+			log_msg(LOG_DEBUG, "client %u sent unexpected data, closing", slot);
+		}
+		client_detach(b, c, 0);
+		return 0;
+	}
+	}
+	return 0;
+}
+
+int broker_run(struct broker *b)
+{
+	uint64_t last_hb = 0;
+	int stop = 0;
+
+	log_msg(LOG_INFO, "listening on '%s' (%u shard%s, resolution %llu us, %u timers per shard, spin %lld us)",
+		b->o.socket_path, b->o.nr_shards, b->o.nr_shards == 1 ? "" : "s",
+		(unsigned long long)(b->o.resolution_ns / 1000),
+		b->o.capacity, (long long)b->o.spin_us);
+	arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
+	arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);
+	arm_accept(b);
+	while (!stop) {
+		struct io_uring_cqe *cqe;
+		struct __kernel_timespec ts;
+		uint64_t now = now_ns(), wait;
+		unsigned head, seen = 0;
+		int r;
+
+		if (now - last_hb >= HEARTBEAT_NS) {
+			ck_pr_store_64(&b->ctl->heartbeat_ns, now);
+			last_hb = now;
+		}
+		wait = HEARTBEAT_NS - (now - last_hb);
+		ts.tv_sec = 0;
+		ts.tv_nsec = (long long)wait;
+		r = io_uring_submit_and_wait_timeout(&b->ring, &cqe, 1, &ts, NULL);
+		if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN && r != -EBUSY)
+			return log_errno(LOG_ERR, r, "io_uring_enter on the control ring");
+		io_uring_for_each_cqe(&b->ring, head, cqe) {
+			seen++;
+			if (!stop)
+				stop = on_cqe(b, cqe);
+		}
+		io_uring_cq_advance(&b->ring, seen);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stop                                                                         */
+/* ------------------------------------------------------------------------ */
+
+void broker_stop(struct broker *b)
+{
+	if (!b)
+		return;
+	b->stopping = true;
+	if (b->ctl) {
+		ck_pr_store_32(&b->ctl->state, CHIME_BROKER_STOPPED);
+	}
+	/* No new clients: the socket goes first. */
+	if (b->listen_fd >= 0)
+		close(b->listen_fd);
+	if (b->listening)
+		unlink(b->o.socket_path);
+	/* Shards stop before anything they use goes away. */
+	for (uint32_t i = 0; b->shards && i < b->o.nr_shards; i++) {
+		if (shard_fini(&b->shards[i]) < 0) {
+			/* A wedged shard may still use every mapping: remove the files and go. */
+			for (uint32_t j = i + 1; j < b->o.nr_shards; j++)
+				unlink(b->shards[j].path);
+			unlink(b->ctl_path);
+			unlink(b->lock_path);
+			_exit(EXIT_FAILURE);
+		}
+	}
+	/* Clients see EOF now: shutdown() even while the ring still holds a reference. */
+	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++) {
+		struct client *c = &b->clients[i];
+
+		if (c->state != CL_FREE) {
+			if (c->fd >= 0)
+				shutdown(c->fd, SHUT_RDWR);
+		}
+	}
+	if (b->ring_ok)
+		io_uring_queue_exit(&b->ring);
+	while (b->conns) {
+		struct conn *cn = b->conns;
+
+		b->conns = cn->next;
+		if (cn->fd >= 0)
+			close(cn->fd);
+		free(cn);
+	}
+	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++)
+		if (b->clients[i].state != CL_FREE)
+			client_release(b, &b->clients[i]);
+	free(b->clients);
+	free(b->shards);
+	if (b->sig_fd >= 0)
+		close(b->sig_fd);
+	if (b->notify_fd >= 0)
+		close(b->notify_fd);
+	if (b->ctl_ro_fd >= 0)
+		close(b->ctl_ro_fd);
+	chime_seg_unmap(&b->ctl_map);
+	if (b->ctl_fd >= 0) {
+		close(b->ctl_fd);
+		unlink(b->ctl_path);
+	}
+	if (b->lock_fd >= 0) {
+		/* Unlink while still holding it: a starter that opened it re-checks the inode. */
+		unlink(b->lock_path);
+		close(b->lock_fd);
+	}
+	free(b);
+}

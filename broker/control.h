@@ -1,0 +1,41 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * control.h - chimed's control thread: start-up (lock, segments, shards,
+ * socket), the io_uring loop that owns every client's life cycle, and the
+ * clean shutdown.
+ */
+#ifndef CHIMED_CONTROL_H
+#define CHIMED_CONTROL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/un.h>
+
+struct broker_opts {
+	char     socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	uint32_t nr_shards;
+	uint32_t capacity;          /* timer nodes per shard */
+	uint32_t max_clients;
+	uint32_t sq_size;
+	uint32_t cq_size;
+	uint64_t resolution_ns;
+	int64_t  spin_us;           /* -1: busy-poll */
+	bool     mkdir_parent;      /* the default root path: create /run/chime (0755) */
+};
+
+struct broker;
+
+/*
+ * Take the socket (its lock file, a stale socket), create the control and
+ * shard segments, start the shards and listen. On failure one line has been
+ * logged, everything created is removed, and a negative errno is returned.
+ */
+int broker_start(struct broker **out, const struct broker_opts *o);
+
+/* Serve until SIGTERM or SIGINT (0) or a fatal error (negative errno, logged). */
+int broker_run(struct broker *b);
+
+/* Stop: state STOPPED, shards joined, clients see EOF, files removed. NULL-safe. */
+void broker_stop(struct broker *b);
+
+#endif /* CHIMED_CONTROL_H */

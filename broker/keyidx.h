@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * keyidx.h - per-shard key index: which nodes of this shard belong to
+ * (client slot, key), for CHIME_OP_CANCEL_KEY.
+ *
+ * A chained hash table that lives in the shard segment: `key_buckets` uint32
+ * bucket heads at chime_shard_seg.key_off, and the chains run through
+ * chime_node.key_next/key_prev (doubly linked, so removal is O(1)).
+ *
+ * Bucket encoding: a head holds (node index + 1), and 0 means "empty". Not
+ * CHIME_NIL, so that a fresh (zero-filled, sparse) shard segment is already
+ * an empty index and its bucket pages are only touched when used: 1M buckets
+ * cost no memory until timers arrive. Inside a chain, key_next/key_prev use
+ * CHIME_NIL as usual.
+ *
+ * Every node a client armed (ARMED, EXPIRED, BACKLOG, ACKWAIT) is in the
+ * index; GRANTED and FREE nodes are not. Single writer: the shard thread.
+ * Tools may walk it racily.
+ */
+#ifndef CHIMED_KEYIDX_H
+#define CHIMED_KEYIDX_H
+
+#include <stdint.h>
+
+#include "chime_shm.h"
+
+struct keyidx {
+	uint32_t *heads;            /* shard segment; index + 1, 0 = empty */
+	struct chime_node *nodes;   /* the shard's slab */
+	uint32_t mask;              /* private: key_buckets - 1 */
+};
+
+/* Attach to `nbuckets` (a power of two) zero-filled heads. */
+void keyidx_init(struct keyidx *ki, uint32_t *heads, uint32_t nbuckets, struct chime_node *nodes);
+
+/* Buckets for a slab of `capacity` nodes: one per 4 nodes, at least 1024. */
+uint32_t keyidx_buckets_for(uint32_t capacity);
+
+uint32_t keyidx_bucket(const struct keyidx *ki, uint16_t owner, uint64_t key);
+
+/* Link node idx by its own owner and key. O(1). */
+void keyidx_insert(struct keyidx *ki, uint32_t idx);
+
+/* Unlink node idx (which must be linked). O(1). */
+void keyidx_remove(struct keyidx *ki, uint32_t idx);
+
+/*
+ * The first node of (owner, key), and the next one after idx; CHIME_NIL at
+ * the end. To remove while walking, fetch the next node before removing the
+ * current one. Cost: the bucket's chain length.
+ */
+uint32_t keyidx_first(const struct keyidx *ki, uint16_t owner, uint64_t key);
+uint32_t keyidx_next(const struct keyidx *ki, uint32_t idx);
+
+#endif /* CHIMED_KEYIDX_H */

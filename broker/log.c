@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * log.c - see log.h. Async-signal-safety is not needed: chimed takes signals
+ * through a signalfd, never in a handler.
+ */
+#include "log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+int log_max_level = LOG_INFO;
+
+static const char *level_prefix(int level)
+{
+	switch (level) {
+	case LOG_EMERG:
+	case LOG_ALERT:
+	case LOG_CRIT:
+	case LOG_ERR:
+		return "error: ";
+	case LOG_WARNING:
+		return "warning: ";
+	case LOG_DEBUG:
+		return "debug: ";
+	default:
+		return "";
+	}
+}
+
+static void log_write(int level, int err, const char *hint, const char *fmt, va_list ap)
+{
+	char buf[1024];
+	size_t len;
+	int n;
+
+	n = snprintf(buf, sizeof(buf), "chimed: %s", level_prefix(level));
+	len = n > 0 ? (size_t)n : 0;
+	n = vsnprintf(buf + len, sizeof(buf) - len, fmt, ap);
+	if (n > 0)
+		len += (size_t)n;
+	if (len > sizeof(buf) - 2)
+		len = sizeof(buf) - 2;      /* truncated: still one whole line */
+	if (err) {
+		n = snprintf(buf + len, sizeof(buf) - len, ": %s%s%s%s", strerror(err),
+			     hint ? " (" : "", hint ? hint : "", hint ? ")" : "");
+		if (n > 0)
+			len += (size_t)n;
+		if (len > sizeof(buf) - 2)
+			len = sizeof(buf) - 2;
+	}
+	buf[len++] = '\n';
+	/* One write per line; a short write to a dying terminal is not worth a retry loop. */
+	if (write(STDERR_FILENO, buf, len) < 0)
+		return;
+}
+
+void log_msg(int level, const char *fmt, ...)
+{
+	va_list ap;
+	int saved = errno;
+
+	if (level > log_max_level)
+		return;
+	va_start(ap, fmt);
+	log_write(level, 0, NULL, fmt, ap);
+	va_end(ap);
+	errno = saved;
+}
+
+int log_errno(int level, int err, const char *fmt, ...)
+{
+	va_list ap;
+	int saved = errno;
+
+	if (err < 0)
+		err = -err;
+	if (level <= log_max_level) {
+		va_start(ap, fmt);
+		log_write(level, err, NULL, fmt, ap);
+		va_end(ap);
+	}
+	errno = saved;
+	return -err;
+}
+
+int log_errno_hint(int level, int err, const char *hint, const char *fmt, ...)
+{
+	va_list ap;
+	int saved = errno;
+
+	if (err < 0)
+		err = -err;
+	if (level <= log_max_level) {
+		va_start(ap, fmt);
+		log_write(level, err, hint, fmt, ap);
+		va_end(ap);
+	}
+	errno = saved;
+	return -err;
+}

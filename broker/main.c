@@ -1,0 +1,356 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * main.c - chimed: options, signals, daemonizing. The work is in control.c
+ * (the control thread, which is this main thread) and shard.c.
+ *
+ * Exit codes: 0 clean stop, 1 start-up or runtime failure, 2 usage error.
+ * Without --foreground the process forks first (before any thread exists)
+ * and the parent waits on a pipe: it exits 0 only once the child listens,
+ * or with the child's exit code once the child has printed why it failed.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "chime_config.h"
+#include "chime_shm.h"
+#include "control.h"
+#include "log.h"
+
+#define EXIT_USAGE 2
+
+#define MAX_SHARDS_DEFAULT 128u  /* also the SCM_RIGHTS limit: 4 + shards fds <= 253 */
+
+static const char usage_text[] =
+"Usage: chimed [OPTION]...\n"
+"The chime timer broker: serves timers to local processes through shared memory.\n"
+"\n"
+"  -s, --socket PATH       listen on PATH (default: $CHIME_SOCKET, else\n"
+"                          /run/chime/chime.sock as root, else\n"
+"                          $XDG_RUNTIME_DIR/chime.sock)\n"
+"  -n, --shards N          shard threads, one timing wheel each (1..128;\n"
+"                          default: online CPUs, at most 128)\n"
+"      --spin-us N         busy-wait N us for work before sleeping (default 50;\n"
+"                          -1: busy-poll, never sleep, for dedicated cores)\n"
+"  -f, --foreground        do not daemonize (a daemon keeps logging to stderr\n"
+"                          unless stderr is a terminal)\n"
+"      --resolution-us N   wheel resolution in us (1..1000000, default 100)\n"
+"      --capacity N        timer nodes per shard (default 4194304; memory is\n"
+"                          only touched when used, 64 bytes per timer)\n"
+"      --max-clients N     connected clients at most (1..65536, default 256)\n"
+"      --sq-size N         submission ring slots per client and shard\n"
+"                          (power of two, default 1024)\n"
+"      --cq-size N         completion ring slots per client and shard\n"
+"                          (power of two, >= 8, default 8192)\n"
+"  -v, --verbose           also log debug messages\n"
+"  -h, --help              show this help and exit\n"
+"  -V, --version           show the version and exit\n"
+"\n"
+"Files next to the socket: PATH.lock (the running broker's pid), PATH.ctl\n"
+"(counters, read by chimestat), PATH.shardN (each shard's wheel).\n"
+"SIGTERM or SIGINT stop the broker cleanly and remove them.\n"
+"\n"
+"Exit status: 0 clean stop, 1 start-up or runtime failure, 2 usage error.\n";
+
+enum {
+	OPT_SPIN = 256,
+	OPT_RESOLUTION,
+	OPT_CAPACITY,
+	OPT_MAX_CLIENTS,
+	OPT_SQ_SIZE,
+	OPT_CQ_SIZE,
+};
+
+static const struct option long_opts[] = {
+	{ "socket", required_argument, NULL, 's' },
+	{ "shards", required_argument, NULL, 'n' },
+	{ "spin-us", required_argument, NULL, OPT_SPIN },
+	{ "foreground", no_argument, NULL, 'f' },
+	{ "resolution-us", required_argument, NULL, OPT_RESOLUTION },
+	{ "capacity", required_argument, NULL, OPT_CAPACITY },
+	{ "max-clients", required_argument, NULL, OPT_MAX_CLIENTS },
+	{ "sq-size", required_argument, NULL, OPT_SQ_SIZE },
+	{ "cq-size", required_argument, NULL, OPT_CQ_SIZE },
+	{ "verbose", no_argument, NULL, 'v' },
+	{ "help", no_argument, NULL, 'h' },
+	{ "version", no_argument, NULL, 'V' },
+	{ 0 }
+};
+
+static void __attribute__((noreturn)) usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void usage_error(const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	log_msg(LOG_ERR, "%s (see 'chimed --help')", buf);
+	exit(EXIT_USAGE);
+}
+
+/* A whole decimal number in [lo, hi], or a usage error naming the option. */
+static int64_t parse_num(const char *opt, const char *arg, int64_t lo, int64_t hi)
+{
+	char *end;
+	long long v;
+
+	errno = 0;
+	v = strtoll(arg, &end, 10);
+	if (errno || end == arg || *end || v < lo || v > hi)
+		usage_error("invalid value '%s' for --%s: expected an integer in %" PRId64 "..%" PRId64,
+			    arg, opt, lo, hi);
+	return v;
+}
+
+static uint32_t parse_pow2(const char *opt, const char *arg, uint32_t lo, uint32_t hi)
+{
+	int64_t v = parse_num(opt, arg, lo, hi);
+
+	if (v & (v - 1))
+		usage_error("invalid value '%s' for --%s: expected a power of two in %u..%u",
+			    arg, opt, lo, hi);
+	return (uint32_t)v;
+}
+
+/* Default socket path; sets *mkdir_parent for the root default. */
+static void default_socket(char *out, size_t len, bool *mkdir_parent)
+{
+	const char *env = getenv("CHIME_SOCKET");
+	const char *xdg;
+
+	*mkdir_parent = false;
+	if (env && *env) {
+		if ((size_t)snprintf(out, len, "%s", env) >= len)
+			usage_error("$CHIME_SOCKET '%s' is too long (at most %zu bytes)", env, len - 1);
+		return;
+	}
+	if (geteuid() == 0) {
+		snprintf(out, len, "/run/chime/chime.sock");
+		*mkdir_parent = true;
+		return;
+	}
+	xdg = getenv("XDG_RUNTIME_DIR");
+	if (!xdg || !*xdg) {
+		log_msg(LOG_ERR, "XDG_RUNTIME_DIR is not set, so there is no default socket path "
+			"(pass --socket PATH or set CHIME_SOCKET)");
+		exit(EXIT_FAILURE);
+	}
+	if ((size_t)snprintf(out, len, "%s/chime.sock", xdg) >= len)
+		usage_error("socket path '%s/chime.sock' is too long (at most %zu bytes)", xdg, len - 1);
+}
+
+/* Absolute, so that the daemon can chdir("/") and messages name the real file. */
+static void absolutize(char *path, size_t len)
+{
+	char cwd[PATH_MAX], tmp[PATH_MAX + 128];
+
+	if (path[0] == '/')
+		return;
+	if (!getcwd(cwd, sizeof(cwd))) {
+		log_errno(LOG_ERR, errno, "getcwd");
+		exit(EXIT_FAILURE);
+	}
+	snprintf(tmp, sizeof(tmp), "%s/%s", cwd, path);
+	if (strlen(tmp) >= len)
+		usage_error("socket path '%s' is too long (at most %zu bytes)", tmp, len - 1);
+	memcpy(path, tmp, strlen(tmp) + 1);
+}
+
+/*
+ * Fork; the parent waits for the child's verdict on a pipe and exits with it.
+ * Returns the write end of the pipe in the child.
+ */
+static int daemonize(void)
+{
+	int p[2];
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC) < 0) {
+		log_errno(LOG_ERR, errno, "pipe");
+		exit(EXIT_FAILURE);
+	}
+	pid = fork();
+	if (pid < 0) {
+		log_errno(LOG_ERR, errno, "fork");
+		exit(EXIT_FAILURE);
+	}
+	if (pid > 0) {
+		unsigned char code = EXIT_FAILURE;
+		ssize_t n;
+
+		close(p[1]);
+		do {
+			n = read(p[0], &code, 1);
+		} while (n < 0 && errno == EINTR);
+		if (n != 1) {
+			/* Died without a verdict: reap it so its exit code speaks. */
+			int st;
+
+			code = EXIT_FAILURE;
+			if (waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st))
+				code = (unsigned char)WEXITSTATUS(st);
+		}
+		_exit(code);
+	}
+	close(p[0]);
+	if (setsid() < 0)
+		log_errno(LOG_WARNING, errno, "setsid");
+	return p[1];
+}
+
+static void detach_stdio(int verdict_fd)
+{
+	unsigned char ok = 0;
+	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+	if (write(verdict_fd, &ok, 1) < 0)
+		log_errno(LOG_WARNING, errno, "cannot tell the parent process we started");
+	close(verdict_fd);
+	if (chdir("/") < 0)
+		log_errno(LOG_WARNING, errno, "chdir('/')");
+	if (null < 0)
+		return;
+	dup2(null, STDIN_FILENO);
+	dup2(null, STDOUT_FILENO);
+	/* Keep a log file or journal the user gave us; drop a terminal. */
+	if (isatty(STDERR_FILENO))
+		dup2(null, STDERR_FILENO);
+	if (null > STDERR_FILENO)
+		close(null);
+}
+
+int main(int argc, char **argv)
+{
+	struct broker_opts o = {
+		.spin_us = 50,
+		.resolution_ns = 100000,
+		.capacity = 4194304,
+		.max_clients = 256,
+		.sq_size = 1024,
+		.cq_size = 8192,
+	};
+	bool foreground = false, have_socket = false;
+	struct broker *b = NULL;
+	int c, r, verdict_fd = -1;
+	long ncpu;
+	sigset_t set;
+
+	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	o.nr_shards = ncpu < 1 ? 1 : ncpu > MAX_SHARDS_DEFAULT ? MAX_SHARDS_DEFAULT : (uint32_t)ncpu;
+
+	while ((c = getopt_long(argc, argv, "s:n:fvhV", long_opts, NULL)) != -1) {
+		switch (c) {
+		case 's':
+			if (!*optarg)
+				usage_error("--socket needs a path");
+			if (strlen(optarg) >= sizeof(o.socket_path))
+				usage_error("socket path '%s' is too long (at most %zu bytes)",
+					    optarg, sizeof(o.socket_path) - 1);
+			snprintf(o.socket_path, sizeof(o.socket_path), "%s", optarg);
+			have_socket = true;
+			break;
+		case 'n':
+			o.nr_shards = (uint32_t)parse_num("shards", optarg, 1, MAX_SHARDS_DEFAULT);
+			break;
+		case OPT_SPIN:
+			o.spin_us = parse_num("spin-us", optarg, -1, 10000000);
+			break;
+		case 'f':
+			foreground = true;
+			break;
+		case OPT_RESOLUTION:
+			o.resolution_ns = (uint64_t)parse_num("resolution-us", optarg, 1, 1000000) * 1000u;
+			break;
+		case OPT_CAPACITY:
+			o.capacity = (uint32_t)parse_num("capacity", optarg, 1024, CHIME_NIL - 1);
+			break;
+		case OPT_MAX_CLIENTS:
+			o.max_clients = (uint32_t)parse_num("max-clients", optarg, 1, 65536);
+			break;
+		case OPT_SQ_SIZE:
+			o.sq_size = parse_pow2("sq-size", optarg, 1, 1u << 20);
+			break;
+		case OPT_CQ_SIZE:
+			o.cq_size = parse_pow2("cq-size", optarg, 8, 1u << 20);
+			break;
+		case 'v':
+			log_max_level = LOG_DEBUG;
+			break;
+		case 'h':
+			fputs(usage_text, stdout);
+			return 0;
+		case 'V':
+			printf("chimed %s (shm layout %u)\n", CHIME_VERSION, CHIME_SHM_LAYOUT);
+			return 0;
+		default:
+			/* getopt printed what was wrong. */
+			fprintf(stderr, "Try 'chimed --help'.\n");
+			return EXIT_USAGE;
+		}
+	}
+	if (optind < argc)
+		usage_error("unexpected argument '%s'", argv[optind]);
+	if ((uint64_t)o.sq_size * 2 > o.capacity)
+		usage_error("--capacity %u is too small for --sq-size %u (each client holds sq-size nodes per shard)",
+			    o.capacity, o.sq_size);
+	if (!have_socket)
+		default_socket(o.socket_path, sizeof(o.socket_path), &o.mkdir_parent);
+	absolutize(o.socket_path, sizeof(o.socket_path));
+
+	/*
+	 * Signals: SIGTERM and SIGINT are taken by the control loop's signalfd,
+	 * so they are blocked here, before any thread exists (threads inherit
+	 * the mask). A vanished client must never kill us with SIGPIPE.
+	 */
+	signal(SIGPIPE, SIG_IGN);
+	/* Two fds per client (socket, eventfd): the default soft limit of 1024 is too few. */
+	{
+		struct rlimit rl;
+
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+			rl.rlim_cur = rl.rlim_max;
+			(void)setrlimit(RLIMIT_NOFILE, &rl);
+		}
+	}
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+
+	if (!foreground)
+		verdict_fd = daemonize();
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+
+	r = broker_start(&b, &o);
+	if (r < 0) {
+		if (verdict_fd >= 0) {
+			unsigned char code = EXIT_FAILURE;
+
+			(void)!write(verdict_fd, &code, 1);
+		}
+		return EXIT_FAILURE;
+	}
+	if (verdict_fd >= 0)
+		detach_stdio(verdict_fd);
+	r = broker_run(b);
+	broker_stop(b);
+	if (r < 0)
+		return EXIT_FAILURE;
+	log_msg(LOG_INFO, "stopped");
+	return 0;
+}

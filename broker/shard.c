@@ -1,0 +1,463 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shard.c - the shard thread. See shard.h, chan.h and ARCHITECTURE.md.
+ *
+ * One loop iteration:
+ *   1. run control commands (attach, detach, stop);
+ *   2. drain every channel's submission ring, DRAIN_BUDGET records each
+ *      (fairness: a flooding client cannot starve the others);
+ *   3. advance the wheel to CLOCK_MONOTONIC now and deliver what is due,
+ *      FIRE_BUDGET at most (the rest stays on the expired list);
+ *   4. service every channel: free consumed ACKWAIT nodes, move backlogs,
+ *      publish cq_tail, wake clients that asked for it;
+ *   5. a step of each client reclaim in progress (RECLAIM_BUDGET nodes);
+ *   6. publish the counters; then spin, or sleep.
+ *
+ * Sleeping (the doorbell handshake, ARCHITECTURE.md): after --spin-us with
+ * nothing to do, store sleeping = 1, full barrier, re-check everything, and
+ * only then wait in io_uring for the doorbell read or the wheel's next
+ * deadline. With nothing armed there is no timeout at all: an idle shard
+ * costs no CPU. Nothing here logs once the loop runs: counters go to shm.
+ */
+#include "shard.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ck_pr.h>
+
+#include "keyidx.h"
+#include "log.h"
+#include "wheel.h"
+
+#define DRAIN_BUDGET    256u    /* records per channel per iteration */
+#define FIRE_BUDGET     4096u   /* expirations per iteration */
+#define POP_BATCH       256u
+#define RECLAIM_BUDGET  65536u  /* slab nodes swept per iteration per dying client */
+#define PUBLISH_NS      (50u * 1000000u)  /* counters published at least this often */
+
+#define UD_BELL 1u
+#define SHARD_STOP_TIMEOUT_S 2
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- set-up (main thread) ---- */
+
+int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_path)
+{
+	struct chime_shard_geom g = { 0 };
+	struct chime_shard_seg *hdr;
+	uint32_t qsize = 4;
+	uint64_t now = now_ns();
+	int r;
+
+	memset(s, 0, sizeof(*s));
+	s->cfg = *cfg;
+	s->seg_fd = -1;
+	s->doorbell = -1;
+	s->blk = (struct chime_shard_ctl *)((char *)cfg->ctl + cfg->ctl->shards_off) + cfg->idx;
+	if ((size_t)snprintf(s->path, sizeof(s->path), "%s.shard%u", socket_path, cfg->idx) >= sizeof(s->path))
+		return log_errno(LOG_ERR, ENAMETOOLONG, "shard segment path for '%s'", socket_path);
+
+	g.capacity = cfg->capacity;
+	g.key_buckets = keyidx_buckets_for(cfg->capacity);
+	g.wheel_size = wheel_region_size(cfg->capacity);
+	r = chime_shard_layout(&g);
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "shard layout (capacity %u)", cfg->capacity);
+	r = chime_seg_file(s->path, g.size, 0640, &s->seg_fd, &s->seg);
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "cannot create shard segment '%s' (%llu bytes)",
+				 s->path, (unsigned long long)g.size);
+	hdr = s->seg.base;
+	hdr->shard = cfg->idx;
+	hdr->key_buckets = g.key_buckets;
+	hdr->key_off = g.key_off;
+	hdr->wheel_off = g.wheel_off;
+	r = wheel_init(&s->core.wh, chime_at(&s->seg, g.wheel_off), g.wheel_size,
+		       cfg->capacity, cfg->resolution_ns, now);
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "wheel_init(capacity %u, resolution %llu ns)",
+				 cfg->capacity, (unsigned long long)cfg->resolution_ns);
+	/* Zero-filled buckets are an empty index (keyidx.h): no page is touched here. */
+	keyidx_init(&s->core.ki, chime_at(&s->seg, g.key_off), g.key_buckets, s->core.wh.nodes);
+	chime_seg_publish(&hdr->hdr, CHIME_SEG_SHARD, g.size);
+
+	s->core.shard = cfg->idx;
+	s->core.capacity = cfg->capacity;
+	s->core.max_clients = cfg->max_clients;
+	s->core.st = &s->st;
+	s->core.by_slot = calloc(cfg->max_clients, sizeof(*s->core.by_slot));
+	s->active = calloc(cfg->max_clients, sizeof(*s->active));
+	s->dying = calloc(cfg->max_clients, sizeof(*s->dying));
+	while (qsize < cfg->max_clients + 2)
+		qsize <<= 1;
+	s->q = calloc(qsize, sizeof(*s->q));
+	s->q_mask = qsize - 1;
+	if (!s->core.by_slot || !s->active || !s->dying || !s->q)
+		return log_errno(LOG_ERR, ENOMEM, "shard %u state", cfg->idx);
+	r = stats_init(&s->st, cfg->ctl, cfg->idx);
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "shard %u counters", cfg->idx);
+
+	s->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (s->doorbell < 0)
+		return log_errno(LOG_ERR, errno, "eventfd for shard %u", cfg->idx);
+	if (sem_init(&s->ready, 0, 0) < 0)
+		return log_errno(LOG_ERR, errno, "sem_init");
+	return 0;
+}
+
+/* ---- commands ---- */
+
+void shard_post(struct shard *s, const struct shard_cmd *cmd)
+{
+	uint64_t t = s->q_tail;
+
+	/* The control thread never has more than max_clients + 1 commands out. */
+	s->q[t & s->q_mask] = *cmd;
+	/* R2: the command before the tail; pairs with A2 in run_cmds(). */
+	ck_pr_fence_store();
+	ck_pr_store_64(&s->q_tail, t + 1);
+	/* Always ring: commands are rare, and an awake shard reads the count and moves on. */
+	(void)eventfd_write(s->doorbell, 1);
+}
+
+static void ack(struct shard *s, struct shard_ack *a, int err)
+{
+	if (err)
+		(void)__atomic_compare_exchange_n(&a->err, &(int32_t){ 0 }, err, false,
+						  __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+	/* R3: our work (grants in the client's segment, freed nodes) before the
+	 * count; pairs with the control thread's acquire load of pending. */
+	if (__atomic_sub_fetch(&a->pending, 1, __ATOMIC_ACQ_REL) == 0)
+		(void)eventfd_write(s->cfg.notify_fd, 1);
+}
+
+static bool cmds_pending(struct shard *s)
+{
+	return ck_pr_load_64(&s->q_tail) != s->q_head;
+}
+
+static void active_del(struct shard *s, struct chan *ch)
+{
+	for (uint32_t i = 0; i < s->nr_active; i++) {
+		if (s->active[i] == ch) {
+			s->active[i] = s->active[--s->nr_active];
+			return;
+		}
+	}
+}
+
+/* Returns true on STOP. */
+static bool run_cmds(struct shard *s, bool *work)
+{
+	uint64_t tail = ck_pr_load_64(&s->q_tail);
+
+	/* A2: the tail, then the commands; pairs with R2. */
+	ck_pr_fence_load();
+	while (s->q_head != tail) {
+		struct shard_cmd c = s->q[s->q_head & s->q_mask];
+		int r;
+
+		s->q_head++;
+		*work = true;
+		switch (c.op) {
+		case SHARD_CMD_ATTACH:
+			r = chan_attach(&s->core, c.ch, c.mem, c.slot, c.generation);
+			if (!r)
+				s->active[s->nr_active++] = c.ch;
+			ack(s, c.ack, r);
+			break;
+		case SHARD_CMD_DETACH:
+			if (s->core.by_slot[c.slot] != c.ch) {
+				ack(s, c.ack, 0);       /* never attached here */
+				break;
+			}
+			active_del(s, c.ch);
+			s->dying[s->nr_dying++] = c;
+			break;
+		case SHARD_CMD_STOP:
+			return true;
+		}
+	}
+	return false;
+}
+
+static void reclaim_step(struct shard *s, bool *work)
+{
+	for (uint32_t i = 0; i < s->nr_dying;) {
+		struct shard_cmd *c = &s->dying[i];
+
+		*work = true;
+		if (!chan_reclaim(&s->core, c->ch, RECLAIM_BUDGET)) {
+			i++;
+			continue;
+		}
+		chan_fini(c->ch);
+		ack(s, c->ack, 0);
+		s->dying[i] = s->dying[--s->nr_dying];
+	}
+}
+
+/* ---- the loop ---- */
+
+static unsigned fire_due(struct shard *s, uint64_t now)
+{
+	uint32_t buf[POP_BATCH];
+	unsigned total = 0, n;
+
+	/* Cheap when nothing is due (the wheel's own fast path), exact when something is. */
+	wheel_advance(&s->core.wh, now);
+	while (total < FIRE_BUDGET && (n = wheel_pop_expired(&s->core.wh, buf, POP_BATCH)) > 0) {
+		for (unsigned i = 0; i < n; i++) {
+			struct chime_node *nd = wheel_node(&s->core.wh, buf[i]);
+			struct chan *ch = nd->owner < s->core.max_clients ? s->core.by_slot[nd->owner] : NULL;
+
+			if (ch)
+				chan_fire(&s->core, ch, buf[i], now);
+			else
+				wheel_free(&s->core.wh, buf[i]);  /* cannot happen: every armed node has a channel */
+		}
+		total += n;
+	}
+	return total;
+}
+
+/* The re-check after sleeping = 1: is there anything the sleep could miss? */
+static bool anything_pending(struct shard *s)
+{
+	if (cmds_pending(s) || s->nr_dying)
+		return true;
+	for (uint32_t i = 0; i < s->nr_active; i++)
+		if (chan_pending(&s->core, s->active[i]))
+			return true;
+	return wheel_next_deadline(&s->core.wh) <= now_ns();
+}
+
+static void arm_bell(struct shard *s)
+{
+	struct io_uring_sqe *sqe;
+
+	if (s->bell_armed)
+		return;
+	sqe = io_uring_get_sqe(&s->ring);
+	if (!sqe)
+		return;         /* 8 entries, one in use at most: cannot happen */
+	io_uring_prep_read(sqe, s->doorbell, &s->bell_buf, sizeof(s->bell_buf), 0);
+	io_uring_sqe_set_data64(sqe, UD_BELL);
+	s->bell_armed = 1;
+}
+
+static void sleep_once(struct shard *s)
+{
+	struct io_uring_cqe *cqe;
+	uint64_t deadline = wheel_next_deadline(&s->core.wh), now;
+	unsigned head, seen = 0;
+
+	arm_bell(s);
+	if (deadline == UINT64_MAX) {
+		(void)io_uring_submit_and_wait(&s->ring, 1);
+	} else {
+		struct __kernel_timespec ts;
+		uint64_t rel;
+
+		now = now_ns();
+		rel = deadline > now ? deadline - now : 0;
+		ts.tv_sec = (long long)(rel / 1000000000u);
+		ts.tv_nsec = (long long)(rel % 1000000000u);
+		(void)io_uring_submit_and_wait_timeout(&s->ring, &cqe, 1, &ts, NULL);
+	}
+	io_uring_for_each_cqe(&s->ring, head, cqe) {
+		if (cqe->user_data == UD_BELL)
+			s->bell_armed = 0;
+		seen++;
+	}
+	io_uring_cq_advance(&s->ring, seen);
+}
+
+static void loop(struct shard *s)
+{
+	uint64_t now = now_ns(), last_work = now, last_pub = 0, t0;
+	int64_t spin_ns = s->cfg.spin_us < 0 ? -1 : s->cfg.spin_us * 1000;
+	struct shard_core *sc = &s->core;
+
+	for (;;) {
+		bool work = false;
+		unsigned depth = 0;
+
+		t0 = now;
+		if (cmds_pending(s) && run_cmds(s, &work))
+			return;
+		for (uint32_t i = 0; i < s->nr_active; i++)
+			depth += chan_drain(sc, s->active[i], DRAIN_BUDGET);
+		if (depth) {
+			stats_sq_depth(&s->st, depth);
+			work = true;
+		}
+		now = now_ns();
+		if (fire_due(s, now))
+			work = true;
+		for (uint32_t i = 0; i < s->nr_active; i++)
+			work |= chan_service(sc, s->active[i], now);
+		if (s->nr_dying)
+			reclaim_step(s, &work);
+
+		if (work) {
+			now = now_ns();
+			last_work = now;
+			stats_loop(&s->st, now - t0);
+		} else {
+			stats_loop(&s->st, 0);
+		}
+		if (work || now - last_pub >= PUBLISH_NS) {
+			stats_shard_gauges(&s->st, sc->backlog, wheel_next_deadline(&sc->wh));
+			stats_publish(&s->st);
+			last_pub = now;
+		}
+		if (work || spin_ns < 0 || (int64_t)(now - last_work) < spin_ns) {
+			if (!work)
+				ck_pr_stall();
+			now = now_ns();
+			continue;
+		}
+
+		/*
+		 * S-SLEEP: sleeping = non-zero, full barrier, re-check; pairs with S2
+		 * in chime_sq_publish(). The value numbers this sleep, so a producer
+		 * may ring once per sleep rather than once per record while we are
+		 * runnable but not yet running (a loaded machine).
+		 */
+		s->sleep_no = s->sleep_no + 1 ? s->sleep_no + 1 : 1;
+		ck_pr_store_32(&s->blk->sleeping, s->sleep_no);
+		ck_pr_fence_memory();
+		if (!anything_pending(s)) {
+			stats_sleep(&s->st);
+			stats_shard_gauges(&s->st, sc->backlog, wheel_next_deadline(&sc->wh));
+			stats_publish(&s->st);
+			sleep_once(s);
+		}
+		ck_pr_store_32(&s->blk->sleeping, 0);
+		/*
+		 * S-WAKE: awake, full barrier, then drain; pairs with S2. A producer
+		 * that still saw our sleep number (and skipped ringing) published
+		 * before this, so the drain below sees its record.
+		 */
+		ck_pr_fence_memory();
+		now = now_ns();
+		last_work = now;        /* spin again after a wake-up: more work tends to follow */
+		last_pub = now;
+	}
+}
+
+static void *shard_main(void *arg)
+{
+	struct shard *s = arg;
+	struct io_uring_params p = { 0 };
+	int r;
+
+	/* Timer slack would add up to 50 us to every timed sleep: we want our deadline. */
+	(void)prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+	p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+	r = io_uring_queue_init_params(8, &s->ring, &p);
+	if (r == -EINVAL) {
+		memset(&p, 0, sizeof(p));
+		r = io_uring_queue_init_params(8, &s->ring, &p);
+	}
+	s->start_err = r;
+	sem_post(&s->ready);
+	if (r < 0)
+		return NULL;
+	loop(s);
+	io_uring_queue_exit(&s->ring);
+	return NULL;
+}
+
+int shard_start(struct shard *s, int cpu)
+{
+	cpu_set_t set;
+	int r;
+
+	r = pthread_create(&s->thr, NULL, shard_main, s);
+	if (r)
+		return log_errno(LOG_ERR, r, "pthread_create for shard %u", s->cfg.idx);
+	s->started = 1;
+	if (cpu >= 0) {
+		char name[16];
+
+		CPU_ZERO(&set);
+		CPU_SET(cpu, &set);
+		r = pthread_setaffinity_np(s->thr, sizeof(set), &set);
+		if (r)
+			log_errno(LOG_WARNING, r, "pinning shard %u to CPU %d failed, ignoring",
+				  s->cfg.idx, cpu);
+		snprintf(name, sizeof(name), "chimed-shard%u", s->cfg.idx);
+		(void)pthread_setname_np(s->thr, name);
+	}
+	while (sem_wait(&s->ready) < 0 && errno == EINTR)
+		;
+	if (s->start_err < 0)
+		return log_errno(LOG_ERR, s->start_err, "io_uring setup for shard %u (8 entries)",
+				 s->cfg.idx);
+	return 0;
+}
+
+int shard_fini(struct shard *s)
+{
+	if (s->started) {
+		struct timespec until;
+
+		if (s->start_err == 0) {
+			struct shard_cmd stop = { .op = SHARD_CMD_STOP };
+
+			shard_post(s, &stop);
+		}
+		/*
+		 * A shard stuck in a bug must not turn SIGTERM into a hang: give it
+		 * a bounded time, then leave its memory alone (it may still touch
+		 * it) and let the caller exit.
+		 */
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += SHARD_STOP_TIMEOUT_S;
+		if (pthread_timedjoin_np(s->thr, NULL, &until)) {
+			log_msg(LOG_ERR, "shard %u did not stop within %d s; exiting without it",
+				s->cfg.idx, SHARD_STOP_TIMEOUT_S);
+			unlink(s->path);
+			return -ETIMEDOUT;
+		}
+		s->started = 0;
+		sem_destroy(&s->ready);
+	}
+	stats_fini(&s->st);
+	free(s->core.by_slot);
+	free(s->active);
+	free(s->dying);
+	free(s->q);
+	s->core.by_slot = NULL;
+	s->active = NULL;
+	s->dying = NULL;
+	s->q = NULL;
+	if (s->doorbell >= 0)
+		close(s->doorbell);
+	s->doorbell = -1;
+	chime_seg_unmap(&s->seg);
+	if (s->seg_fd >= 0) {
+		close(s->seg_fd);
+		unlink(s->path);
+	}
+	s->seg_fd = -1;
+	return 0;
+}

@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shard.h - a shard thread: one timing wheel in its own shard segment, one
+ * io_uring, one doorbell eventfd, and a channel per client (chan.h).
+ *
+ * The control thread talks to a shard only through its command queue (SPSC,
+ * lock-free) followed by a write to the shard's doorbell; the shard answers
+ * through the command's ack (an atomic countdown; the last shard to finish
+ * writes the control thread's eventfd). No lock is taken on the hot path.
+ */
+#ifndef CHIMED_SHARD_H
+#define CHIMED_SHARD_H
+
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdint.h>
+
+#include <liburing.h>
+
+#include "chan.h"
+#include "segment.h"
+#include "stats.h"
+
+#define SHARD_CMD_ATTACH 1u     /* adopt a client's channel (allocates its grants) */
+#define SHARD_CMD_DETACH 2u     /* drop a channel and reclaim every node of that client */
+#define SHARD_CMD_STOP   3u
+
+/* Shared by all shards for one client request; lives in the control thread's client. */
+struct shard_ack {
+	uint32_t pending;       /* shards still working; atomic */
+	int32_t err;            /* first error (negative errno); atomic */
+};
+
+struct shard_cmd {
+	uint32_t op;
+	uint16_t slot;
+	uint64_t generation;
+	struct chan *ch;
+	const struct chan_mem *mem;
+	struct shard_ack *ack;
+};
+
+struct shard_cfg {
+	uint32_t idx;
+	uint32_t capacity;
+	uint32_t max_clients;
+	uint64_t resolution_ns;
+	int64_t spin_us;        /* -1: busy-poll, never sleep */
+	struct chime_ctl *ctl;  /* the control segment (its geometry set) */
+	int notify_fd;          /* the control thread's eventfd for acks */
+};
+
+struct shard {
+	struct shard_cfg cfg;
+	struct chime_shard_ctl *blk;    /* this shard's block in the control segment */
+	struct chime_map seg;
+	int seg_fd;
+	int doorbell;                   /* eventfd: producers write it when blk->sleeping */
+	char path[4096];
+
+	/* command queue: control thread -> shard */
+	struct shard_cmd *q;
+	uint32_t q_mask;
+	uint64_t q_head;                /* shard; atomic */
+	uint64_t q_tail;                /* control thread; atomic */
+
+	/* the shard thread's own */
+	struct shard_core core;
+	struct stats st;
+	struct chan **active;
+	uint32_t nr_active;
+	struct shard_cmd *dying;        /* detaches in progress */
+	uint32_t nr_dying;
+	struct io_uring ring;
+	uint64_t bell_buf;
+	int bell_armed;
+	uint32_t sleep_no;              /* stored in blk->sleeping while asleep; never 0 */
+
+	pthread_t thr;
+	int started;
+	sem_t ready;
+	int start_err;
+};
+
+/*
+ * Create the shard's segment file "<socket_path>.shard<idx>" (mode 0640),
+ * lay out the key index and the wheel, create its doorbell and command
+ * queue. Logs and returns a negative errno on failure.
+ */
+int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_path);
+
+/* Start the thread, pin it to cpu (a failure to pin logs one warning), wait until it runs. */
+int shard_start(struct shard *s, int cpu);
+
+/*
+ * Post a command (control thread only) and ring the doorbell. The queue holds
+ * max_clients + 2 commands; a client has at most one outstanding.
+ */
+void shard_post(struct shard *s, const struct shard_cmd *cmd);
+
+/*
+ * Stop and join the thread (if started), then release everything; unlink the
+ * segment file. -ETIMEDOUT (logged) if the thread did not stop within 2 s:
+ * its memory is then left mapped, and the caller should exit.
+ */
+int shard_fini(struct shard *s);
+
+#endif /* CHIMED_SHARD_H */

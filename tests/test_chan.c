@@ -1,0 +1,577 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_chan.c - the broker's per-client channel logic (broker/chan.c), driven
+ * without threads or sockets: a wheel in malloc'd memory, a client's segments
+ * in malloc'd memory, the client side played with the ring functions.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chan.h"
+#include "helpers.h"
+#include "keyidx.h"
+#include "ring.h"
+#include "segment.h"
+#include "stats.h"
+#include "wheel.h"
+
+#define CAP     4096u
+#define RES     100000u         /* 100 us */
+#define SQ      16u
+#define CQ      8u
+#define T0      UINT64_C(1000000000)
+#define MAXCL   4u
+
+struct client_sim {
+	void *rw, *ro;
+	struct chan_mem m;
+	struct chan ch;
+	struct chime_sq_prod prod;
+	struct chime_cq_cons cons;
+};
+
+static struct {
+	struct shard_core sc;
+	struct stats st;
+	struct chime_shard_stats pub;
+	struct chime_client_stats cpub[MAXCL];
+	struct chan *by_slot[MAXCL];
+	void *wmem;
+	uint32_t *heads;
+	struct chime_client_geom g;
+	struct client_sim cl[2];
+	uint64_t now;
+} F;
+
+static void client_init(struct client_sim *c, uint16_t slot)
+{
+	struct chime_client_rw *rw;
+
+	c->rw = aligned_alloc(4096, F.g.rw_size);
+	c->ro = aligned_alloc(4096, F.g.ro_size);
+	cr_assert(c->rw && c->ro);
+	memset(c->rw, 0, F.g.rw_size);
+	memset(c->ro, 0, F.g.ro_size);
+	rw = c->rw;
+	c->m.sq_slots = (struct chime_sqe *)((char *)c->rw + F.g.rw_sq_off);
+	c->m.claim = (uint64_t *)((char *)c->rw + F.g.rw_claim_off);
+	c->m.rw = (struct chime_chan_rw *)((char *)c->rw + F.g.rw_chan_off);
+	c->m.ro = (struct chime_chan_ro *)((char *)c->ro + F.g.ro_chan_off);
+	c->m.cq_slots = (struct chime_cqe *)((char *)c->ro + F.g.ro_cq_off);
+	c->m.want_wakeup = &rw->want_wakeup;
+	c->m.sq_size = SQ;
+	c->m.cq_size = CQ;
+	c->m.efd = -1;
+	cr_assert_eq(chan_attach(&F.sc, &c->ch, &c->m, slot, 1), 0);
+	chime_sq_prod_init(&c->prod, c->m.sq_slots, &c->m.rw->sq_tail, SQ);
+	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);
+}
+
+static void setup(void)
+{
+	size_t wsz = wheel_region_size(CAP);
+
+	memset(&F, 0, sizeof(F));
+	F.wmem = aligned_alloc(64, (wsz + 63) & ~(size_t)63);
+	F.heads = calloc(1024, sizeof(uint32_t));
+	cr_assert(F.wmem && F.heads);
+	cr_assert_eq(wheel_init(&F.sc.wh, F.wmem, wsz, CAP, RES, T0), 0);
+	keyidx_init(&F.sc.ki, F.heads, 1024, F.sc.wh.nodes);
+	cr_assert_eq(stats_init_blocks(&F.st, &F.pub, F.cpub, MAXCL, 1, 0), 0);
+	F.sc.st = &F.st;
+	F.sc.by_slot = F.by_slot;
+	F.sc.shard = 0;
+	F.sc.capacity = CAP;
+	F.sc.max_clients = MAXCL;
+	F.g.nr_shards = 1;
+	F.g.sq_size = SQ;
+	F.g.cq_size = CQ;
+	cr_assert_eq(chime_client_layout(&F.g), 0);
+	client_init(&F.cl[0], 0);
+	F.now = T0;
+}
+
+static void teardown(void)
+{
+	for (int i = 0; i < 2; i++) {
+		if (F.cl[i].rw) {
+			chan_fini(&F.cl[i].ch);
+			free(F.cl[i].rw);
+			free(F.cl[i].ro);
+		}
+	}
+	stats_fini(&F.st);
+	free(F.wmem);
+	free(F.heads);
+}
+
+/* ---- the client's side ---- */
+
+static uint64_t submit(struct client_sim *c, uint32_t op, uint64_t id, uint64_t key,
+		       uint64_t deadline, uint64_t period, uint64_t ud)
+{
+	uint64_t pos;
+	struct chime_sqe *s = chime_sq_reserve(&c->prod, &pos);
+
+	cr_assert(s, "submission ring full");
+	if (op == CHIME_OP_ARM)
+		id = s->grant;
+	s->op = op;
+	s->id = id;
+	s->key = key;
+	s->deadline_ns = deadline;
+	s->period_ns = period;
+	s->user_data = ud;
+	chime_sq_publish(s, pos);
+	return id;
+}
+
+static uint64_t arm(struct client_sim *c, uint64_t key, uint64_t deadline, uint64_t period, uint64_t ud)
+{
+	return submit(c, CHIME_OP_ARM, 0, key, deadline, period, ud);
+}
+
+/* Take one event, and release it (the consumer head moves). 0 if none. */
+static int take(struct client_sim *c, struct chime_cqe *e)
+{
+	int r = chime_cq_take(&c->cons, e);
+
+	chime_cq_release(&c->cons);
+	return r;
+}
+
+/* ---- the shard's side: one loop iteration at time `now` ---- */
+
+static void step_at(uint64_t now)
+{
+	uint32_t buf[64];
+	unsigned n;
+
+	F.now = now;
+	for (int i = 0; i < 2; i++)
+		if (F.cl[i].rw && !F.cl[i].ch.dying)
+			chan_drain(&F.sc, &F.cl[i].ch, 1000);
+	wheel_advance(&F.sc.wh, now);
+	while ((n = wheel_pop_expired(&F.sc.wh, buf, 64)) > 0)
+		for (unsigned i = 0; i < n; i++)
+			chan_fire(&F.sc, F.sc.by_slot[wheel_node(&F.sc.wh, buf[i])->owner], buf[i], now);
+	for (int i = 0; i < 2; i++)
+		if (F.cl[i].rw && !F.cl[i].ch.dying)
+			chan_service(&F.sc, &F.cl[i].ch, now);
+	wheel_check(&F.sc.wh);
+}
+
+static void step(void)
+{
+	step_at(F.now);
+}
+
+#define MS UINT64_C(1000000)
+
+TestSuite(chan, .init = setup, .fini = teardown);
+
+Test(chan, attach_grants_every_slot)
+{
+	struct chan *ch = &F.cl[0].ch;
+
+	cr_assert_eq(ch->owned, SQ);
+	for (uint32_t i = 0; i < SQ; i++) {
+		uint64_t g = F.cl[0].m.sq_slots[i].grant;
+
+		cr_assert_neq(g, 0);
+		cr_assert_eq(g, ch->grants[i]);
+		cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(g))->state, CHIME_NODE_GRANTED);
+		cr_assert_eq(F.cl[0].m.sq_slots[i].seq, i);
+	}
+}
+
+Test(chan, arm_fires_once_never_early)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t id = arm(c, 7, T0 + 5 * MS, 0, 42);
+
+	step_at(T0 + 5 * MS - 1);
+	cr_assert_eq(take(c, &e), 0, "fired early");
+	cr_assert_eq(c->m.ro->sq_head, 1, "sq_head published after applying");
+	step_at(T0 + 5 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, id);
+	cr_assert_eq(e.key, 7);
+	cr_assert_eq(e.user_data, 42);
+	cr_assert_eq(e.deadline_ns, T0 + 5 * MS);
+	cr_assert_geq(e.fired_ns, e.deadline_ns);
+	cr_assert_eq(e.flags, 0);
+	step_at(T0 + 50 * MS);
+	cr_assert_eq(take(c, &e), 0, "fired twice");
+	/* consumed one-shot: freed; the grants are back to exactly one per slot */
+	cr_assert_eq(c->ch.owned, SQ);
+	cr_assert_eq(F.st.sh.fires, 1);
+	cr_assert_eq(F.st.sh.delivered, 1);
+	cr_assert_eq(F.st.sh.armed, 0);
+}
+
+Test(chan, arm_refreshes_the_slot_grant)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t id = arm(c, 0, T0 + MS, 0, 0);
+
+	step();
+	cr_assert_neq(c->m.sq_slots[0].grant, id, "a used grant is replaced");
+	cr_assert_eq(c->m.sq_slots[0].grant, c->ch.grants[0]);
+	cr_assert_eq(c->m.sq_slots[0].seq, SQ, "slot freed for position SQ");
+}
+
+Test(chan, cancel_before_fire)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t id = arm(c, 0, T0 + MS, 0, 0);
+
+	submit(c, CHIME_OP_CANCEL, id, 0, 0, 0, 0);
+	step_at(T0 + 10 * MS);
+	cr_assert_eq(take(c, &e), 0);
+	cr_assert_eq(c->ch.owned, SQ);
+	cr_assert_eq(F.st.sh.cancels, 1);
+	cr_assert_eq(F.st.sh.armed, 0);
+	cr_assert_eq(wheel_armed(&F.sc.wh), 0);
+}
+
+Test(chan, cancel_voids_an_event_in_flight)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t id = arm(c, 0, T0 + MS, 0, 0);
+
+	step_at(T0 + MS);                       /* fired and published, not consumed */
+	submit(c, CHIME_OP_CANCEL, id, 0, 0, 0, 0);
+	step();
+	cr_assert_eq(take(c, &e), 0, "a cancelled event must be skipped");
+	step();
+	cr_assert_eq(c->ch.owned, SQ);
+}
+
+Test(chan, cancel_after_consumed_is_stale_not_malformed)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t id = arm(c, 0, T0 + MS, 0, 0);
+
+	step_at(T0 + MS);
+	cr_assert_eq(take(c, &e), 1);
+	step();                                 /* node freed */
+	submit(c, CHIME_OP_CANCEL, id, 0, 0, 0, 0);
+	step();
+	cr_assert_eq(F.st.sh.malformed, 0);
+	cr_assert_eq(F.st.sh.cancels, 0);
+}
+
+Test(chan, reset_moves_an_armed_timer)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t id = arm(c, 0, T0 + MS, 0, 0);
+
+	submit(c, CHIME_OP_RESET, id, 0, T0 + 20 * MS, 0, 0);
+	step_at(T0 + 10 * MS);
+	cr_assert_eq(take(c, &e), 0);
+	step_at(T0 + 20 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, id);
+	cr_assert_eq(e.deadline_ns, T0 + 20 * MS);
+}
+
+Test(chan, reset_of_unconsumed_oneshot_rearms_when_void_wins)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t id = arm(c, 0, T0 + MS, 0, 0);
+
+	step_at(T0 + MS);                       /* fired: ACKWAIT, event unconsumed */
+	submit(c, CHIME_OP_RESET, id, 0, T0 + 30 * MS, 0, 0);
+	step_at(T0 + 2 * MS);
+	cr_assert_eq(take(c, &e), 0, "the earlier firing is voided");
+	cr_assert_eq(F.st.sh.armed, 1);
+	step_at(T0 + 30 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, id, "same id, alive again");
+	cr_assert_eq(e.deadline_ns, T0 + 30 * MS);
+}
+
+Test(chan, reset_after_client_took_the_event_changes_nothing)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t id = arm(c, 0, T0 + MS, 0, 0);
+
+	step_at(T0 + MS);
+	/* the client takes it but has not released its head yet */
+	cr_assert_eq(chime_cq_take(&c->cons, &e), 1);
+	submit(c, CHIME_OP_RESET, id, 0, T0 + 30 * MS, 0, 0);
+	step();
+	chime_cq_release(&c->cons);
+	step_at(T0 + 40 * MS);
+	cr_assert_eq(take(c, &e), 0, "reset after the event was taken must not fire again");
+	cr_assert_eq(c->ch.owned, SQ, "the node is gone");
+	cr_assert_eq(F.st.sh.armed, 0);
+}
+
+Test(chan, periodic_never_drifts_and_waits_for_consumption)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t id = arm(c, 0, T0 + MS, MS, 0);
+
+	/* the client does not drain: one event in the ring, the rest wait in order */
+	step_at(T0 + MS);
+	for (int i = 2; i <= 5; i++)
+		step_at(T0 + (uint64_t)i * MS);
+	cr_assert_eq(c->m.ro->cq_tail, 1, "one unconsumed event per timer");
+	cr_assert_eq(c->m.ro->backlog, 1);
+	for (int k = 1; k <= 5; k++) {
+		cr_assert_eq(take(c, &e), 1, "period %d lost", k);
+		cr_assert_eq(e.id, id);
+		cr_assert_eq(e.flags, CHIME_CQE_PERIODIC);
+		cr_assert_eq(e.deadline_ns, T0 + (uint64_t)k * MS, "period %d: %llu", k,
+			     (unsigned long long)e.deadline_ns);
+		step_at(T0 + 5 * MS);
+	}
+	cr_assert_eq(c->m.ro->backlog, 0);
+	submit(c, CHIME_OP_CANCEL, id, 0, 0, 0, 0);
+	step_at(T0 + 100 * MS);
+	cr_assert_eq(take(c, &e), 0);
+	cr_assert_eq(c->ch.owned, SQ);
+	cr_assert_eq(F.st.sh.armed, 0);
+}
+
+Test(chan, full_ring_holds_events_in_order_never_drops)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	const int n = 3 * CQ + 1;
+	int i;
+
+	for (i = 0; i < n; i++) {
+		arm(c, 0, T0 + MS + (uint64_t)i * RES, 0, (uint64_t)i);
+		if (i % 8 == 7)
+			step();                 /* the submission ring holds SQ */
+	}
+	step_at(T0 + 10 * MS);
+	cr_assert_eq(c->m.ro->cq_tail, CQ);
+	cr_assert_eq(c->m.ro->backlog, n - CQ);
+	for (i = 0; i < n; i++) {
+		if (!take(c, &e)) {
+			step();
+			cr_assert_eq(take(c, &e), 1, "event %d lost", i);
+		}
+		cr_assert_eq(e.user_data, (uint64_t)i, "out of order");
+	}
+	step();
+	cr_assert_eq(take(c, &e), 0);
+	cr_assert_eq(c->m.ro->backlog, 0);
+	step();
+	cr_assert_eq(c->ch.owned, SQ);
+}
+
+Test(chan, cancel_of_a_held_event)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t ids[CQ + 2];
+
+	for (unsigned i = 0; i < CQ + 2; i++)
+		ids[i] = arm(c, 0, T0 + MS + i * RES, 0, i);   /* one tick each: a known order */
+	step_at(T0 + 2 * MS);
+	cr_assert_eq(c->m.ro->backlog, 2);
+	submit(c, CHIME_OP_CANCEL, ids[CQ], 0, 0, 0, 0);
+	step();
+	cr_assert_eq(c->m.ro->backlog, 1);
+	for (unsigned i = 0; i < CQ; i++)
+		cr_assert_eq(take(c, &e), 1);
+	step();
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, ids[CQ + 1]);
+	cr_assert_eq(take(c, &e), 0);
+}
+
+Test(chan, cancel_key_takes_only_that_clients_key)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
+	struct chime_cqe e;
+	int got = 0;
+
+	client_init(b, 1);
+	for (int i = 0; i < 5; i++) {
+		arm(a, 100, T0 + MS, 0, 1);
+		arm(a, 200, T0 + MS, 0, 2);
+		arm(b, 100, T0 + MS, 0, 3);
+	}
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 100, 0, 0, 0);
+	step_at(T0 + 2 * MS);
+	while (take(a, &e)) {
+		cr_assert_eq(e.user_data, 2);
+		got++;
+	}
+	cr_assert_eq(got, 5);
+	got = 0;
+	while (take(b, &e)) {
+		cr_assert_eq(e.user_data, 3);
+		got++;
+	}
+	cr_assert_eq(got, 5, "another client's timers of the same key are untouched");
+	cr_assert_eq(F.st.sh.cancel_keys, 1);
+	cr_assert_eq(F.st.sh.cancels, 5);
+}
+
+Test(chan, malformed_records_are_counted_and_dropped)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
+	struct chime_cqe e;
+	uint64_t pos, bid;
+	struct chime_sqe *s;
+
+	client_init(b, 1);
+	bid = arm(b, 0, T0 + MS, 0, 9);
+	step();
+	submit(a, 99, 0, 0, 0, 0, 0);                                   /* unknown op */
+	submit(a, CHIME_OP_CANCEL, bid, 0, 0, 0, 0);                    /* another client's timer */
+	submit(a, CHIME_OP_RESET, chime_id_make(1, 3, 5), 0, 0, 0, 0);  /* wrong shard */
+	submit(a, CHIME_OP_CANCEL, chime_id_make(1, 0, CAP + 5), 0, 0, 0, 0); /* beyond the slab */
+	s = chime_sq_reserve(&a->prod, &pos);                           /* ARM with a forged id */
+	s->op = CHIME_OP_ARM;
+	s->id = bid;
+	s->deadline_ns = T0;
+	chime_sq_publish(s, pos);
+	step_at(T0 + MS);
+	cr_assert_eq(F.st.sh.malformed, 5);
+	cr_assert_eq(take(a, &e), 0);
+	cr_assert_eq(take(b, &e), 1, "the victim's timer survives");
+	cr_assert_eq(e.id, bid);
+}
+
+Test(chan, scribbled_client_memory_stays_in_bounds)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+
+	for (unsigned i = 0; i < CQ; i++)
+		arm(c, 0, T0 + MS, 0, i);
+	step_at(T0 + MS);
+	/* a hostile client: consumer head far beyond the tail, claim words and seqs garbage */
+	c->m.rw->cq_head = UINT64_MAX - 3;
+	for (unsigned i = 0; i < CQ; i++)
+		c->m.claim[i] = UINT64_MAX;
+	c->m.sq_slots[0].seq = 12345;
+	*c->m.want_wakeup = 7;
+	for (unsigned i = 0; i < 4; i++) {
+		arm(c, 0, T0 + MS, 0, i);
+		step_at(T0 + 2 * MS);
+	}
+	cr_assert_leq(c->ch.cq.tail - c->ch.cq.head, CQ, "room never exceeds the ring");
+	(void)e;
+}
+
+Test(chan, wakes_a_sleeping_client_once)
+{
+	struct client_sim *c = &F.cl[0];
+
+	arm(c, 0, T0 + MS, 0, 0);
+	arm(c, 0, T0 + 2 * MS, 0, 0);
+	step();
+	*c->m.want_wakeup = 1;
+	step_at(T0 + MS);
+	cr_assert_eq(c->ch.wakes, 1);
+	cr_assert_eq(*c->m.want_wakeup, 0);
+	step_at(T0 + 2 * MS);
+	cr_assert_eq(c->ch.wakes, 1, "no wake-up unless asked");
+	cr_assert_eq(F.st.sh.wakeups, 1);
+}
+
+Test(chan, reclaim_frees_every_node_of_the_client)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
+	uint32_t before;
+
+	client_init(b, 1);
+	for (unsigned i = 0; i < 40; i++) {
+		arm(a, i % 3, T0 + MS + i * RES, i % 4 == 0 ? MS : 0, i);   /* some periodic */
+		arm(b, 0, T0 + 100 * MS, 0, i);
+		if (i % 8 == 7)
+			step_at(T0);
+	}
+	step_at(T0 + 3 * MS);           /* some delivered, some in the backlog, most armed */
+	before = b->ch.owned;
+	while (!chan_reclaim(&F.sc, &a->ch, 7))
+		;
+	cr_assert_eq(a->ch.owned, 0);
+	cr_assert_null(F.sc.by_slot[0]);
+	cr_assert_eq(b->ch.owned, before, "the other client keeps its timers");
+	for (uint32_t i = 0; i < F.sc.wh.w->high_water; i++) {
+		struct chime_node *n = wheel_node(&F.sc.wh, i);
+
+		cr_assert(n->state == CHIME_NODE_FREE || n->owner == 1, "node %u leaked", i);
+	}
+	wheel_check(&F.sc.wh);
+	cr_assert_eq(keyidx_first(&F.sc.ki, 0, 0), CHIME_NIL);
+	cr_assert_eq(keyidx_first(&F.sc.ki, 1, 0) != CHIME_NIL, 1);
+}
+
+Test(chan, slab_full_owes_grants_and_pays_them_later)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t ids[64];
+	unsigned n = 0;
+
+	/* fill the slab with timers so no grant can be renewed */
+	while (F.sc.wh.w->high_water < CAP || F.sc.wh.w->free_head != CHIME_NIL) {
+		uint32_t idx = wheel_alloc(&F.sc.wh);
+
+		if (idx == CHIME_NIL)
+			break;
+		wheel_node(&F.sc.wh, idx)->owner = 3;   /* someone else's */
+		wheel_node(&F.sc.wh, idx)->state = CHIME_NODE_GRANTED;
+	}
+	for (n = 0; n < SQ; n++)
+		ids[n] = arm(c, 0, T0 + MS, 0, n);
+	step_at(T0);
+	cr_assert_eq(c->ch.owed_n, SQ, "every renewed grant is owed");
+	cr_assert_null(chime_sq_reserve(&c->prod, &(uint64_t){ 0 }), "producers wait: ring full");
+	/* the events still fire; consuming them frees nodes, which pay the debts */
+	step_at(T0 + MS);
+	for (unsigned i = 0; i < CQ; i++)
+		cr_assert_eq(take(c, &e), 1);
+	step();
+	cr_assert_eq(c->ch.owed_n, SQ - CQ);
+	for (unsigned i = 0; i < CQ; i++)
+		cr_assert_neq(c->m.sq_slots[i].grant, 0);
+	(void)ids;
+}
+
+Test(chan, a_periodic_waiting_for_its_client_lets_the_shard_sleep)
+{
+	struct client_sim *c = &F.cl[0];
+
+	arm(c, 0, T0 + MS, MS, 0);
+	step_at(T0 + MS);
+	step_at(T0 + 2 * MS);           /* second period held: the first is unconsumed */
+	cr_assert_eq(c->m.ro->backlog, 1);
+	cr_assert_not(chan_pending(&F.sc, &c->ch), "nothing can move until the client drains");
+	cr_assert_eq(chime_cq_take(&c->cons, &(struct chime_cqe){ 0 }), 1);
+	chime_cq_release(&c->cons);
+	cr_assert(chan_pending(&F.sc, &c->ch), "the client drained: the held period can go");
+}
+
+Test(chan, consumed_oneshots_are_freed_whoever_refreshed_the_head)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+
+	arm(c, 0, T0 + MS, 0, 0);
+	step_at(T0 + MS);
+	cr_assert_eq(take(c, &e), 1);
+	(void)chime_cq_room(&c->ch.cq);         /* someone else saw the head move */
+	step();
+	cr_assert_eq(c->ch.owned, SQ, "the ACKWAIT node is freed");
+}

@@ -1,0 +1,465 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * client.c - connecting to chimed, and knowing when it is gone.
+ *
+ * chime_open(): connect a SOCK_SEQPACKET socket, send struct chime_hello,
+ * receive struct chime_welcome with the segments and eventfds (SCM_RIGHTS),
+ * then map and validate everything before trusting a single offset: the
+ * headers (chime_seg_check), the sizes the welcome announced against the
+ * files themselves, and the client geometry recomputed on our side
+ * (chime_client_layout) against what the broker wrote.
+ *
+ * Invariants:
+ * - every fd libchime owns is O_CLOEXEC; no send can raise SIGPIPE;
+ * - on any error path of chime_open() nothing stays open or mapped;
+ * - the broker's death is learnt from the socket (hang-up): chime_wait()
+ *   watches it in io_uring, the other paths probe it rarely (see
+ *   chime_broker_check()). Once known, it is final: every call returns
+ *   -ENOTCONN.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chime_config.h"
+#include "client.h"
+
+#define CHIME_OPEN_TIMEOUT_S 10    /* a broker that accepts but never answers */
+#define CHIME_MAX_FDS (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS)
+
+CHIME_PUBLIC uint64_t chime_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+CHIME_PUBLIC const char *chime_version(void)
+{
+	return CHIME_VERSION;
+}
+
+CHIME_PUBLIC int chime_fd(const chime_t *c)
+{
+	struct chime *m = (struct chime *)c;
+
+	if (!c)
+		return -EINVAL;
+	/*
+	 * From now on chime_poll() keeps the fd's promise (readable whenever
+	 * events are pending) by arming want_wakeup whenever it runs dry; a
+	 * client that only busy-polls never calls this and never costs the
+	 * shards an eventfd write. The first call arms it now, since the
+	 * application may go straight to its epoll_wait(). The cast: these
+	 * are drainer fields, not the connection's observable value.
+	 */
+	if (!m->fd_used) {
+		m->fd_used = 1;
+		chime_fd_arm(m);
+	}
+	return c->evfd;
+}
+
+/* ---- socket path ---- */
+
+static int resolve_path(const struct chime_opts *opts, struct sockaddr_un *sa, socklen_t *len)
+{
+	const char *path = opts ? opts->socket_path : NULL;
+	char buf[sizeof(sa->sun_path) + 1];
+	int n;
+
+	if (path && !*path)
+		return -EINVAL;
+	if (!path)
+		path = secure_getenv("CHIME_SOCKET");      /* set but empty: as if unset */
+	if (!path || !*path) {
+		if (geteuid() == 0) {
+			path = "/run/chime/chime.sock";
+		} else {
+			const char *dir = secure_getenv("XDG_RUNTIME_DIR");
+
+			if (!dir || !*dir)
+				return -ENOENT;    /* no default place to look */
+			n = snprintf(buf, sizeof(buf), "%s/chime.sock", dir);
+			if (n < 0 || (size_t)n >= sizeof(buf))
+				return -EINVAL;
+			path = buf;
+		}
+	}
+	if (!*path || strlen(path) >= sizeof(sa->sun_path))
+		return -EINVAL;
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	strcpy(sa->sun_path, path);
+	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
+	return 0;
+}
+
+static int connect_broker(const struct chime_opts *opts, int *out)
+{
+	struct timeval tv = { .tv_sec = CHIME_OPEN_TIMEOUT_S };
+	struct sockaddr_un sa;
+	socklen_t len;
+	int fd, r;
+
+	r = resolve_path(opts, &sa, &len);
+	if (r < 0)
+		return r;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return errno == EMFILE || errno == ENFILE || errno == ENOBUFS ? -ENOMEM : -errno;
+	while (connect(fd, (struct sockaddr *)&sa, len) < 0) {
+		r = errno;
+		if (r == EINTR)
+			continue;
+		close(fd);
+		switch (r) {
+		case ENOENT: case ECONNREFUSED: case ENOTDIR:
+			return -ENOENT;              /* nothing listens there (or a stale socket) */
+		case EACCES: case EPERM:
+			return -EACCES;
+		default:
+			return -r;
+		}
+	}
+	/* The handshake must not hang on a wedged broker. */
+	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	*out = fd;
+	return 0;
+}
+
+static int send_hello(int fd)
+{
+	struct chime_hello hello = {
+		.magic = CHIME_HELLO_MAGIC,
+		.layout = CHIME_SHM_LAYOUT,
+	};
+	ssize_t n;
+
+	do
+		n = send(fd, &hello, sizeof(hello), MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return errno == EPIPE || errno == ECONNRESET ? -ECONNRESET : -errno;
+	return n == sizeof(hello) ? 0 : -ECONNRESET;
+}
+
+static void close_fds(int *fds, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+}
+
+/*
+ * Receive the welcome and its fds. On success *nfds fds are in fds[] and
+ * owned by the caller; on failure none are open.
+ */
+static int recv_welcome(int sock, struct chime_welcome *w, int *fds, unsigned *nfds)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * CHIME_MAX_FDS)];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = w, .iov_len = sizeof(*w) };
+	struct msghdr msg = {
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = u.buf, .msg_controllen = sizeof(u.buf),
+	};
+	unsigned n = 0;
+	ssize_t len;
+	int r = 0;
+
+	memset(w, 0, sizeof(*w));
+	do
+		len = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+	while (len < 0 && errno == EINTR);
+	if (len < 0)
+		return errno == EAGAIN ? -ETIMEDOUT : errno == ECONNRESET ? -ECONNRESET : -errno;
+
+	/* Collect every fd we were sent first, so that no error path leaks one. */
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		unsigned k = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		const unsigned char *p = CMSG_DATA(cm);
+
+		for (unsigned i = 0; i < k; i++) {
+			int fd;
+
+			memcpy(&fd, p + i * sizeof(int), sizeof(int));
+			if (n < CHIME_MAX_FDS) {
+				fds[n++] = fd;
+			} else {
+				close(fd);
+				r = -EBADMSG;
+			}
+		}
+	}
+	if (len == 0)
+		r = -ECONNRESET;
+	else if (r == 0 && ((msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) || len != sizeof(*w)))
+		r = -EBADMSG;
+	else if (r == 0 && w->magic != CHIME_HELLO_MAGIC)
+		r = -EBADMSG;
+	else if (r == 0 && w->status < 0)
+		/* A refusal (-EACCES, -EPROTO, -EUSERS, -ENOMEM) carries no fds. */
+		r = w->status >= -4095 ? w->status : -EBADMSG;
+	else if (r == 0 && w->layout != CHIME_SHM_LAYOUT)
+		r = -EPROTO;
+	else if (r == 0 && (w->status != 0 || w->nr_shards == 0 || w->nr_shards > CHIME_MAX_SHARDS ||
+			    w->nr_fds != CHIME_WELCOME_FIXED_FDS + w->nr_shards || n != w->nr_fds))
+		r = -EBADMSG;
+	if (r < 0) {
+		close_fds(fds, n);
+		return r;
+	}
+	*nfds = n;
+	return 0;
+}
+
+/* Map one segment fd, check its header and that it is exactly `size` bytes. */
+static int map_seg(int fd, uint32_t kind, bool writable, uint64_t size, struct chime_map *map)
+{
+	struct stat st;
+	int r;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode) || st.st_size < (off_t)sizeof(struct chime_seg_hdr) ||
+	    (uint64_t)st.st_size != size)
+		return -EBADMSG;
+	r = chime_seg_map_fd(fd, kind, writable, map);
+	if (r == -EAGAIN)
+		r = -EBADMSG;           /* handed to us unfinished */
+	else if (r == -ENFILE || r == -EMFILE)
+		r = -ENOMEM;
+	if (r == 0 && map->size != size) {
+		chime_seg_unmap(map);
+		r = -EBADMSG;
+	}
+	return r;
+}
+
+/* Check the mapped segments against each other and against our own arithmetic. */
+static int check_geometry(const struct chime_welcome *w, const struct chime_map *ctl_map,
+			  const struct chime_client_rw *rw, const struct chime_client_ro *ro,
+			  struct chime_client_geom *g)
+{
+	const struct chime_ctl *ctl = ctl_map->base;
+	uint32_t nr = w->nr_shards;
+
+	if (ctl_map->size < sizeof(*ctl) || ctl->nr_shards != nr ||
+	    ctl->shards_off % 8 || ctl->shards_off > ctl_map->size ||
+	    (ctl_map->size - ctl->shards_off) / sizeof(struct chime_shard_ctl) < nr)
+		return -EBADMSG;
+	if (rw->nr_shards != nr || ro->nr_shards != nr ||
+	    rw->sq_size != ro->sq_size || rw->cq_size != ro->cq_size)
+		return -EBADMSG;
+	*g = (struct chime_client_geom){ .nr_shards = nr, .sq_size = rw->sq_size, .cq_size = rw->cq_size };
+	if (chime_client_layout(g) < 0)
+		return -EBADMSG;
+	if (g->rw_size != w->rw_size || g->ro_size != w->ro_size ||
+	    rw->chan_off != g->rw_chan_off || rw->sq_off != g->rw_sq_off ||
+	    rw->claim_off != g->rw_claim_off ||
+	    ro->chan_off != g->ro_chan_off || ro->cq_off != g->ro_cq_off)
+		return -EBADMSG;
+	return 0;
+}
+
+static void chime_free(struct chime *c)
+{
+	if (!c)
+		return;
+	if (c->has_ring)
+		io_uring_queue_exit(&c->ring);
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		if (c->chan[s].doorbell >= 0)
+			close(c->chan[s].doorbell);
+	}
+	free(c->pend);
+	free(c->pend_used);
+	chime_seg_unmap(&c->ctl_map);
+	chime_seg_unmap(&c->rw_map);
+	chime_seg_unmap(&c->ro_map);
+	if (c->evfd >= 0)
+		close(c->evfd);
+	if (c->sock >= 0)
+		close(c->sock);
+	free(c);
+}
+
+static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
+{
+	const struct chime_client_ro *ro;
+	struct chime_client_geom g;
+	int r;
+
+	r = map_seg(fds[0], CHIME_SEG_CONTROL, false, w->ctl_size, &c->ctl_map);
+	if (r == 0)
+		r = map_seg(fds[1], CHIME_SEG_CLIENT_RW, true, w->rw_size, &c->rw_map);
+	if (r == 0)
+		r = map_seg(fds[2], CHIME_SEG_CLIENT_RO, false, w->ro_size, &c->ro_map);
+	if (r < 0)
+		return r;
+	c->ctl = c->ctl_map.base;
+	c->rw = c->rw_map.base;
+	ro = c->ro_map.base;
+	r = check_geometry(w, &c->ctl_map, c->rw, ro, &g);
+	if (r < 0)
+		return r;
+	c->sq_size = g.sq_size;
+	c->cq_size = g.cq_size;
+	c->slot = w->slot;
+
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		struct chime_chan *ch = &c->chan[s];
+		struct chime_chan_rw *crw = chime_at(&c->rw_map, g.rw_chan_off + s * sizeof(*crw));
+		const struct chime_chan_ro *cro = chime_at(&c->ro_map, g.ro_chan_off + s * sizeof(*cro));
+		const struct chime_shard_ctl *sc =
+			chime_at(&c->ctl_map, c->ctl->shards_off + s * sizeof(*sc));
+
+		ch->sq.slots = chime_at(&c->rw_map, g.rw_sq_off + (uint64_t)s * g.sq_size * sizeof(struct chime_sqe));
+		ch->sq.tail = &crw->sq_tail;
+		ch->sq.mask = g.sq_size - 1;
+		ch->sleeping = &sc->sleeping;
+		ch->doorbell = fds[CHIME_WELCOME_FIXED_FDS + s];
+		fds[CHIME_WELCOME_FIXED_FDS + s] = -1;
+		ch->cq = chime_at(&c->ro_map, g.ro_cq_off + (uint64_t)s * g.cq_size * sizeof(struct chime_cqe));
+		ch->claim = chime_at(&c->rw_map, g.rw_claim_off + (uint64_t)s * g.cq_size * sizeof(uint64_t));
+		ch->cq_tail = &cro->cq_tail;
+		ch->sq_head = &cro->sq_head;
+		ch->backlog = &cro->backlog;
+		ch->cq_head = &crw->cq_head;
+		/* Resume where the segment says (0 for a fresh one). */
+		ch->head = __atomic_load_n(&crw->cq_head, __ATOMIC_RELAXED);
+		ch->seen = ch->head;
+	}
+	/* The drainer's cancel set: bounded by the ring size, whatever is armed. */
+	c->pend = calloc(2 * (size_t)g.sq_size, sizeof(*c->pend));
+	c->pend_used = calloc(g.sq_size, sizeof(*c->pend_used));
+	if (!c->pend || !c->pend_used)
+		return -ENOMEM;
+	c->pend_mask = 2 * g.sq_size - 1;
+	c->evfd = fds[3];
+	fds[3] = -1;
+	/*
+	 * The drainer reads the eventfd only to clear it and must never block
+	 * there. O_NONBLOCK is shared with the broker's copy of the file, which
+	 * is harmless: an eventfd write blocks only on counter overflow.
+	 */
+	r = fcntl(c->evfd, F_GETFL);
+	if (r < 0 || fcntl(c->evfd, F_SETFL, r | O_NONBLOCK) < 0)
+		return -EBADMSG;
+	/* A small ring for chime_wait(); without io_uring, chime_wait() uses poll(2). */
+	c->has_ring = io_uring_queue_init(4, &c->ring, 0) == 0;
+	return 0;
+}
+
+CHIME_PUBLIC int chime_open(chime_t **out, const struct chime_opts *opts)
+{
+	int fds[CHIME_MAX_FDS];
+	struct chime_welcome w;
+	struct chime *c;
+	unsigned nfds = 0;
+	int sock = -1, r;
+
+	if (!out || (opts && opts->flags != 0))
+		return -EINVAL;
+	r = connect_broker(opts, &sock);
+	if (r < 0)
+		return r;
+	r = send_hello(sock);
+	if (r == 0)
+		r = recv_welcome(sock, &w, fds, &nfds);
+	if (r < 0) {
+		close(sock);
+		return r;
+	}
+	c = calloc(1, sizeof(*c) + w.nr_shards * sizeof(c->chan[0]));
+	if (!c) {
+		close_fds(fds, nfds);
+		close(sock);
+		return -ENOMEM;
+	}
+	c->sock = sock;
+	c->evfd = -1;
+	c->nr_shards = w.nr_shards;
+	for (uint32_t s = 0; s < c->nr_shards; s++)
+		c->chan[s].doorbell = -1;
+	r = setup(c, &w, fds);
+	/* The segments stay mapped; their fds are not needed any more. */
+	close_fds(fds, nfds);
+	if (r < 0) {
+		chime_free(c);
+		return r;
+	}
+	/* Back to blocking without timeouts: only non-blocking probes use the socket now. */
+	(void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &(struct timeval){ 0 }, sizeof(struct timeval));
+	(void)setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &(struct timeval){ 0 }, sizeof(struct timeval));
+	*out = c;
+	return 0;
+}
+
+CHIME_PUBLIC void chime_close(chime_t *c)
+{
+	/*
+	 * Closing the socket is the whole protocol: the broker sees the
+	 * hang-up, marks the client DYING and its shards free every timer.
+	 */
+	chime_free(c);
+}
+
+/* ---- broker liveness ---- */
+
+void chime_mark_dead(struct chime *c)
+{
+	__atomic_store_n(&c->dead, 1, __ATOMIC_RELAXED);
+}
+
+bool chime_broker_gone(struct chime *c, bool probe)
+{
+	char b;
+	ssize_t n;
+
+	if (chime_is_dead(c))
+		return true;
+	/* A0: plain status word of the control thread; a stop is final. */
+	if (__atomic_load_n(&c->ctl->state, __ATOMIC_ACQUIRE) == CHIME_BROKER_STOPPED)
+		goto gone;
+	if (!probe)
+		return false;
+	/*
+	 * The broker never sends after the welcome, so the socket is readable
+	 * only at end of file (the broker's process is gone: its fds closed) or
+	 * on an error.
+	 */
+	n = recv(c->sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)))
+		return false;
+gone:
+	chime_mark_dead(c);
+	return true;
+}
+
+bool chime_broker_check(struct chime *c, uint64_t now_ns)
+{
+	/* A1: the control thread stores heartbeat_ns at least every 100 ms. */
+	uint64_t hb = __atomic_load_n(&c->ctl->heartbeat_ns, __ATOMIC_RELAXED);
+	bool stale = now_ns > hb + 1000000000u;
+
+	if (!stale || now_ns - c->last_sock_check_ns < 1000000000u)
+		return chime_broker_gone(c, false);
+	c->last_sock_check_ns = now_ns;
+	return chime_broker_gone(c, true);
+}

@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * client.h - libchime's private state, shared by client.c (connect, close,
+ * broker liveness), timer.c (the submission side) and poll.c (the drainer).
+ *
+ * Who touches what:
+ *   - everything set by chime_open() is read-only afterwards (any thread);
+ *   - struct chime_chan.sq and the submission slots: any number of threads
+ *     (lock-free, see shm/ring.h);
+ *   - the drainer fields (marked "drainer"): the one thread draining at a
+ *     time (chime_poll/wait/dispatch), plain loads and stores;
+ *   - `dead`: any thread, atomic; once set it stays set.
+ *
+ * Atomics: libchime uses the compiler's __atomic builtins with explicit
+ * memory orders rather than ck_pr, so that every edge states its own
+ * ordering (acquire/release/seq_cst) and stays correct on weakly ordered
+ * CPUs; each one carries a label naming its partner on the broker's side.
+ */
+#ifndef CHIME_CLIENT_H
+#define CHIME_CLIENT_H
+
+#include <liburing.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "chime.h"
+#include "chime_shm.h"
+#include "ring.h"
+#include "segment.h"
+
+#define CHIME_PUBLIC __attribute__((visibility("default")))
+
+/*
+ * The drainer's private set of RESET/CANCEL/CANCEL_KEY records it found still
+ * unconsumed in one shard's submission ring (see poll.c): an open-addressing
+ * hash table of 2 * sq_size entries, so at most half full.
+ */
+#define CHIME_PEND_ID   1u      /* kind: `what` is a timer id */
+#define CHIME_PEND_KEY  2u      /* kind: `what` is a key */
+#define CHIME_PEND_CANCEL 1u    /* flags: a CANCEL (or CANCEL_KEY) is pending */
+#define CHIME_PEND_RESET  2u    /* flags: a RESET is pending, at position reset_pos */
+
+struct chime_pend {
+	uint64_t what;
+	uint64_t reset_pos;         /* the first pending RESET's ring position */
+	uint32_t kind;              /* 0: empty slot */
+	uint32_t flags;
+};
+
+/* One channel: this client's pair of rings with one shard. */
+struct chime_chan {
+	/* submission side: any thread */
+	struct chime_sq_prod sq;
+	const uint32_t *sleeping;           /* control segment: the shard's sleep flag */
+	int doorbell;                       /* the shard's doorbell eventfd */
+	/* completion side: the drainer */
+	const struct chime_cqe *cq;         /* client ro segment */
+	uint64_t *claim;                    /* client rw segment, one word per cq slot */
+	const uint64_t *cq_tail;            /* chime_chan_ro.cq_tail (broker) */
+	const uint64_t *sq_head;            /* chime_chan_ro.sq_head (broker) */
+	const uint64_t *backlog;            /* chime_chan_ro.backlog (broker) */
+	uint64_t *cq_head;                  /* chime_chan_rw.cq_head (published by us) */
+	uint64_t head;                      /* drainer: next position to read */
+	uint64_t seen;                      /* drainer: the cq_tail the last drain worked to */
+	uint32_t held;                      /* drainer: head waits for a RESET the shard has not applied */
+};
+
+struct chime {
+	int sock;                           /* the connection; the broker reclaims everything on hang-up */
+	int evfd;                           /* completion eventfd (chime_fd) */
+	uint32_t nr_shards;
+	uint32_t sq_size;
+	uint32_t cq_size;
+	uint32_t slot;                      /* our entry in the control segment's client table */
+	int dead;                           /* atomic: 1 once the broker is known to be gone */
+
+	struct chime_map ctl_map;
+	struct chime_map rw_map;
+	struct chime_map ro_map;
+	const struct chime_ctl *ctl;
+	struct chime_client_rw *rw;
+
+	/* drainer state */
+	uint32_t rr;                        /* first shard of the next drain (fairness) */
+	uint32_t ww_armed;                  /* we stored want_wakeup = 1 and have not taken it back */
+	uint32_t fd_used;                   /* chime_fd() was called: keep the fd's promise in chime_poll */
+	uint32_t empty_streak;              /* consecutive chime_poll()s that returned 0 */
+	uint64_t owed;                      /* eventfd writes by shards not yet read back */
+	uint64_t last_sock_check_ns;
+	uint32_t held;                      /* the last drain stopped at an event awaiting a RESET */
+	struct chime_pend *pend;            /* 2 * sq_size entries */
+	uint32_t *pend_used;                /* sq_size: the occupied entries, to clear them */
+	uint32_t npend;
+	uint32_t npend_keys;
+	uint32_t pend_mask;
+
+	/* chime_wait: io_uring (or poll(2) if io_uring is unavailable) */
+	struct io_uring ring;
+	bool has_ring;
+	bool evfd_polled;                   /* a POLL_ADD on evfd is outstanding in the ring */
+	bool sock_polled;                   /* a POLL_ADD on sock is outstanding in the ring */
+
+	struct chime_chan chan[];
+};
+
+/* client.c */
+/* True if the broker is known gone; checks the socket (a syscall) only if `probe`. */
+bool chime_broker_gone(struct chime *c, bool probe);
+/* Cheap liveness check for idle paths: probes the socket at most once a second,
+ * and only when the broker's heartbeat is stale or it announced a stop. */
+bool chime_broker_check(struct chime *c, uint64_t now_ns);
+void chime_mark_dead(struct chime *c);
+
+static inline bool chime_is_dead(const struct chime *c)
+{
+	return __atomic_load_n(&c->dead, __ATOMIC_RELAXED) != 0;
+}
+
+/* poll.c: arm want_wakeup, and make the eventfd readable if events are already pending. */
+void chime_fd_arm(struct chime *c);
+
+/* timer.c: write a shard's doorbell if it sleeps (after a full barrier by the caller). */
+void chime_ring_doorbell(struct chime_chan *ch);
+
+#endif /* CHIME_CLIENT_H */

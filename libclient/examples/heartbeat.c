@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * heartbeat - find the silent ones among many connections.
+ *
+ * Every connection has one idle timer, due `timeout` after it was last
+ * heard from. Each keepalive just moves it (chime_reset: a store into
+ * shared memory, no syscall). A connection that goes quiet is reported
+ * when its timer fires.
+ *
+ * The simulation: -n connections (100000), every -s'th one (997) goes
+ * silent at once, the others send a keepalive every timeout/4; after -d ms
+ * (2000) the program checks that exactly the silent ones were reported,
+ * each once. Exit status 0 if so.
+ *
+ *   heartbeat [-n connections] [-t timeout_ms] [-d duration_ms] [-s every]
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <chime.h>
+
+#define MS 1000000ull
+
+struct conn {
+	chime_id_t idle_timer;
+	uint8_t silent;         /* simulation: this peer stopped talking */
+	uint8_t reported;
+};
+
+static int report(chime_t *c, struct conn *conns, unsigned n, int timeout_ms, unsigned *reported)
+{
+	struct chime_event ev[256];
+	int r;
+
+	while ((r = chime_wait(c, ev, 256, timeout_ms)) > 0) {
+		for (int i = 0; i < r; i++) {
+			struct conn *k = &conns[ev[i].user_data];
+
+			if (ev[i].user_data >= n || !k->silent || k->reported) {
+				fprintf(stderr, "heartbeat: connection %llu wrongly reported\n",
+					(unsigned long long)ev[i].user_data);
+				return -1;
+			}
+			k->reported = 1;
+			(*reported)++;
+		}
+		timeout_ms = 0;
+	}
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	unsigned n = 100000, every = 997, silent = 0, reported = 0;
+	int timeout_ms = 500, duration_ms = 2000, opt, r;
+	uint64_t start, end, next_round;
+	struct conn *conns;
+	chime_t *c;
+
+	while ((opt = getopt(argc, argv, "n:t:d:s:")) != -1) {
+		switch (opt) {
+		case 'n': n = (unsigned)atoi(optarg); break;
+		case 't': timeout_ms = atoi(optarg); break;
+		case 'd': duration_ms = atoi(optarg); break;
+		case 's': every = (unsigned)atoi(optarg); break;
+		default:
+			fprintf(stderr, "usage: heartbeat [-n conns] [-t timeout_ms] [-d duration_ms] [-s every]\n");
+			return 2;
+		}
+	}
+	if (n == 0 || every == 0 || timeout_ms < 20) {
+		fprintf(stderr, "heartbeat: need -n > 0, -s > 0, -t >= 20\n");
+		return 2;
+	}
+	conns = calloc(n, sizeof(*conns));
+	r = conns ? chime_open(&c, NULL) : -ENOMEM;
+	if (r < 0) {
+		fprintf(stderr, "heartbeat: cannot connect to chimed: %s\n", strerror(-r));
+		return 1;
+	}
+	/* Every connection starts with an idle timer; user_data is its index. */
+	start = chime_now();
+	for (unsigned i = 0; i < n; i++) {
+		conns[i].silent = i % every == 0;
+		silent += conns[i].silent;
+		r = chime_arm(c, 0, start + (uint64_t)timeout_ms * MS, 0, i, &conns[i].idle_timer);
+		if (r < 0)
+			goto fail;
+	}
+	end = start + (uint64_t)duration_ms * MS;
+	next_round = start;
+	while (chime_now() < end) {
+		if (chime_now() >= next_round) {
+			/* A keepalive from every live peer: push its deadline out. */
+			uint64_t deadline = chime_now() + (uint64_t)timeout_ms * MS;
+
+			for (unsigned i = 0; i < n; i++)
+				if (!conns[i].silent && (r = chime_reset(c, conns[i].idle_timer, deadline)) < 0)
+					goto fail;
+			next_round += (uint64_t)timeout_ms * MS / 4;
+		}
+		r = report(c, conns, n, 5, &reported);
+		if (r < 0)
+			goto fail;
+	}
+	/* Anyone still owed a report is late by at least a timeout by now, at most two. */
+	while (reported < silent && chime_now() < end + 2 * (uint64_t)timeout_ms * MS) {
+		r = report(c, conns, n, 10, &reported);
+		if (r < 0)
+			goto fail;
+	}
+	printf("heartbeat: %u connections, %u silent, %u reported\n", n, silent, reported);
+	chime_close(c);
+	free(conns);
+	return reported == silent ? 0 : 1;
+fail:
+	fprintf(stderr, "heartbeat: %s\n", r == -1 ? "wrong report" : strerror(-r));
+	return 1;
+}

@@ -1,0 +1,513 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * poll.c - the drainer: chime_poll, chime_dispatch, chime_wait.
+ *
+ * One thread at a time drains a chime_t; everything here is that thread's
+ * private state except the shared words named in the labelled edges.
+ *
+ * Per shard, per drain (ARCHITECTURE.md, "Cancels the shard has not read yet"):
+ *
+ *  1. C1: acquire-load cq_tail: the snapshot of events this drain may return.
+ *     Nothing new: done (the fast path is this one load).
+ *  2. C2: acquire-load sq_head, then scan our own published submission slots
+ *     in [sq_head, sq_tail) for RESET, CANCEL and CANCEL_KEY into a private
+ *     set. Because the shard publishes sq_head before the cq_tail of any event
+ *     it produced after applying those records, every event in the snapshot
+ *     was produced before each record in the set was applied: all of them
+ *     are "in flight" with respect to those records. A record the shard
+ *     consumed between our two loads (its slot already recycled) is waited
+ *     out until sq_head passes it: then its VOIDs are visible in the claim
+ *     words instead.
+ *  3. Take events up to the snapshot. For each: its claim word must be FRESH
+ *     (VOID: the shard's cancel or reset won; skip). If a CANCEL/CANCEL_KEY
+ *     matches, claim it (FRESH -> TAKEN) and drop it: the shard, applying the
+ *     cancel later, finds it taken and just frees the timer. If only a RESET
+ *     matches, the event must NOT be claimed (the shard would take that as
+ *     "received" and forget the reset): wait briefly until the shard applied
+ *     the reset, which voids it. Else claim it and return it.
+ *  4. C3: release-store cq_head; if the shard holds a backlog for us, ring its
+ *     doorbell (if it sleeps): it must learn that there is room.
+ *
+ * Memory: the set is bounded by the ring size (2 * sq_size entries), whatever
+ * the number of armed timers.
+ *
+ * The eventfd (chime_fd) is readable whenever events are pending, provided
+ * the application drains until chime_poll() returns 0. A drain that finds
+ * nothing arms want_wakeup (W1, full barrier), clears the eventfd if a shard
+ * may have written it, and re-checks every ring: an event published before
+ * the re-check is seen now; one published after it makes its shard see
+ * want_wakeup and write the eventfd. While events flow, want_wakeup is off
+ * and the shards make no syscall for us. We count the writes we caused
+ * (`owed`: one per 1 -> 0 CAS a shard won) so that the eventfd is read only
+ * when it can be non-zero.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client.h"
+
+#define likely(x)   __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+#define DISPATCH_BATCH 64u
+#define HOLD_SPINS     4096u     /* ~100 us waiting for a shard to apply a RESET */
+
+#define TAG_EVFD 1u
+#define TAG_SOCK 2u
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+/* ---- the pending-cancel set ---- */
+
+static inline uint32_t pend_hash(const struct chime *c, uint64_t what, uint32_t kind)
+{
+	return (uint32_t)(((what ^ kind) * UINT64_C(0x9e3779b97f4a7c15)) >> 32) & c->pend_mask;
+}
+
+static struct chime_pend *pend_find(const struct chime *c, uint64_t what, uint32_t kind)
+{
+	for (uint32_t i = pend_hash(c, what, kind);; i = (i + 1) & c->pend_mask) {
+		struct chime_pend *p = &c->pend[i];
+
+		if (p->kind == 0)
+			return NULL;
+		if (p->kind == kind && p->what == what)
+			return p;
+	}
+}
+
+static void pend_add(struct chime *c, uint64_t what, uint32_t kind, uint32_t flag, uint64_t pos)
+{
+	uint32_t i = pend_hash(c, what, kind);
+	struct chime_pend *p;
+
+	for (;; i = (i + 1) & c->pend_mask) {
+		p = &c->pend[i];
+		if (p->kind == 0)
+			break;
+		if (p->kind == kind && p->what == what) {
+			if ((flag & CHIME_PEND_RESET) && !(p->flags & CHIME_PEND_RESET))
+				p->reset_pos = pos;
+			p->flags |= flag;
+			return;
+		}
+	}
+	/* At most sq_size records are scanned, so the table is never more than half full. */
+	p->what = what;
+	p->kind = kind;
+	p->flags = flag;
+	p->reset_pos = pos;
+	c->pend_used[c->npend++] = i;
+	c->npend_keys += kind == CHIME_PEND_KEY;
+}
+
+static void pend_clear(struct chime *c)
+{
+	for (uint32_t i = 0; i < c->npend; i++)
+		c->pend[c->pend_used[i]].kind = 0;
+	c->npend = 0;
+	c->npend_keys = 0;
+}
+
+/* Wait until the shard has applied the record at pos; false if the broker died. */
+static bool wait_applied(struct chime *c, struct chime_chan *ch, uint64_t pos, unsigned spins)
+{
+	for (unsigned i = 1; __atomic_load_n(ch->sq_head, __ATOMIC_ACQUIRE) <= pos; i++) {
+		if (i >= spins)
+			return false;
+		if (i % 1024 == 0 && chime_broker_gone(c, i % 65536 == 0))
+			return false;
+		cpu_relax();
+	}
+	return true;
+}
+
+/* Step 2: collect the RESET/CANCEL/CANCEL_KEY records the shard has not applied. */
+static void scan_pending(struct chime *c, struct chime_chan *ch)
+{
+	/* C2: after C1; pairs with the shard's release of sq_head after applying. */
+	uint64_t head = __atomic_load_n(ch->sq_head, __ATOMIC_ACQUIRE);
+	/* Our producers' CAS on sq_tail; they publish each slot later, with a full barrier. */
+	uint64_t tail = __atomic_load_n(ch->sq.tail, __ATOMIC_ACQUIRE);
+
+	pend_clear(c);
+	if (head >= tail)
+		return;
+	if (tail - head > c->sq_size)
+		head = tail - c->sq_size;
+	for (uint64_t pos = head; pos != tail; pos++) {
+		struct chime_sqe rec;
+		uint64_t seq;
+
+		if (!chime_sq_peek(ch->sq.slots, ch->sq.mask, pos, &rec)) {
+			seq = __atomic_load_n(&ch->sq.slots[pos & ch->sq.mask].seq, __ATOMIC_ACQUIRE);
+			/*
+			 * seq == pos: reserved, not published yet: a concurrent call,
+			 * which this drain need not honour. Anything else: the shard
+			 * consumed it after our load of sq_head; once sq_head passes
+			 * it, the VOIDs it caused are in the claim words.
+			 */
+			if (seq != pos)
+				(void)wait_applied(c, ch, pos, UINT32_MAX);
+			continue;
+		}
+		switch (rec.op) {
+		case CHIME_OP_CANCEL:
+			pend_add(c, rec.id, CHIME_PEND_ID, CHIME_PEND_CANCEL, pos);
+			break;
+		case CHIME_OP_RESET:
+			pend_add(c, rec.id, CHIME_PEND_ID, CHIME_PEND_RESET, pos);
+			break;
+		case CHIME_OP_CANCEL_KEY:
+			pend_add(c, rec.key, CHIME_PEND_KEY, CHIME_PEND_CANCEL, pos);
+			break;
+		default:
+			break;
+		}
+	}
+}
+
+/* What a pending record says about an event: 0 keep, CANCEL drop, RESET hold. */
+static uint32_t judge(const struct chime *c, const struct chime_cqe *e, struct chime_pend **reset)
+{
+	struct chime_pend *p = pend_find(c, e->id, CHIME_PEND_ID);
+
+	if (c->npend_keys && pend_find(c, e->key, CHIME_PEND_KEY))
+		return CHIME_PEND_CANCEL;
+	if (!p || !p->flags)
+		return 0;
+	/* A cancel wins over a reset in either order: the timer ends cancelled. */
+	if (p->flags & CHIME_PEND_CANCEL)
+		return CHIME_PEND_CANCEL;
+	*reset = p;
+	return CHIME_PEND_RESET;
+}
+
+/* Steps 1-4 for one shard. */
+static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_event *out, unsigned max)
+{
+	const uint32_t mask = c->cq_size - 1;
+	uint64_t start = ch->head, tail;
+	unsigned n = 0;
+
+	/* C1: pairs with the shard's release of cq_tail after the cqe and its claim word. */
+	tail = __atomic_load_n(ch->cq_tail, __ATOMIC_ACQUIRE);
+	ch->held = 0;
+	if (likely(tail == start)) {
+		ch->seen = tail;
+		return 0;
+	}
+	if (unlikely(tail - start > c->cq_size)) {
+		ch->seen = tail;        /* impossible from a sane broker: ignore */
+		return 0;
+	}
+	if (__atomic_load_n(ch->sq_head, __ATOMIC_RELAXED) != __atomic_load_n(ch->sq.tail, __ATOMIC_RELAXED))
+		scan_pending(c, ch);
+	else
+		pend_clear(c);
+
+	while (ch->head != tail && n < max) {
+		uint64_t pos = ch->head;
+		uint64_t want = pos << 2 | CHIME_CLAIM_FRESH;
+		uint64_t *claim = &ch->claim[pos & mask];
+		struct chime_pend *reset = NULL;
+		struct chime_cqe e;
+		uint32_t verdict;
+
+		memcpy(&e, &ch->cq[pos & mask], sizeof(e));
+		/* C4: the claim word; VOID (or anything unexpected) means skip. */
+		if (__atomic_load_n(claim, __ATOMIC_ACQUIRE) != want) {
+			ch->head++;
+			continue;
+		}
+		verdict = c->npend ? judge(c, &e, &reset) : 0;
+		if (verdict == CHIME_PEND_RESET) {
+			/* Leave it FRESH for the shard to void; usually microseconds away. */
+			if (!wait_applied(c, ch, reset->reset_pos, HOLD_SPINS)) {
+				ch->held = 1;
+				break;
+			}
+			reset->flags &= ~CHIME_PEND_RESET;
+			continue;       /* re-read the claim word */
+		}
+		/* C5: FRESH -> TAKEN; pairs with the shard's CAS FRESH -> VOID. One wins. */
+		if (!__atomic_compare_exchange_n(claim, &want, pos << 2 | CHIME_CLAIM_TAKEN, false,
+						 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+			ch->head++;
+			continue;
+		}
+		ch->head++;
+		if (verdict == CHIME_PEND_CANCEL)
+			continue;       /* cancelled before this drain: never returned */
+		out[n++] = (struct chime_event){
+			.id = e.id, .key = e.key, .user_data = e.user_data,
+			.deadline_ns = e.deadline_ns, .fired_ns = e.fired_ns,
+		};
+	}
+	ch->seen = ch->held ? tail : ch->head;
+	if (ch->head != start) {
+		/* C3: our copies are done; pairs with the shard's acquire of cq_head (chime_cq_room). */
+		__atomic_store_n(ch->cq_head, ch->head, __ATOMIC_RELEASE);
+		if (unlikely(__atomic_load_n(ch->backlog, __ATOMIC_RELAXED) != 0)) {
+			/* C6: full barrier between cq_head and the shard's sleep flag (as S1/S2). */
+			__atomic_thread_fence(__ATOMIC_SEQ_CST);
+			chime_ring_doorbell(ch);
+		}
+	}
+	return n;
+}
+
+/* Drain every shard, fairly: each drain starts one shard further. */
+static unsigned drain(struct chime *c, struct chime_event *out, unsigned max)
+{
+	uint32_t s = c->rr;
+	unsigned n = 0;
+
+	c->held = 0;
+	for (uint32_t k = 0; k < c->nr_shards && n < max; k++) {
+		n += drain_chan(c, &c->chan[s], out + n, max - n);
+		c->held |= c->chan[s].held;
+		if (++s == c->nr_shards)
+			s = 0;
+	}
+	if (++c->rr == c->nr_shards)
+		c->rr = 0;
+	return n;
+}
+
+/* Anything published that the last drain did not look at? (acquire: C1 again) */
+static bool pending(const struct chime *c)
+{
+	for (uint32_t s = 0; s < c->nr_shards; s++)
+		if (__atomic_load_n(c->chan[s].cq_tail, __ATOMIC_ACQUIRE) != c->chan[s].seen)
+			return true;
+	return false;
+}
+
+/* ---- the eventfd handshake ---- */
+
+static void ww_arm(struct chime *c)
+{
+	/*
+	 * W1: want_wakeup = 1 with a full barrier before the re-check; pairs
+	 * with the shard's full barrier between publishing cq_tail and loading
+	 * want_wakeup. Old value 0 while armed: a shard won its 1 -> 0 CAS
+	 * since, and writes (or wrote) the eventfd once.
+	 */
+	uint32_t old = __atomic_exchange_n(&c->rw->want_wakeup, 1, __ATOMIC_SEQ_CST);
+
+	if (c->ww_armed && old == 0)
+		c->owed++;
+	c->ww_armed = 1;
+}
+
+static void ww_disarm(struct chime *c)
+{
+	/* W2: awake again: shards need not write the eventfd (pairs with their CAS). */
+	if (__atomic_exchange_n(&c->rw->want_wakeup, 0, __ATOMIC_SEQ_CST) == 0)
+		c->owed++;
+	c->ww_armed = 0;
+}
+
+static void evfd_clear(struct chime *c)
+{
+	uint64_t v;
+
+	if (read(c->evfd, &v, sizeof(v)) == sizeof(v))
+		c->owed = v >= c->owed ? 0 : c->owed - v;
+}
+
+/* Make the eventfd readable (more is pending than the caller took). */
+static void evfd_kick(struct chime *c)
+{
+	uint64_t one = 1;
+
+	if (c->owed == 0 && write(c->evfd, &one, sizeof(one)) == sizeof(one))
+		c->owed = 1;
+}
+
+void chime_fd_arm(struct chime *c)
+{
+	ww_arm(c);
+	if (pending(c))
+		evfd_kick(c);
+}
+
+/*
+ * Drain up to max events. `sleepy`: the caller may sleep on the eventfd
+ * afterwards (chime_wait, or an application that asked for chime_fd), so a
+ * drain that finds nothing arms want_wakeup first. `kick`: returning to the
+ * application with events left behind (max reached): make the fd readable.
+ */
+static int poll_events(struct chime *c, struct chime_event *out, unsigned max, bool sleepy, bool kick)
+{
+	unsigned n = drain(c, out, max);
+
+	if (n > 0) {
+		c->empty_streak = 0;
+		if (c->ww_armed)
+			ww_disarm(c);
+		if (kick && (n == max || c->held) && pending(c))
+			evfd_kick(c);
+		return (int)n;
+	}
+	if (sleepy && !c->held) {
+		ww_arm(c);
+		/*
+		 * Clear the eventfd only after W1 and before the re-check: a write
+		 * it swallows was for an event the re-check sees. Read only if a
+		 * shard owes us a write, or if the application came back with
+		 * nothing to do (a stray readable fd).
+		 */
+		if (c->owed || c->empty_streak)
+			evfd_clear(c);
+		if (pending(c)) {
+			n = drain(c, out, max);
+			if (n > 0) {
+				ww_disarm(c);
+				return (int)n;
+			}
+		}
+	}
+	if (sleepy && c->held)
+		evfd_kick(c);   /* come back soon: a reset is about to void an event */
+	c->empty_streak++;
+	if (chime_is_dead(c) || chime_broker_check(c, chime_now()))
+		return -ENOTCONN;
+	return 0;
+}
+
+CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max)
+{
+	if (unlikely(!c || !events || max == 0))
+		return -EINVAL;
+	return poll_events(c, events, max, c->fd_used, c->fd_used);
+}
+
+CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max)
+{
+	struct chime_event ev[DISPATCH_BATCH];
+	/* max 0: what is pending now, bounded so that callbacks re-arming at once cannot loop forever */
+	unsigned limit = max ? max : c ? c->nr_shards * c->cq_size : 0, total = 0;
+
+	if (unlikely(!c || !cb))
+		return -EINVAL;
+	while (total < limit) {
+		unsigned want = limit - total < DISPATCH_BATCH ? limit - total : DISPATCH_BATCH;
+		/* Runs until a round comes back empty: that one arms the fd's wake-up. */
+		int n = poll_events(c, ev, want, c->fd_used, false);
+
+		if (n < 0)
+			return total ? (int)total : n;
+		if (n == 0)
+			break;
+		for (int i = 0; i < n; i++)
+			cb(&ev[i], arg);
+		total += (unsigned)n;
+	}
+	if (total == limit && c->fd_used && pending(c))
+		evfd_kick(c);
+	return (int)total;
+}
+
+/* ---- chime_wait: sleep on the eventfd and the socket ---- */
+
+static int sleep_uring(struct chime *c, uint64_t timeout_ns)
+{
+	struct __kernel_timespec ts = {
+		.tv_sec = (long long)(timeout_ns / 1000000000u),
+		.tv_nsec = (long long)(timeout_ns % 1000000000u),
+	};
+	struct io_uring_cqe *cqe;
+	struct io_uring_sqe *sqe;
+	unsigned head, seen = 0;
+	int r;
+
+	/* The polls are one-shot and stay outstanding across waits until they fire. */
+	if (!c->evfd_polled && (sqe = io_uring_get_sqe(&c->ring))) {
+		io_uring_prep_poll_add(sqe, c->evfd, POLLIN);
+		io_uring_sqe_set_data64(sqe, TAG_EVFD);
+		c->evfd_polled = true;
+	}
+	if (!c->sock_polled && (sqe = io_uring_get_sqe(&c->ring))) {
+		/* POLLHUP and POLLERR are always reported; the broker sends nothing else. */
+		io_uring_prep_poll_add(sqe, c->sock, POLLRDHUP);
+		io_uring_sqe_set_data64(sqe, TAG_SOCK);
+		c->sock_polled = true;
+	}
+	r = io_uring_submit_and_wait_timeout(&c->ring, &cqe, 1,
+					     timeout_ns == UINT64_MAX ? NULL : &ts, NULL);
+	if (r < 0 && r != -ETIME)
+		return r == -EINTR ? -EINTR : r;
+	io_uring_for_each_cqe(&c->ring, head, cqe) {
+		if (cqe->user_data == TAG_EVFD) {
+			c->evfd_polled = false;
+		} else if (cqe->user_data == TAG_SOCK) {
+			c->sock_polled = false;
+			if (cqe->res > 0)
+				(void)chime_broker_gone(c, true);
+		}
+		seen++;
+	}
+	io_uring_cq_advance(&c->ring, seen);
+	return 0;
+}
+
+static int sleep_poll(struct chime *c, uint64_t timeout_ns)
+{
+	struct pollfd pfd[2] = {
+		{ .fd = c->evfd, .events = POLLIN },
+		{ .fd = c->sock, .events = POLLRDHUP },
+	};
+	struct timespec ts = {
+		.tv_sec = (time_t)(timeout_ns / 1000000000u),
+		.tv_nsec = (long)(timeout_ns % 1000000000u),
+	};
+	int r = ppoll(pfd, 2, timeout_ns == UINT64_MAX ? NULL : &ts, NULL);
+
+	if (r < 0)
+		return errno == EINTR ? -EINTR : -errno;
+	if (pfd[1].revents)
+		(void)chime_broker_gone(c, true);
+	return 0;
+}
+
+CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout_ms)
+{
+	uint64_t deadline = UINT64_MAX;
+
+	if (unlikely(!c || !events || max == 0 || timeout_ms < -1))
+		return -EINVAL;
+	if (timeout_ms >= 0)
+		deadline = chime_now() + (uint64_t)timeout_ms * 1000000u;
+	for (;;) {
+		int n = poll_events(c, events, max, true, false);
+		uint64_t now, left;
+
+		if (n != 0 || timeout_ms == 0)
+			return n;
+		now = chime_now();
+		if (now >= deadline)
+			return 0;
+		left = deadline == UINT64_MAX ? UINT64_MAX : deadline - now;
+		if (c->held) {
+			/* An event waits for its shard to apply a reset: back in a moment. */
+			nanosleep(&(struct timespec){ .tv_nsec = 20000 }, NULL);
+			continue;
+		}
+		n = c->has_ring ? sleep_uring(c, left) : sleep_poll(c, left);
+		if (n < 0)
+			return n;
+	}
+}

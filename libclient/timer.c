@@ -1,0 +1,173 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * timer.c - chime_arm/reset/cancel/cancel_key: the submission fast path.
+ *
+ * Each call is one record in one shard's submission ring: reserve a slot
+ * (a CAS on sq_tail), fill it, publish it (an atomic exchange: a full
+ * barrier), then load the shard's `sleeping` flag and write its doorbell
+ * only if it is set. No system call while the shard is awake; no lock;
+ * any number of threads.
+ *
+ * - ARM takes its id from the slot's grant (a node the broker set aside for
+ *   whoever writes this slot), so the id is known before the broker has
+ *   seen anything. The shard is chosen round-robin per calling thread: a
+ *   thread-local counter, so threads share no cache line to pick one.
+ * - RESET and CANCEL go to the shard named in the id; CANCEL_KEY to every
+ *   shard (a key's timers are spread over all of them).
+ * - A full ring is waited out (spin, then yield, then short sleeps), never
+ *   dropped; the wait gives up with -ENOTCONN if the broker dies meanwhile.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client.h"
+
+#define likely(x)   __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+static __thread uint32_t tl_next_shard;    /* round-robin for this thread's ARMs */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+void chime_ring_doorbell(struct chime_chan *ch)
+{
+	uint64_t one = 1;
+
+	/*
+	 * S2: load the shard's sleep flag after our publication (the caller's
+	 * full barrier, S1); pairs with the shard's store sleeping = 1, full
+	 * barrier, re-check of the rings. Either it sees our record or we see
+	 * the flag. seq_cst so that the load cannot pass the exchange on arm64.
+	 */
+	if (__atomic_load_n(ch->sleeping, __ATOMIC_SEQ_CST))
+		(void)!write(ch->doorbell, &one, sizeof(one));
+}
+
+/*
+ * The ring is full: the shard is behind (or asleep, or dead). Wait for room,
+ * nudging the shard and checking that the broker is still there.
+ */
+static __attribute__((noinline)) struct chime_sqe *
+wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
+{
+	struct chime_sqe *sqe;
+
+	for (unsigned i = 1;; i++) {
+		if (i < 128) {
+			cpu_relax();
+		} else {
+			if (i % 16 == 0) {
+				/* S3: full barrier before the flag load, as after a publish. */
+				__atomic_thread_fence(__ATOMIC_SEQ_CST);
+				chime_ring_doorbell(ch);
+				if (chime_broker_gone(c, true))
+					return NULL;
+			}
+			if (i < 256)
+				sched_yield();
+			else
+				nanosleep(&(struct timespec){ .tv_nsec = 50000 }, NULL);
+		}
+		if (chime_is_dead(c))
+			return NULL;
+		sqe = chime_sq_reserve(&ch->sq, pos);
+		if (sqe)
+			return sqe;
+	}
+}
+
+static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t id, uint64_t key,
+			 uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data, chime_id_t *out)
+{
+	struct chime_chan *ch = &c->chan[shard];
+	struct chime_sqe *sqe;
+	uint64_t pos;
+
+	if (unlikely(chime_is_dead(c)))
+		return -ENOTCONN;
+	sqe = chime_sq_reserve(&ch->sq, &pos);
+	if (unlikely(!sqe)) {
+		sqe = wait_room(c, ch, &pos);
+		if (!sqe)
+			return -ENOTCONN;
+	}
+	if (op == CHIME_OP_ARM) {
+		/*
+		 * The grant was stored before the slot's seq freed it for this
+		 * position (broker: release); chime_sq_reserve() acquire-loaded
+		 * that seq, so the grant is the one meant for us.
+		 */
+		id = __atomic_load_n(&sqe->grant, __ATOMIC_RELAXED);
+		if (unlikely(chime_id_gen(id) == 0 || chime_id_shard(id) != shard))
+			op = CHIME_OP_NOP;  /* no node to grant: give the slot back */
+	}
+	sqe->id = id;
+	sqe->key = key;
+	sqe->deadline_ns = deadline_ns;
+	sqe->period_ns = period_ns;
+	sqe->user_data = user_data;
+	sqe->op = op;
+	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
+	chime_sq_publish(sqe, pos);
+	chime_ring_doorbell(ch);
+	if (unlikely(op == CHIME_OP_NOP))
+		return -ENOMEM;
+	if (out)
+		*out = id;
+	return 0;
+}
+
+static inline bool id_ok(const struct chime *c, chime_id_t id)
+{
+	return id != 0 && chime_id_gen(id) != 0 && chime_id_shard(id) < c->nr_shards;
+}
+
+CHIME_PUBLIC int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns,
+			   uint64_t user_data, chime_id_t *id)
+{
+	uint32_t s;
+
+	if (unlikely(!c || !id))
+		return -EINVAL;
+	s = tl_next_shard;
+	if (s >= c->nr_shards)
+		s = 0;
+	tl_next_shard = s + 1;
+	return submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
+}
+
+CHIME_PUBLIC int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns)
+{
+	if (unlikely(!c || !id_ok(c, id)))
+		return -EINVAL;
+	return submit(c, chime_id_shard(id), CHIME_OP_RESET, id, 0, deadline_ns, 0, 0, NULL);
+}
+
+CHIME_PUBLIC int chime_cancel(chime_t *c, chime_id_t id)
+{
+	if (unlikely(!c || !id_ok(c, id)))
+		return -EINVAL;
+	return submit(c, chime_id_shard(id), CHIME_OP_CANCEL, id, 0, 0, 0, 0, NULL);
+}
+
+CHIME_PUBLIC int chime_cancel_key(chime_t *c, uint64_t key)
+{
+	if (unlikely(!c))
+		return -EINVAL;
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		int r = submit(c, s, CHIME_OP_CANCEL_KEY, 0, key, 0, 0, 0, NULL);
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}

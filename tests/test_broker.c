@@ -1,0 +1,801 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_broker.c - libchime against a real chimed, end to end.
+ *
+ * Each test starts its own chimed (path in $CHIMED) on a private socket in a
+ * fresh temporary directory, runs client processes and threads against it,
+ * and judges forked children by their exit status (a child never uses
+ * cr_assert: it prints what failed and exits non-zero). .fini kills the
+ * broker and removes its files. $CHIME_STRESS=1 scales every workload up
+ * (the 'stress' suite runs the same binary that way).
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chime.h"
+#include "chime_shm.h"
+#include "helpers.h"
+#include "segment.h"
+
+#define MS 1000000ull
+#define LATE_MAX_NS (200 * MS)   /* generous: a noisy 2-core machine */
+
+static char dir[PATH_MAX - 64];
+static char sock[PATH_MAX];
+static pid_t broker = -1;
+static int stress;
+
+/* In children: report and exit non-zero. */
+#define CHECK(cond, ...) do {                                                   \
+	if (!(cond)) {                                                          \
+		fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+		fprintf(stderr, __VA_ARGS__);                                   \
+		fputc('\n', stderr);                                            \
+		_exit(1);                                                       \
+	}                                                                       \
+} while (0)
+
+static void msleep(unsigned ms)
+{
+	nanosleep(&(struct timespec){ .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000 }, NULL);
+}
+
+static int scale(int n, int stress_n)
+{
+	return stress ? stress_n : n;
+}
+
+static chime_t *copen(void)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_t *c = NULL;
+	int r = chime_open(&c, &o);
+
+	if (r < 0) {
+		fprintf(stderr, "chime_open('%s'): %s\n", sock, strerror(-r));
+		return NULL;
+	}
+	return c;
+}
+
+static void broker_stop(void);
+
+static void broker_start(void)
+{
+	const char *chimed = getenv("CHIMED");
+	uint64_t t0;
+	chime_t *c;
+
+	stress = getenv("CHIME_STRESS") && atoi(getenv("CHIME_STRESS")) > 0;
+	cr_assert_not_null(chimed, "$CHIMED must name the chimed binary");
+	snprintf(dir, sizeof(dir), "/tmp/chime-tb-%d-XXXXXX", (int)getpid());
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	broker = fork();
+	cr_assert_geq(broker, 0);
+	if (broker == 0) {
+		/* Never outlive the test, whatever happens to it. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		execl(chimed, "chimed", "--socket", sock, "--shards", "2", "--foreground", (char *)NULL);
+		perror("exec chimed");
+		_exit(127);
+	}
+	for (t0 = t_now_ns();; msleep(5)) {
+		struct chime_opts o = { .socket_path = sock };
+
+		if (chime_open(&c, &o) == 0)
+			break;
+		if (t_now_ns() - t0 > 10000 * MS || waitpid(broker, NULL, WNOHANG) != 0) {
+			broker_stop();  /* .fini does not run after a failed .init */
+			cr_assert_fail("chimed did not come up on '%s'", sock);
+		}
+	}
+	chime_close(c);
+}
+
+static void broker_stop(void)
+{
+	DIR *d;
+	struct dirent *e;
+	char p[PATH_MAX + 300];
+
+	if (broker > 0) {
+		kill(broker, SIGKILL);
+		waitpid(broker, NULL, 0);
+		broker = -1;
+	}
+	d = opendir(dir);
+	if (d) {
+		while ((e = readdir(d)))
+			if (e->d_name[0] != '.') {
+				snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+				unlink(p);
+			}
+		closedir(d);
+	}
+	rmdir(dir);
+}
+
+TestSuite(broker, .init = broker_start, .fini = broker_stop, .timeout = 120);
+
+/* ---- helpers ---- */
+
+/* Fork n children running fn(i); true if all exited 0. */
+static bool run_children(int n, int (*fn)(int), pid_t *pids_out)
+{
+	pid_t pids[64];
+	bool ok = true;
+
+	for (int i = 0; i < n; i++) {
+		pids[i] = fork();
+		cr_assert_geq(pids[i], 0);
+		if (pids[i] == 0)
+			_exit(fn(i));
+	}
+	if (pids_out) {
+		memcpy(pids_out, pids, sizeof(pid_t) * (size_t)n);
+		return true;
+	}
+	for (int i = 0; i < n; i++) {
+		int st;
+
+		cr_assert_eq(waitpid(pids[i], &st, 0), pids[i]);
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			cr_log_error("child %d: %s %d", i, WIFEXITED(st) ? "exit" : "signal",
+				     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+			ok = false;
+		}
+	}
+	return ok;
+}
+
+/* Sum of one counter over the shard blocks of the control segment. */
+static uint64_t ctl_sum(size_t field_off)
+{
+	char path[PATH_MAX + 8];
+	struct chime_map m;
+	const struct chime_ctl *ctl;
+	uint64_t sum = 0;
+
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0, "cannot map '%s'", path);
+	ctl = m.base;
+	for (uint32_t s = 0; s < ctl->nr_shards; s++) {
+		const char *b = (const char *)m.base + ctl->shards_off + s * sizeof(struct chime_shard_ctl);
+
+		sum += __atomic_load_n((const uint64_t *)(b + field_off), __ATOMIC_RELAXED);
+	}
+	chime_seg_unmap(&m);
+	return sum;
+}
+
+static uint32_t ctl_u32(size_t off)
+{
+	char path[PATH_MAX + 8];
+	struct chime_map m;
+	uint32_t v;
+
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	v = *(const uint32_t *)((const char *)m.base + off);
+	chime_seg_unmap(&m);
+	return v;
+}
+
+/* Wait until fn() == want (or give up after ms). */
+static bool wait_sum(size_t off, uint64_t want, unsigned ms)
+{
+	for (uint64_t t0 = t_now_ns(); t_now_ns() - t0 < ms * MS; msleep(10))
+		if (ctl_sum(off) == want)
+			return true;
+	return ctl_sum(off) == want;
+}
+
+/* ---- exactly once, never early, lateness bounded: processes x threads ---- */
+
+#define EO_PROCS 3
+#define EO_THREADS 3
+
+struct eo {
+	chime_t *c;
+	int per;
+	int t;
+	uint64_t *deadline;     /* [t * per + i] */
+	chime_id_t *ids;
+	int rc;
+};
+
+static void *eo_arm(void *arg)
+{
+	struct eo *e = arg;
+	uint64_t seed = (uint64_t)getpid() * 1000 + (uint64_t)e->t;
+
+	for (int i = 0; i < e->per; i++) {
+		int k = e->t * e->per + i;
+		uint64_t d = chime_now() + t_rand(&seed) % (300 * MS);
+
+		e->deadline[k] = d;
+		__atomic_thread_fence(__ATOMIC_RELEASE);
+		if (chime_arm(e->c, (uint64_t)e->t, d, 0, (uint64_t)k, &e->ids[k]) != 0 || e->ids[k] == 0)
+			e->rc = 1;
+		if (i % 64 == 0)
+			sched_yield();
+	}
+	return NULL;
+}
+
+static int eo_child(int idx)
+{
+	int per = scale(2000, 40000), n = EO_THREADS * per, got = 0;
+	struct eo e[EO_THREADS];
+	pthread_t th[EO_THREADS];
+	uint64_t *deadline = calloc((size_t)n, 8);
+	chime_id_t *ids = calloc((size_t)n, 8);
+	uint8_t *seen = calloc((size_t)n, 1);
+	struct chime_event ev[128];
+	uint64_t t0 = chime_now(), worst = 0;
+	chime_t *c = copen();
+
+	CHECK(c && deadline && ids && seen, "setup");
+	for (int t = 0; t < EO_THREADS; t++) {
+		e[t] = (struct eo){ .c = c, .per = per, .t = t, .deadline = deadline, .ids = ids };
+		pthread_create(&th[t], NULL, eo_arm, &e[t]);
+	}
+	/* Drain while the threads arm. */
+	while (got < n) {
+		int r = chime_wait(c, ev, 128, 100);
+
+		CHECK(r >= 0, "chime_wait: %s", strerror(-r));
+		CHECK(chime_now() - t0 < 30000 * MS, "only %d of %d events after 30 s", got, n);
+		for (int i = 0; i < r; i++) {
+			uint64_t k = ev[i].user_data, now = chime_now();
+
+			CHECK(k < (uint64_t)n, "bad user_data %llu", (unsigned long long)k);
+			__atomic_thread_fence(__ATOMIC_ACQUIRE);
+			CHECK(seen[k] == 0, "event %llu returned twice", (unsigned long long)k);
+			seen[k] = 1;
+			CHECK(ev[i].deadline_ns == deadline[k], "deadline changed");
+			CHECK(ev[i].id == ids[k] || ids[k] == 0, "id mismatch");
+			CHECK(ev[i].fired_ns >= ev[i].deadline_ns, "fired %lld ns early",
+			      (long long)(ev[i].deadline_ns - ev[i].fired_ns));
+			CHECK(now >= ev[i].deadline_ns, "received early");
+			CHECK(ev[i].fired_ns - ev[i].deadline_ns < LATE_MAX_NS, "late by %llu us",
+			      (unsigned long long)(ev[i].fired_ns - ev[i].deadline_ns) / 1000);
+			if (ev[i].fired_ns - ev[i].deadline_ns > worst)
+				worst = ev[i].fired_ns - ev[i].deadline_ns;
+			got++;
+		}
+	}
+	for (int t = 0; t < EO_THREADS; t++) {
+		pthread_join(th[t], NULL);
+		CHECK(e[t].rc == 0, "chime_arm failed");
+	}
+	/* Nothing more may come. */
+	CHECK(chime_wait(c, ev, 128, 150) == 0, "an extra event");
+	fprintf(stderr, "exactly_once[%d]: %d events, worst lateness %llu us\n", idx, n,
+		(unsigned long long)worst / 1000);
+	chime_close(c);
+	return 0;
+}
+
+Test(broker, exactly_once_never_early_procs_threads)
+{
+	cr_assert(run_children(EO_PROCS, eo_child, NULL));
+}
+
+/* ---- cancel: no event after chime_cancel() returns, even one in flight ---- */
+
+static int cancel_child(int idx)
+{
+	int reps = scale(3000, 60000), controls = 0, got = 0;
+	uint64_t seed = 77 + (uint64_t)idx;
+	struct chime_event ev[64];
+	chime_t *c = copen();
+
+	CHECK(c, "open");
+	for (int i = 0; i < reps; i++) {
+		chime_id_t id, ctl;
+		unsigned spin = (unsigned)(t_rand(&seed) % 3000);
+
+		/* Due at once: the shard fires it immediately; the cancel races with that. */
+		CHECK(chime_arm(c, 1, chime_now() - MS, 0, 0xdead, &id) == 0, "arm");
+		for (volatile unsigned s = 0; s < spin; s++)
+			;
+		CHECK(chime_cancel(c, id) == 0, "cancel");
+		if (i % 10 == 0) {
+			CHECK(chime_arm(c, 2, chime_now(), 0, 0xc0de, &ctl) == 0, "arm control");
+			controls++;
+		}
+		if (i % 7 == 0) {
+			int r = chime_poll(c, ev, 64);
+
+			CHECK(r >= 0, "poll");
+			for (int k = 0; k < r; k++)
+				CHECK(ev[k].user_data == 0xc0de, "cancelled timer %#llx returned",
+				      (unsigned long long)ev[k].id);
+			got += r;
+		}
+	}
+	for (uint64_t t0 = chime_now(); chime_now() - t0 < 400 * MS;) {
+		int r = chime_wait(c, ev, 64, 50);
+
+		CHECK(r >= 0, "wait");
+		for (int k = 0; k < r; k++)
+			CHECK(ev[k].user_data == 0xc0de, "cancelled timer returned");
+		got += r;
+	}
+	CHECK(got == controls, "%d control events of %d", got, controls);
+	chime_close(c);
+	return 0;
+}
+
+Test(broker, cancel_in_flight_never_returned)
+{
+	cr_assert(run_children(2, cancel_child, NULL));
+}
+
+/* ---- reset: fires at the new deadline only, even with a firing in flight ---- */
+
+static int reset_child(int idx)
+{
+	int reps = scale(2000, 40000), got = 0;
+	uint64_t seed = 99 + (uint64_t)idx;
+	uint64_t *newd = calloc((size_t)reps, 8);
+	uint8_t *seen = calloc((size_t)reps, 1);
+	struct chime_event ev[64];
+	chime_t *c = copen();
+
+	CHECK(c && newd && seen, "setup");
+	for (int i = 0; i < reps || got < reps;) {
+		if (i < reps) {
+			chime_id_t id;
+			unsigned spin = (unsigned)(t_rand(&seed) % 3000);
+
+			CHECK(chime_arm(c, 0, chime_now() - MS, 0, (uint64_t)i, &id) == 0, "arm");
+			for (volatile unsigned s = 0; s < spin; s++)
+				;
+			newd[i] = chime_now() + 20 * MS + t_rand(&seed) % (30 * MS);
+			CHECK(chime_reset(c, id, newd[i]) == 0, "reset");
+			i++;
+		}
+		if (i % 8 == 0 || i >= reps) {
+			int r = i >= reps ? chime_wait(c, ev, 64, 100) : chime_poll(c, ev, 64);
+
+			CHECK(r >= 0, "poll");
+			for (int k = 0; k < r; k++) {
+				uint64_t u = ev[k].user_data;
+
+				CHECK(u < (uint64_t)i, "bad user_data");
+				CHECK(!seen[u], "timer %llu fired twice (reset did not void the first)",
+				      (unsigned long long)u);
+				seen[u] = 1;
+				CHECK(ev[k].deadline_ns == newd[u], "returned the firing before the reset");
+				CHECK(ev[k].fired_ns >= newd[u], "fired early");
+				got++;
+			}
+		}
+	}
+	CHECK(chime_wait(c, ev, 64, 100) == 0, "extra event");
+	chime_close(c);
+	return 0;
+}
+
+Test(broker, reset_in_flight_fires_at_new_deadline_once)
+{
+	cr_assert(run_children(2, reset_child, NULL));
+}
+
+/* ---- cancel_key ---- */
+
+Test(broker, cancel_key_cancels_only_that_key)
+{
+	chime_t *c = copen();
+	struct chime_event ev[64];
+	int got = 0;
+
+	cr_assert_not_null(c);
+	for (int i = 0; i < 300; i++) {
+		chime_id_t id;
+
+		cr_assert_eq(chime_arm(c, 7, chime_now() + 50 * MS, 0, 7, &id), 0);
+		cr_assert_eq(chime_arm(c, 8, chime_now() + 50 * MS, 0, 8, &id), 0);
+	}
+	cr_assert_eq(chime_cancel_key(c, 7), 0);
+	for (uint64_t t0 = chime_now(); chime_now() - t0 < 300 * MS;) {
+		int r = chime_wait(c, ev, 64, 50);
+
+		cr_assert_geq(r, 0);
+		for (int k = 0; k < r; k++)
+			cr_assert_eq(ev[k].key, 8, "key %llu survived cancel_key", (unsigned long long)ev[k].key);
+		got += r;
+	}
+	cr_assert_eq(got, 300);
+	chime_close(c);
+}
+
+/* The usual pattern: drop all timeouts of an object, then arm a new one with the same key. */
+Test(broker, cancel_key_then_rearm_same_key_delivers_new_ones)
+{
+	int rounds = scale(300, 5000);
+	chime_t *c = copen();
+	struct chime_event ev[64];
+
+	cr_assert_not_null(c);
+	for (int round = 0; round < rounds; round++) {
+		chime_id_t old[4], fresh[4];
+		int got = 0;
+
+		for (int i = 0; i < 4; i++)
+			cr_assert_eq(chime_arm(c, 9, chime_now() - MS, 0, 1, &old[i]), 0);
+		cr_assert_eq(chime_cancel_key(c, 9), 0);
+		for (int i = 0; i < 4; i++)
+			cr_assert_eq(chime_arm(c, 9, chime_now() - MS, 0, 2, &fresh[i]), 0);
+		for (uint64_t t0 = chime_now(); got < 4;) {
+			int r = chime_wait(c, ev, 64, 20);
+
+			cr_assert_geq(r, 0);
+			for (int k = 0; k < r; k++)
+				cr_assert_eq(ev[k].user_data, 2, "round %d: a cancelled timer came back", round);
+			got += r;
+			cr_assert_lt(chime_now() - t0, 2000 * MS, "round %d: new timers lost (%d of 4)", round, got);
+		}
+	}
+	cr_assert_eq(chime_wait(c, ev, 64, 50), 0);
+	chime_close(c);
+}
+
+/* ---- periodic ---- */
+
+Test(broker, periodic_fires_at_deadline_plus_k_period_without_drift)
+{
+	chime_t *c = copen();
+	struct chime_event ev[8];
+	uint64_t p = 15 * MS, d0 = chime_now() + 20 * MS;
+	chime_id_t id;
+	int k = 0;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm(c, 1, d0, p, 42, &id), 0);
+	while (k < 12) {
+		int r = chime_wait(c, ev, 8, 1000);
+
+		cr_assert_gt(r, 0, "periodic timer stopped after %d firings", k);
+		for (int i = 0; i < r; i++, k++) {
+			cr_assert_eq(ev[i].id, id);
+			cr_assert_eq(ev[i].deadline_ns, d0 + (uint64_t)k * p, "firing %d drifted", k);
+			cr_assert_geq(ev[i].fired_ns, ev[i].deadline_ns);
+			cr_assert_lt(ev[i].fired_ns - ev[i].deadline_ns, LATE_MAX_NS);
+		}
+	}
+	cr_assert_eq(chime_cancel(c, id), 0);
+	cr_assert_eq(chime_wait(c, ev, 8, 100), 0, "fired after cancel");
+	chime_close(c);
+}
+
+Test(broker, periodic_reset_restarts_period_from_new_deadline)
+{
+	chime_t *c = copen();
+	struct chime_event ev[8];
+	uint64_t p = 20 * MS, d1;
+	chime_id_t id;
+	int k = 0;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 10 * MS, p, 0, &id), 0);
+	cr_assert_gt(chime_wait(c, ev, 1, 1000), 0);
+	d1 = chime_now() + 33 * MS;
+	cr_assert_eq(chime_reset(c, id, d1), 0);
+	while (k < 4) {
+		int r = chime_wait(c, ev, 8, 1000);
+
+		cr_assert_gt(r, 0);
+		for (int i = 0; i < r; i++, k++)
+			cr_assert_eq(ev[i].deadline_ns, d1 + (uint64_t)k * p, "firing %d after reset", k);
+	}
+	chime_close(c);
+}
+
+/* ---- a client killed with SIGKILL ---- */
+
+static int pipe_fd[2];
+
+static int idle_armer(int idx)
+{
+	chime_t *c = copen();
+	chime_id_t id;
+
+	CHECK(c, "open");
+	for (int i = 0; i < 5000; i++)
+		CHECK(chime_arm(c, 0, chime_now() + 60000 * MS, 0, 0, &id) == 0, "arm");
+	CHECK(write(pipe_fd[1], "x", 1) == 1, "pipe");
+	for (;;)
+		pause();
+}
+
+static int small_worker(int idx)
+{
+	chime_t *c = copen();
+	struct chime_event ev[64];
+	chime_id_t id;
+	int got = 0;
+
+	CHECK(c, "open");
+	for (int i = 0; i < 500; i++)
+		CHECK(chime_arm(c, 0, chime_now() + (uint64_t)(i % 100) * 3 * MS, 0, 0, &id) == 0, "arm");
+	while (got < 500) {
+		int r = chime_wait(c, ev, 64, 2000);
+
+		CHECK(r > 0, "worker starved: %d of 500 (r=%d)", got, r);
+		got += r;
+	}
+	CHECK(chime_wait(c, ev, 64, 50) == 0, "extra");
+	chime_close(c);
+	return 0;
+}
+
+Test(broker, client_sigkill_reclaims_its_timers)
+{
+	size_t armed = offsetof(struct chime_shard_ctl, stats.armed);
+	uint64_t base;
+	pid_t victim, worker;
+	char x;
+	int st;
+
+	cr_assert(wait_sum(armed, 0, 2000) || true);
+	base = ctl_sum(armed);
+	cr_assert_eq(pipe(pipe_fd), 0);
+	run_children(1, idle_armer, &victim);
+	cr_assert_eq(read(pipe_fd[0], &x, 1), 1);
+	for (uint64_t t0 = t_now_ns(); ctl_sum(armed) < base + 5000; msleep(5))
+		cr_assert_lt(t_now_ns() - t0, 5000 * MS, "the broker never counted the victim's timers");
+	run_children(1, small_worker, &worker);
+	kill(victim, SIGKILL);
+	waitpid(victim, NULL, 0);
+	cr_assert_eq(waitpid(worker, &st, 0), worker);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "a neighbour suffered");
+	cr_assert(wait_sum(armed, base, 5000), "armed %llu, was %llu before the victim",
+		  (unsigned long long)ctl_sum(armed), (unsigned long long)base);
+	cr_assert_eq(waitpid(broker, NULL, WNOHANG), 0, "the broker died");
+	cr_assert_eq(small_worker(0), 0);
+}
+
+/* ---- the broker killed with SIGKILL ---- */
+
+Test(broker, broker_sigkill_gives_enotconn_without_hanging)
+{
+	chime_t *waiter = copen(), *armer = copen(), *poller = copen();
+	struct chime_event ev[8];
+	chime_id_t id = 0;
+	uint64_t t0;
+	int r;
+
+	cr_assert(waiter && armer && poller);
+	cr_assert_eq(chime_arm(waiter, 0, chime_now() + 10000 * MS, 0, 0, &id), 0);
+	kill(broker, SIGKILL);
+	waitpid(broker, NULL, 0);
+	broker = -1;
+
+	t0 = chime_now();
+	r = chime_wait(waiter, ev, 8, 5000);
+	cr_assert_eq(r, -ENOTCONN, "chime_wait: %d", r);
+	cr_assert_lt(chime_now() - t0, 1000 * MS, "chime_wait noticed late");
+	cr_assert_eq(chime_arm(waiter, 0, 0, 0, 0, &id), -ENOTCONN);
+	cr_assert_eq(chime_reset(waiter, id, 0), -ENOTCONN);
+	cr_assert_eq(chime_cancel(waiter, id), -ENOTCONN);
+	cr_assert_eq(chime_cancel_key(waiter, 0), -ENOTCONN);
+	cr_assert_eq(chime_poll(waiter, ev, 8), -ENOTCONN);
+
+	/* A producer that only arms: the ring fills, and the wait for room notices. */
+	t0 = chime_now();
+	do
+		r = chime_arm(armer, 0, chime_now(), 0, 0, &id);
+	while (r == 0 && chime_now() - t0 < 5000 * MS);
+	cr_assert_eq(r, -ENOTCONN);
+	cr_assert_lt(chime_now() - t0, 3000 * MS);
+
+	/* A client that only polls notices within a couple of seconds. */
+	t0 = chime_now();
+	do
+		r = chime_poll(poller, ev, 8);
+	while (r == 0 && chime_now() - t0 < 5000 * MS);
+	cr_assert_eq(r, -ENOTCONN);
+	chime_close(waiter);
+	chime_close(armer);
+	chime_close(poller);
+}
+
+Test(broker, broker_sigterm_stops_cleanly)
+{
+	chime_t *c = copen();
+	struct chime_event ev[8];
+	uint64_t t0;
+	int st;
+
+	cr_assert_not_null(c);
+	kill(broker, SIGTERM);
+	t0 = chime_now();
+	cr_assert_eq(chime_wait(c, ev, 8, 5000), -ENOTCONN);
+	cr_assert_lt(chime_now() - t0, 2000 * MS);
+	cr_assert_eq(waitpid(broker, &st, 0), broker);
+	broker = -1;
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed exit status %#x", st);
+	cr_assert_neq(access(sock, F_OK), 0, "socket left behind");
+	chime_close(c);
+}
+
+/* ---- arguments against a live connection ---- */
+
+Test(broker, bad_arguments)
+{
+	chime_t *c = copen();
+	struct chime_event ev[4];
+	chime_id_t id;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm(c, 0, 0, 0, 0, NULL), -EINVAL);
+	cr_assert_eq(chime_reset(c, 0, 0), -EINVAL);
+	cr_assert_eq(chime_cancel(c, 0), -EINVAL);
+	cr_assert_eq(chime_cancel(c, chime_id_make(0, 0, 5)), -EINVAL, "generation 0");
+	cr_assert_eq(chime_cancel(c, chime_id_make(1, 200, 5)), -EINVAL, "no such shard");
+	cr_assert_eq(chime_reset(c, chime_id_make(1, 200, 5), 0), -EINVAL);
+	cr_assert_eq(chime_poll(c, NULL, 4), -EINVAL);
+	cr_assert_eq(chime_poll(c, ev, 0), -EINVAL);
+	cr_assert_eq(chime_wait(c, ev, 0, 0), -EINVAL);
+	cr_assert_eq(chime_wait(c, ev, 4, -2), -EINVAL);
+	cr_assert_eq(chime_dispatch(c, NULL, NULL, 0), -EINVAL);
+	cr_assert_geq(chime_fd(c), 0);
+
+	/* A cancel or reset of a timer that already fired is harmless. */
+	cr_assert_eq(chime_arm(c, 0, chime_now(), 0, 0, &id), 0);
+	cr_assert_eq(chime_wait(c, ev, 4, 1000), 1);
+	cr_assert_eq(chime_cancel(c, id), 0);
+	cr_assert_eq(chime_cancel(c, id), 0);
+	cr_assert_eq(chime_reset(c, id, chime_now()), 0);
+	/* An id of a node this client never armed (forged): ignored by the broker. */
+	cr_assert_eq(chime_cancel(c, chime_id_make(3, 0, 1000000)), 0);
+	cr_assert_eq(chime_wait(c, ev, 4, 100), 0, "a fired one-shot came back after reset");
+	chime_close(c);
+}
+
+/* ---- a client that does not drain: held, then delivered exactly once ---- */
+
+Test(broker, non_draining_client_events_held_then_delivered_once)
+{
+	chime_t *c = copen();
+	uint32_t cq = ctl_u32(offsetof(struct chime_ctl, cq_size));
+	int n = (int)(3 * cq * 2), got = 0;
+	uint8_t *seen = calloc((size_t)n, 1);
+	struct chime_event ev[256];
+	uint64_t t0;
+
+	cr_assert(c && seen);
+	for (int i = 0; i < n; i++) {
+		chime_id_t id;
+
+		cr_assert_eq(chime_arm(c, 0, chime_now(), 0, (uint64_t)i, &id), 0);
+	}
+	for (t0 = t_now_ns(); ctl_sum(offsetof(struct chime_shard_ctl, stats.backlog)) == 0; msleep(10))
+		cr_assert_lt(t_now_ns() - t0, 3000 * MS, "no backlog with %d events for a %u-slot ring", n, cq);
+	msleep(100);
+	for (t0 = chime_now(); got < n;) {
+		int r = chime_wait(c, ev, 256, 1000);
+
+		cr_assert_gt(r, 0, "held events lost: %d of %d", got, n);
+		for (int k = 0; k < r; k++) {
+			cr_assert_lt(ev[k].user_data, (uint64_t)n);
+			cr_assert_eq(seen[ev[k].user_data], 0, "delivered twice");
+			seen[ev[k].user_data] = 1;
+		}
+		got += r;
+	}
+	cr_assert_eq(chime_wait(c, ev, 256, 100), 0);
+	cr_assert(wait_sum(offsetof(struct chime_shard_ctl, stats.backlog), 0, 2000));
+	free(seen);
+	chime_close(c);
+}
+
+/* ---- chime_fd in an application's epoll loop ---- */
+
+static void count_cb(const struct chime_event *e, void *arg)
+{
+	(*(int *)arg)++;
+}
+
+Test(broker, fd_readable_when_events_pending)
+{
+	chime_t *c = copen();
+	struct epoll_event ee = { .events = EPOLLIN };
+	int ep = epoll_create1(EPOLL_CLOEXEC), n = scale(2000, 50000), got = 0, idle = 0, wakes = 0;
+	uint64_t seed = 5;
+	chime_id_t id;
+
+	cr_assert(c && ep >= 0);
+	cr_assert_eq(epoll_ctl(ep, EPOLL_CTL_ADD, chime_fd(c), &ee), 0);
+	/* Nothing armed: not readable. */
+	cr_assert_eq(chime_dispatch(c, count_cb, &got, 0), 0);
+	if (epoll_wait(ep, &ee, 1, 50) != 0) {
+		uint64_t v = 0;
+		ssize_t k = read(chime_fd(c), &v, sizeof(v));
+
+		cr_assert_fail("readable with nothing pending (events %#x, read %zd, value %llu, %s)",
+			       ee.events, k, (unsigned long long)v, k < 0 ? strerror(errno) : "-");
+	}
+	cr_assert_eq(chime_arm(c, 0, chime_now() + 30 * MS, 0, 0, &id), 0);
+	cr_assert_eq(epoll_wait(ep, &ee, 1, 2000), 1, "not readable with an event pending");
+	cr_assert_eq(chime_dispatch(c, count_cb, &got, 0), 1);
+	got = 0;
+	for (int i = 0; i < n; i++)
+		cr_assert_eq(chime_arm(c, 0, chime_now() + t_rand(&seed) % (300 * MS), 0, 0, &id), 0);
+	while (got < n) {
+		int r = epoll_wait(ep, &ee, 1, 2000), d;
+
+		cr_assert_eq(r, 1, "lost wake-up: %d of %d delivered", got, n);
+		wakes++;
+		d = chime_dispatch(c, count_cb, &got, 0);
+		cr_assert_geq(d, 0);
+		idle += d == 0;
+	}
+	cr_assert_eq(got, n);
+	cr_assert_leq(idle, wakes / 2 + 2, "%d of %d wake-ups found nothing", idle, wakes);
+	/* Drained: the fd settles (at most one stray wake-up). */
+	if (epoll_wait(ep, &ee, 1, 50) == 1)
+		cr_assert_eq(chime_dispatch(c, count_cb, &got, 0), 0);
+	cr_assert_eq(epoll_wait(ep, &ee, 1, 50), 0, "fd stays readable with nothing pending");
+	close(ep);
+	chime_close(c);
+}
+
+/* ---- the examples run against the broker ---- */
+
+static void run_example(const char *name, const char *const *args)
+{
+	const char *exdir = getenv("CHIME_EXAMPLES");
+	char path[PATH_MAX];
+	const char *argv[8] = { name };
+	pid_t pid;
+	int st;
+
+	cr_assert_not_null(exdir, "$CHIME_EXAMPLES must name the examples' build dir");
+	snprintf(path, sizeof(path), "%s/example_%s", exdir, name);
+	for (int i = 0; args && args[i] && i < 6; i++)
+		argv[i + 1] = args[i];
+	setenv("CHIME_SOCKET", sock, 1);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		execv(path, (char *const *)argv);
+		_exit(127);
+	}
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s failed: status %#x", name, st);
+}
+
+Test(broker, example_timeout_tasks)
+{
+	run_example("timeout_tasks", NULL);
+}
+
+Test(broker, example_delayed_jobs)
+{
+	run_example("delayed_jobs", NULL);
+}
+
+Test(broker, example_heartbeat)
+{
+	const char *quick[] = { "-n", "20000", "-t", "300", "-d", "900", NULL };
+	const char *full[] = { NULL };
+
+	run_example("heartbeat", stress ? full : quick);
+}

@@ -1,0 +1,300 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_client.c - libchime without a broker: argument checking, socket path
+ * resolution, and chime_open()'s handshake against a fake broker that
+ * answers with crafted (refusing or malformed) welcomes. Every failed open
+ * must leave no fd behind.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "chime.h"
+#include "chime_shm.h"
+#include "helpers.h"
+
+static char dir[PATH_MAX - 64];
+static char sock_path[PATH_MAX];
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/chime-tc-%d-XXXXXX", (int)getpid());
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(sock_path, sizeof(sock_path), "%s/chime.sock", dir);
+	unsetenv("CHIME_SOCKET");
+}
+
+static void teardown(void)
+{
+	unlink(sock_path);
+	rmdir(dir);
+}
+
+static int count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	cr_assert_not_null(d);
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n - 1;   /* the DIR's own fd */
+}
+
+TestSuite(client, .init = setup, .fini = teardown, .timeout = 20);
+
+/* ---- arguments ---- */
+
+Test(client, open_rejects_null_out_and_flags)
+{
+	struct chime_opts o = { .socket_path = sock_path, .flags = 1 };
+	chime_t *c = NULL;
+
+	cr_assert_eq(chime_open(NULL, NULL), -EINVAL);
+	cr_assert_eq(chime_open(&c, &o), -EINVAL);
+	cr_assert_null(c);
+}
+
+Test(client, open_rejects_too_long_path)
+{
+	char longp[200];
+	struct chime_opts o = { .socket_path = longp };
+	chime_t *c = NULL;
+
+	memset(longp, 'x', sizeof(longp) - 1);
+	longp[sizeof(longp) - 1] = 0;
+	cr_assert_eq(chime_open(&c, &o), -EINVAL);
+	o.socket_path = "";
+	cr_assert_eq(chime_open(&c, &o), -EINVAL);
+	cr_assert_null(c);
+}
+
+Test(client, calls_on_null_handle_are_einval)
+{
+	struct chime_event ev[1];
+	chime_id_t id = 0;
+
+	cr_assert_eq(chime_arm(NULL, 0, 0, 0, 0, &id), -EINVAL);
+	cr_assert_eq(chime_reset(NULL, 1, 0), -EINVAL);
+	cr_assert_eq(chime_cancel(NULL, 1), -EINVAL);
+	cr_assert_eq(chime_cancel_key(NULL, 1), -EINVAL);
+	cr_assert_eq(chime_fd(NULL), -EINVAL);
+	cr_assert_eq(chime_poll(NULL, ev, 1), -EINVAL);
+	cr_assert_eq(chime_wait(NULL, ev, 1, 0), -EINVAL);
+	cr_assert_eq(chime_dispatch(NULL, NULL, NULL, 0), -EINVAL);
+	cr_assert_eq(id, 0);
+	chime_close(NULL);      /* NULL-safe */
+}
+
+Test(client, now_is_monotonic_and_version_is_set)
+{
+	uint64_t a = chime_now(), b = chime_now();
+
+	cr_assert_geq(b, a);
+	cr_assert_gt(a, 0);
+	cr_assert_str_eq(chime_version(), "0.1.0");
+}
+
+/* ---- no broker ---- */
+
+Test(client, open_without_broker_is_enoent)
+{
+	struct chime_opts o = { .socket_path = sock_path };
+	chime_t *c = NULL;
+	int fds = count_fds();
+
+	cr_assert_eq(chime_open(&c, &o), -ENOENT);
+	cr_assert_null(c);
+	cr_assert_eq(count_fds(), fds, "an fd leaked");
+}
+
+Test(client, open_stale_socket_is_enoent)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_opts o = { .socket_path = sock_path };
+	chime_t *c = NULL;
+	int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+
+	strcpy(sa.sun_path, sock_path);
+	cr_assert_eq(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	close(s);       /* bound, never listened: what a dead broker leaves */
+	cr_assert_eq(chime_open(&c, &o), -ENOENT);
+}
+
+Test(client, socket_path_from_environment)
+{
+	chime_t *c = NULL;
+
+	setenv("CHIME_SOCKET", sock_path, 1);
+	cr_assert_eq(chime_open(&c, NULL), -ENOENT);
+	/* opts->socket_path wins over the environment */
+	setenv("CHIME_SOCKET", "", 1);
+	if (geteuid() != 0) {
+		setenv("XDG_RUNTIME_DIR", dir, 1);
+		cr_assert_eq(chime_open(&c, &(struct chime_opts){ 0 }), -ENOENT);
+		unsetenv("XDG_RUNTIME_DIR");
+		cr_assert_eq(chime_open(&c, NULL), -ENOENT);
+	}
+	cr_assert_null(c);
+}
+
+/* ---- a fake broker ---- */
+
+enum fake {
+	FAKE_HANGUP,            /* read the hello, close */
+	FAKE_REFUSE_EACCES,
+	FAKE_REFUSE_EUSERS,
+	FAKE_LAYOUT,            /* welcome from another layout */
+	FAKE_SHORT,             /* a truncated welcome */
+	FAKE_BAD_MAGIC,
+	FAKE_FEW_FDS,           /* status 0 but fewer fds than announced */
+	FAKE_BAD_SEGMENTS,      /* the right fds, but segments of the wrong size */
+};
+
+static void fake_reply(int s, enum fake how)
+{
+	struct chime_welcome w = {
+		.magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .nr_shards = 1,
+		.nr_fds = CHIME_WELCOME_FIXED_FDS + 1, .rw_size = 4096, .ro_size = 4096, .ctl_size = 4096,
+	};
+	int fds[5], nfds = 0;
+	union {
+		char buf[CMSG_SPACE(sizeof(fds))];
+		struct cmsghdr a;
+	} u;
+	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	switch (how) {
+	case FAKE_HANGUP:
+		return;
+	case FAKE_REFUSE_EACCES:
+		w.status = -EACCES;
+		w.nr_fds = 0;
+		break;
+	case FAKE_REFUSE_EUSERS:
+		w.status = -EUSERS;
+		w.nr_fds = 0;
+		break;
+	case FAKE_LAYOUT:
+		w.layout = CHIME_SHM_LAYOUT + 1;
+		w.nr_fds = 0;
+		break;
+	case FAKE_SHORT:
+		iov.iov_len = 10;
+		break;
+	case FAKE_BAD_MAGIC:
+		w.magic = 0;
+		break;
+	case FAKE_FEW_FDS:
+		fds[nfds++] = eventfd(0, 0);
+		break;
+	case FAKE_BAD_SEGMENTS:
+		for (int i = 0; i < 3; i++) {
+			fds[nfds] = memfd_create("fake", 0);
+			(void)!ftruncate(fds[nfds++], 8192);     /* announced 4096 */
+		}
+		for (int i = 0; i < 2; i++)
+			fds[nfds++] = eventfd(0, 0);
+		break;
+	}
+	if (nfds) {
+		msg.msg_control = u.buf;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+		memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
+	}
+	(void)!sendmsg(s, &msg, MSG_NOSIGNAL);
+}
+
+/* Run a fake broker for one connection; return chime_open()'s result. */
+static int open_against_fake(enum fake how)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_opts o = { .socket_path = sock_path };
+	chime_t *c = NULL;
+	int l = socket(AF_UNIX, SOCK_SEQPACKET, 0), r, st, fds;
+	pid_t pid;
+
+	strcpy(sa.sun_path, sock_path);
+	cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(l, 4), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct chime_hello h;
+		int s = accept(l, NULL, NULL);
+
+		if (s < 0 || recv(s, &h, sizeof(h), 0) != sizeof(h) || h.magic != CHIME_HELLO_MAGIC ||
+		    h.layout != CHIME_SHM_LAYOUT)
+			_exit(1);
+		fake_reply(s, how);
+		close(s);
+		_exit(0);
+	}
+	close(l);
+	fds = count_fds();
+	r = chime_open(&c, &o);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the fake broker saw a bad hello");
+	cr_assert_null(c);
+	cr_assert_eq(count_fds(), fds, "an fd leaked on the error path");
+	return r;
+}
+
+Test(client, hangup_during_handshake_is_econnreset)
+{
+	cr_assert_eq(open_against_fake(FAKE_HANGUP), -ECONNRESET);
+}
+
+Test(client, policy_refusal_is_eacces)
+{
+	cr_assert_eq(open_against_fake(FAKE_REFUSE_EACCES), -EACCES);
+}
+
+Test(client, full_client_table_is_eusers)
+{
+	cr_assert_eq(open_against_fake(FAKE_REFUSE_EUSERS), -EUSERS);
+}
+
+Test(client, other_layout_is_eproto)
+{
+	cr_assert_eq(open_against_fake(FAKE_LAYOUT), -EPROTO);
+}
+
+Test(client, malformed_welcomes_are_ebadmsg)
+{
+	cr_assert_eq(open_against_fake(FAKE_SHORT), -EBADMSG);
+	unlink(sock_path);
+	cr_assert_eq(open_against_fake(FAKE_BAD_MAGIC), -EBADMSG);
+	unlink(sock_path);
+	cr_assert_eq(open_against_fake(FAKE_FEW_FDS), -EBADMSG);
+	unlink(sock_path);
+	cr_assert_eq(open_against_fake(FAKE_BAD_SEGMENTS), -EBADMSG);
+}
+
+Test(client, no_sigpipe_when_broker_vanishes)
+{
+	/* The fake broker closes at once; a send to it must not kill us. */
+	signal(SIGPIPE, SIG_DFL);
+	cr_assert_eq(open_against_fake(FAKE_HANGUP), -ECONNRESET);
+}

@@ -51,8 +51,9 @@ struct chime_pend {
 struct chime_chan {
 	/* submission side: any thread */
 	struct chime_sq_prod sq;
-	const uint32_t *sleeping;           /* control segment: the shard's sleep flag */
+	const uint32_t *sleeping;           /* control segment: the shard's sleep number, 0 awake */
 	int doorbell;                       /* the shard's doorbell eventfd */
+	uint32_t rung;                      /* atomic, any thread: the sleep number we last rang */
 	/* completion side: the drainer */
 	const struct chime_cqe *cq;         /* client ro segment */
 	uint64_t *claim;                    /* client rw segment, one word per cq slot */

@@ -4,9 +4,9 @@
  *
  * Each call is one record in one shard's submission ring: reserve a slot
  * (a CAS on sq_tail), fill it, publish it (an atomic exchange: a full
- * barrier), then load the shard's `sleeping` flag and write its doorbell
- * only if it is set. No system call while the shard is awake; no lock;
- * any number of threads.
+ * barrier), then load the shard's sleep number and write its doorbell
+ * only if it sleeps, once per sleep. No system call while the shard is
+ * awake; no lock; any number of threads.
  *
  * - ARM takes its id from the slot's grant (a node the broker set aside for
  *   whoever writes this slot), so the id is known before the broker has
@@ -41,47 +41,76 @@ static inline void cpu_relax(void)
 void chime_ring_doorbell(struct chime_chan *ch)
 {
 	uint64_t one = 1;
+	uint32_t sleep_no, last;
 
 	/*
-	 * S2: load the shard's sleep flag after our publication (the caller's
-	 * full barrier, S1); pairs with the shard's store sleeping = 1, full
-	 * barrier, re-check of the rings. Either it sees our record or we see
-	 * the flag. seq_cst so that the load cannot pass the exchange on arm64.
+	 * S2: load the shard's sleep number after our publication (the
+	 * caller's full barrier, S1); pairs with the shard's store of a new
+	 * non-zero sleep number, full barrier, re-check of the rings. Either it
+	 * sees our record or we see it asleep. seq_cst so that the load cannot
+	 * pass the exchange on arm64.
 	 */
-	if (__atomic_load_n(ch->sleeping, __ATOMIC_SEQ_CST))
-		(void)!write(ch->doorbell, &one, sizeof(one));
+	sleep_no = __atomic_load_n(ch->sleeping, __ATOMIC_SEQ_CST);
+	if (likely(sleep_no == 0))
+		return;
+	/*
+	 * The shard stays "asleep" until it is scheduled again, and every
+	 * publish in that window lands here: ring once per sleep (per client),
+	 * not once per record. Whoever moves `rung` to this sleep number
+	 * writes; the others know the write is done or under way, and one
+	 * write is all a sleeping shard needs.
+	 */
+	last = __atomic_load_n(&ch->rung, __ATOMIC_RELAXED);
+	if (last == sleep_no ||
+	    !__atomic_compare_exchange_n(&ch->rung, &last, sleep_no, false,
+					 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		return;
+	(void)!write(ch->doorbell, &one, sizeof(one));
 }
 
 /*
- * The ring is full: the shard is behind (or asleep, or dead). Wait for room,
- * nudging the shard and checking that the broker is still there.
+ * The ring is full: the shard is behind (or asleep, or dead). Wait for room:
+ * spin first (the shard usually frees slots within microseconds, and a
+ * syscall here would cost more than the wait), then yield, then sleep in
+ * short steps; ring the doorbell in case the shard sleeps, and check at most
+ * once a millisecond that the broker is still there.
  */
+#define ROOM_SPIN_NS  50000u      /* pure spinning before the first syscall */
+#define ROOM_YIELD_NS 1000000u    /* sched_yield until then, then 50 us naps */
+
 static __attribute__((noinline)) struct chime_sqe *
 wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 {
+	uint64_t start = chime_now(), probed = start;
 	struct chime_sqe *sqe;
 
 	for (unsigned i = 1;; i++) {
-		if (i < 128) {
-			cpu_relax();
-		} else {
-			if (i % 16 == 0) {
-				/* S3: full barrier before the flag load, as after a publish. */
-				__atomic_thread_fence(__ATOMIC_SEQ_CST);
-				chime_ring_doorbell(ch);
-				if (chime_broker_gone(c, true))
-					return NULL;
-			}
-			if (i < 256)
-				sched_yield();
-			else
-				nanosleep(&(struct timespec){ .tv_nsec = 50000 }, NULL);
-		}
-		if (chime_is_dead(c))
-			return NULL;
+		uint64_t now, waited;
+
+		cpu_relax();
 		sqe = chime_sq_reserve(&ch->sq, pos);
 		if (sqe)
 			return sqe;
+		if (chime_is_dead(c))
+			return NULL;
+		if (i % 64)
+			continue;
+		now = chime_now();      /* vDSO: no syscall */
+		waited = now - start;
+		if (waited < ROOM_SPIN_NS)
+			continue;
+		/* S3: full barrier before the sleep-number load, as after a publish. */
+		__atomic_thread_fence(__ATOMIC_SEQ_CST);
+		chime_ring_doorbell(ch);
+		if (now - probed >= ROOM_YIELD_NS) {
+			probed = now;
+			if (chime_broker_gone(c, true))
+				return NULL;
+		}
+		if (waited < ROOM_YIELD_NS)
+			sched_yield();
+		else
+			nanosleep(&(struct timespec){ .tv_nsec = 50000 }, NULL);
 	}
 }
 

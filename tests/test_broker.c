@@ -713,6 +713,18 @@ static void count_cb(const struct chime_event *e, void *arg)
 	(*(int *)arg)++;
 }
 
+/* epoll_wait() that retries when a signal (the test's own children) interrupts it. */
+static int epoll_wait_nointr(int ep, struct epoll_event *ee, int timeout_ms)
+{
+	int r;
+
+	do
+		r = epoll_wait(ep, ee, 1, timeout_ms);
+	while (r < 0 && errno == EINTR);
+	cr_assert_geq(r, 0, "epoll_wait: %s", strerror(errno));
+	return r;
+}
+
 Test(broker, fd_readable_when_events_pending)
 {
 	chime_t *c = copen();
@@ -725,7 +737,7 @@ Test(broker, fd_readable_when_events_pending)
 	cr_assert_eq(epoll_ctl(ep, EPOLL_CTL_ADD, chime_fd(c), &ee), 0);
 	/* Nothing armed: not readable. */
 	cr_assert_eq(chime_dispatch(c, count_cb, &got, 0), 0);
-	if (epoll_wait(ep, &ee, 1, 50) != 0) {
+	if (epoll_wait_nointr(ep, &ee, 50) != 0) {
 		uint64_t v = 0;
 		ssize_t k = read(chime_fd(c), &v, sizeof(v));
 
@@ -733,13 +745,13 @@ Test(broker, fd_readable_when_events_pending)
 			       ee.events, k, (unsigned long long)v, k < 0 ? strerror(errno) : "-");
 	}
 	cr_assert_eq(chime_arm(c, 0, chime_now() + 30 * MS, 0, 0, &id), 0);
-	cr_assert_eq(epoll_wait(ep, &ee, 1, 2000), 1, "not readable with an event pending");
+	cr_assert_eq(epoll_wait_nointr(ep, &ee, 2000), 1, "not readable with an event pending");
 	cr_assert_eq(chime_dispatch(c, count_cb, &got, 0), 1);
 	got = 0;
 	for (int i = 0; i < n; i++)
 		cr_assert_eq(chime_arm(c, 0, chime_now() + t_rand(&seed) % (300 * MS), 0, 0, &id), 0);
 	while (got < n) {
-		int r = epoll_wait(ep, &ee, 1, 2000), d;
+		int r = epoll_wait_nointr(ep, &ee, 2000), d;
 
 		cr_assert_eq(r, 1, "lost wake-up: %d of %d delivered", got, n);
 		wakes++;
@@ -750,9 +762,9 @@ Test(broker, fd_readable_when_events_pending)
 	cr_assert_eq(got, n);
 	cr_assert_leq(idle, wakes / 2 + 2, "%d of %d wake-ups found nothing", idle, wakes);
 	/* Drained: the fd settles (at most one stray wake-up). */
-	if (epoll_wait(ep, &ee, 1, 50) == 1)
+	if (epoll_wait_nointr(ep, &ee, 50) == 1)
 		cr_assert_eq(chime_dispatch(c, count_cb, &got, 0), 0);
-	cr_assert_eq(epoll_wait(ep, &ee, 1, 50), 0, "fd stays readable with nothing pending");
+	cr_assert_eq(epoll_wait_nointr(ep, &ee, 50), 0, "fd stays readable with nothing pending");
 	close(ep);
 	chime_close(c);
 }

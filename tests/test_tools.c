@@ -29,9 +29,7 @@
 #include "segment.h"
 #include "stats.h"
 
-#ifdef CHIME_HAVE_LIBCHIME
 #include <chime.h>
-#endif
 
 static char dir[128], sock[192], out[256], err[256];
 
@@ -428,11 +426,9 @@ Test(tools_fake, clients_and_status_without_socket)
 	fake_make(&f, getpid(), 0);
 	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 	cr_assert(strstr(slurp(out), "4242"), "%s", slurp(out));
-#ifdef CHIME_HAVE_LIBCHIME
 	/* Alive by the segment, but nobody answers on the socket. */
 	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1);
 	cr_assert(strstr(slurp(err), "handshake"), "%s", slurp(err));
-#endif
 	/* Not chimed at that pid: shutdown refuses to signal it. */
 	cr_assert_eq(run("%s --socket '%s' shutdown", bin("CHIMECTL"), sock), 1);
 	cr_assert(strstr(slurp(err), "not chimed"), "%s", slurp(err));
@@ -443,7 +439,6 @@ Test(tools_fake, clients_and_status_without_socket)
 /* A real chimed                                                             */
 /* ---------------------------------------------------------------------- */
 
-#ifdef CHIME_HAVE_LIBCHIME
 
 static pid_t broker;
 
@@ -670,4 +665,3 @@ Test(tools_live, shutdown_stops_and_removes_segments)
 	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1);
 }
 
-#endif /* CHIME_HAVE_LIBCHIME */

@@ -21,9 +21,7 @@
 #include "chime_config.h"
 #include "statsread.h"
 
-#ifdef CHIME_HAVE_LIBCHIME
 #include <chime.h>
-#endif
 
 #define PROG "chimectl"
 
@@ -91,7 +89,6 @@ static int cmd_status(const char *sock)
 		r = st == SR_STARTING ? SR_EXIT_NOSHM : SR_EXIT_NOT_RUNNING;
 		goto out;
 	}
-#ifdef CHIME_HAVE_LIBCHIME
 	{
 		struct chime_opts o = { .socket_path = sock, .flags = 0 };
 		chime_t *c;
@@ -106,9 +103,6 @@ static int cmd_status(const char *sock)
 		}
 		chime_close(c);
 	}
-#else
-	fprintf(stderr, PROG ": built without libchime: handshake not checked\n");
-#endif
 	sr_fmt_dur(up, sizeof(up), sn.now_ns - sn.hdr.start_ns);
 	printf("chimed pid %d version %s running, up %s, %u shards, %" PRIu64 " clients\n",
 	       (int)sn.hdr.pid, sn.hdr.version, up, sn.hdr.nr_shards, sn.hdr.clients_now);

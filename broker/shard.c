@@ -41,7 +41,7 @@
 #define FIRE_BUDGET     4096u   /* expirations per iteration */
 #define POP_BATCH       256u
 #define RECLAIM_BUDGET  65536u  /* slab nodes swept per iteration per dying client */
-#define PUBLISH_NS      (50u * 1000000u)  /* counters published at least this often */
+#define PUBLISH_NS      (1000u * 1000u)   /* counters published at most and at least this often while awake */
 
 #define UD_BELL 1u
 #define SHARD_STOP_TIMEOUT_S 2
@@ -323,7 +323,9 @@ static void loop(struct shard *s)
 		} else {
 			stats_loop(&s->st, 0);
 		}
-		if (work || now - last_pub >= PUBLISH_NS) {
+		/* At most once per PUBLISH_NS (and always before sleeping, below): the
+		 * block is 2 KiB, and readers retry while it is being written. */
+		if (now - last_pub >= PUBLISH_NS) {
 			stats_shard_gauges(&s->st, sc->backlog, wheel_next_deadline(&sc->wh));
 			stats_publish(&s->st);
 			last_pub = now;
@@ -341,7 +343,7 @@ static void loop(struct shard *s)
 		 * may ring once per sleep rather than once per record while we are
 		 * runnable but not yet running (a loaded machine).
 		 */
-		s->sleep_no = s->sleep_no + 1 ? s->sleep_no + 1 : 1;
+		s->sleep_no = s->sleep_no + 1 ? s->sleep_no + 1 : 1;  /* never 0: 0 is "awake" */
 		ck_pr_store_32(&s->blk->sleeping, s->sleep_no);
 		ck_pr_fence_memory();
 		if (!anything_pending(s)) {

@@ -20,6 +20,15 @@
 
 #include "chime_shm.h"
 
+/*
+ * Ring sizes chime_client_layout() accepts (powers of two). A completion
+ * ring has at least 8 slots so that each shard's claim words fill whole
+ * cache lines: two shards never write the same line.
+ */
+#define CHIME_SQ_MIN 1u
+#define CHIME_CQ_MIN 8u
+#define CHIME_RING_MAX (UINT32_C(1) << 24)
+
 /* ---- submission ring: any number of client threads -> one shard ---- */
 
 /* Producer view (client). Several threads share one. */
@@ -35,6 +44,15 @@ struct chime_sq_cons {
 	uint64_t head;             /* next position to consume */
 	uint32_t mask;
 };
+
+/*
+ * Set up the views. chime_sq_cons_init() also formats the shared slots
+ * (zeroes them, seq = index): the broker calls it on a segment no client
+ * has seen yet, then writes each slot's first grant with plain stores
+ * before it sends the segment. `size` is a power of two.
+ */
+void chime_sq_prod_init(struct chime_sq_prod *p, struct chime_sqe *slots, uint64_t *tail, uint32_t size);
+void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32_t size);
 
 /*
  * Claim the next free slot. Returns the slot and sets *pos, or NULL if the
@@ -99,6 +117,16 @@ struct chime_cq_cons {
 };
 
 /*
+ * Set up the views; both sides start at position 0 on a zero-filled segment
+ * (claim words need no formatting: a word is read only for a position the
+ * broker has pushed, and it writes the word before publishing the position).
+ */
+void chime_cq_prod_init(struct chime_cq_prod *p, struct chime_cqe *slots, uint64_t *claim,
+			uint64_t *tail_pub, const uint64_t *head_pub, uint32_t size);
+void chime_cq_cons_init(struct chime_cq_cons *c, const struct chime_cqe *slots, uint64_t *claim,
+			const uint64_t *tail_pub, uint64_t *head_pub, uint32_t size);
+
+/*
  * Re-read the consumer's head (acquire), clamp it to [previous head, tail]
  * and return how many slots are free now (0..size).
  */
@@ -137,7 +165,8 @@ static inline bool chime_cq_consumed(const struct chime_cq_prod *p, uint64_t pos
  * Take the next event the client may return: copies it into *out and claims
  * it (CAS FRESH -> TAKEN), skipping voided slots. Returns 1 if an event was
  * taken, 0 if the ring is empty. Does not publish the head: call
- * chime_cq_release() after a batch.
+ * chime_cq_release() after a batch, also after a 0 (the voided events it
+ * skipped are consumed, and the broker needs their slots back).
  */
 int chime_cq_take(struct chime_cq_cons *c, struct chime_cqe *out);
 

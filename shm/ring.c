@@ -1,0 +1,427 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ring.c - chime's submission (MPSC) and completion (SPSC) rings.
+ *
+ * Invariants (the reasons for everything below):
+ *
+ * 1. The broker side (chime_sq_pop/free, chime_cq_room/push/flush/void) never
+ *    reads or writes outside its rings, whatever a client writes into its
+ *    segment. It indexes only with its private geometry (slots pointer, mask,
+ *    size in struct chime_sq_cons / chime_cq_prod) and a private position:
+ *    every slot address is `slots + (private_pos & private_mask)`. A shared
+ *    word (slot seq, cq_head, claim word) is loaded exactly once into a local,
+ *    and is only ever compared, never used as an index or a length.
+ * 2. A shared value a client can scribble changes only what that client gets:
+ *    a wrong seq stalls or feeds garbage records to its own channel (the
+ *    broker validates every record after copying it), a wrong cq_head is
+ *    clamped to [last head, tail] so the broker never sees more room than the
+ *    ring has, and a wrong claim word makes the broker treat the event as
+ *    taken.
+ * 3. The broker copies a record with one load per field into private memory
+ *    (no double fetch: validation and use see the same bytes).
+ * 4. Positions are uint64_t and never wrap in practice (2^64 records); a slot
+ *    is pos & mask. The submission ring holds `size` records (Vyukov's queue
+ *    has no wasted slot); the completion ring holds `size` events.
+ *
+ * Memory ordering: every edge is labelled and names its partner.
+ *
+ *   S1  producer: record fields, then seq = pos + 1 (release, inside a full
+ *       barrier)                          pairs with C1
+ *   S2  producer publish: full barrier before the caller's next load (the
+ *       shard's sleeping flag)            pairs with the shard's own full
+ *                                         barrier after storing sleeping = 1
+ *   C1  consumer: acquire-load seq, then the fields     pairs with S1
+ *   C2  consumer free: grant and the copied record's loads, then
+ *       seq = pos + size (release)        pairs with S3
+ *   S3  producer reserve: acquire-load seq, then CAS tail, then read grant
+ *                                         pairs with C2
+ *   K1  drainer peek: seqlock re-check of seq after the copy
+ *                                         pairs with S1 (publish) and C2 (free)
+ *   Q1  cq push/flush: event and claim word, then cq_tail (release)
+ *                                         pairs with Q2
+ *   Q2  cq take: acquire-load cq_tail, then claim word and event  pairs with Q1
+ *   Q3  cq release: event copies done, then cq_head (release)     pairs with Q4
+ *   Q4  cq room: acquire-load cq_head, then reuse its slots       pairs with Q3
+ *   Q5  claim CASes (client FRESH->TAKEN, broker FRESH->VOID): one location,
+ *       so coherence alone picks exactly one winner.
+ *
+ * TSan models neither ck's inline-asm atomics nor stand-alone fences, so a
+ * -fsanitize=thread build maps each helper below onto the C11 builtin with
+ * the same acquire/release meaning: TSan then checks exactly the pairings
+ * claimed above. Every other build uses ck_pr.
+ */
+#include "ring.h"
+
+#include <assert.h>
+#include <string.h>
+
+#include <ck_pr.h>
+
+#if defined(__SANITIZE_THREAD__)
+#define RING_C11 1
+#else
+#define RING_C11 0
+#endif
+
+/* Single-copy-atomic load with no ordering. */
+static inline uint64_t ld_once(const uint64_t *p)
+{
+#if RING_C11
+	return __atomic_load_n(p, __ATOMIC_RELAXED);
+#else
+	return ck_pr_load_64(p);
+#endif
+}
+
+/* Load, then no later load or store moves above it. */
+static inline uint64_t ld_acquire(const uint64_t *p)
+{
+#if RING_C11
+	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#else
+	uint64_t v = ck_pr_load_64(p);
+
+	ck_pr_fence_acquire();
+	return v;
+#endif
+}
+
+static inline uint32_t ld32_once(const uint32_t *p)
+{
+#if RING_C11
+	return __atomic_load_n(p, __ATOMIC_RELAXED);
+#else
+	return ck_pr_load_32(p);
+#endif
+}
+
+static inline void st_once(uint64_t *p, uint64_t v)
+{
+#if RING_C11
+	__atomic_store_n(p, v, __ATOMIC_RELAXED);
+#else
+	ck_pr_store_64(p, v);
+#endif
+}
+
+/* No earlier load or store moves below the store. */
+static inline void st_release(uint64_t *p, uint64_t v)
+{
+#if RING_C11
+	__atomic_store_n(p, v, __ATOMIC_RELEASE);
+#else
+	ck_pr_fence_release();
+	ck_pr_store_64(p, v);
+#endif
+}
+
+/*
+ * Exchange with a full barrier on both sides: nothing earlier moves below it
+ * and no later load moves above it (a store-load barrier, which a release
+ * store alone does not give).
+ */
+static inline void xchg_full(uint64_t *p, uint64_t v)
+{
+#if RING_C11
+	(void)__atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);
+#else
+	ck_pr_fence_release();
+	(void)ck_pr_fas_64(p, v);
+	ck_pr_fence_atomic_load();
+#endif
+}
+
+/* CAS; on failure *cur gets the value seen. Orders like a full barrier. */
+static inline bool cas(uint64_t *p, uint64_t *cur, uint64_t v)
+{
+#if RING_C11
+	return __atomic_compare_exchange_n(p, cur, v, false, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE);
+#else
+	uint64_t seen;
+	bool ok;
+
+	ck_pr_fence_atomic();
+	ok = ck_pr_cas_64_value(p, *cur, v, &seen);
+	ck_pr_fence_atomic_load();
+	*cur = seen;
+	return ok;
+#endif
+}
+
+/* One load per field of a slot into private memory (invariant 3). */
+static inline void sqe_copy(struct chime_sqe *out, const struct chime_sqe *s, uint64_t seq)
+{
+	out->seq = seq;
+	out->grant = ld_once(&s->grant);
+	out->id = ld_once(&s->id);
+	out->key = ld_once(&s->key);
+	out->deadline_ns = ld_once(&s->deadline_ns);
+	out->period_ns = ld_once(&s->period_ns);
+	out->user_data = ld_once(&s->user_data);
+	out->op = ld32_once(&s->op);
+	out->_pad = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Submission ring                                                            */
+/* ------------------------------------------------------------------------ */
+
+void chime_sq_prod_init(struct chime_sq_prod *p, struct chime_sqe *slots, uint64_t *tail, uint32_t size)
+{
+	assert(size && !(size & (size - 1)));
+	p->slots = slots;
+	p->tail = tail;
+	p->mask = size - 1;
+}
+
+/* Before the segment is shared: plain stores; the fd hand-over publishes them. */
+void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32_t size)
+{
+	assert(size && !(size & (size - 1)));
+	memset(slots, 0, (size_t)size * sizeof(*slots));
+	for (uint32_t i = 0; i < size; i++)
+		slots[i].seq = i;
+	c->slots = slots;
+	c->head = 0;
+	c->mask = size - 1;
+}
+
+/*
+ * Any number of concurrent producers, and concurrent with the consumer.
+ * Lock-free: a failed CAS means another producer advanced the tail. The
+ * producer trusts its own segment (a client scribbling it harms itself).
+ */
+struct chime_sqe *chime_sq_reserve(struct chime_sq_prod *p, uint64_t *pos)
+{
+	uint64_t cur = ld_once(p->tail);
+
+	for (;;) {
+		struct chime_sqe *s = &p->slots[cur & p->mask];
+		/* S3: the consumer's grant before our read of it; pairs with C2. */
+		uint64_t seq = ld_acquire(&s->seq);
+		int64_t diff = (int64_t)(seq - cur);
+
+		if (diff == 0) {
+			/* Claims position cur; on failure cur is the tail now. */
+			if (cas(p->tail, &cur, cur + 1)) {
+				*pos = cur;
+				return s;
+			}
+		} else if (diff < 0) {
+			/* The slot still holds cur - size: the ring is full. */
+			return NULL;
+		} else {
+			/* Another producer took cur: retry at the tail now. */
+			cur = ld_once(p->tail);
+		}
+	}
+}
+
+/*
+ * The reserving thread only. Wait-free. S1 and S2 in one exchange: the
+ * record (and the grant we read) before seq, and seq before whatever the
+ * caller loads next -- the sleeping flag of the doorbell handshake, which
+ * without the store-load barrier could be read before seq is visible while
+ * the shard, having set sleeping, re-checks and misses the record.
+ */
+void chime_sq_publish(struct chime_sqe *sqe, uint64_t pos)
+{
+	/* S1 + S2: pairs with C1, and with the shard's barrier after sleeping = 1. */
+	xchg_full(&sqe->seq, pos + 1);
+}
+
+/*
+ * The single consumer (the shard thread owning the channel). Wait-free:
+ * reads exactly one slot, the one at the private head (invariant 1).
+ */
+bool chime_sq_pop(struct chime_sq_cons *c, struct chime_sqe *out, uint64_t *pos)
+{
+	uint64_t head = c->head;
+	const struct chime_sqe *s = &c->slots[head & c->mask];
+	/* C1: seq, then the fields; pairs with S1. */
+	uint64_t seq = ld_acquire(&s->seq);
+
+	if (seq != head + 1)
+		return false;
+	sqe_copy(out, s, seq);
+	c->head = head + 1;
+	*pos = head;
+	return true;
+}
+
+/*
+ * The single consumer, once per popped position, in pop order or not: the
+ * slot is found by pos & private mask, so any pos stays in bounds. Wait-free.
+ */
+void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t grant)
+{
+	struct chime_sqe *s = &c->slots[pos & c->mask];
+
+	st_once(&s->grant, grant);
+	/* C2: the grant and our copy's loads, then the slot is free; pairs with S3. */
+	st_release(&s->seq, pos + (uint64_t)c->mask + 1);
+}
+
+/*
+ * Any thread, concurrently with everything: a seqlock read. Wait-free. The
+ * copy may race with a producer refilling the slot after the consumer freed
+ * it; the second load of seq detects that (seq only grows), so a true
+ * return is a consistent record of position pos. The field loads are
+ * single-copy atomic, but a producer fills fields with plain stores: under
+ * the C11 model that is a (benign, detected) race, and TSan reports it
+ * unless the producer's stores are atomic too.
+ */
+bool chime_sq_peek(const struct chime_sqe *slots, uint32_t mask, uint64_t pos, struct chime_sqe *out)
+{
+	const struct chime_sqe *s = &slots[pos & mask];
+	/* K1: seq, then the fields; pairs with S1. */
+	uint64_t seq = ld_acquire(&s->seq);
+
+	if (seq != pos + 1)
+		return false;
+	sqe_copy(out, s, seq);
+	/* K1: the fields, then seq again; pairs with C2 (a free moves seq on). */
+#if RING_C11
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+#else
+	ck_pr_fence_load();
+#endif
+	return ld_once(&s->seq) == seq;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Completion ring                                                            */
+/* ------------------------------------------------------------------------ */
+
+void chime_cq_prod_init(struct chime_cq_prod *p, struct chime_cqe *slots, uint64_t *claim,
+			uint64_t *tail_pub, const uint64_t *head_pub, uint32_t size)
+{
+	assert(size && !(size & (size - 1)));
+	p->slots = slots;
+	p->claim = claim;
+	p->tail_pub = tail_pub;
+	p->head_pub = head_pub;
+	p->tail = 0;
+	p->head = 0;
+	p->size = size;
+	p->mask = size - 1;
+}
+
+void chime_cq_cons_init(struct chime_cq_cons *c, const struct chime_cqe *slots, uint64_t *claim,
+			const uint64_t *tail_pub, uint64_t *head_pub, uint32_t size)
+{
+	assert(size && !(size & (size - 1)));
+	c->slots = slots;
+	c->claim = claim;
+	c->tail_pub = tail_pub;
+	c->head_pub = head_pub;
+	c->head = 0;
+	c->tail = 0;
+	c->mask = size - 1;
+}
+
+/*
+ * Producer (the shard) only; concurrent with the consumer. Wait-free.
+ * The shared head is loaded once and clamped (invariant 2): below our last
+ * head it cannot be (the client never un-consumes), above our tail it
+ * cannot be (it cannot consume what we did not write). The clamp keeps
+ * tail - head in [0, size], so the room is in [0, size].
+ */
+uint32_t chime_cq_room(struct chime_cq_prod *p)
+{
+	/* Q4: the client's reads of slots below h, then our reuse; pairs with Q3. */
+	uint64_t h = ld_acquire(p->head_pub);
+
+	if (h < p->head)
+		h = p->head;
+	if (h > p->tail)
+		h = p->tail;
+	p->head = h;
+	return p->size - (uint32_t)(p->tail - h);
+}
+
+/*
+ * Producer only, after writing chime_cq_slot(); wait-free. The claim word is
+ * ours to write: the slot was consumed (room said so), and the word we
+ * write names the new position, so a stale CAS for the slot's previous
+ * position can no longer succeed.
+ */
+uint64_t chime_cq_push(struct chime_cq_prod *p)
+{
+	uint64_t pos = p->tail;
+
+	assert(p->tail - p->head < p->size);
+	/* Ordered before cq_tail by Q1 in chime_cq_flush(). */
+	st_once(&p->claim[pos & p->mask], pos << 2 | CHIME_CLAIM_FRESH);
+	p->tail = pos + 1;
+	return pos;
+}
+
+/*
+ * Producer only; wait-free. A release store: the caller that then checks
+ * the client's want_wakeup needs its own full barrier first.
+ */
+void chime_cq_flush(struct chime_cq_prod *p)
+{
+	/* Q1: events and claim words, then the tail; pairs with Q2. */
+	st_release(p->tail_pub, p->tail);
+}
+
+/*
+ * Producer only; concurrent with the client's chime_cq_take(). Wait-free.
+ * Q5: one CAS on the claim word, found with the private mask; only a
+ * position still in the ring (pushed, not overwritten) is tried. A
+ * scribbled word fails the CAS: the event counts as taken. The VOID is
+ * ordered before the caller's next release store (sq_head) by that store.
+ */
+bool chime_cq_void(struct chime_cq_prod *p, uint64_t pos)
+{
+	uint64_t cur = pos << 2 | CHIME_CLAIM_FRESH;
+
+	if (pos >= p->tail || p->tail - pos > p->size)
+		return false;
+	/* Q5: pairs with the client's CAS in chime_cq_take(). */
+	return cas(&p->claim[pos & p->mask], &cur, pos << 2 | CHIME_CLAIM_VOID);
+}
+
+/*
+ * The client's one draining thread; concurrent with the producer. Wait-free
+ * per event (bounded by the events published). The broker is trusted here.
+ */
+int chime_cq_take(struct chime_cq_cons *c, struct chime_cqe *out)
+{
+	for (;;) {
+		uint64_t pos = c->head;
+		uint64_t cur = pos << 2 | CHIME_CLAIM_FRESH;
+
+		if (pos == c->tail) {
+			/* Q2: the tail, then claim words and events; pairs with Q1. */
+			c->tail = ld_acquire(c->tail_pub);
+			if (pos == c->tail)
+				return 0;
+		}
+		c->head = pos + 1;
+		/* Q5: pairs with chime_cq_void(). A lost CAS: voided, skip it. */
+		if (cas(&c->claim[pos & c->mask], &cur, pos << 2 | CHIME_CLAIM_TAKEN)) {
+			*out = c->slots[pos & c->mask];
+			return 1;
+		}
+	}
+}
+
+/* The draining thread; wait-free. */
+void chime_cq_release(struct chime_cq_cons *c)
+{
+	/* Q3: our copies of the events below head, then head; pairs with Q4. */
+	st_release(c->head_pub, c->head);
+}
+
+/* The draining thread; wait-free. */
+bool chime_cq_pending(struct chime_cq_cons *c)
+{
+	if (c->head != c->tail)
+		return true;
+	/* Q2: pairs with Q1. */
+	c->tail = ld_acquire(c->tail_pub);
+	return c->head != c->tail;
+}

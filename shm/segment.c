@@ -1,0 +1,335 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * segment.c - create, seal, map and validate shared-memory segments, and
+ * compute their layouts.
+ *
+ * Invariants:
+ * - Every function returns 0 or -errno, prints nothing, and sets its
+ *   out-parameters only on success; on failure nothing stays open or mapped.
+ * - Layouts are pure arithmetic, the same on every side: every array starts
+ *   on a 128-byte boundary (a cache line, and never on the adjacent-line
+ *   prefetcher pair of a line another side writes), every size is checked
+ *   for overflow, and segment sizes are rounded up to the page size (mmap
+ *   maps whole pages; a rounded size makes the file size and the mapping
+ *   agree, which chime_seg_check() insists on).
+ * - A segment becomes valid when its magic is stored, last, with release
+ *   (P1); a reader acquire-loads the magic before trusting the rest (P2).
+ */
+#include "segment.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ck_pr.h>
+
+#include "ring.h"
+
+/* glibc 2.36 lacks it; the kernel has had it since 5.1. */
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+
+#define SEG_ALIGN 128u
+
+static int map_rw(int fd, size_t size, struct chime_map *map)
+{
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+	if (p == MAP_FAILED)
+		return -errno;
+	map->base = p;
+	map->size = size;
+	return 0;
+}
+
+int chime_seg_memfd(const char *name, size_t size, int *fd, struct chime_map *map)
+{
+	struct chime_map m;
+	int f, r;
+
+	if (!size || size > (size_t)INT64_MAX)
+		return -EINVAL;
+	f = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (f < 0)
+		return -errno;
+	if (ftruncate(f, (off_t)size) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	r = map_rw(f, size, &m);
+	if (r < 0)
+		goto fail;
+	*fd = f;
+	*map = m;
+	return 0;
+fail:
+	close(f);
+	return r;
+}
+
+/*
+ * unlink + O_CREAT|O_EXCL|O_NOFOLLOW rather than O_TRUNC: a stale file may
+ * still be mapped by a tool (truncating it would SIGBUS that tool), and
+ * O_EXCL never follows a symlink someone planted at the path. fchmod
+ * applies `mode` exactly, whatever the umask.
+ */
+int chime_seg_file(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map)
+{
+	struct chime_map m;
+	int f, r;
+
+	if (!size || size > (size_t)INT64_MAX)
+		return -EINVAL;
+	if (unlink(path) < 0 && errno != ENOENT)
+		return -errno;
+	f = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+	if (f < 0)
+		return -errno;
+	if (fchmod(f, mode) < 0 || ftruncate(f, (off_t)size) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	r = map_rw(f, size, &m);
+	if (r < 0)
+		goto fail;
+	*fd = f;
+	*map = m;
+	return 0;
+fail:
+	close(f);
+	unlink(path);
+	return r;
+}
+
+/*
+ * F_SEAL_FUTURE_WRITE (not F_SEAL_WRITE): the broker's existing writable
+ * mapping keeps working, while nobody can map the memfd writable again or
+ * mprotect a read-only mapping to writable.
+ */
+int chime_seg_seal(int fd, bool read_only)
+{
+	int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+	if (read_only)
+		seals |= F_SEAL_FUTURE_WRITE;
+	if (fcntl(fd, F_ADD_SEALS, seals) < 0)
+		return -errno;
+	return 0;
+}
+
+void chime_seg_publish(struct chime_seg_hdr *hdr, uint32_t kind, uint64_t size)
+{
+	hdr->layout = CHIME_SHM_LAYOUT;
+	hdr->kind = kind;
+	hdr->size = size;
+	memset(hdr->_reserved, 0, sizeof(hdr->_reserved));
+	/* P1: the header and everything the creator wrote before, then magic; pairs with P2. */
+	ck_pr_fence_release();
+	ck_pr_store_64(&hdr->magic, CHIME_SHM_MAGIC);
+}
+
+/*
+ * The size check comes after the magic and layout ones: a header of another
+ * layout may keep its size elsewhere.
+ */
+int chime_seg_check(const struct chime_map *map, uint32_t kind, uint32_t *layout)
+{
+	const struct chime_seg_hdr *hdr = map->base;
+	uint64_t magic;
+	uint32_t l;
+
+	if (!hdr || map->size < sizeof(*hdr))
+		return -EBADMSG;
+	/* P2: magic, then the header; pairs with P1. */
+	magic = ck_pr_load_64(&hdr->magic);
+	ck_pr_fence_acquire();
+	if (magic == 0)
+		return -EAGAIN;
+	if (magic != CHIME_SHM_MAGIC)
+		return -EBADMSG;
+	l = ck_pr_load_32(&hdr->layout);
+	if (l != CHIME_SHM_LAYOUT) {
+		if (layout)
+			*layout = l;
+		return -EPROTO;
+	}
+	if (ck_pr_load_32(&hdr->kind) != kind || ck_pr_load_64(&hdr->size) != map->size)
+		return -EBADMSG;
+	return 0;
+}
+
+/*
+ * A file of size 0 is one whose creator has not sized it yet: -EAGAIN like
+ * a magic of 0. A file too small for a header is not a chime segment.
+ */
+int chime_seg_map_fd(int fd, uint32_t kind, bool writable, struct chime_map *map)
+{
+	struct chime_map m;
+	struct stat st;
+	void *p;
+	int r;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (st.st_size == 0)
+		return -EAGAIN;
+	if (st.st_size < (off_t)sizeof(struct chime_seg_hdr) || (uint64_t)st.st_size > SIZE_MAX)
+		return -EBADMSG;
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	m.base = p;
+	m.size = (size_t)st.st_size;
+	r = chime_seg_check(&m, kind, NULL);
+	if (r < 0) {
+		munmap(p, m.size);
+		return r;
+	}
+	*map = m;
+	return 0;
+}
+
+int chime_seg_open(const char *path, uint32_t kind, struct chime_map *map)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int r;
+
+	if (fd < 0)
+		return -errno;
+	r = chime_seg_map_fd(fd, kind, false, map);
+	close(fd);
+	return r;
+}
+
+void chime_seg_unmap(struct chime_map *map)
+{
+	if (!map || !map->base)
+		return;
+	munmap(map->base, map->size);
+	map->base = NULL;
+	map->size = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Layouts                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static bool is_pow2(uint64_t v)
+{
+	return v && !(v & (v - 1));
+}
+
+/*
+ * *off = align(*off, a) and returns where the array starts; then adds
+ * n * elem. False on overflow. The caller keeps offsets below INT64_MAX so
+ * that they fit off_t and size_t.
+ */
+static bool place(uint64_t *off, uint64_t a, uint64_t n, uint64_t elem, uint64_t *start)
+{
+	uint64_t s, len;
+
+	if (__builtin_add_overflow(*off, a - 1, &s))
+		return false;
+	s &= ~(a - 1);
+	if (__builtin_mul_overflow(n, elem, &len) || __builtin_add_overflow(s, len, off))
+		return false;
+	*start = s;
+	return *off <= INT64_MAX;
+}
+
+static bool page_round(uint64_t *size)
+{
+	long ps = sysconf(_SC_PAGESIZE);
+	uint64_t a = ps > 0 ? (uint64_t)ps : 4096u;
+
+	if (__builtin_add_overflow(*size, a - 1, size))
+		return false;
+	*size &= ~(a - 1);
+	return *size <= INT64_MAX && *size <= SIZE_MAX;
+}
+
+/*
+ * rw: header | chan_rw[nr] | sqe[nr][sq_size] | claim[nr][cq_size]
+ * ro: header | chan_ro[nr] | cqe[nr][cq_size]
+ * Shard s's rings are at base + s * size * elem: each shard's array is a
+ * whole number of cache lines (64-byte slots; cq_size >= 8 claim words), so
+ * no two shards write the same line.
+ */
+int chime_client_layout(struct chime_client_geom *g)
+{
+	uint64_t rw = sizeof(struct chime_client_rw), ro = sizeof(struct chime_client_ro);
+	uint64_t rw_chan, rw_sq, rw_claim, ro_chan, ro_cq;
+
+	if (!g->nr_shards || g->nr_shards > CHIME_MAX_SHARDS ||
+	    !is_pow2(g->sq_size) || g->sq_size < CHIME_SQ_MIN || g->sq_size > CHIME_RING_MAX ||
+	    !is_pow2(g->cq_size) || g->cq_size < CHIME_CQ_MIN || g->cq_size > CHIME_RING_MAX)
+		return -EINVAL;
+	if (!place(&rw, SEG_ALIGN, g->nr_shards, sizeof(struct chime_chan_rw), &rw_chan) ||
+	    !place(&rw, SEG_ALIGN, (uint64_t)g->nr_shards * g->sq_size, sizeof(struct chime_sqe), &rw_sq) ||
+	    !place(&rw, SEG_ALIGN, (uint64_t)g->nr_shards * g->cq_size, sizeof(uint64_t), &rw_claim) ||
+	    !page_round(&rw))
+		return -EINVAL;
+	if (!place(&ro, SEG_ALIGN, g->nr_shards, sizeof(struct chime_chan_ro), &ro_chan) ||
+	    !place(&ro, SEG_ALIGN, (uint64_t)g->nr_shards * g->cq_size, sizeof(struct chime_cqe), &ro_cq) ||
+	    !page_round(&ro))
+		return -EINVAL;
+	g->rw_chan_off = rw_chan;
+	g->rw_sq_off = rw_sq;
+	g->rw_claim_off = rw_claim;
+	g->rw_size = rw;
+	g->ro_chan_off = ro_chan;
+	g->ro_cq_off = ro_cq;
+	g->ro_size = ro;
+	return 0;
+}
+
+/*
+ * header | shard_ctl[nr_shards] | client_ctl[max_clients]. A client slot is
+ * a uint16_t in every node (chime_node.owner), hence at most 65536 clients.
+ */
+int chime_ctl_layout(struct chime_ctl_geom *g)
+{
+	uint64_t off = sizeof(struct chime_ctl), shards, clients;
+
+	if (!g->nr_shards || g->nr_shards > CHIME_MAX_SHARDS ||
+	    !g->max_clients || g->max_clients > UINT16_MAX + 1u)
+		return -EINVAL;
+	if (!place(&off, SEG_ALIGN, g->nr_shards, sizeof(struct chime_shard_ctl), &shards) ||
+	    !place(&off, SEG_ALIGN, g->max_clients, sizeof(struct chime_client_ctl), &clients) ||
+	    !page_round(&off))
+		return -EINVAL;
+	g->shards_off = shards;
+	g->clients_off = clients;
+	g->size = off;
+	return 0;
+}
+
+/*
+ * header | uint32_t key bucket heads[key_buckets] | wheel region. The
+ * wheel region (struct chime_wheel, then the slab) must at least hold the
+ * wheel header and `capacity` nodes. capacity < CHIME_NIL: that index is
+ * the null node.
+ */
+int chime_shard_layout(struct chime_shard_geom *g)
+{
+	uint64_t off = sizeof(struct chime_shard_seg), keys, wheel, need;
+
+	if (!g->capacity || g->capacity >= CHIME_NIL || !is_pow2(g->key_buckets))
+		return -EINVAL;
+	need = sizeof(struct chime_wheel) + (uint64_t)g->capacity * sizeof(struct chime_node);
+	if (g->wheel_size < need)
+		return -EINVAL;
+	if (!place(&off, SEG_ALIGN, g->key_buckets, sizeof(uint32_t), &keys) ||
+	    !place(&off, SEG_ALIGN, 1, g->wheel_size, &wheel) ||
+	    !page_round(&off))
+		return -EINVAL;
+	g->key_off = keys;
+	g->wheel_off = wheel;
+	g->size = off;
+	return 0;
+}

@@ -1,0 +1,352 @@
+/* SPDX-License-Identifier: MIT */
+/* test_segment.c - segments and layouts (shm/segment.c). */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "ring.h"
+#include "segment.h"
+
+static uint64_t pagesz(void)
+{
+	return (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* ---- memfd and seals ---- */
+
+Test(segment, memfd_is_mapped_zeroed_and_of_the_asked_size)
+{
+	struct chime_map m;
+	struct stat st;
+	int fd;
+
+	cr_assert_eq(chime_seg_memfd("chime-t", 3 * pagesz(), &fd, &m), 0);
+	cr_assert_eq(fstat(fd, &st), 0);
+	cr_assert_eq((uint64_t)st.st_size, 3 * pagesz());
+	cr_assert_eq(m.size, 3 * pagesz());
+	cr_assert_eq(((char *)m.base)[m.size - 1], 0);
+	cr_assert(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	chime_seg_unmap(&m);
+	cr_assert_null(m.base);
+	chime_seg_unmap(&m);            /* a zeroed map is ignored */
+	chime_seg_unmap(NULL);
+	close(fd);
+}
+
+Test(segment, seal_forbids_resizing_and_more_seals)
+{
+	struct chime_map m;
+	int fd;
+
+	cr_assert_eq(chime_seg_memfd("chime-t", pagesz(), &fd, &m), 0);
+	cr_assert_eq(chime_seg_seal(fd, false), 0);
+	cr_assert_eq(ftruncate(fd, 2 * (off_t)pagesz()), -1);
+	cr_assert_eq(errno, EPERM);
+	cr_assert_eq(ftruncate(fd, 0), -1);
+	cr_assert_eq(errno, EPERM);
+	cr_assert_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1, "F_SEAL_SEAL set");
+	cr_assert_eq(chime_seg_seal(fd, true), -EPERM);
+	/* A writable (not read-only) seal still allows a writable mapping. */
+	{
+		void *p = mmap(NULL, pagesz(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+		cr_assert_neq(p, MAP_FAILED);
+		munmap(p, pagesz());
+	}
+	chime_seg_unmap(&m);
+	close(fd);
+}
+
+Test(segment, read_only_seal_forbids_new_writable_mappings_but_keeps_the_creators)
+{
+	struct chime_map m;
+	void *p;
+	int fd, ro;
+	char path[64];
+
+	cr_assert_eq(chime_seg_memfd("chime-t", pagesz(), &fd, &m), 0);
+	cr_assert_eq(chime_seg_seal(fd, true), 0);
+	/* The creator's mapping still writes. */
+	((char *)m.base)[7] = 42;
+	cr_assert_eq(mmap(NULL, pagesz(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED);
+	cr_assert_eq(errno, EPERM);
+	/* A read-only shared mapping cannot be made writable. */
+	p = mmap(NULL, pagesz(), PROT_READ, MAP_SHARED, fd, 0);
+	cr_assert_neq(p, MAP_FAILED);
+	cr_assert_eq(((char *)p)[7], 42);
+	cr_assert_eq(mprotect(p, pagesz(), PROT_READ | PROT_WRITE), -1);
+	munmap(p, pagesz());
+	/* Nor through another open file description (what a client could try). */
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	ro = open(path, O_RDWR);
+	if (ro >= 0) {
+		cr_assert_eq(mmap(NULL, pagesz(), PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0), MAP_FAILED);
+		cr_assert_eq(write(ro, "x", 1), -1);
+		close(ro);
+	}
+	/* chime_seg_map_fd() read-only works; writable does not. */
+	chime_seg_publish(m.base, CHIME_SEG_CLIENT_RO, m.size);
+	{
+		struct chime_map r;
+
+		cr_assert_eq(chime_seg_map_fd(fd, CHIME_SEG_CLIENT_RO, false, &r), 0);
+		chime_seg_unmap(&r);
+		cr_assert_eq(chime_seg_map_fd(fd, CHIME_SEG_CLIENT_RO, true, &r), -EPERM);
+	}
+	chime_seg_unmap(&m);
+	close(fd);
+}
+
+/* ---- publish and check ---- */
+
+Test(segment, check_reports_every_error_case)
+{
+	struct chime_map m, small;
+	struct chime_seg_hdr *h;
+	uint32_t layout = 0;
+	int fd;
+
+	cr_assert_eq(chime_seg_memfd("chime-t", pagesz(), &fd, &m), 0);
+	h = m.base;
+	cr_assert_eq(chime_seg_check(&m, CHIME_SEG_CONTROL, &layout), -EAGAIN, "magic 0: not ready");
+
+	chime_seg_publish(h, CHIME_SEG_CONTROL, m.size);
+	cr_assert_eq(h->magic, CHIME_SHM_MAGIC);
+	cr_assert_eq(h->layout, CHIME_SHM_LAYOUT);
+	cr_assert_eq(chime_seg_check(&m, CHIME_SEG_CONTROL, &layout), 0);
+	cr_assert_eq(layout, 0, "untouched on success");
+	cr_assert_eq(chime_seg_check(&m, CHIME_SEG_SHARD, NULL), -EBADMSG, "other kind");
+
+	h->size = m.size - 1;
+	cr_assert_eq(chime_seg_check(&m, CHIME_SEG_CONTROL, NULL), -EBADMSG, "sizes disagree");
+	h->size = m.size;
+
+	h->layout = CHIME_SHM_LAYOUT + 1;
+	cr_assert_eq(chime_seg_check(&m, CHIME_SEG_CONTROL, &layout), -EPROTO);
+	cr_assert_eq(layout, CHIME_SHM_LAYOUT + 1);
+	cr_assert_eq(chime_seg_check(&m, CHIME_SEG_CONTROL, NULL), -EPROTO, "NULL layout is fine");
+	h->layout = CHIME_SHM_LAYOUT;
+
+	h->magic = 0x1234;
+	cr_assert_eq(chime_seg_check(&m, CHIME_SEG_CONTROL, NULL), -EBADMSG, "wrong magic");
+
+	small.base = m.base;
+	small.size = sizeof(struct chime_seg_hdr) - 1;
+	cr_assert_eq(chime_seg_check(&small, CHIME_SEG_CONTROL, NULL), -EBADMSG, "too small");
+	small.base = NULL;
+	small.size = 0;
+	cr_assert_eq(chime_seg_check(&small, CHIME_SEG_CONTROL, NULL), -EBADMSG, "nothing mapped");
+	chime_seg_unmap(&m);
+	close(fd);
+}
+
+Test(segment, map_fd_maps_the_whole_file_and_leaves_nothing_on_failure)
+{
+	struct chime_map m, r = { .base = (void *)1, .size = 1 };
+	int fd;
+
+	cr_assert_eq(chime_seg_memfd("chime-t", 2 * pagesz(), &fd, &m), 0);
+	cr_assert_eq(chime_seg_map_fd(fd, CHIME_SEG_SHARD, false, &r), -EAGAIN);
+	cr_assert_eq(r.base, (void *)1, "out-param untouched on failure");
+	chime_seg_publish(m.base, CHIME_SEG_SHARD, m.size);
+	cr_assert_eq(chime_seg_map_fd(fd, CHIME_SEG_CONTROL, false, &r), -EBADMSG);
+	cr_assert_eq(chime_seg_map_fd(fd, CHIME_SEG_SHARD, false, &r), 0);
+	cr_assert_eq(r.size, 2 * pagesz());
+	chime_seg_unmap(&r);
+	cr_assert_eq(chime_seg_map_fd(fd, CHIME_SEG_SHARD, true, &r), 0);
+	((char *)r.base)[100] = 5;
+	cr_assert_eq(((char *)m.base)[100], 5);
+	chime_seg_unmap(&r);
+	cr_assert_eq(chime_seg_map_fd(-1, CHIME_SEG_SHARD, true, &r), -EBADF);
+	chime_seg_unmap(&m);
+	close(fd);
+
+	/* Empty: not sized yet. Tiny: not a segment. */
+	fd = memfd_create("chime-t", MFD_CLOEXEC);
+	cr_assert_eq(chime_seg_map_fd(fd, CHIME_SEG_SHARD, false, &r), -EAGAIN);
+	cr_assert_eq(ftruncate(fd, 10), 0);
+	cr_assert_eq(chime_seg_map_fd(fd, CHIME_SEG_SHARD, false, &r), -EBADMSG);
+	close(fd);
+}
+
+/* ---- named file segments ---- */
+
+Test(segment, file_replaces_a_stale_file_and_applies_the_mode)
+{
+	char path[128];
+	struct chime_map m, r, stale;
+	struct stat st;
+	int fd, fd2, sfd;
+	mode_t old = umask(077);
+
+	snprintf(path, sizeof(path), "/tmp/chime-t-seg-%d", (int)getpid());
+	/* A stale segment, still mapped by a "tool". */
+	cr_assert_eq(chime_seg_file(path, pagesz(), 0600, &sfd, &stale), 0);
+	chime_seg_publish(stale.base, CHIME_SEG_CONTROL, stale.size);
+
+	cr_assert_eq(chime_seg_file(path, 2 * pagesz(), 0644, &fd, &m), 0);
+	cr_assert_eq(fstat(fd, &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0644, "mode %o despite umask 077", st.st_mode & 0777);
+	cr_assert_eq((uint64_t)st.st_size, 2 * pagesz());
+	cr_assert_eq(((uint64_t *)m.base)[0], 0, "a fresh file, not the stale one");
+	/* The stale mapping still works (no SIGBUS: it was unlinked, not truncated). */
+	cr_assert_eq(((uint64_t *)stale.base)[0], CHIME_SHM_MAGIC);
+
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &r), -EAGAIN);
+	chime_seg_publish(m.base, CHIME_SEG_CONTROL, m.size);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &r), 0);
+	cr_assert_eq(r.size, 2 * pagesz());
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_SHARD, &r), -EBADMSG);
+	chime_seg_unmap(&r);
+
+	/* A symlink planted at the path is replaced, not followed. */
+	{
+		char target[160];
+
+		snprintf(target, sizeof(target), "%s.target", path);
+		unlink(path);
+		cr_assert_eq(symlink(target, path), 0);
+		cr_assert_eq(chime_seg_file(path, pagesz(), 0600, &fd2, &r), 0);
+		cr_assert_eq(access(target, F_OK), -1, "symlink followed");
+		cr_assert_eq(lstat(path, &st), 0);
+		cr_assert(S_ISREG(st.st_mode));
+		chime_seg_unmap(&r);
+		close(fd2);
+	}
+	cr_assert_eq(chime_seg_open("/nonexistent/chime", CHIME_SEG_CONTROL, &r), -ENOENT);
+	cr_assert_eq(chime_seg_file("/nonexistent/dir/chime", pagesz(), 0600, &fd2, &r), -ENOENT);
+	unlink(path);
+	chime_seg_unmap(&m);
+	chime_seg_unmap(&stale);
+	close(fd);
+	close(sfd);
+	umask(old);
+}
+
+/* ---- layouts ---- */
+
+static void no_overlap(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+	cr_assert(a + alen <= b || b + blen <= a, "[%llu,+%llu) overlaps [%llu,+%llu)",
+		  (unsigned long long)a, (unsigned long long)alen, (unsigned long long)b, (unsigned long long)blen);
+}
+
+Test(segment, client_layout_aligns_every_array_and_rounds_to_pages)
+{
+	static const uint32_t shards[] = { 1, 2, 3, 7, 64, 256 };
+	static const uint32_t sizes[] = { 8, 16, 1024, 4096 };
+
+	for (unsigned a = 0; a < sizeof(shards) / sizeof(shards[0]); a++)
+	for (unsigned b = 0; b < sizeof(sizes) / sizeof(sizes[0]); b++)
+	for (unsigned c = 0; c < sizeof(sizes) / sizeof(sizes[0]); c++) {
+		struct chime_client_geom g = { .nr_shards = shards[a], .sq_size = sizes[b], .cq_size = sizes[c] };
+		uint64_t n = g.nr_shards;
+
+		cr_assert_eq(chime_client_layout(&g), 0);
+		cr_assert_eq(g.rw_chan_off % 128, 0);
+		cr_assert_eq(g.rw_sq_off % 128, 0);
+		cr_assert_eq(g.rw_claim_off % 128, 0);
+		cr_assert_eq(g.ro_chan_off % 128, 0);
+		cr_assert_eq(g.ro_cq_off % 128, 0);
+		/* Every shard's claim words start a cache line: no line is shared by two shards. */
+		cr_assert_eq((g.rw_claim_off + g.cq_size * 8) % 64, 0);
+		cr_assert_eq(g.rw_size % pagesz(), 0);
+		cr_assert_eq(g.ro_size % pagesz(), 0);
+		no_overlap(0, sizeof(struct chime_client_rw), g.rw_chan_off, n * 256);
+		no_overlap(g.rw_chan_off, n * 256, g.rw_sq_off, n * g.sq_size * 64);
+		no_overlap(g.rw_sq_off, n * g.sq_size * 64, g.rw_claim_off, n * g.cq_size * 8);
+		cr_assert_leq(g.rw_claim_off + n * g.cq_size * 8, g.rw_size);
+		cr_assert_lt(g.rw_size - (g.rw_claim_off + n * g.cq_size * 8), pagesz());
+		no_overlap(0, sizeof(struct chime_client_ro), g.ro_chan_off, n * 256);
+		no_overlap(g.ro_chan_off, n * 256, g.ro_cq_off, n * g.cq_size * 64);
+		cr_assert_leq(g.ro_cq_off + n * g.cq_size * 64, g.ro_size);
+		cr_assert_lt(g.ro_size - (g.ro_cq_off + n * g.cq_size * 64), pagesz());
+	}
+}
+
+Test(segment, client_layout_rejects_bad_sizes_and_leaves_g_alone)
+{
+	static const struct { uint32_t nr, sq, cq; } bad[] = {
+		{ 0, 64, 64 }, { CHIME_MAX_SHARDS + 1, 64, 64 }, { 1, 0, 64 }, { 1, 64, 0 },
+		{ 1, 3, 64 }, { 1, 64, 100 }, { 1, 64, 4 }, { 1, CHIME_RING_MAX * 2, 64 },
+		{ 1, 64, CHIME_RING_MAX * 2 }, { 1, UINT32_MAX, 64 }, { 1, 1u << 31, 64 },
+	};
+
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct chime_client_geom g = { .nr_shards = bad[i].nr, .sq_size = bad[i].sq, .cq_size = bad[i].cq };
+
+		cr_assert_eq(chime_client_layout(&g), -EINVAL, "case %u", i);
+		cr_assert_eq(g.rw_size, 0);
+	}
+	/* The largest accepted geometry computes without overflow. */
+	{
+		struct chime_client_geom g = { .nr_shards = CHIME_MAX_SHARDS, .sq_size = CHIME_RING_MAX,
+					       .cq_size = CHIME_RING_MAX };
+
+		cr_assert_eq(chime_client_layout(&g), 0);
+		cr_assert_geq(g.rw_size, (uint64_t)CHIME_MAX_SHARDS * CHIME_RING_MAX * 72);
+	}
+}
+
+Test(segment, ctl_layout_aligns_blocks_and_rejects_bad_counts)
+{
+	struct chime_ctl_geom g = { .nr_shards = 3, .max_clients = 100 };
+	struct chime_ctl_geom bad[] = {
+		{ .nr_shards = 0, .max_clients = 1 }, { .nr_shards = CHIME_MAX_SHARDS + 1, .max_clients = 1 },
+		{ .nr_shards = 1, .max_clients = 0 }, { .nr_shards = 1, .max_clients = 65537 },
+	};
+
+	cr_assert_eq(chime_ctl_layout(&g), 0);
+	cr_assert_eq(g.shards_off % 128, 0);
+	cr_assert_eq(g.clients_off % 128, 0);
+	no_overlap(0, sizeof(struct chime_ctl), g.shards_off, 3 * sizeof(struct chime_shard_ctl));
+	no_overlap(g.shards_off, 3 * sizeof(struct chime_shard_ctl), g.clients_off,
+		   100 * sizeof(struct chime_client_ctl));
+	cr_assert_leq(g.clients_off + 100 * sizeof(struct chime_client_ctl), g.size);
+	cr_assert_eq(g.size % pagesz(), 0);
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_assert_eq(chime_ctl_layout(&bad[i]), -EINVAL, "case %u", i);
+	g.nr_shards = CHIME_MAX_SHARDS;
+	g.max_clients = 65536;
+	cr_assert_eq(chime_ctl_layout(&g), 0);
+}
+
+Test(segment, shard_layout_places_keys_and_wheel_and_rejects_bad_sizes)
+{
+	uint64_t wheel = sizeof(struct chime_wheel) + 1000 * sizeof(struct chime_node);
+	struct chime_shard_geom g = { .capacity = 1000, .key_buckets = 512, .wheel_size = wheel };
+
+	cr_assert_eq(chime_shard_layout(&g), 0);
+	cr_assert_eq(g.key_off % 128, 0);
+	cr_assert_eq(g.wheel_off % 128, 0);
+	no_overlap(0, sizeof(struct chime_shard_seg), g.key_off, 512 * 4);
+	no_overlap(g.key_off, 512 * 4, g.wheel_off, wheel);
+	cr_assert_leq(g.wheel_off + wheel, g.size);
+	cr_assert_eq(g.size % pagesz(), 0);
+
+	g.key_buckets = 500;
+	cr_assert_eq(chime_shard_layout(&g), -EINVAL, "buckets not a power of two");
+	g.key_buckets = 0;
+	cr_assert_eq(chime_shard_layout(&g), -EINVAL);
+	g.key_buckets = 512;
+	g.capacity = 0;
+	cr_assert_eq(chime_shard_layout(&g), -EINVAL);
+	g.capacity = CHIME_NIL;
+	cr_assert_eq(chime_shard_layout(&g), -EINVAL, "CHIME_NIL is the null index");
+	g.capacity = 1000;
+	g.wheel_size = wheel - 1;
+	cr_assert_eq(chime_shard_layout(&g), -EINVAL, "wheel region too small for the slab");
+	g.wheel_size = UINT64_MAX;
+	cr_assert_eq(chime_shard_layout(&g), -EINVAL, "overflow");
+	g.wheel_size = wheel;
+	g.key_buckets = 1u << 31;
+	cr_assert_eq(chime_shard_layout(&g), 0);
+	cr_assert_geq(g.wheel_off, (uint64_t)(1u << 31) * 4);
+}

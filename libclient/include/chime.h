@@ -54,7 +54,9 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *   -EUSERS        the broker's client table is full
  *   -ENOMEM        out of memory (or mapping the segments failed)
  *   -ECONNRESET    the broker hung up during the handshake
+ *   -ETIMEDOUT     the broker accepted the connection but did not answer within 10 s
  *   -EBADMSG       the broker's reply or segments were malformed
+ * or another negative errno of socket(2), connect(2) or mmap(2).
  */
 int chime_open(chime_t **out, const struct chime_opts *opts);
 
@@ -75,6 +77,8 @@ const char *chime_version(void);
  * before returning: no round trip. Thread-safe. If the submission ring is
  * full, waits for room (never drops). Returns 0, or:
  *   -EINVAL    c or id is NULL
+ *   -ENOMEM    the broker's shard has no free timer node (its --capacity is
+ *              reached); nothing was armed
  *   -ENOTCONN  the broker is gone
  */
 int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns,

@@ -129,9 +129,12 @@ void shard_post(struct shard *s, const struct shard_cmd *cmd)
 
 	/* The control thread never has more than max_clients + 1 commands out. */
 	s->q[t & s->q_mask] = *cmd;
-	/* R2: the command before the tail; pairs with A2 in run_cmds(). */
-	ck_pr_fence_store();
-	ck_pr_store_64(&s->q_tail, t + 1);
+	/*
+	 * R2: the command before the tail; pairs with A2 in run_cmds(). C11
+	 * release/acquire rather than ck_pr fences: same order, and TSan (which
+	 * does not model stand-alone fences) can check it.
+	 */
+	__atomic_store_n(&s->q_tail, t + 1, __ATOMIC_RELEASE);
 	/* Always ring: commands are rare, and an awake shard reads the count and moves on. */
 	(void)eventfd_write(s->doorbell, 1);
 }
@@ -149,7 +152,7 @@ static void ack(struct shard *s, struct shard_ack *a, int err)
 
 static bool cmds_pending(struct shard *s)
 {
-	return ck_pr_load_64(&s->q_tail) != s->q_head;
+	return __atomic_load_n(&s->q_tail, __ATOMIC_RELAXED) != s->q_head;
 }
 
 static void active_del(struct shard *s, struct chan *ch)
@@ -165,10 +168,9 @@ static void active_del(struct shard *s, struct chan *ch)
 /* Returns true on STOP. */
 static bool run_cmds(struct shard *s, bool *work)
 {
-	uint64_t tail = ck_pr_load_64(&s->q_tail);
-
 	/* A2: the tail, then the commands; pairs with R2. */
-	ck_pr_fence_load();
+	uint64_t tail = __atomic_load_n(&s->q_tail, __ATOMIC_ACQUIRE);
+
 	while (s->q_head != tail) {
 		struct shard_cmd c = s->q[s->q_head & s->q_mask];
 		int r;

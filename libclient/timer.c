@@ -139,12 +139,17 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 		if (unlikely(chime_id_gen(id) == 0 || chime_id_shard(id) != shard))
 			op = CHIME_OP_NOP;  /* no node to grant: give the slot back */
 	}
-	sqe->id = id;
-	sqe->key = key;
-	sqe->deadline_ns = deadline_ns;
-	sqe->period_ns = period_ns;
-	sqe->user_data = user_data;
-	sqe->op = op;
+	/*
+	 * Relaxed atomic stores (plain moves on x86): the drainer may peek at
+	 * this slot meanwhile (chime_sq_peek: a seqlock read that discards a
+	 * torn copy), and a plain store racing with it is undefined in C11.
+	 */
+	__atomic_store_n(&sqe->id, id, __ATOMIC_RELAXED);
+	__atomic_store_n(&sqe->key, key, __ATOMIC_RELAXED);
+	__atomic_store_n(&sqe->deadline_ns, deadline_ns, __ATOMIC_RELAXED);
+	__atomic_store_n(&sqe->period_ns, period_ns, __ATOMIC_RELAXED);
+	__atomic_store_n(&sqe->user_data, user_data, __ATOMIC_RELAXED);
+	__atomic_store_n(&sqe->op, op, __ATOMIC_RELAXED);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
 	chime_ring_doorbell(ch);

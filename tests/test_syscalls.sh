@@ -38,7 +38,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-"$chimed" --foreground --socket "$sock" >"$dir/chimed.log" 2>&1 &
+# --spin-us 2000: strace stops the client for tens of microseconds at every
+# system call it makes. With the default 50 us spin, each doorbell write lets
+# the shard fall asleep again and so forces the next write: a loop strace
+# itself creates (seen: 28k writes). The invariant is about a broker that is
+# awake, so keep it awake across strace's stops.
+"$chimed" --foreground --spin-us 2000 --socket "$sock" >"$dir/chimed.log" 2>&1 &
 pid=$!
 i=0
 while [ ! -S "$sock" ] || [ ! -e "$sock.ctl" ]; do

@@ -753,7 +753,7 @@ static int exit_for(const struct sr_snap *sn)
 	return st == SR_RUNNING || st == SR_STARTING ? SR_EXIT_OK : SR_EXIT_NOT_RUNNING;
 }
 
-int main(int argc, char **argv)
+static int chimestat(struct opts *op, int argc, char **argv)
 {
 	enum { OPT_PROM = 256, OPT_VERSION };
 	static const struct option longopts[] = {
@@ -767,16 +767,13 @@ int main(int argc, char **argv)
 		{ "version", no_argument, NULL, OPT_VERSION },
 		{ 0 }
 	};
-	struct opts o = { .interval = 1 };
+	struct opts o = *op;
 	struct flist cur = { 0 }, prev = { 0 };
 	struct sr_snap sn, ps;
 	char sock[PATH_MAX];
 	int have_prev = 0, tty, r, opt;
 	struct sr s;
 
-	o.pat = calloc((size_t)argc, sizeof(*o.pat));
-	if (!o.pat)
-		return SR_EXIT_NOSHM;
 	while ((opt = getopt_long(argc, argv, "s:1jf:i:h", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
@@ -838,6 +835,7 @@ int main(int argc, char **argv)
 	if (o.once) {
 		if (sr_snapshot(&s, &sn) < 0) {
 			fprintf(stderr, PROG ": out of memory\n");
+			sr_close(&s);
 			return SR_EXIT_NOSHM;
 		}
 		collect(&cur, &sn);
@@ -860,6 +858,9 @@ int main(int argc, char **argv)
 			fprintf(stderr, PROG ": write to stdout failed: %s\n", strerror(errno));
 			r = SR_EXIT_NOSHM;
 		}
+		free(cur.v);
+		sr_snap_free(&sn);
+		sr_close(&s);
 		return r;
 	}
 
@@ -872,7 +873,8 @@ int main(int argc, char **argv)
 
 		if (sr_snapshot(&s, &sn) < 0) {
 			fprintf(stderr, PROG ": out of memory\n");
-			return SR_EXIT_NOSHM;
+			r = SR_EXIT_NOSHM;
+			break;
 		}
 		collect(&cur, &sn);
 		if (tty)
@@ -906,5 +908,20 @@ int main(int argc, char **argv)
 	free(cur.v);
 	free(prev.v);
 	sr_close(&s);
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	/* -f patterns: at most one per argument. Owned here so every exit path frees them. */
+	struct opts o = { .interval = 1, .pat = calloc((size_t)argc, sizeof(*o.pat)) };
+	int r;
+
+	if (!o.pat) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return SR_EXIT_NOSHM;
+	}
+	r = chimestat(&o, argc, argv);
+	free(o.pat);
 	return r;
 }

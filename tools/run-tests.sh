@@ -40,12 +40,13 @@ run() {
 	if ! configure "$dir" -Dwerror=true "$@" || ! ninja -C "$dir" >"$dir.ninja.log" 2>&1; then
 		cat "$dir.ninja.log" 2>/dev/null | tail -40
 		echo "$label: build failed"
-		mkdir -p "$dir/meson-logs" && : >"$dir/meson-logs/testlog.json"
-		echo '{"name": "build", "result": "FAIL", "stdout": ""}' >"$dir/meson-logs/testlog.json"
+		mkdir -p "$dir/meson-logs"
+		echo '{"name": "build", "result": "FAIL", "stdout": ""}' >"$dir/meson-logs/testlog-$setup.json"
 		labels+=("$label=$dir")
 		return
 	fi
 	echo "==> $label: test (setup $setup)"
+	rm -f "$dir"/meson-logs/testlog*.json   # the summary must not count an older run
 	# Serial on purpose: the integration tests measure lateness, and two cores are few.
 	meson test -C "$dir" --setup "$setup" "${suite_args[@]}" --num-processes 1 --print-errorlogs
 	labels+=("$label=$dir")

@@ -7,7 +7,9 @@ TAP line; an executable that died before reporting all planned cases has the
 missing ones counted as failed. Plain executables (protocol 'exitcode') count
 as one case each. Usage: test-summary.py LABEL=BUILD_DIR [LABEL=BUILD_DIR ...]
 """
+import glob
 import json
+import os
 import re
 import sys
 
@@ -62,12 +64,13 @@ def main():
     total_p = total_f = total_s = 0
     for arg in sys.argv[1:]:
         label, _, builddir = arg.partition("=")
-        try:
-            log = open(builddir + "/meson-logs/testlog.json")
-        except OSError as e:
-            print("%s: no test log (%s)" % (label, e.strerror))
+        # `meson test --setup NAME` writes testlog-NAME.json: take the newest log.
+        logs = glob.glob(builddir + "/meson-logs/testlog*.json")
+        if not logs:
+            print("%s: no test log in %s/meson-logs" % (label, builddir))
             total_f += 1
             continue
+        log = open(max(logs, key=os.path.getmtime))
         p = f = s = 0
         for raw in log:
             entry = json.loads(raw)

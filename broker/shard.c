@@ -41,6 +41,8 @@
 #define FIRE_BUDGET     4096u   /* expirations per iteration */
 #define POP_BATCH       256u
 #define RECLAIM_BUDGET  65536u  /* slab nodes swept per iteration per dying client */
+#define IDLE_PURE_SPIN_NS (5u * 1000u)    /* idle spin before the shard starts yielding its core */
+#define WAKE_EARLY_MAX_NS (200u * 1000u)  /* the longest a shard spins into a deadline */
 #define PUBLISH_NS      (1000u * 1000u)   /* counters published at most and at least this often while awake */
 
 #define UD_BELL 1u
@@ -264,7 +266,7 @@ static void arm_bell(struct shard *s)
 	s->bell_armed = 1;
 }
 
-static void sleep_once(struct shard *s)
+static void sleep_once(struct shard *s, uint64_t early_ns)
 {
 	struct io_uring_cqe *cqe;
 	uint64_t deadline = wheel_next_deadline(&s->core.wh), now;
@@ -278,7 +280,9 @@ static void sleep_once(struct shard *s)
 		uint64_t rel;
 
 		now = now_ns();
-		rel = deadline > now ? deadline - now : 0;
+		/* Early by early_ns: the loop spins the rest (it only sleeps if the
+		 * deadline is further away than that). */
+		rel = deadline > now + early_ns ? deadline - now - early_ns : 0;
 		ts.tv_sec = (long long)(rel / 1000000000u);
 		ts.tv_nsec = (long long)(rel % 1000000000u);
 		(void)io_uring_submit_and_wait_timeout(&s->ring, &cqe, 1, &ts, NULL);
@@ -295,6 +299,8 @@ static void loop(struct shard *s)
 {
 	uint64_t now = now_ns(), last_work = now, last_pub = 0, t0;
 	int64_t spin_ns = s->cfg.spin_us < 0 ? -1 : s->cfg.spin_us * 1000;
+	/* Wake this much before a deadline and spin into it: the --spin-us budget, at most WAKE_EARLY_MAX_NS. */
+	uint64_t early_ns = spin_ns < 0 ? 0 : (uint64_t)spin_ns < WAKE_EARLY_MAX_NS ? (uint64_t)spin_ns : WAKE_EARLY_MAX_NS;
 	struct shard_core *sc = &s->core;
 
 	for (;;) {
@@ -332,9 +338,28 @@ static void loop(struct shard *s)
 			stats_publish(&s->st);
 			last_pub = now;
 		}
-		if (work || spin_ns < 0 || (int64_t)(now - last_work) < spin_ns) {
-			if (!work)
-				ck_pr_stall();
+		/*
+		 * Keep spinning while there is work, while the idle spin lasts, and
+		 * when the next deadline is closer than a wake-up would be: a sleep
+		 * ends tens to hundreds of microseconds late on a busy host, a spin
+		 * does not. Never early all the same: the wheel fires only what is due.
+		 */
+		if (work || spin_ns < 0 || (int64_t)(now - last_work) < spin_ns ||
+		    wheel_next_deadline(&sc->wh) <= now + early_ns) {
+			/*
+			 * Idle: spin a few microseconds, then yield. A shard that
+			 * yields stays awake for producers (no doorbell, no
+			 * syscall for them) yet gives the core to any runnable
+			 * client thread, which spinning outright would starve on
+			 * a host with few cores. Busy-poll mode (--spin-us -1)
+			 * spins outright: it is for dedicated cores.
+			 */
+			if (!work) {
+				if (spin_ns >= 0 && now - last_work > IDLE_PURE_SPIN_NS)
+					sched_yield();
+				else
+					ck_pr_stall();
+			}
 			now = now_ns();
 			continue;
 		}
@@ -352,7 +377,7 @@ static void loop(struct shard *s)
 			stats_sleep(&s->st);
 			stats_shard_gauges(&s->st, sc->backlog, wheel_next_deadline(&sc->wh));
 			stats_publish(&s->st);
-			sleep_once(s);
+			sleep_once(s, early_ns);
 		}
 		ck_pr_store_32(&s->blk->sleeping, 0);
 		/*

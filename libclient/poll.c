@@ -483,19 +483,64 @@ static int sleep_poll(struct chime *c, uint64_t timeout_ns)
 	return 0;
 }
 
+/*
+ * Before sleeping, watch the rings for a while: events that trickle in a few
+ * microseconds apart (timers firing on time at a high rate) would otherwise
+ * cost a sleep, an eventfd write by the shard and a wake-up each, and a
+ * drainer that pays a wake-up per event or two falls behind (seen: 100 ms of
+ * backlog at 333k events/s on 2 cores). Spin a few microseconds, then yield
+ * the core (to the shard, on a small host) until the budget is spent.
+ * Returns true as soon as something is pending.
+ */
+#define WAIT_SPIN_NS       50000u
+#define WAIT_PURE_SPIN_NS  5000u
+
+static bool spin_for_events(struct chime *c, uint64_t budget_ns)
+{
+	uint64_t start = chime_now();
+
+	for (unsigned i = 1;; i++) {
+		uint64_t spent;
+
+		if (pending(c))
+			return true;
+		cpu_relax();
+		if (i % 32)
+			continue;
+		spent = chime_now() - start;
+		if (spent >= budget_ns)
+			return false;
+		if (spent >= WAIT_PURE_SPIN_NS)
+			sched_yield();
+	}
+}
+
 CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout_ms)
 {
 	uint64_t deadline = UINT64_MAX;
 
 	if (unlikely(!c || !events || max == 0 || timeout_ms < -1))
 		return -EINVAL;
-	if (timeout_ms >= 0)
+	if (timeout_ms == 0)
+		return poll_events(c, events, max, c->fd_used, c->fd_used);  /* exactly chime_poll() */
+	if (timeout_ms > 0)
 		deadline = chime_now() + (uint64_t)timeout_ms * 1000000u;
 	for (;;) {
-		int n = poll_events(c, events, max, true, false);
+		/* Not sleepy yet: an empty drain here must not arm want_wakeup. */
+		int n = poll_events(c, events, max, false, false);
 		uint64_t now, left;
 
-		if (n != 0 || timeout_ms == 0)
+		if (n != 0)
+			return n;
+		now = chime_now();
+		if (now >= deadline)
+			return 0;
+		left = deadline == UINT64_MAX ? UINT64_MAX : deadline - now;
+		if (spin_for_events(c, left < WAIT_SPIN_NS ? left : WAIT_SPIN_NS))
+			continue;
+		/* About to sleep: arm want_wakeup and look once more (poll_events does both). */
+		n = poll_events(c, events, max, true, false);
+		if (n != 0)
 			return n;
 		now = chime_now();
 		if (now >= deadline)

@@ -70,34 +70,34 @@ void log_msg(int level, const char *fmt, ...)
 	errno = saved;
 }
 
-int log_errno(int level, int err, const char *fmt, ...)
+static int log_verrno(int level, int err, const char *hint, const char *fmt, va_list ap)
 {
-	va_list ap;
 	int saved = errno;
 
 	if (err < 0)
 		err = -err;
-	if (level <= log_max_level) {
-		va_start(ap, fmt);
-		log_write(level, err, NULL, fmt, ap);
-		va_end(ap);
-	}
+	if (level <= log_max_level)
+		log_write(level, err, hint, fmt, ap);
 	errno = saved;
 	return -err;
+}
+
+int log_errno(int level, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	err = log_verrno(level, err, NULL, fmt, ap);
+	va_end(ap);
+	return err;
 }
 
 int log_errno_hint(int level, int err, const char *hint, const char *fmt, ...)
 {
 	va_list ap;
-	int saved = errno;
 
-	if (err < 0)
-		err = -err;
-	if (level <= log_max_level) {
-		va_start(ap, fmt);
-		log_write(level, err, hint, fmt, ap);
-		va_end(ap);
-	}
-	errno = saved;
-	return -err;
+	va_start(ap, fmt);
+	err = log_verrno(level, err, hint, fmt, ap);
+	va_end(ap);
+	return err;
 }

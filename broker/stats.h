@@ -69,7 +69,17 @@
 
 #include <stdint.h>
 
+#include "chime_config.h"
 #include "chime_shm.h"
+
+/*
+ * meson -Dcounters=false compiles every counter update below out (and
+ * publishes nothing): only for measuring what the counters cost
+ * (tools/bench-counters.sh). chimestat then shows zeros.
+ */
+#ifndef CHIME_COUNTERS
+#define CHIME_COUNTERS 1
+#endif
 
 /* Private counters of one (client, shard) pair. */
 struct stats_client {
@@ -118,6 +128,8 @@ void stats_publish(struct stats *st);
 /* stats_publish() if STATS_PUBLISH_NS have passed since the last time it did (or never). */
 static inline void stats_maybe_publish(struct stats *st, uint64_t now_ns)
 {
+	if (!CHIME_COUNTERS)
+		return;
 	if (st->published_ns && now_ns - st->published_ns < STATS_PUBLISH_NS)
 		return;
 	st->published_ns = now_ns ? now_ns : 1;
@@ -130,6 +142,8 @@ void stats_client_detach(struct stats *st, uint32_t slot);
 /* Record one lateness sample (fired_ns - deadline_ns) in the histogram. */
 static inline void stats_lateness(struct stats *st, uint64_t lat_ns)
 {
+	if (!CHIME_COUNTERS)
+		return;
 	st->sh.lat[chime_lat_bucket(lat_ns)]++;
 	st->sh.lat_sum_ns += lat_ns;
 	if (lat_ns > st->sh.lat_max_ns)
@@ -156,6 +170,9 @@ static inline void stats_arm(struct stats *st, uint32_t slot)
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
 
+	if (!CHIME_COUNTERS)
+		return;
+
 	st->sh.arms++;
 	st->sh.armed++;
 	if (c) {
@@ -167,6 +184,9 @@ static inline void stats_arm(struct stats *st, uint32_t slot)
 static inline void stats_reset(struct stats *st, uint32_t slot)
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
+
+	if (!CHIME_COUNTERS)
+		return;
 
 	st->sh.resets++;
 	if (c)
@@ -184,6 +204,9 @@ static inline void stats_cancel(struct stats *st, uint32_t slot)
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
 
+	if (!CHIME_COUNTERS)
+		return;
+
 	st->sh.cancels++;
 	if (c)
 		c->cancels++;
@@ -194,6 +217,9 @@ static inline void stats_cancel_key(struct stats *st, uint32_t slot, uint64_t vi
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
 
+	if (!CHIME_COUNTERS)
+		return;
+
 	st->sh.cancel_keys++;
 	st->sh.cancels += victims;
 	if (c)
@@ -203,6 +229,8 @@ static inline void stats_cancel_key(struct stats *st, uint32_t slot, uint64_t vi
 
 static inline void stats_malformed(struct stats *st)
 {
+	if (!CHIME_COUNTERS)
+		return;
 	st->sh.malformed++;
 }
 
@@ -215,6 +243,9 @@ static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
 
+	if (!CHIME_COUNTERS)
+		return;
+
 	st->sh.fires++;
 	if (c)
 		c->fires++;
@@ -226,6 +257,8 @@ static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline
 
 static inline void stats_deliver(struct stats *st, uint32_t slot)
 {
+	if (!CHIME_COUNTERS)
+		return;
 	(void)stats__cl(st, slot);
 	st->sh.delivered++;
 }
@@ -233,6 +266,9 @@ static inline void stats_deliver(struct stats *st, uint32_t slot)
 static inline void stats_wake_client(struct stats *st, uint32_t slot)
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
+
+	if (!CHIME_COUNTERS)
+		return;
 
 	st->sh.wakeups++;
 	if (c)
@@ -245,6 +281,9 @@ static inline void stats_client_depth(struct stats *st, uint32_t slot, uint64_t 
 	struct stats_client *p = slot < st->max_clients ? &st->cl[slot] : NULL;
 	struct chime_client_stats *c;
 
+	if (!CHIME_COUNTERS)
+		return;
+
 	/* Gauges are set often with the same value: publish only a change. */
 	if (!p || (p->c.cq_depth == cq_depth && p->c.backlog == backlog))
 		return;
@@ -255,12 +294,16 @@ static inline void stats_client_depth(struct stats *st, uint32_t slot, uint64_t 
 
 static inline void stats_shard_gauges(struct stats *st, uint64_t backlog, uint64_t next_deadline_ns)
 {
+	if (!CHIME_COUNTERS)
+		return;
 	st->sh.backlog = backlog;
 	st->sh.next_deadline_ns = next_deadline_ns;
 }
 
 static inline void stats_sq_depth(struct stats *st, uint64_t n)
 {
+	if (!CHIME_COUNTERS)
+		return;
 	st->sh.sq_depth = n;
 	if (n > st->sh.sq_depth_max)
 		st->sh.sq_depth_max = n;
@@ -268,12 +311,16 @@ static inline void stats_sq_depth(struct stats *st, uint64_t n)
 
 static inline void stats_loop(struct stats *st, uint64_t busy_ns)
 {
+	if (!CHIME_COUNTERS)
+		return;
 	st->sh.loops++;
 	st->sh.busy_ns += busy_ns;
 }
 
 static inline void stats_sleep(struct stats *st)
 {
+	if (!CHIME_COUNTERS)
+		return;
 	st->sh.sleeps++;
 }
 

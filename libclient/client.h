@@ -104,6 +104,16 @@ struct chime {
 	struct chime_chan chan[];
 };
 
+/* A spin-wait hint to the CPU (and to a sibling hyperthread). */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
 /* client.c */
 /* True if the broker is known gone; checks the socket (a syscall) only if `probe`. */
 bool chime_broker_gone(struct chime *c, bool probe);

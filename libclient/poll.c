@@ -59,15 +59,6 @@
 #define TAG_EVFD 1u
 #define TAG_SOCK 2u
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
 /* ---- the pending-cancel set ---- */
 
 static inline uint32_t pend_hash(const struct chime *c, uint64_t what, uint32_t kind)

@@ -29,15 +29,6 @@
 
 static __thread uint32_t tl_next_shard;    /* round-robin for this thread's ARMs */
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
 void chime_ring_doorbell(struct chime_chan *ch)
 {
 	uint64_t one = 1;

@@ -191,7 +191,8 @@ static void check_prometheus(void)
 		cr_assert_eq(run("promtool check metrics < '%s'", prom), 0, "promtool: %s %s",
 			     slurp(out), slurp(err));
 	} else {
-		cr_log_warn("promtool not installed: only our own format check ran");
+		/* Not cr_log_warn(): criterion 2.4 then exits 1 although every test passed. */
+		fprintf(stderr, "test_tools: promtool not installed: only our own format check ran\n");
 	}
 }
 

@@ -33,10 +33,11 @@
  *
  * The eventfd (chime_fd) is readable whenever events are pending, provided
  * the application drains until chime_poll() returns 0. A drain that finds
- * nothing arms want_wakeup (W1, full barrier), clears the eventfd if a shard
- * may have written it, and re-checks every ring: an event published before
- * the re-check is seen now; one published after it makes its shard see
- * want_wakeup and write the eventfd. While events flow, want_wakeup is off
+ * nothing clears the eventfd if a shard may have written it, then arms
+ * want_wakeup (W1, full barrier), then re-checks every ring: an event
+ * published before the re-check is seen now; one published after it makes
+ * its shard see want_wakeup and write the eventfd, which nothing reads
+ * before we sleep. While events flow, want_wakeup is off
  * and the shards make no syscall for us. We count the writes we caused
  * (`owed`: one per 1 -> 0 CAS a shard won) so that the eventfd is read only
  * when it can be non-zero.
@@ -250,11 +251,17 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 	if (ch->head != start) {
 		/* C3: our copies are done; pairs with the shard's acquire of cq_head (chime_cq_room). */
 		__atomic_store_n(ch->cq_head, ch->head, __ATOMIC_RELEASE);
-		if (unlikely(__atomic_load_n(ch->backlog, __ATOMIC_RELAXED) != 0)) {
-			/* C6: full barrier between cq_head and the shard's sleep flag (as S1/S2). */
-			__atomic_thread_fence(__ATOMIC_SEQ_CST);
+		/*
+		 * C6: full barrier between our cq_head and the loads of backlog
+		 * and of the shard's sleep number; pairs with the shard's barrier
+		 * between publishing backlog (and its sleep number) and re-reading
+		 * cq_head before it sleeps. Either it sees the room we made, or
+		 * we see its backlog and ring. Without it both could read stale
+		 * values and wait for each other forever (once a drain, not per event).
+		 */
+		__atomic_thread_fence(__ATOMIC_SEQ_CST);
+		if (unlikely(__atomic_load_n(ch->backlog, __ATOMIC_RELAXED) != 0))
 			chime_ring_doorbell(ch);
-		}
 	}
 	return n;
 }
@@ -319,13 +326,19 @@ static void evfd_clear(struct chime *c)
 		c->owed = v >= c->owed ? 0 : c->owed - v;
 }
 
-/* Make the eventfd readable (more is pending than the caller took). */
+/*
+ * Make the eventfd readable (more is pending than the caller took). Always
+ * write: `owed` can count a shard's write that evfd_clear() already
+ * swallowed (the read and ww_disarm()'s count race), so "a write is owed"
+ * does not prove the fd is readable. A surplus write costs one spurious
+ * wake-up; a skipped one left events unseen (found by the stress suite).
+ */
 static void evfd_kick(struct chime *c)
 {
 	uint64_t one = 1;
 
-	if (c->owed == 0 && write(c->evfd, &one, sizeof(one)) == sizeof(one))
-		c->owed = 1;
+	if (write(c->evfd, &one, sizeof(one)) == sizeof(one))
+		c->owed++;
 }
 
 void chime_fd_arm(struct chime *c)
@@ -354,15 +367,20 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 		return (int)n;
 	}
 	if (sleepy && !c->held) {
-		ww_arm(c);
 		/*
-		 * Clear the eventfd only after W1 and before the re-check: a write
-		 * it swallows was for an event the re-check sees. Read only if a
-		 * shard owes us a write, or if the application came back with
-		 * nothing to do (a stray readable fd).
+		 * Clear the eventfd BEFORE arming (W1), never after: a shard can
+		 * win its 1 -> 0 CAS against our arm for events we already
+		 * drained (it flushed them, was delayed, then saw the flag); if
+		 * we swallowed that write after arming, we would sleep with
+		 * want_wakeup back at 0 and no shard would ever write again
+		 * (found by the stress suite). Read first, and any write after
+		 * the read stays readable, and any CAS comes after our arm.
+		 * Read only if a shard owes us a write, or if the application came
+		 * back with nothing to do (a stray readable fd).
 		 */
 		if (c->owed || c->empty_streak)
 			evfd_clear(c);
+		ww_arm(c);
 		if (pending(c)) {
 			n = drain(c, out, max);
 			if (n > 0) {
@@ -407,8 +425,14 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 			cb(&ev[i], arg);
 		total += (unsigned)n;
 	}
-	if (total == limit && c->fd_used && pending(c))
-		evfd_kick(c);
+	/*
+	 * Stopped by the limit, not by an empty ring: the last batch disarmed
+	 * want_wakeup, and if nothing is pending right now no kick follows
+	 * either. Re-arm it (and kick if something is pending) so that the fd
+	 * keeps its promise to an application that goes back to epoll_wait().
+	 */
+	if (total == limit && c->fd_used)
+		chime_fd_arm(c);
 	return (int)total;
 }
 

@@ -729,7 +729,7 @@ Test(broker, fd_readable_when_events_pending)
 {
 	chime_t *c = copen();
 	struct epoll_event ee = { .events = EPOLLIN };
-	int ep = epoll_create1(EPOLL_CLOEXEC), n = scale(2000, 50000), got = 0, idle = 0, wakes = 0;
+	int ep = epoll_create1(EPOLL_CLOEXEC), n = scale(20000, 50000), got = 0, idle = 0, wakes = 0;
 	uint64_t seed = 5;
 	chime_id_t id;
 

@@ -530,6 +530,17 @@ static bool spin_for_events(struct chime *c, uint64_t budget_ns)
 	}
 }
 
+/* Time until deadline (UINT64_MAX: none) in *left; false once it has passed. */
+static bool time_left(uint64_t deadline, uint64_t *left)
+{
+	uint64_t now = chime_now();
+
+	if (now >= deadline)
+		return false;
+	*left = deadline == UINT64_MAX ? UINT64_MAX : deadline - now;
+	return true;
+}
+
 CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout_ms)
 {
 	uint64_t deadline = UINT64_MAX;
@@ -543,24 +554,20 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 	for (;;) {
 		/* Not sleepy yet: an empty drain here must not arm want_wakeup. */
 		int n = poll_events(c, events, max, false, false);
-		uint64_t now, left;
+		uint64_t left;
 
 		if (n != 0)
 			return n;
-		now = chime_now();
-		if (now >= deadline)
+		if (!time_left(deadline, &left))
 			return 0;
-		left = deadline == UINT64_MAX ? UINT64_MAX : deadline - now;
 		if (spin_for_events(c, left < WAIT_SPIN_NS ? left : WAIT_SPIN_NS))
 			continue;
 		/* About to sleep: arm want_wakeup and look once more (poll_events does both). */
 		n = poll_events(c, events, max, true, false);
 		if (n != 0)
 			return n;
-		now = chime_now();
-		if (now >= deadline)
+		if (!time_left(deadline, &left))
 			return 0;
-		left = deadline == UINT64_MAX ? UINT64_MAX : deadline - now;
 		if (c->held) {
 			/* An event waits for its shard to apply a reset: back in a moment. */
 			nanosleep(&(struct timespec){ .tv_nsec = 20000 }, NULL);

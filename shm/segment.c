@@ -47,9 +47,24 @@ static int map_rw(int fd, size_t size, struct chime_map *map)
 	return 0;
 }
 
-int chime_seg_memfd(const char *name, size_t size, int *fd, struct chime_map *map)
+/* Size f to `size` bytes and map it read-write; on success hand out both. */
+static int size_and_map(int f, size_t size, int *fd, struct chime_map *map)
 {
 	struct chime_map m;
+	int r;
+
+	if (ftruncate(f, (off_t)size) < 0)
+		return -errno;
+	r = map_rw(f, size, &m);
+	if (r < 0)
+		return r;
+	*fd = f;
+	*map = m;
+	return 0;
+}
+
+int chime_seg_memfd(const char *name, size_t size, int *fd, struct chime_map *map)
+{
 	int f, r;
 
 	if (!size || size > (size_t)INT64_MAX)
@@ -57,18 +72,9 @@ int chime_seg_memfd(const char *name, size_t size, int *fd, struct chime_map *ma
 	f = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (f < 0)
 		return -errno;
-	if (ftruncate(f, (off_t)size) < 0) {
-		r = -errno;
-		goto fail;
-	}
-	r = map_rw(f, size, &m);
+	r = size_and_map(f, size, fd, map);
 	if (r < 0)
-		goto fail;
-	*fd = f;
-	*map = m;
-	return 0;
-fail:
-	close(f);
+		close(f);
 	return r;
 }
 
@@ -80,7 +86,6 @@ fail:
  */
 int chime_seg_file(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map)
 {
-	struct chime_map m;
 	int f, r;
 
 	if (!size || size > (size_t)INT64_MAX)
@@ -90,19 +95,11 @@ int chime_seg_file(const char *path, size_t size, mode_t mode, int *fd, struct c
 	f = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
 	if (f < 0)
 		return -errno;
-	if (fchmod(f, mode) < 0 || ftruncate(f, (off_t)size) < 0) {
-		r = -errno;
-		goto fail;
+	r = fchmod(f, mode) < 0 ? -errno : size_and_map(f, size, fd, map);
+	if (r < 0) {
+		close(f);
+		unlink(path);
 	}
-	r = map_rw(f, size, &m);
-	if (r < 0)
-		goto fail;
-	*fd = f;
-	*map = m;
-	return 0;
-fail:
-	close(f);
-	unlink(path);
 	return r;
 }
 

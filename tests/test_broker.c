@@ -637,6 +637,41 @@ Test(broker, broker_sigterm_stops_cleanly)
 
 /* ---- arguments against a live connection ---- */
 
+/* Resident memory of this process, in bytes (/proc/self/statm). */
+static uint64_t rss_bytes(void)
+{
+	unsigned long size = 0, resident = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+
+	cr_assert_not_null(f);
+	cr_assert_eq(fscanf(f, "%lu %lu", &size, &resident), 2);
+	fclose(f);
+	return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/*
+ * The broker holds the timers: arming 200k more (after a warm-up that
+ * touches every ring page once) must not grow the client. 200k timers at
+ * even 8 bytes each would be 1.6 MB; the bound is 1 MiB.
+ */
+Test(broker, client_memory_does_not_grow_with_armed_timers)
+{
+	chime_t *c = copen();
+	uint64_t far = chime_now() + 3600ull * 1000000000ull, before;
+	int n = scale(200000, 1000000);
+	chime_id_t id;
+
+	cr_assert_not_null(c);
+	for (int i = 0; i < 20000; i++)
+		cr_assert_eq(chime_arm(c, (uint64_t)i, far, 0, 0, &id), 0);
+	before = rss_bytes();
+	for (int i = 0; i < n; i++)
+		cr_assert_eq(chime_arm(c, (uint64_t)i, far, 0, 0, &id), 0);
+	cr_assert_lt(rss_bytes() - before, 1u << 20, "client grew by %llu bytes for %d armed timers",
+		     (unsigned long long)(rss_bytes() - before), n);
+	chime_close(c);
+}
+
 Test(broker, bad_arguments)
 {
 	chime_t *c = copen();

@@ -36,7 +36,7 @@ cleanup() {
 	rm -rf "$dir"
 }
 trap cleanup EXIT
-trap 'exit 1' INT TERM
+trap 'exit 1' INT TERM HUP PIPE   # so that the EXIT trap stops the broker
 
 # --spin-us 2000: strace stops the client for tens of microseconds at every
 # system call it makes. With the default 50 us spin, each doorbell write lets

@@ -9,6 +9,7 @@ dir=$(mktemp -d /tmp/chime-tsan-XXXXXX)
 sock="$dir/chime.sock"
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1"
 trap 'kill -KILL "$broker" 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'exit 1' INT TERM HUP PIPE   # so that the EXIT trap stops the broker
 
 "$chimed" --foreground --shards 2 --socket "$sock" 2>"$dir/chimed.log" &
 broker=$!

@@ -21,6 +21,7 @@ cleanup() {
 	rm -rf "$dir"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM HUP PIPE   # so that the EXIT trap stops the broker
 
 for _ in $(seq 100); do
 	[ -S "$sock" ] && break

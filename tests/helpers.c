@@ -1,7 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 #include "helpers.h"
 
+#include <dirent.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,4 +38,110 @@ const char *t_unique_name(char *buf, unsigned len, const char *prefix)
 
 	snprintf(buf, len, "%s-%d-%u", prefix, (int)getpid(), n++);
 	return buf;
+}
+
+void t_rmdir_files(const char *dir)
+{
+	char p[PATH_MAX];
+	struct dirent *e;
+	DIR *d = opendir(dir);
+
+	if (d) {
+		while ((e = readdir(d)))
+			if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+				snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+				unlink(p);
+			}
+		closedir(d);
+	}
+	rmdir(dir);
+}
+
+static bool sock_accepts(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	bool ok;
+
+	if (fd < 0 || strlen(path) >= sizeof(sa.sun_path)) {
+		if (fd >= 0)
+			close(fd);
+		return false;
+	}
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	close(fd);
+	return ok;
+}
+
+int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
+{
+	const char *chimed = getenv("CHIMED");
+	char cmd[1024];
+	uint64_t t0;
+	pid_t p;
+
+	memset(b, 0, sizeof(*b));
+	if (!chimed) {
+		fprintf(stderr, "t_chimed_start: $CHIMED must name the chimed binary\n");
+		return -1;
+	}
+	if (sock) {
+		snprintf(b->sock, sizeof(b->sock), "%s", sock);
+	} else {
+		snprintf(b->dir, sizeof(b->dir), "/tmp/chime-t-%d-XXXXXX", (int)getpid());
+		if (!mkdtemp(b->dir)) {
+			perror("t_chimed_start: mkdtemp");
+			return -1;
+		}
+		b->own_dir = 1;
+		snprintf(b->sock, sizeof(b->sock), "%s/chime.sock", b->dir);
+	}
+	snprintf(cmd, sizeof(cmd), "exec '%s' --foreground --socket '%s' %s", chimed, b->sock,
+		 extra ? extra : "");
+	p = fork();
+	if (p < 0) {
+		perror("t_chimed_start: fork");
+		return -1;
+	}
+	if (p == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);       /* never outlive the test */
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	b->pid = p;
+	for (t0 = t_now_ns(); !sock_accepts(b->sock); usleep(5000)) {
+		int st;
+
+		if (waitpid(p, &st, WNOHANG) == p) {
+			b->pid = 0;
+			fprintf(stderr, "t_chimed_start: '%s' exited during start-up (status %#x)\n", cmd, st);
+			t_chimed_stop(b, 0);
+			return -1;
+		}
+		if (t_now_ns() - t0 > UINT64_C(10000000000)) {
+			fprintf(stderr, "t_chimed_start: '%s' did not listen within 10 s\n", cmd);
+			t_chimed_stop(b, SIGKILL);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int t_chimed_stop(struct t_chimed *b, int sig)
+{
+	int st = -1;
+
+	if (b->pid > 0) {
+		if (sig)
+			kill(b->pid, sig);
+		if (waitpid(b->pid, &st, 0) != b->pid)
+			st = -1;
+		b->pid = 0;
+	}
+	if (b->own_dir) {
+		t_rmdir_files(b->dir);
+		b->own_dir = 0;
+	}
+	return st;
 }

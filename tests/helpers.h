@@ -14,4 +14,34 @@ uint64_t t_rand(uint64_t *state);
 /* A unique name for this test process: "/chime-t-<pid>-<n>" style, written into buf. */
 const char *t_unique_name(char *buf, unsigned len, const char *prefix);
 
+/*
+ * A private chimed for integration tests: "$CHIMED --foreground --socket SOCK
+ * EXTRA" (EXTRA: more shell words, may be ""), killed with the test process
+ * (PR_SET_PDEATHSIG), ready once its socket accepts a connection (it listens
+ * last, after every shard runs). One helper for every test that needs a
+ * broker, so that start-up and clean-up are written once.
+ */
+struct t_chimed {
+	int pid;                /* pid_t; 0 when not running */
+	int own_dir;            /* dir was made here: t_chimed_stop() removes it */
+	char dir[200];
+	char sock[256];
+};
+
+/*
+ * Start a broker on `sock`, or (sock NULL) on "chime.sock" in a fresh
+ * directory under /tmp. Waits up to 10 s. Returns 0, or -1 after printing
+ * why to stderr (no broker left running).
+ */
+int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra);
+
+/*
+ * Send `sig` (if still running), reap, and return the wait status (-1 if it
+ * was not running); removes the directory if t_chimed_start() made it.
+ */
+int t_chimed_stop(struct t_chimed *b, int sig);
+
+/* Remove a directory and what is in it (one level, as brokers leave it). */
+void t_rmdir_files(const char *dir);
+
 #endif

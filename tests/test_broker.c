@@ -10,7 +10,6 @@
  * (the 'stress' suite runs the same binary that way).
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -32,9 +31,9 @@
 #define MS 1000000ull
 #define LATE_MAX_NS (200 * MS)   /* generous: a noisy 2-core machine */
 
-static char dir[PATH_MAX - 64];
-static char sock[PATH_MAX];
-static pid_t broker = -1;
+static struct t_chimed tb;
+static const char *sock = tb.sock;
+static pid_t broker = -1;       /* tb.pid, or -1 once a test has reaped it itself */
 static int stress;
 
 /* In children: report and exit non-zero. */
@@ -70,62 +69,19 @@ static chime_t *copen(void)
 	return c;
 }
 
-static void broker_stop(void);
-
 static void broker_start(void)
 {
-	const char *chimed = getenv("CHIMED");
-	uint64_t t0;
-	chime_t *c;
-
 	stress = getenv("CHIME_STRESS") && atoi(getenv("CHIME_STRESS")) > 0;
-	cr_assert_not_null(chimed, "$CHIMED must name the chimed binary");
-	snprintf(dir, sizeof(dir), "/tmp/chime-tb-%d-XXXXXX", (int)getpid());
-	cr_assert_not_null(mkdtemp(dir));
-	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
-	broker = fork();
-	cr_assert_geq(broker, 0);
-	if (broker == 0) {
-		/* Never outlive the test, whatever happens to it. */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		execl(chimed, "chimed", "--socket", sock, "--shards", "2", "--foreground", (char *)NULL);
-		perror("exec chimed");
-		_exit(127);
-	}
-	for (t0 = t_now_ns();; msleep(5)) {
-		struct chime_opts o = { .socket_path = sock };
-
-		if (chime_open(&c, &o) == 0)
-			break;
-		if (t_now_ns() - t0 > 10000 * MS || waitpid(broker, NULL, WNOHANG) != 0) {
-			broker_stop();  /* .fini does not run after a failed .init */
-			cr_assert_fail("chimed did not come up on '%s'", sock);
-		}
-	}
-	chime_close(c);
+	cr_assert_eq(t_chimed_start(&tb, NULL, "--shards 2"), 0, "chimed did not come up");
+	broker = tb.pid;
 }
 
 static void broker_stop(void)
 {
-	DIR *d;
-	struct dirent *e;
-	char p[PATH_MAX + 300];
-
-	if (broker > 0) {
-		kill(broker, SIGKILL);
-		waitpid(broker, NULL, 0);
-		broker = -1;
-	}
-	d = opendir(dir);
-	if (d) {
-		while ((e = readdir(d)))
-			if (e->d_name[0] != '.') {
-				snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
-				unlink(p);
-			}
-		closedir(d);
-	}
-	rmdir(dir);
+	if (broker < 0)
+		tb.pid = 0;     /* the test reaped it */
+	t_chimed_stop(&tb, SIGKILL);
+	broker = -1;
 }
 
 TestSuite(broker, .init = broker_start, .fini = broker_stop, .timeout = 120);

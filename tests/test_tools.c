@@ -441,46 +441,21 @@ Test(tools_fake, clients_and_status_without_socket)
 /* ---------------------------------------------------------------------- */
 
 
+static struct t_chimed tb;
 static pid_t broker;
 
 static pid_t start_broker(const char *extra)
 {
-	const char *chimed = bin("CHIMED");
-	char cmd[600];
-	uint64_t t0 = t_now_ns();
-	pid_t p;
-
-	snprintf(cmd, sizeof(cmd), "exec %s --socket '%s' --foreground %s", chimed, sock, extra);
-	p = fork();
-	cr_assert_geq(p, 0);
-	if (p == 0) {
-		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-		_exit(127);
-	}
-	/* Ready when a handshake succeeds. */
-	for (;;) {
-		struct chime_opts o = { .socket_path = sock };
-		chime_t *c;
-
-		if (chime_open(&c, &o) == 0) {
-			chime_close(c);
-			break;
-		}
-		cr_assert_eq(waitpid(p, NULL, WNOHANG), 0, "chimed exited at start");
-		cr_assert_lt(t_now_ns() - t0, UINT64_C(5000000000), "chimed not ready in 5 s");
-		usleep(10000);
-	}
-	broker = p;
-	return p;
+	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0, "chimed did not come up");
+	broker = tb.pid;
+	return broker;
 }
 
 static void live_teardown(void)
 {
-	if (broker > 0) {
-		kill(broker, SIGKILL);
-		waitpid(broker, NULL, 0);
-		broker = 0;
-	}
+	if (broker > 0)
+		t_chimed_stop(&tb, SIGKILL);
+	broker = 0;
 	teardown();
 }
 

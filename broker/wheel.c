@@ -17,8 +17,10 @@
  *	slot  s = digit L of t = (t >> 6L) & 63
  *
  * so its slot follows from its deadline and node.level: unlink is O(1)
- * (and needs the slot only when the node heads its list). This is wahern's
- * timeout.c placement. Because t > T (or t == T at level 0), t and T share
+ * (and needs the slot only when the node heads its list). This is tokio's
+ * placement (level_for(): the highest differing digit of t ^ T); wahern's
+ * timeout.c places by distance instead (fls(t - T)), which puts a timer
+ * due just across a digit boundary on a higher level. Because t > T (or t == T at level 0), t and T share
  * every digit above L and digit L of t is above T's: occupied slots of level
  * L > 0 are all strictly after T's own digit, those of level 0 at or after
  * it, and every timer at level L is earlier than every timer at level L + 1.

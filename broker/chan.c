@@ -29,7 +29,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
+#include <sys/socket.h>
 
 #include <ck_pr.h>
 
@@ -465,9 +465,14 @@ static void wake_client(struct shard_core *sc, struct chan *ch)
 		return;
 	ch->wakes++;
 	stats_wake_client(sc->st, ch->slot);
-	if (ch->efd >= 0) {
-		/* Cannot fail but by overflow (2^64-1 wake-ups unread): the client is awake then. */
-		(void)eventfd_write(ch->efd, 1);
+	if (ch->wake_fd >= 0) {
+		/*
+		 * Our own end of the client's connection, never a file the client
+		 * shares: nothing it does can make this block. MSG_DONTWAIT: a
+		 * full socket (EAGAIN) means wake-ups are unread already; a
+		 * client gone (EPIPE) is the control thread's to notice.
+		 */
+		(void)send(ch->wake_fd, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 	}
 }
 
@@ -552,7 +557,8 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 		return -ENOMEM;
 	}
 	ch->slot = slot;
-	ch->efd = m->efd;
+	ch->wake_fd = m->wake_fd;
+	ch->bell_fd = m->bell_fd;
 	ch->ro = m->ro;
 	ch->want_wakeup = m->want_wakeup;
 	ch->sq_mask = m->sq_size - 1;

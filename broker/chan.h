@@ -47,7 +47,8 @@ struct chan_mem {
 	uint32_t *want_wakeup;          /* rw header */
 	uint32_t sq_size;               /* powers of two */
 	uint32_t cq_size;
-	int efd;                        /* the client's eventfd; -1: count wake-ups only (tests) */
+	int wake_fd;                    /* broker's end of the client's socket; -1: count only (tests) */
+	int bell_fd;                    /* this client's doorbell for this shard; -1: none (tests) */
 };
 
 /* A list of nodes through node.next/prev (BACKLOG or ACKWAIT). */
@@ -67,7 +68,10 @@ struct chan {
 	uint32_t room;                  /* free completion slots, as last computed */
 	uint16_t slot;                  /* the client's slot; node.owner of its nodes */
 	uint8_t  dying;                 /* detached: its nodes are being reclaimed */
-	int efd;
+	uint8_t  bell_state;            /* shard.c: its doorbell read in io_uring (SHARD_BELL_*) */
+	int wake_fd;
+	int bell_fd;
+	uint64_t bell_buf;              /* shard.c: the doorbell read's buffer */
 	struct nlist backlog;           /* fired, not yet in the ring, in firing order */
 	struct nlist ackwait;           /* one-shots delivered, by cq position */
 	uint64_t nr_backlog;
@@ -75,7 +79,7 @@ struct chan {
 	uint64_t flushed;               /* cq tail last published */
 	uint64_t sq_head_pub;           /* sq_head last published */
 	uint32_t sweep_pos;             /* reclaim: next slab index to look at */
-	uint64_t wakes;                 /* client wake-ups done (eventfd writes) */
+	uint64_t wakes;                 /* client wake-ups done (socket messages) */
 };
 
 /*

@@ -80,7 +80,7 @@ struct client {
 	uint32_t state;
 	uint16_t slot;
 	int fd;                 /* its socket */
-	int efd;                /* its completion eventfd */
+	int *bells;             /* [nr_shards]: its own doorbell eventfd per shard (we only read them) */
 	int rw_fd, ro_fd;
 	struct chime_map rw, ro;
 	struct chan *chans;     /* [nr_shards], each owned by its shard while attached */
@@ -572,9 +572,8 @@ static int send_welcome(struct broker *b, struct client *c)
 	fds[0] = b->ctl_ro_fd;
 	fds[1] = c->rw_fd;
 	fds[2] = c->ro_fd;
-	fds[3] = c->efd;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
-		fds[CHIME_WELCOME_FIXED_FDS + i] = b->shards[i].doorbell;
+		fds[CHIME_WELCOME_FIXED_FDS + i] = c->bells[i];
 	if (sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
 		r = -errno;
 	free(cbuf);
@@ -595,11 +594,15 @@ static void client_release(struct broker *b, struct client *c)
 		close(c->rw_fd);
 	if (c->ro_fd >= 0)
 		close(c->ro_fd);
-	if (c->efd >= 0)
-		close(c->efd);
+	for (uint32_t i = 0; c->bells && i < b->o.nr_shards; i++)
+		if (c->bells[i] >= 0)
+			close(c->bells[i]);
+	free(c->bells);
+	c->bells = NULL;
+	/* Only now: a shard may send wake-ups on it until its detach is acknowledged. */
 	if (c->fd >= 0)
 		close(c->fd);
-	c->rw_fd = c->ro_fd = c->efd = c->fd = -1;
+	c->rw_fd = c->ro_fd = c->fd = -1;
 	c->state = CL_FREE;
 }
 
@@ -613,17 +616,28 @@ static int client_segments(struct broker *b, struct client *c)
 
 	c->chans = calloc(g->nr_shards, sizeof(*c->chans));
 	c->mems = calloc(g->nr_shards, sizeof(*c->mems));
-	if (!c->chans || !c->mems)
+	c->bells = malloc(g->nr_shards * sizeof(*c->bells));
+	if (!c->chans || !c->mems || !c->bells)
 		return -ENOMEM;
+	for (uint32_t s = 0; s < g->nr_shards; s++)
+		c->bells[s] = -1;
 	r = chime_seg_memfd("chime-client-rw", g->rw_size, &c->rw_fd, &c->rw);
 	if (r < 0)
 		return r;
 	r = chime_seg_memfd("chime-client-ro", g->ro_size, &c->ro_fd, &c->ro);
 	if (r < 0)
 		return r;
-	c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (c->efd < 0)
-		return -errno;
+	/*
+	 * A doorbell per shard made for this client alone: whatever it does
+	 * to it (drain it, saturate it, make it blocking) concerns only its
+	 * own wake-ups, and the shard reads it through io_uring, which never
+	 * blocks the thread.
+	 */
+	for (uint32_t s = 0; s < g->nr_shards; s++) {
+		c->bells[s] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (c->bells[s] < 0)
+			return -errno;
+	}
 
 	rw = c->rw.base;
 	rw->nr_shards = g->nr_shards;
@@ -650,7 +664,8 @@ static int client_segments(struct broker *b, struct client *c)
 		m->want_wakeup = &rw->want_wakeup;
 		m->sq_size = g->sq_size;
 		m->cq_size = g->cq_size;
-		m->efd = c->efd;
+		m->wake_fd = -1;        /* the socket, once the client owns it (on_hello) */
+		m->bell_fd = c->bells[s];
 	}
 	chime_seg_publish(&rw->hdr, CHIME_SEG_CLIENT_RW, g->rw_size);
 	chime_seg_publish(&ro->hdr, CHIME_SEG_CLIENT_RO, g->ro_size);
@@ -745,7 +760,7 @@ static void on_hello(struct broker *b, struct conn *cn, int res)
 	/* generation survives: it counts the slot's reuses. */
 	memset(c, 0, offsetof(struct client, generation));
 	c->slot = (uint16_t)(c - b->clients);
-	c->rw_fd = c->ro_fd = c->efd = -1;
+	c->rw_fd = c->ro_fd = -1;
 	c->fd = -1;
 	c->cred = cred;
 	c->generation++;
@@ -760,6 +775,8 @@ static void on_hello(struct broker *b, struct conn *cn, int res)
 	}
 	c->fd = cn->fd;
 	cn->fd = -1;            /* the client owns the socket now */
+	for (uint32_t s = 0; s < b->o.nr_shards; s++)
+		c->mems[s].wake_fd = c->fd;
 	c->state = CL_ATTACHING;
 	b->clients_now++;
 	b->clients_total++;

@@ -320,14 +320,25 @@ int main(int argc, char **argv)
 	 * the mask). A vanished client must never kill us with SIGPIPE.
 	 */
 	signal(SIGPIPE, SIG_IGN);
-	/* Two fds per client (socket, eventfd): the default soft limit of 1024 is too few. */
+	/*
+	 * Each client costs 3 + nr_shards descriptors (socket, two memfds, a
+	 * doorbell per shard): the default soft limit of 1024 is too few. Say
+	 * so at start rather than refusing clients later with EMFILE.
+	 */
 	{
+		uint64_t need = (uint64_t)o.max_clients * (3 + o.nr_shards) + 128;
 		struct rlimit rl;
 
 		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
 			rl.rlim_cur = rl.rlim_max;
 			(void)setrlimit(RLIMIT_NOFILE, &rl);
 		}
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+			log_msg(LOG_WARNING, "RLIMIT_NOFILE is %llu, but --max-clients %u with %u shards needs "
+				"about %llu descriptors: connections beyond that will be refused "
+				"(raise the limit, e.g. LimitNOFILE= in the unit)",
+				(unsigned long long)rl.rlim_cur, o.max_clients, o.nr_shards,
+				(unsigned long long)need);
 	}
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);

@@ -15,9 +15,17 @@
  *
  * Sleeping (the doorbell handshake, ARCHITECTURE.md): after --spin-us with
  * nothing to do, store sleeping = 1, full barrier, re-check everything, and
- * only then wait in io_uring for the doorbell read or the wheel's next
+ * only then wait in io_uring for a doorbell read or the wheel's next
  * deadline. With nothing armed there is no timeout at all: an idle shard
  * costs no CPU. Nothing here logs once the loop runs: counters go to shm.
+ *
+ * Doorbells: each client has its own eventfd per shard, and the shard keeps
+ * one io_uring READ outstanding on it. io_uring never blocks the thread on a
+ * file (a client that clears O_NONBLOCK or saturates the counter changes
+ * nothing for us), and a client that reads its doorbell itself steals only
+ * its own wake-ups. The control thread's commands use a doorbell no client
+ * holds. A detach cancels the read and waits for its completion before it
+ * is acknowledged: the read's buffer lives in the channel.
  */
 #include "shard.h"
 
@@ -45,7 +53,12 @@
 #define WAKE_EARLY_MAX_NS (200u * 1000u)  /* the longest a shard spins into a deadline */
 #define PUBLISH_NS      (1000u * 1000u)   /* counters published at most and at least this often while awake */
 
-#define UD_BELL 1u
+/* io_uring user_data: the low two bits say what completed. */
+#define UD_BELL   1u    /* the command doorbell */
+#define UD_CANCEL 2u    /* a cancel request (its own completion means nothing) */
+#define UD_CHAN   3u    /* a client doorbell: slot << 2 | UD_CHAN */
+#define UD_TAG(ud) ((ud) & 3u)
+#define RING_SQ_ENTRIES 64u
 #define SHARD_STOP_TIMEOUT_S 2
 
 static uint64_t now_ns(void)
@@ -167,6 +180,103 @@ static void active_del(struct shard *s, struct chan *ch)
 	}
 }
 
+/* ---- client doorbells (io_uring reads) ---- */
+
+static struct io_uring_sqe *sqe_get(struct shard *s)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
+
+	if (!sqe) {
+		/* A full submission queue: hand it to the kernel and take a fresh one. */
+		(void)io_uring_submit(&s->ring);
+		sqe = io_uring_get_sqe(&s->ring);
+	}
+	return sqe;
+}
+
+/* One read on each idle client doorbell (before sleeping; submitted by the wait). */
+static void bells_arm(struct shard *s)
+{
+	for (uint32_t i = 0; i < s->nr_active; i++) {
+		struct chan *ch = s->active[i];
+		struct io_uring_sqe *sqe;
+
+		if (ch->bell_fd < 0 || ch->bell_state != SHARD_BELL_IDLE)
+			continue;
+		sqe = sqe_get(s);
+		if (!sqe)
+			return;         /* the ring is wedged: the loop's timeout still wakes us */
+		io_uring_prep_read(sqe, ch->bell_fd, &ch->bell_buf, sizeof(ch->bell_buf), 0);
+		io_uring_sqe_set_data64(sqe, (uint64_t)ch->slot << 2 | UD_CHAN);
+		ch->bell_state = SHARD_BELL_ARMED;
+	}
+}
+
+static void bell_cancel(struct shard *s, struct chan *ch)
+{
+	struct io_uring_sqe *sqe;
+
+	if (ch->bell_state != SHARD_BELL_ARMED)
+		return;
+	ch->bell_state = SHARD_BELL_CANCELLING;
+	sqe = sqe_get(s);
+	if (!sqe)
+		return;         /* retried by reap() until it goes through */
+	io_uring_prep_cancel64(sqe, (uint64_t)ch->slot << 2 | UD_CHAN, 0);
+	io_uring_sqe_set_data64(sqe, UD_CANCEL);
+	(void)io_uring_submit(&s->ring);
+}
+
+/* The channel a doorbell read belongs to: active or dying, by slot. */
+static struct chan *bell_owner(struct shard *s, uint64_t ud)
+{
+	uint64_t slot = ud >> 2;
+
+	if (slot < s->core.max_clients && s->core.by_slot[slot])
+		return s->core.by_slot[slot];
+	return NULL;
+}
+
+/* Take every completion: doorbells rung, reads cancelled. */
+static void reap(struct shard *s)
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, seen = 0;
+
+	io_uring_for_each_cqe(&s->ring, head, cqe) {
+		uint64_t ud = cqe->user_data;
+
+		if (ud == UD_BELL) {
+			s->bell_armed = 0;
+		} else if (UD_TAG(ud) == UD_CHAN) {
+			struct chan *ch = bell_owner(s, ud);
+
+			/* Whatever the result (a count, -ECANCELED, an error): the read is over. */
+			if (ch)
+				ch->bell_state = SHARD_BELL_IDLE;
+		}
+		seen++;
+	}
+	io_uring_cq_advance(&s->ring, seen);
+}
+
+/* While a detach waits for its read to be cancelled: collect completions without sleeping. */
+static void reap_cancelled(struct shard *s)
+{
+	for (uint32_t i = 0; i < s->nr_dying; i++) {
+		struct chan *ch = s->dying[i].ch;
+
+		if (ch->bell_state == SHARD_BELL_CANCELLING) {
+			/* A cancel lost to a full queue: ask again. */
+			ch->bell_state = SHARD_BELL_ARMED;
+			bell_cancel(s, ch);
+		}
+	}
+	/* Completions are posted only when this thread enters the kernel (DEFER_TASKRUN). */
+	(void)io_uring_get_events(&s->ring);
+	reap(s);
+}
+
 /* Returns true on STOP. */
 static bool run_cmds(struct shard *s, bool *work)
 {
@@ -183,7 +293,7 @@ static bool run_cmds(struct shard *s, bool *work)
 		case SHARD_CMD_ATTACH:
 			r = chan_attach(&s->core, c.ch, c.mem, c.slot, c.generation);
 			if (!r)
-				s->active[s->nr_active++] = c.ch;
+				s->active[s->nr_active++] = c.ch;  /* its doorbell is read from the next sleep on */
 			ack(s, c.ack, r);
 			break;
 		case SHARD_CMD_DETACH:
@@ -192,6 +302,7 @@ static bool run_cmds(struct shard *s, bool *work)
 				break;
 			}
 			active_del(s, c.ch);
+			bell_cancel(s, c.ch);
 			s->dying[s->nr_dying++] = c;
 			break;
 		case SHARD_CMD_STOP:
@@ -203,11 +314,19 @@ static bool run_cmds(struct shard *s, bool *work)
 
 static void reclaim_step(struct shard *s, bool *work)
 {
+	for (uint32_t i = 0; i < s->nr_dying; i++) {
+		if (s->dying[i].ch->bell_state != SHARD_BELL_IDLE) {
+			reap_cancelled(s);
+			break;
+		}
+	}
 	for (uint32_t i = 0; i < s->nr_dying;) {
 		struct shard_cmd *c = &s->dying[i];
 
 		*work = true;
-		if (!chan_reclaim(&s->core, c->ch, RECLAIM_BUDGET)) {
+		/* The read's buffer is in the channel: acknowledge only once no read is left. */
+		if (c->ch->bell_state != SHARD_BELL_IDLE ||
+		    !chan_reclaim(&s->core, c->ch, RECLAIM_BUDGET)) {
 			i++;
 			continue;
 		}
@@ -270,9 +389,10 @@ static void sleep_once(struct shard *s, uint64_t early_ns)
 {
 	struct io_uring_cqe *cqe;
 	uint64_t deadline = wheel_next_deadline(&s->core.wh), now;
-	unsigned head, seen = 0;
 
+	reap(s);                /* doorbells that rang while we were awake are idle again */
 	arm_bell(s);
+	bells_arm(s);
 	if (deadline == UINT64_MAX) {
 		(void)io_uring_submit_and_wait(&s->ring, 1);
 	} else {
@@ -287,12 +407,7 @@ static void sleep_once(struct shard *s, uint64_t early_ns)
 		ts.tv_nsec = (long long)(rel % 1000000000u);
 		(void)io_uring_submit_and_wait_timeout(&s->ring, &cqe, 1, &ts, NULL);
 	}
-	io_uring_for_each_cqe(&s->ring, head, cqe) {
-		if (cqe->user_data == UD_BELL)
-			s->bell_armed = 0;
-		seen++;
-	}
-	io_uring_cq_advance(&s->ring, seen);
+	reap(s);
 }
 
 static void loop(struct shard *s)
@@ -400,11 +515,20 @@ static void *shard_main(void *arg)
 
 	/* Timer slack would add up to 50 us to every timed sleep: we want our deadline. */
 	(void)prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-	p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
-	r = io_uring_queue_init_params(8, &s->ring, &p);
+	/*
+	 * One read per client doorbell can be outstanding, so size the
+	 * completion queue for all of them (kernels with NODROP would keep an
+	 * overflow anyway, at a cost).
+	 */
+	p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
+		  IORING_SETUP_CQSIZE | IORING_SETUP_CLAMP;
+	p.cq_entries = s->cfg.max_clients + RING_SQ_ENTRIES;
+	r = io_uring_queue_init_params(RING_SQ_ENTRIES, &s->ring, &p);
 	if (r == -EINVAL) {
 		memset(&p, 0, sizeof(p));
-		r = io_uring_queue_init_params(8, &s->ring, &p);
+		p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_CLAMP;
+		p.cq_entries = s->cfg.max_clients + RING_SQ_ENTRIES;
+		r = io_uring_queue_init_params(RING_SQ_ENTRIES, &s->ring, &p);
 	}
 	s->start_err = r;
 	sem_post(&s->ready);
@@ -439,8 +563,8 @@ int shard_start(struct shard *s, int cpu)
 	while (sem_wait(&s->ready) < 0 && errno == EINTR)
 		;
 	if (s->start_err < 0)
-		return log_errno(LOG_ERR, s->start_err, "io_uring setup for shard %u (8 entries)",
-				 s->cfg.idx);
+		return log_errno(LOG_ERR, s->start_err, "io_uring setup for shard %u (%u entries)",
+				 s->cfg.idx, RING_SQ_ENTRIES);
 	return 0;
 }
 

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * shard.h - a shard thread: one timing wheel in its own shard segment, one
- * io_uring, one doorbell eventfd, and a channel per client (chan.h).
+ * io_uring, one private command doorbell, and a channel per client (chan.h)
+ * with that client's own doorbell eventfd, read through io_uring.
  *
  * The control thread talks to a shard only through its command queue (SPSC,
- * lock-free) followed by a write to the shard's doorbell; the shard answers
+ * lock-free) followed by a write to the shard's private doorbell (no client
+ * holds it, so no client can stall or drain it); the shard answers
  * through the command's ack (an atomic countdown; the last shard to finish
  * writes the control thread's eventfd). No lock is taken on the hot path.
  */
@@ -24,6 +26,11 @@
 #define SHARD_CMD_ATTACH 1u     /* adopt a client's channel (allocates its grants) */
 #define SHARD_CMD_DETACH 2u     /* drop a channel and reclaim every node of that client */
 #define SHARD_CMD_STOP   3u
+
+/* chan.bell_state: the io_uring read on a client's doorbell. */
+#define SHARD_BELL_IDLE       0u  /* none outstanding */
+#define SHARD_BELL_ARMED      1u  /* a read is outstanding */
+#define SHARD_BELL_CANCELLING 2u  /* detached: its read is being cancelled; the detach waits */
 
 /* Shared by all shards for one client request; lives in the control thread's client. */
 struct shard_ack {
@@ -55,7 +62,7 @@ struct shard {
 	struct chime_shard_ctl *blk;    /* this shard's block in the control segment */
 	struct chime_map seg;
 	int seg_fd;
-	int doorbell;                   /* eventfd: producers write it when blk->sleeping */
+	int doorbell;                   /* private eventfd: the control thread's commands */
 	char path[4096];
 
 	/* command queue: control thread -> shard */

@@ -3,7 +3,7 @@
  * client.c - connecting to chimed, and knowing when it is gone.
  *
  * chime_open(): connect a SOCK_SEQPACKET socket, send struct chime_hello,
- * receive struct chime_welcome with the segments and eventfds (SCM_RIGHTS),
+ * receive struct chime_welcome with the segments and doorbells (SCM_RIGHTS),
  * then map and validate everything before trusting a single offset: the
  * headers (chime_seg_check), the sizes the welcome announced against the
  * files themselves, and the client geometry recomputed on our side
@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -58,15 +60,19 @@ CHIME_PUBLIC int chime_fd(const chime_t *c)
 	 * From now on chime_poll() keeps the fd's promise (readable whenever
 	 * events are pending) by arming want_wakeup whenever it runs dry; a
 	 * client that only busy-polls never calls this and never costs the
-	 * shards an eventfd write. The first call arms it now, since the
+	 * shards a wake-up message. The first call arms it now, since the
 	 * application may go straight to its epoll_wait(). The cast: these
 	 * are drainer fields, not the connection's observable value.
+	 *
+	 * The fd is an epoll set of the connection (wake-ups, and end of file
+	 * when the broker dies) and our kick eventfd: nothing the broker or
+	 * another client holds.
 	 */
 	if (!m->fd_used) {
 		m->fd_used = 1;
 		chime_fd_arm(m);
 	}
-	return c->evfd;
+	return c->ep_fd;
 }
 
 /* ---- socket path ---- */
@@ -292,11 +298,32 @@ static void chime_free(struct chime *c)
 	chime_seg_unmap(&c->ctl_map);
 	chime_seg_unmap(&c->rw_map);
 	chime_seg_unmap(&c->ro_map);
-	if (c->evfd >= 0)
-		close(c->evfd);
+	if (c->ep_fd >= 0)
+		close(c->ep_fd);
+	if (c->kick_fd >= 0)
+		close(c->kick_fd);
 	if (c->sock >= 0)
 		close(c->sock);
 	free(c);
+}
+
+/* chime_fd()'s epoll set: wake-ups and hang-up on the socket, our own kicks. */
+static int wake_fds(struct chime *c)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+
+	c->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (c->kick_fd < 0)
+		return errno == EMFILE || errno == ENFILE ? -ENOMEM : -errno;
+	c->ep_fd = epoll_create1(EPOLL_CLOEXEC);
+	if (c->ep_fd < 0)
+		return errno == EMFILE || errno == ENFILE ? -ENOMEM : -errno;
+	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->kick_fd, &ev) < 0)
+		return -errno;
+	ev.events = EPOLLIN | EPOLLRDHUP;
+	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
+		return -errno;
+	return 0;
 }
 
 static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
@@ -351,16 +378,9 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 	if (!c->pend || !c->pend_used)
 		return -ENOMEM;
 	c->pend_mask = 2 * g.sq_size - 1;
-	c->evfd = fds[3];
-	fds[3] = -1;
-	/*
-	 * The drainer reads the eventfd only to clear it and must never block
-	 * there. O_NONBLOCK is shared with the broker's copy of the file, which
-	 * is harmless: an eventfd write blocks only on counter overflow.
-	 */
-	r = fcntl(c->evfd, F_GETFL);
-	if (r < 0 || fcntl(c->evfd, F_SETFL, r | O_NONBLOCK) < 0)
-		return -EBADMSG;
+	r = wake_fds(c);
+	if (r < 0)
+		return r;
 	/* A small ring for chime_wait(); without io_uring, chime_wait() uses poll(2). */
 	c->has_ring = io_uring_queue_init(4, &c->ring, 0) == 0;
 	return 0;
@@ -393,7 +413,7 @@ CHIME_PUBLIC int chime_open(chime_t **out, const struct chime_opts *opts)
 		return -ENOMEM;
 	}
 	c->sock = sock;
-	c->evfd = -1;
+	c->kick_fd = c->ep_fd = -1;
 	c->nr_shards = w.nr_shards;
 	for (uint32_t s = 0; s < c->nr_shards; s++)
 		c->chan[s].doorbell = -1;
@@ -429,8 +449,8 @@ void chime_mark_dead(struct chime *c)
 
 bool chime_broker_gone(struct chime *c, bool probe)
 {
-	char b;
-	ssize_t n;
+	struct pollfd pfd = { .fd = c->sock, .events = POLLRDHUP };
+	int n;
 
 	if (chime_is_dead(c))
 		return true;
@@ -440,12 +460,12 @@ bool chime_broker_gone(struct chime *c, bool probe)
 	if (!probe)
 		return false;
 	/*
-	 * The broker never sends after the welcome, so the socket is readable
-	 * only at end of file (the broker's process is gone: its fds closed) or
-	 * on an error.
+	 * After the welcome the broker sends only wake-up bytes, which the
+	 * drainer reads; the peer's hang-up (its process gone, fds closed)
+	 * shows as POLLRDHUP even with wake-ups still queued ahead of it.
 	 */
-	n = recv(c->sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)))
+	n = poll(&pfd, 1, 0);
+	if (n <= 0 || !(pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)))
 		return false;
 gone:
 	chime_mark_dead(c);

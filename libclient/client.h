@@ -52,7 +52,7 @@ struct chime_chan {
 	/* submission side: any thread */
 	struct chime_sq_prod sq;
 	const uint32_t *sleeping;           /* control segment: the shard's sleep number, 0 awake */
-	int doorbell;                       /* the shard's doorbell eventfd */
+	int doorbell;                       /* our own doorbell eventfd for this shard */
 	uint32_t rung;                      /* atomic, any thread: the sleep number we last rang */
 	/* completion side: the drainer */
 	const struct chime_cqe *cq;         /* client ro segment */
@@ -67,8 +67,10 @@ struct chime_chan {
 };
 
 struct chime {
-	int sock;                           /* the connection; the broker reclaims everything on hang-up */
-	int evfd;                           /* completion eventfd (chime_fd) */
+	int sock;                           /* the connection; the broker reclaims everything on hang-up,
+					     * and sends a 1-byte message on it for each wake-up */
+	int kick_fd;                        /* our own eventfd: "come back, events are left" */
+	int ep_fd;                          /* chime_fd(): an epoll set of sock and kick_fd */
 	uint32_t nr_shards;
 	uint32_t sq_size;
 	uint32_t cq_size;
@@ -86,7 +88,7 @@ struct chime {
 	uint32_t ww_armed;                  /* we stored want_wakeup = 1 and have not taken it back */
 	uint32_t fd_used;                   /* chime_fd() was called: keep the fd's promise in chime_poll */
 	uint32_t empty_streak;              /* consecutive chime_poll()s that returned 0 */
-	uint64_t owed;                      /* eventfd writes by shards not yet read back */
+	uint64_t kicks;                     /* writes to kick_fd not read back yet */
 	uint64_t last_sock_check_ns;
 	uint32_t held;                      /* the last drain stopped at an event awaiting a RESET */
 	struct chime_pend *pend;            /* 2 * sq_size entries */
@@ -98,7 +100,7 @@ struct chime {
 	/* chime_wait: io_uring (or poll(2) if io_uring is unavailable) */
 	struct io_uring ring;
 	bool has_ring;
-	bool evfd_polled;                   /* a POLL_ADD on evfd is outstanding in the ring */
+	bool kick_polled;                   /* a POLL_ADD on kick_fd is outstanding in the ring */
 	bool sock_polled;                   /* a POLL_ADD on sock is outstanding in the ring */
 
 	struct chime_chan chan[];
@@ -127,7 +129,7 @@ static inline bool chime_is_dead(const struct chime *c)
 	return __atomic_load_n(&c->dead, __ATOMIC_RELAXED) != 0;
 }
 
-/* poll.c: arm want_wakeup, and make the eventfd readable if events are already pending. */
+/* poll.c: arm want_wakeup, and make chime_fd() readable if events are already pending. */
 void chime_fd_arm(struct chime *c);
 
 /* timer.c: write a shard's doorbell if it sleeps (after a full barrier by the caller). */

@@ -31,20 +31,22 @@
  * Memory: the set is bounded by the ring size (2 * sq_size entries), whatever
  * the number of armed timers.
  *
- * The eventfd (chime_fd) is readable whenever events are pending, provided
- * the application drains until chime_poll() returns 0. A drain that finds
- * nothing clears the eventfd if a shard may have written it, then arms
- * want_wakeup (W1, full barrier), then re-checks every ring: an event
- * published before the re-check is seen now; one published after it makes
- * its shard see want_wakeup and write the eventfd, which nothing reads
- * before we sleep. While events flow, want_wakeup is off
- * and the shards make no syscall for us. We count the writes we caused
- * (`owed`: one per 1 -> 0 CAS a shard won) so that the eventfd is read only
- * when it can be non-zero.
+ * chime_fd() is readable whenever events are pending, provided the
+ * application drains until chime_poll() returns 0. It is an epoll set of two
+ * things only we read: the connection, on which a shard sends one byte per
+ * wake-up (and which reaches end of file when the broker dies), and our own
+ * kick eventfd. A drain that finds nothing, when the caller may sleep next,
+ * first reads both empty (recv until EAGAIN: a syscall on the way to sleep
+ * only), then arms want_wakeup (W1, full barrier), then re-checks every ring:
+ * an event published before the re-check is seen now; one published after it
+ * makes its shard see want_wakeup and send a byte, which nothing reads before
+ * we sleep. While events flow, want_wakeup is off and the shards make no
+ * syscall for us.
  */
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -57,7 +59,7 @@
 #define DISPATCH_BATCH 64u
 #define HOLD_SPINS     4096u     /* ~100 us waiting for a shard to apply a RESET */
 
-#define TAG_EVFD 1u
+#define TAG_KICK 1u
 #define TAG_SOCK 2u
 
 /* ---- the pending-cancel set ---- */
@@ -293,68 +295,78 @@ static bool pending(const struct chime *c)
 	return false;
 }
 
-/* ---- the eventfd handshake ---- */
+/* ---- the wake-up handshake ---- */
 
 static void ww_arm(struct chime *c)
 {
 	/*
 	 * W1: want_wakeup = 1 with a full barrier before the re-check; pairs
 	 * with the shard's full barrier between publishing cq_tail and loading
-	 * want_wakeup. Old value 0 while armed: a shard won its 1 -> 0 CAS
-	 * since, and writes (or wrote) the eventfd once.
+	 * want_wakeup.
 	 */
-	uint32_t old = __atomic_exchange_n(&c->rw->want_wakeup, 1, __ATOMIC_SEQ_CST);
-
-	if (c->ww_armed && old == 0)
-		c->owed++;
+	__atomic_store_n(&c->rw->want_wakeup, 1, __ATOMIC_SEQ_CST);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	c->ww_armed = 1;
 }
 
 static void ww_disarm(struct chime *c)
 {
-	/* W2: awake again: shards need not write the eventfd (pairs with their CAS). */
-	if (__atomic_exchange_n(&c->rw->want_wakeup, 0, __ATOMIC_SEQ_CST) == 0)
-		c->owed++;
+	/* W2: awake again: shards need not wake us (pairs with their CAS). */
+	__atomic_store_n(&c->rw->want_wakeup, 0, __ATOMIC_RELAXED);
 	c->ww_armed = 0;
 }
 
-static void evfd_clear(struct chime *c)
+/*
+ * Read chime_fd()'s sources empty: our kicks, and the wake-up bytes on the
+ * connection. End of file there is the broker gone (its process died and
+ * the kernel closed its end): from then on the drainer says -ENOTCONN.
+ */
+static void wake_clear(struct chime *c)
 {
-	uint64_t v;
+	char buf[64];
+	ssize_t n;
 
-	if (read(c->evfd, &v, sizeof(v)) == sizeof(v))
-		c->owed = v >= c->owed ? 0 : c->owed - v;
+	if (c->kicks) {
+		uint64_t v;
+
+		if (read(c->kick_fd, &v, sizeof(v)) == sizeof(v))
+			c->kicks = 0;
+	}
+	for (;;) {
+		n = recv(c->sock, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n > 0)
+			continue;
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+			chime_mark_dead(c);
+		return;
+	}
 }
 
-/*
- * Make the eventfd readable (more is pending than the caller took). Always
- * write: `owed` can count a shard's write that evfd_clear() already
- * swallowed (the read and ww_disarm()'s count race), so "a write is owed"
- * does not prove the fd is readable. A surplus write costs one spurious
- * wake-up; a skipped one left events unseen (found by the stress suite).
- */
-static void evfd_kick(struct chime *c)
+/* Make chime_fd() readable: more is pending than the caller took. */
+static void kick(struct chime *c)
 {
 	uint64_t one = 1;
 
-	if (write(c->evfd, &one, sizeof(one)) == sizeof(one))
-		c->owed++;
+	if (write(c->kick_fd, &one, sizeof(one)) == sizeof(one))
+		c->kicks++;
 }
 
 void chime_fd_arm(struct chime *c)
 {
 	ww_arm(c);
 	if (pending(c))
-		evfd_kick(c);
+		kick(c);
 }
 
 /*
- * Drain up to max events. `sleepy`: the caller may sleep on the eventfd
+ * Drain up to max events. `sleepy`: the caller may sleep on chime_fd()
  * afterwards (chime_wait, or an application that asked for chime_fd), so a
- * drain that finds nothing arms want_wakeup first. `kick`: returning to the
+ * drain that finds nothing arms want_wakeup first. `want_kick`: returning to the
  * application with events left behind (max reached): make the fd readable.
  */
-static int poll_events(struct chime *c, struct chime_event *out, unsigned max, bool sleepy, bool kick)
+static int poll_events(struct chime *c, struct chime_event *out, unsigned max, bool sleepy, bool want_kick)
 {
 	unsigned n = drain(c, out, max);
 
@@ -362,24 +374,21 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 		c->empty_streak = 0;
 		if (c->ww_armed)
 			ww_disarm(c);
-		if (kick && (n == max || c->held) && pending(c))
-			evfd_kick(c);
+		if (want_kick && (n == max || c->held) && pending(c))
+			kick(c);
 		return (int)n;
 	}
 	if (sleepy && !c->held) {
 		/*
-		 * Clear the eventfd BEFORE arming (W1), never after: a shard can
-		 * win its 1 -> 0 CAS against our arm for events we already
-		 * drained (it flushed them, was delayed, then saw the flag); if
-		 * we swallowed that write after arming, we would sleep with
-		 * want_wakeup back at 0 and no shard would ever write again
-		 * (found by the stress suite). Read first, and any write after
-		 * the read stays readable, and any CAS comes after our arm.
-		 * Read only if a shard owes us a write, or if the application came
-		 * back with nothing to do (a stray readable fd).
+		 * Clear BEFORE arming (W1), never after: a shard can win its
+		 * 1 -> 0 CAS against our arm for events we already drained (it
+		 * flushed them, was delayed, then saw the flag); if we swallowed
+		 * that wake-up after arming, we would sleep with want_wakeup back
+		 * at 0 and no shard would ever wake us again (found by the stress
+		 * suite). Read first, and any wake-up after the read stays
+		 * readable, and any CAS comes after our arm.
 		 */
-		if (c->owed || c->empty_streak)
-			evfd_clear(c);
+		wake_clear(c);
 		ww_arm(c);
 		if (pending(c)) {
 			n = drain(c, out, max);
@@ -390,7 +399,7 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 		}
 	}
 	if (sleepy && c->held)
-		evfd_kick(c);   /* come back soon: a reset is about to void an event */
+		kick(c);        /* come back soon: a reset is about to void an event */
 	c->empty_streak++;
 	if (chime_is_dead(c) || chime_broker_check(c, chime_now()))
 		return -ENOTCONN;
@@ -436,7 +445,7 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	return (int)total;
 }
 
-/* ---- chime_wait: sleep on the eventfd and the socket ---- */
+/* ---- chime_wait: sleep on the socket and the kick eventfd ---- */
 
 static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 {
@@ -450,14 +459,14 @@ static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 	int r;
 
 	/* The polls are one-shot and stay outstanding across waits until they fire. */
-	if (!c->evfd_polled && (sqe = io_uring_get_sqe(&c->ring))) {
-		io_uring_prep_poll_add(sqe, c->evfd, POLLIN);
-		io_uring_sqe_set_data64(sqe, TAG_EVFD);
-		c->evfd_polled = true;
+	if (!c->kick_polled && (sqe = io_uring_get_sqe(&c->ring))) {
+		io_uring_prep_poll_add(sqe, c->kick_fd, POLLIN);
+		io_uring_sqe_set_data64(sqe, TAG_KICK);
+		c->kick_polled = true;
 	}
 	if (!c->sock_polled && (sqe = io_uring_get_sqe(&c->ring))) {
-		/* POLLHUP and POLLERR are always reported; the broker sends nothing else. */
-		io_uring_prep_poll_add(sqe, c->sock, POLLRDHUP);
+		/* A wake-up byte, or the broker's hang-up (POLLHUP, POLLERR are always reported). */
+		io_uring_prep_poll_add(sqe, c->sock, POLLIN | POLLRDHUP);
 		io_uring_sqe_set_data64(sqe, TAG_SOCK);
 		c->sock_polled = true;
 	}
@@ -466,11 +475,11 @@ static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 	if (r < 0 && r != -ETIME)
 		return r == -EINTR ? -EINTR : r;
 	io_uring_for_each_cqe(&c->ring, head, cqe) {
-		if (cqe->user_data == TAG_EVFD) {
-			c->evfd_polled = false;
+		if (cqe->user_data == TAG_KICK) {
+			c->kick_polled = false;
 		} else if (cqe->user_data == TAG_SOCK) {
 			c->sock_polled = false;
-			if (cqe->res > 0)
+			if (cqe->res > 0 && (cqe->res & (POLLRDHUP | POLLHUP | POLLERR)))
 				(void)chime_broker_gone(c, true);
 		}
 		seen++;
@@ -482,8 +491,8 @@ static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 static int sleep_poll(struct chime *c, uint64_t timeout_ns)
 {
 	struct pollfd pfd[2] = {
-		{ .fd = c->evfd, .events = POLLIN },
-		{ .fd = c->sock, .events = POLLRDHUP },
+		{ .fd = c->kick_fd, .events = POLLIN },
+		{ .fd = c->sock, .events = POLLIN | POLLRDHUP },
 	};
 	struct timespec ts = {
 		.tv_sec = (time_t)(timeout_ns / 1000000000u),
@@ -493,7 +502,7 @@ static int sleep_poll(struct chime *c, uint64_t timeout_ns)
 
 	if (r < 0)
 		return errno == EINTR ? -EINTR : -errno;
-	if (pfd[1].revents)
+	if (pfd[1].revents & (POLLRDHUP | POLLHUP | POLLERR))
 		(void)chime_broker_gone(c, true);
 	return 0;
 }
@@ -501,7 +510,7 @@ static int sleep_poll(struct chime *c, uint64_t timeout_ns)
 /*
  * Before sleeping, watch the rings for a while: events that trickle in a few
  * microseconds apart (timers firing on time at a high rate) would otherwise
- * cost a sleep, an eventfd write by the shard and a wake-up each, and a
+ * cost a sleep, a wake-up message from the shard and a wake-up each, and a
  * drainer that pays a wake-up per event or two falls behind (seen: 100 ms of
  * backlog at 333k events/s on 2 cores). Spin a few microseconds, then yield
  * the core (to the shard, on a small host) until the budget is spent.

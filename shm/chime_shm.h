@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define CHIME_SHM_MAGIC   UINT64_C(0x0031454d49484321) /* "!CHIME1" in LE bytes */
-#define CHIME_SHM_LAYOUT  1u                           /* bump on ANY incompatible change */
+#define CHIME_SHM_LAYOUT  2u                           /* bump on ANY incompatible change */
 #define CHIME_CACHELINE   64u
 
 /* Segment kinds, stored in every segment header so a file can't be mistaken for another. */
@@ -306,7 +306,7 @@ _Static_assert(offsetof(struct chime_chan_rw, cq_head) % 128 == 0, "producer/con
  * sq_head    | shard   | client  | release after the shard applied every record below it,
  *            |         |         | including the claim VOIDs those records caused
  * backlog    | shard   | client, | events held back because the ring was full; the client
- *            |         | tools   | rings the shard's doorbell after draining if non-zero
+ *            |         | tools   | rings its doorbell for the shard after draining if non-zero
  */
 struct chime_chan_ro {
 	uint64_t cq_tail;
@@ -330,9 +330,11 @@ _Static_assert(offsetof(struct chime_chan_ro, sq_head) % 128 == 0, "producer/con
  * never reads them back (it keeps its own).
  *
  * want_wakeup: the client sets it (then a full barrier, then re-checks its
- * completion rings) before it sleeps on its eventfd; a shard that publishes
- * events after a full barrier loads it, and if set CASes it 1 -> 0 and writes
- * the eventfd. Exactly one wake-up per sleep; no syscall while awake.
+ * completion rings) before it sleeps on its connection socket; a shard that
+ * publishes events after a full barrier loads it, and if set CASes it 1 -> 0
+ * and sends a 1-byte message on the broker's end of that socket (non-blocking:
+ * a full socket means the client has wake-ups unread already). Exactly one
+ * wake-up per sleep; no syscall while awake.
  */
 struct chime_client_rw {
 	struct chime_seg_hdr hdr;
@@ -433,7 +435,7 @@ static inline uint64_t chime_lat_upper_ns(uint32_t b)
  * field      | writer  | reader          | ordering
  * sleeping   | shard   | client producers| shard: store 1, full barrier, re-check rings, sleep;
  *            |         |                 | producer: publish (full barrier), load; if 1,
- *            |         |                 | write the shard's doorbell eventfd
+ *            |         |                 | write its own doorbell eventfd for that shard
  *            |         |                 | (chimed stores a sleep number, never 0, instead of 1:
  *            |         |                 | non-zero means asleep, and a producer that already
  *            |         |                 | rang for this value may skip ringing again; the
@@ -622,7 +624,9 @@ _Static_assert(sizeof(struct chime_hello) == 32, "hello is 32 B");
 /*
  * broker -> client, one message. status 0 carries SCM_RIGHTS with, in order:
  *   [0] control segment (O_RDONLY)   [1] client rw memfd   [2] client ro memfd (read-only)
- *   [3] the client's completion eventfd   [4 .. 4+nr_shards) the shards' doorbell eventfds
+ *   [3 .. 3+nr_shards) this client's own doorbell eventfd for each shard
+ * Each doorbell is made for this client alone (the broker only reads it, through
+ * io_uring); wake-ups come back as 1-byte messages on this same connection.
  * status < 0 carries no fds: -EACCES (policy), -EPROTO (layout), -EUSERS (client table full),
  * -ENOMEM. The broker closes the connection after a refusal.
  */
@@ -640,6 +644,6 @@ struct chime_welcome {
 };
 _Static_assert(sizeof(struct chime_welcome) == 64, "welcome is 64 B");
 
-#define CHIME_WELCOME_FIXED_FDS 4u
+#define CHIME_WELCOME_FIXED_FDS 3u
 
 #endif /* CHIME_SHM_H */

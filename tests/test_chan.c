@@ -62,7 +62,8 @@ static void client_init(struct client_sim *c, uint16_t slot)
 	c->m.want_wakeup = &rw->want_wakeup;
 	c->m.sq_size = SQ;
 	c->m.cq_size = CQ;
-	c->m.efd = -1;
+	c->m.wake_fd = -1;
+	c->m.bell_fd = -1;
 	cr_assert_eq(chan_attach(&F.sc, &c->ch, &c->m, slot, 1), 0);
 	chime_sq_prod_init(&c->prod, c->m.sq_slots, &c->m.rw->sq_tail, SQ);
 	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);

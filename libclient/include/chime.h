@@ -110,9 +110,13 @@ int chime_cancel_key(chime_t *c, uint64_t key);
 
 /*
  * A file descriptor that is readable whenever events are pending, for an
- * application's own epoll or io_uring loop: when it is readable, call
- * chime_poll() or chime_dispatch() until they return 0. Do not read it
- * yourself. Returns the fd, or -EINVAL.
+ * application's own epoll, io_uring, libuv or libevent loop (watch it for
+ * reading, level-triggered): when it is readable, call chime_poll() or
+ * chime_dispatch() until they return 0. It is also readable within 1 s (at
+ * once, in practice) of the broker dying, SIGKILL included; chime_poll() and
+ * chime_dispatch() then return -ENOTCONN, and the fd stays readable, so stop
+ * watching it. It is an epoll fd owned by the library: do not read or close
+ * it; it is closed by chime_close(). Returns the fd, or -EINVAL.
  */
 int chime_fd(const chime_t *c);
 
@@ -126,8 +130,8 @@ int chime_poll(chime_t *c, struct chime_event *events, unsigned max);
 /*
  * Like chime_poll(), but if nothing is pending, block up to timeout_ms
  * (-1: forever, 0: do not block) for events: it watches the rings for up to
- * 50 us first (yielding the CPU after 5 us), then sleeps in io_uring on the
- * eventfd, so a steady stream of events costs no system call.
+ * 50 us first (yielding the CPU after 5 us), then sleeps in io_uring on its
+ * connection to the broker, so a steady stream of events costs no system call.
  * Returns how many events (0 on timeout), -EINVAL, -ENOTCONN, or -EINTR if a
  * signal interrupted the wait.
  */

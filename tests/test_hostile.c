@@ -1,0 +1,329 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_hostile.c - a client that abuses what it was handed hurts only itself.
+ *
+ * Each attack runs in a forked "attacker" process that uses nothing but the
+ * public API and what any process can do to its own descriptors
+ * (/proc/self/fd, fcntl, read, write). Meanwhile the test process, an
+ * honest client, must keep arming timers and receiving them on time, and a
+ * new client must still connect: the broker's shard and control threads are
+ * neither blocked nor starved (ARCHITECTURE.md, "What a client can touch").
+ * The attacker's own timers may well stop working: that is its problem.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <linux/close_range.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chime.h"
+#include "helpers.h"
+
+#define MS 1000000ull
+
+static struct t_chimed tb;
+static chime_id_t junk;       /* ids the test does not need */
+
+static void broker_start(void)
+{
+	cr_assert_eq(t_chimed_start(&tb, NULL, "--shards 2"), 0, "chimed did not come up");
+}
+
+static void broker_stop(void)
+{
+	t_chimed_stop(&tb, SIGKILL);
+}
+
+TestSuite(hostile, .init = broker_start, .fini = broker_stop, .timeout = 60);
+
+static chime_t *copen(void)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *c = NULL;
+	int r = chime_open(&c, &o);
+
+	if (r < 0) {
+		fprintf(stderr, "chime_open('%s'): %s\n", tb.sock, strerror(-r));
+		return NULL;
+	}
+	return c;
+}
+
+/* Calls fn(fd) for every eventfd this process holds (libchime's, here). */
+static int for_each_eventfd(void (*fn)(int fd))
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		char path[64], target[64];
+		ssize_t len;
+		int fd = atoi(e->d_name);
+
+		if (e->d_name[0] == '.' || fd == dirfd(d))
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		len = readlink(path, target, sizeof(target) - 1);
+		if (len <= 0)
+			continue;
+		target[len] = 0;
+		if (strcmp(target, "anon_inode:[eventfd]") == 0) {
+			fn(fd);
+			n++;
+		}
+	}
+	closedir(d);
+	return n;
+}
+
+/* Blocking, and one short of overflow: a write by anyone sharing it would now block. */
+static void saturate(int fd)
+{
+	uint64_t v;
+	int fl = fcntl(fd, F_GETFL);
+
+	(void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+	(void)!read(fd, &v, sizeof(v));
+	v = UINT64_C(0xfffffffffffffffe);
+	(void)!write(fd, &v, sizeof(v));
+	(void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+}
+
+/* Drain it, making it non-blocking first so the thief itself never hangs. */
+static void steal(int fd)
+{
+	uint64_t v;
+	int fl = fcntl(fd, F_GETFL);
+
+	(void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+	(void)!read(fd, &v, sizeof(v));
+}
+
+static void close_it(int fd)
+{
+	close(fd);
+}
+
+/* Swap: a fresh eventfd of its own in its place. */
+static void swap_it(int fd)
+{
+	int e = eventfd(0, 0);
+
+	if (e >= 0 && e != fd) {
+		(void)dup2(e, fd);
+		close(e);
+	}
+}
+
+/* The attacker: arms timers due at once, asks to be woken, then runs `attack` forever. */
+static pid_t attacker(void (*attack)(int fd), int once)
+{
+	pid_t pid = fork();
+
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		chime_t *c;
+		struct chime_event ev[64];
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		/* Inherited descriptors are the test runner's (it uses eventfds too): only ours get abused. */
+		close_range(3, ~0U, 0);
+		c = copen();
+		if (!c)
+			_exit(3);
+		(void)chime_fd(c);      /* asks for wake-ups: the shard will want to signal us */
+		for (int i = 0; i < 64; i++)
+			(void)chime_arm(c, 1, 0, 0, 0, &junk);
+		for (unsigned k = 0;; k++) {
+			if (!once || k == 0)
+				(void)for_each_eventfd(attack);
+			/* Keep asking for wake-ups and keep timers firing at us. */
+			(void)chime_poll(c, ev, 64);
+			if (k % 16 == 0)
+				(void)chime_arm(c, 2, 0, 0, 0, &junk);
+			usleep(1000);
+		}
+	}
+	return pid;
+}
+
+/*
+ * The honest side: a fresh client connects within 1 s, and 200 timers armed
+ * 20..120 ms ahead all fire, none more than 500 ms late (generous on a noisy
+ * 2-core host; a wedged shard would never deliver them).
+ */
+static void honest_client_unharmed(void)
+{
+	struct chime_event ev[64];
+	uint64_t t0 = t_now_ns(), base;
+	unsigned got = 0;
+	chime_t *c;
+
+	c = copen();
+	cr_assert_not_null(c, "a new client could not connect while under attack");
+	cr_assert_lt(t_now_ns() - t0, 1000 * MS, "chime_open took %llu ms under attack",
+		     (unsigned long long)((t_now_ns() - t0) / MS));
+	base = t_now_ns();
+	for (int i = 0; i < 200; i++) {
+		chime_id_t id;
+
+		cr_assert_eq(chime_arm(c, 7, base + (20 + (uint64_t)(i % 100)) * MS, 0, (uint64_t)i, &id), 0);
+	}
+	while (got < 200 && t_now_ns() - base < 5000 * MS) {
+		int n = chime_wait(c, ev, 64, 100);
+
+		cr_assert_geq(n, 0, "chime_wait: %s", strerror(-n));
+		for (int i = 0; i < n; i++) {
+			cr_assert_geq(ev[i].fired_ns, ev[i].deadline_ns, "fired early");
+			cr_assert_lt(ev[i].fired_ns - ev[i].deadline_ns, 500 * MS, "fired %llu ms late",
+				     (unsigned long long)((ev[i].fired_ns - ev[i].deadline_ns) / MS));
+		}
+		got += (unsigned)n;
+	}
+	cr_assert_eq(got, 200, "only %u of 200 timers fired while under attack", got);
+	chime_close(c);
+}
+
+static void run_attack(void (*attack)(int fd), int once)
+{
+	pid_t pid = attacker(attack, once);
+	int st;
+
+	usleep(300 * 1000);     /* let it open, arm and attack */
+	cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "the attacker died on its own (status %d)", st);
+	for (int round = 0; round < 3; round++)
+		honest_client_unharmed();
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	/* And after the attacker is gone, its slot is reclaimed and the broker is fine. */
+	honest_client_unharmed();
+	cr_assert_eq(kill(tb.pid, 0), 0, "the broker died");
+}
+
+Test(hostile, saturated_blocking_eventfds_wedge_nothing)
+{
+	run_attack(saturate, 1);
+}
+
+Test(hostile, reading_own_doorbells_steals_only_own_wakeups)
+{
+	run_attack(steal, 0);
+}
+
+Test(hostile, closing_handed_fds_hurts_only_itself)
+{
+	run_attack(close_it, 1);
+}
+
+Test(hostile, swapping_handed_fds_hurts_only_itself)
+{
+	run_attack(swap_it, 1);
+}
+
+/* The address of the mapping whose name contains `what` (/proc/self/maps). */
+static void *find_mapping(const char *what)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	void *base = NULL;
+
+	while (f && fgets(line, sizeof(line), f)) {
+		if (strstr(line, what)) {
+			base = (void *)strtoull(line, NULL, 16);
+			break;
+		}
+	}
+	if (f)
+		fclose(f);
+	return base;
+}
+
+/*
+ * A client that never reads its wake-ups and keeps asking for more (it
+ * writes want_wakeup itself, as any client can), while timers fire at it
+ * and it takes the events: the broker's messages pile up in its socket
+ * until sends fail with EAGAIN. The shard must not care.
+ */
+Test(hostile, unread_wakeups_fill_only_its_own_socket)
+{
+	pid_t pid = fork();
+	int st;
+
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct chime_event ev[64];
+		char *rw;
+		chime_t *c;
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		c = copen();
+		rw = find_mapping("chime-client-rw");
+		if (!c || !rw)
+			_exit(3);
+		for (;;) {
+			(void)chime_arm(c, 1, 0, 0, 0, &junk);
+			/* want_wakeup: offset 128 of the rw segment (chime_shm.h) */
+			__atomic_store_n((uint32_t *)(rw + 128), 1, __ATOMIC_SEQ_CST);
+			while (chime_poll(c, ev, 64) > 0)   /* never chime_fd(): never reads the socket */
+				;
+		}
+	}
+	usleep(300 * 1000);
+	for (int round = 0; round < 3; round++)
+		honest_client_unharmed();
+	cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "the attacker died on its own");
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	honest_client_unharmed();
+}
+
+/* ---- the broker's death is visible on chime_fd() ---- */
+
+static void no_event(const struct chime_event *ev, void *arg)
+{
+	(void)ev;
+	(void)arg;
+	cr_assert_fail("an event after the broker died");
+}
+
+Test(hostile, broker_sigkill_makes_chime_fd_readable_then_enotconn)
+{
+	struct chime_event ev[8];
+	struct epoll_event e = { .events = EPOLLIN };
+	chime_t *c = copen();
+	uint64_t t0;
+	int ep, n;
+
+	cr_assert_not_null(c);
+	ep = epoll_create1(EPOLL_CLOEXEC);
+	cr_assert_geq(ep, 0);
+	cr_assert_eq(epoll_ctl(ep, EPOLL_CTL_ADD, chime_fd(c), &e), 0);
+	/* A quiet application: one timer an hour away, nothing pending. */
+	cr_assert_eq(chime_arm(c, 1, t_now_ns() + 3600000 * MS, 0, 0, &junk), 0);
+	cr_assert_eq(chime_poll(c, ev, 8), 0);
+	cr_assert_eq(epoll_wait(ep, &e, 1, 100), 0, "chime_fd() readable with nothing pending");
+
+	t0 = t_now_ns();
+	kill(tb.pid, SIGKILL);
+	n = epoll_wait(ep, &e, 1, 2000);
+	cr_assert_eq(n, 1, "chime_fd() not readable 2 s after the broker died");
+	cr_assert_lt(t_now_ns() - t0, 1000 * MS, "chime_fd() readable only after %llu ms",
+		     (unsigned long long)((t_now_ns() - t0) / MS));
+	cr_assert_eq(chime_poll(c, ev, 8), -ENOTCONN);
+	cr_assert_eq(chime_dispatch(c, no_event, NULL, 0), -ENOTCONN);
+	chime_close(c);
+	close(ep);
+}

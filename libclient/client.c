@@ -362,15 +362,15 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 		ch->sleeping = &sc->sleeping;
 		ch->doorbell = fds[CHIME_WELCOME_FIXED_FDS + s];
 		fds[CHIME_WELCOME_FIXED_FDS + s] = -1;
-		ch->cq = chime_at(&c->ro_map, g.ro_cq_off + (uint64_t)s * g.cq_size * sizeof(struct chime_cqe));
-		ch->claim = chime_at(&c->rw_map, g.rw_claim_off + (uint64_t)s * g.cq_size * sizeof(uint64_t));
-		ch->cq_tail = &cro->cq_tail;
+		chime_cq_cons_init(&ch->cq,
+				   chime_at(&c->ro_map, g.ro_cq_off + (uint64_t)s * g.cq_size * sizeof(struct chime_cqe)),
+				   chime_at(&c->rw_map, g.rw_claim_off + (uint64_t)s * g.cq_size * sizeof(uint64_t)),
+				   &cro->cq_tail, &crw->cq_head, g.cq_size);
 		ch->sq_head = &cro->sq_head;
 		ch->backlog = &cro->backlog;
-		ch->cq_head = &crw->cq_head;
 		/* Resume where the segment says (0 for a fresh one). */
-		ch->head = __atomic_load_n(&crw->cq_head, __ATOMIC_RELAXED);
-		ch->seen = ch->head;
+		ch->cq.head = ch->cq.tail = at_load(&crw->cq_head);
+		ch->seen = ch->cq.head;
 	}
 	/* The drainer's cancel set: bounded by the ring size, whatever is armed. */
 	c->pend = calloc(2 * (size_t)g.sq_size, sizeof(*c->pend));
@@ -444,7 +444,7 @@ CHIME_PUBLIC void chime_close(chime_t *c)
 
 void chime_mark_dead(struct chime *c)
 {
-	__atomic_store_n(&c->dead, 1, __ATOMIC_RELAXED);
+	at_store(&c->dead, 1);
 }
 
 bool chime_broker_gone(struct chime *c, bool probe)
@@ -455,7 +455,7 @@ bool chime_broker_gone(struct chime *c, bool probe)
 	if (chime_is_dead(c))
 		return true;
 	/* A0: plain status word of the control thread; a stop is final. */
-	if (__atomic_load_n(&c->ctl->state, __ATOMIC_ACQUIRE) == CHIME_BROKER_STOPPED)
+	if (at_load_acq(&c->ctl->state) == CHIME_BROKER_STOPPED)
 		goto gone;
 	if (!probe)
 		return false;
@@ -475,7 +475,7 @@ gone:
 bool chime_broker_check(struct chime *c, uint64_t now_ns)
 {
 	/* A1: the control thread stores heartbeat_ns at least every 100 ms. */
-	uint64_t hb = __atomic_load_n(&c->ctl->heartbeat_ns, __ATOMIC_RELAXED);
+	uint64_t hb = at_load(&c->ctl->heartbeat_ns);
 	bool stale = now_ns > hb + 1000000000u;
 
 	if (!stale || now_ns - c->last_sock_check_ns < 1000000000u)

@@ -11,10 +11,9 @@
  *     time (chime_poll/wait/dispatch), plain loads and stores;
  *   - `dead`: any thread, atomic; once set it stays set.
  *
- * Atomics: libchime uses the compiler's __atomic builtins with explicit
- * memory orders rather than ck_pr, so that every edge states its own
- * ordering (acquire/release/seq_cst) and stays correct on weakly ordered
- * CPUs; each one carries a label naming its partner on the broker's side.
+ * Atomics: shm/atomics.h, as the broker's side uses them: every edge states
+ * its own ordering (acquire/release/seq_cst) and carries a label naming its
+ * partner on the broker's side.
  */
 #ifndef CHIME_CLIENT_H
 #define CHIME_CLIENT_H
@@ -24,6 +23,7 @@
 #include <stdint.h>
 
 #include "chime.h"
+#include "atomics.h"
 #include "chime_shm.h"
 #include "ring.h"
 #include "segment.h"
@@ -55,13 +55,9 @@ struct chime_chan {
 	int doorbell;                       /* our own doorbell eventfd for this shard */
 	uint32_t rung;                      /* atomic, any thread: the sleep number we last rang */
 	/* completion side: the drainer */
-	const struct chime_cqe *cq;         /* client ro segment */
-	uint64_t *claim;                    /* client rw segment, one word per cq slot */
-	const uint64_t *cq_tail;            /* chime_chan_ro.cq_tail (broker) */
+	struct chime_cq_cons cq;            /* the ring's consumer (shm/ring.h), as the tests use it */
 	const uint64_t *sq_head;            /* chime_chan_ro.sq_head (broker) */
 	const uint64_t *backlog;            /* chime_chan_ro.backlog (broker) */
-	uint64_t *cq_head;                  /* chime_chan_rw.cq_head (published by us) */
-	uint64_t head;                      /* drainer: next position to read */
 	uint64_t seen;                      /* drainer: the cq_tail the last drain worked to */
 	uint32_t held;                      /* drainer: head waits for a RESET the shard has not applied */
 };
@@ -106,16 +102,6 @@ struct chime {
 	struct chime_chan chan[];
 };
 
-/* A spin-wait hint to the CPU (and to a sibling hyperthread). */
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
 /* client.c */
 /* True if the broker is known gone; checks the socket (a syscall) only if `probe`. */
 bool chime_broker_gone(struct chime *c, bool probe);
@@ -126,7 +112,7 @@ void chime_mark_dead(struct chime *c);
 
 static inline bool chime_is_dead(const struct chime *c)
 {
-	return __atomic_load_n(&c->dead, __ATOMIC_RELAXED) != 0;
+	return at_load(&c->dead) != 0;
 }
 
 /* poll.c: arm want_wakeup, and make chime_fd() readable if events are already pending. */

@@ -117,12 +117,12 @@ static void pend_clear(struct chime *c)
 /* Wait until the shard has applied the record at pos; false if the broker died. */
 static bool wait_applied(struct chime *c, struct chime_chan *ch, uint64_t pos, unsigned spins)
 {
-	for (unsigned i = 1; __atomic_load_n(ch->sq_head, __ATOMIC_ACQUIRE) <= pos; i++) {
+	for (unsigned i = 1; at_load_acq(ch->sq_head) <= pos; i++) {
 		if (i >= spins)
 			return false;
 		if (i % 1024 == 0 && chime_broker_gone(c, i % 65536 == 0))
 			return false;
-		cpu_relax();
+		at_relax();
 	}
 	return true;
 }
@@ -131,9 +131,9 @@ static bool wait_applied(struct chime *c, struct chime_chan *ch, uint64_t pos, u
 static void scan_pending(struct chime *c, struct chime_chan *ch)
 {
 	/* C2: after C1; pairs with the shard's release of sq_head after applying. */
-	uint64_t head = __atomic_load_n(ch->sq_head, __ATOMIC_ACQUIRE);
+	uint64_t head = at_load_acq(ch->sq_head);
 	/* Our producers' CAS on sq_tail; they publish each slot later, with a full barrier. */
-	uint64_t tail = __atomic_load_n(ch->sq.tail, __ATOMIC_ACQUIRE);
+	uint64_t tail = at_load_acq(ch->sq.tail);
 
 	pend_clear(c);
 	if (head >= tail)
@@ -145,7 +145,7 @@ static void scan_pending(struct chime *c, struct chime_chan *ch)
 		uint64_t seq;
 
 		if (!chime_sq_peek(ch->sq.slots, ch->sq.mask, pos, &rec)) {
-			seq = __atomic_load_n(&ch->sq.slots[pos & ch->sq.mask].seq, __ATOMIC_ACQUIRE);
+			seq = at_load_acq(&ch->sq.slots[pos & ch->sq.mask].seq);
 			/*
 			 * seq == pos: reserved, not published yet: a concurrent call,
 			 * which this drain need not honour. Anything else: the shard
@@ -191,12 +191,12 @@ static uint32_t judge(const struct chime *c, const struct chime_cqe *e, struct c
 /* Steps 1-4 for one shard. */
 static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_event *out, unsigned max)
 {
-	const uint32_t mask = c->cq_size - 1;
-	uint64_t start = ch->head, tail;
+	struct chime_cq_cons *q = &ch->cq;
+	uint64_t start = q->head, tail;
 	unsigned n = 0;
 
-	/* C1: pairs with the shard's release of cq_tail after the cqe and its claim word. */
-	tail = __atomic_load_n(ch->cq_tail, __ATOMIC_ACQUIRE);
+	/* C1 (ring.h Q2): pairs with the shard's release of cq_tail after the cqe and its claim word. */
+	tail = chime_cq_tail(q);
 	ch->held = 0;
 	if (likely(tail == start)) {
 		ch->seen = tail;
@@ -206,23 +206,19 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 		ch->seen = tail;        /* impossible from a sane broker: ignore */
 		return 0;
 	}
-	if (__atomic_load_n(ch->sq_head, __ATOMIC_RELAXED) != __atomic_load_n(ch->sq.tail, __ATOMIC_RELAXED))
+	if (at_load(ch->sq_head) != at_load(ch->sq.tail))
 		scan_pending(c, ch);
 	else
 		pend_clear(c);
 
-	while (ch->head != tail && n < max) {
-		uint64_t pos = ch->head;
-		uint64_t want = pos << 2 | CHIME_CLAIM_FRESH;
-		uint64_t *claim = &ch->claim[pos & mask];
+	while (q->head != tail && n < max) {
 		struct chime_pend *reset = NULL;
 		struct chime_cqe e;
 		uint32_t verdict;
 
-		memcpy(&e, &ch->cq[pos & mask], sizeof(e));
-		/* C4: the claim word; VOID (or anything unexpected) means skip. */
-		if (__atomic_load_n(claim, __ATOMIC_ACQUIRE) != want) {
-			ch->head++;
+		/* C4: a claim word not FRESH (VOID, or anything unexpected) means skip. */
+		if (!chime_cq_peek(q, &e)) {
+			chime_cq_skip(q);
 			continue;
 		}
 		verdict = c->npend ? judge(c, &e, &reset) : 0;
@@ -235,13 +231,9 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 			reset->flags &= ~CHIME_PEND_RESET;
 			continue;       /* re-read the claim word */
 		}
-		/* C5: FRESH -> TAKEN; pairs with the shard's CAS FRESH -> VOID. One wins. */
-		if (!__atomic_compare_exchange_n(claim, &want, pos << 2 | CHIME_CLAIM_TAKEN, false,
-						 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-			ch->head++;
+		/* C5 (ring.h Q5): FRESH -> TAKEN; pairs with the shard's CAS FRESH -> VOID. One wins. */
+		if (!chime_cq_claim(q))
 			continue;
-		}
-		ch->head++;
 		if (verdict == CHIME_PEND_CANCEL)
 			continue;       /* cancelled before this drain: never returned */
 		out[n++] = (struct chime_event){
@@ -249,10 +241,10 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 			.deadline_ns = e.deadline_ns, .fired_ns = e.fired_ns,
 		};
 	}
-	ch->seen = ch->held ? tail : ch->head;
-	if (ch->head != start) {
-		/* C3: our copies are done; pairs with the shard's acquire of cq_head (chime_cq_room). */
-		__atomic_store_n(ch->cq_head, ch->head, __ATOMIC_RELEASE);
+	ch->seen = ch->held ? tail : q->head;
+	if (q->head != start) {
+		/* C3 (ring.h Q3): our copies are done; pairs with the shard's acquire of cq_head. */
+		chime_cq_release(q);
 		/*
 		 * C6: full barrier between our cq_head and the loads of backlog
 		 * and of the shard's sleep number; pairs with the shard's barrier
@@ -261,8 +253,8 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 		 * we see its backlog and ring. Without it both could read stale
 		 * values and wait for each other forever (once a drain, not per event).
 		 */
-		__atomic_thread_fence(__ATOMIC_SEQ_CST);
-		if (unlikely(__atomic_load_n(ch->backlog, __ATOMIC_RELAXED) != 0))
+		at_fence();
+		if (unlikely(at_load(ch->backlog) != 0))
 			chime_ring_doorbell(ch);
 	}
 	return n;
@@ -290,7 +282,7 @@ static unsigned drain(struct chime *c, struct chime_event *out, unsigned max)
 static bool pending(const struct chime *c)
 {
 	for (uint32_t s = 0; s < c->nr_shards; s++)
-		if (__atomic_load_n(c->chan[s].cq_tail, __ATOMIC_ACQUIRE) != c->chan[s].seen)
+		if (at_load_acq(c->chan[s].cq.tail_pub) != c->chan[s].seen)
 			return true;
 	return false;
 }
@@ -304,15 +296,15 @@ static void ww_arm(struct chime *c)
 	 * with the shard's full barrier between publishing cq_tail and loading
 	 * want_wakeup.
 	 */
-	__atomic_store_n(&c->rw->want_wakeup, 1, __ATOMIC_SEQ_CST);
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	at_store_sc(&c->rw->want_wakeup, 1);
+	at_fence();
 	c->ww_armed = 1;
 }
 
 static void ww_disarm(struct chime *c)
 {
 	/* W2: awake again: shards need not wake us (pairs with their CAS). */
-	__atomic_store_n(&c->rw->want_wakeup, 0, __ATOMIC_RELAXED);
+	at_store(&c->rw->want_wakeup, 0);
 	c->ww_armed = 0;
 }
 
@@ -528,7 +520,7 @@ static bool spin_for_events(struct chime *c, uint64_t budget_ns)
 
 		if (pending(c))
 			return true;
-		cpu_relax();
+		at_relax();
 		if (i % 32)
 			continue;
 		spent = chime_now() - start;

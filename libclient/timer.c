@@ -78,7 +78,7 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 	for (unsigned i = 1;; i++) {
 		uint64_t now, waited;
 
-		cpu_relax();
+		at_relax();
 		sqe = chime_sq_reserve(&ch->sq, pos);
 		if (sqe)
 			return sqe;

@@ -45,120 +45,26 @@
  *   Q5  claim CASes (client FRESH->TAKEN, broker FRESH->VOID): one location,
  *       so coherence alone picks exactly one winner.
  *
- * TSan models neither ck's inline-asm atomics nor stand-alone fences, so a
- * -fsanitize=thread build maps each helper below onto the C11 builtin with
- * the same acquire/release meaning: TSan then checks exactly the pairings
- * claimed above. Every other build uses ck_pr.
+ * Atomics: shm/atomics.h (C11 builtins, which TSan models edge by edge).
  */
 #include "ring.h"
 
 #include <assert.h>
 #include <string.h>
 
-#include <ck_pr.h>
-
-#if defined(__SANITIZE_THREAD__)
-#define RING_C11 1
-#else
-#define RING_C11 0
-#endif
-
-/* Single-copy-atomic load with no ordering. */
-static inline uint64_t ld_once(const uint64_t *p)
-{
-#if RING_C11
-	return __atomic_load_n(p, __ATOMIC_RELAXED);
-#else
-	return ck_pr_load_64(p);
-#endif
-}
-
-/* Load, then no later load or store moves above it. */
-static inline uint64_t ld_acquire(const uint64_t *p)
-{
-#if RING_C11
-	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#else
-	uint64_t v = ck_pr_load_64(p);
-
-	ck_pr_fence_acquire();
-	return v;
-#endif
-}
-
-static inline uint32_t ld32_once(const uint32_t *p)
-{
-#if RING_C11
-	return __atomic_load_n(p, __ATOMIC_RELAXED);
-#else
-	return ck_pr_load_32(p);
-#endif
-}
-
-static inline void st_once(uint64_t *p, uint64_t v)
-{
-#if RING_C11
-	__atomic_store_n(p, v, __ATOMIC_RELAXED);
-#else
-	ck_pr_store_64(p, v);
-#endif
-}
-
-/* No earlier load or store moves below the store. */
-static inline void st_release(uint64_t *p, uint64_t v)
-{
-#if RING_C11
-	__atomic_store_n(p, v, __ATOMIC_RELEASE);
-#else
-	ck_pr_fence_release();
-	ck_pr_store_64(p, v);
-#endif
-}
-
-/*
- * Exchange with a full barrier on both sides: nothing earlier moves below it
- * and no later load moves above it (a store-load barrier, which a release
- * store alone does not give).
- */
-static inline void xchg_full(uint64_t *p, uint64_t v)
-{
-#if RING_C11
-	(void)__atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);
-#else
-	ck_pr_fence_release();
-	(void)ck_pr_fas_64(p, v);
-	ck_pr_fence_atomic_load();
-#endif
-}
-
-/* CAS; on failure *cur gets the value seen. Orders like a full barrier. */
-static inline bool cas(uint64_t *p, uint64_t *cur, uint64_t v)
-{
-#if RING_C11
-	return __atomic_compare_exchange_n(p, cur, v, false, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE);
-#else
-	uint64_t seen;
-	bool ok;
-
-	ck_pr_fence_atomic();
-	ok = ck_pr_cas_64_value(p, *cur, v, &seen);
-	ck_pr_fence_atomic_load();
-	*cur = seen;
-	return ok;
-#endif
-}
+#include "atomics.h"
 
 /* One load per field of a slot into private memory (invariant 3). */
 static inline void sqe_copy(struct chime_sqe *out, const struct chime_sqe *s, uint64_t seq)
 {
 	out->seq = seq;
-	out->grant = ld_once(&s->grant);
-	out->id = ld_once(&s->id);
-	out->key = ld_once(&s->key);
-	out->deadline_ns = ld_once(&s->deadline_ns);
-	out->period_ns = ld_once(&s->period_ns);
-	out->user_data = ld_once(&s->user_data);
-	out->op = ld32_once(&s->op);
+	out->grant = at_load(&s->grant);
+	out->id = at_load(&s->id);
+	out->key = at_load(&s->key);
+	out->deadline_ns = at_load(&s->deadline_ns);
+	out->period_ns = at_load(&s->period_ns);
+	out->user_data = at_load(&s->user_data);
+	out->op = at_load(&s->op);
 	out->_pad = 0;
 }
 
@@ -193,17 +99,17 @@ void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32
  */
 struct chime_sqe *chime_sq_reserve(struct chime_sq_prod *p, uint64_t *pos)
 {
-	uint64_t cur = ld_once(p->tail);
+	uint64_t cur = at_load(p->tail);
 
 	for (;;) {
 		struct chime_sqe *s = &p->slots[cur & p->mask];
 		/* S3: the consumer's grant before our read of it; pairs with C2. */
-		uint64_t seq = ld_acquire(&s->seq);
+		uint64_t seq = at_load_acq(&s->seq);
 		int64_t diff = (int64_t)(seq - cur);
 
 		if (diff == 0) {
 			/* Claims position cur; on failure cur is the tail now. */
-			if (cas(p->tail, &cur, cur + 1)) {
+			if (at_cas(p->tail, &cur, cur + 1)) {
 				*pos = cur;
 				return s;
 			}
@@ -212,7 +118,7 @@ struct chime_sqe *chime_sq_reserve(struct chime_sq_prod *p, uint64_t *pos)
 			return NULL;
 		} else {
 			/* Another producer took cur: retry at the tail now. */
-			cur = ld_once(p->tail);
+			cur = at_load(p->tail);
 		}
 	}
 }
@@ -227,7 +133,7 @@ struct chime_sqe *chime_sq_reserve(struct chime_sq_prod *p, uint64_t *pos)
 void chime_sq_publish(struct chime_sqe *sqe, uint64_t pos)
 {
 	/* S1 + S2: pairs with C1, and with the shard's barrier after sleeping = 1. */
-	xchg_full(&sqe->seq, pos + 1);
+	(void)at_xchg(&sqe->seq, pos + 1);
 }
 
 /*
@@ -239,7 +145,7 @@ bool chime_sq_pop(struct chime_sq_cons *c, struct chime_sqe *out, uint64_t *pos)
 	uint64_t head = c->head;
 	const struct chime_sqe *s = &c->slots[head & c->mask];
 	/* C1: seq, then the fields; pairs with S1. */
-	uint64_t seq = ld_acquire(&s->seq);
+	uint64_t seq = at_load_acq(&s->seq);
 
 	if (seq != head + 1)
 		return false;
@@ -257,9 +163,9 @@ void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t grant)
 {
 	struct chime_sqe *s = &c->slots[pos & c->mask];
 
-	st_once(&s->grant, grant);
+	at_store(&s->grant, grant);
 	/* C2: the grant and our copy's loads, then the slot is free; pairs with S3. */
-	st_release(&s->seq, pos + (uint64_t)c->mask + 1);
+	at_store_rel(&s->seq, pos + (uint64_t)c->mask + 1);
 }
 
 /*
@@ -275,18 +181,14 @@ bool chime_sq_peek(const struct chime_sqe *slots, uint32_t mask, uint64_t pos, s
 {
 	const struct chime_sqe *s = &slots[pos & mask];
 	/* K1: seq, then the fields; pairs with S1. */
-	uint64_t seq = ld_acquire(&s->seq);
+	uint64_t seq = at_load_acq(&s->seq);
 
 	if (seq != pos + 1)
 		return false;
 	sqe_copy(out, s, seq);
 	/* K1: the fields, then seq again; pairs with C2 (a free moves seq on). */
-#if RING_C11
-	__atomic_thread_fence(__ATOMIC_ACQUIRE);
-#else
-	ck_pr_fence_load();
-#endif
-	return ld_once(&s->seq) == seq;
+	at_fence_acq();
+	return at_load(&s->seq) == seq;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -330,7 +232,7 @@ void chime_cq_cons_init(struct chime_cq_cons *c, const struct chime_cqe *slots, 
 uint32_t chime_cq_room(struct chime_cq_prod *p)
 {
 	/* Q4: the client's reads of slots below h, then our reuse; pairs with Q3. */
-	uint64_t h = ld_acquire(p->head_pub);
+	uint64_t h = at_load_acq(p->head_pub);
 
 	if (h < p->head)
 		h = p->head;
@@ -352,7 +254,7 @@ uint64_t chime_cq_push(struct chime_cq_prod *p)
 
 	assert(p->tail - p->head < p->size);
 	/* Ordered before cq_tail by Q1 in chime_cq_flush(). */
-	st_once(&p->claim[pos & p->mask], pos << 2 | CHIME_CLAIM_FRESH);
+	at_store(&p->claim[pos & p->mask], pos << 2 | CHIME_CLAIM_FRESH);
 	p->tail = pos + 1;
 	return pos;
 }
@@ -364,7 +266,7 @@ uint64_t chime_cq_push(struct chime_cq_prod *p)
 void chime_cq_flush(struct chime_cq_prod *p)
 {
 	/* Q1: events and claim words, then the tail; pairs with Q2. */
-	st_release(p->tail_pub, p->tail);
+	at_store_rel(p->tail_pub, p->tail);
 }
 
 /*
@@ -381,31 +283,47 @@ bool chime_cq_void(struct chime_cq_prod *p, uint64_t pos)
 	if (pos >= p->tail || p->tail - pos > p->size)
 		return false;
 	/* Q5: pairs with the client's CAS in chime_cq_take(). */
-	return cas(&p->claim[pos & p->mask], &cur, pos << 2 | CHIME_CLAIM_VOID);
+	return at_cas(&p->claim[pos & p->mask], &cur, pos << 2 | CHIME_CLAIM_VOID);
 }
 
-/*
- * The client's one draining thread; concurrent with the producer. Wait-free
- * per event (bounded by the events published). The broker is trusted here.
- */
+/* The client's one draining thread; wait-free. The broker is trusted here. */
+uint64_t chime_cq_tail(struct chime_cq_cons *c)
+{
+	/* Q2: the tail, then claim words and events; pairs with Q1. */
+	c->tail = at_load_acq(c->tail_pub);
+	return c->tail;
+}
+
+/* The draining thread; wait-free. */
+bool chime_cq_peek(const struct chime_cq_cons *c, struct chime_cqe *out)
+{
+	uint64_t pos = c->head;
+
+	*out = c->slots[pos & c->mask];
+	/* Q2 (continued): the claim word, read after the tail like the event. */
+	return at_load_acq(&c->claim[pos & c->mask]) == (pos << 2 | CHIME_CLAIM_FRESH);
+}
+
+/* The draining thread; wait-free (one CAS). */
+bool chime_cq_claim(struct chime_cq_cons *c)
+{
+	uint64_t pos = c->head++;
+	uint64_t cur = pos << 2 | CHIME_CLAIM_FRESH;
+
+	/* Q5: pairs with chime_cq_void(). A lost CAS: voided. */
+	return at_cas(&c->claim[pos & c->mask], &cur, pos << 2 | CHIME_CLAIM_TAKEN);
+}
+
+/* The draining thread; wait-free per event (bounded by the events published). */
 int chime_cq_take(struct chime_cq_cons *c, struct chime_cqe *out)
 {
 	for (;;) {
-		uint64_t pos = c->head;
-		uint64_t cur = pos << 2 | CHIME_CLAIM_FRESH;
-
-		if (pos == c->tail) {
-			/* Q2: the tail, then claim words and events; pairs with Q1. */
-			c->tail = ld_acquire(c->tail_pub);
-			if (pos == c->tail)
-				return 0;
-		}
-		c->head = pos + 1;
-		/* Q5: pairs with chime_cq_void(). A lost CAS: voided, skip it. */
-		if (cas(&c->claim[pos & c->mask], &cur, pos << 2 | CHIME_CLAIM_TAKEN)) {
-			*out = c->slots[pos & c->mask];
+		if (c->head == c->tail && c->head == chime_cq_tail(c))
+			return 0;
+		if (!chime_cq_peek(c, out))
+			chime_cq_skip(c);
+		else if (chime_cq_claim(c))
 			return 1;
-		}
 	}
 }
 
@@ -413,15 +331,11 @@ int chime_cq_take(struct chime_cq_cons *c, struct chime_cqe *out)
 void chime_cq_release(struct chime_cq_cons *c)
 {
 	/* Q3: our copies of the events below head, then head; pairs with Q4. */
-	st_release(c->head_pub, c->head);
+	at_store_rel(c->head_pub, c->head);
 }
 
 /* The draining thread; wait-free. */
 bool chime_cq_pending(struct chime_cq_cons *c)
 {
-	if (c->head != c->tail)
-		return true;
-	/* Q2: pairs with Q1. */
-	c->tail = ld_acquire(c->tail_pub);
-	return c->head != c->tail;
+	return c->head != c->tail || c->head != chime_cq_tail(c);
 }

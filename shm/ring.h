@@ -7,7 +7,7 @@
  * one shared struct, and its consumer reads `mask` from it. chime's rings
  * split their indices across a client-writable and a read-only segment, and
  * the broker must never index with a value a client can write. So the rings
- * are chime's own, built on ck_pr atomics and fences, and every side keeps the
+ * are chime's own, built on shm/atomics.h, and every side keeps the
  * geometry it indexes with in its own private struct (below).
  *
  * Positions are 64-bit and never wrap in practice; slot = pos & mask.
@@ -159,6 +159,33 @@ bool chime_cq_void(struct chime_cq_prod *p, uint64_t pos);
 static inline bool chime_cq_consumed(const struct chime_cq_prod *p, uint64_t pos)
 {
 	return pos < p->head;
+}
+
+/*
+ * The consumer's steps, for a drainer that judges each event before taking
+ * it (libchime's, which must not take an event a cancel it has not seen
+ * applied yet is about to void) and for chime_cq_take() below. One thread.
+ */
+
+/* Q2: acquire-load the published tail; remembered in c->tail and returned. */
+uint64_t chime_cq_tail(struct chime_cq_cons *c);
+
+/*
+ * Copy the event at c->head into *out; true if its claim word is FRESH for
+ * that position (false: the broker voided it). Does not move head.
+ */
+bool chime_cq_peek(const struct chime_cq_cons *c, struct chime_cqe *out);
+
+/*
+ * Q5: claim the event at c->head (FRESH -> TAKEN) and move past it. True if
+ * the client won; false if the broker voided it first (skip it).
+ */
+bool chime_cq_claim(struct chime_cq_cons *c);
+
+/* Move past the event at c->head without taking it (voided, or judged away). */
+static inline void chime_cq_skip(struct chime_cq_cons *c)
+{
+	c->head++;
 }
 
 /*

@@ -1,10 +1,27 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * e2e.h - chime-bench's end-to-end mode: libchime + a real chimed, beside one
- * timerfd per timer. See e2e.c.
+ * timerfd per timer. The mode is split by phase:
+ *
+ *   e2e.c         the driver: options, the table's header, the phases in order
+ *   e2e_broker.c  the broker (a private chimed, or --socket) and its counters,
+ *                 read through tools/statsread (the one control-segment reader),
+ *                 and the small helpers the phases share
+ *   e2e_ops.c     1. client operations, 2. broker throughput
+ *   e2e_fire.c    3. expirations per second, 4. lateness
  */
 #ifndef CHIME_BENCH_E2E_H
 #define CHIME_BENCH_E2E_H
+
+#include <chime.h>
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "statsread.h"
 
 /*
  * `chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PART]`.
@@ -12,5 +29,95 @@
  * status (0 ok, 1 failure or a correctness problem seen, 2 usage).
  */
 int bench_e2e(int argc, char **argv);
+
+/* ---- shared by the phases ---- */
+
+#define NS_PER_S   UINT64_C(1000000000)
+#define NS_PER_MS  UINT64_C(1000000)
+#define FAR_NS     (3600 * NS_PER_S)        /* "never fires during the run" */
+#define MAX_THR    2u
+#define EV_BATCH   512u
+
+/* Set when a correctness problem was seen: the exit status says so. */
+extern int g_problems;
+
+#define PROBLEM(...) do { g_problems++; printf("  !! " __VA_ARGS__); } while (0)
+
+void sleep_ns(uint64_t ns);
+void sleep_until(uint64_t t_ns);
+uint64_t rng_next(uint64_t *s);
+int cmp_u64(const void *a, const void *b);
+int cmp_dbl(const void *a, const void *b);
+uint64_t pct(const uint64_t *a, size_t n, double q);
+const char *fmt_count(char *buf, size_t len, uint64_t n);
+void *xcalloc(size_t n, size_t sz);
+int tfd_set(int fd, uint64_t deadline_ns);
+
+struct broker {
+	pid_t pid;                      /* 0: not ours */
+	char dir[PATH_MAX - 64];        /* our private directory, "" if none */
+	char sock[PATH_MAX];
+	char bin[PATH_MAX];
+	struct sr sr;                   /* its control segment, read-only */
+	const struct chime_ctl *ctl;    /* sr.ctl */
+	uint32_t nr_shards;
+};
+
+struct shard_sum {
+	uint64_t t_ns;
+	uint64_t armed, ops, arms, resets, cancels, fires, delivered, busy_ns, malformed, backlog;
+	uint64_t lat_max_ns;
+};
+
+/* Map the control segment of the broker at b->sock (an external one: --socket). */
+int broker_map_ctl(struct broker *b);
+int broker_open(struct broker *b, chime_t **c);
+int broker_start(struct broker *b, int shards);
+int broker_stop(struct broker *b);
+int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns);
+void shards_read(const struct broker *b, struct shard_sum *s);
+
+enum { OP_ARM, OP_RESET, OP_CANCEL, NR_OPS };
+enum { IMPL_CHIME, IMPL_TFD };
+extern const char *const op_name[NR_OPS];
+extern const char *const tfd_op_name[NR_OPS];
+
+struct op_result {
+	double median_ns;       /* median of batch means */
+	double mean_ns;         /* all ops / all time on the calling threads */
+	double mops;            /* aggregate: N ops / wall time of the phase, M/s */
+	int err;                /* first error (-errno) */
+};
+
+struct flood_result {
+	double ops_per_shard;   /* M/s, wall */
+	double busy_share;      /* busy_ns / (window * shards) */
+	double ops_per_busy;    /* M/s per shard-busy-second */
+	double client_mops;     /* resets issued by the clients, M/s */
+	int err;
+};
+
+struct expire_result {
+	size_t n;
+	uint64_t drain_ns;      /* deadline -> last event */
+	uint64_t first_ns;      /* deadline -> first event */
+	double per_s;
+	int ok;
+};
+
+struct lat_result {
+	size_t n, got;
+	uint64_t *fired;        /* sorted, fired_ns - deadline (chime only) */
+	uint64_t *recv;         /* sorted, receive time - deadline */
+};
+
+int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
+		   struct op_result res[NR_OPS]);
+int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_result *res);
+double run_tflood(size_t n, uint64_t dur_ns);
+int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct expire_result *res);
+int run_expire_tfd(size_t n, uint64_t gap_ns, struct expire_result *res);
+int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, struct lat_result *res);
+int run_lat_tfd(size_t n, uint64_t span_ns, struct lat_result *res);
 
 #endif /* CHIME_BENCH_E2E_H */

@@ -1,0 +1,335 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * e2e_broker.c - chime-bench e2e: the broker under test and its counters,
+ * and the helpers every phase uses. See e2e.h.
+ */
+#include <chime.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chime_shm.h"
+#include "e2e.h"
+
+#include "chime_shm.h"
+#include "e2e.h"
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                              */
+/* ------------------------------------------------------------------------ */
+
+void sleep_ns(uint64_t ns)
+{
+	struct timespec ts = { .tv_sec = (time_t)(ns / NS_PER_S), .tv_nsec = (long)(ns % NS_PER_S) };
+
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+void sleep_until(uint64_t t_ns)
+{
+	struct timespec ts = { .tv_sec = (time_t)(t_ns / NS_PER_S), .tv_nsec = (long)(t_ns % NS_PER_S) };
+
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+uint64_t rng_next(uint64_t *s)
+{
+	/* xorshift64*: plenty for spreading deadlines. */
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * UINT64_C(2685821657736338717);
+}
+
+int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+int cmp_dbl(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Percentile q (0..1) of a sorted array: the smallest value >= a fraction q of the samples. */
+uint64_t pct(const uint64_t *a, size_t n, double q)
+{
+	size_t i;
+
+	if (n == 0)
+		return 0;
+	i = (size_t)(q * (double)n);
+	if (i >= n)
+		i = n - 1;
+	return a[i];
+}
+
+const char *fmt_count(char *buf, size_t len, uint64_t n)
+{
+	if (n >= 1000000 && n % 1000000 == 0)
+		snprintf(buf, len, "%" PRIu64 "M", n / 1000000);
+	else if (n >= 1000 && n % 1000 == 0)
+		snprintf(buf, len, "%" PRIu64 "k", n / 1000);
+	else
+		snprintf(buf, len, "%" PRIu64, n);
+	return buf;
+}
+
+void *xcalloc(size_t n, size_t sz)
+{
+	void *p = calloc(n ? n : 1, sz);
+
+	if (!p) {
+		fprintf(stderr, "chime-bench: out of memory (%zu x %zu bytes)\n", n, sz);
+		exit(1);
+	}
+	return p;
+}
+
+/* Arm a timerfd at an absolute CLOCK_MONOTONIC deadline (the baseline's arm and re-arm). */
+int tfd_set(int fd, uint64_t deadline_ns)
+{
+	struct itimerspec its = {
+		.it_value = { .tv_sec = (time_t)(deadline_ns / NS_PER_S), .tv_nsec = (long)(deadline_ns % NS_PER_S) },
+	};
+
+	return timerfd_settime(fd, TFD_TIMER_ABSTIME, &its, NULL) < 0 ? -errno : 0;
+}
+
+int g_problems;
+
+/* ------------------------------------------------------------------------ */
+/* the broker: a private chimed, or the one at --socket; its counters         */
+/* ------------------------------------------------------------------------ */
+
+/* Sums over the shards of the counters this bench reads. */
+static int find_chimed(char *out, size_t len)
+{
+	static const char *const rel[] = { "../broker/chimed", "chimed", "../sbin/chimed" };
+	char exe[PATH_MAX];
+	const char *env = getenv("CHIMED");
+	ssize_t n;
+	char *slash;
+
+	if (env && *env) {
+		snprintf(out, len, "%s", env);
+		return access(out, X_OK) == 0 ? 0 : -errno;
+	}
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n < 0)
+		return -errno;
+	exe[n] = '\0';
+	slash = strrchr(exe, '/');
+	if (!slash)
+		return -ENOENT;
+	*slash = '\0';
+	for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]); i++) {
+		if ((size_t)snprintf(out, len, "%s/%s", exe, rel[i]) >= len)
+			continue;
+		if (access(out, X_OK) == 0)
+			return 0;
+	}
+	return -ENOENT;
+}
+
+int broker_map_ctl(struct broker *b)
+{
+	int r = sr_open(&b->sr, b->sock);
+
+	if (r < 0) {
+		sr_perror("chime-bench", &b->sr, r);
+		return -1;
+	}
+	b->ctl = b->sr.ctl;
+	b->nr_shards = b->sr.nr_shards;
+	return 0;
+}
+
+void shards_read(const struct broker *b, struct shard_sum *s)
+{
+	struct sr_snap snap;
+
+	memset(s, 0, sizeof(*s));
+	if (sr_snapshot(&b->sr, &snap) == 0) {
+		for (uint32_t i = 0; i < snap.hdr.nr_shards; i++) {
+			const struct chime_shard_stats *st = &snap.shards[i];
+
+			s->armed += st->armed;
+			s->arms += st->arms;
+			s->resets += st->resets;
+			s->cancels += st->cancels;
+			s->fires += st->fires;
+			s->delivered += st->delivered;
+			s->busy_ns += st->busy_ns;
+			s->malformed += st->malformed;
+			s->backlog += st->backlog;
+			if (st->lat_max_ns > s->lat_max_ns)
+				s->lat_max_ns = st->lat_max_ns;
+		}
+		sr_snap_free(&snap);
+	}
+	s->ops = s->arms + s->resets + s->cancels;
+	s->t_ns = sr_now_ns();
+}
+
+/* Wait until the shards report `armed` == want (published at least every ms). */
+int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns)
+{
+	uint64_t end = sr_now_ns() + timeout_ns;
+	struct shard_sum s;
+
+	for (;;) {
+		shards_read(b, &s);
+		if (s.armed == want)
+			return 0;
+		if (s.t_ns > end) {
+			PROBLEM("broker reports %" PRIu64 " timers armed, expected %" PRIu64 " (waited %.1f s)\n",
+				s.armed, want, (double)timeout_ns / 1e9);
+			return -1;
+		}
+		sleep_ns(200000);
+	}
+}
+
+int broker_open(struct broker *b, chime_t **c)
+{
+	struct chime_opts o = { .socket_path = b->sock, .flags = 0 };
+	int r = chime_open(c, &o);
+
+	if (r < 0)
+		fprintf(stderr, "chime-bench: chime_open('%s') failed: %s\n", b->sock, strerror(-r));
+	return r;
+}
+
+int broker_start(struct broker *b, int shards)
+{
+	char log[PATH_MAX + 16], nshards[16];
+	const char *tmp = getenv("TMPDIR");
+	uint64_t end;
+	int r;
+
+	r = find_chimed(b->bin, sizeof(b->bin));
+	if (r < 0) {
+		fprintf(stderr, "chime-bench: cannot find chimed (set $CHIMED, or pass --socket): %s\n",
+			strerror(-r));
+		return -1;
+	}
+	snprintf(b->dir, sizeof(b->dir), "%s/chime-bench-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(b->dir)) {
+		fprintf(stderr, "chime-bench: mkdtemp('%s') failed: %s\n", b->dir, strerror(errno));
+		b->dir[0] = '\0';
+		return -1;
+	}
+	snprintf(b->sock, sizeof(b->sock), "%s/chime.sock", b->dir);
+	snprintf(log, sizeof(log), "%s/chimed.log", b->dir);
+	snprintf(nshards, sizeof(nshards), "%d", shards);
+
+	fflush(NULL);
+	b->pid = fork();
+	if (b->pid < 0) {
+		fprintf(stderr, "chime-bench: fork failed: %s\n", strerror(errno));
+		b->pid = 0;
+		return -1;
+	}
+	if (b->pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+		if (fd >= 0) {
+			dup2(fd, STDOUT_FILENO);
+			dup2(fd, STDERR_FILENO);
+		}
+		if (shards > 0)
+			execl(b->bin, "chimed", "--foreground", "--socket", b->sock, "--shards", nshards,
+			      (char *)NULL);
+		else
+			execl(b->bin, "chimed", "--foreground", "--socket", b->sock, (char *)NULL);
+		fprintf(stderr, "chime-bench: exec('%s') failed: %s\n", b->bin, strerror(errno));
+		_exit(127);
+	}
+
+	/* Ready when a client can connect and the control segment is there. */
+	end = sr_now_ns() + 10 * NS_PER_S;
+	for (;;) {
+		struct chime_opts o = { .socket_path = b->sock, .flags = 0 };
+		chime_t *c;
+		int st;
+
+		if (waitpid(b->pid, &st, WNOHANG) == b->pid) {
+			fprintf(stderr, "chime-bench: chimed exited at start-up (status %d); its log: %s\n",
+				WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), log);
+			b->pid = 0;
+			return -1;
+		}
+		if (chime_open(&c, &o) == 0) {
+			chime_close(c);
+			break;
+		}
+		if (sr_now_ns() > end) {
+			fprintf(stderr, "chime-bench: chimed did not accept clients within 10 s; its log: %s\n", log);
+			return -1;
+		}
+		sleep_ns(10 * NS_PER_MS);
+	}
+	return broker_map_ctl(b);
+}
+
+/* Stop our broker (if we started one); 0 if it stopped cleanly. */
+int broker_stop(struct broker *b)
+{
+	char log[PATH_MAX + 16];
+	int st = 0, r = 0;
+	uint64_t end;
+
+	if (b->ctl)
+		sr_close(&b->sr);
+	b->ctl = NULL;
+	if (!b->pid)
+		return 0;
+	kill(b->pid, SIGTERM);
+	end = sr_now_ns() + 10 * NS_PER_S;
+	while (waitpid(b->pid, &st, WNOHANG) == 0) {
+		if (sr_now_ns() > end) {
+			fprintf(stderr, "chime-bench: chimed ignored SIGTERM for 10 s; killing it\n");
+			kill(b->pid, SIGKILL);
+			waitpid(b->pid, &st, 0);
+			r = -1;
+			break;
+		}
+		sleep_ns(5 * NS_PER_MS);
+	}
+	b->pid = 0;
+	snprintf(log, sizeof(log), "%s/chimed.log", b->dir);
+	if (r == 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+		PROBLEM("chimed did not stop cleanly on SIGTERM (%s %d); its log is kept: %s\n",
+			WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), log);
+		return -1;
+	}
+	if (r == 0) {
+		unlink(log);
+		rmdir(b->dir);
+	}
+	return r;
+}

@@ -1,0 +1,341 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * e2e_fire.c - chime-bench e2e, phases 3 and 4: expirations per second and
+ * lateness (chime and timerfd). See e2e.c.
+ */
+#include <chime.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chime_shm.h"
+#include "e2e.h"
+
+#include "chime_shm.h"
+#include "e2e.h"
+
+/* ------------------------------------------------------------------------ */
+/* 3. expirations per second, 4. lateness                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Count one event for timer `idx` of `n`. seen[] guards exactly-once.
+ * Returns 1 if new, 0 if a duplicate (reported).
+ */
+static int seen_once(uint8_t *seen, size_t n, uint64_t idx, const char *who)
+{
+	if (idx >= n) {
+		PROBLEM("%s: event with user_data %" PRIu64 " (only %zu armed)\n", who, idx, n);
+		return 0;
+	}
+	if (seen[idx]) {
+		if (seen[idx] == 1)
+			PROBLEM("%s: timer %" PRIu64 " delivered more than once\n", who, idx);
+		seen[idx] = 2;
+		return 0;
+	}
+	seen[idx] = 1;
+	return 1;
+}
+
+/* Report the first few timers never delivered. */
+static void report_missing(const uint8_t *seen, size_t n, size_t got, const char *who)
+{
+	size_t shown = 0;
+
+	if (got == n)
+		return;
+	PROBLEM("%s: %zu of %zu expirations never arrived; first missing:", who, n - got, n);
+	for (size_t i = 0; i < n && shown < 8; i++)
+		if (!seen[i]) {
+			printf(" #%zu", i);
+			shown++;
+		}
+	printf("\n");
+}
+
+int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct expire_result *res)
+{
+	struct chime_event ev[EV_BATCH];
+	uint8_t *seen = xcalloc(n, 1);
+	chime_t *c;
+	uint64_t d, t_last = 0, t_first = 0, idle_since;
+	size_t got = 0;
+
+	memset(res, 0, sizeof(*res));
+	res->n = n;
+	for (int attempt = 0;; attempt++) {
+		int r = 0;
+
+		if (broker_open((struct broker *)b, &c) < 0) {
+			free(seen);
+			return -1;
+		}
+		d = sr_now_ns() + gap_ns;
+		for (size_t i = 0; i < n && r == 0; i++) {
+			chime_id_t id;
+
+			r = chime_arm(c, 7, d, 0, i, &id);
+		}
+		if (r < 0) {
+			PROBLEM("chime_arm failed: %s\n", strerror(-r));
+			chime_close(c);
+			free(seen);
+			return -1;
+		}
+		/* The broker must hold them all before the deadline, or this measures arming. */
+		for (;;) {
+			struct shard_sum s;
+
+			shards_read(b, &s);
+			if (s.armed >= n || s.t_ns >= d)
+				break;
+			sleep_ns(100000);
+		}
+		if (sr_now_ns() + NS_PER_MS < d)
+			break;
+		chime_close(c);
+		if (attempt == 2) {
+			PROBLEM("could not arm %zu timers within %.1f s; expiration rate not measured\n",
+				n, (double)gap_ns / 1e9);
+			free(seen);
+			return -1;
+		}
+		wait_armed(b, 0, 60 * NS_PER_S);
+		gap_ns *= 2;
+	}
+
+	sleep_until(d - NS_PER_MS);
+	idle_since = sr_now_ns();
+	while (got < n) {
+		int k = chime_poll(c, ev, EV_BATCH);
+		uint64_t t = sr_now_ns();
+
+		if (k < 0) {
+			PROBLEM("chime_poll: %s\n", strerror(-k));
+			break;
+		}
+		if (k == 0) {
+			if (t - idle_since > 5 * NS_PER_S)
+				break;
+			continue;
+		}
+		idle_since = t;
+		if (!t_first)
+			t_first = t;
+		for (int i = 0; i < k; i++) {
+			if (ev[i].fired_ns < ev[i].deadline_ns || t < d)
+				PROBLEM("chime: timer %" PRIu64 " fired early\n", ev[i].user_data);
+			got += (size_t)seen_once(seen, n, ev[i].user_data, "chime expire");
+		}
+		t_last = t;
+	}
+	report_missing(seen, n, got, "chime expire");
+	res->ok = got == n;
+	res->drain_ns = t_last > d ? t_last - d : 0;
+	res->first_ns = t_first > d ? t_first - d : 0;
+	res->per_s = res->drain_ns ? (double)got / (double)res->drain_ns * 1e9 : 0;
+	chime_close(c);
+	free(seen);
+	wait_armed(b, 0, 60 * NS_PER_S);
+	return 0;
+}
+
+int run_expire_tfd(size_t n, uint64_t gap_ns, struct expire_result *res)
+{
+	struct epoll_event ev[EV_BATCH];
+	int *fds = xcalloc(n, sizeof(int));
+	uint8_t *seen = xcalloc(n, 1);
+	uint64_t d, t_last = 0, t_first = 0, idle_since;
+	size_t got = 0, made = 0;
+	int ep = epoll_create1(EPOLL_CLOEXEC), ret = 0;
+
+	memset(res, 0, sizeof(*res));
+	res->n = n;
+	for (; made < n; made++) {
+		struct epoll_event e = { .events = EPOLLIN, .data.u64 = made };
+
+		fds[made] = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+		if (fds[made] < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fds[made], &e) < 0) {
+			fprintf(stderr, "chime-bench: timerfd %zu: %s\n", made, strerror(errno));
+			if (fds[made] >= 0)
+				close(fds[made]);
+			ret = -1;
+			goto out;
+		}
+	}
+	d = sr_now_ns() + gap_ns;
+	for (size_t i = 0; i < n; i++)
+		tfd_set(fds[i], d);
+	if (sr_now_ns() >= d)
+		printf("  (timerfd: arming took longer than the %.1f s gap)\n", (double)gap_ns / 1e9);
+	sleep_until(d - NS_PER_MS);
+	idle_since = sr_now_ns();
+	while (got < n) {
+		int k = epoll_wait(ep, ev, EV_BATCH, 100);
+		uint64_t t;
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		t = sr_now_ns();
+		if (k <= 0) {
+			if (t - idle_since > 5 * NS_PER_S)
+				break;
+			continue;
+		}
+		idle_since = t;
+		if (!t_first)
+			t_first = t;
+		for (int i = 0; i < k; i++) {
+			uint64_t cnt;
+
+			if (read(fds[ev[i].data.u64], &cnt, sizeof(cnt)) == sizeof(cnt))
+				got += (size_t)seen_once(seen, n, ev[i].data.u64, "timerfd expire");
+		}
+		t_last = sr_now_ns();
+	}
+	report_missing(seen, n, got, "timerfd expire");
+	res->ok = got == n;
+	res->drain_ns = t_last > d ? t_last - d : 0;
+	res->first_ns = t_first > d ? t_first - d : 0;
+	res->per_s = res->drain_ns ? (double)got / (double)res->drain_ns * 1e9 : 0;
+out:
+	for (size_t i = 0; i < made; i++)
+		close(fds[i]);
+	close(ep);
+	free(fds);
+	free(seen);
+	return ret;
+}
+
+int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, struct lat_result *res)
+{
+	struct chime_event ev[EV_BATCH];
+	uint64_t *dl = xcalloc(n, sizeof(uint64_t)), rng = 0x9e3779b97f4a7c15u, t0, end;
+	uint8_t *seen = xcalloc(n, 1);
+	chime_t *c;
+	size_t got = 0;
+
+	memset(res, 0, sizeof(*res));
+	res->n = n;
+	res->fired = xcalloc(n, sizeof(uint64_t));
+	res->recv = xcalloc(n, sizeof(uint64_t));
+	if (broker_open((struct broker *)b, &c) < 0)
+		return -1;
+	t0 = sr_now_ns() + 100 * NS_PER_MS;
+	for (size_t i = 0; i < n; i++) {
+		chime_id_t id;
+		int r;
+
+		dl[i] = t0 + rng_next(&rng) % span_ns;
+		r = chime_arm(c, 9, dl[i], 0, i, &id);
+		if (r < 0) {
+			PROBLEM("chime_arm failed: %s\n", strerror(-r));
+			break;
+		}
+	}
+	end = t0 + span_ns + 5 * NS_PER_S;
+	while (got < n && sr_now_ns() < end) {
+		int k = chime_wait(c, ev, EV_BATCH, 100);
+		uint64_t t = sr_now_ns();
+
+		if (k == -EINTR)
+			continue;
+		if (k < 0) {
+			PROBLEM("chime_wait: %s\n", strerror(-k));
+			break;
+		}
+		for (int i = 0; i < k; i++) {
+			uint64_t idx = ev[i].user_data;
+
+			if (!seen_once(seen, n, idx, "chime lateness"))
+				continue;
+			if (ev[i].deadline_ns != dl[idx])
+				PROBLEM("chime: timer %" PRIu64 " came back with deadline %" PRIu64 ", armed %" PRIu64 "\n",
+					idx, ev[i].deadline_ns, dl[idx]);
+			if (ev[i].fired_ns < dl[idx] || t < dl[idx])
+				PROBLEM("chime: timer %" PRIu64 " fired early (fired %" PRId64 " ns, received %" PRId64
+					" ns after its deadline)\n", idx, (int64_t)(ev[i].fired_ns - dl[idx]),
+					(int64_t)(t - dl[idx]));
+			res->fired[got] = ev[i].fired_ns > dl[idx] ? ev[i].fired_ns - dl[idx] : 0;
+			res->recv[got] = t > dl[idx] ? t - dl[idx] : 0;
+			got++;
+		}
+	}
+	report_missing(seen, n, got, "chime lateness");
+	res->got = got;
+	qsort(res->fired, got, sizeof(uint64_t), cmp_u64);
+	qsort(res->recv, got, sizeof(uint64_t), cmp_u64);
+	chime_close(c);
+	free(dl);
+	free(seen);
+	wait_armed(b, 0, 60 * NS_PER_S);
+	return 0;
+}
+
+int run_lat_tfd(size_t n, uint64_t span_ns, struct lat_result *res)
+{
+	struct epoll_event ev[EV_BATCH];
+	uint64_t *dl = xcalloc(n, sizeof(uint64_t)), rng = 0x9e3779b97f4a7c15u, t0, end;
+	int *fds = xcalloc(n, sizeof(int));
+	uint8_t *seen = xcalloc(n, 1);
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	size_t got = 0, made = 0;
+
+	memset(res, 0, sizeof(*res));
+	res->n = n;
+	res->recv = xcalloc(n, sizeof(uint64_t));
+	t0 = sr_now_ns() + 300 * NS_PER_MS;    /* creating 100k timerfds takes ~0.2 s */
+	for (; made < n; made++) {
+		struct epoll_event e = { .events = EPOLLIN, .data.u64 = made };
+
+		dl[made] = t0 + rng_next(&rng) % span_ns;
+		fds[made] = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+		if (fds[made] < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fds[made], &e) < 0 ||
+		    tfd_set(fds[made], dl[made]) < 0) {
+			fprintf(stderr, "chime-bench: timerfd %zu: %s\n", made, strerror(errno));
+			if (fds[made] >= 0)
+				close(fds[made]);
+			break;
+		}
+	}
+	end = t0 + span_ns + 5 * NS_PER_S;
+	while (got < made && sr_now_ns() < end) {
+		int k = epoll_wait(ep, ev, EV_BATCH, 100);
+		uint64_t t = sr_now_ns();
+
+		for (int i = 0; i < k; i++) {
+			uint64_t idx = ev[i].data.u64, cnt;
+
+			if (read(fds[idx], &cnt, sizeof(cnt)) != sizeof(cnt) || !seen_once(seen, n, idx, "timerfd"))
+				continue;
+			res->recv[got++] = t > dl[idx] ? t - dl[idx] : 0;
+		}
+	}
+	res->got = got;
+	qsort(res->recv, got, sizeof(uint64_t), cmp_u64);
+	for (size_t i = 0; i < made; i++)
+		close(fds[i]);
+	close(ep);
+	free(fds);
+	free(dl);
+	free(seen);
+	return made == n ? 0 : -1;
+}

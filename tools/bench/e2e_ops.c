@@ -1,0 +1,417 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * e2e_ops.c - chime-bench e2e, phases 1 and 2: client operations (chime and
+ * timerfd), and the broker's throughput under a flood of resets. See e2e.c.
+ */
+#include <chime.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chime_shm.h"
+#include "e2e.h"
+
+#include "chime_shm.h"
+#include "e2e.h"
+
+/* ------------------------------------------------------------------------ */
+/* 1. client operations, chime and timerfd                                    */
+/* ------------------------------------------------------------------------ */
+
+const char *const op_name[NR_OPS] = { "arm", "reset", "cancel" };
+const char *const tfd_op_name[NR_OPS] = { "create+settime", "settime", "close" };
+
+
+struct op_shared {
+	int impl;
+	chime_t *c;
+	uint64_t *ids;          /* chime ids, or timerfd fds */
+	size_t n;
+	unsigned batch;
+	unsigned nthr;
+	uint64_t base_ns;       /* deadlines: base_ns + i */
+	pthread_barrier_t bar;
+	double *bmeans[NR_OPS]; /* [nthr * batches_per_thread] */
+	size_t nb_per_thr;
+	uint64_t busy[NR_OPS][MAX_THR];
+	uint64_t t0[NR_OPS][MAX_THR], t1[NR_OPS][MAX_THR];
+	int err[NR_OPS][MAX_THR];
+};
+
+struct op_thread {
+	struct op_shared *sh;
+	unsigned idx;
+	pthread_t tid;
+};
+
+/* One batch of op over ids[lo, hi): returns 0 or the first -errno. */
+static int op_batch(struct op_shared *sh, int op, size_t lo, size_t hi)
+{
+	uint64_t *ids = sh->ids;
+	int r;
+
+	if (sh->impl == IMPL_CHIME) {
+		switch (op) {
+		case OP_ARM:
+			for (size_t i = lo; i < hi; i++)
+				if ((r = chime_arm(sh->c, i, sh->base_ns + i, 0, i, &ids[i])) < 0)
+					return r;
+			break;
+		case OP_RESET:
+			for (size_t i = lo; i < hi; i++)
+				if ((r = chime_reset(sh->c, ids[i], sh->base_ns + NS_PER_S + i)) < 0)
+					return r;
+			break;
+		default:
+			for (size_t i = lo; i < hi; i++)
+				if ((r = chime_cancel(sh->c, ids[i])) < 0)
+					return r;
+			break;
+		}
+		return 0;
+	}
+	switch (op) {
+	case OP_ARM:
+		for (size_t i = lo; i < hi; i++) {
+			int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+
+			if (fd < 0)
+				return -errno;
+			ids[i] = (uint64_t)fd;
+			if ((r = tfd_set(fd, sh->base_ns + i)) < 0)
+				return r;
+		}
+		break;
+	case OP_RESET:
+		for (size_t i = lo; i < hi; i++)
+			if ((r = tfd_set((int)ids[i], sh->base_ns + NS_PER_S + i)) < 0)
+				return r;
+		break;
+	default:
+		for (size_t i = lo; i < hi; i++) {
+			if (close((int)ids[i]) < 0)
+				return -errno;
+			ids[i] = (uint64_t)-1;
+		}
+		break;
+	}
+	return 0;
+}
+
+static void *op_thread_main(void *arg)
+{
+	struct op_thread *t = arg;
+	struct op_shared *sh = t->sh;
+	size_t per = sh->n / sh->nthr;
+	size_t lo = per * t->idx, hi = t->idx + 1 == sh->nthr ? sh->n : lo + per;
+
+	for (int op = 0; op < NR_OPS; op++) {
+		size_t b = 0;
+		int r = 0;
+
+		/* Phase start: every thread and the main thread (which waited for the broker). */
+		pthread_barrier_wait(&sh->bar);
+		sh->t0[op][t->idx] = sr_now_ns();
+		for (size_t i = lo; i < hi && r == 0; i += sh->batch, b++) {
+			size_t e = i + sh->batch < hi ? i + sh->batch : hi;
+			uint64_t a = sr_now_ns(), z;
+
+			r = op_batch(sh, op, i, e);
+			z = sr_now_ns();
+			sh->busy[op][t->idx] += z - a;
+			if (b < sh->nb_per_thr)
+				sh->bmeans[op][t->idx * sh->nb_per_thr + b] = (double)(z - a) / (double)(e - i);
+		}
+		sh->t1[op][t->idx] = sr_now_ns();
+		sh->err[op][t->idx] = r;
+		pthread_barrier_wait(&sh->bar);
+	}
+	return NULL;
+}
+
+/*
+ * n timers, nthr threads: arm, reset, cancel. For chime, `b` is the broker
+ * whose counters the phases wait for. res[op] gets the figures.
+ */
+int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
+		   struct op_result res[NR_OPS])
+{
+	struct op_shared sh;
+	struct op_thread th[MAX_THR];
+	chime_t *c = NULL;
+	int ret = 0;
+
+	memset(&sh, 0, sizeof(sh));
+	memset(res, 0, sizeof(*res) * NR_OPS);
+	if (impl == IMPL_CHIME && broker_open((struct broker *)b, &c) < 0)
+		return -1;
+	sh.impl = impl;
+	sh.c = c;
+	sh.n = n;
+	sh.batch = batch;
+	sh.nthr = nthr;
+	sh.ids = xcalloc(n, sizeof(*sh.ids));
+	sh.nb_per_thr = (n / nthr + batch - 1) / batch + 1;
+	for (int op = 0; op < NR_OPS; op++)
+		sh.bmeans[op] = xcalloc(sh.nb_per_thr * nthr, sizeof(double));
+	sh.base_ns = sr_now_ns() + FAR_NS;
+	pthread_barrier_init(&sh.bar, NULL, nthr + 1);
+	for (unsigned i = 0; i < nthr; i++) {
+		th[i].sh = &sh;
+		th[i].idx = i;
+		pthread_create(&th[i].tid, NULL, op_thread_main, &th[i]);
+	}
+
+	for (int op = 0; op < NR_OPS; op++) {
+		pthread_barrier_wait(&sh.bar);      /* go */
+		pthread_barrier_wait(&sh.bar);      /* done */
+		if (impl == IMPL_CHIME && wait_armed(b, op == OP_CANCEL ? 0 : n, 60 * NS_PER_S) < 0)
+			ret = -1;
+	}
+	for (unsigned i = 0; i < nthr; i++)
+		pthread_join(th[i].tid, NULL);
+
+	for (int op = 0; op < NR_OPS; op++) {
+		size_t nb = 0;
+		uint64_t busy = 0, t0 = UINT64_MAX, t1 = 0;
+		double *m = sh.bmeans[op];
+
+		for (unsigned i = 0; i < nthr; i++) {
+			size_t per = n / nthr, cnt = (i + 1 == nthr ? n - per * i : per);
+			size_t batches = (cnt + batch - 1) / batch;
+
+			if (batches > sh.nb_per_thr)
+				batches = sh.nb_per_thr;
+			/* compact thread i's batches after the previous threads' */
+			memmove(m + nb, m + i * sh.nb_per_thr, batches * sizeof(double));
+			nb += batches;
+			busy += sh.busy[op][i];
+			if (sh.t0[op][i] < t0)
+				t0 = sh.t0[op][i];
+			if (sh.t1[op][i] > t1)
+				t1 = sh.t1[op][i];
+			if (sh.err[op][i] && !res[op].err)
+				res[op].err = sh.err[op][i];
+		}
+		qsort(m, nb, sizeof(double), cmp_dbl);
+		res[op].median_ns = nb ? (nb % 2 ? m[nb / 2] : (m[nb / 2 - 1] + m[nb / 2]) / 2) : 0;
+		res[op].mean_ns = (double)busy / (double)n;
+		res[op].mops = t1 > t0 ? (double)n / (double)(t1 - t0) * 1e3 : 0;
+		if (res[op].err)
+			ret = -1;
+		free(m);
+	}
+	if (impl == IMPL_TFD)       /* after an error, close what is left */
+		for (size_t i = 0; i < n; i++)
+			if (sh.ids[i] != (uint64_t)-1 && sh.ids[i] != 0)
+				close((int)sh.ids[i]);
+	pthread_barrier_destroy(&sh.bar);
+	free(sh.ids);
+	chime_close(c);
+	return ret;
+}
+/* ------------------------------------------------------------------------ */
+/* 2. broker throughput: 2 threads flood chime_reset                          */
+/* ------------------------------------------------------------------------ */
+
+struct flood {
+	chime_t *c;
+	uint64_t *ids;
+	size_t n;
+	unsigned nthr;
+	uint64_t base_ns;
+	int stop;               /* atomic */
+	uint64_t done[MAX_THR];
+	int err[MAX_THR];
+};
+
+struct flood_thread {
+	struct flood *f;
+	unsigned idx;
+	pthread_t tid;
+};
+
+static void *flood_main(void *arg)
+{
+	struct flood_thread *t = arg;
+	struct flood *f = t->f;
+	size_t per = f->n / f->nthr, lo = per * t->idx, hi = lo + per, i = lo;
+	uint64_t k = 0;
+
+	while (!__atomic_load_n(&f->stop, __ATOMIC_RELAXED)) {
+		for (unsigned j = 0; j < 1024; j++) {
+			int r = chime_reset(f->c, f->ids[i], f->base_ns + (k++ & 0xffffff) * 1000);
+
+			if (r < 0) {
+				f->err[t->idx] = r;
+				goto out;
+			}
+			if (++i == hi)
+				i = lo;
+		}
+	}
+out:
+	f->done[t->idx] = k;
+	return NULL;
+}
+
+int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_result *res)
+{
+	struct flood f;
+	struct flood_thread th[MAX_THR];
+	struct shard_sum s0, s1;
+	uint64_t t_start, t_end, issued = 0;
+	int ret = 0;
+
+	memset(&f, 0, sizeof(f));
+	memset(res, 0, sizeof(*res));
+	if (broker_open((struct broker *)b, &f.c) < 0)
+		return -1;
+	f.n = n;
+	f.nthr = MAX_THR;
+	f.ids = xcalloc(n, sizeof(*f.ids));
+	f.base_ns = sr_now_ns() + FAR_NS;
+	for (size_t i = 0; i < n; i++) {
+		int r = chime_arm(f.c, i, f.base_ns + i, 0, i, &f.ids[i]);
+
+		if (r < 0) {
+			PROBLEM("chime_arm failed while arming %zu timers: %s\n", n, strerror(-r));
+			res->err = r;
+			goto done;
+		}
+	}
+	if (wait_armed(b, n, 60 * NS_PER_S) < 0) {
+		ret = -1;
+		goto done;
+	}
+	t_start = sr_now_ns();
+	for (unsigned i = 0; i < f.nthr; i++) {
+		th[i].f = &f;
+		th[i].idx = i;
+		pthread_create(&th[i].tid, NULL, flood_main, &th[i]);
+	}
+	sleep_ns(dur_ns / 10);          /* warm-up: rings full, shards busy */
+	shards_read(b, &s0);
+	sleep_ns(dur_ns);
+	shards_read(b, &s1);
+	__atomic_store_n(&f.stop, 1, __ATOMIC_RELAXED);
+	for (unsigned i = 0; i < f.nthr; i++) {
+		pthread_join(th[i].tid, NULL);
+		issued += f.done[i];
+		if (f.err[i] && !res->err)
+			res->err = f.err[i];
+	}
+	t_end = sr_now_ns();
+	{
+		double win = (double)(s1.t_ns - s0.t_ns);
+
+		res->ops_per_shard = (double)(s1.ops - s0.ops) / win * 1e3 / b->nr_shards;
+		res->busy_share = (double)(s1.busy_ns - s0.busy_ns) / (win * b->nr_shards);
+		res->ops_per_busy = s1.busy_ns > s0.busy_ns ?
+			(double)(s1.ops - s0.ops) / (double)(s1.busy_ns - s0.busy_ns) * 1e3 : 0;
+		res->client_mops = (double)issued / (double)(t_end - t_start) * 1e3;
+		if (s1.malformed != s0.malformed)
+			PROBLEM("%" PRIu64 " submissions counted as malformed during the flood\n",
+				s1.malformed - s0.malformed);
+	}
+	for (size_t i = 0; i < n; i++)
+		if (chime_cancel(f.c, f.ids[i]) < 0)
+			break;
+	if (wait_armed(b, 0, 60 * NS_PER_S) < 0)
+		ret = -1;
+done:
+	chime_close(f.c);
+	free(f.ids);
+	return res->err ? -1 : ret;
+}
+
+/* Baseline for the flood: timerfd_settime from 2 threads over n timerfds. */
+struct tflood {
+	int *fds;
+	size_t n;
+	uint64_t base_ns;
+	int stop;
+	uint64_t done[MAX_THR];
+};
+
+struct tflood_thread {
+	struct tflood *f;
+	unsigned idx;
+	pthread_t tid;
+};
+
+static void *tflood_main(void *arg)
+{
+	struct tflood_thread *t = arg;
+	struct tflood *f = t->f;
+	size_t per = f->n / MAX_THR, lo = per * t->idx, hi = lo + per, i = lo;
+	uint64_t k = 0;
+
+	while (!__atomic_load_n(&f->stop, __ATOMIC_RELAXED)) {
+		for (unsigned j = 0; j < 256; j++, k++) {
+			(void)tfd_set(f->fds[i], f->base_ns + (k & 0xffffff) * 1000);
+			if (++i == hi)
+				i = lo;
+		}
+	}
+	f->done[t->idx] = k;
+	return NULL;
+}
+
+double run_tflood(size_t n, uint64_t dur_ns)
+{
+	struct tflood f;
+	struct tflood_thread th[MAX_THR];
+	uint64_t t0, t1, k = 0;
+	size_t made = 0;
+
+	memset(&f, 0, sizeof(f));
+	f.n = n;
+	f.fds = xcalloc(n, sizeof(int));
+	f.base_ns = sr_now_ns() + FAR_NS;
+	for (; made < n; made++) {
+		f.fds[made] = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+		if (f.fds[made] < 0 || tfd_set(f.fds[made], f.base_ns + made) < 0)
+			break;
+	}
+	if (made < n) {
+		for (size_t i = 0; i < made; i++)
+			close(f.fds[i]);
+		free(f.fds);
+		return -1;
+	}
+	t0 = sr_now_ns();
+	for (unsigned i = 0; i < MAX_THR; i++) {
+		th[i].f = &f;
+		th[i].idx = i;
+		pthread_create(&th[i].tid, NULL, tflood_main, &th[i]);
+	}
+	sleep_ns(dur_ns);
+	__atomic_store_n(&f.stop, 1, __ATOMIC_RELAXED);
+	for (unsigned i = 0; i < MAX_THR; i++) {
+		pthread_join(th[i].tid, NULL);
+		k += f.done[i];
+	}
+	t1 = sr_now_ns();
+	for (size_t i = 0; i < n; i++)
+		close(f.fds[i]);
+	free(f.fds);
+	return (double)k / (double)(t1 - t0) * 1e3;
+}

@@ -47,6 +47,7 @@
 
 #include "chime_config.h"
 #include "chime_shm.h"
+#include "clock.h"
 #include "log.h"
 #include "segment.h"
 #include "shard.h"
@@ -115,14 +116,6 @@ struct broker {
 	struct signalfd_siginfo sig_buf;
 	uint64_t clients_now, clients_total;
 };
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Start-up: lock, stale socket, segments                                      */

@@ -41,6 +41,7 @@
 
 #include <ck_pr.h>
 
+#include "clock.h"
 #include "keyidx.h"
 #include "log.h"
 #include "wheel.h"
@@ -60,14 +61,6 @@
 #define UD_TAG(ud) ((ud) & 3u)
 #define RING_SQ_ENTRIES 64u
 #define SHARD_STOP_TIMEOUT_S 2
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- set-up (main thread) ---- */
 

@@ -33,16 +33,14 @@
 
 #include "chime_config.h"
 #include "client.h"
+#include "clock.h"
 
 #define CHIME_OPEN_TIMEOUT_S 10    /* a broker that accepts but never answers */
 #define CHIME_MAX_FDS (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS)
 
 CHIME_PUBLIC uint64_t chime_now(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	return now_ns();
 }
 
 CHIME_PUBLIC const char *chime_version(void)

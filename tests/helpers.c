@@ -15,23 +15,6 @@
 #include <time.h>
 #include <unistd.h>
 
-uint64_t t_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t t_rand(uint64_t *state)
-{
-	uint64_t z = (*state += UINT64_C(0x9e3779b97f4a7c15));
-
-	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-	return z ^ (z >> 31);
-}
-
 const char *t_unique_name(char *buf, unsigned len, const char *prefix)
 {
 	static unsigned n;
@@ -110,7 +93,7 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 		_exit(127);
 	}
 	b->pid = p;
-	for (t0 = t_now_ns(); !sock_accepts(b->sock); usleep(5000)) {
+	for (t0 = now_ns(); !sock_accepts(b->sock); usleep(5000)) {
 		int st;
 
 		if (waitpid(p, &st, WNOHANG) == p) {
@@ -119,7 +102,7 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 			t_chimed_stop(b, 0);
 			return -1;
 		}
-		if (t_now_ns() - t0 > UINT64_C(10000000000)) {
+		if (now_ns() - t0 > UINT64_C(10000000000)) {
 			fprintf(stderr, "t_chimed_start: '%s' did not listen within 10 s\n", cmd);
 			t_chimed_stop(b, SIGKILL);
 			return -1;

@@ -153,7 +153,7 @@ static uint32_t ctl_u32(size_t off)
 /* Wait until fn() == want (or give up after ms). */
 static bool wait_sum(size_t off, uint64_t want, unsigned ms)
 {
-	for (uint64_t t0 = t_now_ns(); t_now_ns() - t0 < ms * MS; msleep(10))
+	for (uint64_t t0 = now_ns(); now_ns() - t0 < ms * MS; msleep(10))
 		if (ctl_sum(off) == want)
 			return true;
 	return ctl_sum(off) == want;
@@ -180,7 +180,7 @@ static void *eo_arm(void *arg)
 
 	for (int i = 0; i < e->per; i++) {
 		int k = e->t * e->per + i;
-		uint64_t d = chime_now() + t_rand(&seed) % (300 * MS);
+		uint64_t d = chime_now() + splitmix64(&seed) % (300 * MS);
 
 		e->deadline[k] = d;
 		__atomic_thread_fence(__ATOMIC_RELEASE);
@@ -263,7 +263,7 @@ static int cancel_child(int idx)
 	CHECK(c, "open");
 	for (int i = 0; i < reps; i++) {
 		chime_id_t id, ctl;
-		unsigned spin = (unsigned)(t_rand(&seed) % 3000);
+		unsigned spin = (unsigned)(splitmix64(&seed) % 3000);
 
 		/* Due at once: the shard fires it immediately; the cancel races with that. */
 		CHECK(chime_arm(c, 1, chime_now() - MS, 0, 0xdead, &id) == 0, "arm");
@@ -317,12 +317,12 @@ static int reset_child(int idx)
 	for (int i = 0; i < reps || got < reps;) {
 		if (i < reps) {
 			chime_id_t id;
-			unsigned spin = (unsigned)(t_rand(&seed) % 3000);
+			unsigned spin = (unsigned)(splitmix64(&seed) % 3000);
 
 			CHECK(chime_arm(c, 0, chime_now() - MS, 0, (uint64_t)i, &id) == 0, "arm");
 			for (volatile unsigned s = 0; s < spin; s++)
 				;
-			newd[i] = chime_now() + 20 * MS + t_rand(&seed) % (30 * MS);
+			newd[i] = chime_now() + 20 * MS + splitmix64(&seed) % (30 * MS);
 			CHECK(chime_reset(c, id, newd[i]) == 0, "reset");
 			i++;
 		}
@@ -514,8 +514,8 @@ Test(broker, client_sigkill_reclaims_its_timers)
 	cr_assert_eq(pipe(pipe_fd), 0);
 	run_children(1, idle_armer, &victim);
 	cr_assert_eq(read(pipe_fd[0], &x, 1), 1);
-	for (uint64_t t0 = t_now_ns(); ctl_sum(armed) < base + 5000; msleep(5))
-		cr_assert_lt(t_now_ns() - t0, 5000 * MS, "the broker never counted the victim's timers");
+	for (uint64_t t0 = now_ns(); ctl_sum(armed) < base + 5000; msleep(5))
+		cr_assert_lt(now_ns() - t0, 5000 * MS, "the broker never counted the victim's timers");
 	run_children(1, small_worker, &worker);
 	kill(victim, SIGKILL);
 	waitpid(victim, NULL, 0);
@@ -677,8 +677,8 @@ Test(broker, non_draining_client_events_held_then_delivered_once)
 
 		cr_assert_eq(chime_arm(c, 0, chime_now(), 0, (uint64_t)i, &id), 0);
 	}
-	for (t0 = t_now_ns(); ctl_sum(offsetof(struct chime_shard_ctl, stats.backlog)) == 0; msleep(10))
-		cr_assert_lt(t_now_ns() - t0, 3000 * MS, "no backlog with %d events for a %u-slot ring", n, cq);
+	for (t0 = now_ns(); ctl_sum(offsetof(struct chime_shard_ctl, stats.backlog)) == 0; msleep(10))
+		cr_assert_lt(now_ns() - t0, 3000 * MS, "no backlog with %d events for a %u-slot ring", n, cq);
 	msleep(100);
 	for (t0 = chime_now(); got < n;) {
 		int r = chime_wait(c, ev, 256, 1000);
@@ -740,7 +740,7 @@ Test(broker, fd_readable_when_events_pending)
 	cr_assert_eq(chime_dispatch(c, count_cb, &got, 0), 1);
 	got = 0;
 	for (int i = 0; i < n; i++)
-		cr_assert_eq(chime_arm(c, 0, chime_now() + t_rand(&seed) % (300 * MS), 0, 0, &id), 0);
+		cr_assert_eq(chime_arm(c, 0, chime_now() + splitmix64(&seed) % (300 * MS), 0, 0, &id), 0);
 	while (got < n) {
 		int r = epoll_wait_nointr(ep, &ee, 2000), d;
 

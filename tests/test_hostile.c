@@ -168,21 +168,21 @@ static pid_t attacker(void (*attack)(int fd), int once)
 static void honest_client_unharmed(void)
 {
 	struct chime_event ev[64];
-	uint64_t t0 = t_now_ns(), base;
+	uint64_t t0 = now_ns(), base;
 	unsigned got = 0;
 	chime_t *c;
 
 	c = copen();
 	cr_assert_not_null(c, "a new client could not connect while under attack");
-	cr_assert_lt(t_now_ns() - t0, 1000 * MS, "chime_open took %llu ms under attack",
-		     (unsigned long long)((t_now_ns() - t0) / MS));
-	base = t_now_ns();
+	cr_assert_lt(now_ns() - t0, 1000 * MS, "chime_open took %llu ms under attack",
+		     (unsigned long long)((now_ns() - t0) / MS));
+	base = now_ns();
 	for (int i = 0; i < 200; i++) {
 		chime_id_t id;
 
 		cr_assert_eq(chime_arm(c, 7, base + (20 + (uint64_t)(i % 100)) * MS, 0, (uint64_t)i, &id), 0);
 	}
-	while (got < 200 && t_now_ns() - base < 5000 * MS) {
+	while (got < 200 && now_ns() - base < 5000 * MS) {
 		int n = chime_wait(c, ev, 64, 100);
 
 		cr_assert_geq(n, 0, "chime_wait: %s", strerror(-n));
@@ -312,16 +312,16 @@ Test(hostile, broker_sigkill_makes_chime_fd_readable_then_enotconn)
 	cr_assert_geq(ep, 0);
 	cr_assert_eq(epoll_ctl(ep, EPOLL_CTL_ADD, chime_fd(c), &e), 0);
 	/* A quiet application: one timer an hour away, nothing pending. */
-	cr_assert_eq(chime_arm(c, 1, t_now_ns() + 3600000 * MS, 0, 0, &junk), 0);
+	cr_assert_eq(chime_arm(c, 1, now_ns() + 3600000 * MS, 0, 0, &junk), 0);
 	cr_assert_eq(chime_poll(c, ev, 8), 0);
 	cr_assert_eq(epoll_wait(ep, &e, 1, 100), 0, "chime_fd() readable with nothing pending");
 
-	t0 = t_now_ns();
+	t0 = now_ns();
 	kill(tb.pid, SIGKILL);
 	n = epoll_wait(ep, &e, 1, 2000);
 	cr_assert_eq(n, 1, "chime_fd() not readable 2 s after the broker died");
-	cr_assert_lt(t_now_ns() - t0, 1000 * MS, "chime_fd() readable only after %llu ms",
-		     (unsigned long long)((t_now_ns() - t0) / MS));
+	cr_assert_lt(now_ns() - t0, 1000 * MS, "chime_fd() readable only after %llu ms",
+		     (unsigned long long)((now_ns() - t0) / MS));
 	cr_assert_eq(chime_poll(c, ev, 8), -ENOTCONN);
 	cr_assert_eq(chime_dispatch(c, no_event, NULL, 0), -ENOTCONN);
 	chime_close(c);

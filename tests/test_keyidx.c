@@ -76,14 +76,14 @@ Test(keyidx, random_model)
 	uint64_t rng = 12345;
 
 	for (int step = 0; step < 200000; step++) {
-		uint32_t i = (uint32_t)(t_rand(&rng) % N);
+		uint32_t i = (uint32_t)(splitmix64(&rng) % N);
 
 		if (linked[i]) {
 			keyidx_remove(&ki, i);
 			linked[i] = 0;
 		} else {
-			nodes[i].owner = (uint16_t)(t_rand(&rng) % 4);
-			nodes[i].key = t_rand(&rng) % 64;   /* few keys: many nodes per key */
+			nodes[i].owner = (uint16_t)(splitmix64(&rng) % 4);
+			nodes[i].key = splitmix64(&rng) % 64;   /* few keys: many nodes per key */
 			keyidx_insert(&ki, i);
 			linked[i] = 1;
 		}

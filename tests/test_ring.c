@@ -231,7 +231,7 @@ static int mpsc_consumer(void *arg)
 	struct mpsc *m = arg;
 	uint64_t next[16] = { 0 };
 	uint64_t total = m->producers * m->per_producer, got = 0;
-	uint64_t last = t_now_ns();
+	uint64_t last = now_ns();
 	struct chime_sq_cons c;
 	unsigned spins = 0;
 
@@ -245,7 +245,7 @@ static int mpsc_consumer(void *arg)
 
 		if (!chime_sq_pop(&c, &e, &pos)) {
 			relax(&spins);
-			if ((spins & 63) == 0 && t_now_ns() - last > 30 * UINT64_C(1000000000))
+			if ((spins & 63) == 0 && now_ns() - last > 30 * UINT64_C(1000000000))
 				return 20;      /* stalled: lost a record */
 			continue;
 		}
@@ -259,7 +259,7 @@ static int mpsc_consumer(void *arg)
 		next[e.key]++;
 		chime_sq_free(&c, pos, pos + m->c->g.sq_size);
 		got++;
-		last = t_now_ns();
+		last = now_ns();
 	}
 	for (unsigned t = 0; t < m->producers; t++)
 		CHECK(next[t] == m->per_producer, 27);
@@ -277,7 +277,7 @@ static void mpsc_run(unsigned producers, uint64_t total)
 {
 	struct chan c;
 	struct mpsc m = { .c = &c, .producers = producers, .per_producer = total / producers };
-	uint64_t t0 = t_now_ns();
+	uint64_t t0 = now_ns();
 
 	pid_t pids[2];
 	int codes[2];
@@ -290,7 +290,7 @@ static void mpsc_run(unsigned producers, uint64_t total)
 	cr_assert_eq(codes[0], 0, "consumer exit %d", codes[0]);
 	cr_assert_eq(__atomic_load_n(&c.crw->sq_tail, __ATOMIC_RELAXED), m.per_producer * producers);
 	cr_log_info("mpsc %u producers: %llu records in %.2f s", producers,
-		    (unsigned long long)(m.per_producer * producers), (t_now_ns() - t0) / 1e9);
+		    (unsigned long long)(m.per_producer * producers), (now_ns() - t0) / 1e9);
 }
 
 Test(ring, mpsc_one_producer_process_keeps_every_record_in_order, .timeout = 120)
@@ -433,7 +433,7 @@ Test(ring, consumer_reads_only_a_seq_of_exactly_head_plus_one)
 	k.slots = c.sq;
 	k.mask = 15;
 	for (int i = 0; i < 100000; i++) {
-		uint64_t v = t_rand(&rng);
+		uint64_t v = splitmix64(&rng);
 
 		if (v == 1)
 			v = 2;
@@ -532,7 +532,7 @@ Test(ring, cq_room_clamps_a_scribbled_head_to_the_last_head_and_the_tail)
 		uint64_t before = p.head;
 		uint32_t room;
 
-		c.crw->cq_head = (i & 1) ? t_rand(&rng) : p.head + t_rand(&rng) % 40 - 20;
+		c.crw->cq_head = (i & 1) ? splitmix64(&rng) : p.head + splitmix64(&rng) % 40 - 20;
 		room = chime_cq_room(&p);
 		cr_assert_leq(room, 16);
 		cr_assert_geq(p.head, before);
@@ -592,11 +592,11 @@ static int cq_broker(void *arg)
 	for (uint64_t i = 0; i <= x->n; i++) {
 		uint32_t room;
 
-		uint64_t t0 = t_now_ns();
+		uint64_t t0 = now_ns();
 
 		while ((room = chime_cq_room(&p)) == 0) {
 			relax(&spins);
-			CHECK(t_now_ns() - t0 < 30 * UINT64_C(1000000000), 31);
+			CHECK(now_ns() - t0 < 30 * UINT64_C(1000000000), 31);
 		}
 		CHECK(room <= x->c->g.cq_size, 30);
 		/* Event n is the end marker, never voided. */
@@ -609,11 +609,11 @@ static int cq_broker(void *arg)
 			 * both outcomes occur even when the two processes end up
 			 * sharing one core.
 			 */
-			uint64_t r = t_rand(&rng), t1 = t_now_ns();
+			uint64_t r = splitmix64(&rng), t1 = now_ns();
 
 			for (uint64_t d = r % 64; d; d--)
 				ck_pr_stall();
-			while ((r >> 8) % 256 == 0 && t_now_ns() - t1 < 10000000) {
+			while ((r >> 8) % 256 == 0 && now_ns() - t1 < 10000000) {
 				chime_cq_room(&p);
 				if (chime_cq_consumed(&p, i))
 					break;
@@ -762,7 +762,7 @@ static int hostile_consumer(void *arg)
 
 		for (int i = 0; i < 64 && chime_sq_pop(&sc, &e, &pos); i++) {
 			/* A record the broker would now validate; here it only counts. */
-			chime_sq_free(&sc, pos, t_rand(&rng));
+			chime_sq_free(&sc, pos, splitmix64(&rng));
 			h->ctl->popped++;
 		}
 		for (int i = 0; i < 64 && chime_sq_pop(&clean, &e, &pos); i++) {
@@ -782,7 +782,7 @@ static int hostile_consumer(void *arg)
 		chime_cq_flush(&cp);
 		/* Void positions in and around the ring; out of range must say no. */
 		for (int i = 0; i < 8; i++) {
-			uint64_t p = cp.tail - t_rand(&rng) % (3 * H_CQ) + H_CQ;
+			uint64_t p = cp.tail - splitmix64(&rng) % (3 * H_CQ) + H_CQ;
 			bool v = chime_cq_void(&cp, p);
 
 			CHECK(!v || (p < cp.tail && cp.tail - p <= H_CQ), 54);
@@ -800,11 +800,11 @@ static int hostile_consumer(void *arg)
 /* Random words, and as often words that look right (near the real positions). */
 static uint64_t plausible(uint64_t *rng, uint64_t near)
 {
-	uint64_t r = t_rand(rng);
+	uint64_t r = splitmix64(rng);
 
 	switch (r & 3) {
 	case 0:
-		return t_rand(rng);
+		return splitmix64(rng);
 	case 1:
 		return near + (r >> 8) % 256 - 128;
 	case 2:
@@ -821,14 +821,14 @@ static int hostile_scribbler(void *arg)
 	uint64_t *sq = mmap(NULL, page(), PROT_READ | PROT_WRITE, MAP_SHARED, h->sq_fd, 0);
 	uint64_t *claim = mmap(NULL, page(), PROT_READ | PROT_WRITE, MAP_SHARED, h->claim_fd, 0);
 	const struct chime_chan_ro *ro = mmap(NULL, page(), PROT_READ, MAP_SHARED, h->ro_fd, 0);
-	uint64_t rng = 1234, end = t_now_ns() + h->duration_ns;
+	uint64_t rng = 1234, end = now_ns() + h->duration_ns;
 	size_t words = page() / 8;
 
 	CHECK(idx != MAP_FAILED && sq != MAP_FAILED && claim != MAP_FAILED && ro != MAP_FAILED, 60);
-	while (t_now_ns() < end) {
+	while (now_ns() < end) {
 		for (int i = 0; i < 4096; i++) {
 			uint64_t near = __atomic_load_n(&ro->cq_tail, __ATOMIC_RELAXED);
-			uint64_t r = t_rand(&rng);
+			uint64_t r = splitmix64(&rng);
 
 			switch (r % 5) {
 			case 0:     /* sq_tail, cq_head */
@@ -845,7 +845,7 @@ static int hostile_scribbler(void *arg)
 			}
 			case 2:     /* any word of the slots but seq */
 				if ((r >> 8) % 8)
-					__atomic_store_n(&sq[(r >> 8) % words], t_rand(&rng), __ATOMIC_RELAXED);
+					__atomic_store_n(&sq[(r >> 8) % words], splitmix64(&rng), __ATOMIC_RELAXED);
 				break;
 			default:    /* claim words */
 				__atomic_store_n(&claim[(r >> 8) % words], plausible(&rng, near), __ATOMIC_RELAXED);

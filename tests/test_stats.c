@@ -66,7 +66,7 @@ Test(stats, lat_bucket_random_values_fit)
 	int i;
 
 	for (i = 0; i < 100000; i++) {
-		uint64_t v = t_rand(&seed) >> (t_rand(&seed) % 64);
+		uint64_t v = splitmix64(&seed) >> (splitmix64(&seed) % 64);
 		uint32_t b = chime_lat_bucket(v);
 
 		cr_assert_lt(v, chime_lat_upper_ns(b));
@@ -115,7 +115,7 @@ Test(stats, percentile_within_one_bucket_of_exact)
 	size_t i, j;
 
 	for (i = 0; i < N; i++) {
-		v[i] = t_rand(&seed) % 5000000;
+		v[i] = splitmix64(&seed) % 5000000;
 		hist_add(h, &max, v[i]);
 	}
 	for (j = 0; j < sizeof(ps) / sizeof(ps[0]); j++) {
@@ -358,7 +358,7 @@ static void *torn_writer(void *p)
 		/* A shard loop does some work between publishes; without any,
 		 * the reader is starved (by design it retries, it never blocks
 		 * the writer). */
-		for (uint64_t t = t_now_ns(); t_now_ns() - t < 2000;)
+		for (uint64_t t = now_ns(); now_ns() - t < 2000;)
 			;
 	}
 	stats_fini(&st);
@@ -370,12 +370,12 @@ Test(stats, seqlock_reader_never_sees_a_torn_block, .timeout = 60)
 	static struct chime_shard_stats pub;
 	static struct chime_client_stats cpub;
 	struct torn_arg a = { .pub = &pub, .cpub = &cpub };
-	uint64_t t0 = t_now_ns(), reads = 0, last = 0, changes = 0;
+	uint64_t t0 = now_ns(), reads = 0, last = 0, changes = 0;
 	pthread_t th;
 
 	cr_assert_eq(pthread_create(&th, NULL, torn_writer, &a), 0);
 	/* At least 0.3 s and 1000 publishes seen (the writer may start late on a busy machine). */
-	while (t_now_ns() - t0 < 300000000u || (changes < 1000 && t_now_ns() - t0 < UINT64_C(20000000000))) {
+	while (now_ns() - t0 < 300000000u || (changes < 1000 && now_ns() - t0 < UINT64_C(20000000000))) {
 		struct chime_shard_stats s;
 		struct chime_client_stats c;
 		const uint64_t *w = &s.armed;

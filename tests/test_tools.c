@@ -211,7 +211,7 @@ struct fake {
 static void fake_make(struct fake *f, pid_t pid, uint64_t heartbeat_age_ns)
 {
 	char path[256];
-	uint64_t off, size, now = t_now_ns();
+	uint64_t off, size, now = now_ns();
 	struct stats st[F_SHARDS];
 	int fd, k, i;
 
@@ -464,7 +464,7 @@ TestSuite(tools_live, .init = setup, .fini = live_teardown, .timeout = 120);
 /* Poll chimestat -j until jq `expr` is `want` (counters are published once per loop). */
 static int64_t settle(const char *expr, int64_t want)
 {
-	uint64_t t0 = t_now_ns();
+	uint64_t t0 = now_ns();
 	int64_t v;
 
 	for (;;) {
@@ -472,7 +472,7 @@ static int64_t settle(const char *expr, int64_t want)
 
 		cr_assert_eq(r, 0, "chimestat exit %d: %s", r, slurp(err));
 		v = jq(expr);
-		if (v == want || t_now_ns() - t0 > UINT64_C(3000000000))
+		if (v == want || now_ns() - t0 > UINT64_C(3000000000))
 			return v;
 		usleep(20000);
 	}
@@ -571,7 +571,7 @@ Test(tools_live, lateness_percentiles_match_the_client)
 	cr_assert_eq(chime_open(&a, &o), 0);
 	now = chime_now();
 	for (i = 0; i < N; i++)
-		cr_assert_eq(chime_arm(a, 0, now + 5000000 + t_rand(&seed) % 100000000, 0, 0, &id), 0);
+		cr_assert_eq(chime_arm(a, 0, now + 5000000 + splitmix64(&seed) % 100000000, 0, 0, &id), 0);
 	while (got < N) {
 		int n = chime_wait(a, ev, 64, 3000);
 

@@ -261,7 +261,7 @@ Test(wheel, one_advance_pops_in_deadline_tick_order)
 
 	tw_init(&t, 4096, res, 0);
 	for (unsigned k = 0; k < 4096; k++)
-		arm_new(&t, 1 + t_rand(&seed) % (UINT64_C(1) << 36));
+		arm_new(&t, 1 + splitmix64(&seed) % (UINT64_C(1) << 36));
 	cr_assert_eq(wheel_advance(&t.wh, UINT64_C(1) << 36), 4096);
 	n = pop_all(&t, out, 4096);
 	cr_assert_eq(n, 4096);
@@ -325,7 +325,7 @@ Test(wheel, periodic_timer_does_not_drift_over_many_periods)
 	wheel_arm(&t.wh, i, d0);
 	for (uint64_t k = 0; k < 20000; k++) {
 		/* wake up late by a random amount, like a real broker */
-		now = wheel_next_deadline(&t.wh) + t_rand(&seed) % (res / 2);
+		now = wheel_next_deadline(&t.wh) + splitmix64(&seed) % (res / 2);
 		wheel_advance(&t.wh, now);
 		cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 1, "period %llu missing",
 			     (unsigned long long)k);
@@ -427,7 +427,7 @@ Test(wheel, tick_math_matches_plain_division_for_any_resolution)
 	struct tw t;
 
 	for (unsigned r = 0; r < 12 + 200; r++) {
-		uint64_t res = r < 12 ? ress[r] : t_rand(&seed) >> (t_rand(&seed) % 64);
+		uint64_t res = r < 12 ? ress[r] : splitmix64(&seed) >> (splitmix64(&seed) % 64);
 
 		if (res == 0)
 			res = 1;
@@ -435,7 +435,7 @@ Test(wheel, tick_math_matches_plain_division_for_any_resolution)
 		tw_init(&t, 1, res, 0);
 		for (unsigned k = 0; k < 2000; k++) {
 			uint64_t ns = k < 4 ? (uint64_t[]){ 0, 1, UINT64_MAX, UINT64_MAX - 1 }[k]
-					    : t_rand(&seed) >> (t_rand(&seed) % 64);
+					    : splitmix64(&seed) >> (splitmix64(&seed) % 64);
 
 			/* wheel_check() compares now_tick with ns / resolution_ns */
 			t.wh.w->now_ns = ns;
@@ -450,11 +450,11 @@ Test(wheel, tick_math_matches_plain_division_for_any_resolution)
 static void next_deadline_loop(uint64_t seed, uint64_t res, unsigned n, uint64_t spread)
 {
 	struct tw t;
-	uint64_t rng = seed, now = t_rand(&rng) % spread, steps = 0, fired = 0;
+	uint64_t rng = seed, now = splitmix64(&rng) % spread, steps = 0, fired = 0;
 
 	tw_init(&t, n, res, now);
 	for (unsigned k = 0; k < n; k++)
-		arm_new(&t, now + 1 + t_rand(&rng) % spread);
+		arm_new(&t, now + 1 + splitmix64(&rng) % spread);
 	while (wheel_armed(&t.wh) > 0) {
 		uint64_t nd = wheel_next_deadline(&t.wh), earliest = UINT64_MAX, due;
 
@@ -506,7 +506,7 @@ Test(wheel, rebuild_from_a_copy_of_the_region_gives_the_same_future_expiries)
 
 	tw_init(&a, n, res, now);
 	for (uint32_t k = 0; k < n; k++)
-		arm_new(&a, now + t_rand(&seed) % (UINT64_C(100) * res * 1000));
+		arm_new(&a, now + splitmix64(&seed) % (UINT64_C(100) * res * 1000));
 	for (uint32_t k = 0; k < n; k += 7)
 		wheel_free(&a.wh, k);
 	wheel_advance(&a.wh, now + 1000 * res);     /* some EXPIRED, not popped */
@@ -577,7 +577,7 @@ static uint64_t sat_add(uint64_t a, uint64_t b)
 
 static uint64_t rand_deadline(uint64_t *rng, uint64_t now, uint64_t res)
 {
-	uint64_t r = t_rand(rng);
+	uint64_t r = splitmix64(rng);
 
 	switch (r % 16) {
 	case 0:
@@ -589,7 +589,7 @@ static uint64_t rand_deadline(uint64_t *rng, uint64_t now, uint64_t res)
 	case 3:
 		return now == UINT64_MAX ? now : now + (r >> 8) % (UINT64_MAX - now); /* ahead */
 	case 4: case 5:
-		return sat_add(now, t_rand(rng) >> (t_rand(rng) % 64)); /* log-uniform */
+		return sat_add(now, splitmix64(rng) >> (splitmix64(rng) % 64)); /* log-uniform */
 	case 6: case 7: case 8:
 		return sat_add(now, (r >> 8) % (4096 * res));
 	default:
@@ -599,7 +599,7 @@ static uint64_t rand_deadline(uint64_t *rng, uint64_t now, uint64_t res)
 
 static uint64_t rand_advance(uint64_t *rng, struct tw *t, uint64_t now, uint64_t res)
 {
-	uint64_t r = t_rand(rng);
+	uint64_t r = splitmix64(rng);
 
 	switch (r % 32) {
 	case 0:
@@ -610,8 +610,8 @@ static uint64_t rand_advance(uint64_t *rng, struct tw *t, uint64_t now, uint64_t
 		return wheel_next_deadline(&t->wh); /* the tickless loop */
 	case 7:
 		/* log-uniform steps; a jump of up to 2^64 once in a while */
-		return sat_add(now, t_rand(rng) >> (r % 1024 == 7 ? t_rand(rng) % 64
-							      : 8 + t_rand(rng) % 56));
+		return sat_add(now, splitmix64(rng) >> (r % 1024 == 7 ? splitmix64(rng) % 64
+							      : 8 + splitmix64(rng) % 56));
 	case 8: case 9: case 10:
 		return sat_add(now, (r >> 8) % (256 * res));
 	default:
@@ -629,13 +629,13 @@ static void run_model(uint64_t seed, uint64_t nops)
 	uint32_t *owner;
 	struct tw t;
 
-	t_rand(&rng);
-	res = t_rand(&rng) % 4 ? ress[t_rand(&rng) % 8] : 1 + t_rand(&rng) % 50000000;
-	m = 8u << (t_rand(&rng) % 8);   /* 8 .. 1024 live timers */
-	switch (t_rand(&rng) % 4) {
+	splitmix64(&rng);
+	res = splitmix64(&rng) % 4 ? ress[splitmix64(&rng) % 8] : 1 + splitmix64(&rng) % 50000000;
+	m = 8u << (splitmix64(&rng) % 8);   /* 8 .. 1024 live timers */
+	switch (splitmix64(&rng) % 4) {
 	case 0: now = 0; break;
-	case 1: now = UINT64_MAX - (t_rand(&rng) % (UINT64_C(1) << 44)); break;
-	default: now = t_rand(&rng) >> 2; break;
+	case 1: now = UINT64_MAX - (splitmix64(&rng) % (UINT64_C(1) << 44)); break;
+	default: now = splitmix64(&rng) >> 2; break;
 	}
 	tw_init(&t, m, res, now);
 	h = calloc(m, sizeof(*h));
@@ -644,7 +644,7 @@ static void run_model(uint64_t seed, uint64_t nops)
 		h[k].idx = NIL;
 
 	for (uint64_t op = 0; op < nops; op++) {
-		uint64_t r = t_rand(&rng);
+		uint64_t r = splitmix64(&rng);
 		struct mt *x = &h[(r >> 32) % m];
 
 		unsigned what = (unsigned)(r % 100);
@@ -661,9 +661,9 @@ static void run_model(uint64_t seed, uint64_t nops)
 				MCHECK(seed, gen != 0, "generation 0");
 				owner[x->idx] = (uint32_t)(x - h);
 			}
-			x->period = t_rand(&rng) % 8 == 0 ? 1 + t_rand(&rng) % (8 * res) : 0;
+			x->period = splitmix64(&rng) % 8 == 0 ? 1 + splitmix64(&rng) % (8 * res) : 0;
 			wheel_node(&t.wh, x->idx)->period_ns = x->period;
-			if (x->armed || t_rand(&rng) % 2)
+			if (x->armed || splitmix64(&rng) % 2)
 				wheel_reset(&t.wh, x->idx, d);
 			else
 				wheel_arm(&t.wh, x->idx, d);
@@ -750,10 +750,10 @@ static void run_model(uint64_t seed, uint64_t nops)
 			}
 
 			/* one advance in four leaves them EXPIRED, not popped */
-			popped_all = t_rand(&rng) % 4 != 0;
+			popped_all = splitmix64(&rng) % 4 != 0;
 			for (int pop = popped_all; pop;) {
 				uint32_t out[64];
-				unsigned want_n = 1 + t_rand(&rng) % 64;
+				unsigned want_n = 1 + splitmix64(&rng) % 64;
 				unsigned n = wheel_pop_expired(&t.wh, out, want_n);
 
 				pop = n > 0;
@@ -827,12 +827,12 @@ Test(wheel_stress, ten_million_timers_in_one_wheel, .timeout = 600)
 		cr_skip_test("set CHIME_STRESS=1");
 	tw_init(&t, n, res, now);
 	for (uint32_t k = 0; k < n; k++)
-		arm_new(&t, now + t_rand(&seed) % span);
+		arm_new(&t, now + splitmix64(&seed) % span);
 	cr_assert_eq(wheel_alloc(&t.wh), NIL);
 	cr_assert_eq(wheel_armed(&t.wh), n);
 	wheel_check(&t.wh);
 	for (uint32_t k = 0; k < n; k += 3)
-		wheel_reset(&t.wh, k, now + t_rand(&seed) % span);
+		wheel_reset(&t.wh, k, now + splitmix64(&seed) % span);
 	wheel_check(&t.wh);
 	while (wheel_armed(&t.wh)) {
 		unsigned got;

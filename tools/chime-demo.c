@@ -22,6 +22,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"       /* splitmix64() */
+
 #define NSEC_PER_SEC UINT64_C(1000000000)
 #define NSEC_PER_MSEC UINT64_C(1000000)
 
@@ -58,15 +60,6 @@ static void usage(FILE *f)
 		"2 on a usage error.\n");
 }
 
-static uint64_t splitmix(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 static void sleep_until(uint64_t t_ns)
 {
 	struct timespec ts = { .tv_sec = (time_t)(t_ns / NSEC_PER_SEC),
@@ -89,7 +82,7 @@ static void *arm_main(void *arg)
 		uint64_t target = share * step / steps;
 
 		for (; done < target; done++) {
-			uint64_t delay = (1 + splitmix(&seed) % d->max_ms) * NSEC_PER_MSEC;
+			uint64_t delay = (1 + splitmix64(&seed) % d->max_ms) * NSEC_PER_MSEC;
 			chime_id_t id;
 			int r = chime_arm(d->chime, done, chime_now() + delay, 0, t->index, &id);
 

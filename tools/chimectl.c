@@ -240,7 +240,7 @@ static int cmd_timers(const char *sock, long pid, uint64_t limit)
 			continue;
 		found = 1;
 		for (k = 0; k < sn.hdr.nr_shards && !r; k++)
-			r = list_shard(sock, k, sn.clients[i].slot, sr_now_ns(), limit, &shown, &total);
+			r = list_shard(sock, k, sn.clients[i].slot, now_ns(), limit, &shown, &total);
 	}
 	if (!found) {
 		fprintf(stderr, PROG ": no client with pid %ld is connected to '%s'\n", pid, sock);
@@ -312,11 +312,11 @@ static int cmd_shutdown(const char *sock)
 			errno == EPERM ? " (run as the broker's user or root)" : "");
 		return SR_EXIT_NOSHM;
 	}
-	t0 = sr_now_ns();
+	t0 = now_ns();
 	while (!pid_gone(pid)) {
 		struct timespec ts = { 0, 20 * 1000 * 1000 };
 
-		if (sr_now_ns() - t0 > SHUTDOWN_WAIT_NS) {
+		if (now_ns() - t0 > SHUTDOWN_WAIT_NS) {
 			fprintf(stderr, PROG ": chimed (pid %d) did not exit within 5 s of SIGTERM\n", (int)pid);
 			return SR_EXIT_NOSHM;
 		}

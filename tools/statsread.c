@@ -32,14 +32,6 @@
 #define SR_READ_TRIES   1000u
 #define SR_READ_WAIT_NS UINT64_C(50000000)
 
-uint64_t sr_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 int sr_socket_path(char *buf, size_t len, const char *arg)
 {
 	const char *p = arg;
@@ -153,7 +145,7 @@ static int sr_read_block(struct sr_snap *snap, void *dst, const void *src, size_
 	int r;
 
 	while ((r = chime_stats_read(dst, src, len, SR_READ_TRIES)) < 0) {
-		uint64_t now = sr_now_ns();
+		uint64_t now = now_ns();
 
 		if (!t0)
 			t0 = now;
@@ -181,7 +173,7 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 		sr_snap_free(snap);
 		return -ENOMEM;
 	}
-	snap->now_ns = sr_now_ns();
+	snap->now_ns = now_ns();
 	/*
 	 * The header has no seqlock: its fields are written one at a time and
 	 * each is read once here (relaxed), so each is whole; the geometry is

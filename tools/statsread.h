@@ -17,6 +17,7 @@
 #include <stdio.h>
 
 #include "chime_shm.h"
+#include "clock.h"
 #include "segment.h"
 
 /* Exit codes shared by chimestat and chimectl (documented in their man pages). */
@@ -88,9 +89,6 @@ uint64_t sr_percentile(const uint64_t *hist, uint64_t max_ns, double p);
 
 /* (b - a) per second over dt_ns; 0 if dt_ns is 0 or the counter went backwards (a restart). */
 double sr_rate(uint64_t a, uint64_t b, uint64_t dt_ns);
-
-/* CLOCK_MONOTONIC in ns. */
-uint64_t sr_now_ns(void);
 
 /* "1h02m03s"-style duration for humans. */
 const char *sr_fmt_dur(char *buf, size_t len, uint64_t ns);

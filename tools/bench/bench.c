@@ -9,14 +9,6 @@
 #include <sys/mman.h>
 #include <time.h>
 
-uint64_t bench_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -35,7 +27,7 @@ double bench_median(double *v, size_t n)
 void bench_shuffle(uint32_t *idx, size_t n, uint64_t *rng)
 {
 	for (size_t i = n; i > 1; i--) {
-		size_t j = bench_rand(rng) % i;
+		size_t j = splitmix64(rng) % i;
 		uint32_t t = idx[i - 1];
 
 		idx[i - 1] = idx[j];

@@ -9,23 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "clock.h"     /* now_ns(), splitmix64() */
+
 /* A mode: argv[0] is the mode's name. Returns the exit status (2: usage). */
 typedef int (*bench_mode_fn)(int argc, char **argv);
 
 int bench_wheel(int argc, char **argv);
-
-/* CLOCK_MONOTONIC in ns (vDSO: ~20 ns, so time batches, not single ops). */
-uint64_t bench_now_ns(void);
-
-/* splitmix64: fast, deterministic, good enough for deadlines and indices. */
-static inline uint64_t bench_rand(uint64_t *s)
-{
-	uint64_t z = (*s += UINT64_C(0x9e3779b97f4a7c15));
-
-	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-	return z ^ (z >> 31);
-}
 
 /* Median of v[0..n) (sorts v). 0 if n == 0. */
 double bench_median(double *v, size_t n);

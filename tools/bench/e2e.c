@@ -172,7 +172,7 @@ int bench_e2e(int argc, char **argv)
 	size_t sizes_full[] = { 100000, 1000000 }, sizes_quick[] = { 10000, 50000 };
 	size_t *sizes, tfd_max, nsizes = 2;
 	unsigned batch;
-	uint64_t flood_ns, span_ns, t_run = sr_now_ns();
+	uint64_t flood_ns, span_ns, t_run = now_ns();
 	size_t n_expire, n_lat, n_expire_tfd, n_lat_tfd;
 	int opt;
 
@@ -366,7 +366,7 @@ int bench_e2e(int argc, char **argv)
 
 		getloadavg(la, 3);
 		printf("done in %.1f s; load average %.2f %.2f %.2f at the end\n",
-		       (double)(sr_now_ns() - t_run) / 1e9, la[0], la[1], la[2]);
+		       (double)(now_ns() - t_run) / 1e9, la[0], la[1], la[2]);
 	}
 	if (broker_stop(&b) < 0)
 		g_problems++;

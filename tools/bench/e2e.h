@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "clock.h"
 #include "statsread.h"
 
 /*
@@ -45,7 +46,6 @@ extern int g_problems;
 
 void sleep_ns(uint64_t ns);
 void sleep_until(uint64_t t_ns);
-uint64_t rng_next(uint64_t *s);
 int cmp_u64(const void *a, const void *b);
 int cmp_dbl(const void *a, const void *b);
 uint64_t pct(const uint64_t *a, size_t n, double q);

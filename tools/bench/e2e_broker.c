@@ -51,15 +51,6 @@ void sleep_until(uint64_t t_ns)
 		;
 }
 
-uint64_t rng_next(uint64_t *s)
-{
-	/* xorshift64*: plenty for spreading deadlines. */
-	*s ^= *s >> 12;
-	*s ^= *s << 25;
-	*s ^= *s >> 27;
-	return *s * UINT64_C(2685821657736338717);
-}
-
 int cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -192,13 +183,13 @@ void shards_read(const struct broker *b, struct shard_sum *s)
 		sr_snap_free(&snap);
 	}
 	s->ops = s->arms + s->resets + s->cancels;
-	s->t_ns = sr_now_ns();
+	s->t_ns = now_ns();
 }
 
 /* Wait until the shards report `armed` == want (published at least every ms). */
 int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns)
 {
-	uint64_t end = sr_now_ns() + timeout_ns;
+	uint64_t end = now_ns() + timeout_ns;
 	struct shard_sum s;
 
 	for (;;) {
@@ -271,7 +262,7 @@ int broker_start(struct broker *b, int shards)
 	}
 
 	/* Ready when a client can connect and the control segment is there. */
-	end = sr_now_ns() + 10 * NS_PER_S;
+	end = now_ns() + 10 * NS_PER_S;
 	for (;;) {
 		struct chime_opts o = { .socket_path = b->sock, .flags = 0 };
 		chime_t *c;
@@ -287,7 +278,7 @@ int broker_start(struct broker *b, int shards)
 			chime_close(c);
 			break;
 		}
-		if (sr_now_ns() > end) {
+		if (now_ns() > end) {
 			fprintf(stderr, "chime-bench: chimed did not accept clients within 10 s; its log: %s\n", log);
 			return -1;
 		}
@@ -309,9 +300,9 @@ int broker_stop(struct broker *b)
 	if (!b->pid)
 		return 0;
 	kill(b->pid, SIGTERM);
-	end = sr_now_ns() + 10 * NS_PER_S;
+	end = now_ns() + 10 * NS_PER_S;
 	while (waitpid(b->pid, &st, WNOHANG) == 0) {
-		if (sr_now_ns() > end) {
+		if (now_ns() > end) {
 			fprintf(stderr, "chime-bench: chimed ignored SIGTERM for 10 s; killing it\n");
 			kill(b->pid, SIGKILL);
 			waitpid(b->pid, &st, 0);

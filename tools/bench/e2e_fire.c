@@ -88,7 +88,7 @@ int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct e
 			free(seen);
 			return -1;
 		}
-		d = sr_now_ns() + gap_ns;
+		d = now_ns() + gap_ns;
 		for (size_t i = 0; i < n && r == 0; i++) {
 			chime_id_t id;
 
@@ -109,7 +109,7 @@ int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct e
 				break;
 			sleep_ns(100000);
 		}
-		if (sr_now_ns() + NS_PER_MS < d)
+		if (now_ns() + NS_PER_MS < d)
 			break;
 		chime_close(c);
 		if (attempt == 2) {
@@ -123,10 +123,10 @@ int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct e
 	}
 
 	sleep_until(d - NS_PER_MS);
-	idle_since = sr_now_ns();
+	idle_since = now_ns();
 	while (got < n) {
 		int k = chime_poll(c, ev, EV_BATCH);
-		uint64_t t = sr_now_ns();
+		uint64_t t = now_ns();
 
 		if (k < 0) {
 			PROBLEM("chime_poll: %s\n", strerror(-k));
@@ -181,20 +181,20 @@ int run_expire_tfd(size_t n, uint64_t gap_ns, struct expire_result *res)
 			goto out;
 		}
 	}
-	d = sr_now_ns() + gap_ns;
+	d = now_ns() + gap_ns;
 	for (size_t i = 0; i < n; i++)
 		tfd_set(fds[i], d);
-	if (sr_now_ns() >= d)
+	if (now_ns() >= d)
 		printf("  (timerfd: arming took longer than the %.1f s gap)\n", (double)gap_ns / 1e9);
 	sleep_until(d - NS_PER_MS);
-	idle_since = sr_now_ns();
+	idle_since = now_ns();
 	while (got < n) {
 		int k = epoll_wait(ep, ev, EV_BATCH, 100);
 		uint64_t t;
 
 		if (k < 0 && errno == EINTR)
 			continue;
-		t = sr_now_ns();
+		t = now_ns();
 		if (k <= 0) {
 			if (t - idle_since > 5 * NS_PER_S)
 				break;
@@ -209,7 +209,7 @@ int run_expire_tfd(size_t n, uint64_t gap_ns, struct expire_result *res)
 			if (read(fds[ev[i].data.u64], &cnt, sizeof(cnt)) == sizeof(cnt))
 				got += (size_t)seen_once(seen, n, ev[i].data.u64, "timerfd expire");
 		}
-		t_last = sr_now_ns();
+		t_last = now_ns();
 	}
 	report_missing(seen, n, got, "timerfd expire");
 	res->ok = got == n;
@@ -239,12 +239,12 @@ int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, struct lat
 	res->recv = xcalloc(n, sizeof(uint64_t));
 	if (broker_open((struct broker *)b, &c) < 0)
 		return -1;
-	t0 = sr_now_ns() + 100 * NS_PER_MS;
+	t0 = now_ns() + 100 * NS_PER_MS;
 	for (size_t i = 0; i < n; i++) {
 		chime_id_t id;
 		int r;
 
-		dl[i] = t0 + rng_next(&rng) % span_ns;
+		dl[i] = t0 + splitmix64(&rng) % span_ns;
 		r = chime_arm(c, 9, dl[i], 0, i, &id);
 		if (r < 0) {
 			PROBLEM("chime_arm failed: %s\n", strerror(-r));
@@ -252,9 +252,9 @@ int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, struct lat
 		}
 	}
 	end = t0 + span_ns + 5 * NS_PER_S;
-	while (got < n && sr_now_ns() < end) {
+	while (got < n && now_ns() < end) {
 		int k = chime_wait(c, ev, EV_BATCH, 100);
-		uint64_t t = sr_now_ns();
+		uint64_t t = now_ns();
 
 		if (k == -EINTR)
 			continue;
@@ -302,11 +302,11 @@ int run_lat_tfd(size_t n, uint64_t span_ns, struct lat_result *res)
 	memset(res, 0, sizeof(*res));
 	res->n = n;
 	res->recv = xcalloc(n, sizeof(uint64_t));
-	t0 = sr_now_ns() + 300 * NS_PER_MS;    /* creating 100k timerfds takes ~0.2 s */
+	t0 = now_ns() + 300 * NS_PER_MS;    /* creating 100k timerfds takes ~0.2 s */
 	for (; made < n; made++) {
 		struct epoll_event e = { .events = EPOLLIN, .data.u64 = made };
 
-		dl[made] = t0 + rng_next(&rng) % span_ns;
+		dl[made] = t0 + splitmix64(&rng) % span_ns;
 		fds[made] = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 		if (fds[made] < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fds[made], &e) < 0 ||
 		    tfd_set(fds[made], dl[made]) < 0) {
@@ -317,9 +317,9 @@ int run_lat_tfd(size_t n, uint64_t span_ns, struct lat_result *res)
 		}
 	}
 	end = t0 + span_ns + 5 * NS_PER_S;
-	while (got < made && sr_now_ns() < end) {
+	while (got < made && now_ns() < end) {
 		int k = epoll_wait(ep, ev, EV_BATCH, 100);
-		uint64_t t = sr_now_ns();
+		uint64_t t = now_ns();
 
 		for (int i = 0; i < k; i++) {
 			uint64_t idx = ev[i].data.u64, cnt;

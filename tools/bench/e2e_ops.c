@@ -128,18 +128,18 @@ static void *op_thread_main(void *arg)
 
 		/* Phase start: every thread and the main thread (which waited for the broker). */
 		pthread_barrier_wait(&sh->bar);
-		sh->t0[op][t->idx] = sr_now_ns();
+		sh->t0[op][t->idx] = now_ns();
 		for (size_t i = lo; i < hi && r == 0; i += sh->batch, b++) {
 			size_t e = i + sh->batch < hi ? i + sh->batch : hi;
-			uint64_t a = sr_now_ns(), z;
+			uint64_t a = now_ns(), z;
 
 			r = op_batch(sh, op, i, e);
-			z = sr_now_ns();
+			z = now_ns();
 			sh->busy[op][t->idx] += z - a;
 			if (b < sh->nb_per_thr)
 				sh->bmeans[op][t->idx * sh->nb_per_thr + b] = (double)(z - a) / (double)(e - i);
 		}
-		sh->t1[op][t->idx] = sr_now_ns();
+		sh->t1[op][t->idx] = now_ns();
 		sh->err[op][t->idx] = r;
 		pthread_barrier_wait(&sh->bar);
 	}
@@ -171,7 +171,7 @@ int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned 
 	sh.nb_per_thr = (n / nthr + batch - 1) / batch + 1;
 	for (int op = 0; op < NR_OPS; op++)
 		sh.bmeans[op] = xcalloc(sh.nb_per_thr * nthr, sizeof(double));
-	sh.base_ns = sr_now_ns() + FAR_NS;
+	sh.base_ns = now_ns() + FAR_NS;
 	pthread_barrier_init(&sh.bar, NULL, nthr + 1);
 	for (unsigned i = 0; i < nthr; i++) {
 		th[i].sh = &sh;
@@ -287,7 +287,7 @@ int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_re
 	f.n = n;
 	f.nthr = MAX_THR;
 	f.ids = xcalloc(n, sizeof(*f.ids));
-	f.base_ns = sr_now_ns() + FAR_NS;
+	f.base_ns = now_ns() + FAR_NS;
 	for (size_t i = 0; i < n; i++) {
 		int r = chime_arm(f.c, i, f.base_ns + i, 0, i, &f.ids[i]);
 
@@ -301,7 +301,7 @@ int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_re
 		ret = -1;
 		goto done;
 	}
-	t_start = sr_now_ns();
+	t_start = now_ns();
 	for (unsigned i = 0; i < f.nthr; i++) {
 		th[i].f = &f;
 		th[i].idx = i;
@@ -318,7 +318,7 @@ int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_re
 		if (f.err[i] && !res->err)
 			res->err = f.err[i];
 	}
-	t_end = sr_now_ns();
+	t_end = now_ns();
 	{
 		double win = (double)(s1.t_ns - s0.t_ns);
 
@@ -385,7 +385,7 @@ double run_tflood(size_t n, uint64_t dur_ns)
 	memset(&f, 0, sizeof(f));
 	f.n = n;
 	f.fds = xcalloc(n, sizeof(int));
-	f.base_ns = sr_now_ns() + FAR_NS;
+	f.base_ns = now_ns() + FAR_NS;
 	for (; made < n; made++) {
 		f.fds[made] = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 		if (f.fds[made] < 0 || tfd_set(f.fds[made], f.base_ns + made) < 0)
@@ -397,7 +397,7 @@ double run_tflood(size_t n, uint64_t dur_ns)
 		free(f.fds);
 		return -1;
 	}
-	t0 = sr_now_ns();
+	t0 = now_ns();
 	for (unsigned i = 0; i < MAX_THR; i++) {
 		th[i].f = &f;
 		th[i].idx = i;
@@ -409,7 +409,7 @@ double run_tflood(size_t n, uint64_t dur_ns)
 		pthread_join(th[i].tid, NULL);
 		k += f.done[i];
 	}
-	t1 = sr_now_ns();
+	t1 = now_ns();
 	for (size_t i = 0; i < n; i++)
 		close(f.fds[i]);
 	free(f.fds);

@@ -114,10 +114,10 @@ struct plan {
 			const uint32_t *id = (P)->ids + (size_t)r * b_;                   \
 			const uint64_t *d = (P)->dl + (size_t)r * b_;                     \
                                                                                           \
-			t0_ = bench_now_ns();                                             \
+			t0_ = now_ns();                                             \
 			for (uint32_t k = 0; k < b_; k++)                                 \
 				x##_cancel(id[k]);                                        \
-			(P)->samples[r] = (double)(bench_now_ns() - t0_) / b_;            \
+			(P)->samples[r] = (double)(now_ns() - t0_) / b_;            \
 			for (uint32_t k = 0; k < b_; k++)                                 \
 				x##_arm(id[k], d[k]);                                     \
 		}                                                                         \
@@ -129,10 +129,10 @@ struct plan {
                                                                                           \
 			for (uint32_t k = 0; k < b_; k++)                                 \
 				x##_cancel(id[k]);                                        \
-			t0_ = bench_now_ns();                                             \
+			t0_ = now_ns();                                             \
 			for (uint32_t k = 0; k < b_; k++)                                 \
 				x##_arm(id[k], d[k]);                                     \
-			(P)->samples[r] = (double)(bench_now_ns() - t0_) / b_;            \
+			(P)->samples[r] = (double)(now_ns() - t0_) / b_;            \
 		}                                                                         \
 		(res)->arm = bench_median((P)->samples, ROUNDS);                          \
 		/* reset: move to a new random deadline */                                \
@@ -140,26 +140,26 @@ struct plan {
 			const uint32_t *id = (P)->ids + (size_t)((r + 13) % ROUNDS) * b_; \
 			const uint64_t *d = (P)->dl + (size_t)((r + 3) % ROUNDS) * b_;    \
                                                                                           \
-			t0_ = bench_now_ns();                                             \
+			t0_ = now_ns();                                             \
 			for (uint32_t k = 0; k < b_; k++)                                 \
 				x##_reset(id[k], d[k]);                                   \
-			(P)->samples[r] = (double)(bench_now_ns() - t0_) / b_;            \
+			(P)->samples[r] = (double)(now_ns() - t0_) / b_;            \
 		}                                                                         \
 		(res)->reset = bench_median((P)->samples, ROUNDS);                        \
 		/* expiry: 1 ms steps over the 60 s */                                    \
-		t0_ = bench_now_ns();                                                     \
+		t0_ = now_ns();                                                     \
 		for (uint64_t now = T0_NS + STEP_NS; now <= T0_NS + SPAN_NS + STEP_NS;    \
 		     now += STEP_NS) {                                                    \
 			acc_n += x##_expire(now, buf_);                                   \
 			if (acc_n >= b_) {                                                \
-				acc_t = bench_now_ns();                                   \
+				acc_t = now_ns();                                   \
 				(P)->samples[ns_++] = (double)(acc_t - t0_) / (double)acc_n; \
 				t0_ = acc_t;                                              \
 				acc_n = 0;                                                \
 			}                                                                 \
 		}                                                                         \
 		if (acc_n > 0)                                                            \
-			(P)->samples[ns_++] = (double)(bench_now_ns() - t0_) / (double)acc_n; \
+			(P)->samples[ns_++] = (double)(now_ns() - t0_) / (double)acc_n; \
 		(res)->expire = bench_median((P)->samples, ns_);                          \
 		(res)->bytes = x##_bytes(n_);                                             \
 		x##_teardown();                                                           \
@@ -184,7 +184,7 @@ static void plan_make(struct plan *p, uint32_t n, uint64_t seed)
 	}
 	for (uint32_t i = 0; i < n; i++) {
 		perm[i] = i;
-		p->init_dl[i] = T0_NS + bench_rand(&rng) % SPAN_NS;
+		p->init_dl[i] = T0_NS + splitmix64(&rng) % SPAN_NS;
 	}
 	for (size_t r = 0; r < (size_t)ROUNDS * p->batch; r++) {
 		/* consecutive runs of a shuffled permutation: distinct within a batch */
@@ -193,7 +193,7 @@ static void plan_make(struct plan *p, uint32_t n, uint64_t seed)
 			used = 0;
 		}
 		p->ids[r] = perm[used++];
-		p->dl[r] = T0_NS + bench_rand(&rng) % SPAN_NS;
+		p->dl[r] = T0_NS + splitmix64(&rng) % SPAN_NS;
 	}
 	free(perm);
 }

@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * clock.h - chime's one clock and one PRNG, for the broker, libchime, the
+ * tools and the tests alike.
+ *
+ * Time is uint64_t nanoseconds of CLOCK_MONOTONIC (STYLE.md): every deadline
+ * a client arms, every timestamp in shared memory. Never wall-clock time.
+ */
+#ifndef CHIME_CLOCK_H
+#define CHIME_CLOCK_H
+
+#include <stdint.h>
+#include <time.h>
+
+/* CLOCK_MONOTONIC in ns (vDSO: ~20 ns; time batches, not single operations). */
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * splitmix64: fast, deterministic from its seed (a failing test's seed
+ * replays it), good enough for deadlines, indices and spreading keys.
+ * Not for anything secret.
+ */
+static inline uint64_t splitmix64(uint64_t *state)
+{
+	uint64_t z = (*state += UINT64_C(0x9e3779b97f4a7c15));
+
+	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+	return z ^ (z >> 31);
+}
+
+#endif /* CHIME_CLOCK_H */

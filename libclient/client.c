@@ -14,7 +14,7 @@
  * - on any error path of chime_open() nothing stays open or mapped;
  * - the broker's death is learnt from the socket (hang-up): chime_wait()
  *   watches it in io_uring, the other paths probe it rarely (see
- *   chime_broker_check()). Once known, it is final: every call returns
+ *   cl_broker_check()). Once known, it is final: every call returns
  *   -ENOTCONN.
  */
 #include <errno.h>
@@ -46,31 +46,6 @@ CHIME_PUBLIC uint64_t chime_now(void)
 CHIME_PUBLIC const char *chime_version(void)
 {
 	return CHIME_VERSION;
-}
-
-CHIME_PUBLIC int chime_fd(const chime_t *c)
-{
-	struct chime *m = (struct chime *)c;
-
-	if (!c)
-		return -EINVAL;
-	/*
-	 * From now on chime_poll() keeps the fd's promise (readable whenever
-	 * events are pending) by arming want_wakeup whenever it runs dry; a
-	 * client that only busy-polls never calls this and never costs the
-	 * shards a wake-up message. The first call arms it now, since the
-	 * application may go straight to its epoll_wait(). The cast: these
-	 * are drainer fields, not the connection's observable value.
-	 *
-	 * The fd is an epoll set of the connection (wake-ups, and end of file
-	 * when the broker dies) and our kick eventfd: nothing the broker or
-	 * another client holds.
-	 */
-	if (!m->fd_used) {
-		m->fd_used = 1;
-		chime_fd_arm(m);
-	}
-	return c->ep_fd;
 }
 
 /* ---- socket path ---- */
@@ -438,19 +413,49 @@ CHIME_PUBLIC void chime_close(chime_t *c)
 	chime_free(c);
 }
 
+/* ---- doorbells ---- */
+
+void cl_ring_doorbell(struct chime_chan *ch)
+{
+	uint64_t one = 1;
+	uint32_t sleep_no, last;
+
+	/*
+	 * S2: load the shard's sleep number after our publication (the
+	 * caller's full barrier, S1); pairs with the shard's store of a new
+	 * non-zero sleep number, full barrier, re-check of the rings. Either it
+	 * sees our record or we see it asleep. seq_cst so that the load cannot
+	 * pass the exchange on arm64.
+	 */
+	sleep_no = at_load_sc(ch->sleeping);
+	if (__builtin_expect(sleep_no == 0, 1))
+		return;
+	/*
+	 * The shard stays "asleep" until it is scheduled again, and every
+	 * publish in that window lands here: ring once per sleep (per client),
+	 * not once per record. Whoever moves `rung` to this sleep number
+	 * writes; the others know the write is done or under way, and one
+	 * write is all a sleeping shard needs.
+	 */
+	last = at_load(&ch->rung);
+	if (last == sleep_no || !at_cas_relaxed(&ch->rung, &last, sleep_no))
+		return;
+	(void)!write(ch->doorbell, &one, sizeof(one));
+}
+
 /* ---- broker liveness ---- */
 
-void chime_mark_dead(struct chime *c)
+void cl_mark_dead(struct chime *c)
 {
 	at_store(&c->dead, 1);
 }
 
-bool chime_broker_gone(struct chime *c, bool probe)
+bool cl_broker_gone(struct chime *c, bool probe)
 {
 	struct pollfd pfd = { .fd = c->sock, .events = POLLRDHUP };
 	int n;
 
-	if (chime_is_dead(c))
+	if (cl_is_dead(c))
 		return true;
 	/* A0: plain status word of the control thread; a stop is final. */
 	if (at_load_acq(&c->ctl->state) == CHIME_BROKER_STOPPED)
@@ -466,18 +471,18 @@ bool chime_broker_gone(struct chime *c, bool probe)
 	if (n <= 0 || !(pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)))
 		return false;
 gone:
-	chime_mark_dead(c);
+	cl_mark_dead(c);
 	return true;
 }
 
-bool chime_broker_check(struct chime *c, uint64_t now_ns)
+bool cl_broker_check(struct chime *c, uint64_t now)
 {
 	/* A1: the control thread stores heartbeat_ns at least every 100 ms. */
 	uint64_t hb = at_load(&c->ctl->heartbeat_ns);
-	bool stale = now_ns > hb + 1000000000u;
+	bool stale = now > hb + 1000000000u;
 
-	if (!stale || now_ns - c->last_sock_check_ns < 1000000000u)
-		return chime_broker_gone(c, false);
-	c->last_sock_check_ns = now_ns;
-	return chime_broker_gone(c, true);
+	if (!stale || now - c->last_sock_check_ns < 1000000000u)
+		return cl_broker_gone(c, false);
+	c->last_sock_check_ns = now;
+	return cl_broker_gone(c, true);
 }

@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * client.h - libchime's private state, shared by client.c (connect, close,
- * broker liveness), timer.c (the submission side) and poll.c (the drainer).
+ * doorbells, broker liveness), timer.c (the submission side) and poll.c (the
+ * drainer, chime_fd). The files form a DAG: timer.c -> client.c <- poll.c;
+ * client.c calls neither. Internal functions are cl_*; only the functions of
+ * chime.h are exported (libchime.map).
  *
  * Who touches what:
  *   - everything set by chime_open() is read-only afterwards (any thread);
@@ -104,21 +107,18 @@ struct chime {
 
 /* client.c */
 /* True if the broker is known gone; checks the socket (a syscall) only if `probe`. */
-bool chime_broker_gone(struct chime *c, bool probe);
+bool cl_broker_gone(struct chime *c, bool probe);
 /* Cheap liveness check for idle paths: probes the socket at most once a second,
  * and only when the broker's heartbeat is stale or it announced a stop. */
-bool chime_broker_check(struct chime *c, uint64_t now_ns);
-void chime_mark_dead(struct chime *c);
+bool cl_broker_check(struct chime *c, uint64_t now);
+void cl_mark_dead(struct chime *c);
 
-static inline bool chime_is_dead(const struct chime *c)
+static inline bool cl_is_dead(const struct chime *c)
 {
 	return at_load(&c->dead) != 0;
 }
 
-/* poll.c: arm want_wakeup, and make chime_fd() readable if events are already pending. */
-void chime_fd_arm(struct chime *c);
-
-/* timer.c: write a shard's doorbell if it sleeps (after a full barrier by the caller). */
-void chime_ring_doorbell(struct chime_chan *ch);
+/* Write our doorbell for a shard if it sleeps (after a full barrier by the caller). */
+void cl_ring_doorbell(struct chime_chan *ch);
 
 #endif /* CHIME_CLIENT_H */

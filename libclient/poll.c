@@ -120,7 +120,7 @@ static bool wait_applied(struct chime *c, struct chime_chan *ch, uint64_t pos, u
 	for (unsigned i = 1; at_load_acq(ch->sq_head) <= pos; i++) {
 		if (i >= spins)
 			return false;
-		if (i % 1024 == 0 && chime_broker_gone(c, i % 65536 == 0))
+		if (i % 1024 == 0 && cl_broker_gone(c, i % 65536 == 0))
 			return false;
 		at_relax();
 	}
@@ -255,7 +255,7 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 		 */
 		at_fence();
 		if (unlikely(at_load(ch->backlog) != 0))
-			chime_ring_doorbell(ch);
+			cl_ring_doorbell(ch);
 	}
 	return n;
 }
@@ -331,7 +331,7 @@ static void wake_clear(struct chime *c)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
-			chime_mark_dead(c);
+			cl_mark_dead(c);
 		return;
 	}
 }
@@ -345,11 +345,36 @@ static void kick(struct chime *c)
 		c->kicks++;
 }
 
-void chime_fd_arm(struct chime *c)
+static void fd_arm(struct chime *c)
 {
 	ww_arm(c);
 	if (pending(c))
 		kick(c);
+}
+
+CHIME_PUBLIC int chime_fd(const chime_t *c)
+{
+	struct chime *m = (struct chime *)c;
+
+	if (!c)
+		return -EINVAL;
+	/*
+	 * From now on chime_poll() keeps the fd's promise (readable whenever
+	 * events are pending) by arming want_wakeup whenever it runs dry; a
+	 * client that only busy-polls never calls this and never costs the
+	 * shards a wake-up message. The first call arms it now, since the
+	 * application may go straight to its epoll_wait(). The cast: these
+	 * are drainer fields, not the connection's observable value.
+	 *
+	 * The fd is an epoll set of the connection (wake-ups, and end of file
+	 * when the broker dies) and our kick eventfd: nothing the broker or
+	 * another client holds.
+	 */
+	if (!m->fd_used) {
+		m->fd_used = 1;
+		fd_arm(m);
+	}
+	return c->ep_fd;
 }
 
 /*
@@ -393,7 +418,7 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 	if (sleepy && c->held)
 		kick(c);        /* come back soon: a reset is about to void an event */
 	c->empty_streak++;
-	if (chime_is_dead(c) || chime_broker_check(c, chime_now()))
+	if (cl_is_dead(c) || cl_broker_check(c, chime_now()))
 		return -ENOTCONN;
 	return 0;
 }
@@ -433,7 +458,7 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	 * keeps its promise to an application that goes back to epoll_wait().
 	 */
 	if (total == limit && c->fd_used)
-		chime_fd_arm(c);
+		fd_arm(c);
 	return (int)total;
 }
 
@@ -472,7 +497,7 @@ static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 		} else if (cqe->user_data == TAG_SOCK) {
 			c->sock_polled = false;
 			if (cqe->res > 0 && (cqe->res & (POLLRDHUP | POLLHUP | POLLERR)))
-				(void)chime_broker_gone(c, true);
+				(void)cl_broker_gone(c, true);
 		}
 		seen++;
 	}
@@ -495,7 +520,7 @@ static int sleep_poll(struct chime *c, uint64_t timeout_ns)
 	if (r < 0)
 		return errno == EINTR ? -EINTR : -errno;
 	if (pfd[1].revents & (POLLRDHUP | POLLHUP | POLLERR))
-		(void)chime_broker_gone(c, true);
+		(void)cl_broker_gone(c, true);
 	return 0;
 }
 

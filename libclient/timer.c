@@ -29,36 +29,6 @@
 
 static __thread uint32_t tl_next_shard;    /* round-robin for this thread's ARMs */
 
-void chime_ring_doorbell(struct chime_chan *ch)
-{
-	uint64_t one = 1;
-	uint32_t sleep_no, last;
-
-	/*
-	 * S2: load the shard's sleep number after our publication (the
-	 * caller's full barrier, S1); pairs with the shard's store of a new
-	 * non-zero sleep number, full barrier, re-check of the rings. Either it
-	 * sees our record or we see it asleep. seq_cst so that the load cannot
-	 * pass the exchange on arm64.
-	 */
-	sleep_no = __atomic_load_n(ch->sleeping, __ATOMIC_SEQ_CST);
-	if (likely(sleep_no == 0))
-		return;
-	/*
-	 * The shard stays "asleep" until it is scheduled again, and every
-	 * publish in that window lands here: ring once per sleep (per client),
-	 * not once per record. Whoever moves `rung` to this sleep number
-	 * writes; the others know the write is done or under way, and one
-	 * write is all a sleeping shard needs.
-	 */
-	last = __atomic_load_n(&ch->rung, __ATOMIC_RELAXED);
-	if (last == sleep_no ||
-	    !__atomic_compare_exchange_n(&ch->rung, &last, sleep_no, false,
-					 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		return;
-	(void)!write(ch->doorbell, &one, sizeof(one));
-}
-
 /*
  * The ring is full: the shard is behind (or asleep, or dead). Wait for room:
  * spin first (the shard usually frees slots within microseconds, and a
@@ -82,7 +52,7 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 		sqe = chime_sq_reserve(&ch->sq, pos);
 		if (sqe)
 			return sqe;
-		if (chime_is_dead(c))
+		if (cl_is_dead(c))
 			return NULL;
 		if (i % 64)
 			continue;
@@ -92,10 +62,10 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 			continue;
 		/* S3: full barrier before the sleep-number load, as after a publish. */
 		__atomic_thread_fence(__ATOMIC_SEQ_CST);
-		chime_ring_doorbell(ch);
+		cl_ring_doorbell(ch);
 		if (now - probed >= ROOM_YIELD_NS) {
 			probed = now;
-			if (chime_broker_gone(c, true))
+			if (cl_broker_gone(c, true))
 				return NULL;
 		}
 		if (waited < ROOM_YIELD_NS)
@@ -112,7 +82,7 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 	struct chime_sqe *sqe;
 	uint64_t pos;
 
-	if (unlikely(chime_is_dead(c)))
+	if (unlikely(cl_is_dead(c)))
 		return -ENOTCONN;
 	sqe = chime_sq_reserve(&ch->sq, &pos);
 	if (unlikely(!sqe)) {
@@ -143,7 +113,7 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 	__atomic_store_n(&sqe->op, op, __ATOMIC_RELAXED);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
-	chime_ring_doorbell(ch);
+	cl_ring_doorbell(ch);
 	if (unlikely(op == CHIME_OP_NOP))
 		return -ENOMEM;
 	if (out)

@@ -13,7 +13,8 @@
  * Invariants:
  * - a node owned by a client has node.owner == its slot, and ch->owned counts
  *   them exactly (so reclaim can stop early);
- * - GRANTED nodes are exactly the non-zero entries of ch->grants[];
+ * - GRANTED nodes are exactly the entries of ch->grants[] that are ids (not
+ *   no-grant markers), and ch->marked counts the markers;
  * - armed/held nodes (not GRANTED) are in the key index;
  * - a node has at most one unconsumed event (node.cq_pos), so a client that
  *   does not drain holds back only its own events, in order (the backlog);
@@ -31,7 +32,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include <ck_pr.h>
+#include "atomics.h"
 
 #define NODE(sc, i) wheel_node(&(sc)->wh, (i))
 
@@ -215,20 +216,63 @@ void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t no
 
 /* ---- submissions ---- */
 
-/* Owed grants: an ARM consumed a slot's grant while the slab was full. */
-static void owed_pay(struct shard_core *sc, struct chan *ch)
+/* A node for one of the client's slots, or a no-grant marker saying why not. */
+static uint64_t grant_slot(struct shard_core *sc, struct chan *ch)
 {
-	while (ch->owed_n) {
-		uint64_t pos = ch->owed[ch->owed_head];
-		uint64_t g = grant_new(sc, ch);
+	uint64_t g;
 
-		if (!g)
-			return;
-		ch->grants[pos & ch->sq_mask] = g;
-		chime_sq_free(&ch->sq, pos, g);
-		ch->owed_head = (ch->owed_head + 1) & ch->sq_mask;
-		ch->owed_n--;
+	if (ch->owned >= sc->quota)
+		return CHIME_GRANT_QUOTA;
+	g = grant_new(sc, ch);
+	return g ? g : CHIME_GRANT_NOMEM;
+}
+
+/* Give slot s the grant g, counting markers. */
+static void slot_set(struct chan *ch, uint32_t s, uint64_t g)
+{
+	ch->marked += (uint32_t)chime_grant_is_marker(g) - (uint32_t)chime_grant_is_marker(ch->grants[s]);
+	ch->grants[s] = g;
+}
+
+/*
+ * Free the slot of the record consumed at pos for the client's next one,
+ * with its grant: the unused one it holds, or (it held a marker) a fresh try.
+ */
+static void slot_free(struct shard_core *sc, struct chan *ch, uint64_t pos)
+{
+	uint32_t s = (uint32_t)pos & ch->sq_mask;
+
+	if (chime_grant_is_marker(ch->grants[s]))
+		slot_set(ch, s, grant_slot(sc, ch));
+	chime_sq_free(&ch->sq, pos, ch->grants[s]);
+}
+
+/*
+ * Nodes are free again (or the client below its quota): replace the markers
+ * at once rather than when the client next uses each slot, so its arms stop
+ * failing as soon as there is room. The slot may be free, reserved or
+ * published: the client reads its grant only after reserving it, and an
+ * arm with a marker cannot be published (the client sends a NOP), so a
+ * grant written now is either seen and used or not seen and kept.
+ */
+static bool markers_replace(struct shard_core *sc, struct chan *ch)
+{
+	uint64_t g = grant_slot(sc, ch);
+	bool did = false;
+
+	for (uint32_t s = 0; s <= ch->sq_mask && ch->marked; s++) {
+		if (chime_grant_is_marker(g))
+			return did;
+		if (!chime_grant_is_marker(ch->grants[s]))
+			continue;
+		slot_set(ch, s, g);
+		at_store(&ch->sq.slots[s].grant, g);
+		did = true;
+		g = ch->marked ? grant_slot(sc, ch) : CHIME_GRANT_NOMEM;
 	}
+	if (!chime_grant_is_marker(g))
+		grant_free(sc, ch, g);
+	return did;
 }
 
 static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sqe *r, uint64_t pos)
@@ -238,11 +282,10 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	uint32_t idx;
 	struct chime_node *n;
 
-	if (!grant || r->id != grant) {
+	if (chime_grant_is_marker(grant) || r->id != grant) {
 		/* Only the private grant counts; the shared copy may be scribbled. */
 		stats_malformed(sc->st);
-		if (grant)
-			chime_sq_free(&ch->sq, pos, grant);
+		slot_free(sc, ch, pos);
 		return;
 	}
 	idx = chime_id_index(grant);
@@ -257,21 +300,9 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	wheel_arm(&sc->wh, idx, r->deadline_ns);
 	stats_arm(sc->st, ch->slot);
 
-	/* The slot's next grant: a fresh node, or owed until one is free. */
-	grant = grant_new(sc, ch);
-	ch->grants[s] = grant;
-	if (grant && !ch->owed_n) {
-		chime_sq_free(&ch->sq, pos, grant);
-	} else {
-		ch->owed[(ch->owed_head + ch->owed_n) & ch->sq_mask] = pos;
-		ch->owed_n++;
-		if (grant) {
-			/* Keep the order: older owed slots get their grants first. */
-			grant_free(sc, ch, grant);
-			ch->grants[s] = 0;
-			owed_pay(sc, ch);
-		}
-	}
+	/* The slot's next grant: a fresh node, or a marker the client will see at once. */
+	slot_set(ch, s, grant_slot(sc, ch));
+	chime_sq_free(&ch->sq, pos, ch->grants[s]);
 }
 
 /*
@@ -405,7 +436,7 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 		switch (r.op) {
 		case CHIME_OP_ARM:
 			op_arm(sc, ch, &r, pos);
-			continue;       /* op_arm frees (or owes) the slot itself */
+			continue;       /* op_arm frees the slot itself */
 		case CHIME_OP_RESET:
 			idx = lookup(sc, ch, r.id);
 			if (idx != CHIME_NIL)
@@ -424,25 +455,21 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 			op_cancel_key(sc, ch, r.key);
 			break;
 		case CHIME_OP_NOP:
+			/* A NOP in a marked slot is an arm the client could not make. */
+			if (chime_grant_is_marker(ch->grants[pos & ch->sq_mask]))
+				stats_refused(sc->st, ch->slot,
+					      ch->grants[pos & ch->sq_mask] == CHIME_GRANT_QUOTA);
 			break;
 		default:
 			stats_malformed(sc->st);
 			break;
 		}
-		/*
-		 * The slot keeps its unused grant. A slot whose grant is owed is
-		 * only reachable here by a client that forged its seq: leave it
-		 * to owed_pay().
-		 */
-		if (ch->grants[pos & ch->sq_mask])
-			chime_sq_free(&ch->sq, pos, ch->grants[pos & ch->sq_mask]);
+		/* The slot keeps its unused grant, or tries again if it held a marker. */
+		slot_free(sc, ch, pos);
 	}
-	if (ch->owed_n)
-		owed_pay(sc, ch);       /* cancels may have freed nodes */
 	if (ch->sq.head != ch->sq_head_pub) {
 		/* R1: every record below head applied, VOIDs included; pairs with the drainer's acquire of sq_head. */
-		ck_pr_fence_store();
-		ck_pr_store_64(&ch->ro->sq_head, ch->sq.head);
+		at_store_rel(&ch->ro->sq_head, ch->sq.head);
 		ch->sq_head_pub = ch->sq.head;
 	}
 	return n;
@@ -460,8 +487,10 @@ static void wake_client(struct shard_core *sc, struct chan *ch)
 	 * full barrier, re-check of cq_tail. Either it sees our tail or we see
 	 * its flag. The CAS makes it one wake-up per sleep.
 	 */
-	ck_pr_fence_memory();
-	if (ck_pr_load_32(w) != 1 || !ck_pr_cas_32(w, 1, 0))
+	uint32_t one = 1;
+
+	at_fence();
+	if (at_load(w) != 1 || !at_cas(w, &one, 0))
 		return;
 	ch->wakes++;
 	stats_wake_client(sc->st, ch->slot);
@@ -492,12 +521,8 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 			did = true;
 		}
 	}
-	if (ch->owed_n) {
-		uint32_t before = ch->owed_n;
-
-		owed_pay(sc, ch);       /* nodes just freed pay the oldest debts first */
-		did |= ch->owed_n != before;
-	}
+	if (ch->marked)
+		did |= markers_replace(sc, ch);
 	while ((idx = ch->backlog.head) != CHIME_NIL && ch->room) {
 		struct chime_node *n = NODE(sc, idx);
 
@@ -509,7 +534,7 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 		did = true;
 	}
 	if (ch->ro->backlog != ch->nr_backlog)
-		ck_pr_store_64(&ch->ro->backlog, ch->nr_backlog);
+		at_store(&ch->ro->backlog, ch->nr_backlog);
 	stats_client_depth(sc->st, ch->slot, ch->cq.tail - ch->cq.head, ch->nr_backlog);
 	if (ch->cq.tail != ch->flushed) {
 		chime_cq_flush(&ch->cq);
@@ -526,7 +551,7 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 	uint32_t idx = ch->backlog.head;
 
 	/* A1: pairs with the producer's publish of seq (a full barrier). */
-	if (ck_pr_load_64(&s->seq) == ch->sq.head + 1)
+	if (at_load(&s->seq) == ch->sq.head + 1)
 		return true;
 	if (ch->cq.tail != ch->flushed)
 		return true;
@@ -551,11 +576,8 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 
 	memset(ch, 0, sizeof(*ch));
 	ch->grants = calloc(m->sq_size, sizeof(*ch->grants));
-	ch->owed = calloc(m->sq_size, sizeof(*ch->owed));
-	if (!ch->grants || !ch->owed) {
-		chan_fini(ch);
+	if (!ch->grants)
 		return -ENOMEM;
-	}
 	ch->slot = slot;
 	ch->wake_fd = m->wake_fd;
 	ch->bell_fd = m->bell_fd;
@@ -571,17 +593,11 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
 
 	for (i = 0; i < m->sq_size; i++) {
-		uint64_t g = grant_new(sc, ch);
-
-		if (!g) {
-			while (i--)
-				grant_free(sc, ch, ch->grants[i]);
-			chan_fini(ch);
-			return -ENOMEM;
-		}
-		ch->grants[i] = g;
+		/* A full slab or a zero quota leaves markers: the client connects, its arms fail fast. */
+		ch->grants[i] = grant_slot(sc, ch);
+		ch->marked += (uint32_t)chime_grant_is_marker(ch->grants[i]);
 		/* Plain store: no client has the segment yet; the welcome follows our hand-back. */
-		m->sq_slots[i].grant = g;
+		m->sq_slots[i].grant = ch->grants[i];
 	}
 	sc->by_slot[slot] = ch;
 	stats_client_attach(sc->st, slot, generation);
@@ -595,8 +611,9 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 	if (!ch->dying) {
 		ch->dying = 1;
 		for (i = 0; i <= ch->sq_mask; i++)
-			if (ch->grants[i])
+			if (!chime_grant_is_marker(ch->grants[i]))
 				grant_free(sc, ch, ch->grants[i]);
+		ch->marked = 0;
 		memset(ch->grants, 0, (ch->sq_mask + 1) * sizeof(*ch->grants));
 		while ((idx = ch->backlog.head) != CHIME_NIL) {
 			backlog_del(sc, ch, idx);
@@ -635,7 +652,5 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 void chan_fini(struct chan *ch)
 {
 	free(ch->grants);
-	free(ch->owed);
 	ch->grants = NULL;
-	ch->owed = NULL;
 }

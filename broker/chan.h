@@ -34,6 +34,7 @@ struct shard_core {
 	uint32_t shard;
 	uint32_t capacity;              /* private copy of the slab size */
 	uint32_t max_clients;
+	uint64_t quota;                 /* nodes one client may own here (UINT64_MAX: no limit) */
 	uint64_t backlog;               /* events held in backlogs, all channels */
 };
 
@@ -61,9 +62,8 @@ struct chan {
 	struct chime_cq_prod cq;        /* private tail, clamped head, mask */
 	struct chime_chan_ro *ro;
 	uint32_t *want_wakeup;
-	uint64_t *grants;               /* private: the id granted in each submission slot, 0 = owed */
-	uint64_t *owed;                 /* positions whose slot waits for a grant (slab was full) */
-	uint32_t owed_head, owed_n;
+	uint64_t *grants;               /* private: each submission slot's grant (an id, or a marker) */
+	uint32_t marked;                /* slots whose grant is a no-grant marker */
 	uint32_t sq_mask;
 	uint32_t room;                  /* free completion slots, as last computed */
 	uint16_t slot;                  /* the client's slot; node.owner of its nodes */
@@ -83,9 +83,11 @@ struct chan {
 };
 
 /*
- * Attach: set up private state, allocate a grant for every submission slot
- * and write it with seq = slot (free for position slot). The client must not
- * see the segment before this returns. -ENOMEM (nothing kept) if the slab is full.
+ * Attach: set up private state, give every submission slot a grant (a node,
+ * or a no-grant marker when the slab is full or the client at its quota) and
+ * write it with seq = slot (free for position slot). The client must not see
+ * the segment before this returns. -ENOMEM only if private memory runs out:
+ * a full slab does not keep a client out.
  */
 int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
 		uint64_t generation);
@@ -101,8 +103,9 @@ void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t no
 
 /*
  * Catch up with the client: free consumed ACKWAIT nodes, move the backlog
- * into free completion slots, pay owed grants, publish cq_tail, and wake the
- * client if it asked for it. Returns true if it did anything.
+ * into free completion slots, replace no-grant markers once nodes are free
+ * again, publish cq_tail, and wake the client if it asked for it. Returns
+ * true if it did anything.
  */
 bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns);
 

@@ -42,10 +42,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <ck_pr.h>
 #include <liburing.h>
 
 #include "chime_config.h"
+#include "atomics.h"
 #include "chime_shm.h"
 #include "clock.h"
 #include "log.h"
@@ -90,6 +90,7 @@ struct client {
 	int refuse;             /* status to send once the detach is done (failed attach) */
 	struct ucred cred;
 	char comm[16];
+	uint64_t refused_logged[2];     /* nomem, quota: the counts last logged */
 	uint64_t generation;
 	uint64_t connected_ns;
 };
@@ -115,6 +116,8 @@ struct broker {
 	uint64_t notify_buf;
 	struct signalfd_siginfo sig_buf;
 	uint64_t clients_now, clients_total;
+	uint64_t last_report_ns;
+	uint64_t *reserve_failed_logged;   /* [nr_shards] */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -239,7 +242,11 @@ static int ctl_setup(struct broker *b)
 		off += (uint64_t)g.max_clients * g.nr_shards * sizeof(struct chime_client_stats);
 		g.size = (off + 4095) & ~(uint64_t)4095;
 	}
-	r = chime_seg_file(b->ctl_path, g.size, 0640, &b->ctl_fd, &b->ctl_map);
+	/* Reserved whole (it is small): no page of it can SIGBUS us on a full filesystem. */
+	r = chime_seg_file(b->ctl_path, g.size, g.size, 0640, &b->ctl_fd, &b->ctl_map);
+	if (r == -ENOSPC || r == -EDQUOT)
+		return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for the control segment '%s'",
+				 (unsigned long long)(g.size >> 10), b->ctl_path);
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "cannot create control segment '%s' (%llu bytes)",
 				 b->ctl_path, (unsigned long long)g.size);
@@ -319,7 +326,8 @@ static int shards_setup(struct broker *b)
 	int r;
 
 	b->shards = calloc(b->o.nr_shards, sizeof(*b->shards));
-	if (!b->shards)
+	b->reserve_failed_logged = calloc(b->o.nr_shards, sizeof(*b->reserve_failed_logged));
+	if (!b->shards || !b->reserve_failed_logged)
 		return log_errno(LOG_ERR, ENOMEM, "shards");
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
 		b->shards[i].seg_fd = b->shards[i].doorbell = -1;
@@ -330,6 +338,9 @@ static int shards_setup(struct broker *b)
 			.idx = i,
 			.capacity = b->o.capacity,
 			.max_clients = b->o.max_clients,
+			/* Each shard enforces its share, rounded up: no cross-shard count on the hot path. */
+			.quota = b->o.max_timers_per_client ?
+				 (b->o.max_timers_per_client + b->o.nr_shards - 1) / b->o.nr_shards : UINT64_MAX,
 			.resolution_ns = b->o.resolution_ns,
 			.spin_us = b->o.spin_us,
 			.ctl = b->ctl,
@@ -402,7 +413,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 	    (r = ctl_setup(b)) < 0 || (r = ring_setup(b)) < 0 ||
 	    (r = shards_setup(b)) < 0 || (r = listen_setup(b)) < 0)
 		goto fail;
-	ck_pr_store_32(&b->ctl->state, CHIME_BROKER_RUNNING);
+	at_store_rel(&b->ctl->state, CHIME_BROKER_RUNNING);
 	*out = b;
 	return 0;
 fail:
@@ -923,6 +934,63 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 	return 0;
 }
 
+/*
+ * Limits that bit since the last report, at most once per LIMITS_REPORT_NS:
+ * refused arms per client and slab storage the filesystem would not give.
+ * The shards only count (they never log); this reads their published
+ * counters, so a flood of refusals costs one line per client per period.
+ */
+#define LIMITS_REPORT_NS (UINT64_C(10) * 1000000000u)
+
+static void limits_report(struct broker *b, uint64_t now)
+{
+	const char *base = (const char *)b->ctl;
+	const struct chime_shard_ctl *sc = (const struct chime_shard_ctl *)(base + b->ctl->shards_off);
+	const struct chime_client_stats *cs =
+		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
+
+	if (now - b->last_report_ns < LIMITS_REPORT_NS)
+		return;
+	b->last_report_ns = now;
+	for (uint32_t i = 0; i < b->o.nr_shards && b->reserve_failed_logged; i++) {
+		uint64_t n = at_load(&sc[i].stats.reserve_failed);
+
+		if (n != b->reserve_failed_logged[i])
+			log_msg(LOG_WARNING, "shard %u: the filesystem of '%s' has no room for more timers "
+				"(%llu reservations failed so far): arms get ENOMEM until it has",
+				i, b->o.socket_path, (unsigned long long)n);
+		b->reserve_failed_logged[i] = n;
+	}
+	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
+		struct client *c = &b->clients[slot];
+		uint64_t sum[2] = { 0, 0 };
+
+		if (c->state != CL_ACTIVE)
+			continue;
+		for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+			const struct chime_client_stats *e = &cs[(uint64_t)slot * b->o.nr_shards + i];
+
+			if (at_load(&e->generation) != c->generation)
+				continue;
+			sum[0] += at_load(&e->refused_nomem);
+			sum[1] += at_load(&e->refused_quota);
+		}
+		if (sum[1] > c->refused_logged[1])
+			log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: it holds its "
+				"quota of %llu timers (--max-timers-per-client)",
+				(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
+				(unsigned long long)(sum[1] - c->refused_logged[1]),
+				(unsigned long long)b->o.max_timers_per_client);
+		if (sum[0] > c->refused_logged[0])
+			log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the shards are "
+				"full (--capacity %u per shard)",
+				(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
+				(unsigned long long)(sum[0] - c->refused_logged[0]), b->o.capacity);
+		c->refused_logged[0] = sum[0];
+		c->refused_logged[1] = sum[1];
+	}
+}
+
 int broker_run(struct broker *b)
 {
 	uint64_t last_hb = 0;
@@ -943,8 +1011,9 @@ int broker_run(struct broker *b)
 		int r;
 
 		if (now - last_hb >= HEARTBEAT_NS) {
-			ck_pr_store_64(&b->ctl->heartbeat_ns, now);
+			at_store(&b->ctl->heartbeat_ns, now);
 			last_hb = now;
+			limits_report(b, now);
 		}
 		wait = HEARTBEAT_NS - (now - last_hb);
 		ts.tv_sec = 0;
@@ -972,7 +1041,7 @@ void broker_stop(struct broker *b)
 		return;
 	b->stopping = true;
 	if (b->ctl) {
-		ck_pr_store_32(&b->ctl->state, CHIME_BROKER_STOPPED);
+		at_store_rel(&b->ctl->state, CHIME_BROKER_STOPPED);
 	}
 	/* No new clients: the socket goes first. */
 	if (b->listen_fd >= 0)
@@ -1014,6 +1083,7 @@ void broker_stop(struct broker *b)
 			client_release(b, &b->clients[i]);
 	free(b->clients);
 	free(b->shards);
+	free(b->reserve_failed_logged);
 	if (b->sig_fd >= 0)
 		close(b->sig_fd);
 	if (b->notify_fd >= 0)

@@ -52,6 +52,11 @@ static const char usage_text[] =
 "      --capacity N        timer nodes per shard (default 4194304; memory is\n"
 "                          only touched when used, 64 bytes per timer)\n"
 "      --max-clients N     connected clients at most (1..65536, default 256)\n"
+"      --max-timers-per-client N\n"
+"                          timers one client may hold (armed or not yet\n"
+"                          consumed), counted per shard and rounded up to a\n"
+"                          multiple of the shards; beyond it chime_arm() fails\n"
+"                          with EDQUOT (default 1048576; 0: no limit)\n"
 "      --sq-size N         submission ring slots per client and shard\n"
 "                          (power of two, default 1024)\n"
 "      --cq-size N         completion ring slots per client and shard\n"
@@ -73,6 +78,7 @@ enum {
 	OPT_MAX_CLIENTS,
 	OPT_SQ_SIZE,
 	OPT_CQ_SIZE,
+	OPT_MAX_TIMERS,
 };
 
 static const struct option long_opts[] = {
@@ -85,6 +91,7 @@ static const struct option long_opts[] = {
 	{ "max-clients", required_argument, NULL, OPT_MAX_CLIENTS },
 	{ "sq-size", required_argument, NULL, OPT_SQ_SIZE },
 	{ "cq-size", required_argument, NULL, OPT_CQ_SIZE },
+	{ "max-timers-per-client", required_argument, NULL, OPT_MAX_TIMERS },
 	{ "verbose", no_argument, NULL, 'v' },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
@@ -245,6 +252,7 @@ int main(int argc, char **argv)
 		.max_clients = 256,
 		.sq_size = 1024,
 		.cq_size = 8192,
+		.max_timers_per_client = 1048576,
 	};
 	bool foreground = false, have_socket = false;
 	struct broker *b = NULL;
@@ -289,6 +297,10 @@ int main(int argc, char **argv)
 			break;
 		case OPT_CQ_SIZE:
 			o.cq_size = parse_pow2("cq-size", optarg, 8, 1u << 20);
+			break;
+		case OPT_MAX_TIMERS:
+			o.max_timers_per_client = (uint64_t)parse_num("max-timers-per-client", optarg, 0,
+								       INT64_MAX);
 			break;
 		case 'v':
 			log_max_level = LOG_DEBUG;

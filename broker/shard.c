@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,12 +56,51 @@
 #define PUBLISH_NS      (1000u * 1000u)   /* counters published at most and at least this often while awake */
 
 /* io_uring user_data: the low two bits say what completed. */
+#define RESERVE_CHUNK   (UINT64_C(4) << 20)  /* slab storage reserved at a time */
+#define RESERVE_AHEAD_NODES 32768u           /* reserve more when high_water is this close */
+#define RESERVE_RETRY_NS (UINT64_C(1000000000))
+
 #define UD_BELL   1u    /* the command doorbell */
 #define UD_CANCEL 2u    /* a cancel request (its own completion means nothing) */
 #define UD_CHAN   3u    /* a client doorbell: slot << 2 | UD_CHAN */
 #define UD_TAG(ud) ((ud) & 3u)
 #define RING_SQ_ENTRIES 64u
 #define SHARD_STOP_TIMEOUT_S 2
+
+/* ---- the slab's storage, reserved ahead of use (no SIGBUS on a full filesystem) ---- */
+
+static void reserve_set(struct shard *s, uint64_t bytes)
+{
+	uint64_t nodes = bytes > s->slab_off ? (bytes - s->slab_off) / sizeof(struct chime_node) : 0;
+
+	s->reserved_bytes = bytes;
+	s->core.wh.reserved = nodes < s->cfg.capacity ? (uint32_t)nodes : s->cfg.capacity;
+}
+
+/*
+ * Keep the reserved part of the slab a chunk ahead of its high-water mark.
+ * When the filesystem refuses, the wheel stops at what is reserved (arms get
+ * -ENOMEM), the failure is counted (the control thread logs it) and retried
+ * at most once a second.
+ */
+static void reserve_ahead(struct shard *s, uint64_t now)
+{
+	struct wheel *wh = &s->core.wh;
+	uint64_t want;
+	int r;
+
+	if (wh->reserved == s->cfg.capacity || wh->w->high_water + RESERVE_AHEAD_NODES < wh->reserved ||
+	    now < s->reserve_retry_ns)
+		return;
+	want = s->reserved_bytes + RESERVE_CHUNK < s->seg.size ? s->reserved_bytes + RESERVE_CHUNK : s->seg.size;
+	r = chime_seg_reserve(s->seg_fd, s->reserved_bytes, want - s->reserved_bytes);
+	if (r < 0) {
+		stats_reserve_failed(&s->st);
+		s->reserve_retry_ns = now + RESERVE_RETRY_NS;
+		return;
+	}
+	reserve_set(s, want);
+}
 
 /* ---- set-up (main thread) ---- */
 
@@ -69,7 +109,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	struct chime_shard_geom g = { 0 };
 	struct chime_shard_seg *hdr;
 	uint32_t qsize = 4;
-	uint64_t now = now_ns();
+	uint64_t now = now_ns(), reserve;
 	int r;
 
 	memset(s, 0, sizeof(*s));
@@ -86,7 +126,17 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	r = chime_shard_layout(&g);
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "shard layout (capacity %u)", cfg->capacity);
-	r = chime_seg_file(s->path, g.size, 0640, &s->seg_fd, &s->seg);
+	/*
+	 * The file is sparse: reserve what is touched now (header, key index,
+	 * wheel header) and a first slab chunk; the loop reserves the rest a
+	 * chunk ahead of the slab's high-water mark (reserve_ahead()).
+	 */
+	s->slab_off = g.wheel_off + sizeof(struct chime_wheel);
+	reserve = s->slab_off + RESERVE_CHUNK < g.size ? s->slab_off + RESERVE_CHUNK : g.size;
+	r = chime_seg_file(s->path, g.size, reserve, 0640, &s->seg_fd, &s->seg);
+	if (r == -ENOSPC || r == -EDQUOT)
+		return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for shard segment '%s'",
+				 (unsigned long long)(reserve >> 10), s->path);
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "cannot create shard segment '%s' (%llu bytes)",
 				 s->path, (unsigned long long)g.size);
@@ -100,6 +150,10 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "wheel_init(capacity %u, resolution %llu ns)",
 				 cfg->capacity, (unsigned long long)cfg->resolution_ns);
+	reserve_set(s, reserve);
+	/* Ids differ from one broker run to the next: a client cannot guess another's. */
+	if (getrandom(&s->core.wh.gen_base, sizeof(s->core.wh.gen_base), 0) != sizeof(s->core.wh.gen_base))
+		s->core.wh.gen_base = (uint32_t)now;
 	/* Zero-filled buckets are an empty index (keyidx.h): no page is touched here. */
 	keyidx_init(&s->core.ki, chime_at(&s->seg, g.key_off), g.key_buckets, s->core.wh.nodes);
 	chime_seg_publish(&hdr->hdr, CHIME_SEG_SHARD, g.size);
@@ -107,6 +161,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->core.shard = cfg->idx;
 	s->core.capacity = cfg->capacity;
 	s->core.max_clients = cfg->max_clients;
+	s->core.quota = cfg->quota;
 	s->core.st = &s->st;
 	s->core.by_slot = calloc(cfg->max_clients, sizeof(*s->core.by_slot));
 	s->active = calloc(cfg->max_clients, sizeof(*s->active));
@@ -425,6 +480,7 @@ static void loop(struct shard *s)
 			work = true;
 		}
 		now = now_ns();
+		reserve_ahead(s, now);
 		if (fire_due(s, now))
 			work = true;
 		for (uint32_t i = 0; i < s->nr_active; i++)

@@ -51,6 +51,7 @@ struct shard_cfg {
 	uint32_t idx;
 	uint32_t capacity;
 	uint32_t max_clients;
+	uint64_t quota;         /* nodes per client in this shard (UINT64_MAX: no limit) */
 	uint64_t resolution_ns;
 	int64_t spin_us;        /* -1: busy-poll, never sleep */
 	struct chime_ctl *ctl;  /* the control segment (its geometry set) */
@@ -63,6 +64,9 @@ struct shard {
 	struct chime_map seg;
 	int seg_fd;
 	int doorbell;                   /* private eventfd: the control thread's commands */
+	uint64_t slab_off;              /* where the slab starts in the segment file */
+	uint64_t reserved_bytes;        /* [0, reserved_bytes) of the file is reserved */
+	uint64_t reserve_retry_ns;      /* after a failed reservation: not before this */
 	char path[4096];
 
 	/* command queue: control thread -> shard */

@@ -91,6 +91,8 @@ void stats_client_detach(struct stats *st, uint32_t slot)
 /* Everything after seq up to the histogram, then the histogram if it moved. */
 #define SHARD_HEAD_OFF offsetof(struct chime_shard_stats, armed)
 #define SHARD_HEAD_LEN (offsetof(struct chime_shard_stats, lat) - SHARD_HEAD_OFF)
+#define SHARD_TAIL_OFF offsetof(struct chime_shard_stats, refused_nomem)
+#define SHARD_TAIL_LEN (offsetof(struct chime_shard_stats, _reserved) - SHARD_TAIL_OFF)
 #define CLIENT_OFF offsetof(struct chime_client_stats, generation)
 #define CLIENT_LEN (sizeof(struct chime_client_stats) - CLIENT_OFF)
 
@@ -103,6 +105,7 @@ void stats_publish(struct stats *st)
 
 	chime_stats_begin(&st->pub->seq);
 	memcpy((char *)st->pub + SHARD_HEAD_OFF, (char *)&st->sh + SHARD_HEAD_OFF, SHARD_HEAD_LEN);
+	memcpy((char *)st->pub + SHARD_TAIL_OFF, (char *)&st->sh + SHARD_TAIL_OFF, SHARD_TAIL_LEN);
 	/* The histogram is a third of the block: skip it when no timer fired. */
 	if (st->lat_dirty)
 		memcpy(st->pub->lat, st->sh.lat, sizeof(st->sh.lat));

@@ -31,6 +31,9 @@
  *   CANCEL_KEY    stats_cancel_key(&st, slot, victims): one record, `victims`
  *                 timers removed (armed gauges -victims)
  *   malformed     stats_malformed(&st): a record dropped by validation
+ *   refused       stats_refused(&st, slot, quota): an arm the client could not
+ *                 make (it found a no-grant marker and published a NOP)
+ *   reserve       stats_reserve_failed(&st): the filesystem refused a slab chunk
  *   fire          stats_fire(&st, slot, deadline_ns, fired_ns, periodic) for
  *                 every expiration popped from the wheel (each period of a
  *                 periodic timer counts), with the same two values the
@@ -39,7 +42,7 @@
  *                 whether delivered or held in the backlog.
  *   deliver       stats_deliver(&st, slot): an event written into the
  *                 client's completion ring.
- *   wake client   stats_wake_client(&st, slot): an eventfd write to wake it.
+ *   wake client   stats_wake_client(&st, slot): a wake-up message to it.
  *   gauges        stats_client_depth(&st, slot, cq_depth, backlog) whenever
  *                 they change (after delivering or seeing cq_head move);
  *                 stats_shard_gauges(&st, backlog, next_deadline_ns) once per
@@ -67,6 +70,7 @@
 #ifndef CHIME_STATS_H
 #define CHIME_STATS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "chime_config.h"
@@ -232,6 +236,30 @@ static inline void stats_malformed(struct stats *st)
 	if (!CHIME_COUNTERS)
 		return;
 	st->sh.malformed++;
+}
+
+/* An arm refused for want of a node (`quota`: the client's quota, else the slab). */
+static inline void stats_refused(struct stats *st, uint32_t slot, bool quota)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	if (!CHIME_COUNTERS)
+		return;
+	if (quota) {
+		st->sh.refused_quota++;
+		if (c)
+			c->refused_quota++;
+	} else {
+		st->sh.refused_nomem++;
+		if (c)
+			c->refused_nomem++;
+	}
+}
+
+/* A slab chunk the filesystem would not reserve (always counted: operators need it). */
+static inline void stats_reserve_failed(struct stats *st)
+{
+	st->sh.reserve_failed++;
 }
 
 /*

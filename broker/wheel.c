@@ -165,6 +165,8 @@ static void handle_init(struct wheel *wh, void *mem)
 	div_init(wh, w->resolution_ns);
 	wh->max_tick = tick_of(wh, UINT64_MAX);
 	wh->cur_min_ns = 0;
+	wh->reserved = w->capacity;     /* the caller lowers it if it reserves storage in steps */
+	wh->gen_base = 0;
 	wh->_pad = 0;
 }
 
@@ -317,9 +319,10 @@ uint32_t wheel_alloc(struct wheel *wh)
 
 	if (idx != NIL) {
 		w->free_head = wh->nodes[idx].next;
-	} else if (w->high_water < w->capacity) {
+	} else if (w->high_water < wh->reserved) {
 		/* bump: first touch of this node's page happens here */
 		idx = w->high_water++;
+		wh->nodes[idx].gen = wh->gen_base;
 	} else {
 		return NIL;
 	}

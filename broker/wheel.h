@@ -37,6 +37,12 @@ struct wheel {
 	 * branch-free multiply-shift when div_magic != 0 */
 	uint64_t div_magic;
 	uint32_t div_shift;
+	/* nodes [0, reserved) have storage reserved on the filesystem (the
+	 * shard grows it ahead of high_water); wheel_alloc() never goes beyond */
+	uint32_t reserved;
+	/* generation a node gets when first used: random per broker run, so
+	 * ids are not guessable from one run to the next (0 in tests) */
+	uint32_t gen_base;
 	uint32_t _pad;
 	uint64_t max_tick;      /* tick of UINT64_MAX ns */
 	/* lower bound of the deadlines in the current tick's level-0 slot:
@@ -76,7 +82,8 @@ static inline struct chime_node *wheel_node(const struct wheel *wh, uint32_t idx
 /*
  * Take a node off the free list: state ALLOC, gen bumped (never 0 within
  * CHIME_ID_GEN_MASK), every other field zeroed, cq_pos = CHIME_POS_NONE.
- * Returns its index, or CHIME_NIL if the slab is full.
+ * Returns its index, or CHIME_NIL if the slab is full (or its reserved part:
+ * wh->reserved, set by the caller; capacity after init and rebuild).
  */
 uint32_t wheel_alloc(struct wheel *wh);
 

@@ -61,7 +61,7 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 		if (waited < ROOM_SPIN_NS)
 			continue;
 		/* S3: full barrier before the sleep-number load, as after a publish. */
-		__atomic_thread_fence(__ATOMIC_SEQ_CST);
+		at_fence();
 		cl_ring_doorbell(ch);
 		if (now - probed >= ROOM_YIELD_NS) {
 			probed = now;
@@ -81,6 +81,7 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 	struct chime_chan *ch = &c->chan[shard];
 	struct chime_sqe *sqe;
 	uint64_t pos;
+	int refused = 0;
 
 	if (unlikely(cl_is_dead(c)))
 		return -ENOTCONN;
@@ -96,26 +97,29 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 		 * position (broker: release); chime_sq_reserve() acquire-loaded
 		 * that seq, so the grant is the one meant for us.
 		 */
-		id = __atomic_load_n(&sqe->grant, __ATOMIC_RELAXED);
-		if (unlikely(chime_id_gen(id) == 0 || chime_id_shard(id) != shard))
-			op = CHIME_OP_NOP;  /* no node to grant: give the slot back */
+		id = at_load(&sqe->grant);
+		if (unlikely(chime_grant_is_marker(id) || chime_id_shard(id) != shard)) {
+			/* No node for us here: give the slot back, and say why. */
+			refused = id == CHIME_GRANT_QUOTA ? -EDQUOT : -ENOMEM;
+			op = CHIME_OP_NOP;
+		}
 	}
 	/*
 	 * Relaxed atomic stores (plain moves on x86): the drainer may peek at
 	 * this slot meanwhile (chime_sq_peek: a seqlock read that discards a
 	 * torn copy), and a plain store racing with it is undefined in C11.
 	 */
-	__atomic_store_n(&sqe->id, id, __ATOMIC_RELAXED);
-	__atomic_store_n(&sqe->key, key, __ATOMIC_RELAXED);
-	__atomic_store_n(&sqe->deadline_ns, deadline_ns, __ATOMIC_RELAXED);
-	__atomic_store_n(&sqe->period_ns, period_ns, __ATOMIC_RELAXED);
-	__atomic_store_n(&sqe->user_data, user_data, __ATOMIC_RELAXED);
-	__atomic_store_n(&sqe->op, op, __ATOMIC_RELAXED);
+	at_store(&sqe->id, id);
+	at_store(&sqe->key, key);
+	at_store(&sqe->deadline_ns, deadline_ns);
+	at_store(&sqe->period_ns, period_ns);
+	at_store(&sqe->user_data, user_data);
+	at_store(&sqe->op, op);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
 	cl_ring_doorbell(ch);
-	if (unlikely(op == CHIME_OP_NOP))
-		return -ENOMEM;
+	if (unlikely(refused))
+		return refused;
 	if (out)
 		*out = id;
 	return 0;
@@ -130,6 +134,7 @@ CHIME_PUBLIC int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint6
 			   uint64_t user_data, chime_id_t *id)
 {
 	uint32_t s;
+	int r;
 
 	if (unlikely(!c || !id))
 		return -EINVAL;
@@ -137,7 +142,22 @@ CHIME_PUBLIC int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint6
 	if (s >= c->nr_shards)
 		s = 0;
 	tl_next_shard = s + 1;
-	return submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
+	r = submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
+	if (likely(r != -ENOMEM && r != -EDQUOT))
+		return r;
+	/* That shard is full, or has our share of the quota: any other one may have room. */
+	for (uint32_t k = 1; k < c->nr_shards; k++) {
+		int r2;
+
+		if (++s == c->nr_shards)
+			s = 0;
+		r2 = submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
+		if (r2 != -ENOMEM && r2 != -EDQUOT)
+			return r2;
+		if (r2 == -ENOMEM)
+			r = -ENOMEM;    /* EDQUOT only if every shard said quota */
+	}
+	return r;
 }
 
 CHIME_PUBLIC int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns)

@@ -98,6 +98,18 @@ static inline uint32_t chime_id_gen(uint64_t id)   { return (uint32_t)(id >> 40)
 static inline uint32_t chime_id_shard(uint64_t id) { return (uint32_t)(id >> 32) & 0xffu; }
 static inline uint32_t chime_id_index(uint64_t id) { return (uint32_t)id; }
 
+/*
+ * A submission slot's grant is a timer id (generation != 0), or, when the
+ * shard could not give the slot a node, a marker with generation 0 (never a
+ * valid id) saying why. A client that finds a marker publishes a NOP in the
+ * slot (so the ring moves on) and fails the arm at once; the shard grants
+ * the slot again whenever it consumes one of its records, and sooner when
+ * room comes back.
+ */
+#define CHIME_GRANT_NOMEM UINT64_C(1)   /* no free node: the slab is full (or not reserved) */
+#define CHIME_GRANT_QUOTA UINT64_C(2)   /* the client holds --max-timers-per-client nodes */
+static inline int chime_grant_is_marker(uint64_t grant) { return chime_id_gen(grant) == 0; }
+
 /* ------------------------------------------------------------------------ */
 /* Timer node (the slab of a shard segment)                                    */
 /* ------------------------------------------------------------------------ */
@@ -463,7 +475,10 @@ struct chime_shard_stats {
 	uint64_t lat_max_ns;
 	uint64_t lat_sum_ns;
 	uint64_t lat[CHIME_LAT_BUCKETS];
-	uint8_t  _reserved[1792 - 8 * (19 + CHIME_LAT_BUCKETS)];
+	uint64_t refused_nomem;     /* arms refused: no free node (slab full or not reserved) */
+	uint64_t refused_quota;     /* arms refused: the client was at --max-timers-per-client */
+	uint64_t reserve_failed;    /* slab chunks the filesystem would not reserve */
+	uint8_t  _reserved[1792 - 8 * (22 + CHIME_LAT_BUCKETS)];
 };
 _Static_assert(sizeof(struct chime_shard_stats) == 1792, "stats block size is part of the layout");
 _Static_assert(offsetof(struct chime_shard_stats, lat) == 152, "moved: bump CHIME_SHM_LAYOUT");
@@ -511,8 +526,10 @@ struct chime_client_stats {
 	uint64_t fires;
 	uint64_t cq_depth;          /* events waiting in its completion ring, last seen */
 	uint64_t backlog;           /* events held back because it did not drain */
-	uint64_t wakeups;           /* eventfd writes to wake it */
-	uint8_t  _reserved[128 - 80];
+	uint64_t wakeups;           /* wake-up messages sent to it */
+	uint64_t refused_nomem;     /* its arms refused: no free node */
+	uint64_t refused_quota;     /* its arms refused: at its quota */
+	uint8_t  _reserved[128 - 96];
 };
 _Static_assert(sizeof(struct chime_client_stats) == 128, "client stats block is 128 B");
 

@@ -25,7 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <ck_pr.h>
+#include "atomics.h"
 
 #include "ring.h"
 
@@ -84,18 +84,39 @@ int chime_seg_memfd(const char *name, size_t size, int *fd, struct chime_map *ma
  * O_EXCL never follows a symlink someone planted at the path. fchmod
  * applies `mode` exactly, whatever the umask.
  */
-int chime_seg_file(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map)
+int chime_seg_reserve(int fd, uint64_t off, uint64_t len)
+{
+	int r;
+
+	if (len == 0)
+		return 0;
+	/* posix_fallocate: fallocate(2) where the filesystem has it, else writes zeros. */
+	do
+		r = posix_fallocate(fd, (off_t)off, (off_t)len);
+	while (r == EINTR);
+	return -r;
+}
+
+int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, int *fd,
+		   struct chime_map *map)
 {
 	int f, r;
 
-	if (!size || size > (size_t)INT64_MAX)
+	if (!size || size > (size_t)INT64_MAX || reserve > size)
 		return -EINVAL;
 	if (unlink(path) < 0 && errno != ENOENT)
 		return -errno;
 	f = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
 	if (f < 0)
 		return -errno;
-	r = fchmod(f, mode) < 0 ? -errno : size_and_map(f, size, fd, map);
+	r = fchmod(f, mode) < 0 ? -errno : 0;
+	/* Before anything touches it: a page of a full filesystem would be SIGBUS. */
+	if (r == 0 && ftruncate(f, (off_t)size) < 0)
+		r = -errno;
+	if (r == 0)
+		r = chime_seg_reserve(f, 0, reserve);
+	if (r == 0)
+		r = size_and_map(f, size, fd, map);
 	if (r < 0) {
 		close(f);
 		unlink(path);
@@ -126,8 +147,7 @@ void chime_seg_publish(struct chime_seg_hdr *hdr, uint32_t kind, uint64_t size)
 	hdr->size = size;
 	memset(hdr->_reserved, 0, sizeof(hdr->_reserved));
 	/* P1: the header and everything the creator wrote before, then magic; pairs with P2. */
-	ck_pr_fence_release();
-	ck_pr_store_64(&hdr->magic, CHIME_SHM_MAGIC);
+	at_store_rel(&hdr->magic, CHIME_SHM_MAGIC);
 }
 
 /*
@@ -143,19 +163,18 @@ int chime_seg_check(const struct chime_map *map, uint32_t kind, uint32_t *layout
 	if (!hdr || map->size < sizeof(*hdr))
 		return -EBADMSG;
 	/* P2: magic, then the header; pairs with P1. */
-	magic = ck_pr_load_64(&hdr->magic);
-	ck_pr_fence_acquire();
+	magic = at_load_acq(&hdr->magic);
 	if (magic == 0)
 		return -EAGAIN;
 	if (magic != CHIME_SHM_MAGIC)
 		return -EBADMSG;
-	l = ck_pr_load_32(&hdr->layout);
+	l = at_load(&hdr->layout);
 	if (l != CHIME_SHM_LAYOUT) {
 		if (layout)
 			*layout = l;
 		return -EPROTO;
 	}
-	if (ck_pr_load_32(&hdr->kind) != kind || ck_pr_load_64(&hdr->size) != map->size)
+	if (at_load(&hdr->kind) != kind || at_load(&hdr->size) != map->size)
 		return -EBADMSG;
 	return 0;
 }

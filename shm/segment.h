@@ -31,10 +31,21 @@ int chime_seg_memfd(const char *name, size_t size, int *fd, struct chime_map *ma
 
 /*
  * Create the file `path` (mode `mode`, replacing a stale one) of `size` bytes,
- * map it read-write and set *fd and *map. Used for the control and shard
- * segments, which tools find by name. Errors: -errno of open, ftruncate, mmap.
+ * reserve its first `reserve` bytes on the filesystem (before anything touches
+ * them), map it read-write and set *fd and *map. Used for the control and
+ * shard segments, which tools find by name. Errors: -errno of open,
+ * ftruncate, mmap; -ENOSPC (or -EDQUOT) if the reservation failed (nothing is
+ * left behind).
  */
-int chime_seg_file(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map);
+int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, int *fd,
+		   struct chime_map *map);
+
+/*
+ * Reserve [off, off + len) of a segment file on its filesystem, so that the
+ * first touch of those pages cannot raise SIGBUS on a full filesystem (a
+ * sparse file's pages are only allocated when written). 0 or -errno (-ENOSPC).
+ */
+int chime_seg_reserve(int fd, uint64_t off, uint64_t len);
 
 /*
  * Seal a memfd against resizing and further sealing, and, if `read_only`,

@@ -85,6 +85,7 @@ static void setup(void)
 	F.sc.shard = 0;
 	F.sc.capacity = CAP;
 	F.sc.max_clients = MAXCL;
+	F.sc.quota = UINT64_MAX;
 	F.g.nr_shards = 1;
 	F.g.sq_size = SQ;
 	F.g.cq_size = CQ;
@@ -518,36 +519,140 @@ Test(chan, reclaim_frees_every_node_of_the_client)
 	cr_assert_eq(keyidx_first(&F.sc.ki, 1, 0) != CHIME_NIL, 1);
 }
 
-Test(chan, slab_full_owes_grants_and_pays_them_later)
+/* Take every free node of the slab for a client that is not ours (slot 3). */
+static void fill_slab(void)
 {
-	struct client_sim *c = &F.cl[0];
-	struct chime_cqe e;
-	uint64_t ids[64];
-	unsigned n = 0;
-
-	/* fill the slab with timers so no grant can be renewed */
-	while (F.sc.wh.w->high_water < CAP || F.sc.wh.w->free_head != CHIME_NIL) {
+	for (;;) {
 		uint32_t idx = wheel_alloc(&F.sc.wh);
 
 		if (idx == CHIME_NIL)
 			break;
-		wheel_node(&F.sc.wh, idx)->owner = 3;   /* someone else's */
+		wheel_node(&F.sc.wh, idx)->owner = 3;
 		wheel_node(&F.sc.wh, idx)->state = CHIME_NODE_GRANTED;
 	}
-	for (n = 0; n < SQ; n++)
-		ids[n] = arm(c, 0, T0 + MS, 0, n);
+}
+
+/* What libchime does with a marked slot: publish a NOP there. Returns the marker seen. */
+static uint64_t refused_arm(struct client_sim *c)
+{
+	uint64_t pos;
+	struct chime_sqe *s = chime_sq_reserve(&c->prod, &pos);
+	uint64_t g;
+
+	cr_assert(s, "submission ring full: a refused arm must never wait");
+	g = s->grant;
+	cr_assert(chime_grant_is_marker(g), "slot holds a grant (%#llx), not a marker", (unsigned long long)g);
+	s->op = CHIME_OP_NOP;
+	chime_sq_publish(s, pos);
+	return g;
+}
+
+static unsigned shared_markers(struct client_sim *c)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < SQ; i++)
+		n += chime_grant_is_marker(c->m.sq_slots[i].grant) != 0;
+	return n;
+}
+
+Test(chan, full_slab_frees_slots_with_nomem_markers_and_grants_again_when_room_returns)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+
+	fill_slab();
+	for (unsigned n = 0; n < SQ; n++)
+		(void)arm(c, 0, T0 + MS, 0, n);
 	step_at(T0);
-	cr_assert_eq(c->ch.owed_n, SQ, "every renewed grant is owed");
-	cr_assert_null(chime_sq_reserve(&c->prod, &(uint64_t){ 0 }), "producers wait: ring full");
-	/* the events still fire; consuming them frees nodes, which pay the debts */
+	cr_assert_eq(c->ch.marked, SQ, "every slot's next grant is a marker");
+	cr_assert_eq(shared_markers(c), SQ);
+	cr_assert_eq(c->m.sq_slots[0].grant, CHIME_GRANT_NOMEM);
+	/* the ring keeps moving: a refused arm takes a slot and gives it back */
+	for (unsigned n = 0; n < 2 * SQ; n++) {
+		cr_assert_eq(refused_arm(c), CHIME_GRANT_NOMEM);
+		step_at(T0);
+	}
+	cr_assert_eq(F.st.sh.refused_nomem, 2 * SQ);
+	cr_assert_eq(F.st.sh.refused_quota, 0);
+	/* the events still fire; consuming them frees nodes, and markers become grants at once */
 	step_at(T0 + MS);
 	for (unsigned i = 0; i < CQ; i++)
 		cr_assert_eq(take(c, &e), 1);
 	step();
-	cr_assert_eq(c->ch.owed_n, SQ - CQ);
-	for (unsigned i = 0; i < CQ; i++)
-		cr_assert_neq(c->m.sq_slots[i].grant, 0);
-	(void)ids;
+	cr_assert_eq(c->ch.marked, SQ - CQ);
+	cr_assert_eq(shared_markers(c), SQ - CQ);
+	for (unsigned i = 0; i < SQ; i++) {
+		uint64_t g = c->m.sq_slots[i].grant;
+
+		cr_assert(chime_grant_is_marker(g) || wheel_node(&F.sc.wh, chime_id_index(g))->owner == 0,
+			  "a grant names a node of ours");
+	}
+	wheel_check(&F.sc.wh);
+}
+
+Test(chan, a_client_at_its_quota_gets_quota_markers_until_it_cancels)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t ids[4];
+
+	/* attach gave SQ grants; two more nodes are allowed */
+	F.sc.quota = SQ + 2;
+	for (unsigned n = 0; n < 3; n++)
+		ids[n] = arm(c, 7, T0 + 3600 * MS, 0, n);
+	step_at(T0);
+	cr_assert_eq(c->ch.owned, SQ + 2);
+	cr_assert_eq(c->ch.marked, 1, "the third renewal is over quota");
+	cr_assert_eq(c->m.sq_slots[2].grant, CHIME_GRANT_QUOTA);
+	/* round the ring to slot 2 with NOPs in granted slots (not refusals) */
+	for (unsigned n = 3; n < SQ + 2; n++) {
+		(void)submit(c, CHIME_OP_NOP, 0, 0, 0, 0, 0);
+		step_at(T0);
+	}
+	cr_assert_eq(F.st.sh.refused_quota, 0);
+	cr_assert_eq(refused_arm(c), CHIME_GRANT_QUOTA);
+	step_at(T0);
+	cr_assert_eq(F.st.sh.refused_quota, 1);
+	/* cancel one: below quota again, the marker becomes a grant */
+	(void)submit(c, CHIME_OP_CANCEL, ids[0], 0, 0, 0, 0);
+	step_at(T0);
+	cr_assert_eq(c->ch.marked, 0);
+	cr_assert_eq(shared_markers(c), 0);
+	cr_assert_eq(c->ch.owned, SQ + 2);
+}
+
+Test(chan, attach_to_a_full_slab_succeeds_with_markers_only)
+{
+	struct client_sim *c = &F.cl[1];
+
+	fill_slab();
+	client_init(c, 1);
+	cr_assert_eq(c->ch.marked, SQ);
+	cr_assert_eq(c->ch.owned, 0);
+	cr_assert_eq(refused_arm(c), CHIME_GRANT_NOMEM);
+	step_at(T0);
+	cr_assert_eq(F.st.sh.refused_nomem, 1);
+	/* detaching a client that holds nothing is immediate and frees nothing */
+	cr_assert(chan_reclaim(&F.sc, &c->ch, 1));
+}
+
+Test(chan, an_arm_in_a_marked_slot_is_malformed_and_changes_nothing)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t before;
+
+	fill_slab();
+	for (unsigned n = 0; n < SQ; n++)
+		(void)arm(c, 0, T0 + 3600 * MS, 0, n);
+	step_at(T0);
+	before = c->ch.owned;
+	/* a hostile client arms with the marker itself, and with a forged id */
+	(void)arm(c, 0, T0, 0, 0);
+	(void)submit(c, CHIME_OP_ARM, chime_id_make(1, 0, 5), 0, T0, 0, 0);
+	step_at(T0);
+	cr_assert_eq(F.st.sh.malformed, 2);
+	cr_assert_eq(c->ch.owned, before);
+	wheel_check(&F.sc.wh);
 }
 
 Test(chan, a_periodic_waiting_for_its_client_lets_the_shard_sleep)

@@ -188,10 +188,10 @@ Test(segment, file_replaces_a_stale_file_and_applies_the_mode)
 
 	snprintf(path, sizeof(path), "/tmp/chime-t-seg-%d", (int)getpid());
 	/* A stale segment, still mapped by a "tool". */
-	cr_assert_eq(chime_seg_file(path, pagesz(), 0600, &sfd, &stale), 0);
+	cr_assert_eq(chime_seg_file(path, pagesz(), 0, 0600, &sfd, &stale), 0);
 	chime_seg_publish(stale.base, CHIME_SEG_CONTROL, stale.size);
 
-	cr_assert_eq(chime_seg_file(path, 2 * pagesz(), 0644, &fd, &m), 0);
+	cr_assert_eq(chime_seg_file(path, 2 * pagesz(), pagesz(), 0644, &fd, &m), 0);
 	cr_assert_eq(fstat(fd, &st), 0);
 	cr_assert_eq(st.st_mode & 0777, 0644, "mode %o despite umask 077", st.st_mode & 0777);
 	cr_assert_eq((uint64_t)st.st_size, 2 * pagesz());
@@ -213,7 +213,7 @@ Test(segment, file_replaces_a_stale_file_and_applies_the_mode)
 		snprintf(target, sizeof(target), "%s.target", path);
 		unlink(path);
 		cr_assert_eq(symlink(target, path), 0);
-		cr_assert_eq(chime_seg_file(path, pagesz(), 0600, &fd2, &r), 0);
+		cr_assert_eq(chime_seg_file(path, pagesz(), 0, 0600, &fd2, &r), 0);
 		cr_assert_eq(access(target, F_OK), -1, "symlink followed");
 		cr_assert_eq(lstat(path, &st), 0);
 		cr_assert(S_ISREG(st.st_mode));
@@ -221,7 +221,7 @@ Test(segment, file_replaces_a_stale_file_and_applies_the_mode)
 		close(fd2);
 	}
 	cr_assert_eq(chime_seg_open("/nonexistent/chime", CHIME_SEG_CONTROL, &r), -ENOENT);
-	cr_assert_eq(chime_seg_file("/nonexistent/dir/chime", pagesz(), 0600, &fd2, &r), -ENOENT);
+	cr_assert_eq(chime_seg_file("/nonexistent/dir/chime", pagesz(), 0, 0600, &fd2, &r), -ENOENT);
 	unlink(path);
 	chime_seg_unmap(&m);
 	chime_seg_unmap(&stale);

@@ -221,7 +221,7 @@ static void fake_make(struct fake *f, pid_t pid, uint64_t heartbeat_age_ns)
 	       F_CLIENTS * F_SHARDS * sizeof(struct chime_client_stats);
 	size = (size + 4095) & ~UINT64_C(4095);
 	snprintf(path, sizeof(path), "%s.ctl", sock);
-	cr_assert_eq(chime_seg_file(path, size, 0640, &fd, &f->map), 0);
+	cr_assert_eq(chime_seg_file(path, size, size, 0640, &fd, &f->map), 0);
 	close(fd);
 	f->ctl = f->map.base;
 	f->ctl->state = CHIME_BROKER_RUNNING;

@@ -75,11 +75,16 @@ const char *chime_version(void);
  * A deadline in the past fires at once. key groups timers for
  * chime_cancel_key(); user_data comes back in the event. Sets *id (never 0)
  * before returning: no round trip. Thread-safe. If the submission ring is
- * full, waits for room (never drops). Returns 0, or:
+ * full, waits for room (never drops; the broker frees slots whatever its
+ * limits). Returns 0, or:
  *   -EINVAL    c or id is NULL
- *   -ENOMEM    the broker's shard has no free timer node (its --capacity is
- *              reached); nothing was armed
+ *   -ENOMEM    no shard of the broker has a free timer node (its --capacity
+ *              is reached, or its filesystem is full); nothing was armed
+ *   -EDQUOT    this connection holds its quota of timers (chimed
+ *              --max-timers-per-client); nothing was armed
  *   -ENOTCONN  the broker is gone
+ * Both refusals are immediate (no broker round trip) and counted; arms
+ * succeed again as soon as timers fire or are cancelled.
  */
 int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns,
 	      uint64_t user_data, chime_id_t *id);

@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_limits.c - limits fail fast: a full slab, a per-client quota, and (as
+ * root) a filesystem too small for the broker's segments. Every refusal is
+ * prompt and counted; nothing hangs, other clients keep working, the broker
+ * stays up (ARCHITECTURE.md, "Limits").
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "chime.h"
+#include "chime_shm.h"
+#include "helpers.h"
+#include "segment.h"
+
+#define MS 1000000ull
+#define HOUR (3600000 * MS)
+
+static struct t_chimed tb;
+
+static void stop(void)
+{
+	t_chimed_stop(&tb, SIGKILL);
+}
+
+TestSuite(limits, .fini = stop, .timeout = 120);
+
+static chime_t *copen(void)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *c = NULL;
+	int r = chime_open(&c, &o);
+
+	cr_assert_eq(r, 0, "chime_open('%s'): %s", tb.sock, strerror(-r));
+	return c;
+}
+
+/* Arm one-hour timers until an arm fails; returns how many succeeded, the error in *err. */
+static unsigned arm_until_refused(chime_t *c, unsigned max, int *err, chime_id_t *ids)
+{
+	unsigned n;
+
+	*err = 0;
+	for (n = 0; n < max; n++) {
+		chime_id_t id;
+		int r = chime_arm(c, 1, now_ns() + HOUR, 0, n, &id);
+
+		if (r < 0) {
+			*err = r;
+			break;
+		}
+		if (ids)
+			ids[n] = id;
+	}
+	return n;
+}
+
+/* The shards' summed counter at `off` in struct chime_shard_stats, from the control segment. */
+static uint64_t shard_counter(size_t off)
+{
+	char path[300];
+	struct chime_map m = { 0 };
+	uint64_t sum = 0;
+	const struct chime_ctl *ctl;
+
+	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	ctl = m.base;
+	for (uint32_t i = 0; i < ctl->nr_shards; i++) {
+		const struct chime_shard_ctl *sc =
+			(const struct chime_shard_ctl *)((const char *)ctl + ctl->shards_off) + i;
+		struct chime_shard_stats st;
+
+		(void)chime_stats_read(&st, &sc->stats, sizeof(st), 1000);
+		sum += *(const uint64_t *)((const char *)&st + off);
+	}
+	chime_seg_unmap(&m);
+	return sum;
+}
+
+/* Counters are published at least every millisecond while awake, and before sleeping. */
+static uint64_t counter_settled(size_t off, uint64_t want)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < 200 && (v = shard_counter(off)) < want; i++)
+		usleep(5000);
+	return v;
+}
+
+Test(limits, full_slab_fails_arm_fast_and_recovers_after_cancel)
+{
+	enum { WANT = 5000 };
+	chime_id_t *ids = calloc(WANT, sizeof(*ids));
+	chime_t *c, *c2;
+	uint64_t t0;
+	unsigned n, again;
+	int err;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1 --capacity 2048 --sq-size 16"), 0);
+	c = copen();
+	t0 = now_ns();
+	n = arm_until_refused(c, WANT, &err, ids);
+	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
+	cr_assert_gt(n, 1900, "only %u of 2048 nodes armed", n);
+	cr_assert_leq(n, 2048);
+	/* refusals are prompt: a thousand more cost no waiting */
+	for (int i = 0; i < 1000; i++)
+		cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, 0, &(chime_id_t){ 0 }), -ENOMEM);
+	cr_assert_lt(now_ns() - t0, 5000 * MS, "filling and refusing took %llu ms",
+		     (unsigned long long)((now_ns() - t0) / MS));
+	/* another process connects while the shard is full, and is refused the same way */
+	c2 = copen();
+	cr_assert_eq(chime_arm(c2, 1, now_ns() + HOUR, 0, 0, &(chime_id_t){ 0 }), -ENOMEM);
+	/* cancel and reset never block on a full slab */
+	for (unsigned i = 0; i < 100; i++)
+		cr_assert_eq(chime_cancel(c, ids[i]), 0);
+	cr_assert_eq(chime_reset(c, ids[200], now_ns() + 2 * HOUR), 0);
+	/* room comes back: arms succeed again within a moment */
+	for (int tries = 0; tries < 200; tries++) {
+		if ((again = arm_until_refused(c, 50, &err, NULL)) > 0)
+			break;
+		usleep(5000);
+	}
+	cr_assert_gt(again, 0, "no arm succeeded after 100 cancels");
+	cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, refused_nomem), 1001), 1001,
+		      "refusals are counted");
+	chime_close(c2);
+	chime_close(c);
+	free(ids);
+	cr_assert_eq(kill(tb.pid, 0), 0, "the broker is up");
+}
+
+Test(limits, quota_gives_edquot_and_other_clients_keep_arming)
+{
+	chime_t *a, *b;
+	unsigned n;
+	int err;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 2 --max-timers-per-client 100 --sq-size 16"), 0);
+	a = copen();
+	b = copen();
+	n = arm_until_refused(a, 1000, &err, NULL);
+	cr_assert_eq(err, -EDQUOT, "arm %u: %s, not EDQUOT", n, strerror(-err));
+	cr_assert_eq(n, 100, "armed %u, quota 100 (50 per shard)", n);
+	/* the other client has its own quota */
+	cr_assert_eq(arm_until_refused(b, 60, &err, NULL), 60, "%s", strerror(-err));
+	cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, refused_quota), 1), 1);
+	chime_close(a);
+	chime_close(b);
+}
+
+/* ---- root only: a filesystem too small for the broker ---- */
+
+static int mount_tmpfs(char *dir, size_t len, const char *size)
+{
+	char opts[64];
+
+	snprintf(dir, len, "/tmp/chime-tmpfs-XXXXXX");
+	if (!mkdtemp(dir))
+		return -1;
+	snprintf(opts, sizeof(opts), "size=%s,mode=0755", size);
+	if (mount("tmpfs", dir, "tmpfs", 0, opts) < 0) {
+		rmdir(dir);
+		return -1;
+	}
+	return 0;
+}
+
+static void unmount_tmpfs(const char *dir)
+{
+	t_rmdir_files(dir);
+	(void)umount2(dir, MNT_DETACH);
+	rmdir(dir);
+}
+
+Test(limits, small_tmpfs_gives_enomem_not_sigbus)
+{
+	char dir[64], sock[128];
+	chime_t *c;
+	unsigned n;
+	int err;
+
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576"), 0);
+	c = copen();
+	n = arm_until_refused(c, 1000000, &err, NULL);
+	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
+	cr_assert_gt(n, 10000, "only %u armed in 16 MiB", n);
+	cr_assert_eq(kill(tb.pid, 0), 0, "the broker died (SIGBUS?)");
+	cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, reserve_failed), 1), 1);
+	chime_close(c);
+	cr_assert_eq(WEXITSTATUS(t_chimed_stop(&tb, SIGTERM)), 0, "the broker stops cleanly");
+	unmount_tmpfs(dir);
+}
+
+Test(limits, tiny_tmpfs_fails_start_with_a_clear_message)
+{
+	char dir[64], cmd[512], out[1024] = "";
+	FILE *p;
+	int st;
+
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(mount_tmpfs(dir, sizeof(dir), "1m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(cmd, sizeof(cmd), "%s --foreground -n 1 --socket %s/chime.sock 2>&1", getenv("CHIMED"), dir);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	(void)!fread(out, 1, sizeof(out) - 1, p);
+	st = pclose(p);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; output: %s", st, out);
+	cr_assert(strstr(out, "cannot reserve") && strstr(out, dir), "unclear message: %s", out);
+	unmount_tmpfs(dir);
+}

@@ -641,3 +641,56 @@ Test(tools_live, shutdown_stops_and_removes_segments)
 	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1);
 }
 
+
+/*
+ * Every installed program answers -V/--version with "NAME MAJOR.MINOR.PATCH"
+ * (the library's version; chimed adds its shm layout) and -h/--help with its usage on stdout, exit 0.
+ */
+static const struct {
+	const char *name, *env;
+} programs[] = {
+	{ "chimed", "CHIMED" },
+	{ "chimestat", "CHIMESTAT" },
+	{ "chimectl", "CHIMECTL" },
+	{ "chime-demo", "CHIME_DEMO" },
+	{ "chime-bench", "CHIME_BENCH" },
+};
+
+TestSuite(tools_options, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(tools_options, version_everywhere)
+{
+	const char *flags[] = { "-V", "--version" };
+	char want[64];
+
+	for (size_t i = 0; i < sizeof(programs) / sizeof(programs[0]); i++) {
+		snprintf(want, sizeof(want), "%s %s", programs[i].name, chime_version());
+		for (size_t j = 0; j < 2; j++) {
+			const char *o;
+
+			cr_assert_eq(run("%s %s", bin(programs[i].env), flags[j]), 0,
+				     "%s %s: %s", programs[i].name, flags[j], slurp(err));
+			o = slurp(out);
+			/* chimed adds " (shm layout N)" after the version. */
+			cr_assert(!strncmp(o, want, strlen(want)) && (o[strlen(want)] == '\n' ||
+				  !strncmp(o + strlen(want), " (", 2)),
+				  "%s %s printed '%s', want '%s'", programs[i].name, flags[j], o, want);
+		}
+	}
+}
+
+Test(tools_options, help_everywhere)
+{
+	const char *flags[] = { "-h", "--help" };
+
+	for (size_t i = 0; i < sizeof(programs) / sizeof(programs[0]); i++) {
+		for (size_t j = 0; j < 2; j++) {
+			cr_assert_eq(run("%s %s", bin(programs[i].env), flags[j]), 0,
+				     "%s %s: %s", programs[i].name, flags[j], slurp(err));
+			cr_assert(strcasestr(slurp(out), "usage"), "%s %s printed no usage: %s",
+				  programs[i].name, flags[j], slurp(out));
+			cr_assert(strstr(slurp(out), "version"), "%s %s does not mention --version",
+				  programs[i].name, flags[j]);
+		}
+	}
+}

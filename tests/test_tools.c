@@ -694,3 +694,35 @@ Test(tools_options, help_everywhere)
 		}
 	}
 }
+
+/*
+ * The event-loop examples (libclient/examples/uv_timers.c, event_timers.c)
+ * against a real chimed: each checks its own timeouts (exactly the requests
+ * not completed time out, once, never early) and exits 0. Built only when
+ * libuv1-dev / libevent-dev were found: otherwise skipped, saying so.
+ */
+static void run_loop_example(const char *name, const char *package)
+{
+	const char *built = getenv("CHIME_LOOP_EXAMPLES");
+	char list[256], want[64];
+	int st;
+
+	snprintf(list, sizeof(list), " %s ", built ? built : "");
+	snprintf(want, sizeof(want), " %s ", name);
+	if (!strstr(list, want))
+		cr_skip_test("example_%s not built (%s not found at configure time)", name, package);
+	start_broker("--shards 2");
+	st = run("CHIME_SOCKET='%s' %s/example_%s", sock, bin("CHIME_EXAMPLES"), name);
+	cr_assert_eq(st, 0, "example_%s exited %d: %s", name, st, slurp(err));
+	cr_assert(strstr(slurp(out), "timeouts"), "example_%s printed: %s", name, slurp(out));
+}
+
+Test(tools_live, example_uv_timers)
+{
+	run_loop_example("uv_timers", "libuv1-dev");
+}
+
+Test(tools_live, example_event_timers)
+{
+	run_loop_example("event_timers", "libevent-dev");
+}

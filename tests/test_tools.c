@@ -641,3 +641,88 @@ Test(tools_live, shutdown_stops_and_removes_segments)
 	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1);
 }
 
+
+/*
+ * Every installed program answers -V/--version with "NAME MAJOR.MINOR.PATCH"
+ * (the library's version; chimed adds its shm layout) and -h/--help with its usage on stdout, exit 0.
+ */
+static const struct {
+	const char *name, *env;
+} programs[] = {
+	{ "chimed", "CHIMED" },
+	{ "chimestat", "CHIMESTAT" },
+	{ "chimectl", "CHIMECTL" },
+	{ "chime-demo", "CHIME_DEMO" },
+	{ "chime-bench", "CHIME_BENCH" },
+};
+
+TestSuite(tools_options, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(tools_options, version_everywhere)
+{
+	const char *flags[] = { "-V", "--version" };
+	char want[64];
+
+	for (size_t i = 0; i < sizeof(programs) / sizeof(programs[0]); i++) {
+		snprintf(want, sizeof(want), "%s %s", programs[i].name, chime_version());
+		for (size_t j = 0; j < 2; j++) {
+			const char *o;
+
+			cr_assert_eq(run("%s %s", bin(programs[i].env), flags[j]), 0,
+				     "%s %s: %s", programs[i].name, flags[j], slurp(err));
+			o = slurp(out);
+			/* chimed adds " (shm layout N)" after the version. */
+			cr_assert(!strncmp(o, want, strlen(want)) && (o[strlen(want)] == '\n' ||
+				  !strncmp(o + strlen(want), " (", 2)),
+				  "%s %s printed '%s', want '%s'", programs[i].name, flags[j], o, want);
+		}
+	}
+}
+
+Test(tools_options, help_everywhere)
+{
+	const char *flags[] = { "-h", "--help" };
+
+	for (size_t i = 0; i < sizeof(programs) / sizeof(programs[0]); i++) {
+		for (size_t j = 0; j < 2; j++) {
+			cr_assert_eq(run("%s %s", bin(programs[i].env), flags[j]), 0,
+				     "%s %s: %s", programs[i].name, flags[j], slurp(err));
+			cr_assert(strcasestr(slurp(out), "usage"), "%s %s printed no usage: %s",
+				  programs[i].name, flags[j], slurp(out));
+			cr_assert(strstr(slurp(out), "version"), "%s %s does not mention --version",
+				  programs[i].name, flags[j]);
+		}
+	}
+}
+
+/*
+ * The event-loop examples (libclient/examples/uv_timers.c, event_timers.c)
+ * against a real chimed: each checks its own timeouts (exactly the requests
+ * not completed time out, once, never early) and exits 0. Built only when
+ * libuv1-dev / libevent-dev were found: otherwise skipped, saying so.
+ */
+static void run_loop_example(const char *name, const char *package)
+{
+	const char *built = getenv("CHIME_LOOP_EXAMPLES");
+	char list[256], want[64];
+	int st;
+
+	snprintf(list, sizeof(list), " %s ", built ? built : "");
+	snprintf(want, sizeof(want), " %s ", name);
+	if (!strstr(list, want))
+		cr_skip_test("example_%s not built (%s not found at configure time)", name, package);
+	start_broker("--shards 2");
+	st = run("CHIME_SOCKET='%s' %s/example_%s", sock, bin("CHIME_EXAMPLES"), name);
+	cr_assert_eq(st, 0, "example_%s exited %d: %s", name, st, slurp(err));
+	cr_assert(strstr(slurp(out), "timeouts"), "example_%s printed: %s", name, slurp(out));
+}
+
+Test(tools_live, example_uv_timers)
+{
+	run_loop_example("uv_timers", "libuv1-dev");
+}
+
+Test(tools_live, example_event_timers)
+{
+	run_loop_example("event_timers", "libevent-dev");
+}

@@ -55,6 +55,7 @@ static void usage(FILE *f)
 		"  -d, --seconds N     spread the arming over N seconds (default 3)\n"
 		"  -m, --max-ms N      each deadline is 1..N ms after arming (default 200)\n"
 		"  -h, --help          show this help\n"
+		"  -V, --version       show the version\n"
 		"\n"
 		"Exit status: 0 if every timer fired exactly once and never early, 1 otherwise,\n"
 		"2 on a usage error.\n");
@@ -140,6 +141,7 @@ int main(int argc, char **argv)
 		{ "seconds", required_argument, NULL, 'd' },
 		{ "max-ms", required_argument, NULL, 'm' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ 0 }
 	};
 	struct demo d = { .timers = 1000000, .threads = 4, .seconds = 3, .max_ms = 200 };
@@ -150,7 +152,7 @@ int main(int argc, char **argv)
 	struct arm_thread *threads;
 	int c, r, status = 0;
 
-	while ((c = getopt_long(argc, argv, "s:n:t:d:m:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "s:n:t:d:m:hV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 's': opts.socket_path = optarg; break;
 		case 'n': if (parse_uint(optarg, "--timers", 1, 100000000, &d.timers)) return 2; break;
@@ -158,6 +160,7 @@ int main(int argc, char **argv)
 		case 'd': if (parse_uint(optarg, "--seconds", 1, 3600, &v)) return 2; d.seconds = (unsigned)v; break;
 		case 'm': if (parse_uint(optarg, "--max-ms", 1, 60000, &v)) return 2; d.max_ms = (unsigned)v; break;
 		case 'h': usage(stdout); return 0;
+		case 'V': printf("chime-demo %s\n", chime_version()); return 0;
 		default: usage(stderr); return 2;
 		}
 	}

@@ -46,7 +46,7 @@ static void usage(FILE *f)
 		"  -s, --socket PATH   broker socket (default: $CHIME_SOCKET, else\n"
 		"                      /run/chime/chime.sock as root, else $XDG_RUNTIME_DIR/chime.sock)\n"
 		"  -h, --help          show this help\n"
-		"      --version       show the version\n"
+		"  -V, --version       show the version\n"
 		"\n"
 		"Exit status: 0 ok; 1 failure (cannot read the broker's shared memory, the\n"
 		"handshake failed, the signal failed or the broker did not exit in time);\n"
@@ -328,13 +328,12 @@ static int cmd_shutdown(const char *sock)
 
 int main(int argc, char **argv)
 {
-	enum { OPT_VERSION = 256 };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "client", required_argument, NULL, 'c' },
 		{ "limit", required_argument, NULL, 'n' },
 		{ "help", no_argument, NULL, 'h' },
-		{ "version", no_argument, NULL, OPT_VERSION },
+		{ "version", no_argument, NULL, 'V' },
 		{ 0 }
 	};
 	const char *socket_arg = NULL, *cmd;
@@ -344,7 +343,7 @@ int main(int argc, char **argv)
 	int opt, r;
 
 	/* Options may come before or after the command (GNU getopt permutes). */
-	while ((opt = getopt_long(argc, argv, "s:c:n:h", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "s:c:n:hV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
 			socket_arg = optarg;
@@ -372,7 +371,7 @@ int main(int argc, char **argv)
 		case 'h':
 			usage(stdout);
 			return SR_EXIT_OK;
-		case OPT_VERSION:
+		case 'V':
 			printf(PROG " %s\n", CHIME_VERSION);
 			return SR_EXIT_OK;
 		default:

@@ -86,7 +86,7 @@ static void usage(FILE *f)
 		"                       (fnmatch; repeatable), e.g. 'shard.*.fires'\n"
 		"  -i, --interval SECS  refresh interval of the live view (default 1)\n"
 		"  -h, --help           show this help\n"
-		"      --version        show the version\n"
+		"  -V, --version        show the version\n"
 		"\n"
 		"Field names: broker.NAME, shard.N.NAME, client.SLOT.NAME, lateness.NAME\n"
 		"(all shards); -1 -f '*' lists them all.\n"
@@ -755,7 +755,7 @@ static int exit_for(const struct sr_snap *sn)
 
 static int chimestat(struct opts *op, int argc, char **argv)
 {
-	enum { OPT_PROM = 256, OPT_VERSION };
+	enum { OPT_PROM = 256 };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "once", no_argument, NULL, '1' },
@@ -764,7 +764,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		{ "field", required_argument, NULL, 'f' },
 		{ "interval", required_argument, NULL, 'i' },
 		{ "help", no_argument, NULL, 'h' },
-		{ "version", no_argument, NULL, OPT_VERSION },
+		{ "version", no_argument, NULL, 'V' },
 		{ 0 }
 	};
 	struct opts o = *op;
@@ -774,7 +774,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	int have_prev = 0, tty, r, opt;
 	struct sr s;
 
-	while ((opt = getopt_long(argc, argv, "s:1jf:i:h", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "s:1jf:i:hV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
 			o.socket = optarg;
@@ -805,7 +805,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		case 'h':
 			usage(stdout);
 			return SR_EXIT_OK;
-		case OPT_VERSION:
+		case 'V':
 			printf(PROG " %s\n", CHIME_VERSION);
 			return SR_EXIT_OK;
 		default:

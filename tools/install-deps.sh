@@ -4,7 +4,8 @@
 # needs root (or sudo) only the first time.
 set -eu
 
-pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libck-dev libcriterion-dev jq strace"
+pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libck-dev libcriterion-dev jq strace
+groff-base man-db python3-pytest libuv1-dev libevent-dev"
 
 missing=""
 for p in $pkgs; do

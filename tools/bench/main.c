@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "chime_config.h"
 #include "bench.h"
 #include "e2e.h"
 
@@ -22,7 +23,8 @@ static const struct {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: chime-bench MODE [OPTIONS]\n       chime-bench MODE --help\n\nmodes:\n");
+	fprintf(f, "usage: chime-bench MODE [OPTIONS]\n       chime-bench MODE --help\n"
+		"       chime-bench -h|--help | -V|--version\n\nmodes:\n");
 	for (size_t i = 0; i < NR_MODES; i++)
 		fprintf(f, "  %-8s %s\n", modes[i].name, modes[i].help);
 }
@@ -35,6 +37,10 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
 		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+		printf("chime-bench %s\n", CHIME_VERSION);
 		return 0;
 	}
 	for (size_t i = 0; i < NR_MODES; i++) {

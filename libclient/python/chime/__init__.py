@@ -1,0 +1,256 @@
+# SPDX-License-Identifier: MIT
+"""chime: timers served by the host's chime broker (chimed), from Python.
+
+    import chime
+
+    with chime.Chime() as c:
+        tid = c.arm(key=1, after=0.5, data=42)
+        for ev in c.wait(timeout=1.0):
+            print(ev.id == tid, ev.data, ev.fired_ns - ev.deadline_ns)
+
+A thin ctypes binding of libchime (see libchime(3) and the chime_*(3) pages):
+arming, resetting and cancelling are stores into shared memory, with no
+round trip to the broker. Times are nanoseconds of CLOCK_MONOTONIC
+(time.monotonic_ns() reads the same clock; chime.now() too); `after` and
+`period` are seconds, as floats. Errors are OSError with the errno of the C
+call and a message naming the call and the cause. chime.aio integrates a
+Chime with asyncio.
+"""
+import ctypes
+import errno
+import math
+import os
+import time
+from dataclasses import dataclass
+
+from ._lib import ChimeEvent, ChimeOpts, lib
+
+__all__ = ["Chime", "Event", "now", "version", "DEFAULT_SOCKET"]
+
+DEFAULT_SOCKET = "/run/chime/chime.sock"
+_U64_MAX = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class Event:
+    """One expiration: the timer's id, key and data as armed, the deadline it
+    fired for and when the broker fired it (CLOCK_MONOTONIC ns), and whether
+    the timer is periodic (it stays armed)."""
+    id: int
+    key: int
+    data: int
+    deadline_ns: int
+    fired_ns: int
+    periodic: bool
+
+
+def now():
+    """CLOCK_MONOTONIC in nanoseconds, the clock of every deadline."""
+    return lib.chime_now()
+
+
+def version():
+    """The version of the libchime in use, "MAJOR.MINOR.PATCH"."""
+    return lib.chime_version().decode()
+
+
+# Why a call failed, in the words of the chime_*(3) pages.
+_WHY = {
+    ("chime_open", errno.ENOENT): "no chimed listens at {socket} (is chimed running?)",
+    ("chime_open", errno.EACCES): "chimed at {socket} does not admit this user (its --allow-uid, "
+                                  "--allow-gid, --allow-all policy) or the socket's permissions refuse it",
+    ("chime_open", errno.EUSERS): "too many clients for this user, or chimed's client table is full",
+    ("chime_open", errno.EPROTO): "chimed speaks another shared-memory layout version "
+                                  "(libchime and chimed of different releases)",
+    ("chime_open", errno.ETIMEDOUT): "chimed accepted the connection but did not answer within 10 s",
+    ("chime_open", errno.ECONNRESET): "chimed hung up during the handshake",
+    ("chime_open", errno.EBADMSG): "chimed's reply or shared memory was malformed",
+    ("chime_open", errno.EINVAL): "invalid socket path {socket!r} (too long?)",
+    ("chime_arm", errno.EDQUOT): "this client has as many armed timers as chimed allows one client "
+                                 "(chimed --max-timers-per-client)",
+    ("chime_arm", errno.ENOMEM): "chimed's shards have no free timer (chimed --capacity); nothing was armed",
+    ("chime_reset", errno.EINVAL): "{id} is not a timer id of this broker",
+    ("chime_cancel", errno.EINVAL): "{id} is not a timer id of this broker",
+}
+
+
+def _error(func, err, **what):
+    why = _WHY.get((func, err))
+    if why is None:
+        why = "chimed is gone" if err == errno.ENOTCONN else os.strerror(err)
+    else:
+        why = why.format(**what)
+    return OSError(err, f"{func}: {why}")
+
+
+def _u64(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _U64_MAX:
+        raise ValueError(f"{name} must be an int in 0..2**64-1, not {value!r}")
+    return value
+
+
+def _seconds_ns(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
+    return int(round(value * 1e9))
+
+
+def _deadline(at_ns, after):
+    if (at_ns is None) == (after is None):
+        raise TypeError("give exactly one of at_ns= (absolute, CLOCK_MONOTONIC ns) "
+                        "and after= (seconds from now)")
+    if at_ns is not None:
+        return _u64("at_ns", at_ns)
+    return min(lib.chime_now() + _seconds_ns("after", after), _U64_MAX)
+
+
+class Chime:
+    """One connection to the broker. Chime(socket=None): the socket is
+    `socket`, else $CHIME_SOCKET, else /run/chime/chime.sock. Closing it (or
+    leaving its `with` block) cancels every timer it armed.
+
+    arm, reset, cancel and cancel_key may be called from any thread; one
+    thread at a time collects events (poll, wait)."""
+
+    def __init__(self, socket=None, session=None):
+        if session is not None:
+            raise NotImplementedError(
+                "chime: sessions (timers that outlive a connection) do not exist yet; "
+                "use Chime(socket=...) without session=")
+        self._c = None
+        self._periodic = {}     # id -> key of the periodic timers: Event.periodic
+        self._buf = None
+        path = os.fsencode(socket) if socket is not None else None
+        opts = ChimeOpts(path, 0)
+        handle = ctypes.c_void_p()
+        r = lib.chime_open(ctypes.byref(handle), ctypes.byref(opts))
+        if r < 0:
+            shown = socket if socket is not None else os.environ.get("CHIME_SOCKET") or DEFAULT_SOCKET
+            raise _error("chime_open", -r, socket=shown)
+        self._c = handle
+        self._fd = lib.chime_fd(self._c)
+
+    def _handle(self):
+        if self._c is None:
+            raise ValueError("operation on a closed Chime")
+        return self._c
+
+    def arm(self, key, *, at_ns=None, after=None, period=None, data=0):
+        """Arm a timer at at_ns (absolute) or `after` seconds from now,
+        repeating every `period` seconds if given; returns its id (never 0).
+        A deadline in the past fires at once."""
+        deadline = _deadline(at_ns, after)
+        period_ns = 0
+        if period is not None:
+            period_ns = _seconds_ns("period", period)
+            if period_ns == 0:
+                raise ValueError("period must be > 0 seconds (leave it out for a one-shot timer)")
+        out = ctypes.c_uint64()
+        r = lib.chime_arm(self._handle(), _u64("key", key), deadline, period_ns,
+                          _u64("data", data), ctypes.byref(out))
+        if r < 0:
+            raise _error("chime_arm", -r)
+        if period_ns:
+            self._periodic[out.value] = key
+        return out.value
+
+    def reset(self, id, *, at_ns=None, after=None):
+        """Move timer `id` to at_ns (absolute) or `after` seconds from now. An
+        earlier firing still in flight is never returned after this."""
+        r = lib.chime_reset(self._handle(), _u64("id", id), _deadline(at_ns, after))
+        if r < 0:
+            raise _error("chime_reset", -r, id=id)
+
+    def cancel(self, id):
+        """Cancel timer `id`: no event for it is returned after this. A timer
+        that already fired or was cancelled is not an error."""
+        r = lib.chime_cancel(self._handle(), _u64("id", id))
+        if r < 0:
+            raise _error("chime_cancel", -r, id=id)
+        self._periodic.pop(id, None)
+
+    def cancel_key(self, key):
+        """Cancel every timer this connection armed with `key`."""
+        r = lib.chime_cancel_key(self._handle(), _u64("key", key))
+        if r < 0:
+            raise _error("chime_cancel_key", -r)
+        for tid in [t for t, k in self._periodic.items() if k == key]:
+            del self._periodic[tid]
+
+    def _events(self, n):
+        out = []
+        for i in range(n):
+            e = self._buf[i]
+            periodic = e.id in self._periodic
+            out.append(Event(e.id, e.key, e.user_data, e.deadline_ns, e.fired_ns, periodic))
+        return out
+
+    def _buffer(self, max):
+        if not isinstance(max, int) or not 0 < max <= 65536:
+            raise ValueError(f"max must be an int in 1..65536, not {max!r}")
+        if self._buf is None or len(self._buf) < max:
+            self._buf = (ChimeEvent * max)()
+        return self._buf
+
+    def poll(self, max=64):
+        """Up to `max` pending events, as a list (empty if none); never blocks."""
+        buf = self._buffer(max)
+        r = lib.chime_poll(self._handle(), buf, max)
+        if r < 0:
+            raise _error("chime_poll", -r)
+        return self._events(r)
+
+    def wait(self, timeout=None):
+        """The pending events (up to 64), waiting up to `timeout` seconds
+        (None: forever) for one; an empty list on timeout."""
+        if timeout is None:
+            end = None
+        else:
+            _seconds_ns("timeout", timeout)
+            end = time.monotonic() + timeout
+        buf = self._buffer(64)
+        while True:
+            if end is None:
+                ms = -1
+            else:
+                ms = max(0, math.ceil((end - time.monotonic()) * 1000))
+                ms = min(ms, 2**31 - 1)
+            r = lib.chime_wait(self._handle(), buf, 64, ms)
+            # A signal: its Python handler runs here (and may raise); then
+            # wait on for what is left of the timeout, as PEP 475 asks.
+            if r == -errno.EINTR:
+                continue
+            if r < 0:
+                raise _error("chime_wait", -r)
+            return self._events(r)
+
+    def fileno(self):
+        """A descriptor readable whenever events are pending (for select,
+        selectors, asyncio); then call poll() until it returns []. Do not
+        read it."""
+        self._handle()
+        return self._fd
+
+    @property
+    def closed(self):
+        return self._c is None
+
+    def close(self):
+        """Disconnect: the broker cancels every timer of this connection."""
+        if self._c is not None:
+            lib.chime_close(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._c is None else f"fd={self._fd}"
+        return f"<chime.Chime {state}>"

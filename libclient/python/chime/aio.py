@@ -1,0 +1,72 @@
+# SPDX-License-Identifier: MIT
+"""chime with asyncio: a Chime whose events are awaited, not waited for.
+
+    import asyncio, chime.aio
+
+    async def main():
+        async with chime.aio.AsyncChime() as c:
+            c.arm(key=1, after=0.1, data=7)
+            async for ev in c:
+                print(ev.data)
+                break
+
+    asyncio.run(main())
+
+The loop watches the connection's fileno() (loop.add_reader); nothing
+blocks the loop. arm, reset, cancel and cancel_key are the Chime's own
+(no await: they are stores into shared memory).
+"""
+import asyncio
+
+from . import Chime
+
+__all__ = ["AsyncChime"]
+
+
+class AsyncChime:
+    """An asyncio view of a Chime: AsyncChime(chime=None, **kw) wraps
+    `chime`, or a Chime(**kw) it opens (and then closes)."""
+
+    def __init__(self, chime=None, **kw):
+        self._own = chime is None
+        self.chime = Chime(**kw) if chime is None else chime
+        self.arm = self.chime.arm
+        self.reset = self.chime.reset
+        self.cancel = self.chime.cancel
+        self.cancel_key = self.chime.cancel_key
+        self._pending = []
+
+    async def wait(self, max=64):
+        """The pending events (at least one, up to `max`), awaiting the first."""
+        loop = asyncio.get_running_loop()
+        while True:
+            events = self.chime.poll(max)
+            if events:
+                return events
+            # Nothing pending: the poll that ran dry asked for a wake-up on
+            # fileno(); sleep in the loop until it comes.
+            ready = loop.create_future()
+            fd = self.chime.fileno()
+            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self._pending:
+            self._pending = await self.wait()
+        return self._pending.pop(0)
+
+    def close(self):
+        if self._own:
+            self.chime.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()

@@ -1,0 +1,67 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# man: every installed man page renders without a warning (groff -ww, and
+# man -l when man-db is there); each libchime page has the sections an adopter
+# looks for; every function chime.h declares has its page, listed in
+# libchime(3); every chime page a page cites exists.
+#
+# Usage: test_man.sh CHIME_H PAGE...
+# Exit: 0 pass, 1 fail, 77 skipped (no groff).
+set -u
+
+header=$1
+shift
+if ! command -v groff >/dev/null 2>&1; then
+	echo "man: groff not installed (tools/install-deps.sh installs groff-base): skipped"
+	exit 77
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/chime-man-XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT INT TERM HUP
+status=0
+fail() {
+	echo "man: FAIL: $*"
+	status=1
+}
+
+# The pages by their installed names: a .so link and a citation resolve there.
+for p in "$@"; do
+	ln -s "$p" "$tmp/$(basename "$p")"
+done
+has_page() { [ -e "$tmp/$1" ]; }
+
+for p in "$@"; do
+	name=$(basename "$p")
+	first=$(head -n 1 "$p")
+	case $first in
+	.so\ *)
+		has_page "$(basename "${first#.so }")" || fail "$name links to a missing page: $first"
+		continue ;;
+	esac
+	groff -man -Tutf8 -ww -z "$p" >"$tmp/out" 2>&1 || fail "$name: groff failed"
+	[ -s "$tmp/out" ] && { fail "$name: groff warns:"; cat "$tmp/out"; }
+	if command -v man >/dev/null 2>&1; then
+		MANWIDTH=80 man --warnings=w -l "$p" >/dev/null 2>"$tmp/out" || fail "$name: man -l failed"
+		[ -s "$tmp/out" ] && { fail "$name: man -l warns:"; cat "$tmp/out"; }
+	fi
+	case $name in
+	chime_*.3)
+		for s in NAME SYNOPSIS DESCRIPTION "RETURN VALUE" ERRORS "THREAD SAFETY" PROGRESS "SEE ALSO"; do
+			grep -q "^\.SH $s\$" "$p" || fail "$name has no $s section"
+		done ;;
+	esac
+	# Citations of our own pages: .BR chime_open (3), \fBchimed\fR(8), ...
+	sed 's/\\f[BIRP]//g' "$p" | grep -o '\(chime[a-z_-]*\|libchime\) *([1-8])' |
+		sed 's/^\([a-z_-]*\) *(\([1-8]\))$/\1.\2/' | sort -u | while read -r ref; do
+			has_page "$ref" || echo "$name cites $ref, which is not installed"
+		done >"$tmp/refs"
+	[ -s "$tmp/refs" ] && { fail "dangling citations:"; cat "$tmp/refs"; }
+done
+
+# Every public function has a page, and libchime(3) lists it.
+for f in $(grep -o '^[a-z].*\bchime_[a-z_]*(' "$header" | sed 's/.*\(chime_[a-z_]*\)($/\1/'); do
+	has_page "$f.3" || fail "chime.h declares $f(), which has no page"
+	grep -q "BR $f (3)" "$tmp/libchime.3" || fail "libchime(3) does not list $f(3)"
+done
+[ $status -eq 0 ] && echo "man: $# pages ok"
+exit $status

@@ -154,6 +154,18 @@ Test(limits, quota_gives_edquot_and_other_clients_keep_arming)
 	/* the other client has its own quota */
 	cr_assert_eq(arm_until_refused(b, 60, &err, NULL), 60, "%s", strerror(-err));
 	cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, refused_quota), 1), 1);
+	/* and chimestat shows them per client */
+	{
+		char cmd[512], out[65536] = "";
+		FILE *p;
+
+		snprintf(cmd, sizeof(cmd), "%s -s %s -1 -f 'client.*.refused_quota'", getenv("CHIMESTAT"), tb.sock);
+		p = popen(cmd, "r");
+		cr_assert_not_null(p);
+		(void)!fread(out, 1, sizeof(out) - 1, p);
+		pclose(p);
+		cr_assert(strstr(out, "refused_quota"), "chimestat does not show refused_quota: %s", out);
+	}
 	chime_close(a);
 	chime_close(b);
 }

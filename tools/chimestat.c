@@ -183,7 +183,10 @@ static const struct cdef shard_defs[] = {
 	{ "sq_depth_max", SS(sq_depth_max), F_GAUGE, "chime_shard_sq_depth_max", "High-water mark of sq_depth.", 1 },
 	{ "loops", SS(loops), F_COUNTER, "chime_shard_loops_total", "Shard loop iterations.", 1 },
 	{ "sleeps", SS(sleeps), F_COUNTER, "chime_shard_sleeps_total", "Times the shard went to sleep.", 1 },
-	{ "wakeups", SS(wakeups), F_COUNTER, "chime_shard_client_wakeups_total", "Eventfd writes to wake clients.", 1 },
+	{ "wakeups", SS(wakeups), F_COUNTER, "chime_shard_client_wakeups_total", "Wake-up messages sent to clients.", 1 },
+	{ "refused_nomem", SS(refused_nomem), F_COUNTER, "chime_shard_refused_nomem_total", "Arms refused: no free timer node (ENOMEM).", 1 },
+	{ "refused_quota", SS(refused_quota), F_COUNTER, "chime_shard_refused_quota_total", "Arms refused: the client held its quota (EDQUOT).", 1 },
+	{ "reserve_failed", SS(reserve_failed), F_COUNTER, "chime_shard_reserve_failed_total", "Slab chunks the filesystem would not reserve.", 1 },
 	{ "busy_ns", SS(busy_ns), F_COUNTER, "chime_shard_busy_seconds_total", "Time spent with work to do.", 1e-9 },
 };
 
@@ -196,7 +199,9 @@ static const struct cdef client_defs[] = {
 	{ "fires", CS(fires), F_COUNTER, "chime_client_fires_total", "Expirations of the client's timers.", 1 },
 	{ "cq_depth", CS(cq_depth), F_GAUGE, "chime_client_cq_depth", "Events waiting in its completion rings.", 1 },
 	{ "backlog", CS(backlog), F_GAUGE, "chime_client_backlog", "Events held back because it does not drain.", 1 },
-	{ "wakeups", CS(wakeups), F_COUNTER, "chime_client_wakeups_total", "Eventfd writes to wake the client.", 1 },
+	{ "wakeups", CS(wakeups), F_COUNTER, "chime_client_wakeups_total", "Wake-up messages sent to the client.", 1 },
+	{ "refused_nomem", CS(refused_nomem), F_COUNTER, "chime_client_refused_nomem_total", "Its arms refused: no free timer node (ENOMEM).", 1 },
+	{ "refused_quota", CS(refused_quota), F_COUNTER, "chime_client_refused_quota_total", "Its arms refused: at its quota (EDQUOT).", 1 },
 };
 
 static const struct {
@@ -695,8 +700,8 @@ static void print_table(FILE *out, const struct flist *l, const struct flist *pr
 			sn->torn);
 	fprintf(out, "%s\n", ps ? "" : "(rates: averages since start)");
 
-	fprintf(out, "%5s %9s %9s %9s %9s %9s %6s %7s %11s %9s %8s %9s %5s %9s\n",
-		"shard", "armed", "arms/s", "resets/s", "cancel/s", "fires/s", "malf", "backlog",
+	fprintf(out, "%5s %9s %9s %9s %9s %9s %6s %7s %7s %11s %9s %8s %9s %5s %9s\n",
+		"shard", "armed", "arms/s", "resets/s", "cancel/s", "fires/s", "malf", "refused", "backlog",
 		"sq now/max", "loops/s", "sleeps/s", "wakeups/s", "busy%", "next");
 	for (k = 0; k < h->nr_shards; k++) {
 		const struct chime_shard_stats *s = &sn->shards[k];
@@ -713,10 +718,14 @@ static void print_table(FILE *out, const struct flist *l, const struct flist *pr
 		else
 			sr_fmt_ns(nd, sizeof(nd), s->next_deadline_ns - sn->now_ns);
 #define R(f) (snprintf(name, sizeof(name), "shard.%u." f, k), frate(l, prev, sn, ps, name))
-		fprintf(out, "%5u %9" PRIu64 " %9.0f %9.0f %9.0f %9.0f %6" PRIu64 " %7" PRIu64
+		fprintf(out, "%5u %9" PRIu64 " %9.0f %9.0f %9.0f %9.0f %6" PRIu64 " %7" PRIu64 " %7" PRIu64
 			" %11s %9.0f %8.0f %9.0f %5.1f %9s\n",
 			k, s->armed, R("arms"), R("resets"), R("cancels"), R("fires"), s->malformed,
-			s->backlog, sq, R("loops"), R("sleeps"), R("wakeups"), busy, nd);
+			s->refused_nomem + s->refused_quota, s->backlog, sq, R("loops"), R("sleeps"),
+			R("wakeups"), busy, nd);
+		if (s->reserve_failed)
+			fprintf(out, "      shard %u: %" PRIu64 " slab reservations failed (filesystem full?)\n",
+				k, s->reserve_failed);
 #undef R
 	}
 
@@ -727,18 +736,19 @@ static void print_table(FILE *out, const struct flist *l, const struct flist *pr
 	}
 	print_lat_row(out, "all", sn->lat, sn->lat_max_ns);
 
-	fprintf(out, "\n%4s %7s %6s %-15s %9s %8s %8s %8s %8s %6s %7s %7s\n",
+	fprintf(out, "\n%4s %7s %6s %-15s %9s %8s %8s %8s %8s %6s %7s %7s %s\n",
 		"slot", "pid", "uid", "comm", "since", "armed", "arms/s", "fires/s", "cancels", "cq",
-		"backlog", "wakeups");
+		"backlog", "wakeups", "refused nomem/quota");
 	for (c = 0; c < sn->nr_clients; c++) {
 		const struct sr_client *cl = &sn->clients[c];
 
 		sr_fmt_dur(since, sizeof(since), sn->now_ns > cl->id.connected_ns ? sn->now_ns - cl->id.connected_ns : 0);
 #define R(f) (snprintf(name, sizeof(name), "client.%u." f, cl->slot), frate(l, prev, sn, ps, name))
 		fprintf(out, "%4u %7d %6u %-15s %9s %8" PRIu64 " %8.0f %8.0f %8" PRIu64 " %6" PRIu64
-			" %7" PRIu64 " %7" PRIu64 "%s\n",
+			" %7" PRIu64 " %7" PRIu64 " %" PRIu64 "/%" PRIu64 "%s\n",
 			cl->slot, (int)cl->id.pid, cl->id.uid, cl->id.comm, since, cl->sum.armed, R("arms"),
 			R("fires"), cl->sum.cancels, cl->sum.cq_depth, cl->sum.backlog, cl->sum.wakeups,
+			cl->sum.refused_nomem, cl->sum.refused_quota,
 			cl->id.state == CHIME_CLIENT_DYING ? " (dying)" : "");
 #undef R
 	}

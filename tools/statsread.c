@@ -225,6 +225,8 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 			cl->sum.cq_depth += b.cq_depth;
 			cl->sum.backlog += b.backlog;
 			cl->sum.wakeups += b.wakeups;
+			cl->sum.refused_nomem += b.refused_nomem;
+			cl->sum.refused_quota += b.refused_quota;
 		}
 		cl->sum.generation = cl->id.generation;
 		snap->nr_clients++;

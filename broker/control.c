@@ -53,6 +53,7 @@
 #include "shard.h"
 
 #define MAX_HANDSHAKES   64             /* connections between accept and hello */
+#define MAX_HANDSHAKES_PER_UID 8        /* of which one user may hold */
 #define HELLO_TIMEOUT_S  2
 #define HEARTBEAT_NS     (90u * 1000000u)  /* the promise is 100 ms; 10 ms of slack */
 #define RING_ENTRIES     256u
@@ -72,6 +73,7 @@ enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING };
 struct conn {
 	struct conn *next, *prev;  /* all handshakes, so stop can free them */
 	int fd;
+	uid_t uid;              /* SO_PEERCRED at accept: handshakes are capped per user */
 	uint8_t inflight;       /* recv + timeout completions still to come */
 	uint8_t closed;
 	uint8_t buf[128] __attribute__((aligned(8)));  /* larger than a hello: a longer one is garbage */
@@ -117,6 +119,9 @@ struct broker {
 	struct signalfd_siginfo sig_buf;
 	uint64_t clients_now, clients_total;
 	uint64_t last_report_ns;
+	struct policy policy;
+	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */
+	uint32_t refused_quiet;         /* refusals not logged since */
 	uint64_t *reserve_failed_logged;   /* [nr_shards] */
 };
 
@@ -222,6 +227,16 @@ static int clear_stale_socket(struct broker *b)
 	return 0;
 }
 
+/*
+ * The control and shard segments hold every client's counters, pids and
+ * timers: readable by the broker's user, root and --stats-group only. Clients
+ * never need them by name: what they use is handed to them by descriptor.
+ */
+static mode_t seg_mode(const struct broker *b)
+{
+	return b->o.stats_gid != (gid_t)-1 ? 0640 : 0600;
+}
+
 static int ctl_setup(struct broker *b)
 {
 	struct chime_ctl_geom g = { .nr_shards = b->o.nr_shards, .max_clients = b->o.max_clients };
@@ -243,7 +258,10 @@ static int ctl_setup(struct broker *b)
 		g.size = (off + 4095) & ~(uint64_t)4095;
 	}
 	/* Reserved whole (it is small): no page of it can SIGBUS us on a full filesystem. */
-	r = chime_seg_file(b->ctl_path, g.size, g.size, 0640, &b->ctl_fd, &b->ctl_map);
+	r = chime_seg_file(b->ctl_path, g.size, g.size, seg_mode(b), &b->ctl_fd, &b->ctl_map);
+	if (r == 0 && b->o.stats_gid != (gid_t)-1 && fchown(b->ctl_fd, (uid_t)-1, b->o.stats_gid) < 0)
+		return log_errno(LOG_ERR, errno, "cannot give '%s' to group %u (--stats-group)",
+				 b->ctl_path, (unsigned)b->o.stats_gid);
 	if (r == -ENOSPC || r == -EDQUOT)
 		return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for the control segment '%s'",
 				 (unsigned long long)(g.size >> 10), b->ctl_path);
@@ -280,10 +298,29 @@ static int ctl_setup(struct broker *b)
 	return 0;
 }
 
+/*
+ * Who may connect at all is the policy's to decide (on_hello), but the
+ * socket's mode keeps out those it would refuse anyway: 0660 and its group
+ * with --socket-group, 0666 when other users may be admitted, else 0600.
+ */
+static int socket_access(struct broker *b)
+{
+	const char *path = b->o.socket_path;
+	mode_t mode = b->o.socket_gid != (gid_t)-1 ? 0660 : policy_is_open(&b->policy) ? 0666 : 0600;
+
+	if (b->o.socket_gid != (gid_t)-1 && chown(path, (uid_t)-1, b->o.socket_gid) < 0)
+		return log_errno(LOG_ERR, errno, "cannot give socket '%s' to group %u (--socket-group)",
+				 path, (unsigned)b->o.socket_gid);
+	if (chmod(path, mode) < 0)
+		return log_errno(LOG_ERR, errno, "chmod('%s', %04o)", path, (unsigned)mode);
+	return 0;
+}
+
 static int listen_setup(struct broker *b)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	const char *path = b->o.socket_path;
+	int r;
 
 	memcpy(sa.sun_path, path, strlen(path));
 	b->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -293,6 +330,9 @@ static int listen_setup(struct broker *b)
 		return log_errno_hint(LOG_ERR, errno, errno == EACCES ? "is the directory writable?" : NULL,
 				      "cannot bind socket '%s'", path);
 	b->listening = true;    /* from here on, stop unlinks it */
+	r = socket_access(b);
+	if (r < 0)
+		return r;
 	if (listen(b->listen_fd, SOMAXCONN) < 0)
 		return log_errno(LOG_ERR, errno, "listen('%s')", path);
 	return 0;
@@ -343,6 +383,8 @@ static int shards_setup(struct broker *b)
 				 (b->o.max_timers_per_client + b->o.nr_shards - 1) / b->o.nr_shards : UINT64_MAX,
 			.resolution_ns = b->o.resolution_ns,
 			.spin_us = b->o.spin_us,
+			.seg_mode = seg_mode(b),
+			.seg_gid = b->o.stats_gid,
 			.ctl = b->ctl,
 			.notify_fd = b->notify_fd,
 		};
@@ -408,6 +450,17 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 				goto fail;
 			}
 		}
+	}
+	{
+		char err[512], desc[512];
+
+		r = policy_load(&b->policy, &o->policy, err, sizeof(err));
+		if (r < 0) {
+			log_msg(LOG_ERR, "%s", r == -EINVAL ? err : strerror(-r));
+			goto fail;
+		}
+		policy_describe(&b->policy, desc, sizeof(desc));
+		log_msg(LOG_INFO, "admitting %s", desc);
 	}
 	if ((r = take_lock(b)) < 0 || (r = clear_stale_socket(b)) < 0 ||
 	    (r = ctl_setup(b)) < 0 || (r = ring_setup(b)) < 0 ||
@@ -713,6 +766,59 @@ static void client_detach(struct broker *b, struct client *c, int refuse)
 	post_all(b, c, SHARD_CMD_DETACH);
 }
 
+/* Is the peer admitted? Its supplementary groups as of connect time (SO_PEERGROUPS). */
+static bool admitted(struct broker *b, int fd, const struct ucred *cred)
+{
+	gid_t groups[256];
+	socklen_t len = sizeof(groups);
+	size_t n = 0;
+
+	if (policy_admits(&b->policy, geteuid(), cred->uid, cred->gid, NULL, 0))
+		return true;
+	if (b->policy.nr_gids && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
+		n = len / sizeof(gid_t);
+	return policy_admits(&b->policy, geteuid(), cred->uid, cred->gid, groups, n);
+}
+
+static uint32_t clients_of(const struct broker *b, uid_t uid)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < b->o.max_clients; i++)
+		n += b->clients[i].state != CL_FREE && b->clients[i].cred.uid == uid;
+	return n;
+}
+
+/* "refusing pid ..." at most once a second: a refused client that retries must not flood the log. */
+static void refuse_log(struct broker *b, const struct ucred *cred, const char *why)
+{
+	char comm[16];
+	uint64_t now = now_ns();
+
+	if (now - b->refused_logged_ns < 1000000000u) {
+		b->refused_quiet++;
+		return;
+	}
+	read_comm(cred->pid, comm);
+	log_msg(LOG_NOTICE, "refusing pid %d '%s' (uid %u): %s%s", (int)cred->pid, comm,
+		(unsigned)cred->uid, why, b->refused_quiet ? " (and more refusals not logged)" : "");
+	b->refused_logged_ns = now;
+	b->refused_quiet = 0;
+}
+
+void broker_reload(struct broker *b)
+{
+	char err[512], desc[512];
+	int r = policy_load(&b->policy, &b->o.policy, err, sizeof(err));
+
+	if (r < 0) {
+		log_msg(LOG_ERR, "reload: %s; keeping the current policy", r == -EINVAL ? err : strerror(-r));
+		return;
+	}
+	policy_describe(&b->policy, desc, sizeof(desc));
+	log_msg(LOG_NOTICE, "reloaded the policy: admitting %s", desc);
+}
+
 /* A hello arrived on cn: check it and the peer, then start the attach. */
 static void on_hello(struct broker *b, struct conn *cn, int res)
 {
@@ -739,10 +845,14 @@ static void on_hello(struct broker *b, struct conn *cn, int res)
 		log_errno(LOG_WARNING, errno, "getsockopt(SO_PEERCRED)");
 		return;
 	}
-	if (cred.uid != geteuid() && cred.uid != 0) {
-		log_msg(LOG_INFO, "refusing pid %d (uid %u): policy allows uid %u and root",
-			(int)cred.pid, (unsigned)cred.uid, (unsigned)geteuid());
+	if (!admitted(b, cn->fd, &cred)) {
+		refuse_log(b, &cred, "not admitted by the policy (--allow-uid, --allow-gid, --allow-all)");
 		send_status(cn->fd, -EACCES);
+		return;
+	}
+	if (b->o.max_clients_per_uid && clients_of(b, cred.uid) >= b->o.max_clients_per_uid) {
+		refuse_log(b, &cred, "its user has --max-clients-per-uid clients already");
+		send_status(cn->fd, -EUSERS);
 		return;
 	}
 	if (b->stopping) {
@@ -785,6 +895,28 @@ static void on_hello(struct broker *b, struct conn *cn, int res)
 	b->clients_now++;
 	b->clients_total++;
 	post_all(b, c, SHARD_CMD_ATTACH);
+}
+
+/*
+ * A user may hold MAX_HANDSHAKES_PER_UID connections that have not said
+ * hello yet: one that opens connections and stays silent keeps only itself
+ * waiting (each still times out after HELLO_TIMEOUT_S).
+ */
+static bool handshake_allowed(struct broker *b, struct conn *cn)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	uint32_t n = 0;
+
+	if (getsockopt(cn->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
+		return false;
+	cn->uid = cred.uid;
+	for (struct conn *o = b->conns; o; o = o->next)
+		n += o->uid == cred.uid;
+	if (n < MAX_HANDSHAKES_PER_UID)
+		return true;
+	refuse_log(b, &cred, "too many connections of its user waiting to say hello");
+	return false;
 }
 
 static void conn_put(struct broker *b, struct conn *cn)
@@ -879,6 +1011,12 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 				return 0;
 			}
 			cn->fd = res;
+			if (!handshake_allowed(b, cn)) {
+				close(cn->fd);
+				free(cn);
+				arm_accept(b);
+				return 0;
+			}
 			cn->next = b->conns;
 			if (cn->next)
 				cn->next->prev = cn;
@@ -1082,6 +1220,7 @@ void broker_stop(struct broker *b)
 		if (b->clients[i].state != CL_FREE)
 			client_release(b, &b->clients[i]);
 	free(b->clients);
+	policy_free(&b->policy);
 	free(b->shards);
 	free(b->reserve_failed_logged);
 	if (b->sig_fd >= 0)

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <sys/un.h>
 
+#include "policy.h"
+
 struct broker_opts {
 	char     socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	uint32_t nr_shards;
@@ -21,7 +23,11 @@ struct broker_opts {
 	uint64_t max_timers_per_client;  /* 0: no limit; enforced per shard, rounded up */
 	uint64_t resolution_ns;
 	int64_t  spin_us;           /* -1: busy-poll */
-	bool     mkdir_parent;      /* the default root path: create /run/chime (0755) */
+	bool     mkdir_parent;      /* the default path: create /run/chime (0755) */
+	struct policy_src policy;   /* who may connect (policy.h) */
+	uint32_t max_clients_per_uid;
+	gid_t    socket_gid;        /* --socket-group, or (gid_t)-1 */
+	gid_t    stats_gid;         /* --stats-group, or (gid_t)-1 */
 };
 
 struct broker;
@@ -32,6 +38,13 @@ struct broker;
  * logged, everything created is removed, and a negative errno is returned.
  */
 int broker_start(struct broker **out, const struct broker_opts *o);
+
+/*
+ * SIGHUP: re-read the policy (re-resolving names, re-reading --policy-file);
+ * on an error the old policy stays and the error is logged. Clients already
+ * connected stay.
+ */
+void broker_reload(struct broker *b);
 
 /* Serve until SIGTERM or SIGINT (0) or a fatal error (negative errno, logged). */
 int broker_run(struct broker *b);

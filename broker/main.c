@@ -29,6 +29,7 @@
 #include "chime_shm.h"
 #include "control.h"
 #include "log.h"
+#include "policy.h"
 
 #define EXIT_USAGE 2
 
@@ -39,8 +40,7 @@ static const char usage_text[] =
 "The chime timer broker: serves timers to local processes through shared memory.\n"
 "\n"
 "  -s, --socket PATH       listen on PATH (default: $CHIME_SOCKET, else\n"
-"                          /run/chime/chime.sock as root, else\n"
-"                          $XDG_RUNTIME_DIR/chime.sock)\n"
+"                          /run/chime/chime.sock, creating /run/chime)\n"
 "  -n, --shards N          shard threads, one timing wheel each (1..128;\n"
 "                          default: online CPUs, at most 128)\n"
 "      --spin-us N         stay awake N us without work before sleeping, and wake\n"
@@ -52,6 +52,23 @@ static const char usage_text[] =
 "      --capacity N        timer nodes per shard (default 4194304; memory is\n"
 "                          only touched when used, 64 bytes per timer)\n"
 "      --max-clients N     connected clients at most (1..65536, default 256)\n"
+"      --max-clients-per-uid N\n"
+"                          connected clients of one user at most (default 64;\n"
+"                          0: no limit); beyond it chime_open() gets EUSERS\n"
+"\n"
+"Access (root and the broker's own user are always admitted):\n"
+"      --allow-uid LIST    also admit these users (names or numbers, commas)\n"
+"      --allow-gid LIST    also admit members of these groups (primary or\n"
+"                          supplementary)\n"
+"      --allow-all         admit any local user (like timerfd)\n"
+"      --policy-file FILE  more allow-uid/allow-gid/allow-all lines, re-read\n"
+"                          on SIGHUP\n"
+"      --socket-group NAME the socket is mode 0660 in this group (default: 0666\n"
+"                          when others may be admitted, else 0600)\n"
+"      --stats-group NAME  the PATH.ctl and PATH.shardN segments (counters,\n"
+"                          every client's timers) are readable by this group\n"
+"                          (mode 0640); default: the broker's user only (0600)\n"
+"\n"
 "      --max-timers-per-client N\n"
 "                          timers one client may hold (armed or not yet\n"
 "                          consumed), counted per shard and rounded up to a\n"
@@ -79,6 +96,13 @@ enum {
 	OPT_SQ_SIZE,
 	OPT_CQ_SIZE,
 	OPT_MAX_TIMERS,
+	OPT_MAX_PER_UID,
+	OPT_ALLOW_UID,
+	OPT_ALLOW_GID,
+	OPT_ALLOW_ALL,
+	OPT_POLICY_FILE,
+	OPT_SOCKET_GROUP,
+	OPT_STATS_GROUP,
 };
 
 static const struct option long_opts[] = {
@@ -92,6 +116,13 @@ static const struct option long_opts[] = {
 	{ "sq-size", required_argument, NULL, OPT_SQ_SIZE },
 	{ "cq-size", required_argument, NULL, OPT_CQ_SIZE },
 	{ "max-timers-per-client", required_argument, NULL, OPT_MAX_TIMERS },
+	{ "max-clients-per-uid", required_argument, NULL, OPT_MAX_PER_UID },
+	{ "allow-uid", required_argument, NULL, OPT_ALLOW_UID },
+	{ "allow-gid", required_argument, NULL, OPT_ALLOW_GID },
+	{ "allow-all", no_argument, NULL, OPT_ALLOW_ALL },
+	{ "policy-file", required_argument, NULL, OPT_POLICY_FILE },
+	{ "socket-group", required_argument, NULL, OPT_SOCKET_GROUP },
+	{ "stats-group", required_argument, NULL, OPT_STATS_GROUP },
 	{ "verbose", no_argument, NULL, 'v' },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
@@ -136,11 +167,24 @@ static uint32_t parse_pow2(const char *opt, const char *arg, uint32_t lo, uint32
 	return (uint32_t)v;
 }
 
-/* Default socket path; sets *mkdir_parent for the root default. */
+/* --allow-uid a --allow-uid b: "a,b" (repeatable options add up). */
+static const char *join_list(const char *have, const char *more)
+{
+	char *j;
+
+	if (!have)
+		return more;
+	if (asprintf(&j, "%s,%s", have, more) < 0) {
+		log_msg(LOG_ERR, "out of memory");
+		exit(EXIT_FAILURE);
+	}
+	return j;       /* lives as long as the process */
+}
+
+/* Default socket path; sets *mkdir_parent for the default. */
 static void default_socket(char *out, size_t len, bool *mkdir_parent)
 {
 	const char *env = getenv("CHIME_SOCKET");
-	const char *xdg;
 
 	*mkdir_parent = false;
 	if (env && *env) {
@@ -148,19 +192,9 @@ static void default_socket(char *out, size_t len, bool *mkdir_parent)
 			usage_error("$CHIME_SOCKET '%s' is too long (at most %zu bytes)", env, len - 1);
 		return;
 	}
-	if (geteuid() == 0) {
-		snprintf(out, len, "/run/chime/chime.sock");
-		*mkdir_parent = true;
-		return;
-	}
-	xdg = getenv("XDG_RUNTIME_DIR");
-	if (!xdg || !*xdg) {
-		log_msg(LOG_ERR, "XDG_RUNTIME_DIR is not set, so there is no default socket path "
-			"(pass --socket PATH or set CHIME_SOCKET)");
-		exit(EXIT_FAILURE);
-	}
-	if ((size_t)snprintf(out, len, "%s/chime.sock", xdg) >= len)
-		usage_error("socket path '%s/chime.sock' is too long (at most %zu bytes)", xdg, len - 1);
+	/* One host socket for everyone, root or not: every client finds it. */
+	snprintf(out, len, "%s", CHIME_DEFAULT_SOCKET);
+	*mkdir_parent = true;
 }
 
 /* Absolute, so that the daemon can chdir("/") and messages name the real file. */
@@ -253,7 +287,11 @@ int main(int argc, char **argv)
 		.sq_size = 1024,
 		.cq_size = 8192,
 		.max_timers_per_client = 1048576,
+		.max_clients_per_uid = 64,
+		.socket_gid = (gid_t)-1,
+		.stats_gid = (gid_t)-1,
 	};
+	char err[512];
 	bool foreground = false, have_socket = false;
 	struct broker *b = NULL;
 	int c, r, verdict_fd = -1;
@@ -298,6 +336,29 @@ int main(int argc, char **argv)
 		case OPT_CQ_SIZE:
 			o.cq_size = parse_pow2("cq-size", optarg, 8, 1u << 20);
 			break;
+		case OPT_MAX_PER_UID:
+			o.max_clients_per_uid = (uint32_t)parse_num("max-clients-per-uid", optarg, 0, 65536);
+			break;
+		case OPT_ALLOW_UID:
+			o.policy.allow_uid = join_list(o.policy.allow_uid, optarg);
+			break;
+		case OPT_ALLOW_GID:
+			o.policy.allow_gid = join_list(o.policy.allow_gid, optarg);
+			break;
+		case OPT_ALLOW_ALL:
+			o.policy.allow_all = true;
+			break;
+		case OPT_POLICY_FILE:
+			o.policy.file = optarg;
+			break;
+		case OPT_SOCKET_GROUP:
+			if (policy_group(optarg, &o.socket_gid, err, sizeof(err)) < 0)
+				usage_error("--socket-group: %s", err);
+			break;
+		case OPT_STATS_GROUP:
+			if (policy_group(optarg, &o.stats_gid, err, sizeof(err)) < 0)
+				usage_error("--stats-group: %s", err);
+			break;
 		case OPT_MAX_TIMERS:
 			o.max_timers_per_client = (uint64_t)parse_num("max-timers-per-client", optarg, 0,
 								       INT64_MAX);
@@ -322,6 +383,14 @@ int main(int argc, char **argv)
 	if ((uint64_t)o.sq_size * 2 > o.capacity)
 		usage_error("--capacity %u is too small for --sq-size %u (each client holds sq-size nodes per shard)",
 			    o.capacity, o.sq_size);
+	{
+		/* Unknown users and groups, a bad policy file: a usage error now, not at the first client. */
+		struct policy check = { 0 };
+
+		if (policy_load(&check, &o.policy, err, sizeof(err)) < 0)
+			usage_error("%s", err);
+		policy_free(&check);
+	}
 	if (!have_socket)
 		default_socket(o.socket_path, sizeof(o.socket_path), &o.mkdir_parent);
 	absolutize(o.socket_path, sizeof(o.socket_path));

@@ -145,7 +145,10 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	 */
 	s->slab_off = g.wheel_off + sizeof(struct chime_wheel);
 	reserve = s->slab_off + RESERVE_CHUNK < g.size ? s->slab_off + RESERVE_CHUNK : g.size;
-	r = chime_seg_file(s->path, g.size, reserve, 0640, &s->seg_fd, &s->seg);
+	r = chime_seg_file(s->path, g.size, reserve, cfg->seg_mode, &s->seg_fd, &s->seg);
+	if (r == 0 && cfg->seg_gid != (gid_t)-1 && fchown(s->seg_fd, (uid_t)-1, cfg->seg_gid) < 0)
+		return log_errno(LOG_ERR, errno, "cannot give '%s' to group %u (--stats-group)",
+				 s->path, (unsigned)cfg->seg_gid);
 	if (r == -ENOSPC || r == -EDQUOT)
 		return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for shard segment '%s'",
 				 (unsigned long long)(reserve >> 10), s->path);

@@ -54,6 +54,8 @@ struct shard_cfg {
 	uint64_t quota;         /* nodes per client in this shard (UINT64_MAX: no limit) */
 	uint64_t resolution_ns;
 	int64_t spin_us;        /* -1: busy-poll, never sleep */
+	mode_t seg_mode;        /* of the segment file */
+	gid_t seg_gid;          /* its group, or (gid_t)-1: the broker's */
 	struct chime_ctl *ctl;  /* the control segment (its geometry set) */
 	int notify_fd;          /* the control thread's eventfd for acks */
 };
@@ -94,7 +96,7 @@ struct shard {
 };
 
 /*
- * Create the shard's segment file "<socket_path>.shard<idx>" (mode 0640),
+ * Create the shard's segment file "<socket_path>.shard<idx>" (cfg->seg_mode),
  * lay out the key index and the wheel, create its doorbell and command
  * queue. Logs and returns a negative errno on failure.
  */

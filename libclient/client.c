@@ -53,27 +53,13 @@ CHIME_PUBLIC const char *chime_version(void)
 static int resolve_path(const struct chime_opts *opts, struct sockaddr_un *sa, socklen_t *len)
 {
 	const char *path = opts ? opts->socket_path : NULL;
-	char buf[sizeof(sa->sun_path) + 1];
-	int n;
 
 	if (path && !*path)
 		return -EINVAL;
 	if (!path)
 		path = secure_getenv("CHIME_SOCKET");      /* set but empty: as if unset */
-	if (!path || !*path) {
-		if (geteuid() == 0) {
-			path = "/run/chime/chime.sock";
-		} else {
-			const char *dir = secure_getenv("XDG_RUNTIME_DIR");
-
-			if (!dir || !*dir)
-				return -ENOENT;    /* no default place to look */
-			n = snprintf(buf, sizeof(buf), "%s/chime.sock", dir);
-			if (n < 0 || (size_t)n >= sizeof(buf))
-				return -EINVAL;
-			path = buf;
-		}
-	}
+	if (!path || !*path)
+		path = CHIME_DEFAULT_SOCKET;   /* one host broker for every user */
 	if (!*path || strlen(path) >= sizeof(sa->sun_path))
 		return -EINVAL;
 	memset(sa, 0, sizeof(*sa));

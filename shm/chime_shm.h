@@ -626,6 +626,9 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
 /* Socket handshake                                                             */
 /* ------------------------------------------------------------------------ */
 
+/* Where every client looks for the host's broker, root or not (overridden by $CHIME_SOCKET). */
+#define CHIME_DEFAULT_SOCKET "/run/chime/chime.sock"
+
 #define CHIME_HELLO_MAGIC UINT32_C(0x4d494843) /* "CHIM" */
 
 /* client -> broker, one SOCK_SEQPACKET message right after connect(). */

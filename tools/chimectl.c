@@ -44,7 +44,7 @@ static void usage(FILE *f)
 		"\n"
 		"Options:\n"
 		"  -s, --socket PATH   broker socket (default: $CHIME_SOCKET, else\n"
-		"                      /run/chime/chime.sock as root, else $XDG_RUNTIME_DIR/chime.sock)\n"
+		"                      /run/chime/chime.sock)\n"
 		"  -h, --help          show this help\n"
 		"  -V, --version       show the version\n"
 		"\n"

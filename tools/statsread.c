@@ -41,12 +41,8 @@ int sr_socket_path(char *buf, size_t len, const char *arg)
 		p = getenv("CHIME_SOCKET");
 	if (p && *p)
 		n = snprintf(buf, len, "%s", p);
-	else if (geteuid() == 0)
-		n = snprintf(buf, len, "/run/chime/chime.sock");
-	else if ((p = getenv("XDG_RUNTIME_DIR")) && *p)
-		n = snprintf(buf, len, "%s/chime.sock", p);
 	else
-		return -ENOENT;
+		n = snprintf(buf, len, "%s", CHIME_DEFAULT_SOCKET);
 	if (n < 0 || (size_t)n >= len)
 		return -ENAMETOOLONG;
 	return 0;

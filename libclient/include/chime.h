@@ -45,8 +45,8 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
 
 /*
  * Connect to the broker. The socket is opts->socket_path, else $CHIME_SOCKET,
- * else /run/chime/chime.sock for root and $XDG_RUNTIME_DIR/chime.sock for
- * others. Returns 0 and sets *out, or:
+ * else /run/chime/chime.sock (for every user: one broker per host). Returns 0
+ * and sets *out, or:
  *   -EINVAL        out is NULL, opts->flags is not 0, or the path is too long
  *   -ENOENT        no broker listens at the socket path
  *   -EACCES        the broker's policy refused this user (or the socket's permissions did)

@@ -1,0 +1,230 @@
+/* SPDX-License-Identifier: MIT */
+/* policy.c - who may connect. See policy.h. */
+#include "policy.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <grp.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_IDS 4096            /* per list: a policy, not a user database */
+#define NSS_BUF 16384
+
+/* A number, or a name looked up by `kind` ('u' users, 'g' groups). */
+static int resolve(char kind, const char *tok, unsigned *id, char *err, size_t errlen)
+{
+	char buf[NSS_BUF], *end;
+	unsigned long v;
+	int r;
+
+	if (isdigit((unsigned char)tok[0])) {
+		errno = 0;
+		v = strtoul(tok, &end, 10);
+		if (errno || *end || v >= UINT_MAX) {
+			snprintf(err, errlen, "'%s' is not a valid %s id", tok, kind == 'u' ? "user" : "group");
+			return -EINVAL;
+		}
+		*id = (unsigned)v;
+		return 0;
+	}
+	if (kind == 'u') {
+		struct passwd pw, *res = NULL;
+
+		r = getpwnam_r(tok, &pw, buf, sizeof(buf), &res);
+		if (!r && res) {
+			*id = (unsigned)pw.pw_uid;
+			return 0;
+		}
+	} else {
+		struct group gr, *res = NULL;
+
+		r = getgrnam_r(tok, &gr, buf, sizeof(buf), &res);
+		if (!r && res) {
+			*id = (unsigned)gr.gr_gid;
+			return 0;
+		}
+	}
+	snprintf(err, errlen, "no %s named '%s'%s%s", kind == 'u' ? "user" : "group", tok,
+		 r ? ": " : "", r ? strerror(r) : "");
+	return -EINVAL;
+}
+
+/* "a,b, c" -> ids, appended to *out. */
+static int parse_list(char kind, const char *list, unsigned **out, size_t *n, char *err, size_t errlen)
+{
+	char *copy = strdup(list), *save = NULL, *tok;
+	int r = 0;
+
+	if (!copy)
+		return -ENOMEM;
+	for (tok = strtok_r(copy, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+		unsigned id, *grown;
+
+		r = resolve(kind, tok, &id, err, errlen);
+		if (r < 0)
+			break;
+		if (*n >= MAX_IDS) {
+			snprintf(err, errlen, "more than %d entries", MAX_IDS);
+			r = -EINVAL;
+			break;
+		}
+		grown = realloc(*out, (*n + 1) * sizeof(**out));
+		if (!grown) {
+			r = -ENOMEM;
+			break;
+		}
+		*out = grown;
+		(*out)[(*n)++] = id;
+	}
+	free(copy);
+	return r;
+}
+
+_Static_assert(sizeof(uid_t) == sizeof(unsigned) && sizeof(gid_t) == sizeof(unsigned), "ids are unsigned");
+
+int policy_parse_uids(const char *list, uid_t **out, size_t *n, char *err, size_t errlen)
+{
+	return parse_list('u', list, (unsigned **)out, n, err, errlen);
+}
+
+int policy_parse_gids(const char *list, gid_t **out, size_t *n, char *err, size_t errlen)
+{
+	return parse_list('g', list, (unsigned **)out, n, err, errlen);
+}
+
+int policy_group(const char *name, gid_t *gid, char *err, size_t errlen)
+{
+	unsigned id;
+	int r = resolve('g', name, &id, err, errlen);
+
+	if (r == 0)
+		*gid = (gid_t)id;
+	return r;
+}
+
+/* One line of a policy file: "allow-uid LIST", "allow-gid LIST", "allow-all", "#..." or blank. */
+static int file_line(struct policy *p, char *line, char *err, size_t errlen)
+{
+	char *key = line, *val;
+
+	while (isspace((unsigned char)*key))
+		key++;
+	if (!*key || *key == '#')
+		return 0;
+	val = key + strcspn(key, " \t");
+	if (*val)
+		*val++ = '\0';
+	val[strcspn(val, "#")] = '\0';
+	if (!strcmp(key, "allow-all")) {
+		p->allow_all = true;
+		return 0;
+	}
+	if (!strcmp(key, "allow-uid"))
+		return policy_parse_uids(val, &p->uids, &p->nr_uids, err, errlen);
+	if (!strcmp(key, "allow-gid"))
+		return policy_parse_gids(val, &p->gids, &p->nr_gids, err, errlen);
+	snprintf(err, errlen, "unknown setting '%.64s' (allow-uid, allow-gid, allow-all)", key);
+	return -EINVAL;
+}
+
+static int load_file(struct policy *p, const char *path, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "re");
+	char line[4096], msg[256];
+	unsigned no = 0;
+	int r = 0;
+
+	if (!f) {
+		r = -errno;
+		snprintf(err, errlen, "cannot open policy file '%s': %s", path, strerror(-r));
+		return r;
+	}
+	while (r == 0 && fgets(line, sizeof(line), f)) {
+		no++;
+		line[strcspn(line, "\n")] = '\0';
+		msg[0] = '\0';
+		r = file_line(p, line, msg, sizeof(msg));
+		if (r < 0)
+			snprintf(err, errlen, "%s:%u: %s", path, no, msg);
+	}
+	fclose(f);
+	return r;
+}
+
+int policy_load(struct policy *p, const struct policy_src *src, char *err, size_t errlen)
+{
+	struct policy n = { .allow_all = src->allow_all };
+	char msg[256] = "";
+	int r = 0;
+
+	if (src->allow_uid && (r = policy_parse_uids(src->allow_uid, &n.uids, &n.nr_uids, msg, sizeof(msg))) < 0)
+		snprintf(err, errlen, "--allow-uid: %s", msg);
+	else if (src->allow_gid &&
+		 (r = policy_parse_gids(src->allow_gid, &n.gids, &n.nr_gids, msg, sizeof(msg))) < 0)
+		snprintf(err, errlen, "--allow-gid: %s", msg);
+	else if (src->file)
+		r = load_file(&n, src->file, err, errlen);
+	if (r < 0) {
+		policy_free(&n);
+		return r;
+	}
+	policy_free(p);
+	*p = n;
+	return 0;
+}
+
+void policy_free(struct policy *p)
+{
+	free(p->uids);
+	free(p->gids);
+	*p = (struct policy){ 0 };
+}
+
+static bool has_gid(const struct policy *p, gid_t g)
+{
+	for (size_t i = 0; i < p->nr_gids; i++)
+		if (p->gids[i] == g)
+			return true;
+	return false;
+}
+
+bool policy_admits(const struct policy *p, uid_t self, uid_t uid, gid_t gid,
+		   const gid_t *groups, size_t nr_groups)
+{
+	if (uid == 0 || uid == self || p->allow_all)
+		return true;
+	for (size_t i = 0; i < p->nr_uids; i++)
+		if (p->uids[i] == uid)
+			return true;
+	if (has_gid(p, gid))
+		return true;
+	for (size_t i = 0; i < nr_groups; i++)
+		if (has_gid(p, groups[i]))
+			return true;
+	return false;
+}
+
+bool policy_is_open(const struct policy *p)
+{
+	return p->allow_all || p->nr_uids || p->nr_gids;
+}
+
+void policy_describe(const struct policy *p, char *buf, size_t len)
+{
+	size_t o = 0;
+
+	if (p->allow_all) {
+		snprintf(buf, len, "any local user");
+		return;
+	}
+	o += (size_t)snprintf(buf + o, len - o, "root, uid %u", (unsigned)geteuid());
+	for (size_t i = 0; i < p->nr_uids && o < len; i++)
+		o += (size_t)snprintf(buf + o, len - o, ", uid %u", (unsigned)p->uids[i]);
+	for (size_t i = 0; i < p->nr_gids && o < len; i++)
+		o += (size_t)snprintf(buf + o, len - o, ", gid %u", (unsigned)p->gids[i]);
+}

@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * policy.h - who may connect to chimed (ARCHITECTURE.md, "Who may do what").
+ *
+ * Root and the broker's own uid are always admitted. Anyone else needs
+ * --allow-all, or a uid in --allow-uid, or a primary or supplementary group
+ * in --allow-gid (supplementary groups come from SO_PEERGROUPS, so they are
+ * the peer's groups at connect time, not /etc/group's). Lists take numbers
+ * or names; names are resolved when the policy is loaded, and again on each
+ * reload (SIGHUP), so a user created later is found then. An optional policy
+ * file adds the same settings, one per line, and is re-read on reload.
+ */
+#ifndef CHIMED_POLICY_H
+#define CHIMED_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct policy_src {
+	const char *allow_uid;          /* "LIST" as given, or NULL */
+	const char *allow_gid;
+	bool allow_all;
+	const char *file;               /* --policy-file, or NULL */
+};
+
+struct policy {
+	bool allow_all;
+	uid_t *uids;
+	size_t nr_uids;
+	gid_t *gids;
+	size_t nr_gids;
+};
+
+/*
+ * Build the policy from the command line and the file. 0, or -EINVAL with
+ * a message in err ("--allow-uid: no user 'bob'", "FILE:3: unknown setting
+ * 'x'"), or -errno reading the file. On failure *p is left as it was.
+ */
+int policy_load(struct policy *p, const struct policy_src *src, char *err, size_t errlen);
+void policy_free(struct policy *p);
+
+/* Is a peer with these credentials admitted? (root and `self` always are) */
+bool policy_admits(const struct policy *p, uid_t self, uid_t uid, gid_t gid,
+		   const gid_t *groups, size_t nr_groups);
+
+/* True if anyone but root and the broker's own user may be admitted. */
+bool policy_is_open(const struct policy *p);
+
+/* "uids 1000,1001; gids 27; all" for the log. */
+void policy_describe(const struct policy *p, char *buf, size_t len);
+
+/* Parse "LIST" of users (or groups) into ids; for main.c's checks and the tests. */
+int policy_parse_uids(const char *list, uid_t **out, size_t *n, char *err, size_t errlen);
+int policy_parse_gids(const char *list, gid_t **out, size_t *n, char *err, size_t errlen);
+
+/* A group name or number to a gid: 0, or -EINVAL with a message. */
+int policy_group(const char *name, gid_t *gid, char *err, size_t errlen);
+
+#endif /* CHIMED_POLICY_H */

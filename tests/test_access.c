@@ -1,0 +1,368 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_access.c - who may connect, and what one user can see or do to
+ * another's timers (chimed(8) ACCESS, ARCHITECTURE.md "Who may do what").
+ *
+ * Most cases need two unprivileged users and a group, so they run as root
+ * (as CI does) and are skipped otherwise: the suite creates chimet1, chimet2
+ * (a supplementary member of chimetg) and the group chimetg if missing, and
+ * runs each client in a forked child that drops to that user with
+ * initgroups/setgid/setuid. A child reports by its exit status.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "chime.h"
+#include "chime_shm.h"
+#include "helpers.h"
+
+#define MS 1000000ull
+
+static struct t_chimed tb;
+
+static void stop(void)
+{
+	t_chimed_stop(&tb, SIGKILL);
+}
+
+TestSuite(access, .fini = stop, .timeout = 120);
+
+/* ---- users ---- */
+
+static void need_users(void)
+{
+	if (geteuid() != 0)
+		cr_skip("needs root (creates users chimet1, chimet2 and group chimetg)");
+	if (!getgrnam("chimetg"))
+		(void)!system("groupadd -r chimetg >/dev/null 2>&1");
+	if (!getpwnam("chimet1"))
+		(void)!system("useradd -r -M -s /usr/sbin/nologin chimet1 >/dev/null 2>&1");
+	if (!getpwnam("chimet2"))
+		(void)!system("useradd -r -M -s /usr/sbin/nologin -G chimetg chimet2 >/dev/null 2>&1");
+	cr_assert(getpwnam("chimet1") && getpwnam("chimet2") && getgrnam("chimetg"),
+		  "could not create the test users (useradd, groupadd)");
+}
+
+/* In a child: become `user` (with its supplementary groups), or exit 90. */
+static void become(const char *user)
+{
+	struct passwd *pw = getpwnam(user);
+
+	if (!pw || initgroups(user, pw->pw_gid) < 0 || setgid(pw->pw_gid) < 0 || setuid(pw->pw_uid) < 0)
+		_exit(90);
+}
+
+/* Run fn(arg) as `user` in a child; returns its exit status (0: fn said ok). */
+static int as_user(const char *user, int (*fn)(void *), void *arg)
+{
+	pid_t pid = fork();
+	int st;
+
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		become(user);
+		_exit(fn(arg));
+	}
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* A broker other users can reach: its private directory must be traversable. */
+static void start(const char *extra)
+{
+	cr_assert_eq(t_chimed_start(&tb, NULL, extra), 0, "chimed %s did not start", extra);
+	cr_assert_eq(chmod(tb.dir, 0755), 0);
+}
+
+static int open_status(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *c = NULL;
+	int r = chime_open(&c, &o);
+
+	(void)arg;
+	if (r == 0)
+		chime_close(c);
+	return r == 0 ? 0 : r == -EACCES ? 13 : r == -EUSERS ? 87 : 1;
+}
+
+/* Opens, arms a timer 20 ms ahead and receives it. */
+static int open_arm_receive(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	struct chime_event ev;
+	chime_t *c = NULL;
+	chime_id_t id;
+	int r = chime_open(&c, &o);
+
+	(void)arg;
+	if (r < 0)
+		return r == -EACCES ? 13 : 1;
+	if (chime_arm(c, 1, chime_now() + 20 * MS, 0, 7, &id) < 0)
+		return 2;
+	r = chime_wait(c, &ev, 1, 2000);
+	chime_close(c);
+	return r == 1 && ev.id == id && ev.user_data == 7 ? 0 : 3;
+}
+
+Test(access, other_users_are_refused_by_default)
+{
+	need_users();
+	start("");
+	cr_assert_eq(as_user("chimet1", open_status, NULL), 13, "expected EACCES");
+	cr_assert_eq(open_status(NULL), 0, "root is always admitted");
+}
+
+Test(access, allow_uid_by_name_admits_that_user_only)
+{
+	need_users();
+	start("--allow-uid chimet1");
+	cr_assert_eq(as_user("chimet1", open_arm_receive, NULL), 0);
+	cr_assert_eq(as_user("chimet2", open_status, NULL), 13);
+}
+
+Test(access, allow_gid_admits_supplementary_members)
+{
+	need_users();
+	start("--allow-gid chimetg");
+	cr_assert_eq(as_user("chimet2", open_arm_receive, NULL), 0, "chimet2 is in chimetg");
+	cr_assert_eq(as_user("chimet1", open_status, NULL), 13);
+}
+
+Test(access, allow_all_admits_everyone_and_opens_the_socket)
+{
+	struct stat st;
+
+	need_users();
+	start("--allow-all");
+	cr_assert_eq(stat(tb.sock, &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0666);
+	cr_assert_eq(as_user("chimet1", open_arm_receive, NULL), 0);
+	cr_assert_eq(as_user("chimet2", open_arm_receive, NULL), 0);
+}
+
+Test(access, socket_mode_follows_the_policy)
+{
+	struct stat st;
+
+	need_users();
+	start("");
+	cr_assert_eq(stat(tb.sock, &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0600, "only root and the broker's user: %o", st.st_mode & 0777);
+	t_chimed_stop(&tb, SIGTERM);
+	start("--allow-gid chimetg --socket-group chimetg");
+	cr_assert_eq(stat(tb.sock, &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0660);
+	cr_assert_eq(st.st_gid, getgrnam("chimetg")->gr_gid);
+}
+
+static int open_many(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	int want = *(int *)arg, r = 0, i;
+	chime_t *c[8];
+
+	for (i = 0; i < want && r == 0; i++)
+		r = chime_open(&c[i], &o);
+	/* i - 1 opened when r failed */
+	for (int k = 0; k < (r ? i - 1 : i); k++)
+		chime_close(c[k]);
+	return r == 0 ? 0 : r == -EUSERS ? 100 + i - 1 : 1;
+}
+
+Test(access, max_clients_per_uid_gives_eusers_to_that_user_only)
+{
+	int three = 3, two = 2;
+
+	need_users();
+	start("--allow-all --max-clients-per-uid 2");
+	cr_assert_eq(as_user("chimet1", open_many, &three), 102, "the third of one user's clients gets EUSERS");
+	cr_assert_eq(as_user("chimet2", open_many, &two), 0, "another user is not affected");
+}
+
+static int read_file(void *arg)
+{
+	int fd = open((const char *)arg, O_RDONLY);
+
+	if (fd >= 0) {
+		close(fd);
+		return 0;
+	}
+	return errno == EACCES ? 13 : 1;
+}
+
+Test(access, clients_cannot_read_the_segments_only_the_stats_group_can)
+{
+	char ctl[300], shard[300];
+
+	need_users();
+	start("--allow-all --stats-group chimetg");
+	snprintf(ctl, sizeof(ctl), "%s.ctl", tb.sock);
+	snprintf(shard, sizeof(shard), "%s.shard0", tb.sock);
+	cr_assert_eq(as_user("chimet1", read_file, ctl), 13, "an admitted client reads the control segment");
+	cr_assert_eq(as_user("chimet1", read_file, shard), 13, "an admitted client reads every client's timers");
+	cr_assert_eq(as_user("chimet2", read_file, ctl), 0, "the stats group cannot read counters");
+	cr_assert_eq(as_user("chimet2", read_file, shard), 0);
+	t_chimed_stop(&tb, SIGTERM);
+	start("--allow-all");
+	snprintf(ctl, sizeof(ctl), "%s.ctl", tb.sock);     /* a fresh directory */
+	cr_assert_eq(as_user("chimet2", read_file, ctl), 13, "no --stats-group: the broker's user only");
+}
+
+/* ---- one user's timers are out of another's reach ---- */
+
+static int pipe_fd[2];
+
+/* chimet1: arm a timer 300 ms ahead, tell the parent its id, expect to receive it. */
+static int victim(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	struct chime_event ev;
+	chime_t *c = NULL;
+	chime_id_t id;
+	int r;
+
+	(void)arg;
+	if (chime_open(&c, &o) < 0 || chime_arm(c, 42, chime_now() + 300 * MS, 0, 1, &id) < 0)
+		return 1;
+	if (write(pipe_fd[1], &id, sizeof(id)) != sizeof(id))
+		return 2;
+	r = chime_wait(c, &ev, 1, 3000);
+	chime_close(c);
+	return r == 1 && ev.id == id ? 0 : 3;
+}
+
+static chime_id_t stolen;
+
+/* chimet2: cancel, reset and cancel-by-key with the other user's id and key. */
+static int thief(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *c = NULL;
+
+	(void)arg;
+	if (chime_open(&c, &o) < 0)
+		return 1;
+	(void)chime_cancel(c, stolen);
+	(void)chime_reset(c, stolen, chime_now() + 3600000 * MS);
+	(void)chime_cancel_key(c, 42);
+	usleep(50000);          /* let the shard apply them */
+	chime_close(c);
+	return 0;
+}
+
+Test(access, a_client_cannot_cancel_or_reset_another_users_timer)
+{
+	pid_t v;
+	int st;
+
+	need_users();
+	start("--allow-all");
+	cr_assert_eq(pipe(pipe_fd), 0);
+	v = fork();
+	cr_assert_geq(v, 0);
+	if (v == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		become("chimet1");
+		_exit(victim(NULL));
+	}
+	cr_assert_eq(read(pipe_fd[0], &stolen, sizeof(stolen)), (ssize_t)sizeof(stolen));
+	cr_assert_eq(as_user("chimet2", thief, NULL), 0);
+	cr_assert_eq(waitpid(v, &st, 0), v);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		  "the victim's timer did not fire (status %d): another user cancelled or moved it", st);
+}
+
+/* ---- the handshake: silent and garbage connections ---- */
+
+static int connect_raw(void)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+	memcpy(sa.sun_path, tb.sock, strnlen(tb.sock, sizeof(sa.sun_path) - 1));
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* chimet1 opens 200 connections and never says hello. */
+static int flood(void *arg)
+{
+	(void)arg;
+	for (int i = 0; i < 200; i++)
+		(void)connect_raw();
+	pause();
+	return 0;
+}
+
+Test(access, silent_connections_of_one_user_do_not_keep_others_out)
+{
+	uint64_t t0;
+	pid_t f;
+
+	need_users();
+	start("--allow-all");
+	f = fork();
+	cr_assert_geq(f, 0);
+	if (f == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		become("chimet1");
+		_exit(flood(NULL));
+	}
+	usleep(300000);
+	t0 = now_ns();
+	cr_assert_eq(as_user("chimet2", open_arm_receive, NULL), 0, "another user could not connect");
+	cr_assert_eq(open_status(NULL), 0, "root could not connect");
+	cr_assert_lt(now_ns() - t0, 1500 * MS, "connecting took %llu ms under the flood",
+		     (unsigned long long)((now_ns() - t0) / MS));
+	kill(f, SIGKILL);
+	waitpid(f, NULL, 0);
+}
+
+Test(access, garbage_hellos_are_refused_and_harm_nothing)
+{
+	static const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+	struct chime_hello h = { .magic = 0x12345678, .layout = CHIME_SHM_LAYOUT };
+	char buf[128];
+	int fd;
+
+	start("");
+	fd = connect_raw();
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(send(fd, junk, sizeof(junk), 0), (ssize_t)sizeof(junk));
+	cr_assert_leq(recv(fd, buf, sizeof(buf), 0), 0, "a garbage hello got an answer");
+	close(fd);
+	fd = connect_raw();
+	cr_assert_eq(send(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_leq(recv(fd, buf, sizeof(buf), 0), 0, "a wrong magic got an answer");
+	close(fd);
+	h.magic = CHIME_HELLO_MAGIC;
+	h.layout = CHIME_SHM_LAYOUT + 7;
+	fd = connect_raw();
+	cr_assert_eq(send(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	{
+		struct chime_welcome w;
+
+		cr_assert_eq(recv(fd, &w, sizeof(w), 0), (ssize_t)sizeof(w));
+		cr_assert_eq(w.status, -EPROTO, "a wrong layout is refused with EPROTO");
+	}
+	close(fd);
+	cr_assert_eq(open_status(NULL), 0, "the broker still serves");
+}

@@ -4,6 +4,8 @@
 # needs root (or sudo) only the first time.
 set -eu
 
+# The second line: the man-page test (groff, man), the Python module's tests
+# and the libuv / libevent examples.
 pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libck-dev libcriterion-dev jq strace
 groff-base man-db python3-pytest libuv1-dev libevent-dev"
 

@@ -114,11 +114,11 @@ class Chime:
     thread at a time collects events (poll, wait)."""
 
     def __init__(self, socket=None, session=None):
+        self._c = None
         if session is not None:
             raise NotImplementedError(
                 "chime: sessions (timers that outlive a connection) do not exist yet; "
                 "use Chime(socket=...) without session=")
-        self._c = None
         self._periodic = {}     # id -> key of the periodic timers: Event.periodic
         self._buf = None
         path = os.fsencode(socket) if socket is not None else None

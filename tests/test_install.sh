@@ -1,29 +1,31 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 #
-# pkgconfig: libchime.pc as a consumer sees it after `meson install`. Install
-# the build into a scratch DESTDIR and, with only that directory on the
-# pkg-config path (no ck.pc, no liburing.pc), require that --cflags names our
-# include directory and nothing else (no leaked -D), that --static --libs
-# carries liburing, and that a program using chime.h compiles and links.
+# install: what `meson install` gives a consumer. Install the build into a
+# scratch DESTDIR; with only its libchime.pc on the pkg-config path (no ck.pc,
+# no liburing.pc), --cflags names our include directory and nothing else (no
+# leaked -D), --static --libs carries liburing, and a program using chime.h
+# compiles, links and runs. The Python module lands in a directory on the
+# sys.path of PYTHON (Debian's /usr/bin/python3), and imports from there.
 #
-# Usage: test_pkgconfig.sh MESON BUILD_ROOT CC
+# Usage: test_install.sh MESON BUILD_ROOT CC PYTHON
 # Exit: 0 pass, 1 fail, 77 skipped (no pkg-config).
 set -u
 
 meson=$1
 build=$2
 cc=$3
+python=${4:-}
 
 if ! command -v pkg-config >/dev/null 2>&1; then
-	echo "pkgconfig: pkg-config not installed: skipped"
+	echo "install: pkg-config not installed: skipped"
 	exit 77
 fi
-dest=$(mktemp -d "${TMPDIR:-/tmp}/chime-pkgconfig-XXXXXX") || exit 1
+dest=$(mktemp -d "${TMPDIR:-/tmp}/chime-install-XXXXXX") || exit 1
 trap 'rm -rf "$dest"' EXIT INT TERM HUP
 
 fail() {
-	echo "pkgconfig: FAIL: $*"
+	echo "install: FAIL: $*"
 	exit 1
 }
 
@@ -31,7 +33,7 @@ fail() {
 	{ cat "$dest/install.log"; fail "meson install --destdir failed"; }
 pc=$(find "$dest" -name libchime.pc | head -n 1)
 [ -n "$pc" ] || fail "no libchime.pc installed under $dest"
-echo "pkgconfig: $pc:"
+echo "install: $pc:"
 cat "$pc"
 
 PKG_CONFIG_LIBDIR=$(dirname "$pc")
@@ -42,9 +44,9 @@ export PKG_CONFIG_LIBDIR PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 cflags=$(pkg-config --cflags libchime) || fail "pkg-config --cflags libchime failed without ck's and liburing's .pc"
 libs=$(pkg-config --libs libchime) || fail "pkg-config --libs libchime failed"
 static=$(pkg-config --static --libs libchime) || fail "pkg-config --static --libs libchime failed"
-echo "pkgconfig: --cflags: $cflags"
-echo "pkgconfig: --libs: $libs"
-echo "pkgconfig: --static --libs: $static"
+echo "install: --cflags: $cflags"
+echo "install: --libs: $libs"
+echo "install: --static --libs: $static"
 
 for f in $cflags; do
 	case $f in
@@ -74,4 +76,15 @@ set -- $libs
 LD_LIBRARY_PATH=${1#-L}
 export LD_LIBRARY_PATH
 "$dest/consumer" || fail "the consumer does not run against the installed libchime.so"
-echo "pkgconfig: ok"
+
+if [ -n "$python" ]; then
+	init=$(find "$dest" -path '*/chime/__init__.py' | head -n 1)
+	[ -n "$init" ] || fail "the Python module chime is not installed"
+	site=$(dirname "$(dirname "$init")")
+	"$python" -c 'import sys; sys.exit(sys.argv[1] not in sys.path)' "${site#"$dest"}" ||
+		fail "the Python module went to ${site#"$dest"}, which is not on $python's sys.path"
+	PYTHONPATH=$site CHIME_LIBRARY=$LD_LIBRARY_PATH/libchime.so.0 PYTHONDONTWRITEBYTECODE=1 \
+		"$python" -c 'import chime, chime.aio; print("install: python: chime", chime.version())' ||
+		fail "the installed Python module does not import"
+fi
+echo "install: ok"

@@ -1,0 +1,247 @@
+# SPDX-License-Identifier: MIT
+"""The chime module against a real chimed: what an application relies on."""
+import asyncio
+import errno
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import chime
+import chime.aio
+
+MS = 1_000_000
+
+
+def wait_for(c, n, timeout=2.0):
+    """At least n events, or fail after timeout seconds."""
+    events, end = [], time.monotonic() + timeout
+    while len(events) < n:
+        left = end - time.monotonic()
+        assert left > 0, f"got {len(events)} of {n} events"
+        events += c.wait(timeout=left)
+    return events
+
+
+def test_version_is_the_librarys():
+    major, minor, patch = (int(x) for x in chime.version().split("."))
+    assert (major, minor, patch) >= (0, 1, 0)
+
+
+def test_now_is_clock_monotonic():
+    a = time.monotonic_ns()
+    b = chime.now()
+    assert a <= b <= time.monotonic_ns()
+
+
+def test_one_shot_after_fires_once_never_early(chime_conn):
+    c = chime_conn
+    armed = chime.now()
+    tid = c.arm(7, after=0.02, data=42)
+    assert tid != 0
+    (ev,) = wait_for(c, 1)
+    received = chime.now()
+    assert (ev.id, ev.key, ev.data, ev.periodic) == (tid, 7, 42, False)
+    assert armed + 20 * MS <= ev.deadline_ns <= armed + 25 * MS
+    assert ev.deadline_ns <= ev.fired_ns <= received
+    assert c.wait(timeout=0.1) == [], "a one-shot timer fired twice"
+
+
+def test_absolute_deadline(chime_conn):
+    at = chime.now() + 30 * MS
+    tid = chime_conn.arm(1, at_ns=at)
+    (ev,) = wait_for(chime_conn, 1)
+    assert ev.id == tid and ev.deadline_ns == at and ev.fired_ns >= at
+
+
+def test_periodic_fires_every_period_until_cancelled(chime_conn):
+    c = chime_conn
+    tid = c.arm(3, after=0.01, period=0.01, data=5)
+    events = wait_for(c, 4)[:4]
+    assert all(e.id == tid and e.periodic and e.data == 5 for e in events)
+    steps = {b.deadline_ns - a.deadline_ns for a, b in zip(events, events[1:])}
+    assert steps == {10 * MS}, "a periodic timer drifted"
+    c.cancel(tid)
+    assert c.wait(timeout=0.05) == [], "events after cancel"
+
+
+def test_reset_moves_the_deadline(chime_conn):
+    c = chime_conn
+    tid = c.arm(1, after=0.03)
+    c.reset(tid, after=0.25)
+    new = chime.now()
+    assert c.wait(timeout=0.15) == [], "fired at the old deadline"
+    (ev,) = wait_for(c, 1)
+    assert ev.id == tid and ev.deadline_ns >= new + 240 * MS
+
+
+def test_cancel_and_cancel_key(chime_conn):
+    c = chime_conn
+    a = c.arm(1, after=0.02)
+    c.arm(2, after=0.02)
+    c.arm(2, after=0.02, period=0.01)
+    keep = c.arm(3, after=0.03)
+    c.cancel(a)
+    c.cancel(a)     # cancelling twice is not an error
+    c.cancel_key(2)
+    (ev,) = wait_for(c, 1)
+    assert ev.id == keep
+    assert c.wait(timeout=0.1) == []
+
+
+def test_poll_never_blocks(chime_conn):
+    chime_conn.arm(1, after=10)
+    t = time.monotonic()
+    assert chime_conn.poll() == []
+    assert chime_conn.poll(max=1) == []
+    assert time.monotonic() - t < 0.05
+
+
+def test_poll_respects_max(chime_conn):
+    c = chime_conn
+    for i in range(10):
+        c.arm(1, after=0, data=i)
+    time.sleep(0.05)
+    first = c.poll(max=3)
+    assert len(first) == 3
+    rest = first + c.poll(max=64)
+    assert sorted(e.data for e in rest) == list(range(10))
+
+
+def test_wait_timeout(chime_conn):
+    t = time.monotonic()
+    assert chime_conn.wait(timeout=0.1) == []
+    assert 0.09 <= time.monotonic() - t < 1.0
+
+
+def test_fileno_is_readable_when_events_are_pending(chime_conn):
+    c = chime_conn
+    assert c.poll() == []
+    tid = c.arm(1, after=0.02)
+    readable, _, _ = select.select([c.fileno()], [], [], 2.0)
+    assert readable, "fileno() not readable while an event is pending"
+    events = []
+    for _ in range(100):
+        events += c.poll()
+        if events:
+            break
+        time.sleep(0.001)
+    assert [e.id for e in events] == [tid]
+
+
+def test_context_manager_closes(broker):
+    with chime.Chime(socket=broker.socket) as c:
+        c.arm(1, after=10)
+    assert c.closed
+    with pytest.raises(ValueError, match="closed"):
+        c.arm(1, after=1)
+    with pytest.raises(ValueError):
+        c.fileno()
+    c.close()       # twice is fine
+
+
+def test_chime_socket_environment(broker, monkeypatch):
+    monkeypatch.setenv("CHIME_SOCKET", broker.socket)
+    with chime.Chime() as c:
+        c.arm(1, after=0)
+        assert len(wait_for(c, 1)) == 1
+
+
+def test_open_without_broker_names_the_socket(tmp_path):
+    path = str(tmp_path / "none.sock")
+    with pytest.raises(OSError) as e:
+        chime.Chime(socket=path)
+    assert e.value.errno == errno.ENOENT
+    assert "chime_open" in str(e.value) and path in str(e.value)
+
+
+def test_sessions_are_not_implemented(broker):
+    with pytest.raises(NotImplementedError, match="session"):
+        chime.Chime(socket=broker.socket, session="jobs")
+
+
+def test_bad_arguments(chime_conn):
+    c = chime_conn
+    with pytest.raises(TypeError):
+        c.arm(1)
+    with pytest.raises(TypeError):
+        c.arm(1, at_ns=1, after=1)
+    for bad in (dict(after=-1), dict(after=float("nan")), dict(at_ns=-1), dict(after=1, period=0)):
+        with pytest.raises(ValueError):
+            c.arm(1, **bad)
+    with pytest.raises(ValueError):
+        c.arm(-1, after=1)
+    with pytest.raises(ValueError):
+        c.poll(max=0)
+    with pytest.raises(OSError) as e:
+        c.reset(0, after=1)
+    assert e.value.errno == errno.EINVAL and "chime_reset" in str(e.value)
+    with pytest.raises(OSError) as e:
+        c.cancel(0)
+    assert e.value.errno == errno.EINVAL
+
+
+def test_broker_death_is_enotconn(broker):
+    c = chime.Chime(socket=broker.socket)
+    c.arm(1, after=60)
+    broker.proc.send_signal(signal.SIGKILL)
+    broker.proc.wait()
+    t = time.monotonic()
+    with pytest.raises(OSError) as e:
+        while time.monotonic() - t < 3:
+            c.wait(timeout=0.5)
+    assert e.value.errno == errno.ENOTCONN and "gone" in str(e.value)
+    assert time.monotonic() - t < 2.5
+    with pytest.raises(OSError):
+        c.arm(1, after=1)
+    c.close()
+
+
+def test_threads_arm_while_one_waits(chime_conn):
+    import threading
+    c = chime_conn
+    ids = []
+
+    def arm():
+        for i in range(200):
+            ids.append(c.arm(1, after=0.01, data=i))
+
+    threads = [threading.Thread(target=arm) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    events = wait_for(c, 800, timeout=5)
+    assert sorted(e.id for e in events) == sorted(ids)
+
+
+def test_asyncio_wait_and_iteration(broker):
+    async def main():
+        async with chime.aio.AsyncChime(socket=broker.socket) as c:
+            a = c.arm(1, after=0.02, data=1)
+            (ev,) = await asyncio.wait_for(c.wait(), 2)
+            assert ev.id == a
+            b = c.arm(1, after=0.01, period=0.01)
+            got = []
+            async for ev in c:
+                got.append(ev)
+                if len(got) == 3:
+                    break
+            assert all(e.id == b and e.periodic for e in got)
+            c.cancel(b)
+        assert c.chime.closed
+
+    asyncio.run(main())
+
+
+def test_asyncio_example(broker):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "asyncio_timeouts.py")
+    env = dict(os.environ, CHIME_SOCKET=broker.socket)
+    r = subprocess.run([sys.executable, example, "100"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "timeouts of 100 requests" in r.stdout

@@ -101,8 +101,10 @@ struct broker {
 	struct broker_opts o;
 	char ctl_path[PATH_MAX];
 	char lock_path[PATH_MAX];
-	int lock_fd, listen_fd, ctl_fd, ctl_ro_fd, sig_fd, notify_fd;
+	int lock_fd, listen_fd, ctl_fd, pub_fd, sig_fd, notify_fd;
 	struct chime_map ctl_map;
+	struct chime_map pub_map;       /* the public segment (clients read it) */
+	struct chime_pub *pub;
 	struct chime_ctl *ctl;
 	struct chime_client_ctl *ctl_clients;
 	struct chime_client_geom geom;
@@ -237,6 +239,30 @@ static mode_t seg_mode(const struct broker *b)
 	return b->o.stats_gid != (gid_t)-1 ? 0640 : 0600;
 }
 
+/*
+ * The public segment: state, heartbeat and the shards' sleep numbers, the
+ * only broker state a client reads by itself. A sealed memfd handed to
+ * clients read-only: they can neither write it nor read anyone's counters.
+ */
+static int pub_setup(struct broker *b)
+{
+	uint64_t size = chime_pub_size(b->o.nr_shards);
+	int r = chime_seg_memfd("chime-public", size, &b->pub_fd, &b->pub_map);
+
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "public segment (%llu bytes)", (unsigned long long)size);
+	b->pub = b->pub_map.base;
+	b->pub->state = CHIME_BROKER_STARTING;
+	b->pub->nr_shards = b->o.nr_shards;
+	b->pub->heartbeat_ns = now_ns();
+	b->pub->shards_off = sizeof(struct chime_pub);
+	chime_seg_publish(&b->pub->hdr, CHIME_SEG_PUBLIC, size);
+	r = chime_seg_seal(b->pub_fd, true);
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "sealing the public segment");
+	return 0;
+}
+
 static int ctl_setup(struct broker *b)
 {
 	struct chime_ctl_geom g = { .nr_shards = b->o.nr_shards, .max_clients = b->o.max_clients };
@@ -268,10 +294,9 @@ static int ctl_setup(struct broker *b)
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "cannot create control segment '%s' (%llu bytes)",
 				 b->ctl_path, (unsigned long long)g.size);
-	/* Clients get a read-only fd of it: they must never be able to write it. */
-	b->ctl_ro_fd = open(b->ctl_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (b->ctl_ro_fd < 0)
-		return log_errno(LOG_ERR, errno, "open('%s', O_RDONLY)", b->ctl_path);
+	r = pub_setup(b);
+	if (r < 0)
+		return r;
 	c = b->ctl = b->ctl_map.base;
 	c->state = CHIME_BROKER_STARTING;
 	c->pid = (int32_t)getpid();
@@ -386,6 +411,7 @@ static int shards_setup(struct broker *b)
 			.seg_mode = seg_mode(b),
 			.seg_gid = b->o.stats_gid,
 			.ctl = b->ctl,
+			.pub = b->pub,
 			.notify_fd = b->notify_fd,
 		};
 
@@ -418,7 +444,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 	if (!b)
 		return log_errno(LOG_ERR, ENOMEM, "broker");
 	b->o = *o;
-	b->lock_fd = b->listen_fd = b->ctl_fd = b->ctl_ro_fd = b->sig_fd = b->notify_fd = -1;
+	b->lock_fd = b->listen_fd = b->ctl_fd = b->pub_fd = b->sig_fd = b->notify_fd = -1;
 	snprintf(b->lock_path, sizeof(b->lock_path), "%s.lock", o->socket_path);
 	snprintf(b->ctl_path, sizeof(b->ctl_path), "%s.ctl", o->socket_path);
 
@@ -467,6 +493,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 	    (r = shards_setup(b)) < 0 || (r = listen_setup(b)) < 0)
 		goto fail;
 	at_store_rel(&b->ctl->state, CHIME_BROKER_RUNNING);
+	at_store_rel(&b->pub->state, CHIME_BROKER_RUNNING);
 	*out = b;
 	return 0;
 fail:
@@ -608,7 +635,7 @@ static int send_welcome(struct broker *b, struct client *c)
 		.nr_fds = nfds,
 		.rw_size = c->rw.size,
 		.ro_size = c->ro.size,
-		.ctl_size = b->ctl_map.size,
+		.pub_size = b->pub_map.size,
 	};
 	size_t clen = CMSG_SPACE(sizeof(int) * nfds);
 	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
@@ -626,7 +653,7 @@ static int send_welcome(struct broker *b, struct client *c)
 	cm->cmsg_type = SCM_RIGHTS;
 	cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
 	fds = (int *)CMSG_DATA(cm);
-	fds[0] = b->ctl_ro_fd;
+	fds[0] = b->pub_fd;
 	fds[1] = c->rw_fd;
 	fds[2] = c->ro_fd;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
@@ -736,8 +763,8 @@ static int client_segments(struct broker *b, struct client *c)
 static void post_all(struct broker *b, struct client *c, uint32_t op)
 {
 	/* R4: pending before the commands; the shards' acks count it down. */
-	__atomic_store_n(&c->ack.err, 0, __ATOMIC_RELAXED);
-	__atomic_store_n(&c->ack.pending, b->o.nr_shards, __ATOMIC_RELEASE);
+	at_store(&c->ack.err, 0);
+	at_store_rel(&c->ack.pending, b->o.nr_shards);
 	for (uint32_t s = 0; s < b->o.nr_shards; s++) {
 		struct shard_cmd cmd = {
 			.op = op,
@@ -946,10 +973,10 @@ static void on_notify(struct broker *b)
 		if (c->state != CL_ATTACHING && c->state != CL_DETACHING)
 			continue;
 		/* A5: pairs with R3 in the shards' ack(). */
-		if (__atomic_load_n(&c->ack.pending, __ATOMIC_ACQUIRE) != 0)
+		if (at_load_acq(&c->ack.pending) != 0)
 			continue;
 		if (c->state == CL_ATTACHING) {
-			r = __atomic_load_n(&c->ack.err, __ATOMIC_RELAXED);
+			r = at_load(&c->ack.err);
 			if (r < 0) {
 				log_errno(LOG_WARNING, r, "refusing pid %d: no room for its %u grants per shard (see --capacity)",
 					  (int)c->cred.pid, b->o.sq_size);
@@ -1150,6 +1177,7 @@ int broker_run(struct broker *b)
 
 		if (now - last_hb >= HEARTBEAT_NS) {
 			at_store(&b->ctl->heartbeat_ns, now);
+			at_store(&b->pub->heartbeat_ns, now);
 			last_hb = now;
 			limits_report(b, now);
 		}
@@ -1178,9 +1206,10 @@ void broker_stop(struct broker *b)
 	if (!b)
 		return;
 	b->stopping = true;
-	if (b->ctl) {
+	if (b->ctl)
 		at_store_rel(&b->ctl->state, CHIME_BROKER_STOPPED);
-	}
+	if (b->pub)
+		at_store_rel(&b->pub->state, CHIME_BROKER_STOPPED);
 	/* No new clients: the socket goes first. */
 	if (b->listen_fd >= 0)
 		close(b->listen_fd);
@@ -1227,8 +1256,9 @@ void broker_stop(struct broker *b)
 		close(b->sig_fd);
 	if (b->notify_fd >= 0)
 		close(b->notify_fd);
-	if (b->ctl_ro_fd >= 0)
-		close(b->ctl_ro_fd);
+	if (b->pub_fd >= 0)
+		close(b->pub_fd);
+	chime_seg_unmap(&b->pub_map);
 	chime_seg_unmap(&b->ctl_map);
 	if (b->ctl_fd >= 0) {
 		close(b->ctl_fd);

@@ -41,8 +41,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <ck_pr.h>
 
+#include "atomics.h"
 #include "clock.h"
 #include "keyidx.h"
 #include "log.h"
@@ -128,7 +128,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->cfg = *cfg;
 	s->seg_fd = -1;
 	s->doorbell = -1;
-	s->blk = (struct chime_shard_ctl *)((char *)cfg->ctl + cfg->ctl->shards_off) + cfg->idx;
+	s->sleeping = &((struct chime_pub_shard *)((char *)cfg->pub + cfg->pub->shards_off))[cfg->idx].sleeping;
 	if ((size_t)snprintf(s->path, sizeof(s->path), "%s.shard%u", socket_path, cfg->idx) >= sizeof(s->path))
 		return log_errno(LOG_ERR, ENAMETOOLONG, "shard segment path for '%s'", socket_path);
 
@@ -207,12 +207,8 @@ void shard_post(struct shard *s, const struct shard_cmd *cmd)
 
 	/* The control thread never has more than max_clients + 1 commands out. */
 	s->q[t & s->q_mask] = *cmd;
-	/*
-	 * R2: the command before the tail; pairs with A2 in run_cmds(). C11
-	 * release/acquire rather than ck_pr fences: same order, and TSan (which
-	 * does not model stand-alone fences) can check it.
-	 */
-	__atomic_store_n(&s->q_tail, t + 1, __ATOMIC_RELEASE);
+	/* R2: the command before the tail; pairs with A2 in run_cmds(). */
+	at_store_rel(&s->q_tail, t + 1);
 	/* Always ring: commands are rare, and an awake shard reads the count and moves on. */
 	(void)eventfd_write(s->doorbell, 1);
 }
@@ -220,17 +216,16 @@ void shard_post(struct shard *s, const struct shard_cmd *cmd)
 static void ack(struct shard *s, struct shard_ack *a, int err)
 {
 	if (err)
-		(void)__atomic_compare_exchange_n(&a->err, &(int32_t){ 0 }, err, false,
-						  __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+		(void)at_cas_relaxed(&a->err, &(int32_t){ 0 }, err);
 	/* R3: our work (grants in the client's segment, freed nodes) before the
 	 * count; pairs with the control thread's acquire load of pending. */
-	if (__atomic_sub_fetch(&a->pending, 1, __ATOMIC_ACQ_REL) == 0)
+	if (at_sub(&a->pending, 1) == 0)
 		(void)eventfd_write(s->cfg.notify_fd, 1);
 }
 
 static bool cmds_pending(struct shard *s)
 {
-	return __atomic_load_n(&s->q_tail, __ATOMIC_RELAXED) != s->q_head;
+	return at_load(&s->q_tail) != s->q_head;
 }
 
 static void active_del(struct shard *s, struct chan *ch)
@@ -344,7 +339,7 @@ static void reap_cancelled(struct shard *s)
 static bool run_cmds(struct shard *s, bool *work)
 {
 	/* A2: the tail, then the commands; pairs with R2. */
-	uint64_t tail = __atomic_load_n(&s->q_tail, __ATOMIC_ACQUIRE);
+	uint64_t tail = at_load_acq(&s->q_tail);
 
 	while (s->q_head != tail) {
 		struct shard_cmd c = s->q[s->q_head & s->q_mask];
@@ -537,7 +532,7 @@ static void loop(struct shard *s)
 				if (spin_ns >= 0 && now - last_work > IDLE_PURE_SPIN_NS)
 					sched_yield();
 				else
-					ck_pr_stall();
+					at_relax();
 			}
 			now = now_ns();
 			continue;
@@ -550,21 +545,21 @@ static void loop(struct shard *s)
 		 * runnable but not yet running (a loaded machine).
 		 */
 		s->sleep_no = s->sleep_no + 1 ? s->sleep_no + 1 : 1;  /* never 0: 0 is "awake" */
-		ck_pr_store_32(&s->blk->sleeping, s->sleep_no);
-		ck_pr_fence_memory();
+		at_store(s->sleeping, s->sleep_no);
+		at_fence();
 		if (!anything_pending(s)) {
 			stats_sleep(&s->st);
 			stats_shard_gauges(&s->st, sc->backlog, wheel_next_deadline(&sc->wh));
 			stats_publish(&s->st);
 			sleep_once(s, early_ns);
 		}
-		ck_pr_store_32(&s->blk->sleeping, 0);
+		at_store(s->sleeping, 0);
 		/*
 		 * S-WAKE: awake, full barrier, then drain; pairs with S2. A producer
 		 * that still saw our sleep number (and skipped ringing) published
 		 * before this, so the drain below sees its record.
 		 */
-		ck_pr_fence_memory();
+		at_fence();
 		now = now_ns();
 		last_work = now;        /* spin again after a wake-up: more work tends to follow */
 		last_pub = now;

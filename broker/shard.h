@@ -57,12 +57,13 @@ struct shard_cfg {
 	mode_t seg_mode;        /* of the segment file */
 	gid_t seg_gid;          /* its group, or (gid_t)-1: the broker's */
 	struct chime_ctl *ctl;  /* the control segment (its geometry set) */
+	struct chime_pub *pub;  /* the public segment: our sleep number */
 	int notify_fd;          /* the control thread's eventfd for acks */
 };
 
 struct shard {
 	struct shard_cfg cfg;
-	struct chime_shard_ctl *blk;    /* this shard's block in the control segment */
+	uint32_t *sleeping;             /* the public segment's word for this shard */
 	struct chime_map seg;
 	int seg_fd;
 	int doorbell;                   /* private eventfd: the control thread's commands */
@@ -87,7 +88,7 @@ struct shard {
 	struct io_uring ring;
 	uint64_t bell_buf;
 	int bell_armed;
-	uint32_t sleep_no;              /* stored in blk->sleeping while asleep; never 0 */
+	uint32_t sleep_no;              /* stored in *sleeping while asleep; never 0 */
 
 	pthread_t thr;
 	int started;

@@ -217,16 +217,16 @@ static int map_seg(int fd, uint32_t kind, bool writable, uint64_t size, struct c
 }
 
 /* Check the mapped segments against each other and against our own arithmetic. */
-static int check_geometry(const struct chime_welcome *w, const struct chime_map *ctl_map,
+static int check_geometry(const struct chime_welcome *w, const struct chime_map *pub_map,
 			  const struct chime_client_rw *rw, const struct chime_client_ro *ro,
 			  struct chime_client_geom *g)
 {
-	const struct chime_ctl *ctl = ctl_map->base;
+	const struct chime_pub *pub = pub_map->base;
 	uint32_t nr = w->nr_shards;
 
-	if (ctl_map->size < sizeof(*ctl) || ctl->nr_shards != nr ||
-	    ctl->shards_off % 8 || ctl->shards_off > ctl_map->size ||
-	    (ctl_map->size - ctl->shards_off) / sizeof(struct chime_shard_ctl) < nr)
+	if (pub_map->size < sizeof(*pub) || pub->nr_shards != nr ||
+	    pub->shards_off % 8 || pub->shards_off > pub_map->size ||
+	    (pub_map->size - pub->shards_off) / sizeof(struct chime_pub_shard) < nr)
 		return -EBADMSG;
 	if (rw->nr_shards != nr || ro->nr_shards != nr ||
 	    rw->sq_size != ro->sq_size || rw->cq_size != ro->cq_size)
@@ -254,7 +254,7 @@ static void chime_free(struct chime *c)
 	}
 	free(c->pend);
 	free(c->pend_used);
-	chime_seg_unmap(&c->ctl_map);
+	chime_seg_unmap(&c->pub_map);
 	chime_seg_unmap(&c->rw_map);
 	chime_seg_unmap(&c->ro_map);
 	if (c->ep_fd >= 0)
@@ -291,17 +291,17 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 	struct chime_client_geom g;
 	int r;
 
-	r = map_seg(fds[0], CHIME_SEG_CONTROL, false, w->ctl_size, &c->ctl_map);
+	r = map_seg(fds[0], CHIME_SEG_PUBLIC, false, w->pub_size, &c->pub_map);
 	if (r == 0)
 		r = map_seg(fds[1], CHIME_SEG_CLIENT_RW, true, w->rw_size, &c->rw_map);
 	if (r == 0)
 		r = map_seg(fds[2], CHIME_SEG_CLIENT_RO, false, w->ro_size, &c->ro_map);
 	if (r < 0)
 		return r;
-	c->ctl = c->ctl_map.base;
+	c->pub = c->pub_map.base;
 	c->rw = c->rw_map.base;
 	ro = c->ro_map.base;
-	r = check_geometry(w, &c->ctl_map, c->rw, ro, &g);
+	r = check_geometry(w, &c->pub_map, c->rw, ro, &g);
 	if (r < 0)
 		return r;
 	c->sq_size = g.sq_size;
@@ -312,13 +312,13 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 		struct chime_chan *ch = &c->chan[s];
 		struct chime_chan_rw *crw = chime_at(&c->rw_map, g.rw_chan_off + s * sizeof(*crw));
 		const struct chime_chan_ro *cro = chime_at(&c->ro_map, g.ro_chan_off + s * sizeof(*cro));
-		const struct chime_shard_ctl *sc =
-			chime_at(&c->ctl_map, c->ctl->shards_off + s * sizeof(*sc));
+		const struct chime_pub_shard *ps =
+			chime_at(&c->pub_map, c->pub->shards_off + s * sizeof(*ps));
 
 		ch->sq.slots = chime_at(&c->rw_map, g.rw_sq_off + (uint64_t)s * g.sq_size * sizeof(struct chime_sqe));
 		ch->sq.tail = &crw->sq_tail;
 		ch->sq.mask = g.sq_size - 1;
-		ch->sleeping = &sc->sleeping;
+		ch->sleeping = &ps->sleeping;
 		ch->doorbell = fds[CHIME_WELCOME_FIXED_FDS + s];
 		fds[CHIME_WELCOME_FIXED_FDS + s] = -1;
 		chime_cq_cons_init(&ch->cq,
@@ -444,7 +444,7 @@ bool cl_broker_gone(struct chime *c, bool probe)
 	if (cl_is_dead(c))
 		return true;
 	/* A0: plain status word of the control thread; a stop is final. */
-	if (at_load_acq(&c->ctl->state) == CHIME_BROKER_STOPPED)
+	if (at_load_acq(&c->pub->state) == CHIME_BROKER_STOPPED)
 		goto gone;
 	if (!probe)
 		return false;
@@ -464,7 +464,7 @@ gone:
 bool cl_broker_check(struct chime *c, uint64_t now)
 {
 	/* A1: the control thread stores heartbeat_ns at least every 100 ms. */
-	uint64_t hb = at_load(&c->ctl->heartbeat_ns);
+	uint64_t hb = at_load(&c->pub->heartbeat_ns);
 	bool stale = now > hb + 1000000000u;
 
 	if (!stale || now - c->last_sock_check_ns < 1000000000u)

@@ -54,7 +54,7 @@ struct chime_pend {
 struct chime_chan {
 	/* submission side: any thread */
 	struct chime_sq_prod sq;
-	const uint32_t *sleeping;           /* control segment: the shard's sleep number, 0 awake */
+	const uint32_t *sleeping;           /* public segment: the shard's sleep number, 0 awake */
 	int doorbell;                       /* our own doorbell eventfd for this shard */
 	uint32_t rung;                      /* atomic, any thread: the sleep number we last rang */
 	/* completion side: the drainer */
@@ -76,10 +76,10 @@ struct chime {
 	uint32_t slot;                      /* our entry in the control segment's client table */
 	int dead;                           /* atomic: 1 once the broker is known to be gone */
 
-	struct chime_map ctl_map;
+	struct chime_map pub_map;           /* the broker's public segment: state, heartbeat, sleep numbers */
 	struct chime_map rw_map;
 	struct chime_map ro_map;
-	const struct chime_ctl *ctl;
+	const struct chime_pub *pub;
 	struct chime_client_rw *rw;
 
 	/* drainer state */

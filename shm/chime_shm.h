@@ -42,6 +42,7 @@
 #define CHIME_SEG_SHARD     2u
 #define CHIME_SEG_CLIENT_RW 3u
 #define CHIME_SEG_CLIENT_RO 4u
+#define CHIME_SEG_PUBLIC    5u   /* what every client reads of the broker (struct chime_pub) */
 
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "shm atomics must be lock-free");
 _Static_assert(sizeof(void *) == 8, "chime's shm layout assumes a 64-bit target");
@@ -392,6 +393,46 @@ _Static_assert(sizeof(struct chime_client_ro) == 256, "header is 256 B");
 #define CHIME_BROKER_STOPPED  2u   /* clean shutdown; a dead broker leaves RUNNING and a stale heartbeat */
 
 /*
+ * The public segment: all a client needs of the broker, and nothing about
+ * other clients (no pids, no counters, no timers). A memfd the broker maps
+ * read-write and hands every client read-only (welcome fd 0, sealed with
+ * F_SEAL_FUTURE_WRITE); the control segment with everyone's counters is for
+ * the broker's user, root and --stats-group only.
+ *
+ * field        | writer         | reader  | ordering
+ * state        | control thread | client  | release; a STOPPED broker is gone for good
+ * heartbeat_ns | control thread | client  | relaxed, every <= 100 ms; compared with the clock
+ * sleeping     | shard          | client  | the doorbell handshake: the shard stores a new
+ *              |                | producers | non-zero sleep number, full barrier, re-checks
+ *              |                |         | its rings, sleeps; a producer publishes (full
+ *              |                |         | barrier), loads it, and if non-zero and not yet
+ *              |                |         | rung for that number, writes its own doorbell;
+ *              |                |         | the shard stores 0 and a full barrier on waking
+ */
+struct chime_pub_shard {
+	uint32_t sleeping;          /* 0 awake, else the shard's sleep number */
+	uint8_t  _pad[124];
+};
+_Static_assert(sizeof(struct chime_pub_shard) == 128, "one shard per pair of cache lines' half");
+
+struct chime_pub {
+	struct chime_seg_hdr hdr;
+	uint32_t state;             /* CHIME_BROKER_* */
+	uint32_t nr_shards;
+	uint64_t heartbeat_ns;      /* CLOCK_MONOTONIC */
+	uint64_t shards_off;        /* struct chime_pub_shard [nr_shards] */
+	uint8_t  _reserved[128 - 64 - 24];
+};
+_Static_assert(sizeof(struct chime_pub) == 128, "public header is 128 B");
+
+static inline uint64_t chime_pub_size(uint32_t nr_shards)
+{
+	uint64_t end = sizeof(struct chime_pub) + (uint64_t)nr_shards * sizeof(struct chime_pub_shard);
+
+	return (end + 4095) & ~(uint64_t)4095;
+}
+
+/*
  * Statistics blocks are written by exactly one thread each and read by tools
  * with a sequence counter (seqlock), so a reader never sees a torn block:
  *
@@ -442,16 +483,11 @@ static inline uint64_t chime_lat_upper_ns(uint32_t b)
 }
 
 /*
- * Per shard, in the control segment.
+ * Per shard, in the control segment (the broker's user, root, --stats-group).
+ * The shard's sleep number, which clients need, is in the public segment
+ * (struct chime_pub_shard).
  *
  * field      | writer  | reader          | ordering
- * sleeping   | shard   | client producers| shard: store 1, full barrier, re-check rings, sleep;
- *            |         |                 | producer: publish (full barrier), load; if 1,
- *            |         |                 | write its own doorbell eventfd for that shard
- *            |         |                 | (chimed stores a sleep number, never 0, instead of 1:
- *            |         |                 | non-zero means asleep, and a producer that already
- *            |         |                 | rang for this value may skip ringing again; the
- *            |         |                 | shard stores 0 and a full barrier before draining)
  * stats      | shard   | tools           | seqlock (seq), published once per loop iteration
  */
 struct chime_shard_stats {
@@ -484,9 +520,7 @@ _Static_assert(sizeof(struct chime_shard_stats) == 1792, "stats block size is pa
 _Static_assert(offsetof(struct chime_shard_stats, lat) == 152, "moved: bump CHIME_SHM_LAYOUT");
 
 struct chime_shard_ctl {
-	uint32_t sleeping;
-	uint8_t  _pad0[124];
-	uint8_t  _pad1[128];        /* keeps the stats 256 B away from the sleep flag */
+	uint8_t  _reserved[256];
 	struct chime_shard_stats stats;
 };
 _Static_assert(sizeof(struct chime_shard_ctl) == 2048, "shard block is 2 KiB");
@@ -643,7 +677,7 @@ _Static_assert(sizeof(struct chime_hello) == 32, "hello is 32 B");
 
 /*
  * broker -> client, one message. status 0 carries SCM_RIGHTS with, in order:
- *   [0] control segment (O_RDONLY)   [1] client rw memfd   [2] client ro memfd (read-only)
+ *   [0] public segment (read-only)   [1] client rw memfd   [2] client ro memfd (read-only)
  *   [3 .. 3+nr_shards) this client's own doorbell eventfd for each shard
  * Each doorbell is made for this client alone (the broker only reads it, through
  * io_uring); wake-ups come back as 1-byte messages on this same connection.
@@ -659,7 +693,7 @@ struct chime_welcome {
 	uint32_t nr_fds;
 	uint64_t rw_size;
 	uint64_t ro_size;
-	uint64_t ctl_size;
+	uint64_t pub_size;           /* of the public segment (fd 0) */
 	uint8_t  _reserved[16];
 };
 _Static_assert(sizeof(struct chime_welcome) == 64, "welcome is 64 B");

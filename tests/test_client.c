@@ -170,7 +170,7 @@ static void fake_reply(int s, enum fake how)
 {
 	struct chime_welcome w = {
 		.magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .nr_shards = 1,
-		.nr_fds = CHIME_WELCOME_FIXED_FDS + 1, .rw_size = 4096, .ro_size = 4096, .ctl_size = 4096,
+		.nr_fds = CHIME_WELCOME_FIXED_FDS + 1, .rw_size = 4096, .ro_size = 4096, .pub_size = 4096,
 	};
 	int fds[5], nfds = 0;
 	union {

@@ -327,3 +327,27 @@ Test(hostile, broker_sigkill_makes_chime_fd_readable_then_enotconn)
 	chime_close(c);
 	close(ep);
 }
+
+/*
+ * What a client holds of the broker: its own segments and the public one
+ * (state, heartbeat, sleep numbers). Never the control segment (everyone's
+ * pids and counters) nor a shard segment (everyone's timers).
+ */
+Test(hostile, a_client_maps_nothing_about_other_clients)
+{
+	chime_t *c = copen();
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	int pub = 0;
+
+	cr_assert_not_null(c);
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		cr_assert_null(strstr(line, ".ctl"), "a client maps the control segment: %s", line);
+		cr_assert_null(strstr(line, ".shard"), "a client maps a shard segment: %s", line);
+		pub += strstr(line, "chime-public") != NULL;
+	}
+	fclose(f);
+	cr_assert_gt(pub, 0, "the public segment is not mapped");
+	chime_close(c);
+}

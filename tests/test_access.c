@@ -366,3 +366,48 @@ Test(access, garbage_hellos_are_refused_and_harm_nothing)
 	close(fd);
 	cr_assert_eq(open_status(NULL), 0, "the broker still serves");
 }
+
+/* ---- the tools, run by an admitted client outside --stats-group ---- */
+
+struct tool_run {
+	const char *cmd;        /* shell command; its output goes to `out` */
+	char out[2048];
+};
+
+static int run_tool(void *arg)
+{
+	struct tool_run *t = arg;
+	FILE *p = popen(t->cmd, "r");
+	size_t n;
+
+	if (!p)
+		return 99;
+	n = fread(t->out, 1, sizeof(t->out) - 1, p);
+	t->out[n] = 0;
+	/* the parent cannot see our buffer: print it for the log, return the status */
+	fputs(t->out, stdout);
+	return WEXITSTATUS(pclose(p));
+}
+
+Test(access, tools_work_on_what_a_client_may_see_and_say_why_not_the_rest)
+{
+	struct tool_run t;
+	char cmd[1024];
+
+	need_users();
+	start("--allow-all");
+	snprintf(cmd, sizeof(cmd), "%s -s %s status 2>&1 | grep -q 'running and admits this user'",
+		 getenv("CHIMECTL"), tb.sock);
+	t.cmd = cmd;
+	cr_assert_eq(as_user("chimet1", run_tool, &t), 0, "chimectl status for an admitted user");
+	snprintf(cmd, sizeof(cmd), "%s -s %s timers --client 1 2>&1 | grep -q 'stats-group'",
+		 getenv("CHIMECTL"), tb.sock);
+	cr_assert_eq(as_user("chimet1", run_tool, &t), 0, "chimectl timers must say why it cannot");
+	snprintf(cmd, sizeof(cmd), "%s -s %s -1 >/dev/null 2>&1", getenv("CHIMESTAT"), tb.sock);
+	cr_assert_eq(as_user("chimet1", run_tool, &t), 1, "chimestat exits 1 (cannot read)");
+	snprintf(cmd, sizeof(cmd), "%s -s %s -1 2>&1 | grep -q 'stats-group'", getenv("CHIMESTAT"), tb.sock);
+	cr_assert_eq(as_user("chimet1", run_tool, &t), 0, "chimestat must say why it cannot");
+	snprintf(cmd, sizeof(cmd), "%s -s %s shutdown >/dev/null 2>&1", getenv("CHIMECTL"), tb.sock);
+	cr_assert_neq(as_user("chimet1", run_tool, &t), 0, "a client stopped the broker");
+	cr_assert_eq(kill(tb.pid, 0), 0, "the broker is still running");
+}

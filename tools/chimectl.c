@@ -69,6 +69,28 @@ static int open_snapshot(struct sr *s, struct sr_snap *sn, const char *sock)
 	return SR_EXIT_OK;
 }
 
+/*
+ * `status` for a user who may connect but not read the counters (an admitted
+ * client outside --stats-group): the handshake alone says whether it runs.
+ */
+static int status_by_handshake(const char *sock)
+{
+	struct chime_opts o = { .socket_path = sock, .flags = 0 };
+	chime_t *c;
+	int r = chime_open(&c, &o);
+
+	if (r < 0) {
+		fprintf(stderr, PROG ": handshake with '%s' failed: %s%s\n", sock, strerror(-r),
+			r == -EACCES ? " (the broker's policy refused this user)" :
+			r == -ENOENT ? " (is chimed running?)" : "");
+		return r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
+	}
+	chime_close(c);
+	printf("chimed at %s is running and admits this user (its counters are for root, the "
+	       "broker's user and chimed --stats-group)\n", sock);
+	return SR_EXIT_OK;
+}
+
 static int cmd_status(const char *sock)
 {
 	struct sr_snap sn;
@@ -78,6 +100,14 @@ static int cmd_status(const char *sock)
 	char up[32];
 	int r;
 
+	r = sr_open(&s, sock);
+	if (r == -EACCES)
+		return status_by_handshake(sock);
+	if (r < 0) {
+		sr_perror(PROG, &s, r);
+		return SR_EXIT_NOSHM;
+	}
+	sr_close(&s);
 	r = open_snapshot(&s, &sn, sock);
 	if (r)
 		return r;

@@ -115,7 +115,8 @@ void sr_perror(const char *prog, const struct sr *s, int err)
 			prog, s->ctl_path, strerror(-err));
 		break;
 	case -EACCES:
-		fprintf(stderr, "%s: cannot open '%s': %s (are you in the broker's group?)\n",
+		fprintf(stderr, "%s: cannot open '%s': %s (the broker's counters and timers are for root, "
+			"the broker's user and the group given to chimed --stats-group)\n",
 			prog, s->ctl_path, strerror(-err));
 		break;
 	case -EAGAIN:

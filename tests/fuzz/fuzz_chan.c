@@ -33,7 +33,7 @@
 #include "stats.h"
 #include "wheel.h"
 
-#define CAP     512u            /* small: a full slab is easy to reach */
+#define CAP     64u             /* small: a full slab (owed grants) is easy to reach */
 #define RES     100000u         /* 100 us */
 #define SQ      8u
 #define CQ      8u
@@ -583,6 +583,22 @@ static void step(struct prog *g)
 		break;
 	case 13:
 		*W.cl[HONEST].m.want_wakeup = 1;
+		break;
+	case 14:
+		/* a hostile client arms a burst of well-formed timers: fills the slab fast */
+		if (live(hc))
+			for (unsigned n = u8(g) % 32; n; n--) {
+				struct chime_sqe *s = &h->m.sq_slots[h->ch.sq.head & (SQ - 1)];
+
+				s->op = CHIME_OP_ARM;
+				s->id = s->grant;
+				s->key = n % 4;
+				s->deadline_ns = n & 1 ? UINT64_MAX : some_time(g);
+				s->period_ns = 0;
+				s->user_data = n;
+				s->seq = h->ch.sq.head + 1;
+				chan_drain(&W.sc, &h->ch, 1);
+			}
 		break;
 	default: {
 		/* one ordinary shard loop iteration */

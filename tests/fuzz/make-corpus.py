@@ -12,7 +12,7 @@ import struct
 import sys
 
 HOSTILE_RECORD, SCRIBBLE, ARM, CANCEL, RESET, CANCEL_KEY, TAKE = 0, 2, 3, 4, 5, 6, 7
-DRAIN, FIRE, SERVICE, PENDING, RECLAIM, WANT_WAKEUP, LOOP = 8, 9, 10, 11, 12, 13, 14
+DRAIN, FIRE, SERVICE, PENDING, RECLAIM, WANT_WAKEUP, BURST, LOOP = 8, 9, 10, 11, 12, 13, 14, 15
 
 
 def op(step, hostile=0):
@@ -69,6 +69,11 @@ def seeds():
     s["hostile-scribbles"] = (hostile_arm(0, 0) + loop() + fire(100) + op(SCRIBBLE, 0) + u8(0 | (5 << 3))
                               + op(SCRIBBLE, 0) + u8(1) + u8(0) + u8(2) + op(SCRIBBLE, 0) + u8(2)
                               + u8(0) + u8(1) + loop() + arm(1) + fire(300000) + loop())
+    # hostile bursts fill the slab: the honest client's renewed grants are owed, then paid
+    burst = lambda h: op(BURST, h) + u8(31) + b"".join(u8(0) + u32(0) for _ in range(16))
+    s["slab-full"] = (burst(0) + burst(1) + b"".join(arm(1, ud=i) for i in range(10)) + loop()
+                      + fire(300000) + loop() + op(TAKE) + u8(0) + loop() + op(RECLAIM, 0) + u8(63)
+                      + op(RECLAIM, 0) + u8(63) + loop() + op(TAKE) + u8(0) + loop())
     rnd = random.Random(7)
     for i in range(4):
         s["random-%d" % i] = bytes(rnd.randrange(256) for _ in range(256))

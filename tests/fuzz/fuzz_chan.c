@@ -140,6 +140,15 @@ static int client_attach(struct client *c, uint16_t slot)
 	return 0;
 }
 
+/*
+ * A grant a client may arm with. Today an unusable slot has none (0); a
+ * marker with generation 0 (no node) must not be armed either.
+ */
+static bool grant_usable(uint64_t grant)
+{
+	return grant != 0 && chime_id_gen(grant) != 0;
+}
+
 static void world_init(void)
 {
 	size_t wsz = wheel_region_size(CAP);
@@ -235,7 +244,7 @@ static void check_world(void)
 		if (ch->dying)
 			continue;
 		for (unsigned s = 0; s < SQ; s++)
-			if (ch->grants[s]) {
+			if (grant_usable(ch->grants[s])) {
 				const struct chime_node *n = wheel_node(&W.sc.wh, chime_id_index(ch->grants[s]));
 
 				CHECK(n->state == CHIME_NODE_GRANTED && n->owner == c, "grant %u of client %u", s, c);
@@ -305,7 +314,12 @@ static bool honest_submit(uint32_t op, uint64_t id, uint64_t key, uint64_t deadl
 		return false;
 	if (op == CHIME_OP_ARM) {
 		id = s->grant;
-		CHECK(id != 0, "honest client reserved a slot without a grant (pos %lu)", (unsigned long)*posp);
+		if (!grant_usable(id)) {
+			/* No node for this slot (slab full): give the slot up, as libchime does. */
+			s->op = CHIME_OP_NOP;
+			chime_sq_publish(s, *posp);
+			return false;
+		}
 	}
 	s->op = op;
 	s->id = id;

@@ -12,5 +12,5 @@ mkdir -p "$work/corpus" "$artifacts"
 cp "$seeds"/* "$work/corpus/" 2>/dev/null || true
 # libFuzzer reports on stderr; keep stdout free of anything a TAP parser could read.
 exec 1>&2
-"$fuzzer" -max_total_time="$secs" -error_exitcode=1 -timeout=25 -rss_limit_mb=1024 \
+"$fuzzer" -max_total_time="$secs" -error_exitcode=1 -timeout=25 -rss_limit_mb=2048 \
 	-artifact_prefix="$artifacts/" -print_final_stats=1 "$work/corpus"

@@ -130,7 +130,8 @@ static int client_attach(struct client *c, uint16_t slot)
 	c->m.want_wakeup = &rw->want_wakeup;
 	c->m.sq_size = SQ;
 	c->m.cq_size = CQ;
-	c->m.efd = -1;
+	c->m.wake_fd = -1;
+	c->m.bell_fd = -1;
 	r = chan_attach(&W.sc, &c->ch, &c->m, slot, 1);
 	if (r)
 		return r;
@@ -140,16 +141,13 @@ static int client_attach(struct client *c, uint16_t slot)
 	return 0;
 }
 
-/*
- * A grant a client may arm with. Today an unusable slot has none (0); a
- * marker with generation 0 (no node) must not be armed either.
- */
+/* A grant a client may arm with: not a no-grant marker (slab full, quota reached). */
 static bool grant_usable(uint64_t grant)
 {
-	return grant != 0 && chime_id_gen(grant) != 0;
+	return !chime_grant_is_marker(grant);
 }
 
-static void world_init(void)
+static void world_init(uint64_t quota)
 {
 	size_t wsz = wheel_region_size(CAP);
 	uint32_t nb = keyidx_buckets_for(CAP);
@@ -187,6 +185,7 @@ static void world_init(void)
 	W.sc.shard = 0;
 	W.sc.capacity = CAP;
 	W.sc.max_clients = NCL;
+	W.sc.quota = quota;
 	W.now = T0;
 	W.nt = 0;
 	W.max_deadline = T0;
@@ -228,7 +227,7 @@ static void check_world(void)
 	      (unsigned long)armed, (unsigned long)wheel_armed(&W.sc.wh));
 	for (unsigned c = 0; c < NCL; c++) {
 		const struct chan *ch = &W.cl[c].ch;
-		uint64_t grants = 0;
+		uint64_t grants = 0, markers = 0;
 
 		if (!W.cl[c].attached) {
 			CHECK(owned[c] == 0, "client %u detached, owns %lu nodes", c, (unsigned long)owned[c]);
@@ -249,9 +248,15 @@ static void check_world(void)
 
 				CHECK(n->state == CHIME_NODE_GRANTED && n->owner == c, "grant %u of client %u", s, c);
 				grants++;
+			} else {
+				markers++;
 			}
 		CHECK(grants == granted[c], "client %u: %lu grants, %lu GRANTED nodes", c,
 		      (unsigned long)grants, (unsigned long)granted[c]);
+		CHECK(markers == ch->marked, "client %u: %lu markers, ch->marked %u", c,
+		      (unsigned long)markers, ch->marked);
+		CHECK(ch->owned <= W.sc.quota, "client %u owns %lu nodes, quota %lu", c,
+		      (unsigned long)ch->owned, (unsigned long)W.sc.quota);
 	}
 	CHECK(backlog == W.sc.backlog, "backlog sum %lu, shard says %lu",
 	      (unsigned long)backlog, (unsigned long)W.sc.backlog);
@@ -665,7 +670,7 @@ static void finish(void)
 		chan_service(&W.sc, &hc->ch, W.now);
 		check_world();
 		if (W.now > W.max_deadline && hc->ch.sq.head == hc->m.rw->sq_tail &&
-		    hc->ch.owned == SQ && hc->ch.nr_backlog == 0 && hc->ch.cq.tail == hc->cons.head)
+		    hc->ch.owned == SQ - hc->ch.marked && hc->ch.nr_backlog == 0 && hc->ch.cq.tail == hc->cons.head)
 			break;
 		CHECK(rounds < 100000, "the honest client's timers never ran out (owned %lu, backlog %lu)",
 		      (unsigned long)hc->ch.owned, (unsigned long)hc->ch.nr_backlog);
@@ -698,7 +703,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct prog g = { .p = data, .n = size };
 	unsigned steps = 0;
 
-	world_init();
+	/* The first byte picks the per-client quota: none, or one the clients reach. */
+	world_init(size && data[0] & 1 ? 4 + (data[0] >> 1) % 48 : UINT64_MAX);
 	while (g.off < g.n && steps++ < 4096) {
 		step(&g);
 		check_world();

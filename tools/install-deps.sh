@@ -8,6 +8,8 @@ set -eu
 # and the libuv / libevent examples.
 pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libck-dev libcriterion-dev jq strace
 groff-base man-db python3-pytest libuv1-dev libevent-dev"
+# clang-14 and its runtimes (libFuzzer, sanitizers): the build-fuzz build (tests/fuzz).
+pkgs="$pkgs clang-14 libclang-rt-14-dev"
 
 missing=""
 for p in $pkgs; do

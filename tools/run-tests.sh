@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
-# run-tests.sh - install what is needed, build chime three ways and run the
+# run-tests.sh - install what is needed, build chime four ways and run the
 # test suite in each, then print the closing line "N passed, N failed".
 #
-#   tools/run-tests.sh           default suite: unit tests and short integration
-#                                and stress runs (about 2 minutes on 2 cores)
-#   tools/run-tests.sh --stress  the long stress and soak suite instead (plain
-#                                and ASan+UBSan builds; about 2 minutes here)
+#   tools/run-tests.sh               default suite: unit tests, short integration
+#                                    and stress runs, and 60 s of fuzzing (about
+#                                    3 minutes on 2 cores)
+#   tools/run-tests.sh --stress      the long stress and soak suite instead (plain
+#                                    and ASan+UBSan builds; about 2 minutes here)
+#   tools/run-tests.sh --fuzz SECS   only the fuzzer (build-fuzz), for SECS seconds
 #
 # Builds: build/ (-Werror), build-asan/ (AddressSanitizer + UBSan, -Werror),
 # build-tsan/ (ThreadSanitizer: the plain-executable thread checks only, since
-# criterion cannot run under TSan). Exit status: 0 if every case passed.
+# criterion cannot run under TSan), build-fuzz/ (clang-14, libFuzzer + ASan +
+# UBSan: suite 'fuzz' only; a crashing input is left in
+# build-fuzz/meson-logs/fuzz-artifacts). Exit status: 0 if every case passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 setup="default"
 suite_args=()
+fuzz_only=0
+fuzz_secs=60
 case "${1:-}" in
 "") ;;
 --stress) setup="stress"; suite_args=(--suite stress) ;;
--h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+--fuzz)
+	fuzz_secs=${2:-}
+	if ! [[ "$fuzz_secs" =~ ^[1-9][0-9]*$ ]]; then
+		echo "run-tests.sh: --fuzz needs a number of seconds (e.g. --fuzz 3600)" >&2
+		exit 2
+	fi
+	fuzz_only=1 ;;
+-h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 *) echo "run-tests.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
 esac
 
@@ -50,10 +63,11 @@ configure() {
 }
 
 labels=()
+targets=()     # what run() builds: everything unless set
 run() {
 	local label=$1 dir=$2; shift 2
 	echo "==> $label: build ($dir)"
-	if ! configure "$dir" -Dwerror=true "$@" || ! ninja -C "$dir" >"$dir.ninja.log" 2>&1; then
+	if ! configure "$dir" -Dwerror=true "$@" || ! ninja -C "$dir" "${targets[@]}" >"$dir.ninja.log" 2>&1; then
 		cat "$dir.ninja.log" 2>/dev/null | tail -40
 		echo "$label: build failed"
 		mkdir -p "$dir/meson-logs"
@@ -68,10 +82,29 @@ run() {
 	labels+=("$label=$dir")
 }
 
-run release build
-run asan+ubsan build-asan -Db_sanitize=address,undefined -Db_lundef=false
-# TSan runs only the plain tsan_* checks, which have no stress variant.
-[ "$setup" = stress ] || run tsan build-tsan -Db_sanitize=thread -Db_lundef=false
+# The fuzzer: its own clang build, suite 'fuzz' only, for $fuzz_secs seconds
+# (tests/fuzz/run-fuzz.sh reads CHIME_FUZZ_SECONDS; no meson timeout then).
+# Only the fuzz target is built: the rest of the tree is checked by gcc above.
+run_fuzz() {
+	local saved_args=("${suite_args[@]}")
+	suite_args=(--suite fuzz --no-rebuild)
+	[ "$fuzz_secs" = 60 ] || suite_args+=(--timeout-multiplier 0)
+	targets=(tests/fuzz/fuzz_chan)
+	CHIME_FUZZ_SECONDS=$fuzz_secs CC=clang-14 \
+		run fuzz build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false
+	targets=()
+	suite_args=("${saved_args[@]}")
+}
+
+if [ "$fuzz_only" = 1 ]; then
+	run_fuzz
+else
+	run release build
+	run asan+ubsan build-asan -Db_sanitize=address,undefined -Db_lundef=false
+	# TSan runs only the plain tsan_* checks, which have no stress variant.
+	[ "$setup" = stress ] || run tsan build-tsan -Db_sanitize=thread -Db_lundef=false
+	[ "$setup" = stress ] || run_fuzz
+fi
 
 echo
 exec python3 tools/test-summary.py "${labels[@]}"

@@ -348,10 +348,28 @@ Test(tools_fake, field_filter_selects_by_name)
 	cr_assert_eq(run("%s --socket '%s' -j -f 'shard.*.fires' -f broker.pid", bin("CHIMESTAT"), sock), 0);
 	cr_assert_eq(jq(".broker | length"), 1);
 	cr_assert_eq(jq(".shards[1].fires"), 2);
-	cr_assert_eq(jq(".shards[1] | length"), 3, "shard, fires and the empty lateness object");
+	cr_assert_eq(jq(".shards[1] | length"), 2, "shard and fires: groups filtered out are not emitted");
+	cr_assert_eq(jq(".clients | type == \"array\""), 1, "clients is an array even when filtered out");
+	cr_assert_eq(jq(".version | type == \"string\""), 1);
+	cr_assert_eq(jq(".timestamp > 1600000000"), 1, "a Unix timestamp");
 	cr_assert_eq(run("%s --socket '%s' -1 -f 'client.*.arms'", bin("CHIMESTAT"), sock), 0);
 	cr_assert(strstr(slurp(out), "client.1.arms"), "%s", slurp(out));
 	cr_assert_null(strstr(slurp(out), "shard."));
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_fake, json_is_valid_utf8_and_clients_always_an_array)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	/* a process name is any bytes: valid UTF-8 kept, an invalid byte replaced, controls escaped */
+	memcpy(f.cc[1].comm, "w\xc3\xb6rk\"er\x01\xff", 11);
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".clients[0].comm == \"w\u00f6rk\\\"er\\u0001\ufffd\""), 1, "%s", slurp(out));
+	f.cc[1].state = CHIME_CLIENT_EMPTY;
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".clients | length == 0"), 1, "no clients: an empty array, %s", slurp(out));
 	chime_seg_unmap(&f.map);
 }
 

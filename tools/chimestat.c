@@ -19,11 +19,14 @@
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "chime_config.h"
 #include "statsread.h"
@@ -38,7 +41,7 @@ struct field {
 	uint64_t u;
 	int64_t i;
 	double d;
-	char s[40];
+	char s[160];
 	const uint64_t *hist;       /* F_HIST: CHIME_LAT_BUCKETS buckets */
 	uint64_t hist_sum_ns;
 	/* Prometheus: family (NULL: not exported), its type, help, labels, scale. */
@@ -374,158 +377,159 @@ static const struct field *prev_of(const struct flist *prev, size_t idx, const c
 	return NULL;
 }
 
-/* ---- JSON ---- */
+/* ---- JSON (jansson: escaping, UTF-8 and nesting done by a well-kept library) ---- */
 
-static void json_str(FILE *out, const char *s)
+/*
+ * A process name is whatever bytes the process chose: keep valid UTF-8 and
+ * replace every invalid byte with U+FFFD, so the document is always valid.
+ */
+static json_t *json_text(const char *s)
 {
-	fputc('"', out);
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
+	json_t *j = json_string(s);
+	char buf[4 * sizeof(((struct field *)0)->s)];
+	size_t o = 0;
 
-		if (c == '"' || c == '\\')
-			fprintf(out, "\\%c", c);
-		else if (c < 0x20 || c >= 0x7f)
-			fprintf(out, "\\u%04x", c);
-		else
-			fputc(c, out);
+	if (j)
+		return j;
+	for (const unsigned char *p = (const unsigned char *)s; *p && o + 4 < sizeof(buf);) {
+		int n = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 ? 2 : (*p & 0xf0) == 0xe0 ? 3 :
+			(*p & 0xf8) == 0xf0 ? 4 : 0;
+		json_t *one = NULL;
+
+		if (n > 1) {
+			char seq[5] = { 0 };
+
+			memcpy(seq, p, (size_t)n);
+			one = strnlen(seq, (size_t)n) == (size_t)n ? json_stringn(seq, (size_t)n) : NULL;
+		}
+		if (n == 1 || one) {
+			memcpy(buf + o, p, (size_t)n);
+			o += (size_t)n;
+			p += n;
+		} else {
+			memcpy(buf + o, "\xef\xbf\xbd", 3);     /* U+FFFD */
+			o += 3;
+			p++;
+		}
+		json_decref(one);
 	}
-	fputc('"', out);
+	return json_stringn(buf, o);
 }
 
-static void json_value(FILE *out, const struct field *f)
+static json_t *json_field(const struct field *f)
 {
-	uint32_t b;
+	json_t *a;
 
 	switch (f->kind) {
 	case F_COUNTER:
 	case F_GAUGE:
-		fprintf(out, "%" PRIu64, f->u);
-		break;
+		return json_integer((json_int_t)f->u);
 	case F_INT:
-		fprintf(out, "%" PRId64, f->i);
-		break;
+		return json_integer((json_int_t)f->i);
 	case F_FLOAT:
-		fprintf(out, "%.6g", f->d);
-		break;
+		return json_real(f->d);
 	case F_STR:
-		json_str(out, f->s);
-		break;
+		return json_text(f->s);
 	case F_BOOL:
-		fputs(f->u ? "true" : "false", out);
-		break;
+		return json_boolean(f->u);
 	case F_NULL:
-		fputs("null", out);
-		break;
-	case F_HIST: {
+		return json_null();
+	case F_HIST:
 		/* [[upper_ns, count], ...] for the non-empty buckets; upper null = +inf. */
-		const char *sep = "";
-
-		fputc('[', out);
-		for (b = 0; b < CHIME_LAT_BUCKETS; b++) {
+		a = json_array();
+		for (uint32_t b = 0; b < CHIME_LAT_BUCKETS; b++) {
 			uint64_t up = chime_lat_upper_ns(b);
 
-			if (!f->hist[b])
-				continue;
-			if (up == UINT64_MAX)
-				fprintf(out, "%s[null,%" PRIu64 "]", sep, f->hist[b]);
-			else
-				fprintf(out, "%s[%" PRIu64 ",%" PRIu64 "]", sep, up, f->hist[b]);
-			sep = ",";
+			if (f->hist[b])
+				json_array_append_new(a, json_pack("[o,I]", up == UINT64_MAX ? json_null() :
+								   json_integer((json_int_t)up),
+								   (json_int_t)f->hist[b]));
 		}
-		fputc(']', out);
-		break;
+		return a;
 	}
+	return json_null();
+}
+
+/* The object of shards[]/clients[] whose `idkey` is `id`: the last one, or a new one. */
+static json_t *json_element(json_t *arr, const char *idkey, json_int_t id)
+{
+	size_t n = json_array_size(arr);
+	json_t *last = n ? json_array_get(arr, n - 1) : NULL, *o;
+
+	if (last && json_integer_value(json_object_get(last, idkey)) == id)
+		return last;
+	o = json_pack("{s:I}", idkey, id);
+	json_array_append_new(arr, o);
+	return o;
+}
+
+static json_t *json_child(json_t *obj, const char *key)
+{
+	json_t *c = json_object_get(obj, key);
+
+	if (!c) {
+		c = json_object();
+		json_object_set_new(obj, key, c);
 	}
+	return c;
 }
 
 /*
- * The document: {"broker": {...}, "shards": [{"shard": N, ...}, ...],
- * "clients": [{"slot": S, ...}], "lateness": {...}}. A field name
+ * The document: {"version", "timestamp" (Unix time, s), "broker": {...},
+ * "shards": [{"shard": N, ...}], "clients": [{"slot": S, ...}] (always an
+ * array, empty with no clients), "lateness": {...}}. A field name
  * "shard.N.lateness.p99_ns" becomes shards[i].lateness.p99_ns.
  */
 static void print_json(FILE *out, const struct flist *l, const struct opts *o)
 {
-	char group[16] = "", index[16] = "", sub[24] = "";
-	int first_top = 1, first_in = 1, first_sub = 1;
-	size_t i;
+	struct timespec rt;
+	json_t *doc, *shards = json_array(), *clients = json_array();
 
-	fputc('{', out);
-	for (i = 0; i < l->n; i++) {
+	clock_gettime(CLOCK_REALTIME, &rt);
+	doc = json_pack("{s:s,s:f,s:o,s:o}", "version", CHIME_VERSION,
+			"timestamp", (double)rt.tv_sec + (double)rt.tv_nsec / 1e9,
+			"shards", shards, "clients", clients);
+	for (size_t i = 0; i < l->n; i++) {
 		const struct field *f = &l->v[i];
-		char g[16] = "", x[16] = "", s[24] = "", key[48] = "";
-		const char *p = f->name, *dot;
-		int indexed;
-
-		dot = strchr(p, '.');
-		snprintf(g, sizeof(g), "%.*s", (int)(dot - p), p);
-		p = dot + 1;
-		indexed = !strcmp(g, "shard") || !strcmp(g, "client");
-		if (indexed) {
-			dot = strchr(p, '.');
-			snprintf(x, sizeof(x), "%.*s", (int)(dot - p), p);
-			p = dot + 1;
-		}
-		dot = strchr(p, '.');
-		if (dot) {
-			snprintf(s, sizeof(s), "%.*s", (int)(dot - p), p);
-			p = dot + 1;
-		}
-		snprintf(key, sizeof(key), "%s", p);
-
-		/* Close what changed. */
-		if (strcmp(g, group) || strcmp(x, index) || strcmp(s, sub)) {
-			if (*sub)
-				fputc('}', out);
-			if (strcmp(g, group) || strcmp(x, index)) {
-				if (*group)
-					fputc('}', out);
-				if (strcmp(g, group) && (!strcmp(group, "shard") || !strcmp(group, "client")))
-					fputc(']', out);
-			}
-		}
-		/* Open what is new. */
-		if (strcmp(g, group)) {
-			fprintf(out, "%s\"%s\":", first_top ? "" : ",",
-				!strcmp(g, "shard") ? "shards" : !strcmp(g, "client") ? "clients" : g);
-			first_top = 0;
-			if (indexed)
-				fputc('[', out);
-			else
-				fputc('{', out);
-			first_in = 1;
-			if (indexed)
-				strcpy(index, "");
-		}
-		if (indexed && strcmp(x, index)) {
-			fprintf(out, "%s{\"%s\":%s", strcmp(g, group) ? "" : ",",
-				!strcmp(g, "shard") ? "shard" : "slot", x);
-			first_in = 0;
-		}
-		if ((strcmp(g, group) || strcmp(x, index) || strcmp(s, sub)) && *s) {
-			fprintf(out, "%s\"%s\":{", first_in ? "" : ",", s);
-			first_in = 0;
-			first_sub = 1;
-		}
-		snprintf(group, sizeof(group), "%s", g);
-		snprintf(index, sizeof(index), "%s", x);
-		snprintf(sub, sizeof(sub), "%s", s);
+		char name[sizeof(f->name)], *save = NULL, *part[4];
+		int n = 0;
+		json_t *at;
 
 		if (!selected(o, f->name))
 			continue;
-		if (*s) {
-			fprintf(out, "%s\"%s\":", first_sub ? "" : ",", key);
-			first_sub = 0;
+		snprintf(name, sizeof(name), "%s", f->name);
+		for (char *t = strtok_r(name, ".", &save); t && n < 4; t = strtok_r(NULL, ".", &save))
+			part[n++] = t;
+		if (n < 2)
+			continue;
+		if (!strcmp(part[0], "shard") || !strcmp(part[0], "client")) {
+			bool shard = part[0][0] == 's';
+
+			if (n < 3)
+				continue;
+			at = json_element(shard ? shards : clients, shard ? "shard" : "slot",
+					  (json_int_t)strtoll(part[1], NULL, 10));
+			if (n == 4)
+				at = json_child(at, part[2]);
 		} else {
-			fprintf(out, "%s\"%s\":", first_in ? "" : ",", key);
-			first_in = 0;
+			at = json_child(doc, part[0]);
+			if (n >= 3)
+				at = json_child(at, part[1]);
 		}
-		json_value(out, f);
+		json_object_set_new(at, part[n - 1], json_field(f));
 	}
-	if (*sub)
-		fputc('}', out);
-	if (*group)
-		fputc('}', out);
-	fputs("}\n", out);
+	json_dumpf(doc, out, JSON_COMPACT | JSON_REAL_PRECISION(17));
+	fputc('\n', out);
+	json_decref(doc);
+}
+
+/* One value as JSON text (the flat listing's strings and specials). */
+static void print_value(FILE *out, const struct field *f)
+{
+	json_t *j = json_field(f);
+
+	json_dumpf(j, out, JSON_COMPACT | JSON_ENCODE_ANY);
+	json_decref(j);
 }
 
 /* ---- Prometheus ---- */
@@ -625,7 +629,7 @@ static void print_flat(FILE *out, const struct flist *l, const struct flist *pre
 			fprintf(out, "%20" PRIu64 " samples", sr_hist_count(f->hist));
 			break;
 		default:
-			json_value(out, f);
+			print_value(out, f);
 		}
 		fputc('\n', out);
 	}

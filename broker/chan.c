@@ -468,7 +468,7 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 		slot_free(sc, ch, pos);
 	}
 	if (ch->sq.head != ch->sq_head_pub) {
-		/* R1: every record below head applied, VOIDs included; pairs with the drainer's acquire of sq_head. */
+		/* V1: every record below head applied, VOIDs included; pairs with D2 (the drainer's acquire of sq_head). */
 		at_store_rel(&ch->ro->sq_head, ch->sq.head);
 		ch->sq_head_pub = ch->sq.head;
 	}
@@ -550,7 +550,7 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 	const struct chime_sqe *s = &ch->sq.slots[ch->sq.head & ch->sq.mask];
 	uint32_t idx = ch->backlog.head;
 
-	/* A1: pairs with the producer's publish of seq (a full barrier). */
+	/* S-CHECK: pairs with S1/S2 (the producer's publish of seq is a full barrier). */
 	if (at_load(&s->seq) == ch->sq.head + 1)
 		return true;
 	if (ch->cq.tail != ch->flushed)

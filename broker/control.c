@@ -762,7 +762,7 @@ static int client_segments(struct broker *b, struct client *c)
 
 static void post_all(struct broker *b, struct client *c, uint32_t op)
 {
-	/* R4: pending before the commands; the shards' acks count it down. */
+	/* M4: pending before the commands; the shards' acks count it down. */
 	at_store(&c->ack.err, 0);
 	at_store_rel(&c->ack.pending, b->o.nr_shards);
 	for (uint32_t s = 0; s < b->o.nr_shards; s++) {
@@ -972,7 +972,7 @@ static void on_notify(struct broker *b)
 
 		if (c->state != CL_ATTACHING && c->state != CL_DETACHING)
 			continue;
-		/* A5: pairs with R3 in the shards' ack(). */
+		/* M5: pairs with M3 in the shards' ack(). */
 		if (at_load_acq(&c->ack.pending) != 0)
 			continue;
 		if (c->state == CL_ATTACHING) {

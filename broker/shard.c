@@ -207,7 +207,7 @@ void shard_post(struct shard *s, const struct shard_cmd *cmd)
 
 	/* The control thread never has more than max_clients + 1 commands out. */
 	s->q[t & s->q_mask] = *cmd;
-	/* R2: the command before the tail; pairs with A2 in run_cmds(). */
+	/* M1: the command before the tail; pairs with M2 in run_cmds(). */
 	at_store_rel(&s->q_tail, t + 1);
 	/* Always ring: commands are rare, and an awake shard reads the count and moves on. */
 	(void)eventfd_write(s->doorbell, 1);
@@ -217,7 +217,7 @@ static void ack(struct shard *s, struct shard_ack *a, int err)
 {
 	if (err)
 		(void)at_cas_relaxed(&a->err, &(int32_t){ 0 }, err);
-	/* R3: our work (grants in the client's segment, freed nodes) before the
+	/* M3: our work (grants in the client's segment, freed nodes) before the
 	 * count; pairs with the control thread's acquire load of pending. */
 	if (at_sub(&a->pending, 1) == 0)
 		(void)eventfd_write(s->cfg.notify_fd, 1);
@@ -338,7 +338,7 @@ static void reap_cancelled(struct shard *s)
 /* Returns true on STOP. */
 static bool run_cmds(struct shard *s, bool *work)
 {
-	/* A2: the tail, then the commands; pairs with R2. */
+	/* M2: the tail, then the commands; pairs with M1. */
 	uint64_t tail = at_load_acq(&s->q_tail);
 
 	while (s->q_head != tail) {

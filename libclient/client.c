@@ -443,7 +443,7 @@ bool cl_broker_gone(struct chime *c, bool probe)
 
 	if (cl_is_dead(c))
 		return true;
-	/* A0: plain status word of the control thread; a stop is final. */
+	/* H1: plain status word of the control thread; a stop is final. */
 	if (at_load_acq(&c->pub->state) == CHIME_BROKER_STOPPED)
 		goto gone;
 	if (!probe)
@@ -463,7 +463,7 @@ gone:
 
 bool cl_broker_check(struct chime *c, uint64_t now)
 {
-	/* A1: the control thread stores heartbeat_ns at least every 100 ms. */
+	/* H2: the control thread stores heartbeat_ns at least every 100 ms. */
 	uint64_t hb = at_load(&c->pub->heartbeat_ns);
 	bool stale = now > hb + 1000000000u;
 

@@ -7,9 +7,9 @@
  *
  * Per shard, per drain (ARCHITECTURE.md, "Cancels the shard has not read yet"):
  *
- *  1. C1: acquire-load cq_tail: the snapshot of events this drain may return.
+ *  1. D1: acquire-load cq_tail: the snapshot of events this drain may return.
  *     Nothing new: done (the fast path is this one load).
- *  2. C2: acquire-load sq_head, then scan our own published submission slots
+ *  2. D2: acquire-load sq_head, then scan our own published submission slots
  *     in [sq_head, sq_tail) for RESET, CANCEL and CANCEL_KEY into a private
  *     set. Because the shard publishes sq_head before the cq_tail of any event
  *     it produced after applying those records, every event in the snapshot
@@ -25,7 +25,7 @@
  *     matches, the event must NOT be claimed (the shard would take that as
  *     "received" and forget the reset): wait briefly until the shard applied
  *     the reset, which voids it. Else claim it and return it.
- *  4. C3: release-store cq_head; if the shard holds a backlog for us, ring its
+ *  4. D3: release-store cq_head; if the shard holds a backlog for us, ring its
  *     doorbell (if it sleeps): it must learn that there is room.
  *
  * Memory: the set is bounded by the ring size (2 * sq_size entries), whatever
@@ -130,7 +130,7 @@ static bool wait_applied(struct chime *c, struct chime_chan *ch, uint64_t pos, u
 /* Step 2: collect the RESET/CANCEL/CANCEL_KEY records the shard has not applied. */
 static void scan_pending(struct chime *c, struct chime_chan *ch)
 {
-	/* C2: after C1; pairs with the shard's release of sq_head after applying. */
+	/* D2: after D1; pairs with the shard's release of sq_head after applying. */
 	uint64_t head = at_load_acq(ch->sq_head);
 	/* Our producers' CAS on sq_tail; they publish each slot later, with a full barrier. */
 	uint64_t tail = at_load_acq(ch->sq.tail);
@@ -195,7 +195,7 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 	uint64_t start = q->head, tail;
 	unsigned n = 0;
 
-	/* C1 (ring.h Q2): pairs with the shard's release of cq_tail after the cqe and its claim word. */
+	/* D1 (ring.h Q2): pairs with the shard's release of cq_tail after the cqe and its claim word. */
 	tail = chime_cq_tail(q);
 	ch->held = 0;
 	if (likely(tail == start)) {
@@ -216,7 +216,7 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 		struct chime_cqe e;
 		uint32_t verdict;
 
-		/* C4: a claim word not FRESH (VOID, or anything unexpected) means skip. */
+		/* D4: a claim word not FRESH (VOID, or anything unexpected) means skip. */
 		if (!chime_cq_peek(q, &e)) {
 			chime_cq_skip(q);
 			continue;
@@ -231,7 +231,7 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 			reset->flags &= ~CHIME_PEND_RESET;
 			continue;       /* re-read the claim word */
 		}
-		/* C5 (ring.h Q5): FRESH -> TAKEN; pairs with the shard's CAS FRESH -> VOID. One wins. */
+		/* D5 (ring.h Q5): FRESH -> TAKEN; pairs with the shard's CAS FRESH -> VOID. One wins. */
 		if (!chime_cq_claim(q))
 			continue;
 		if (verdict == CHIME_PEND_CANCEL)
@@ -243,10 +243,10 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 	}
 	ch->seen = ch->held ? tail : q->head;
 	if (q->head != start) {
-		/* C3 (ring.h Q3): our copies are done; pairs with the shard's acquire of cq_head. */
+		/* D3 (ring.h Q3): our copies are done; pairs with the shard's acquire of cq_head. */
 		chime_cq_release(q);
 		/*
-		 * C6: full barrier between our cq_head and the loads of backlog
+		 * D6: full barrier between our cq_head and the loads of backlog
 		 * and of the shard's sleep number; pairs with the shard's barrier
 		 * between publishing backlog (and its sleep number) and re-reading
 		 * cq_head before it sleeps. Either it sees the room we made, or
@@ -278,7 +278,7 @@ static unsigned drain(struct chime *c, struct chime_event *out, unsigned max)
 	return n;
 }
 
-/* Anything published that the last drain did not look at? (acquire: C1 again) */
+/* Anything published that the last drain did not look at? (acquire: D1 again) */
 static bool pending(const struct chime *c)
 {
 	for (uint32_t s = 0; s < c->nr_shards; s++)

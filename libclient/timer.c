@@ -60,7 +60,7 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 		waited = now - start;
 		if (waited < ROOM_SPIN_NS)
 			continue;
-		/* S3: full barrier before the sleep-number load, as after a publish. */
+		/* S2 again: full barrier before the sleep-number load, as after a publish. */
 		at_fence();
 		cl_ring_doorbell(ch);
 		if (now - probed >= ROOM_YIELD_NS) {

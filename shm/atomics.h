@@ -42,6 +42,7 @@
 /* Stand-alone fences, where an ordered access cannot carry the edge. */
 #define at_fence()              __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #define at_fence_acq()          __atomic_thread_fence(__ATOMIC_ACQUIRE)
+#define at_fence_rel()          __atomic_thread_fence(__ATOMIC_RELEASE)
 
 /* A spin-wait hint to the CPU (and to a sibling hyperthread). */
 static inline void at_relax(void)

@@ -33,6 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "atomics.h"
+
 #define CHIME_SHM_MAGIC   UINT64_C(0x0031454d49484321) /* "!CHIME1" in LE bytes */
 #define CHIME_SHM_LAYOUT  2u                           /* bump on ANY incompatible change */
 #define CHIME_CACHELINE   64u
@@ -609,14 +611,14 @@ _Static_assert(offsetof(struct chime_ctl, client_stats_off) == 176, "moved: bump
 static inline void chime_stats_begin(uint64_t *seq)
 {
 	/* R-STAT1: odd seq before the fields; pairs with A-STAT2 in chime_stats_read(). */
-	__atomic_store_n(seq, *seq + 1, __ATOMIC_RELAXED);
-	__atomic_thread_fence(__ATOMIC_RELEASE);
+	at_store(seq, *seq + 1);
+	at_fence_rel();
 }
 
 static inline void chime_stats_end(uint64_t *seq)
 {
 	/* R-STAT2: fields before the even seq; pairs with A-STAT1 in chime_stats_read(). */
-	__atomic_store_n(seq, *seq + 1, __ATOMIC_RELEASE);
+	at_store_rel(seq, *seq + 1);
 }
 
 /*
@@ -631,14 +633,14 @@ static inline int chime_stats_read(void *dst, const void *src, size_t len, unsig
 
 	while (tries--) {
 		/* A-STAT1: pairs with R-STAT2. */
-		uint64_t s1 = __atomic_load_n(seqp, __ATOMIC_ACQUIRE);
+		uint64_t s1 = at_load_acq(seqp);
 
 		if (s1 & 1u)
 			continue;
 		__builtin_memcpy(dst, src, len);
 		/* A-STAT2: the copy before the re-read; pairs with R-STAT1. */
-		__atomic_thread_fence(__ATOMIC_ACQUIRE);
-		if (__atomic_load_n(seqp, __ATOMIC_RELAXED) == s1)
+		at_fence_acq();
+		if (at_load(seqp) == s1)
 			return 0;
 	}
 	__builtin_memcpy(dst, src, len);

@@ -177,8 +177,8 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	 * the one checked at sr_open().
 	 */
 	memcpy(&snap->hdr, s->ctl, sizeof(snap->hdr));
-	snap->hdr.state = __atomic_load_n(&s->ctl->state, __ATOMIC_RELAXED);
-	snap->hdr.heartbeat_ns = __atomic_load_n(&s->ctl->heartbeat_ns, __ATOMIC_RELAXED);
+	snap->hdr.state = at_load(&s->ctl->state);
+	snap->hdr.heartbeat_ns = at_load(&s->ctl->heartbeat_ns);
 	snap->hdr.nr_shards = s->nr_shards;
 	snap->hdr.max_clients = s->max_clients;
 	snap->hdr.version[sizeof(snap->hdr.version) - 1] = '\0';

@@ -255,7 +255,7 @@ static void *flood_main(void *arg)
 	size_t per = f->n / f->nthr, lo = per * t->idx, hi = lo + per, i = lo;
 	uint64_t k = 0;
 
-	while (!__atomic_load_n(&f->stop, __ATOMIC_RELAXED)) {
+	while (!at_load(&f->stop)) {
 		for (unsigned j = 0; j < 1024; j++) {
 			int r = chime_reset(f->c, f->ids[i], f->base_ns + (k++ & 0xffffff) * 1000);
 
@@ -311,7 +311,7 @@ int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_re
 	shards_read(b, &s0);
 	sleep_ns(dur_ns);
 	shards_read(b, &s1);
-	__atomic_store_n(&f.stop, 1, __ATOMIC_RELAXED);
+	at_store(&f.stop, 1);
 	for (unsigned i = 0; i < f.nthr; i++) {
 		pthread_join(th[i].tid, NULL);
 		issued += f.done[i];
@@ -364,7 +364,7 @@ static void *tflood_main(void *arg)
 	size_t per = f->n / MAX_THR, lo = per * t->idx, hi = lo + per, i = lo;
 	uint64_t k = 0;
 
-	while (!__atomic_load_n(&f->stop, __ATOMIC_RELAXED)) {
+	while (!at_load(&f->stop)) {
 		for (unsigned j = 0; j < 256; j++, k++) {
 			(void)tfd_set(f->fds[i], f->base_ns + (k & 0xffffff) * 1000);
 			if (++i == hi)
@@ -404,7 +404,7 @@ double run_tflood(size_t n, uint64_t dur_ns)
 		pthread_create(&th[i].tid, NULL, tflood_main, &th[i]);
 	}
 	sleep_ns(dur_ns);
-	__atomic_store_n(&f.stop, 1, __ATOMIC_RELAXED);
+	at_store(&f.stop, 1);
 	for (unsigned i = 0; i < MAX_THR; i++) {
 		pthread_join(th[i].tid, NULL);
 		k += f.done[i];

@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * chimestat.h - what chimestat's parts share: the one list of fields that
+ * collect() builds from a snapshot (stat_fields.c), and the outputs that
+ * print it (stat_json.c, stat_prom.c, stat_text.c). chimestat.c has main(),
+ * the options and the live view's loop.
+ */
+#ifndef CHIME_CHIMESTAT_H
+#define CHIME_CHIMESTAT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "statsread.h"
+
+#define PROG "chimestat"
+
+enum fkind { F_COUNTER, F_GAUGE, F_INT, F_FLOAT, F_STR, F_BOOL, F_HIST, F_NULL };
+
+struct field {
+	char name[64];
+	enum fkind kind;
+	uint64_t u;
+	int64_t i;
+	double d;
+	char s[160];
+	const uint64_t *hist;       /* F_HIST: CHIME_LAT_BUCKETS buckets */
+	uint64_t hist_sum_ns;
+	/* Prometheus: family (NULL: not exported), its type, help, labels, scale. */
+	const char *prom;
+	const char *ptype;
+	const char *help;
+	char labels[112];
+	double scale;
+};
+
+struct flist {
+	struct field *v;
+	size_t n, cap;
+};
+
+struct opts {
+	const char *socket;
+	const char **pat;
+	unsigned nr_pat;
+	int once, json, prom;
+	double interval;
+};
+
+/* Lateness percentiles reported for every histogram. */
+#define NR_PCTS 4
+struct stat_pct {
+	const char *name;
+	double p;
+};
+extern const struct stat_pct pcts[NR_PCTS];
+
+/* stat_fields.c */
+struct field *field_add(struct flist *l, enum fkind kind, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+void fprom(struct field *f, const char *fam, const char *type, const char *help,
+	   const char *labels, double scale);
+void collect(struct flist *l, const struct sr_snap *sn);
+int selected(const struct opts *o, const char *name);
+const struct field *prev_of(const struct flist *prev, size_t idx, const char *name);
+
+/* stat_json.c */
+void print_json(FILE *out, const struct flist *l, const struct opts *o);
+void print_value(FILE *out, const struct field *f);
+
+/* stat_prom.c */
+void print_prom(FILE *out, const struct flist *l, const struct opts *o);
+
+/* stat_text.c */
+void print_flat(FILE *out, const struct flist *l, const struct flist *prev,
+		const struct sr_snap *sn, const struct sr_snap *ps, const struct opts *o);
+void print_table(FILE *out, const struct flist *l, const struct flist *prev,
+		 const struct sr_snap *sn, const struct sr_snap *ps);
+
+#endif /* CHIME_CHIMESTAT_H */

@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: MIT */
+/* stat_fields.c - chimestat's one list of fields, built from a snapshot. See chimestat.h. */
+#include <errno.h>
+#include <fnmatch.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chimestat.h"
+
+/* ---- the field list ---- */
+
+struct field *field_add(struct flist *l, enum fkind kind, const char *fmt, ...)
+{
+	struct field *f;
+	va_list ap;
+
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 256;
+		struct field *v = realloc(l->v, cap * sizeof(*v));
+
+		if (!v) {
+			fprintf(stderr, PROG ": out of memory\n");
+			exit(SR_EXIT_NOSHM);
+		}
+		l->v = v;
+		l->cap = cap;
+	}
+	f = &l->v[l->n++];
+	memset(f, 0, sizeof(*f));
+	f->kind = kind;
+	f->scale = 1;
+	va_start(ap, fmt);
+	vsnprintf(f->name, sizeof(f->name), fmt, ap);
+	va_end(ap);
+	return f;
+}
+
+void fprom(struct field *f, const char *fam, const char *type, const char *help,
+		  const char *labels, double scale)
+{
+	f->prom = fam;
+	f->ptype = type;
+	f->help = help;
+	snprintf(f->labels, sizeof(f->labels), "%s", labels ? labels : "");
+	f->scale = scale;
+}
+
+/* Prometheus label values escape backslash, quote and newline. */
+static void prom_escape(char *dst, size_t len, const char *src)
+{
+	size_t o = 0;
+
+	for (; *src && o + 3 < len; src++) {
+		unsigned char c = (unsigned char)*src;
+
+		if (c == '\\' || c == '"') {
+			dst[o++] = '\\';
+			dst[o++] = (char)c;
+		} else if (c == '\n') {
+			dst[o++] = '\\';
+			dst[o++] = 'n';
+		} else if (c >= 0x20 && c < 0x7f) {
+			dst[o++] = (char)c;
+		} else {
+			dst[o++] = '?';
+		}
+	}
+	dst[o] = '\0';
+}
+
+struct cdef {
+	const char *name;
+	size_t off;
+	enum fkind kind;
+	const char *prom;
+	const char *help;
+	double scale;
+};
+
+#define SS(f) offsetof(struct chime_shard_stats, f)
+static const struct cdef shard_defs[] = {
+	{ "armed", SS(armed), F_GAUGE, "chime_shard_armed", "Timers the shard holds for clients now (armed or held).", 1 },
+	{ "arms", SS(arms), F_COUNTER, "chime_shard_arms_total", "Timers armed.", 1 },
+	{ "resets", SS(resets), F_COUNTER, "chime_shard_resets_total", "Timers reset to a new deadline.", 1 },
+	{ "cancels", SS(cancels), F_COUNTER, "chime_shard_cancels_total", "Timers removed by cancel or cancel-by-key.", 1 },
+	{ "cancel_keys", SS(cancel_keys), F_COUNTER, "chime_shard_cancel_keys_total", "Cancel-by-key requests.", 1 },
+	{ "fires", SS(fires), F_COUNTER, "chime_shard_fires_total", "Expirations (each period of a periodic timer counts).", 1 },
+	{ "delivered", SS(delivered), F_COUNTER, "chime_shard_delivered_total", "Events written into completion rings.", 1 },
+	{ "malformed", SS(malformed), F_COUNTER, "chime_shard_malformed_total", "Submissions dropped as malformed.", 1 },
+	{ "backlog", SS(backlog), F_GAUGE, "chime_shard_backlog", "Events held for clients that do not drain.", 1 },
+	{ "sq_depth", SS(sq_depth), F_GAUGE, "chime_shard_sq_depth", "Submissions waiting at the last drain, all clients.", 1 },
+	{ "sq_depth_max", SS(sq_depth_max), F_GAUGE, "chime_shard_sq_depth_max", "High-water mark of sq_depth.", 1 },
+	{ "loops", SS(loops), F_COUNTER, "chime_shard_loops_total", "Shard loop iterations.", 1 },
+	{ "sleeps", SS(sleeps), F_COUNTER, "chime_shard_sleeps_total", "Times the shard went to sleep.", 1 },
+	{ "wakeups", SS(wakeups), F_COUNTER, "chime_shard_client_wakeups_total", "Wake-up messages sent to clients.", 1 },
+	{ "refused_nomem", SS(refused_nomem), F_COUNTER, "chime_shard_refused_nomem_total", "Arms refused: no free timer node (ENOMEM).", 1 },
+	{ "refused_quota", SS(refused_quota), F_COUNTER, "chime_shard_refused_quota_total", "Arms refused: the client held its quota (EDQUOT).", 1 },
+	{ "reserve_failed", SS(reserve_failed), F_COUNTER, "chime_shard_reserve_failed_total", "Slab chunks the filesystem would not reserve.", 1 },
+	{ "busy_ns", SS(busy_ns), F_COUNTER, "chime_shard_busy_seconds_total", "Time spent with work to do.", 1e-9 },
+};
+
+#define CS(f) offsetof(struct chime_client_stats, f)
+static const struct cdef client_defs[] = {
+	{ "armed", CS(armed), F_GAUGE, "chime_client_armed", "Timers of the client held now (armed or held).", 1 },
+	{ "arms", CS(arms), F_COUNTER, "chime_client_arms_total", "Timers the client armed.", 1 },
+	{ "resets", CS(resets), F_COUNTER, "chime_client_resets_total", "Timers the client reset.", 1 },
+	{ "cancels", CS(cancels), F_COUNTER, "chime_client_cancels_total", "Timers of the client cancelled (by id or key).", 1 },
+	{ "fires", CS(fires), F_COUNTER, "chime_client_fires_total", "Expirations of the client's timers.", 1 },
+	{ "cq_depth", CS(cq_depth), F_GAUGE, "chime_client_cq_depth", "Events waiting in its completion rings.", 1 },
+	{ "backlog", CS(backlog), F_GAUGE, "chime_client_backlog", "Events held back because it does not drain.", 1 },
+	{ "wakeups", CS(wakeups), F_COUNTER, "chime_client_wakeups_total", "Wake-up messages sent to the client.", 1 },
+	{ "refused_nomem", CS(refused_nomem), F_COUNTER, "chime_client_refused_nomem_total", "Its arms refused: no free timer node (ENOMEM).", 1 },
+	{ "refused_quota", CS(refused_quota), F_COUNTER, "chime_client_refused_quota_total", "Its arms refused: at its quota (EDQUOT).", 1 },
+};
+
+const struct stat_pct pcts[NR_PCTS] = { { "p50", 0.50 }, { "p90", 0.90 }, { "p99", 0.99 }, { "p99_9", 0.999 } };
+
+static void add_lateness(struct flist *l, const char *prefix, const uint64_t *hist,
+			 uint64_t sum_ns, uint64_t max_ns, const char *labels)
+{
+	struct field *f;
+	size_t i;
+
+	f = field_add(l, F_COUNTER, "%s.count", prefix);
+	f->u = sr_hist_count(hist);
+	f = field_add(l, F_COUNTER, "%s.sum_ns", prefix);
+	f->u = sum_ns;
+	for (i = 0; i < NR_PCTS; i++) {
+		f = field_add(l, F_GAUGE, "%s.%s_ns", prefix, pcts[i].name);
+		f->u = sr_percentile(hist, max_ns, pcts[i].p);
+	}
+	f = field_add(l, F_GAUGE, "%s.max_ns", prefix);
+	f->u = max_ns;
+	if (labels)
+		fprom(f, "chime_shard_lateness_max_seconds", "gauge",
+		      "Largest lateness (fired - deadline) seen.", labels, 1e-9);
+	f = field_add(l, F_HIST, "%s.buckets", prefix);
+	f->hist = hist;
+	f->hist_sum_ns = sum_ns;
+	if (labels)
+		fprom(f, "chime_shard_lateness_seconds", "histogram",
+		      "Lateness of expirations (fired - deadline), seconds.", labels, 1e-9);
+}
+
+void collect(struct flist *l, const struct sr_snap *sn)
+{
+	const struct chime_ctl *h = &sn->hdr;
+	const char *why;
+	enum sr_state st = sr_liveness(sn, &why);
+	char lab[112], esc[40];
+	struct field *f;
+	uint32_t k, c;
+	size_t i;
+
+	l->n = 0;
+	f = field_add(l, F_INT, "broker.pid");
+	f->i = h->pid;
+	f = field_add(l, F_STR, "broker.version");
+	snprintf(f->s, sizeof(f->s), "%s", h->version);
+	prom_escape(esc, sizeof(esc), h->version);
+	snprintf(lab, sizeof(lab), "version=\"%s\",pid=\"%d\"", esc, (int)h->pid);
+	fprom(f, "chime_broker_info", "gauge", "Broker identity (always 1).", lab, 1);
+	f = field_add(l, F_STR, "broker.state");
+	snprintf(f->s, sizeof(f->s), "%s", sr_state_name(h->state));
+	f = field_add(l, F_BOOL, "broker.running");
+	f->u = st == SR_RUNNING || st == SR_STARTING;
+	fprom(f, "chime_broker_up", "gauge", "1 if the broker is alive (fresh heartbeat, pid present).", NULL, 1);
+	f = field_add(l, F_STR, "broker.status");
+	snprintf(f->s, sizeof(f->s), "%s", why);
+	f = field_add(l, F_GAUGE, "broker.uptime_ns");
+	f->u = sn->now_ns > h->start_ns ? sn->now_ns - h->start_ns : 0;
+	fprom(f, "chime_broker_uptime_seconds", "gauge", "Time since the broker started.", NULL, 1e-9);
+	f = field_add(l, F_GAUGE, "broker.heartbeat_age_ns");
+	f->u = sn->now_ns > h->heartbeat_ns ? sn->now_ns - h->heartbeat_ns : 0;
+	fprom(f, "chime_broker_heartbeat_age_seconds", "gauge", "Age of the broker's heartbeat.", NULL, 1e-9);
+	f = field_add(l, F_GAUGE, "broker.start_realtime_ns");
+	f->u = h->start_realtime_ns;
+	fprom(f, "chime_broker_start_time_seconds", "gauge", "Broker start, seconds since the epoch.", NULL, 1e-9);
+	f = field_add(l, F_GAUGE, "broker.shards");
+	f->u = h->nr_shards;
+	fprom(f, "chime_broker_shards", "gauge", "Shard threads.", NULL, 1);
+	f = field_add(l, F_GAUGE, "broker.resolution_ns");
+	f->u = h->resolution_ns;
+	fprom(f, "chime_broker_resolution_seconds", "gauge", "Timing wheel resolution.", NULL, 1e-9);
+	f = field_add(l, F_INT, "broker.spin_us");
+	f->i = h->spin_us;
+	f = field_add(l, F_GAUGE, "broker.sq_size");
+	f->u = h->sq_size;
+	f = field_add(l, F_GAUGE, "broker.cq_size");
+	f->u = h->cq_size;
+	f = field_add(l, F_GAUGE, "broker.capacity");
+	f->u = h->shard_capacity;
+	f = field_add(l, F_GAUGE, "broker.max_clients");
+	f->u = h->max_clients;
+	f = field_add(l, F_GAUGE, "broker.clients_now");
+	f->u = h->clients_now;
+	fprom(f, "chime_clients", "gauge", "Clients connected now.", NULL, 1);
+	f = field_add(l, F_COUNTER, "broker.clients_total");
+	f->u = h->clients_total;
+	fprom(f, "chime_clients_connected_total", "counter", "Clients accepted since start.", NULL, 1);
+	f = field_add(l, F_GAUGE, "broker.torn_blocks");
+	f->u = sn->torn;
+
+	for (k = 0; k < h->nr_shards; k++) {
+		const struct chime_shard_stats *s = &sn->shards[k];
+		char pre[32];
+
+		snprintf(lab, sizeof(lab), "shard=\"%u\"", k);
+		for (i = 0; i < sizeof(shard_defs) / sizeof(shard_defs[0]); i++) {
+			const struct cdef *d = &shard_defs[i];
+
+			f = field_add(l, d->kind, "shard.%u.%s", k, d->name);
+			memcpy(&f->u, (const char *)s + d->off, sizeof(f->u));
+			fprom(f, d->prom, d->kind == F_COUNTER ? "counter" : "gauge", d->help, lab, d->scale);
+		}
+		if (s->next_deadline_ns == UINT64_MAX) {
+			f = field_add(l, F_NULL, "shard.%u.next_deadline_in_ns", k);
+		} else {
+			f = field_add(l, F_INT, "shard.%u.next_deadline_in_ns", k);
+			f->i = (int64_t)(s->next_deadline_ns - sn->now_ns);
+		}
+		snprintf(pre, sizeof(pre), "shard.%u.lateness", k);
+		add_lateness(l, pre, s->lat, s->lat_sum_ns, s->lat_max_ns, lab);
+	}
+
+	for (c = 0; c < sn->nr_clients; c++) {
+		const struct sr_client *cl = &sn->clients[c];
+
+		prom_escape(esc, sizeof(esc), cl->id.comm);
+		snprintf(lab, sizeof(lab), "slot=\"%u\",pid=\"%d\",comm=\"%s\"", cl->slot, (int)cl->id.pid, esc);
+		f = field_add(l, F_INT, "client.%u.pid", cl->slot);
+		f->i = cl->id.pid;
+		f = field_add(l, F_GAUGE, "client.%u.uid", cl->slot);
+		f->u = cl->id.uid;
+		f = field_add(l, F_GAUGE, "client.%u.gid", cl->slot);
+		f->u = cl->id.gid;
+		f = field_add(l, F_STR, "client.%u.comm", cl->slot);
+		snprintf(f->s, sizeof(f->s), "%s", cl->id.comm);
+		f = field_add(l, F_STR, "client.%u.state", cl->slot);
+		snprintf(f->s, sizeof(f->s), "%s", cl->id.state == CHIME_CLIENT_DYING ? "dying" : "active");
+		f = field_add(l, F_GAUGE, "client.%u.connected_for_ns", cl->slot);
+		f->u = sn->now_ns > cl->id.connected_ns ? sn->now_ns - cl->id.connected_ns : 0;
+		fprom(f, "chime_client_connected_seconds", "gauge", "Time since the client connected.", lab, 1e-9);
+		for (i = 0; i < sizeof(client_defs) / sizeof(client_defs[0]); i++) {
+			const struct cdef *d = &client_defs[i];
+
+			f = field_add(l, d->kind, "client.%u.%s", cl->slot, d->name);
+			memcpy(&f->u, (const char *)&cl->sum + d->off, sizeof(f->u));
+			fprom(f, d->prom, d->kind == F_COUNTER ? "counter" : "gauge", d->help, lab, d->scale);
+		}
+	}
+
+	/* Overall lateness has no Prometheus series: sum the shards' instead. */
+	add_lateness(l, "lateness", sn->lat, sn->lat_sum_ns, sn->lat_max_ns, NULL);
+}
+
+int selected(const struct opts *o, const char *name)
+{
+	unsigned i;
+
+	if (!o->nr_pat)
+		return 1;
+	for (i = 0; i < o->nr_pat; i++)
+		if (fnmatch(o->pat[i], name, 0) == 0)
+			return 1;
+	return 0;
+}
+
+/* The previous value of a counter, by name; usually at the same index. */
+const struct field *prev_of(const struct flist *prev, size_t idx, const char *name)
+{
+	size_t i;
+
+	if (!prev || !prev->n)
+		return NULL;
+	if (idx < prev->n && !strcmp(prev->v[idx].name, name))
+		return &prev->v[idx];
+	for (i = 0; i < prev->n; i++)
+		if (!strcmp(prev->v[i].name, name))
+			return &prev->v[i];
+	return NULL;
+}

@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: MIT */
+/* stat_text.c - chimestat's text: the live view's table and the flat -1 -f listing. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "chimestat.h"
+
+/* ---- text ---- */
+
+static double rate_of(const struct field *f, const struct field *p, const struct sr_snap *sn,
+		      const struct sr_snap *ps)
+{
+	if (p && ps)
+		return sr_rate(p->u, f->u, sn->now_ns - ps->now_ns);
+	/* No previous sample: the average since the broker started. */
+	return sr_rate(0, f->u, sn->now_ns > sn->hdr.start_ns ? sn->now_ns - sn->hdr.start_ns : 0);
+}
+
+void print_flat(FILE *out, const struct flist *l, const struct flist *prev,
+		       const struct sr_snap *sn, const struct sr_snap *ps, const struct opts *o)
+{
+	size_t i;
+
+	for (i = 0; i < l->n; i++) {
+		const struct field *f = &l->v[i];
+
+		if (!selected(o, f->name))
+			continue;
+		fprintf(out, "%-36s ", f->name);
+		switch (f->kind) {
+		case F_COUNTER:
+			fprintf(out, "%20" PRIu64 " %12.1f/s", f->u, rate_of(f, prev_of(prev, i, f->name), sn, ps));
+			break;
+		case F_HIST:
+			fprintf(out, "%20" PRIu64 " samples", sr_hist_count(f->hist));
+			break;
+		default:
+			print_value(out, f);
+		}
+		fputc('\n', out);
+	}
+}
+
+static uint64_t fval(const struct flist *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static uint64_t fval(const struct flist *l, const char *fmt, ...)
+{
+	char name[64];
+	va_list ap;
+	size_t i;
+
+	va_start(ap, fmt);
+	vsnprintf(name, sizeof(name), fmt, ap);
+	va_end(ap);
+	for (i = 0; i < l->n; i++)
+		if (!strcmp(l->v[i].name, name))
+			return l->v[i].u;
+	return 0;
+}
+
+/* Rate of a counter field by name between two field lists (prev NULL: since start). */
+static double frate(const struct flist *l, const struct flist *prev, const struct sr_snap *sn,
+		    const struct sr_snap *ps, const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < l->n; i++)
+		if (!strcmp(l->v[i].name, name))
+			return rate_of(&l->v[i], prev_of(prev, i, name), sn, ps);
+	return 0;
+}
+
+static void print_lat_row(FILE *out, const char *label, const uint64_t *hist, uint64_t max_ns)
+{
+	char b[5][16];
+	size_t i;
+
+	for (i = 0; i < 4; i++)
+		sr_fmt_ns(b[i], sizeof(b[i]), sr_percentile(hist, max_ns, pcts[i].p));
+	sr_fmt_ns(b[4], sizeof(b[4]), max_ns);
+	fprintf(out, "%-8s %10" PRIu64 " %9s %9s %9s %9s %9s\n", label, sr_hist_count(hist),
+		b[0], b[1], b[2], b[3], b[4]);
+}
+
+void print_table(FILE *out, const struct flist *l, const struct flist *prev,
+			const struct sr_snap *sn, const struct sr_snap *ps)
+{
+	const struct chime_ctl *h = &sn->hdr;
+	char up[32], hb[32], res[16], since[32], nd[16], name[64];
+	const char *why;
+	enum sr_state st = sr_liveness(sn, &why);
+	uint32_t k, c;
+
+	sr_fmt_dur(up, sizeof(up), fval(l, "broker.uptime_ns"));
+	sr_fmt_ns(hb, sizeof(hb), fval(l, "broker.heartbeat_age_ns"));
+	sr_fmt_ns(res, sizeof(res), h->resolution_ns);
+	fprintf(out, "chimed pid %d  version %s  up %s  heartbeat %s ago  shards %u  resolution %s  ",
+		(int)h->pid, h->version, up, hb, h->nr_shards, res);
+	if (h->spin_us < 0)
+		fprintf(out, "spin busy-poll  ");
+	else
+		fprintf(out, "spin %" PRId64 "us  ", h->spin_us);
+	fprintf(out, "clients %" PRIu64 "/%" PRIu64 "  state %s%s\n", h->clients_now, h->clients_total,
+		sr_state_name(h->state), st == SR_DEAD ? " (NOT RUNNING: last state shown)" : "");
+	if (st == SR_DEAD || st == SR_STOPPED)
+		fprintf(out, "*** %s ***\n", why);
+	if (sn->torn)
+		fprintf(out, "*** %u block(s) were being written by a writer that stopped: values may be inconsistent ***\n",
+			sn->torn);
+	fprintf(out, "%s\n", ps ? "" : "(rates: averages since start)");
+
+	fprintf(out, "%5s %9s %9s %9s %9s %9s %6s %7s %7s %11s %9s %8s %9s %5s %9s\n",
+		"shard", "armed", "arms/s", "resets/s", "cancel/s", "fires/s", "malf", "refused", "backlog",
+		"sq now/max", "loops/s", "sleeps/s", "wakeups/s", "busy%", "next");
+	for (k = 0; k < h->nr_shards; k++) {
+		const struct chime_shard_stats *s = &sn->shards[k];
+		char sq[24];
+		double busy;
+
+		snprintf(name, sizeof(name), "shard.%u.busy_ns", k);
+		busy = frate(l, prev, sn, ps, name) / 1e7; /* ns per s -> percent */
+		snprintf(sq, sizeof(sq), "%" PRIu64 "/%" PRIu64, s->sq_depth, s->sq_depth_max);
+		if (s->next_deadline_ns == UINT64_MAX)
+			snprintf(nd, sizeof(nd), "-");
+		else if (s->next_deadline_ns <= sn->now_ns)
+			snprintf(nd, sizeof(nd), "due");
+		else
+			sr_fmt_ns(nd, sizeof(nd), s->next_deadline_ns - sn->now_ns);
+#define R(f) (snprintf(name, sizeof(name), "shard.%u." f, k), frate(l, prev, sn, ps, name))
+		fprintf(out, "%5u %9" PRIu64 " %9.0f %9.0f %9.0f %9.0f %6" PRIu64 " %7" PRIu64 " %7" PRIu64
+			" %11s %9.0f %8.0f %9.0f %5.1f %9s\n",
+			k, s->armed, R("arms"), R("resets"), R("cancels"), R("fires"), s->malformed,
+			s->refused_nomem + s->refused_quota, s->backlog, sq, R("loops"), R("sleeps"),
+			R("wakeups"), busy, nd);
+		if (s->reserve_failed)
+			fprintf(out, "      shard %u: %" PRIu64 " slab reservations failed (filesystem full?)\n",
+				k, s->reserve_failed);
+#undef R
+	}
+
+	fprintf(out, "\n%-8s %10s %9s %9s %9s %9s %9s\n", "lateness", "count", "p50", "p90", "p99", "p99.9", "max");
+	for (k = 0; k < h->nr_shards; k++) {
+		snprintf(name, sizeof(name), "shard %u", k);
+		print_lat_row(out, name, sn->shards[k].lat, sn->shards[k].lat_max_ns);
+	}
+	print_lat_row(out, "all", sn->lat, sn->lat_max_ns);
+
+	fprintf(out, "\n%4s %7s %6s %-15s %9s %8s %8s %8s %8s %6s %7s %7s %s\n",
+		"slot", "pid", "uid", "comm", "since", "armed", "arms/s", "fires/s", "cancels", "cq",
+		"backlog", "wakeups", "refused nomem/quota");
+	for (c = 0; c < sn->nr_clients; c++) {
+		const struct sr_client *cl = &sn->clients[c];
+
+		sr_fmt_dur(since, sizeof(since), sn->now_ns > cl->id.connected_ns ? sn->now_ns - cl->id.connected_ns : 0);
+#define R(f) (snprintf(name, sizeof(name), "client.%u." f, cl->slot), frate(l, prev, sn, ps, name))
+		fprintf(out, "%4u %7d %6u %-15s %9s %8" PRIu64 " %8.0f %8.0f %8" PRIu64 " %6" PRIu64
+			" %7" PRIu64 " %7" PRIu64 " %" PRIu64 "/%" PRIu64 "%s\n",
+			cl->slot, (int)cl->id.pid, cl->id.uid, cl->id.comm, since, cl->sum.armed, R("arms"),
+			R("fires"), cl->sum.cancels, cl->sum.cq_depth, cl->sum.backlog, cl->sum.wakeups,
+			cl->sum.refused_nomem, cl->sum.refused_quota,
+			cl->id.state == CHIME_CLIENT_DYING ? " (dying)" : "");
+#undef R
+	}
+	if (!sn->nr_clients)
+		fprintf(out, "(no clients)\n");
+}

@@ -162,6 +162,19 @@ static bool event_unconsumed(struct chan *ch, struct chime_node *n)
 	return !chime_cq_consumed(&ch->cq, n->cq_pos);
 }
 
+/*
+ * A deadline already past when armed (0 is allowed): its "lateness" would be
+ * the age of the deadline, not the broker's delay, so it is counted apart.
+ * The wheel's clock is the last advance: at most an iteration old.
+ */
+static void mark_immediate(struct shard_core *sc, struct chime_node *n, uint64_t deadline_ns)
+{
+	if (deadline_ns < sc->wh.w->now_ns)
+		n->gen |= CHIME_NODE_IMMEDIATE;
+	else
+		n->gen &= ~CHIME_NODE_IMMEDIATE;
+}
+
 /* ---- delivery ---- */
 
 static void deliver(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns)
@@ -199,7 +212,9 @@ void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t no
 		node_release(sc, ch, idx);
 		return;
 	}
-	stats_fire(sc->st, ch->slot, n->deadline_ns, now_ns, n->period_ns != 0);
+	stats_fire(sc->st, ch->slot, n->deadline_ns, now_ns, n->period_ns != 0,
+		   (n->gen & CHIME_NODE_IMMEDIATE) != 0);
+	n->gen &= ~CHIME_NODE_IMMEDIATE;        /* a periodic's later periods are on time */
 	if (ch->room == 0)
 		ch->room = chime_cq_room(&ch->cq);
 	if (ch->backlog.head != CHIME_NIL || ch->room == 0 ||
@@ -296,6 +311,7 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	n->period_ns = r->period_ns;
 	n->cq_pos = CHIME_POS_NONE;
 	n->state = CHIME_NODE_ALLOC;
+	mark_immediate(sc, n, r->deadline_ns);
 	keyidx_insert(&sc->ki, idx);
 	wheel_arm(&sc->wh, idx, r->deadline_ns);
 	stats_arm(sc->st, ch->slot);
@@ -319,7 +335,7 @@ static uint32_t lookup(struct shard_core *sc, struct chan *ch, uint64_t id)
 	    idx >= sc->wh.w->high_water)
 		goto malformed;
 	n = NODE(sc, idx);
-	if (n->gen != gen || n->state == CHIME_NODE_FREE)
+	if ((n->gen & CHIME_ID_GEN_MASK) != gen || n->state == CHIME_NODE_FREE)
 		return CHIME_NIL;       /* stale: not an error, counts nothing */
 	if (n->owner != ch->slot)
 		goto malformed;
@@ -370,6 +386,7 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 	struct chime_node *n = NODE(sc, idx);
 	bool was_armed = counts_as_armed(n);
 
+	mark_immediate(sc, n, deadline_ns);
 	switch (n->state) {
 	case CHIME_NODE_ARMED:
 	case CHIME_NODE_EXPIRED:

@@ -34,10 +34,11 @@
  *   refused       stats_refused(&st, slot, quota): an arm the client could not
  *                 make (it found a no-grant marker and published a NOP)
  *   reserve       stats_reserve_failed(&st): the filesystem refused a slab chunk
- *   fire          stats_fire(&st, slot, deadline_ns, fired_ns, periodic) for
- *                 every expiration popped from the wheel (each period of a
- *                 periodic timer counts), with the same two values the
- *                 completion record carries; records the lateness. A one-shot
+ *   fire          stats_fire(&st, slot, deadline_ns, fired_ns, periodic,
+ *                 immediate) for every expiration popped from the wheel (each
+ *                 period of a periodic timer counts), with the same two values
+ *                 the completion record carries; records the lateness, unless
+ *                 `immediate` (armed already due: counted apart). A one-shot
  *                 that fires leaves the armed gauges: it is no longer armed,
  *                 whether delivered or held in the backlog.
  *   deliver       stats_deliver(&st, slot): an event written into the
@@ -45,8 +46,8 @@
  *   wake client   stats_wake_client(&st, slot): a wake-up message to it.
  *   gauges        stats_client_depth(&st, slot, cq_depth, backlog) whenever
  *                 they change (after delivering or seeing cq_head move);
- *                 stats_shard_gauges(&st, backlog, next_deadline_ns) once per
- *                 iteration.
+ *                 stats_shard_gauges(&st, backlog, next_deadline_ns, cpu_ns)
+ *                 before publishing (cpu_ns: the thread's CPU time).
  *   loop end      stats_loop(&st, busy_ns) once per iteration (busy_ns: time
  *                 spent with work this iteration, 0 if idle), then
  *                 stats_maybe_publish(&st, now_ns) (publishes at most every
@@ -267,7 +268,7 @@ static inline void stats_reserve_failed(struct stats *st)
  * deadline, or held in the backlog), so the armed gauges do not move.
  */
 static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline_ns,
-			      uint64_t fired_ns, int periodic)
+			      uint64_t fired_ns, int periodic, int immediate)
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
 
@@ -279,6 +280,11 @@ static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline
 		c->fires++;
 	if (!periodic)
 		stats__disarm(st, c, 1);
+	if (immediate) {
+		/* Armed already due (deadline 0, say): fired - deadline is the age of its deadline. */
+		st->sh.immediate++;
+		return;
+	}
 	/* Never early, so fired >= deadline; clamp anyway rather than wrap. */
 	stats_lateness(st, fired_ns > deadline_ns ? fired_ns - deadline_ns : 0);
 }
@@ -320,12 +326,14 @@ static inline void stats_client_depth(struct stats *st, uint32_t slot, uint64_t 
 	c->backlog = backlog;
 }
 
-static inline void stats_shard_gauges(struct stats *st, uint64_t backlog, uint64_t next_deadline_ns)
+static inline void stats_shard_gauges(struct stats *st, uint64_t backlog, uint64_t next_deadline_ns,
+				      uint64_t cpu_ns)
 {
 	if (!CHIME_COUNTERS)
 		return;
 	st->sh.backlog = backlog;
 	st->sh.next_deadline_ns = next_deadline_ns;
+	st->sh.cpu_ns = cpu_ns;
 }
 
 static inline void stats_sq_depth(struct stats *st, uint64_t n)

@@ -782,7 +782,8 @@ void wheel_check(const struct wheel *wh)
 	for (uint32_t i = 0; i < w->high_water; i++) {
 		cnt[nodes[i].state]++;
 		if (nodes[i].state != CHIME_NODE_FREE)
-			CHECK(nodes[i].gen != 0 && nodes[i].gen <= CHIME_ID_GEN_MASK,
+			CHECK((nodes[i].gen & CHIME_ID_GEN_MASK) != 0 &&
+			      (nodes[i].gen & ~(CHIME_ID_GEN_MASK | CHIME_NODE_IMMEDIATE)) == 0,
 			      "node %u gen %u", i, nodes[i].gen);
 	}
 	CHECK(cnt[CHIME_NODE_ARMED] == on_slots, "%llu ARMED, %llu on slots",

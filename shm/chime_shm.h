@@ -151,12 +151,16 @@ struct chime_node {
 	uint32_t prev;
 	uint32_t key_next;
 	uint32_t key_prev;
-	uint32_t gen;           /* generation of the id that owns the node now */
+	uint32_t gen;           /* generation of the id that owns the node now (CHIME_ID_GEN_MASK bits;
+				 * the top bit is CHIME_NODE_IMMEDIATE) */
 	uint16_t owner;         /* client slot */
 	uint8_t  state;         /* CHIME_NODE_* */
 	uint8_t  level;         /* wheel level while ARMED (its slot follows from deadline) */
 };
 #define CHIME_POS_NONE UINT64_MAX
+/* In node.gen, above the generation: armed already due, so its lateness means nothing. */
+#define CHIME_NODE_IMMEDIATE (UINT32_C(1) << 31)
+_Static_assert(CHIME_ID_GEN_MASK < CHIME_NODE_IMMEDIATE, "the flag is above the generation");
 
 _Static_assert(sizeof(struct chime_node) == 64, "a timer is one cache line");
 _Static_assert(offsetof(struct chime_node, deadline_ns) == 16, "moved: bump CHIME_SHM_LAYOUT");
@@ -516,7 +520,9 @@ struct chime_shard_stats {
 	uint64_t refused_nomem;     /* arms refused: no free node (slab full or not reserved) */
 	uint64_t refused_quota;     /* arms refused: the client was at --max-timers-per-client */
 	uint64_t reserve_failed;    /* slab chunks the filesystem would not reserve */
-	uint8_t  _reserved[1792 - 8 * (22 + CHIME_LAT_BUCKETS)];
+	uint64_t immediate;         /* fires of timers armed (or reset) already due: not in lat[] */
+	uint64_t cpu_ns;            /* the shard thread's CPU time (CLOCK_THREAD_CPUTIME_ID) */
+	uint8_t  _reserved[1792 - 8 * (24 + CHIME_LAT_BUCKETS)];
 };
 _Static_assert(sizeof(struct chime_shard_stats) == 1792, "stats block size is part of the layout");
 _Static_assert(offsetof(struct chime_shard_stats, lat) == 152, "moved: bump CHIME_SHM_LAYOUT");

@@ -681,3 +681,24 @@ Test(chan, consumed_oneshots_are_freed_whoever_refreshed_the_head)
 	step();
 	cr_assert_eq(c->ch.owned, SQ, "the ACKWAIT node is freed");
 }
+
+Test(chan, a_timer_armed_already_due_counts_as_immediate_not_as_lateness)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t lat = 0;
+
+	step_at(T0 + 5 * MS);                   /* the wheel's clock moves on */
+	(void)arm(c, 1, 0, 0, 0);               /* deadline 0: allowed, fires at once */
+	(void)arm(c, 2, T0 + 6 * MS, 0, 0);     /* a normal one */
+	step_at(T0 + 5 * MS);
+	step_at(T0 + 6 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.deadline_ns, 0, "the event keeps the client's deadline");
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(F.st.sh.immediate, 1);
+	for (unsigned b = 0; b < CHIME_LAT_BUCKETS; b++)
+		lat += F.st.sh.lat[b];
+	cr_assert_eq(lat, 1, "only the normal timer's lateness is recorded");
+	cr_assert_lt(F.st.sh.lat_max_ns, MS, "the lateness of deadline 0 leaked into the maximum");
+}

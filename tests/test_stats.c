@@ -172,15 +172,15 @@ Test(stats, publish_writes_private_counters_under_even_seq)
 	stats_arm(&st, 2);
 	stats_reset(&st, 2);
 	stats_cancel(&st, 2);
-	stats_fire(&st, 2, 1000, 1000 + 1500, 0);
-	stats_fire(&st, 2, 1000, 1000 + 5, 1);
+	stats_fire(&st, 2, 1000, 1000 + 1500, 0, 0);
+	stats_fire(&st, 2, 1000, 1000 + 5, 1, 0);
 	stats_deliver(&st, 2);
 	stats_wake_client(&st, 2);
 	stats_client_depth(&st, 2, 1, 0);
 	stats_malformed(&st);
 	stats_sq_depth(&st, 9);
 	stats_sq_depth(&st, 4);
-	stats_shard_gauges(&st, 0, 123456);
+	stats_shard_gauges(&st, 0, 123456, 0);
 	stats_loop(&st, 500);
 	stats_sleep(&st);
 
@@ -285,7 +285,7 @@ Test(stats, out_of_range_slot_touches_no_client_block)
 
 	cr_assert_eq(stats_init_blocks(&st, &fx.shard[0], &fx.cs[0][0], CLIENTS, SHARDS, 0), 0);
 	stats_arm(&st, CLIENTS);
-	stats_fire(&st, 1000, 0, 10, 0);
+	stats_fire(&st, 1000, 0, 10, 0, 0);
 	stats_client_attach(&st, CLIENTS + 7, 3);
 	stats_publish(&st);
 	cr_assert_eq(memcmp(fx.cs, zero.cs, sizeof(fx.cs)), 0);

@@ -243,7 +243,7 @@ static int list_shard(const char *sock, uint32_t k, uint32_t slot, uint64_t now,
 		else
 			snprintf(per, sizeof(per), "-");
 		printf("%#18" PRIx64 " %20" PRIu64 " %16s %12s %6s %5u\n",
-		       chime_id_make(n.gen, k, (uint32_t)i), n.key, dl, per, st, k);
+		       chime_id_make(n.gen & CHIME_ID_GEN_MASK, k, (uint32_t)i), n.key, dl, per, st, k);
 	}
 	chime_seg_unmap(&m);
 	return SR_EXIT_OK;

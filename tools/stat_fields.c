@@ -98,7 +98,9 @@ static const struct cdef shard_defs[] = {
 	{ "refused_nomem", SS(refused_nomem), F_COUNTER, "chime_shard_refused_nomem_total", "Arms refused: no free timer node (ENOMEM).", 1 },
 	{ "refused_quota", SS(refused_quota), F_COUNTER, "chime_shard_refused_quota_total", "Arms refused: the client held its quota (EDQUOT).", 1 },
 	{ "reserve_failed", SS(reserve_failed), F_COUNTER, "chime_shard_reserve_failed_total", "Slab chunks the filesystem would not reserve.", 1 },
-	{ "busy_ns", SS(busy_ns), F_COUNTER, "chime_shard_busy_seconds_total", "Time spent with work to do.", 1e-9 },
+	{ "busy_ns", SS(busy_ns), F_COUNTER, "chime_shard_busy_seconds_total", "Time spent in loop iterations that had work.", 1e-9 },
+	{ "cpu_ns", SS(cpu_ns), F_COUNTER, "chime_shard_cpu_seconds_total", "CPU time of the shard thread (CLOCK_THREAD_CPUTIME_ID), spinning included.", 1e-9 },
+	{ "immediate", SS(immediate), F_COUNTER, "chime_shard_immediate_total", "Fires of timers armed already due (not in the lateness histogram).", 1 },
 };
 
 #define CS(f) offsetof(struct chime_client_stats, f)

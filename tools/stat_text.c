@@ -113,13 +113,14 @@ void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 
 	fprintf(out, "%5s %9s %9s %9s %9s %9s %6s %7s %7s %11s %9s %8s %9s %5s %9s\n",
 		"shard", "armed", "arms/s", "resets/s", "cancel/s", "fires/s", "malf", "refused", "backlog",
-		"sq now/max", "loops/s", "sleeps/s", "wakeups/s", "busy%", "next");
+		"sq now/max", "loops/s", "sleeps/s", "wakeups/s", "cpu%", "wake in");
 	for (k = 0; k < h->nr_shards; k++) {
 		const struct chime_shard_stats *s = &sn->shards[k];
 		char sq[24];
 		double busy;
 
-		snprintf(name, sizeof(name), "shard.%u.busy_ns", k);
+		/* The thread's CPU time per second, as top shows it (spinning counts). */
+		snprintf(name, sizeof(name), "shard.%u.cpu_ns", k);
 		busy = frate(l, prev, sn, ps, name) / 1e7; /* ns per s -> percent */
 		snprintf(sq, sizeof(sq), "%" PRIu64 "/%" PRIu64, s->sq_depth, s->sq_depth_max);
 		if (s->next_deadline_ns == UINT64_MAX)

@@ -2,7 +2,8 @@
 """make-corpus.py OUT_DIR - write the seed programs for fuzz_chan.
 
 Each seed is a small program in fuzz_chan.c's step language: an opcode byte
-(bit 0: which hostile client; bits 1-4: the step) and its operands. They
+(bit 0: which hostile client; bits 1-4: the step) and its operands; an odd
+first byte also sets a per-client quota. They
 start the fuzzer inside the interesting states: timers armed and fired,
 a full completion ring, held events, voids racing the client, a dying client.
 """
@@ -74,6 +75,11 @@ def seeds():
     s["slab-full"] = (burst(0) + burst(1) + b"".join(arm(1, ud=i) for i in range(10)) + loop()
                       + fire(300000) + loop() + op(TAKE) + u8(0) + loop() + op(RECLAIM, 0) + u8(63)
                       + op(RECLAIM, 0) + u8(63) + loop() + op(TAKE) + u8(0) + loop())
+    # an odd first byte sets a per-client quota (here 15 nodes): arms past it get markers
+    s["quota-reached"] = (op(PENDING, 1) + u8(0) + b"".join(arm(2, ud=i) for i in range(12)) + loop()
+                          + burst(1) + b"".join(arm(1, ud=i) for i in range(6)) + loop() + fire(400000)
+                          + loop() + op(TAKE) + u8(0) + loop() + b"".join(arm(1, ud=i) for i in range(4))
+                          + loop() + fire(200000) + loop())
     rnd = random.Random(7)
     for i in range(4):
         s["random-%d" % i] = bytes(rnd.randrange(256) for _ in range(256))

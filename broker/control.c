@@ -48,6 +48,7 @@
 #include "chime_config.h"
 #include "chime_shm.h"
 #include "log.h"
+#include "notify.h"
 #include "segment.h"
 #include "shard.h"
 
@@ -922,6 +923,7 @@ int broker_run(struct broker *b)
 		b->o.socket_path, b->o.nr_shards, b->o.nr_shards == 1 ? "" : "s",
 		(unsigned long long)(b->o.resolution_ns / 1000),
 		b->o.capacity, (long long)b->o.spin_us);
+	notify_ready("listening");
 	arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 	arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);
 	arm_accept(b);
@@ -934,6 +936,7 @@ int broker_run(struct broker *b)
 
 		if (now - last_hb >= HEARTBEAT_NS) {
 			ck_pr_store_64(&b->ctl->heartbeat_ns, now);
+			notify_watchdog(now, HEARTBEAT_NS);
 			last_hb = now;
 		}
 		wait = HEARTBEAT_NS - (now - last_hb);
@@ -961,6 +964,7 @@ void broker_stop(struct broker *b)
 	if (!b)
 		return;
 	b->stopping = true;
+	notify_stopping();
 	if (b->ctl) {
 		ck_pr_store_32(&b->ctl->state, CHIME_BROKER_STOPPED);
 	}

@@ -9,9 +9,58 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 int log_max_level = LOG_INFO;
+static bool to_syslog;
+
+static const struct {
+	const char *name;
+	int level;
+} level_names[] = {
+	{ "err", LOG_ERR }, { "warning", LOG_WARNING }, { "notice", LOG_NOTICE },
+	{ "info", LOG_INFO }, { "debug", LOG_DEBUG },
+};
+
+int log_parse_level(const char *name)
+{
+	for (size_t i = 0; i < sizeof(level_names) / sizeof(level_names[0]); i++)
+		if (!strcasecmp(name, level_names[i].name))
+			return level_names[i].level;
+	return -EINVAL;
+}
+
+void log_use_syslog(void)
+{
+	openlog("chimed", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+	to_syslog = true;
+}
+
+void log_reopen(void)
+{
+	int saved = errno;
+
+	if (to_syslog) {
+		closelog();
+		openlog("chimed", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+	}
+	errno = saved;
+}
+
+bool log_ratelimit(uint64_t *last, unsigned interval_s)
+{
+	struct timespec ts;
+	uint64_t now;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (uint64_t)ts.tv_sec + 1;  /* +1: a stamp of 0 means "never" */
+	if (*last && now - *last < interval_s)
+		return false;
+	*last = now;
+	return true;
+}
 
 static const char *level_prefix(int level)
 {
@@ -36,7 +85,8 @@ static void log_write(int level, int err, const char *hint, const char *fmt, va_
 	size_t len;
 	int n;
 
-	n = snprintf(buf, sizeof(buf), "chimed: %s", level_prefix(level));
+	/* syslog adds the ident and the priority itself. */
+	n = to_syslog ? 0 : snprintf(buf, sizeof(buf), "chimed: %s", level_prefix(level));
 	len = n > 0 ? (size_t)n : 0;
 	n = vsnprintf(buf + len, sizeof(buf) - len, fmt, ap);
 	if (n > 0)
@@ -50,6 +100,11 @@ static void log_write(int level, int err, const char *hint, const char *fmt, va_
 			len += (size_t)n;
 		if (len > sizeof(buf) - 2)
 			len = sizeof(buf) - 2;
+	}
+	if (to_syslog) {
+		buf[len] = '\0';
+		syslog(level, "%s", buf);
+		return;
 	}
 	buf[len++] = '\n';
 	/* One write per line; a short write to a dying terminal is not worth a retry loop. */

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * log.h - chimed's one-line messages on stderr.
+ * log.h - chimed's one-line messages: on stderr in the foreground, to syslog
+ * (the journal under systemd) once daemonized.
  *
  * Format: "chimed: [level: ]what failed 'object': strerror (hint)". Errors
  * and warnings carry their level; info lines carry none; debug lines are
@@ -13,10 +14,31 @@
 #ifndef CHIMED_LOG_H
 #define CHIMED_LOG_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <syslog.h>
 
 /* Messages above this syslog level are dropped (LOG_INFO by default). */
 extern int log_max_level;
+
+/*
+ * "err", "warning", "notice", "info" or "debug" to a syslog level; -EINVAL
+ * for anything else.
+ */
+int log_parse_level(const char *name);
+
+/* From now on send lines to syslog (ident "chimed", LOG_PID, LOG_DAEMON). */
+void log_use_syslog(void);
+
+/* Reopen the log (SIGHUP): re-openlog when logging to syslog, else nothing. */
+void log_reopen(void);
+
+/*
+ * Rate limit for lines a client can provoke: true at most once per
+ * `interval_s` seconds per `*last` (a per-key CLOCK_MONOTONIC stamp in
+ * seconds, 0 initially). Not atomic: one thread per key.
+ */
+bool log_ratelimit(uint64_t *last, unsigned interval_s);
 
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -5,6 +5,8 @@
 set -eu
 
 pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libck-dev libcriterion-dev jq strace"
+# libsystemd-dev: chimed's sd_notify (meson -Dsystemd=auto builds without it).
+pkgs="$pkgs libsystemd-dev"
 
 missing=""
 for p in $pkgs; do

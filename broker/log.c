@@ -8,13 +8,16 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 int log_max_level = LOG_INFO;
 static bool to_syslog;
+static bool to_journal;    /* stderr is systemd's journal stream: "<level>" prefixes */
 
 static const struct {
 	const char *name;
@@ -36,6 +39,17 @@ void log_use_syslog(void)
 {
 	openlog("chimed", LOG_PID | LOG_NDELAY, LOG_DAEMON);
 	to_syslog = true;
+}
+
+void log_detect_journal(void)
+{
+	const char *env = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+
+	to_journal = env && sscanf(env, "%llu:%llu", &dev, &ino) == 2 &&
+		     fstat(STDERR_FILENO, &st) == 0 &&
+		     (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
 }
 
 void log_reopen(void)
@@ -86,7 +100,12 @@ static void log_write(int level, int err, const char *hint, const char *fmt, va_
 	int n;
 
 	/* syslog adds the ident and the priority itself. */
-	n = to_syslog ? 0 : snprintf(buf, sizeof(buf), "chimed: %s", level_prefix(level));
+	if (to_syslog)
+		n = 0;
+	else if (to_journal)    /* sd-daemon(3) prefixes; the journal names us itself */
+		n = snprintf(buf, sizeof(buf), "<%d>%s", level, level_prefix(level));
+	else
+		n = snprintf(buf, sizeof(buf), "chimed: %s", level_prefix(level));
 	len = n > 0 ? (size_t)n : 0;
 	n = vsnprintf(buf + len, sizeof(buf) - len, fmt, ap);
 	if (n > 0)

@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * log.h - chimed's one-line messages: on stderr in the foreground, to syslog
- * (the journal under systemd) once daemonized.
+ * log.h - chimed's one-line messages: on stderr in the foreground (with
+ * "<level>" prefixes when stderr is systemd's journal), to syslog (ident
+ * "chimed", facility daemon) once daemonized.
  *
  * Format: "chimed: [level: ]what failed 'object': strerror (hint)". Errors
- * and warnings carry their level; info lines carry none; debug lines are
- * dropped unless --verbose. Each line is formatted into a private buffer and
- * written with one write(2), so lines from different threads never interleave.
+ * and warnings carry their level; info lines carry none; lines above
+ * --log-level (default info; -v: debug) are dropped. Each line is formatted
+ * into a private buffer and written with one write(2) (or one syslog(3)), so
+ * lines from different threads never interleave. Lines a client can provoke
+ * go through log_ratelimit().
  *
  * The shard loop never logs (STYLE.md 6): its counters live in the control
  * segment. Only start-up and shutdown of a shard thread may log.
@@ -29,6 +32,12 @@ int log_parse_level(const char *name);
 
 /* From now on send lines to syslog (ident "chimed", LOG_PID, LOG_DAEMON). */
 void log_use_syslog(void);
+
+/*
+ * When stderr is systemd's journal stream ($JOURNAL_STREAM names it), prefix
+ * lines with "<level>" so the journal keeps their priority.
+ */
+void log_detect_journal(void);
 
 /* Reopen the log (SIGHUP): re-openlog when logging to syslog, else nothing. */
 void log_reopen(void);

@@ -381,6 +381,8 @@ int main(int argc, char **argv)
 
 	if (!foreground)
 		verdict_fd = daemonize(&old_mask);
+	else
+		log_detect_journal();
 
 	r = broker_start(&b, &o);
 	if (r < 0) {

@@ -22,6 +22,7 @@
 #include "chime.h"
 #include "chime_config.h"
 #include "helpers.h"
+#include "log.h"
 
 static void sleep_ms(long ms)
 {
@@ -287,4 +288,27 @@ Test(daemon, unit_file_verifies)
 	snprintf(cmd, sizeof(cmd), "systemd-analyze verify --man=no '%s'", unit);
 	st = system(cmd);
 	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "'%s': status %#x", cmd, st);
+}
+
+Test(daemon, log_level_names)
+{
+	cr_expect_eq(log_parse_level("err"), LOG_ERR);
+	cr_expect_eq(log_parse_level("warning"), LOG_WARNING);
+	cr_expect_eq(log_parse_level("notice"), LOG_NOTICE);
+	cr_expect_eq(log_parse_level("info"), LOG_INFO);
+	cr_expect_eq(log_parse_level("Debug"), LOG_DEBUG);
+	cr_expect_eq(log_parse_level("error"), -EINVAL);
+	cr_expect_eq(log_parse_level(""), -EINVAL);
+}
+
+Test(daemon, log_ratelimit_once_per_interval_per_key)
+{
+	uint64_t a = 0, b = 0;
+
+	cr_expect(log_ratelimit(&a, 60), "the first line of a key is logged");
+	cr_expect(!log_ratelimit(&a, 60), "a second line within the interval is not");
+	cr_expect(log_ratelimit(&b, 60), "another key has its own budget");
+	cr_expect(!log_ratelimit(&b, 60));
+	a -= 61;        /* as if 61 s had passed */
+	cr_expect(log_ratelimit(&a, 60), "after the interval a line is logged again");
 }

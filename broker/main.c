@@ -184,6 +184,22 @@ static void absolutize(char *path, size_t len)
 }
 
 /*
+ * Started with stdin, stdout or stderr closed, our own descriptors (the
+ * verdict pipe, the socket) would take those numbers and later be hit by a
+ * log line or by detach_stdio()'s dup2. Fill the holes with /dev/null.
+ */
+static void open_stdio(void)
+{
+	int fd;
+
+	do {
+		fd = open("/dev/null", O_RDWR);
+	} while (fd >= 0 && fd <= STDERR_FILENO);
+	if (fd > STDERR_FILENO)
+		close(fd);
+}
+
+/*
  * Close every descriptor above stderr: a daemon must not keep its starter's
  * pipes, sockets or locks alive. Before we open any of ours.
  */
@@ -287,6 +303,7 @@ int main(int argc, char **argv)
 	long ncpu;
 	sigset_t set;
 
+	open_stdio();
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	o.nr_shards = ncpu < 1 ? 1 : ncpu > MAX_SHARDS_DEFAULT ? MAX_SHARDS_DEFAULT : (uint32_t)ncpu;
 

@@ -15,7 +15,7 @@
  *   hang-up       a POLLRDHUP poll on every client's socket: death is seen at
  *                 once; then DETACH to every shard, and when all have
  *                 reclaimed the client's nodes, its slot is freed;
- *   signals       a signalfd read (SIGTERM, SIGINT);
+ *   signals       a signalfd read (SIGTERM, SIGINT: stop; SIGHUP: reload);
  *   heartbeat     the wait times out so heartbeat_ns moves every 90 ms.
  *
  * Client slot states (private): FREE -> ATTACHING -> ACTIVE -> DETACHING -> FREE;
@@ -49,6 +49,7 @@
 #include "chime_shm.h"
 #include "clock.h"
 #include "log.h"
+#include "notify.h"
 #include "segment.h"
 #include "shard.h"
 
@@ -371,6 +372,7 @@ static int ring_setup(struct broker *b)
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
 	b->sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 	if (b->sig_fd < 0)
 		return log_errno(LOG_ERR, errno, "signalfd");
@@ -793,6 +795,8 @@ static void client_detach(struct broker *b, struct client *c, int refuse)
 	post_all(b, c, SHARD_CMD_DETACH);
 }
 
+static int socket_access(struct broker *b);
+
 /* Is the peer admitted? Its supplementary groups as of connect time (SO_PEERGROUPS). */
 static bool admitted(struct broker *b, int fd, const struct ucred *cred)
 {
@@ -844,6 +848,7 @@ void broker_reload(struct broker *b)
 	}
 	policy_describe(&b->policy, desc, sizeof(desc));
 	log_msg(LOG_NOTICE, "reloaded the policy: admitting %s", desc);
+	(void)socket_access(b);         /* the socket's mode follows (it logs a failure) */
 }
 
 /* A hello arrived on cn: check it and the peer, then start the attach. */
@@ -1052,7 +1057,11 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 			arm_hello(b, cn);
 			arm_accept(b);
 		} else if (ud == UD_SIGNAL) {
-			if (res == (int)sizeof(b->sig_buf)) {
+			if (res == (int)sizeof(b->sig_buf) && b->sig_buf.ssi_signo == SIGHUP) {
+				/* Reload, never stop: reopen the log, re-read the policy. */
+				log_reopen();
+				broker_reload(b);
+			} else if (res == (int)sizeof(b->sig_buf)) {
 				log_msg(LOG_INFO, "%s received, stopping", strsignal((int)b->sig_buf.ssi_signo));
 				return 1;
 			}
@@ -1165,6 +1174,7 @@ int broker_run(struct broker *b)
 		b->o.socket_path, b->o.nr_shards, b->o.nr_shards == 1 ? "" : "s",
 		(unsigned long long)(b->o.resolution_ns / 1000),
 		b->o.capacity, (long long)b->o.spin_us);
+	notify_ready("listening");
 	arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 	arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);
 	arm_accept(b);
@@ -1178,6 +1188,7 @@ int broker_run(struct broker *b)
 		if (now - last_hb >= HEARTBEAT_NS) {
 			at_store(&b->ctl->heartbeat_ns, now);
 			at_store(&b->pub->heartbeat_ns, now);
+			notify_watchdog(now, HEARTBEAT_NS);
 			last_hb = now;
 			limits_report(b, now);
 		}
@@ -1206,6 +1217,7 @@ void broker_stop(struct broker *b)
 	if (!b)
 		return;
 	b->stopping = true;
+	notify_stopping();
 	if (b->ctl)
 		at_store_rel(&b->ctl->state, CHIME_BROKER_STOPPED);
 	if (b->pub)

@@ -8,10 +8,73 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 int log_max_level = LOG_INFO;
+static bool to_syslog;
+static bool to_journal;    /* stderr is systemd's journal stream: "<level>" prefixes */
+
+static const struct {
+	const char *name;
+	int level;
+} level_names[] = {
+	{ "err", LOG_ERR }, { "warning", LOG_WARNING }, { "notice", LOG_NOTICE },
+	{ "info", LOG_INFO }, { "debug", LOG_DEBUG },
+};
+
+int log_parse_level(const char *name)
+{
+	for (size_t i = 0; i < sizeof(level_names) / sizeof(level_names[0]); i++)
+		if (!strcasecmp(name, level_names[i].name))
+			return level_names[i].level;
+	return -EINVAL;
+}
+
+void log_use_syslog(void)
+{
+	openlog("chimed", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+	to_syslog = true;
+}
+
+void log_detect_journal(void)
+{
+	const char *env = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+
+	to_journal = env && sscanf(env, "%llu:%llu", &dev, &ino) == 2 &&
+		     fstat(STDERR_FILENO, &st) == 0 &&
+		     (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+void log_reopen(void)
+{
+	int saved = errno;
+
+	if (to_syslog) {
+		closelog();
+		openlog("chimed", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+	}
+	errno = saved;
+}
+
+bool log_ratelimit(uint64_t *last, unsigned interval_s)
+{
+	struct timespec ts;
+	uint64_t now;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (uint64_t)ts.tv_sec + 1;  /* +1: a stamp of 0 means "never" */
+	if (*last && now - *last < interval_s)
+		return false;
+	*last = now;
+	return true;
+}
 
 static const char *level_prefix(int level)
 {
@@ -36,7 +99,13 @@ static void log_write(int level, int err, const char *hint, const char *fmt, va_
 	size_t len;
 	int n;
 
-	n = snprintf(buf, sizeof(buf), "chimed: %s", level_prefix(level));
+	/* syslog adds the ident and the priority itself. */
+	if (to_syslog)
+		n = 0;
+	else if (to_journal)    /* sd-daemon(3) prefixes; the journal names us itself */
+		n = snprintf(buf, sizeof(buf), "<%d>%s", level, level_prefix(level));
+	else
+		n = snprintf(buf, sizeof(buf), "chimed: %s", level_prefix(level));
 	len = n > 0 ? (size_t)n : 0;
 	n = vsnprintf(buf + len, sizeof(buf) - len, fmt, ap);
 	if (n > 0)
@@ -50,6 +119,11 @@ static void log_write(int level, int err, const char *hint, const char *fmt, va_
 			len += (size_t)n;
 		if (len > sizeof(buf) - 2)
 			len = sizeof(buf) - 2;
+	}
+	if (to_syslog) {
+		buf[len] = '\0';
+		syslog(level, "%s", buf);
+		return;
 	}
 	buf[len++] = '\n';
 	/* One write per line; a short write to a dying terminal is not worth a retry loop. */

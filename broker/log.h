@@ -1,11 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * log.h - chimed's one-line messages on stderr.
+ * log.h - chimed's one-line messages: on stderr in the foreground (with
+ * "<level>" prefixes when stderr is systemd's journal), to syslog (ident
+ * "chimed", facility daemon) once daemonized.
  *
  * Format: "chimed: [level: ]what failed 'object': strerror (hint)". Errors
- * and warnings carry their level; info lines carry none; debug lines are
- * dropped unless --verbose. Each line is formatted into a private buffer and
- * written with one write(2), so lines from different threads never interleave.
+ * and warnings carry their level; info lines carry none; lines above
+ * --log-level (default info; -v: debug) are dropped. Each line is formatted
+ * into a private buffer and written with one write(2) (or one syslog(3)), so
+ * lines from different threads never interleave. Lines a client can provoke
+ * go through log_ratelimit().
  *
  * The shard loop never logs (STYLE.md 6): its counters live in the control
  * segment. Only start-up and shutdown of a shard thread may log.
@@ -13,10 +17,37 @@
 #ifndef CHIMED_LOG_H
 #define CHIMED_LOG_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <syslog.h>
 
 /* Messages above this syslog level are dropped (LOG_INFO by default). */
 extern int log_max_level;
+
+/*
+ * "err", "warning", "notice", "info" or "debug" to a syslog level; -EINVAL
+ * for anything else.
+ */
+int log_parse_level(const char *name);
+
+/* From now on send lines to syslog (ident "chimed", LOG_PID, LOG_DAEMON). */
+void log_use_syslog(void);
+
+/*
+ * When stderr is systemd's journal stream ($JOURNAL_STREAM names it), prefix
+ * lines with "<level>" so the journal keeps their priority.
+ */
+void log_detect_journal(void);
+
+/* Reopen the log (SIGHUP): re-openlog when logging to syslog, else nothing. */
+void log_reopen(void);
+
+/*
+ * Rate limit for lines a client can provoke: true at most once per
+ * `interval_s` seconds per `*last` (a per-key CLOCK_MONOTONIC stamp in
+ * seconds, 0 initially). Not atomic: one thread per key.
+ */
+bool log_ratelimit(uint64_t *last, unsigned interval_s);
 
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

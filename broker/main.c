@@ -4,9 +4,11 @@
  * (the control thread, which is this main thread) and shard.c.
  *
  * Exit codes: 0 clean stop, 1 start-up or runtime failure, 2 usage error.
- * Without --foreground the process forks first (before any thread exists)
- * and the parent waits on a pipe: it exits 0 only once the child listens,
- * or with the child's exit code once the child has printed why it failed.
+ * Without --foreground the process closes what it inherited, forks (before
+ * any thread exists) and the parent waits on a pipe: it exits 0 only once
+ * the child listens, or with the child's exit code once the child has
+ * printed why it failed. The child then logs to syslog and lets go of the
+ * starter's stdio, so `chimed 2>&1 | cat` ends when the parent does.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/close_range.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,8 +50,9 @@ static const char usage_text[] =
 "      --spin-us N         stay awake N us without work before sleeping, and wake\n"
 "                          up to N us (max 200) before a deadline (default 50;\n"
 "                          -1: busy-poll, never sleep, for dedicated cores)\n"
-"  -f, --foreground        do not daemonize (a daemon keeps logging to stderr\n"
-"                          unless stderr is a terminal)\n"
+"  -f, --foreground        do not daemonize; log to stderr (systemd runs it so).\n"
+"                          Without it chimed forks, returns once it listens,\n"
+"                          and logs to syslog (facility daemon)\n"
 "      --resolution-us N   wheel resolution in us (1..1000000, default 100)\n"
 "      --capacity N        timer nodes per shard (default 4194304; memory is\n"
 "                          only touched when used, 64 bytes per timer)\n"
@@ -78,13 +83,16 @@ static const char usage_text[] =
 "                          (power of two, default 1024)\n"
 "      --cq-size N         completion ring slots per client and shard\n"
 "                          (power of two, >= 8, default 8192)\n"
-"  -v, --verbose           also log debug messages\n"
+"      --log-level LEVEL   log messages up to LEVEL: err, warning, notice,\n"
+"                          info (default) or debug\n"
+"  -v, --verbose           the same as --log-level debug\n"
 "  -h, --help              show this help and exit\n"
 "  -V, --version           show the version and exit\n"
 "\n"
 "Files next to the socket: PATH.lock (the running broker's pid), PATH.ctl\n"
 "(counters, read by chimestat), PATH.shardN (each shard's wheel).\n"
-"SIGTERM or SIGINT stop the broker cleanly and remove them.\n"
+"SIGTERM or SIGINT stop the broker cleanly and remove them; SIGHUP never\n"
+"stops it (it reopens the log).\n"
 "\n"
 "Exit status: 0 clean stop, 1 start-up or runtime failure, 2 usage error.\n";
 
@@ -103,6 +111,7 @@ enum {
 	OPT_POLICY_FILE,
 	OPT_SOCKET_GROUP,
 	OPT_STATS_GROUP,
+	OPT_LOG_LEVEL,
 };
 
 static const struct option long_opts[] = {
@@ -123,6 +132,7 @@ static const struct option long_opts[] = {
 	{ "policy-file", required_argument, NULL, OPT_POLICY_FILE },
 	{ "socket-group", required_argument, NULL, OPT_SOCKET_GROUP },
 	{ "stats-group", required_argument, NULL, OPT_STATS_GROUP },
+	{ "log-level", required_argument, NULL, OPT_LOG_LEVEL },
 	{ "verbose", no_argument, NULL, 'v' },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
@@ -215,14 +225,45 @@ static void absolutize(char *path, size_t len)
 }
 
 /*
- * Fork; the parent waits for the child's verdict on a pipe and exits with it.
- * Returns the write end of the pipe in the child.
+ * Started with stdin, stdout or stderr closed, our own descriptors (the
+ * verdict pipe, the socket) would take those numbers and later be hit by a
+ * log line or by detach_stdio()'s dup2. Fill the holes with /dev/null.
  */
-static int daemonize(void)
+static void open_stdio(void)
+{
+	int fd;
+
+	do {
+		fd = open("/dev/null", O_RDWR);
+	} while (fd >= 0 && fd <= STDERR_FILENO);
+	if (fd > STDERR_FILENO)
+		close(fd);
+}
+
+/*
+ * Close every descriptor above stderr: a daemon must not keep its starter's
+ * pipes, sockets or locks alive. Before we open any of ours.
+ */
+static void close_inherited(void)
+{
+	if (syscall(SYS_close_range, 3u, ~0u, 0u) == 0)
+		return;
+	/* Kernels before 5.9: the descriptors a default limit allows. */
+	for (int fd = 3; fd < 65536; fd++)
+		close(fd);
+}
+
+/*
+ * Fork; the parent waits for the child's verdict on a pipe and exits with it.
+ * Returns the write end of the pipe in the child. `parent_mask`: the signal
+ * mask the waiting parent goes back to (so ^C still stops it).
+ */
+static int daemonize(const sigset_t *parent_mask)
 {
 	int p[2];
 	pid_t pid;
 
+	close_inherited();
 	if (pipe2(p, O_CLOEXEC) < 0) {
 		log_errno(LOG_ERR, errno, "pipe");
 		exit(EXIT_FAILURE);
@@ -236,6 +277,7 @@ static int daemonize(void)
 		unsigned char code = EXIT_FAILURE;
 		ssize_t n;
 
+		pthread_sigmask(SIG_SETMASK, parent_mask, NULL);
 		close(p[1]);
 		do {
 			n = read(p[0], &code, 1);
@@ -253,28 +295,36 @@ static int daemonize(void)
 	close(p[0]);
 	if (setsid() < 0)
 		log_errno(LOG_WARNING, errno, "setsid");
+	/* Segments and the socket get their modes explicitly; nothing else wants group/other write. */
+	umask(022);
 	return p[1];
 }
 
+/*
+ * The child listens: tell the parent, then let go of the starter's stdio
+ * (a terminal, a pipe someone reads to EOF) and log to syslog from now on.
+ */
 static void detach_stdio(int verdict_fd)
 {
 	unsigned char ok = 0;
 	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
 
-	if (write(verdict_fd, &ok, 1) < 0)
-		log_errno(LOG_WARNING, errno, "cannot tell the parent process we started");
-	close(verdict_fd);
 	if (chdir("/") < 0)
 		log_errno(LOG_WARNING, errno, "chdir('/')");
 	if (null < 0)
-		return;
-	dup2(null, STDIN_FILENO);
-	dup2(null, STDOUT_FILENO);
-	/* Keep a log file or journal the user gave us; drop a terminal. */
-	if (isatty(STDERR_FILENO))
+		log_errno(LOG_WARNING, errno, "open('/dev/null'): keeping the starter's stdio");
+	log_use_syslog();
+	if (null >= 0) {
+		dup2(null, STDIN_FILENO);
+		dup2(null, STDOUT_FILENO);
 		dup2(null, STDERR_FILENO);
-	if (null > STDERR_FILENO)
-		close(null);
+		if (null > STDERR_FILENO)
+			close(null);
+	}
+	/* Last: once the parent exits, its starter may look for our lines in syslog. */
+	if (write(verdict_fd, &ok, 1) < 0)
+		log_errno(LOG_WARNING, errno, "cannot tell the parent process we started");
+	close(verdict_fd);
 }
 
 int main(int argc, char **argv)
@@ -293,11 +343,13 @@ int main(int argc, char **argv)
 	};
 	char err[512];
 	bool foreground = false, have_socket = false;
+	sigset_t old_mask;
 	struct broker *b = NULL;
 	int c, r, verdict_fd = -1;
 	long ncpu;
 	sigset_t set;
 
+	open_stdio();
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	o.nr_shards = ncpu < 1 ? 1 : ncpu > MAX_SHARDS_DEFAULT ? MAX_SHARDS_DEFAULT : (uint32_t)ncpu;
 
@@ -363,6 +415,13 @@ int main(int argc, char **argv)
 			o.max_timers_per_client = (uint64_t)parse_num("max-timers-per-client", optarg, 0,
 								       INT64_MAX);
 			break;
+		case OPT_LOG_LEVEL:
+			r = log_parse_level(optarg);
+			if (r < 0)
+				usage_error("invalid value '%s' for --log-level: expected err, warning, notice, info or debug",
+					    optarg);
+			log_max_level = r;
+			break;
 		case 'v':
 			log_max_level = LOG_DEBUG;
 			break;
@@ -396,9 +455,11 @@ int main(int argc, char **argv)
 	absolutize(o.socket_path, sizeof(o.socket_path));
 
 	/*
-	 * Signals: SIGTERM and SIGINT are taken by the control loop's signalfd,
-	 * so they are blocked here, before any thread exists (threads inherit
-	 * the mask). A vanished client must never kill us with SIGPIPE.
+	 * Signals: SIGTERM, SIGINT and SIGHUP are taken by the control loop's
+	 * signalfd, so they are blocked here, before the fork and before any
+	 * thread exists (threads inherit the mask): their default action, death
+	 * with files left behind, never runs. A vanished client must never kill
+	 * us with SIGPIPE.
 	 */
 	signal(SIGPIPE, SIG_IGN);
 	/*
@@ -424,10 +485,13 @@ int main(int argc, char **argv)
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, &old_mask);
 
 	if (!foreground)
-		verdict_fd = daemonize();
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
+		verdict_fd = daemonize(&old_mask);
+	else
+		log_detect_journal();
 
 	r = broker_start(&b, &o);
 	if (r < 0) {

@@ -434,3 +434,36 @@ Test(access, tools_work_on_what_a_client_may_see_and_say_why_not_the_rest)
 	cr_assert_neq(as_user("chimet1", run_tool, &t), 0, "a client stopped the broker");
 	cr_assert_eq(kill(tb.pid, 0), 0, "the broker is still running");
 }
+
+Test(access, sighup_reloads_the_policy_file_and_the_broker_keeps_running)
+{
+	char file[300], extra[400];
+	FILE *f;
+
+	need_users();
+	snprintf(file, sizeof(file), "/tmp/chime-policy-%d", (int)getpid());
+	f = fopen(file, "w");
+	cr_assert_not_null(f);
+	fputs("# nobody else yet\n", f);
+	fclose(f);
+	snprintf(extra, sizeof(extra), "--policy-file %s", file);
+	start(extra);
+	cr_assert_eq(as_user("chimet1", open_status, NULL), 13, "not admitted yet");
+	f = fopen(file, "w");
+	fputs("allow-uid chimet1   # added later\n", f);
+	fclose(f);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	for (int i = 0; i < 100 && as_user("chimet1", open_status, NULL) != 0; i++)
+		usleep(20000);
+	cr_assert_eq(as_user("chimet1", open_arm_receive, NULL), 0, "admitted after SIGHUP");
+	cr_assert_eq(as_user("chimet2", open_status, NULL), 13, "and nobody else");
+	/* a broken file keeps the policy in force */
+	f = fopen(file, "w");
+	fputs("allow-uid no-such-user-here\n", f);
+	fclose(f);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	usleep(200000);
+	cr_assert_eq(kill(tb.pid, 0), 0, "SIGHUP stopped the broker");
+	cr_assert_eq(as_user("chimet1", open_status, NULL), 0, "a bad reload must keep the old policy");
+	unlink(file);
+}

@@ -10,6 +10,8 @@ pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libck-dev 
 groff-base man-db python3-pytest libuv1-dev libevent-dev libjansson-dev"
 # clang-14 and its runtimes (libFuzzer, sanitizers): the build-fuzz build (tests/fuzz).
 pkgs="$pkgs clang-14 libclang-rt-14-dev"
+# libsystemd-dev: chimed's sd_notify (meson -Dsystemd=auto builds without it).
+pkgs="$pkgs libsystemd-dev"
 
 missing=""
 for p in $pkgs; do

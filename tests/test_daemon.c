@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_daemon.c - chimed as a daemon: signals, background mode (stdio and
+ * inherited descriptors let go), clean stop, option errors, sd_notify and
+ * the systemd unit.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "chime.h"
+#include "chime_config.h"
+#include "helpers.h"
+#include "log.h"
+
+static void sleep_ms(long ms)
+{
+	nanosleep(&(struct timespec){ .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 }, NULL);
+}
+
+static int exists(const char *path)
+{
+	struct stat st;
+
+	return lstat(path, &st) == 0;
+}
+
+static int can_open(const char *sock)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_t *c = NULL;
+	int r = chime_open(&c, &o);
+
+	if (r < 0) {
+		fprintf(stderr, "chime_open('%s'): %s\n", sock, strerror(-r));
+		return 0;
+	}
+	chime_close(c);
+	return 1;
+}
+
+/* The broker's files next to `sock` (one shard). */
+static void assert_files_gone(const char *sock)
+{
+	const char *suffix[] = { "", ".lock", ".ctl", ".shard0" };
+	char path[320];
+
+	for (unsigned i = 0; i < sizeof(suffix) / sizeof(suffix[0]); i++) {
+		snprintf(path, sizeof(path), "%s%s", sock, suffix[i]);
+		cr_expect(!exists(path), "'%s' left behind", path);
+	}
+}
+
+Test(daemon, sighup_does_not_stop_it)
+{
+	struct t_chimed b;
+	int st;
+
+	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1"), 0);
+	cr_assert_eq(kill(b.pid, SIGHUP), 0);
+	sleep_ms(200);
+	cr_assert_eq(waitpid(b.pid, &st, WNOHANG), 0, "chimed died of SIGHUP (status %#x)", st);
+	cr_expect(can_open(b.sock), "chimed does not answer after SIGHUP");
+	st = t_chimed_stop(&b, SIGTERM);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x after SIGTERM", st);
+}
+
+Test(daemon, sigterm_and_sigint_exit_0_and_remove_files)
+{
+	int sigs[] = { SIGTERM, SIGINT };
+
+	for (unsigned i = 0; i < 2; i++) {
+		char dir[] = "/tmp/chime-td-XXXXXX", sock[300];
+		struct t_chimed b;
+		int st;
+
+		cr_assert(mkdtemp(dir));
+		snprintf(sock, sizeof(sock), "%s/s", dir);
+		cr_assert_eq(t_chimed_start(&b, sock, "--shards 1"), 0);
+		cr_expect(can_open(sock));
+		st = t_chimed_stop(&b, sigs[i]);
+		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %#x", strsignal(sigs[i]), st);
+		assert_files_gone(sock);
+		t_rmdir_files(dir);
+	}
+}
+
+Test(daemon, bad_log_level_is_a_usage_error)
+{
+	const char *chimed = getenv("CHIMED");
+	char cmd[PATH_MAX + 100];
+	int st;
+
+	cr_assert(chimed);
+	snprintf(cmd, sizeof(cmd), "'%s' --foreground --log-level loud 2>/dev/null", chimed);
+	st = system(cmd);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "--log-level loud: status %#x", st);
+	snprintf(cmd, sizeof(cmd), "'%s' --log-level 2>/dev/null", chimed);
+	st = system(cmd);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "--log-level without a value: status %#x", st);
+	/* Valid levels parse: --help after them still runs. */
+	snprintf(cmd, sizeof(cmd), "'%s' --log-level warning --log-level DEBUG -v --help >/dev/null", chimed);
+	st = system(cmd);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "valid --log-level: status %#x", st);
+}
+
+static pid_t read_pid(const char *sock)
+{
+	char path[320], buf[32] = "";
+	int fd;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "%s.lock", sock);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	return n > 0 ? (pid_t)atoi(buf) : -1;
+}
+
+/* Wait up to `ms` for a process that is not our child to be gone. */
+static int gone_within(pid_t pid, long ms)
+{
+	for (long t = 0; t < ms; t += 10, sleep_ms(10))
+		if (kill(pid, 0) < 0 && errno == ESRCH)
+			return 1;
+	return 0;
+}
+
+/*
+ * `chimed --socket S` (no --foreground) with stdout and stderr a pipe and fd 7
+ * an inherited file: the starter exits 0 once it listens, the pipe then
+ * reaches EOF (the daemon holds no end of it), the daemon has not kept fd 7,
+ * and SIGTERM stops it leaving no files.
+ */
+Test(daemon, background_lets_go_of_stdio_and_inherited_fds, .timeout = 30)
+{
+	const char *chimed = getenv("CHIMED");
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], marker[320], fdpath[64], link[PATH_MAX];
+	int out[2], st;
+	pid_t starter, pid;
+	struct pollfd pfd;
+	char buf[256];
+	ssize_t n;
+
+	cr_assert(chimed);
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(marker, sizeof(marker), "%s/inherited", dir);
+	cr_assert_eq(pipe(out), 0);
+	starter = fork();
+	cr_assert_geq(starter, 0);
+	if (starter == 0) {
+		int fd = open(marker, O_CREAT | O_RDWR, 0600);     /* no O_CLOEXEC */
+
+		if (fd < 0 || dup2(fd, 7) < 0 || dup2(out[1], 1) < 0 || dup2(out[1], 2) < 0)
+			_exit(126);
+		close(out[0]);
+		close(out[1]);
+		execl(chimed, "chimed", "--shards", "1", "--socket", sock, (char *)NULL);
+		_exit(127);
+	}
+	close(out[1]);
+	cr_assert_eq(waitpid(starter, &st, 0), starter);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "starter: status %#x", st);
+	pid = read_pid(sock);
+	cr_assert_gt(pid, 0, "no pid in '%s.lock'", sock);
+
+	/* EOF on the pipe within 5 s: only the daemon could still hold it. */
+	pfd = (struct pollfd){ .fd = out[0], .events = POLLIN };
+	do {
+		n = poll(&pfd, 1, 5000) > 0 ? read(out[0], buf, sizeof(buf)) : 1;
+	} while (n > 0 && pfd.revents);
+	cr_expect_leq(n, 0, "the daemon keeps its starter's stdout/stderr pipe open");
+	close(out[0]);
+
+	cr_expect(can_open(sock), "daemon does not answer");
+	for (int fd = 3; fd < 1024; fd++) {
+		ssize_t len;
+
+		snprintf(fdpath, sizeof(fdpath), "/proc/%d/fd/%d", (int)pid, fd);
+		len = readlink(fdpath, link, sizeof(link) - 1);
+		if (len < 0)
+			continue;
+		link[len] = '\0';
+		cr_expect(strcmp(link, marker), "daemon kept the inherited fd as its fd %d", fd);
+	}
+	cr_assert_eq(kill(pid, SIGHUP), 0);
+	sleep_ms(100);
+	cr_expect_eq(kill(pid, 0), 0, "the daemon died of SIGHUP");
+	cr_assert_eq(kill(pid, SIGTERM), 0);
+	cr_expect(gone_within(pid, 5000), "daemon still running 5 s after SIGTERM");
+	assert_files_gone(sock);
+	t_rmdir_files(dir);
+}
+
+/* Receive one datagram into buf (NUL-terminated) within `ms`; 0 on timeout. */
+static int recv_msg(int fd, char *buf, size_t len, int ms)
+{
+	struct pollfd pfd = { .fd = fd, .events = POLLIN };
+	ssize_t n;
+
+	if (poll(&pfd, 1, ms) <= 0)
+		return 0;
+	n = recv(fd, buf, len - 1, 0);
+	if (n < 0)
+		return 0;
+	buf[n] = '\0';
+	return 1;
+}
+
+/* Wait up to `ms` for a message containing `what`; counts others in *others. */
+static int expect_msg(int fd, const char *what, int ms)
+{
+	uint64_t end = now_ns() + (uint64_t)ms * 1000000u;
+	char buf[512];
+
+	while (now_ns() < end) {
+		int left = (int)((end - now_ns()) / 1000000u) + 1;
+
+		if (!recv_msg(fd, buf, sizeof(buf), left))
+			return 0;
+		if (strstr(buf, what))
+			return 1;
+	}
+	return 0;
+}
+
+Test(daemon, sd_notify_ready_watchdog_stopping, .timeout = 30)
+{
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[300];
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct t_chimed b;
+	uint64_t t0;
+	int fd, st, pings = 0;
+
+	if (!CHIME_SYSTEMD)
+		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	setenv("WATCHDOG_USEC", "200000", 1);
+	cr_assert_eq(t_chimed_start(&b, sock, "--shards 1"), 0);
+	unsetenv("NOTIFY_SOCKET");
+	unsetenv("WATCHDOG_USEC");
+
+	cr_expect(expect_msg(fd, "READY=1", 5000), "no READY=1");
+	/* WATCHDOG_USEC/2 = 100 ms: in 1 s at least 5 pings (the heartbeat is 90 ms). */
+	t0 = now_ns();
+	while (now_ns() - t0 < UINT64_C(1000000000))
+		pings += expect_msg(fd, "WATCHDOG=1", 300);
+	cr_expect_geq(pings, 5, "%d WATCHDOG=1 in 1 s with WATCHDOG_USEC=200000", pings);
+	cr_expect_leq(pings, 15, "%d WATCHDOG=1 in 1 s: more than every heartbeat", pings);
+
+	cr_assert_eq(kill(b.pid, SIGTERM), 0);
+	cr_expect(expect_msg(fd, "STOPPING=1", 5000), "no STOPPING=1 on SIGTERM");
+	st = t_chimed_stop(&b, 0);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
+	close(fd);
+	t_rmdir_files(dir);
+}
+
+Test(daemon, unit_file_verifies)
+{
+	const char *unit = getenv("CHIMED_UNIT");
+	char cmd[PATH_MAX + 100];
+	int st;
+
+	cr_assert(unit, "$CHIMED_UNIT must name the test copy of chimed.service");
+	if (system("command -v systemd-analyze >/dev/null 2>&1") != 0)
+		cr_skip("systemd-analyze is not installed");
+	snprintf(cmd, sizeof(cmd), "systemd-analyze verify --man=no '%s'", unit);
+	st = system(cmd);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "'%s': status %#x", cmd, st);
+}
+
+Test(daemon, log_level_names)
+{
+	cr_expect_eq(log_parse_level("err"), LOG_ERR);
+	cr_expect_eq(log_parse_level("warning"), LOG_WARNING);
+	cr_expect_eq(log_parse_level("notice"), LOG_NOTICE);
+	cr_expect_eq(log_parse_level("info"), LOG_INFO);
+	cr_expect_eq(log_parse_level("Debug"), LOG_DEBUG);
+	cr_expect_eq(log_parse_level("error"), -EINVAL);
+	cr_expect_eq(log_parse_level(""), -EINVAL);
+}
+
+Test(daemon, log_ratelimit_once_per_interval_per_key)
+{
+	uint64_t a = 0, b = 0;
+
+	cr_expect(log_ratelimit(&a, 60), "the first line of a key is logged");
+	cr_expect(!log_ratelimit(&a, 60), "a second line within the interval is not");
+	cr_expect(log_ratelimit(&b, 60), "another key has its own budget");
+	cr_expect(!log_ratelimit(&b, 60));
+	a -= 61;        /* as if 61 s had passed */
+	cr_expect(log_ratelimit(&a, 60), "after the interval a line is logged again");
+}

@@ -124,6 +124,7 @@ struct broker {
 	uint64_t last_report_ns;
 	struct policy policy;
 	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */
+	uint64_t last_query_ns;
 	uint32_t refused_quiet;         /* refusals not logged since */
 	uint64_t *reserve_failed_logged;   /* [nr_shards] */
 };
@@ -851,6 +852,148 @@ void broker_reload(struct broker *b)
 	(void)socket_access(b);         /* the socket's mode follows (it logs a failure) */
 }
 
+/* ---- queries: chimectl clients/timers for a user who may not read the segments ---- */
+
+#define QUERY_INTERVAL_NS (50u * 1000000u)  /* one query per 50 ms: a timers query reads every node */
+
+/*
+ * Send the answer without ever waiting: a reader that does not read gets
+ * fewer records (and sees the connection end early), nobody else waits.
+ */
+static void query_send(int fd, struct chime_query_head *head, const void *recs, size_t n, size_t sz)
+{
+	head->magic = CHIME_HELLO_MAGIC;
+	head->count = n;
+	head->now_ns = now_ns();
+	if (send(fd, head, sizeof(*head), MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+		return;
+	for (size_t i = 0; i < n; i += CHIME_QUERY_BATCH) {
+		size_t k = n - i < CHIME_QUERY_BATCH ? n - i : CHIME_QUERY_BATCH;
+
+		if (send(fd, (const char *)recs + i * sz, k * sz, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+			return;
+	}
+}
+
+/* Root and the broker's user see every client; anyone else its own uid's. */
+static bool may_see(const struct ucred *asker, uid_t owner)
+{
+	return asker->uid == 0 || asker->uid == geteuid() || asker->uid == owner;
+}
+
+static void query_clients(struct broker *b, int fd, const struct ucred *asker, uint64_t limit,
+			  struct chime_query_client *out)
+{
+	const char *base = (const char *)b->ctl;
+	const struct chime_client_stats *cs =
+		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
+	struct chime_query_head head = { .status = 0 };
+	size_t n = 0;
+
+	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
+		const struct client *c = &b->clients[slot];
+		struct chime_query_client *r = &out[n];
+
+		if (c->state != CL_ACTIVE || !may_see(asker, c->cred.uid))
+			continue;
+		head.total++;
+		if (n == limit)
+			continue;
+		*r = (struct chime_query_client){
+			.pid = c->cred.pid, .uid = c->cred.uid, .gid = c->cred.gid, .slot = slot,
+			.connected_ns = c->connected_ns,
+		};
+		memcpy(r->comm, c->comm, sizeof(r->comm));
+		for (uint32_t k = 0; k < b->o.nr_shards; k++) {
+			const struct chime_client_stats *e = &cs[(uint64_t)slot * b->o.nr_shards + k];
+
+			if (at_load(&e->generation) != c->generation)
+				continue;
+			r->armed += at_load(&e->armed);
+			r->arms += at_load(&e->arms);
+			r->fires += at_load(&e->fires);
+		}
+		n++;
+	}
+	query_send(fd, &head, out, n, sizeof(*out));
+}
+
+/*
+ * The armed timers of one client, read from the shards' slabs while the
+ * shards run: a racy snapshot (as chimectl's own reading of the files),
+ * each field a single atomic load, nothing written.
+ */
+static void query_timers(struct broker *b, int fd, const struct ucred *asker, pid_t pid,
+			 uint64_t limit, struct chime_query_timer *out)
+{
+	struct chime_query_head head = { .status = -ESRCH };
+	size_t n = 0;
+
+	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
+		const struct client *c = &b->clients[slot];
+
+		if (c->state != CL_ACTIVE || c->cred.pid != pid)
+			continue;
+		if (!may_see(asker, c->cred.uid)) {
+			head.status = -EACCES;
+			break;
+		}
+		head.status = 0;
+		for (uint32_t k = 0; k < b->o.nr_shards; k++) {
+			const struct wheel *wh = &b->shards[k].core.wh;
+			uint32_t hw = at_load(&wh->w->high_water);
+
+			for (uint32_t i = 0; i < hw; i++) {
+				const struct chime_node *nd = &wh->nodes[i];
+				uint8_t st = at_load(&nd->state);
+				uint64_t period = at_load(&nd->period_ns);
+
+				if (at_load(&nd->owner) != slot ||
+				    !(st == CHIME_NODE_ARMED || st == CHIME_NODE_EXPIRED ||
+				      (st == CHIME_NODE_BACKLOG && period)))
+					continue;
+				head.total++;
+				if (n == limit)
+					continue;
+				out[n++] = (struct chime_query_timer){
+					.id = chime_id_make(at_load(&nd->gen) & CHIME_ID_GEN_MASK, k, i),
+					.key = at_load(&nd->key), .user_data = at_load(&nd->user_data),
+					.deadline_ns = at_load(&nd->deadline_ns), .period_ns = period,
+					.state = st, .shard = k,
+				};
+			}
+		}
+		break;
+	}
+	query_send(fd, &head, out, n, sizeof(*out));
+}
+
+static void answer_query(struct broker *b, struct conn *cn, const struct chime_hello *h,
+			 const struct ucred *asker)
+{
+	uint64_t limit = h->limit && h->limit < CHIME_QUERY_MAX ? h->limit : CHIME_QUERY_MAX;
+	uint64_t now = now_ns();
+	void *buf;
+
+	if (now - b->last_query_ns < QUERY_INTERVAL_NS) {
+		query_send(cn->fd, &(struct chime_query_head){ .status = -EBUSY }, NULL, 0, 0);
+		return;
+	}
+	b->last_query_ns = now;
+	buf = calloc(limit, 64);
+	if (!buf) {
+		query_send(cn->fd, &(struct chime_query_head){ .status = -ENOMEM }, NULL, 0, 0);
+		return;
+	}
+	if (h->flags == CHIME_HELLO_QUERY_CLIENTS)
+		query_clients(b, cn->fd, asker, limit, buf);
+	else if (h->flags == CHIME_HELLO_QUERY_TIMERS)
+		query_timers(b, cn->fd, asker, h->pid, limit, buf);
+	else
+		query_send(cn->fd, &(struct chime_query_head){ .status = -EINVAL }, NULL, 0, 0);
+	free(buf);
+}
+
 /* A hello arrived on cn: check it and the peer, then start the attach. */
 static void on_hello(struct broker *b, struct conn *cn, int res)
 {
@@ -880,6 +1023,10 @@ static void on_hello(struct broker *b, struct conn *cn, int res)
 	if (!admitted(b, cn->fd, &cred)) {
 		refuse_log(b, &cred, "not admitted by the policy (--allow-uid, --allow-gid, --allow-all)");
 		send_status(cn->fd, -EACCES);
+		return;
+	}
+	if (h->flags) {
+		answer_query(b, cn, h, &cred);  /* and the connection ends: no client slot is taken */
 		return;
 	}
 	if (b->o.max_clients_per_uid && clients_of(b, cred.uid) >= b->o.max_clients_per_uid) {

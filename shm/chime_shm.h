@@ -673,14 +673,61 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
 
 #define CHIME_HELLO_MAGIC UINT32_C(0x4d494843) /* "CHIM" */
 
-/* client -> broker, one SOCK_SEQPACKET message right after connect(). */
+/*
+ * client -> broker, one SOCK_SEQPACKET message right after connect(). flags 0
+ * attaches a client. A query flag instead asks a question about the caller's
+ * own clients (for chimectl run by a user who may not read the segments): the
+ * broker answers with a struct chime_query_head, then `count` records in
+ * messages of at most CHIME_QUERY_BATCH, and closes.
+ */
+#define CHIME_HELLO_QUERY_CLIENTS 1u    /* the connected clients of the caller's uid */
+#define CHIME_HELLO_QUERY_TIMERS  2u    /* the timers of client `pid`, if it is the caller's uid's */
+
 struct chime_hello {
 	uint32_t magic;             /* CHIME_HELLO_MAGIC */
 	uint32_t layout;            /* CHIME_SHM_LAYOUT the client speaks */
-	uint32_t flags;             /* 0 */
-	uint32_t _pad;
+	uint32_t flags;             /* 0, or one CHIME_HELLO_QUERY_* */
+	int32_t  pid;               /* QUERY_TIMERS: whose */
+	uint64_t limit;             /* queries: records at most (0: CHIME_QUERY_MAX) */
+	uint8_t  _reserved[8];
+};
+
+#define CHIME_QUERY_BATCH 32u       /* records per answer message */
+#define CHIME_QUERY_MAX   1024u     /* records per answer at most (they fit a socket buffer) */
+
+struct chime_query_head {
+	uint32_t magic;             /* CHIME_HELLO_MAGIC */
+	int32_t  status;            /* 0, or -EACCES, -ESRCH (no such client of yours), -EBUSY (try later) */
+	uint64_t total;             /* records that match */
+	uint64_t count;             /* records that follow (<= total, <= limit) */
+	uint64_t now_ns;            /* the broker's clock, for relative deadlines */
+};
+_Static_assert(sizeof(struct chime_query_head) == 32, "query head is 32 B");
+
+struct chime_query_client {
+	int32_t  pid;
+	uint32_t uid;
+	uint32_t gid;
+	uint32_t slot;
+	char     comm[16];
+	uint64_t connected_ns;
+	uint64_t armed;             /* summed over shards */
+	uint64_t arms;
+	uint64_t fires;
+};
+_Static_assert(sizeof(struct chime_query_client) == 64, "query record is 64 B");
+
+struct chime_query_timer {
+	uint64_t id;
+	uint64_t key;
+	uint64_t user_data;
+	uint64_t deadline_ns;
+	uint64_t period_ns;
+	uint32_t state;             /* CHIME_NODE_* */
+	uint32_t shard;
 	uint8_t  _reserved[16];
 };
+_Static_assert(sizeof(struct chime_query_timer) == 64, "query record is 64 B");
 _Static_assert(sizeof(struct chime_hello) == 32, "hello is 32 B");
 
 /*

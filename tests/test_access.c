@@ -409,6 +409,47 @@ static const char *tool_copy(const char *env)
 	return p;
 }
 
+static const char *g_ctl;
+
+/* chimet1: a client with 3 timers of key 77; chimectl lists them, and only its own clients. */
+static int own_timers(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	char cmd[1024], line[256];
+	int timers = 0, mine = 0, others = 0;
+	chime_t *c;
+	chime_id_t id;
+	FILE *p;
+
+	(void)arg;
+	if (chime_open(&c, &o) < 0)
+		return 1;
+	for (int i = 0; i < 3; i++)
+		if (chime_arm(c, 77, chime_now() + 3600000 * MS, 0, 0, &id) < 0)
+			return 2;
+	usleep(100000);         /* the shard applies them; and one query per 50 ms */
+	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s timers --client %d", tb.dir, g_ctl, tb.sock,
+		 (int)getpid());
+	p = popen(cmd, "r");
+	while (p && fgets(line, sizeof(line), p))
+		timers += strstr(line, " 77 ") != NULL;
+	if (!p || pclose(p) != 0 || timers != 3)
+		return 3;
+	usleep(100000);
+	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s clients", tb.dir, g_ctl, tb.sock);
+	p = popen(cmd, "r");
+	while (p && fgets(line, sizeof(line), p)) {
+		int pid;
+
+		if (sscanf(line, "%*u %d", &pid) == 1)
+			*(pid == getpid() ? &mine : &others) += 1;
+	}
+	if (!p || pclose(p) != 0)
+		return 4;
+	chime_close(c);
+	return mine == 1 && others == 0 ? 0 : 5;
+}
+
 Test(access, tools_work_on_what_a_client_may_see_and_say_why_not_the_rest)
 {
 	struct tool_run t;
@@ -423,9 +464,20 @@ Test(access, tools_work_on_what_a_client_may_see_and_say_why_not_the_rest)
 		 tb.dir, chimectl, tb.sock);
 	t.cmd = cmd;
 	cr_assert_eq(as_user("chimet1", run_tool, &t), 0, "chimectl status for an admitted user");
-	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s timers --client 1 2>&1 | grep -q 'stats-group'",
-		 tb.dir, chimectl, tb.sock);
-	cr_assert_eq(as_user("chimet1", run_tool, &t), 0, "chimectl timers must say why it cannot");
+	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s timers --client %d 2>&1 | grep -q \"another user's\"",
+		 tb.dir, chimectl, tb.sock, (int)getpid());
+	{
+		struct chime_opts o = { .socket_path = tb.sock };
+		chime_t *mine;
+		chime_id_t id;
+
+		cr_assert_eq(chime_open(&mine, &o), 0);
+		cr_assert_eq(chime_arm(mine, 5, now_ns() + 3600000 * MS, 0, 0, &id), 0);
+		cr_assert_eq(as_user("chimet1", run_tool, &t), 0, "chimet1 must not list root's timers, and say why");
+		g_ctl = chimectl;
+		cr_assert_eq(as_user("chimet1", own_timers, NULL), 0, "a user lists its own client's timers");
+		chime_close(mine);
+	}
 	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s -1 >/dev/null 2>&1", tb.dir, chimestat, tb.sock);
 	cr_assert_eq(as_user("chimet1", run_tool, &t), 1, "chimestat exits 1 (cannot read)");
 	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s -1 2>&1 | grep -q 'stats-group'", tb.dir, chimestat, tb.sock);

@@ -13,12 +13,14 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "chime_config.h"
+#include "query.h"
 #include "statsread.h"
 
 #include <chime.h>
@@ -143,6 +145,97 @@ out:
 	return r;
 }
 
+static const char *node_state(uint8_t st)
+{
+	switch (st) {
+	case CHIME_NODE_ARMED:
+		return "armed";
+	case CHIME_NODE_EXPIRED:
+		return "due";
+	case CHIME_NODE_BACKLOG:
+		return "held";
+	}
+	return NULL;
+}
+
+/* Why a query failed, for a user who cannot read the segments either. */
+static int query_error(const char *sock, int r, long pid)
+{
+	fprintf(stderr, PROG ": asking '%s' failed: %s%s\n", sock, strerror(-r),
+		r == -ESRCH ? " (no client with that pid)" :
+		r == -EACCES ? " (another user's client: only root, the broker's user and chimed --stats-group see it)" :
+		r == -EBUSY ? " (the broker answers one query at a time: try again)" :
+		r == -ENOENT ? " (is chimed running?)" : "");
+	(void)pid;
+	return r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
+}
+
+/*
+ * `clients` and `timers` for a user who may connect but not read the
+ * segments: the broker answers for the caller's own clients only.
+ */
+static int clients_by_query(const char *sock)
+{
+	struct chime_query_client recs[CHIME_QUERY_MAX];
+	struct chime_query_head head;
+	int r = query_broker(sock, CHIME_HELLO_QUERY_CLIENTS, 0, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]));
+
+	if (r < 0 && r != -ECONNRESET)
+		return query_error(sock, r, 0);
+	printf("(this user's clients only: the others' need root, the broker's user or chimed --stats-group)\n");
+	printf("%4s %7s %6s %6s %-15s %10s %8s %10s %10s\n", "SLOT", "PID", "UID", "GID", "COMM",
+	       "CONNECTED", "ARMED", "ARMS", "FIRES");
+	for (uint64_t i = 0; i < head.count; i++) {
+		const struct chime_query_client *c = &recs[i];
+		char since[32], comm[17];
+
+		memcpy(comm, c->comm, 16);
+		comm[16] = '\0';
+		sr_fmt_dur(since, sizeof(since), head.now_ns > c->connected_ns ? head.now_ns - c->connected_ns : 0);
+		printf("%4u %7d %6u %6u %-15s %10s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "\n", c->slot,
+		       (int)c->pid, c->uid, c->gid, comm, since, c->armed, c->arms, c->fires);
+	}
+	return SR_EXIT_OK;
+}
+
+static int timers_by_query(const char *sock, long pid, uint64_t limit)
+{
+	static struct chime_query_timer recs[CHIME_QUERY_MAX];
+	struct chime_query_head head;
+	uint64_t want = limit && limit < CHIME_QUERY_MAX ? limit : CHIME_QUERY_MAX;
+	int r = query_broker(sock, CHIME_HELLO_QUERY_TIMERS, (int32_t)pid, want, &head, recs, sizeof(recs[0]));
+
+	if (r < 0 && r != -ECONNRESET)
+		return query_error(sock, r, pid);
+	printf("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
+	for (uint64_t i = 0; i < head.count; i++) {
+		const struct chime_query_timer *t = &recs[i];
+		char dl[32], per[32];
+
+		snprintf(dl, sizeof(dl), "%+.6fs", (double)(int64_t)(t->deadline_ns - head.now_ns) / 1e9);
+		if (t->period_ns)
+			sr_fmt_ns(per, sizeof(per), t->period_ns);
+		else
+			snprintf(per, sizeof(per), "-");
+		printf("%#18" PRIx64 " %20" PRIu64 " %16s %12s %6s %5u\n", t->id, t->key, dl, per,
+		       node_state((uint8_t)t->state) ? node_state((uint8_t)t->state) : "?", t->shard);
+	}
+	if (head.total > head.count)
+		printf("(%" PRIu64 " of %" PRIu64 " timers shown)\n", head.count, head.total);
+	return SR_EXIT_OK;
+}
+
+/* Can this user read the counters? If not, the broker answers queries instead. */
+static bool can_read(const char *sock)
+{
+	struct sr s;
+	int r = sr_open(&s, sock);
+
+	if (r == 0)
+		sr_close(&s);
+	return r != -EACCES;
+}
+
 static int cmd_clients(const char *sock)
 {
 	struct sr_snap sn;
@@ -150,6 +243,8 @@ static int cmd_clients(const char *sock)
 	uint32_t i;
 	int r;
 
+	if (!can_read(sock))
+		return clients_by_query(sock);
 	r = open_snapshot(&s, &sn, sock);
 	if (r)
 		return r;
@@ -172,19 +267,6 @@ static int cmd_clients(const char *sock)
 	sr_snap_free(&sn);
 	sr_close(&s);
 	return r;
-}
-
-static const char *node_state(uint8_t st)
-{
-	switch (st) {
-	case CHIME_NODE_ARMED:
-		return "armed";
-	case CHIME_NODE_EXPIRED:
-		return "due";
-	case CHIME_NODE_BACKLOG:
-		return "held";
-	}
-	return NULL;
 }
 
 /*
@@ -261,6 +343,8 @@ static int cmd_timers(const char *sock, long pid, uint64_t limit)
 	uint32_t i, k;
 	int r, found = 0;
 
+	if (!can_read(sock))
+		return timers_by_query(sock, pid, limit);
 	r = open_snapshot(&s, &sn, sock);
 	if (r)
 		return r;

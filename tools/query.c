@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/* query.c - see query.h. */
+#include "query.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define QUERY_TIMEOUT_S 5
+
+static ssize_t recv_msg(int fd, void *buf, size_t len)
+{
+	ssize_t n;
+
+	do
+		n = recv(fd, buf, len, 0);
+	while (n < 0 && errno == EINTR);
+	return n;
+}
+
+int query_broker(const char *sock, uint32_t kind, int32_t pid, uint64_t limit,
+		 struct chime_query_head *head, void *recs, size_t recsz)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { .tv_sec = QUERY_TIMEOUT_S };
+	struct chime_hello h = {
+		.magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
+		.flags = kind, .pid = pid, .limit = limit,
+	};
+	uint64_t got = 0;
+	ssize_t n;
+	int fd, r = 0;
+
+	if (strlen(sock) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, sock, strlen(sock));
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = errno == ECONNREFUSED ? -ENOENT : -errno;
+		goto out;
+	}
+	if (send(fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {
+		r = -ECONNRESET;
+		goto out;
+	}
+	/* A refusal is a 64-byte welcome with a status; an answer starts with a 32-byte head. */
+	{
+		union {
+			struct chime_query_head q;
+			struct chime_welcome w;
+		} u;
+
+		n = recv_msg(fd, &u, sizeof(u));
+		if (n == (ssize_t)sizeof(u.w) && u.w.magic == CHIME_HELLO_MAGIC) {
+			r = u.w.status < 0 ? u.w.status : -EPROTO;
+			goto out;
+		}
+		if (n != (ssize_t)sizeof(u.q) || u.q.magic != CHIME_HELLO_MAGIC) {
+			r = n < 0 && errno == EAGAIN ? -ETIMEDOUT : -ECONNRESET;
+			goto out;
+		}
+		*head = u.q;
+	}
+	if (head->status < 0) {
+		r = head->status;
+		goto out;
+	}
+	if (head->count > limit)
+		head->count = limit;
+	while (got < head->count) {
+		n = recv_msg(fd, (char *)recs + got * recsz, (head->count - got) * recsz);
+		if (n <= 0 || n % (ssize_t)recsz) {
+			head->count = got;      /* what arrived is good; the rest did not */
+			r = -ECONNRESET;
+			break;
+		}
+		got += (uint64_t)n / recsz;
+	}
+out:
+	close(fd);
+	return r;
+}

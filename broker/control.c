@@ -8,6 +8,9 @@
  *                 while fewer than MAX_HANDSHAKES handshakes are under way);
  *   hello         a recv linked to a HELLO_TIMEOUT: a silent client is
  *                 dropped, one that sends anything but a hello is closed;
+ *                 the checks (policy, per-user caps, queries) are
+ *                 handshake.c's, which hands an admitted client back to
+ *                 client_admit();
  *   attach        segments created and sealed, an ATTACH command to every
  *                 shard (they allocate the grants); the last shard to finish
  *                 writes our notify eventfd, and only then is the welcome
@@ -45,6 +48,7 @@
 #include <liburing.h>
 
 #include "chime_config.h"
+#include "broker.h"
 #include "atomics.h"
 #include "chime_shm.h"
 #include "clock.h"
@@ -52,82 +56,6 @@
 #include "notify.h"
 #include "segment.h"
 #include "shard.h"
-
-#define MAX_HANDSHAKES   64             /* connections between accept and hello */
-#define MAX_HANDSHAKES_PER_UID 8        /* of which one user may hold */
-#define HELLO_TIMEOUT_S  2
-#define HEARTBEAT_NS     (90u * 1000000u)  /* the promise is 100 ms; 10 ms of slack */
-#define RING_ENTRIES     256u
-
-/* io_uring user_data: a tag in the low 3 bits, a pointer or a slot above. */
-#define TAG_FIXED   0u      /* UD_ACCEPT, UD_SIGNAL, UD_NOTIFY */
-#define TAG_HELLO   1u      /* struct conn *: the hello recv */
-#define TAG_HTIMER  2u      /* struct conn *: its linked timeout */
-#define TAG_HUP     3u      /* slot << 3: a client's hang-up poll */
-#define UD_ACCEPT   (1u << 3)
-#define UD_SIGNAL   (2u << 3)
-#define UD_NOTIFY   (3u << 3)
-
-enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING };
-
-/* A connection that has not said hello yet. */
-struct conn {
-	struct conn *next, *prev;  /* all handshakes, so stop can free them */
-	int fd;
-	uid_t uid;              /* SO_PEERCRED at accept: handshakes are capped per user */
-	uint8_t inflight;       /* recv + timeout completions still to come */
-	uint8_t closed;
-	uint8_t buf[128] __attribute__((aligned(8)));  /* larger than a hello: a longer one is garbage */
-} __attribute__((aligned(8)));
-
-struct client {
-	uint32_t state;
-	uint16_t slot;
-	int fd;                 /* its socket */
-	int *bells;             /* [nr_shards]: its own doorbell eventfd per shard (we only read them) */
-	int rw_fd, ro_fd;
-	struct chime_map rw, ro;
-	struct chan *chans;     /* [nr_shards], each owned by its shard while attached */
-	struct chan_mem *mems;
-	struct shard_ack ack;
-	int refuse;             /* status to send once the detach is done (failed attach) */
-	struct ucred cred;
-	char comm[16];
-	uint64_t refused_logged[2];     /* nomem, quota: the counts last logged */
-	uint64_t generation;
-	uint64_t connected_ns;
-};
-
-struct broker {
-	struct broker_opts o;
-	char ctl_path[PATH_MAX];
-	char lock_path[PATH_MAX];
-	int lock_fd, listen_fd, ctl_fd, pub_fd, sig_fd, notify_fd;
-	struct chime_map ctl_map;
-	struct chime_map pub_map;       /* the public segment (clients read it) */
-	struct chime_pub *pub;
-	struct chime_ctl *ctl;
-	struct chime_client_ctl *ctl_clients;
-	struct chime_client_geom geom;
-	struct shard *shards;
-	struct client *clients;
-	uint32_t nr_handshakes;
-	struct conn *conns;
-	bool accept_armed;
-	bool listening;
-	bool stopping;
-	struct io_uring ring;
-	bool ring_ok;
-	uint64_t notify_buf;
-	struct signalfd_siginfo sig_buf;
-	uint64_t clients_now, clients_total;
-	uint64_t last_report_ns;
-	struct policy policy;
-	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */
-	uint64_t last_query_ns;
-	uint32_t refused_quiet;         /* refusals not logged since */
-	uint64_t *reserve_failed_logged;   /* [nr_shards] */
-};
 
 /* ------------------------------------------------------------------------ */
 /* Start-up: lock, stale socket, segments                                      */
@@ -330,7 +258,7 @@ static int ctl_setup(struct broker *b)
  * socket's mode keeps out those it would refuse anyway: 0660 and its group
  * with --socket-group, 0666 when other users may be admitted, else 0600.
  */
-static int socket_access(struct broker *b)
+int socket_access(struct broker *b)
 {
 	const char *path = b->o.socket_path;
 	mode_t mode = b->o.socket_gid != (gid_t)-1 ? 0660 : policy_is_open(&b->policy) ? 0666 : 0600;
@@ -528,7 +456,7 @@ static void table_set(struct broker *b, struct client *c, uint32_t state)
 	b->ctl->clients_total = b->clients_total;
 }
 
-static void read_comm(pid_t pid, char comm[16])
+void read_comm(pid_t pid, char comm[16])
 {
 	char path[64];
 	ssize_t n;
@@ -549,7 +477,7 @@ static void read_comm(pid_t pid, char comm[16])
 /* The loop                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static struct io_uring_sqe *get_sqe(struct broker *b)
+struct io_uring_sqe *get_sqe(struct broker *b)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
 
@@ -561,7 +489,7 @@ static struct io_uring_sqe *get_sqe(struct broker *b)
 	return sqe;
 }
 
-static void arm_accept(struct broker *b)
+void arm_accept(struct broker *b)
 {
 	struct io_uring_sqe *sqe;
 
@@ -585,24 +513,6 @@ static void arm_read(struct broker *b, int fd, void *buf, unsigned len, uint64_t
 	io_uring_sqe_set_data64(sqe, ud);
 }
 
-static void arm_hello(struct broker *b, struct conn *cn)
-{
-	static struct __kernel_timespec ts = { .tv_sec = HELLO_TIMEOUT_S };
-	struct io_uring_sqe *sqe;
-
-	/* Both in one submission: make room for two first. */
-	if (io_uring_sq_space_left(&b->ring) < 2)
-		io_uring_submit(&b->ring);
-	sqe = io_uring_get_sqe(&b->ring);
-	io_uring_prep_recv(sqe, cn->fd, cn->buf, sizeof(cn->buf), 0);
-	io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)cn | TAG_HELLO);
-	sqe->flags |= IOSQE_IO_LINK;
-	sqe = io_uring_get_sqe(&b->ring);
-	io_uring_prep_link_timeout(sqe, &ts, 0);
-	io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)cn | TAG_HTIMER);
-	cn->inflight = 2;
-}
-
 static void arm_hup(struct broker *b, struct client *c)
 {
 	struct io_uring_sqe *sqe = get_sqe(b);
@@ -614,7 +524,7 @@ static void arm_hup(struct broker *b, struct client *c)
 }
 
 /* A refusal: status only, no fds; then the connection is closed. */
-static void send_status(int fd, int32_t status)
+void send_status(int fd, int32_t status)
 {
 	struct chime_welcome w = {
 		.magic = CHIME_HELLO_MAGIC,
@@ -794,325 +704,6 @@ static void client_detach(struct broker *b, struct client *c, int refuse)
 		shutdown(c->fd, SHUT_RDWR);
 	}
 	post_all(b, c, SHARD_CMD_DETACH);
-}
-
-static int socket_access(struct broker *b);
-
-/* Is the peer admitted? Its supplementary groups as of connect time (SO_PEERGROUPS). */
-static bool admitted(struct broker *b, int fd, const struct ucred *cred)
-{
-	gid_t groups[256];
-	socklen_t len = sizeof(groups);
-	size_t n = 0;
-
-	if (policy_admits(&b->policy, geteuid(), cred->uid, cred->gid, NULL, 0))
-		return true;
-	if (b->policy.nr_gids && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
-		n = len / sizeof(gid_t);
-	return policy_admits(&b->policy, geteuid(), cred->uid, cred->gid, groups, n);
-}
-
-static uint32_t clients_of(const struct broker *b, uid_t uid)
-{
-	uint32_t n = 0;
-
-	for (uint32_t i = 0; i < b->o.max_clients; i++)
-		n += b->clients[i].state != CL_FREE && b->clients[i].cred.uid == uid;
-	return n;
-}
-
-/* "refusing pid ..." at most once a second: a refused client that retries must not flood the log. */
-static void refuse_log(struct broker *b, const struct ucred *cred, const char *why)
-{
-	char comm[16];
-	uint64_t now = now_ns();
-
-	if (now - b->refused_logged_ns < 1000000000u) {
-		b->refused_quiet++;
-		return;
-	}
-	read_comm(cred->pid, comm);
-	log_msg(LOG_NOTICE, "refusing pid %d '%s' (uid %u): %s%s", (int)cred->pid, comm,
-		(unsigned)cred->uid, why, b->refused_quiet ? " (and more refusals not logged)" : "");
-	b->refused_logged_ns = now;
-	b->refused_quiet = 0;
-}
-
-void broker_reload(struct broker *b)
-{
-	char err[512], desc[512];
-	int r = policy_load(&b->policy, &b->o.policy, err, sizeof(err));
-
-	if (r < 0) {
-		log_msg(LOG_ERR, "reload: %s; keeping the current policy", r == -EINVAL ? err : strerror(-r));
-		return;
-	}
-	policy_describe(&b->policy, desc, sizeof(desc));
-	log_msg(LOG_NOTICE, "reloaded the policy: admitting %s", desc);
-	(void)socket_access(b);         /* the socket's mode follows (it logs a failure) */
-}
-
-/* ---- queries: chimectl clients/timers for a user who may not read the segments ---- */
-
-#define QUERY_INTERVAL_NS (50u * 1000000u)  /* one query per 50 ms: a timers query reads every node */
-
-/*
- * Send the answer without ever waiting: a reader that does not read gets
- * fewer records (and sees the connection end early), nobody else waits.
- */
-static void query_send(int fd, struct chime_query_head *head, const void *recs, size_t n, size_t sz)
-{
-	head->magic = CHIME_HELLO_MAGIC;
-	head->count = n;
-	head->now_ns = now_ns();
-	if (send(fd, head, sizeof(*head), MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-		return;
-	for (size_t i = 0; i < n; i += CHIME_QUERY_BATCH) {
-		size_t k = n - i < CHIME_QUERY_BATCH ? n - i : CHIME_QUERY_BATCH;
-
-		if (send(fd, (const char *)recs + i * sz, k * sz, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-			return;
-	}
-}
-
-/* Root and the broker's user see every client; anyone else its own uid's. */
-static bool may_see(const struct ucred *asker, uid_t owner)
-{
-	return asker->uid == 0 || asker->uid == geteuid() || asker->uid == owner;
-}
-
-static void query_clients(struct broker *b, int fd, const struct ucred *asker, uint64_t limit,
-			  struct chime_query_client *out)
-{
-	const char *base = (const char *)b->ctl;
-	const struct chime_client_stats *cs =
-		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
-	struct chime_query_head head = { .status = 0 };
-	size_t n = 0;
-
-	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
-		const struct client *c = &b->clients[slot];
-		struct chime_query_client *r = &out[n];
-
-		if (c->state != CL_ACTIVE || !may_see(asker, c->cred.uid))
-			continue;
-		head.total++;
-		if (n == limit)
-			continue;
-		*r = (struct chime_query_client){
-			.pid = c->cred.pid, .uid = c->cred.uid, .gid = c->cred.gid, .slot = slot,
-			.connected_ns = c->connected_ns,
-		};
-		memcpy(r->comm, c->comm, sizeof(r->comm));
-		for (uint32_t k = 0; k < b->o.nr_shards; k++) {
-			const struct chime_client_stats *e = &cs[(uint64_t)slot * b->o.nr_shards + k];
-
-			if (at_load(&e->generation) != c->generation)
-				continue;
-			r->armed += at_load(&e->armed);
-			r->arms += at_load(&e->arms);
-			r->fires += at_load(&e->fires);
-		}
-		n++;
-	}
-	query_send(fd, &head, out, n, sizeof(*out));
-}
-
-/*
- * The armed timers of one client, read from the shards' slabs while the
- * shards run: a racy snapshot (as chimectl's own reading of the files),
- * each field a single atomic load, nothing written.
- */
-static void query_timers(struct broker *b, int fd, const struct ucred *asker, pid_t pid,
-			 uint64_t limit, struct chime_query_timer *out)
-{
-	struct chime_query_head head = { .status = -ESRCH };
-	size_t n = 0;
-
-	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
-		const struct client *c = &b->clients[slot];
-
-		if (c->state != CL_ACTIVE || c->cred.pid != pid)
-			continue;
-		if (!may_see(asker, c->cred.uid)) {
-			head.status = -EACCES;
-			break;
-		}
-		head.status = 0;
-		for (uint32_t k = 0; k < b->o.nr_shards; k++) {
-			const struct wheel *wh = &b->shards[k].core.wh;
-			uint32_t hw = at_load(&wh->w->high_water);
-
-			for (uint32_t i = 0; i < hw; i++) {
-				const struct chime_node *nd = &wh->nodes[i];
-				uint8_t st = at_load(&nd->state);
-				uint64_t period = at_load(&nd->period_ns);
-
-				if (at_load(&nd->owner) != slot ||
-				    !(st == CHIME_NODE_ARMED || st == CHIME_NODE_EXPIRED ||
-				      (st == CHIME_NODE_BACKLOG && period)))
-					continue;
-				head.total++;
-				if (n == limit)
-					continue;
-				out[n++] = (struct chime_query_timer){
-					.id = chime_id_make(at_load(&nd->gen) & CHIME_ID_GEN_MASK, k, i),
-					.key = at_load(&nd->key), .user_data = at_load(&nd->user_data),
-					.deadline_ns = at_load(&nd->deadline_ns), .period_ns = period,
-					.state = st, .shard = k,
-				};
-			}
-		}
-		break;
-	}
-	query_send(fd, &head, out, n, sizeof(*out));
-}
-
-static void answer_query(struct broker *b, struct conn *cn, const struct chime_hello *h,
-			 const struct ucred *asker)
-{
-	uint64_t limit = h->limit && h->limit < CHIME_QUERY_MAX ? h->limit : CHIME_QUERY_MAX;
-	uint64_t now = now_ns();
-	void *buf;
-
-	if (now - b->last_query_ns < QUERY_INTERVAL_NS) {
-		query_send(cn->fd, &(struct chime_query_head){ .status = -EBUSY }, NULL, 0, 0);
-		return;
-	}
-	b->last_query_ns = now;
-	buf = calloc(limit, 64);
-	if (!buf) {
-		query_send(cn->fd, &(struct chime_query_head){ .status = -ENOMEM }, NULL, 0, 0);
-		return;
-	}
-	if (h->flags == CHIME_HELLO_QUERY_CLIENTS)
-		query_clients(b, cn->fd, asker, limit, buf);
-	else if (h->flags == CHIME_HELLO_QUERY_TIMERS)
-		query_timers(b, cn->fd, asker, h->pid, limit, buf);
-	else
-		query_send(cn->fd, &(struct chime_query_head){ .status = -EINVAL }, NULL, 0, 0);
-	free(buf);
-}
-
-/* A hello arrived on cn: check it and the peer, then start the attach. */
-static void on_hello(struct broker *b, struct conn *cn, int res)
-{
-	struct chime_hello hello, *h = &hello;
-	socklen_t len = sizeof(struct ucred);
-	struct ucred cred;
-	struct client *c = NULL;
-	int r;
-
-	memcpy(h, cn->buf, sizeof(*h));
-	if (res == -ECANCELED)
-		return;         /* the hello timeout fired first: it logs */
-	if (res != (int)sizeof(*h) || h->magic != CHIME_HELLO_MAGIC) {
-		log_msg(LOG_DEBUG, "closing a connection that did not say hello (%d bytes)", res);
-		return;
-	}
-	if (h->layout != CHIME_SHM_LAYOUT) {
-		log_msg(LOG_INFO, "refusing a client speaking layout %u (this broker speaks %u)",
-			h->layout, CHIME_SHM_LAYOUT);
-		send_status(cn->fd, -EPROTO);
-		return;
-	}
-	if (getsockopt(cn->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-		log_errno(LOG_WARNING, errno, "getsockopt(SO_PEERCRED)");
-		return;
-	}
-	if (!admitted(b, cn->fd, &cred)) {
-		refuse_log(b, &cred, "not admitted by the policy (--allow-uid, --allow-gid, --allow-all)");
-		send_status(cn->fd, -EACCES);
-		return;
-	}
-	if (h->flags) {
-		answer_query(b, cn, h, &cred);  /* and the connection ends: no client slot is taken */
-		return;
-	}
-	if (b->o.max_clients_per_uid && clients_of(b, cred.uid) >= b->o.max_clients_per_uid) {
-		refuse_log(b, &cred, "its user has --max-clients-per-uid clients already");
-		send_status(cn->fd, -EUSERS);
-		return;
-	}
-	if (b->stopping) {
-		send_status(cn->fd, -ECONNREFUSED);
-		return;
-	}
-	for (uint32_t i = 0; i < b->o.max_clients; i++) {
-		if (b->clients[i].state == CL_FREE) {
-			c = &b->clients[i];
-			break;
-		}
-	}
-	if (!c) {
-		log_msg(LOG_WARNING, "refusing pid %d: client table full (%u clients; see --max-clients)",
-			(int)cred.pid, b->o.max_clients);
-		send_status(cn->fd, -EUSERS);
-		return;
-	}
-	/* generation survives: it counts the slot's reuses. */
-	memset(c, 0, offsetof(struct client, generation));
-	c->slot = (uint16_t)(c - b->clients);
-	c->rw_fd = c->ro_fd = -1;
-	c->fd = -1;
-	c->cred = cred;
-	c->generation++;
-	c->connected_ns = now_ns();
-	read_comm(cred.pid, c->comm);
-	r = client_segments(b, c);
-	if (r < 0) {
-		log_errno(LOG_ERR, r, "cannot create segments for pid %d", (int)cred.pid);
-		send_status(cn->fd, -ENOMEM);
-		client_release(b, c);
-		return;
-	}
-	c->fd = cn->fd;
-	cn->fd = -1;            /* the client owns the socket now */
-	for (uint32_t s = 0; s < b->o.nr_shards; s++)
-		c->mems[s].wake_fd = c->fd;
-	c->state = CL_ATTACHING;
-	b->clients_now++;
-	b->clients_total++;
-	post_all(b, c, SHARD_CMD_ATTACH);
-}
-
-/*
- * A user may hold MAX_HANDSHAKES_PER_UID connections that have not said
- * hello yet: one that opens connections and stays silent keeps only itself
- * waiting (each still times out after HELLO_TIMEOUT_S).
- */
-static bool handshake_allowed(struct broker *b, struct conn *cn)
-{
-	struct ucred cred;
-	socklen_t len = sizeof(cred);
-	uint32_t n = 0;
-
-	if (getsockopt(cn->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
-		return false;
-	cn->uid = cred.uid;
-	for (struct conn *o = b->conns; o; o = o->next)
-		n += o->uid == cred.uid;
-	if (n < MAX_HANDSHAKES_PER_UID)
-		return true;
-	refuse_log(b, &cred, "too many connections of its user waiting to say hello");
-	return false;
-}
-
-static void conn_put(struct broker *b, struct conn *cn)
-{
-	if (--cn->inflight)
-		return;
-	if (cn->fd >= 0)
-		close(cn->fd);
-	if (cn->prev)
-		cn->prev->next = cn->next;
-	else
-		b->conns = cn->next;
-	if (cn->next)
-		cn->next->prev = cn->prev;
-	free(cn);
-	b->nr_handshakes--;
-	arm_accept(b);
 }
 
 /* Every shard has answered some client's request: find which. */
@@ -1353,6 +944,57 @@ int broker_run(struct broker *b)
 		io_uring_cq_advance(&b->ring, seen);
 	}
 	return 0;
+}
+
+/*
+ * An admitted client: a slot in the table, its segments, and the attach
+ * posted to every shard (the welcome follows their acks, on_notify()).
+ */
+void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred)
+{
+	struct client *c = NULL;
+	int r;
+
+	if (b->stopping) {
+		send_status(cn->fd, -ECONNREFUSED);
+		return;
+	}
+	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+		if (b->clients[i].state == CL_FREE) {
+			c = &b->clients[i];
+			break;
+		}
+	}
+	if (!c) {
+		log_msg(LOG_WARNING, "refusing pid %d: client table full (%u clients; see --max-clients)",
+			(int)cred->pid, b->o.max_clients);
+		send_status(cn->fd, -EUSERS);
+		return;
+	}
+	/* generation survives: it counts the slot's reuses. */
+	memset(c, 0, offsetof(struct client, generation));
+	c->slot = (uint16_t)(c - b->clients);
+	c->rw_fd = c->ro_fd = -1;
+	c->fd = -1;
+	c->cred = *cred;
+	c->generation++;
+	c->connected_ns = now_ns();
+	read_comm(cred->pid, c->comm);
+	r = client_segments(b, c);
+	if (r < 0) {
+		log_errno(LOG_ERR, r, "cannot create segments for pid %d", (int)cred->pid);
+		send_status(cn->fd, -ENOMEM);
+		client_release(b, c);
+		return;
+	}
+	c->fd = cn->fd;
+	cn->fd = -1;            /* the client owns the socket now */
+	for (uint32_t s = 0; s < b->o.nr_shards; s++)
+		c->mems[s].wake_fd = c->fd;
+	c->state = CL_ATTACHING;
+	b->clients_now++;
+	b->clients_total++;
+	post_all(b, c, SHARD_CMD_ATTACH);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * broker.h - the control thread's state, private to control.c (start-up,
+ * the io_uring loop, client life cycle, stop) and handshake.c (who gets
+ * in). main.c sees only control.h.
+ */
+#ifndef CHIMED_BROKER_H
+#define CHIMED_BROKER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+
+#include <liburing.h>
+
+#include "control.h"
+#include "policy.h"
+#include "segment.h"
+#include "shard.h"
+
+#define MAX_HANDSHAKES   64             /* connections between accept and hello */
+#define MAX_HANDSHAKES_PER_UID 8        /* of which one user may hold */
+#define HELLO_TIMEOUT_S  2
+#define HEARTBEAT_NS     (90u * 1000000u)  /* the promise is 100 ms; 10 ms of slack */
+#define RING_ENTRIES     256u
+
+/* io_uring user_data: a tag in the low 3 bits, a pointer or a slot above. */
+#define TAG_FIXED   0u      /* UD_ACCEPT, UD_SIGNAL, UD_NOTIFY */
+#define TAG_HELLO   1u      /* struct conn *: the hello recv */
+#define TAG_HTIMER  2u      /* struct conn *: its linked timeout */
+#define TAG_HUP     3u      /* slot << 3: a client's hang-up poll */
+#define UD_ACCEPT   (1u << 3)
+#define UD_SIGNAL   (2u << 3)
+#define UD_NOTIFY   (3u << 3)
+
+enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING };
+
+/* A connection that has not said hello yet. */
+struct conn {
+	struct conn *next, *prev;  /* all handshakes, so stop can free them */
+	int fd;
+	uid_t uid;              /* SO_PEERCRED at accept: handshakes are capped per user */
+	uint8_t inflight;       /* recv + timeout completions still to come */
+	uint8_t closed;
+	uint8_t buf[128] __attribute__((aligned(8)));  /* larger than a hello: a longer one is garbage */
+} __attribute__((aligned(8)));
+
+struct client {
+	uint32_t state;
+	uint16_t slot;
+	int fd;                 /* its socket */
+	int *bells;             /* [nr_shards]: its own doorbell eventfd per shard (we only read them) */
+	int rw_fd, ro_fd;
+	struct chime_map rw, ro;
+	struct chan *chans;     /* [nr_shards], each owned by its shard while attached */
+	struct chan_mem *mems;
+	struct shard_ack ack;
+	int refuse;             /* status to send once the detach is done (failed attach) */
+	struct ucred cred;
+	char comm[16];
+	uint64_t refused_logged[2];     /* nomem, quota: the counts last logged */
+	uint64_t generation;
+	uint64_t connected_ns;
+};
+
+struct broker {
+	struct broker_opts o;
+	char ctl_path[PATH_MAX];
+	char lock_path[PATH_MAX];
+	int lock_fd, listen_fd, ctl_fd, pub_fd, sig_fd, notify_fd;
+	struct chime_map ctl_map;
+	struct chime_map pub_map;       /* the public segment (clients read it) */
+	struct chime_pub *pub;
+	struct chime_ctl *ctl;
+	struct chime_client_ctl *ctl_clients;
+	struct chime_client_geom geom;
+	struct shard *shards;
+	struct client *clients;
+	uint32_t nr_handshakes;
+	struct conn *conns;
+	bool accept_armed;
+	bool listening;
+	bool stopping;
+	struct io_uring ring;
+	bool ring_ok;
+	uint64_t notify_buf;
+	struct signalfd_siginfo sig_buf;
+	uint64_t clients_now, clients_total;
+	uint64_t last_report_ns;
+	struct policy policy;
+	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */
+	uint64_t last_query_ns;
+	uint32_t refused_quiet;         /* refusals not logged since */
+	uint64_t *reserve_failed_logged;   /* [nr_shards] */
+};
+
+/* control.c */
+struct io_uring_sqe *get_sqe(struct broker *b);
+void arm_accept(struct broker *b);
+void send_status(int fd, int32_t status);
+void read_comm(pid_t pid, char comm[16]);
+int socket_access(struct broker *b);
+void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred);
+
+/* handshake.c */
+void arm_hello(struct broker *b, struct conn *cn);
+void on_hello(struct broker *b, struct conn *cn, int res);
+bool handshake_allowed(struct broker *b, struct conn *cn);
+void conn_put(struct broker *b, struct conn *cn);
+
+#endif /* CHIMED_BROKER_H */

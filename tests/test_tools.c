@@ -373,6 +373,23 @@ Test(tools_fake, json_is_valid_utf8_and_clients_always_an_array)
 	chime_seg_unmap(&f.map);
 }
 
+Test(tools_fake, client_filters_select_by_pid_uid_and_comm)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	cr_assert_eq(run("%s --socket '%s' -j --pid 4242", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".clients | length == 1"), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -j --pid 4243", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".clients | length == 0"), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -j --uid 1000 --comm 'fake \"client\"'", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".clients | length == 1"), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -j --uid 0", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".clients | length == 0"), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -1 --pid x", bin("CHIMESTAT"), sock), 2, "a bad pid is a usage error");
+	chime_seg_unmap(&f.map);
+}
+
 Test(tools_fake, prometheus_is_valid)
 {
 	struct fake f;

@@ -49,6 +49,9 @@ static void usage(FILE *f)
 		"  -f, --field PATTERN  only fields whose name matches the shell PATTERN\n"
 		"                       (fnmatch; repeatable), e.g. 'shard.*.fires'\n"
 		"  -i, --interval SECS  refresh interval of the live view (default 1)\n"
+		"      --pid PID        only the client(s) with this process id\n"
+		"      --uid UID        only the clients of this user id\n"
+		"      --comm NAME      only the clients with this process name\n"
 		"  -h, --help           show this help\n"
 		"  -V, --version        show the version\n"
 		"\n"
@@ -66,9 +69,25 @@ static int exit_for(const struct sr_snap *sn)
 	return st == SR_RUNNING || st == SR_STARTING ? SR_EXIT_OK : SR_EXIT_NOT_RUNNING;
 }
 
+/* --pid, --uid, --comm: drop the other clients from the snapshot, so every output agrees. */
+static void keep_clients(struct sr_snap *sn, const struct opts *o)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < sn->nr_clients; i++) {
+		const struct sr_client *c = &sn->clients[i];
+
+		if ((o->pid >= 0 && c->id.pid != o->pid) || (o->uid >= 0 && c->id.uid != (uint32_t)o->uid) ||
+		    (o->comm && strncmp(c->id.comm, o->comm, sizeof(c->id.comm))))
+			continue;
+		sn->clients[n++] = *c;
+	}
+	sn->nr_clients = n;
+}
+
 static int chimestat(struct opts *op, int argc, char **argv)
 {
-	enum { OPT_PROM = 256 };
+	enum { OPT_PROM = 256, OPT_PID, OPT_UID, OPT_COMM };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "once", no_argument, NULL, '1' },
@@ -76,6 +95,9 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		{ "prometheus", no_argument, NULL, OPT_PROM },
 		{ "field", required_argument, NULL, 'f' },
 		{ "interval", required_argument, NULL, 'i' },
+		{ "pid", required_argument, NULL, OPT_PID },
+		{ "uid", required_argument, NULL, OPT_UID },
+		{ "comm", required_argument, NULL, OPT_COMM },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ 0 }
@@ -103,6 +125,24 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			break;
 		case 'f':
 			o.pat[o.nr_pat++] = optarg;
+			break;
+		case OPT_PID:
+		case OPT_UID: {
+			char *end;
+			long v;
+
+			errno = 0;
+			v = strtol(optarg, &end, 10);
+			if (errno || *end || !*optarg || v < 0 || v > INT32_MAX) {
+				fprintf(stderr, PROG ": invalid %s '%s' (a number)\n",
+					opt == OPT_PID ? "--pid" : "--uid", optarg);
+				return SR_EXIT_USAGE;
+			}
+			*(opt == OPT_PID ? &o.pid : &o.uid) = v;
+			break;
+		}
+		case OPT_COMM:
+			o.comm = optarg;
 			break;
 		case 'i': {
 			char *end;
@@ -151,6 +191,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			sr_close(&s);
 			return SR_EXIT_NOSHM;
 		}
+		keep_clients(&sn, &o);
 		collect(&cur, &sn);
 		if (o.json)
 			print_json(stdout, &cur, &o);
@@ -189,6 +230,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			r = SR_EXIT_NOSHM;
 			break;
 		}
+		keep_clients(&sn, &o);
 		collect(&cur, &sn);
 		if (tty)
 			fputs("\033[H\033[2J", stdout);
@@ -227,7 +269,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 int main(int argc, char **argv)
 {
 	/* -f patterns: at most one per argument. Owned here so every exit path frees them. */
-	struct opts o = { .interval = 1, .pat = calloc((size_t)argc, sizeof(*o.pat)) };
+	struct opts o = { .interval = 1, .pid = -1, .uid = -1, .pat = calloc((size_t)argc, sizeof(*o.pat)) };
 	int r;
 
 	if (!o.pat) {

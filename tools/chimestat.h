@@ -45,6 +45,10 @@ struct opts {
 	unsigned nr_pat;
 	int once, json, prom;
 	double interval;
+	/* client filters (-1 / NULL: any) */
+	long pid;
+	long uid;
+	const char *comm;
 };
 
 /* Lateness percentiles reported for every histogram. */

@@ -400,6 +400,19 @@ Test(tools_fake, prometheus_is_valid)
 	cr_assert(strstr(slurp(out), "chime_shard_arms_total{shard=\"0\"} 10\n"), "%s", slurp(out));
 	cr_assert(strstr(slurp(out), "chime_shard_lateness_seconds_count{shard=\"0\"} 4\n"));
 	cr_assert(strstr(slurp(out), "comm=\"fake \\\"client\\\"\""));
+	/* pid and slot only on the info series: the others keep their labels across restarts */
+	cr_assert(strstr(slurp(out), "chime_client_info{comm=\"fake \\\"client\\\"\",uid=\"1000\",pid=\"4242\",slot=\"1\"} 1\n"),
+		  "%s", slurp(out));
+	cr_assert(strstr(slurp(out), "chime_client_group_clients{comm=\"fake \\\"client\\\"\",uid=\"1000\"} 1\n"),
+		  "%s", slurp(out));
+	for (const char *p = strstr(slurp(out), "pid=\""); p; p = strstr(p + 1, "pid=\"")) {
+		const char *bol = p;
+
+		while (bol > slurp(out) && bol[-1] != '\n')
+			bol--;
+		cr_assert(strncmp(bol, "chime_client_", 13) || !strncmp(bol, "chime_client_info{", 18),
+			  "a client's pid label outside the info series: %.80s", bol);
+	}
 	chime_seg_unmap(&f.map);
 }
 
@@ -565,6 +578,17 @@ Test(tools_live, exact_counters_under_known_load)
 	cr_assert_gt(jq(".clients | map(select(.arms == 40)) | .[0].backlog"), 0);
 	cr_assert_eq(jq("[.shards[].backlog] | add"), jq(".clients | map(select(.arms == 40)) | .[0].backlog"));
 	check_prometheus();
+	{
+		/* a and b: one program, one uid, so one series summing both */
+		char want[160];
+
+		cr_assert_eq(run("%s --socket '%s' --prometheus", bin("CHIMESTAT"), sock), 0);
+		snprintf(want, sizeof(want), "chime_client_group_clients{comm=\"test_tools\",uid=\"%u\"} 2\n", getuid());
+		cr_assert(strstr(slurp(out), want), "%s", slurp(out));
+		snprintf(want, sizeof(want), "chime_client_arms_total{comm=\"test_tools\",uid=\"%u\"} %d\n", getuid(),
+			 150 + 40);
+		cr_assert(strstr(slurp(out), want), "%s", slurp(out));
+	}
 	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 0);
 	cr_assert_eq(run("%s --socket '%s' timers --client %d --limit 0", bin("CHIMECTL"), sock, (int)getpid()), 0,
 		     "%s", slurp(err));

@@ -32,6 +32,7 @@ struct field {
 	const char *help;
 	char labels[112];
 	double scale;
+	int prom_only;              /* a Prometheus series with no place in JSON or text */
 };
 
 struct flist {

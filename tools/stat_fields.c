@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fnmatch.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,57 @@ static void add_lateness(struct flist *l, const char *prefix, const uint64_t *hi
 		      "Lateness of expirations (fired - deadline), seconds.", labels, 1e-9);
 }
 
+/*
+ * Prometheus series per (comm, uid), summed over that group's clients: labels
+ * that survive a client's restart (a pid or slot label would start a new
+ * series each time) and stay unique when one program runs several times.
+ */
+static void client_groups(struct flist *l, const struct sr_snap *sn)
+{
+	for (uint32_t c = 0; c < sn->nr_clients; c++) {
+		const struct sr_client *cl = &sn->clients[c];
+		char esc[64], lab[112];
+		uint64_t sum[sizeof(client_defs) / sizeof(client_defs[0])] = { 0 }, n = 0;
+		bool first = true;
+
+		for (uint32_t k = 0; k < sn->nr_clients && first; k++)
+			first = k >= c || sn->clients[k].id.uid != cl->id.uid ||
+				strncmp(sn->clients[k].id.comm, cl->id.comm, sizeof(cl->id.comm));
+		if (!first)
+			continue;       /* its group was summed with an earlier client */
+		for (uint32_t k = c; k < sn->nr_clients; k++) {
+			const struct sr_client *o = &sn->clients[k];
+
+			if (o->id.uid != cl->id.uid || strncmp(o->id.comm, cl->id.comm, sizeof(cl->id.comm)))
+				continue;
+			n++;
+			for (size_t i = 0; i < sizeof(client_defs) / sizeof(client_defs[0]); i++) {
+				uint64_t v;
+
+				memcpy(&v, (const char *)&o->sum + client_defs[i].off, sizeof(v));
+				sum[i] += v;
+			}
+		}
+		prom_escape(esc, sizeof(esc), cl->id.comm);
+		snprintf(lab, sizeof(lab), "comm=\"%s\",uid=\"%u\"", esc, cl->id.uid);
+		for (size_t i = 0; i < sizeof(client_defs) / sizeof(client_defs[0]); i++) {
+			const struct cdef *d = &client_defs[i];
+			struct field *f = field_add(l, d->kind, "prom.clients.%u.%s", c, d->name);
+
+			f->u = sum[i];
+			f->prom_only = 1;
+			fprom(f, d->prom, d->kind == F_COUNTER ? "counter" : "gauge", d->help, lab, d->scale);
+		}
+		{
+			struct field *f = field_add(l, F_GAUGE, "prom.clients.%u.connected", c);
+
+			f->u = n;
+			f->prom_only = 1;
+			fprom(f, "chime_client_group_clients", "gauge", "Connected clients with this comm and uid.", lab, 1);
+		}
+	}
+}
+
 void collect(struct flist *l, const struct sr_snap *sn)
 {
 	const struct chime_ctl *h = &sn->hdr;
@@ -231,7 +283,13 @@ void collect(struct flist *l, const struct sr_snap *sn)
 		const struct sr_client *cl = &sn->clients[c];
 
 		prom_escape(esc, sizeof(esc), cl->id.comm);
-		snprintf(lab, sizeof(lab), "slot=\"%u\",pid=\"%d\",comm=\"%s\"", cl->slot, (int)cl->id.pid, esc);
+		/* Identity as an info series: pid and slot change on every restart, comm and uid do not. */
+		snprintf(lab, sizeof(lab), "comm=\"%s\",uid=\"%u\",pid=\"%d\",slot=\"%u\"", esc,
+			 cl->id.uid, (int)cl->id.pid, cl->slot);
+		f = field_add(l, F_GAUGE, "prom.client.%u.info", cl->slot);
+		f->u = 1;
+		f->prom_only = 1;
+		fprom(f, "chime_client_info", "gauge", "A connected client (always 1).", lab, 1);
 		f = field_add(l, F_INT, "client.%u.pid", cl->slot);
 		f->i = cl->id.pid;
 		f = field_add(l, F_GAUGE, "client.%u.uid", cl->slot);
@@ -244,15 +302,14 @@ void collect(struct flist *l, const struct sr_snap *sn)
 		snprintf(f->s, sizeof(f->s), "%s", cl->id.state == CHIME_CLIENT_DYING ? "dying" : "active");
 		f = field_add(l, F_GAUGE, "client.%u.connected_for_ns", cl->slot);
 		f->u = sn->now_ns > cl->id.connected_ns ? sn->now_ns - cl->id.connected_ns : 0;
-		fprom(f, "chime_client_connected_seconds", "gauge", "Time since the client connected.", lab, 1e-9);
 		for (i = 0; i < sizeof(client_defs) / sizeof(client_defs[0]); i++) {
 			const struct cdef *d = &client_defs[i];
 
 			f = field_add(l, d->kind, "client.%u.%s", cl->slot, d->name);
 			memcpy(&f->u, (const char *)&cl->sum + d->off, sizeof(f->u));
-			fprom(f, d->prom, d->kind == F_COUNTER ? "counter" : "gauge", d->help, lab, d->scale);
 		}
 	}
+	client_groups(l, sn);
 
 	/* Overall lateness has no Prometheus series: sum the shards' instead. */
 	add_lateness(l, "lateness", sn->lat, sn->lat_sum_ns, sn->lat_max_ns, NULL);

@@ -129,7 +129,7 @@ void print_json(FILE *out, const struct flist *l, const struct opts *o)
 		int n = 0;
 		json_t *at;
 
-		if (!selected(o, f->name))
+		if (f->prom_only || !selected(o, f->name))
 			continue;
 		snprintf(name, sizeof(name), "%s", f->name);
 		for (char *t = strtok_r(name, ".", &save); t && n < 4; t = strtok_r(NULL, ".", &save))

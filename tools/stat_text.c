@@ -26,7 +26,7 @@ void print_flat(FILE *out, const struct flist *l, const struct flist *prev,
 	for (i = 0; i < l->n; i++) {
 		const struct field *f = &l->v[i];
 
-		if (!selected(o, f->name))
+		if (f->prom_only || !selected(o, f->name))
 			continue;
 		fprintf(out, "%-36s ", f->name);
 		switch (f->kind) {

@@ -75,13 +75,49 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 	}
 }
 
+/*
+ * Fill a reserved slot with one record. An ARM takes the slot's grant as
+ * its id; a slot that carries a no-grant marker instead gets a NOP (the
+ * ring keeps moving) and the refusal is returned: -ENOMEM or -EDQUOT.
+ */
+static inline int fill(struct chime_sqe *sqe, uint32_t shard, uint32_t op, uint64_t *id, uint64_t key,
+		       uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data)
+{
+	int refused = 0;
+
+	if (op == CHIME_OP_ARM) {
+		/*
+		 * The grant was stored before the slot's seq freed it for this
+		 * position (broker: release); the reserve acquire-loaded that
+		 * seq, so the grant is the one meant for us.
+		 */
+		*id = at_load(&sqe->grant);
+		if (unlikely(chime_grant_is_marker(*id) || chime_id_shard(*id) != shard)) {
+			refused = *id == CHIME_GRANT_QUOTA ? -EDQUOT : -ENOMEM;
+			op = CHIME_OP_NOP;
+		}
+	}
+	/*
+	 * Relaxed atomic stores (plain moves on x86): the drainer may peek at
+	 * this slot meanwhile (chime_sq_peek: a seqlock read that discards a
+	 * torn copy), and a plain store racing with it is undefined in C11.
+	 */
+	at_store(&sqe->id, *id);
+	at_store(&sqe->key, key);
+	at_store(&sqe->deadline_ns, deadline_ns);
+	at_store(&sqe->period_ns, period_ns);
+	at_store(&sqe->user_data, user_data);
+	at_store(&sqe->op, op);
+	return refused;
+}
+
 static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t id, uint64_t key,
 			 uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data, chime_id_t *out)
 {
 	struct chime_chan *ch = &c->chan[shard];
 	struct chime_sqe *sqe;
 	uint64_t pos;
-	int refused = 0;
+	int refused;
 
 	if (unlikely(cl_is_dead(c)))
 		return -ENOTCONN;
@@ -91,30 +127,7 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 		if (!sqe)
 			return -ENOTCONN;
 	}
-	if (op == CHIME_OP_ARM) {
-		/*
-		 * The grant was stored before the slot's seq freed it for this
-		 * position (broker: release); chime_sq_reserve() acquire-loaded
-		 * that seq, so the grant is the one meant for us.
-		 */
-		id = at_load(&sqe->grant);
-		if (unlikely(chime_grant_is_marker(id) || chime_id_shard(id) != shard)) {
-			/* No node for us here: give the slot back, and say why. */
-			refused = id == CHIME_GRANT_QUOTA ? -EDQUOT : -ENOMEM;
-			op = CHIME_OP_NOP;
-		}
-	}
-	/*
-	 * Relaxed atomic stores (plain moves on x86): the drainer may peek at
-	 * this slot meanwhile (chime_sq_peek: a seqlock read that discards a
-	 * torn copy), and a plain store racing with it is undefined in C11.
-	 */
-	at_store(&sqe->id, id);
-	at_store(&sqe->key, key);
-	at_store(&sqe->deadline_ns, deadline_ns);
-	at_store(&sqe->period_ns, period_ns);
-	at_store(&sqe->user_data, user_data);
-	at_store(&sqe->op, op);
+	refused = fill(sqe, shard, op, &id, key, deadline_ns, period_ns, user_data);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
 	cl_ring_doorbell(ch);
@@ -125,9 +138,42 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 	return 0;
 }
 
+/*
+ * Shard `s` refused an ARM (r: -ENOMEM or -EDQUOT): any other one may have
+ * room or quota left. Returns 0 (armed, *id set), -ENOMEM, -EDQUOT (only if
+ * every shard said quota) or -ENOTCONN.
+ */
+static int arm_elsewhere(struct chime *c, uint32_t s, int r, uint64_t key, uint64_t deadline_ns,
+			 uint64_t period_ns, uint64_t user_data, chime_id_t *id)
+{
+	for (uint32_t k = 1; k < c->nr_shards; k++) {
+		int r2;
+
+		if (++s == c->nr_shards)
+			s = 0;
+		r2 = submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
+		if (r2 != -ENOMEM && r2 != -EDQUOT)
+			return r2;
+		if (r2 == -ENOMEM)
+			r = -ENOMEM;
+	}
+	return r;
+}
+
 static inline bool id_ok(const struct chime *c, chime_id_t id)
 {
 	return id != 0 && chime_id_gen(id) != 0 && chime_id_shard(id) < c->nr_shards;
+}
+
+/* The shard for this thread's next ARM (or batch of them): round-robin, thread-local. */
+static inline uint32_t next_arm_shard(const struct chime *c)
+{
+	uint32_t s = tl_next_shard;
+
+	if (s >= c->nr_shards)
+		s = 0;
+	tl_next_shard = s + 1;
+	return s;
 }
 
 CHIME_PUBLIC int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns,
@@ -138,26 +184,11 @@ CHIME_PUBLIC int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint6
 
 	if (unlikely(!c || !id))
 		return -EINVAL;
-	s = tl_next_shard;
-	if (s >= c->nr_shards)
-		s = 0;
-	tl_next_shard = s + 1;
+	s = next_arm_shard(c);
 	r = submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
 	if (likely(r != -ENOMEM && r != -EDQUOT))
 		return r;
-	/* That shard is full, or has our share of the quota: any other one may have room. */
-	for (uint32_t k = 1; k < c->nr_shards; k++) {
-		int r2;
-
-		if (++s == c->nr_shards)
-			s = 0;
-		r2 = submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
-		if (r2 != -ENOMEM && r2 != -EDQUOT)
-			return r2;
-		if (r2 == -ENOMEM)
-			r = -ENOMEM;    /* EDQUOT only if every shard said quota */
-	}
-	return r;
+	return arm_elsewhere(c, s, r, key, deadline_ns, period_ns, user_data, id);
 }
 
 CHIME_PUBLIC int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns)
@@ -185,4 +216,118 @@ CHIME_PUBLIC int chime_cancel_key(chime_t *c, uint64_t key)
 			return r;
 	}
 	return 0;
+}
+
+/* ---- chime_submit: batches ---- */
+
+_Static_assert(CHIME_ARM == CHIME_OP_ARM && CHIME_RESET == CHIME_OP_RESET && CHIME_CANCEL == CHIME_OP_CANCEL &&
+	       CHIME_CANCEL_KEY == CHIME_OP_CANCEL_KEY, "public op codes are the wire's");
+
+#define TO_ALL   UINT32_MAX          /* a CANCEL_KEY: every shard */
+#define TO_NONE  (UINT32_MAX - 1)    /* invalid: nowhere */
+#define PENDING  1                   /* ops[i].result while not yet submitted everywhere */
+
+/* Where an operation goes. */
+static inline uint32_t op_shard(const struct chime *c, const struct chime_op *o, uint32_t arm_shard)
+{
+	switch (o->op) {
+	case CHIME_ARM:
+		return arm_shard;
+	case CHIME_RESET:
+	case CHIME_CANCEL:
+		return id_ok(c, o->id) ? chime_id_shard(o->id) : TO_NONE;
+	case CHIME_CANCEL_KEY:
+		return TO_ALL;
+	default:
+		return TO_NONE;
+	}
+}
+
+/*
+ * The `count` pending operations bound for shard s, in array order, in runs
+ * of as many consecutive slots as the ring has free: one reserve, one
+ * publish barrier and at most one doorbell per run. A full ring is waited
+ * out one slot at a time, as chime_arm() does. Returns 0 or -ENOTCONN.
+ */
+static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint32_t arm_shard,
+			uint32_t count)
+{
+	struct chime_chan *ch = &c->chan[s];
+	bool last_shard = s + 1 == c->nr_shards;
+	unsigned i = 0;
+
+	while (count) {
+		uint64_t pos;
+		uint32_t got = chime_sq_reserve_n(&ch->sq, count, &pos);
+
+		if (unlikely(!got)) {
+			if (!wait_room(c, ch, &pos))
+				return -ENOTCONN;
+			got = 1;
+		}
+		for (uint32_t k = 0; k < got; i++) {
+			struct chime_op *o = &ops[i];
+			uint32_t to = op_shard(c, o, arm_shard);
+			struct chime_sqe *sqe;
+			uint64_t id = o->id;
+
+			if (o->result != PENDING || (to != s && to != TO_ALL))
+				continue;
+			sqe = &ch->sq.slots[(pos + k++) & ch->sq.mask];
+			if (o->op == CHIME_ARM) {
+				o->result = fill(sqe, s, CHIME_OP_ARM, &id, o->key, o->deadline_ns, o->period_ns,
+						 o->user_data);
+				o->id = o->result ? 0 : id;
+			} else {
+				(void)fill(sqe, s, o->op, &id, o->key, o->deadline_ns, 0, 0);
+				if (to == s || last_shard)
+					o->result = 0;
+			}
+		}
+		/* S1 for each record, S2 once after the last; pairs with C1 and the shard's sleep barrier. */
+		chime_sq_publish_n(&ch->sq, pos, got);
+		cl_ring_doorbell(ch);
+		count -= got;
+	}
+	return 0;
+}
+
+CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
+{
+	uint32_t count[CHIME_MAX_SHARDS] = { 0 };
+	uint32_t arm_shard;
+	int ok = 0, r = 0;
+
+	if (unlikely(!c || (!ops && n)))
+		return -EINVAL;
+	arm_shard = next_arm_shard(c);
+	for (unsigned i = 0; i < n; i++) {
+		uint32_t to = op_shard(c, &ops[i], arm_shard);
+
+		ops[i].result = to == TO_NONE ? -EINVAL : PENDING;
+		if (ops[i].op == CHIME_ARM)
+			ops[i].id = 0;
+		if (to == TO_ALL) {
+			for (uint32_t s = 0; s < c->nr_shards; s++)
+				count[s]++;
+		} else if (to != TO_NONE) {
+			count[to]++;
+		}
+	}
+	if (cl_is_dead(c))
+		r = -ENOTCONN;
+	for (uint32_t s = 0; s < c->nr_shards && !r; s++)
+		if (count[s])
+			r = submit_shard(c, s, ops, arm_shard, count[s]);
+	for (unsigned i = 0; i < n; i++) {
+		struct chime_op *o = &ops[i];
+
+		if (o->result == PENDING)
+			o->result = -ENOTCONN;  /* the broker died before it went out (everywhere) */
+		else if (o->op == CHIME_ARM && (o->result == -ENOMEM || o->result == -EDQUOT))
+			o->result = arm_elsewhere(c, arm_shard, o->result, o->key, o->deadline_ns, o->period_ns,
+						  o->user_data, &o->id);
+		ok += o->result == 0;
+	}
+	return ok == 0 && r == -ENOTCONN ? -ENOTCONN : ok;
 }

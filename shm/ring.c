@@ -124,6 +124,55 @@ struct chime_sqe *chime_sq_reserve(struct chime_sq_prod *p, uint64_t *pos)
 }
 
 /*
+ * Like chime_sq_reserve(), for up to `want` consecutive slots at once (one
+ * CAS for the lot). The consumer frees slots in order, so the free ones
+ * after the tail form one run: each is checked (S3) before the CAS claims
+ * the run; a producer that took one of them first moved the tail, and the
+ * CAS fails. Lock-free.
+ */
+uint32_t chime_sq_reserve_n(struct chime_sq_prod *p, uint32_t want, uint64_t *pos)
+{
+	uint64_t cur = at_load(p->tail);
+
+	if (want == 0)
+		return 0;
+	for (;;) {
+		/* S3: each slot's grant before our read of it; pairs with C2. */
+		int64_t diff = (int64_t)(at_load_acq(&p->slots[cur & p->mask].seq) - cur);
+
+		if (diff == 0) {
+			uint32_t k = 1;
+
+			while (k < want && k <= p->mask &&
+			       at_load_acq(&p->slots[(cur + k) & p->mask].seq) == cur + k)
+				k++;
+			if (at_cas(p->tail, &cur, cur + k)) {
+				*pos = cur;
+				return k;
+			}
+		} else if (diff < 0) {
+			return 0;
+		} else {
+			cur = at_load(p->tail);
+		}
+	}
+}
+
+/*
+ * The reserving thread only. Wait-free. S1 for each record (release: plain
+ * moves on x86, and the consumer reads them in order anyway), and the last
+ * one an exchange: S2 once for the whole run.
+ */
+void chime_sq_publish_n(struct chime_sq_prod *p, uint64_t pos, uint32_t n)
+{
+	for (uint32_t i = 0; i + 1 < n; i++)
+		/* S1: pairs with C1. */
+		at_store_rel(&p->slots[(pos + i) & p->mask].seq, pos + i + 1);
+	/* S1 + S2: pairs with C1, and with the shard's barrier after sleeping = 1. */
+	(void)at_xchg(&p->slots[(pos + n - 1) & p->mask].seq, pos + n);
+}
+
+/*
  * The reserving thread only. Wait-free. S1 and S2 in one exchange: the
  * record (and the grant we read) before seq, and seq before whatever the
  * caller loads next -- the sleeping flag of the doorbell handshake, which

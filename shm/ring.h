@@ -71,6 +71,19 @@ struct chime_sqe *chime_sq_reserve(struct chime_sq_prod *p, uint64_t *pos);
 void chime_sq_publish(struct chime_sqe *sqe, uint64_t pos);
 
 /*
+ * Claim up to `want` consecutive free slots, for a batch. Returns how many
+ * (0 if the ring is full, or want is 0) and sets *pos to the first. Fill
+ * them (slot = p->slots[(pos + i) & p->mask]), then chime_sq_publish_n().
+ */
+uint32_t chime_sq_reserve_n(struct chime_sq_prod *p, uint32_t want, uint64_t *pos);
+
+/*
+ * Publish n >= 1 slots reserved together, in order, with one full barrier
+ * after the last (as chime_sq_publish()).
+ */
+void chime_sq_publish_n(struct chime_sq_prod *p, uint64_t pos, uint32_t n);
+
+/*
  * Copy the record at the consumer's head into *out if it is published.
  * Returns true and sets *pos; false if the slot is not ready. Reads exactly
  * one slot, chosen by the private head and mask, whatever the client wrote.

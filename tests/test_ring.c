@@ -182,6 +182,7 @@ struct mpsc {
 	unsigned producers;
 	uint64_t per_producer;
 	unsigned thread;            /* producer thread index */
+	unsigned batch;             /* 0: one record at a time; else runs of 1..batch (reserve_n) */
 };
 
 static void *mpsc_producer_thread(void *arg)
@@ -191,7 +192,32 @@ static void *mpsc_producer_thread(void *arg)
 	unsigned spins = 0;
 
 	chime_sq_prod_init(&p, m->c->sq, &m->c->crw->sq_tail, m->c->g.sq_size);
-	for (uint64_t i = 0; i < m->per_producer; i++) {
+	for (uint64_t i = 0, rng = m->thread + 1; m->batch && i < m->per_producer;) {
+		uint64_t left = m->per_producer - i, pos;
+		uint32_t want = 1 + (uint32_t)(splitmix64(&rng) % m->batch), got;
+
+		/* Odd threads mix in single records: both kinds share the ring. */
+		if (m->thread % 2 && want % 3 == 0)
+			want = 1;
+		if (want > left)
+			want = (uint32_t)left;
+		while (!(got = chime_sq_reserve_n(&p, want, &pos)))
+			relax(&spins);
+		CHECK(got <= want, 12);
+		for (uint32_t k = 0; k < got; k++, i++) {
+			struct chime_sqe *s = &p.slots[(pos + k) & p.mask];
+
+			CHECK(s->grant == pos + k, 13);
+			s->id = s->grant;
+			s->key = m->thread;
+			s->user_data = i;
+			s->deadline_ns = i ^ 0x5555;
+			s->period_ns = 0;
+			s->op = CHIME_OP_ARM;
+		}
+		chime_sq_publish_n(&p, pos, got);
+	}
+	for (uint64_t i = 0; !m->batch && i < m->per_producer; i++) {
 		struct chime_sqe *s;
 		uint64_t pos;
 
@@ -273,10 +299,10 @@ static int mpsc_consumer(void *arg)
 	return 0;
 }
 
-static void mpsc_run(unsigned producers, uint64_t total)
+static void mpsc_run(unsigned producers, uint64_t total, unsigned batch)
 {
 	struct chan c;
-	struct mpsc m = { .c = &c, .producers = producers, .per_producer = total / producers };
+	struct mpsc m = { .c = &c, .producers = producers, .per_producer = total / producers, .batch = batch };
 	uint64_t t0 = now_ns();
 
 	pid_t pids[2];
@@ -295,12 +321,17 @@ static void mpsc_run(unsigned producers, uint64_t total)
 
 Test(ring, mpsc_one_producer_process_keeps_every_record_in_order, .timeout = 120)
 {
-	mpsc_run(1, 8000000ull * scale());
+	mpsc_run(1, 8000000ull * scale(), 0);
 }
 
 Test(ring, mpsc_producer_threads_across_processes_no_loss_no_dup_order_kept, .timeout = 120)
 {
-	mpsc_run(3, 18000000ull * scale());
+	mpsc_run(3, 18000000ull * scale(), 0);
+}
+
+Test(ring, mpsc_batches_and_single_records_mixed_no_loss_no_dup_order_kept, .timeout = 120)
+{
+	mpsc_run(3, 12000000ull * scale(), 100);
 }
 
 Test(ring_stress, mpsc_many_producers_long_run, .timeout = 1800)
@@ -309,7 +340,7 @@ Test(ring_stress, mpsc_many_producers_long_run, .timeout = 1800)
 
 	if (!on || !strcmp(on, "") || !strcmp(on, "0"))
 		cr_skip_test("stress: meson test --suite stress");
-	mpsc_run(4, 100000000ull * scale());
+	mpsc_run(4, 100000000ull * scale(), 0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -373,6 +404,50 @@ Test(ring, full_ring_reserve_returns_null_and_never_overwrites)
 	}
 	/* Position 8 is reserved, not published: the consumer waits. */
 	cr_assert_not(chime_sq_pop(&k, &e, &pos));
+}
+
+Test(ring, reserve_n_takes_only_the_free_run_and_publish_n_shows_it_in_order)
+{
+	struct chan c;
+	struct chime_sq_prod p;
+	struct chime_sq_cons k;
+	struct chime_sqe e;
+	uint64_t pos;
+
+	chan_new(&c, 8, 8);
+	chime_sq_prod_init(&p, c.sq, &c.crw->sq_tail, 8);
+	k.slots = c.sq;
+	k.mask = 7;
+	k.head = 0;
+	cr_assert_eq(chime_sq_reserve_n(&p, 0, &pos), 0);
+	cr_assert_eq(chime_sq_reserve_n(&p, 5, &pos), 5);
+	cr_assert_eq(pos, 0);
+	for (uint64_t i = 0; i < 5; i++)
+		fill(&c.sq[i], i);
+	/* Reserved, not published: the consumer waits, the next run starts after it. */
+	cr_assert_not(chime_sq_pop(&k, &e, &pos));
+	cr_assert_eq(chime_sq_reserve_n(&p, 100, &pos), 3, "only 3 slots are free");
+	cr_assert_eq(pos, 5);
+	for (uint64_t i = 5; i < 8; i++)
+		fill(&c.sq[i], i);
+	cr_assert_eq(chime_sq_reserve_n(&p, 1, &pos), 0, "full");
+	chime_sq_publish_n(&p, 5, 3);
+	/* The second run is published, but the consumer reads in order: still waiting for 0. */
+	cr_assert_not(chime_sq_pop(&k, &e, &pos));
+	chime_sq_publish_n(&p, 0, 5);
+	for (uint64_t i = 0; i < 8; i++) {
+		cr_assert(chime_sq_pop(&k, &e, &pos));
+		cr_assert_eq(pos, i);
+		cr_assert_eq(e.key, i);
+		if (i < 2)
+			chime_sq_free(&k, pos, 100 + pos);
+	}
+	/* Two freed: a run of 2 (wrapping to slots 0 and 1), with their new grants. */
+	cr_assert_eq(chime_sq_reserve_n(&p, 8, &pos), 2);
+	cr_assert_eq(pos, 8);
+	cr_assert_eq(c.sq[0].grant, 100);
+	cr_assert_eq(c.sq[1].grant, 101);
+	cr_assert_eq(c.crw->sq_tail, 10);
 }
 
 Test(ring, peek_sees_only_published_records_of_that_position)

@@ -113,6 +113,45 @@ int chime_cancel(chime_t *c, chime_id_t id);
  */
 int chime_cancel_key(chime_t *c, uint64_t key);
 
+/* One operation of a chime_submit() batch. */
+enum chime_op_code {
+	CHIME_ARM = 1,              /* uses key, deadline_ns, period_ns, user_data; sets id */
+	CHIME_RESET = 2,            /* uses id, deadline_ns */
+	CHIME_CANCEL = 3,           /* uses id */
+	CHIME_CANCEL_KEY = 4,       /* uses key */
+};
+
+struct chime_op {
+	uint32_t   op;              /* enum chime_op_code */
+	int32_t    result;          /* out: 0, or this operation's negative errno */
+	chime_id_t id;              /* CHIME_ARM: out (0 if refused); RESET, CANCEL: in */
+	uint64_t   key;
+	uint64_t   deadline_ns;
+	uint64_t   period_ns;
+	uint64_t   user_data;
+};
+
+/*
+ * Submit n operations at once, for bursts (the timers of 1000 new
+ * connections): each does what chime_arm(), chime_reset(), chime_cancel()
+ * or chime_cancel_key() would, with the same guarantees once this returns,
+ * but the records bound for one shard are reserved with one atomic
+ * operation, published with one barrier and followed by at most one
+ * doorbell. The arms of one call go to one shard (the next in this
+ * thread's round-robin; to others only if it refuses them). Operations on
+ * one shard take effect in array order. Thread-safe; like chime_arm(), waits
+ * for room if a submission ring is full. Sets every ops[i].result and
+ * returns how many operations succeeded (0..n), or:
+ *   -EINVAL    c is NULL, or ops is NULL and n is not 0 (no result is set)
+ *   -ENOTCONN  the broker is gone and no operation succeeded
+ * Per operation, result is 0 or:
+ *   -EINVAL    op is not an enum chime_op_code, or the id of a RESET or
+ *              CANCEL is 0 or not an id of this broker
+ *   -ENOMEM, -EDQUOT  an ARM refused, as by chime_arm(); nothing was armed
+ *   -ENOTCONN  the broker died before this operation was submitted
+ */
+int chime_submit(chime_t *c, struct chime_op *ops, unsigned n);
+
 /*
  * A file descriptor that is readable whenever events are pending, for an
  * application's own epoll, io_uring, libuv or libevent loop (watch it for

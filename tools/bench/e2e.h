@@ -78,7 +78,8 @@ int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns);
 void shards_read(const struct broker *b, struct shard_sum *s);
 
 enum { OP_ARM, OP_RESET, OP_CANCEL, NR_OPS };
-enum { IMPL_CHIME, IMPL_TFD };
+enum { IMPL_CHIME, IMPL_TFD, IMPL_SUBMIT };  /* IMPL_SUBMIT: chime_submit, SUBMIT_BATCH ops a call */
+#define SUBMIT_BATCH 64u
 extern const char *const op_name[NR_OPS];
 extern const char *const tfd_op_name[NR_OPS];
 

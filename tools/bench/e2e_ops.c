@@ -28,9 +28,6 @@
 #include "chime_shm.h"
 #include "e2e.h"
 
-#include "chime_shm.h"
-#include "e2e.h"
-
 /* ------------------------------------------------------------------------ */
 /* 1. client operations, chime and timerfd                                    */
 /* ------------------------------------------------------------------------ */
@@ -61,11 +58,44 @@ struct op_thread {
 	pthread_t tid;
 };
 
+/* ids[lo, hi) through chime_submit, SUBMIT_BATCH operations a call: 0 or the first -errno. */
+static int op_submit(struct op_shared *sh, int op, size_t lo, size_t hi)
+{
+	struct chime_op ops[SUBMIT_BATCH];
+
+	for (size_t i = lo; i < hi; i += SUBMIT_BATCH) {
+		unsigned n = hi - i < SUBMIT_BATCH ? (unsigned)(hi - i) : SUBMIT_BATCH;
+		int r;
+
+		for (unsigned k = 0; k < n; k++) {
+			size_t j = i + k;
+
+			ops[k] = (struct chime_op){ .op = op == OP_ARM ? CHIME_ARM : op == OP_RESET ? CHIME_RESET : CHIME_CANCEL,
+						    .id = sh->ids[j], .key = j, .user_data = j,
+						    .deadline_ns = sh->base_ns + (op == OP_RESET ? NS_PER_S : 0) + j };
+		}
+		r = chime_submit(sh->c, ops, n);
+		if (r != (int)n) {
+			for (unsigned k = 0; k < n; k++)
+				if (ops[k].result < 0)
+					return ops[k].result;
+			return r < 0 ? r : -EIO;
+		}
+		if (op == OP_ARM)
+			for (unsigned k = 0; k < n; k++)
+				sh->ids[i + k] = ops[k].id;
+	}
+	return 0;
+}
+
 /* One batch of op over ids[lo, hi): returns 0 or the first -errno. */
 static int op_batch(struct op_shared *sh, int op, size_t lo, size_t hi)
 {
 	uint64_t *ids = sh->ids;
 	int r;
+
+	if (sh->impl == IMPL_SUBMIT)
+		return op_submit(sh, op, lo, hi);
 
 	if (sh->impl == IMPL_CHIME) {
 		switch (op) {
@@ -160,7 +190,7 @@ int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned 
 
 	memset(&sh, 0, sizeof(sh));
 	memset(res, 0, sizeof(*res) * NR_OPS);
-	if (impl == IMPL_CHIME && broker_open((struct broker *)b, &c) < 0)
+	if (impl != IMPL_TFD && broker_open((struct broker *)b, &c) < 0)
 		return -1;
 	sh.impl = impl;
 	sh.c = c;
@@ -182,7 +212,7 @@ int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned 
 	for (int op = 0; op < NR_OPS; op++) {
 		pthread_barrier_wait(&sh.bar);      /* go */
 		pthread_barrier_wait(&sh.bar);      /* done */
-		if (impl == IMPL_CHIME && wait_armed(b, op == OP_CANCEL ? 0 : n, 60 * NS_PER_S) < 0)
+		if (impl != IMPL_TFD && wait_armed(b, op == OP_CANCEL ? 0 : n, 60 * NS_PER_S) < 0)
 			ret = -1;
 	}
 	for (unsigned i = 0; i < nthr; i++)

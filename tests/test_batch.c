@@ -1,0 +1,282 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_batch.c - chime_submit() against a real chimed: a batch does what the
+ * same calls one by one would (each timer fires once, never early; cancels
+ * and resets hold once it returns), sets every result, waits out a full
+ * ring, fails fast at a full slab or a quota, and says -ENOTCONN when the
+ * broker is gone.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "chime.h"
+#include "helpers.h"
+
+#define MS 1000000ull
+#define HOUR (3600000 * MS)
+
+static struct t_chimed tb;
+
+static void stop(void)
+{
+	t_chimed_stop(&tb, SIGKILL);
+}
+
+TestSuite(batch, .fini = stop, .timeout = 120);
+
+static chime_t *copen(void)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *c = NULL;
+	int r = chime_open(&c, &o);
+
+	cr_assert_eq(r, 0, "chime_open('%s'): %s", tb.sock, strerror(-r));
+	return c;
+}
+
+static struct chime_op arm_op(uint64_t key, uint64_t deadline_ns, uint64_t user_data)
+{
+	return (struct chime_op){ .op = CHIME_ARM, .key = key, .deadline_ns = deadline_ns, .user_data = user_data };
+}
+
+/*
+ * Collect events until `want` arrived and then `quiet_ms` passed with no
+ * more; checks none is early. Returns how many arrived; counts per
+ * user_data in seen[] (user_data < nseen).
+ */
+static unsigned collect(chime_t *c, unsigned *seen, unsigned nseen, unsigned want, unsigned quiet_ms)
+{
+	struct chime_event ev[64];
+	unsigned got = 0;
+	uint64_t deadline = now_ns() + 20000 * MS;
+
+	while (now_ns() < deadline) {
+		int n = chime_wait(c, ev, 64, got >= want ? (int)quiet_ms : 100);
+
+		cr_assert_geq(n, 0, "chime_wait: %s", strerror(-n));
+		if (n == 0 && got >= want)
+			break;
+		for (int i = 0; i < n; i++) {
+			cr_assert_geq(ev[i].fired_ns, ev[i].deadline_ns, "fired early");
+			cr_assert_geq(now_ns(), ev[i].deadline_ns, "returned early");
+			cr_assert_lt(ev[i].user_data, nseen);
+			seen[ev[i].user_data]++;
+		}
+		got += (unsigned)n;
+	}
+	return got;
+}
+
+Test(batch, bad_arguments)
+{
+	struct chime_op op = arm_op(1, 0, 0);
+
+	cr_assert_eq(chime_submit(NULL, &op, 1), -EINVAL);
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 2"), 0);
+	{
+		chime_t *c = copen();
+
+		cr_assert_eq(chime_submit(c, NULL, 1), -EINVAL);
+		cr_assert_eq(chime_submit(c, NULL, 0), 0);
+		cr_assert_eq(chime_submit(c, &op, 0), 0);
+		chime_close(c);
+	}
+}
+
+Test(batch, arms_fire_once_each_never_early_from_one_shard)
+{
+	enum { N = 64 };
+	struct chime_op ops[N];
+	unsigned seen[N] = { 0 };
+	uint64_t now;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 2"), 0);
+	c = copen();
+	now = now_ns();
+	for (unsigned i = 0; i < N; i++)
+		ops[i] = arm_op(i, now + (10 + i % 7) * MS, i);
+	cr_assert_eq(chime_submit(c, ops, N), N);
+	for (unsigned i = 0; i < N; i++) {
+		cr_assert_eq(ops[i].result, 0);
+		cr_assert_neq(ops[i].id, 0);
+		cr_assert_eq(ops[i].id >> 32 & 0xff, ops[0].id >> 32 & 0xff, "a batch's arms share a shard");
+		for (unsigned j = 0; j < i; j++)
+			cr_assert_neq(ops[i].id, ops[j].id, "ids %u and %u are equal", i, j);
+	}
+	cr_assert_eq(collect(c, seen, N, N, 100), N);
+	for (unsigned i = 0; i < N; i++)
+		cr_assert_eq(seen[i], 1, "timer %u fired %u times", i, seen[i]);
+	chime_close(c);
+}
+
+Test(batch, mixed_operations_hold_when_it_returns)
+{
+	enum { N = 12 };
+	struct chime_op ops[N], mix[8];
+	unsigned seen[N] = { 0 };
+	uint64_t now;
+	chime_t *c;
+	int r;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 2"), 0);
+	c = copen();
+	now = now_ns();
+	/* 0..9 at +300 ms (key 100 + i, but 8 and 9 share key 7), 10 and 11 armed one by one */
+	for (unsigned i = 0; i < 10; i++)
+		ops[i] = arm_op(i >= 8 ? 7 : 100 + i, now + 300 * MS, i);
+	cr_assert_eq(chime_submit(c, ops, 10), 10);
+	cr_assert_eq(chime_arm(c, 200, now + 300 * MS, 0, 10, &ops[10].id), 0);
+	cr_assert_eq(chime_arm(c, 201, now + 300 * MS, 0, 11, &ops[11].id), 0);
+
+	mix[0] = (struct chime_op){ .op = CHIME_CANCEL, .id = ops[1].id };
+	mix[1] = (struct chime_op){ .op = CHIME_RESET, .id = ops[2].id, .deadline_ns = now + 600 * MS };
+	mix[2] = (struct chime_op){ .op = CHIME_CANCEL_KEY, .key = 7 };
+	mix[3] = (struct chime_op){ .op = 99 };
+	mix[4] = (struct chime_op){ .op = CHIME_CANCEL, .id = 0 };
+	mix[5] = (struct chime_op){ .op = CHIME_RESET, .id = ops[3].id, .deadline_ns = now + 600 * MS };
+	mix[6] = (struct chime_op){ .op = CHIME_CANCEL, .id = ops[3].id };   /* after its reset: gone */
+	mix[7] = (struct chime_op){ .op = CHIME_CANCEL, .id = ops[11].id };
+	r = chime_submit(c, mix, 8);
+	cr_assert_eq(r, 6, "%d succeeded", r);
+	cr_assert_eq(mix[3].result, -EINVAL, "an unknown op");
+	cr_assert_eq(mix[4].result, -EINVAL, "id 0");
+	for (unsigned i = 0; i < 8; i++)
+		if (i != 3 && i != 4)
+			cr_assert_eq(mix[i].result, 0, "op %u: %s", i, strerror(-mix[i].result));
+
+	/* live: 0, 2 (at +600 ms), 4..7, 10 = 7 timers */
+	cr_assert_eq(collect(c, seen, N, 7, 500), 7);
+	for (unsigned i = 0; i < N; i++) {
+		unsigned want = (i == 0 || i == 2 || (i >= 4 && i <= 7) || i == 10) ? 1 : 0;
+
+		cr_assert_eq(seen[i], want, "timer %u fired %u times, want %u", i, seen[i], want);
+	}
+	chime_close(c);
+}
+
+/* A batch much bigger than the submission ring: it is waited out, nothing lost. */
+Test(batch, bigger_than_the_ring)
+{
+	enum { N = 3000 };
+	static struct chime_op ops[N];
+	static unsigned seen[N];
+	uint64_t now;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 2 --sq-size 16"), 0);
+	c = copen();
+	now = now_ns();
+	for (unsigned i = 0; i < N; i++)
+		ops[i] = arm_op(i, now + 50 * MS, i);
+	cr_assert_eq(chime_submit(c, ops, N), N);
+	cr_assert_eq(collect(c, seen, N, N, 100), N);
+	for (unsigned i = 0; i < N; i++)
+		cr_assert_eq(seen[i], 1, "timer %u fired %u times", i, seen[i]);
+	chime_close(c);
+}
+
+Test(batch, full_slab_and_quota_fail_per_operation)
+{
+	enum { N = 200 };
+	static struct chime_op ops[N];
+	chime_t *c;
+	int r, nomem = 0;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 2 --max-timers-per-client 100 --sq-size 16"), 0);
+	c = copen();
+	for (unsigned i = 0; i < N; i++)
+		ops[i] = arm_op(1, now_ns() + HOUR, i);
+	r = chime_submit(c, ops, N);
+	cr_assert_eq(r, 100, "%d armed, quota 100", r);
+	for (unsigned i = 0; i < N; i++) {
+		cr_assert(ops[i].result == 0 || ops[i].result == -EDQUOT, "op %u: %s", i, strerror(-ops[i].result));
+		cr_assert_eq(ops[i].id == 0, ops[i].result != 0);
+	}
+	chime_close(c);
+	t_chimed_stop(&tb, SIGKILL);
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1 --capacity 2048 --sq-size 16"), 0);
+	c = copen();
+	for (int round = 0; round < 20; round++) {
+		for (unsigned i = 0; i < N; i++)
+			ops[i] = arm_op(1, now_ns() + HOUR, i);
+		r = chime_submit(c, ops, N);
+		cr_assert_geq(r, 0);
+		for (unsigned i = 0; i < N; i++) {
+			cr_assert(ops[i].result == 0 || ops[i].result == -ENOMEM, "op %u: %s", i,
+				  strerror(-ops[i].result));
+			nomem += ops[i].result == -ENOMEM;
+		}
+	}
+	cr_assert_gt(nomem, 4000 - 2048 - 1, "a full slab refuses: %d refused", nomem);
+	chime_close(c);
+}
+
+Test(batch, broker_gone_is_enotconn)
+{
+	struct chime_op ops[4];
+	chime_t *c;
+	int r;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 2"), 0);
+	c = copen();
+	t_chimed_stop(&tb, SIGKILL);
+	for (int i = 0; i < 4; i++)
+		ops[i] = arm_op(1, now_ns() + HOUR, 0);
+	ops[3] = (struct chime_op){ .op = CHIME_CANCEL_KEY, .key = 1 };
+	/* chime_wait notices the hang-up (as an application's loop would) */
+	for (int tries = 0; tries < 50 && (r = chime_wait(c, &(struct chime_event){ 0 }, 1, 100)) != -ENOTCONN; tries++)
+		;
+	cr_assert_eq(r, -ENOTCONN, "chime_wait: %d", r);
+	cr_assert_eq(chime_submit(c, ops, 4), -ENOTCONN);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(ops[i].result, -ENOTCONN, "op %d: %d", i, ops[i].result);
+	chime_close(c);
+}
+
+/* Two threads submitting batches on one chime_t: exactly once, never early. */
+enum { T_BATCHES = 50, T_BATCH = 64, T_N = 2 * T_BATCHES * T_BATCH };
+static chime_t *shared_c;
+
+static void *batcher(void *arg)
+{
+	unsigned base = (unsigned)(uintptr_t)arg;
+	struct chime_op ops[T_BATCH];
+
+	for (unsigned b = 0; b < T_BATCHES; b++) {
+		uint64_t now = now_ns();
+
+		for (unsigned i = 0; i < T_BATCH; i++)
+			ops[i] = arm_op(i, now + (5 + i % 20) * MS, base + b * T_BATCH + i);
+		if (chime_submit(shared_c, ops, T_BATCH) != T_BATCH)
+			return (void *)1;
+	}
+	return NULL;
+}
+
+Test(batch, two_threads_exactly_once)
+{
+	static unsigned seen[T_N];
+	pthread_t t[2];
+	void *ret;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 2 --sq-size 64"), 0);
+	shared_c = copen();
+	for (uintptr_t i = 0; i < 2; i++)
+		cr_assert_eq(pthread_create(&t[i], NULL, batcher, (void *)(i * T_BATCHES * T_BATCH)), 0);
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(pthread_join(t[i], &ret), 0);
+		cr_assert_null(ret, "a batch was not fully submitted");
+	}
+	cr_assert_eq(collect(shared_c, seen, T_N, T_N, 100), T_N);
+	for (unsigned i = 0; i < T_N; i++)
+		cr_assert_eq(seen[i], 1, "timer %u fired %u times", i, seen[i]);
+	chime_close(shared_c);
+}

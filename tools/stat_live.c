@@ -680,7 +680,7 @@ static int hist_pane(struct live *L, int y, int rows)
 		snprintf(title + strlen(title), sizeof(title) - strlen(title), ", %u buckets a bar", group);
 	snprintf(title + strlen(title), sizeof(title) - strlen(title), ": %" PRIu64 " since start", total);
 	put(y++, 0, A_BOLD, "%s", title);
-	barw = COLS - 9 - 11 - 2;
+	barw = COLS - 20 - 1;           /* "   <1.0us      12345 " then the bar */
 	for (i = 0; i < (int)ng && i < rows - 1; i++) {
 		uint64_t up = chime_lat_upper_ns(upb[i]);
 		int n = (int)((cnt[i] * (uint64_t)(barw > 0 ? barw : 0) + maxc - 1) / maxc);
@@ -693,7 +693,7 @@ static int hist_pane(struct live *L, int y, int rows)
 		put(y, 0, A_NORMAL, "%8s %10" PRIu64 " ", lab, cnt[i]);
 		if (n > 0 && barw > 0) {
 			attrset(A_BOLD);
-			mvhline(y, 9 + 11 + 1, '#', n);
+			mvhline(y, 20, '#', n);
 			attrset(A_NORMAL);
 		}
 		y++;
@@ -1020,14 +1020,16 @@ static int key(struct live *L, int ch)
 		L->paused = !L->paused;
 		break;
 	case 's':
-		next_sort(L, 1);
-		break;
 	case 'S':
-		next_sort(L, -1);
-		break;
 	case 'r':
 	case 'R':
-		L->rev = !L->rev;
+		if (ch == 'r' || ch == 'R')
+			L->rev = !L->rev;
+		else
+			next_sort(L, ch == 's' ? 1 : -1);
+		/* A new order starts at its top; a refresh keeps the selected row. */
+		L->sel = L->top = 0;
+		L->sel_id = -1;
 		break;
 	case 'h':
 	case 'H':
@@ -1108,6 +1110,13 @@ static int start(char *why, size_t len)
 			 term && *term ? "'" : "");
 		return -1;
 	}
+	/*
+	 * The size from the tty, never $LINES/$COLUMNS: exported, they would pin
+	 * it across SIGWINCH (and with use_env(FALSE) or use_tioctl(TRUE),
+	 * ncurses 6.4 did not follow SIGWINCH at all when tried).
+	 */
+	unsetenv("LINES");
+	unsetenv("COLUMNS");
 	scr = newterm(NULL, stdout, stdin);
 	if (!scr) {
 		snprintf(why, len, "cannot use terminal type '%s'", term);

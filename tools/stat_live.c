@@ -32,6 +32,8 @@
 #include <unistd.h>
 
 #include "chimestat.h"
+/* setupterm(), del_curterm(). Last: its capability macros (key_next, lines, ...) would rename fields above. */
+#include <term.h>
 
 /* ---- columns ---- */
 
@@ -135,6 +137,8 @@ struct live {
 
 static volatile sig_atomic_t live_stop;
 static int live_active;
+static SCREEN *live_scr;
+static FILE *live_in;           /* /dev/tty when stdin is not the terminal */
 
 static void live_on_signal(int sig)
 {
@@ -147,6 +151,9 @@ static void live_atexit(void)
 	if (live_active) {
 		live_active = 0;
 		endwin();
+		delscreen(live_scr);
+		if (live_in != stdin)
+			fclose(live_in);
 	}
 }
 
@@ -1102,12 +1109,27 @@ static int start(char *why, size_t len)
 {
 	const char *term = getenv("TERM");
 	struct sigaction sa;
+	FILE *in = stdin;
 	SCREEN *scr;
 	char *cup;
+	int err = 0;
 
-	if (!term || !*term || !strcmp(term, "dumb")) {
-		snprintf(why, len, "TERM is %s%s%s", term && *term ? "'" : "", term && *term ? term : "not set",
-			 term && *term ? "'" : "");
+	if (!term || !*term) {
+		snprintf(why, len, "TERM is not set");
+		return -1;
+	}
+	/*
+	 * Ask terminfo first: newterm() on an unknown type leaks its half-made
+	 * screen (LeakSanitizer sees it); setupterm() + del_curterm() do not.
+	 */
+	if (setupterm(term, STDOUT_FILENO, &err) != OK) {
+		snprintf(why, len, err == 0 ? "unknown terminal type '%s'" : "no terminfo database for '%s'", term);
+		return -1;
+	}
+	cup = tigetstr("cup");
+	del_curterm(cur_term);
+	if (!cup || cup == (char *)-1) {
+		snprintf(why, len, "terminal type '%s' cannot move the cursor", term);
 		return -1;
 	}
 	/*
@@ -1117,18 +1139,20 @@ static int start(char *why, size_t len)
 	 */
 	unsetenv("LINES");
 	unsetenv("COLUMNS");
-	scr = newterm(NULL, stdout, stdin);
+	/* Keys from the terminal even when stdin is not one (a file at EOF would never block). */
+	if (!isatty(STDIN_FILENO) && !(in = fopen("/dev/tty", "re"))) {
+		snprintf(why, len, "no terminal to read keys from: /dev/tty: %s", strerror(errno));
+		return -1;
+	}
+	scr = newterm(term, stdout, in);
 	if (!scr) {
 		snprintf(why, len, "cannot use terminal type '%s'", term);
+		if (in != stdin)
+			fclose(in);
 		return -1;
 	}
-	cup = tigetstr("cup");
-	if (!cup || cup == (char *)-1) {
-		endwin();
-		delscreen(scr);
-		snprintf(why, len, "terminal type '%s' cannot move the cursor", term);
-		return -1;
-	}
+	live_scr = scr;
+	live_in = in;
 	live_active = 1;
 	atexit(live_atexit);
 	memset(&sa, 0, sizeof(sa));
@@ -1172,6 +1196,12 @@ int live_run(struct sr *s, const struct opts *o, char *why, size_t len)
 		wait_ms = L.paused || next <= now ? 100 : (next - now) / 1000000 + 1;
 		timeout((int)(wait_ms < 100 ? wait_ms : 100));
 		ch = getch();
+		if (ch == ERR && mono_ns() - now < 2000000) {
+			/* ERR at once (input gone, or a signal): wait anyway, never spin */
+			struct timespec ts = { 0, 50000000 };
+
+			nanosleep(&ts, NULL);
+		}
 		if (ch == ERR)
 			continue;
 		if (key(&L, ch))

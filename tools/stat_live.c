@@ -9,8 +9,8 @@
  * - Every value shown is a field of the list collect() built (chimestat.h),
  *   looked up by name: no value is read from the snapshot directly, so the
  *   view cannot disagree with -1, -j or --prometheus, and a field added to
- *   collect() needs only a column here (a column whose field no row has is
- *   hidden, so columns for fields of newer brokers cost nothing).
+ *   collect() needs only a column here (an optional column, such as a
+ *   client's p99, shows only when some row has its field).
  * - The terminal is restored on every way out: return, exit() (atexit),
  *   SIGINT, SIGTERM and SIGHUP (a flag the loop polls at least every 100 ms).
  * - The broker dying changes nothing here but the header ("NOT RUNNING"):
@@ -505,11 +505,11 @@ static int sort_desc(const struct live *L)
 
 static int header(struct live *L)
 {
-	const char *why, *state;
-	enum sr_state st = sr_liveness(&L->sn, &why);
-	const struct field *f;
+	const struct field *f = fld(L, "broker", -1, "running", NULL);
+	const struct field *status = fld(L, "broker", -1, "status", NULL);
+	const char *why = status ? status->s : "?", *state;
+	int running = f && f->u, y = 0;
 	char line[512], seg[96], a[32];
-	int y = 0;
 
 	line[0] = '\0';
 	f = fld(L, "broker", -1, "pid", NULL);
@@ -540,10 +540,10 @@ static int header(struct live *L)
 	f = fld(L, "broker", -1, "state", NULL);
 	state = f ? f->s : "?";
 	if ((int)(strlen(line) + strlen(state) + 2) <= COLS)
-		put(y, COLS - (int)strlen(state), st == SR_RUNNING ? A_BOLD : A_BOLD | A_REVERSE, "%s", state);
+		put(y, COLS - (int)strlen(state), running ? A_BOLD : A_BOLD | A_REVERSE, "%s", state);
 	y++;
 
-	if (st == SR_DEAD || st == SR_STOPPED) {
+	if (!running) {
 		const char *p = strchr(why, '(');
 
 		/* "chimed is not running (stale heartbeat)": the part in parentheses */

@@ -930,8 +930,8 @@ static void draw(struct live *L)
 	}
 	list_rows(L);
 	if (L->hist) {
-		/* Half of what is left, or more if the list needs fewer lines. */
-		int rows = (LINES - y - 3) / 2, spare = LINES - y - 3 - (int)L->nrows;
+		/* Two thirds of what is left (asked for, it comes first), or more if the list needs fewer. */
+		int rows = (LINES - y - 3) * 2 / 3, spare = LINES - y - 3 - (int)L->nrows;
 
 		if (spare > rows)
 			rows = spare;

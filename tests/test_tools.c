@@ -15,10 +15,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -200,7 +203,7 @@ static void check_prometheus(void)
 /* A control segment with known counters                                     */
 /* ---------------------------------------------------------------------- */
 
-enum { F_SHARDS = 2, F_CLIENTS = 4 };
+enum { F_SHARDS = 2, F_CLIENTS = 48 };
 
 struct fake {
 	struct chime_map map;
@@ -786,4 +789,608 @@ Test(tools_live, example_uv_timers)
 Test(tools_live, example_event_timers)
 {
 	run_loop_example("event_timers", "libevent-dev");
+}
+
+/* ---------------------------------------------------------------------- */
+/* chimestat's live view, under a pseudo-terminal                            */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * A small terminal: enough of ECMA-48 for what ncurses sends to an xterm
+ * (cursor moves, erases, REP, SGR and modes ignored) to keep the screen as
+ * text. An unknown sequence is recorded, so a new one fails the test instead
+ * of being misread; so is any character written past the last column.
+ */
+enum { VT_ROWS = 60, VT_COLS = 200 };
+
+struct vt {
+	int rows, cols, r, c, sr, sc, st, noam;
+	int top, bot;           /* scroll region, rows top..bot */
+	char s[VT_ROWS][VT_COLS + 1];
+	char seq[32], last;
+	size_t nseq;
+	int over;               /* characters written past the last column */
+	char unknown[64];       /* the first sequence we do not know */
+};
+
+static void vt_init(struct vt *v, int rows, int cols)
+{
+	memset(v, 0, sizeof(*v));
+	v->rows = rows;
+	v->cols = cols;
+	v->bot = rows - 1;
+	memset(v->s, ' ', sizeof(v->s));
+	for (int i = 0; i < VT_ROWS; i++)
+		v->s[i][VT_COLS] = '\0';
+}
+
+static void vt_clip(struct vt *v)
+{
+	v->r = v->r < 0 ? 0 : v->r >= v->rows ? v->rows - 1 : v->r;
+	v->c = v->c < 0 ? 0 : v->c > v->cols ? v->cols : v->c;
+}
+
+static void vt_erase(struct vt *v, int r, int c0, int c1)
+{
+	for (int c = c0; c < c1 && c < v->cols; c++)
+		v->s[r][c] = ' ';
+}
+
+/* Rows from..bot move up by n (n < 0: down), blank rows enter. */
+static void vt_scroll_at(struct vt *v, int from, int n)
+{
+	int bot = v->bot < v->rows ? v->bot : v->rows - 1;
+
+	for (; n > 0; n--) {
+		memmove(v->s[from], v->s[from + 1], (size_t)(bot - from) * sizeof(v->s[0]));
+		vt_erase(v, bot, 0, v->cols);
+	}
+	for (; n < 0; n++) {
+		memmove(v->s[from + 1], v->s[from], (size_t)(bot - from) * sizeof(v->s[0]));
+		vt_erase(v, from, 0, v->cols);
+	}
+}
+
+static void vt_scroll(struct vt *v)
+{
+	vt_scroll_at(v, v->top, 1);
+}
+
+/* Line feed: at the region's bottom the region scrolls. */
+static void vt_lf(struct vt *v)
+{
+	if (v->r == v->bot)
+		vt_scroll(v);
+	else if (v->r < v->rows - 1)
+		v->r++;
+}
+
+static void vt_char(struct vt *v, char ch)
+{
+	if (v->c >= v->cols && v->noam) {
+		v->c = v->cols - 1;     /* autowrap off (ncurses's bottom-right corner) */
+	} else if (v->c >= v->cols) {
+		v->over++;
+		v->c = 0;
+		vt_lf(v);
+	}
+	v->s[v->r][v->c++] = ch;
+	v->last = ch;
+}
+
+static void vt_csi(struct vt *v, char fin)
+{
+	int p[8] = { 0 }, np = 0, priv = v->seq[0] == '?' || v->seq[0] == '>';
+	const char *q = v->seq + priv;
+
+	while (*q && np < 8) {
+		p[np++] = (int)strtol(q, (char **)&q, 10);
+		if (*q == ';')
+			q++;
+		else
+			break;
+	}
+#define P1 (p[0] ? p[0] : 1)
+	switch (fin) {
+	case 'H': case 'f': v->r = P1 - 1; v->c = (np > 1 && p[1] ? p[1] : 1) - 1; break;
+	case 'A': v->r -= P1; break;
+	case 'B': v->r += P1; break;
+	case 'C': v->c += P1; break;
+	case 'D': v->c -= P1; break;
+	case 'G': case '`': v->c = P1 - 1; break;
+	case 'd': v->r = P1 - 1; break;
+	case 'K':
+		vt_erase(v, v->r, p[0] == 0 ? v->c : 0, p[0] == 1 ? v->c + 1 : v->cols);
+		break;
+	case 'J':
+		if (p[0] == 0) {
+			vt_erase(v, v->r, v->c, v->cols);
+			for (int r = v->r + 1; r < v->rows; r++)
+				vt_erase(v, r, 0, v->cols);
+		} else {
+			for (int r = 0; r < v->rows; r++)
+				if (p[0] != 1 || r < v->r)
+					vt_erase(v, r, 0, v->cols);
+		}
+		break;
+	case 'X': vt_erase(v, v->r, v->c, v->c + P1); break;
+	case 'b': for (int i = 0; i < P1; i++) vt_char(v, v->last); break;
+	case 'h': case 'l':
+		if (priv && p[0] == 7)
+			v->noam = fin == 'l';
+		break;
+	case 'r':               /* scroll region; the cursor goes home */
+		v->top = P1 - 1;
+		v->bot = (np > 1 && p[1] ? p[1] : v->rows) - 1;
+		v->r = v->c = 0;
+		break;
+	case 'S': vt_scroll_at(v, v->top, P1); break;
+	case 'T': vt_scroll_at(v, v->top, -P1); break;
+	case 'L': if (v->r >= v->top && v->r <= v->bot) vt_scroll_at(v, v->r, -P1); break;
+	case 'M': if (v->r >= v->top && v->r <= v->bot) vt_scroll_at(v, v->r, P1); break;
+	case 'm': case 't': break;
+	default:
+		if (!v->unknown[0])
+			snprintf(v->unknown, sizeof(v->unknown), "CSI %s%c", v->seq, fin);
+	}
+#undef P1
+	vt_clip(v);
+}
+
+static void vt_feed(struct vt *v, const char *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		char ch = b[i];
+
+		switch (v->st) {
+		case 1:         /* after ESC */
+			v->st = 0;
+			if (ch == '[') {
+				v->st = 2;
+				v->nseq = 0;
+			} else if (ch == '(' || ch == ')') {
+				v->st = 3;
+			} else if (ch == '7') {
+				v->sr = v->r;
+				v->sc = v->c;
+			} else if (ch == '8') {
+				v->r = v->sr;
+				v->c = v->sc;
+			} else if (ch == 'M') {         /* reverse index */
+				if (v->r == v->top)
+					vt_scroll_at(v, v->top, -1);
+				else if (v->r)
+					v->r--;
+			} else if (ch == 'D') {         /* index */
+				vt_lf(v);
+			} else if (ch != '=' && ch != '>' && !v->unknown[0]) {
+				snprintf(v->unknown, sizeof(v->unknown), "ESC %c", ch);
+			}
+			continue;
+		case 2:         /* CSI parameters */
+			if (ch >= 0x40 && ch <= 0x7e) {
+				v->seq[v->nseq] = '\0';
+				v->st = 0;
+				vt_csi(v, ch);
+			} else if (v->nseq + 1 < sizeof(v->seq)) {
+				v->seq[v->nseq++] = ch;
+			}
+			continue;
+		case 3:         /* charset designation */
+			v->st = 0;
+			continue;
+		}
+		if (ch == '\033')
+			v->st = 1;
+		else if (ch == '\r')
+			v->c = 0;
+		else if (ch == '\n')
+			vt_lf(v);
+		else if (ch == '\b')
+			v->c = v->c ? v->c - 1 : 0;
+		else if (ch == '\t')
+			v->c = (v->c / 8 + 1) * 8 < v->cols ? (v->c / 8 + 1) * 8 : v->cols - 1;
+		else if ((unsigned char)ch >= 0x20 && ch != 0x7f)
+			vt_char(v, ch);
+	}
+}
+
+/* Row r, trailing blanks cut. */
+static const char *vt_row(struct vt *v, int r)
+{
+	static char line[VT_COLS + 1];
+	int n = v->cols;
+
+	memcpy(line, v->s[r], (size_t)n);
+	while (n && line[n - 1] == ' ')
+		n--;
+	line[n] = '\0';
+	return line;
+}
+
+/* The row that contains `s`, or -1. */
+static int vt_find(struct vt *v, const char *s)
+{
+	for (int r = 0; r < v->rows; r++)
+		if (strstr(vt_row(v, r), s))
+			return r;
+	return -1;
+}
+
+static void vt_dump(struct vt *v, char *buf, size_t len)
+{
+	size_t o = 0;
+
+	for (int r = 0; r < v->rows && o + 1 < len; r++)
+		o += (size_t)snprintf(buf + o, len - o, "|%s\n", vt_row(v, r));
+}
+
+struct term {
+	pid_t pid;
+	int fd, status, exited;
+	struct vt vt;
+	char raw[1 << 20];      /* everything the program wrote */
+	size_t nraw;
+	char dump[VT_ROWS * (VT_COLS + 3)];
+};
+
+static struct term term;
+
+/* chimestat --socket sock ARGS... on a new pty of rows x cols with TERM=term_name; stderr to `err`. */
+static void term_start(const char *term_name, int rows, int cols, const char *const *args)
+{
+	struct winsize ws = { .ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols };
+	const char *prog = bin("CHIMESTAT");
+	pid_t pid;
+	int fd;
+
+	memset(&term, 0, sizeof(term));
+	vt_init(&term.vt, rows, cols);
+	pid = forkpty(&fd, NULL, NULL, &ws);
+	cr_assert_geq(pid, 0, "forkpty: %s", strerror(errno));
+	if (pid == 0) {
+		const char *argv[16] = { "chimestat", "--socket", sock };
+		char n[16];
+		int i = 3, e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+		if (e >= 0)
+			dup2(e, 2);
+		for (; *args && i < 15; args++)
+			argv[i++] = *args;
+		argv[i] = NULL;
+		setenv("TERM", term_name, 1);
+		snprintf(n, sizeof(n), "%d", cols);
+		setenv("COLUMNS", n, 1);
+		snprintf(n, sizeof(n), "%d", rows);
+		setenv("LINES", n, 1);
+		execv(prog, (char *const *)argv);
+		_exit(127);
+	}
+	term.pid = pid;
+	term.fd = fd;
+}
+
+/* Read what the program writes for up to ms; stop early once the screen has `want`. */
+static int term_wait(const char *want, int ms)
+{
+	uint64_t end = now_ns() + (uint64_t)ms * 1000000u;
+
+	for (;;) {
+		struct pollfd pfd = { .fd = term.fd, .events = POLLIN };
+		char b[4096];
+		ssize_t n;
+		int left = (int)((int64_t)(end - now_ns()) / 1000000);
+
+		if (want && vt_find(&term.vt, want) >= 0) {
+			/* the rest of the frame: until 100 ms without output */
+			while (poll(&pfd, 1, 100) > 0 && (n = read(term.fd, b, sizeof(b))) > 0) {
+				if (term.nraw + (size_t)n < sizeof(term.raw)) {
+					memcpy(term.raw + term.nraw, b, (size_t)n);
+					term.nraw += (size_t)n;
+				}
+				vt_feed(&term.vt, b, (size_t)n);
+			}
+			return 1;
+		}
+		if (left <= 0 || term.exited)
+			break;
+		if (poll(&pfd, 1, left > 50 ? 50 : left) <= 0) {
+			if (!term.exited && waitpid(term.pid, &term.status, WNOHANG) == term.pid)
+				term.exited = 1;
+			continue;
+		}
+		n = read(term.fd, b, sizeof(b));
+		if (n <= 0) {
+			/* EIO: the program is gone and so is the pty's other side */
+			if (!term.exited && waitpid(term.pid, &term.status, 0) == term.pid)
+				term.exited = 1;
+			break;
+		}
+		if (term.nraw + (size_t)n < sizeof(term.raw)) {
+			memcpy(term.raw + term.nraw, b, (size_t)n);
+			term.nraw += (size_t)n;
+		}
+		vt_feed(&term.vt, b, (size_t)n);
+	}
+	return want ? vt_find(&term.vt, want) >= 0 : 1;
+}
+
+static const char *screen(void)
+{
+	vt_dump(&term.vt, term.dump, sizeof(term.dump));
+	return term.dump;
+}
+
+static void term_keys(const char *keys)
+{
+	cr_assert_eq(write(term.fd, keys, strlen(keys)), (ssize_t)strlen(keys));
+}
+
+/* Wait up to ms for the program to exit; its exit status, or -1. */
+static int term_exit(int ms)
+{
+	uint64_t end = now_ns() + (uint64_t)ms * 1000000u;
+
+	while (!term.exited && now_ns() < end)
+		term_wait(NULL, 50);
+	if (!term.exited) {
+		kill(term.pid, SIGKILL);
+		waitpid(term.pid, &term.status, 0);
+		term.exited = 1;
+		close(term.fd);
+		return -1;
+	}
+	close(term.fd);
+	return WIFEXITED(term.status) ? WEXITSTATUS(term.status) : 128 + WTERMSIG(term.status);
+}
+
+/* How many times `s` occurs in what the program wrote. */
+static int raw_count(const char *s)
+{
+	size_t len = strlen(s), o = 0;
+	int n = 0;
+
+	for (;;) {
+		const char *p = memmem(term.raw + o, term.nraw - o, s, len);
+
+		if (!p)
+			return n;
+		n++;
+		o = (size_t)(p - term.raw) + 1;
+	}
+}
+
+/* The screen row right below the client list's header. */
+static const char *first_client_row(void)
+{
+	static char row[VT_COLS + 1];
+	int r = -1;
+
+	for (int i = 0; i < term.vt.rows; i++)
+		if (!strncmp(vt_row(&term.vt, i), "slot ", 5))
+			r = i;
+	cr_assert_geq(r, 0, "no client list:\n%s", screen());
+	snprintf(row, sizeof(row), "%s", vt_row(&term.vt, r + 1));
+	return row;
+}
+
+/* 40 clients (slots 0..39); slot 1 is fake_make's, the only one with counters. Comm "aNN", NN = 39 - slot. */
+static void fake_40_clients(struct fake *f)
+{
+	for (int i = 0; i < 40; i++) {
+		if (i == 1)
+			continue;
+		f->cc[i].state = CHIME_CLIENT_ACTIVE;
+		f->cc[i].pid = 5000 + i;
+		f->cc[i].uid = 1000;
+		snprintf(f->cc[i].comm, sizeof(f->cc[i].comm), "a%02d", 39 - i);
+		f->cc[i].connected_ns = now_ns();
+	}
+	f->ctl->clients_now = 40;
+}
+
+TestSuite(tools_live_view, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(tools_live_view, fits_80x24_sorts_scrolls_and_quits)
+{
+	static const char *const args[] = { "-i", "0.2", NULL };
+	struct fake f;
+	const char *row;
+	int r;
+
+	fake_make(&f, getpid(), 0);
+	fake_40_clients(&f);
+	term_start("xterm", 24, 80, args);
+	cr_assert(term_wait("clients 1-", 3000), "no live view:\n%s\nstderr: %s", screen(), slurp(err));
+	cr_assert(strstr(vt_row(&term.vt, 0), "chimed pid"), "%s", screen());
+	cr_assert(strstr(vt_row(&term.vt, 23), "of 40"), "footer on the last line:\n%s", screen());
+	cr_assert(vt_find(&term.vt, "sort slot (asc)") >= 0, "%s", screen());
+	cr_assert(vt_find(&term.vt, "lateness (all)  n 6  p50 1.0us") >= 0, "%s", screen());
+	cr_assert_eq(vt_find(&term.vt, "(shard 0)"), -1);
+	/* 2 shard lines and 40 clients: the header stays, the list shows what fits */
+	cr_assert(vt_find(&term.vt, "    0        ") >= 0, "%s", screen());
+	row = first_client_row();
+	cr_assert(!strncmp(row, "   0 ", 5), "slot order: %s\n%s", row, screen());
+	cr_assert_eq(vt_find(&term.vt, "a00"), -1, "slot 39 is below the fold:\n%s", screen());
+
+	/* s: armed (desc): slot 1 holds the only armed timers */
+	term_keys("s");
+	cr_assert(term_wait("sort armed (desc)", 2000), "%s", screen());
+	row = first_client_row();
+	cr_assert(!strncmp(row, "   1 ", 5) && strstr(row, "fake \"client\""), "armed order: %s\n%s", row, screen());
+	/* s s s s: arms/s, fires/s, backlog, then comm (p99: no per-client lateness here) */
+	term_keys("ssss");
+	cr_assert(term_wait("sort comm (asc)", 2000), "%s", screen());
+	row = first_client_row();
+	cr_assert(!strncmp(row, "  39 ", 5) && strstr(row, "a00"), "comm order: %s\n%s", row, screen());
+	term_keys("r");
+	cr_assert(term_wait("sort comm (desc)", 2000), "%s", screen());
+	row = first_client_row();
+	cr_assert(!strncmp(row, "   1 ", 5), "reversed: %s\n%s", row, screen());
+
+	/* End: the last row in this order (slot 39, "a00") scrolls into view; Home: back */
+	term_keys("\033OF");    /* End, in keypad-transmit mode */
+	cr_assert(term_wait("a00", 2000), "End did not scroll:\n%s", screen());
+	cr_assert(vt_find(&term.vt, " clients 2") >= 0 || vt_find(&term.vt, " clients 1") >= 0, "%s", screen());
+	term_keys("\033OH");    /* Home */
+	cr_assert(term_wait("fake \"client\"", 2000), "Home:\n%s", screen());
+	term_keys("jjj");
+	term_keys("\033[6~");   /* PgDn */
+	cr_assert(term_wait(NULL, 300));
+	cr_assert_eq(vt_find(&term.vt, "fake \"client\""), -1, "PgDn scrolled:\n%s", screen());
+
+	/* h: the histogram of all shards: 500, 100, 100 ns (< 1 us); 2000 x2 (< 2.0us); 3 ms */
+	term_keys("h");
+	cr_assert(term_wait("lateness histogram (all shards)", 2000), "%s", screen());
+	r = vt_find(&term.vt, "<1.0us");
+	cr_assert_geq(r, 0, "%s", screen());
+	{
+		char want[128];
+		int bar = 80 - 21;
+
+		/* the biggest bucket fills the width: 59 '#' after the label and count */
+		snprintf(want, sizeof(want), "  <1.0us          3 %.*s", bar,
+			 "##########################################################################");
+		cr_assert_str_eq(vt_row(&term.vt, r), want, "%s", screen());
+		cr_assert(strstr(vt_row(&term.vt, r + 1), "<2.0us          2 ###"), "%s", screen());
+		cr_assert_eq((int)strspn(vt_row(&term.vt, r + 1) + 20, "#"), (2 * bar + 2) / 3, "scaled: %s", screen());
+		cr_assert(strstr(vt_row(&term.vt, r + 2), "<3.1ms          1 #"), "%s", screen());
+	}
+	/* Tab: shard 0's (500 ns, 2000 ns x2, 3 ms) */
+	term_keys("\t");
+	cr_assert(term_wait("lateness histogram (shard 0)", 2000), "%s", screen());
+	r = vt_find(&term.vt, "<1.0us");
+	cr_assert(strstr(vt_row(&term.vt, r), "<1.0us          1 "), "%s", screen());
+	cr_assert(strstr(vt_row(&term.vt, r + 1), "<2.0us          2 "), "%s", screen());
+
+	/* ?: the keys; any key closes them */
+	term_keys("?");
+	cr_assert(term_wait("chimestat live view: keys", 2000), "%s", screen());
+	term_keys("x");
+	term_wait(NULL, 300);
+	cr_assert_eq(vt_find(&term.vt, "chimestat live view: keys"), -1, "%s", screen());
+
+	/* p: paused; + and -: the interval */
+	term_keys("p");
+	cr_assert(term_wait("PAUSED", 2000), "%s", screen());
+	term_keys("+");
+	cr_assert(term_wait("every 0.5s", 2000), "%s", screen());
+	term_keys("--");
+	cr_assert(term_wait("every 0.1s", 2000), "%s", screen());
+
+	/* q: exit 0 at once, the terminal restored (rmcup), nothing on stderr */
+	{
+		uint64_t t0 = now_ns();
+
+		term_keys("q");
+		cr_assert_eq(term_exit(2000), 0, "%s", screen());
+		cr_assert_lt(now_ns() - t0, UINT64_C(1000000000), "q took %" PRIu64 " ms", (now_ns() - t0) / 1000000);
+	}
+	cr_assert_str_empty(term.vt.unknown, "a sequence the test does not know: %s", term.vt.unknown);
+	cr_assert_eq(term.vt.over, 0, "%d characters past column 80:\n%s", term.vt.over, screen());
+	cr_assert(term.nraw > 8 && memmem(term.raw, term.nraw, "\033[?1049l", 8), "terminal not restored");
+	cr_assert_str_empty(slurp(err));
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_live_view, uses_a_larger_terminal_and_follows_resizes)
+{
+	static const char *const args[] = { NULL };
+	struct winsize ws = { .ws_row = 40, .ws_col = 132 };
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	fake_40_clients(&f);
+	term_start("xterm", 24, 80, args);
+	cr_assert(term_wait("clients 1-", 3000), "%s", screen());
+	cr_assert_eq(vt_find(&term.vt, "wakeups"), -1, "80 columns: the wake-up columns are left out:\n%s", screen());
+	/* The pty's new size sends SIGWINCH: ncurses's KEY_RESIZE redraws at 132x40. */
+	cr_assert_eq(ioctl(term.fd, TIOCSWINSZ, &ws), 0);
+	term.vt.rows = 40;
+	term.vt.cols = 132;
+	cr_assert(term_wait("of 40", 3000) && term_wait("wakeups", 3000), "%s", screen());
+	cr_assert(strstr(vt_row(&term.vt, 39), "of 40"), "footer on line 40:\n%s", screen());
+	cr_assert(vt_find(&term.vt, "heartbeat") >= 0, "the header line has room:\n%s", screen());
+	cr_assert(vt_find(&term.vt, "  25    5025") >= 0, "more rows shown:\n%s", screen());
+	term_keys("q");
+	cr_assert_eq(term_exit(2000), 0);
+	cr_assert_eq(term.vt.over, 0, "%s", screen());
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_live_view, shows_the_broker_dying_and_restores_on_sigterm)
+{
+	static const char *const args[] = { "-i", "0.1", NULL };
+	struct fake f;
+	int st;
+
+	fake_make(&f, getpid(), 0);
+	term_start("xterm", 24, 80, args);
+	cr_assert(term_wait("running", 3000), "%s", screen());
+	cr_assert_eq(vt_find(&term.vt, "NOT RUNNING"), -1);
+	f.ctl->pid = dead_pid();
+	cr_assert(term_wait("NOT RUNNING (its process is gone)", 3000), "%s", screen());
+	cr_assert(vt_find(&term.vt, "fake \"client\"") >= 0, "the last state stays:\n%s", screen());
+	kill(term.pid, SIGTERM);
+	st = term_exit(2000);
+	cr_assert_eq(st, 3, "SIGTERM: exit status %d (3: not running)", st);
+	cr_assert(memmem(term.raw, term.nraw, "\033[?1049l", 8), "terminal not restored");
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_live_view, field_filter_lists_the_fields)
+{
+	static const char *const args[] = { "-f", "shard.*.arms", "-f", "client.*.comm", NULL };
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	term_start("xterm", 24, 80, args);
+	cr_assert(term_wait("fields 1-3 of 3", 3000), "%s", screen());
+	cr_assert(vt_find(&term.vt, "shard.0.arms") >= 0 && vt_find(&term.vt, "shard.1.arms") >= 0, "%s", screen());
+	cr_assert(strstr(vt_row(&term.vt, vt_find(&term.vt, "shard.0.arms")), " 10 "), "%s", screen());
+	cr_assert(vt_find(&term.vt, "\"fake \\\"client\\\"\"") >= 0, "print_value's text:\n%s", screen());
+	cr_assert_eq(vt_find(&term.vt, "shard.0.fires"), -1);
+	term_keys("q");
+	cr_assert_eq(term_exit(2000), 0);
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_live_view, unusable_term_falls_back_to_plain_frames_saying_so)
+{
+	static const char *const args[] = { "-i", "0.1", NULL };
+	const char *terms[] = { "no-such-terminal", "dumb" };
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	for (size_t i = 0; i < 2; i++) {
+		term_start(terms[i], 24, 80, args);
+		term_wait(NULL, 700);
+		kill(term.pid, SIGINT);
+		cr_assert_eq(term_exit(2000), 0);
+		cr_assert(strstr(slurp(err), "chimestat: no live view ("), "TERM=%s: %s", terms[i], slurp(err));
+		cr_assert(strstr(slurp(err), terms[i]), "%s", slurp(err));
+		/* the plain table, more than one frame */
+		cr_assert_geq(raw_count("chimed pid"), 2, "TERM=%s: %.*s", terms[i], (int)term.nraw, term.raw);
+		cr_assert_eq(raw_count("\033[?1049h"), 0, "TERM=%s: curses started", terms[i]);
+	}
+	chime_seg_unmap(&f.map);
+}
+
+Test(tools_live_view, not_a_terminal_prints_plain_frames_silently)
+{
+	struct fake f;
+	const char *o, *p;
+	int frames = 0;
+
+	fake_make(&f, getpid(), 0);
+	/* stdout a file: the plain frames, a blank line apart, no escape sequence, no message */
+	cr_assert_eq(run("(TERM=xterm timeout -s INT 1 %s --socket '%s' -i 0.2; test $? = 124)", bin("CHIMESTAT"), sock), 0,
+		     "%s", slurp(err));
+	o = slurp(out);
+	for (p = o; (p = strstr(p, "chimed pid")); p++)
+		frames++;
+	cr_assert_geq(frames, 2, "%s", o);
+	cr_assert_null(strchr(o, '\033'), "escape sequences in a file: %s", o);
+	cr_assert(strstr(o, "(rates: averages since start)"), "%s", o);
+	cr_assert_str_empty(slurp(err));
 }

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * chimestat - show chimed's counters, read from its control segment.
- * This file: main(), the options and the live view's loop; the fields and
- * the outputs are in stat_*.c (chimestat.h).
+ * This file: main(), the options and the plain periodic output (stdout not
+ * a terminal); the fields, the outputs and the live view on a terminal
+ * (stat_live.c) are in stat_*.c (chimestat.h).
  *
  * It maps "<socket>.ctl" read-only and never talks to the broker: it costs
  * the broker nothing, works for any member of the broker's group, and shows
@@ -70,7 +71,7 @@ static int exit_for(const struct sr_snap *sn)
 }
 
 /* --pid, --uid, --comm: drop the other clients from the snapshot, so every output agrees. */
-static void keep_clients(struct sr_snap *sn, const struct opts *o)
+void keep_clients(struct sr_snap *sn, const struct opts *o)
 {
 	uint32_t n = 0;
 
@@ -218,9 +219,20 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		return r;
 	}
 
+	tty = isatty(STDOUT_FILENO);
+	if (tty) {
+		char why[128];
+
+		r = live_run(&s, &o, why, sizeof(why));
+		if (r != LIVE_UNAVAILABLE) {
+			sr_close(&s);
+			return r;
+		}
+		/* Asked for the live view on a terminal that cannot show it: say why, then print frames. */
+		fprintf(stderr, PROG ": no live view (%s); printing plain frames instead\n", why);
+	}
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
-	tty = isatty(STDOUT_FILENO);
 	r = SR_EXIT_OK;
 	while (!stop) {
 		struct timespec ts;

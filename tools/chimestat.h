@@ -2,8 +2,9 @@
 /*
  * chimestat.h - what chimestat's parts share: the one list of fields that
  * collect() builds from a snapshot (stat_fields.c), and the outputs that
- * print it (stat_json.c, stat_prom.c, stat_text.c). chimestat.c has main(),
- * the options and the live view's loop.
+ * print it (stat_json.c, stat_prom.c, stat_text.c, and the live view on a
+ * terminal, stat_live.c). chimestat.c has main(), the options and the plain
+ * periodic output (when stdout is not a terminal).
  */
 #ifndef CHIME_CHIMESTAT_H
 #define CHIME_CHIMESTAT_H
@@ -60,6 +61,9 @@ struct stat_pct {
 };
 extern const struct stat_pct pcts[NR_PCTS];
 
+/* chimestat.c: --pid, --uid, --comm: drop the other clients from a snapshot. */
+void keep_clients(struct sr_snap *sn, const struct opts *o);
+
 /* stat_fields.c */
 struct field *field_add(struct flist *l, enum fkind kind, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
@@ -81,5 +85,14 @@ void print_flat(FILE *out, const struct flist *l, const struct flist *prev,
 		const struct sr_snap *sn, const struct sr_snap *ps, const struct opts *o);
 void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 		 const struct sr_snap *sn, const struct sr_snap *ps);
+
+/*
+ * stat_live.c: the live view on ncurses until q or SIGINT/SIGTERM/SIGHUP;
+ * returns the exit status (SR_EXIT_NOT_RUNNING if the broker was not running
+ * at the last sample), or LIVE_UNAVAILABLE with the reason in why[] if the
+ * terminal cannot do it (nothing was drawn: print plain frames instead).
+ */
+#define LIVE_UNAVAILABLE (-1)
+int live_run(struct sr *s, const struct opts *o, char *why, size_t len);
 
 #endif /* CHIME_CHIMESTAT_H */

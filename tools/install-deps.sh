@@ -12,6 +12,8 @@ groff-base man-db python3-pytest libuv1-dev libevent-dev libjansson-dev"
 pkgs="$pkgs clang-14 libclang-rt-14-dev"
 # libsystemd-dev: chimed's sd_notify (meson -Dsystemd=auto builds without it).
 pkgs="$pkgs libsystemd-dev"
+# libncurses-dev: chimestat's live view (ncursesw).
+pkgs="$pkgs libncurses-dev"
 
 missing=""
 for p in $pkgs; do

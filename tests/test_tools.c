@@ -274,7 +274,7 @@ static void fake_make(struct fake *f, pid_t pid, uint64_t heartbeat_age_ns)
 	stats_fire(&st[1], 1, 0, 100, 0, 0);
 	stats_fire(&st[1], 1, 0, 100, 0, 0);
 	stats_client_depth(&st[1], 1, 2, 1);
-	stats_shard_gauges(&st[1], 1, now + UINT64_C(600000000000), 0);
+	stats_shard_gauges(&st[1], 1, now + UINT64_C(600000000000), 0, 0);
 	for (k = 0; k < F_SHARDS; k++) {
 		stats_loop(&st[k], 1000);
 		stats_publish(&st[k]);

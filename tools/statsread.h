@@ -25,6 +25,7 @@
 #define SR_EXIT_NOSHM       1   /* cannot read the broker's shared memory, or another failure */
 #define SR_EXIT_USAGE       2
 #define SR_EXIT_NOT_RUNNING 3   /* the segment is there but the broker is not running */
+#define SR_EXIT_DENIED      4   /* chimectl: the broker refused this user (reset-stats, shutdown) */
 
 /* A heartbeat older than this means the broker is not running (it beats every 100 ms). */
 #define SR_HEARTBEAT_STALE_NS UINT64_C(1000000000)

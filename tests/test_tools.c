@@ -340,6 +340,23 @@ Test(tools_fake, json_has_exact_counters)
 	chime_seg_unmap(&f.map);
 }
 
+/* A segment of another layout: refused with a message naming both versions, never misread. */
+Test(tools_fake, another_layout_is_refused_with_both_versions)
+{
+	struct fake f;
+	char want[400];
+
+	fake_make(&f, getpid(), 0);
+	f.ctl->hdr.layout = CHIME_SHM_LAYOUT - 1;
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1);
+	snprintf(want, sizeof(want), "shm layout %u of '%s.ctl' not supported (this build speaks %u)",
+		 CHIME_SHM_LAYOUT - 1, sock, CHIME_SHM_LAYOUT);
+	cr_assert(strstr(slurp(err), want), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' --json clients", bin("CHIMECTL"), sock), 1);
+	cr_assert_eq(jq(".ok == false and (.error | test(\"layout\"))"), 1, "%s", slurp(out));
+	chime_seg_unmap(&f.map);
+}
+
 Test(tools_fake, field_filter_selects_by_name)
 {
 	struct fake f;

@@ -52,6 +52,9 @@ static void out(const char *fmt, ...)
 	va_end(ap);
 }
 
+/* A string that may not be UTF-8 (a path, a message quoting one): bytes >= 0x80 become '?' if need be. */
+static json_t *jtext(const char *s, size_t len);
+
 /* A failure: the message on stderr, and in the JSON document's "error". Returns code. */
 static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int fail(int code, const char *fmt, ...)
@@ -64,26 +67,28 @@ static int fail(int code, const char *fmt, ...)
 	va_end(ap);
 	fprintf(stderr, PROG ": %s\n", msg);
 	if (J && !json_object_get(J, "error"))
-		json_object_set_new(J, "error", json_string(msg) ? json_string(msg) : json_string("(not UTF-8)"));
+		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));
 	return code;
 }
 
-/* A process name is whatever bytes it chose: JSON needs UTF-8, so other bytes become '?'. */
+/* A process name (or a path) is whatever bytes it chose: JSON needs UTF-8, so other bytes become '?'. */
 static json_t *jtext(const char *s, size_t len)
 {
-	char buf[64];
-	size_t n = strnlen(s, len < sizeof(buf) - 1 ? len : sizeof(buf) - 1);
-	json_t *j;
+	size_t n = strnlen(s, len);
+	json_t *j = json_stringn(s, n);
+	char *buf;
 
-	memcpy(buf, s, n);
-	buf[n] = '\0';
-	j = json_string(buf);
 	if (j)
 		return j;
+	buf = malloc(n + 1);
+	if (!buf)
+		return json_null();
 	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)buf[i] >= 0x80)
-			buf[i] = '?';
-	return json_string(buf);
+		buf[i] = (unsigned char)s[i] >= 0x80 ? '?' : s[i];
+	buf[n] = '\0';
+	j = json_string(buf);
+	free(buf);
+	return j;
 }
 
 static void jset(const char *key, json_t *v)
@@ -135,7 +140,7 @@ static int sr_fail(const struct sr *s, int r)
 	if (J) {
 		snprintf(msg, sizeof(msg), "cannot read '%s': %s", s->ctl_path,
 			 r == -EPROTO ? "shm layout not supported by this build" : strerror(-r));
-		json_object_set_new(J, "error", json_string(msg) ? json_string(msg) : json_string("(path not UTF-8)"));
+		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));
 	}
 	return SR_EXIT_NOSHM;
 }
@@ -197,7 +202,7 @@ static int cmd_status(const char *sock)
 		return r;
 	st = sr_liveness(&sn, &why);
 	jset("pid", json_integer(sn.hdr.pid));
-	jset("version", json_string(sn.hdr.version) ? json_string(sn.hdr.version) : json_null());
+	jset("version", jtext(sn.hdr.version, sizeof(sn.hdr.version)));
 	jset("state", json_string(sr_state_name(sn.hdr.state)));
 	jset("running", json_boolean(st == SR_RUNNING));
 	jset("heartbeat_age_ns", json_integer(sn.now_ns > sn.hdr.heartbeat_ns ?
@@ -745,7 +750,7 @@ int main(int argc, char **argv)
 	else
 		r = run(cmd, sock, pid, limit);
 	if (J) {
-		json_object_set_new(J, "socket", json_string(sock) ? json_string(sock) : json_null());
+		json_object_set_new(J, "socket", jtext(sock, sizeof(sock)));
 		json_object_set_new(J, "ok", json_boolean(r == SR_EXIT_OK));
 		json_object_set_new(J, "exit_status", json_integer(r));
 		if (json_dumpf(J, stdout, JSON_COMPACT) < 0 || fputc('\n', stdout) == EOF || fflush(stdout) != 0) {

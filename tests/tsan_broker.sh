@@ -46,4 +46,4 @@ if [ "$demo_rc" -ne 0 ] || [ "$broker_rc" -ne 0 ] || grep -q "ThreadSanitizer" "
 	echo "--- chimed:"; cat "$dir/chimed.log"
 	exit 1
 fi
-echo "tsan_broker: no race reported (chime-demo and chimed both exit 0)"
+echo "tsan_broker: no race reported (chime-demo and chimed both exit 0${ctl:+; $(grep -c 'statistics reset' "$dir/ctl.log") reset-stats applied})"

@@ -28,6 +28,7 @@
 #include "helpers.h"
 #include "segment.h"
 #include "stats.h"
+#include "statsread.h"
 
 #include <chime.h>
 
@@ -704,8 +705,23 @@ Test(tools_live, stall_shows_waiting_records_late_timers_window_and_reset, .time
 	cr_assert_eq(chime_open(&a, &o), 0);
 	now = chime_now();
 	for (int i = 0; i < LATE; i++)
-		cr_assert_eq(chime_arm(a, 1, now + 200000000, 0, 0, &id), 0);
-	usleep(30000);          /* the busy-polling shard applies them in microseconds */
+		cr_assert_eq(chime_arm(a, 1, now + 500000000, 0, 0, &id), 0);
+	{
+		/* Until the shard has applied them (read in-process: no fork on a loaded machine). */
+		struct sr r;
+		struct sr_snap sn;
+		uint64_t armed = 0;
+
+		cr_assert_eq(sr_open(&r, sock), 0);
+		while (armed < LATE && chime_now() < now + 400000000) {
+			cr_assert_eq(sr_snapshot(&r, &sn), 0);
+			armed = sn.shards[0].armed;
+			sr_snap_free(&sn);
+			usleep(1000);
+		}
+		sr_close(&r);
+		cr_assert_eq(armed, LATE, "the shard did not apply the arms within 400 ms");
+	}
 	cr_assert_eq(kill(broker, SIGSTOP), 0);
 	{
 		int st;
@@ -716,7 +732,7 @@ Test(tools_live, stall_shows_waiting_records_late_timers_window_and_reset, .time
 	}
 	for (int i = 0; i < QUEUED; i++)
 		cr_assert_eq(chime_arm(a, 2, now + UINT64_C(3600000000000), 0, 0, &id), 0);
-	while (chime_now() < now + 450000000)
+	while (chime_now() < now + 750000000)
 		usleep(10000);
 	cr_assert_eq(kill(broker, SIGCONT), 0);
 	while (got < LATE) {

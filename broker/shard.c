@@ -554,7 +554,8 @@ static void loop(struct shard *s)
 			stats_loop(&s->st, 0);
 		}
 		/* At most once per PUBLISH_NS (and always before sleeping, below): the
-		 * block is 2 KiB, and readers retry while it is being written. */
+		 * block is 8 KiB (its histograms copied only when they moved), and
+		 * readers retry while it is being written. */
 		if (now - last_pub >= PUBLISH_NS) {
 			publish(s);
 			last_pub = now;

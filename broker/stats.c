@@ -178,7 +178,6 @@ void stats_publish(struct stats *st)
 	for (i = 0; i < st->nr_dirty; i++) {
 		uint32_t slot = st->dirty[i];
 		struct chime_client_stats *dst = &st->cpub[(uint64_t)slot * st->nr_shards + st->shard];
-
 		struct stats_client *p = &st->cl[slot];
 
 		chime_stats_begin(&dst->seq);

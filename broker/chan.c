@@ -562,6 +562,16 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 	return did;
 }
 
+uint64_t chan_sq_waiting(const struct chan *ch)
+{
+	/* The client writes sq_tail: one load, bounded to [0, size] before use. */
+	uint64_t d = at_load(ch->sq_tail) - ch->sq.head;
+
+	if ((int64_t)d < 0)
+		return 0;
+	return d > (uint64_t)ch->sq_mask + 1 ? (uint64_t)ch->sq_mask + 1 : d;
+}
+
 bool chan_pending(struct shard_core *sc, struct chan *ch)
 {
 	const struct chime_sqe *s = &ch->sq.slots[ch->sq.head & ch->sq.mask];
@@ -600,6 +610,7 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 	ch->bell_fd = m->bell_fd;
 	ch->ro = m->ro;
 	ch->want_wakeup = m->want_wakeup;
+	ch->sq_tail = &m->rw->sq_tail;
 	ch->sq_mask = m->sq_size - 1;
 	/* Formats the slots (seq = index); the grants follow below. */
 	chime_sq_cons_init(&ch->sq, m->sq_slots, m->sq_size);

@@ -62,6 +62,7 @@ struct chan {
 	struct chime_cq_prod cq;        /* private tail, clamped head, mask */
 	struct chime_chan_ro *ro;
 	uint32_t *want_wakeup;
+	const uint64_t *sq_tail;        /* the client's sq_tail (rw): read for the depth only, bounded */
 	uint64_t *grants;               /* private: each submission slot's grant (an id, or a marker) */
 	uint32_t marked;                /* slots whose grant is a no-grant marker */
 	uint32_t sq_mask;
@@ -108,6 +109,14 @@ void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t no
  * true if it did anything.
  */
 bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns);
+
+/*
+ * Records waiting in the submission ring: the client's sq_tail (positions
+ * reserved, published or about to be) minus our head, bounded to [0, size]
+ * since the client writes sq_tail. One load of a line the producers write:
+ * the shard calls it when it publishes its counters, not per drain.
+ */
+uint64_t chan_sq_waiting(const struct chan *ch);
 
 /* For the sleep re-check: a submission is published, or held events could move now. */
 bool chan_pending(struct shard_core *sc, struct chan *ch);

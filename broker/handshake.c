@@ -12,7 +12,9 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "atomics.h"
@@ -234,6 +236,43 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 	free(buf);
 }
 
+/* ---- reset-stats: root and the broker's user ---- */
+
+/*
+ * The shards own their counters, so the control thread writes none of them:
+ * it bumps stats_reset_gen (and says when), and rings every shard's private
+ * command doorbell so that a sleeping shard wakes up, sees the generation
+ * move before it publishes (RS2) and resets its own figures. An awake shard
+ * does it within PUBLISH_NS. Counters never go back (see stats.h, "reset").
+ */
+static void reset_stats(struct broker *b, int fd, const struct ucred *asker)
+{
+	struct chime_query_head head = { .status = -EPERM };
+	struct chime_ctl *c = b->ctl;
+	struct timespec rt;
+	char comm[16];
+
+	read_comm(asker->pid, comm);
+	if (asker->uid != 0 && asker->uid != geteuid()) {
+		log_msg(LOG_NOTICE, "refusing reset-stats from pid %d '%s' (uid %u): root and the broker's "
+			"user only", (int)asker->pid, comm, (unsigned)asker->uid);
+		query_send(fd, &head, NULL, 0, 0);
+		return;
+	}
+	clock_gettime(CLOCK_REALTIME, &rt);
+	at_store(&c->stats_reset_ns, now_ns());
+	at_store(&c->stats_reset_realtime_ns, (uint64_t)rt.tv_sec * 1000000000u + (uint64_t)rt.tv_nsec);
+	/* RS1: the reset's time before its generation (release); pairs with RS2 in shard.c publish(). */
+	at_store_rel(&c->stats_reset_gen, c->stats_reset_gen + 1);
+	for (uint32_t k = 0; k < b->o.nr_shards; k++)
+		(void)eventfd_write(b->shards[k].doorbell, 1);
+	log_msg(LOG_NOTICE, "statistics reset (generation %llu) by pid %d '%s' (uid %u)",
+		(unsigned long long)c->stats_reset_gen, (int)asker->pid, comm, (unsigned)asker->uid);
+	head.status = 0;
+	head.total = c->stats_reset_gen;
+	query_send(fd, &head, NULL, 0, 0);
+}
+
 /* A hello arrived on cn: check it and the peer, then start the attach. */
 void on_hello(struct broker *b, struct conn *cn, int res)
 {
@@ -261,6 +300,10 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 	if (!admitted(b, cn->fd, &cred)) {
 		refuse_log(b, &cred, "not admitted by the policy (--allow-uid, --allow-gid, --allow-all)");
 		send_status(cn->fd, -EACCES);
+		return;
+	}
+	if (h->flags == CHIME_HELLO_RESET_STATS) {
+		reset_stats(b, cn->fd, &cred);  /* and the connection ends */
 		return;
 	}
 	if (h->flags) {

@@ -55,6 +55,7 @@
 #define IDLE_PURE_SPIN_NS (5u * 1000u)    /* idle spin before the shard starts yielding its core */
 #define WAKE_EARLY_MAX_NS (200u * 1000u)  /* the longest a shard spins into a deadline */
 #define PUBLISH_NS      (1000u * 1000u)   /* counters published at most and at least this often while awake */
+#define NEXT_SCAN_MAX   256u    /* timers of the earliest wheel slot scanned for the exact "next" */
 
 /* io_uring user_data: the low two bits say what completed. */
 #define RESERVE_CHUNK   (UINT64_C(4) << 20)  /* slab storage reserved at a time */
@@ -403,6 +404,46 @@ static void reclaim_step(struct shard *s, bool *work)
 	}
 }
 
+/* ---- the counters ---- */
+
+/*
+ * Publish the counters (at most once per PUBLISH_NS, and before sleeping),
+ * with what is measured only here, not on the hot path: a reset asked for
+ * since the last time, the ring depths (one load of each client's sq_tail),
+ * the exact earliest deadline (a walk of the earliest wheel slot, at most
+ * NEXT_SCAN_MAX nodes: up to ~25 us on a cold 256-node slot, once a ms at
+ * most) and the thread's CPU time.
+ */
+static void publish(struct shard *s)
+{
+	struct shard_core *sc = &s->core;
+	uint64_t deepest = 0, waiting = 0, next, gen;
+	int inexact;
+
+	if (!CHIME_COUNTERS)
+		return;
+	/*
+	 * RS2: acquire of the reset generation; pairs with RS1 (reset_stats(),
+	 * handshake.c), so stats_reset_ns of that generation happens before our
+	 * reset_gen, which R-STAT2 publishes to the tools.
+	 */
+	gen = at_load_acq(&s->cfg.ctl->stats_reset_gen);
+	if (gen != s->st.sh.reset_gen)
+		stats_reset_figures(&s->st, gen);
+	for (uint32_t i = 0; i < s->nr_active; i++) {
+		uint64_t d = chan_sq_waiting(s->active[i]);
+
+		stats_client_sq(&s->st, s->active[i]->slot, d);
+		waiting += d;
+		if (d > deepest)
+			deepest = d;
+	}
+	stats_sq(&s->st, deepest, waiting);
+	next = wheel_earliest(&sc->wh, NEXT_SCAN_MAX, &inexact);
+	stats_shard_gauges(&s->st, sc->backlog, next, inexact, thread_cpu_ns());
+	stats_publish(&s->st);
+}
+
 /* ---- the loop ---- */
 
 static unsigned fire_due(struct shard *s, uint64_t now)
@@ -487,17 +528,15 @@ static void loop(struct shard *s)
 
 	for (;;) {
 		bool work = false;
-		unsigned depth = 0;
+		unsigned drained = 0;
 
 		t0 = now;
 		if (cmds_pending(s) && run_cmds(s, &work))
 			return;
 		for (uint32_t i = 0; i < s->nr_active; i++)
-			depth += chan_drain(sc, s->active[i], DRAIN_BUDGET);
-		if (depth) {
-			stats_sq_depth(&s->st, depth);
+			drained += chan_drain(sc, s->active[i], DRAIN_BUDGET);
+		if (drained)
 			work = true;
-		}
 		now = now_ns();
 		reserve_ahead(s, now);
 		if (fire_due(s, now))
@@ -515,10 +554,10 @@ static void loop(struct shard *s)
 			stats_loop(&s->st, 0);
 		}
 		/* At most once per PUBLISH_NS (and always before sleeping, below): the
-		 * block is 2 KiB, and readers retry while it is being written. */
+		 * block is 8 KiB (its histograms copied only when they moved), and
+		 * readers retry while it is being written. */
 		if (now - last_pub >= PUBLISH_NS) {
-			stats_shard_gauges(&s->st, sc->backlog, wheel_next_deadline(&sc->wh), thread_cpu_ns());
-			stats_publish(&s->st);
+			publish(s);
 			last_pub = now;
 		}
 		/*
@@ -558,8 +597,7 @@ static void loop(struct shard *s)
 		at_fence();
 		if (!anything_pending(s)) {
 			stats_sleep(&s->st);
-			stats_shard_gauges(&s->st, sc->backlog, wheel_next_deadline(&sc->wh), thread_cpu_ns());
-			stats_publish(&s->st);
+			publish(s);
 			sleep_once(s, early_ns);
 		}
 		at_store(s->sleeping, 0);

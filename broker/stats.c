@@ -36,6 +36,10 @@ int stats_init_blocks(struct stats *st, struct chime_shard_stats *pub,
 	st->shard = shard;
 	st->sh.next_deadline_ns = UINT64_MAX;
 	st->lat_dirty = 1;
+	st->base_dirty = 1;
+	st->win_dirty = (UINT32_C(1) << CHIME_LAT_WINDOW) - 1;
+	for (uint32_t i = 0; i < st->max_clients; i++)
+		st->cl[i].lat_lo = UINT8_MAX;
 	return 0;
 }
 
@@ -72,6 +76,50 @@ void stats_client_attach(struct stats *st, uint32_t slot, uint64_t generation)
 	memset(c, 0, sizeof(*c));
 	c->generation = generation;
 	st->cl[slot].attached = 1;
+	st->cl[slot].lat_lo = 0;        /* the whole histogram: it was another client's */
+	st->cl[slot].lat_hi = CHIME_LAT_BUCKETS - 1;
+}
+
+void stats_window_roll(struct stats *st, uint64_t now_ns)
+{
+	uint64_t sec = now_ns / STATS_NS_PER_S;
+	uint32_t i = (uint32_t)(sec % CHIME_LAT_WINDOW);
+	struct chime_lat_second *w = &st->sh.win[i];
+
+	/* The slot last held sec - k * CHIME_LAT_WINDOW (or nothing): start it afresh. */
+	if (w->sec != sec) {
+		memset(w, 0, sizeof(*w));
+		w->sec = sec;
+	}
+	st->win_cur = i;
+	st->win_end_ns = (sec + 1) * STATS_NS_PER_S;
+	st->win_dirty |= UINT32_C(1) << i;
+}
+
+void stats_reset_figures(struct stats *st, uint64_t gen)
+{
+	if (!CHIME_COUNTERS)
+		return;
+	/* Since-reset = lat - lat_base: lat itself stays monotonic (Prometheus). */
+	memcpy(st->sh.lat_base, st->sh.lat, sizeof(st->sh.lat_base));
+	st->sh.lat_sum_base_ns = st->sh.lat_sum_ns;
+	st->sh.lat_max_ns = 0;
+	st->sh.sq_depth_max = st->sh.sq_depth;
+	st->sh.reset_gen = gen;
+	st->base_dirty = 1;
+	for (uint32_t slot = 0; slot < st->max_clients; slot++) {
+		struct chime_client_stats *c;
+
+		if (!st->cl[slot].c.generation)
+			continue;       /* never held a client here */
+		c = stats__cl(st, slot);
+		memset(c->lat, 0, sizeof(c->lat));
+		c->lat_max_ns = 0;
+		c->sq_depth_max = c->sq_depth;
+		c->cq_depth_max = c->cq_depth;
+		st->cl[slot].lat_lo = 0;
+		st->cl[slot].lat_hi = CHIME_LAT_BUCKETS - 1;
+	}
 }
 
 void stats_client_detach(struct stats *st, uint32_t slot)
@@ -84,17 +132,22 @@ void stats_client_detach(struct stats *st, uint32_t slot)
 	stats__disarm(st, NULL, c->armed);
 	c->armed = 0;
 	c->cq_depth = 0;
+	c->sq_depth = 0;
 	c->backlog = 0;
 	st->cl[slot].attached = 0;
 }
 
-/* Everything after seq up to the histogram, then the histogram if it moved. */
+/*
+ * Everything after seq up to the histogram and from the histogram to the
+ * reset base; then the histogram if it moved, the base after a reset, and
+ * the window slots that changed (one a second, or two when it rolls).
+ */
 #define SHARD_HEAD_OFF offsetof(struct chime_shard_stats, armed)
 #define SHARD_HEAD_LEN (offsetof(struct chime_shard_stats, lat) - SHARD_HEAD_OFF)
 #define SHARD_TAIL_OFF offsetof(struct chime_shard_stats, refused_nomem)
-#define SHARD_TAIL_LEN (offsetof(struct chime_shard_stats, _reserved) - SHARD_TAIL_OFF)
+#define SHARD_TAIL_LEN (offsetof(struct chime_shard_stats, lat_base) - SHARD_TAIL_OFF)
 #define CLIENT_OFF offsetof(struct chime_client_stats, generation)
-#define CLIENT_LEN (sizeof(struct chime_client_stats) - CLIENT_OFF)
+#define CLIENT_LEN (offsetof(struct chime_client_stats, lat) - CLIENT_OFF)
 
 void stats_publish(struct stats *st)
 {
@@ -109,18 +162,34 @@ void stats_publish(struct stats *st)
 	/* The histogram is a third of the block: skip it when no timer fired. */
 	if (st->lat_dirty)
 		memcpy(st->pub->lat, st->sh.lat, sizeof(st->sh.lat));
+	if (st->base_dirty)
+		memcpy(st->pub->lat_base, st->sh.lat_base, sizeof(st->sh.lat_base));
+	for (uint32_t d = st->win_dirty; d; d &= d - 1) {
+		uint32_t w = (uint32_t)__builtin_ctz(d);
+
+		memcpy(&st->pub->win[w], &st->sh.win[w], sizeof(st->sh.win[w]));
+	}
 	chime_stats_end(&st->pub->seq);
 	st->lat_dirty = 0;
+	st->base_dirty = 0;
+	st->win_dirty = 0;
 
 	/* Only clients whose counters changed: an idle client costs nothing. */
 	for (i = 0; i < st->nr_dirty; i++) {
 		uint32_t slot = st->dirty[i];
 		struct chime_client_stats *dst = &st->cpub[(uint64_t)slot * st->nr_shards + st->shard];
+		struct stats_client *p = &st->cl[slot];
 
 		chime_stats_begin(&dst->seq);
-		memcpy((char *)dst + CLIENT_OFF, (char *)&st->cl[slot].c + CLIENT_OFF, CLIENT_LEN);
+		memcpy((char *)dst + CLIENT_OFF, (char *)&p->c + CLIENT_OFF, CLIENT_LEN);
+		/* Only the buckets that moved: a busy client touches a few of 82. */
+		if (p->lat_lo <= p->lat_hi)
+			memcpy(&dst->lat[p->lat_lo], &p->c.lat[p->lat_lo],
+			       (size_t)(p->lat_hi - p->lat_lo + 1) * sizeof(p->c.lat[0]));
 		chime_stats_end(&dst->seq);
-		st->cl[slot].dirty = 0;
+		p->dirty = 0;
+		p->lat_lo = UINT8_MAX;
+		p->lat_hi = 0;
 	}
 	st->nr_dirty = 0;
 }

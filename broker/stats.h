@@ -8,9 +8,11 @@
  *
  * Why private copies: a counter in shared memory that a tool reads would turn
  * every increment into a store to a line another core may hold; here an
- * increment is a private add, and publishing costs one pass over a ~2 KiB block
- * plus 128 B per client whose counters changed, once per iteration, not per
- * timer.
+ * increment is a private add, and publishing costs a copy of the counters
+ * (~1 KiB of an 8 KiB block: the histograms, the reset base and the window
+ * slots only when they changed) plus ~130 B per client whose counters
+ * changed (and the lateness buckets that moved), at most once a
+ * millisecond, not per timer.
  *
  * Call sites (shard thread k; `st` is its struct stats; `slot` the client's
  * slot in the control segment's client table):
@@ -22,8 +24,10 @@
  *   dropped       stats_client_detach(&st, slot) when the shard has freed all
  *                 of a dead client's timers (zeroes its gauges and takes its
  *                 armed timers off the shard's).
- *   drain         stats_sq_depth(&st, n): records found waiting, all clients,
- *                 once per drain pass.
+ *   ring depths   stats_client_sq(&st, slot, n) for each channel and then
+ *                 stats_sq(&st, deepest, waiting) before publishing: records
+ *                 waiting in the submission rings (sq_tail - sq_head as the
+ *                 shard sees them, bounded to the ring's size).
  *   ARM applied   stats_arm(&st, slot)        (armed gauges +1)
  *   RESET applied stats_reset(&st, slot)      (only when it hit a live timer)
  *   CANCEL        stats_cancel(&st, slot)     per timer actually removed
@@ -38,7 +42,9 @@
  *                 immediate) for every expiration popped from the wheel (each
  *                 period of a periodic timer counts), with the same two values
  *                 the completion record carries; records the lateness, unless
- *                 `immediate` (armed already due: counted apart). A one-shot
+ *                 `immediate` (armed already due: counted apart), in the
+ *                 shard's and the client's histograms and in the shard's
+ *                 one-second slot of fired_ns (the recent window). A one-shot
  *                 that fires leaves the armed gauges: it is no longer armed,
  *                 whether delivered or held in the backlog.
  *   deliver       stats_deliver(&st, slot): an event written into the
@@ -46,8 +52,14 @@
  *   wake client   stats_wake_client(&st, slot): a wake-up message to it.
  *   gauges        stats_client_depth(&st, slot, cq_depth, backlog) whenever
  *                 they change (after delivering or seeing cq_head move);
- *                 stats_shard_gauges(&st, backlog, next_deadline_ns, cpu_ns)
- *                 before publishing (cpu_ns: the thread's CPU time).
+ *                 stats_shard_gauges(&st, backlog, next_deadline_ns, inexact,
+ *                 cpu_ns) before publishing (cpu_ns: the thread's CPU time;
+ *                 next_deadline_ns the earliest armed deadline, a lower bound
+ *                 if `inexact`).
+ *   reset         stats_reset_figures(&st, gen) when the control segment's
+ *                 stats_reset_gen moved (the shard checks before publishing):
+ *                 lifetime lateness and high-water marks restart, counters
+ *                 do not (see the definitions below).
  *   loop end      stats_loop(&st, busy_ns) once per iteration (busy_ns: time
  *                 spent with work this iteration, 0 if idle), then
  *                 stats_maybe_publish(&st, now_ns) (publishes at most every
@@ -67,6 +79,11 @@
  *            CANCEL_KEY records.
  *   fires    expirations; delivered: events written to completion rings;
  *   wakeups  eventfd writes to wake clients (shard = sum over its clients).
+ *   reset    restarts: the shard's lateness since reset (lat_base takes a
+ *            copy of lat, lat_max_ns 0), sq_depth_max, and per client its
+ *            lateness histogram and max, sq_depth_max and cq_depth_max. Not
+ *            reset: every counter (they stay monotonic for Prometheus), the
+ *            shard's lat[] itself, the gauges and the recent window.
  */
 #ifndef CHIME_STATS_H
 #define CHIME_STATS_H
@@ -91,6 +108,8 @@ struct stats_client {
 	struct chime_client_stats c;    /* c.seq unused: the shared block has its own */
 	uint8_t dirty;                  /* changed since the last publish */
 	uint8_t attached;
+	uint8_t lat_lo, lat_hi;         /* histogram buckets changed since the last publish
+					 * (lat_lo > lat_hi: none): only those are copied */
 };
 
 struct stats {
@@ -104,8 +123,14 @@ struct stats {
 	uint32_t nr_shards;
 	uint32_t shard;
 	uint8_t  lat_dirty;             /* histogram changed since the last publish */
+	uint8_t  base_dirty;            /* lat_base changed (a reset) since the last publish */
+	uint32_t win_cur;               /* the window slot of the current second */
+	uint32_t win_dirty;             /* window slots changed since the last publish (bits) */
+	uint64_t win_end_ns;            /* first ns after the current slot's second */
 	uint64_t published_ns;          /* now_ns of the last stats_maybe_publish() that published */
 };
+
+#define STATS_NS_PER_S UINT64_C(1000000000)
 
 /* The most often stats_maybe_publish() publishes: counters are at most this stale. */
 #define STATS_PUBLISH_NS UINT64_C(1000000)
@@ -144,16 +169,40 @@ static inline void stats_maybe_publish(struct stats *st, uint64_t now_ns)
 void stats_client_attach(struct stats *st, uint32_t slot, uint64_t generation);
 void stats_client_detach(struct stats *st, uint32_t slot);
 
-/* Record one lateness sample (fired_ns - deadline_ns) in the histogram. */
-static inline void stats_lateness(struct stats *st, uint64_t lat_ns)
+/*
+ * Move the recent window to the second of now_ns: that second's slot is
+ * cleared if it holds an older second. Called by stats_lateness() when a
+ * sample falls past the current second: at most once a second.
+ */
+void stats_window_roll(struct stats *st, uint64_t now_ns);
+
+/* Restart the figures `chimectl reset-stats` resets (stats.h top) and record gen. */
+void stats_reset_figures(struct stats *st, uint64_t gen);
+
+/*
+ * Record one lateness sample (fired_ns - deadline_ns): the lifetime
+ * histogram and the window slot of fired_ns's second. Returns its bucket.
+ */
+static inline uint32_t stats_lateness(struct stats *st, uint64_t lat_ns, uint64_t fired_ns)
 {
-	if (!CHIME_COUNTERS)
-		return;
-	st->sh.lat[chime_lat_bucket(lat_ns)]++;
+	uint32_t b = chime_lat_bucket(lat_ns);
+	struct chime_lat_second *w;
+
+	st->sh.lat[b]++;
 	st->sh.lat_sum_ns += lat_ns;
 	if (lat_ns > st->sh.lat_max_ns)
 		st->sh.lat_max_ns = lat_ns;
 	st->lat_dirty = 1;
+	/* One compare per fire; the slot is cleared only when the second changes. */
+	if (fired_ns >= st->win_end_ns)
+		stats_window_roll(st, fired_ns);
+	w = &st->sh.win[st->win_cur];
+	w->lat[b]++;
+	w->sum_ns += lat_ns;
+	if (lat_ns > w->max_ns)
+		w->max_ns = lat_ns;
+	st->win_dirty |= UINT32_C(1) << st->win_cur;
+	return b;
 }
 
 static inline struct chime_client_stats *stats__cl(struct stats *st, uint32_t slot)
@@ -271,6 +320,8 @@ static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline
 			      uint64_t fired_ns, int periodic, int immediate)
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
+	uint64_t lat;
+	uint32_t b;
 
 	if (!CHIME_COUNTERS)
 		return;
@@ -286,7 +337,19 @@ static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline
 		return;
 	}
 	/* Never early, so fired >= deadline; clamp anyway rather than wrap. */
-	stats_lateness(st, fired_ns > deadline_ns ? fired_ns - deadline_ns : 0);
+	lat = fired_ns > deadline_ns ? fired_ns - deadline_ns : 0;
+	b = stats_lateness(st, lat, fired_ns);
+	if (c) {
+		struct stats_client *p = &st->cl[slot];
+
+		c->lat[b]++;
+		if (lat > c->lat_max_ns)
+			c->lat_max_ns = lat;
+		if (b < p->lat_lo)
+			p->lat_lo = (uint8_t)b;
+		if (b > p->lat_hi)
+			p->lat_hi = (uint8_t)b;
+	}
 }
 
 static inline void stats_deliver(struct stats *st, uint32_t slot)
@@ -324,25 +387,46 @@ static inline void stats_client_depth(struct stats *st, uint32_t slot, uint64_t 
 	c = stats__cl(st, slot);
 	c->cq_depth = cq_depth;
 	c->backlog = backlog;
+	if (cq_depth > c->cq_depth_max)
+		c->cq_depth_max = cq_depth;
+}
+
+/* Records waiting in the client's submission ring on this shard (bounded by the caller). */
+static inline void stats_client_sq(struct stats *st, uint32_t slot, uint64_t depth)
+{
+	struct stats_client *p = slot < st->max_clients ? &st->cl[slot] : NULL;
+	struct chime_client_stats *c;
+
+	if (!CHIME_COUNTERS)
+		return;
+	if (!p || (p->c.sq_depth == depth && depth <= p->c.sq_depth_max))
+		return;
+	c = stats__cl(st, slot);
+	c->sq_depth = depth;
+	if (depth > c->sq_depth_max)
+		c->sq_depth_max = depth;
 }
 
 static inline void stats_shard_gauges(struct stats *st, uint64_t backlog, uint64_t next_deadline_ns,
-				      uint64_t cpu_ns)
+				      int inexact, uint64_t cpu_ns)
 {
 	if (!CHIME_COUNTERS)
 		return;
 	st->sh.backlog = backlog;
 	st->sh.next_deadline_ns = next_deadline_ns;
+	st->sh.next_inexact = inexact != 0;
 	st->sh.cpu_ns = cpu_ns;
 }
 
-static inline void stats_sq_depth(struct stats *st, uint64_t n)
+/* The shard's submission rings: the fullest one's waiting records, and all of them. */
+static inline void stats_sq(struct stats *st, uint64_t deepest, uint64_t waiting)
 {
 	if (!CHIME_COUNTERS)
 		return;
-	st->sh.sq_depth = n;
-	if (n > st->sh.sq_depth_max)
-		st->sh.sq_depth_max = n;
+	st->sh.sq_depth = deepest;
+	st->sh.sq_waiting = waiting;
+	if (deepest > st->sh.sq_depth_max)
+		st->sh.sq_depth_max = deepest;
 }
 
 static inline void stats_loop(struct stats *st, uint64_t busy_ns)

@@ -70,7 +70,8 @@
  *     plus a scan of the current tick's slot when now falls inside a tick that
  *     holds later timers (O(timers in that tick), skipped while now <
  *     cur_min_ns). Never O(ticks elapsed).
- *  pop: O(popped). next_deadline: O(levels). check: O(capacity). rebuild:
+ *  pop: O(popped). next_deadline: O(levels). earliest: O(levels + the
+ *     earliest slot's timers, at most max_scan). check: O(capacity). rebuild:
  *     O(high_water).
  * A timer far away wakes a tickless sleeper up to once per level on its way
  * down (each wake-up cascades it): wheel_next_deadline() reads bitmaps only,
@@ -647,6 +648,35 @@ uint64_t wheel_next_deadline(const struct wheel *wh)
 			 */
 			return tick_end_ns(wh, slot_base(w->now_tick, l, s));
 		}
+	}
+	return UINT64_MAX;
+}
+
+uint64_t wheel_earliest(const struct wheel *wh, uint32_t max_scan, int *inexact)
+{
+	const struct chime_wheel *w = wh->w;
+
+	*inexact = 0;
+	if (w->expired_head != NIL)
+		return wh->nodes[w->expired_head].deadline_ns;  /* due already (<= now_ns) */
+	for (unsigned l = 0; l < LEVELS; l++) {
+		unsigned s;
+		uint64_t min = UINT64_MAX;
+		uint32_t i, n = 0;
+
+		if (!w->occupied[l])
+			continue;
+		/* Every timer of the earliest slot is earlier than any other (file top). */
+		s = (unsigned)__builtin_ctzll(w->occupied[l]);
+		for (i = w->slot[l][s]; i != NIL && n < max_scan; i = wh->nodes[i].next, n++)
+			if (wh->nodes[i].deadline_ns < min)
+				min = wh->nodes[i].deadline_ns;
+		if (i == NIL)
+			return min;
+		/* Cut short: the slot's first ns is a lower bound (never later than the truth). */
+		*inexact = 1;
+		min = slot_base(w->now_tick, l, s);
+		return min > wh->max_tick ? UINT64_MAX - 1 : min * w->resolution_ns;
 	}
 	return UINT64_MAX;
 }

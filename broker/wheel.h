@@ -142,6 +142,17 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max);
  */
 uint64_t wheel_next_deadline(const struct wheel *wh);
 
+/*
+ * The earliest armed deadline, exact: what `chimestat` shows as "next"
+ * (wheel_next_deadline() is when to wake, the end of a tick). UINT64_MAX if
+ * nothing is armed; a deadline <= the last advance's now if timers are due.
+ * Cost: O(levels) plus a walk of the earliest non-empty slot, at most
+ * max_scan nodes (each a cache miss on a large wheel); if that slot holds
+ * more, it returns the slot's first nanosecond, a lower bound, and sets
+ * *inexact. For the counters, at most once a millisecond: not the hot path.
+ */
+uint64_t wheel_earliest(const struct wheel *wh, uint32_t max_scan, int *inexact);
+
 /* Timers in state ARMED or EXPIRED (chime_wheel.armed counts both). */
 static inline uint64_t wheel_armed(const struct wheel *wh)
 {

@@ -36,7 +36,7 @@
 #include "atomics.h"
 
 #define CHIME_SHM_MAGIC   UINT64_C(0x0031454d49484321) /* "!CHIME1" in LE bytes */
-#define CHIME_SHM_LAYOUT  2u                           /* bump on ANY incompatible change */
+#define CHIME_SHM_LAYOUT  3u                           /* bump on ANY incompatible change */
 #define CHIME_CACHELINE   64u
 
 /* Segment kinds, stored in every segment header so a file can't be mistaken for another. */
@@ -489,12 +489,40 @@ static inline uint64_t chime_lat_upper_ns(uint32_t b)
 }
 
 /*
+ * Lateness over a recent window: each shard keeps CHIME_LAT_WINDOW one-second
+ * histograms in a ring, slot (second % CHIME_LAT_WINDOW), each stamped with
+ * its second of CLOCK_MONOTONIC (fired_ns / 1e9). The shard clears a slot
+ * when it first records a sample in a new second (at most once a second,
+ * never per fire); a slot whose stamp is older than the window is stale and
+ * readers skip it (a shard that fired nothing for a while leaves old slots
+ * behind). A reader at second S sums the slots stamped S - CHIME_LAT_WINDOW
+ * + 1 .. S: the current second and the CHIME_LAT_WINDOW - 1 before it.
+ * Per-second counts fit 32 bits (4 G fires per second per bucket).
+ */
+#define CHIME_LAT_WINDOW 10u
+
+struct chime_lat_second {
+	uint64_t sec;               /* fired_ns / 1e9 of its samples; 0 with lat[] all 0: unused */
+	uint64_t max_ns;
+	uint64_t sum_ns;
+	uint32_t lat[CHIME_LAT_BUCKETS];
+};
+_Static_assert(sizeof(struct chime_lat_second) == 352, "a second is 352 B");
+
+/*
  * Per shard, in the control segment (the broker's user, root, --stats-group).
  * The shard's sleep number, which clients need, is in the public segment
  * (struct chime_pub_shard).
  *
  * field      | writer  | reader          | ordering
- * stats      | shard   | tools           | seqlock (seq), published once per loop iteration
+ * stats      | shard   | tools           | seqlock (seq), published at most once a
+ *            |         |                 | millisecond and before the shard sleeps
+ *
+ * Lateness: lat[] and lat_sum_ns count since the broker started and never go
+ * back (Prometheus counters); lat_base[] and lat_sum_base_ns are their values
+ * at the last `chimectl reset-stats` (zero before any), so "since the reset"
+ * is lat - lat_base; lat_max_ns is the largest since the reset. reset_gen is
+ * the control segment's stats_reset_gen this block has applied.
  */
 struct chime_shard_stats {
 	uint64_t seq;               /* odd while the shard writes the block */
@@ -510,28 +538,38 @@ struct chime_shard_stats {
 	uint64_t sleeps;
 	uint64_t wakeups;
 	uint64_t backlog;           /* events held for clients that do not drain, now */
-	uint64_t next_deadline_ns;  /* UINT64_MAX: nothing armed */
+	uint64_t next_deadline_ns;  /* earliest armed deadline (see next_inexact); UINT64_MAX: none */
 	uint64_t busy_ns;           /* time spent with work to do */
-	uint64_t sq_depth;          /* submissions found waiting at the last drain, all clients */
-	uint64_t sq_depth_max;      /* high-water mark of sq_depth */
-	uint64_t lat_max_ns;
-	uint64_t lat_sum_ns;
-	uint64_t lat[CHIME_LAT_BUCKETS];
+	uint64_t sq_depth;          /* records waiting in its fullest submission ring (<= sq_size) */
+	uint64_t sq_depth_max;      /* high-water mark of sq_depth since start or reset */
+	uint64_t lat_max_ns;        /* since start or reset */
+	uint64_t lat_sum_ns;        /* since start */
+	uint64_t lat[CHIME_LAT_BUCKETS];    /* since start */
 	uint64_t refused_nomem;     /* arms refused: no free node (slab full or not reserved) */
 	uint64_t refused_quota;     /* arms refused: the client was at --max-timers-per-client */
 	uint64_t reserve_failed;    /* slab chunks the filesystem would not reserve */
 	uint64_t immediate;         /* fires of timers armed (or reset) already due: not in lat[] */
 	uint64_t cpu_ns;            /* the shard thread's CPU time (CLOCK_THREAD_CPUTIME_ID) */
-	uint8_t  _reserved[1792 - 8 * (24 + CHIME_LAT_BUCKETS)];
+	uint64_t reset_gen;         /* chime_ctl.stats_reset_gen applied */
+	uint64_t sq_waiting;        /* records waiting in all its submission rings */
+	uint64_t next_inexact;      /* 1: next_deadline_ns is a lower bound (the slot was too big to scan) */
+	uint64_t lat_sum_base_ns;   /* lat_sum_ns at the last reset */
+	uint64_t lat_base[CHIME_LAT_BUCKETS];   /* lat[] at the last reset */
+	struct chime_lat_second win[CHIME_LAT_WINDOW];
+	uint8_t  _reserved[7936 - 8 * (28 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
 };
-_Static_assert(sizeof(struct chime_shard_stats) == 1792, "stats block size is part of the layout");
+_Static_assert(sizeof(struct chime_shard_stats) == 7936, "stats block size is part of the layout");
 _Static_assert(offsetof(struct chime_shard_stats, lat) == 152, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_shard_stats, refused_nomem) == 808, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_shard_stats, reset_gen) == 848, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_shard_stats, lat_base) == 880, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_shard_stats, win) == 1536, "moved: bump CHIME_SHM_LAYOUT");
 
 struct chime_shard_ctl {
 	uint8_t  _reserved[256];
 	struct chime_shard_stats stats;
 };
-_Static_assert(sizeof(struct chime_shard_ctl) == 2048, "shard block is 2 KiB");
+_Static_assert(sizeof(struct chime_shard_ctl) == 8192, "shard block is 8 KiB");
 _Static_assert(offsetof(struct chime_shard_ctl, stats) == 256, "stats start on their own line");
 
 /*
@@ -557,7 +595,12 @@ struct chime_client_ctl {
 _Static_assert(sizeof(struct chime_client_ctl) == 128, "client block is 128 B");
 _Static_assert(offsetof(struct chime_client_ctl, comm) == 24, "moved: bump CHIME_SHM_LAYOUT");
 
-/* Per (client, shard): written by that shard only; tools sum over shards. */
+/*
+ * Per (client, shard): written by that shard only; tools sum over shards
+ * (the depths: their maximum). A shard that adopts a reused slot zeroes the
+ * block and stamps it with the client's generation; `chimectl reset-stats`
+ * zeroes the lateness and the high-water marks, never the counters.
+ */
 struct chime_client_stats {
 	uint64_t seq;               /* seqlock, the shard */
 	uint64_t generation;        /* client slot generation these counters belong to */
@@ -571,9 +614,16 @@ struct chime_client_stats {
 	uint64_t wakeups;           /* wake-up messages sent to it */
 	uint64_t refused_nomem;     /* its arms refused: no free node */
 	uint64_t refused_quota;     /* its arms refused: at its quota */
-	uint8_t  _reserved[128 - 96];
+	uint64_t sq_depth;          /* records waiting in its submission ring (<= sq_size) */
+	uint64_t sq_depth_max;      /* since it connected or the last reset */
+	uint64_t cq_depth_max;      /* since it connected or the last reset */
+	uint64_t lat_max_ns;        /* since it connected or the last reset */
+	uint64_t lat[CHIME_LAT_BUCKETS];    /* lateness of its timers, since then */
+	uint8_t  _reserved[896 - 8 * (16 + CHIME_LAT_BUCKETS)];
 };
-_Static_assert(sizeof(struct chime_client_stats) == 128, "client stats block is 128 B");
+_Static_assert(sizeof(struct chime_client_stats) == 896, "client stats block is 896 B");
+_Static_assert(offsetof(struct chime_client_stats, sq_depth) == 96, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_client_stats, lat) == 128, "moved: bump CHIME_SHM_LAYOUT");
 
 /*
  * The control segment:
@@ -583,6 +633,14 @@ _Static_assert(sizeof(struct chime_client_stats) == 128, "client stats block is 
  *   struct chime_client_stats [max_clients][nr_shards] at client_stats_off
  * Broker-wide fields are written by the control thread (heartbeat_ns with a
  * relaxed store: readers only compare it with their clock).
+ *
+ * field            | writer         | readers       | ordering
+ * stats_reset_ns,  | control thread | tools         | relaxed stores, then stats_reset_gen
+ * _realtime_ns     |                |               | (release, RS1)
+ * stats_reset_gen  | control thread | shards, tools | RS1; each shard acquire-loads it before
+ *                  |                |               | it publishes (RS2) and, when it moved,
+ *                  |                |               | resets its own private figures and
+ *                  |                |               | publishes reset_gen: no cross-thread write
  */
 struct chime_ctl {
 	struct chime_seg_hdr hdr;
@@ -605,12 +663,16 @@ struct chime_ctl {
 	uint64_t clients_off;       /* byte offset of struct chime_client_ctl[0] */
 	uint64_t client_stats_off;  /* byte offset of struct chime_client_stats[0][0] */
 	uint64_t start_realtime_ns; /* CLOCK_REALTIME at start, for display only */
-	uint8_t  _reserved[256 - 64 - 128];
+	uint64_t stats_reset_gen;   /* bumped by `chimectl reset-stats` (RS1; shards: RS2) */
+	uint64_t stats_reset_ns;    /* CLOCK_MONOTONIC of the last reset; 0: never */
+	uint64_t stats_reset_realtime_ns; /* CLOCK_REALTIME of the same, for display only */
+	uint8_t  _reserved[256 - 64 - 128 - 24];
 };
 _Static_assert(sizeof(struct chime_ctl) == 256, "control header is 256 B");
 _Static_assert(offsetof(struct chime_ctl, heartbeat_ns) == 88, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, shards_off) == 160, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, client_stats_off) == 176, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_ctl, stats_reset_gen) == 192, "moved: bump CHIME_SHM_LAYOUT");
 
 /* ---- seqlock helpers (writer: one thread; readers: anyone, read-only mapping) ---- */
 
@@ -682,11 +744,18 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
  */
 #define CHIME_HELLO_QUERY_CLIENTS 1u    /* the connected clients of the caller's uid */
 #define CHIME_HELLO_QUERY_TIMERS  2u    /* the timers of client `pid`, if it is the caller's uid's */
+/*
+ * Reset the statistics (chimectl reset-stats): root and the broker's uid
+ * only. The answer is a struct chime_query_head with no records: status 0
+ * and total = the new chime_ctl.stats_reset_gen (each shard applies it
+ * within a millisecond, and publishes it as its reset_gen), or -EPERM.
+ */
+#define CHIME_HELLO_RESET_STATS   3u
 
 struct chime_hello {
 	uint32_t magic;             /* CHIME_HELLO_MAGIC */
 	uint32_t layout;            /* CHIME_SHM_LAYOUT the client speaks */
-	uint32_t flags;             /* 0, or one CHIME_HELLO_QUERY_* */
+	uint32_t flags;             /* 0, one CHIME_HELLO_QUERY_*, or CHIME_HELLO_RESET_STATS */
 	int32_t  pid;               /* QUERY_TIMERS: whose */
 	uint64_t limit;             /* queries: records at most (0: CHIME_QUERY_MAX) */
 	uint8_t  _reserved[8];

@@ -28,6 +28,7 @@
 #include "chime.h"
 #include "chime_shm.h"
 #include "helpers.h"
+#include "segment.h"
 
 #define MS 1000000ull
 
@@ -485,6 +486,43 @@ Test(access, tools_work_on_what_a_client_may_see_and_say_why_not_the_rest)
 	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s shutdown >/dev/null 2>&1", tb.dir, chimectl, tb.sock);
 	cr_assert_neq(as_user("chimet1", run_tool, &t), 0, "a client stopped the broker");
 	cr_assert_eq(kill(tb.pid, 0), 0, "the broker is still running");
+}
+
+/*
+ * reset-stats is for root and the broker's user, like shutdown: an admitted
+ * client of another user is refused by the broker, exit status 4 and a
+ * message saying who may; the figures are untouched. Root may.
+ */
+Test(access, reset_stats_is_for_root_and_the_broker_user_only)
+{
+	struct tool_run t;
+	char cmd[1024], path[300];
+	const char *chimectl;
+	struct chime_map m;
+	const struct chime_ctl *ctl;
+
+	need_users();
+	start("--allow-all");
+	chimectl = tool_copy("CHIMECTL");
+	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	ctl = m.base;
+	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s reset-stats 2>&1; exit $?", tb.dir, chimectl, tb.sock);
+	t.cmd = cmd;
+	cr_assert_eq(as_user("chimet1", run_tool, &t), 4, "another user's reset-stats must exit 4");
+	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s reset-stats 2>&1 | grep -q \"only root and the broker's user\"",
+		 tb.dir, chimectl, tb.sock);
+	cr_assert_eq(as_user("chimet1", run_tool, &t), 0, "the refusal must say who may");
+	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s --json reset-stats | grep -q '\"exit_status\":4'",
+		 tb.dir, chimectl, tb.sock);
+	cr_assert_eq(as_user("chimet1", run_tool, &t), 0, "--json says so too");
+	cr_assert_eq(at_load(&ctl->stats_reset_gen), 0, "a refused reset resets nothing");
+	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s reset-stats >/dev/null", tb.dir, chimectl, tb.sock);
+	t.cmd = cmd;
+	cr_assert_eq(run_tool(&t), 0, "root may");
+	cr_assert_eq(at_load(&ctl->stats_reset_gen), 1);
+	cr_assert_gt(at_load(&ctl->stats_reset_ns), 0);
+	chime_seg_unmap(&m);
 }
 
 Test(access, sighup_reloads_the_policy_file_and_the_broker_keeps_running)

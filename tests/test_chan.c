@@ -702,3 +702,28 @@ Test(chan, a_timer_armed_already_due_counts_as_immediate_not_as_lateness)
 	cr_assert_eq(lat, 1, "only the normal timer's lateness is recorded");
 	cr_assert_lt(F.st.sh.lat_max_ns, MS, "the lateness of deadline 0 leaked into the maximum");
 }
+
+/*
+ * The submission depth the shard reports: the client's sq_tail minus the
+ * shard's head, whatever the client wrote there bounded to [0, sq_size].
+ */
+Test(chan, sq_waiting_counts_reserved_records_and_bounds_a_scribbled_tail)
+{
+	struct client_sim *c = &F.cl[0];
+
+	cr_assert_eq(chan_sq_waiting(&c->ch), 0);
+	for (int i = 0; i < 5; i++)
+		submit(c, CHIME_OP_ARM, 0, 1, T0 + 3600 * RES, 0, 0);
+	cr_assert_eq(chan_sq_waiting(&c->ch), 5);
+	cr_assert_eq(chan_drain(&F.sc, &c->ch, 3), 3);
+	cr_assert_eq(chan_sq_waiting(&c->ch), 2);
+	cr_assert_eq(chan_drain(&F.sc, &c->ch, 64), 2);
+	cr_assert_eq(chan_sq_waiting(&c->ch), 0);
+	/* A hostile client: a tail far ahead, or behind the head. */
+	c->m.rw->sq_tail = c->ch.sq.head + 1000000;
+	cr_assert_eq(chan_sq_waiting(&c->ch), SQ);
+	c->m.rw->sq_tail = c->ch.sq.head - 1;
+	cr_assert_eq(chan_sq_waiting(&c->ch), 0);
+	c->m.rw->sq_tail = UINT64_MAX;
+	cr_assert_leq(chan_sq_waiting(&c->ch), SQ);
+}

@@ -178,9 +178,11 @@ Test(stats, publish_writes_private_counters_under_even_seq)
 	stats_wake_client(&st, 2);
 	stats_client_depth(&st, 2, 1, 0);
 	stats_malformed(&st);
-	stats_sq_depth(&st, 9);
-	stats_sq_depth(&st, 4);
-	stats_shard_gauges(&st, 0, 123456, 0);
+	stats_sq(&st, 9, 12);
+	stats_sq(&st, 4, 5);
+	stats_client_sq(&st, 2, 7);
+	stats_client_sq(&st, 2, 3);
+	stats_shard_gauges(&st, 0, 123456, 1, 0);
 	stats_loop(&st, 500);
 	stats_sleep(&st);
 
@@ -202,7 +204,9 @@ Test(stats, publish_writes_private_counters_under_even_seq)
 	cr_assert_eq(s.malformed, 1);
 	cr_assert_eq(s.sq_depth, 4);
 	cr_assert_eq(s.sq_depth_max, 9);
+	cr_assert_eq(s.sq_waiting, 5);
 	cr_assert_eq(s.next_deadline_ns, 123456);
+	cr_assert_eq(s.next_inexact, 1);
 	cr_assert_eq(s.loops, 1);
 	cr_assert_eq(s.sleeps, 1);
 	cr_assert_eq(s.busy_ns, 500);
@@ -218,7 +222,14 @@ Test(stats, publish_writes_private_counters_under_even_seq)
 	cr_assert_eq(fx.cs[2][1].cancels, 1);
 	cr_assert_eq(fx.cs[2][1].fires, 2);
 	cr_assert_eq(fx.cs[2][1].cq_depth, 1);
+	cr_assert_eq(fx.cs[2][1].cq_depth_max, 1);
+	cr_assert_eq(fx.cs[2][1].sq_depth, 3);
+	cr_assert_eq(fx.cs[2][1].sq_depth_max, 7);
 	cr_assert_eq(fx.cs[2][1].wakeups, 1);
+	/* The client's own histogram: 1500 ns and 5 ns. */
+	cr_assert_eq(fx.cs[2][1].lat[chime_lat_bucket(1500)], 1);
+	cr_assert_eq(fx.cs[2][1].lat[0], 1);
+	cr_assert_eq(fx.cs[2][1].lat_max_ns, 1500);
 	/* Other shards' columns and other clients are untouched. */
 	cr_assert_eq(fx.cs[2][0].arms, 0);
 	cr_assert_eq(fx.cs[2][2].arms, 0);
@@ -326,6 +337,101 @@ Test(stats, init_from_control_segment_geometry)
 	free(ctl);
 }
 
+/* ---- the recent window and reset-stats ---- */
+
+#define SEC UINT64_C(1000000000)
+
+static uint64_t win_count(const struct chime_shard_stats *s, uint64_t now, uint64_t *max)
+{
+	uint64_t h[CHIME_LAT_BUCKETS] = { 0 }, sum = 0;
+
+	*max = 0;
+	sr_window(s, now, h, &sum, max);
+	return sr_hist_count(h);
+}
+
+Test(stats, window_keeps_the_last_ten_seconds_and_skips_stale_slots)
+{
+	static struct fixture fx;
+	struct stats st;
+	uint64_t max;
+
+	cr_assert_eq(stats_init_blocks(&st, &fx.shard[0], &fx.cs[0][0], CLIENTS, SHARDS, 0), 0);
+	stats_client_attach(&st, 1, 1);
+	stats_fire(&st, 1, 100 * SEC, 100 * SEC + SEC / 2 + 0, 0, 0);            /* t=100.5: 0.5 s late */
+	stats_fire(&st, 1, 105 * SEC, 105 * SEC + 2000, 0, 0);                    /* t=105: 2 us */
+	stats_fire(&st, 1, 112 * SEC, 112 * SEC + 9000, 0, 0);                    /* t=112: 9 us */
+	stats_publish(&st);
+	/* At 112.5 s the window is seconds 103..112. */
+	cr_assert_eq(win_count(&fx.shard[0], 112 * SEC + SEC / 2, &max), 2);
+	cr_assert_eq(max, 9000);
+	cr_assert_eq(win_count(&fx.shard[0], 114 * SEC + SEC - 1, &max), 2);
+	cr_assert_eq(win_count(&fx.shard[0], 115 * SEC, &max), 1, "105 left the window");
+	cr_assert_eq(win_count(&fx.shard[0], 200 * SEC, &max), 0, "all stale");
+	cr_assert_eq(win_count(&fx.shard[0], 101 * SEC, &max), 1, "a reader back then saw the first");
+	/* Second 120 reuses the slot of 100: cleared first, never mixed. */
+	stats_fire(&st, 1, 120 * SEC, 120 * SEC + 3000, 0, 0);
+	stats_publish(&st);
+	cr_assert_eq(fx.shard[0].win[0].sec, 120);
+	cr_assert_eq(fx.shard[0].win[0].max_ns, 3000);
+	cr_assert_eq(win_count(&fx.shard[0], 120 * SEC + 5, &max), 2, "112 and 120");
+	cr_assert_eq(max, 9000);
+	/* The lifetime histogram has all four. */
+	cr_assert_eq(sr_hist_count(fx.shard[0].lat), 4);
+	cr_assert_eq(fx.shard[0].lat_max_ns, SEC / 2);
+	stats_fini(&st);
+}
+
+Test(stats, reset_restarts_lateness_and_marks_but_no_counter)
+{
+	static struct fixture fx;
+	struct chime_shard_stats s;
+	struct stats st;
+
+	cr_assert_eq(stats_init_blocks(&st, &fx.shard[0], &fx.cs[0][0], CLIENTS, SHARDS, 0), 0);
+	stats_client_attach(&st, 3, 5);
+	for (int i = 0; i < 4; i++) {
+		stats_arm(&st, 3);
+		stats_fire(&st, 3, 1000, 1000 + 50000, 0, 0);
+	}
+	stats_sq(&st, 30, 30);
+	stats_sq(&st, 2, 2);
+	stats_client_sq(&st, 3, 40);
+	stats_client_sq(&st, 3, 1);
+	stats_client_depth(&st, 3, 9, 0);
+	stats_client_depth(&st, 3, 0, 0);
+	stats_publish(&st);
+	cr_assert_eq(fx.cs[3][0].sq_depth_max, 40);
+	cr_assert_eq(fx.cs[3][0].cq_depth_max, 9);
+
+	stats_reset_figures(&st, 1);
+	stats_publish(&st);
+	read_shard(&s, &fx.shard[0]);
+	cr_assert_eq(s.reset_gen, 1);
+	cr_assert_eq(s.arms, 4, "counters are not reset");
+	cr_assert_eq(s.fires, 4);
+	cr_assert_eq(sr_hist_count(s.lat), 4, "lat[] stays monotonic (Prometheus)");
+	cr_assert_eq(memcmp(s.lat, s.lat_base, sizeof(s.lat)), 0, "since the reset: nothing");
+	cr_assert_eq(s.lat_sum_base_ns, s.lat_sum_ns);
+	cr_assert_eq(s.lat_max_ns, 0);
+	cr_assert_eq(s.sq_depth_max, 2, "the high-water mark restarts from now");
+	cr_assert_eq(sr_hist_count(fx.cs[3][0].lat), 0);
+	cr_assert_eq(fx.cs[3][0].lat_max_ns, 0);
+	cr_assert_eq(fx.cs[3][0].sq_depth_max, 1);
+	cr_assert_eq(fx.cs[3][0].cq_depth_max, 0);
+	cr_assert_eq(fx.cs[3][0].arms, 4);
+	cr_assert_eq(fx.cs[3][0].fires, 4);
+
+	/* After the reset, only new samples count. */
+	stats_fire(&st, 3, 1000, 1000 + 7000, 0, 0);
+	stats_publish(&st);
+	cr_assert_eq(fx.shard[0].lat[chime_lat_bucket(7000)] - fx.shard[0].lat_base[chime_lat_bucket(7000)], 1);
+	cr_assert_eq(fx.shard[0].lat_max_ns, 7000);
+	cr_assert_eq(sr_hist_count(fx.cs[3][0].lat), 1);
+	cr_assert_eq(fx.cs[3][0].lat_max_ns, 7000);
+	stats_fini(&st);
+}
+
 /* ---- seqlock: a reader never sees a torn block ---- */
 
 struct torn_arg {
@@ -351,7 +457,8 @@ static void *torn_writer(void *p)
 		stats_arm(&st, 0);      /* marks the client dirty */
 		for (k = 0; k < n; k++)
 			w[k] = i;
-		st.lat_dirty = 1;
+		st.lat_dirty = st.base_dirty = 1;
+		st.win_dirty = (UINT32_C(1) << CHIME_LAT_WINDOW) - 1;
 		st.cl[0].c.fires = st.cl[0].c.cancels = i;
 		st.cl[0].c.arms = i + 1;
 		stats_publish(&st);

@@ -31,6 +31,7 @@
 #include "helpers.h"
 #include "segment.h"
 #include "stats.h"
+#include "statsread.h"
 
 #include <chime.h>
 
@@ -277,7 +278,7 @@ static void fake_make(struct fake *f, pid_t pid, uint64_t heartbeat_age_ns)
 	stats_fire(&st[1], 1, 0, 100, 0, 0);
 	stats_fire(&st[1], 1, 0, 100, 0, 0);
 	stats_client_depth(&st[1], 1, 2, 1);
-	stats_shard_gauges(&st[1], 1, now + UINT64_C(600000000000), 0);
+	stats_shard_gauges(&st[1], 1, now + UINT64_C(600000000000), 0, 0);
 	for (k = 0; k < F_SHARDS; k++) {
 		stats_loop(&st[k], 1000);
 		stats_publish(&st[k]);
@@ -340,6 +341,23 @@ Test(tools_fake, json_has_exact_counters)
 	cr_assert_eq(jq(".lateness.p50_ns"), 1024);
 	cr_assert_eq(jq(".shards[1].next_deadline_in_ns > 1000000000"), 1);
 	cr_assert_eq(jq(".shards[0].next_deadline_in_ns == null"), 1);
+	chime_seg_unmap(&f.map);
+}
+
+/* A segment of another layout: refused with a message naming both versions, never misread. */
+Test(tools_fake, another_layout_is_refused_with_both_versions)
+{
+	struct fake f;
+	char want[400];
+
+	fake_make(&f, getpid(), 0);
+	f.ctl->hdr.layout = CHIME_SHM_LAYOUT - 1;
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1);
+	snprintf(want, sizeof(want), "shm layout %u of '%s.ctl' not supported (this build speaks %u)",
+		 CHIME_SHM_LAYOUT - 1, sock, CHIME_SHM_LAYOUT);
+	cr_assert(strstr(slurp(err), want), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' --json clients", bin("CHIMECTL"), sock), 1);
+	cr_assert_eq(jq(".ok == false and (.error | test(\"layout\"))"), 1, "%s", slurp(out));
 	chime_seg_unmap(&f.map);
 }
 
@@ -666,6 +684,173 @@ Test(tools_live, lateness_percentiles_match_the_client)
 	chime_close(a);
 }
 
+/*
+ * A shard stalled (SIGSTOP) while timers fall due and a client fills its
+ * submission ring: the timers fire late by a known amount (the client sees
+ * fired - deadline in its events), the ring depth shows records waiting,
+ * and the figures land in the 10 s window, per client, and since start.
+ * Then reset-stats restarts the lifetime lateness and the maxima but no
+ * counter (Prometheus stays monotonic), and 10 s later the window is empty.
+ */
+Test(tools_live, stall_shows_waiting_records_late_timers_window_and_reset, .timeout = 120)
+{
+	enum { LATE = 20, QUEUED = 1000 };
+	static uint64_t lat[LATE];
+	struct chime_opts o = { .socket_path = sock };
+	struct chime_event ev[64];
+	uint64_t now, t_fired;
+	chime_id_t id;
+	chime_t *a;
+	int got = 0;
+
+	/* Busy-poll: the shard is awake when stopped, so its first publish after SIGCONT follows a drain or two. */
+	start_broker("--shards 1 --spin-us -1");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	now = chime_now();
+	for (int i = 0; i < LATE; i++)
+		cr_assert_eq(chime_arm(a, 1, now + 500000000, 0, 0, &id), 0);
+	{
+		/* Until the shard has applied them (read in-process: no fork on a loaded machine). */
+		struct sr r;
+		struct sr_snap sn;
+		uint64_t armed = 0;
+
+		cr_assert_eq(sr_open(&r, sock), 0);
+		while (armed < LATE && chime_now() < now + 400000000) {
+			cr_assert_eq(sr_snapshot(&r, &sn), 0);
+			armed = sn.shards[0].armed;
+			sr_snap_free(&sn);
+			usleep(1000);
+		}
+		sr_close(&r);
+		cr_assert_eq(armed, LATE, "the shard did not apply the arms within 400 ms");
+	}
+	cr_assert_eq(kill(broker, SIGSTOP), 0);
+	{
+		int st;
+
+		/* kill() returns before a busy thread on another core has stopped: wait for the group stop. */
+		cr_assert_eq(waitpid(broker, &st, WUNTRACED), broker);
+		cr_assert(WIFSTOPPED(st));
+	}
+	for (int i = 0; i < QUEUED; i++)
+		cr_assert_eq(chime_arm(a, 2, now + UINT64_C(3600000000000), 0, 0, &id), 0);
+	while (chime_now() < now + 750000000)
+		usleep(10000);
+	cr_assert_eq(kill(broker, SIGCONT), 0);
+	while (got < LATE) {
+		int n = chime_wait(a, ev, 64, 3000);
+
+		cr_assert_gt(n, 0, "the late timers did not fire (%d of %d)", got, LATE);
+		for (int j = 0; j < n; j++)
+			lat[got + j] = ev[j].fired_ns - ev[j].deadline_ns;
+		got += n;
+	}
+	t_fired = chime_now();
+	qsort(lat, LATE, sizeof(lat[0]), cmp_u64);
+	cr_assert_gt(lat[0], 100000000, "stalled for 250 ms past the deadline: %" PRIu64, lat[0]);
+	cr_assert_eq(settle(".shards[0].armed", QUEUED), QUEUED);
+	cr_assert_eq(settle(".shards[0].sq_depth", 0), 0, "drained");
+	/* At most two drains of 256 before the first publish; never beyond the ring. */
+	cr_assert_eq(jq(".broker.sq_size"), 1024);
+	cr_assert_geq(jq(".shards[0].sq_depth_max"), QUEUED - 512, "%s", slurp(out));
+	cr_assert_leq(jq(".shards[0].sq_depth_max"), 1024);
+	cr_assert_eq(jq(".clients[0].sq_depth_max"), jq(".shards[0].sq_depth_max"));
+	/* Lateness: exact max (the events carry the broker's fired_ns), p50 within its bucket. */
+	cr_assert_eq(jq(".lateness.count"), LATE);
+	cr_assert_eq(jq(".lateness_10s.count"), LATE);
+	cr_assert_eq(jq(".shards[0].lateness_10s.count"), LATE);
+	cr_assert_eq(jq(".lateness_10s.max_ns"), (int64_t)lat[LATE - 1]);
+	cr_assert_eq(jq(".clients[0].lateness.count"), LATE);
+	cr_assert_eq(jq(".clients[0].lateness.max_ns"), (int64_t)lat[LATE - 1]);
+	cr_assert_geq(jq(".clients[0].lateness.p50_ns"), (int64_t)lat[LATE / 2 - 1]);
+	cr_assert_leq(jq(".clients[0].lateness.p50_ns"), (int64_t)chime_lat_upper_ns(chime_lat_bucket(lat[LATE / 2 - 1])));
+	cr_assert_geq(jq(".lateness_10s.p99_ns"), (int64_t)lat[LATE - 1] / 2);
+	/* The text shows them too: the window's rows and the client's p50/p99/max. */
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 0);
+	cr_assert(strstr(slurp(out), "last 10 s"), "%s", slurp(out));
+	cr_assert(strstr(slurp(out), "lat p50"), "%s", slurp(out));
+	cr_assert(strstr(slurp(out), "/1024"), "sq wait/size: %s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' --json clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".clients[0].lateness.max_ns"), (int64_t)lat[LATE - 1]);
+	cr_assert_eq(jq(".clients[0].lateness.count"), LATE);
+	check_prometheus();
+
+	/* reset-stats: lifetime lateness and maxima restart; counters and the window stay. */
+	cr_assert_eq(run("%s --socket '%s' reset-stats", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".broker.stats_reset_gen"), 1);
+	cr_assert_gt(jq(".broker.stats_reset_realtime_ns"), 0);
+	cr_assert_eq(jq(".broker.stats_reset_pending"), 0);
+	cr_assert_eq(jq(".lateness.count"), 0);
+	cr_assert_eq(jq(".lateness.max_ns"), 0);
+	cr_assert_eq(jq(".shards[0].sq_depth_max"), 0);
+	cr_assert_eq(jq(".clients[0].sq_depth_max"), 0);
+	cr_assert_eq(jq(".clients[0].lateness.count"), 0);
+	cr_assert_eq(jq(".clients[0].lateness.max_ns"), 0);
+	cr_assert_eq(jq(".shards[0].arms"), LATE + QUEUED, "counters are never reset");
+	cr_assert_eq(jq(".shards[0].fires"), LATE);
+	cr_assert_eq(jq(".clients[0].arms"), LATE + QUEUED);
+	cr_assert_eq(jq(".lateness_10s.count"), LATE, "the window is recent by itself: kept");
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 0);
+	cr_assert(strstr(slurp(out), "stats reset"), "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' --prometheus", bin("CHIMESTAT"), sock), 0);
+	{
+		char want[128];
+
+		snprintf(want, sizeof(want), "chime_shard_lateness_seconds_count{shard=\"0\"} %d\n", LATE);
+		cr_assert(strstr(slurp(out), want), "the Prometheus histogram stays monotonic: %s", slurp(out));
+		snprintf(want, sizeof(want), "chime_shard_arms_total{shard=\"0\"} %d\n", LATE + QUEUED);
+		cr_assert(strstr(slurp(out), want), "%s", slurp(out));
+		cr_assert(strstr(slurp(out), "chime_shard_recent_lateness_seconds{shard=\"0\",quantile=\"0.99\"}"),
+			  "%s", slurp(out));
+	}
+	/* A second later than the window, the late fires have left it; since start they stay. */
+	while (chime_now() < t_fired + UINT64_C(11000000000))
+		usleep(100000);
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".lateness_10s.count"), 0);
+	cr_assert_eq(jq(".shards[0].lateness_10s.max_ns"), 0);
+	cr_assert_eq(run("%s --socket '%s' --prometheus", bin("CHIMESTAT"), sock), 0);
+	{
+		char want[128];
+
+		snprintf(want, sizeof(want), "chime_shard_lateness_seconds_count{shard=\"0\"} %d\n", LATE);
+		cr_assert(strstr(slurp(out), want), "%s", slurp(out));
+	}
+	chime_close(a);
+}
+
+/* "next" is the earliest armed deadline itself (within a resolution unit), not its wheel slot's start. */
+Test(tools_live, next_is_the_earliest_armed_deadline)
+{
+	struct chime_opts o = { .socket_path = sock };
+	uint64_t now, deadline, t0, t1;
+	chime_id_t id;
+	chime_t *a;
+	int64_t next;
+
+	start_broker("--shards 1 --resolution-us 100");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	now = chime_now();
+	/* 2.3 s ahead, off any tick boundary: on level 2 of the wheel, whose slots span 0.4 s. */
+	deadline = now + UINT64_C(2300000000) + 54321;
+	cr_assert_eq(chime_arm(a, 0, deadline, 0, 0, &id), 0);
+	cr_assert_eq(chime_arm(a, 0, deadline + UINT64_C(50000000), 0, 0, &id), 0);
+	cr_assert_eq(settle(".shards[0].armed", 2), 2);
+	t0 = chime_now();
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0);
+	t1 = chime_now();
+	next = jq(".shards[0].next_deadline_in_ns");
+	cr_assert_eq(jq(".shards[0].next_deadline_exact"), 1);
+	/* chimestat took its clock between t0 and t1: next = deadline - its clock. */
+	cr_assert_geq(next, (int64_t)(deadline - t1) - 100000, "next %" PRId64 " ns, deadline in %" PRIu64 "..%" PRIu64,
+		      next, deadline - t1, deadline - t0);
+	cr_assert_leq(next, (int64_t)(deadline - t0), "next %" PRId64 " ns is beyond the deadline (%" PRIu64 ")",
+		      next, deadline - t0);
+	chime_close(a);
+}
+
 Test(tools_live, sigkill_leaves_last_state_readable)
 {
 	struct chime_opts o = { .socket_path = sock };
@@ -689,6 +874,55 @@ Test(tools_live, sigkill_leaves_last_state_readable)
 	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
 	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3);
 	chime_close(a);
+}
+
+/* chimectl --json: one document per command, the text's information, ok and exit_status. */
+Test(tools_live, chimectl_json_for_every_command)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_id_t id;
+	chime_t *a;
+
+	start_broker("--shards 2");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(chime_arm(a, 9, chime_now() + UINT64_C(3600000000000), 0, 42, &id), 0);
+	settle("[.shards[].armed] | add", 3);
+	cr_assert_eq(run("%s --socket '%s' --json status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".command == \"status\" and .ok and .exit_status == 0"), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".pid"), broker);
+	cr_assert_eq(jq(".running"), 1);
+	cr_assert_eq(jq(".shards"), 2);
+	cr_assert_eq(jq(".clients"), 1);
+	cr_assert_eq(jq(".stats_reset_realtime_ns == null"), 1);
+	cr_assert_eq(run("%s --socket '%s' -j clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".clients | length"), 1);
+	cr_assert_eq(jq(".clients[0].pid"), getpid());
+	cr_assert_eq(jq(".clients[0].armed"), 3);
+	cr_assert_eq(jq(".clients[0].comm == \"test_tools\""), 1);
+	cr_assert_eq(jq(".clients[0].state == \"active\""), 1);
+	cr_assert_eq(run("%s --socket '%s' timers --json --client %d --limit 2", bin("CHIMECTL"), sock, (int)getpid()),
+		     0, "%s", slurp(err));
+	cr_assert_eq(jq(".timers | length"), 2);
+	cr_assert_eq(jq(".shown"), 2);
+	cr_assert_eq(jq(".total"), 3);
+	cr_assert_eq(jq("[.timers[] | select(.key == 9 and .user_data == 42 and .state == \"armed\")] | length"), 2);
+	cr_assert_eq(jq(".timers[0].deadline_in_ns > 3500000000000"), 1);
+	cr_assert_eq(run("%s --socket '%s' --json timers --client 1", bin("CHIMECTL"), sock), 1);
+	cr_assert_eq(jq(".ok == false and .exit_status == 1 and (.error | test(\"no client with pid 1\"))"), 1,
+		     "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' --json reset-stats", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".generation"), 1);
+	cr_assert_eq(jq(".applied"), 1);
+	cr_assert_gt(jq(".stats_reset_realtime_ns"), 0);
+	chime_close(a);
+	cr_assert_eq(run("%s --socket '%s' --json shutdown", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".stopped and .ok"), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".pid"), broker);
+	waitpid(broker, NULL, 0);
+	broker = 0;
+	cr_assert_eq(run("%s --socket '%s' --json status", bin("CHIMECTL"), sock), 1);
+	cr_assert_eq(jq(".ok == false and (.error | length > 0)"), 1, "%s", slurp(out));
 }
 
 Test(tools_live, shutdown_stops_and_removes_segments)

@@ -497,6 +497,69 @@ Test(wheel, next_deadline_of_an_empty_wheel_is_uint64_max)
 	tw_fini(&t);
 }
 
+/*
+ * wheel_earliest(): the exact earliest deadline, wherever it waits (level 0,
+ * a coarse level far ahead, after cancels), "due" for expired timers, and a
+ * lower bound flagged inexact when the slot is larger than the scan.
+ */
+Test(wheel, earliest_is_the_exact_minimum_deadline)
+{
+	uint64_t seed = 11, now = 1000000000, res = 100000, min = UINT64_MAX;
+	uint32_t idx[500], keep = 0;
+	struct tw t;
+	int inexact = 7;
+
+	tw_init(&t, 1024, res, now);
+	cr_assert_eq(wheel_earliest(&t.wh, 256, &inexact), UINT64_MAX);
+	cr_assert_eq(inexact, 0);
+	/* One timer 3.7 s ahead, in a coarse slot: its deadline, not the slot's start. */
+	idx[0] = arm_new(&t, now + 3700000123u);
+	cr_assert_eq(wheel_earliest(&t.wh, 256, &inexact), now + 3700000123u);
+	cr_assert_eq(inexact, 0);
+	cr_assert_lt(wheel_next_deadline(&t.wh), now + 3700000123u, "the wake-up is the slot's, earlier");
+	wheel_cancel(&t.wh, idx[0]);
+	/* Random deadlines; cancel half; the minimum of the rest. */
+	for (int i = 0; i < 500; i++)
+		idx[i] = arm_new(&t, now + 1000 + splitmix64(&seed) % UINT64_C(90000000000));
+	for (int i = 0; i < 500; i += 2)
+		wheel_cancel(&t.wh, idx[i]);
+	for (int i = 1; i < 500; i += 2) {
+		uint64_t d = wheel_node(&t.wh, idx[i])->deadline_ns;
+
+		if (d < min) {
+			min = d;
+			keep = idx[i];
+		}
+	}
+	cr_assert_eq(wheel_earliest(&t.wh, 1024, &inexact), min);
+	cr_assert_eq(inexact, 0);
+	/* Advance just before it: still exact; at it: due (<= now). */
+	wheel_advance(&t.wh, min - 1);
+	cr_assert_eq(wheel_earliest(&t.wh, 1024, &inexact), min);
+	wheel_advance(&t.wh, min);
+	cr_assert_leq(wheel_earliest(&t.wh, 1024, &inexact), min);
+	cr_assert_eq(pop_all(&t, NULL, 0), 1);
+	wheel_free(&t.wh, keep);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+	/* A slot larger than the scan: a lower bound, flagged. */
+	tw_init(&t, 1024, res, now);
+	{
+		uint64_t base = now + UINT64_C(5000000000), got;
+
+		for (int i = 0; i < 20; i++)
+			arm_new(&t, base + 1000 * (uint64_t)i);
+		got = wheel_earliest(&t.wh, 4, &inexact);
+		cr_assert_eq(inexact, 1);
+		cr_assert_leq(got, base, "a lower bound");
+		cr_assert_gt(got, now);
+		cr_assert_eq(wheel_earliest(&t.wh, 1024, &inexact), base);
+		cr_assert_eq(inexact, 0);
+	}
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
 /* Copy the region, rebuild the copy, drive both to the end: same expiries. */
 Test(wheel, rebuild_from_a_copy_of_the_region_gives_the_same_future_expiries)
 {

@@ -1,14 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * chimectl - administer a running chimed: is it healthy, who is connected,
- * which timers does a client hold, stop it.
+ * which timers does a client hold, reset its statistics, stop it.
  *
- * Everything but the handshake of `status` and the signal of `shutdown` is
- * read from the broker's segments, mapped read-only: chimectl never changes
- * the broker's memory.
+ * Everything but the handshake of `status`, the request of `reset-stats`
+ * and the signal of `shutdown` is read from the broker's segments, mapped
+ * read-only: chimectl never changes the broker's memory.
+ *
+ * --json: every command prints one JSON document on stdout (jansson) with
+ * the information of its text, {"command", "ok", "exit_status", ...} and on
+ * failure "error" (the message also goes to stderr, as without --json).
  */
 #include <errno.h>
 #include <getopt.h>
+#include <stdarg.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,8 +29,75 @@
 #include "statsread.h"
 
 #include <chime.h>
+#include <jansson.h>
 
 #define PROG "chimectl"
+
+/* How long `reset-stats` waits for every shard to apply the reset. */
+#define RESET_WAIT_NS (UINT64_C(5) * 1000000000u)
+
+/* --json: the document being built (NULL: text). */
+static json_t *J;
+
+/* Text output: only without --json. */
+static void out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void out(const char *fmt, ...)
+{
+	va_list ap;
+
+	if (J)
+		return;
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+}
+
+/* A string that may not be UTF-8 (a path, a message quoting one): bytes >= 0x80 become '?' if need be. */
+static json_t *jtext(const char *s, size_t len);
+
+/* A failure: the message on stderr, and in the JSON document's "error". Returns code. */
+static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int code, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, PROG ": %s\n", msg);
+	if (J && !json_object_get(J, "error"))
+		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));
+	return code;
+}
+
+/* A process name (or a path) is whatever bytes it chose: JSON needs UTF-8, so other bytes become '?'. */
+static json_t *jtext(const char *s, size_t len)
+{
+	size_t n = strnlen(s, len);
+	json_t *j = json_stringn(s, n);
+	char *buf;
+
+	if (j)
+		return j;
+	buf = malloc(n + 1);
+	if (!buf)
+		return json_null();
+	for (size_t i = 0; i < n; i++)
+		buf[i] = (unsigned char)s[i] >= 0x80 ? '?' : s[i];
+	buf[n] = '\0';
+	j = json_string(buf);
+	free(buf);
+	return j;
+}
+
+static void jset(const char *key, json_t *v)
+{
+	if (J)
+		json_object_set_new(J, key, v);
+	else
+		json_decref(v);
+}
 
 /* How long `shutdown` waits for the broker to exit. */
 #define SHUTDOWN_WAIT_NS (UINT64_C(5) * 1000000000u)
@@ -42,31 +114,46 @@ static void usage(FILE *f)
 		"  timers --client PID [--limit N]\n"
 		"                             list the armed timers of client PID (default limit 100,\n"
 		"                             0: all)\n"
+		"  reset-stats                restart the lateness histograms and the high-water\n"
+		"                             marks (not the counters); root and the broker's user\n"
 		"  shutdown                   stop the broker (SIGTERM) and wait up to 5 s for it\n"
 		"\n"
 		"Options:\n"
 		"  -s, --socket PATH   broker socket (default: $CHIME_SOCKET, else\n"
 		"                      /run/chime/chime.sock)\n"
+		"  -j, --json          print one JSON document (every command)\n"
 		"  -h, --help          show this help\n"
 		"  -V, --version       show the version\n"
 		"\n"
 		"Exit status: 0 ok; 1 failure (cannot read the broker's shared memory, the\n"
 		"handshake failed, the signal failed or the broker did not exit in time);\n"
-		"2 usage error; 3 the broker is not running.\n");
+		"2 usage error; 3 the broker is not running; 4 not permitted (reset-stats and\n"
+		"shutdown: root and the broker's user only).\n");
+}
+
+/* sr_open() failed: the standard message, and a short one in the JSON document. */
+static int sr_fail(const struct sr *s, int r)
+{
+	char msg[PATH_MAX + 128];
+
+	sr_perror(PROG, s, r);
+	if (J) {
+		snprintf(msg, sizeof(msg), "cannot read '%s': %s", s->ctl_path,
+			 r == -EPROTO ? "shm layout not supported by this build" : strerror(-r));
+		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));
+	}
+	return SR_EXIT_NOSHM;
 }
 
 static int open_snapshot(struct sr *s, struct sr_snap *sn, const char *sock)
 {
 	int r = sr_open(s, sock);
 
-	if (r < 0) {
-		sr_perror(PROG, s, r);
-		return SR_EXIT_NOSHM;
-	}
+	if (r < 0)
+		return sr_fail(s, r);
 	if (sr_snapshot(s, sn) < 0) {
-		fprintf(stderr, PROG ": out of memory\n");
 		sr_close(s);
-		return SR_EXIT_NOSHM;
+		return fail(SR_EXIT_NOSHM, "out of memory");
 	}
 	return SR_EXIT_OK;
 }
@@ -81,15 +168,17 @@ static int status_by_handshake(const char *sock)
 	chime_t *c;
 	int r = chime_open(&c, &o);
 
-	if (r < 0) {
-		fprintf(stderr, PROG ": handshake with '%s' failed: %s%s\n", sock, strerror(-r),
-			r == -EACCES ? " (the broker's policy refused this user)" :
-			r == -ENOENT ? " (is chimed running?)" : "");
-		return r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
-	}
+	if (r < 0)
+		return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "handshake with '%s' failed: %s%s",
+			    sock, strerror(-r),
+			    r == -EACCES ? " (the broker's policy refused this user)" :
+			    r == -ENOENT ? " (is chimed running?)" : "");
 	chime_close(c);
-	printf("chimed at %s is running and admits this user (its counters are for root, the "
-	       "broker's user and chimed --stats-group)\n", sock);
+	out("chimed at %s is running and admits this user (its counters are for root, the "
+	    "broker's user and chimed --stats-group)\n", sock);
+	jset("running", json_true());
+	jset("admits_this_user", json_true());
+	jset("counters_readable", json_false());
 	return SR_EXIT_OK;
 }
 
@@ -105,20 +194,25 @@ static int cmd_status(const char *sock)
 	r = sr_open(&s, sock);
 	if (r == -EACCES)
 		return status_by_handshake(sock);
-	if (r < 0) {
-		sr_perror(PROG, &s, r);
-		return SR_EXIT_NOSHM;
-	}
+	if (r < 0)
+		return sr_fail(&s, r);
 	sr_close(&s);
 	r = open_snapshot(&s, &sn, sock);
 	if (r)
 		return r;
 	st = sr_liveness(&sn, &why);
+	jset("pid", json_integer(sn.hdr.pid));
+	jset("version", jtext(sn.hdr.version, sizeof(sn.hdr.version)));
+	jset("state", json_string(sr_state_name(sn.hdr.state)));
+	jset("running", json_boolean(st == SR_RUNNING));
+	jset("heartbeat_age_ns", json_integer(sn.now_ns > sn.hdr.heartbeat_ns ?
+					      (json_int_t)(sn.now_ns - sn.hdr.heartbeat_ns) : 0));
+	jset("counters_readable", json_true());
 	if (st != SR_RUNNING) {
-		fprintf(stderr, PROG ": %s (state %s, pid %d, heartbeat %.1fs ago)\n", why,
-			sr_state_name(sn.hdr.state), (int)sn.hdr.pid,
-			sn.now_ns > sn.hdr.heartbeat_ns ? (double)(sn.now_ns - sn.hdr.heartbeat_ns) / 1e9 : 0.0);
-		r = st == SR_STARTING ? SR_EXIT_NOSHM : SR_EXIT_NOT_RUNNING;
+		r = fail(st == SR_STARTING ? SR_EXIT_NOSHM : SR_EXIT_NOT_RUNNING,
+			 "%s (state %s, pid %d, heartbeat %.1fs ago)", why, sr_state_name(sn.hdr.state),
+			 (int)sn.hdr.pid,
+			 sn.now_ns > sn.hdr.heartbeat_ns ? (double)(sn.now_ns - sn.hdr.heartbeat_ns) / 1e9 : 0.0);
 		goto out;
 	}
 	{
@@ -128,16 +222,23 @@ static int cmd_status(const char *sock)
 		/* The segment says alive; only a handshake proves it answers. */
 		r = chime_open(&c, &o);
 		if (r < 0) {
-			fprintf(stderr, PROG ": handshake with '%s' failed: %s%s\n", sock, strerror(-r),
-				r == -EACCES ? " (the broker's policy refused this user)" : "");
-			r = SR_EXIT_NOSHM;
+			jset("running", json_false());
+			r = fail(SR_EXIT_NOSHM, "handshake with '%s' failed: %s%s", sock, strerror(-r),
+				 r == -EACCES ? " (the broker's policy refused this user)" : "");
 			goto out;
 		}
 		chime_close(c);
 	}
+	jset("admits_this_user", json_true());
+	jset("uptime_ns", json_integer((json_int_t)(sn.now_ns - sn.hdr.start_ns)));
+	jset("shards", json_integer(sn.hdr.nr_shards));
+	jset("clients", json_integer((json_int_t)sn.hdr.clients_now));
+	jset("stats_reset_gen", json_integer((json_int_t)sn.hdr.stats_reset_gen));
+	jset("stats_reset_realtime_ns", sn.hdr.stats_reset_gen ?
+	     json_integer((json_int_t)sn.hdr.stats_reset_realtime_ns) : json_null());
 	sr_fmt_dur(up, sizeof(up), sn.now_ns - sn.hdr.start_ns);
-	printf("chimed pid %d version %s running, up %s, %u shards, %" PRIu64 " clients\n",
-	       (int)sn.hdr.pid, sn.hdr.version, up, sn.hdr.nr_shards, sn.hdr.clients_now);
+	out("chimed pid %d version %s running, up %s, %u shards, %" PRIu64 " clients\n",
+	    (int)sn.hdr.pid, sn.hdr.version, up, sn.hdr.nr_shards, sn.hdr.clients_now);
 	r = SR_EXIT_OK;
 out:
 	sr_snap_free(&sn);
@@ -159,15 +260,23 @@ static const char *node_state(uint8_t st)
 }
 
 /* Why a query failed, for a user who cannot read the segments either. */
-static int query_error(const char *sock, int r, long pid)
+static int query_error(const char *sock, int r)
 {
-	fprintf(stderr, PROG ": asking '%s' failed: %s%s\n", sock, strerror(-r),
-		r == -ESRCH ? " (no client with that pid)" :
-		r == -EACCES ? " (another user's client: only root, the broker's user and chimed --stats-group see it)" :
-		r == -EBUSY ? " (the broker answers one query at a time: try again)" :
-		r == -ENOENT ? " (is chimed running?)" : "");
-	(void)pid;
-	return r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
+	return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "asking '%s' failed: %s%s", sock, strerror(-r),
+		    r == -ESRCH ? " (no client with that pid)" :
+		    r == -EACCES ? " (another user's client: only root, the broker's user and chimed --stats-group see it)" :
+		    r == -EBUSY ? " (the broker answers one query at a time: try again)" :
+		    r == -ENOENT ? " (is chimed running?)" : "");
+}
+
+/* A timer as JSON, deadline relative to `now`. */
+static json_t *jtimer(uint64_t id, uint64_t key, uint64_t user_data, uint64_t deadline_ns, uint64_t now,
+		      uint64_t period_ns, const char *state, uint32_t shard)
+{
+	return json_pack("{s:I,s:I,s:I,s:I,s:I,s:s,s:i}", "id", (json_int_t)id, "key", (json_int_t)key,
+			 "user_data", (json_int_t)user_data,
+			 "deadline_in_ns", (json_int_t)(int64_t)(deadline_ns - now),
+			 "period_ns", (json_int_t)period_ns, "state", state ? state : "?", "shard", (int)shard);
 }
 
 /*
@@ -178,23 +287,35 @@ static int clients_by_query(const char *sock)
 {
 	struct chime_query_client recs[CHIME_QUERY_MAX];
 	struct chime_query_head head;
+	json_t *arr = json_array();
 	int r = query_broker(sock, CHIME_HELLO_QUERY_CLIENTS, 0, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]));
 
-	if (r < 0 && r != -ECONNRESET)
-		return query_error(sock, r, 0);
-	printf("(this user's clients only: the others' need root, the broker's user or chimed --stats-group)\n");
-	printf("%4s %7s %6s %6s %-15s %10s %8s %10s %10s\n", "SLOT", "PID", "UID", "GID", "COMM",
-	       "CONNECTED", "ARMED", "ARMS", "FIRES");
+	if (r < 0 && r != -ECONNRESET) {
+		json_decref(arr);
+		return query_error(sock, r);
+	}
+	out("(this user's clients only: the others' need root, the broker's user or chimed --stats-group)\n");
+	out("%4s %7s %6s %6s %-15s %10s %8s %10s %10s\n", "SLOT", "PID", "UID", "GID", "COMM",
+	    "CONNECTED", "ARMED", "ARMS", "FIRES");
 	for (uint64_t i = 0; i < head.count; i++) {
 		const struct chime_query_client *c = &recs[i];
+		uint64_t age = head.now_ns > c->connected_ns ? head.now_ns - c->connected_ns : 0;
 		char since[32], comm[17];
 
 		memcpy(comm, c->comm, 16);
 		comm[16] = '\0';
-		sr_fmt_dur(since, sizeof(since), head.now_ns > c->connected_ns ? head.now_ns - c->connected_ns : 0);
-		printf("%4u %7d %6u %6u %-15s %10s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "\n", c->slot,
-		       (int)c->pid, c->uid, c->gid, comm, since, c->armed, c->arms, c->fires);
+		sr_fmt_dur(since, sizeof(since), age);
+		out("%4u %7d %6u %6u %-15s %10s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "\n", c->slot,
+		    (int)c->pid, c->uid, c->gid, comm, since, c->armed, c->arms, c->fires);
+		json_array_append_new(arr, json_pack("{s:i,s:i,s:i,s:i,s:o,s:I,s:I,s:I,s:I}", "slot", (int)c->slot,
+						     "pid", (int)c->pid, "uid", (int)c->uid, "gid", (int)c->gid,
+						     "comm", jtext(comm, sizeof(comm)),
+						     "connected_for_ns", (json_int_t)age,
+						     "armed", (json_int_t)c->armed, "arms", (json_int_t)c->arms,
+						     "fires", (json_int_t)c->fires));
 	}
+	jset("own_uid_only", json_true());
+	jset("clients", arr);
 	return SR_EXIT_OK;
 }
 
@@ -203,13 +324,16 @@ static int timers_by_query(const char *sock, long pid, uint64_t limit)
 	static struct chime_query_timer recs[CHIME_QUERY_MAX];
 	struct chime_query_head head;
 	uint64_t want = limit && limit < CHIME_QUERY_MAX ? limit : CHIME_QUERY_MAX;
+	json_t *arr;
 	int r = query_broker(sock, CHIME_HELLO_QUERY_TIMERS, (int32_t)pid, want, &head, recs, sizeof(recs[0]));
 
 	if (r < 0 && r != -ECONNRESET)
-		return query_error(sock, r, pid);
-	printf("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
+		return query_error(sock, r);
+	arr = json_array();
+	out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
 	for (uint64_t i = 0; i < head.count; i++) {
 		const struct chime_query_timer *t = &recs[i];
+		const char *st = node_state((uint8_t)t->state);
 		char dl[32], per[32];
 
 		snprintf(dl, sizeof(dl), "%+.6fs", (double)(int64_t)(t->deadline_ns - head.now_ns) / 1e9);
@@ -217,11 +341,15 @@ static int timers_by_query(const char *sock, long pid, uint64_t limit)
 			sr_fmt_ns(per, sizeof(per), t->period_ns);
 		else
 			snprintf(per, sizeof(per), "-");
-		printf("%#18" PRIx64 " %20" PRIu64 " %16s %12s %6s %5u\n", t->id, t->key, dl, per,
-		       node_state((uint8_t)t->state) ? node_state((uint8_t)t->state) : "?", t->shard);
+		out("%#18" PRIx64 " %20" PRIu64 " %16s %12s %6s %5u\n", t->id, t->key, dl, per, st ? st : "?", t->shard);
+		json_array_append_new(arr, jtimer(t->id, t->key, t->user_data, t->deadline_ns, head.now_ns,
+						  t->period_ns, st, t->shard));
 	}
 	if (head.total > head.count)
-		printf("(%" PRIu64 " of %" PRIu64 " timers shown)\n", head.count, head.total);
+		out("(%" PRIu64 " of %" PRIu64 " timers shown)\n", head.count, head.total);
+	jset("timers", arr);
+	jset("shown", json_integer((json_int_t)head.count));
+	jset("total", json_integer((json_int_t)head.total));
 	return SR_EXIT_OK;
 }
 
@@ -236,10 +364,17 @@ static bool can_read(const char *sock)
 	return r != -EACCES;
 }
 
+/* Lateness of a client's timers (since it connected or the last reset): nearest-rank, bucket bound. */
+static uint64_t client_pct(const struct sr_client *c, double p)
+{
+	return sr_percentile(c->sum.lat, c->sum.lat_max_ns, p);
+}
+
 static int cmd_clients(const char *sock)
 {
 	struct sr_snap sn;
 	struct sr s;
+	json_t *arr;
 	uint32_t i;
 	int r;
 
@@ -248,22 +383,45 @@ static int cmd_clients(const char *sock)
 	r = open_snapshot(&s, &sn, sock);
 	if (r)
 		return r;
-	printf("%4s %7s %6s %6s %-15s %10s %8s %10s %10s %10s %6s %7s %8s\n", "SLOT", "PID", "UID", "GID",
-	       "COMM", "CONNECTED", "ARMED", "ARMS", "FIRES", "CANCELS", "CQ", "BACKLOG", "STATE");
+	arr = json_array();
+	out("%4s %7s %6s %6s %-15s %10s %8s %10s %10s %10s %6s %7s %6s %9s %9s %9s %8s\n", "SLOT", "PID", "UID",
+	    "GID", "COMM", "CONNECTED", "ARMED", "ARMS", "FIRES", "CANCELS", "CQ", "BACKLOG", "SQ", "LAT_P50",
+	    "LAT_P99", "LAT_MAX", "STATE");
 	for (i = 0; i < sn.nr_clients; i++) {
 		const struct sr_client *c = &sn.clients[i];
-		char since[32];
+		uint64_t age = sn.now_ns > c->id.connected_ns ? sn.now_ns - c->id.connected_ns : 0;
+		const char *state = c->id.state == CHIME_CLIENT_DYING ? "dying" : "active";
+		char since[32], lp[3][16];
+		json_t *o;
 
-		sr_fmt_dur(since, sizeof(since), sn.now_ns > c->id.connected_ns ? sn.now_ns - c->id.connected_ns : 0);
-		printf("%4u %7d %6u %6u %-15s %10s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64
-		       " %6" PRIu64 " %7" PRIu64 " %8s\n",
-		       c->slot, (int)c->id.pid, c->id.uid, c->id.gid, c->id.comm, since, c->sum.armed,
-		       c->sum.arms, c->sum.fires, c->sum.cancels, c->sum.cq_depth, c->sum.backlog,
-		       c->id.state == CHIME_CLIENT_DYING ? "dying" : "active");
+		sr_fmt_dur(since, sizeof(since), age);
+		sr_fmt_ns(lp[0], sizeof(lp[0]), client_pct(c, 0.5));
+		sr_fmt_ns(lp[1], sizeof(lp[1]), client_pct(c, 0.99));
+		sr_fmt_ns(lp[2], sizeof(lp[2]), c->sum.lat_max_ns);
+		out("%4u %7d %6u %6u %-15s %10s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64
+		    " %6" PRIu64 " %7" PRIu64 " %6" PRIu64 " %9s %9s %9s %8s\n",
+		    c->slot, (int)c->id.pid, c->id.uid, c->id.gid, c->id.comm, since, c->sum.armed,
+		    c->sum.arms, c->sum.fires, c->sum.cancels, c->sum.cq_depth, c->sum.backlog,
+		    c->sum.sq_depth, lp[0], lp[1], lp[2], state);
+		o = json_pack("{s:i,s:i,s:i,s:i,s:o,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s}", "slot", (int)c->slot,
+			      "pid", (int)c->id.pid, "uid", (int)c->id.uid, "gid", (int)c->id.gid,
+			      "comm", jtext(c->id.comm, sizeof(c->id.comm)), "connected_for_ns", (json_int_t)age,
+			      "armed", (json_int_t)c->sum.armed, "arms", (json_int_t)c->sum.arms,
+			      "fires", (json_int_t)c->sum.fires, "cancels", (json_int_t)c->sum.cancels,
+			      "cq_depth", (json_int_t)c->sum.cq_depth, "backlog", (json_int_t)c->sum.backlog,
+			      "sq_depth", (json_int_t)c->sum.sq_depth, "state", state);
+		json_object_set_new(o, "lateness", json_pack("{s:I,s:I,s:I,s:I}",
+							     "count", (json_int_t)sr_hist_count(c->sum.lat),
+							     "p50_ns", (json_int_t)client_pct(c, 0.5),
+							     "p99_ns", (json_int_t)client_pct(c, 0.99),
+							     "max_ns", (json_int_t)c->sum.lat_max_ns));
+		json_array_append_new(arr, o);
 	}
+	jset("clients", arr);
 	r = sr_liveness(&sn, NULL) == SR_DEAD ? SR_EXIT_NOT_RUNNING : SR_EXIT_OK;
+	jset("running", json_boolean(!r));
 	if (r)
-		fprintf(stderr, PROG ": chimed is not running; the list is its last state\n");
+		fail(r, "chimed is not running; the list is its last state");
 	sr_snap_free(&sn);
 	sr_close(&s);
 	return r;
@@ -276,7 +434,7 @@ static int cmd_clients(const char *sock)
  * mapping, so a torn value cannot make us read outside it.
  */
 static int list_shard(const char *sock, uint32_t k, uint32_t slot, uint64_t now,
-		      uint64_t limit, uint64_t *shown, uint64_t *total)
+		      uint64_t limit, uint64_t *shown, uint64_t *total, json_t *arr)
 {
 	char path[PATH_MAX + 32];
 	struct chime_map m;
@@ -288,11 +446,9 @@ static int list_shard(const char *sock, uint32_t k, uint32_t slot, uint64_t now,
 
 	snprintf(path, sizeof(path), "%s.shard%u", sock, k);
 	r = chime_seg_open(path, CHIME_SEG_SHARD, &m);
-	if (r < 0) {
-		fprintf(stderr, PROG ": cannot open '%s': %s\n", path,
-			r == -EBADMSG ? "not a chime shard segment" : strerror(-r));
-		return SR_EXIT_NOSHM;
-	}
+	if (r < 0)
+		return fail(SR_EXIT_NOSHM, "cannot open '%s': %s", path,
+			    r == -EBADMSG ? "not a chime shard segment" : strerror(-r));
 	hdr = m.base;
 	wheel_off = hdr->wheel_off;
 	if (wheel_off < sizeof(*hdr) || wheel_off > m.size || m.size - wheel_off < sizeof(*w) || wheel_off % 64)
@@ -308,6 +464,7 @@ static int list_shard(const char *sock, uint32_t k, uint32_t slot, uint64_t now,
 	for (i = 0; i < hw; i++) {
 		struct chime_node n = nodes[i];
 		const char *st = node_state(n.state);
+		uint64_t id;
 		char dl[32], per[32];
 		int64_t rel;
 
@@ -324,15 +481,15 @@ static int list_shard(const char *sock, uint32_t k, uint32_t slot, uint64_t now,
 			sr_fmt_ns(per, sizeof(per), n.period_ns);
 		else
 			snprintf(per, sizeof(per), "-");
-		printf("%#18" PRIx64 " %20" PRIu64 " %16s %12s %6s %5u\n",
-		       chime_id_make(n.gen & CHIME_ID_GEN_MASK, k, (uint32_t)i), n.key, dl, per, st, k);
+		id = chime_id_make(n.gen & CHIME_ID_GEN_MASK, k, (uint32_t)i);
+		out("%#18" PRIx64 " %20" PRIu64 " %16s %12s %6s %5u\n", id, n.key, dl, per, st, k);
+		json_array_append_new(arr, jtimer(id, n.key, n.user_data, n.deadline_ns, now, n.period_ns, st, k));
 	}
 	chime_seg_unmap(&m);
 	return SR_EXIT_OK;
 bad:
-	fprintf(stderr, PROG ": cannot read '%s': wheel geometry does not fit the segment\n", path);
 	chime_seg_unmap(&m);
-	return SR_EXIT_NOSHM;
+	return fail(SR_EXIT_NOSHM, "cannot read '%s': wheel geometry does not fit the segment", path);
 }
 
 static int cmd_timers(const char *sock, long pid, uint64_t limit)
@@ -340,6 +497,7 @@ static int cmd_timers(const char *sock, long pid, uint64_t limit)
 	uint64_t shown = 0, total = 0;
 	struct sr_snap sn;
 	struct sr s;
+	json_t *arr;
 	uint32_t i, k;
 	int r, found = 0;
 
@@ -348,23 +506,74 @@ static int cmd_timers(const char *sock, long pid, uint64_t limit)
 	r = open_snapshot(&s, &sn, sock);
 	if (r)
 		return r;
-	printf("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
+	arr = json_array();
+	out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
 	for (i = 0; i < sn.nr_clients && !r; i++) {
 		if (sn.clients[i].id.pid != pid)
 			continue;
 		found = 1;
 		for (k = 0; k < sn.hdr.nr_shards && !r; k++)
-			r = list_shard(sock, k, sn.clients[i].slot, now_ns(), limit, &shown, &total);
+			r = list_shard(sock, k, sn.clients[i].slot, now_ns(), limit, &shown, &total, arr);
 	}
-	if (!found) {
-		fprintf(stderr, PROG ": no client with pid %ld is connected to '%s'\n", pid, sock);
-		r = SR_EXIT_NOSHM;
-	} else if (!r && total > shown) {
-		printf("(%" PRIu64 " of %" PRIu64 " timers shown; --limit 0 shows all)\n", shown, total);
-	}
+	if (!found)
+		r = fail(SR_EXIT_NOSHM, "no client with pid %ld is connected to '%s'", pid, sock);
+	else if (!r && total > shown)
+		out("(%" PRIu64 " of %" PRIu64 " timers shown; --limit 0 shows all)\n", shown, total);
+	jset("timers", arr);
+	jset("shown", json_integer((json_int_t)shown));
+	jset("total", json_integer((json_int_t)total));
 	sr_snap_free(&sn);
 	sr_close(&s);
 	return r;
+}
+
+/*
+ * Ask the broker to reset its statistics (CHIME_HELLO_RESET_STATS), then,
+ * reading the control segment, wait until every shard has applied it (each
+ * does before it next publishes: within a millisecond when awake, at once
+ * when asleep, since the broker rings it).
+ */
+static int cmd_reset_stats(const char *sock)
+{
+	struct chime_query_head head;
+	struct sr_snap sn;
+	uint64_t t0, gen;
+	struct sr s;
+	int r = query_broker(sock, CHIME_HELLO_RESET_STATS, 0, 0, &head, NULL, 0);
+
+	if (r == -EPERM || r == -EACCES)
+		return fail(SR_EXIT_DENIED, "the broker at '%s' refused reset-stats: %s (only root and the broker's "
+			    "user may reset its statistics)", sock, strerror(-r));
+	if (r < 0)
+		return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "asking '%s' to reset-stats failed: %s%s",
+			    sock, strerror(-r), r == -ENOENT ? " (is chimed running?)" : "");
+	gen = head.total;
+	jset("generation", json_integer((json_int_t)gen));
+	r = sr_open(&s, sock);
+	if (r < 0)
+		return sr_fail(&s, r);
+	for (t0 = now_ns();;) {
+		if (sr_snapshot(&s, &sn) < 0) {
+			sr_close(&s);
+			return fail(SR_EXIT_NOSHM, "out of memory");
+		}
+		if (!sn.reset_pending && sn.hdr.stats_reset_gen >= gen)
+			break;
+		sr_snap_free(&sn);
+		if (now_ns() - t0 > RESET_WAIT_NS) {
+			sr_close(&s);
+			jset("applied", json_false());
+			return fail(SR_EXIT_NOSHM, "chimed did not apply the reset in every shard within 5 s");
+		}
+		nanosleep(&(struct timespec){ 0, 2 * 1000 * 1000 }, NULL);
+	}
+	jset("applied", json_true());
+	jset("stats_reset_realtime_ns", json_integer((json_int_t)sn.hdr.stats_reset_realtime_ns));
+	out("chimed statistics reset (generation %" PRIu64 "): lateness histograms, their max and the sq/cq "
+	    "high-water marks start again; counters (*_total) and the last-10 s window are kept\n", gen);
+	sr_snap_free(&sn);
+	sr_close(&s);
+	return SR_EXIT_OK;
 }
 
 /* 1 if /proc/PID is gone or a zombie (exited, not yet reaped by its parent). */
@@ -402,42 +611,53 @@ static int cmd_shutdown(const char *sock)
 	r = sr_liveness(&sn, NULL);
 	sr_snap_free(&sn);
 	sr_close(&s);
-	if (r == SR_DEAD || r == SR_STOPPED || pid <= 0) {
-		fprintf(stderr, PROG ": chimed (pid %d) is not running\n", (int)pid);
-		return SR_EXIT_NOT_RUNNING;
-	}
+	jset("pid", json_integer(pid));
+	if (r == SR_DEAD || r == SR_STOPPED || pid <= 0)
+		return fail(SR_EXIT_NOT_RUNNING, "chimed (pid %d) is not running", (int)pid);
 	/* Never signal a process that merely reused the pid. */
 	snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
 	f = fopen(path, "re");
 	if (!f || !fgets(comm, sizeof(comm), f)) {
-		fprintf(stderr, PROG ": cannot read '%s': %s\n", path, strerror(errno));
+		r = errno;
 		if (f)
 			fclose(f);
-		return SR_EXIT_NOSHM;
+		return fail(SR_EXIT_NOSHM, "cannot read '%s': %s", path, strerror(r));
 	}
 	fclose(f);
 	comm[strcspn(comm, "\n")] = '\0';
-	if (strcmp(comm, "chimed") != 0) {
-		fprintf(stderr, PROG ": pid %d is '%s', not chimed; not signalling it\n", (int)pid, comm);
-		return SR_EXIT_NOSHM;
-	}
-	if (kill(pid, SIGTERM) < 0) {
-		fprintf(stderr, PROG ": kill(%d, SIGTERM) failed: %s%s\n", (int)pid, strerror(errno),
-			errno == EPERM ? " (run as the broker's user or root)" : "");
-		return SR_EXIT_NOSHM;
-	}
+	if (strcmp(comm, "chimed") != 0)
+		return fail(SR_EXIT_NOSHM, "pid %d is '%s', not chimed; not signalling it", (int)pid, comm);
+	if (kill(pid, SIGTERM) < 0)
+		return fail(errno == EPERM ? SR_EXIT_DENIED : SR_EXIT_NOSHM, "kill(%d, SIGTERM) failed: %s%s",
+			    (int)pid, strerror(errno), errno == EPERM ? " (run as the broker's user or root)" : "");
 	t0 = now_ns();
 	while (!pid_gone(pid)) {
 		struct timespec ts = { 0, 20 * 1000 * 1000 };
 
 		if (now_ns() - t0 > SHUTDOWN_WAIT_NS) {
-			fprintf(stderr, PROG ": chimed (pid %d) did not exit within 5 s of SIGTERM\n", (int)pid);
-			return SR_EXIT_NOSHM;
+			jset("stopped", json_false());
+			return fail(SR_EXIT_NOSHM, "chimed (pid %d) did not exit within 5 s of SIGTERM", (int)pid);
 		}
 		nanosleep(&ts, NULL);
 	}
-	printf("chimed (pid %d) stopped\n", (int)pid);
+	jset("stopped", json_true());
+	out("chimed (pid %d) stopped\n", (int)pid);
 	return SR_EXIT_OK;
+}
+
+static const char *const commands[] = { "status", "clients", "timers", "reset-stats", "shutdown" };
+
+static int run(const char *cmd, const char *sock, long pid, uint64_t limit)
+{
+	if (!strcmp(cmd, "status"))
+		return cmd_status(sock);
+	if (!strcmp(cmd, "clients"))
+		return cmd_clients(sock);
+	if (!strcmp(cmd, "timers"))
+		return cmd_timers(sock, pid, limit);
+	if (!strcmp(cmd, "reset-stats"))
+		return cmd_reset_stats(sock);
+	return cmd_shutdown(sock);
 }
 
 int main(int argc, char **argv)
@@ -446,6 +666,7 @@ int main(int argc, char **argv)
 		{ "socket", required_argument, NULL, 's' },
 		{ "client", required_argument, NULL, 'c' },
 		{ "limit", required_argument, NULL, 'n' },
+		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ 0 }
@@ -454,10 +675,10 @@ int main(int argc, char **argv)
 	long pid = -1;
 	uint64_t limit = 100;
 	char sock[PATH_MAX], *end;
-	int opt, r;
+	int opt, r, json = 0, known = 0;
 
 	/* Options may come before or after the command (GNU getopt permutes). */
-	while ((opt = getopt_long(argc, argv, "s:c:n:hV", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "s:c:n:jhV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
 			socket_arg = optarg;
@@ -482,6 +703,9 @@ int main(int argc, char **argv)
 			limit = v;
 			break;
 		}
+		case 'j':
+			json = 1;
+			break;
 		case 'h':
 			usage(stdout);
 			return SR_EXIT_OK;
@@ -507,20 +731,33 @@ int main(int argc, char **argv)
 		fprintf(stderr, PROG ": 'timers' needs --client PID\n");
 		return SR_EXIT_USAGE;
 	}
-	if (strcmp(cmd, "status") && strcmp(cmd, "clients") && strcmp(cmd, "timers") && strcmp(cmd, "shutdown")) {
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		known |= !strcmp(cmd, commands[i]);
+	if (!known) {
 		fprintf(stderr, PROG ": unknown command '%s' (try '" PROG " --help')\n", cmd);
 		return SR_EXIT_USAGE;
 	}
-	r = sr_socket_path(sock, sizeof(sock), socket_arg);
-	if (r < 0) {
-		fprintf(stderr, PROG ": no socket path: %s (set $CHIME_SOCKET or use --socket)\n", strerror(-r));
-		return SR_EXIT_NOSHM;
+	if (json) {
+		J = json_pack("{s:s,s:s}", "version", CHIME_VERSION, "command", cmd);
+		if (!J) {
+			fprintf(stderr, PROG ": out of memory\n");
+			return SR_EXIT_NOSHM;
+		}
 	}
-	if (!strcmp(cmd, "status"))
-		return cmd_status(sock);
-	if (!strcmp(cmd, "clients"))
-		return cmd_clients(sock);
-	if (!strcmp(cmd, "timers"))
-		return cmd_timers(sock, pid, limit);
-	return cmd_shutdown(sock);
+	r = sr_socket_path(sock, sizeof(sock), socket_arg);
+	if (r < 0)
+		r = fail(SR_EXIT_NOSHM, "no socket path: %s (set $CHIME_SOCKET or use --socket)", strerror(-r));
+	else
+		r = run(cmd, sock, pid, limit);
+	if (J) {
+		json_object_set_new(J, "socket", jtext(sock, sizeof(sock)));
+		json_object_set_new(J, "ok", json_boolean(r == SR_EXIT_OK));
+		json_object_set_new(J, "exit_status", json_integer(r));
+		if (json_dumpf(J, stdout, JSON_COMPACT) < 0 || fputc('\n', stdout) == EOF || fflush(stdout) != 0) {
+			fprintf(stderr, PROG ": write to stdout failed: %s\n", strerror(errno));
+			r = SR_EXIT_NOSHM;
+		}
+		json_decref(J);
+	}
+	return r;
 }

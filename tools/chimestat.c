@@ -10,8 +10,8 @@
  * the last state of a broker that died (exit status 3 then).
  *
  * Every value is a "field" named <group>.<index>.<name> (see FIELD NAMES in
- * chimestat(1)): broker.<name>, shard.<N>.<name>, client.<SLOT>.<name> and
- * lateness.<name>. -f selects fields by those names; the text, JSON and
+ * chimestat(1)): broker.<name>, shard.<N>.<name>, client.<SLOT>.<name>,
+ * lateness.<name> and lateness_10s.<name>. -f selects fields by those names; the text, JSON and
  * Prometheus outputs are all generated from the one list of fields built by
  * collect(), so they cannot disagree.
  */
@@ -57,7 +57,8 @@ static void usage(FILE *f)
 		"  -V, --version        show the version\n"
 		"\n"
 		"Field names: broker.NAME, shard.N.NAME, client.SLOT.NAME, lateness.NAME\n"
-		"(all shards); -1 -f '*' lists them all.\n"
+		"(all shards, since start or chimectl reset-stats), lateness_10s.NAME (the\n"
+		"last 10 s); -1 -f '*' lists them all.\n"
 		"\n"
 		"Exit status: 0 ok; 1 cannot read the broker's shared memory; 2 usage error;\n"
 		"3 the broker is not running (its last state is shown).\n");

@@ -91,8 +91,9 @@ static const struct cdef shard_defs[] = {
 	{ "delivered", SS(delivered), F_COUNTER, "chime_shard_delivered_total", "Events written into completion rings.", 1 },
 	{ "malformed", SS(malformed), F_COUNTER, "chime_shard_malformed_total", "Submissions dropped as malformed.", 1 },
 	{ "backlog", SS(backlog), F_GAUGE, "chime_shard_backlog", "Events held for clients that do not drain.", 1 },
-	{ "sq_depth", SS(sq_depth), F_GAUGE, "chime_shard_sq_depth", "Submissions waiting at the last drain, all clients.", 1 },
-	{ "sq_depth_max", SS(sq_depth_max), F_GAUGE, "chime_shard_sq_depth_max", "High-water mark of sq_depth.", 1 },
+	{ "sq_depth", SS(sq_depth), F_GAUGE, "chime_shard_sq_depth", "Records waiting in the shard's fullest submission ring (of broker.sq_size).", 1 },
+	{ "sq_depth_max", SS(sq_depth_max), F_GAUGE, "chime_shard_sq_depth_max", "High-water mark of sq_depth since start or the last reset-stats.", 1 },
+	{ "sq_waiting", SS(sq_waiting), F_GAUGE, "chime_shard_sq_waiting", "Records waiting in all the shard's submission rings.", 1 },
 	{ "loops", SS(loops), F_COUNTER, "chime_shard_loops_total", "Shard loop iterations.", 1 },
 	{ "sleeps", SS(sleeps), F_COUNTER, "chime_shard_sleeps_total", "Times the shard went to sleep.", 1 },
 	{ "wakeups", SS(wakeups), F_COUNTER, "chime_shard_client_wakeups_total", "Wake-up messages sent to clients.", 1 },
@@ -112,6 +113,9 @@ static const struct cdef client_defs[] = {
 	{ "cancels", CS(cancels), F_COUNTER, "chime_client_cancels_total", "Timers of the client cancelled (by id or key).", 1 },
 	{ "fires", CS(fires), F_COUNTER, "chime_client_fires_total", "Expirations of the client's timers.", 1 },
 	{ "cq_depth", CS(cq_depth), F_GAUGE, "chime_client_cq_depth", "Events waiting in its completion rings.", 1 },
+	{ "cq_depth_max", CS(cq_depth_max), F_GAUGE, NULL, NULL, 1 },
+	{ "sq_depth", CS(sq_depth), F_GAUGE, NULL, NULL, 1 },
+	{ "sq_depth_max", CS(sq_depth_max), F_GAUGE, NULL, NULL, 1 },
 	{ "backlog", CS(backlog), F_GAUGE, "chime_client_backlog", "Events held back because it does not drain.", 1 },
 	{ "wakeups", CS(wakeups), F_COUNTER, "chime_client_wakeups_total", "Wake-up messages sent to the client.", 1 },
 	{ "refused_nomem", CS(refused_nomem), F_COUNTER, "chime_client_refused_nomem_total", "Its arms refused: no free timer node (ENOMEM).", 1 },
@@ -120,31 +124,58 @@ static const struct cdef client_defs[] = {
 
 const struct stat_pct pcts[NR_PCTS] = { { "p50", 0.50 }, { "p90", 0.90 }, { "p99", 0.99 }, { "p99_9", 0.999 } };
 
+/* What add_lateness() adds besides count, percentiles and max. */
+#define LAT_SUM     1u      /* .sum_ns */
+#define LAT_BUCKETS 2u      /* .buckets (the histogram itself) */
+#define LAT_PROMMAX 4u      /* .max_ns is the Prometheus max gauge (since the last reset) */
+#define LAT_RECENT  8u      /* the percentiles, max and count are the Prometheus recent-window gauges */
+
+static const char *const pct_q[NR_PCTS] = { "0.5", "0.9", "0.99", "0.999" };
+
+/*
+ * <prefix>.count, [.sum_ns], .p50_ns .. .p99_9_ns, .max_ns, [.buckets]: the
+ * counts are F_GAUGE (a histogram since a reset, or of a window, may go down).
+ */
 static void add_lateness(struct flist *l, const char *prefix, const uint64_t *hist,
-			 uint64_t sum_ns, uint64_t max_ns, const char *labels)
+			 uint64_t sum_ns, uint64_t max_ns, const char *labels, unsigned what)
 {
 	struct field *f;
+	char lab[112];
 	size_t i;
 
-	f = field_add(l, F_COUNTER, "%s.count", prefix);
+	f = field_add(l, F_GAUGE, "%s.count", prefix);
 	f->u = sr_hist_count(hist);
-	f = field_add(l, F_COUNTER, "%s.sum_ns", prefix);
-	f->u = sum_ns;
+	if (what & LAT_RECENT)
+		fprom(f, "chime_shard_recent_lateness_count", "gauge",
+		      "Expirations timed in the last 10 seconds (not counting immediate ones).", labels, 1);
+	if (what & LAT_SUM) {
+		f = field_add(l, F_GAUGE, "%s.sum_ns", prefix);
+		f->u = sum_ns;
+	}
 	for (i = 0; i < NR_PCTS; i++) {
 		f = field_add(l, F_GAUGE, "%s.%s_ns", prefix, pcts[i].name);
 		f->u = sr_percentile(hist, max_ns, pcts[i].p);
+		if (what & LAT_RECENT) {
+			snprintf(lab, sizeof(lab), "%s,quantile=\"%s\"", labels, pct_q[i]);
+			fprom(f, "chime_shard_recent_lateness_seconds", "gauge",
+			      "Lateness (fired - deadline) over the last 10 seconds, by quantile (1: max).", lab, 1e-9);
+		}
 	}
 	f = field_add(l, F_GAUGE, "%s.max_ns", prefix);
 	f->u = max_ns;
-	if (labels)
+	if (what & LAT_PROMMAX)
 		fprom(f, "chime_shard_lateness_max_seconds", "gauge",
-		      "Largest lateness (fired - deadline) seen.", labels, 1e-9);
-	f = field_add(l, F_HIST, "%s.buckets", prefix);
-	f->hist = hist;
-	f->hist_sum_ns = sum_ns;
-	if (labels)
-		fprom(f, "chime_shard_lateness_seconds", "histogram",
-		      "Lateness of expirations (fired - deadline), seconds.", labels, 1e-9);
+		      "Largest lateness (fired - deadline) since start or the last reset-stats.", labels, 1e-9);
+	if (what & LAT_RECENT) {
+		snprintf(lab, sizeof(lab), "%s,quantile=\"1\"", labels);
+		fprom(f, "chime_shard_recent_lateness_seconds", "gauge",
+		      "Lateness (fired - deadline) over the last 10 seconds, by quantile (1: max).", lab, 1e-9);
+	}
+	if (what & LAT_BUCKETS) {
+		f = field_add(l, F_HIST, "%s.buckets", prefix);
+		f->hist = hist;
+		f->hist_sum_ns = sum_ns;
+	}
 }
 
 /*
@@ -256,6 +287,24 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	fprom(f, "chime_clients_connected_total", "counter", "Clients accepted since start.", NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.torn_blocks");
 	f->u = sn->torn;
+	f = field_add(l, F_GAUGE, "broker.stats_reset_gen");
+	f->u = h->stats_reset_gen;
+	/* When `chimectl reset-stats` last ran: null if never. */
+	if (h->stats_reset_gen && h->stats_reset_ns) {
+		f = field_add(l, F_GAUGE, "broker.stats_reset_realtime_ns");
+		f->u = h->stats_reset_realtime_ns;
+		fprom(f, "chime_broker_stats_reset_time_seconds", "gauge",
+		      "Last chimectl reset-stats, seconds since the epoch (0: never).", NULL, 1e-9);
+		f = field_add(l, F_GAUGE, "broker.stats_reset_age_ns");
+		f->u = sn->now_ns > h->stats_reset_ns ? sn->now_ns - h->stats_reset_ns : 0;
+	} else {
+		f = field_add(l, F_NULL, "broker.stats_reset_realtime_ns");
+		fprom(f, "chime_broker_stats_reset_time_seconds", "gauge",
+		      "Last chimectl reset-stats, seconds since the epoch (0: never).", NULL, 1e-9);
+		field_add(l, F_NULL, "broker.stats_reset_age_ns");
+	}
+	f = field_add(l, F_GAUGE, "broker.stats_reset_pending");
+	f->u = sn->reset_pending;
 
 	for (k = 0; k < h->nr_shards; k++) {
 		const struct chime_shard_stats *s = &sn->shards[k];
@@ -269,14 +318,31 @@ void collect(struct flist *l, const struct sr_snap *sn)
 			memcpy(&f->u, (const char *)s + d->off, sizeof(f->u));
 			fprom(f, d->prom, d->kind == F_COUNTER ? "counter" : "gauge", d->help, lab, d->scale);
 		}
+		/* The earliest armed deadline from now (exact unless next_deadline_exact is false: then a lower bound). */
 		if (s->next_deadline_ns == UINT64_MAX) {
 			f = field_add(l, F_NULL, "shard.%u.next_deadline_in_ns", k);
 		} else {
 			f = field_add(l, F_INT, "shard.%u.next_deadline_in_ns", k);
 			f->i = (int64_t)(s->next_deadline_ns - sn->now_ns);
 		}
+		f = field_add(l, F_BOOL, "shard.%u.next_deadline_exact", k);
+		f->u = !s->next_inexact;
+		f = field_add(l, F_BOOL, "shard.%u.stats_reset_applied", k);
+		f->u = s->reset_gen == h->stats_reset_gen;
+		/* Since start or the last reset (JSON, text); Prometheus gets the never-reset one below. */
 		snprintf(pre, sizeof(pre), "shard.%u.lateness", k);
-		add_lateness(l, pre, s->lat, s->lat_sum_ns, s->lat_max_ns, lab);
+		add_lateness(l, pre, sn->sh[k].lat, sn->sh[k].lat_sum_ns, s->lat_max_ns, lab,
+			     LAT_SUM | LAT_BUCKETS | LAT_PROMMAX);
+		snprintf(pre, sizeof(pre), "shard.%u.lateness_10s", k);
+		add_lateness(l, pre, sn->sh[k].win, sn->sh[k].win_sum_ns, sn->sh[k].win_max_ns, lab,
+			     LAT_SUM | LAT_RECENT);
+		f = field_add(l, F_HIST, "prom.shard.%u.lateness", k);
+		f->hist = s->lat;
+		f->hist_sum_ns = s->lat_sum_ns;
+		f->prom_only = 1;
+		fprom(f, "chime_shard_lateness_seconds", "histogram",
+		      "Lateness of expirations (fired - deadline) since the broker started (reset-stats leaves it), seconds.",
+		      lab, 1e-9);
 	}
 
 	for (c = 0; c < sn->nr_clients; c++) {
@@ -308,11 +374,19 @@ void collect(struct flist *l, const struct sr_snap *sn)
 			f = field_add(l, d->kind, "client.%u.%s", cl->slot, d->name);
 			memcpy(&f->u, (const char *)&cl->sum + d->off, sizeof(f->u));
 		}
+		/* Its timers' lateness since it connected (or the last reset), all shards. */
+		{
+			char pre[40];
+
+			snprintf(pre, sizeof(pre), "client.%u.lateness", cl->slot);
+			add_lateness(l, pre, cl->sum.lat, 0, cl->sum.lat_max_ns, NULL, 0);
+		}
 	}
 	client_groups(l, sn);
 
 	/* Overall lateness has no Prometheus series: sum the shards' instead. */
-	add_lateness(l, "lateness", sn->lat, sn->lat_sum_ns, sn->lat_max_ns, NULL);
+	add_lateness(l, "lateness", sn->lat, sn->lat_sum_ns, sn->lat_max_ns, NULL, LAT_SUM | LAT_BUCKETS);
+	add_lateness(l, "lateness_10s", sn->win, sn->win_sum_ns, sn->win_max_ns, NULL, LAT_SUM);
 }
 
 int selected(const struct opts *o, const char *name)

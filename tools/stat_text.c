@@ -72,15 +72,16 @@ static double frate(const struct flist *l, const struct flist *prev, const struc
 	return 0;
 }
 
-static void print_lat_row(FILE *out, const char *label, const uint64_t *hist, uint64_t max_ns)
+/* One lateness row from the fields <prefix>.count, .p50_ns .. .p99_9_ns, .max_ns. */
+static void print_lat_row(FILE *out, const char *label, const struct flist *l, const char *prefix)
 {
 	char b[5][16];
 	size_t i;
 
-	for (i = 0; i < 4; i++)
-		sr_fmt_ns(b[i], sizeof(b[i]), sr_percentile(hist, max_ns, pcts[i].p));
-	sr_fmt_ns(b[4], sizeof(b[4]), max_ns);
-	fprintf(out, "%-8s %10" PRIu64 " %9s %9s %9s %9s %9s\n", label, sr_hist_count(hist),
+	for (i = 0; i < NR_PCTS; i++)
+		sr_fmt_ns(b[i], sizeof(b[i]), fval(l, "%s.%s_ns", prefix, pcts[i].name));
+	sr_fmt_ns(b[4], sizeof(b[4]), fval(l, "%s.max_ns", prefix));
+	fprintf(out, "%-8s %10" PRIu64 " %9s %9s %9s %9s %9s\n", label, fval(l, "%s.count", prefix),
 		b[0], b[1], b[2], b[3], b[4]);
 }
 
@@ -88,7 +89,7 @@ void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 			const struct sr_snap *sn, const struct sr_snap *ps)
 {
 	const struct chime_ctl *h = &sn->hdr;
-	char up[32], hb[32], res[16], since[32], nd[16], name[64];
+	char up[32], hb[32], res[16], since[32], nd[24], name[64];
 	const char *why;
 	enum sr_state st = sr_liveness(sn, &why);
 	uint32_t k, c;
@@ -106,14 +107,21 @@ void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 		sr_state_name(h->state), st == SR_DEAD ? " (NOT RUNNING: last state shown)" : "");
 	if (st == SR_DEAD || st == SR_STOPPED)
 		fprintf(out, "*** %s ***\n", why);
+	if (h->stats_reset_gen && h->stats_reset_ns) {
+		char ago[32];
+
+		sr_fmt_dur(ago, sizeof(ago), fval(l, "broker.stats_reset_age_ns"));
+		fprintf(out, "stats reset %s ago: lateness, its max and the sq/cq maxima count from then%s\n", ago,
+			sn->reset_pending ? " (some shards have not applied it yet)" : "");
+	}
 	if (sn->torn)
 		fprintf(out, "*** %u block(s) were being written by a writer that stopped: values may be inconsistent ***\n",
 			sn->torn);
 	fprintf(out, "%s\n", ps ? "" : "(rates: averages since start)");
 
-	fprintf(out, "%5s %9s %9s %9s %9s %9s %6s %7s %7s %11s %9s %8s %9s %5s %9s\n",
+	fprintf(out, "%5s %9s %9s %9s %9s %9s %6s %7s %7s %12s %6s %9s %8s %9s %5s %10s\n",
 		"shard", "armed", "arms/s", "resets/s", "cancel/s", "fires/s", "malf", "refused", "backlog",
-		"sq now/max", "loops/s", "sleeps/s", "wakeups/s", "cpu%", "wake in");
+		"sq wait/size", "sq max", "loops/s", "sleeps/s", "wakeups/s", "cpu%", "next");
 	for (k = 0; k < h->nr_shards; k++) {
 		const struct chime_shard_stats *s = &sn->shards[k];
 		char sq[24];
@@ -122,18 +130,24 @@ void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 		/* The thread's CPU time per second, as top shows it (spinning counts). */
 		snprintf(name, sizeof(name), "shard.%u.cpu_ns", k);
 		busy = frate(l, prev, sn, ps, name) / 1e7; /* ns per s -> percent */
-		snprintf(sq, sizeof(sq), "%" PRIu64 "/%" PRIu64, s->sq_depth, s->sq_depth_max);
-		if (s->next_deadline_ns == UINT64_MAX)
+		/* The fullest submission ring: records waiting, of its size. */
+		snprintf(sq, sizeof(sq), "%" PRIu64 "/%" PRIu32, s->sq_depth, h->sq_size);
+		/* The earliest armed deadline; ">=" when the slot was too big to scan (a lower bound). */
+		if (s->next_deadline_ns == UINT64_MAX) {
 			snprintf(nd, sizeof(nd), "-");
-		else if (s->next_deadline_ns <= sn->now_ns)
+		} else if (s->next_deadline_ns <= sn->now_ns) {
 			snprintf(nd, sizeof(nd), "due");
-		else
-			sr_fmt_ns(nd, sizeof(nd), s->next_deadline_ns - sn->now_ns);
+		} else {
+			char t[16];
+
+			sr_fmt_ns(t, sizeof(t), s->next_deadline_ns - sn->now_ns);
+			snprintf(nd, sizeof(nd), "%s%s", s->next_inexact ? ">=" : "", t);
+		}
 #define R(f) (snprintf(name, sizeof(name), "shard.%u." f, k), frate(l, prev, sn, ps, name))
 		fprintf(out, "%5u %9" PRIu64 " %9.0f %9.0f %9.0f %9.0f %6" PRIu64 " %7" PRIu64 " %7" PRIu64
-			" %11s %9.0f %8.0f %9.0f %5.1f %9s\n",
+			" %12s %6" PRIu64 " %9.0f %8.0f %9.0f %5.1f %10s\n",
 			k, s->armed, R("arms"), R("resets"), R("cancels"), R("fires"), s->malformed,
-			s->refused_nomem + s->refused_quota, s->backlog, sq, R("loops"), R("sleeps"),
+			s->refused_nomem + s->refused_quota, s->backlog, sq, s->sq_depth_max, R("loops"), R("sleeps"),
 			R("wakeups"), busy, nd);
 		if (s->reserve_failed)
 			fprintf(out, "      shard %u: %" PRIu64 " slab reservations failed (filesystem full?)\n",
@@ -141,25 +155,44 @@ void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 #undef R
 	}
 
-	fprintf(out, "\n%-8s %10s %9s %9s %9s %9s %9s\n", "lateness", "count", "p50", "p90", "p99", "p99.9", "max");
+	fprintf(out, "\n%-8s %10s %9s %9s %9s %9s %9s   %s\n", "lateness", "count", "p50", "p90", "p99", "p99.9",
+		"max", h->stats_reset_gen ? "since the reset" : "since start");
 	for (k = 0; k < h->nr_shards; k++) {
-		snprintf(name, sizeof(name), "shard %u", k);
-		print_lat_row(out, name, sn->shards[k].lat, sn->shards[k].lat_max_ns);
-	}
-	print_lat_row(out, "all", sn->lat, sn->lat_max_ns);
+		char pre[40];
 
-	fprintf(out, "\n%4s %7s %6s %-15s %9s %8s %8s %8s %8s %6s %7s %7s %s\n",
+		snprintf(name, sizeof(name), "shard %u", k);
+		snprintf(pre, sizeof(pre), "shard.%u.lateness", k);
+		print_lat_row(out, name, l, pre);
+	}
+	print_lat_row(out, "all", l, "lateness");
+	fprintf(out, "%-8s %10s %9s %9s %9s %9s %9s   %s\n", "", "", "", "", "", "", "", "last 10 s");
+	for (k = 0; k < h->nr_shards; k++) {
+		char pre[40];
+
+		snprintf(name, sizeof(name), "shard %u", k);
+		snprintf(pre, sizeof(pre), "shard.%u.lateness_10s", k);
+		print_lat_row(out, name, l, pre);
+	}
+	print_lat_row(out, "all", l, "lateness_10s");
+
+	fprintf(out, "\n%4s %7s %6s %-15s %9s %8s %8s %8s %8s %6s %7s %6s %8s %8s %8s %7s %s\n",
 		"slot", "pid", "uid", "comm", "since", "armed", "arms/s", "fires/s", "cancels", "cq",
-		"backlog", "wakeups", "refused nomem/quota");
+		"backlog", "sq", "lat p50", "p99", "max", "wakeups", "refused nomem/quota");
 	for (c = 0; c < sn->nr_clients; c++) {
 		const struct sr_client *cl = &sn->clients[c];
 
 		sr_fmt_dur(since, sizeof(since), sn->now_ns > cl->id.connected_ns ? sn->now_ns - cl->id.connected_ns : 0);
+		char lp[3][16];
+
+		sr_fmt_ns(lp[0], sizeof(lp[0]), fval(l, "client.%u.lateness.p50_ns", cl->slot));
+		sr_fmt_ns(lp[1], sizeof(lp[1]), fval(l, "client.%u.lateness.p99_ns", cl->slot));
+		sr_fmt_ns(lp[2], sizeof(lp[2]), fval(l, "client.%u.lateness.max_ns", cl->slot));
 #define R(f) (snprintf(name, sizeof(name), "client.%u." f, cl->slot), frate(l, prev, sn, ps, name))
 		fprintf(out, "%4u %7d %6u %-15s %9s %8" PRIu64 " %8.0f %8.0f %8" PRIu64 " %6" PRIu64
-			" %7" PRIu64 " %7" PRIu64 " %" PRIu64 "/%" PRIu64 "%s\n",
+			" %7" PRIu64 " %6" PRIu64 " %8s %8s %8s %7" PRIu64 " %" PRIu64 "/%" PRIu64 "%s\n",
 			cl->slot, (int)cl->id.pid, cl->id.uid, cl->id.comm, since, cl->sum.armed, R("arms"),
-			R("fires"), cl->sum.cancels, cl->sum.cq_depth, cl->sum.backlog, cl->sum.wakeups,
+			R("fires"), cl->sum.cancels, cl->sum.cq_depth, cl->sum.backlog, cl->sum.sq_depth,
+			lp[0], lp[1], lp[2], cl->sum.wakeups,
 			cl->sum.refused_nomem, cl->sum.refused_quota,
 			cl->id.state == CHIME_CLIENT_DYING ? " (dying)" : "");
 #undef R

@@ -165,8 +165,9 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 
 	memset(snap, 0, sizeof(*snap));
 	snap->shards = calloc(s->nr_shards, sizeof(*snap->shards));
+	snap->sh = calloc(s->nr_shards, sizeof(*snap->sh));
 	snap->clients = calloc(s->max_clients ? s->max_clients : 1, sizeof(*snap->clients));
-	if (!snap->shards || !snap->clients) {
+	if (!snap->shards || !snap->sh || !snap->clients) {
 		sr_snap_free(snap);
 		return -ENOMEM;
 	}
@@ -179,6 +180,9 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	memcpy(&snap->hdr, s->ctl, sizeof(snap->hdr));
 	snap->hdr.state = at_load(&s->ctl->state);
 	snap->hdr.heartbeat_ns = at_load(&s->ctl->heartbeat_ns);
+	snap->hdr.stats_reset_gen = at_load(&s->ctl->stats_reset_gen);
+	snap->hdr.stats_reset_ns = at_load(&s->ctl->stats_reset_ns);
+	snap->hdr.stats_reset_realtime_ns = at_load(&s->ctl->stats_reset_realtime_ns);
 	snap->hdr.nr_shards = s->nr_shards;
 	snap->hdr.max_clients = s->max_clients;
 	snap->hdr.version[sizeof(snap->hdr.version) - 1] = '\0';
@@ -187,12 +191,21 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	for (k = 0; k < s->nr_shards; k++) {
 		struct chime_shard_stats *st = &snap->shards[k];
 
+		struct sr_shard *d = &snap->sh[k];
+
 		sr_read_block(snap, st, &sc[k].stats, sizeof(*st));
-		for (i = 0; i < CHIME_LAT_BUCKETS; i++)
-			snap->lat[i] += st->lat[i];
-		snap->lat_sum_ns += st->lat_sum_ns;
+		/* Since the reset: lat[] never goes back, lat_base[] is its copy at the reset. */
+		for (i = 0; i < CHIME_LAT_BUCKETS; i++) {
+			d->lat[i] = st->lat[i] >= st->lat_base[i] ? st->lat[i] - st->lat_base[i] : 0;
+			snap->lat[i] += d->lat[i];
+		}
+		d->lat_sum_ns = st->lat_sum_ns >= st->lat_sum_base_ns ? st->lat_sum_ns - st->lat_sum_base_ns : 0;
+		snap->lat_sum_ns += d->lat_sum_ns;
 		if (st->lat_max_ns > snap->lat_max_ns)
 			snap->lat_max_ns = st->lat_max_ns;
+		sr_window(st, snap->now_ns, d->win, &d->win_sum_ns, &d->win_max_ns);
+		sr_window(st, snap->now_ns, snap->win, &snap->win_sum_ns, &snap->win_max_ns);
+		snap->reset_pending += st->reset_gen != snap->hdr.stats_reset_gen;
 	}
 
 	cc = (const struct chime_client_ctl *)(base + s->ctl->clients_off);
@@ -224,6 +237,14 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 			cl->sum.wakeups += b.wakeups;
 			cl->sum.refused_nomem += b.refused_nomem;
 			cl->sum.refused_quota += b.refused_quota;
+#define SR_MAX(f) (cl->sum.f = b.f > cl->sum.f ? b.f : cl->sum.f)
+			SR_MAX(sq_depth);
+			SR_MAX(sq_depth_max);
+			SR_MAX(cq_depth_max);
+			SR_MAX(lat_max_ns);
+#undef SR_MAX
+			for (uint32_t j = 0; j < CHIME_LAT_BUCKETS; j++)
+				cl->sum.lat[j] += b.lat[j];
 		}
 		cl->sum.generation = cl->id.generation;
 		snap->nr_clients++;
@@ -234,6 +255,8 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 void sr_snap_free(struct sr_snap *snap)
 {
 	free(snap->shards);
+	free(snap->sh);
+	snap->sh = NULL;
 	free(snap->clients);
 	snap->shards = NULL;
 	snap->clients = NULL;
@@ -328,6 +351,25 @@ uint64_t sr_percentile(const uint64_t *hist, uint64_t max_ns, double p)
 	 * no more than the exact maximum. */
 	up = chime_lat_upper_ns(b);
 	return up < max_ns ? up : max_ns;
+}
+
+void sr_window(const struct chime_shard_stats *s, uint64_t now_ns, uint64_t *hist,
+	       uint64_t *sum_ns, uint64_t *max_ns)
+{
+	uint64_t sec = now_ns / UINT64_C(1000000000);
+
+	for (uint32_t w = 0; w < CHIME_LAT_WINDOW; w++) {
+		const struct chime_lat_second *ls = &s->win[w];
+
+		/* Stale (older than the window) or ahead of our clock (never, on one host): skip. */
+		if (ls->sec > sec || sec - ls->sec >= CHIME_LAT_WINDOW)
+			continue;
+		for (uint32_t b = 0; b < CHIME_LAT_BUCKETS; b++)
+			hist[b] += ls->lat[b];
+		*sum_ns += ls->sum_ns;
+		if (ls->max_ns > *max_ns)
+			*max_ns = ls->max_ns;
+	}
 }
 
 double sr_rate(uint64_t a, uint64_t b, uint64_t dt_ns)

@@ -25,6 +25,7 @@
 #define SR_EXIT_NOSHM       1   /* cannot read the broker's shared memory, or another failure */
 #define SR_EXIT_USAGE       2
 #define SR_EXIT_NOT_RUNNING 3   /* the segment is there but the broker is not running */
+#define SR_EXIT_DENIED      4   /* chimectl: the broker refused this user (reset-stats, shutdown) */
 
 /* A heartbeat older than this means the broker is not running (it beats every 100 ms). */
 #define SR_HEARTBEAT_STALE_NS UINT64_C(1000000000)
@@ -39,22 +40,39 @@ struct sr {
 	uint32_t layout_seen;           /* after -EPROTO: the segment's layout version */
 };
 
-/* One client slot in use (ACTIVE or DYING), its counters summed over shards. */
+/*
+ * One client slot in use (ACTIVE or DYING), its counters summed over shards
+ * (only blocks of id.generation; seq unused): counters, cq_depth, backlog
+ * and lat[] are sums; sq_depth, sq_depth_max, cq_depth_max and lat_max_ns
+ * the largest of its shards' (one ring's depth, of sq_size or cq_size).
+ */
 struct sr_client {
 	uint32_t slot;
 	struct chime_client_ctl id;
-	struct chime_client_stats sum;  /* seq unused; only blocks of id.generation */
+	struct chime_client_stats sum;
+};
+
+/* What a shard's block says once derived: lateness since the reset, and over the recent window. */
+struct sr_shard {
+	uint64_t lat[CHIME_LAT_BUCKETS];        /* since the last reset (lat - lat_base) */
+	uint64_t lat_sum_ns;
+	uint64_t win[CHIME_LAT_BUCKETS];        /* the last CHIME_LAT_WINDOW seconds */
+	uint64_t win_sum_ns, win_max_ns;
 };
 
 struct sr_snap {
 	uint64_t now_ns;                /* CLOCK_MONOTONIC when taken */
 	struct chime_ctl hdr;
 	struct chime_shard_stats *shards;   /* [hdr.nr_shards] */
+	struct sr_shard *sh;            /* [hdr.nr_shards], derived from shards[] */
 	struct sr_client *clients;      /* [nr_clients], by slot */
 	uint32_t nr_clients;
 	uint32_t torn;                  /* blocks whose seq stayed odd (writer died mid-update) */
-	uint64_t lat[CHIME_LAT_BUCKETS];/* all shards */
+	uint64_t lat[CHIME_LAT_BUCKETS];/* all shards, since the last reset */
 	uint64_t lat_sum_ns, lat_max_ns;
+	uint64_t win[CHIME_LAT_BUCKETS];/* all shards, the last CHIME_LAT_WINDOW seconds */
+	uint64_t win_sum_ns, win_max_ns;
+	uint32_t reset_pending;         /* shards that have not applied the last reset yet */
 };
 
 enum sr_state {
@@ -86,6 +104,14 @@ const char *sr_state_name(uint32_t state);
  * and within one bucket of it); 0 if the histogram is empty. */
 uint64_t sr_hist_count(const uint64_t *hist);
 uint64_t sr_percentile(const uint64_t *hist, uint64_t max_ns, double p);
+
+/*
+ * Add a shard block's recent window, as seen at now_ns (CLOCK_MONOTONIC), to
+ * hist/sum/max: the slots stamped with the current second and the
+ * CHIME_LAT_WINDOW - 1 before it; older (stale) slots are skipped.
+ */
+void sr_window(const struct chime_shard_stats *s, uint64_t now_ns, uint64_t *hist,
+	       uint64_t *sum_ns, uint64_t *max_ns);
 
 /* (b - a) per second over dt_ns; 0 if dt_ns is 0 or the counter went backwards (a restart). */
 double sr_rate(uint64_t a, uint64_t b, uint64_t dt_ns);

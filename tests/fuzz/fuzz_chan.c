@@ -242,6 +242,9 @@ static void check_world(void)
 		      (unsigned long)(ch->cq.tail - ch->cq.head), CQ);
 		if (ch->dying)
 			continue;
+		/* Whatever the client wrote as its sq_tail, the depth the shard reports fits the ring. */
+		CHECK(chan_sq_waiting(ch) <= SQ, "client %u: %lu records waiting in a ring of %u", c,
+		      (unsigned long)chan_sq_waiting(ch), SQ);
 		for (unsigned s = 0; s < SQ; s++)
 			if (grant_usable(ch->grants[s])) {
 				const struct chime_node *n = wheel_node(&W.sc.wh, chime_id_index(ch->grants[s]));

@@ -1452,8 +1452,8 @@ Test(tools_live_view, fits_80x24_sorts_scrolls_and_quits)
 	cr_assert(term_wait("sort armed (desc)", 2000), "%s", screen());
 	row = first_client_row();
 	cr_assert(!strncmp(row, "   1 ", 5) && strstr(row, "fake \"client\""), "armed order: %s\n%s", row, screen());
-	/* s s s s: arms/s, fires/s, backlog, then comm (p99: no per-client lateness here) */
-	term_keys("ssss");
+	/* s s s s s: arms/s, fires/s, backlog, p99 (per-client lateness), then comm */
+	term_keys("sssss");
 	cr_assert(term_wait("sort comm (asc)", 2000), "%s", screen());
 	row = first_client_row();
 	cr_assert(!strncmp(row, "  39 ", 5) && strstr(row, "a00"), "comm order: %s\n%s", row, screen());

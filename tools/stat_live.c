@@ -47,7 +47,7 @@ enum ckind {
 	K_CPU,          /* cpu_ns per second, as a percentage */
 	K_SUM,          /* name + name2 */
 	K_PAIR,         /* "name/name2" */
-	K_WAKE,         /* next_deadline_in_ns: "-" (null), "due", or a duration */
+	K_WAKE,         /* next_deadline_in_ns: "-" (null), "due", or a duration (">=" if not exact) */
 };
 
 struct col {
@@ -68,7 +68,7 @@ static const struct col shard_cols[] = {
 	{ "cancel/s", "cancels", NULL, K_RATE, 9, 3, 0 },
 	{ "resets/s", "resets", NULL, K_RATE, 9, 5, 0 },
 	{ "backlog", "backlog", NULL, K_NUM, 7, 2, 0 },
-	{ "sq now/max", "sq_depth", "sq_depth_max", K_PAIR, 11, 6, 0 },
+	{ "sq wait/max", "sq_depth", "sq_depth_max", K_PAIR, 11, 6, 0 },
 	{ "refused", "refused_nomem", "refused_quota", K_SUM, 7, 3, 0 },
 	{ "malf", "malformed", NULL, K_NUM, 6, 6, 0 },
 	{ "p99", "lateness.p99_ns", NULL, K_NS, 8, 2, 0 },
@@ -76,7 +76,7 @@ static const struct col shard_cols[] = {
 	{ "loops/s", "loops", NULL, K_RATE, 9, 7, 0 },
 	{ "sleeps/s", "sleeps", NULL, K_RATE, 8, 8, 0 },
 	{ "wakeups/s", "wakeups", NULL, K_RATE, 9, 7, 0 },
-	{ "wake in", "next_deadline_in_ns", NULL, K_WAKE, 8, 5, 0 },
+	{ "next", "next_deadline_in_ns", "next_deadline_exact", K_WAKE, 8, 5, 0 },
 };
 #define NR_SHARD_COLS (sizeof(shard_cols) / sizeof(shard_cols[0]))
 
@@ -375,8 +375,12 @@ static void cell(char *buf, size_t len, const struct live *L, const struct col *
 			snprintf(buf, len, "-");
 		else if (f->i <= 0)
 			snprintf(buf, len, "due");
-		else
-			sr_fmt_ns(buf, len, (uint64_t)f->i);
+		else {
+			/* a lower bound when the earliest slot was too big to scan */
+			g = fld(L, group, id, c->name2, NULL);
+			sr_fmt_ns(a, sizeof(a), (uint64_t)f->i);
+			snprintf(buf, len, "%s%s", g && !g->u ? ">=" : "", a);
+		}
 		break;
 	case K_SUM:
 		g = fld(L, group, id, c->name2, NULL);

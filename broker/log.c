@@ -93,7 +93,8 @@ static const char *level_prefix(int level)
 	}
 }
 
-static void log_write(int level, int err, const char *hint, const char *fmt, va_list ap)
+static void __attribute__((format(printf, 4, 0)))
+log_write(int level, int err, const char *hint, const char *fmt, va_list ap)
 {
 	char buf[1024];
 	size_t len;
@@ -144,7 +145,8 @@ void log_msg(int level, const char *fmt, ...)
 	errno = saved;
 }
 
-static int log_verrno(int level, int err, const char *hint, const char *fmt, va_list ap)
+static int __attribute__((format(printf, 4, 0)))
+log_verrno(int level, int err, const char *hint, const char *fmt, va_list ap)
 {
 	int saved = errno;
 

@@ -32,11 +32,9 @@ TestSuite(batch, .fini = stop, .timeout = 120);
 
 static chime_t *copen(void)
 {
-	struct chime_opts o = { .socket_path = tb.sock };
-	chime_t *c = NULL;
-	int r = chime_open(&c, &o);
+	chime_t *c = t_open(tb.sock);
 
-	cr_assert_eq(r, 0, "chime_open('%s'): %s", tb.sock, strerror(-r));
+	cr_assert_not_null(c, "no connection to the broker (see stderr)");
 	return c;
 }
 

@@ -58,15 +58,7 @@ static int scale(int n, int stress_n)
 
 static chime_t *copen(void)
 {
-	struct chime_opts o = { .socket_path = sock };
-	chime_t *c = NULL;
-	int r = chime_open(&c, &o);
-
-	if (r < 0) {
-		fprintf(stderr, "chime_open('%s'): %s\n", sock, strerror(-r));
-		return NULL;
-	}
-	return c;
+	return t_open(sock);
 }
 
 static void broker_start(void)

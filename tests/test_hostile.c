@@ -48,15 +48,7 @@ TestSuite(hostile, .init = broker_start, .fini = broker_stop, .timeout = 60);
 
 static chime_t *copen(void)
 {
-	struct chime_opts o = { .socket_path = tb.sock };
-	chime_t *c = NULL;
-	int r = chime_open(&c, &o);
-
-	if (r < 0) {
-		fprintf(stderr, "chime_open('%s'): %s\n", tb.sock, strerror(-r));
-		return NULL;
-	}
-	return c;
+	return t_open(tb.sock);
 }
 
 /* Calls fn(fd) for every eventfd this process holds (libchime's, here). */

@@ -34,6 +34,7 @@ struct field {
 	char labels[112];
 	double scale;
 	int prom_only;              /* a Prometheus series with no place in JSON or text */
+	const char *suffix;         /* appended to the family for this sample: "_sum", "_count" (a summary) */
 };
 
 struct flist {

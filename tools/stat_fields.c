@@ -128,7 +128,7 @@ const struct stat_pct pcts[NR_PCTS] = { { "p50", 0.50 }, { "p90", 0.90 }, { "p99
 #define LAT_SUM     1u      /* .sum_ns */
 #define LAT_BUCKETS 2u      /* .buckets (the histogram itself) */
 #define LAT_PROMMAX 4u      /* .max_ns is the Prometheus max gauge (since the last reset) */
-#define LAT_RECENT  8u      /* the percentiles, max and count are the Prometheus recent-window gauges */
+#define LAT_RECENT  8u      /* the percentiles, max, sum and count are the Prometheus recent-window summary */
 
 static const char *const pct_q[NR_PCTS] = { "0.5", "0.9", "0.99", "0.999" };
 
@@ -136,6 +136,10 @@ static const char *const pct_q[NR_PCTS] = { "0.5", "0.9", "0.99", "0.999" };
  * <prefix>.count, [.sum_ns], .p50_ns .. .p99_9_ns, .max_ns, [.buckets]: the
  * counts are F_GAUGE (a histogram since a reset, or of a window, may go down).
  */
+/* The last 10 s as a Prometheus summary: quantiles (1 is the max), _sum and _count. */
+#define RECENT_FAM  "chime_shard_recent_lateness_seconds"
+#define RECENT_HELP "Lateness (fired - deadline) over the last 10 seconds (quantile 1: the max; immediate timers excluded)."
+
 static void add_lateness(struct flist *l, const char *prefix, const uint64_t *hist,
 			 uint64_t sum_ns, uint64_t max_ns, const char *labels, unsigned what)
 {
@@ -145,20 +149,24 @@ static void add_lateness(struct flist *l, const char *prefix, const uint64_t *hi
 
 	f = field_add(l, F_GAUGE, "%s.count", prefix);
 	f->u = sr_hist_count(hist);
-	if (what & LAT_RECENT)
-		fprom(f, "chime_shard_recent_lateness_count", "gauge",
-		      "Expirations timed in the last 10 seconds (not counting immediate ones).", labels, 1);
+	if (what & LAT_RECENT) {
+		fprom(f, RECENT_FAM, "summary", RECENT_HELP, labels, 1);
+		f->suffix = "_count";
+	}
 	if (what & LAT_SUM) {
 		f = field_add(l, F_GAUGE, "%s.sum_ns", prefix);
 		f->u = sum_ns;
+		if (what & LAT_RECENT) {
+			fprom(f, RECENT_FAM, "summary", RECENT_HELP, labels, 1e-9);
+			f->suffix = "_sum";
+		}
 	}
 	for (i = 0; i < NR_PCTS; i++) {
 		f = field_add(l, F_GAUGE, "%s.%s_ns", prefix, pcts[i].name);
 		f->u = sr_percentile(hist, max_ns, pcts[i].p);
 		if (what & LAT_RECENT) {
 			snprintf(lab, sizeof(lab), "%s,quantile=\"%s\"", labels, pct_q[i]);
-			fprom(f, "chime_shard_recent_lateness_seconds", "gauge",
-			      "Lateness (fired - deadline) over the last 10 seconds, by quantile (1: max).", lab, 1e-9);
+			fprom(f, RECENT_FAM, "summary", RECENT_HELP, lab, 1e-9);
 		}
 	}
 	f = field_add(l, F_GAUGE, "%s.max_ns", prefix);
@@ -168,8 +176,7 @@ static void add_lateness(struct flist *l, const char *prefix, const uint64_t *hi
 		      "Largest lateness (fired - deadline) since start or the last reset-stats.", labels, 1e-9);
 	if (what & LAT_RECENT) {
 		snprintf(lab, sizeof(lab), "%s,quantile=\"1\"", labels);
-		fprom(f, "chime_shard_recent_lateness_seconds", "gauge",
-		      "Lateness (fired - deadline) over the last 10 seconds, by quantile (1: max).", lab, 1e-9);
+		fprom(f, RECENT_FAM, "summary", RECENT_HELP, lab, 1e-9);
 	}
 	if (what & LAT_BUCKETS) {
 		f = field_add(l, F_HIST, "%s.buckets", prefix);

@@ -60,7 +60,7 @@ void print_prom(FILE *out, const struct flist *l, const struct opts *o)
 				fprintf(out, "\n%s_count{%s} %" PRIu64 "\n", g->prom, g->labels, cum);
 				continue;
 			}
-			fprintf(out, "%s{%s} ", g->prom, g->labels);
+			fprintf(out, "%s%s{%s} ", g->prom, g->suffix ? g->suffix : "", g->labels);
 			if (!strcmp(g->prom, "chime_broker_info"))
 				fputs("1", out);
 			else if (g->kind == F_INT)

@@ -994,6 +994,26 @@ Test(tools_options, help_everywhere)
 }
 
 /*
+ * chime-bench e2e --busy-poll, quick: a private chimed with --spin-us -1,
+ * every timer comes back exactly once (the bench counts, and exits 1 on any
+ * problem), and the floor is measured beside it. Figures are not judged:
+ * speed targets live in the benchmark, not in tests.
+ */
+Test(tools_options, bench_busy_poll_quick, .timeout = 120)
+{
+	const char *o;
+
+	cr_assert_eq(run("%s e2e --quick --only lat --busy-poll --shards 1", bin("CHIME_BENCH")), 0,
+		     "%s%s", slurp(out), slurp(err));
+	o = slurp(out);
+	cr_assert(strstr(o, "spin -1 us"), "the private chimed is not in busy-poll mode: %s", o);
+	cr_assert(strstr(o, "drained busy-polling"), "%s", o);
+	cr_assert(strstr(o, "chime received - deadline (chime_poll)"), "%s", o);
+	cr_assert(strstr(o, "10000/10000"), "not every timer came back: %s", o);
+	cr_assert(strstr(o, "bare clock-reading loop (the floor)"), "no floor measured: %s", o);
+}
+
+/*
  * The event-loop examples (libclient/examples/uv_timers.c, event_timers.c)
  * against a real chimed: each checks its own timeouts (exactly the requests
  * not completed time out, once, never early) and exits 0. Built only when

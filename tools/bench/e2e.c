@@ -136,6 +136,7 @@ struct cfg {
 	int quick;
 	int shards;
 	const char *only;
+	int busy_poll;
 };
 
 static int want(const struct cfg *cf, const char *part)
@@ -146,7 +147,7 @@ static int want(const struct cfg *cf, const char *part)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PARTS]\n"
+		"Usage: chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PARTS] [--busy-poll]\n"
 		"End to end: ns per chime_arm/reset/cancel (1 and 2 threads, 100k and 1M armed),\n"
 		"the broker's ops/s per shard, expirations/s to a draining client and lateness,\n"
 		"beside one timerfd per timer.\n"
@@ -156,6 +157,8 @@ static void usage(FILE *f)
 		"  -q, --quick         small sizes (a smoke test, a few seconds)\n"
 		"  -n, --shards N      shards of the private chimed (default: its default, one per CPU)\n"
 		"      --only PARTS    comma list of ops,flood,expire,lat,timerfd (default: all)\n"
+		"      --busy-poll     lateness drained by chime_poll() in a loop, not chime_wait();\n"
+		"                      the private chimed runs with --spin-us -1 (busy-poll mode)\n"
 		"  -h, --help          show this help\n");
 }
 
@@ -166,10 +169,11 @@ int bench_e2e(int argc, char **argv)
 		{ "quick", no_argument, NULL, 'q' },
 		{ "shards", required_argument, NULL, 'n' },
 		{ "only", required_argument, NULL, 'o' },
+		{ "busy-poll", no_argument, NULL, 'b' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct cfg cf = { .socket = NULL, .quick = 0, .shards = 0, .only = NULL };
+	struct cfg cf = { .socket = NULL, .quick = 0, .shards = 0, .only = NULL, .busy_poll = 0 };
 	struct broker b;
 	size_t sizes_full[] = { 100000, 1000000 }, sizes_quick[] = { 10000, 50000 };
 	size_t *sizes, tfd_max, nsizes = 2;
@@ -186,6 +190,7 @@ int bench_e2e(int argc, char **argv)
 		case 'q': cf.quick = 1; break;
 		case 'n': cf.shards = atoi(optarg); break;
 		case 'o': cf.only = optarg; break;
+		case 'b': cf.busy_poll = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -208,7 +213,7 @@ int bench_e2e(int argc, char **argv)
 		snprintf(b.sock, sizeof(b.sock), "%s", cf.socket);
 		if (broker_map_ctl(&b) < 0)
 			return 1;
-	} else if (broker_start(&b, cf.shards) < 0) {
+	} else if (broker_start(&b, cf.shards, cf.busy_poll ? "-1" : NULL) < 0) {
 		broker_stop(&b);
 		return 1;
 	}
@@ -351,22 +356,30 @@ int bench_e2e(int argc, char **argv)
 
 	/* 4. lateness */
 	if (want(&cf, "lat")) {
-		struct lat_result lc, lt;
+		struct lat_result lc, lt, ls;
 		char cnt[24];
 		int have_t = 0;
 
-		printf("lateness: %s timers, random deadlines over %.1f s, drained blocking (us)\n",
-		       fmt_count(cnt, sizeof(cnt), n_lat), (double)span_ns / 1e9);
+		printf("lateness: %s timers, random deadlines over %.1f s, chime drained %s (us)\n",
+		       fmt_count(cnt, sizeof(cnt), n_lat), (double)span_ns / 1e9,
+		       cf.busy_poll ? "busy-polling (chime_poll in a loop)" : "blocking (chime_wait)");
 		printf("  %-40s | %9s %9s %9s %9s | %s\n", "", "p50", "p99", "p99.9", "max", "events");
-		if (run_lat_chime(&b, n_lat, span_ns, &lc) == 0) {
+		if (run_lat_chime(&b, n_lat, span_ns, cf.busy_poll, &lc) == 0) {
 			printf("  %-40s | %9.1f %9.1f %9.1f %9.1f | %zu/%zu\n", "chime fired_ns - deadline (broker)",
 			       pct(lc.fired, lc.got, .5) / 1e3, pct(lc.fired, lc.got, .99) / 1e3,
 			       pct(lc.fired, lc.got, .999) / 1e3, (lc.got ? lc.fired[lc.got - 1] : 0) / 1e3,
 			       lc.got, lc.n);
-			printf("  %-40s | %9.1f %9.1f %9.1f %9.1f | %zu/%zu\n", "chime received - deadline (chime_wait)",
+			printf("  %-40s | %9.1f %9.1f %9.1f %9.1f | %zu/%zu\n", cf.busy_poll ? "chime received - deadline (chime_poll)" : "chime received - deadline (chime_wait)",
 			       pct(lc.recv, lc.got, .5) / 1e3, pct(lc.recv, lc.got, .99) / 1e3,
 			       pct(lc.recv, lc.got, .999) / 1e3, (lc.got ? lc.recv[lc.got - 1] : 0) / 1e3,
 			       lc.got, lc.n);
+		}
+		if (cf.busy_poll && run_lat_spin(n_lat, span_ns, &ls) == 0) {
+			printf("  %-40s | %9.1f %9.1f %9.1f %9.1f | %zu/%zu\n", "bare clock-reading loop (the floor)",
+			       pct(ls.recv, ls.got, .5) / 1e3, pct(ls.recv, ls.got, .99) / 1e3,
+			       pct(ls.recv, ls.got, .999) / 1e3, (ls.got ? ls.recv[ls.got - 1] : 0) / 1e3,
+			       ls.got, ls.n);
+			free(ls.recv);
 		}
 		if (want(&cf, "timerfd") && n_lat_tfd >= 1000 && run_lat_tfd(n_lat_tfd, span_ns, &lt) == 0) {
 			have_t = 1;

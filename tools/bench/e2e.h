@@ -72,7 +72,8 @@ struct shard_sum {
 /* Map the control segment of the broker at b->sock (an external one: --socket). */
 int broker_map_ctl(struct broker *b);
 int broker_open(struct broker *b, chime_t **c);
-int broker_start(struct broker *b, int shards);
+/* spin_us: chimed's --spin-us (NULL: its default) */
+int broker_start(struct broker *b, int shards, const char *spin_us);
 int broker_stop(struct broker *b);
 int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns);
 void shards_read(const struct broker *b, struct shard_sum *s);
@@ -118,7 +119,11 @@ int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_re
 double run_tflood(size_t n, uint64_t dur_ns);
 int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct expire_result *res);
 int run_expire_tfd(size_t n, uint64_t gap_ns, struct expire_result *res);
-int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, struct lat_result *res);
+/* busy_poll: drain with chime_poll() in a loop instead of blocking in chime_wait() */
+int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, int busy_poll,
+		  struct lat_result *res);
 int run_lat_tfd(size_t n, uint64_t span_ns, struct lat_result *res);
+/* The floor under busy-poll lateness here: a bare loop reading the clock, same deadlines. */
+int run_lat_spin(size_t n, uint64_t span_ns, struct lat_result *res);
 
 #endif /* CHIME_BENCH_E2E_H */

@@ -215,7 +215,7 @@ int broker_open(struct broker *b, chime_t **c)
 	return r;
 }
 
-int broker_start(struct broker *b, int shards)
+int broker_start(struct broker *b, int shards, const char *spin_us)
 {
 	char log[PATH_MAX + 16], nshards[16];
 	const char *tmp = getenv("TMPDIR");
@@ -247,16 +247,22 @@ int broker_start(struct broker *b, int shards)
 	}
 	if (b->pid == 0) {
 		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		const char *argv[10] = { "chimed", "--foreground", "--socket", b->sock };
+		int argc = 4;
 
 		if (fd >= 0) {
 			dup2(fd, STDOUT_FILENO);
 			dup2(fd, STDERR_FILENO);
 		}
-		if (shards > 0)
-			execl(b->bin, "chimed", "--foreground", "--socket", b->sock, "--shards", nshards,
-			      (char *)NULL);
-		else
-			execl(b->bin, "chimed", "--foreground", "--socket", b->sock, (char *)NULL);
+		if (shards > 0) {
+			argv[argc++] = "--shards";
+			argv[argc++] = nshards;
+		}
+		if (spin_us) {
+			argv[argc++] = "--spin-us";
+			argv[argc++] = spin_us;
+		}
+		execv(b->bin, (char *const *)argv);
 		fprintf(stderr, "chime-bench: exec('%s') failed: %s\n", b->bin, strerror(errno));
 		_exit(127);
 	}

@@ -82,6 +82,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -683,31 +684,54 @@ uint64_t wheel_earliest(const struct wheel *wh, uint32_t max_scan, int *inexact)
 
 /* ---- rebuild and check ------------------------------------------------------ */
 
-int wheel_rebuild(struct wheel *wh, void *mem, size_t len)
+/* A node state rebuild can judge: one of CHIME_NODE_*, and a generation ids can carry. */
+static bool node_sane(const struct chime_node *n)
+{
+	if (n->state > CHIME_NODE_ACKWAIT)
+		return false;
+	return n->state == CHIME_NODE_FREE ||
+	       ((n->gen & CHIME_ID_GEN_MASK) != 0 &&
+		(n->gen & ~(CHIME_ID_GEN_MASK | CHIME_NODE_IMMEDIATE)) == 0);
+}
+
+int wheel_rebuild(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
+		  uint64_t resolution_ns, uint64_t now_ns, struct wheel_rebuild_stats *st)
 {
 	struct chime_wheel *w = mem;
+	struct wheel_rebuild_stats local;
 
-	if (!wh || !mem || (uintptr_t)mem % CHIME_CACHELINE || len < sizeof(*w) ||
-	    w->slab_off != sizeof(*w) || w->capacity == 0 || w->capacity == NIL ||
-	    w->resolution_ns == 0 || w->high_water > w->capacity ||
-	    len < wheel_region_size(w->capacity))
+	if (!st)
+		st = &local;
+	*st = (struct wheel_rebuild_stats){ 0 };
+	/* the caller's geometry, not the header's, says how much to read */
+	if (!wh || !mem || (uintptr_t)mem % CHIME_CACHELINE || capacity == 0 || capacity == NIL ||
+	    resolution_ns == 0 || len < wheel_region_size(capacity) ||
+	    w->slab_off != sizeof(*w) || w->capacity != capacity ||
+	    w->resolution_ns != resolution_ns || w->high_water > capacity)
 		return -EINVAL;
 	clear_lists(wh, w);
 	handle_init(wh, mem);
-	w->now_tick = tick_of(wh, w->now_ns);
+	w->now_ns = now_ns;
+	w->now_tick = tick_of(wh, now_ns);
 	wh->cur_min_ns = UINT64_MAX;
 	/* descending, so the free list hands out low indices first */
 	for (uint32_t i = w->high_water; i-- > 0;) {
 		struct chime_node *n = &wh->nodes[i];
 
+		if (!node_sane(n)) {
+			st->dropped++;
+			n->state = CHIME_NODE_FREE;
+		}
 		switch (n->state) {
 		case CHIME_NODE_FREE:
+			n->gen &= CHIME_ID_GEN_MASK;
 			n->next = w->free_head;
 			w->free_head = i;
 			break;
 		case CHIME_NODE_ARMED:
 		case CHIME_NODE_EXPIRED:
 			w->armed++;
+			st->due += n->deadline_ns <= now_ns;
 			place(wh, n, i);
 			break;
 		default:

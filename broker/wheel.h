@@ -65,14 +65,32 @@ size_t wheel_region_size(uint32_t capacity);
 int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 	       uint64_t resolution_ns, uint64_t now_ns);
 
+/* What wheel_rebuild() found. */
+struct wheel_rebuild_stats {
+	uint32_t dropped;       /* nodes in no known state, or with a bad generation: freed */
+	uint32_t due;           /* ARMED or EXPIRED nodes already due at now_ns */
+};
+
 /*
- * Re-attach to a wheel that already lives in [mem, mem + len) (a restarted
- * broker) and rebuild every derived structure (slot lists, occupancy bits,
- * free list, counters) from the slab alone: ARMED and EXPIRED nodes are
- * re-armed at their deadline, FREE nodes freed, other states left as they are.
- * -EINVAL if the header does not fit the region.
+ * Re-attach to a wheel an earlier broker left in [mem, mem + len) and
+ * rebuild every derived structure (slot lists, occupancy bits, expired and
+ * free lists, counters) from the nodes alone. The region may have been
+ * scribbled on, so nothing in it is trusted unchecked:
+ * - the geometry must be the caller's own (capacity, resolution_ns), the
+ *   slab where this code puts it and high_water <= capacity, else -EINVAL;
+ * - the clock is the caller's now_ns, never the header's: a scribbled clock
+ *   must not fire anything early;
+ * - links are never followed, only rewritten;
+ * - a node in no CHIME_NODE_* state, or not FREE with a generation outside
+ *   CHIME_ID_GEN_MASK (plus CHIME_NODE_IMMEDIATE), is freed and counted in
+ *   st->dropped.
+ * ARMED and EXPIRED nodes are re-armed at their deadline (one already due
+ * fires at the next advance, late, never lost); FREE nodes are freed; the
+ * broker's own states (ALLOC, GRANTED, BACKLOG, ACKWAIT) are left as they
+ * are, links included, for the caller to judge. st may be NULL.
  */
-int wheel_rebuild(struct wheel *wh, void *mem, size_t len);
+int wheel_rebuild(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
+		  uint64_t resolution_ns, uint64_t now_ns, struct wheel_rebuild_stats *st);
 
 static inline struct chime_node *wheel_node(const struct wheel *wh, uint32_t idx)
 {

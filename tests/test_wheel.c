@@ -591,7 +591,9 @@ Test(wheel, rebuild_from_a_copy_of_the_region_gives_the_same_future_expiries)
 	memset((char *)b.mem + offsetof(struct chime_wheel, armed), 0xff, 8);
 	memset((char *)b.mem + offsetof(struct chime_wheel, occupied), 0x5a,
 	       sizeof(((struct chime_wheel *)0)->occupied) + sizeof(((struct chime_wheel *)0)->slot));
-	cr_assert_eq(wheel_rebuild(&b.wh, b.mem, b.len), 0);
+	/* the header's clock is not trusted: pass the one the region was at */
+	memset((char *)b.mem + offsetof(struct chime_wheel, now_ns), 0x7f, 8);
+	cr_assert_eq(wheel_rebuild(&b.wh, b.mem, b.len, n, res, now + 1000 * res, NULL), 0);
 	wheel_check(&b.wh);
 	cr_assert_eq(wheel_armed(&b.wh), wheel_armed(&a.wh));
 	cr_assert_eq(wheel_node(&b.wh, 1)->state, CHIME_NODE_BACKLOG);
@@ -624,6 +626,122 @@ Test(wheel, rebuild_from_a_copy_of_the_region_gives_the_same_future_expiries)
 	wheel_check(&b.wh);
 	tw_fini(&a);
 	tw_fini(&b);
+}
+
+/* A region that does not match the caller's geometry is refused, whole. */
+Test(wheel, rebuild_refuses_another_geometry)
+{
+	struct tw t;
+	uint64_t res = 1000000, now = 5 * res;
+	struct chime_wheel *w;
+
+	tw_init(&t, 64, res, now);
+	arm_new(&t, now + res);
+	w = t.mem;
+	cr_assert_eq(wheel_rebuild(&t.wh, t.mem, t.len, 32, res, now, NULL), -EINVAL);
+	cr_assert_eq(wheel_rebuild(&t.wh, t.mem, t.len, 64, res / 2, now, NULL), -EINVAL);
+	cr_assert_eq(wheel_rebuild(&t.wh, t.mem, t.len - 1, 64, res, now, NULL), -EINVAL);
+	w->high_water = 65;
+	cr_assert_eq(wheel_rebuild(&t.wh, t.mem, t.len, 64, res, now, NULL), -EINVAL);
+	w->high_water = 1;
+	w->slab_off += 64;
+	cr_assert_eq(wheel_rebuild(&t.wh, t.mem, t.len, 64, res, now, NULL), -EINVAL);
+	w->slab_off -= 64;
+	cr_assert_eq(wheel_rebuild(&t.wh, t.mem, t.len, 64, res, now, NULL), 0);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_armed(&t.wh), 1);
+	tw_fini(&t);
+}
+
+/*
+ * Random bytes over random nodes and over every derived structure of the
+ * header, as a crash or a stray writer could leave them: rebuild frees
+ * exactly the nodes it cannot judge, keeps every sane one, never fires one
+ * early, and leaves a wheel that passes wheel_check() and runs to the end.
+ */
+Test(wheel, rebuild_repairs_a_scribbled_region_node_by_node)
+{
+	const uint32_t n = 4000;
+	uint64_t res = 1000000;
+	static uint8_t sane[4000], armed[4000];
+	static uint64_t dl[4000];
+	static uint32_t out[4000];
+
+	for (uint64_t seed = 1; seed <= 40; seed++) {
+		uint64_t rng = seed, now = (10 + seed) * res, later;
+		uint32_t want_dropped = 0, want_armed = 0, want_due = 0, got = 0;
+		struct wheel_rebuild_stats st;
+		struct chime_wheel *w;
+		struct tw t;
+
+		tw_init(&t, n, res, now);
+		for (uint32_t k = 0; k < n; k++)
+			arm_new(&t, now + splitmix64(&rng) % (UINT64_C(600) * res * 1000));
+		for (uint32_t k = 0; k < n; k += 5)
+			wheel_free(&t.wh, k);
+		wheel_advance(&t.wh, now + 200 * res);
+		for (uint32_t k = 3; k < n; k += 11)       /* a broker state rebuild leaves alone */
+			if (wheel_node(&t.wh, k)->state == CHIME_NODE_ARMED) {
+				wheel_cancel(&t.wh, k);
+				wheel_node(&t.wh, k)->state = CHIME_NODE_BACKLOG;
+			}
+		/* scribble: random bytes at random offsets of a tenth of the nodes */
+		for (uint32_t k = 0; k < n / 10; k++) {
+			uint8_t *p = (uint8_t *)wheel_node(&t.wh, (uint32_t)(splitmix64(&rng) % n));
+
+			for (unsigned b = 0; b < 8; b++)
+				p[splitmix64(&rng) % sizeof(struct chime_node)] = (uint8_t)splitmix64(&rng);
+		}
+		w = t.mem;
+		memset(w->occupied, 0xa5, sizeof(w->occupied) + sizeof(w->slot));
+		w->expired_head = (uint32_t)splitmix64(&rng);
+		w->free_head = (uint32_t)splitmix64(&rng);
+		w->armed = splitmix64(&rng);
+		w->now_ns = UINT64_MAX - 1;     /* a clock far ahead must not fire everything */
+		/* what a correct rebuild must find, judged from the bytes as they are */
+		later = now + 300 * res;
+		for (uint32_t k = 0; k < n; k++) {
+			const struct chime_node *x = wheel_node(&t.wh, k);
+			uint32_t g = x->gen;
+
+			sane[k] = x->state <= CHIME_NODE_ACKWAIT &&
+				  (x->state == CHIME_NODE_FREE ||
+				   ((g & CHIME_ID_GEN_MASK) && !(g & ~(CHIME_ID_GEN_MASK | CHIME_NODE_IMMEDIATE))));
+			armed[k] = sane[k] && (x->state == CHIME_NODE_ARMED || x->state == CHIME_NODE_EXPIRED);
+			dl[k] = x->deadline_ns;
+			want_dropped += !sane[k];
+			want_armed += armed[k];
+			want_due += armed[k] && dl[k] <= later;
+		}
+		cr_assert_eq(wheel_rebuild(&t.wh, t.mem, t.len, n, res, later, &st), 0, "seed %llu",
+			     (unsigned long long)seed);
+		wheel_check(&t.wh);
+		cr_assert_eq(st.dropped, want_dropped, "seed %llu", (unsigned long long)seed);
+		cr_assert_eq(st.due, want_due, "seed %llu", (unsigned long long)seed);
+		cr_assert_eq(wheel_armed(&t.wh), want_armed, "seed %llu", (unsigned long long)seed);
+		for (uint32_t k = 0; k < n; k++)
+			if (!sane[k])
+				cr_assert_eq(wheel_node(&t.wh, k)->state, CHIME_NODE_FREE);
+		/* run to the end: each armed node fires once, never before its deadline */
+		while (wheel_armed(&t.wh) > 0) {
+			uint64_t at = wheel_next_deadline(&t.wh);
+			unsigned k;
+
+			cr_assert_neq(at, UINT64_MAX);
+			wheel_advance(&t.wh, at);
+			k = pop_all(&t, out, n);
+			for (unsigned i = 0; i < k; i++) {
+				cr_assert(armed[out[i]], "seed %llu: node %u fired, was not armed",
+					  (unsigned long long)seed, out[i]);
+				cr_assert_leq(dl[out[i]], at > later ? at : later, "fired early");
+				armed[out[i]] = 0;
+				got++;
+			}
+		}
+		cr_assert_eq(got, want_armed);
+		wheel_check(&t.wh);
+		tw_fini(&t);
+	}
 }
 
 /* ------------------------------------------------------------------------ */

@@ -3,11 +3,11 @@
 # test suite in each, then print the closing line "N passed, N failed".
 #
 #   tools/run-tests.sh               default suite: unit tests, short integration
-#                                    and stress runs, and 60 s of fuzzing (about
-#                                    3 minutes on 2 cores)
+#                                    and stress runs, and 60 s of fuzzing per
+#                                    target (about 5 minutes on 2 cores)
 #   tools/run-tests.sh --stress      the long stress and soak suite instead (plain
 #                                    and ASan+UBSan builds; about 2 minutes here)
-#   tools/run-tests.sh --fuzz SECS   only the fuzzer (build-fuzz), for SECS seconds
+#   tools/run-tests.sh --fuzz SECS   only the fuzzers (build-fuzz), SECS seconds each
 #
 # Builds: build/ (-Werror), build-asan/ (AddressSanitizer + UBSan, -Werror),
 # build-tsan/ (ThreadSanitizer: the plain-executable thread checks only, since
@@ -89,7 +89,7 @@ run_fuzz() {
 	local saved_args=("${suite_args[@]}")
 	suite_args=(--suite fuzz --no-rebuild)
 	[ "$fuzz_secs" = 60 ] || suite_args+=(--timeout-multiplier 0)
-	targets=(tests/fuzz/fuzz_chan)
+	targets=(tests/fuzz/fuzz_chan tests/fuzz/fuzz_rebuild)
 	CHIME_FUZZ_SECONDS=$fuzz_secs CC=clang-14 \
 		run fuzz build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false
 	targets=()

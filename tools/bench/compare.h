@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * compare.h - `chime-bench compare` (what users would pick instead) and
+ * `chime-bench rest` (the broker's cost with timers armed and nothing due).
+ *
+ *   compare.c        the driver: options, the table, --json, lateness CSVs
+ *   compare_run.c    the contenders that live in this process behind one
+ *                    interface (chime's wheel, libuv, libev), their timing
+ *                    harness; chime end to end and timerfd through e2e's phases
+ *   compare_uv.c     libuv uv_timer_t (built when libuv1-dev is there)
+ *   compare_ev.c     libev ev_timer (built when libev-dev is there)
+ *   rest.c           `chime-bench rest`
+ */
+#ifndef CHIME_BENCH_COMPARE_H
+#define CHIME_BENCH_COMPARE_H
+
+#include "bench.h"
+#include "e2e.h"
+
+int bench_compare(int argc, char **argv);
+int bench_rest(int argc, char **argv);
+
+/* The contenders, in the table's column order. */
+enum { C_CHIME, C_WHEEL, C_TFD, C_UV, C_EV, NR_C };
+/* Their figures at one size: ns per op, ns per expired timer, bytes per timer. */
+enum { F_ARM, F_RESET, F_CANCEL, F_EXPIRE, F_MEM, NR_F };
+
+extern const char *const contender_name[NR_C];
+extern const char *const fig_name[NR_F];
+
+struct size_res {
+	size_t n;               /* timers it ran with (timerfd: at most what RLIMIT_NOFILE allows) */
+	double fig[NR_F];
+	int ran;                /* 1 measured, 0 not built or not run */
+};
+
+/*
+ * An in-process contender. Timer i of n is armed at base_ns + i and reset to
+ * base_ns + NS_PER_S + i (absolute CLOCK_MONOTONIC; a library with relative
+ * timeouts converts). Return 0 or -errno.
+ */
+struct inproc {
+	int (*setup)(size_t n);                 /* handles for n timers, none armed */
+	int (*arm)(size_t lo, size_t hi, uint64_t base_ns);
+	int (*reset)(size_t lo, size_t hi, uint64_t base_ns);
+	int (*cancel)(size_t lo, size_t hi);
+	/* Arm all n at d_ns, run until every callback ran: how many ran, when the last did. */
+	long (*expire)(size_t n, uint64_t d_ns, uint64_t *last_ns);
+	void (*teardown)(void);
+};
+
+extern const struct inproc inproc_wheel;
+extern uint64_t inproc_wheel_resolution_ns;   /* the broker's, so both wheels tick alike */
+
+/* The seed workload: conns timers of idle_ns, `rate` touches per second for wall_ns. */
+struct seed_res {
+	double cpu_client;      /* CPU s per wall s, this process (getrusage) */
+	double cpu_broker;      /* CPU s per wall s, the broker (schedstat of its threads); 0 in-process */
+	double touches_per_s;   /* achieved */
+	int ran;
+};
+
+#define SEED_CONNS     100000u
+#define SEED_IDLE_NS   (30 * NS_PER_S)
+#define SEED_TICK_NS   (10 * NS_PER_MS)   /* every contender touches in 10 ms ticks */
+
+/* Touches owed at time t since t0 at `rate`/s, minus those done. */
+static inline uint64_t seed_owed(uint64_t t0, uint64_t t, double rate, uint64_t done)
+{
+	uint64_t due = (uint64_t)((double)(t - t0) * rate / 1e9);
+
+	return due > done ? due - done : 0;
+}
+
+double seed_cpu_self(void);     /* this process's user+system CPU, seconds */
+
+int run_inproc_ops(const struct inproc *c, size_t n, unsigned batch, struct size_res *r);
+int run_inproc_expire(const struct inproc *c, size_t n, uint64_t gap_ns, struct size_res *r);
+int run_chime_mem(const struct broker *b, size_t n, double *bytes);
+int run_tfd_mem(size_t n, double *bytes);
+int run_chime_seed(const struct broker *b, double rate, uint64_t wall_ns, struct seed_res *r);
+
+#if HAVE_LIBUV
+extern const struct inproc inproc_uv;
+int run_uv_seed(double rate, uint64_t wall_ns, struct seed_res *r);
+int run_uv_lat(size_t n, uint64_t span_ns, struct lat_result *res);
+#endif
+#if HAVE_LIBEV
+extern const struct inproc inproc_ev;
+int run_ev_seed(double rate, uint64_t wall_ns, struct seed_res *r);
+#endif
+
+#endif /* CHIME_BENCH_COMPARE_H */

@@ -249,6 +249,15 @@ static void print_table(const struct run *R, const struct broker *b)
 				snprintf(cell, sizeof(cell), "%.2f+0", s->cpu_client * 100);
 			printf(" %12s", cell);
 		}
+		printf("\n  %-20s", "  touches done/s");
+		for (int c = 0; c < NR_C; c++) {
+			const struct seed_res *s = &R->seed[k][c];
+			char cell[32] = "-";
+
+			if (s->ran)
+				snprintf(cell, sizeof(cell), "%.0f", s->touches_per_s);
+			printf(" %12s", cell);
+		}
 		printf("\n");
 	}
 	printf("lateness: %s timers, random deadlines over %.1f s, received - deadline (us)\n",

@@ -42,6 +42,7 @@ static const int lat_c[NR_LAT] = { C_CHIME, C_TFD, C_UV };
 struct run {
 	int quick, json, built[NR_C];
 	const char *socket, *csv_dir;
+	char cmd[512];          /* how it was run, for the report */
 	size_t sizes[MAX_SIZES], nsizes, tfd_max, n_lat;
 	uint64_t seed_wall_ns, gap_ns, span_ns;
 	struct bench_machine m;
@@ -195,6 +196,7 @@ static void print_table(const struct run *R, const struct broker *b)
 
 	printf("chime-bench compare (%s): what users would pick instead; one run, one machine, same workload\n",
 	       R->quick ? "--quick" : "full");
+	printf("command: %s\n", R->cmd);
 	printf("date:    %s\n", R->m.date);
 	printf("machine: %ld CPUs online, %s, Linux %s; load average %.2f %.2f %.2f at start\n",
 	       R->m.cpus, R->m.model, R->m.kernel, R->m.load[0], R->m.load[1], R->m.load[2]);
@@ -311,6 +313,7 @@ static void print_json(const struct run *R, const struct broker *b)
 
 	json_object_set_new(o, "mode", json_string("compare"));
 	json_object_set_new(o, "quick", json_boolean(R->quick));
+	json_object_set_new(o, "command", json_string(R->cmd));
 	json_object_set_new(o, "machine", json_pack("{s:s, s:s, s:s, s:i, s:[f,f,f]}", "date", R->m.date,
 			    "cpu", R->m.model, "kernel", R->m.kernel, "cpus", (int)R->m.cpus,
 			    "loadavg", R->m.load[0], R->m.load[1], R->m.load[2]));
@@ -460,6 +463,12 @@ int bench_compare(int argc, char **argv)
 	/* Fixed, so every large array is a fresh mapping and RSS deltas count it */
 	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 	bench_machine(&R.m);
+	snprintf(R.cmd, sizeof(R.cmd), "chime-bench");
+	for (int i = 0; i < argc; i++) {
+		size_t l = strlen(R.cmd);
+
+		snprintf(R.cmd + l, sizeof(R.cmd) - l, " %s", argv[i]);
+	}
 
 	memset(&b, 0, sizeof(b));
 	if (R.socket) {

@@ -295,7 +295,7 @@ static void print_table(const struct run *R, const struct broker *b)
 	       "expiry: N timers due at one instant; deadline -> last callback (chime: chime_poll drain; timerfd:\n"
 	       "  epoll_wait + read each), / N.\n"
 	       "memory: RSS grown by arming N, / N; chime e2e adds the broker's node (its slab has nothing else\n"
-	       "  per timer); timerfd adds the kernel's slab growth (/proc/meminfo Slab, system-wide).\n"
+	       "  per timer); timerfd adds the kernel's slab objects grown (/proc/slabinfo, system-wide).\n"
 	       "seed CPU: %% of one core over the wall time: client getrusage, broker schedstat of all its threads.\n"
 	       "lateness: chime_wait / epoll_wait / uv_run callback time - the deadline asked for (libuv rounds to\n"
 	       "  whole ms of its loop clock, so it is never early and up to a ms late by design).\n");

@@ -165,8 +165,9 @@ int bench_rest(int argc, char **argv)
 		       m.cpus, m.model, m.kernel, m.load[0], m.load[1], m.load[2]);
 		printf("broker:  %s chimed pid %d, %u shard(s), spin %lld us; window %.1f s\n\n",
 		       b.pid ? "private" : "external", (int)b.ctl->pid, b.nr_shards, (long long)b.ctl->spin_us, win);
-		printf("  CPU, /proc/PID/stat utime+stime    %8.4f%% of a core   target < %.1f%%  %s\n",
-		       cpu_stat * 100, REST_CPU_TARGET * 100, cpu_stat < REST_CPU_TARGET ? "ok" : "MISS");
+		/* utime and stime are each whole ticks: their sum's delta is off by up to 2 */
+		printf("  CPU, /proc/PID/stat utime+stime    %8.4f%% of a core   (+-%.1f%%: whole clock ticks; not judged)\n",
+		       cpu_stat * 100, 200.0 / (double)sysconf(_SC_CLK_TCK) / win);
 		printf("  CPU, schedstat of all threads      %8.4f%% of a core   target < %.1f%%  %s\n",
 		       cpu_sched * 100, REST_CPU_TARGET * 100, cpu_sched < REST_CPU_TARGET ? "ok" : "MISS");
 		printf("  wake-ups (all threads' switches)   %8.2f /s  (%llu voluntary, %llu nonvoluntary)\n",
@@ -186,8 +187,8 @@ int bench_rest(int argc, char **argv)
 			       (unsigned long long)(z->vol + z->nonvol - (a ? a->vol + a->nonvol : 0)),
 			       (double)(z->sched_ns - (a ? a->sched_ns : 0)) / 1e3);
 		}
-		printf("\nstat's utime+stime count in clock ticks (%ld/s): over %.0f s one tick is %.3f%% of a core,\n"
-		       "so schedstat (ns) is the figure that resolves the target.\n",
+		printf("\nstat's utime and stime count whole clock ticks (%ld/s): over %.0f s one tick is %.3f%% of a\n"
+		       "core, the target itself, so the target is judged on schedstat (ns, all threads).\n",
 		       sysconf(_SC_CLK_TCK), win, 100.0 / (double)sysconf(_SC_CLK_TCK) / win);
 	}
 	chime_close(c);

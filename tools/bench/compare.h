@@ -30,7 +30,8 @@ extern const char *const fig_name[NR_F];
 
 struct size_res {
 	size_t n;               /* timers it ran with (timerfd: at most what RLIMIT_NOFILE allows) */
-	double fig[NR_F];
+	double fig[NR_F];       /* arm, reset, cancel: the median of batch means */
+	double mean[NR_OPS];    /* arm, reset, cancel: all ops / their time (stalls included) */
 	int ran;                /* 1 measured, 0 not built or not run */
 };
 

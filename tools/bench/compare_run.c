@@ -35,8 +35,8 @@ double seed_cpu_self(void)
 
 /*
  * Timed in batches on this thread, as e2e's client operations are: arm grows
- * 0 -> n, reset runs at n, cancel shrinks n -> 0; the figure is the median of
- * the batch means. Memory: this process's RSS grown by setup and arming, / n.
+ * 0 -> n, reset runs at n, cancel shrinks n -> 0; the figures are the median
+ * of the batch means and the mean of all (e2e's two). Memory: this process's RSS grown by setup and arming, / n.
  */
 int run_inproc_ops(const struct inproc *c, size_t n, unsigned batch, struct size_res *r)
 {
@@ -51,16 +51,20 @@ int run_inproc_ops(const struct inproc *c, size_t n, unsigned batch, struct size
 	}
 	base = now_ns() + FAR_NS;
 	for (int op = 0; op < NR_OPS && !err; op++) {
+		uint64_t busy = 0;
 		size_t k = 0;
 
 		for (size_t i = 0; i < n && !err; i += batch, k++) {
 			size_t e = i + batch < n ? i + batch : n;
-			uint64_t t = now_ns();
+			uint64_t t = now_ns(), dt;
 
 			err = op == OP_ARM ? c->arm(i, e, base) : op == OP_RESET ? c->reset(i, e, base) : c->cancel(i, e);
-			m[k] = (double)(now_ns() - t) / (double)(e - i);
+			dt = now_ns() - t;
+			busy += dt;
+			m[k] = (double)dt / (double)(e - i);
 		}
 		r->fig[F_ARM + op] = bench_median(m, k);
+		r->mean[op] = (double)busy / (double)n;
 		if (op == OP_ARM) {
 			rss1 = bench_rss_bytes(0);
 			r->fig[F_MEM] = rss1 > rss0 ? (double)(rss1 - rss0) / (double)n : 0;

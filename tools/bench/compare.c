@@ -44,6 +44,7 @@ struct run {
 	const char *socket, *csv_dir;
 	char cmd[512];          /* how it was run, for the report */
 	size_t sizes[MAX_SIZES], nsizes, tfd_max, n_lat;
+	size_t added;           /* a size added for timerfd's sake (0: none) */
 	uint64_t seed_wall_ns, gap_ns, span_ns;
 	struct bench_machine m;
 	struct size_res sz[MAX_SIZES][NR_C];
@@ -87,13 +88,9 @@ static void run_size(struct run *R, const struct broker *b, size_t si)
 		r->n = n;
 		if (!R->built[c])
 			continue;
-		progress(R, "size", n, c);
-		if (c == C_TFD) {
-			nt = n <= R->tfd_max ? n : R->tfd_max / 1000 * 1000;
-			if (nt < 1000)
-				continue;
-			r->n = nt;
-		}
+		if (c == C_TFD && n > R->tfd_max)
+			continue;
+		progress(R, "size", n, c);       /* not like for like at fewer: see the size added in main */
 		if (c == C_CHIME || c == C_TFD) {
 			ok = run_ops(c == C_CHIME ? IMPL_CHIME : IMPL_TFD, b, nt, 1, batch, op) == 0;
 			for (int k = 0; k < NR_OPS; k++) {
@@ -222,11 +219,13 @@ static void print_table(const struct run *R, const struct broker *b)
 				char cell[32] = "-";
 
 				if (r->ran && f <= F_CANCEL)    /* mean (median) */
-					snprintf(cell, sizeof(cell), r->mean[f] >= 100 ? "%.0f (%.0f)%s" : "%.1f (%.1f)%s",
-						 r->mean[f], r->fig[f], r->n != R->sizes[si] ? "*" : "");
+					snprintf(cell, sizeof(cell), r->mean[f] >= 100 ? "%.0f (%.0f)" : "%.1f (%.1f)",
+						 r->mean[f], r->fig[f]);
 				else if (r->ran)
-					snprintf(cell, sizeof(cell), "%.1f%s", r->fig[f], r->n != R->sizes[si] ? "*" : "");
-				tfd_short |= r->ran && r->n != R->sizes[si];
+					snprintf(cell, sizeof(cell), "%.1f", r->fig[f]);
+				else if (c == C_TFD && R->built[c] && R->sizes[si] > R->tfd_max)
+					snprintf(cell, sizeof(cell), "- *");
+				tfd_short |= c == C_TFD && R->sizes[si] > R->tfd_max;
 				printf(" %13s", cell);
 			}
 			printf("\n");
@@ -290,8 +289,9 @@ static void print_table(const struct run *R, const struct broker *b)
 	}
 	printf("\n");
 	if (tfd_short)
-		printf("* timerfd ran with %zu timers: RLIMIT_NOFILE allows no more here (hard limit)\n",
-		       R->tfd_max / 1000 * 1000);
+		printf("* timerfd needs a descriptor per timer and RLIMIT_NOFILE allows %zu here (its hard limit):\n"
+		       "  no figure above that%s\n", R->tfd_max,
+		       R->added ? "; the row of the most it allows was added so it has one like for like" : "");
 	printf("arm/reset/cancel: one thread, batches of 1000, deadlines 1 h ahead: mean of all ops (their total\n"
 	       "  time / N: waits on a full ring included) and, in parentheses, the median of the batch means.\n"
 	       "  chime e2e: chime_arm/reset/cancel (the broker applies them on its own cores); wheel:\n"
@@ -331,6 +331,7 @@ static void print_json(const struct run *R, const struct broker *b)
 			json_array_append_new(cs, json_string(contender_name[c]));
 	json_object_set_new(o, "contenders", cs);
 	json_object_set_new(o, "tfd_max", json_integer((json_int_t)R->tfd_max));
+	json_object_set_new(o, "size_added_for_timerfd", json_integer((json_int_t)R->added));
 	for (size_t si = 0; si < R->nsizes; si++) {
 		json_t *s = json_object(), *res = json_object();
 
@@ -498,6 +499,20 @@ int bench_compare(int argc, char **argv)
 		for (size_t i = 0; i < R.nsizes; i++)
 			mx = R.sizes[i] > mx ? R.sizes[i] : mx;
 		R.tfd_max = fd_room(mx > R.n_lat ? mx : R.n_lat);
+		/* Too few fds for timerfd at some size: add the most it can do, for every contender */
+		mx = R.tfd_max / 1000 * 1000;
+		if (mx >= 1000 && R.nsizes < MAX_SIZES) {
+			size_t i = 0;
+
+			while (i < R.nsizes && R.sizes[i] < mx)
+				i++;
+			if (i < R.nsizes && R.sizes[i] != mx) {
+				memmove(R.sizes + i + 1, R.sizes + i, (R.nsizes - i) * sizeof(R.sizes[0]));
+				R.sizes[i] = mx;
+				R.nsizes++;
+				R.added = mx;
+			}
+		}
 	}
 	/* PROBLEM() prints on stdout: with --json it goes to stderr, stdout keeps the JSON alone */
 	if (R.json) {

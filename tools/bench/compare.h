@@ -3,7 +3,8 @@
  * compare.h - `chime-bench compare` (what users would pick instead) and
  * `chime-bench rest` (the broker's cost with timers armed and nothing due).
  *
- *   compare.c        the driver: options, the table, --json, lateness CSVs
+ *   compare.c        the driver: options, the contenders in order
+ *   compare_report.c the table, --json, the lateness CSVs
  *   compare_run.c    the contenders that live in this process behind one
  *                    interface (chime's wheel, libuv, libev), their timing
  *                    harness; chime end to end and timerfd through e2e's phases
@@ -72,6 +73,34 @@ static inline uint64_t seed_owed(uint64_t t0, uint64_t t, double rate, uint64_t 
 
 	return due > done ? due - done : 0;
 }
+
+#define MAX_SIZES 8
+#define NR_RATES 2
+#define NR_LAT 3                /* chime, timerfd, libuv */
+
+extern const double seed_rates[NR_RATES];     /* touches per second */
+extern const int lat_c[NR_LAT];                /* the contenders with a lateness figure */
+
+/* One run of `compare`: its settings and every figure (compare.c fills, compare_report.c prints). */
+struct run {
+	int quick, json, built[NR_C];
+	const char *socket, *csv_dir;
+	char cmd[512];          /* how it was run, for the report */
+	size_t sizes[MAX_SIZES], nsizes, tfd_max, n_lat;
+	size_t added;           /* a size added for timerfd's sake (0: none) */
+	uint64_t seed_wall_ns, gap_ns, span_ns;
+	struct bench_machine m;
+	struct size_res sz[MAX_SIZES][NR_C];
+	struct seed_res seed[NR_RATES][NR_C];
+	struct lat_result lat[NR_LAT];
+	int lat_ran[NR_LAT];
+};
+
+
+/* compare_report.c */
+int compare_csv(const struct run *R);
+void compare_table(const struct run *R, const struct broker *b);
+void compare_json(const struct run *R, const struct broker *b);
 
 double seed_cpu_self(void);     /* this process's user+system CPU, seconds */
 

@@ -14,6 +14,10 @@ pkgs="$pkgs clang-14 libclang-rt-14-dev"
 pkgs="$pkgs libsystemd-dev"
 # libncurses-dev: chimestat's live view (ncursesw).
 pkgs="$pkgs libncurses-dev"
+# Benchmark only (chime-bench compare builds without them, leaving the
+# contender out): libev-dev, libev's ev_timer as a contender (libuv1-dev is
+# above); gnuplot-nox, the lateness plot (tools/bench/plot-lateness.sh).
+pkgs="$pkgs libev-dev gnuplot-nox"
 
 missing=""
 for p in $pkgs; do

@@ -2,12 +2,15 @@
 /* bench.c - helpers shared by chime-bench's modes. */
 #include "bench.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/utsname.h>
 #include <time.h>
+#include <unistd.h>
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -50,4 +53,127 @@ void *bench_map(size_t len)
 void bench_unmap(void *p, size_t len)
 {
 	munmap(p, len);
+}
+
+/* ---- /proc readers: the broker's CPU, context switches and RSS ---- */
+
+/* Sum of utime+stime in /proc/PID/stat (clock ticks), as ns. */
+static uint64_t stat_cpu_ns(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long ut = 0, st = 0;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	/* comm may hold spaces and parentheses: fields start after the last ')' */
+	p = strrchr(buf, ')');
+	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+		return 0;
+	return (ut + st) * (UINT64_C(1000000000) / (uint64_t)sysconf(_SC_CLK_TCK));
+}
+
+int bench_proc_sample(pid_t pid, struct bench_proc *s)
+{
+	char path[64];
+	DIR *d;
+	struct dirent *e;
+
+	memset(s, 0, sizeof(*s));
+	s->t_ns = now_ns();
+	s->stat_ns = stat_cpu_ns(pid);
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	if (!d)
+		return -errno;
+	while ((e = readdir(d)) != NULL) {
+		struct bench_thread th = { .tid = atoi(e->d_name) };
+		char p[96], line[256];
+		unsigned long long v;
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		/* schedstat: ns on a CPU, exact (stat's ticks are 10 ms here) */
+		snprintf(p, sizeof(p), "/proc/%d/task/%d/schedstat", (int)pid, th.tid);
+		if ((f = fopen(p, "r")) != NULL) {
+			if (fscanf(f, "%llu", &v) == 1)
+				th.sched_ns = v;
+			fclose(f);
+		}
+		snprintf(p, sizeof(p), "/proc/%d/task/%d/status", (int)pid, th.tid);
+		if ((f = fopen(p, "r")) != NULL) {
+			while (fgets(line, sizeof(line), f)) {
+				if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1)
+					th.vol = v;
+				else if (sscanf(line, "nonvoluntary_ctxt_switches: %llu", &v) == 1)
+					th.nonvol = v;
+			}
+			fclose(f);
+		}
+		snprintf(p, sizeof(p), "/proc/%d/task/%d/comm", (int)pid, th.tid);
+		if ((f = fopen(p, "r")) != NULL) {
+			if (fgets(th.comm, sizeof(th.comm), f))
+				th.comm[strcspn(th.comm, "\n")] = '\0';
+			fclose(f);
+		}
+		s->sched_ns += th.sched_ns;
+		s->vol += th.vol;
+		s->nonvol += th.nonvol;
+		if (s->threads < BENCH_MAX_THREADS)
+			s->thr[s->threads] = th;
+		s->threads++;
+	}
+	closedir(d);
+	return 0;
+}
+
+uint64_t bench_rss_bytes(pid_t pid)
+{
+	char path[64];
+	unsigned long long size = 0, rss = 0;
+	FILE *f;
+
+	if (pid)
+		snprintf(path, sizeof(path), "/proc/%d/statm", (int)pid);
+	else
+		snprintf(path, sizeof(path), "/proc/self/statm");
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	if (fscanf(f, "%llu %llu", &size, &rss) != 2)
+		rss = 0;
+	fclose(f);
+	return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+void bench_machine(struct bench_machine *m)
+{
+	char line[256];
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	struct utsname u;
+	time_t t = time(NULL);
+
+	memset(m, 0, sizeof(*m));
+	snprintf(m->model, sizeof(m->model), "?");
+	if (f) {
+		while (fgets(line, sizeof(line), f))
+			if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+				snprintf(m->model, sizeof(m->model), "%s", strchr(line, ':') + 2);
+				m->model[strcspn(m->model, "\n")] = '\0';
+				break;
+			}
+		fclose(f);
+	}
+	if (uname(&u) == 0)
+		snprintf(m->kernel, sizeof(m->kernel), "%s", u.release);
+	strftime(m->date, sizeof(m->date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+	m->cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	getloadavg(m->load, 3);
 }

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "clock.h"     /* now_ns(), splitmix64() */
 
@@ -25,5 +26,36 @@ void bench_shuffle(uint32_t *idx, size_t n, uint64_t *rng);
 /* Anonymous mapping, NORESERVE; exits with a message on failure. */
 void *bench_map(size_t len);
 void bench_unmap(void *p, size_t len);
+
+#define BENCH_MAX_THREADS 64
+
+/* A process seen through /proc: CPU (both ways) and context switches, all threads. */
+struct bench_thread {
+	int tid;
+	char comm[16];
+	uint64_t sched_ns, vol, nonvol;
+};
+
+struct bench_proc {
+	uint64_t t_ns;          /* CLOCK_MONOTONIC when read */
+	uint64_t stat_ns;       /* utime+stime of /proc/PID/stat, clock ticks as ns */
+	uint64_t sched_ns;      /* sum over /proc/PID/task/x/schedstat: ns on a CPU, exact */
+	uint64_t vol, nonvol;   /* sum over /proc/PID/task/x/status of the ctxt_switches */
+	unsigned threads;
+	struct bench_thread thr[BENCH_MAX_THREADS];    /* the first BENCH_MAX_THREADS, by /proc order */
+};
+
+int bench_proc_sample(pid_t pid, struct bench_proc *s);
+/* Resident set of pid (0: this process), bytes, from /proc/PID/statm. */
+uint64_t bench_rss_bytes(pid_t pid);
+
+/* The machine and the moment, for a report's header. */
+struct bench_machine {
+	char model[128], kernel[80], date[32];
+	long cpus;
+	double load[3];
+};
+
+void bench_machine(struct bench_machine *m);
 
 #endif /* CHIME_BENCH_H */

@@ -71,26 +71,6 @@
 /* the table                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Raise RLIMIT_NOFILE to hold `want` fds; returns how many timerfds fit. */
-static size_t fd_room(size_t want)
-{
-	struct rlimit rl;
-	rlim_t need = (rlim_t)want + 256;
-
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-		return 0;
-	if (rl.rlim_cur < need) {
-		struct rlimit nl = { .rlim_cur = need, .rlim_max = rl.rlim_max > need ? rl.rlim_max : need };
-
-		if (setrlimit(RLIMIT_NOFILE, &nl) < 0) {
-			nl.rlim_cur = nl.rlim_max = rl.rlim_max;
-			(void)setrlimit(RLIMIT_NOFILE, &nl);
-		}
-		getrlimit(RLIMIT_NOFILE, &rl);
-	}
-	return rl.rlim_cur > 256 + 64 ? (size_t)(rl.rlim_cur - 256 - 64) : 0;
-}
-
 static void print_header(const struct broker *b, const char *mode, size_t tfd_max)
 {
 	struct utsname u;

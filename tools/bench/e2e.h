@@ -52,6 +52,8 @@ uint64_t pct(const uint64_t *a, size_t n, double q);
 const char *fmt_count(char *buf, size_t len, uint64_t n);
 void *xcalloc(size_t n, size_t sz);
 int tfd_set(int fd, uint64_t deadline_ns);
+/* Raise RLIMIT_NOFILE to hold `want` fds; returns how many timerfds fit. */
+size_t fd_room(size_t want);
 
 struct broker {
 	pid_t pid;                      /* 0: not ours */

@@ -110,6 +110,26 @@ int tfd_set(int fd, uint64_t deadline_ns)
 	return timerfd_settime(fd, TFD_TIMER_ABSTIME, &its, NULL) < 0 ? -errno : 0;
 }
 
+/* Raise RLIMIT_NOFILE to hold `want` fds; returns how many timerfds fit. */
+size_t fd_room(size_t want)
+{
+	struct rlimit rl;
+	rlim_t need = (rlim_t)want + 256;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 0;
+	if (rl.rlim_cur < need) {
+		struct rlimit nl = { .rlim_cur = need, .rlim_max = rl.rlim_max > need ? rl.rlim_max : need };
+
+		if (setrlimit(RLIMIT_NOFILE, &nl) < 0) {
+			nl.rlim_cur = nl.rlim_max = rl.rlim_max;
+			(void)setrlimit(RLIMIT_NOFILE, &nl);
+		}
+		getrlimit(RLIMIT_NOFILE, &rl);
+	}
+	return rl.rlim_cur > 256 + 64 ? (size_t)(rl.rlim_cur - 256 - 64) : 0;
+}
+
 int g_problems;
 
 /* ------------------------------------------------------------------------ */

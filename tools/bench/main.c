@@ -9,6 +9,7 @@
 #include "chime_config.h"
 #include "bench.h"
 #include "e2e.h"
+#include "compare.h"
 
 static const struct {
 	const char *name;
@@ -17,6 +18,8 @@ static const struct {
 } modes[] = {
 	{ "wheel", bench_wheel, "timing wheel vs binary heap: arm, cancel, reset, expiry [--quick]" },
 	{ "e2e", bench_e2e, "libchime + chimed end to end vs timerfd [--socket PATH] [--quick]" },
+	{ "compare", bench_compare, "chime vs its wheel, timerfd, libuv, libev: ops, expiry, memory, CPU, lateness [--quick] [--json]" },
+	{ "rest", bench_rest, "the broker at rest with N timers armed an hour ahead: CPU and wake-ups [--timers N] [--seconds S]" },
 };
 
 #define NR_MODES (sizeof(modes) / sizeof(modes[0]))

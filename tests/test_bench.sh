@@ -1,0 +1,83 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# bench: chime-bench's comparison modes run and produce every figure.
+#
+#   compare  `chime-bench compare --quick --json` against a private chimed:
+#            the contenders are exactly the ones built (EXPECT), each has
+#            every figure at every size, positive (timerfd: at every size
+#            RLIMIT_NOFILE allows, at least one); chime, libuv and libev
+#            have the seed workload's CPU (chime's broker too) and reached at
+#            least half the touch rate; chime, timerfd and libuv have their
+#            lateness for every timer; no problem was seen.
+#   rest     `chime-bench rest --timers 100000 --seconds 2 --json`: the broker
+#            at rest meets its targets (exit status), and the figures are there.
+#
+# Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest [EXPECT]
+# Exit: 0 pass, 1 fail, 77 skipped (no jq).
+set -u
+
+bench=$1
+export CHIMED=$2
+mode=$3
+expect=${4:-}
+
+if ! command -v jq >/dev/null 2>&1; then
+	echo "bench: jq not installed: skipped"
+	exit 77
+fi
+dir=$(mktemp -d "${TMPDIR:-/tmp}/chime-test-bench-XXXXXX") || exit 1
+trap 'rm -rf "$dir"' EXIT
+trap 'exit 1' INT TERM HUP PIPE
+export TMPDIR=$dir
+
+fail() {
+	echo "bench $mode: FAIL: $*"
+	echo "--- stdout"; cat "$dir/out.json"
+	echo "--- stderr"; cat "$dir/err"
+	exit 1
+}
+
+case $mode in
+compare)
+	"$bench" compare --quick --json >"$dir/out.json" 2>"$dir/err" ||
+		fail "exit status $?"
+	missing=$(jq -r --arg expect "$expect" '
+		def figs: ["arm_ns", "reset_ns", "cancel_ns", "arm_mean_ns", "reset_mean_ns", "cancel_mean_ns", "expire_ns", "mem_bytes"];
+		def pos(o; f): ((o // {})[f] // 0) > 0;
+		.contenders as $c | .tfd_max as $fds
+		| [ (if ($c | join(",")) != $expect then "contenders \($c | join(",")), expected \($expect)" else empty end),
+		    (.sizes[] | .timers as $n | .results as $r | $c[] as $k
+		     | select($k != "timerfd" or $n <= $fds) | figs[] as $f
+		     | select(pos($r[$k]; $f) | not) | "\($n) timers: \($k) \($f)"),
+		    (select(all(.sizes[]; .results.timerfd == null)) | "timerfd ran at no size"),
+		    (.seed[] | .touches_per_s as $t | .results as $r
+		     | (($c - ["wheel", "timerfd"])[] as $k
+		        | (("cpu_total", "cpu_client", "touches_per_s_done") as $f
+		           | select(pos($r[$k]; $f) | not) | "seed \($t)/s: \($k) \($f)"),
+		          (select((($r[$k] // {}).touches_per_s_done // 0) < $t / 2)
+		           | "seed \($t)/s: \($k) touched only \(($r[$k] // {}).touches_per_s_done // 0)/s")),
+		       (select(pos($r.chime; "cpu_broker") | not) | "seed \($t)/s: chime cpu_broker")),
+		    (.lateness as $l | ($c - ["wheel", "libev"])[] as $k
+		     | (("p50_us", "p99_us", "max_us") as $f | select(pos($l.results[$k]; $f) | not)
+		        | "lateness: \($k) \($f)"),
+		       (select(($l.results[$k] // {}).events != $l.timers)
+		        | "lateness: \($k) \(($l.results[$k] // {}).events) events of \($l.timers)")),
+		    (select(.problems != 0) | "\(.problems) problem(s) seen")
+		  ] | .[]' "$dir/out.json") || fail "jq could not read the output"
+	[ -z "$missing" ] || fail "missing or not positive: $missing"
+	echo "bench compare: $(jq -r '.contenders | join(", ")' "$dir/out.json"): every figure there"
+	;;
+rest)
+	"$bench" rest --timers 100000 --seconds 2 --json >"$dir/out.json" 2>"$dir/err" ||
+		fail "exit status $? (a target missed, or it failed)"
+	jq -e '.timers == 100000 and .heartbeats > 0 and .cpu_share_schedstat > 0 and
+	       .cpu_ok and .wakeups_ok and (.threads | length) >= 2' "$dir/out.json" >/dev/null ||
+		fail "figures missing or implausible"
+	echo "bench rest: $(jq -r '"cpu \(.cpu_share_schedstat * 100)% of a core, \(.wakeups_per_s) wake-ups/s, \(.heartbeats_per_s) heartbeats/s"' "$dir/out.json")"
+	;;
+*)
+	echo "usage: test_bench.sh CHIME_BENCH CHIMED compare|rest [EXPECT]" >&2
+	exit 2
+	;;
+esac

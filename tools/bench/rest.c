@@ -1,0 +1,200 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rest.c - `chime-bench rest`: what the broker costs when nothing is due.
+ *
+ * Arm N timers an hour ahead (one client, kept connected and idle), let the
+ * shards settle, then over S seconds read the broker's /proc entries at both
+ * ends: CPU from /proc/PID/stat (utime+stime, in clock ticks) and, exactly,
+ * from each thread's schedstat; wake-ups as the sum over every thread of
+ * /proc/PID/task/TID/status voluntary+nonvoluntary context switches. Meanwhile
+ * the control segment's heartbeat_ns is polled every 5 ms, so the heartbeats
+ * in the window are counted, not assumed (the control thread wakes every
+ * 90 ms to beat: HEARTBEAT_NS in broker/broker.h).
+ *
+ * Targets (issue 9 item 7): broker CPU < 0.1% of a core; no wake-ups beyond
+ * the heartbeat's. A miss makes the exit status 1.
+ */
+#include <chime.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "atomics.h"
+#include "compare.h"
+
+#define REST_CPU_TARGET   0.001   /* share of one core */
+#define REST_SLACK        2u      /* switches a window's two edges may split off a beat */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: chime-bench rest [--socket PATH] [--timers N] [--seconds S] [--json]\n"
+		"The broker with N timers armed an hour ahead and nothing due: its CPU share\n"
+		"and wake-ups per second over S seconds, against the targets.\n"
+		"\n"
+		"  -s, --socket PATH   use the chimed at PATH (default: a private one)\n"
+		"  -n, --timers N      timers to arm (default 1000000)\n"
+		"  -t, --seconds S     the measuring window (default 10)\n"
+		"  -j, --json          the figures as JSON on stdout\n"
+		"  -h, --help          show this help\n");
+}
+
+int bench_rest(int argc, char **argv)
+{
+	static const struct option lopts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "timers", required_argument, NULL, 'n' },
+		{ "seconds", required_argument, NULL, 't' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *socket = NULL;
+	long n = 1000000, secs = 10;
+	int opt, json = 0, r = 0, cpu_ok, wake_ok;
+	struct bench_proc p0, p1;
+	struct bench_machine m;
+	struct broker b;
+	uint64_t *ids, base, hb, beats = 0, end, sw;
+	double win, cpu_stat, cpu_sched;
+	chime_t *c;
+
+	signal(SIGPIPE, SIG_IGN);
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "s:n:t:jh", lopts, NULL)) != -1) {
+		switch (opt) {
+		case 's': socket = optarg; break;
+		case 'n': n = atol(optarg); break;
+		case 't': secs = atol(optarg); break;
+		case 'j': json = 1; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind < argc || n < 1 || n > 16000000 || secs < 1 || secs > 3600) {
+		usage(stderr);
+		return 2;
+	}
+	bench_machine(&m);
+	memset(&b, 0, sizeof(b));
+	if (socket) {
+		snprintf(b.sock, sizeof(b.sock), "%s", socket);
+		if (broker_map_ctl(&b) < 0)
+			return 1;
+	} else if (broker_start(&b, 0, NULL) < 0) {
+		broker_stop(&b);
+		return 1;
+	}
+	if (broker_open(&b, &c) < 0) {
+		broker_stop(&b);
+		return 1;
+	}
+	ids = xcalloc((size_t)n, sizeof(*ids));
+	base = now_ns() + FAR_NS;
+	for (long i = 0; i < n && r == 0; i++)
+		r = chime_arm(c, (uint64_t)i, base + (uint64_t)i * 1000, 0, (uint64_t)i, &ids[i]);
+	if (r < 0 || wait_armed(&b, (uint64_t)n, 60 * NS_PER_S) < 0) {
+		fprintf(stderr, "chime-bench rest: arming %ld timers failed: %s\n", n, strerror(r < 0 ? -r : ETIMEDOUT));
+		chime_close(c);
+		free(ids);
+		broker_stop(&b);
+		return 1;
+	}
+	sleep_ns(NS_PER_S);     /* shards done spinning, counters published */
+
+	bench_proc_sample(b.ctl->pid, &p0);
+	hb = at_load(&b.ctl->heartbeat_ns);
+	end = p0.t_ns + (uint64_t)secs * NS_PER_S;
+	while (now_ns() < end) {
+		uint64_t h = at_load(&b.ctl->heartbeat_ns);
+
+		if (h != hb) {
+			beats++;
+			hb = h;
+		}
+		sleep_ns(5 * NS_PER_MS);
+	}
+	bench_proc_sample(b.ctl->pid, &p1);
+
+	win = (double)(p1.t_ns - p0.t_ns) / 1e9;
+	cpu_stat = (double)(p1.stat_ns - p0.stat_ns) / 1e9 / win;
+	cpu_sched = (double)(p1.sched_ns - p0.sched_ns) / 1e9 / win;
+	sw = (p1.vol + p1.nonvol) - (p0.vol + p0.nonvol);
+	cpu_ok = cpu_sched < REST_CPU_TARGET;   /* stat cannot resolve it: see the note printed */
+	wake_ok = sw <= beats + REST_SLACK;
+
+	if (json) {
+		json_t *o = json_pack("{s:s, s:{s:s, s:s, s:s, s:i}, s:{s:b, s:i, s:i}, s:I, s:f,"
+				      " s:f, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:b, s:b}",
+				      "mode", "rest",
+				      "machine", "date", m.date, "cpu", m.model, "kernel", m.kernel, "cpus", (int)m.cpus,
+				      "broker", "private", b.pid != 0, "pid", (int)b.ctl->pid, "shards", (int)b.nr_shards,
+				      "timers", (json_int_t)n, "seconds", win,
+				      "cpu_share_stat", cpu_stat, "cpu_share_schedstat", cpu_sched,
+				      "switches_voluntary", (json_int_t)(p1.vol - p0.vol),
+				      "switches_nonvoluntary", (json_int_t)(p1.nonvol - p0.nonvol),
+				      "heartbeats", (json_int_t)beats,
+				      "wakeups_per_s", (double)sw / win, "heartbeats_per_s", (double)beats / win,
+				      "cpu_target", REST_CPU_TARGET, "cpu_ok", cpu_ok, "wakeups_ok", wake_ok);
+		json_t *th = json_array();
+
+		for (unsigned i = 0; i < p1.threads && i < BENCH_MAX_THREADS; i++) {
+			const struct bench_thread *a = NULL, *z = &p1.thr[i];
+
+			for (unsigned j = 0; j < p0.threads && j < BENCH_MAX_THREADS; j++)
+				if (p0.thr[j].tid == z->tid)
+					a = &p0.thr[j];
+			json_array_append_new(th, json_pack("{s:i, s:s, s:I, s:I}", "tid", z->tid, "comm", z->comm,
+					      "switches", (json_int_t)(z->vol + z->nonvol - (a ? a->vol + a->nonvol : 0)),
+					      "cpu_ns", (json_int_t)(z->sched_ns - (a ? a->sched_ns : 0))));
+		}
+		json_object_set_new(o, "threads", th);
+		json_dumpf(o, stdout, JSON_INDENT(2));
+		printf("\n");
+		json_decref(o);
+	} else {
+		printf("chime-bench rest: the broker at rest, %ld timers armed an hour ahead, one idle client\n", n);
+		printf("date:    %s\n", m.date);
+		printf("machine: %ld CPUs online, %s, Linux %s; load average %.2f %.2f %.2f at start\n",
+		       m.cpus, m.model, m.kernel, m.load[0], m.load[1], m.load[2]);
+		printf("broker:  %s chimed pid %d, %u shard(s), spin %lld us; window %.1f s\n\n",
+		       b.pid ? "private" : "external", (int)b.ctl->pid, b.nr_shards, (long long)b.ctl->spin_us, win);
+		/* utime and stime are each whole ticks: their sum's delta is off by up to 2 */
+		printf("  CPU, /proc/PID/stat utime+stime    %8.4f%% of a core   (+-%.1f%%: whole clock ticks; not judged)\n",
+		       cpu_stat * 100, 200.0 / (double)sysconf(_SC_CLK_TCK) / win);
+		printf("  CPU, schedstat of all threads      %8.4f%% of a core   target < %.1f%%  %s\n",
+		       cpu_sched * 100, REST_CPU_TARGET * 100, cpu_sched < REST_CPU_TARGET ? "ok" : "MISS");
+		printf("  wake-ups (all threads' switches)   %8.2f /s  (%llu voluntary, %llu nonvoluntary)\n",
+		       (double)sw / win, (unsigned long long)(p1.vol - p0.vol), (unsigned long long)(p1.nonvol - p0.nonvol));
+		printf("  heartbeats seen (heartbeat_ns)     %8.2f /s  (%llu; every 90 ms by design)\n",
+		       (double)beats / win, (unsigned long long)beats);
+		printf("  wake-ups beyond the heartbeat      %8.2f /s  target 0 (%u of slack for the window's edges)  %s\n",
+		       sw > beats ? (double)(sw - beats) / win : 0., REST_SLACK, wake_ok ? "ok" : "MISS");
+		printf("\n  %-7s %-16s %10s %12s\n", "tid", "thread", "switches", "cpu us");
+		for (unsigned i = 0; i < p1.threads && i < BENCH_MAX_THREADS; i++) {
+			const struct bench_thread *a = NULL, *z = &p1.thr[i];
+
+			for (unsigned j = 0; j < p0.threads && j < BENCH_MAX_THREADS; j++)
+				if (p0.thr[j].tid == z->tid)
+					a = &p0.thr[j];
+			printf("  %-7d %-16s %10llu %12.1f\n", z->tid, z->comm,
+			       (unsigned long long)(z->vol + z->nonvol - (a ? a->vol + a->nonvol : 0)),
+			       (double)(z->sched_ns - (a ? a->sched_ns : 0)) / 1e3);
+		}
+		printf("\nstat's utime and stime count whole clock ticks (%ld/s): over %.0f s one tick is %.3f%% of a\n"
+		       "core, the target itself, so the target is judged on schedstat (ns, all threads).\n",
+		       sysconf(_SC_CLK_TCK), win, 100.0 / (double)sysconf(_SC_CLK_TCK) / win);
+	}
+	chime_close(c);
+	free(ids);
+	wait_armed(&b, 0, 60 * NS_PER_S);
+	if (broker_stop(&b) < 0)
+		g_problems++;
+	return g_problems || !cpu_ok || !wake_ok ? 1 : 0;
+}

@@ -432,6 +432,51 @@ Test(broker, periodic_fires_at_deadline_plus_k_period_without_drift)
 	chime_close(c);
 }
 
+/*
+ * A sleeping shard wakes for the exact earliest deadline, not at the end of
+ * its tick: with 100 ms ticks, timers 150 ms apart (the shard sleeps between
+ * them) at random points inside their ticks all fire well before their
+ * ticks end. Waking at the tick's end made each 50 ms late on average, up
+ * to 100: all 16 under 40 ms would have had a chance of 0.4^16.
+ */
+Test(broker, sleeping_shard_wakes_for_the_exact_deadline)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_event ev[4];
+	uint64_t rng = 7, d[16], base, worst = 0;
+	unsigned got = 0;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1 --resolution-us 100000"), 0);
+	c = t_open(b2.sock);
+	cr_assert_not_null(c);
+	base = chime_now() + 150 * MS;
+	for (unsigned i = 0; i < 16; i++) {
+		chime_id_t id;
+
+		d[i] = base + i * 150 * MS + splitmix64(&rng) % (100 * MS);
+		cr_assert_eq(chime_arm(c, 0, d[i], 0, i, &id), 0);
+	}
+	while (got < 16) {
+		int r = chime_wait(c, ev, 4, 2000);
+
+		cr_assert_gt(r, 0, "only %u of 16 timers fired", got);
+		for (int i = 0; i < r; i++, got++) {
+			uint64_t u = ev[i].user_data;
+
+			cr_assert_lt(u, 16);
+			cr_assert_eq(ev[i].deadline_ns, d[u]);
+			cr_assert_geq(ev[i].fired_ns, d[u], "timer %llu fired early", (unsigned long long)u);
+			if (ev[i].fired_ns - d[u] > worst)
+				worst = ev[i].fired_ns - d[u];
+		}
+	}
+	cr_assert_lt(worst, 40 * MS, "a timer fired %.1f ms late: the shard slept to its tick's end?",
+		     (double)worst / 1e6);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
 Test(broker, periodic_reset_restarts_period_from_new_deadline)
 {
 	chime_t *c = copen();

@@ -549,6 +549,14 @@ static void loop(struct shard *s)
 	uint64_t now = now_ns(), last_work = now, last_pub = 0, t0, wake_at = 0;
 	bool wake_known = false;
 	int64_t spin_ns = s->cfg.spin_us < 0 ? -1 : s->cfg.spin_us * 1000;
+	/*
+	 * The idle spin actually used: --spin-us while spinning pays (a client's
+	 * records arrive during it), halved by every spin that ended in a sleep
+	 * anyway, down to IDLE_PURE_SPIN_NS. Batches of work that come further
+	 * apart than the spin (keepalive touches every 10 ms) then cost a
+	 * wake-up each, not a wake-up plus --spin-us of spinning.
+	 */
+	int64_t idle_spin_ns = spin_ns;
 	/* Wake this much before a deadline and spin into it: the --spin-us budget, at most WAKE_EARLY_MAX_NS. */
 	uint64_t early_ns = spin_ns < 0 ? 0 : (uint64_t)spin_ns < WAKE_EARLY_MAX_NS ? (uint64_t)spin_ns : WAKE_EARLY_MAX_NS;
 	struct shard_core *sc = &s->core;
@@ -575,6 +583,9 @@ static void loop(struct shard *s)
 
 		if (work) {
 			now = now_ns();
+			/* a client's records caught by the spin after a gap: the spin paid */
+			if (drained && spin_ns > 0 && now - last_work >= IDLE_PURE_SPIN_NS)
+				idle_spin_ns = spin_ns;
 			last_work = now;
 			wake_known = false;
 			stats_loop(&s->st, now - t0);
@@ -594,7 +605,7 @@ static void loop(struct shard *s)
 		 * ends tens to hundreds of microseconds late on a busy host, a spin
 		 * does not. Never early all the same: the wheel fires only what is due.
 		 */
-		if (work || spin_ns < 0 || (int64_t)(now - last_work) < spin_ns ||
+		if (work || spin_ns < 0 || (int64_t)(now - last_work) < idle_spin_ns ||
 		    wake_time(s, &wake_at, &wake_known, now) <= now + early_ns) {
 			/*
 			 * Idle: spin a few microseconds, then yield. A shard that
@@ -624,6 +635,8 @@ static void loop(struct shard *s)
 		 * may ring once per sleep rather than once per record while we are
 		 * runnable but not yet running (a loaded machine).
 		 */
+		if (idle_spin_ns / 2 >= (int64_t)IDLE_PURE_SPIN_NS)
+			idle_spin_ns /= 2;      /* this spin did not pay */
 		s->sleep_no = s->sleep_no + 1 ? s->sleep_no + 1 : 1;  /* never 0: 0 is "awake" */
 		at_store(s->sleeping, s->sleep_no);
 		at_fence();

@@ -69,6 +69,7 @@ struct chan {
 	uint32_t room;                  /* free completion slots, as last computed */
 	uint16_t slot;                  /* the client's slot; node.owner of its nodes */
 	uint8_t  dying;                 /* detached: its nodes are being reclaimed */
+	uint8_t  parked;                /* a session with no process: its timers run, events are held */
 	uint8_t  bell_state;            /* shard.c: its doorbell read in io_uring (SHARD_BELL_*) */
 	int wake_fd;
 	int bell_fd;
@@ -129,6 +130,30 @@ bool chan_pending(struct shard_core *sc, struct chan *ch);
  * chan_drain/chan_service on this channel.
  */
 bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget);
+
+/*
+ * A named session's process is gone (ARCHITECTURE.md, "Sessions"): keep its
+ * timers, stop using its rings. The first call applies what the process
+ * published and we had not read yet (one ring's worth at most), frees the
+ * unused grants, and settles every delivered one-shot by the claim word:
+ * an event the process never took (the shard wins FRESH -> VOID) goes back
+ * to the head of the backlog, in order; one it took (or consumed) is freed.
+ * Then it sweeps the slab [sweep_pos, high_water) up to `budget` nodes per
+ * call so that no node keeps a position in the old completion ring (a
+ * periodic's unconsumed event is voided: its next period is delivered).
+ * Returns true when done; from then on the channel touches no client
+ * memory and holds what fires in its backlog, until chan_reattach() or
+ * chan_reclaim().
+ */
+bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget);
+
+/*
+ * A parked session's new process: fresh rings (m), fresh grants, the same
+ * slot, nodes, backlog and counters. The next chan_service() moves the
+ * backlog into the new completion ring in order. Cannot fail: the grant
+ * array is the one attach allocated (the ring size is the broker's).
+ */
+void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m);
 
 /* Free the private memory of a channel (after attach failed or reclaim finished). */
 void chan_fini(struct chan *ch);

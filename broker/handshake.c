@@ -298,7 +298,7 @@ static void query_sessions(struct broker *b, int fd, const struct ucred *asker, 
 /* chimectl drop-session: root and the broker's user any, others their own uid's; only detached ones. */
 static void drop_session(struct broker *b, int fd, const struct ucred *asker, const char *name)
 {
-	struct chime_query_head head = { .status = -ENOENT };
+	struct chime_query_head head = { .status = -ESRCH };
 	struct client *c = name[0] ? session_find(b, name) : NULL;
 	char comm[16];
 

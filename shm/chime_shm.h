@@ -758,7 +758,7 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
 #define CHIME_HELLO_QUERY_SESSIONS 4u
 /*
  * Reclaim the detached session `session` now (root and the broker's user:
- * any; others: their uid's). A head with no records: status 0, -ENOENT,
+ * any; others: their uid's). A head with no records: status 0, -ESRCH (none),
  * -EACCES (another uid's), -EBUSY (a process has it attached).
  */
 #define CHIME_HELLO_DROP_SESSION  5u

@@ -9,6 +9,8 @@
  *   ALLOC -ring full, or backlog non-empty, or periodic's event unconsumed-> BACKLOG
  *   BACKLOG -room-> deliver;  ACKWAIT -client consumed-> FREE
  *   CANCEL: any of these -> FREE (voiding an unconsumed event)
+ *   PARK (a session's process gone): GRANTED -> FREE; ACKWAIT -> BACKLOG if
+ *   its event is voided, else FREE; whatever fires -> BACKLOG until REATTACH
  *
  * Invariants:
  * - a node owned by a client has node.owner == its slot, and ch->owned counts

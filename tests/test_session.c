@@ -439,6 +439,21 @@ Test(session, chimectl_lists_and_drops_sessions)
 	cr_assert(strstr(out, "\"name\":\"ops\"") && strstr(out, "\"state\":\"detached\"") &&
 		  strstr(out, "\"held\":3") && strstr(out, "\"timers\":7") && strstr(out, "\"linger_left_ns\":"),
 		  "chimectl --json sessions:\n%s", out);
+	/* chimestat, from the control segment: the client row says detached and names the session. */
+	{
+		char cmd[1024];
+		FILE *p;
+		size_t n;
+
+		snprintf(cmd, sizeof(cmd), "%s --socket %s -1 -j", getenv("CHIMESTAT"), tb.sock);
+		p = popen(cmd, "r");
+		cr_assert_not_null(p);
+		n = fread(out, 1, sizeof(out) - 1, p);
+		out[n] = 0;
+		cr_assert_eq(pclose(p), 0);
+		cr_assert(strstr(out, "\"session\":\"ops\"") && strstr(out, "\"state\":\"detached\""),
+			  "chimestat -1 -j:\n%.2000s", out);
+	}
 	cr_assert_eq(wait_child(child(drop_as_nobody, NULL)), 4, "another user dropped the session");
 	cr_assert_eq(ctl(out, sizeof(out), "--json drop-session ops"), 0, "%s", out);
 	cr_assert(strstr(out, "\"dropped\":true"), "%s", out);

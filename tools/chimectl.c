@@ -394,7 +394,7 @@ static int cmd_clients(const char *sock)
 	for (i = 0; i < sn.nr_clients; i++) {
 		const struct sr_client *c = &sn.clients[i];
 		uint64_t age = sn.now_ns > c->id.connected_ns ? sn.now_ns - c->id.connected_ns : 0;
-		const char *state = c->id.state == CHIME_CLIENT_DYING ? "dying" : "active";
+		const char *state = sr_client_state(c->id.state);
 		char since[32], lp[3][16];
 		json_t *o;
 

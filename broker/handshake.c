@@ -237,13 +237,17 @@ static bool session_name_ok(const char name[CHIME_SESSION_MAX])
 	return true;
 }
 
-/* The slot holding session `name` (any uid), or NULL. */
+/*
+ * The slot holding session `name` (any uid), or NULL. One being reclaimed
+ * (DETACHING: linger ran out, dropped) is gone already: the name is free.
+ */
 static struct client *session_find(struct broker *b, const char *name)
 {
 	for (uint32_t i = 0; i < b->o.max_clients; i++) {
 		struct client *c = &b->clients[i];
 
-		if (c->state != CL_FREE && c->session[0] && strcmp(c->session, name) == 0)
+		if (c->state != CL_FREE && c->state != CL_DETACHING && c->session[0] &&
+		    strcmp(c->session, name) == 0)
 			return c;
 	}
 	return NULL;
@@ -302,8 +306,6 @@ static void drop_session(struct broker *b, int fd, const struct ucred *asker, co
 	struct client *c = name[0] ? session_find(b, name) : NULL;
 	char comm[16];
 
-	if (c && !session_listed(c))
-		c = NULL;       /* being reclaimed already */
 	if (c && !may_see(asker, c->cred.uid))
 		head.status = -EACCES;
 	else if (c && c->state != CL_DETACHED)

@@ -9,8 +9,9 @@
  * cq_head values, claim words, want_wakeup and grant words; an honest client
  * (slot 0) submits only well-formed records through shm/ring.h and keeps a
  * shadow model of its timers; the shard side calls chan_drain, chan_service,
- * chan_pending, chan_reclaim and fires timers through wheel_advance at a
- * fuzz-chosen (monotonic) clock, in fuzz-chosen order.
+ * chan_pending, chan_park, chan_reattach, chan_reclaim and fires timers
+ * through wheel_advance at a fuzz-chosen (monotonic) clock, in fuzz-chosen
+ * order.
  *
  * After every step the global invariants are checked (wheel_check, owned
  * counts, armed and backlog counts, grants); at the end the hostile clients
@@ -115,10 +116,9 @@ static struct {
  * The only place that knows how a channel is laid out in a client's segments
  * and attached: adapt here when chan_mem or chan_attach change.
  */
-static int client_attach(struct client *c, uint16_t slot)
+static void client_mem(struct client *c)
 {
 	struct chime_client_rw *rw = c->rw;
-	int r;
 
 	memset(c->rw, 0, W.g.rw_size);
 	memset(c->ro, 0, W.g.ro_size);
@@ -132,13 +132,33 @@ static int client_attach(struct client *c, uint16_t slot)
 	c->m.cq_size = CQ;
 	c->m.wake_fd = -1;
 	c->m.bell_fd = -1;
+}
+
+static void client_rings(struct client *c)
+{
+	chime_sq_prod_init(&c->prod, c->m.sq_slots, &c->m.rw->sq_tail, SQ);
+	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);
+}
+
+static int client_attach(struct client *c, uint16_t slot)
+{
+	int r;
+
+	client_mem(c);
 	r = chan_attach(&W.sc, &c->ch, &c->m, slot, 1);
 	if (r)
 		return r;
-	chime_sq_prod_init(&c->prod, c->m.sq_slots, &c->m.rw->sq_tail, SQ);
-	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);
+	client_rings(c);
 	c->attached = true;
 	return 0;
+}
+
+/* A parked session's new process: new (zeroed) segments, the same channel (chan_reattach). */
+static void client_reattach(struct client *c)
+{
+	client_mem(c);
+	chan_reattach(&W.sc, &c->ch, &c->m);
+	client_rings(c);
 }
 
 /* A grant a client may arm with: not a no-grant marker (slab full, quota reached). */
@@ -197,7 +217,7 @@ static void world_init(uint64_t quota)
 
 static bool live(unsigned i)
 {
-	return W.cl[i].attached && !W.cl[i].ch.dying;
+	return W.cl[i].attached && !W.cl[i].ch.dying && !W.cl[i].ch.parked;
 }
 
 /* ---- global invariants ---- */
@@ -240,8 +260,8 @@ static void check_world(void)
 		backlog += ch->nr_backlog;
 		CHECK(ch->cq.tail - ch->cq.head <= CQ, "client %u: %lu events in a ring of %u", c,
 		      (unsigned long)(ch->cq.tail - ch->cq.head), CQ);
-		if (ch->dying)
-			continue;
+		if (ch->dying || ch->parked)
+			continue;       /* no grants, no ring of its own any more */
 		/* Whatever the client wrote as its sq_tail, the depth the shard reports fits the ring. */
 		CHECK(chan_sq_waiting(ch) <= SQ, "client %u: %lu records waiting in a ring of %u", c,
 		      (unsigned long)chan_sq_waiting(ch), SQ);
@@ -596,13 +616,28 @@ static void step(struct prog *g)
 			(void)chan_pending(&W.sc, &W.cl[c].ch);
 		break;
 	}
-	case 12:
-		/* a hostile client dies (or goes on dying); a dead slot is taken by a new client */
-		if (W.cl[hc].attached)
+	case 12: {
+		/*
+		 * A hostile client dies (or goes on dying); a dead slot is taken
+		 * by a new client. As a session it parks instead (its claim
+		 * words, cq_head and unread records as it left them), and a
+		 * parked one re-attaches with new rings or is reclaimed.
+		 */
+		uint8_t how = u8(g);
+
+		if (live(hc) && how < 96) {
+			while (!chan_park(&W.sc, &h->ch, 1 + how % 64))
+				;
+			CHECK(h->ch.parked, "client %u parked, not marked", hc);
+		} else if (W.cl[hc].attached && h->ch.parked && !h->ch.dying && how < 192) {
+			client_reattach(h);
+		} else if (W.cl[hc].attached) {
 			shard_reclaim(hc, 1 + u8(g) % 64);
-		else
+		} else {
 			(void)client_attach(h, (uint16_t)hc);
+		}
 		break;
+	}
 	case 13:
 		*W.cl[HONEST].m.want_wakeup = 1;
 		break;

@@ -220,18 +220,11 @@ static void query_timers(struct broker *b, int fd, const struct ucred *asker, pi
  */
 static bool session_name_ok(const char name[CHIME_SESSION_MAX])
 {
-	size_t n = strnlen(name, CHIME_SESSION_MAX);
+	int n = chime_session_len(name);
 
-	if (n == CHIME_SESSION_MAX)
+	if (n < 0)
 		return false;
-	for (size_t i = 0; i < n; i++) {
-		char ch = name[i];
-
-		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-		      ch == '.' || ch == '_' || ch == '-'))
-			return false;
-	}
-	for (size_t i = n; i < CHIME_SESSION_MAX; i++)
+	for (int i = n; i < (int)CHIME_SESSION_MAX; i++)
 		if (name[i])
 			return false;
 	return true;

@@ -103,23 +103,6 @@ static int connect_broker(const struct chime_opts *opts, int *out)
 	return 0;
 }
 
-/* A session name as the broker accepts it: 1..CHIME_SESSION_MAX-1 bytes of [A-Za-z0-9._-]. */
-static bool session_valid(const char *name)
-{
-	size_t n = strnlen(name, CHIME_SESSION_MAX);
-
-	if (n == 0 || n == CHIME_SESSION_MAX)
-		return false;
-	for (size_t i = 0; i < n; i++) {
-		char ch = name[i];
-
-		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-		      ch == '.' || ch == '_' || ch == '-'))
-			return false;
-	}
-	return true;
-}
-
 static int send_hello(int fd, const char *session)
 {
 	struct chime_hello hello = {
@@ -378,7 +361,8 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	unsigned nfds = 0;
 	int sock = -1, r;
 
-	if (!out || flags != 0 || (session && !session_valid(session)))
+	/* A session name as the broker accepts it: 1..63 bytes of [A-Za-z0-9._-]. */
+	if (!out || flags != 0 || (session && chime_session_len(session) <= 0))
 		return -EINVAL;
 	r = connect_broker(&path_only, &sock);
 	if (r < 0)

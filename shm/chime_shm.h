@@ -769,6 +769,26 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
  */
 #define CHIME_SESSION_MAX 64u
 
+/*
+ * The length of the session name at `name` (0..CHIME_SESSION_MAX-1) if it
+ * is NUL-terminated within CHIME_SESSION_MAX bytes and every byte before
+ * the NUL is one of [A-Za-z0-9._-]; else -1. Reads at most
+ * CHIME_SESSION_MAX bytes. The library and the broker both check with it.
+ */
+static inline int chime_session_len(const char *name)
+{
+	for (int i = 0; i < (int)CHIME_SESSION_MAX; i++) {
+		char ch = name[i];
+
+		if (!ch)
+			return i;
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+		      ch == '.' || ch == '_' || ch == '-'))
+			return -1;
+	}
+	return -1;
+}
+
 struct chime_hello {
 	uint32_t magic;             /* CHIME_HELLO_MAGIC */
 	uint32_t layout;            /* CHIME_SHM_LAYOUT the client speaks */

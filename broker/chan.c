@@ -692,56 +692,96 @@ static void grants_drop(struct shard_core *sc, struct chan *ch)
 	memset(ch->grants, 0, (ch->sq_mask + 1) * sizeof(*ch->grants));
 }
 
+/*
+ * An event of node idx at cq position pos, voided by us: it comes back.
+ * Kept by position (park_order) so that they return in ring order, or
+ * straight onto the list if that array could not be had.
+ */
+static void park_keep(struct shard_core *sc, struct chan *ch, struct nlist *back, uint32_t idx,
+		      uint64_t pos)
+{
+	uint32_t *slot = ch->park_order ? &ch->park_order[pos & ch->cq.mask] : NULL;
+
+	NODE(sc, idx)->state = CHIME_NODE_BACKLOG;
+	if (slot && *slot == CHIME_NIL)
+		*slot = idx;
+	else
+		nl_push(sc, back, idx);
+}
+
 bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 {
+	struct nlist back = { CHIME_NIL, CHIME_NIL };
 	uint32_t idx, end;
+	uint64_t nback = 0;
 
 	if (!ch->parked) {
-		struct nlist back = { CHIME_NIL, CHIME_NIL };
-		uint64_t nback = 0;
-
 		/* What the process published before it went is applied, as if it had lived a little longer. */
 		(void)chan_drain(sc, ch, ch->sq_mask + 1);
 		grants_drop(sc, ch);
+		ch->park_order = malloc((size_t)ch->cq.size * sizeof(*ch->park_order));
+		if (ch->park_order)
+			memset(ch->park_order, 0xff, (size_t)ch->cq.size * sizeof(*ch->park_order));
 		/* The claim word decides who has a delivered one-shot: the process, or the next one. */
 		ch->room = chime_cq_room(&ch->cq);
 		while ((idx = ch->ackwait.head) != CHIME_NIL) {
 			struct chime_node *n = NODE(sc, idx);
+			uint64_t pos = n->cq_pos;
 
 			nl_del(sc, &ch->ackwait, idx);
 			if (event_void(ch, n)) {
-				n->state = CHIME_NODE_BACKLOG;
-				nl_push(sc, &back, idx);
+				park_keep(sc, ch, &back, idx, pos);
 				nback++;
 			} else {
 				n->state = CHIME_NODE_ALLOC;
 				node_release(sc, ch, idx);
 			}
 		}
-		/* Those fired before anything in the backlog: they go first, in ring order. */
-		if (back.head != CHIME_NIL) {
-			if (ch->backlog.head != CHIME_NIL) {
-				NODE(sc, back.tail)->next = ch->backlog.head;
-				NODE(sc, ch->backlog.head)->prev = back.tail;
-				back.tail = ch->backlog.tail;
-			}
-			ch->backlog = back;
-			ch->nr_backlog += nback;
-			sc->backlog += nback;
-		}
 		ch->parked = 1;
 		ch->sweep_pos = 0;
 	}
-	/* No node may keep a position in the old ring: the new one counts from 0. */
+	/* Periodic timers with an event in the old ring: the claim word decides for them too. */
 	end = sc->wh.w->high_water;
 	while (ch->sweep_pos < end && budget--) {
-		struct chime_node *n = NODE(sc, ch->sweep_pos++);
+		struct chime_node *n = NODE(sc, idx = ch->sweep_pos++);
+		uint64_t pos = n->cq_pos;
 
-		if (n->owner == ch->slot && n->cq_pos != CHIME_POS_NONE &&
-		    (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED ||
-		     n->state == CHIME_NODE_BACKLOG))
+		if (n->owner != ch->slot || pos == CHIME_POS_NONE)
+			continue;
+		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
+			if (!event_void(ch, n))
+				continue;
+			/* Untaken: off the wheel, held with that event's deadline; delivery re-arms it. */
+			wheel_cancel(&sc->wh, idx);
+			n->deadline_ns = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
+			park_keep(sc, ch, &back, idx, pos);
+			nback++;
+		} else if (n->state == CHIME_NODE_BACKLOG) {
+			/* Its later firing is held already: one event at most, as always. */
 			(void)event_void(ch, n);
+		}
 	}
+	if (ch->sweep_pos >= end && ch->park_order) {
+		/* Done: what the ring held comes back in ring order. */
+		for (uint64_t pos = ch->cq.head; pos != ch->cq.tail; pos++) {
+			idx = ch->park_order[pos & ch->cq.mask];
+			if (idx != CHIME_NIL)
+				nl_push(sc, &back, idx);
+		}
+		free(ch->park_order);
+		ch->park_order = NULL;
+	}
+	/* Those fired before anything in the backlog: they go first. */
+	if (back.head != CHIME_NIL) {
+		if (ch->backlog.head != CHIME_NIL) {
+			NODE(sc, back.tail)->next = ch->backlog.head;
+			NODE(sc, ch->backlog.head)->prev = back.tail;
+			back.tail = ch->backlog.tail;
+		}
+		ch->backlog = back;
+	}
+	ch->nr_backlog += nback;
+	sc->backlog += nback;
 	if (ch->sweep_pos < end)
 		return false;
 	stats_client_depth(sc->st, ch->slot, 0, ch->nr_backlog);
@@ -799,4 +839,6 @@ void chan_fini(struct chan *ch)
 {
 	free(ch->grants);
 	ch->grants = NULL;
+	free(ch->park_order);
+	ch->park_order = NULL;
 }

@@ -80,7 +80,8 @@ struct chan {
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
 	uint64_t flushed;               /* cq tail last published */
 	uint64_t sq_head_pub;           /* sq_head last published */
-	uint32_t sweep_pos;             /* reclaim: next slab index to look at */
+	uint32_t sweep_pos;             /* reclaim, park: next slab index to look at */
+	uint32_t *park_order;           /* park: by cq position, the nodes whose events come back */
 	uint64_t wakes;                 /* client wake-ups done (socket messages) */
 };
 
@@ -136,13 +137,16 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget);
  * timers, stop using its rings. The first call applies what the process
  * published and we had not read yet (one ring's worth at most), frees the
  * unused grants, and settles every delivered one-shot by the claim word:
- * an event the process never took (the shard wins FRESH -> VOID) goes back
- * to the head of the backlog, in order; one it took (or consumed) is freed.
- * Then it sweeps the slab [sweep_pos, high_water) up to `budget` nodes per
- * call so that no node keeps a position in the old completion ring (a
- * periodic's unconsumed event is voided: its next period is delivered).
- * Returns true when done; from then on the channel touches no client
- * memory and holds what fires in its backlog, until chan_reattach() or
+ * an event the process never took (the shard wins FRESH -> VOID) will be
+ * held again; one it took (or consumed) is freed. Then it sweeps the slab
+ * [sweep_pos, high_water) up to `budget` nodes per call for periodic
+ * timers with an event in the old ring, settled the same way (untaken: off
+ * the wheel, held again with the deadline of that event). When the sweep
+ * is done, the events coming back go to the head of the backlog in ring
+ * order (out of memory for that order: in no particular order), and no
+ * node keeps a position in the old ring. Returns true when done (false:
+ * call again); from then on the channel touches no client memory and
+ * holds what fires in its backlog, until chan_reattach() or
  * chan_reclaim().
  */
 bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget);

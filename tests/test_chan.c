@@ -746,6 +746,39 @@ Test(chan, sq_waiting_counts_reserved_records_and_bounds_a_scribbled_tail)
  * first), frees the unused grants, holds what fires while parked, and a
  * re-attach with new rings delivers the held events in order, ids intact.
  */
+/* A periodic's untaken event comes back too, with its deadline; the timer then runs on. */
+Test(chan, park_keeps_a_periodics_untaken_event)
+{
+	struct client_sim *c = &F.cl[0];
+	void *old_rw = c->rw, *old_ro = c->ro;
+	struct chime_cqe e;
+	uint64_t p = arm(c, 1, T0 + 1 * MS, 5 * MS, 9);
+	uint64_t o = arm(c, 1, T0 + 2 * MS, 0, 8);
+
+	step_at(T0 + 2 * MS);   /* both events in the ring, neither taken */
+	for (int i = 0; !chan_park(&F.sc, &c->ch, 7); i++)      /* in steps of 7 nodes */
+		cr_assert_lt(i, 100);
+	cr_assert_eq(c->ch.nr_backlog, 2);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(p))->state, CHIME_NODE_BACKLOG);
+	step_at(T0 + 20 * MS);
+	cr_assert_eq(c->ch.nr_backlog, 2, "a held periodic does not fire again");
+	client_mem(c);
+	chan_reattach(&F.sc, &c->ch, &c->m);
+	client_rings(c);
+	free(old_rw);
+	free(old_ro);
+	step_at(T0 + 20 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, p, "ring order: the periodic fired first");
+	cr_assert_eq(e.deadline_ns, T0 + 1 * MS, "the event it had, not a later one");
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, o);
+	step_at(T0 + 20 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, p);
+	cr_assert_eq(e.deadline_ns, T0 + 6 * MS, "then its next period, behind as it is");
+}
+
 Test(chan, park_keeps_untaken_events_and_reattach_delivers_them_in_order)
 {
 	struct client_sim *c = &F.cl[0];

@@ -18,7 +18,9 @@
  * are reclaimed, the honest client's timers are run out and checked against
  * its shadow (each one-shot fires exactly once unless cancelled, never after
  * a cancel it saw applied, never early, never with another client's key or
- * user_data), and after reclaiming every client the slab is entirely free.
+ * user_data; the honest client also dies as a session and re-attaches, so
+ * this covers the claim word's verdict at a park), and after reclaiming
+ * every client the slab is entirely free.
  * A violation calls abort() so libFuzzer reports the input.
  */
 #include <stdbool.h>
@@ -110,6 +112,7 @@ static struct {
 	struct htimer t[MAXT];
 	unsigned nt;
 	uint64_t max_deadline;  /* latest honest deadline submitted */
+	uint64_t hbase;         /* the honest client's earlier rings' positions (it re-attaches as a session) */
 } W;
 
 /*
@@ -209,6 +212,7 @@ static void world_init(uint64_t quota)
 	W.now = T0;
 	W.nt = 0;
 	W.max_deadline = T0;
+	W.hbase = 0;
 	for (unsigned i = 0; i < NCL; i++) {
 		W.cl[i].attached = false;
 		CHECK(client_attach(&W.cl[i], (uint16_t)i) == 0, "attach on an empty slab");
@@ -331,7 +335,10 @@ static struct htimer *htimer_of(uint64_t id)
 	return NULL;
 }
 
-/* Publish a well-formed record; false if the ring is full. *posp: its position. */
+/*
+ * Publish a well-formed record; false if the ring is full. *posp: its
+ * position, counted over every ring the honest client had (W.hbase).
+ */
 static bool honest_submit(uint32_t op, uint64_t id, uint64_t key, uint64_t deadline, uint64_t period,
 			  uint64_t ud, uint64_t *idp, uint64_t *posp)
 {
@@ -346,6 +353,7 @@ static bool honest_submit(uint32_t op, uint64_t id, uint64_t key, uint64_t deadl
 			/* No node for this slot (slab full): give the slot up, as libchime does. */
 			s->op = CHIME_OP_NOP;
 			chime_sq_publish(s, *posp);
+			*posp += W.hbase;
 			return false;
 		}
 	}
@@ -356,6 +364,7 @@ static bool honest_submit(uint32_t op, uint64_t id, uint64_t key, uint64_t deadl
 	s->period_ns = period;
 	s->user_data = ud;
 	chime_sq_publish(s, *posp);
+	*posp += W.hbase;
 	if (idp)
 		*idp = id;
 	return true;
@@ -448,7 +457,7 @@ static void honest_check_event(const struct chime_cqe *e, uint64_t applied)
 static void honest_take(unsigned max)
 {
 	struct client *c = &W.cl[HONEST];
-	uint64_t applied = c->m.ro->sq_head;    /* everything below was applied */
+	uint64_t applied = W.hbase + c->m.ro->sq_head;  /* everything below was applied */
 	struct chime_cqe e;
 	unsigned n = 0;
 
@@ -462,6 +471,30 @@ static void honest_take(unsigned max)
 static struct htimer *honest_pick(struct prog *g)
 {
 	return W.nt ? &W.t[u32(g) % W.nt] : NULL;
+}
+
+/*
+ * The honest client is a session whose process dies: whatever it left in
+ * its rings (records not applied, events not taken) is settled by the park,
+ * timers fire while nobody is attached, and its next process re-attaches
+ * with new rings. Its shadow carries on: every record of the old ring was
+ * applied (the park drains it), untaken events come back once.
+ */
+static void honest_park(struct prog *g)
+{
+	struct client *c = &W.cl[HONEST];
+	uint8_t how = u8(g);
+
+	while (!chan_park(&W.sc, &c->ch, 1 + how % 64))
+		;
+	check_world();
+	if (how & 64) {
+		W.now += u32(g) % (256 * RES);
+		shard_fire(1 + u8(g) % 64);
+		check_world();
+	}
+	W.hbase += c->m.rw->sq_tail;
+	client_reattach(c);
 }
 
 /* ---- the hostile clients ---- */
@@ -639,7 +672,10 @@ static void step(struct prog *g)
 		break;
 	}
 	case 13:
-		*W.cl[HONEST].m.want_wakeup = 1;
+		if (u8(g) < 16)
+			honest_park(g);
+		else
+			*W.cl[HONEST].m.want_wakeup = 1;
 		break;
 	case 14:
 		/* a hostile client arms a burst of well-formed timers: fills the slab fast */

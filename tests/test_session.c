@@ -358,6 +358,33 @@ Test(session, linger_expiry_reclaims_a_detached_session_and_its_nodes)
 	chime_close(c);
 }
 
+/* ---- limits: a detached session keeps its client slot and its quota ---- */
+
+Test(session, a_detached_session_keeps_its_slot_and_its_quota)
+{
+	chime_id_t id[4];
+	chime_t *c, *a = NULL;
+	int r;
+
+	start("-n 1 --sq-size 4 --max-clients-per-uid 1 --max-timers-per-client 4");
+	c = sopen_ok("quota");
+	for (unsigned i = 0; i < 4; i++)
+		cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, i, &id[i]), 0);
+	cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, 9, &(chime_id_t){ 0 }), -EDQUOT);
+	chime_close(c);
+	cr_assert_eq(nodes_settle(4), 4);
+	/* Detached, it still holds its user's only client slot. */
+	cr_assert_eq(sopen(&a, NULL), -EUSERS);
+	/* Re-attached: the same four timers, so still at the quota, until one goes. */
+	c = sopen_ok("quota");
+	cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, 9, &(chime_id_t){ 0 }), -EDQUOT);
+	cr_assert_eq(chime_cancel(c, id[0]), 0);
+	for (int i = 0; (r = chime_arm(c, 1, now_ns() + HOUR, 0, 9, &(chime_id_t){ 0 })) == -EDQUOT && i < 200; i++)
+		usleep(5000);
+	cr_assert_eq(r, 0, "an arm after the cancel: %s", strerror(-r));
+	chime_close(c);
+}
+
 /* ---- (5) anonymous connections are unchanged ---- */
 
 Test(session, anonymous_timers_are_freed_at_exit)

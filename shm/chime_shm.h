@@ -740,7 +740,8 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
 
 /*
  * client -> broker, one SOCK_SEQPACKET message right after connect(). flags 0
- * attaches a client. A query flag instead asks a question about the caller's
+ * attaches a client: anonymous, or the named session in `session` (opened,
+ * or re-attached with its timers). A query flag instead asks a question about the caller's
  * own clients (for chimectl run by a user who may not read the segments): the
  * broker answers with a struct chime_query_head, then `count` records in
  * messages of at most CHIME_QUERY_BATCH, and closes.

@@ -29,12 +29,17 @@
 #define TAG_FIXED   0u      /* UD_ACCEPT, UD_SIGNAL, UD_NOTIFY */
 #define TAG_HELLO   1u      /* struct conn *: the hello recv */
 #define TAG_HTIMER  2u      /* struct conn *: its linked timeout */
-#define TAG_HUP     3u      /* slot << 3: a client's hang-up poll */
+#define TAG_HUP     3u      /* hup_seq << 32 | slot << 3: a client's hang-up poll */
 #define UD_ACCEPT   (1u << 3)
 #define UD_SIGNAL   (2u << 3)
 #define UD_NOTIFY   (3u << 3)
 
-enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING };
+/*
+ * PARKING: a named session's process hung up, the shards are parking its
+ * channels (chan_park); DETACHED: parked, no process, timers running, until
+ * a re-attach (ATTACHING again), --session-linger or drop-session (DETACHING).
+ */
+enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING, CL_PARKING, CL_DETACHED };
 
 /* A connection that has not said hello yet. */
 struct conn {
@@ -43,7 +48,7 @@ struct conn {
 	uid_t uid;              /* SO_PEERCRED at accept: handshakes are capped per user */
 	uint8_t inflight;       /* recv + timeout completions still to come */
 	uint8_t closed;
-	uint8_t buf[128] __attribute__((aligned(8)));  /* larger than a hello: a longer one is garbage */
+	uint8_t buf[128] __attribute__((aligned(8)));  /* larger than a hello (96 B): a longer one is garbage */
 } __attribute__((aligned(8)));
 
 struct client {
@@ -60,7 +65,12 @@ struct client {
 	struct ucred cred;
 	char comm[16];
 	uint64_t refused_logged[2];     /* nomem, quota: the counts last logged */
+	char session[CHIME_SESSION_MAX];  /* "" anonymous; else validated [A-Za-z0-9._-], NUL-terminated */
+	uint64_t linger_until_ns;       /* DETACHED: reclaimed then */
+	int next_fd;                    /* PARKING: a process waiting to re-attach (its socket), or -1 */
+	struct ucred next_cred;
 	uint64_t generation;
+	uint32_t hup_seq;               /* tags its hang-up poll: a stale one of an earlier attach is ignored */
 	uint64_t connected_ns;
 };
 
@@ -101,7 +111,10 @@ void arm_accept(struct broker *b);
 void send_status(int fd, int32_t status);
 void read_comm(pid_t pid, char comm[16]);
 int socket_access(struct broker *b);
-void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred);
+void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session);
+void client_park(struct broker *b, struct client *c);
+void client_reattach(struct broker *b, struct client *c, int fd, const struct ucred *cred);
+void client_detach(struct broker *b, struct client *c, int refuse);
 
 /* handshake.c */
 void arm_hello(struct broker *b, struct conn *cn);

@@ -9,6 +9,8 @@
  *   ALLOC -ring full, or backlog non-empty, or periodic's event unconsumed-> BACKLOG
  *   BACKLOG -room-> deliver;  ACKWAIT -client consumed-> FREE
  *   CANCEL: any of these -> FREE (voiding an unconsumed event)
+ *   PARK (a session's process gone): GRANTED -> FREE; ACKWAIT -> BACKLOG if
+ *   its event is voided, else FREE; whatever fires -> BACKLOG until REATTACH
  *
  * Invariants:
  * - a node owned by a client has node.owner == its slot, and ch->owned counts
@@ -215,15 +217,18 @@ void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t no
 	stats_fire(sc->st, ch->slot, n->deadline_ns, now_ns, n->period_ns != 0,
 		   (n->gen & CHIME_NODE_IMMEDIATE) != 0);
 	n->gen &= ~CHIME_NODE_IMMEDIATE;        /* a periodic's later periods are on time */
-	if (ch->room == 0)
+	/* Parked: no process, no ring to look at; held for the next one. */
+	if (!ch->parked && ch->room == 0)
 		ch->room = chime_cq_room(&ch->cq);
-	if (ch->backlog.head != CHIME_NIL || ch->room == 0 ||
+	if (ch->parked || ch->backlog.head != CHIME_NIL || ch->room == 0 ||
 	    (n->period_ns && event_unconsumed(ch, n))) {
 		/* Held, never dropped: delivered in order when the client makes room. */
 		n->state = CHIME_NODE_BACKLOG;
 		nl_push(sc, &ch->backlog, idx);
 		ch->nr_backlog++;
 		sc->backlog++;
+		if (ch->parked)         /* no chan_service() to publish it: the tools show what is held */
+			stats_client_depth(sc->st, ch->slot, 0, ch->nr_backlog);
 		return;
 	}
 	deliver(sc, ch, idx, now_ns);
@@ -634,53 +639,168 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 
 /* ---- attach and reclaim ---- */
 
-int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
-		uint64_t generation)
+/* The rings of m, and a grant (or a marker) in every submission slot. */
+static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan_mem *m)
 {
-	uint32_t i;
-
-	memset(ch, 0, sizeof(*ch));
-	ch->grants = calloc(m->sq_size, sizeof(*ch->grants));
-	if (!ch->grants)
-		return -ENOMEM;
-	ch->slot = slot;
 	ch->wake_fd = m->wake_fd;
 	ch->bell_fd = m->bell_fd;
+	ch->bell_state = 0;
 	ch->ro = m->ro;
 	ch->want_wakeup = m->want_wakeup;
 	ch->sq_tail = &m->rw->sq_tail;
 	ch->sq_mask = m->sq_size - 1;
+	ch->marked = 0;
+	ch->flushed = 0;
+	ch->sq_head_pub = 0;
 	/* Formats the slots (seq = index); the grants follow below. */
 	chime_sq_cons_init(&ch->sq, m->sq_slots, m->sq_size);
 	chime_cq_prod_init(&ch->cq, m->cq_slots, m->claim, &m->ro->cq_tail, &m->rw->cq_head,
 			   m->cq_size);
 	ch->room = m->cq_size;
-	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
-	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
-
-	for (i = 0; i < m->sq_size; i++) {
+	for (uint32_t i = 0; i < m->sq_size; i++) {
 		/* A full slab or a zero quota leaves markers: the client connects, its arms fail fast. */
 		ch->grants[i] = grant_slot(sc, ch);
 		ch->marked += (uint32_t)chime_grant_is_marker(ch->grants[i]);
 		/* Plain store: no client has the segment yet; the welcome follows our hand-back. */
 		m->sq_slots[i].grant = ch->grants[i];
 	}
+}
+
+int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
+		uint64_t generation)
+{
+	memset(ch, 0, sizeof(*ch));
+	ch->grants = calloc(m->sq_size, sizeof(*ch->grants));
+	if (!ch->grants)
+		return -ENOMEM;
+	ch->slot = slot;
+	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
+	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
+	rings_init(sc, ch, m);
 	sc->by_slot[slot] = ch;
 	stats_client_attach(sc->st, slot, generation);
 	return 0;
 }
 
+/* Free the grants of unused slots (their ids were never armed: nobody can name them). */
+static void grants_drop(struct shard_core *sc, struct chan *ch)
+{
+	for (uint32_t i = 0; i <= ch->sq_mask; i++)
+		if (!chime_grant_is_marker(ch->grants[i]))
+			grant_free(sc, ch, ch->grants[i]);
+	ch->marked = 0;
+	memset(ch->grants, 0, (ch->sq_mask + 1) * sizeof(*ch->grants));
+}
+
+/*
+ * An event of node idx at cq position pos, voided by us: it comes back.
+ * Kept by position (park_order) so that they return in ring order, or
+ * straight onto the list if that array could not be had.
+ */
+static void park_keep(struct shard_core *sc, struct chan *ch, struct nlist *back, uint32_t idx,
+		      uint64_t pos)
+{
+	uint32_t *slot = ch->park_order ? &ch->park_order[pos & ch->cq.mask] : NULL;
+
+	NODE(sc, idx)->state = CHIME_NODE_BACKLOG;
+	if (slot && *slot == CHIME_NIL)
+		*slot = idx;
+	else
+		nl_push(sc, back, idx);
+}
+
+bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
+{
+	struct nlist back = { CHIME_NIL, CHIME_NIL };
+	uint32_t idx, end;
+	uint64_t nback = 0;
+
+	if (!ch->parked) {
+		/* What the process published before it went is applied, as if it had lived a little longer. */
+		(void)chan_drain(sc, ch, ch->sq_mask + 1);
+		grants_drop(sc, ch);
+		ch->park_order = malloc((size_t)ch->cq.size * sizeof(*ch->park_order));
+		if (ch->park_order)
+			memset(ch->park_order, 0xff, (size_t)ch->cq.size * sizeof(*ch->park_order));
+		/* The claim word decides who has a delivered one-shot: the process, or the next one. */
+		ch->room = chime_cq_room(&ch->cq);
+		while ((idx = ch->ackwait.head) != CHIME_NIL) {
+			struct chime_node *n = NODE(sc, idx);
+			uint64_t pos = n->cq_pos;
+
+			nl_del(sc, &ch->ackwait, idx);
+			if (event_void(ch, n)) {
+				park_keep(sc, ch, &back, idx, pos);
+				nback++;
+			} else {
+				n->state = CHIME_NODE_ALLOC;
+				node_release(sc, ch, idx);
+			}
+		}
+		ch->parked = 1;
+		ch->sweep_pos = 0;
+	}
+	/* Periodic timers with an event in the old ring: the claim word decides for them too. */
+	end = sc->wh.w->high_water;
+	while (ch->sweep_pos < end && budget--) {
+		struct chime_node *n = NODE(sc, idx = ch->sweep_pos++);
+		uint64_t pos = n->cq_pos;
+
+		if (n->owner != ch->slot || pos == CHIME_POS_NONE)
+			continue;
+		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
+			if (!event_void(ch, n))
+				continue;
+			/* Untaken: off the wheel, held with that event's deadline; delivery re-arms it. */
+			wheel_cancel(&sc->wh, idx);
+			n->deadline_ns = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
+			park_keep(sc, ch, &back, idx, pos);
+			nback++;
+		} else if (n->state == CHIME_NODE_BACKLOG) {
+			/* Its later firing is held already: one event at most, as always. */
+			(void)event_void(ch, n);
+		}
+	}
+	if (ch->sweep_pos >= end && ch->park_order) {
+		/* Done: what the ring held comes back in ring order. */
+		for (uint64_t pos = ch->cq.head; pos != ch->cq.tail; pos++) {
+			idx = ch->park_order[pos & ch->cq.mask];
+			if (idx != CHIME_NIL)
+				nl_push(sc, &back, idx);
+		}
+		free(ch->park_order);
+		ch->park_order = NULL;
+	}
+	/* Those fired before anything in the backlog: they go first. */
+	if (back.head != CHIME_NIL) {
+		if (ch->backlog.head != CHIME_NIL) {
+			NODE(sc, back.tail)->next = ch->backlog.head;
+			NODE(sc, ch->backlog.head)->prev = back.tail;
+			back.tail = ch->backlog.tail;
+		}
+		ch->backlog = back;
+	}
+	ch->nr_backlog += nback;
+	sc->backlog += nback;
+	if (ch->sweep_pos < end)
+		return false;
+	stats_client_depth(sc->st, ch->slot, 0, ch->nr_backlog);
+	return true;
+}
+
+void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m)
+{
+	rings_init(sc, ch, m);
+	ch->parked = 0;
+}
+
 bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 {
-	uint32_t i, end, idx;
+	uint32_t end, idx;
 
 	if (!ch->dying) {
 		ch->dying = 1;
-		for (i = 0; i <= ch->sq_mask; i++)
-			if (!chime_grant_is_marker(ch->grants[i]))
-				grant_free(sc, ch, ch->grants[i]);
-		ch->marked = 0;
-		memset(ch->grants, 0, (ch->sq_mask + 1) * sizeof(*ch->grants));
+		grants_drop(sc, ch);
 		while ((idx = ch->backlog.head) != CHIME_NIL) {
 			backlog_del(sc, ch, idx);
 			node_release(sc, ch, idx);
@@ -719,4 +839,6 @@ void chan_fini(struct chan *ch)
 {
 	free(ch->grants);
 	ch->grants = NULL;
+	free(ch->park_order);
+	ch->park_order = NULL;
 }

@@ -69,6 +69,7 @@ struct chan {
 	uint32_t room;                  /* free completion slots, as last computed */
 	uint16_t slot;                  /* the client's slot; node.owner of its nodes */
 	uint8_t  dying;                 /* detached: its nodes are being reclaimed */
+	uint8_t  parked;                /* a session with no process: its timers run, events are held */
 	uint8_t  bell_state;            /* shard.c: its doorbell read in io_uring (SHARD_BELL_*) */
 	int wake_fd;
 	int bell_fd;
@@ -79,7 +80,8 @@ struct chan {
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
 	uint64_t flushed;               /* cq tail last published */
 	uint64_t sq_head_pub;           /* sq_head last published */
-	uint32_t sweep_pos;             /* reclaim: next slab index to look at */
+	uint32_t sweep_pos;             /* reclaim, park: next slab index to look at */
+	uint32_t *park_order;           /* park: by cq position, the nodes whose events come back */
 	uint64_t wakes;                 /* client wake-ups done (socket messages) */
 };
 
@@ -129,6 +131,33 @@ bool chan_pending(struct shard_core *sc, struct chan *ch);
  * chan_drain/chan_service on this channel.
  */
 bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget);
+
+/*
+ * A named session's process is gone (ARCHITECTURE.md, "Sessions"): keep its
+ * timers, stop using its rings. The first call applies what the process
+ * published and we had not read yet (one ring's worth at most), frees the
+ * unused grants, and settles every delivered one-shot by the claim word:
+ * an event the process never took (the shard wins FRESH -> VOID) will be
+ * held again; one it took (or consumed) is freed. Then it sweeps the slab
+ * [sweep_pos, high_water) up to `budget` nodes per call for periodic
+ * timers with an event in the old ring, settled the same way (untaken: off
+ * the wheel, held again with the deadline of that event). When the sweep
+ * is done, the events coming back go to the head of the backlog in ring
+ * order (out of memory for that order: in no particular order), and no
+ * node keeps a position in the old ring. Returns true when done (false:
+ * call again); from then on the channel touches no client memory and
+ * holds what fires in its backlog, until chan_reattach() or
+ * chan_reclaim().
+ */
+bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget);
+
+/*
+ * A parked session's new process: fresh rings (m), fresh grants, the same
+ * slot, nodes, backlog and counters. The next chan_service() moves the
+ * backlog into the new completion ring in order. Cannot fail: the grant
+ * array is the one attach allocated (the ring size is the broker's).
+ */
+void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m);
 
 /* Free the private memory of a channel (after attach failed or reclaim finished). */
 void chan_fini(struct chan *ch);

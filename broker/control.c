@@ -449,7 +449,9 @@ static void table_set(struct broker *b, struct client *c, uint32_t state)
 		memcpy(e->comm, c->comm, sizeof(e->comm));
 		e->connected_ns = c->connected_ns;
 		e->generation = c->generation;
+		memcpy(e->session, c->session, sizeof(e->session));
 	}
+	e->linger_until_ns = state == CHIME_CLIENT_DETACHED ? c->linger_until_ns : 0;
 	chime_stats_end(&e->seq);
 	/* Plain stores: tools read these racily, as the header table allows. */
 	b->ctl->clients_now = b->clients_now;
@@ -520,7 +522,7 @@ static void arm_hup(struct broker *b, struct client *c)
 	if (!sqe)
 		return;
 	io_uring_prep_poll_add(sqe, c->fd, POLLRDHUP);
-	io_uring_sqe_set_data64(sqe, ((uint64_t)c->slot << 3) | TAG_HUP);
+	io_uring_sqe_set_data64(sqe, (uint64_t)c->hup_seq << 32 | ((uint64_t)c->slot << 3) | TAG_HUP);
 }
 
 /* A refusal: status only, no fds; then the connection is closed. */
@@ -577,13 +579,13 @@ static int send_welcome(struct broker *b, struct client *c)
 	return r;
 }
 
-static void client_release(struct broker *b, struct client *c)
+/*
+ * What belongs to one process's connection: its segments, doorbells and
+ * socket (a parked session keeps its channels, the shards' private state).
+ */
+static void conn_release(struct broker *b, struct client *c)
 {
-	for (uint32_t i = 0; c->chans && i < b->o.nr_shards; i++)
-		chan_fini(&c->chans[i]);
-	free(c->chans);
 	free(c->mems);
-	c->chans = NULL;
 	c->mems = NULL;
 	chime_seg_unmap(&c->rw);
 	chime_seg_unmap(&c->ro);
@@ -600,6 +602,18 @@ static void client_release(struct broker *b, struct client *c)
 	if (c->fd >= 0)
 		close(c->fd);
 	c->rw_fd = c->ro_fd = c->fd = -1;
+}
+
+static void client_release(struct broker *b, struct client *c)
+{
+	for (uint32_t i = 0; c->chans && i < b->o.nr_shards; i++)
+		chan_fini(&c->chans[i]);
+	free(c->chans);
+	c->chans = NULL;
+	conn_release(b, c);
+	if (c->next_fd >= 0)
+		close(c->next_fd);
+	c->next_fd = -1;
 	c->state = CL_FREE;
 }
 
@@ -611,7 +625,8 @@ static int client_segments(struct broker *b, struct client *c)
 	struct chime_client_ro *ro;
 	int r;
 
-	c->chans = calloc(g->nr_shards, sizeof(*c->chans));
+	if (!c->chans)          /* a re-attach keeps them */
+		c->chans = calloc(g->nr_shards, sizeof(*c->chans));
 	c->mems = calloc(g->nr_shards, sizeof(*c->mems));
 	c->bells = malloc(g->nr_shards * sizeof(*c->bells));
 	if (!c->chans || !c->mems || !c->bells)
@@ -684,7 +699,7 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 			.slot = c->slot,
 			.generation = c->generation,
 			.ch = &c->chans[s],
-			.mem = &c->mems[s],
+			.mem = c->mems ? &c->mems[s] : NULL,    /* a detached session has none */
 			.ack = &c->ack,
 		};
 
@@ -692,7 +707,7 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 	}
 }
 
-static void client_detach(struct broker *b, struct client *c, int refuse)
+void client_detach(struct broker *b, struct client *c, int refuse)
 {
 	c->refuse = refuse;
 	c->state = CL_DETACHING;
@@ -706,6 +721,35 @@ static void client_detach(struct broker *b, struct client *c, int refuse)
 	post_all(b, c, SHARD_CMD_DETACH);
 }
 
+/*
+ * A named session's process hung up (or never took its welcome): the shards
+ * park its channels (chan_park); its timers stay, and so does its slot.
+ */
+void client_park(struct broker *b, struct client *c)
+{
+	c->state = CL_PARKING;
+	if (c->fd >= 0)
+		shutdown(c->fd, SHUT_RDWR);
+	post_all(b, c, SHARD_CMD_PARK);
+}
+
+/* Every shard parked it: the process's memory and fds go, the session stays. */
+static void parked(struct broker *b, struct client *c)
+{
+	conn_release(b, c);
+	c->state = CL_DETACHED;
+	c->linger_until_ns = now_ns() + (uint64_t)b->o.session_linger_s * 1000000000u;
+	table_set(b, c, CHIME_CLIENT_DETACHED);
+	log_msg(LOG_INFO, "session '%s' (uid %u) detached: pid %d gone, timers kept for %u s",
+		c->session, (unsigned)c->cred.uid, (int)c->cred.pid, b->o.session_linger_s);
+	if (c->next_fd >= 0) {
+		int fd = c->next_fd;
+
+		c->next_fd = -1;
+		client_reattach(b, c, fd, &c->next_cred);
+	}
+}
+
 /* Every shard has answered some client's request: find which. */
 static void on_notify(struct broker *b)
 {
@@ -713,7 +757,7 @@ static void on_notify(struct broker *b)
 		struct client *c = &b->clients[i];
 		int r;
 
-		if (c->state != CL_ATTACHING && c->state != CL_DETACHING)
+		if (c->state != CL_ATTACHING && c->state != CL_DETACHING && c->state != CL_PARKING)
 			continue;
 		/* M5: pairs with M3 in the shards' ack(). */
 		if (at_load_acq(&c->ack.pending) != 0)
@@ -730,7 +774,10 @@ static void on_notify(struct broker *b)
 			if (r < 0) {
 				log_errno(LOG_DEBUG, r, "client %u (pid %d) left during the handshake",
 					  c->slot, (int)c->cred.pid);
-				client_detach(b, c, 0);
+				if (c->session[0])
+					client_park(b, c);
+				else
+					client_detach(b, c, 0);
 				continue;
 			}
 			/* The mappings keep the memory: the fds were only for the client. */
@@ -740,8 +787,16 @@ static void on_notify(struct broker *b)
 			c->state = CL_ACTIVE;
 			table_set(b, c, CHIME_CLIENT_ACTIVE);
 			arm_hup(b, c);
-			log_msg(LOG_INFO, "client %u connected: pid %d uid %u '%s'",
-				c->slot, (int)c->cred.pid, (unsigned)c->cred.uid, c->comm);
+			if (c->session[0])
+				log_msg(LOG_INFO, "client %u connected: pid %d uid %u '%s', session '%s'",
+					c->slot, (int)c->cred.pid, (unsigned)c->cred.uid, c->comm, c->session);
+			else
+				log_msg(LOG_INFO, "client %u connected: pid %d uid %u '%s'",
+					c->slot, (int)c->cred.pid, (unsigned)c->cred.uid, c->comm);
+			continue;
+		}
+		if (c->state == CL_PARKING) {
+			parked(b, c);
 			continue;
 		}
 		/* DETACHING, and every shard has reclaimed its nodes. */
@@ -825,13 +880,13 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 		return 0;
 	}
 	case TAG_HUP: {
-		uint32_t slot = (uint32_t)(ud >> 3);
+		uint32_t slot = (uint32_t)(ud >> 3) & 0x1fffffffu;
 		struct client *c;
 
 		if (slot >= b->o.max_clients)
 			return 0;
 		c = &b->clients[slot];
-		if (c->state != CL_ACTIVE)
+		if (c->state != CL_ACTIVE || (uint32_t)(ud >> 32) != c->hup_seq)
 			return 0;
 		if (res < 0 && res != -ECANCELED) {
 			log_errno(LOG_WARNING, res, "poll on client %u", slot);
@@ -839,7 +894,10 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 			/* Data after the hello is not part of the protocol: the peer gets closed. */
 			log_msg(LOG_DEBUG, "client %u sent unexpected data, closing", slot);
 		}
-		client_detach(b, c, 0);
+		if (c->session[0])
+			client_park(b, c);
+		else
+			client_detach(b, c, 0);
 		return 0;
 	}
 	}
@@ -903,6 +961,20 @@ static void limits_report(struct broker *b, uint64_t now)
 	}
 }
 
+/* Detached sessions nobody came back for within --session-linger: reclaimed as a hang-up is. */
+static void sessions_linger(struct broker *b, uint64_t now)
+{
+	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+		struct client *c = &b->clients[i];
+
+		if (c->state != CL_DETACHED || now < c->linger_until_ns)
+			continue;
+		log_msg(LOG_INFO, "session '%s' (uid %u) reclaimed: nobody re-attached within %u s",
+			c->session, (unsigned)c->cred.uid, b->o.session_linger_s);
+		client_detach(b, c, 0);
+	}
+}
+
 int broker_run(struct broker *b)
 {
 	uint64_t last_hb = 0;
@@ -929,6 +1001,7 @@ int broker_run(struct broker *b)
 			notify_watchdog(now, HEARTBEAT_NS);
 			last_hb = now;
 			limits_report(b, now);
+			sessions_linger(b, now);
 		}
 		wait = HEARTBEAT_NS - (now - last_hb);
 		ts.tv_sec = 0;
@@ -950,7 +1023,7 @@ int broker_run(struct broker *b)
  * An admitted client: a slot in the table, its segments, and the attach
  * posted to every shard (the welcome follows their acks, on_notify()).
  */
-void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred)
+void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session)
 {
 	struct client *c = NULL;
 	int r;
@@ -975,7 +1048,9 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred)
 	memset(c, 0, offsetof(struct client, generation));
 	c->slot = (uint16_t)(c - b->clients);
 	c->rw_fd = c->ro_fd = -1;
-	c->fd = -1;
+	c->fd = c->next_fd = -1;
+	c->hup_seq++;
+	snprintf(c->session, sizeof(c->session), "%s", session);
 	c->cred = *cred;
 	c->generation++;
 	c->connected_ns = now_ns();
@@ -995,6 +1070,36 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred)
 	b->clients_now++;
 	b->clients_total++;
 	post_all(b, c, SHARD_CMD_ATTACH);
+}
+
+/*
+ * A detached session's new process (fd, cred: same uid, checked by the
+ * caller): new segments and doorbells, the same slot, generation and
+ * channels, so the ids it had stay valid; the shards hand the backlog to
+ * the new rings. A failure leaves the session detached.
+ */
+void client_reattach(struct broker *b, struct client *c, int fd, const struct ucred *cred)
+{
+	int r;
+
+	c->cred = *cred;
+	c->connected_ns = now_ns();
+	c->hup_seq++;
+	read_comm(cred->pid, c->comm);
+	r = client_segments(b, c);
+	if (r < 0) {
+		log_errno(LOG_ERR, r, "cannot create segments for pid %d (session '%s')",
+			  (int)cred->pid, c->session);
+		send_status(fd, -ENOMEM);
+		close(fd);
+		conn_release(b, c);
+		return;
+	}
+	c->fd = fd;
+	for (uint32_t s = 0; s < b->o.nr_shards; s++)
+		c->mems[s].wake_fd = c->fd;
+	c->state = CL_ATTACHING;
+	post_all(b, c, SHARD_CMD_REATTACH);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -26,6 +26,7 @@ struct broker_opts {
 	bool     mkdir_parent;      /* the default path: create /run/chime (0755) */
 	struct policy_src policy;   /* who may connect (policy.h) */
 	uint32_t max_clients_per_uid;
+	uint32_t session_linger_s;  /* a detached session is reclaimed after this */
 	gid_t    socket_gid;        /* --socket-group, or (gid_t)-1 */
 	gid_t    stats_gid;         /* --stats-group, or (gid_t)-1 */
 };

@@ -9,6 +9,7 @@
  * may do what" and "What a client can touch".
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,6 +211,160 @@ static void query_timers(struct broker *b, int fd, const struct ucred *asker, pi
 	query_send(fd, &head, out, n, sizeof(*out));
 }
 
+/* ---- named sessions ---- */
+
+/*
+ * The session name of a hello, checked: NUL-terminated within the field,
+ * NUL-padded after it, [A-Za-z0-9._-] before it. Empty is anonymous. false:
+ * malformed (the caller answers -EINVAL).
+ */
+static bool session_name_ok(const char name[CHIME_SESSION_MAX])
+{
+	int n = chime_session_len(name);
+
+	if (n < 0)
+		return false;
+	for (int i = n; i < (int)CHIME_SESSION_MAX; i++)
+		if (name[i])
+			return false;
+	return true;
+}
+
+/*
+ * The slot holding session `name` (any uid), or NULL. One being reclaimed
+ * (DETACHING: linger ran out, dropped) is gone already: the name is free.
+ */
+static struct client *session_find(struct broker *b, const char *name)
+{
+	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+		struct client *c = &b->clients[i];
+
+		if (c->state != CL_FREE && c->state != CL_DETACHING && c->session[0] &&
+		    strcmp(c->session, name) == 0)
+			return c;
+	}
+	return NULL;
+}
+
+static bool session_listed(const struct client *c)
+{
+	return c->session[0] && (c->state == CL_ATTACHING || c->state == CL_ACTIVE ||
+				 c->state == CL_PARKING || c->state == CL_DETACHED);
+}
+
+static void query_sessions(struct broker *b, int fd, const struct ucred *asker, uint64_t limit,
+			   struct chime_query_session *out)
+{
+	const char *base = (const char *)b->ctl;
+	const struct chime_client_stats *cs =
+		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
+	struct chime_query_head head = { .status = 0 };
+	uint64_t now = now_ns();
+	size_t n = 0;
+
+	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
+		const struct client *c = &b->clients[slot];
+		struct chime_query_session *r = &out[n];
+
+		if (!session_listed(c) || !may_see(asker, c->cred.uid))
+			continue;
+		head.total++;
+		if (n == limit)
+			continue;
+		*r = (struct chime_query_session){
+			.uid = c->cred.uid, .pid = c->cred.pid, .slot = slot,
+			.state = c->state == CL_DETACHED || c->state == CL_PARKING ?
+				 CHIME_SESSION_DETACHED : CHIME_SESSION_ATTACHED,
+		};
+		memcpy(r->name, c->session, sizeof(r->name));
+		if (c->state == CL_DETACHED)
+			r->linger_left_ns = c->linger_until_ns > now ? c->linger_until_ns - now : 0;
+		for (uint32_t k = 0; k < b->o.nr_shards; k++) {
+			const struct chime_client_stats *e = &cs[(uint64_t)slot * b->o.nr_shards + k];
+
+			if (at_load(&e->generation) != c->generation)
+				continue;
+			r->timers += at_load(&e->armed);
+			r->held += at_load(&e->backlog);
+		}
+		n++;
+	}
+	query_send(fd, &head, out, n, sizeof(*out));
+}
+
+/* chimectl drop-session: root and the broker's user any, others their own uid's; only detached ones. */
+static void drop_session(struct broker *b, int fd, const struct ucred *asker, const char *name)
+{
+	struct chime_query_head head = { .status = -ESRCH };
+	struct client *c = name[0] ? session_find(b, name) : NULL;
+	char comm[16];
+
+	if (c && !may_see(asker, c->cred.uid))
+		head.status = -EACCES;
+	else if (c && c->state != CL_DETACHED)
+		head.status = -EBUSY;
+	else if (c)
+		head.status = 0;
+	if (head.status == 0) {
+		read_comm(asker->pid, comm);
+		log_msg(LOG_NOTICE, "session '%s' (uid %u) dropped by pid %d '%s' (uid %u)", c->session,
+			(unsigned)c->cred.uid, (int)asker->pid, comm, (unsigned)asker->uid);
+		client_detach(b, c, 0);
+	}
+	query_send(fd, &head, NULL, 0, 0);
+}
+
+/* Is the attached process of c gone already (its hang-up not yet seen by the ring)? */
+static bool peer_gone(const struct client *c)
+{
+	struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
+
+	return c->fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/*
+ * flags 0 with a session name: open it (a new slot, as an anonymous client
+ * gets) or re-attach it. A session whose process has just gone (hung up,
+ * or being parked) is handed to this one as soon as its shards are done.
+ */
+static void session_open(struct broker *b, struct conn *cn, const struct ucred *cred, const char *name)
+{
+	struct client *c = session_find(b, name);
+
+	if (!c) {
+		if (b->o.max_clients_per_uid && clients_of(b, cred->uid) >= b->o.max_clients_per_uid) {
+			refuse_log(b, cred, "its user has --max-clients-per-uid clients already");
+			send_status(cn->fd, -EUSERS);
+			return;
+		}
+		client_admit(b, cn, cred, name);
+		return;
+	}
+	if (c->cred.uid != cred->uid) {
+		refuse_log(b, cred, "the session belongs to another user");
+		send_status(cn->fd, -EACCES);
+		return;
+	}
+	if (b->stopping) {
+		send_status(cn->fd, -ECONNREFUSED);
+		return;
+	}
+	if (c->state == CL_ACTIVE && peer_gone(c))
+		client_park(b, c);
+	if (c->state == CL_DETACHED) {
+		client_reattach(b, c, cn->fd, cred);
+		cn->fd = -1;    /* the session owns the socket now (or closed it) */
+		return;
+	}
+	if (c->state == CL_PARKING && c->next_fd < 0) {
+		c->next_fd = cn->fd;
+		c->next_cred = *cred;
+		cn->fd = -1;
+		return;
+	}
+	send_status(cn->fd, -EBUSY);
+}
+
 static void answer_query(struct broker *b, struct conn *cn, const struct chime_hello *h,
 			 const struct ucred *asker)
 {
@@ -222,7 +377,7 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 		return;
 	}
 	b->last_query_ns = now;
-	buf = calloc(limit, 64);
+	buf = calloc(limit, sizeof(struct chime_query_session));     /* the largest record */
 	if (!buf) {
 		query_send(cn->fd, &(struct chime_query_head){ .status = -ENOMEM }, NULL, 0, 0);
 		return;
@@ -231,6 +386,8 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 		query_clients(b, cn->fd, asker, limit, buf);
 	else if (h->flags == CHIME_HELLO_QUERY_TIMERS)
 		query_timers(b, cn->fd, asker, h->pid, limit, buf);
+	else if (h->flags == CHIME_HELLO_QUERY_SESSIONS)
+		query_sessions(b, cn->fd, asker, limit, buf);
 	else
 		query_send(cn->fd, &(struct chime_query_head){ .status = -EINVAL }, NULL, 0, 0);
 	free(buf);
@@ -283,14 +440,19 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 	memcpy(h, cn->buf, sizeof(*h));
 	if (res == -ECANCELED)
 		return;         /* the hello timeout fired first: it logs */
-	if (res != (int)sizeof(*h) || h->magic != CHIME_HELLO_MAGIC) {
+	if (res < 8 || h->magic != CHIME_HELLO_MAGIC) {
 		log_msg(LOG_DEBUG, "closing a connection that did not say hello (%d bytes)", res);
 		return;
 	}
+	/* Layout first: an older client's hello is shorter, and it deserves EPROTO. */
 	if (h->layout != CHIME_SHM_LAYOUT) {
 		log_msg(LOG_INFO, "refusing a client speaking layout %u (this broker speaks %u)",
 			h->layout, CHIME_SHM_LAYOUT);
 		send_status(cn->fd, -EPROTO);
+		return;
+	}
+	if (res != (int)sizeof(*h)) {
+		log_msg(LOG_DEBUG, "closing a connection whose hello has %d bytes", res);
 		return;
 	}
 	if (getsockopt(cn->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
@@ -302,8 +464,21 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 		send_status(cn->fd, -EACCES);
 		return;
 	}
+	if (!session_name_ok(h->session)) {
+		refuse_log(b, &cred, "a malformed session name");
+		send_status(cn->fd, -EINVAL);
+		return;
+	}
 	if (h->flags == CHIME_HELLO_RESET_STATS) {
 		reset_stats(b, cn->fd, &cred);  /* and the connection ends */
+		return;
+	}
+	if (h->flags == CHIME_HELLO_DROP_SESSION) {
+		drop_session(b, cn->fd, &cred, h->session);     /* and the connection ends */
+		return;
+	}
+	if (!h->flags && h->session[0]) {
+		session_open(b, cn, &cred, h->session);
 		return;
 	}
 	if (h->flags) {
@@ -315,7 +490,7 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 		send_status(cn->fd, -EUSERS);
 		return;
 	}
-	client_admit(b, cn, &cred);
+	client_admit(b, cn, &cred, "");
 }
 
 /*

@@ -61,6 +61,8 @@ static const char usage_text[] =
 "      --max-clients-per-uid N\n"
 "                          connected clients of one user at most (default 64;\n"
 "                          0: no limit); beyond it chime_open() gets EUSERS\n"
+"      --session-linger S  seconds a named session with no process keeps its\n"
+"                          timers before they are reclaimed (default 3600; 0: at once)\n"
 "\n"
 "Access (root and the broker's own user are always admitted):\n"
 "      --allow-uid LIST    also admit these users (names or numbers, commas)\n"
@@ -106,6 +108,7 @@ enum {
 	OPT_CQ_SIZE,
 	OPT_MAX_TIMERS,
 	OPT_MAX_PER_UID,
+	OPT_SESSION_LINGER,
 	OPT_ALLOW_UID,
 	OPT_ALLOW_GID,
 	OPT_ALLOW_ALL,
@@ -127,6 +130,7 @@ static const struct option long_opts[] = {
 	{ "cq-size", required_argument, NULL, OPT_CQ_SIZE },
 	{ "max-timers-per-client", required_argument, NULL, OPT_MAX_TIMERS },
 	{ "max-clients-per-uid", required_argument, NULL, OPT_MAX_PER_UID },
+	{ "session-linger", required_argument, NULL, OPT_SESSION_LINGER },
 	{ "allow-uid", required_argument, NULL, OPT_ALLOW_UID },
 	{ "allow-gid", required_argument, NULL, OPT_ALLOW_GID },
 	{ "allow-all", no_argument, NULL, OPT_ALLOW_ALL },
@@ -339,6 +343,7 @@ int main(int argc, char **argv)
 		.cq_size = 8192,
 		.max_timers_per_client = 1048576,
 		.max_clients_per_uid = 64,
+		.session_linger_s = 3600,
 		.socket_gid = (gid_t)-1,
 		.stats_gid = (gid_t)-1,
 	};
@@ -391,6 +396,9 @@ int main(int argc, char **argv)
 			break;
 		case OPT_MAX_PER_UID:
 			o.max_clients_per_uid = (uint32_t)parse_num("max-clients-per-uid", optarg, 0, 65536);
+			break;
+		case OPT_SESSION_LINGER:
+			o.session_linger_s = (uint32_t)parse_num("session-linger", optarg, 0, 365u * 86400u);
 			break;
 		case OPT_ALLOW_UID:
 			o.policy.allow_uid = join_list(o.policy.allow_uid, optarg);

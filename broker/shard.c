@@ -3,14 +3,14 @@
  * shard.c - the shard thread. See shard.h, chan.h and ARCHITECTURE.md.
  *
  * One loop iteration:
- *   1. run control commands (attach, detach, stop);
+ *   1. run control commands (attach, detach, park, reattach, stop);
  *   2. drain every channel's submission ring, DRAIN_BUDGET records each
  *      (fairness: a flooding client cannot starve the others);
  *   3. advance the wheel to CLOCK_MONOTONIC now and deliver what is due,
  *      FIRE_BUDGET at most (the rest stays on the expired list);
  *   4. service every channel: free consumed ACKWAIT nodes, move backlogs,
  *      publish cq_tail, wake clients that asked for it;
- *   5. a step of each client reclaim in progress (RECLAIM_BUDGET nodes);
+ *   5. a step of each client reclaim or session park in progress (RECLAIM_BUDGET nodes);
  *   6. publish the counters; then spin, or sleep.
  *
  * Sleeping (the doorbell handshake, ARCHITECTURE.md): after --spin-us with
@@ -365,6 +365,12 @@ static bool run_cmds(struct shard *s, bool *work)
 				s->active[s->nr_active++] = c.ch;  /* its doorbell is read from the next sleep on */
 			ack(s, c.ack, r);
 			break;
+		case SHARD_CMD_REATTACH:
+			chan_reattach(&s->core, c.ch, c.mem);
+			s->active[s->nr_active++] = c.ch;
+			ack(s, c.ack, 0);
+			break;
+		case SHARD_CMD_PARK:
 		case SHARD_CMD_DETACH:
 			if (s->core.by_slot[c.slot] != c.ch) {
 				ack(s, c.ack, 0);       /* never attached here */
@@ -395,11 +401,13 @@ static void reclaim_step(struct shard *s, bool *work)
 		*work = true;
 		/* The read's buffer is in the channel: acknowledge only once no read is left. */
 		if (c->ch->bell_state != SHARD_BELL_IDLE ||
-		    !chan_reclaim(&s->core, c->ch, RECLAIM_BUDGET)) {
+		    !(c->op == SHARD_CMD_PARK ? chan_park(&s->core, c->ch, RECLAIM_BUDGET) :
+					        chan_reclaim(&s->core, c->ch, RECLAIM_BUDGET))) {
 			i++;
 			continue;
 		}
-		chan_fini(c->ch);
+		if (c->op == SHARD_CMD_DETACH)
+			chan_fini(c->ch);
 		ack(s, c->ack, 0);
 		s->dying[i] = s->dying[--s->nr_dying];
 	}

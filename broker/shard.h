@@ -26,6 +26,8 @@
 #define SHARD_CMD_ATTACH 1u     /* adopt a client's channel (allocates its grants) */
 #define SHARD_CMD_DETACH 2u     /* drop a channel and reclaim every node of that client */
 #define SHARD_CMD_STOP   3u
+#define SHARD_CMD_PARK   4u     /* a session's process is gone: keep its timers, drop its rings (chan_park) */
+#define SHARD_CMD_REATTACH 5u   /* a parked session's new process: its new rings (chan_reattach) */
 
 /* chan.bell_state: the io_uring read on a client's doorbell. */
 #define SHARD_BELL_IDLE       0u  /* none outstanding */
@@ -83,7 +85,7 @@ struct shard {
 	struct stats st;
 	struct chan **active;
 	uint32_t nr_active;
-	struct shard_cmd *dying;        /* detaches in progress */
+	struct shard_cmd *dying;        /* detaches and parks in progress */
 	uint32_t nr_dying;
 	struct io_uring ring;
 	uint64_t bell_buf;

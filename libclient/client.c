@@ -103,7 +103,7 @@ static int connect_broker(const struct chime_opts *opts, int *out)
 	return 0;
 }
 
-static int send_hello(int fd)
+static int send_hello(int fd, const char *session)
 {
 	struct chime_hello hello = {
 		.magic = CHIME_HELLO_MAGIC,
@@ -111,6 +111,8 @@ static int send_hello(int fd)
 	};
 	ssize_t n;
 
+	if (session)    /* checked by the caller; the rest of the field stays NUL */
+		memcpy(hello.session, session, strlen(session));
 	do
 		n = send(fd, &hello, sizeof(hello), MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);
@@ -345,20 +347,27 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 	return 0;
 }
 
-CHIME_PUBLIC int chime_open(chime_t **out, const struct chime_opts *opts)
+/*
+ * chime_open@@CHIME_0.3 reads the whole struct chime_opts (session included);
+ * chime_open@CHIME_0.1 is what programs built against the first header call:
+ * their struct ends after flags, so it reads only those two fields.
+ */
+static int open_session(chime_t **out, const char *socket_path, unsigned flags, const char *session)
 {
+	const struct chime_opts path_only = { .socket_path = socket_path };
 	int fds[CHIME_MAX_FDS];
 	struct chime_welcome w;
 	struct chime *c;
 	unsigned nfds = 0;
 	int sock = -1, r;
 
-	if (!out || (opts && opts->flags != 0))
+	/* A session name as the broker accepts it: 1..63 bytes of [A-Za-z0-9._-]. */
+	if (!out || flags != 0 || (session && chime_session_len(session) <= 0))
 		return -EINVAL;
-	r = connect_broker(opts, &sock);
+	r = connect_broker(&path_only, &sock);
 	if (r < 0)
 		return r;
-	r = send_hello(sock);
+	r = send_hello(sock, session);
 	if (r == 0)
 		r = recv_welcome(sock, &w, fds, &nfds);
 	if (r < 0) {
@@ -388,6 +397,28 @@ CHIME_PUBLIC int chime_open(chime_t **out, const struct chime_opts *opts)
 	(void)setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &(struct timeval){ 0 }, sizeof(struct timeval));
 	*out = c;
 	return 0;
+}
+
+/* The first ABI's struct chime_opts (CHIME_0.1, CHIME_0.2). */
+struct chime_opts_0_1 {
+	const char *socket_path;
+	unsigned    flags;
+};
+
+CHIME_PUBLIC int chime_open_0_1(chime_t **out, const struct chime_opts_0_1 *opts);
+CHIME_PUBLIC int chime_open_0_3(chime_t **out, const struct chime_opts *opts);
+__asm__(".symver chime_open_0_1, chime_open@CHIME_0.1");
+__asm__(".symver chime_open_0_3, chime_open@@CHIME_0.3");
+
+CHIME_PUBLIC int chime_open_0_1(chime_t **out, const struct chime_opts_0_1 *opts)
+{
+	return open_session(out, opts ? opts->socket_path : NULL, opts ? opts->flags : 0, NULL);
+}
+
+CHIME_PUBLIC int chime_open_0_3(chime_t **out, const struct chime_opts *opts)
+{
+	return open_session(out, opts ? opts->socket_path : NULL, opts ? opts->flags : 0,
+			    opts ? opts->session : NULL);
 }
 
 CHIME_PUBLIC void chime_close(chime_t *c)

@@ -36,7 +36,7 @@
 #include "atomics.h"
 
 #define CHIME_SHM_MAGIC   UINT64_C(0x0031454d49484321) /* "!CHIME1" in LE bytes */
-#define CHIME_SHM_LAYOUT  3u                           /* bump on ANY incompatible change */
+#define CHIME_SHM_LAYOUT  4u                           /* bump on ANY incompatible change */
 #define CHIME_CACHELINE   64u
 
 /* Segment kinds, stored in every segment header so a file can't be mistaken for another. */
@@ -580,6 +580,7 @@ _Static_assert(offsetof(struct chime_shard_ctl, stats) == 256, "stats start on t
 #define CHIME_CLIENT_EMPTY  0u
 #define CHIME_CLIENT_ACTIVE 1u
 #define CHIME_CLIENT_DYING  2u  /* disconnected; shards are reclaiming its timers */
+#define CHIME_CLIENT_DETACHED 3u  /* a named session with no process: its timers run on */
 
 struct chime_client_ctl {
 	uint64_t seq;               /* seqlock, control thread */
@@ -590,10 +591,12 @@ struct chime_client_ctl {
 	char     comm[16];
 	uint64_t connected_ns;      /* CLOCK_MONOTONIC */
 	uint64_t generation;        /* bumped each time the slot is reused */
-	uint8_t  _reserved[128 - 56];
+	char     session[64];       /* CHIME_SESSION_MAX: a session's name, NUL-terminated; "" anonymous */
+	uint64_t linger_until_ns;   /* DETACHED: reclaimed at this CLOCK_MONOTONIC time */
 };
 _Static_assert(sizeof(struct chime_client_ctl) == 128, "client block is 128 B");
 _Static_assert(offsetof(struct chime_client_ctl, comm) == 24, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_client_ctl, session) == 56, "moved: bump CHIME_SHM_LAYOUT");
 
 /*
  * Per (client, shard): written by that shard only; tools sum over shards
@@ -737,7 +740,8 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
 
 /*
  * client -> broker, one SOCK_SEQPACKET message right after connect(). flags 0
- * attaches a client. A query flag instead asks a question about the caller's
+ * attaches a client: anonymous, or the named session in `session` (opened,
+ * or re-attached with its timers). A query flag instead asks a question about the caller's
  * own clients (for chimectl run by a user who may not read the segments): the
  * broker answers with a struct chime_query_head, then `count` records in
  * messages of at most CHIME_QUERY_BATCH, and closes.
@@ -751,14 +755,49 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
  * within a millisecond, and publishes it as its reset_gen), or -EPERM.
  */
 #define CHIME_HELLO_RESET_STATS   3u
+/* The named sessions of the caller's uid (root and the broker's user: all); struct chime_query_session. */
+#define CHIME_HELLO_QUERY_SESSIONS 4u
+/*
+ * Reclaim the detached session `session` now (root and the broker's user:
+ * any; others: their uid's). A head with no records: status 0, -ESRCH (none),
+ * -EACCES (another uid's), -EBUSY (a process has it attached).
+ */
+#define CHIME_HELLO_DROP_SESSION  5u
+
+/*
+ * A session name: 1..CHIME_SESSION_MAX-1 bytes of [A-Za-z0-9._-], NUL-padded
+ * in the hello (the broker refuses anything else with -EINVAL).
+ */
+#define CHIME_SESSION_MAX 64u
+
+/*
+ * The length of the session name at `name` (0..CHIME_SESSION_MAX-1) if it
+ * is NUL-terminated within CHIME_SESSION_MAX bytes and every byte before
+ * the NUL is one of [A-Za-z0-9._-]; else -1. Reads at most
+ * CHIME_SESSION_MAX bytes. The library and the broker both check with it.
+ */
+static inline int chime_session_len(const char *name)
+{
+	for (int i = 0; i < (int)CHIME_SESSION_MAX; i++) {
+		char ch = name[i];
+
+		if (!ch)
+			return i;
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+		      ch == '.' || ch == '_' || ch == '-'))
+			return -1;
+	}
+	return -1;
+}
 
 struct chime_hello {
 	uint32_t magic;             /* CHIME_HELLO_MAGIC */
 	uint32_t layout;            /* CHIME_SHM_LAYOUT the client speaks */
-	uint32_t flags;             /* 0, one CHIME_HELLO_QUERY_*, or CHIME_HELLO_RESET_STATS */
+	uint32_t flags;             /* 0, one CHIME_HELLO_QUERY_*, CHIME_HELLO_RESET_STATS or _DROP_SESSION */
 	int32_t  pid;               /* QUERY_TIMERS: whose */
 	uint64_t limit;             /* queries: records at most (0: CHIME_QUERY_MAX) */
 	uint8_t  _reserved[8];
+	char     session[CHIME_SESSION_MAX]; /* flags 0: "" anonymous, else the session to open; DROP_SESSION: which */
 };
 
 #define CHIME_QUERY_BATCH 32u       /* records per answer message */
@@ -797,7 +836,25 @@ struct chime_query_timer {
 	uint8_t  _reserved[16];
 };
 _Static_assert(sizeof(struct chime_query_timer) == 64, "query record is 64 B");
-_Static_assert(sizeof(struct chime_hello) == 32, "hello is 32 B");
+_Static_assert(sizeof(struct chime_hello) == 96, "hello is 96 B");
+_Static_assert(offsetof(struct chime_hello, session) == 32, "moved: bump CHIME_SHM_LAYOUT");
+
+/* CHIME_HELLO_QUERY_SESSIONS: one per named session, attached or not. */
+#define CHIME_SESSION_ATTACHED 1u
+#define CHIME_SESSION_DETACHED 2u
+
+struct chime_query_session {
+	char     name[CHIME_SESSION_MAX];
+	uint32_t uid;
+	uint32_t state;             /* CHIME_SESSION_* */
+	int32_t  pid;               /* the attached process, or the last one */
+	uint32_t slot;
+	uint64_t timers;            /* armed, summed over shards */
+	uint64_t held;              /* events waiting for the next attach (backlog), summed */
+	uint64_t linger_left_ns;    /* DETACHED: until it is reclaimed; 0 attached */
+	uint8_t  _reserved[24];
+};
+_Static_assert(sizeof(struct chime_query_session) == 128, "session record is 128 B");
 
 /*
  * broker -> client, one message. status 0 carries SCM_RIGHTS with, in order:
@@ -805,8 +862,9 @@ _Static_assert(sizeof(struct chime_hello) == 32, "hello is 32 B");
  *   [3 .. 3+nr_shards) this client's own doorbell eventfd for each shard
  * Each doorbell is made for this client alone (the broker only reads it, through
  * io_uring); wake-ups come back as 1-byte messages on this same connection.
- * status < 0 carries no fds: -EACCES (policy), -EPROTO (layout), -EUSERS (client table full),
- * -ENOMEM. The broker closes the connection after a refusal.
+ * status < 0 carries no fds: -EACCES (policy, or a session of another uid), -EPROTO (layout),
+ * -EUSERS (client table full), -ENOMEM, -EINVAL (a malformed session name), -EBUSY (the
+ * session is attached to another process). The broker closes the connection after a refusal.
  */
 struct chime_welcome {
 	uint32_t magic;             /* CHIME_HELLO_MAGIC */

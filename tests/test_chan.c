@@ -44,7 +44,8 @@ static struct {
 	uint64_t now;
 } F;
 
-static void client_init(struct client_sim *c, uint16_t slot)
+/* A client's two segments in malloc'd memory (a re-attach gets new ones). */
+static void client_mem(struct client_sim *c)
 {
 	struct chime_client_rw *rw;
 
@@ -64,9 +65,20 @@ static void client_init(struct client_sim *c, uint16_t slot)
 	c->m.cq_size = CQ;
 	c->m.wake_fd = -1;
 	c->m.bell_fd = -1;
-	cr_assert_eq(chan_attach(&F.sc, &c->ch, &c->m, slot, 1), 0);
+}
+
+/* The client's side of the rings, once the shard formatted them. */
+static void client_rings(struct client_sim *c)
+{
 	chime_sq_prod_init(&c->prod, c->m.sq_slots, &c->m.rw->sq_tail, SQ);
 	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);
+}
+
+static void client_init(struct client_sim *c, uint16_t slot)
+{
+	client_mem(c);
+	cr_assert_eq(chan_attach(&F.sc, &c->ch, &c->m, slot, 1), 0);
+	client_rings(c);
 }
 
 static void setup(void)
@@ -152,14 +164,14 @@ static void step_at(uint64_t now)
 
 	F.now = now;
 	for (int i = 0; i < 2; i++)
-		if (F.cl[i].rw && !F.cl[i].ch.dying)
+		if (F.cl[i].rw && !F.cl[i].ch.dying && !F.cl[i].ch.parked)
 			chan_drain(&F.sc, &F.cl[i].ch, 1000);
 	wheel_advance(&F.sc.wh, now);
 	while ((n = wheel_pop_expired(&F.sc.wh, buf, 64)) > 0)
 		for (unsigned i = 0; i < n; i++)
 			chan_fire(&F.sc, F.sc.by_slot[wheel_node(&F.sc.wh, buf[i])->owner], buf[i], now);
 	for (int i = 0; i < 2; i++)
-		if (F.cl[i].rw && !F.cl[i].ch.dying)
+		if (F.cl[i].rw && !F.cl[i].ch.dying && !F.cl[i].ch.parked)
 			chan_service(&F.sc, &F.cl[i].ch, now);
 	wheel_check(&F.sc.wh);
 }
@@ -726,4 +738,90 @@ Test(chan, sq_waiting_counts_reserved_records_and_bounds_a_scribbled_tail)
 	cr_assert_eq(chan_sq_waiting(&c->ch), 0);
 	c->m.rw->sq_tail = UINT64_MAX;
 	cr_assert_leq(chan_sq_waiting(&c->ch), SQ);
+}
+
+/*
+ * A session's process goes (ARCHITECTURE.md, "Client exit"): park settles
+ * delivered one-shots by the claim word (taken: freed; untaken: held again,
+ * first), frees the unused grants, holds what fires while parked, and a
+ * re-attach with new rings delivers the held events in order, ids intact.
+ */
+/* A periodic's untaken event comes back too, with its deadline; the timer then runs on. */
+Test(chan, park_keeps_a_periodics_untaken_event)
+{
+	struct client_sim *c = &F.cl[0];
+	void *old_rw = c->rw, *old_ro = c->ro;
+	struct chime_cqe e;
+	uint64_t p = arm(c, 1, T0 + 1 * MS, 5 * MS, 9);
+	uint64_t o = arm(c, 1, T0 + 2 * MS, 0, 8);
+
+	step_at(T0 + 2 * MS);   /* both events in the ring, neither taken */
+	for (int i = 0; !chan_park(&F.sc, &c->ch, 7); i++)      /* in steps of 7 nodes */
+		cr_assert_lt(i, 100);
+	cr_assert_eq(c->ch.nr_backlog, 2);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(p))->state, CHIME_NODE_BACKLOG);
+	step_at(T0 + 20 * MS);
+	cr_assert_eq(c->ch.nr_backlog, 2, "a held periodic does not fire again");
+	client_mem(c);
+	chan_reattach(&F.sc, &c->ch, &c->m);
+	client_rings(c);
+	free(old_rw);
+	free(old_ro);
+	step_at(T0 + 20 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, p, "ring order: the periodic fired first");
+	cr_assert_eq(e.deadline_ns, T0 + 1 * MS, "the event it had, not a later one");
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, o);
+	step_at(T0 + 20 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, p);
+	cr_assert_eq(e.deadline_ns, T0 + 6 * MS, "then its next period, behind as it is");
+}
+
+Test(chan, park_keeps_untaken_events_and_reattach_delivers_them_in_order)
+{
+	struct client_sim *c = &F.cl[0];
+	void *old_rw, *old_ro;
+	struct chime_cqe e;
+	uint64_t a = arm(c, 1, T0 + 1 * MS, 0, 1);
+	uint64_t b = arm(c, 1, T0 + 2 * MS, 0, 2);
+	uint64_t d = arm(c, 1, T0 + 3 * MS, 0, 3);
+	uint64_t late = arm(c, 1, T0 + 10 * MS, 0, 4);
+	uint64_t unread;
+
+	step_at(T0 + 3 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, a, "the process took the first one");
+	/* Its last record, never read by the shard: park applies it. */
+	unread = arm(c, 1, T0 + 20 * MS, 0, 5);
+	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
+	cr_assert_eq(c->ch.owned, 4, "b, d, late, unread: no grant, not the taken one");
+	cr_assert_eq(c->ch.nr_backlog, 2, "b and d are held again");
+	cr_assert_eq(F.sc.backlog, 2);
+	step_at(T0 + 10 * MS);
+	cr_assert_eq(c->ch.nr_backlog, 3, "late fired while parked: held");
+	cr_assert_eq(take(c, &e), 0, "nothing more reaches the old ring");
+
+	old_rw = c->rw;
+	old_ro = c->ro;
+	client_mem(c);
+	chan_reattach(&F.sc, &c->ch, &c->m);
+	client_rings(c);
+	free(old_rw);
+	free(old_ro);
+	cr_assert_eq(c->ch.owned, 4 + SQ, "new grants for the new ring");
+	step_at(T0 + 10 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, b);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, d);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, late);
+	cr_assert_eq(take(c, &e), 0);
+	/* The old ids still work: the unread arm is cancelled by its id. */
+	submit(c, CHIME_OP_CANCEL, unread, 0, 0, 0, 0);
+	step_at(T0 + 30 * MS);
+	cr_assert_eq(take(c, &e), 0, "a cancelled timer fired");
+	cr_assert_eq(c->ch.owned, SQ, "everything consumed or cancelled: only the grants");
 }

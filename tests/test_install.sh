@@ -77,6 +77,35 @@ LD_LIBRARY_PATH=${1#-L}
 export LD_LIBRARY_PATH
 "$dest/consumer" || fail "the consumer does not run against the installed libchime.so"
 
+# The first ABI: a program built against the old header calls
+# chime_open@CHIME_0.1 with a struct chime_opts that ends after flags. That
+# version must not read past it (here: a bad session name would be EINVAL),
+# and the default chime_open is @@CHIME_0.3.
+cat >"$dest/old_abi.c" <<'SRC'
+#include <chime.h>
+#include <errno.h>
+struct old_opts { const char *socket_path; unsigned flags; };
+int chime_open_0_1(chime_t **out, const struct old_opts *opts);
+__asm__(".symver chime_open_0_1, chime_open@CHIME_0.1");
+int main(void)
+{
+	/* What follows the old struct in memory: not a session name. */
+	struct { struct old_opts o; const char *after; } m = { { "/nonexistent/chime.sock", 0 }, "not a name!" };
+	chime_t *c;
+
+	return chime_open_0_1(&c, &m.o) != -ENOENT;
+}
+SRC
+# shellcheck disable=SC2086
+"$cc" -std=gnu11 -Wall -Werror $cflags -o "$dest/old_abi" "$dest/old_abi.c" $libs ||
+	fail "a program calling chime_open@CHIME_0.1 does not build"
+"$dest/old_abi" || fail "chime_open@CHIME_0.1 read beyond the old struct chime_opts"
+if command -v objdump >/dev/null 2>&1; then
+	syms=$(objdump -T "$LD_LIBRARY_PATH/libchime.so.0")
+	echo "$syms" | grep -Eq 'CHIME_0\.3 +chime_open$' || fail "no default chime_open@@CHIME_0.3"
+	echo "$syms" | grep -Eq '\(CHIME_0\.1\) +chime_open$' || fail "no chime_open@CHIME_0.1"
+fi
+
 if [ -n "$python" ]; then
 	init=$(find "$dest" -path '*/chime/__init__.py' | head -n 1)
 	[ -n "$init" ] || fail "the Python module chime is not installed"

@@ -114,6 +114,10 @@ static void usage(FILE *f)
 		"  timers --client PID [--limit N]\n"
 		"                             list the armed timers of client PID (default limit 100,\n"
 		"                             0: all)\n"
+		"  sessions                   list the named sessions (attached or not, timers, events\n"
+		"                             held, time left before an unattached one is reclaimed)\n"
+		"  drop-session NAME          reclaim the detached session NAME and its timers now\n"
+		"                             (root and the broker's user: any; others: their own)\n"
 		"  reset-stats                restart the lateness histograms and the high-water\n"
 		"                             marks (not the counters); root and the broker's user\n"
 		"  shutdown                   stop the broker (SIGTERM) and wait up to 5 s for it\n"
@@ -128,7 +132,7 @@ static void usage(FILE *f)
 		"Exit status: 0 ok; 1 failure (cannot read the broker's shared memory, the\n"
 		"handshake failed, the signal failed or the broker did not exit in time);\n"
 		"2 usage error; 3 the broker is not running; 4 not permitted (reset-stats and\n"
-		"shutdown: root and the broker's user only).\n");
+		"shutdown: root and the broker's user only; drop-session: another user's).\n");
 }
 
 /* sr_open() failed: the standard message, and a short one in the JSON document. */
@@ -390,7 +394,7 @@ static int cmd_clients(const char *sock)
 	for (i = 0; i < sn.nr_clients; i++) {
 		const struct sr_client *c = &sn.clients[i];
 		uint64_t age = sn.now_ns > c->id.connected_ns ? sn.now_ns - c->id.connected_ns : 0;
-		const char *state = c->id.state == CHIME_CLIENT_DYING ? "dying" : "active";
+		const char *state = sr_client_state(c->id.state);
 		char since[32], lp[3][16];
 		json_t *o;
 
@@ -645,10 +649,72 @@ static int cmd_shutdown(const char *sock)
 	return SR_EXIT_OK;
 }
 
-static const char *const commands[] = { "status", "clients", "timers", "reset-stats", "shutdown" };
-
-static int run(const char *cmd, const char *sock, long pid, uint64_t limit)
+/* Named sessions, by query (root and the broker's user see all, others their own). */
+static int cmd_sessions(const char *sock)
 {
+	static struct chime_query_session recs[CHIME_QUERY_MAX];
+	struct chime_query_head head;
+	json_t *arr;
+	int r = query_broker(sock, CHIME_HELLO_QUERY_SESSIONS, 0, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]));
+
+	if (r < 0 && r != -ECONNRESET)
+		return query_error(sock, r);
+	arr = json_array();
+	out("%-24s %6s %-8s %7s %8s %8s %10s\n", "SESSION", "UID", "STATE", "PID", "TIMERS", "HELD", "LINGER");
+	for (uint64_t i = 0; i < head.count; i++) {
+		const struct chime_query_session *e = &recs[i];
+		const char *state = e->state == CHIME_SESSION_ATTACHED ? "attached" : "detached";
+		char name[CHIME_SESSION_MAX + 1], left[32];
+
+		memcpy(name, e->name, CHIME_SESSION_MAX);
+		name[CHIME_SESSION_MAX] = '\0';
+		if (e->state == CHIME_SESSION_ATTACHED)
+			snprintf(left, sizeof(left), "-");
+		else
+			sr_fmt_dur(left, sizeof(left), e->linger_left_ns);
+		out("%-24s %6u %-8s %7d %8" PRIu64 " %8" PRIu64 " %10s\n", name, e->uid, state, (int)e->pid,
+		    e->timers, e->held, left);
+		json_array_append_new(arr, json_pack("{s:o,s:i,s:s,s:i,s:i,s:I,s:I,s:o}",
+						     "name", jtext(name, sizeof(name)), "uid", (int)e->uid,
+						     "state", state, "pid", (int)e->pid, "slot", (int)e->slot,
+						     "timers", (json_int_t)e->timers, "held", (json_int_t)e->held,
+						     "linger_left_ns", e->state == CHIME_SESSION_ATTACHED ? json_null() :
+						     json_integer((json_int_t)e->linger_left_ns)));
+	}
+	jset("total", json_integer((json_int_t)head.total));
+	jset("sessions", arr);
+	return SR_EXIT_OK;
+}
+
+static int cmd_drop_session(const char *sock, const char *name)
+{
+	int r = query_drop_session(sock, name);
+
+	jset("session", jtext(name, strlen(name) + 1));
+	if (r == -EACCES || r == -EPERM)
+		return fail(SR_EXIT_DENIED, "the broker at '%s' refused to drop session '%s': it belongs to "
+			    "another user (root and the broker's user may drop any)", sock, name);
+	if (r < 0)
+		return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "dropping session '%s' at '%s' "
+			    "failed: %s%s", name, sock, strerror(-r),
+			    r == -ESRCH ? " (no such session)" :
+			    r == -EBUSY ? " (a process has it attached: only a detached session is dropped)" :
+			    r == -EINVAL ? " (not a session name)" :
+			    r == -ENOENT ? " (is chimed running?)" : "");
+	jset("dropped", json_true());
+	out("session '%s' dropped: its timers are being reclaimed\n", name);
+	return SR_EXIT_OK;
+}
+
+static const char *const commands[] = { "status", "clients", "timers", "sessions", "drop-session",
+					"reset-stats", "shutdown" };
+
+static int run(const char *cmd, const char *sock, long pid, uint64_t limit, const char *arg)
+{
+	if (!strcmp(cmd, "sessions"))
+		return cmd_sessions(sock);
+	if (!strcmp(cmd, "drop-session"))
+		return cmd_drop_session(sock, arg);
 	if (!strcmp(cmd, "status"))
 		return cmd_status(sock);
 	if (!strcmp(cmd, "clients"))
@@ -671,7 +737,7 @@ int main(int argc, char **argv)
 		{ "version", no_argument, NULL, 'V' },
 		{ 0 }
 	};
-	const char *socket_arg = NULL, *cmd;
+	const char *socket_arg = NULL, *cmd, *arg = NULL;
 	long pid = -1;
 	uint64_t limit = 100;
 	char sock[PATH_MAX], *end;
@@ -717,12 +783,20 @@ int main(int argc, char **argv)
 			return SR_EXIT_USAGE;
 		}
 	}
-	if (optind != argc - 1) {
-		fprintf(stderr, PROG ": %s (try '" PROG " --help')\n",
-			optind == argc ? "missing command" : "too many arguments");
+	if (optind == argc) {
+		fprintf(stderr, PROG ": missing command (try '" PROG " --help')\n");
 		return SR_EXIT_USAGE;
 	}
 	cmd = argv[optind];
+	/* drop-session takes its NAME; every other command nothing. */
+	if (optind != argc - 1 - !strcmp(cmd, "drop-session")) {
+		fprintf(stderr, PROG ": %s (try '" PROG " --help')\n",
+			optind > argc - 1 - !strcmp(cmd, "drop-session") ? "drop-session needs a NAME" :
+			"too many arguments");
+		return SR_EXIT_USAGE;
+	}
+	if (!strcmp(cmd, "drop-session"))
+		arg = argv[optind + 1];
 	if (strcmp(cmd, "timers") && (pid != -1 || limit != 100)) {
 		fprintf(stderr, PROG ": --client and --limit go with 'timers' only\n");
 		return SR_EXIT_USAGE;
@@ -748,7 +822,7 @@ int main(int argc, char **argv)
 	if (r < 0)
 		r = fail(SR_EXIT_NOSHM, "no socket path: %s (set $CHIME_SOCKET or use --socket)", strerror(-r));
 	else
-		r = run(cmd, sock, pid, limit);
+		r = run(cmd, sock, pid, limit, arg);
 	if (J) {
 		json_object_set_new(J, "socket", jtext(sock, sizeof(sock)));
 		json_object_set_new(J, "ok", json_boolean(r == SR_EXIT_OK));

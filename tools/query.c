@@ -21,15 +21,12 @@ static ssize_t recv_msg(int fd, void *buf, size_t len)
 	return n;
 }
 
-int query_broker(const char *sock, uint32_t kind, int32_t pid, uint64_t limit,
-		 struct chime_query_head *head, void *recs, size_t recsz)
+static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit,
+	       struct chime_query_head *head, void *recs, size_t recsz)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timeval tv = { .tv_sec = QUERY_TIMEOUT_S };
-	struct chime_hello h = {
-		.magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
-		.flags = kind, .pid = pid, .limit = limit,
-	};
+	const struct chime_hello h = *hello;
 	uint64_t got = 0;
 	ssize_t n;
 	int fd, r = 0;
@@ -85,4 +82,29 @@ int query_broker(const char *sock, uint32_t kind, int32_t pid, uint64_t limit,
 out:
 	close(fd);
 	return r;
+}
+
+int query_broker(const char *sock, uint32_t kind, int32_t pid, uint64_t limit,
+		 struct chime_query_head *head, void *recs, size_t recsz)
+{
+	struct chime_hello h = {
+		.magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
+		.flags = kind, .pid = pid, .limit = limit,
+	};
+
+	return ask(sock, &h, limit, head, recs, recsz);
+}
+
+int query_drop_session(const char *sock, const char *name)
+{
+	struct chime_hello h = {
+		.magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
+		.flags = CHIME_HELLO_DROP_SESSION,
+	};
+	struct chime_query_head head;
+
+	if (strlen(name) >= sizeof(h.session))
+		return -EINVAL;
+	memcpy(h.session, name, strlen(name));
+	return ask(sock, &h, 0, &head, NULL, 0);
 }

@@ -372,7 +372,15 @@ void collect(struct flist *l, const struct sr_snap *sn)
 		f = field_add(l, F_STR, "client.%u.comm", cl->slot);
 		snprintf(f->s, sizeof(f->s), "%s", cl->id.comm);
 		f = field_add(l, F_STR, "client.%u.state", cl->slot);
-		snprintf(f->s, sizeof(f->s), "%s", cl->id.state == CHIME_CLIENT_DYING ? "dying" : "active");
+		snprintf(f->s, sizeof(f->s), "%s", sr_client_state(cl->id.state));
+		if (cl->id.session[0]) {
+			/* A named session: its name, and while detached the time it has left. */
+			f = field_add(l, F_STR, "client.%u.session", cl->slot);
+			snprintf(f->s, sizeof(f->s), "%s", cl->id.session);
+			f = field_add(l, F_GAUGE, "client.%u.linger_left_ns", cl->slot);
+			f->u = cl->id.state == CHIME_CLIENT_DETACHED && cl->id.linger_until_ns > sn->now_ns ?
+			       cl->id.linger_until_ns - sn->now_ns : 0;
+		}
 		f = field_add(l, F_GAUGE, "client.%u.connected_for_ns", cl->slot);
 		f->u = sn->now_ns > cl->id.connected_ns ? sn->now_ns - cl->id.connected_ns : 0;
 		for (i = 0; i < sizeof(client_defs) / sizeof(client_defs[0]); i++) {

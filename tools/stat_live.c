@@ -859,7 +859,8 @@ static int list_pane(struct live *L, int y)
 			const struct field *st = fld(L, "client", L->rows[i].id, "state", NULL);
 
 			table_line(line, sizeof(line), L, client_cols, vis, nv, "client", L->rows[i].id, 0);
-			if (st && !strcmp(st->s, "dying"))
+			/* Dim: no process behind it (dying, or a detached session). */
+			if (st && (!strcmp(st->s, "dying") || !strcmp(st->s, "detached")))
 				at |= A_DIM;
 		}
 		if (i == L->sel)

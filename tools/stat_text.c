@@ -194,7 +194,11 @@ void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 			R("fires"), cl->sum.cancels, cl->sum.cq_depth, cl->sum.backlog, cl->sum.sq_depth,
 			lp[0], lp[1], lp[2], cl->sum.wakeups,
 			cl->sum.refused_nomem, cl->sum.refused_quota,
-			cl->id.state == CHIME_CLIENT_DYING ? " (dying)" : "");
+			cl->id.state == CHIME_CLIENT_DYING ? " (dying)" :
+			cl->id.state == CHIME_CLIENT_DETACHED ? " (detached)" : "");
+		if (cl->id.session[0])
+			fprintf(out, "     session '%s'%s\n", cl->id.session,
+				cl->id.state == CHIME_CLIENT_DETACHED ? ", no process attached" : "");
 #undef R
 	}
 	if (!sn->nr_clients)

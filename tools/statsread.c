@@ -214,9 +214,11 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 		struct sr_client *cl = &snap->clients[snap->nr_clients];
 
 		sr_read_block(snap, &cl->id, &cc[i], sizeof(cl->id));
-		if (cl->id.state != CHIME_CLIENT_ACTIVE && cl->id.state != CHIME_CLIENT_DYING)
+		if (cl->id.state != CHIME_CLIENT_ACTIVE && cl->id.state != CHIME_CLIENT_DYING &&
+		    cl->id.state != CHIME_CLIENT_DETACHED)
 			continue;
 		cl->id.comm[sizeof(cl->id.comm) - 1] = '\0';
+		cl->id.session[sizeof(cl->id.session) - 1] = '\0';
 		cl->slot = i;
 		memset(&cl->sum, 0, sizeof(cl->sum));
 		for (k = 0; k < s->nr_shards; k++) {
@@ -273,6 +275,11 @@ const char *sr_state_name(uint32_t state)
 		return "stopped";
 	}
 	return "unknown";
+}
+
+const char *sr_client_state(uint32_t state)
+{
+	return state == CHIME_CLIENT_DYING ? "dying" : state == CHIME_CLIENT_DETACHED ? "detached" : "active";
 }
 
 enum sr_state sr_liveness(const struct sr_snap *snap, const char **why)

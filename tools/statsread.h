@@ -98,6 +98,8 @@ void sr_snap_free(struct sr_snap *snap);
 /* Liveness from the snapshot: state, heartbeat age and whether the pid exists. why: a reason. */
 enum sr_state sr_liveness(const struct sr_snap *snap, const char **why);
 const char *sr_state_name(uint32_t state);
+/* A client table entry's state: "active", "dying" or "detached" (a named session with no process). */
+const char *sr_client_state(uint32_t state);
 
 /* Lateness: sum of buckets, and the p-quantile (0 < p <= 1) by nearest rank, reported as
  * the exclusive upper bound of its bucket capped at max_ns (so it is >= the true value

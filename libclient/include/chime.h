@@ -31,6 +31,7 @@ typedef uint64_t chime_id_t;    /* a timer handle; never 0 */
 struct chime_opts {
 	const char *socket_path;    /* NULL: $CHIME_SOCKET if set, else the default path */
 	unsigned    flags;          /* 0 for now */
+	const char *session;        /* NULL: anonymous; else a session name (chime_open()) */
 };
 
 struct chime_event {
@@ -45,11 +46,27 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
 
 /*
  * Connect to the broker. The socket is opts->socket_path, else $CHIME_SOCKET,
- * else /run/chime/chime.sock (for every user: one broker per host). Returns 0
- * and sets *out, or:
- *   -EINVAL        out is NULL, opts->flags is not 0, or the path is too long
+ * else /run/chime/chime.sock (for every user: one broker per host).
+ *
+ * opts->session NULL (or opts NULL) is an anonymous connection: its timers
+ * go when it closes or its process exits. A session name (1..63 bytes of
+ * [A-Za-z0-9._-]) opens that session of the caller's uid, or re-attaches it:
+ * a session's timers stay armed when its process exits or dies (SIGKILL
+ * included), what fires meanwhile is held (a periodic timer holds one event)
+ * and delivered in order to the next process that opens the session, and
+ * ids from the earlier process stay valid for chime_reset()/chime_cancel().
+ * An event the earlier process had not taken yet is delivered again; one it
+ * took is not. chime_close() of a session detaches it the same way (the
+ * timers stay). The broker reclaims a session nobody re-attached to within
+ * its --session-linger (default 1 hour); `chimectl drop-session` does at once.
+ *
+ * Returns 0 and sets *out, or:
+ *   -EINVAL        out is NULL, opts->flags is not 0, the path is too long,
+ *                  or opts->session is not a valid name
  *   -ENOENT        no broker listens at the socket path
- *   -EACCES        the broker's policy refused this user (or the socket's permissions did)
+ *   -EACCES        the broker's policy refused this user (or the socket's permissions
+ *                  did), or the session belongs to another user
+ *   -EBUSY         the session is attached to another process
  *   -EPROTO        the broker speaks another shared-memory layout version
  *   -EUSERS        the broker's client table is full
  *   -ENOMEM        out of memory (or mapping the segments failed)
@@ -60,7 +77,10 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  */
 int chime_open(chime_t **out, const struct chime_opts *opts);
 
-/* Disconnect: the broker cancels every timer of this connection. NULL-safe. */
+/*
+ * Disconnect: the broker cancels every timer of an anonymous connection; a
+ * session's stay armed for its next process (see chime_open()). NULL-safe.
+ */
 void chime_close(chime_t *c);
 
 /* CLOCK_MONOTONIC in nanoseconds (the clock every chime deadline uses). */

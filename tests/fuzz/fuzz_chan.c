@@ -9,15 +9,18 @@
  * cq_head values, claim words, want_wakeup and grant words; an honest client
  * (slot 0) submits only well-formed records through shm/ring.h and keeps a
  * shadow model of its timers; the shard side calls chan_drain, chan_service,
- * chan_pending, chan_reclaim and fires timers through wheel_advance at a
- * fuzz-chosen (monotonic) clock, in fuzz-chosen order.
+ * chan_pending, chan_park, chan_reattach, chan_reclaim and fires timers
+ * through wheel_advance at a fuzz-chosen (monotonic) clock, in fuzz-chosen
+ * order.
  *
  * After every step the global invariants are checked (wheel_check, owned
  * counts, armed and backlog counts, grants); at the end the hostile clients
  * are reclaimed, the honest client's timers are run out and checked against
  * its shadow (each one-shot fires exactly once unless cancelled, never after
  * a cancel it saw applied, never early, never with another client's key or
- * user_data), and after reclaiming every client the slab is entirely free.
+ * user_data; the honest client also dies as a session and re-attaches, so
+ * this covers the claim word's verdict at a park), and after reclaiming
+ * every client the slab is entirely free.
  * A violation calls abort() so libFuzzer reports the input.
  */
 #include <stdbool.h>
@@ -109,16 +112,16 @@ static struct {
 	struct htimer t[MAXT];
 	unsigned nt;
 	uint64_t max_deadline;  /* latest honest deadline submitted */
+	uint64_t hbase;         /* the honest client's earlier rings' positions (it re-attaches as a session) */
 } W;
 
 /*
  * The only place that knows how a channel is laid out in a client's segments
  * and attached: adapt here when chan_mem or chan_attach change.
  */
-static int client_attach(struct client *c, uint16_t slot)
+static void client_mem(struct client *c)
 {
 	struct chime_client_rw *rw = c->rw;
-	int r;
 
 	memset(c->rw, 0, W.g.rw_size);
 	memset(c->ro, 0, W.g.ro_size);
@@ -132,13 +135,33 @@ static int client_attach(struct client *c, uint16_t slot)
 	c->m.cq_size = CQ;
 	c->m.wake_fd = -1;
 	c->m.bell_fd = -1;
+}
+
+static void client_rings(struct client *c)
+{
+	chime_sq_prod_init(&c->prod, c->m.sq_slots, &c->m.rw->sq_tail, SQ);
+	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);
+}
+
+static int client_attach(struct client *c, uint16_t slot)
+{
+	int r;
+
+	client_mem(c);
 	r = chan_attach(&W.sc, &c->ch, &c->m, slot, 1);
 	if (r)
 		return r;
-	chime_sq_prod_init(&c->prod, c->m.sq_slots, &c->m.rw->sq_tail, SQ);
-	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);
+	client_rings(c);
 	c->attached = true;
 	return 0;
+}
+
+/* A parked session's new process: new (zeroed) segments, the same channel (chan_reattach). */
+static void client_reattach(struct client *c)
+{
+	client_mem(c);
+	chan_reattach(&W.sc, &c->ch, &c->m);
+	client_rings(c);
 }
 
 /* A grant a client may arm with: not a no-grant marker (slab full, quota reached). */
@@ -189,6 +212,7 @@ static void world_init(uint64_t quota)
 	W.now = T0;
 	W.nt = 0;
 	W.max_deadline = T0;
+	W.hbase = 0;
 	for (unsigned i = 0; i < NCL; i++) {
 		W.cl[i].attached = false;
 		CHECK(client_attach(&W.cl[i], (uint16_t)i) == 0, "attach on an empty slab");
@@ -197,7 +221,7 @@ static void world_init(uint64_t quota)
 
 static bool live(unsigned i)
 {
-	return W.cl[i].attached && !W.cl[i].ch.dying;
+	return W.cl[i].attached && !W.cl[i].ch.dying && !W.cl[i].ch.parked;
 }
 
 /* ---- global invariants ---- */
@@ -240,8 +264,8 @@ static void check_world(void)
 		backlog += ch->nr_backlog;
 		CHECK(ch->cq.tail - ch->cq.head <= CQ, "client %u: %lu events in a ring of %u", c,
 		      (unsigned long)(ch->cq.tail - ch->cq.head), CQ);
-		if (ch->dying)
-			continue;
+		if (ch->dying || ch->parked)
+			continue;       /* no grants, no ring of its own any more */
 		/* Whatever the client wrote as its sq_tail, the depth the shard reports fits the ring. */
 		CHECK(chan_sq_waiting(ch) <= SQ, "client %u: %lu records waiting in a ring of %u", c,
 		      (unsigned long)chan_sq_waiting(ch), SQ);
@@ -311,7 +335,10 @@ static struct htimer *htimer_of(uint64_t id)
 	return NULL;
 }
 
-/* Publish a well-formed record; false if the ring is full. *posp: its position. */
+/*
+ * Publish a well-formed record; false if the ring is full. *posp: its
+ * position, counted over every ring the honest client had (W.hbase).
+ */
 static bool honest_submit(uint32_t op, uint64_t id, uint64_t key, uint64_t deadline, uint64_t period,
 			  uint64_t ud, uint64_t *idp, uint64_t *posp)
 {
@@ -326,6 +353,7 @@ static bool honest_submit(uint32_t op, uint64_t id, uint64_t key, uint64_t deadl
 			/* No node for this slot (slab full): give the slot up, as libchime does. */
 			s->op = CHIME_OP_NOP;
 			chime_sq_publish(s, *posp);
+			*posp += W.hbase;
 			return false;
 		}
 	}
@@ -336,6 +364,7 @@ static bool honest_submit(uint32_t op, uint64_t id, uint64_t key, uint64_t deadl
 	s->period_ns = period;
 	s->user_data = ud;
 	chime_sq_publish(s, *posp);
+	*posp += W.hbase;
 	if (idp)
 		*idp = id;
 	return true;
@@ -428,7 +457,7 @@ static void honest_check_event(const struct chime_cqe *e, uint64_t applied)
 static void honest_take(unsigned max)
 {
 	struct client *c = &W.cl[HONEST];
-	uint64_t applied = c->m.ro->sq_head;    /* everything below was applied */
+	uint64_t applied = W.hbase + c->m.ro->sq_head;  /* everything below was applied */
 	struct chime_cqe e;
 	unsigned n = 0;
 
@@ -442,6 +471,30 @@ static void honest_take(unsigned max)
 static struct htimer *honest_pick(struct prog *g)
 {
 	return W.nt ? &W.t[u32(g) % W.nt] : NULL;
+}
+
+/*
+ * The honest client is a session whose process dies: whatever it left in
+ * its rings (records not applied, events not taken) is settled by the park,
+ * timers fire while nobody is attached, and its next process re-attaches
+ * with new rings. Its shadow carries on: every record of the old ring was
+ * applied (the park drains it), untaken events come back once.
+ */
+static void honest_park(struct prog *g)
+{
+	struct client *c = &W.cl[HONEST];
+	uint8_t how = u8(g);
+
+	while (!chan_park(&W.sc, &c->ch, 1 + how % 64))
+		;
+	check_world();
+	if (how & 64) {
+		W.now += u32(g) % (256 * RES);
+		shard_fire(1 + u8(g) % 64);
+		check_world();
+	}
+	W.hbase += c->m.rw->sq_tail;
+	client_reattach(c);
 }
 
 /* ---- the hostile clients ---- */
@@ -596,15 +649,33 @@ static void step(struct prog *g)
 			(void)chan_pending(&W.sc, &W.cl[c].ch);
 		break;
 	}
-	case 12:
-		/* a hostile client dies (or goes on dying); a dead slot is taken by a new client */
-		if (W.cl[hc].attached)
+	case 12: {
+		/*
+		 * A hostile client dies (or goes on dying); a dead slot is taken
+		 * by a new client. As a session it parks instead (its claim
+		 * words, cq_head and unread records as it left them), and a
+		 * parked one re-attaches with new rings or is reclaimed.
+		 */
+		uint8_t how = u8(g);
+
+		if (live(hc) && how < 96) {
+			while (!chan_park(&W.sc, &h->ch, 1 + how % 64))
+				;
+			CHECK(h->ch.parked, "client %u parked, not marked", hc);
+		} else if (W.cl[hc].attached && h->ch.parked && !h->ch.dying && how < 192) {
+			client_reattach(h);
+		} else if (W.cl[hc].attached) {
 			shard_reclaim(hc, 1 + u8(g) % 64);
-		else
+		} else {
 			(void)client_attach(h, (uint16_t)hc);
+		}
 		break;
+	}
 	case 13:
-		*W.cl[HONEST].m.want_wakeup = 1;
+		if (u8(g) < 16)
+			honest_park(g);
+		else
+			*W.cl[HONEST].m.want_wakeup = 1;
 		break;
 	case 14:
 		/* a hostile client arms a burst of well-formed timers: fills the slab fast */

@@ -65,7 +65,8 @@ _WHY = {
     ("chime_open", errno.ETIMEDOUT): "chimed accepted the connection but did not answer within 10 s",
     ("chime_open", errno.ECONNRESET): "chimed hung up during the handshake",
     ("chime_open", errno.EBADMSG): "chimed's reply or shared memory was malformed",
-    ("chime_open", errno.EINVAL): "invalid socket path {socket!r} (too long?)",
+    ("chime_open", errno.EINVAL): "invalid socket path {socket!r} (too long?) or session name",
+    ("chime_open", errno.EBUSY): "the session is attached to another process",
     ("chime_arm", errno.EDQUOT): "this client has as many armed timers as chimed allows one client "
                                  "(chimed --max-timers-per-client)",
     ("chime_arm", errno.ENOMEM): "chimed's shards have no free timer (chimed --capacity); nothing was armed",
@@ -106,23 +107,21 @@ def _deadline(at_ns, after):
 
 
 class Chime:
-    """One connection to the broker. Chime(socket=None): the socket is
-    `socket`, else $CHIME_SOCKET, else /run/chime/chime.sock. Closing it (or
-    leaving its `with` block) cancels every timer it armed.
+    """One connection to the broker. Chime(socket=None, session=None): the
+    socket is `socket`, else $CHIME_SOCKET, else /run/chime/chime.sock.
+    Closing it (or leaving its `with` block) cancels every timer it armed,
+    unless `session` names a session (1..63 of [A-Za-z0-9._-]): its timers
+    stay for the next Chime that opens it (chime_open(3)).
 
     arm, reset, cancel and cancel_key may be called from any thread; one
     thread at a time collects events (poll, wait)."""
 
     def __init__(self, socket=None, session=None):
         self._c = None
-        if session is not None:
-            raise NotImplementedError(
-                "chime: sessions (timers that outlive a connection) do not exist yet; "
-                "use Chime(socket=...) without session=")
         self._periodic = {}     # id -> key of the periodic timers: Event.periodic
         self._buf = None
         path = os.fsencode(socket) if socket is not None else None
-        opts = ChimeOpts(path, 0)
+        opts = ChimeOpts(path, 0, session.encode() if session is not None else None)
         handle = ctypes.c_void_p()
         r = lib.chime_open(ctypes.byref(handle), ctypes.byref(opts))
         if r < 0:
@@ -237,7 +236,8 @@ class Chime:
         return self._c is None
 
     def close(self):
-        """Disconnect: the broker cancels every timer of this connection."""
+        """Disconnect: the broker cancels every timer of this connection (a
+        session's stay for its next opener)."""
         if self._c is not None:
             lib.chime_close(self._c)
             self._c = None

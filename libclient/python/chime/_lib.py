@@ -10,7 +10,9 @@ SONAME = "libchime.so.0"
 
 
 class ChimeOpts(ctypes.Structure):
-    _fields_ = [("socket_path", ctypes.c_char_p), ("flags", ctypes.c_uint)]
+    # chime_open@@CHIME_0.3 (the version dlsym finds) reads session too.
+    _fields_ = [("socket_path", ctypes.c_char_p), ("flags", ctypes.c_uint),
+                ("session", ctypes.c_char_p)]
 
 
 class ChimeEvent(ctypes.Structure):

@@ -159,9 +159,18 @@ def test_open_without_broker_names_the_socket(tmp_path):
     assert "chime_open" in str(e.value) and path in str(e.value)
 
 
-def test_sessions_are_not_implemented(broker):
-    with pytest.raises(NotImplementedError, match="session"):
-        chime.Chime(socket=broker.socket, session="jobs")
+def test_a_session_keeps_its_timers_for_the_next_opener(broker):
+    with chime.Chime(socket=broker.socket, session="py-jobs") as c:
+        c.arm(7, after=0.2)
+        with pytest.raises(OSError) as e:
+            chime.Chime(socket=broker.socket, session="py-jobs")
+        assert e.value.errno == errno.EBUSY
+    with chime.Chime(socket=broker.socket, session="py-jobs") as c:
+        assert [ev.key for ev in wait_for(c, 1)] == [7]
+    for bad in ("", "a/b", "x" * 64):
+        with pytest.raises(OSError) as e:
+            chime.Chime(socket=broker.socket, session=bad)
+        assert e.value.errno == errno.EINVAL
 
 
 def test_bad_arguments(chime_conn):

@@ -1,0 +1,586 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_session.c - named sessions outlive their process while the broker
+ * stays up (ARCHITECTURE.md, "Sessions and restarts", "Client exit"): a
+ * session SIGKILLed with a thousand timers is re-attached with its ids
+ * valid and every live timer delivered once, never early; what fired while
+ * nobody was attached is delivered in order; the claim word decides
+ * exactly once for events in flight; one process at a time, one uid per
+ * session; --session-linger and drop-session reclaim; anonymous
+ * connections are unchanged; bad names are refused.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "chime.h"
+#include "chime_shm.h"
+#include "helpers.h"
+#include "segment.h"
+
+#define MS 1000000ull
+#define HOUR (3600000 * MS)
+
+static struct t_chimed tb;
+
+static void stop(void)
+{
+	t_chimed_stop(&tb, SIGKILL);
+}
+
+TestSuite(session, .fini = stop, .timeout = 120);
+
+static void start(const char *extra)
+{
+	cr_assert_eq(t_chimed_start(&tb, NULL, extra), 0, "chimed %s did not start", extra);
+	cr_assert_eq(chmod(tb.dir, 0755), 0);  /* other users reach the socket (test 3) */
+}
+
+static int sopen(chime_t **c, const char *session)
+{
+	struct chime_opts o = { .socket_path = tb.sock, .session = session };
+
+	return chime_open(c, &o);
+}
+
+static chime_t *sopen_ok(const char *session)
+{
+	chime_t *c = NULL;
+	int r = sopen(&c, session);
+
+	cr_assert_eq(r, 0, "chime_open(session '%s'): %s", session ? session : "(none)", strerror(-r));
+	return c;
+}
+
+/* Nodes of every shard's slab that are not free (armed, held, granted), read from the files. */
+static uint64_t nodes_in_use(void)
+{
+	uint64_t n = 0;
+
+	for (unsigned k = 0;; k++) {
+		char path[300];
+		struct chime_map m = { 0 };
+		const struct chime_shard_seg *h;
+		const struct chime_wheel *w;
+		const struct chime_node *nodes;
+
+		snprintf(path, sizeof(path), "%s.shard%u", tb.sock, k);
+		if (access(path, F_OK) < 0)
+			break;
+		cr_assert_eq(chime_seg_open(path, CHIME_SEG_SHARD, &m), 0);
+		h = m.base;
+		w = (const struct chime_wheel *)((const char *)m.base + h->wheel_off);
+		nodes = (const struct chime_node *)((const char *)w + w->slab_off);
+		for (uint32_t i = 0; i < at_load(&w->high_water); i++)
+			n += at_load(&nodes[i].state) != CHIME_NODE_FREE;
+		chime_seg_unmap(&m);
+	}
+	return n;
+}
+
+/* Wait (up to 3 s) for nodes_in_use() to reach want; returns the last count. */
+static uint64_t nodes_settle(uint64_t want)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < 600 && (n = nodes_in_use()) != want; i++)
+		usleep(5000);
+	return n;
+}
+
+/* Every event until `until_ns` (or max), appended to ev; returns how many. */
+static unsigned collect(chime_t *c, struct chime_event *ev, unsigned max, uint64_t until_ns)
+{
+	unsigned n = 0;
+
+	while (n < max && now_ns() < until_ns) {
+		int ms = (int)((until_ns - now_ns()) / MS) + 1;
+		int r = chime_wait(c, ev + n, max - n, ms);
+
+		cr_assert_geq(r, 0, "chime_wait: %s", strerror(-r));
+		for (int i = 0; i < r; i++) {
+			uint64_t now = chime_now();
+
+			cr_assert_geq(ev[n + i].fired_ns, ev[n + i].deadline_ns, "an event fired early");
+			cr_assert_geq(now, ev[n + i].deadline_ns, "an event arrived before its deadline");
+		}
+		n += (unsigned)r;
+	}
+	return n;
+}
+
+/* Fork a child running fn(arg) with the pipe's write end; returns its pid once it wrote one byte. */
+static pid_t child(void (*fn)(int wfd, void *arg), void *arg)
+{
+	int p[2];
+	char b;
+	pid_t pid;
+
+	cr_assert_eq(pipe(p), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		close(p[0]);
+		fn(p[1], arg);
+		_exit(0);
+	}
+	close(p[1]);
+	cr_assert_eq(read(p[0], &b, 1), 1, "the child failed before it was ready");
+	close(p[0]);
+	return pid;
+}
+
+static void kill_child(pid_t pid)
+{
+	int st;
+
+	kill(pid, SIGKILL);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+}
+
+static int wait_child(pid_t pid)
+{
+	int st;
+
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---- (1) SIGKILL with a thousand timers, re-attach by a new process ---- */
+
+enum { N1 = 1000 };
+
+struct t1 {
+	uint64_t t0;
+	chime_id_t id[N1];
+	uint64_t deadline[N1];      /* the last deadline the child gave it */
+	uint8_t cancelled[N1];
+};
+
+static bool periodic1(unsigned i) { return i % 100 == 0; }
+
+static void t1_child(int wfd, void *arg)
+{
+	struct t1 *s = arg;
+	chime_t *c = NULL;
+
+	if (sopen(&c, "jobs") < 0)
+		_exit(1);
+	for (unsigned i = 0; i < N1; i++) {
+		s->deadline[i] = s->t0 + 1200 * MS + (i % 250) * MS;
+		if (chime_arm(c, i % 7, s->deadline[i], periodic1(i) ? 100 * MS : 0, i, &s->id[i]) < 0)
+			_exit(2);
+	}
+	for (unsigned i = 0; i < N1; i++) {
+		if (periodic1(i))
+			continue;
+		if (i % 10 == 1) {
+			s->deadline[i] = s->t0 + 1500 * MS + (i % 50) * MS;
+			if (chime_reset(c, s->id[i], s->deadline[i]) < 0)
+				_exit(3);
+		} else if (i % 10 == 2) {
+			s->cancelled[i] = 1;
+			if (chime_cancel(c, s->id[i]) < 0)
+				_exit(4);
+		}
+	}
+	(void)!write(wfd, "r", 1);
+	pause();        /* SIGKILLed here, with records maybe still unread by the shard */
+}
+
+Test(session, sigkilled_session_keeps_its_timers_and_ids_for_the_next_process)
+{
+	struct t1 *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	static struct chime_event ev[4 * N1];
+	static unsigned seen[N1];
+	unsigned n, oneshots = 0, live = 0, periodic = 0;
+	chime_t *c;
+
+	cr_assert_neq(s, MAP_FAILED);
+	start("-n 2");
+	s->t0 = now_ns();
+	kill_child(child(t1_child, s));
+	c = sopen_ok("jobs");
+	/* The old process's ids work here: move some, cancel others. */
+	for (unsigned i = 0; i < N1; i++) {
+		if (periodic1(i) || s->cancelled[i])
+			continue;
+		if (i % 10 == 3) {
+			s->deadline[i] = s->t0 + 1800 * MS;
+			cr_assert_eq(chime_reset(c, s->id[i], s->deadline[i]), 0);
+		} else if (i % 10 == 5) {
+			s->cancelled[i] = 1;
+			cr_assert_eq(chime_cancel(c, s->id[i]), 0);
+		}
+	}
+	n = collect(c, ev, 4 * N1, s->t0 + 2300 * MS);
+	for (unsigned k = 0; k < n; k++) {
+		unsigned i = (unsigned)ev[k].user_data;
+
+		cr_assert_lt(i, N1);
+		cr_assert_eq(ev[k].id, s->id[i], "timer %u came back with another id", i);
+		cr_assert_eq(ev[k].key, i % 7);
+		cr_assert_not(s->cancelled[i], "cancelled timer %u fired", i);
+		if (periodic1(i)) {
+			periodic++;
+			continue;
+		}
+		oneshots++;
+		cr_assert_eq(seen[i]++, 0, "timer %u delivered twice", i);
+		cr_assert_eq(ev[k].deadline_ns, s->deadline[i], "timer %u fired at an earlier deadline", i);
+	}
+	for (unsigned i = 0; i < N1; i++)
+		live += !periodic1(i) && !s->cancelled[i];
+	cr_assert_eq(oneshots, live, "%u of %u live one-shots delivered", oneshots, live);
+	cr_assert_geq(periodic, 10 * 5, "periodic timers: %u events", periodic);
+	/* The periodic ones stop by their old ids too. */
+	for (unsigned i = 0; i < N1; i += 100)
+		cr_assert_eq(chime_cancel(c, s->id[i]), 0);
+	usleep(100 * 1000);
+	while (chime_poll(c, ev, 64) > 0)
+		;
+	cr_assert_eq(collect(c, ev, 64, now_ns() + 300 * MS), 0, "an event after every timer was cancelled");
+	chime_close(c);
+	munmap(s, sizeof(*s));
+}
+
+/* ---- (2) fired while detached: delivered in order on re-attach ---- */
+
+Test(session, events_fired_while_detached_are_delivered_in_order)
+{
+	enum { N = 20 };
+	struct chime_event ev[N + 1];
+	chime_id_t id[N], pid_;
+	uint64_t t0;
+	unsigned n, per = 0;
+	chime_t *c;
+
+	start("-n 1");   /* order is per shard, as for every event (each shard has its own ring) */
+	c = sopen_ok("held");
+	t0 = now_ns();
+	/* Armed in reverse: delivery follows the deadlines, not the arming order. */
+	for (unsigned i = 0; i < N; i++)
+		cr_assert_eq(chime_arm(c, 1, t0 + 50 * MS + (N - i) * 5 * MS, 0, N - i, &id[i]), 0);
+	cr_assert_eq(chime_arm(c, 2, t0 + 10 * MS, 10 * MS, 1000, &pid_), 0);
+	chime_close(c);         /* a session's close detaches it: the timers stay */
+	usleep(400 * 1000);     /* all fire with nobody attached; the periodic holds one event */
+	c = sopen_ok("held");
+	n = 0;
+	while (n < N + 1) {
+		int r = chime_wait(c, ev + n, N + 1 - n, 2000);
+
+		cr_assert_gt(r, 0, "only %u of %u held events came back", n, N + 1);
+		n += (unsigned)r;
+	}
+	for (unsigned k = 0; k < n; k++) {
+		per += ev[k].id == pid_;
+		if (k)
+			cr_assert_geq(ev[k].deadline_ns, ev[k - 1].deadline_ns, "held events out of order at %u", k);
+		if (ev[k].id != pid_)
+			cr_assert_eq(ev[k].user_data, k, "held event %u is timer %llu", k,
+				     (unsigned long long)ev[k].user_data);
+	}
+	cr_assert_eq(per, 1, "the periodic timer held %u events, not one", per);
+	cr_assert_eq(ev[0].id, pid_, "the periodic fired first");
+	cr_assert_eq(chime_cancel(c, pid_), 0);
+	chime_close(c);
+}
+
+/* ---- (3) one process at a time, one uid per session ---- */
+
+static void open_expect(int wfd, void *arg)
+{
+	chime_t *c = NULL;
+	int want = *(int *)arg, r;
+
+	if (want == -EACCES && (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0))
+		_exit(90);
+	r = sopen(&c, "mine");
+	if (r == 0)
+		chime_close(c);
+	(void)!write(wfd, "r", 1);
+	_exit(r == want ? 0 : 1);
+}
+
+Test(session, a_session_is_one_process_and_one_user)
+{
+	int busy = -EBUSY, acces = -EACCES, ok = 0;
+	chime_t *c;
+
+	if (geteuid() != 0)
+		cr_skip("needs root (opens the session as uid 65534 too)");
+	start("--allow-all");
+	c = sopen_ok("mine");
+	cr_assert_eq(wait_child(child(open_expect, &busy)), 0, "a second process did not get EBUSY");
+	cr_assert_eq(wait_child(child(open_expect, &acces)), 0, "another uid did not get EACCES");
+	chime_close(c);
+	/* Detached, it is still this uid's: the other gets EACCES, a process of ours gets it. */
+	cr_assert_eq(wait_child(child(open_expect, &acces)), 0, "another uid did not get EACCES (detached)");
+	cr_assert_eq(wait_child(child(open_expect, &ok)), 0, "the owner could not re-attach");
+}
+
+/* ---- (4) --session-linger reclaims ---- */
+
+Test(session, linger_expiry_reclaims_a_detached_session_and_its_nodes)
+{
+	chime_id_t id[100];
+	struct chime_event ev;
+	chime_t *c;
+	uint64_t base;
+
+	start("-n 1 --sq-size 16 --session-linger 1");
+	base = nodes_in_use();
+	cr_assert_eq(base, 0);
+	c = sopen_ok("brief");
+	for (unsigned i = 0; i < 100; i++)
+		cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, i, &id[i]), 0);
+	chime_close(c);
+	/* Detached: the 100 timers stay, the 16 unused grants are freed. */
+	cr_assert_eq(nodes_settle(100), 100);
+	usleep(500 * 1000);
+	cr_assert_eq(nodes_in_use(), 100, "reclaimed before --session-linger");
+	cr_assert_eq(nodes_settle(0), 0, "a lingering session was not reclaimed");
+	/* The name is free again: a fresh session, the old ids stale. */
+	c = sopen_ok("brief");
+	cr_assert_eq(chime_reset(c, id[0], now_ns()), 0);
+	cr_assert_eq(chime_wait(c, &ev, 1, 200), 0, "a reclaimed timer fired");
+	chime_close(c);
+}
+
+/* ---- limits: a detached session keeps its client slot and its quota ---- */
+
+Test(session, a_detached_session_keeps_its_slot_and_its_quota)
+{
+	chime_id_t id[4];
+	chime_t *c, *a = NULL;
+	int r;
+
+	start("-n 1 --sq-size 4 --max-clients-per-uid 1 --max-timers-per-client 4");
+	c = sopen_ok("quota");
+	for (unsigned i = 0; i < 4; i++)
+		cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, i, &id[i]), 0);
+	cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, 9, &(chime_id_t){ 0 }), -EDQUOT);
+	chime_close(c);
+	cr_assert_eq(nodes_settle(4), 4);
+	/* Detached, it still holds its user's only client slot. */
+	cr_assert_eq(sopen(&a, NULL), -EUSERS);
+	/* Re-attached: the same four timers, so still at the quota, until one goes. */
+	c = sopen_ok("quota");
+	cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, 9, &(chime_id_t){ 0 }), -EDQUOT);
+	cr_assert_eq(chime_cancel(c, id[0]), 0);
+	for (int i = 0; (r = chime_arm(c, 1, now_ns() + HOUR, 0, 9, &(chime_id_t){ 0 })) == -EDQUOT && i < 200; i++)
+		usleep(5000);
+	cr_assert_eq(r, 0, "an arm after the cancel: %s", strerror(-r));
+	chime_close(c);
+}
+
+/* ---- (5) anonymous connections are unchanged ---- */
+
+Test(session, anonymous_timers_are_freed_at_exit)
+{
+	chime_t *c;
+
+	start("-n 1 --sq-size 16");
+	c = sopen_ok(NULL);
+	for (unsigned i = 0; i < 100; i++)
+		cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, i, &(chime_id_t){ 0 }), 0);
+	cr_assert_eq(nodes_settle(116), 116, "100 timers and 16 grants");
+	chime_close(c);
+	cr_assert_eq(nodes_settle(0), 0, "an anonymous client's timers outlived it");
+}
+
+/* ---- (6) chimectl sessions and drop-session ---- */
+
+/* Run chimectl with args; its exit status, stdout in out (if not NULL). */
+static int ctl(char *out, size_t len, const char *args)
+{
+	char cmd[1024];
+	FILE *p;
+	size_t n = 0;
+	int st;
+
+	usleep(60 * 1000);      /* the broker answers one query per 50 ms */
+	snprintf(cmd, sizeof(cmd), "%s --socket %s %s", getenv("CHIMECTL"), tb.sock, args);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	if (out) {
+		n = fread(out, 1, len - 1, p);
+		out[n] = 0;
+	} else {
+		char sink[4096];
+
+		while (fread(sink, 1, sizeof(sink), p) > 0)
+			;
+	}
+	st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void drop_as_nobody(int wfd, void *arg)
+{
+	char cmd[1024];
+	int st;
+
+	(void)arg;
+	if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+		_exit(90);
+	(void)!write(wfd, "r", 1);
+	snprintf(cmd, sizeof(cmd), "%s --socket %s drop-session ops >/dev/null 2>&1", getenv("CHIMECTL"), tb.sock);
+	st = system(cmd);
+	_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 99);
+}
+
+Test(session, chimectl_lists_and_drops_sessions)
+{
+	char out[8192];
+	chime_t *c;
+
+	start("-n 1 --sq-size 16 --allow-all");
+	c = sopen_ok("ops");
+	for (unsigned i = 0; i < 10; i++)
+		cr_assert_eq(chime_arm(c, 1, now_ns() + (i < 3 ? 0 : HOUR), 0, i, &(chime_id_t){ 0 }), 0);
+	cr_assert_eq(ctl(out, sizeof(out), "sessions"), 0);
+	cr_assert(strstr(out, "ops") && strstr(out, "attached"), "chimectl sessions:\n%s", out);
+	cr_assert_eq(ctl(NULL, 0, "drop-session ops"), 1, "an attached session was dropped");
+	usleep(50 * 1000);      /* the three due timers fire into the ring: the process never takes them */
+	chime_close(c);
+	cr_assert_eq(nodes_settle(10), 10);
+	/* The counters reach the tools within a millisecond or so. */
+	for (int i = 0; i < 100; i++) {
+		cr_assert_eq(ctl(out, sizeof(out), "--json sessions"), 0);
+		if (strstr(out, "\"held\":3") && strstr(out, "\"timers\":7"))
+			break;
+		usleep(20 * 1000);
+	}
+	cr_assert(strstr(out, "\"name\":\"ops\"") && strstr(out, "\"state\":\"detached\"") &&
+		  strstr(out, "\"held\":3") && strstr(out, "\"timers\":7") && strstr(out, "\"linger_left_ns\":"),
+		  "chimectl --json sessions:\n%s", out);
+	/* chimestat, from the control segment: the client row says detached and names the session. */
+	{
+		char cmd[1024];
+		FILE *p;
+		size_t n;
+
+		snprintf(cmd, sizeof(cmd), "%s --socket %s -1 -j", getenv("CHIMESTAT"), tb.sock);
+		p = popen(cmd, "r");
+		cr_assert_not_null(p);
+		n = fread(out, 1, sizeof(out) - 1, p);
+		out[n] = 0;
+		cr_assert_eq(pclose(p), 0);
+		cr_assert(strstr(out, "\"session\":\"ops\"") && strstr(out, "\"state\":\"detached\""),
+			  "chimestat -1 -j:\n%.2000s", out);
+	}
+	cr_assert_eq(wait_child(child(drop_as_nobody, NULL)), 4, "another user dropped the session");
+	cr_assert_eq(ctl(out, sizeof(out), "--json drop-session ops"), 0, "%s", out);
+	cr_assert(strstr(out, "\"dropped\":true"), "%s", out);
+	cr_assert_eq(nodes_settle(0), 0, "a dropped session's nodes were not freed");
+	cr_assert_eq(ctl(out, sizeof(out), "sessions"), 0);
+	cr_assert_null(strstr(out, "ops"), "still listed:\n%s", out);
+	cr_assert_eq(ctl(NULL, 0, "drop-session ops"), 1, "dropping a missing session succeeded");
+	cr_assert_eq(ctl(NULL, 0, "drop-session"), 2, "drop-session without a NAME");
+}
+
+/* ---- (7) names ---- */
+
+/* A raw hello with a session field of our choosing: the broker's answer status. */
+static int raw_hello(const char session[CHIME_SESSION_MAX])
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	struct chime_welcome w = { 0 };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	ssize_t n;
+
+	cr_assert_geq(fd, 0);
+	memcpy(sa.sun_path, tb.sock, strlen(tb.sock));
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	memcpy(h.session, session, CHIME_SESSION_MAX);
+	cr_assert_eq(send(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	n = recv(fd, &w, sizeof(w), 0);
+	close(fd);
+	cr_assert_eq(n, (ssize_t)sizeof(w));
+	return w.status;
+}
+
+Test(session, bad_session_names_are_einval)
+{
+	static const char *const bad[] = { "", "a b", "a/b", "caf\xc3\xa9", "tab\t", "new\nline",
+		"0123456789012345678901234567890123456789012345678901234567890123" /* 64 */ };
+	char raw[CHIME_SESSION_MAX];
+	chime_t *c = NULL;
+
+	start("-n 1");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_assert_eq(sopen(&c, bad[i]), -EINVAL, "session name '%s' accepted", bad[i]);
+	/* 63 bytes is the longest; every allowed character. */
+	c = sopen_ok("Az09._-01234567890123456789012345678901234567890123456789012345");
+	chime_close(c);
+	/* The broker checks too: no NUL in the field, bytes after the NUL, a bad byte. */
+	memset(raw, 'a', sizeof(raw));
+	cr_assert_eq(raw_hello(raw), -EINVAL);
+	memset(raw, 0, sizeof(raw));
+	memcpy(raw, "ok\0junk", 7);
+	cr_assert_eq(raw_hello(raw), -EINVAL);
+	memset(raw, 0, sizeof(raw));
+	memcpy(raw, "a*b", 3);
+	cr_assert_eq(raw_hello(raw), -EINVAL);
+	/* Nothing stuck: the broker still serves. */
+	c = sopen_ok("fine");
+	chime_close(c);
+}
+
+/* ---- (8) the claim word decides exactly once ---- */
+
+struct t8 {
+	chime_id_t taken, fresh;
+};
+
+static void t8_child(int wfd, void *arg)
+{
+	struct t8 *s = arg;
+	struct chime_event ev;
+	chime_t *c = NULL;
+	uint64_t t0 = now_ns();
+
+	if (sopen(&c, "once") < 0)
+		_exit(1);
+	if (chime_arm(c, 1, t0 + 20 * MS, 0, 1, &s->taken) < 0 ||
+	    chime_arm(c, 1, t0 + 30 * MS, 0, 2, &s->fresh) < 0)
+		_exit(2);
+	usleep(150 * 1000);     /* both are in the completion ring now */
+	if (chime_poll(c, &ev, 1) != 1 || ev.id != s->taken)
+		_exit(3);
+	/* Taken and consumed: the first is the application's; the second stays FRESH. */
+	(void)!write(wfd, "r", 1);
+	pause();
+}
+
+Test(session, the_claim_word_decides_what_the_next_process_gets)
+{
+	struct t8 *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct chime_event ev[4];
+	chime_t *c;
+	unsigned n;
+
+	cr_assert_neq(s, MAP_FAILED);
+	start("-n 1");
+	kill_child(child(t8_child, s));
+	c = sopen_ok("once");
+	n = collect(c, ev, 4, now_ns() + 400 * MS);
+	cr_assert_eq(n, 1, "%u events after re-attach, want the untaken one only", n);
+	cr_assert_eq(ev[0].id, s->fresh);
+	cr_assert_eq(ev[0].user_data, 2);
+	chime_close(c);
+	munmap(s, sizeof(*s));
+}

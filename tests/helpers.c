@@ -40,6 +40,28 @@ void t_rmdir_files(const char *dir)
 	rmdir(dir);
 }
 
+const char *t_tool_copy(const char *dir, const char *env)
+{
+	static char path[2][400];
+	static int next;
+	char cmd[1400], *p = path[next++ % 2];
+	const char *src = getenv(env), *base;
+
+	if (!src || !(base = strrchr(src, '/'))) {
+		fprintf(stderr, "t_tool_copy: $%s must name the program by its path\n", env);
+		return NULL;
+	}
+	snprintf(p, sizeof(path[0]), "%s%s", dir, base);
+	snprintf(cmd, sizeof(cmd),
+		 "cp '%s' '%s' && cp -L \"$(dirname '%s')/../libclient/libchime.so.0\" '%s/' && "
+		 "chmod a+rx '%s' '%s/libchime.so.0'", src, p, src, dir, p, dir);
+	if (system(cmd) != 0) {
+		fprintf(stderr, "t_tool_copy: '%s' failed\n", cmd);
+		return NULL;
+	}
+	return p;
+}
+
 static bool sock_accepts(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };

@@ -40,6 +40,15 @@ int t_chimed_stop(struct t_chimed *b, int sig);
 /* Remove a directory and what is in it (one level, as brokers leave it). */
 void t_rmdir_files(const char *dir);
 
+/*
+ * Copy the program named by $env, and the libchime.so.0 of its build tree,
+ * into dir, readable and executable by everyone: for a test that runs it as
+ * another user, since the build tree may sit under a 0700 directory (a
+ * mktemp -d clone). Run the copy with LD_LIBRARY_PATH=dir. Returns its path
+ * (a static buffer, two in rotation), or NULL after saying why on stderr.
+ */
+const char *t_tool_copy(const char *dir, const char *env);
+
 #ifdef CHIME_H /* for the tests that link libchime (they include chime.h first) */
 #include <stdio.h>
 #include <string.h>

@@ -6,7 +6,7 @@
 #                                    and stress runs, and 60 s of fuzzing per
 #                                    target (about 5 minutes on 2 cores)
 #   tools/run-tests.sh --stress      the long stress and soak suite instead (plain
-#                                    and ASan+UBSan builds; about 2 minutes here)
+#                                    and ASan+UBSan builds; about 3 minutes here)
 #   tools/run-tests.sh --fuzz SECS   only the fuzzers (build-fuzz), SECS seconds each
 #
 # Builds: build/ (-Werror), build-asan/ (AddressSanitizer + UBSan, -Werror),

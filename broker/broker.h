@@ -17,6 +17,7 @@
 #include "control.h"
 #include "policy.h"
 #include "segment.h"
+#include "sessfile.h"
 #include "shard.h"
 
 #define MAX_HANDSHAKES   64             /* connections between accept and hello */
@@ -103,6 +104,9 @@ struct broker {
 	uint64_t last_query_ns;
 	uint32_t refused_quiet;         /* refusals not logged since */
 	uint64_t *reserve_failed_logged;   /* [nr_shards] */
+	struct sessfile sess;           /* "<socket>.sessions" (restart.c) */
+	char sess_path[PATH_MAX];
+	bool restoring;                 /* start-up: sessions of an earlier broker are being taken over */
 };
 
 /* control.c */
@@ -115,6 +119,22 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 void client_park(struct broker *b, struct client *c);
 void client_reattach(struct broker *b, struct client *c, int fd, const struct ucred *cred);
 void client_detach(struct broker *b, struct client *c, int refuse);
+
+void table_set(struct broker *b, struct client *c, uint32_t state);
+
+/* restart.c */
+/* Start-up, before the shards: --fresh, or the earlier broker's sessions as DETACHED clients. */
+int restart_load(struct broker *b);
+/* Shard `shard`'s share of them for shard_init() (calloc'd; NULL: nothing to restore). */
+struct shard_session *restart_shard_sessions(struct broker *b, uint32_t shard);
+/* After the shards: a new sessions file holding the sessions taken over. */
+int restart_save(struct broker *b);
+/* Record a session's slot (opened, detached) or clear it (reclaimed). */
+void restart_put(struct broker *b, const struct client *c);
+void restart_clear(struct broker *b, const struct client *c);
+/* Does a stop leave anything for the next broker (a session that is not being reclaimed)? */
+bool restart_keep(const struct broker *b);
+void restart_close(struct broker *b, bool keep);
 
 /* handshake.c */
 void arm_hello(struct broker *b, struct conn *cn);

@@ -223,15 +223,20 @@ void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t no
 	if (ch->parked || ch->backlog.head != CHIME_NIL || ch->room == 0 ||
 	    (n->period_ns && event_unconsumed(ch, n))) {
 		/* Held, never dropped: delivered in order when the client makes room. */
-		n->state = CHIME_NODE_BACKLOG;
-		nl_push(sc, &ch->backlog, idx);
-		ch->nr_backlog++;
-		sc->backlog++;
-		if (ch->parked)         /* no chan_service() to publish it: the tools show what is held */
-			stats_client_depth(sc->st, ch->slot, 0, ch->nr_backlog);
+		chan_hold(sc, ch, idx);
 		return;
 	}
 	deliver(sc, ch, idx, now_ns);
+}
+
+void chan_hold(struct shard_core *sc, struct chan *ch, uint32_t idx)
+{
+	NODE(sc, idx)->state = CHIME_NODE_BACKLOG;
+	nl_push(sc, &ch->backlog, idx);
+	ch->nr_backlog++;
+	sc->backlog++;
+	if (ch->parked)         /* no chan_service() to publish it: the tools show what is held */
+		stats_client_depth(sc->st, ch->slot, 0, ch->nr_backlog);
 }
 
 /* ---- submissions ---- */
@@ -786,6 +791,24 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		return false;
 	stats_client_depth(sc->st, ch->slot, 0, ch->nr_backlog);
 	return true;
+}
+
+int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint64_t generation,
+		      uint32_t sq_size)
+{
+	memset(ch, 0, sizeof(*ch));
+	ch->grants = calloc(sq_size, sizeof(*ch->grants));
+	if (!ch->grants)
+		return -ENOMEM;
+	ch->slot = slot;
+	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
+	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
+	ch->sq_mask = sq_size - 1;      /* grants_drop() walks the (empty) grants on a reclaim */
+	ch->parked = 1;
+	ch->wake_fd = ch->bell_fd = -1;
+	sc->by_slot[slot] = ch;
+	stats_client_attach(sc->st, slot, generation);
+	return 0;
 }
 
 void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m)

@@ -159,6 +159,20 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget);
  */
 void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m);
 
+/*
+ * Hold node idx (on no wheel or channel list) in the backlog: state
+ * BACKLOG, delivered in order once the client has room (or a process).
+ */
+void chan_hold(struct shard_core *sc, struct chan *ch, uint32_t idx);
+
+/*
+ * A session an earlier broker left (restore.c): a parked channel with no
+ * rings and no nodes yet, in sc->by_slot[slot]; restore adopts its nodes,
+ * chan_reattach() gives it rings when its process comes. -ENOMEM only.
+ */
+int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint64_t generation,
+		      uint32_t sq_size);
+
 /* Free the private memory of a channel (after attach failed or reclaim finished). */
 void chan_fini(struct chan *ch);
 

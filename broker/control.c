@@ -123,6 +123,7 @@ static int take_lock(struct broker *b)
 }
 
 /* With the lock held: a live socket is an error, a dead one is taken over. */
+#define STALE_SOCKET_WAIT_MS 2000
 static int clear_stale_socket(struct broker *b)
 {
 	const char *path = b->o.socket_path;
@@ -140,17 +141,26 @@ static int clear_stale_socket(struct broker *b)
 		return -EEXIST;
 	}
 	memcpy(sa.sun_path, path, strlen(path));
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0)
-		return log_errno(LOG_ERR, errno, "socket(AF_UNIX)");
-	r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-	if (r == 0 || errno == EAGAIN) {
+	/*
+	 * A broker that has just died can leave its socket accepting for a
+	 * moment: its io_uring, which holds the listening socket, is torn down
+	 * after the process is gone. We hold the lock, so no broker runs here:
+	 * give it STALE_SOCKET_WAIT_MS to go.
+	 */
+	for (int tries = 0;; tries++) {
+		fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		if (fd < 0)
+			return log_errno(LOG_ERR, errno, "socket(AF_UNIX)");
+		r = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno == EAGAIN ? 0 : errno;
 		close(fd);
-		log_msg(LOG_ERR, "socket '%s' is in use by another process", path);
-		return -EADDRINUSE;
+		if (r)
+			break;
+		if (tries * 10 >= STALE_SOCKET_WAIT_MS) {
+			log_msg(LOG_ERR, "socket '%s' is in use by another process", path);
+			return -EADDRINUSE;
+		}
+		usleep(10 * 1000);
 	}
-	r = errno;
-	close(fd);
 	if (r != ECONNREFUSED && r != ENOENT)
 		return log_errno(LOG_ERR, r, "cannot probe socket '%s'", path);
 	if (unlink(path) < 0 && errno != ENOENT)
@@ -330,6 +340,7 @@ static int shards_setup(struct broker *b)
 	if (ncpu < 1)
 		ncpu = 1;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+		struct shard_session *sessions = restart_shard_sessions(b, i);
 		struct shard_cfg cfg = {
 			.idx = i,
 			.capacity = b->o.capacity,
@@ -344,9 +355,14 @@ static int shards_setup(struct broker *b)
 			.ctl = b->ctl,
 			.pub = b->pub,
 			.notify_fd = b->notify_fd,
+			.sessions = sessions,
+			.sq_size = b->o.sq_size,
 		};
 
+		if (b->restoring && !sessions)
+			return log_errno(LOG_ERR, ENOMEM, "sessions of shard %u", i);
 		r = shard_init(&b->shards[i], &cfg, b->o.socket_path);
+		free(sessions);
 		if (r < 0)
 			return r;
 	}
@@ -376,6 +392,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 		return log_errno(LOG_ERR, ENOMEM, "broker");
 	b->o = *o;
 	b->lock_fd = b->listen_fd = b->ctl_fd = b->pub_fd = b->sig_fd = b->notify_fd = -1;
+	b->sess.fd = -1;
 	snprintf(b->lock_path, sizeof(b->lock_path), "%s.lock", o->socket_path);
 	snprintf(b->ctl_path, sizeof(b->ctl_path), "%s.ctl", o->socket_path);
 
@@ -419,9 +436,9 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 		policy_describe(&b->policy, desc, sizeof(desc));
 		log_msg(LOG_INFO, "admitting %s", desc);
 	}
-	if ((r = take_lock(b)) < 0 || (r = clear_stale_socket(b)) < 0 ||
+	if ((r = take_lock(b)) < 0 || (r = clear_stale_socket(b)) < 0 || (r = restart_load(b)) < 0 ||
 	    (r = ctl_setup(b)) < 0 || (r = ring_setup(b)) < 0 ||
-	    (r = shards_setup(b)) < 0 || (r = listen_setup(b)) < 0)
+	    (r = shards_setup(b)) < 0 || (r = restart_save(b)) < 0 || (r = listen_setup(b)) < 0)
 		goto fail;
 	at_store_rel(&b->ctl->state, CHIME_BROKER_RUNNING);
 	at_store_rel(&b->pub->state, CHIME_BROKER_RUNNING);
@@ -436,13 +453,13 @@ fail:
 /* The client table in the control segment (seqlock: we are its only writer)   */
 /* ------------------------------------------------------------------------ */
 
-static void table_set(struct broker *b, struct client *c, uint32_t state)
+void table_set(struct broker *b, struct client *c, uint32_t state)
 {
 	struct chime_client_ctl *e = &b->ctl_clients[c->slot];
 
 	chime_stats_begin(&e->seq);
 	e->state = state;
-	if (state == CHIME_CLIENT_ACTIVE) {
+	if (state == CHIME_CLIENT_ACTIVE || state == CHIME_CLIENT_DETACHED) {
 		e->pid = c->cred.pid;
 		e->uid = c->cred.uid;
 		e->gid = c->cred.gid;
@@ -709,6 +726,8 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 
 void client_detach(struct broker *b, struct client *c, int refuse)
 {
+	if (c->session[0])
+		restart_clear(b, c);
 	c->refuse = refuse;
 	c->state = CL_DETACHING;
 	table_set(b, c, CHIME_CLIENT_DYING);
@@ -740,12 +759,18 @@ static void parked(struct broker *b, struct client *c)
 	c->state = CL_DETACHED;
 	c->linger_until_ns = now_ns() + (uint64_t)b->o.session_linger_s * 1000000000u;
 	table_set(b, c, CHIME_CLIENT_DETACHED);
+	restart_put(b, c);
 	log_msg(LOG_INFO, "session '%s' (uid %u) detached: pid %d gone, timers kept for %u s",
 		c->session, (unsigned)c->cred.uid, (int)c->cred.pid, b->o.session_linger_s);
 	if (c->next_fd >= 0) {
 		int fd = c->next_fd;
 
 		c->next_fd = -1;
+		if (b->stopping) {
+			send_status(fd, -ECONNREFUSED);
+			close(fd);
+			return;
+		}
 		client_reattach(b, c, fd, &c->next_cred);
 	}
 }
@@ -770,7 +795,8 @@ static void on_notify(struct broker *b)
 				client_detach(b, c, -ENOMEM);
 				continue;
 			}
-			r = send_welcome(b, c);
+			/* Stopping: a session goes straight to the next broker, parked. */
+			r = b->stopping && c->session[0] ? -ESHUTDOWN : send_welcome(b, c);
 			if (r < 0) {
 				log_errno(LOG_DEBUG, r, "client %u (pid %d) left during the handshake",
 					  c->slot, (int)c->cred.pid);
@@ -856,6 +882,7 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 				broker_reload(b);
 			} else if (res == (int)sizeof(b->sig_buf)) {
 				log_msg(LOG_INFO, "%s received, stopping", strsignal((int)b->sig_buf.ssi_signo));
+				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 				return 1;
 			}
 			arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
@@ -975,9 +1002,41 @@ static void sessions_linger(struct broker *b, uint64_t now)
 	}
 }
 
+/*
+ * A stop hands every attached session to the next broker: parked, so the
+ * claim words settle what is in their completion rings (exactly once) and
+ * what their processes published is applied. Bounded: a second signal, or
+ * STOP_PARK_NS, and the broker stops with what is parked by then (the rest
+ * is restored as after a crash).
+ */
+#define STOP_PARK_NS (UINT64_C(5) * 1000000000u)
+
+static void stop_begin(struct broker *b)
+{
+	b->stopping = true;
+	notify_stopping();
+	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+		struct client *c = &b->clients[i];
+
+		if (c->state == CL_ACTIVE && c->session[0])
+			client_park(b, c);
+	}
+}
+
+static bool stop_parking(const struct broker *b)
+{
+	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+		const struct client *c = &b->clients[i];
+
+		if (c->state == CL_PARKING || (c->state == CL_ATTACHING && c->session[0]))
+			return true;
+	}
+	return false;
+}
+
 int broker_run(struct broker *b)
 {
-	uint64_t last_hb = 0;
+	uint64_t last_hb = 0, stop_by = 0;
 	int stop = 0;
 
 	log_msg(LOG_INFO, "listening on '%s' (%u shard%s, resolution %llu us, %u timers per shard, spin %lld us)",
@@ -988,7 +1047,7 @@ int broker_run(struct broker *b)
 	arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 	arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);
 	arm_accept(b);
-	while (!stop) {
+	for (;;) {
 		struct io_uring_cqe *cqe;
 		struct __kernel_timespec ts;
 		uint64_t now = now_ns(), wait;
@@ -1011,10 +1070,15 @@ int broker_run(struct broker *b)
 			return log_errno(LOG_ERR, r, "io_uring_enter on the control ring");
 		io_uring_for_each_cqe(&b->ring, head, cqe) {
 			seen++;
-			if (!stop)
-				stop = on_cqe(b, cqe);
+			stop += on_cqe(b, cqe);
 		}
 		io_uring_cq_advance(&b->ring, seen);
+		if (stop && !b->stopping) {
+			stop_begin(b);
+			stop_by = now_ns() + STOP_PARK_NS;
+		}
+		if (b->stopping && (stop > 1 || !stop_parking(b) || now_ns() >= stop_by))
+			break;
 	}
 	return 0;
 }
@@ -1069,6 +1133,8 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	c->state = CL_ATTACHING;
 	b->clients_now++;
 	b->clients_total++;
+	if (c->session[0])
+		restart_put(b, c);      /* before any timer: the next broker knows whose they are */
 	post_all(b, c, SHARD_CMD_ATTACH);
 }
 
@@ -1108,10 +1174,14 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 
 void broker_stop(struct broker *b)
 {
+	bool keep;
+
 	if (!b)
 		return;
+	keep = restart_keep(b);
+	if (!b->stopping)
+		notify_stopping();
 	b->stopping = true;
-	notify_stopping();
 	if (b->ctl)
 		at_store_rel(&b->ctl->state, CHIME_BROKER_STOPPED);
 	if (b->pub)
@@ -1123,9 +1193,9 @@ void broker_stop(struct broker *b)
 		unlink(b->o.socket_path);
 	/* Shards stop before anything they use goes away. */
 	for (uint32_t i = 0; b->shards && i < b->o.nr_shards; i++) {
-		if (shard_fini(&b->shards[i]) < 0) {
+		if (shard_fini(&b->shards[i], keep) < 0) {
 			/* A wedged shard may still use every mapping: remove the files and go. */
-			for (uint32_t j = i + 1; j < b->o.nr_shards; j++)
+			for (uint32_t j = i + 1; j < b->o.nr_shards && !keep; j++)
 				unlink(b->shards[j].path);
 			unlink(b->ctl_path);
 			unlink(b->lock_path);
@@ -1170,6 +1240,7 @@ void broker_stop(struct broker *b)
 		close(b->ctl_fd);
 		unlink(b->ctl_path);
 	}
+	restart_close(b, keep);
 	if (b->lock_fd >= 0) {
 		/* Unlink while still holding it: a starter that opened it re-checks the inode. */
 		unlink(b->lock_path);

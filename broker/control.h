@@ -29,6 +29,7 @@ struct broker_opts {
 	uint32_t session_linger_s;  /* a detached session is reclaimed after this */
 	gid_t    socket_gid;        /* --socket-group, or (gid_t)-1 */
 	gid_t    stats_gid;         /* --stats-group, or (gid_t)-1 */
+	bool     fresh;             /* --fresh: discard what an earlier broker left */
 };
 
 struct broker;

@@ -63,6 +63,8 @@ static const char usage_text[] =
 "                          0: no limit); beyond it chime_open() gets EUSERS\n"
 "      --session-linger S  seconds a named session with no process keeps its\n"
 "                          timers before they are reclaimed (default 3600; 0: at once)\n"
+"      --fresh             discard the sessions and timers an earlier broker left\n"
+"                          on this socket (by default they are taken over)\n"
 "\n"
 "Access (root and the broker's own user are always admitted):\n"
 "      --allow-uid LIST    also admit these users (names or numbers, commas)\n"
@@ -93,9 +95,12 @@ static const char usage_text[] =
 "  -V, --version           show the version and exit\n"
 "\n"
 "Files next to the socket: PATH.lock (the running broker's pid), PATH.ctl\n"
-"(counters, read by chimestat), PATH.shardN (each shard's wheel).\n"
-"SIGTERM or SIGINT stop the broker cleanly and remove them; SIGHUP never\n"
-"stops it (it reopens the log).\n"
+"(counters, read by chimestat), PATH.shardN (each shard's wheel) and\n"
+"PATH.sessions (the named sessions). SIGTERM or SIGINT stop the broker\n"
+"cleanly: attached sessions are parked, and if any session is left, its\n"
+"shard files and PATH.sessions stay for the next broker, which takes them\n"
+"over (after a crash too); otherwise they are removed. SIGHUP never stops\n"
+"it (it reopens the log).\n"
 "\n"
 "Exit status: 0 clean stop, 1 start-up or runtime failure, 2 usage error.\n";
 
@@ -116,6 +121,7 @@ enum {
 	OPT_SOCKET_GROUP,
 	OPT_STATS_GROUP,
 	OPT_LOG_LEVEL,
+	OPT_FRESH,
 };
 
 static const struct option long_opts[] = {
@@ -138,6 +144,7 @@ static const struct option long_opts[] = {
 	{ "socket-group", required_argument, NULL, OPT_SOCKET_GROUP },
 	{ "stats-group", required_argument, NULL, OPT_STATS_GROUP },
 	{ "log-level", required_argument, NULL, OPT_LOG_LEVEL },
+	{ "fresh", no_argument, NULL, OPT_FRESH },
 	{ "verbose", no_argument, NULL, 'v' },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
@@ -399,6 +406,9 @@ int main(int argc, char **argv)
 			break;
 		case OPT_SESSION_LINGER:
 			o.session_linger_s = (uint32_t)parse_num("session-linger", optarg, 0, 365u * 86400u);
+			break;
+		case OPT_FRESH:
+			o.fresh = true;
 			break;
 		case OPT_ALLOW_UID:
 			o.policy.allow_uid = join_list(o.policy.allow_uid, optarg);

@@ -46,6 +46,7 @@
 #include "clock.h"
 #include "keyidx.h"
 #include "log.h"
+#include "restore.h"
 #include "wheel.h"
 
 #define DRAIN_BUDGET    256u    /* records per channel per iteration */
@@ -127,13 +128,88 @@ static void reserve_ahead(struct shard *s, uint64_t now)
 
 /* ---- set-up (main thread) ---- */
 
+/*
+ * The file an earlier broker left, if cfg->sessions asks for it: 1 if it is
+ * mapped and its header matches our geometry, 0 if there is none, or a
+ * negative errno (logged). Its wheel is not looked at yet.
+ */
+static int seg_reopen(struct shard *s, const struct chime_shard_geom *g)
+{
+	const struct chime_shard_seg *hdr;
+	uint32_t layout = 0;
+	int r;
+
+	r = chime_seg_file_reopen(s->path, g->size, s->cfg.seg_mode, &s->seg_fd, &s->seg);
+	if (r == -ENOENT)
+		return 0;
+	if (r == -EMEDIUMTYPE)
+		return log_errno_hint(LOG_ERR, r, "start with the options it was written with, or --fresh to discard it",
+				      "shard file '%s' is not %llu bytes (another --capacity?)",
+				      s->path, (unsigned long long)g->size);
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "cannot open shard file '%s'", s->path);
+	hdr = s->seg.base;
+	r = chime_seg_check(&s->seg, CHIME_SEG_SHARD, &layout);
+	if (r == -EPROTO)
+		return log_errno_hint(LOG_ERR, r, "--fresh discards it",
+				      "shard file '%s' has layout %u, this chimed %u", s->path, layout,
+				      CHIME_SHM_LAYOUT);
+	if (r == 0 && (hdr->shard != s->cfg.idx || hdr->key_buckets != g->key_buckets ||
+		       hdr->key_off != g->key_off || hdr->wheel_off != g->wheel_off))
+		r = -EBADMSG;
+	if (r < 0)
+		return log_errno_hint(LOG_ERR, -EBADMSG, "--fresh discards it",
+				      "shard file '%s': damaged header", s->path);
+	return 1;
+}
+
+/* Sessions' timers from the file an earlier broker left (restore.h). Logs what it found. */
+static int restore(struct shard *s, uint64_t now)
+{
+	const struct chime_wheel *w = chime_at(&s->seg, s->slab_off - sizeof(struct chime_wheel));
+	uint64_t hw = w->high_water <= s->cfg.capacity ? w->high_water : s->cfg.capacity;
+	uint64_t want = s->slab_off + (hw + RESERVE_AHEAD_NODES) * sizeof(struct chime_node);
+	struct wheel_rebuild_stats ws;
+	struct restore_stats rs;
+	int r;
+
+	/* Before the rebuild reads the slab: every page it may touch has storage. */
+	want = want < s->seg.size ? want : s->seg.size;
+	r = chime_seg_reserve(s->seg_fd, 0, want);
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for shard file '%s'",
+				 (unsigned long long)(want >> 10), s->path);
+	r = wheel_rebuild(&s->core.wh, chime_at(&s->seg, s->slab_off - sizeof(struct chime_wheel)),
+			  wheel_region_size(s->cfg.capacity), s->cfg.capacity, s->cfg.resolution_ns, now, &ws);
+	if (r < 0)
+		return log_errno_hint(LOG_ERR, -EBADMSG, "--fresh discards it",
+				      "shard file '%s': damaged wheel header", s->path);
+	reserve_set(s, want);
+	/* The index's chains run through the slab the rebuild has just mapped. */
+	keyidx_init(&s->core.ki, s->core.ki.heads, s->core.ki.mask + 1, s->core.wh.nodes);
+	r = restore_nodes(&s->core, &rs);
+	if (r < 0)
+		log_errno(LOG_WARNING, r, "shard %u: held events restored in slab order, not firing order",
+			  s->cfg.idx);
+	rs.dropped += ws.dropped;
+	stats_restore(&s->st, rs.kept, rs.dropped, rs.redelivered);
+	if (rs.kept || rs.anonymous || rs.grants || rs.dropped)
+		log_msg(LOG_NOTICE, "shard %u: kept %llu timers of %llu sessions (%llu due while no broker ran, "
+			"%llu delivered events to redeliver); freed %llu of anonymous clients, %llu unused grants, "
+			"%llu damaged", s->cfg.idx, (unsigned long long)rs.kept, (unsigned long long)rs.sessions,
+			(unsigned long long)rs.due, (unsigned long long)rs.redelivered,
+			(unsigned long long)rs.anonymous, (unsigned long long)rs.grants,
+			(unsigned long long)rs.dropped);
+	return 0;
+}
+
 int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_path)
 {
 	struct chime_shard_geom g = { 0 };
 	struct chime_shard_seg *hdr;
 	uint32_t qsize = 4;
 	uint64_t now = now_ns(), reserve;
-	int r;
+	int r, reopened = 0;
 
 	memset(s, 0, sizeof(*s));
 	s->cfg = *cfg;
@@ -149,40 +225,42 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	r = chime_shard_layout(&g);
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "shard layout (capacity %u)", cfg->capacity);
-	/*
-	 * The file is sparse: reserve what is touched now (header, key index,
-	 * wheel header) and a first slab chunk; the loop reserves the rest a
-	 * chunk ahead of the slab's high-water mark (reserve_ahead()).
-	 */
 	s->slab_off = g.wheel_off + sizeof(struct chime_wheel);
-	reserve = s->slab_off + RESERVE_CHUNK < g.size ? s->slab_off + RESERVE_CHUNK : g.size;
-	r = chime_seg_file(s->path, g.size, reserve, cfg->seg_mode, &s->seg_fd, &s->seg);
-	if (r == 0 && cfg->seg_gid != (gid_t)-1 && fchown(s->seg_fd, (uid_t)-1, cfg->seg_gid) < 0)
+	if (cfg->sessions) {
+		reopened = seg_reopen(s, &g);
+		if (reopened < 0)
+			return reopened;
+	}
+	if (!reopened) {
+		/*
+		 * The file is sparse: reserve what is touched now (header, key
+		 * index, wheel header) and a first slab chunk; the loop reserves
+		 * the rest a chunk ahead of the slab's high-water mark
+		 * (reserve_ahead()).
+		 */
+		reserve = s->slab_off + RESERVE_CHUNK < g.size ? s->slab_off + RESERVE_CHUNK : g.size;
+		r = chime_seg_file(s->path, g.size, reserve, cfg->seg_mode, &s->seg_fd, &s->seg);
+		if (r == -ENOSPC || r == -EDQUOT)
+			return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for shard segment '%s'",
+					 (unsigned long long)(reserve >> 10), s->path);
+		if (r < 0)
+			return log_errno(LOG_ERR, r, "cannot create shard segment '%s' (%llu bytes)",
+					 s->path, (unsigned long long)g.size);
+		hdr = s->seg.base;
+		hdr->shard = cfg->idx;
+		hdr->key_buckets = g.key_buckets;
+		hdr->key_off = g.key_off;
+		hdr->wheel_off = g.wheel_off;
+		r = wheel_init(&s->core.wh, chime_at(&s->seg, g.wheel_off), g.wheel_size,
+			       cfg->capacity, cfg->resolution_ns, now);
+		if (r < 0)
+			return log_errno(LOG_ERR, r, "wheel_init(capacity %u, resolution %llu ns)",
+					 cfg->capacity, (unsigned long long)cfg->resolution_ns);
+		reserve_set(s, reserve);
+	}
+	if (cfg->seg_gid != (gid_t)-1 && fchown(s->seg_fd, (uid_t)-1, cfg->seg_gid) < 0)
 		return log_errno(LOG_ERR, errno, "cannot give '%s' to group %u (--stats-group)",
 				 s->path, (unsigned)cfg->seg_gid);
-	if (r == -ENOSPC || r == -EDQUOT)
-		return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for shard segment '%s'",
-				 (unsigned long long)(reserve >> 10), s->path);
-	if (r < 0)
-		return log_errno(LOG_ERR, r, "cannot create shard segment '%s' (%llu bytes)",
-				 s->path, (unsigned long long)g.size);
-	hdr = s->seg.base;
-	hdr->shard = cfg->idx;
-	hdr->key_buckets = g.key_buckets;
-	hdr->key_off = g.key_off;
-	hdr->wheel_off = g.wheel_off;
-	r = wheel_init(&s->core.wh, chime_at(&s->seg, g.wheel_off), g.wheel_size,
-		       cfg->capacity, cfg->resolution_ns, now);
-	if (r < 0)
-		return log_errno(LOG_ERR, r, "wheel_init(capacity %u, resolution %llu ns)",
-				 cfg->capacity, (unsigned long long)cfg->resolution_ns);
-	reserve_set(s, reserve);
-	/* Ids differ from one broker run to the next: a client cannot guess another's. */
-	if (getrandom(&s->core.wh.gen_base, sizeof(s->core.wh.gen_base), 0) != sizeof(s->core.wh.gen_base))
-		s->core.wh.gen_base = (uint32_t)now;
-	/* Zero-filled buckets are an empty index (keyidx.h): no page is touched here. */
-	keyidx_init(&s->core.ki, chime_at(&s->seg, g.key_off), g.key_buckets, s->core.wh.nodes);
-	chime_seg_publish(&hdr->hdr, CHIME_SEG_SHARD, g.size);
 
 	s->core.shard = cfg->idx;
 	s->core.capacity = cfg->capacity;
@@ -201,6 +279,26 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	r = stats_init(&s->st, cfg->ctl, cfg->idx);
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "shard %u counters", cfg->idx);
+
+	/* Zero-filled buckets are an empty index (keyidx.h): no page is touched here. */
+	keyidx_init(&s->core.ki, chime_at(&s->seg, g.key_off), g.key_buckets, s->core.wh.nodes);
+	/* Sessions an earlier broker left have a channel here, timers or not (a missing file: none). */
+	for (uint32_t slot = 0; cfg->sessions && slot < cfg->max_clients; slot++) {
+		const struct shard_session *ss = &cfg->sessions[slot];
+
+		if (ss->ch && chan_restore_init(&s->core, ss->ch, (uint16_t)slot, ss->generation,
+						cfg->sq_size) < 0)
+			return log_errno(LOG_ERR, ENOMEM, "shard %u: restoring sessions", cfg->idx);
+	}
+	if (reopened) {
+		r = restore(s, now);
+		if (r < 0)
+			return r;
+	}
+	/* Ids differ from one broker run to the next: a client cannot guess another's. */
+	if (getrandom(&s->core.wh.gen_base, sizeof(s->core.wh.gen_base), 0) != sizeof(s->core.wh.gen_base))
+		s->core.wh.gen_base = (uint32_t)now;
+	chime_seg_publish(&((struct chime_shard_seg *)s->seg.base)->hdr, CHIME_SEG_SHARD, g.size);
 
 	s->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (s->doorbell < 0)
@@ -728,7 +826,7 @@ int shard_start(struct shard *s, int cpu)
 	return 0;
 }
 
-int shard_fini(struct shard *s)
+int shard_fini(struct shard *s, bool keep)
 {
 	if (s->started) {
 		struct timespec until;
@@ -748,7 +846,8 @@ int shard_fini(struct shard *s)
 		if (pthread_timedjoin_np(s->thr, NULL, &until)) {
 			log_msg(LOG_ERR, "shard %u did not stop within %d s; exiting without it",
 				s->cfg.idx, SHARD_STOP_TIMEOUT_S);
-			unlink(s->path);
+			if (!keep)
+				unlink(s->path);
 			return -ETIMEDOUT;
 		}
 		s->started = 0;
@@ -769,7 +868,8 @@ int shard_fini(struct shard *s)
 	chime_seg_unmap(&s->seg);
 	if (s->seg_fd >= 0) {
 		close(s->seg_fd);
-		unlink(s->path);
+		if (!keep)
+			unlink(s->path);
 	}
 	s->seg_fd = -1;
 	return 0;

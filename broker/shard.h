@@ -15,6 +15,7 @@
 
 #include <pthread.h>
 #include <semaphore.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <liburing.h>
@@ -49,6 +50,12 @@ struct shard_cmd {
 	struct shard_ack *ack;
 };
 
+/* A session an earlier broker left: its channel in this shard (the control thread's) and its slot's generation. */
+struct shard_session {
+	struct chan *ch;        /* NULL: no session in this slot */
+	uint64_t generation;
+};
+
 struct shard_cfg {
 	uint32_t idx;
 	uint32_t capacity;
@@ -61,6 +68,10 @@ struct shard_cfg {
 	struct chime_ctl *ctl;  /* the control segment (its geometry set) */
 	struct chime_pub *pub;  /* the public segment: our sleep number */
 	int notify_fd;          /* the control thread's eventfd for acks */
+	/* [max_clients]: restore the timers of these sessions from the shard
+	 * file an earlier broker left, if there is one; NULL: start empty */
+	const struct shard_session *sessions;
+	uint32_t sq_size;       /* of every client's rings (a restored channel's grants) */
 };
 
 struct shard {
@@ -101,7 +112,11 @@ struct shard {
 /*
  * Create the shard's segment file "<socket_path>.shard<idx>" (cfg->seg_mode),
  * lay out the key index and the wheel, create its doorbell and command
- * queue. Logs and returns a negative errno on failure.
+ * queue. With cfg->sessions and a file an earlier broker left, keep the file
+ * and restore those sessions' timers from it instead (restore.h): a file of
+ * another geometry, or whose header or wheel is damaged, is refused
+ * (-EMEDIUMTYPE, -EBADMSG) with a message saying what to do. Logs and
+ * returns a negative errno on failure.
  */
 int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_path);
 
@@ -116,9 +131,10 @@ void shard_post(struct shard *s, const struct shard_cmd *cmd);
 
 /*
  * Stop and join the thread (if started), then release everything; unlink the
- * segment file. -ETIMEDOUT (logged) if the thread did not stop within 2 s:
- * its memory is then left mapped, and the caller should exit.
+ * segment file unless `keep` (sessions' timers in it, for the next broker).
+ * -ETIMEDOUT (logged) if the thread did not stop within 2 s: its memory is
+ * then left mapped, and the caller should exit.
  */
-int shard_fini(struct shard *s);
+int shard_fini(struct shard *s, bool keep);
 
 #endif /* CHIMED_SHARD_H */

@@ -146,8 +146,17 @@ void stats_client_detach(struct stats *st, uint32_t slot)
 #define SHARD_HEAD_LEN (offsetof(struct chime_shard_stats, lat) - SHARD_HEAD_OFF)
 #define SHARD_TAIL_OFF offsetof(struct chime_shard_stats, refused_nomem)
 #define SHARD_TAIL_LEN (offsetof(struct chime_shard_stats, lat_base) - SHARD_TAIL_OFF)
+#define SHARD_END_OFF offsetof(struct chime_shard_stats, restored)
+#define SHARD_END_LEN (offsetof(struct chime_shard_stats, _reserved) - SHARD_END_OFF)
 #define CLIENT_OFF offsetof(struct chime_client_stats, generation)
 #define CLIENT_LEN (offsetof(struct chime_client_stats, lat) - CLIENT_OFF)
+
+void stats_restore(struct stats *st, uint64_t kept, uint64_t dropped, uint64_t redelivered)
+{
+	st->sh.restored = kept;
+	st->sh.restore_dropped = dropped;
+	st->sh.redelivered = redelivered;
+}
 
 void stats_publish(struct stats *st)
 {
@@ -169,6 +178,7 @@ void stats_publish(struct stats *st)
 
 		memcpy(&st->pub->win[w], &st->sh.win[w], sizeof(st->sh.win[w]));
 	}
+	memcpy((char *)st->pub + SHARD_END_OFF, (char *)&st->sh + SHARD_END_OFF, SHARD_END_LEN);
 	chime_stats_end(&st->pub->seq);
 	st->lat_dirty = 0;
 	st->base_dirty = 0;

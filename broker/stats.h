@@ -235,6 +235,21 @@ static inline void stats_arm(struct stats *st, uint32_t slot)
 	}
 }
 
+/* What the shard took over from an earlier broker's file (restore.h), once at start-up. */
+void stats_restore(struct stats *st, uint64_t kept, uint64_t dropped, uint64_t redelivered);
+
+/* Timers an earlier broker left to this client (restore.c): armed, but not new arms. */
+static inline void stats_restored(struct stats *st, uint32_t slot, uint64_t armed)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	if (!CHIME_COUNTERS)
+		return;
+	st->sh.armed += armed;
+	if (c)
+		c->armed += armed;
+}
+
 static inline void stats_reset(struct stats *st, uint32_t slot)
 {
 	struct chime_client_stats *c = stats__cl(st, slot);

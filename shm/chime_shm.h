@@ -556,7 +556,11 @@ struct chime_shard_stats {
 	uint64_t lat_sum_base_ns;   /* lat_sum_ns at the last reset */
 	uint64_t lat_base[CHIME_LAT_BUCKETS];   /* lat[] at the last reset */
 	struct chime_lat_second win[CHIME_LAT_WINDOW];
-	uint8_t  _reserved[7936 - 8 * (28 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
+	/* set once at start-up, from the shard file an earlier broker left */
+	uint64_t restored;          /* timers of named sessions taken over */
+	uint64_t restore_dropped;   /* damaged nodes freed */
+	uint64_t redelivered;       /* delivered events whose claim could not be read: held again */
+	uint8_t  _reserved[7936 - 8 * (31 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
 };
 _Static_assert(sizeof(struct chime_shard_stats) == 7936, "stats block size is part of the layout");
 _Static_assert(offsetof(struct chime_shard_stats, lat) == 152, "moved: bump CHIME_SHM_LAYOUT");

@@ -124,6 +124,32 @@ int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, i
 	return r;
 }
 
+int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map)
+{
+	struct chime_map m;
+	struct stat st;
+	int f, r;
+
+	f = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (f < 0)
+		return -errno;
+	if (fstat(f, &st) < 0)
+		r = -errno;
+	else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != size)
+		r = -EMEDIUMTYPE;
+	else if (fchmod(f, mode) < 0)
+		r = -errno;
+	else
+		r = map_rw(f, size, &m);
+	if (r < 0) {
+		close(f);
+		return r;
+	}
+	*fd = f;
+	*map = m;
+	return 0;
+}
+
 /*
  * F_SEAL_FUTURE_WRITE (not F_SEAL_WRITE): the broker's existing writable
  * mapping keeps working, while nobody can map the memfd writable again or

@@ -41,6 +41,15 @@ int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, i
 		   struct chime_map *map);
 
 /*
+ * Open the existing segment file `path` that an earlier broker left, check
+ * that it is a regular file of exactly `size` bytes, set its mode and map it
+ * read-write. Its contents are the caller's to check. Errors: -ENOENT (no
+ * file), -EMEDIUMTYPE (another size, or not a regular file), -errno of
+ * open, fchmod, mmap.
+ */
+int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map);
+
+/*
  * Reserve [off, off + len) of a segment file on its filesystem, so that the
  * first touch of those pages cannot raise SIGBUS on a full filesystem (a
  * sparse file's pages are only allocated when written). 0 or -errno (-ENOSPC).

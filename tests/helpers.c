@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 #include "helpers.h"
 
+#include "chime_shm.h"
+
 #include <dirent.h>
 #include <limits.h>
 #include <signal.h>
@@ -8,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -133,6 +138,31 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 	return 0;
 }
 
+int t_chimed_restart(struct t_chimed *b, int sig, const char *extra)
+{
+	struct t_chimed keep = *b;
+	char sock[sizeof(b->sock)];
+	int r;
+
+	if (b->pid > 0) {
+		int st;
+
+		if (sig)
+			kill(b->pid, sig);
+		(void)waitpid(b->pid, &st, 0);
+		b->pid = 0;
+	}
+	snprintf(sock, sizeof(sock), "%s", b->sock);
+	/* A dead broker's socket can accept for a moment (its io_uring goes after it): not the new one's. */
+	for (int i = 0; i < 400 && sock_accepts(sock); i++)
+		usleep(5000);
+	r = t_chimed_start(b, sock, extra);
+	/* The directory is still ours: the last stop removes it. */
+	b->own_dir = keep.own_dir;
+	memcpy(b->dir, keep.dir, sizeof(b->dir));
+	return r;
+}
+
 int t_chimed_stop(struct t_chimed *b, int sig)
 {
 	int st = -1;
@@ -149,4 +179,48 @@ int t_chimed_stop(struct t_chimed *b, int sig)
 		b->own_dir = 0;
 	}
 	return st;
+}
+
+uint64_t t_nodes(const char *sock, unsigned states)
+{
+	uint64_t n = 0;
+
+	for (unsigned k = 0;; k++) {
+		char path[PATH_MAX];
+		struct stat st;
+		const struct chime_shard_seg *h;
+		const struct chime_wheel *w;
+		const struct chime_node *nodes;
+		void *m;
+		int fd;
+
+		snprintf(path, sizeof(path), "%s.shard%u", sock, k);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			break;
+		if (fstat(fd, &st) < 0 || st.st_size < (off_t)sizeof(*h)) {
+			close(fd);
+			break;
+		}
+		m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+		close(fd);
+		if (m == MAP_FAILED)
+			break;
+		h = m;
+		w = (const struct chime_wheel *)((const char *)m + h->wheel_off);
+		nodes = (const struct chime_node *)((const char *)w + w->slab_off);
+		for (uint32_t i = 0; i < __atomic_load_n(&w->high_water, __ATOMIC_ACQUIRE) && i < w->capacity; i++)
+			n += states >> __atomic_load_n(&nodes[i].state, __ATOMIC_RELAXED) & 1u;
+		munmap(m, (size_t)st.st_size);
+	}
+	return n;
+}
+
+uint64_t t_nodes_settle(const char *sock, unsigned states, uint64_t want)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < 600 && (n = t_nodes(sock, states)) != want; i++)
+		usleep(5000);
+	return n;
 }

@@ -37,6 +37,14 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra);
  */
 int t_chimed_stop(struct t_chimed *b, int sig);
 
+/*
+ * Stop the broker with `sig` (0: it is expected to exit by itself), reap it,
+ * and start a new one on the same socket with `extra`, keeping the
+ * directory and what the old one left in it. Returns t_chimed_start()'s
+ * result.
+ */
+int t_chimed_restart(struct t_chimed *b, int sig, const char *extra);
+
 /* Remove a directory and what is in it (one level, as brokers leave it). */
 void t_rmdir_files(const char *dir);
 
@@ -48,6 +56,16 @@ void t_rmdir_files(const char *dir);
  * (a static buffer, two in rotation), or NULL after saying why on stderr.
  */
 const char *t_tool_copy(const char *dir, const char *env);
+
+/* Node states for t_nodes(): a bit per CHIME_NODE_* state. */
+#define T_NODES_USED   (~1u)    /* every state but FREE */
+#define T_NODES_TIMERS ((1u << 1) | (1u << 2) | (1u << 5) | (1u << 6))  /* ARMED, EXPIRED, BACKLOG, ACKWAIT */
+
+/* Nodes of every shard file of the broker at `sock` whose state is in `states`, read from the files. */
+uint64_t t_nodes(const char *sock, unsigned states);
+
+/* Wait (up to 3 s) for t_nodes() to reach want; returns the last count. */
+uint64_t t_nodes_settle(const char *sock, unsigned states, uint64_t want);
 
 #ifdef CHIME_H /* for the tests that link libchime (they include chime.h first) */
 #include <stdio.h>

@@ -62,42 +62,6 @@ static chime_t *sopen_ok(const char *session)
 	return c;
 }
 
-/* Nodes of every shard's slab that are not free (armed, held, granted), read from the files. */
-static uint64_t nodes_in_use(void)
-{
-	uint64_t n = 0;
-
-	for (unsigned k = 0;; k++) {
-		char path[300];
-		struct chime_map m = { 0 };
-		const struct chime_shard_seg *h;
-		const struct chime_wheel *w;
-		const struct chime_node *nodes;
-
-		snprintf(path, sizeof(path), "%s.shard%u", tb.sock, k);
-		if (access(path, F_OK) < 0)
-			break;
-		cr_assert_eq(chime_seg_open(path, CHIME_SEG_SHARD, &m), 0);
-		h = m.base;
-		w = (const struct chime_wheel *)((const char *)m.base + h->wheel_off);
-		nodes = (const struct chime_node *)((const char *)w + w->slab_off);
-		for (uint32_t i = 0; i < at_load(&w->high_water); i++)
-			n += at_load(&nodes[i].state) != CHIME_NODE_FREE;
-		chime_seg_unmap(&m);
-	}
-	return n;
-}
-
-/* Wait (up to 3 s) for nodes_in_use() to reach want; returns the last count. */
-static uint64_t nodes_settle(uint64_t want)
-{
-	uint64_t n = 0;
-
-	for (int i = 0; i < 600 && (n = nodes_in_use()) != want; i++)
-		usleep(5000);
-	return n;
-}
-
 /* Every event until `until_ns` (or max), appended to ev; returns how many. */
 static unsigned collect(chime_t *c, struct chime_event *ev, unsigned max, uint64_t until_ns)
 {
@@ -340,17 +304,17 @@ Test(session, linger_expiry_reclaims_a_detached_session_and_its_nodes)
 	uint64_t base;
 
 	start("-n 1 --sq-size 16 --session-linger 1");
-	base = nodes_in_use();
+	base = t_nodes(tb.sock, T_NODES_USED);
 	cr_assert_eq(base, 0);
 	c = sopen_ok("brief");
 	for (unsigned i = 0; i < 100; i++)
 		cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, i, &id[i]), 0);
 	chime_close(c);
 	/* Detached: the 100 timers stay, the 16 unused grants are freed. */
-	cr_assert_eq(nodes_settle(100), 100);
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 100), 100);
 	usleep(500 * 1000);
-	cr_assert_eq(nodes_in_use(), 100, "reclaimed before --session-linger");
-	cr_assert_eq(nodes_settle(0), 0, "a lingering session was not reclaimed");
+	cr_assert_eq(t_nodes(tb.sock, T_NODES_USED), 100, "reclaimed before --session-linger");
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 0), 0, "a lingering session was not reclaimed");
 	/* The name is free again: a fresh session, the old ids stale. */
 	c = sopen_ok("brief");
 	cr_assert_eq(chime_reset(c, id[0], now_ns()), 0);
@@ -372,7 +336,7 @@ Test(session, a_detached_session_keeps_its_slot_and_its_quota)
 		cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, i, &id[i]), 0);
 	cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, 9, &(chime_id_t){ 0 }), -EDQUOT);
 	chime_close(c);
-	cr_assert_eq(nodes_settle(4), 4);
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 4), 4);
 	/* Detached, it still holds its user's only client slot. */
 	cr_assert_eq(sopen(&a, NULL), -EUSERS);
 	/* Re-attached: the same four timers, so still at the quota, until one goes. */
@@ -395,9 +359,9 @@ Test(session, anonymous_timers_are_freed_at_exit)
 	c = sopen_ok(NULL);
 	for (unsigned i = 0; i < 100; i++)
 		cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, i, &(chime_id_t){ 0 }), 0);
-	cr_assert_eq(nodes_settle(116), 116, "100 timers and 16 grants");
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 116), 116, "100 timers and 16 grants");
 	chime_close(c);
-	cr_assert_eq(nodes_settle(0), 0, "an anonymous client's timers outlived it");
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 0), 0, "an anonymous client's timers outlived it");
 }
 
 /* ---- (6) chimectl sessions and drop-session ---- */
@@ -456,7 +420,7 @@ Test(session, chimectl_lists_and_drops_sessions)
 	cr_assert_eq(ctl(NULL, 0, "drop-session ops"), 1, "an attached session was dropped");
 	usleep(50 * 1000);      /* the three due timers fire into the ring: the process never takes them */
 	chime_close(c);
-	cr_assert_eq(nodes_settle(10), 10);
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 10), 10);
 	/* The counters reach the tools within a millisecond or so. */
 	for (int i = 0; i < 100; i++) {
 		cr_assert_eq(ctl(out, sizeof(out), "--json sessions"), 0);
@@ -491,7 +455,7 @@ Test(session, chimectl_lists_and_drops_sessions)
 	}
 	cr_assert_eq(ctl(out, sizeof(out), "--json drop-session ops"), 0, "%s", out);
 	cr_assert(strstr(out, "\"dropped\":true"), "%s", out);
-	cr_assert_eq(nodes_settle(0), 0, "a dropped session's nodes were not freed");
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 0), 0, "a dropped session's nodes were not freed");
 	cr_assert_eq(ctl(out, sizeof(out), "sessions"), 0);
 	cr_assert_null(strstr(out, "ops"), "still listed:\n%s", out);
 	cr_assert_eq(ctl(NULL, 0, "drop-session ops"), 1, "dropping a missing session succeeded");

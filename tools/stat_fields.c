@@ -103,6 +103,9 @@ static const struct cdef shard_defs[] = {
 	{ "busy_ns", SS(busy_ns), F_COUNTER, "chime_shard_busy_seconds_total", "Time spent in loop iterations that had work.", 1e-9 },
 	{ "cpu_ns", SS(cpu_ns), F_COUNTER, "chime_shard_cpu_seconds_total", "CPU time of the shard thread (CLOCK_THREAD_CPUTIME_ID), spinning included.", 1e-9 },
 	{ "immediate", SS(immediate), F_COUNTER, "chime_shard_immediate_total", "Fires of timers armed already due (not in the lateness histogram).", 1 },
+	{ "restored", SS(restored), F_COUNTER, "chime_shard_restored_total", "Timers of named sessions taken over from the previous broker at start.", 1 },
+	{ "restore_dropped", SS(restore_dropped), F_COUNTER, "chime_shard_restore_dropped_total", "Damaged timer nodes freed at start.", 1 },
+	{ "redelivered", SS(redelivered), F_COUNTER, "chime_shard_redelivered_total", "Events the previous broker delivered, held again because their claim could not be read.", 1 },
 };
 
 #define CS(f) offsetof(struct chime_client_stats, f)

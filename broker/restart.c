@@ -1,0 +1,261 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * restart.c - what one broker leaves to the next (ARCHITECTURE.md, "Broker
+ * restart"): the sessions file, read at start-up to re-create detached
+ * sessions before the shards restore their timers, and kept up to date by
+ * the control thread as sessions come and go; --fresh; which files a stop
+ * keeps.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "clock.h"
+#include "log.h"
+#include "segment.h"
+#include "sessfile.h"
+#include "wheel.h"
+
+static struct sessfile_geom geom_of(const struct broker *b)
+{
+	return (struct sessfile_geom){
+		.nr_shards = b->o.nr_shards,
+		.max_clients = b->o.max_clients,
+		.capacity = b->o.capacity,
+		.layout = CHIME_SHM_LAYOUT,
+		.resolution_ns = b->o.resolution_ns,
+	};
+}
+
+/* Timers in a shard file, for --fresh's message: read-only, every bound checked. */
+static uint64_t count_timers(const char *path)
+{
+	struct chime_map m;
+	const struct chime_shard_seg *h;
+	const struct chime_wheel *w;
+	const struct chime_node *nodes;
+	uint64_t n = 0, hw, fit;
+
+	if (chime_seg_open(path, CHIME_SEG_SHARD, &m) < 0)
+		return 0;
+	h = m.base;
+	if (h->wheel_off > m.size || m.size - h->wheel_off < sizeof(*w))
+		goto out;
+	w = chime_at(&m, h->wheel_off);
+	if (w->slab_off < sizeof(*w) || w->slab_off > m.size - h->wheel_off)
+		goto out;
+	nodes = (const struct chime_node *)((const char *)w + w->slab_off);
+	fit = (m.size - h->wheel_off - w->slab_off) / sizeof(*nodes);
+	hw = w->high_water < fit ? w->high_water : fit;
+	for (uint64_t i = 0; i < hw; i++) {
+		uint8_t s = nodes[i].state;
+
+		n += s == CHIME_NODE_ARMED || s == CHIME_NODE_EXPIRED || s == CHIME_NODE_BACKLOG ||
+		     s == CHIME_NODE_ACKWAIT;
+	}
+out:
+	chime_seg_unmap(&m);
+	return n;
+}
+
+/* Remove what an earlier broker left: the sessions file and every shard file. Returns the timers in them. */
+static uint64_t discard(const struct broker *b)
+{
+	uint64_t timers = 0;
+
+	for (uint32_t i = 0; i < CHIME_MAX_SHARDS; i++) {
+		char p[PATH_MAX];
+
+		snprintf(p, sizeof(p), "%s.shard%u", b->o.socket_path, i);
+		timers += count_timers(p);
+		if (unlink(p) < 0 && errno == ENOENT && i >= b->o.nr_shards + 8)
+			break;
+	}
+	unlink(b->sess_path);
+	return timers;
+}
+
+/* A detached session as the sessions file describes it. */
+static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
+{
+	struct client *c = &b->clients[r->slot];
+	uint64_t linger = (uint64_t)b->o.session_linger_s * 1000000000u;
+
+	memset(c, 0, sizeof(*c));
+	c->state = CL_DETACHED;
+	c->slot = (uint16_t)r->slot;
+	c->rw_fd = c->ro_fd = c->fd = c->next_fd = -1;
+	memcpy(c->session, r->name, sizeof(c->session));
+	c->cred.uid = r->uid;
+	c->cred.gid = r->gid;
+	c->cred.pid = 0;
+	snprintf(c->comm, sizeof(c->comm), "(restored)");
+	c->generation = r->generation;
+	/* Attached when the old broker went (0), or a linger longer than ours allows: ours from now. */
+	c->linger_until_ns = r->linger_until_ns && r->linger_until_ns < now + linger ? r->linger_until_ns :
+			     now + linger;
+	c->connected_ns = now;
+	b->clients_now++;
+	b->clients_total++;
+}
+
+int restart_load(struct broker *b)
+{
+	struct sessfile_geom g = geom_of(b), found = { 0 };
+	struct sessfile_rec *recs;
+	uint64_t now = now_ns();
+	uint32_t bad = 0;
+	int n;
+
+	b->sess.fd = -1;
+	snprintf(b->sess_path, sizeof(b->sess_path), "%s.sessions", b->o.socket_path);
+	if (b->o.fresh) {
+		uint64_t timers = discard(b);
+
+		log_msg(LOG_NOTICE, "--fresh: discarded %llu timers the previous broker left",
+			(unsigned long long)timers);
+		return 0;
+	}
+	recs = calloc(b->o.max_clients, sizeof(*recs));
+	if (!recs)
+		return log_errno(LOG_ERR, ENOMEM, "sessions");
+	n = sessfile_load(b->sess_path, &g, recs, &bad, &found);
+	switch (n) {
+	case -ENOENT:
+		n = 0;
+		break;
+	case -ESTALE:
+		log_msg(LOG_WARNING, "'%s' was written before the last reboot (its deadlines are another "
+			"boot's clock): discarding %llu timers", b->sess_path, (unsigned long long)discard(b));
+		n = 0;
+		break;
+	case -EMEDIUMTYPE:
+		log_msg(LOG_ERR, "'%s' was written by a broker with %u shards, --capacity %u, --max-clients %u "
+			"and --resolution-us %llu; this one has %u, %u, %u and %llu: start with the same options, "
+			"or with --fresh to discard its sessions", b->sess_path, found.nr_shards, found.capacity,
+			found.max_clients, (unsigned long long)(found.resolution_ns / 1000), g.nr_shards,
+			g.capacity, g.max_clients, (unsigned long long)(g.resolution_ns / 1000));
+		free(recs);
+		return -EMEDIUMTYPE;
+	default:
+		if (n < 0) {
+			log_errno_hint(LOG_ERR, n, "--fresh discards it", "cannot take over sessions file '%s'",
+				       b->sess_path);
+			free(recs);
+			return n;
+		}
+	}
+	if (bad)
+		log_msg(LOG_WARNING, "'%s': %u damaged session records dropped (their timers are freed)",
+			b->sess_path, bad);
+	if (n > 0) {
+		b->restoring = true;
+		for (uint32_t slot = 0; slot < b->o.max_clients; slot++)
+			if (recs[slot].used)
+				adopt(b, &recs[slot], now);
+		log_msg(LOG_INFO, "taking over %d sessions from '%s'", n, b->sess_path);
+	}
+	free(recs);
+	return 0;
+}
+
+struct shard_session *restart_shard_sessions(struct broker *b, uint32_t shard)
+{
+	struct shard_session *ss;
+
+	if (!b->restoring)
+		return NULL;
+	ss = calloc(b->o.max_clients, sizeof(*ss));
+	if (!ss)
+		return NULL;
+	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
+		struct client *c = &b->clients[slot];
+
+		if (c->state != CL_DETACHED)
+			continue;
+		if (!c->chans && !(c->chans = calloc(b->o.nr_shards, sizeof(*c->chans)))) {
+			free(ss);
+			return NULL;
+		}
+		ss[slot].ch = &c->chans[shard];
+		ss[slot].generation = c->generation;
+	}
+	return ss;
+}
+
+int restart_save(struct broker *b)
+{
+	struct sessfile_geom g = geom_of(b);
+	int r = sessfile_create(&b->sess, b->sess_path, &g);
+
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "cannot create sessions file '%s'", b->sess_path);
+	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
+		struct client *c = &b->clients[slot];
+
+		if (c->state == CL_DETACHED) {
+			restart_put(b, c);
+			table_set(b, c, CHIME_CLIENT_DETACHED);
+		}
+	}
+	b->restoring = false;
+	return 0;
+}
+
+void restart_put(struct broker *b, const struct client *c)
+{
+	struct sessfile_rec r = {
+		.used = 1,
+		.slot = c->slot,
+		.uid = c->cred.uid,
+		.gid = c->cred.gid,
+		.generation = c->generation,
+		.linger_until_ns = c->state == CL_DETACHED ? c->linger_until_ns : 0,
+	};
+	int e;
+
+	memcpy(r.name, c->session, sizeof(r.name));
+	e = sessfile_put(&b->sess, &r);
+	if (e < 0)
+		log_errno(LOG_WARNING, e, "'%s': cannot record session '%s' (a broker restart would lose it)",
+			  b->sess_path, c->session);
+}
+
+void restart_clear(struct broker *b, const struct client *c)
+{
+	int e = sessfile_clear(&b->sess, c->slot);
+
+	if (e < 0)
+		log_errno(LOG_WARNING, e, "'%s': cannot remove session '%s'", b->sess_path, c->session);
+}
+
+bool restart_keep(const struct broker *b)
+{
+	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++) {
+		const struct client *c = &b->clients[i];
+
+		if (c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING)
+			return true;
+	}
+	return false;
+}
+
+void restart_close(struct broker *b, bool keep)
+{
+	bool ours = b->sess.fd >= 0;    /* a file we did not create (a refused start) is never removed */
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; keep && b->clients && i < b->o.max_clients; i++)
+		n += b->clients[i].session[0] && b->clients[i].state != CL_FREE &&
+		     b->clients[i].state != CL_DETACHING;
+	if (keep && ours)
+		log_msg(LOG_INFO, "keeping the timers of %u sessions for the next broker ('%s')", n,
+			b->sess_path);
+	sessfile_close(&b->sess);
+	if (!keep && ours)
+		unlink(b->sess_path);
+}

@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * restore.c - adopt what an earlier broker left in a shard. See restore.h.
+ */
+#include "restore.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keyidx.h"
+#include "wheel.h"
+
+/* A node coming back as a held event, and where it goes in its channel's order. */
+struct back {
+	uint16_t owner;
+	uint8_t  cls;           /* 0: its event was in the old ring (by position); 1: backlog (by deadline) */
+	uint64_t key;
+	uint32_t idx;
+};
+
+static int back_cmp(const void *pa, const void *pb)
+{
+	const struct back *a = pa, *b = pb;
+
+	if (a->owner != b->owner)
+		return a->owner < b->owner ? -1 : 1;
+	if (a->cls != b->cls)
+		return a->cls < b->cls ? -1 : 1;
+	if (a->key != b->key)
+		return a->key < b->key ? -1 : 1;
+	return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+static void node_drop(struct wheel *wh, uint32_t idx)
+{
+	struct chime_node *n = wheel_node(wh, idx);
+
+	if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED)
+		wheel_cancel(wh, idx);
+	wheel_free(wh, idx);
+}
+
+int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
+{
+	struct wheel *wh = &sc->wh;
+	uint32_t end = wh->w->high_water, nback = 0, cap = 0;
+	uint64_t now = wh->w->now_ns;
+	uint64_t *armed = calloc(sc->max_clients, sizeof(*armed));
+	struct back *back = NULL;
+	int r = 0;
+
+	memset(rs, 0, sizeof(*rs));
+	if (!armed)
+		return -ENOMEM;
+	/* The chains are the old broker's: start an empty index and link what we keep. */
+	memset(sc->ki.heads, 0, ((size_t)sc->ki.mask + 1) * sizeof(*sc->ki.heads));
+	for (uint32_t idx = 0; idx < end; idx++) {
+		struct chime_node *n = wheel_node(wh, idx);
+		struct chan *ch = n->owner < sc->max_clients ? sc->by_slot[n->owner] : NULL;
+		uint8_t cls = 1;
+		uint64_t key;
+
+		if (n->state == CHIME_NODE_FREE)
+			continue;
+		if ((n->gen & CHIME_ID_GEN_MASK) == 0) {
+			/* No id can name it (generation 0 is a no-grant marker). */
+			node_drop(wh, idx);
+			rs->dropped++;
+			continue;
+		}
+		if (!ch) {
+			node_drop(wh, idx);
+			rs->anonymous++;
+			continue;
+		}
+		if (n->state == CHIME_NODE_GRANTED || n->state == CHIME_NODE_ALLOC) {
+			/* Never armed, or caught between two steps of the old shard: nobody's timer yet. */
+			node_drop(wh, idx);
+			rs->grants++;
+			continue;
+		}
+		/* The deadline was the broker's: if it fires late, that is lateness, not "immediate". */
+		n->gen &= ~CHIME_NODE_IMMEDIATE;
+		key = n->deadline_ns;
+		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
+			if (n->cq_pos == CHIME_POS_NONE || !n->period_ns || n->deadline_ns < n->period_ns ||
+			    n->deadline_ns - n->period_ns > now) {
+				/* On the wheel, and no event of it in a ring anyone can still read. */
+				n->cq_pos = CHIME_POS_NONE;
+				rs->due += n->deadline_ns <= now;
+				armed[n->owner]++;
+				goto keep;
+			}
+			/* A periodic whose last event was in the old ring: it comes back with that deadline. */
+			wheel_cancel(wh, idx);
+			n->deadline_ns -= n->period_ns;
+			cls = 0;
+			key = n->cq_pos;
+			rs->redelivered++;
+		} else if (n->state == CHIME_NODE_ACKWAIT) {
+			/* Delivered; whether it was taken is in a claim word we cannot read: again. */
+			cls = 0;
+			key = n->cq_pos;
+			rs->redelivered++;
+		}
+		if (n->deadline_ns > now) {
+			/* Held with a deadline still ahead: not what a held event can be (a damaged
+			 * node). Never early: it goes back on the wheel. */
+			n->cq_pos = CHIME_POS_NONE;
+			n->state = CHIME_NODE_ALLOC;
+			wheel_arm(wh, idx, n->deadline_ns);
+			rs->redelivered -= cls == 0;
+			armed[n->owner]++;
+			goto keep;
+		}
+		/* BACKLOG, or coming back: held, in firing order (sorted below). */
+		if (n->period_ns)
+			armed[n->owner]++;      /* a held periodic still counts as armed (stats.h) */
+		n->cq_pos = CHIME_POS_NONE;
+		n->state = CHIME_NODE_ALLOC;
+		if (nback == cap) {
+			uint32_t ncap = cap ? cap * 2 : 1024;
+			struct back *nb = back ? realloc(back, (size_t)ncap * sizeof(*back)) : malloc((size_t)ncap * sizeof(*back));
+
+			if (!nb) {
+				/* No memory to order them: held in slab order, still all of them. */
+				r = -ENOMEM;
+				chan_hold(sc, ch, idx);
+				goto keep;
+			}
+			back = nb;
+			cap = ncap;
+		}
+		back[nback++] = (struct back){ .owner = n->owner, .cls = cls, .key = key, .idx = idx };
+keep:
+		keyidx_insert(&sc->ki, idx);
+		ch->owned++;
+		rs->kept++;
+	}
+	if (nback)
+		qsort(back, nback, sizeof(*back), back_cmp);
+	for (uint32_t i = 0; i < nback; i++)
+		chan_hold(sc, sc->by_slot[back[i].owner], back[i].idx);
+	free(back);
+	for (uint32_t slot = 0; slot < sc->max_clients; slot++) {
+		struct chan *ch = sc->by_slot[slot];
+
+		if (!ch)
+			continue;
+		if (ch->owned)
+			rs->sessions++;
+		stats_restored(sc->st, slot, armed[slot]);
+		stats_client_depth(sc->st, slot, 0, ch->nr_backlog);
+	}
+	free(armed);
+	return r;
+}

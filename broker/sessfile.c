@@ -1,0 +1,222 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * sessfile.c - the sessions file. See sessfile.h.
+ */
+#include "sessfile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct sessfile_hdr {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t rec_size;
+	struct sessfile_geom geom;
+	char     boot_id[40];
+	uint8_t  _reserved[128 - 16 - sizeof(struct sessfile_geom) - 40 - 8];
+	uint64_t check;
+};
+_Static_assert(sizeof(struct sessfile_hdr) == 128, "the header is 128 B");
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	uint64_t h = UINT64_C(0xcbf29ce484222325);
+
+	while (n--) {
+		h ^= *b++;
+		h *= UINT64_C(0x100000001b3);
+	}
+	return h;
+}
+
+void sessfile_boot_id(char out[40])
+{
+	int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, out, 39) : -1;
+
+	if (fd >= 0)
+		close(fd);
+	if (n < 0)
+		n = 0;
+	while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == 0))
+		n--;
+	memset(out + n, 0, 40 - (size_t)n);
+}
+
+static bool rec_valid(const struct sessfile_rec *r, uint32_t slot)
+{
+	int len = chime_session_len(r->name);
+
+	if (r->check != fnv1a(r, offsetof(struct sessfile_rec, check)) || r->used != 1 || r->slot != slot)
+		return false;
+	if (len < 1)
+		return false;
+	for (int i = len; i < (int)CHIME_SESSION_MAX; i++)
+		if (r->name[i])
+			return false;
+	return true;
+}
+
+/* Read exactly n bytes at off; a short file reads as zeroes. */
+static int read_at(int fd, void *buf, size_t n, off_t off)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0)
+			break;
+		got += (size_t)r;
+	}
+	memset((char *)buf + got, 0, n - got);
+	return 0;
+}
+
+int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfile_rec *recs,
+		  uint32_t *bad, struct sessfile_geom *found)
+{
+	struct sessfile_hdr h;
+	char boot[40];
+	int fd, r, n = 0;
+
+	*bad = 0;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	r = read_at(fd, &h, sizeof(h), 0);
+	if (r < 0)
+		goto out;
+	if (found)
+		*found = h.geom;
+	r = -EBADMSG;
+	if (h.magic != SESSFILE_MAGIC || h.check != fnv1a(&h, offsetof(struct sessfile_hdr, check)))
+		goto out;
+	r = -EPROTO;
+	if (h.version != SESSFILE_VERSION || h.rec_size != sizeof(struct sessfile_rec) ||
+	    h.geom.layout != g->layout)
+		goto out;
+	r = -EMEDIUMTYPE;
+	if (h.geom.nr_shards != g->nr_shards || h.geom.max_clients != g->max_clients ||
+	    h.geom.capacity != g->capacity || h.geom.resolution_ns != g->resolution_ns)
+		goto out;
+	sessfile_boot_id(boot);
+	r = -ESTALE;
+	if (strncmp(boot, h.boot_id, sizeof(boot)) != 0)
+		goto out;
+	for (uint32_t slot = 0; slot < g->max_clients; slot++) {
+		struct sessfile_rec rec;
+
+		r = read_at(fd, &rec, sizeof(rec), (off_t)sizeof(h) + (off_t)slot * (off_t)sizeof(rec));
+		if (r < 0)
+			goto out;
+		if (rec_valid(&rec, slot)) {
+			recs[slot] = rec;
+			n++;
+			continue;
+		}
+		/* Zero is an empty slot; anything else was a record once. */
+		for (size_t i = 0; i < sizeof(rec); i++) {
+			if (((const uint8_t *)&rec)[i]) {
+				(*bad)++;
+				break;
+			}
+		}
+	}
+	r = n;
+out:
+	close(fd);
+	return r;
+}
+
+static int write_at(int fd, const void *buf, size_t n, off_t off)
+{
+	size_t done = 0;
+
+	while (done < n) {
+		ssize_t r = pwrite(fd, (const char *)buf + done, n - done, off + (off_t)done);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		done += (size_t)r;
+	}
+	return 0;
+}
+
+int sessfile_create(struct sessfile *sf, const char *path, const struct sessfile_geom *g)
+{
+	struct sessfile_hdr h;
+	off_t size = (off_t)sizeof(h) + (off_t)g->max_clients * (off_t)sizeof(struct sessfile_rec);
+	int r;
+
+	sf->fd = -1;
+	if (unlink(path) < 0 && errno != ENOENT)
+		return -errno;
+	sf->fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (sf->fd < 0)
+		return -errno;
+	sf->max_clients = g->max_clients;
+	memset(&h, 0, sizeof(h));
+	h.magic = SESSFILE_MAGIC;
+	h.version = SESSFILE_VERSION;
+	h.rec_size = sizeof(struct sessfile_rec);
+	h.geom = *g;
+	sessfile_boot_id(h.boot_id);
+	h.check = fnv1a(&h, offsetof(struct sessfile_hdr, check));
+	/* The records' storage first: a full filesystem fails here, at start-up, not at a pwrite later. */
+	r = posix_fallocate(sf->fd, 0, size);
+	if (r == 0)
+		r = write_at(sf->fd, &h, sizeof(h), 0);
+	else
+		r = -r;
+	if (r < 0) {
+		sessfile_close(sf);
+		unlink(path);
+	}
+	return r;
+}
+
+int sessfile_put(struct sessfile *sf, const struct sessfile_rec *r)
+{
+	struct sessfile_rec rec = *r;
+
+	if (sf->fd < 0)
+		return 0;
+	if (rec.slot >= sf->max_clients)
+		return -EINVAL;
+	rec.check = fnv1a(&rec, offsetof(struct sessfile_rec, check));
+	return write_at(sf->fd, &rec, sizeof(rec),
+			(off_t)sizeof(struct sessfile_hdr) + (off_t)rec.slot * (off_t)sizeof(rec));
+}
+
+int sessfile_clear(struct sessfile *sf, uint32_t slot)
+{
+	struct sessfile_rec rec = { 0 };
+
+	if (sf->fd < 0)
+		return 0;
+	if (slot >= sf->max_clients)
+		return -EINVAL;
+	return write_at(sf->fd, &rec, sizeof(rec),
+			(off_t)sizeof(struct sessfile_hdr) + (off_t)slot * (off_t)sizeof(rec));
+}
+
+void sessfile_close(struct sessfile *sf)
+{
+	if (sf->fd >= 0)
+		close(sf->fd);
+	sf->fd = -1;
+}

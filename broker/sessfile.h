@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * sessfile.h - "<socket>.sessions": the named sessions a broker leaves to
+ * the next one (ARCHITECTURE.md, "Sessions and restarts").
+ *
+ * The shard files hold the timers; this file says whose they are: for
+ * every client slot that holds a named session, its name, uid and gid,
+ * the slot's generation and the linger deadline. Nodes of a slot with no
+ * record here are an anonymous client's and are freed on restore.
+ *
+ *   header   128 B: magic, layout, geometry, boot id, checksum
+ *   records  128 B each, one per client slot (max_clients)
+ *
+ * Only the broker reads or writes it (mode 0600), and only the control
+ * thread, with one pwrite() per change. A record is trusted only if its
+ * checksum, slot, name and uid hold; a torn or scribbled one drops that
+ * session and no other. Nothing here logs: the caller names the file.
+ */
+#ifndef CHIMED_SESSFILE_H
+#define CHIMED_SESSFILE_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "chime_shm.h"
+
+#define SESSFILE_MAGIC   UINT64_C(0x534e4f4953534843)  /* "CHSSIONS" */
+#define SESSFILE_VERSION 1u
+
+/* What the file must agree on with the broker reading it. */
+struct sessfile_geom {
+	uint32_t nr_shards;
+	uint32_t max_clients;
+	uint32_t capacity;
+	uint32_t layout;            /* CHIME_SHM_LAYOUT of the shard files */
+	uint64_t resolution_ns;
+};
+
+struct sessfile_rec {
+	uint32_t used;              /* 1: a session holds this slot */
+	uint32_t slot;
+	uint32_t uid;
+	uint32_t gid;
+	uint64_t generation;        /* the slot's, for the counters */
+	uint64_t linger_until_ns;   /* CLOCK_MONOTONIC; 0: a process was attached */
+	char     name[CHIME_SESSION_MAX];
+	uint8_t  _reserved[24];
+	uint64_t check;             /* FNV-1a of the bytes before it */
+};
+_Static_assert(sizeof(struct sessfile_rec) == 128, "a record is 128 B");
+
+struct sessfile {
+	int fd;
+	uint32_t max_clients;
+};
+
+/*
+ * Read `path`: every valid record into recs[slot] (recs has max_clients
+ * entries, zeroed by the caller; an invalid or unused record leaves its
+ * entry zero). Returns the number of sessions found, or:
+ *   -ENOENT   no file;
+ *   -ESTALE   written during another boot (its deadlines are another
+ *             clock's);
+ *   -EPROTO   another version or layout;
+ *   -EMEDIUMTYPE  the geometry differs (*found tells how);
+ *   -EBADMSG  not a sessions file, or its header is damaged;
+ *   -errno    of open, read.
+ * *bad counts records present but rejected. found may be NULL.
+ */
+int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfile_rec *recs,
+		  uint32_t *bad, struct sessfile_geom *found);
+
+/* Create (replacing) `path` with mode 0600, a header and max_clients empty records. */
+int sessfile_create(struct sessfile *sf, const char *path, const struct sessfile_geom *g);
+
+/* Write the record of r->slot (r->used 0: the slot holds no session). 0 or -errno. */
+int sessfile_put(struct sessfile *sf, const struct sessfile_rec *r);
+
+/* Clear the record of `slot`. */
+int sessfile_clear(struct sessfile *sf, uint32_t slot);
+
+void sessfile_close(struct sessfile *sf);
+
+/* This boot's id (/proc/sys/kernel/random/boot_id), 36 characters and a NUL; "" if unknown. */
+void sessfile_boot_id(char out[40]);
+
+#endif /* CHIMED_SESSFILE_H */

@@ -1,0 +1,559 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_restart.c - named sessions' timers outlive the broker
+ * (ARCHITECTURE.md, "Broker restart"): a SIGKILLed chimed's successor takes
+ * over every session's timers (ids still valid, each fired once, never
+ * early, late if due while no broker ran) and frees anonymous clients';
+ * a stop parks attached sessions so the claim word keeps events exactly
+ * once; a restart loop leaks nothing; scribbled files are repaired node by
+ * node or refused, never crash the broker; --fresh and a changed geometry
+ * behave as documented.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "chime.h"
+#include "chime_shm.h"
+#include "helpers.h"
+
+#define MS 1000000ull
+#define HOUR (3600000 * MS)
+#define ARMED_STATES ((1u << CHIME_NODE_ARMED) | (1u << CHIME_NODE_EXPIRED))
+
+static struct t_chimed tb;
+
+static void stop(void)
+{
+	t_chimed_stop(&tb, SIGKILL);
+}
+
+TestSuite(restart, .fini = stop, .timeout = 240);
+
+static void start(const char *extra)
+{
+	cr_assert_eq(t_chimed_start(&tb, NULL, extra), 0, "chimed %s did not start", extra);
+}
+
+static void restart(int sig, const char *extra)
+{
+	cr_assert_eq(t_chimed_restart(&tb, sig, extra), 0, "chimed %s did not start again", extra);
+}
+
+static int sopen(chime_t **c, const char *session)
+{
+	struct chime_opts o = { .socket_path = tb.sock, .session = session };
+
+	return chime_open(c, &o);
+}
+
+static chime_t *sopen_ok(const char *session)
+{
+	chime_t *c = NULL;
+	int r = sopen(&c, session);
+
+	cr_assert_eq(r, 0, "chime_open(session '%s'): %s", session ? session : "(none)", strerror(-r));
+	return c;
+}
+
+/* Every event until `until_ns` (or max), never early; returns how many. */
+static unsigned collect(chime_t *c, struct chime_event *ev, unsigned max, uint64_t until_ns)
+{
+	unsigned n = 0;
+
+	while (n < max && now_ns() < until_ns) {
+		int ms = (int)((until_ns - now_ns()) / MS) + 1;
+		int r = chime_wait(c, ev + n, max - n, ms);
+
+		cr_assert_geq(r, 0, "chime_wait: %s", strerror(-r));
+		for (int i = 0; i < r; i++)
+			cr_assert_geq(ev[n + i].fired_ns, ev[n + i].deadline_ns, "an event fired early");
+		n += (unsigned)r;
+	}
+	return n;
+}
+
+/* Fork a child running fn(arg); returns its pid once it wrote one byte on the pipe. */
+static pid_t child(void (*fn)(int wfd, void *arg), void *arg)
+{
+	int p[2];
+	char b;
+	pid_t pid;
+
+	cr_assert_eq(pipe(p), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		close(p[0]);
+		fn(p[1], arg);
+		_exit(0);
+	}
+	close(p[1]);
+	cr_assert_eq(read(p[0], &b, 1), 1, "the child failed before it was ready");
+	close(p[0]);
+	return pid;
+}
+
+static void kill_child(pid_t pid)
+{
+	int st;
+
+	kill(pid, SIGKILL);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+}
+
+/* ---- (1) chimed SIGKILLed under a session: its successor has every timer, ids valid ---- */
+
+enum { N1 = 1000, ANON1 = 500 };
+
+struct t1 {
+	uint64_t t0;
+	chime_id_t id[N1];
+	uint64_t deadline[N1];
+	uint8_t cancelled[N1];
+};
+
+static bool periodic1(unsigned i) { return i % 100 == 0; }
+
+static void t1_child(int wfd, void *arg)
+{
+	struct t1 *s = arg;
+	chime_t *c = NULL;
+
+	if (sopen(&c, "jobs") < 0)
+		_exit(1);
+	for (unsigned i = 0; i < N1; i++) {
+		s->deadline[i] = s->t0 + 2500 * MS + (i % 250) * MS;
+		if (chime_arm(c, i % 7, s->deadline[i], periodic1(i) ? 100 * MS : 0, i, &s->id[i]) < 0)
+			_exit(2);
+	}
+	for (unsigned i = 0; i < N1; i++) {
+		if (periodic1(i))
+			continue;
+		if (i % 10 == 1) {
+			s->deadline[i] = s->t0 + 2700 * MS + (i % 50) * MS;
+			if (chime_reset(c, s->id[i], s->deadline[i]) < 0)
+				_exit(3);
+		} else if (i % 10 == 2) {
+			s->cancelled[i] = 1;
+			if (chime_cancel(c, s->id[i]) < 0)
+				_exit(4);
+		}
+	}
+	(void)!write(wfd, "r", 1);
+	pause();
+}
+
+Test(restart, sigkilled_broker_hands_every_session_timer_to_the_next_one)
+{
+	struct t1 *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	static struct chime_event ev[4 * N1];
+	static unsigned seen[N1];
+	struct chime_event e;
+	unsigned n, oneshots = 0, live = 0, periodic = 0;
+	chime_t *anon, *c;
+	chime_id_t id;
+	pid_t pid;
+
+	cr_assert_neq(s, MAP_FAILED);
+	start("-n 2");
+	s->t0 = now_ns();
+	pid = child(t1_child, s);
+	anon = sopen_ok(NULL);
+	for (unsigned i = 0; i < ANON1; i++)
+		cr_assert_eq(chime_arm(anon, 0, now_ns() + HOUR, 0, i, &id), 0);
+	for (unsigned i = 0; i < N1; i++)
+		live += !s->cancelled[i];
+	/* Applied by the broker (it has no flush: a crash loses what it never read). */
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, live + ANON1), live + ANON1);
+
+	/* The broker dies with the session's process still attached. */
+	restart(SIGKILL, "-n 2");
+	kill_child(pid);
+	for (int i = 0; i < 300 && chime_poll(anon, &e, 1) != -ENOTCONN; i++)
+		usleep(10 * 1000);
+	cr_assert_eq(chime_poll(anon, &e, 1), -ENOTCONN, "the anonymous client did not see its broker go");
+	chime_close(anon);
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), live, "anonymous timers survived, or session ones were lost");
+
+	c = sopen_ok("jobs");
+	for (unsigned i = 0; i < N1; i++) {
+		if (periodic1(i) || s->cancelled[i])
+			continue;
+		if (i % 10 == 3) {
+			s->deadline[i] = s->t0 + 2900 * MS;
+			cr_assert_eq(chime_reset(c, s->id[i], s->deadline[i]), 0);
+		} else if (i % 10 == 5) {
+			s->cancelled[i] = 1;
+			cr_assert_eq(chime_cancel(c, s->id[i]), 0);
+		}
+	}
+	live = 0;
+	for (unsigned i = 0; i < N1; i++)
+		live += !periodic1(i) && !s->cancelled[i];
+	n = collect(c, ev, 4 * N1, s->t0 + 3500 * MS);
+	for (unsigned k = 0; k < n; k++) {
+		unsigned i = (unsigned)ev[k].user_data;
+
+		cr_assert_lt(i, N1);
+		cr_assert_eq(ev[k].id, s->id[i], "timer %u came back with another id", i);
+		cr_assert_eq(ev[k].key, i % 7);
+		cr_assert_not(s->cancelled[i], "cancelled timer %u fired", i);
+		if (periodic1(i)) {
+			periodic++;
+			continue;
+		}
+		oneshots++;
+		cr_assert_eq(seen[i]++, 0, "timer %u delivered twice", i);
+		cr_assert_eq(ev[k].deadline_ns, s->deadline[i], "timer %u fired at another deadline", i);
+	}
+	cr_assert_eq(oneshots, live, "%u of %u live one-shots delivered", oneshots, live);
+	cr_assert_geq(periodic, 10 * 5, "periodic timers: %u events", periodic);
+	for (unsigned i = 0; i < N1; i += 100)
+		cr_assert_eq(chime_cancel(c, s->id[i]), 0);
+	chime_close(c);
+	munmap(s, sizeof(*s));
+}
+
+/* ---- (2) due while no broker ran: fired at once, late, never lost ---- */
+
+Test(restart, timers_due_while_no_broker_ran_fire_at_once_late)
+{
+	struct chime_event ev[64];
+	uint64_t t0, dl, t_restart;
+	chime_t *c;
+	chime_id_t id;
+	unsigned n;
+
+	start("");
+	c = sopen_ok("late");
+	t0 = now_ns();
+	dl = t0 + 300 * MS;
+	for (unsigned i = 0; i < 50; i++)
+		cr_assert_eq(chime_arm(c, 0, dl, 0, i, &id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 50), 50);
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
+	tb.pid = 0;
+	chime_close(c);
+	usleep(500 * 1000);     /* they come due with no broker */
+	t_restart = now_ns();
+	restart(0, "");
+	c = sopen_ok("late");
+	n = collect(c, ev, 64, now_ns() + 500 * MS);
+	cr_assert_eq(n, 50, "%u of 50 timers due while no broker ran", n);
+	for (unsigned i = 0; i < n; i++) {
+		cr_assert_eq(ev[i].deadline_ns, dl);
+		cr_assert_geq(ev[i].fired_ns, t_restart, "fired before the new broker started");
+	}
+	chime_close(c);
+}
+
+/* ---- (3) exactly once across a planned stop; at least once across a crash ---- */
+
+static void consume_half(chime_t *c, uint64_t until, unsigned *taken, uint8_t *got)
+{
+	struct chime_event ev[10];
+	unsigned n = 0;
+
+	/* 20 events fire; take exactly 10 of them and leave the rest in the ring. */
+	while (n < 10 && now_ns() < until) {
+		int r = chime_wait(c, ev, 10 - n, 50);
+
+		cr_assert_geq(r, 0);
+		for (int i = 0; i < r; i++)
+			got[ev[i].user_data] = 1;
+		n += (unsigned)r;
+	}
+	*taken = n;
+}
+
+static void claim_word_case(int sig, bool exactly)
+{
+	uint8_t got[20] = { 0 }, again[20] = { 0 };
+	struct chime_event ev[64];
+	unsigned taken, n, untaken_back = 0;
+	chime_t *c;
+	chime_id_t id;
+
+	start("-n 1");
+	c = sopen_ok("once");
+	for (unsigned i = 0; i < 20; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + 100 * MS, 0, i, &id), 0);
+	usleep(300 * 1000);     /* all 20 delivered into the ring */
+	consume_half(c, now_ns() + 2000 * MS, &taken, got);
+	cr_assert_eq(taken, 10);
+	restart(sig, "-n 1");
+	chime_close(c);
+	c = sopen_ok("once");
+	n = collect(c, ev, 64, now_ns() + 500 * MS);
+	for (unsigned k = 0; k < n; k++) {
+		unsigned i = (unsigned)ev[k].user_data;
+
+		cr_assert_lt(i, 20);
+		cr_assert_eq(again[i]++, 0, "event %u delivered twice by the new broker", i);
+		if (!got[i])
+			untaken_back++;
+		else
+			cr_assert_not(exactly, "event %u, taken before the stop, came back", i);
+	}
+	cr_assert_eq(untaken_back, 10, "%u of the 10 events nobody took came back", untaken_back);
+	chime_close(c);
+}
+
+Test(restart, planned_stop_keeps_events_exactly_once_by_the_claim_word)
+{
+	claim_word_case(SIGTERM, true);
+}
+
+Test(restart, crash_redelivers_what_it_cannot_prove_taken_and_loses_nothing)
+{
+	claim_word_case(SIGKILL, false);
+}
+
+/* ---- (4) a restart loop leaks nothing ---- */
+
+static unsigned count_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	unsigned n = 0;
+
+	cr_assert_not_null(d, "opendir(%s)", dir);
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+static unsigned broker_fds(void)
+{
+	char p[64];
+
+	snprintf(p, sizeof(p), "/proc/%d/fd", tb.pid);
+	return count_entries(p);
+}
+
+Test(restart, twenty_restarts_leak_no_node_file_or_fd)
+{
+	unsigned files = 0, fds = 0;
+	chime_t *c, *anon;
+	chime_id_t id;
+
+	start("-n 2");
+	c = sopen_ok("loop");
+	for (unsigned i = 0; i < 200; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 200), 200);
+	chime_close(c);
+	for (int round = 0; round < 20; round++) {
+		anon = sopen_ok(NULL);
+		for (unsigned i = 0; i < 100; i++)
+			cr_assert_eq(chime_arm(anon, 0, now_ns() + HOUR, 0, i, &id), 0);
+		c = sopen_ok("loop");   /* attached during the restart half of the time */
+		if (round % 2)
+			chime_close(c);
+		cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 300), 300, "round %d", round);
+		restart(round % 3 ? SIGKILL : SIGTERM, "-n 2");
+		if (!(round % 2))
+			chime_close(c);
+		chime_close(anon);
+		/* Every node in use is one of the session's 200 (no grant, no anonymous timer). */
+		cr_assert_eq(t_nodes(tb.sock, T_NODES_USED), 200, "round %d", round);
+		if (!files) {
+			files = count_entries(tb.dir);
+			fds = broker_fds();
+		}
+		cr_assert_eq(count_entries(tb.dir), files, "round %d: files next to the socket", round);
+		cr_assert_eq(broker_fds(), fds, "round %d: the broker's descriptors", round);
+	}
+	c = sopen_ok("loop");
+	chime_close(c);
+}
+
+/* ---- (5) scribbled files: repaired node by node, or refused; never a crash ---- */
+
+static void scribble(const char *path, off_t off, size_t len, uint64_t *rng)
+{
+	int fd = open(path, O_RDWR);
+	uint8_t buf[4096];
+
+	cr_assert_geq(fd, 0, "open(%s)", path);
+	cr_assert_leq(len, sizeof(buf));
+	for (size_t i = 0; i < len; i++)
+		buf[i] = (uint8_t)splitmix64(rng);
+	cr_assert_eq(pwrite(fd, buf, len, off), (ssize_t)len);
+	close(fd);
+}
+
+/* Where node 0 is in a shard file (read before scribbling on it). */
+static uint64_t slab_off(const char *path)
+{
+	struct chime_shard_seg h;
+	struct chime_wheel w;
+	int fd = open(path, O_RDONLY);
+
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(pread(fd, &w, sizeof(w), (off_t)h.wheel_off), (ssize_t)sizeof(w));
+	close(fd);
+	return h.wheel_off + w.slab_off;
+}
+
+Test(restart, scribbled_files_are_repaired_or_refused_never_a_crash)
+{
+	uint64_t rng = 0x5eed;
+	char shard0[300], sessions[300];
+	unsigned started = 0, refused = 0;
+
+	start("-n 1");
+	snprintf(shard0, sizeof(shard0), "%s.shard0", tb.sock);
+	snprintf(sessions, sizeof(sessions), "%s.sessions", tb.sock);
+	for (int round = 0; round < 12; round++) {
+		struct chime_event ev[8];
+		struct stat st;
+		chime_t *c, *anon;
+		chime_id_t id;
+		int r;
+
+		c = sopen_ok("victim");
+		for (unsigned i = 0; i < 300; i++)
+			cr_assert_eq(chime_arm(c, i % 3, now_ns() + (i % 2 ? HOUR : 200 * MS), i % 5 ? 0 : 50 * MS,
+					       i, &id), 0);
+		cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 300), 300);
+		chime_close(c);
+		kill(tb.pid, SIGKILL);
+		cr_assert_eq(stat(shard0, &st), 0);
+		switch (round % 4) {
+		case 0: /* nodes in use, and the key index */
+			for (int k = 0; k < 60; k++)
+				scribble(shard0, (off_t)(slab_off(shard0) + (splitmix64(&rng) % 4000) * 64),
+					 1 + splitmix64(&rng) % 64, &rng);
+			for (int k = 0; k < 20; k++)
+				scribble(shard0, (off_t)(128 + splitmix64(&rng) % (1u << 20)), 8, &rng);
+			break;
+		case 1: /* the shard header or the wheel header */
+			scribble(shard0, (off_t)(splitmix64(&rng) % 128), 8, &rng);
+			break;
+		case 2: /* the sessions file: header or records */
+			scribble(sessions, (off_t)(splitmix64(&rng) % 512), 1 + splitmix64(&rng) % 64, &rng);
+			break;
+		case 3: /* everything at once, sparsely */
+			for (int k = 0; k < 200; k++)
+				scribble(shard0, (off_t)(splitmix64(&rng) % (uint64_t)st.st_size), 1, &rng);
+			scribble(sessions, (off_t)(splitmix64(&rng) % 4096), 1, &rng);
+			break;
+		}
+		r = t_chimed_restart(&tb, 0, "-n 1");
+		if (r < 0) {
+			refused++;
+			restart(0, "-n 1 --fresh");
+		} else {
+			started++;
+		}
+		/* Whatever it kept, the broker serves: a new timer fires, and nothing fires early. */
+		anon = sopen_ok(NULL);
+		cr_assert_eq(chime_arm(anon, 0, now_ns() + 20 * MS, 0, 7, &id), 0);
+		cr_assert_eq(collect(anon, ev, 8, now_ns() + 300 * MS), 1);
+		chime_close(anon);
+		r = sopen(&c, "victim");
+		cr_assert_eq(r, 0, "round %d: the session cannot be opened: %s", round, strerror(-r));
+		(void)collect(c, ev, 8, now_ns() + 100 * MS);
+		chime_close(c);
+		cr_assert_eq(kill(tb.pid, 0), 0, "round %d: the broker died", round);
+		restart(SIGTERM, "-n 1 --fresh");
+	}
+	cr_log_info("scribbled: %u starts, %u refusals", started, refused);
+	cr_assert_gt(started, 0);
+}
+
+/* ---- (6) options and --fresh ---- */
+
+static bool file_has(const char *path, const char *needle)
+{
+	char buf[8192] = { 0 };
+	int fd = open(path, O_RDONLY);
+	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+
+	if (fd >= 0)
+		close(fd);
+	return n > 0 && strstr(buf, needle);
+}
+
+Test(restart, another_geometry_is_refused_and_the_files_kept_until_fresh)
+{
+	char log[300], extra[400];
+	chime_t *c;
+	chime_id_t id;
+
+	start("-n 2");
+	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
+	c = sopen_ok("geo");
+	for (unsigned i = 0; i < 40; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 40), 40);
+	chime_close(c);
+	snprintf(extra, sizeof(extra), "-n 1 2>'%s'", log);
+	cr_assert_neq(t_chimed_restart(&tb, SIGTERM, extra), 0, "a broker with another shard count took over");
+	cr_assert(file_has(log, "--fresh"), "the refusal does not say what to do");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 40, "a refused start touched the timers");
+	restart(0, "-n 2");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 40);
+	snprintf(extra, sizeof(extra), "-n 1 --fresh 2>'%s'", log);
+	restart(SIGKILL, extra);
+	cr_assert(file_has(log, "discarded 40 timers"), "--fresh did not say how many timers it discarded");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
+	c = sopen_ok("geo");
+	cr_assert_eq(collect(c, (struct chime_event[4]){ 0 }, 4, now_ns() + 100 * MS), 0);
+	chime_close(c);
+}
+
+Test(restart, a_stop_with_no_session_leaves_no_file)
+{
+	chime_t *c;
+	chime_id_t id;
+	int st;
+
+	start("");
+	c = sopen_ok(NULL);
+	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 1, &id), 0);
+	kill(tb.pid, SIGTERM);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	chime_close(c);
+	cr_assert_eq(count_entries(tb.dir), 0, "files left behind with no session to keep");
+}
+
+Test(restart, a_restored_session_lingers_and_can_be_dropped)
+{
+	const char *ctl = getenv("CHIMECTL");
+	char cmd[600];
+	chime_t *c;
+	chime_id_t id;
+
+	cr_assert_not_null(ctl);
+	start("--session-linger 30");
+	c = sopen_ok("kept");
+	for (unsigned i = 0; i < 10; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10);
+	restart(SIGKILL, "--session-linger 30");
+	chime_close(c);
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' sessions | grep -q 'kept.*detached'", ctl, tb.sock);
+	cr_assert_eq(system(cmd), 0, "chimectl sessions does not list the restored session");
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' drop-session kept >/dev/null", ctl, tb.sock);
+	cr_assert_eq(system(cmd), 0, "drop-session of a restored session failed");
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 0), 0, "a dropped restored session kept nodes");
+}

@@ -107,6 +107,7 @@ struct broker {
 	struct sessfile sess;           /* "<socket>.sessions" (restart.c) */
 	char sess_path[PATH_MAX];
 	bool restoring;                 /* start-up: sessions of an earlier broker are being taken over */
+	bool restart;                   /* SIGUSR2: stop, then main() executes chimed again */
 };
 
 /* control.c */

@@ -312,6 +312,7 @@ static int ring_setup(struct broker *b)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGUSR2);
 	b->sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 	if (b->sig_fd < 0)
 		return log_errno(LOG_ERR, errno, "signalfd");
@@ -760,8 +761,12 @@ static void parked(struct broker *b, struct client *c)
 	c->linger_until_ns = now_ns() + (uint64_t)b->o.session_linger_s * 1000000000u;
 	table_set(b, c, CHIME_CLIENT_DETACHED);
 	restart_put(b, c);
-	log_msg(LOG_INFO, "session '%s' (uid %u) detached: pid %d gone, timers kept for %u s",
-		c->session, (unsigned)c->cred.uid, (int)c->cred.pid, b->o.session_linger_s);
+	if (b->stopping)
+		log_msg(LOG_INFO, "session '%s' (uid %u, pid %d) parked for the next broker",
+			c->session, (unsigned)c->cred.uid, (int)c->cred.pid);
+	else
+		log_msg(LOG_INFO, "session '%s' (uid %u) detached: pid %d gone, timers kept for %u s",
+			c->session, (unsigned)c->cred.uid, (int)c->cred.pid, b->o.session_linger_s);
 	if (c->next_fd >= 0) {
 		int fd = c->next_fd;
 
@@ -880,6 +885,13 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 				/* Reload, never stop: reopen the log, re-read the policy. */
 				log_reopen();
 				broker_reload(b);
+			} else if (res == (int)sizeof(b->sig_buf) && b->sig_buf.ssi_signo == SIGUSR2 && !b->stopping) {
+				/* chimectl restart: stop as for SIGTERM, then main() executes chimed again. */
+				log_msg(LOG_NOTICE, "SIGUSR2 received from pid %u: restarting; sessions are handed over",
+					(unsigned)b->sig_buf.ssi_pid);
+				b->restart = true;
+				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
+				return 1;
 			} else if (res == (int)sizeof(b->sig_buf)) {
 				log_msg(LOG_INFO, "%s received, stopping", strsignal((int)b->sig_buf.ssi_signo));
 				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
@@ -1080,7 +1092,7 @@ int broker_run(struct broker *b)
 		if (b->stopping && (stop > 1 || !stop_parking(b) || now_ns() >= stop_by))
 			break;
 	}
-	return 0;
+	return b->restart ? 1 : 0;
 }
 
 /*

@@ -48,7 +48,11 @@ int broker_start(struct broker **out, const struct broker_opts *o);
  */
 void broker_reload(struct broker *b);
 
-/* Serve until SIGTERM or SIGINT (0) or a fatal error (negative errno, logged). */
+/*
+ * Serve until SIGTERM or SIGINT (0), SIGUSR2 (1: the caller stops the broker
+ * and executes chimed again, which takes the sessions over), or a fatal
+ * error (negative errno, logged). Attached sessions are parked first.
+ */
 int broker_run(struct broker *b);
 
 /* Stop: state STOPPED, shards joined, clients see EOF, files removed. NULL-safe. */

@@ -339,6 +339,34 @@ static void detach_stdio(int verdict_fd)
 	close(verdict_fd);
 }
 
+/*
+ * chimectl restart (SIGUSR2): the broker has stopped, leaving its sessions'
+ * files; run chimed again, from the path it was started from (an upgraded
+ * binary there is the one that runs), with the same arguments and the
+ * signal mask it was started with. It keeps this pid in the foreground;
+ * without --foreground it forks again, as any start does.
+ */
+static void __attribute__((noreturn)) reexec(char **argv, const sigset_t *mask)
+{
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	const char *del = " (deleted)";
+
+	if (n <= 0) {
+		log_msg(LOG_ERR, "cannot restart: readlink('/proc/self/exe'): %s; stopped instead", strerror(errno));
+		exit(EXIT_FAILURE);
+	}
+	self[n] = 0;
+	/* Replaced on disk (an upgrade): the new file at the same path. */
+	if ((size_t)n > strlen(del) && !strcmp(self + n - strlen(del), del))
+		self[n - strlen(del)] = 0;
+	log_msg(LOG_INFO, "executing '%s' again", self);
+	pthread_sigmask(SIG_SETMASK, mask, NULL);
+	execv(self, argv);
+	log_msg(LOG_ERR, "cannot restart: execv('%s'): %s; stopped instead", self, strerror(errno));
+	exit(EXIT_FAILURE);
+}
+
 int main(int argc, char **argv)
 {
 	struct broker_opts o = {
@@ -505,6 +533,7 @@ int main(int argc, char **argv)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGUSR2);
 	pthread_sigmask(SIG_BLOCK, &set, &old_mask);
 
 	if (!foreground)
@@ -527,6 +556,8 @@ int main(int argc, char **argv)
 	broker_stop(b);
 	if (r < 0)
 		return EXIT_FAILURE;
+	if (r == 1)
+		reexec(argv, &old_mask);
 	log_msg(LOG_INFO, "stopped");
 	return 0;
 }

@@ -101,6 +101,8 @@ static void jset(const char *key, json_t *v)
 
 /* How long `shutdown` waits for the broker to exit. */
 #define SHUTDOWN_WAIT_NS (UINT64_C(5) * 1000000000u)
+/* How long `restart` waits for the new broker. */
+#define RESTART_WAIT_NS (UINT64_C(10) * 1000000000u)
 
 static void usage(FILE *f)
 {
@@ -121,6 +123,9 @@ static void usage(FILE *f)
 		"  reset-stats                restart the lateness histograms and the high-water\n"
 		"                             marks (not the counters); root and the broker's user\n"
 		"  shutdown                   stop the broker (SIGTERM) and wait up to 5 s for it\n"
+		"  restart                    restart the broker in place (SIGUSR2): attached sessions\n"
+		"                             are parked, the new broker takes every session's timers\n"
+		"                             over; waits up to 10 s for it\n"
 		"\n"
 		"Options:\n"
 		"  -s, --socket PATH   broker socket (default: $CHIME_SOCKET, else\n"
@@ -131,8 +136,9 @@ static void usage(FILE *f)
 		"\n"
 		"Exit status: 0 ok; 1 failure (cannot read the broker's shared memory, the\n"
 		"handshake failed, the signal failed or the broker did not exit in time);\n"
-		"2 usage error; 3 the broker is not running; 4 not permitted (reset-stats and\n"
-		"shutdown: root and the broker's user only; drop-session: another user's).\n");
+		"2 usage error; 3 the broker is not running; 4 not permitted (reset-stats,\n"
+		"shutdown and restart: root and the broker's user only; drop-session: another\n"
+		"user's).\n");
 }
 
 /* sr_open() failed: the standard message, and a short one in the JSON document. */
@@ -598,12 +604,15 @@ static int pid_gone(pid_t pid)
 	return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
 }
 
-static int cmd_shutdown(const char *sock)
+/*
+ * Send sig to the broker at sock, after checking that the pid its control
+ * segment names is chimed (never a process that merely reused the pid).
+ * Sets *pid and *start_ns (that broker's start). SR_EXIT_OK or the failure.
+ */
+static int signal_broker(const char *sock, int sig, pid_t *pid, uint64_t *start_ns)
 {
 	char path[64], comm[32] = "";
 	struct sr_snap sn;
-	uint64_t t0;
-	pid_t pid;
 	struct sr s;
 	FILE *f;
 	int r;
@@ -611,15 +620,15 @@ static int cmd_shutdown(const char *sock)
 	r = open_snapshot(&s, &sn, sock);
 	if (r)
 		return r;
-	pid = sn.hdr.pid;
+	*pid = sn.hdr.pid;
+	*start_ns = sn.hdr.start_ns;
 	r = sr_liveness(&sn, NULL);
 	sr_snap_free(&sn);
 	sr_close(&s);
-	jset("pid", json_integer(pid));
-	if (r == SR_DEAD || r == SR_STOPPED || pid <= 0)
-		return fail(SR_EXIT_NOT_RUNNING, "chimed (pid %d) is not running", (int)pid);
-	/* Never signal a process that merely reused the pid. */
-	snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
+	jset("pid", json_integer(*pid));
+	if (r == SR_DEAD || r == SR_STOPPED || *pid <= 0)
+		return fail(SR_EXIT_NOT_RUNNING, "chimed (pid %d) is not running", (int)*pid);
+	snprintf(path, sizeof(path), "/proc/%d/comm", (int)*pid);
 	f = fopen(path, "re");
 	if (!f || !fgets(comm, sizeof(comm), f)) {
 		r = errno;
@@ -630,23 +639,81 @@ static int cmd_shutdown(const char *sock)
 	fclose(f);
 	comm[strcspn(comm, "\n")] = '\0';
 	if (strcmp(comm, "chimed") != 0)
-		return fail(SR_EXIT_NOSHM, "pid %d is '%s', not chimed; not signalling it", (int)pid, comm);
-	if (kill(pid, SIGTERM) < 0)
-		return fail(errno == EPERM ? SR_EXIT_DENIED : SR_EXIT_NOSHM, "kill(%d, SIGTERM) failed: %s%s",
-			    (int)pid, strerror(errno), errno == EPERM ? " (run as the broker's user or root)" : "");
+		return fail(SR_EXIT_NOSHM, "pid %d is '%s', not chimed; not signalling it", (int)*pid, comm);
+	if (kill(*pid, sig) < 0)
+		return fail(errno == EPERM ? SR_EXIT_DENIED : SR_EXIT_NOSHM, "kill(%d, %s) failed: %s%s",
+			    (int)*pid, sigabbrev_np(sig), strerror(errno),
+			    errno == EPERM ? " (run as the broker's user or root)" : "");
+	return SR_EXIT_OK;
+}
+
+static void pause_20ms(void)
+{
+	struct timespec ts = { 0, 20 * 1000 * 1000 };
+
+	nanosleep(&ts, NULL);
+}
+
+static int cmd_shutdown(const char *sock)
+{
+	uint64_t t0, start;
+	pid_t pid;
+	int r = signal_broker(sock, SIGTERM, &pid, &start);
+
+	if (r)
+		return r;
 	t0 = now_ns();
 	while (!pid_gone(pid)) {
-		struct timespec ts = { 0, 20 * 1000 * 1000 };
-
 		if (now_ns() - t0 > SHUTDOWN_WAIT_NS) {
 			jset("stopped", json_false());
 			return fail(SR_EXIT_NOSHM, "chimed (pid %d) did not exit within 5 s of SIGTERM", (int)pid);
 		}
-		nanosleep(&ts, NULL);
+		pause_20ms();
 	}
 	jset("stopped", json_true());
 	out("chimed (pid %d) stopped\n", (int)pid);
 	return SR_EXIT_OK;
+}
+
+/*
+ * SIGUSR2: the broker parks its sessions, stops and executes itself again;
+ * the new one takes the sessions over. Done when a broker started after the
+ * signal runs and beats.
+ */
+static int cmd_restart(const char *sock)
+{
+	uint64_t t0, start;
+	pid_t pid;
+	int r = signal_broker(sock, SIGUSR2, &pid, &start);
+
+	if (r)
+		return r;
+	for (t0 = now_ns();; pause_20ms()) {
+		struct sr_snap sn;
+		struct sr s;
+
+		if (now_ns() - t0 > RESTART_WAIT_NS) {
+			jset("restarted", json_false());
+			return fail(SR_EXIT_NOSHM, "no new chimed runs at '%s' within 10 s of SIGUSR2 to pid %d "
+				    "(see its log)", sock, (int)pid);
+		}
+		if (sr_open(&s, sock) < 0)
+			continue;
+		r = sr_snapshot(&s, &sn);
+		sr_close(&s);
+		if (r < 0)
+			continue;
+		r = sn.hdr.start_ns != start && sr_liveness(&sn, NULL) == SR_RUNNING;
+		if (r) {
+			jset("restarted", json_true());
+			jset("new_pid", json_integer(sn.hdr.pid));
+			out("chimed restarted (pid %d, was %d); its sessions were handed over\n",
+			    (int)sn.hdr.pid, (int)pid);
+		}
+		sr_snap_free(&sn);
+		if (r)
+			return SR_EXIT_OK;
+	}
 }
 
 /* Named sessions, by query (root and the broker's user see all, others their own). */
@@ -707,7 +774,7 @@ static int cmd_drop_session(const char *sock, const char *name)
 }
 
 static const char *const commands[] = { "status", "clients", "timers", "sessions", "drop-session",
-					"reset-stats", "shutdown" };
+					"reset-stats", "shutdown", "restart" };
 
 static int run(const char *cmd, const char *sock, long pid, uint64_t limit, const char *arg)
 {
@@ -723,6 +790,8 @@ static int run(const char *cmd, const char *sock, long pid, uint64_t limit, cons
 		return cmd_timers(sock, pid, limit);
 	if (!strcmp(cmd, "reset-stats"))
 		return cmd_reset_stats(sock);
+	if (!strcmp(cmd, "restart"))
+		return cmd_restart(sock);
 	return cmd_shutdown(sock);
 }
 

@@ -133,9 +133,10 @@ int restart_save(struct broker *b);
 /* Record a session's slot (opened, detached) or clear it (reclaimed). */
 void restart_put(struct broker *b, const struct client *c);
 void restart_clear(struct broker *b, const struct client *c);
-/* Does a stop leave anything for the next broker (a session that is not being reclaimed)? */
-bool restart_keep(const struct broker *b);
-void restart_close(struct broker *b, bool keep);
+/* What a stop leaves for the next broker: sessions that are not being reclaimed. */
+uint32_t restart_sessions(const struct broker *b);
+/* Close the sessions file; remove it if it is ours and no session is left. */
+void restart_close(struct broker *b, uint32_t sessions);
 
 /* handshake.c */
 void arm_hello(struct broker *b, struct conn *cn);

@@ -1186,11 +1186,13 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 
 void broker_stop(struct broker *b)
 {
+	uint32_t sessions;
 	bool keep;
 
 	if (!b)
 		return;
-	keep = restart_keep(b);
+	sessions = restart_sessions(b);
+	keep = sessions > 0;
 	if (!b->stopping)
 		notify_stopping();
 	b->stopping = true;
@@ -1252,7 +1254,7 @@ void broker_stop(struct broker *b)
 		close(b->ctl_fd);
 		unlink(b->ctl_path);
 	}
-	restart_close(b, keep);
+	restart_close(b, sessions);
 	if (b->lock_fd >= 0) {
 		/* Unlink while still holding it: a starter that opened it re-checks the inode. */
 		unlink(b->lock_path);

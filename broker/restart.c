@@ -233,29 +233,26 @@ void restart_clear(struct broker *b, const struct client *c)
 		log_errno(LOG_WARNING, e, "'%s': cannot remove session '%s'", b->sess_path, c->session);
 }
 
-bool restart_keep(const struct broker *b)
+uint32_t restart_sessions(const struct broker *b)
 {
+	uint32_t n = 0;
+
 	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++) {
 		const struct client *c = &b->clients[i];
 
-		if (c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING)
-			return true;
+		n += c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING;
 	}
-	return false;
+	return n;
 }
 
-void restart_close(struct broker *b, bool keep)
+void restart_close(struct broker *b, uint32_t sessions)
 {
 	bool ours = b->sess.fd >= 0;    /* a file we did not create (a refused start) is never removed */
-	uint32_t n = 0;
 
-	for (uint32_t i = 0; keep && b->clients && i < b->o.max_clients; i++)
-		n += b->clients[i].session[0] && b->clients[i].state != CL_FREE &&
-		     b->clients[i].state != CL_DETACHING;
-	if (keep && ours)
-		log_msg(LOG_INFO, "keeping the timers of %u sessions for the next broker ('%s')", n,
+	if (sessions && ours)
+		log_msg(LOG_INFO, "keeping the timers of %u sessions for the next broker ('%s')", sessions,
 			b->sess_path);
 	sessfile_close(&b->sess);
-	if (!keep && ours)
+	if (!sessions && ours)
 		unlink(b->sess_path);
 }

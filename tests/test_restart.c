@@ -376,6 +376,9 @@ Test(restart, twenty_restarts_leak_no_node_file_or_fd)
 			fds = broker_fds();
 		}
 		cr_assert_eq(count_entries(tb.dir), files, "round %d: files next to the socket", round);
+		/* A readiness probe's connection may be open for a moment: a leak stays. */
+		for (int i = 0; i < 100 && broker_fds() != fds; i++)
+			usleep(10 * 1000);
 		cr_assert_eq(broker_fds(), fds, "round %d: the broker's descriptors", round);
 	}
 	c = sopen_ok("loop");

@@ -26,6 +26,7 @@
 #include "chime.h"
 #include "chime_shm.h"
 #include "helpers.h"
+#include "t_session.h"
 
 #define MS 1000000ull
 #define HOUR (3600000 * MS)
@@ -43,74 +44,12 @@ TestSuite(restart, .fini = stop, .timeout = 240);
 static void start(const char *extra)
 {
 	cr_assert_eq(t_chimed_start(&tb, NULL, extra), 0, "chimed %s did not start", extra);
+	t_session_sock = tb.sock;
 }
 
 static void restart(int sig, const char *extra)
 {
 	cr_assert_eq(t_chimed_restart(&tb, sig, extra), 0, "chimed %s did not start again", extra);
-}
-
-static int sopen(chime_t **c, const char *session)
-{
-	struct chime_opts o = { .socket_path = tb.sock, .session = session };
-
-	return chime_open(c, &o);
-}
-
-static chime_t *sopen_ok(const char *session)
-{
-	chime_t *c = NULL;
-	int r = sopen(&c, session);
-
-	cr_assert_eq(r, 0, "chime_open(session '%s'): %s", session ? session : "(none)", strerror(-r));
-	return c;
-}
-
-/* Every event until `until_ns` (or max), never early; returns how many. */
-static unsigned collect(chime_t *c, struct chime_event *ev, unsigned max, uint64_t until_ns)
-{
-	unsigned n = 0;
-
-	while (n < max && now_ns() < until_ns) {
-		int ms = (int)((until_ns - now_ns()) / MS) + 1;
-		int r = chime_wait(c, ev + n, max - n, ms);
-
-		cr_assert_geq(r, 0, "chime_wait: %s", strerror(-r));
-		for (int i = 0; i < r; i++)
-			cr_assert_geq(ev[n + i].fired_ns, ev[n + i].deadline_ns, "an event fired early");
-		n += (unsigned)r;
-	}
-	return n;
-}
-
-/* Fork a child running fn(arg); returns its pid once it wrote one byte on the pipe. */
-static pid_t child(void (*fn)(int wfd, void *arg), void *arg)
-{
-	int p[2];
-	char b;
-	pid_t pid;
-
-	cr_assert_eq(pipe(p), 0);
-	pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		close(p[0]);
-		fn(p[1], arg);
-		_exit(0);
-	}
-	close(p[1]);
-	cr_assert_eq(read(p[0], &b, 1), 1, "the child failed before it was ready");
-	close(p[0]);
-	return pid;
-}
-
-static void kill_child(pid_t pid)
-{
-	int st;
-
-	kill(pid, SIGKILL);
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
 }
 
 /* ---- (1) chimed SIGKILLed under a session: its successor has every timer, ids valid ---- */

@@ -70,6 +70,10 @@ struct client {
 	uint64_t linger_until_ns;       /* DETACHED: reclaimed then */
 	int next_fd;                    /* PARKING: a process waiting to re-attach (its socket), or -1 */
 	struct ucred next_cred;
+	bool next_resume;               /* PARKING: the waiting process's hello (CHIME_HELLO_RESUME) */
+	uint64_t next_sq_base;
+	bool resume;                    /* this attach is libchime reconnecting: it re-submits (chan.c) */
+	uint64_t sq_base;               /* this attach's first submission position (0, or the hello's) */
 	uint64_t generation;
 	uint32_t hup_seq;               /* tags its hang-up poll: a stale one of an earlier attach is ignored */
 	uint64_t connected_ns;
@@ -116,9 +120,11 @@ void arm_accept(struct broker *b);
 void send_status(int fd, int32_t status);
 void read_comm(pid_t pid, char comm[16]);
 int socket_access(struct broker *b);
-void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session);
+void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session,
+		  uint64_t sq_base);
 void client_park(struct broker *b, struct client *c);
-void client_reattach(struct broker *b, struct client *c, int fd, const struct ucred *cred);
+void client_reattach(struct broker *b, struct client *c, int fd, const struct ucred *cred, bool resume,
+		     uint64_t sq_base);
 void client_detach(struct broker *b, struct client *c, int refuse);
 
 void table_set(struct broker *b, struct client *c, uint32_t state);

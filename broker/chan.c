@@ -11,6 +11,8 @@
  *   CANCEL: any of these -> FREE (voiding an unconsumed event)
  *   PARK (a session's process gone): GRANTED -> FREE; ACKWAIT -> BACKLOG if
  *   its event is voided, else FREE; whatever fires -> BACKLOG until REATTACH
+ *   PARK for a broker stop (handover), restore: GRANTED -> carried (GRANTED,
+ *   cq_pos CARRIED, on ch->carried) -re-submitted ARM-> ARMED; -RESUMED-> FREE
  *
  * Invariants:
  * - a node owned by a client has node.owner == its slot, and ch->owned counts
@@ -81,6 +83,7 @@ static uint64_t grant_new(struct shard_core *sc, struct chan *ch)
 	n = NODE(sc, idx);
 	n->owner = ch->slot;
 	n->state = CHIME_NODE_GRANTED;
+	n->cq_pos = CHIME_POS_NONE;     /* never CHIME_POS_CARRIED: only the slot's record may arm it */
 	n->key_next = n->key_prev = CHIME_NIL;
 	ch->owned++;
 	return chime_id_make(n->gen, sc->shard, idx);
@@ -98,6 +101,54 @@ static void node_release(struct shard_core *sc, struct chan *ch, uint32_t idx)
 	keyidx_remove(&sc->ki, idx);
 	wheel_free(&sc->wh, idx);
 	ch->owned--;
+}
+
+/* ---- grants carried over for a reconnecting library ---- */
+
+/* In a GRANTED node's cq_pos (unused otherwise): kept from old rings, on ch->carried. */
+#define CHIME_POS_CARRIED (CHIME_POS_NONE - 1)
+
+void chan_carry(struct shard_core *sc, struct chan *ch, uint32_t idx)
+{
+	struct chime_node *n = NODE(sc, idx);
+
+	n->state = CHIME_NODE_GRANTED;
+	n->cq_pos = CHIME_POS_CARRIED;
+	n->key_next = n->key_prev = CHIME_NIL;
+	nl_push(sc, &ch->carried, idx);
+	ch->nr_carried++;
+}
+
+static void carried_free(struct shard_core *sc, struct chan *ch)
+{
+	uint32_t idx;
+
+	while ((idx = ch->carried.head) != CHIME_NIL) {
+		nl_del(sc, &ch->carried, idx);
+		NODE(sc, idx)->cq_pos = CHIME_POS_NONE;
+		wheel_free(&sc->wh, idx);
+		ch->owned--;
+	}
+	ch->nr_carried = 0;
+	ch->resuming = 0;
+}
+
+/* The carried node a re-submitted ARM names, taken off the list; else CHIME_NIL. */
+static uint32_t carried_take(struct shard_core *sc, struct chan *ch, uint64_t id)
+{
+	uint32_t idx = chime_id_index(id);
+	struct chime_node *n;
+
+	if (!ch->nr_carried || chime_id_shard(id) != sc->shard || idx >= sc->capacity ||
+	    idx >= sc->wh.w->high_water)
+		return CHIME_NIL;
+	n = NODE(sc, idx);
+	if (n->state != CHIME_NODE_GRANTED || n->owner != ch->slot || n->cq_pos != CHIME_POS_CARRIED ||
+	    (n->gen & CHIME_ID_GEN_MASK) != chime_id_gen(id) || chime_id_gen(id) == 0)
+		return CHIME_NIL;
+	nl_del(sc, &ch->carried, idx);
+	ch->nr_carried--;
+	return idx;
 }
 
 /*
@@ -304,16 +355,24 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 {
 	uint32_t s = (uint32_t)pos & ch->sq_mask;
 	uint64_t grant = ch->grants[s];
-	uint32_t idx;
+	uint32_t idx = CHIME_NIL;
 	struct chime_node *n;
+	bool carried = false;
 
 	if (chime_grant_is_marker(grant) || r->id != grant) {
-		/* Only the private grant counts; the shared copy may be scribbled. */
-		stats_malformed(sc->st);
-		slot_free(sc, ch, pos);
-		return;
+		/* Only the private grant counts (the shared copy may be scribbled), or a carried one. */
+		idx = carried_take(sc, ch, r->id);
+		if (idx == CHIME_NIL) {
+			/* A re-submitted ARM the old broker had applied (its node armed): nothing to do. */
+			if (!ch->resuming)
+				stats_malformed(sc->st);
+			slot_free(sc, ch, pos);
+			return;
+		}
+		carried = true;
+	} else {
+		idx = chime_id_index(grant);
 	}
-	idx = chime_id_index(grant);
 	n = NODE(sc, idx);
 	assert(n->state == CHIME_NODE_GRANTED && n->owner == ch->slot);
 	n->key = r->key;
@@ -326,6 +385,10 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	wheel_arm(&sc->wh, idx, r->deadline_ns);
 	stats_arm(sc->st, ch->slot);
 
+	if (carried) {
+		slot_free(sc, ch, pos);         /* the slot keeps its own grant */
+		return;
+	}
 	/* The slot's next grant: a fresh node, or a marker the client will see at once. */
 	slot_set(ch, s, grant_slot(sc, ch));
 	chime_sq_free(&ch->sq, pos, ch->grants[s]);
@@ -519,6 +582,9 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 		case CHIME_OP_CANCEL_KEY:
 			op_cancel_key(sc, ch, r.key);
 			break;
+		case CHIME_OP_RESUMED:
+			carried_free(sc, ch);
+			break;
 		case CHIME_OP_NOP:
 			/* A NOP in a marked slot is an arm the client could not make. */
 			if (chime_grant_is_marker(ch->grants[pos & ch->sq_mask]))
@@ -656,9 +722,12 @@ static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan
 	ch->sq_mask = m->sq_size - 1;
 	ch->marked = 0;
 	ch->flushed = 0;
-	ch->sq_head_pub = 0;
-	/* Formats the slots (seq = index); the grants follow below. */
-	chime_sq_cons_init(&ch->sq, m->sq_slots, m->sq_size);
+	ch->sq_head_pub = m->sq_base;
+	/* Plain stores: no client has the segment yet. */
+	m->rw->sq_tail = m->sq_base;
+	m->ro->sq_head = m->sq_base;
+	/* Formats the slots (seq = position); the grants follow below. */
+	chime_sq_cons_init(&ch->sq, m->sq_slots, m->sq_size, m->sq_base);
 	chime_cq_prod_init(&ch->cq, m->cq_slots, m->claim, &m->ro->cq_tail, &m->rw->cq_head,
 			   m->cq_size);
 	ch->room = m->cq_size;
@@ -681,6 +750,7 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 	ch->slot = slot;
 	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
 	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
+	ch->carried.head = ch->carried.tail = CHIME_NIL;
 	rings_init(sc, ch, m);
 	sc->by_slot[slot] = ch;
 	stats_client_attach(sc->st, slot, generation);
@@ -693,6 +763,16 @@ static void grants_drop(struct shard_core *sc, struct chan *ch)
 	for (uint32_t i = 0; i <= ch->sq_mask; i++)
 		if (!chime_grant_is_marker(ch->grants[i]))
 			grant_free(sc, ch, ch->grants[i]);
+	ch->marked = 0;
+	memset(ch->grants, 0, (ch->sq_mask + 1) * sizeof(*ch->grants));
+}
+
+/* The broker stops under a live process: its unused grants stay valid for what it publishes next. */
+static void grants_carry(struct shard_core *sc, struct chan *ch)
+{
+	for (uint32_t i = 0; i <= ch->sq_mask; i++)
+		if (!chime_grant_is_marker(ch->grants[i]))
+			chan_carry(sc, ch, chime_id_index(ch->grants[i]));
 	ch->marked = 0;
 	memset(ch->grants, 0, (ch->sq_mask + 1) * sizeof(*ch->grants));
 }
@@ -723,7 +803,10 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 	if (!ch->parked) {
 		/* What the process published before it went is applied, as if it had lived a little longer. */
 		(void)chan_drain(sc, ch, ch->sq_mask + 1);
-		grants_drop(sc, ch);
+		if (ch->handover)
+			grants_carry(sc, ch);
+		else
+			grants_drop(sc, ch);
 		ch->park_order = malloc((size_t)ch->cq.size * sizeof(*ch->park_order));
 		if (ch->park_order)
 			memset(ch->park_order, 0xff, (size_t)ch->cq.size * sizeof(*ch->park_order));
@@ -803,6 +886,7 @@ int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uin
 	ch->slot = slot;
 	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
 	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
+	ch->carried.head = ch->carried.tail = CHIME_NIL;
 	ch->sq_mask = sq_size - 1;      /* grants_drop() walks the (empty) grants on a reclaim */
 	ch->parked = 1;
 	ch->wake_fd = ch->bell_fd = -1;
@@ -811,10 +895,14 @@ int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uin
 	return 0;
 }
 
-void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m)
+void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, bool resume)
 {
+	if (!resume)
+		carried_free(sc, ch);
 	rings_init(sc, ch, m);
 	ch->parked = 0;
+	ch->handover = 0;
+	ch->resuming = resume;
 }
 
 bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
@@ -824,6 +912,7 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 	if (!ch->dying) {
 		ch->dying = 1;
 		grants_drop(sc, ch);
+		carried_free(sc, ch);
 		while ((idx = ch->backlog.head) != CHIME_NIL) {
 			backlog_del(sc, ch, idx);
 			node_release(sc, ch, idx);

@@ -48,6 +48,7 @@ struct chan_mem {
 	uint32_t *want_wakeup;          /* rw header */
 	uint32_t sq_size;               /* powers of two */
 	uint32_t cq_size;
+	uint64_t sq_base;               /* the submission rings' first position (a multiple of sq_size) */
 	int wake_fd;                    /* broker's end of the client's socket; -1: count only (tests) */
 	int bell_fd;                    /* this client's doorbell for this shard; -1: none (tests) */
 };
@@ -71,11 +72,15 @@ struct chan {
 	uint8_t  dying;                 /* detached: its nodes are being reclaimed */
 	uint8_t  parked;                /* a session with no process: its timers run, events are held */
 	uint8_t  bell_state;            /* shard.c: its doorbell read in io_uring (SHARD_BELL_*) */
+	uint8_t  handover;              /* parked for the next broker: the grants are carried, not freed */
+	uint8_t  resuming;              /* re-attached by a reconnecting library, until its RESUMED */
 	int wake_fd;
 	int bell_fd;
 	uint64_t bell_buf;              /* shard.c: the doorbell read's buffer */
 	struct nlist backlog;           /* fired, not yet in the ring, in firing order */
 	struct nlist ackwait;           /* one-shots delivered, by cq position */
+	struct nlist carried;           /* GRANTED nodes of old rings, for ARMs the library re-submits */
+	uint32_t nr_carried;
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
 	uint64_t flushed;               /* cq tail last published */
@@ -136,7 +141,8 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget);
  * A named session's process is gone (ARCHITECTURE.md, "Sessions"): keep its
  * timers, stop using its rings. The first call applies what the process
  * published and we had not read yet (one ring's worth at most), frees the
- * unused grants, and settles every delivered one-shot by the claim word:
+ * unused grants (carries them instead if ch->handover: the broker stops and
+ * the live process will re-submit what it publishes later), and settles every delivered one-shot by the claim word:
  * an event the process never took (the shard wins FRESH -> VOID) will be
  * held again; one it took (or consumed) is freed. Then it sweeps the slab
  * [sweep_pos, high_water) up to `budget` nodes per call for periodic
@@ -156,8 +162,20 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget);
  * slot, nodes, backlog and counters. The next chan_service() moves the
  * backlog into the new completion ring in order. Cannot fail: the grant
  * array is the one attach allocated (the ring size is the broker's).
+ * `resume`: the library reconnects and re-submits its old rings' records,
+ * so the carried grants stay until its CHIME_OP_RESUMED; otherwise they
+ * are freed now.
  */
-void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m);
+void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, bool resume);
+
+/*
+ * Keep GRANTED node idx, owned by ch already, for an ARM a reconnecting
+ * library re-submits from its old rings (ARCHITECTURE.md, "libchime's
+ * reconnect"): such an ARM names it instead of its slot's grant. Carried
+ * nodes are freed by the session's CHIME_OP_RESUMED, by a re-attach that
+ * does not resume (a new process cannot name them) and by a reclaim.
+ */
+void chan_carry(struct shard_core *sc, struct chan *ch, uint32_t idx);
 
 /*
  * Hold node idx (on no wheel or channel list) in the backlog: state

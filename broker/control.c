@@ -694,6 +694,7 @@ static int client_segments(struct broker *b, struct client *c)
 		m->want_wakeup = &rw->want_wakeup;
 		m->sq_size = g->sq_size;
 		m->cq_size = g->cq_size;
+		m->sq_base = c->sq_base;
 		m->wake_fd = -1;        /* the socket, once the client owns it (on_hello) */
 		m->bell_fd = c->bells[s];
 	}
@@ -715,6 +716,8 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 		struct shard_cmd cmd = {
 			.op = op,
 			.slot = c->slot,
+			.flags = (uint16_t)((op == SHARD_CMD_REATTACH && c->resume ? SHARD_CMD_F_RESUME : 0) |
+					    (op == SHARD_CMD_PARK && b->stopping ? SHARD_CMD_F_HANDOVER : 0)),
 			.generation = c->generation,
 			.ch = &c->chans[s],
 			.mem = c->mems ? &c->mems[s] : NULL,    /* a detached session has none */
@@ -776,7 +779,7 @@ static void parked(struct broker *b, struct client *c)
 			close(fd);
 			return;
 		}
-		client_reattach(b, c, fd, &c->next_cred);
+		client_reattach(b, c, fd, &c->next_cred, c->next_resume, c->next_sq_base);
 	}
 }
 
@@ -1099,7 +1102,8 @@ int broker_run(struct broker *b)
  * An admitted client: a slot in the table, its segments, and the attach
  * posted to every shard (the welcome follows their acks, on_notify()).
  */
-void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session)
+void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session,
+		  uint64_t sq_base)
 {
 	struct client *c = NULL;
 	int r;
@@ -1127,6 +1131,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	c->fd = c->next_fd = -1;
 	c->hup_seq++;
 	snprintf(c->session, sizeof(c->session), "%s", session);
+	c->sq_base = sq_base;   /* a resuming library whose session this broker does not know */
 	c->cred = *cred;
 	c->generation++;
 	c->connected_ns = now_ns();
@@ -1156,11 +1161,14 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
  * channels, so the ids it had stay valid; the shards hand the backlog to
  * the new rings. A failure leaves the session detached.
  */
-void client_reattach(struct broker *b, struct client *c, int fd, const struct ucred *cred)
+void client_reattach(struct broker *b, struct client *c, int fd, const struct ucred *cred, bool resume,
+		     uint64_t sq_base)
 {
 	int r;
 
 	c->cred = *cred;
+	c->resume = resume;
+	c->sq_base = sq_base;
 	c->connected_ns = now_ns();
 	c->hup_seq++;
 	read_comm(cred->pid, c->comm);

@@ -327,8 +327,11 @@ static bool peer_gone(const struct client *c)
  * gets) or re-attach it. A session whose process has just gone (hung up,
  * or being parked) is handed to this one as soon as its shards are done.
  */
-static void session_open(struct broker *b, struct conn *cn, const struct ucred *cred, const char *name)
+static void session_open(struct broker *b, struct conn *cn, const struct ucred *cred,
+			 const struct chime_hello *h)
 {
+	const char *name = h->session;
+	bool resume = (h->flags & CHIME_HELLO_RESUME) != 0;
 	struct client *c = session_find(b, name);
 
 	if (!c) {
@@ -337,7 +340,7 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 			send_status(cn->fd, -EUSERS);
 			return;
 		}
-		client_admit(b, cn, cred, name);
+		client_admit(b, cn, cred, name, h->sq_base);
 		return;
 	}
 	if (c->cred.uid != cred->uid) {
@@ -352,13 +355,15 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 	if (c->state == CL_ACTIVE && peer_gone(c))
 		client_park(b, c);
 	if (c->state == CL_DETACHED) {
-		client_reattach(b, c, cn->fd, cred);
+		client_reattach(b, c, cn->fd, cred, resume, h->sq_base);
 		cn->fd = -1;    /* the session owns the socket now (or closed it) */
 		return;
 	}
 	if (c->state == CL_PARKING && c->next_fd < 0) {
 		c->next_fd = cn->fd;
 		c->next_cred = *cred;
+		c->next_resume = resume;
+		c->next_sq_base = h->sq_base;
 		cn->fd = -1;
 		return;
 	}
@@ -477,8 +482,16 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 		drop_session(b, cn->fd, &cred, h->session);     /* and the connection ends */
 		return;
 	}
-	if (!h->flags && h->session[0]) {
-		session_open(b, cn, &cred, h->session);
+	/* A resuming library's rings start where it closed its old ones (ring.h), a position it chose. */
+	if ((h->flags & CHIME_HELLO_RESUME) ?
+	    (!h->session[0] || h->sq_base >= (UINT64_C(1) << 62) || (h->sq_base & (b->geom.sq_size - 1))) :
+	    h->sq_base != 0) {
+		refuse_log(b, &cred, "a malformed hello (resume flag or submission base)");
+		send_status(cn->fd, -EINVAL);
+		return;
+	}
+	if ((h->flags & ~CHIME_HELLO_RESUME) == 0 && h->session[0]) {
+		session_open(b, cn, &cred, h);
 		return;
 	}
 	if (h->flags) {
@@ -490,7 +503,7 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 		send_status(cn->fd, -EUSERS);
 		return;
 	}
-	client_admit(b, cn, &cred, "");
+	client_admit(b, cn, &cred, "", 0);
 }
 
 /*

@@ -75,8 +75,14 @@ int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
 			continue;
 		}
 		if (n->state == CHIME_NODE_GRANTED || n->state == CHIME_NODE_ALLOC) {
-			/* Never armed, or caught between two steps of the old shard: nobody's timer yet. */
-			node_drop(wh, idx);
+			/*
+			 * A grant (or an ARM caught between two steps of the old
+			 * shard): its process may still arm it, re-submitting what
+			 * the old broker never read. Carried until that process
+			 * says it is done, or a new process comes (chan.h).
+			 */
+			chan_carry(sc, ch, idx);
+			ch->owned++;
 			rs->grants++;
 			continue;
 		}

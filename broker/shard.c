@@ -195,11 +195,11 @@ static int restore(struct shard *s, uint64_t now)
 	stats_restore(&s->st, rs.kept, rs.dropped, rs.redelivered);
 	if (rs.kept || rs.anonymous || rs.grants || rs.dropped)
 		log_msg(LOG_NOTICE, "shard %u: kept %llu timers of %llu sessions (%llu due while no broker ran, "
-			"%llu delivered events to redeliver); freed %llu of anonymous clients, %llu unused grants, "
-			"%llu damaged", s->cfg.idx, (unsigned long long)rs.kept, (unsigned long long)rs.sessions,
-			(unsigned long long)rs.due, (unsigned long long)rs.redelivered,
-			(unsigned long long)rs.anonymous, (unsigned long long)rs.grants,
-			(unsigned long long)rs.dropped);
+			"%llu delivered events to redeliver, %llu grants kept for their processes); freed %llu of "
+			"anonymous clients, %llu damaged", s->cfg.idx, (unsigned long long)rs.kept,
+			(unsigned long long)rs.sessions, (unsigned long long)rs.due,
+			(unsigned long long)rs.redelivered, (unsigned long long)rs.grants,
+			(unsigned long long)rs.anonymous, (unsigned long long)rs.dropped);
 	return 0;
 }
 
@@ -464,7 +464,7 @@ static bool run_cmds(struct shard *s, bool *work)
 			ack(s, c.ack, r);
 			break;
 		case SHARD_CMD_REATTACH:
-			chan_reattach(&s->core, c.ch, c.mem);
+			chan_reattach(&s->core, c.ch, c.mem, c.flags & SHARD_CMD_F_RESUME);
 			s->active[s->nr_active++] = c.ch;
 			ack(s, c.ack, 0);
 			break;
@@ -474,6 +474,8 @@ static bool run_cmds(struct shard *s, bool *work)
 				ack(s, c.ack, 0);       /* never attached here */
 				break;
 			}
+			if (c.op == SHARD_CMD_PARK)
+				c.ch->handover = (c.flags & SHARD_CMD_F_HANDOVER) != 0;
 			active_del(s, c.ch);
 			bell_cancel(s, c.ch);
 			s->dying[s->nr_dying++] = c;

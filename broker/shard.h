@@ -41,9 +41,13 @@ struct shard_ack {
 	int32_t err;            /* first error (negative errno); atomic */
 };
 
+#define SHARD_CMD_F_RESUME   1u /* REATTACH: the library re-submits; keep the carried grants */
+#define SHARD_CMD_F_HANDOVER 2u /* PARK: the broker stops; the process lives on and re-submits */
+
 struct shard_cmd {
 	uint32_t op;
 	uint16_t slot;
+	uint16_t flags;         /* SHARD_CMD_F_* */
 	uint64_t generation;
 	struct chan *ch;
 	const struct chan_mem *mem;

@@ -214,6 +214,8 @@ _Static_assert(sizeof(struct chime_wheel) % 64 == 0, "slab follows on a cache li
 #define CHIME_OP_RESET      2u  /* id, deadline_ns */
 #define CHIME_OP_CANCEL     3u  /* id */
 #define CHIME_OP_CANCEL_KEY 4u  /* key */
+#define CHIME_OP_RESUMED    5u  /* libchime re-submitted what its old broker never read: the
+				 * session's grants kept for that are freed (not public) */
 
 /*
  * One submission slot, 64 bytes. The ring is a bounded MPSC queue of such
@@ -767,6 +769,14 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
  * -EACCES (another uid's), -EBUSY (a process has it attached).
  */
 #define CHIME_HELLO_DROP_SESSION  5u
+/*
+ * With a session name, or'ed into flags 0: libchime re-attaching by itself
+ * after losing its broker (ARCHITECTURE.md, "libchime's reconnect"). The
+ * session's grants kept from the old rings stay valid until its
+ * CHIME_OP_RESUMED, and the new submission rings start at sq_base (a
+ * multiple of the broker's sq_size, below 2^62) instead of 0.
+ */
+#define CHIME_HELLO_RESUME        0x100u
 
 /*
  * A session name: 1..CHIME_SESSION_MAX-1 bytes of [A-Za-z0-9._-], NUL-padded
@@ -800,7 +810,7 @@ struct chime_hello {
 	uint32_t flags;             /* 0, one CHIME_HELLO_QUERY_*, CHIME_HELLO_RESET_STATS or _DROP_SESSION */
 	int32_t  pid;               /* QUERY_TIMERS: whose */
 	uint64_t limit;             /* queries: records at most (0: CHIME_QUERY_MAX) */
-	uint8_t  _reserved[8];
+	uint64_t sq_base;           /* CHIME_HELLO_RESUME: the submission rings' first position; else 0 */
 	char     session[CHIME_SESSION_MAX]; /* flags 0: "" anonymous, else the session to open; DROP_SESSION: which */
 };
 

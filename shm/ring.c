@@ -81,14 +81,14 @@ void chime_sq_prod_init(struct chime_sq_prod *p, struct chime_sqe *slots, uint64
 }
 
 /* Before the segment is shared: plain stores; the fd hand-over publishes them. */
-void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32_t size)
+void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32_t size, uint64_t base)
 {
-	assert(size && !(size & (size - 1)));
+	assert(size && !(size & (size - 1)) && !(base & (size - 1)));
 	memset(slots, 0, (size_t)size * sizeof(*slots));
 	for (uint32_t i = 0; i < size; i++)
-		slots[i].seq = i;
+		slots[i].seq = base + i;
 	c->slots = slots;
-	c->head = 0;
+	c->head = base;
 	c->mask = size - 1;
 }
 

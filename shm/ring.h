@@ -47,12 +47,15 @@ struct chime_sq_cons {
 
 /*
  * Set up the views. chime_sq_cons_init() also formats the shared slots
- * (zeroes them, seq = index): the broker calls it on a segment no client
- * has seen yet, then writes each slot's first grant with plain stores
- * before it sends the segment. `size` is a power of two.
+ * (zeroes them, seq = base + index: free for the positions from base on):
+ * the broker calls it on a segment no client has seen yet, then writes each
+ * slot's first grant with plain stores before it sends the segment. `size`
+ * is a power of two and `base` a multiple of it: 0 for a new client, the
+ * position a reconnecting library closed its old ring at (so that a
+ * producer still holding an old position can never claim a new slot).
  */
 void chime_sq_prod_init(struct chime_sq_prod *p, struct chime_sqe *slots, uint64_t *tail, uint32_t size);
-void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32_t size);
+void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32_t size, uint64_t base);
 
 /*
  * Claim the next free slot. Returns the slot and sets *pos, or NULL if the

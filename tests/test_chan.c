@@ -763,7 +763,7 @@ Test(chan, park_keeps_a_periodics_untaken_event)
 	step_at(T0 + 20 * MS);
 	cr_assert_eq(c->ch.nr_backlog, 2, "a held periodic does not fire again");
 	client_mem(c);
-	chan_reattach(&F.sc, &c->ch, &c->m);
+	chan_reattach(&F.sc, &c->ch, &c->m, false);
 	client_rings(c);
 	free(old_rw);
 	free(old_ro);
@@ -806,7 +806,7 @@ Test(chan, park_keeps_untaken_events_and_reattach_delivers_them_in_order)
 	old_rw = c->rw;
 	old_ro = c->ro;
 	client_mem(c);
-	chan_reattach(&F.sc, &c->ch, &c->m);
+	chan_reattach(&F.sc, &c->ch, &c->m, false);
 	client_rings(c);
 	free(old_rw);
 	free(old_ro);

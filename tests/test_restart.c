@@ -323,11 +323,12 @@ Test(restart, twenty_restarts_leak_no_node_file_or_fd)
 			chime_close(c);
 		chime_close(anon);
 		/*
-		 * Every node in use is one of the session's 200 (no grant, no
-		 * anonymous timer): the anonymous client's are reclaimed once the
-		 * broker sees its close, a moment after chime_close().
+		 * The session's 200 timers and no anonymous one; grants only
+		 * those carried for the session's process (one ring's worth per
+		 * shard at most: kept until its next attach, never piling up).
 		 */
-		cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 200), 200, "round %d", round);
+		cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, 200), 200, "round %d", round);
+		cr_assert_leq(t_nodes(tb.sock, 1u << CHIME_NODE_GRANTED), 2 * 1024, "round %d", round);
 		if (!files) {
 			files = count_entries(tb.dir);
 			fds = broker_fds(0);   /* the settled count: 2 s of samples */
@@ -335,8 +336,10 @@ Test(restart, twenty_restarts_leak_no_node_file_or_fd)
 		cr_assert_eq(count_entries(tb.dir), files, "round %d: files next to the socket", round);
 		cr_assert_leq(broker_fds(fds), fds, "round %d: the broker's descriptors", round);
 	}
+	/* A new process cannot name the carried grants: its attach frees them, its exit its own. */
 	c = sopen_ok("loop");
 	chime_close(c);
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 200), 200, "grants left behind");
 }
 
 /* ---- (5) scribbled files: repaired node by node, or refused; never a crash ---- */

@@ -168,7 +168,7 @@ static void chan_new(struct chan *c, uint32_t sq_size, uint32_t cq_size)
 	c->sq = chime_at(&c->rw, c->g.rw_sq_off);
 	c->claim = chime_at(&c->rw, c->g.rw_claim_off);
 	c->cq = chime_at(&c->ro, c->g.ro_cq_off);
-	chime_sq_cons_init(&sc, c->sq, sq_size);
+	chime_sq_cons_init(&sc, c->sq, sq_size, 0);
 	for (uint32_t i = 0; i < sq_size; i++)
 		c->sq[i].grant = i;
 }
@@ -968,7 +968,7 @@ Test(ring, hostile_scribbles_never_move_the_consumer_out_of_bounds, .timeout = 1
 	h.cq_fd = memfd_page("chime-t-cq", H_CQ * sizeof(struct chime_cqe));
 	h.ro_fd = memfd_page("chime-t-ro", page());
 	sq = mmap(NULL, page(), PROT_READ | PROT_WRITE, MAP_SHARED, h.sq_fd, 0);
-	chime_sq_cons_init(&init, sq, H_SQ);
+	chime_sq_cons_init(&init, sq, H_SQ, 0);
 	munmap(sq, page());
 	chan_new(&h.clean, 256, 8);
 	h.clean_n = 500000ull * scale();

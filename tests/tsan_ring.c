@@ -205,7 +205,7 @@ int main(void)
 	sq = chime_at(&rw, g.rw_sq_off);
 	claim = chime_at(&rw, g.rw_claim_off);
 	cq = chime_at(&ro, g.ro_cq_off);
-	chime_sq_cons_init(&init, sq, g.sq_size);
+	chime_sq_cons_init(&init, sq, g.sq_size, 0);
 	for (uint32_t i = 0; i < g.sq_size; i++)
 		sq[i].grant = i;
 

@@ -157,10 +157,10 @@ static int client_attach(struct client *c, uint16_t slot)
 }
 
 /* A parked session's new process: new (zeroed) segments, the same channel (chan_reattach). */
-static void client_reattach(struct client *c)
+static void client_reattach(struct client *c, bool resume)
 {
 	client_mem(c);
-	chan_reattach(&W.sc, &c->ch, &c->m);
+	chan_reattach(&W.sc, &c->ch, &c->m, resume);
 	client_rings(c);
 }
 
@@ -264,8 +264,23 @@ static void check_world(void)
 		backlog += ch->nr_backlog;
 		CHECK(ch->cq.tail - ch->cq.head <= CQ, "client %u: %lu events in a ring of %u", c,
 		      (unsigned long)(ch->cq.tail - ch->cq.head), CQ);
-		if (ch->dying || ch->parked)
+		/* Carried grants: GRANTED, owned, marked, exactly ch->nr_carried of them. */
+		uint32_t carried = 0;
+
+		for (uint32_t i = ch->carried.head; i != CHIME_NIL && carried <= hw;
+		     i = wheel_node(&W.sc.wh, i)->next, carried++) {
+			const struct chime_node *n = wheel_node(&W.sc.wh, i);
+
+			CHECK(n->state == CHIME_NODE_GRANTED && n->owner == c && n->cq_pos == CHIME_POS_NONE - 1,
+			      "carried node %u of client %u", i, c);
+		}
+		CHECK(carried == ch->nr_carried, "client %u: %u carried nodes listed, nr_carried %u", c,
+		      carried, ch->nr_carried);
+		if (ch->dying || ch->parked) {
+			CHECK(granted[c] == carried, "client %u: %lu GRANTED nodes, %u carried", c,
+			      (unsigned long)granted[c], carried);
 			continue;       /* no grants, no ring of its own any more */
+		}
 		/* Whatever the client wrote as its sq_tail, the depth the shard reports fits the ring. */
 		CHECK(chan_sq_waiting(ch) <= SQ, "client %u: %lu records waiting in a ring of %u", c,
 		      (unsigned long)chan_sq_waiting(ch), SQ);
@@ -278,8 +293,8 @@ static void check_world(void)
 			} else {
 				markers++;
 			}
-		CHECK(grants == granted[c], "client %u: %lu grants, %lu GRANTED nodes", c,
-		      (unsigned long)grants, (unsigned long)granted[c]);
+		CHECK(grants + carried == granted[c], "client %u: %lu grants and %u carried, %lu GRANTED nodes", c,
+		      (unsigned long)grants, carried, (unsigned long)granted[c]);
 		CHECK(markers == ch->marked, "client %u: %lu markers, ch->marked %u", c,
 		      (unsigned long)markers, ch->marked);
 		CHECK(ch->owned <= W.sc.quota, "client %u owns %lu nodes, quota %lu", c,
@@ -494,7 +509,7 @@ static void honest_park(struct prog *g)
 		check_world();
 	}
 	W.hbase += c->m.rw->sq_tail;
-	client_reattach(c);
+	client_reattach(c, false);
 }
 
 /* ---- the hostile clients ---- */
@@ -659,11 +674,12 @@ static void step(struct prog *g)
 		uint8_t how = u8(g);
 
 		if (live(hc) && how < 96) {
+			h->ch.handover = how & 1;       /* a broker stop: grants carried, not freed */
 			while (!chan_park(&W.sc, &h->ch, 1 + how % 64))
 				;
 			CHECK(h->ch.parked, "client %u parked, not marked", hc);
 		} else if (W.cl[hc].attached && h->ch.parked && !h->ch.dying && how < 192) {
-			client_reattach(h);
+			client_reattach(h, how & 1);   /* resuming: the carried grants stay */
 		} else if (W.cl[hc].attached) {
 			shard_reclaim(hc, 1 + u8(g) % 64);
 		} else {

@@ -14,12 +14,13 @@
  * - on any error path of chime_open() nothing stays open or mapped;
  * - the broker's death is learnt from the socket (hang-up): chime_wait()
  *   watches it in io_uring, the other paths probe it rarely (see
- *   cl_broker_check()). Once known, it is final: every call returns
- *   -ENOTCONN.
+ *   cl_broker_check()). For an anonymous connection it is final: every
+ *   call returns -ENOTCONN. A named session reconnects (reconnect.c).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +37,6 @@
 #include "clock.h"
 
 #define CHIME_OPEN_TIMEOUT_S 10    /* a broker that accepts but never answers */
-#define CHIME_MAX_FDS (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS)
 
 CHIME_PUBLIC uint64_t chime_now(void)
 {
@@ -50,35 +50,30 @@ CHIME_PUBLIC const char *chime_version(void)
 
 /* ---- socket path ---- */
 
-static int resolve_path(const struct chime_opts *opts, struct sockaddr_un *sa, socklen_t *len)
+/* The socket chime_open() connects to, kept for a reconnect: the option, $CHIME_SOCKET, the default. */
+static int resolve_path(const char *path, char out[CHIME_PATH_MAX])
 {
-	const char *path = opts ? opts->socket_path : NULL;
-
 	if (path && !*path)
 		return -EINVAL;
 	if (!path)
 		path = secure_getenv("CHIME_SOCKET");      /* set but empty: as if unset */
 	if (!path || !*path)
 		path = CHIME_DEFAULT_SOCKET;   /* one host broker for every user */
-	if (!*path || strlen(path) >= sizeof(sa->sun_path))
+	if (strlen(path) >= CHIME_PATH_MAX)
 		return -EINVAL;
-	memset(sa, 0, sizeof(*sa));
-	sa->sun_family = AF_UNIX;
-	strcpy(sa->sun_path, path);
-	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
+	strcpy(out, path);
 	return 0;
 }
 
-static int connect_broker(const struct chime_opts *opts, int *out)
+static int connect_broker(const char *path, int *out)
 {
 	struct timeval tv = { .tv_sec = CHIME_OPEN_TIMEOUT_S };
-	struct sockaddr_un sa;
-	socklen_t len;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
 	int fd, r;
 
-	r = resolve_path(opts, &sa, &len);
-	if (r < 0)
-		return r;
+	_Static_assert(CHIME_PATH_MAX == sizeof(sa.sun_path), "a path libchime keeps fits sun_path");
+	strcpy(sa.sun_path, path);
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return errno == EMFILE || errno == ENFILE || errno == ENOBUFS ? -ENOMEM : -errno;
@@ -103,11 +98,13 @@ static int connect_broker(const struct chime_opts *opts, int *out)
 	return 0;
 }
 
-static int send_hello(int fd, const char *session)
+static int send_hello(int fd, const char *session, uint32_t flags, uint64_t sq_base)
 {
 	struct chime_hello hello = {
 		.magic = CHIME_HELLO_MAGIC,
 		.layout = CHIME_SHM_LAYOUT,
+		.flags = flags,
+		.sq_base = sq_base,
 	};
 	ssize_t n;
 
@@ -244,12 +241,51 @@ static int check_geometry(const struct chime_welcome *w, const struct chime_map 
 	return 0;
 }
 
+int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, int *sock,
+	    struct chime_welcome *w, int *fds, unsigned *nfds)
+{
+	int r = connect_broker(path, sock);
+
+	if (r < 0)
+		return r;
+	r = send_hello(*sock, session, flags, sq_base);
+	if (r == 0)
+		r = recv_welcome(*sock, w, fds, nfds);
+	if (r < 0) {
+		close(*sock);
+		*sock = -1;
+	}
+	return r;
+}
+
+int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[3], struct chime_client_geom *g)
+{
+	int r;
+
+	memset(maps, 0, 3 * sizeof(maps[0]));
+	r = map_seg(fds[0], CHIME_SEG_PUBLIC, false, w->pub_size, &maps[0]);
+	if (r == 0)
+		r = map_seg(fds[1], CHIME_SEG_CLIENT_RW, true, w->rw_size, &maps[1]);
+	if (r == 0)
+		r = map_seg(fds[2], CHIME_SEG_CLIENT_RO, false, w->ro_size, &maps[2]);
+	if (r == 0)
+		r = check_geometry(w, &maps[0], maps[1].base, maps[2].base, g);
+	if (r < 0)
+		for (int i = 0; i < 3; i++)
+			chime_seg_unmap(&maps[i]);
+	return r;
+}
+
 static void chime_free(struct chime *c)
 {
 	if (!c)
 		return;
 	if (c->has_ring)
 		io_uring_queue_exit(&c->ring);
+	if (c->timer_fd >= 0)
+		close(c->timer_fd);
+	if (c->session[0])
+		pthread_mutex_destroy(&c->lock);
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		if (c->chan[s].doorbell >= 0)
 			close(c->chan[s].doorbell);
@@ -289,23 +325,18 @@ static int wake_fds(struct chime *c)
 
 static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 {
-	const struct chime_client_ro *ro;
+	struct chime_map maps[3];
 	struct chime_client_geom g;
 	int r;
 
-	r = map_seg(fds[0], CHIME_SEG_PUBLIC, false, w->pub_size, &c->pub_map);
-	if (r == 0)
-		r = map_seg(fds[1], CHIME_SEG_CLIENT_RW, true, w->rw_size, &c->rw_map);
-	if (r == 0)
-		r = map_seg(fds[2], CHIME_SEG_CLIENT_RO, false, w->ro_size, &c->ro_map);
+	r = cl_map(w, fds, maps, &g);
 	if (r < 0)
 		return r;
+	c->pub_map = maps[0];
+	c->rw_map = maps[1];
+	c->ro_map = maps[2];
 	c->pub = c->pub_map.base;
 	c->rw = c->rw_map.base;
-	ro = c->ro_map.base;
-	r = check_geometry(w, &c->pub_map, c->rw, ro, &g);
-	if (r < 0)
-		return r;
 	c->sq_size = g.sq_size;
 	c->cq_size = g.cq_size;
 	c->slot = w->slot;
@@ -354,7 +385,7 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
  */
 static int open_session(chime_t **out, const char *socket_path, unsigned flags, const char *session)
 {
-	const struct chime_opts path_only = { .socket_path = socket_path };
+	char path[CHIME_PATH_MAX];
 	int fds[CHIME_MAX_FDS];
 	struct chime_welcome w;
 	struct chime *c;
@@ -364,25 +395,25 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	/* A session name as the broker accepts it: 1..63 bytes of [A-Za-z0-9._-]. */
 	if (!out || flags != 0 || (session && chime_session_len(session) <= 0))
 		return -EINVAL;
-	r = connect_broker(&path_only, &sock);
+	r = resolve_path(socket_path, path);
 	if (r < 0)
 		return r;
-	r = send_hello(sock, session);
-	if (r == 0)
-		r = recv_welcome(sock, &w, fds, &nfds);
-	if (r < 0) {
-		close(sock);
+	r = cl_dial(path, session, 0, 0, &sock, &w, fds, &nfds);
+	if (r < 0)
 		return r;
-	}
 	c = calloc(1, sizeof(*c) + w.nr_shards * sizeof(c->chan[0]));
-	if (!c) {
+	if (!c || (session && pthread_mutex_init(&c->lock, NULL) != 0)) {
+		free(c);
 		close_fds(fds, nfds);
 		close(sock);
 		return -ENOMEM;
 	}
 	c->sock = sock;
-	c->kick_fd = c->ep_fd = -1;
+	c->kick_fd = c->ep_fd = c->timer_fd = -1;
 	c->nr_shards = w.nr_shards;
+	memcpy(c->path, path, sizeof(path));
+	if (session)
+		memcpy(c->session, session, strlen(session) + 1);
 	for (uint32_t s = 0; s < c->nr_shards; s++)
 		c->chan[s].doorbell = -1;
 	r = setup(c, &w, fds);
@@ -392,11 +423,16 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 		chime_free(c);
 		return r;
 	}
+	cl_sock_ready(sock);
+	*out = c;
+	return 0;
+}
+
+void cl_sock_ready(int sock)
+{
 	/* Back to blocking without timeouts: only non-blocking probes use the socket now. */
 	(void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &(struct timeval){ 0 }, sizeof(struct timeval));
 	(void)setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &(struct timeval){ 0 }, sizeof(struct timeval));
-	*out = c;
-	return 0;
 }
 
 /* The first ABI's struct chime_opts (CHIME_0.1, CHIME_0.2). */
@@ -462,17 +498,12 @@ void cl_ring_doorbell(struct chime_chan *ch)
 
 /* ---- broker liveness ---- */
 
-void cl_mark_dead(struct chime *c)
-{
-	at_store(&c->dead, 1);
-}
-
 bool cl_broker_gone(struct chime *c, bool probe)
 {
 	struct pollfd pfd = { .fd = c->sock, .events = POLLRDHUP };
 	int n;
 
-	if (cl_is_dead(c))
+	if (cl_is_dead(c) || cl_reconnecting(c))
 		return true;
 	/* H1: plain status word of the control thread; a stop is final. */
 	if (at_load_acq(&c->pub->state) == CHIME_BROKER_STOPPED)
@@ -488,7 +519,7 @@ bool cl_broker_gone(struct chime *c, bool probe)
 	if (n <= 0 || !(pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)))
 		return false;
 gone:
-	cl_mark_dead(c);
+	cl_lost(c);
 	return true;
 }
 

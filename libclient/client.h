@@ -22,6 +22,7 @@
 #define CHIME_CLIENT_H
 
 #include <liburing.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -32,6 +33,8 @@
 #include "segment.h"
 
 #define CHIME_PUBLIC __attribute__((visibility("default")))
+#define CHIME_MAX_FDS (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS)
+#define CHIME_PATH_MAX 108              /* sizeof(sockaddr_un.sun_path) */
 
 /*
  * The drainer's private set of RESET/CANCEL/CANCEL_KEY records it found still
@@ -63,6 +66,9 @@ struct chime_chan {
 	const uint64_t *backlog;            /* chime_chan_ro.backlog (broker) */
 	uint64_t seen;                      /* drainer: the cq_tail the last drain worked to */
 	uint32_t held;                      /* drainer: head waits for a RESET the shard has not applied */
+	/* reconnect (under struct chime.lock) */
+	uint64_t closed_from;               /* the tail when the ring was closed: records below it count */
+	uint64_t closed_at;                 /* the tail we moved it to (no slot is free there); 0: open */
 };
 
 struct chime {
@@ -74,7 +80,19 @@ struct chime {
 	uint32_t sq_size;
 	uint32_t cq_size;
 	uint32_t slot;                      /* our entry in the control segment's client table */
-	int dead;                           /* atomic: 1 once the broker is known to be gone */
+	int dead;                           /* atomic: 1 once the broker is known to be gone for good */
+	int recon;                          /* atomic: 1 while a session has lost its broker and reconnects */
+
+	/* reconnect (named sessions only, reconnect.c); all but `recon` under `lock` */
+	char session[CHIME_SESSION_MAX];    /* "" anonymous: never reconnects */
+	char path[CHIME_PATH_MAX];          /* the socket chime_open() connected to */
+	pthread_mutex_t lock;               /* sessions: the drainer and a reconnect exclude each other */
+	int timer_fd;                       /* in chime_fd()'s set: readable when an attempt is due; -1 */
+	bool recon_begun;                   /* rings closed, old socket gone */
+	uint64_t recon_give_up_ns;
+	uint64_t recon_next_ns;
+	uint64_t recon_backoff_ns;
+	uint64_t reconnects;                /* done, for the tests */
 
 	struct chime_map pub_map;           /* the broker's public segment: state, heartbeat, sleep numbers */
 	struct chime_map rw_map;
@@ -106,17 +124,48 @@ struct chime {
 };
 
 /* client.c */
-/* True if the broker is known gone; checks the socket (a syscall) only if `probe`. */
+/*
+ * True if this connection cannot be used now: the broker is known gone (for
+ * good, or a session reconnecting). Checks the socket (a syscall) only if
+ * `probe`; what it learns goes to cl_lost().
+ */
 bool cl_broker_gone(struct chime *c, bool probe);
 /* Cheap liveness check for idle paths: probes the socket at most once a second,
  * and only when the broker's heartbeat is stale or it announced a stop. */
 bool cl_broker_check(struct chime *c, uint64_t now);
-void cl_mark_dead(struct chime *c);
+/* connect(), hello, welcome: the welcome's fds in fds[0..*nfds) and *sock are the caller's. */
+int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, int *sock,
+	    struct chime_welcome *w, int *fds, unsigned *nfds);
+/* Map and check the welcome's three segments (public, rw, ro); nothing stays mapped on error. */
+int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[3], struct chime_client_geom *g);
+/* The handshake is over: the socket blocks again, with no timeouts. */
+void cl_sock_ready(int sock);
 
 static inline bool cl_is_dead(const struct chime *c)
 {
 	return at_load(&c->dead) != 0;
 }
+
+static inline bool cl_reconnecting(const struct chime *c)
+{
+	return at_load(&c->recon) != 0;
+}
+
+/* reconnect.c */
+/*
+ * The broker is gone: final for an anonymous connection; a session starts
+ * reconnecting (any thread, any number of times).
+ */
+void cl_lost(struct chime *c);
+/*
+ * Move a reconnect on: close the old rings the first time, then try the
+ * broker when an attempt is due. `locked`: the caller holds c->lock (the
+ * drainer); else it is tried, and a busy lock means someone else is at it.
+ * Returns true while the connection is still being re-made.
+ */
+bool cl_reconnect(struct chime *c, bool locked);
+/* Nanoseconds until the next attempt is due (0: now), for a sleeping drainer. */
+uint64_t cl_reconnect_wait_ns(struct chime *c);
 
 /* Write our doorbell for a shard if it sleeps (after a full barrier by the caller). */
 void cl_ring_doorbell(struct chime_chan *ch);

@@ -45,6 +45,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/socket.h>
 #include <string.h>
@@ -331,8 +332,13 @@ static void wake_clear(struct chime *c)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
-			cl_mark_dead(c);
-		return;
+			cl_lost(c);
+		break;
+	}
+	if (c->timer_fd >= 0) {
+		uint64_t v;
+
+		(void)!read(c->timer_fd, &v, sizeof(v));
 	}
 }
 
@@ -370,10 +376,15 @@ CHIME_PUBLIC int chime_fd(const chime_t *c)
 	 * when the broker dies) and our kick eventfd: nothing the broker or
 	 * another client holds.
 	 */
+	if (m->session[0])
+		pthread_mutex_lock(&m->lock);
 	if (!m->fd_used) {
 		m->fd_used = 1;
-		fd_arm(m);
+		if (!cl_reconnecting(m))
+			fd_arm(m);
 	}
+	if (m->session[0])
+		pthread_mutex_unlock(&m->lock);
 	return c->ep_fd;
 }
 
@@ -383,7 +394,7 @@ CHIME_PUBLIC int chime_fd(const chime_t *c)
  * drain that finds nothing arms want_wakeup first. `want_kick`: returning to the
  * application with events left behind (max reached): make the fd readable.
  */
-static int poll_events(struct chime *c, struct chime_event *out, unsigned max, bool sleepy, bool want_kick)
+static int poll_rings(struct chime *c, struct chime_event *out, unsigned max, bool sleepy, bool want_kick)
 {
 	unsigned n = drain(c, out, max);
 
@@ -418,9 +429,36 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 	if (sleepy && c->held)
 		kick(c);        /* come back soon: a reset is about to void an event */
 	c->empty_streak++;
+	/* A session's broker gone: it reconnects (next call), and this call had nothing. */
 	if (cl_is_dead(c) || cl_broker_check(c, chime_now()))
-		return -ENOTCONN;
+		return cl_is_dead(c) ? -ENOTCONN : 0;
 	return 0;
+}
+
+/*
+ * A named session's drainer excludes a reconnect (reconnect.c), which
+ * resets the drainer's state; while reconnecting it returns nothing, and
+ * makes the attempts that are due. Anonymous connections take no lock.
+ */
+static int poll_events(struct chime *c, struct chime_event *out, unsigned max, bool sleepy, bool want_kick)
+{
+	int n;
+
+	if (likely(!c->session[0]))
+		return poll_rings(c, out, max, sleepy, want_kick);
+	pthread_mutex_lock(&c->lock);
+	if (cl_reconnecting(c)) {
+		wake_clear(c);  /* the timerfd that brought the caller here */
+		(void)cl_reconnect(c, true);
+	}
+	if (cl_reconnecting(c))
+		n = 0;
+	else if (cl_is_dead(c))
+		n = -ENOTCONN;
+	else
+		n = poll_rings(c, out, max, sleepy, want_kick);
+	pthread_mutex_unlock(&c->lock);
+	return n;
 }
 
 CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max)
@@ -586,6 +624,16 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 			return n;
 		if (!time_left(deadline, &left))
 			return 0;
+		if (unlikely(cl_reconnecting(c))) {
+			/* No broker to wait on: sleep until the next attempt (poll_events makes it). */
+			uint64_t ns = cl_reconnect_wait_ns(c);
+
+			ns = ns < left ? ns : left;
+			ns = ns > 1000000u ? ns : 1000000u;
+			nanosleep(&(struct timespec){ .tv_sec = (time_t)(ns / 1000000000u),
+						     .tv_nsec = (long)(ns % 1000000000u) }, NULL);
+			continue;
+		}
 		if (spin_for_events(c, left < WAIT_SPIN_NS ? left : WAIT_SPIN_NS))
 			continue;
 		/* About to sleep: arm want_wakeup and look once more (poll_events does both). */

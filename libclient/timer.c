@@ -15,7 +15,8 @@
  * - RESET and CANCEL go to the shard named in the id; CANCEL_KEY to every
  *   shard (a key's timers are spread over all of them).
  * - A full ring is waited out (spin, then yield, then short sleeps), never
- *   dropped; the wait gives up with -ENOTCONN if the broker dies meanwhile.
+ *   dropped; the wait gives up with -ENOTCONN if the broker dies meanwhile
+ *   (a named session's: once reconnecting has failed, reconnect.c).
  */
 #include <errno.h>
 #include <sched.h>
@@ -54,6 +55,12 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 			return sqe;
 		if (cl_is_dead(c))
 			return NULL;
+		if (unlikely(cl_reconnecting(c))) {
+			/* A session's broker is gone and its rings closed: reconnect, or wait for whoever does. */
+			if (cl_reconnect(c, false))
+				nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
+			continue;
+		}
 		if (i % 64)
 			continue;
 		now = chime_now();      /* vDSO: no syscall */
@@ -65,7 +72,7 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 		cl_ring_doorbell(ch);
 		if (now - probed >= ROOM_YIELD_NS) {
 			probed = now;
-			if (cl_broker_gone(c, true))
+			if (cl_broker_gone(c, true) && cl_is_dead(c))
 				return NULL;
 		}
 		if (waited < ROOM_YIELD_NS)

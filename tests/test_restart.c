@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -560,5 +561,162 @@ Test(restart, chimectl_restart_hands_over_in_place_under_load)
 		seen[ev[k].user_data]++;
 	for (unsigned i = 0; i < 2000; i++)
 		cr_assert_eq(seen[i], 1, "timer %u delivered %u times across the restart", i, seen[i]);
+	chime_close(c);
+}
+
+/* ---- (8) a session's process keeps arming, resetting, cancelling and draining through restarts ---- */
+
+enum { N8 = 2400, LAG8 = 40 };
+
+/* Timer i: i % 3 == 0 fires as armed; 1: armed far, reset near LAG8 timers later; 2: armed far, cancelled then. */
+struct t8 {
+	chime_t *c;
+	chime_id_t id[N8];
+	uint64_t deadline[N8];          /* the near deadline it was armed or reset to (atomic) */
+	int err;                        /* the first error a call returned (atomic) */
+	unsigned done;                  /* atomic: the producer finished */
+	uint16_t got[N8];
+};
+
+static void t8_touch(struct t8 *s, unsigned j, uint64_t *rng)
+{
+	uint64_t near = now_ns() + (50 + splitmix64(rng) % 250) * MS;
+	int r = 0;
+
+	if (j % 3 == 1) {
+		__atomic_store_n(&s->deadline[j], near, __ATOMIC_RELEASE);
+		r = chime_reset(s->c, s->id[j], near);      /* an id from before a restart, often */
+	} else if (j % 3 == 2) {
+		r = chime_cancel(s->c, s->id[j]);
+	}
+	if (r)
+		__atomic_store_n(&s->err, r, __ATOMIC_RELEASE);
+}
+
+static void *t8_producer(void *arg)
+{
+	struct t8 *s = arg;
+	uint64_t rng = 8;
+
+	for (unsigned i = 0; i < N8 && !__atomic_load_n(&s->err, __ATOMIC_ACQUIRE); i++) {
+		uint64_t near = now_ns() + (50 + splitmix64(&rng) % 250) * MS;
+		int r;
+
+		__atomic_store_n(&s->deadline[i], near, __ATOMIC_RELEASE);
+		/* Blocks while no broker runs, as on a full ring: never an error, never a lost record. */
+		r = chime_arm(s->c, 0, i % 3 ? now_ns() + HOUR : near, 0, i, &s->id[i]);
+		if (r)
+			__atomic_store_n(&s->err, r, __ATOMIC_RELEASE);
+		if (i >= LAG8)
+			t8_touch(s, i - LAG8, &rng);
+		usleep(1000);
+	}
+	for (unsigned j = N8 - LAG8; j < N8; j++)
+		t8_touch(s, j, &rng);
+	__atomic_store_n(&s->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* Drain for `ms`, never early, counting each timer's events. */
+static void t8_drain(struct t8 *s, unsigned ms)
+{
+	uint64_t until = now_ns() + ms * MS;
+	struct chime_event ev[64];
+
+	while (now_ns() < until) {
+		int r = chime_wait(s->c, ev, 64, 20);
+
+		cr_assert_geq(r, 0, "chime_wait: %s (the process saw the restart)", strerror(-r));
+		for (int k = 0; k < r; k++) {
+			unsigned i = (unsigned)ev[k].user_data;
+
+			cr_assert_lt(i, N8);
+			cr_assert_neq(i % 3, 2, "cancelled timer %u fired", i);
+			cr_assert_geq(ev[k].fired_ns, ev[k].deadline_ns, "timer %u fired early", i);
+			cr_assert_geq(ev[k].deadline_ns, __atomic_load_n(&s->deadline[i], __ATOMIC_ACQUIRE),
+				      "timer %u fired at a deadline before its last one", i);
+			s->got[i]++;
+		}
+	}
+}
+
+/*
+ * `sig` restarts the broker three times while one thread arms, resets and
+ * cancels (ids from before a restart too) and this one drains: no call
+ * fails, chime_fd() keeps its number, every timer fires, none early, no
+ * cancelled one; `exactly`: each once.
+ */
+static void through_restarts(int sig, bool exactly)
+{
+	struct t8 *s = calloc(1, sizeof(*s));
+	unsigned dups = 0;
+	pthread_t th;
+	int fd;
+
+	cr_assert_not_null(s);
+	start("-n 2");
+	s->c = sopen_ok("through");
+	fd = chime_fd(s->c);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pthread_create(&th, NULL, t8_producer, s), 0);
+	for (int round = 0; round < 3; round++) {
+		t8_drain(s, 600);
+		restart(sig, "-n 2");
+	}
+	while (!__atomic_load_n(&s->done, __ATOMIC_ACQUIRE))
+		t8_drain(s, 100);
+	pthread_join(th, NULL);
+	cr_assert_eq(s->err, 0, "a call failed across a restart: %s", strerror(-s->err));
+	t8_drain(s, 700);
+	cr_assert_eq(chime_fd(s->c), fd, "chime_fd() changed");
+	/* The grants carried for re-submitted ARMs are gone: only the live rings' (sq_size a shard). */
+	cr_assert_eq(t_nodes_settle(tb.sock, 1u << CHIME_NODE_GRANTED, 2 * 1024), 2 * 1024,
+		     "grants carried across a restart were never freed");
+	for (unsigned i = 0; i < N8; i++) {
+		if (i % 3 == 2)
+			continue;
+		cr_assert_geq(s->got[i], 1, "timer %u was lost", i);
+		dups += s->got[i] - 1u;
+		if (exactly)
+			cr_assert_eq(s->got[i], 1, "timer %u delivered %u times", i, s->got[i]);
+	}
+	if (dups)
+		cr_log_info("%u events delivered again after a crash (at-least-once)", dups);
+	chime_close(s->c);
+	free(s);
+}
+
+Test(restart, a_session_process_keeps_working_through_planned_restarts_exactly_once)
+{
+	through_restarts(SIGTERM, true);
+}
+
+Test(restart, a_session_process_keeps_working_through_crashes_losing_nothing)
+{
+	through_restarts(SIGKILL, false);
+}
+
+/* A broker the session cannot resume with (other ring sizes): -ENOTCONN, as an anonymous connection. */
+Test(restart, a_broker_with_other_rings_ends_the_reconnect_with_enotconn)
+{
+	struct chime_event ev;
+	chime_id_t id, id2;
+	chime_t *c;
+	int r = 0;
+
+	start("-n 1");
+	c = sopen_ok("other");
+	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 1, &id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 1), 1);
+	restart(SIGTERM, "-n 1 --sq-size 64");
+	for (int i = 0; i < 500 && (r = chime_wait(c, &ev, 1, 10)) == 0; i++)
+		;
+	cr_assert_eq(r, -ENOTCONN, "chime_wait: %d", r);
+	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 2, &id2), -ENOTCONN);
+	chime_close(c);
+	/* The timer is still the session's: a new process, with the new rings, cancels it by its id. */
+	c = sopen_ok("other");
+	cr_assert_eq(chime_cancel(c, id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 0), 0, "the old id did not cancel its timer");
 	chime_close(c);
 }

@@ -1,0 +1,292 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * reconnect.c - a named session does not see its broker restart
+ * (ARCHITECTURE.md, "libchime's reconnect").
+ *
+ *   CONNECTED --broker gone--> RECONNECTING --welcome, same geometry--> CONNECTED
+ *                                   +--30 s, or a broker it cannot resume with--> DEAD
+ *
+ * While reconnecting:
+ * - every submission ring is closed: its tail jumps to a position no slot is
+ *   free for (every seq is below it, ring.h), so producers wait in
+ *   wait_room() as on a full ring, and one still holding an older position
+ *   can never claim a slot, in this ring or the next;
+ * - the drainer returns nothing: what the old completion rings still hold
+ *   comes back through the new broker (a planned stop settled it by claim
+ *   word; after a crash the new broker delivers it again);
+ * - attempts back off from 10 ms to 1 s; a timerfd in chime_fd()'s epoll
+ *   set makes the fd readable when one is due.
+ *
+ * On a welcome: the records the old broker never read (published, their
+ * slot not freed) are copied in order into the new rings, which start at the
+ * closed position, and a RESUMED follows them (the broker then frees the
+ * grants it carried for them). Then the new segments are moved onto the old
+ * addresses (mremap) and the new doorbells and socket onto the old fd
+ * numbers (dup3): no thread ever holds a pointer or an fd that goes away,
+ * chime_fd() keeps its number, and ids stay valid.
+ *
+ * Everything here runs under c->lock, which the drainer holds too; `recon`
+ * and `dead` are the only words other threads read.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client.h"
+
+#define RECONNECT_NS     (UINT64_C(30) * 1000000000u)   /* chime_open(3): then -ENOTCONN */
+#define BACKOFF_MIN_NS   (UINT64_C(10) * 1000000u)
+#define BACKOFF_MAX_NS   (UINT64_C(1000) * 1000000u)
+#define INFLIGHT_WAIT_NS (UINT64_C(1000) * 1000000u)    /* a producer between its claim and publish */
+
+void cl_lost(struct chime *c)
+{
+	if (!c->session[0])
+		at_store(&c->dead, 1);
+	else if (!cl_is_dead(c))
+		at_store(&c->recon, 1);
+}
+
+uint64_t cl_reconnect_wait_ns(struct chime *c)
+{
+	uint64_t now = chime_now(), next = at_load(&c->recon_next_ns);
+
+	return next > now ? next - now : 0;
+}
+
+/* chime_fd() becomes readable at `at` (CLOCK_MONOTONIC ns), or never (0). */
+static void timer_set(struct chime *c, uint64_t at)
+{
+	struct itimerspec its = {
+		.it_value = { .tv_sec = (time_t)(at / 1000000000u), .tv_nsec = (long)(at % 1000000000u) },
+	};
+
+	if (c->timer_fd >= 0)
+		(void)timerfd_settime(c->timer_fd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+/* Close every submission ring (see the top) and let claimed positions be published. */
+static void rings_close(struct chime *c)
+{
+	uint64_t until = chime_now() + INFLIGHT_WAIT_NS;
+
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		struct chime_chan *ch = &c->chan[s];
+		uint64_t size = (uint64_t)ch->sq.mask + 1, cur = at_load(ch->sq.tail), to;
+
+		/* Every seq is below cur + size: nothing is free at `to` or after. */
+		do
+			to = (cur + 2 * size) & ~(size - 1);
+		while (!at_cas(ch->sq.tail, &cur, to));
+		ch->closed_from = cur;
+		ch->closed_at = to;
+	}
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		struct chime_chan *ch = &c->chan[s];
+		uint64_t size = (uint64_t)ch->sq.mask + 1;
+
+		for (uint64_t pos = ch->closed_from > size ? ch->closed_from - size : 0; pos < ch->closed_from; pos++)
+			while (at_load_acq(&ch->sq.slots[pos & ch->sq.mask].seq) == pos && chime_now() < until)
+				sched_yield();
+	}
+}
+
+static void begin(struct chime *c, uint64_t now)
+{
+	rings_close(c);
+	/* The old connection only says "gone" now: out of the fd's set until the new one replaces it. */
+	(void)epoll_ctl(c->ep_fd, EPOLL_CTL_DEL, c->sock, NULL);
+	if (c->timer_fd < 0) {
+		struct epoll_event ev = { .events = EPOLLIN };
+
+		c->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+		if (c->timer_fd >= 0 && epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->timer_fd, &ev) < 0) {
+			close(c->timer_fd);
+			c->timer_fd = -1;
+		}
+	}
+	c->recon_give_up_ns = now + RECONNECT_NS;
+	c->recon_backoff_ns = BACKOFF_MIN_NS;
+	at_store(&c->recon_next_ns, now);
+	c->recon_begun = true;
+}
+
+static void put(struct chime_sqe *slots, uint32_t mask, uint64_t pos, const struct chime_sqe *r)
+{
+	struct chime_sqe *q = &slots[pos & mask];
+
+	at_store(&q->id, r->id);
+	at_store(&q->key, r->key);
+	at_store(&q->deadline_ns, r->deadline_ns);
+	at_store(&q->period_ns, r->period_ns);
+	at_store(&q->user_data, r->user_data);
+	at_store(&q->op, r->op);
+	chime_sq_publish(q, pos);
+}
+
+/*
+ * Copy what the old broker never read into the new rings (rw: not visible
+ * to any other thread yet; the new broker may read along, in order).
+ */
+static void resubmit(struct chime *c, const struct chime_map *rw, const struct chime_client_geom *g,
+		     uint64_t base)
+{
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		const struct chime_chan *ch = &c->chan[s];
+		struct chime_sqe *slots = chime_at(rw, g->rw_sq_off + (uint64_t)s * g->sq_size * sizeof(struct chime_sqe));
+		struct chime_chan_rw *crw = chime_at(rw, g->rw_chan_off + s * sizeof(*crw));
+		uint64_t size = g->sq_size, pos = base;
+
+		for (uint64_t p = ch->closed_from > size ? ch->closed_from - size : 0; p < ch->closed_from; p++) {
+			struct chime_sqe r;
+
+			/* Published and its slot never freed: the old broker did not apply it. */
+			if (!chime_sq_peek(ch->sq.slots, ch->sq.mask, p, &r))
+				continue;
+			if (r.op == CHIME_OP_ARM || r.op == CHIME_OP_RESET || r.op == CHIME_OP_CANCEL ||
+			    r.op == CHIME_OP_CANCEL_KEY)
+				put(slots, g->sq_size - 1, pos++, &r);
+		}
+		/* A ring that was full leaves no room: the carried grants then go with the next attach. */
+		if (pos - base < size)
+			put(slots, g->sq_size - 1, pos++, &(struct chime_sqe){ .op = CHIME_OP_RESUMED });
+		at_store_rel(&crw->sq_tail, pos);
+	}
+}
+
+/* Move the new segment onto the old one's address: the old one is unmapped by it. */
+static int move_onto(struct chime_map *from, struct chime_map *onto)
+{
+	void *p = mremap(from->base, from->size, from->size, MREMAP_MAYMOVE | MREMAP_FIXED, onto->base);
+
+	if (p == MAP_FAILED)
+		return -errno;
+	from->base = NULL;
+	return 0;
+}
+
+/* The drainer's view of the new rings: same addresses, positions from the new segment. */
+static void drainer_reset(struct chime *c)
+{
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		struct chime_chan *ch = &c->chan[s];
+
+		ch->cq.head = ch->cq.tail = at_load(ch->cq.head_pub);
+		ch->seen = ch->cq.head;
+		ch->held = 0;
+		ch->closed_from = ch->closed_at = 0;
+		at_store(&ch->rung, 0);
+	}
+	c->held = 0;
+	c->ww_armed = 0;
+	c->empty_streak = 0;
+	c->last_sock_check_ns = 0;
+}
+
+/* One attempt. 0: connected again; -EPROTO, -EACCES, -EINVAL: never will be; else: try again. */
+static int attempt(struct chime *c)
+{
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP };
+	int fds[CHIME_MAX_FDS], sock = -1, r;
+	struct chime_client_geom g;
+	struct chime_map maps[3];
+	struct chime_welcome w;
+	unsigned nfds = 0;
+	uint64_t base = 0;
+
+	for (uint32_t s = 0; s < c->nr_shards; s++)
+		base = c->chan[s].closed_at > base ? c->chan[s].closed_at : base;
+	r = cl_dial(c->path, c->session, CHIME_HELLO_RESUME, base, &sock, &w, fds, &nfds);
+	if (r < 0)
+		return r;
+	/* The rings move onto the old addresses: they must be the same size. */
+	if (w.nr_shards != c->nr_shards || w.pub_size != c->pub_map.size || w.rw_size != c->rw_map.size ||
+	    w.ro_size != c->ro_map.size)
+		r = -EPROTO;
+	if (r == 0)
+		r = cl_map(&w, fds, maps, &g);
+	if (r == 0 && (g.sq_size != c->sq_size || g.cq_size != c->cq_size)) {
+		for (int i = 0; i < 3; i++)
+			chime_seg_unmap(&maps[i]);
+		r = -EPROTO;
+	}
+	if (r == 0) {
+		resubmit(c, &maps[1], &g, base);
+		r = move_onto(&maps[0], &c->pub_map);
+		if (r == 0)
+			r = move_onto(&maps[1], &c->rw_map);
+		if (r == 0)
+			r = move_onto(&maps[2], &c->ro_map);
+		for (int i = 0; i < 3; i++)
+			chime_seg_unmap(&maps[i]);
+		if (r < 0)
+			r = -EPROTO;    /* half moved: nothing sane to go back to */
+	}
+	for (uint32_t s = 0; r == 0 && s < c->nr_shards; s++)
+		if (dup3(fds[CHIME_WELCOME_FIXED_FDS + s], c->chan[s].doorbell, O_CLOEXEC) < 0)
+			r = -EPROTO;
+	if (r == 0 && dup3(sock, c->sock, O_CLOEXEC) < 0)
+		r = -EPROTO;
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	close(sock);
+	if (r < 0)
+		return r;
+	cl_sock_ready(c->sock);
+	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
+		return -EPROTO;
+	c->slot = w.slot;
+	drainer_reset(c);
+	return 0;
+}
+
+bool cl_reconnect(struct chime *c, bool locked)
+{
+	uint64_t now, one = 1;
+	int r;
+
+	if (!cl_reconnecting(c))
+		return false;
+	if (!locked && pthread_mutex_trylock(&c->lock) != 0)
+		return cl_reconnecting(c);
+	if (!cl_reconnecting(c))
+		goto out;
+	now = chime_now();
+	if (!c->recon_begun)
+		begin(c, now);
+	if (now < at_load(&c->recon_next_ns))
+		goto out;
+	r = attempt(c);
+	now = chime_now();
+	if (r == 0) {
+		c->recon_begun = false;
+		c->reconnects++;
+		timer_set(c, 0);
+		/* Come back: the fd's promise, and the shards may be asleep with our re-submitted records. */
+		if (write(c->kick_fd, &one, sizeof(one)) == sizeof(one))
+			c->kicks++;
+		at_store_rel(&c->recon, 0);
+		for (uint32_t s = 0; s < c->nr_shards; s++) {
+			at_fence();
+			cl_ring_doorbell(&c->chan[s]);
+		}
+	} else if (r == -EPROTO || r == -EACCES || r == -EINVAL || now >= c->recon_give_up_ns) {
+		at_store(&c->dead, 1);
+		at_store_rel(&c->recon, 0);
+		timer_set(c, 0);
+	} else {
+		at_store(&c->recon_next_ns, now + c->recon_backoff_ns);
+		c->recon_backoff_ns = c->recon_backoff_ns * 2 < BACKOFF_MAX_NS ? c->recon_backoff_ns * 2 : BACKOFF_MAX_NS;
+		timer_set(c, at_load(&c->recon_next_ns));
+	}
+out:
+	if (!locked)
+		pthread_mutex_unlock(&c->lock);
+	return cl_reconnecting(c);
+}

@@ -659,8 +659,11 @@ static void through_restarts(int sig, bool exactly)
 	fd = chime_fd(s->c);
 	cr_assert_geq(fd, 0);
 	cr_assert_eq(pthread_create(&th, NULL, t8_producer, s), 0);
-	for (int round = 0; round < 3; round++) {
-		t8_drain(s, 600);
+	/* The stress suite (CHIME_STRESS=1) restarts it 12 times. */
+	int rounds = getenv("CHIME_STRESS") && atoi(getenv("CHIME_STRESS")) > 0 ? 12 : 3;
+
+	for (int round = 0; round < rounds; round++) {
+		t8_drain(s, round < 3 ? 600 : 200);
 		restart(sig, "-n 2");
 	}
 	while (!__atomic_load_n(&s->done, __ATOMIC_ACQUIRE))

@@ -399,11 +399,12 @@ Test(session, chimectl_lists_and_drops_sessions)
 
 /* ---- (7) names ---- */
 
-/* A raw hello with a session field of our choosing: the broker's answer status. */
-static int raw_hello(const char session[CHIME_SESSION_MAX])
+/* A raw hello with a session field, flags and base of our choosing: the broker's answer status. */
+static int raw_hello_as(const char session[CHIME_SESSION_MAX], uint32_t flags, uint64_t sq_base)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = flags,
+				 .sq_base = sq_base };
 	struct chime_welcome w = { 0 };
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	ssize_t n;
@@ -417,6 +418,11 @@ static int raw_hello(const char session[CHIME_SESSION_MAX])
 	close(fd);
 	cr_assert_eq(n, (ssize_t)sizeof(w));
 	return w.status;
+}
+
+static int raw_hello(const char session[CHIME_SESSION_MAX])
+{
+	return raw_hello_as(session, 0, 0);
 }
 
 Test(session, bad_session_names_are_einval)
@@ -443,6 +449,30 @@ Test(session, bad_session_names_are_einval)
 	cr_assert_eq(raw_hello(raw), -EINVAL);
 	/* Nothing stuck: the broker still serves. */
 	c = sopen_ok("fine");
+	chime_close(c);
+}
+
+/* A resuming hello (libchime's reconnect) is checked like any other: a base that fits, only with a session. */
+Test(session, resuming_hellos_are_checked)
+{
+	char name[CHIME_SESSION_MAX] = "resumer";
+	struct chime_event ev;
+	chime_id_t id;
+	chime_t *c;
+
+	start("-n 1 --sq-size 16");
+	cr_assert_eq(raw_hello_as((char[CHIME_SESSION_MAX]){ 0 }, CHIME_HELLO_RESUME, 0), -EINVAL,
+		     "resuming an anonymous connection");
+	cr_assert_eq(raw_hello_as(name, 0, 16), -EINVAL, "a base without the resume flag");
+	cr_assert_eq(raw_hello_as(name, CHIME_HELLO_RESUME, 17), -EINVAL, "a base not a multiple of sq_size");
+	cr_assert_eq(raw_hello_as(name, CHIME_HELLO_RESUME, UINT64_C(1) << 62), -EINVAL, "a base near the wrap");
+	/* A good one opens the session (its rings from 1 << 40); its process leaves at once. */
+	cr_assert_eq(raw_hello_as(name, CHIME_HELLO_RESUME, UINT64_C(1) << 40), 0);
+	/* The broker still serves it and others, from position 0 again. */
+	c = sopen_ok("resumer");
+	cr_assert_eq(chime_arm(c, 0, now_ns(), 0, 7, &id), 0);
+	cr_assert_eq(chime_wait(c, &ev, 1, 2000), 1);
+	cr_assert_eq(ev.user_data, 7);
 	chime_close(c);
 }
 

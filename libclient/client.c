@@ -501,9 +501,10 @@ void cl_ring_doorbell(struct chime_chan *ch)
 bool cl_broker_gone(struct chime *c, bool probe)
 {
 	struct pollfd pfd = { .fd = c->sock, .events = POLLRDHUP };
+	uint64_t link = at_load_acq(&c->link);  /* the connection this evidence is about */
 	int n;
 
-	if (cl_is_dead(c) || cl_reconnecting(c))
+	if (cl_is_dead(c) || (link & 1))
 		return true;
 	/* H1: plain status word of the control thread; a stop is final. */
 	if (at_load_acq(&c->pub->state) == CHIME_BROKER_STOPPED)
@@ -519,7 +520,7 @@ bool cl_broker_gone(struct chime *c, bool probe)
 	if (n <= 0 || !(pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)))
 		return false;
 gone:
-	cl_lost(c);
+	cl_lost(c, link);
 	return true;
 }
 

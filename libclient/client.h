@@ -81,9 +81,9 @@ struct chime {
 	uint32_t cq_size;
 	uint32_t slot;                      /* our entry in the control segment's client table */
 	int dead;                           /* atomic: 1 once the broker is known to be gone for good */
-	int recon;                          /* atomic: 1 while a session has lost its broker and reconnects */
+	uint64_t link;                      /* atomic: (connection number << 1) | 1 while a session reconnects */
 
-	/* reconnect (named sessions only, reconnect.c); all but `recon` under `lock` */
+	/* reconnect (named sessions only, reconnect.c); all but `link` under `lock` */
 	char session[CHIME_SESSION_MAX];    /* "" anonymous: never reconnects */
 	char path[CHIME_PATH_MAX];          /* the socket chime_open() connected to */
 	pthread_mutex_t lock;               /* sessions: the drainer and a reconnect exclude each other */
@@ -148,15 +148,17 @@ static inline bool cl_is_dead(const struct chime *c)
 
 static inline bool cl_reconnecting(const struct chime *c)
 {
-	return at_load(&c->recon) != 0;
+	return (at_load(&c->link) & 1) != 0;
 }
 
 /* reconnect.c */
 /*
- * The broker is gone: final for an anonymous connection; a session starts
- * reconnecting (any thread, any number of times).
+ * The broker of connection `link` (c->link read before the evidence was
+ * looked at) is gone: final for an anonymous connection; a session starts
+ * reconnecting, unless that connection has been replaced meanwhile (any
+ * thread, any number of times).
  */
-void cl_lost(struct chime *c);
+void cl_lost(struct chime *c, uint64_t link);
 /*
  * Move a reconnect on: close the old rings the first time, then try the
  * broker when an attempt is due. `locked`: the caller holds c->lock (the

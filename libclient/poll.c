@@ -316,6 +316,7 @@ static void ww_disarm(struct chime *c)
  */
 static void wake_clear(struct chime *c)
 {
+	uint64_t link = at_load_acq(&c->link);
 	char buf[64];
 	ssize_t n;
 
@@ -332,7 +333,7 @@ static void wake_clear(struct chime *c)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
-			cl_lost(c);
+			cl_lost(c, link);
 		break;
 	}
 	if (c->timer_fd >= 0) {

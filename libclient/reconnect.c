@@ -25,8 +25,10 @@
  * numbers (dup3): no thread ever holds a pointer or an fd that goes away,
  * chime_fd() keeps its number, and ids stay valid.
  *
- * Everything here runs under c->lock, which the drainer holds too; `recon`
- * and `dead` are the only words other threads read.
+ * Everything here runs under c->lock, which the drainer holds too; `link`
+ * and `dead` are the only words other threads read. `link` numbers the
+ * connections, so that evidence about a replaced one (a hang-up seen late)
+ * cannot start a reconnect of the new one.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,12 +47,12 @@
 #define BACKOFF_MAX_NS   (UINT64_C(1000) * 1000000u)
 #define INFLIGHT_WAIT_NS (UINT64_C(1000) * 1000000u)    /* a producer between its claim and publish */
 
-void cl_lost(struct chime *c)
+void cl_lost(struct chime *c, uint64_t link)
 {
 	if (!c->session[0])
 		at_store(&c->dead, 1);
-	else if (!cl_is_dead(c))
-		at_store(&c->recon, 1);
+	else if (!(link & 1))
+		(void)at_cas(&c->link, &link, link | 1);    /* fails if already, or a newer connection */
 }
 
 uint64_t cl_reconnect_wait_ns(struct chime *c)
@@ -71,11 +73,9 @@ static void timer_set(struct chime *c, uint64_t at)
 		(void)timerfd_settime(c->timer_fd, TFD_TIMER_ABSTIME, &its, NULL);
 }
 
-/* Close every submission ring (see the top) and let claimed positions be published. */
+/* Close every submission ring (see the top). */
 static void rings_close(struct chime *c)
 {
-	uint64_t until = chime_now() + INFLIGHT_WAIT_NS;
-
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		struct chime_chan *ch = &c->chan[s];
 		uint64_t size = (uint64_t)ch->sq.mask + 1, cur = at_load(ch->sq.tail), to;
@@ -87,14 +87,29 @@ static void rings_close(struct chime *c)
 		ch->closed_from = cur;
 		ch->closed_at = to;
 	}
+}
+
+/*
+ * Every position claimed before the close is published (a producer between
+ * its claim and its publish is moments away from it). Until then the rings
+ * must not move: its late stores would land in the new ones.
+ */
+static bool rings_settled(struct chime *c)
+{
+	uint64_t until = chime_now() + INFLIGHT_WAIT_NS;
+
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		struct chime_chan *ch = &c->chan[s];
 		uint64_t size = (uint64_t)ch->sq.mask + 1;
 
 		for (uint64_t pos = ch->closed_from > size ? ch->closed_from - size : 0; pos < ch->closed_from; pos++)
-			while (at_load_acq(&ch->sq.slots[pos & ch->sq.mask].seq) == pos && chime_now() < until)
+			while (at_load_acq(&ch->sq.slots[pos & ch->sq.mask].seq) == pos) {
+				if (chime_now() >= until)
+					return false;
 				sched_yield();
+			}
 	}
+	return true;
 }
 
 static void begin(struct chime *c, uint64_t now)
@@ -200,6 +215,8 @@ static int attempt(struct chime *c)
 	unsigned nfds = 0;
 	uint64_t base = 0;
 
+	if (!rings_settled(c))
+		return -EAGAIN;         /* a stuck producer: try again, or give up at the deadline */
 	for (uint32_t s = 0; s < c->nr_shards; s++)
 		base = c->chan[s].closed_at > base ? c->chan[s].closed_at : base;
 	r = cl_dial(c->path, c->session, CHIME_HELLO_RESUME, base, &sock, &w, fds, &nfds);
@@ -271,14 +288,15 @@ bool cl_reconnect(struct chime *c, bool locked)
 		/* Come back: the fd's promise, and the shards may be asleep with our re-submitted records. */
 		if (write(c->kick_fd, &one, sizeof(one)) == sizeof(one))
 			c->kicks++;
-		at_store_rel(&c->recon, 0);
+		/* A new connection number, not reconnecting: late evidence about the old one is ignored. */
+		at_store_rel(&c->link, (at_load(&c->link) | 1) + 1);
 		for (uint32_t s = 0; s < c->nr_shards; s++) {
 			at_fence();
 			cl_ring_doorbell(&c->chan[s]);
 		}
 	} else if (r == -EPROTO || r == -EACCES || r == -EINVAL || now >= c->recon_give_up_ns) {
 		at_store(&c->dead, 1);
-		at_store_rel(&c->recon, 0);
+		at_store_rel(&c->link, (at_load(&c->link) | 1) + 1);
 		timer_set(c, 0);
 	} else {
 		at_store(&c->recon_next_ns, now + c->recon_backoff_ns);

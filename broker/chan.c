@@ -290,6 +290,54 @@ void chan_hold(struct shard_core *sc, struct chan *ch, uint32_t idx)
 		stats_client_depth(sc->st, ch->slot, 0, ch->nr_backlog);
 }
 
+/* ---- events restored as "delivered, maybe taken" (restore.c) ---- */
+
+void chan_settle_set(struct chan *ch, struct chan_settle *settle, uint32_t n)
+{
+	free(ch->settle);
+	ch->settle = settle;
+	ch->nr_settle = n;
+}
+
+/*
+ * Settle them: with `known`, those below the old ring's consumer head
+ * `head` were taken by the process, before the old broker could see it:
+ * dropped (a periodic goes on with its next period); the others, and all
+ * of them without `known`, are delivered again. An entry whose node has
+ * moved on (cancelled, reset, reused: another state or generation) is
+ * skipped.
+ */
+static void settle(struct shard_core *sc, struct chan *ch, bool known, uint64_t head)
+{
+	for (uint32_t i = 0; known && i < ch->nr_settle; i++) {
+		const struct chan_settle *e = &ch->settle[i];
+		struct chime_node *n = NODE(sc, e->idx);
+
+		if (e->pos >= head || n->state != CHIME_NODE_BACKLOG || n->owner != ch->slot ||
+		    (n->gen & CHIME_ID_GEN_MASK) != e->gen)
+			continue;
+		backlog_del(sc, ch, e->idx);
+		n->state = CHIME_NODE_ALLOC;
+		if (n->period_ns)
+			wheel_arm(&sc->wh, e->idx, n->deadline_ns + n->period_ns);
+		else
+			node_release(sc, ch, e->idx);
+	}
+	chan_settle_set(ch, NULL, 0);
+}
+
+/* True once nothing restored waits for the process's word (reading it if it came). */
+static bool settled(struct shard_core *sc, struct chan *ch)
+{
+	if (!ch->nr_settle)
+		return true;
+	/* R1: pairs with the library's release of resume_set after resume_cq_head. */
+	if (at_load_acq(&ch->crw->resume_set) != 1)
+		return false;
+	settle(sc, ch, true, at_load(&ch->crw->resume_cq_head));
+	return true;
+}
+
 /* ---- submissions ---- */
 
 /* A node for one of the client's slots, or a no-grant marker saying why not. */
@@ -654,7 +702,8 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 	}
 	if (ch->marked)
 		did |= markers_replace(sc, ch);
-	while ((idx = ch->backlog.head) != CHIME_NIL && ch->room) {
+	/* A resuming process's events the old broker delivered wait for its word on them (and the rest behind). */
+	while (settled(sc, ch) && (idx = ch->backlog.head) != CHIME_NIL && ch->room) {
 		struct chime_node *n = NODE(sc, idx);
 
 		if (n->period_ns && event_unconsumed(ch, n))
@@ -704,6 +753,8 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 	 */
 	if (idx == CHIME_NIL)
 		return false;
+	if (ch->nr_settle)
+		return at_load_acq(&ch->crw->resume_set) == 1;     /* R1 */
 	ch->room = chime_cq_room(&ch->cq);
 	return ch->room > 0 && !(NODE(sc, idx)->period_ns && event_unconsumed(ch, NODE(sc, idx)));
 }
@@ -717,6 +768,7 @@ static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan
 	ch->bell_fd = m->bell_fd;
 	ch->bell_state = 0;
 	ch->ro = m->ro;
+	ch->crw = m->rw;
 	ch->want_wakeup = m->want_wakeup;
 	ch->sq_tail = &m->rw->sq_tail;
 	ch->sq_mask = m->sq_size - 1;
@@ -803,6 +855,7 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 	if (!ch->parked) {
 		/* What the process published before it went is applied, as if it had lived a little longer. */
 		(void)chan_drain(sc, ch, ch->sq_mask + 1);
+		settle(sc, ch, false, 0);       /* gone before its word: all delivered again */
 		if (ch->handover)
 			grants_carry(sc, ch);
 		else
@@ -897,8 +950,10 @@ int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uin
 
 void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, bool resume)
 {
-	if (!resume)
+	if (!resume) {
 		carried_free(sc, ch);
+		settle(sc, ch, false, 0);
+	}
 	rings_init(sc, ch, m);
 	ch->parked = 0;
 	ch->handover = 0;
@@ -913,6 +968,7 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		ch->dying = 1;
 		grants_drop(sc, ch);
 		carried_free(sc, ch);
+		settle(sc, ch, false, 0);
 		while ((idx = ch->backlog.head) != CHIME_NIL) {
 			backlog_del(sc, ch, idx);
 			node_release(sc, ch, idx);
@@ -953,4 +1009,5 @@ void chan_fini(struct chan *ch)
 	ch->grants = NULL;
 	free(ch->park_order);
 	ch->park_order = NULL;
+	chan_settle_set(ch, NULL, 0);
 }

@@ -53,6 +53,13 @@ struct chan_mem {
 	int bell_fd;                    /* this client's doorbell for this shard; -1: none (tests) */
 };
 
+/* An event the old broker had delivered at old-ring position pos (restore.c). */
+struct chan_settle {
+	uint64_t pos;
+	uint32_t idx;
+	uint32_t gen;
+};
+
 /* A list of nodes through node.next/prev (BACKLOG or ACKWAIT). */
 struct nlist {
 	uint32_t head, tail;
@@ -81,6 +88,9 @@ struct chan {
 	struct nlist ackwait;           /* one-shots delivered, by cq position */
 	struct nlist carried;           /* GRANTED nodes of old rings, for ARMs the library re-submits */
 	uint32_t nr_carried;
+	uint32_t nr_settle;             /* restored events "delivered, maybe taken", in settle[] */
+	struct chan_settle *settle;     /* held back (at the backlog's head) until settled, see chan.c */
+	const struct chime_chan_rw *crw; /* the client's rw half of this channel (resume_*) */
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
 	uint64_t flushed;               /* cq tail last published */
@@ -176,6 +186,14 @@ void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem
  * does not resume (a new process cannot name them) and by a reclaim.
  */
 void chan_carry(struct shard_core *sc, struct chan *ch, uint32_t idx);
+
+/*
+ * After restore: the held events of ch the old broker had delivered (at
+ * old-ring positions), in order; the array is the channel's now. A process
+ * that resumes tells which it took (resume_cq_head): those are dropped, the
+ * rest delivered; any other attach gets them all again.
+ */
+void chan_settle_set(struct chan *ch, struct chan_settle *settle, uint32_t n);
 
 /*
  * Hold node idx (on no wheel or channel list) in the backlog: state

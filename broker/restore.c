@@ -146,8 +146,26 @@ keep:
 	}
 	if (nback)
 		qsort(back, nback, sizeof(*back), back_cmp);
-	for (uint32_t i = 0; i < nback; i++)
-		chan_hold(sc, sc->by_slot[back[i].owner], back[i].idx);
+	for (uint32_t i = 0, first = 0; i < nback; i++) {
+		const struct back *b = &back[i];
+		struct chan *ch = sc->by_slot[b->owner];
+
+		chan_hold(sc, ch, b->idx);
+		if (b->cls != 0)
+			continue;
+		if (i == 0 || back[i - 1].owner != b->owner || back[i - 1].cls != 0)
+			first = i;
+		if (i + 1 < nback && back[i + 1].owner == b->owner && back[i + 1].cls == 0)
+			continue;
+		/* back[first..i]: this channel's events from the old ring; its process may say which it took. */
+		struct chan_settle *st = malloc((size_t)(i + 1 - first) * sizeof(*st));
+
+		for (uint32_t k = first; st && k <= i; k++)
+			st[k - first] = (struct chan_settle){ .pos = back[k].key, .idx = back[k].idx,
+							      .gen = wheel_node(wh, back[k].idx)->gen & CHIME_ID_GEN_MASK };
+		if (st)
+			chan_settle_set(ch, st, i + 1 - first);    /* without memory: all delivered again */
+	}
 	free(back);
 	for (uint32_t slot = 0; slot < sc->max_clients; slot++) {
 		struct chan *ch = sc->by_slot[slot];

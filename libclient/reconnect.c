@@ -158,6 +158,15 @@ static void resubmit(struct chime *c, const struct chime_map *rw, const struct c
 		struct chime_chan_rw *crw = chime_at(rw, g->rw_chan_off + s * sizeof(*crw));
 		uint64_t size = g->sq_size, pos = base;
 
+		/*
+		 * R1: every event below our old head was consumed (taken, or
+		 * skipped as voided): after a crash the new broker holds back the
+		 * ones its predecessor delivered until it has read this, and
+		 * delivers again only those we never took (exactly once).
+		 */
+		crw->resume_cq_head = ch->cq.head;
+		at_store_rel(&crw->resume_set, 1u);
+
 		for (uint64_t p = ch->closed_from > size ? ch->closed_from - size : 0; p < ch->closed_from; p++) {
 			struct chime_sqe r;
 

@@ -311,7 +311,16 @@ _Static_assert(offsetof(struct chime_cqe, flags) == 40, "moved: bump CHIME_SHM_L
  */
 struct chime_chan_rw {
 	uint64_t sq_tail;
-	uint8_t  _pad0[120];
+	/*
+	 * A reconnecting libchime's word on its old completion ring (written
+	 * once, before the broker can read these rings' records): every event
+	 * below resume_cq_head was consumed there. Release-store resume_set = 1
+	 * after it; the shard acquire-loads it and then holds back the events it
+	 * restored as "delivered, maybe taken" until it has read them (chan.c).
+	 */
+	uint64_t resume_cq_head;
+	uint32_t resume_set;
+	uint8_t  _pad0[108];
 	uint64_t cq_head;
 	uint8_t  _pad1[120];
 };

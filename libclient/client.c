@@ -414,6 +414,7 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	memcpy(c->path, path, sizeof(path));
 	if (session)
 		memcpy(c->session, session, strlen(session) + 1);
+	c->recon_window_ns = cl_reconnect_window();
 	for (uint32_t s = 0; s < c->nr_shards; s++)
 		c->chan[s].doorbell = -1;
 	r = setup(c, &w, fds);

@@ -89,6 +89,7 @@ struct chime {
 	pthread_mutex_t lock;               /* sessions: the drainer and a reconnect exclude each other */
 	int timer_fd;                       /* in chime_fd()'s set: readable when an attempt is due; -1 */
 	bool recon_begun;                   /* rings closed, old socket gone */
+	uint64_t recon_window_ns;           /* $CHIME_RECONNECT_S at chime_open(); 0: never reconnect */
 	uint64_t recon_give_up_ns;
 	uint64_t recon_next_ns;
 	uint64_t recon_backoff_ns;
@@ -166,6 +167,8 @@ void cl_lost(struct chime *c, uint64_t link);
  * Returns true while the connection is still being re-made.
  */
 bool cl_reconnect(struct chime *c, bool locked);
+/* How long a session tries to reconnect: $CHIME_RECONNECT_S (0..86400), else 30 s. */
+uint64_t cl_reconnect_window(void);
 /* Nanoseconds until the next attempt is due (0: now), for a sleeping drainer. */
 uint64_t cl_reconnect_wait_ns(struct chime *c);
 

@@ -4,7 +4,8 @@
  * (ARCHITECTURE.md, "libchime's reconnect").
  *
  *   CONNECTED --broker gone--> RECONNECTING --welcome, same geometry--> CONNECTED
- *                                   +--30 s, or a broker it cannot resume with--> DEAD
+ *                                   +--30 s ($CHIME_RECONNECT_S), or a broker it
+ *                                      cannot resume with--> DEAD
  *
  * While reconnecting:
  * - every submission ring is closed: its tail jumps to a position no slot is
@@ -33,6 +34,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
@@ -42,14 +44,30 @@
 
 #include "client.h"
 
-#define RECONNECT_NS     (UINT64_C(30) * 1000000000u)   /* chime_open(3): then -ENOTCONN */
+#define RECONNECT_S      30u                            /* chime_open(3): then -ENOTCONN */
+#define RECONNECT_MAX_S  86400u
 #define BACKOFF_MIN_NS   (UINT64_C(10) * 1000000u)
 #define BACKOFF_MAX_NS   (UINT64_C(1000) * 1000000u)
 #define INFLIGHT_WAIT_NS (UINT64_C(1000) * 1000000u)    /* a producer between its claim and publish */
 
+uint64_t cl_reconnect_window(void)
+{
+	const char *v = secure_getenv("CHIME_RECONNECT_S");
+	char *end;
+	unsigned long s;
+
+	if (!v || !*v)
+		return (uint64_t)RECONNECT_S * 1000000000u;
+	errno = 0;
+	s = strtoul(v, &end, 10);
+	if (errno || *end || v[0] == '-' || s > RECONNECT_MAX_S)
+		return (uint64_t)RECONNECT_S * 1000000000u;    /* not a number of seconds: the default */
+	return (uint64_t)s * 1000000000u;
+}
+
 void cl_lost(struct chime *c, uint64_t link)
 {
-	if (!c->session[0])
+	if (!c->session[0] || !c->recon_window_ns)
 		at_store(&c->dead, 1);
 	else if (!(link & 1))
 		(void)at_cas(&c->link, &link, link | 1);    /* fails if already, or a newer connection */
@@ -126,7 +144,7 @@ static void begin(struct chime *c, uint64_t now)
 			c->timer_fd = -1;
 		}
 	}
-	c->recon_give_up_ns = now + RECONNECT_NS;
+	c->recon_give_up_ns = now + c->recon_window_ns;
 	c->recon_backoff_ns = BACKOFF_MIN_NS;
 	at_store(&c->recon_next_ns, now);
 	c->recon_begun = true;

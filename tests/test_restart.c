@@ -766,3 +766,43 @@ Test(restart, a_crash_under_a_living_process_delivers_what_it_did_not_take_exact
 	cr_assert_eq(ev[0].user_data, 400);
 	chime_close(c);
 }
+
+/*
+ * No broker comes back: a session gives up after $CHIME_RECONNECT_S (here
+ * 1 s) with -ENOTCONN, in the drainer and in a thread that only arms (it
+ * drives the attempts itself: no deadlock); 0 gives up at once.
+ */
+Test(restart, a_session_gives_up_after_chime_reconnect_s)
+{
+	struct chime_event ev;
+	chime_t *c, *a, *z;
+	chime_id_t id;
+	uint64_t t0;
+	int r = 0;
+
+	start("-n 1 --sq-size 16");
+	cr_assert_eq(setenv("CHIME_RECONNECT_S", "1", 1), 0);
+	c = sopen_ok("waits");
+	a = sopen_ok("arms");
+	cr_assert_eq(setenv("CHIME_RECONNECT_S", "0", 1), 0);
+	z = sopen_ok("never");
+	unsetenv("CHIME_RECONNECT_S");
+	t_chimed_stop(&tb, SIGKILL);
+	t0 = now_ns();
+	/* Arms only: the first 16 fill the ring nobody reads; the next waits, reconnects, gives up. */
+	for (unsigned i = 0; i < 64 && r == 0; i++)
+		r = chime_arm(a, 0, now_ns() + HOUR, 0, i, &id);
+	cr_assert_eq(r, -ENOTCONN, "chime_arm: %d", r);
+	cr_assert_lt(now_ns() - t0, 8000 * MS, "gave up after %llu ms", (unsigned long long)((now_ns() - t0) / MS));
+	t0 = now_ns();
+	for (int i = 0; i < 800 && (r = chime_wait(c, &ev, 1, 10)) == 0; i++)
+		;
+	cr_assert_eq(r, -ENOTCONN, "chime_wait: %d", r);
+	cr_assert_lt(now_ns() - t0, 8000 * MS);
+	for (int i = 0; i < 300 && (r = chime_wait(z, &ev, 1, 10)) == 0; i++)
+		;
+	cr_assert_eq(r, -ENOTCONN, "CHIME_RECONNECT_S=0: %d", r);
+	chime_close(a);
+	chime_close(c);
+	chime_close(z);
+}

@@ -16,20 +16,35 @@
  *	        = fls(t ^ T) / 6
  *	slot  s = digit L of t = (t >> 6L) & 63
  *
- * so its slot follows from its deadline and node.level: unlink is O(1)
- * (and needs the slot only when the node heads its list). This is tokio's
+ * so its slot follows from its deadline and node.level (unless it was reset
+ * lazily, below): unlink is O(1) and needs the slot only when the node is
+ * the first or last of its list. This is tokio's
  * placement (level_for(): the highest differing digit of t ^ T); wahern's
  * timeout.c places by distance instead (fls(t - T)), which puts a timer
  * due just across a digit boundary on a higher level. Because t > T (or t == T at level 0), t and T share
  * every digit above L and digit L of t is above T's: occupied slots of level
  * L > 0 are all strictly after T's own digit, those of level 0 at or after
- * it, and every timer at level L is earlier than every timer at level L + 1.
+ * it, and every slot of level L starts before every slot of level L + 1.
  * The earliest pending slot is therefore the lowest set bit of the lowest
  * non-empty level: no rotation, no scan.
  *
+ * Lazy reset: wheel_reset() to a later deadline (a keepalive touch) only
+ * stores the deadline and leaves the node in its slot, which starts no later
+ * than the new tick. Whoever processes that slot (fire_slot(),
+ * fire_slot_partial(), cascade_one()) compares each deadline with the slot
+ * and re-places the nodes that are not due, as a cascade does. So a slot
+ * holds nodes of its own ticks and lazily reset later ones: a slot's first
+ * tick is a lower bound of its deadlines, not the range, and unlinking the
+ * first or last node of a list may have to find its slot among the level's
+ * 64 (end_slot()). wheel_next_deadline() may then be earlier than needed
+ * (still never late, and the advance processes that slot: progress);
+ * wheel_earliest() walks slots in order until one starts after the minimum
+ * found.
+ *
  * Invariants (wheel_check() verifies all of them):
  *  I1 ARMED <=> on a slot list; its level and slot are as above for the
- *     current T, and deadline_ns > now_ns (a timer at or before now_ns is
+ *     current T, or (lazily reset) a slot of that level starting earlier but
+ *     ahead of T; deadline_ns > now_ns (a timer at or before now_ns is
  *     never left ARMED: that is "exact").
  *  I2 occupied[L] bit s <=> slot[L][s] != CHIME_NIL; wh->tail[L][s] (private
  *     memory) is the list's last node. Slot lists are doubly linked, not
@@ -42,7 +57,8 @@
  *  I4 FREE <=> on the free list, index < high_water. Nodes at or beyond
  *     high_water were never touched (the slab costs no RSS until used).
  *  I5 armed == number of ARMED + EXPIRED nodes.
- *  I6 every deadline in the level-0 slot of tick T is >= cur_min_ns.
+ *  I6 every deadline in the level-0 slot of tick T is >= cur_min_ns (a lazy
+ *     reset only raises deadlines).
  *
  * Never fire early: a node is made due only where `deadline_ns <= now` is
  * compared (fire_slot_partial(), cascade_slot() for tick == now_tick,
@@ -55,13 +71,16 @@
  * non-empty level, lowest set bit); its first tick e; if e > T' stop; move T
  * to e; a level-0 slot fires (all of it if e < T', else only deadlines <= now);
  * a higher slot cascades: each node is re-placed relative to e, landing
- * strictly lower, or fires if its tick is e }. Stepping from one occupied slot
+ * strictly lower, or fires if its tick is e; in either, a lazily reset node
+ * of a later tick is re-placed relative to e }. Stepping from one occupied slot
  * to the next, never tick by tick, makes the cost independent of the time
  * elapsed (a broker that slept for hours), and fires timers in tick order.
  *
  * Costs (n = nodes, honest):
  *  arm, cancel, reset, alloc, free: O(1); one tick computation (a multiply
- *     and shifts, or a shift), touch the node and its list neighbours.
+ *     and shifts, or a shift), touch the node and its list neighbours; a
+ *     reset to a later deadline touches only the node; unlinking a lazily
+ *     reset node at an end of its list scans up to 64 slot ends.
  *  advance: O(due + cascaded) node visits, each node cascading at most once
  *     per level (<= 10 times in its life, ~2-3 for deadlines minutes away at
  *     1 ms resolution), plus O(levels) bitmap work per non-empty slot reached;
@@ -71,7 +90,8 @@
  *     holds later timers (O(timers in that tick), skipped while now <
  *     cur_min_ns). Never O(ticks elapsed).
  *  pop: O(popped). next_deadline: O(levels). earliest: O(levels + the
- *     earliest slot's timers, at most max_scan). check: O(capacity). rebuild:
+ *     timers of the earliest slot, and of the next ones while lazily reset
+ *     timers leave the minimum beyond their start; at most max_scan). check: O(capacity). rebuild:
  *     O(high_water).
  * A timer far away wakes a tickless sleeper up to once per level on its way
  * down (each wake-up cascades it): wheel_next_deadline() reads bitmaps only,
@@ -235,20 +255,32 @@ static inline void slot_push(struct wheel *wh, struct chime_node *n, uint32_t id
 	w->occupied[level] |= UINT64_C(1) << s;
 }
 
-static inline void slot_unlink(struct wheel *wh, struct chime_node *n)
+/*
+ * Slot of level l whose list end (head or tail, in ends[]) is idx. From the
+ * node's deadline if it was placed there; a lazily reset node (see
+ * wheel_reset()) can sit in an earlier slot of its level: then a scan of the
+ * level's 64 ends finds it. O(64), only for a list's first or last node.
+ */
+static unsigned end_slot(const struct wheel *wh, const struct chime_node *n, uint32_t idx,
+			 unsigned l, const uint32_t *ends)
+{
+	unsigned s = slot_of(tick_of(wh, n->deadline_ns), l);
+
+	if (ends[s] == idx)
+		return s;
+	for (s = 0; s < SLOTS; s++)
+		if (ends[s] == idx)
+			break;
+	assert(s < SLOTS);
+	return s;
+}
+
+/* Unlink a node from slot s of level l (known). */
+static inline void slot_remove(struct wheel *wh, struct chime_node *n, unsigned l, unsigned s)
 {
 	struct chime_wheel *w = wh->w;
 	uint32_t next = n->next, prev = n->prev;
-	unsigned l, s;
 
-	if (next != NIL && prev != NIL) {
-		wh->nodes[next].prev = prev;
-		wh->nodes[prev].next = next;
-		return;
-	}
-	/* an end of its list: only now is the slot needed, from deadline + level */
-	l = n->level;
-	s = slot_of(tick_of(wh, n->deadline_ns), l);
 	if (next != NIL)
 		wh->nodes[next].prev = prev;
 	else
@@ -260,6 +292,21 @@ static inline void slot_unlink(struct wheel *wh, struct chime_node *n)
 		if (next == NIL)
 			w->occupied[l] &= ~(UINT64_C(1) << s);
 	}
+}
+
+static inline void slot_unlink(struct wheel *wh, struct chime_node *n, uint32_t idx)
+{
+	uint32_t next = n->next, prev = n->prev;
+	unsigned l;
+
+	if (next != NIL && prev != NIL) {
+		wh->nodes[next].prev = prev;
+		wh->nodes[prev].next = next;
+		return;
+	}
+	/* an end of its list: only now is the slot needed */
+	l = n->level;
+	slot_remove(wh, n, l, end_slot(wh, n, idx, l, prev == NIL ? wh->w->slot[l] : wh->tail[l]));
 }
 
 static inline void exp_append(struct wheel *wh, struct chime_node *n, uint32_t idx, unsigned kind)
@@ -369,10 +416,10 @@ void wheel_arm(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 }
 
 /* Off whichever wheel list the node is on; true if it was on one. */
-static inline int take_off(struct wheel *wh, struct chime_node *n)
+static inline int take_off(struct wheel *wh, struct chime_node *n, uint32_t idx)
 {
 	if (n->state == CHIME_NODE_ARMED)
-		slot_unlink(wh, n);
+		slot_unlink(wh, n, idx);
 	else if (n->state == CHIME_NODE_EXPIRED)
 		exp_unlink(wh, n);
 	else
@@ -380,12 +427,17 @@ static inline int take_off(struct wheel *wh, struct chime_node *n)
 	return 1;
 }
 
-void wheel_cancel(struct wheel *wh, uint32_t idx)
+/*
+ * cancel and reset: the common case (an ARMED node inside its list) inline
+ * and the rest out of line, so the common case saves no registers: on a
+ * wheel larger than the cache these calls wait on misses, and how many run
+ * ahead is bounded by the instructions in flight, not by the misses.
+ */
+static void __attribute__((noinline)) cancel_slow(struct wheel *wh, uint32_t idx)
 {
 	struct chime_node *n = &wh->nodes[idx];
 
-	assert(idx < wh->w->high_water);
-	if (!take_off(wh, n))
+	if (!take_off(wh, n, idx))
 		return;
 	n->state = CHIME_NODE_ALLOC;
 	n->next = NIL;
@@ -393,15 +445,54 @@ void wheel_cancel(struct wheel *wh, uint32_t idx)
 	wh->w->armed--;
 }
 
+void wheel_cancel(struct wheel *wh, uint32_t idx)
+{
+	struct chime_node *nodes = wh->nodes, *n = &nodes[idx];
+	uint32_t next = n->next, prev = n->prev;
+
+	assert(idx < wh->w->high_water);
+	if (n->state != CHIME_NODE_ARMED || next == NIL || prev == NIL) {
+		cancel_slow(wh, idx);
+		return;
+	}
+	nodes[next].prev = prev;
+	nodes[prev].next = next;
+	n->state = CHIME_NODE_ALLOC;
+	n->next = NIL;
+	n->prev = NIL;
+	wh->w->armed--;
+}
+
+static void __attribute__((noinline)) reset_slow(struct wheel *wh, uint32_t idx,
+						 uint64_t deadline_ns)
+{
+	struct chime_node *n = &wh->nodes[idx];
+
+	if (!take_off(wh, n, idx))
+		wh->w->armed++;
+	n->deadline_ns = deadline_ns;
+	place(wh, n, idx);
+}
+
 void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 {
 	struct chime_node *n = &wh->nodes[idx];
 
 	assert(idx < wh->w->high_water && n->state != CHIME_NODE_FREE);
-	if (!take_off(wh, n))
-		wh->w->armed++;
+	if (n->state != CHIME_NODE_ARMED) {
+		reset_slow(wh, idx, deadline_ns);
+		return;
+	}
+	/*
+	 * Lazy: a later deadline leaves the node where it is, in a slot that is
+	 * processed no later than its new tick; that processing re-places it
+	 * (fire_slot*(), cascade_one()). A keepalive touch is one store.
+	 */
+	if (deadline_ns < n->deadline_ns) {
+		reset_slow(wh, idx, deadline_ns);
+		return;
+	}
 	n->deadline_ns = deadline_ns;
-	place(wh, n, idx);
 }
 
 void wheel_rearm_periodic(struct wheel *wh, uint32_t idx)
@@ -451,22 +542,46 @@ static uint64_t fire_slot(struct wheel *wh, unsigned s)
 {
 	struct chime_wheel *w = wh->w;
 	struct chime_node *nodes = wh->nodes;
+	uint64_t e = w->now_tick, e_end = tick_end_ns(wh, e);
 	uint32_t head = w->slot[0][s], i = head, last = NIL;
 	uint64_t cnt = 0;
+	bool gap = false;
 
 	w->slot[0][s] = NIL;
 	wh->tail[0][s] = NIL;
 	w->occupied[0] &= ~(UINT64_C(1) << s);
 	while (i != NIL) {
 		struct chime_node *n = &nodes[i];
+		uint32_t next = n->next;
 
-		__builtin_prefetch(&nodes[n->next]);
-		n->state = CHIME_NODE_EXPIRED;
-		n->level = EXP_DUE;
-		last = i;
-		i = n->next;
-		cnt++;
+		__builtin_prefetch(&nodes[next]);
+		if (n->deadline_ns > e_end) {
+			/* lazily reset to a later tick: re-place it, out of the chain */
+			uint64_t t = tick_of(wh, n->deadline_ns);
+			unsigned nl = level_of(t, e);
+
+			slot_push(wh, n, i, nl, slot_of(t, nl));
+			gap = true;
+		} else {
+			n->state = CHIME_NODE_EXPIRED;
+			n->level = EXP_DUE;
+			if (gap) {
+				/* close the chain over the nodes re-placed since `last` */
+				n->prev = last;
+				if (last != NIL)
+					nodes[last].next = i;
+				else
+					head = i;
+				gap = false;
+			}
+			last = i;
+			cnt++;
+		}
+		i = next;
 	}
+	if (last == NIL)
+		return 0;
+	nodes[last].next = NIL;
 	nodes[head].prev = w->expired_tail;
 	if (w->expired_tail != NIL)
 		nodes[w->expired_tail].next = head;
@@ -486,7 +601,7 @@ static uint64_t fire_slot_partial(struct wheel *wh, unsigned s, uint64_t now)
 	struct chime_wheel *w = wh->w;
 	struct chime_node *nodes = wh->nodes;
 	uint32_t i = w->slot[0][s];
-	uint64_t cnt = 0, min = UINT64_MAX;
+	uint64_t cnt = 0, min = UINT64_MAX, e_end = tick_end_ns(wh, w->now_tick);
 
 	while (i != NIL) {
 		struct chime_node *n = &nodes[i];
@@ -494,9 +609,13 @@ static uint64_t fire_slot_partial(struct wheel *wh, unsigned s, uint64_t now)
 
 		__builtin_prefetch(&nodes[next]);
 		if (n->deadline_ns <= now) {
-			slot_unlink(wh, n);
+			slot_remove(wh, n, 0, s);
 			exp_append(wh, n, i, EXP_DUE);
 			cnt++;
+		} else if (n->deadline_ns > e_end) {
+			/* lazily reset to a later tick: re-place it */
+			slot_remove(wh, n, 0, s);
+			place(wh, n, i);
 		} else if (n->deadline_ns < min) {
 			min = n->deadline_ns;
 		}
@@ -656,30 +775,39 @@ uint64_t wheel_next_deadline(const struct wheel *wh)
 uint64_t wheel_earliest(const struct wheel *wh, uint32_t max_scan, int *inexact)
 {
 	const struct chime_wheel *w = wh->w;
+	uint64_t min = UINT64_MAX;
+	uint32_t n = 0;
 
 	*inexact = 0;
 	if (w->expired_head != NIL)
 		return wh->nodes[w->expired_head].deadline_ns;  /* due already (<= now_ns) */
+	/*
+	 * Occupied slots in order of their first tick (levels up, slots up). A
+	 * node's deadline is at or after its slot's first ns (I1), so once a
+	 * slot starts at or after the minimum found, no later one can hold a
+	 * smaller deadline. Without lazily reset nodes that stops at the second
+	 * slot: the earliest slot holds the minimum.
+	 */
 	for (unsigned l = 0; l < LEVELS; l++) {
-		unsigned s;
-		uint64_t min = UINT64_MAX;
-		uint32_t i, n = 0;
+		for (uint64_t occ = w->occupied[l]; occ; occ &= occ - 1) {
+			unsigned s = (unsigned)__builtin_ctzll(occ);
+			uint64_t base = slot_base(w->now_tick, l, s);
+			uint64_t base_ns = base > wh->max_tick ? UINT64_MAX - 1 : base * w->resolution_ns;
 
-		if (!w->occupied[l])
-			continue;
-		/* Every timer of the earliest slot is earlier than any other (file top). */
-		s = (unsigned)__builtin_ctzll(w->occupied[l]);
-		for (i = w->slot[l][s]; i != NIL && n < max_scan; i = wh->nodes[i].next, n++)
-			if (wh->nodes[i].deadline_ns < min)
-				min = wh->nodes[i].deadline_ns;
-		if (i == NIL)
-			return min;
-		/* Cut short: the slot's first ns is a lower bound (never later than the truth). */
-		*inexact = 1;
-		min = slot_base(w->now_tick, l, s);
-		return min > wh->max_tick ? UINT64_MAX - 1 : min * w->resolution_ns;
+			if (base_ns >= min)
+				return min;
+			for (uint32_t i = w->slot[l][s]; i != NIL; i = wh->nodes[i].next, n++) {
+				if (n == max_scan) {
+					/* cut short: the slot's first ns is a lower bound (<= the truth) */
+					*inexact = 1;
+					return base_ns;
+				}
+				if (wh->nodes[i].deadline_ns < min)
+					min = wh->nodes[i].deadline_ns;
+			}
+		}
 	}
-	return UINT64_MAX;
+	return min;
 }
 
 /* ---- rebuild and check ------------------------------------------------------ */
@@ -775,6 +903,10 @@ void wheel_check(const struct wheel *wh)
 			int bit = (int)(w->occupied[l] >> s & 1);
 
 			CHECK(bit == (i != NIL), "level %u slot %u: bit %d, head %u", l, s, bit, i);
+			/* occupied slots lie ahead of T: level 0 at or after its digit, above: after */
+			CHECK(i == NIL || s > slot_of(T, l) || (l == 0 && s == slot_of(T, 0)),
+			      "level %u slot %u occupied, behind now_tick %llu", l, s,
+			      (unsigned long long)T);
 			for (uint64_t k = 0; i != NIL; k++) {
 				const struct chime_node *n;
 				uint64_t t;
@@ -786,12 +918,14 @@ void wheel_check(const struct wheel *wh)
 				CHECK(n->state == CHIME_NODE_ARMED, "node %u on slot %u/%u in state %u",
 				      i, l, s, n->state);
 				CHECK(n->prev == prev, "node %u: prev %u, expected %u", i, n->prev, prev);
-				CHECK(n->level == l && level_of(t, T) == l && slot_of(t, l) == s,
+				/* where place() puts it, or (lazily reset) an earlier slot */
+				CHECK(n->level == l && slot_base(T, l, s) <= t &&
+				      (level_of(t, T) > l || (level_of(t, T) == l && slot_of(t, l) >= s)),
 				      "node %u (tick %llu, level %u) on slot %u/%u at now_tick %llu", i,
 				      (unsigned long long)t, n->level, l, s, (unsigned long long)T);
 				CHECK(n->deadline_ns > w->now_ns, "node %u armed but due", i);
 				CHECK(t >= T, "node %u behind now", i);
-				if (t == T)
+				if (l == 0 && s == slot_of(T, 0))
 					CHECK(n->deadline_ns >= wh->cur_min_ns, "node %u below cur_min", i);
 				on_slots++;
 				prev = i;

@@ -297,6 +297,172 @@ Test(wheel, reset_of_an_expired_unpopped_timer_moves_it_back_to_the_wheel)
 	tw_fini(&t);
 }
 
+/*
+ * Lazy reset: a reset to a later deadline only stores it; the node stays in
+ * its slot until that slot is processed. Cancelling it there (as the first,
+ * last, only or a middle node of its list), resetting it again (later or
+ * earlier) and advancing must behave as if it had moved.
+ */
+Test(wheel, lazily_reset_timers_cancel_from_any_list_position)
+{
+	uint64_t res = 1000, now = 0;
+	struct tw t;
+	uint32_t a, b, c, solo, got[4];
+
+	tw_init(&t, 16, res, now);
+	/* three timers in one level-1 slot (ticks 100..127 share digit 1), one alone */
+	a = arm_new(&t, 100 * res + 1);
+	b = arm_new(&t, 101 * res + 1);
+	c = arm_new(&t, 102 * res + 1);
+	solo = arm_new(&t, 200 * res + 1);
+	/* move every one far later: none moves, each stays cancellable */
+	wheel_reset(&t.wh, a, 5000 * res);
+	wheel_reset(&t.wh, b, 900000 * res);
+	wheel_reset(&t.wh, c, 70 * 64 * res);
+	wheel_reset(&t.wh, solo, 64 * 64 * 64 * res + 5);
+	wheel_check(&t.wh);
+	wheel_cancel(&t.wh, c);        /* head of its list (arms push at the head) */
+	wheel_check(&t.wh);
+	wheel_cancel(&t.wh, solo);     /* alone in its slot: the slot empties */
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_armed(&t.wh), 2);
+	/* reset earlier than the lazily stored deadline: a real move */
+	wheel_reset(&t.wh, b, 3000 * res);
+	wheel_check(&t.wh);
+	wheel_cancel(&t.wh, a);        /* now alone where it was armed */
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_armed(&t.wh), 1);
+	cr_assert_eq(wheel_advance(&t.wh, 3000 * res - 1), 0);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_advance(&t.wh, 3000 * res), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4), 1);
+	cr_assert_eq(got[0], b);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+Test(wheel, a_timer_reset_later_many_times_fires_once_at_its_last_deadline)
+{
+	uint64_t res = 1000000, now = 1000 * res, d = 0;
+	struct tw t;
+	uint32_t i, got;
+
+	tw_init(&t, 4, res, now);
+	i = arm_new(&t, now + 1000 * res);
+	/* a keepalive: touched every 10 ms for 30 s, 1 s timeout, across many slots */
+	for (unsigned k = 0; k < 3000; k++) {
+		now += 10 * res;
+		d = now + 1000 * res + k % 7;
+		wheel_reset(&t.wh, i, d);
+		cr_assert_eq(wheel_advance(&t.wh, now), 0, "touch %u: fired early", k);
+		cr_assert_eq(wheel_node(&t.wh, i)->state, CHIME_NODE_ARMED);
+		if (k % 97 == 0)
+			wheel_check(&t.wh);
+	}
+	cr_assert_eq(wheel_advance(&t.wh, d - 1), 0);
+	cr_assert_eq(wheel_advance(&t.wh, d), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, &got, 1), 1);
+	cr_assert_eq(got, i);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
+/*
+ * Many timers, mostly reset later (left in place), sometimes earlier or
+ * cancelled; advance by small and large steps, sometimes to
+ * wheel_next_deadline(): after each advance a timer is due iff its deadline
+ * is <= now, the next deadline is within one unit of the earliest (and makes
+ * progress) and wheel_earliest() is exact.
+ */
+Test(wheel, lazily_reset_timers_never_fire_early_and_always_on_time)
+{
+	for (uint64_t seed = 1; seed <= 24; seed++) {
+		uint64_t rng = seed * UINT64_C(0x9e3779b97f4a7c15), res = seed % 3 ? 1000 : 999983;
+		uint64_t now = seed % 2 ? 0 : UINT64_C(1) << 40, dl[256];
+		uint32_t n = 256, idx[256];
+		int armed[256];
+		struct tw t;
+
+		tw_init(&t, n, res, now);
+		for (uint32_t k = 0; k < n; k++) {
+			dl[k] = now + 1 + splitmix64(&rng) % (5000 * res);
+			idx[k] = arm_new(&t, dl[k]);
+			armed[k] = 1;
+		}
+		for (unsigned op = 0; op < 20000; op++) {
+			uint64_t r = splitmix64(&rng);
+			uint32_t k = (uint32_t)(r >> 40) % n;
+
+			if (r % 16 < 9) {                       /* later: the keepalive case */
+				if (armed[k]) {
+					dl[k] += 1 + (r >> 8) % (r % 3 ? 100 * res : 200000 * res);
+				} else {
+					dl[k] = now + 1 + (r >> 8) % (3000 * res);
+					armed[k] = 1;
+				}
+				wheel_reset(&t.wh, idx[k], dl[k]);
+			} else if (r % 16 < 11) {               /* earlier (or re-arm) */
+				dl[k] = now + 1 + (r >> 8) % (64 * res);
+				armed[k] = 1;
+				wheel_reset(&t.wh, idx[k], dl[k]);
+			} else if (r % 16 < 12) {               /* cancel */
+				wheel_cancel(&t.wh, idx[k]);
+				armed[k] = 0;
+			} else {                                /* advance */
+				uint64_t want, nd, min = UINT64_MAX, e;
+				int inexact;
+
+				switch (r % 5) {
+				case 0: want = wheel_next_deadline(&t.wh); break;
+				case 1: want = now + (r >> 8) % (100 * res); break;
+				default: want = now + (r >> 8) % (3 * res); break;
+				}
+				if (want > now)
+					now = want;
+				wheel_advance(&t.wh, now);
+				for (uint32_t j = 0; j < n; j++) {
+					struct chime_node *x = wheel_node(&t.wh, idx[j]);
+
+					if (!armed[j])
+						continue;
+					MCHECK(seed, x->deadline_ns == dl[j], "deadline changed");
+					if (dl[j] <= now) {
+						MCHECK(seed, x->state == CHIME_NODE_EXPIRED,
+						       "op %u: deadline %llu <= now %llu not due", op,
+						       (unsigned long long)dl[j], (unsigned long long)now);
+						armed[j] = 0;
+					} else {
+						MCHECK(seed, x->state == CHIME_NODE_ARMED,
+						       "op %u: deadline %llu > now %llu fired early", op,
+						       (unsigned long long)dl[j], (unsigned long long)now);
+						if (dl[j] < min)
+							min = dl[j];
+					}
+				}
+				e = wheel_earliest(&t.wh, n, &inexact);
+				MCHECK(seed, !inexact, "earliest inexact with max_scan = n");
+				pop_all(&t, NULL, 0);
+				e = wheel_earliest(&t.wh, n, &inexact);
+				MCHECK(seed, e == min && !inexact, "earliest %llu, true minimum %llu",
+				       (unsigned long long)e, (unsigned long long)min);
+				nd = wheel_next_deadline(&t.wh);
+				MCHECK(seed, min == UINT64_MAX ? nd == UINT64_MAX
+							       : nd > now && (nd <= min || nd - min < res),
+				       "next deadline %llu, now %llu, earliest %llu",
+				       (unsigned long long)nd, (unsigned long long)now,
+				       (unsigned long long)min);
+				e = wheel_earliest(&t.wh, 1, &inexact);
+				MCHECK(seed, e <= min, "a cut-short earliest %llu above the minimum %llu",
+				       (unsigned long long)e, (unsigned long long)min);
+			}
+			if (op % 256 == 0)
+				wheel_check(&t.wh);
+		}
+		wheel_check(&t.wh);
+		tw_fini(&t);
+	}
+}
+
 Test(wheel, cancel_of_an_expired_unpopped_timer_drops_it)
 {
 	struct tw t;

@@ -474,6 +474,43 @@ static void __attribute__((noinline)) reset_slow(struct wheel *wh, uint32_t idx,
 	place(wh, n, idx);
 }
 
+/*
+ * An earlier deadline for an ARMED node inside its list, landing in a
+ * non-empty slot ahead of the current tick: unlink and push with nothing
+ * else to maintain. Anything else goes to reset_slow().
+ */
+static void __attribute__((noinline)) reset_move(struct wheel *wh, uint32_t idx,
+						 uint64_t deadline_ns)
+{
+	struct chime_wheel *w = wh->w;
+	struct chime_node *nodes = wh->nodes, *n = &nodes[idx];
+	uint32_t next = n->next, prev = n->prev, head;
+	uint64_t t, T = w->now_tick;
+	unsigned l, s;
+
+	if (next == NIL || prev == NIL || deadline_ns <= w->now_ns)
+		goto slow;
+	t = tick_of(wh, deadline_ns);
+	if (t == T)
+		goto slow;      /* the current tick's slot: cur_min_ns */
+	l = level_of(t, T);
+	s = slot_of(t, l);
+	head = w->slot[l][s];
+	if (head == NIL)
+		goto slow;      /* occupancy bit and tail */
+	nodes[next].prev = prev;
+	nodes[prev].next = next;
+	n->deadline_ns = deadline_ns;
+	n->next = head;
+	n->prev = NIL;
+	n->level = (uint8_t)l;
+	nodes[head].prev = idx;
+	w->slot[l][s] = idx;
+	return;
+slow:
+	reset_slow(wh, idx, deadline_ns);
+}
+
 void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 {
 	struct chime_node *n = &wh->nodes[idx];
@@ -489,7 +526,7 @@ void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 	 * (fire_slot*(), cascade_one()). A keepalive touch is one store.
 	 */
 	if (deadline_ns < n->deadline_ns) {
-		reset_slow(wh, idx, deadline_ns);
+		reset_move(wh, idx, deadline_ns);
 		return;
 	}
 	n->deadline_ns = deadline_ns;

@@ -794,6 +794,103 @@ Test(wheel, rebuild_from_a_copy_of_the_region_gives_the_same_future_expiries)
 	tw_fini(&b);
 }
 
+/*
+ * The shard file a killed broker left can hold lazily reset timers, each in a
+ * slot earlier than its deadline. The rebuild files every node by its stored
+ * deadline, so the rebuilt wheel fires what the old one would have: the same
+ * timers at every step, each at its stored deadline (never at the old slot),
+ * and wheel_earliest() agrees; the rebuilt one just wakes less often.
+ */
+Test(wheel, rebuild_of_lazily_reset_timers_fires_each_at_its_stored_deadline)
+{
+	enum { N = 4000 };
+	struct tw a, b;
+	uint64_t seed = 4242, res = 1000000, now = 5 * res + 11, dl[N];
+	uint32_t outa[N], outb[N], lazy = 0, fired = 0;
+	uint8_t live[N] = { 0 };
+
+	tw_init(&a, N, res, now);
+	for (uint32_t k = 0; k < N; k++) {
+		dl[k] = now + 1 + splitmix64(&seed) % (2000 * res);
+		cr_assert_eq(arm_new(&a, dl[k]), k);
+		live[k] = 1;
+	}
+	/* keepalive touches: most later (left in place), some earlier (moved) */
+	for (int round = 0; round < 2; round++) {
+		for (uint32_t k = 0; k < N; k++) {
+			uint64_t r = splitmix64(&seed);
+
+			if (!live[k] || wheel_node(&a.wh, k)->state != CHIME_NODE_ARMED)
+				continue;
+			if (r % 8 < 5) {
+				dl[k] += 1 + (r >> 8) % (r % 2 ? 50 * res : 500000 * res);
+				lazy++;
+			} else if (r % 8 == 5) {
+				dl[k] = now + 1 + (r >> 8) % (300 * res);
+			} else {
+				continue;
+			}
+			wheel_reset(&a.wh, k, dl[k]);
+		}
+		wheel_check(&a.wh);
+		/* the first round's advance re-files some of them and fires others (left EXPIRED) */
+		if (round == 0) {
+			now += 300 * res;
+			wheel_advance(&a.wh, now);
+		}
+	}
+	cr_assert_gt(lazy, N / 2);
+
+	b.len = a.len;
+	b.mem = mmap(NULL, b.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cr_assert(b.mem != MAP_FAILED);
+	memcpy(b.mem, a.mem, a.len);
+	memset((char *)b.mem + offsetof(struct chime_wheel, occupied), 0x5a,
+	       sizeof(((struct chime_wheel *)0)->occupied) + sizeof(((struct chime_wheel *)0)->slot));
+	cr_assert_eq(wheel_rebuild(&b.wh, b.mem, b.len, N, res, now, NULL), 0);
+	wheel_check(&b.wh);
+	cr_assert_eq(wheel_armed(&b.wh), wheel_armed(&a.wh));
+
+	while (wheel_armed(&a.wh) > 0) {
+		uint64_t ta = wheel_next_deadline(&a.wh), tb = wheel_next_deadline(&b.wh);
+		uint64_t t = ta < tb ? ta : tb, ea, eb;
+		unsigned na, nb;
+		int ia, ib;
+
+		/* the old wheel may wake earlier (a lazily reset node's slot), never later */
+		cr_assert_leq(ta, tb);
+		if (t < now)
+			t = now;
+		wheel_advance(&a.wh, t);
+		wheel_advance(&b.wh, t);
+		now = t;
+		na = pop_all(&a, outa, N);
+		nb = pop_all(&b, outb, N);
+		cr_assert_eq(na, nb, "at %llu: %u fired, %u after the rebuild", (unsigned long long)t, na, nb);
+		for (unsigned k = 0; k < nb; k++) {
+			cr_assert(live[outb[k]] == 1 && dl[outb[k]] <= t, "node %u fired early or twice", outb[k]);
+			live[outb[k]] = 2;
+		}
+		for (unsigned k = 0; k < na; k++) {
+			cr_assert_eq(live[outa[k]], 2, "node %u fired in one wheel only", outa[k]);
+			live[outa[k]] = 0;
+			fired++;
+		}
+		ea = wheel_earliest(&a.wh, N, &ia);
+		eb = wheel_earliest(&b.wh, N, &ib);
+		cr_assert(ea == eb && !ia && !ib, "earliest %llu, after the rebuild %llu",
+			  (unsigned long long)ea, (unsigned long long)eb);
+	}
+	cr_assert_eq(wheel_armed(&b.wh), 0);
+	for (uint32_t k = 0; k < N; k++)
+		cr_assert_eq(live[k], 0, "node %u never fired", k);
+	cr_assert_eq(fired, N);
+	wheel_check(&a.wh);
+	wheel_check(&b.wh);
+	tw_fini(&a);
+	tw_fini(&b);
+}
+
 /* A region that does not match the caller's geometry is refused, whole. */
 Test(wheel, rebuild_refuses_another_geometry)
 {

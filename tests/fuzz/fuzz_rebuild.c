@@ -11,8 +11,10 @@
  * its geometry no longer matches) or leave a wheel that passes
  * wheel_check(), holds exactly the nodes whose bytes say ARMED or EXPIRED
  * with a sane generation, and, run to the end, fires each of them once and
- * never before its deadline. A violation calls abort() so libFuzzer
- * reports the input.
+ * never before its deadline. Before the patches some timers are reset to a
+ * later deadline (lazily: left in an earlier slot) or to an earlier one;
+ * after the rebuild some restored ones are reset later again. A violation
+ * calls abort() so libFuzzer reports the input.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -77,6 +79,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			wheel_cancel(&wh, i);
 			wheel_node(&wh, i)->state = CHIME_NODE_BACKLOG;
 		}
+	/* keepalive touches: a later deadline leaves the node in an earlier slot
+	 * (lazy reset), an earlier one moves it */
+	for (uint32_t i = 2; i < CAP; i += 1 + (uint32_t)(seed % 3))
+		if (wheel_node(&wh, i)->state == CHIME_NODE_ARMED) {
+			uint64_t d = wheel_node(&wh, i)->deadline_ns, r = splitmix64(&seed);
+
+			wheel_reset(&wh, i, r % 4 ? d + 1 + r % (UINT64_C(100000) * RES)
+					   : T0 + 101 * RES + r % (UINT64_C(50) * RES));
+		}
 
 	for (p = 8; p + 3 <= size;) {
 		size_t off = (size_t)data[p] | (size_t)data[p + 1] << 8, n = data[p + 2];
@@ -111,6 +122,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	wheel_check(&wh);
 	CHECK(st.dropped == dropped, "dropped %u, want %u", st.dropped, dropped);
 	CHECK(wheel_armed(&wh) == want, "armed %llu, want %u", (unsigned long long)wheel_armed(&wh), want);
+	/* the new broker's clients touch restored timers: lazily, on the rebuilt wheel */
+	for (uint32_t i = 0; i < CAP; i += 3)
+		if (armed[i] && wheel_node(&wh, i)->state == CHIME_NODE_ARMED) {
+			uint64_t d = dl[i] + 1 + splitmix64(&seed) % (UINT64_C(5000) * RES);
+
+			dl[i] = d > dl[i] ? d : UINT64_MAX;
+			wheel_reset(&wh, i, dl[i]);
+		}
+	wheel_check(&wh);
 
 	while (wheel_armed(&wh) > 0) {
 		unsigned k;

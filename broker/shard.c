@@ -519,9 +519,9 @@ static void reclaim_step(struct shard *s, bool *work)
  * Publish the counters (at most once per PUBLISH_NS, and before sleeping),
  * with what is measured only here, not on the hot path: a reset asked for
  * since the last time, the ring depths (one load of each client's sq_tail),
- * the exact earliest deadline (a walk of the earliest wheel slot, at most
- * NEXT_SCAN_MAX nodes: up to ~25 us on a cold 256-node slot, once a ms at
- * most) and the thread's CPU time.
+ * the exact earliest deadline (a walk of the earliest wheel slots, at most
+ * NEXT_SCAN_MAX nodes in all: up to ~25 us on a cold 256-node slot, once a
+ * ms at most) and the thread's CPU time.
  */
 static void publish(struct shard *s)
 {
@@ -578,9 +578,12 @@ static unsigned fire_due(struct shard *s, uint64_t now)
 }
 
 /*
- * When the next timer is due: the exact earliest deadline when the earliest
- * slot holds at most WAKE_SCAN nodes, else that slot's first nanosecond (a
- * lower bound: waking early is never wrong). Not wheel_next_deadline(), the
+ * When the next timer is due: the exact earliest deadline when it is found
+ * within WAKE_SCAN nodes of the earliest slots (more than one only when a
+ * lazily reset timer waits in a slot before its deadline), else the first
+ * nanosecond of the slot where the walk stopped (a lower bound: waking early
+ * is never wrong; that wake-up re-files the lazily reset timers it finds
+ * there). Not wheel_next_deadline(), the
  * end of the earliest tick: a shard that slept until then fired every timer
  * up to one resolution late (50 us on average at 100 us), although the wheel
  * fires exactly while the shard is awake.

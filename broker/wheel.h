@@ -120,7 +120,10 @@ void wheel_cancel(struct wheel *wh, uint32_t idx);
 
 /*
  * Move an ARMED or EXPIRED node to a new deadline (the keepalive "touch"). O(1).
- * On a node on no wheel list it is wheel_arm().
+ * On a node on no wheel list it is wheel_arm(). An ARMED node reset to a
+ * later deadline only stores it and stays in its slot (lazy reset); the
+ * advance that reaches that slot files it again. Only the wheel reads slots:
+ * the stored deadline is always the timer's.
  */
 void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns);
 
@@ -164,10 +167,13 @@ uint64_t wheel_next_deadline(const struct wheel *wh);
  * The earliest armed deadline, exact: what `chimestat` shows as "next"
  * (wheel_next_deadline() is when to wake, the end of a tick). UINT64_MAX if
  * nothing is armed; a deadline <= the last advance's now if timers are due.
- * Cost: O(levels) plus a walk of the earliest non-empty slot, at most
- * max_scan nodes (each a cache miss on a large wheel); if that slot holds
- * more, it returns the slot's first nanosecond, a lower bound, and sets
- * *inexact. For the counters, at most once a millisecond: not the hot path.
+ * Cost: O(levels) plus a walk of the earliest non-empty slots in order, at
+ * most max_scan nodes in all (each a cache miss on a large wheel): the
+ * earliest slot alone unless a lazily reset timer (wheel_reset() to a later
+ * deadline) waits in it, then on until a slot starts after the minimum
+ * found. If max_scan runs out it returns the first nanosecond of the slot
+ * being read, a lower bound, and sets *inexact. For the counters and the
+ * shard's sleep: not the hot path.
  */
 uint64_t wheel_earliest(const struct wheel *wh, uint32_t max_scan, int *inexact);
 

@@ -3,8 +3,12 @@
 # data path: a TSan-built chimed (control thread + shard threads) serves a
 # TSan-built chime-demo (several arming threads + a draining thread), while
 # chimectl resets the statistics a few times (the control thread's reset
-# generation against the shards' own counters, RS1/RS2), then stops on
-# SIGTERM. Any race report, in either process, fails the test.
+# generation against the shards' own counters, RS1/RS2). Then the demo runs
+# again in a named session while the broker is restarted in place (chimectl
+# restart) and then killed and started anew: libchime's reconnect (its
+# arming threads closed out of the old rings, the drainer's lock, the rings
+# moved under them) must finish every timer exactly once, never early.
+# Stops on SIGTERM. Any race report, in any process, fails the test.
 set -u
 chimed=$1 demo=$2 ctl=${3:-}
 dir=$(mktemp -d /tmp/chime-tsan-XXXXXX)
@@ -13,37 +17,52 @@ export TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1"
 trap 'kill -KILL "$broker" 2>/dev/null; rm -rf "$dir"' EXIT
 trap 'exit 1' INT TERM HUP PIPE   # so that the EXIT trap stops the broker
 
-"$chimed" --foreground --shards 2 --socket "$sock" 2>"$dir/chimed.log" &
-broker=$!
-for _ in $(seq 200); do
-	[ -S "$sock" ] && break
-	kill -0 "$broker" 2>/dev/null || break
-	sleep 0.05
-done
-if [ ! -S "$sock" ]; then
+start_broker() {
+	"$chimed" --foreground --shards 2 --socket "$sock" 2>>"$dir/chimed.log" &
+	broker=$!
+	for _ in $(seq 200); do
+		[ -S "$sock" ] && return 0
+		kill -0 "$broker" 2>/dev/null || break
+		sleep 0.05
+	done
 	echo "tsan_broker: chimed did not start:"; cat "$dir/chimed.log"; exit 1
-fi
+}
 
+fail() {
+	echo "tsan_broker: $1"
+	for f in demo demo2 ctl chimed; do
+		[ -f "$dir/$f.log" ] && { echo "--- $f:"; cat "$dir/$f.log"; }
+	done
+	exit 1
+}
+
+start_broker
 if [ -n "$ctl" ]; then
 	( for _ in 1 2 3 4; do sleep 0.4; "$ctl" --socket "$sock" reset-stats >>"$dir/ctl.log" 2>&1 || echo "reset-stats failed" >>"$dir/ctl.log"; done ) &
 	resets=$!
 fi
-"$demo" --socket "$sock" --timers 20000 --threads 3 --seconds 2 --max-ms 50 >"$dir/demo.log" 2>&1
-demo_rc=$?
+"$demo" --socket "$sock" --timers 20000 --threads 3 --seconds 2 --max-ms 50 >"$dir/demo.log" 2>&1 ||
+	fail "chime-demo exit $?"
 if [ -n "$ctl" ]; then
 	wait "$resets"
-	if grep -q "failed" "$dir/ctl.log"; then
-		echo "tsan_broker: chimectl reset-stats failed:"; cat "$dir/ctl.log"; demo_rc=1
-	fi
+	grep -q "failed" "$dir/ctl.log" && fail "chimectl reset-stats failed"
 fi
-kill -TERM "$broker"
-wait "$broker"
-broker_rc=$?
 
-if [ "$demo_rc" -ne 0 ] || [ "$broker_rc" -ne 0 ] || grep -q "ThreadSanitizer" "$dir/chimed.log" "$dir/demo.log"; then
-	echo "tsan_broker: chime-demo exit $demo_rc, chimed exit $broker_rc"
-	echo "--- chime-demo:"; cat "$dir/demo.log"
-	echo "--- chimed:"; cat "$dir/chimed.log"
-	exit 1
+# A session through two restarts: in place (SIGUSR2, same pid), then a crash.
+"$demo" --socket "$sock" --session tsan --timers 20000 --threads 3 --seconds 4 --max-ms 50 \
+	>"$dir/demo2.log" 2>&1 &
+demo2=$!
+sleep 1
+if [ -n "$ctl" ]; then
+	"$ctl" --socket "$sock" restart >>"$dir/ctl.log" 2>&1 || fail "chimectl restart failed"
+	sleep 1
 fi
-echo "tsan_broker: no race reported (chime-demo and chimed both exit 0${ctl:+; $(grep -c 'statistics reset' "$dir/ctl.log") reset-stats applied})"
+kill -KILL "$broker"
+wait "$broker" 2>/dev/null
+start_broker
+wait "$demo2" || fail "chime-demo --session exit $? across the restarts"
+
+kill -TERM "$broker"
+wait "$broker" || fail "chimed exit $?"
+grep -q "ThreadSanitizer" "$dir"/*.log && fail "a race was reported"
+echo "tsan_broker: no race reported (chime-demo, in a session through two broker restarts, and chimed all exit 0${ctl:+; $(grep -c 'statistics reset' "$dir/ctl.log") reset-stats applied})"

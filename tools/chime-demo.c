@@ -54,6 +54,7 @@ static void usage(FILE *f)
 		"  -t, --threads N     arming threads (default 4)\n"
 		"  -d, --seconds N     spread the arming over N seconds (default 3)\n"
 		"  -m, --max-ms N      each deadline is 1..N ms after arming (default 200)\n"
+		"  -S, --session NAME  arm in the named session (it lives through a broker restart)\n"
 		"  -h, --help          show this help\n"
 		"  -V, --version       show the version\n"
 		"\n"
@@ -140,6 +141,7 @@ int main(int argc, char **argv)
 		{ "threads", required_argument, NULL, 't' },
 		{ "seconds", required_argument, NULL, 'd' },
 		{ "max-ms", required_argument, NULL, 'm' },
+		{ "session", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ 0 }
@@ -152,9 +154,10 @@ int main(int argc, char **argv)
 	struct arm_thread *threads;
 	int c, r, status = 0;
 
-	while ((c = getopt_long(argc, argv, "s:n:t:d:m:hV", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "s:n:t:d:m:S:hV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 's': opts.socket_path = optarg; break;
+		case 'S': opts.session = optarg; break;
 		case 'n': if (parse_uint(optarg, "--timers", 1, 100000000, &d.timers)) return 2; break;
 		case 't': if (parse_uint(optarg, "--threads", 1, 64, &v)) return 2; d.threads = (unsigned)v; break;
 		case 'd': if (parse_uint(optarg, "--seconds", 1, 3600, &v)) return 2; d.seconds = (unsigned)v; break;
@@ -171,8 +174,10 @@ int main(int argc, char **argv)
 
 	r = chime_open(&d.chime, &opts);
 	if (r < 0) {
-		fprintf(stderr, "chime-demo: cannot connect to chimed%s%s: %s\n",
+		fprintf(stderr, "chime-demo: cannot connect to chimed%s%s%s%s: %s\n",
 			opts.socket_path ? " at " : "", opts.socket_path ? opts.socket_path : "",
+			opts.session ? ", session " : "", opts.session ? opts.session : "",
+			r == -EINVAL && opts.session ? "not a session name (1..63 of A-Z a-z 0-9 . _ -)" :
 			strerror(-r));
 		return 1;
 	}

@@ -377,15 +377,25 @@ CHIME_PUBLIC int chime_fd(const chime_t *c)
 	 * when the broker dies) and our kick eventfd: nothing the broker or
 	 * another client holds.
 	 */
-	if (m->session[0])
-		pthread_mutex_lock(&m->lock);
-	if (!m->fd_used) {
+	if (m->fd_used)
+		return c->ep_fd;
+	if (!m->session[0]) {
 		m->fd_used = 1;
-		if (!cl_reconnecting(m))
-			fd_arm(m);
+		fd_arm(m);
+		return c->ep_fd;
 	}
-	if (m->session[0])
-		pthread_mutex_unlock(&m->lock);
+	/*
+	 * A session: a busy lock is a reconnect under way, which makes the fd
+	 * readable when it is done; the chime_poll() that follows arms it.
+	 */
+	if (pthread_mutex_trylock(&m->lock) != 0) {
+		m->fd_used = 1;
+		return c->ep_fd;
+	}
+	m->fd_used = 1;
+	if (!cl_reconnecting(m))
+		fd_arm(m);
+	pthread_mutex_unlock(&m->lock);
 	return c->ep_fd;
 }
 
@@ -440,6 +450,8 @@ static int poll_rings(struct chime *c, struct chime_event *out, unsigned max, bo
  * A named session's drainer excludes a reconnect (reconnect.c), which
  * resets the drainer's state; while reconnecting it returns nothing, and
  * makes the attempts that are due. Anonymous connections take no lock.
+ * The drainer is one thread, so a busy lock is a reconnect attempt under way
+ * in an arming thread.
  */
 static int poll_events(struct chime *c, struct chime_event *out, unsigned max, bool sleepy, bool want_kick)
 {
@@ -447,7 +459,9 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 
 	if (likely(!c->session[0]))
 		return poll_rings(c, out, max, sleepy, want_kick);
-	pthread_mutex_lock(&c->lock);
+	/* Held only by a reconnect attempt (a handshake): nothing to return meanwhile, and no blocking. */
+	if (pthread_mutex_trylock(&c->lock) != 0)
+		return cl_is_dead(c) ? -ENOTCONN : 0;
 	if (cl_reconnecting(c)) {
 		wake_clear(c);  /* the timerfd that brought the caller here */
 		(void)cl_reconnect(c, true);

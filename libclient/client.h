@@ -69,6 +69,7 @@ struct chime_chan {
 	/* reconnect (under struct chime.lock) */
 	uint64_t closed_from;               /* the tail when the ring was closed: records below it count */
 	uint64_t closed_at;                 /* the tail we moved it to (no slot is free there); 0: open */
+	uint32_t resumed_owed;              /* atomic: the new ring had no room for RESUMED (cl_resume_flush) */
 };
 
 struct chime {
@@ -94,6 +95,7 @@ struct chime {
 	uint64_t recon_next_ns;
 	uint64_t recon_backoff_ns;
 	uint64_t reconnects;                /* done, for the tests */
+	uint32_t resumed_owed;              /* atomic: some chan's RESUMED waits for cl_resume_flush() */
 
 	struct chime_map pub_map;           /* the broker's public segment: state, heartbeat, sleep numbers */
 	struct chime_map rw_map;
@@ -169,6 +171,14 @@ void cl_lost(struct chime *c, uint64_t link);
 bool cl_reconnect(struct chime *c, bool locked);
 /* How long a session tries to reconnect: $CHIME_RECONNECT_S (0..86400), else 30 s. */
 uint64_t cl_reconnect_window(void);
+/*
+ * Submit the RESUMED records a reconnect could not fit (its old ring was
+ * full of records to re-submit), waiting for room as an arm does. Call
+ * without c->lock: the wait may have to drive another reconnect.
+ */
+void cl_resume_flush(struct chime *c);
+/* timer.c: one record to shard s, waiting for room; 0 or -ENOTCONN. */
+int cl_submit_op(struct chime *c, uint32_t s, uint32_t op);
 /* Nanoseconds until the next attempt is due (0: now), for a sleeping drainer. */
 uint64_t cl_reconnect_wait_ns(struct chime *c);
 

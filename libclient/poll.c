@@ -473,6 +473,7 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 	else
 		n = poll_rings(c, out, max, sleepy, want_kick);
 	pthread_mutex_unlock(&c->lock);
+	cl_resume_flush(c);
 	return n;
 }
 

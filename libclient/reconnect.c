@@ -44,6 +44,7 @@
 
 #include "client.h"
 
+#define likely(x)        __builtin_expect(!!(x), 1)
 #define RECONNECT_S      30u                            /* chime_open(3): then -ENOTCONN */
 #define RECONNECT_MAX_S  86400u
 #define BACKOFF_MIN_NS   (UINT64_C(10) * 1000000u)
@@ -195,9 +196,13 @@ static void resubmit(struct chime *c, const struct chime_map *rw, const struct c
 			    r.op == CHIME_OP_CANCEL_KEY)
 				put(slots, g->sq_size - 1, pos++, &r);
 		}
-		/* A ring that was full leaves no room: the carried grants then go with the next attach. */
-		if (pos - base < size)
+		/* A ring full of records leaves no room: RESUMED follows once the rings are live. */
+		if (pos - base < size) {
 			put(slots, g->sq_size - 1, pos++, &(struct chime_sqe){ .op = CHIME_OP_RESUMED });
+		} else {
+			at_store(&c->chan[s].resumed_owed, 1u);
+			at_store_rel(&c->resumed_owed, 1u);
+		}
 		at_store_rel(&crw->sq_tail, pos);
 	}
 }
@@ -331,7 +336,24 @@ bool cl_reconnect(struct chime *c, bool locked)
 		timer_set(c, at_load(&c->recon_next_ns));
 	}
 out:
-	if (!locked)
+	if (!locked) {
 		pthread_mutex_unlock(&c->lock);
+		cl_resume_flush(c);
+	}
 	return cl_reconnecting(c);
+}
+
+void cl_resume_flush(struct chime *c)
+{
+	uint32_t any = 1;
+
+	if (likely(!at_load(&c->resumed_owed)) || !at_cas(&c->resumed_owed, &any, 0u))
+		return;
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		uint32_t owed = 1;
+
+		/* After the re-submitted records, in the same ring: its position is past them. */
+		if (at_load(&c->chan[s].resumed_owed) && at_cas(&c->chan[s].resumed_owed, &owed, 0u))
+			(void)cl_submit_op(c, s, CHIME_OP_RESUMED);     /* lost with the broker: the next attach frees them */
+	}
 }

@@ -145,6 +145,11 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 	return 0;
 }
 
+int cl_submit_op(struct chime *c, uint32_t s, uint32_t op)
+{
+	return submit(c, s, op, 0, 0, 0, 0, 0, NULL);
+}
+
 /*
  * Shard `s` refused an ARM (r: -ENOMEM or -EDQUOT): any other one may have
  * room or quota left. Returns 0 (armed, *id set), -ENOMEM, -EDQUOT (only if

@@ -805,3 +805,38 @@ Test(restart, a_session_gives_up_after_chime_reconnect_s)
 	chime_close(c);
 	chime_close(z);
 }
+
+/*
+ * The old ring full of records the broker never read (it was stopped, then
+ * killed): 8 resets and 8 arms go again; the new ring has no room left for
+ * RESUMED at once, and it follows as soon as there is: the 8 grants the
+ * resets' slots carried are freed.
+ */
+Test(restart, a_full_ring_of_records_goes_again_and_the_grants_are_freed)
+{
+	struct chime_event ev[32];
+	chime_id_t id[16];
+	uint64_t t0 = now_ns();
+	chime_t *c;
+	unsigned n;
+
+	start("-n 1 --sq-size 16");
+	c = sopen_ok("full");
+	for (unsigned i = 0; i < 8; i++)
+		cr_assert_eq(chime_arm(c, 0, t0 + HOUR, 0, i, &id[i]), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 8), 8);
+	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
+	for (unsigned i = 0; i < 8; i++) {
+		cr_assert_eq(chime_reset(c, id[i], t0 + 300 * MS), 0);
+		cr_assert_eq(chime_arm(c, 0, t0 + 300 * MS, 0, 8 + i, &id[8 + i]), 0);
+	}
+	restart(SIGKILL, "-n 1 --sq-size 16");
+	n = collect(c, ev, 32, now_ns() + 1500 * MS);
+	cr_assert_eq(n, 16, "%u of the 16 timers fired (8 re-submitted resets, 8 arms)", n);
+	for (unsigned k = 0; k < n; k++)
+		cr_assert_eq(ev[k].deadline_ns, t0 + 300 * MS, "timer %llu at another deadline",
+			     (unsigned long long)ev[k].user_data);
+	cr_assert_eq(t_nodes_settle(tb.sock, 1u << CHIME_NODE_GRANTED, 16), 16,
+		     "carried grants left after a full ring was re-submitted");
+	chime_close(c);
+}

@@ -111,7 +111,9 @@ class Chime:
     socket is `socket`, else $CHIME_SOCKET, else /run/chime/chime.sock.
     Closing it (or leaving its `with` block) cancels every timer it armed,
     unless `session` names a session (1..63 of [A-Za-z0-9._-]): its timers
-    stay for the next Chime that opens it (chime_open(3)).
+    stay for the next Chime that opens it, and a restart of chimed goes
+    unseen (the library reconnects, up to $CHIME_RECONNECT_S, 30 s; see
+    chime_open(3), "Broker restarts").
 
     arm, reset, cancel and cancel_key may be called from any thread; one
     thread at a time collects events (poll, wait)."""

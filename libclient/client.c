@@ -502,7 +502,7 @@ void cl_ring_doorbell(struct chime_chan *ch)
 bool cl_broker_gone(struct chime *c, bool probe)
 {
 	struct pollfd pfd = { .fd = c->sock, .events = POLLRDHUP };
-	uint64_t link = at_load_acq(&c->link);  /* the connection this evidence is about */
+	uint64_t link = at_load_acq(&c->link);  /* L1: the connection this evidence is about */
 	int n;
 
 	if (cl_is_dead(c) || (link & 1))

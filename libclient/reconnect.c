@@ -71,7 +71,7 @@ void cl_lost(struct chime *c, uint64_t link)
 	if (!c->session[0] || !c->recon_window_ns)
 		at_store(&c->dead, 1);
 	else if (!(link & 1))
-		(void)at_cas(&c->link, &link, link | 1);    /* fails if already, or a newer connection */
+		(void)at_cas(&c->link, &link, link | 1);    /* L1: fails if already, or a newer connection */
 }
 
 uint64_t cl_reconnect_wait_ns(struct chime *c)
@@ -320,7 +320,7 @@ bool cl_reconnect(struct chime *c, bool locked)
 		/* Come back: the fd's promise, and the shards may be asleep with our re-submitted records. */
 		if (write(c->kick_fd, &one, sizeof(one)) == sizeof(one))
 			c->kicks++;
-		/* A new connection number, not reconnecting: late evidence about the old one is ignored. */
+		/* L1: a new connection number, not reconnecting: late evidence about the old one is ignored. */
 		at_store_rel(&c->link, (at_load(&c->link) | 1) + 1);
 		for (uint32_t s = 0; s < c->nr_shards; s++) {
 			at_fence();

@@ -440,8 +440,6 @@ static void __attribute__((noinline)) cancel_slow(struct wheel *wh, uint32_t idx
 	if (!take_off(wh, n, idx))
 		return;
 	n->state = CHIME_NODE_ALLOC;
-	n->next = NIL;
-	n->prev = NIL;
 	wh->w->armed--;
 }
 
@@ -457,9 +455,8 @@ void wheel_cancel(struct wheel *wh, uint32_t idx)
 	}
 	nodes[next].prev = prev;
 	nodes[prev].next = next;
+	/* n->next and n->prev are left as they are: see wheel_cancel() in wheel.h */
 	n->state = CHIME_NODE_ALLOC;
-	n->next = NIL;
-	n->prev = NIL;
 	wh->w->armed--;
 }
 

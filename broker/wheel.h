@@ -115,7 +115,14 @@ void wheel_free(struct wheel *wh, uint32_t idx);
  */
 void wheel_arm(struct wheel *wh, uint32_t idx, uint64_t deadline_ns);
 
-/* Take an ARMED or EXPIRED node off its list; it becomes ALLOC. No-op in any other state. */
+/*
+ * Take an ARMED or EXPIRED node off its list; it becomes ALLOC. No-op in any
+ * other state. The node's next/prev links are left stale, not reset to
+ * CHIME_NIL: every list that takes the node next (a slot, the expired or
+ * free list, the broker's backlog and ackwait lists) writes both, and on a
+ * wheel larger than the cache one store fewer per cancel is measurable
+ * (stores wait in the store queue behind the neighbours' misses).
+ */
 void wheel_cancel(struct wheel *wh, uint32_t idx);
 
 /*

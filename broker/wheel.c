@@ -431,31 +431,15 @@ static inline int take_off(struct wheel *wh, struct chime_node *n, uint32_t idx)
  * cancel and reset: the common case (an ARMED node inside its list) inline
  * and the rest out of line, so the common case saves no registers: on a
  * wheel larger than the cache these calls wait on misses, and how many run
- * ahead is bounded by the instructions in flight, not by the misses.
+ * ahead is bounded by the instructions and stores in flight, not by the
+ * misses. wheel_cancel()'s common case is in wheel.h, inlined in the caller.
  */
-static void __attribute__((noinline)) cancel_slow(struct wheel *wh, uint32_t idx)
+void wheel__cancel_slow(struct wheel *wh, uint32_t idx)
 {
 	struct chime_node *n = &wh->nodes[idx];
 
 	if (!take_off(wh, n, idx))
 		return;
-	n->state = CHIME_NODE_ALLOC;
-	wh->w->armed--;
-}
-
-void wheel_cancel(struct wheel *wh, uint32_t idx)
-{
-	struct chime_node *nodes = wh->nodes, *n = &nodes[idx];
-	uint32_t next = n->next, prev = n->prev;
-
-	assert(idx < wh->w->high_water);
-	if (n->state != CHIME_NODE_ARMED || next == NIL || prev == NIL) {
-		cancel_slow(wh, idx);
-		return;
-	}
-	nodes[next].prev = prev;
-	nodes[prev].next = next;
-	/* n->next and n->prev are left as they are: see wheel_cancel() in wheel.h */
 	n->state = CHIME_NODE_ALLOC;
 	wh->w->armed--;
 }

@@ -463,6 +463,67 @@ Test(wheel, lazily_reset_timers_never_fire_early_and_always_on_time)
 	}
 }
 
+/*
+ * wheel_cancel() leaves a cancelled node's next/prev stale (one store fewer
+ * per cancel). Whatever the caller does with it at once, nothing may follow
+ * those links: cancel it again (a no-op), arm it, reset it, free it and
+ * allocate it again, rebuild; its old neighbours still fire on time.
+ */
+Test(wheel, a_cancelled_node_is_reusable_at_once_despite_its_stale_links)
+{
+	uint64_t res = 1000;
+	struct tw t;
+	uint32_t id[6], got[8], cp;
+	void *copy;
+	struct wheel b;
+
+	tw_init(&t, 16, res, 0);
+	/* six timers in one level-1 slot: ticks 64..127 */
+	for (unsigned k = 0; k < 6; k++)
+		id[k] = arm_new(&t, (70 + k) * res);
+	wheel_cancel(&t.wh, id[2]);             /* inside the list: the inline path */
+	wheel_check(&t.wh);
+	wheel_cancel(&t.wh, id[2]);             /* ALLOC: a no-op, its links not followed */
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_node(&t.wh, id[2])->state, CHIME_NODE_ALLOC);
+	cr_assert_eq(wheel_armed(&t.wh), 5);
+	wheel_arm(&t.wh, id[2], 300 * res);     /* armed again at once, elsewhere */
+	wheel_check(&t.wh);
+	wheel_cancel(&t.wh, id[3]);
+	wheel_reset(&t.wh, id[3], 72 * res);    /* reset of a node on no list: an arm */
+	wheel_check(&t.wh);
+	wheel_cancel(&t.wh, id[4]);
+	wheel_free(&t.wh, id[4]);               /* freed at once: the free list writes next */
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_alloc(&t.wh), id[4]);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_armed(&t.wh), 5);
+	/* a rebuild of this state must not follow id[4]'s stale links either */
+	copy = mmap(NULL, t.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cr_assert(copy != MAP_FAILED);
+	memcpy(copy, t.mem, t.len);
+	cr_assert_eq(wheel_rebuild(&b, copy, t.len, 16, res, 0, NULL), 0);
+	wheel_check(&b);
+	cr_assert_eq(wheel_armed(&b), 5);
+	munmap(copy, t.len);
+	/* the old neighbours and the moved ones fire once each, in tick order */
+	cr_assert_eq(wheel_advance(&t.wh, 72 * res), 3);   /* id[0], id[1], id[3] */
+	cp = (uint32_t)pop_all(&t, got, 8);
+	cr_assert_eq(cp, 3);
+	cr_assert_eq(got[0], id[0]);
+	cr_assert_eq(got[2], id[3]);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_advance(&t.wh, 299 * res), 1);   /* id[5] */
+	cr_assert_eq(pop_all(&t, got, 8), 1);
+	cr_assert_eq(got[0], id[5]);
+	cr_assert_eq(wheel_advance(&t.wh, 300 * res), 1);   /* id[2] */
+	cr_assert_eq(pop_all(&t, got, 8), 1);
+	cr_assert_eq(got[0], id[2]);
+	cr_assert_eq(wheel_armed(&t.wh), 0);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
 Test(wheel, cancel_of_an_expired_unpopped_timer_drops_it)
 {
 	struct tw t;

@@ -12,8 +12,11 @@
 #            lateness for every timer; no problem was seen.
 #   rest     `chime-bench rest --timers 100000 --seconds 2 --json`: the broker
 #            at rest meets its targets (exit status), and the figures are there.
+#   apply    `chime-bench apply --quick`: every record applied as meant (the
+#            bench checks the armed count and the malformed counter after each
+#            phase, exit status) and a positive figure for each of the six rows.
 #
-# Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest [EXPECT]
+# Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply [EXPECT]
 # Exit: 0 pass, 1 fail, 77 skipped (no jq).
 set -u
 
@@ -76,8 +79,14 @@ rest)
 		fail "figures missing or implausible"
 	echo "bench rest: $(jq -r '"cpu \(.cpu_share_schedstat * 100)% of a core, \(.wakeups_per_s) wake-ups/s, \(.heartbeats_per_s) heartbeats/s"' "$dir/out.json")"
 	;;
+apply)
+	"$bench" apply --quick >"$dir/out.json" 2>"$dir/err" || fail "exit status $?"
+	rows=$(awk -F'|' '/^  .*(arm|reset|cancel) +\|/ && $2 + 0 > 0 && $3 + 0 > 0' "$dir/out.json" | wc -l)
+	[ "$rows" -eq 6 ] || fail "$rows of 6 rows with positive figures"
+	echo "bench apply: 6 rows, every record applied as meant"
+	;;
 *)
-	echo "usage: test_bench.sh CHIME_BENCH CHIMED compare|rest [EXPECT]" >&2
+	echo "usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply [EXPECT]" >&2
 	exit 2
 	;;
 esac

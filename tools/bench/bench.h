@@ -16,6 +16,7 @@
 typedef int (*bench_mode_fn)(int argc, char **argv);
 
 int bench_wheel(int argc, char **argv);
+int bench_apply(int argc, char **argv);
 
 /* Median of v[0..n) (sorts v). 0 if n == 0. */
 double bench_median(double *v, size_t n);

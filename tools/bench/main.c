@@ -19,6 +19,7 @@ static const struct {
 	{ "wheel", bench_wheel, "timing wheel vs binary heap: arm, cancel, reset, expiry [--quick]" },
 	{ "e2e", bench_e2e, "libchime + chimed end to end vs timerfd [--socket PATH] [--quick]" },
 	{ "compare", bench_compare, "chime vs its wheel, timerfd, libuv, libev: ops, expiry, memory, CPU, lateness [--quick] [--json]" },
+	{ "apply", bench_apply, "the shard's cost per submission record, in-process: arm, reset, cancel [--quick]" },
 	{ "rest", bench_rest, "the broker at rest with N timers armed an hour ahead: CPU and wake-ups [--timers N] [--seconds S]" },
 };
 

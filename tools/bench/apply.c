@@ -1,0 +1,280 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * apply.c - `chime-bench apply`: what a shard spends applying one record of
+ * a client's submission ring (broker/chan.c's chan_drain(): the grant, the
+ * key index, the wheel, the counters), in this process, on one thread.
+ *
+ * A shard's cost per record bounds what one client can sustain end to end
+ * (`e2e` measures that, with the client and the shards on shared cores and
+ * the tail of every run at the mercy of the host's scheduler). Here nothing
+ * else runs: the same code as chimed's shard, over malloc'd memory laid out
+ * as a client's segments, with one channel; the producer (libchime's ring
+ * code, uncontended) fills the ring, then chan_drain() applies it, and only
+ * the drain is timed. The producer's own cost per record is printed beside
+ * it: the floor of a client's operation on a ring nobody else touches.
+ *
+ * Method (printed with the table): N timers (100k, 1M; --quick 10k, 100k)
+ * armed in order at deadlines uniform over 60 s ahead, then each reset once
+ * to a later deadline and then cancelled, both in a random order; deadlines
+ * at the broker's default 100 us resolution, keys = the arm's index. Ring of
+ * 1024 records, drained whole each time. Figure: ns per record over the
+ * whole phase (total drain time / N); 3 runs, the median printed with the
+ * range. The slab is written once before (chimed maps it ahead of use);
+ * the key index's buckets are left to fault in, as in chimed.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "chan.h"
+#include "keyidx.h"
+#include "ring.h"
+#include "segment.h"
+#include "stats.h"
+#include "wheel.h"
+
+#define SQ        1024u
+#define CQ        1024u
+#define RES_NS    100000ull
+#define SPAN_NS   (60ull * 1000000000ull)
+#define T0_NS     (1000ull * 1000000000ull)
+#define RUNS      3u
+
+enum { PH_ARM, PH_RESET, PH_CANCEL, NR_PH };
+static const char *const ph_name[NR_PH] = { "arm", "reset", "cancel" };
+
+struct world {
+	struct shard_core sc;
+	struct stats st;
+	struct chime_shard_stats pub;
+	struct chime_client_stats cpub[1];
+	struct chan *by_slot[1];
+	struct chime_client_geom g;
+	void *wmem, *rw, *ro;
+	size_t wlen;
+	uint32_t *heads;
+	uint32_t nb;
+	struct chan_mem m;
+	struct chan ch;
+	struct chime_sq_prod prod;
+};
+
+static void world_fail(const char *what)
+{
+	fprintf(stderr, "chime-bench apply: %s failed\n", what);
+	exit(1);
+}
+
+static void world_init(struct world *w, uint32_t cap)
+{
+	memset(w, 0, sizeof(*w));
+	w->wlen = wheel_region_size(cap);
+	w->wmem = bench_map(w->wlen);
+	/* chimed maps its slab ahead of use (MADV_POPULATE_WRITE): no page faults in the drain here either */
+	memset(w->wmem, 0, w->wlen);
+	w->nb = keyidx_buckets_for(cap);
+	w->heads = bench_map((size_t)w->nb * sizeof(uint32_t));
+	w->g = (struct chime_client_geom){ .nr_shards = 1, .sq_size = SQ, .cq_size = CQ };
+	if (chime_client_layout(&w->g))
+		world_fail("chime_client_layout");
+	w->rw = bench_map(w->g.rw_size);
+	w->ro = bench_map(w->g.ro_size);
+	if (wheel_init(&w->sc.wh, w->wmem, w->wlen, cap, RES_NS, T0_NS))
+		world_fail("wheel_init");
+	keyidx_init(&w->sc.ki, w->heads, w->nb, w->sc.wh.nodes);
+	if (stats_init_blocks(&w->st, &w->pub, w->cpub, 1, 1, 0))
+		world_fail("stats_init_blocks");
+	w->sc.st = &w->st;
+	w->sc.by_slot = w->by_slot;
+	w->sc.capacity = cap;
+	w->sc.max_clients = 1;
+	w->sc.quota = UINT64_MAX;
+	w->m = (struct chan_mem){
+		.sq_slots = (struct chime_sqe *)((char *)w->rw + w->g.rw_sq_off),
+		.claim = (uint64_t *)((char *)w->rw + w->g.rw_claim_off),
+		.rw = (struct chime_chan_rw *)((char *)w->rw + w->g.rw_chan_off),
+		.ro = (struct chime_chan_ro *)((char *)w->ro + w->g.ro_chan_off),
+		.cq_slots = (struct chime_cqe *)((char *)w->ro + w->g.ro_cq_off),
+		.want_wakeup = &((struct chime_client_rw *)w->rw)->want_wakeup,
+		.sq_size = SQ,
+		.cq_size = CQ,
+		.wake_fd = -1,
+		.bell_fd = -1,
+	};
+	if (chan_attach(&w->sc, &w->ch, &w->m, 0, 1))
+		world_fail("chan_attach");
+	chime_sq_prod_init(&w->prod, w->m.sq_slots, &w->m.rw->sq_tail, SQ);
+}
+
+static void world_fini(struct world *w)
+{
+	chan_fini(&w->ch);
+	stats_fini(&w->st);
+	bench_unmap(w->rw, w->g.rw_size);
+	bench_unmap(w->ro, w->g.ro_size);
+	bench_unmap(w->heads, (size_t)w->nb * sizeof(uint32_t));
+	bench_unmap(w->wmem, w->wlen);
+}
+
+/* What one phase cost: ns per record in the drain, and in the producer. */
+struct cost {
+	double drain, fill;
+};
+
+/* Records order[0..n) of phase ph: fill the ring, drain it, until all are applied. */
+static struct cost run_phase(struct world *w, int ph, uint64_t *ids, uint64_t *dl, const uint32_t *order,
+			     uint32_t n)
+{
+	uint64_t drain_ns = 0, fill_ns = 0;
+	uint32_t i = 0;
+
+	while (i < n) {
+		uint64_t a = now_ns(), b, c;
+		uint32_t k = 0, applied = 0;
+
+		for (; i < n; i++, k++) {
+			uint32_t j = order[i];
+			uint64_t pos;
+			struct chime_sqe *s = chime_sq_reserve(&w->prod, &pos);
+
+			if (!s)
+				break;
+			s->op = ph == PH_ARM ? CHIME_OP_ARM : ph == PH_RESET ? CHIME_OP_RESET : CHIME_OP_CANCEL;
+			s->id = ph == PH_ARM ? s->grant : ids[j];
+			s->key = j;
+			s->deadline_ns = dl[j];
+			s->period_ns = 0;
+			s->user_data = j;
+			if (ph == PH_ARM)
+				ids[j] = s->id;
+			chime_sq_publish(s, pos);
+		}
+		b = now_ns();
+		while (applied < k)
+			applied += chan_drain(&w->sc, &w->ch, SQ);
+		c = now_ns();
+		fill_ns += b - a;
+		drain_ns += c - b;
+	}
+	return (struct cost){ .drain = (double)drain_ns / n, .fill = (double)fill_ns / n };
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static void run_size(uint32_t n, uint64_t seed)
+{
+	double drain[NR_PH][RUNS], fill[NR_PH][RUNS];
+	uint64_t *ids = malloc(n * sizeof(*ids)), *dl = malloc(n * sizeof(*dl));
+	uint32_t *order = malloc(n * sizeof(*order)), *inorder = malloc(n * sizeof(*inorder));
+
+	if (!ids || !dl || !order || !inorder)
+		world_fail("malloc");
+	for (unsigned r = 0; r < RUNS; r++) {
+		struct world *w = malloc(sizeof(*w));
+		uint64_t rng = seed + r;
+
+		if (!w)
+			world_fail("malloc");
+		/* Room for the ring's grants beyond the N armed. */
+		world_init(w, n + 2 * SQ);
+		for (uint32_t i = 0; i < n; i++) {
+			inorder[i] = order[i] = i;
+			dl[i] = T0_NS + RES_NS + splitmix64(&rng) % SPAN_NS;
+		}
+		for (int ph = 0; ph < NR_PH; ph++) {
+			struct cost c;
+
+			if (ph == PH_RESET) {
+				/* Keepalive: a later deadline, in no particular order. */
+				for (uint32_t i = 0; i < n; i++)
+					dl[i] += 1 + splitmix64(&rng) % (SPAN_NS / 2);
+				bench_shuffle(order, n, &rng);
+			} else if (ph == PH_CANCEL) {
+				bench_shuffle(order, n, &rng);
+			}
+			c = run_phase(w, ph, ids, dl, ph == PH_ARM ? inorder : order, n);
+			drain[ph][r] = c.drain;
+			fill[ph][r] = c.fill;
+			/* Every record applied as meant: all armed after the arms, none after the cancels. */
+			if (wheel_armed(&w->sc.wh) != (ph == PH_CANCEL ? 0 : n) || w->st.sh.malformed) {
+				fprintf(stderr, "chime-bench apply: after the %ss, %llu of %u timers armed, %llu malformed\n",
+					ph_name[ph], (unsigned long long)wheel_armed(&w->sc.wh), n,
+					(unsigned long long)w->st.sh.malformed);
+				exit(1);
+			}
+		}
+		world_fini(w);
+		free(w);
+	}
+	for (int ph = 0; ph < NR_PH; ph++) {
+		qsort(drain[ph], RUNS, sizeof(double), cmp_double);
+		qsort(fill[ph], RUNS, sizeof(double), cmp_double);
+		printf("  %-6s %-7s | %8.1f  (%5.1f-%5.1f) | %8.1f  (%5.1f-%5.1f)\n",
+		       ph == PH_ARM ? (n >= 1000000 ? "1M" : n >= 100000 ? "100k" : "10k") : "",
+		       ph_name[ph], drain[ph][RUNS / 2], drain[ph][0], drain[ph][RUNS - 1],
+		       fill[ph][RUNS / 2], fill[ph][0], fill[ph][RUNS - 1]);
+	}
+	free(ids);
+	free(dl);
+	free(order);
+	free(inorder);
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "Usage: chime-bench apply [--quick]\n"
+		"The shard's cost per record of a client's submission ring (chan_drain: grant,\n"
+		"key index, wheel, counters), in this process, on one thread, beside the\n"
+		"producer's cost per record on an uncontended ring.\n\n"
+		"  -q, --quick   10k and 100k timers instead of 100k and 1M\n"
+		"  -h, --help    show this help\n");
+}
+
+int bench_apply(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "quick", no_argument, NULL, 'q' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	struct bench_machine mc;
+	int quick = 0, o;
+
+	while ((o = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
+		switch (o) {
+		case 'q':
+			quick = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	bench_machine(&mc);
+	printf("chime-bench apply: the shard's cost per submission record, in-process, one thread\n"
+	       "date:    %s\nmachine: %ld CPUs online, %s, Linux %s; load average %.2f %.2f %.2f at start\n"
+	       "method:  N timers armed in order at deadlines uniform over 60 s (100 us resolution), then\n"
+	       "         each reset once to a later deadline, then cancelled, both in random order;\n"
+	       "         the client's ring (%u records) filled by libchime's producer code, then\n"
+	       "         applied by chimed's chan_drain(); ns per record = phase's drain time / N.\n"
+	       "         %u runs: median (min-max).\n\n",
+	       mc.date, mc.cpus, mc.model, mc.kernel, mc.load[0], mc.load[1], mc.load[2], SQ, RUNS);
+	printf("  timers op      | shard ns/record          | producer ns/record\n");
+	run_size(quick ? 10000 : 100000, 42);
+	run_size(quick ? 100000 : 1000000, 4242);
+	return 0;
+}

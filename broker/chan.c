@@ -562,20 +562,35 @@ static void op_cancel_key(struct shard_core *sc, struct chan *ch, uint64_t key)
 }
 
 /*
- * Applying a record costs cache misses in the slab: its node and, for an
- * ARM, its key bucket. Start loading those of the record PREFETCH_AHEAD
- * positions on while this one is applied (arms at 100k-1M armed: client
- * mean 157-237 -> 90-128 ns, ARCHITECTURE.md). A hint only: the slot may be
- * unpublished or scribbled, so nothing read here is trusted or written, and
- * an address is formed only from an index checked against the capacity.
+ * Applying a record costs cache misses in the slab, in two rounds: its own
+ * node (and, for an ARM, its key bucket), then what that node leads to: a
+ * CANCEL unlinks it from its wheel list and its key chain (four neighbours
+ * and a bucket, all at random addresses), an ARM links it in front of its
+ * bucket's and its wheel slot's first nodes. So the drain loads ahead in
+ * two stages: the record PREFETCH_NODE positions on gets its node, and
+ * the one PREFETCH_LINKS positions on, whose node has arrived by then, its
+ * neighbours (cancel at 1M armed, one shard: 160 -> see ARCHITECTURE.md).
+ * Hints only: the slot may be unpublished or scribbled, so nothing read
+ * here is trusted or written, and an address is formed only from an index
+ * checked against the capacity.
  */
-#define PREFETCH_AHEAD 8u
+#define PREFETCH_NODE  16u
+#define PREFETCH_LINKS 8u
+
+/*
+ * Branch-free, an out-of-range index clamped to node 0: GCC 12 drops a
+ * prefetch guarded by `if (idx < capacity)` here (checked in the object
+ * code), and an unguarded address could lie outside the slab.
+ */
+static inline void prefetch_node(const struct shard_core *sc, uint32_t idx)
+{
+	__builtin_prefetch(&sc->wh.nodes[idx < sc->capacity ? idx : 0], 1);
+}
 
 static inline void prefetch_record(struct shard_core *sc, struct chan *ch, uint64_t pos)
 {
 	const struct chime_sqe *s = &ch->sq.slots[pos & ch->sq.mask];
 	uint64_t g;
-	uint32_t idx;
 
 	if (at_load(&s->seq) != pos + 1)
 		return;
@@ -589,9 +604,40 @@ static inline void prefetch_record(struct shard_core *sc, struct chan *ch, uint6
 		return;
 	case CHIME_OP_RESET:
 	case CHIME_OP_CANCEL:
+		prefetch_node(sc, chime_id_index(at_load(&s->id)));
+		return;
+	default:
+		return;
+	}
+}
+
+static inline void prefetch_links(struct shard_core *sc, struct chan *ch, uint64_t pos)
+{
+	const struct chime_sqe *s = &ch->sq.slots[pos & ch->sq.mask];
+	const struct chime_node *n;
+	uint32_t idx;
+
+	if (at_load(&s->seq) != pos + 1)
+		return;
+	switch (at_load(&s->op)) {
+	case CHIME_OP_ARM:
+		if (chime_grant_is_marker(ch->grants[pos & ch->sq_mask]))
+			return;
+		prefetch_node(sc, sc->ki.heads[keyidx_bucket(&sc->ki, ch->slot, at_load(&s->key))] - 1);
+		wheel_prefetch_arm(&sc->wh, at_load(&s->deadline_ns));
+		return;
+	case CHIME_OP_CANCEL:
 		idx = chime_id_index(at_load(&s->id));
-		if (idx < sc->capacity)
-			__builtin_prefetch(NODE(sc, idx), 1);
+		if (idx >= sc->capacity)
+			return;
+		n = NODE(sc, idx);
+		prefetch_node(sc, n->next);
+		prefetch_node(sc, n->prev);
+		prefetch_node(sc, n->key_next);
+		if (n->key_prev != CHIME_NIL)
+			prefetch_node(sc, n->key_prev);
+		else
+			__builtin_prefetch(&sc->ki.heads[keyidx_bucket(&sc->ki, n->owner, n->key)], 1);
 		return;
 	default:
 		return;
@@ -608,7 +654,8 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 	for (n = 0; n < budget; n++) {
 		if (!chime_sq_pop(&ch->sq, &r, &pos))
 			break;
-		prefetch_record(sc, ch, pos + PREFETCH_AHEAD);
+		prefetch_record(sc, ch, pos + PREFETCH_NODE);
+		prefetch_links(sc, ch, pos + PREFETCH_LINKS);
 		switch (r.op) {
 		case CHIME_OP_ARM:
 			op_arm(sc, ch, &r, pos);

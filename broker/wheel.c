@@ -368,6 +368,9 @@ uint32_t wheel_alloc(struct wheel *wh)
 
 	if (idx != NIL) {
 		w->free_head = wh->nodes[idx].next;
+		/* the next alloc reads its next link: start that miss now */
+		if (w->free_head < w->high_water)
+			__builtin_prefetch(&wh->nodes[w->free_head], 1);
 	} else if (w->high_water < wh->reserved) {
 		/* bump: first touch of this node's page happens here */
 		idx = w->high_water++;
@@ -413,6 +416,22 @@ void wheel_arm(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 	n->deadline_ns = deadline_ns;
 	wh->w->armed++;
 	place(wh, n, idx);
+}
+
+void wheel_prefetch_arm(const struct wheel *wh, uint64_t deadline_ns)
+{
+	const struct chime_wheel *w = wh->w;
+	uint64_t t;
+	unsigned l;
+	uint32_t head;
+
+	if (deadline_ns <= w->now_ns)
+		return;
+	t = tick_of(wh, deadline_ns);
+	l = level_of(t, w->now_tick);
+	head = w->slot[l][slot_of(t, l)];
+	if (head < w->high_water)
+		__builtin_prefetch(&wh->nodes[head], 1);
 }
 
 /* Off whichever wheel list the node is on; true if it was on one. */

@@ -32,12 +32,17 @@ static __thread uint32_t tl_next_shard;    /* round-robin for this thread's ARMs
 
 /*
  * The ring is full: the shard is behind (or asleep, or dead). Wait for room:
- * spin first (the shard usually frees slots within microseconds, and a
- * syscall here would cost more than the wait), then yield, then sleep in
- * short steps; ring the doorbell in case the shard sleeps, and check at most
- * once a millisecond that the broker is still there.
+ * spin first, then yield, then sleep in short steps; ring the doorbell in
+ * case the shard sleeps, and check at most once a millisecond that the
+ * broker is still there. A running shard frees a slot every 20-100 ns, so a
+ * spin that sees none for a few microseconds means the shard is not
+ * running, most likely waiting for this very CPU (a host with fewer cores
+ * than shards plus clients): spinning on is what keeps it out. With 50 us
+ * of spin, one thread arming through 2 shards on this 2-core VM waited
+ * 2-3 times longer (e2e means: arm 100-132 -> 54-84 ns, cancel 62-113 ->
+ * 30-52 at 100k-1M; ARCHITECTURE.md).
  */
-#define ROOM_SPIN_NS  50000u      /* pure spinning before the first syscall */
+#define ROOM_SPIN_NS  2000u       /* pure spinning before the first syscall */
 #define ROOM_YIELD_NS 1000000u    /* sched_yield until then, then 50 us naps */
 
 static __attribute__((noinline)) struct chime_sqe *

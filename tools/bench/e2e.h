@@ -78,6 +78,8 @@ int broker_open(struct broker *b, chime_t **c);
 int broker_start(struct broker *b, int shards, const char *spin_us);
 int broker_stop(struct broker *b);
 int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns);
+/* Wait until the shards' arms+resets+cancels reach `want` (published at least every ms). */
+int wait_ops(const struct broker *b, uint64_t want, uint64_t timeout_ns);
 void shards_read(const struct broker *b, struct shard_sum *s);
 
 enum { OP_ARM, OP_RESET, OP_CANCEL, NR_OPS };
@@ -116,7 +118,15 @@ struct lat_result {
 };
 
 int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
-		   struct op_result res[NR_OPS]);
+	    struct op_result res[NR_OPS]);
+/*
+ * The same on one thread in bursts: before each batch (untimed) the bench
+ * waits until the broker has applied every earlier one, so each batch goes
+ * into empty rings, to a broker that may have gone to sleep meanwhile: what
+ * the application's thread pays for a burst (the timers of a thousand new
+ * connections), without the waits on a full ring a sustained flood has.
+ */
+int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned batch, struct op_result res[NR_OPS]);
 int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_result *res);
 double run_tflood(size_t n, uint64_t dur_ns);
 int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct expire_result *res);

@@ -225,6 +225,25 @@ int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns)
 	}
 }
 
+int wait_ops(const struct broker *b, uint64_t want, uint64_t timeout_ns)
+{
+	uint64_t end = now_ns() + timeout_ns;
+
+	for (;;) {
+		struct shard_sum s;
+
+		shards_read(b, &s);
+		if (s.ops >= want)
+			return 0;
+		if (s.t_ns > end) {
+			PROBLEM("broker reports %" PRIu64 " operations applied, expected %" PRIu64 " (waited %.1f s)\n",
+				s.ops, want, (double)timeout_ns / 1e9);
+			return -1;
+		}
+		sleep_ns(20000);
+	}
+}
+
 int broker_open(struct broker *b, chime_t **c)
 {
 	struct chime_opts o = { .socket_path = b->sock, .flags = 0 };

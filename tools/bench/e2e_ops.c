@@ -39,6 +39,9 @@ const char *const tfd_op_name[NR_OPS] = { "create+settime", "settime", "close" }
 struct op_shared {
 	int impl;
 	chime_t *c;
+	const struct broker *b;
+	int paced;              /* each batch into rings the broker has emptied (one thread) */
+	uint64_t ops0;          /* the broker's arms+resets+cancels when the phase began */
 	uint64_t *ids;          /* chime ids, or timerfd fds */
 	size_t n;
 	unsigned batch;
@@ -159,9 +162,22 @@ static void *op_thread_main(void *arg)
 		/* Phase start: every thread and the main thread (which waited for the broker). */
 		pthread_barrier_wait(&sh->bar);
 		sh->t0[op][t->idx] = now_ns();
+		if (sh->paced) {
+			struct shard_sum s0;
+
+			shards_read(sh->b, &s0);
+			sh->ops0 = s0.ops;
+		}
 		for (size_t i = lo; i < hi && r == 0; i += sh->batch, b++) {
 			size_t e = i + sh->batch < hi ? i + sh->batch : hi;
-			uint64_t a = now_ns(), z;
+			uint64_t a, z;
+
+			/* Untimed: the broker has applied every earlier batch, its rings are empty. */
+			if (sh->paced && wait_ops(sh->b, sh->ops0 + (i - lo), 60 * NS_PER_S) < 0) {
+				r = -ETIMEDOUT;
+				break;
+			}
+			a = now_ns();
 
 			r = op_batch(sh, op, i, e);
 			z = now_ns();
@@ -180,7 +196,7 @@ static void *op_thread_main(void *arg)
  * n timers, nthr threads: arm, reset, cancel. For chime, `b` is the broker
  * whose counters the phases wait for. res[op] gets the figures.
  */
-int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
+static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch, int paced,
 		   struct op_result res[NR_OPS])
 {
 	struct op_shared sh;
@@ -194,6 +210,8 @@ int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned 
 		return -1;
 	sh.impl = impl;
 	sh.c = c;
+	sh.b = b;
+	sh.paced = paced;
 	sh.n = n;
 	sh.batch = batch;
 	sh.nthr = nthr;
@@ -257,6 +275,17 @@ int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned 
 	chime_close(c);
 	return ret;
 }
+int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
+	    struct op_result res[NR_OPS])
+{
+	return ops_run(impl, b, n, nthr, batch, 0, res);
+}
+
+int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned batch, struct op_result res[NR_OPS])
+{
+	return ops_run(impl, b, n, 1, batch, 1, res);
+}
+
 /* ------------------------------------------------------------------------ */
 /* 2. broker throughput: 2 threads flood chime_reset                          */
 /* ------------------------------------------------------------------------ */

@@ -9,12 +9,14 @@
 
 #include <assert.h>
 
-void keyidx_init(struct keyidx *ki, uint32_t *heads, uint32_t nbuckets, struct chime_node *nodes)
+void keyidx_init(struct keyidx *ki, uint32_t *heads, uint32_t nbuckets, struct chime_node *nodes,
+		 uint64_t seed)
 {
 	assert(nbuckets && !(nbuckets & (nbuckets - 1)));
 	ki->heads = heads;
 	ki->nodes = nodes;
 	ki->mask = nbuckets - 1;
+	ki->seed = seed;
 }
 
 uint32_t keyidx_buckets_for(uint32_t capacity)
@@ -29,7 +31,7 @@ uint32_t keyidx_buckets_for(uint32_t capacity)
 uint32_t keyidx_bucket(const struct keyidx *ki, uint16_t owner, uint64_t key)
 {
 	/* splitmix64's finaliser: keys are often small integers or pointers. */
-	uint64_t z = key ^ ((uint64_t)owner * UINT64_C(0x9e3779b97f4a7c15));
+	uint64_t z = key ^ ki->seed ^ ((uint64_t)owner * UINT64_C(0x9e3779b97f4a7c15));
 
 	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
 	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);

@@ -28,10 +28,19 @@ struct keyidx {
 	uint32_t *heads;            /* shard segment; index + 1, 0 = empty */
 	struct chime_node *nodes;   /* the shard's slab */
 	uint32_t mask;              /* private: key_buckets - 1 */
+	uint64_t seed;              /* private: mixed into every bucket, random per broker run */
 };
 
-/* Attach to `nbuckets` (a power of two) zero-filled heads. */
-void keyidx_init(struct keyidx *ki, uint32_t *heads, uint32_t nbuckets, struct chime_node *nodes);
+/*
+ * Attach to `nbuckets` (a power of two) zero-filled heads. `seed` picks the
+ * hash: chimed draws it at random each run, so a client cannot compute keys
+ * that all land in one bucket and make another client's cancel_key walk
+ * its timers (insert and remove are O(1) whatever the chain; only a
+ * cancel_key walks one). The heads only mean something under the seed that
+ * filled them: a broker that reuses a shard file clears and refills them.
+ */
+void keyidx_init(struct keyidx *ki, uint32_t *heads, uint32_t nbuckets, struct chime_node *nodes,
+		 uint64_t seed);
 
 /* Buckets for a slab of `capacity` nodes: one per 4 nodes, at least 1024. */
 uint32_t keyidx_buckets_for(uint32_t capacity);

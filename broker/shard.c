@@ -186,7 +186,7 @@ static int restore(struct shard *s, uint64_t now)
 				      "shard file '%s': damaged wheel header", s->path);
 	reserve_set(s, want);
 	/* The index's chains run through the slab the rebuild has just mapped. */
-	keyidx_init(&s->core.ki, s->core.ki.heads, s->core.ki.mask + 1, s->core.wh.nodes);
+	keyidx_init(&s->core.ki, s->core.ki.heads, s->core.ki.mask + 1, s->core.wh.nodes, s->core.ki.seed);
 	r = restore_nodes(&s->core, &rs);
 	if (r < 0)
 		log_errno(LOG_WARNING, r, "shard %u: held events restored in slab order, not firing order",
@@ -208,7 +208,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	struct chime_shard_geom g = { 0 };
 	struct chime_shard_seg *hdr;
 	uint32_t qsize = 4;
-	uint64_t now = now_ns(), reserve;
+	uint64_t now = now_ns(), reserve, seed;
 	int r, reopened = 0;
 
 	memset(s, 0, sizeof(*s));
@@ -280,8 +280,14 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "shard %u counters", cfg->idx);
 
-	/* Zero-filled buckets are an empty index (keyidx.h): no page is touched here. */
-	keyidx_init(&s->core.ki, chime_at(&s->seg, g.key_off), g.key_buckets, s->core.wh.nodes);
+	/*
+	 * Zero-filled buckets are an empty index (keyidx.h): no page is touched
+	 * here. Its hash is new every run (restore() refills it), so clients
+	 * cannot aim their keys at one bucket.
+	 */
+	if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
+		seed = now * UINT64_C(0x9e3779b97f4a7c15);
+	keyidx_init(&s->core.ki, chime_at(&s->seg, g.key_off), g.key_buckets, s->core.wh.nodes, seed);
 	/* Sessions an earlier broker left have a channel here, timers or not (a missing file: none). */
 	for (uint32_t slot = 0; cfg->sessions && slot < cfg->max_clients; slot++) {
 		const struct shard_session *ss = &cfg->sessions[slot];

@@ -90,7 +90,7 @@ static void setup(void)
 	F.heads = calloc(1024, sizeof(uint32_t));
 	cr_assert(F.wmem && F.heads);
 	cr_assert_eq(wheel_init(&F.sc.wh, F.wmem, wsz, CAP, RES, T0), 0);
-	keyidx_init(&F.sc.ki, F.heads, 1024, F.sc.wh.nodes);
+	keyidx_init(&F.sc.ki, F.heads, 1024, F.sc.wh.nodes, 0);
 	cr_assert_eq(stats_init_blocks(&F.st, &F.pub, F.cpub, MAXCL, 1, 0), 0);
 	F.sc.st = &F.st;
 	F.sc.by_slot = F.by_slot;

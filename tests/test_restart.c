@@ -840,3 +840,33 @@ Test(restart, a_full_ring_of_records_goes_again_and_the_grants_are_freed)
 		     "carried grants left after a full ring was re-submitted");
 	chime_close(c);
 }
+
+/*
+ * The key index hashes with a seed new every broker run: a broker that
+ * takes over a session refills it under its own seed, so cancel_key still
+ * finds every restored timer of the key, and only those.
+ */
+Test(restart, cancel_key_finds_restored_timers_under_the_new_brokers_hash)
+{
+	struct chime_event ev[256];
+	uint64_t dl = now_ns() + 700 * MS;
+	chime_t *c;
+	chime_id_t id;
+	unsigned n;
+
+	start("");
+	c = sopen_ok("keys");
+	for (unsigned i = 0; i < 200; i++)
+		cr_assert_eq(chime_arm(c, i % 2 ? 42 : 1000 + i, dl, 0, i, &id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 200), 200);
+	chime_close(c);
+	restart(SIGKILL, "");
+	c = sopen_ok("keys");
+	cr_assert_eq(chime_cancel_key(c, 42), 0);
+	n = collect(c, ev, 256, now_ns() + 1500 * MS);
+	cr_assert_eq(n, 100, "%u events, expected the 100 timers not under key 42", n);
+	for (unsigned i = 0; i < n; i++)
+		cr_assert_neq(ev[i].key, 42, "a timer of the cancelled key fired (user_data %llu)",
+			      (unsigned long long)ev[i].user_data);
+	chime_close(c);
+}

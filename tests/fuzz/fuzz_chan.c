@@ -201,7 +201,7 @@ static void world_init(uint64_t quota)
 	memset(W.cpub, 0, sizeof(W.cpub));
 	memset(W.heads, 0, nb * sizeof(uint32_t));
 	CHECK(wheel_init(&W.sc.wh, W.wmem, wsz, CAP, RES, T0) == 0, "wheel_init");
-	keyidx_init(&W.sc.ki, W.heads, nb, W.sc.wh.nodes);
+	keyidx_init(&W.sc.ki, W.heads, nb, W.sc.wh.nodes, 0);
 	CHECK(stats_init_blocks(&W.st, &W.pub, W.cpub, NCL, 1, 0) == 0, "stats_init_blocks");
 	W.sc.st = &W.st;
 	W.sc.by_slot = W.by_slot;

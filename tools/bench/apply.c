@@ -83,7 +83,7 @@ static void world_init(struct world *w, uint32_t cap)
 	w->ro = bench_map(w->g.ro_size);
 	if (wheel_init(&w->sc.wh, w->wmem, w->wlen, cap, RES_NS, T0_NS))
 		world_fail("wheel_init");
-	keyidx_init(&w->sc.ki, w->heads, w->nb, w->sc.wh.nodes);
+	keyidx_init(&w->sc.ki, w->heads, w->nb, w->sc.wh.nodes, 0);
 	if (stats_init_blocks(&w->st, &w->pub, w->cpub, 1, 1, 0))
 		world_fail("stats_init_blocks");
 	w->sc.st = &w->st;

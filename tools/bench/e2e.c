@@ -272,6 +272,17 @@ int bench_e2e(int argc, char **argv)
 		printf("  (ok/MISS: median against the target: 15 ns per call, 8 ns per op in chime_submit\n"
 		       "   batches of %u)\n", SUBMIT_BATCH);
 		if (want(&cf, "ops")) {
+			struct floor_result fl;
+
+			if (run_floor(batch, &fl) == 0)
+				printf("\nfloor: one 64-byte record handed to another CPU through a ring, no chime code\n"
+				       "(bursts of %u into slots the consumer wrote last; CPUs %d -> %d), ns per record:\n"
+				       "  seq by release store %.1f | by exchange %.1f (libchime's publish) | CAS on the\n"
+				       "  tail, then exchange %.1f (libchime's reserve and publish)\n",
+				       batch, fl.cpu[0], fl.cpu[1], fl.ns[FLOOR_PLAIN], fl.ns[FLOOR_XCHG],
+				       fl.ns[FLOOR_CAS_XCHG]);
+			else
+				printf("\nfloor: not measured (fewer than 2 CPUs allowed)\n");
 			printf("\nclient operations in bursts: one thread, each batch of %u into rings the broker has\n"
 			       "emptied (the bench waits, untimed, for its counters between batches); ns per op,\n"
 			       "median of batches (mean)\n", batch);

@@ -135,6 +135,18 @@ int run_expire_tfd(size_t n, uint64_t gap_ns, struct expire_result *res);
 int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, int busy_poll,
 		  struct lat_result *res);
 int run_lat_tfd(size_t n, uint64_t span_ns, struct lat_result *res);
+/*
+ * The floor under a client operation (e2e_floor.c): ns to hand one 64-byte
+ * record to a thread on another CPU through a ring, in bursts of `burst`
+ * into slots the consumer wrote last, published three ways.
+ */
+enum floor_way { FLOOR_PLAIN, FLOOR_XCHG, FLOOR_CAS_XCHG, NR_FLOOR };
+struct floor_result {
+	double ns[NR_FLOOR];    /* median over bursts, ns per record */
+	int cpu[2];             /* producer, consumer */
+};
+int run_floor(unsigned burst, struct floor_result *res);
+
 /* The floor under busy-poll lateness here: a bare loop reading the clock, same deadlines. */
 int run_lat_spin(size_t n, uint64_t span_ns, struct lat_result *res);
 

@@ -216,6 +216,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->seg_fd = -1;
 	s->doorbell = -1;
 	s->sleeping = &((struct chime_pub_shard *)((char *)cfg->pub + cfg->pub->shards_off))[cfg->idx].sleeping;
+	s->wake_ns = &((struct chime_pub_shard *)((char *)cfg->pub + cfg->pub->shards_off))[cfg->idx].wake_ns;
 	if ((size_t)snprintf(s->path, sizeof(s->path), "%s.shard%u", socket_path, cfg->idx) >= sizeof(s->path))
 		return log_errno(LOG_ERR, ENAMETOOLONG, "shard segment path for '%s'", socket_path);
 
@@ -755,7 +756,14 @@ static void loop(struct shard *s)
 		if (idle_spin_ns / 2 >= (int64_t)IDLE_PURE_SPIN_NS)
 			idle_spin_ns /= 2;      /* this spin did not pay */
 		s->sleep_no = s->sleep_no + 1 ? s->sleep_no + 1 : 1;  /* never 0: 0 is "awake" */
-		at_store(s->sleeping, s->sleep_no);
+		/*
+		 * N1: when this sleep ends, before its number; pairs with N2 in
+		 * cl_doorbell_by(). A producer that sees the number sees this
+		 * wake_at or a later sleep's, and records it publishes that are
+		 * due no earlier wait for it: we drain before we fire.
+		 */
+		at_store(s->wake_ns, wake_at);
+		at_store_rel(s->sleeping, s->sleep_no);
 		at_fence();
 		if (!anything_pending(s, wake_at)) {
 			stats_sleep(&s->st);

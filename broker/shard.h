@@ -81,6 +81,7 @@ struct shard_cfg {
 struct shard {
 	struct shard_cfg cfg;
 	uint32_t *sleeping;             /* the public segment's word for this shard */
+	uint64_t *wake_ns;              /* and when its sleep ends */
 	struct chime_map seg;
 	int seg_fd;
 	int doorbell;                   /* private eventfd: the control thread's commands */

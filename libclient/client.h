@@ -58,6 +58,7 @@ struct chime_chan {
 	/* submission side: any thread */
 	struct chime_sq_prod sq;
 	const uint32_t *sleeping;           /* public segment: the shard's sleep number, 0 awake */
+	const uint64_t *wake_ns;            /* public segment: while it sleeps, when it wakes */
 	int doorbell;                       /* our own doorbell eventfd for this shard */
 	uint32_t rung;                      /* atomic, any thread: the sleep number we last rang */
 	/* completion side: the drainer */
@@ -184,5 +185,11 @@ uint64_t cl_reconnect_wait_ns(struct chime *c);
 
 /* Write our doorbell for a shard if it sleeps (after a full barrier by the caller). */
 void cl_ring_doorbell(struct chime_chan *ch);
+/*
+ * The same after publishing the n records at positions [from, from + n)
+ * that need applying by by_ns (their earliest deadline; UINT64_MAX: no
+ * hurry, cancels): no doorbell if the shard's sleep ends by then anyway.
+ */
+void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32_t n);
 
 #endif /* CHIME_CLIENT_H */

@@ -123,6 +123,25 @@ static inline int fill(struct chime_sqe *sqe, uint32_t shard, uint32_t op, uint6
 	return refused;
 }
 
+/*
+ * When the shard must have applied a record: an arm or reset by its
+ * deadline; a cancel whenever (the shard drains before it fires, and the
+ * drainer drops an event the cancel beat); RESUMED at once (reconnect.c
+ * waits for it).
+ */
+static inline uint64_t need_by(uint32_t op, uint64_t deadline_ns)
+{
+	switch (op) {
+	case CHIME_OP_ARM:
+	case CHIME_OP_RESET:
+		return deadline_ns;
+	case CHIME_OP_RESUMED:
+		return 0;
+	default:
+		return UINT64_MAX;
+	}
+}
+
 static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t id, uint64_t key,
 			 uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data, chime_id_t *out)
 {
@@ -142,7 +161,7 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 	refused = fill(sqe, shard, op, &id, key, deadline_ns, period_ns, user_data);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
-	cl_ring_doorbell(ch);
+	cl_doorbell_by(ch, need_by(op, deadline_ns), pos, 1);
 	if (unlikely(refused))
 		return refused;
 	if (out)
@@ -274,7 +293,7 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 	unsigned i = 0;
 
 	while (count) {
-		uint64_t pos;
+		uint64_t pos, by = UINT64_MAX;
 		uint32_t got = chime_sq_reserve_n(&ch->sq, count, &pos);
 
 		if (unlikely(!got)) {
@@ -291,6 +310,8 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 			if (o->result != PENDING || (to != s && to != TO_ALL))
 				continue;
 			sqe = &ch->sq.slots[(pos + k++) & ch->sq.mask];
+			if (need_by(o->op, o->deadline_ns) < by)
+				by = need_by(o->op, o->deadline_ns);
 			if (o->op == CHIME_ARM) {
 				o->result = fill(sqe, s, CHIME_OP_ARM, &id, o->key, o->deadline_ns, o->period_ns,
 						 o->user_data);
@@ -303,7 +324,7 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 		}
 		/* S1 for each record, S2 once after the last; pairs with C1 and the shard's sleep barrier. */
 		chime_sq_publish_n(&ch->sq, pos, got);
-		cl_ring_doorbell(ch);
+		cl_doorbell_by(ch, by, pos, got);
 		count -= got;
 	}
 	return 0;

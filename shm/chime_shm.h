@@ -36,7 +36,7 @@
 #include "atomics.h"
 
 #define CHIME_SHM_MAGIC   UINT64_C(0x0031454d49484321) /* "!CHIME1" in LE bytes */
-#define CHIME_SHM_LAYOUT  4u                           /* bump on ANY incompatible change */
+#define CHIME_SHM_LAYOUT  5u                           /* bump on ANY incompatible change */
 #define CHIME_CACHELINE   64u
 
 /* Segment kinds, stored in every segment header so a file can't be mistaken for another. */
@@ -423,13 +423,24 @@ _Static_assert(sizeof(struct chime_client_ro) == 256, "header is 256 B");
  *              |                | producers | non-zero sleep number, full barrier, re-checks
  *              |                |         | its rings, sleeps; a producer publishes (full
  *              |                |         | barrier), loads it, and if non-zero and not yet
- *              |                |         | rung for that number, writes its own doorbell;
+ *              |                |         | rung for that number, writes its own doorbell
+ *              |                |         | unless the record can wait for wake_ns (below);
  *              |                |         | the shard stores 0 and a full barrier on waking
+ * wake_ns      | shard          | client  | stored before sleeping (release, N1): the sleep
+ *              |                |         | ends by then, and a waking shard drains its rings
+ *              |                |         | before it fires anything. A record needed only at
+ *              |                |         | or after it (an arm or reset to a deadline no
+ *              |                |         | earlier; a cancel: any time before the timer's
+ *              |                |         | deadline, itself no earlier) rings no doorbell.
+ *              |                |         | UINT64_MAX: nothing armed, no wake-up planned
  */
 struct chime_pub_shard {
 	uint32_t sleeping;          /* 0 awake, else the shard's sleep number */
-	uint8_t  _pad[124];
+	uint32_t _pad0;
+	uint64_t wake_ns;           /* while sleeping: it wakes by then (CLOCK_MONOTONIC) */
+	uint8_t  _pad[112];
 };
+_Static_assert(offsetof(struct chime_pub_shard, wake_ns) == 8, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(sizeof(struct chime_pub_shard) == 128, "one shard per pair of cache lines' half");
 
 struct chime_pub {

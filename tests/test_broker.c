@@ -27,6 +27,7 @@
 #include "chime_shm.h"
 #include "helpers.h"
 #include "segment.h"
+#include "statsread.h"
 
 #define MS 1000000ull
 #define LATE_MAX_NS (200 * MS)   /* generous: a noisy 2-core machine */
@@ -473,6 +474,111 @@ Test(broker, sleeping_shard_wakes_for_the_exact_deadline)
 	}
 	cr_assert_lt(worst, 40 * MS, "a timer fired %.1f ms late: the shard slept to its tick's end?",
 		     (double)worst / 1e6);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
+/* Shard 0's counters, read from the control segment. */
+static struct chime_shard_stats shard0(const char *s)
+{
+	struct chime_shard_stats st = { 0 };
+	struct sr r;
+	struct sr_snap sn;
+
+	cr_assert_eq(sr_open(&r, s), 0);
+	cr_assert_eq(sr_snapshot(&r, &sn), 0);
+	st = sn.shards[0];
+	sr_snap_free(&sn);
+	sr_close(&r);
+	return st;
+}
+
+/* Wait (up to 2 s) until shard 0 counts `resets` resets and `armed` timers. */
+static struct chime_shard_stats shard0_until(const char *s, uint64_t resets, uint64_t armed)
+{
+	uint64_t end = chime_now() + 2000 * MS;
+	struct chime_shard_stats st;
+
+	do {
+		st = shard0(s);
+		if (st.resets >= resets && st.armed == armed)
+			return st;
+		usleep(2000);
+	} while (chime_now() < end);
+	cr_assert_fail("shard 0: %llu resets (want %llu), %llu armed (want %llu) after 2 s",
+		       (unsigned long long)st.resets, (unsigned long long)resets,
+		       (unsigned long long)st.armed, (unsigned long long)armed);
+	return st;
+}
+
+/* The next event within 1 s, which must be `id`; its lateness. */
+static uint64_t fired_late(chime_t *c, chime_id_t id)
+{
+	struct chime_event ev;
+
+	cr_assert_eq(chime_wait(c, &ev, 1, 1000), 1, "no event within 1 s");
+	cr_assert_eq(ev.id, id);
+	cr_assert_geq(ev.fired_ns, ev.deadline_ns, "fired early");
+	return ev.fired_ns - ev.deadline_ns;
+}
+
+/*
+ * A sleeping shard is not woken for what can wait for its planned wake-up
+ * (cl_doorbell_by()): keepalive resets to later deadlines and cancels cost
+ * no doorbell, and the control thread's heartbeat has them applied within
+ * about 100 ms; a reset or an arm due before the shard's wake-up still
+ * rings, and fires on time. 40 resets 10 ms apart to a sleeping shard were
+ * 40 wake-ups with a doorbell each; now the heartbeat's few. An urgent
+ * record left to the heartbeat (no doorbell) would fire 0-90 ms late: five
+ * of them all under 15 ms would be luck of about 0.2^5.
+ */
+Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_shard_stats st0, st;
+	chime_id_t far, id;
+	uint64_t far_dl;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	c = t_open(b2.sock);
+	cr_assert_not_null(c);
+	far_dl = chime_now() + 3600000 * MS;
+	cr_assert_eq(chime_arm(c, 1, far_dl, 0, 1, &far), 0);
+	st0 = shard0_until(b2.sock, 0, 1);
+	usleep(50000);          /* the shard sleeps until far_dl */
+	st0 = shard0(b2.sock);
+	for (unsigned i = 1; i <= 40; i++) {
+		cr_assert_eq(chime_reset(c, far, far_dl + i * MS), 0);
+		usleep(10000);
+	}
+	st = shard0_until(b2.sock, st0.resets + 40, 1);
+	cr_assert_leq(st.sleeps - st0.sleeps, 15, "40 keepalive resets woke the sleeping shard %llu times",
+		      (unsigned long long)(st.sleeps - st0.sleeps));
+
+	/* Due before the shard's wake-up: a doorbell, on time. */
+	for (unsigned i = 0; i < 5; i++) {
+		uint64_t late;
+
+		usleep(50000);
+		cr_assert_eq(chime_arm(c, 2, chime_now() + 20 * MS, 0, 2, &id), 0);
+		late = fired_late(c, id);
+		cr_assert_lt(late, 15 * MS, "an arm due before the shard's wake-up fired %.1f ms late",
+			     (double)late / 1e6);
+		usleep(50000);
+		cr_assert_eq(chime_reset(c, far, chime_now() + 20 * MS), 0);
+		late = fired_late(c, far);
+		cr_assert_lt(late, 15 * MS, "a reset to before the shard's wake-up fired %.1f ms late",
+			     (double)late / 1e6);
+		cr_assert_eq(chime_arm(c, 1, far_dl, 0, 1, &far), 0);
+	}
+
+	/* A cancel waits too, and is applied within a heartbeat or so: no event, the node freed. */
+	st0 = shard0_until(b2.sock, 0, 1);
+	usleep(50000);
+	cr_assert_eq(chime_cancel(c, far), 0);
+	st = shard0_until(b2.sock, 0, 0);
+	cr_assert_eq(chime_poll(c, &(struct chime_event){ 0 }, 1), 0, "an event after the cancel");
 	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
 }

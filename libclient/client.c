@@ -504,9 +504,17 @@ void cl_ring_doorbell(struct chime_chan *ch)
 		ring(ch, sleep_no);
 }
 
+/*
+ * Records that need no doorbell still ring at every LAZY_MAX-th position:
+ * a burst wakes the shard after that many, so it drains while the rest is
+ * written rather than after the ring has filled; sporadic operations (fewer
+ * than that between two of the shard's wake-ups) never ring.
+ */
+#define LAZY_MAX 64u
+
 void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32_t n)
 {
-	uint64_t half = ((uint64_t)ch->sq.mask + 1) / 2;
+	uint64_t every = ((uint64_t)ch->sq.mask + 1) / 2 < LAZY_MAX ? ((uint64_t)ch->sq.mask + 1) / 2 : LAZY_MAX;
 	/* S2, as in cl_ring_doorbell(). */
 	uint32_t sleep_no = at_load_sc(ch->sleeping);
 
@@ -518,11 +526,10 @@ void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32
 	 * fires, so a record needed no earlier than the sleep's end can wait
 	 * for it: a keepalive reset or a cancel costs no system call and no
 	 * wake-up of the shard (an eventfd write to a sleeping shard costs
-	 * 10-25 us on this VM). Unless the records reach a multiple of half
-	 * the ring: then ring all the same, so that lazy records never fill
-	 * it and an operation never waits for room.
+	 * 10-25 us on this VM). Unless the records reach a multiple of
+	 * `every` (LAZY_MAX, or half a small ring): then ring all the same.
 	 */
-	if (by_ns >= at_load(ch->wake_ns) && ((from + half - 1) & ~(half - 1)) >= from + n)
+	if (by_ns >= at_load(ch->wake_ns) && ((from + every - 1) & ~(every - 1)) >= from + n)
 		return;
 	ring(ch, sleep_no);
 }

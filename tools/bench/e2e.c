@@ -104,7 +104,8 @@ static void print_header(const struct broker *b, const char *mode, size_t tfd_ma
 	       "         (ABSTIME) per arm, settime per reset, close per cancel. op/64: the same\n"
 	       "         operations through chime_submit(), 64 per call. Bursts: one thread, the same\n"
 	       "         batches, but before each (untimed) the bench waits until the broker's counters\n"
-	       "         show every earlier one applied: the thread's own cost, not the broker's pace.\n");
+	       "         show every earlier one applied: the thread's own cost, not the broker's pace.\n"
+	       "         Sporadic: one operation after each 20 ms asleep (the shard sleeps too).\n");
 	printf("targets: <= 15 ns per client op, mean <= 25 (<= 8 ns per op in chime_submit batches of 64);\n"
 	       "         >= 10 M ops/s per shard at 1M armed.\n"
 	       "         reference on this VM: timerfd create+arm 1.3-1.8 us, re-arm 0.6-1.4 us.\n");
@@ -273,25 +274,27 @@ int bench_e2e(int argc, char **argv)
 		       "   batches of %u)\n", SUBMIT_BATCH);
 		if (want(&cf, "ops")) {
 			struct floor_result fl;
+			/* A burst is the timers of a thousand new connections, --quick too. */
+			const unsigned burst = 1000;
 
-			if (run_floor(batch, &fl) == 0)
+			if (run_floor(burst, &fl) == 0)
 				printf("\nfloor: one 64-byte record handed to another CPU through a ring, no chime code\n"
 				       "(bursts of %u into slots the consumer wrote last; CPUs %d -> %d), ns per record:\n"
 				       "  seq by release store %.1f | by exchange %.1f (libchime's publish) | CAS on the\n"
 				       "  tail, then exchange %.1f (libchime's reserve and publish)\n",
-				       batch, fl.cpu[0], fl.cpu[1], fl.ns[FLOOR_PLAIN], fl.ns[FLOOR_XCHG],
+				       burst, fl.cpu[0], fl.cpu[1], fl.ns[FLOOR_PLAIN], fl.ns[FLOOR_XCHG],
 				       fl.ns[FLOOR_CAS_XCHG]);
 			else
 				printf("\nfloor: not measured (fewer than 2 CPUs allowed)\n");
 			printf("\nclient operations in bursts: one thread, each batch of %u into rings the broker has\n"
 			       "emptied (the bench waits, untimed, for its counters between batches); ns per op,\n"
-			       "median of batches (mean)\n", batch);
+			       "median of batches (mean)\n", burst);
 			printf("  %-6s %-7s | %-25s | %-25s\n", "armed", "op", "chime_arm/reset/cancel",
 			       "chime_submit, 64 a call");
 			for (size_t si = 0; si < nsizes; si++) {
 				struct op_result rc[NR_OPS], rs[NR_OPS];
-				int have_c = run_ops_bursts(IMPL_CHIME, &b, sizes[si], batch, rc) == 0;
-				int have_s = run_ops_bursts(IMPL_SUBMIT, &b, sizes[si], batch, rs) == 0;
+				int have_c = run_ops_bursts(IMPL_CHIME, &b, sizes[si], burst, rc) == 0;
+				int have_s = run_ops_bursts(IMPL_SUBMIT, &b, sizes[si], burst, rs) == 0;
 				char cnt[24];
 
 				for (int op = 0; op < NR_OPS; op++) {
@@ -313,6 +316,22 @@ int bench_e2e(int argc, char **argv)
 			}
 			printf("  (ok/MISS: median <= 15 and mean <= 25 ns per call; median <= 8 ns per op in\n"
 			       "   chime_submit batches of %u)\n", SUBMIT_BATCH);
+			{
+				struct sporadic_result sp;
+				size_t nsp = cf.quick ? 20 : 100;
+
+				if (run_sporadic(&b, nsp, 20 * NS_PER_MS, &sp) == 0)
+					printf("\nsporadic operations: one at a time after 20 ms idle (the shard asleep), %zu each,\n"
+					       "ns on the calling thread:\n"
+					       "  keepalive reset (due after the shard's planned wake-up: no doorbell)"
+					       "  p50 %6" PRIu64 "  p90 %6" PRIu64 "\n"
+					       "  arm due in 50 ms (before it: a doorbell wakes the shard)           "
+					       "  p50 %6" PRIu64 "  p90 %6" PRIu64 "\n",
+					       nsp, pct(sp.reset_ns, sp.n, 0.5), pct(sp.reset_ns, sp.n, 0.9),
+					       pct(sp.arm_ns, sp.n, 0.5), pct(sp.arm_ns, sp.n, 0.9));
+				free(sp.reset_ns);
+				free(sp.arm_ns);
+			}
 		}
 		if (want(&cf, "timerfd") && tfd_max < sizes[nsizes - 1])
 			printf("  (timerfd \"at N\": RLIMIT_NOFILE could not be raised above %zu fds here (hard\n"

@@ -128,6 +128,18 @@ int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned 
  */
 int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned batch, struct op_result res[NR_OPS]);
 int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_result *res);
+
+/*
+ * Sporadic operations: one at a time after `idle_ns` asleep, so the shard
+ * has gone to sleep too. ns on the calling thread, sorted: a keepalive
+ * reset (no doorbell: the shard's planned wake-up is earlier), and an arm
+ * due in 50 ms (before it: a doorbell wakes the shard).
+ */
+struct sporadic_result {
+	size_t n;
+	uint64_t *reset_ns, *arm_ns;    /* n each, sorted */
+};
+int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct sporadic_result *res);
 double run_tflood(size_t n, uint64_t dur_ns);
 int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct expire_result *res);
 int run_expire_tfd(size_t n, uint64_t gap_ns, struct expire_result *res);

@@ -286,6 +286,46 @@ int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned batch, s
 	return ops_run(impl, b, n, 1, batch, 1, res);
 }
 
+int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct sporadic_result *res)
+{
+	uint64_t far = now_ns() + FAR_NS;
+	chime_id_t keep, id;
+	chime_t *c;
+	int r = 0;
+
+	memset(res, 0, sizeof(*res));
+	if (broker_open((struct broker *)b, &c) < 0)
+		return -1;
+	res->reset_ns = xcalloc(n, sizeof(uint64_t));
+	res->arm_ns = xcalloc(n, sizeof(uint64_t));
+	if ((r = chime_arm(c, 0, far, 0, 0, &keep)) < 0)
+		goto out;
+	for (size_t i = 0; i < n && r == 0; i++) {
+		uint64_t a, z;
+
+		sleep_ns(idle_ns);
+		a = now_ns();
+		r = chime_reset(c, keep, far + i);
+		z = now_ns();
+		res->reset_ns[i] = z - a;
+		if (r < 0)
+			break;
+		sleep_ns(idle_ns);
+		a = now_ns();
+		r = chime_arm(c, 1, chime_now() + 50 * NS_PER_MS, 0, i, &id);
+		z = now_ns();
+		res->arm_ns[i] = z - a;
+	}
+	res->n = n;
+	qsort(res->reset_ns, n, sizeof(uint64_t), cmp_u64);
+	qsort(res->arm_ns, n, sizeof(uint64_t), cmp_u64);
+out:
+	if (r < 0)
+		PROBLEM("sporadic operations: %s\n", strerror(-r));
+	chime_close(c);
+	return r < 0 ? -1 : 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* 2. broker throughput: 2 threads flood chime_reset                          */
 /* ------------------------------------------------------------------------ */

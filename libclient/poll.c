@@ -224,7 +224,16 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 		}
 		verdict = c->npend ? judge(c, &e, &reset) : 0;
 		if (verdict == CHIME_PEND_RESET) {
-			/* Leave it FRESH for the shard to void; usually microseconds away. */
+			/*
+			 * Leave it FRESH for the shard to void; usually microseconds
+			 * away. But a reset to a deadline after the shard's planned
+			 * wake-up rang no doorbell (cl_doorbell_by()), and a sleeping
+			 * shard would apply it only then, or at the next heartbeat:
+			 * the drainer needs it now, so wake the shard (S2 as after a
+			 * publication: a shard that is awake will see the record).
+			 */
+			at_fence();
+			cl_ring_doorbell(ch);
 			if (!wait_applied(c, ch, reset->reset_pos, HOLD_SPINS)) {
 				ch->held = 1;
 				break;

@@ -583,6 +583,45 @@ Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
+/*
+ * The touch that races with the timeout: an idle timer fired and its event
+ * waits in the ring when a keepalive resets it to a later deadline. That
+ * reset rings no doorbell (the sleeping shard's wake-up comes first), but
+ * the drainer must hold the event until the shard has applied it, and the
+ * events behind it too: so the drainer wakes the shard. Left to the
+ * heartbeat, the next event would come 0-90 ms late; three rounds all
+ * under 20 ms would be luck of about 0.2^3.
+ */
+Test(broker, a_reset_racing_its_event_does_not_hold_the_drainer_for_a_heartbeat)
+{
+	struct t_chimed b2 = { 0 };
+	chime_id_t far, x, v;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	c = t_open(b2.sock);
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm(c, 0, chime_now() + 3600000 * MS, 0, 0, &far), 0);
+	for (unsigned round = 0; round < 3; round++) {
+		struct chime_event ev;
+		uint64_t t0, t;
+
+		cr_assert_eq(chime_arm(c, 1, chime_now() + 20 * MS, 0, 1, &x), 0);
+		cr_assert_eq(chime_arm(c, 2, chime_now() + 25 * MS, 0, 2, &v), 0);
+		usleep(100000);         /* both fired; the shard sleeps until `far` */
+		cr_assert_eq(chime_reset(c, x, chime_now() + 7200000 * MS), 0);
+		t0 = chime_now();
+		cr_assert_eq(chime_wait(c, &ev, 1, 1000), 1, "no event within 1 s");
+		t = chime_now() - t0;
+		cr_assert_eq(ev.id, v, "the event of the reset timer was returned");
+		cr_assert_lt(t, 20 * MS, "the next event waited %.1f ms for the reset to be applied",
+			     (double)t / 1e6);
+		cr_assert_eq(chime_cancel(c, x), 0);
+	}
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
 Test(broker, periodic_reset_restarts_period_from_new_deadline)
 {
 	chime_t *c = copen();

@@ -206,42 +206,39 @@ void shards_read(const struct broker *b, struct shard_sum *s)
 	s->t_ns = now_ns();
 }
 
-/* Wait until the shards report `armed` == want (published at least every ms). */
-int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns)
-{
-	uint64_t end = now_ns() + timeout_ns;
-	struct shard_sum s;
-
-	for (;;) {
-		shards_read(b, &s);
-		if (s.armed == want)
-			return 0;
-		if (s.t_ns > end) {
-			PROBLEM("broker reports %" PRIu64 " timers armed, expected %" PRIu64 " (waited %.1f s)\n",
-				s.armed, want, (double)timeout_ns / 1e9);
-			return -1;
-		}
-		sleep_ns(200000);
-	}
-}
-
-int wait_ops(const struct broker *b, uint64_t want, uint64_t timeout_ns)
+/*
+ * Wait until the shards' sums (published at least every ms) report `armed`
+ * == want, or (ops) arms + resets + cancels >= want.
+ */
+static int wait_sum(const struct broker *b, bool ops, uint64_t want, uint64_t timeout_ns)
 {
 	uint64_t end = now_ns() + timeout_ns;
 
 	for (;;) {
 		struct shard_sum s;
+		uint64_t v;
 
 		shards_read(b, &s);
-		if (s.ops >= want)
+		v = ops ? s.ops : s.armed;
+		if (ops ? v >= want : v == want)
 			return 0;
 		if (s.t_ns > end) {
-			PROBLEM("broker reports %" PRIu64 " operations applied, expected %" PRIu64 " (waited %.1f s)\n",
-				s.ops, want, (double)timeout_ns / 1e9);
+			PROBLEM("broker reports %" PRIu64 " %s, expected %" PRIu64 " (waited %.1f s)\n", v,
+				ops ? "operations applied" : "timers armed", want, (double)timeout_ns / 1e9);
 			return -1;
 		}
-		sleep_ns(20000);
+		sleep_ns(ops ? 20000 : 200000);
 	}
+}
+
+int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns)
+{
+	return wait_sum(b, false, want, timeout_ns);
+}
+
+int wait_ops(const struct broker *b, uint64_t want, uint64_t timeout_ns)
+{
+	return wait_sum(b, true, want, timeout_ns);
 }
 
 int broker_open(struct broker *b, chime_t **c)

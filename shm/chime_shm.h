@@ -333,8 +333,9 @@ _Static_assert(offsetof(struct chime_chan_rw, cq_head) % 128 == 0, "producer/con
  * field      | writer  | reader  | ordering
  * cq_tail    | shard   | client  | release after the cqe and its claim word are written;
  *            |         |         | client acquire-loads
- * sq_head    | shard   | client  | release after the shard applied every record below it,
- *            |         |         | including the claim VOIDs those records caused
+ * sq_head    | shard   | client, | release after the shard applied every record below it,
+ *            |         | control | including the claim VOIDs those records caused; the
+ *            |         | thread  | control thread looks past it for records left waiting (V2)
  * backlog    | shard   | client, | events held back because the ring was full; the client
  *            |         | tools   | rings its doorbell for the shard after draining if non-zero
  */

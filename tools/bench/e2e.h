@@ -63,6 +63,7 @@ struct broker {
 	struct sr sr;                   /* its control segment, read-only */
 	const struct chime_ctl *ctl;    /* sr.ctl */
 	uint32_t nr_shards;
+	uint64_t capacity;              /* broker_start(): if not 0, --capacity this, no per-client quota */
 };
 
 struct shard_sum {

@@ -253,7 +253,7 @@ int broker_open(struct broker *b, chime_t **c)
 
 int broker_start(struct broker *b, int shards, const char *spin_us)
 {
-	char log[PATH_MAX + 16], nshards[16];
+	char log[PATH_MAX + 16], nshards[16], cap[24];
 	const char *tmp = getenv("TMPDIR");
 	uint64_t end;
 	int r;
@@ -273,6 +273,7 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 	snprintf(b->sock, sizeof(b->sock), "%s/chime.sock", b->dir);
 	snprintf(log, sizeof(log), "%s/chimed.log", b->dir);
 	snprintf(nshards, sizeof(nshards), "%d", shards);
+	snprintf(cap, sizeof(cap), "%" PRIu64, b->capacity);
 
 	fflush(NULL);
 	b->pid = fork();
@@ -283,7 +284,7 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 	}
 	if (b->pid == 0) {
 		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		const char *argv[10] = { "chimed", "--foreground", "--socket", b->sock };
+		const char *argv[14] = { "chimed", "--foreground", "--socket", b->sock };
 		int argc = 4;
 
 		if (fd >= 0) {
@@ -297,6 +298,12 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 		if (spin_us) {
 			argv[argc++] = "--spin-us";
 			argv[argc++] = spin_us;
+		}
+		if (b->capacity) {
+			argv[argc++] = "--capacity";
+			argv[argc++] = cap;
+			argv[argc++] = "--max-timers-per-client";
+			argv[argc++] = "0";
 		}
 		execv(b->bin, (char *const *)argv);
 		fprintf(stderr, "chime-bench: exec('%s') failed: %s\n", b->bin, strerror(errno));

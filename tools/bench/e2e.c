@@ -396,6 +396,10 @@ int bench_e2e(int argc, char **argv)
 			printf("  %-34s %6s | %21.2f | %21.2f | %.2f%s\n", "chime (chime_poll loop)",
 			       fmt_count(cnt, sizeof(cnt), er.n), (double)er.first_ns / 1e6,
 			       (double)er.drain_ns / 1e6, er.per_s / 1e6, er.ok ? "" : "  INCOMPLETE");
+		if (er.ok)
+			printf("  %-34s CPU per event: client %.1f ns (first event to last), shards %.1f ns\n"
+			       "  %-34s (all shards, deadline to last event, idle spin included)\n", "", er.client_cpu,
+			       er.shard_cpu, "");
 		if (want(&cf, "timerfd")) {
 			if (n_expire_tfd >= 1000 && run_expire_tfd(n_expire_tfd, NS_PER_S, &er) == 0)
 				printf("  %-34s %6s | %21.2f | %21.2f | %.2f%s\n", "timerfd (epoll_wait + read each)",

@@ -70,6 +70,7 @@ struct shard_sum {
 	uint64_t t_ns;
 	uint64_t armed, ops, arms, resets, cancels, fires, delivered, busy_ns, malformed, backlog;
 	uint64_t lat_max_ns;
+	uint64_t cpu_ns;        /* the shard threads' CPU time */
 };
 
 /* Map the control segment of the broker at b->sock (an external one: --socket). */
@@ -109,6 +110,8 @@ struct expire_result {
 	uint64_t drain_ns;      /* deadline -> last event */
 	uint64_t first_ns;      /* deadline -> first event */
 	double per_s;
+	double client_cpu;      /* the draining thread's CPU ns per event, first event to last */
+	double shard_cpu;       /* the shards' CPU ns per event, deadline to last event (all shards) */
 	int ok;
 };
 

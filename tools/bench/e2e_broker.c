@@ -197,6 +197,7 @@ void shards_read(const struct broker *b, struct shard_sum *s)
 			s->busy_ns += st->busy_ns;
 			s->malformed += st->malformed;
 			s->backlog += st->backlog;
+			s->cpu_ns += st->cpu_ns;
 			if (st->lat_max_ns > s->lat_max_ns)
 				s->lat_max_ns = st->lat_max_ns;
 		}

@@ -71,8 +71,18 @@ static void report_missing(const uint8_t *seen, size_t n, size_t got, const char
 	printf("\n");
 }
 
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
 int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct expire_result *res)
 {
+	struct shard_sum s0, s1;
+	uint64_t cpu_first = 0, cpu_last = 0;
 	struct chime_event ev[EV_BATCH];
 	uint8_t *seen = xcalloc(n, 1);
 	chime_t *c;
@@ -122,6 +132,8 @@ int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct e
 		gap_ns *= 2;
 	}
 
+	sleep_until(d - 2 * NS_PER_MS);
+	shards_read(b, &s0);
 	sleep_until(d - NS_PER_MS);
 	idle_since = now_ns();
 	while (got < n) {
@@ -138,8 +150,10 @@ int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct e
 			continue;
 		}
 		idle_since = t;
-		if (!t_first)
+		if (!t_first) {
 			t_first = t;
+			cpu_first = thread_cpu_ns();
+		}
 		for (int i = 0; i < k; i++) {
 			if (ev[i].fired_ns < ev[i].deadline_ns || t < d)
 				PROBLEM("chime: timer %" PRIu64 " fired early\n", ev[i].user_data);
@@ -147,7 +161,15 @@ int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct e
 		}
 		t_last = t;
 	}
+	cpu_last = thread_cpu_ns();
+	/* The shards publish their counters at least once a millisecond while awake, and before they sleep. */
+	sleep_ns(3 * NS_PER_MS);
+	shards_read(b, &s1);
 	report_missing(seen, n, got, "chime expire");
+	if (got) {
+		res->client_cpu = (double)(cpu_last - cpu_first) / (double)got;
+		res->shard_cpu = (double)(s1.cpu_ns - s0.cpu_ns) / (double)got;
+	}
 	res->ok = got == n;
 	res->drain_ns = t_last > d ? t_last - d : 0;
 	res->first_ns = t_first > d ? t_first - d : 0;

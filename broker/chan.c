@@ -99,7 +99,7 @@ static void grant_free(struct shard_core *sc, struct chan *ch, uint64_t id)
 static void node_release(struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
 	keyidx_remove(&sc->ki, idx);
-	wheel_free(&sc->wh, idx);
+	wheel_free_unlisted(&sc->wh, idx);
 	ch->owned--;
 }
 

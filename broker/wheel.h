@@ -154,6 +154,25 @@ static inline void wheel_cancel(struct wheel *wh, uint32_t idx)
 }
 
 /*
+ * wheel_free() for a node known to be on no wheel list (ALLOC or a broker
+ * state: it was popped, or taken off with wheel_cancel()): the free-list
+ * push alone, inline. The broker frees every consumed one-shot this way;
+ * wheel_free()'s call and its wheel_cancel() (a no-op there, but out of
+ * line for any state but ARMED) cost ~30 instructions per event.
+ */
+static inline void wheel_free_unlisted(struct wheel *wh, uint32_t idx)
+{
+	struct chime_node *n = &wh->nodes[idx];
+
+	assert(idx < wh->w->high_water && n->state != CHIME_NODE_FREE &&
+	       n->state != CHIME_NODE_ARMED && n->state != CHIME_NODE_EXPIRED);
+	n->state = CHIME_NODE_FREE;
+	/* LIFO, as wheel_free(): the most recently freed node is the most likely to be cached */
+	n->next = wh->w->free_head;
+	wh->w->free_head = idx;
+}
+
+/*
  * Move an ARMED or EXPIRED node to a new deadline (the keepalive "touch"). O(1).
  * On a node on no wheel list it is wheel_arm(). An ARMED node reset to a
  * later deadline only stores it and stays in its slot (lazy reset); the

@@ -120,6 +120,13 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget);
 void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns);
 
 /*
+ * chan_fire() for n timers the wheel popped, each for its owner's channel
+ * (sc->by_slot[node.owner]); the counters are updated once per run of
+ * timers alike (channel, deadline, flags), not once per timer.
+ */
+void chan_fire_batch(struct shard_core *sc, const uint32_t *idx, unsigned n, uint64_t now_ns);
+
+/*
  * Catch up with the client: free consumed ACKWAIT nodes, move the backlog
  * into free completion slots, replace no-grant markers once nodes are free
  * again, publish cq_tail, and wake the client if it asked for it. Returns

@@ -570,15 +570,7 @@ static unsigned fire_due(struct shard *s, uint64_t now)
 	/* Cheap when nothing is due (the wheel's own fast path), exact when something is. */
 	wheel_advance(&s->core.wh, now);
 	while (total < FIRE_BUDGET && (n = wheel_pop_expired(&s->core.wh, buf, POP_BATCH)) > 0) {
-		for (unsigned i = 0; i < n; i++) {
-			struct chime_node *nd = wheel_node(&s->core.wh, buf[i]);
-			struct chan *ch = nd->owner < s->core.max_clients ? s->core.by_slot[nd->owner] : NULL;
-
-			if (ch)
-				chan_fire(&s->core, ch, buf[i], now);
-			else
-				wheel_free(&s->core.wh, buf[i]);  /* cannot happen: every armed node has a channel */
-		}
+		chan_fire_batch(&s->core, buf, n, now);
 		total += n;
 	}
 	return total;

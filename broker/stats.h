@@ -39,7 +39,8 @@
  *                 make (it found a no-grant marker and published a NOP)
  *   reserve       stats_reserve_failed(&st): the filesystem refused a slab chunk
  *   fire          stats_fire(&st, slot, deadline_ns, fired_ns, periodic,
- *                 immediate) for every expiration popped from the wheel (each
+ *                 immediate) for every expiration popped from the wheel, or
+ *                 stats_fire_n(..., n) once for n of them alike (each
  *                 period of a periodic timer counts), with the same two values
  *                 the completion record carries; records the lateness, unless
  *                 `immediate` (armed already due: counted apart), in the
@@ -48,7 +49,7 @@
  *                 that fires leaves the armed gauges: it is no longer armed,
  *                 whether delivered or held in the backlog.
  *   deliver       stats_deliver(&st, slot): an event written into the
- *                 client's completion ring.
+ *                 client's completion ring; stats_deliver_n(..., n): n of them.
  *   wake client   stats_wake_client(&st, slot): a wake-up message to it.
  *   gauges        stats_client_depth(&st, slot, cq_depth, backlog) whenever
  *                 they change (after delivering or seeing cq_head move);
@@ -180,16 +181,16 @@ void stats_window_roll(struct stats *st, uint64_t now_ns);
 void stats_reset_figures(struct stats *st, uint64_t gen);
 
 /*
- * Record one lateness sample (fired_ns - deadline_ns): the lifetime
- * histogram and the window slot of fired_ns's second. Returns its bucket.
+ * Record n equal lateness samples (fired_ns - deadline_ns): the lifetime
+ * histogram and the window slot of fired_ns's second. Returns their bucket.
  */
-static inline uint32_t stats_lateness(struct stats *st, uint64_t lat_ns, uint64_t fired_ns)
+static inline uint32_t stats_lateness(struct stats *st, uint64_t lat_ns, uint64_t fired_ns, uint64_t n)
 {
 	uint32_t b = chime_lat_bucket(lat_ns);
 	struct chime_lat_second *w;
 
-	st->sh.lat[b]++;
-	st->sh.lat_sum_ns += lat_ns;
+	st->sh.lat[b] += n;
+	st->sh.lat_sum_ns += lat_ns * n;
 	if (lat_ns > st->sh.lat_max_ns)
 		st->sh.lat_max_ns = lat_ns;
 	st->lat_dirty = 1;
@@ -197,8 +198,8 @@ static inline uint32_t stats_lateness(struct stats *st, uint64_t lat_ns, uint64_
 	if (fired_ns >= st->win_end_ns)
 		stats_window_roll(st, fired_ns);
 	w = &st->sh.win[st->win_cur];
-	w->lat[b]++;
-	w->sum_ns += lat_ns;
+	w->lat[b] += n;
+	w->sum_ns += lat_ns * n;
 	if (lat_ns > w->max_ns)
 		w->max_ns = lat_ns;
 	st->win_dirty |= UINT32_C(1) << st->win_cur;
@@ -328,11 +329,15 @@ static inline void stats_reserve_failed(struct stats *st)
 }
 
 /*
- * An expiration. `periodic`: the timer stays armed (re-armed from its
- * deadline, or held in the backlog), so the armed gauges do not move.
+ * n expirations of one client with the same deadline and flags, fired at
+ * fired_ns: counted as n calls of stats_fire() would count them. The shard
+ * counts a batch of expirations by runs (chan_fire_batch()): one update per
+ * run instead of one per event. `periodic`: the timers stay armed (re-armed
+ * from their deadline, or held in the backlog), so the armed gauges do not
+ * move.
  */
-static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline_ns,
-			      uint64_t fired_ns, int periodic, int immediate)
+static inline void stats_fire_n(struct stats *st, uint32_t slot, uint64_t deadline_ns,
+				uint64_t fired_ns, int periodic, int immediate, uint64_t n)
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
 	uint64_t lat;
@@ -341,23 +346,23 @@ static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline
 	if (!CHIME_COUNTERS)
 		return;
 
-	st->sh.fires++;
+	st->sh.fires += n;
 	if (c)
-		c->fires++;
+		c->fires += n;
 	if (!periodic)
-		stats__disarm(st, c, 1);
+		stats__disarm(st, c, n);
 	if (immediate) {
 		/* Armed already due (deadline 0, say): fired - deadline is the age of its deadline. */
-		st->sh.immediate++;
+		st->sh.immediate += n;
 		return;
 	}
 	/* Never early, so fired >= deadline; clamp anyway rather than wrap. */
 	lat = fired_ns > deadline_ns ? fired_ns - deadline_ns : 0;
-	b = stats_lateness(st, lat, fired_ns);
+	b = stats_lateness(st, lat, fired_ns, n);
 	if (c) {
 		struct stats_client *p = &st->cl[slot];
 
-		c->lat[b]++;
+		c->lat[b] += n;
 		if (lat > c->lat_max_ns)
 			c->lat_max_ns = lat;
 		if (b < p->lat_lo)
@@ -367,12 +372,25 @@ static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline
 	}
 }
 
-static inline void stats_deliver(struct stats *st, uint32_t slot)
+/* One expiration (stats_fire_n() with n = 1). */
+static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline_ns,
+			      uint64_t fired_ns, int periodic, int immediate)
+{
+	stats_fire_n(st, slot, deadline_ns, fired_ns, periodic, immediate, 1);
+}
+
+/* n events written into the client's completion ring. */
+static inline void stats_deliver_n(struct stats *st, uint32_t slot, uint64_t n)
 {
 	if (!CHIME_COUNTERS)
 		return;
 	(void)stats__cl(st, slot);
-	st->sh.delivered++;
+	st->sh.delivered += n;
+}
+
+static inline void stats_deliver(struct stats *st, uint32_t slot)
+{
+	stats_deliver_n(st, slot, 1);
 }
 
 static inline void stats_wake_client(struct stats *st, uint32_t slot)

@@ -716,6 +716,52 @@ Test(chan, a_timer_armed_already_due_counts_as_immediate_not_as_lateness)
 }
 
 /*
+ * chan_fire_batch() counts runs of timers alike at once: the counters must
+ * be what one chan_fire() per timer gives, across runs that change client,
+ * deadline and flags in the middle of a batch, with some held back.
+ */
+Test(chan, a_fired_batch_is_counted_as_its_timers_one_by_one)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
+	uint32_t buf[64];
+	uint64_t lat = 0, now = T0 + 3 * MS;
+	unsigned n;
+
+	client_init(b, 1);
+	for (int i = 0; i < 5; i++)
+		(void)arm(a, 1, T0 + MS, 0, 0);
+	(void)arm(b, 1, T0 + MS, 0, 0);
+	(void)arm(a, 1, T0 + 2 * MS, 0, 0);
+	(void)arm(a, 1, T0 + 2 * MS, 0, 0);
+	(void)arm(b, 1, T0 + 2 * MS, MS, 0);    /* periodic: stays armed */
+	(void)arm(a, 1, 0, 0, 0);               /* immediate */
+	for (int i = 0; i < 5; i++)             /* CQ is 8: two of client a's are held */
+		(void)arm(a, 1, T0 + MS, 0, 0);
+	chan_drain(&F.sc, &a->ch, 1000);
+	chan_drain(&F.sc, &b->ch, 1000);
+	wheel_advance(&F.sc.wh, now);
+	n = wheel_pop_expired(&F.sc.wh, buf, 64);
+	cr_assert_eq(n, 15);
+	chan_fire_batch(&F.sc, buf, n, now);
+	wheel_check(&F.sc.wh);
+	cr_assert_eq(F.st.sh.fires, 15);
+	cr_assert_eq(F.st.sh.immediate, 1);
+	cr_assert_eq(F.st.sh.delivered, 8 + 2);
+	cr_assert_eq(a->ch.nr_backlog, 13 - 8);
+	cr_assert_eq(F.st.cl[0].c.fires, 13);
+	cr_assert_eq(F.st.cl[1].c.fires, 2);
+	cr_assert_eq(F.st.sh.armed, 1, "the periodic timer only");
+	cr_assert_eq(F.st.cl[1].c.armed, 1);
+	cr_assert_eq(F.st.cl[0].c.armed, 0);
+	for (unsigned k = 0; k < CHIME_LAT_BUCKETS; k++)
+		lat += F.st.sh.lat[k];
+	cr_assert_eq(lat, 14);
+	cr_assert_eq(F.st.sh.lat_sum_ns, 11 * 2 * MS + 3 * MS);
+	cr_assert_eq(F.st.sh.lat_max_ns, 2 * MS);
+	cr_assert_eq(F.st.cl[1].c.lat_max_ns, 2 * MS);
+}
+
+/*
  * The submission depth the shard reports: the client's sq_tail minus the
  * shard's head, whatever the client wrote there bounded to [0, sq_size].
  */

@@ -353,16 +353,6 @@ bool chime_cq_peek(const struct chime_cq_cons *c, struct chime_cqe *out)
 	return at_load_acq(&c->claim[pos & c->mask]) == (pos << 2 | CHIME_CLAIM_FRESH);
 }
 
-/* The draining thread; wait-free (one CAS). */
-bool chime_cq_claim(struct chime_cq_cons *c)
-{
-	uint64_t pos = c->head++;
-	uint64_t cur = pos << 2 | CHIME_CLAIM_FRESH;
-
-	/* Q5: pairs with chime_cq_void(). A lost CAS: voided. */
-	return at_cas(&c->claim[pos & c->mask], &cur, pos << 2 | CHIME_CLAIM_TAKEN);
-}
-
 /* The draining thread; wait-free per event (bounded by the events published). */
 int chime_cq_take(struct chime_cq_cons *c, struct chime_cqe *out)
 {

@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "atomics.h"
 #include "chime_shm.h"
 
 /*
@@ -193,10 +194,39 @@ uint64_t chime_cq_tail(struct chime_cq_cons *c);
 bool chime_cq_peek(const struct chime_cq_cons *c, struct chime_cqe *out);
 
 /*
- * Q5: claim the event at c->head (FRESH -> TAKEN) and move past it. True if
- * the client won; false if the broker voided it first (skip it).
+ * The event at c->head, in place, and whether its claim word is FRESH for
+ * that position (chime_cq_peek() without the copy, inline: the drainer
+ * judges the event where it lies and copies only what it returns). The
+ * slot stays the client's to read until chime_cq_release() passes it,
+ * voided or not: the broker writes a slot only after the consumer head
+ * has passed it, and voiding writes the claim word only.
  */
-bool chime_cq_claim(struct chime_cq_cons *c);
+static inline const struct chime_cqe *chime_cq_head_slot(const struct chime_cq_cons *c)
+{
+	return &c->slots[c->head & c->mask];
+}
+
+static inline bool chime_cq_fresh(const struct chime_cq_cons *c)
+{
+	uint64_t pos = c->head;
+
+	/* Q2 (continued): the claim word, read after the tail like the event. */
+	return at_load_acq(&c->claim[pos & c->mask]) == (pos << 2 | CHIME_CLAIM_FRESH);
+}
+
+/*
+ * Q5: claim the event at c->head (FRESH -> TAKEN) and move past it. True if
+ * the client won; false if the broker voided it first (skip it). Inline:
+ * the drainer's per-event path. The draining thread; wait-free (one CAS).
+ */
+static inline bool chime_cq_claim(struct chime_cq_cons *c)
+{
+	uint64_t pos = c->head++;
+	uint64_t cur = pos << 2 | CHIME_CLAIM_FRESH;
+
+	/* Q5: pairs with chime_cq_void(). A lost CAS: voided. */
+	return at_cas(&c->claim[pos & c->mask], &cur, pos << 2 | CHIME_CLAIM_TAKEN);
+}
 
 /* Move past the event at c->head without taking it (voided, or judged away). */
 static inline void chime_cq_skip(struct chime_cq_cons *c)

@@ -59,6 +59,10 @@
  *  I5 armed == number of ARMED + EXPIRED nodes.
  *  I6 every deadline in the level-0 slot of tick T is >= cur_min_ns (a lazy
  *     reset only raises deadlines).
+ *  I7 every deadline in slot [L][s] is >= wh->slot_min[L][s] (private): a
+ *     lower bound, lowered by every insert, never raised while the slot is
+ *     occupied (removals and lazy resets leave it low), reset when the slot
+ *     is emptied whole.
  *
  * Never fire early: a node is made due only where `deadline_ns <= now` is
  * compared (fire_slot_partial(), cascade_slot() for tick == now_tick,
@@ -204,6 +208,7 @@ static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 		for (unsigned s = 0; s < SLOTS; s++) {
 			w->slot[l][s] = NIL;
 			wh->tail[l][s] = NIL;
+			wh->slot_min[l][s] = UINT64_MAX;
 		}
 	}
 	w->expired_head = NIL;
@@ -251,6 +256,8 @@ static inline void slot_push(struct wheel *wh, struct chime_node *n, uint32_t id
 		wh->nodes[head].prev = idx;
 	else
 		wh->tail[level][s] = idx;
+	if (n->deadline_ns < wh->slot_min[level][s])
+		wh->slot_min[level][s] = n->deadline_ns;
 	w->slot[level][s] = idx;
 	w->occupied[level] |= UINT64_C(1) << s;
 }
@@ -506,6 +513,8 @@ static void __attribute__((noinline)) reset_move(struct wheel *wh, uint32_t idx,
 	n->level = (uint8_t)l;
 	nodes[head].prev = idx;
 	w->slot[l][s] = idx;
+	if (deadline_ns < wh->slot_min[l][s])
+		wh->slot_min[l][s] = deadline_ns;       /* I7 */
 	return;
 slow:
 	reset_slow(wh, idx, deadline_ns);
@@ -586,6 +595,7 @@ static uint64_t fire_slot(struct wheel *wh, unsigned s)
 
 	w->slot[0][s] = NIL;
 	wh->tail[0][s] = NIL;
+	wh->slot_min[0][s] = UINT64_MAX;
 	w->occupied[0] &= ~(UINT64_C(1) << s);
 	while (i != NIL) {
 		struct chime_node *n = &nodes[i];
@@ -697,6 +707,7 @@ static uint64_t cascade_slot(struct wheel *wh, unsigned l, unsigned s, uint64_t 
 
 	w->slot[l][s] = NIL;
 	wh->tail[l][s] = NIL;
+	wh->slot_min[l][s] = UINT64_MAX;
 	w->occupied[l] &= ~(UINT64_C(1) << s);
 	while (i != NIL) {
 		struct chime_node *a = &nodes[i], *b = &nodes[j];
@@ -742,6 +753,22 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 		e = slot_base(w->now_tick, l, s);
 		if (e > T_end)
 			break;
+		if (l > 0) {
+			/*
+			 * Cascading: start from the slot's lowest deadline's tick
+			 * (I7), not its first tick, if later (not past T_end).
+			 * Nothing in the wheel is earlier (levels below are empty,
+			 * later slots and levels start after this one ends), and
+			 * that tick shares every digit from l up with e, so the
+			 * other slots stay where they are. Timers due at one
+			 * instant then fire from here, in one pass, instead of a
+			 * pass per level on their way down (1M timers: 4 passes).
+			 */
+			uint64_t m = tick_of(wh, wh->slot_min[l][s]);
+
+			if (m > e)
+				e = m < T_end ? m : T_end;
+		}
 		if (e != w->now_tick)
 			set_now_tick(wh, e);
 		if (l > 0) {
@@ -971,6 +998,7 @@ void wheel_check(const struct wheel *wh)
 				CHECK(t >= T, "node %u behind now", i);
 				if (l == 0 && s == slot_of(T, 0))
 					CHECK(n->deadline_ns >= wh->cur_min_ns, "node %u below cur_min", i);
+				CHECK(n->deadline_ns >= wh->slot_min[l][s], "node %u below its slot's minimum", i);
 				on_slots++;
 				prev = i;
 				i = n->next;

@@ -52,6 +52,11 @@ struct wheel {
 	/* tail of each slot list: a cascade walks a list from both ends at once,
 	 * two independent chains of cache misses instead of one */
 	uint32_t tail[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
+	/* a lower bound of the deadlines in each slot (I7): an advance that
+	 * cascades a slot first moves now_tick up to it, so timers due at one
+	 * instant fire from the slot they are in instead of passing through
+	 * every lower level first */
+	uint64_t slot_min[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
 };
 
 /* Bytes of region wheel_init() needs for `capacity` nodes. */

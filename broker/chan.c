@@ -881,16 +881,6 @@ uint64_t chan_sq_waiting(const struct chan *ch)
 	return d > (uint64_t)ch->sq_mask + 1 ? (uint64_t)ch->sq_mask + 1 : d;
 }
 
-bool chan_full(struct chan *ch)
-{
-	if (ch->parked || ch->dying)
-		return false;
-	/* room only ever undercounts (each delivery takes one): re-read only at 0 */
-	if (ch->room == 0)
-		ch->room = chime_cq_room(&ch->cq);
-	return ch->room == 0;
-}
-
 bool chan_pending(struct shard_core *sc, struct chan *ch)
 {
 	const struct chime_sqe *s = &ch->sq.slots[ch->sq.head & ch->sq.mask];

@@ -142,13 +142,6 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns);
  */
 uint64_t chan_sq_waiting(const struct chan *ch);
 
-/*
- * The channel has a ring and no free completion slot in it (the client's
- * head re-read when the last count said none). False for a parked or
- * dying channel: it takes expirations without a ring.
- */
-bool chan_full(struct chan *ch);
-
 /* For the sleep re-check: a submission is published, or held events could move now. */
 bool chan_pending(struct shard_core *sc, struct chan *ch);
 

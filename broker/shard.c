@@ -52,7 +52,6 @@
 #define DRAIN_BUDGET    256u    /* records per channel per iteration */
 #define FIRE_BUDGET     4096u   /* expirations per iteration */
 #define POP_BATCH       256u
-#define FIRE_DEFER_NS   (200u * 1000u)  /* a full ring's client has this long to consume, then: backlog */
 #define RECLAIM_BUDGET  65536u  /* slab nodes swept per iteration per dying client */
 #define IDLE_PURE_SPIN_NS (5u * 1000u)    /* idle spin before the shard starts yielding its core */
 #define WAKE_EARLY_MAX_NS (200u * 1000u)  /* the longest a shard spins into a deadline */
@@ -563,53 +562,14 @@ static void publish(struct shard *s)
 
 /* ---- the loop ---- */
 
-/*
- * How many due timers to pop now (at most POP_BATCH). Fewer, or none, while
- * the shard's one client is consuming but its completion ring is full, for
- * up to FIRE_DEFER_NS without progress: popping them now would only hold
- * them in its backlog (a list through the nodes) and take them out again
- * when room comes, two more visits to each node, each a cache miss once
- * the backlog outgrows the cache; and a shard that outruns its client takes
- * the CPU the client needs (3 threads on 2 cores). The wheel's expired list
- * keeps the firing order; they are popped as room comes. Only with one
- * client: with more, the next due timer may be another's, who must not wait
- * for this one (a client that does not drain holds back only its own
- * events). A client that stops consuming has its events popped into the
- * backlog after FIRE_DEFER_NS, as before, and the shard can sleep.
- */
-static unsigned fire_limit(struct shard *s, uint64_t now)
-{
-	struct chan *ch = s->nr_active == 1 && !s->nr_dying ? s->active[0] : NULL;
-	uint32_t idx = ch ? wheel_peek_expired(&s->core.wh) : CHIME_NIL;
-
-	s->deferring = false;
-	if (idx == CHIME_NIL || wheel_node(&s->core.wh, idx)->owner != ch->slot) {
-		s->defer_since = 0;
-		return POP_BATCH;
-	}
-	if (!chan_full(ch)) {
-		s->defer_since = 0;
-		/* parked or dying: chan_full() said no without a ring, and room means nothing */
-		return ch->parked || ch->dying || ch->room >= POP_BATCH ? POP_BATCH : ch->room;
-	}
-	/* A new window whenever the client has consumed since the last one began. */
-	if (!s->defer_since || ch->cq.head != s->defer_head) {
-		s->defer_since = now;
-		s->defer_head = ch->cq.head;
-	}
-	s->deferring = now - s->defer_since < FIRE_DEFER_NS;
-	return s->deferring ? 0 : POP_BATCH;
-}
-
 static unsigned fire_due(struct shard *s, uint64_t now)
 {
 	uint32_t buf[POP_BATCH];
-	unsigned total = 0, n, max;
+	unsigned total = 0, n;
 
 	/* Cheap when nothing is due (the wheel's own fast path), exact when something is. */
 	wheel_advance(&s->core.wh, now);
-	while (total < FIRE_BUDGET && (max = fire_limit(s, now)) > 0 &&
-	       (n = wheel_pop_expired(&s->core.wh, buf, max)) > 0) {
+	while (total < FIRE_BUDGET && (n = wheel_pop_expired(&s->core.wh, buf, POP_BATCH)) > 0) {
 		chan_fire_batch(&s->core, buf, n, now);
 		total += n;
 	}
@@ -770,9 +730,7 @@ static void loop(struct shard *s)
 				 * core away for a whole time slice just before it. */
 				bool into_deadline = wake_known && wake_at <= now + early_ns;
 
-				/* Deferring for a full ring: its client needs the core now. */
-				if (spin_ns >= 0 && ((now - last_work > IDLE_PURE_SPIN_NS && !into_deadline) ||
-						     s->deferring))
+				if (spin_ns >= 0 && now - last_work > IDLE_PURE_SPIN_NS && !into_deadline)
 					sched_yield();
 				else
 					at_relax();

@@ -107,9 +107,6 @@ struct shard {
 	uint64_t bell_buf;
 	int bell_armed;
 	uint32_t sleep_no;              /* stored in *sleeping while asleep; never 0 */
-	uint64_t defer_since;           /* fire_defer(): its window started (0: not deferring) */
-	uint64_t defer_head;            /* the client's consumer head when it started */
-	bool deferring;                 /* due timers left on the wheel's list this iteration */
 
 	pthread_t thr;
 	int started;

@@ -814,13 +814,6 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 	return cnt;
 }
 
-uint32_t wheel_peek_expired(const struct wheel *wh)
-{
-	uint32_t i = wh->w->expired_head;
-
-	return i != NIL && wh->nodes[i].level == EXP_DUE ? i : NIL;
-}
-
 uint64_t wheel_next_deadline(const struct wheel *wh)
 {
 	const struct chime_wheel *w = wh->w;

@@ -221,9 +221,6 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns);
  */
 unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max);
 
-/* The timer wheel_pop_expired() would return first, left on the list; CHIME_NIL if none is due. */
-uint32_t wheel_peek_expired(const struct wheel *wh);
-
 /*
  * The time the caller should next call wheel_advance(): CHIME's tickless
  * sleep. UINT64_MAX if nothing is armed; now_ns or earlier if timers are

@@ -97,7 +97,7 @@ static void grant_free(struct shard_core *sc, struct chan *ch, uint64_t id)
 }
 
 /* Free an armed or held node (on no wheel or channel list any more). */
-static void node_release(struct shard_core *sc, struct chan *ch, uint32_t idx)
+static inline void node_release(struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
 	keyidx_remove(&sc->ki, idx);
 	wheel_free_unlisted(&sc->wh, idx);
@@ -231,8 +231,8 @@ static void mark_immediate(struct shard_core *sc, struct chime_node *n, uint64_t
 
 /* ---- delivery ---- */
 
-/* Write node idx's event into the ring (room > 0). The caller counts it (stats_deliver_n()). */
-static void deliver(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns)
+/* Write node idx's event into the ring (room > 0). The caller counts it (stats_deliver_n()). Inline: per event. */
+static inline __attribute__((always_inline)) void deliver(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns)
 {
 	struct chime_node *n = NODE(sc, idx);
 	struct chime_cqe *e = chime_cq_slot(&ch->cq);
@@ -294,8 +294,8 @@ static void run_flush(struct shard_core *sc, struct fire_run *r, uint64_t now_ns
 	r->fired = r->delivered = 0;
 }
 
-/* chan_fire(), counted in run r (flushed by the caller). */
-static void fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns, struct fire_run *r)
+/* chan_fire(), counted in run r (flushed by the caller). Inline: per event. */
+static inline __attribute__((always_inline)) void fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns, struct fire_run *r)
 {
 	struct chime_node *n = NODE(sc, idx);
 	bool periodic = n->period_ns != 0, immediate = (n->gen & CHIME_NODE_IMMEDIATE) != 0;

@@ -52,20 +52,6 @@ void keyidx_insert(struct keyidx *ki, uint32_t idx)
 	ki->heads[b] = idx + 1;
 }
 
-void keyidx_remove(struct keyidx *ki, uint32_t idx)
-{
-	struct chime_node *n = &ki->nodes[idx];
-
-	if (n->key_next != CHIME_NIL)
-		ki->nodes[n->key_next].key_prev = n->key_prev;
-	if (n->key_prev != CHIME_NIL)
-		ki->nodes[n->key_prev].key_next = n->key_next;
-	else
-		ki->heads[keyidx_bucket(ki, n->owner, n->key)] = n->key_next + 1;
-	n->key_next = CHIME_NIL;
-	n->key_prev = CHIME_NIL;
-}
-
 static uint32_t match_from(const struct keyidx *ki, uint32_t i, uint16_t owner, uint64_t key)
 {
 	while (i != CHIME_NIL) {

@@ -50,8 +50,23 @@ uint32_t keyidx_bucket(const struct keyidx *ki, uint16_t owner, uint64_t key);
 /* Link node idx by its own owner and key. O(1). */
 void keyidx_insert(struct keyidx *ki, uint32_t idx);
 
-/* Unlink node idx (which must be linked). O(1). */
-void keyidx_remove(struct keyidx *ki, uint32_t idx);
+/*
+ * Unlink node idx (which must be linked). O(1). Inline: the shard frees
+ * every consumed one-shot through it.
+ */
+static inline void keyidx_remove(struct keyidx *ki, uint32_t idx)
+{
+	struct chime_node *n = &ki->nodes[idx];
+
+	if (n->key_next != CHIME_NIL)
+		ki->nodes[n->key_next].key_prev = n->key_prev;
+	if (n->key_prev != CHIME_NIL)
+		ki->nodes[n->key_prev].key_next = n->key_next;
+	else
+		ki->heads[keyidx_bucket(ki, n->owner, n->key)] = n->key_next + 1;
+	n->key_next = CHIME_NIL;
+	n->key_prev = CHIME_NIL;
+}
 
 /*
  * The first node of (owner, key), and the next one after idx; CHIME_NIL at

@@ -292,23 +292,6 @@ uint32_t chime_cq_room(struct chime_cq_prod *p)
 }
 
 /*
- * Producer only, after writing chime_cq_slot(); wait-free. The claim word is
- * ours to write: the slot was consumed (room said so), and the word we
- * write names the new position, so a stale CAS for the slot's previous
- * position can no longer succeed.
- */
-uint64_t chime_cq_push(struct chime_cq_prod *p)
-{
-	uint64_t pos = p->tail;
-
-	assert(p->tail - p->head < p->size);
-	/* Ordered before cq_tail by Q1 in chime_cq_flush(). */
-	at_store(&p->claim[pos & p->mask], pos << 2 | CHIME_CLAIM_FRESH);
-	p->tail = pos + 1;
-	return pos;
-}
-
-/*
  * Producer only; wait-free. A release store: the caller that then checks
  * the client's want_wakeup needs its own full barrier first.
  */

@@ -18,6 +18,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <assert.h>
+
 #include "atomics.h"
 #include "chime_shm.h"
 
@@ -158,9 +160,21 @@ static inline struct chime_cqe *chime_cq_slot(struct chime_cq_prod *p)
 /*
  * Finish the event written into chime_cq_slot(): set its claim word FRESH and
  * advance the private tail. Returns its position. Not visible to the client
- * until chime_cq_flush().
+ * until chime_cq_flush(). Producer only, wait-free; inline (per event). The
+ * claim word is ours to write: the slot was consumed (room said so), and
+ * the word we write names the new position, so a stale CAS for the slot's
+ * previous position can no longer succeed.
  */
-uint64_t chime_cq_push(struct chime_cq_prod *p);
+static inline uint64_t chime_cq_push(struct chime_cq_prod *p)
+{
+	uint64_t pos = p->tail;
+
+	assert(p->tail - p->head < p->size);
+	/* Ordered before cq_tail by Q1 in chime_cq_flush(). */
+	at_store(&p->claim[pos & p->mask], pos << 2 | CHIME_CLAIM_FRESH);
+	p->tail = pos + 1;
+	return pos;
+}
 
 /* Publish every pushed event (release store of the tail). */
 void chime_cq_flush(struct chime_cq_prod *p);

@@ -314,7 +314,7 @@ bool chime_cq_void(struct chime_cq_prod *p, uint64_t pos)
 
 	if (pos >= p->tail || p->tail - pos > p->size)
 		return false;
-	/* Q5: pairs with the client's CAS in chime_cq_take(). */
+	/* Q5: pairs with the client's CAS in chime_cq_claim() (ring.h). */
 	return at_cas(&p->claim[pos & p->mask], &cur, pos << 2 | CHIME_CLAIM_VOID);
 }
 

@@ -775,28 +775,6 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 
 /* ---- catching up with the client ---- */
 
-/*
- * The next consumed one-shot's key-index neighbours, and the node after
- * it, while this one is freed. Freeing unlinks each node from its key
- * chain, which writes both neighbours: timers armed together share a key
- * (one chain) and come due in another order, so each neighbour is a cache
- * miss of its own, one after the other without this.
- */
-static inline void ackwait_prefetch(struct shard_core *sc, uint32_t next)
-{
-	const struct chime_node *n;
-
-	if (next == CHIME_NIL)
-		return;
-	n = NODE(sc, next);
-	if (n->key_next != CHIME_NIL)
-		__builtin_prefetch(NODE(sc, n->key_next), 1);
-	if (n->key_prev != CHIME_NIL)
-		__builtin_prefetch(NODE(sc, n->key_prev), 1);
-	if (n->next != CHIME_NIL)
-		__builtin_prefetch(NODE(sc, n->next), 1);
-}
-
 static void wake_client(struct shard_core *sc, struct chan *ch)
 {
 	uint32_t *w = ch->want_wakeup;
@@ -835,7 +813,6 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 		ch->room = chime_cq_room(&ch->cq);
 		while ((idx = ch->ackwait.head) != CHIME_NIL &&
 		       chime_cq_consumed(&ch->cq, NODE(sc, idx)->cq_pos)) {
-			ackwait_prefetch(sc, NODE(sc, idx)->next);
 			nl_del(sc, &ch->ackwait, idx);
 			NODE(sc, idx)->state = CHIME_NODE_ALLOC;
 			node_release(sc, ch, idx);

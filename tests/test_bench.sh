@@ -14,7 +14,8 @@
 #            at rest meets its targets (exit status), and the figures are there.
 #   apply    `chime-bench apply --quick`: every record applied as meant (the
 #            bench checks the armed count and the malformed counter after each
-#            phase, exit status) and a positive figure for each of the six rows.
+#            phase) and every timer expired once (the sum of their user data),
+#            exit status; a positive figure in each of the eight rows.
 #
 # Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply [EXPECT]
 # Exit: 0 pass, 1 fail, 77 skipped (no jq).
@@ -82,8 +83,10 @@ rest)
 apply)
 	"$bench" apply --quick >"$dir/out.json" 2>"$dir/err" || fail "exit status $?"
 	rows=$(awk -F'|' '/^  .*(arm|reset|cancel) +\|/ && $2 + 0 > 0 && $3 + 0 > 0' "$dir/out.json" | wc -l)
-	[ "$rows" -eq 6 ] || fail "$rows of 6 rows with positive figures"
-	echo "bench apply: 6 rows, every record applied as meant"
+	[ "$rows" -eq 6 ] || fail "$rows of 6 record rows with positive figures"
+	rows=$(awk -F'|' '/^  .*expire +\|/ && $2 + 0 > 0' "$dir/out.json" | wc -l)
+	[ "$rows" -eq 2 ] || fail "$rows of 2 expire rows with a positive figure"
+	echo "bench apply: 8 rows, every record applied and every timer expired as meant"
 	;;
 *)
 	echo "usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply [EXPECT]" >&2

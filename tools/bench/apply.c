@@ -13,6 +13,21 @@
  * the drain is timed. The producer's own cost per record is printed beside
  * it: the floor of a client's operation on a ring nobody else touches.
  *
+ * The same world then measures one expiration (shard.c's steps: advance,
+ * pops of POP_BATCH into chan_fire_batch(), chan_service(); a ring consumer
+ * taking TAKE_BATCH at a time between them, ring.h's chime_cq_take(), not
+ * libchime's drainer): N one-shots with one key and one deadline, armed in
+ * slab order as `e2e` arms them. On one thread the time says little (no
+ * second core, no line crossing between cores); its use is the instruction
+ * count per event under callgrind, of exactly the expiry:
+ *
+ *   valgrind --tool=callgrind '--toggle-collect=expire_phase*' \
+ *       build/tools/chime-bench apply --quick
+ *   callgrind_annotate --inclusive=yes callgrind.out.<pid>
+ *
+ * divided by the timers expired (both sizes; ARCHITECTURE.md, "Expiry
+ * throughput").
+ *
  * Method (printed with the table): N timers (100k, 1M; --quick 10k, 100k)
  * armed in order at deadlines uniform over 60 s ahead, then each reset once
  * to a later deadline and then cancelled, both in a random order; deadlines
@@ -35,8 +50,11 @@
 #include "stats.h"
 #include "wheel.h"
 
-#define SQ        1024u
-#define CQ        1024u
+#define SQ        1024u        /* the broker's default ring sizes */
+#define CQ        8192u
+#define POP_BATCH 256u          /* shard.c's */
+#define FIRE_BUDGET 4096u
+#define TAKE_BATCH 512u         /* chime-bench e2e's EV_BATCH */
 #define RES_NS    100000ull
 #define SPAN_NS   (60ull * 1000000000ull)
 #define T0_NS     (1000ull * 1000000000ull)
@@ -59,6 +77,7 @@ struct world {
 	struct chan_mem m;
 	struct chan ch;
 	struct chime_sq_prod prod;
+	struct chime_cq_cons cons;
 };
 
 static void world_fail(const char *what)
@@ -106,6 +125,7 @@ static void world_init(struct world *w, uint32_t cap)
 	if (chan_attach(&w->sc, &w->ch, &w->m, 0, 1))
 		world_fail("chan_attach");
 	chime_sq_prod_init(&w->prod, w->m.sq_slots, &w->m.rw->sq_tail, SQ);
+	chime_cq_cons_init(&w->cons, w->m.cq_slots, w->m.claim, &w->m.ro->cq_tail, &w->m.rw->cq_head, CQ);
 }
 
 static void world_fini(struct world *w)
@@ -159,6 +179,89 @@ static struct cost run_phase(struct world *w, int ph, uint64_t *ids, uint64_t *d
 		drain_ns += c - b;
 	}
 	return (struct cost){ .drain = (double)drain_ns / n, .fill = (double)fill_ns / n };
+}
+
+/* ---- one expiration ---- */
+
+/* shard.c's fire_due() */
+static __attribute__((noinline)) unsigned fire_due(struct world *w, uint64_t now)
+{
+	uint32_t buf[POP_BATCH];
+	unsigned total = 0, n;
+
+	wheel_advance(&w->sc.wh, now);
+	while (total < FIRE_BUDGET && (n = wheel_pop_expired(&w->sc.wh, buf, POP_BATCH)) > 0) {
+		chan_fire_batch(&w->sc, buf, n, now);
+		total += n;
+	}
+	return total;
+}
+
+/* The client's side: take up to TAKE_BATCH events, then release them. */
+static __attribute__((noinline)) size_t take(struct world *w, uint64_t *sum)
+{
+	struct chime_cqe e;
+	size_t k = 0;
+
+	while (k < TAKE_BATCH && chime_cq_take(&w->cons, &e) == 1) {
+		*sum += e.user_data;
+		k++;
+	}
+	chime_cq_release(&w->cons);
+	return k;
+}
+
+/* Everything callgrind counts (gcc may name it expire_phase.constprop.0: hence the '*'). */
+static __attribute__((noinline)) size_t expire_phase(struct world *w, size_t n, uint64_t now, uint64_t *sum)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		(void)fire_due(w, now);
+		(void)chan_service(&w->sc, &w->ch, now);
+		for (unsigned j = 0; j < FIRE_BUDGET / TAKE_BATCH; j++)
+			got += take(w, sum);
+	}
+	return got;
+}
+
+/* ns per event of n one-shots due at one instant; exits on a wrong outcome. */
+static double run_expire(uint32_t n)
+{
+	struct world *w = malloc(sizeof(*w));
+	uint64_t d = T0_NS + 2 * UINT64_C(1000000000), sum = 0, t;
+	size_t got;
+
+	if (!w)
+		world_fail("malloc");
+	world_init(w, n + 2 * SQ);
+	/* Armed as chime-bench e2e arms them: one key, one deadline, in slab order. */
+	for (uint32_t i = 0; i < n; i++) {
+		struct chime_sqe *s;
+		uint64_t pos;
+
+		while (!(s = chime_sq_reserve(&w->prod, &pos)))
+			(void)chan_drain(&w->sc, &w->ch, SQ);
+		s->op = CHIME_OP_ARM;
+		s->id = s->grant;
+		s->key = 7;
+		s->deadline_ns = d;
+		s->period_ns = 0;
+		s->user_data = i;
+		chime_sq_publish(s, pos);
+	}
+	while (chan_drain(&w->sc, &w->ch, SQ) > 0)
+		;
+	t = now_ns();
+	got = expire_phase(w, n, d, &sum);
+	t = now_ns() - t;
+	if (got != n || sum != (uint64_t)n * (n - 1) / 2) {
+		fprintf(stderr, "chime-bench apply: %zu of %u events expired, or the wrong ones\n", got, n);
+		exit(1);
+	}
+	world_fini(w);
+	free(w);
+	return (double)t / n;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -221,6 +324,15 @@ static void run_size(uint32_t n, uint64_t seed)
 		       ph_name[ph], drain[ph][RUNS / 2], drain[ph][0], drain[ph][RUNS - 1],
 		       fill[ph][RUNS / 2], fill[ph][0], fill[ph][RUNS - 1]);
 	}
+	{
+		double ex[RUNS];
+
+		for (unsigned r = 0; r < RUNS; r++)
+			ex[r] = run_expire(n);
+		qsort(ex, RUNS, sizeof(double), cmp_double);
+		printf("  %-6s %-7s | %8.1f  (%5.1f-%5.1f) | %s\n", "", "expire", ex[RUNS / 2], ex[0], ex[RUNS - 1],
+		       "(a ring consumer in the same thread)");
+	}
 	free(ids);
 	free(dl);
 	free(order);
@@ -232,7 +344,8 @@ static void usage(FILE *f)
 	fprintf(f, "Usage: chime-bench apply [--quick]\n"
 		"The shard's cost per record of a client's submission ring (chan_drain: grant,\n"
 		"key index, wheel, counters), in this process, on one thread, beside the\n"
-		"producer's cost per record on an uncontended ring.\n\n"
+		"producer's cost per record on an uncontended ring; and of one expiration\n"
+		"(N due at one instant, shard.c's steps and a ring consumer in this thread).\n\n"
 		"  -q, --quick   10k and 100k timers instead of 100k and 1M\n"
 		"  -h, --help    show this help\n");
 }
@@ -271,8 +384,10 @@ int bench_apply(int argc, char **argv)
 	       "         each reset once to a later deadline, then cancelled, both in random order;\n"
 	       "         the client's ring (%u records) filled by libchime's producer code, then\n"
 	       "         applied by chimed's chan_drain(); ns per record = phase's drain time / N.\n"
+	       "         expire: N one-shots due at one instant (one key, armed in slab order), shard.c's\n"
+	       "         steps and a ring consumer taking %u at a time, in this thread; ns per event.\n"
 	       "         %u runs: median (min-max).\n\n",
-	       mc.date, mc.cpus, mc.model, mc.kernel, mc.load[0], mc.load[1], mc.load[2], SQ, RUNS);
+	       mc.date, mc.cpus, mc.model, mc.kernel, mc.load[0], mc.load[1], mc.load[2], SQ, TAKE_BATCH, RUNS);
 	printf("  timers op      | shard ns/record          | producer ns/record\n");
 	run_size(quick ? 10000 : 100000, 42);
 	run_size(quick ? 100000 : 1000000, 4242);

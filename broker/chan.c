@@ -352,6 +352,22 @@ void chan_fire_batch(struct shard_core *sc, const uint32_t *idx, unsigned n, uin
 	run_flush(sc, &r, now_ns);
 }
 
+#define POP_BATCH 256u
+
+unsigned chan_fire_due(struct shard_core *sc, uint64_t now_ns, unsigned budget)
+{
+	uint32_t buf[POP_BATCH];
+	unsigned total = 0, n;
+
+	/* Cheap when nothing is due (the wheel's own fast path), exact when something is. */
+	wheel_advance(&sc->wh, now_ns);
+	while (total < budget && (n = wheel_pop_expired(&sc->wh, buf, POP_BATCH)) > 0) {
+		chan_fire_batch(sc, buf, n, now_ns);
+		total += n;
+	}
+	return total;
+}
+
 void chan_hold(struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
 	NODE(sc, idx)->state = CHIME_NODE_BACKLOG;

@@ -127,6 +127,13 @@ void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t no
 void chan_fire_batch(struct shard_core *sc, const uint32_t *idx, unsigned n, uint64_t now_ns);
 
 /*
+ * Advance the wheel to now_ns and fire what is due, at most `budget`
+ * timers (the rest stays on the expired list for the next call), popped
+ * in batches into chan_fire_batch(). Returns how many fired.
+ */
+unsigned chan_fire_due(struct shard_core *sc, uint64_t now_ns, unsigned budget);
+
+/*
  * Catch up with the client: free consumed ACKWAIT nodes, move the backlog
  * into free completion slots, replace no-grant markers once nodes are free
  * again, publish cq_tail, and wake the client if it asked for it. Returns

@@ -51,7 +51,6 @@
 
 #define DRAIN_BUDGET    256u    /* records per channel per iteration */
 #define FIRE_BUDGET     4096u   /* expirations per iteration */
-#define POP_BATCH       256u
 #define RECLAIM_BUDGET  65536u  /* slab nodes swept per iteration per dying client */
 #define IDLE_PURE_SPIN_NS (5u * 1000u)    /* idle spin before the shard starts yielding its core */
 #define WAKE_EARLY_MAX_NS (200u * 1000u)  /* the longest a shard spins into a deadline */
@@ -564,16 +563,7 @@ static void publish(struct shard *s)
 
 static unsigned fire_due(struct shard *s, uint64_t now)
 {
-	uint32_t buf[POP_BATCH];
-	unsigned total = 0, n;
-
-	/* Cheap when nothing is due (the wheel's own fast path), exact when something is. */
-	wheel_advance(&s->core.wh, now);
-	while (total < FIRE_BUDGET && (n = wheel_pop_expired(&s->core.wh, buf, POP_BATCH)) > 0) {
-		chan_fire_batch(&s->core, buf, n, now);
-		total += n;
-	}
-	return total;
+	return chan_fire_due(&s->core, now, FIRE_BUDGET);
 }
 
 /*

@@ -13,8 +13,8 @@
  * the drain is timed. The producer's own cost per record is printed beside
  * it: the floor of a client's operation on a ring nobody else touches.
  *
- * The same world then measures one expiration (shard.c's steps: advance,
- * pops of POP_BATCH into chan_fire_batch(), chan_service(); a ring consumer
+ * The same world then measures one expiration (shard.c's steps:
+ * chan_fire_due(), chan_service(); a ring consumer
  * taking TAKE_BATCH at a time between them, ring.h's chime_cq_take(), not
  * libchime's drainer): N one-shots with one key and one deadline, armed in
  * slab order as `e2e` arms them. On one thread the time says little (no
@@ -52,8 +52,7 @@
 
 #define SQ        1024u        /* the broker's default ring sizes */
 #define CQ        8192u
-#define POP_BATCH 256u          /* shard.c's */
-#define FIRE_BUDGET 4096u
+#define FIRE_BUDGET 4096u       /* shard.c's */
 #define TAKE_BATCH 512u         /* chime-bench e2e's EV_BATCH */
 #define RES_NS    100000ull
 #define SPAN_NS   (60ull * 1000000000ull)
@@ -183,20 +182,6 @@ static struct cost run_phase(struct world *w, int ph, uint64_t *ids, uint64_t *d
 
 /* ---- one expiration ---- */
 
-/* shard.c's fire_due() */
-static __attribute__((noinline)) unsigned fire_due(struct world *w, uint64_t now)
-{
-	uint32_t buf[POP_BATCH];
-	unsigned total = 0, n;
-
-	wheel_advance(&w->sc.wh, now);
-	while (total < FIRE_BUDGET && (n = wheel_pop_expired(&w->sc.wh, buf, POP_BATCH)) > 0) {
-		chan_fire_batch(&w->sc, buf, n, now);
-		total += n;
-	}
-	return total;
-}
-
 /* The client's side: take up to TAKE_BATCH events, then release them. */
 static __attribute__((noinline)) size_t take(struct world *w, uint64_t *sum)
 {
@@ -217,7 +202,7 @@ static __attribute__((noinline)) size_t expire_phase(struct world *w, size_t n, 
 	size_t got = 0;
 
 	while (got < n) {
-		(void)fire_due(w, now);
+		(void)chan_fire_due(&w->sc, now, FIRE_BUDGET);     /* as shard.c's loop */
 		(void)chan_service(&w->sc, &w->ch, now);
 		for (unsigned j = 0; j < FIRE_BUDGET / TAKE_BATCH; j++)
 			got += take(w, sum);

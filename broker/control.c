@@ -1004,52 +1004,52 @@ static void limits_report(struct broker *b, uint64_t now)
 }
 
 /*
- * A record that rang no doorbell (it could wait for the shard's planned
- * wake-up, cl_doorbell_by()) waits at most a heartbeat more: a sleeping
- * shard with a published record at the head of a client's ring is rung, on
- * its private doorbell. So resets, cancels and far arms are applied (and
- * counted, and their nodes freed) within about 100 ms even when the shard
- * has nothing due for an hour, and a shard with nothing published is not
- * woken. The slot is the client's to scribble on: a hint only, which at
- * worst wakes the shard once a heartbeat, less than a client ringing its
- * own doorbell can.
+ * Once a heartbeat, one pass over the client table (cold by then: one pass,
+ * not one per purpose, or per shard):
+ * - a detached session nobody came back for within --session-linger is
+ *   reclaimed, as a hang-up is;
+ * - a record that rang no doorbell (it could wait for the shard's planned
+ *   wake-up, cl_doorbell_by()) waits at most a heartbeat more: a sleeping
+ *   shard with a published record at the head of a client's ring is rung,
+ *   on its private doorbell. So resets, cancels and far arms are applied
+ *   (and counted, and their nodes freed) within about 100 ms even when the
+ *   shard has nothing due for an hour, and a shard with nothing published
+ *   is not woken. The slot is the client's to scribble on: a hint only,
+ *   which at worst wakes the shard once a heartbeat, less than a client
+ *   ringing its own doorbell can.
  */
-static void shards_nudge(struct broker *b)
+static void clients_beat(struct broker *b, uint64_t now)
 {
-	for (uint32_t s = 0; s < b->o.nr_shards; s++) {
-		struct shard *sh = &b->shards[s];
+	bool asleep[CHIME_MAX_SHARDS];
+	uint32_t nr_asleep = 0;
 
-		if (!at_load(sh->sleeping))
-			continue;
-		for (uint32_t i = 0; i < b->o.max_clients; i++) {
-			const struct client *c = &b->clients[i];
-			const struct chan_mem *m;
-			uint64_t head;
-
-			if (c->state != CL_ACTIVE)
-				continue;
-			m = &c->mems[s];
-			/* V2: what the shard has applied; pairs with V1 in chan_drain(). */
-			head = at_load_acq(&m->ro->sq_head);
-			if (at_load(&m->sq_slots[head & (m->sq_size - 1)].seq) == head + 1) {
-				(void)eventfd_write(sh->doorbell, 1);
-				break;
-			}
-		}
-	}
-}
-
-/* Detached sessions nobody came back for within --session-linger: reclaimed as a hang-up is. */
-static void sessions_linger(struct broker *b, uint64_t now)
-{
+	for (uint32_t s = 0; s < b->o.nr_shards; s++)
+		nr_asleep += asleep[s] = at_load(b->shards[s].sleeping) != 0;
 	for (uint32_t i = 0; i < b->o.max_clients; i++) {
 		struct client *c = &b->clients[i];
 
-		if (c->state != CL_DETACHED || now < c->linger_until_ns)
+		if (c->state == CL_DETACHED && now >= c->linger_until_ns) {
+			log_msg(LOG_INFO, "session '%s' (uid %u) reclaimed: nobody re-attached within %u s",
+				c->session, (unsigned)c->cred.uid, b->o.session_linger_s);
+			client_detach(b, c, 0);
 			continue;
-		log_msg(LOG_INFO, "session '%s' (uid %u) reclaimed: nobody re-attached within %u s",
-			c->session, (unsigned)c->cred.uid, b->o.session_linger_s);
-		client_detach(b, c, 0);
+		}
+		if (c->state != CL_ACTIVE || !nr_asleep)
+			continue;
+		for (uint32_t s = 0; s < b->o.nr_shards; s++) {
+			const struct chan_mem *m = &c->mems[s];
+			uint64_t head;
+
+			if (!asleep[s])
+				continue;
+			/* V2: what the shard has applied; pairs with V1 in chan_drain(). */
+			head = at_load_acq(&m->ro->sq_head);
+			if (at_load(&m->sq_slots[head & (m->sq_size - 1)].seq) == head + 1) {
+				(void)eventfd_write(b->shards[s].doorbell, 1);
+				asleep[s] = false;      /* rung: once is enough */
+				nr_asleep--;
+			}
+		}
 	}
 }
 
@@ -1111,8 +1111,7 @@ int broker_run(struct broker *b)
 			notify_watchdog(now, HEARTBEAT_NS);
 			last_hb = now;
 			limits_report(b, now);
-			sessions_linger(b, now);
-			shards_nudge(b);
+			clients_beat(b, now);
 		}
 		wait = HEARTBEAT_NS - (now - last_hb);
 		ts.tv_sec = 0;

@@ -93,6 +93,13 @@ struct broker {
 	struct shard *shards;
 	struct client *clients;
 	uint32_t nr_handshakes;
+	/*
+	 * One past the highest client slot that is not CL_FREE, or more: the
+	 * heartbeat's pass (clients_beat) walks only up to it and shrinks it,
+	 * so a broker started with --max-clients 65536 and a few clients does
+	 * not walk 65536 cold entries every 90 ms.
+	 */
+	uint32_t clients_hi;
 	struct conn *conns;
 	bool accept_armed;
 	bool listening;
@@ -149,5 +156,12 @@ void arm_hello(struct broker *b, struct conn *cn);
 void on_hello(struct broker *b, struct conn *cn, int res);
 bool handshake_allowed(struct broker *b, struct conn *cn);
 void conn_put(struct broker *b, struct conn *cn);
+
+/* A CL_FREE slot is being taken: keep clients_hi above it. */
+static inline void client_taken(struct broker *b, const struct client *c)
+{
+	if (c->slot >= b->clients_hi)
+		b->clients_hi = c->slot + 1u;
+}
 
 #endif /* CHIMED_BROKER_H */

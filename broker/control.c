@@ -973,7 +973,7 @@ static void limits_report(struct broker *b, uint64_t now)
 				i, b->o.socket_path, (unsigned long long)n);
 		b->reserve_failed_logged[i] = n;
 	}
-	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
+	for (uint32_t slot = 0; slot < b->clients_hi; slot++) {
 		struct client *c = &b->clients[slot];
 		uint64_t sum[2] = { 0, 0 };
 
@@ -1021,13 +1021,15 @@ static void limits_report(struct broker *b, uint64_t now)
 static void clients_beat(struct broker *b, uint64_t now)
 {
 	bool asleep[CHIME_MAX_SHARDS];
-	uint32_t nr_asleep = 0;
+	uint32_t nr_asleep = 0, hi = 0;
 
 	for (uint32_t s = 0; s < b->o.nr_shards; s++)
 		nr_asleep += asleep[s] = at_load(b->shards[s].sleeping) != 0;
-	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+	for (uint32_t i = 0; i < b->clients_hi; i++) {
 		struct client *c = &b->clients[i];
 
+		if (c->state != CL_FREE)
+			hi = i + 1;     /* a slot freed later in this pass keeps it: an upper bound */
 		if (c->state == CL_DETACHED && now >= c->linger_until_ns) {
 			log_msg(LOG_INFO, "session '%s' (uid %u) reclaimed: nobody re-attached within %u s",
 				c->session, (unsigned)c->cred.uid, b->o.session_linger_s);
@@ -1051,6 +1053,7 @@ static void clients_beat(struct broker *b, uint64_t now)
 			}
 		}
 	}
+	b->clients_hi = hi;
 }
 
 /*
@@ -1184,6 +1187,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	for (uint32_t s = 0; s < b->o.nr_shards; s++)
 		c->mems[s].wake_fd = c->fd;
 	c->state = CL_ATTACHING;
+	client_taken(b, c);
 	b->clients_now++;
 	b->clients_total++;
 	if (c->session[0])

@@ -132,9 +132,10 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PARTS] [--busy-poll]\n"
-		"End to end: ns per chime_arm/reset/cancel (1 and 2 threads, 100k and 1M armed),\n"
-		"the broker's ops/s per shard, expirations/s to a draining client and lateness,\n"
-		"beside one timerfd per timer.\n"
+		"End to end: ns per chime_arm/reset/cancel (1 and 2 threads, 100k and 1M armed;\n"
+		"in bursts into emptied rings, beside the hardware's floor; one at a time after\n"
+		"idling), the broker's ops/s per shard, expirations/s to a draining client and\n"
+		"lateness, beside one timerfd per timer.\n"
 		"\n"
 		"  -s, --socket PATH   use the chimed at PATH (default: start a private one, from\n"
 		"                      $CHIMED or next to this program, and stop it at the end)\n"

@@ -131,7 +131,7 @@ static int want(const struct cfg *cf, const char *part)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PARTS] [--busy-poll]\n"
+		"Usage: chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PARTS] [--expire N] [--busy-poll]\n"
 		"End to end: ns per chime_arm/reset/cancel (1 and 2 threads, 100k and 1M armed;\n"
 		"in bursts into emptied rings, beside the hardware's floor; one at a time after\n"
 		"idling), the broker's ops/s per shard, expirations/s to a draining client and\n"

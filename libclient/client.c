@@ -514,19 +514,20 @@ void cl_ring_doorbell(struct chime_chan *ch)
 
 void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32_t n)
 {
-	uint64_t every = ((uint64_t)ch->sq.mask + 1) / 2 < LAZY_MAX ? ((uint64_t)ch->sq.mask + 1) / 2 : LAZY_MAX;
 	/* S2, as in cl_ring_doorbell(). */
 	uint32_t sleep_no = at_load_sc(ch->sleeping);
+	uint64_t half = ((uint64_t)ch->sq.mask + 1) / 2, every;
 
 	if (__builtin_expect(sleep_no == 0, 1))
 		return;
+	every = half < LAZY_MAX ? half : LAZY_MAX;
 	/*
 	 * N2: the end of that sleep (or of a later one), stored before its
 	 * number; pairs with N1 in the shard's loop. A shard drains before it
 	 * fires, so a record needed no earlier than the sleep's end can wait
 	 * for it: a keepalive reset or a cancel costs no system call and no
 	 * wake-up of the shard (an eventfd write to a sleeping shard costs
-	 * 10-25 us on this VM). Unless the records reach a multiple of
+	 * 13-27 us on this VM). Unless the records reach a multiple of
 	 * `every` (LAZY_MAX, or half a small ring): then ring all the same.
 	 */
 	if (by_ns >= at_load(ch->wake_ns) && ((from + every - 1) & ~(every - 1)) >= from + n)

@@ -505,32 +505,37 @@ void cl_ring_doorbell(struct chime_chan *ch)
 }
 
 /*
- * Records that need no doorbell still ring at every LAZY_MAX-th position:
- * a burst wakes the shard after that many, so it drains while the rest is
- * written rather than after the ring has filled; sporadic operations (fewer
- * than that between two of the shard's wake-ups) never ring.
+ * Records that need no doorbell still ring once half the ring waits for a
+ * sleeping shard: a burst that big wakes it while there is room left to
+ * drain into, and a ring never fills up unrung. Half the ring's fill is
+ * looked at only at every LAZY_EVERY-th position, so the look costs one
+ * load (of a slot this producer side wrote) per that many records.
  */
-#define LAZY_MAX 64u
+#define LAZY_EVERY 64u
 
 void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32_t n)
 {
 	/* S2, as in cl_ring_doorbell(). */
 	uint32_t sleep_no = at_load_sc(ch->sleeping);
-	uint64_t half = ((uint64_t)ch->sq.mask + 1) / 2, every;
+	uint64_t half = ((uint64_t)ch->sq.mask + 1) / 2, every, end = from + n;
 
 	if (__builtin_expect(sleep_no == 0, 1))
 		return;
-	every = half < LAZY_MAX ? half : LAZY_MAX;
+	every = half < LAZY_EVERY ? half : LAZY_EVERY;
 	/*
 	 * N2: the end of that sleep (or of a later one), stored before its
 	 * number; pairs with N1 in the shard's loop. A shard drains before it
 	 * fires, so a record needed no earlier than the sleep's end can wait
-	 * for it: a keepalive reset or a cancel costs no system call and no
-	 * wake-up of the shard (an eventfd write to a sleeping shard costs
-	 * 13-27 us on this VM). Unless the records reach a multiple of
-	 * `every` (LAZY_MAX, or half a small ring): then ring all the same.
+	 * for it: a keepalive reset, a cancel or a burst of up to half a ring
+	 * costs no system call and no wake-up of the shard (an eventfd write
+	 * to a sleeping shard costs 13-27 us on this VM). Unless the records
+	 * reach a multiple of `every` with the one half a ring back still
+	 * waiting (half == every for a ring of 128 slots or fewer, where the
+	 * look is skipped): then ring all the same.
 	 */
-	if (by_ns >= at_load(ch->wake_ns) && ((from + every - 1) & ~(every - 1)) >= from + n)
+	if (by_ns >= at_load(ch->wake_ns) &&
+	    (((from + every - 1) & ~(every - 1)) >= end ||
+	     (half > every && (end < half || !chime_sq_waiting(&ch->sq, end - half)))))
 		return;
 	ring(ch, sleep_no);
 }

@@ -20,6 +20,7 @@
  */
 #include <errno.h>
 #include <sched.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -254,14 +255,39 @@ CHIME_PUBLIC int chime_cancel_key(chime_t *c, uint64_t key)
 	return 0;
 }
 
+CHIME_PUBLIC int chime_flush(chime_t *c)
+{
+	if (unlikely(!c))
+		return -EINVAL;
+	if (unlikely(cl_is_dead(c)))
+		return -ENOTCONN;
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		struct chime_chan *ch = &c->chan[s];
+
+		/*
+		 * The newest position reserved: if the shard has not freed it,
+		 * something is waiting for it. The caller's earlier publishes
+		 * ended in full barriers (S2), so they are visible before the
+		 * load of `sleeping` in cl_ring_doorbell().
+		 */
+		if (chime_sq_waiting(&ch->sq, at_load(ch->sq.tail) - 1))
+			cl_ring_doorbell(ch);
+	}
+	return 0;
+}
+
 /* ---- chime_submit: batches ---- */
 
 _Static_assert(CHIME_ARM == CHIME_OP_ARM && CHIME_RESET == CHIME_OP_RESET && CHIME_CANCEL == CHIME_OP_CANCEL &&
 	       CHIME_CANCEL_KEY == CHIME_OP_CANCEL_KEY, "public op codes are the wire's");
 
-#define TO_ALL   UINT32_MAX          /* a CANCEL_KEY: every shard */
-#define TO_NONE  (UINT32_MAX - 1)    /* invalid: nowhere */
-#define PENDING  1                   /* ops[i].result while not yet submitted everywhere */
+#define TO_ALL   CHIME_MAX_SHARDS      /* a CANCEL_KEY: every shard */
+#define TO_NONE  (CHIME_MAX_SHARDS + 1) /* invalid: nowhere */
+/*
+ * ops[i].result while not yet submitted everywhere: PENDING + where it goes
+ * (a shard, or TO_ALL), so that each operation is classified once.
+ */
+#define PENDING  1
 
 /* Where an operation goes. */
 static inline uint32_t op_shard(const struct chime *c, const struct chime_op *o, uint32_t arm_shard)
@@ -279,16 +305,23 @@ static inline uint32_t op_shard(const struct chime *c, const struct chime_op *o,
 	}
 }
 
+/* What submit_shard() did. */
+struct batch_tally {
+	unsigned ok;            /* operations done (0 results set) */
+	unsigned refused;       /* ARMs the shard refused (-ENOMEM, -EDQUOT) */
+};
+
 /*
  * The `count` pending operations bound for shard s, in array order, in runs
  * of as many consecutive slots as the ring has free: one reserve, one
  * publish barrier and at most one doorbell per run. A full ring is waited
  * out one slot at a time, as chime_arm() does. Returns 0 or -ENOTCONN.
  */
-static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint32_t arm_shard,
-			uint32_t count)
+static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint32_t count,
+			struct batch_tally *t)
 {
 	struct chime_chan *ch = &c->chan[s];
+	const int32_t mine = (int32_t)(PENDING + s), all = (int32_t)(PENDING + TO_ALL);
 	bool last_shard = s + 1 == c->nr_shards;
 	unsigned i = 0;
 
@@ -303,11 +336,10 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 		}
 		for (uint32_t k = 0; k < got; i++) {
 			struct chime_op *o = &ops[i];
-			uint32_t to = op_shard(c, o, arm_shard);
 			struct chime_sqe *sqe;
 			uint64_t id = o->id;
 
-			if (o->result != PENDING || (to != s && to != TO_ALL))
+			if (o->result != mine && o->result != all)
 				continue;
 			sqe = &ch->sq.slots[(pos + k++) & ch->sq.mask];
 			if (need_by(o->op, o->deadline_ns) < by)
@@ -315,11 +347,18 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 			if (o->op == CHIME_ARM) {
 				o->result = fill(sqe, s, CHIME_OP_ARM, &id, o->key, o->deadline_ns, o->period_ns,
 						 o->user_data);
-				o->id = o->result ? 0 : id;
+				if (likely(!o->result)) {
+					o->id = id;
+					t->ok++;
+				} else {
+					t->refused++;
+				}
 			} else {
 				(void)fill(sqe, s, o->op, &id, o->key, o->deadline_ns, 0, 0);
-				if (to == s || last_shard)
+				if (o->result == mine || last_shard) {
 					o->result = 0;
+					t->ok++;
+				}
 			}
 		}
 		/* S1 for each record, S2 once after the last; pairs with C1 and the shard's sleep barrier. */
@@ -332,17 +371,19 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 
 CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 {
-	uint32_t count[CHIME_MAX_SHARDS] = { 0 };
+	uint32_t count[CHIME_MAX_SHARDS];
+	struct batch_tally t = { 0, 0 };
 	uint32_t arm_shard;
-	int ok = 0, r = 0;
+	int r = 0;
 
 	if (unlikely(!c || (!ops && n)))
 		return -EINVAL;
+	memset(count, 0, c->nr_shards * sizeof(count[0]));
 	arm_shard = next_arm_shard(c);
 	for (unsigned i = 0; i < n; i++) {
 		uint32_t to = op_shard(c, &ops[i], arm_shard);
 
-		ops[i].result = to == TO_NONE ? -EINVAL : PENDING;
+		ops[i].result = to == TO_NONE ? -EINVAL : (int32_t)(PENDING + to);
 		if (ops[i].op == CHIME_ARM)
 			ops[i].id = 0;
 		if (to == TO_ALL) {
@@ -356,16 +397,19 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 		r = -ENOTCONN;
 	for (uint32_t s = 0; s < c->nr_shards && !r; s++)
 		if (count[s])
-			r = submit_shard(c, s, ops, arm_shard, count[s]);
+			r = submit_shard(c, s, ops, count[s], &t);
+	if (likely(!r && !t.refused))
+		return (int)t.ok;
+	/* the rare end: a dead broker, or arms to retry on other shards */
 	for (unsigned i = 0; i < n; i++) {
 		struct chime_op *o = &ops[i];
 
-		if (o->result == PENDING)
+		if (o->result >= PENDING)
 			o->result = -ENOTCONN;  /* the broker died before it went out (everywhere) */
-		else if (o->op == CHIME_ARM && (o->result == -ENOMEM || o->result == -EDQUOT))
-			o->result = arm_elsewhere(c, arm_shard, o->result, o->key, o->deadline_ns, o->period_ns,
-						  o->user_data, &o->id);
-		ok += o->result == 0;
+		else if (o->op == CHIME_ARM && (o->result == -ENOMEM || o->result == -EDQUOT) &&
+			 (o->result = arm_elsewhere(c, arm_shard, o->result, o->key, o->deadline_ns,
+						    o->period_ns, o->user_data, &o->id)) == 0)
+			t.ok++;
 	}
-	return ok == 0 && r == -ENOTCONN ? -ENOTCONN : ok;
+	return t.ok == 0 && r == -ENOTCONN ? -ENOTCONN : (int)t.ok;
 }

@@ -90,6 +90,18 @@ uint32_t chime_sq_reserve_n(struct chime_sq_prod *p, uint32_t want, uint64_t *po
 void chime_sq_publish_n(struct chime_sq_prod *p, uint64_t pos, uint32_t n);
 
 /*
+ * True if the consumer has not freed position pos yet: it is reserved, or
+ * published and not consumed. A hint (relaxed load), for a producer that
+ * wants to know how full the ring is without reading the consumer's head:
+ * the consumer frees in order, so every position from pos on is waiting too.
+ */
+static inline bool chime_sq_waiting(const struct chime_sq_prod *p, uint64_t pos)
+{
+	/* freed for the next lap: seq = pos + size */
+	return at_load(&p->slots[pos & p->mask].seq) - pos <= 1;
+}
+
+/*
  * Copy the record at the consumer's head into *out if it is published.
  * Returns true and sets *pos; false if the slot is not ready. Reads exactly
  * one slot, chosen by the private head and mask, whatever the client wrote.

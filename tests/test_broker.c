@@ -583,6 +583,90 @@ Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
+/* Milliseconds until shard 0 counts `arms` arms and `armed` timers (at most 2 s). */
+static double ms_until(const char *s, uint64_t arms, uint64_t armed)
+{
+	uint64_t t0 = chime_now(), end = t0 + 2000 * MS;
+	struct chime_shard_stats st;
+
+	do {
+		st = shard0(s);
+		if (st.arms >= arms && st.armed == armed)
+			return (double)(chime_now() - t0) / 1e6;
+		usleep(500);
+	} while (chime_now() < end);
+	cr_assert_fail("shard 0: %llu arms (want %llu), %llu armed (want %llu) after 2 s",
+		       (unsigned long long)st.arms, (unsigned long long)arms,
+		       (unsigned long long)st.armed, (unsigned long long)armed);
+	return 0;
+}
+
+/* n arms due in two hours, through chime_submit() 64 at a time; their ids in ops[]. */
+static void arm_far(chime_t *c, struct chime_op *ops, unsigned n)
+{
+	uint64_t dl = chime_now() + 7200000 * MS;
+
+	for (unsigned i = 0; i < n; i++)
+		ops[i] = (struct chime_op){ .op = CHIME_ARM, .key = 7, .deadline_ns = dl + i };
+	for (unsigned i = 0; i < n; i += 64) {
+		unsigned k = n - i < 64 ? n - i : 64;
+
+		cr_assert_eq(chime_submit(c, ops + i, k), (int)k);
+	}
+}
+
+/*
+ * A burst that can wait does not wake a sleeping shard either, up to half
+ * its ring (default 1024 slots): 400 arms wait for the shard's next wake-up
+ * (the heartbeat's, 0-90 ms away); 700 wake it at the 512th; and
+ * chime_flush() wakes it for the 400 at once. Luck would pass this test
+ * with odds of about (5/90)^5 (no burst waits) or (15/90)^5 (no doorbell
+ * from the fill, or from chime_flush).
+ */
+Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
+{
+	struct t_chimed b2 = { 0 };
+	static struct chime_op ops[700];
+	double lazy_max = 0;
+	uint64_t arms;
+	chime_id_t anchor;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1 --sq-size 1024"), 0);
+	c = t_open(b2.sock);
+	cr_assert_not_null(c);
+	/* the shard's planned wake-up: an hour away, before the burst's deadlines */
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600000 * MS, 0, 1, &anchor), 0);
+	arms = 1;
+	for (unsigned round = 0; round < 5; round++) {
+		unsigned n[3] = { 400, 400, 700 };
+
+		for (unsigned k = 0; k < 3; k++) {
+			double ms;
+
+			usleep(50000);          /* the shard sleeps: nothing armed is due */
+			arm_far(c, ops, n[k]);
+			if (k == 1)
+				cr_assert_eq(chime_flush(c), 0);
+			arms += n[k];
+			ms = ms_until(b2.sock, arms, n[k] + 1);
+			if (k == 0 && ms > lazy_max)
+				lazy_max = ms;
+			if (k > 0)
+				cr_assert_lt(ms, 15.0, "%u arms %s were applied after %.1f ms", n[k],
+					     k == 1 ? "and chime_flush()" : "(more than half the ring)", ms);
+			cr_assert_eq(chime_cancel_key(c, 7), 0);
+			cr_assert_eq(chime_flush(c), 0);
+			(void)ms_until(b2.sock, arms, 1);
+		}
+	}
+	cr_assert_gt(lazy_max, 5.0, "400 arms to a sleeping shard were applied within %.1f ms in every round: "
+		     "they woke it", lazy_max);
+	cr_assert_eq(chime_flush(NULL), -EINVAL);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
 /*
  * The touch that races with the timeout: an idle timer fired and its event
  * waits in the ring when a keepalive resets it to a later deadline. That

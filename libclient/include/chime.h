@@ -173,6 +173,19 @@ struct chime_op {
 int chime_submit(chime_t *c, struct chime_op *ops, unsigned n);
 
 /*
+ * Have the broker apply now what this process has submitted. An operation
+ * whose effect can wait (a cancel, a reset or arm due no earlier than its
+ * shard's next planned wake-up, a burst of up to half a ring) does not wake
+ * a sleeping shard: the shard applies it when it wakes, and within about
+ * 100 ms in any case. This wakes every sleeping shard with records of this
+ * chime_t waiting, for an application about to read the broker's counters
+ * (chimestat) or otherwise needing them applied at once. It does not wait
+ * for the shards. Thread-safe; covers every operation that returned before
+ * the call. Returns 0, -EINVAL (c is NULL) or -ENOTCONN.
+ */
+int chime_flush(chime_t *c);
+
+/*
  * A file descriptor that is readable whenever events are pending, for an
  * application's own epoll, io_uring, libuv or libevent loop (watch it for
  * reading, level-triggered): when it is readable, call chime_poll() or

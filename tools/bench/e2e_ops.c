@@ -172,7 +172,14 @@ static void *op_thread_main(void *arg)
 			size_t e = i + sh->batch < hi ? i + sh->batch : hi;
 			uint64_t a, z;
 
-			/* Untimed: the broker has applied every earlier batch, its rings are empty. */
+			/*
+			 * Untimed: the broker has applied every earlier batch, its
+			 * rings are empty (a batch that can wait rang no doorbell).
+			 */
+			if (sh->paced && sh->impl != IMPL_TFD && chime_flush(sh->c) < 0) {
+				r = -ENOTCONN;
+				break;
+			}
 			if (sh->paced && wait_ops(sh->b, sh->ops0 + (i - lo), 60 * NS_PER_S) < 0) {
 				r = -ETIMEDOUT;
 				break;

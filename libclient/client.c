@@ -529,13 +529,14 @@ void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32
 	 * for it: a keepalive reset, a cancel or a burst of up to half a ring
 	 * costs no system call and no wake-up of the shard (an eventfd write
 	 * to a sleeping shard costs 13-27 us on this VM). Unless the records
-	 * reach a multiple of `every` with the one half a ring back still
-	 * waiting (half == every for a ring of 128 slots or fewer, where the
-	 * look is skipped): then ring all the same.
+	 * reach a multiple of `every` with more than half the ring waiting
+	 * (the one half a ring and one back not yet consumed; half == every
+	 * for a ring of 128 slots or fewer, where the look is skipped): then
+	 * ring all the same.
 	 */
 	if (by_ns >= at_load(ch->wake_ns) &&
 	    (((from + every - 1) & ~(every - 1)) >= end ||
-	     (half > every && (end < half || !chime_sq_waiting(&ch->sq, end - half)))))
+	     (half > every && (end <= half || !chime_sq_waiting(&ch->sq, end - half - 1)))))
 		return;
 	ring(ch, sleep_no);
 }

@@ -336,11 +336,15 @@ int bench_e2e(int argc, char **argv)
 					       "  keepalive reset (due after the shard's planned wake-up: no doorbell)"
 					       "  p50 %6" PRIu64 "  p90 %6" PRIu64 "\n"
 					       "  arm due in 50 ms (before it: a doorbell wakes the shard)           "
+					       "  p50 %6" PRIu64 "  p90 %6" PRIu64 "\n"
+					       "  the same reset of one timerfd (timerfd_settime, in turn with them) "
 					       "  p50 %6" PRIu64 "  p90 %6" PRIu64 "\n",
 					       nsp, pct(sp.reset_ns, sp.n, 0.5), pct(sp.reset_ns, sp.n, 0.9),
-					       pct(sp.arm_ns, sp.n, 0.5), pct(sp.arm_ns, sp.n, 0.9));
+					       pct(sp.arm_ns, sp.n, 0.5), pct(sp.arm_ns, sp.n, 0.9),
+					       pct(sp.tfd_ns, sp.n, 0.5), pct(sp.tfd_ns, sp.n, 0.9));
 				free(sp.reset_ns);
 				free(sp.arm_ns);
+				free(sp.tfd_ns);
 			}
 		}
 		if (want(&cf, "timerfd") && tfd_max < sizes[nsizes - 1])

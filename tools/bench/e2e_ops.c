@@ -298,14 +298,20 @@ int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct spor
 	uint64_t far = now_ns() + FAR_NS;
 	chime_id_t keep, id;
 	chime_t *c;
-	int r = 0;
+	int r = 0, tfd;
 
 	memset(res, 0, sizeof(*res));
 	if (broker_open((struct broker *)b, &c) < 0)
 		return -1;
 	res->reset_ns = xcalloc(n, sizeof(uint64_t));
 	res->arm_ns = xcalloc(n, sizeof(uint64_t));
-	if ((r = chime_arm(c, 0, far, 0, 0, &keep)) < 0)
+	res->tfd_ns = xcalloc(n, sizeof(uint64_t));
+	tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	if (tfd < 0) {
+		r = -errno;
+		goto out;
+	}
+	if ((r = chime_arm(c, 0, far, 0, 0, &keep)) < 0 || (r = tfd_set(tfd, far)) < 0)
 		goto out;
 	for (size_t i = 0; i < n && r == 0; i++) {
 		uint64_t a, z;
@@ -322,13 +328,23 @@ int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct spor
 		r = chime_arm(c, 1, chime_now() + 50 * NS_PER_MS, 0, i, &id);
 		z = now_ns();
 		res->arm_ns[i] = z - a;
+		if (r < 0)
+			break;
+		sleep_ns(idle_ns);
+		a = now_ns();
+		r = tfd_set(tfd, far + i);
+		z = now_ns();
+		res->tfd_ns[i] = z - a;
 	}
 	res->n = n;
 	qsort(res->reset_ns, n, sizeof(uint64_t), cmp_u64);
 	qsort(res->arm_ns, n, sizeof(uint64_t), cmp_u64);
+	qsort(res->tfd_ns, n, sizeof(uint64_t), cmp_u64);
 out:
 	if (r < 0)
 		PROBLEM("sporadic operations: %s\n", strerror(-r));
+	if (tfd >= 0)
+		close(tfd);
 	chime_close(c);
 	return r < 0 ? -1 : 0;
 }

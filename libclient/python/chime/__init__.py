@@ -179,6 +179,14 @@ class Chime:
         for tid in [t for t, k in self._periodic.items() if k == key]:
             del self._periodic[tid]
 
+    def flush(self):
+        """Have the broker apply what this connection submitted now, rather
+        than when its sleeping shards next wake (chime_flush(3)); does not
+        wait for them."""
+        r = lib.chime_flush(self._handle())
+        if r < 0:
+            raise _error("chime_flush", -r)
+
     def _events(self, n):
         out = []
         for i in range(n):

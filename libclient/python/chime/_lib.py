@@ -52,6 +52,7 @@ _sigs = {
     "chime_reset": (ctypes.c_int, [_p, _u64, _u64]),
     "chime_cancel": (ctypes.c_int, [_p, _u64]),
     "chime_cancel_key": (ctypes.c_int, [_p, _u64]),
+    "chime_flush": (ctypes.c_int, [_p]),
     "chime_fd": (ctypes.c_int, [_p]),
     "chime_poll": (ctypes.c_int, [_p, ctypes.POINTER(ChimeEvent), ctypes.c_uint]),
     "chime_wait": (ctypes.c_int, [_p, ctypes.POINTER(ChimeEvent), ctypes.c_uint, ctypes.c_int]),

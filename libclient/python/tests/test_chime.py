@@ -144,6 +144,17 @@ def test_context_manager_closes(broker):
     c.close()       # twice is fine
 
 
+def test_flush_applies_now_and_needs_an_open_connection(broker):
+    with chime.Chime(socket=broker.socket) as c:
+        tid = c.arm(1, after=3600)
+        assert c.flush() is None
+        c.reset(tid, after=0.01)
+        c.flush()
+        assert [e.id for e in wait_for(c, 1)] == [tid]
+    with pytest.raises(ValueError, match="closed"):
+        c.flush()
+
+
 def test_chime_socket_environment(broker, monkeypatch):
     monkeypatch.setenv("CHIME_SOCKET", broker.socket)
     with chime.Chime() as c:

@@ -28,17 +28,6 @@ uint32_t keyidx_buckets_for(uint32_t capacity)
 	return n;
 }
 
-uint32_t keyidx_bucket(const struct keyidx *ki, uint16_t owner, uint64_t key)
-{
-	/* splitmix64's finaliser: keys are often small integers or pointers. */
-	uint64_t z = key ^ ki->seed ^ ((uint64_t)owner * UINT64_C(0x9e3779b97f4a7c15));
-
-	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-	z ^= z >> 31;
-	return (uint32_t)z & ki->mask;
-}
-
 void keyidx_insert(struct keyidx *ki, uint32_t idx)
 {
 	struct chime_node *n = &ki->nodes[idx];

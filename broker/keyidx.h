@@ -45,7 +45,17 @@ void keyidx_init(struct keyidx *ki, uint32_t *heads, uint32_t nbuckets, struct c
 /* Buckets for a slab of `capacity` nodes: one per 4 nodes, at least 1024. */
 uint32_t keyidx_buckets_for(uint32_t capacity);
 
-uint32_t keyidx_bucket(const struct keyidx *ki, uint16_t owner, uint64_t key);
+/* Inline: the shard hashes each record's key ahead (prefetch stages) and again to link it. */
+static inline uint32_t keyidx_bucket(const struct keyidx *ki, uint16_t owner, uint64_t key)
+{
+	/* splitmix64's finaliser: keys are often small integers or pointers. */
+	uint64_t z = key ^ ki->seed ^ ((uint64_t)owner * UINT64_C(0x9e3779b97f4a7c15));
+
+	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+	z ^= z >> 31;
+	return (uint32_t)z & ki->mask;
+}
 
 /* Link node idx by its own owner and key. O(1). */
 void keyidx_insert(struct keyidx *ki, uint32_t idx);

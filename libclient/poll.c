@@ -129,8 +129,11 @@ static bool wait_applied(struct chime *c, struct chime_chan *ch, uint64_t pos, u
 	return true;
 }
 
-/* Step 2: collect the RESET/CANCEL/CANCEL_KEY records the shard has not applied. */
-static void scan_pending(struct chime *c, struct chime_chan *ch)
+/*
+ * Step 2: collect the RESET/CANCEL/CANCEL_KEY records the shard has not
+ * applied. Returns how many records it looked at.
+ */
+static uint64_t scan_pending(struct chime *c, struct chime_chan *ch)
 {
 	/* D2: after D1; pairs with the shard's release of sq_head after applying. */
 	uint64_t head = at_load_acq(ch->sq_head);
@@ -139,7 +142,7 @@ static void scan_pending(struct chime *c, struct chime_chan *ch)
 
 	pend_clear(c);
 	if (head >= tail)
-		return;
+		return 0;
 	if (tail - head > c->sq_size)
 		head = tail - c->sq_size;
 	for (uint64_t pos = head; pos != tail; pos++) {
@@ -172,7 +175,16 @@ static void scan_pending(struct chime *c, struct chime_chan *ch)
 			break;
 		}
 	}
+	return tail - head;
 }
+
+/*
+ * Records a drain scans before it wakes a sleeping shard to apply them:
+ * records that can wait ring no doorbell (cl_doorbell_by(), up to half a
+ * ring), but every drain with events pays a scan of them, so one that
+ * finds this many has them applied rather than scan them again next time.
+ */
+#define SCAN_WAKE_MIN 64u
 
 /* What a pending record says about an event: 0 keep, CANCEL drop, RESET hold. */
 static uint32_t judge(const struct chime *c, const struct chime_cqe *e, struct chime_pend **reset)
@@ -208,10 +220,10 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 		ch->seen = tail;        /* impossible from a sane broker: ignore */
 		return 0;
 	}
-	if (at_load(ch->sq_head) != at_load(ch->sq.tail))
-		scan_pending(c, ch);
-	else
+	if (at_load(ch->sq_head) == at_load(ch->sq.tail))
 		pend_clear(c);
+	else if (scan_pending(c, ch) >= SCAN_WAKE_MIN)
+		cl_ring_doorbell(ch);   /* S2: its load of `sleeping` follows the producers' barriers */
 
 	while (q->head != tail && n < max) {
 		struct chime_pend *reset = NULL;

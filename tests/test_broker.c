@@ -668,6 +668,52 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 }
 
 /*
+ * Every drain that finds events scans the records its shard has not applied
+ * (for cancels and resets that void them); a burst that waits for a
+ * sleeping shard would be scanned again on every drain until the shard
+ * wakes, so a drain that scans 64 or more wakes it. Left to the
+ * heartbeat, the rounds after the first would wait about 85 ms each.
+ */
+Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
+{
+	struct t_chimed b2 = { 0 };
+	static struct chime_op ops[400];
+	struct chime_event ev;
+	uint64_t arms = 1;
+	chime_id_t anchor, x;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	c = t_open(b2.sock);
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600000 * MS, 0, 1, &anchor), 0);
+	for (unsigned round = 0; round < 5; round++) {
+		double ms;
+
+		cr_assert_eq(chime_arm(c, 2, chime_now() + 20 * MS, 0, 2, &x), 0);
+		arms++;
+		/*
+		 * x fires, its event waits, the shard sleeps again. 95 ms: a
+		 * round that waited for the heartbeat (90 ms) ends on one, and
+		 * the next round's burst then comes 5 ms after the next
+		 * heartbeat, not just before one.
+		 */
+		usleep(95000);
+		arm_far(c, ops, 400);
+		arms += 400;
+		cr_assert_eq(chime_poll(c, &ev, 1), 1);
+		cr_assert_eq(ev.id, x);
+		ms = ms_until(b2.sock, arms, 401);
+		cr_assert_lt(ms, 15.0, "the drain scanned 400 waiting records and they were applied after %.1f ms", ms);
+		cr_assert_eq(chime_cancel_key(c, 7), 0);
+		cr_assert_eq(chime_flush(c), 0);
+		(void)ms_until(b2.sock, arms, 1);
+	}
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
+/*
  * The touch that races with the timeout: an idle timer fired and its event
  * waits in the ring when a keepalive resets it to a later deadline. That
  * reset rings no doorbell (the sleeping shard's wake-up comes first), but

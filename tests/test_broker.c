@@ -523,6 +523,24 @@ static uint64_t fired_late(chime_t *c, chime_id_t id)
 }
 
 /*
+ * A broker of one shard (extra options appended) and a client whose timer
+ * `key`, due in an hour, is what the shard plans to wake for: records due
+ * after that can wait for it. Returns the client; *far is the timer.
+ */
+static chime_t *one_sleeping_shard(struct t_chimed *b, const char *extra, uint64_t key, chime_id_t *far)
+{
+	char opts[128];
+	chime_t *c;
+
+	snprintf(opts, sizeof(opts), "--shards 1 %s", extra);
+	cr_assert_eq(t_chimed_start(b, NULL, opts), 0);
+	c = t_open(b->sock);
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm(c, key, chime_now() + 3600000 * MS, 0, key, far), 0);
+	return c;
+}
+
+/*
  * A sleeping shard is not woken for what can wait for its planned wake-up
  * (cl_doorbell_by()): keepalive resets to later deadlines and cancels cost
  * no doorbell, and the control thread's heartbeat has them applied within
@@ -540,11 +558,8 @@ Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
 	uint64_t far_dl;
 	chime_t *c;
 
-	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
-	c = t_open(b2.sock);
-	cr_assert_not_null(c);
-	far_dl = chime_now() + 3600000 * MS;
-	cr_assert_eq(chime_arm(c, 1, far_dl, 0, 1, &far), 0);
+	c = one_sleeping_shard(&b2, "", 1, &far);
+	far_dl = chime_now() + 3600000 * MS;    /* just after far's deadline */
 	st0 = shard0_until(b2.sock, 0, 1);
 	usleep(50000);          /* the shard sleeps until far_dl */
 	st0 = shard0(b2.sock);
@@ -632,11 +647,8 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 	chime_id_t anchor;
 	chime_t *c;
 
-	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1 --sq-size 1024"), 0);
-	c = t_open(b2.sock);
-	cr_assert_not_null(c);
 	/* the shard's planned wake-up: an hour away, before the burst's deadlines */
-	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600000 * MS, 0, 1, &anchor), 0);
+	c = one_sleeping_shard(&b2, "--sq-size 1024", 1, &anchor);
 	arms = 1;
 	for (unsigned round = 0; round < 5; round++) {
 		unsigned n[3] = { 400, 400, 700 };
@@ -683,10 +695,7 @@ Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 	chime_id_t anchor, x;
 	chime_t *c;
 
-	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
-	c = t_open(b2.sock);
-	cr_assert_not_null(c);
-	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600000 * MS, 0, 1, &anchor), 0);
+	c = one_sleeping_shard(&b2, "", 1, &anchor);
 	for (unsigned round = 0; round < 5; round++) {
 		double ms;
 
@@ -728,10 +737,7 @@ Test(broker, a_reset_racing_its_event_does_not_hold_the_drainer_for_a_heartbeat)
 	chime_id_t far, x, v;
 	chime_t *c;
 
-	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
-	c = t_open(b2.sock);
-	cr_assert_not_null(c);
-	cr_assert_eq(chime_arm(c, 0, chime_now() + 3600000 * MS, 0, 0, &far), 0);
+	c = one_sleeping_shard(&b2, "", 0, &far);
 	for (unsigned round = 0; round < 3; round++) {
 		struct chime_event ev;
 		uint64_t t0, t;

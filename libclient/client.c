@@ -513,6 +513,21 @@ void cl_ring_doorbell(struct chime_chan *ch)
  */
 #define LAZY_EVERY 64u
 
+/*
+ * A record due at least this far ahead can wait for the control thread
+ * instead: its heartbeat pass (every 90 ms, clients_beat()) rings a sleeping
+ * shard with records waiting, and a broker whose heartbeat is a second old
+ * is taken for dead (cl_broker_gone()).
+ */
+#define LAZY_HORIZON_NS UINT64_C(1000000000)
+
+/* True if a record needed by by_ns can wait for a shard that sleeps until wake_ns. */
+static inline bool can_wait(uint64_t by_ns, uint64_t wake_ns)
+{
+	/* the clock only when the shard's own wake-up comes too late */
+	return by_ns >= wake_ns || (by_ns >= LAZY_HORIZON_NS && by_ns - LAZY_HORIZON_NS >= now_ns());
+}
+
 void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32_t n)
 {
 	/* S2, as in cl_ring_doorbell(). */
@@ -525,16 +540,17 @@ void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32
 	/*
 	 * N2: the end of that sleep (or of a later one), stored before its
 	 * number; pairs with N1 in the shard's loop. A shard drains before it
-	 * fires, so a record needed no earlier than the sleep's end can wait
-	 * for it: a keepalive reset, a cancel or a burst of up to half a ring
-	 * costs no system call and no wake-up of the shard (an eventfd write
-	 * to a sleeping shard costs 13-27 us on this VM). Unless the records
-	 * reach a multiple of `every` with more than half the ring waiting
-	 * (the one half a ring and one back not yet consumed; half == every
-	 * for a ring of 128 slots or fewer, where the look is skipped): then
-	 * ring all the same.
+	 * fires, so a record needed no earlier than the sleep's end, or a
+	 * second from now or later (the heartbeat's pass), can wait: a
+	 * keepalive reset, a cancel, an arm a second ahead or a burst of up to
+	 * half a ring costs no system call and no wake-up of the shard (an
+	 * eventfd write to a sleeping shard costs 13-27 us on this VM). Unless
+	 * the records reach a multiple of `every` with more than half the ring
+	 * waiting (the one half a ring and one back not yet consumed; half ==
+	 * every for a ring of 128 slots or fewer, where the look is skipped):
+	 * then ring all the same.
 	 */
-	if (by_ns >= at_load(ch->wake_ns) &&
+	if (can_wait(by_ns, at_load(ch->wake_ns)) &&
 	    (((from + every - 1) & ~(every - 1)) >= end ||
 	     (half > every && (end <= half || !chime_sq_waiting(&ch->sq, end - half - 1)))))
 		return;

@@ -723,6 +723,49 @@ Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 }
 
 /*
+ * An arm a second or more ahead does not wake a shard that sleeps with
+ * nothing armed: the control thread's heartbeat pass (every 90 ms) has it
+ * applied, and it fires on time. Each round starts 95 ms after the last
+ * one's arm was applied: by the heartbeat, so the pass is 85 ms away (by a
+ * doorbell, every round would be applied at once).
+ */
+Test(broker, an_arm_a_second_ahead_waits_for_the_heartbeat_not_a_doorbell)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_event ev;
+	double lazy_min = 1e9;
+	uint64_t arms = 0;
+	chime_id_t x;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	c = t_open(b2.sock);
+	cr_assert_not_null(c);
+	for (unsigned round = 0; round < 5; round++) {
+		double ms;
+
+		usleep(95000);          /* nothing armed: the shard sleeps with no timeout */
+		cr_assert_eq(chime_arm(c, 1, chime_now() + 1500 * MS, 0, 1, &x), 0);
+		ms = ms_until(b2.sock, ++arms, 1);
+		if (round > 0 && ms < lazy_min)
+			lazy_min = ms;
+		if (round < 4) {
+			cr_assert_eq(chime_cancel(c, x), 0);
+			cr_assert_eq(chime_flush(c), 0);
+			(void)ms_until(b2.sock, arms, 0);
+		}
+	}
+	cr_assert_gt(lazy_min, 20.0, "an arm 1.5 s ahead was applied after %.1f ms: a doorbell woke the shard",
+		     lazy_min);
+	cr_assert_eq(chime_wait(c, &ev, 1, 3000), 1, "no event within 3 s");
+	cr_assert_eq(ev.id, x);
+	cr_assert_geq(ev.fired_ns, ev.deadline_ns, "fired early");
+	cr_assert_lt(ev.fired_ns - ev.deadline_ns, 15 * MS, "the arm that waited for the heartbeat fired late");
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
+/*
  * The touch that races with the timeout: an idle timer fired and its event
  * waits in the ring when a keepalive resets it to a later deadline. That
  * reset rings no doorbell (the sleeping shard's wake-up comes first), but

@@ -175,7 +175,8 @@ int chime_submit(chime_t *c, struct chime_op *ops, unsigned n);
 /*
  * Have the broker apply now what this process has submitted. An operation
  * whose effect can wait (a cancel, a reset or arm due no earlier than its
- * shard's next planned wake-up, a burst of up to half a ring) does not wake
+ * shard's next planned wake-up or a second or more ahead, a burst of up to
+ * half a ring) does not wake
  * a sleeping shard: the shard applies it when it wakes, and within about
  * 100 ms in any case. This wakes every sleeping shard with records of this
  * chime_t waiting, for an application about to read the broker's counters

@@ -337,13 +337,17 @@ int bench_e2e(int argc, char **argv)
 					       "  p50 %6" PRIu64 "  p90 %6" PRIu64 "\n"
 					       "  arm due in 50 ms (before it: a doorbell wakes the shard)           "
 					       "  p50 %6" PRIu64 "  p90 %6" PRIu64 "\n"
+					       "  arm due in 5 s (a second ahead or more: the heartbeat applies it) "
+					       "  p50 %6" PRIu64 "  p90 %6" PRIu64 "\n"
 					       "  the same reset of one timerfd (timerfd_settime, in turn with them) "
 					       "  p50 %6" PRIu64 "  p90 %6" PRIu64 "\n",
 					       nsp, pct(sp.reset_ns, sp.n, 0.5), pct(sp.reset_ns, sp.n, 0.9),
 					       pct(sp.arm_ns, sp.n, 0.5), pct(sp.arm_ns, sp.n, 0.9),
+					       pct(sp.arm_far_ns, sp.n, 0.5), pct(sp.arm_far_ns, sp.n, 0.9),
 					       pct(sp.tfd_ns, sp.n, 0.5), pct(sp.tfd_ns, sp.n, 0.9));
 				free(sp.reset_ns);
 				free(sp.arm_ns);
+				free(sp.arm_far_ns);
 				free(sp.tfd_ns);
 			}
 		}

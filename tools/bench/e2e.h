@@ -137,12 +137,13 @@ int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_re
  * Sporadic operations: one at a time after `idle_ns` asleep, so the shard
  * has gone to sleep too. ns on the calling thread, sorted: a keepalive
  * reset (no doorbell: the shard's planned wake-up is earlier), an arm due
- * in 50 ms (before it: a doorbell wakes the shard), and the same reset of
- * one timerfd (timerfd_settime), taking turns in one loop.
+ * in 50 ms (before it: a doorbell wakes the shard), an arm due in 5 s (a
+ * second or more ahead: no doorbell, the heartbeat has it applied), and the
+ * same reset of one timerfd (timerfd_settime), taking turns in one loop.
  */
 struct sporadic_result {
 	size_t n;
-	uint64_t *reset_ns, *arm_ns, *tfd_ns;   /* n each, sorted */
+	uint64_t *reset_ns, *arm_ns, *arm_far_ns, *tfd_ns;      /* n each, sorted */
 };
 int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct sporadic_result *res);
 double run_tflood(size_t n, uint64_t dur_ns);

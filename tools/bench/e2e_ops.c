@@ -305,6 +305,7 @@ int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct spor
 		return -1;
 	res->reset_ns = xcalloc(n, sizeof(uint64_t));
 	res->arm_ns = xcalloc(n, sizeof(uint64_t));
+	res->arm_far_ns = xcalloc(n, sizeof(uint64_t));
 	res->tfd_ns = xcalloc(n, sizeof(uint64_t));
 	tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 	if (tfd < 0) {
@@ -332,6 +333,14 @@ int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct spor
 			break;
 		sleep_ns(idle_ns);
 		a = now_ns();
+		r = chime_arm(c, 2, chime_now() + 5 * NS_PER_S, 0, i, &id);
+		z = now_ns();
+		res->arm_far_ns[i] = z - a;
+		/* untimed: gone again, so that the next one is the shard's earliest */
+		if (r < 0 || (r = chime_cancel(c, id)) < 0 || (r = chime_flush(c)) < 0)
+			break;
+		sleep_ns(idle_ns);
+		a = now_ns();
 		r = tfd_set(tfd, far + i);
 		z = now_ns();
 		res->tfd_ns[i] = z - a;
@@ -339,6 +348,7 @@ int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct spor
 	res->n = n;
 	qsort(res->reset_ns, n, sizeof(uint64_t), cmp_u64);
 	qsort(res->arm_ns, n, sizeof(uint64_t), cmp_u64);
+	qsort(res->arm_far_ns, n, sizeof(uint64_t), cmp_u64);
 	qsort(res->tfd_ns, n, sizeof(uint64_t), cmp_u64);
 out:
 	if (r < 0)

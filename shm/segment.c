@@ -22,8 +22,11 @@
 #include <limits.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
+#include <linux/magic.h>
 
 #include "atomics.h"
 
@@ -84,6 +87,45 @@ int chime_seg_memfd(const char *name, size_t size, int *fd, struct chime_map *ma
  * O_EXCL never follows a symlink someone planted at the path. fchmod
  * applies `mode` exactly, whatever the umask.
  */
+int chime_seg_dir_in_memory(const char *path, const char **fs, char *buf, size_t len)
+{
+	static const struct {
+		unsigned long magic;
+		const char *name;
+		bool in_memory;
+	} known[] = {
+		{ TMPFS_MAGIC, "tmpfs", true },
+		{ RAMFS_MAGIC, "ramfs", true },
+		{ EXT4_SUPER_MAGIC, "ext4", false },      /* ext2 and ext3 too */
+		{ XFS_SUPER_MAGIC, "xfs", false },
+		{ BTRFS_SUPER_MAGIC, "btrfs", false },
+		{ OVERLAYFS_SUPER_MAGIC, "overlayfs", false },
+		{ NFS_SUPER_MAGIC, "nfs", false },
+	};
+	char dir[PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	struct statfs st;
+
+	if (!slash)
+		snprintf(dir, sizeof(dir), ".");
+	else if (slash == path)
+		snprintf(dir, sizeof(dir), "/");
+	else if ((size_t)(slash - path) >= sizeof(dir))
+		return -ENAMETOOLONG;
+	else
+		snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+	if (statfs(dir, &st) < 0)
+		return -errno;
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+		if ((unsigned long)st.f_type == known[i].magic) {
+			*fs = known[i].name;
+			return known[i].in_memory;
+		}
+	snprintf(buf, len, "0x%lx", (unsigned long)st.f_type);
+	*fs = buf;
+	return 0;
+}
+
 int chime_seg_reserve(int fd, uint64_t off, uint64_t len)
 {
 	int r;

@@ -50,6 +50,16 @@ int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, i
 int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map);
 
 /*
+ * Whether the directory holding `path` (a file in it, existing or not) is
+ * on a filesystem in memory (tmpfs, ramfs): segment files anywhere else are
+ * written back to disk by the kernel, and growing them costs more. Sets
+ * *fs to a short name of the filesystem ("tmpfs", "ext4", "0x..."), which
+ * points to static storage or to buf. 1 if in memory, 0 if not, -errno of
+ * statfs.
+ */
+int chime_seg_dir_in_memory(const char *path, const char **fs, char *buf, size_t len);
+
+/*
  * Reserve [off, off + len) of a segment file on its filesystem, so that the
  * first touch of those pages cannot raise SIGBUS on a full filesystem (a
  * sparse file's pages are only allocated when written). 0 or -errno (-ENOSPC).

@@ -350,3 +350,21 @@ Test(segment, shard_layout_places_keys_and_wheel_and_rejects_bad_sizes)
 	cr_assert_eq(chime_shard_layout(&g), 0);
 	cr_assert_geq(g.wheel_off, (uint64_t)(1u << 31) * 4);
 }
+
+Test(segment, dir_in_memory_names_the_filesystem_of_the_files_directory)
+{
+	char buf[32], dir[] = "/dev/shm/chime-t-XXXXXX", path[64];
+	const char *fs = NULL;
+
+	/* /dev/shm (tmpfs, named) and procfs (not in memory for us, named by its magic number) */
+	if (!mkdtemp(dir))
+		cr_skip("no writable /dev/shm here");
+	snprintf(path, sizeof(path), "%s/chime.sock", dir);
+	cr_assert_eq(chime_seg_dir_in_memory(path, &fs, buf, sizeof(buf)), 1);
+	cr_assert_str_eq(fs, "tmpfs");
+	rmdir(dir);
+	cr_assert_eq(chime_seg_dir_in_memory("/proc/self/x", &fs, buf, sizeof(buf)), 0);
+	cr_assert_str_eq(fs, "0x9fa0", "procfs named %s", fs);
+	cr_assert_eq(chime_seg_dir_in_memory("/no/such/dir/chime.sock", &fs, buf, sizeof(buf)), -ENOENT);
+	cr_assert_geq(chime_seg_dir_in_memory("chime.sock", &fs, buf, sizeof(buf)), 0, "the working directory");
+}

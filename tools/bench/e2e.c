@@ -63,9 +63,7 @@
 
 #include "chime_shm.h"
 #include "e2e.h"
-
-#include "chime_shm.h"
-#include "e2e.h"
+#include "segment.h"
 
 /* ------------------------------------------------------------------------ */
 /* the table                                                                  */
@@ -74,9 +72,10 @@
 static void print_header(const struct broker *b, const char *mode, size_t tfd_max)
 {
 	struct utsname u;
-	char model[128] = "?", line[256];
+	char model[128] = "?", line[256], fsbuf[32];
 	double la[3] = { 0, 0, 0 };
 	FILE *f = fopen("/proc/cpuinfo", "r");
+	const char *fs;
 
 	if (f) {
 		while (fgets(line, sizeof(line), f))
@@ -92,9 +91,11 @@ static void print_header(const struct broker *b, const char *mode, size_t tfd_ma
 	printf("chime-bench e2e (%s): libchime + chimed end to end, beside one timerfd per timer\n", mode);
 	printf("machine: %ld CPUs online (nproc), %s, Linux %s; load average %.2f %.2f %.2f at start\n",
 	       sysconf(_SC_NPROCESSORS_ONLN), model, u.release, la[0], la[1], la[2]);
-	printf("broker:  %s chimed, socket %s: %u shard(s), spin %" PRId64 " us, resolution %" PRIu64
+	if (chime_seg_dir_in_memory(b->sock, &fs, fsbuf, sizeof(fsbuf)) < 0)
+		fs = "?";
+	printf("broker:  %s chimed, socket %s (%s): %u shard(s), spin %" PRId64 " us, resolution %" PRIu64
 	       " us, sq %u / cq %u slots per client and shard\n",
-	       b->pid ? "private" : "external", b->sock, b->nr_shards, b->ctl->spin_us,
+	       b->pid ? "private" : "external", b->sock, fs, b->nr_shards, b->ctl->spin_us,
 	       b->ctl->resolution_ns / 1000, b->ctl->sq_size, b->ctl->cq_size);
 	printf("method:  client ops: clock_gettime(CLOCK_MONOTONIC) around batches of calls on the calling\n"
 	       "         thread; figure = median of batch means (mean of all ops beside it; Mops/s = all\n"

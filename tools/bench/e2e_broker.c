@@ -27,9 +27,7 @@
 
 #include "chime_shm.h"
 #include "e2e.h"
-
-#include "chime_shm.h"
-#include "e2e.h"
+#include "segment.h"
 
 /* ------------------------------------------------------------------------ */
 /* small helpers                                                              */
@@ -254,10 +252,19 @@ int broker_open(struct broker *b, chime_t **c)
 
 int broker_start(struct broker *b, int shards, const char *spin_us)
 {
-	char log[PATH_MAX + 16], nshards[16], cap[24];
-	const char *tmp = getenv("TMPDIR");
+	char log[PATH_MAX + 16], nshards[16], cap[24], fsbuf[32];
+	const char *tmp = getenv("TMPDIR"), *fs;
 	uint64_t end;
 	int r;
+
+	/*
+	 * The broker's segment files on a tmpfs, as a service's /run is on
+	 * most hosts, not on a disk /tmp may be (chimed warns then, and
+	 * measures slower): /dev/shm, unless $TMPDIR says otherwise.
+	 */
+	if ((!tmp || !*tmp) && chime_seg_dir_in_memory("/dev/shm/.", &fs, fsbuf, sizeof(fsbuf)) == 1 &&
+	    access("/dev/shm", W_OK) == 0)
+		tmp = "/dev/shm";
 
 	r = find_chimed(b->bin, sizeof(b->bin));
 	if (r < 0) {

@@ -433,8 +433,8 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 		/*
 		 * The shard files hold every timer and sit next to the socket. On
 		 * a disk filesystem the kernel writes them back to it, and each
-		 * chunk the slab grows by costs more (1M first arms at 168 ns
-		 * against 80-110 on tmpfs here): worth a word, not a refusal.
+		 * chunk the slab grows by costs more (1M first arms at 229-254 ns
+		 * against 113-208 on tmpfs here): worth a word, not a refusal.
 		 */
 		if (chime_seg_dir_in_memory(o->socket_path, &fs, buf, sizeof(buf)) == 0)
 			log_msg(LOG_WARNING, "the directory of '%s' is on %s, not tmpfs: the timers' segment files "

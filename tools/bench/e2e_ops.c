@@ -315,35 +315,20 @@ int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct spor
 	if ((r = chime_arm(c, 0, far, 0, 0, &keep)) < 0 || (r = tfd_set(tfd, far)) < 0)
 		goto out;
 	for (size_t i = 0; i < n && r == 0; i++) {
-		uint64_t a, z;
-
-		sleep_ns(idle_ns);
-		a = now_ns();
-		r = chime_reset(c, keep, far + i);
-		z = now_ns();
-		res->reset_ns[i] = z - a;
+		/* each after idle_ns asleep, timed on this thread; r is its result */
+#define AFTER_IDLE(dst, op) do { uint64_t a_; sleep_ns(idle_ns); a_ = now_ns(); r = (op); (dst) = now_ns() - a_; } while (0)
+		AFTER_IDLE(res->reset_ns[i], chime_reset(c, keep, far + i));
 		if (r < 0)
 			break;
-		sleep_ns(idle_ns);
-		a = now_ns();
-		r = chime_arm(c, 1, chime_now() + 50 * NS_PER_MS, 0, i, &id);
-		z = now_ns();
-		res->arm_ns[i] = z - a;
+		AFTER_IDLE(res->arm_ns[i], chime_arm(c, 1, chime_now() + 50 * NS_PER_MS, 0, i, &id));
 		if (r < 0)
 			break;
-		sleep_ns(idle_ns);
-		a = now_ns();
-		r = chime_arm(c, 2, chime_now() + 5 * NS_PER_S, 0, i, &id);
-		z = now_ns();
-		res->arm_far_ns[i] = z - a;
+		AFTER_IDLE(res->arm_far_ns[i], chime_arm(c, 2, chime_now() + 5 * NS_PER_S, 0, i, &id));
 		/* untimed: gone again, so that the next one is the shard's earliest */
 		if (r < 0 || (r = chime_cancel(c, id)) < 0 || (r = chime_flush(c)) < 0)
 			break;
-		sleep_ns(idle_ns);
-		a = now_ns();
-		r = tfd_set(tfd, far + i);
-		z = now_ns();
-		res->tfd_ns[i] = z - a;
+		AFTER_IDLE(res->tfd_ns[i], tfd_set(tfd, far + i));
+#undef AFTER_IDLE
 	}
 	res->n = n;
 	qsort(res->reset_ns, n, sizeof(uint64_t), cmp_u64);

@@ -79,7 +79,7 @@ static void run_size(struct run *R, const struct broker *b, size_t si)
 				ok = (c == C_CHIME ? run_chime_mem(b, nt, &r->fig[F_MEM]) :
 				      run_tfd_mem(nt, &r->fig[F_MEM])) == 0;
 			if (ok)
-				ok = (c == C_CHIME ? run_expire_chime(b, nt, R->gap_ns, &er) :
+				ok = (c == C_CHIME ? run_expire_chime(b, nt, R->gap_ns, 0, &er) :
 				      run_expire_tfd(nt, R->gap_ns, &er)) == 0 && er.ok;
 			if (ok)
 				r->fig[F_EXPIRE] = (double)er.drain_ns / (double)nt;

@@ -147,7 +147,13 @@ struct sporadic_result {
 };
 int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct sporadic_result *res);
 double run_tflood(size_t n, uint64_t dur_ns);
-int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct expire_result *res);
+/*
+ * busy_poll: drain with chime_poll() in a loop, spinning on a CPU the shards
+ * may need; else block in chime_wait(), as a client that waits for its
+ * timers does (and as the timerfd row blocks in epoll_wait())
+ */
+int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, int busy_poll,
+		     struct expire_result *res);
 int run_expire_tfd(size_t n, uint64_t gap_ns, struct expire_result *res);
 /* busy_poll: drain with chime_poll() in a loop instead of blocking in chime_wait() */
 int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, int busy_poll,

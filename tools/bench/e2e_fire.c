@@ -79,7 +79,8 @@ static uint64_t thread_cpu_ns(void)
 	return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
-int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct expire_result *res)
+int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, int busy_poll,
+		     struct expire_result *res)
 {
 	struct shard_sum s0, s1;
 	uint64_t cpu_first = 0, cpu_last = 0;
@@ -137,11 +138,11 @@ int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, struct e
 	sleep_until(d - NS_PER_MS);
 	idle_since = now_ns();
 	while (got < n) {
-		int k = chime_poll(c, ev, EV_BATCH);
+		int k = busy_poll ? chime_poll(c, ev, EV_BATCH) : chime_wait(c, ev, EV_BATCH, 100);
 		uint64_t t = now_ns();
 
 		if (k < 0) {
-			PROBLEM("chime_poll: %s\n", strerror(-k));
+			PROBLEM("%s: %s\n", busy_poll ? "chime_poll" : "chime_wait", strerror(-k));
 			break;
 		}
 		if (k == 0) {

@@ -63,6 +63,13 @@
  *     lower bound, lowered by every insert, never raised while the slot is
  *     occupied (removals and lazy resets leave it low), reset when the slot
  *     is emptied whole.
+ *  I8 staging (wheel_stage()): while wh->staging, slot (stage_level,
+ *     stage_slot) starts at tick stage_base and stays occupied even if its
+ *     own list is empty; the staged lists hold levels below stage_level
+ *     only, each node placed as I1 says relative to stage_base instead of
+ *     T (a node's level and deadline still give its slot, so unlinking one
+ *     checks which set's list it ends); otherwise the staged lists are
+ *     empty. An ARMED node is on exactly one list of either set.
  *
  * Never fire early: a node is made due only where `deadline_ns <= now` is
  * compared (fire_slot_partial(), cascade_slot() for tick == now_tick,
@@ -70,6 +77,17 @@
  * deadline in it is < now). Rounding to ticks happens only in choosing where
  * a node waits, and in wheel_next_deadline(), which rounds UP to the end of a
  * tick: at most resolution_ns - 1 late, never early.
+ *
+ * Staging: cascading a slot walks every node in it, and a slot of a high
+ * level holds the timers of a long span: a million 30-second timers put
+ * most of themselves in one level-3 slot (26 s at 100 us), and its cascade
+ * took 20 ms on this VM, during which nothing due fired. So an idle caller
+ * moves such a slot's nodes ahead of time, a few at a time (wheel_stage()),
+ * into a second set of lists placed relative to the slot's first tick;
+ * when the advance reaches the slot, every level below it is empty, and
+ * the staged lists become the wheel's own in O(levels x slots) without
+ * touching a node. Only the cascade's timing changes, never a node's
+ * deadline or when it fires.
  *
  * Advance to now (tick T'): repeat { find the earliest pending slot (lowest
  * non-empty level, lowest set bit); its first tick e; if e > T' stop; move T
@@ -109,6 +127,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define BITS   CHIME_WHEEL_BITS
 #define SLOTS  CHIME_WHEEL_SLOTS
@@ -201,6 +220,22 @@ size_t wheel_region_size(uint32_t capacity)
 	return sizeof(struct chime_wheel) + (size_t)capacity * sizeof(struct chime_node);
 }
 
+/* No staging under way: every staged list empty. */
+static void stage_clear(struct wheel *wh)
+{
+	wh->staging = false;
+	wh->stage_level = wh->stage_slot = 0;
+	wh->stage_base = 0;
+	for (unsigned l = 0; l < LEVELS; l++) {
+		wh->st_occupied[l] = 0;
+		for (unsigned s = 0; s < SLOTS; s++) {
+			wh->st_head[l][s] = NIL;
+			wh->st_tail[l][s] = NIL;
+			wh->st_min[l][s] = UINT64_MAX;
+		}
+	}
+}
+
 static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 {
 	for (unsigned l = 0; l < LEVELS; l++) {
@@ -215,6 +250,7 @@ static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 	w->expired_tail = NIL;
 	w->free_head = NIL;
 	w->armed = 0;
+	stage_clear(wh);
 }
 
 int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
@@ -262,6 +298,25 @@ static inline void slot_push(struct wheel *wh, struct chime_node *n, uint32_t id
 	w->occupied[level] |= UINT64_C(1) << s;
 }
 
+/* slot_push() on the staged lists */
+static inline void stage_push(struct wheel *wh, struct chime_node *n, uint32_t idx,
+			      unsigned level, unsigned s)
+{
+	uint32_t head = wh->st_head[level][s];
+
+	n->next = head;
+	n->prev = NIL;
+	n->level = (uint8_t)level;
+	if (head != NIL)
+		wh->nodes[head].prev = idx;
+	else
+		wh->st_tail[level][s] = idx;
+	if (n->deadline_ns < wh->st_min[level][s])
+		wh->st_min[level][s] = n->deadline_ns;
+	wh->st_head[level][s] = idx;
+	wh->st_occupied[level] |= UINT64_C(1) << s;
+}
+
 /*
  * Slot of level l whose list end (head or tail, in ends[]) is idx. From the
  * node's deadline if it was placed there; a lazily reset node (see
@@ -278,42 +333,59 @@ static unsigned end_slot(const struct wheel *wh, const struct chime_node *n, uin
 	for (s = 0; s < SLOTS; s++)
 		if (ends[s] == idx)
 			break;
-	assert(s < SLOTS);
-	return s;
+	return s;       /* SLOTS: not an end of this set's lists */
 }
 
-/* Unlink a node from slot s of level l (known). */
-static inline void slot_remove(struct wheel *wh, struct chime_node *n, unsigned l, unsigned s)
+/* Unlink a node from the list with these ends; true if that emptied it. */
+static inline bool list_remove(struct wheel *wh, uint32_t *head, uint32_t *tail, struct chime_node *n)
 {
-	struct chime_wheel *w = wh->w;
 	uint32_t next = n->next, prev = n->prev;
 
 	if (next != NIL)
 		wh->nodes[next].prev = prev;
 	else
-		wh->tail[l][s] = prev;
+		*tail = prev;
 	if (prev != NIL) {
 		wh->nodes[prev].next = next;
-	} else {
-		w->slot[l][s] = next;
-		if (next == NIL)
-			w->occupied[l] &= ~(UINT64_C(1) << s);
+		return false;
 	}
+	*head = next;
+	return next == NIL;
+}
+
+static inline bool is_staged_slot(const struct wheel *wh, unsigned l, unsigned s)
+{
+	return wh->staging && l == wh->stage_level && s == wh->stage_slot;
+}
+
+/* The same on the wheel's own lists; the slot being staged stays occupied (I8). */
+static inline void slot_remove(struct wheel *wh, struct chime_node *n, unsigned l, unsigned s)
+{
+	if (list_remove(wh, &wh->w->slot[l][s], &wh->tail[l][s], n) && !is_staged_slot(wh, l, s))
+		wh->w->occupied[l] &= ~(UINT64_C(1) << s);
 }
 
 static inline void slot_unlink(struct wheel *wh, struct chime_node *n, uint32_t idx)
 {
 	uint32_t next = n->next, prev = n->prev;
-	unsigned l;
+	unsigned l, s;
 
 	if (next != NIL && prev != NIL) {
 		wh->nodes[next].prev = prev;
 		wh->nodes[prev].next = next;
 		return;
 	}
-	/* an end of its list: only now is the slot needed */
+	/* an end of its list: only now is the slot needed, and which set it is in */
 	l = n->level;
-	slot_remove(wh, n, l, end_slot(wh, n, idx, l, prev == NIL ? wh->w->slot[l] : wh->tail[l]));
+	s = end_slot(wh, n, idx, l, prev == NIL ? wh->w->slot[l] : wh->tail[l]);
+	if (s < SLOTS) {
+		slot_remove(wh, n, l, s);
+		return;
+	}
+	s = end_slot(wh, n, idx, l, prev == NIL ? wh->st_head[l] : wh->st_tail[l]);
+	assert(s < SLOTS);
+	if (list_remove(wh, &wh->st_head[l][s], &wh->st_tail[l][s], n))
+		wh->st_occupied[l] &= ~(UINT64_C(1) << s);
 }
 
 static inline void exp_append(struct wheel *wh, struct chime_node *n, uint32_t idx, unsigned kind)
@@ -729,6 +801,92 @@ static uint64_t cascade_slot(struct wheel *wh, unsigned l, unsigned s, uint64_t 
 	return cnt;
 }
 
+/* ---- staging ---------------------------------------------------------------- */
+
+/*
+ * The advance has reached the staged slot: levels below it are empty (it is
+ * the earliest pending slot), so the staged lists, placed relative to its
+ * first tick, become the wheel's own as they are. No node is touched.
+ */
+static void stage_join(struct wheel *wh)
+{
+	struct chime_wheel *w = wh->w;
+
+	for (unsigned l = 0; l < wh->stage_level; l++) {
+		assert(w->occupied[l] == 0);
+		w->occupied[l] = wh->st_occupied[l];
+		memcpy(w->slot[l], wh->st_head[l], sizeof(w->slot[l]));
+		memcpy(wh->tail[l], wh->st_tail[l], sizeof(wh->tail[l]));
+		memcpy(wh->slot_min[l], wh->st_min[l], sizeof(wh->slot_min[l]));
+	}
+	stage_clear(wh);
+}
+
+/* Take node i off the staged slot's own list, to where its cascade will put it. */
+static inline void stage_one(struct wheel *wh, uint32_t i)
+{
+	struct chime_node *n = &wh->nodes[i];
+	uint64_t t = tick_of(wh, n->deadline_ns);
+	unsigned nl = level_of(t, wh->stage_base);
+
+	slot_remove(wh, n, wh->stage_level, wh->stage_slot);
+	if (nl < wh->stage_level)
+		stage_push(wh, n, i, nl, slot_of(t, nl));
+	else
+		place(wh, n, i);        /* lazily reset past the slot: where it belongs now */
+}
+
+unsigned wheel_stage(struct wheel *wh, uint64_t horizon_ns, unsigned budget)
+{
+	struct chime_wheel *w = wh->w;
+	struct chime_node *nodes = wh->nodes;
+	unsigned l, s, moved = 0;
+	uint64_t E;
+	uint32_t i;
+
+	if (!wh->staging) {
+		/*
+		 * The highest level's first slot within the horizon: the
+		 * larger a slot's span, the more timers it holds (one slot at a
+		 * time, and a level-1 slot is 1/64 of a level-2 one).
+		 */
+		uint64_t horizon = horizon_ns / w->resolution_ns;
+
+		for (l = LEVELS - 1; l > 0; l--) {
+			if (w->occupied[l] == 0)
+				continue;
+			s = (unsigned)__builtin_ctzll(w->occupied[l]);
+			E = slot_base(w->now_tick, l, s);
+			if (E - w->now_tick <= horizon)
+				break;
+		}
+		if (l == 0)
+			return 0;
+		wh->staging = true;
+		wh->stage_level = (uint8_t)l;
+		wh->stage_slot = (uint8_t)s;
+		wh->stage_base = E;
+	}
+	l = wh->stage_level;
+	s = wh->stage_slot;
+	/* from both ends at once, as cascade_slot(): two chains of misses in flight */
+	while (moved < budget && (i = w->slot[l][s]) != NIL) {
+		uint32_t j = wh->tail[l][s];
+
+		__builtin_prefetch(&nodes[nodes[i].next]);
+		__builtin_prefetch(&nodes[nodes[j].prev]);
+		stage_one(wh, i);
+		moved++;
+		if (j != i) {
+			stage_one(wh, j);
+			moved++;
+		}
+	}
+	return moved;
+}
+
+/* ---- advance (continued) ------------------------------------------------------ */
+
 uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 {
 	struct chime_wheel *w = wh->w;
@@ -753,7 +911,10 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 		e = slot_base(w->now_tick, l, s);
 		if (e > T_end)
 			break;
-		if (l > 0) {
+		if (l > 0 && is_staged_slot(wh, l, s)) {
+			/* from its first tick, where the staged lists are placed */
+			stage_join(wh);
+		} else if (l > 0) {
 			/*
 			 * Cascading: start from the slot's lowest deadline's tick
 			 * (I7), not its first tick, if later (not past T_end).
@@ -836,42 +997,77 @@ uint64_t wheel_next_deadline(const struct wheel *wh)
 	return UINT64_MAX;
 }
 
+struct scan {
+	uint64_t min;
+	uint32_t n, max;
+};
+
+static uint64_t slot_base_ns(const struct wheel *wh, uint64_t T, unsigned l, unsigned s)
+{
+	uint64_t base = slot_base(T, l, s);
+
+	return base > wh->max_tick ? UINT64_MAX - 1 : base * wh->w->resolution_ns;
+}
+
+/* Fold one list's deadlines into sc->min; false if max_scan ran out. */
+static bool scan_list(const struct wheel *wh, uint32_t i, struct scan *sc)
+{
+	for (; i != NIL; i = wh->nodes[i].next, sc->n++) {
+		if (sc->n == sc->max)
+			return false;
+		if (wh->nodes[i].deadline_ns < sc->min)
+			sc->min = wh->nodes[i].deadline_ns;
+	}
+	return true;
+}
+
+/*
+ * Occupied slots of a set in order of their first tick relative to T
+ * (levels up, slots up), below `levels`. A node's deadline is at or after
+ * its slot's first ns (I1), so once a slot starts at or after the minimum
+ * found, no later one of the set can hold a smaller deadline. Without
+ * lazily reset nodes that stops at the second slot. The staged slot's own
+ * lists are walked where that slot comes, before its remaining nodes.
+ * Returns false if max_scan ran out (*cut: a lower bound of the rest).
+ */
+static bool scan_set(const struct wheel *wh, const uint32_t (*head)[SLOTS], const uint64_t *occupied,
+		     unsigned levels, uint64_t T, struct scan *sc, uint64_t *cut)
+{
+	bool own = head == (const uint32_t (*)[SLOTS])wh->w->slot;
+
+	for (unsigned l = 0; l < levels; l++) {
+		for (uint64_t occ = occupied[l]; occ; occ &= occ - 1) {
+			unsigned s = (unsigned)__builtin_ctzll(occ);
+			uint64_t base_ns = slot_base_ns(wh, T, l, s), ignored;
+
+			if (base_ns >= sc->min)
+				return true;
+			*cut = base_ns;
+			if (own && is_staged_slot(wh, l, s) &&
+			    !scan_set(wh, (const uint32_t (*)[SLOTS])wh->st_head, wh->st_occupied,
+				      wh->stage_level, wh->stage_base, sc, &ignored))
+				return false;   /* the staged slot's first ns: a lower bound of all it holds */
+			if (!scan_list(wh, head[l][s], sc))
+				return false;
+		}
+	}
+	return true;
+}
+
 uint64_t wheel_earliest(const struct wheel *wh, uint32_t max_scan, int *inexact)
 {
 	const struct chime_wheel *w = wh->w;
-	uint64_t min = UINT64_MAX;
-	uint32_t n = 0;
+	struct scan sc = { .min = UINT64_MAX, .max = max_scan };
+	uint64_t cut = 0;
 
 	*inexact = 0;
 	if (w->expired_head != NIL)
 		return wh->nodes[w->expired_head].deadline_ns;  /* due already (<= now_ns) */
-	/*
-	 * Occupied slots in order of their first tick (levels up, slots up). A
-	 * node's deadline is at or after its slot's first ns (I1), so once a
-	 * slot starts at or after the minimum found, no later one can hold a
-	 * smaller deadline. Without lazily reset nodes that stops at the second
-	 * slot: the earliest slot holds the minimum.
-	 */
-	for (unsigned l = 0; l < LEVELS; l++) {
-		for (uint64_t occ = w->occupied[l]; occ; occ &= occ - 1) {
-			unsigned s = (unsigned)__builtin_ctzll(occ);
-			uint64_t base = slot_base(w->now_tick, l, s);
-			uint64_t base_ns = base > wh->max_tick ? UINT64_MAX - 1 : base * w->resolution_ns;
-
-			if (base_ns >= min)
-				return min;
-			for (uint32_t i = w->slot[l][s]; i != NIL; i = wh->nodes[i].next, n++) {
-				if (n == max_scan) {
-					/* cut short: the slot's first ns is a lower bound (<= the truth) */
-					*inexact = 1;
-					return base_ns;
-				}
-				if (wh->nodes[i].deadline_ns < min)
-					min = wh->nodes[i].deadline_ns;
-			}
-		}
+	if (!scan_set(wh, (const uint32_t (*)[SLOTS])w->slot, w->occupied, LEVELS, w->now_tick, &sc, &cut)) {
+		*inexact = 1;
+		return cut;
 	}
-	return min;
+	return sc.min;
 }
 
 /* ---- rebuild and check ------------------------------------------------------ */
@@ -949,11 +1145,68 @@ static void check_fail(const char *fmt, ...)
 
 #define CHECK(cond, ...) do { if (!(cond)) check_fail(__VA_ARGS__); } while (0)
 
+/*
+ * One set of slot lists, placed relative to tick T (the wheel's own: now;
+ * the staged ones: the staged slot's first tick). Returns the nodes on it.
+ */
+static uint64_t check_set(const struct wheel *wh, const uint32_t (*head)[SLOTS],
+			  const uint32_t (*tail)[SLOTS], const uint64_t (*min)[SLOTS],
+			  const uint64_t *occupied, unsigned levels, uint64_t T, const char *set)
+{
+	const struct chime_wheel *w = wh->w;
+	const struct chime_node *nodes = wh->nodes;
+	bool own = head == (const uint32_t (*)[SLOTS])w->slot;
+	uint64_t on = 0;
+
+	for (unsigned l = 0; l < levels; l++) {
+		for (unsigned s = 0; s < SLOTS; s++) {
+			uint32_t i = head[l][s], prev = NIL;
+			int bit = (int)(occupied[l] >> s & 1);
+
+			/* I2, I8: the slot being staged stays occupied while it is */
+			CHECK(bit == (i != NIL) || (own && bit && is_staged_slot(wh, l, s)),
+			      "%s level %u slot %u: bit %d, head %u", set, l, s, bit, i);
+			/* occupied slots lie ahead of T: level 0 at or after its digit, above: after */
+			CHECK(!bit || s > slot_of(T, l) || (l == 0 && s == slot_of(T, 0)),
+			      "%s level %u slot %u occupied, behind tick %llu", set, l, s,
+			      (unsigned long long)T);
+			for (uint64_t k = 0; i != NIL; k++) {
+				const struct chime_node *n;
+				uint64_t t;
+
+				CHECK(i < w->high_water, "%s slot %u/%u: index %u", set, l, s, i);
+				CHECK(k < w->capacity, "%s slot %u/%u: cycle", set, l, s);
+				n = &nodes[i];
+				t = tick_of(wh, n->deadline_ns);
+				CHECK(n->state == CHIME_NODE_ARMED, "node %u on %s slot %u/%u in state %u",
+				      i, set, l, s, n->state);
+				CHECK(n->prev == prev, "node %u: prev %u, expected %u", i, n->prev, prev);
+				/* where place() puts it, or (lazily reset) an earlier slot */
+				CHECK(n->level == l && slot_base(T, l, s) <= t &&
+				      (level_of(t, T) > l || (level_of(t, T) == l && slot_of(t, l) >= s)),
+				      "node %u (tick %llu, level %u) on %s slot %u/%u at tick %llu", i,
+				      (unsigned long long)t, n->level, set, l, s, (unsigned long long)T);
+				CHECK(n->deadline_ns > w->now_ns, "node %u armed but due", i);
+				CHECK(t >= T, "node %u behind its set's tick", i);
+				if (own && l == 0 && s == slot_of(T, 0))
+					CHECK(n->deadline_ns >= wh->cur_min_ns, "node %u below cur_min", i);
+				CHECK(n->deadline_ns >= min[l][s], "node %u below its slot's minimum", i);
+				on++;
+				prev = i;
+				i = n->next;
+			}
+			CHECK(tail[l][s] == prev, "%s level %u slot %u: tail %u, last %u", set, l, s,
+			      tail[l][s], prev);
+		}
+	}
+	return on;
+}
+
 void wheel_check(const struct wheel *wh)
 {
 	const struct chime_wheel *w = wh->w;
 	const struct chime_node *nodes = wh->nodes;
-	uint64_t T = w->now_tick, cnt[256] = { 0 }, on_slots = 0, on_exp = 0, on_free = 0;
+	uint64_t T = w->now_tick, cnt[256] = { 0 }, on_slots, on_exp = 0, on_free = 0;
 
 	CHECK(w->slab_off == sizeof(*w), "slab_off %llu", (unsigned long long)w->slab_off);
 	CHECK(w->high_water <= w->capacity, "high_water %u > capacity %u", w->high_water, w->capacity);
@@ -961,45 +1214,21 @@ void wheel_check(const struct wheel *wh)
 	      (unsigned long long)T);
 	CHECK(tick_of(wh, w->now_ns) == w->now_ns / w->resolution_ns, "tick math is wrong");
 
-	for (unsigned l = 0; l < LEVELS; l++) {
-		for (unsigned s = 0; s < SLOTS; s++) {
-			uint32_t i = w->slot[l][s], prev = NIL;
-			int bit = (int)(w->occupied[l] >> s & 1);
-
-			CHECK(bit == (i != NIL), "level %u slot %u: bit %d, head %u", l, s, bit, i);
-			/* occupied slots lie ahead of T: level 0 at or after its digit, above: after */
-			CHECK(i == NIL || s > slot_of(T, l) || (l == 0 && s == slot_of(T, 0)),
-			      "level %u slot %u occupied, behind now_tick %llu", l, s,
-			      (unsigned long long)T);
-			for (uint64_t k = 0; i != NIL; k++) {
-				const struct chime_node *n;
-				uint64_t t;
-
-				CHECK(i < w->high_water, "slot %u/%u: index %u", l, s, i);
-				CHECK(k < w->capacity, "slot %u/%u: cycle", l, s);
-				n = &nodes[i];
-				t = tick_of(wh, n->deadline_ns);
-				CHECK(n->state == CHIME_NODE_ARMED, "node %u on slot %u/%u in state %u",
-				      i, l, s, n->state);
-				CHECK(n->prev == prev, "node %u: prev %u, expected %u", i, n->prev, prev);
-				/* where place() puts it, or (lazily reset) an earlier slot */
-				CHECK(n->level == l && slot_base(T, l, s) <= t &&
-				      (level_of(t, T) > l || (level_of(t, T) == l && slot_of(t, l) >= s)),
-				      "node %u (tick %llu, level %u) on slot %u/%u at now_tick %llu", i,
-				      (unsigned long long)t, n->level, l, s, (unsigned long long)T);
-				CHECK(n->deadline_ns > w->now_ns, "node %u armed but due", i);
-				CHECK(t >= T, "node %u behind now", i);
-				if (l == 0 && s == slot_of(T, 0))
-					CHECK(n->deadline_ns >= wh->cur_min_ns, "node %u below cur_min", i);
-				CHECK(n->deadline_ns >= wh->slot_min[l][s], "node %u below its slot's minimum", i);
-				on_slots++;
-				prev = i;
-				i = n->next;
-			}
-			CHECK(wh->tail[l][s] == prev, "level %u slot %u: tail %u, last %u", l, s,
-			      wh->tail[l][s], prev);
-		}
+	on_slots = check_set(wh, (const uint32_t (*)[SLOTS])w->slot, (const uint32_t (*)[SLOTS])wh->tail,
+			     (const uint64_t (*)[SLOTS])wh->slot_min, w->occupied, LEVELS, T, "own");
+	if (wh->staging) {
+		/* I8 */
+		CHECK(wh->stage_level >= 1 && wh->stage_level < LEVELS && wh->stage_slot < SLOTS,
+		      "staging level %u slot %u", wh->stage_level, wh->stage_slot);
+		CHECK(w->occupied[wh->stage_level] >> wh->stage_slot & 1, "staged slot not occupied");
+		CHECK(wh->stage_base == slot_base(T, wh->stage_level, wh->stage_slot),
+		      "staged slot's first tick %llu", (unsigned long long)wh->stage_base);
 	}
+	for (unsigned l = wh->staging ? wh->stage_level : 0; l < LEVELS; l++)
+		CHECK(wh->st_occupied[l] == 0, "staged lists at level %u", l);
+	on_slots += check_set(wh, (const uint32_t (*)[SLOTS])wh->st_head, (const uint32_t (*)[SLOTS])wh->st_tail,
+			      (const uint64_t (*)[SLOTS])wh->st_min, wh->st_occupied,
+			      wh->staging ? wh->stage_level : 0, wh->stage_base, "staged");
 
 	{
 		uint32_t i = w->expired_head, prev = NIL;

@@ -21,6 +21,7 @@
 #define CHIME_WHEEL_H
 
 #include <assert.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +58,21 @@ struct wheel {
 	 * instant fire from the slot they are in instead of passing through
 	 * every lower level first */
 	uint64_t slot_min[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
+	/*
+	 * Staging (wheel_stage()): the next cascade, done ahead of time. Its
+	 * slot is (stage_level, stage_slot), starting at tick stage_base; the
+	 * nodes taken from it so far wait in these lists of the levels below,
+	 * placed where the cascade would put them, and become the wheel's own
+	 * lists (empty by then) in one O(levels x slots) step when the advance
+	 * reaches the slot. Private: a rebuild re-places every node anyway.
+	 */
+	bool staging;
+	uint8_t stage_level, stage_slot;
+	uint64_t stage_base;
+	uint64_t st_occupied[CHIME_WHEEL_LEVELS];
+	uint32_t st_head[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
+	uint32_t st_tail[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
+	uint64_t st_min[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
 };
 
 /* Bytes of region wheel_init() needs for `capacity` nodes. */
@@ -211,6 +227,19 @@ void wheel_rearm_periodic(struct wheel *wh, uint32_t idx);
  * tick's timers (skipped while now_ns is below their known minimum).
  */
 uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns);
+
+/*
+ * Do part of the next cascade now, while the caller has nothing else to do:
+ * move up to `budget` nodes of the next slot to cascade, of the highest
+ * level whose next slot starts within horizon_ns of the last advance, to
+ * where its cascade will put them. The advance that reaches the slot then cascades only what is left,
+ * instead of every timer of a span at once: a level-3 slot (26 s at 100 us
+ * resolution) can hold most of a million 30-second timers, and moving them
+ * all in one advance held every due timer back for tens of milliseconds.
+ * Returns how many nodes it moved (0: nothing to stage). Never fires,
+ * never changes a deadline; the contract above holds with or without it.
+ */
+unsigned wheel_stage(struct wheel *wh, uint64_t horizon_ns, unsigned budget);
 
 /*
  * Pop up to `max` due timers into `out` (they become ALLOC). Returns how many.

@@ -374,7 +374,13 @@ Test(wheel, a_timer_reset_later_many_times_fires_once_at_its_last_deadline)
  * is <= now, the next deadline is within one unit of the earliest (and makes
  * progress) and wheel_earliest() is exact.
  */
-Test(wheel, lazily_reset_timers_never_fire_early_and_always_on_time)
+/*
+ * A model of 256 timers under random resets (mostly later: lazy), cancels
+ * and advances; with `stage`, wheel_stage() in small random steps between
+ * them, as an idle shard calls it. The wheel must match the model at every
+ * advance: never early, exact, earliest() and next_deadline() right.
+ */
+static void lazy_reset_model(bool stage)
 {
 	for (uint64_t seed = 1; seed <= 24; seed++) {
 		uint64_t rng = seed * UINT64_C(0x9e3779b97f4a7c15), res = seed % 3 ? 1000 : 999983;
@@ -408,6 +414,9 @@ Test(wheel, lazily_reset_timers_never_fire_early_and_always_on_time)
 			} else if (r % 16 < 12) {               /* cancel */
 				wheel_cancel(&t.wh, idx[k]);
 				armed[k] = 0;
+			} else if (stage && r % 16 < 14) {      /* part of the next cascade, early */
+				wheel_stage(&t.wh, (r >> 8) % (r % 3 ? 5000 * res : UINT64_C(1) << 40),
+					    (unsigned)(r >> 32) % 9);
 			} else {                                /* advance */
 				uint64_t want, nd, min = UINT64_MAX, e;
 				int inexact;
@@ -461,6 +470,16 @@ Test(wheel, lazily_reset_timers_never_fire_early_and_always_on_time)
 		wheel_check(&t.wh);
 		tw_fini(&t);
 	}
+}
+
+Test(wheel, lazily_reset_timers_never_fire_early_and_always_on_time)
+{
+	lazy_reset_model(false);
+}
+
+Test(wheel, staging_cascades_ahead_changes_no_timer)
+{
+	lazy_reset_model(true);
 }
 
 /*
@@ -734,6 +753,78 @@ Test(wheel, next_deadline_of_an_empty_wheel_is_uint64_max)
  * a coarse level far ahead, after cancels), "due" for expired timers, and a
  * lower bound flagged inexact when the slot is larger than the scan.
  */
+/*
+ * wheel_stage() moves a whole coming cascade ahead of time, within its
+ * horizon only: afterwards the slot's own list is empty, the slot still
+ * counts as pending, earliest() and next_deadline() are unchanged, and
+ * every timer fires at its deadline, not before.
+ */
+Test(wheel, staging_moves_the_next_cascade_early_and_every_timer_still_fires_on_time)
+{
+	const uint64_t res = 1000, base = 8192 * res;   /* level-2 slot 2: ticks 8192-12287 */
+	struct tw t;
+	uint64_t rng = 7, min = UINT64_MAX, now = 0, nd;
+	uint32_t idx[2000];
+	uint64_t dl[2000];
+	unsigned moved = 0, k, n = 2000, got = 0;
+	int inexact;
+
+	tw_init(&t, n, res, now);
+	for (k = 0; k < n; k++) {
+		/* all in that one slot */
+		dl[k] = base + splitmix64(&rng) % (4096 * res - res) + 1;
+		if (dl[k] < min)
+			min = dl[k];
+		idx[k] = arm_new(&t, dl[k]);
+	}
+	nd = wheel_next_deadline(&t.wh);
+	cr_assert_eq(wheel_stage(&t.wh, 5000 * res, 100), 0, "a slot beyond the horizon is not staged");
+	cr_assert_eq(wheel_earliest(&t.wh, n, &inexact), min);
+	/* in steps, as an idle shard does */
+	for (unsigned step; (step = wheel_stage(&t.wh, 20000 * res, 64)) > 0; moved += step) {
+		cr_assert_leq(step, 64);
+		wheel_check(&t.wh);
+	}
+	cr_assert_eq(moved, n, "staged %u of %u", moved, n);
+	cr_assert_eq(t.wh.w->slot[2][2], NIL, "the slot's own list is empty once staged");
+	cr_assert(t.wh.w->occupied[2] & (UINT64_C(1) << 2), "a staged slot is still pending");
+	cr_assert_eq(wheel_earliest(&t.wh, n, &inexact), min);
+	cr_assert(!inexact);
+	cr_assert_eq(wheel_next_deadline(&t.wh), nd);
+	/* a cut-short walk inside the staged lists: a lower bound, never above the minimum */
+	cr_assert_leq(wheel_earliest(&t.wh, 3, &inexact), min);
+	/* cancel and reset staged timers, either way */
+	wheel_cancel(&t.wh, idx[0]);
+	dl[0] = 0;
+	dl[1] += 100 * res;
+	wheel_reset(&t.wh, idx[1], dl[1]);
+	dl[2] = base + 2 * res;
+	wheel_reset(&t.wh, idx[2], dl[2]);
+	wheel_check(&t.wh);
+	while (got < n - 1) {
+		uint32_t out[2000];
+		unsigned popped;
+
+		now += res / 3 + 1;
+		wheel_advance(&t.wh, now);
+		popped = pop_all(&t, out, 2000);
+		for (unsigned j = 0; j < popped; j++) {
+			uint64_t d = wheel_node(&t.wh, out[j])->deadline_ns;
+
+			cr_assert_leq(d, now, "fired early");
+			cr_assert_gt(d + res, now, "fired late: deadline %llu, now %llu",
+				     (unsigned long long)d, (unsigned long long)now);
+		}
+		got += popped;
+		if (now % (64 * res) < res)
+			wheel_check(&t.wh);
+		cr_assert_lt(now, base + 5000 * res, "%u of %u fired", got, n - 1);
+	}
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_armed(&t.wh), 0);
+	tw_fini(&t);
+}
+
 Test(wheel, earliest_is_the_exact_minimum_deadline)
 {
 	uint64_t seed = 11, now = 1000000000, res = 100000, min = UINT64_MAX;

@@ -58,11 +58,10 @@
 /*
  * Idle, the shard moves the next cascade's timers ahead of time
  * (wheel_stage()), this many per pass: 1-2 us, the most a due timer waits
- * behind a pass. A slot starting within the horizon is staged: a level-3
- * slot (26 s at 100 us) with a million timers takes ~40 ms of idle time.
+ * behind a pass. A level-3 slot with a million timers takes ~40 ms of idle
+ * time, and has up to 409.5 ms at 100 us resolution.
  */
 #define STAGE_BUDGET      32u
-#define STAGE_HORIZON_NS  (1000u * 1000u * 1000u)
 #define PUBLISH_NS      (1000u * 1000u)   /* counters published at most and at least this often while awake */
 #define NEXT_SCAN_MAX   256u    /* timers of the earliest wheel slot scanned for the exact "next" */
 
@@ -714,7 +713,7 @@ static void loop(struct shard *s)
 		 * timers on this VM). Keeps the shard awake until done, as the
 		 * cascade would.
 		 */
-		staged = !work && wheel_stage(&sc->wh, STAGE_HORIZON_NS, STAGE_BUDGET) > 0;
+		staged = !work && wheel_stage(&sc->wh, STAGE_BUDGET) > 0;
 		/*
 		 * Keep spinning while there is work, while the idle spin lasts, and
 		 * when the next deadline is closer than a wake-up would be: a sleep

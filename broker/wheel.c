@@ -836,7 +836,15 @@ static inline void stage_one(struct wheel *wh, uint32_t i)
 		place(wh, n, i);        /* lazily reset past the slot: where it belongs now */
 }
 
-unsigned wheel_stage(struct wheel *wh, uint64_t horizon_ns, unsigned budget)
+/*
+ * How far ahead a slot is staged: just under a level-2 slot's span, so that
+ * each level-2 slot is staged before its cascade and a level-3 slot (most
+ * of the timers of a 30-second workload) after the last level-2 slot before
+ * it has joined: one slot at a time, and the biggest one when they meet.
+ */
+#define STAGE_HORIZON ((uint64_t)SLOTS * SLOTS - 1)
+
+unsigned wheel_stage(struct wheel *wh, unsigned budget)
 {
 	struct chime_wheel *w = wh->w;
 	struct chime_node *nodes = wh->nodes;
@@ -850,14 +858,12 @@ unsigned wheel_stage(struct wheel *wh, uint64_t horizon_ns, unsigned budget)
 		 * larger a slot's span, the more timers it holds (one slot at a
 		 * time, and a level-1 slot is 1/64 of a level-2 one).
 		 */
-		uint64_t horizon = horizon_ns / w->resolution_ns;
-
 		for (l = LEVELS - 1; l > 0; l--) {
 			if (w->occupied[l] == 0)
 				continue;
 			s = (unsigned)__builtin_ctzll(w->occupied[l]);
 			E = slot_base(w->now_tick, l, s);
-			if (E - w->now_tick <= horizon)
+			if (E - w->now_tick <= STAGE_HORIZON)
 				break;
 		}
 		if (l == 0)

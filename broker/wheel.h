@@ -231,15 +231,16 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns);
 /*
  * Do part of the next cascade now, while the caller has nothing else to do:
  * move up to `budget` nodes of the next slot to cascade, of the highest
- * level whose next slot starts within horizon_ns of the last advance, to
- * where its cascade will put them. The advance that reaches the slot then cascades only what is left,
- * instead of every timer of a span at once: a level-3 slot (26 s at 100 us
- * resolution) can hold most of a million 30-second timers, and moving them
- * all in one advance held every due timer back for tens of milliseconds.
- * Returns how many nodes it moved (0: nothing to stage). Never fires,
- * never changes a deadline; the contract above holds with or without it.
+ * level whose next slot starts within 4095 ticks (409.5 ms at 100 us), to
+ * where its cascade will put them. The advance that reaches the slot then
+ * cascades only what is left, instead of every timer of a span at once: a
+ * level-3 slot (26 s at 100 us) can hold most of a million 30-second
+ * timers, and moving them all in one advance held every due timer back for
+ * tens of milliseconds. Returns how many nodes it moved (0: nothing to
+ * stage). Never fires, never changes a deadline; the contract above holds
+ * with or without it.
  */
-unsigned wheel_stage(struct wheel *wh, uint64_t horizon_ns, unsigned budget);
+unsigned wheel_stage(struct wheel *wh, unsigned budget);
 
 /*
  * Pop up to `max` due timers into `out` (they become ALLOC). Returns how many.

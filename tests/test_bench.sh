@@ -16,8 +16,12 @@
 #            bench checks the armed count and the malformed counter after each
 #            phase) and every timer expired once (the sum of their user data),
 #            exit status; a positive figure in each of the eight rows.
+#   wheel    `chime-bench wheel --quick`: a positive figure for both
+#            structures in every column at both sizes, and the stalls rows:
+#            the staged run spent time staging, the other none (timings are
+#            not compared: test_wheel checks that staging changes no timer).
 #
-# Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply [EXPECT]
+# Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel [EXPECT]
 # Exit: 0 pass, 1 fail, 77 skipped (no jq).
 set -u
 
@@ -88,8 +92,20 @@ apply)
 	[ "$rows" -eq 2 ] || fail "$rows of 2 expire rows with a positive figure"
 	echo "bench apply: 8 rows, every record applied and every timer expired as meant"
 	;;
+wheel)
+	"$bench" wheel --quick >"$dir/out.json" 2>"$dir/err" || fail "exit status $?"
+	rows=$(awk -F'|' '/^ +[0-9]+ \|/ { ok = 1; for (i = 2; i <= 6; i++) { split($i, f, " ");
+		if (f[1] + 0 <= 0 || f[2] + 0 <= 0) ok = 0 } if (ok) n++ } END { print n + 0 }' "$dir/out.json")
+	[ "$rows" -eq 2 ] || fail "$rows of 2 size rows with every figure positive"
+	awk -F'|' '/^  not staged +\|/ { split($2, a, " "); split($4, b, " ");
+		if (a[1] > 0 && b[2] + 0 == 0) n++ }
+		/^  staged +\|/ { split($2, a, " "); split($4, b, " ");
+		if (a[1] > 0 && b[2] > 0) n++ } END { exit n != 2 }' "$dir/out.json" ||
+		fail "stalls rows missing, or staging time where there should be none"
+	echo "bench wheel: 2 sizes, every figure; stalls $(awk -F'|' '/staged +\|/ { split($2, a, " "); printf "%s %s us; ", $1, a[1] }' "$dir/out.json" | tr -s ' ')"
+	;;
 *)
-	echo "usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply [EXPECT]" >&2
+	echo "usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel [EXPECT]" >&2
 	exit 2
 	;;
 esac

@@ -12,7 +12,9 @@
  * at least B expired timers, and the figure is the median of ns per expired
  * timer over those batches (so it includes the cost of empty steps).
  * Both structures run the same code (the RUN() macro), same seeds.
+ * Then the stalls of the wheel alone: see stall_run().
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,10 +208,94 @@ static void plan_free(struct plan *p)
 	free(p->samples);
 }
 
+/* ---- stalls: the longest advance of an awake shard ------------------------------ */
+
+#define STALL_RES_NS   100000ull        /* chimed's default resolution */
+#define STALL_SLOW_NS  200000ull
+#define STAGE_PASSES   50u              /* wheel_stage() calls between advances, at most */
+#define STAGE_BUDGET   32u              /* nodes per call, as chimed's shard */
+
+struct stall {
+	uint64_t max_ns, max_at_ns;     /* longest advance (+ pops) and when, from the start */
+	uint64_t slow;                  /* advances longer than STALL_SLOW_NS */
+	double advance_ms, stage_ms;    /* all advances, all staging */
+};
+
+/*
+ * n timers at deadlines uniform over span_ns, then simulated time advanced
+ * every resolution, as a shard that stays awake (a deadline every few
+ * microseconds) does, popping and freeing what is due; with `stage`,
+ * wheel_stage() between advances as the shard calls it when idle. Every
+ * advance is timed: a long one holds back every timer due meanwhile.
+ */
+static void stall_run(uint32_t n, uint64_t span_ns, bool stage, struct stall *r)
+{
+	static struct wheel sw;
+	size_t len = wheel_region_size(n);
+	void *mem = bench_map(len);
+	uint64_t rng = 0x57a11, t_adv = 0, t_stage = 0;
+	uint32_t buf[POP_MAX];
+
+	memset(r, 0, sizeof(*r));
+	if (wheel_init(&sw, mem, len, n, STALL_RES_NS, T0_NS)) {
+		fprintf(stderr, "chime-bench: wheel_init(%u timers) failed\n", n);
+		exit(1);
+	}
+	for (uint32_t i = 0; i < n; i++)
+		wheel_arm(&sw, wheel_alloc(&sw), T0_NS + 1 + splitmix64(&rng) % span_ns);
+	for (uint64_t t = T0_NS; wheel_armed(&sw) > 0; t += STALL_RES_NS) {
+		uint64_t a = now_ns(), d;
+		unsigned k;
+
+		wheel_advance(&sw, t);
+		while ((k = wheel_pop_expired(&sw, buf, POP_MAX)) > 0)
+			for (unsigned j = 0; j < k; j++)
+				wheel_free(&sw, buf[j]);
+		d = now_ns() - a;
+		t_adv += d;
+		if (d > r->max_ns) {
+			r->max_ns = d;
+			r->max_at_ns = t - T0_NS;
+		}
+		r->slow += d > STALL_SLOW_NS;
+		if (stage) {
+			a = now_ns();
+			for (unsigned q = 0; q < STAGE_PASSES && wheel_stage(&sw, STAGE_BUDGET) > 0; q++)
+				;
+			t_stage += now_ns() - a;
+		}
+	}
+	r->advance_ms = (double)t_adv / 1e6;
+	r->stage_ms = (double)t_stage / 1e6;
+	bench_unmap(mem, len);
+}
+
+static void stalls(bool quick)
+{
+	uint32_t n = quick ? 100000 : 1000000;
+	uint64_t span = (quick ? 2 : 30) * 1000000000ull;
+
+	printf("\nstalls: %u timers due uniformly over %llu s, resolution %llu us, advanced every\n"
+	       "  resolution as an awake shard does (pops and frees included); staged: up to %u\n"
+	       "  calls of wheel_stage(%u) between advances, as the shard calls it when idle.\n",
+	       n, (unsigned long long)(span / 1000000000ull), STALL_RES_NS / 1000, STAGE_PASSES, STAGE_BUDGET);
+	printf("  %-12s | %12s %10s | %9s | %11s %11s\n", "", "longest us", "at s", "> 200 us",
+	       "advance ms", "staging ms");
+	for (int stage = 0; stage <= 1; stage++) {
+		struct stall r;
+
+		stall_run(n, span, stage, &r);
+		printf("  %-12s | %12.1f %10.2f | %9llu | %11.1f %11.1f\n", stage ? "staged" : "not staged",
+		       (double)r.max_ns / 1e3, (double)r.max_at_ns / 1e9, (unsigned long long)r.slow,
+		       r.advance_ms, r.stage_ms);
+		fflush(stdout);
+	}
+}
+
 static int usage(FILE *f)
 {
 	fprintf(f, "usage: chime-bench wheel [--quick]\n"
-		   "  --quick  only 1k and 100k timers (a smoke test)\n");
+		   "  --quick  only 1k and 100k timers, and stalls at 100k (a smoke test)\n");
 	return f == stdout ? 0 : 2;
 }
 
@@ -255,5 +341,6 @@ int bench_wheel(int argc, char **argv)
 		fflush(stdout);
 		plan_free(&p);
 	}
+	stalls(nsizes == 2);
 	return 0;
 }

@@ -11,7 +11,7 @@
  * shadow model of its timers; the shard side calls chan_drain, chan_service,
  * chan_pending, chan_park, chan_reattach, chan_reclaim and fires timers
  * through wheel_advance at a fuzz-chosen (monotonic) clock, in fuzz-chosen
- * order.
+ * order, staging the next cascade (wheel_stage) when a loop iteration ends.
  *
  * After every step the global invariants are checked (wheel_check, owned
  * counts, armed and backlog counts, grants); at the end the hostile clients
@@ -718,6 +718,8 @@ static void step(struct prog *g)
 		for (unsigned c = 0; c < NCL; c++)
 			if (live(c))
 				chan_service(&W.sc, &W.cl[c].ch, W.now);
+		/* idle, it stages part of the next cascade (shard.c: STAGE_BUDGET) */
+		(void)wheel_stage(&W.sc.wh, u8(g) % 40);
 		break;
 	}
 	}

@@ -220,13 +220,13 @@ size_t wheel_region_size(uint32_t capacity)
 	return sizeof(struct chime_wheel) + (size_t)capacity * sizeof(struct chime_node);
 }
 
-/* No staging under way: every staged list empty. */
-static void stage_clear(struct wheel *wh)
+/* No staging under way: the staged lists empty (those of `levels` and up are). */
+static void stage_clear(struct wheel *wh, unsigned levels)
 {
 	wh->staging = false;
 	wh->stage_level = wh->stage_slot = 0;
 	wh->stage_base = 0;
-	for (unsigned l = 0; l < LEVELS; l++) {
+	for (unsigned l = 0; l < levels; l++) {
 		wh->st_occupied[l] = 0;
 		for (unsigned s = 0; s < SLOTS; s++) {
 			wh->st_head[l][s] = NIL;
@@ -250,7 +250,7 @@ static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 	w->expired_tail = NIL;
 	w->free_head = NIL;
 	w->armed = 0;
-	stage_clear(wh);
+	stage_clear(wh, LEVELS);
 }
 
 int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
@@ -819,7 +819,7 @@ static void stage_join(struct wheel *wh)
 		memcpy(wh->tail[l], wh->st_tail[l], sizeof(wh->tail[l]));
 		memcpy(wh->slot_min[l], wh->st_min[l], sizeof(wh->slot_min[l]));
 	}
-	stage_clear(wh);
+	stage_clear(wh, wh->stage_level);
 }
 
 /* Take node i off the staged slot's own list, to where its cascade will put it. */

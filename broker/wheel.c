@@ -220,32 +220,32 @@ size_t wheel_region_size(uint32_t capacity)
 	return sizeof(struct chime_wheel) + (size_t)capacity * sizeof(struct chime_node);
 }
 
+/* Empty the lists of levels [0, levels) of one set. */
+static void lists_clear(uint64_t *occupied, uint32_t (*head)[SLOTS], uint32_t (*tail)[SLOTS],
+			uint64_t (*min)[SLOTS], unsigned levels)
+{
+	for (unsigned l = 0; l < levels; l++) {
+		occupied[l] = 0;
+		for (unsigned s = 0; s < SLOTS; s++) {
+			head[l][s] = NIL;
+			tail[l][s] = NIL;
+			min[l][s] = UINT64_MAX;
+		}
+	}
+}
+
 /* No staging under way: the staged lists empty (those of `levels` and up are). */
 static void stage_clear(struct wheel *wh, unsigned levels)
 {
 	wh->staging = false;
 	wh->stage_level = wh->stage_slot = 0;
 	wh->stage_base = 0;
-	for (unsigned l = 0; l < levels; l++) {
-		wh->st_occupied[l] = 0;
-		for (unsigned s = 0; s < SLOTS; s++) {
-			wh->st_head[l][s] = NIL;
-			wh->st_tail[l][s] = NIL;
-			wh->st_min[l][s] = UINT64_MAX;
-		}
-	}
+	lists_clear(wh->st_occupied, wh->st_head, wh->st_tail, wh->st_min, levels);
 }
 
 static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 {
-	for (unsigned l = 0; l < LEVELS; l++) {
-		w->occupied[l] = 0;
-		for (unsigned s = 0; s < SLOTS; s++) {
-			w->slot[l][s] = NIL;
-			wh->tail[l][s] = NIL;
-			wh->slot_min[l][s] = UINT64_MAX;
-		}
-	}
+	lists_clear(w->occupied, w->slot, wh->tail, wh->slot_min, LEVELS);
 	w->expired_head = NIL;
 	w->expired_tail = NIL;
 	w->free_head = NIL;
@@ -277,44 +277,41 @@ int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 
 /* ---- lists ---------------------------------------------------------------- */
 
-static inline void slot_push(struct wheel *wh, struct chime_node *n, uint32_t idx,
-			     unsigned level, unsigned s)
+/* Push node idx at the head of the list with these ends, minimum and occupancy word. */
+static inline void list_push(struct wheel *wh, uint32_t *head, uint32_t *tail, uint64_t *min,
+			     uint64_t *occupied, struct chime_node *n, uint32_t idx, unsigned level,
+			     unsigned s)
 {
-	struct chime_wheel *w = wh->w;
-	uint32_t head = w->slot[level][s];
+	uint32_t old = *head;
 
-	n->next = head;
+	n->next = old;
 	n->prev = NIL;
 	n->level = (uint8_t)level;
 	n->state = CHIME_NODE_ARMED;
 	/* a store to the old head's line: it does not stall the arm */
-	if (head != NIL)
-		wh->nodes[head].prev = idx;
+	if (old != NIL)
+		wh->nodes[old].prev = idx;
 	else
-		wh->tail[level][s] = idx;
-	if (n->deadline_ns < wh->slot_min[level][s])
-		wh->slot_min[level][s] = n->deadline_ns;
-	w->slot[level][s] = idx;
-	w->occupied[level] |= UINT64_C(1) << s;
+		*tail = idx;
+	if (n->deadline_ns < *min)
+		*min = n->deadline_ns;
+	*head = idx;
+	*occupied |= UINT64_C(1) << s;
+}
+
+static inline void slot_push(struct wheel *wh, struct chime_node *n, uint32_t idx,
+			     unsigned level, unsigned s)
+{
+	list_push(wh, &wh->w->slot[level][s], &wh->tail[level][s], &wh->slot_min[level][s],
+		  &wh->w->occupied[level], n, idx, level, s);
 }
 
 /* slot_push() on the staged lists */
 static inline void stage_push(struct wheel *wh, struct chime_node *n, uint32_t idx,
 			      unsigned level, unsigned s)
 {
-	uint32_t head = wh->st_head[level][s];
-
-	n->next = head;
-	n->prev = NIL;
-	n->level = (uint8_t)level;
-	if (head != NIL)
-		wh->nodes[head].prev = idx;
-	else
-		wh->st_tail[level][s] = idx;
-	if (n->deadline_ns < wh->st_min[level][s])
-		wh->st_min[level][s] = n->deadline_ns;
-	wh->st_head[level][s] = idx;
-	wh->st_occupied[level] |= UINT64_C(1) << s;
+	list_push(wh, &wh->st_head[level][s], &wh->st_tail[level][s], &wh->st_min[level][s],
+		  &wh->st_occupied[level], n, idx, level, s);
 }
 
 /*

@@ -238,6 +238,48 @@ static int expect_msg(int fd, const char *what, int ms)
 	return 0;
 }
 
+/* chimed's standard error from a start with `extra`, once it listens, as one string (static). */
+static const char *start_log(const char *extra)
+{
+	static char text[8192];
+	char dir[] = "/tmp/chime-td-XXXXXX", opts[512], path[300];
+	struct t_chimed b;
+	FILE *f;
+	size_t n;
+
+	cr_assert(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/err", dir);
+	snprintf(opts, sizeof(opts), "%s 2>'%s'", extra, path);
+	cr_assert_eq(t_chimed_start(&b, NULL, opts), 0);
+	t_chimed_stop(&b, SIGTERM);
+	f = fopen(path, "r");
+	cr_assert(f, "no log at %s", path);
+	n = fread(text, 1, sizeof(text) - 1, f);
+	text[n] = 0;
+	fclose(f);
+	t_rmdir_files(dir);
+	return text;
+}
+
+/* Busy-poll with a shard on every CPU leaves none for clients: chimed says so, and only then. */
+Test(daemon, busy_poll_on_every_cpu_is_warned_about, .timeout = 30)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	const char *log;
+	char extra[64];
+
+	cr_assert_gt(ncpu, 0);
+
+	snprintf(extra, sizeof(extra), "--spin-us -1 --shards %ld", ncpu);
+	log = start_log(extra);
+	cr_assert(strstr(log, "a shard spins on every CPU"), "no warning: %s", log);
+	cr_assert_null(strstr(start_log("--shards 1"), "spins on every CPU"));
+	if (ncpu > 1) {
+		snprintf(extra, sizeof(extra), "--spin-us -1 --shards %ld", ncpu - 1);
+		cr_assert_null(strstr(start_log(extra), "spins on every CPU"), "warned with a CPU free");
+	}
+}
+
 Test(daemon, sd_notify_ready_watchdog_stopping, .timeout = 30)
 {
 	char dir[] = "/tmp/chime-td-XXXXXX", sock[300];

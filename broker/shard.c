@@ -58,8 +58,8 @@
 /*
  * Idle, the shard moves the next cascade's timers ahead of time
  * (wheel_stage()), this many per pass: 1-2 us, the most a due timer waits
- * behind a pass. A level-3 slot with a million timers takes ~40 ms of idle
- * time, and has up to 409.5 ms at 100 us resolution.
+ * behind a pass. A level-3 slot with a million timers takes tens of
+ * milliseconds of idle time, and has up to 409.5 ms at 100 us resolution.
  */
 #define STAGE_BUDGET      32u
 #define PUBLISH_NS      (1000u * 1000u)   /* counters published at most and at least this often while awake */

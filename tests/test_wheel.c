@@ -379,10 +379,13 @@ Test(wheel, a_timer_reset_later_many_times_fires_once_at_its_last_deadline)
  * and advances; with `stage`, wheel_stage() in small random steps between
  * them, as an idle shard calls it. The wheel must match the model at every
  * advance: never early, exact, earliest() and next_deadline() right.
+ * 24 seeds; 2000 in the stress suite.
  */
 static void lazy_reset_model(bool stage)
 {
-	for (uint64_t seed = 1; seed <= 24; seed++) {
+	uint64_t seeds = stress_enabled() ? 2000 : 24;
+
+	for (uint64_t seed = 1; seed <= seeds; seed++) {
 		uint64_t rng = seed * UINT64_C(0x9e3779b97f4a7c15), res = seed % 3 ? 1000 : 999983;
 		uint64_t now = seed % 2 ? 0 : UINT64_C(1) << 40, dl[256];
 		uint32_t n = 256, idx[256];

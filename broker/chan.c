@@ -73,12 +73,20 @@ static void nl_del(struct shard_core *sc, struct nlist *l, uint32_t idx)
 
 /* ---- node ownership ---- */
 
-/* A fresh node granted to this client; returns its id, or 0 if the slab is full. */
+/*
+ * A fresh node granted to this client; returns its id, or 0 if the slab is
+ * full. Its reserved part running out is not full: a pass can grant more
+ * nodes than the shard reserves ahead (every client attaching at once,
+ * each with sq-size grants), and refusing them would be an -ENOMEM with
+ * capacity to spare.
+ */
 static uint64_t grant_new(struct shard_core *sc, struct chan *ch)
 {
 	uint32_t idx = wheel_alloc(&sc->wh);
 	struct chime_node *n;
 
+	if (idx == CHIME_NIL && sc->grow && sc->grow(sc))
+		idx = wheel_alloc(&sc->wh);
 	if (idx == CHIME_NIL)
 		return 0;
 	n = NODE(sc, idx);

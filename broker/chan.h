@@ -36,6 +36,12 @@ struct shard_core {
 	uint32_t max_clients;
 	uint64_t quota;                 /* nodes one client may own here (UINT64_MAX: no limit) */
 	uint64_t backlog;               /* events held in backlogs, all channels */
+	/*
+	 * The slab's usable part (wh.reserved) is used up: make more of it
+	 * usable now and return true, or false if it cannot (capacity reached,
+	 * the filesystem refuses). Set by the shard thread; NULL in tests.
+	 */
+	bool (*grow)(struct shard_core *sc);
 };
 
 /* Where a channel lives in a client's two segments (set up by the control thread). */

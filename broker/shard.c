@@ -108,28 +108,44 @@ static void reserve_set(struct shard *s, uint64_t bytes)
 }
 
 /*
- * Keep the reserved part of the slab a chunk ahead of its high-water mark.
- * When the filesystem refuses, the wheel stops at what is reserved (arms get
- * -ENOMEM), the failure is counted (the control thread logs it) and retried
- * at most once a second.
+ * Reserve the next chunk of the slab now. When the filesystem refuses, the
+ * wheel stops at what is reserved (arms get -ENOMEM), the failure is
+ * counted (the control thread logs it) and retried at most once a second.
+ * Returns true if the reserved part grew.
  */
-static void reserve_ahead(struct shard *s, uint64_t now)
+static bool reserve_chunk(struct shard *s, uint64_t now)
 {
-	struct wheel *wh = &s->core.wh;
 	uint64_t want;
 	int r;
 
-	if (wh->reserved == s->cfg.capacity || wh->w->high_water + RESERVE_AHEAD_NODES < wh->reserved ||
-	    now < s->reserve_retry_ns)
-		return;
+	if (s->core.wh.reserved == s->cfg.capacity || now < s->reserve_retry_ns)
+		return false;
 	want = s->reserved_bytes + RESERVE_CHUNK < s->seg.size ? s->reserved_bytes + RESERVE_CHUNK : s->seg.size;
 	r = chime_seg_reserve(s->seg_fd, s->reserved_bytes, want - s->reserved_bytes);
 	if (r < 0) {
 		stats_reserve_failed(&s->st);
 		s->reserve_retry_ns = now + RESERVE_RETRY_NS;
-		return;
+		return false;
 	}
 	reserve_set(s, want);
+	return true;
+}
+
+/* Keep the reserved part of the slab a chunk ahead of its high-water mark. */
+static void reserve_ahead(struct shard *s, uint64_t now)
+{
+	struct wheel *wh = &s->core.wh;
+
+	if (wh->w->high_water + RESERVE_AHEAD_NODES >= wh->reserved)
+		(void)reserve_chunk(s, now);
+}
+
+/* shard_core.grow: the pass has used up the reserve (chan.c grant_new()). */
+static bool slab_grow(struct shard_core *sc)
+{
+	struct shard *s = (struct shard *)((char *)sc - offsetof(struct shard, core));
+
+	return reserve_chunk(s, now_ns());
 }
 
 /* ---- set-up (main thread) ---- */
@@ -273,6 +289,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->core.capacity = cfg->capacity;
 	s->core.max_clients = cfg->max_clients;
 	s->core.quota = cfg->quota;
+	s->core.grow = slab_grow;
 	s->core.st = &s->st;
 	s->core.by_slot = calloc(cfg->max_clients, sizeof(*s->core.by_slot));
 	s->active = calloc(cfg->max_clients, sizeof(*s->active));

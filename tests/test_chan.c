@@ -648,6 +648,48 @@ Test(chan, attach_to_a_full_slab_succeeds_with_markers_only)
 	cr_assert(chan_reclaim(&F.sc, &c->ch, 1));
 }
 
+/* shard_core.grow as the shard's: a few more nodes of the slab usable per call, up to `grow_to`. */
+static uint32_t grow_to, grow_calls;
+
+static bool grow_some(struct shard_core *sc)
+{
+	grow_calls++;
+	if (sc->wh.reserved >= grow_to)
+		return false;
+	sc->wh.reserved = sc->wh.reserved + 4 < grow_to ? sc->wh.reserved + 4 : grow_to;
+	return true;
+}
+
+Test(chan, grants_past_the_reserved_slab_grow_it_instead_of_refusing)
+{
+	struct client_sim *c = &F.cl[1];
+	uint32_t hw = F.sc.wh.w->high_water;
+
+	/* Client 0 holds SQ grants; 5 nodes of the slab are usable beyond them. */
+	F.sc.wh.reserved = hw + 5;
+	F.sc.grow = grow_some;
+	grow_to = hw + 5 + SQ;
+	client_init(c, 1);
+	cr_assert_eq(c->ch.marked, 0, "%u of %u slots refused with capacity to spare", c->ch.marked, SQ);
+	cr_assert_eq(c->ch.owned, SQ);
+	cr_assert_eq(grow_calls, 3, "grown on demand: ceil((SQ - 5) / 4) calls");
+	wheel_check(&F.sc.wh);
+	/* When it cannot grow (capacity, a full filesystem): markers, as before. */
+	cr_assert(chan_reclaim(&F.sc, &c->ch, SQ));
+	chan_fini(&c->ch);
+	free(c->rw);
+	free(c->ro);
+	fill_slab();
+	F.sc.wh.reserved = grow_to = F.sc.wh.w->high_water + 4;
+	grow_calls = 0;
+	client_init(c, 1);
+	cr_assert_eq(c->ch.owned, 4, "the 4 nodes the reserve had left");
+	cr_assert_eq(c->ch.marked, SQ - 4);
+	cr_assert_eq(shared_markers(c), SQ - 4);
+	cr_assert_gt(grow_calls, 0);
+	wheel_check(&F.sc.wh);
+}
+
 Test(chan, an_arm_in_a_marked_slot_is_malformed_and_changes_nothing)
 {
 	struct client_sim *c = &F.cl[0];

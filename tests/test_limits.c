@@ -7,6 +7,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,6 +167,67 @@ Test(limits, quota_gives_edquot_and_other_clients_keep_arming)
 	}
 	chime_close(a);
 	chime_close(b);
+}
+
+/*
+ * The slab grows as it is used, a chunk reserved ahead of its high-water
+ * mark. Clients that attach together with large rings take more grants in
+ * one pass than that chunk holds: none of their arms may be refused while
+ * the shard has capacity to spare (-ENOMEM means --capacity or the
+ * filesystem, nothing else).
+ */
+enum { GROW_CLIENTS = 24, GROW_SQ = 16384, GROW_ARMS = GROW_SQ + 1000 };
+
+struct grow_client {
+	pthread_barrier_t *bar;
+	int open_err, arm_err;
+	unsigned nomem;
+};
+
+static void *grow_client_main(void *arg)
+{
+	struct grow_client *g = arg;
+	chime_t *c = t_open(tb.sock);
+
+	g->open_err = c ? 0 : -1;
+	pthread_barrier_wait(g->bar);
+	for (unsigned n = 0; c && n < GROW_ARMS; n++) {
+		int r = chime_arm(c, n, now_ns() + HOUR, 0, n, &(chime_id_t){ 0 });
+
+		if (r == -ENOMEM) {
+			g->nomem++;
+		} else if (r < 0) {
+			g->arm_err = r;
+			break;
+		}
+	}
+	chime_close(c);
+	return NULL;
+}
+
+Test(limits, clients_attaching_together_grow_the_slab_and_are_never_refused)
+{
+	pthread_barrier_t bar;
+	pthread_t th[GROW_CLIENTS];
+	struct grow_client g[GROW_CLIENTS] = { 0 };
+	unsigned nomem = 0;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1 --sq-size 16384 --max-clients-per-uid 0 --max-timers-per-client 0"), 0);
+	pthread_barrier_init(&bar, NULL, GROW_CLIENTS);
+	for (unsigned i = 0; i < GROW_CLIENTS; i++) {
+		g[i].bar = &bar;
+		cr_assert_eq(pthread_create(&th[i], NULL, grow_client_main, &g[i]), 0);
+	}
+	for (unsigned i = 0; i < GROW_CLIENTS; i++) {
+		pthread_join(th[i], NULL);
+		cr_assert_eq(g[i].open_err, 0, "client %u could not connect", i);
+		cr_assert_eq(g[i].arm_err, 0, "client %u: %s", i, strerror(-g[i].arm_err));
+		nomem += g[i].nomem;
+	}
+	pthread_barrier_destroy(&bar);
+	cr_assert_eq(nomem, 0, "%u of %u arms refused with -ENOMEM; the shard holds %u timers of %u",
+		     nomem, GROW_CLIENTS * GROW_ARMS, GROW_CLIENTS * GROW_ARMS - nomem, 4194304);
+	cr_assert_eq(shard_counter(offsetof(struct chime_shard_stats, refused_nomem)), 0);
 }
 
 /* ---- root only: a filesystem too small for the broker ---- */

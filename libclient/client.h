@@ -150,6 +150,22 @@ static inline bool cl_is_dead(const struct chime *c)
 	return at_load(&c->dead) != 0;
 }
 
+/*
+ * Before writing records: true if they would go to no broker. The
+ * connection is dead, or the broker has said it is stopping (one load of a
+ * word that changes once; final for an anonymous connection, while a
+ * session reconnects in wait_room()). A broker that died without saying so
+ * (SIGKILL) is found when its ring fills or by a drain's heartbeat check:
+ * the operations read no clock.
+ */
+static inline bool cl_gone_for_ops(struct chime *c)
+{
+	if (__builtin_expect(!cl_is_dead(c) && at_load_acq(&c->pub->state) != CHIME_BROKER_STOPPED, 1))
+		return false;
+	(void)cl_broker_gone(c, false);
+	return cl_is_dead(c);
+}
+
 static inline bool cl_reconnecting(const struct chime *c)
 {
 	return (at_load(&c->link) & 1) != 0;

@@ -556,6 +556,8 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 
 /* ---- chime_wait: sleep on the socket and the kick eventfd ---- */
 
+static int sleep_poll(struct chime *c, uint64_t timeout_ns);
+
 static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 {
 	struct __kernel_timespec ts = {
@@ -579,10 +581,21 @@ static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 		io_uring_sqe_set_data64(sqe, TAG_SOCK);
 		c->sock_polled = true;
 	}
-	r = io_uring_submit_and_wait_timeout(&c->ring, &cqe, 1,
-					     timeout_ns == UINT64_MAX ? NULL : &ts, NULL);
+	/*
+	 * Submit, then wait with nothing to submit. A wait that also submits
+	 * returns the number submitted even when a signal cut the wait short,
+	 * and liburing then waits again: the -EINTR was lost and the caller
+	 * slept on. If the polls cannot go in now, they stay queued for the
+	 * next sleep and ppoll() sleeps this once.
+	 */
+	if (io_uring_sq_ready(&c->ring) && io_uring_submit(&c->ring) < 0)
+		return sleep_poll(c, timeout_ns);
+	if (timeout_ns == UINT64_MAX)
+		r = io_uring_wait_cqe(&c->ring, &cqe);
+	else
+		r = io_uring_wait_cqe_timeout(&c->ring, &cqe, &ts);
 	if (r < 0 && r != -ETIME)
-		return r == -EINTR ? -EINTR : r;
+		return r;
 	io_uring_for_each_cqe(&c->ring, head, cqe) {
 		if (cqe->user_data == TAG_KICK) {
 			c->kick_polled = false;

@@ -151,7 +151,7 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 	uint64_t pos;
 	int refused;
 
-	if (unlikely(cl_is_dead(c)))
+	if (unlikely(cl_gone_for_ops(c)))
 		return -ENOTCONN;
 	sqe = chime_sq_reserve(&ch->sq, &pos);
 	if (unlikely(!sqe)) {
@@ -259,7 +259,7 @@ CHIME_PUBLIC int chime_flush(chime_t *c)
 {
 	if (unlikely(!c))
 		return -EINVAL;
-	if (unlikely(cl_is_dead(c)))
+	if (unlikely(cl_gone_for_ops(c)))
 		return -ENOTCONN;
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		struct chime_chan *ch = &c->chan[s];
@@ -393,7 +393,7 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 			count[to]++;
 		}
 	}
-	if (cl_is_dead(c))
+	if (cl_gone_for_ops(c))
 		r = -ENOTCONN;
 	for (uint32_t s = 0; s < c->nr_shards && !r; s++)
 		if (count[s])

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -949,6 +950,79 @@ Test(broker, broker_sigterm_stops_cleanly)
 	broker = -1;
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed exit status %#x", st);
 	cr_assert_neq(access(sock, F_OK), 0, "socket left behind");
+	chime_close(c);
+}
+
+/* A client that only arms, resets, cancels and flushes: the broker's stop is final for it at once. */
+Test(broker, operations_after_a_clean_stop_say_enotconn)
+{
+	chime_t *c = copen();
+	chime_id_t id = 0, id2 = 0;
+	struct chime_op op = { .op = CHIME_ARM, .deadline_ns = 0 };
+	int st;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm(c, 0, chime_now() + 10000 * MS, 0, 0, &id), 0);
+	kill(broker, SIGTERM);
+	cr_assert_eq(waitpid(broker, &st, 0), broker);
+	broker = -1;
+	/* No drain, no wait: nothing has told this connection, but the broker said it stopped. */
+	cr_assert_eq(chime_arm(c, 0, chime_now() + 10000 * MS, 0, 0, &id2), -ENOTCONN);
+	cr_assert_eq(id2, 0, "no id for a timer nobody holds");
+	cr_assert_eq(chime_reset(c, id, chime_now()), -ENOTCONN);
+	cr_assert_eq(chime_cancel(c, id), -ENOTCONN);
+	cr_assert_eq(chime_cancel_key(c, 0), -ENOTCONN);
+	cr_assert_eq(chime_flush(c), -ENOTCONN);
+	cr_assert_eq(chime_submit(c, &op, 1), -ENOTCONN);
+	cr_assert_eq(op.result, -ENOTCONN);
+	chime_close(c);
+}
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+}
+
+/* chime_wait(..., timeout) under a signal that fires in ms milliseconds: its result and how long it took. */
+static int wait_under_signal(chime_t *c, int timeout_ms, unsigned ms, uint64_t *took)
+{
+	struct sigaction sa = { .sa_handler = on_alarm }, old;   /* no SA_RESTART */
+	struct itimerval it = { .it_value = { .tv_usec = (suseconds_t)ms * 1000 } };
+	struct chime_event ev[4];
+	uint64_t t0 = chime_now();
+	int r;
+
+	cr_assert_eq(sigaction(SIGALRM, &sa, &old), 0);
+	cr_assert_eq(setitimer(ITIMER_REAL, &it, NULL), 0);
+	r = chime_wait(c, ev, 4, timeout_ms);
+	*took = chime_now() - t0;
+	it.it_value.tv_usec = 0;
+	(void)setitimer(ITIMER_REAL, &it, NULL);
+	(void)sigaction(SIGALRM, &old, NULL);
+	return r;
+}
+
+Test(broker, a_signal_interrupts_chime_wait_every_time)
+{
+	chime_t *c = copen();
+	struct chime_event ev[4];
+	chime_id_t id;
+	uint64_t took;
+	int r;
+
+	cr_assert_not_null(c);
+	/* The first sleep of a connection (its polls go in with the wait). */
+	r = wait_under_signal(c, 3000, 100, &took);
+	cr_assert_eq(r, -EINTR, "first wait: %d after %llu ms", r, (unsigned long long)(took / MS));
+	/* After an event (the poll it used is queued again). */
+	cr_assert_eq(chime_arm(c, 1, chime_now(), 0, 7, &id), 0);
+	cr_assert_eq(chime_wait(c, ev, 4, 3000), 1);
+	r = wait_under_signal(c, 3000, 100, &took);
+	cr_assert_eq(r, -EINTR, "wait after an event: %d after %llu ms", r, (unsigned long long)(took / MS));
+	cr_assert_lt(took, 2000 * MS);
+	/* And once the polls are outstanding. */
+	r = wait_under_signal(c, 3000, 100, &took);
+	cr_assert_eq(r, -EINTR, "third wait: %d", r);
 	chime_close(c);
 }
 

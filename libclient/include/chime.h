@@ -11,6 +11,15 @@
  * a negative errno on failure. The library never prints, logs or raises
  * signals (no SIGPIPE). Times are uint64_t nanoseconds of CLOCK_MONOTONIC:
  * *_ns deadlines are absolute.
+ *
+ * -ENOTCONN, "the broker is gone": from the first call after the broker
+ * said it is stopping (a clean stop, or a restart for a connection with no
+ * session). A broker that died without saying so (SIGKILL, a crash) is
+ * noticed by chime_wait() at once, by chime_poll() and chime_dispatch()
+ * within about a second (its heartbeat stops), and by a thread that only
+ * arms, resets or cancels when the ring it writes to fills (the calls that
+ * write records read no clock). A session's connection reconnects instead
+ * (chime_open()).
  */
 #ifndef CHIME_H
 #define CHIME_H
@@ -61,8 +70,8 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  * its --session-linger (default 1 hour); `chimectl drop-session` does at once.
  *
  * Returns 0 and sets *out, or:
- *   -EINVAL        out is NULL, opts->flags is not 0, the path is too long,
- *                  or opts->session is not a valid name
+ *   -EINVAL        out is NULL, opts->flags is not 0, the path is empty or
+ *                  too long, or opts->session is not a valid name
  *   -ENOENT        no broker listens at the socket path
  *   -EACCES        the broker's policy refused this user (or the socket's permissions
  *                  did), or the session belongs to another user

@@ -118,6 +118,33 @@ def test_wait_timeout(chime_conn):
     assert 0.09 <= time.monotonic() - t < 1.0
 
 
+class _Alarm(Exception):
+    pass
+
+
+def _raise_alarm(signum, frame):
+    raise _Alarm()
+
+
+@pytest.mark.parametrize("timeout", [None, 3.0])
+def test_a_signal_handler_runs_during_wait(chime_conn, timeout):
+    """Ctrl-C (here SIGALRM) reaches Python while wait() sleeps, before and
+    after an event has been taken."""
+    old = signal.signal(signal.SIGALRM, _raise_alarm)
+    try:
+        for round in range(2):
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            t0 = time.monotonic()
+            with pytest.raises(_Alarm):
+                chime_conn.wait(timeout=timeout)
+            assert time.monotonic() - t0 < 2.0
+            chime_conn.arm(round, after=0)
+            assert len(wait_for(chime_conn, 1)) == 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_fileno_is_readable_when_events_are_pending(chime_conn):
     c = chime_conn
     assert c.poll() == []

@@ -374,11 +374,16 @@ static void cleanup_install(void)
 /* In the child before exec: chimed gets the default dispositions and the caller's mask. */
 static void cleanup_child(const sigset_t *old)
 {
+	struct sigaction dfl;
+
+	memset(&dfl, 0, sizeof(dfl));
+	dfl.sa_handler = SIG_DFL;
+	sigemptyset(&dfl.sa_mask);
 	for (size_t i = 0; i < NR_CLEANUP_SIG; i++) {
 		struct sigaction cur;
 
 		if (sigaction(cleanup_sig[i], NULL, &cur) == 0 && cur.sa_handler == on_interrupt)
-			signal(cleanup_sig[i], SIG_DFL);
+			sigaction(cleanup_sig[i], &dfl, NULL);
 	}
 	pthread_sigmask(SIG_SETMASK, old, NULL);
 }

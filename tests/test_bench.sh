@@ -24,8 +24,22 @@
 #            the staged run spent time staging, the other none (timings are
 #            not compared: test_wheel checks that staging changes no timer).
 #
-# Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel [EXPECT]
-# Exit: 0 pass, 1 fail, 77 skipped (no jq).
+#   args     every numeric option of e2e, compare and rest given a value that
+#            is not a number, negative, zero or too large, and e2e --only
+#            given an unknown part (or one by substring): exit 2 at once
+#            (timeout 2 s; nothing started, no broker directory made), with
+#            the option and the value named on stderr.
+#   interrupt `chime-bench e2e --quick` on a private $TMPDIR, sent SIGTERM a
+#            second after its chimed is up: exit 143, the chimed is gone and
+#            its directory removed.
+#
+# tests/meson.build runs this script as compare, rest, apply and wheel; e2e
+# has no run of its own there. So before its benchmark, rest runs rest's
+# argument checks, and compare runs e2e's and compare's and the interrupt
+# check (apply and wheel have no numeric option).
+#
+# Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel|args|interrupt [EXPECT]
+# Exit: 0 pass, 1 fail, 77 skipped (no jq; args and interrupt need none).
 set -u
 
 bench=$1
@@ -33,14 +47,12 @@ export CHIMED=$2
 mode=$3
 expect=${4:-}
 
-if ! command -v jq >/dev/null 2>&1; then
-	echo "bench: jq not installed: skipped"
-	exit 77
-fi
 dir=$(mktemp -d "${TMPDIR:-/tmp}/chime-test-bench-XXXXXX") || exit 1
 trap 'rm -rf "$dir"' EXIT
 trap 'exit 1' INT TERM HUP PIPE
 export TMPDIR=$dir
+: >"$dir/out.json"
+: >"$dir/err"
 
 fail() {
 	echo "bench $mode: FAIL: $*"
@@ -48,6 +60,140 @@ fail() {
 	echo "--- stderr"; cat "$dir/err"
 	exit 1
 }
+
+# bad_arg WHAT ARG...: chime-bench ARG... exits 2 within 2 s, having started
+# nothing (no chime-bench-* directory in $TMPDIR), and its stderr has WHAT.
+# --quick where the mode has it: a parser that let the value through would
+# start the short run, which the timeout then stops.
+bad_arg() {
+	what=$1
+	shift
+	timeout 2 "$bench" "$@" >"$dir/out.json" 2>"$dir/err"
+	st=$?
+	[ "$st" -ne 124 ] || fail "chime-bench $*: still running after 2 s (a benchmark started)"
+	[ "$st" -eq 2 ] || fail "chime-bench $*: exit status $st, expected 2"
+	grep -qF -- "$what" "$dir/err" || fail "chime-bench $*: stderr does not name $what"
+	for d in "$dir"/chime-bench-*; do
+		[ ! -e "$d" ] || fail "chime-bench $*: made a broker directory $d"
+	done
+	nbad=$((nbad + 1))
+}
+nbad=0
+
+args_check() {
+	case $1 in
+	e2e)
+		for o in -n --shards; do
+			bad_arg "--shards 'abc': not a number" e2e --quick $o abc
+		done
+		for o in -N --expire; do
+			bad_arg "--expire 'abc': not a number" e2e --quick $o abc
+		done
+		bad_arg "--shards '-1': out of range" e2e --quick --shards -1
+		bad_arg "--shards '0': out of range" e2e --quick --shards 0
+		bad_arg "--shards '2x': not a number" e2e --quick --shards 2x
+		bad_arg "--expire '99999999999999999999': out of range" e2e --quick --expire 99999999999999999999
+		bad_arg "--expire '0x10': not a number" e2e --quick --expire 0x10
+		bad_arg "--expire ' 5': not a number" e2e --quick --expire ' 5'
+		bad_arg "--only 'foo': unknown part 'foo' (valid: ops,flood,expire,lat,timerfd)" \
+			e2e --quick --only foo
+		bad_arg "--only 'op': unknown part 'op'" e2e --quick --only op
+		bad_arg "--only 'lat,foo': unknown part 'foo'" e2e --quick --only lat,foo
+		bad_arg "--only '': unknown part ''" e2e --quick --only=
+		;;
+	compare)
+		for o in -S --sizes; do
+			bad_arg "--sizes 'abc': 'abc' not a number" compare --quick $o abc
+		done
+		bad_arg "--sizes '10000,x': 'x' not a number" compare --quick --sizes 10000,x
+		bad_arg "--sizes '10000,-5': '-5' out of range" compare --quick --sizes 10000,-5
+		bad_arg "--sizes '999': '999' out of range" compare --quick --sizes 999
+		bad_arg "--sizes '10000,': '' not a number" compare --quick --sizes 10000,
+		;;
+	rest)
+		for o in -n --timers; do
+			bad_arg "--timers 'abc': not a number" rest $o abc
+		done
+		for o in -t --seconds; do
+			bad_arg "--seconds 'abc': not a number" rest $o abc
+		done
+		bad_arg "--timers '-5': out of range" rest -n -5
+		bad_arg "--timers '16000001': out of range" rest --timers 16000001
+		bad_arg "--seconds '0': out of range" rest -t 0
+		;;
+	esac
+}
+
+# SIGTERM to e2e --quick a second after its private chimed is up.
+interrupt_check() {
+	tdir=$dir/interrupt
+	mkdir "$tdir" || fail "mkdir $tdir"
+	TMPDIR=$tdir "$bench" e2e --quick >"$dir/out.json" 2>"$dir/err" &
+	pid=$!
+	lock=
+	for _ in $(seq 100); do
+		for f in "$tdir"/chime-bench-*/chime.sock.lock; do
+			[ -s "$f" ] && lock=$f
+		done
+		[ -n "$lock" ] && break
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if [ -z "$lock" ]; then
+		kill "$pid" 2>/dev/null
+		wait "$pid"
+		fail "e2e --quick: no private chimed up within 10 s"
+	fi
+	cpid=$(tr -dc 0-9 <"$lock")
+	sleep 1
+	kill -0 "$pid" 2>/dev/null || fail "e2e --quick finished within a second: nothing to interrupt"
+	kill -TERM "$pid"
+	wait "$pid"
+	st=$?
+	[ "$st" -eq 143 ] || fail "e2e --quick: exit status $st after SIGTERM, expected 143"
+	gone=
+	for _ in $(seq 20); do
+		kill -0 "$cpid" 2>/dev/null || { gone=1; break; }
+		sleep 0.05
+	done
+	if [ -z "$gone" ]; then
+		kill "$cpid" 2>/dev/null
+		fail "e2e --quick: its chimed (pid $cpid) still runs after SIGTERM"
+	fi
+	left=$(ls -A "$tdir")
+	[ -z "$left" ] || fail "e2e --quick: left behind after SIGTERM: $(cd "$tdir" && find . | tr '\n' ' ')"
+	rmdir "$tdir"
+	echo "bench interrupt: e2e --quick stopped its chimed and removed its directory on SIGTERM"
+}
+
+case $mode in
+args)
+	for m in e2e compare rest; do
+		args_check $m
+	done
+	echo "bench args: $nbad bad values refused at once, each named"
+	exit 0
+	;;
+interrupt)
+	interrupt_check
+	exit 0
+	;;
+compare)
+	args_check e2e
+	args_check compare
+	echo "bench compare: $nbad bad values refused at once, each named"
+	interrupt_check
+	;;
+rest)
+	args_check rest
+	echo "bench rest: $nbad bad values refused at once, each named"
+	;;
+esac
+
+if ! command -v jq >/dev/null 2>&1; then
+	echo "bench: jq not installed: skipped"
+	exit 77
+fi
 
 case $mode in
 compare)
@@ -115,7 +261,7 @@ wheel)
 	echo "bench wheel: 2 sizes, every figure; stalls $(awk -F'|' '/staged +\|/ { split($2, a, " "); printf "%s %s us; ", $1, a[1] }' "$dir/out.json" | tr -s ' ')"
 	;;
 *)
-	echo "usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel [EXPECT]" >&2
+	echo "usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel|args|interrupt [EXPECT]" >&2
 	exit 2
 	;;
 esac

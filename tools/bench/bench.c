@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,105 @@
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
+
+/*
+ * The number in p[0..len): 0, -EINVAL if it is not a decimal number, or
+ * -ERANGE if it is one (negative, or past UINT64_MAX included) outside
+ * min..max.
+ */
+static int parse_span(const char *p, size_t len, uint64_t min, uint64_t max, uint64_t *out)
+{
+	size_t i = 0;
+	uint64_t v = 0;
+	int neg = 0, over = 0;
+
+	if (len > 0 && p[0] == '-') {
+		neg = 1;
+		i = 1;
+	}
+	if (i == len)
+		return -EINVAL;
+	for (; i < len; i++) {
+		unsigned d = (unsigned char)p[i] - '0';
+
+		if (d > 9)
+			return -EINVAL;
+		if (v > (UINT64_MAX - d) / 10)
+			over = 1;
+		else
+			v = v * 10 + d;
+	}
+	if (neg || over || v < min || v > max)
+		return -ERANGE;
+	*out = v;
+	return 0;
+}
+
+int bench_opt_u64(const char *mode, const char *opt, const char *s, uint64_t min, uint64_t max,
+		  uint64_t *out)
+{
+	int r = parse_span(s, strlen(s), min, max, out);
+
+	if (r < 0)
+		fprintf(stderr, "chime-bench %s: %s '%s': %s (%" PRIu64 "..%" PRIu64 ")\n", mode, opt, s,
+			r == -EINVAL ? "not a number" : "out of range", min, max);
+	return r < 0 ? -1 : 0;
+}
+
+int bench_opt_u64_list(const char *mode, const char *opt, const char *s, uint64_t min, uint64_t max,
+		       uint64_t *out, size_t cap, size_t *n)
+{
+	const char *p = s;
+
+	*n = 0;
+	for (;;) {
+		size_t len = strcspn(p, ",");
+		int r;
+
+		if (*n == cap) {
+			fprintf(stderr, "chime-bench %s: %s '%s': more than %zu numbers\n", mode, opt, s, cap);
+			return -1;
+		}
+		r = parse_span(p, len, min, max, &out[*n]);
+		if (r < 0) {
+			fprintf(stderr, "chime-bench %s: %s '%s': '%.*s' %s (%" PRIu64 "..%" PRIu64 ")\n", mode,
+				opt, s, (int)len, p, r == -EINVAL ? "not a number" : "out of range", min, max);
+			return -1;
+		}
+		(*n)++;
+		if (p[len] == '\0')
+			return 0;
+		p += len + 1;
+	}
+}
+
+int bench_opt_names(const char *mode, const char *opt, const char *s, const char *const *names,
+		    unsigned nnames, uint32_t *mask)
+{
+	const char *p = s;
+
+	*mask = 0;
+	for (;;) {
+		size_t len = strcspn(p, ",");
+		unsigned i;
+
+		for (i = 0; i < nnames && i < 32; i++)
+			if (strlen(names[i]) == len && !strncmp(p, names[i], len))
+				break;
+		if (i == nnames || i == 32) {
+			fprintf(stderr, "chime-bench %s: %s '%s': unknown part '%.*s' (valid:", mode, opt, s,
+				(int)len, p);
+			for (i = 0; i < nnames; i++)
+				fprintf(stderr, "%s%s", i ? "," : " ", names[i]);
+			fprintf(stderr, ")\n");
+			return -1;
+		}
+		*mask |= UINT32_C(1) << i;
+		if (p[len] == '\0')
+			return 0;
+		p += len + 1;
+	}
+}
 
 static int cmp_double(const void *a, const void *b)
 {

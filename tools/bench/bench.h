@@ -18,6 +18,27 @@ typedef int (*bench_mode_fn)(int argc, char **argv);
 int bench_wheel(int argc, char **argv);
 int bench_apply(int argc, char **argv);
 
+/*
+ * Every numeric option of every mode goes through these (the one parser of
+ * chime-bench's options; chime-demo's parse_uint is the model). Strict: the
+ * whole of s is a decimal number (no sign, space or 0x prefix) in min..max.
+ * Otherwise they print "chime-bench MODE: OPT 'S': not a number (MIN..MAX)"
+ * (or "out of range", for a negative or too large number) on stderr and
+ * return -1, and the mode exits 2 before starting anything.
+ */
+int bench_opt_u64(const char *mode, const char *opt, const char *s, uint64_t min, uint64_t max,
+		  uint64_t *out);
+/* A comma list of such numbers, 1 to cap of them, into out[0..*n). */
+int bench_opt_u64_list(const char *mode, const char *opt, const char *s, uint64_t min, uint64_t max,
+		       uint64_t *out, size_t cap, size_t *n);
+/*
+ * A comma list of names, each exactly one of names[0..nnames) (at most 32):
+ * bit i of *mask set for names[i]. An unknown or empty name is printed with
+ * the valid ones, and -1 returned.
+ */
+int bench_opt_names(const char *mode, const char *opt, const char *s, const char *const *names,
+		    unsigned nnames, uint32_t *mask);
+
 /* Median of v[0..n) (sorts v). 0 if n == 0. */
 double bench_median(double *v, size_t n);
 

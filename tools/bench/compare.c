@@ -151,22 +151,18 @@ static void usage(FILE *f)
 		"  -h, --help               show this help\n");
 }
 
+/* --sizes (or the default list): 1000..4000000 each, at most MAX_SIZES of them */
 static int parse_sizes(struct run *R, const char *s)
 {
-	char *end;
+	uint64_t v[MAX_SIZES];
+	size_t n;
 
-	R->nsizes = 0;
-	while (*s) {
-		unsigned long long v = strtoull(s, &end, 10);
-
-		if (end == s || v < 1000 || v > 4000000 || R->nsizes == MAX_SIZES)
-			return -1;
-		R->sizes[R->nsizes++] = (size_t)v;
-		s = *end == ',' ? end + 1 : end;
-		if (*end && *end != ',')
-			return -1;
-	}
-	return R->nsizes ? 0 : -1;
+	if (bench_opt_u64_list("compare", "--sizes", s, 1000, 4000000, v, MAX_SIZES, &n) < 0)
+		return -1;
+	for (size_t i = 0; i < n; i++)
+		R->sizes[i] = (size_t)v[i];
+	R->nsizes = n;
+	return 0;
 }
 
 int bench_compare(int argc, char **argv)
@@ -198,10 +194,12 @@ int bench_compare(int argc, char **argv)
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind < argc || parse_sizes(&R, sizes ? sizes : R.quick ? "10000,50000" : "100000,1000000") < 0) {
+	if (optind < argc) {
 		usage(stderr);
 		return 2;
 	}
+	if (parse_sizes(&R, sizes ? sizes : R.quick ? "10000,50000" : "100000,1000000") < 0)
+		return 2;
 	R.seed_wall_ns = R.quick ? NS_PER_S : 5 * NS_PER_S;
 	R.gap_ns = R.quick ? 500 * NS_PER_MS : 2 * NS_PER_S;
 	R.span_ns = R.quick ? 500 * NS_PER_MS : 1500 * NS_PER_MS;

@@ -61,6 +61,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "chime_shm.h"
 #include "e2e.h"
 #include "segment.h"
@@ -115,18 +116,31 @@ static void print_header(const struct broker *b, const char *mode, size_t tfd_ma
 	printf("\n");
 }
 
+/* --shards: chimed's own bound; --expire: the slab (64 B a node) stays addressable and sane */
+#define E2E_MAX_SHARDS  128u
+#define E2E_MAX_EXPIRE  100000000u
+
 struct cfg {
 	const char *socket;
 	int quick;
 	int shards;
-	const char *only;
+	uint32_t only;          /* bit i: part_name[i] asked for by --only; 0: all */
 	int busy_poll;
 	size_t expire_n;
 };
 
+/* --only's parts, matched whole (bench_opt_names) */
+static const char *const part_name[] = { "ops", "flood", "expire", "lat", "timerfd" };
+#define NR_PARTS (sizeof(part_name) / sizeof(part_name[0]))
+
 static int want(const struct cfg *cf, const char *part)
 {
-	return !cf->only || strstr(cf->only, part) != NULL;
+	if (!cf->only)
+		return 1;
+	for (unsigned i = 0; i < NR_PARTS; i++)
+		if (!strcmp(part, part_name[i]))
+			return (cf->only >> i) & 1;
+	return 0;
 }
 
 static void usage(FILE *f)
@@ -141,12 +155,12 @@ static void usage(FILE *f)
 		"  -s, --socket PATH   use the chimed at PATH (default: start a private one, from\n"
 		"                      $CHIMED or next to this program, and stop it at the end)\n"
 		"  -q, --quick         small sizes (a smoke test, a few seconds)\n"
-		"  -n, --shards N      shards of the private chimed (default: its default, one per CPU;\n"
-		"                      with --busy-poll, one fewer, so that the client has a CPU)\n"
+		"  -n, --shards N      shards of the private chimed, 1..128 (default: its default, one\n"
+		"                      per CPU; with --busy-poll, one fewer, so that the client has a CPU)\n"
 		"      --only PARTS    comma list of ops,flood,expire,lat,timerfd (default: all)\n"
-		"  -N, --expire N      timers due at one instant in the expire phase (default 1M,\n"
-		"                      --quick 50k); above 1M the private chimed gets --capacity N\n"
-		"                      and no per-client quota\n"
+		"  -N, --expire N      timers due at one instant in the expire phase, 1..100000000\n"
+		"                      (default 1M, --quick 50k); above 1M the private chimed gets\n"
+		"                      --capacity N and no per-client quota\n"
 		"      --busy-poll     lateness drained by chime_poll() in a loop, not chime_wait();\n"
 		"                      the private chimed runs with --spin-us -1 (busy-poll mode)\n"
 		"                      and, without --shards, a shard fewer than the CPUs (at least 1)\n"
@@ -165,7 +179,8 @@ int bench_e2e(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct cfg cf = { .socket = NULL, .quick = 0, .shards = 0, .only = NULL, .busy_poll = 0, .expire_n = 0 };
+	struct cfg cf = { .socket = NULL, .quick = 0, .shards = 0, .only = 0, .busy_poll = 0, .expire_n = 0 };
+	uint64_t v;
 	struct broker b;
 	size_t sizes_full[] = { 100000, 1000000 }, sizes_quick[] = { 10000, 50000 };
 	size_t *sizes, tfd_max, nsizes = 2;
@@ -180,15 +195,26 @@ int bench_e2e(int argc, char **argv)
 		switch (opt) {
 		case 's': cf.socket = optarg; break;
 		case 'q': cf.quick = 1; break;
-		case 'n': cf.shards = atoi(optarg); break;
-		case 'o': cf.only = optarg; break;
+		case 'n':
+			if (bench_opt_u64("e2e", "--shards", optarg, 1, E2E_MAX_SHARDS, &v) < 0)
+				return 2;
+			cf.shards = (int)v;
+			break;
+		case 'o':
+			if (bench_opt_names("e2e", "--only", optarg, part_name, NR_PARTS, &cf.only) < 0)
+				return 2;
+			break;
 		case 'b': cf.busy_poll = 1; break;
-		case 'N': cf.expire_n = (size_t)strtoull(optarg, NULL, 0); break;
+		case 'N':
+			if (bench_opt_u64("e2e", "--expire", optarg, 1, E2E_MAX_EXPIRE, &v) < 0)
+				return 2;
+			cf.expire_n = (size_t)v;
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind < argc || cf.shards < 0) {
+	if (optind < argc) {
 		usage(stderr);
 		return 2;
 	}

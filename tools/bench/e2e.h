@@ -25,7 +25,7 @@
 #include "statsread.h"
 
 /*
- * `chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PART]`.
+ * `chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PARTS] ...`.
  * argv[0] is the mode's name. Prints one table; returns the process exit
  * status (0 ok, 1 failure or a correctness problem seen, 2 usage).
  */

@@ -11,7 +11,9 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,8 +252,152 @@ int broker_open(struct broker *b, chime_t **c)
 	return r;
 }
 
+/* ------------------------------------------------------------------------ */
+/* an interrupted run: stop the private chimed, remove its directory          */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * SIGINT, SIGTERM or SIGHUP during a run would otherwise kill this process
+ * and leave the private chimed's directory behind (its log at least, and
+ * with it the chimed too if the signal was ours alone). The benchmark loops
+ * must not check a flag (they are what is measured), and they can run for
+ * minutes: a handler that only records the signal would wait for them. So
+ * the handler does the cleanup itself and _exits(128 + signal), strictly
+ * with async-signal-safe calls (kill, waitpid, poll as a sleep, unlink,
+ * rmdir, write, _exit; strlen and memcpy) on paths computed by
+ * broker_start() before the fork, under a flag set last, with the signals
+ * blocked while they are written. It never returns, so nothing it
+ * interrupted (malloc, stdio) is touched again; stdout's unflushed lines are
+ * lost. broker_stop() blocks the signals while it stops the broker and
+ * disarms this before unblocking them: a signal meanwhile waits for the stop
+ * (at most 10 s), and then only exits, so the two never reap the same child.
+ * One private broker at a time (each mode starts at most one).
+ */
+static const int cleanup_sig[] = { SIGINT, SIGTERM, SIGHUP };
+#define NR_CLEANUP_SIG (sizeof(cleanup_sig) / sizeof(cleanup_sig[0]))
+
+static struct {
+	volatile sig_atomic_t armed;    /* the paths below are complete */
+	volatile sig_atomic_t pid;      /* the chimed to stop; 0 none (not yet forked, or reaped) */
+	char dir[PATH_MAX], log[PATH_MAX + 16], sock[PATH_MAX];
+	char scratch[PATH_MAX + 32];    /* the handler's: sock + a suffix */
+	int installed;
+} g_private;
+static atomic_flag g_cleaning = ATOMIC_FLAG_INIT;
+
+static void unlink_suffixed(const char *suffix, size_t sfx_len)
+{
+	size_t n = strlen(g_private.sock);
+
+	memcpy(g_private.scratch, g_private.sock, n);
+	memcpy(g_private.scratch + n, suffix, sfx_len);
+	g_private.scratch[n + sfx_len] = '\0';
+	(void)unlink(g_private.scratch);
+}
+
+static void on_interrupt(int sig)
+{
+	static const char msg[] = "chime-bench: interrupted: stopped the private chimed, removed its directory\n";
+
+	/* A second signal on another thread: the first one's _exit ends us both. */
+	if (atomic_flag_test_and_set(&g_cleaning))
+		for (;;)
+			pause();
+	if (g_private.armed) {
+		pid_t pid = (pid_t)g_private.pid;
+
+		if (pid > 0) {
+			int st, waited = 0;
+			pid_t w;
+
+			kill(pid, SIGTERM);     /* chimed then removes its socket and segments */
+			while ((w = waitpid(pid, &st, WNOHANG)) == 0 && waited < 5000) {
+				(void)poll(NULL, 0, 10);
+				waited += 10;
+			}
+			if (w == 0) {
+				kill(pid, SIGKILL);
+				(void)waitpid(pid, &st, 0);
+			}
+		}
+		/* What a chimed that could not clean up leaves (ENOENT otherwise). */
+		unlink_suffixed("", 0);
+		unlink_suffixed(".lock", 5);
+		unlink_suffixed(".ctl", 4);
+		unlink_suffixed(".sessions", 9);
+		for (unsigned i = 0; i < CHIME_MAX_SHARDS; i++) {
+			char num[12];
+			size_t k = sizeof(num);
+			unsigned v = i;
+
+			do
+				num[--k] = (char)('0' + v % 10);
+			while ((v /= 10) != 0 && k > 6);
+			memcpy(num + k - 6, ".shard", 6);
+			unlink_suffixed(num + k - 6, sizeof(num) - (k - 6));
+		}
+		(void)unlink(g_private.log);
+		(void)rmdir(g_private.dir);
+		(void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+	}
+	_exit(128 + sig);
+}
+
+static void cleanup_block(sigset_t *old)
+{
+	sigset_t set;
+
+	sigemptyset(&set);
+	for (size_t i = 0; i < NR_CLEANUP_SIG; i++)
+		sigaddset(&set, cleanup_sig[i]);
+	pthread_sigmask(SIG_BLOCK, &set, old);
+}
+
+/* With the signals blocked: the handler for each one not ignored (nohup keeps its SIG_IGN). */
+static void cleanup_install(void)
+{
+	struct sigaction sa, cur;
+
+	if (g_private.installed)
+		return;
+	g_private.installed = 1;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_interrupt;
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < NR_CLEANUP_SIG; i++)
+		sigaddset(&sa.sa_mask, cleanup_sig[i]);
+	for (size_t i = 0; i < NR_CLEANUP_SIG; i++)
+		if (sigaction(cleanup_sig[i], NULL, &cur) == 0 && cur.sa_handler != SIG_IGN)
+			sigaction(cleanup_sig[i], &sa, NULL);
+}
+
+/* In the child before exec: chimed gets the default dispositions and the caller's mask. */
+static void cleanup_child(const sigset_t *old)
+{
+	struct sigaction dfl;
+
+	memset(&dfl, 0, sizeof(dfl));
+	dfl.sa_handler = SIG_DFL;
+	sigemptyset(&dfl.sa_mask);
+	for (size_t i = 0; i < NR_CLEANUP_SIG; i++) {
+		struct sigaction cur;
+
+		if (sigaction(cleanup_sig[i], NULL, &cur) == 0 && cur.sa_handler == on_interrupt)
+			sigaction(cleanup_sig[i], &dfl, NULL);
+	}
+	pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+/* Nothing for the handler to do any more (with the signals blocked). */
+static void cleanup_disarm(void)
+{
+	g_private.armed = 0;
+	g_private.pid = 0;
+}
+
 int broker_start(struct broker *b, int shards, const char *spin_us)
 {
+	sigset_t old;
 	char log[PATH_MAX + 16], nshards[16], cap[24], fsbuf[32];
 	const char *tmp = getenv("TMPDIR"), *fs;
 	uint64_t end;
@@ -283,11 +429,22 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 	snprintf(nshards, sizeof(nshards), "%d", shards);
 	snprintf(cap, sizeof(cap), "%" PRIu64, b->capacity);
 
+	/* From here an interrupt removes the directory, and from the fork on stops chimed too. */
+	cleanup_block(&old);
+	cleanup_install();
+	snprintf(g_private.dir, sizeof(g_private.dir), "%s", b->dir);
+	snprintf(g_private.log, sizeof(g_private.log), "%s", log);
+	snprintf(g_private.sock, sizeof(g_private.sock), "%s", b->sock);
+	g_private.pid = 0;
+	atomic_signal_fence(memory_order_seq_cst);
+	g_private.armed = 1;
+
 	fflush(NULL);
 	b->pid = fork();
 	if (b->pid < 0) {
 		fprintf(stderr, "chime-bench: fork failed: %s\n", strerror(errno));
 		b->pid = 0;
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
 		return -1;
 	}
 	if (b->pid == 0) {
@@ -313,10 +470,13 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 			argv[argc++] = "--max-timers-per-client";
 			argv[argc++] = "0";
 		}
+		cleanup_child(&old);
 		execv(b->bin, (char *const *)argv);
 		fprintf(stderr, "chime-bench: exec('%s') failed: %s\n", b->bin, strerror(errno));
 		_exit(127);
 	}
+	g_private.pid = b->pid;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 
 	/* Ready when a client can connect and the control segment is there. */
 	end = now_ns() + 10 * NS_PER_S;
@@ -328,6 +488,10 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 		if (waitpid(b->pid, &st, WNOHANG) == b->pid) {
 			fprintf(stderr, "chime-bench: chimed exited at start-up (status %d); its log: %s\n",
 				WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), log);
+			/* reaped: the handler must not signal its pid; the log is kept, as said */
+			cleanup_block(&old);
+			cleanup_disarm();
+			pthread_sigmask(SIG_SETMASK, &old, NULL);
 			b->pid = 0;
 			return -1;
 		}
@@ -345,7 +509,7 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 }
 
 /* Stop our broker (if we started one); 0 if it stopped cleanly. */
-int broker_stop(struct broker *b)
+static int broker_stop_blocked(struct broker *b)
 {
 	char log[PATH_MAX + 16];
 	int st = 0, r = 0;
@@ -379,5 +543,17 @@ int broker_stop(struct broker *b)
 		unlink(log);
 		rmdir(b->dir);
 	}
+	return r;
+}
+
+int broker_stop(struct broker *b)
+{
+	sigset_t old;
+	int r;
+
+	cleanup_block(&old);
+	r = broker_stop_blocked(b);
+	cleanup_disarm();
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return r;
 }

@@ -39,8 +39,8 @@ static void usage(FILE *f)
 		"and wake-ups per second over S seconds, against the targets.\n"
 		"\n"
 		"  -s, --socket PATH   use the chimed at PATH (default: a private one)\n"
-		"  -n, --timers N      timers to arm (default 1000000)\n"
-		"  -t, --seconds S     the measuring window (default 10)\n"
+		"  -n, --timers N      timers to arm, 1..16000000 (default 1000000)\n"
+		"  -t, --seconds S     the measuring window, 1..3600 (default 10)\n"
 		"  -j, --json          the figures as JSON on stdout\n"
 		"  -h, --help          show this help\n");
 }
@@ -57,6 +57,7 @@ int bench_rest(int argc, char **argv)
 	};
 	const char *socket = NULL;
 	long n = 1000000, secs = 10;
+	uint64_t v;
 	int opt, json = 0, r = 0, cpu_ok, wake_ok;
 	struct bench_proc p0, p1;
 	struct bench_machine m;
@@ -70,14 +71,22 @@ int bench_rest(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "s:n:t:jh", lopts, NULL)) != -1) {
 		switch (opt) {
 		case 's': socket = optarg; break;
-		case 'n': n = atol(optarg); break;
-		case 't': secs = atol(optarg); break;
+		case 'n':
+			if (bench_opt_u64("rest", "--timers", optarg, 1, 16000000, &v) < 0)
+				return 2;
+			n = (long)v;
+			break;
+		case 't':
+			if (bench_opt_u64("rest", "--seconds", optarg, 1, 3600, &v) < 0)
+				return 2;
+			secs = (long)v;
+			break;
 		case 'j': json = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind < argc || n < 1 || n > 16000000 || secs < 1 || secs > 3600) {
+	if (optind < argc) {
 		usage(stderr);
 		return 2;
 	}

@@ -33,10 +33,7 @@
 #            second after its chimed is up: exit 143, the chimed is gone and
 #            its directory removed.
 #
-# tests/meson.build runs this script as compare, rest, apply and wheel; e2e
-# has no run of its own there. So before its benchmark, rest runs rest's
-# argument checks, and compare runs e2e's and compare's and the interrupt
-# check (apply and wheel have no numeric option).
+# tests/meson.build runs each mode as its own test (bench-MODE).
 #
 # Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel|args|interrupt [EXPECT]
 # Exit: 0 pass, 1 fail, 77 skipped (no jq; args and interrupt need none).
@@ -177,16 +174,6 @@ args)
 interrupt)
 	interrupt_check
 	exit 0
-	;;
-compare)
-	args_check e2e
-	args_check compare
-	echo "bench compare: $nbad bad values refused at once, each named"
-	interrupt_check
-	;;
-rest)
-	args_check rest
-	echo "bench rest: $nbad bad values refused at once, each named"
 	;;
 esac
 

@@ -639,22 +639,72 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 		stats_rearmed(sc->st, ch->slot);
 }
 
-static void op_cancel_key(struct shard_core *sc, struct chan *ch, uint64_t key)
-{
-	uint32_t i = keyidx_first(&sc->ki, ch->slot, key), next;
-	uint64_t armed = 0, fired = 0;
+/* ---- CANCEL_KEY, in steps ---- */
 
-	while (i != CHIME_NIL) {
-		next = keyidx_next(&sc->ki, i);
-		if (node_cancel(sc, ch, i))
-			armed++;
-		else
-			fired++;
-		i = next;
+static void walk_enqueue(struct shard_core *sc, struct chan *ch, uint64_t key, uint64_t pos)
+{
+	ch->walk_queued = 1;
+	ch->walk_begun = 0;
+	ch->walk_key = key;
+	ch->walk_pos = pos;
+	ch->walk_armed = ch->walk_fired = 0;
+	ch->walk_next = NULL;
+	if (sc->walk_tail)
+		sc->walk_tail->walk_next = ch;
+	else
+		sc->walk_head = ch;
+	sc->walk_tail = ch;
+}
+
+/* Off the list, done or abandoned (a detach); the next channel's walk begins at its turn. */
+static void walk_dequeue(struct shard_core *sc, struct chan *ch)
+{
+	struct chan **p = &sc->walk_head, *prev = NULL;
+
+	if (!ch->walk_queued)
+		return;
+	while (*p != ch) {
+		prev = *p;
+		p = &(*p)->walk_next;
 	}
-	stats_cancel_key(sc->st, ch->slot, armed);
-	if (fired)
-		stats_cancel_fired(sc->st, ch->slot, fired);
+	*p = ch->walk_next;
+	if (sc->walk_tail == ch)
+		sc->walk_tail = prev;
+	if (ch->walk_begun)
+		sc->ki.cursor = CHIME_NIL;
+	ch->walk_queued = 0;
+	ch->walk_next = NULL;
+}
+
+/*
+ * One step of this channel's CANCEL_KEY, if it is its turn. True once the
+ * walk is over: the record is applied and its slot the caller's to free.
+ * Each matching node is cancelled as it is met, as chime_cancel() would.
+ */
+static bool walk_step(struct shard_core *sc, struct chan *ch)
+{
+	unsigned budget = sc->walk_budget ? sc->walk_budget : CHAN_WALK_BUDGET;
+	uint32_t i;
+
+	if (sc->walk_head != ch)
+		return false;
+	if (!ch->walk_begun) {
+		keyidx_walk_begin(&sc->ki, ch->slot, ch->walk_key);
+		ch->walk_begun = 1;
+	}
+	while ((i = keyidx_walk_next(&sc->ki, &budget)) != CHIME_NIL) {
+		if (node_cancel(sc, ch, i))
+			ch->walk_armed++;
+		else
+			ch->walk_fired++;
+	}
+	if (!keyidx_walk_over(&sc->ki))
+		return false;
+	stats_cancel_key(sc->st, ch->slot, ch->walk_armed);
+	if (ch->walk_fired)
+		stats_cancel_fired(sc->st, ch->slot, ch->walk_fired);
+	walk_dequeue(sc, ch);
+	return true;
 }
 
 /*
@@ -743,11 +793,16 @@ static inline void prefetch_links(struct shard_core *sc, struct chan *ch, uint64
 unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 {
 	struct chime_sqe r;
-	uint64_t pos;
-	unsigned n;
+	uint64_t pos, applied;
+	unsigned n = 0;
 	uint32_t idx;
 
-	for (n = 0; n < budget; n++) {
+	if (ch->walk_queued) {
+		if (!walk_step(sc, ch))
+			return 0;
+		slot_free(sc, ch, ch->walk_pos);
+	}
+	for (; n < budget; n++) {
 		if (!chime_sq_pop(&ch->sq, &r, &pos))
 			break;
 		prefetch_record(sc, ch, pos + PREFETCH_NODE);
@@ -771,7 +826,11 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 				stats_cancel_fired(sc->st, ch->slot, 1);
 			break;
 		case CHIME_OP_CANCEL_KEY:
-			op_cancel_key(sc, ch, r.key);
+			walk_enqueue(sc, ch, r.key, pos);
+			if (!walk_step(sc, ch)) {
+				n++;
+				goto waiting;   /* the rest of the ring waits for it */
+			}
 			break;
 		case CHIME_OP_RESUMED:
 			carried_free(sc, ch);
@@ -789,10 +848,12 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 		/* The slot keeps its unused grant, or tries again if it held a marker. */
 		slot_free(sc, ch, pos);
 	}
-	if (ch->sq.head != ch->sq_head_pub) {
-		/* V1: every record below head applied, VOIDs included; pairs with D2 (the drainer's acquire of sq_head). */
-		at_store_rel(&ch->ro->sq_head, ch->sq.head);
-		ch->sq_head_pub = ch->sq.head;
+waiting:
+	applied = ch->walk_queued ? ch->walk_pos : ch->sq.head;
+	if (applied != ch->sq_head_pub) {
+		/* V1: every record below it applied, VOIDs included; pairs with D2 (the drainer's acquire of sq_head). */
+		at_store_rel(&ch->ro->sq_head, applied);
+		ch->sq_head_pub = applied;
 	}
 	return n;
 }
@@ -1002,6 +1063,8 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 	if (!ch->parked) {
 		/* What the process published before it went is applied, as if it had lived a little longer. */
 		(void)chan_drain(sc, ch, ch->sq_mask + 1);
+		if (ch->walk_queued)
+			return false;   /* a CANCEL_KEY in steps: the rest once it is done */
 		settle(sc, ch, false, 0);       /* gone before its word: all delivered again */
 		if (ch->handover)
 			grants_carry(sc, ch);
@@ -1113,6 +1176,7 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 
 	if (!ch->dying) {
 		ch->dying = 1;
+		walk_dequeue(sc, ch);   /* its CANCEL_KEY too: every node of the client goes */
 		grants_drop(sc, ch);
 		carried_free(sc, ch);
 		settle(sc, ch, false, 0);

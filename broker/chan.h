@@ -42,7 +42,21 @@ struct shard_core {
 	 * the filesystem refuses). Set by the shard thread; NULL in tests.
 	 */
 	bool (*grow)(struct shard_core *sc);
+	/*
+	 * CANCEL_KEYs applied in steps, in arrival order: the first channel
+	 * of this list walks the key index (at most walk_budget nodes per
+	 * chan_drain() call; 0: CHAN_WALK_BUDGET), the others wait their turn.
+	 */
+	struct chan *walk_head, *walk_tail;
+	unsigned walk_budget;
 };
+
+/*
+ * Nodes of the key index a CANCEL_KEY looks at per chan_drain() call: its
+ * chain can hold a million of one client's timers under one key, and the
+ * shard fires everyone's timers between steps. ~100 us at a cache miss each.
+ */
+#define CHAN_WALK_BUDGET 1024u
 
 /* Where a channel lives in a client's two segments (set up by the control thread). */
 struct chan_mem {
@@ -104,6 +118,13 @@ struct chan {
 	uint32_t sweep_pos;             /* reclaim, park: next slab index to look at */
 	uint32_t *park_order;           /* park: by cq position, the nodes whose events come back */
 	uint64_t wakes;                 /* client wake-ups done (socket messages) */
+	/* A CANCEL_KEY being applied in steps: its record, at walk_pos, is consumed last. */
+	struct chan *walk_next;         /* shard_core's list */
+	uint64_t walk_pos;
+	uint64_t walk_key;
+	uint64_t walk_armed, walk_fired;
+	uint8_t  walk_queued;
+	uint8_t  walk_begun;
 };
 
 /*
@@ -118,9 +139,18 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 
 /*
  * Apply up to `budget` published submissions. Returns how many records were
- * consumed. Publishes sq_head (release) after the VOIDs they caused.
+ * consumed. Publishes sq_head (release) after the VOIDs they caused. A
+ * CANCEL_KEY is applied in steps (CHAN_WALK_BUDGET), one channel's at a
+ * time: until it is done the channel's later records wait, and sq_head
+ * stays at it.
  */
 unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget);
+
+/* A CANCEL_KEY is being applied in steps: the shard has work even with no records. */
+static inline bool chan_walking(const struct shard_core *sc)
+{
+	return sc->walk_head != NULL;
+}
 
 /* A timer of this channel that the wheel popped (state ALLOC): deliver it or hold it. */
 void chan_fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns);

@@ -17,6 +17,7 @@ void keyidx_init(struct keyidx *ki, uint32_t *heads, uint32_t nbuckets, struct c
 	ki->nodes = nodes;
 	ki->mask = nbuckets - 1;
 	ki->seed = seed;
+	ki->cursor = CHIME_NIL;
 }
 
 uint32_t keyidx_buckets_for(uint32_t capacity)
@@ -41,26 +42,23 @@ void keyidx_insert(struct keyidx *ki, uint32_t idx)
 	ki->heads[b] = idx + 1;
 }
 
-static uint32_t match_from(const struct keyidx *ki, uint32_t i, uint16_t owner, uint64_t key)
+void keyidx_walk_begin(struct keyidx *ki, uint16_t owner, uint64_t key)
 {
-	while (i != CHIME_NIL) {
+	ki->walk_owner = owner;
+	ki->walk_key = key;
+	ki->cursor = ki->heads[keyidx_bucket(ki, owner, key)] - 1;  /* 0 - 1 == CHIME_NIL */
+}
+
+uint32_t keyidx_walk_next(struct keyidx *ki, unsigned *budget)
+{
+	while (ki->cursor != CHIME_NIL && *budget > 0) {
+		uint32_t i = ki->cursor;
 		const struct chime_node *n = &ki->nodes[i];
 
-		if (n->owner == owner && n->key == key)
+		(*budget)--;
+		ki->cursor = n->key_next;       /* first: i may be removed once returned */
+		if (n->owner == ki->walk_owner && n->key == ki->walk_key)
 			return i;
-		i = n->key_next;
 	}
 	return CHIME_NIL;
-}
-
-uint32_t keyidx_first(const struct keyidx *ki, uint16_t owner, uint64_t key)
-{
-	return match_from(ki, ki->heads[keyidx_bucket(ki, owner, key)] - 1, owner, key);
-}
-
-uint32_t keyidx_next(const struct keyidx *ki, uint32_t idx)
-{
-	const struct chime_node *n = &ki->nodes[idx];
-
-	return match_from(ki, n->key_next, n->owner, n->key);
 }

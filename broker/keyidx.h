@@ -20,6 +20,7 @@
 #ifndef CHIMED_KEYIDX_H
 #define CHIMED_KEYIDX_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "chime_shm.h"
@@ -28,7 +29,10 @@ struct keyidx {
 	uint32_t *heads;            /* shard segment; index + 1, 0 = empty */
 	struct chime_node *nodes;   /* the shard's slab */
 	uint32_t mask;              /* private: key_buckets - 1 */
+	uint32_t cursor;            /* private: the walk's next node (CHIME_NIL: none, or over) */
 	uint64_t seed;              /* private: mixed into every bucket, random per broker run */
+	uint64_t walk_key;          /* private: what the walk looks for */
+	uint16_t walk_owner;
 };
 
 /*
@@ -68,6 +72,8 @@ static inline void keyidx_remove(struct keyidx *ki, uint32_t idx)
 {
 	struct chime_node *n = &ki->nodes[idx];
 
+	if (__builtin_expect(idx == ki->cursor, 0))
+		ki->cursor = n->key_next;       /* a walk stopped here: it goes on from the next one */
 	if (n->key_next != CHIME_NIL)
 		ki->nodes[n->key_next].key_prev = n->key_prev;
 	if (n->key_prev != CHIME_NIL)
@@ -79,11 +85,25 @@ static inline void keyidx_remove(struct keyidx *ki, uint32_t idx)
 }
 
 /*
- * The first node of (owner, key), and the next one after idx; CHIME_NIL at
- * the end. To remove while walking, fetch the next node before removing the
- * current one. Cost: the bucket's chain length.
+ * A walk over the nodes of (owner, key) that can stop when its budget is
+ * spent and go on later, with nodes inserted and removed meanwhile: a
+ * CANCEL_KEY's. One walk at a time per index. The cursor is the next node
+ * of the bucket's chain to look at: keyidx_remove() of that node moves it
+ * on, and keyidx_insert() links new nodes at the chain's head, behind it,
+ * so a walk never sees a node inserted after it began.
+ *
+ * keyidx_walk_next() returns the walk's next node of (owner, key), having
+ * looked at no more than *budget nodes of the chain (each one counted,
+ * whoever's it is, and taken off *budget), or CHIME_NIL: the walk is over
+ * (keyidx_walk_over()) or the budget is spent. The node it returns may be
+ * removed at once. Cost: the chain's length in all, in steps of the budget.
  */
-uint32_t keyidx_first(const struct keyidx *ki, uint16_t owner, uint64_t key);
-uint32_t keyidx_next(const struct keyidx *ki, uint32_t idx);
+void keyidx_walk_begin(struct keyidx *ki, uint16_t owner, uint64_t key);
+uint32_t keyidx_walk_next(struct keyidx *ki, unsigned *budget);
+
+static inline bool keyidx_walk_over(const struct keyidx *ki)
+{
+	return ki->cursor == CHIME_NIL;
+}
 
 #endif /* CHIMED_KEYIDX_H */

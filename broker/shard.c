@@ -611,7 +611,7 @@ static uint64_t next_wake(struct shard *s)
 /* The re-check after sleeping = 1: is there anything the sleep could miss? */
 static bool anything_pending(struct shard *s, uint64_t wake_at)
 {
-	if (cmds_pending(s) || s->nr_dying)
+	if (cmds_pending(s) || s->nr_dying || chan_walking(&s->core))
 		return true;
 	for (uint32_t i = 0; i < s->nr_active; i++)
 		if (chan_pending(&s->core, s->active[i]))
@@ -694,7 +694,8 @@ static void loop(struct shard *s)
 			return;
 		for (uint32_t i = 0; i < s->nr_active; i++)
 			drained += chan_drain(sc, s->active[i], DRAIN_BUDGET);
-		if (drained)
+		/* a CANCEL_KEY in steps goes on in the next pass, records or not */
+		if (drained || chan_walking(sc))
 			work = true;
 		now = now_ns();
 		reserve_ahead(s, now);

@@ -67,6 +67,20 @@ uint64_t t_nodes(const char *sock, unsigned states);
 /* Wait (up to 3 s) for t_nodes() to reach want; returns the last count. */
 uint64_t t_nodes_settle(const char *sock, unsigned states, uint64_t want);
 
+#ifdef CHIMED_KEYIDX_H /* for the tests of the key index (they include keyidx.h first) */
+/* The first node of (owner, key) in the index, a walk of it in one go: CHIME_NIL if none. */
+static inline uint32_t t_key_first(struct keyidx *ki, uint16_t owner, uint64_t key)
+{
+	unsigned budget = UINT32_MAX;
+	uint32_t i;
+
+	keyidx_walk_begin(ki, owner, key);
+	i = keyidx_walk_next(ki, &budget);
+	ki->cursor = CHIME_NIL;
+	return i;
+}
+#endif
+
 #ifdef CHIME_H /* for the tests that link libchime (they include chime.h first) */
 #include <stdio.h>
 #include <string.h>

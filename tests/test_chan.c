@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "chan.h"
-#include "helpers.h"
 #include "keyidx.h"
+#include "helpers.h"   /* after keyidx.h: its key-index helpers */
 #include "ring.h"
 #include "segment.h"
 #include "stats.h"
@@ -527,8 +527,108 @@ Test(chan, reclaim_frees_every_node_of_the_client)
 		cr_assert(n->state == CHIME_NODE_FREE || n->owner == 1, "node %u leaked", i);
 	}
 	wheel_check(&F.sc.wh);
-	cr_assert_eq(keyidx_first(&F.sc.ki, 0, 0), CHIME_NIL);
-	cr_assert_eq(keyidx_first(&F.sc.ki, 1, 0) != CHIME_NIL, 1);
+	cr_assert_eq(t_key_first(&F.sc.ki, 0, 0), CHIME_NIL);
+	cr_assert_neq(t_key_first(&F.sc.ki, 1, 0), CHIME_NIL);
+}
+
+/* Armed timers of (owner, key), from the slab. */
+static unsigned armed_of(uint16_t owner, uint64_t key)
+{
+	unsigned n = 0;
+
+	for (uint32_t i = 0; i < F.sc.wh.w->high_water; i++) {
+		const struct chime_node *nd = wheel_node(&F.sc.wh, i);
+
+		n += nd->state == CHIME_NODE_ARMED && nd->owner == owner && nd->key == key;
+	}
+	return n;
+}
+
+/*
+ * A CANCEL_KEY is applied in steps of walk_budget nodes, so that a chain of
+ * a million timers under one key cannot hold the shard: its channel's later
+ * records wait for it (and sq_head stays at it), another channel's records
+ * go on, and another channel's CANCEL_KEY waits its turn.
+ */
+Test(chan, cancel_key_is_applied_in_steps_and_in_turn)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
+	uint64_t head_at, keep;
+	unsigned steps = 0;
+
+	client_init(b, 1);
+	for (int i = 0; i < 200; i++) {
+		arm(a, 9, T0 + 3600 * MS, 0, 1);
+		if (i % 10 == 0) {
+			arm(a, 8, T0 + 3600 * MS, 0, 2);
+			arm(b, 9, T0 + 3600 * MS, 0, 3);
+		}
+		if (i % 4 == 3)
+			step();
+	}
+	step();
+	cr_assert_eq(armed_of(0, 9), 200);
+	F.sc.walk_budget = 8;
+	head_at = a->m.rw->sq_tail;
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	keep = arm(a, 9, T0 + 3600 * MS, 0, 4);         /* after the cancel: it stays */
+	(void)arm(b, 7, T0 + 3600 * MS, 0, 5);
+	step();
+	cr_assert_geq(armed_of(0, 9), 200 - 8, "one step cancels at most its budget");
+	cr_assert_lt(armed_of(0, 9), 200);
+	cr_assert_eq(a->m.ro->sq_head, head_at, "sq_head stays at the CANCEL_KEY until it is done");
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(keep))->state, CHIME_NODE_GRANTED,
+		     "the arm after it waits");
+	cr_assert_eq(armed_of(1, 7), 1, "another client's records go on meanwhile");
+	submit(b, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	step();
+	cr_assert_eq(armed_of(1, 9), 20, "the other client's CANCEL_KEY waits its turn");
+	while (a->m.ro->sq_head == head_at) {
+		cr_assert_lt(++steps, 1000);
+		step();
+	}
+	cr_assert_gt(steps, 200 / 8 / 2, "in steps, not at once (%u)", steps);
+	cr_assert_eq(armed_of(0, 9), 1, "only the timer armed after it");
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(keep))->state, CHIME_NODE_ARMED);
+	cr_assert_eq(armed_of(0, 8), 20, "another key untouched");
+	while (armed_of(1, 9) > 0) {
+		cr_assert_lt(++steps, 2000);
+		step();
+	}
+	cr_assert_null(F.sc.walk_head);
+	cr_assert_eq(F.st.sh.cancel_keys, 2);
+	cr_assert_eq(F.st.sh.cancels, 220);
+	cr_assert_eq(b->m.ro->sq_head, b->m.rw->sq_tail, "every record of the other client applied");
+}
+
+/* A client that goes while its CANCEL_KEY is being walked: the walk is dropped, the next one begins. */
+Test(chan, a_detach_drops_its_walk_and_the_next_one_goes_on)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
+	unsigned steps = 0;
+
+	client_init(b, 1);
+	for (int i = 0; i < 100; i++) {
+		arm(a, 9, T0 + 3600 * MS, 0, 1);
+		arm(b, 9, T0 + 3600 * MS, 0, 1);
+		if (i % 4 == 3)
+			step();
+	}
+	step();
+	F.sc.walk_budget = 4;
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	submit(b, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	step();
+	cr_assert_eq(F.sc.walk_head, &a->ch);
+	while (!chan_reclaim(&F.sc, &a->ch, 1000))
+		;
+	cr_assert_eq(F.sc.walk_head, &b->ch);
+	while (armed_of(1, 9) > 0) {
+		cr_assert_lt(++steps, 1000);
+		step();
+	}
+	cr_assert_null(F.sc.walk_head);
+	cr_assert_null(F.sc.walk_tail);
 }
 
 /* Take every free node of the slab for a client that is not ours (slot 3). */

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "helpers.h"
 #include "keyidx.h"
+#include "helpers.h"   /* after keyidx.h: its key-index helpers */
 
 #define N       4096u
 #define BUCKETS 1024u
@@ -39,8 +39,8 @@ TestSuite(keyidx, .init = setup, .fini = teardown);
 
 Test(keyidx, zeroed_heads_are_an_empty_index)
 {
-	cr_assert_eq(keyidx_first(&ki, 0, 0), CHIME_NIL);
-	cr_assert_eq(keyidx_first(&ki, 7, 12345), CHIME_NIL);
+	cr_assert_eq(t_key_first(&ki, 0, 0), CHIME_NIL);
+	cr_assert_eq(t_key_first(&ki, 7, 12345), CHIME_NIL);
 }
 
 Test(keyidx, buckets_scale_with_capacity)
@@ -58,17 +58,20 @@ Test(keyidx, finds_only_its_owner_and_key)
 	nodes[4] = (struct chime_node){ .owner = 1, .key = 5 };
 	for (uint32_t i = 1; i <= 4; i++)
 		keyidx_insert(&ki, i);
-	uint32_t a = keyidx_first(&ki, 1, 5);
-	uint32_t b = keyidx_next(&ki, a);
+	uint32_t a, b, budget = 100;
 
+	keyidx_walk_begin(&ki, 1, 5);
+	a = keyidx_walk_next(&ki, &budget);
+	b = keyidx_walk_next(&ki, &budget);
 	cr_assert(a == 1 || a == 4);
 	cr_assert(b == 1 || b == 4);
 	cr_assert_neq(a, b);
-	cr_assert_eq(keyidx_next(&ki, b), CHIME_NIL);
+	cr_assert_eq(keyidx_walk_next(&ki, &budget), CHIME_NIL);
+	cr_assert(keyidx_walk_over(&ki));
 	keyidx_remove(&ki, 4);
-	cr_assert_eq(keyidx_first(&ki, 1, 5), 1);
-	cr_assert_eq(keyidx_next(&ki, 1), CHIME_NIL);
-	cr_assert_eq(keyidx_first(&ki, 2, 5), 2);
+	cr_assert_eq(t_key_first(&ki, 1, 5), 1);
+	cr_assert_eq(t_key_first(&ki, 2, 5), 2);
+	cr_assert_eq(t_key_first(&ki, 1, 6), 3);
 }
 
 Test(keyidx, random_model)
@@ -95,7 +98,10 @@ Test(keyidx, random_model)
 
 				for (uint32_t j = 0; j < N; j++)
 					want += linked[j] && nodes[j].owner == o && nodes[j].key == k;
-				for (uint32_t j = keyidx_first(&ki, o, k); j != CHIME_NIL; j = keyidx_next(&ki, j)) {
+				unsigned budget = UINT32_MAX;
+
+				keyidx_walk_begin(&ki, o, k);
+				for (uint32_t j; (j = keyidx_walk_next(&ki, &budget)) != CHIME_NIL;) {
 					cr_assert(linked[j]);
 					cr_assert_eq(nodes[j].owner, o);
 					cr_assert_eq(nodes[j].key, k);
@@ -113,17 +119,84 @@ Test(keyidx, remove_while_walking)
 		nodes[i] = (struct chime_node){ .owner = 3, .key = 9 };
 		keyidx_insert(&ki, i);
 	}
-	unsigned n = 0;
+	unsigned n = 0, budget = UINT32_MAX;
 
-	for (uint32_t i = keyidx_first(&ki, 3, 9), next; i != CHIME_NIL; i = next) {
-		next = keyidx_next(&ki, i);
+	keyidx_walk_begin(&ki, 3, 9);
+	for (uint32_t i; (i = keyidx_walk_next(&ki, &budget)) != CHIME_NIL; n++)
 		keyidx_remove(&ki, i);
-		n++;
-	}
 	cr_assert_eq(n, 100);
-	cr_assert_eq(keyidx_first(&ki, 3, 9), CHIME_NIL);
+	cr_assert_eq(t_key_first(&ki, 3, 9), CHIME_NIL);
 	for (uint32_t b = 0; b < BUCKETS; b++)
 		cr_assert_eq(heads[b], 0);
+}
+
+/*
+ * A walk in steps, with the index changing between them as the shard's
+ * other work changes it: it finds exactly the nodes of its key that were
+ * there when it began and are still there, each once, whoever else is
+ * inserted or removed (the cursor node included), and every step looks at
+ * no more nodes than its budget.
+ */
+Test(keyidx, a_walk_in_steps_survives_inserts_and_removes)
+{
+	uint64_t rng = 99;
+	unsigned seen[N] = { 0 };
+	uint8_t at_start[N];
+
+	uint64_t other[4];
+	unsigned nother = 0;
+
+	/* keys of owner 2 that share (1, 5)'s bucket: one chain for all */
+	for (uint64_t k = 0; nother < 4; k++)
+		if (keyidx_bucket(&ki, 2, k) == keyidx_bucket(&ki, 1, 5))
+			other[nother++] = k;
+	for (uint32_t i = 0; i < N; i++) {
+		if (i % 3)
+			nodes[i] = (struct chime_node){ .owner = 2, .key = other[i % 4] };
+		else
+			nodes[i] = (struct chime_node){ .owner = 1, .key = 5 };
+		if (splitmix64(&rng) % 2) {
+			keyidx_insert(&ki, i);
+			linked[i] = 1;
+		}
+		at_start[i] = linked[i];
+	}
+	keyidx_walk_begin(&ki, 1, 5);
+	while (!keyidx_walk_over(&ki)) {
+		unsigned budget = 7, before = budget;
+		uint32_t j;
+
+		while ((j = keyidx_walk_next(&ki, &budget)) != CHIME_NIL) {
+			cr_assert_eq(nodes[j].owner, 1);
+			cr_assert(linked[j] && at_start[j], "node %u was not there when the walk began", j);
+			seen[j]++;
+			if (splitmix64(&rng) % 2) {
+				keyidx_remove(&ki, j);  /* cancelled as it is met */
+				linked[j] = 0;
+			}
+		}
+		cr_assert_leq(before - budget, 7);
+		/* between steps: others' nodes come and go, the cursor's among them */
+		for (int k = 0; k < 5; k++) {
+			uint32_t i = (uint32_t)(splitmix64(&rng) % N);
+
+			if (k == 0 && ki.cursor != CHIME_NIL)
+				i = ki.cursor;
+			if (linked[i]) {
+				keyidx_remove(&ki, i);
+				linked[i] = 0;
+			} else {
+				keyidx_insert(&ki, i);
+				linked[i] = 1;
+				at_start[i] = 0;        /* inserted after the walk began: never seen */
+			}
+		}
+	}
+	for (uint32_t i = 0; i < N; i++) {
+		cr_assert_leq(seen[i], 1, "node %u seen twice", i);
+		if (nodes[i].owner == 1 && at_start[i] && linked[i])
+			cr_assert_eq(seen[i], 1, "node %u, linked all along, was missed", i);
+	}
 }
 
 /* chimed's seed is random per run: another seed sends the same keys elsewhere. */

@@ -170,7 +170,7 @@ static bool grant_usable(uint64_t grant)
 	return !chime_grant_is_marker(grant);
 }
 
-static void world_init(uint64_t quota)
+static void world_init(uint64_t quota, unsigned walk_budget)
 {
 	size_t wsz = wheel_region_size(CAP);
 	uint32_t nb = keyidx_buckets_for(CAP);
@@ -209,6 +209,7 @@ static void world_init(uint64_t quota)
 	W.sc.capacity = CAP;
 	W.sc.max_clients = NCL;
 	W.sc.quota = quota;
+	W.sc.walk_budget = walk_budget;
 	W.now = T0;
 	W.nt = 0;
 	W.max_deadline = T0;
@@ -338,6 +339,19 @@ static bool shard_reclaim(unsigned c, uint32_t budget)
 	chan_fini(&cl->ch);
 	cl->attached = false;
 	return true;
+}
+
+/*
+ * Park client c, in steps as the shard does: between them the shard's
+ * other work goes on, and with it another channel's CANCEL_KEY walk that
+ * c's own may be waiting behind (budget 0: walk steps, no new records).
+ */
+static void shard_park(unsigned c, uint32_t budget)
+{
+	while (!chan_park(&W.sc, &W.cl[c].ch, budget))
+		for (unsigned o = 0; o < NCL; o++)
+			if (o != c && live(o))
+				chan_drain(&W.sc, &W.cl[o].ch, 0);
 }
 
 /* ---- the honest client ---- */
@@ -500,8 +514,7 @@ static void honest_park(struct prog *g)
 	struct client *c = &W.cl[HONEST];
 	uint8_t how = u8(g);
 
-	while (!chan_park(&W.sc, &c->ch, 1 + how % 64))
-		;
+	shard_park(HONEST, 1 + how % 64);
 	check_world();
 	if (how & 64) {
 		W.now += u32(g) % (256 * RES);
@@ -675,8 +688,7 @@ static void step(struct prog *g)
 
 		if (live(hc) && how < 96) {
 			h->ch.handover = how & 1;       /* a broker stop: grants carried, not freed */
-			while (!chan_park(&W.sc, &h->ch, 1 + how % 64))
-				;
+			shard_park(hc, 1 + how % 64);
 			CHECK(h->ch.parked, "client %u parked, not marked", hc);
 		} else if (W.cl[hc].attached && h->ch.parked && !h->ch.dying && how < 192) {
 			client_reattach(h, how & 1);   /* resuming: the carried grants stay */
@@ -795,8 +807,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct prog g = { .p = data, .n = size };
 	unsigned steps = 0;
 
-	/* The first byte picks the per-client quota: none, or one the clients reach. */
-	world_init(size && data[0] & 1 ? 4 + (data[0] >> 1) % 48 : UINT64_MAX);
+	/*
+	 * The first byte picks the per-client quota (none, or one the clients
+	 * reach) and how many nodes a CANCEL_KEY looks at per step (1-8: its
+	 * walks take steps, with the others' records and firings between them).
+	 */
+	world_init(size && data[0] & 1 ? 4 + (data[0] >> 1) % 48 : UINT64_MAX,
+		   size ? 1 + (data[0] >> 5) : 0);
 	while (g.off < g.n && steps++ < 4096) {
 		step(&g);
 		check_world();

@@ -4,7 +4,8 @@
 # man: every installed man page renders without a warning (groff -ww, and
 # man -l when man-db is there); each libchime page has the sections an adopter
 # looks for; every function chime.h declares has its page, listed in
-# libchime(3); every chime page a page cites exists.
+# libchime(3); every chime page a page cites exists; no font macro line
+# carries prose (groff renders its words run together, and says nothing).
 #
 # Usage: test_man.sh CHIME_H PAGE...
 # Exit: 0 pass, 1 fail, 77 skipped (no groff).
@@ -44,6 +45,17 @@ for p in "$@"; do
 		MANWIDTH=80 man --warnings=w -l "$p" >/dev/null 2>"$tmp/out" || fail "$name: man -l failed"
 		[ -s "$tmp/out" ] && { fail "$name: man -l warns:"; cat "$tmp/out"; }
 	fi
+	# .BR/.IR/.BI/... alternate fonts with no space between arguments: three
+	# plain words in a row outside quotes are prose glued together
+	# (".BR chime_flush (3). If the ring is full" renders "(3).Iftheringisfull").
+	awk '/^\.(BR|BI|IR|IB|RB|RI)[ \t]/ {
+		l = $0; gsub(/"[^"]*"/, " \" ", l); n = split(l, a, /[ \t]+/); run = 0
+		for (i = 2; i <= n; i++) {
+			run = a[i] ~ /^[A-Za-z]+[,.;:]?$/ ? run + 1 : 0
+			if (run >= 3) { printf "%d: %s\n", FNR, $0; next }
+		}
+	}' "$p" >"$tmp/out"
+	[ -s "$tmp/out" ] && { fail "$name: a font macro line carries prose (words run together):"; cat "$tmp/out"; }
 	case $name in
 	chime_*.3)
 		for s in NAME SYNOPSIS DESCRIPTION "RETURN VALUE" ERRORS "THREAD SAFETY" PROGRESS "SEE ALSO"; do

@@ -12,8 +12,10 @@
  */
 #include <criterion/criterion.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <pty.h>
@@ -36,6 +38,8 @@
 #include <chime.h>
 
 static char dir[128], sock[192], out[256], err[256];
+
+static char *slurp(const char *path);
 
 static void setup(void)
 {
@@ -81,6 +85,84 @@ static int run(const char *fmt, ...)
 	snprintf(full, sizeof(full), "%s >'%s' 2>'%s'", cmd, out, err);
 	st = system(full);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/*
+ * run(), as uid/gid `id` (root only): stdout and stderr opened first, so the
+ * user needs no write access to them. The tools run from copies in `dir`
+ * (t_tool_copy), with LD_LIBRARY_PATH set there by the caller.
+ */
+static int run_as(uid_t id, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int run_as(uid_t id, const char *fmt, ...)
+{
+	char cmd[1024];
+	va_list ap;
+	pid_t p;
+	int st;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	p = fork();
+	cr_assert_geq(p, 0);
+	if (p == 0) {
+		int o = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		int e = open(err, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+		if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0 || setgroups(0, NULL) < 0 ||
+		    setresgid(id, id, id) < 0 || setresuid(id, id, id) < 0)
+			_exit(99);
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(98);
+	}
+	cr_assert_eq(waitpid(p, &st, 0), p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* A user the tests' brokers do not admit, for run_as(): nobody. Skips unless root. */
+static uid_t other_user(void)
+{
+	if (geteuid() != 0)
+		cr_skip_test("needs root (runs the tools as nobody, uid 65534)");
+	return 65534;
+}
+
+/*
+ * A file of the source tree, by this file's path (meson compiles it as
+ * "../tests/test_tools.c" from the build root, where meson test runs).
+ */
+static const char *src_file(const char *rel)
+{
+	static char path[PATH_MAX];
+	const char *slash = strrchr(__FILE__, '/');
+
+	snprintf(path, sizeof(path), "%.*s/../%s", slash ? (int)(slash - __FILE__) : 1, slash ? __FILE__ : ".", rel);
+	if (access(path, R_OK) != 0)
+		cr_skip_test("source file %s not found from %s (not run from the build root?)", rel, path);
+	return path;
+}
+
+/* Collapse runs of white space into one space, in place. */
+static char *squeeze(char *s)
+{
+	char *w = s;
+
+	for (const char *r = s; *r; r++) {
+		if (isspace((unsigned char)*r) && (w == s || w[-1] == ' '))
+			continue;
+		*w++ = isspace((unsigned char)*r) ? ' ' : *r;
+	}
+	if (w > s && w[-1] == ' ')
+		w--;
+	*w = '\0';
+	return s;
+}
+
+/* A man page rendered as plain ASCII on one long line per paragraph (into `out`). */
+static char *render_man(const char *page)
+{
+	cr_assert_eq(run("groff -man -Tascii -P-cbou -rLL=5000n '%s'", page), 0, "groff: %s", slurp(err));
+	return slurp(out);
 }
 
 static char *slurp(const char *path)
@@ -451,6 +533,15 @@ Test(tools_fake, dead_pid_means_not_running)
 	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3);
 	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
 	cr_assert_eq(run("%s --socket '%s' shutdown", bin("CHIMECTL"), sock), 3);
+	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 3);
+	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 3);
+	cr_assert(strstr(slurp(out), "4242"), "the last state is still shown: %s", slurp(out));
+	/* timers reads the same segments: the same liveness check, the same exit status */
+	cr_assert_eq(run("%s --socket '%s' timers --client 4242", bin("CHIMECTL"), sock), 3, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -j timers --client 4242", bin("CHIMECTL"), sock), 3);
+	cr_assert_eq(jq(".running == false and .exit_status == 3"), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' timers --client 1", bin("CHIMECTL"), sock), 3);
 	chime_seg_unmap(&f.map);
 }
 
@@ -464,14 +555,26 @@ Test(tools_fake, stale_heartbeat_means_not_running)
 	chime_seg_unmap(&f.map);
 }
 
-Test(tools_fake, no_segment_exit_1_with_hint)
+/* No broker at all: chimestat cannot read (1); every chimectl command says it is not running (3). */
+Test(tools_fake, no_broker_chimestat_exits_1_every_chimectl_command_3)
 {
+	static const char *const cmds[] = { "status", "clients", "timers --client 1", "sessions", "reset-stats",
+					    "drop-session x", "shutdown", "restart" };
+
 	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1);
 	cr_assert(strstr(slurp(err), "chimestat: cannot open '"), "%s", slurp(err));
 	cr_assert(strstr(slurp(err), ".ctl': No such file or directory (is chimed running?)"), "%s", slurp(err));
-	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1);
-	cr_assert(strstr(slurp(err), "chimectl: cannot open '"), "%s", slurp(err));
-	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 1);
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		cr_assert_eq(run("%s --socket '%s' %s", bin("CHIMECTL"), sock, cmds[i]), 3, "chimectl %s: %s",
+			     cmds[i], slurp(err));
+		cr_assert(strstr(slurp(err), "is chimed running?"), "chimectl %s: %s", cmds[i], slurp(err));
+		cr_assert_eq(run("%s --socket '%s' -j %s", bin("CHIMECTL"), sock, cmds[i]), 3);
+		cr_assert_eq(jq(".exit_status"), 3, "%s", slurp(out));
+	}
+	/* A socket file left behind that nobody listens on: refused, the same. */
+	cr_assert_eq(run("python3 -c 'import socket; socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).bind(\"%s\")'",
+			 sock), 0, "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' sessions", bin("CHIMECTL"), sock), 3, "%s", slurp(err));
 }
 
 Test(tools_fake, usage_errors_exit_2)
@@ -496,9 +599,9 @@ Test(tools_fake, clients_and_status_without_socket)
 	fake_make(&f, getpid(), 0);
 	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 	cr_assert(strstr(slurp(out), "4242"), "%s", slurp(out));
-	/* Alive by the segment, but nobody answers on the socket. */
-	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1);
-	cr_assert(strstr(slurp(err), "handshake"), "%s", slurp(err));
+	/* Alive by the segment, but nobody listens on the socket: not running. */
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3);
+	cr_assert(strstr(slurp(err), "handshake") && strstr(slurp(err), "nothing listens"), "%s", slurp(err));
 	/* Not chimed at that pid: shutdown refuses to signal it. */
 	cr_assert_eq(run("%s --socket '%s' shutdown", bin("CHIMECTL"), sock), 1);
 	cr_assert(strstr(slurp(err), "not chimed"), "%s", slurp(err));
@@ -873,6 +976,11 @@ Test(tools_live, sigkill_leaves_last_state_readable)
 	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 3);
 	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
 	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3);
+	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 3);
+	cr_assert_eq(run("%s --socket '%s' timers --client %d", bin("CHIMECTL"), sock, (int)getpid()), 3,
+		     "a dead broker's timers: %s", slurp(err));
+	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' sessions", bin("CHIMECTL"), sock), 3, "%s", slurp(err));
 	chime_close(a);
 }
 
@@ -906,7 +1014,8 @@ Test(tools_live, chimectl_json_for_every_command)
 	cr_assert_eq(jq(".timers | length"), 2);
 	cr_assert_eq(jq(".shown"), 2);
 	cr_assert_eq(jq(".total"), 3);
-	cr_assert_eq(jq("[.timers[] | select(.key == 9 and .user_data == 42 and .state == \"armed\")] | length"), 2);
+	cr_assert_eq(jq("[.timers[] | select(.key == \"9\" and .user_data == \"42\" and .state == \"armed\")] | length"),
+		     2);
 	cr_assert_eq(jq(".timers[0].deadline_in_ns > 3500000000000"), 1);
 	cr_assert_eq(run("%s --socket '%s' --json timers --client 1", bin("CHIMECTL"), sock), 1);
 	cr_assert_eq(jq(".ok == false and .exit_status == 1 and (.error | test(\"no client with pid 1\"))"), 1,
@@ -921,8 +1030,48 @@ Test(tools_live, chimectl_json_for_every_command)
 	cr_assert_eq(jq(".pid"), broker);
 	waitpid(broker, NULL, 0);
 	broker = 0;
-	cr_assert_eq(run("%s --socket '%s' --json status", bin("CHIMECTL"), sock), 1);
+	cr_assert_eq(run("%s --socket '%s' --json status", bin("CHIMECTL"), sock), 3);
 	cr_assert_eq(jq(".ok == false and (.error | length > 0)"), 1, "%s", slurp(out));
+}
+
+/*
+ * Ids, keys and user_data are uint64_t: JSON carries the id as the text's
+ * hex string, key and user_data as decimal strings, exact at 2^63 and up.
+ */
+Test(tools_live, chimectl_json_ids_keys_and_user_data_are_exact)
+{
+	struct chime_opts o = { .socket_path = sock };
+	char idstr[32], expr[256];
+	chime_id_t id;
+	chime_t *a;
+
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	cr_assert_eq(chime_arm(a, UINT64_MAX, chime_now() + UINT64_C(3600000000000), 0, (UINT64_C(1) << 63) + 5,
+			       &id), 0);
+	settle(".shards[0].armed", 1);
+	snprintf(idstr, sizeof(idstr), "0x%" PRIx64, (uint64_t)id);
+	cr_assert_eq(run("%s --socket '%s' -j timers --client %d", bin("CHIMECTL"), sock, (int)getpid()), 0,
+		     "%s", slurp(err));
+	snprintf(expr, sizeof(expr), ".timers[0].id == \"%s\"", idstr);
+	cr_assert_eq(jq(expr), 1, "want id %s: %s", idstr, slurp(out));
+	cr_assert_eq(jq(".timers[0].key == \"18446744073709551615\""), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".timers[0].user_data == \"9223372036854775813\""), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' timers --client %d", bin("CHIMECTL"), sock, (int)getpid()), 0);
+	cr_assert(strstr(slurp(out), idstr) && strstr(slurp(out), " 18446744073709551615 "),
+		  "the text shows the same id and key: %s", slurp(out));
+	chime_close(a);
+}
+
+/* The broker answers one query per 50 ms: chimectl waits for its turn instead of failing. */
+Test(tools_live, back_to_back_queries_wait_for_the_broker)
+{
+	const char *ctl = bin("CHIMECTL");
+
+	start_broker("--shards 1");
+	cr_assert_eq(run("%s -s '%s' sessions && %s -s '%s' sessions && %s -s '%s' -j sessions", ctl, sock, ctl, sock,
+			 ctl, sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".ok"), 1);
 }
 
 Test(tools_live, shutdown_stops_and_removes_segments)
@@ -936,7 +1085,7 @@ Test(tools_live, shutdown_stops_and_removes_segments)
 	broker = 0;
 	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1);
 	cr_assert(strstr(slurp(err), "(is chimed running?)"), "%s", slurp(err));
-	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1);
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3);
 }
 
 
@@ -1647,4 +1796,201 @@ Test(tools_live_view, not_a_terminal_prints_plain_frames_silently)
 	cr_assert_null(strchr(o, '\033'), "escape sequences in a file: %s", o);
 	cr_assert(strstr(o, "(rates: averages since start)"), "%s", o);
 	cr_assert_str_empty(slurp(err));
+}
+
+/* ---------------------------------------------------------------------- */
+/* Another user: what chimectl says when it may not do something            */
+/* ---------------------------------------------------------------------- */
+
+TestSuite(tools_users, .init = setup, .fini = live_teardown, .timeout = 120);
+
+/* The tools, copied where nobody can run them ("ctl" for chimectl); dir becomes searchable. */
+static const char *tool_for_others(const char *env)
+{
+	const char *p;
+
+	cr_assert_eq(chmod(dir, 0711), 0);
+	p = t_tool_copy(dir, env);
+	cr_assert_not_null(p);
+	return p;
+}
+
+/* shutdown and restart by a user who is not root or the broker's: not permitted, exit 4. */
+Test(tools_users, shutdown_and_restart_by_another_user_exit_4)
+{
+	uid_t u = other_user();
+	const char *ctl = tool_for_others("CHIMECTL");
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s shutdown", dir, ctl, sock), 4, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "only root and the broker's user"), "%s", slurp(err));
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s restart", dir, ctl, sock), 4, "%s", slurp(err));
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s -j shutdown", dir, ctl, sock), 4);
+	cr_assert_eq(jq(".exit_status"), 4, "%s", slurp(out));
+	chime_seg_unmap(&f.map);
+}
+
+/*
+ * A user the broker does not admit is told so: not that the client or the
+ * session is another user's (it may not exist), not exit 4 for a session.
+ */
+Test(tools_users, a_user_not_admitted_is_told_so)
+{
+	static const char *const cmds[] = { "status", "clients", "sessions", "timers --client 1",
+					    "drop-session demo1" };
+	uid_t u = other_user();
+	const char *ctl = tool_for_others("CHIMECTL");
+
+	start_broker("--shards 1 --allow-uid 1");       /* others may be admitted: the socket is 0666 */
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s %s", dir, ctl, sock, cmds[i]), 1,
+			     "chimectl %s: %s", cmds[i], slurp(err));
+		cr_assert(strstr(slurp(err), "did not admit this user"), "chimectl %s: %s", cmds[i], slurp(err));
+		cr_assert(!strstr(slurp(err), "another user"), "chimectl %s: %s", cmds[i], slurp(err));
+		usleep(60 * 1000);      /* one query per 50 ms */
+	}
+	/* Root and the broker's user are always admitted: reset-stats is refused either way. */
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s reset-stats", dir, ctl, sock), 4, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "did not admit this user"), "%s", slurp(err));
+}
+
+/* No broker, the socket's directory closed to this user: a permission problem, not the broker's policy. */
+Test(tools_users, an_unreachable_socket_is_not_a_policy_refusal)
+{
+	uid_t u = other_user();
+	const char *ctl = tool_for_others("CHIMECTL");
+	char priv[256];
+
+	snprintf(priv, sizeof(priv), "%s/priv", dir);
+	cr_assert_eq(mkdir(priv, 0700), 0);
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s/s.sock status", dir, ctl, priv), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "may not reach the socket"), "%s", slurp(err));
+	cr_assert(!strstr(slurp(err), "policy") && !strstr(slurp(err), "admit"), "%s", slurp(err));
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s/s.sock sessions", dir, ctl, priv), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "may not connect"), "%s", slurp(err));
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s/s.sock drop-session demo1", dir, ctl, priv), 1);
+	cr_assert(!strstr(slurp(err), "another user"), "%s", slurp(err));
+}
+
+/* ---------------------------------------------------------------------- */
+/* Options and documentation agree with the programs                        */
+/* ---------------------------------------------------------------------- */
+
+/* chimed refuses an empty --socket; so do the tools (not the default socket, silently). */
+Test(tools_fake, empty_socket_is_a_usage_error)
+{
+	cr_assert_eq(run("%s -s '' -1", bin("CHIMESTAT")), 2);
+	cr_assert(strstr(slurp(err), "--socket needs a path"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket= status", bin("CHIMECTL")), 2);
+	cr_assert(strstr(slurp(err), "--socket needs a path"), "%s", slurp(err));
+	/* $CHIME_SOCKET set but empty is as if unset, as in libchime. */
+	cr_assert_eq(run("CHIME_SOCKET= %s -s '%s' -1", bin("CHIMESTAT"), sock), 1);
+	cr_assert(strstr(slurp(err), sock), "%s", slurp(err));
+}
+
+/* --uid takes every uid_t but (uid_t)-1. */
+Test(tools_fake, uid_filter_takes_every_uid)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	f.cc[1].uid = 3000000000u;
+	cr_assert_eq(run("%s -s '%s' -j --uid 3000000000", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".clients | length"), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s -s '%s' -j --uid 4294967294", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".clients | length"), 0, "%s", slurp(out));
+	cr_assert_eq(run("%s -s '%s' -j --uid 4294967295", bin("CHIMESTAT"), sock), 2);
+	cr_assert_eq(run("%s -s '%s' -j --uid -1", bin("CHIMESTAT"), sock), 2);
+	cr_assert_eq(run("%s -s '%s' -j --uid 4294967296", bin("CHIMESTAT"), sock), 2);
+	chime_seg_unmap(&f.map);
+}
+
+/* chimectl --help's exit status block is word for word chimectl(1)'s EXIT STATUS. */
+Test(tools_options, chimectl_exit_status_help_matches_man)
+{
+	static char help[1 << 20];
+	const char *page = src_file("tools/chimectl.1");
+	char *h, *m, *end;
+
+	cr_assert_eq(run("%s --help", bin("CHIMECTL")), 0);
+	h = strstr(slurp(out), "Exit status:");
+	cr_assert_not_null(h, "%s", slurp(out));
+	snprintf(help, sizeof(help), "%s", h + strlen("Exit status:"));
+	squeeze(help);
+	m = strstr(render_man(page), "\nEXIT STATUS");
+	cr_assert_not_null(m);
+	end = strstr(m, "\nENVIRONMENT");
+	cr_assert_not_null(end);
+	*end = '\0';
+	squeeze(m);
+	cr_assert(strstr(m, help), "--help says:\n%s\nchimectl(1) says:\n%s", help, m);
+}
+
+/* Every option chimed --help lists is in the README's synopsis. */
+Test(tools_options, readme_synopsis_has_every_chimed_option)
+{
+	static char help[1 << 20];
+	const char *readme = src_file("README.md");
+	char *syn, *end, *p;
+
+	cr_assert_eq(run("%s --help", bin("CHIMED")), 0);
+	snprintf(help, sizeof(help), "%s", slurp(out));
+	syn = strstr(slurp(readme), "## Running chimed\n\n```\n");
+	cr_assert_not_null(syn);
+	end = strstr(syn + 24, "```");
+	cr_assert_not_null(end);
+	*end = '\0';
+	for (p = help; (p = strstr(p, " --")) != NULL; p++) {
+		char opt[48];
+		size_t n = strspn(p + 1, "-abcdefghijklmnopqrstuvwxyz");
+
+		if (n >= sizeof(opt) || n < 3)
+			continue;
+		memcpy(opt, p + 1, n);
+		opt[n] = '\0';
+		if (!strcmp(opt, "--help") || !strcmp(opt, "--version") || !strcmp(opt, "--log-level") ||
+		    strstr(syn, opt))
+			continue;
+		cr_assert_fail("README's chimed synopsis lacks %s", opt);
+	}
+	cr_assert(strstr(syn, "[--log-level LEVEL"), "%s", syn);
+}
+
+/* Every field chimestat prints is named in chimestat(1), FIELD NAMES. */
+Test(tools_fake, man_page_names_every_field)
+{
+	static char fields[1 << 20];
+	const char *page = src_file("tools/chimestat.1");
+	char *m, *end, *line, *save;
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	cr_assert_eq(run("%s -s '%s' -1 -f '*'", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	snprintf(fields, sizeof(fields), "%s", slurp(out));
+	m = strstr(render_man(page), "\nFIELD NAMES");
+	cr_assert_not_null(m);
+	end = strstr(m, "\nCOUNTERS");
+	cr_assert_not_null(end);
+	*end = '\0';
+	for (line = strtok_r(fields, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char name[96], *last, *hit;
+		size_t n = strcspn(line, " ");
+		int found = 0;
+
+		if (n >= sizeof(name))
+			continue;
+		memcpy(name, line, n);
+		name[n] = '\0';
+		/* lateness.X and lateness_10s.X are named as such; the rest by their last part */
+		if (strstr(name, "lateness"))
+			continue;
+		last = strrchr(name, '.');
+		last = last ? last + 1 : name;
+		for (hit = m; !found && (hit = strstr(hit, last)) != NULL; hit++)
+			found = !(isalnum((unsigned char)hit[-1]) || hit[-1] == '_') &&
+				!(isalnum((unsigned char)hit[strlen(last)]) || hit[strlen(last)] == '_');
+		cr_assert(found, "chimestat prints %s, but FIELD NAMES does not name %s", name, last);
+	}
+	chime_seg_unmap(&f.map);
 }

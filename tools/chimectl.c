@@ -12,6 +12,7 @@
  * failure "error" (the message also goes to stderr, as without --json).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <inttypes.h>
@@ -134,14 +135,22 @@ static void usage(FILE *f)
 		"  -h, --help          show this help\n"
 		"  -V, --version       show the version\n"
 		"\n"
-		"Exit status: 0 ok; 1 failure (cannot read the broker's shared memory, the\n"
-		"handshake failed, the signal failed or the broker did not exit in time);\n"
-		"2 usage error; 3 the broker is not running; 4 not permitted (reset-stats,\n"
-		"shutdown and restart: root and the broker's user only; drop-session: another\n"
-		"user's).\n");
+		"Exit status:\n"
+		"  0  ok\n"
+		"  1  failure: the broker's shared memory cannot be read, its socket cannot be\n"
+		"     reached (permissions), it did not admit this user, the handshake or the\n"
+		"     query failed, it is still starting, no such client or session, the\n"
+		"     session is attached, the signal failed, or it did not stop or restart in\n"
+		"     time\n"
+		"  2  usage error\n"
+		"  3  the broker is not running: nothing listens on the socket, no control\n"
+		"     segment, or the segment says it stopped, its heartbeat is stale or its\n"
+		"     process is gone\n"
+		"  4  not permitted: reset-stats, shutdown or restart by a user other than root\n"
+		"     and the broker's user, or drop-session of another user's session\n");
 }
 
-/* sr_open() failed: the standard message, and a short one in the JSON document. */
+/* sr_open() failed: the standard message, and a short one in the JSON document. No segment: no broker. */
 static int sr_fail(const struct sr *s, int r)
 {
 	char msg[PATH_MAX + 128];
@@ -152,7 +161,17 @@ static int sr_fail(const struct sr *s, int r)
 			 r == -EPROTO ? "shm layout not supported by this build" : strerror(-r));
 		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));
 	}
-	return SR_EXIT_NOSHM;
+	return r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
+}
+
+/* Snapshot the opened segment s; closes it on failure. */
+static int take_snapshot(struct sr *s, struct sr_snap *sn)
+{
+	if (sr_snapshot(s, sn) < 0) {
+		sr_close(s);
+		return fail(SR_EXIT_NOSHM, "out of memory");
+	}
+	return SR_EXIT_OK;
 }
 
 static int open_snapshot(struct sr *s, struct sr_snap *sn, const char *sock)
@@ -161,11 +180,38 @@ static int open_snapshot(struct sr *s, struct sr_snap *sn, const char *sock)
 
 	if (r < 0)
 		return sr_fail(s, r);
-	if (sr_snapshot(s, sn) < 0) {
-		sr_close(s);
-		return fail(SR_EXIT_NOSHM, "out of memory");
-	}
-	return SR_EXIT_OK;
+	return take_snapshot(s, sn);
+}
+
+/* The snapshot says no broker runs: it stopped, its heartbeat is stale or its process is gone. */
+static bool broker_down(const struct sr_snap *sn, const char **why)
+{
+	enum sr_state st = sr_liveness(sn, why);
+
+	return st == SR_DEAD || st == SR_STOPPED;
+}
+
+/*
+ * chime_open() failed. -EACCES is the broker's policy or the socket's
+ * permissions (chime_open(3)); the socket's own access check tells which.
+ */
+static int handshake_fail(const char *sock, int r)
+{
+	const char *why = "";
+
+	if (r == -ENOENT)
+		why = " (nothing listens there: is chimed running?)";
+	else if (r == -EACCES && faccessat(AT_FDCWD, sock, W_OK, AT_EACCESS) == 0)
+		why = " (the broker did not admit this user: see chimed --allow-uid, --allow-gid, --allow-all)";
+	else if (r == -EACCES && errno == EACCES)
+		why = " (this user may not reach the socket: its permissions or a directory's above it; "
+		      "whether chimed runs cannot be told)";
+	else if (r == -EACCES)
+		why = " (the broker did not admit this user, or the socket's permissions refused it)";
+	else if (r == -EPROTO)
+		why = " (the broker speaks another shm layout: upgrade one side)";
+	return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "handshake with '%s' failed: %s%s", sock,
+		    strerror(-r), why);
 }
 
 /*
@@ -179,10 +225,7 @@ static int status_by_handshake(const char *sock)
 	int r = chime_open(&c, &o);
 
 	if (r < 0)
-		return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "handshake with '%s' failed: %s%s",
-			    sock, strerror(-r),
-			    r == -EACCES ? " (the broker's policy refused this user)" :
-			    r == -ENOENT ? " (is chimed running?)" : "");
+		return handshake_fail(sock, r);
 	chime_close(c);
 	out("chimed at %s is running and admits this user (its counters are for root, the "
 	    "broker's user and chimed --stats-group)\n", sock);
@@ -206,8 +249,7 @@ static int cmd_status(const char *sock)
 		return status_by_handshake(sock);
 	if (r < 0)
 		return sr_fail(&s, r);
-	sr_close(&s);
-	r = open_snapshot(&s, &sn, sock);
+	r = take_snapshot(&s, &sn);
 	if (r)
 		return r;
 	st = sr_liveness(&sn, &why);
@@ -233,8 +275,7 @@ static int cmd_status(const char *sock)
 		r = chime_open(&c, &o);
 		if (r < 0) {
 			jset("running", json_false());
-			r = fail(SR_EXIT_NOSHM, "handshake with '%s' failed: %s%s", sock, strerror(-r),
-				 r == -EACCES ? " (the broker's policy refused this user)" : "");
+			r = handshake_fail(sock, r);
 			goto out;
 		}
 		chime_close(c);
@@ -269,23 +310,64 @@ static const char *node_state(uint8_t st)
 	return NULL;
 }
 
-/* Why a query failed, for a user who cannot read the segments either. */
-static int query_error(const char *sock, int r)
+/* What a query's failure means, by the step it failed at (the same errno means different things at each). */
+static const char *query_why(int r, enum query_step step)
 {
-	return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "asking '%s' failed: %s%s", sock, strerror(-r),
-		    r == -ESRCH ? " (no client with that pid)" :
-		    r == -EACCES ? " (another user's client: only root, the broker's user and chimed --stats-group see it)" :
-		    r == -EBUSY ? " (the broker answers one query at a time: try again)" :
-		    r == -ENOENT ? " (is chimed running?)" : "");
+	if (step == QUERY_CONNECT && r == -ENOENT)
+		return " (nothing listens there: is chimed running?)";
+	if (step == QUERY_CONNECT && (r == -EACCES || r == -EPERM))
+		return " (this user may not connect: the socket's permissions or a directory's above it)";
+	if (step == QUERY_HELLO && r == -EACCES)
+		return " (the broker did not admit this user: see chimed --allow-uid, --allow-gid, --allow-all)";
+	if (step == QUERY_HELLO && r == -EPROTO)
+		return " (the broker speaks another shm layout: upgrade one side)";
+	if (step == QUERY_ANSWER && r == -EBUSY)
+		return " (the broker answers at most one query per 50 ms, and other queries kept it busy for 1 s: "
+		       "try again)";
+	if (step == QUERY_ANSWER && r == -ETIMEDOUT)
+		return " (the broker did not answer within 5 s)";
+	return "";
 }
 
-/* A timer as JSON, deadline relative to `now`. */
+/*
+ * A query failed: "WHAT at 'SOCK' failed: ERROR (WHY)". why: what the
+ * answer's status means for this query, or NULL for query_why()'s. Nothing
+ * listening is exit status 3, like a dead broker's segment.
+ */
+static int query_error(const char *sock, const char *what, int r, enum query_step step, const char *why)
+{
+	return fail(step == QUERY_CONNECT && r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM,
+		    "%s at '%s' failed: %s%s", what, sock, strerror(-r), why ? why : query_why(r, step));
+}
+
+/* The answer ended early but its head came: the records that arrived are good. */
+static bool partial(int r, const struct chime_query_head *head)
+{
+	return r == -ECONNRESET && head->magic == CHIME_HELLO_MAGIC;
+}
+
+/* A timer id as the text shows it and JSON carries it: "0x..." (an opaque 64-bit value). */
+static const char *fmt_id(char *buf, size_t len, uint64_t id)
+{
+	snprintf(buf, len, "0x%" PRIx64, id);
+	return buf;
+}
+
+/*
+ * A timer as JSON, deadline relative to `now`. key and user_data are any
+ * uint64_t, which a JSON number (a double to most readers, int64 to
+ * jansson) does not hold exactly: always decimal strings, as the text
+ * prints the key.
+ */
 static json_t *jtimer(uint64_t id, uint64_t key, uint64_t user_data, uint64_t deadline_ns, uint64_t now,
 		      uint64_t period_ns, const char *state, uint32_t shard)
 {
-	return json_pack("{s:I,s:I,s:I,s:I,s:I,s:s,s:i}", "id", (json_int_t)id, "key", (json_int_t)key,
-			 "user_data", (json_int_t)user_data,
-			 "deadline_in_ns", (json_int_t)(int64_t)(deadline_ns - now),
+	char ids[24], keys[24], uds[24];
+
+	snprintf(keys, sizeof(keys), "%" PRIu64, key);
+	snprintf(uds, sizeof(uds), "%" PRIu64, user_data);
+	return json_pack("{s:s,s:s,s:s,s:I,s:I,s:s,s:i}", "id", fmt_id(ids, sizeof(ids), id), "key", keys,
+			 "user_data", uds, "deadline_in_ns", (json_int_t)(int64_t)(deadline_ns - now),
 			 "period_ns", (json_int_t)period_ns, "state", state ? state : "?", "shard", (int)shard);
 }
 
@@ -297,13 +379,14 @@ static int clients_by_query(const char *sock)
 {
 	struct chime_query_client recs[CHIME_QUERY_MAX];
 	struct chime_query_head head;
-	json_t *arr = json_array();
-	int r = query_broker(sock, CHIME_HELLO_QUERY_CLIENTS, 0, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]));
+	enum query_step step;
+	json_t *arr;
+	int r = query_broker(sock, CHIME_HELLO_QUERY_CLIENTS, 0, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]),
+			     &step);
 
-	if (r < 0 && r != -ECONNRESET) {
-		json_decref(arr);
-		return query_error(sock, r);
-	}
+	if (r < 0 && !partial(r, &head))
+		return query_error(sock, "asking for this user's clients", r, step, NULL);
+	arr = json_array();
 	out("(this user's clients only: the others' need root, the broker's user or chimed --stats-group)\n");
 	out("%4s %7s %6s %6s %-15s %10s %8s %10s %10s\n", "SLOT", "PID", "UID", "GID", "COMM",
 	    "CONNECTED", "ARMED", "ARMS", "FIRES");
@@ -334,24 +417,31 @@ static int timers_by_query(const char *sock, long pid, uint64_t limit)
 	static struct chime_query_timer recs[CHIME_QUERY_MAX];
 	struct chime_query_head head;
 	uint64_t want = limit && limit < CHIME_QUERY_MAX ? limit : CHIME_QUERY_MAX;
+	enum query_step step;
 	json_t *arr;
-	int r = query_broker(sock, CHIME_HELLO_QUERY_TIMERS, (int32_t)pid, want, &head, recs, sizeof(recs[0]));
+	int r = query_broker(sock, CHIME_HELLO_QUERY_TIMERS, (int32_t)pid, want, &head, recs, sizeof(recs[0]),
+			     &step);
 
-	if (r < 0 && r != -ECONNRESET)
-		return query_error(sock, r);
+	if (r < 0 && !partial(r, &head))
+		return query_error(sock, "asking for the timers of a client", r, step,
+				   step != QUERY_ANSWER ? NULL :
+				   r == -ESRCH ? " (no client with that pid is connected)" :
+				   r == -EACCES ? " (another user's client: only root, the broker's user and chimed "
+						  "--stats-group see its timers)" : NULL);
 	arr = json_array();
 	out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
 	for (uint64_t i = 0; i < head.count; i++) {
 		const struct chime_query_timer *t = &recs[i];
 		const char *st = node_state((uint8_t)t->state);
-		char dl[32], per[32];
+		char dl[32], per[32], ids[24];
 
 		snprintf(dl, sizeof(dl), "%+.6fs", (double)(int64_t)(t->deadline_ns - head.now_ns) / 1e9);
 		if (t->period_ns)
 			sr_fmt_ns(per, sizeof(per), t->period_ns);
 		else
 			snprintf(per, sizeof(per), "-");
-		out("%#18" PRIx64 " %20" PRIu64 " %16s %12s %6s %5u\n", t->id, t->key, dl, per, st ? st : "?", t->shard);
+		out("%18s %20" PRIu64 " %16s %12s %6s %5u\n", fmt_id(ids, sizeof(ids), t->id), t->key, dl, per,
+		    st ? st : "?", t->shard);
 		json_array_append_new(arr, jtimer(t->id, t->key, t->user_data, t->deadline_ns, head.now_ns,
 						  t->period_ns, st, t->shard));
 	}
@@ -383,6 +473,7 @@ static uint64_t client_pct(const struct sr_client *c, double p)
 static int cmd_clients(const char *sock)
 {
 	struct sr_snap sn;
+	const char *why;
 	struct sr s;
 	json_t *arr;
 	uint32_t i;
@@ -428,10 +519,10 @@ static int cmd_clients(const char *sock)
 		json_array_append_new(arr, o);
 	}
 	jset("clients", arr);
-	r = sr_liveness(&sn, NULL) == SR_DEAD ? SR_EXIT_NOT_RUNNING : SR_EXIT_OK;
+	r = broker_down(&sn, &why) ? SR_EXIT_NOT_RUNNING : SR_EXIT_OK;
 	jset("running", json_boolean(!r));
 	if (r)
-		fail(r, "chimed is not running; the list is its last state");
+		fail(r, "%s; the list is its last state", why);
 	sr_snap_free(&sn);
 	sr_close(&s);
 	return r;
@@ -475,7 +566,7 @@ static int list_shard(const char *sock, uint32_t k, uint32_t slot, uint64_t now,
 		struct chime_node n = nodes[i];
 		const char *st = node_state(n.state);
 		uint64_t id;
-		char dl[32], per[32];
+		char dl[32], per[32], ids[24];
 		int64_t rel;
 
 		/* A held one-shot has fired: only a held periodic timer is still armed. */
@@ -492,7 +583,7 @@ static int list_shard(const char *sock, uint32_t k, uint32_t slot, uint64_t now,
 		else
 			snprintf(per, sizeof(per), "-");
 		id = chime_id_make(n.gen & CHIME_ID_GEN_MASK, k, (uint32_t)i);
-		out("%#18" PRIx64 " %20" PRIu64 " %16s %12s %6s %5u\n", id, n.key, dl, per, st, k);
+		out("%18s %20" PRIu64 " %16s %12s %6s %5u\n", fmt_id(ids, sizeof(ids), id), n.key, dl, per, st, k);
 		json_array_append_new(arr, jtimer(id, n.key, n.user_data, n.deadline_ns, now, n.period_ns, st, k));
 	}
 	chime_seg_unmap(&m);
@@ -506,16 +597,21 @@ static int cmd_timers(const char *sock, long pid, uint64_t limit)
 {
 	uint64_t shown = 0, total = 0;
 	struct sr_snap sn;
+	const char *why;
 	struct sr s;
 	json_t *arr;
 	uint32_t i, k;
 	int r, found = 0;
+	bool down;
 
 	if (!can_read(sock))
 		return timers_by_query(sock, pid, limit);
 	r = open_snapshot(&s, &sn, sock);
 	if (r)
 		return r;
+	/* A dead broker's segments keep their last state: list it, but say so and exit 3, as `clients`. */
+	down = broker_down(&sn, &why);
+	jset("running", json_boolean(!down));
 	arr = json_array();
 	out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
 	for (i = 0; i < sn.nr_clients && !r; i++) {
@@ -525,10 +621,16 @@ static int cmd_timers(const char *sock, long pid, uint64_t limit)
 		for (k = 0; k < sn.hdr.nr_shards && !r; k++)
 			r = list_shard(sock, k, sn.clients[i].slot, now_ns(), limit, &shown, &total, arr);
 	}
-	if (!found)
+	if (!found && down)
+		r = fail(SR_EXIT_NOT_RUNNING, "%s; its last state has no client with pid %ld", why, pid);
+	else if (!found)
 		r = fail(SR_EXIT_NOSHM, "no client with pid %ld is connected to '%s'", pid, sock);
 	else if (!r && total > shown)
 		out("(%" PRIu64 " of %" PRIu64 " timers shown; --limit 0 shows all)\n", shown, total);
+	/* Not running comes first: a dead broker's shard files may be gone or half written. */
+	if (found && down)
+		r = fail(SR_EXIT_NOT_RUNNING, "%s; %s", why, r ? "its timers cannot be listed" :
+			 "the list is its last state");
 	jset("timers", arr);
 	jset("shown", json_integer((json_int_t)shown));
 	jset("total", json_integer((json_int_t)total));
@@ -548,15 +650,19 @@ static int cmd_reset_stats(const char *sock)
 	struct chime_query_head head;
 	struct sr_snap sn;
 	uint64_t t0, gen;
+	enum query_step step;
 	struct sr s;
-	int r = query_broker(sock, CHIME_HELLO_RESET_STATS, 0, 0, &head, NULL, 0);
+	int r = query_broker(sock, CHIME_HELLO_RESET_STATS, 0, 0, &head, NULL, 0, &step);
 
-	if (r == -EPERM || r == -EACCES)
+	if (step == QUERY_ANSWER && (r == -EPERM || r == -EACCES))
 		return fail(SR_EXIT_DENIED, "the broker at '%s' refused reset-stats: %s (only root and the broker's "
 			    "user may reset its statistics)", sock, strerror(-r));
+	/* Root and the broker's user are always admitted: a user who is not may not reset either. */
+	if (step == QUERY_HELLO && r == -EACCES)
+		return fail(SR_EXIT_DENIED, "the broker at '%s' did not admit this user (and only root and the "
+			    "broker's user may reset its statistics)", sock);
 	if (r < 0)
-		return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "asking '%s' to reset-stats failed: %s%s",
-			    sock, strerror(-r), r == -ENOENT ? " (is chimed running?)" : "");
+		return query_error(sock, "asking for reset-stats", r, step, NULL);
 	gen = head.total;
 	jset("generation", json_integer((json_int_t)gen));
 	r = sr_open(&s, sock);
@@ -617,7 +723,14 @@ static int signal_broker(const char *sock, int sig, pid_t *pid, uint64_t *start_
 	FILE *f;
 	int r;
 
-	r = open_snapshot(&s, &sn, sock);
+	/* Root and the broker's user can always read the control segment: anyone else may not signal it. */
+	r = sr_open(&s, sock);
+	if (r == -EACCES || r == -EPERM)
+		return fail(SR_EXIT_DENIED, "cannot read '%s': %s (only root and the broker's user may stop or "
+			    "restart it)", s.ctl_path, strerror(-r));
+	if (r < 0)
+		return sr_fail(&s, r);
+	r = take_snapshot(&s, &sn);
 	if (r)
 		return r;
 	*pid = sn.hdr.pid;
@@ -721,11 +834,13 @@ static int cmd_sessions(const char *sock)
 {
 	static struct chime_query_session recs[CHIME_QUERY_MAX];
 	struct chime_query_head head;
+	enum query_step step;
 	json_t *arr;
-	int r = query_broker(sock, CHIME_HELLO_QUERY_SESSIONS, 0, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]));
+	int r = query_broker(sock, CHIME_HELLO_QUERY_SESSIONS, 0, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]),
+			     &step);
 
-	if (r < 0 && r != -ECONNRESET)
-		return query_error(sock, r);
+	if (r < 0 && !partial(r, &head))
+		return query_error(sock, "asking for the sessions", r, step, NULL);
 	arr = json_array();
 	out("%-24s %6s %-8s %7s %8s %8s %10s\n", "SESSION", "UID", "STATE", "PID", "TIMERS", "HELD", "LINGER");
 	for (uint64_t i = 0; i < head.count; i++) {
@@ -753,21 +868,34 @@ static int cmd_sessions(const char *sock)
 	return SR_EXIT_OK;
 }
 
+/* What drop-session's failure means, by the step it failed at. */
+static const char *drop_why(int r, enum query_step step)
+{
+	if (step == QUERY_HELLO && r == -EINVAL)
+		return " (not a session name: 1 to 63 bytes of A-Z, a-z, 0-9, '.', '_', '-')";
+	if (step == QUERY_HELLO && r == -EACCES)
+		return " (the broker did not admit this user, so it does not say whether that session exists: "
+		       "see chimed --allow-uid, --allow-gid, --allow-all)";
+	if (step == QUERY_ANSWER && r == -ESRCH)
+		return " (no such session)";
+	if (step == QUERY_ANSWER && r == -EBUSY)
+		return " (a process has it attached: only a detached session is dropped)";
+	return NULL;
+}
+
 static int cmd_drop_session(const char *sock, const char *name)
 {
-	int r = query_drop_session(sock, name);
+	enum query_step step;
+	char what[CHIME_SESSION_MAX + 64];
+	int r = query_drop_session(sock, name, &step);
 
 	jset("session", jtext(name, strlen(name) + 1));
-	if (r == -EACCES || r == -EPERM)
+	if (step == QUERY_ANSWER && (r == -EACCES || r == -EPERM))
 		return fail(SR_EXIT_DENIED, "the broker at '%s' refused to drop session '%s': it belongs to "
 			    "another user (root and the broker's user may drop any)", sock, name);
+	snprintf(what, sizeof(what), "dropping session '%.*s'", CHIME_SESSION_MAX, name);
 	if (r < 0)
-		return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "dropping session '%s' at '%s' "
-			    "failed: %s%s", name, sock, strerror(-r),
-			    r == -ESRCH ? " (no such session)" :
-			    r == -EBUSY ? " (a process has it attached: only a detached session is dropped)" :
-			    r == -EINVAL ? " (not a session name)" :
-			    r == -ENOENT ? " (is chimed running?)" : "");
+		return query_error(sock, what, r, step, drop_why(r, step));
 	jset("dropped", json_true());
 	out("session '%s' dropped: its timers are being reclaimed\n", name);
 	return SR_EXIT_OK;
@@ -816,6 +944,11 @@ int main(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "s:c:n:jhV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
+			/* An empty path is not "the default": chimed refuses it too. */
+			if (!*optarg) {
+				fprintf(stderr, PROG ": --socket needs a path (empty given)\n");
+				return SR_EXIT_USAGE;
+			}
 			socket_arg = optarg;
 			break;
 		case 'c':

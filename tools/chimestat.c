@@ -22,11 +22,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "chime_config.h"
 #include "chimestat.h"
+
+/* --uid is kept in a long (struct opts), -1 for "any": every uid_t must fit beside it. */
+_Static_assert(sizeof(long) > sizeof(uid_t), "struct opts.uid holds every uid_t");
 
 static volatile sig_atomic_t stop;
 
@@ -114,6 +118,11 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "s:1jf:i:hV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
+			/* An empty path is not "the default": chimed refuses it too. */
+			if (!*optarg) {
+				fprintf(stderr, PROG ": --socket needs a path (empty given)\n");
+				return SR_EXIT_USAGE;
+			}
 			o.socket = optarg;
 			break;
 		case '1':
@@ -130,17 +139,19 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			break;
 		case OPT_PID:
 		case OPT_UID: {
+			/* A pid fits an int; a uid is any uid_t but (uid_t)-1, which means "no uid". */
+			unsigned long long max = opt == OPT_PID ? INT32_MAX : (uid_t)-1 - 1;
+			unsigned long long v;
 			char *end;
-			long v;
 
 			errno = 0;
-			v = strtol(optarg, &end, 10);
-			if (errno || *end || !*optarg || v < 0 || v > INT32_MAX) {
-				fprintf(stderr, PROG ": invalid %s '%s' (a number)\n",
-					opt == OPT_PID ? "--pid" : "--uid", optarg);
+			v = strtoull(optarg, &end, 10);
+			if (errno || *end || !*optarg || *optarg == '-' || *optarg == '+' || v > max) {
+				fprintf(stderr, PROG ": invalid %s '%s' (a number from 0 to %llu)\n",
+					opt == OPT_PID ? "--pid" : "--uid", optarg, max);
 				return SR_EXIT_USAGE;
 			}
-			*(opt == OPT_PID ? &o.pid : &o.uid) = v;
+			*(opt == OPT_PID ? &o.pid : &o.uid) = (long)v;
 			break;
 		}
 		case OPT_COMM:

@@ -4,10 +4,13 @@
 
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include "clock.h"
 
 #define QUERY_TIMEOUT_S 5
 
@@ -22,7 +25,7 @@ static ssize_t recv_msg(int fd, void *buf, size_t len)
 }
 
 static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit,
-	       struct chime_query_head *head, void *recs, size_t recsz)
+	       struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timeval tv = { .tv_sec = QUERY_TIMEOUT_S };
@@ -31,6 +34,8 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 	ssize_t n;
 	int fd, r = 0;
 
+	*step = QUERY_CONNECT;
+	memset(head, 0, sizeof(*head));
 	if (strlen(sock) >= sizeof(sa.sun_path))
 		return -ENAMETOOLONG;
 	memcpy(sa.sun_path, sock, strlen(sock));
@@ -42,6 +47,7 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 		r = errno == ECONNREFUSED ? -ENOENT : -errno;
 		goto out;
 	}
+	*step = QUERY_HELLO;
 	if (send(fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {
 		r = -ECONNRESET;
 		goto out;
@@ -58,6 +64,7 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 			r = u.w.status < 0 ? u.w.status : -EPROTO;
 			goto out;
 		}
+		*step = QUERY_ANSWER;
 		if (n != (ssize_t)sizeof(u.q) || u.q.magic != CHIME_HELLO_MAGIC) {
 			r = n < 0 && errno == EAGAIN ? -ETIMEDOUT : -ECONNRESET;
 			goto out;
@@ -84,27 +91,45 @@ out:
 	return r;
 }
 
+/*
+ * The broker answers one query per QUERY_INTERVAL_MS for everyone (a timers
+ * query reads every node): a second chimectl right after the first is told
+ * -EBUSY, and is simply a little early. Wait a bit more than the interval.
+ */
 int query_broker(const char *sock, uint32_t kind, int32_t pid, uint64_t limit,
-		 struct chime_query_head *head, void *recs, size_t recsz)
+		 struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step)
 {
+	const struct timespec pause = { 0, (QUERY_INTERVAL_MS + 10) * 1000000L };
 	struct chime_hello h = {
 		.magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
 		.flags = kind, .pid = pid, .limit = limit,
 	};
+	uint64_t t0 = now_ns();
+	enum query_step dummy;
+	int r;
 
-	return ask(sock, &h, limit, head, recs, recsz);
+	if (!step)
+		step = &dummy;
+	while ((r = ask(sock, &h, limit, head, recs, recsz, step)) == -EBUSY && *step == QUERY_ANSWER &&
+	       now_ns() - t0 < QUERY_BUSY_WAIT_MS * UINT64_C(1000000))
+		nanosleep(&pause, NULL);
+	return r;
 }
 
-int query_drop_session(const char *sock, const char *name)
+int query_drop_session(const char *sock, const char *name, enum query_step *step)
 {
 	struct chime_hello h = {
 		.magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
 		.flags = CHIME_HELLO_DROP_SESSION,
 	};
 	struct chime_query_head head;
+	enum query_step dummy;
 
+	if (!step)
+		step = &dummy;
+	*step = QUERY_HELLO;
 	if (strlen(name) >= sizeof(h.session))
 		return -EINVAL;
 	memcpy(h.session, name, strlen(name));
-	return ask(sock, &h, 0, &head, NULL, 0);
+	return ask(sock, &h, 0, &head, NULL, 0, step);
 }

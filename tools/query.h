@@ -13,16 +13,38 @@
 
 #include "chime_shm.h"
 
+/* The broker answers at most one query per this (broker/handshake.c): query_broker() waits past it. */
+#define QUERY_INTERVAL_MS 50
+/* How long query_broker() keeps retrying while the broker says -EBUSY (another query was just answered). */
+#define QUERY_BUSY_WAIT_MS 1000
+
+/*
+ * Which step a query failed at: the same errno means different things at
+ * each (-EACCES: the socket's permissions, the broker's policy, or another
+ * user's client or session).
+ */
+enum query_step {
+	QUERY_CONNECT,  /* socket(2), connect(2): -ENOENT no broker listens, -EACCES the socket's permissions */
+	QUERY_HELLO,    /* the broker refused the hello: -EACCES not admitted, -EPROTO another layout */
+	QUERY_ANSWER,   /* the answer's status, or it ended early (-ECONNRESET) or never came (-ETIMEDOUT) */
+};
+
 /*
  * Send the query, receive the head into *head and up to `limit` records of
- * `recsz` bytes into recs (head->count of them). 0, or -errno: of connect
- * (-ENOENT: no broker), -EACCES/-EPROTO (refused), -ECONNRESET (the answer
- * ended early), or the head's status (-ESRCH, -EACCES, -EBUSY).
+ * `recsz` bytes into recs (head->count of them). 0, or -errno with *step
+ * (if not NULL) saying where: of connect (-ENOENT: no broker), of the hello
+ * (-EACCES, -EPROTO), or of the answer (-ECONNRESET: it ended early, or the
+ * head's status: -ESRCH, -EACCES, -EPERM, -EBUSY). -EBUSY (the broker just
+ * answered another query) is retried for QUERY_BUSY_WAIT_MS before it is
+ * returned.
  */
 int query_broker(const char *sock, uint32_t kind, int32_t pid, uint64_t limit,
-		 struct chime_query_head *head, void *recs, size_t recsz);
+		 struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step);
 
-/* CHIME_HELLO_DROP_SESSION of `name` (too long: -EINVAL); the head's status as query_broker(). */
-int query_drop_session(const char *sock, const char *name);
+/*
+ * CHIME_HELLO_DROP_SESSION of `name` (too long: -EINVAL at QUERY_HELLO); as
+ * query_broker(), but -EBUSY is the session's: a process has it attached.
+ */
+int query_drop_session(const char *sock, const char *name, enum query_step *step);
 
 #endif /* CHIME_QUERY_H */

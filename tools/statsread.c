@@ -37,7 +37,9 @@ int sr_socket_path(char *buf, size_t len, const char *arg)
 	const char *p = arg;
 	int n;
 
-	if (!p || !*p)
+	if (p && !*p)
+		return -EINVAL;         /* an empty --socket is a mistake, not the default */
+	if (!p)
 		p = getenv("CHIME_SOCKET");
 	if (p && *p)
 		n = snprintf(buf, len, "%s", p);

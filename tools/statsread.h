@@ -24,8 +24,8 @@
 #define SR_EXIT_OK          0
 #define SR_EXIT_NOSHM       1   /* cannot read the broker's shared memory, or another failure */
 #define SR_EXIT_USAGE       2
-#define SR_EXIT_NOT_RUNNING 3   /* the segment is there but the broker is not running */
-#define SR_EXIT_DENIED      4   /* chimectl: the broker refused this user (reset-stats, shutdown) */
+#define SR_EXIT_NOT_RUNNING 3   /* the broker is not running (chimectl: nor listening, nor its segment there) */
+#define SR_EXIT_DENIED      4   /* chimectl: not for this user (reset-stats, shutdown, restart, drop-session) */
 
 /* A heartbeat older than this means the broker is not running (it beats every 100 ms). */
 #define SR_HEARTBEAT_STALE_NS UINT64_C(1000000000)
@@ -82,7 +82,8 @@ enum sr_state {
 	SR_DEAD,        /* RUNNING or STARTING, but stale heartbeat or pid gone */
 };
 
-/* The socket path: `arg` if not NULL, else $CHIME_SOCKET, else the default. -ENOENT: no default. */
+/* The socket path: `arg` if not NULL, else $CHIME_SOCKET (if set and not empty), else the default.
+ * -EINVAL: arg is "" (chimed refuses it too); -ENAMETOOLONG: does not fit buf. */
 int sr_socket_path(char *buf, size_t len, const char *arg);
 
 /* Map "<sock>.ctl" read-only and check its geometry. -errno (open, mmap), -EAGAIN, -EBADMSG, -EPROTO. */

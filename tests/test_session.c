@@ -257,6 +257,33 @@ Test(session, linger_expiry_reclaims_a_detached_session_and_its_nodes)
 	chime_close(c);
 }
 
+/*
+ * A CANCEL_KEY of many timers is applied in steps; a session that detaches
+ * right after it has it finished before it parks (its process published
+ * it): none of the key's timers is left for the next process.
+ */
+Test(session, a_cancel_key_in_steps_is_finished_before_the_session_parks)
+{
+	enum { MANY = 200000, OTHERS = 100 };
+	chime_id_t id;
+	chime_t *c;
+
+	start("-n 1 --max-timers-per-client 0");
+	c = sopen_ok("walker");
+	for (unsigned i = 0; i < MANY; i++)
+		cr_assert_eq(chime_arm(c, 5, now_ns() + HOUR, 0, i, &id), 0);
+	for (unsigned i = 0; i < OTHERS; i++)
+		cr_assert_eq(chime_arm(c, 6, now_ns() + HOUR, 0, i, &id), 0);
+	cr_assert_eq(chime_cancel_key(c, 5), 0);
+	chime_close(c);
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, OTHERS), OTHERS,
+		     "the key's timers were not all cancelled before the park");
+	/* and the next process of the session has exactly the others */
+	c = sopen_ok("walker");
+	cr_assert_eq(t_nodes(tb.sock, T_NODES_TIMERS), OTHERS);
+	chime_close(c);
+}
+
 /* ---- limits: a detached session keeps its client slot and its quota ---- */
 
 Test(session, a_detached_session_keeps_its_slot_and_its_quota)

@@ -124,13 +124,16 @@ struct lat_result {
 int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
 	    struct op_result res[NR_OPS]);
 /*
- * The same on one thread in bursts: before each batch (untimed) the bench
- * waits until the broker has applied every earlier one, so each batch goes
- * into empty rings, to a broker that may have gone to sleep meanwhile: what
- * the application's thread pays for a burst (the timers of a thousand new
- * connections), without the waits on a full ring a sustained flood has.
+ * The same in bursts: before each batch (untimed) the bench waits until the
+ * broker has applied every earlier one, of every thread, so each batch goes
+ * into empty rings, to a broker that may have gone to sleep meanwhile; then
+ * the nthr threads start theirs together. What the application's thread
+ * pays for a burst (the timers of a thousand new connections), without the
+ * waits on a full ring a sustained flood has; with 2 threads, beside
+ * another thread doing the same on the same chime_t.
  */
-int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned batch, struct op_result res[NR_OPS]);
+int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
+		   struct op_result res[NR_OPS]);
 int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_result *res);
 
 /*

@@ -40,8 +40,12 @@ struct op_shared {
 	int impl;
 	chime_t *c;
 	const struct broker *b;
-	int paced;              /* each batch into rings the broker has emptied (one thread) */
+	int paced;              /* each batch into rings the broker has emptied, all threads together */
 	uint64_t ops0;          /* the broker's arms+resets+cancels when the phase began */
+	uint64_t issued;        /* paced: operations all threads have done in this phase (atomic) */
+	size_t paced_batches;   /* paced: batches per thread, the same for all (some may be empty) */
+	int paced_err;          /* paced: thread 0 could not pace the next batch */
+	pthread_barrier_t bbar; /* paced: the threads, twice per batch */
 	uint64_t *ids;          /* chime ids, or timerfd fds */
 	size_t n;
 	unsigned batch;
@@ -148,49 +152,74 @@ static int op_batch(struct op_shared *sh, int op, size_t lo, size_t hi)
 	return 0;
 }
 
+/*
+ * Paced: before each batch, untimed, every thread's earlier batches have
+ * been applied by the broker (its rings are empty) and then all threads
+ * start theirs together. Returns 0 or why the pacing failed (the same for
+ * every thread, so that they leave the loop together).
+ */
+static int pace(struct op_thread *t)
+{
+	struct op_shared *sh = t->sh;
+
+	pthread_barrier_wait(&sh->bbar);
+	if (t->idx == 0 && !sh->paced_err) {
+		/* a batch that can wait rang no doorbell */
+		if (sh->impl != IMPL_TFD && chime_flush(sh->c) < 0)
+			sh->paced_err = -ENOTCONN;
+		else if (wait_ops(sh->b, sh->ops0 + __atomic_load_n(&sh->issued, __ATOMIC_ACQUIRE), 60 * NS_PER_S) < 0)
+			sh->paced_err = -ETIMEDOUT;
+	}
+	pthread_barrier_wait(&sh->bbar);
+	return sh->paced_err;
+}
+
 static void *op_thread_main(void *arg)
 {
 	struct op_thread *t = arg;
 	struct op_shared *sh = t->sh;
 	size_t per = sh->n / sh->nthr;
 	size_t lo = per * t->idx, hi = t->idx + 1 == sh->nthr ? sh->n : lo + per;
+	size_t nb = sh->paced ? sh->paced_batches : (hi - lo + sh->batch - 1) / sh->batch;
 
 	for (int op = 0; op < NR_OPS; op++) {
-		size_t b = 0;
 		int r = 0;
 
 		/* Phase start: every thread and the main thread (which waited for the broker). */
 		pthread_barrier_wait(&sh->bar);
 		sh->t0[op][t->idx] = now_ns();
-		if (sh->paced) {
+		if (sh->paced && t->idx == 0) {
 			struct shard_sum s0;
 
 			shards_read(sh->b, &s0);
 			sh->ops0 = s0.ops;
+			sh->issued = 0;
+			sh->paced_err = 0;
 		}
-		for (size_t i = lo; i < hi && r == 0; i += sh->batch, b++) {
-			size_t e = i + sh->batch < hi ? i + sh->batch : hi;
+		for (size_t b = 0; b < nb; b++) {
+			size_t i = lo + b * sh->batch, e = i + sh->batch < hi ? i + sh->batch : hi;
 			uint64_t a, z;
 
-			/*
-			 * Untimed: the broker has applied every earlier batch, its
-			 * rings are empty (a batch that can wait rang no doorbell).
-			 */
-			if (sh->paced && sh->impl != IMPL_TFD && chime_flush(sh->c) < 0) {
-				r = -ENOTCONN;
-				break;
-			}
-			if (sh->paced && wait_ops(sh->b, sh->ops0 + (i - lo), 60 * NS_PER_S) < 0) {
-				r = -ETIMEDOUT;
-				break;
-			}
-			a = now_ns();
+			if (sh->paced) {
+				int pr = pace(t);
 
+				if (pr < 0) {
+					if (!r)
+						r = pr;
+					break;
+				}
+			} else if (r) {
+				break;
+			}
+			if (r || i >= hi)
+				continue;       /* paced: still at every barrier */
+			a = now_ns();
 			r = op_batch(sh, op, i, e);
 			z = now_ns();
 			sh->busy[op][t->idx] += z - a;
 			if (b < sh->nb_per_thr)
 				sh->bmeans[op][t->idx * sh->nb_per_thr + b] = (double)(z - a) / (double)(e - i);
+			__atomic_fetch_add(&sh->issued, e - i, __ATOMIC_RELEASE);
 		}
 		sh->t1[op][t->idx] = now_ns();
 		sh->err[op][t->idx] = r;
@@ -224,10 +253,13 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 	sh.nthr = nthr;
 	sh.ids = xcalloc(n, sizeof(*sh.ids));
 	sh.nb_per_thr = (n / nthr + batch - 1) / batch + 1;
+	/* the last thread has the most: n - (n / nthr) * (nthr - 1) */
+	sh.paced_batches = (n - n / nthr * (nthr - 1) + batch - 1) / batch;
 	for (int op = 0; op < NR_OPS; op++)
 		sh.bmeans[op] = xcalloc(sh.nb_per_thr * nthr, sizeof(double));
 	sh.base_ns = now_ns() + FAR_NS;
 	pthread_barrier_init(&sh.bar, NULL, nthr + 1);
+	pthread_barrier_init(&sh.bbar, NULL, nthr);
 	for (unsigned i = 0; i < nthr; i++) {
 		th[i].sh = &sh;
 		th[i].idx = i;
@@ -278,6 +310,7 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 			if (sh.ids[i] != (uint64_t)-1 && sh.ids[i] != 0)
 				close((int)sh.ids[i]);
 	pthread_barrier_destroy(&sh.bar);
+	pthread_barrier_destroy(&sh.bbar);
 	free(sh.ids);
 	chime_close(c);
 	return ret;
@@ -288,9 +321,10 @@ int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned 
 	return ops_run(impl, b, n, nthr, batch, 0, res);
 }
 
-int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned batch, struct op_result res[NR_OPS])
+int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
+		   struct op_result res[NR_OPS])
 {
-	return ops_run(impl, b, n, 1, batch, 1, res);
+	return ops_run(impl, b, n, nthr, batch, 1, res);
 }
 
 int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct sporadic_result *res)

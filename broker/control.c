@@ -836,6 +836,14 @@ static void on_notify(struct broker *b)
 			c->rw_fd = c->ro_fd = -1;
 			c->state = CL_ACTIVE;
 			table_set(b, c, CHIME_CLIENT_ACTIVE);
+			/*
+			 * Attached: no linger in the sessions file. A re-attach
+			 * left the last park's deadline there, and a broker that
+			 * crashed after it had passed reclaimed the session at
+			 * its first heartbeat, timers and all.
+			 */
+			if (c->session[0])
+				restart_put(b, c);
 			arm_hup(b, c);
 			if (c->session[0])
 				log_msg(LOG_INFO, "client %u connected: pid %d uid %u '%s', session '%s'",

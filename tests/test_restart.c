@@ -520,6 +520,36 @@ Test(restart, a_restored_session_lingers_and_can_be_dropped)
 }
 
 
+/*
+ * A session re-attached for longer than --session-linger: a crash then must
+ * not make the next broker reclaim it (the sessions file had kept the
+ * deadline of its last detach, already past).
+ */
+Test(restart, a_reattached_session_outlives_a_crash_after_its_old_linger)
+{
+	struct chime_event ev;
+	chime_t *c;
+	chime_id_t id;
+
+	start("--session-linger 1");
+	c = sopen_ok("again");
+	for (unsigned i = 0; i < 10; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	chime_close(c);                 /* detached: kept for 1 s */
+	c = sopen_ok("again");          /* re-attached in time */
+	usleep(1500 * 1000);            /* past the detach's deadline, attached all along */
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10);
+	restart(SIGKILL, "--session-linger 1");
+	/* the process carries on: its library reconnects to the next broker */
+	cr_assert_eq(chime_wait(c, &ev, 1, 300), 0);
+	usleep(1500 * 1000);            /* the next broker's heartbeats */
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "the re-attached session was reclaimed after the crash");
+	cr_assert_eq(chime_reset(c, id, now_ns()), 0);
+	cr_assert_eq(chime_wait(c, &ev, 1, 2000), 1, "its timer is gone");
+	cr_assert_eq(ev.id, id);
+	chime_close(c);
+}
+
 /* Take exactly `want` events already fired (chime_poll, no waiting), counting each in seen[user_data]. */
 static void take(chime_t *c, struct chime_event *ev, unsigned want, uint8_t *seen)
 {

@@ -1089,7 +1089,13 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 			}
 		}
 		ch->parked = 1;
-		ch->sweep_pos = 0;
+		/*
+		 * A periodic with an event in the old ring is at a position in
+		 * [head, tail): with none there, nothing is left to find, and
+		 * the sweep of the slab (all of its high-water mark) is skipped.
+		 * A process that closes with its events taken parks at once.
+		 */
+		ch->sweep_pos = ch->cq.head == ch->cq.tail ? sc->wh.w->high_water : 0;
 	}
 	/* Periodic timers with an event in the old ring: the claim word decides for them too. */
 	end = sc->wh.w->high_water;

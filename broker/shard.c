@@ -51,7 +51,7 @@
 
 #define DRAIN_BUDGET    256u    /* records per channel per iteration */
 #define FIRE_BUDGET     4096u   /* expirations per iteration */
-#define RECLAIM_BUDGET  65536u  /* slab nodes swept per iteration per dying client */
+#define RECLAIM_BUDGET  16384u  /* slab nodes swept per iteration, one dying client at a time */
 #define IDLE_PURE_SPIN_NS (5u * 1000u)    /* idle spin before the shard starts yielding its core */
 #define WAKE_EARLY_MAX_NS (200u * 1000u)  /* the longest a shard spins into a deadline */
 #define WAKE_SCAN         64u             /* nodes read to find the exact next deadline */
@@ -525,17 +525,22 @@ static void reclaim_step(struct shard *s, bool *work)
 			break;
 		}
 	}
-	for (uint32_t i = 0; i < s->nr_dying;) {
+	/*
+	 * One channel's sweep per pass (RECLAIM_BUDGET nodes), in turn: a
+	 * budget each for every channel going at once (a user closing sixty
+	 * sessions together) held every timer of the shard back for tens to
+	 * hundreds of milliseconds per pass.
+	 */
+	if (s->nr_dying) {
+		uint32_t i = s->reclaim_rr++ % s->nr_dying;
 		struct shard_cmd *c = &s->dying[i];
 
 		*work = true;
 		/* The read's buffer is in the channel: acknowledge only once no read is left. */
 		if (c->ch->bell_state != SHARD_BELL_IDLE ||
 		    !(c->op == SHARD_CMD_PARK ? chan_park(&s->core, c->ch, RECLAIM_BUDGET) :
-					        chan_reclaim(&s->core, c->ch, RECLAIM_BUDGET))) {
-			i++;
-			continue;
-		}
+					        chan_reclaim(&s->core, c->ch, RECLAIM_BUDGET)))
+			return;
 		if (c->op == SHARD_CMD_DETACH)
 			chan_fini(c->ch);
 		ack(s, c->ack, 0);

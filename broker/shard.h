@@ -103,6 +103,7 @@ struct shard {
 	uint32_t nr_active;
 	struct shard_cmd *dying;        /* detaches and parks in progress */
 	uint32_t nr_dying;
+	uint32_t reclaim_rr;            /* the dying channel whose turn it is to sweep */
 	struct io_uring ring;
 	uint64_t bell_buf;
 	int bell_armed;

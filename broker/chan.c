@@ -415,7 +415,7 @@ static void settle(struct shard_core *sc, struct chan *ch, bool known, uint64_t 
 		backlog_del(sc, ch, e->idx);
 		n->state = CHIME_NODE_ALLOC;
 		if (n->period_ns)
-			wheel_arm(&sc->wh, e->idx, n->deadline_ns + n->period_ns);
+			wheel_rearm_periodic(&sc->wh, e->idx);  /* its next period, saturated: never wraps early */
 		else
 			node_release(sc, ch, e->idx);
 	}

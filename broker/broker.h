@@ -65,7 +65,7 @@ struct client {
 	int refuse;             /* status to send once the detach is done (failed attach) */
 	struct ucred cred;
 	char comm[16];
-	uint64_t refused_logged[2];     /* nomem, quota: the counts last logged */
+	uint64_t refused_logged[3];     /* nomem, quota, of which the user's: the counts last logged */
 	char session[CHIME_SESSION_MAX];  /* "" anonymous; else validated [A-Za-z0-9._-], NUL-terminated */
 	uint64_t linger_until_ns;       /* DETACHED: reclaimed then */
 	int next_fd;                    /* PARKING: a process waiting to re-attach (its socket), or -1 */

@@ -16,7 +16,8 @@
  *
  * Invariants:
  * - a node owned by a client has node.owner == its slot, and ch->owned counts
- *   them exactly (so reclaim can stop early);
+ *   them exactly (so reclaim can stop early); ch->user->owned is the sum of
+ *   owned over the channels of that user in the shard (chan_own/disown);
  * - GRANTED nodes are exactly the entries of ch->grants[] that are ids (not
  *   no-grant markers), and ch->marked counts the markers;
  * - armed/held nodes (not GRANTED) are in the key index;
@@ -94,14 +95,14 @@ static uint64_t grant_new(struct shard_core *sc, struct chan *ch)
 	n->state = CHIME_NODE_GRANTED;
 	n->cq_pos = CHIME_POS_NONE;     /* never CHIME_POS_CARRIED: only the slot's record may arm it */
 	n->key_next = n->key_prev = CHIME_NIL;
-	ch->owned++;
+	chan_own(ch);
 	return chime_id_make(n->gen, sc->shard, idx);
 }
 
 static void grant_free(struct shard_core *sc, struct chan *ch, uint64_t id)
 {
 	wheel_free(&sc->wh, chime_id_index(id));
-	ch->owned--;
+	chan_disown(ch);
 }
 
 /* Free an armed or held node (on no wheel or channel list any more). */
@@ -109,7 +110,7 @@ static inline void node_release(struct shard_core *sc, struct chan *ch, uint32_t
 {
 	keyidx_remove(&sc->ki, idx);
 	wheel_free_unlisted(&sc->wh, idx);
-	ch->owned--;
+	chan_disown(ch);
 }
 
 /* ---- grants carried over for a reconnecting library ---- */
@@ -136,7 +137,7 @@ static void carried_free(struct shard_core *sc, struct chan *ch)
 		nl_del(sc, &ch->carried, idx);
 		NODE(sc, idx)->cq_pos = CHIME_POS_NONE;
 		wheel_free(&sc->wh, idx);
-		ch->owned--;
+		chan_disown(ch);
 	}
 	ch->nr_carried = 0;
 	ch->resuming = 0;
@@ -441,10 +442,18 @@ static uint64_t grant_slot(struct shard_core *sc, struct chan *ch)
 {
 	uint64_t g;
 
-	if (ch->owned >= sc->quota)
+	if (ch->owned >= sc->quota || ch->user->owned >= sc->user_quota)
 		return CHIME_GRANT_QUOTA;
 	g = grant_new(sc, ch);
 	return g ? g : CHIME_GRANT_NOMEM;
+}
+
+/* Why an arm that found marker g was refused (the quotas as they are now). */
+static enum stats_refusal refusal(const struct shard_core *sc, const struct chan *ch, uint64_t g)
+{
+	if (g != CHIME_GRANT_QUOTA)
+		return STATS_REFUSED_NOMEM;
+	return ch->owned >= sc->quota ? STATS_REFUSED_QUOTA : STATS_REFUSED_USER_QUOTA;
 }
 
 /* Give slot s the grant g, counting markers. */
@@ -838,8 +847,7 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 		case CHIME_OP_NOP:
 			/* A NOP in a marked slot is an arm the client could not make. */
 			if (chime_grant_is_marker(ch->grants[pos & ch->sq_mask]))
-				stats_refused(sc->st, ch->slot,
-					      ch->grants[pos & ch->sq_mask] == CHIME_GRANT_QUOTA);
+				stats_refused(sc->st, ch->slot, refusal(sc, ch, ch->grants[pos & ch->sq_mask]));
 			break;
 		default:
 			stats_malformed(sc->st);
@@ -1000,14 +1008,42 @@ static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan
 	}
 }
 
+/*
+ * The share of user uid in this shard, for one more channel. A linear
+ * scan, at attach only: at most one entry per channel, and the first free
+ * one is reused.
+ */
+static struct chan_user *user_get(struct shard_core *sc, uint32_t uid)
+{
+	struct chan_user *u = NULL;
+
+	for (uint32_t i = 0; i < sc->nr_users; i++) {
+		struct chan_user *e = &sc->users[i];
+
+		if (e->chans && e->uid == uid) {
+			e->chans++;
+			return e;
+		}
+		if (!e->chans && !u)
+			u = e;
+	}
+	if (!u) {
+		assert(sc->nr_users < sc->max_clients);
+		u = &sc->users[sc->nr_users++];
+	}
+	*u = (struct chan_user){ .uid = uid, .chans = 1 };
+	return u;
+}
+
 int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
-		uint64_t generation)
+		uint64_t generation, uint32_t uid)
 {
 	memset(ch, 0, sizeof(*ch));
 	ch->grants = calloc(m->sq_size, sizeof(*ch->grants));
 	if (!ch->grants)
 		return -ENOMEM;
 	ch->slot = slot;
+	ch->user = user_get(sc, uid);
 	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
 	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
 	ch->carried.head = ch->carried.tail = CHIME_NIL;
@@ -1146,13 +1182,14 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 }
 
 int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint64_t generation,
-		      uint32_t sq_size)
+		      uint32_t uid, uint32_t sq_size)
 {
 	memset(ch, 0, sizeof(*ch));
 	ch->grants = calloc(sq_size, sizeof(*ch->grants));
 	if (!ch->grants)
 		return -ENOMEM;
 	ch->slot = slot;
+	ch->user = user_get(sc, uid);
 	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
 	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
 	ch->carried.head = ch->carried.tail = CHIME_NIL;
@@ -1216,6 +1253,7 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 	assert(ch->owned == 0);
 	if (sc->by_slot[ch->slot] == ch)
 		sc->by_slot[ch->slot] = NULL;
+	ch->user->chans--;
 	stats_client_detach(sc->st, ch->slot);
 	return true;
 }

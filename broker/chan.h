@@ -25,6 +25,18 @@
 #include "stats.h"
 #include "wheel.h"
 
+/*
+ * One user's share of a shard's nodes (the per-user quota): every channel of
+ * that uid in the shard counts into it, attached, parked or dying, so
+ * neither many connections nor sessions kept past their process give one
+ * user more of the slab than --max-timers-per-uid.
+ */
+struct chan_user {
+	uint32_t uid;
+	uint32_t chans;                 /* its channels in this shard; 0: the entry is free */
+	uint64_t owned;                 /* nodes they own here, any state */
+};
+
 /* What the channel logic needs of its shard. Owned by the shard thread. */
 struct shard_core {
 	struct wheel wh;
@@ -35,6 +47,10 @@ struct shard_core {
 	uint32_t capacity;              /* private copy of the slab size */
 	uint32_t max_clients;
 	uint64_t quota;                 /* nodes one client may own here (UINT64_MAX: no limit) */
+	uint64_t user_quota;            /* nodes one user's clients may own here together (the same) */
+	/* [max_clients]: each channel holds one entry, so [0, nr_users) never outgrows it */
+	struct chan_user *users;
+	uint32_t nr_users;              /* entries ever used, free ones (chans 0) among them */
 	uint64_t backlog;               /* events held in backlogs, all channels */
 	/*
 	 * The slab's usable part (wh.reserved) is used up: make more of it
@@ -113,6 +129,7 @@ struct chan {
 	const struct chime_chan_rw *crw; /* the client's rw half of this channel (resume_*) */
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
+	struct chan_user *user;         /* its user's share: owned counts into user->owned too */
 	uint64_t flushed;               /* cq tail last published */
 	uint64_t sq_head_pub;           /* sq_head last published */
 	uint32_t sweep_pos;             /* reclaim, park: next slab index to look at */
@@ -129,13 +146,13 @@ struct chan {
 
 /*
  * Attach: set up private state, give every submission slot a grant (a node,
- * or a no-grant marker when the slab is full or the client at its quota) and
- * write it with seq = slot (free for position slot). The client must not see
- * the segment before this returns. -ENOMEM only if private memory runs out:
- * a full slab does not keep a client out.
+ * or a no-grant marker when the slab is full or the client or its user
+ * (uid) at its quota) and write it with seq = slot (free for position
+ * slot). The client must not see the segment before this returns. -ENOMEM
+ * only if private memory runs out: a full slab does not keep a client out.
  */
 int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
-		uint64_t generation);
+		uint64_t generation, uint32_t uid);
 
 /*
  * Apply up to `budget` published submissions. Returns how many records were
@@ -257,7 +274,20 @@ void chan_hold(struct shard_core *sc, struct chan *ch, uint32_t idx);
  * chan_reattach() gives it rings when its process comes. -ENOMEM only.
  */
 int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint64_t generation,
-		      uint32_t sq_size);
+		      uint32_t uid, uint32_t sq_size);
+
+/* Node ownership: a node becomes, or stops being, one of ch's (and its user's). */
+static inline void chan_own(struct chan *ch)
+{
+	ch->owned++;
+	ch->user->owned++;
+}
+
+static inline void chan_disown(struct chan *ch)
+{
+	ch->owned--;
+	ch->user->owned--;
+}
 
 /* Free the private memory of a channel (after attach failed or reclaim finished). */
 void chan_fini(struct chan *ch);

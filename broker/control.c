@@ -327,6 +327,15 @@ static int ring_setup(struct broker *b)
 	return 0;
 }
 
+/*
+ * A quota's share in each shard, rounded up (0: no limit): each shard
+ * enforces its own, so the hot path never counts across shards.
+ */
+static uint64_t shard_share(uint64_t total, uint32_t nr_shards)
+{
+	return total ? (total + nr_shards - 1) / nr_shards : UINT64_MAX;
+}
+
 static int shards_setup(struct broker *b)
 {
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -346,9 +355,8 @@ static int shards_setup(struct broker *b)
 			.idx = i,
 			.capacity = b->o.capacity,
 			.max_clients = b->o.max_clients,
-			/* Each shard enforces its share, rounded up: no cross-shard count on the hot path. */
-			.quota = b->o.max_timers_per_client ?
-				 (b->o.max_timers_per_client + b->o.nr_shards - 1) / b->o.nr_shards : UINT64_MAX,
+			.quota = shard_share(b->o.max_timers_per_client, b->o.nr_shards),
+			.user_quota = shard_share(b->o.max_timers_per_uid, b->o.nr_shards),
 			.resolution_ns = b->o.resolution_ns,
 			.spin_us = b->o.spin_us,
 			.seg_mode = seg_mode(b),
@@ -734,6 +742,7 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 			.slot = c->slot,
 			.flags = (uint16_t)((op == SHARD_CMD_REATTACH && c->resume ? SHARD_CMD_F_RESUME : 0) |
 					    (op == SHARD_CMD_PARK && b->stopping ? SHARD_CMD_F_HANDOVER : 0)),
+			.uid = c->cred.uid,
 			.generation = c->generation,
 			.ch = &c->chans[s],
 			.mem = c->mems ? &c->mems[s] : NULL,    /* a detached session has none */
@@ -999,7 +1008,7 @@ static void limits_report(struct broker *b, uint64_t now)
 	}
 	for (uint32_t slot = 0; slot < b->clients_hi; slot++) {
 		struct client *c = &b->clients[slot];
-		uint64_t sum[2] = { 0, 0 };
+		uint64_t sum[3] = { 0, 0, 0 };
 
 		if (c->state != CL_ACTIVE)
 			continue;
@@ -1010,20 +1019,27 @@ static void limits_report(struct broker *b, uint64_t now)
 				continue;
 			sum[0] += at_load(&e->refused_nomem);
 			sum[1] += at_load(&e->refused_quota);
+			sum[2] += at_load(&e->refused_user_quota);
 		}
-		if (sum[1] > c->refused_logged[1])
+		/* refused_user_quota is a part of refused_quota: the rest is the client's own. */
+		if (sum[1] - sum[2] > c->refused_logged[1] - c->refused_logged[2])
 			log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: it holds its "
 				"quota of %llu timers (--max-timers-per-client)",
 				(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
-				(unsigned long long)(sum[1] - c->refused_logged[1]),
+				(unsigned long long)((sum[1] - sum[2]) - (c->refused_logged[1] - c->refused_logged[2])),
 				(unsigned long long)b->o.max_timers_per_client);
+		if (sum[2] > c->refused_logged[2])
+			log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the clients of "
+				"uid %u together hold its quota of %llu timers (--max-timers-per-uid)",
+				(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
+				(unsigned long long)(sum[2] - c->refused_logged[2]), (unsigned)c->cred.uid,
+				(unsigned long long)b->o.max_timers_per_uid);
 		if (sum[0] > c->refused_logged[0])
 			log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the shards are "
 				"full (--capacity %u per shard)",
 				(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
 				(unsigned long long)(sum[0] - c->refused_logged[0]), b->o.capacity);
-		c->refused_logged[0] = sum[0];
-		c->refused_logged[1] = sum[1];
+		memcpy(c->refused_logged, sum, sizeof(sum));
 	}
 }
 

@@ -21,6 +21,7 @@ struct broker_opts {
 	uint32_t sq_size;
 	uint32_t cq_size;
 	uint64_t max_timers_per_client;  /* 0: no limit; enforced per shard, rounded up */
+	uint64_t max_timers_per_uid;     /* one user's clients together; the same */
 	uint64_t resolution_ns;
 	int64_t  spin_us;           /* -1: busy-poll */
 	bool     mkdir_parent;      /* the default path: create /run/chime (0755) */

@@ -66,7 +66,10 @@ static const char usage_text[] =
 "                          timers before they are reclaimed (default 3600; 0: at once)\n"
 "      --fresh             discard the sessions and timers an earlier broker left\n"
 "                          on this socket (by default they are taken over)\n"
-"\n"
+"\n";
+
+/* In two: ISO C limits one string literal to 4095 bytes. */
+static const char usage_text_more[] =
 "Access (root and the broker's own user are always admitted):\n"
 "      --allow-uid LIST    also admit these users (names or numbers, commas)\n"
 "      --allow-gid LIST    also admit members of these groups (primary or\n"
@@ -85,6 +88,12 @@ static const char usage_text[] =
 "                          consumed), counted per shard and rounded up to a\n"
 "                          multiple of the shards; beyond it chime_arm() fails\n"
 "                          with EDQUOT (default 1048576; 0: no limit)\n"
+"      --max-timers-per-uid N\n"
+"                          timers the clients of one user may hold together,\n"
+"                          named sessions kept for later included, counted the\n"
+"                          same way; beyond it chime_arm() fails with EDQUOT\n"
+"                          (default: half of --capacity times --shards, so that\n"
+"                          one user cannot take every timer; 0: no limit)\n"
 "      --sq-size N         submission ring slots per client and shard\n"
 "                          (power of two, default 1024)\n"
 "      --cq-size N         completion ring slots per client and shard\n"
@@ -113,6 +122,7 @@ enum {
 	OPT_SQ_SIZE,
 	OPT_CQ_SIZE,
 	OPT_MAX_TIMERS,
+	OPT_MAX_TIMERS_PER_UID,
 	OPT_MAX_PER_UID,
 	OPT_SESSION_LINGER,
 	OPT_ALLOW_UID,
@@ -136,6 +146,7 @@ static const struct option long_opts[] = {
 	{ "sq-size", required_argument, NULL, OPT_SQ_SIZE },
 	{ "cq-size", required_argument, NULL, OPT_CQ_SIZE },
 	{ "max-timers-per-client", required_argument, NULL, OPT_MAX_TIMERS },
+	{ "max-timers-per-uid", required_argument, NULL, OPT_MAX_TIMERS_PER_UID },
 	{ "max-clients-per-uid", required_argument, NULL, OPT_MAX_PER_UID },
 	{ "session-linger", required_argument, NULL, OPT_SESSION_LINGER },
 	{ "allow-uid", required_argument, NULL, OPT_ALLOW_UID },
@@ -378,6 +389,7 @@ int main(int argc, char **argv)
 		.sq_size = 1024,
 		.cq_size = 8192,
 		.max_timers_per_client = 1048576,
+		.max_timers_per_uid = UINT64_MAX,       /* half the capacity, once it is known */
 		.max_clients_per_uid = 64,
 		.session_linger_s = 3600,
 		.socket_gid = (gid_t)-1,
@@ -463,6 +475,9 @@ int main(int argc, char **argv)
 			o.max_timers_per_client = (uint64_t)parse_num("max-timers-per-client", optarg, 0,
 								       INT64_MAX);
 			break;
+		case OPT_MAX_TIMERS_PER_UID:
+			o.max_timers_per_uid = (uint64_t)parse_num("max-timers-per-uid", optarg, 0, INT64_MAX);
+			break;
 		case OPT_LOG_LEVEL:
 			r = log_parse_level(optarg);
 			if (r < 0)
@@ -475,6 +490,7 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			fputs(usage_text, stdout);
+			fputs(usage_text_more, stdout);
 			return 0;
 		case 'V':
 			printf("chimed %s (shm layout %u)\n", CHIME_VERSION, CHIME_SHM_LAYOUT);
@@ -487,6 +503,8 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc)
 		usage_error("unexpected argument '%s'", argv[optind]);
+	if (o.max_timers_per_uid == UINT64_MAX)
+		o.max_timers_per_uid = (uint64_t)o.capacity * o.nr_shards / 2;
 	if ((uint64_t)o.sq_size * 2 > o.capacity)
 		usage_error("--capacity %u is too small for --sq-size %u (each client holds sq-size nodes per shard)",
 			    o.capacity, o.sq_size);

@@ -184,6 +184,7 @@ struct shard_session *restart_shard_sessions(struct broker *b, uint32_t shard)
 		}
 		ss[slot].ch = &c->chans[shard];
 		ss[slot].generation = c->generation;
+		ss[slot].uid = c->cred.uid;
 	}
 	return ss;
 }

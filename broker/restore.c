@@ -82,7 +82,7 @@ int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
 			 * says it is done, or a new process comes (chan.h).
 			 */
 			chan_carry(sc, ch, idx);
-			ch->owned++;
+			chan_own(ch);
 			rs->grants++;
 			continue;
 		}
@@ -141,7 +141,7 @@ int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
 		back[nback++] = (struct back){ .owner = n->owner, .cls = cls, .key = key, .idx = idx };
 keep:
 		keyidx_insert(&sc->ki, idx);
-		ch->owned++;
+		chan_own(ch);
 		rs->kept++;
 	}
 	if (nback)

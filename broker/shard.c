@@ -289,16 +289,18 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->core.capacity = cfg->capacity;
 	s->core.max_clients = cfg->max_clients;
 	s->core.quota = cfg->quota;
+	s->core.user_quota = cfg->user_quota;
 	s->core.grow = slab_grow;
 	s->core.st = &s->st;
 	s->core.by_slot = calloc(cfg->max_clients, sizeof(*s->core.by_slot));
+	s->core.users = calloc(cfg->max_clients, sizeof(*s->core.users));
 	s->active = calloc(cfg->max_clients, sizeof(*s->active));
 	s->dying = calloc(cfg->max_clients, sizeof(*s->dying));
 	while (qsize < cfg->max_clients + 2)
 		qsize <<= 1;
 	s->q = calloc(qsize, sizeof(*s->q));
 	s->q_mask = qsize - 1;
-	if (!s->core.by_slot || !s->active || !s->dying || !s->q)
+	if (!s->core.by_slot || !s->core.users || !s->active || !s->dying || !s->q)
 		return log_errno(LOG_ERR, ENOMEM, "shard %u state", cfg->idx);
 	r = stats_init(&s->st, cfg->ctl, cfg->idx);
 	if (r < 0)
@@ -316,7 +318,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	for (uint32_t slot = 0; cfg->sessions && slot < cfg->max_clients; slot++) {
 		const struct shard_session *ss = &cfg->sessions[slot];
 
-		if (ss->ch && chan_restore_init(&s->core, ss->ch, (uint16_t)slot, ss->generation,
+		if (ss->ch && chan_restore_init(&s->core, ss->ch, (uint16_t)slot, ss->generation, ss->uid,
 						cfg->sq_size) < 0)
 			return log_errno(LOG_ERR, ENOMEM, "shard %u: restoring sessions", cfg->idx);
 	}
@@ -488,7 +490,7 @@ static bool run_cmds(struct shard *s, bool *work)
 		*work = true;
 		switch (c.op) {
 		case SHARD_CMD_ATTACH:
-			r = chan_attach(&s->core, c.ch, c.mem, c.slot, c.generation);
+			r = chan_attach(&s->core, c.ch, c.mem, c.slot, c.generation, c.uid);
 			if (!r)
 				s->active[s->nr_active++] = c.ch;  /* its doorbell is read from the next sleep on */
 			ack(s, c.ack, r);
@@ -897,10 +899,12 @@ int shard_fini(struct shard *s, bool keep)
 	}
 	stats_fini(&s->st);
 	free(s->core.by_slot);
+	free(s->core.users);
 	free(s->active);
 	free(s->dying);
 	free(s->q);
 	s->core.by_slot = NULL;
+	s->core.users = NULL;
 	s->active = NULL;
 	s->dying = NULL;
 	s->q = NULL;

@@ -48,6 +48,7 @@ struct shard_cmd {
 	uint32_t op;
 	uint16_t slot;
 	uint16_t flags;         /* SHARD_CMD_F_* */
+	uint32_t uid;           /* ATTACH: the client's user (the per-user quota) */
 	uint64_t generation;
 	struct chan *ch;
 	const struct chan_mem *mem;
@@ -58,6 +59,7 @@ struct shard_cmd {
 struct shard_session {
 	struct chan *ch;        /* NULL: no session in this slot */
 	uint64_t generation;
+	uint32_t uid;
 };
 
 struct shard_cfg {
@@ -65,6 +67,7 @@ struct shard_cfg {
 	uint32_t capacity;
 	uint32_t max_clients;
 	uint64_t quota;         /* nodes per client in this shard (UINT64_MAX: no limit) */
+	uint64_t user_quota;    /* nodes per user in this shard (the same) */
 	uint64_t resolution_ns;
 	int64_t spin_us;        /* -1: busy-poll, never sleep */
 	mode_t seg_mode;        /* of the segment file */

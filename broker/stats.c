@@ -139,7 +139,7 @@ void stats_client_detach(struct stats *st, uint32_t slot)
 
 /*
  * Everything after seq up to the histogram and from the histogram to the
- * reset base; then the histogram if it moved, the base after a reset, and
+ * reset base (a client's: up to its histogram and what follows it); then the histogram if it moved, the base after a reset, and
  * the window slots that changed (one a second, or two when it rolls).
  */
 #define SHARD_HEAD_OFF offsetof(struct chime_shard_stats, armed)
@@ -150,6 +150,8 @@ void stats_client_detach(struct stats *st, uint32_t slot)
 #define SHARD_END_LEN (offsetof(struct chime_shard_stats, _reserved) - SHARD_END_OFF)
 #define CLIENT_OFF offsetof(struct chime_client_stats, generation)
 #define CLIENT_LEN (offsetof(struct chime_client_stats, lat) - CLIENT_OFF)
+#define CLIENT_END_OFF offsetof(struct chime_client_stats, refused_user_quota)
+#define CLIENT_END_LEN (offsetof(struct chime_client_stats, _reserved) - CLIENT_END_OFF)
 
 void stats_restore(struct stats *st, uint64_t kept, uint64_t dropped, uint64_t redelivered)
 {
@@ -196,6 +198,7 @@ void stats_publish(struct stats *st)
 		if (p->lat_lo <= p->lat_hi)
 			memcpy(&dst->lat[p->lat_lo], &p->c.lat[p->lat_lo],
 			       (size_t)(p->lat_hi - p->lat_lo + 1) * sizeof(p->c.lat[0]));
+		memcpy((char *)dst + CLIENT_END_OFF, (char *)&p->c + CLIENT_END_OFF, CLIENT_END_LEN);
 		chime_stats_end(&dst->seq);
 		p->dirty = 0;
 		p->lat_lo = UINT8_MAX;

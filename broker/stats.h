@@ -35,7 +35,7 @@
  *   CANCEL_KEY    stats_cancel_key(&st, slot, victims): one record, `victims`
  *                 timers removed (armed gauges -victims)
  *   malformed     stats_malformed(&st): a record dropped by validation
- *   refused       stats_refused(&st, slot, quota): an arm the client could not
+ *   refused       stats_refused(&st, slot, why): an arm the client could not
  *                 make (it found a no-grant marker and published a NOP)
  *   reserve       stats_reserve_failed(&st): the filesystem refused a slab chunk
  *   fire          stats_fire(&st, slot, deadline_ns, fired_ns, periodic,
@@ -304,21 +304,29 @@ static inline void stats_malformed(struct stats *st)
 	st->sh.malformed++;
 }
 
-/* An arm refused for want of a node (`quota`: the client's quota, else the slab). */
-static inline void stats_refused(struct stats *st, uint32_t slot, bool quota)
+/* Why an arm was refused: no free node, the client's quota, or its user's. */
+enum stats_refusal {
+	STATS_REFUSED_NOMEM,
+	STATS_REFUSED_QUOTA,
+	STATS_REFUSED_USER_QUOTA,       /* counted as a quota refusal too (EDQUOT either way) */
+};
+
+static inline void stats_refused(struct stats *st, uint32_t slot, enum stats_refusal why)
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
 
 	if (!CHIME_COUNTERS)
 		return;
-	if (quota) {
-		st->sh.refused_quota++;
-		if (c)
-			c->refused_quota++;
-	} else {
+	if (why == STATS_REFUSED_NOMEM) {
 		st->sh.refused_nomem++;
 		if (c)
 			c->refused_nomem++;
+		return;
+	}
+	st->sh.refused_quota++;
+	if (c) {
+		c->refused_quota++;
+		c->refused_user_quota += why == STATS_REFUSED_USER_QUOTA;
 	}
 }
 

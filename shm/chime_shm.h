@@ -569,7 +569,7 @@ struct chime_shard_stats {
 	uint64_t lat_sum_ns;        /* since start */
 	uint64_t lat[CHIME_LAT_BUCKETS];    /* since start */
 	uint64_t refused_nomem;     /* arms refused: no free node (slab full or not reserved) */
-	uint64_t refused_quota;     /* arms refused: the client was at --max-timers-per-client */
+	uint64_t refused_quota;     /* arms refused: the client (or its user) was at its quota */
 	uint64_t reserve_failed;    /* slab chunks the filesystem would not reserve */
 	uint64_t immediate;         /* fires of timers armed (or reset) already due: not in lat[] */
 	uint64_t cpu_ns;            /* the shard thread's CPU time (CLOCK_THREAD_CPUTIME_ID) */
@@ -643,13 +643,14 @@ struct chime_client_stats {
 	uint64_t backlog;           /* events held back because it did not drain */
 	uint64_t wakeups;           /* wake-up messages sent to it */
 	uint64_t refused_nomem;     /* its arms refused: no free node */
-	uint64_t refused_quota;     /* its arms refused: at its quota */
+	uint64_t refused_quota;     /* its arms refused: it or its user at the quota (EDQUOT) */
 	uint64_t sq_depth;          /* records waiting in its submission ring (<= sq_size) */
 	uint64_t sq_depth_max;      /* since it connected or the last reset */
 	uint64_t cq_depth_max;      /* since it connected or the last reset */
 	uint64_t lat_max_ns;        /* since it connected or the last reset */
 	uint64_t lat[CHIME_LAT_BUCKETS];    /* lateness of its timers, since then */
-	uint8_t  _reserved[896 - 8 * (16 + CHIME_LAT_BUCKETS)];
+	uint64_t refused_user_quota;        /* of refused_quota: its user's clients held --max-timers-per-uid */
+	uint8_t  _reserved[896 - 8 * (17 + CHIME_LAT_BUCKETS)];
 };
 _Static_assert(sizeof(struct chime_client_stats) == 896, "client stats block is 896 B");
 _Static_assert(offsetof(struct chime_client_stats, sq_depth) == 96, "moved: bump CHIME_SHM_LAYOUT");

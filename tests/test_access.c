@@ -195,6 +195,88 @@ Test(access, max_clients_per_uid_gives_eusers_to_that_user_only)
 	cr_assert_eq(as_user("chimet2", open_many, &two), 0, "another user is not affected");
 }
 
+/* ---- one user cannot take every timer (--max-timers-per-uid) ---- */
+
+/* Arms an hour ahead until one is refused; returns how many were armed, the refusal in *err. */
+static unsigned arm_until_refused(chime_t *c, int *err)
+{
+	unsigned n = 0;
+	chime_id_t id;
+
+	while ((*err = chime_arm(c, 1, now_ns() + 3600000 * MS, 0, n, &id)) == 0)
+		n++;
+	return n;
+}
+
+/*
+ * As a user whose quota is 300: a named session keeps 100 timers after its
+ * process closes it, and two clients then arm 200 between them, no more.
+ * When one of them goes, the other arms again.
+ */
+static int fill_user_quota(void *arg)
+{
+	struct chime_opts so = { .socket_path = tb.sock, .session = "held" };
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *s = NULL, *a = NULL, *b = NULL;
+	unsigned n = 0;
+	int err_a = 0, err_b = 0;
+	chime_id_t id;
+
+	(void)arg;
+	if (chime_open(&s, &so) < 0)
+		return 1;
+	for (unsigned i = 0; i < 100; i++)
+		if (chime_arm(s, 1, now_ns() + 3600000 * MS, 0, i, &id) < 0)
+			return 2;
+	chime_close(s);
+	if (chime_open(&a, &o) < 0 || chime_open(&b, &o) < 0)
+		return 3;
+	/* The session's unused grants count until its park frees them: retry for a while. */
+	for (uint64_t t0 = now_ns(); n < 200 && now_ns() - t0 < 3000 * MS; usleep(20000)) {
+		n += arm_until_refused(a, &err_a);
+		n += arm_until_refused(b, &err_b);
+	}
+	if (n != 200 || err_a != -EDQUOT || err_b != -EDQUOT) {
+		fprintf(stderr, "armed %u of 200 (a: %s, b: %s)\n", n, strerror(-err_a), strerror(-err_b));
+		return 4;
+	}
+	chime_close(a);
+	n = 0;
+	for (uint64_t t0 = now_ns(); n == 0 && now_ns() - t0 < 3000 * MS; usleep(20000))
+		n += arm_until_refused(b, &err_b);
+	chime_close(b);
+	return n > 0 ? 0 : 5;
+}
+
+/* As the other user: 250 timers, all granted. */
+static int arm_250(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *c = NULL;
+	int err;
+	unsigned n;
+
+	(void)arg;
+	if (chime_open(&c, &o) < 0)
+		return 1;
+	for (n = 0; n < 250; n++)
+		if ((err = chime_arm(c, 1, now_ns() + 3600000 * MS, 0, n, &(chime_id_t){ 0 })) < 0)
+			break;
+	chime_close(c);
+	if (n < 250)
+		fprintf(stderr, "armed %u of 250: %s\n", n, strerror(-err));
+	return n == 250 ? 0 : 2;
+}
+
+Test(access, max_timers_per_uid_gives_edquot_to_that_user_only)
+{
+	need_users();
+	start("--allow-all -n 2 --sq-size 16 --max-timers-per-uid 300");
+	cr_assert_eq(as_user("chimet1", fill_user_quota, NULL), 0,
+		     "one user's session and clients share its quota of 300 timers");
+	cr_assert_eq(as_user("chimet2", arm_250, NULL), 0, "another user is not affected");
+}
+
 static int read_file(void *arg)
 {
 	int fd = open((const char *)arg, O_RDONLY);

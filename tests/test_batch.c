@@ -200,7 +200,7 @@ Test(batch, full_slab_and_quota_fail_per_operation)
 	chime_close(c);
 	t_chimed_stop(&tb, SIGKILL);
 
-	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1 --capacity 2048 --sq-size 16"), 0);
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1 --capacity 2048 --sq-size 16 --max-timers-per-uid 0"), 0);
 	c = copen();
 	for (int round = 0; round < 20; round++) {
 		for (unsigned i = 0; i < N; i++)

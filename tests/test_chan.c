@@ -22,6 +22,7 @@
 #define CQ      8u
 #define T0      UINT64_C(1000000000)
 #define MAXCL   4u
+#define NSIM    3               /* simulated clients (F.cl) */
 
 struct client_sim {
 	void *rw, *ro;
@@ -37,10 +38,11 @@ static struct {
 	struct chime_shard_stats pub;
 	struct chime_client_stats cpub[MAXCL];
 	struct chan *by_slot[MAXCL];
+	struct chan_user users[MAXCL];
 	void *wmem;
 	uint32_t *heads;
 	struct chime_client_geom g;
-	struct client_sim cl[2];
+	struct client_sim cl[NSIM];
 	uint64_t now;
 } F;
 
@@ -74,11 +76,17 @@ static void client_rings(struct client_sim *c)
 	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);
 }
 
-static void client_init(struct client_sim *c, uint16_t slot)
+static void client_init_uid(struct client_sim *c, uint16_t slot, uint32_t uid)
 {
 	client_mem(c);
-	cr_assert_eq(chan_attach(&F.sc, &c->ch, &c->m, slot, 1), 0);
+	cr_assert_eq(chan_attach(&F.sc, &c->ch, &c->m, slot, 1, uid), 0);
 	client_rings(c);
+}
+
+/* A client of its own user (uid = slot). */
+static void client_init(struct client_sim *c, uint16_t slot)
+{
+	client_init_uid(c, slot, slot);
 }
 
 static void setup(void)
@@ -98,6 +106,8 @@ static void setup(void)
 	F.sc.capacity = CAP;
 	F.sc.max_clients = MAXCL;
 	F.sc.quota = UINT64_MAX;
+	F.sc.users = F.users;
+	F.sc.user_quota = UINT64_MAX;
 	F.g.nr_shards = 1;
 	F.g.sq_size = SQ;
 	F.g.cq_size = CQ;
@@ -108,7 +118,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < NSIM; i++) {
 		if (F.cl[i].rw) {
 			chan_fini(&F.cl[i].ch);
 			free(F.cl[i].rw);
@@ -163,14 +173,14 @@ static void step_at(uint64_t now)
 	unsigned n;
 
 	F.now = now;
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NSIM; i++)
 		if (F.cl[i].rw && !F.cl[i].ch.dying && !F.cl[i].ch.parked)
 			chan_drain(&F.sc, &F.cl[i].ch, 1000);
 	wheel_advance(&F.sc.wh, now);
 	while ((n = wheel_pop_expired(&F.sc.wh, buf, 64)) > 0)
 		for (unsigned i = 0; i < n; i++)
 			chan_fire(&F.sc, F.sc.by_slot[wheel_node(&F.sc.wh, buf[i])->owner], buf[i], now);
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NSIM; i++)
 		if (F.cl[i].rw && !F.cl[i].ch.dying && !F.cl[i].ch.parked)
 			chan_service(&F.sc, &F.cl[i].ch, now);
 	wheel_check(&F.sc.wh);
@@ -731,6 +741,82 @@ Test(chan, a_client_at_its_quota_gets_quota_markers_until_it_cancels)
 	cr_assert_eq(c->ch.marked, 0);
 	cr_assert_eq(shared_markers(c), 0);
 	cr_assert_eq(c->ch.owned, SQ + 2);
+}
+
+Test(chan, the_clients_of_one_user_share_its_quota_and_another_user_is_not_refused)
+{
+	struct client_sim *a = &F.cl[1], *b = &F.cl[2], *other = &F.cl[0];
+	uint64_t ids[3];
+
+	/* uid 1000's two clients: their grants and two more nodes, together */
+	F.sc.user_quota = 2 * SQ + 2;
+	client_init_uid(a, 1, 1000);
+	client_init_uid(b, 2, 1000);
+	cr_assert_eq(a->ch.user, b->ch.user, "one share for one user");
+	cr_assert_neq(other->ch.user, a->ch.user);
+	for (unsigned n = 0; n < 3; n++)
+		ids[n] = arm(a, 7, T0 + 3600 * MS, 0, n);
+	step_at(T0);
+	cr_assert_eq(a->ch.user->owned, 2 * SQ + 2);
+	cr_assert_eq(a->ch.marked, 1, "a's third renewal is over its user's quota");
+	/* b holds SQ nodes, far from any quota of its own, and is refused all the same */
+	(void)arm(b, 8, T0 + 3600 * MS, 0, 0);
+	step_at(T0);
+	cr_assert_eq(b->ch.owned, SQ);
+	cr_assert_eq(b->ch.marked, 1);
+	cr_assert_eq(b->m.sq_slots[0].grant, CHIME_GRANT_QUOTA, "EDQUOT for the library");
+	for (unsigned n = 1; n < SQ; n++)
+		(void)submit(b, CHIME_OP_NOP, 0, 0, 0, 0, 0);
+	step_at(T0);
+	cr_assert_eq(refused_arm(b), CHIME_GRANT_QUOTA);
+	step_at(T0);
+	cr_assert_eq(F.st.cl[2].c.refused_quota, 1);
+	cr_assert_eq(F.st.cl[2].c.refused_user_quota, 1, "counted as its user's quota");
+	/* another user (uid 0) arms and renews as before, up to a quota of its own */
+	for (unsigned n = 0; n < SQ + 2; n++) {
+		(void)arm(other, 9, T0 + 3600 * MS, 0, n);
+		step_at(T0);
+	}
+	cr_assert_eq(other->ch.marked, 0);
+	cr_assert_eq(other->ch.owned, 2 * SQ + 2);
+	/* a cancels one: the user is below its quota, b's marker becomes a grant */
+	(void)submit(a, CHIME_OP_CANCEL, ids[0], 0, 0, 0, 0);
+	step_at(T0);
+	cr_assert_eq(a->ch.marked + b->ch.marked, 1, "one node back, one marker replaced");
+	cr_assert_eq(a->ch.user->owned, 2 * SQ + 2);
+	/* a goes: all of its nodes leave the user's share, and b's arms are granted again */
+	while (!chan_reclaim(&F.sc, &a->ch, 1000))
+		;
+	cr_assert_eq(b->ch.user->owned, b->ch.owned);
+	cr_assert_eq(b->ch.user->chans, 1);
+	step_at(T0);
+	cr_assert_eq(b->ch.marked, 0);
+}
+
+Test(chan, a_users_share_is_freed_with_its_last_channel_and_reused)
+{
+	struct client_sim *a = &F.cl[1];
+	struct chan_user *u;
+	uint32_t nr;
+
+	client_init_uid(a, 1, 1000);
+	(void)arm(a, 7, T0 + 3600 * MS, 0, 0);
+	step_at(T0);
+	u = a->ch.user;
+	nr = F.sc.nr_users;
+	cr_assert_eq(u->owned, SQ + 1);
+	while (!chan_reclaim(&F.sc, &a->ch, 1000))
+		;
+	cr_assert_eq(u->chans, 0);
+	cr_assert_eq(u->owned, 0);
+	chan_fini(&a->ch);
+	free(a->rw);
+	free(a->ro);
+	client_init_uid(a, 1, 2000);
+	cr_assert_eq(a->ch.user, u, "the free entry is taken again");
+	cr_assert_eq(u->uid, 2000);
+	cr_assert_eq(u->owned, SQ);
+	cr_assert_eq(F.sc.nr_users, nr);
 }
 
 Test(chan, attach_to_a_full_slab_succeeds_with_markers_only)

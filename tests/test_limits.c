@@ -104,7 +104,7 @@ Test(limits, full_slab_fails_arm_fast_and_recovers_after_cancel)
 	unsigned n, again;
 	int err;
 
-	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1 --capacity 2048 --sq-size 16"), 0);
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1 --capacity 2048 --sq-size 16 --max-timers-per-uid 0"), 0);
 	c = copen();
 	t0 = now_ns();
 	n = arm_until_refused(c, WANT, &err, ids);
@@ -166,6 +166,43 @@ Test(limits, quota_gives_edquot_and_other_clients_keep_arming)
 		cr_assert(strstr(out, "refused_quota"), "chimestat does not show refused_quota: %s", out);
 	}
 	chime_close(a);
+	chime_close(b);
+}
+
+Test(limits, a_users_clients_share_its_quota_and_chimestat_says_which_quota_refused)
+{
+	char cmd[512], out[65536] = "";
+	chime_t *a, *b;
+	unsigned n;
+	int err;
+	FILE *p;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1 --sq-size 16 --max-timers-per-client 200 "
+				    "--max-timers-per-uid 300"), 0);
+	a = copen();
+	b = copen();
+	n = arm_until_refused(a, 1000, &err, NULL);
+	cr_assert_eq(err, -EDQUOT, "arm %u: %s, not EDQUOT", n, strerror(-err));
+	cr_assert_eq(n, 200, "a armed %u, its own quota is 200", n);
+	n = arm_until_refused(b, 1000, &err, NULL);
+	cr_assert_eq(err, -EDQUOT, "arm %u: %s, not EDQUOT", n, strerror(-err));
+	cr_assert_eq(n, 100, "b armed %u, its user's quota leaves 100", n);
+	cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, refused_quota), 2), 2);
+	snprintf(cmd, sizeof(cmd), "%s -s %s -j -1 -f 'client.*.refused_*quota'", getenv("CHIMESTAT"), tb.sock);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	(void)!fread(out, 1, sizeof(out) - 1, p);
+	pclose(p);
+	cr_assert(strstr(out, "\"refused_quota\":1,\"refused_user_quota\":0}"), "a: its own quota: %s", out);
+	cr_assert(strstr(out, "\"refused_quota\":1,\"refused_user_quota\":1}"), "b: its user's: %s", out);
+	/* a goes: its 200 leave the user's share, and b arms again */
+	chime_close(a);
+	n = 0;
+	for (uint64_t t0 = now_ns(); n < 100 && now_ns() - t0 < 3000 * MS; usleep(10000))
+		n += arm_until_refused(b, 1000, &err, NULL);
+	cr_assert_eq(n, 100, "b armed %u more, up to its own quota of 200", n);
+	cr_assert_eq(arm_until_refused(b, 1, &err, NULL), 0);
+	cr_assert_eq(err, -EDQUOT);
 	chime_close(b);
 }
 

@@ -98,7 +98,7 @@ static const struct cdef shard_defs[] = {
 	{ "sleeps", SS(sleeps), F_COUNTER, "chime_shard_sleeps_total", "Times the shard went to sleep.", 1 },
 	{ "wakeups", SS(wakeups), F_COUNTER, "chime_shard_client_wakeups_total", "Wake-up messages sent to clients.", 1 },
 	{ "refused_nomem", SS(refused_nomem), F_COUNTER, "chime_shard_refused_nomem_total", "Arms refused: no free timer node (ENOMEM).", 1 },
-	{ "refused_quota", SS(refused_quota), F_COUNTER, "chime_shard_refused_quota_total", "Arms refused: the client held its quota (EDQUOT).", 1 },
+	{ "refused_quota", SS(refused_quota), F_COUNTER, "chime_shard_refused_quota_total", "Arms refused: the client, or its user, held its quota (EDQUOT).", 1 },
 	{ "reserve_failed", SS(reserve_failed), F_COUNTER, "chime_shard_reserve_failed_total", "Slab chunks the filesystem would not reserve.", 1 },
 	{ "busy_ns", SS(busy_ns), F_COUNTER, "chime_shard_busy_seconds_total", "Time spent in loop iterations that had work.", 1e-9 },
 	{ "cpu_ns", SS(cpu_ns), F_COUNTER, "chime_shard_cpu_seconds_total", "CPU time of the shard thread (CLOCK_THREAD_CPUTIME_ID), spinning included.", 1e-9 },
@@ -123,6 +123,7 @@ static const struct cdef client_defs[] = {
 	{ "wakeups", CS(wakeups), F_COUNTER, "chime_client_wakeups_total", "Wake-up messages sent to the client.", 1 },
 	{ "refused_nomem", CS(refused_nomem), F_COUNTER, "chime_client_refused_nomem_total", "Its arms refused: no free timer node (ENOMEM).", 1 },
 	{ "refused_quota", CS(refused_quota), F_COUNTER, "chime_client_refused_quota_total", "Its arms refused: at its quota (EDQUOT).", 1 },
+	{ "refused_user_quota", CS(refused_user_quota), F_COUNTER, "chime_client_refused_user_quota_total", "Its arms refused because its user's clients together held --max-timers-per-uid (EDQUOT, also counted in refused_quota).", 1 },
 };
 
 const struct stat_pct pcts[NR_PCTS] = { { "p50", 0.50 }, { "p90", 0.90 }, { "p99", 0.99 }, { "p99_9", 0.999 } };

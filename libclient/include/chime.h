@@ -110,7 +110,9 @@ const char *chime_version(void);
  *   -ENOMEM    no shard of the broker has a free timer node (its --capacity
  *              is reached, or its filesystem is full); nothing was armed
  *   -EDQUOT    this connection holds its quota of timers (chimed
- *              --max-timers-per-client); nothing was armed
+ *              --max-timers-per-client), or its user's connections and
+ *              sessions together hold theirs (--max-timers-per-uid);
+ *              nothing was armed
  *   -ENOTCONN  the broker is gone
  * Both refusals are immediate (no broker round trip) and counted; arms
  * succeed again as soon as timers fire or are cancelled.

@@ -104,6 +104,7 @@ static struct {
 	struct chime_shard_stats pub;
 	struct chime_client_stats cpub[NCL];
 	struct chan *by_slot[NCL];
+	struct chan_user users[NCL];
 	void *wmem;
 	uint32_t *heads;
 	struct chime_client_geom g;
@@ -143,12 +144,18 @@ static void client_rings(struct client *c)
 	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);
 }
 
+/* The hostile clients are one user: their nodes count against one user quota. */
+static uint32_t uid_of(uint16_t slot)
+{
+	return slot ? 1000 : 0;
+}
+
 static int client_attach(struct client *c, uint16_t slot)
 {
 	int r;
 
 	client_mem(c);
-	r = chan_attach(&W.sc, &c->ch, &c->m, slot, 1);
+	r = chan_attach(&W.sc, &c->ch, &c->m, slot, 1, uid_of(slot));
 	if (r)
 		return r;
 	client_rings(c);
@@ -170,7 +177,7 @@ static bool grant_usable(uint64_t grant)
 	return !chime_grant_is_marker(grant);
 }
 
-static void world_init(uint64_t quota, unsigned walk_budget)
+static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget)
 {
 	size_t wsz = wheel_region_size(CAP);
 	uint32_t nb = keyidx_buckets_for(CAP);
@@ -197,6 +204,7 @@ static void world_init(uint64_t quota, unsigned walk_budget)
 	}
 	memset(&W.sc, 0, sizeof(W.sc));
 	memset(W.by_slot, 0, sizeof(W.by_slot));
+	memset(W.users, 0, sizeof(W.users));
 	memset(&W.pub, 0, sizeof(W.pub));
 	memset(W.cpub, 0, sizeof(W.cpub));
 	memset(W.heads, 0, nb * sizeof(uint32_t));
@@ -209,6 +217,8 @@ static void world_init(uint64_t quota, unsigned walk_budget)
 	W.sc.capacity = CAP;
 	W.sc.max_clients = NCL;
 	W.sc.quota = quota;
+	W.sc.users = W.users;
+	W.sc.user_quota = user_quota;
 	W.sc.walk_budget = walk_budget;
 	W.now = T0;
 	W.nt = 0;
@@ -303,6 +313,28 @@ static void check_world(void)
 	}
 	CHECK(backlog == W.sc.backlog, "backlog sum %lu, shard says %lu",
 	      (unsigned long)backlog, (unsigned long)W.sc.backlog);
+	/* Each user's share: the sum of its channels' nodes, within its quota, one entry per uid. */
+	for (unsigned c = 0; c < NCL; c++) {
+		const struct chan_user *u = W.cl[c].attached ? W.cl[c].ch.user : NULL;
+		uint64_t sum = 0;
+		uint32_t chans = 0;
+
+		if (!u)
+			continue;
+		CHECK(u->uid == uid_of((uint16_t)c) && u >= W.users && u < W.users + W.sc.nr_users,
+		      "client %u: user entry of uid %u", c, u->uid);
+		for (unsigned d = 0; d < NCL; d++)
+			if (W.cl[d].attached && uid_of((uint16_t)d) == u->uid) {
+				CHECK(W.cl[d].ch.user == u, "clients %u and %u: two entries for uid %u", c, d, u->uid);
+				sum += W.cl[d].ch.owned;
+				chans++;
+			}
+		CHECK(u->owned == sum && u->chans == chans, "uid %u: owned %lu in %u channels, its entry "
+		      "says %lu in %u", u->uid, (unsigned long)sum, chans, (unsigned long)u->owned, u->chans);
+		CHECK(u->owned <= W.sc.user_quota, "uid %u owns %lu nodes, user quota %lu", u->uid,
+		      (unsigned long)u->owned, (unsigned long)W.sc.user_quota);
+	}
+	CHECK(W.sc.nr_users <= NCL, "%u user entries for %u clients", W.sc.nr_users, NCL);
 }
 
 /* ---- the shard's side ---- */
@@ -809,11 +841,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	/*
 	 * The first byte picks the per-client quota (none, or one the clients
-	 * reach) and how many nodes a CANCEL_KEY looks at per step (1-8: its
-	 * walks take steps, with the others' records and firings between them).
+	 * reach; the hostile clients' user then has one and a half of it, so
+	 * the two reach the user's before their own) and how many nodes a
+	 * CANCEL_KEY looks at per step (1-8: its walks take steps, with the
+	 * others' records and firings between them).
 	 */
-	world_init(size && data[0] & 1 ? 4 + (data[0] >> 1) % 48 : UINT64_MAX,
-		   size ? 1 + (data[0] >> 5) : 0);
+	uint64_t quota = size && data[0] & 1 ? 4 + (data[0] >> 1) % 48 : UINT64_MAX;
+
+	world_init(quota, quota == UINT64_MAX ? UINT64_MAX : quota * 3 / 2, size ? 1 + (data[0] >> 5) : 0);
 	while (g.off < g.n && steps++ < 4096) {
 		step(&g);
 		check_world();

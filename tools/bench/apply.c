@@ -68,6 +68,7 @@ struct world {
 	struct chime_shard_stats pub;
 	struct chime_client_stats cpub[1];
 	struct chan *by_slot[1];
+	struct chan_user users[1];
 	struct chime_client_geom g;
 	void *wmem, *rw, *ro;
 	size_t wlen;
@@ -109,6 +110,8 @@ static void world_init(struct world *w, uint32_t cap)
 	w->sc.capacity = cap;
 	w->sc.max_clients = 1;
 	w->sc.quota = UINT64_MAX;
+	w->sc.users = w->users;
+	w->sc.user_quota = UINT64_MAX;
 	w->m = (struct chan_mem){
 		.sq_slots = (struct chime_sqe *)((char *)w->rw + w->g.rw_sq_off),
 		.claim = (uint64_t *)((char *)w->rw + w->g.rw_claim_off),
@@ -121,7 +124,7 @@ static void world_init(struct world *w, uint32_t cap)
 		.wake_fd = -1,
 		.bell_fd = -1,
 	};
-	if (chan_attach(&w->sc, &w->ch, &w->m, 0, 1))
+	if (chan_attach(&w->sc, &w->ch, &w->m, 0, 1, 0))
 		world_fail("chan_attach");
 	chime_sq_prod_init(&w->prod, w->m.sq_slots, &w->m.rw->sq_tail, SQ);
 	chime_cq_cons_init(&w->cons, w->m.cq_slots, w->m.claim, &w->m.ro->cq_tail, &w->m.rw->cq_head, CQ);

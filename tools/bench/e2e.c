@@ -160,7 +160,7 @@ static void usage(FILE *f)
 		"      --only PARTS    comma list of ops,flood,expire,lat,timerfd (default: all)\n"
 		"  -N, --expire N      timers due at one instant in the expire phase, 1..100000000\n"
 		"                      (default 1M, --quick 50k); above 1M the private chimed gets\n"
-		"                      --capacity N and no per-client quota\n"
+		"                      --capacity N and no quotas\n"
 		"      --busy-poll     lateness drained by chime_poll() in a loop, not chime_wait();\n"
 		"                      the private chimed runs with --spin-us -1 (busy-poll mode)\n"
 		"                      and, without --shards, a shard fewer than the CPUs (at least 1)\n"

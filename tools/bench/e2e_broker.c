@@ -449,7 +449,7 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 	}
 	if (b->pid == 0) {
 		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		const char *argv[14] = { "chimed", "--foreground", "--socket", b->sock };
+		const char *argv[16] = { "chimed", "--foreground", "--socket", b->sock };
 		int argc = 4;
 
 		if (fd >= 0) {
@@ -468,6 +468,8 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 			argv[argc++] = "--capacity";
 			argv[argc++] = cap;
 			argv[argc++] = "--max-timers-per-client";
+			argv[argc++] = "0";
+			argv[argc++] = "--max-timers-per-uid";
 			argv[argc++] = "0";
 		}
 		cleanup_child(&old);

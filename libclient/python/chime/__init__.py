@@ -67,8 +67,8 @@ _WHY = {
     ("chime_open", errno.EBADMSG): "chimed's reply or shared memory was malformed",
     ("chime_open", errno.EINVAL): "invalid socket path {socket!r} (too long?) or session name",
     ("chime_open", errno.EBUSY): "the session is attached to another process",
-    ("chime_arm", errno.EDQUOT): "this client has as many armed timers as chimed allows one client "
-                                 "(chimed --max-timers-per-client)",
+    ("chime_arm", errno.EDQUOT): "this client, or its user's clients together, have as many armed timers "
+                                 "as chimed allows (chimed --max-timers-per-client, --max-timers-per-uid)",
     ("chime_arm", errno.ENOMEM): "chimed's shards have no free timer (chimed --capacity); nothing was armed",
     ("chime_reset", errno.EINVAL): "{id} is not a timer id of this broker",
     ("chime_cancel", errno.EINVAL): "{id} is not a timer id of this broker",

@@ -277,6 +277,62 @@ Test(access, max_timers_per_uid_gives_edquot_to_that_user_only)
 	cr_assert_eq(as_user("chimet2", arm_250, NULL), 0, "another user is not affected");
 }
 
+/* As a user whose quota is 300: a session keeps 200 timers for later. */
+static int keep_200_in_a_session(void *arg)
+{
+	struct chime_opts so = { .socket_path = tb.sock, .session = "held" };
+	chime_t *s = NULL;
+	chime_id_t id;
+
+	(void)arg;
+	if (chime_open(&s, &so) < 0)
+		return 1;
+	for (unsigned i = 0; i < 200; i++)
+		if (chime_arm(s, 1, now_ns() + 3600000 * MS, 0, i, &id) < 0)
+			return 2;
+	chime_close(s);
+	return 0;
+}
+
+/*
+ * The same user, later: the session taken over (which frees the grants
+ * the broker before kept for its old process) and another client, 100
+ * timers between them, not one more.
+ */
+static int arm_the_last_100(void *arg)
+{
+	struct chime_opts so = { .socket_path = tb.sock, .session = "held" };
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *s = NULL, *c = NULL;
+	unsigned n;
+	int err_c, err_s;
+
+	(void)arg;
+	if (chime_open(&s, &so) < 0 || chime_open(&c, &o) < 0)
+		return 1;
+	n = arm_until_refused(c, &err_c);
+	n += arm_until_refused(s, &err_s);
+	chime_close(c);
+	chime_close(s);
+	if (n != 100 || err_c != -EDQUOT || err_s != -EDQUOT) {
+		fprintf(stderr, "armed %u of 100 (%s, %s)\n", n, strerror(-err_c), strerror(-err_s));
+		return 2;
+	}
+	return 0;
+}
+
+Test(access, a_restored_session_counts_against_its_users_quota)
+{
+	need_users();
+	start("--allow-all -n 1 --sq-size 16 --max-timers-per-uid 300");
+	cr_assert_eq(as_user("chimet1", keep_200_in_a_session, NULL), 0);
+	/* A crash: the next broker takes the session over from the files, uid and all. */
+	cr_assert_eq(t_chimed_restart(&tb, SIGKILL, "--allow-all -n 1 --sq-size 16 --max-timers-per-uid 300"), 0);
+	cr_assert_eq(as_user("chimet1", arm_the_last_100, NULL), 0,
+		     "the restored session's 200 timers are its user's");
+	cr_assert_eq(as_user("chimet2", arm_250, NULL), 0, "another user is not affected");
+}
+
 static int read_file(void *arg)
 {
 	int fd = open((const char *)arg, O_RDONLY);

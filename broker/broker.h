@@ -42,6 +42,23 @@
  */
 enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING, CL_PARKING, CL_DETACHED };
 
+/*
+ * A QUERY_TIMERS being answered (handshake.c): the shards' slabs are read
+ * QUERY_SCAN_STEP nodes per loop iteration, not all at once, so that a
+ * query of a broker holding millions of timers does not hold up every
+ * other client's handshake for tens of milliseconds.
+ */
+struct timers_scan {
+	int fd;                 /* the asker's connection; -1: no scan */
+	uint32_t slot;          /* the client whose timers are listed */
+	uint64_t generation;    /* its slot's: the client gone, the scan ends */
+	uint32_t shard, next;   /* where the scan is */
+	uint64_t limit;
+	size_t n;
+	struct chime_query_head head;
+	struct chime_query_timer *out;  /* [limit] */
+};
+
 /* A connection that has not said hello yet. */
 struct conn {
 	struct conn *next, *prev;  /* all handshakes, so stop can free them */
@@ -112,7 +129,8 @@ struct broker {
 	uint64_t last_report_ns;
 	struct policy policy;
 	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */
-	uint64_t last_query_ns;
+	uint64_t last_query_ns[2];      /* [privileged asker]: other users cannot starve root's queries */
+	struct timers_scan scan;
 	uint32_t refused_quiet;         /* refusals not logged since */
 	uint64_t *reserve_failed_logged;   /* [nr_shards] */
 	struct sessfile sess;           /* "<socket>.sessions" (restart.c) */
@@ -156,6 +174,10 @@ void arm_hello(struct broker *b, struct conn *cn);
 void on_hello(struct broker *b, struct conn *cn, int res);
 bool handshake_allowed(struct broker *b, struct conn *cn);
 void conn_put(struct broker *b, struct conn *cn);
+/* Scan on for the pending timers query (answering it when done); true while one is left. */
+bool query_step(struct broker *b);
+/* Drop the pending timers query unanswered (the broker stops). */
+void query_abort(struct broker *b);
 
 /* A CL_FREE slot is being taken: keep clients_hi above it. */
 static inline void client_taken(struct broker *b, const struct client *c)

@@ -402,6 +402,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 	b->o = *o;
 	b->lock_fd = b->listen_fd = b->ctl_fd = b->pub_fd = b->sig_fd = b->notify_fd = -1;
 	b->sess.fd = -1;
+	b->scan.fd = -1;
 	snprintf(b->lock_path, sizeof(b->lock_path), "%s.lock", o->socket_path);
 	snprintf(b->ctl_path, sizeof(b->ctl_path), "%s.ctl", o->socket_path);
 
@@ -1156,7 +1157,7 @@ int broker_run(struct broker *b)
 			limits_report(b, now);
 			clients_beat(b, now);
 		}
-		wait = HEARTBEAT_NS - (now - last_hb);
+		wait = query_step(b) ? 0 : HEARTBEAT_NS - (now - last_hb);
 		ts.tv_sec = 0;
 		ts.tv_nsec = (long long)wait;
 		r = io_uring_submit_and_wait_timeout(&b->ring, &cqe, 1, &ts, NULL);
@@ -1315,6 +1316,7 @@ void broker_stop(struct broker *b)
 	}
 	if (b->ring_ok)
 		io_uring_queue_exit(&b->ring);
+	query_abort(b);
 	while (b->conns) {
 		struct conn *cn = b->conns;
 

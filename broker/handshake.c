@@ -118,10 +118,16 @@ static void query_send(int fd, struct chime_query_head *head, const void *recs, 
 	}
 }
 
+/* Root and the broker's own user: they see every client and may reset the counters. */
+static bool privileged(const struct ucred *asker)
+{
+	return asker->uid == 0 || asker->uid == geteuid();
+}
+
 /* Root and the broker's user see every client; anyone else its own uid's. */
 static bool may_see(const struct ucred *asker, uid_t owner)
 {
-	return asker->uid == 0 || asker->uid == geteuid() || asker->uid == owner;
+	return privileged(asker) || asker->uid == owner;
 }
 
 static void query_clients(struct broker *b, int fd, const struct ucred *asker, uint64_t limit,
@@ -164,51 +170,105 @@ static void query_clients(struct broker *b, int fd, const struct ucred *asker, u
 /*
  * The armed timers of one client, read from the shards' slabs while the
  * shards run: a racy snapshot (as chimectl's own reading of the files),
- * each field a single atomic load, nothing written.
+ * each field a single atomic load, nothing written. The count of them
+ * (head.total) needs every node looked at, whatever the limit: that is
+ * done in steps (query_step), the answer sent after the last.
  */
-static void query_timers(struct broker *b, int fd, const struct ucred *asker, pid_t pid,
-			 uint64_t limit, struct chime_query_timer *out)
+static void query_timers(struct broker *b, struct conn *cn, const struct ucred *asker, pid_t pid,
+			 uint64_t limit)
 {
-	struct chime_query_head head = { .status = -ESRCH };
-	size_t n = 0;
+	struct timers_scan *q = &b->scan;
+	int32_t status = -ESRCH;
+	uint32_t slot;
 
-	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
+	for (slot = 0; slot < b->o.max_clients; slot++) {
 		const struct client *c = &b->clients[slot];
 
-		if (c->state != CL_ACTIVE || c->cred.pid != pid)
-			continue;
-		if (!may_see(asker, c->cred.uid)) {
-			head.status = -EACCES;
+		if (c->state == CL_ACTIVE && c->cred.pid == pid) {
+			status = may_see(asker, c->cred.uid) ? 0 : -EACCES;
 			break;
 		}
-		head.status = 0;
-		for (uint32_t k = 0; k < b->o.nr_shards; k++) {
-			const struct wheel *wh = &b->shards[k].core.wh;
-			uint32_t hw = at_load(&wh->w->high_water);
-
-			for (uint32_t i = 0; i < hw; i++) {
-				const struct chime_node *nd = &wh->nodes[i];
-				uint8_t st = at_load(&nd->state);
-				uint64_t period = at_load(&nd->period_ns);
-
-				if (at_load(&nd->owner) != slot ||
-				    !(st == CHIME_NODE_ARMED || st == CHIME_NODE_EXPIRED ||
-				      (st == CHIME_NODE_BACKLOG && period)))
-					continue;
-				head.total++;
-				if (n == limit)
-					continue;
-				out[n++] = (struct chime_query_timer){
-					.id = chime_id_make(at_load(&nd->gen) & CHIME_ID_GEN_MASK, k, i),
-					.key = at_load(&nd->key), .user_data = at_load(&nd->user_data),
-					.deadline_ns = at_load(&nd->deadline_ns), .period_ns = period,
-					.state = st, .shard = k,
-				};
-			}
-		}
-		break;
 	}
-	query_send(fd, &head, out, n, sizeof(*out));
+	if (status == 0 && q->fd >= 0)
+		status = -EBUSY;        /* one scan at a time */
+	if (status == 0 && !(q->out = calloc(limit, sizeof(*q->out))))
+		status = -ENOMEM;
+	if (status < 0) {
+		query_send(cn->fd, &(struct chime_query_head){ .status = status }, NULL, 0, 0);
+		return;
+	}
+	q->fd = cn->fd;
+	cn->fd = -1;            /* the scan answers, then closes it */
+	q->slot = slot;
+	q->generation = b->clients[slot].generation;
+	q->shard = q->next = 0;
+	q->limit = limit;
+	q->n = 0;
+	q->head = (struct chime_query_head){ .status = 0 };
+}
+
+/* Nodes looked at per control loop iteration: ~0.3 ms. */
+#define QUERY_SCAN_STEP 16384u
+
+static void scan_end(struct timers_scan *q)
+{
+	close(q->fd);
+	q->fd = -1;
+	free(q->out);
+	q->out = NULL;
+}
+
+bool query_step(struct broker *b)
+{
+	struct timers_scan *q = &b->scan;
+	const struct client *c = &b->clients[q->slot];
+	uint32_t budget = QUERY_SCAN_STEP;
+
+	if (q->fd < 0)
+		return false;
+	if (c->state != CL_ACTIVE || c->generation != q->generation) {
+		/* Gone meanwhile: its slot's nodes are another's soon. */
+		query_send(q->fd, &(struct chime_query_head){ .status = -ESRCH }, NULL, 0, 0);
+		scan_end(q);
+		return false;
+	}
+	for (; q->shard < b->o.nr_shards && budget; q->shard++, q->next = 0) {
+		const struct wheel *wh = &b->shards[q->shard].core.wh;
+		uint32_t hw = at_load(&wh->w->high_water);
+
+		for (; q->next < hw && budget; q->next++, budget--) {
+			const struct chime_node *nd = &wh->nodes[q->next];
+			uint8_t st = at_load(&nd->state);
+			uint64_t period = at_load(&nd->period_ns);
+
+			if (at_load(&nd->owner) != q->slot ||
+			    !(st == CHIME_NODE_ARMED || st == CHIME_NODE_EXPIRED ||
+			      (st == CHIME_NODE_BACKLOG && period)))
+				continue;
+			q->head.total++;
+			if (q->n == q->limit)
+				continue;
+			q->out[q->n++] = (struct chime_query_timer){
+				.id = chime_id_make(at_load(&nd->gen) & CHIME_ID_GEN_MASK, q->shard, q->next),
+				.key = at_load(&nd->key), .user_data = at_load(&nd->user_data),
+				.deadline_ns = at_load(&nd->deadline_ns), .period_ns = period,
+				.state = st, .shard = q->shard,
+			};
+		}
+		if (q->next < hw)
+			return true;    /* budget spent inside this shard */
+	}
+	if (q->shard < b->o.nr_shards)
+		return true;
+	query_send(q->fd, &q->head, q->out, q->n, sizeof(*q->out));
+	scan_end(q);
+	return false;
+}
+
+void query_abort(struct broker *b)
+{
+	if (b->scan.fd >= 0)
+		scan_end(&b->scan);
 }
 
 /* ---- named sessions ---- */
@@ -375,13 +435,18 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 {
 	uint64_t limit = h->limit && h->limit < CHIME_QUERY_MAX ? h->limit : CHIME_QUERY_MAX;
 	uint64_t now = now_ns();
+	uint64_t *last = &b->last_query_ns[privileged(asker)];
 	void *buf;
 
-	if (now - b->last_query_ns < QUERY_INTERVAL_NS) {
+	if (now - *last < QUERY_INTERVAL_NS) {
 		query_send(cn->fd, &(struct chime_query_head){ .status = -EBUSY }, NULL, 0, 0);
 		return;
 	}
-	b->last_query_ns = now;
+	*last = now;
+	if (h->flags == CHIME_HELLO_QUERY_TIMERS) {
+		query_timers(b, cn, asker, h->pid, limit);
+		return;
+	}
 	buf = calloc(limit, sizeof(struct chime_query_session));     /* the largest record */
 	if (!buf) {
 		query_send(cn->fd, &(struct chime_query_head){ .status = -ENOMEM }, NULL, 0, 0);
@@ -389,8 +454,6 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 	}
 	if (h->flags == CHIME_HELLO_QUERY_CLIENTS)
 		query_clients(b, cn->fd, asker, limit, buf);
-	else if (h->flags == CHIME_HELLO_QUERY_TIMERS)
-		query_timers(b, cn->fd, asker, h->pid, limit, buf);
 	else if (h->flags == CHIME_HELLO_QUERY_SESSIONS)
 		query_sessions(b, cn->fd, asker, limit, buf);
 	else
@@ -415,7 +478,7 @@ static void reset_stats(struct broker *b, int fd, const struct ucred *asker)
 	char comm[16];
 
 	read_comm(asker->pid, comm);
-	if (asker->uid != 0 && asker->uid != geteuid()) {
+	if (!privileged(asker)) {
 		log_msg(LOG_NOTICE, "refusing reset-stats from pid %d '%s' (uid %u): root and the broker's "
 			"user only", (int)asker->pid, comm, (unsigned)asker->uid);
 		query_send(fd, &head, NULL, 0, 0);

@@ -650,11 +650,12 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 
 /* ---- CANCEL_KEY, in steps ---- */
 
+/* Its cursor is set now: the walk sees what was armed before the record, whenever it steps. */
 static void walk_enqueue(struct shard_core *sc, struct chan *ch, uint64_t key, uint64_t pos)
 {
+	keyidx_walk_begin(&sc->ki, &ch->walk, ch->slot, key);
 	ch->walk_queued = 1;
-	ch->walk_begun = 0;
-	ch->walk_key = key;
+	ch->walk_stepped = 0;
 	ch->walk_pos = pos;
 	ch->walk_armed = ch->walk_fired = 0;
 	ch->walk_next = NULL;
@@ -665,7 +666,7 @@ static void walk_enqueue(struct shard_core *sc, struct chan *ch, uint64_t key, u
 	sc->walk_tail = ch;
 }
 
-/* Off the list, done or abandoned (a detach); the next channel's walk begins at its turn. */
+/* Off the list, done or abandoned (a detach). */
 static void walk_dequeue(struct shard_core *sc, struct chan *ch)
 {
 	struct chan **p = &sc->walk_head, *prev = NULL;
@@ -679,8 +680,7 @@ static void walk_dequeue(struct shard_core *sc, struct chan *ch)
 	*p = ch->walk_next;
 	if (sc->walk_tail == ch)
 		sc->walk_tail = prev;
-	if (ch->walk_begun)
-		sc->ki.cursor = CHIME_NIL;
+	keyidx_walk_end(&sc->ki, &ch->walk);
 	ch->walk_queued = 0;
 	ch->walk_next = NULL;
 }
@@ -689,6 +689,9 @@ static void walk_dequeue(struct shard_core *sc, struct chan *ch)
  * One step of this channel's CANCEL_KEY, if it is its turn. True once the
  * walk is over: the record is applied and its slot the caller's to free.
  * Each matching node is cancelled as it is met, as chime_cancel() would.
+ * A channel that took the last step goes to the back of the list at its
+ * next call, so the next walk steps in the next call of its own channel:
+ * one step per pass, whoever's, as the shard drains each channel once.
  */
 static bool walk_step(struct shard_core *sc, struct chan *ch)
 {
@@ -697,18 +700,26 @@ static bool walk_step(struct shard_core *sc, struct chan *ch)
 
 	if (sc->walk_head != ch)
 		return false;
-	if (!ch->walk_begun) {
-		keyidx_walk_begin(&sc->ki, ch->slot, ch->walk_key);
-		ch->walk_begun = 1;
+	if (ch->walk_stepped) {
+		ch->walk_stepped = 0;
+		if (ch->walk_next) {
+			sc->walk_head = ch->walk_next;
+			sc->walk_tail->walk_next = ch;
+			sc->walk_tail = ch;
+			ch->walk_next = NULL;
+			return false;
+		}
 	}
-	while ((i = keyidx_walk_next(&sc->ki, &budget)) != CHIME_NIL) {
+	while ((i = keyidx_walk_next(&sc->ki, &ch->walk, &budget)) != CHIME_NIL) {
 		if (node_cancel(sc, ch, i))
 			ch->walk_armed++;
 		else
 			ch->walk_fired++;
 	}
-	if (!keyidx_walk_over(&sc->ki))
+	if (!keyidx_walk_over(&sc->ki, &ch->walk)) {
+		ch->walk_stepped = 1;
 		return false;
+	}
 	stats_cancel_key(sc->st, ch->slot, ch->walk_armed);
 	if (ch->walk_fired)
 		stats_cancel_fired(sc->st, ch->slot, ch->walk_fired);

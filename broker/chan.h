@@ -59,9 +59,11 @@ struct shard_core {
 	 */
 	bool (*grow)(struct shard_core *sc);
 	/*
-	 * CANCEL_KEYs applied in steps, in arrival order: the first channel
-	 * of this list walks the key index (at most walk_budget nodes per
-	 * chan_drain() call; 0: CHAN_WALK_BUDGET), the others wait their turn.
+	 * CANCEL_KEYs applied in steps, in turn: the first channel of this
+	 * list walks the key index (at most walk_budget nodes per chan_drain()
+	 * call; 0: CHAN_WALK_BUDGET), then goes to the back. Each walk has its
+	 * cursor from the start, so a short one is not held up by long ones
+	 * queued before it: it waits a step of each, not their whole walks.
 	 */
 	struct chan *walk_head, *walk_tail;
 	unsigned walk_budget;
@@ -137,11 +139,11 @@ struct chan {
 	uint64_t wakes;                 /* client wake-ups done (socket messages) */
 	/* A CANCEL_KEY being applied in steps: its record, at walk_pos, is consumed last. */
 	struct chan *walk_next;         /* shard_core's list */
+	struct keyidx_walk walk;
 	uint64_t walk_pos;
-	uint64_t walk_key;
 	uint64_t walk_armed, walk_fired;
 	uint8_t  walk_queued;
-	uint8_t  walk_begun;
+	uint8_t  walk_stepped;          /* took the last step: the others' turn before its next */
 };
 
 /*
@@ -157,9 +159,9 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 /*
  * Apply up to `budget` published submissions. Returns how many records were
  * consumed. Publishes sq_head (release) after the VOIDs they caused. A
- * CANCEL_KEY is applied in steps (CHAN_WALK_BUDGET), one channel's at a
- * time: until it is done the channel's later records wait, and sq_head
- * stays at it.
+ * CANCEL_KEY is applied in steps (CHAN_WALK_BUDGET), the channels' in
+ * turn, one step per call at most: until it is done the channel's later
+ * records wait, and sq_head stays at it.
  */
 unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget);
 

@@ -25,18 +25,31 @@
 
 #include "chime_shm.h"
 
+/* A walk over the nodes of (owner, key), in steps: a CANCEL_KEY's (below). */
+struct keyidx_walk {
+	uint64_t key;
+	uint16_t owner;
+	uint32_t at;                /* private: its cursor's place in keyidx.cursor[] */
+};
+
 struct keyidx {
 	uint32_t *heads;            /* shard segment; index + 1, 0 = empty */
 	struct chime_node *nodes;   /* the shard's slab */
 	uint32_t mask;              /* private: key_buckets - 1 */
-	uint32_t cursor;            /* private: the walk's next node (CHIME_NIL: none, or over) */
 	uint64_t seed;              /* private: mixed into every bucket, random per broker run */
-	uint64_t walk_key;          /* private: what the walk looks for */
-	uint16_t walk_owner;
+	/*
+	 * Private: the walks in progress, packed, so that keyidx_remove()
+	 * looks at nr_walks words: each one's cursor (the next node of its
+	 * chain to look at; CHIME_NIL: over) and the walk it belongs to.
+	 */
+	uint32_t *cursor;
+	struct keyidx_walk **walk;
+	uint32_t nr_walks, max_walks;
 };
 
 /*
- * Attach to `nbuckets` (a power of two) zero-filled heads. `seed` picks the
+ * Attach to `nbuckets` (a power of two) zero-filled heads (walks in
+ * progress, none at a re-attach, keep their arrays). `seed` picks the
  * hash: chimed draws it at random each run, so a client cannot compute keys
  * that all land in one bucket and make another client's cancel_key walk
  * its timers (insert and remove are O(1) whatever the chain; only a
@@ -61,6 +74,13 @@ static inline uint32_t keyidx_bucket(const struct keyidx *ki, uint16_t owner, ui
 	return (uint32_t)z & ki->mask;
 }
 
+/* Room for max_walks walks at once (one per client of the shard): 0, or -ENOMEM. */
+int keyidx_walks_init(struct keyidx *ki, uint32_t max_walks);
+void keyidx_walks_fini(struct keyidx *ki);
+
+/* Walks whose cursor is node idx go on from next (idx is being removed). */
+void keyidx_walks_skip(struct keyidx *ki, uint32_t idx, uint32_t next);
+
 /* Link node idx by its own owner and key. O(1). */
 void keyidx_insert(struct keyidx *ki, uint32_t idx);
 
@@ -72,8 +92,8 @@ static inline void keyidx_remove(struct keyidx *ki, uint32_t idx)
 {
 	struct chime_node *n = &ki->nodes[idx];
 
-	if (__builtin_expect(idx == ki->cursor, 0))
-		ki->cursor = n->key_next;       /* a walk stopped here: it goes on from the next one */
+	if (__builtin_expect(ki->nr_walks != 0, 0))
+		keyidx_walks_skip(ki, idx, n->key_next);  /* a walk stopped here goes on from the next one */
 	if (n->key_next != CHIME_NIL)
 		ki->nodes[n->key_next].key_prev = n->key_prev;
 	if (n->key_prev != CHIME_NIL)
@@ -87,23 +107,27 @@ static inline void keyidx_remove(struct keyidx *ki, uint32_t idx)
 /*
  * A walk over the nodes of (owner, key) that can stop when its budget is
  * spent and go on later, with nodes inserted and removed meanwhile: a
- * CANCEL_KEY's. One walk at a time per index. The cursor is the next node
- * of the bucket's chain to look at: keyidx_remove() of that node moves it
- * on, and keyidx_insert() links new nodes at the chain's head, behind it,
- * so a walk never sees a node inserted after it began.
+ * CANCEL_KEY's. Several at once (up to max_walks), each with its cursor:
+ * the next node of the bucket's chain to look at. keyidx_remove() of that
+ * node moves it on (at the cost of a look at every walk's cursor while
+ * any walk is in progress), and keyidx_insert() links new nodes at the
+ * chain's head, behind it, so a walk never sees a node inserted after it
+ * began.
  *
  * keyidx_walk_next() returns the walk's next node of (owner, key), having
  * looked at no more than *budget nodes of the chain (each one counted,
  * whoever's it is, and taken off *budget), or CHIME_NIL: the walk is over
  * (keyidx_walk_over()) or the budget is spent. The node it returns may be
- * removed at once. Cost: the chain's length in all, in steps of the budget.
+ * removed at once. keyidx_walk_end() ends a walk, over or not. Cost: the
+ * chain's length in all, in steps of the budget.
  */
-void keyidx_walk_begin(struct keyidx *ki, uint16_t owner, uint64_t key);
-uint32_t keyidx_walk_next(struct keyidx *ki, unsigned *budget);
+void keyidx_walk_begin(struct keyidx *ki, struct keyidx_walk *w, uint16_t owner, uint64_t key);
+uint32_t keyidx_walk_next(struct keyidx *ki, struct keyidx_walk *w, unsigned *budget);
+void keyidx_walk_end(struct keyidx *ki, struct keyidx_walk *w);
 
-static inline bool keyidx_walk_over(const struct keyidx *ki)
+static inline bool keyidx_walk_over(const struct keyidx *ki, const struct keyidx_walk *w)
 {
-	return ki->cursor == CHIME_NIL;
+	return ki->cursor[w->at] == CHIME_NIL;
 }
 
 #endif /* CHIMED_KEYIDX_H */

@@ -314,6 +314,8 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
 		seed = now * UINT64_C(0x9e3779b97f4a7c15);
 	keyidx_init(&s->core.ki, chime_at(&s->seg, g.key_off), g.key_buckets, s->core.wh.nodes, seed);
+	if (keyidx_walks_init(&s->core.ki, cfg->max_clients) < 0)
+		return log_errno(LOG_ERR, ENOMEM, "shard %u state", cfg->idx);
 	/* Sessions an earlier broker left have a channel here, timers or not (a missing file: none). */
 	for (uint32_t slot = 0; cfg->sessions && slot < cfg->max_clients; slot++) {
 		const struct shard_session *ss = &cfg->sessions[slot];
@@ -900,6 +902,7 @@ int shard_fini(struct shard *s, bool keep)
 	stats_fini(&s->st);
 	free(s->core.by_slot);
 	free(s->core.users);
+	keyidx_walks_fini(&s->core.ki);
 	free(s->active);
 	free(s->dying);
 	free(s->q);

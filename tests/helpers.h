@@ -68,15 +68,13 @@ uint64_t t_nodes(const char *sock, unsigned states);
 uint64_t t_nodes_settle(const char *sock, unsigned states, uint64_t want);
 
 #ifdef CHIMED_KEYIDX_H /* for the tests of the key index (they include keyidx.h first) */
-/* The first node of (owner, key) in the index, a walk of it in one go: CHIME_NIL if none. */
+/* The first node of (owner, key) in the index, by its bucket's chain: CHIME_NIL if none. */
 static inline uint32_t t_key_first(struct keyidx *ki, uint16_t owner, uint64_t key)
 {
-	unsigned budget = UINT32_MAX;
-	uint32_t i;
+	uint32_t i = ki->heads[keyidx_bucket(ki, owner, key)] - 1;
 
-	keyidx_walk_begin(ki, owner, key);
-	i = keyidx_walk_next(ki, &budget);
-	ki->cursor = CHIME_NIL;
+	while (i != CHIME_NIL && (ki->nodes[i].owner != owner || ki->nodes[i].key != key))
+		i = ki->nodes[i].key_next;
 	return i;
 }
 #endif

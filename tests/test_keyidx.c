@@ -26,10 +26,12 @@ static void setup(void)
 	linked = calloc(N, 1);
 	cr_assert(nodes && heads && linked);
 	keyidx_init(&ki, heads, BUCKETS, nodes, 0);
+	cr_assert_eq(keyidx_walks_init(&ki, 4), 0);
 }
 
 static void teardown(void)
 {
+	keyidx_walks_fini(&ki);
 	free(nodes);
 	free(heads);
 	free(linked);
@@ -59,15 +61,17 @@ Test(keyidx, finds_only_its_owner_and_key)
 	for (uint32_t i = 1; i <= 4; i++)
 		keyidx_insert(&ki, i);
 	uint32_t a, b, budget = 100;
+	struct keyidx_walk w;
 
-	keyidx_walk_begin(&ki, 1, 5);
-	a = keyidx_walk_next(&ki, &budget);
-	b = keyidx_walk_next(&ki, &budget);
+	keyidx_walk_begin(&ki, &w, 1, 5);
+	a = keyidx_walk_next(&ki, &w, &budget);
+	b = keyidx_walk_next(&ki, &w, &budget);
 	cr_assert(a == 1 || a == 4);
 	cr_assert(b == 1 || b == 4);
 	cr_assert_neq(a, b);
-	cr_assert_eq(keyidx_walk_next(&ki, &budget), CHIME_NIL);
-	cr_assert(keyidx_walk_over(&ki));
+	cr_assert_eq(keyidx_walk_next(&ki, &w, &budget), CHIME_NIL);
+	cr_assert(keyidx_walk_over(&ki, &w));
+	keyidx_walk_end(&ki, &w);
 	keyidx_remove(&ki, 4);
 	cr_assert_eq(t_key_first(&ki, 1, 5), 1);
 	cr_assert_eq(t_key_first(&ki, 2, 5), 2);
@@ -99,14 +103,16 @@ Test(keyidx, random_model)
 				for (uint32_t j = 0; j < N; j++)
 					want += linked[j] && nodes[j].owner == o && nodes[j].key == k;
 				unsigned budget = UINT32_MAX;
+				struct keyidx_walk w;
 
-				keyidx_walk_begin(&ki, o, k);
-				for (uint32_t j; (j = keyidx_walk_next(&ki, &budget)) != CHIME_NIL;) {
+				keyidx_walk_begin(&ki, &w, o, k);
+				for (uint32_t j; (j = keyidx_walk_next(&ki, &w, &budget)) != CHIME_NIL;) {
 					cr_assert(linked[j]);
 					cr_assert_eq(nodes[j].owner, o);
 					cr_assert_eq(nodes[j].key, k);
 					got++;
 				}
+				keyidx_walk_end(&ki, &w);
 				cr_assert_eq(got, want, "owner %u key %llu", o, (unsigned long long)k);
 			}
 		}
@@ -120,10 +126,12 @@ Test(keyidx, remove_while_walking)
 		keyidx_insert(&ki, i);
 	}
 	unsigned n = 0, budget = UINT32_MAX;
+	struct keyidx_walk w;
 
-	keyidx_walk_begin(&ki, 3, 9);
-	for (uint32_t i; (i = keyidx_walk_next(&ki, &budget)) != CHIME_NIL; n++)
+	keyidx_walk_begin(&ki, &w, 3, 9);
+	for (uint32_t i; (i = keyidx_walk_next(&ki, &w, &budget)) != CHIME_NIL; n++)
 		keyidx_remove(&ki, i);
+	keyidx_walk_end(&ki, &w);
 	cr_assert_eq(n, 100);
 	cr_assert_eq(t_key_first(&ki, 3, 9), CHIME_NIL);
 	for (uint32_t b = 0; b < BUCKETS; b++)
@@ -131,72 +139,101 @@ Test(keyidx, remove_while_walking)
 }
 
 /*
- * A walk in steps, with the index changing between them as the shard's
- * other work changes it: it finds exactly the nodes of its key that were
- * there when it began and are still there, each once, whoever else is
- * inserted or removed (the cursor node included), and every step looks at
- * no more nodes than its budget.
+ * Walks in steps, several at once over one chain, with the index changing
+ * between steps as the shard's other work changes it: each finds exactly
+ * the nodes of its key that were there when it began and are still there,
+ * each once, whoever else is inserted or removed (any walk's cursor node
+ * included), and every step looks at no more nodes than its budget.
  */
-Test(keyidx, a_walk_in_steps_survives_inserts_and_removes)
+static void walks_in_steps(unsigned nwalks)
 {
-	uint64_t rng = 99;
-	unsigned seen[N] = { 0 };
-	uint8_t at_start[N];
+	enum { OWNERS = 4 };
+	uint64_t rng = 99 + nwalks;
+	static unsigned seen[N];
+	static uint8_t at_start[N][OWNERS];
+	struct keyidx_walk w[OWNERS];
+	uint64_t key[OWNERS] = { 5 };
+	unsigned over = 0;
 
-	uint64_t other[4];
-	unsigned nother = 0;
-
-	/* keys of owner 2 that share (1, 5)'s bucket: one chain for all */
-	for (uint64_t k = 0; nother < 4; k++)
-		if (keyidx_bucket(&ki, 2, k) == keyidx_bucket(&ki, 1, 5))
-			other[nother++] = k;
+	memset(seen, 0, sizeof(seen));
+	/* for owners 2, 3, 4: keys that share (1, 5)'s bucket: one chain for all */
+	for (uint16_t o = 2; o <= OWNERS; o++)
+		for (key[o - 1] = 0; keyidx_bucket(&ki, o, key[o - 1]) != keyidx_bucket(&ki, 1, 5);)
+			key[o - 1]++;
 	for (uint32_t i = 0; i < N; i++) {
-		if (i % 3)
-			nodes[i] = (struct chime_node){ .owner = 2, .key = other[i % 4] };
-		else
-			nodes[i] = (struct chime_node){ .owner = 1, .key = 5 };
+		uint16_t o = (uint16_t)(1 + i % OWNERS);
+
+		nodes[i] = (struct chime_node){ .owner = o, .key = key[o - 1] };
 		if (splitmix64(&rng) % 2) {
 			keyidx_insert(&ki, i);
 			linked[i] = 1;
 		}
-		at_start[i] = linked[i];
 	}
-	keyidx_walk_begin(&ki, 1, 5);
-	while (!keyidx_walk_over(&ki)) {
-		unsigned budget = 7, before = budget;
-		uint32_t j;
+	for (unsigned k = 0; k < nwalks; k++) {
+		for (uint32_t i = 0; i < N; i++)
+			at_start[i][k] = linked[i];
+		keyidx_walk_begin(&ki, &w[k], (uint16_t)(k + 1), key[k]);
+	}
+	while (over < nwalks) {
+		for (unsigned k = 0; k < nwalks; k++) {
+			unsigned budget = 7, before = budget;
+			uint32_t j;
 
-		while ((j = keyidx_walk_next(&ki, &budget)) != CHIME_NIL) {
-			cr_assert_eq(nodes[j].owner, 1);
-			cr_assert(linked[j] && at_start[j], "node %u was not there when the walk began", j);
-			seen[j]++;
-			if (splitmix64(&rng) % 2) {
-				keyidx_remove(&ki, j);  /* cancelled as it is met */
-				linked[j] = 0;
+			if (keyidx_walk_over(&ki, &w[k]))
+				continue;
+			while ((j = keyidx_walk_next(&ki, &w[k], &budget)) != CHIME_NIL) {
+				cr_assert_eq(nodes[j].owner, k + 1);
+				cr_assert(linked[j] && at_start[j][k], "node %u was not there when walk %u began", j, k);
+				seen[j]++;
+				if (splitmix64(&rng) % 2) {
+					keyidx_remove(&ki, j);  /* cancelled as it is met */
+					linked[j] = 0;
+				}
+			}
+			cr_assert_leq(before - budget, 7);
+			/* between steps: nodes come and go, the walks' cursors among them */
+			for (int m = 0; m < 5; m++) {
+				uint32_t i = (uint32_t)(splitmix64(&rng) % N);
+
+				if (m < (int)nwalks && ki.cursor[m] != CHIME_NIL)
+					i = ki.cursor[m];
+				if (linked[i]) {
+					keyidx_remove(&ki, i);
+					linked[i] = 0;
+				} else {
+					keyidx_insert(&ki, i);
+					linked[i] = 1;
+					for (unsigned q = 0; q < nwalks; q++)
+						at_start[i][q] = 0;     /* inserted after the walks began: never seen */
+				}
 			}
 		}
-		cr_assert_leq(before - budget, 7);
-		/* between steps: others' nodes come and go, the cursor's among them */
-		for (int k = 0; k < 5; k++) {
-			uint32_t i = (uint32_t)(splitmix64(&rng) % N);
-
-			if (k == 0 && ki.cursor != CHIME_NIL)
-				i = ki.cursor;
-			if (linked[i]) {
-				keyidx_remove(&ki, i);
-				linked[i] = 0;
-			} else {
-				keyidx_insert(&ki, i);
-				linked[i] = 1;
-				at_start[i] = 0;        /* inserted after the walk began: never seen */
-			}
-		}
+		/* A walk may end between its steps too: its cursor's node removed, the chain's last. */
+		over = 0;
+		for (unsigned k = 0; k < nwalks; k++)
+			over += keyidx_walk_over(&ki, &w[k]);
 	}
+	/* Ended in another order than begun: the packed cursors stay right. */
+	for (unsigned k = nwalks; k-- > 0;)
+		keyidx_walk_end(&ki, &w[(k + 1) % nwalks]);
+	cr_assert_eq(ki.nr_walks, 0);
 	for (uint32_t i = 0; i < N; i++) {
+		unsigned k = nodes[i].owner - 1u;
+
 		cr_assert_leq(seen[i], 1, "node %u seen twice", i);
-		if (nodes[i].owner == 1 && at_start[i] && linked[i])
-			cr_assert_eq(seen[i], 1, "node %u, linked all along, was missed", i);
+		if (k < nwalks && at_start[i][k] && linked[i])
+			cr_assert_eq(seen[i], 1, "node %u, linked all along, was missed by walk %u", i, k);
 	}
+}
+
+Test(keyidx, a_walk_in_steps_survives_inserts_and_removes)
+{
+	walks_in_steps(1);
+}
+
+Test(keyidx, walks_in_steps_at_once_each_survive_the_others_and_inserts_and_removes)
+{
+	walks_in_steps(4);
 }
 
 /* chimed's seed is random per run: another seed sends the same keys elsewhere. */

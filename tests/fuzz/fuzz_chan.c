@@ -188,6 +188,7 @@ static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget
 			if (W.cl[i].attached)
 				chan_fini(&W.cl[i].ch);
 		stats_fini(&W.st);
+		keyidx_walks_fini(&W.sc.ki);
 	} else {
 		W.wmem = aligned_alloc(64, (wsz + 63) & ~(size_t)63);
 		W.heads = calloc(nb, sizeof(uint32_t));
@@ -210,6 +211,7 @@ static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget
 	memset(W.heads, 0, nb * sizeof(uint32_t));
 	CHECK(wheel_init(&W.sc.wh, W.wmem, wsz, CAP, RES, T0) == 0, "wheel_init");
 	keyidx_init(&W.sc.ki, W.heads, nb, W.sc.wh.nodes, 0);
+	CHECK(keyidx_walks_init(&W.sc.ki, NCL) == 0, "out of memory");
 	CHECK(stats_init_blocks(&W.st, &W.pub, W.cpub, NCL, 1, 0) == 0, "stats_init_blocks");
 	W.sc.st = &W.st;
 	W.sc.by_slot = W.by_slot;

@@ -103,6 +103,8 @@ static void world_init(struct world *w, uint32_t cap)
 	if (wheel_init(&w->sc.wh, w->wmem, w->wlen, cap, RES_NS, T0_NS))
 		world_fail("wheel_init");
 	keyidx_init(&w->sc.ki, w->heads, w->nb, w->sc.wh.nodes, 0);
+	if (keyidx_walks_init(&w->sc.ki, 1))
+		world_fail("keyidx_walks_init");
 	if (stats_init_blocks(&w->st, &w->pub, w->cpub, 1, 1, 0))
 		world_fail("stats_init_blocks");
 	w->sc.st = &w->st;
@@ -134,6 +136,7 @@ static void world_fini(struct world *w)
 {
 	chan_fini(&w->ch);
 	stats_fini(&w->st);
+	keyidx_walks_fini(&w->sc.ki);
 	bench_unmap(w->rw, w->g.rw_size);
 	bench_unmap(w->ro, w->g.ro_size);
 	bench_unmap(w->heads, (size_t)w->nb * sizeof(uint32_t));

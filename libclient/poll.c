@@ -317,6 +317,23 @@ static unsigned drain(struct chime *c, struct chime_event *out, unsigned max)
 	return n;
 }
 
+/*
+ * A named session's drainer state (seen, held, ww_armed) is reset by a
+ * reconnect, which an arming thread may run (reconnect.c): the drainer
+ * touches it under c->lock. Busy: a reconnect attempt under way, and the
+ * caller has nothing to look at meanwhile. Anonymous connections take no lock.
+ */
+static bool drainer_trylock(struct chime *c)
+{
+	return likely(!c->session[0]) || pthread_mutex_trylock(&c->lock) == 0;
+}
+
+static void drainer_unlock(struct chime *c)
+{
+	if (c->session[0])
+		pthread_mutex_unlock(&c->lock);
+}
+
 /* Anything published that the last drain did not look at? (acquire: D1 again) */
 static bool pending(const struct chime *c)
 {
@@ -426,14 +443,12 @@ CHIME_PUBLIC int chime_fd(const chime_t *c)
 	 * A session: a busy lock is a reconnect under way, which makes the fd
 	 * readable when it is done; the chime_poll() that follows arms it.
 	 */
-	if (pthread_mutex_trylock(&m->lock) != 0) {
-		m->fd_used = 1;
-		return c->ep_fd;
-	}
 	m->fd_used = 1;
+	if (!drainer_trylock(m))
+		return c->ep_fd;
 	if (!cl_reconnecting(m))
 		fd_arm(m);
-	pthread_mutex_unlock(&m->lock);
+	drainer_unlock(m);
 	return c->ep_fd;
 }
 
@@ -498,7 +513,7 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 	if (likely(!c->session[0]))
 		return poll_rings(c, out, max, sleepy, want_kick);
 	/* Held only by a reconnect attempt (a handshake): nothing to return meanwhile, and no blocking. */
-	if (pthread_mutex_trylock(&c->lock) != 0)
+	if (!drainer_trylock(c))
 		return cl_is_dead(c) ? -ENOTCONN : 0;
 	if (cl_reconnecting(c)) {
 		wake_clear(c);  /* the timerfd that brought the caller here */
@@ -510,7 +525,7 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 		n = -ENOTCONN;
 	else
 		n = poll_rings(c, out, max, sleepy, want_kick);
-	pthread_mutex_unlock(&c->lock);
+	drainer_unlock(c);
 	cl_resume_flush(c);
 	return n;
 }
@@ -549,8 +564,11 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	 * either. Re-arm it (and kick if something is pending) so that the fd
 	 * keeps its promise to an application that goes back to epoll_wait().
 	 */
-	if (total == limit && c->fd_used)
-		fd_arm(c);
+	if (total == limit && c->fd_used && drainer_trylock(c)) {
+		if (!cl_reconnecting(c))
+			fd_arm(c);      /* else the reconnect makes the fd readable */
+		drainer_unlock(c);
+	}
 	return (int)total;
 }
 
@@ -644,21 +662,39 @@ static int sleep_poll(struct chime *c, uint64_t timeout_ns)
 static bool spin_for_events(struct chime *c, uint64_t budget_ns)
 {
 	uint64_t start = chime_now();
+	bool got = false;
 
+	/* At most the budget: an arming thread's reconnect attempt waits that long. */
+	if (!drainer_trylock(c))
+		return true;    /* a reconnect under way: back to poll_events() */
 	for (unsigned i = 1;; i++) {
 		uint64_t spent;
 
-		if (pending(c))
-			return true;
+		if ((got = pending(c)))
+			break;
 		at_relax();
 		if (i % 32)
 			continue;
 		spent = chime_now() - start;
 		if (spent >= budget_ns)
-			return false;
+			break;
 		if (spent >= WAIT_PURE_SPIN_NS)
 			sched_yield();
 	}
+	drainer_unlock(c);
+	return got;
+}
+
+/* An event waits for its shard to apply a reset (drain() held it back). */
+static bool events_held(struct chime *c)
+{
+	bool held;
+
+	if (!drainer_trylock(c))
+		return false;
+	held = c->held;
+	drainer_unlock(c);
+	return held;
 }
 
 /* Time until deadline (UINT64_MAX: none) in *left; false once it has passed. */
@@ -709,8 +745,8 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 			return n;
 		if (!time_left(deadline, &left))
 			return 0;
-		if (c->held) {
-			/* An event waits for its shard to apply a reset: back in a moment. */
+		if (events_held(c)) {
+			/* Back in a moment: the reset is applied within a shard pass. */
 			nanosleep(&(struct timespec){ .tv_nsec = 20000 }, NULL);
 			continue;
 		}

@@ -130,6 +130,9 @@ struct broker {
 	struct policy policy;
 	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */
 	uint64_t last_query_ns[2];      /* [privileged asker]: other users cannot starve root's queries */
+	uid_t query_turn_uid;           /* the unprivileged user refused first: the next turn is its own */
+	uid_t query_last_uid;           /* the last unprivileged user answered */
+	uint64_t query_turn_until_ns;   /* ... until then (0: nobody's) */
 	struct timers_scan scan;
 	uint32_t refused_quiet;         /* refusals not logged since */
 	uint64_t *reserve_failed_logged;   /* [nr_shards] */

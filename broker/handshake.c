@@ -98,6 +98,7 @@ void broker_reload(struct broker *b)
 /* ---- queries: chimectl clients/timers for a user who may not read the segments ---- */
 
 #define QUERY_INTERVAL_NS (50u * 1000000u)  /* one query per 50 ms: a timers query reads every node */
+#define QUERY_TURN_HOLD_NS (150u * 1000000u) /* past the interval: chimectl asks again 60 ms after EBUSY */
 
 /*
  * Send the answer without ever waiting: a reader that does not read gets
@@ -430,19 +431,45 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 	send_status(cn->fd, -EBUSY);
 }
 
+/*
+ * One query per QUERY_INTERVAL_NS for root and the broker's user, one for
+ * everyone else. A user asking in a tight loop would take every turn of the
+ * others: the first unprivileged user refused, other than the one answered
+ * last, is owed the next turn, which nobody else may take until it comes
+ * back for it (or QUERY_TURN_HOLD_NS after the turn begins: it gave up).
+ */
+static bool query_turn(struct broker *b, const struct ucred *asker, uint64_t now)
+{
+	bool priv = privileged(asker);
+	uint64_t *last = &b->last_query_ns[priv];
+	bool owed = !priv && now < b->query_turn_until_ns;
+
+	if (now - *last < QUERY_INTERVAL_NS || (owed && b->query_turn_uid != asker->uid)) {
+		if (!priv && !owed && asker->uid != b->query_last_uid) {
+			b->query_turn_uid = asker->uid;
+			b->query_turn_until_ns = (*last + QUERY_INTERVAL_NS > now ? *last + QUERY_INTERVAL_NS : now) +
+						 QUERY_TURN_HOLD_NS;
+		}
+		return false;
+	}
+	*last = now;
+	if (!priv) {
+		b->query_last_uid = asker->uid;
+		b->query_turn_until_ns = 0;     /* an owed turn: taken by its user */
+	}
+	return true;
+}
+
 static void answer_query(struct broker *b, struct conn *cn, const struct chime_hello *h,
 			 const struct ucred *asker)
 {
 	uint64_t limit = h->limit && h->limit < CHIME_QUERY_MAX ? h->limit : CHIME_QUERY_MAX;
-	uint64_t now = now_ns();
-	uint64_t *last = &b->last_query_ns[privileged(asker)];
 	void *buf;
 
-	if (now - *last < QUERY_INTERVAL_NS) {
+	if (!query_turn(b, asker, now_ns())) {
 		query_send(cn->fd, &(struct chime_query_head){ .status = -EBUSY }, NULL, 0, 0);
 		return;
 	}
-	*last = now;
 	if (h->flags == CHIME_HELLO_QUERY_TIMERS) {
 		query_timers(b, cn, asker, h->pid, limit);
 		return;

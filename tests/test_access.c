@@ -595,6 +595,58 @@ Test(access, a_timers_query_counts_every_timer_and_a_user_cannot_starve_roots_qu
 	cr_assert_eq(head.status, 0, "root's query after another user's: %d", head.status);
 }
 
+/* chimet1: cheap queries in a tight loop for 2 s, as fast as the broker answers. */
+static int query_spin(void *arg)
+{
+	uint64_t until = chime_now() + 2000 * MS;
+	struct chime_query_head head;
+	unsigned served = 0;
+
+	(void)arg;
+	while (chime_now() < until) {
+		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &head, NULL, 0);
+		served += head.status == 0;
+	}
+	return served > 0 ? 0 : 1;
+}
+
+/* chimet2: asks as chimectl does, again 60 ms after each EBUSY; 0 if answered within 1 s. */
+static int query_patiently(void *arg)
+{
+	uint64_t until = chime_now() + 1000 * MS;
+	struct chime_query_head head;
+
+	(void)arg;
+	do {
+		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &head, NULL, 0);
+		if (head.status == 0)
+			return 0;
+		usleep(60000);
+	} while (chime_now() < until);
+	return 1;
+}
+
+Test(access, a_user_asking_in_a_tight_loop_cannot_starve_another_users_queries)
+{
+	pid_t spinner;
+	int st;
+
+	need_users();
+	start("--allow-all");
+	spinner = fork();
+	cr_assert_geq(spinner, 0);
+	if (spinner == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		become("chimet1");
+		_exit(query_spin(NULL));
+	}
+	usleep(100000);         /* chimet1 is spinning */
+	cr_expect_eq(as_user("chimet2", query_patiently, NULL), 0,
+		     "chimet2 was refused for 1 s while chimet1 asked in a loop");
+	cr_assert_eq(waitpid(spinner, &st, 0), spinner);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimet1's own queries were answered too");
+}
+
 /* ---- the tools, run by an admitted client outside --stats-group ---- */
 
 struct tool_run {

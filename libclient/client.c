@@ -445,8 +445,18 @@ struct chime_opts_0_1 {
 
 CHIME_PUBLIC int chime_open_0_1(chime_t **out, const struct chime_opts_0_1 *opts);
 CHIME_PUBLIC int chime_open_0_3(chime_t **out, const struct chime_opts *opts);
-__asm__(".symver chime_open_0_1, chime_open@CHIME_0.1");
-__asm__(".symver chime_open_0_3, chime_open@@CHIME_0.3");
+/*
+ * GCC's attribute survives link-time optimization (distributions build with
+ * -flto), where a top-level .symver names a symbol that LTO may have renamed
+ * or moved to another partition; clang has only the directive.
+ */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
+#define SYMVER(impl, versioned) extern __typeof__(impl) impl __attribute__((symver(versioned)))
+#else
+#define SYMVER(impl, versioned) __asm__(".symver " #impl ", " versioned)
+#endif
+SYMVER(chime_open_0_1, "chime_open@CHIME_0.1");
+SYMVER(chime_open_0_3, "chime_open@@CHIME_0.3");
 
 CHIME_PUBLIC int chime_open_0_1(chime_t **out, const struct chime_opts_0_1 *opts)
 {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run-tests.sh - install what is needed, build chime four ways and run the
+# run-tests.sh - install what is needed, build chime five ways and run the
 # test suite in each, then print the closing line "N passed, N failed".
 #
 #   tools/run-tests.sh               default suite: unit tests, short integration
@@ -13,7 +13,9 @@
 # build-tsan/ (ThreadSanitizer: the plain-executable thread checks only, since
 # criterion cannot run under TSan), build-fuzz/ (clang-14, libFuzzer + ASan +
 # UBSan: suite 'fuzz' only; a crashing input is left in
-# build-fuzz/meson-logs/fuzz-artifacts). Exit status: 0 if every case passed.
+# build-fuzz/meson-logs/fuzz-artifacts), build-lto/ (link-time optimization,
+# as distributions build: the install test only, which checks libchime's
+# symbol versions). Exit status: 0 if every case passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -100,6 +102,11 @@ if [ "$fuzz_only" = 1 ]; then
 	run_fuzz
 else
 	run release build
+	if [ "$setup" != stress ]; then
+		suite_args=(install)
+		run lto build-lto -Db_lto=true
+		suite_args=()
+	fi
 	run asan+ubsan build-asan -Db_sanitize=address,undefined -Db_lundef=false
 	# TSan runs only the plain tsan_* checks, which have no stress variant.
 	[ "$setup" = stress ] || run tsan build-tsan -Db_sanitize=thread -Db_lundef=false

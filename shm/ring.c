@@ -4,7 +4,7 @@
  *
  * Invariants (the reasons for everything below):
  *
- * 1. The broker side (chime_sq_pop/free, chime_cq_room/push/flush/void) never
+ * 1. The broker side (chime_sq_pop/free, inline in ring.h; chime_cq_room/push/flush/void) never
  *    reads or writes outside its rings, whatever a client writes into its
  *    segment. It indexes only with its private geometry (slots pointer, mask,
  *    size in struct chime_sq_cons / chime_cq_prod) and a private position:
@@ -53,20 +53,6 @@
 #include <string.h>
 
 #include "atomics.h"
-
-/* One load per field of a slot into private memory (invariant 3). */
-static inline void sqe_copy(struct chime_sqe *out, const struct chime_sqe *s, uint64_t seq)
-{
-	out->seq = seq;
-	out->grant = at_load(&s->grant);
-	out->id = at_load(&s->id);
-	out->key = at_load(&s->key);
-	out->deadline_ns = at_load(&s->deadline_ns);
-	out->period_ns = at_load(&s->period_ns);
-	out->user_data = at_load(&s->user_data);
-	out->op = at_load(&s->op);
-	out->_pad = 0;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Submission ring                                                            */
@@ -186,38 +172,6 @@ void chime_sq_publish(struct chime_sqe *sqe, uint64_t pos)
 }
 
 /*
- * The single consumer (the shard thread owning the channel). Wait-free:
- * reads exactly one slot, the one at the private head (invariant 1).
- */
-bool chime_sq_pop(struct chime_sq_cons *c, struct chime_sqe *out, uint64_t *pos)
-{
-	uint64_t head = c->head;
-	const struct chime_sqe *s = &c->slots[head & c->mask];
-	/* C1: seq, then the fields; pairs with S1. */
-	uint64_t seq = at_load_acq(&s->seq);
-
-	if (seq != head + 1)
-		return false;
-	sqe_copy(out, s, seq);
-	c->head = head + 1;
-	*pos = head;
-	return true;
-}
-
-/*
- * The single consumer, once per popped position, in pop order or not: the
- * slot is found by pos & private mask, so any pos stays in bounds. Wait-free.
- */
-void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t grant)
-{
-	struct chime_sqe *s = &c->slots[pos & c->mask];
-
-	at_store(&s->grant, grant);
-	/* C2: the grant and our copy's loads, then the slot is free; pairs with S3. */
-	at_store_rel(&s->seq, pos + (uint64_t)c->mask + 1);
-}
-
-/*
  * Any thread, concurrently with everything: a seqlock read. Wait-free. The
  * copy may race with a producer refilling the slot after the consumer freed
  * it; the second load of seq detects that (seq only grows), so a true
@@ -234,7 +188,7 @@ bool chime_sq_peek(const struct chime_sqe *slots, uint32_t mask, uint64_t pos, s
 
 	if (seq != pos + 1)
 		return false;
-	sqe_copy(out, s, seq);
+	chime_sqe_copy(out, s, seq);
 	/* K1: the fields, then seq again; pairs with C2 (a free moves seq on). */
 	at_fence_acq();
 	return at_load(&s->seq) == seq;

@@ -101,19 +101,56 @@ static inline bool chime_sq_waiting(const struct chime_sq_prod *p, uint64_t pos)
 	return at_load(&p->slots[pos & p->mask].seq) - pos <= 1;
 }
 
+/* One load per field of a slot into private memory (ring.c, invariant 3). */
+static inline void chime_sqe_copy(struct chime_sqe *out, const struct chime_sqe *s, uint64_t seq)
+{
+	out->seq = seq;
+	out->grant = at_load(&s->grant);
+	out->id = at_load(&s->id);
+	out->key = at_load(&s->key);
+	out->deadline_ns = at_load(&s->deadline_ns);
+	out->period_ns = at_load(&s->period_ns);
+	out->user_data = at_load(&s->user_data);
+	out->op = at_load(&s->op);
+	out->_pad = 0;
+}
+
 /*
  * Copy the record at the consumer's head into *out if it is published.
  * Returns true and sets *pos; false if the slot is not ready. Reads exactly
- * one slot, chosen by the private head and mask, whatever the client wrote.
- * Single consumer; wait-free.
+ * one slot, chosen by the private head and mask, whatever the client wrote
+ * (ring.c, invariant 1). Single consumer; wait-free. Inline: the shard
+ * calls it for every record (7% of chan_drain()'s instructions as a call).
  */
-bool chime_sq_pop(struct chime_sq_cons *c, struct chime_sqe *out, uint64_t *pos);
+static inline bool chime_sq_pop(struct chime_sq_cons *c, struct chime_sqe *out, uint64_t *pos)
+{
+	uint64_t head = c->head;
+	const struct chime_sqe *s = &c->slots[head & c->mask];
+	/* C1: seq, then the fields; pairs with S1. */
+	uint64_t seq = at_load_acq(&s->seq);
+
+	if (seq != head + 1)
+		return false;
+	chime_sqe_copy(out, s, seq);
+	c->head = head + 1;
+	*pos = head;
+	return true;
+}
 
 /*
  * Free the slot just popped for the producer of pos + size, writing `grant`
- * into it first (release). Must follow each successful chime_sq_pop().
+ * into it first (release). Must follow each successful chime_sq_pop(), in
+ * pop order or not: the slot is found by pos & private mask, so any pos
+ * stays in bounds. Wait-free.
  */
-void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t grant);
+static inline void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t grant)
+{
+	struct chime_sqe *s = &c->slots[pos & c->mask];
+
+	at_store(&s->grant, grant);
+	/* C2: the grant and our copy's loads, then the slot is free; pairs with S3. */
+	at_store_rel(&s->seq, pos + (uint64_t)c->mask + 1);
+}
 
 /*
  * Read the record at position pos without consuming it, if published:

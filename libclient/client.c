@@ -469,11 +469,44 @@ CHIME_PUBLIC int chime_open_0_3(chime_t **out, const struct chime_opts *opts)
 			    opts ? opts->session : NULL);
 }
 
+#define COMMIT_WAIT_NS   (UINT64_C(1000) * 1000000u)   /* chime_close(3): a stuck broker */
+#define COMMIT_PAUSE_NS  20000
+
+/*
+ * A session's close commits what the process submitted: the shards apply
+ * it into their slabs, which outlive a broker crash, before the process
+ * goes. Left in the rings, it would be lost if the broker crashed before
+ * reading them (an arm an hour ahead does not wake a sleeping shard), and
+ * the next process to open the session frees the grants those arms held.
+ * Bounded: a broker gone, reconnecting or stuck gets no more than 1 s.
+ */
+static void session_commit(struct chime *c)
+{
+	uint64_t until;
+
+	if (cl_is_dead(c) || cl_reconnecting(c) || chime_flush(c) < 0)
+		return;
+	until = now_ns() + COMMIT_WAIT_NS;
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		const struct chime_chan *ch = &c->chan[s];
+		uint64_t tail = at_load(ch->sq.tail);
+
+		while (at_load_acq(ch->sq_head) < tail) {
+			if (now_ns() >= until || cl_broker_gone(c, true))
+				return;
+			nanosleep(&(struct timespec){ .tv_nsec = COMMIT_PAUSE_NS }, NULL);
+		}
+	}
+}
+
 CHIME_PUBLIC void chime_close(chime_t *c)
 {
+	if (c && c->session[0])
+		session_commit(c);
 	/*
-	 * Closing the socket is the whole protocol: the broker sees the
-	 * hang-up, marks the client DYING and its shards free every timer.
+	 * Closing the socket is the rest of the protocol: the broker sees the
+	 * hang-up, and frees an anonymous connection's timers or parks a
+	 * session's.
 	 */
 	chime_free(c);
 }

@@ -308,8 +308,11 @@ static int arm_the_last_100(void *arg)
 	int err_c, err_s;
 
 	(void)arg;
-	if (chime_open(&s, &so) < 0 || chime_open(&c, &o) < 0)
+	if ((err_s = chime_open(&s, &so)) < 0 || (err_c = chime_open(&c, &o)) < 0) {
+		fprintf(stderr, "chime_open (%s): %s\n", s ? "anonymous" : "session 'held'",
+			strerror(-(s ? err_c : err_s)));
 		return 1;
+	}
 	n = arm_until_refused(c, &err_c);
 	n += arm_until_refused(s, &err_s);
 	chime_close(c);

@@ -521,6 +521,30 @@ Test(restart, a_restored_session_lingers_and_can_be_dropped)
 
 
 /*
+ * chime_close() of a session commits: the timers armed just before it are
+ * in the broker's slab, not only in the session's rings, when it returns.
+ * A broker that crashes before reading the rings loses those arms (the
+ * next process to open the session frees the grants they held).
+ */
+Test(restart, timers_armed_just_before_a_sessions_close_survive_a_crash_right_after)
+{
+	chime_t *c;
+	chime_id_t id;
+
+	start("");
+	c = sopen_ok("commit");
+	/* An hour ahead: nothing wakes the shard for them (see chime_flush(3)). */
+	for (unsigned i = 0; i < 100; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	chime_close(c);
+	restart(SIGKILL, "");
+	c = sopen_ok("commit");
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 100), 100,
+		     "timers armed before the session's close were lost with the broker");
+	chime_close(c);
+}
+
+/*
  * A session re-attached for longer than --session-linger: a crash then must
  * not make the next broker reclaim it (the sessions file had kept the
  * deadline of its last detach, already past).

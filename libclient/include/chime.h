@@ -88,7 +88,10 @@ int chime_open(chime_t **out, const struct chime_opts *opts);
 
 /*
  * Disconnect: the broker cancels every timer of an anonymous connection; a
- * session's stay armed for its next process (see chime_open()). NULL-safe.
+ * session's stay armed for its next process (see chime_open()), and its
+ * close first waits (at most 1 s) until the broker has applied everything
+ * the process submitted, so that a broker crash right after loses none of
+ * it. NULL-safe.
  */
 void chime_close(chime_t *c);
 

@@ -276,10 +276,69 @@ int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[
 	return r;
 }
 
+/*
+ * After fork(), a child holds copies of its parent's descriptors and shared
+ * rings: were it to use them, it would take its parent's events and break
+ * the single-drainer rule. So every open chime_t is on a list, and the
+ * child's handler marks each dead and forked: every call in the child then
+ * says -ECHILD, at no cost to the calls' fast path (they check `dead`
+ * already), and chime_close() there only frees the child's copies.
+ */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static struct chime *open_list;
+
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&open_lock);
+}
+
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&open_lock);
+}
+
+static void fork_child(void)
+{
+	for (struct chime *c = open_list; c; c = c->next_open) {
+		at_store(&c->forked, 1);
+		at_store(&c->dead, 1);
+	}
+	pthread_mutex_unlock(&open_lock);
+}
+
+static void atfork_register(void)
+{
+	(void)pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+static void open_list_add(struct chime *c)
+{
+	pthread_mutex_lock(&open_lock);
+	c->next_open = open_list;
+	c->prev_open = &open_list;
+	if (open_list)
+		open_list->prev_open = &c->next_open;
+	open_list = c;
+	pthread_mutex_unlock(&open_lock);
+}
+
+static void open_list_del(struct chime *c)
+{
+	if (!c->prev_open)
+		return;
+	pthread_mutex_lock(&open_lock);
+	*c->prev_open = c->next_open;
+	if (c->next_open)
+		c->next_open->prev_open = c->prev_open;
+	pthread_mutex_unlock(&open_lock);
+}
+
 static void chime_free(struct chime *c)
 {
 	if (!c)
 		return;
+	open_list_del(c);
 	if (c->has_ring)
 		io_uring_queue_exit(&c->ring);
 	if (c->timer_fd >= 0)
@@ -426,6 +485,8 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 		return r;
 	}
 	cl_sock_ready(sock);
+	(void)pthread_once(&atfork_once, atfork_register);
+	open_list_add(c);
 	*out = c;
 	return 0;
 }
@@ -501,7 +562,7 @@ static void session_commit(struct chime *c)
 
 CHIME_PUBLIC void chime_close(chime_t *c)
 {
-	if (c && c->session[0])
+	if (c && c->session[0] && !at_load(&c->forked))
 		session_commit(c);
 	/*
 	 * Closing the socket is the rest of the protocol: the broker sees the

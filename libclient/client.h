@@ -21,6 +21,7 @@
 #ifndef CHIME_CLIENT_H
 #define CHIME_CLIENT_H
 
+#include <errno.h>
 #include <liburing.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -82,7 +83,11 @@ struct chime {
 	uint32_t sq_size;
 	uint32_t cq_size;
 	uint32_t slot;                      /* our entry in the control segment's client table */
-	int dead;                           /* atomic: 1 once the broker is known to be gone for good */
+	int dead;                           /* atomic: 1 once the broker is known to be gone for good,
+					     * or in a child after fork() (then `forked` too) */
+	int forked;                         /* atomic: this is a copy in a child of the process that opened it */
+	struct chime *next_open;            /* every open chime_t of the process (client.c, fork) */
+	struct chime **prev_open;
 	uint64_t link;                      /* atomic: (connection number << 1) | 1 while a session reconnects */
 
 	/* reconnect (named sessions only, reconnect.c); all but `link` under `lock` */
@@ -148,6 +153,12 @@ void cl_sock_ready(int sock);
 static inline bool cl_is_dead(const struct chime *c)
 {
 	return at_load(&c->dead) != 0;
+}
+
+/* What a call on a dead connection returns: a child's copy is its parent's connection. */
+static inline int cl_dead_errno(const struct chime *c)
+{
+	return at_load(&c->forked) ? -ECHILD : -ENOTCONN;
 }
 
 /*

@@ -420,6 +420,8 @@ CHIME_PUBLIC int chime_fd(const chime_t *c)
 
 	if (!c)
 		return -EINVAL;
+	if (at_load(&m->forked))
+		return -ECHILD;
 	/*
 	 * From now on chime_poll() keeps the fd's promise (readable whenever
 	 * events are pending) by arming want_wakeup whenever it runs dry; a
@@ -495,7 +497,7 @@ static int poll_rings(struct chime *c, struct chime_event *out, unsigned max, bo
 	c->empty_streak++;
 	/* A session's broker gone: it reconnects (next call), and this call had nothing. */
 	if (cl_is_dead(c) || cl_broker_check(c, chime_now()))
-		return cl_is_dead(c) ? -ENOTCONN : 0;
+		return cl_is_dead(c) ? cl_dead_errno(c) : 0;
 	return 0;
 }
 
@@ -510,11 +512,13 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 {
 	int n;
 
+	if (unlikely(at_load(&c->forked)))
+		return -ECHILD;         /* the rings are the parent's: not one event for the child */
 	if (likely(!c->session[0]))
 		return poll_rings(c, out, max, sleepy, want_kick);
 	/* Held only by a reconnect attempt (a handshake): nothing to return meanwhile, and no blocking. */
 	if (!drainer_trylock(c))
-		return cl_is_dead(c) ? -ENOTCONN : 0;
+		return cl_is_dead(c) ? cl_dead_errno(c) : 0;
 	if (cl_reconnecting(c)) {
 		wake_clear(c);  /* the timerfd that brought the caller here */
 		(void)cl_reconnect(c, true);
@@ -522,7 +526,7 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 	if (cl_reconnecting(c))
 		n = 0;
 	else if (cl_is_dead(c))
-		n = -ENOTCONN;
+		n = cl_dead_errno(c);
 	else
 		n = poll_rings(c, out, max, sleepy, want_kick);
 	drainer_unlock(c);

@@ -152,12 +152,12 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 	int refused;
 
 	if (unlikely(cl_gone_for_ops(c)))
-		return -ENOTCONN;
+		return cl_dead_errno(c);
 	sqe = chime_sq_reserve(&ch->sq, &pos);
 	if (unlikely(!sqe)) {
 		sqe = wait_room(c, ch, &pos);
 		if (!sqe)
-			return -ENOTCONN;
+			return cl_dead_errno(c);
 	}
 	refused = fill(sqe, shard, op, &id, key, deadline_ns, period_ns, user_data);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
@@ -260,7 +260,7 @@ CHIME_PUBLIC int chime_flush(chime_t *c)
 	if (unlikely(!c))
 		return -EINVAL;
 	if (unlikely(cl_gone_for_ops(c)))
-		return -ENOTCONN;
+		return cl_dead_errno(c);
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		struct chime_chan *ch = &c->chan[s];
 
@@ -331,7 +331,7 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 
 		if (unlikely(!got)) {
 			if (!wait_room(c, ch, &pos))
-				return -ENOTCONN;
+				return cl_dead_errno(c);
 			got = 1;
 		}
 		for (uint32_t k = 0; k < got; i++) {
@@ -394,7 +394,7 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 		}
 	}
 	if (cl_gone_for_ops(c))
-		r = -ENOTCONN;
+		r = cl_dead_errno(c);
 	for (uint32_t s = 0; s < c->nr_shards && !r; s++)
 		if (count[s])
 			r = submit_shard(c, s, ops, count[s], &t);
@@ -405,11 +405,11 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 		struct chime_op *o = &ops[i];
 
 		if (o->result >= PENDING)
-			o->result = -ENOTCONN;  /* the broker died before it went out (everywhere) */
+			o->result = cl_dead_errno(c);   /* the broker died before it went out (everywhere) */
 		else if (o->op == CHIME_ARM && (o->result == -ENOMEM || o->result == -EDQUOT) &&
 			 (o->result = arm_elsewhere(c, arm_shard, o->result, o->key, o->deadline_ns,
 						    o->period_ns, o->user_data, &o->id)) == 0)
 			t.ok++;
 	}
-	return t.ok == 0 && r == -ENOTCONN ? -ENOTCONN : (int)t.ok;
+	return t.ok == 0 && r < 0 ? r : (int)t.ok;
 }

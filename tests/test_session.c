@@ -11,6 +11,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -546,4 +547,75 @@ Test(session, the_claim_word_decides_what_the_next_process_gets)
 	cr_assert_eq(ev[0].user_data, 2);
 	chime_close(c);
 	munmap(s, sizeof(*s));
+}
+
+/* ---- a child after fork(): its copy of the parent's chime_t is not its own ---- */
+
+/* In the child: every call says -ECHILD, none takes an event, and close frees only its copies. */
+static int forked_child(chime_t *c, chime_id_t id)
+{
+	struct chime_event ev;
+	struct chime_op op = { .op = CHIME_ARM, .deadline_ns = now_ns() };
+	chime_id_t id2;
+
+	if (chime_arm(c, 1, now_ns(), 0, 0, &id2) != -ECHILD || chime_reset(c, id, now_ns()) != -ECHILD ||
+	    chime_cancel(c, id) != -ECHILD || chime_cancel_key(c, 1) != -ECHILD)
+		return 1;
+	if (chime_submit(c, &op, 1) != -ECHILD || op.result != -ECHILD || chime_flush(c) != -ECHILD)
+		return 2;
+	usleep(100000);         /* the parent's timer has fired: the child must not take it */
+	if (chime_poll(c, &ev, 1) != -ECHILD || chime_wait(c, &ev, 1, 10) != -ECHILD ||
+	    chime_fd(c) != -ECHILD)
+		return 3;
+	chime_close(c);
+	return 0;
+}
+
+/* Open descriptors as a bitmap of the first 1024 (fcntl: no /proc needed). */
+static void open_fds(uint64_t set[16])
+{
+	memset(set, 0, 16 * sizeof(uint64_t));
+	for (int fd = 0; fd < 1024; fd++)
+		if (fcntl(fd, F_GETFD) >= 0)
+			set[fd / 64] |= UINT64_C(1) << (fd % 64);
+}
+
+static void fork_case(const char *session)
+{
+	uint64_t before[16], after[16];
+	struct chime_event ev;
+	chime_t *c;
+	chime_id_t id;
+	pid_t pid;
+
+	open_fds(before);
+	c = session ? sopen_ok(session) : NULL;
+	if (!session)
+		cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = tb.sock }), 0);
+	open_fds(after);
+	/* Every descriptor the library opened is close-on-exec: an exec'd child has none of them. */
+	for (int fd = 0; fd < 1024; fd++)
+		if ((after[fd / 64] & ~before[fd / 64]) >> (fd % 64) & 1)
+			cr_assert(fcntl(fd, F_GETFD) & FD_CLOEXEC, "fd %d of chime_open() is not close-on-exec", fd);
+	cr_assert_eq(chime_arm(c, 1, now_ns() + 50 * MS, 0, 7, &id), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		_exit(forked_child(c, id));
+	cr_assert_eq(wait_child(pid), 0, "the child's calls on its parent's chime_t (session %s)",
+		     session ? session : "none");
+	/* The parent's connection is untouched: its timer, and a new one. */
+	cr_assert_eq(chime_wait(c, &ev, 1, 2000), 1, "the parent lost its event to the child");
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(chime_arm(c, 1, now_ns() + 10 * MS, 0, 8, &id), 0);
+	cr_assert_eq(chime_wait(c, &ev, 1, 2000), 1);
+	cr_assert_eq(ev.user_data, 8);
+	chime_close(c);
+}
+
+Test(session, a_forked_child_gets_echild_and_leaves_its_parents_connection_alone)
+{
+	start("");
+	fork_case(NULL);
+	fork_case("forked");
 }

@@ -20,6 +20,10 @@
  * arms, resets or cancels when the ring it writes to fills (the calls that
  * write records read no clock). A session's connection reconnects instead
  * (chime_open()).
+ *
+ * -ECHILD: a chime_t belongs to the process that opened it; in a child after
+ * fork() every call on the parent's returns it (chime_close() frees only
+ * the child's copies). The child opens its own.
  */
 #ifndef CHIME_H
 #define CHIME_H

@@ -78,7 +78,9 @@ _WHY = {
 def _error(func, err, **what):
     why = _WHY.get((func, err))
     if why is None:
-        why = "chimed is gone" if err == errno.ENOTCONN else os.strerror(err)
+        why = "chimed is gone" if err == errno.ENOTCONN else \
+            "this connection was opened by the parent process, before fork(); open another one" \
+            if err == errno.ECHILD else os.strerror(err)
     else:
         why = why.format(**what)
     return OSError(err, f"{func}: {why}")

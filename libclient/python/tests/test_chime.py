@@ -292,3 +292,20 @@ def test_asyncio_example(broker):
                        timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "timeouts of 100 requests" in r.stdout
+
+
+def test_a_forked_child_is_told_to_open_its_own(chime_conn):
+    c = chime_conn
+    tid = c.arm(1, after=0.05)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            c.arm(1, after=1)
+        except OSError as e:
+            code = 0 if e.errno == errno.ECHILD and "fork" in str(e) else 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    events = wait_for(c, 1)
+    assert [e.id for e in events] == [tid]

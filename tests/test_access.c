@@ -66,11 +66,10 @@ static void become(const char *user)
 		_exit(90);
 }
 
-/* Run fn(arg) as `user` in a child; returns its exit status (0: fn said ok). */
-static int as_user(const char *user, int (*fn)(void *), void *arg)
+/* Start fn(arg) as `user` in a child that exits with its result; its pid (see user_done()). */
+static pid_t as_user_start(const char *user, int (*fn)(void *), void *arg)
 {
 	pid_t pid = fork();
-	int st;
 
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
@@ -78,8 +77,22 @@ static int as_user(const char *user, int (*fn)(void *), void *arg)
 		become(user);
 		_exit(fn(arg));
 	}
+	return pid;
+}
+
+/* Its exit status (0: fn said ok), or 128 + the signal that ended it. */
+static int user_done(pid_t pid)
+{
+	int st;
+
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Run fn(arg) as `user` in a child; returns its exit status (0: fn said ok). */
+static int as_user(const char *user, int (*fn)(void *), void *arg)
+{
+	return user_done(as_user_start(user, fn, arg));
 }
 
 /* A broker other users can reach: its private directory must be traversable. */
@@ -415,18 +428,11 @@ Test(access, a_client_cannot_cancel_or_reset_another_users_timer)
 	need_users();
 	start("--allow-all");
 	cr_assert_eq(pipe(pipe_fd), 0);
-	v = fork();
-	cr_assert_geq(v, 0);
-	if (v == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		become("chimet1");
-		_exit(victim(NULL));
-	}
+	v = as_user_start("chimet1", victim, NULL);
 	cr_assert_eq(read(pipe_fd[0], &stolen, sizeof(stolen)), (ssize_t)sizeof(stolen));
 	cr_assert_eq(as_user("chimet2", thief, NULL), 0);
-	cr_assert_eq(waitpid(v, &st, 0), v);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-		  "the victim's timer did not fire (status %d): another user cancelled or moved it", st);
+	st = user_done(v);
+	cr_assert_eq(st, 0, "the victim's timer did not fire (status %d): another user cancelled or moved it", st);
 }
 
 /* ---- the handshake: silent and garbage connections ---- */
@@ -461,13 +467,7 @@ Test(access, silent_connections_of_one_user_do_not_keep_others_out)
 
 	need_users();
 	start("--allow-all");
-	f = fork();
-	cr_assert_geq(f, 0);
-	if (f == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		become("chimet1");
-		_exit(flood(NULL));
-	}
+	f = as_user_start("chimet1", flood, NULL);
 	usleep(300000);
 	t0 = now_ns();
 	cr_assert_eq(as_user("chimet2", open_arm_receive, NULL), 0, "another user could not connect");
@@ -632,22 +632,14 @@ static int query_patiently(void *arg)
 Test(access, a_user_asking_in_a_tight_loop_cannot_starve_another_users_queries)
 {
 	pid_t spinner;
-	int st;
 
 	need_users();
 	start("--allow-all");
-	spinner = fork();
-	cr_assert_geq(spinner, 0);
-	if (spinner == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		become("chimet1");
-		_exit(query_spin(NULL));
-	}
+	spinner = as_user_start("chimet1", query_spin, NULL);
 	usleep(100000);         /* chimet1 is spinning */
 	cr_expect_eq(as_user("chimet2", query_patiently, NULL), 0,
 		     "chimet2 was refused for 1 s while chimet1 asked in a loop");
-	cr_assert_eq(waitpid(spinner, &st, 0), spinner);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimet1's own queries were answered too");
+	cr_assert_eq(user_done(spinner), 0, "chimet1's own queries were answered too");
 }
 
 /* ---- the tools, run by an admitted client outside --stats-group ---- */

@@ -54,6 +54,16 @@ static void restart(int sig, const char *extra)
 	cr_assert_eq(t_chimed_restart(&tb, sig, extra), 0, "chimed %s did not start again", extra);
 }
 
+/* Open `session` and arm n timers an hour ahead (user_data 0..n-1); the last one's id in *last. */
+static chime_t *open_armed(const char *session, unsigned n, chime_id_t *last)
+{
+	chime_t *c = sopen_ok(session);
+
+	for (unsigned i = 0; i < n; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, last), 0);
+	return c;
+}
+
 /* ---- (1) chimed SIGKILLed under a session: its successor has every timer, ids valid ---- */
 
 enum { N1 = 1000, ANON1 = 500 };
@@ -306,9 +316,7 @@ Test(restart, twenty_restarts_leak_no_node_file_or_fd)
 	chime_id_t id;
 
 	start("-n 2");
-	c = sopen_ok("loop");
-	for (unsigned i = 0; i < 200; i++)
-		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	c = open_armed("loop", 200, &id);
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 200), 200);
 	chime_close(c);
 	for (int round = 0; round < 20; round++) {
@@ -460,9 +468,7 @@ Test(restart, another_geometry_is_refused_and_the_files_kept_until_fresh)
 
 	start("-n 2");
 	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
-	c = sopen_ok("geo");
-	for (unsigned i = 0; i < 40; i++)
-		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	c = open_armed("geo", 40, &id);
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 40), 40);
 	chime_close(c);
 	snprintf(extra, sizeof(extra), "-n 1 2>'%s'", log);
@@ -506,9 +512,7 @@ Test(restart, a_restored_session_lingers_and_can_be_dropped)
 
 	cr_assert_not_null(ctl);
 	start("--session-linger 30");
-	c = sopen_ok("kept");
-	for (unsigned i = 0; i < 10; i++)
-		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	c = open_armed("kept", 10, &id);
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10);
 	restart(SIGKILL, "--session-linger 30");
 	chime_close(c);
@@ -532,10 +536,8 @@ Test(restart, timers_armed_just_before_a_sessions_close_survive_a_crash_right_af
 	chime_id_t id;
 
 	start("");
-	c = sopen_ok("commit");
 	/* An hour ahead: nothing wakes the shard for them (see chime_flush(3)). */
-	for (unsigned i = 0; i < 100; i++)
-		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	c = open_armed("commit", 100, &id);
 	chime_close(c);
 	restart(SIGKILL, "");
 	c = sopen_ok("commit");
@@ -556,9 +558,7 @@ Test(restart, a_reattached_session_outlives_a_crash_after_its_old_linger)
 	chime_id_t id;
 
 	start("--session-linger 1");
-	c = sopen_ok("again");
-	for (unsigned i = 0; i < 10; i++)
-		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	c = open_armed("again", 10, &id);
 	chime_close(c);                 /* detached: kept for 1 s */
 	c = sopen_ok("again");          /* re-attached in time */
 	usleep(1500 * 1000);            /* past the detach's deadline, attached all along */

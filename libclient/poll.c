@@ -64,6 +64,18 @@
 #define TAG_KICK 1u
 #define TAG_SOCK 2u
 
+/*
+ * Where a drain puts the events it claims: into an array (chime_poll,
+ * chime_wait), or to a callback as each is claimed (chime_dispatch), so
+ * that what a callback cancels or resets is judged before the next event
+ * is claimed: a claimed event is the application's, and its timer gone.
+ */
+struct sink {
+	struct chime_event *out;
+	chime_cb cb;
+	void *arg;
+};
+
 /* ---- the pending-cancel set ---- */
 
 static inline uint32_t pend_hash(const struct chime *c, uint64_t what, uint32_t kind)
@@ -203,7 +215,7 @@ static uint32_t judge(const struct chime *c, const struct chime_cqe *e, struct c
 }
 
 /* Steps 1-4 for one shard. */
-static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_event *out, unsigned max)
+static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct sink *to, unsigned max)
 {
 	struct chime_cq_cons *q = &ch->cq;
 	uint64_t start = q->head, tail;
@@ -275,10 +287,23 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 			continue;
 		if (verdict == CHIME_PEND_CANCEL)
 			continue;       /* cancelled before this drain: never returned */
-		out[n++] = (struct chime_event){
+		if (!to->cb) {
+			to->out[n++] = (struct chime_event){
+				.id = e->id, .key = e->key, .user_data = e->user_data,
+				.deadline_ns = e->deadline_ns, .fired_ns = e->fired_ns,
+			};
+			continue;
+		}
+		n++;
+		to->cb(&(struct chime_event){
 			.id = e->id, .key = e->key, .user_data = e->user_data,
 			.deadline_ns = e->deadline_ns, .fired_ns = e->fired_ns,
-		};
+		}, to->arg);
+		if (unlikely(at_load(&c->voided))) {
+			/* It cancelled or reset timers: the next events are judged by a new scan. */
+			at_store(&c->voided, 0u);
+			break;
+		}
 	}
 	ch->seen = ch->held ? tail : q->head;
 	if (q->head != start) {
@@ -300,14 +325,16 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, struct chime_
 }
 
 /* Drain every shard, fairly: each drain starts one shard further. */
-static unsigned drain(struct chime *c, struct chime_event *out, unsigned max)
+static unsigned drain(struct chime *c, const struct sink *to, unsigned max)
 {
 	uint32_t s = c->rr;
 	unsigned n = 0;
 
 	c->held = 0;
 	for (uint32_t k = 0; k < c->nr_shards && n < max; k++) {
-		n += drain_chan(c, &c->chan[s], out + n, max - n);
+		struct sink rest = { to->out ? to->out + n : NULL, to->cb, to->arg };
+
+		n += drain_chan(c, &c->chan[s], &rest, max - n);
 		c->held |= c->chan[s].held;
 		if (++s == c->nr_shards)
 			s = 0;
@@ -460,9 +487,9 @@ CHIME_PUBLIC int chime_fd(const chime_t *c)
  * drain that finds nothing arms want_wakeup first. `want_kick`: returning to the
  * application with events left behind (max reached): make the fd readable.
  */
-static int poll_rings(struct chime *c, struct chime_event *out, unsigned max, bool sleepy, bool want_kick)
+static int poll_rings(struct chime *c, const struct sink *to, unsigned max, bool sleepy, bool want_kick)
 {
-	unsigned n = drain(c, out, max);
+	unsigned n = drain(c, to, max);
 
 	if (n > 0) {
 		c->empty_streak = 0;
@@ -485,7 +512,7 @@ static int poll_rings(struct chime *c, struct chime_event *out, unsigned max, bo
 		wake_clear(c);
 		ww_arm(c);
 		if (pending(c)) {
-			n = drain(c, out, max);
+			n = drain(c, to, max);
 			if (n > 0) {
 				ww_disarm(c);
 				return (int)n;
@@ -508,14 +535,14 @@ static int poll_rings(struct chime *c, struct chime_event *out, unsigned max, bo
  * The drainer is one thread, so a busy lock is a reconnect attempt under way
  * in an arming thread.
  */
-static int poll_events(struct chime *c, struct chime_event *out, unsigned max, bool sleepy, bool want_kick)
+static int poll_events(struct chime *c, const struct sink *to, unsigned max, bool sleepy, bool want_kick)
 {
 	int n;
 
 	if (unlikely(at_load(&c->forked)))
 		return -ECHILD;         /* the rings are the parent's: not one event for the child */
 	if (likely(!c->session[0]))
-		return poll_rings(c, out, max, sleepy, want_kick);
+		return poll_rings(c, to, max, sleepy, want_kick);
 	/* Held only by a reconnect attempt (a handshake): nothing to return meanwhile, and no blocking. */
 	if (!drainer_trylock(c))
 		return cl_is_dead(c) ? cl_dead_errno(c) : 0;
@@ -528,7 +555,7 @@ static int poll_events(struct chime *c, struct chime_event *out, unsigned max, b
 	else if (cl_is_dead(c))
 		n = cl_dead_errno(c);
 	else
-		n = poll_rings(c, out, max, sleepy, want_kick);
+		n = poll_rings(c, to, max, sleepy, want_kick);
 	drainer_unlock(c);
 	cl_resume_flush(c);
 	return n;
@@ -538,30 +565,51 @@ CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max
 {
 	if (unlikely(!c || !events || max == 0))
 		return -EINVAL;
-	return poll_events(c, events, max, c->fd_used, c->fd_used);
+	return poll_events(c, &(struct sink){ .out = events }, max, c->fd_used, c->fd_used);
 }
 
 CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max)
 {
-	struct chime_event ev[DISPATCH_BATCH];
+	struct chime_event ev;
 	/* max 0: what is pending now, bounded so that callbacks re-arming at once cannot loop forever */
 	unsigned limit = max ? max : c ? c->nr_shards * c->cq_size : 0, total = 0;
+	struct sink to = { NULL, cb, arg };
+	/*
+	 * Each event is claimed just before its callback, and a callback that
+	 * cancels or resets cuts the drain short (cl_note_void()), so that the
+	 * next event is judged against it. A session's drain holds its lock,
+	 * which a callback's reconnect would need (an arm waiting for room in
+	 * a dead broker's ring): there, each drain takes one event and the
+	 * callback runs after it.
+	 */
+	bool one_by_one;
+	int err = 0;
 
 	if (unlikely(!c || !cb))
 		return -EINVAL;
+	one_by_one = c->session[0] != '\0';
+	if (one_by_one)
+		to = (struct sink){ .out = &ev };
+	else
+		at_store(&c->dispatching, 1u);
+	at_store(&c->voided, 0u);
 	while (total < limit) {
-		unsigned want = limit - total < DISPATCH_BATCH ? limit - total : DISPATCH_BATCH;
+		unsigned want = one_by_one ? 1 : limit - total < DISPATCH_BATCH ? limit - total : DISPATCH_BATCH;
 		/* Runs until a round comes back empty: that one arms the fd's wake-up. */
-		int n = poll_events(c, ev, want, c->fd_used, false);
+		int n = poll_events(c, &to, want, c->fd_used, false);
 
-		if (n < 0)
-			return total ? (int)total : n;
-		if (n == 0)
+		if (n <= 0) {
+			err = n;
 			break;
-		for (int i = 0; i < n; i++)
-			cb(&ev[i], arg);
+		}
+		if (one_by_one)
+			cb(&ev, arg);
 		total += (unsigned)n;
 	}
+	if (!one_by_one)
+		at_store(&c->dispatching, 0u);
+	if (err < 0)
+		return total ? (int)total : err;
 	/*
 	 * Stopped by the limit, not by an empty ring: the last batch disarmed
 	 * want_wakeup, and if nothing is pending right now no kick follows
@@ -719,12 +767,12 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 	if (unlikely(!c || !events || max == 0 || timeout_ms < -1))
 		return -EINVAL;
 	if (timeout_ms == 0)
-		return poll_events(c, events, max, c->fd_used, c->fd_used);  /* exactly chime_poll() */
+		return poll_events(c, &(struct sink){ .out = events }, max, c->fd_used, c->fd_used);  /* exactly chime_poll() */
 	if (timeout_ms > 0)
 		deadline = chime_now() + (uint64_t)timeout_ms * 1000000u;
 	for (;;) {
 		/* Not sleepy yet: an empty drain here must not arm want_wakeup. */
-		int n = poll_events(c, events, max, false, false);
+		int n = poll_events(c, &(struct sink){ .out = events }, max, false, false);
 		uint64_t left;
 
 		if (n != 0)
@@ -744,7 +792,7 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 		if (spin_for_events(c, left < WAIT_SPIN_NS ? left : WAIT_SPIN_NS))
 			continue;
 		/* About to sleep: arm want_wakeup and look once more (poll_events does both). */
-		n = poll_events(c, events, max, true, false);
+		n = poll_events(c, &(struct sink){ .out = events }, max, true, false);
 		if (n != 0)
 			return n;
 		if (!time_left(deadline, &left))

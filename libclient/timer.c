@@ -163,6 +163,8 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
 	cl_doorbell_by(ch, need_by(op, deadline_ns), pos, 1);
+	if (op != CHIME_OP_ARM)
+		cl_note_void(c);
 	if (unlikely(refused))
 		return refused;
 	if (out)
@@ -322,7 +324,7 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 {
 	struct chime_chan *ch = &c->chan[s];
 	const int32_t mine = (int32_t)(PENDING + s), all = (int32_t)(PENDING + TO_ALL);
-	bool last_shard = s + 1 == c->nr_shards;
+	bool last_shard = s + 1 == c->nr_shards, voids = false;
 	unsigned i = 0;
 
 	while (count) {
@@ -355,6 +357,7 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 				}
 			} else {
 				(void)fill(sqe, s, o->op, &id, o->key, o->deadline_ns, 0, 0);
+				voids = true;
 				if (o->result == mine || last_shard) {
 					o->result = 0;
 					t->ok++;
@@ -364,6 +367,8 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 		/* S1 for each record, S2 once after the last; pairs with C1 and the shard's sleep barrier. */
 		chime_sq_publish_n(&ch->sq, pos, got);
 		cl_doorbell_by(ch, by, pos, got);
+		if (voids)
+			cl_note_void(c);
 		count -= got;
 	}
 	return 0;

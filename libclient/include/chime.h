@@ -229,15 +229,18 @@ int chime_poll(chime_t *c, struct chime_event *events, unsigned max);
  * 50 us first (yielding the CPU after 5 us), then sleeps in io_uring on its
  * connection to the broker, so a steady stream of events costs no system call.
  * Returns how many events (0 on timeout), -EINVAL, -ENOTCONN, or -EINTR if a
- * signal interrupted the wait.
+ * signal interrupted the wait. chime_close() must not run while another
+ * thread waits here: wake that thread first (a signal, or a timer).
  */
 int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout_ms);
 
 /*
  * Drain up to max pending events (0: all that are pending now) and call
  * cb(event, arg) for each, in order; never blocks. The callback may arm,
- * reset and cancel timers. Returns how many were dispatched, -EINVAL or
- * -ENOTCONN.
+ * reset and cancel timers: each event is taken just before its callback,
+ * so a timer that a callback cancels or resets is never dispatched after
+ * it (a connection's callback may free its siblings). Returns how many were
+ * dispatched, -EINVAL or -ENOTCONN.
  */
 int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max);
 

@@ -34,6 +34,7 @@
 #include "control.h"
 #include "log.h"
 #include "policy.h"
+#include "ring.h"
 
 #define EXIT_USAGE 2
 
@@ -95,7 +96,7 @@ static const char usage_text_more[] =
 "                          (default: half of --capacity times --shards, so that\n"
 "                          one user cannot take every timer; 0: no limit)\n"
 "      --sq-size N         submission ring slots per client and shard\n"
-"                          (power of two, default 1024)\n"
+"                          (power of two, >= 2, default 1024)\n"
 "      --cq-size N         completion ring slots per client and shard\n"
 "                          (power of two, >= 8, default 8192)\n"
 "      --log-level LEVEL   log messages up to LEVEL: err, warning, notice,\n"
@@ -437,10 +438,10 @@ int main(int argc, char **argv)
 			o.max_clients = (uint32_t)parse_num("max-clients", optarg, 1, 65536);
 			break;
 		case OPT_SQ_SIZE:
-			o.sq_size = parse_pow2("sq-size", optarg, 1, 1u << 20);
+			o.sq_size = parse_pow2("sq-size", optarg, CHIME_SQ_MIN, 1u << 20);
 			break;
 		case OPT_CQ_SIZE:
-			o.cq_size = parse_pow2("cq-size", optarg, 8, 1u << 20);
+			o.cq_size = parse_pow2("cq-size", optarg, CHIME_CQ_MIN, 1u << 20);
 			break;
 		case OPT_MAX_PER_UID:
 			o.max_clients_per_uid = (uint32_t)parse_num("max-clients-per-uid", optarg, 0, 65536);

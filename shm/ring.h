@@ -24,11 +24,14 @@
 #include "chime_shm.h"
 
 /*
- * Ring sizes chime_client_layout() accepts (powers of two). A completion
- * ring has at least 8 slots so that each shard's claim words fill whole
- * cache lines: two shards never write the same line.
+ * Ring sizes chime_client_layout() accepts (powers of two). A submission
+ * ring has at least 2 slots: with one, a slot's "published at pos" sequence
+ * (pos + 1) is its "free for pos + 1" one, and producers would overwrite
+ * records the shard never read. A completion ring has at least 8 slots so
+ * that each shard's claim words fill whole cache lines: two shards never
+ * write the same line.
  */
-#define CHIME_SQ_MIN 1u
+#define CHIME_SQ_MIN 2u
 #define CHIME_CQ_MIN 8u
 #define CHIME_RING_MAX (UINT32_C(1) << 24)
 

@@ -115,6 +115,24 @@ Test(daemon, bad_log_level_is_a_usage_error)
 	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "valid --log-level: status %#x", st);
 }
 
+/* A submission ring of one slot would lose every record (shm/ring.h): refused, as other sizes out of range. */
+Test(daemon, ring_sizes_out_of_range_are_usage_errors)
+{
+	const char *chimed = getenv("CHIMED"), *bad[] = { "--sq-size 1", "--sq-size 3", "--cq-size 4", "--sq-size 0" };
+	char cmd[PATH_MAX + 200];
+
+	cr_assert(chimed);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int st;
+
+		/* Were it accepted, the missing directory stops it (status 1), and timeout any wait. */
+		snprintf(cmd, sizeof(cmd), "timeout 10 '%s' --foreground --socket /nonexistent/chime/s %s 2>/dev/null",
+			 chimed, bad[i]);
+		st = system(cmd);
+		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: status %#x", bad[i], st);
+	}
+}
+
 static pid_t read_pid(const char *sock)
 {
 	char path[320], buf[32] = "";

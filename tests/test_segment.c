@@ -275,7 +275,7 @@ Test(segment, client_layout_rejects_bad_sizes_and_leaves_g_alone)
 {
 	static const struct { uint32_t nr, sq, cq; } bad[] = {
 		{ 0, 64, 64 }, { CHIME_MAX_SHARDS + 1, 64, 64 }, { 1, 0, 64 }, { 1, 64, 0 },
-		{ 1, 3, 64 }, { 1, 64, 100 }, { 1, 64, 4 }, { 1, CHIME_RING_MAX * 2, 64 },
+		{ 1, 1, 64 }, { 1, 3, 64 }, { 1, 64, 100 }, { 1, 64, 4 }, { 1, CHIME_RING_MAX * 2, 64 },
 		{ 1, 64, CHIME_RING_MAX * 2 }, { 1, UINT32_MAX, 64 }, { 1, 1u << 31, 64 },
 	};
 

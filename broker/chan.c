@@ -465,15 +465,14 @@ static void slot_set(struct chan *ch, uint32_t s, uint64_t g)
 
 /*
  * Free the slot of the record consumed at pos for the client's next one,
- * with its grant: the unused one it holds, or (it held a marker) a fresh try.
+ * with the grant it holds: an unused one, or a marker. A marker is not
+ * retried here: this slot is the one the client reaches last, a lap away,
+ * and a node freed now would sit in it while the arms before it fail.
+ * markers_replace() gives room back in the order the client reserves.
  */
-static void slot_free(struct shard_core *sc, struct chan *ch, uint64_t pos)
+static void slot_free(struct chan *ch, uint64_t pos)
 {
-	uint32_t s = (uint32_t)pos & ch->sq_mask;
-
-	if (chime_grant_is_marker(ch->grants[s]))
-		slot_set(ch, s, grant_slot(sc, ch));
-	chime_sq_free(&ch->sq, pos, ch->grants[s]);
+	chime_sq_free(&ch->sq, pos, ch->grants[(uint32_t)pos & ch->sq_mask]);
 }
 
 /*
@@ -487,9 +486,12 @@ static void slot_free(struct shard_core *sc, struct chan *ch, uint64_t pos)
 static bool markers_replace(struct shard_core *sc, struct chan *ch)
 {
 	uint64_t g = grant_slot(sc, ch);
+	/* From the client's next reservation on (its tail: a hint only, any value is safe). */
+	uint32_t first = (uint32_t)at_load(ch->sq_tail);
 	bool did = false;
 
-	for (uint32_t s = 0; s <= ch->sq_mask && ch->marked; s++) {
+	for (uint32_t k = 0, s; k <= ch->sq_mask && ch->marked; k++) {
+		s = (first + k) & ch->sq_mask;
 		if (chime_grant_is_marker(g))
 			return did;
 		if (!chime_grant_is_marker(ch->grants[s]))
@@ -519,7 +521,7 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 			/* A re-submitted ARM the old broker had applied (its node armed): nothing to do. */
 			if (!ch->resuming)
 				stats_malformed(sc->st);
-			slot_free(sc, ch, pos);
+			slot_free(ch, pos);
 			return;
 		}
 		carried = true;
@@ -539,7 +541,7 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	stats_arm(sc->st, ch->slot);
 
 	if (carried) {
-		slot_free(sc, ch, pos);         /* the slot keeps its own grant */
+		slot_free(ch, pos);         /* the slot keeps its own grant */
 		return;
 	}
 	/* The slot's next grant: a fresh node, or a marker the client will see at once. */
@@ -820,7 +822,7 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 	if (ch->walk_queued) {
 		if (!walk_step(sc, ch))
 			return 0;
-		slot_free(sc, ch, ch->walk_pos);
+		slot_free(ch, ch->walk_pos);
 	}
 	for (; n < budget; n++) {
 		if (!chime_sq_pop(&ch->sq, &r, &pos))
@@ -865,7 +867,7 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 			break;
 		}
 		/* The slot keeps its unused grant, or tries again if it held a marker. */
-		slot_free(sc, ch, pos);
+		slot_free(ch, pos);
 	}
 waiting:
 	applied = ch->walk_queued ? ch->walk_pos : ch->sq.head;

@@ -169,6 +169,37 @@ Test(limits, quota_gives_edquot_and_other_clients_keep_arming)
 	chime_close(b);
 }
 
+/*
+ * At its quota with a ring of the default size: the nodes its cancels free
+ * go to the slots it reserves next, so the next arm succeeds (they went to
+ * the cancels' own slots, a lap of 1024 refused arms away).
+ */
+Test(limits, room_freed_at_a_quota_is_usable_by_the_very_next_arms)
+{
+	chime_id_t ids[10];
+	chime_t *c;
+	unsigned n, tries;
+	int err = 0;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1 --max-timers-per-client 10"), 0);
+	c = copen();
+	n = arm_until_refused(c, 100, &err, ids);
+	cr_assert_eq(err, -EDQUOT, "arm %u: %s, not EDQUOT", n, strerror(-err));
+	cr_assert_eq(n, 10);
+	for (unsigned i = 0; i < 10; i++)
+		cr_assert_eq(chime_cancel(c, ids[i]), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	/* The shard applies the cancels within a pass or two: a few refusals at most, 20 ms apart. */
+	for (tries = 0; tries < 50; tries++) {
+		if ((n = arm_until_refused(c, 10, &err, NULL)) > 0)
+			break;
+		cr_assert_eq(err, -EDQUOT);
+		usleep(20000);
+	}
+	cr_assert_eq(n, 10, "after cancelling its 10 timers: %u arms succeeded, after %u refused tries", n, tries);
+	chime_close(c);
+}
+
 Test(limits, a_users_clients_share_its_quota_and_chimestat_says_which_quota_refused)
 {
 	char cmd[512], out[65536] = "";

@@ -192,6 +192,13 @@ static inline void cl_note_void(struct chime *c)
 		at_store(&c->voided, 1u);
 }
 
+/*
+ * The session whose lock this thread holds as its drainer (poll.c), NULL
+ * if none: a chime_dispatch() callback runs under it, and an arm there that
+ * finds the broker gone must reconnect as the lock's holder (timer.c).
+ */
+extern __thread struct chime *cl_drainer_of;
+
 static inline bool cl_reconnecting(const struct chime *c)
 {
 	return (at_load(&c->link) & 1) != 0;

@@ -64,6 +64,8 @@
 #define TAG_KICK 1u
 #define TAG_SOCK 2u
 
+__thread struct chime *cl_drainer_of;
+
 /*
  * Where a drain puts the events it claims: into an array (chime_poll,
  * chime_wait), or to a callback as each is claimed (chime_dispatch), so
@@ -218,7 +220,7 @@ static uint32_t judge(const struct chime *c, const struct chime_cqe *e, struct c
 static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct sink *to, unsigned max)
 {
 	struct chime_cq_cons *q = &ch->cq;
-	uint64_t start = q->head, tail;
+	uint64_t start = q->head, tail, link;
 	unsigned n = 0;
 
 	/* D1 (ring.h Q2): pairs with the shard's release of cq_tail after the cqe and its claim word. */
@@ -295,10 +297,14 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct 
 			continue;
 		}
 		n++;
+		link = at_load(&c->link);
 		to->cb(&(struct chime_event){
 			.id = e->id, .key = e->key, .user_data = e->user_data,
 			.deadline_ns = e->deadline_ns, .fired_ns = e->fired_ns,
 		}, to->arg);
+		/* The callback's arm reconnected a session (or found the broker dead): these rings are gone. */
+		if (unlikely(at_load(&c->link) != link))
+			return n;
 		if (unlikely(at_load(&c->voided))) {
 			/* It cancelled or reset timers: the next events are judged by a new scan. */
 			at_store(&c->voided, 0u);
@@ -352,13 +358,20 @@ static unsigned drain(struct chime *c, const struct sink *to, unsigned max)
  */
 static bool drainer_trylock(struct chime *c)
 {
-	return likely(!c->session[0]) || pthread_mutex_trylock(&c->lock) == 0;
+	if (likely(!c->session[0]))
+		return true;
+	if (pthread_mutex_trylock(&c->lock) != 0)
+		return false;
+	cl_drainer_of = c;
+	return true;
 }
 
 static void drainer_unlock(struct chime *c)
 {
-	if (c->session[0])
+	if (c->session[0]) {
+		cl_drainer_of = NULL;
 		pthread_mutex_unlock(&c->lock);
+	}
 }
 
 /* Anything published that the last drain did not look at? (acquire: D1 again) */
@@ -570,31 +583,22 @@ CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max
 
 CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max)
 {
-	struct chime_event ev;
 	/* max 0: what is pending now, bounded so that callbacks re-arming at once cannot loop forever */
 	unsigned limit = max ? max : c ? c->nr_shards * c->cq_size : 0, total = 0;
-	struct sink to = { NULL, cb, arg };
 	/*
-	 * Each event is claimed just before its callback, and a callback that
-	 * cancels or resets cuts the drain short (cl_note_void()), so that the
-	 * next event is judged against it. A session's drain holds its lock,
-	 * which a callback's reconnect would need (an arm waiting for room in
-	 * a dead broker's ring): there, each drain takes one event and the
-	 * callback runs after it.
+	 * Each event is claimed just before its callback, inside the drain, and
+	 * a callback that cancels or resets cuts the drain short
+	 * (cl_note_void()), so that the next event is judged against it.
 	 */
-	bool one_by_one;
+	struct sink to = { NULL, cb, arg };
 	int err = 0;
 
 	if (unlikely(!c || !cb))
 		return -EINVAL;
-	one_by_one = c->session[0] != '\0';
-	if (one_by_one)
-		to = (struct sink){ .out = &ev };
-	else
-		at_store(&c->dispatching, 1u);
+	at_store(&c->dispatching, 1u);
 	at_store(&c->voided, 0u);
 	while (total < limit) {
-		unsigned want = one_by_one ? 1 : limit - total < DISPATCH_BATCH ? limit - total : DISPATCH_BATCH;
+		unsigned want = limit - total < DISPATCH_BATCH ? limit - total : DISPATCH_BATCH;
 		/* Runs until a round comes back empty: that one arms the fd's wake-up. */
 		int n = poll_events(c, &to, want, c->fd_used, false);
 
@@ -602,12 +606,9 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 			err = n;
 			break;
 		}
-		if (one_by_one)
-			cb(&ev, arg);
 		total += (unsigned)n;
 	}
-	if (!one_by_one)
-		at_store(&c->dispatching, 0u);
+	at_store(&c->dispatching, 0u);
 	if (err < 0)
 		return total ? (int)total : err;
 	/*

@@ -62,8 +62,12 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 		if (cl_is_dead(c))
 			return NULL;
 		if (unlikely(cl_reconnecting(c))) {
-			/* A session's broker is gone and its rings closed: reconnect, or wait for whoever does. */
-			if (cl_reconnect(c, false))
+			/*
+			 * A session's broker is gone and its rings closed: reconnect,
+			 * or wait for whoever does. A dispatch callback's thread holds
+			 * the lock already: it reconnects, and the drain it is in stops.
+			 */
+			if (cl_reconnect(c, cl_drainer_of == c))
 				nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
 			continue;
 		}

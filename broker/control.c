@@ -515,7 +515,16 @@ void read_comm(pid_t pid, char comm[16])
 	n = read(fd, comm, 15);
 	close(fd);
 	if (n > 0 && comm[n - 1] == '\n')
-		comm[n - 1] = 0;
+		comm[--n] = 0;
+	/*
+	 * Any process names itself (prctl PR_SET_NAME): a newline would forge
+	 * a log line (at any priority, in the journal), an escape sequence
+	 * would reach an operator's terminal through chimectl and chimestat.
+	 * Printable ASCII only, here, where every reader gets it from.
+	 */
+	for (ssize_t i = 0; i < n; i++)
+		if (comm[i] < 0x20 || comm[i] > 0x7e)
+			comm[i] = '?';
 }
 
 /* ------------------------------------------------------------------------ */

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1032,6 +1033,27 @@ Test(tools_live, chimectl_json_for_every_command)
 	broker = 0;
 	cr_assert_eq(run("%s --socket '%s' --json status", bin("CHIMECTL"), sock), 3);
 	cr_assert_eq(jq(".ok == false and (.error | length > 0)"), 1, "%s", slurp(out));
+}
+
+/* A process names itself: a newline or an escape in its name must reach no log line and no terminal. */
+Test(tools_live, a_clients_name_is_printable_wherever_it_is_shown)
+{
+	struct chime_opts o = { .socket_path = sock };
+	char self[16] = "";
+	chime_t *a;
+
+	start_broker("--shards 1");
+	cr_assert_eq(prctl(PR_GET_NAME, self), 0);
+	cr_assert_eq(prctl(PR_SET_NAME, "x\n<0>FORGED\x1b[2J"), 0);
+	cr_assert_eq(chime_open(&a, &o), 0);
+	cr_assert_eq(prctl(PR_SET_NAME, self), 0);
+	cr_assert_eq(run("%s --socket '%s' -j clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".clients[0].comm == \"x?<0>FORGED?[2J\""), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "x?<0>FORGED?[2J") && !strchr(slurp(out), '\x1b'), "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "x?<0>FORGED?[2J") && !strchr(slurp(out), '\x1b'), "%s", slurp(out));
+	chime_close(a);
 }
 
 /*

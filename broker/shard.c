@@ -55,6 +55,7 @@
 #define IDLE_PURE_SPIN_NS (5u * 1000u)    /* idle spin before the shard starts yielding its core */
 #define WAKE_EARLY_MAX_NS (200u * 1000u)  /* the longest a shard spins into a deadline */
 #define WAKE_SCAN         64u             /* nodes read to find the exact next deadline */
+#define WAKE_GRAIN_NS     (UINT64_C(1) << 24) /* the published wake-up is rounded up to this: 16.8 ms */
 /*
  * Idle or firing, the shard moves the next cascade's timers ahead of time
  * (wheel_stage()), this many per pass: 1-2 us, the most a due timer waits
@@ -787,9 +788,12 @@ static void loop(struct shard *s)
 		 * N1: when this sleep ends, before its number; pairs with N2 in
 		 * cl_doorbell_by(). A producer that sees the number sees this
 		 * wake_at or a later sleep's, and records it publishes that are
-		 * due no earlier wait for it: we drain before we fire.
+		 * due no earlier wait for it: we drain before we fire. Rounded
+		 * up (records due just after it ring, which is never wrong): the
+		 * public segment is every client's, and the exact earliest
+		 * deadline would be another user's timer, to the nanosecond.
 		 */
-		at_store(s->wake_ns, wake_at);
+		at_store(s->wake_ns, wake_at | (WAKE_GRAIN_NS - 1));
 		at_store_rel(s->sleeping, s->sleep_no);
 		at_fence();
 		if (!anything_pending(s, wake_at)) {

@@ -433,6 +433,8 @@ _Static_assert(sizeof(struct chime_client_ro) == 256, "header is 256 B");
  *              |                |         | or after it (an arm or reset to a deadline no
  *              |                |         | earlier; a cancel: any time before the timer's
  *              |                |         | deadline, itself no earlier) rings no doorbell.
+ *              |                |         | Rounded up to 2^24 ns: every client reads it, and
+ *              |                |         | it must not tell another user's exact deadline.
  *              |                |         | UINT64_MAX: nothing armed, no wake-up planned
  */
 struct chime_pub_shard {

@@ -551,6 +551,50 @@ static chime_t *one_sleeping_shard(struct t_chimed *b, const char *extra, uint64
  * record left to the heartbeat (no doorbell) would fire 0-90 ms late: five
  * of them all under 15 ms would be luck of about 0.2^5.
  */
+/* The public segment as this process mapped it (every client does): found by its memfd's name. */
+static const struct chime_pub *mapped_public_segment(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	const struct chime_pub *pub = NULL;
+
+	cr_assert_not_null(f);
+	while (!pub && fgets(line, sizeof(line), f))
+		if (strstr(line, "memfd:chime-public"))
+			pub = (const struct chime_pub *)(uintptr_t)strtoull(line, NULL, 16);
+	fclose(f);
+	cr_assert_not_null(pub, "no chime-public mapping");
+	return pub;
+}
+
+/* A sleeping shard's planned wake-up is public: rounded, it does not give away whose deadline it is. */
+Test(broker, the_public_wake_up_does_not_tell_another_users_deadline)
+{
+	struct t_chimed b2 = { 0 };
+	const struct chime_pub_shard *ps;
+	uint64_t deadline, wake = 0;
+	chime_id_t far;
+	chime_t *c;
+
+	c = one_sleeping_shard(&b2, "", 1, &far);
+	ps = (const struct chime_pub_shard *)((const char *)mapped_public_segment() + mapped_public_segment()->shards_off);
+	deadline = chime_now() + 2000 * MS + 12345;
+	cr_assert_eq(chime_reset(c, far, deadline), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	for (int i = 0; i < 150; i++, usleep(10000)) {
+		wake = __atomic_load_n(&ps->wake_ns, __ATOMIC_RELAXED);
+		if (wake >= deadline && wake != UINT64_MAX)
+			break;
+	}
+	cr_assert_geq(wake, deadline, "the shard never planned to wake for the reset timer");
+	cr_assert_eq(wake & ((UINT64_C(1) << 24) - 1), (UINT64_C(1) << 24) - 1,
+		     "wake-up %llu for a deadline of %llu: not rounded", (unsigned long long)wake,
+		     (unsigned long long)deadline);
+	cr_assert_lt(wake - deadline, UINT64_C(1) << 24, "wake-up %llu, deadline %llu", (unsigned long long)wake, (unsigned long long)deadline);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
 Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
 {
 	struct t_chimed b2 = { 0 };

@@ -15,6 +15,7 @@
 #include <liburing.h>
 
 #include "control.h"
+#include "log.h"
 #include "policy.h"
 #include "segment.h"
 #include "sessfile.h"
@@ -129,6 +130,7 @@ struct broker {
 	uint64_t last_report_ns;
 	struct policy policy;
 	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */
+	struct log_budget conn_log;     /* connects, disconnects, parks: a few a second (log.h) */
 	uint64_t last_query_ns[2];      /* [privileged asker]: other users cannot starve root's queries */
 	uid_t query_turn_uid;           /* the unprivileged user refused first: the next turn is its own */
 	uid_t query_last_uid;           /* the last unprivileged user answered */

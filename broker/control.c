@@ -57,6 +57,10 @@
 #include "segment.h"
 #include "shard.h"
 
+/* Connect, disconnect and park lines, all clients together (log_budget_take()). */
+#define CONN_LOG_PER_S 20u
+#define CONN_LOG_WHAT "connect and disconnect"
+
 /* ------------------------------------------------------------------------ */
 /* Start-up: lock, stale socket, segments                                      */
 /* ------------------------------------------------------------------------ */
@@ -802,7 +806,7 @@ static void parked(struct broker *b, struct client *c)
 	if (b->stopping)
 		log_msg(LOG_INFO, "session '%s' (uid %u, pid %d) parked for the next broker",
 			c->session, (unsigned)c->cred.uid, (int)c->cred.pid);
-	else
+	else if (log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
 		log_msg(LOG_INFO, "session '%s' (uid %u) detached: pid %d gone, timers kept for %u s",
 			c->session, (unsigned)c->cred.uid, (int)c->cred.pid, b->o.session_linger_s);
 	if (c->next_fd >= 0) {
@@ -864,6 +868,8 @@ static void on_notify(struct broker *b)
 			if (c->session[0])
 				restart_put(b, c);
 			arm_hup(b, c);
+			if (!log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
+				continue;
 			if (c->session[0])
 				log_msg(LOG_INFO, "client %u connected: pid %d uid %u '%s', session '%s'",
 					c->slot, (int)c->cred.pid, (unsigned)c->cred.uid, c->comm, c->session);
@@ -877,7 +883,7 @@ static void on_notify(struct broker *b)
 			continue;
 		}
 		/* DETACHING, and every shard has reclaimed its nodes. */
-		if (!c->refuse)
+		if (!c->refuse && log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
 			log_msg(LOG_INFO, "client %u disconnected: pid %d '%s'",
 				c->slot, (int)c->cred.pid, c->comm);
 		client_release(b, c);
@@ -1081,7 +1087,8 @@ static void clients_beat(struct broker *b, uint64_t now)
 		if (c->state != CL_FREE)
 			hi = i + 1;     /* a slot freed later in this pass keeps it: an upper bound */
 		if (c->state == CL_DETACHED && now >= c->linger_until_ns) {
-			log_msg(LOG_INFO, "session '%s' (uid %u) reclaimed: nobody re-attached within %u s",
+			if (log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
+				log_msg(LOG_INFO, "session '%s' (uid %u) reclaimed: nobody re-attached within %u s",
 				c->session, (unsigned)c->cred.uid, b->o.session_linger_s);
 			client_detach(b, c, 0);
 			continue;

@@ -76,6 +76,28 @@ bool log_ratelimit(uint64_t *last, unsigned interval_s)
 	return true;
 }
 
+bool log_budget_take(struct log_budget *b, unsigned per_s, const char *what)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	if ((uint64_t)ts.tv_sec != b->sec) {
+		b->sec = (uint64_t)ts.tv_sec;
+		b->used = 0;
+	}
+	if (b->used >= per_s) {
+		b->dropped++;
+		return false;
+	}
+	b->used++;
+	if (b->dropped) {
+		log_msg(LOG_NOTICE, "%llu %s lines not logged (more than %u a second; chimestat counts every client)",
+			(unsigned long long)b->dropped, what, per_s);
+		b->dropped = 0;
+	}
+	return true;
+}
+
 static const char *level_prefix(int level)
 {
 	switch (level) {

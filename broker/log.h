@@ -49,6 +49,23 @@ void log_reopen(void);
  */
 bool log_ratelimit(uint64_t *last, unsigned interval_s);
 
+/*
+ * A budget for routine lines any client can cause at will (connects,
+ * disconnects, sessions parked): up to `per_s` lines a second, the rest
+ * dropped and counted; the first line let through after a drop is
+ * preceded by one saying how many were dropped, and of what (`what`).
+ * One client opening and closing in a loop would otherwise write
+ * megabytes a minute to the journal, which then drops this service's
+ * warnings too. Not atomic: one thread per budget.
+ */
+struct log_budget {
+	uint64_t sec;           /* the second `used` counts in (CLOCK_MONOTONIC) */
+	uint32_t used;
+	uint64_t dropped;       /* since the last line let through */
+};
+
+bool log_budget_take(struct log_budget *b, unsigned per_s, const char *what);
+
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /*

@@ -372,3 +372,46 @@ Test(daemon, log_ratelimit_once_per_interval_per_key)
 	a -= 61;        /* as if 61 s had passed */
 	cr_expect(log_ratelimit(&a, 60), "after the interval a line is logged again");
 }
+
+/*
+ * One client opening and closing in a loop: a few connect and disconnect
+ * lines a second, and a count of the rest, exact (every one is accounted
+ * for once the next line is let through).
+ */
+Test(daemon, a_connect_loop_cannot_flood_the_log, .timeout = 60)
+{
+	enum { OPENS = 300 };
+	char dir[] = "/tmp/chime-logflood-XXXXXX", sock[300], logf[300], extra[400], line[512];
+	unsigned long long logged = 0, dropped = 0, summaries = 0;
+	struct t_chimed b;
+	uint64_t t0 = now_ns(), secs;
+	FILE *f;
+
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(logf, sizeof(logf), "%s/chimed.log", dir);
+	snprintf(extra, sizeof(extra), "--shards 1 2>'%s'", logf);
+	cr_assert_eq(t_chimed_start(&b, sock, extra), 0);
+	for (int i = 0; i < OPENS; i++)
+		cr_assert(can_open(sock));
+	secs = (now_ns() - t0) / 1000000000u + 1;
+	sleep_ms(1100);         /* a new second: the next line is let through, after the count */
+	cr_assert(can_open(sock));
+	sleep_ms(300);
+	t_chimed_stop(&b, SIGTERM);
+	f = fopen(logf, "r");
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long n;
+
+		if (strstr(line, " connected: pid") || strstr(line, " disconnected: pid"))
+			logged++;
+		else if (sscanf(line, "chimed: %llu connect and disconnect lines not logged", &n) == 1)
+			dropped += n, summaries++;
+	}
+	fclose(f);
+	cr_assert_eq(logged + dropped, 2 * (OPENS + 1), "%llu lines logged, %llu counted as not", logged, dropped);
+	cr_assert_leq(logged, 20 * (secs + 1) + 2, "%llu lines in %llu s", logged, (unsigned long long)secs);
+	cr_assert_leq(summaries, secs + 1);
+	t_rmdir_files(dir);
+}

@@ -532,7 +532,12 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	assert(n->state == CHIME_NODE_GRANTED && n->owner == ch->slot);
 	n->key = r->key;
 	n->user_data = r->user_data;
-	n->period_ns = r->period_ns;
+	/*
+	 * Not below one tick: a 1 ns period is due again at every advance,
+	 * and a client that moves its cq_head far ahead "consumes" at once, so
+	 * two such timers kept both shards busy firing for nobody.
+	 */
+	n->period_ns = r->period_ns && r->period_ns < sc->wh.w->resolution_ns ? sc->wh.w->resolution_ns : r->period_ns;
 	n->cq_pos = CHIME_POS_NONE;
 	n->state = CHIME_NODE_ALLOC;
 	mark_immediate(sc, n, r->deadline_ns);

@@ -434,6 +434,31 @@ Test(broker, periodic_fires_at_deadline_plus_k_period_without_drift)
 	chime_close(c);
 }
 
+/* A period under one tick (100 us here) is one tick: a 1 ns one fired at every advance of the shard. */
+Test(broker, a_period_shorter_than_a_tick_is_a_tick)
+{
+	chime_t *c = copen();
+	struct chime_event ev[64];
+	uint64_t d0 = chime_now() + 10 * MS, end, n = 0;
+	chime_id_t id;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm(c, 1, d0, 1, 0, &id), 0);
+	end = d0 + 200 * MS;
+	while (chime_now() < end) {
+		int r = chime_wait(c, ev, 64, 10);
+
+		cr_assert_geq(r, 0);
+		for (int i = 0; i < r; i++, n++)
+			cr_assert_eq(ev[i].deadline_ns, d0 + n * 100000, "firing %llu", (unsigned long long)n);
+	}
+	/* 200 ms of 100 us ticks: 2000 at most, a few more for the 10 ms before the first. */
+	cr_assert_leq(n, 2100, "%llu firings in 200 ms", (unsigned long long)n);
+	cr_assert_geq(n, 10);
+	cr_assert_eq(chime_cancel(c, id), 0);
+	chime_close(c);
+}
+
 /*
  * A sleeping shard wakes for the exact earliest deadline, not at the end of
  * its tick: with 100 ms ticks, timers 150 ms apart (the shard sleeps between

@@ -107,7 +107,8 @@ const char *chime_version(void);
 
 /*
  * Arm a timer at absolute deadline_ns, repeating every period_ns if that is
- * not 0 (it fires at deadline_ns + k * period_ns for every k, never drifting).
+ * not 0 (it fires at deadline_ns + k * period_ns for every k, never drifting;
+ * a period under the broker's resolution, 100 us by default, is taken as it).
  * A deadline in the past fires at once. key groups timers for
  * chime_cancel_key(); user_data comes back in the event. Sets *id (never 0)
  * before returning: no round trip. Thread-safe. If the submission ring is

@@ -60,6 +60,7 @@
 /* Connect, disconnect and park lines, all clients together (log_budget_take()). */
 #define CONN_LOG_PER_S 20u
 #define CONN_LOG_WHAT "connect and disconnect"
+#define LISTEN_BACKLOG 64
 
 /* ------------------------------------------------------------------------ */
 /* Start-up: lock, stale socket, segments                                      */
@@ -302,7 +303,15 @@ static int listen_setup(struct broker *b)
 	r = socket_access(b);
 	if (r < 0)
 		return r;
-	if (listen(b->listen_fd, SOMAXCONN) < 0)
+	/*
+	 * A short queue: it is one for every user, in arrival order, and one
+	 * user connecting and closing in a loop keeps it full. Each queued
+	 * connection costs the control thread an accept and a refusal (tens
+	 * of us), so with SOMAXCONN (4096) another user's chime_open() waited
+	 * ~110 ms. A connect that finds it full blocks until there is room
+	 * (chime_open() sets no timeout on it): a burst of opens waits, none fails.
+	 */
+	if (listen(b->listen_fd, LISTEN_BACKLOG) < 0)
 		return log_errno(LOG_ERR, errno, "listen('%s')", path);
 	return 0;
 }

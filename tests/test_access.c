@@ -13,8 +13,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -476,6 +478,94 @@ Test(access, silent_connections_of_one_user_do_not_keep_others_out)
 		     (unsigned long long)((now_ns() - t0) / MS));
 	kill(f, SIGKILL);
 	waitpid(f, NULL, 0);
+}
+
+/* chimet1 connects and closes in a loop, 4 processes, for `arg` seconds. */
+static int connect_close_loop(void *arg)
+{
+	uint64_t end = now_ns() + (uint64_t)(uintptr_t)arg * 1000 * MS;
+
+	for (int k = 0; k < 3; k++)
+		if (fork() == 0) {
+			prctl(PR_SET_PDEATHSIG, SIGKILL);       /* gone with the test's child */
+			break;
+		}
+	while (now_ns() < end) {
+		int fd = connect_raw();
+
+		if (fd >= 0)
+			close(fd);
+	}
+	while (wait(NULL) > 0)
+		;
+	return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * The listening socket's queue is every user's, in arrival order: a user
+ * who keeps it full makes the others' opens wait for all it holds. Kept
+ * short, they wait milliseconds (with SOMAXCONN, 4096, an open took
+ * ~100 ms here, every one).
+ */
+Test(access, a_connect_loop_of_one_user_keeps_others_waiting_only_briefly)
+{
+	enum { OPENS = 21 };
+	uint64_t took[OPENS];
+	pid_t f;
+
+	need_users();
+	start("--allow-all");
+	f = as_user_start("chimet1", connect_close_loop, (void *)(uintptr_t)4);
+	usleep(500000);
+	for (int i = 0; i < OPENS; i++) {
+		uint64_t t0 = now_ns();
+
+		cr_assert_eq(open_status(NULL), 0, "open %d failed under the loop", i);
+		took[i] = now_ns() - t0;
+	}
+	kill(f, SIGKILL);
+	waitpid(f, NULL, 0);
+	qsort(took, OPENS, sizeof(took[0]), cmp_u64);
+	cr_assert_lt(took[OPENS / 2], 40 * MS, "chime_open took %.1f ms (median) under another user's connect loop",
+		     (double)took[OPENS / 2] / 1e6);
+}
+
+/* More opens at once than the queue holds: the extra ones wait for room, none fails. */
+static void *open_hold(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *c = NULL;
+	intptr_t r = chime_open(&c, &o);
+
+	if (r == 0) {
+		usleep(200000);
+		chime_close(c);
+	}
+	(void)arg;
+	return (void *)r;
+}
+
+Test(access, a_burst_of_opens_longer_than_the_queue_all_succeed)
+{
+	enum { N = 150 };
+	pthread_t t[N];
+
+	start("--shards 1 --max-clients 512 --max-clients-per-uid 0");
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(pthread_create(&t[i], NULL, open_hold, NULL), 0);
+	for (int i = 0; i < N; i++) {
+		void *r;
+
+		cr_assert_eq(pthread_join(t[i], &r), 0);
+		cr_assert_eq((intptr_t)r, 0, "open %d: %s", i, strerror(-(int)(intptr_t)r));
+	}
 }
 
 Test(access, garbage_hellos_are_refused_and_harm_nothing)

@@ -821,6 +821,62 @@ Test(restart, a_crash_under_a_living_process_delivers_what_it_did_not_take_exact
 }
 
 /*
+ * A dispatch callback runs under the session's drainer lock. One that arms
+ * into a crashed broker's full ring must reconnect itself (no one else can
+ * take the lock): its arms all succeed, and the events the drain had not
+ * reached come again from the new broker, once.
+ */
+struct refill {
+	chime_t *c;
+	unsigned calls, armed;
+	int err;
+	uint8_t seen[3];
+};
+
+static void refill_cb(const struct chime_event *e, void *arg)
+{
+	struct refill *r = arg;
+	chime_id_t id;
+
+	r->calls++;
+	if (e->user_data < 3)
+		r->seen[e->user_data]++;
+	if (r->calls > 1)
+		return;
+	for (unsigned i = 0; i < 64 + 8; i++) {    /* past the ring of 64 the old broker never reads */
+		int x = chime_arm(r->c, 0, now_ns() + HOUR, 0, 1000 + i, &id);
+
+		if (x < 0) {
+			r->err = x;
+			return;
+		}
+		r->armed++;
+	}
+}
+
+Test(restart, a_dispatch_callback_arming_into_a_crashed_brokers_full_ring_reconnects, .timeout = 30)
+{
+	struct refill r = { 0 };
+	chime_id_t id;
+	uint64_t end;
+
+	start("-n 1 --sq-size 64");
+	r.c = sopen_ok("dispatcher");
+	for (unsigned i = 0; i < 3; i++)
+		cr_assert_eq(chime_arm(r.c, 0, now_ns() + 20 * MS, 0, i, &id), 0);
+	usleep(300 * 1000);     /* delivered: waiting in the completion ring */
+	restart(SIGKILL, "-n 1 --sq-size 64");
+	for (end = now_ns() + 3000 * MS; now_ns() < end && r.calls < 3;)
+		cr_assert_geq(chime_dispatch(r.c, refill_cb, &r, 0), 0);
+	cr_assert_eq(r.err, 0, "an arm in the callback: %s", strerror(-r.err));
+	cr_assert_eq(r.armed, 72);
+	cr_assert_eq(r.calls, 3, "%u callbacks", r.calls);
+	for (unsigned i = 0; i < 3; i++)
+		cr_assert_eq(r.seen[i], 1, "timer %u dispatched %u times", i, r.seen[i]);
+	chime_close(r.c);
+}
+
+/*
  * No broker comes back: a session gives up after $CHIME_RECONNECT_S (here
  * 1 s) with -ENOTCONN, in the drainer and in a thread that only arms (it
  * drives the attempts itself: no deadlock); 0 gives up at once.

@@ -86,7 +86,7 @@ struct chime {
 	int dead;                           /* atomic: 1 once the broker is known to be gone for good,
 					     * or in a child after fork() (then `forked` too) */
 	int forked;                         /* atomic: this is a copy in a child of the process that opened it */
-	uint32_t dispatching;               /* atomic: an anonymous connection's chime_dispatch() is calling back */
+	uint32_t dispatching;               /* atomic: a chime_dispatch() is under way (see cl_note_void()) */
 	struct chime *next_open;            /* every open chime_t of the process (client.c, fork) */
 	struct chime **prev_open;
 	uint64_t link;                      /* atomic: (connection number << 1) | 1 while a session reconnects */
@@ -118,8 +118,8 @@ struct chime {
 	uint64_t kicks;                     /* writes to kick_fd not read back yet */
 	uint64_t last_sock_check_ns;
 	uint32_t held;                      /* the last drain stopped at an event awaiting a RESET */
-	uint32_t voided;                    /* atomic, any thread: a RESET/CANCEL/CANCEL_KEY went out while
-					     * dispatching: the drain judges the events after it afresh */
+	uint32_t voided;                    /* a dispatch callback sent a RESET/CANCEL/CANCEL_KEY: the
+					     * drain judges the events after it afresh (that thread only) */
 	struct chime_pend *pend;            /* 2 * sq_size entries */
 	uint32_t *pend_used;                /* sq_size: the occupied entries, to clear them */
 	uint32_t npend;
@@ -180,16 +180,21 @@ static inline bool cl_gone_for_ops(struct chime *c)
 	return cl_is_dead(c);
 }
 
+/* The chime_t whose chime_dispatch() this thread is in (poll.c), or NULL. */
+extern __thread struct chime *cl_dispatching;
+
 /*
  * A RESET, CANCEL or CANCEL_KEY was published. A chime_dispatch() under way
  * claims each event just before its callback, and a callback that cancels
  * or resets a timer whose event is next must never see that event: the
- * drain stops and scans the ring again (poll.c). One load otherwise.
+ * drain stops and scans the ring again (poll.c). Only the callbacks' own
+ * operations count (another thread's is concurrent with the drain, which
+ * may or may not honour it, as for chime_poll()); one load otherwise.
  */
 static inline void cl_note_void(struct chime *c)
 {
-	if (__builtin_expect(at_load(&c->dispatching) != 0, 0))
-		at_store(&c->voided, 1u);
+	if (__builtin_expect(at_load(&c->dispatching) != 0, 0) && cl_dispatching == c)
+		c->voided = 1;
 }
 
 /*

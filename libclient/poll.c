@@ -65,6 +65,7 @@
 #define TAG_SOCK 2u
 
 __thread struct chime *cl_drainer_of;
+__thread struct chime *cl_dispatching;
 
 /*
  * Where a drain puts the events it claims: into an array (chime_poll,
@@ -305,9 +306,9 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct 
 		/* The callback's arm reconnected a session (or found the broker dead): these rings are gone. */
 		if (unlikely(at_load(&c->link) != link))
 			return n;
-		if (unlikely(at_load(&c->voided))) {
+		if (unlikely(c->voided)) {
 			/* It cancelled or reset timers: the next events are judged by a new scan. */
-			at_store(&c->voided, 0u);
+			c->voided = 0;
 			break;
 		}
 	}
@@ -591,12 +592,15 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	 * (cl_note_void()), so that the next event is judged against it.
 	 */
 	struct sink to = { NULL, cb, arg };
+	struct chime *outer;    /* a callback may dispatch another chime_t */
 	int err = 0;
 
 	if (unlikely(!c || !cb))
 		return -EINVAL;
+	outer = cl_dispatching;
+	cl_dispatching = c;
+	c->voided = 0;
 	at_store(&c->dispatching, 1u);
-	at_store(&c->voided, 0u);
 	while (total < limit) {
 		unsigned want = limit - total < DISPATCH_BATCH ? limit - total : DISPATCH_BATCH;
 		/* Runs until a round comes back empty: that one arms the fd's wake-up. */
@@ -609,6 +613,7 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 		total += (unsigned)n;
 	}
 	at_store(&c->dispatching, 0u);
+	cl_dispatching = outer;
 	if (err < 0)
 		return total ? (int)total : err;
 	/*

@@ -152,6 +152,11 @@ void stats_client_detach(struct stats *st, uint32_t slot)
 #define CLIENT_LEN (offsetof(struct chime_client_stats, lat) - CLIENT_OFF)
 #define CLIENT_END_OFF offsetof(struct chime_client_stats, refused_user_quota)
 #define CLIENT_END_LEN (offsetof(struct chime_client_stats, _reserved) - CLIENT_END_OFF)
+_Static_assert(SHARD_HEAD_OFF % 8 == 0 && SHARD_HEAD_LEN % 8 == 0 && SHARD_TAIL_OFF % 8 == 0 &&
+	       SHARD_TAIL_LEN % 8 == 0 && SHARD_END_OFF % 8 == 0 && SHARD_END_LEN % 8 == 0 &&
+	       CLIENT_OFF % 8 == 0 && CLIENT_LEN % 8 == 0 && CLIENT_END_OFF % 8 == 0 && CLIENT_END_LEN % 8 == 0 &&
+	       sizeof(((struct chime_shard_stats *)0)->win[0]) % 8 == 0 &&
+	       sizeof(((struct chime_client_stats *)0)->lat[0]) == 8, "chime_stats_put() copies whole words");
 
 void stats_restore(struct stats *st, uint64_t kept, uint64_t dropped, uint64_t redelivered)
 {
@@ -168,19 +173,19 @@ void stats_publish(struct stats *st)
 		return;
 
 	chime_stats_begin(&st->pub->seq);
-	memcpy((char *)st->pub + SHARD_HEAD_OFF, (char *)&st->sh + SHARD_HEAD_OFF, SHARD_HEAD_LEN);
-	memcpy((char *)st->pub + SHARD_TAIL_OFF, (char *)&st->sh + SHARD_TAIL_OFF, SHARD_TAIL_LEN);
+	chime_stats_put((char *)st->pub + SHARD_HEAD_OFF, (char *)&st->sh + SHARD_HEAD_OFF, SHARD_HEAD_LEN);
+	chime_stats_put((char *)st->pub + SHARD_TAIL_OFF, (char *)&st->sh + SHARD_TAIL_OFF, SHARD_TAIL_LEN);
 	/* The histogram is a third of the block: skip it when no timer fired. */
 	if (st->lat_dirty)
-		memcpy(st->pub->lat, st->sh.lat, sizeof(st->sh.lat));
+		chime_stats_put(st->pub->lat, st->sh.lat, sizeof(st->sh.lat));
 	if (st->base_dirty)
-		memcpy(st->pub->lat_base, st->sh.lat_base, sizeof(st->sh.lat_base));
+		chime_stats_put(st->pub->lat_base, st->sh.lat_base, sizeof(st->sh.lat_base));
 	for (uint32_t d = st->win_dirty; d; d &= d - 1) {
 		uint32_t w = (uint32_t)__builtin_ctz(d);
 
-		memcpy(&st->pub->win[w], &st->sh.win[w], sizeof(st->sh.win[w]));
+		chime_stats_put(&st->pub->win[w], &st->sh.win[w], sizeof(st->sh.win[w]));
 	}
-	memcpy((char *)st->pub + SHARD_END_OFF, (char *)&st->sh + SHARD_END_OFF, SHARD_END_LEN);
+	chime_stats_put((char *)st->pub + SHARD_END_OFF, (char *)&st->sh + SHARD_END_OFF, SHARD_END_LEN);
 	chime_stats_end(&st->pub->seq);
 	st->lat_dirty = 0;
 	st->base_dirty = 0;
@@ -193,12 +198,12 @@ void stats_publish(struct stats *st)
 		struct stats_client *p = &st->cl[slot];
 
 		chime_stats_begin(&dst->seq);
-		memcpy((char *)dst + CLIENT_OFF, (char *)&p->c + CLIENT_OFF, CLIENT_LEN);
+		chime_stats_put((char *)dst + CLIENT_OFF, (char *)&p->c + CLIENT_OFF, CLIENT_LEN);
 		/* Only the buckets that moved: a busy client touches a few of 82. */
 		if (p->lat_lo <= p->lat_hi)
-			memcpy(&dst->lat[p->lat_lo], &p->c.lat[p->lat_lo],
+			chime_stats_put(&dst->lat[p->lat_lo], &p->c.lat[p->lat_lo],
 			       (size_t)(p->lat_hi - p->lat_lo + 1) * sizeof(p->c.lat[0]));
-		memcpy((char *)dst + CLIENT_END_OFF, (char *)&p->c + CLIENT_END_OFF, CLIENT_END_LEN);
+		chime_stats_put((char *)dst + CLIENT_END_OFF, (char *)&p->c + CLIENT_END_OFF, CLIENT_END_LEN);
 		chime_stats_end(&dst->seq);
 		p->dirty = 0;
 		p->lat_lo = UINT8_MAX;

@@ -716,6 +716,23 @@ static inline void chime_stats_begin(uint64_t *seq)
 	at_fence_rel();
 }
 
+/*
+ * The writer's copy into its block, between begin and end: word by word,
+ * relaxed atomic stores (plain moves on x86). chimed's control thread reads
+ * some of the fields (a client's refusals, its armed count for a query)
+ * with atomic loads while a shard writes them; a plain copy racing with
+ * those is undefined in C11, and TSan said so. len and both addresses are
+ * multiples of 8 (every field is a uint64_t, or packed in whole words).
+ */
+static inline void chime_stats_put(void *dst, const void *src, size_t len)
+{
+	uint64_t *d = (uint64_t *)dst;
+	const uint64_t *s = (const uint64_t *)src;
+
+	for (size_t i = 0; i < len / 8; i++)
+		at_store(&d[i], s[i]);
+}
+
 static inline void chime_stats_end(uint64_t *seq)
 {
 	/* R-STAT2: fields before the even seq; pairs with A-STAT1 in chime_stats_read(). */

@@ -372,6 +372,7 @@ static int shards_setup(struct broker *b)
 			.user_quota = shard_share(b->o.max_timers_per_uid, b->o.nr_shards),
 			.resolution_ns = b->o.resolution_ns,
 			.spin_us = b->o.spin_us,
+			.spin_share = b->o.spin_share,
 			.seg_mode = seg_mode(b),
 			.seg_gid = b->o.stats_gid,
 			.ctl = b->ctl,
@@ -1159,10 +1160,10 @@ int broker_run(struct broker *b)
 	uint64_t last_hb = 0, stop_by = 0;
 	int stop = 0;
 
-	log_msg(LOG_INFO, "listening on '%s' (%u shard%s, resolution %llu us, %u timers per shard, spin %lld us)",
-		b->o.socket_path, b->o.nr_shards, b->o.nr_shards == 1 ? "" : "s",
+	log_msg(LOG_INFO, "listening on '%s' (%u shard%s, resolution %llu us, %u timers per shard, spin %lld us, "
+		"at most %u%% of the time)", b->o.socket_path, b->o.nr_shards, b->o.nr_shards == 1 ? "" : "s",
 		(unsigned long long)(b->o.resolution_ns / 1000),
-		b->o.capacity, (long long)b->o.spin_us);
+		b->o.capacity, (long long)b->o.spin_us, b->o.spin_share);
 	notify_ready("listening");
 	arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 	arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);

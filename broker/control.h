@@ -24,6 +24,7 @@ struct broker_opts {
 	uint64_t max_timers_per_uid;     /* one user's clients together; the same */
 	uint64_t resolution_ns;
 	int64_t  spin_us;           /* -1: busy-poll */
+	uint32_t spin_share;        /* percent of a shard's time it may spin with no work */
 	bool     mkdir_parent;      /* the default path: create /run/chime (0755) */
 	struct policy_src policy;   /* who may connect (policy.h) */
 	uint32_t max_clients_per_uid;

@@ -52,6 +52,8 @@ static const char usage_text[] =
 "                          (less while spinning does not pay), and wake up to\n"
 "                          N us (max 200) before a deadline (default 50;\n"
 "                          -1: busy-poll, never sleep, for dedicated cores)\n"
+"      --spin-share PCT    spin with no work at most PCT% of a shard's time\n"
+"                          (1..100, default 12); past it, sleep to each deadline\n"
 "  -f, --foreground        do not daemonize; log to stderr (systemd runs it so).\n"
 "                          Without it chimed forks, returns once it listens,\n"
 "                          and logs to syslog (facility daemon)\n"
@@ -117,6 +119,7 @@ static const char usage_text_more[] =
 
 enum {
 	OPT_SPIN = 256,
+	OPT_SPIN_SHARE,
 	OPT_RESOLUTION,
 	OPT_CAPACITY,
 	OPT_MAX_CLIENTS,
@@ -140,6 +143,7 @@ static const struct option long_opts[] = {
 	{ "socket", required_argument, NULL, 's' },
 	{ "shards", required_argument, NULL, 'n' },
 	{ "spin-us", required_argument, NULL, OPT_SPIN },
+	{ "spin-share", required_argument, NULL, OPT_SPIN_SHARE },
 	{ "foreground", no_argument, NULL, 'f' },
 	{ "resolution-us", required_argument, NULL, OPT_RESOLUTION },
 	{ "capacity", required_argument, NULL, OPT_CAPACITY },
@@ -384,6 +388,7 @@ int main(int argc, char **argv)
 {
 	struct broker_opts o = {
 		.spin_us = 50,
+		.spin_share = 12,
 		.resolution_ns = 100000,
 		.capacity = 4194304,
 		.max_clients = 256,
@@ -427,6 +432,9 @@ int main(int argc, char **argv)
 			break;
 		case 'f':
 			foreground = true;
+			break;
+		case OPT_SPIN_SHARE:
+			o.spin_share = (uint32_t)parse_num("spin-share", optarg, 1, 100);
 			break;
 		case OPT_RESOLUTION:
 			o.resolution_ns = (uint64_t)parse_num("resolution-us", optarg, 1, 1000000) * 1000u;

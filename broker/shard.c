@@ -57,6 +57,16 @@
 #define WAKE_SCAN         64u             /* nodes read to find the exact next deadline */
 #define WAKE_GRAIN_NS     (UINT64_C(1) << 24) /* the published wake-up is rounded up to this: 16.8 ms */
 /*
+ * Spinning without work, idle or into a deadline, is at most --spin-share
+ * percent of the shard's time (a bucket of SPIN_BURST_NS): one client's
+ * four 100 us periodic timers otherwise kept both shards of a 2-CPU host
+ * spinning outright, a cost the client does not pay itself. Past it the
+ * shard sleeps as soon as it is idle and wakes at the deadline itself, a
+ * wake-up's lateness as with a timerfd. --spin-us -1 is not limited.
+ */
+#define SPIN_BURST_NS     (20 * 1000 * 1000)
+#define SPIN_CHARGE_MAX_NS (20u * 1000u)  /* a longer pass was a yield that gave the core away */
+/*
  * Idle or firing, the shard moves the next cascade's timers ahead of time
  * (wheel_stage()), this many per pass: 1-2 us, the most a due timer waits
  * behind a pass. A level-3 slot with a million timers takes tens of
@@ -653,6 +663,26 @@ static void arm_bell(struct shard *s)
 	s->bell_armed = 1;
 }
 
+/* The bucket's credit at now (it refills at --spin-share of the time); false when spent. */
+static bool spin_credit_left(struct shard *s, uint64_t now)
+{
+	uint64_t gone = now - s->spin_credit_at;
+
+	/* Capped first: the product cannot overflow after any sleep. */
+	gone = gone < 100u * SPIN_BURST_NS ? gone : 100u * SPIN_BURST_NS;
+	s->spin_credit += (int64_t)(gone * s->cfg.spin_share / 100u);
+	if (s->spin_credit > SPIN_BURST_NS)
+		s->spin_credit = SPIN_BURST_NS;
+	s->spin_credit_at = now;
+	return s->spin_credit > 0;
+}
+
+static void spin_charge(struct shard *s, uint64_t ns)
+{
+	s->spin_credit -= (int64_t)(ns < SPIN_CHARGE_MAX_NS ? ns : SPIN_CHARGE_MAX_NS);
+	stats_spin(&s->st, ns < SPIN_CHARGE_MAX_NS ? ns : SPIN_CHARGE_MAX_NS);
+}
+
 static void sleep_once(struct shard *s, uint64_t deadline, uint64_t early_ns)
 {
 	struct io_uring_cqe *cqe;
@@ -695,8 +725,10 @@ static void loop(struct shard *s)
 	uint64_t early_ns = spin_ns < 0 ? 0 : (uint64_t)spin_ns < WAKE_EARLY_MAX_NS ? (uint64_t)spin_ns : WAKE_EARLY_MAX_NS;
 	struct shard_core *sc = &s->core;
 
+	s->spin_credit = SPIN_BURST_NS;
+	s->spin_credit_at = now;
 	for (;;) {
-		bool work = false, staged;
+		bool work = false, staged, want_spin, may_spin;
 		unsigned drained = 0, fired;
 
 		t0 = now;
@@ -751,8 +783,12 @@ static void loop(struct shard *s)
 		 * ends tens to hundreds of microseconds late on a busy host, a spin
 		 * does not. Never early all the same: the wheel fires only what is due.
 		 */
-		if (work || staged || spin_ns < 0 || (int64_t)(now - last_work) < idle_spin_ns ||
-		    wake_time(s, &wake_at, &wake_known, now) <= now + early_ns) {
+		want_spin = !work && !staged && spin_ns >= 0 &&
+			    ((int64_t)(now - last_work) < idle_spin_ns ||
+			     wake_time(s, &wake_at, &wake_known, now) <= now + early_ns);
+		may_spin = want_spin && spin_credit_left(s, now);
+		if (work || staged || spin_ns < 0 || may_spin ||
+		    wake_time(s, &wake_at, &wake_known, now) <= now) {
 			/*
 			 * Idle: spin a few microseconds, then yield. A shard that
 			 * yields stays awake for producers (no doorbell, no
@@ -770,6 +806,10 @@ static void loop(struct shard *s)
 					sched_yield();
 				else
 					at_relax();
+				now = now_ns();
+				if (spin_ns >= 0)
+					spin_charge(s, now - t0);
+				continue;
 			}
 			now = now_ns();
 			continue;
@@ -797,9 +837,10 @@ static void loop(struct shard *s)
 		at_store_rel(s->sleeping, s->sleep_no);
 		at_fence();
 		if (!anything_pending(s, wake_at)) {
-			stats_sleep(&s->st);
+			stats_sleep(&s->st, want_spin);
 			publish(s);
-			sleep_once(s, wake_at, early_ns);
+			/* Out of spinning: wake at the deadline itself. */
+			sleep_once(s, wake_at, want_spin ? 0 : early_ns);
 		}
 		at_store(s->sleeping, 0);
 		/*

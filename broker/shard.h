@@ -70,6 +70,7 @@ struct shard_cfg {
 	uint64_t user_quota;    /* nodes per user in this shard (the same) */
 	uint64_t resolution_ns;
 	int64_t spin_us;        /* -1: busy-poll, never sleep */
+	uint32_t spin_share;    /* percent of its time it may spin with no work (1..100) */
 	mode_t seg_mode;        /* of the segment file */
 	gid_t seg_gid;          /* its group, or (gid_t)-1: the broker's */
 	struct chime_ctl *ctl;  /* the control segment (its geometry set) */
@@ -111,6 +112,8 @@ struct shard {
 	uint64_t bell_buf;
 	int bell_armed;
 	uint32_t sleep_no;              /* stored in *sleeping while asleep; never 0 */
+	int64_t spin_credit;            /* ns the shard may still spin without work (shard.c) */
+	uint64_t spin_credit_at;        /* when it was last refilled */
 
 	pthread_t thr;
 	int started;

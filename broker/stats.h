@@ -478,11 +478,19 @@ static inline void stats_loop(struct stats *st, uint64_t busy_ns)
 	st->sh.busy_ns += busy_ns;
 }
 
-static inline void stats_sleep(struct stats *st)
+static inline void stats_sleep(struct stats *st, bool capped)
 {
 	if (!CHIME_COUNTERS)
 		return;
 	st->sh.sleeps++;
+	st->sh.spin_capped += capped;
+}
+
+static inline void stats_spin(struct stats *st, uint64_t ns)
+{
+	if (!CHIME_COUNTERS)
+		return;
+	st->sh.spin_ns += ns;
 }
 
 #endif /* CHIME_STATS_H */

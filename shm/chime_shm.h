@@ -585,7 +585,10 @@ struct chime_shard_stats {
 	uint64_t restored;          /* timers of named sessions taken over */
 	uint64_t restore_dropped;   /* damaged nodes freed */
 	uint64_t redelivered;       /* delivered events whose claim could not be read: held again */
-	uint8_t  _reserved[7936 - 8 * (31 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
+	/* counters again (zero from a broker before them: they were reserved) */
+	uint64_t spin_ns;           /* time spent spinning with no work, idle or into a deadline */
+	uint64_t spin_capped;       /* sleeps taken because spinning had used its share of the time */
+	uint8_t  _reserved[7936 - 8 * (33 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
 };
 _Static_assert(sizeof(struct chime_shard_stats) == 7936, "stats block size is part of the layout");
 _Static_assert(offsetof(struct chime_shard_stats, lat) == 152, "moved: bump CHIME_SHM_LAYOUT");

@@ -116,13 +116,14 @@ Test(daemon, bad_log_level_is_a_usage_error)
 }
 
 /* A submission ring of one slot would lose every record (shm/ring.h): refused, as other sizes out of range. */
-Test(daemon, ring_sizes_out_of_range_are_usage_errors)
+/* Each of these options makes chimed exit 2, before it does anything. */
+static void expect_usage_errors(const char *const *bad, size_t n)
 {
-	const char *chimed = getenv("CHIMED"), *bad[] = { "--sq-size 1", "--sq-size 3", "--cq-size 4", "--sq-size 0" };
+	const char *chimed = getenv("CHIMED");
 	char cmd[PATH_MAX + 200];
 
 	cr_assert(chimed);
-	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+	for (size_t i = 0; i < n; i++) {
 		int st;
 
 		/* Were it accepted, the missing directory stops it (status 1), and timeout any wait. */
@@ -131,6 +132,21 @@ Test(daemon, ring_sizes_out_of_range_are_usage_errors)
 		st = system(cmd);
 		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: status %#x", bad[i], st);
 	}
+}
+
+Test(daemon, ring_sizes_out_of_range_are_usage_errors)
+{
+	static const char *const bad[] = { "--sq-size 1", "--sq-size 3", "--cq-size 4", "--sq-size 0" };
+
+	expect_usage_errors(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
+Test(daemon, spin_share_out_of_range_is_a_usage_error)
+{
+	static const char *const bad[] = { "--spin-share 0", "--spin-share 101", "--spin-share -1",
+					   "--spin-share 12%" };
+
+	expect_usage_errors(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
 static pid_t read_pid(const char *sock)

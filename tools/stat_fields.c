@@ -101,6 +101,8 @@ static const struct cdef shard_defs[] = {
 	{ "refused_quota", SS(refused_quota), F_COUNTER, "chime_shard_refused_quota_total", "Arms refused: the client, or its user, held its quota (EDQUOT).", 1 },
 	{ "reserve_failed", SS(reserve_failed), F_COUNTER, "chime_shard_reserve_failed_total", "Slab chunks the filesystem would not reserve.", 1 },
 	{ "busy_ns", SS(busy_ns), F_COUNTER, "chime_shard_busy_seconds_total", "Time spent in loop iterations that had work.", 1e-9 },
+	{ "spin_ns", SS(spin_ns), F_COUNTER, "chime_shard_spin_seconds_total", "Time spent spinning with no work (idle, or into a deadline); at most chimed --spin-share of the time unless --spin-us -1.", 1e-9 },
+	{ "spin_capped", SS(spin_capped), F_COUNTER, "chime_shard_spin_capped_total", "Sleeps taken early because spinning had used its --spin-share of the time.", 1 },
 	{ "cpu_ns", SS(cpu_ns), F_COUNTER, "chime_shard_cpu_seconds_total", "CPU time of the shard thread (CLOCK_THREAD_CPUTIME_ID), spinning included.", 1e-9 },
 	{ "immediate", SS(immediate), F_COUNTER, "chime_shard_immediate_total", "Fires of timers armed already due (not in the lateness histogram).", 1 },
 	{ "restored", SS(restored), F_COUNTER, "chime_shard_restored_total", "Timers of named sessions taken over from the previous broker at start.", 1 },

@@ -118,6 +118,9 @@ struct chime {
 	uint64_t kicks;                     /* writes to kick_fd not read back yet */
 	uint64_t last_sock_check_ns;
 	uint32_t held;                      /* the last drain stopped at an event awaiting a RESET */
+	uint32_t wait_spin_shift;           /* chime_wait's spin is WAIT_SPIN_NS >> this (poll.c) */
+#define WAIT_SPIN_NS        50000u
+#define WAIT_SPIN_MAX_SHIFT 3u
 	uint32_t voided;                    /* a dispatch callback sent a RESET/CANCEL/CANCEL_KEY: the
 					     * drain judges the events after it afresh (that thread only) */
 	struct chime_pend *pend;            /* 2 * sq_size entries */

@@ -251,6 +251,7 @@ static int ctl_setup(struct broker *b)
 	c->heartbeat_ns = c->start_ns;
 	c->resolution_ns = b->o.resolution_ns;
 	c->spin_us = b->o.spin_us;
+	c->spin_share = b->o.spin_share;
 	c->sq_size = b->o.sq_size;
 	c->cq_size = b->o.cq_size;
 	c->shard_capacity = b->o.capacity;

@@ -691,7 +691,7 @@ struct chime_ctl {
 	uint32_t sq_size;
 	uint32_t cq_size;
 	uint32_t shard_capacity;    /* nodes per shard slab */
-	uint32_t _pad0;
+	uint32_t spin_share;        /* --spin-share, percent; 0 from a broker before it */
 	uint64_t clients_now;
 	uint64_t clients_total;
 	char     version[16];

@@ -284,6 +284,8 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	fprom(f, "chime_broker_resolution_seconds", "gauge", "Timing wheel resolution.", NULL, 1e-9);
 	f = field_add(l, F_INT, "broker.spin_us");
 	f->i = h->spin_us;
+	f = field_add(l, F_GAUGE, "broker.spin_share");
+	f->u = h->spin_share;
 	f = field_add(l, F_GAUGE, "broker.sq_size");
 	f->u = h->sq_size;
 	f = field_add(l, F_GAUGE, "broker.cq_size");

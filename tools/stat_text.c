@@ -101,6 +101,8 @@ void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 		(int)h->pid, h->version, up, hb, h->nr_shards, res);
 	if (h->spin_us < 0)
 		fprintf(out, "spin busy-poll  ");
+	else if (h->spin_share)
+		fprintf(out, "spin %" PRId64 "us (%u%%)  ", h->spin_us, h->spin_share);
 	else
 		fprintf(out, "spin %" PRId64 "us  ", h->spin_us);
 	fprintf(out, "clients %" PRIu64 "/%" PRIu64 "  state %s%s\n", h->clients_now, h->clients_total,

@@ -1136,7 +1136,10 @@ static void clients_beat(struct broker *b, uint64_t now)
 static void stop_begin(struct broker *b)
 {
 	b->stopping = true;
-	notify_stopping();
+	if (b->restart)
+		notify_reloading("restarting: handing sessions over");
+	else
+		notify_stopping();
 	for (uint32_t i = 0; i < b->o.max_clients; i++) {
 		struct client *c = &b->clients[i];
 
@@ -1309,7 +1312,7 @@ void broker_stop(struct broker *b)
 		return;
 	sessions = restart_sessions(b);
 	keep = sessions > 0;
-	if (!b->stopping)
+	if (!b->stopping && !b->restart)
 		notify_stopping();
 	b->stopping = true;
 	if (b->ctl)

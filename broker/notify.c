@@ -22,6 +22,11 @@ void notify_stopping(void)
 	sd_notify(0, "STOPPING=1");
 }
 
+void notify_reloading(const char *status)
+{
+	sd_notifyf(0, "RELOADING=1\nSTATUS=%s", status);
+}
+
 void notify_watchdog(uint64_t now_ns, uint64_t period_ns)
 {
 	if (!watchdog_checked) {
@@ -47,6 +52,7 @@ void notify_status(const char *status)
 #else
 void notify_ready(const char *status) { (void)status; }
 void notify_stopping(void) { }
+void notify_reloading(const char *status) { (void)status; }
 void notify_watchdog(uint64_t now_ns, uint64_t period_ns) { (void)now_ns; (void)period_ns; }
 void notify_status(const char *status) { (void)status; }
 #endif

@@ -18,6 +18,14 @@ void notify_ready(const char *status);
 void notify_stopping(void);
 
 /*
+ * RELOADING=1: a restart in place (chimectl restart) has begun; the same
+ * pid, chimed again, says READY=1 once it listens. Not STOPPING=1: systemd
+ * would take the unit as stopping, ignore that READY=1, and kill the new
+ * broker after TimeoutStopSec=.
+ */
+void notify_reloading(const char *status);
+
+/*
  * WATCHDOG=1 when sd_watchdog_enabled() says systemd wants it: call it every
  * `period_ns` (the heartbeat) with CLOCK_MONOTONIC now; it pings only when
  * waiting one more period would leave more than WATCHDOG_USEC/2 unpinged.

@@ -352,6 +352,57 @@ Test(daemon, sd_notify_ready_watchdog_stopping, .timeout = 30)
 	t_rmdir_files(dir);
 }
 
+/*
+ * chimectl restart (SIGUSR2) executes chimed again in the same process. It
+ * said STOPPING=1 first, as a stop does: systemd then takes the unit as
+ * stopping, ignores the new broker's READY=1, and kills it after
+ * TimeoutStopSec= (90 s). It says RELOADING=1, then READY=1 once the same
+ * pid listens again, and never STOPPING=1.
+ */
+Test(daemon, a_restart_tells_systemd_it_is_reloading_not_stopping, .timeout = 60)
+{
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], buf[512];
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	bool reloading = false, stopping = false, ready = false;
+	struct t_chimed b;
+	uint64_t end;
+	chime_t *c;
+	int fd;
+
+	if (!CHIME_SYSTEMD)
+		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	cr_assert_eq(t_chimed_start(&b, sock, "--shards 1"), 0);
+	unsetenv("NOTIFY_SOCKET");
+	cr_assert(expect_msg(fd, "READY=1", 5000), "no READY=1");
+
+	cr_assert_eq(kill(b.pid, SIGUSR2), 0);
+	end = now_ns() + UINT64_C(20000000000);
+	while (!ready && now_ns() < end && recv_msg(fd, buf, sizeof(buf), 1000)) {
+		reloading |= strstr(buf, "RELOADING=1") != NULL;
+		stopping |= strstr(buf, "STOPPING=1") != NULL;
+		ready = reloading && strstr(buf, "READY=1") != NULL;
+	}
+	cr_expect(reloading, "no RELOADING=1 on a restart");
+	cr_expect_not(stopping, "STOPPING=1 on a restart: systemd would kill the new broker");
+	cr_expect(ready, "no READY=1 after the restart");
+	/* The same process, listening again. */
+	cr_assert_eq(kill(b.pid, 0), 0);
+	cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = sock }), 0);
+	chime_close(c);
+	cr_assert_eq(kill(b.pid, SIGTERM), 0);
+	cr_expect(expect_msg(fd, "STOPPING=1", 5000), "no STOPPING=1 on SIGTERM");
+	t_chimed_stop(&b, 0);
+	close(fd);
+	t_rmdir_files(dir);
+}
+
 Test(daemon, unit_file_verifies)
 {
 	const char *unit = getenv("CHIMED_UNIT");

@@ -1163,11 +1163,16 @@ int broker_run(struct broker *b)
 {
 	uint64_t last_hb = 0, stop_by = 0;
 	int stop = 0;
+	char spin[64];
 
-	log_msg(LOG_INFO, "listening on '%s' (%u shard%s, resolution %llu us, %u timers per shard, spin %lld us, "
-		"at most %u%% of the time)", b->o.socket_path, b->o.nr_shards, b->o.nr_shards == 1 ? "" : "s",
-		(unsigned long long)(b->o.resolution_ns / 1000),
-		b->o.capacity, (long long)b->o.spin_us, b->o.spin_share);
+	if (b->o.spin_us < 0)
+		snprintf(spin, sizeof(spin), "busy-poll");
+	else
+		snprintf(spin, sizeof(spin), "spin %lld us, at most %u%% of the time", (long long)b->o.spin_us,
+			 b->o.spin_share);
+	log_msg(LOG_INFO, "listening on '%s' (%u shard%s, resolution %llu us, %u timers per shard, %s)",
+		b->o.socket_path, b->o.nr_shards, b->o.nr_shards == 1 ? "" : "s",
+		(unsigned long long)(b->o.resolution_ns / 1000), b->o.capacity, spin);
 	notify_ready("listening");
 	arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 	arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);

@@ -677,10 +677,13 @@ static bool spin_credit_left(struct shard *s, uint64_t now)
 	return s->spin_credit > 0;
 }
 
+/* A pass spent spinning: counted always, taken from the bucket unless busy-polling (not limited). */
 static void spin_charge(struct shard *s, uint64_t ns)
 {
-	s->spin_credit -= (int64_t)(ns < SPIN_CHARGE_MAX_NS ? ns : SPIN_CHARGE_MAX_NS);
-	stats_spin(&s->st, ns < SPIN_CHARGE_MAX_NS ? ns : SPIN_CHARGE_MAX_NS);
+	ns = ns < SPIN_CHARGE_MAX_NS ? ns : SPIN_CHARGE_MAX_NS;
+	if (s->cfg.spin_us >= 0)
+		s->spin_credit -= (int64_t)ns;
+	stats_spin(&s->st, ns);
 }
 
 static void sleep_once(struct shard *s, uint64_t deadline, uint64_t early_ns)
@@ -807,8 +810,7 @@ static void loop(struct shard *s)
 				else
 					at_relax();
 				now = now_ns();
-				if (spin_ns >= 0)
-					spin_charge(s, now - t0);
+				spin_charge(s, now - t0);
 				continue;
 			}
 			now = now_ns();

@@ -101,7 +101,7 @@ static const struct cdef shard_defs[] = {
 	{ "refused_quota", SS(refused_quota), F_COUNTER, "chime_shard_refused_quota_total", "Arms refused: the client, or its user, held its quota (EDQUOT).", 1 },
 	{ "reserve_failed", SS(reserve_failed), F_COUNTER, "chime_shard_reserve_failed_total", "Slab chunks the filesystem would not reserve.", 1 },
 	{ "busy_ns", SS(busy_ns), F_COUNTER, "chime_shard_busy_seconds_total", "Time spent in loop iterations that had work.", 1e-9 },
-	{ "spin_ns", SS(spin_ns), F_COUNTER, "chime_shard_spin_seconds_total", "Time spent spinning with no work (idle, or into a deadline); at most chimed --spin-share of the time unless --spin-us -1.", 1e-9 },
+	{ "spin_ns", SS(spin_ns), F_COUNTER, "chime_shard_spin_seconds_total", "Time spent spinning with no work (idle, or into a deadline); at most chimed --spin-share of the time, not limited with --spin-us -1.", 1e-9 },
 	{ "spin_capped", SS(spin_capped), F_COUNTER, "chime_shard_spin_capped_total", "Sleeps taken early because spinning had used its --spin-share of the time.", 1 },
 	{ "cpu_ns", SS(cpu_ns), F_COUNTER, "chime_shard_cpu_seconds_total", "CPU time of the shard thread (CLOCK_THREAD_CPUTIME_ID), spinning included.", 1e-9 },
 	{ "immediate", SS(immediate), F_COUNTER, "chime_shard_immediate_total", "Fires of timers armed already due (not in the lateness histogram).", 1 },
@@ -286,6 +286,9 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	f->i = h->spin_us;
 	f = field_add(l, F_GAUGE, "broker.spin_share");
 	f->u = h->spin_share;
+	fprom(f, "chime_broker_spin_share_ratio", "gauge",
+	      "Share of a shard's time it may spin with no work (chimed --spin-share; not applied with --spin-us -1).",
+	      NULL, 0.01);
 	f = field_add(l, F_GAUGE, "broker.sq_size");
 	f->u = h->sq_size;
 	f = field_add(l, F_GAUGE, "broker.cq_size");

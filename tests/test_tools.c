@@ -1003,6 +1003,9 @@ Test(tools_live, chimectl_json_for_every_command)
 	cr_assert_eq(run("%s --socket '%s' --json status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 	cr_assert_eq(jq(".command == \"status\" and .ok and .exit_status == 0"), 1, "%s", slurp(out));
 	cr_assert_eq(jq(".pid"), broker);
+	/* Two versions, two names: chimectl's own is the common member. */
+	cr_assert_eq(jq(".broker_version | type == \"string\""), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".version == \"" CHIME_VERSION "\""), 1, "%s", slurp(out));
 	cr_assert_eq(jq(".running"), 1);
 	cr_assert_eq(jq(".shards"), 2);
 	cr_assert_eq(jq(".clients"), 1);
@@ -1024,6 +1027,10 @@ Test(tools_live, chimectl_json_for_every_command)
 	cr_assert_eq(run("%s --socket '%s' --json timers --client 1", bin("CHIMECTL"), sock), 1);
 	cr_assert_eq(jq(".ok == false and .exit_status == 1 and (.error | test(\"no client with pid 1\"))"), 1,
 		     "%s", slurp(out));
+	/* In text, the error alone: no table header for a client that is not there. */
+	cr_assert_eq(run("%s --socket '%s' timers --client 1", bin("CHIMECTL"), sock), 1);
+	cr_assert_eq(slurp(out)[0], '\0', "stdout: %s", slurp(out));
+	cr_assert(strstr(slurp(err), "no client with pid 1"), "%s", slurp(err));
 	cr_assert_eq(run("%s --socket '%s' --json reset-stats", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 	cr_assert_eq(jq(".generation"), 1);
 	cr_assert_eq(jq(".applied"), 1);

@@ -254,7 +254,7 @@ static int cmd_status(const char *sock)
 		return r;
 	st = sr_liveness(&sn, &why);
 	jset("pid", json_integer(sn.hdr.pid));
-	jset("version", jtext(sn.hdr.version, sizeof(sn.hdr.version)));
+	jset("broker_version", jtext(sn.hdr.version, sizeof(sn.hdr.version)));  /* "version" is ours */
 	jset("state", json_string(sr_state_name(sn.hdr.state)));
 	jset("running", json_boolean(st == SR_RUNNING));
 	jset("heartbeat_age_ns", json_integer(sn.now_ns > sn.hdr.heartbeat_ns ?
@@ -613,10 +613,11 @@ static int cmd_timers(const char *sock, long pid, uint64_t limit)
 	down = broker_down(&sn, &why);
 	jset("running", json_boolean(!down));
 	arr = json_array();
-	out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
 	for (i = 0; i < sn.nr_clients && !r; i++) {
 		if (sn.clients[i].id.pid != pid)
 			continue;
+		if (!found)     /* no table at all for a pid that is not there: only the error */
+			out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
 		found = 1;
 		for (k = 0; k < sn.hdr.nr_shards && !r; k++)
 			r = list_shard(sock, k, sn.clients[i].slot, now_ns(), limit, &shown, &total, arr);

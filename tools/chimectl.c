@@ -847,7 +847,7 @@ static int cmd_sessions(const char *sock)
 	for (uint64_t i = 0; i < head.count; i++) {
 		const struct chime_query_session *e = &recs[i];
 		const char *state = e->state == CHIME_SESSION_ATTACHED ? "attached" : "detached";
-		char name[CHIME_SESSION_MAX + 1], left[32];
+		char name[CHIME_SESSION_MAX + 1], left[32], pid[16];
 
 		memcpy(name, e->name, CHIME_SESSION_MAX);
 		name[CHIME_SESSION_MAX] = '\0';
@@ -855,11 +855,17 @@ static int cmd_sessions(const char *sock)
 			snprintf(left, sizeof(left), "-");
 		else
 			sr_fmt_dur(left, sizeof(left), e->linger_left_ns);
-		out("%-24s %6u %-8s %7d %8" PRIu64 " %8" PRIu64 " %10s\n", name, e->uid, state, (int)e->pid,
+		/* 0: detached since a broker took it over from an earlier one, which knew the pid */
+		if (e->pid > 0)
+			snprintf(pid, sizeof(pid), "%d", (int)e->pid);
+		else
+			snprintf(pid, sizeof(pid), "-");
+		out("%-24s %6u %-8s %7s %8" PRIu64 " %8" PRIu64 " %10s\n", name, e->uid, state, pid,
 		    e->timers, e->held, left);
-		json_array_append_new(arr, json_pack("{s:o,s:i,s:s,s:i,s:i,s:I,s:I,s:o}",
+		json_array_append_new(arr, json_pack("{s:o,s:i,s:s,s:o,s:i,s:I,s:I,s:o}",
 						     "name", jtext(name, sizeof(name)), "uid", (int)e->uid,
-						     "state", state, "pid", (int)e->pid, "slot", (int)e->slot,
+						     "state", state, "pid", e->pid > 0 ? json_integer(e->pid) : json_null(),
+						     "slot", (int)e->slot,
 						     "timers", (json_int_t)e->timers, "held", (json_int_t)e->held,
 						     "linger_left_ns", e->state == CHIME_SESSION_ATTACHED ? json_null() :
 						     json_integer((json_int_t)e->linger_left_ns)));

@@ -113,7 +113,8 @@ static const char usage_text_more[] =
 "cleanly: attached sessions are parked, and if any session is left, its\n"
 "shard files and PATH.sessions stay for the next broker, which takes them\n"
 "over (after a crash too); otherwise they are removed. SIGHUP never stops\n"
-"it (it reopens the log).\n"
+"it: it reopens the log and re-reads the policy (--allow-*, --policy-file).\n"
+"SIGUSR2 restarts it in place, as chimectl restart does.\n"
 "\n"
 "Exit status: 0 clean stop, 1 start-up or runtime failure, 2 usage error.\n";
 

@@ -114,7 +114,7 @@ static void usage(FILE *f)
 		"Commands:\n"
 		"  status                     exit 0 if the broker is running and answers a handshake\n"
 		"  clients                    list the connected clients\n"
-		"  timers --client PID [--limit N]\n"
+		"  timers -c|--client PID [-n|--limit N]\n"
 		"                             list the armed timers of client PID (default limit 100,\n"
 		"                             0: all)\n"
 		"  sessions                   list the named sessions (attached or not, timers, events\n"

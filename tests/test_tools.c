@@ -1158,6 +1158,21 @@ Test(tools_options, version_everywhere)
 	}
 }
 
+/* A socket path no unix socket can have: a usage error that says so, from every tool. */
+Test(tools_options, a_socket_path_too_long_is_a_usage_error)
+{
+	const char *envs[] = { "CHIMECTL", "CHIMECTL", "CHIMESTAT" }, *args[] = { "status", "sessions", "-1" };
+	char path[200];
+
+	memset(path, 'x', sizeof(path) - 1);
+	path[0] = '/';
+	path[sizeof(path) - 1] = '\0';
+	for (size_t i = 0; i < sizeof(envs) / sizeof(envs[0]); i++) {
+		cr_assert_eq(run("%s -s '%s' %s", bin(envs[i]), path, args[i]), 2, "%s: %s", envs[i], slurp(err));
+		cr_assert(strstr(slurp(err), "too long"), "%s: %s", envs[i], slurp(err));
+	}
+}
+
 Test(tools_options, help_everywhere)
 {
 	const char *flags[] = { "-h", "--help" };

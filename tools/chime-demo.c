@@ -178,8 +178,9 @@ int main(int argc, char **argv)
 			opts.socket_path ? " at " : "", opts.socket_path ? opts.socket_path : "",
 			opts.session ? ", session " : "", opts.session ? opts.session : "",
 			r == -EINVAL && opts.session ? "not a session name (1..63 of A-Z a-z 0-9 . _ -)" :
+			r == -EINVAL ? "not a socket path (empty, or longer than a unix socket's 107 bytes)" :
 			strerror(-r));
-		return 1;
+		return r == -EINVAL ? 2 : 1;    /* EINVAL: what the options said */
 	}
 	broker_lat = calloc(d.timers, sizeof(*broker_lat));
 	client_lat = calloc(d.timers, sizeof(*client_lat));

@@ -1028,7 +1028,10 @@ int main(int argc, char **argv)
 		}
 	}
 	r = sr_socket_path(sock, sizeof(sock), socket_arg);
-	if (r < 0)
+	if (r == -ENAMETOOLONG)
+		r = fail(SR_EXIT_USAGE, "the socket path is too long (a unix socket's is at most %d bytes)",
+			 SR_SOCKET_PATH_MAX);
+	else if (r < 0)
 		r = fail(SR_EXIT_NOSHM, "no socket path: %s (set $CHIME_SOCKET or use --socket)", strerror(-r));
 	else
 		r = run(cmd, sock, pid, limit, arg);

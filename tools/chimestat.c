@@ -188,6 +188,11 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		return SR_EXIT_USAGE;
 	}
 	r = sr_socket_path(sock, sizeof(sock), o.socket);
+	if (r == -ENAMETOOLONG) {
+		fprintf(stderr, PROG ": the socket path is too long (a unix socket's is at most %d bytes)\n",
+			SR_SOCKET_PATH_MAX);
+		return SR_EXIT_USAGE;
+	}
 	if (r < 0) {
 		fprintf(stderr, PROG ": no socket path: %s (set $CHIME_SOCKET or use --socket)\n", strerror(-r));
 		return SR_EXIT_NOSHM;

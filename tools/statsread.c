@@ -45,7 +45,7 @@ int sr_socket_path(char *buf, size_t len, const char *arg)
 		n = snprintf(buf, len, "%s", p);
 	else
 		n = snprintf(buf, len, "%s", CHIME_DEFAULT_SOCKET);
-	if (n < 0 || (size_t)n >= len)
+	if (n < 0 || (size_t)n >= len || n > SR_SOCKET_PATH_MAX)
 		return -ENAMETOOLONG;
 	return 0;
 }

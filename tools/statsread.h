@@ -83,7 +83,9 @@ enum sr_state {
 };
 
 /* The socket path: `arg` if not NULL, else $CHIME_SOCKET (if set and not empty), else the default.
- * -EINVAL: arg is "" (chimed refuses it too); -ENAMETOOLONG: does not fit buf. */
+ * -EINVAL: arg is "" (chimed refuses it too); -ENAMETOOLONG: does not fit buf, or is longer than
+ * a unix socket's path may be (SR_SOCKET_PATH_MAX: no broker can listen there). */
+#define SR_SOCKET_PATH_MAX 107
 int sr_socket_path(char *buf, size_t len, const char *arg);
 
 /* Map "<sock>.ctl" read-only and check its geometry. -errno (open, mmap), -EAGAIN, -EBADMSG, -EPROTO. */

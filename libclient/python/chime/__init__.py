@@ -65,7 +65,7 @@ _WHY = {
     ("chime_open", errno.ETIMEDOUT): "chimed accepted the connection but did not answer within 10 s",
     ("chime_open", errno.ECONNRESET): "chimed hung up during the handshake",
     ("chime_open", errno.EBADMSG): "chimed's reply or shared memory was malformed",
-    ("chime_open", errno.EINVAL): "invalid socket path {socket!r} (too long?) or session name",
+    ("chime_open", errno.EINVAL): "{invalid}",
     ("chime_open", errno.EBUSY): "the session is attached to another process",
     ("chime_arm", errno.EDQUOT): "this client, or its user's clients together, have as many armed timers "
                                  "as chimed allows (chimed --max-timers-per-client, --max-timers-per-uid)",
@@ -108,6 +108,18 @@ def _deadline(at_ns, after):
     return min(lib.chime_now() + _seconds_ns("after", after), _U64_MAX)
 
 
+_SESSION_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def _open_invalid(socket, session):
+    """What chime_open's EINVAL was about: the session name, else the socket path."""
+    if session is not None:
+        name = session.encode()
+        if not 1 <= len(name) <= 63 or not set(name) <= _SESSION_CHARS:
+            return f"{session!r} is not a session name (1..63 of A-Z a-z 0-9 . _ -)"
+    return f"{socket!r} is not a socket path (empty, or longer than a unix socket's 107 bytes)"
+
+
 class Chime:
     """One connection to the broker. Chime(socket=None, session=None): the
     socket is `socket`, else $CHIME_SOCKET, else /run/chime/chime.sock.
@@ -130,7 +142,7 @@ class Chime:
         r = lib.chime_open(ctypes.byref(handle), ctypes.byref(opts))
         if r < 0:
             shown = socket if socket is not None else os.environ.get("CHIME_SOCKET") or DEFAULT_SOCKET
-            raise _error("chime_open", -r, socket=shown)
+            raise _error("chime_open", -r, socket=shown, invalid=_open_invalid(shown, session))
         self._c = handle
         self._fd = lib.chime_fd(self._c)
 

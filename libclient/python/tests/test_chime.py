@@ -209,6 +209,10 @@ def test_a_session_keeps_its_timers_for_the_next_opener(broker):
         with pytest.raises(OSError) as e:
             chime.Chime(socket=broker.socket, session=bad)
         assert e.value.errno == errno.EINVAL
+        assert "is not a session name" in str(e.value), str(e.value)
+    with pytest.raises(OSError) as e:
+        chime.Chime(socket="/" + "x" * 120)
+    assert e.value.errno == errno.EINVAL and "is not a socket path" in str(e.value), str(e.value)
 
 
 def test_bad_arguments(chime_conn):

@@ -63,10 +63,10 @@
  * otherwise kept both shards of a 2-CPU host spinning outright, a cost the
  * client does not pay itself. Past it the shard sleeps as soon as it is
  * idle and wakes at the deadline itself, a wake-up's lateness as with a
- * timerfd. The per-timer part keeps dense timers exact: chime-demo's 333k
- * a second (6 us apart on each of two shards) keep the shards spinning
- * (client lateness p50 15-22 us, 84-87 without it), where four timers 25 us
- * apart get a third of the time. --spin-us -1 is not limited.
+ * timerfd. The per-timer part keeps timers a few microseconds apart exact
+ * (they keep the shard busy anyway), where timers tens of microseconds
+ * apart spin only in part (ARCHITECTURE.md, "Doorbells and sleeping").
+ * --spin-us -1 is not limited.
  */
 #define SPIN_BURST_NS     (20 * 1000 * 1000)
 #define SPIN_PER_FIRE_NS  2000

@@ -365,6 +365,8 @@ static void detach_stdio(int verdict_fd)
  * signal mask it was started with. It keeps this pid in the foreground;
  * without --foreground it forks again, as any start does.
  */
+#define RESTART_ENV "CHIMED_RESTARTED"    /* set by reexec() for the broker it executes */
+
 static void __attribute__((noreturn)) reexec(char **argv, const sigset_t *mask)
 {
 	char self[PATH_MAX];
@@ -381,6 +383,8 @@ static void __attribute__((noreturn)) reexec(char **argv, const sigset_t *mask)
 		self[n - strlen(del)] = 0;
 	log_msg(LOG_INFO, "executing '%s' again", self);
 	pthread_sigmask(SIG_SETMASK, mask, NULL);
+	/* Same arguments, but a restart hands the sessions over: --fresh was for the first start. */
+	setenv(RESTART_ENV, "1", 1);
 	execv(self, argv);
 	log_msg(LOG_ERR, "cannot restart: execv('%s'): %s; stopped instead", self, strerror(errno));
 	exit(EXIT_FAILURE);
@@ -514,6 +518,11 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc)
 		usage_error("unexpected argument '%s'", argv[optind]);
+	if (getenv(RESTART_ENV)) {
+		/* chimectl restart: its --fresh would discard every session it just handed over. */
+		o.fresh = false;
+		unsetenv(RESTART_ENV);
+	}
 	if (o.max_timers_per_uid == UINT64_MAX)
 		o.max_timers_per_uid = (uint64_t)o.capacity * o.nr_shards / 2;
 	if ((uint64_t)o.sq_size * 2 > o.capacity)

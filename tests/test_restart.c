@@ -627,6 +627,37 @@ Test(restart, chimectl_restart_hands_over_in_place_under_load)
 	chime_close(c);
 }
 
+/*
+ * A broker started with --fresh executed itself again with --fresh on
+ * chimectl restart, and the new one discarded every session the old one
+ * had just handed over: the restart that loses nothing lost everything.
+ * --fresh is for the first start only.
+ */
+Test(restart, chimectl_restart_of_a_broker_started_fresh_keeps_the_sessions)
+{
+	const char *ctl = getenv("CHIMECTL");
+	char cmd[600];
+	chime_t *c;
+	chime_id_t id;
+	int pid;
+
+	cr_assert_not_null(ctl);
+	start("--fresh -n 2");
+	pid = tb.pid;
+	c = open_armed("kept", 10, &id);
+	chime_close(c);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10);
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' restart >/dev/null", ctl, tb.sock);
+	cr_assert_eq(system(cmd), 0, "chimectl restart failed");
+	cr_assert_eq(tb.pid, pid);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10, "the session's timers are gone");
+	/* And the session is there to attach to, its ids valid. */
+	c = sopen_ok("kept");
+	cr_assert_eq(chime_cancel(c, id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 9), 9);
+	chime_close(c);
+}
+
 /* ---- (8) a session's process keeps arming, resetting, cancelling and draining through restarts ---- */
 
 enum { N8 = 2400, LAG8 = 40 };

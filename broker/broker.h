@@ -120,6 +120,8 @@ struct broker {
 	uint32_t clients_hi;
 	struct conn *conns;
 	bool accept_armed;
+	int spare_fd;                   /* /dev/null, given up to refuse a connection when out of descriptors */
+	uint64_t refuse_log;            /* log_ratelimit() of those refusals */
 	bool listening;
 	bool stopping;
 	struct io_uring ring;

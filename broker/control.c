@@ -314,6 +314,7 @@ static int listen_setup(struct broker *b)
 	 */
 	if (listen(b->listen_fd, LISTEN_BACKLOG) < 0)
 		return log_errno(LOG_ERR, errno, "listen('%s')", path);
+	b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	return 0;
 }
 
@@ -415,7 +416,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 	if (!b)
 		return log_errno(LOG_ERR, ENOMEM, "broker");
 	b->o = *o;
-	b->lock_fd = b->listen_fd = b->ctl_fd = b->pub_fd = b->sig_fd = b->notify_fd = -1;
+	b->lock_fd = b->listen_fd = b->ctl_fd = b->pub_fd = b->sig_fd = b->notify_fd = b->spare_fd = -1;
 	b->sess.fd = -1;
 	b->scan.fd = -1;
 	snprintf(b->lock_path, sizeof(b->lock_path), "%s.lock", o->socket_path);
@@ -903,6 +904,41 @@ static void on_notify(struct broker *b)
 	}
 }
 
+/*
+ * Out of descriptors, accept fails and leaves the connection queued: its
+ * chime_open() waited 10 s for ETIMEDOUT, and nothing retried the accept
+ * once descriptors were back. Refuse what is queued at once (EUSERS), with
+ * the descriptor kept spare for it, and say whether the queue is empty
+ * (the accept can be armed again without spinning on the same failure).
+ */
+static bool refuse_queued(struct broker *b, int why)
+{
+	struct pollfd p = { .fd = b->listen_fd, .events = POLLIN };
+	unsigned n = 0;
+	int fd;
+
+	if (b->spare_fd < 0 && (b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
+		return false;
+	close(b->spare_fd);
+	/* The listening socket blocks: accept only what poll says is there. */
+	while (poll(&p, 1, 0) == 1 && (p.revents & POLLIN) &&
+	       (fd = accept4(b->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+		struct chime_hello hello;
+
+		send_status(fd, -EUSERS);
+		/* A hello left unread would make the close a reset, which the client reads first. */
+		while (recv(fd, &hello, sizeof(hello), MSG_DONTWAIT) > 0)
+			;
+		close(fd);
+		n++;
+	}
+	b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (n && log_ratelimit(&b->refuse_log, 10))
+		log_msg(LOG_WARNING, "refused %u connection%s at once: %s (RLIMIT_NOFILE; chimed --max-clients)",
+			n, n == 1 ? "" : "s", strerror(-why));
+	return b->spare_fd >= 0 && poll(&p, 1, 0) == 0;
+}
+
 static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 {
 	uint64_t ud = cqe->user_data;
@@ -915,12 +951,20 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 
 			b->accept_armed = false;
 			if (res < 0) {
-				/* EMFILE and friends: the next accept retries; log each kind once. */
-				if (res != -EINTR && res != -ECONNABORTED)
+				/* Out of descriptors or memory: refuse what waits, retry at the heartbeat. */
+				if ((res == -EMFILE || res == -ENFILE) && refuse_queued(b, res))
+					arm_accept(b);
+				else if (res == -EMFILE || res == -ENFILE || res == -ENOMEM) {
+					if (log_ratelimit(&b->refuse_log, 10))
+						log_errno(LOG_WARNING, res, "accept on '%s' (retried every heartbeat)",
+							  b->o.socket_path);
+				}
+				else if (res == -EINTR || res == -ECONNABORTED)
+					arm_accept(b);
+				else {
 					log_errno(LOG_WARNING, res, "accept on '%s'", b->o.socket_path);
-				if (res == -EMFILE || res == -ENFILE || res == -ENOMEM)
-					return 0;       /* re-armed by the next finished handshake */
-				arm_accept(b);
+					arm_accept(b);
+				}
 				return 0;
 			}
 			cn = calloc(1, sizeof(*cn));
@@ -1189,6 +1233,7 @@ int broker_run(struct broker *b)
 			at_store(&b->pub->heartbeat_ns, now);
 			notify_watchdog(now, HEARTBEAT_NS);
 			last_hb = now;
+			arm_accept(b);  /* after a failed accept (out of descriptors): a no-op when armed */
 			limits_report(b, now);
 			clients_beat(b, now);
 		}
@@ -1254,7 +1299,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	r = client_segments(b, c);
 	if (r < 0) {
 		log_errno(LOG_ERR, r, "cannot create segments for pid %d", (int)cred->pid);
-		send_status(cn->fd, -ENOMEM);
+		send_status(cn->fd, r == -EMFILE || r == -ENFILE ? -EUSERS : -ENOMEM);
 		client_release(b, c);
 		return;
 	}
@@ -1292,7 +1337,7 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 	if (r < 0) {
 		log_errno(LOG_ERR, r, "cannot create segments for pid %d (session '%s')",
 			  (int)cred->pid, c->session);
-		send_status(fd, -ENOMEM);
+		send_status(fd, r == -EMFILE || r == -ENFILE ? -EUSERS : -ENOMEM);
 		close(fd);
 		conn_release(b, c);
 		return;
@@ -1327,6 +1372,8 @@ void broker_stop(struct broker *b)
 	/* No new clients: the socket goes first. */
 	if (b->listen_fd >= 0)
 		close(b->listen_fd);
+	if (b->spare_fd >= 0)
+		close(b->spare_fd);
 	if (b->listening)
 		unlink(b->o.socket_path);
 	/* Shards stop before anything they use goes away. */

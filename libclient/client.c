@@ -249,8 +249,16 @@ int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_b
 	if (r < 0)
 		return r;
 	r = send_hello(*sock, session, flags, sq_base);
-	if (r == 0)
-		r = recv_welcome(*sock, w, fds, nfds);
+	/*
+	 * Hung up on: a broker out of descriptors refuses before our hello
+	 * (EUSERS), and its refusal may be waiting; the peer is gone, so this
+	 * read returns at once, with it or with end of file.
+	 */
+	if (r == 0 || r == -ECONNRESET) {
+		int why = recv_welcome(*sock, w, fds, nfds);
+
+		r = r == 0 || why != -ECONNRESET ? why : r;
+	}
 	if (r < 0) {
 		close(*sock);
 		*sock = -1;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -362,4 +363,60 @@ Test(limits, tiny_tmpfs_fails_start_with_a_clear_message)
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; output: %s", st, out);
 	cr_assert(strstr(out, "cannot reserve") && strstr(out, dir), "unclear message: %s", out);
 	unmount_tmpfs(dir);
+}
+
+/*
+ * A broker out of descriptors (its RLIMIT_NOFILE) failed its accept and left
+ * the connection queued: that chime_open() waited 10 s for ETIMEDOUT, and
+ * nothing retried the accept, so every later open timed out too, even
+ * after clients closed. Now what it cannot take is refused at once with
+ * EUSERS, the clients it has are served, and opens succeed again as soon
+ * as descriptors are back (the heartbeat retries the accept).
+ */
+Test(limits, a_broker_out_of_descriptors_refuses_at_once_and_recovers, .timeout = 60)
+{
+	chime_t *c[40];
+	struct chime_event ev[4];
+	unsigned opened = 0, refused = 0;
+	uint64_t t0, slowest = 0;
+	chime_id_t id;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "--shards 1"), 0);
+	/* After its start, which raises the soft limit to the hard one. */
+	cr_assert_eq(prlimit(tb.pid, RLIMIT_NOFILE, &(struct rlimit){ .rlim_cur = 24, .rlim_max = 24 }, NULL), 0,
+		     "prlimit: %s", strerror(errno));
+	for (unsigned i = 0; i < 40; i++) {
+		int r;
+
+		t0 = chime_now();
+		r = chime_open(&c[opened], &(struct chime_opts){ .socket_path = tb.sock });
+		if (chime_now() - t0 > slowest)
+			slowest = chime_now() - t0;
+		cr_assert(r == 0 || r == -EUSERS, "open %u: %d (%s)", i, r, strerror(-r));
+		if (r == 0)
+			opened++;
+		else
+			refused++;
+	}
+	cr_log_info("%u opened, %u refused, the slowest in %.1f ms", opened, refused, (double)slowest / 1e6);
+	cr_assert_gt(opened, 0);
+	cr_assert_gt(refused, 0, "40 clients on 24 descriptors: none refused?");
+	cr_assert_lt(slowest, 2000 * MS, "an open took %.0f ms: left waiting in the queue", (double)slowest / 1e6);
+	/* The ones it has are served. */
+	cr_assert_eq(chime_arm(c[0], 1, chime_now() + 10 * MS, 0, 7, &id), 0);
+	cr_assert_eq(chime_wait(c[0], ev, 4, 2000), 1);
+	for (unsigned i = 0; i < opened; i++)
+		chime_close(c[i]);
+	/* Descriptors back: an open succeeds again (each close is reclaimed, then the heartbeat). */
+	t0 = chime_now();
+	for (;;) {
+		int r = chime_open(&c[0], &(struct chime_opts){ .socket_path = tb.sock });
+
+		if (r == 0)
+			break;
+		cr_assert_eq(r, -EUSERS);
+		cr_assert_lt(chime_now() - t0, 5000 * MS, "still refused 5 s after every client closed");
+		usleep(20000);
+	}
+	chime_close(c[0]);
 }

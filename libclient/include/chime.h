@@ -81,7 +81,8 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *                  did), or the session belongs to another user
  *   -EBUSY         the session is attached to another process
  *   -EPROTO        the broker speaks another shared-memory layout version
- *   -EUSERS        the broker's client table is full
+ *   -EUSERS        the broker's client table is full (or this user's share of
+ *                  it), or the broker has no descriptor left for a client
  *   -ENOMEM        out of memory (or mapping the segments failed)
  *   -ECONNRESET    the broker hung up during the handshake
  *   -ETIMEDOUT     the broker accepted the connection but did not answer within 10 s

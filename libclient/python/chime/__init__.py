@@ -59,7 +59,8 @@ _WHY = {
     ("chime_open", errno.ENOENT): "no chimed listens at {socket} (is chimed running?)",
     ("chime_open", errno.EACCES): "chimed at {socket} does not admit this user (its --allow-uid, "
                                   "--allow-gid, --allow-all policy) or the socket's permissions refuse it",
-    ("chime_open", errno.EUSERS): "too many clients for this user, or chimed's client table is full",
+    ("chime_open", errno.EUSERS): "too many clients for this user, chimed's client table is full, "
+                                 "or chimed is out of file descriptors",
     ("chime_open", errno.EPROTO): "chimed speaks another shared-memory layout version "
                                   "(libchime and chimed of different releases)",
     ("chime_open", errno.ETIMEDOUT): "chimed accepted the connection but did not answer within 10 s",

@@ -83,6 +83,7 @@
 
 /* io_uring user_data: the low two bits say what completed. */
 #define RESERVE_CHUNK   (UINT64_C(4) << 20)  /* slab storage reserved at a time */
+#define RESERVE_MIN     (UINT64_C(256) << 10) /* ... or as little as this on a nearly full filesystem */
 #define RESERVE_AHEAD_NODES 32768u           /* reserve more when high_water is this close */
 #define RESERVE_RETRY_NS (UINT64_C(1000000000))
 #ifndef MADV_POPULATE_WRITE
@@ -124,20 +125,25 @@ static void reserve_set(struct shard *s, uint64_t bytes)
 }
 
 /*
- * Reserve the next chunk of the slab now. When the filesystem refuses, the
- * wheel stops at what is reserved (arms get -ENOMEM), the failure is
+ * Reserve the next chunk of the slab now, or as much of it as the
+ * filesystem has room for, down to RESERVE_MIN (a nearly full filesystem
+ * still gives its last megabytes to timers). When it refuses even that,
+ * the wheel stops at what is reserved (arms get -ENOMEM), the failure is
  * counted (the control thread logs it) and retried at most once a second.
  * Returns true if the reserved part grew.
  */
 static bool reserve_chunk(struct shard *s, uint64_t now)
 {
-	uint64_t want;
+	uint64_t want, chunk = RESERVE_CHUNK;
 	int r;
 
 	if (s->core.wh.reserved == s->cfg.capacity || now < s->reserve_retry_ns)
 		return false;
-	want = s->reserved_bytes + RESERVE_CHUNK < s->seg.size ? s->reserved_bytes + RESERVE_CHUNK : s->seg.size;
-	r = chime_seg_reserve(s->seg_fd, s->reserved_bytes, want - s->reserved_bytes);
+	do {
+		want = s->reserved_bytes + chunk < s->seg.size ? s->reserved_bytes + chunk : s->seg.size;
+		r = chime_seg_reserve(s->seg_fd, s->reserved_bytes, want - s->reserved_bytes);
+		chunk /= 2;
+	} while ((r == -ENOSPC || r == -EDQUOT) && chunk >= RESERVE_MIN);
 	if (r < 0) {
 		stats_reserve_failed(&s->st);
 		s->reserve_retry_ns = now + RESERVE_RETRY_NS;
@@ -206,17 +212,30 @@ static int restore(struct shard *s, uint64_t now)
 {
 	const struct chime_wheel *w = chime_at(&s->seg, s->slab_off - sizeof(struct chime_wheel));
 	uint64_t hw = w->high_water <= s->cfg.capacity ? w->high_water : s->cfg.capacity;
+	uint64_t must = s->slab_off + hw * sizeof(struct chime_node);
 	uint64_t want = s->slab_off + (hw + RESERVE_AHEAD_NODES) * sizeof(struct chime_node);
 	struct wheel_rebuild_stats ws;
 	struct restore_stats rs;
 	int r;
 
-	/* Before the rebuild reads the slab: every page it may touch has storage. */
+	/*
+	 * Before the rebuild reads the slab: every page it may touch has
+	 * storage. Up to the high-water mark the earlier broker had it
+	 * already; room ahead is only wanted: on a full filesystem the broker
+	 * starts with what it had (new arms get ENOMEM until the loop's
+	 * reserve_ahead() gets room) rather than not at all.
+	 */
+	must = must < s->seg.size ? must : s->seg.size;
 	want = want < s->seg.size ? want : s->seg.size;
-	r = chime_seg_reserve(s->seg_fd, 0, want);
+	r = chime_seg_reserve(s->seg_fd, 0, must);
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for shard file '%s'",
-				 (unsigned long long)(want >> 10), s->path);
+				 (unsigned long long)(must >> 10), s->path);
+	if (want > must && chime_seg_reserve(s->seg_fd, must, want - must) < 0) {
+		log_msg(LOG_WARNING, "shard file '%s': no room on its filesystem beyond its %llu KiB: new "
+			"timers get ENOMEM until it has", s->path, (unsigned long long)(must >> 10));
+		want = must;
+	}
 	r = wheel_rebuild(&s->core.wh, chime_at(&s->seg, s->slab_off - sizeof(struct chime_wheel)),
 			  wheel_region_size(s->cfg.capacity), s->cfg.capacity, s->cfg.resolution_ns, now, &ws);
 	if (r < 0)

@@ -7,6 +7,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -86,7 +87,7 @@ static uint64_t shard_counter(size_t off)
 	return sum;
 }
 
-/* Counters are published at least every millisecond while awake, and before sleeping. */
+/* Counters are published at least every millisecond while awake, and before a longer sleep. */
 static uint64_t counter_settled(size_t off, uint64_t want)
 {
 	uint64_t v = 0;
@@ -341,6 +342,77 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 	cr_assert_gt(n, 10000, "only %u armed in 16 MiB", n);
 	cr_assert_eq(kill(tb.pid, 0), 0, "the broker died (SIGBUS?)");
 	cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, reserve_failed), 1), 1);
+	chime_close(c);
+	cr_assert_eq(WEXITSTATUS(t_chimed_stop(&tb, SIGTERM)), 0, "the broker stops cleanly");
+	unmount_tmpfs(dir);
+}
+
+/* Write dir/name: `bytes` of it, or (0) until the filesystem is full; returns its size. */
+static uint64_t write_file(const char *dir, const char *name, uint64_t bytes)
+{
+	static char buf[65536];
+	char path[128];
+	uint64_t n = 0;
+	ssize_t w = 0;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	cr_assert_geq(fd, 0);
+	while ((!bytes || n < bytes) && (w = write(fd, buf, sizeof(buf))) > 0)
+		n += (uint64_t)w;
+	cr_assert(bytes ? n >= bytes : w < 0 && errno == ENOSPC, "writing %s: %s", path, strerror(errno));
+	close(fd);
+	return n;
+}
+
+/*
+ * chimectl restart on a full filesystem: the new broker wanted the slab up
+ * to the high-water mark plus 2 MiB ahead before it would start, on the
+ * filesystem the old one had filled, and exited: no broker for anyone,
+ * until the filesystem grew. It now starts with the storage it had: the
+ * session's timers are all there, new arms get ENOMEM, and once there is
+ * room they succeed again.
+ */
+Test(limits, a_restart_on_a_full_filesystem_starts_with_what_it_had, .timeout = 60)
+{
+	char dir[64], sock[128], path[128];
+	chime_t *c;
+	chime_id_t id;
+	unsigned n;
+	uint64_t t0;
+	int err, r, pid;
+
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
+	(void)write_file(dir, "ballast", 4u << 20);     /* the room that comes back */
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	cr_assert_eq(t_chimed_start(&tb, sock, "-n 2 --capacity 262144 --max-timers-per-uid 0"), 0);
+	pid = tb.pid;
+	cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = sock, .session = "full" }), 0);
+	n = arm_until_refused(c, 600000, &err, NULL);
+	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
+	chime_close(c);         /* detached: the session's timers stay */
+	(void)write_file(dir, "filler", 0);
+	cr_assert_eq(kill(pid, SIGUSR2), 0);    /* chimectl restart */
+	/* The same process listens again, or has exited. */
+	t0 = now_ns();
+	do {
+		usleep(20000);
+		r = chime_open(&c, &(struct chime_opts){ .socket_path = sock, .session = "full" });
+	} while (r < 0 && kill(pid, 0) == 0 && now_ns() - t0 < 10000 * MS);
+	cr_assert_eq(r, 0, "no broker after the restart: %s", strerror(-r));
+	cr_assert_eq(counter_settled(offsetof(struct chime_shard_stats, armed), n), n,
+		     "the session's timers after the restart");
+	cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, 0, &id), -ENOMEM, "a full filesystem, and an arm succeeded");
+	snprintf(path, sizeof(path), "%s/ballast", dir);
+	cr_assert_eq(unlink(path), 0);
+	/* Room again: the shards retry their reservation once a second. */
+	t0 = now_ns();
+	while ((r = chime_arm(c, 1, now_ns() + HOUR, 0, 0, &id)) == -ENOMEM && now_ns() - t0 < 5000 * MS)
+		usleep(50000);
+	cr_assert_eq(r, 0, "arms still refused 5 s after 4 MiB came back: %s", strerror(-r));
 	chime_close(c);
 	cr_assert_eq(WEXITSTATUS(t_chimed_stop(&tb, SIGTERM)), 0, "the broker stops cleanly");
 	unmount_tmpfs(dir);

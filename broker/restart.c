@@ -189,26 +189,7 @@ struct shard_session *restart_shard_sessions(struct broker *b, uint32_t shard)
 	return ss;
 }
 
-int restart_save(struct broker *b)
-{
-	struct sessfile_geom g = geom_of(b);
-	int r = sessfile_create(&b->sess, b->sess_path, &g);
-
-	if (r < 0)
-		return log_errno(LOG_ERR, r, "cannot create sessions file '%s'", b->sess_path);
-	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
-		struct client *c = &b->clients[slot];
-
-		if (c->state == CL_DETACHED) {
-			restart_put(b, c);
-			table_set(b, c, CHIME_CLIENT_DETACHED);
-		}
-	}
-	b->restoring = false;
-	return 0;
-}
-
-void restart_put(struct broker *b, const struct client *c)
+static struct sessfile_rec rec_of(const struct client *c)
 {
 	struct sessfile_rec r = {
 		.used = 1,
@@ -218,10 +199,38 @@ void restart_put(struct broker *b, const struct client *c)
 		.generation = c->generation,
 		.linger_until_ns = c->state == CL_DETACHED ? c->linger_until_ns : 0,
 	};
-	int e;
 
 	memcpy(r.name, c->session, sizeof(r.name));
-	e = sessfile_put(&b->sess, &r);
+	return r;
+}
+
+int restart_save(struct broker *b)
+{
+	struct sessfile_geom g = geom_of(b);
+	struct sessfile_rec *recs = calloc(b->o.max_clients, sizeof(*recs));
+	int r;
+
+	if (!recs)
+		return log_errno(LOG_ERR, ENOMEM, "sessions");
+	for (uint32_t slot = 0; slot < b->o.max_clients; slot++)
+		if (b->clients[slot].state == CL_DETACHED)
+			recs[slot] = rec_of(&b->clients[slot]);
+	r = sessfile_open(&b->sess, b->sess_path, &g, recs);
+	free(recs);
+	if (r < 0)
+		return log_errno(LOG_ERR, r, "cannot write sessions file '%s'", b->sess_path);
+	for (uint32_t slot = 0; slot < b->o.max_clients; slot++)
+		if (b->clients[slot].state == CL_DETACHED)
+			table_set(b, &b->clients[slot], CHIME_CLIENT_DETACHED);
+	b->restoring = false;
+	return 0;
+}
+
+void restart_put(struct broker *b, const struct client *c)
+{
+	struct sessfile_rec r = rec_of(c);
+	int e = sessfile_put(&b->sess, &r);
+
 	if (e < 0)
 		log_errno(LOG_WARNING, e, "'%s': cannot record session '%s' (a broker restart would lose it)",
 			  b->sess_path, c->session);

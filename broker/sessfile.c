@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct sessfile_hdr {
@@ -156,19 +157,43 @@ static int write_at(int fd, const void *buf, size_t n, off_t off)
 	return 0;
 }
 
-int sessfile_create(struct sessfile *sf, const char *path, const struct sessfile_geom *g)
+static void rec_seal(struct sessfile_rec *r)
+{
+	r->check = fnv1a(r, offsetof(struct sessfile_rec, check));
+}
+
+int sessfile_open(struct sessfile *sf, const char *path, const struct sessfile_geom *g,
+		  const struct sessfile_rec *recs)
 {
 	struct sessfile_hdr h;
-	off_t size = (off_t)sizeof(h) + (off_t)g->max_clients * (off_t)sizeof(struct sessfile_rec);
+	size_t body = (size_t)g->max_clients * sizeof(struct sessfile_rec);
+	off_t size = (off_t)sizeof(h) + (off_t)body;
+	struct sessfile_rec *all;
+	bool created = false;
+	struct stat st;
 	int r;
 
-	sf->fd = -1;
-	if (unlink(path) < 0 && errno != ENOENT)
-		return -errno;
-	sf->fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	sf->fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (sf->fd < 0 && errno == ENOENT) {
+		sf->fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		created = sf->fd >= 0;
+	}
 	if (sf->fd < 0)
 		return -errno;
 	sf->max_clients = g->max_clients;
+	if (fstat(sf->fd, &st) < 0 || fchmod(sf->fd, 0600) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		r = -EINVAL;    /* a FIFO or device where the file should be */
+		goto fail;
+	}
+	all = calloc(g->max_clients ? g->max_clients : 1, sizeof(*all));
+	if (!all) {
+		r = -ENOMEM;
+		goto fail;
+	}
 	memset(&h, 0, sizeof(h));
 	h.magic = SESSFILE_MAGIC;
 	h.version = SESSFILE_VERSION;
@@ -176,16 +201,36 @@ int sessfile_create(struct sessfile *sf, const char *path, const struct sessfile
 	h.geom = *g;
 	sessfile_boot_id(h.boot_id);
 	h.check = fnv1a(&h, offsetof(struct sessfile_hdr, check));
-	/* The records' storage first: a full filesystem fails here, at start-up, not at a pwrite later. */
+	for (uint32_t i = 0; i < g->max_clients; i++) {
+		if (!recs[i].used)
+			continue;
+		all[i] = recs[i];
+		all[i].slot = i;
+		rec_seal(&all[i]);
+	}
+	/*
+	 * In place, never unlink and create: the storage is already there (a full
+	 * filesystem cannot take it), and at every instant each record is the
+	 * earlier broker's or ours (128 B, never across a page), so a broker
+	 * killed in here leaves the sessions it was taking over. A header that
+	 * matches is rewritten unchanged; one that does not came with records of
+	 * another geometry, which restart_load() discarded or refused.
+	 */
 	r = posix_fallocate(sf->fd, 0, size);
+	if (r == 0 && st.st_size > size && ftruncate(sf->fd, size) < 0)
+		r = errno;
+	r = -r;
 	if (r == 0)
 		r = write_at(sf->fd, &h, sizeof(h), 0);
-	else
-		r = -r;
-	if (r < 0) {
-		sessfile_close(sf);
+	if (r == 0)
+		r = write_at(sf->fd, all, body, (off_t)sizeof(h));
+	free(all);
+	if (r == 0)
+		return 0;
+fail:
+	sessfile_close(sf);
+	if (created)
 		unlink(path);
-	}
 	return r;
 }
 
@@ -197,7 +242,7 @@ int sessfile_put(struct sessfile *sf, const struct sessfile_rec *r)
 		return 0;
 	if (rec.slot >= sf->max_clients)
 		return -EINVAL;
-	rec.check = fnv1a(&rec, offsetof(struct sessfile_rec, check));
+	rec_seal(&rec);
 	return write_at(sf->fd, &rec, sizeof(rec),
 			(off_t)sizeof(struct sessfile_hdr) + (off_t)rec.slot * (off_t)sizeof(rec));
 }

@@ -70,8 +70,16 @@ struct sessfile {
 int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfile_rec *recs,
 		  uint32_t *bad, struct sessfile_geom *found);
 
-/* Create (replacing) `path` with mode 0600, a header and max_clients empty records. */
-int sessfile_create(struct sessfile *sf, const char *path, const struct sessfile_geom *g);
+/*
+ * Open `path` (created with mode 0600 if absent) for updates, with this
+ * broker's header and recs[slot] for every slot (max_clients entries;
+ * used 0: no session), rewritten in place: a broker killed meanwhile
+ * leaves each record the earlier one or the new one, never none. 0 or
+ * -errno (-ENOSPC: a new file found no room); a file that was there is
+ * never removed.
+ */
+int sessfile_open(struct sessfile *sf, const char *path, const struct sessfile_geom *g,
+		  const struct sessfile_rec *recs);
 
 /* Write the record of r->slot (r->used 0: the slot holds no session). 0 or -errno. */
 int sessfile_put(struct sessfile *sf, const struct sessfile_rec *r);

@@ -4,6 +4,7 @@
 #include "chime_shm.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
@@ -43,6 +45,48 @@ void t_rmdir_files(const char *dir)
 		closedir(d);
 	}
 	rmdir(dir);
+}
+
+int t_mount_tmpfs(char *dir, size_t len, const char *size)
+{
+	char opts[64];
+
+	snprintf(dir, len, "/tmp/chime-tmpfs-XXXXXX");
+	if (!mkdtemp(dir))
+		return -1;
+	snprintf(opts, sizeof(opts), "size=%s,mode=0755", size);
+	if (mount("tmpfs", dir, "tmpfs", 0, opts) < 0) {
+		rmdir(dir);
+		return -1;
+	}
+	return 0;
+}
+
+void t_unmount_tmpfs(const char *dir)
+{
+	t_rmdir_files(dir);     /* its rmdir fails while mounted: the one below does it */
+	(void)umount2(dir, MNT_DETACH);
+	rmdir(dir);
+}
+
+int64_t t_fill(const char *dir, const char *name, uint64_t bytes)
+{
+	static char buf[65536];
+	char path[PATH_MAX];
+	uint64_t n = 0;
+	ssize_t w = 0;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	while ((!bytes || n < bytes) && (w = write(fd, buf, sizeof(buf))) > 0)
+		n += (uint64_t)w;
+	close(fd);
+	if (w < 0 && !(bytes == 0 && errno == ENOSPC))
+		return -1;
+	return (int64_t)n;
 }
 
 const char *t_tool_copy(const char *dir, const char *env)

@@ -3,6 +3,7 @@
 #ifndef CHIME_TEST_HELPERS_H
 #define CHIME_TEST_HELPERS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "clock.h"       /* now_ns(), splitmix64(): the tree's one clock and PRNG */
@@ -47,6 +48,19 @@ int t_chimed_restart(struct t_chimed *b, int sig, const char *extra);
 
 /* Remove a directory and what is in it (one level, as brokers leave it). */
 void t_rmdir_files(const char *dir);
+
+/* A fresh tmpfs of `size` ("16m") on a new directory under /tmp, named in dir (root only). 0 or -1 (errno). */
+int t_mount_tmpfs(char *dir, size_t len, const char *size);
+
+/* Unmount it and remove the directory with what is in it. */
+void t_unmount_tmpfs(const char *dir);
+
+/*
+ * Write `bytes` into dir/name (created or truncated), or (bytes 0) until the
+ * filesystem is full. Returns the bytes written, or -1 (errno) on any other
+ * failure.
+ */
+int64_t t_fill(const char *dir, const char *name, uint64_t bytes);
 
 /*
  * Copy the program named by $env, and the libchime.so.0 of its build tree,

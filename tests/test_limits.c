@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -303,28 +302,6 @@ Test(limits, clients_attaching_together_grow_the_slab_and_are_never_refused)
 
 /* ---- root only: a filesystem too small for the broker ---- */
 
-static int mount_tmpfs(char *dir, size_t len, const char *size)
-{
-	char opts[64];
-
-	snprintf(dir, len, "/tmp/chime-tmpfs-XXXXXX");
-	if (!mkdtemp(dir))
-		return -1;
-	snprintf(opts, sizeof(opts), "size=%s,mode=0755", size);
-	if (mount("tmpfs", dir, "tmpfs", 0, opts) < 0) {
-		rmdir(dir);
-		return -1;
-	}
-	return 0;
-}
-
-static void unmount_tmpfs(const char *dir)
-{
-	t_rmdir_files(dir);
-	(void)umount2(dir, MNT_DETACH);
-	rmdir(dir);
-}
-
 Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 {
 	char dir[64], sock[128];
@@ -334,7 +311,7 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 
 	if (geteuid() != 0)
 		cr_skip("mounting a tmpfs needs root");
-	cr_assert_eq(mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
 	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
 	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576"), 0);
 	c = copen();
@@ -345,28 +322,10 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 	cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, reserve_failed), 1), 1);
 	chime_close(c);
 	cr_assert_eq(WEXITSTATUS(t_chimed_stop(&tb, SIGTERM)), 0, "the broker stops cleanly");
-	unmount_tmpfs(dir);
+	t_unmount_tmpfs(dir);
 }
 
 /* Write dir/name: `bytes` of it, or (0) until the filesystem is full; returns its size. */
-static uint64_t write_file(const char *dir, const char *name, uint64_t bytes)
-{
-	static char buf[65536];
-	char path[128];
-	uint64_t n = 0;
-	ssize_t w = 0;
-	int fd;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	cr_assert_geq(fd, 0);
-	while ((!bytes || n < bytes) && (w = write(fd, buf, sizeof(buf))) > 0)
-		n += (uint64_t)w;
-	cr_assert(bytes ? n >= bytes : w < 0 && errno == ENOSPC, "writing %s: %s", path, strerror(errno));
-	close(fd);
-	return n;
-}
-
 /*
  * chimectl restart on a full filesystem: the new broker wanted the slab up
  * to the high-water mark plus 2 MiB ahead before it would start, on the
@@ -386,8 +345,8 @@ Test(limits, a_restart_on_a_full_filesystem_starts_with_what_it_had, .timeout = 
 
 	if (geteuid() != 0)
 		cr_skip("mounting a tmpfs needs root");
-	cr_assert_eq(mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
-	(void)write_file(dir, "ballast", 4u << 20);     /* the room that comes back */
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
+	cr_assert_geq(t_fill(dir, "ballast", 4u << 20), 4 << 20, "ballast: %s", strerror(errno));     /* the room that comes back */
 	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
 	cr_assert_eq(t_chimed_start(&tb, sock, "-n 2 --capacity 262144 --max-timers-per-uid 0"), 0);
 	pid = tb.pid;
@@ -395,7 +354,7 @@ Test(limits, a_restart_on_a_full_filesystem_starts_with_what_it_had, .timeout = 
 	n = arm_until_refused(c, 600000, &err, NULL);
 	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
 	chime_close(c);         /* detached: the session's timers stay */
-	(void)write_file(dir, "filler", 0);
+	cr_assert_geq(t_fill(dir, "filler", 0), 0, "filling: %s", strerror(errno));
 	cr_assert_eq(kill(pid, SIGUSR2), 0);    /* chimectl restart */
 	/* The same process listens again, or has exited. */
 	t0 = now_ns();
@@ -416,7 +375,7 @@ Test(limits, a_restart_on_a_full_filesystem_starts_with_what_it_had, .timeout = 
 	cr_assert_eq(r, 0, "arms still refused 5 s after 4 MiB came back: %s", strerror(-r));
 	chime_close(c);
 	cr_assert_eq(WEXITSTATUS(t_chimed_stop(&tb, SIGTERM)), 0, "the broker stops cleanly");
-	unmount_tmpfs(dir);
+	t_unmount_tmpfs(dir);
 }
 
 Test(limits, tiny_tmpfs_fails_start_with_a_clear_message)
@@ -427,7 +386,7 @@ Test(limits, tiny_tmpfs_fails_start_with_a_clear_message)
 
 	if (geteuid() != 0)
 		cr_skip("mounting a tmpfs needs root");
-	cr_assert_eq(mount_tmpfs(dir, sizeof(dir), "1m"), 0, "mount tmpfs: %s", strerror(errno));
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "1m"), 0, "mount tmpfs: %s", strerror(errno));
 	snprintf(cmd, sizeof(cmd), "%s --foreground -n 1 --socket %s/chime.sock 2>&1", getenv("CHIMED"), dir);
 	p = popen(cmd, "r");
 	cr_assert_not_null(p);
@@ -435,7 +394,7 @@ Test(limits, tiny_tmpfs_fails_start_with_a_clear_message)
 	st = pclose(p);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; output: %s", st, out);
 	cr_assert(strstr(out, "cannot reserve") && strstr(out, dir), "unclear message: %s", out);
-	unmount_tmpfs(dir);
+	t_unmount_tmpfs(dir);
 }
 
 /*

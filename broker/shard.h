@@ -114,6 +114,7 @@ struct shard {
 	uint32_t sleep_no;              /* stored in *sleeping while asleep; never 0 */
 	int64_t spin_credit;            /* ns the shard may still spin without work (shard.c) */
 	uint64_t spin_credit_at;        /* when it was last refilled */
+	uint64_t wake_lead_ns;          /* how early it wakes for a deadline and spins the rest (shard.c) */
 
 	pthread_t thr;
 	int started;

@@ -1203,6 +1203,43 @@ static bool stop_parking(const struct broker *b)
 	return false;
 }
 
+/*
+ * A shard that for SHARD_STUCK_NS neither finished a pass nor slept with a
+ * wake-up still ahead is stuck (a bug, or a thread stopped under a
+ * debugger), and its clients' timers no longer fire: the heartbeat then
+ * withholds systemd's watchdog ping, so that systemd restarts the broker
+ * (the timers are kept), and says which shard. Counted in heartbeats, not
+ * by the clock, so that a stopped and continued broker is not "stuck".
+ * False: some shard is stuck.
+ */
+#define SHARD_STUCK_NS (UINT64_C(3) * 1000000000u)
+
+static bool shards_alive(struct broker *b, uint64_t now)
+{
+	const uint32_t stuck = (uint32_t)(SHARD_STUCK_NS / HEARTBEAT_NS);
+	bool alive = true;
+
+	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+		struct shard *s = &b->shards[i];
+		uint64_t passes = at_load(&s->passes), wake = at_load(s->wake_ns);
+		bool asleep = at_load(s->sleeping) != 0;
+
+		if (passes != s->seen_passes || (asleep && (now <= wake || now - wake < SHARD_STUCK_NS))) {
+			if (s->still_beats >= stuck)
+				log_msg(LOG_NOTICE, "shard %u is making progress again", i);
+			s->seen_passes = passes;
+			s->still_beats = 0;
+			continue;
+		}
+		if (++s->still_beats == stuck)
+			log_msg(LOG_ERR, "shard %u has made no progress for %llu s (%s): its timers do not fire; "
+				"withholding the watchdog ping", i, (unsigned long long)(SHARD_STUCK_NS / 1000000000u),
+				asleep ? "asleep past its wake-up" : "awake, in one pass");
+		alive &= s->still_beats < stuck;
+	}
+	return alive;
+}
+
 int broker_run(struct broker *b)
 {
 	uint64_t last_hb = 0, stop_by = 0;
@@ -1231,7 +1268,8 @@ int broker_run(struct broker *b)
 		if (now - last_hb >= HEARTBEAT_NS) {
 			at_store(&b->ctl->heartbeat_ns, now);
 			at_store(&b->pub->heartbeat_ns, now);
-			notify_watchdog(now, HEARTBEAT_NS);
+			if (b->stopping || shards_alive(b, now))
+				notify_watchdog(now, HEARTBEAT_NS);
 			last_hb = now;
 			arm_accept(b);  /* after a failed accept (out of descriptors): a no-op when armed */
 			limits_report(b, now);

@@ -786,6 +786,7 @@ static void loop(struct shard *s)
 		uint64_t early_ns = s->wake_lead_ns < early_max ? s->wake_lead_ns : early_max;
 
 		t0 = now;
+		at_store(&s->passes, s->passes + 1);
 		if (cmds_pending(s) && run_cmds(s, &work))
 			return;
 		for (uint32_t i = 0; i < s->nr_active; i++)
@@ -964,6 +965,7 @@ static void *shard_main(void *arg)
 
 int shard_start(struct shard *s, int cpu)
 {
+	char name[16];
 	cpu_set_t set;
 	int r;
 
@@ -972,17 +974,15 @@ int shard_start(struct shard *s, int cpu)
 		return log_errno(LOG_ERR, r, "pthread_create for shard %u", s->cfg.idx);
 	s->started = 1;
 	if (cpu >= 0) {
-		char name[16];
-
 		CPU_ZERO(&set);
 		CPU_SET(cpu, &set);
 		r = pthread_setaffinity_np(s->thr, sizeof(set), &set);
 		if (r)
 			log_errno(LOG_WARNING, r, "pinning shard %u to CPU %d failed, ignoring",
 				  s->cfg.idx, cpu);
-		snprintf(name, sizeof(name), "chimed-shard%u", s->cfg.idx);
-		(void)pthread_setname_np(s->thr, name);
 	}
+	snprintf(name, sizeof(name), "chimed-shard%u", s->cfg.idx);   /* for ps, top, perf and gdb */
+	(void)pthread_setname_np(s->thr, name);
 	while (sem_wait(&s->ready) < 0 && errno == EINTR)
 		;
 	if (s->start_err < 0)

@@ -115,6 +115,11 @@ struct shard {
 	int64_t spin_credit;            /* ns the shard may still spin without work (shard.c) */
 	uint64_t spin_credit_at;        /* when it was last refilled */
 	uint64_t wake_lead_ns;          /* how early it wakes for a deadline and spins the rest (shard.c) */
+	uint64_t passes;                /* loop passes; atomic: the control thread checks it moves */
+
+	/* the control thread's liveness check (control.c, shards_alive()) */
+	uint64_t seen_passes;
+	uint32_t still_beats;           /* heartbeats since it last moved or slept on time */
 
 	pthread_t thr;
 	int started;

@@ -5,6 +5,7 @@
  * the systemd unit.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -399,6 +401,110 @@ Test(daemon, a_restart_tells_systemd_it_is_reloading_not_stopping, .timeout = 60
 	cr_assert_eq(kill(b.pid, SIGTERM), 0);
 	cr_expect(expect_msg(fd, "STOPPING=1", 5000), "no STOPPING=1 on SIGTERM");
 	t_chimed_stop(&b, 0);
+	close(fd);
+	t_rmdir_files(dir);
+}
+
+/* The thread of `pid` whose name is `comm`, or -1. */
+static int thread_named(int pid, const char *comm)
+{
+	char path[320], name[64];
+	struct dirent *e;
+	DIR *d;
+	int tid = -1;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", pid);
+	d = opendir(path);
+	while (d && tid < 0 && (e = readdir(d))) {
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", pid, e->d_name);
+		f = fopen(path, "r");
+		if (f && fgets(name, sizeof(name), f) && strncmp(name, comm, strlen(comm)) == 0 &&
+		    name[strlen(comm)] == '\n')
+			tid = atoi(e->d_name);
+		if (f)
+			fclose(f);
+	}
+	if (d)
+		closedir(d);
+	return tid;
+}
+
+/* Read the log file at `path` (static). */
+static const char *read_log(const char *path)
+{
+	static char text[16384];
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+
+	text[n] = 0;
+	if (f)
+		fclose(f);
+	return text;
+}
+
+/*
+ * A shard thread that stops making progress (a bug; here, stopped under
+ * ptrace as a debugger would) no longer fires its timers, while the
+ * control thread went on pinging systemd's watchdog: systemd never knew.
+ * The heartbeat now withholds the ping once a shard has neither finished a
+ * pass nor slept with a wake-up ahead for 3 s, says which, and pings again
+ * once it moves. The shard busy-polls, so that it never sleeps.
+ */
+Test(daemon, a_stuck_shard_withholds_the_watchdog_ping, .timeout = 60)
+{
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], logp[300], opts[400];
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct t_chimed b;
+	uint64_t t0;
+	int fd, tid, st, before = 0, after = 0;
+
+	if (!CHIME_SYSTEMD)
+		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(logp, sizeof(logp), "%s/err", dir);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	setenv("WATCHDOG_USEC", "1000000", 1);  /* a ping at least every 0.5 s */
+	snprintf(opts, sizeof(opts), "--shards 1 --spin-us -1 2>'%s'", logp);
+	cr_assert_eq(t_chimed_start(&b, sock, opts), 0);
+	unsetenv("NOTIFY_SOCKET");
+	unsetenv("WATCHDOG_USEC");
+	cr_assert(expect_msg(fd, "READY=1", 5000), "no READY=1");
+	tid = thread_named(b.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", b.pid);
+
+	if (ptrace(PTRACE_SEIZE, tid, 0, 0) < 0) {
+		int e = errno;
+
+		t_chimed_stop(&b, SIGTERM);
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(e));
+	}
+	cr_assert_eq(ptrace(PTRACE_INTERRUPT, tid, 0, 0), 0);
+	cr_assert_eq(waitpid(tid, &st, __WALL), tid);
+	cr_assert(WIFSTOPPED(st), "the shard thread did not stop (%#x)", st);
+	/* Pings go on until the shard has been still for 3 s (and a heartbeat), then stop. */
+	t0 = now_ns();
+	while (now_ns() - t0 < UINT64_C(2000000000))
+		before += expect_msg(fd, "WATCHDOG=1", 100);
+	while (now_ns() - t0 < UINT64_C(3600000000))
+		(void)expect_msg(fd, "WATCHDOG=1", 100);
+	while (now_ns() - t0 < UINT64_C(5600000000))
+		after += expect_msg(fd, "WATCHDOG=1", 100);
+	cr_expect_geq(before, 2, "%d pings in the first 2 s", before);
+	cr_expect_eq(after, 0, "%d pings 3.6-5.6 s after the shard stopped", after);
+	cr_expect(strstr(read_log(logp), "shard 0 has made no progress for 3 s"), "%s", read_log(logp));
+
+	cr_assert_eq(ptrace(PTRACE_DETACH, tid, 0, 0), 0);
+	cr_expect(expect_msg(fd, "WATCHDOG=1", 2000), "no ping once the shard runs again");
+	cr_expect(strstr(read_log(logp), "shard 0 is making progress again"), "%s", read_log(logp));
+	st = t_chimed_stop(&b, SIGTERM);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
 	close(fd);
 	t_rmdir_files(dir);
 }

@@ -248,6 +248,8 @@ static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 	lists_clear(w->occupied, w->slot, wh->tail, wh->slot_min, LEVELS);
 	w->expired_head = NIL;
 	w->expired_tail = NIL;
+	wh->fresh_tail = NIL;
+	wh->jump_left = 0;
 	w->free_head = NIL;
 	w->armed = 0;
 	stage_clear(wh, LEVELS);
@@ -401,9 +403,52 @@ static inline void exp_append(struct wheel *wh, struct chime_node *n, uint32_t i
 	w->expired_tail = idx;
 }
 
+/* Put the run first..last (linked, EXPIRED, due) at the expired list's front, after the earlier ones there. */
+static inline void exp_jump(struct wheel *wh, uint32_t first, uint32_t last)
+{
+	struct chime_wheel *w = wh->w;
+	uint32_t p = wh->fresh_tail, next = p != NIL ? wh->nodes[p].next : w->expired_head;
+
+	wh->nodes[first].prev = p;
+	wh->nodes[last].next = next;
+	if (next != NIL)
+		wh->nodes[next].prev = last;
+	else
+		w->expired_tail = last;
+	if (p != NIL)
+		wh->nodes[p].next = first;
+	else
+		w->expired_head = first;
+	wh->fresh_tail = last;
+}
+
+/* A node made due by the advance: at the front while this advance may jump a backlog, else last. */
+static inline void exp_due(struct wheel *wh, struct chime_node *n, uint32_t idx)
+{
+	if (!wh->jump_left) {
+		exp_append(wh, n, idx, EXP_DUE);
+		return;
+	}
+	wh->jump_left--;
+	n->level = EXP_DUE;
+	n->state = CHIME_NODE_EXPIRED;
+	exp_jump(wh, idx, idx);
+}
+
+/* May this advance put what it makes due ahead of what waits? Yes if due timers wait behind the front (wheel.h). */
+static inline void jump_open(struct wheel *wh)
+{
+	uint32_t old = wh->fresh_tail != NIL ? wh->nodes[wh->fresh_tail].next : wh->w->expired_head;
+
+	wh->jump_left = old != NIL && wh->nodes[old].level == EXP_DUE ? WHEEL_JUMP_MAX : 0;
+}
+
 static inline void exp_unlink(struct wheel *wh, struct chime_node *n)
 {
 	struct chime_wheel *w = wh->w;
+
+	if (wh->fresh_tail != NIL && n == &wh->nodes[wh->fresh_tail])
+		wh->fresh_tail = n->prev;       /* the front's last goes: the one before it is */
 
 	if (n->next != NIL)
 		wh->nodes[n->next].prev = n->prev;
@@ -697,6 +742,11 @@ static uint64_t fire_slot(struct wheel *wh, unsigned s)
 	}
 	if (last == NIL)
 		return 0;
+	if (wh->jump_left >= cnt) {
+		wh->jump_left -= (uint32_t)cnt;
+		exp_jump(wh, head, last);
+		return cnt;
+	}
 	nodes[last].next = NIL;
 	nodes[head].prev = w->expired_tail;
 	if (w->expired_tail != NIL)
@@ -726,7 +776,7 @@ static uint64_t fire_slot_partial(struct wheel *wh, unsigned s, uint64_t now)
 		__builtin_prefetch(&nodes[next]);
 		if (n->deadline_ns <= now) {
 			slot_remove(wh, n, 0, s);
-			exp_append(wh, n, i, EXP_DUE);
+			exp_due(wh, n, i);
 			cnt++;
 		} else if (n->deadline_ns > e_end) {
 			/* lazily reset to a later tick: re-place it */
@@ -750,7 +800,7 @@ static inline uint64_t cascade_one(struct wheel *wh, struct chime_node *n, uint3
 
 	if (t == e && (e < T_end || n->deadline_ns <= now)) {
 		/* never early: tick e is wholly before now, or this deadline is <= now */
-		exp_append(wh, n, i, EXP_DUE);
+		exp_due(wh, n, i);
 		return 1;
 	}
 	nl = level_of(t, e);
@@ -902,6 +952,7 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 		w->now_ns = now;
 		return fired;
 	}
+	jump_open(wh);
 	for (;;) {
 		unsigned l = 0, s;
 		uint64_t e;
@@ -947,6 +998,7 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 	if (w->now_tick != T_end)
 		set_now_tick(wh, T_end);
 	w->now_ns = now;
+	wh->jump_left = 0;
 	return fired;
 }
 
@@ -963,6 +1015,8 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 		if (n->level == EXP_PENDING)
 			break;
 		__builtin_prefetch(&nodes[n->next]);
+		if (i == wh->fresh_tail)
+			wh->fresh_tail = NIL;   /* the front is all popped */
 		out[cnt++] = i;
 		n->state = CHIME_NODE_ALLOC;
 		n->prev = NIL;
@@ -1236,6 +1290,7 @@ void wheel_check(const struct wheel *wh)
 	{
 		uint32_t i = w->expired_head, prev = NIL;
 		unsigned seen_pending = 0;
+		bool in_front = wh->fresh_tail != NIL;
 
 		for (uint64_t k = 0; i != NIL; k++) {
 			const struct chime_node *n;
@@ -1250,11 +1305,16 @@ void wheel_check(const struct wheel *wh)
 				seen_pending = 1;
 			else
 				CHECK(!seen_pending, "due node %u after a pending one", i);
+			/* the front (wheel_pop_expired()) is a run of due nodes from the head */
+			CHECK(!in_front || n->level == EXP_DUE, "pending node %u in the expired list's front", i);
+			if (i == wh->fresh_tail)
+				in_front = false;
 			on_exp++;
 			prev = i;
 			i = n->next;
 		}
 		CHECK(w->expired_tail == prev, "expired_tail %u, last %u", w->expired_tail, prev);
+		CHECK(!in_front, "the expired list's front ends at %u, not on the list", wh->fresh_tail);
 	}
 
 	for (uint32_t i = w->free_head; i != NIL; i = nodes[i].next) {

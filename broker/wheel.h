@@ -50,6 +50,11 @@ struct wheel {
 	/* lower bound of the deadlines in the current tick's level-0 slot:
 	 * lets an advance inside one tick skip rescanning it */
 	uint64_t cur_min_ns;
+	/* the expired list's front: the last of the timers that went ahead of
+	 * a backlog (CHIME_NIL: none), and how many more this advance may put
+	 * there (wheel_pop_expired()) */
+	uint32_t fresh_tail;
+	uint32_t jump_left;
 	/* tail of each slot list: a cascade walks a list from both ends at once,
 	 * two independent chains of cache misses instead of one */
 	uint32_t tail[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
@@ -247,8 +252,15 @@ unsigned wheel_stage(struct wheel *wh, unsigned budget);
  * Order: the order they became due. One advance makes timers due in deadline
  * tick order (floor(deadline_ns / resolution_ns)), within one tick in no
  * particular order, after the timers armed in the past before that advance
- * (in arming order).
+ * (in arming order). Except behind a backlog: while timers made due by an
+ * earlier advance wait to be popped (a million due at one instant take
+ * tens of milliseconds to deliver), up to WHEEL_JUMP_MAX timers an
+ * advance makes due go ahead of them, in that order, after those that
+ * went ahead before: one client's burst does not hold back the timers of
+ * everyone else that come due after it. A caller that pops more than
+ * WHEEL_JUMP_MAX between advances still moves the backlog on.
  */
+#define WHEEL_JUMP_MAX 1024u
 unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max);
 
 /*

@@ -634,6 +634,48 @@ Test(broker, a_shard_spins_into_a_deadline_only_as_long_as_a_wake_up_is_late)
 }
 
 /*
+ * One client's 500k timers due at one instant take a shard tens of
+ * milliseconds to fire (here its client takes none, so most are held), and
+ * another client's timer due a millisecond later waited behind all of
+ * them: a victim's lateness was the size of a neighbour's burst (41-72 ms
+ * behind 1M). It now goes ahead of what is left of the burst: when its
+ * event arrives, the shard has fired a fraction of the burst, not all of it.
+ */
+Test(broker, a_timer_due_after_a_neighbours_burst_does_not_wait_behind_it, .timeout = 120)
+{
+	const unsigned burst = 500000;
+	struct t_chimed b2 = { 0 };
+	struct chime_shard_stats st;
+	struct chime_event ev;
+	chime_t *a, *v;
+	chime_id_t id;
+	uint64_t t;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	a = t_open(b2.sock);
+	v = t_open(b2.sock);
+	cr_assert(a && v);
+	t = chime_now() + 3000 * MS;
+	for (unsigned i = 0; i < burst; i++) {
+		int r;
+
+		while ((r = chime_arm(a, 1, t, 0, i, &id)) == -EAGAIN)
+			usleep(100);
+		cr_assert_eq(r, 0, "arm %u: %s", i, strerror(-r));
+	}
+	cr_assert_eq(chime_arm(v, 2, t + MS, 0, 0, &id), 0);
+	cr_assert_eq(chime_wait(v, &ev, 1, 10000), 1, "the victim's timer did not fire");
+	st = shard0(b2.sock);
+	cr_log_info("the victim's timer fired %.1f ms late; the shard had fired %llu of the burst",
+		    (double)(ev.fired_ns - ev.deadline_ns) / 1e6, (unsigned long long)st.fires);
+	cr_assert_lt(st.fires, burst / 2, "the victim's timer came after %llu of the neighbour's %u",
+		     (unsigned long long)st.fires, burst);
+	chime_close(v);
+	chime_close(a);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
+/*
  * chime_wait() watches the rings before it sleeps, for events a few
  * microseconds apart. It watched 50 us before every sleep, so a thread
  * waiting for a timer every millisecond or two paid 50 us of CPU per event,

@@ -167,6 +167,63 @@ Test(wheel, never_fires_early_and_fires_exactly_at_the_deadline)
 	tw_fini(&t);
 }
 
+/*
+ * A million timers due at one instant take a shard tens of milliseconds to
+ * deliver, and every timer due after them waited behind the rest of them:
+ * one client's burst made everyone's timers late. Timers an advance makes
+ * due go ahead of those an earlier advance made due and that still wait
+ * (at most WHEEL_JUMP_MAX an advance, in the order they became due).
+ */
+Test(wheel, timers_due_after_a_backlog_go_ahead_of_it)
+{
+	const uint64_t res = 100000, D = 1000 * res, MS = 1000000;  /* 100 us ticks */
+	uint32_t v, w, x, y, z, got[4096], n;
+	struct tw t;
+
+	tw_init(&t, 16384, res, 0);
+	for (unsigned k = 0; k < 5000; k++)
+		arm_new(&t, D);
+	v = arm_new(&t, D + res + res / 2);     /* a tick later, but due in the burst's advance: behind it */
+	w = arm_new(&t, D + MS / 2);
+	x = arm_new(&t, D + 2 * MS);            /* whole slots: spliced */
+	y = arm_new(&t, D + 2 * MS + 5 * res);  /* and the current tick's, node by node */
+	z = arm_new(&t, D + 2 * MS + 5 * res + 1);
+	cr_assert_eq(wheel_advance(&t.wh, D + res + res / 2), 5001);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 100), 100);
+	cr_assert_eq(wheel_node(&t.wh, got[0])->deadline_ns, D);
+	cr_assert_eq(wheel_advance(&t.wh, D + MS / 2), 1);
+	cr_assert_eq(wheel_advance(&t.wh, D + 2 * MS + 5 * res), 2);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2), 2);
+	cr_assert(got[0] == w && got[1] == x, "popped %u %u, not the timers due after the backlog %u %u",
+		  got[0], got[1], w, x);
+	cr_assert_eq(wheel_advance(&t.wh, D + 2 * MS + 5 * res + 1), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2), 2);
+	cr_assert(got[0] == y && got[1] == z, "popped %u %u, not y %u and z %u", got[0], got[1], y, z);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 4096);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 4900 - 4096 + 1);
+	cr_assert_eq(got[4900 - 4096], v, "v, made due with the burst, did not come after it");
+	wheel_check(&t.wh);
+
+	/* A second burst, bigger than WHEEL_JUMP_MAX, behind the first: at most that many go ahead. */
+	for (unsigned k = 0; k < 3000; k++)
+		arm_new(&t, D + 10 * MS);
+	for (unsigned k = 0; k < 3000; k++)
+		arm_new(&t, D + 12 * MS + 5 * res + 1);
+	cr_assert_eq(wheel_advance(&t.wh, D + 10 * MS), 3000);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 10), 10);
+	cr_assert_eq(wheel_advance(&t.wh, D + 12 * MS + 5 * res + 1), 3000);
+	wheel_check(&t.wh);
+	n = wheel_pop_expired(&t.wh, got, 4096);
+	cr_assert_eq(n, 4096);
+	for (unsigned k = 0; k < n; k++)
+		if (wheel_node(&t.wh, got[k])->deadline_ns == D + 10 * MS) {
+			cr_assert_eq(k, WHEEL_JUMP_MAX, "%u of the second burst went ahead of the first", k);
+			break;
+		}
+	tw_fini(&t);
+}
+
 Test(wheel, only_the_due_part_of_the_current_tick_fires)
 {
 	struct tw t;

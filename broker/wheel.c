@@ -137,6 +137,7 @@
 /* node.level of an EXPIRED node: where it sits in the expired list (I3) */
 #define EXP_DUE     0u
 #define EXP_PENDING 1u
+#define EXP_FRONT   2u  /* due, in the front: ahead of a backlog (wheel_pop_expired()) */
 
 __extension__ typedef unsigned __int128 u128;
 
@@ -250,6 +251,8 @@ static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 	w->expired_tail = NIL;
 	wh->fresh_tail = NIL;
 	wh->jump_left = 0;
+	wh->jump_on = false;
+	wh->due_n = wh->front_n = 0;
 	w->free_head = NIL;
 	w->armed = 0;
 	stage_clear(wh, LEVELS);
@@ -396,6 +399,7 @@ static inline void exp_append(struct wheel *wh, struct chime_node *n, uint32_t i
 	n->prev = tail;
 	n->level = (uint8_t)kind;
 	n->state = CHIME_NODE_EXPIRED;
+	wh->due_n += kind == EXP_DUE;
 	if (tail != NIL)
 		wh->nodes[tail].next = idx;
 	else
@@ -404,11 +408,18 @@ static inline void exp_append(struct wheel *wh, struct chime_node *n, uint32_t i
 }
 
 /* Put the run first..last (linked, EXPIRED, due) at the expired list's front, after the earlier ones there. */
-static inline void exp_jump(struct wheel *wh, uint32_t first, uint32_t last)
+static inline void exp_jump(struct wheel *wh, uint32_t first, uint32_t last, uint64_t cnt)
 {
 	struct chime_wheel *w = wh->w;
 	uint32_t p = wh->fresh_tail, next = p != NIL ? wh->nodes[p].next : w->expired_head;
 
+	for (uint32_t i = first;; i = wh->nodes[i].next) {
+		wh->nodes[i].level = EXP_FRONT;
+		if (i == last)
+			break;
+	}
+	wh->due_n += cnt;
+	wh->front_n += cnt;
 	wh->nodes[first].prev = p;
 	wh->nodes[last].next = next;
 	if (next != NIL)
@@ -425,22 +436,23 @@ static inline void exp_jump(struct wheel *wh, uint32_t first, uint32_t last)
 /* A node made due by the advance: at the front while this advance may jump a backlog, else last. */
 static inline void exp_due(struct wheel *wh, struct chime_node *n, uint32_t idx)
 {
-	if (!wh->jump_left) {
+	if (!wh->jump_on || !wh->jump_left) {
 		exp_append(wh, n, idx, EXP_DUE);
 		return;
 	}
 	wh->jump_left--;
-	n->level = EXP_DUE;
 	n->state = CHIME_NODE_EXPIRED;
-	exp_jump(wh, idx, idx);
+	exp_jump(wh, idx, idx, 1);
 }
 
-/* May this advance put what it makes due ahead of what waits? Yes if due timers wait behind the front (wheel.h). */
+/*
+ * About to make one tick's timers due: may they go ahead of what waits?
+ * Yes behind a backlog, WHEEL_JUMP_BACKLOG due timers or more, and within
+ * the advance's WHEEL_JUMP_MAX (wheel.h).
+ */
 static inline void jump_open(struct wheel *wh)
 {
-	uint32_t old = wh->fresh_tail != NIL ? wh->nodes[wh->fresh_tail].next : wh->w->expired_head;
-
-	wh->jump_left = old != NIL && wh->nodes[old].level == EXP_DUE ? WHEEL_JUMP_MAX : 0;
+	wh->jump_on = wh->due_n - wh->front_n >= WHEEL_JUMP_BACKLOG;
 }
 
 static inline void exp_unlink(struct wheel *wh, struct chime_node *n)
@@ -449,6 +461,8 @@ static inline void exp_unlink(struct wheel *wh, struct chime_node *n)
 
 	if (wh->fresh_tail != NIL && n == &wh->nodes[wh->fresh_tail])
 		wh->fresh_tail = n->prev;       /* the front's last goes: the one before it is */
+	wh->due_n -= n->level != EXP_PENDING;
+	wh->front_n -= n->level == EXP_FRONT;
 
 	if (n->next != NIL)
 		wh->nodes[n->next].prev = n->prev;
@@ -691,6 +705,7 @@ static uint64_t promote_pending(struct wheel *wh)
 		i = wh->nodes[i].prev;
 		cnt++;
 	}
+	wh->due_n += cnt;
 	return cnt;
 }
 
@@ -707,6 +722,7 @@ static uint64_t fire_slot(struct wheel *wh, unsigned s)
 	uint64_t cnt = 0;
 	bool gap = false;
 
+	jump_open(wh);
 	w->slot[0][s] = NIL;
 	wh->tail[0][s] = NIL;
 	wh->slot_min[0][s] = UINT64_MAX;
@@ -742,11 +758,12 @@ static uint64_t fire_slot(struct wheel *wh, unsigned s)
 	}
 	if (last == NIL)
 		return 0;
-	if (wh->jump_left >= cnt) {
+	if (wh->jump_on && wh->jump_left >= cnt) {
 		wh->jump_left -= (uint32_t)cnt;
-		exp_jump(wh, head, last);
+		exp_jump(wh, head, last, cnt);
 		return cnt;
 	}
+	wh->due_n += cnt;
 	nodes[last].next = NIL;
 	nodes[head].prev = w->expired_tail;
 	if (w->expired_tail != NIL)
@@ -769,6 +786,7 @@ static uint64_t fire_slot_partial(struct wheel *wh, unsigned s, uint64_t now)
 	uint32_t i = w->slot[0][s];
 	uint64_t cnt = 0, min = UINT64_MAX, e_end = tick_end_ns(wh, w->now_tick);
 
+	jump_open(wh);
 	while (i != NIL) {
 		struct chime_node *n = &nodes[i];
 		uint32_t next = n->next;
@@ -824,6 +842,7 @@ static uint64_t cascade_slot(struct wheel *wh, unsigned l, unsigned s, uint64_t 
 	uint32_t i = w->slot[l][s], j = wh->tail[l][s];
 	uint64_t cnt = 0;
 
+	jump_open(wh);
 	w->slot[l][s] = NIL;
 	wh->tail[l][s] = NIL;
 	wh->slot_min[l][s] = UINT64_MAX;
@@ -952,7 +971,7 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 		w->now_ns = now;
 		return fired;
 	}
-	jump_open(wh);
+	wh->jump_left = WHEEL_JUMP_MAX;
 	for (;;) {
 		unsigned l = 0, s;
 		uint64_t e;
@@ -999,6 +1018,7 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 		set_now_tick(wh, T_end);
 	w->now_ns = now;
 	wh->jump_left = 0;
+	wh->jump_on = false;
 	return fired;
 }
 
@@ -1015,6 +1035,7 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 		if (n->level == EXP_PENDING)
 			break;
 		__builtin_prefetch(&nodes[n->next]);
+		wh->front_n -= n->level == EXP_FRONT;
 		if (i == wh->fresh_tail)
 			wh->fresh_tail = NIL;   /* the front is all popped */
 		out[cnt++] = i;
@@ -1029,6 +1050,7 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 	else
 		w->expired_tail = NIL;
 	w->armed -= cnt;
+	wh->due_n -= cnt;
 	return cnt;
 }
 
@@ -1291,6 +1313,7 @@ void wheel_check(const struct wheel *wh)
 		uint32_t i = w->expired_head, prev = NIL;
 		unsigned seen_pending = 0;
 		bool in_front = wh->fresh_tail != NIL;
+		uint64_t due = 0, front = 0;
 
 		for (uint64_t k = 0; i != NIL; k++) {
 			const struct chime_node *n;
@@ -1300,13 +1323,17 @@ void wheel_check(const struct wheel *wh)
 			CHECK(n->state == CHIME_NODE_EXPIRED, "node %u expired list, state %u", i, n->state);
 			CHECK(n->prev == prev, "expired node %u: prev %u, expected %u", i, n->prev, prev);
 			CHECK(n->deadline_ns <= w->now_ns, "expired node %u not due", i);
-			CHECK(n->level == EXP_DUE || n->level == EXP_PENDING, "expired node %u level", i);
+			CHECK(n->level == EXP_DUE || n->level == EXP_PENDING || n->level == EXP_FRONT,
+			      "expired node %u level", i);
 			if (n->level == EXP_PENDING)
 				seen_pending = 1;
 			else
 				CHECK(!seen_pending, "due node %u after a pending one", i);
-			/* the front (wheel_pop_expired()) is a run of due nodes from the head */
-			CHECK(!in_front || n->level == EXP_DUE, "pending node %u in the expired list's front", i);
+			/* the front (wheel_pop_expired()) is a run of EXP_FRONT nodes from the head */
+			CHECK(in_front == (n->level == EXP_FRONT), "expired node %u: level %u, %s the front", i,
+			      n->level, in_front ? "in" : "not in");
+			due += n->level != EXP_PENDING;
+			front += n->level == EXP_FRONT;
 			if (i == wh->fresh_tail)
 				in_front = false;
 			on_exp++;
@@ -1315,6 +1342,9 @@ void wheel_check(const struct wheel *wh)
 		}
 		CHECK(w->expired_tail == prev, "expired_tail %u, last %u", w->expired_tail, prev);
 		CHECK(!in_front, "the expired list's front ends at %u, not on the list", wh->fresh_tail);
+		CHECK(due == wh->due_n && front == wh->front_n, "%llu due, %llu in front; counted %llu and %llu",
+		      (unsigned long long)due, (unsigned long long)front, (unsigned long long)wh->due_n,
+		      (unsigned long long)wh->front_n);
 	}
 
 	for (uint32_t i = w->free_head; i != NIL; i = nodes[i].next) {

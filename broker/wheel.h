@@ -55,6 +55,9 @@ struct wheel {
 	 * there (wheel_pop_expired()) */
 	uint32_t fresh_tail;
 	uint32_t jump_left;
+	bool jump_on;           /* the tick being made due may go there */
+	uint64_t due_n;         /* due timers on the expired list, the front's included */
+	uint64_t front_n;       /* timers in the front */
 	/* tail of each slot list: a cascade walks a list from both ends at once,
 	 * two independent chains of cache misses instead of one */
 	uint32_t tail[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
@@ -252,15 +255,17 @@ unsigned wheel_stage(struct wheel *wh, unsigned budget);
  * Order: the order they became due. One advance makes timers due in deadline
  * tick order (floor(deadline_ns / resolution_ns)), within one tick in no
  * particular order, after the timers armed in the past before that advance
- * (in arming order). Except behind a backlog: while timers made due by an
- * earlier advance wait to be popped (a million due at one instant take
- * tens of milliseconds to deliver), up to WHEEL_JUMP_MAX timers an
- * advance makes due go ahead of them, in that order, after those that
- * went ahead before: one client's burst does not hold back the timers of
- * everyone else that come due after it. A caller that pops more than
- * WHEEL_JUMP_MAX between advances still moves the backlog on.
+ * (in arming order). Except behind a backlog: while WHEEL_JUMP_BACKLOG or
+ * more due timers wait to be popped (a million due at one instant take
+ * tens of milliseconds to deliver), up to WHEEL_JUMP_MAX timers an advance
+ * makes due for later ticks than theirs go ahead of them, in the order
+ * they became due, after those that went ahead before: one client's burst
+ * does not hold back the timers of everyone else that come due after it.
+ * A caller that pops more than WHEEL_JUMP_MAX between advances still
+ * moves the backlog on.
  */
-#define WHEEL_JUMP_MAX 1024u
+#define WHEEL_JUMP_BACKLOG 4096u        /* a shard's FIRE_BUDGET: more than one pass pops */
+#define WHEEL_JUMP_MAX     1024u
 unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max);
 
 /*

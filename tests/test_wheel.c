@@ -170,9 +170,9 @@ Test(wheel, never_fires_early_and_fires_exactly_at_the_deadline)
 /*
  * A million timers due at one instant take a shard tens of milliseconds to
  * deliver, and every timer due after them waited behind the rest of them:
- * one client's burst made everyone's timers late. Timers an advance makes
- * due go ahead of those an earlier advance made due and that still wait
- * (at most WHEEL_JUMP_MAX an advance, in the order they became due).
+ * one client's burst made everyone's timers late. Timers made due for a
+ * later tick go ahead of a backlog of WHEEL_JUMP_BACKLOG or more (at most
+ * WHEEL_JUMP_MAX an advance, in the order they became due).
  */
 Test(wheel, timers_due_after_a_backlog_go_ahead_of_it)
 {
@@ -180,17 +180,18 @@ Test(wheel, timers_due_after_a_backlog_go_ahead_of_it)
 	uint32_t v, w, x, y, z, got[4096], n;
 	struct tw t;
 
-	tw_init(&t, 16384, res, 0);
+	tw_init(&t, 32768, res, 0);
 	for (unsigned k = 0; k < 5000; k++)
 		arm_new(&t, D);
-	v = arm_new(&t, D + res + res / 2);     /* a tick later, but due in the burst's advance: behind it */
+	v = arm_new(&t, D + res + res / 2);     /* a tick later, in the burst's advance: ahead of it */
 	w = arm_new(&t, D + MS / 2);
 	x = arm_new(&t, D + 2 * MS);            /* whole slots: spliced */
 	y = arm_new(&t, D + 2 * MS + 5 * res);  /* and the current tick's, node by node */
 	z = arm_new(&t, D + 2 * MS + 5 * res + 1);
 	cr_assert_eq(wheel_advance(&t.wh, D + res + res / 2), 5001);
 	cr_assert_eq(wheel_pop_expired(&t.wh, got, 100), 100);
-	cr_assert_eq(wheel_node(&t.wh, got[0])->deadline_ns, D);
+	cr_assert_eq(got[0], v, "popped %u, not v %u, due a tick after the burst", got[0], v);
+	cr_assert_eq(wheel_node(&t.wh, got[1])->deadline_ns, D);
 	cr_assert_eq(wheel_advance(&t.wh, D + MS / 2), 1);
 	cr_assert_eq(wheel_advance(&t.wh, D + 2 * MS + 5 * res), 2);
 	wheel_check(&t.wh);
@@ -201,16 +202,24 @@ Test(wheel, timers_due_after_a_backlog_go_ahead_of_it)
 	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2), 2);
 	cr_assert(got[0] == y && got[1] == z, "popped %u %u, not y %u and z %u", got[0], got[1], y, z);
 	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 4096);
-	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 4900 - 4096 + 1);
-	cr_assert_eq(got[4900 - 4096], v, "v, made due with the burst, did not come after it");
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 4901 - 4096);
 	wheel_check(&t.wh);
 
-	/* A second burst, bigger than WHEEL_JUMP_MAX, behind the first: at most that many go ahead. */
+	/* Fewer than WHEEL_JUMP_BACKLOG waiting is no backlog: what comes due after them waits its turn. */
 	for (unsigned k = 0; k < 3000; k++)
+		arm_new(&t, D + 5 * MS);
+	x = arm_new(&t, D + 6 * MS);
+	cr_assert_eq(wheel_advance(&t.wh, D + 5 * MS), 3000);
+	cr_assert_eq(wheel_advance(&t.wh, D + 6 * MS), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 3001);
+	cr_assert_eq(got[3000], x, "x went ahead of 3000");
+
+	/* A second burst, bigger than WHEEL_JUMP_MAX, behind a first: at most that many go ahead. */
+	for (unsigned k = 0; k < 6000; k++)
 		arm_new(&t, D + 10 * MS);
 	for (unsigned k = 0; k < 3000; k++)
 		arm_new(&t, D + 12 * MS + 5 * res + 1);
-	cr_assert_eq(wheel_advance(&t.wh, D + 10 * MS), 3000);
+	cr_assert_eq(wheel_advance(&t.wh, D + 10 * MS), 6000);
 	cr_assert_eq(wheel_pop_expired(&t.wh, got, 10), 10);
 	cr_assert_eq(wheel_advance(&t.wh, D + 12 * MS + 5 * res + 1), 3000);
 	wheel_check(&t.wh);

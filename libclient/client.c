@@ -311,6 +311,26 @@ static void fork_child(void)
 	for (struct chime *c = open_list; c; c = c->next_open) {
 		at_store(&c->forked, 1);
 		at_store(&c->dead, 1);
+		/*
+		 * The broker learns that the parent is gone from its connection's
+		 * hang-up, which does not come while any process holds the
+		 * socket: the child's copy, or its copy of the io_uring whose
+		 * polls hold it. A worker that never calls chime_close() would
+		 * keep a dead parent's session attached (-EBUSY for its next
+		 * process) and its anonymous timers armed. Drop both now (close
+		 * and munmap: no lock, nothing the parent shares changes); no
+		 * call in the child uses them (every one says -ECHILD first).
+		 * The fd numbers stay fixed for the parent (a reconnect dup3()s
+		 * onto them), so these are this connection's.
+		 */
+		if (c->sock >= 0) {
+			close(c->sock);
+			c->sock = -1;
+		}
+		if (c->has_ring) {
+			io_uring_queue_exit(&c->ring);
+			c->has_ring = false;
+		}
 	}
 	pthread_mutex_unlock(&open_lock);
 }

@@ -619,3 +619,76 @@ Test(session, a_forked_child_gets_echild_and_leaves_its_parents_connection_alone
 	fork_case(NULL);
 	fork_case("forked");
 }
+
+/*
+ * A worker forked without exec that keeps its copy of its parent's chime_t
+ * and never calls chime_close() (a pre-forked server's worker) must not keep
+ * the parent's connection alive: once the parent dies, its session is free
+ * for the next process and its anonymous connection's timers are freed,
+ * while the worker lives on.
+ */
+struct orphan {
+	const char *session;    /* NULL: anonymous */
+	pid_t worker;
+};
+
+static void orphan_parent(int wfd, void *arg)
+{
+	struct orphan *o = arg;
+	struct chime_event ev;
+	chime_t *c = NULL;
+	pid_t pid;
+
+	if (sopen(&c, o->session) < 0)
+		_exit(1);
+	for (unsigned i = 0; i < 100; i++)
+		if (chime_arm(c, 1, now_ns() + HOUR, 0, i, &(chime_id_t){ 0 }) < 0)
+			_exit(2);
+	/* A wait that sleeps: io_uring polls on the connection stay outstanding. */
+	if (chime_wait(c, &ev, 1, 5) != 0)
+		_exit(3);
+	pid = fork();
+	if (pid == 0) {
+		alarm(20);      /* the test kills it; never outlive a failed test for long */
+		for (;;)
+			pause();
+	}
+	o->worker = pid;
+	(void)!write(wfd, "r", 1);
+	pause();        /* SIGKILLed here */
+}
+
+static void orphan_case(const char *session)
+{
+	struct orphan *o = mmap(NULL, sizeof(*o), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	chime_t *c = NULL;
+	uint64_t until;
+	int r;
+
+	cr_assert_neq(o, MAP_FAILED);
+	o->session = session;
+	kill_child(child(orphan_parent, o));
+	cr_assert_gt(o->worker, 0);
+	cr_assert_eq(kill(o->worker, 0), 0, "the worker is alive");
+	if (session) {
+		until = now_ns() + 2000 * MS;
+		while ((r = sopen(&c, session)) == -EBUSY && now_ns() < until)
+			usleep(10000);
+		cr_assert_eq(r, 0, "session '%s' after its process died, its forked worker alive: %s",
+			     session, strerror(-r));
+		cr_assert_eq(chime_cancel_key(c, 1), 0);
+		chime_close(c);
+	} else {
+		cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, 0), 0,
+			     "a dead process's anonymous timers are kept while its forked worker lives");
+	}
+	kill(o->worker, SIGKILL);     /* a grandchild: not ours to wait for */
+	munmap(o, sizeof(*o));
+}
+
+Test(session, a_forked_worker_does_not_keep_its_dead_parents_connection)
+{
+	start("-n 1 --sq-size 16");
+	orphan_case(NULL);
+	orphan_case("orphaned");
+}

@@ -110,7 +110,10 @@ const char *chime_version(void);
  * Arm a timer at absolute deadline_ns, repeating every period_ns if that is
  * not 0 (it fires at deadline_ns + k * period_ns for every k, never drifting;
  * a period under the broker's resolution, 100 us by default, is taken as it).
- * A deadline in the past fires at once. key groups timers for
+ * A deadline in the past fires at once; a periodic timer then fires once for
+ * every period already missed, as fast as the broker goes (deadline 0 with a
+ * 1 s period: one event per second of uptime), as it does when its events
+ * are collected late: to start one now, arm it at chime_now(). key groups timers for
  * chime_cancel_key(); user_data comes back in the event. Sets *id (never 0)
  * before returning: no round trip. Thread-safe. If the submission ring is
  * full, waits for room (never drops; the broker frees slots whatever its
@@ -135,14 +138,18 @@ int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns
  * flight is never returned; if the application had already received a
  * one-shot's event, the timer is gone and this changes nothing. A periodic
  * timer keeps its period from the new deadline. Thread-safe. Returns 0, or
- * -EINVAL (c NULL, id 0 or not an id of this broker) or -ENOTCONN.
+ * -EINVAL (c NULL, or id malformed: 0, or not in the form of this broker's
+ * ids, such as one naming a shard it does not have) or -ENOTCONN. A
+ * well-formed id that names no live timer of this connection (another
+ * connection's, a stale one) is accepted and ignored.
  */
 int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns);
 
 /*
  * Cancel a timer. After this returns, no event for id is ever returned, even
  * one the broker had already fired. Cancelling a timer that already fired or
- * was cancelled is not an error. Thread-safe. Returns 0, -EINVAL or -ENOTCONN.
+ * was cancelled is not an error, nor is an id that names no timer of this
+ * connection. Thread-safe. Returns 0, -EINVAL (as chime_reset()) or -ENOTCONN.
  */
 int chime_cancel(chime_t *c, chime_id_t id);
 
@@ -184,9 +191,10 @@ struct chime_op {
  * returns how many operations succeeded (0..n), or:
  *   -EINVAL    c is NULL, or ops is NULL and n is not 0 (no result is set)
  *   -ENOTCONN  the broker is gone and no operation succeeded
+ *   -ECHILD    c was opened by the parent process (every result says so too)
  * Per operation, result is 0 or:
  *   -EINVAL    op is not an enum chime_op_code, or the id of a RESET or
- *              CANCEL is 0 or not an id of this broker
+ *              CANCEL is one chime_reset() refuses
  *   -ENOMEM, -EDQUOT  an ARM refused, as by chime_arm(); nothing was armed
  *   -ENOTCONN  the broker died before this operation was submitted
  */
@@ -214,7 +222,12 @@ int chime_flush(chime_t *c);
  * once, in practice) of the broker dying, SIGKILL included; chime_poll() and
  * chime_dispatch() then return -ENOTCONN, and the fd stays readable, so stop
  * watching it. It is an epoll fd owned by the library: do not read or close
- * it; it is closed by chime_close(). Returns the fd, or -EINVAL.
+ * it; it is closed by chime_close(). The first call switches the drains to
+ * arming the fd: make it from the thread that drains (or before draining
+ * starts); later calls return the same fd from any thread. Drain until
+ * chime_poll()/chime_dispatch() return 0, not merely fewer than asked for:
+ * only an empty drain asks for the next wake-up. Returns the fd, -EINVAL or
+ * -ECHILD.
  */
 int chime_fd(const chime_t *c);
 
@@ -240,10 +253,11 @@ int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout
 /*
  * Drain up to max pending events (0: all that are pending now) and call
  * cb(event, arg) for each, in order; never blocks. The callback may arm,
- * reset and cancel timers: each event is taken just before its callback,
+ * reset and cancel timers, but must not drain (poll, wait, dispatch) or
+ * close c: each event is taken just before its callback,
  * so a timer that a callback cancels or resets is never dispatched after
  * it (a connection's callback may free its siblings). Returns how many were
- * dispatched, -EINVAL or -ENOTCONN.
+ * dispatched, -EINVAL (c or cb NULL) or -ENOTCONN (only if none was).
  */
 int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max);
 

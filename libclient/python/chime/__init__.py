@@ -94,10 +94,15 @@ def _u64(name, value):
 
 
 def _seconds_ns(name, value):
+    """Seconds as nanoseconds, saturated at 2**64-1 (584 years): ctypes would
+    pass a larger int modulo 2**64 (a period that long would become a short
+    one), and value * 1e9 may overflow a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value < 0:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
-    return int(round(value * 1e9))
+    if value >= _U64_MAX / 1e9:
+        return _U64_MAX
+    return min(int(round(value * 1e9)), _U64_MAX)
 
 
 def _deadline(at_ns, after):

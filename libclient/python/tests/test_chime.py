@@ -236,6 +236,22 @@ def test_bad_arguments(chime_conn):
     assert e.value.errno == errno.EINVAL
 
 
+def test_periods_and_delays_beyond_uint64_ns_saturate(chime_conn):
+    """A period of 2**64 ns or more (584 years) is "never again", not the
+    remainder modulo 2**64; an `after` that large is "never", not an
+    OverflowError."""
+    c = chime_conn
+    p = 18446744074.0               # 2**64 ns + 0.29 s: modulo 2**64, a 0.29 s period
+    tid = c.arm(1, after=0.001, period=p)
+    assert [ev.id for ev in wait_for(c, 1)] == [tid]
+    assert c.wait(timeout=0.4) == [], "a 584-year period fired again within 0.4 s"
+    c.cancel(tid)
+    for huge in (1e300, 10 ** 30):
+        tid = c.arm(2, after=huge, period=huge)
+        c.cancel(tid)
+    assert c.wait(timeout=0.05) == []
+
+
 def test_broker_death_is_enotconn(broker):
     c = chime.Chime(socket=broker.socket)
     c.arm(1, after=60)

@@ -35,7 +35,9 @@ _U64_MAX = (1 << 64) - 1
 class Event:
     """One expiration: the timer's id, key and data as armed, the deadline it
     fired for and when the broker fired it (CLOCK_MONOTONIC ns), and whether
-    the timer is periodic (it stays armed)."""
+    the timer is periodic (it stays armed). `periodic` is what this Chime
+    remembers of its own arm() calls: the C event does not say, so a timer
+    armed by an earlier process of the same session says False."""
     id: int
     key: int
     data: int
@@ -160,7 +162,10 @@ class Chime:
     def arm(self, key, *, at_ns=None, after=None, period=None, data=0):
         """Arm a timer at at_ns (absolute) or `after` seconds from now,
         repeating every `period` seconds if given; returns its id (never 0).
-        A deadline in the past fires at once."""
+        A deadline in the past fires at once; a periodic timer then fires
+        once for every period already missed (at_ns=0, period=1: one event
+        per second of uptime), so start one with after=0 or after=period.
+        Times beyond 2**64 ns (584 years) mean never."""
         deadline = _deadline(at_ns, after)
         period_ns = 0
         if period is not None:
@@ -231,8 +236,9 @@ class Chime:
         return self._events(r)
 
     def wait(self, timeout=None):
-        """The pending events (up to 64), waiting up to `timeout` seconds
-        (None: forever) for one; an empty list on timeout."""
+        """The pending events (up to 64; poll(max) takes more), waiting up to
+        `timeout` seconds (None: forever) for one; an empty list on timeout.
+        A signal whose handler returns does not end the wait (PEP 475)."""
         if timeout is None:
             end = None
         else:
@@ -267,7 +273,8 @@ class Chime:
 
     def close(self):
         """Disconnect: the broker cancels every timer of this connection (a
-        session's stay for its next opener)."""
+        session's stay for its next opener). Not while another thread is in
+        wait() on it (chime_wait(3))."""
         if self._c is not None:
             lib.chime_close(self._c)
             self._c = None

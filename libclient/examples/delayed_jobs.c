@@ -50,6 +50,7 @@ static void run_job(const struct chime_event *ev, void *arg)
 
 int main(void)
 {
+	/* at_ns starts as milliseconds from now; main() makes it absolute. */
 	struct job jobs[] = {
 		{ .what = "send the reminder e-mail", .at_ns = 50 },
 		{ .what = "retry the upload", .at_ns = 10 },
@@ -60,7 +61,7 @@ int main(void)
 	struct queue q = { .start_ns = chime_now(), .left = 5 };
 	struct epoll_event ee = { .events = EPOLLIN };
 	chime_t *c;
-	int ep, r;
+	int ep, fd, r;
 
 	r = chime_open(&c, NULL);
 	if (r < 0) {
@@ -71,12 +72,23 @@ int main(void)
 		chime_id_t id;
 
 		jobs[i].at_ns = q.start_ns + jobs[i].at_ns * MS;     /* ms from start -> absolute */
-		if (chime_arm(c, 0, jobs[i].at_ns, 0, (uint64_t)(uintptr_t)&jobs[i], &id) < 0)
+		r = chime_arm(c, 0, jobs[i].at_ns, 0, (uint64_t)(uintptr_t)&jobs[i], &id);
+		if (r < 0) {
+			fprintf(stderr, "delayed_jobs: chime_arm: %s\n", strerror(-r));
+			chime_close(c);
 			return 1;
+		}
+	}
+	fd = chime_fd(c);       /* before draining starts, from the thread that drains */
+	if (fd < 0) {
+		fprintf(stderr, "delayed_jobs: chime_fd: %s\n", strerror(-fd));
+		chime_close(c);
+		return 1;
 	}
 	ep = epoll_create1(EPOLL_CLOEXEC);
-	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, chime_fd(c), &ee) < 0) {
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ee) < 0) {
 		perror("delayed_jobs: epoll");
+		chime_close(c);
 		return 1;
 	}
 	while (q.left > 0) {
@@ -88,9 +100,12 @@ int main(void)
 			fprintf(stderr, "delayed_jobs: no wake-up with %d jobs left\n", q.left);
 			return 1;
 		}
+		/* max 0: every job due now; it finds the rings empty at the end, which re-arms the fd */
 		r = chime_dispatch(c, run_job, &q, 0);
 		if (r < 0) {
+			/* -ENOTCONN: the broker is gone, and the fd stays readable: stop watching it */
 			fprintf(stderr, "delayed_jobs: chime_dispatch: %s\n", strerror(-r));
+			chime_close(c);
 			return 1;
 		}
 	}

@@ -58,22 +58,32 @@ int main(int argc, char **argv)
 	unsigned n;
 	struct app a;
 	chime_t *c;
-	int r;
+	int fd, r;
 
 	r = requests_open(argc, argv, "event_timers", &c, &n);
 	if (r)
 		return r;
+	/* From the loop's thread, before anything drains: it arms the fd's wake-ups. */
+	fd = chime_fd(c);
+	if (fd < 0) {
+		fprintf(stderr, "event_timers: chime_fd: %s\n", strerror(-fd));
+		chime_close(c);
+		return 1;
+	}
 	a.base = event_base_new();
-	watcher = a.base ? event_new(a.base, chime_fd(c), EV_READ | EV_PERSIST, on_chime_readable, &a) : NULL;
+	watcher = a.base ? event_new(a.base, fd, EV_READ | EV_PERSIST, on_chime_readable, &a) : NULL;
 	give_up = a.base ? evtimer_new(a.base, on_give_up, &a) : NULL;
 	if (!watcher || !give_up) {
 		fprintf(stderr, "event_timers: libevent: out of memory\n");
+		chime_close(c);
 		return 1;
 	}
 	event_add(watcher, NULL);
 	evtimer_add(give_up, &give_up_after);
-	if (requests_start(&a.rq, c, n) < 0)
+	if (requests_start(&a.rq, c, n) < 0) {
+		chime_close(c);
 		return 1;
+	}
 	event_base_dispatch(a.base);
 	event_free(watcher);
 	event_free(give_up);

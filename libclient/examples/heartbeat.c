@@ -24,6 +24,7 @@
 #include <chime.h>
 
 #define MS 1000000ull
+#define WRONG_REPORT 1          /* report()'s own failure: positive, unlike chime's -errno */
 
 struct conn {
 	chime_id_t idle_timer;
@@ -31,6 +32,7 @@ struct conn {
 	uint8_t reported;
 };
 
+/* Take every report pending (waiting timeout_ms for the first): 0, WRONG_REPORT, or chime_wait's -errno. */
 static int report(chime_t *c, struct conn *conns, unsigned n, int timeout_ms, unsigned *reported)
 {
 	struct chime_event ev[256];
@@ -38,12 +40,12 @@ static int report(chime_t *c, struct conn *conns, unsigned n, int timeout_ms, un
 
 	while ((r = chime_wait(c, ev, 256, timeout_ms)) > 0) {
 		for (int i = 0; i < r; i++) {
-			struct conn *k = &conns[ev[i].user_data];
+			struct conn *k = ev[i].user_data < n ? &conns[ev[i].user_data] : NULL;
 
-			if (ev[i].user_data >= n || !k->silent || k->reported) {
+			if (!k || !k->silent || k->reported) {
 				fprintf(stderr, "heartbeat: connection %llu wrongly reported\n",
 					(unsigned long long)ev[i].user_data);
-				return -1;
+				return WRONG_REPORT;
 			}
 			k->reported = 1;
 			(*reported)++;
@@ -80,6 +82,7 @@ int main(int argc, char **argv)
 	r = conns ? chime_open(&c, NULL) : -ENOMEM;
 	if (r < 0) {
 		fprintf(stderr, "heartbeat: cannot connect to chimed: %s\n", strerror(-r));
+		free(conns);
 		return 1;
 	}
 	/* Every connection starts with an idle timer; user_data is its index. */
@@ -104,13 +107,13 @@ int main(int argc, char **argv)
 			next_round += (uint64_t)timeout_ms * MS / 4;
 		}
 		r = report(c, conns, n, 5, &reported);
-		if (r < 0)
+		if (r != 0)
 			goto fail;
 	}
 	/* Anyone still owed a report is late by at least a timeout by now, at most two. */
 	while (reported < silent && chime_now() < end + 2 * (uint64_t)timeout_ms * MS) {
 		r = report(c, conns, n, 10, &reported);
-		if (r < 0)
+		if (r != 0)
 			goto fail;
 	}
 	printf("heartbeat: %u connections, %u silent, %u reported\n", n, silent, reported);
@@ -118,6 +121,8 @@ int main(int argc, char **argv)
 	free(conns);
 	return reported == silent ? 0 : 1;
 fail:
-	fprintf(stderr, "heartbeat: %s\n", r == -1 ? "wrong report" : strerror(-r));
+	fprintf(stderr, "heartbeat: %s\n", r == WRONG_REPORT ? "wrong report" : strerror(-r));
+	chime_close(c);
+	free(conns);
 	return 1;
 }

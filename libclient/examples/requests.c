@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* requests - the event-loop examples' simulation (see requests.h). */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,8 +36,10 @@ int requests_start(struct requests *rq, chime_t *c, unsigned n)
 	int r;
 
 	*rq = (struct requests){ .chime = c, .n = n, .req = calloc(n, sizeof(*rq->req)) };
-	if (!rq->req)
-		return -1;
+	if (!rq->req) {
+		fprintf(stderr, "requests: %u requests: out of memory\n", n);
+		return -ENOMEM;
+	}
 	r = chime_arm(c, 0, chime_now() + 50 * MS, 50 * MS, TICK, &rq->tick);
 	for (unsigned i = 0; i < n && r == 0; i++) {
 		rq->req[i].deadline_ns = chime_now() + (20 + i % 200) * MS;

@@ -47,13 +47,16 @@ int main(void)
 		fprintf(stderr, "timeout_tasks: cannot connect to chimed: %s\n", strerror(-r));
 		return 1;
 	}
-	if (start(c, &a, 1, 40) || start(c, &b, 1, 30) || start(c, &c_, 1, 20) ||
-	    start(c, &d, 1, 10) || start(c, &e, 2, 5) || start(c, &f, 2, 5)) {
-		fprintf(stderr, "timeout_tasks: chime_arm failed\n");
+	if ((r = start(c, &a, 1, 40)) < 0 || (r = start(c, &b, 1, 30)) < 0 || (r = start(c, &c_, 1, 20)) < 0 ||
+	    (r = start(c, &d, 1, 10)) < 0 || (r = start(c, &e, 2, 5)) < 0 || (r = start(c, &f, 2, 5)) < 0) {
+		/* -EDQUOT, -ENOMEM: the broker's limits; -ENOTCONN: it is gone */
+		fprintf(stderr, "timeout_tasks: chime_arm: %s\n", strerror(-r));
+		chime_close(c);
 		return 1;
 	}
-	chime_cancel(c, d.timer);       /* "d" finished in time */
-	chime_cancel_key(c, 2);         /* group 2 was abandoned: drop all its timeouts */
+	/* Neither fails but with -ENOTCONN (the broker is gone: the wait below says so too). */
+	(void)chime_cancel(c, d.timer);         /* "d" finished in time */
+	(void)chime_cancel_key(c, 2);           /* group 2 was abandoned: drop all its timeouts */
 
 	/* Collect timeouts until a quiet 100 ms; none of d, e, f may show up. */
 	while ((r = chime_wait(c, ev, 8, 100)) > 0) {
@@ -64,6 +67,7 @@ int main(void)
 			       (double)(ev[i].fired_ns - ev[i].deadline_ns) / 1e6);
 			if (n >= 3 || strcmp(t->name, want[n]) != 0) {
 				fprintf(stderr, "timeout_tasks: unexpected task '%s'\n", t->name);
+				chime_close(c);
 				return 1;
 			}
 			n++;

@@ -63,18 +63,27 @@ int main(int argc, char **argv)
 	unsigned n;
 	struct app a;
 	chime_t *c;
-	int r;
+	int fd, r;
 
 	r = requests_open(argc, argv, "uv_timers", &c, &n);
 	if (r)
 		return r;
-	uv_poll_init(loop, &a.watcher, chime_fd(c));
+	/* From the loop's thread, before anything drains: it arms the fd's wake-ups. */
+	fd = chime_fd(c);
+	r = fd < 0 ? fd : uv_poll_init(loop, &a.watcher, fd);
+	if (r < 0) {
+		fprintf(stderr, "uv_timers: watching chime_fd(): %s\n", fd < 0 ? strerror(-fd) : uv_strerror(r));
+		chime_close(c);
+		return 1;
+	}
 	uv_timer_init(loop, &a.give_up);
 	a.watcher.data = a.give_up.data = &a;
 	uv_poll_start(&a.watcher, UV_READABLE, on_chime_readable);
 	uv_timer_start(&a.give_up, on_give_up, 10000, 0);
-	if (requests_start(&a.rq, c, n) < 0)
+	if (requests_start(&a.rq, c, n) < 0) {
+		chime_close(c);
 		return 1;
+	}
 	uv_run(loop, UV_RUN_DEFAULT);
 	uv_loop_close(loop);
 	r = requests_finish(&a.rq, "uv_timers");

@@ -90,6 +90,8 @@ struct chime {
 	struct chime *next_open;            /* every open chime_t of the process (client.c, fork) */
 	struct chime **prev_open;
 	uint64_t link;                      /* atomic: (connection number << 1) | 1 while a session reconnects */
+	const char *drainer;                /* atomic: &cl_thread_token of the thread holding `lock` as
+					     * the drainer (poll.c), NULL while nobody does */
 
 	/* reconnect (named sessions only, reconnect.c); all but `link` under `lock` */
 	char session[CHIME_SESSION_MAX];    /* "" anonymous: never reconnects */
@@ -201,11 +203,18 @@ static inline void cl_note_void(struct chime *c)
 }
 
 /*
- * The session whose lock this thread holds as its drainer (poll.c), NULL
- * if none: a chime_dispatch() callback runs under it, and an arm there that
- * finds the broker gone must reconnect as the lock's holder (timer.c).
+ * Whether this thread holds session c's lock as its drainer (poll.c): a
+ * chime_dispatch() callback runs under it, and an arm there that finds the
+ * broker gone must reconnect as the lock's holder (timer.c). Per session,
+ * not "the last session this thread drained": a callback may drain another
+ * session first, and would then wait forever for its own reconnect.
  */
-extern __thread struct chime *cl_drainer_of;
+extern __thread char cl_thread_token;   /* its address names the thread */
+
+static inline bool cl_holds_drainer_lock(const struct chime *c)
+{
+	return at_load(&c->drainer) == &cl_thread_token;
+}
 
 static inline bool cl_reconnecting(const struct chime *c)
 {

@@ -64,7 +64,7 @@
 #define TAG_KICK 1u
 #define TAG_SOCK 2u
 
-__thread struct chime *cl_drainer_of;
+__thread char cl_thread_token;
 __thread struct chime *cl_dispatching;
 
 /*
@@ -363,14 +363,14 @@ static bool drainer_trylock(struct chime *c)
 		return true;
 	if (pthread_mutex_trylock(&c->lock) != 0)
 		return false;
-	cl_drainer_of = c;
+	at_store(&c->drainer, &cl_thread_token);
 	return true;
 }
 
 static void drainer_unlock(struct chime *c)
 {
 	if (c->session[0]) {
-		cl_drainer_of = NULL;
+		at_store(&c->drainer, (const char *)NULL);
 		pthread_mutex_unlock(&c->lock);
 	}
 }

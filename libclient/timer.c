@@ -67,7 +67,7 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 			 * or wait for whoever does. A dispatch callback's thread holds
 			 * the lock already: it reconnects, and the drain it is in stops.
 			 */
-			if (cl_reconnect(c, cl_drainer_of == c))
+			if (cl_reconnect(c, cl_holds_drainer_lock(c)))
 				nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
 			continue;
 		}

@@ -692,3 +692,53 @@ Test(session, a_forked_worker_does_not_keep_its_dead_parents_connection)
 	orphan_case(NULL);
 	orphan_case("orphaned");
 }
+
+/*
+ * A session's dispatch callback that drained another session, then arms
+ * into a full ring after its broker died: the arm must reconnect (or give
+ * up with -ENOTCONN), which only this thread can do, as the holder of the
+ * session's drainer lock. It hung, waiting for itself.
+ */
+static chime_t *nest_a, *nest_b;
+
+static void nested_cb(const struct chime_event *ev, void *arg)
+{
+	struct chime_event e[4];
+	int *r = arg;
+
+	(void)ev;
+	(void)chime_poll(nest_b, e, 4);         /* another session's drain, inside A's */
+	kill(tb.pid, SIGKILL);                  /* the test process reaps it */
+	for (unsigned i = 0; i < 100000; i++)
+		if ((*r = chime_arm(nest_a, 1, now_ns() + HOUR, 0, i, &(chime_id_t){ 0 })) != 0)
+			break;
+}
+
+static int nested_child(void)
+{
+	int r = 0;
+
+	alarm(15);      /* the bug is a hang: SIGALRM ends it */
+	setenv("CHIME_RECONNECT_S", "1", 1);
+	if (sopen(&nest_a, "nest-a") < 0 || sopen(&nest_b, "nest-b") < 0)
+		return 2;
+	if (chime_arm(nest_a, 0, now_ns(), 0, 0, &(chime_id_t){ 0 }) < 0)
+		return 3;
+	usleep(20000);
+	if (chime_dispatch(nest_a, nested_cb, &r, 0) != 1)
+		return 4;
+	return r == -ENOTCONN ? 0 : 5;
+}
+
+Test(session, a_callback_that_drained_another_session_still_reconnects_its_own)
+{
+	pid_t pid;
+
+	start("-n 1 --sq-size 64");
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		_exit(nested_child());
+	cr_assert_eq(wait_child(pid), 0, "the arm in the callback (142: it hung)");
+	(void)t_chimed_stop(&tb, SIGKILL);
+}

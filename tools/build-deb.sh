@@ -113,7 +113,7 @@ if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 		done |
 		tar --null -T - -cf -) | tar -xf - -C "$src"
 else
-	(cd "$root" && tar --exclude='./build*' --exclude='./obj-*' --exclude=./debian/tmp -cf - .) |
+	(cd "$root" && tar --exclude=./.git --exclude='./build*' --exclude='./obj-*' --exclude=./debian/tmp -cf - .) |
 		tar -xf - -C "$src"
 fi
 say "building chime $version in $out (dpkg-buildpackage -us -uc -b, $jobs jobs; log: $out/build.log)"

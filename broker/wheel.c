@@ -399,7 +399,6 @@ static inline void exp_append(struct wheel *wh, struct chime_node *n, uint32_t i
 	n->prev = tail;
 	n->level = (uint8_t)kind;
 	n->state = CHIME_NODE_EXPIRED;
-	wh->due_n += kind == EXP_DUE;
 	if (tail != NIL)
 		wh->nodes[tail].next = idx;
 	else
@@ -418,8 +417,7 @@ static inline void exp_jump(struct wheel *wh, uint32_t first, uint32_t last, uin
 		if (i == last)
 			break;
 	}
-	wh->due_n += cnt;
-	wh->front_n += cnt;
+	wh->front_n += cnt;     /* due_n: the caller's, once per tick */
 	wh->nodes[first].prev = p;
 	wh->nodes[last].next = next;
 	if (next != NIL)
@@ -758,12 +756,12 @@ static uint64_t fire_slot(struct wheel *wh, unsigned s)
 	}
 	if (last == NIL)
 		return 0;
+	wh->due_n += cnt;
 	if (wh->jump_on && wh->jump_left >= cnt) {
 		wh->jump_left -= (uint32_t)cnt;
 		exp_jump(wh, head, last, cnt);
 		return cnt;
 	}
-	wh->due_n += cnt;
 	nodes[last].next = NIL;
 	nodes[head].prev = w->expired_tail;
 	if (w->expired_tail != NIL)
@@ -806,6 +804,7 @@ static uint64_t fire_slot_partial(struct wheel *wh, unsigned s, uint64_t now)
 		i = next;
 	}
 	wh->cur_min_ns = min;
+	wh->due_n += cnt;
 	return cnt;
 }
 
@@ -864,6 +863,7 @@ static uint64_t cascade_slot(struct wheel *wh, unsigned l, unsigned s, uint64_t 
 		i = ni;
 		j = pj;
 	}
+	wh->due_n += cnt;
 	return cnt;
 }
 
@@ -1022,27 +1022,39 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 	return fired;
 }
 
+/* Take node i, at the expired list's head, off it; returns the next. */
+static inline uint32_t pop_one(struct chime_node *nodes, uint32_t i)
+{
+	struct chime_node *n = &nodes[i];
+	uint32_t next = n->next;
+
+	__builtin_prefetch(&nodes[next]);
+	n->state = CHIME_NODE_ALLOC;
+	n->prev = NIL;
+	n->next = NIL;
+	return next;
+}
+
 unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 {
 	struct chime_wheel *w = wh->w;
 	struct chime_node *nodes = wh->nodes;
 	uint32_t i = w->expired_head;
-	unsigned cnt = 0;
+	unsigned cnt = 0, from_front = 0;
 
-	while (cnt < max && i != NIL) {
-		struct chime_node *n = &nodes[i];
-
-		if (n->level == EXP_PENDING)
-			break;
-		__builtin_prefetch(&nodes[n->next]);
-		wh->front_n -= n->level == EXP_FRONT;
+	if (i == NIL || nodes[i].level == EXP_PENDING)
+		return 0;       /* the common call: nothing due */
+	/* The front first (due: no pending node there), up to its last node. */
+	while (wh->fresh_tail != NIL && cnt < max) {
 		if (i == wh->fresh_tail)
-			wh->fresh_tail = NIL;   /* the front is all popped */
+			wh->fresh_tail = NIL;
 		out[cnt++] = i;
-		n->state = CHIME_NODE_ALLOC;
-		n->prev = NIL;
-		i = n->next;
-		n->next = NIL;
+		i = pop_one(nodes, i);
+		from_front++;
+	}
+	while (cnt < max && i != NIL && nodes[i].level != EXP_PENDING) {
+		out[cnt++] = i;
+		i = pop_one(nodes, i);
 	}
 	w->expired_head = i;
 	if (i != NIL)
@@ -1051,6 +1063,7 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 		w->expired_tail = NIL;
 	w->armed -= cnt;
 	wh->due_n -= cnt;
+	wh->front_n -= from_front;
 	return cnt;
 }
 

@@ -122,7 +122,7 @@ _SESSION_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxy
 def _open_invalid(socket, session):
     """What chime_open's EINVAL was about: the session name, else the socket path."""
     if session is not None:
-        name = session.encode()
+        name = os.fsencode(session)
         if not 1 <= len(name) <= 63 or not set(name) <= _SESSION_CHARS:
             return f"{session!r} is not a session name (1..63 of A-Z a-z 0-9 . _ -)"
     return f"{socket!r} is not a socket path (empty, or longer than a unix socket's 107 bytes)"
@@ -132,7 +132,7 @@ class Chime:
     """One connection to the broker. Chime(socket=None, session=None): the
     socket is `socket`, else $CHIME_SOCKET, else /run/chime/chime.sock.
     Closing it (or leaving its `with` block) cancels every timer it armed,
-    unless `session` names a session (1..63 of [A-Za-z0-9._-]): its timers
+    unless `session` (str or bytes) names a session (1..63 of [A-Za-z0-9._-]): its timers
     stay for the next Chime that opens it, and a restart of chimed goes
     unseen (the library reconnects, up to $CHIME_RECONNECT_S, 30 s; see
     chime_open(3), "Broker restarts").
@@ -145,7 +145,10 @@ class Chime:
         self._periodic = {}     # id -> key of the periodic timers: Event.periodic
         self._buf = None
         path = os.fsencode(socket) if socket is not None else None
-        opts = ChimeOpts(path, 0, session.encode() if session is not None else None)
+        if session is not None and not isinstance(session, (str, bytes)):
+            raise TypeError(f"session must be str or bytes, not {type(session).__name__}")
+        name = os.fsencode(session) if session is not None else None
+        opts = ChimeOpts(path, 0, name)
         handle = ctypes.c_void_p()
         r = lib.chime_open(ctypes.byref(handle), ctypes.byref(opts))
         if r < 0:

@@ -203,9 +203,11 @@ def test_a_session_keeps_its_timers_for_the_next_opener(broker):
         with pytest.raises(OSError) as e:
             chime.Chime(socket=broker.socket, session="py-jobs")
         assert e.value.errno == errno.EBUSY
-    with chime.Chime(socket=broker.socket, session="py-jobs") as c:
+    with chime.Chime(socket=broker.socket, session=b"py-jobs") as c:    # bytes name the same session
         assert [ev.key for ev in wait_for(c, 1)] == [7]
-    for bad in ("", "a/b", "x" * 64):
+    with pytest.raises(TypeError):
+        chime.Chime(socket=broker.socket, session=7)
+    for bad in ("", "a/b", "x" * 64, b"a/b"):
         with pytest.raises(OSError) as e:
             chime.Chime(socket=broker.socket, session=bad)
         assert e.value.errno == errno.EINVAL

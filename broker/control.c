@@ -1160,6 +1160,7 @@ static void clients_beat(struct broker *b, uint64_t now)
 			head = at_load_acq(&m->ro->sq_head);
 			if (at_load(&m->sq_slots[head & (m->sq_size - 1)].seq) == head + 1) {
 				(void)eventfd_write(b->shards[s].doorbell, 1);
+				b->shards[s].rung = true;
 				asleep[s] = false;      /* rung: once is enough */
 				nr_asleep--;
 			}
@@ -1204,13 +1205,14 @@ static bool stop_parking(const struct broker *b)
 }
 
 /*
- * A shard that for SHARD_STUCK_NS neither finished a pass nor slept with a
- * wake-up still ahead is stuck (a bug, or a thread stopped under a
- * debugger), and its clients' timers no longer fire: the heartbeat then
- * withholds systemd's watchdog ping, so that systemd restarts the broker
- * (the timers are kept), and says which shard. Counted in heartbeats, not
- * by the clock, so that a stopped and continued broker is not "stuck".
- * False: some shard is stuck.
+ * A shard is stuck (a bug, or a thread stopped under a debugger), and its
+ * clients' timers and records go nowhere, when for SHARD_STUCK_NS it
+ * finished no pass and was neither asleep with its wake-up still ahead
+ * nor, if asleep, woken by the doorbell the last heartbeat rang
+ * (clients_beat()). The heartbeat then withholds systemd's watchdog ping,
+ * so that systemd restarts the broker (the timers are kept), and says
+ * which shard. Counted in heartbeats, not by the clock, so that a stopped
+ * and continued broker is not "stuck". False: some shard is stuck.
  */
 #define SHARD_STUCK_NS (UINT64_C(3) * 1000000000u)
 
@@ -1222,9 +1224,11 @@ static bool shards_alive(struct broker *b, uint64_t now)
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
 		struct shard *s = &b->shards[i];
 		uint64_t passes = at_load(&s->passes), wake = at_load(s->wake_ns);
-		bool asleep = at_load(s->sleeping) != 0;
+		bool asleep = at_load(s->sleeping) != 0, rung = s->rung;
 
-		if (passes != s->seen_passes || (asleep && (now <= wake || now - wake < SHARD_STUCK_NS))) {
+		s->rung = false;
+		if (passes != s->seen_passes ||
+		    (asleep && !rung && (now <= wake || now - wake < SHARD_STUCK_NS))) {
 			if (s->still_beats >= stuck)
 				log_msg(LOG_NOTICE, "shard %u is making progress again", i);
 			s->seen_passes = passes;
@@ -1234,7 +1238,8 @@ static bool shards_alive(struct broker *b, uint64_t now)
 		if (++s->still_beats == stuck)
 			log_msg(LOG_ERR, "shard %u has made no progress for %llu s (%s): its timers do not fire; "
 				"withholding the watchdog ping", i, (unsigned long long)(SHARD_STUCK_NS / 1000000000u),
-				asleep ? "asleep past its wake-up" : "awake, in one pass");
+				!asleep ? "awake, in one pass" : rung ? "asleep through its doorbell" :
+				"asleep past its wake-up");
 		alive &= s->still_beats < stuck;
 	}
 	return alive;

@@ -120,6 +120,7 @@ struct shard {
 	/* the control thread's liveness check (control.c, shards_alive()) */
 	uint64_t seen_passes;
 	uint32_t still_beats;           /* heartbeats since it last moved or slept on time */
+	bool rung;                      /* the heartbeat rang it (clients_beat()): it must move by the next */
 
 	pthread_t thr;
 	int started;

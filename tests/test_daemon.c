@@ -448,15 +448,20 @@ static const char *read_log(const char *path)
  * A shard thread that stops making progress (a bug; here, stopped under
  * ptrace as a debugger would) no longer fires its timers, while the
  * control thread went on pinging systemd's watchdog: systemd never knew.
- * The heartbeat now withholds the ping once a shard has neither finished a
- * pass nor slept with a wake-up ahead for 3 s, says which, and pings again
- * once it moves. The shard busy-polls, so that it never sleeps.
+ * The heartbeat now withholds the ping once a shard has for 3 s neither
+ * finished a pass nor slept with its wake-up ahead, or, asleep, not woken
+ * for the doorbell the heartbeat rang; says which; and pings again once
+ * it moves. `asleep`: the shard sleeps with a timer an hour ahead and a
+ * client's reset waits for it (a reset due after the shard's wake-up rings
+ * no doorbell: the heartbeat rings it); else it busy-polls.
  */
-Test(daemon, a_stuck_shard_withholds_the_watchdog_ping, .timeout = 60)
+static void stuck_shard(bool asleep, const char *why)
 {
-	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], logp[300], opts[400];
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], logp[300], opts[400], want[128];
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct t_chimed b;
+	chime_t *c = NULL;
+	chime_id_t id;
 	uint64_t t0;
 	int fd, tid, st, before = 0, after = 0;
 
@@ -471,11 +476,16 @@ Test(daemon, a_stuck_shard_withholds_the_watchdog_ping, .timeout = 60)
 	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
 	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
 	setenv("WATCHDOG_USEC", "1000000", 1);  /* a ping at least every 0.5 s */
-	snprintf(opts, sizeof(opts), "--shards 1 --spin-us -1 2>'%s'", logp);
+	snprintf(opts, sizeof(opts), "--shards 1 %s 2>'%s'", asleep ? "" : "--spin-us -1", logp);
 	cr_assert_eq(t_chimed_start(&b, sock, opts), 0);
 	unsetenv("NOTIFY_SOCKET");
 	unsetenv("WATCHDOG_USEC");
 	cr_assert(expect_msg(fd, "READY=1", 5000), "no READY=1");
+	if (asleep) {
+		cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = sock }), 0);
+		cr_assert_eq(chime_arm(c, 1, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
+		usleep(200000);         /* applied; the shard is asleep until the timer */
+	}
 	tid = thread_named(b.pid, "chimed-shard0");
 	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", b.pid);
 
@@ -488,6 +498,8 @@ Test(daemon, a_stuck_shard_withholds_the_watchdog_ping, .timeout = 60)
 	cr_assert_eq(ptrace(PTRACE_INTERRUPT, tid, 0, 0), 0);
 	cr_assert_eq(waitpid(tid, &st, __WALL), tid);
 	cr_assert(WIFSTOPPED(st), "the shard thread did not stop (%#x)", st);
+	if (asleep)     /* a keepalive: it waits for the wake-up an hour away, then for the heartbeat */
+		cr_assert_eq(chime_reset(c, id, chime_now() + UINT64_C(7200000000000)), 0);
 	/* Pings go on until the shard has been still for 3 s (and a heartbeat), then stop. */
 	t0 = now_ns();
 	while (now_ns() - t0 < UINT64_C(2000000000))
@@ -498,15 +510,28 @@ Test(daemon, a_stuck_shard_withholds_the_watchdog_ping, .timeout = 60)
 		after += expect_msg(fd, "WATCHDOG=1", 100);
 	cr_expect_geq(before, 2, "%d pings in the first 2 s", before);
 	cr_expect_eq(after, 0, "%d pings 3.6-5.6 s after the shard stopped", after);
-	cr_expect(strstr(read_log(logp), "shard 0 has made no progress for 3 s"), "%s", read_log(logp));
+	snprintf(want, sizeof(want), "shard 0 has made no progress for 3 s (%s)", why);
+	cr_expect(strstr(read_log(logp), want), "no '%s' in: %s", want, read_log(logp));
 
 	cr_assert_eq(ptrace(PTRACE_DETACH, tid, 0, 0), 0);
 	cr_expect(expect_msg(fd, "WATCHDOG=1", 2000), "no ping once the shard runs again");
 	cr_expect(strstr(read_log(logp), "shard 0 is making progress again"), "%s", read_log(logp));
+	if (c)
+		chime_close(c);
 	st = t_chimed_stop(&b, SIGTERM);
 	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
 	close(fd);
 	t_rmdir_files(dir);
+}
+
+Test(daemon, a_stuck_shard_withholds_the_watchdog_ping, .timeout = 60)
+{
+	stuck_shard(false, "awake, in one pass");
+}
+
+Test(daemon, a_shard_asleep_through_its_doorbell_withholds_the_watchdog_ping, .timeout = 60)
+{
+	stuck_shard(true, "asleep through its doorbell");
 }
 
 Test(daemon, unit_file_verifies)

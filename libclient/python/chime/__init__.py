@@ -23,9 +23,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from ._lib import ChimeEvent, ChimeOpts, lib
+from ._lib import ChimeEvent, ChimeOp, ChimeOpts, lib
 
-__all__ = ["Chime", "Event", "now", "version", "DEFAULT_SOCKET"]
+__all__ = ["Chime", "Event", "Op", "now", "version", "DEFAULT_SOCKET"]
 
 DEFAULT_SOCKET = "/run/chime/chime.sock"
 _U64_MAX = (1 << 64) - 1
@@ -44,6 +44,44 @@ class Event:
     deadline_ns: int
     fired_ns: int
     periodic: bool
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of a Chime.submit() batch; make it with Op.arm(),
+    Op.reset(), Op.cancel() or Op.cancel_key(), whose arguments are those of
+    the Chime methods of the same names (`after` counts from when the Op is
+    made)."""
+    code: int
+    id: int = 0
+    key: int = 0
+    deadline_ns: int = 0
+    period_ns: int = 0
+    data: int = 0
+
+    ARM, RESET, CANCEL, CANCEL_KEY = 1, 2, 3, 4     # enum chime_op_code
+
+    @classmethod
+    def arm(cls, key, *, at_ns=None, after=None, period=None, data=0):
+        period_ns = 0
+        if period is not None:
+            period_ns = _seconds_ns("period", period)
+            if period_ns == 0:
+                raise ValueError("period must be > 0 seconds (leave it out for a one-shot timer)")
+        return cls(cls.ARM, key=_u64("key", key), deadline_ns=_deadline(at_ns, after),
+                   period_ns=period_ns, data=_u64("data", data))
+
+    @classmethod
+    def reset(cls, id, *, at_ns=None, after=None):
+        return cls(cls.RESET, id=_u64("id", id), deadline_ns=_deadline(at_ns, after))
+
+    @classmethod
+    def cancel(cls, id):
+        return cls(cls.CANCEL, id=_u64("id", id))
+
+    @classmethod
+    def cancel_key(cls, key):
+        return cls(cls.CANCEL_KEY, key=_u64("key", key))
 
 
 def now():
@@ -206,6 +244,47 @@ class Chime:
             raise _error("chime_cancel_key", -r)
         for tid in [t for t, k in self._periodic.items() if k == key]:
             del self._periodic[tid]
+
+    def submit(self, ops):
+        """Apply a batch of Op values in one call (chime_submit(3)): one
+        publication, one barrier and at most one doorbell per shard, and one
+        call into the library instead of one per operation. Returns a list,
+        one entry per Op: an arm's timer id, None for the others, or, for an
+        operation refused alone (EDQUOT, ENOMEM, a malformed id), the
+        OSError it would have raised, without raising it: the rest of the
+        batch still applies. Raises only when the call fails as a whole (the
+        broker gone before any operation succeeded, a forked child)."""
+        ops = list(ops)
+        if not ops:
+            return []
+        if not all(isinstance(o, Op) for o in ops):
+            raise TypeError("submit takes Op values (Op.arm(), Op.reset(), Op.cancel(), Op.cancel_key())")
+        arr = (ChimeOp * len(ops))()
+        for a, o in zip(arr, ops):
+            a.op, a.id, a.key, a.deadline_ns, a.period_ns, a.user_data = (
+                o.code, o.id, o.key, o.deadline_ns, o.period_ns, o.data)
+        r = lib.chime_submit(self._handle(), arr, len(ops))
+        if r < 0:
+            raise _error("chime_submit", -r)
+        names = {Op.ARM: "chime_arm", Op.RESET: "chime_reset", Op.CANCEL: "chime_cancel",
+                 Op.CANCEL_KEY: "chime_cancel_key"}
+        out = []
+        for a, o in zip(arr, ops):
+            if a.result < 0:
+                out.append(_error(names[o.code], -a.result, id=o.id))
+                continue
+            if o.code == Op.ARM:
+                if o.period_ns:
+                    self._periodic[a.id] = o.key
+                out.append(a.id)
+                continue
+            if o.code == Op.CANCEL:
+                self._periodic.pop(o.id, None)
+            elif o.code == Op.CANCEL_KEY:
+                for tid in [t for t, k in self._periodic.items() if k == o.key]:
+                    del self._periodic[tid]
+            out.append(None)
+        return out
 
     def flush(self):
         """Have the broker apply what this connection submitted now, rather

@@ -25,6 +25,19 @@ class ChimeEvent(ctypes.Structure):
     ]
 
 
+class ChimeOp(ctypes.Structure):
+    # struct chime_op (chime_submit, CHIME_0.4)
+    _fields_ = [
+        ("op", ctypes.c_uint32),
+        ("result", ctypes.c_int32),
+        ("id", ctypes.c_uint64),
+        ("key", ctypes.c_uint64),
+        ("deadline_ns", ctypes.c_uint64),
+        ("period_ns", ctypes.c_uint64),
+        ("user_data", ctypes.c_uint64),
+    ]
+
+
 def _load():
     # $CHIME_LIBRARY: a build tree's libchime.so (the tests use it).
     path = os.environ.get("CHIME_LIBRARY") or SONAME
@@ -53,6 +66,7 @@ _sigs = {
     "chime_cancel": (ctypes.c_int, [_p, _u64]),
     "chime_cancel_key": (ctypes.c_int, [_p, _u64]),
     "chime_flush": (ctypes.c_int, [_p]),
+    "chime_submit": (ctypes.c_int, [_p, ctypes.POINTER(ChimeOp), ctypes.c_uint]),
     "chime_fd": (ctypes.c_int, [_p]),
     "chime_poll": (ctypes.c_int, [_p, ctypes.POINTER(ChimeEvent), ctypes.c_uint]),
     "chime_wait": (ctypes.c_int, [_p, ctypes.POINTER(ChimeEvent), ctypes.c_uint, ctypes.c_int]),

@@ -13,8 +13,8 @@
     asyncio.run(main())
 
 The loop watches the connection's fileno() (loop.add_reader); nothing
-blocks the loop. arm, reset, cancel and cancel_key are the Chime's own
-(no await: they are stores into shared memory).
+blocks the loop. arm, reset, cancel, cancel_key, submit and flush are the
+Chime's own (no await: they are stores into shared memory).
 """
 import asyncio
 
@@ -34,6 +34,8 @@ class AsyncChime:
         self.reset = self.chime.reset
         self.cancel = self.chime.cancel
         self.cancel_key = self.chime.cancel_key
+        self.submit = self.chime.submit
+        self.flush = self.chime.flush
         self._pending = []
 
     async def wait(self, max=64):

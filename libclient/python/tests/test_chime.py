@@ -93,6 +93,38 @@ def test_cancel_and_cancel_key(chime_conn):
     assert c.wait(timeout=0.1) == []
 
 
+def test_submit_applies_a_batch(chime_conn):
+    c = chime_conn
+    a, b, p, k, *rest = c.submit([chime.Op.arm(1, after=0.5), chime.Op.arm(2, after=0.05, data=5),
+                                  chime.Op.arm(3, after=0.02, period=0.01), chime.Op.arm(4, after=0.05)])
+    assert rest == [] and all(isinstance(x, int) and x for x in (a, b, p, k))
+    assert c.submit([chime.Op.reset(a, after=0.03), chime.Op.cancel(k), chime.Op.cancel_key(3)]) == [None] * 3
+    evs = wait_for(c, 2)
+    assert sorted((ev.key, ev.periodic) for ev in evs) == [(1, False), (2, False)]
+    assert [ev.data for ev in evs if ev.key == 2] == [5]
+    assert c.wait(timeout=0.1) == []
+    assert c.submit([]) == []
+    with pytest.raises(TypeError):
+        c.submit([("arm", 1)])
+    with pytest.raises(ValueError):
+        chime.Op.arm(1, after=1, period=0)
+
+
+def test_submit_reports_each_refusal_without_raising(tmp_path):
+    from conftest import Broker
+    b = Broker(os.environ["CHIMED"], ["--shards", "1", "--max-timers-per-client", "8"])
+    try:
+        with chime.Chime(socket=b.socket) as c:
+            got = c.submit([chime.Op.arm(i, after=60) for i in range(40)] + [chime.Op.cancel_key(0)])
+            ids = [x for x in got[:40] if isinstance(x, int)]
+            refused = [x for x in got[:40] if isinstance(x, OSError)]
+            assert len(ids) + len(refused) == 40 and ids and refused
+            assert all(e.errno == errno.EDQUOT and "chime_arm" in str(e) for e in refused), refused
+            assert got[40] is None      # the batch went on after the refusals
+    finally:
+        b.stop()
+
+
 def test_poll_never_blocks(chime_conn):
     chime_conn.arm(1, after=10)
     t = time.monotonic()

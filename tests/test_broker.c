@@ -608,10 +608,16 @@ Test(broker, short_periodic_timers_cannot_keep_a_shard_spinning)
 	run_periodic_timers("--shards 1 --spin-share 100", 4, 100000, &spun_all, &cpu_all, &elapsed_all, &fires);
 	cr_assert_geq(spun_all, elapsed_all / 2, "--spin-share 100: spun %.0f ms of %.0f", (double)spun_all / 1e6,
 		      (double)elapsed_all / 1e6);
-	/* What is left of the shard's CPU is the work, a sleep and a wake-up per deadline or two: clearly less. */
-	cr_assert_lt((double)cpu / (double)elapsed, (double)cpu_all / (double)elapsed_all - 0.1,
-		     "the shard used %.0f ms of CPU in %.0f ms, %.0f in %.0f with --spin-share 100",
-		     (double)cpu / 1e6, (double)elapsed / 1e6, (double)cpu_all / 1e6, (double)elapsed_all / 1e6);
+	/*
+	 * What is left of the shard's CPU is the work, a sleep and a wake-up
+	 * per deadline or two: well under the whole core it took before the
+	 * limit (99%; 39-49% now). Not compared with --spin-share 100's: a
+	 * spin into a deadline yields its core until the last 3 us, so what
+	 * spinning costs in CPU depends on who else wants the core (569-1490
+	 * ms of 1500 seen).
+	 */
+	cr_assert_lt(cpu, elapsed * 85 / 100, "the shard used %.0f ms of CPU in %.0f ms (%.0f with --spin-share 100)",
+		     (double)cpu / 1e6, (double)elapsed / 1e6, (double)cpu_all / 1e6);
 }
 
 /*

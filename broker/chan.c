@@ -801,7 +801,12 @@ static inline void prefetch_links(struct shard_core *sc, struct chan *ch, uint64
 		return;
 	case CHIME_OP_CANCEL:
 		idx = chime_id_index(at_load(&s->id));
-		if (idx >= sc->capacity)
+		/*
+		 * A load, not a prefetch: below the high-water mark only, as
+		 * lookup() checks. Past it the slab may be a hole of the file,
+		 * and reading one on a full tmpfs is a SIGBUS.
+		 */
+		if (idx >= sc->capacity || idx >= sc->wh.w->high_water)
 			return;
 		n = NODE(sc, idx);
 		prefetch_node(sc, n->next);

@@ -325,6 +325,86 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 	t_unmount_tmpfs(dir);
 }
 
+/*
+ * The shard reads a record's node ahead of applying it (chan.c,
+ * prefetch_links()): a CANCEL's node was read with its index checked only
+ * against the capacity. Past the reserved part of the slab the shard file
+ * is a hole, and reading a hole of a full tmpfs is a SIGBUS: any client
+ * could kill the broker with made-up ids (found by a concurrency audit).
+ */
+Test(limits, a_made_up_id_past_the_reserved_slab_cannot_kill_the_broker, .timeout = 60)
+{
+	struct chime_op ops[64];
+	struct chime_event ev[4];
+	char dir[64], sock[128];
+	chime_id_t id;
+	chime_t *c;
+	int st;
+
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	/* 64 MiB of slab on 16 MiB: 4 MiB of it reserved at start, the rest a hole. */
+	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576"), 0);
+	c = copen();
+	cr_assert_geq(t_fill(dir, "filler", 0), 0, "filling: %s", strerror(errno));
+	for (unsigned round = 0; round < 8; round++) {
+		for (unsigned i = 0; i < 64; i++)
+			ops[i] = (struct chime_op){ .op = CHIME_CANCEL,
+						    .id = chime_id_make(1, 0, 1048575 - round * 64 - i) };
+		cr_assert_eq(chime_submit(c, ops, 64), 64);
+		cr_assert_eq(chime_flush(c), 0);
+		usleep(20000);
+	}
+	usleep(200000);         /* a heartbeat: a lazy record is applied by then */
+	cr_assert_eq(waitpid(tb.pid, &st, WNOHANG), 0, "the broker died (status %#x: SIGBUS?)", st);
+	/* And it still serves this client. */
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 10 * MS, 0, 7, &id), 0);
+	cr_assert_eq(chime_wait(c, ev, 4, 2000), 1);
+	chime_close(c);
+	cr_assert_eq(WEXITSTATUS(t_chimed_stop(&tb, SIGTERM)), 0, "the broker stops cleanly");
+	t_unmount_tmpfs(dir);
+}
+
+/*
+ * The same read ahead, on a tmpfs with room: each page of the slab it read
+ * past the reserve became a page of the file, so one client's made-up ids
+ * grew a 4 M-timer shard's file by 256 MiB (a /run tmpfs full for the
+ * whole host), whatever its quota. /dev/shm: no root needed.
+ */
+Test(limits, made_up_ids_do_not_grow_the_shard_file, .timeout = 60)
+{
+	char dir[] = "/dev/shm/chime-t-XXXXXX", sock[64], path[96];
+	struct chime_op ops[64];
+	struct stat st0, st1;
+	uint32_t idx = 262143;
+	chime_t *c;
+
+	if (!mkdtemp(dir))
+		cr_skip("no writable /dev/shm here");
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	snprintf(path, sizeof(path), "%s.shard0", sock);
+	/* 16 MiB of slab, 4 MiB of it reserved */
+	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 262144"), 0);
+	c = copen();
+	cr_assert_eq(stat(path, &st0), 0);
+	while (idx >= 64 * 64) {
+		for (unsigned i = 0; i < 64; i++, idx -= 64)       /* a page apart */
+			ops[i] = (struct chime_op){ .op = CHIME_CANCEL, .id = chime_id_make(1, 0, idx) };
+		cr_assert_eq(chime_submit(c, ops, 64), 64);
+		cr_assert_eq(chime_flush(c), 0);
+		usleep(2000);
+	}
+	usleep(200000);
+	cr_assert_eq(stat(path, &st1), 0);
+	cr_assert_leq(st1.st_blocks, st0.st_blocks + 128, "the shard file grew by %lld KiB",
+		      (long long)(st1.st_blocks - st0.st_blocks) / 2);
+	chime_close(c);
+	t_chimed_stop(&tb, SIGTERM);
+	t_rmdir_files(dir);
+}
+
 /* Write dir/name: `bytes` of it, or (0) until the filesystem is full; returns its size. */
 /*
  * chimectl restart on a full filesystem: the new broker wanted the slab up

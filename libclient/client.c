@@ -660,6 +660,20 @@ static inline bool can_wait(uint64_t by_ns, uint64_t wake_ns)
 	return by_ns >= wake_ns || (by_ns >= LAZY_HORIZON_NS && by_ns - LAZY_HORIZON_NS >= now_ns());
 }
 
+/*
+ * S4: the record at pos (just after ours) is published already. Another
+ * thread published it while our slot, reserved, held the shard's head:
+ * the shard could not apply it, and its doorbell (or the shard's re-check,
+ * if it saw the shard awake) was spent on a sleep that ended with the head
+ * still at our slot. Only our publication makes it applicable, so its
+ * urgency is ours now. seq_cst: after our exchange (S1), so that either we
+ * see its seq or it was published after ours and saw the sleep (S2).
+ */
+static inline bool behind_published(const struct chime_sq_prod *p, uint64_t pos)
+{
+	return at_load_sc(&p->slots[pos & p->mask].seq) == pos + 1;
+}
+
 void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32_t n)
 {
 	/* S2, as in cl_ring_doorbell(). */
@@ -679,12 +693,14 @@ void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32
 	 * eventfd write to a sleeping shard costs 13-27 us on this VM). Unless
 	 * the records reach a multiple of `every` with more than half the ring
 	 * waiting (the one half a ring and one back not yet consumed; half ==
-	 * every for a ring of 128 slots or fewer, where the look is skipped):
-	 * then ring all the same.
+	 * every for a ring of 128 slots or fewer, where the look is skipped),
+	 * or another thread's record published behind ours was waiting for
+	 * ours (S4): then ring all the same.
 	 */
 	if (can_wait(by_ns, at_load(ch->wake_ns)) &&
 	    (((from + every - 1) & ~(every - 1)) >= end ||
-	     (half > every && (end <= half || !chime_sq_waiting(&ch->sq, end - half - 1)))))
+	     (half > every && (end <= half || !chime_sq_waiting(&ch->sq, end - half - 1)))) &&
+	    !behind_published(&ch->sq, end))
 		return;
 	ring(ch, sleep_no);
 }

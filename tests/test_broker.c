@@ -856,6 +856,54 @@ Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
+/*
+ * A record that can wait rings no doorbell (cl_doorbell_by()), but one
+ * that cannot may lie behind it: thread A reserves a slot for a keepalive
+ * reset, thread B arms a timer due soon in the next slot and rings; the
+ * shard wakes, finds its head (A's slot) not published yet and sleeps
+ * again. A publishes at last, sees that its own record can wait, and
+ * rings nothing: B's timer, applicable now, waited for the heartbeat (up
+ * to 90 ms). White box: this thread plays A, holding its slot between
+ * the reserve and the publication, and B. Found by a concurrency audit.
+ */
+Test(broker, a_record_that_can_wait_rings_for_those_published_behind_it)
+{
+	struct t_chimed b2 = { 0 };
+	chime_id_t far, id;
+	uint64_t far_dl;
+	chime_t *c;
+
+	c = one_sleeping_shard(&b2, "", 1, &far);
+	far_dl = chime_now() + 3600000 * MS;
+	for (unsigned i = 1; i <= 5; i++) {
+		struct chime_chan *ch = &c->chan[0];
+		struct chime_sqe *held;
+		uint64_t pos, late;
+
+		usleep(50000);          /* the shard sleeps until far's deadline */
+		/* A: its slot reserved, not published yet */
+		held = chime_sq_reserve(&ch->sq, &pos);
+		cr_assert_not_null(held);
+		/* B: due before the shard's wake-up, so it rings */
+		cr_assert_eq(chime_arm(c, 2, chime_now() + 25 * MS, 0, 2, &id), 0);
+		usleep(15000);          /* the shard woke, found A's slot empty, sleeps again */
+		/* A: a keepalive reset, which can wait for far's deadline */
+		at_store(&held->id, far);
+		at_store(&held->key, 0);
+		at_store(&held->deadline_ns, far_dl + i * MS);
+		at_store(&held->period_ns, 0);
+		at_store(&held->user_data, 0);
+		at_store(&held->op, CHIME_OP_RESET);
+		chime_sq_publish(held, pos);
+		cl_doorbell_by(ch, far_dl + i * MS, pos, 1);
+		late = fired_late(c, id);
+		cr_assert_lt(late, 8 * MS, "round %u: the arm behind a record that could wait fired %.1f ms late",
+			     i, (double)late / 1e6);
+	}
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
 /* Milliseconds until shard 0 counts `arms` arms and `armed` timers (at most 2 s). */
 static double ms_until(const char *s, uint64_t arms, uint64_t armed)
 {

@@ -14,9 +14,9 @@
  *   6. publish the counters; then spin, or sleep.
  *
  * Sleeping (the doorbell handshake, ARCHITECTURE.md): after --spin-us with
- * nothing to do, store sleeping = 1, full barrier, re-check everything, and
- * only then wait in io_uring for a doorbell read or the wheel's next
- * deadline. With nothing armed there is no timeout at all: an idle shard
+ * nothing to do, store a new sleep number, full barrier, re-check
+ * everything, and only then wait in io_uring for a doorbell read or the
+ * wheel's next deadline. With nothing armed there is no timeout at all: an idle shard
  * costs no CPU. Nothing here logs once the loop runs: counters go to shm.
  *
  * Doorbells: each client has its own eventfd per shard, and the shard keeps
@@ -663,7 +663,7 @@ static uint64_t next_wake(struct shard *s)
 	return wheel_earliest(&s->core.wh, WAKE_SCAN, &inexact);
 }
 
-/* The re-check after sleeping = 1: is there anything the sleep could miss? */
+/* The re-check after S-SLEEP: is there anything the sleep could miss? */
 static bool anything_pending(struct shard *s, uint64_t wake_at)
 {
 	if (cmds_pending(s) || s->nr_dying || chan_walking(&s->core))

@@ -28,8 +28,8 @@
  *   S1  producer: record fields, then seq = pos + 1 (release, inside a full
  *       barrier)                          pairs with C1
  *   S2  producer publish: full barrier before the caller's next load (the
- *       shard's sleeping flag)            pairs with the shard's own full
- *                                         barrier after storing sleeping = 1
+ *       shard's sleep number)             pairs with the shard's own full
+ *                                         barrier after storing it (S-SLEEP)
  *   C1  consumer: acquire-load seq, then the fields     pairs with S1
  *   C2  consumer free: grant and the copied record's loads, then
  *       seq = pos + size (release)        pairs with S3
@@ -147,14 +147,17 @@ uint32_t chime_sq_reserve_n(struct chime_sq_prod *p, uint32_t want, uint64_t *po
 /*
  * The reserving thread only. Wait-free. S1 for each record (release: plain
  * moves on x86, and the consumer reads them in order anyway), and the last
- * one an exchange: S2 once for the whole run.
+ * one an exchange: S2 once for the whole run. For the records before the
+ * last that is the hardware's ordering (x86 xchg, arm64 stlr before ldar,
+ * POWER's sync), not C11's, which orders a release store before a later
+ * load only through a seq_cst fence.
  */
 void chime_sq_publish_n(struct chime_sq_prod *p, uint64_t pos, uint32_t n)
 {
 	for (uint32_t i = 0; i + 1 < n; i++)
 		/* S1: pairs with C1. */
 		at_store_rel(&p->slots[(pos + i) & p->mask].seq, pos + i + 1);
-	/* S1 + S2: pairs with C1, and with the shard's barrier after sleeping = 1. */
+	/* S1 + S2: pairs with C1, and with the shard's barrier after its sleep number (S-SLEEP). */
 	(void)at_xchg(&p->slots[(pos + n - 1) & p->mask].seq, pos + n);
 }
 
@@ -167,7 +170,7 @@ void chime_sq_publish_n(struct chime_sq_prod *p, uint64_t pos, uint32_t n)
  */
 void chime_sq_publish(struct chime_sqe *sqe, uint64_t pos)
 {
-	/* S1 + S2: pairs with C1, and with the shard's barrier after sleeping = 1. */
+	/* S1 + S2: pairs with C1, and with the shard's barrier after its sleep number (S-SLEEP). */
 	(void)at_xchg(&sqe->seq, pos + 1);
 }
 
@@ -175,10 +178,11 @@ void chime_sq_publish(struct chime_sqe *sqe, uint64_t pos)
  * Any thread, concurrently with everything: a seqlock read. Wait-free. The
  * copy may race with a producer refilling the slot after the consumer freed
  * it; the second load of seq detects that (seq only grows), so a true
- * return is a consistent record of position pos. The field loads are
- * single-copy atomic, but a producer fills fields with plain stores: under
- * the C11 model that is a (benign, detected) race, and TSan reports it
- * unless the producer's stores are atomic too.
+ * return is a consistent record of position pos. Fields are relaxed
+ * atomics on both sides. That a copy of the next lap's fields comes with
+ * the next lap's seq is the hardware's (multi-copy atomic x86 and arm64,
+ * POWER's sync in the tail CAS), not C11's: the refilling producer has no
+ * release between the seq it acquired and its field stores.
  */
 bool chime_sq_peek(const struct chime_sqe *slots, uint32_t mask, uint64_t pos, struct chime_sqe *out)
 {

@@ -214,6 +214,8 @@ static void handle_init(struct wheel *wh, void *mem)
 	wh->reserved = w->capacity;     /* the caller lowers it if it reserves storage in steps */
 	wh->gen_base = 0;
 	wh->_pad = 0;
+	wh->jump_backlog = WHEEL_JUMP_BACKLOG;
+	wh->jump_owner = WHEEL_JUMP_OWNER;
 }
 
 size_t wheel_region_size(uint32_t capacity)
@@ -253,6 +255,7 @@ static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 	wh->jump_left = 0;
 	wh->jump_on = false;
 	wh->due_n = wh->front_n = 0;
+	memset(wh->owner_due, 0, sizeof(wh->owner_due));
 	w->free_head = NIL;
 	w->armed = 0;
 	stage_clear(wh, LEVELS);
@@ -431,13 +434,26 @@ static inline void exp_jump(struct wheel *wh, uint32_t first, uint32_t last, uin
 	wh->fresh_tail = last;
 }
 
-/* A node made due by the advance: at the front while this advance may jump a backlog, else last. */
+/* How many due timers n's owner has (WHEEL_JUMP_OWNER). */
+static inline uint32_t *owner_due(struct wheel *wh, const struct chime_node *n)
+{
+	return &wh->owner_due[n->owner % WHEEL_JUMP_OWNERS];
+}
+
+/*
+ * A node made due by the advance: at the front while this advance may jump
+ * a backlog and its owner has few due, else last.
+ */
 static inline void exp_due(struct wheel *wh, struct chime_node *n, uint32_t idx)
 {
-	if (!wh->jump_on || !wh->jump_left) {
+	uint32_t *od = owner_due(wh, n);
+
+	if (!wh->jump_on || !wh->jump_left || *od >= wh->jump_owner) {
+		(*od)++;
 		exp_append(wh, n, idx, EXP_DUE);
 		return;
 	}
+	(*od)++;
 	wh->jump_left--;
 	n->state = CHIME_NODE_EXPIRED;
 	exp_jump(wh, idx, idx, 1);
@@ -450,16 +466,18 @@ static inline void exp_due(struct wheel *wh, struct chime_node *n, uint32_t idx)
  */
 static inline void jump_open(struct wheel *wh)
 {
-	wh->jump_on = wh->due_n - wh->front_n >= WHEEL_JUMP_BACKLOG;
+	wh->jump_on = wh->due_n - wh->front_n >= wh->jump_backlog;
 }
 
 static inline void exp_unlink(struct wheel *wh, struct chime_node *n)
 {
 	struct chime_wheel *w = wh->w;
+	unsigned due = n->level != EXP_PENDING;
 
 	if (wh->fresh_tail != NIL && n == &wh->nodes[wh->fresh_tail])
 		wh->fresh_tail = n->prev;       /* the front's last goes: the one before it is */
-	wh->due_n -= n->level != EXP_PENDING;
+	wh->due_n -= due;
+	*owner_due(wh, n) -= due;
 	wh->front_n -= n->level == EXP_FRONT;
 
 	if (n->next != NIL)
@@ -700,6 +718,7 @@ static uint64_t promote_pending(struct wheel *wh)
 
 	while (i != NIL && wh->nodes[i].level == EXP_PENDING) {
 		wh->nodes[i].level = EXP_DUE;
+		(*owner_due(wh, &wh->nodes[i]))++;
 		i = wh->nodes[i].prev;
 		cnt++;
 	}
@@ -708,8 +727,43 @@ static uint64_t promote_pending(struct wheel *wh)
 }
 
 /*
+ * Fire slot s's deadlines <= now node by node (each may go ahead of a
+ * backlog, exp_due()); re-place those lazily reset past the slot's tick;
+ * the rest stay. Returns how many fired; *min: the least deadline left.
+ */
+static uint64_t fire_each(struct wheel *wh, unsigned s, uint64_t now, uint64_t *min)
+{
+	struct chime_node *nodes = wh->nodes;
+	uint32_t i = wh->w->slot[0][s];
+	uint64_t cnt = 0, e_end = tick_end_ns(wh, wh->w->now_tick);
+
+	*min = UINT64_MAX;
+	while (i != NIL) {
+		struct chime_node *n = &nodes[i];
+		uint32_t next = n->next;
+
+		__builtin_prefetch(&nodes[next]);
+		if (n->deadline_ns <= now) {
+			slot_remove(wh, n, 0, s);
+			exp_due(wh, n, i);
+			cnt++;
+		} else if (n->deadline_ns > e_end) {
+			/* lazily reset to a later tick: re-place it */
+			slot_remove(wh, n, 0, s);
+			place(wh, n, i);
+		} else if (n->deadline_ns < *min) {
+			*min = n->deadline_ns;
+		}
+		i = next;
+	}
+	wh->due_n += cnt;
+	return cnt;
+}
+
+/*
  * Fire a whole level-0 slot (its tick is before now's): walk it once to mark
- * it, then splice it onto the expired list in O(1).
+ * it, then splice it onto the expired list in O(1). Behind a backlog, node
+ * by node instead: each one's owner decides whether it goes ahead.
  */
 static uint64_t fire_slot(struct wheel *wh, unsigned s)
 {
@@ -717,10 +771,15 @@ static uint64_t fire_slot(struct wheel *wh, unsigned s)
 	struct chime_node *nodes = wh->nodes;
 	uint64_t e = w->now_tick, e_end = tick_end_ns(wh, e);
 	uint32_t head = w->slot[0][s], i = head, last = NIL;
-	uint64_t cnt = 0;
+	uint64_t cnt = 0, min;
 	bool gap = false;
 
 	jump_open(wh);
+	if (wh->jump_on) {
+		cnt = fire_each(wh, s, e_end, &min);    /* leaves the slot empty */
+		wh->slot_min[0][s] = UINT64_MAX;
+		return cnt;
+	}
 	w->slot[0][s] = NIL;
 	wh->tail[0][s] = NIL;
 	wh->slot_min[0][s] = UINT64_MAX;
@@ -740,6 +799,7 @@ static uint64_t fire_slot(struct wheel *wh, unsigned s)
 		} else {
 			n->state = CHIME_NODE_EXPIRED;
 			n->level = EXP_DUE;
+			(*owner_due(wh, n))++;
 			if (gap) {
 				/* close the chain over the nodes re-placed since `last` */
 				n->prev = last;
@@ -757,11 +817,6 @@ static uint64_t fire_slot(struct wheel *wh, unsigned s)
 	if (last == NIL)
 		return 0;
 	wh->due_n += cnt;
-	if (wh->jump_on && wh->jump_left >= cnt) {
-		wh->jump_left -= (uint32_t)cnt;
-		exp_jump(wh, head, last, cnt);
-		return cnt;
-	}
 	nodes[last].next = NIL;
 	nodes[head].prev = w->expired_tail;
 	if (w->expired_tail != NIL)
@@ -779,33 +834,8 @@ static uint64_t fire_slot(struct wheel *wh, unsigned s)
  */
 static uint64_t fire_slot_partial(struct wheel *wh, unsigned s, uint64_t now)
 {
-	struct chime_wheel *w = wh->w;
-	struct chime_node *nodes = wh->nodes;
-	uint32_t i = w->slot[0][s];
-	uint64_t cnt = 0, min = UINT64_MAX, e_end = tick_end_ns(wh, w->now_tick);
-
 	jump_open(wh);
-	while (i != NIL) {
-		struct chime_node *n = &nodes[i];
-		uint32_t next = n->next;
-
-		__builtin_prefetch(&nodes[next]);
-		if (n->deadline_ns <= now) {
-			slot_remove(wh, n, 0, s);
-			exp_due(wh, n, i);
-			cnt++;
-		} else if (n->deadline_ns > e_end) {
-			/* lazily reset to a later tick: re-place it */
-			slot_remove(wh, n, 0, s);
-			place(wh, n, i);
-		} else if (n->deadline_ns < min) {
-			min = n->deadline_ns;
-		}
-		i = next;
-	}
-	wh->cur_min_ns = min;
-	wh->due_n += cnt;
-	return cnt;
+	return fire_each(wh, s, now, &wh->cur_min_ns);
 }
 
 /* Re-place one node of a cascading slot whose first tick e is now_tick. */
@@ -1023,12 +1053,13 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 }
 
 /* Take node i, at the expired list's head, off it; returns the next. */
-static inline uint32_t pop_one(struct chime_node *nodes, uint32_t i)
+static inline uint32_t pop_one(struct wheel *wh, struct chime_node *nodes, uint32_t i)
 {
 	struct chime_node *n = &nodes[i];
 	uint32_t next = n->next;
 
 	__builtin_prefetch(&nodes[next]);
+	(*owner_due(wh, n))--;
 	n->state = CHIME_NODE_ALLOC;
 	n->prev = NIL;
 	n->next = NIL;
@@ -1049,12 +1080,12 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 		if (i == wh->fresh_tail)
 			wh->fresh_tail = NIL;
 		out[cnt++] = i;
-		i = pop_one(nodes, i);
+		i = pop_one(wh, nodes, i);
 		from_front++;
 	}
 	while (cnt < max && i != NIL && nodes[i].level != EXP_PENDING) {
 		out[cnt++] = i;
-		i = pop_one(nodes, i);
+		i = pop_one(wh, nodes, i);
 	}
 	w->expired_head = i;
 	if (i != NIL)
@@ -1327,6 +1358,7 @@ void wheel_check(const struct wheel *wh)
 		unsigned seen_pending = 0;
 		bool in_front = wh->fresh_tail != NIL;
 		uint64_t due = 0, front = 0;
+		uint32_t owner_n[WHEEL_JUMP_OWNERS] = { 0 };
 
 		for (uint64_t k = 0; i != NIL; k++) {
 			const struct chime_node *n;
@@ -1346,6 +1378,7 @@ void wheel_check(const struct wheel *wh)
 			CHECK(in_front == (n->level == EXP_FRONT), "expired node %u: level %u, %s the front", i,
 			      n->level, in_front ? "in" : "not in");
 			due += n->level != EXP_PENDING;
+			owner_n[n->owner % WHEEL_JUMP_OWNERS] += n->level != EXP_PENDING;
 			front += n->level == EXP_FRONT;
 			if (i == wh->fresh_tail)
 				in_front = false;
@@ -1358,6 +1391,9 @@ void wheel_check(const struct wheel *wh)
 		CHECK(due == wh->due_n && front == wh->front_n, "%llu due, %llu in front; counted %llu and %llu",
 		      (unsigned long long)due, (unsigned long long)front, (unsigned long long)wh->due_n,
 		      (unsigned long long)wh->front_n);
+		for (unsigned o = 0; o < WHEEL_JUMP_OWNERS; o++)
+			CHECK(owner_n[o] == wh->owner_due[o], "owners %u mod %u: %u due, counted %u", o,
+			      WHEEL_JUMP_OWNERS, owner_n[o], wh->owner_due[o]);
 	}
 
 	for (uint32_t i = w->free_head; i != NIL; i = nodes[i].next) {

@@ -27,6 +27,9 @@
 
 #include "chime_shm.h"
 
+/* wheel_pop_expired() below; the table size before struct wheel needs it */
+#define WHEEL_JUMP_OWNERS 1024u
+
 /*
  * Private handle: the shared state and the slab, resolved once, plus what
  * is derived from the shared state and kept out of shared memory (rebuilt by
@@ -58,6 +61,11 @@ struct wheel {
 	bool jump_on;           /* the tick being made due may go there */
 	uint64_t due_n;         /* due timers on the expired list, the front's included */
 	uint64_t front_n;       /* timers in the front */
+	/* due timers by owner (client slot) modulo WHEEL_JUMP_OWNERS: who may jump */
+	uint32_t owner_due[WHEEL_JUMP_OWNERS];
+	/* WHEEL_JUMP_BACKLOG and WHEEL_JUMP_OWNER, set by init and rebuild;
+	 * a test lowers them to make its random operations jump often */
+	uint32_t jump_backlog, jump_owner;
 	/* tail of each slot list: a cascade walks a list from both ends at once,
 	 * two independent chains of cache misses instead of one */
 	uint32_t tail[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
@@ -261,11 +269,17 @@ unsigned wheel_stage(struct wheel *wh, unsigned budget);
  * makes due for later ticks than theirs go ahead of them, in the order
  * they became due, after those that went ahead before: one client's burst
  * does not hold back the timers of everyone else that come due after it.
- * A caller that pops more than WHEEL_JUMP_MAX between advances still
- * moves the backlog on.
+ * Only timers whose owner (chime_node.owner) has fewer than
+ * WHEEL_JUMP_OWNER due go ahead: a client's own timers stay behind its own
+ * burst, and a client that keeps a backlog up (a flood of short periodic
+ * timers) cannot take the places ahead of it from the others. Owners are
+ * counted modulo WHEEL_JUMP_OWNERS: beyond that many clients, two may share
+ * a count. A caller that pops more than WHEEL_JUMP_MAX between advances
+ * still moves the backlog on.
  */
 #define WHEEL_JUMP_BACKLOG 4096u        /* a shard's FIRE_BUDGET: more than one pass pops */
 #define WHEEL_JUMP_MAX     1024u
+#define WHEEL_JUMP_OWNER   256u
 unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max);
 
 /*

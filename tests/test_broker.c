@@ -682,6 +682,55 @@ Test(broker, a_timer_due_after_a_neighbours_burst_does_not_wait_behind_it, .time
 }
 
 /*
+ * A neighbour's burst, and more of its timers due in every tick after it:
+ * the timers an advance makes due went ahead of the burst's backlog first
+ * come, first served, up to WHEEL_JUMP_MAX an advance, and the neighbour's
+ * took those places. Only a client with few due goes ahead now, so the
+ * victim's timers do, and the neighbour's wait behind its own burst.
+ */
+Test(broker, a_neighbours_timers_after_its_burst_do_not_take_the_places_ahead_of_it, .timeout = 120)
+{
+	const unsigned burst = 300000, spread_ms = 5;
+	struct t_chimed b2 = { 0 };
+	struct chime_shard_stats st;
+	struct chime_event ev;
+	chime_t *a, *v;
+	chime_id_t id;
+	uint64_t t;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	a = t_open(b2.sock);
+	v = t_open(b2.sock);
+	cr_assert(a && v);
+	t = chime_now() + 3000 * MS;
+	for (unsigned i = 0; i < 2 * burst; i++) {
+		/* the burst at t, then as many again over the next 5 ms: 6000 a tick */
+		uint64_t d = i < burst ? t : t + 1 + (uint64_t)(i - burst) * spread_ms * MS / burst;
+		int r;
+
+		if (i == burst + burst / 2)     /* the victim's among them, not first or last in a slot */
+			for (unsigned k = 0; k < spread_ms; k++)
+				cr_assert_eq(chime_arm(v, 2, t + k * MS + MS / 2, 0, k, &id), 0);
+		while ((r = chime_arm(a, 1, d, 0, i, &id)) == -EAGAIN)
+			usleep(100);
+		cr_assert_eq(r, 0, "arm %u: %s", i, strerror(-r));
+	}
+	/* Due while most of the burst still waits: before the fix, each waited behind all of it. */
+	for (unsigned k = 0; k < spread_ms; k++) {
+		cr_assert_eq(chime_wait(v, &ev, 1, 10000), 1, "the victim's timer %u did not fire", k);
+		st = shard0(b2.sock);
+		cr_log_info("the victim's timer %llu fired %.1f ms late; the shard had fired %llu of the "
+			    "neighbour's %u", (unsigned long long)ev.user_data,
+			    (double)(ev.fired_ns - ev.deadline_ns) / 1e6, (unsigned long long)st.fires, 2 * burst);
+		cr_assert_lt(st.fires, burst, "the victim's timer %llu came after %llu of the neighbour's %u",
+			     (unsigned long long)ev.user_data, (unsigned long long)st.fires, 2 * burst);
+	}
+	chime_close(v);
+	chime_close(a);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
+/*
  * chime_wait() watches the rings before it sleeps, for events a few
  * microseconds apart. It watched 50 us before every sleep, so a thread
  * waiting for a timer every millisecond or two paid 50 us of CPU per event,

@@ -81,6 +81,17 @@ static uint32_t arm_new(struct tw *t, uint64_t deadline)
 	return i;
 }
 
+/* A timer of client slot `owner` (who may go ahead of a backlog depends on it). */
+static uint32_t arm_owned(struct tw *t, uint64_t deadline, uint16_t owner)
+{
+	uint32_t i = wheel_alloc(&t->wh);
+
+	cr_assert_neq(i, NIL);
+	wheel_node(&t->wh, i)->owner = owner;
+	wheel_arm(&t->wh, i, deadline);
+	return i;
+}
+
 /* Pop everything due; returns the count, indices in out (if not NULL). */
 static unsigned pop_all(struct tw *t, uint32_t *out, unsigned max)
 {
@@ -172,23 +183,25 @@ Test(wheel, never_fires_early_and_fires_exactly_at_the_deadline)
  * deliver, and every timer due after them waited behind the rest of them:
  * one client's burst made everyone's timers late. Timers made due for a
  * later tick go ahead of a backlog of WHEEL_JUMP_BACKLOG or more (at most
- * WHEEL_JUMP_MAX an advance, in the order they became due).
+ * WHEEL_JUMP_MAX an advance, in the order they became due), if their owner
+ * has fewer than WHEEL_JUMP_OWNER due. The burst is owner 1's.
  */
 Test(wheel, timers_due_after_a_backlog_go_ahead_of_it)
 {
 	const uint64_t res = 100000, D = 1000 * res, MS = 1000000;  /* 100 us ticks */
-	uint32_t v, w, x, y, z, got[4096], n;
+	uint32_t v, w, x, y, z, own, got[4096], n;
 	struct tw t;
 
-	tw_init(&t, 32768, res, 0);
+	tw_init(&t, 65536, res, 0);
 	for (unsigned k = 0; k < 5000; k++)
-		arm_new(&t, D);
-	v = arm_new(&t, D + res + res / 2);     /* a tick later, in the burst's advance: ahead of it */
-	w = arm_new(&t, D + MS / 2);
-	x = arm_new(&t, D + 2 * MS);            /* whole slots: spliced */
-	y = arm_new(&t, D + 2 * MS + 5 * res);  /* and the current tick's, node by node */
-	z = arm_new(&t, D + 2 * MS + 5 * res + 1);
-	cr_assert_eq(wheel_advance(&t.wh, D + res + res / 2), 5001);
+		arm_owned(&t, D, 1);
+	v = arm_owned(&t, D + res + res / 2, 2);        /* a tick later, in the burst's advance: ahead of it */
+	own = arm_owned(&t, D + res + res / 2, 1);      /* the burst's owner's: behind its own burst */
+	w = arm_owned(&t, D + MS / 2, 2);
+	x = arm_owned(&t, D + 2 * MS, 3);               /* whole slots, node by node behind a backlog */
+	y = arm_owned(&t, D + 2 * MS + 5 * res, 2);     /* and the current tick's */
+	z = arm_owned(&t, D + 2 * MS + 5 * res + 1, 3);
+	cr_assert_eq(wheel_advance(&t.wh, D + res + res / 2), 5002);
 	cr_assert_eq(wheel_pop_expired(&t.wh, got, 100), 100);
 	cr_assert_eq(got[0], v, "popped %u, not v %u, due a tick after the burst", got[0], v);
 	cr_assert_eq(wheel_node(&t.wh, got[1])->deadline_ns, D);
@@ -202,23 +215,27 @@ Test(wheel, timers_due_after_a_backlog_go_ahead_of_it)
 	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2), 2);
 	cr_assert(got[0] == y && got[1] == z, "popped %u %u, not y %u and z %u", got[0], got[1], y, z);
 	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 4096);
-	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 4901 - 4096);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 4902 - 4096);
+	cr_assert_eq(got[4902 - 4096 - 1], own, "the burst's owner's later timer went ahead of its burst");
 	wheel_check(&t.wh);
 
 	/* Fewer than WHEEL_JUMP_BACKLOG waiting is no backlog: what comes due after them waits its turn. */
 	for (unsigned k = 0; k < 3000; k++)
-		arm_new(&t, D + 5 * MS);
-	x = arm_new(&t, D + 6 * MS);
+		arm_owned(&t, D + 5 * MS, 1);
+	x = arm_owned(&t, D + 6 * MS, 2);
 	cr_assert_eq(wheel_advance(&t.wh, D + 5 * MS), 3000);
 	cr_assert_eq(wheel_advance(&t.wh, D + 6 * MS), 1);
 	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 3001);
 	cr_assert_eq(got[3000], x, "x went ahead of 3000");
 
-	/* A second burst, bigger than WHEEL_JUMP_MAX, behind a first: at most that many go ahead. */
+	/*
+	 * A second burst behind a first, of 12 owners with 250 each (fewer
+	 * than WHEEL_JUMP_OWNER): at most WHEEL_JUMP_MAX go ahead.
+	 */
 	for (unsigned k = 0; k < 6000; k++)
-		arm_new(&t, D + 10 * MS);
+		arm_owned(&t, D + 10 * MS, 1);
 	for (unsigned k = 0; k < 3000; k++)
-		arm_new(&t, D + 12 * MS + 5 * res + 1);
+		arm_owned(&t, D + 12 * MS + 5 * res + 1, (uint16_t)(2 + k % 12));
 	cr_assert_eq(wheel_advance(&t.wh, D + 10 * MS), 6000);
 	cr_assert_eq(wheel_pop_expired(&t.wh, got, 10), 10);
 	cr_assert_eq(wheel_advance(&t.wh, D + 12 * MS + 5 * res + 1), 3000);
@@ -230,6 +247,42 @@ Test(wheel, timers_due_after_a_backlog_go_ahead_of_it)
 			cr_assert_eq(k, WHEEL_JUMP_MAX, "%u of the second burst went ahead of the first", k);
 			break;
 		}
+	pop_all(&t, NULL, 0);
+
+	/*
+	 * One owner's 300 behind another's backlog: WHEEL_JUMP_OWNER go
+	 * ahead, the rest wait; and as the backlog's owner's count falls below
+	 * it, that owner's timers go ahead again.
+	 */
+	for (unsigned k = 0; k < 6000; k++)
+		arm_owned(&t, D + 20 * MS, 1);
+	for (unsigned k = 0; k < 300; k++)
+		arm_owned(&t, D + 21 * MS, 2);
+	cr_assert_eq(wheel_advance(&t.wh, D + 20 * MS), 6000);
+	cr_assert_eq(wheel_advance(&t.wh, D + 21 * MS), 300);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 4096);
+	for (unsigned k = 0; k < 4096; k++)
+		cr_assert_eq(wheel_node(&t.wh, got[k])->owner, k < WHEEL_JUMP_OWNER ? 2 : 1,
+			     "popped #%u: owner %u", k, wheel_node(&t.wh, got[k])->owner);
+	pop_all(&t, NULL, 0);
+	for (unsigned k = 0; k < 6000; k++)
+		arm_owned(&t, D + 30 * MS, 1);
+	cr_assert_eq(wheel_advance(&t.wh, D + 30 * MS), 6000);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096 - 64), 4096 - 64);   /* owner 1 has 2064 due */
+	x = arm_owned(&t, D + 31 * MS, 1);
+	cr_assert_eq(wheel_advance(&t.wh, D + 31 * MS), 1);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 1), 1);
+	cr_assert_neq(got[0], x, "owner 1, 2064 due, went ahead");
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 2064 - WHEEL_JUMP_OWNER), 2064 - WHEEL_JUMP_OWNER);
+	for (unsigned k = 0; k < 4096; k++)     /* another owner's backlog, behind which owner 1 has 255 */
+		arm_owned(&t, D + 32 * MS, 3);
+	y = arm_owned(&t, D + 33 * MS, 1);
+	cr_assert_eq(wheel_advance(&t.wh, D + 32 * MS), 4096);
+	cr_assert_eq(wheel_advance(&t.wh, D + 33 * MS), 1);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 1), 1);
+	cr_assert_eq(got[0], y, "owner 1, %u due, did not go ahead of owner 3's backlog", WHEEL_JUMP_OWNER - 1);
 	tw_fini(&t);
 }
 
@@ -1312,6 +1365,9 @@ static void run_model(uint64_t seed, uint64_t nops)
 	default: now = splitmix64(&rng) >> 2; break;
 	}
 	tw_init(&t, m, res, now);
+	/* small enough that backlogs and jumps ahead of them are common */
+	t.wh.jump_backlog = 1 + (uint32_t)(splitmix64(&rng) % 64);
+	t.wh.jump_owner = 1 + (uint32_t)(splitmix64(&rng) % 16);
 	h = calloc(m, sizeof(*h));
 	owner = calloc(m, sizeof(*owner));
 	for (uint32_t k = 0; k < m; k++)
@@ -1334,6 +1390,8 @@ static void run_model(uint64_t seed, uint64_t nops)
 				gen = wheel_node(&t.wh, x->idx)->gen;
 				MCHECK(seed, gen != 0, "generation 0");
 				owner[x->idx] = (uint32_t)(x - h);
+				/* client slots: who may go ahead of a backlog (some share a count) */
+				wheel_node(&t.wh, x->idx)->owner = (uint16_t)(splitmix64(&rng) % 40 * 1023);
 			}
 			x->period = splitmix64(&rng) % 8 == 0 ? 1 + splitmix64(&rng) % (8 * res) : 0;
 			wheel_node(&t.wh, x->idx)->period_ns = x->period;

@@ -640,16 +640,16 @@ Test(broker, a_shard_spins_into_a_deadline_only_as_long_as_a_wake_up_is_late)
 }
 
 /*
- * One client's 500k timers due at one instant take a shard tens of
- * milliseconds to fire (here its client takes none, so most are held), and
- * another client's timer due a millisecond later waited behind all of
- * them: a victim's lateness was the size of a neighbour's burst (41-72 ms
- * behind 1M). It now goes ahead of what is left of the burst: when its
- * event arrives, the shard has fired a fraction of the burst, not all of it.
+ * A neighbour (one client, taking none of its events) arms `burst` timers
+ * due at t and, if spread_ms, as many again spread over the spread_ms
+ * after it; the victim (another client) has `victims` timers 1 ms apart
+ * from t + 0.5 ms, armed in the middle of the spread ones (not first or
+ * last in a slot). When each victim's event arrives, the shard must have
+ * fired fewer than `limit` of the neighbour's.
  */
-Test(broker, a_timer_due_after_a_neighbours_burst_does_not_wait_behind_it, .timeout = 120)
+static void victim_beside_a_burst(unsigned burst, unsigned spread_ms, unsigned victims, uint64_t limit)
 {
-	const unsigned burst = 500000;
+	unsigned n = spread_ms ? 2 * burst : burst;
 	struct t_chimed b2 = { 0 };
 	struct chime_shard_stats st;
 	struct chime_event ev;
@@ -662,72 +662,58 @@ Test(broker, a_timer_due_after_a_neighbours_burst_does_not_wait_behind_it, .time
 	v = t_open(b2.sock);
 	cr_assert(a && v);
 	t = chime_now() + 3000 * MS;
-	for (unsigned i = 0; i < burst; i++) {
+	for (unsigned i = 0; i <= n; i++) {
+		uint64_t d = i < burst ? t : t + 1 + (uint64_t)(i - burst) * spread_ms * MS / burst;
 		int r;
 
-		while ((r = chime_arm(a, 1, t, 0, i, &id)) == -EAGAIN)
+		if (i == (n + burst) / 2)
+			for (unsigned k = 0; k < victims; k++)
+				cr_assert_eq(chime_arm(v, 2, t + k * MS + MS / 2, 0, k, &id), 0);
+		if (i == n)
+			break;
+		while ((r = chime_arm(a, 1, d, 0, i, &id)) == -EAGAIN)
 			usleep(100);
 		cr_assert_eq(r, 0, "arm %u: %s", i, strerror(-r));
 	}
-	cr_assert_eq(chime_arm(v, 2, t + MS, 0, 0, &id), 0);
-	cr_assert_eq(chime_wait(v, &ev, 1, 10000), 1, "the victim's timer did not fire");
-	st = shard0(b2.sock);
-	cr_log_info("the victim's timer fired %.1f ms late; the shard had fired %llu of the burst",
-		    (double)(ev.fired_ns - ev.deadline_ns) / 1e6, (unsigned long long)st.fires);
-	cr_assert_lt(st.fires, burst / 2, "the victim's timer came after %llu of the neighbour's %u",
-		     (unsigned long long)st.fires, burst);
+	for (unsigned k = 0; k < victims; k++) {
+		cr_assert_eq(chime_wait(v, &ev, 1, 10000), 1, "the victim's timer %u did not fire", k);
+		st = shard0(b2.sock);
+		cr_log_info("the victim's timer %llu fired %.1f ms late; the shard had fired %llu of the "
+			    "neighbour's %u", (unsigned long long)ev.user_data,
+			    (double)(ev.fired_ns - ev.deadline_ns) / 1e6, (unsigned long long)st.fires, n);
+		cr_assert_lt(st.fires, limit, "the victim's timer %llu came after %llu of the neighbour's %u",
+			     (unsigned long long)ev.user_data, (unsigned long long)st.fires, n);
+	}
 	chime_close(v);
 	chime_close(a);
 	t_chimed_stop(&b2, SIGTERM);
 }
 
 /*
- * A neighbour's burst, and more of its timers due in every tick after it:
- * the timers an advance makes due went ahead of the burst's backlog first
- * come, first served, up to WHEEL_JUMP_MAX an advance, and the neighbour's
- * took those places. Only a client with few due goes ahead now, so the
- * victim's timers do, and the neighbour's wait behind its own burst.
+ * One client's 500k timers due at one instant take a shard tens of
+ * milliseconds to fire (here its client takes none, so most are held), and
+ * another client's timer due half a millisecond later waited behind all of
+ * them: a victim's lateness was the size of a neighbour's burst (41-72 ms
+ * behind 1M). It now goes ahead of what is left of the burst: when its
+ * event arrives, the shard has fired a fraction of the burst, not all of it.
+ */
+Test(broker, a_timer_due_after_a_neighbours_burst_does_not_wait_behind_it, .timeout = 120)
+{
+	victim_beside_a_burst(500000, 0, 1, 250000);
+}
+
+/*
+ * A neighbour's burst, and more of its timers due in every tick after it
+ * (6000 a tick): the timers an advance makes due went ahead of the burst's
+ * backlog first come, first served, up to WHEEL_JUMP_MAX an advance, and
+ * the neighbour's took those places. Only a client with few due goes ahead
+ * now, so the victim's timers do, and the neighbour's wait behind its own
+ * burst. Each is due while most of the burst waits: before, each came
+ * after all of it.
  */
 Test(broker, a_neighbours_timers_after_its_burst_do_not_take_the_places_ahead_of_it, .timeout = 120)
 {
-	const unsigned burst = 300000, spread_ms = 5;
-	struct t_chimed b2 = { 0 };
-	struct chime_shard_stats st;
-	struct chime_event ev;
-	chime_t *a, *v;
-	chime_id_t id;
-	uint64_t t;
-
-	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
-	a = t_open(b2.sock);
-	v = t_open(b2.sock);
-	cr_assert(a && v);
-	t = chime_now() + 3000 * MS;
-	for (unsigned i = 0; i < 2 * burst; i++) {
-		/* the burst at t, then as many again over the next 5 ms: 6000 a tick */
-		uint64_t d = i < burst ? t : t + 1 + (uint64_t)(i - burst) * spread_ms * MS / burst;
-		int r;
-
-		if (i == burst + burst / 2)     /* the victim's among them, not first or last in a slot */
-			for (unsigned k = 0; k < spread_ms; k++)
-				cr_assert_eq(chime_arm(v, 2, t + k * MS + MS / 2, 0, k, &id), 0);
-		while ((r = chime_arm(a, 1, d, 0, i, &id)) == -EAGAIN)
-			usleep(100);
-		cr_assert_eq(r, 0, "arm %u: %s", i, strerror(-r));
-	}
-	/* Due while most of the burst still waits: before the fix, each waited behind all of it. */
-	for (unsigned k = 0; k < spread_ms; k++) {
-		cr_assert_eq(chime_wait(v, &ev, 1, 10000), 1, "the victim's timer %u did not fire", k);
-		st = shard0(b2.sock);
-		cr_log_info("the victim's timer %llu fired %.1f ms late; the shard had fired %llu of the "
-			    "neighbour's %u", (unsigned long long)ev.user_data,
-			    (double)(ev.fired_ns - ev.deadline_ns) / 1e6, (unsigned long long)st.fires, 2 * burst);
-		cr_assert_lt(st.fires, burst, "the victim's timer %llu came after %llu of the neighbour's %u",
-			     (unsigned long long)ev.user_data, (unsigned long long)st.fires, 2 * burst);
-	}
-	chime_close(v);
-	chime_close(a);
-	t_chimed_stop(&b2, SIGTERM);
+	victim_beside_a_burst(300000, 5, 5, 300000);
 }
 
 /*

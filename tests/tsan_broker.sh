@@ -3,7 +3,8 @@
 # data path: a TSan-built chimed (control thread + shard threads) serves a
 # TSan-built chime-demo (several arming threads + a draining thread), while
 # chimectl resets the statistics a few times (the control thread's reset
-# generation against the shards' own counters, RS1/RS2). Then the demo runs
+# generation against the shards' own counters, RS1/RS2) and lists the demo's
+# timers (the control thread reading the slabs the shards write). Then the demo runs
 # again in a named session while the broker is restarted in place (chimectl
 # restart) and then killed and started anew: libchime's reconnect (its
 # arming threads closed out of the old rings, the drainer's lock, the rings
@@ -30,22 +31,28 @@ start_broker() {
 
 fail() {
 	echo "tsan_broker: $1"
-	for f in demo demo2 ctl chimed; do
+	for f in demo demo2 ctl query chimed; do
 		[ -f "$dir/$f.log" ] && { echo "--- $f:"; cat "$dir/$f.log"; }
 	done
 	exit 1
 }
 
 start_broker
+"$demo" --socket "$sock" --timers 20000 --threads 3 --seconds 2 --max-ms 50 >"$dir/demo.log" 2>&1 &
+demo_pid=$!
 if [ -n "$ctl" ]; then
-	( for _ in 1 2 3 4; do sleep 0.4; "$ctl" --socket "$sock" reset-stats >>"$dir/ctl.log" 2>&1 || echo "reset-stats failed" >>"$dir/ctl.log"; done ) &
-	resets=$!
+	# and a timers query now and then: the control thread reads the slabs the shards write
+	for _ in 1 2 3 4; do
+		sleep 0.4
+		"$ctl" --socket "$sock" reset-stats >>"$dir/ctl.log" 2>&1 || echo "reset-stats failed" >>"$dir/ctl.log"
+		"$ctl" --socket "$sock" timers --client "$demo_pid" --limit 10 >>"$dir/query.log" 2>&1 ||
+			echo "timers failed" >>"$dir/ctl.log"
+	done
 fi
-"$demo" --socket "$sock" --timers 20000 --threads 3 --seconds 2 --max-ms 50 >"$dir/demo.log" 2>&1 ||
-	fail "chime-demo exit $?"
+wait "$demo_pid" || fail "chime-demo exit $?"
 if [ -n "$ctl" ]; then
-	wait "$resets"
-	grep -q "failed" "$dir/ctl.log" && fail "chimectl reset-stats failed"
+	grep -q "failed" "$dir/ctl.log" && fail "chimectl reset-stats or timers failed"
+	grep -q "armed" "$dir/query.log" || fail "chimectl timers listed no armed timer of the demo's"
 fi
 
 # A session through two restarts: in place (SIGUSR2, same pid), then a crash.

@@ -51,9 +51,13 @@
  *     circular: an insert touches only the old head, and only unlinking a
  *     list's first or last node needs its slot (one tick computation).
  *  I3 EXPIRED <=> on the expired list, and deadline_ns <= now_ns. The list is
- *     [due...][pending...]: level 0 = due (poppable), level 1 = pending (armed
- *     with a past deadline since the last advance; wheel_advance() makes them
- *     due, so a periodic timer that is behind fires once per advance).
+ *     [front...][due...][pending...]: level 2 = in the front (due, gone
+ *     ahead of a backlog; wh->fresh_tail is its last), level 0 = due
+ *     (poppable), level 1 = pending (armed with a past deadline since the
+ *     last advance; wheel_advance() makes them due, so a periodic timer that
+ *     is behind fires once per advance). wh->due_n counts the front and due
+ *     nodes, wh->front_n the front's, wh->owner_due[o] those of the owners
+ *     o modulo WHEEL_JUMP_OWNERS.
  *  I4 FREE <=> on the free list, index < high_water. Nodes at or beyond
  *     high_water were never touched (the slab costs no RSS until used).
  *  I5 armed == number of ARMED + EXPIRED nodes.

@@ -128,6 +128,45 @@ static bool sock_accepts(const char *path)
 	return ok;
 }
 
+/*
+ * The directories t_chimed_start() made and no t_chimed_stop() removed yet:
+ * a failed assertion ends the test before its stop, and each left a
+ * directory with a shard file (sparse, up to hundreds of MB) in /tmp. The
+ * test process removes them as it exits; not a child it forked.
+ */
+#define T_DIRS 16
+static char t_dirs[T_DIRS][sizeof(((struct t_chimed *)0)->dir)];
+static pid_t t_dirs_pid;
+
+static void t_dirs_remove(void)
+{
+	if (getpid() != t_dirs_pid)
+		return;
+	for (unsigned i = 0; i < T_DIRS; i++)
+		if (t_dirs[i][0]) {
+			t_rmdir_files(t_dirs[i]);
+			t_dirs[i][0] = 0;
+		}
+}
+
+static void t_dirs_note(const char *dir, bool made)
+{
+	if (t_dirs_pid != getpid()) {
+		memset(t_dirs, 0, sizeof(t_dirs));     /* a forked child's copy: not its own */
+		if (!t_dirs_pid)
+			atexit(t_dirs_remove);
+		t_dirs_pid = getpid();
+	}
+	for (unsigned i = 0; i < T_DIRS; i++)
+		if (made ? !t_dirs[i][0] : !strcmp(t_dirs[i], dir)) {
+			if (made)
+				snprintf(t_dirs[i], sizeof(t_dirs[i]), "%s", dir);
+			else
+				t_dirs[i][0] = 0;
+			return;
+		}
+}
+
 int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 {
 	const char *chimed = getenv("CHIMED");
@@ -149,6 +188,7 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 			return -1;
 		}
 		b->own_dir = 1;
+		t_dirs_note(b->dir, true);
 		snprintf(b->sock, sizeof(b->sock), "%s/chime.sock", b->dir);
 	}
 	snprintf(cmd, sizeof(cmd), "exec '%s' --foreground --socket '%s' %s", chimed, b->sock,
@@ -220,6 +260,7 @@ int t_chimed_stop(struct t_chimed *b, int sig)
 	}
 	if (b->own_dir) {
 		t_rmdir_files(b->dir);
+		t_dirs_note(b->dir, false);
 		b->own_dir = 0;
 	}
 	return st;

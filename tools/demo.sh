@@ -12,7 +12,13 @@ if [ ! -f build/build.ninja ]; then
 fi
 ninja -C build >/dev/null
 
-dir=$(mktemp -d)
+# On a tmpfs, as a service's /run is on most hosts: elsewhere (an ext4 /tmp)
+# the kernel writes the timers' segment files back to disk, and chimed says so.
+if [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ]; then
+	dir=$(mktemp -d -p /dev/shm chime-demo.XXXXXX)
+else
+	dir=$(mktemp -d)
+fi
 sock="$dir/chime.sock"
 build/broker/chimed --foreground --socket "$sock" &
 broker=$!

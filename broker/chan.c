@@ -1058,11 +1058,11 @@ static struct chan_user *user_get(struct shard_core *sc, uint32_t uid)
 	return u;
 }
 
-int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
-		uint64_t generation, uint32_t uid)
+/* A channel with no records, grants or lists yet, for slot and uid. */
+static int chan_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint32_t uid, uint32_t sq_size)
 {
 	memset(ch, 0, sizeof(*ch));
-	ch->grants = calloc(m->sq_size, sizeof(*ch->grants));
+	ch->grants = calloc(sq_size, sizeof(*ch->grants));
 	if (!ch->grants)
 		return -ENOMEM;
 	ch->slot = slot;
@@ -1070,6 +1070,16 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
 	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
 	ch->carried.head = ch->carried.tail = CHIME_NIL;
+	return 0;
+}
+
+int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
+		uint64_t generation, uint32_t uid)
+{
+	int r = chan_init(sc, ch, slot, uid, m->sq_size);
+
+	if (r < 0)
+		return r;
 	rings_init(sc, ch, m);
 	sc->by_slot[slot] = ch;
 	stats_client_attach(sc->st, slot, generation);
@@ -1207,15 +1217,10 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint64_t generation,
 		      uint32_t uid, uint32_t sq_size)
 {
-	memset(ch, 0, sizeof(*ch));
-	ch->grants = calloc(sq_size, sizeof(*ch->grants));
-	if (!ch->grants)
-		return -ENOMEM;
-	ch->slot = slot;
-	ch->user = user_get(sc, uid);
-	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
-	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
-	ch->carried.head = ch->carried.tail = CHIME_NIL;
+	int r = chan_init(sc, ch, slot, uid, sq_size);
+
+	if (r < 0)
+		return r;
 	ch->sq_mask = sq_size - 1;      /* grants_drop() walks the (empty) grants on a reclaim */
 	ch->parked = 1;
 	ch->wake_fd = ch->bell_fd = -1;

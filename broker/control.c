@@ -472,7 +472,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 
 		r = policy_load(&b->policy, &o->policy, err, sizeof(err));
 		if (r < 0) {
-			log_msg(LOG_ERR, "%s", r == -EINVAL ? err : strerror(-r));
+			log_msg(LOG_ERR, "%s", err);
 			goto fail;
 		}
 		policy_describe(&b->policy, desc, sizeof(desc));

@@ -87,7 +87,7 @@ void broker_reload(struct broker *b)
 	int r = policy_load(&b->policy, &b->o.policy, err, sizeof(err));
 
 	if (r < 0) {
-		log_msg(LOG_ERR, "reload: %s; keeping the current policy", r == -EINVAL ? err : strerror(-r));
+		log_msg(LOG_ERR, "reload: %s; keeping the current policy", err);
 		return;
 	}
 	policy_describe(&b->policy, desc, sizeof(desc));

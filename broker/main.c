@@ -10,6 +10,7 @@
  * printed why it failed. The child then logs to syslog and lets go of the
  * starter's stdio, so `chimed 2>&1 | cat` ends when the parent does.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -51,8 +52,8 @@ static const char usage_text[] =
 "      --spin-us N         stay awake up to N us without work before sleeping\n"
 "                          (less while spinning does not pay), and wake before\n"
 "                          a deadline as early as wake-ups are late, at most\n"
-"                          N us (max 200) (default 50; -1: busy-poll, never\n"
-"                          sleep, for dedicated cores)\n"
+"                          N us (max 200) (-1..10000000, default 50; -1:\n"
+"                          busy-poll, never sleep, for dedicated cores)\n"
 "      --spin-share PCT    spin with no work at most PCT% of a shard's time\n"
 "                          plus 2 us per timer fired (1..100, default 12);\n"
 "                          past it, sleep to each deadline\n"
@@ -65,10 +66,12 @@ static const char usage_text[] =
 "                          touched when used, 64 bytes per timer)\n"
 "      --max-clients N     connected clients at most (1..65536, default 256)\n"
 "      --max-clients-per-uid N\n"
-"                          connected clients of one user at most (default 64;\n"
-"                          0: no limit); beyond it chime_open() gets EUSERS\n"
+"                          connected clients of one user at most (0..65536,\n"
+"                          default 64; 0: no limit); beyond it chime_open()\n"
+"                          gets EUSERS\n"
 "      --session-linger S  seconds a named session with no process keeps its\n"
-"                          timers before they are reclaimed (default 3600; 0: at once)\n"
+"                          timers before they are reclaimed (0..31536000,\n"
+"                          default 3600; 0: at once)\n"
 "      --fresh             discard the sessions and timers an earlier broker left\n"
 "                          on this socket (by default they are taken over)\n"
 "\n";
@@ -100,9 +103,9 @@ static const char usage_text_more[] =
 "                          (default: half of --capacity times --shards, so that\n"
 "                          one user cannot take every timer; 0: no limit)\n"
 "      --sq-size N         submission ring slots per client and shard\n"
-"                          (power of two, >= 2, default 1024)\n"
+"                          (power of two, 2..1048576, default 1024)\n"
 "      --cq-size N         completion ring slots per client and shard\n"
-"                          (power of two, >= 8, default 8192)\n"
+"                          (power of two, 8..1048576, default 8192)\n"
 "      --log-level LEVEL   log messages up to LEVEL: err, warning, notice,\n"
 "                          info (default) or debug\n"
 "  -v, --verbose           the same as --log-level debug\n"
@@ -185,15 +188,25 @@ static void usage_error(const char *fmt, ...)
 	exit(EXIT_USAGE);
 }
 
+/* arg is a whole decimal number, an optional '-' and digits only (no space, '+' or 0x), in *v. */
+static bool whole_number(const char *arg, long long *v)
+{
+	const char *digits = arg[0] == '-' ? arg + 1 : arg;
+	char *end;
+
+	if (!isdigit((unsigned char)digits[0]))
+		return false;
+	errno = 0;
+	*v = strtoll(arg, &end, 10);
+	return !errno && !*end;
+}
+
 /* A whole decimal number in [lo, hi], or a usage error naming the option. */
 static int64_t parse_num(const char *opt, const char *arg, int64_t lo, int64_t hi)
 {
-	char *end;
 	long long v;
 
-	errno = 0;
-	v = strtoll(arg, &end, 10);
-	if (errno || end == arg || *end || v < lo || v > hi)
+	if (!whole_number(arg, &v) || v < lo || v > hi)
 		usage_error("invalid value '%s' for --%s: expected an integer in %" PRId64 "..%" PRId64,
 			    arg, opt, lo, hi);
 	return v;
@@ -201,9 +214,9 @@ static int64_t parse_num(const char *opt, const char *arg, int64_t lo, int64_t h
 
 static uint32_t parse_pow2(const char *opt, const char *arg, uint32_t lo, uint32_t hi)
 {
-	int64_t v = parse_num(opt, arg, lo, hi);
+	long long v;
 
-	if (v & (v - 1))
+	if (!whole_number(arg, &v) || v < lo || v > hi || (v & (v - 1)))
 		usage_error("invalid value '%s' for --%s: expected a power of two in %u..%u",
 			    arg, opt, lo, hi);
 	return (uint32_t)v;
@@ -254,6 +267,28 @@ static void absolutize(char *path, size_t len)
 	if (strlen(tmp) >= len)
 		usage_error("socket path '%s' is too long (at most %zu bytes)", tmp, len - 1);
 	memcpy(path, tmp, strlen(tmp) + 1);
+}
+
+/*
+ * --policy-file is re-read on SIGHUP, after the daemon's chdir("/"): a
+ * relative path is made absolute now (not resolved: a symlink swapped later
+ * is followed then).
+ */
+static const char *absolute_file(const char *path)
+{
+	char cwd[PATH_MAX], *abs;
+
+	if (path[0] == '/')
+		return path;
+	if (!getcwd(cwd, sizeof(cwd))) {
+		log_errno(LOG_ERR, errno, "getcwd");
+		exit(EXIT_FAILURE);
+	}
+	if (asprintf(&abs, "%s/%s", cwd, path) < 0) {
+		log_msg(LOG_ERR, "out of memory");
+		exit(EXIT_FAILURE);
+	}
+	return abs;     /* lives as long as the process */
 }
 
 /*
@@ -477,7 +512,9 @@ int main(int argc, char **argv)
 			o.policy.allow_all = true;
 			break;
 		case OPT_POLICY_FILE:
-			o.policy.file = optarg;
+			if (!*optarg)
+				usage_error("--policy-file needs a path");
+			o.policy.file = absolute_file(optarg);
 			break;
 		case OPT_SOCKET_GROUP:
 			if (policy_group(optarg, &o.socket_gid, err, sizeof(err)) < 0)

@@ -60,8 +60,10 @@ static int parse_list(char kind, const char *list, unsigned **out, size_t *n, ch
 	char *copy = strdup(list), *save = NULL, *tok;
 	int r = 0;
 
-	if (!copy)
+	if (!copy) {
+		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
+	}
 	for (tok = strtok_r(copy, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
 		unsigned id, *grown;
 
@@ -75,6 +77,7 @@ static int parse_list(char kind, const char *list, unsigned **out, size_t *n, ch
 		}
 		grown = realloc(*out, (*n + 1) * sizeof(**out));
 		if (!grown) {
+			snprintf(err, errlen, "out of memory");
 			r = -ENOMEM;
 			break;
 		}
@@ -151,6 +154,11 @@ static int load_file(struct policy *p, const char *path, char *err, size_t errle
 		r = file_line(p, line, msg, sizeof(msg));
 		if (r < 0)
 			snprintf(err, errlen, "%s:%u: %s", path, no, msg);
+	}
+	/* A directory opens, and fgets() then fails (EISDIR): not an empty policy. */
+	if (r == 0 && ferror(f)) {
+		r = errno ? -errno : -EIO;
+		snprintf(err, errlen, "cannot read policy file '%s': %s", path, strerror(-r));
 	}
 	fclose(f);
 	return r;

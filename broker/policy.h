@@ -34,9 +34,11 @@ struct policy {
 };
 
 /*
- * Build the policy from the command line and the file. 0, or -EINVAL with
- * a message in err ("--allow-uid: no user 'bob'", "FILE:3: unknown setting
- * 'x'"), or -errno reading the file. On failure *p is left as it was.
+ * Build the policy from the command line and the file. 0, or -EINVAL
+ * (a bad setting), -ENOMEM or -errno opening or reading the file, always
+ * with a message in err that names what failed ("--allow-uid: no user
+ * 'bob'", "FILE:3: unknown setting 'x'", "cannot open policy file 'FILE':
+ * ..."). On failure *p is left as it was.
  */
 int policy_load(struct policy *p, const struct policy_src *src, char *err, size_t errlen);
 void policy_free(struct policy *p);

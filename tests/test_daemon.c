@@ -151,6 +151,34 @@ Test(daemon, spin_share_out_of_range_is_a_usage_error)
 	expect_usage_errors(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
+/* Numbers are whole decimal numbers; a policy file must be a readable file, not a directory. */
+Test(daemon, malformed_numbers_and_policy_files_are_usage_errors)
+{
+	static const char *const bad[] = { "--shards ' 3'", "--shards +3", "--shards 0x3", "--shards ''",
+					   "--capacity 99999999999999999999", "--policy-file /",
+					   "--policy-file ''", "--policy-file /nonexistent/policy" };
+	const char *chimed = getenv("CHIMED");
+	char cmd[PATH_MAX + 200], msg[512] = "";
+	FILE *p;
+
+	expect_usage_errors(bad, sizeof(bad) / sizeof(bad[0]));
+	/* The message names the file and why, and a ring size out of range says "power of two". */
+	cr_assert(chimed);
+	/* Were it accepted, the missing directory stops it, and timeout any wait. */
+	snprintf(cmd, sizeof(cmd), "timeout 10 '%s' --foreground --socket /nonexistent/chime/s --policy-file / 2>&1",
+		 chimed);
+	p = popen(cmd, "r");
+	cr_assert(p && fgets(msg, sizeof(msg), p));
+	pclose(p);
+	cr_expect(strstr(msg, "cannot read policy file '/': Is a directory"), "%s", msg);
+	snprintf(cmd, sizeof(cmd), "timeout 10 '%s' --foreground --socket /nonexistent/chime/s --cq-size 4 2>&1",
+		 chimed);
+	p = popen(cmd, "r");
+	cr_assert(p && fgets(msg, sizeof(msg), p));
+	pclose(p);
+	cr_expect(strstr(msg, "expected a power of two in 8..1048576"), "%s", msg);
+}
+
 static pid_t read_pid(const char *sock)
 {
 	char path[320], buf[32] = "";
@@ -239,6 +267,51 @@ Test(daemon, background_lets_go_of_stdio_and_inherited_fds, .timeout = 30)
 	cr_assert_eq(kill(pid, SIGTERM), 0);
 	cr_expect(gone_within(pid, 5000), "daemon still running 5 s after SIGTERM");
 	assert_files_gone(sock);
+	t_rmdir_files(dir);
+}
+
+/*
+ * A relative --policy-file names a file in the directory chimed started in,
+ * also when SIGHUP re-reads it after the daemon's chdir("/"): the socket's
+ * mode follows the reloaded policy (0600 -> 0666 for allow-all).
+ */
+Test(daemon, a_relative_policy_file_is_reread_in_the_background, .timeout = 30)
+{
+	const char *chimed = getenv("CHIMED");
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], pol[300], cmd[2 * PATH_MAX], bin[PATH_MAX];
+	struct stat st;
+	pid_t pid;
+	FILE *f;
+	int i;
+
+	cr_assert(chimed && realpath(chimed, bin), "$CHIMED");
+	chimed = bin;   /* the test changes directory */
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(pol, sizeof(pol), "%s/policy", dir);
+	f = fopen(pol, "w");
+	cr_assert_not_null(f);
+	fputs("# nobody else yet\n", f);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "cd '%s' && '%s' --shards 1 --socket s --policy-file policy 2>/dev/null", dir,
+		 chimed);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+	pid = read_pid(sock);
+	cr_assert_gt(pid, 0);
+	cr_assert_eq(stat(sock, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0600);
+	f = fopen(pol, "w");
+	cr_assert_not_null(f);
+	fputs("allow-all\n", f);
+	fclose(f);
+	cr_assert_eq(kill(pid, SIGHUP), 0);
+	for (i = 0; i < 200 && stat(sock, &st) == 0 && (st.st_mode & 0777) != 0666; i++)
+		sleep_ms(10);
+	cr_expect_eq(st.st_mode & 0777, 0666, "SIGHUP did not re-read the relative policy file (mode %o)",
+		     st.st_mode & 0777);
+	cr_assert_eq(kill(pid, SIGTERM), 0);
+	cr_expect(gone_within(pid, 5000));
+	unlink(pol);
 	t_rmdir_files(dir);
 }
 

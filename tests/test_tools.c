@@ -580,6 +580,10 @@ Test(tools_fake, no_broker_chimestat_exits_1_every_chimectl_command_3)
 
 Test(tools_fake, usage_errors_exit_2)
 {
+	/* numbers are digits only, and a pid fits a pid_t */
+	static const char *const bad_timers[] = { "-n ''", "-n ' 5'", "-n +5", "-n -1", "-n 99999999999999999999",
+						  "-c 99999999999", "-c ' 1'", "-c 0" };
+
 	cr_assert_eq(run("%s --bogus", bin("CHIMESTAT")), 2);
 	cr_assert_eq(run("%s -j --prometheus", bin("CHIMESTAT")), 2);
 	cr_assert_eq(run("%s extra", bin("CHIMESTAT")), 2);
@@ -587,6 +591,17 @@ Test(tools_fake, usage_errors_exit_2)
 	cr_assert_eq(run("%s frobnicate", bin("CHIMECTL")), 2);
 	cr_assert_eq(run("%s timers", bin("CHIMECTL")), 2);
 	cr_assert_eq(run("%s status --limit 3", bin("CHIMECTL")), 2);
+	/* the default limit given explicitly is still misplaced */
+	cr_assert_eq(run("%s status --limit 100", bin("CHIMECTL")), 2);
+	for (size_t i = 0; i < sizeof(bad_timers) / sizeof(bad_timers[0]); i++) {
+		cr_assert_eq(run("%s timers -c 1 %s", bin("CHIMECTL"), bad_timers[i]), 2, "timers %s: %s",
+			     bad_timers[i], slurp(err));
+		cr_assert(strstr(slurp(err), "invalid --"), "timers %s: %s", bad_timers[i], slurp(err));
+	}
+	/* a malformed session name is refused here, not sent to the broker */
+	cr_assert_eq(run("%s drop-session 'a b'", bin("CHIMECTL")), 2);
+	cr_assert(strstr(slurp(err), "'a b' is not a session name"), "%s", slurp(err));
+	cr_assert_eq(run("%s drop-session ''", bin("CHIMECTL")), 2);
 	cr_assert_eq(run("%s --help", bin("CHIMESTAT")), 0);
 	cr_assert(strstr(slurp(out), "Exit status"));
 	cr_assert_eq(run("%s --version", bin("CHIMECTL")), 0);

@@ -11,6 +11,7 @@
  * the information of its text, {"command", "ok", "exit_status", ...} and on
  * failure "error" (the message also goes to stderr, as without --json).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -946,6 +947,7 @@ int main(int argc, char **argv)
 	uint64_t limit = 100;
 	char sock[PATH_MAX], *end;
 	int opt, r, json = 0, known = 0;
+	bool have_limit = false;
 
 	/* Options may come before or after the command (GNU getopt permutes). */
 	while ((opt = getopt_long(argc, argv, "s:c:n:jhV", longopts, NULL)) != -1) {
@@ -959,23 +961,28 @@ int main(int argc, char **argv)
 			socket_arg = optarg;
 			break;
 		case 'c':
+			/* Digits only: strtol would take " 12", "+12" and a pid no pid_t holds. */
 			errno = 0;
-			pid = strtol(optarg, &end, 10);
-			if (errno || *end || pid <= 0) {
-				fprintf(stderr, PROG ": invalid pid '%s'\n", optarg);
+			pid = isdigit((unsigned char)optarg[0]) ? strtol(optarg, &end, 10) : 0;
+			if (!isdigit((unsigned char)optarg[0]) || errno || *end || pid <= 0 || pid > INT32_MAX) {
+				fprintf(stderr, PROG ": invalid --client '%s' (a process id from 1 to %d)\n", optarg,
+					INT32_MAX);
 				return SR_EXIT_USAGE;
 			}
 			break;
 		case 'n': {
-			unsigned long long v;
+			unsigned long long v = 0;
 
 			errno = 0;
-			v = strtoull(optarg, &end, 10);
-			if (errno || *end || *optarg == '-') {
-				fprintf(stderr, PROG ": invalid limit '%s'\n", optarg);
+			if (isdigit((unsigned char)optarg[0]))
+				v = strtoull(optarg, &end, 10);
+			if (!isdigit((unsigned char)optarg[0]) || errno || *end) {
+				fprintf(stderr, PROG ": invalid --limit '%s' (a number from 0 to %llu; 0: all)\n",
+					optarg, (unsigned long long)UINT64_MAX);
 				return SR_EXIT_USAGE;
 			}
 			limit = v;
+			have_limit = true;
 			break;
 		}
 		case 'j':
@@ -1004,9 +1011,16 @@ int main(int argc, char **argv)
 			"too many arguments");
 		return SR_EXIT_USAGE;
 	}
-	if (!strcmp(cmd, "drop-session"))
+	if (!strcmp(cmd, "drop-session")) {
 		arg = argv[optind + 1];
-	if (strcmp(cmd, "timers") && (pid != -1 || limit != 100)) {
+		/* What the broker would refuse (EINVAL): say so here, as a usage error. */
+		if (chime_session_len(arg) <= 0) {
+			fprintf(stderr, PROG ": '%s' is not a session name (1 to %u bytes of A-Z, a-z, 0-9, "
+				"'.', '_', '-')\n", arg, CHIME_SESSION_MAX - 1);
+			return SR_EXIT_USAGE;
+		}
+	}
+	if (strcmp(cmd, "timers") && (pid != -1 || have_limit)) {
 		fprintf(stderr, PROG ": --client and --limit go with 'timers' only\n");
 		return SR_EXIT_USAGE;
 	}

@@ -2056,3 +2056,189 @@ Test(tools_fake, man_page_names_every_field)
 	}
 	chime_seg_unmap(&f.map);
 }
+
+/* ---- every option: the parser's, --help's and the man page's are the same ---- */
+
+struct optset {
+	char name[96][40];      /* "--socket", "-s" */
+	int n;
+};
+
+static int optset_has(const struct optset *s, const char *name)
+{
+	for (int i = 0; i < s->n; i++)
+		if (!strcmp(s->name[i], name))
+			return 1;
+	return 0;
+}
+
+static void optset_add(struct optset *s, const char *name, size_t len)
+{
+	char tmp[40];
+
+	if (len >= sizeof(tmp))
+		return;
+	memcpy(tmp, name, len);
+	tmp[len] = '\0';
+	if (optset_has(s, tmp))
+		return;
+	cr_assert_lt(s->n, 96, "too many options");
+	snprintf(s->name[s->n++], sizeof(s->name[0]), "%s", tmp);
+}
+
+/* The options a C file's parser takes: its struct option table and its getopt_long() short options. */
+static void code_options(const char *rel, struct optset *s)
+{
+	char *text = slurp(src_file(rel)), *p;
+
+	for (p = text; (p = strstr(p, "{ \"")) != NULL; p += 3) {
+		size_t n = strspn(p + 3, "abcdefghijklmnopqrstuvwxyz-");
+		char *after = p + 3 + n;
+
+		if (n && !strncmp(after, "\", ", 3) && strstr(after, "_argument") &&
+		    strstr(after, "_argument") < strchr(after, '}')) {
+			char opt[40];
+
+			snprintf(opt, sizeof(opt), "--%.*s", (int)n, p + 3);
+			optset_add(s, opt, strlen(opt));
+		}
+	}
+	for (p = text; (p = strstr(p, "getopt_long(argc, argv, \"")) != NULL; p++) {
+		for (char *c = p + strlen("getopt_long(argc, argv, \""); *c && *c != '"'; c++) {
+			char opt[3] = { '-', *c, 0 };
+
+			if (*c != ':')
+				optset_add(s, opt, 2);
+		}
+	}
+}
+
+/* Every "-x" and "--name" in text (not "--allow-*", a wildcard). */
+static void text_options(const char *text, struct optset *s)
+{
+	for (const char *p = text; (p = strchr(p, '-')) != NULL; p++) {
+		int dashes = p[1] == '-' ? 2 : 1;
+		size_t n = strspn(p + dashes, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-");
+
+		if (p > text && (isalnum((unsigned char)p[-1]) || p[-1] == '-' || p[-1] == '\'')) {
+			p += n;
+			continue;
+		}
+		size_t whole = n;
+
+		while (n && p[dashes + n - 1] == '-')
+			n--;
+		if (n && (dashes == 2 || n == 1) && p[dashes + whole] != '*' &&
+		    (dashes == 1 ? isalnum((unsigned char)p[1]) : isalpha((unsigned char)p[2])))
+			optset_add(s, p, dashes + n);
+		p += dashes + whole;
+	}
+}
+
+/* The options a man page defines: the tag after each .TP, "\-" as "-". */
+static void man_options(const char *rel, struct optset *s)
+{
+	char *text = slurp(src_file(rel)), *save, *line, *prev = NULL;
+
+	for (line = strtok_r(text, "\n", &save); line; prev = line, line = strtok_r(NULL, "\n", &save)) {
+		char tag[512], *w = tag;
+
+		if (!prev || strcmp(prev, ".TP"))
+			continue;
+		for (const char *r = line; *r && w < tag + sizeof(tag) - 1; r++) {
+			if (r[0] == '\\' && r[1] == '-')
+				continue;       /* the '-' that follows is copied */
+			if (r[0] == '\\' && r[1] == 'f' && r[2]) {
+				r += 2;
+				continue;
+			}
+			*w++ = *r == '"' ? ' ' : *r;
+		}
+		*w = '\0';
+		text_options(tag, s);
+	}
+}
+
+static const struct {
+	const char *env, *man, *code[5], *help_args[6];
+} opt_programs[] = {
+	{ "CHIMED", "broker/chimed.8", { "broker/main.c" }, { "--help" } },
+	{ "CHIMECTL", "tools/chimectl.1", { "tools/chimectl.c" }, { "--help" } },
+	{ "CHIMESTAT", "tools/chimestat.1", { "tools/chimestat.c" }, { "--help" } },
+	{ "CHIME_DEMO", "tools/chime-demo.1", { "tools/chime-demo.c" }, { "--help" } },
+	{ "CHIME_BENCH", "tools/chime-bench.1",
+	  { "tools/bench/e2e.c", "tools/bench/compare.c", "tools/bench/apply.c", "tools/bench/rest.c" },
+	  { "--help", "wheel --help", "e2e --help", "compare --help", "apply --help", "rest --help" } },
+};
+
+/*
+ * Each program's parser, --help and man page name the same options, long
+ * and short: none missing from one of them, none documented that the
+ * parser does not take. (chime-bench's help and man page also name chimed's
+ * options its private broker gets.)
+ */
+Test(tools_options, help_and_man_page_name_every_option_the_parser_takes)
+{
+	static const char *const foreign[] = { "--capacity", "--spin-us", "--max-timers-per-client",
+						"--max-timers-per-uid", "--log-level" };
+
+	for (size_t i = 0; i < sizeof(opt_programs) / sizeof(opt_programs[0]); i++) {
+		struct optset code = { .n = 0 }, help = { .n = 0 }, man = { .n = 0 };
+		const char *prog = opt_programs[i].man;
+
+		for (size_t k = 0; k < 5 && opt_programs[i].code[k]; k++)
+			code_options(opt_programs[i].code[k], &code);
+		if (!strcmp(opt_programs[i].env, "CHIME_BENCH")) {
+			/* wheel's one option is parsed by hand; the version is main.c's */
+			optset_add(&code, "--quick", 7);
+			optset_add(&code, "--version", 9);
+			optset_add(&code, "-V", 2);
+		}
+		for (size_t k = 0; k < 6 && opt_programs[i].help_args[k]; k++) {
+			cr_assert_eq(run("%s %s", bin(opt_programs[i].env), opt_programs[i].help_args[k]), 0,
+				     "%s %s: %s", prog, opt_programs[i].help_args[k], slurp(err));
+			text_options(slurp(out), &help);
+		}
+		man_options(opt_programs[i].man, &man);
+		for (int k = 0; k < code.n; k++) {
+			cr_expect(optset_has(&help, code.name[k]), "%s: the parser takes %s, --help does not say so",
+				  prog, code.name[k]);
+			cr_expect(optset_has(&man, code.name[k]), "%s: the parser takes %s, the man page does not say so",
+				  prog, code.name[k]);
+		}
+		for (int k = 0; k < man.n; k++)
+			cr_expect(optset_has(&code, man.name[k]), "%s: the man page defines %s, the parser does not take it",
+				  prog, man.name[k]);
+		for (int k = 0; k < help.n; k++) {
+			int ok = optset_has(&code, help.name[k]) || help.name[k][1] != '-';
+
+			for (size_t f = 0; !ok && strcmp(opt_programs[i].env, "CHIMED") &&
+			     f < sizeof(foreign) / sizeof(foreign[0]); f++)
+				ok = !strcmp(help.name[k], foreign[f]);
+			cr_expect(ok, "%s: --help names %s, the parser does not take it", prog, help.name[k]);
+		}
+	}
+}
+
+/* The README's synopses of chimestat and chimectl name every long option they take. */
+Test(tools_options, readme_synopsis_has_every_chimestat_and_chimectl_option)
+{
+	static char syn[8192];
+	const char *const srcs[] = { "tools/chimestat.c", "tools/chimectl.c" };
+	char *start, *end;
+
+	start = strstr(slurp(src_file("README.md")), "## Observing and administering\n\n```\n");
+	cr_assert_not_null(start);
+	end = strstr(start + 36, "```");
+	cr_assert_not_null(end);
+	snprintf(syn, sizeof(syn), "%.*s", (int)(end - start), start);
+	for (size_t i = 0; i < sizeof(srcs) / sizeof(srcs[0]); i++) {
+		struct optset code = { .n = 0 };
+
+		code_options(srcs[i], &code);
+		for (int k = 0; k < code.n; k++)
+			cr_expect(code.name[k][1] != '-' || !strcmp(code.name[k], "--help") ||
+				  !strcmp(code.name[k], "--version") || strstr(syn, code.name[k]),
+				  "README's synopsis of %s lacks %s", srcs[i], code.name[k]);
+	}
+}

@@ -2242,3 +2242,17 @@ Test(tools_options, readme_synopsis_has_every_chimestat_and_chimectl_option)
 				  "README's synopsis of %s lacks %s", srcs[i], code.name[k]);
 	}
 }
+
+/* chime-demo: numbers are digits only, and a failed connect names the path it tried, however chosen. */
+Test(tools_fake, demo_refuses_bad_numbers_and_names_the_socket_it_could_not_reach)
+{
+	static const char *const bad[] = { "-n ' 5'", "-n +5", "-n -1", "-n 0", "-t 65", "-m ''", "-s ''",
+					   "--bogus", "-n 1 extra" };
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_assert_eq(run("%s %s", bin("CHIME_DEMO"), bad[i]), 2, "chime-demo %s: %s", bad[i], slurp(err));
+	cr_assert_eq(run("%s -n 1 -s '%s'", bin("CHIME_DEMO"), sock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), sock) && strstr(slurp(err), "is chimed running?"), "%s", slurp(err));
+	cr_assert_eq(run("CHIME_SOCKET='%s' %s -n 1", sock, bin("CHIME_DEMO")), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), sock), "$CHIME_SOCKET not named: %s", slurp(err));
+}

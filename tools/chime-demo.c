@@ -13,6 +13,7 @@
  */
 #include <chime.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "chime_shm.h"     /* CHIME_DEFAULT_SOCKET */
 #include "clock.h"       /* splitmix64() */
 
 #define NSEC_PER_SEC UINT64_C(1000000000)
@@ -49,11 +51,13 @@ static void usage(FILE *f)
 		"Usage: chime-demo [OPTIONS]\n"
 		"Arm timers through a running chimed and report fires per second and lateness.\n"
 		"\n"
-		"  -s, --socket PATH   broker socket (default: $CHIME_SOCKET, else the default path)\n"
-		"  -n, --timers N      timers to arm in all (default 1000000)\n"
-		"  -t, --threads N     arming threads (default 4)\n"
-		"  -d, --seconds N     spread the arming over N seconds (default 3)\n"
-		"  -m, --max-ms N      each deadline is 1..N ms after arming (default 200)\n"
+		"  -s, --socket PATH   broker socket (default: $CHIME_SOCKET, else\n"
+		"                      " CHIME_DEFAULT_SOCKET ")\n"
+		"  -n, --timers N      timers to arm in all (1..100000000, default 1000000)\n"
+		"  -t, --threads N     arming threads (1..64, default 4)\n"
+		"  -d, --seconds N     spread the arming over N seconds (1..3600, default 3)\n"
+		"  -m, --max-ms N      each deadline is 1..N ms after arming (1..60000,\n"
+		"                      default 200)\n"
 		"  -S, --session NAME  arm in the named session (it lives through a broker restart)\n"
 		"  -h, --help          show this help\n"
 		"  -V, --version       show the version\n"
@@ -122,9 +126,15 @@ static int parse_uint(const char *s, const char *opt, uint64_t min, uint64_t max
 	char *end;
 	unsigned long long v;
 
+	/* Digits only: strtoull would take " 5", "+5" and wrap "-1". */
+	if (!isdigit((unsigned char)*s)) {
+		fprintf(stderr, "chime-demo: invalid %s '%s' (expected %" PRIu64 "..%" PRIu64 ")\n",
+			opt, s, min, max);
+		return -1;
+	}
 	errno = 0;
 	v = strtoull(s, &end, 10);
-	if (errno || *s == '\0' || *s == '-' || *end != '\0' || v < min || v > max) {
+	if (errno || *end != '\0' || v < min || v > max) {
 		fprintf(stderr, "chime-demo: invalid %s '%s' (expected %" PRIu64 "..%" PRIu64 ")\n",
 			opt, s, min, max);
 		return -1;
@@ -156,7 +166,14 @@ int main(int argc, char **argv)
 
 	while ((c = getopt_long(argc, argv, "s:n:t:d:m:S:hV", longopts, NULL)) != -1) {
 		switch (c) {
-		case 's': opts.socket_path = optarg; break;
+		case 's':
+			/* An empty path is not "the default": chimed refuses it too. */
+			if (!*optarg) {
+				fprintf(stderr, "chime-demo: --socket needs a path (empty given)\n");
+				return 2;
+			}
+			opts.socket_path = optarg;
+			break;
 		case 'S': opts.session = optarg; break;
 		case 'n': if (parse_uint(optarg, "--timers", 1, 100000000, &d.timers)) return 2; break;
 		case 't': if (parse_uint(optarg, "--threads", 1, 64, &v)) return 2; d.threads = (unsigned)v; break;
@@ -164,22 +181,30 @@ int main(int argc, char **argv)
 		case 'm': if (parse_uint(optarg, "--max-ms", 1, 60000, &v)) return 2; d.max_ms = (unsigned)v; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("chime-demo %s\n", chime_version()); return 0;
-		default: usage(stderr); return 2;
+		default: fprintf(stderr, "chime-demo: try 'chime-demo --help'\n"); return 2;
 		}
 	}
 	if (optind < argc) {
-		fprintf(stderr, "chime-demo: unexpected argument '%s'\n", argv[optind]);
+		fprintf(stderr, "chime-demo: unexpected argument '%s' (try 'chime-demo --help')\n", argv[optind]);
 		return 2;
 	}
 
 	r = chime_open(&d.chime, &opts);
 	if (r < 0) {
-		fprintf(stderr, "chime-demo: cannot connect to chimed%s%s%s%s: %s\n",
-			opts.socket_path ? " at " : "", opts.socket_path ? opts.socket_path : "",
-			opts.session ? ", session " : "", opts.session ? opts.session : "",
+		/* The path chime_open() tried: the option, $CHIME_SOCKET (if not empty), the default. */
+		const char *env = getenv("CHIME_SOCKET");
+		const char *path = opts.socket_path ? opts.socket_path : env && *env ? env : CHIME_DEFAULT_SOCKET;
+
+		fprintf(stderr, "chime-demo: cannot connect to chimed at '%s'%s%s%s: %s%s\n", path,
+			opts.session ? " (session '" : "", opts.session ? opts.session : "", opts.session ? "')" : "",
 			r == -EINVAL && opts.session ? "not a session name (1..63 of A-Z a-z 0-9 . _ -)" :
-			r == -EINVAL ? "not a socket path (empty, or longer than a unix socket's 107 bytes)" :
-			strerror(-r));
+			r == -EINVAL ? "not a socket path (longer than a unix socket's 107 bytes)" :
+			strerror(-r),
+			r == -ENOENT ? " (is chimed running?)" :
+			r == -EACCES ? " (the broker did not admit this user, or the socket's permissions refused it;"
+				       " see chimed --allow-uid, --allow-gid, --allow-all)" :
+			r == -EBUSY ? " (another process has this session open)" :
+			r == -EUSERS ? " (the broker has as many clients as it allows: this user's, or all)" : "");
 		return r == -EINVAL ? 2 : 1;    /* EINVAL: what the options said */
 	}
 	broker_lat = calloc(d.timers, sizeof(*broker_lat));

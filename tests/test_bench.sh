@@ -26,8 +26,10 @@
 #
 #   args     every numeric option of e2e, compare and rest given a value that
 #            is not a number, negative, zero or too large, and e2e --only
-#            given an unknown part (or one by substring): exit 2 at once
-#            (timeout 2 s; nothing started, no broker directory made), with
+#            given an unknown part (or one by substring); an empty --socket,
+#            an unknown option or a left-over argument in every mode; no
+#            mode, an unknown one: exit 2 at once (timeout 2 s; nothing
+#            started, no broker directory made), with "chime-bench MODE:",
 #            the option and the value named on stderr.
 #   interrupt `chime-bench e2e --quick` on a private $TMPDIR, sent SIGTERM a
 #            second after its chimed is up: exit 143, the chimed is gone and
@@ -167,7 +169,17 @@ case $mode in
 args)
 	for m in e2e compare rest; do
 		args_check $m
+		# every mode: the usage errors name the mode, and what was wrong
+		bad_arg "chime-bench $m: --socket needs a path (empty given)" $m --socket ''
+		bad_arg "chime-bench $m: unexpected argument 'extra'" $m extra
+		bad_arg "chime-bench $m: unrecognized option '--bogus'" $m --bogus
 	done
+	bad_arg "chime-bench apply: unexpected argument 'extra'" apply --quick extra
+	bad_arg "chime-bench apply: unrecognized option '--bogus'" apply --bogus
+	bad_arg "chime-bench wheel: unexpected argument 'extra'" wheel --quick extra
+	bad_arg "chime-bench wheel: unrecognized option '-q'" wheel -q
+	bad_arg "chime-bench: missing MODE"
+	bad_arg "chime-bench: unknown mode 'bogus'" bogus
 	echo "bench args: $nbad bad values refused at once, each named"
 	exit 0
 	;;

@@ -360,14 +360,11 @@ int bench_apply(int argc, char **argv)
 			usage(stdout);
 			return 0;
 		default:
-			usage(stderr);
-			return 2;
+			return bench_usage_error("apply", NULL);
 		}
 	}
-	if (optind != argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind != argc)
+		return bench_usage_error("apply", argv[optind]);
 	bench_machine(&mc);
 	printf("chime-bench apply: the shard's cost per submission record, in-process, one thread\n"
 	       "date:    %s\nmachine: %ld CPUs online, %s, Linux %s; load average %.2f %.2f %.2f at start\n"

@@ -57,6 +57,26 @@ int bench_opt_u64(const char *mode, const char *opt, const char *s, uint64_t min
 	return r < 0 ? -1 : 0;
 }
 
+int bench_opt_socket(const char *mode, const char *s, const char **out)
+{
+	if (!*s) {
+		fprintf(stderr, "chime-bench %s: --socket needs a path (empty given)\n", mode);
+		return -1;
+	}
+	*out = s;
+	return 0;
+}
+
+int bench_usage_error(const char *mode, const char *unexpected)
+{
+	if (unexpected)
+		fprintf(stderr, "chime-bench %s: unexpected argument '%s' (try 'chime-bench %s --help')\n", mode,
+			unexpected, mode);
+	else
+		fprintf(stderr, "chime-bench %s: try 'chime-bench %s --help'\n", mode, mode);
+	return 2;
+}
+
 int bench_opt_u64_list(const char *mode, const char *opt, const char *s, uint64_t min, uint64_t max,
 		       uint64_t *out, size_t cap, size_t *n)
 {

@@ -39,6 +39,15 @@ int bench_opt_u64_list(const char *mode, const char *opt, const char *s, uint64_
 int bench_opt_names(const char *mode, const char *opt, const char *s, const char *const *names,
 		    unsigned nnames, uint32_t *mask);
 
+/* --socket PATH: an empty PATH is a usage error ("needs a path"), as for chimed; -1 then. */
+int bench_opt_socket(const char *mode, const char *s, const char **out);
+/*
+ * The end of a mode's options: getopt_long() returned '?' (it printed what
+ * was wrong), or arguments are left over. Prints one line saying so and
+ * where the help is; returns 2 (a usage error), for the mode to return.
+ */
+int bench_usage_error(const char *mode, const char *unexpected);
+
 /* Median of v[0..n) (sorts v). 0 if n == 0. */
 double bench_median(double *v, size_t n);
 

@@ -185,19 +185,20 @@ int bench_compare(int argc, char **argv)
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "s:qjS:L:h", lopts, NULL)) != -1) {
 		switch (opt) {
-		case 's': R.socket = optarg; break;
+		case 's':
+			if (bench_opt_socket("compare", optarg, &R.socket) < 0)
+				return 2;
+			break;
 		case 'q': R.quick = 1; break;
 		case 'j': R.json = 1; break;
 		case 'S': sizes = optarg; break;
 		case 'L': R.csv_dir = optarg; break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		default: return bench_usage_error("compare", NULL);
 		}
 	}
-	if (optind < argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind < argc)
+		return bench_usage_error("compare", argv[optind]);
 	if (parse_sizes(&R, sizes ? sizes : R.quick ? "10000,50000" : "100000,1000000") < 0)
 		return 2;
 	R.seed_wall_ns = R.quick ? NS_PER_S : 5 * NS_PER_S;

@@ -193,7 +193,10 @@ int bench_e2e(int argc, char **argv)
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "s:qn:N:h", lopts, NULL)) != -1) {
 		switch (opt) {
-		case 's': cf.socket = optarg; break;
+		case 's':
+			if (bench_opt_socket("e2e", optarg, &cf.socket) < 0)
+				return 2;
+			break;
 		case 'q': cf.quick = 1; break;
 		case 'n':
 			if (bench_opt_u64("e2e", "--shards", optarg, 1, E2E_MAX_SHARDS, &v) < 0)
@@ -211,13 +214,11 @@ int bench_e2e(int argc, char **argv)
 			cf.expire_n = (size_t)v;
 			break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		default: return bench_usage_error("e2e", NULL);
 		}
 	}
-	if (optind < argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind < argc)
+		return bench_usage_error("e2e", argv[optind]);
 	sizes = cf.quick ? sizes_quick : sizes_full;
 	batch = cf.quick ? 100 : 1000;
 	flood_ns = cf.quick ? 300 * NS_PER_MS : 2 * NS_PER_S;

@@ -17,10 +17,13 @@ static const struct {
 	const char *help;
 } modes[] = {
 	{ "wheel", bench_wheel, "timing wheel vs binary heap: arm, cancel, reset, expiry [--quick]" },
-	{ "e2e", bench_e2e, "libchime + chimed end to end vs timerfd [--socket PATH] [--quick]" },
-	{ "compare", bench_compare, "chime vs its wheel, timerfd, libuv, libev: ops, expiry, memory, CPU, lateness [--quick] [--json]" },
+	{ "e2e", bench_e2e, "libchime + chimed end to end vs timerfd [--socket PATH] [--quick] [--shards N]\n"
+	  "           [--only PARTS] [--expire N] [--busy-poll]" },
+	{ "compare", bench_compare, "chime vs its wheel, timerfd, libuv, libev: ops, expiry, memory, CPU, lateness\n"
+	  "           [--quick] [--json] [--socket PATH] [--sizes N,N...] [--lateness-csv DIR]" },
 	{ "apply", bench_apply, "the shard's cost per submission record, in-process: arm, reset, cancel [--quick]" },
-	{ "rest", bench_rest, "the broker at rest with N timers armed an hour ahead: CPU and wake-ups [--timers N] [--seconds S]" },
+	{ "rest", bench_rest, "the broker at rest with N timers armed an hour ahead: CPU and wake-ups\n"
+	  "           [--socket PATH] [--timers N] [--seconds S] [--json]" },
 };
 
 #define NR_MODES (sizeof(modes) / sizeof(modes[0]))
@@ -35,8 +38,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+	static char name[64];
+
 	if (argc < 2) {
-		usage(stderr);
+		fprintf(stderr, "chime-bench: missing MODE (try 'chime-bench --help')\n");
 		return 2;
 	}
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -48,8 +53,12 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	for (size_t i = 0; i < NR_MODES; i++) {
-		if (!strcmp(argv[1], modes[i].name))
+		if (!strcmp(argv[1], modes[i].name)) {
+			/* getopt_long() prefixes its messages with argv[0]: "chime-bench e2e: ..." */
+			snprintf(name, sizeof(name), "chime-bench %s", modes[i].name);
+			argv[1] = name;
 			return modes[i].fn(argc - 1, argv + 1);
+		}
 	}
 	fprintf(stderr, "chime-bench: unknown mode '%s' (try chime-bench --help)\n", argv[1]);
 	return 2;

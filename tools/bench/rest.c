@@ -70,7 +70,10 @@ int bench_rest(int argc, char **argv)
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "s:n:t:jh", lopts, NULL)) != -1) {
 		switch (opt) {
-		case 's': socket = optarg; break;
+		case 's':
+			if (bench_opt_socket("rest", optarg, &socket) < 0)
+				return 2;
+			break;
 		case 'n':
 			if (bench_opt_u64("rest", "--timers", optarg, 1, 16000000, &v) < 0)
 				return 2;
@@ -83,13 +86,11 @@ int bench_rest(int argc, char **argv)
 			break;
 		case 'j': json = 1; break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		default: return bench_usage_error("rest", NULL);
 		}
 	}
-	if (optind < argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind < argc)
+		return bench_usage_error("rest", argv[optind]);
 	bench_machine(&m);
 	memset(&b, 0, sizeof(b));
 	if (socket) {

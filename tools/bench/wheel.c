@@ -309,9 +309,11 @@ int bench_wheel(int argc, char **argv)
 			nsizes = 2;
 		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			return usage(stdout);
+		} else if (argv[i][0] == '-') {
+			fprintf(stderr, "chime-bench wheel: unrecognized option '%s'\n", argv[i]);
+			return bench_usage_error("wheel", NULL);
 		} else {
-			fprintf(stderr, "chime-bench wheel: unknown option '%s'\n", argv[i]);
-			return usage(stderr);
+			return bench_usage_error("wheel", argv[i]);
 		}
 	}
 

@@ -113,8 +113,8 @@ static int send_hello(int fd, const char *session, uint32_t flags, uint64_t sq_b
 	do
 		n = send(fd, &hello, sizeof(hello), MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);
-	if (n < 0)
-		return errno == EPIPE || errno == ECONNRESET ? -ECONNRESET : -errno;
+	if (n < 0)      /* EAGAIN: SO_SNDTIMEO ran out, as recv_welcome()'s ETIMEDOUT */
+		return errno == EPIPE || errno == ECONNRESET ? -ECONNRESET : errno == EAGAIN ? -ETIMEDOUT : -errno;
 	return n == sizeof(hello) ? 0 : -ECONNRESET;
 }
 

@@ -211,6 +211,8 @@ static int handshake_fail(const char *sock, int r)
 		why = " (the broker did not admit this user, or the socket's permissions refused it)";
 	else if (r == -EPROTO)
 		why = " (the broker speaks another shm layout: upgrade one side)";
+	else if (r == -ECONNREFUSED)
+		why = " (the broker is stopping or restarting)";
 	return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "handshake with '%s' failed: %s%s", sock,
 		    strerror(-r), why);
 }

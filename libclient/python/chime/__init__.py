@@ -105,6 +105,8 @@ _WHY = {
                                   "(libchime and chimed of different releases)",
     ("chime_open", errno.ETIMEDOUT): "chimed accepted the connection but did not answer within 10 s",
     ("chime_open", errno.ECONNRESET): "chimed hung up during the handshake",
+    ("chime_open", errno.ECONNREFUSED): "chimed at {socket} is stopping or restarting and takes no new "
+                                        "client; open again once the next one listens",
     ("chime_open", errno.EBADMSG): "chimed's reply or shared memory was malformed",
     ("chime_open", errno.EINVAL): "{invalid}",
     ("chime_open", errno.EBUSY): "the session is attached to another process",

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 #
 # install: what `meson install` gives a consumer. Install the build into a
-# scratch DESTDIR; with only its libchime.pc on the pkg-config path (no ck.pc,
+# scratch DESTDIR; nothing lands outside the prefix (unless it is systemd's
+# own, as a package's /usr is); with only its libchime.pc on the pkg-config path (no ck.pc,
 # no liburing.pc), --cflags names our include directory and nothing else (no
 # leaked -D), --static --libs carries liburing, and a program using chime.h
 # compiles, links and runs. The Python module lands in a directory on the
@@ -31,6 +32,20 @@ fail() {
 
 "$meson" install -C "$build" --no-rebuild --quiet --destdir "$dest" >"$dest/install.log" 2>&1 ||
 	{ cat "$dest/install.log"; fail "meson install --destdir failed"; }
+# A prefix that is not systemd's own (the default /usr/local, a user's
+# --prefix=$HOME/p) is never written outside of: the unit, sysusers.d and
+# tmpfiles.d files go under it too (systemd/meson.build), not into /lib/systemd.
+chimed=$(find "$dest" -path '*/sbin/chimed' | head -n 1)
+[ -n "$chimed" ] || fail "no sbin/chimed installed under $dest"
+prefix=$(dirname "$(dirname "${chimed#"$dest"}")")
+if [ "$prefix" != "$(pkg-config --variable=prefix systemd 2>/dev/null)" ]; then
+	outside=$(find "$dest" ! -type d ! -path "$dest$prefix/*" ! -path "$dest/install.log")
+	[ -z "$outside" ] || fail "installed outside the prefix $prefix: $outside"
+	for f in lib/systemd/system/chimed.service lib/sysusers.d/chime.conf lib/tmpfiles.d/chime.conf; do
+		[ -f "$dest$prefix/$f" ] || fail "no $prefix/$f installed"
+	done
+	echo "install: everything under the prefix $prefix, the systemd files included"
+fi
 pc=$(find "$dest" -name libchime.pc | head -n 1)
 [ -n "$pc" ] || fail "no libchime.pc installed under $dest"
 echo "install: $pc:"

@@ -89,13 +89,23 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 		  uint32_t *bad, struct sessfile_geom *found)
 {
 	struct sessfile_hdr h;
+	struct stat st;
 	char boot[40];
 	int fd, r, n = 0;
 
 	*bad = 0;
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	/* O_NONBLOCK: a FIFO put at the path must not hang the start (a regular file ignores it). */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0)
 		return -errno;
+	if (fstat(fd, &st) < 0) {
+		r = -errno;
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		r = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;    /* as sessfile_open() says */
+		goto out;
+	}
 	r = read_at(fd, &h, sizeof(h), 0);
 	if (r < 0)
 		goto out;

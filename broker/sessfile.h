@@ -64,7 +64,9 @@ struct sessfile {
  *   -EPROTO   another version or layout;
  *   -EMEDIUMTYPE  the geometry differs (*found tells how);
  *   -EBADMSG  not a sessions file, or its header is damaged;
- *   -errno    of open, read.
+ *   -EINVAL   not a regular file (a FIFO, a device: never blocks on one);
+ *   -EISDIR   a directory;
+ *   -errno    of open, fstat, read.
  * *bad counts records present but rejected. found may be NULL.
  */
 int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfile_rec *recs,

@@ -260,6 +260,9 @@ int chime_seg_map_fd(int fd, uint32_t kind, bool writable, struct chime_map *map
 
 	if (fstat(fd, &st) < 0)
 		return -errno;
+	/* A directory, a FIFO, a device: not a segment (mmap would say ENODEV, or map a device). */
+	if (!S_ISREG(st.st_mode))
+		return S_ISDIR(st.st_mode) ? -EISDIR : -EBADMSG;
 	if (st.st_size == 0)
 		return -EAGAIN;
 	if (st.st_size < (off_t)sizeof(struct chime_seg_hdr) || (uint64_t)st.st_size > SIZE_MAX)
@@ -280,7 +283,8 @@ int chime_seg_map_fd(int fd, uint32_t kind, bool writable, struct chime_map *map
 
 int chime_seg_open(const char *path, uint32_t kind, struct chime_map *map)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO at the path must not hang the open (a regular file ignores it). */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	int r;
 
 	if (fd < 0)

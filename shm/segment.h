@@ -86,11 +86,12 @@ int chime_seg_check(const struct chime_map *map, uint32_t kind, uint32_t *layout
 
 /*
  * Map an fd (its whole size, from fstat), read-only unless `writable`, and
- * chime_seg_check() it. On failure nothing stays mapped.
+ * chime_seg_check() it. On failure nothing stays mapped. Not a regular file:
+ * -EISDIR for a directory, -EBADMSG for anything else.
  */
 int chime_seg_map_fd(int fd, uint32_t kind, bool writable, struct chime_map *map);
 
-/* Open `path` read-only and chime_seg_map_fd() it (for the tools). -errno of open too. */
+/* Open `path` read-only (never blocking, on a FIFO) and chime_seg_map_fd() it (for the tools). -errno of open too. */
 int chime_seg_open(const char *path, uint32_t kind, struct chime_map *map);
 
 /* Unmap (NULL-safe: a zeroed map is ignored). */

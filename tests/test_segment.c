@@ -176,6 +176,22 @@ Test(segment, map_fd_maps_the_whole_file_and_leaves_nothing_on_failure)
 	close(fd);
 }
 
+/* A path that is not a regular file: refused at once, never a hang (a FIFO's open would block). */
+Test(segment, open_refuses_a_directory_and_a_fifo_without_blocking, .timeout = 10)
+{
+	char dir[] = "/tmp/chime-seg-XXXXXX", fifo[64];
+	struct chime_map r = { .base = (void *)1, .size = 1 };
+
+	cr_assert(mkdtemp(dir));
+	cr_assert_eq(chime_seg_open(dir, CHIME_SEG_CONTROL, &r), -EISDIR);
+	snprintf(fifo, sizeof(fifo), "%s/f.ctl", dir);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+	cr_assert_eq(chime_seg_open(fifo, CHIME_SEG_CONTROL, &r), -EBADMSG);
+	cr_assert_eq(r.base, (void *)1, "out-param untouched on failure");
+	unlink(fifo);
+	rmdir(dir);
+}
+
 /* ---- named file segments ---- */
 
 Test(segment, file_replaces_a_stale_file_and_applies_the_mode)

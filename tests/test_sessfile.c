@@ -162,13 +162,16 @@ Test(sessfile, a_rewrite_needs_no_room_and_a_new_file_that_finds_none_is_removed
 	t_unmount_tmpfs(tdir);
 }
 
-Test(sessfile, something_else_where_the_file_should_be_is_refused_and_left_alone)
+Test(sessfile, something_else_where_the_file_should_be_is_refused_and_left_alone, .timeout = 10)
 {
 	struct sessfile sf;
 	char target[160];
+	uint32_t bad;
 
 	memset(recs, 0, sizeof(recs));
 	cr_assert_eq(mkfifo(path, 0600), 0);
+	/* Loading it must not block in open() waiting for a writer: the broker would hang at start. */
+	cr_assert_eq(load(&bad), -EINVAL, "a FIFO, loaded");
 	cr_assert_eq(sessfile_open(&sf, path, &geom, recs), -EINVAL, "a FIFO");
 	cr_assert_eq(access(path, F_OK), 0, "the FIFO was removed");
 	cr_assert_eq(unlink(path), 0);
@@ -177,4 +180,9 @@ Test(sessfile, something_else_where_the_file_should_be_is_refused_and_left_alone
 	cr_assert_eq(symlink(target, path), 0);
 	cr_assert_eq(sessfile_open(&sf, path, &geom, recs), -ELOOP, "a symbolic link");
 	cr_assert_eq(access(target, F_OK), -1, "the link was followed");
+	cr_assert_eq(unlink(path), 0);
+
+	cr_assert_eq(mkdir(path, 0700), 0);
+	cr_assert_eq(load(&bad), -EISDIR, "a directory, loaded");
+	cr_assert_eq(rmdir(path), 0);
 }

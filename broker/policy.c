@@ -58,6 +58,7 @@ static int resolve(char kind, const char *tok, unsigned *id, char *err, size_t e
 static int parse_list(char kind, const char *list, unsigned **out, size_t *n, char *err, size_t errlen)
 {
 	char *copy = strdup(list), *save = NULL, *tok;
+	size_t seen = 0;
 	int r = 0;
 
 	if (!copy) {
@@ -67,6 +68,7 @@ static int parse_list(char kind, const char *list, unsigned **out, size_t *n, ch
 	for (tok = strtok_r(copy, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
 		unsigned id, *grown;
 
+		seen++;
 		r = resolve(kind, tok, &id, err, errlen);
 		if (r < 0)
 			break;
@@ -85,6 +87,12 @@ static int parse_list(char kind, const char *list, unsigned **out, size_t *n, ch
 		(*out)[(*n)++] = id;
 	}
 	free(copy);
+	/* "--allow-uid ''" or a bare "allow-uid" line admits nobody more: a mistake, not a policy. */
+	if (r == 0 && !seen) {
+		snprintf(err, errlen, "an empty list (%s names or numbers, separated by commas)",
+			 kind == 'u' ? "user" : "group");
+		r = -EINVAL;
+	}
 	return r;
 }
 

@@ -156,7 +156,8 @@ Test(daemon, malformed_numbers_and_policy_files_are_usage_errors)
 {
 	static const char *const bad[] = { "--shards ' 3'", "--shards +3", "--shards 0x3", "--shards ''",
 					   "--capacity 99999999999999999999", "--policy-file /",
-					   "--policy-file ''", "--policy-file /nonexistent/policy" };
+					   "--policy-file ''", "--policy-file /nonexistent/policy", "--allow-uid ''",
+					   "--allow-gid ' , '" };
 	const char *chimed = getenv("CHIMED");
 	char cmd[PATH_MAX + 200], msg[512] = "";
 	FILE *p;

@@ -1045,8 +1045,9 @@ int main(int argc, char **argv)
 	}
 	r = sr_socket_path(sock, sizeof(sock), socket_arg);
 	if (r == -ENAMETOOLONG)
-		r = fail(SR_EXIT_USAGE, "the socket path is too long (a unix socket's is at most %d bytes)",
-			 SR_SOCKET_PATH_MAX);
+		r = fail(SR_EXIT_USAGE, "the socket path of %s, '%.*s...', is too long (a unix socket's is at "
+			 "most %d bytes)", socket_arg ? "--socket" : "$CHIME_SOCKET", 40,
+			 socket_arg ? socket_arg : getenv("CHIME_SOCKET"), SR_SOCKET_PATH_MAX);
 	else if (r < 0)
 		r = fail(SR_EXIT_NOSHM, "no socket path: %s (set $CHIME_SOCKET or use --socket)", strerror(-r));
 	else

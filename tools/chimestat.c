@@ -190,8 +190,9 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	}
 	r = sr_socket_path(sock, sizeof(sock), o.socket);
 	if (r == -ENAMETOOLONG) {
-		fprintf(stderr, PROG ": the socket path is too long (a unix socket's is at most %d bytes)\n",
-			SR_SOCKET_PATH_MAX);
+		fprintf(stderr, PROG ": the socket path of %s, '%.*s...', is too long (a unix socket's is at "
+			"most %d bytes)\n", o.socket ? "--socket" : "$CHIME_SOCKET", 40,
+			o.socket ? o.socket : getenv("CHIME_SOCKET"), SR_SOCKET_PATH_MAX);
 		return SR_EXIT_USAGE;
 	}
 	if (r < 0) {

@@ -10,7 +10,19 @@
 #   tools/bench-counters.sh [RUNS]     (default 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case ${1:-} in
+-h|--help)
+	echo "Usage: tools/bench-counters.sh [RUNS]"
+	echo "chimed's CPU per timer with and without its counters (-Dcounters=false, built in"
+	echo "build-nocounters/), the median of RUNS runs of each (1..100, default 3)."
+	exit 0 ;;
+esac
 runs=${1:-3}
+case $runs in
+''|*[!0-9]*|0*) echo "bench-counters.sh: RUNS '$runs' is not a number from 1 to 100 (try --help)" >&2; exit 2 ;;
+esac
+[ "$runs" -le 100 ] || { echo "bench-counters.sh: RUNS '$runs' is not a number from 1 to 100 (try --help)" >&2; exit 2; }
+[ $# -le 1 ] || { echo "bench-counters.sh: unexpected argument '$2' (try --help)" >&2; exit 2; }
 timers=1000000
 
 tools/install-deps.sh

@@ -4,6 +4,18 @@
 # needs root (or sudo) only the first time.
 set -eu
 
+case ${1:-} in
+'') ;;
+-h|--help)
+	echo "Usage: tools/install-deps.sh"
+	echo "Install the Debian 12 packages chime's build, tests, demo and benchmarks need"
+	echo "(only the missing ones: as root, or through sudo). Exit status 0 once they are there."
+	exit 0 ;;
+*)
+	echo "install-deps.sh: unexpected argument '$1' (it takes none; try --help)" >&2
+	exit 2 ;;
+esac
+
 # The second line: the man-page test (groff, man), the Python module's tests,
 # the libuv / libevent examples, and libjansson for chimestat's JSON.
 pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libck-dev libcriterion-dev jq strace

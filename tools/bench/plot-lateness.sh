@@ -9,9 +9,22 @@
 # Usage: plot-lateness.sh DIR OUT.png [TITLE]
 set -eu
 
-dir=${1:?usage: plot-lateness.sh DIR OUT.png [TITLE]}
-out=${2:?usage: plot-lateness.sh DIR OUT.png [TITLE]}
+usage="Usage: plot-lateness.sh DIR OUT.png [TITLE]"
+case ${1:-} in
+-h|--help)
+	echo "$usage"
+	echo "Draw the lateness CSVs of chime-bench compare --lateness-csv DIR as a CDF in OUT.png."
+	exit 0 ;;
+esac
+if [ $# -lt 2 ] || [ $# -gt 3 ]; then
+	echo "plot-lateness.sh: expected DIR and OUT.png, and at most a TITLE" >&2
+	echo "$usage" >&2
+	exit 2
+fi
+dir=$1
+out=$2
 title=${3:-timer lateness: received - deadline}
+[ -d "$dir" ] || { echo "plot-lateness.sh: '$dir' is not a directory (chime-bench compare --lateness-csv DIR)" >&2; exit 1; }
 
 if ! command -v gnuplot >/dev/null 2>&1; then
 	echo "plot-lateness.sh: gnuplot not installed (Debian: apt-get install gnuplot-nox)" >&2

@@ -1058,6 +1058,22 @@ static struct chan_user *user_get(struct shard_core *sc, uint32_t uid)
 	return u;
 }
 
+void chan_mem_layout(struct chan_mem *m, void *rw, void *ro, const struct chime_client_geom *g, uint32_t s)
+{
+	*m = (struct chan_mem){
+		.sq_slots = (struct chime_sqe *)((char *)rw + g->rw_sq_off) + (size_t)s * g->sq_size,
+		.claim = (uint64_t *)((char *)rw + g->rw_claim_off) + (size_t)s * g->cq_size,
+		.rw = (struct chime_chan_rw *)((char *)rw + g->rw_chan_off) + s,
+		.ro = (struct chime_chan_ro *)((char *)ro + g->ro_chan_off) + s,
+		.cq_slots = (struct chime_cqe *)((char *)ro + g->ro_cq_off) + (size_t)s * g->cq_size,
+		.want_wakeup = &((struct chime_client_rw *)rw)->want_wakeup,
+		.sq_size = g->sq_size,
+		.cq_size = g->cq_size,
+		.wake_fd = -1,
+		.bell_fd = -1,
+	};
+}
+
 /* A channel with no records, grants or lists yet, for slot and uid. */
 static int chan_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint32_t uid, uint32_t sq_size)
 {

@@ -22,6 +22,7 @@
 #include "chime_shm.h"
 #include "keyidx.h"
 #include "ring.h"
+#include "segment.h"
 #include "stats.h"
 #include "wheel.h"
 
@@ -90,6 +91,13 @@ struct chan_mem {
 	int wake_fd;                    /* broker's end of the client's socket; -1: count only (tests) */
 	int bell_fd;                    /* this client's doorbell for this shard; -1: none (tests) */
 };
+
+/*
+ * Shard s's channel in a client's segments rw and ro, laid out by g
+ * (chime_client_layout()): the one place that knows it on the broker's
+ * side. sq_base 0, no socket, no doorbell: the caller sets those it has.
+ */
+void chan_mem_layout(struct chan_mem *m, void *rw, void *ro, const struct chime_client_geom *g, uint32_t s);
 
 /* An event the old broker had delivered at old-ring position pos (restore.c). */
 struct chan_settle {

@@ -736,16 +736,8 @@ static int client_segments(struct broker *b, struct client *c)
 	for (uint32_t s = 0; s < g->nr_shards; s++) {
 		struct chan_mem *m = &c->mems[s];
 
-		m->sq_slots = (struct chime_sqe *)chime_at(&c->rw, g->rw_sq_off) + (size_t)s * g->sq_size;
-		m->claim = (uint64_t *)chime_at(&c->rw, g->rw_claim_off) + (size_t)s * g->cq_size;
-		m->rw = (struct chime_chan_rw *)chime_at(&c->rw, g->rw_chan_off) + s;
-		m->ro = (struct chime_chan_ro *)chime_at(&c->ro, g->ro_chan_off) + s;
-		m->cq_slots = (struct chime_cqe *)chime_at(&c->ro, g->ro_cq_off) + (size_t)s * g->cq_size;
-		m->want_wakeup = &rw->want_wakeup;
-		m->sq_size = g->sq_size;
-		m->cq_size = g->cq_size;
+		chan_mem_layout(m, c->rw.base, c->ro.base, g, s);     /* the socket: once the client owns it (on_hello) */
 		m->sq_base = c->sq_base;
-		m->wake_fd = -1;        /* the socket, once the client owns it (on_hello) */
 		m->bell_fd = c->bells[s];
 	}
 	chime_seg_publish(&rw->hdr, CHIME_SEG_CLIENT_RW, g->rw_size);

@@ -49,24 +49,12 @@ static struct {
 /* A client's two segments in malloc'd memory (a re-attach gets new ones). */
 static void client_mem(struct client_sim *c)
 {
-	struct chime_client_rw *rw;
-
 	c->rw = aligned_alloc(4096, F.g.rw_size);
 	c->ro = aligned_alloc(4096, F.g.ro_size);
 	cr_assert(c->rw && c->ro);
 	memset(c->rw, 0, F.g.rw_size);
 	memset(c->ro, 0, F.g.ro_size);
-	rw = c->rw;
-	c->m.sq_slots = (struct chime_sqe *)((char *)c->rw + F.g.rw_sq_off);
-	c->m.claim = (uint64_t *)((char *)c->rw + F.g.rw_claim_off);
-	c->m.rw = (struct chime_chan_rw *)((char *)c->rw + F.g.rw_chan_off);
-	c->m.ro = (struct chime_chan_ro *)((char *)c->ro + F.g.ro_chan_off);
-	c->m.cq_slots = (struct chime_cqe *)((char *)c->ro + F.g.ro_cq_off);
-	c->m.want_wakeup = &rw->want_wakeup;
-	c->m.sq_size = SQ;
-	c->m.cq_size = CQ;
-	c->m.wake_fd = -1;
-	c->m.bell_fd = -1;
+	chan_mem_layout(&c->m, c->rw, c->ro, &F.g, 0);
 }
 
 /* The client's side of the rings, once the shard formatted them. */

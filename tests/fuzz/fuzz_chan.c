@@ -116,26 +116,12 @@ static struct {
 	uint64_t hbase;         /* the honest client's earlier rings' positions (it re-attaches as a session) */
 } W;
 
-/*
- * The only place that knows how a channel is laid out in a client's segments
- * and attached: adapt here when chan_mem or chan_attach change.
- */
+/* A client's segments, cleared, and its channel in them (chan_mem_layout()). */
 static void client_mem(struct client *c)
 {
-	struct chime_client_rw *rw = c->rw;
-
 	memset(c->rw, 0, W.g.rw_size);
 	memset(c->ro, 0, W.g.ro_size);
-	c->m.sq_slots = (struct chime_sqe *)((char *)c->rw + W.g.rw_sq_off);
-	c->m.claim = (uint64_t *)((char *)c->rw + W.g.rw_claim_off);
-	c->m.rw = (struct chime_chan_rw *)((char *)c->rw + W.g.rw_chan_off);
-	c->m.ro = (struct chime_chan_ro *)((char *)c->ro + W.g.ro_chan_off);
-	c->m.cq_slots = (struct chime_cqe *)((char *)c->ro + W.g.ro_cq_off);
-	c->m.want_wakeup = &rw->want_wakeup;
-	c->m.sq_size = SQ;
-	c->m.cq_size = CQ;
-	c->m.wake_fd = -1;
-	c->m.bell_fd = -1;
+	chan_mem_layout(&c->m, c->rw, c->ro, &W.g, 0);
 }
 
 static void client_rings(struct client *c)

@@ -114,18 +114,7 @@ static void world_init(struct world *w, uint32_t cap)
 	w->sc.quota = UINT64_MAX;
 	w->sc.users = w->users;
 	w->sc.user_quota = UINT64_MAX;
-	w->m = (struct chan_mem){
-		.sq_slots = (struct chime_sqe *)((char *)w->rw + w->g.rw_sq_off),
-		.claim = (uint64_t *)((char *)w->rw + w->g.rw_claim_off),
-		.rw = (struct chime_chan_rw *)((char *)w->rw + w->g.rw_chan_off),
-		.ro = (struct chime_chan_ro *)((char *)w->ro + w->g.ro_chan_off),
-		.cq_slots = (struct chime_cqe *)((char *)w->ro + w->g.ro_cq_off),
-		.want_wakeup = &((struct chime_client_rw *)w->rw)->want_wakeup,
-		.sq_size = SQ,
-		.cq_size = CQ,
-		.wake_fd = -1,
-		.bell_fd = -1,
-	};
+	chan_mem_layout(&w->m, w->rw, w->ro, &w->g, 0);
 	if (chan_attach(&w->sc, &w->ch, &w->m, 0, 1, 0))
 		world_fail("chan_attach");
 	chime_sq_prod_init(&w->prod, w->m.sq_slots, &w->m.rw->sq_tail, SQ);

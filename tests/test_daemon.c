@@ -151,6 +151,21 @@ Test(daemon, spin_share_out_of_range_is_a_usage_error)
 	expect_usage_errors(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
+/* The first line chimed prints with these options (were they accepted, the missing directory stops it). */
+static void chimed_first_line(const char *opts, char *msg, size_t len)
+{
+	const char *chimed = getenv("CHIMED");
+	char cmd[PATH_MAX + 200];
+	FILE *p;
+
+	cr_assert(chimed);
+	snprintf(cmd, sizeof(cmd), "timeout 10 '%s' --foreground --socket /nonexistent/chime/s %s 2>&1", chimed, opts);
+	msg[0] = 0;
+	p = popen(cmd, "r");
+	cr_assert(p && fgets(msg, (int)len, p));
+	pclose(p);
+}
+
 /* Numbers are whole decimal numbers; a policy file must be a readable file, not a directory. */
 Test(daemon, malformed_numbers_and_policy_files_are_usage_errors)
 {
@@ -158,25 +173,13 @@ Test(daemon, malformed_numbers_and_policy_files_are_usage_errors)
 					   "--capacity 99999999999999999999", "--policy-file /",
 					   "--policy-file ''", "--policy-file /nonexistent/policy", "--allow-uid ''",
 					   "--allow-gid ' , '" };
-	const char *chimed = getenv("CHIMED");
-	char cmd[PATH_MAX + 200], msg[512] = "";
-	FILE *p;
+	char msg[512];
 
 	expect_usage_errors(bad, sizeof(bad) / sizeof(bad[0]));
 	/* The message names the file and why, and a ring size out of range says "power of two". */
-	cr_assert(chimed);
-	/* Were it accepted, the missing directory stops it, and timeout any wait. */
-	snprintf(cmd, sizeof(cmd), "timeout 10 '%s' --foreground --socket /nonexistent/chime/s --policy-file / 2>&1",
-		 chimed);
-	p = popen(cmd, "r");
-	cr_assert(p && fgets(msg, sizeof(msg), p));
-	pclose(p);
+	chimed_first_line("--policy-file /", msg, sizeof(msg));
 	cr_expect(strstr(msg, "cannot read policy file '/': Is a directory"), "%s", msg);
-	snprintf(cmd, sizeof(cmd), "timeout 10 '%s' --foreground --socket /nonexistent/chime/s --cq-size 4 2>&1",
-		 chimed);
-	p = popen(cmd, "r");
-	cr_assert(p && fgets(msg, sizeof(msg), p));
-	pclose(p);
+	chimed_first_line("--cq-size 4", msg, sizeof(msg));
 	cr_expect(strstr(msg, "expected a power of two in 8..1048576"), "%s", msg);
 }
 

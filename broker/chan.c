@@ -209,7 +209,8 @@ static bool event_void(struct chan *ch, struct chime_node *n)
 	uint64_t pos = n->cq_pos;
 
 	n->cq_pos = CHIME_POS_NONE;
-	if (pos == CHIME_POS_NONE || chime_cq_consumed(&ch->cq, pos))
+	/* An old ring's position (CHAN_POS_OLD) names no slot of this one. */
+	if (pos == CHIME_POS_NONE || chan_pos_old(pos) || chime_cq_consumed(&ch->cq, pos))
 		return false;
 	return chime_cq_void(&ch->cq, pos);
 }
@@ -217,7 +218,7 @@ static bool event_void(struct chan *ch, struct chime_node *n)
 /* True if the node's previous event is still in the client's hands (refreshes the head once). */
 static bool event_unconsumed(struct chan *ch, struct chime_node *n)
 {
-	if (n->cq_pos == CHIME_POS_NONE)
+	if (n->cq_pos == CHIME_POS_NONE || chan_pos_old(n->cq_pos))
 		return false;
 	if (chime_cq_consumed(&ch->cq, n->cq_pos))
 		return false;
@@ -400,18 +401,21 @@ void chan_settle_set(struct chan *ch, struct chan_settle *settle, uint32_t n)
  * Settle them: with `known`, those below the old ring's consumer head
  * `head` were taken by the process, before the old broker could see it:
  * dropped (a periodic goes on with its next period); the others, and all
- * of them without `known`, are delivered again. An entry whose node has
- * moved on (cancelled, reset, reused: another state or generation) is
- * skipped.
+ * of them without `known`, are delivered again, and lose their old
+ * position (CHAN_POS_OLD). An entry whose node has moved on (cancelled,
+ * reset, reused: another state, generation or position) is skipped.
  */
 static void settle(struct shard_core *sc, struct chan *ch, bool known, uint64_t head)
 {
-	for (uint32_t i = 0; known && i < ch->nr_settle; i++) {
+	for (uint32_t i = 0; i < ch->nr_settle; i++) {
 		const struct chan_settle *e = &ch->settle[i];
 		struct chime_node *n = NODE(sc, e->idx);
 
-		if (e->pos >= head || n->state != CHIME_NODE_BACKLOG || n->owner != ch->slot ||
-		    (n->gen & CHIME_ID_GEN_MASK) != e->gen)
+		if (n->state != CHIME_NODE_BACKLOG || n->owner != ch->slot ||
+		    (n->gen & CHIME_ID_GEN_MASK) != e->gen || n->cq_pos != (CHAN_POS_OLD | e->pos))
+			continue;
+		n->cq_pos = CHIME_POS_NONE;
+		if (!known || e->pos >= head)
 			continue;
 		backlog_del(sc, ch, e->idx);
 		n->state = CHIME_NODE_ALLOC;

@@ -99,6 +99,22 @@ struct chan_mem {
  */
 void chan_mem_layout(struct chan_mem *m, void *rw, void *ro, const struct chime_client_geom *g, uint32_t s);
 
+/*
+ * In a held (BACKLOG) node's cq_pos, with the position of its event in the
+ * ring of the process's previous connection: restored as "delivered, maybe
+ * taken" and waiting for the process's word (chan_settle_set()). Kept in
+ * the node, so in the shard file: a broker that goes before the word came
+ * leaves them to the next one as they were left to it. Positions are below
+ * 2^62, so the top two bits (10) tell it from CHIME_POS_NONE and a carried
+ * grant's marker (11).
+ */
+#define CHAN_POS_OLD (UINT64_C(1) << 63)
+
+static inline bool chan_pos_old(uint64_t pos)
+{
+	return pos >> 62 == 2;
+}
+
 /* An event the old broker had delivered at old-ring position pos (restore.c). */
 struct chan_settle {
 	uint64_t pos;

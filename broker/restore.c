@@ -109,6 +109,11 @@ int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
 			cls = 0;
 			key = n->cq_pos;
 			rs->redelivered++;
+		} else if (n->state == CHIME_NODE_BACKLOG && chan_pos_old(n->cq_pos)) {
+			/* The broker before us restored it so, and went before the process's word came. */
+			cls = 0;
+			key = n->cq_pos & ~CHAN_POS_OLD;
+			rs->redelivered++;
 		}
 		if (n->deadline_ns > now) {
 			/* Held with a deadline still ahead: not what a held event can be (a damaged
@@ -160,9 +165,14 @@ keep:
 		/* back[first..i]: this channel's events from the old ring; its process may say which it took. */
 		struct chan_settle *st = malloc((size_t)(i + 1 - first) * sizeof(*st));
 
-		for (uint32_t k = first; st && k <= i; k++)
+		for (uint32_t k = first; st && k <= i; k++) {
+			struct chime_node *n = wheel_node(wh, back[k].idx);
+
 			st[k - first] = (struct chan_settle){ .pos = back[k].key, .idx = back[k].idx,
-							      .gen = wheel_node(wh, back[k].idx)->gen & CHIME_ID_GEN_MASK };
+							      .gen = n->gen & CHIME_ID_GEN_MASK };
+			/* In the node too: a broker after us, if we go before the word, settles them the same. */
+			n->cq_pos = CHAN_POS_OLD | back[k].key;
+		}
 		if (st)
 			chan_settle_set(ch, st, i + 1 - first);    /* without memory: all delivered again */
 	}

@@ -855,6 +855,56 @@ Test(restart, a_crash_under_a_living_process_delivers_what_it_did_not_take_exact
 }
 
 /*
+ * The same, with a second broker that comes and goes before the process
+ * reconnects (a crash loop, or a `chimectl restart` of the new broker
+ * while the library waits in its back-off): the events the first one
+ * delivered are still "delivered, maybe taken" for the third, and the old
+ * ring's head the process sends it still settles them. Before, the second
+ * broker's restore left them as plain held events, and the third delivered
+ * the 200 the process had taken again.
+ */
+static void two_restarts_before_the_resume(int second)
+{
+	struct chime_event ev[512];
+	uint8_t seen[400] = { 0 };
+	unsigned n;
+	chime_id_t id;
+	uint64_t t0;
+	chime_t *c;
+
+	start("-n 2");
+	c = sopen_ok("living");
+	t0 = now_ns();
+	for (unsigned i = 0; i < 400; i++)
+		cr_assert_eq(chime_arm(c, 0, t0 + 20 * MS, 0, i, &id), 0);
+	usleep(300 * 1000);
+	take(c, ev, 200, seen);
+	/* No call into the library meanwhile: it cannot reconnect to the second broker. */
+	restart(SIGKILL, "-n 2");
+	restart(second, "-n 2");
+	n = collect(c, ev, 512, now_ns() + 1500 * MS);
+	for (unsigned k = 0; k < n; k++)
+		seen[ev[k].user_data]++;
+	for (unsigned i = 0; i < 400; i++)
+		cr_assert_eq(seen[i], 1, "timer %u delivered %u times across two restarts", i, seen[i]);
+	cr_assert_eq(n, 200, "%u events after the restarts, not the 200 untaken ones", n);
+	cr_assert_eq(chime_arm(c, 0, now_ns() + 10 * MS, 0, 400, &id), 0);
+	cr_assert_eq(collect(c, ev, 1, now_ns() + 2000 * MS), 1, "a timer armed after the restarts never fired");
+	cr_assert_eq(ev[0].user_data, 400);
+	chime_close(c);
+}
+
+Test(restart, a_second_crash_before_the_process_resumes_still_delivers_exactly_once)
+{
+	two_restarts_before_the_resume(SIGKILL);
+}
+
+Test(restart, a_planned_restart_before_the_process_resumes_still_delivers_exactly_once)
+{
+	two_restarts_before_the_resume(SIGTERM);
+}
+
+/*
  * A dispatch callback runs under the session's drainer lock. One that arms
  * into a crashed broker's full ring must reconnect itself (no one else can
  * take the lock): its arms all succeed, and the events the drain had not

@@ -5,6 +5,7 @@
 #include "restore.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,19 @@ static int back_cmp(const void *pa, const void *pb)
 	if (a->key != b->key)
 		return a->key < b->key ? -1 : 1;
 	return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+/*
+ * An ALLOC node was between two states of the old shard. With a deadline
+ * (or armed already due, at deadline 0) it had been on the wheel: popped as
+ * due and not yet held or delivered (up to a batch of them while a burst
+ * fires), or on its way back onto the wheel. Without, it was becoming a
+ * grant, or an ARM caught before its deadline was stored, which its
+ * process re-submits: carried, as a GRANTED node.
+ */
+static bool alloc_fired(const struct chime_node *n)
+{
+	return n->deadline_ns != 0 || (n->gen & CHIME_NODE_IMMEDIATE);
 }
 
 static void node_drop(struct wheel *wh, uint32_t idx)
@@ -74,7 +88,7 @@ int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
 			rs->anonymous++;
 			continue;
 		}
-		if (n->state == CHIME_NODE_GRANTED || n->state == CHIME_NODE_ALLOC) {
+		if (n->state == CHIME_NODE_GRANTED || (n->state == CHIME_NODE_ALLOC && !alloc_fired(n))) {
 			/*
 			 * A grant (or an ARM caught between two steps of the old
 			 * shard): its process may still arm it, re-submitting what
@@ -99,25 +113,31 @@ int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
 				goto keep;
 			}
 			/* A periodic whose last event was in the old ring: it comes back with that deadline. */
+			key = n->cq_pos;
 			wheel_cancel(wh, idx);
 			n->deadline_ns -= n->period_ns;
+			n->cq_pos = CHAN_POS_OLD | key;
 			cls = 0;
-			key = n->cq_pos;
 			rs->redelivered++;
-		} else if (n->state == CHIME_NODE_ACKWAIT) {
-			/* Delivered; whether it was taken is in a claim word we cannot read: again. */
-			cls = 0;
-			key = n->cq_pos;
-			rs->redelivered++;
-		} else if (n->state == CHIME_NODE_BACKLOG && chan_pos_old(n->cq_pos)) {
-			/* The broker before us restored it so, and went before the process's word came. */
-			cls = 0;
+		} else if (n->state == CHIME_NODE_ACKWAIT ||
+			   (n->state == CHIME_NODE_BACKLOG && chan_pos_old(n->cq_pos))) {
+			/*
+			 * Delivered; whether it was taken is in a claim word we
+			 * cannot read: again, unless the process tells. Or held so
+			 * by a broker before us that went before the process did.
+			 */
 			key = n->cq_pos & ~CHAN_POS_OLD;
+			n->cq_pos = CHAN_POS_OLD | key;
+			cls = 0;
 			rs->redelivered++;
+		} else {
+			/* BACKLOG, or ALLOC: fired (popped) and not yet held or delivered. */
+			n->cq_pos = CHIME_POS_NONE;
 		}
 		if (n->deadline_ns > now) {
 			/* Held with a deadline still ahead: not what a held event can be (a damaged
-			 * node). Never early: it goes back on the wheel. */
+			 * node, or one the old broker was putting back on the wheel). Never early: it
+			 * goes back on the wheel. */
 			n->cq_pos = CHIME_POS_NONE;
 			n->state = CHIME_NODE_ALLOC;
 			wheel_arm(wh, idx, n->deadline_ns);
@@ -125,11 +145,14 @@ int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
 			armed[n->owner]++;
 			goto keep;
 		}
-		/* BACKLOG, or coming back: held, in firing order (sorted below). */
+		/*
+		 * BACKLOG, or coming back: held, in firing order (sorted below).
+		 * BACKLOG already in the file, position and all: a broker killed
+		 * before the end leaves to the next one what was left to it.
+		 */
 		if (n->period_ns)
 			armed[n->owner]++;      /* a held periodic still counts as armed (stats.h) */
-		n->cq_pos = CHIME_POS_NONE;
-		n->state = CHIME_NODE_ALLOC;
+		n->state = CHIME_NODE_BACKLOG;
 		if (nback == cap) {
 			uint32_t ncap = cap ? cap * 2 : 1024;
 			struct back *nb = back ? realloc(back, (size_t)ncap * sizeof(*back)) : malloc((size_t)ncap * sizeof(*back));
@@ -137,6 +160,7 @@ int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
 			if (!nb) {
 				/* No memory to order them: held in slab order, still all of them. */
 				r = -ENOMEM;
+				n->cq_pos = CHIME_POS_NONE;
 				chan_hold(sc, ch, idx);
 				goto keep;
 			}
@@ -165,16 +189,18 @@ keep:
 		/* back[first..i]: this channel's events from the old ring; its process may say which it took. */
 		struct chan_settle *st = malloc((size_t)(i + 1 - first) * sizeof(*st));
 
-		for (uint32_t k = first; st && k <= i; k++) {
+		for (uint32_t k = first; k <= i; k++) {
 			struct chime_node *n = wheel_node(wh, back[k].idx);
 
-			st[k - first] = (struct chan_settle){ .pos = back[k].key, .idx = back[k].idx,
-							      .gen = n->gen & CHIME_ID_GEN_MASK };
-			/* In the node too: a broker after us, if we go before the word, settles them the same. */
-			n->cq_pos = CHAN_POS_OLD | back[k].key;
+			/* Without memory: all delivered again, and the next broker must not wait for a word. */
+			if (!st)
+				n->cq_pos = CHIME_POS_NONE;
+			else
+				st[k - first] = (struct chan_settle){ .pos = back[k].key, .idx = back[k].idx,
+								      .gen = n->gen & CHIME_ID_GEN_MASK };
 		}
 		if (st)
-			chan_settle_set(ch, st, i + 1 - first);    /* without memory: all delivered again */
+			chan_settle_set(ch, st, i + 1 - first);
 	}
 	free(back);
 	for (uint32_t slot = 0; slot < sc->max_clients; slot++) {

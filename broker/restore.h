@@ -34,8 +34,12 @@ struct restore_stats {
  *   - ARMED, EXPIRED: stay on the wheel (due ones fire at the next advance);
  *     a periodic whose event was in the old ring (cq_pos set) is held with
  *     that event's deadline instead, as chan_park() does;
- *   - ACKWAIT (a one-shot delivered, its claim word out of reach): held again;
- *   - BACKLOG: held.
+ *   - ACKWAIT (a one-shot delivered, its claim word out of reach): held again,
+ *     its old position kept in cq_pos (CHAN_POS_OLD) until its process's word;
+ *   - BACKLOG: held (with such a position if a broker before us held it so);
+ *   - ALLOC with a deadline: popped as due by the old wheel, or on its way
+ *     back onto it: held if due, else on the wheel; without one, a grant
+ *     being made or an ARM half applied: carried, as GRANTED nodes are.
  * Held events go back in the order they fired: old-ring events by ring
  * position, then the backlog by deadline. The key index is rebuilt from
  * scratch (its heads zeroed here). Returns 0, or -ENOMEM for the ordering

@@ -567,24 +567,40 @@ CHIME_PUBLIC int chime_open_0_3(chime_t **out, const struct chime_opts *opts)
  * goes. Left in the rings, it would be lost if the broker crashed before
  * reading them (an arm an hour ahead does not wake a sleeping shard), and
  * the next process to open the session frees the grants those arms held.
- * Bounded: a broker gone, reconnecting or stuck gets no more than 1 s.
+ * A broker that is gone (crashed, or stopped by a restart) never reads
+ * them: the close reconnects, as any call would, so that they go to the
+ * next broker, and waits for that one. Bounded: 1 s in all, whatever the
+ * broker does.
  */
-static void session_commit(struct chime *c)
+static bool session_applied(struct chime *c)
 {
-	uint64_t until;
-
-	if (cl_is_dead(c) || cl_reconnecting(c) || chime_flush(c) < 0)
-		return;
-	until = now_ns() + COMMIT_WAIT_NS;
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		const struct chime_chan *ch = &c->chan[s];
-		uint64_t tail = at_load(ch->sq.tail);
 
-		while (at_load_acq(ch->sq_head) < tail) {
-			if (now_ns() >= until || cl_broker_gone(c, true))
+		if (at_load_acq(ch->sq_head) < at_load(ch->sq.tail))
+			return false;
+	}
+	return true;
+}
+
+static void session_commit(struct chime *c)
+{
+	uint64_t until = now_ns() + COMMIT_WAIT_NS, now, wait;
+
+	while (!cl_is_dead(c) && (now = now_ns()) < until) {
+		if (cl_reconnecting(c) || cl_broker_gone(c, true)) {
+			if (!cl_reconnect(c, false))
+				continue;       /* connected again: the old rings' records are in the new ones */
+			wait = cl_reconnect_wait_ns(c);
+			wait = wait < until - now ? wait : until - now;
+			wait = wait > COMMIT_PAUSE_NS ? wait : COMMIT_PAUSE_NS;
+		} else {
+			if (chime_flush(c) < 0 || session_applied(c))
 				return;
-			nanosleep(&(struct timespec){ .tv_nsec = COMMIT_PAUSE_NS }, NULL);
+			wait = COMMIT_PAUSE_NS;
 		}
+		nanosleep(&(struct timespec){ .tv_sec = (time_t)(wait / 1000000000u),
+					      .tv_nsec = (long)(wait % 1000000000u) }, NULL);
 	}
 }
 

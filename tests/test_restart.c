@@ -503,19 +503,34 @@ Test(restart, a_stop_with_no_session_leaves_no_file)
 	cr_assert_eq(count_entries(tb.dir), 0, "files left behind with no session to keep");
 }
 
+static void kept_child(int wfd, void *arg)
+{
+	chime_t *c = NULL;
+	chime_id_t id;
+
+	(void)arg;
+	if (sopen(&c, "kept") < 0)
+		_exit(1);
+	for (unsigned i = 0; i < 10; i++)
+		if (chime_arm(c, 0, now_ns() + HOUR, 0, i, &id) < 0)
+			_exit(2);
+	(void)!write(wfd, "r", 1);
+	pause();
+}
+
 Test(restart, a_restored_session_lingers_and_can_be_dropped)
 {
 	const char *ctl = getenv("CHIMECTL");
 	char cmd[600];
-	chime_t *c;
-	chime_id_t id;
+	pid_t pid;
 
 	cr_assert_not_null(ctl);
 	start("--session-linger 30");
-	c = open_armed("kept", 10, &id);
+	pid = child(kept_child, NULL);
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10);
 	restart(SIGKILL, "--session-linger 30");
-	chime_close(c);
+	/* Its process dies too: gone with the old broker, never attached to this one. */
+	kill_child(pid);
 	/* Its pid died with the old broker: not known, so not shown as pid 0. */
 	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' sessions | grep -q 'kept .*detached  *- '", ctl, tb.sock);
 	cr_assert_eq(system(cmd), 0, "chimectl sessions does not list the restored session, pid -");
@@ -547,6 +562,64 @@ Test(restart, timers_armed_just_before_a_sessions_close_survive_a_crash_right_af
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 100), 100,
 		     "timers armed before the session's close were lost with the broker");
 	chime_close(c);
+}
+
+/*
+ * The same close while the broker restarts: the process's last arms are in
+ * the rings of a broker that is gone (it had not noticed yet: chime_arm()
+ * succeeds), and its close must hand them to the next broker (reconnecting,
+ * within its 1 s) before the process goes; before, it did not wait for a
+ * broker that was gone, and the arms went with the process.
+ */
+static void *close_thread(void *arg)
+{
+	chime_close(arg);
+	return NULL;
+}
+
+static void arms_then_close_across_a_restart(int sig, bool up_before_close)
+{
+	pthread_t t;
+	chime_id_t id;
+	chime_t *c;
+	int st;
+
+	start("");
+	c = open_armed("commit", 10, &id);
+	kill(tb.pid, sig);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	for (unsigned i = 10; i < 20; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	if (up_before_close) {
+		restart(0, "");
+		chime_close(c);
+	} else {
+		/* The next broker, a moment after the close began (as systemd restarts one). */
+		cr_assert_eq(pthread_create(&t, NULL, close_thread, c), 0);
+		usleep(100 * 1000);
+		restart(0, "");
+		pthread_join(t, NULL);
+	}
+	c = sopen_ok("commit");
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 20), 20,
+		     "timers armed just before a close during a restart were lost");
+	chime_close(c);
+}
+
+Test(restart, arms_closed_after_a_crash_reach_the_next_broker)
+{
+	arms_then_close_across_a_restart(SIGKILL, true);
+}
+
+Test(restart, arms_closed_after_a_planned_stop_reach_the_next_broker)
+{
+	arms_then_close_across_a_restart(SIGTERM, true);
+}
+
+Test(restart, arms_closed_while_no_broker_runs_reach_the_next_one_within_the_close)
+{
+	arms_then_close_across_a_restart(SIGKILL, false);
 }
 
 /*

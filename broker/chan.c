@@ -1154,7 +1154,13 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		(void)chan_drain(sc, ch, ch->sq_mask + 1);
 		if (ch->walk_queued)
 			return false;   /* a CANCEL_KEY in steps: the rest once it is done */
-		settle(sc, ch, false, 0);       /* gone before its word: all delivered again */
+		/*
+		 * Restored events still waiting for the process's word: by the
+		 * word if it came (a stop before the shard read it), else all
+		 * delivered again (gone before it).
+		 */
+		if (!settled(sc, ch))
+			settle(sc, ch, false, 0);
 		if (ch->handover)
 			grants_carry(sc, ch);
 		else

@@ -34,16 +34,17 @@ static int back_cmp(const void *pa, const void *pb)
 }
 
 /*
- * An ALLOC node was between two states of the old shard. With a deadline
- * (or armed already due, at deadline 0) it had been on the wheel: popped as
- * due and not yet held or delivered (up to a batch of them while a burst
- * fires), or on its way back onto the wheel. Without, it was becoming a
- * grant, or an ARM caught before its deadline was stored, which its
- * process re-submits: carried, as a GRANTED node.
+ * An ALLOC node was between two states of the old shard's. Due at the old
+ * wheel's last advance (old_now_ns) with a deadline (or armed already due,
+ * at deadline 0), it was popped as due and not yet held or delivered (up to
+ * a batch of them while a burst fires), or a held event being delivered:
+ * it fired. Otherwise it was becoming a grant, an ARM caught before its
+ * deadline was stored (its process re-submits it), or a timer not yet due
+ * being cancelled: carried, as GRANTED nodes are (then freed).
  */
-static bool alloc_fired(const struct chime_node *n)
+static bool alloc_fired(const struct chime_node *n, uint64_t old_now_ns)
 {
-	return n->deadline_ns != 0 || (n->gen & CHIME_NODE_IMMEDIATE);
+	return n->deadline_ns <= old_now_ns && (n->deadline_ns != 0 || (n->gen & CHIME_NODE_IMMEDIATE));
 }
 
 static void node_drop(struct wheel *wh, uint32_t idx)
@@ -55,7 +56,7 @@ static void node_drop(struct wheel *wh, uint32_t idx)
 	wheel_free(wh, idx);
 }
 
-int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
+int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_stats *rs)
 {
 	struct wheel *wh = &sc->wh;
 	uint32_t end = wh->w->high_water, nback = 0, cap = 0;
@@ -88,7 +89,7 @@ int restore_nodes(struct shard_core *sc, struct restore_stats *rs)
 			rs->anonymous++;
 			continue;
 		}
-		if (n->state == CHIME_NODE_GRANTED || (n->state == CHIME_NODE_ALLOC && !alloc_fired(n))) {
+		if (n->state == CHIME_NODE_GRANTED || (n->state == CHIME_NODE_ALLOC && !alloc_fired(n, old_now_ns))) {
 			/*
 			 * A grant (or an ARM caught between two steps of the old
 			 * shard): its process may still arm it, re-submitting what

@@ -37,14 +37,15 @@ struct restore_stats {
  *   - ACKWAIT (a one-shot delivered, its claim word out of reach): held again,
  *     its old position kept in cq_pos (CHAN_POS_OLD) until its process's word;
  *   - BACKLOG: held (with such a position if a broker before us held it so);
- *   - ALLOC with a deadline: popped as due by the old wheel, or on its way
- *     back onto it: held if due, else on the wheel; without one, a grant
- *     being made or an ARM half applied: carried, as GRANTED nodes are.
+ *   - ALLOC due at the old wheel's last advance (old_now_ns, read before
+ *     wheel_rebuild() set the clock): popped as due and not yet held or
+ *     delivered: held; any other ALLOC (a grant being made, an ARM half
+ *     applied, a cancel): carried, as GRANTED nodes are.
  * Held events go back in the order they fired: old-ring events by ring
  * position, then the backlog by deadline. The key index is rebuilt from
  * scratch (its heads zeroed here). Returns 0, or -ENOMEM for the ordering
  * array (then they are held in slab order).
  */
-int restore_nodes(struct shard_core *sc, struct restore_stats *rs);
+int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_stats *rs);
 
 #endif /* CHIMED_RESTORE_H */

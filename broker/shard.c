@@ -225,6 +225,7 @@ static int restore(struct shard *s, uint64_t now)
 	uint64_t hw = w->high_water <= s->cfg.capacity ? w->high_water : s->cfg.capacity;
 	uint64_t must = s->slab_off + hw * sizeof(struct chime_node);
 	uint64_t want = s->slab_off + (hw + RESERVE_AHEAD_NODES) * sizeof(struct chime_node);
+	uint64_t old_now = w->now_ns;  /* the old wheel's last advance: restore_nodes() */
 	struct wheel_rebuild_stats ws;
 	struct restore_stats rs;
 	int r;
@@ -255,7 +256,7 @@ static int restore(struct shard *s, uint64_t now)
 	reserve_set(s, want);
 	/* The index's chains run through the slab the rebuild has just mapped. */
 	keyidx_init(&s->core.ki, s->core.ki.heads, s->core.ki.mask + 1, s->core.wh.nodes, s->core.ki.seed);
-	r = restore_nodes(&s->core, &rs);
+	r = restore_nodes(&s->core, old_now, &rs);
 	if (r < 0)
 		log_errno(LOG_WARNING, r, "shard %u: held events restored in slab order, not firing order",
 			  s->cfg.idx);

@@ -105,11 +105,17 @@ static void grant_free(struct shard_core *sc, struct chan *ch, uint64_t id)
 	chan_disown(ch);
 }
 
-/* Free an armed or held node (on no wheel or channel list any more). */
+/*
+ * Free an armed or held node (on no wheel or channel list any more). FREE
+ * first, then out of its key chain (a cache miss or two): a broker killed
+ * in between leaves a FREE node (the next one rebuilds both the free list
+ * and the key index), never one in a passing state that restore.c would
+ * have to guess about (an ALLOC node due was being fired, not freed).
+ */
 static inline void node_release(struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
-	keyidx_remove(&sc->ki, idx);
 	wheel_free_unlisted(&sc->wh, idx);
+	keyidx_remove(&sc->ki, idx);
 	chan_disown(ch);
 }
 

@@ -420,15 +420,22 @@ static void settle(struct shard_core *sc, struct chan *ch, bool known, uint64_t 
 		if (n->state != CHIME_NODE_BACKLOG || n->owner != ch->slot ||
 		    (n->gen & CHIME_ID_GEN_MASK) != e->gen || n->cq_pos != (CHAN_POS_OLD | e->pos))
 			continue;
-		n->cq_pos = CHIME_POS_NONE;
-		if (!known || e->pos >= head)
+		if (!known || e->pos >= head) {
+			n->cq_pos = CHIME_POS_NONE;     /* delivered again, as any held event */
 			continue;
+		}
+		/*
+		 * Taken. It keeps its old position until it is FREE or ARMED
+		 * (never ALLOC, which restore.c would take for fired), so a
+		 * broker killed meanwhile settles it the same way.
+		 */
 		backlog_del(sc, ch, e->idx);
-		n->state = CHIME_NODE_ALLOC;
-		if (n->period_ns)
+		if (n->period_ns) {
 			wheel_rearm_periodic(&sc->wh, e->idx);  /* its next period, saturated: never wraps early */
-		else
+			n->cq_pos = CHIME_POS_NONE;
+		} else {
 			node_release(sc, ch, e->idx);
+		}
 	}
 	chan_settle_set(ch, NULL, 0);
 }

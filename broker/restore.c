@@ -113,8 +113,9 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 				armed[n->owner]++;
 				goto keep;
 			}
-			/* A periodic whose last event was in the old ring: it comes back with that deadline. */
-			key = n->cq_pos;
+			/* A periodic whose last event was in the old ring: it comes back with that deadline
+			 * (or, still with an old position, a settle re-armed it as the broker went). */
+			key = n->cq_pos & ~CHAN_POS_OLD;
 			wheel_cancel(wh, idx);
 			n->deadline_ns -= n->period_ns;
 			n->cq_pos = CHAN_POS_OLD | key;

@@ -1020,6 +1020,17 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 /* The rings of m, and a grant (or a marker) in every submission slot. */
 static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan_mem *m)
 {
+	/*
+	 * Completion positions go on from the channel's last ring (0 for a new
+	 * channel): a node may keep the position of an event its last process
+	 * took (a park that finds every event taken does not sweep for them),
+	 * and in a ring counted from 0 again that position would name another
+	 * timer's event, which a cancel or reset of the node then voided. Below
+	 * the new ring's start it reads as consumed. libchime starts from the
+	 * segment's cq_head.
+	 */
+	uint64_t cq_base = ch->cq.tail;
+
 	ch->wake_fd = m->wake_fd;
 	ch->bell_fd = m->bell_fd;
 	ch->bell_state = 0;
@@ -1029,15 +1040,18 @@ static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan
 	ch->sq_tail = &m->rw->sq_tail;
 	ch->sq_mask = m->sq_size - 1;
 	ch->marked = 0;
-	ch->flushed = 0;
+	ch->flushed = cq_base;
 	ch->sq_head_pub = m->sq_base;
 	/* Plain stores: no client has the segment yet. */
 	m->rw->sq_tail = m->sq_base;
 	m->ro->sq_head = m->sq_base;
+	m->rw->cq_head = cq_base;
+	m->ro->cq_tail = cq_base;
 	/* Formats the slots (seq = position); the grants follow below. */
 	chime_sq_cons_init(&ch->sq, m->sq_slots, m->sq_size, m->sq_base);
 	chime_cq_prod_init(&ch->cq, m->cq_slots, m->claim, &m->ro->cq_tail, &m->rw->cq_head,
 			   m->cq_size);
+	ch->cq.tail = ch->cq.head = cq_base;
 	ch->room = m->cq_size;
 	for (uint32_t i = 0; i < m->sq_size; i++) {
 		/* A full slab or a zero quota leaves markers: the client connects, its arms fail fast. */

@@ -62,6 +62,8 @@ static void client_rings(struct client_sim *c)
 {
 	chime_sq_prod_init(&c->prod, c->m.sq_slots, &c->m.rw->sq_tail, SQ);
 	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);
+	/* Where the segment says, as libchime does: a re-attach goes on from the last ring's positions. */
+	c->cons.head = c->cons.tail = c->m.rw->cq_head;
 }
 
 static void client_init_uid(struct client_sim *c, uint16_t slot, uint32_t uid)
@@ -1091,6 +1093,41 @@ Test(chan, a_park_settles_restored_events_by_a_word_that_came)
 	cr_assert_eq(n->state, CHIME_NODE_BACKLOG);
 	cr_assert_eq(n->cq_pos, CHIME_POS_NONE, "settled: no old position left for the next broker");
 	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(id[0]))->state, CHIME_NODE_FREE);
+}
+
+/*
+ * A periodic whose event the process took before it went keeps that event's
+ * position: a park that finds the ring empty does not sweep for it. Its new
+ * process's ring must not have an event at that position for the periodic
+ * to name: cancelling the periodic voided another timer's event there (the
+ * new ring counted from 0 again), and that timer was lost (found by
+ * fuzz_chan).
+ */
+Test(chan, a_periodic_cancelled_after_a_reattach_voids_no_other_timers_event)
+{
+	struct client_sim *c = &F.cl[0];
+	void *old_rw = c->rw, *old_ro = c->ro;
+	struct chime_cqe e;
+	uint64_t p = arm(c, 1, T0 + 1 * MS, 50 * MS, 9);
+	uint64_t o;
+
+	step_at(T0 + 2 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, p, "the periodic's first event, at position 0, taken");
+	o = arm(c, 1, T0 + 3 * MS, 0, 8);
+	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));  /* applies the arm; every event taken: no sweep */
+	step_at(T0 + 4 * MS);                           /* o fires while parked: held */
+	client_mem(c);
+	chan_reattach(&F.sc, &c->ch, &c->m, false);
+	client_rings(c);
+	free(old_rw);
+	free(old_ro);
+	step_at(T0 + 4 * MS);                           /* o delivered into the new ring */
+	submit(c, CHIME_OP_CANCEL, p, 0, 0, 0, 0);
+	step_at(T0 + 4 * MS);
+	cr_assert_eq(take(c, &e), 1, "the one-shot's event was voided by the periodic's cancel");
+	cr_assert_eq(e.id, o);
+	cr_assert_eq(take(c, &e), 0);
 }
 
 Test(chan, park_keeps_untaken_events_and_reattach_delivers_them_in_order)

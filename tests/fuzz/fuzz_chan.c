@@ -128,6 +128,8 @@ static void client_rings(struct client *c)
 {
 	chime_sq_prod_init(&c->prod, c->m.sq_slots, &c->m.rw->sq_tail, SQ);
 	chime_cq_cons_init(&c->cons, c->m.cq_slots, c->m.claim, &c->m.ro->cq_tail, &c->m.rw->cq_head, CQ);
+	/* Where the segment says, as libchime does: a re-attach goes on from the last ring's positions. */
+	c->cons.head = c->cons.tail = c->m.rw->cq_head;
 }
 
 /* The hostile clients are one user: their nodes count against one user quota. */

@@ -486,6 +486,44 @@ Test(restart, another_geometry_is_refused_and_the_files_kept_until_fresh)
 	chime_close(c);
 }
 
+/*
+ * A shard file cut short (a full disk while copying it, a stray truncate):
+ * the next broker refuses it, names it, and leaves every file as it was, so
+ * that the operator can put it back or start with --fresh; it never maps
+ * past its end (SIGBUS) nor makes a new, empty one in its place.
+ */
+Test(restart, a_truncated_shard_file_is_refused_and_left_alone)
+{
+	char log[300], extra[400], path[PATH_MAX];
+	struct stat st0, st1;
+	off_t cut;
+	chime_t *c;
+	chime_id_t id;
+
+	start("-n 2");
+	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
+	c = open_armed("cut", 40, &id);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 40), 40);
+	chime_close(c);
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, &(int){ 0 }, 0), tb.pid);
+	tb.pid = 0;
+	snprintf(path, sizeof(path), "%s.shard1", tb.sock);
+	cr_assert_eq(stat(path, &st0), 0);
+	cut = st0.st_size / 2;
+	cr_assert_eq(truncate(path, cut), 0);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker took over a truncated shard file");
+	cr_assert(file_has(log, ".shard1") && file_has(log, "--fresh"), "the refusal does not name the file and the way out");
+	cr_assert_eq(stat(path, &st1), 0, "the truncated file is gone");
+	cr_assert_eq(st1.st_size, cut, "the truncated file was replaced");
+	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
+	cr_assert_eq(stat(path, &st1), 0, "the sessions file is gone");
+	snprintf(extra, sizeof(extra), "-n 2 --fresh 2>'%s'", log);
+	restart(0, extra);
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
+}
+
 Test(restart, a_stop_with_no_session_leaves_no_file)
 {
 	chime_t *c;

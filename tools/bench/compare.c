@@ -211,8 +211,8 @@ int bench_compare(int argc, char **argv)
 	/* Fixed, so every large array is a fresh mapping and RSS deltas count it */
 	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 	bench_machine(&R.m);
-	snprintf(R.cmd, sizeof(R.cmd), "chime-bench");
-	for (int i = 0; i < argc; i++) {
+	snprintf(R.cmd, sizeof(R.cmd), "%s", argv[0]);       /* "chime-bench compare" (main.c) */
+	for (int i = 1; i < argc; i++) {
 		size_t l = strlen(R.cmd);
 
 		snprintf(R.cmd + l, sizeof(R.cmd) - l, " %s", argv[i]);

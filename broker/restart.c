@@ -62,6 +62,20 @@ out:
 	return n;
 }
 
+/* Timers in the shard files an earlier broker of this many shards left. */
+static uint64_t left_timers(const struct broker *b)
+{
+	uint64_t timers = 0;
+
+	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+		char p[PATH_MAX];
+
+		snprintf(p, sizeof(p), "%s.shard%u", b->o.socket_path, i);
+		timers += count_timers(p);
+	}
+	return timers;
+}
+
 /* Remove what an earlier broker left: the sessions file and every shard file. Returns the timers in them. */
 static uint64_t discard(const struct broker *b)
 {
@@ -126,9 +140,16 @@ int restart_load(struct broker *b)
 		return log_errno(LOG_ERR, ENOMEM, "sessions");
 	n = sessfile_load(b->sess_path, &g, recs, &bad, &found);
 	switch (n) {
-	case -ENOENT:
+	case -ENOENT: {
+		/* Shard files without it: their timers are no session's (it was removed, or never written). */
+		uint64_t timers = left_timers(b);
+
+		if (timers)
+			log_msg(LOG_WARNING, "no sessions file '%s': the %llu timers left in the shard files "
+				"belong to no session and are discarded", b->sess_path, (unsigned long long)timers);
 		n = 0;
 		break;
+	}
 	case -ESTALE:
 		log_msg(LOG_WARNING, "'%s' was written before the last reboot (its deadlines are another "
 			"boot's clock): discarding %llu timers", b->sess_path, (unsigned long long)discard(b));

@@ -30,7 +30,6 @@
 #include "helpers.h"
 #include "t_session.h"
 
-#define MS 1000000ull
 #define HOUR (3600000 * MS)
 #define ARMED_STATES ((1u << CHIME_NODE_ARMED) | (1u << CHIME_NODE_EXPIRED))
 
@@ -66,65 +65,24 @@ static chime_t *open_armed(const char *session, unsigned n, chime_id_t *last)
 
 /* ---- (1) chimed SIGKILLed under a session: its successor has every timer, ids valid ---- */
 
-enum { N1 = 1000, ANON1 = 500 };
-
-struct t1 {
-	uint64_t t0;
-	chime_id_t id[N1];
-	uint64_t deadline[N1];
-	uint8_t cancelled[N1];
-};
-
-static bool periodic1(unsigned i) { return i % 100 == 0; }
-
-static void t1_child(int wfd, void *arg)
-{
-	struct t1 *s = arg;
-	chime_t *c = NULL;
-
-	if (sopen(&c, "jobs") < 0)
-		_exit(1);
-	for (unsigned i = 0; i < N1; i++) {
-		s->deadline[i] = s->t0 + 2500 * MS + (i % 250) * MS;
-		if (chime_arm(c, i % 7, s->deadline[i], periodic1(i) ? 100 * MS : 0, i, &s->id[i]) < 0)
-			_exit(2);
-	}
-	for (unsigned i = 0; i < N1; i++) {
-		if (periodic1(i))
-			continue;
-		if (i % 10 == 1) {
-			s->deadline[i] = s->t0 + 2700 * MS + (i % 50) * MS;
-			if (chime_reset(c, s->id[i], s->deadline[i]) < 0)
-				_exit(3);
-		} else if (i % 10 == 2) {
-			s->cancelled[i] = 1;
-			if (chime_cancel(c, s->id[i]) < 0)
-				_exit(4);
-		}
-	}
-	(void)!write(wfd, "r", 1);
-	pause();
-}
+enum { ANON1 = 500 };
 
 Test(restart, sigkilled_broker_hands_every_session_timer_to_the_next_one)
 {
-	struct t1 *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	static struct chime_event ev[4 * N1];
-	static unsigned seen[N1];
+	struct t1 *s;
 	struct chime_event e;
-	unsigned n, oneshots = 0, live = 0, periodic = 0;
-	chime_t *anon, *c;
+	unsigned live = 0;
+	chime_t *anon;
 	chime_id_t id;
 	pid_t pid;
 
-	cr_assert_neq(s, MAP_FAILED);
 	start("-n 2");
-	s->t0 = now_ns();
+	s = t1_new(2500, 2700);
 	pid = child(t1_child, s);
 	anon = sopen_ok(NULL);
 	for (unsigned i = 0; i < ANON1; i++)
 		cr_assert_eq(chime_arm(anon, 0, now_ns() + HOUR, 0, i, &id), 0);
-	for (unsigned i = 0; i < N1; i++)
+	for (unsigned i = 0; i < T1_N; i++)
 		live += !s->cancelled[i];
 	/* Applied by the broker (it has no flush: a crash loses what it never read). */
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, live + ANON1), live + ANON1);
@@ -137,44 +95,7 @@ Test(restart, sigkilled_broker_hands_every_session_timer_to_the_next_one)
 	cr_assert_eq(chime_poll(anon, &e, 1), -ENOTCONN, "the anonymous client did not see its broker go");
 	chime_close(anon);
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), live, "anonymous timers survived, or session ones were lost");
-
-	c = sopen_ok("jobs");
-	for (unsigned i = 0; i < N1; i++) {
-		if (periodic1(i) || s->cancelled[i])
-			continue;
-		if (i % 10 == 3) {
-			s->deadline[i] = s->t0 + 2900 * MS;
-			cr_assert_eq(chime_reset(c, s->id[i], s->deadline[i]), 0);
-		} else if (i % 10 == 5) {
-			s->cancelled[i] = 1;
-			cr_assert_eq(chime_cancel(c, s->id[i]), 0);
-		}
-	}
-	live = 0;
-	for (unsigned i = 0; i < N1; i++)
-		live += !periodic1(i) && !s->cancelled[i];
-	n = collect(c, ev, 4 * N1, s->t0 + 3500 * MS);
-	for (unsigned k = 0; k < n; k++) {
-		unsigned i = (unsigned)ev[k].user_data;
-
-		cr_assert_lt(i, N1);
-		cr_assert_eq(ev[k].id, s->id[i], "timer %u came back with another id", i);
-		cr_assert_eq(ev[k].key, i % 7);
-		cr_assert_not(s->cancelled[i], "cancelled timer %u fired", i);
-		if (periodic1(i)) {
-			periodic++;
-			continue;
-		}
-		oneshots++;
-		cr_assert_eq(seen[i]++, 0, "timer %u delivered twice", i);
-		cr_assert_eq(ev[k].deadline_ns, s->deadline[i], "timer %u fired at another deadline", i);
-	}
-	cr_assert_eq(oneshots, live, "%u of %u live one-shots delivered", oneshots, live);
-	cr_assert_geq(periodic, 10 * 5, "periodic timers: %u events", periodic);
-	for (unsigned i = 0; i < N1; i += 100)
-		cr_assert_eq(chime_cancel(c, s->id[i]), 0);
-	chime_close(c);
-	munmap(s, sizeof(*s));
+	t1_next_process(s, 2900, 3500);
 }
 
 /* ---- (2) due while no broker ran: fired at once, late, never lost ---- */
@@ -484,6 +405,35 @@ Test(restart, another_geometry_is_refused_and_the_files_kept_until_fresh)
 	c = sopen_ok("geo");
 	cr_assert_eq(collect(c, (struct chime_event[4]){ 0 }, 4, now_ns() + 100 * MS), 0);
 	chime_close(c);
+}
+
+/*
+ * The sessions file removed under a stopped broker's shard files: nothing
+ * says whose their timers are, so the next broker discards them, and says
+ * how many (it did so silently).
+ */
+Test(restart, a_missing_sessions_file_discards_the_shard_files_timers_and_says_how_many)
+{
+	char log[300], extra[400], path[PATH_MAX];
+	chime_t *c;
+	chime_id_t id;
+
+	start("-n 2");
+	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
+	c = open_armed("gone", 30, &id);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 30), 30);
+	chime_close(c);
+	/* A crash keeps the files; then the sessions file goes. */
+	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
+	tb.pid = 0;
+	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
+	cr_assert_eq(unlink(path), 0);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	restart(0, extra);
+	cr_assert(file_has(log, "no sessions file") && file_has(log, "the 30 timers"),
+		  "the discarded timers were not counted");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
 }
 
 /*
@@ -934,47 +884,16 @@ Test(restart, a_broker_with_other_rings_ends_the_reconnect_with_enotconn)
  * of 400 events in its ring when chimed is SIGKILLed, it took 200; the
  * new broker (told the old ring's head on resume) delivers the other 200,
  * each once, and none of those it took.
+ *
+ * With `second`, a second broker comes and goes (that signal) before the
+ * process reconnects (a crash loop, or a `chimectl restart` of the new
+ * broker while the library waits in its back-off): the events the first
+ * one delivered are still "delivered, maybe taken" for the third, and the
+ * old ring's head the process sends it still settles them. Before, the
+ * second broker's restore left them as plain held events, and the third
+ * delivered the 200 the process had taken again.
  */
-Test(restart, a_crash_under_a_living_process_delivers_what_it_did_not_take_exactly_once)
-{
-	struct chime_event ev[512];
-	uint8_t seen[400] = { 0 };
-	unsigned n;
-	chime_id_t id;
-	uint64_t t0;
-	chime_t *c;
-
-	start("-n 2");
-	c = sopen_ok("living");
-	t0 = now_ns();
-	for (unsigned i = 0; i < 400; i++)
-		cr_assert_eq(chime_arm(c, 0, t0 + 20 * MS, 0, i, &id), 0);
-	usleep(300 * 1000);
-	take(c, ev, 200, seen);
-	restart(SIGKILL, "-n 2");
-	n = collect(c, ev, 512, now_ns() + 1500 * MS);
-	cr_assert_eq(n, 200, "%u events after the crash, not the 200 untaken ones", n);
-	for (unsigned k = 0; k < n; k++)
-		seen[ev[k].user_data]++;
-	for (unsigned i = 0; i < 400; i++)
-		cr_assert_eq(seen[i], 1, "timer %u delivered %u times across the crash", i, seen[i]);
-	/* And the session goes on: nothing held back waits for a word that never comes. */
-	cr_assert_eq(chime_arm(c, 0, now_ns() + 10 * MS, 0, 400, &id), 0);
-	cr_assert_eq(collect(c, ev, 1, now_ns() + 2000 * MS), 1, "a timer armed after the crash never fired");
-	cr_assert_eq(ev[0].user_data, 400);
-	chime_close(c);
-}
-
-/*
- * The same, with a second broker that comes and goes before the process
- * reconnects (a crash loop, or a `chimectl restart` of the new broker
- * while the library waits in its back-off): the events the first one
- * delivered are still "delivered, maybe taken" for the third, and the old
- * ring's head the process sends it still settles them. Before, the second
- * broker's restore left them as plain held events, and the third delivered
- * the 200 the process had taken again.
- */
-static void two_restarts_before_the_resume(int second)
+static void a_living_process_through_restarts(int second)
 {
 	struct chime_event ev[512];
 	uint8_t seen[400] = { 0 };
@@ -992,27 +911,34 @@ static void two_restarts_before_the_resume(int second)
 	take(c, ev, 200, seen);
 	/* No call into the library meanwhile: it cannot reconnect to the second broker. */
 	restart(SIGKILL, "-n 2");
-	restart(second, "-n 2");
+	if (second)
+		restart(second, "-n 2");
 	n = collect(c, ev, 512, now_ns() + 1500 * MS);
 	for (unsigned k = 0; k < n; k++)
 		seen[ev[k].user_data]++;
 	for (unsigned i = 0; i < 400; i++)
-		cr_assert_eq(seen[i], 1, "timer %u delivered %u times across two restarts", i, seen[i]);
+		cr_assert_eq(seen[i], 1, "timer %u delivered %u times across the restarts", i, seen[i]);
 	cr_assert_eq(n, 200, "%u events after the restarts, not the 200 untaken ones", n);
+	/* And the session goes on: nothing held back waits for a word that never comes. */
 	cr_assert_eq(chime_arm(c, 0, now_ns() + 10 * MS, 0, 400, &id), 0);
 	cr_assert_eq(collect(c, ev, 1, now_ns() + 2000 * MS), 1, "a timer armed after the restarts never fired");
 	cr_assert_eq(ev[0].user_data, 400);
 	chime_close(c);
 }
 
+Test(restart, a_crash_under_a_living_process_delivers_what_it_did_not_take_exactly_once)
+{
+	a_living_process_through_restarts(0);
+}
+
 Test(restart, a_second_crash_before_the_process_resumes_still_delivers_exactly_once)
 {
-	two_restarts_before_the_resume(SIGKILL);
+	a_living_process_through_restarts(SIGKILL);
 }
 
 Test(restart, a_planned_restart_before_the_process_resumes_still_delivers_exactly_once)
 {
-	two_restarts_before_the_resume(SIGTERM);
+	a_living_process_through_restarts(SIGTERM);
 }
 
 /*

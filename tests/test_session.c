@@ -30,7 +30,6 @@
 #include "t_session.h"
 #include "segment.h"
 
-#define MS 1000000ull
 #define HOUR (3600000 * MS)
 
 static struct t_chimed tb;
@@ -59,100 +58,14 @@ static int wait_child(pid_t pid)
 
 /* ---- (1) SIGKILL with a thousand timers, re-attach by a new process ---- */
 
-enum { N1 = 1000 };
-
-struct t1 {
-	uint64_t t0;
-	chime_id_t id[N1];
-	uint64_t deadline[N1];      /* the last deadline the child gave it */
-	uint8_t cancelled[N1];
-};
-
-static bool periodic1(unsigned i) { return i % 100 == 0; }
-
-static void t1_child(int wfd, void *arg)
-{
-	struct t1 *s = arg;
-	chime_t *c = NULL;
-
-	if (sopen(&c, "jobs") < 0)
-		_exit(1);
-	for (unsigned i = 0; i < N1; i++) {
-		s->deadline[i] = s->t0 + 1200 * MS + (i % 250) * MS;
-		if (chime_arm(c, i % 7, s->deadline[i], periodic1(i) ? 100 * MS : 0, i, &s->id[i]) < 0)
-			_exit(2);
-	}
-	for (unsigned i = 0; i < N1; i++) {
-		if (periodic1(i))
-			continue;
-		if (i % 10 == 1) {
-			s->deadline[i] = s->t0 + 1500 * MS + (i % 50) * MS;
-			if (chime_reset(c, s->id[i], s->deadline[i]) < 0)
-				_exit(3);
-		} else if (i % 10 == 2) {
-			s->cancelled[i] = 1;
-			if (chime_cancel(c, s->id[i]) < 0)
-				_exit(4);
-		}
-	}
-	(void)!write(wfd, "r", 1);
-	pause();        /* SIGKILLed here, with records maybe still unread by the shard */
-}
-
 Test(session, sigkilled_session_keeps_its_timers_and_ids_for_the_next_process)
 {
-	struct t1 *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	static struct chime_event ev[4 * N1];
-	static unsigned seen[N1];
-	unsigned n, oneshots = 0, live = 0, periodic = 0;
-	chime_t *c;
+	struct t1 *s;
 
-	cr_assert_neq(s, MAP_FAILED);
 	start("-n 2");
-	s->t0 = now_ns();
+	s = t1_new(1200, 1500);
 	kill_child(child(t1_child, s));
-	c = sopen_ok("jobs");
-	/* The old process's ids work here: move some, cancel others. */
-	for (unsigned i = 0; i < N1; i++) {
-		if (periodic1(i) || s->cancelled[i])
-			continue;
-		if (i % 10 == 3) {
-			s->deadline[i] = s->t0 + 1800 * MS;
-			cr_assert_eq(chime_reset(c, s->id[i], s->deadline[i]), 0);
-		} else if (i % 10 == 5) {
-			s->cancelled[i] = 1;
-			cr_assert_eq(chime_cancel(c, s->id[i]), 0);
-		}
-	}
-	n = collect(c, ev, 4 * N1, s->t0 + 2300 * MS);
-	for (unsigned k = 0; k < n; k++) {
-		unsigned i = (unsigned)ev[k].user_data;
-
-		cr_assert_lt(i, N1);
-		cr_assert_eq(ev[k].id, s->id[i], "timer %u came back with another id", i);
-		cr_assert_eq(ev[k].key, i % 7);
-		cr_assert_not(s->cancelled[i], "cancelled timer %u fired", i);
-		if (periodic1(i)) {
-			periodic++;
-			continue;
-		}
-		oneshots++;
-		cr_assert_eq(seen[i]++, 0, "timer %u delivered twice", i);
-		cr_assert_eq(ev[k].deadline_ns, s->deadline[i], "timer %u fired at an earlier deadline", i);
-	}
-	for (unsigned i = 0; i < N1; i++)
-		live += !periodic1(i) && !s->cancelled[i];
-	cr_assert_eq(oneshots, live, "%u of %u live one-shots delivered", oneshots, live);
-	cr_assert_geq(periodic, 10 * 5, "periodic timers: %u events", periodic);
-	/* The periodic ones stop by their old ids too. */
-	for (unsigned i = 0; i < N1; i += 100)
-		cr_assert_eq(chime_cancel(c, s->id[i]), 0);
-	usleep(100 * 1000);
-	while (chime_poll(c, ev, 64) > 0)
-		;
-	cr_assert_eq(collect(c, ev, 64, now_ns() + 300 * MS), 0, "an event after every timer was cancelled");
-	chime_close(c);
-	munmap(s, sizeof(*s));
+	t1_next_process(s, 1800, 2300);
 }
 
 /* ---- (2) fired while detached: delivered in order on re-attach ---- */

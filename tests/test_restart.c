@@ -381,17 +381,23 @@ static bool file_has(const char *path, const char *needle)
 	return n > 0 && strstr(buf, needle);
 }
 
+/* A broker of two shards, a detached session `name` with n timers an hour ahead; a log path in its directory. */
+static void detached_session_on_two_shards(const char *name, unsigned n, char *log, size_t len)
+{
+	chime_id_t id;
+
+	start("-n 2");
+	snprintf(log, len, "%s/start.log", tb.dir);
+	chime_close(open_armed(name, n, &id));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, n), n);
+}
+
 Test(restart, another_geometry_is_refused_and_the_files_kept_until_fresh)
 {
 	char log[300], extra[400];
 	chime_t *c;
-	chime_id_t id;
 
-	start("-n 2");
-	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
-	c = open_armed("geo", 40, &id);
-	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 40), 40);
-	chime_close(c);
+	detached_session_on_two_shards("geo", 40, log, sizeof(log));
 	snprintf(extra, sizeof(extra), "-n 1 2>'%s'", log);
 	cr_assert_neq(t_chimed_restart(&tb, SIGTERM, extra), 0, "a broker with another shard count took over");
 	cr_assert(file_has(log, "--fresh"), "the refusal does not say what to do");
@@ -415,14 +421,8 @@ Test(restart, another_geometry_is_refused_and_the_files_kept_until_fresh)
 Test(restart, a_missing_sessions_file_discards_the_shard_files_timers_and_says_how_many)
 {
 	char log[300], extra[400], path[PATH_MAX];
-	chime_t *c;
-	chime_id_t id;
 
-	start("-n 2");
-	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
-	c = open_armed("gone", 30, &id);
-	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 30), 30);
-	chime_close(c);
+	detached_session_on_two_shards("gone", 30, log, sizeof(log));
 	/* A crash keeps the files; then the sessions file goes. */
 	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
 	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
@@ -998,6 +998,39 @@ Test(restart, a_timer_popped_when_the_broker_died_fires_and_one_being_cancelled_
 }
 
 /*
+ * Take up to `want` events of timers with user_data < n (max a call) into
+ * seen[], until until_ns; counts the repeats in *twice. Returns how many came.
+ */
+static unsigned take_each(chime_t *c, uint8_t *seen, unsigned want, unsigned max, uint64_t until_ns,
+			  unsigned *twice)
+{
+	static struct chime_event ev[4096];
+	unsigned got = 0;
+
+	cr_assert_leq(max, 4096);
+	while (got < want && now_ns() < until_ns) {
+		int r = chime_wait(c, ev, want - got < max ? want - got : max, 100);
+
+		cr_assert_geq(r, 0, "chime_wait: %s", strerror(-r));
+		for (int k = 0; k < r; k++)
+			*twice += seen[ev[k].user_data]++ > 0;
+		got += (unsigned)r;
+	}
+	return got;
+}
+
+/* Each of the n timers came, once. */
+static void came_once(const uint8_t *seen, unsigned n, unsigned twice)
+{
+	unsigned missing = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		missing += !seen[i];
+	cr_assert_eq(twice, 0, "%u events delivered twice", twice);
+	cr_assert_eq(missing, 0, "%u of %u events lost", missing, n);
+}
+
+/*
  * A broker SIGKILLed while it fires a burst of a detached session's
  * timers: each one is held for the session, or still on the wheel, or
  * between the two (popped by the wheel, not yet held: up to a batch of
@@ -1006,9 +1039,8 @@ Test(restart, a_timer_popped_when_the_broker_died_fires_and_one_being_cancelled_
 Test(restart, a_crash_in_the_middle_of_a_burst_loses_no_timer)
 {
 	enum { N = 300000 };
-	static struct chime_event ev[4096];
 	static uint8_t seen[N];
-	unsigned n = 0, twice = 0, missing = 0;
+	unsigned twice = 0;
 	uint64_t t0, until;
 	chime_id_t id;
 	chime_t *c;
@@ -1032,20 +1064,8 @@ Test(restart, a_crash_in_the_middle_of_a_burst_loses_no_timer)
 	}
 	restart(SIGKILL, "-n 1");
 	c = sopen_ok("burst");
-	until = now_ns() + 10000 * MS;
-	while (n < N && now_ns() < until) {
-		int r = chime_wait(c, ev, 4096, 100);
-
-		cr_assert_geq(r, 0);
-		for (int k = 0; k < r; k++) {
-			twice += seen[ev[k].user_data]++ > 0;
-			n++;
-		}
-	}
-	for (unsigned i = 0; i < N; i++)
-		missing += !seen[i];
-	cr_assert_eq(twice, 0, "%u timers fired twice", twice);
-	cr_assert_eq(missing, 0, "%u of %u timers lost in the crash", missing, N);
+	take_each(c, seen, N, 4096, now_ns() + 10000 * MS, &twice);
+	came_once(seen, N, twice);
 	chime_close(c);
 }
 
@@ -1084,10 +1104,8 @@ static pid_t chimed_spawn(int *errfd, const char *extra)
 Test(restart, a_broker_killed_while_it_takes_over_loses_no_held_event)
 {
 	enum { N = 200000 };
-	static struct chime_event ev[4096];
 	static uint8_t seen[N];
-	unsigned n = 0, twice = 0, missing = 0;
-	uint64_t until;
+	unsigned twice = 0;
 	chime_id_t id;
 	chime_t *c;
 	int st;
@@ -1117,20 +1135,8 @@ Test(restart, a_broker_killed_while_it_takes_over_loses_no_held_event)
 	}
 	restart(0, "-n 1");
 	c = sopen_ok("held");
-	until = now_ns() + 5000 * MS;
-	while (n < N && now_ns() < until) {
-		int r = chime_wait(c, ev, 4096, 100);
-
-		cr_assert_geq(r, 0);
-		for (int k = 0; k < r; k++) {
-			twice += seen[ev[k].user_data]++ > 0;
-			n++;
-		}
-	}
-	for (unsigned i = 0; i < N; i++)
-		missing += !seen[i];
-	cr_assert_eq(missing, 0, "%u of %u held events lost", missing, N);
-	cr_assert_eq(twice, 0, "%u held events delivered twice", twice);
+	take_each(c, seen, N, 4096, now_ns() + 5000 * MS, &twice);
+	came_once(seen, N, twice);
 	chime_close(c);
 }
 
@@ -1149,10 +1155,8 @@ Test(restart, a_broker_killed_while_it_takes_over_loses_no_held_event)
 Test(restart, crashes_while_the_process_drains_a_burst_deliver_each_event_once)
 {
 	enum { N = 200000 };
-	static struct chime_event ev[4096];
 	static uint8_t seen[N];
-	unsigned n = 0, twice = 0, missing = 0;
-	uint64_t until;
+	unsigned n = 0, twice = 0;
 	chime_id_t id;
 	chime_t *c;
 
@@ -1162,32 +1166,14 @@ Test(restart, crashes_while_the_process_drains_a_burst_deliver_each_event_once)
 		cr_assert_eq(chime_arm(c, 0, now_ns() + 300 * MS, 0, i, &id), 0);
 	usleep(800 * 1000);
 	for (unsigned round = 0; round < 3; round++) {
-		for (unsigned taken = 0; taken < 3000;) {
-			int r = chime_wait(c, ev, 3000 - taken < 512 ? 3000 - taken : 512, 2000);
+		unsigned taken = take_each(c, seen, 3000, 512, now_ns() + 2000 * MS, &twice);
 
-			cr_assert_gt(r, 0, "round %u: no event", round);
-			for (int k = 0; k < r; k++) {
-				twice += seen[ev[k].user_data]++ > 0;
-				n++;
-			}
-			taken += (unsigned)r;
-		}
+		cr_assert_eq(taken, 3000, "round %u: %u events of 3000", round, taken);
+		n += taken;
 		restart(SIGKILL, "-n 1");
 	}
-	until = now_ns() + 10000 * MS;
-	while (n < N && now_ns() < until) {
-		int r = chime_wait(c, ev, 4096, 100);
-
-		cr_assert_geq(r, 0);
-		for (int k = 0; k < r; k++) {
-			twice += seen[ev[k].user_data]++ > 0;
-			n++;
-		}
-	}
-	for (unsigned i = 0; i < N; i++)
-		missing += !seen[i];
-	cr_assert_eq(twice, 0, "%u events delivered twice", twice);
-	cr_assert_eq(missing, 0, "%u of %u events lost", missing, N);
+	take_each(c, seen, N - n, 4096, now_ns() + 10000 * MS, &twice);
+	came_once(seen, N, twice);
 	chime_close(c);
 }
 

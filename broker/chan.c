@@ -1114,6 +1114,8 @@ static int chan_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint
 		return -ENOMEM;
 	ch->slot = slot;
 	ch->user = user_get(sc, uid);
+	if (sc->user_of_slot)   /* the slot has no timer in the wheel: reclaimed, or never used */
+		sc->user_of_slot[slot] = (uint16_t)(ch->user - sc->users);
 	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
 	ch->ackwait.head = ch->ackwait.tail = CHIME_NIL;
 	ch->carried.head = ch->carried.tail = CHIME_NIL;

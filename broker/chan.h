@@ -52,6 +52,9 @@ struct shard_core {
 	/* [max_clients]: each channel holds one entry, so [0, nr_users) never outgrows it */
 	struct chan_user *users;
 	uint32_t nr_users;              /* entries ever used, free ones (chans 0) among them */
+	/* [max_clients]: client slot -> its user's entry in users (the wheel's
+	 * owner groups: WHEEL_JUMP_GROUP); NULL in tests that need none */
+	uint16_t *user_of_slot;
 	uint64_t backlog;               /* events held in backlogs, all channels */
 	/*
 	 * The slab's usable part (wh.reserved) is used up: make more of it

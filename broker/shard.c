@@ -341,13 +341,14 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->core.st = &s->st;
 	s->core.by_slot = calloc(cfg->max_clients, sizeof(*s->core.by_slot));
 	s->core.users = calloc(cfg->max_clients, sizeof(*s->core.users));
+	s->core.user_of_slot = calloc(cfg->max_clients, sizeof(*s->core.user_of_slot));
 	s->active = calloc(cfg->max_clients, sizeof(*s->active));
 	s->dying = calloc(cfg->max_clients, sizeof(*s->dying));
 	while (qsize < cfg->max_clients + 2)
 		qsize <<= 1;
 	s->q = calloc(qsize, sizeof(*s->q));
 	s->q_mask = qsize - 1;
-	if (!s->core.by_slot || !s->core.users || !s->active || !s->dying || !s->q)
+	if (!s->core.by_slot || !s->core.users || !s->core.user_of_slot || !s->active || !s->dying || !s->q)
 		return log_errno(LOG_ERR, ENOMEM, "shard %u state", cfg->idx);
 	r = stats_init(&s->st, cfg->ctl, cfg->idx);
 	if (r < 0)
@@ -376,6 +377,8 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 		if (r < 0)
 			return r;
 	}
+	/* Who may go ahead of a backlog is counted per user too. */
+	wheel_group_owners(&s->core.wh, s->core.user_of_slot);
 	/* Ids differ from one broker run to the next: a client cannot guess another's. */
 	if (getrandom(&s->core.wh.gen_base, sizeof(s->core.wh.gen_base), 0) != sizeof(s->core.wh.gen_base))
 		s->core.wh.gen_base = (uint32_t)now;
@@ -1022,6 +1025,7 @@ int shard_fini(struct shard *s, bool keep)
 	stats_fini(&s->st);
 	free(s->core.by_slot);
 	free(s->core.users);
+	free(s->core.user_of_slot);
 	keyidx_walks_fini(&s->core.ki);
 	free(s->active);
 	free(s->dying);

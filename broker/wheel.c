@@ -57,7 +57,8 @@
  *     last advance; wheel_advance() makes them due, so a periodic timer that
  *     is behind fires once per advance). wh->due_n counts the front and due
  *     nodes, wh->front_n the front's, wh->owner_due[o] those of the owners
- *     o modulo WHEEL_JUMP_OWNERS.
+ *     o modulo WHEEL_JUMP_OWNERS, wh->group_front[g] the front's of the
+ *     groups g modulo WHEEL_JUMP_OWNERS.
  *  I4 FREE <=> on the free list, index < high_water. Nodes at or beyond
  *     high_water were never touched (the slab costs no RSS until used).
  *  I5 armed == number of ARMED + EXPIRED nodes.
@@ -219,7 +220,10 @@ static void handle_init(struct wheel *wh, void *mem)
 	wh->gen_base = 0;
 	wh->_pad = 0;
 	wh->jump_backlog = WHEEL_JUMP_BACKLOG;
+	wh->jump_max = WHEEL_JUMP_MAX;
 	wh->jump_owner = WHEEL_JUMP_OWNER;
+	wh->jump_group = WHEEL_JUMP_GROUP;
+	wh->group_of = NULL;
 }
 
 size_t wheel_region_size(uint32_t capacity)
@@ -260,6 +264,7 @@ static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 	wh->jump_on = false;
 	wh->due_n = wh->front_n = 0;
 	memset(wh->owner_due, 0, sizeof(wh->owner_due));
+	memset(wh->group_front, 0, sizeof(wh->group_front));
 	w->free_head = NIL;
 	w->armed = 0;
 	stage_clear(wh, LEVELS);
@@ -413,29 +418,25 @@ static inline void exp_append(struct wheel *wh, struct chime_node *n, uint32_t i
 	w->expired_tail = idx;
 }
 
-/* Put the run first..last (linked, EXPIRED, due) at the expired list's front, after the earlier ones there. */
-static inline void exp_jump(struct wheel *wh, uint32_t first, uint32_t last, uint64_t cnt)
+/* Put node idx (EXPIRED, due, off the list) at the expired list's front, after the earlier ones there. */
+static inline void exp_jump(struct wheel *wh, struct chime_node *n, uint32_t idx)
 {
 	struct chime_wheel *w = wh->w;
 	uint32_t p = wh->fresh_tail, next = p != NIL ? wh->nodes[p].next : w->expired_head;
 
-	for (uint32_t i = first;; i = wh->nodes[i].next) {
-		wh->nodes[i].level = EXP_FRONT;
-		if (i == last)
-			break;
-	}
-	wh->front_n += cnt;     /* due_n: the caller's, once per tick */
-	wh->nodes[first].prev = p;
-	wh->nodes[last].next = next;
+	n->level = EXP_FRONT;
+	wh->front_n++;          /* due_n: the caller's, once per tick */
+	n->prev = p;
+	n->next = next;
 	if (next != NIL)
-		wh->nodes[next].prev = last;
+		wh->nodes[next].prev = idx;
 	else
-		w->expired_tail = last;
+		w->expired_tail = idx;
 	if (p != NIL)
-		wh->nodes[p].next = first;
+		wh->nodes[p].next = idx;
 	else
-		w->expired_head = first;
-	wh->fresh_tail = last;
+		w->expired_head = idx;
+	wh->fresh_tail = idx;
 }
 
 /* How many due timers n's owner has (WHEEL_JUMP_OWNER). */
@@ -444,23 +445,33 @@ static inline uint32_t *owner_due(struct wheel *wh, const struct chime_node *n)
 	return &wh->owner_due[n->owner % WHEEL_JUMP_OWNERS];
 }
 
+/* How many places in the front n's owner's group holds (WHEEL_JUMP_GROUP). */
+static inline uint32_t *group_front(struct wheel *wh, const struct chime_node *n)
+{
+	uint32_t g = wh->group_of ? wh->group_of[n->owner] : n->owner;
+
+	return &wh->group_front[g % WHEEL_JUMP_OWNERS];
+}
+
 /*
  * A node made due by the advance: at the front while this advance may jump
- * a backlog and its owner has few due, else last.
+ * a backlog, its owner has few due and its group few places there; else
+ * last.
  */
 static inline void exp_due(struct wheel *wh, struct chime_node *n, uint32_t idx)
 {
-	uint32_t *od = owner_due(wh, n);
+	uint32_t *od = owner_due(wh, n), *gf;
 
-	if (!wh->jump_on || !wh->jump_left || *od >= wh->jump_owner) {
-		(*od)++;
+	(*od)++;
+	if (!wh->jump_on || !wh->jump_left || *od > wh->jump_owner ||
+	    *(gf = group_front(wh, n)) >= wh->jump_group) {
 		exp_append(wh, n, idx, EXP_DUE);
 		return;
 	}
-	(*od)++;
+	(*gf)++;
 	wh->jump_left--;
 	n->state = CHIME_NODE_EXPIRED;
-	exp_jump(wh, idx, idx, 1);
+	exp_jump(wh, n, idx);
 }
 
 /*
@@ -482,7 +493,10 @@ static inline void exp_unlink(struct wheel *wh, struct chime_node *n)
 		wh->fresh_tail = n->prev;       /* the front's last goes: the one before it is */
 	wh->due_n -= due;
 	*owner_due(wh, n) -= due;
-	wh->front_n -= n->level == EXP_FRONT;
+	if (n->level == EXP_FRONT) {
+		wh->front_n--;
+		(*group_front(wh, n))--;
+	}
 
 	if (n->next != NIL)
 		wh->nodes[n->next].prev = n->prev;
@@ -1005,7 +1019,7 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 		w->now_ns = now;
 		return fired;
 	}
-	wh->jump_left = WHEEL_JUMP_MAX;
+	wh->jump_left = wh->jump_max;
 	for (;;) {
 		unsigned l = 0, s;
 		uint64_t e;
@@ -1084,6 +1098,7 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 		if (i == wh->fresh_tail)
 			wh->fresh_tail = NIL;
 		out[cnt++] = i;
+		(*group_front(wh, &nodes[i]))--;
 		i = pop_one(wh, nodes, i);
 		from_front++;
 	}
@@ -1100,6 +1115,16 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 	wh->due_n -= cnt;
 	wh->front_n -= from_front;
 	return cnt;
+}
+
+void wheel_group_owners(struct wheel *wh, const uint16_t *group_of)
+{
+	uint32_t i = wh->w->expired_head;
+
+	wh->group_of = group_of;
+	memset(wh->group_front, 0, sizeof(wh->group_front));
+	for (; i != NIL && wh->nodes[i].level == EXP_FRONT; i = wh->nodes[i].next)
+		(*group_front(wh, &wh->nodes[i]))++;
 }
 
 uint64_t wheel_next_deadline(const struct wheel *wh)
@@ -1362,7 +1387,7 @@ void wheel_check(const struct wheel *wh)
 		unsigned seen_pending = 0;
 		bool in_front = wh->fresh_tail != NIL;
 		uint64_t due = 0, front = 0;
-		uint32_t owner_n[WHEEL_JUMP_OWNERS] = { 0 };
+		uint32_t owner_n[WHEEL_JUMP_OWNERS] = { 0 }, group_n[WHEEL_JUMP_OWNERS] = { 0 };
 
 		for (uint64_t k = 0; i != NIL; k++) {
 			const struct chime_node *n;
@@ -1384,6 +1409,8 @@ void wheel_check(const struct wheel *wh)
 			due += n->level != EXP_PENDING;
 			owner_n[n->owner % WHEEL_JUMP_OWNERS] += n->level != EXP_PENDING;
 			front += n->level == EXP_FRONT;
+			group_n[(wh->group_of ? wh->group_of[n->owner] : n->owner) % WHEEL_JUMP_OWNERS] +=
+				n->level == EXP_FRONT;
 			if (i == wh->fresh_tail)
 				in_front = false;
 			on_exp++;
@@ -1398,6 +1425,9 @@ void wheel_check(const struct wheel *wh)
 		for (unsigned o = 0; o < WHEEL_JUMP_OWNERS; o++)
 			CHECK(owner_n[o] == wh->owner_due[o], "owners %u mod %u: %u due, counted %u", o,
 			      WHEEL_JUMP_OWNERS, owner_n[o], wh->owner_due[o]);
+		for (unsigned g = 0; g < WHEEL_JUMP_OWNERS; g++)
+			CHECK(group_n[g] == wh->group_front[g], "groups %u mod %u: %u in front, counted %u", g,
+			      WHEEL_JUMP_OWNERS, group_n[g], wh->group_front[g]);
 	}
 
 	for (uint32_t i = w->free_head; i != NIL; i = nodes[i].next) {

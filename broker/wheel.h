@@ -63,9 +63,13 @@ struct wheel {
 	uint64_t front_n;       /* timers in the front */
 	/* due timers by owner (client slot) modulo WHEEL_JUMP_OWNERS: who may jump */
 	uint32_t owner_due[WHEEL_JUMP_OWNERS];
-	/* WHEEL_JUMP_BACKLOG and WHEEL_JUMP_OWNER, set by init and rebuild;
-	 * a test lowers them to make its random operations jump often */
-	uint32_t jump_backlog, jump_owner;
+	/* timers in the front by owners' group (wheel_group_owners()), modulo
+	 * WHEEL_JUMP_OWNERS too; the group of owner o: group_of[o] (NULL: o) */
+	uint32_t group_front[WHEEL_JUMP_OWNERS];
+	const uint16_t *group_of;
+	/* WHEEL_JUMP_BACKLOG, _MAX, _OWNER and _GROUP, set by init and
+	 * rebuild; tests lower them to make backlogs and jumps common */
+	uint32_t jump_backlog, jump_max, jump_owner, jump_group;
 	/* tail of each slot list: a cascade walks a list from both ends at once,
 	 * two independent chains of cache misses instead of one */
 	uint32_t tail[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
@@ -274,13 +278,25 @@ unsigned wheel_stage(struct wheel *wh, unsigned budget);
  * burst, and a client that keeps a backlog up (a flood of short periodic
  * timers) cannot take the places ahead of it from the others. Owners are
  * counted modulo WHEEL_JUMP_OWNERS: beyond that many clients, two may share
- * a count. A caller that pops more than WHEEL_JUMP_MAX between advances
- * still moves the backlog on.
+ * a count. And only while their owner's group (wheel_group_owners(): the
+ * shard's are users) holds fewer than WHEEL_JUMP_GROUP places there: many
+ * clients of one user, each with few due, cannot together take all the
+ * places an advance has. A caller that pops more than WHEEL_JUMP_MAX
+ * between advances still moves the backlog on.
  */
 #define WHEEL_JUMP_BACKLOG 4096u        /* a shard's FIRE_BUDGET: more than one pass pops */
 #define WHEEL_JUMP_MAX     1024u
 #define WHEEL_JUMP_OWNER   256u
+#define WHEEL_JUMP_GROUP   256u
 unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max);
+
+/*
+ * Owners in groups for wheel_pop_expired()'s WHEEL_JUMP_GROUP: owner o is
+ * in group_of[o] (NULL, as after wheel_init() and wheel_rebuild(): each
+ * owner its own group). The table is the caller's; an owner's entry may
+ * change only while it has no timer in the wheel.
+ */
+void wheel_group_owners(struct wheel *wh, const uint16_t *group_of);
 
 /*
  * The time the caller should next call wheel_advance(): CHIME's tickless

@@ -22,7 +22,7 @@
 #define CQ      8u
 #define T0      UINT64_C(1000000000)
 #define MAXCL   4u
-#define NSIM    3               /* simulated clients (F.cl) */
+#define NSIM    4               /* simulated clients (F.cl) */
 
 struct client_sim {
 	void *rw, *ro;
@@ -39,6 +39,7 @@ static struct {
 	struct chime_client_stats cpub[MAXCL];
 	struct chan *by_slot[MAXCL];
 	struct chan_user users[MAXCL];
+	uint16_t user_of_slot[MAXCL];
 	void *wmem;
 	uint32_t *heads;
 	struct chime_client_geom g;
@@ -98,6 +99,8 @@ static void setup(void)
 	F.sc.max_clients = MAXCL;
 	F.sc.quota = UINT64_MAX;
 	F.sc.users = F.users;
+	F.sc.user_of_slot = F.user_of_slot;
+	wheel_group_owners(&F.sc.wh, F.user_of_slot);    /* as the shard: by user */
 	F.sc.user_quota = UINT64_MAX;
 	F.g.nr_shards = 1;
 	F.g.sq_size = SQ;
@@ -226,6 +229,45 @@ Test(chan, arm_fires_once_never_early)
 	cr_assert_eq(F.st.sh.fires, 1);
 	cr_assert_eq(F.st.sh.delivered, 1);
 	cr_assert_eq(F.st.sh.armed, 0);
+}
+
+/*
+ * Behind a backlog, a tick's timers go ahead of it in places that any
+ * client with few due could take: two clients of one user took them all,
+ * and another user's timer due next waited behind the backlog. The wheel
+ * counts places by user, as chan_attach() groups its slots (thresholds
+ * lowered: the shard's are thousands).
+ */
+Test(chan, one_users_clients_hold_at_most_their_share_of_the_places_ahead_of_a_backlog)
+{
+	struct client_sim *n1 = &F.cl[1], *n2 = &F.cl[2], *v = &F.cl[3];
+	uint32_t got[3];
+
+	client_init_uid(n1, 1, 7);
+	client_init_uid(n2, 2, 7);
+	client_init_uid(v, 3, 8);
+	F.sc.wh.jump_backlog = 8;
+	F.sc.wh.jump_max = 4;
+	F.sc.wh.jump_owner = 4;
+	F.sc.wh.jump_group = 2;
+	for (unsigned k = 0; k < 12; k++)
+		arm(&F.cl[0], 0, T0 + 10 * MS, 0, k);
+	for (unsigned k = 0; k < 2; k++) {
+		arm(n1, 0, T0 + 20 * MS, 0, k);
+		arm(n2, 0, T0 + 20 * MS, 0, k);
+	}
+	arm(v, 0, T0 + 20 * MS + RES, 0, 0);
+	for (int i = 0; i < NSIM; i++)
+		chan_drain(&F.sc, &F.cl[i].ch, 1000);
+	cr_assert_eq(wheel_advance(&F.sc.wh, T0 + 10 * MS), 12);
+	cr_assert_eq(wheel_advance(&F.sc.wh, T0 + 20 * MS + RES), 5);
+	wheel_check(&F.sc.wh);
+	cr_assert_eq(wheel_pop_expired(&F.sc.wh, got, 3), 3);
+	for (unsigned k = 0; k < 2; k++)
+		cr_assert(wheel_node(&F.sc.wh, got[k])->owner == 1 || wheel_node(&F.sc.wh, got[k])->owner == 2,
+			  "#%u: client %u's, not the neighbours'", k, wheel_node(&F.sc.wh, got[k])->owner);
+	cr_assert_eq(wheel_node(&F.sc.wh, got[2])->owner, 3, "third: client %u's, not the other user's",
+		     wheel_node(&F.sc.wh, got[2])->owner);
 }
 
 Test(chan, arm_refreshes_the_slot_grant)

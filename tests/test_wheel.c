@@ -286,6 +286,59 @@ Test(wheel, timers_due_after_a_backlog_go_ahead_of_it)
 	tw_fini(&t);
 }
 
+/*
+ * Many clients of one user, each with fewer than WHEEL_JUMP_OWNER due,
+ * took every place an advance had ahead of a backlog, and another user's
+ * timer due after theirs waited behind it all. A group (the shard's: a
+ * user) holds at most WHEEL_JUMP_GROUP places there.
+ */
+Test(wheel, one_groups_owners_take_at_most_its_share_of_the_places_ahead)
+{
+	const uint64_t res = 100000, D = 1000 * res, MS = 1000000;
+	static uint16_t group_of[65536];
+	uint32_t v, got[4096];
+	unsigned ahead = 0, victim_at = 0;
+	struct tw t;
+
+	for (unsigned o = 10; o < 20; o++)
+		group_of[o] = 1;                /* ten clients of one user */
+	group_of[30] = 2;                       /* and another user's */
+	tw_init(&t, 65536, res, 0);
+	wheel_group_owners(&t.wh, group_of);
+	for (unsigned k = 0; k < 6000; k++)
+		arm_owned(&t, D, 1);
+	cr_assert_eq(wheel_advance(&t.wh, D), 6000);
+	for (unsigned k = 0; k < 2000; k++)     /* 200 each: under WHEEL_JUMP_OWNER */
+		arm_owned(&t, D + 2 * MS, (uint16_t)(10 + k % 10));
+	v = arm_owned(&t, D + 2 * MS + res, 30);
+	cr_assert_eq(wheel_advance(&t.wh, D + 3 * MS), 2001);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 4096), 4096);
+	for (unsigned k = 0; k < 4096; k++) {
+		uint16_t o = wheel_node(&t.wh, got[k])->owner;
+
+		if (got[k] == v)
+			victim_at = k;
+		else if (o != 1 && !victim_at)
+			ahead++;
+	}
+	cr_assert_eq(ahead, WHEEL_JUMP_GROUP, "%u of one user's timers went ahead of the backlog", ahead);
+	cr_assert_eq(victim_at, WHEEL_JUMP_GROUP, "another user's timer came %u-th", victim_at);
+	/* Popped, the front's places are the group's again. */
+	pop_all(&t, NULL, 0);
+	for (unsigned k = 0; k < 6000; k++)
+		arm_owned(&t, D + 10 * MS, 1);
+	for (unsigned k = 0; k < 10; k++)
+		arm_owned(&t, D + 12 * MS, (uint16_t)(10 + k));
+	cr_assert_eq(wheel_advance(&t.wh, D + 10 * MS), 6000);
+	cr_assert_eq(wheel_advance(&t.wh, D + 12 * MS), 10);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_pop_expired(&t.wh, got, 10), 10);
+	for (unsigned k = 0; k < 10; k++)
+		cr_assert_neq(wheel_node(&t.wh, got[k])->owner, 1, "#%u: the group's timer stayed behind", k);
+	tw_fini(&t);
+}
+
 Test(wheel, only_the_due_part_of_the_current_tick_fires)
 {
 	struct tw t;
@@ -1346,6 +1399,16 @@ static uint64_t rand_advance(uint64_t *rng, struct tw *t, uint64_t now, uint64_t
 	}
 }
 
+/* The model's 40 owners (k * 1023) in 7 groups, as a shard puts a user's clients in one. */
+static const uint16_t *model_groups(void)
+{
+	static uint16_t group_of[65536];
+
+	for (unsigned k = 0; k < 40; k++)
+		group_of[k * 1023] = (uint16_t)(k % 7);
+	return group_of;
+}
+
 static void run_model(uint64_t seed, uint64_t nops)
 {
 	static const uint64_t ress[] = { 1, 3, 1000, 1000000, 999983, UINT64_C(1) << 20,
@@ -1368,6 +1431,8 @@ static void run_model(uint64_t seed, uint64_t nops)
 	/* small enough that backlogs and jumps ahead of them are common */
 	t.wh.jump_backlog = 1 + (uint32_t)(splitmix64(&rng) % 64);
 	t.wh.jump_owner = 1 + (uint32_t)(splitmix64(&rng) % 16);
+	t.wh.jump_group = 1 + (uint32_t)(splitmix64(&rng) % 16);
+	wheel_group_owners(&t.wh, model_groups());
 	h = calloc(m, sizeof(*h));
 	owner = calloc(m, sizeof(*owner));
 	for (uint32_t k = 0; k < m; k++)

@@ -303,9 +303,7 @@ int bench_e2e(int argc, char **argv)
 				if (want(&cf, "ops")) {
 					have_c = run_ops(IMPL_SUBMIT, &b, sizes[si], nthr, batch, rc) == 0;
 					for (int op = 0; op < NR_OPS; op++) {
-						char name[24];
-
-						char cs[96];
+						char name[24], cs[96];
 
 						snprintf(name, sizeof(name), "%s/%u", op_name[op], SUBMIT_BATCH);
 						snprintf(cs, sizeof(cs), "%7.1f (%7.1f) %6.2f %s", rc[op].median_ns,

@@ -108,7 +108,7 @@ static void grant_free(struct shard_core *sc, struct chan *ch, uint64_t id)
 /*
  * Free an armed or held node (on no wheel or channel list any more). FREE
  * first, then out of its key chain (a cache miss or two): a broker killed
- * in between leaves a FREE node (the next one rebuilds both the free list
+ * in between leaves a FREE node (the next one rebuilds both the free map
  * and the key index), never one in a passing state that restore.c would
  * have to guess about (an ALLOC node due was being fired, not freed).
  */

@@ -1026,6 +1026,7 @@ int shard_fini(struct shard *s, bool keep)
 	free(s->core.by_slot);
 	free(s->core.users);
 	free(s->core.user_of_slot);
+	wheel_fini(&s->core.wh);
 	keyidx_walks_fini(&s->core.ki);
 	free(s->active);
 	free(s->dying);

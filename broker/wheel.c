@@ -59,7 +59,8 @@
  *     nodes, wh->front_n the front's, wh->owner_due[o] those of the owners
  *     o modulo WHEEL_JUMP_OWNERS, wh->group_front[g] the front's of the
  *     groups g modulo WHEEL_JUMP_OWNERS.
- *  I4 FREE <=> on the free list, index < high_water. Nodes at or beyond
+ *  I4 FREE <=> its bit set in the free map (wh->free_bits), index <
+ *     high_water; each upper level's bit set <=> the word below non-zero. Nodes at or beyond
  *     high_water were never touched (the slab costs no RSS until used).
  *  I5 armed == number of ARMED + EXPIRED nodes.
  *  I6 every deadline in the level-0 slot of tick T is >= cur_min_ns (a lazy
@@ -133,6 +134,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define BITS   CHIME_WHEEL_BITS
 #define SLOTS  CHIME_WHEEL_SLOTS
@@ -265,10 +267,12 @@ static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 	wh->due_n = wh->front_n = 0;
 	memset(wh->owner_due, 0, sizeof(wh->owner_due));
 	memset(wh->group_front, 0, sizeof(wh->group_front));
-	w->free_head = NIL;
+	w->free_head = NIL;     /* unused: the free map (I4) is private */
 	w->armed = 0;
 	stage_clear(wh, LEVELS);
 }
+
+static int free_map(struct wheel *wh, uint32_t capacity);
 
 int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 	       uint64_t resolution_ns, uint64_t now_ns)
@@ -278,6 +282,8 @@ int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 	if (!wh || !mem || (uintptr_t)mem % CHIME_CACHELINE || capacity == 0 ||
 	    capacity == NIL || resolution_ns == 0 || len < wheel_region_size(capacity))
 		return -EINVAL;
+	if (free_map(wh, capacity) < 0)
+		return -ENOMEM;
 	/* header only: the slab's pages stay untouched until wheel_alloc() */
 	*w = (struct chime_wheel){ 0 };
 	w->resolution_ns = resolution_ns;
@@ -529,23 +535,85 @@ static inline void place(struct wheel *wh, struct chime_node *n, uint32_t idx)
 
 /* ---- allocation ----------------------------------------------------------- */
 
+/*
+ * The free map's memory for `capacity` nodes, all taken (zero): NORESERVE
+ * anonymous pages, touched only as high_water grows (a 4M-node shard's
+ * first level is 512 KiB, an eighth of a bit per node above it).
+ */
+static int free_map(struct wheel *wh, uint32_t capacity)
+{
+	size_t words[WHEEL_FREE_LEVELS], total = 0;
+	uint64_t n = capacity;
+	unsigned l = 0;
+	char *p;
+
+	do {
+		n = (n + 63) / 64;
+		words[l] = (size_t)n;
+		total += (size_t)n;
+		l++;
+	} while (n > 1);
+	p = mmap(NULL, total * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return -ENOMEM;
+	wh->free_levels = l;
+	wh->free_len = total * sizeof(uint64_t);
+	for (unsigned k = 0; k < WHEEL_FREE_LEVELS; k++) {
+		wh->free_bits[k] = k < l ? (uint64_t *)p : NULL;
+		p += k < l ? words[k] * sizeof(uint64_t) : 0;
+	}
+	return 0;
+}
+
+void wheel_fini(struct wheel *wh)
+{
+	if (wh->free_bits[0])
+		munmap(wh->free_bits[0], wh->free_len);
+	memset(wh->free_bits, 0, sizeof(wh->free_bits));
+	wh->free_levels = 0;
+}
+
+/* The lowest free node, taken off the map; NIL if none. */
+static inline uint32_t free_take_lowest(struct wheel *wh)
+{
+	unsigned top = wh->free_levels - 1;
+	uint64_t i = 0;
+
+	if (!wh->free_bits[top][0])
+		return NIL;
+	for (unsigned l = top + 1; l-- > 0;)
+		i = i * 64 + (uint64_t)__builtin_ctzll(wh->free_bits[l][i]);
+	{
+		/* the next alloc most likely takes the next free node of this word: start its miss now */
+		uint64_t word = wh->free_bits[0][i / 64], rest = word & (word - 1);     /* i's is its lowest bit */
+
+		if (rest)
+			__builtin_prefetch(&wh->nodes[(i & ~UINT64_C(63)) + (uint64_t)__builtin_ctzll(rest)], 1);
+	}
+	for (unsigned l = 0, j = 0; l < wh->free_levels; l++) {
+		uint64_t *word = &wh->free_bits[l][(i >> j) / 64];
+
+		*word &= ~(UINT64_C(1) << ((i >> j) % 64));
+		if (*word)
+			break;
+		j += 6;
+	}
+	return (uint32_t)i;
+}
+
 uint32_t wheel_alloc(struct wheel *wh)
 {
 	struct chime_wheel *w = wh->w;
 	struct chime_node *n;
-	uint32_t idx = w->free_head, gen;
+	uint32_t idx = free_take_lowest(wh), gen;
 
-	if (idx != NIL) {
-		w->free_head = wh->nodes[idx].next;
-		/* the next alloc reads its next link: start that miss now */
-		if (w->free_head < w->high_water)
-			__builtin_prefetch(&wh->nodes[w->free_head], 1);
-	} else if (w->high_water < wh->reserved) {
+	if (idx == NIL) {
+		if (w->high_water >= wh->reserved)
+			return NIL;
 		/* bump: first touch of this node's page happens here */
 		idx = w->high_water++;
 		wh->nodes[idx].gen = wh->gen_base;
-	} else {
-		return NIL;
 	}
 	n = &wh->nodes[idx];
 	gen = (n->gen + 1) & CHIME_ID_GEN_MASK;
@@ -568,9 +636,7 @@ void wheel_free(struct wheel *wh, uint32_t idx)
 	assert(idx < wh->w->high_water && n->state != CHIME_NODE_FREE);
 	wheel_cancel(wh, idx);
 	n->state = CHIME_NODE_FREE;
-	/* LIFO: the most recently freed node is the most likely to be cached */
-	n->next = wh->w->free_head;
-	wh->w->free_head = idx;
+	wheel__free_mark(wh, idx);
 }
 
 /* ---- arm / cancel / reset --------------------------------------------------- */
@@ -1249,12 +1315,13 @@ int wheel_rebuild(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 	    w->slab_off != sizeof(*w) || w->capacity != capacity ||
 	    w->resolution_ns != resolution_ns || w->high_water > capacity)
 		return -EINVAL;
+	if (free_map(wh, capacity) < 0)
+		return -ENOMEM;
 	clear_lists(wh, w);
 	handle_init(wh, mem);
 	w->now_ns = now_ns;
 	w->now_tick = tick_of(wh, now_ns);
 	wh->cur_min_ns = UINT64_MAX;
-	/* descending, so the free list hands out low indices first */
 	for (uint32_t i = w->high_water; i-- > 0;) {
 		struct chime_node *n = &wh->nodes[i];
 
@@ -1265,8 +1332,7 @@ int wheel_rebuild(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 		switch (n->state) {
 		case CHIME_NODE_FREE:
 			n->gen &= CHIME_ID_GEN_MASK;
-			n->next = w->free_head;
-			w->free_head = i;
+			wheel__free_mark(wh, i);
 			break;
 		case CHIME_NODE_ARMED:
 		case CHIME_NODE_EXPIRED:
@@ -1282,6 +1348,7 @@ int wheel_rebuild(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 }
 
 static void __attribute__((noreturn, format(printf, 1, 2))) check_fail(const char *fmt, ...);
+static uint64_t check_free_map(const struct wheel *wh);
 
 static void check_fail(const char *fmt, ...)
 {
@@ -1351,6 +1418,34 @@ static uint64_t check_set(const struct wheel *wh, const uint32_t (*head)[SLOTS],
 			      tail[l][s], prev);
 		}
 	}
+	return on;
+}
+
+/* I4: the map's bits are the FREE nodes, and each level sums the one below. Returns the FREE count. */
+static uint64_t check_free_map(const struct wheel *wh)
+{
+	const struct chime_wheel *w = wh->w;
+	uint64_t words = (w->capacity + UINT64_C(63)) / 64, on = 0;
+
+	CHECK(wh->free_levels >= 1 && wh->free_levels <= WHEEL_FREE_LEVELS, "free map: %u levels",
+	      wh->free_levels);
+	for (uint64_t i = 0; i < words * 64; i++) {
+		bool bit = wh->free_bits[0][i / 64] >> (i % 64) & 1;
+
+		CHECK(bit == (i < w->high_water && wh->nodes[i].state == CHIME_NODE_FREE),
+		      "free map: node %llu bit %d", (unsigned long long)i, bit);
+		on += bit;
+	}
+	for (unsigned l = 1; l < wh->free_levels; l++) {
+		uint64_t below = words;
+
+		words = (words + 63) / 64;
+		for (uint64_t j = 0; j < below; j++)
+			CHECK((wh->free_bits[l][j / 64] >> (j % 64) & 1) == (wh->free_bits[l - 1][j] != 0),
+			      "free map: level %u bit %llu", l, (unsigned long long)j);
+	}
+	CHECK(words == 1, "free map: %u levels leave %llu top words", wh->free_levels,
+	      (unsigned long long)words);
 	return on;
 }
 
@@ -1430,12 +1525,7 @@ void wheel_check(const struct wheel *wh)
 			      WHEEL_JUMP_OWNERS, group_n[g], wh->group_front[g]);
 	}
 
-	for (uint32_t i = w->free_head; i != NIL; i = nodes[i].next) {
-		CHECK(i < w->high_water && on_free < w->capacity, "free list: index %u", i);
-		CHECK(nodes[i].state == CHIME_NODE_FREE, "free list node %u state %u", i,
-		      nodes[i].state);
-		on_free++;
-	}
+	on_free = check_free_map(wh);
 
 	for (uint32_t i = 0; i < w->high_water; i++) {
 		cnt[nodes[i].state]++;
@@ -1448,7 +1538,7 @@ void wheel_check(const struct wheel *wh)
 	      (unsigned long long)cnt[CHIME_NODE_ARMED], (unsigned long long)on_slots);
 	CHECK(cnt[CHIME_NODE_EXPIRED] == on_exp, "%llu EXPIRED, %llu on expired list",
 	      (unsigned long long)cnt[CHIME_NODE_EXPIRED], (unsigned long long)on_exp);
-	CHECK(cnt[CHIME_NODE_FREE] == on_free, "%llu FREE, %llu on free list",
+	CHECK(cnt[CHIME_NODE_FREE] == on_free, "%llu FREE, %llu in the free map",
 	      (unsigned long long)cnt[CHIME_NODE_FREE], (unsigned long long)on_free);
 	CHECK(w->armed == on_slots + on_exp, "armed %llu, ARMED+EXPIRED %llu",
 	      (unsigned long long)w->armed, (unsigned long long)(on_slots + on_exp));

@@ -29,6 +29,8 @@
 
 /* wheel_pop_expired() below; the table size before struct wheel needs it */
 #define WHEEL_JUMP_OWNERS 1024u
+/* levels of 64-bit words that index 2^32 nodes: 64^6 > 2^32 */
+#define WHEEL_FREE_LEVELS 6u
 
 /*
  * Private handle: the shared state and the slab, resolved once, plus what
@@ -93,6 +95,15 @@ struct wheel {
 	uint32_t st_head[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
 	uint32_t st_tail[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
 	uint64_t st_min[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
+	/*
+	 * The free nodes below high_water, lowest first (wheel_alloc()): bit i
+	 * of free_bits[0] is node i, bit j of free_bits[l] says word j of
+	 * free_bits[l - 1] is non-zero; the top level is one word. Private
+	 * (NORESERVE anonymous memory, wheel_fini()), rebuilt from the nodes.
+	 */
+	uint64_t *free_bits[WHEEL_FREE_LEVELS];
+	unsigned free_levels;
+	size_t free_len;
 };
 
 /* Bytes of region wheel_init() needs for `capacity` nodes. */
@@ -101,11 +112,16 @@ size_t wheel_region_size(uint32_t capacity);
 /*
  * Lay a fresh wheel over [mem, mem + len): header, then `capacity` nodes, all
  * free. resolution_ns > 0; now_ns is the wheel's starting time.
- * -EINVAL on a bad argument or a region too small. Pages of the slab are not
- * touched until nodes are first allocated.
+ * -EINVAL on a bad argument or a region too small, -ENOMEM if the handle's
+ * private memory cannot be had. Pages of the slab are not touched until
+ * nodes are first allocated. wheel_fini() releases the handle, before
+ * it is initialised or rebuilt again.
  */
 int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 	       uint64_t resolution_ns, uint64_t now_ns);
+
+/* Release the private memory of a handle wheel_init() or wheel_rebuild() set up (the region stays). */
+void wheel_fini(struct wheel *wh);
 
 /* What wheel_rebuild() found. */
 struct wheel_rebuild_stats {
@@ -115,8 +131,8 @@ struct wheel_rebuild_stats {
 
 /*
  * Re-attach to a wheel an earlier broker left in [mem, mem + len) and
- * rebuild every derived structure (slot lists, occupancy bits, expired and
- * free lists, counters) from the nodes alone. The region may have been
+ * rebuild every derived structure (slot lists, occupancy bits, expired
+ * list, free map, counters) from the nodes alone. The region may have been
  * scribbled on, so nothing in it is trusted unchecked:
  * - the geometry must be the caller's own (capacity, resolution_ns), the
  *   slab where this code puts it and high_water <= capacity, else -EINVAL;
@@ -129,7 +145,8 @@ struct wheel_rebuild_stats {
  * ARMED and EXPIRED nodes are re-armed at their deadline (one already due
  * fires at the next advance, late, never lost); FREE nodes are freed; the
  * broker's own states (ALLOC, GRANTED, BACKLOG, ACKWAIT) are left as they
- * are, links included, for the caller to judge. st may be NULL.
+ * are, links included, for the caller to judge. st may be NULL. -ENOMEM
+ * if the handle's private memory cannot be had.
  */
 int wheel_rebuild(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 		  uint64_t resolution_ns, uint64_t now_ns, struct wheel_rebuild_stats *st);
@@ -140,14 +157,15 @@ static inline struct chime_node *wheel_node(const struct wheel *wh, uint32_t idx
 }
 
 /*
- * Take a node off the free list: state ALLOC, gen bumped (never 0 within
+ * Take the lowest free node (so that timers armed together lie together
+ * in the slab, however long the broker has run): state ALLOC, gen bumped (never 0 within
  * CHIME_ID_GEN_MASK), every other field zeroed, cq_pos = CHIME_POS_NONE.
  * Returns its index, or CHIME_NIL if the slab is full (or its reserved part:
  * wh->reserved, set by the caller; capacity after init and rebuild).
  */
 uint32_t wheel_alloc(struct wheel *wh);
 
-/* Return a node in state ALLOC (or any broker state) to the free list. */
+/* Return a node in state ALLOC (or any broker state) to the free nodes. */
 void wheel_free(struct wheel *wh, uint32_t idx);
 
 /*
@@ -160,8 +178,9 @@ void wheel_arm(struct wheel *wh, uint32_t idx, uint64_t deadline_ns);
 /*
  * Take an ARMED or EXPIRED node off its list; it becomes ALLOC. No-op in any
  * other state. The node's next/prev links are left stale, not reset to
- * CHIME_NIL: every list that takes the node next (a slot, the expired or
- * free list, the broker's backlog and ackwait lists) writes both, and on a
+ * CHIME_NIL: every list that takes the node next (a slot, the expired
+ * list, the broker's backlog and ackwait lists) writes both (a free node
+ * is on no list), and on a
  * wheel larger than the cache one store fewer per cancel is measurable
  * (stores wait in the store queue behind the neighbours' misses).
  */
@@ -196,11 +215,23 @@ static inline void wheel_cancel(struct wheel *wh, uint32_t idx)
 
 /*
  * wheel_free() for a node known to be on no wheel list (ALLOC or a broker
- * state: it was popped, or taken off with wheel_cancel()): the free-list
- * push alone, inline. The broker frees every consumed one-shot this way;
+ * state: it was popped, or taken off with wheel_cancel()): the free mark
+ * alone, inline. The broker frees every consumed one-shot this way;
  * wheel_free()'s call and its wheel_cancel() (a no-op there, but out of
  * line for any state but ARMED) cost ~30 instructions per event.
  */
+/* Mark node idx free (wheel_alloc()'s map): its word, and the words above that were empty. */
+static inline void wheel__free_mark(struct wheel *wh, uint64_t idx)
+{
+	for (unsigned l = 0; l < wh->free_levels; l++, idx /= 64) {
+		uint64_t *word = &wh->free_bits[l][idx / 64], was = *word;
+
+		*word = was | UINT64_C(1) << (idx % 64);
+		if (was)
+			break;
+	}
+}
+
 static inline void wheel_free_unlisted(struct wheel *wh, uint32_t idx)
 {
 	struct chime_node *n = &wh->nodes[idx];
@@ -208,9 +239,7 @@ static inline void wheel_free_unlisted(struct wheel *wh, uint32_t idx)
 	assert(idx < wh->w->high_water && n->state != CHIME_NODE_FREE &&
 	       n->state != CHIME_NODE_ARMED && n->state != CHIME_NODE_EXPIRED);
 	n->state = CHIME_NODE_FREE;
-	/* LIFO, as wheel_free(): the most recently freed node is the most likely to be cached */
-	n->next = wh->w->free_head;
-	wh->w->free_head = idx;
+	wheel__free_mark(wh, idx);
 }
 
 /*
@@ -328,7 +357,7 @@ static inline uint64_t wheel_armed(const struct wheel *wh)
 
 /*
  * Check every internal invariant (slot lists consistent with occupancy bits
- * and node levels, counts, free list); abort()s with a message on the first
+ * and node levels, counts, free map); abort()s with a message on the first
  * violation. O(capacity): for tests.
  */
 void wheel_check(const struct wheel *wh);

@@ -121,7 +121,7 @@ static inline int chime_grant_is_marker(uint64_t grant) { return chime_id_gen(gr
  * Node states. The wheel owns FREE, ALLOC, ARMED and EXPIRED; the broker moves
  * ALLOC nodes through its own states (which the wheel leaves alone).
  */
-#define CHIME_NODE_FREE     0u  /* on the slab's free list */
+#define CHIME_NODE_FREE     0u  /* free (the shard's private map of free nodes) */
 #define CHIME_NODE_ARMED    1u  /* linked into a wheel slot */
 #define CHIME_NODE_EXPIRED  2u  /* due: on the wheel's expired list, not yet popped */
 #define CHIME_NODE_ALLOC    3u  /* allocated, on no wheel list (fresh, cancelled or popped) */
@@ -136,9 +136,9 @@ static inline int chime_grant_is_marker(uint64_t grant) { return chime_id_gen(gr
  * owns the slab; read by tools (chimectl timers) with no ordering guarantee
  * (a racy snapshot is fine there).
  *
- * next/prev link the node into exactly one list at a time, chosen by state:
- * a wheel slot (ARMED), the free list (FREE, next only), or one of its
- * client's per-shard lists (BACKLOG, ACKWAIT). key_next/key_prev link it into
+ * next/prev link the node into at most one list at a time, chosen by state:
+ * a wheel slot (ARMED), the expired list (EXPIRED), or one of its client's
+ * per-shard lists (BACKLOG, ACKWAIT). key_next/key_prev link it into
  * the shard's key index bucket while it belongs to a client.
  */
 struct chime_node {
@@ -191,7 +191,7 @@ struct chime_wheel {
 	uint64_t now_ns;            /* time of the last advance */
 	uint32_t capacity;          /* nodes in the slab */
 	uint32_t high_water;        /* nodes [0, high_water) have been handed out at least once */
-	uint32_t free_head;         /* free list (through node.next) */
+	uint32_t free_head;         /* unused, CHIME_NIL: the free nodes are in the shard's private map */
 	uint32_t _pad0;
 	uint64_t armed;             /* nodes in state ARMED or EXPIRED (due, not yet popped) */
 	uint64_t slab_off;          /* byte offset of node 0 from this struct */

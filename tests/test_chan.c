@@ -121,6 +121,7 @@ static void teardown(void)
 	}
 	stats_fini(&F.st);
 	keyidx_walks_fini(&F.sc.ki);
+	wheel_fini(&F.sc.wh);
 	free(F.wmem);
 	free(F.heads);
 }

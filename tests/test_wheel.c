@@ -54,6 +54,7 @@ static void tw_init(struct tw *t, uint32_t cap, uint64_t res, uint64_t now)
 
 static void tw_fini(struct tw *t)
 {
+	wheel_fini(&t->wh);
 	munmap(t->mem, t->len);
 }
 
@@ -150,6 +151,7 @@ Test(wheel, init_rejects_bad_arguments)
 	cr_assert_eq(wheel_init(&wh, mem, len, 0, 1000, 0), -EINVAL);
 	cr_assert_eq(wheel_init(&wh, (char *)mem + 8, len, 16, 1000, 0), -EINVAL);
 	cr_assert_eq(wheel_init(&wh, mem, len, 16, 1000, 0), 0);
+	wheel_fini(&wh);
 	free(mem);
 }
 
@@ -336,6 +338,49 @@ Test(wheel, one_groups_owners_take_at_most_its_share_of_the_places_ahead)
 	cr_assert_eq(wheel_pop_expired(&t.wh, got, 10), 10);
 	for (unsigned k = 0; k < 10; k++)
 		cr_assert_neq(wheel_node(&t.wh, got[k])->owner, 1, "#%u: the group's timer stayed behind", k);
+	tw_fini(&t);
+}
+
+/*
+ * Free nodes went back on a LIFO list, so after a while of arms, resets
+ * and cancels in any order, timers armed together lay anywhere in the
+ * slab, and an advance and the pops of a million of them due at once
+ * walked it in random order: 20-30 times as long as on a fresh wheel
+ * (about 300 ns a timer against 10, cache and TLB misses). The lowest
+ * free node is handed out first.
+ */
+Test(wheel, a_node_freed_anywhere_is_handed_out_lowest_first)
+{
+	const uint32_t n = 100000;
+	uint64_t rng = 7;
+	uint32_t *idx = malloc(n * sizeof(*idx));
+	bool *freed = calloc(n, sizeof(*freed));
+	struct tw t;
+
+	cr_assert(idx && freed);
+	tw_init(&t, 2 * n, 1000, 0);
+	for (uint32_t i = 0; i < n; i++)
+		cr_assert_eq(idx[i] = arm_new(&t, 1000 + splitmix64(&rng) % 1000000000), i);
+	for (uint32_t i = n - 1; i > 0; i--) {          /* a random order */
+		uint32_t j = (uint32_t)(splitmix64(&rng) % (i + 1)), x = idx[i];
+
+		idx[i] = idx[j];
+		idx[j] = x;
+	}
+	for (uint32_t i = 0; i < n / 2; i++) {
+		wheel_free(&t.wh, idx[i]);
+		freed[idx[i]] = true;
+	}
+	wheel_check(&t.wh);
+	for (uint32_t want = 0, k = 0; k < n / 2; k++, want++) {
+		while (!freed[want])
+			want++;
+		cr_assert_eq(wheel_alloc(&t.wh), want, "allocation %u after frees in random order", k);
+	}
+	cr_assert_eq(wheel_alloc(&t.wh), n, "none free below the high-water mark: the next node");
+	wheel_check(&t.wh);
+	free(freed);
+	free(idx);
 	tw_fini(&t);
 }
 
@@ -698,6 +743,7 @@ Test(wheel, a_cancelled_node_is_reusable_at_once_despite_its_stale_links)
 	cr_assert_eq(wheel_rebuild(&b, copy, t.len, 16, res, 0, NULL), 0);
 	wheel_check(&b);
 	cr_assert_eq(wheel_armed(&b), 5);
+	wheel_fini(&b);
 	munmap(copy, t.len);
 	/* the old neighbours and the moved ones fire once each, in tick order */
 	cr_assert_eq(wheel_advance(&t.wh, 72 * res), 3);   /* id[0], id[1], id[3] */
@@ -1241,6 +1287,7 @@ Test(wheel, rebuild_refuses_another_geometry)
 	w->slab_off += 64;
 	cr_assert_eq(wheel_rebuild(&t.wh, t.mem, t.len, 64, res, now, NULL), -EINVAL);
 	w->slab_off -= 64;
+	wheel_fini(&t.wh);      /* a rebuild sets up the handle anew */
 	cr_assert_eq(wheel_rebuild(&t.wh, t.mem, t.len, 64, res, now, NULL), 0);
 	wheel_check(&t.wh);
 	cr_assert_eq(wheel_armed(&t.wh), 1);
@@ -1307,6 +1354,7 @@ Test(wheel, rebuild_repairs_a_scribbled_region_node_by_node)
 			want_armed += armed[k];
 			want_due += armed[k] && dl[k] <= later;
 		}
+		wheel_fini(&t.wh);
 		cr_assert_eq(wheel_rebuild(&t.wh, t.mem, t.len, n, res, later, &st), 0, "seed %llu",
 			     (unsigned long long)seed);
 		wheel_check(&t.wh);

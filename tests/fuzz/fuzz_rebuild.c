@@ -116,8 +116,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (w->slab_off != sizeof(struct chime_wheel) || w->capacity != CAP || w->resolution_ns != RES ||
 	    w->high_water > CAP) {
 		CHECK(wheel_rebuild(&wh, mem, len, CAP, RES, now, &st) == -EINVAL, "accepted another geometry");
+		wheel_fini(&wh);
 		return 0;
 	}
+	wheel_fini(&wh);        /* the rebuild sets up the handle anew, as a new broker's */
 	CHECK(wheel_rebuild(&wh, mem, len, CAP, RES, now, &st) == 0, "refused its own geometry");
 	wheel_check(&wh);
 	CHECK(st.dropped == dropped, "dropped %u, want %u", st.dropped, dropped);
@@ -152,5 +154,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	CHECK(fired == want, "fired %u of %u", fired, want);
 	wheel_check(&wh);
+	wheel_fini(&wh);
 	return 0;
 }

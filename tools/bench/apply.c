@@ -129,6 +129,7 @@ static void world_fini(struct world *w)
 	bench_unmap(w->rw, w->g.rw_size);
 	bench_unmap(w->ro, w->g.ro_size);
 	bench_unmap(w->heads, (size_t)w->nb * sizeof(uint32_t));
+	wheel_fini(&w->sc.wh);
 	bench_unmap(w->wmem, w->wlen);
 }
 

@@ -156,6 +156,7 @@ static long w_expire(size_t n, uint64_t d, uint64_t *last)
 
 static void w_teardown(void)
 {
+	wheel_fini(&W);
 	bench_unmap(w_mem, w_len);
 }
 

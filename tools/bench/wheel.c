@@ -68,7 +68,11 @@ static inline uint64_t w_expire(uint64_t now, uint32_t *buf)
 }
 
 static double w_bytes(uint32_t n) { return (double)wheel_region_size(n) / n; }
-static void w_teardown(void) { bench_unmap(w_mem, w_len); }
+static void w_teardown(void)
+{
+	wheel_fini(&W);
+	bench_unmap(w_mem, w_len);
+}
 
 /* ---- binary heap -------------------------------------------------------------- */
 
@@ -267,6 +271,7 @@ static void stall_run(uint32_t n, uint64_t span_ns, bool stage, struct stall *r)
 	}
 	r->advance_ms = (double)t_adv / 1e6;
 	r->stage_ms = (double)t_stage / 1e6;
+	wheel_fini(&sw);
 	bench_unmap(mem, len);
 }
 

@@ -12,7 +12,8 @@
  * at least B expired timers, and the figure is the median of ns per expired
  * timer over those batches (so it includes the cost of empty steps).
  * Both structures run the same code (the RUN() macro), same seeds.
- * Then the stalls of the wheel alone: see stall_run().
+ * Then the stalls of the wheel alone: see stall_run(); and its expiry
+ * after churn: see churn_run().
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -297,10 +298,77 @@ static void stalls(bool quick)
 	}
 }
 
+/*
+ * n timers due at one instant: the advance that makes them due, and their
+ * pops, timed; with `churn`, after 2n timers were armed and cancelled in
+ * random order, as a broker that has run a while has done. Where a freed
+ * node is reused decides where timers armed together lie in the slab.
+ */
+static void churn_run(uint32_t n, bool churn, double *advance_ms, double *pop_ns)
+{
+	static struct wheel cw;
+	uint32_t cap = 3 * n, buf[POP_MAX], *idx = NULL;
+	size_t len = wheel_region_size(cap);
+	void *mem = bench_map(len);
+	uint64_t rng = 0xc4u, d = T0_NS + 500 * RES_NS, a, popped = 0;
+	unsigned k;
+
+	if (wheel_init(&cw, mem, len, cap, RES_NS, T0_NS)) {
+		fprintf(stderr, "chime-bench: wheel_init(%u timers) failed\n", cap);
+		exit(1);
+	}
+	if (churn) {
+		idx = malloc(2 * (size_t)n * sizeof(*idx));
+		if (!idx) {
+			fprintf(stderr, "chime-bench: out of memory\n");
+			exit(1);
+		}
+		for (uint32_t i = 0; i < 2 * n; i++)
+			wheel_arm(&cw, idx[i] = wheel_alloc(&cw), d + 1 + splitmix64(&rng) % SPAN_NS);
+		for (uint32_t i = 2 * n - 1; i > 0; i--) {
+			uint32_t j = (uint32_t)(splitmix64(&rng) % (i + 1)), x = idx[i];
+
+			idx[i] = idx[j];
+			idx[j] = x;
+		}
+		for (uint32_t i = 0; i < 2 * n; i++)
+			wheel_free(&cw, idx[i]);
+		free(idx);
+	}
+	for (uint32_t i = 0; i < n; i++)
+		wheel_arm(&cw, wheel_alloc(&cw), d);
+	a = now_ns();
+	wheel_advance(&cw, d);
+	*advance_ms = (double)(now_ns() - a) / 1e6;
+	a = now_ns();
+	while ((k = wheel_pop_expired(&cw, buf, POP_MAX)) > 0)
+		popped += k;
+	*pop_ns = (double)(now_ns() - a) / (double)(popped ? popped : 1);
+	wheel_fini(&cw);
+	bench_unmap(mem, len);
+}
+
+static void churned(bool quick)
+{
+	uint32_t n = quick ? 100000 : 1000000;
+
+	printf("\nexpiry after churn: %u timers due at one instant, made due by one advance and\n"
+	       "  popped; on a fresh wheel, and after %u timers were armed and cancelled in random\n"
+	       "  order (a broker that has run a while). One run each.\n", n, 2 * n);
+	printf("  %-12s | %11s | %11s\n", "", "advance ms", "pop ns/timer");
+	for (int churn = 0; churn <= 1; churn++) {
+		double adv, pop;
+
+		churn_run(n, churn, &adv, &pop);
+		printf("  %-12s | %11.1f | %11.1f\n", churn ? "after churn" : "fresh", adv, pop);
+		fflush(stdout);
+	}
+}
+
 static int usage(FILE *f)
 {
 	fprintf(f, "usage: chime-bench wheel [--quick]\n"
-		   "  --quick  only 1k and 100k timers, and stalls at 100k (a smoke test)\n");
+		   "  --quick  only 1k and 100k timers, stalls and churn at 100k (a smoke test)\n");
 	return f == stdout ? 0 : 2;
 }
 
@@ -349,5 +417,6 @@ int bench_wheel(int argc, char **argv)
 		plan_free(&p);
 	}
 	stalls(nsizes == 2);
+	churned(nsizes == 2);
 	return 0;
 }

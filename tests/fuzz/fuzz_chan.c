@@ -105,6 +105,7 @@ static struct {
 	struct chime_client_stats cpub[NCL];
 	struct chan *by_slot[NCL];
 	struct chan_user users[NCL];
+	uint16_t user_of_slot[NCL];
 	void *wmem;
 	uint32_t *heads;
 	struct chime_client_geom g;
@@ -195,6 +196,7 @@ static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget
 	memset(&W.sc, 0, sizeof(W.sc));
 	memset(W.by_slot, 0, sizeof(W.by_slot));
 	memset(W.users, 0, sizeof(W.users));
+	memset(W.user_of_slot, 0, sizeof(W.user_of_slot));
 	memset(&W.pub, 0, sizeof(W.pub));
 	memset(W.cpub, 0, sizeof(W.cpub));
 	memset(W.heads, 0, nb * sizeof(uint32_t));
@@ -209,6 +211,13 @@ static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget
 	W.sc.max_clients = NCL;
 	W.sc.quota = quota;
 	W.sc.users = W.users;
+	W.sc.user_of_slot = W.user_of_slot;
+	/* as the shard, by user; thresholds low enough for a 64-node slab to jump and refuse */
+	wheel_group_owners(&W.sc.wh, W.user_of_slot);
+	W.sc.wh.jump_backlog = 2;
+	W.sc.wh.jump_max = 8;
+	W.sc.wh.jump_owner = 4;
+	W.sc.wh.jump_group = 2;
 	W.sc.user_quota = user_quota;
 	W.sc.walk_budget = walk_budget;
 	W.now = T0;
@@ -336,7 +345,8 @@ static void shard_fire(unsigned budget)
 	unsigned n, total = 0;
 
 	wheel_advance(&W.sc.wh, W.now);
-	while (total < budget && (n = wheel_pop_expired(&W.sc.wh, buf, 16)) > 0) {
+	/* at most the budget: what is left is a backlog, which timers due later may jump */
+	while (total < budget && (n = wheel_pop_expired(&W.sc.wh, buf, budget - total < 16 ? budget - total : 16)) > 0) {
 		for (unsigned i = 0; i < n; i++) {
 			uint16_t owner = wheel_node(&W.sc.wh, buf[i])->owner;
 			struct chan *ch = owner < NCL ? W.by_slot[owner] : NULL;

@@ -584,6 +584,22 @@ Test(tools_fake, usage_errors_exit_2)
 	static const char *const bad_timers[] = { "-n ''", "-n ' 5'", "-n +5", "-n -1", "-n 99999999999999999999",
 						  "-c 99999999999", "-c ' 1'", "-c 0" };
 
+	/* an interval is decimal seconds from 0.05 to 3600, digits first: a negative one is no interval */
+	static const char *const bad_intervals[] = { "-1", "-0.5", "=-1", "' 1'", "+1", "0x1", "1e1", "inf", "nan",
+						     "''", "0", "0.04", "3600.5", "1s" };
+
+	for (size_t i = 0; i < sizeof(bad_intervals) / sizeof(bad_intervals[0]); i++) {
+		cr_assert_eq(run("%s -1 -i %s", bin("CHIMESTAT"), bad_intervals[i]), 2, "-i %s: %s",
+			     bad_intervals[i], slurp(err));
+		cr_assert(strstr(slurp(err), "invalid --interval '"), "-i %s: %s", bad_intervals[i], slurp(err));
+	}
+	cr_assert_eq(run("%s --interval=-1", bin("CHIMESTAT")), 2);
+	cr_assert(strstr(slurp(err), "chimestat: invalid --interval '-1' (seconds, from 0.05 to 3600)"), "%s",
+		  slurp(err));
+	/* good ones go on to read the broker's segment: there is none at this socket (exit 1, not 2) */
+	cr_assert_eq(run("%s --socket '%s' -1 -i 0.05", bin("CHIMESTAT"), sock), 1, "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -1 -i .5", bin("CHIMESTAT"), sock), 1, "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -1 -i 3600", bin("CHIMESTAT"), sock), 1, "%s", slurp(err));
 	cr_assert_eq(run("%s --bogus", bin("CHIMESTAT")), 2);
 	cr_assert_eq(run("%s -j --prometheus", bin("CHIMESTAT")), 2);
 	cr_assert_eq(run("%s extra", bin("CHIMESTAT")), 2);

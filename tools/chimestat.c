@@ -15,6 +15,7 @@
  * Prometheus outputs are all generated from the one list of fields built by
  * collect(), so they cannot disagree.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>
 #include <getopt.h>
@@ -54,7 +55,7 @@ static void usage(FILE *f)
 		"  -f, --field PATTERN  only fields whose name matches the shell PATTERN\n"
 		"                       (fnmatch; repeatable), e.g. 'shard.*.fires'\n"
 		"  -i, --interval SECS  refresh interval of the live view or the plain frames\n"
-		"                       (0.05..3600, default 1)\n"
+		"                       (decimal seconds, 0.05..3600, default 1)\n"
 		"      --pid PID        only the client(s) with this process id\n"
 		"      --uid UID        only the clients of this user id (a number)\n"
 		"      --comm NAME      only the clients with this process name\n"
@@ -159,12 +160,20 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			o.comm = optarg;
 			break;
 		case 'i': {
-			char *end;
+			char *end = optarg;
 
+			/*
+			 * A decimal number of seconds: digits first, as the other
+			 * number options (strtod would also take " 1", "+1", "0x1",
+			 * "1e1" and "inf"); a sign, "-1" included, is no interval.
+			 */
 			errno = 0;
-			o.interval = strtod(optarg, &end);
-			if (errno || *end || !(o.interval >= 0.05 && o.interval <= 3600)) {
-				fprintf(stderr, PROG ": invalid interval '%s' (0.05 to 3600 seconds)\n", optarg);
+			o.interval = isdigit((unsigned char)optarg[0]) || (optarg[0] == '.' &&
+				     isdigit((unsigned char)optarg[1])) ? strtod(optarg, &end) : -1;
+			if (o.interval < 0 || errno || *end || strpbrk(optarg, "xXeEpP") ||
+			    !(o.interval >= 0.05 && o.interval <= 3600)) {
+				fprintf(stderr, PROG ": invalid --interval '%s' (seconds, from 0.05 to 3600)\n",
+					optarg);
 				return SR_EXIT_USAGE;
 			}
 			break;

@@ -1077,6 +1077,33 @@ Test(tools_live, chimectl_json_for_every_command)
 	cr_assert_eq(jq(".ok == false and (.error | length > 0)"), 1, "%s", slurp(out));
 }
 
+/*
+ * drop-session NAME: a NAME that is not a session name is a usage error
+ * (2), said before the broker is asked; a well-formed one the broker does
+ * not know is a failure (1, "no such session"), up to the longest (63).
+ */
+Test(tools_live, a_malformed_session_name_is_a_usage_error_an_unknown_one_a_failure)
+{
+	static const char *const bad[] = { "''", "'a b'", "a/b", "'x;y'", "\"$(printf 'x%.0s' $(seq 64))\"" };
+
+	start_broker("--shards 1");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cr_assert_eq(run("%s --socket '%s' drop-session %s", bin("CHIMECTL"), sock, bad[i]), 2, "%s: %s",
+			     bad[i], slurp(err));
+		cr_assert(strstr(slurp(err), "is not a session name (1 to 63 bytes"), "%s: %s", bad[i], slurp(err));
+		/* A command line that does not parse prints no JSON document. */
+		cr_assert_eq(run("%s --socket '%s' -j drop-session %s", bin("CHIMECTL"), sock, bad[i]), 2);
+		cr_assert_eq(slurp(out)[0], '\0', "%s: %s", bad[i], slurp(out));
+	}
+	cr_assert_eq(run("%s --socket '%s' drop-session \"$(printf 'x%%.0s' $(seq 63))\"", bin("CHIMECTL"), sock), 1,
+		     "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "(no such session)"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -j drop-session no.such_session-1", bin("CHIMECTL"), sock), 1, "%s",
+		     slurp(err));
+	cr_assert_eq(jq(".ok == false and .exit_status == 1 and (.error | test(\"no such session\"))"), 1, "%s",
+		     slurp(out));
+}
+
 /* A process names itself: a newline or an escape in its name must reach no log line and no terminal. */
 Test(tools_live, a_clients_name_is_printable_wherever_it_is_shown)
 {

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -308,4 +309,45 @@ uint64_t t_nodes_settle(const char *sock, unsigned states, uint64_t want)
 	for (int i = 0; i < 600 && (n = t_nodes(sock, states)) != want; i++)
 		usleep(5000);
 	return n;
+}
+
+int t_thread_named(int pid, const char *comm)
+{
+	char path[320], name[64];
+	struct dirent *e;
+	DIR *d;
+	int tid = -1;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", pid);
+	d = opendir(path);
+	while (d && tid < 0 && (e = readdir(d))) {
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", pid, e->d_name);
+		f = fopen(path, "r");
+		if (f && fgets(name, sizeof(name), f) && strncmp(name, comm, strlen(comm)) == 0 &&
+		    name[strlen(comm)] == '\n')
+			tid = atoi(e->d_name);
+		if (f)
+			fclose(f);
+	}
+	if (d)
+		closedir(d);
+	return tid;
+}
+
+int t_thread_hold(int tid)
+{
+	int st;
+
+	if (ptrace(PTRACE_SEIZE, tid, 0, 0) < 0 || ptrace(PTRACE_INTERRUPT, tid, 0, 0) < 0)
+		return -errno;
+	if (waitpid(tid, &st, __WALL) != tid)
+		return -errno;
+	return WIFSTOPPED(st) ? 0 : -ECHILD;
+}
+
+int t_thread_release(int tid)
+{
+	return ptrace(PTRACE_DETACH, tid, 0, 0) < 0 ? -errno : 0;
 }

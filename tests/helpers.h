@@ -71,6 +71,19 @@ int64_t t_fill(const char *dir, const char *name, uint64_t bytes);
  */
 const char *t_tool_copy(const char *dir, const char *env);
 
+/* The thread of process `pid` whose name (/proc/PID/task/TID/comm) is `comm`, or -1. */
+int t_thread_named(int pid, const char *comm);
+
+/*
+ * Stop one thread of a child process under ptrace (PTRACE_SEIZE, then
+ * PTRACE_INTERRUPT), as a debugger would, while its other threads run on:
+ * a shard thread held here does nothing, the control thread goes on. 0, or
+ * -errno (-EPERM: ptrace not allowed here; the caller skips).
+ * t_thread_release() lets it go on (PTRACE_DETACH): 0 or -errno.
+ */
+int t_thread_hold(int tid);
+int t_thread_release(int tid);
+
 /* Node states for t_nodes(): a bit per CHIME_NODE_* state. */
 #define T_NODES_USED   (~1u)    /* every state but FREE */
 #define T_NODES_TIMERS ((1u << 1) | (1u << 2) | (1u << 5) | (1u << 6))  /* ARMED, EXPIRED, BACKLOG, ACKWAIT */

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -482,32 +481,6 @@ Test(daemon, a_restart_tells_systemd_it_is_reloading_not_stopping, .timeout = 60
 	t_rmdir_files(dir);
 }
 
-/* The thread of `pid` whose name is `comm`, or -1. */
-static int thread_named(int pid, const char *comm)
-{
-	char path[320], name[64];
-	struct dirent *e;
-	DIR *d;
-	int tid = -1;
-
-	snprintf(path, sizeof(path), "/proc/%d/task", pid);
-	d = opendir(path);
-	while (d && tid < 0 && (e = readdir(d))) {
-		FILE *f;
-
-		snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", pid, e->d_name);
-		f = fopen(path, "r");
-		if (f && fgets(name, sizeof(name), f) && strncmp(name, comm, strlen(comm)) == 0 &&
-		    name[strlen(comm)] == '\n')
-			tid = atoi(e->d_name);
-		if (f)
-			fclose(f);
-	}
-	if (d)
-		closedir(d);
-	return tid;
-}
-
 /* Read the log file at `path` (static). */
 static const char *read_log(const char *path)
 {
@@ -563,18 +536,14 @@ static void stuck_shard(bool asleep, const char *why)
 		cr_assert_eq(chime_arm(c, 1, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
 		usleep(200000);         /* applied; the shard is asleep until the timer */
 	}
-	tid = thread_named(b.pid, "chimed-shard0");
+	tid = t_thread_named(b.pid, "chimed-shard0");
 	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", b.pid);
-
-	if (ptrace(PTRACE_SEIZE, tid, 0, 0) < 0) {
-		int e = errno;
-
+	st = t_thread_hold(tid);
+	if (st == -EPERM || st == -EACCES) {
 		t_chimed_stop(&b, SIGTERM);
-		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(e));
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-st));
 	}
-	cr_assert_eq(ptrace(PTRACE_INTERRUPT, tid, 0, 0), 0);
-	cr_assert_eq(waitpid(tid, &st, __WALL), tid);
-	cr_assert(WIFSTOPPED(st), "the shard thread did not stop (%#x)", st);
+	cr_assert_eq(st, 0, "the shard thread did not stop: %s", strerror(-st));
 	if (asleep)     /* a keepalive: it waits for the wake-up an hour away, then for the heartbeat */
 		cr_assert_eq(chime_reset(c, id, chime_now() + UINT64_C(7200000000000)), 0);
 	/* Pings go on until the shard has been still for 3 s (and a heartbeat), then stop. */
@@ -590,7 +559,7 @@ static void stuck_shard(bool asleep, const char *why)
 	snprintf(want, sizeof(want), "shard 0 has made no progress for 3 s (%s)", why);
 	cr_expect(strstr(read_log(logp), want), "no '%s' in: %s", want, read_log(logp));
 
-	cr_assert_eq(ptrace(PTRACE_DETACH, tid, 0, 0), 0);
+	cr_assert_eq(t_thread_release(tid), 0);
 	cr_expect(expect_msg(fd, "WATCHDOG=1", 2000), "no ping once the shard runs again");
 	cr_expect(strstr(read_log(logp), "shard 0 is making progress again"), "%s", read_log(logp));
 	if (c)

@@ -559,11 +559,19 @@ struct io_uring_sqe *get_sqe(struct broker *b)
 	return sqe;
 }
 
+/*
+ * Armed while stopping too: a stop lasts as long as the attached sessions
+ * take to park (up to STOP_PARK_NS), and the hellos that come meanwhile are
+ * answered ECONNREFUSED at once (client_admit(), session_open()). Not
+ * re-armed then, the one accept outstanding took one connection and the
+ * rest waited in the queue for the broker to exit, each chime_open() up
+ * to 5 s for an ECONNRESET (restart/opens_during_a_stop_are_refused_with_econnrefused).
+ */
 void arm_accept(struct broker *b)
 {
 	struct io_uring_sqe *sqe;
 
-	if (b->accept_armed || b->stopping || b->nr_handshakes >= MAX_HANDSHAKES)
+	if (b->accept_armed || b->nr_handshakes >= MAX_HANDSHAKES)
 		return;
 	sqe = get_sqe(b);
 	if (!sqe)

@@ -491,6 +491,55 @@ Test(restart, a_stop_with_no_session_leaves_no_file)
 	cr_assert_eq(count_entries(tb.dir), 0, "files left behind with no session to keep");
 }
 
+/*
+ * A stopping broker takes no new client: chime_open() says -ECONNREFUSED
+ * (chime_open(3)), whether anonymous, a new session, or the session being
+ * parked for the next broker. The stop lasts as long as attached sessions
+ * take to park (at most 5 s): the one shard is held under ptrace so that
+ * the session stays parking while the control thread answers the opens.
+ * Released, the shard parks it and the broker exits 0.
+ */
+Test(restart, opens_during_a_stop_are_refused_with_econnrefused)
+{
+	chime_t *held, *c = NULL;
+	uint64_t t0;
+	int tid, r, st, rs[3];
+	bool alive;
+
+	start("-n 1");
+	held = sopen_ok("held");
+	tid = t_thread_named(tb.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
+	r = t_thread_hold(tid);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
+	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	/* Until the control thread has read the signal, an open may still be admitted (it never hangs). */
+	t0 = now_ns();
+	while ((r = sopen(&c, NULL)) == 0 && now_ns() - t0 < 2000 * MS) {
+		chime_close(c);
+		usleep(10 * 1000);
+	}
+	rs[0] = r;
+	t0 = now_ns();
+	rs[1] = sopen(&c, "a-new-one");
+	rs[2] = sopen(&c, "held");
+	t0 = now_ns() - t0;
+	alive = waitpid(tb.pid, &st, WNOHANG) == 0;
+	/* Released before any assertion: a test that ends with it held never reaps the broker. */
+	cr_assert_eq(t_thread_release(tid), 0);
+	cr_expect_eq(rs[0], -ECONNREFUSED, "an anonymous open during the stop: %s", strerror(-rs[0]));
+	cr_expect_eq(rs[1], -ECONNREFUSED, "a new session's open during the stop: %s", strerror(-rs[1]));
+	cr_expect_eq(rs[2], -ECONNREFUSED, "the parking session's open during the stop: %s", strerror(-rs[2]));
+	cr_expect(alive, "the broker stopped with a session still parking");
+	cr_expect_lt(t0, 1000 * MS, "two refused opens took %llu ms", (unsigned long long)(t0 / MS));
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
+	chime_close(held);
+}
+
 static void kept_child(int wfd, void *arg)
 {
 	chime_t *c = NULL;

@@ -155,6 +155,16 @@ int restart_load(struct broker *b)
 			"boot's clock): discarding %llu timers", b->sess_path, (unsigned long long)discard(b));
 		n = 0;
 		break;
+	case -EPERM: {
+		struct stat st = { .st_uid = (uid_t)-1 };
+
+		(void)stat(b->sess_path, &st);
+		log_msg(LOG_ERR, "sessions file '%s' belongs to uid %u, not to this broker's (%u) or root: "
+			"not taking it over (another user can write in its directory?); remove it, or start "
+			"with --fresh", b->sess_path, (unsigned)st.st_uid, (unsigned)geteuid());
+		free(recs);
+		return -EPERM;
+	}
 	case -EMEDIUMTYPE:
 		log_msg(LOG_ERR, "'%s' was written by a broker with %u shards, --capacity %u, --max-clients %u "
 			"and --resolution-us %llu; this one has %u, %u, %u and %llu: start with the same options, "

@@ -4,6 +4,8 @@
  */
 #include "sessfile.h"
 
+#include "segment.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -106,6 +108,10 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 		r = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;    /* as sessfile_open() says */
 		goto out;
 	}
+	if (!chime_seg_ours(&st)) {
+		r = -EPERM;     /* another uid put it there: its sessions are nobody's to restore */
+		goto out;
+	}
 	r = read_at(fd, &h, sizeof(h), 0);
 	if (r < 0)
 		goto out;
@@ -191,7 +197,16 @@ int sessfile_open(struct sessfile *sf, const char *path, const struct sessfile_g
 	if (sf->fd < 0)
 		return -errno;
 	sf->max_clients = g->max_clients;
-	if (fstat(sf->fd, &st) < 0 || fchmod(sf->fd, 0600) < 0) {
+	if (fstat(sf->fd, &st) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	/* Another uid's file: it could write records in it under us, for the next broker. */
+	if (!chime_seg_ours(&st)) {
+		r = -EPERM;
+		goto fail;
+	}
+	if (fchmod(sf->fd, 0600) < 0) {
 		r = -errno;
 		goto fail;
 	}

@@ -66,6 +66,7 @@ struct sessfile {
  *   -EBADMSG  not a sessions file, or its header is damaged;
  *   -EINVAL   not a regular file (a FIFO, a device: never blocks on one);
  *   -EISDIR   a directory;
+ *   -EPERM    owned by another uid than ours or root's (chime_seg_ours());
  *   -errno    of open, fstat, read.
  * *bad counts records present but rejected. found may be NULL.
  */
@@ -77,8 +78,8 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
  * broker's header and recs[slot] for every slot (max_clients entries;
  * used 0: no session), rewritten in place: a broker killed meanwhile
  * leaves each record the earlier one or the new one, never none. 0 or
- * -errno (-ENOSPC: a new file found no room); a file that was there is
- * never removed.
+ * -errno (-ENOSPC: a new file found no room; -EPERM: the file there is
+ * another uid's, chime_seg_ours()); a file that was there is never removed.
  */
 int sessfile_open(struct sessfile *sf, const char *path, const struct sessfile_geom *g,
 		  const struct sessfile_rec *recs);

@@ -201,6 +201,15 @@ static int seg_reopen(struct shard *s, const struct chime_shard_geom *g)
 		return log_errno_hint(LOG_ERR, r, "start with the options it was written with, or --fresh to discard it",
 				      "shard file '%s' is not %llu bytes (another --capacity?)",
 				      s->path, (unsigned long long)g->size);
+	if (r == -EPERM) {
+		struct stat st = { .st_uid = (uid_t)-1 };
+
+		(void)stat(s->path, &st);
+		log_msg(LOG_ERR, "shard file '%s' belongs to uid %u, not to this broker's (%u) or root: not "
+			"taking it over (another user can write in its directory?); remove it, or start with "
+			"--fresh", s->path, (unsigned)st.st_uid, (unsigned)geteuid());
+		return r;
+	}
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "cannot open shard file '%s'", s->path);
 	hdr = s->seg.base;

@@ -166,6 +166,11 @@ int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, i
 	return r;
 }
 
+bool chime_seg_ours(const struct stat *st)
+{
+	return st->st_uid == geteuid() || st->st_uid == 0;
+}
+
 int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map)
 {
 	struct chime_map m;
@@ -179,6 +184,8 @@ int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, s
 		r = -errno;
 	else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != size)
 		r = -EMEDIUMTYPE;
+	else if (!chime_seg_ours(&st))
+		r = -EPERM;
 	else if (fchmod(f, mode) < 0)
 		r = -errno;
 	else

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "chime_shm.h"
@@ -41,11 +42,21 @@ int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, i
 		   struct chime_map *map);
 
 /*
+ * A file an earlier broker could have left: owned by this process's
+ * effective uid, or by root. The socket's directory may be writable by
+ * others (a shared /tmp): a file another uid put there is not a broker's
+ * (taken over, its owner would read everyone's timers and write the live
+ * slab under the broker).
+ */
+bool chime_seg_ours(const struct stat *st);
+
+/*
  * Open the existing segment file `path` that an earlier broker left, check
- * that it is a regular file of exactly `size` bytes, set its mode and map it
- * read-write. Its contents are the caller's to check. Errors: -ENOENT (no
- * file), -EMEDIUMTYPE (another size, or not a regular file), -errno of
- * open, fchmod, mmap.
+ * that it is a regular file of exactly `size` bytes and ours
+ * (chime_seg_ours()), set its mode and map it read-write. Its contents are
+ * the caller's to check. Errors: -ENOENT (no file), -EMEDIUMTYPE (another
+ * size, or not a regular file), -EPERM (another uid's), -errno of open,
+ * fchmod, mmap.
  */
 int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map);
 

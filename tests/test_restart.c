@@ -474,6 +474,58 @@ Test(restart, a_truncated_shard_file_is_refused_and_left_alone)
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
 }
 
+/*
+ * The socket's directory may be one other users can write in (a shared
+ * /tmp): a sessions or shard file another uid put there is no broker's.
+ * Taken over, its owner would choose the sessions restored (any uid's
+ * names) and read and write the live slab, every user's timers, under
+ * the broker. Refused, named, left alone; --fresh replaces them. (The
+ * files here are a real broker's, given to another uid: what a user who
+ * ran its own chimed with the same options could put there.)
+ */
+Test(restart, files_of_another_uid_are_not_taken_over)
+{
+	static const char *const which[] = { "sessions", "shard1" };
+	char log[300], extra[400], path[PATH_MAX];
+	struct stat st;
+	chime_t *c;
+	chime_id_t id;
+
+	if (geteuid() != 0)
+		cr_skip("needs root (gives the broker's files to another uid)");
+	start("-n 2");
+	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	c = open_armed("planted", 40, &id);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 40), 40);
+	chime_close(c);
+	for (size_t i = 0; i < sizeof(which) / sizeof(which[0]); i++) {
+		kill(tb.pid, SIGKILL);
+		cr_assert_eq(waitpid(tb.pid, &(int){ 0 }, 0), tb.pid);
+		tb.pid = 0;
+		snprintf(path, sizeof(path), "%s.%s", tb.sock, which[i]);
+		cr_assert_eq(chown(path, 4242, 4242), 0, "chown %s", path);
+		cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker took over a %s file of uid 4242", which[i]);
+		cr_assert(file_has(log, path) && file_has(log, "belongs to uid 4242") && file_has(log, "--fresh"),
+			  "the refusal does not name the file, its owner and the way out");
+		cr_assert_eq(stat(path, &st), 0, "the file is gone");
+		cr_assert_eq(st.st_uid, 4242, "the file was replaced or given back");
+		/* Its own again: taken over, the session and its 40 timers with it. */
+		cr_assert_eq(chown(path, 0, 0), 0);
+		restart(0, "-n 2");
+		cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 40, "the session's timers were not taken over");
+	}
+	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, &(int){ 0 }, 0), tb.pid);
+	tb.pid = 0;
+	cr_assert_eq(chown(path, 4242, 4242), 0);
+	restart(0, "-n 2 --fresh");
+	cr_assert_eq(stat(path, &st), 0);
+	cr_assert_eq(st.st_uid, 0, "--fresh kept another uid's shard file");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
+}
+
 Test(restart, a_stop_with_no_session_leaves_no_file)
 {
 	chime_t *c;

@@ -351,3 +351,20 @@ int t_thread_release(int tid)
 {
 	return ptrace(PTRACE_DETACH, tid, 0, 0) < 0 ? -errno : 0;
 }
+
+int t_open_fds(int pid)
+{
+	char path[64];
+	struct dirent *e;
+	int n = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", pid);
+	d = opendir(path);
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}

@@ -71,6 +71,9 @@ int64_t t_fill(const char *dir, const char *name, uint64_t bytes);
  */
 const char *t_tool_copy(const char *dir, const char *env);
 
+/* How many descriptors process pid has open (/proc/PID/fd), or -1. */
+int t_open_fds(int pid);
+
 /* The thread of process `pid` whose name (/proc/PID/task/TID/comm) is `comm`, or -1. */
 int t_thread_named(int pid, const char *comm);
 

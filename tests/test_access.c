@@ -599,6 +599,104 @@ Test(access, garbage_hellos_are_refused_and_harm_nothing)
 	cr_assert_eq(open_status(NULL), 0, "the broker still serves");
 }
 
+/* Send buf with n descriptors (copies of /dev/null) attached, SCM_RIGHTS. */
+static ssize_t send_fds(int fd, const void *buf, size_t len, unsigned n)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int) * 32)];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
+			     .msg_controllen = CMSG_SPACE(sizeof(int) * n) };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	int fds[32];
+	ssize_t r;
+
+	cr_assert_leq(n, 32u);
+	memset(&u, 0, sizeof(u));
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
+	for (unsigned i = 0; i < n; i++) {
+		fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		cr_assert_geq(fds[i], 0);
+	}
+	memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
+	r = sendmsg(fd, &mh, MSG_NOSIGNAL);
+	for (unsigned i = 0; i < n; i++)
+		close(fds[i]);
+	return r;
+}
+
+/* Receive the welcome and close the descriptors it carries: its status. */
+static int32_t recv_welcome_close(int fd)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int) * (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS))];
+		struct cmsghdr align;
+	} u;
+	struct chime_welcome w = { .status = -1 };
+	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof(u.b) };
+
+	if (recvmsg(fd, &mh, MSG_CMSG_CLOEXEC) != (ssize_t)sizeof(w))
+		return -1;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+		for (size_t i = 0; cm->cmsg_type == SCM_RIGHTS && i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+			int x;
+
+			memcpy(&x, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			close(x);
+		}
+	return w.status;
+}
+
+/*
+ * A client can attach descriptors (SCM_RIGHTS) to its hello, to a garbage
+ * one, or to messages after its welcome: the broker never reads a control
+ * message (a recv without one discards them in the kernel), so none ever
+ * takes a place in its table, which would run it out of descriptors for
+ * every user (limits/a_broker_out_of_descriptors_refuses_at_once_and_recovers).
+ */
+Test(access, descriptors_sent_to_the_broker_never_take_a_place_in_its_table)
+{
+	static const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	int base, now = 0, fd, keep[4];
+
+	start("-n 1");
+	cr_assert_eq(open_status(NULL), 0);
+	usleep(100 * 1000);
+	base = t_open_fds(tb.pid);
+	cr_assert_gt(base, 0);
+	for (int i = 0; i < 100; i++) {
+		fd = connect_raw();
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(send_fds(fd, &h, sizeof(h), 32), (ssize_t)sizeof(h));
+		cr_assert_eq(recv_welcome_close(fd), 0, "a hello with descriptors attached was refused");
+		cr_assert_eq(send_fds(fd, "x", 1, 32), 1);     /* after the welcome */
+		if (i < 4)
+			keep[i] = fd;   /* held open: the broker still has them in its queue */
+		else
+			close(fd);
+		fd = connect_raw();
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(send_fds(fd, junk, sizeof(junk), 32), (ssize_t)sizeof(junk));
+		close(fd);
+	}
+	usleep(200 * 1000);
+	/* The four held connections are clients: each holds its socket and, per shard, a doorbell. */
+	now = t_open_fds(tb.pid);
+	cr_assert_leq(now, base + 4 * 2, "%d descriptors in the broker, %d before", now, base);
+	for (int i = 0; i < 4; i++)
+		close(keep[i]);
+	for (int i = 0; i < 100 && (now = t_open_fds(tb.pid)) > base; i++)
+		usleep(20 * 1000);
+	cr_assert_leq(now, base, "%d descriptors in the broker, %d before", now, base);
+	cr_assert_eq(open_status(NULL), 0, "the broker still serves");
+}
+
 /* ---- queries (what chimectl asks when it cannot read the segments) ---- */
 
 /* One query by hand: its answer's head in *head (status -1: no answer), then up to n records. */

@@ -83,12 +83,26 @@ Test(segment, read_only_seal_forbids_new_writable_mappings_but_keeps_the_creator
 	cr_assert_eq(((char *)p)[7], 42);
 	cr_assert_eq(mprotect(p, pagesz(), PROT_READ | PROT_WRITE), -1);
 	munmap(p, pagesz());
+	/*
+	 * Nor written, nor zeroed by punching a hole, through the descriptor
+	 * a client is handed (memfds are O_RDWR): the public segment is one
+	 * for every client, and zeroing its state and heartbeat would tell
+	 * each of them that the broker is gone.
+	 */
+	cr_assert_eq(write(fd, "x", 1), -1);
+	cr_assert_eq(errno, EPERM);
+	cr_assert_eq(pwrite(fd, "x", 1, 7), -1);
+	cr_assert_eq(errno, EPERM);
+	cr_assert_eq(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)pagesz()), -1);
+	cr_assert_eq(errno, EPERM);
+	cr_assert_eq(((char *)m.base)[7], 42, "the page was zeroed");
 	/* Nor through another open file description (what a client could try). */
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 	ro = open(path, O_RDWR);
 	if (ro >= 0) {
 		cr_assert_eq(mmap(NULL, pagesz(), PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0), MAP_FAILED);
 		cr_assert_eq(write(ro, "x", 1), -1);
+		cr_assert_eq(fallocate(ro, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)pagesz()), -1);
 		close(ro);
 	}
 	/* chime_seg_map_fd() read-only works; writable does not. */

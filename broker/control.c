@@ -79,6 +79,9 @@ static pid_t lock_owner(int fd)
  * one path race safely, and the loser learns the winner's pid. A lock file
  * unlinked by a stopping broker between our open and our flock is detected
  * (inode changed) and retried, so two brokers never each hold a lock.
+ * Mode 0600: flock() needs only a descriptor open for reading, and any
+ * user who could open it (it was 0644) could hold it from a broker's crash
+ * on (the file stays) and keep every later broker out.
  */
 static int take_lock(struct broker *b)
 {
@@ -87,13 +90,15 @@ static int take_lock(struct broker *b)
 	for (int tries = 0; tries < 10; tries++) {
 		struct stat a, p;
 		char pid[32];
-		int fd = open(b->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+		int fd = open(b->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 
 		if (fd < 0)
 			return log_errno_hint(LOG_ERR, errno,
 					      errno == ENOENT ? "does the directory exist?" :
 					      errno == EACCES || errno == EROFS ? "is the directory writable?" : NULL,
 					      "cannot create lock file '%s'", b->lock_path);
+		/* One an earlier version left 0644: ours again (a failure here shows at the flock). */
+		(void)fchmod(fd, 0600);
 		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
 			int e = errno;
 			pid_t owner = lock_owner(fd);

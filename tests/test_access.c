@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -695,6 +696,63 @@ Test(access, descriptors_sent_to_the_broker_never_take_a_place_in_its_table)
 		usleep(20 * 1000);
 	cr_assert_leq(now, base, "%d descriptors in the broker, %d before", now, base);
 	cr_assert_eq(open_status(NULL), 0, "the broker still serves");
+}
+
+/*
+ * chimet1 opens the broker's lock file (if it can) and waits in flock()
+ * until the broker is gone, then holds the lock: 0 if it could not open
+ * it, 1 once it holds it (written to the pipe first), 2 on a failure.
+ */
+static int hold_lock(void *arg)
+{
+	const int *wfd = arg;
+	char path[320];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.lock", tb.sock);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == EACCES ? 0 : 2;
+	if (flock(fd, LOCK_SH) < 0)
+		return 2;
+	(void)!write(*wfd, "l", 1);
+	pause();
+	return 1;
+}
+
+/*
+ * The lock file says which broker runs on the socket: flock() it and a
+ * starting broker says "in use by a running broker" and exits. Any user
+ * could open it (0644) and flock() it read-only: waiting in flock() for
+ * the broker to crash (the file stays) kept every later broker out, no
+ * broker for anyone until that user let go. Now only its owner opens it.
+ */
+Test(access, another_user_cannot_hold_the_lock_and_keep_the_next_broker_out)
+{
+	char path[320];
+	struct stat st;
+	int p[2], r;
+	pid_t pid;
+
+	need_users();
+	start("");
+	snprintf(path, sizeof(path), "%s.lock", tb.sock);
+	cr_assert_eq(stat(path, &st), 0);
+	cr_expect_eq(st.st_mode & 0077, 0, "the lock file is mode %04o", (unsigned)(st.st_mode & 07777));
+	cr_assert_eq(pipe(p), 0);
+	pid = as_user_start("chimet1", hold_lock, &p[1]);
+	close(p[1]);    /* the child's alone: its exit is EOF */
+	usleep(200 * 1000);
+	kill(tb.pid, SIGKILL);  /* a crash: the lock file stays */
+	cr_assert_eq(waitpid(tb.pid, &(int){ 0 }, 0), tb.pid);
+	tb.pid = 0;
+	(void)!read(p[0], &(char){ 0 }, 1);     /* held (or chimet1 is gone: EOF) */
+	r = t_chimed_restart(&tb, 0, "");
+	kill(pid, SIGKILL);
+	user_done(pid);
+	close(p[0]);
+	cr_assert_eq(r, 0, "another user's flock() of the lock file kept the next broker out");
+	cr_assert_eq(open_status(NULL), 0);
 }
 
 /* ---- queries (what chimectl asks when it cannot read the segments) ---- */

@@ -597,6 +597,23 @@ Test(access, garbage_hellos_are_refused_and_harm_nothing)
 		cr_assert_eq(w.status, -EPROTO, "a wrong layout is refused with EPROTO");
 	}
 	close(fd);
+	/* A hello cut short, or one inside a longer message (64 KiB): closed unanswered, nothing read past 128 bytes. */
+	h.layout = CHIME_SHM_LAYOUT;
+	fd = connect_raw();
+	cr_assert_eq(send(fd, &h, sizeof(h) - 8, 0), (ssize_t)sizeof(h) - 8);
+	cr_assert_leq(recv(fd, buf, sizeof(buf), 0), 0, "a short hello got an answer");
+	close(fd);
+	{
+		static char big[65536];
+		int sz = sizeof(big);
+
+		memcpy(big, &h, sizeof(h));
+		fd = connect_raw();
+		(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+		cr_assert_eq(send(fd, big, sizeof(big), 0), (ssize_t)sizeof(big));
+		cr_assert_leq(recv(fd, buf, sizeof(buf), 0), 0, "a 64 KiB hello got an answer");
+		close(fd);
+	}
 	cr_assert_eq(open_status(NULL), 0, "the broker still serves");
 }
 

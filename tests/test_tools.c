@@ -370,6 +370,48 @@ static void fake_make(struct fake *f, pid_t pid, uint64_t heartbeat_age_ns)
 	chime_seg_publish(&f->ctl->hdr, CHIME_SEG_CONTROL, size);
 }
 
+/*
+ * The segment's geometry is checked once, when it is opened, and used as
+ * checked: the file's writer (whoever owns a socket directory the tools
+ * are pointed at) may change it after the check. Here a child flips the
+ * offsets between good ones and ones far past the end while chimestat
+ * reads it again and again: the tool must never read outside the mapping.
+ */
+Test(tools_fake, offsets_changed_after_the_check_are_not_followed, .timeout = 60)
+{
+	struct fake f;
+	uint64_t good[3];
+	pid_t flipper;
+
+	fake_make(&f, getpid(), 0);
+	good[0] = f.ctl->shards_off;
+	good[1] = f.ctl->clients_off;
+	good[2] = f.ctl->client_stats_off;
+	flipper = fork();
+	cr_assert_geq(flipper, 0);
+	if (flipper == 0) {
+		volatile uint64_t *o[3] = { &f.ctl->shards_off, &f.ctl->clients_off, &f.ctl->client_stats_off };
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		for (uint64_t n = 0;; n++)
+			for (int i = 0; i < 3; i++)
+				*o[i] = n & 1 ? UINT64_C(1) << 40 : good[i];
+	}
+	for (int i = 0; i < 200; i++) {
+		int r = run("%s --socket '%s' -1 -j", bin("CHIMESTAT"), sock);
+
+		if (r != 0 && r != 1) {
+			kill(flipper, SIGKILL);
+			waitpid(flipper, NULL, 0);
+			cr_assert_fail("chimestat exited %d (run %d) reading a segment whose offsets change: %s", r, i,
+				       slurp(err));
+		}
+	}
+	kill(flipper, SIGKILL);
+	waitpid(flipper, NULL, 0);
+	chime_seg_unmap(&f.map);
+}
+
 static pid_t dead_pid(void)
 {
 	pid_t p = fork();

@@ -99,6 +99,9 @@ int sr_open(struct sr *s, const char *sock)
 		chime_seg_unmap(&s->map);
 		return -EBADMSG;
 	}
+	s->shards_off = shards_off;
+	s->clients_off = clients_off;
+	s->client_stats_off = cstats_off;
 	s->ctl = c;
 	return 0;
 }
@@ -188,9 +191,13 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	snap->hdr.stats_reset_realtime_ns = at_load(&s->ctl->stats_reset_realtime_ns);
 	snap->hdr.nr_shards = s->nr_shards;
 	snap->hdr.max_clients = s->max_clients;
+	snap->hdr.shards_off = s->shards_off;
+	snap->hdr.clients_off = s->clients_off;
+	snap->hdr.client_stats_off = s->client_stats_off;
 	snap->hdr.version[sizeof(snap->hdr.version) - 1] = '\0';
 
-	sc = (const struct chime_shard_ctl *)(base + s->ctl->shards_off);
+	/* The offsets checked at sr_open(), never the segment's again (its writer may change them). */
+	sc = (const struct chime_shard_ctl *)(base + s->shards_off);
 	for (k = 0; k < s->nr_shards; k++) {
 		struct chime_shard_stats *st = &snap->shards[k];
 
@@ -211,8 +218,8 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 		snap->reset_pending += st->reset_gen != snap->hdr.stats_reset_gen;
 	}
 
-	cc = (const struct chime_client_ctl *)(base + s->ctl->clients_off);
-	cs = (const struct chime_client_stats *)(base + s->ctl->client_stats_off);
+	cc = (const struct chime_client_ctl *)(base + s->clients_off);
+	cs = (const struct chime_client_stats *)(base + s->client_stats_off);
 	for (i = 0; i < s->max_clients; i++) {
 		struct sr_client *cl = &snap->clients[snap->nr_clients];
 

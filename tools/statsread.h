@@ -37,6 +37,8 @@ struct sr {
 	const struct chime_ctl *ctl;
 	uint32_t nr_shards;
 	uint32_t max_clients;
+	/* The geometry as sr_open() checked it: the segment's own copy may change after. */
+	uint64_t shards_off, clients_off, client_stats_off;
 	uint32_t layout_seen;           /* after -EPROTO: the segment's layout version */
 };
 

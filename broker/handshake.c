@@ -41,18 +41,33 @@ void arm_hello(struct broker *b, struct conn *cn)
 	cn->inflight = 2;
 }
 
-/* Is the peer admitted? Its supplementary groups as of connect time (SO_PEERGROUPS). */
+/*
+ * Is the peer admitted? Its supplementary groups as of connect time
+ * (SO_PEERGROUPS). More than the buffer holds (a user may have up to
+ * NGROUPS_MAX, 65536) is ERANGE with the size needed: read them all then,
+ * or a member of an allowed group was refused for being in many others.
+ */
 static bool admitted(struct broker *b, int fd, const struct ucred *cred)
 {
-	gid_t groups[256];
+	gid_t groups[256], *all = groups;
 	socklen_t len = sizeof(groups);
 	size_t n = 0;
+	int r;
+	bool ok;
 
 	if (policy_admits(&b->policy, geteuid(), cred->uid, cred->gid, NULL, 0))
 		return true;
-	if (b->policy.nr_gids && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
+	if (!b->policy.nr_gids)
+		return false;
+	r = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
+	if (r < 0 && errno == ERANGE && len > sizeof(groups) && (all = malloc(len)))
+		r = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, all, &len);
+	if (r == 0)
 		n = len / sizeof(gid_t);
-	return policy_admits(&b->policy, geteuid(), cred->uid, cred->gid, groups, n);
+	ok = policy_admits(&b->policy, geteuid(), cred->uid, cred->gid, n ? all : NULL, n);
+	if (all != groups)
+		free(all);
+	return ok;
 }
 
 static uint32_t clients_of(const struct broker *b, uid_t uid)

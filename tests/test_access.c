@@ -160,6 +160,54 @@ Test(access, allow_gid_admits_supplementary_members)
 	cr_assert_eq(as_user("chimet1", open_status, NULL), 13);
 }
 
+/*
+ * Start fn(NULL) as `user` (its uid and primary gid) in 300 supplementary
+ * groups, 50000..50299 (gids need no names), in a child; its pid.
+ */
+static pid_t as_user_in_many_groups(const char *user, int (*fn)(void *))
+{
+	struct passwd *pw = getpwnam(user);
+	pid_t pid;
+
+	cr_assert_not_null(pw);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		gid_t g[300];
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		for (unsigned i = 0; i < 300; i++)
+			g[i] = 50000 + i;
+		if (setgroups(300, g) < 0 || setgid(pw->pw_gid) < 0 || setuid(pw->pw_uid) < 0)
+			_exit(90);
+		_exit(fn(NULL));
+	}
+	return pid;
+}
+
+/*
+ * A user in more groups than the broker's first buffer holds (256) is
+ * admitted by any of them: SO_PEERGROUPS said ERANGE, and the broker then
+ * looked at the primary group alone and refused a member of --allow-gid.
+ */
+Test(access, a_member_of_many_groups_is_admitted_by_any_of_them)
+{
+	int r;
+
+	need_users();
+	start("--allow-gid 50299");
+	r = user_done(as_user_in_many_groups("chimet1", open_status));
+	cr_assert_eq(r, 0, "chimet1 in 300 groups, the last allowed: %d (13: refused)", r);
+	stop();
+	start("--allow-gid 50000");
+	r = user_done(as_user_in_many_groups("chimet1", open_status));
+	cr_assert_eq(r, 0, "chimet1 in 300 groups, the first allowed: %d (13: refused)", r);
+	stop();
+	start("--allow-gid 50300");
+	r = user_done(as_user_in_many_groups("chimet1", open_status));
+	cr_assert_eq(r, 13, "chimet1 in none of the groups allowed: %d", r);
+}
+
 Test(access, allow_all_admits_everyone_and_opens_the_socket)
 {
 	struct stat st;

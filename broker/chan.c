@@ -13,6 +13,9 @@
  *   its event is voided, else FREE; whatever fires -> BACKLOG until REATTACH
  *   PARK for a broker stop (handover), restore: GRANTED -> carried (GRANTED,
  *   cq_pos CARRIED, on ch->carried) -re-submitted ARM-> ARMED; -RESUMED-> FREE
+ *   PARK, restore: a periodic's untaken event in the old ring: ARMED -tag
+ *   cq_pos CHAN_POS_AT-> ALLOC -> BACKLOG (chan_hold_at(): each step in the
+ *   shard file reads as that held event)
  *
  * Invariants:
  * - a node owned by a client has node.owner == its slot, and ch->owned counts
@@ -1155,6 +1158,55 @@ static void grants_carry(struct shard_core *sc, struct chan *ch)
 	memset(ch->grants, 0, (ch->sq_mask + 1) * sizeof(*ch->grants));
 }
 
+void chan_hold_at(struct shard_core *sc, uint32_t idx, uint64_t deadline_ns)
+{
+	struct chime_node *n = NODE(sc, idx);
+
+	assert(deadline_ns < CHAN_POS_AT);
+	n->cq_pos = CHAN_POS_AT | deadline_ns;
+	/*
+	 * K1: the tag before anything else moves. Without it, wheel_cancel()
+	 * left an ALLOC node at the next period's deadline, which restore.c
+	 * takes for a cancel in progress (ALLOC, not due) and frees.
+	 */
+	at_crash_order();
+	wheel_cancel(&sc->wh, idx);
+	n->deadline_ns = deadline_ns;
+	n->state = CHIME_NODE_BACKLOG;
+	/* K2: all of it before the caller's next cq_pos, which ends the move. */
+	at_crash_order();
+}
+
+/*
+ * A periodic's event at pos in the old ring: if the process never took it,
+ * off the wheel, held at that event's deadline (delivering it re-arms the
+ * timer where it was), and true; if it took it, the timer goes on. The
+ * hold is in the node before the claim word is voided: a broker killed
+ * after the void but before the hold left a plain position, which a
+ * resuming process's word settles as taken (it skipped the voided event),
+ * so the event was lost; the other way round, a kill between the hold and
+ * a lost claim delivers a taken event again, as a kill before the park does.
+ */
+static bool park_periodic(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t pos)
+{
+	struct chime_node *n = NODE(sc, idx);
+	uint64_t deadline_ns = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
+
+	if (chan_pos_old(pos) || chime_cq_consumed(&ch->cq, pos)) {
+		n->cq_pos = CHIME_POS_NONE;
+		return false;
+	}
+	n->cq_pos = CHAN_POS_AT | deadline_ns;
+	at_crash_order();       /* K3: the tag before the void (above) */
+	if (!chime_cq_void(&ch->cq, pos)) {
+		n->cq_pos = CHIME_POS_NONE;
+		return false;
+	}
+	chan_hold_at(sc, idx, deadline_ns);
+	n->cq_pos = CHIME_POS_NONE;
+	return true;
+}
+
 /*
  * An event of node idx at cq position pos, voided by us: it comes back.
  * Kept by position (park_order) so that they return in ring order, or
@@ -1230,11 +1282,8 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		if (n->owner != ch->slot || pos == CHIME_POS_NONE)
 			continue;
 		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
-			if (!event_void(ch, n))
+			if (!park_periodic(sc, ch, idx, pos))
 				continue;
-			/* Untaken: off the wheel, held with that event's deadline; delivery re-arms it. */
-			wheel_cancel(&sc->wh, idx);
-			n->deadline_ns = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
 			park_keep(sc, ch, &back, idx, pos);
 			nback++;
 		} else if (n->state == CHIME_NODE_BACKLOG) {

@@ -109,7 +109,7 @@ void chan_mem_layout(struct chan_mem *m, void *rw, void *ro, const struct chime_
  * the node, so in the shard file: a broker that goes before the word came
  * leaves them to the next one as they were left to it. Positions are below
  * 2^62, so the top two bits (10) tell it from CHIME_POS_NONE and a carried
- * grant's marker (11).
+ * grant's marker (11), and from CHAN_POS_AT (01, below).
  */
 #define CHAN_POS_OLD (UINT64_C(1) << 63)
 
@@ -117,6 +117,34 @@ static inline bool chan_pos_old(uint64_t pos)
 {
 	return pos >> 62 == 2;
 }
+
+/*
+ * In a periodic's cq_pos, tag 01 instead of a position: its event of the
+ * deadline in the low 62 bits is being held again (off the wheel, to the
+ * backlog) by a park or a restore, and deadline_ns and state may still be
+ * what they were. A broker killed at any store of that move leaves the
+ * tag, and the next one holds that event whatever the rest says (restore.c).
+ * The deadline fired, so it is below now, far below 2^62 ns.
+ */
+#define CHAN_POS_AT (UINT64_C(1) << 62)
+
+static inline bool chan_pos_at(uint64_t pos)
+{
+	return pos >> 62 == 1;
+}
+
+static inline uint64_t chan_pos_at_deadline(uint64_t pos)
+{
+	return pos & (CHAN_POS_AT - 1);
+}
+
+/*
+ * Take periodic idx off the wheel (if on it) and hold its event of
+ * deadline_ns (fired: at or before the wheel's now): state BACKLOG on no
+ * list, deadline_ns that event's, cq_pos CHAN_POS_AT | deadline_ns from the
+ * first store on. The caller sets cq_pos next (the node on no list yet).
+ */
+void chan_hold_at(struct shard_core *sc, uint32_t idx, uint64_t deadline_ns);
 
 /* An event the old broker had delivered at old-ring position pos (restore.c). */
 struct chan_settle {

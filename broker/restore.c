@@ -40,7 +40,8 @@ static int back_cmp(const void *pa, const void *pb)
  * a batch of them while a burst fires), or a held event being delivered:
  * it fired. Otherwise it was becoming a grant, an ARM caught before its
  * deadline was stored (its process re-submits it), or a timer not yet due
- * being cancelled: carried, as GRANTED nodes are (then freed).
+ * being cancelled: carried, as GRANTED nodes are (then freed). Not one
+ * tagged CHAN_POS_AT: a periodic's event being held again, not a cancel.
  */
 static bool alloc_fired(const struct chime_node *n, uint64_t old_now_ns)
 {
@@ -89,7 +90,8 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			rs->anonymous++;
 			continue;
 		}
-		if (n->state == CHIME_NODE_GRANTED || (n->state == CHIME_NODE_ALLOC && !alloc_fired(n, old_now_ns))) {
+		if (n->state == CHIME_NODE_GRANTED ||
+		    (n->state == CHIME_NODE_ALLOC && !alloc_fired(n, old_now_ns) && !chan_pos_at(n->cq_pos))) {
 			/*
 			 * A grant (or an ARM caught between two steps of the old
 			 * shard): its process may still arm it, re-submitting what
@@ -104,7 +106,17 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 		/* The deadline was the broker's: if it fires late, that is lateness, not "immediate". */
 		n->gen &= ~CHIME_NODE_IMMEDIATE;
 		key = n->deadline_ns;
-		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
+		if (chan_pos_at(n->cq_pos)) {
+			/*
+			 * A periodic's event being held again when the broker
+			 * went (chan_hold_at(), by a park or a restore): held at
+			 * that event's deadline, whatever state and deadline the
+			 * move had reached.
+			 */
+			chan_hold_at(sc, idx, chan_pos_at_deadline(n->cq_pos));
+			n->cq_pos = CHIME_POS_NONE;
+			key = n->deadline_ns;
+		} else if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
 			if (n->cq_pos == CHIME_POS_NONE || !n->period_ns || n->deadline_ns < n->period_ns ||
 			    n->deadline_ns - n->period_ns > now) {
 				/* On the wheel, and no event of it in a ring anyone can still read. */
@@ -116,8 +128,7 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			/* A periodic whose last event was in the old ring: it comes back with that deadline
 			 * (or, still with an old position, a settle re-armed it as the broker went). */
 			key = n->cq_pos & ~CHAN_POS_OLD;
-			wheel_cancel(wh, idx);
-			n->deadline_ns -= n->period_ns;
+			chan_hold_at(sc, idx, n->deadline_ns - n->period_ns);
 			n->cq_pos = CHAN_POS_OLD | key;
 			cls = 0;
 			rs->redelivered++;

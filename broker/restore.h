@@ -40,7 +40,10 @@ struct restore_stats {
  *   - ALLOC due at the old wheel's last advance (old_now_ns, read before
  *     wheel_rebuild() set the clock): popped as due and not yet held or
  *     delivered: held; any other ALLOC (a grant being made, an ARM half
- *     applied, a cancel): carried, as GRANTED nodes are.
+ *     applied, a cancel): carried, as GRANTED nodes are;
+ *   - whatever its state, a node tagged CHAN_POS_AT (a periodic's event
+ *     that a park or a restore was holding again): held at the tagged
+ *     deadline.
  * Held events go back in the order they fired: old-ring events by ring
  * position, then the backlog by deadline. The key index is rebuilt from
  * scratch (its heads zeroed here). Returns 0, or -ENOMEM for the ordering

@@ -44,6 +44,14 @@
 #define at_fence_acq()          __atomic_thread_fence(__ATOMIC_ACQUIRE)
 #define at_fence_rel()          __atomic_thread_fence(__ATOMIC_RELEASE)
 
+/*
+ * Program order for a file the broker maps (a shard file): a SIGKILL stops
+ * the thread between two instructions, and every store before that is in
+ * the page cache, so only the compiler can reorder (or merge) what a kill
+ * leaves. A compiler barrier, no instruction.
+ */
+#define at_crash_order()        __atomic_signal_fence(__ATOMIC_SEQ_CST)
+
 /* A spin-wait hint to the CPU (and to a sibling hyperthread). */
 static inline void at_relax(void)
 {

@@ -1099,6 +1099,110 @@ Test(restart, a_timer_popped_when_the_broker_died_fires_and_one_being_cancelled_
 }
 
 /*
+ * SIGKILL the broker and pass every node of shard 0's file through
+ * edit(node, the old wheel's now, arg), which returns true to write it back.
+ */
+static void edit_nodes(bool (*edit)(struct chime_node *, uint64_t, void *), void *arg)
+{
+	struct chime_shard_seg h;
+	struct chime_wheel w;
+	struct chime_node nd;
+	char path[PATH_MAX];
+	uint64_t off;
+	int fd, st;
+
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
+	fd = open(path, O_RDWR);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(pread(fd, &w, sizeof(w), (off_t)h.wheel_off), (ssize_t)sizeof(w));
+	off = h.wheel_off + w.slab_off;
+	for (uint32_t i = 0; i < w.high_water; i++) {
+		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)(off + i * sizeof(nd))), (ssize_t)sizeof(nd));
+		if (edit(&nd, w.now_ns, arg))
+			cr_assert_eq(pwrite(fd, &nd, sizeof(nd), (off_t)(off + i * sizeof(nd))), (ssize_t)sizeof(nd));
+	}
+	close(fd);
+}
+
+/* chan.h's CHAN_POS_AT: in cq_pos, the deadline of the event a park or a restore is holding again. */
+#define POS_AT (UINT64_C(1) << 62)
+enum { HELD_STEPS = 5 };
+
+/*
+ * Periodic i (user_data i, an hour's period) as step i of chan_hold_at()
+ * left it, holding an event of deadline old_now - (i + 1) ms: tagged, then
+ * off the wheel (ALLOC), then with that deadline, then BACKLOG, then the
+ * tag cleared.
+ */
+static bool held_step(struct chime_node *nd, uint64_t old_now, void *arg)
+{
+	uint64_t *deadline = arg, d = old_now - (nd->user_data + 1) * MS;
+	unsigned i = (unsigned)nd->user_data;
+
+	if (nd->state != CHIME_NODE_ARMED || nd->period_ns != HOUR || i >= HELD_STEPS)
+		return false;
+	deadline[i] = d;
+	nd->deadline_ns = d + HOUR;     /* the next period's, as the wheel has it */
+	nd->cq_pos = i < 4 ? POS_AT | d : CHIME_POS_NONE;
+	if (i >= 1) {
+		nd->state = CHIME_NODE_ALLOC;
+		nd->next = nd->prev = CHIME_NIL;
+	}
+	if (i >= 2)
+		nd->deadline_ns = d;
+	if (i >= 3)
+		nd->state = CHIME_NODE_BACKLOG;
+	return true;
+}
+
+/*
+ * A park holds a periodic's untaken event again (as a restore does for
+ * one whose event was in the old ring) in steps, each a store in the
+ * shard file. A broker killed after any of them: the next one holds that
+ * event, once, at its deadline, and the timer goes on. Before, the park
+ * took the timer off the wheel first, and that step's node (ALLOC, the
+ * next period's deadline, not due) was taken for a cancel and freed: the
+ * timer was lost (step 1 here, tagged as the park now tags it first).
+ */
+Test(restart, a_periodic_being_held_again_when_the_broker_died_comes_back_once)
+{
+	uint64_t deadline[HELD_STEPS] = { 0 };
+	uint8_t seen[HELD_STEPS] = { 0 };
+	struct chime_event ev[16];
+	chime_id_t id;
+	unsigned n;
+	chime_t *c;
+
+	start("-n 1");
+	c = sopen_ok("held");
+	for (unsigned i = 0; i < HELD_STEPS; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, HOUR, i, &id), 0);
+	chime_close(c);
+	edit_nodes(held_step, deadline);
+	for (unsigned i = 0; i < HELD_STEPS; i++)
+		cr_assert_neq(deadline[i], 0, "periodic %u is not in the file", i);
+	restart(0, "-n 1");
+	c = sopen_ok("held");
+	n = collect(c, ev, 16, now_ns() + 500 * MS);
+	for (unsigned k = 0; k < n; k++) {
+		unsigned i = (unsigned)ev[k].user_data;
+
+		cr_assert_lt(i, HELD_STEPS);
+		cr_assert_eq(seen[i]++, 0, "step %u's event came twice", i);
+		cr_assert_eq(ev[k].deadline_ns, deadline[i], "step %u's event came at another deadline", i);
+	}
+	for (unsigned i = 0; i < HELD_STEPS; i++)
+		cr_assert_eq(seen[i], 1, "step %u's event was lost", i);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, HELD_STEPS), HELD_STEPS,
+		     "not every periodic is armed again for its next period");
+	chime_close(c);
+}
+
+/*
  * Take up to `want` events of timers with user_data < n (max a call) into
  * seen[], until until_ns; counts the repeats in *twice. Returns how many came.
  */

@@ -1165,7 +1165,7 @@ void chan_hold_at(struct shard_core *sc, uint32_t idx, uint64_t deadline_ns)
 	assert(deadline_ns < CHAN_POS_AT);
 	n->cq_pos = CHAN_POS_AT | deadline_ns;
 	/*
-	 * K1: the tag before anything else moves. Without it, wheel_cancel()
+	 * F1: the tag before anything else moves. Without it, wheel_cancel()
 	 * left an ALLOC node at the next period's deadline, which restore.c
 	 * takes for a cancel in progress (ALLOC, not due) and frees.
 	 */
@@ -1173,7 +1173,7 @@ void chan_hold_at(struct shard_core *sc, uint32_t idx, uint64_t deadline_ns)
 	wheel_cancel(&sc->wh, idx);
 	n->deadline_ns = deadline_ns;
 	n->state = CHIME_NODE_BACKLOG;
-	/* K2: all of it before the caller's next cq_pos, which ends the move. */
+	/* F2: all of it before the caller's next cq_pos, which ends the move. */
 	at_crash_order();
 }
 
@@ -1197,7 +1197,7 @@ static bool park_periodic(struct shard_core *sc, struct chan *ch, uint32_t idx, 
 		return false;
 	}
 	n->cq_pos = CHAN_POS_AT | deadline_ns;
-	at_crash_order();       /* K3: the tag before the void (above) */
+	at_crash_order();       /* F3: the tag before the void (above) */
 	if (!chime_cq_void(&ch->cq, pos)) {
 		n->cq_pos = CHIME_POS_NONE;
 		return false;

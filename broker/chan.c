@@ -224,14 +224,51 @@ static bool event_void(struct chan *ch, struct chime_node *n)
 	return chime_cq_void(&ch->cq, pos);
 }
 
+/*
+ * The process took the events below the head it published: each periodic
+ * among them forgets that event's position in its node (a one-shot's node
+ * is freed, chan_service()), so that the shard file says so at once.
+ * Before, the node kept it until the timer's next firing, and a broker and
+ * process both killed meanwhile had the session's next process get that
+ * event again. Slots below the head are intact: the shard writes over a
+ * slot only after a refresh showed it consumed, and each refresh comes here.
+ */
+static void periodics_taken(struct shard_core *sc, struct chan *ch)
+{
+	uint64_t end = ch->cq.head < ch->periodic_end ? ch->cq.head : ch->periodic_end;
+
+	for (uint64_t pos = ch->taken_seen; pos < end; pos++) {
+		const struct chime_cqe *e = &ch->cq.slots[pos & ch->cq.mask];
+		uint32_t idx = chime_id_index(e->id);     /* our own slot, in the client's read-only segment */
+		struct chime_node *n;
+
+		if (!(e->flags & CHIME_CQE_PERIODIC) || idx >= sc->wh.w->high_water)
+			continue;
+		n = NODE(sc, idx);
+		if (n->owner == ch->slot && n->cq_pos == pos)
+			n->cq_pos = CHIME_POS_NONE;
+	}
+	ch->taken_seen = ch->cq.head;
+}
+
+/* Free completion slots, the head read again (every read of it goes through here). */
+static uint32_t room_refresh(struct shard_core *sc, struct chan *ch)
+{
+	uint32_t room = chime_cq_room(&ch->cq);
+
+	if (ch->taken_seen < ch->periodic_end && ch->taken_seen < ch->cq.head)
+		periodics_taken(sc, ch);
+	return room;
+}
+
 /* True if the node's previous event is still in the client's hands (refreshes the head once). */
-static bool event_unconsumed(struct chan *ch, struct chime_node *n)
+static bool event_unconsumed(struct shard_core *sc, struct chan *ch, struct chime_node *n)
 {
 	if (n->cq_pos == CHIME_POS_NONE || chan_pos_old(n->cq_pos))
 		return false;
 	if (chime_cq_consumed(&ch->cq, n->cq_pos))
 		return false;
-	ch->room = chime_cq_room(&ch->cq);
+	ch->room = room_refresh(sc, ch);
 	return !chime_cq_consumed(&ch->cq, n->cq_pos);
 }
 
@@ -280,6 +317,7 @@ static inline __attribute__((always_inline)) void deliver(struct shard_core *sc,
 	n->cq_pos = chime_cq_push(&ch->cq);
 	ch->room--;
 	if (n->period_ns) {
+		ch->periodic_end = n->cq_pos + 1;
 		n->state = CHIME_NODE_ALLOC;
 		wheel_rearm_periodic(&sc->wh, idx);
 	} else {
@@ -336,9 +374,9 @@ static inline __attribute__((always_inline)) void fire(struct shard_core *sc, st
 	n->gen &= ~CHIME_NODE_IMMEDIATE;        /* a periodic's later periods are on time */
 	/* Parked: no process, no ring to look at; held for the next one. */
 	if (!ch->parked && ch->room == 0)
-		ch->room = chime_cq_room(&ch->cq);
+		ch->room = room_refresh(sc, ch);
 	if (ch->parked || ch->backlog.head != CHIME_NIL || ch->room == 0 ||
-	    (periodic && event_unconsumed(ch, n))) {
+	    (periodic && event_unconsumed(sc, ch, n))) {
 		/* Held, never dropped: delivered in order when the client makes room. */
 		chan_hold(sc, ch, idx);
 		return;
@@ -939,6 +977,15 @@ static void wake_client(struct shard_core *sc, struct chan *ch)
 	}
 }
 
+static void head_watch_publish(struct chan *ch)
+{
+	bool waiting = ch->ackwait.head != CHIME_NIL || ch->taken_seen < ch->periodic_end;
+	uint64_t w = waiting ? ch->cq.head : UINT64_MAX;
+
+	if (w != ch->head_watch)
+		at_store(&ch->head_watch, w);   /* B1: read by clients_beat() (control.c), a hint */
+}
+
 bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 {
 	uint32_t idx, delivered = 0;
@@ -946,7 +993,7 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 
 	if (ch->cq.tail != ch->cq.head || ch->ackwait.head != CHIME_NIL) {
 		/* Something is (or was) in the client's hands: see how far it got. */
-		ch->room = chime_cq_room(&ch->cq);
+		ch->room = room_refresh(sc, ch);
 		while ((idx = ch->ackwait.head) != CHIME_NIL &&
 		       chime_cq_consumed(&ch->cq, NODE(sc, idx)->cq_pos)) {
 			nl_del(sc, &ch->ackwait, idx);
@@ -961,7 +1008,7 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 	while (settled(sc, ch) && (idx = ch->backlog.head) != CHIME_NIL && ch->room) {
 		struct chime_node *n = NODE(sc, idx);
 
-		if (n->period_ns && event_unconsumed(ch, n))
+		if (n->period_ns && event_unconsumed(sc, ch, n))
 			break;  /* strict FIFO: it waits, and so does everything after it */
 		backlog_del(sc, ch, idx);
 		n->state = CHIME_NODE_ALLOC;
@@ -972,6 +1019,7 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 		stats_deliver_n(sc->st, ch->slot, delivered);
 		did = true;
 	}
+	head_watch_publish(ch);
 	if (ch->ro->backlog != ch->nr_backlog)
 		at_store(&ch->ro->backlog, ch->nr_backlog);
 	stats_client_depth(sc->st, ch->slot, ch->cq.tail - ch->cq.head, ch->nr_backlog);
@@ -1014,8 +1062,8 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 		return false;
 	if (ch->nr_settle)
 		return at_load_acq(&ch->crw->resume_set) == 1;     /* R1 */
-	ch->room = chime_cq_room(&ch->cq);
-	return ch->room > 0 && !(NODE(sc, idx)->period_ns && event_unconsumed(ch, NODE(sc, idx)));
+	ch->room = room_refresh(sc, ch);
+	return ch->room > 0 && !(NODE(sc, idx)->period_ns && event_unconsumed(sc, ch, NODE(sc, idx)));
 }
 
 /* ---- attach and reclaim ---- */
@@ -1044,6 +1092,8 @@ static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan
 	ch->sq_mask = m->sq_size - 1;
 	ch->marked = 0;
 	ch->flushed = cq_base;
+	ch->taken_seen = ch->periodic_end = cq_base;
+	at_store(&ch->head_watch, UINT64_MAX);  /* B1: nothing of the new ring to watch yet */
 	ch->sq_head_pub = m->sq_base;
 	/* Plain stores: no client has the segment yet. */
 	m->rw->sq_tail = m->sq_base;
@@ -1250,7 +1300,7 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		if (ch->park_order)
 			memset(ch->park_order, 0xff, (size_t)ch->cq.size * sizeof(*ch->park_order));
 		/* The claim word decides who has a delivered one-shot: the process, or the next one. */
-		ch->room = chime_cq_room(&ch->cq);
+		ch->room = room_refresh(sc, ch);
 		while ((idx = ch->ackwait.head) != CHIME_NIL) {
 			struct chime_node *n = NODE(sc, idx);
 			uint64_t pos = n->cq_pos;

@@ -188,6 +188,21 @@ struct chan {
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
 	struct chan_user *user;         /* its user's share: owned counts into user->owned too */
 	uint64_t flushed;               /* cq tail last published */
+	/*
+	 * Taken periodic events, recorded in their nodes (room_refresh()):
+	 * positions below taken_seen are done; periodic_end is one past the
+	 * last periodic event delivered.
+	 */
+	uint64_t taken_seen;
+	uint64_t periodic_end;
+	/*
+	 * For the control thread's heartbeat (relaxed; written by the shard):
+	 * the consumer head as the shard last saw it while events of this ring
+	 * wait to be seen taken (ACKWAIT one-shots, periodics), else
+	 * UINT64_MAX. A client head past it on a sleeping shard: the shard
+	 * file still holds events its process took; it is rung to record them.
+	 */
+	uint64_t head_watch;
 	uint64_t sq_head_pub;           /* sq_head last published */
 	uint32_t sweep_pos;             /* reclaim, park: next slab index to look at */
 	uint32_t *park_order;           /* park: by cq position, the nodes whose events come back */

@@ -1132,8 +1132,19 @@ static void limits_report(struct broker *b, uint64_t now)
  *   shard has nothing due for an hour, and a shard with nothing published
  *   is not woken. The slot is the client's to scribble on: a hint only,
  *   which at worst wakes the shard once a heartbeat, less than a client
- *   ringing its own doorbell can.
+ *   ringing its own doorbell can;
+ * - a session's process took events a sleeping shard has not seen taken
+ *   (its consumer head is past the channel's head_watch, chan.h): the shard
+ *   is rung the same way, so that within about 100 ms its file says so
+ *   and a crash that takes the process too does not bring them back. At
+ *   most a wake-up per heartbeat and shard, after a session took events.
  */
+static bool taken_unseen(const struct client *c, uint32_t s)
+{
+	/* B1: pairs with head_watch_publish() in chan.c; both words hints, any value is safe. */
+	return c->session[0] && at_load(&c->mems[s].rw->cq_head) > at_load(&c->chans[s].head_watch);
+}
+
 static void clients_beat(struct broker *b, uint64_t now)
 {
 	bool asleep[CHIME_MAX_SHARDS];
@@ -1163,7 +1174,7 @@ static void clients_beat(struct broker *b, uint64_t now)
 				continue;
 			/* V2: what the shard has applied; pairs with V1 in chan_drain(). */
 			head = at_load_acq(&m->ro->sq_head);
-			if (at_load(&m->sq_slots[head & (m->sq_size - 1)].seq) == head + 1) {
+			if (at_load(&m->sq_slots[head & (m->sq_size - 1)].seq) == head + 1 || taken_unseen(c, s)) {
 				(void)eventfd_write(b->shards[s].doorbell, 1);
 				b->shards[s].rung = true;
 				asleep[s] = false;      /* rung: once is enough */

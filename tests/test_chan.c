@@ -1059,6 +1059,35 @@ Test(chan, sq_waiting_counts_reserved_records_and_bounds_a_scribbled_tail)
  * re-attach with new rings delivers the held events in order, ids intact.
  */
 /* A periodic's untaken event comes back too, with its deadline; the timer then runs on. */
+/*
+ * Once the shard sees the consumer head past a periodic's event, the node
+ * (in the shard file) no longer names that event: before, it kept its
+ * position until the next firing, and a restore after a crash that took
+ * the process too delivered that taken event again. head_watch tells the
+ * control thread's heartbeat that the shard is waiting to see a head move.
+ */
+Test(chan, a_periodics_taken_event_is_forgotten_by_its_node_once_the_head_passes_it)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t p = arm(c, 1, T0 + 1 * MS, 50 * MS, 9);
+	struct chime_node *n;
+
+	step_at(T0 + 2 * MS);
+	n = wheel_node(&F.sc.wh, chime_id_index(p));
+	cr_assert_eq(n->cq_pos, 0, "its event at position 0, not taken yet");
+	cr_assert_eq(c->ch.head_watch, 0, "the shard waits to see the head move past 0");
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, p);
+	step_at(T0 + 3 * MS);
+	cr_assert_eq(n->cq_pos, CHIME_POS_NONE, "the taken event is still the node's");
+	cr_assert_eq(n->state, CHIME_NODE_ARMED);
+	cr_assert_eq(c->ch.head_watch, UINT64_MAX, "nothing left to watch");
+	step_at(T0 + 51 * MS);
+	cr_assert_eq(take(c, &e), 1, "the next period");
+	cr_assert_eq(e.deadline_ns, T0 + 51 * MS);
+}
+
 Test(chan, park_keeps_a_periodics_untaken_event)
 {
 	struct client_sim *c = &F.cl[0];

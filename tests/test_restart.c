@@ -1202,6 +1202,84 @@ Test(restart, a_periodic_being_held_again_when_the_broker_died_comes_back_once)
 	chime_close(c);
 }
 
+/* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */
+struct taken {
+	uint64_t t0;
+	uint64_t last[2];       /* user_data 0: the periodic; 1: the one-shot */
+	unsigned periodic_events;
+};
+
+/* Arm a periodic (every second) and a one-shot, take three events of the first and the second, wait to be killed. */
+static void taken_child(int wfd, void *arg)
+{
+	struct taken *t = arg;
+	struct chime_event ev[4];
+	chime_id_t id;
+	chime_t *c = NULL;
+
+	if (sopen(&c, "taken") < 0 || chime_arm(c, 0, t->t0 + 100 * MS, 1000 * MS, 0, &id) < 0 ||
+	    chime_arm(c, 0, t->t0 + 2150 * MS, 0, 1, &id) < 0)
+		_exit(1);
+	while (t->periodic_events < 3 || !t->last[1]) {
+		int r = chime_wait(c, ev, 4, 5000);
+
+		if (r <= 0)
+			_exit(2);
+		for (int k = 0; k < r; k++) {
+			t->last[ev[k].user_data & 1] = ev[k].deadline_ns;
+			t->periodic_events += ev[k].user_data == 0;
+		}
+	}
+	(void)!write(wfd, "t", 1);
+	pause();
+}
+
+/*
+ * A session's process takes events, then the broker is SIGKILLed and the
+ * process dies too, a while after it took them (a second, at most 90 ms
+ * here), before the periodic fires again. A new process of the session,
+ * under a new broker, must not get those events again: the broker could
+ * see them taken (the consumer head) long before it died. Before, a
+ * periodic's node kept its event's position until its next firing, and
+ * the next broker delivered that event again; a one-shot taken while its
+ * shard slept stayed ACKWAIT in the file the same way.
+ */
+Test(restart, events_a_dead_process_took_before_the_crash_are_not_delivered_again)
+{
+	struct taken *t = mmap(NULL, sizeof(*t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct chime_event ev[8];
+	unsigned n, next = 0;
+	pid_t pid;
+	chime_t *c;
+	int st;
+
+	cr_assert_neq(t, MAP_FAILED);
+	start("-n 1");
+	t->t0 = now_ns();
+	pid = child(taken_child, t);
+	usleep(400 * 1000);     /* a heartbeat or four after the last take */
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	kill_child(pid);
+	cr_assert_lt(now_ns(), t->last[0] + 1000 * MS, "too slow: the periodic's next event came due");
+	restart(0, "-n 1");
+	c = sopen_ok("taken");
+	n = collect(c, ev, 8, t->last[0] + 1300 * MS);
+	for (unsigned k = 0; k < n; k++) {
+		unsigned i = (unsigned)ev[k].user_data;
+
+		cr_assert_lt(i, 2);
+		cr_assert_gt(ev[k].deadline_ns, t->last[i], "%s's event of deadline +%llu ms, taken, came again",
+			     i ? "the one-shot" : "the periodic",
+			     (unsigned long long)((ev[k].deadline_ns - t->t0) / MS));
+		next += i == 0 && ev[k].deadline_ns == t->last[0] + 1000 * MS;
+	}
+	cr_assert_eq(next, 1, "the periodic's next event did not come once");
+	chime_close(c);
+	munmap(t, sizeof(*t));
+}
+
 /*
  * Take up to `want` events of timers with user_data < n (max a call) into
  * seen[], until until_ns; counts the repeats in *twice. Returns how many came.

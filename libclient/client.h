@@ -248,6 +248,8 @@ void cl_resume_flush(struct chime *c);
 int cl_submit_op(struct chime *c, uint32_t s, uint32_t op);
 /* Nanoseconds until the next attempt is due (0: now), for a sleeping drainer. */
 uint64_t cl_reconnect_wait_ns(struct chime *c);
+/* The next attempt is due now, whatever the back-off (a session's close; no other thread uses c). */
+void cl_reconnect_hurry(struct chime *c);
 
 /* Write our doorbell for a shard if it sleeps (after a full barrier by the caller). */
 void cl_ring_doorbell(struct chime_chan *ch);

@@ -81,6 +81,14 @@ uint64_t cl_reconnect_wait_ns(struct chime *c)
 	return next > now ? next - now : 0;
 }
 
+void cl_reconnect_hurry(struct chime *c)
+{
+	uint64_t now = chime_now();
+
+	if (at_load(&c->recon_next_ns) > now)
+		at_store(&c->recon_next_ns, now);
+}
+
 /* chime_fd() becomes readable at `at` (CLOCK_MONOTONIC ns), or never (0). */
 static void timer_set(struct chime *c, uint64_t at)
 {

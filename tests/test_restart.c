@@ -666,7 +666,7 @@ static void *close_thread(void *arg)
 	return NULL;
 }
 
-static void arms_then_close_across_a_restart(int sig, bool up_before_close)
+static void arms_then_close_across_a_restart(int sig, bool up_before_close, unsigned back_after_ms)
 {
 	pthread_t t;
 	chime_id_t id;
@@ -686,7 +686,7 @@ static void arms_then_close_across_a_restart(int sig, bool up_before_close)
 	} else {
 		/* The next broker, a moment after the close began (as systemd restarts one). */
 		cr_assert_eq(pthread_create(&t, NULL, close_thread, c), 0);
-		usleep(100 * 1000);
+		usleep(back_after_ms * 1000);
 		restart(0, "");
 		pthread_join(t, NULL);
 	}
@@ -698,17 +698,29 @@ static void arms_then_close_across_a_restart(int sig, bool up_before_close)
 
 Test(restart, arms_closed_after_a_crash_reach_the_next_broker)
 {
-	arms_then_close_across_a_restart(SIGKILL, true);
+	arms_then_close_across_a_restart(SIGKILL, true, 0);
 }
 
 Test(restart, arms_closed_after_a_planned_stop_reach_the_next_broker)
 {
-	arms_then_close_across_a_restart(SIGTERM, true);
+	arms_then_close_across_a_restart(SIGTERM, true, 0);
 }
 
 Test(restart, arms_closed_while_no_broker_runs_reach_the_next_one_within_the_close)
 {
-	arms_then_close_across_a_restart(SIGKILL, false);
+	arms_then_close_across_a_restart(SIGKILL, false, 100);
+}
+
+/*
+ * The same with a broker back late in the close's second (a slow start,
+ * or systemd's RestartSec): the close tries every 50 ms, not on its
+ * back-off. Before, its attempts came 0, 10, 30, 70, 150, 310 and 630 ms
+ * in, and the next one (1270 ms) fell past its second: a broker back at
+ * 750 ms was never tried, and the unread arms left with the process.
+ */
+Test(restart, arms_closed_while_no_broker_runs_reach_one_back_late_in_the_close)
+{
+	arms_then_close_across_a_restart(SIGKILL, false, 750);
 }
 
 /*

@@ -594,6 +594,53 @@ Test(daemon, unit_file_verifies)
 	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "'%s': status %#x", cmd, st);
 }
 
+/* The value of `key=` in the unit file, in ms ("100ms", "10s", "5": seconds); -1 if absent. */
+static long unit_ms(const char *unit, const char *key)
+{
+	char line[512], unitname[8];
+	long v = -1;
+	size_t kl = strlen(key);
+	FILE *f = fopen(unit, "r");
+
+	cr_assert(f, "cannot open '%s'", unit);
+	while (fgets(line, sizeof(line), f)) {
+		char *end;
+
+		if (strncmp(line, key, kl) != 0 || line[kl] != '=')
+			continue;
+		v = strtol(line + kl + 1, &end, 10);
+		if (sscanf(end, "%7[a-z]", unitname) != 1 || strcmp(unitname, "s") == 0)
+			v *= 1000;
+		else
+			cr_assert_str_eq(unitname, "ms", "%s: unit '%s' not understood here", key, unitname);
+	}
+	fclose(f);
+	return v;
+}
+
+/*
+ * A session's chime_close() waits 1 s for a broker that is gone, to hand
+ * the arms the old one never read to the next (chime_close(3)). With
+ * RestartSec=1s, systemd started the next one after that second, and a
+ * close right after a crash lost them. And a crash loop must still stop:
+ * the start limit is reached before its interval runs out.
+ */
+Test(daemon, the_unit_restarts_chimed_within_a_sessions_close_and_stops_a_crash_loop)
+{
+	const char *unit = getenv("CHIMED_UNIT");
+	long restart, interval, burst;
+
+	cr_assert(unit, "$CHIMED_UNIT must name the test copy of chimed.service");
+	restart = unit_ms(unit, "RestartSec");
+	interval = unit_ms(unit, "StartLimitIntervalSec");
+	burst = unit_ms(unit, "StartLimitBurst") / 1000;
+	cr_assert_geq(restart, 0, "no RestartSec=");
+	cr_assert_leq(restart, 200, "RestartSec=%ld ms: the next broker misses a close's second", restart);
+	cr_assert_gt(burst, 0, "no StartLimitBurst=");
+	cr_assert_gt(interval, burst * restart, "a crash loop never reaches StartLimitBurst=%ld in %ld ms", burst,
+		     interval);
+}
+
 Test(daemon, log_level_names)
 {
 	cr_expect_eq(log_parse_level("err"), LOG_ERR);

@@ -650,6 +650,14 @@ static bool node_cancel(struct shard_core *sc, struct chan *ch, uint32_t idx)
 	struct chime_node *n = NODE(sc, idx);
 	bool armed = counts_as_armed(n);
 
+	/*
+	 * Its event still in the ring (a periodic's, or a fired one-shot's):
+	 * the client must skip it. Voided first: a periodic off the wheel
+	 * with a ring position is, to restore.c, one deliver() is re-arming.
+	 * And no ALLOC step before node_release(): a cancelled held event
+	 * left ALLOC, its deadline past, would be taken for one that fired.
+	 */
+	event_void(ch, n);
 	switch (n->state) {
 	case CHIME_NODE_ARMED:
 	case CHIME_NODE_EXPIRED:
@@ -665,9 +673,6 @@ static bool node_cancel(struct shard_core *sc, struct chan *ch, uint32_t idx)
 		assert(0);
 		return false;
 	}
-	/* Its event still in the ring (a periodic's, or a fired one-shot's): the client must skip it. */
-	event_void(ch, n);
-	n->state = CHIME_NODE_ALLOC;
 	node_release(sc, ch, idx);
 	return armed;
 }
@@ -1425,6 +1430,7 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		if (n->owner != ch->slot)
 			continue;
 		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
+			n->cq_pos = CHIME_POS_NONE;     /* off the wheel with one, it would read as re-arming */
 			wheel_cancel(&sc->wh, idx);
 			node_release(sc, ch, idx);
 		}

@@ -48,6 +48,19 @@ static bool alloc_fired(const struct chime_node *n, uint64_t old_now_ns)
 	return n->deadline_ns <= old_now_ns && (n->deadline_ns != 0 || (n->gen & CHIME_NODE_IMMEDIATE));
 }
 
+/*
+ * An ALLOC periodic with a position in the old ring and a deadline not due
+ * at the old wheel's last advance: deliver() re-arming the timer whose
+ * event it had just written (wheel_rearm_periodic() stores the next
+ * deadline before the wheel makes the node ARMED). Read as ARMED. Nothing
+ * else leaves that: a cancel voids the event before the node leaves the
+ * wheel (chan.c).
+ */
+static bool alloc_rearming(const struct chime_node *n, uint64_t old_now_ns)
+{
+	return n->period_ns && n->cq_pos >> 62 == 0 && n->deadline_ns > old_now_ns;
+}
+
 static void node_drop(struct wheel *wh, uint32_t idx)
 {
 	struct chime_node *n = wheel_node(wh, idx);
@@ -91,7 +104,8 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			continue;
 		}
 		if (n->state == CHIME_NODE_GRANTED ||
-		    (n->state == CHIME_NODE_ALLOC && !alloc_fired(n, old_now_ns) && !chan_pos_at(n->cq_pos))) {
+		    (n->state == CHIME_NODE_ALLOC && !alloc_fired(n, old_now_ns) && !chan_pos_at(n->cq_pos) &&
+		     !alloc_rearming(n, old_now_ns))) {
 			/*
 			 * A grant (or an ARM caught between two steps of the old
 			 * shard): its process may still arm it, re-submitting what
@@ -116,11 +130,14 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			chan_hold_at(sc, idx, chan_pos_at_deadline(n->cq_pos));
 			n->cq_pos = CHIME_POS_NONE;
 			key = n->deadline_ns;
-		} else if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
+		} else if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED ||
+			   alloc_rearming(n, old_now_ns)) {
 			if (n->cq_pos == CHIME_POS_NONE || !n->period_ns || n->deadline_ns < n->period_ns ||
 			    n->deadline_ns - n->period_ns > now) {
 				/* On the wheel, and no event of it in a ring anyone can still read. */
 				n->cq_pos = CHIME_POS_NONE;
+				if (n->state == CHIME_NODE_ALLOC)
+					wheel_arm(wh, idx, n->deadline_ns);
 				rs->due += n->deadline_ns <= now;
 				armed[n->owner]++;
 				goto keep;

@@ -41,6 +41,8 @@ struct restore_stats {
  *     wheel_rebuild() set the clock): popped as due and not yet held or
  *     delivered: held; any other ALLOC (a grant being made, an ARM half
  *     applied, a cancel): carried, as GRANTED nodes are;
+ *   - ALLOC periodic with an old-ring position and a deadline not due
+ *     then: deliver() re-arming it, read as ARMED;
  *   - whatever its state, a node tagged CHAN_POS_AT (a periodic's event
  *     that a park or a restore was holding again): held at the tagged
  *     deadline.

@@ -1214,6 +1214,56 @@ Test(restart, a_periodic_being_held_again_when_the_broker_died_comes_back_once)
 	chime_close(c);
 }
 
+/*
+ * Periodic 0 (an hour's period) as deliver() leaves it while it re-arms
+ * the timer it just delivered, its event (deadline old_now - 1 ms) at ring
+ * position 0: ALLOC, that position, and already the next period's deadline
+ * (wheel_rearm_periodic() stores it before the wheel makes the node ARMED).
+ */
+static bool rearming(struct chime_node *nd, uint64_t old_now, void *arg)
+{
+	uint64_t *deadline = arg;
+
+	if (nd->state != CHIME_NODE_ARMED || nd->period_ns != HOUR || nd->user_data != 0)
+		return false;
+	*deadline = old_now - MS;
+	nd->deadline_ns = *deadline + HOUR;
+	nd->cq_pos = 0;
+	nd->state = CHIME_NODE_ALLOC;
+	nd->next = nd->prev = CHIME_NIL;
+	return true;
+}
+
+/*
+ * A broker killed while it re-arms a periodic it has just delivered: the
+ * next one delivers that event again (its process may not have taken it)
+ * and the timer goes on. Before, the node (ALLOC, a deadline not due) was
+ * taken for a cancel in progress and freed: the timer was lost.
+ */
+Test(restart, a_periodic_being_re_armed_after_its_event_when_the_broker_died_goes_on)
+{
+	struct chime_event ev[4];
+	uint64_t deadline = 0;
+	chime_id_t id;
+	unsigned n;
+	chime_t *c;
+
+	start("-n 1");
+	c = sopen_ok("rearm");
+	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, HOUR, 0, &id), 0);
+	chime_close(c);
+	edit_nodes(rearming, &deadline);
+	cr_assert_neq(deadline, 0, "the periodic is not in the file");
+	restart(0, "-n 1");
+	c = sopen_ok("rearm");
+	n = collect(c, ev, 4, now_ns() + 500 * MS);
+	cr_assert_eq(n, 1, "%u events, not the one the broker had delivered", n);
+	cr_assert_eq(ev[0].id, id);
+	cr_assert_eq(ev[0].deadline_ns, deadline);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 1), 1, "the periodic is not armed for its next period");
+	chime_close(c);
+}
+
 /* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */
 struct taken {
 	uint64_t t0;

@@ -694,12 +694,16 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 		/* Fired but not delivered: it simply was not due after all. */
 		backlog_del(sc, ch, idx);
 		event_void(ch, n);
-		n->state = CHIME_NODE_ALLOC;
+		/*
+		 * Straight from BACKLOG (or ACKWAIT) to the wheel: a kill in
+		 * between leaves a held node with a deadline ahead, which
+		 * restore.c puts back on the wheel. An ALLOC step there read
+		 * as a cancel in progress: the timer was freed.
+		 */
 		wheel_arm(&sc->wh, idx, deadline_ns);
 		break;
 	case CHIME_NODE_ACKWAIT:
 		nl_del(sc, &ch->ackwait, idx);
-		n->state = CHIME_NODE_ALLOC;
 		if (event_void(ch, n)) {
 			/* We beat the client to the event: the timer lives on, at the new deadline. */
 			wheel_arm(&sc->wh, idx, deadline_ns);
@@ -1002,8 +1006,7 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 		while ((idx = ch->ackwait.head) != CHIME_NIL &&
 		       chime_cq_consumed(&ch->cq, NODE(sc, idx)->cq_pos)) {
 			nl_del(sc, &ch->ackwait, idx);
-			NODE(sc, idx)->state = CHIME_NODE_ALLOC;
-			node_release(sc, ch, idx);
+			node_release(sc, ch, idx);      /* from ACKWAIT: ALLOC, its deadline past, reads as fired */
 			did = true;
 		}
 	}
@@ -1315,8 +1318,7 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 				park_keep(sc, ch, &back, idx, pos);
 				nback++;
 			} else {
-				n->state = CHIME_NODE_ALLOC;
-				node_release(sc, ch, idx);
+				node_release(sc, ch, idx);      /* from ACKWAIT, as in chan_service() */
 			}
 		}
 		ch->parked = 1;

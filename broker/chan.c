@@ -1239,21 +1239,22 @@ void chan_hold_at(struct shard_core *sc, uint32_t idx, uint64_t deadline_ns)
  * A periodic's event at pos in the old ring: if the process never took it,
  * off the wheel, held at that event's deadline (delivering it re-arms the
  * timer where it was), and true; if it took it, the timer goes on. The
- * hold is in the node before the claim word is voided: a broker killed
- * after the void but before the hold left a plain position, which a
- * resuming process's word settles as taken (it skipped the voided event),
- * so the event was lost; the other way round, a kill between the hold and
- * a lost claim delivers a taken event again, as a kill before the park does.
+ * hold is in the node before the claim word is voided: once voided, the
+ * event is the broker's to give back, and a kill before the hold must not
+ * leave a node without it (the void used to clear the position first: the
+ * event was lost). A kill between the hold and a lost claim delivers a
+ * taken event again, as a kill before the park does.
  */
 static bool park_periodic(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t pos)
 {
 	struct chime_node *n = NODE(sc, idx);
-	uint64_t deadline_ns = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
+	uint64_t deadline_ns;
 
-	if (chan_pos_old(pos) || chime_cq_consumed(&ch->cq, pos)) {
+	if (chan_pos_old(pos) || pos >= ch->cq.tail || chime_cq_consumed(&ch->cq, pos)) {
 		n->cq_pos = CHIME_POS_NONE;
 		return false;
 	}
+	deadline_ns = ch->cq.slots[pos & ch->cq.mask].deadline_ns;     /* fired: below now */
 	n->cq_pos = CHAN_POS_AT | deadline_ns;
 	at_crash_order();       /* F3: the tag before the void (above) */
 	if (!chime_cq_void(&ch->cq, pos)) {

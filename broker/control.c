@@ -471,6 +471,12 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 				"there are written back to disk and grow slower; a socket on a tmpfs "
 				"(such as /dev/shm, or /run where it is one) avoids both",
 				o->socket_path, fs);
+		/* Clients of other users trust a broker that is root or owns the socket's directory. */
+		if (chime_broker_trusted(o->socket_path, geteuid(), (uid_t)-1) == 0)
+			log_msg(LOG_WARNING, "the directory of '%s' is not this broker's user's (uid %u): other "
+				"users' clients will not trust it (chime_open() gives them EPERM), since anyone "
+				"who can write there could listen in its place; put the socket in a directory "
+				"its user owns (the service's /run/chime is)", o->socket_path, (unsigned)geteuid());
 	}
 	{
 		char err[512], desc[512];

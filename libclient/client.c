@@ -35,6 +35,7 @@
 #include "chime_config.h"
 #include "client.h"
 #include "clock.h"
+#include "segment.h"      /* chime_broker_trusted() */
 
 #define CHIME_OPEN_TIMEOUT_S 10    /* a broker that accepts but never answers */
 
@@ -65,6 +66,24 @@ static int resolve_path(const char *path, char out[CHIME_PATH_MAX])
 	return 0;
 }
 
+/*
+ * Who listens at path hears our session's name and hands us the memory our
+ * timers live in: root, our own user, or the owner of the socket's
+ * directory (chime_broker_trusted()). Anyone else may have bound the path
+ * in a directory all may write while no broker ran: -EPERM.
+ */
+static int peer_trusted(int fd, const char *path)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+	int r;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
+		return -errno;
+	r = chime_broker_trusted(path, cr.uid, geteuid());
+	return r < 0 ? r : r ? 0 : -EPERM;
+}
+
 static int connect_broker(const char *path, int *out)
 {
 	struct timeval tv = { .tv_sec = CHIME_OPEN_TIMEOUT_S };
@@ -90,6 +109,10 @@ static int connect_broker(const char *path, int *out)
 		default:
 			return -r;
 		}
+	}
+	if ((r = peer_trusted(fd, path)) < 0) {
+		close(fd);
+		return r;
 	}
 	/* The handshake must not hang on a wedged broker. */
 	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));

@@ -87,6 +87,37 @@ int chime_seg_memfd(const char *name, size_t size, int *fd, struct chime_map *ma
  * O_EXCL never follows a symlink someone planted at the path. fchmod
  * applies `mode` exactly, whatever the umask.
  */
+/* The directory holding `path` (a file in it, existing or not), into dir. */
+static int dir_of(const char *path, char *dir, size_t len)
+{
+	const char *slash = strrchr(path, '/');
+
+	if (!slash)
+		snprintf(dir, len, ".");
+	else if (slash == path)
+		snprintf(dir, len, "/");
+	else if ((size_t)(slash - path) >= len)
+		return -ENAMETOOLONG;
+	else
+		snprintf(dir, len, "%.*s", (int)(slash - path), path);
+	return 0;
+}
+
+int chime_broker_trusted(const char *path, uid_t broker, uid_t client)
+{
+	char dir[PATH_MAX];
+	struct stat st;
+	int r;
+
+	if (broker == 0 || broker == client)
+		return 1;
+	if ((r = dir_of(path, dir, sizeof(dir))) < 0)
+		return r;
+	if (stat(dir, &st) < 0)
+		return -errno;
+	return st.st_uid == broker;
+}
+
 int chime_seg_dir_in_memory(const char *path, const char **fs, char *buf, size_t len)
 {
 	static const struct {
@@ -103,17 +134,11 @@ int chime_seg_dir_in_memory(const char *path, const char **fs, char *buf, size_t
 		{ NFS_SUPER_MAGIC, "nfs", false },
 	};
 	char dir[PATH_MAX];
-	const char *slash = strrchr(path, '/');
 	struct statfs st;
+	int r;
 
-	if (!slash)
-		snprintf(dir, sizeof(dir), ".");
-	else if (slash == path)
-		snprintf(dir, sizeof(dir), "/");
-	else if ((size_t)(slash - path) >= sizeof(dir))
-		return -ENAMETOOLONG;
-	else
-		snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+	if ((r = dir_of(path, dir, sizeof(dir))) < 0)
+		return r;
 	if (statfs(dir, &st) < 0)
 		return -errno;
 	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)

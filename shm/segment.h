@@ -71,6 +71,17 @@ int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, s
 int chime_seg_dir_in_memory(const char *path, const char **fs, char *buf, size_t len);
 
 /*
+ * Whether a client of user `client` may trust a broker of user `broker`
+ * listening at socket `path` with its session's name and timers: the
+ * broker runs as root, as the client's own user, or as the owner of the
+ * socket's directory (only they could have put a socket there; a broker's
+ * /run/chime is its own). In a directory any user may write, such as /tmp,
+ * another user could listen at the path while no broker runs. 1 if
+ * trusted, 0 if not, -errno of stat() on the directory.
+ */
+int chime_broker_trusted(const char *path, uid_t broker, uid_t client);
+
+/*
  * Reserve [off, off + len) of a segment file on its filesystem, so that the
  * first touch of those pages cannot raise SIGBUS on a full filesystem (a
  * sparse file's pages are only allocated when written). 0 or -errno (-ENOSPC).

@@ -1142,3 +1142,112 @@ Test(access, sighup_reloads_the_policy_file_and_the_broker_keeps_running)
 	cr_assert_eq(as_user("chimet1", open_status, NULL), 0, "a bad reload must keep the old policy");
 	unlink(file);
 }
+
+/* ---- whom a client trusts as its broker ---- */
+
+struct squatter {
+	char path[108];         /* the socket it listens at */
+	int ready_fd;           /* a byte once it listens */
+};
+
+/* As another user: listen at the path, and hang up on whoever comes. */
+static int squat(void *arg)
+{
+	const struct squatter *s = arg;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", s->path);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 8) < 0 ||
+	    chmod(s->path, 0666) < 0 || write(s->ready_fd, "", 1) != 1)
+		return 1;
+	for (;;) {
+		int c = accept(fd, NULL, NULL);
+
+		if (c >= 0)
+			close(c);
+	}
+}
+
+/* A directory for it: mode 1777 as /tmp, owned by root or by `owner`. */
+static pid_t squatter_start(struct squatter *s, char *dir, uid_t owner)
+{
+	int fds[2];
+	char byte;
+	pid_t pid;
+
+	cr_assert_not_null(mkdtemp(dir));
+	cr_assert_eq(chmod(dir, 01777), 0);
+	cr_assert_eq(chown(dir, owner, (gid_t)-1), 0);
+	snprintf(s->path, sizeof(s->path), "%s/chime.sock", dir);
+	cr_assert_eq(pipe(fds), 0);
+	s->ready_fd = fds[1];
+	pid = as_user_start("chimet1", squat, s);
+	close(fds[1]);
+	cr_assert_eq(read(fds[0], &byte, 1), 1, "the other user could not listen at %s", s->path);
+	close(fds[0]);
+	return pid;
+}
+
+static void squatter_stop(pid_t pid, struct squatter *s, const char *dir)
+{
+	kill(pid, SIGKILL);
+	(void)user_done(pid);
+	unlink(s->path);
+	rmdir(dir);
+}
+
+/*
+ * libchime hands whoever listens at the socket path its session's name and
+ * takes from it the memory its timers live in. In a directory any user may
+ * write (/tmp), another user could listen there while no broker runs, and
+ * chime_open() talked to it. It trusts root, its own user, and the owner of
+ * the socket's directory only: anyone else is -EPERM.
+ */
+Test(access, a_client_does_not_trust_another_users_listener_in_a_directory_anyone_may_write)
+{
+	struct chime_opts o = { .socket_path = NULL, .session = "mine" };
+	struct squatter s;
+	char dir[] = "/tmp/chime-squat-XXXXXX";
+	chime_t *c = NULL;
+	pid_t pid;
+	int r;
+
+	need_users();
+	pid = squatter_start(&s, dir, 0);
+	o.socket_path = s.path;
+	r = chime_open(&c, &o);
+	squatter_stop(pid, &s, dir);
+	cr_assert_eq(r, -EPERM, "chime_open() to another user's listener in a root-owned 1777 directory: %s",
+		     strerror(-r));
+
+	/* The directory's owner put it there: trusted, so the handshake goes on (and is hung up on). */
+	{
+		char own[] = "/tmp/chime-squat-XXXXXX";
+
+		pid = squatter_start(&s, own, getpwnam("chimet1")->pw_uid);
+		o.socket_path = s.path;
+		r = chime_open(&c, &o);
+		squatter_stop(pid, &s, own);
+		cr_assert(r < 0 && r != -EPERM, "a listener owning the directory: %s", strerror(-r));
+	}
+}
+
+/* chimed run by a user in a directory it does not own says other users' clients will not trust it. */
+Test(access, a_broker_in_a_directory_its_user_does_not_own_says_others_will_not_trust_it)
+{
+	char dir[] = "/tmp/chime-squat-XXXXXX", cmd[1024];
+	const char *chimed;
+	struct tool_run t = { .cmd = cmd };
+
+	need_users();
+	start("--allow-all");
+	chimed = tool_copy("CHIMED");
+	cr_assert_not_null(mkdtemp(dir));
+	cr_assert_eq(chmod(dir, 01777), 0);
+	snprintf(cmd, sizeof(cmd), "timeout -s TERM 2 %s --foreground --socket %s/chime.sock 2>&1 | "
+		 "grep -q 'will not trust'", chimed, dir);
+	cr_assert_eq(as_user("chimet1", run_tool, &t), 0, "no warning from chimed in a root-owned 1777 directory");
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	(void)!system(cmd);
+}

@@ -79,6 +79,9 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *   -ENOENT        no broker listens at the socket path
  *   -EACCES        the broker's policy refused this user (or the socket's permissions
  *                  did), or the session belongs to another user
+ *   -EPERM         what listens at the path runs as a user that is not root, not
+ *                  this process's, and does not own the socket's directory: not
+ *                  trusted with the session and the timers
  *   -EBUSY         the session is attached to another process
  *   -EPROTO        the broker speaks another shared-memory layout version
  *   -EUSERS        the broker's client table is full (or this user's share of

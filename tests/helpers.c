@@ -31,6 +31,48 @@ const char *t_unique_name(char *buf, unsigned len, const char *prefix)
 	return buf;
 }
 
+/* Decimal of v into the end of buf; returns where it starts (async-signal-safe). */
+static char *sig_itoa(long v, char *end)
+{
+	unsigned long u = v < 0 ? 0UL - (unsigned long)v : (unsigned long)v;
+
+	*--end = 0;
+	do
+		*--end = (char)('0' + u % 10);
+	while (u /= 10);
+	if (v < 0)
+		*--end = '-';
+	return end;
+}
+
+static void sig_say(int sig, siginfo_t *si, void *ctx)
+{
+	char a[24], b[24], c[24];
+	const char *parts[] = { "test process: signal ", sig_itoa(sig, a + sizeof(a)), " from pid ",
+				sig_itoa(si ? si->si_pid : -1, b + sizeof(b)), " (si_code ",
+				sig_itoa(si ? si->si_code : 0, c + sizeof(c)), ")\n" };
+
+	(void)ctx;
+	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+		(void)!write(2, parts[i], strlen(parts[i]));
+	raise(sig);     /* SA_RESETHAND: the default action now */
+}
+
+void t_name_fatal_signals(void)
+{
+	static const int sigs[] = { SIGTERM, SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1, SIGUSR2 };
+	struct sigaction sa = { .sa_sigaction = sig_say, .sa_flags = SA_SIGINFO | SA_RESETHAND };
+
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+		struct sigaction old;
+
+		/* a disposition someone chose (ignored, or a handler) stays */
+		if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+			sigaction(sigs[i], &sa, NULL);
+	}
+}
+
 void t_rmdir_files(const char *dir)
 {
 	char p[PATH_MAX];

@@ -12,6 +12,14 @@
 const char *t_unique_name(char *buf, unsigned len, const char *prefix);
 
 /*
+ * A test process killed by a signal is reported by criterion as "unexpected
+ * signal", without which one or who sent it. After this, a catchable signal
+ * that would end the process (TERM, HUP, INT, QUIT, PIPE, ALRM, USR1, USR2)
+ * first writes its number, its sender's pid and si_code to stderr.
+ */
+void t_name_fatal_signals(void);
+
+/*
  * A private chimed for integration tests: "$CHIMED --foreground --socket SOCK
  * EXTRA" (EXTRA: more shell words, may be ""), killed with the test process
  * (PR_SET_PDEATHSIG), ready once its socket accepts a connection (it listens

@@ -46,6 +46,7 @@ static void setup(void)
 {
 	char name[64];
 
+	t_name_fatal_signals();         /* an "unexpected signal" seen here now and then: which, from whom */
 	t_unique_name(name, sizeof(name), "/tmp/chime-tools");
 	snprintf(dir, sizeof(dir), "%s", name);
 	cr_assert_eq(mkdir(dir, 0700), 0, "mkdir %s: %s", dir, strerror(errno));

@@ -23,56 +23,6 @@
 #include <time.h>
 #include <unistd.h>
 
-const char *t_unique_name(char *buf, unsigned len, const char *prefix)
-{
-	static unsigned n;
-
-	snprintf(buf, len, "%s-%d-%u", prefix, (int)getpid(), n++);
-	return buf;
-}
-
-/* Decimal of v into the end of buf; returns where it starts (async-signal-safe). */
-static char *sig_itoa(long v, char *end)
-{
-	unsigned long u = v < 0 ? 0UL - (unsigned long)v : (unsigned long)v;
-
-	*--end = 0;
-	do
-		*--end = (char)('0' + u % 10);
-	while (u /= 10);
-	if (v < 0)
-		*--end = '-';
-	return end;
-}
-
-static void sig_say(int sig, siginfo_t *si, void *ctx)
-{
-	char a[24], b[24], c[24];
-	const char *parts[] = { "test process: signal ", sig_itoa(sig, a + sizeof(a)), " from pid ",
-				sig_itoa(si ? si->si_pid : -1, b + sizeof(b)), " (si_code ",
-				sig_itoa(si ? si->si_code : 0, c + sizeof(c)), ")\n" };
-
-	(void)ctx;
-	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
-		(void)!write(2, parts[i], strlen(parts[i]));
-	raise(sig);     /* SA_RESETHAND: the default action now */
-}
-
-void t_name_fatal_signals(void)
-{
-	static const int sigs[] = { SIGTERM, SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1, SIGUSR2 };
-	struct sigaction sa = { .sa_sigaction = sig_say, .sa_flags = SA_SIGINFO | SA_RESETHAND };
-
-	sigemptyset(&sa.sa_mask);
-	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
-		struct sigaction old;
-
-		/* a disposition someone chose (ignored, or a handler) stays */
-		if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL)
-			sigaction(sigs[i], &sa, NULL);
-	}
-}
-
 void t_rmdir_files(const char *dir)
 {
 	char p[PATH_MAX];
@@ -90,8 +40,18 @@ void t_rmdir_files(const char *dir)
 	rmdir(dir);
 }
 
+/* The tmpfs mounted last and not yet unmounted: a failed assertion skips t_unmount_tmpfs(). */
+static char tmpfs_mounted[PATH_MAX];
+
+static void tmpfs_unmount_at_exit(void)
+{
+	if (tmpfs_mounted[0])
+		t_unmount_tmpfs(tmpfs_mounted);
+}
+
 int t_mount_tmpfs(char *dir, size_t len, const char *size)
 {
+	static bool registered;
 	char opts[64];
 
 	snprintf(dir, len, "/tmp/chime-tmpfs-XXXXXX");
@@ -102,6 +62,9 @@ int t_mount_tmpfs(char *dir, size_t len, const char *size)
 		rmdir(dir);
 		return -1;
 	}
+	snprintf(tmpfs_mounted, sizeof(tmpfs_mounted), "%s", dir);
+	if (!registered)
+		registered = atexit(tmpfs_unmount_at_exit) == 0;
 	return 0;
 }
 
@@ -110,6 +73,8 @@ void t_unmount_tmpfs(const char *dir)
 	t_rmdir_files(dir);     /* its rmdir fails while mounted: the one below does it */
 	(void)umount2(dir, MNT_DETACH);
 	rmdir(dir);
+	if (strcmp(dir, tmpfs_mounted) == 0)
+		tmpfs_mounted[0] = 0;
 }
 
 int64_t t_fill(const char *dir, const char *name, uint64_t bytes)

@@ -8,17 +8,6 @@
 
 #include "clock.h"       /* now_ns(), splitmix64(): the tree's one clock and PRNG */
 
-/* A unique name for this test process: "/chime-t-<pid>-<n>" style, written into buf. */
-const char *t_unique_name(char *buf, unsigned len, const char *prefix);
-
-/*
- * A test process killed by a signal is reported by criterion as "unexpected
- * signal", without which one or who sent it. After this, a catchable signal
- * that would end the process (TERM, HUP, INT, QUIT, PIPE, ALRM, USR1, USR2)
- * first writes its number, its sender's pid and si_code to stderr.
- */
-void t_name_fatal_signals(void);
-
 /*
  * A private chimed for integration tests: "$CHIMED --foreground --socket SOCK
  * EXTRA" (EXTRA: more shell words, may be ""), killed with the test process
@@ -57,7 +46,11 @@ int t_chimed_restart(struct t_chimed *b, int sig, const char *extra);
 /* Remove a directory and what is in it (one level, as brokers leave it). */
 void t_rmdir_files(const char *dir);
 
-/* A fresh tmpfs of `size` ("16m") on a new directory under /tmp, named in dir (root only). 0 or -1 (errno). */
+/*
+ * A fresh tmpfs of `size` ("16m") on a new directory under /tmp, named in dir
+ * (root only). 0 or -1 (errno). Unmounted at exit if a failed assertion
+ * skipped t_unmount_tmpfs().
+ */
 int t_mount_tmpfs(char *dir, size_t len, const char *size);
 
 /* Unmount it and remove the directory with what is in it. */

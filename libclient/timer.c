@@ -11,7 +11,8 @@
  * - ARM takes its id from the slot's grant (a node the broker set aside for
  *   whoever writes this slot), so the id is known before the broker has
  *   seen anything. The shard is chosen round-robin per calling thread: a
- *   thread-local counter, so threads share no cache line to pick one.
+ *   thread-local counter, so threads share no cache line to pick one; each
+ *   thread starts one shard after the thread that armed before it.
  * - RESET and CANCEL go to the shard named in the id; CANCEL_KEY to every
  *   shard (a key's timers are spread over all of them).
  * - A full ring is waited out (spin, then yield, then short sleeps), never
@@ -29,7 +30,15 @@
 #define likely(x)   __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
-static __thread uint32_t tl_next_shard;    /* round-robin for this thread's ARMs */
+/*
+ * Round-robin for this thread's ARMs: the next shard + 1, 0 before its first
+ * ARM. Each thread starts one shard after the thread before it, so threads
+ * that arm a timer or two each (a thread per request) spread over the
+ * shards instead of all landing on shard 0, and threads arming in step use
+ * different rings instead of contending for one.
+ */
+static __thread uint32_t tl_next_shard;
+static uint32_t threads_arming;            /* atomic: threads that have armed, for their start */
 
 /*
  * The ring is full: the shard is behind (or asleep, or dead). Wait for room:
@@ -213,9 +222,12 @@ static inline uint32_t next_arm_shard(const struct chime *c)
 {
 	uint32_t s = tl_next_shard;
 
-	if (s >= c->nr_shards)
-		s = 0;
-	tl_next_shard = s + 1;
+	if (unlikely(s == 0))
+		s = at_add(&threads_arming, 1);         /* the first thread starts at shard 0 */
+	s -= 1;
+	if (unlikely(s >= c->nr_shards))
+		s %= c->nr_shards;
+	tl_next_shard = s + 2;
 	return s;
 }
 

@@ -1403,6 +1403,45 @@ Test(broker, client_memory_does_not_grow_with_armed_timers)
 	chime_close(c);
 }
 
+/*
+ * Threads that arm one timer each (a thread per request) spread over the
+ * shards: each thread's round-robin starts one shard after the thread
+ * before it. They all started at shard 0 before.
+ */
+struct one_arm {
+	chime_t *c;
+	chime_id_t id;
+	int rc;
+};
+
+static void *arm_one(void *arg)
+{
+	struct one_arm *a = arg;
+
+	a->rc = chime_arm(a->c, 0, chime_now() + 3600 * 1000 * MS, 0, 0, &a->id);
+	return NULL;
+}
+
+Test(broker, threads_arming_one_timer_each_spread_over_the_shards)
+{
+	chime_t *c = copen();
+	unsigned on[2] = { 0, 0 };
+
+	cr_assert_not_null(c);
+	for (int t = 0; t < 8; t++) {
+		struct one_arm a = { .c = c };
+		pthread_t th;
+
+		cr_assert_eq(pthread_create(&th, NULL, arm_one, &a), 0);
+		cr_assert_eq(pthread_join(th, NULL), 0);
+		cr_assert_eq(a.rc, 0, "arm in thread %d: %s", t, strerror(-a.rc));
+		cr_assert_lt(chime_id_shard(a.id), 2u);
+		on[chime_id_shard(a.id)]++;
+	}
+	cr_assert_eq(on[0], 4, "8 threads arming one timer each: %u on shard 0, %u on shard 1", on[0], on[1]);
+	chime_close(c);
+}
+
 Test(broker, bad_arguments)
 {
 	chime_t *c = copen();

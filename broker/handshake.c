@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -409,7 +410,19 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 	const char *name = h->session;
 	bool resume = (h->flags & CHIME_HELLO_RESUME) != 0;
 	struct client *c = session_find(b, name);
+	bool reserved;
+	char why[160];
+	uid_t owner;
 
+	/* A reserved name is its user's before any session of that name exists. */
+	reserved = policy_session_owner(&b->policy, name, &owner);
+	if (reserved && owner != cred->uid) {
+		snprintf(why, sizeof(why), "session '%s' is reserved for uid %u (policy file)", name,
+			 (unsigned)owner);
+		refuse_log(b, cred, why);
+		send_status(cn->fd, -EACCES);
+		return;
+	}
 	if (!c) {
 		if (b->o.max_clients_per_uid && clients_of(b, cred->uid) >= b->o.max_clients_per_uid) {
 			refuse_log(b, cred, "its user has --max-clients-per-uid clients already");
@@ -420,7 +433,11 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		return;
 	}
 	if (c->cred.uid != cred->uid) {
-		refuse_log(b, cred, "the session belongs to another user");
+		/* taken before the reservation was: the operator drops it, its timers are not ours to hand over */
+		snprintf(why, sizeof(why), reserved ? "session '%s' is reserved for it but held by uid %u "
+			 "(chimectl drop-session frees the name)" : "session '%s' belongs to uid %u",
+			 name, (unsigned)c->cred.uid);
+		refuse_log(b, cred, why);
 		send_status(cn->fd, -EACCES);
 		return;
 	}

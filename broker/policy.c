@@ -118,7 +118,47 @@ int policy_group(const char *name, gid_t *gid, char *err, size_t errlen)
 	return r;
 }
 
-/* One line of a policy file: "allow-uid LIST", "allow-gid LIST", "allow-all", "#..." or blank. */
+/* "NAME USER" or "NAME* USER" of a session line. */
+static int session_line(struct policy *p, char *val, char *err, size_t errlen)
+{
+	char *save = NULL, *name = strtok_r(val, " \t", &save), *user = strtok_r(NULL, " \t", &save);
+	char *extra = strtok_r(NULL, " \t", &save);
+	struct session_rule r = { 0 }, *grown;
+	size_t len;
+	unsigned uid;
+	int rc;
+
+	if (!name || !user || extra) {
+		snprintf(err, errlen, "session: expected 'session NAME USER' (NAME may end in '*')");
+		return -EINVAL;
+	}
+	len = strlen(name);
+	r.prefix = len > 1 && name[len - 1] == '*';
+	len -= r.prefix;
+	if (len < sizeof(r.name))
+		memcpy(r.name, name, len);
+	if (len == 0 || len >= sizeof(r.name) || chime_session_len(r.name) != (int)len) {
+		snprintf(err, errlen, "session: '%.64s' is not a session name (1-%u of [A-Za-z0-9._-], "
+			 "'*' last for a prefix)", name, CHIME_SESSION_MAX - 1);
+		return -EINVAL;
+	}
+	if ((rc = resolve('u', user, &uid, err, errlen)) < 0)
+		return rc;
+	r.uid = (uid_t)uid;
+	grown = realloc(p->sessions, (p->nr_sessions + 1) * sizeof(*grown));
+	if (!grown) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	p->sessions = grown;
+	p->sessions[p->nr_sessions++] = r;
+	return 0;
+}
+
+/*
+ * One line of a policy file: "allow-uid LIST", "allow-gid LIST", "allow-all",
+ * "session NAME USER", "#..." or blank.
+ */
 static int file_line(struct policy *p, char *line, char *err, size_t errlen)
 {
 	char *key = line, *val;
@@ -139,7 +179,9 @@ static int file_line(struct policy *p, char *line, char *err, size_t errlen)
 		return policy_parse_uids(val, &p->uids, &p->nr_uids, err, errlen);
 	if (!strcmp(key, "allow-gid"))
 		return policy_parse_gids(val, &p->gids, &p->nr_gids, err, errlen);
-	snprintf(err, errlen, "unknown setting '%.64s' (allow-uid, allow-gid, allow-all)", key);
+	if (!strcmp(key, "session"))
+		return session_line(p, val, err, errlen);
+	snprintf(err, errlen, "unknown setting '%.64s' (allow-uid, allow-gid, allow-all, session)", key);
 	return -EINVAL;
 }
 
@@ -198,6 +240,7 @@ void policy_free(struct policy *p)
 {
 	free(p->uids);
 	free(p->gids);
+	free(p->sessions);
 	*p = (struct policy){ 0 };
 }
 
@@ -225,6 +268,19 @@ bool policy_admits(const struct policy *p, uid_t self, uid_t uid, gid_t gid,
 	return false;
 }
 
+bool policy_session_owner(const struct policy *p, const char *name, uid_t *uid)
+{
+	for (size_t i = 0; i < p->nr_sessions; i++) {
+		const struct session_rule *r = &p->sessions[i];
+
+		if (r->prefix ? strncmp(name, r->name, strlen(r->name)) == 0 : strcmp(name, r->name) == 0) {
+			*uid = r->uid;
+			return true;
+		}
+	}
+	return false;
+}
+
 bool policy_is_open(const struct policy *p)
 {
 	return p->allow_all || p->nr_uids || p->nr_gids;
@@ -232,15 +288,18 @@ bool policy_is_open(const struct policy *p)
 
 void policy_describe(const struct policy *p, char *buf, size_t len)
 {
-	size_t o = 0;
+	size_t o;
 
 	if (p->allow_all) {
-		snprintf(buf, len, "any local user");
-		return;
+		o = (size_t)snprintf(buf, len, "any local user");
+	} else {
+		o = (size_t)snprintf(buf, len, "root, uid %u", (unsigned)geteuid());
+		for (size_t i = 0; i < p->nr_uids && o < len; i++)
+			o += (size_t)snprintf(buf + o, len - o, ", uid %u", (unsigned)p->uids[i]);
+		for (size_t i = 0; i < p->nr_gids && o < len; i++)
+			o += (size_t)snprintf(buf + o, len - o, ", gid %u", (unsigned)p->gids[i]);
 	}
-	o += (size_t)snprintf(buf + o, len - o, "root, uid %u", (unsigned)geteuid());
-	for (size_t i = 0; i < p->nr_uids && o < len; i++)
-		o += (size_t)snprintf(buf + o, len - o, ", uid %u", (unsigned)p->uids[i]);
-	for (size_t i = 0; i < p->nr_gids && o < len; i++)
-		o += (size_t)snprintf(buf + o, len - o, ", gid %u", (unsigned)p->gids[i]);
+	if (p->nr_sessions && o < len)
+		snprintf(buf + o, len - o, "; %zu session name%s reserved", p->nr_sessions,
+			 p->nr_sessions == 1 ? "" : "s");
 }

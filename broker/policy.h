@@ -9,6 +9,11 @@
  * or names; names are resolved when the policy is loaded, and again on each
  * reload (SIGHUP), so a user created later is found then. An optional policy
  * file adds the same settings, one per line, and is re-read on reload.
+ *
+ * The file also reserves session names for their users ("session NAME
+ * USER", NAME ending in '*' for a prefix): a session is its creator's, so
+ * without a reservation any admitted user could open a service's session
+ * name first and keep the service out of it.
  */
 #ifndef CHIMED_POLICY_H
 #define CHIMED_POLICY_H
@@ -18,11 +23,19 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "chime_shm.h"   /* CHIME_SESSION_MAX */
+
 struct policy_src {
 	const char *allow_uid;          /* "LIST" as given, or NULL */
 	const char *allow_gid;
 	bool allow_all;
 	const char *file;               /* --policy-file, or NULL */
+};
+
+struct session_rule {
+	char name[CHIME_SESSION_MAX];   /* the name, or the prefix before '*' */
+	bool prefix;                    /* NAME* */
+	uid_t uid;
 };
 
 struct policy {
@@ -31,6 +44,8 @@ struct policy {
 	size_t nr_uids;
 	gid_t *gids;
 	size_t nr_gids;
+	struct session_rule *sessions;  /* in file order: the first match decides */
+	size_t nr_sessions;
 };
 
 /*
@@ -46,6 +61,9 @@ void policy_free(struct policy *p);
 /* Is a peer with these credentials admitted? (root and `self` always are) */
 bool policy_admits(const struct policy *p, uid_t self, uid_t uid, gid_t gid,
 		   const gid_t *groups, size_t nr_groups);
+
+/* Is session `name` reserved for a user? true and *uid if so. */
+bool policy_session_owner(const struct policy *p, const char *name, uid_t *uid);
 
 /* True if anyone but root and the broker's own user may be admitted. */
 bool policy_is_open(const struct policy *p);

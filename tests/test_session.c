@@ -143,6 +143,89 @@ Test(session, a_session_is_one_process_and_one_user)
 	cr_assert_eq(wait_child(child(open_expect, &ok)), 0, "the owner could not re-attach");
 }
 
+/*
+ * A policy file reserves session names for their users ("session NAME
+ * USER", NAME* a prefix): before, whoever opened a name first owned it, so
+ * any admitted user could take a service's session name and keep the
+ * service out.
+ */
+struct open_as {
+	uid_t uid;
+	const char *name;
+	int want;
+};
+
+static void open_as_expect(int wfd, void *arg)
+{
+	const struct open_as *o = arg;
+	chime_t *c = NULL;
+	int r;
+
+	if (o->uid && (setresgid(o->uid, o->uid, o->uid) < 0 || setresuid(o->uid, o->uid, o->uid) < 0))
+		_exit(90);
+	r = sopen(&c, o->name);
+	if (r == 0)
+		chime_close(c);
+	(void)!write(wfd, "r", 1);
+	if (r != o->want)
+		fprintf(stderr, "uid %u opening '%s': %s, expected %s\n", (unsigned)o->uid, o->name,
+			strerror(-r), strerror(-o->want));
+	_exit(r == o->want ? 0 : 1);
+}
+
+static int opens_as(uid_t uid, const char *name, int want)
+{
+	struct open_as o = { .uid = uid, .name = name, .want = want };
+
+	return wait_child(child(open_as_expect, &o));
+}
+
+Test(session, a_policy_file_reserves_session_names_for_their_users)
+{
+	char file[64], extra[128];
+	chime_t *held;
+	FILE *f;
+
+	if (geteuid() != 0)
+		cr_skip("needs root (opens sessions as uid 65534 too)");
+	snprintf(file, sizeof(file), "/tmp/chime-policy-%d", (int)getpid());
+	f = fopen(file, "w");
+	cr_assert_not_null(f);
+	fputs("allow-all\nsession billing-* root   # a prefix\nsession exact.name 65534\n", f);
+	fclose(f);
+	snprintf(extra, sizeof(extra), "--policy-file %s", file);
+	start(extra);
+	cr_assert_eq(opens_as(65534, "billing-worker", -EACCES), 0, "another user took a reserved prefix");
+	cr_assert_eq(opens_as(0, "billing-worker", 0), 0, "the user it is reserved for");
+	cr_assert_eq(opens_as(0, "billing", 0), 0, "the prefix is 'billing-'");
+	cr_assert_eq(opens_as(65534, "other", 0), 0, "an unreserved name is anyone's");
+	cr_assert_eq(opens_as(0, "exact.name", -EACCES), 0, "reserved for 65534, root included");
+	cr_assert_eq(opens_as(65534, "exact.name", 0), 0);
+	cr_assert_eq(opens_as(0, "exact.name2", 0), 0, "a name without '*' is not a prefix");
+
+	/* Held before it was reserved: nobody gets it until the operator drops it. */
+	cr_assert_eq(opens_as(65534, "late-x", 0), 0);
+	f = fopen(file, "w");
+	fputs("allow-all\nsession late-* root\n", f);
+	fclose(f);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	for (int i = 0; i < 100 && opens_as(65534, "late-y", -EACCES) != 0; i++)
+		usleep(20000);
+	cr_assert_eq(opens_as(65534, "late-x", -EACCES), 0, "its holder is refused once it is reserved");
+	cr_assert_eq(opens_as(0, "late-x", -EACCES), 0, "another user's timers are not handed over");
+	held = sopen_ok("late-z");
+	chime_close(held);
+
+	/* A malformed reservation is refused, and the broker keeps the policy it has. */
+	f = fopen(file, "w");
+	fputs("allow-all\nsession bad/name root\n", f);
+	fclose(f);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	usleep(200000);
+	cr_assert_eq(opens_as(65534, "late-q", -EACCES), 0, "a bad reload must keep the old policy");
+	unlink(file);
+}
+
 /* ---- (4) --session-linger reclaims ---- */
 
 Test(session, linger_expiry_reclaims_a_detached_session_and_its_nodes)

@@ -78,7 +78,7 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *                  too long, or opts->session is not a valid name
  *   -ENOENT        no broker listens at the socket path
  *   -EACCES        the broker's policy refused this user (or the socket's permissions
- *                  did), or the session belongs to another user
+ *                  did), or the session belongs, or its name is reserved, to another user
  *   -EPERM         what listens at the path runs as a user that is not root, not
  *                  this process's, and does not own the socket's directory: not
  *                  trusted with the session and the timers

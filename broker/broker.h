@@ -51,6 +51,7 @@ enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING, CL_PARKING, CL_DETACHED }
  */
 struct timers_scan {
 	int fd;                 /* the asker's connection; -1: no scan */
+	uid_t uid;              /* the asker's */
 	uint32_t slot;          /* the client whose timers are listed */
 	uint64_t generation;    /* its slot's: the client gone, the scan ends */
 	uint32_t shard, next;   /* where the scan is */
@@ -138,6 +139,9 @@ struct broker {
 	uid_t query_last_uid;           /* the last unprivileged user answered */
 	uint64_t query_turn_until_ns;   /* ... until then (0: nobody's) */
 	struct timers_scan scan;
+	bool scan_owed;                 /* the next scan is scan_turn_uid's (handshake.c, scan_turn()) */
+	uid_t scan_turn_uid;            /* the first other user refused while a scan ran */
+	uint64_t scan_turn_until_ns;    /* ... until then (set when that scan ends) */
 	uint32_t refused_quiet;         /* refusals not logged since */
 	uint64_t *reserve_failed_logged;   /* [nr_shards] */
 	struct sessfile sess;           /* "<socket>.sessions" (restart.c) */

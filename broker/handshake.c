@@ -206,8 +206,6 @@ static void query_timers(struct broker *b, struct conn *cn, const struct ucred *
 			break;
 		}
 	}
-	if (status == 0 && q->fd >= 0)
-		status = -EBUSY;        /* one scan at a time */
 	if (status == 0 && !(q->out = calloc(limit, sizeof(*q->out))))
 		status = -ENOMEM;
 	if (status < 0) {
@@ -216,6 +214,7 @@ static void query_timers(struct broker *b, struct conn *cn, const struct ucred *
 	}
 	q->fd = cn->fd;
 	cn->fd = -1;            /* the scan answers, then closes it */
+	q->uid = asker->uid;
 	q->slot = slot;
 	q->generation = b->clients[slot].generation;
 	q->shard = q->next = 0;
@@ -227,12 +226,17 @@ static void query_timers(struct broker *b, struct conn *cn, const struct ucred *
 /* Nodes looked at per control loop iteration: ~0.3 ms. */
 #define QUERY_SCAN_STEP 16384u
 
-static void scan_end(struct timers_scan *q)
+/* A user refused while the scan ran is owed the next: it has QUERY_TURN_HOLD_NS from now to ask again. */
+static void scan_end(struct broker *b)
 {
+	struct timers_scan *q = &b->scan;
+
 	close(q->fd);
 	q->fd = -1;
 	free(q->out);
 	q->out = NULL;
+	if (b->scan_owed)
+		b->scan_turn_until_ns = now_ns() + QUERY_TURN_HOLD_NS;
 }
 
 bool query_step(struct broker *b)
@@ -246,7 +250,7 @@ bool query_step(struct broker *b)
 	if (c->state != CL_ACTIVE || c->generation != q->generation) {
 		/* Gone meanwhile: its slot's nodes are another's soon. */
 		query_send(q->fd, &(struct chime_query_head){ .status = -ESRCH }, NULL, 0, 0);
-		scan_end(q);
+		scan_end(b);
 		return false;
 	}
 	for (; q->shard < b->o.nr_shards && budget; q->shard++, q->next = 0) {
@@ -278,14 +282,14 @@ bool query_step(struct broker *b)
 	if (q->shard < b->o.nr_shards)
 		return true;
 	query_send(q->fd, &q->head, q->out, q->n, sizeof(*q->out));
-	scan_end(q);
+	scan_end(b);
 	return false;
 }
 
 void query_abort(struct broker *b)
 {
 	if (b->scan.fd >= 0)
-		scan_end(&b->scan);
+		scan_end(b);
 }
 
 /* ---- named sessions ---- */
@@ -492,17 +496,44 @@ static bool query_turn(struct broker *b, const struct ucred *asker, uint64_t now
 	return true;
 }
 
+/*
+ * The timers scan is one at a time, for everyone (root included), and a
+ * scan of millions of nodes takes longer than the interval: a user asking
+ * again as soon as its scan ended would start the next, and others would
+ * find the scan busy whenever they asked. So the first user refused while
+ * a scan runs, other than the scan's own, is owed the next scan: nobody
+ * else may start one until it comes back (or QUERY_TURN_HOLD_NS after the
+ * scan ends: it gave up). A user cannot have two scans in a row while
+ * another waits for one. Checked before query_turn(), so a refusal here
+ * spends nobody's turn there.
+ */
+static bool scan_turn(struct broker *b, const struct ucred *asker, uint64_t now)
+{
+	if (b->scan.fd >= 0) {
+		if (!b->scan_owed && asker->uid != b->scan.uid) {
+			b->scan_owed = true;
+			b->scan_turn_uid = asker->uid;
+			b->scan_turn_until_ns = UINT64_MAX;     /* scan_end() sets it */
+		}
+		return false;
+	}
+	return !b->scan_owed || b->scan_turn_uid == asker->uid || now >= b->scan_turn_until_ns;
+}
+
 static void answer_query(struct broker *b, struct conn *cn, const struct chime_hello *h,
 			 const struct ucred *asker)
 {
 	uint64_t limit = h->limit && h->limit < CHIME_QUERY_MAX ? h->limit : CHIME_QUERY_MAX;
+	bool timers = h->flags == CHIME_HELLO_QUERY_TIMERS;
+	uint64_t now = now_ns();
 	void *buf;
 
-	if (!query_turn(b, asker, now_ns())) {
+	if ((timers && !scan_turn(b, asker, now)) || !query_turn(b, asker, now)) {
 		query_send(cn->fd, &(struct chime_query_head){ .status = -EBUSY }, NULL, 0, 0);
 		return;
 	}
-	if (h->flags == CHIME_HELLO_QUERY_TIMERS) {
+	if (timers) {
+		b->scan_owed = false;   /* a turn owed is taken (or given up): the next refusal decides */
 		query_timers(b, cn, asker, h->pid, limit);
 		return;
 	}

@@ -953,6 +953,88 @@ Test(access, a_user_asking_in_a_tight_loop_cannot_starve_another_users_queries)
 	cr_assert_eq(user_done(spinner), 0, "chimet1's own queries were answered too");
 }
 
+/*
+ * A broker holding CROWD timers (root's, armed here): a timers query reads
+ * every node, so each scan takes longer than chimectl's pause between asks
+ * (60 ms): about 120 ms on the 2-core development VM.
+ */
+enum { CROWD = 9000000 };
+
+/*
+ * As chimet1 and chimet2 for 3 s, each with a client and one timer of its
+ * own: queries for its own timers, in a tight loop (arg NULL) or as
+ * chimectl asks (again 60 ms after EBUSY). Exits with the number answered
+ * (at most 199), or 200 and more on a failure.
+ */
+static int scan_loop(void *patient)
+{
+	struct chime_query_timer rec;
+	struct chime_query_head head;
+	chime_t *c = t_open(tb.sock);
+	unsigned served = 0;
+	uint64_t until;
+	chime_id_t id;
+
+	if (!c || chime_arm(c, 5, chime_now() + 3600000 * MS, 0, 0, &id) < 0 || chime_flush(c) < 0)
+		return 200;
+	for (until = chime_now() + 3000 * MS; chime_now() < until && served < 199;) {
+		raw_query(CHIME_HELLO_QUERY_TIMERS, getpid(), 1, &head, &rec, 1);
+		if (head.status == 0)
+			served++;
+		else if (head.status != -EBUSY)
+			return 201;
+		else if (patient)
+			usleep(60000);
+	}
+	chime_close(c);
+	return (int)served;
+}
+
+/*
+ * The timers query is one scan at a time, for everyone. A user asking for
+ * its timers in a loop started the next scan as soon as its last one
+ * ended, and another user's query, asked as chimectl asks, found the scan
+ * busy (EBUSY) for as long as the turns of the interval happened to fall
+ * so (a single query of chimet2's: 2 of 12 refused for 1 s, the others
+ * answered in 153-451 ms), or the other way round, as here (before, six
+ * runs: chimet1 answered 0-5 times, chimet2 16-22). Now the first other
+ * user refused during a scan is owed the next one: two users asking take
+ * turns (131-215 ms for that single query).
+ */
+Test(access, a_user_scanning_in_a_loop_cannot_keep_another_users_timers_query_busy)
+{
+	char dir[] = "/dev/shm/chime-t-XXXXXX", sock[64];
+	int spun, patient;
+	pid_t spinner;
+	chime_t *c;
+	chime_id_t id;
+
+	need_users();
+	if (!mkdtemp(dir))      /* a tmpfs: the slab is 600 MB */
+		cr_skip("no writable /dev/shm here");
+	cr_assert_eq(chmod(dir, 0755), 0);
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	cr_assert_eq(t_chimed_start(&tb, sock, "--allow-all -n 2 --capacity 4718592 --max-timers-per-client 0 "
+				    "--max-timers-per-uid 0"), 0);
+	snprintf(tb.dir, sizeof(tb.dir), "%s", dir);
+	tb.own_dir = 1;         /* the suite's .fini removes it */
+	c = t_open(tb.sock);
+	cr_assert_not_null(c);
+	for (unsigned i = 0; i < CROWD; i++)
+		cr_assert_eq(chime_arm(c, 1, chime_now() + 3600000 * MS, 0, i, &id), 0, "arm %u", i);
+	cr_assert_eq(chime_flush(c), 0);
+	spinner = as_user_start("chimet1", scan_loop, NULL);
+	patient = as_user("chimet2", scan_loop, "patient");
+	spun = user_done(spinner);
+	chime_close(c);
+	cr_log_info("timers queries answered in 3 s: chimet1 (a tight loop) %d, chimet2 (as chimectl) %d",
+		    spun, patient);
+	cr_assert_lt(spun, 200, "chimet1's loop failed (%d)", spun);
+	cr_assert_lt(patient, 200, "chimet2's loop failed (%d)", patient);
+	cr_assert(patient * 2 >= spun && spun * 2 >= patient && patient >= 3,
+		  "answered in 3 s: chimet1 %d times, chimet2 %d: not in turn", spun, patient);
+}
+
 /* ---- the tools, run by an admitted client outside --stats-group ---- */
 
 struct tool_run {

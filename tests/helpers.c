@@ -330,6 +330,8 @@ int t_thread_named(int pid, const char *comm)
 	while (d && tid < 0 && (e = readdir(d))) {
 		FILE *f;
 
+		if (e->d_name[0] == '.')
+			continue;       /* "..": /proc/PID/comm, the main thread's name, and tid "0" */
 		snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", pid, e->d_name);
 		f = fopen(path, "r");
 		if (f && fgets(name, sizeof(name), f) && strncmp(name, comm, strlen(comm)) == 0 &&

@@ -96,6 +96,7 @@ struct client {
 	uint64_t generation;
 	uint32_t hup_seq;               /* tags its hang-up poll: a stale one of an earlier attach is ignored */
 	uint64_t connected_ns;
+	bool acking;                    /* in broker.acking (after generation: client_admit() keeps it) */
 };
 
 struct broker {
@@ -119,6 +120,16 @@ struct broker {
 	 * not walk 65536 cold entries every 90 ms.
 	 */
 	uint32_t clients_hi;
+	/*
+	 * The slots whose commands the shards have yet to be seen answering
+	 * (post_all() adds one, on_notify() takes it off once all have), in
+	 * no order: on_notify() runs at every shard's acknowledgement and
+	 * walks these, not the table. It walked all --max-clients slots: at
+	 * 65536, a user opening and closing in a loop doubled what the control
+	 * thread spent per open (ARCHITECTURE.md, "What a client can touch").
+	 */
+	uint32_t *acking;               /* [max_clients]: a slot is in it at most once */
+	uint32_t nr_acking;
 	struct conn *conns;
 	bool accept_armed;
 	int spare_fd;                   /* /dev/null, given up to refuse a connection when out of descriptors */

@@ -438,7 +438,8 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 		goto fail;
 	}
 	b->clients = calloc(o->max_clients, sizeof(*b->clients));
-	if (!b->clients) {
+	b->acking = calloc(o->max_clients, sizeof(*b->acking));
+	if (!b->clients || !b->acking) {
 		r = log_errno(LOG_ERR, ENOMEM, "client table");
 		goto fail;
 	}
@@ -773,6 +774,10 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 	/* M4: pending before the commands; the shards' acks count it down. */
 	at_store(&c->ack.err, 0);
 	at_store_rel(&c->ack.pending, b->o.nr_shards);
+	if (!c->acking) {
+		c->acking = true;
+		b->acking[b->nr_acking++] = c->slot;
+	}
 	for (uint32_t s = 0; s < b->o.nr_shards; s++) {
 		struct shard_cmd cmd = {
 			.op = op,
@@ -845,17 +850,27 @@ static void parked(struct broker *b, struct client *c)
 	}
 }
 
-/* Every shard has answered some client's request: find which. */
+/*
+ * Every shard has answered some client's request: find which, among the
+ * slots waiting for answers (O(those), not O(--max-clients)). What is
+ * handled here may post again (a failed attach detaches): that slot goes
+ * back on the list, at its end.
+ */
 static void on_notify(struct broker *b)
 {
-	for (uint32_t i = 0; i < b->o.max_clients; i++) {
-		struct client *c = &b->clients[i];
+	for (uint32_t i = 0; i < b->nr_acking;) {
+		struct client *c = &b->clients[b->acking[i]];
 		int r;
 
-		if (c->state != CL_ATTACHING && c->state != CL_DETACHING && c->state != CL_PARKING)
-			continue;
 		/* M5: pairs with M3 in the shards' ack(). */
-		if (at_load_acq(&c->ack.pending) != 0)
+		if (at_load_acq(&c->ack.pending) != 0) {
+			i++;
+			continue;
+		}
+		/* Off the list (the last one takes its place, looked at next) before anything posts again. */
+		b->acking[i] = b->acking[--b->nr_acking];
+		c->acking = false;
+		if (c->state != CL_ATTACHING && c->state != CL_DETACHING && c->state != CL_PARKING)
 			continue;
 		if (c->state == CL_ATTACHING) {
 			r = at_load(&c->ack.err);
@@ -1476,6 +1491,7 @@ void broker_stop(struct broker *b)
 		if (b->clients[i].state != CL_FREE)
 			client_release(b, &b->clients[i]);
 	free(b->clients);
+	free(b->acking);
 	policy_free(&b->policy);
 	free(b->shards);
 	free(b->reserve_failed_logged);

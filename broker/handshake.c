@@ -71,11 +71,12 @@ static bool admitted(struct broker *b, int fd, const struct ucred *cred)
 	return ok;
 }
 
+/* Every open asks: up to clients_hi (no slot above it is taken), not --max-clients. */
 static uint32_t clients_of(const struct broker *b, uid_t uid)
 {
 	uint32_t n = 0;
 
-	for (uint32_t i = 0; i < b->o.max_clients; i++)
+	for (uint32_t i = 0; i < b->clients_hi; i++)
 		n += b->clients[i].state != CL_FREE && b->clients[i].cred.uid == uid;
 	return n;
 }
@@ -314,10 +315,11 @@ static bool session_name_ok(const char name[CHIME_SESSION_MAX])
 /*
  * The slot holding session `name` (any uid), or NULL. One being reclaimed
  * (DETACHING: linger ran out, dropped) is gone already: the name is free.
+ * Up to clients_hi, as clients_of().
  */
 static struct client *session_find(struct broker *b, const char *name)
 {
-	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+	for (uint32_t i = 0; i < b->clients_hi; i++) {
 		struct client *c = &b->clients[i];
 
 		if (c->state != CL_FREE && c->state != CL_DETACHING && c->session[0] &&

@@ -586,6 +586,65 @@ Test(access, a_connect_loop_of_one_user_keeps_others_waiting_only_briefly)
 		     (double)took[OPENS / 2] / 1e6);
 }
 
+/* The CPU time (ns, schedstat) the control thread of broker b has used so far. */
+static uint64_t control_cpu_ns(const struct t_chimed *b)
+{
+	unsigned long long ns = 0;
+	int tid = t_thread_named(b->pid, "chimed");
+	char path[96];
+	FILE *f;
+
+	cr_assert_gt(tid, 0, "no control thread in pid %d", b->pid);
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/schedstat", b->pid, tid);
+	f = fopen(path, "r");
+	cr_assert_not_null(f);
+	cr_assert_eq(fscanf(f, "%llu", &ns), 1);
+	fclose(f);
+	return ns;
+}
+
+/* What n chime_open() + chime_close() in a row cost b's control thread, per pair (ns). */
+static uint64_t open_close_cost(const struct t_chimed *b, unsigned n)
+{
+	uint64_t t0 = control_cpu_ns(b);
+
+	for (unsigned i = 0; i < n; i++) {
+		chime_t *c = t_open(b->sock);
+
+		cr_assert_not_null(c);
+		chime_close(c);
+	}
+	usleep(20000);          /* the last detach */
+	return (control_cpu_ns(b) - t0) / n;
+}
+
+/*
+ * A user opening and closing in a loop costs the control thread what the
+ * open and the close cost, whatever --max-clients: each acknowledgement of
+ * the shards (an attach, a detach) walked every slot of the table, and so
+ * did the per-user count of every open, 65536 of them at --max-clients
+ * 65536. One broker of each, the least of 3 rounds each, alternated.
+ */
+Test(access, a_connect_loop_costs_the_broker_no_more_at_max_clients_65536)
+{
+	uint64_t small = UINT64_MAX, big = UINT64_MAX;
+	struct t_chimed b;
+
+	start("-n 1 --max-clients 256");
+	cr_assert_eq(t_chimed_start(&b, NULL, "-n 1 --max-clients 65536"), 0);
+	for (int round = 0; round < 3; round++) {
+		uint64_t s = open_close_cost(&tb, 300), l = open_close_cost(&b, 300);
+
+		small = s < small ? s : small;
+		big = l < big ? l : big;
+	}
+	t_chimed_stop(&b, SIGKILL);
+	cr_log_info("control thread per open and close: %.1f us at --max-clients 256, %.1f us at 65536",
+		    small / 1e3, big / 1e3);
+	cr_assert_leq(big, small * 3 / 2, "an open and a close cost the control thread %.1f us at --max-clients "
+		      "65536, %.1f us at 256", big / 1e3, small / 1e3);
+}
+
 /* More opens at once than the queue holds: the extra ones wait for room, none fails. */
 static void *open_hold(void *arg)
 {

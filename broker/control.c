@@ -75,13 +75,36 @@ static pid_t lock_owner(int fd)
 }
 
 /*
+ * A lock file that is not ours: another user put it in a socket directory
+ * others can write (a shared /tmp), before us. Whoever has it open can
+ * flock() it at will (now, or after our crash, the file staying) and keep
+ * every broker on this socket out; its pid inside is its owner's to write.
+ * Refused, named with its owner, as shard and sessions files are.
+ */
+static int lock_not_ours(const struct broker *b, const struct stat *st)
+{
+	if (!S_ISREG(st->st_mode))
+		log_msg(LOG_ERR, "lock file '%s' is not a regular file (uid %u's): not using it; remove it",
+			b->lock_path, (unsigned)st->st_uid);
+	else
+		log_msg(LOG_ERR, "lock file '%s' belongs to uid %u, not to this broker's (%u) or root: not using "
+			"it (another user can write in its directory?); remove it, or put the socket in a "
+			"directory only the broker's user can write", b->lock_path, (unsigned)st->st_uid,
+			(unsigned)geteuid());
+	return -EPERM;
+}
+
+/*
  * "<socket>.lock", flock()ed for the broker's life: two brokers starting on
  * one path race safely, and the loser learns the winner's pid. A lock file
  * unlinked by a stopping broker between our open and our flock is detected
  * (inode changed) and retried, so two brokers never each hold a lock.
  * Mode 0600: flock() needs only a descriptor open for reading, and any
  * user who could open it (it was 0644) could hold it from a broker's crash
- * on (the file stays) and keep every later broker out.
+ * on (the file stays) and keep every later broker out. For the same
+ * reason one that is there is used only if it is a regular file of ours
+ * or root's (chime_seg_ours()): it is checked before it is opened, and
+ * again, by its descriptor, after (swapped in between).
  */
 static int take_lock(struct broker *b)
 {
@@ -90,13 +113,31 @@ static int take_lock(struct broker *b)
 	for (int tries = 0; tries < 10; tries++) {
 		struct stat a, p;
 		char pid[32];
-		int fd = open(b->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+		int fd = open(b->lock_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
 
+		if (fd < 0 && errno == EEXIST) {
+			if (lstat(b->lock_path, &p) == 0 && (!S_ISREG(p.st_mode) || !chime_seg_ours(&p)))
+				return lock_not_ours(b, &p);
+			/* No O_CREAT: fs.protected_regular would refuse it on a file of another's. */
+			fd = open(b->lock_path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+			if (fd < 0 && errno == ENOENT)
+				continue;       /* removed by a stopping broker in between: again */
+		}
 		if (fd < 0)
 			return log_errno_hint(LOG_ERR, errno,
 					      errno == ENOENT ? "does the directory exist?" :
 					      errno == EACCES || errno == EROFS ? "is the directory writable?" : NULL,
 					      "cannot create lock file '%s'", b->lock_path);
+		if (fstat(fd, &a) < 0) {
+			int e = errno;
+
+			close(fd);
+			return log_errno(LOG_ERR, e, "fstat('%s')", b->lock_path);
+		}
+		if (!S_ISREG(a.st_mode) || !chime_seg_ours(&a)) {
+			close(fd);
+			return lock_not_ours(b, &a);
+		}
 		/* One an earlier version left 0644: ours again (a failure here shows at the flock). */
 		(void)fchmod(fd, 0600);
 		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
@@ -114,8 +155,7 @@ static int take_lock(struct broker *b)
 			}
 			return log_errno(LOG_ERR, e, "flock('%s')", b->lock_path);
 		}
-		if (fstat(fd, &a) < 0 || stat(b->lock_path, &p) < 0 ||
-		    a.st_ino != p.st_ino || a.st_dev != p.st_dev) {
+		if (stat(b->lock_path, &p) < 0 || a.st_ino != p.st_ino || a.st_dev != p.st_dev) {
 			close(fd);      /* unlinked under us by a stopping broker: again */
 			continue;
 		}

@@ -879,6 +879,74 @@ Test(access, another_user_cannot_hold_the_lock_and_keep_the_next_broker_out)
 	cr_assert_eq(open_status(NULL), 0);
 }
 
+/* As chimet1: create the lock file `path` (0644) and keep it open, as one waiting to flock() it would. */
+struct plant {
+	char path[320];
+	int wfd;                /* a byte once it is there */
+};
+
+static int plant_lock(void *arg)
+{
+	struct plant *pl = arg;
+	int fd = open(pl->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+
+	if (fd < 0)
+		return 2;
+	(void)!write(pl->wfd, "l", 1);
+	pause();
+	return 1;
+}
+
+/*
+ * A lock file another user put in a socket directory anyone may write (a
+ * shared /tmp, before the broker's first start): its owner, holding it
+ * open, can flock() it whenever it likes (before a start, or from the
+ * broker's crash on: the file stays) and keep every broker on that socket
+ * out, and it writes the pid a refused broker names. chimed used it, and
+ * its fchmod() to 0600 came too late for a descriptor already open. It
+ * now refuses to start (exit 1), naming the file and its owner.
+ */
+Test(access, a_lock_file_of_another_user_is_refused_and_named)
+{
+	char dir[] = "/tmp/chime-t-XXXXXX", cmd[1024], out[2048], want[400];
+	const char *chimed = getenv("CHIMED");
+	struct passwd *pw;
+	struct plant pl;
+	int p[2];
+	pid_t pid;
+	size_t n;
+	FILE *f;
+
+	need_users();
+	pw = getpwnam("chimet1");
+	cr_assert(chimed && pw);
+	cr_assert_not_null(mkdtemp(dir));
+	cr_assert_eq(chmod(dir, 01777), 0);     /* as /tmp */
+	snprintf(pl.path, sizeof(pl.path), "%s/chime.sock.lock", dir);
+	cr_assert_eq(pipe(p), 0);
+	pl.wfd = p[1];
+	pid = as_user_start("chimet1", plant_lock, &pl);
+	close(p[1]);
+	n = (size_t)read(p[0], &(char){ 0 }, 1);
+	close(p[0]);
+	snprintf(cmd, sizeof(cmd), "timeout 5 '%s' --foreground --socket '%s/chime.sock' 2>&1; echo \"exit $?\"",
+		 chimed, dir);
+	out[0] = 0;
+	if (n == 1 && (f = popen(cmd, "r"))) {
+		size_t got = fread(out, 1, sizeof(out) - 1, f);
+
+		out[got] = 0;
+		pclose(f);
+	}
+	kill(pid, SIGKILL);
+	user_done(pid);
+	t_rmdir_files(dir);
+	cr_assert_eq(n, 1, "chimet1 could not create '%s'", pl.path);
+	snprintf(want, sizeof(want), "lock file '%s' belongs to uid %u, not to this broker's (0) or root",
+		 pl.path, (unsigned)pw->pw_uid);
+	cr_assert(strstr(out, "exit 1\n") && strstr(out, want), "chimed on chimet1's lock file said:\n%s", out);
+}
+
 /* ---- queries (what chimectl asks when it cannot read the segments) ---- */
 
 /* One query by hand: its answer's head in *head (status -1: no answer), then up to n records. */

@@ -21,8 +21,14 @@
 #include "sessfile.h"
 #include "shard.h"
 
-#define MAX_HANDSHAKES   64             /* connections between accept and hello */
-#define MAX_HANDSHAKES_PER_UID 8        /* of which one user may hold */
+/*
+ * Connections between accept and hello, and how many of them one uid
+ * (SO_PEERCRED at accept) may hold: eight uids together fill them, and
+ * others' opens then wait up to HELLO_TIMEOUT_S (a bound, documented in
+ * chimed(8) and ARCHITECTURE.md, "What a client can touch").
+ */
+#define MAX_HANDSHAKES   64
+#define MAX_HANDSHAKES_PER_UID 8
 #define HELLO_TIMEOUT_S  2
 #define HEARTBEAT_NS     (90u * 1000000u)  /* the promise is 100 ms; 10 ms of slack */
 #define RING_ENTRIES     256u

@@ -87,10 +87,11 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *   -EUSERS        the broker's client table is full (or this user's share of
  *                  it), or the broker has no descriptor left for a client
  *   -ENOMEM        out of memory (or mapping the segments failed)
+ *   -ECONNREFUSED  the broker is stopping (or restarting) and takes no new client
  *   -ECONNRESET    the broker hung up during the handshake
  *   -ETIMEDOUT     the broker accepted the connection but did not answer within 10 s
  *   -EBADMSG       the broker's reply or segments were malformed
- * or another negative errno of socket(2), connect(2) or mmap(2).
+ * or another negative errno of socket(2), connect(2), send(2), recvmsg(2) or mmap(2).
  */
 int chime_open(chime_t **out, const struct chime_opts *opts);
 

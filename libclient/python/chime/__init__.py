@@ -98,7 +98,11 @@ def version():
 _WHY = {
     ("chime_open", errno.ENOENT): "no chimed listens at {socket} (is chimed running?)",
     ("chime_open", errno.EACCES): "chimed at {socket} does not admit this user (its --allow-uid, "
-                                  "--allow-gid, --allow-all policy) or the socket's permissions refuse it",
+                                  "--allow-gid, --allow-all policy) or the socket's permissions refuse it"
+                                  "{or_session}",
+    ("chime_open", errno.EPERM): "what listens at {socket} runs as a user that is not root, not this "
+                                 "process's and does not own the socket's directory: not trusted (run "
+                                 "chimed as root, or put its socket in a directory its user owns)",
     ("chime_open", errno.EUSERS): "too many clients for this user, chimed's client table is full, "
                                  "or chimed is out of file descriptors",
     ("chime_open", errno.EPROTO): "chimed speaks another shared-memory layout version "
@@ -193,7 +197,10 @@ class Chime:
         r = lib.chime_open(ctypes.byref(handle), ctypes.byref(opts))
         if r < 0:
             shown = socket if socket is not None else os.environ.get("CHIME_SOCKET") or DEFAULT_SOCKET
-            raise _error("chime_open", -r, socket=shown, invalid=_open_invalid(shown, session))
+            or_session = "" if session is None else \
+                f", or session {os.fsdecode(name)!r} is another user's or its name is reserved for one"
+            raise _error("chime_open", -r, socket=shown, invalid=_open_invalid(shown, session),
+                         or_session=or_session)
         self._c = handle
         self._fd = lib.chime_fd(self._c)
 

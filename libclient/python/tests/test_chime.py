@@ -229,6 +229,17 @@ def test_open_without_broker_names_the_socket(tmp_path):
     assert "chime_open" in str(e.value) and path in str(e.value)
 
 
+def test_open_refusals_name_their_cause():
+    # EACCES and EPERM need another user's broker or session: the messages alone.
+    e = chime._error("chime_open", errno.EACCES, socket="/s", invalid="", or_session="")
+    assert e.errno == errno.EACCES and "does not admit this user" in str(e), str(e)
+    e = chime._error("chime_open", errno.EACCES, socket="/s", invalid="",
+                     or_session=", or session 'jobs' is another user's or its name is reserved for one")
+    assert "session 'jobs' is another user's" in str(e), str(e)
+    e = chime._error("chime_open", errno.EPERM, socket="/s", invalid="", or_session="")
+    assert e.errno == errno.EPERM and "/s runs as a user" in str(e) and "not trusted" in str(e), str(e)
+
+
 def test_a_session_keeps_its_timers_for_the_next_opener(broker):
     with chime.Chime(socket=broker.socket, session="py-jobs") as c:
         c.arm(7, after=0.2)

@@ -299,7 +299,6 @@ int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, int busy_p
 					" ns after its deadline)\n", idx, (int64_t)(ev[i].fired_ns - dl[idx]),
 					(int64_t)(t - dl[idx]));
 			res->fired[got] = ev[i].fired_ns > dl[idx] ? ev[i].fired_ns - dl[idx] : 0;
-			if (getenv("XDUMP") && res->fired[got] > 50000) fprintf(stderr, "LATE %.3f ms %.1f us\n", (double)(dl[idx]-t0)/1e6, res->fired[got]/1e3);
 			res->recv[got] = t > dl[idx] ? t - dl[idx] : 0;
 			got++;
 		}

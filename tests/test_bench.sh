@@ -180,6 +180,8 @@ args)
 	bad_arg "chime-bench wheel: unrecognized option '-q'" wheel -q
 	bad_arg "chime-bench: missing MODE"
 	bad_arg "chime-bench: unknown mode 'bogus'" bogus
+	bad_arg "chime-bench: unexpected argument 'extra'" --version extra
+	bad_arg "chime-bench: unexpected argument 'extra'" -h extra
 	echo "bench args: $nbad bad values refused at once, each named"
 	exit 0
 	;;

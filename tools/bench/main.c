@@ -3,6 +3,7 @@
  * chime-bench - benchmarks, one mode per file. A mode is one line in
  * modes[] plus its file in tools/meson.build's bench_sources.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,17 +40,23 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
 	static char name[64];
+	bool help;
 
 	if (argc < 2) {
 		fprintf(stderr, "chime-bench: missing MODE (try 'chime-bench --help')\n");
 		return 2;
 	}
-	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-		usage(stdout);
-		return 0;
-	}
-	if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
-		printf("chime-bench %s\n", CHIME_VERSION);
+	help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
+	if (help || !strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+		/* chime-bench(1): an argument left over is a usage error, here too */
+		if (argc > 2) {
+			fprintf(stderr, "chime-bench: unexpected argument '%s' (try 'chime-bench --help')\n", argv[2]);
+			return 2;
+		}
+		if (help)
+			usage(stdout);
+		else
+			printf("chime-bench %s\n", CHIME_VERSION);
 		return 0;
 	}
 	for (size_t i = 0; i < NR_MODES; i++) {
@@ -60,6 +67,6 @@ int main(int argc, char **argv)
 			return modes[i].fn(argc - 1, argv + 1);
 		}
 	}
-	fprintf(stderr, "chime-bench: unknown mode '%s' (try chime-bench --help)\n", argv[1]);
+	fprintf(stderr, "chime-bench: unknown mode '%s' (try 'chime-bench --help')\n", argv[1]);
 	return 2;
 }

@@ -530,9 +530,18 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 		policy_describe(&b->policy, desc, sizeof(desc));
 		log_msg(LOG_INFO, "admitting %s", desc);
 	}
-	if ((r = take_lock(b)) < 0 || (r = clear_stale_socket(b)) < 0 || (r = restart_load(b)) < 0 ||
-	    (r = ctl_setup(b)) < 0 || (r = ring_setup(b)) < 0 ||
-	    (r = shards_setup(b)) < 0 || (r = restart_save(b)) < 0 || (r = listen_setup(b)) < 0)
+	/*
+	 * The socket listens before the shards take over what an earlier
+	 * broker left: a restore of full shards takes a while (about 0.4 s
+	 * per 4M timers here, shard after shard), and a client that connects
+	 * meanwhile waits in the queue, its hello answered once it is done,
+	 * instead of finding no socket. A session's chime_close() reconnects
+	 * within 1 s to hand its last records over (chime_close(3)): before,
+	 * that second had to hold the restore too, and a slower one lost them.
+	 */
+	if ((r = take_lock(b)) < 0 || (r = clear_stale_socket(b)) < 0 || (r = listen_setup(b)) < 0 ||
+	    (r = restart_load(b)) < 0 || (r = ctl_setup(b)) < 0 || (r = ring_setup(b)) < 0 ||
+	    (r = shards_setup(b)) < 0 || (r = restart_save(b)) < 0)
 		goto fail;
 	at_store_rel(&b->ctl->state, CHIME_BROKER_RUNNING);
 	at_store_rel(&b->pub->state, CHIME_BROKER_RUNNING);

@@ -584,6 +584,7 @@ CHIME_PUBLIC int chime_open_0_3(chime_t **out, const struct chime_opts *opts)
 #define COMMIT_WAIT_NS   (UINT64_C(1000) * 1000000u)   /* chime_close(3): a stuck broker */
 #define COMMIT_PAUSE_NS  20000
 #define COMMIT_RETRY_NS  (UINT64_C(50) * 1000000u)     /* a gone broker's successor, tried this often */
+#define COMMIT_AFTER_NS  (UINT64_C(100) * 1000000u)    /* for it to apply them, after a late welcome */
 
 /*
  * A session's close commits what the process submitted: the shards apply
@@ -593,10 +594,15 @@ CHIME_PUBLIC int chime_open_0_3(chime_t **out, const struct chime_opts *opts)
  * the next process to open the session frees the grants those arms held.
  * A broker that is gone (crashed, or stopped by a restart) never reads
  * them: the close reconnects, as any call would, so that they go to the
- * next broker, and waits for that one. Bounded: 1 s in all, whatever the
- * broker does. It tries every 50 ms, not on the reconnect's back-off,
- * whose attempts (10 ms doubling) left the last 370 ms of that second
- * untried: a broker back then was missed and the arms lost.
+ * next broker, and waits for that one. Bounded: 1 s for a broker to take
+ * the connection, whatever it does. It tries every 50 ms, not on the
+ * reconnect's back-off, whose attempts (10 ms doubling) left the last
+ * 370 ms of that second untried: a broker back then was missed and the
+ * arms lost. A broker that has taken it answers once its shards have taken
+ * over the files (a restore: it listens first), and the handshake waits
+ * for that (CHIME_OPEN_TIMEOUT_S); a welcome after the second leaves
+ * 100 ms for the records to be applied. Before, the restore had to fit in
+ * the second too, and a broker restoring full shards lost them.
  */
 static bool session_applied(struct chime *c)
 {
@@ -616,8 +622,13 @@ static void session_commit(struct chime *c)
 	while (!cl_is_dead(c) && (now = now_ns()) < until) {
 		if (cl_reconnecting(c) || cl_broker_gone(c, true)) {
 			cl_reconnect_hurry(c);
-			if (!cl_reconnect(c, false))
-				continue;       /* connected again: the old rings' records are in the new ones */
+			if (!cl_reconnect(c, false)) {
+				/* Connected again: the old rings' records are in the new ones. */
+				now = now_ns();
+				if (!cl_is_dead(c) && until < now + COMMIT_AFTER_NS)
+					until = now + COMMIT_AFTER_NS;
+				continue;
+			}
 			wait = COMMIT_RETRY_NS < until - now ? COMMIT_RETRY_NS : until - now;
 			wait = wait > COMMIT_PAUSE_NS ? wait : COMMIT_PAUSE_NS;
 		} else {

@@ -137,6 +137,28 @@ static bool sock_accepts(const char *path)
 }
 
 /*
+ * Broker pid at `sock` has started: its control segment says RUNNING. The
+ * socket alone does not say it: it listens before the shards take over an
+ * earlier broker's files, and a client that connects then waits for them.
+ */
+static bool broker_running(const char *sock, pid_t pid)
+{
+	struct chime_ctl ctl;
+	char path[PATH_MAX];
+	bool ok;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	ok = pread(fd, &ctl, sizeof(ctl), 0) == (ssize_t)sizeof(ctl) && ctl.pid == pid &&
+	     ctl.state == CHIME_BROKER_RUNNING;
+	close(fd);
+	return ok;
+}
+
+/*
  * The directories t_chimed_start() made and no t_chimed_stop() removed yet:
  * a failed assertion ends the test before its stop, and each left a
  * directory with a shard file (sparse, up to hundreds of MB) in /tmp. The
@@ -212,7 +234,7 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 		_exit(127);
 	}
 	b->pid = p;
-	for (t0 = now_ns(); !sock_accepts(b->sock); usleep(5000)) {
+	for (t0 = now_ns(); !broker_running(b->sock, p) || !sock_accepts(b->sock); usleep(5000)) {
 		int st;
 
 		if (waitpid(p, &st, WNOHANG) == p) {

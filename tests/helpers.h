@@ -11,8 +11,9 @@
 /*
  * A private chimed for integration tests: "$CHIMED --foreground --socket SOCK
  * EXTRA" (EXTRA: more shell words, may be ""), killed with the test process
- * (PR_SET_PDEATHSIG), ready once its socket accepts a connection (it listens
- * last, after every shard runs). One helper for every test that needs a
+ * (PR_SET_PDEATHSIG), ready once its control segment says it runs (its socket
+ * listens earlier: clients connecting while the shards restore an earlier
+ * broker's files wait for them) and its socket accepts. One helper for every test that needs a
  * broker, so that start-up and clean-up are written once.
  */
 struct t_chimed {

@@ -5,7 +5,9 @@
  * Node life cycle of a client's timer in this shard (states from chime_shm.h):
  *
  *   FREE -alloc-> GRANTED -ARM-> ARMED -advance-> EXPIRED -pop-> ALLOC
- *   ALLOC -deliver-> ACKWAIT (one-shot) | ARMED (periodic, re-armed)
+ *   ALLOC -deliver-> ACKWAIT (one-shot) | ARMED (periodic, re-armed: cq_pos
+ *   CHAN_POS_AT | the event's deadline until the node is back on the wheel,
+ *   then the event's position; each step in the shard file reads as that event)
  *   ALLOC -ring full, or backlog non-empty, or periodic's event unconsumed-> BACKLOG
  *   BACKLOG -room-> deliver;  ACKWAIT -client consumed-> FREE
  *   CANCEL: any of these -> FREE (voiding an unconsumed event)
@@ -314,13 +316,29 @@ static inline __attribute__((always_inline)) void deliver(struct shard_core *sc,
 	e->flags = n->period_ns ? CHIME_CQE_PERIODIC : 0;
 	e->_pad = 0;
 	e->_reserved[0] = e->_reserved[1] = 0;
-	n->cq_pos = chime_cq_push(&ch->cq);
-	ch->room--;
 	if (n->period_ns) {
-		ch->periodic_end = n->cq_pos + 1;
+		uint64_t pos = chime_cq_push(&ch->cq);
+
+		ch->room--;
+		ch->periodic_end = pos + 1;
+		/*
+		 * F4: the event's deadline in the tag before the next period's
+		 * replaces it (wheel_rearm_periodic()), its position after (F5):
+		 * a broker killed in between leaves a node that restore.c holds
+		 * at this event's deadline (unpublished yet: delivered once).
+		 * Before, the position came first, and a node killed with the
+		 * next deadline stored but not yet on the wheel read as that
+		 * event, fired: a periodic already due again lost this event.
+		 */
+		n->cq_pos = CHAN_POS_AT | n->deadline_ns;
+		at_crash_order();
 		n->state = CHIME_NODE_ALLOC;
 		wheel_rearm_periodic(&sc->wh, idx);
+		at_crash_order();       /* F5 */
+		n->cq_pos = pos;
 	} else {
+		n->cq_pos = chime_cq_push(&ch->cq);
+		ch->room--;
 		n->state = CHIME_NODE_ACKWAIT;
 		nl_push(sc, &ch->ackwait, idx);
 	}

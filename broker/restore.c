@@ -49,16 +49,22 @@ static bool alloc_fired(const struct chime_node *n, uint64_t old_now_ns)
 }
 
 /*
- * An ALLOC periodic with a position in the old ring and a deadline not due
- * at the old wheel's last advance: deliver() re-arming the timer whose
- * event it had just written (wheel_rearm_periodic() stores the next
- * deadline before the wheel makes the node ARMED). Read as ARMED. Nothing
- * else leaves that: a cancel voids the event before the node leaves the
- * wheel (chan.c).
+ * An ALLOC periodic with a position in the old ring: the event there was
+ * delivered, and the deadline is the timer's next one (deadline - period
+ * is that event's). Read as ARMED, due or not. Left by deliver()
+ * re-arming the timer whose event it had written, by a broker before
+ * this one (deliver() now tags the node CHAN_POS_AT until the position is
+ * stored, F4-F5, chan.c), and by a periodic popped while its previous
+ * event waited in the ring (chan_fire() is about to hold it). Before, one
+ * due was read as fired at that deadline: a periodic already due again
+ * when its delivery was interrupted lost the delivered event into the
+ * next one. Nothing else leaves it: a cancel voids the event before the
+ * node leaves the wheel (chan.c), and a held periodic is delivered only
+ * once its previous event was seen taken (its position forgotten).
  */
-static bool alloc_rearming(const struct chime_node *n, uint64_t old_now_ns)
+static bool alloc_rearming(const struct chime_node *n)
 {
-	return n->period_ns && n->cq_pos >> 62 == 0 && n->deadline_ns > old_now_ns;
+	return n->period_ns && n->cq_pos >> 62 == 0;
 }
 
 static void node_drop(struct wheel *wh, uint32_t idx)
@@ -105,7 +111,7 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 		}
 		if (n->state == CHIME_NODE_GRANTED ||
 		    (n->state == CHIME_NODE_ALLOC && !alloc_fired(n, old_now_ns) && !chan_pos_at(n->cq_pos) &&
-		     !alloc_rearming(n, old_now_ns))) {
+		     !alloc_rearming(n))) {
 			/*
 			 * A grant (or an ARM caught between two steps of the old
 			 * shard): its process may still arm it, re-submitting what
@@ -131,7 +137,7 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			n->cq_pos = CHIME_POS_NONE;
 			key = n->deadline_ns;
 		} else if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED ||
-			   alloc_rearming(n, old_now_ns)) {
+			   alloc_rearming(n)) {
 			if (n->cq_pos == CHIME_POS_NONE || !n->period_ns || n->deadline_ns < n->period_ns ||
 			    n->deadline_ns - n->period_ns > now) {
 				/* On the wheel, and no event of it in a ring anyone can still read. */

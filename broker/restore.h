@@ -41,11 +41,12 @@ struct restore_stats {
  *     wheel_rebuild() set the clock): popped as due and not yet held or
  *     delivered: held; any other ALLOC (a grant being made, an ARM half
  *     applied, a cancel): carried, as GRANTED nodes are;
- *   - ALLOC periodic with an old-ring position and a deadline not due
- *     then: deliver() re-arming it, read as ARMED;
+ *   - ALLOC periodic with an old-ring position, due or not: its event
+ *     there delivered, its next deadline stored (deliver() re-arming it,
+ *     or popped while that event waited), read as ARMED;
  *   - whatever its state, a node tagged CHAN_POS_AT (a periodic's event
- *     that a park or a restore was holding again): held at the tagged
- *     deadline.
+ *     that a park or a restore was holding again, or that deliver() was
+ *     writing): held at the tagged deadline.
  * Held events go back in the order they fired: old-ring events by ring
  * position, then the backlog by deadline. The key index is rebuilt from
  * scratch (its heads zeroed here). Returns 0, or -ENOMEM for the ordering

@@ -1322,6 +1322,81 @@ Test(restart, a_periodic_being_re_armed_after_its_event_when_the_broker_died_goe
 	chime_close(c);
 }
 
+enum { DUE_STEPS = 5 };
+#define DUE_PERIOD (10000 * MS)
+
+/*
+ * Periodic i (user_data i, a 10 s period) as deliver() leaves it at each
+ * step of delivering its event of deadline d = old_now - 15 s - (i + 1)
+ * ms at ring position i, when the next period's (d + 10 s) is due already
+ * (a periodic behind, catching up): tagged CHAN_POS_AT | d (0); the next
+ * deadline stored (1); back on the wheel, due (2); the position stored
+ * (3). And (4) the state the order before this change left between its
+ * position and the wheel: ALLOC with the position and the next deadline.
+ */
+static bool due_again_step(struct chime_node *nd, uint64_t old_now, void *arg)
+{
+	uint64_t *deadline = arg, d = old_now - 3 * DUE_PERIOD / 2 - (nd->user_data + 1) * MS;
+	unsigned i = (unsigned)nd->user_data;
+
+	if (nd->state != CHIME_NODE_ARMED || nd->period_ns != DUE_PERIOD || i >= DUE_STEPS)
+		return false;
+	deadline[i] = d;
+	nd->next = nd->prev = CHIME_NIL;
+	nd->state = i == 2 || i == 3 ? CHIME_NODE_EXPIRED : CHIME_NODE_ALLOC;
+	nd->deadline_ns = i == 0 ? d : d + DUE_PERIOD;
+	nd->cq_pos = i < 3 ? POS_AT | d : i;
+	return true;
+}
+
+/*
+ * A broker killed while it delivers an event of a periodic timer whose
+ * next period is due already: the next one delivers that event and then
+ * the next, each once, at their deadlines, and the timer goes on. Before,
+ * step 4's node (the next deadline stored, not yet on the wheel) was read
+ * as fired at that deadline: one event came, for both periods.
+ */
+Test(restart, a_periodic_due_again_when_its_delivery_was_cut_short_comes_twice_not_once)
+{
+	uint64_t deadline[DUE_STEPS] = { 0 };
+	uint8_t seen[DUE_STEPS][2] = { { 0 } };
+	struct chime_event ev[32];
+	chime_id_t id;
+	unsigned n;
+	chime_t *c;
+
+	start("-n 1");
+	c = sopen_ok("behind");
+	for (unsigned i = 0; i < DUE_STEPS; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, DUE_PERIOD, i, &id), 0);
+	chime_close(c);
+	edit_nodes(due_again_step, deadline);
+	for (unsigned i = 0; i < DUE_STEPS; i++)
+		cr_assert_neq(deadline[i], 0, "periodic %u is not in the file", i);
+	restart(0, "-n 1");
+	c = sopen_ok("behind");
+	n = collect(c, ev, 32, now_ns() + 500 * MS);
+	for (unsigned k = 0; k < n; k++) {
+		unsigned i = (unsigned)ev[k].user_data;
+		uint64_t d;
+
+		cr_assert_lt(i, DUE_STEPS);
+		d = ev[k].deadline_ns;
+		cr_assert(d == deadline[i] || d == deadline[i] + DUE_PERIOD,
+			  "step %u: an event of deadline old_now%+lld ms", i,
+			  (long long)(d - deadline[i]) / (long long)MS);
+		cr_assert_eq(seen[i][d != deadline[i]]++, 0, "step %u's event of +%u periods came twice", i,
+			     d != deadline[i]);
+	}
+	for (unsigned i = 0; i < DUE_STEPS; i++) {
+		cr_assert_eq(seen[i][0], 1, "step %u: the event being delivered was lost", i);
+		cr_assert_eq(seen[i][1], 1, "step %u: the next period's event was lost", i);
+	}
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, DUE_STEPS), DUE_STEPS,
+		     "not every periodic is armed again for its next period");
+	chime_close(c);
+}
+
 /* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */
 struct taken {
 	uint64_t t0;

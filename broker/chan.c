@@ -695,6 +695,38 @@ static bool node_cancel(struct shard_core *sc, struct chan *ch, uint32_t idx)
 	return armed;
 }
 
+/*
+ * A timer on the wheel, reset while its (periodic's) event is in the
+ * ring, the client not past it: that event is voided, and the timer moves.
+ * If the void wins, the event is held in the node by its deadline (the
+ * broker's own completion slot; CHAN_POS_AT, F6) until the new deadline
+ * is stored, and only then dropped (F7): a broker killed in between
+ * leaves the event held and the timer where it was (the reset not
+ * applied, as if killed before it), never the event gone and the timer
+ * not moved. Before, the void cleared the position first, and a kill
+ * before the deadline store did just that: with its process gone too,
+ * the reset was lost and so was the event. True if it took the path.
+ */
+static bool reset_voiding(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t deadline_ns)
+{
+	struct chime_node *n = NODE(sc, idx);
+	uint64_t pos = n->cq_pos, at;
+
+	if (pos >> 62 != 0 || pos >= ch->cq.tail || chime_cq_consumed(&ch->cq, pos))
+		return false;
+	if (!chime_cq_void(&ch->cq, pos)) {
+		n->cq_pos = CHIME_POS_NONE;     /* the client took it: only the timer moves */
+		return false;
+	}
+	at = ch->cq.slots[pos & ch->cq.mask].deadline_ns;  /* fired: below now */
+	n->cq_pos = CHAN_POS_AT | at;
+	at_crash_order();       /* F6: the event held before the deadline moves */
+	wheel_reset(&sc->wh, idx, deadline_ns);
+	at_crash_order();       /* F7: the new deadline before the event goes */
+	n->cq_pos = CHIME_POS_NONE;
+	return true;
+}
+
 static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t deadline_ns)
 {
 	struct chime_node *n = NODE(sc, idx);
@@ -705,8 +737,10 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 	case CHIME_NODE_ARMED:
 	case CHIME_NODE_EXPIRED:
 		/* A periodic's earlier firing still in flight is never returned. */
-		event_void(ch, n);
-		wheel_reset(&sc->wh, idx, deadline_ns);
+		if (n->cq_pos == CHIME_POS_NONE || !reset_voiding(sc, ch, idx, deadline_ns)) {
+			event_void(ch, n);
+			wheel_reset(&sc->wh, idx, deadline_ns);
+		}
 		break;
 	case CHIME_NODE_BACKLOG:
 		/* Fired but not delivered: it simply was not due after all. */

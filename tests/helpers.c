@@ -383,6 +383,24 @@ int t_thread_release(int tid)
 	return ptrace(PTRACE_DETACH, tid, 0, 0) < 0 ? -errno : 0;
 }
 
+int t_thread_step(int tid)
+{
+	static __thread int pending;
+	int st, sig = pending;
+
+	pending = 0;
+	if (ptrace(PTRACE_SINGLESTEP, tid, 0, (void *)(long)sig) < 0)
+		return -errno;
+	if (waitpid(tid, &st, __WALL) != tid)
+		return -errno;
+	if (!WIFSTOPPED(st))
+		return -ECHILD;
+	/* A signal for the thread (not our trap, nor a ptrace event stop): it goes with the next step. */
+	if (WSTOPSIG(st) != SIGTRAP && (st >> 16) == 0)
+		pending = WSTOPSIG(st);
+	return 0;
+}
+
 int t_open_fds(int pid)
 {
 	char path[64];

@@ -89,6 +89,13 @@ int t_thread_named(int pid, const char *comm);
 int t_thread_hold(int tid);
 int t_thread_release(int tid);
 
+/*
+ * One instruction of a thread held by t_thread_hold() (PTRACE_SINGLESTEP),
+ * passing on a signal that stopped it instead: 0, or -errno (-ECHILD: it
+ * is gone).
+ */
+int t_thread_step(int tid);
+
 /* Node states for t_nodes(): a bit per CHIME_NODE_* state. */
 #define T_NODES_USED   (~1u)    /* every state but FREE */
 #define T_NODES_TIMERS ((1u << 1) | (1u << 2) | (1u << 5) | (1u << 6))  /* ARMED, EXPIRED, BACKLOG, ACKWAIT */

@@ -1397,6 +1397,180 @@ Test(restart, a_periodic_due_again_when_its_delivery_was_cut_short_comes_twice_n
 	chime_close(c);
 }
 
+/*
+ * A broker killed at any instruction of an operation on one node: the
+ * shard thread is held under ptrace (t_thread_hold()) with the work in its
+ * queue, then single-stepped, and the node (read from the shard file
+ * after every instruction) is kept each time it changed, until done(node)
+ * says the operation is over. Then the broker is SIGKILLed, and each image
+ * is put back by the caller, one restart at a time: every state the shard
+ * file went through, not only those a test thought of. Returns how many
+ * images (the first: the node before the operation).
+ */
+static unsigned step_images(int tid, const char *path, uint64_t off, struct chime_node *img, unsigned max,
+			    bool (*done)(const struct chime_node *, const void *), const void *arg)
+{
+	struct chime_node nd;
+	unsigned n = 1;
+	uint64_t steps;
+	int fd = open(path, O_RDONLY), st, r = 0;
+	bool over = false;
+
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pread(fd, &img[0], sizeof(img[0]), (off_t)off), (ssize_t)sizeof(img[0]));
+	for (steps = 0; steps < 50000000 && !over; steps++) {
+		if ((r = t_thread_step(tid)) < 0 || pread(fd, &nd, sizeof(nd), (off_t)off) != (ssize_t)sizeof(nd))
+			break;
+		if (memcmp(&nd, &img[n - 1], sizeof(nd))) {
+			if (n == max)
+				break;
+			img[n++] = nd;
+		}
+		over = done(&nd, arg);
+	}
+	close(fd);
+	/* Killed before any assertion: the traced thread is ours to reap before its process can be. */
+	kill(tb.pid, SIGKILL);
+	(void)waitpid(tid, &st, __WALL);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	cr_assert_eq(r, 0, "single-stepping the shard thread: %s", strerror(-r));
+	cr_assert(over, "the operation did not end in %llu instructions (%u states of the node, at most %u)",
+		  (unsigned long long)steps, n, max);
+	if (getenv("T_STEP_DEBUG"))
+		fprintf(stderr, "%llu instructions, %u states of the node\n", (unsigned long long)steps, n);
+	return n;
+}
+
+/* The index in shard 0's file of the one node with user_data ud and period period_ns, as a file offset. */
+static uint64_t node_offset(uint64_t ud, uint64_t period_ns)
+{
+	char path[PATH_MAX];
+	struct chime_shard_seg h;
+	struct chime_wheel w;
+	struct chime_node nd;
+	uint64_t off, found = 0;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
+	fd = open(path, O_RDONLY);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(pread(fd, &w, sizeof(w), (off_t)h.wheel_off), (ssize_t)sizeof(w));
+	off = h.wheel_off + w.slab_off;
+	for (uint32_t i = 0; i < w.high_water; i++) {
+		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)(off + i * sizeof(nd))), (ssize_t)sizeof(nd));
+		if (nd.state != CHIME_NODE_FREE && nd.state != CHIME_NODE_GRANTED && nd.user_data == ud &&
+		    nd.period_ns == period_ns) {
+			cr_assert_eq(found, 0, "two nodes of user_data %llu", (unsigned long long)ud);
+			found = off + i * sizeof(nd);
+		}
+	}
+	close(fd);
+	cr_assert_neq(found, 0, "no node of user_data %llu in the file", (unsigned long long)ud);
+	return found;
+}
+
+/* What the reset test's child and the test share. */
+struct rs {
+	uint64_t d1;            /* the periodic's first deadline (an hour's period) */
+	uint64_t d2;            /* the reset's */
+	chime_id_t id;
+	int go, done;
+};
+
+/* Arm the periodic, let its first event into the ring (not taken), then reset it when told, and wait to be killed. */
+static void reset_child(int wfd, void *arg)
+{
+	struct rs *r = arg;
+	chime_t *c = NULL;
+
+	if (sopen(&c, "reset") < 0 || chime_arm(c, 0, r->d1, HOUR, 0, &r->id) < 0)
+		_exit(1);
+	usleep(300 * 1000);
+	(void)!write(wfd, "r", 1);
+	while (!__atomic_load_n(&r->go, __ATOMIC_ACQUIRE))
+		usleep(1000);
+	if (chime_reset(c, r->id, r->d2) < 0)
+		_exit(2);
+	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+	pause();
+}
+
+static bool reset_done(const struct chime_node *nd, const void *arg)
+{
+	const struct rs *r = arg;
+
+	return nd->deadline_ns == r->d2 && nd->cq_pos == CHIME_POS_NONE;
+}
+
+/*
+ * A session's process resets a periodic whose event waits in its ring,
+ * untaken, and dies; the broker applies the reset as it parks the session,
+ * and is killed at any instruction of it (step_images()). The next broker
+ * and the session's next process see the reset applied (no event, the
+ * timer at the new deadline) or not applied (the event, once, and the
+ * timer at the next period), never half of each. Before, the void
+ * cleared the event's position before the deadline moved: a kill between
+ * left the event gone and the timer where it was.
+ */
+Test(restart, a_reset_cut_short_by_a_kill_is_applied_or_not_never_half)
+{
+	struct rs *r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct chime_node img[32], nd;
+	struct chime_event ev[4];
+	char path[PATH_MAX];
+	unsigned nimg, n;
+	uint64_t off, t0;
+	int tid, e, fd;
+	pid_t pid;
+	chime_t *c;
+
+	cr_assert_neq(r, MAP_FAILED);
+	start("-n 1");
+	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
+	r->d1 = now_ns() + 50 * MS;
+	r->d2 = r->d1 + 2 * HOUR;
+	pid = child(reset_child, r);
+	off = node_offset(0, HOUR);
+	tid = t_thread_named(tb.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
+	e = t_thread_hold(tid);
+	if (e == -EPERM || e == -EACCES) {
+		kill_child(pid);
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-e));
+	}
+	cr_assert_eq(e, 0, "the shard thread did not stop: %s", strerror(-e));
+	__atomic_store_n(&r->go, 1, __ATOMIC_RELEASE);
+	for (t0 = now_ns(); !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE); usleep(1000))
+		cr_assert_lt(now_ns() - t0, 2000 * MS, "the child did not reset its timer");
+	kill_child(pid);
+	nimg = step_images(tid, path, off, img, 32, reset_done, r);
+	cr_assert_geq(nimg, 2);
+	for (unsigned k = 0; k < nimg; k++) {
+		fd = open(path, O_RDWR);
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(pwrite(fd, &img[k], sizeof(img[k]), (off_t)off), (ssize_t)sizeof(img[k]));
+		restart(0, "-n 1");
+		c = sopen_ok("reset");
+		n = collect(c, ev, 4, now_ns() + 300 * MS);
+		cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 1), 1, "image %u: the timer is not armed", k);
+		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)off), (ssize_t)sizeof(nd));
+		close(fd);
+		cr_assert((n == 0 && nd.deadline_ns == r->d2) ||
+			  (n == 1 && ev[0].deadline_ns == r->d1 && nd.deadline_ns == r->d1 + HOUR),
+			  "image %u of %u (state %u, cq_pos %#llx, deadline d1%+lld ms): %u events, then the timer at "
+			  "d1%+lld ms: neither the reset applied nor not", k, nimg, img[k].state,
+			  (unsigned long long)img[k].cq_pos, (long long)(img[k].deadline_ns - r->d1) / (long long)MS,
+			  n, (long long)(nd.deadline_ns - r->d1) / (long long)MS);
+		chime_close(c);
+		kill(tb.pid, SIGKILL);
+		cr_assert_eq(waitpid(tb.pid, &e, 0), tb.pid);
+		tb.pid = 0;
+	}
+	munmap(r, sizeof(*r));
+}
+
 /* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */
 struct taken {
 	uint64_t t0;

@@ -12,12 +12,16 @@
  *   BACKLOG -room-> deliver;  ACKWAIT -client consumed-> FREE
  *   CANCEL: any of these -> FREE (voiding an unconsumed event)
  *   PARK (a session's process gone): GRANTED -> FREE; ACKWAIT -> BACKLOG if
- *   its event is voided, else FREE; whatever fires -> BACKLOG until REATTACH
+ *   its event is voided, else FREE (across the CAS: cq_pos CHAN_POS_OLD |
+ *   CHAN_POS_UNSURE | pos, settled by the claim word if killed there);
+ *   whatever fires -> BACKLOG until REATTACH
  *   PARK for a broker stop (handover), restore: GRANTED -> carried (GRANTED,
  *   cq_pos CARRIED, on ch->carried) -re-submitted ARM-> ARMED; -RESUMED-> FREE
- *   PARK, restore: a periodic's untaken event in the old ring: ARMED -tag
- *   cq_pos CHAN_POS_AT-> ALLOC -> BACKLOG (chan_hold_at(): each step in the
- *   shard file reads as that held event)
+ *   PARK, restore: a periodic's untaken event in the old ring: ARMED (the
+ *   park's CAS as above) -tag cq_pos CHAN_POS_AT-> ALLOC -> BACKLOG
+ *   (chan_hold_at(): each step in the shard file reads as that held event)
+ *   REATTACH of a resuming library: nothing delivered until its word (the
+ *   old ring's head and claim words, in the new ring's): settle() by it
  *
  * Invariants:
  * - a node owned by a client has node.owner == its slot, and ch->owned counts
@@ -393,7 +397,7 @@ static inline __attribute__((always_inline)) void fire(struct shard_core *sc, st
 	/* Parked: no process, no ring to look at; held for the next one. */
 	if (!ch->parked && ch->room == 0)
 		ch->room = room_refresh(sc, ch);
-	if (ch->parked || ch->backlog.head != CHIME_NIL || ch->room == 0 ||
+	if ((ch->parked | ch->word_wait) || ch->backlog.head != CHIME_NIL || ch->room == 0 ||
 	    (periodic && event_unconsumed(sc, ch, n))) {
 		/* Held, never dropped: delivered in order when the client makes room. */
 		chan_hold(sc, ch, idx);
@@ -463,15 +467,38 @@ void chan_settle_set(struct chan *ch, struct chan_settle *settle, uint32_t n)
 }
 
 /*
- * Settle them: with `known`, those below the old ring's consumer head
- * `head` were taken by the process, before the old broker could see it:
- * dropped (a periodic goes on with its next period); the others, and all
- * of them without `known`, are delivered again, and lose their old
- * position (CHAN_POS_OLD). An entry whose node has moved on (cancelled,
- * reset, reused: another state, generation or position) is skipped.
+ * Whether the process took the event at old-ring position pos (its word,
+ * `known`): its claim word there, if the library copied them (resume_claims)
+ * and the word is that position's: TAKEN, or not (FRESH, VOID); else the
+ * head: below it, consumed, which is taken unless a park was voiding it
+ * (CHAN_POS_UNSURE: skipped as voided looks the same) - then not.
+ */
+static bool settle_taken(const struct chan *ch, bool claims, uint64_t head, uint64_t pos)
+{
+	uint64_t p = pos & ~CHAN_POS_UNSURE, w;
+
+	if (claims) {
+		w = at_load(&ch->cq.claim[p & ch->cq.mask]);   /* the client's: a lie costs it its own events only */
+		if (w >> 2 == p)
+			return (w & 3) == CHIME_CLAIM_TAKEN;
+	}
+	return p < head && !(pos & CHAN_POS_UNSURE);
+}
+
+/*
+ * Settle them: with `known`, those the process took (settle_taken(): by
+ * its claim words, else below the old ring's consumer head `head`), before
+ * the old broker could see it, are dropped (a periodic goes on with its
+ * next period); the others, and all of them without `known`, are
+ * delivered again, and lose their old position (CHAN_POS_OLD). An entry
+ * whose node has moved on (cancelled, reset, reused: another state,
+ * generation or position) is skipped. Called before any event of the new
+ * ring is delivered: its claim words are still the old ring's.
  */
 static void settle(struct shard_core *sc, struct chan *ch, bool known, uint64_t head)
 {
+	bool claims = known && at_load(&ch->crw->resume_claims) == 1;
+
 	for (uint32_t i = 0; i < ch->nr_settle; i++) {
 		const struct chan_settle *e = &ch->settle[i];
 		struct chime_node *n = NODE(sc, e->idx);
@@ -479,7 +506,7 @@ static void settle(struct shard_core *sc, struct chan *ch, bool known, uint64_t 
 		if (n->state != CHIME_NODE_BACKLOG || n->owner != ch->slot ||
 		    (n->gen & CHIME_ID_GEN_MASK) != e->gen || n->cq_pos != (CHAN_POS_OLD | e->pos))
 			continue;
-		if (!known || e->pos >= head) {
+		if (!known || !settle_taken(ch, claims, head, e->pos)) {
 			n->cq_pos = CHIME_POS_NONE;     /* delivered again, as any held event */
 			continue;
 		}
@@ -497,12 +524,18 @@ static void settle(struct shard_core *sc, struct chan *ch, bool known, uint64_t 
 		}
 	}
 	chan_settle_set(ch, NULL, 0);
+	ch->word_wait = 0;
 }
 
-/* True once nothing restored waits for the process's word (reading it if it came). */
+/*
+ * True once nothing waits for the process's word (reading it if it came).
+ * A resuming library's new ring gets no event before it: the library
+ * copies its old ring's claim words into this ring's, where an event
+ * delivered before would have its word overwritten (and be skipped).
+ */
 static bool settled(struct shard_core *sc, struct chan *ch)
 {
-	if (!ch->nr_settle)
+	if (!ch->nr_settle && !ch->word_wait)
 		return true;
 	/* R1: pairs with the library's release of resume_set after resume_cq_head. */
 	if (at_load_acq(&ch->crw->resume_set) != 1)
@@ -1120,7 +1153,7 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 	 */
 	if (idx == CHIME_NIL)
 		return false;
-	if (ch->nr_settle)
+	if (ch->nr_settle || ch->word_wait)
 		return at_load_acq(&ch->crw->resume_set) == 1;     /* R1 */
 	ch->room = room_refresh(sc, ch);
 	return ch->room > 0 && !(NODE(sc, idx)->period_ns && event_unconsumed(sc, ch, NODE(sc, idx)));
@@ -1288,14 +1321,30 @@ void chan_hold_at(struct shard_core *sc, uint32_t idx, uint64_t deadline_ns)
 }
 
 /*
+ * The park's void of the event at pos in the process's ring: true if it
+ * won (the process never took the event, and never will). Across the CAS
+ * the node says "delivered, maybe taken, maybe voided" (CHAN_POS_OLD |
+ * CHAN_POS_UNSURE | pos, F3): a broker killed then leaves an event its
+ * process's word settles, by the claim word it copies from that ring
+ * (restore.c, settle()): taken, dropped; voided, delivered again; without
+ * the word, or a word without claim words, delivered again. The caller
+ * ends the tag: the node held (won), or freed or left to go on (lost).
+ * Before, a one-shot's position was cleared before the CAS and a
+ * periodic's tagged with its deadline to be held, so a kill after a lost
+ * CAS (the process had just taken it) delivered it once more to a process
+ * that lived on, through a stop's park as through a crash.
+ */
+static bool park_void(struct chan *ch, struct chime_node *n, uint64_t pos)
+{
+	n->cq_pos = CHAN_POS_OLD | CHAN_POS_UNSURE | pos;
+	at_crash_order();       /* F3: the tag before the CAS */
+	return chime_cq_void(&ch->cq, pos);
+}
+
+/*
  * A periodic's event at pos in the old ring: if the process never took it,
  * off the wheel, held at that event's deadline (delivering it re-arms the
- * timer where it was), and true; if it took it, the timer goes on. The
- * hold is in the node before the claim word is voided: once voided, the
- * event is the broker's to give back, and a kill before the hold must not
- * leave a node without it (the void used to clear the position first: the
- * event was lost). A kill between the hold and a lost claim delivers a
- * taken event again, as a kill before the park does.
+ * timer where it was), and true; if it took it, the timer goes on.
  */
 static bool park_periodic(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t pos)
 {
@@ -1307,9 +1356,7 @@ static bool park_periodic(struct shard_core *sc, struct chan *ch, uint32_t idx, 
 		return false;
 	}
 	deadline_ns = ch->cq.slots[pos & ch->cq.mask].deadline_ns;     /* fired: below now */
-	n->cq_pos = CHAN_POS_AT | deadline_ns;
-	at_crash_order();       /* F3: the tag before the void (above) */
-	if (!chime_cq_void(&ch->cq, pos)) {
+	if (!park_void(ch, n, pos)) {
 		n->cq_pos = CHIME_POS_NONE;
 		return false;
 	}
@@ -1360,15 +1407,20 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		ch->park_order = malloc((size_t)ch->cq.size * sizeof(*ch->park_order));
 		if (ch->park_order)
 			memset(ch->park_order, 0xff, (size_t)ch->cq.size * sizeof(*ch->park_order));
-		/* The claim word decides who has a delivered one-shot: the process, or the next one. */
+		/*
+		 * The claim word decides who has a delivered one-shot: the
+		 * process, or the next one. One known taken keeps its position
+		 * until it is freed (a restore reads it taken by the head).
+		 */
 		ch->room = room_refresh(sc, ch);
 		while ((idx = ch->ackwait.head) != CHIME_NIL) {
 			struct chime_node *n = NODE(sc, idx);
 			uint64_t pos = n->cq_pos;
 
 			nl_del(sc, &ch->ackwait, idx);
-			if (event_void(ch, n)) {
+			if (pos >> 62 == 0 && !chime_cq_consumed(&ch->cq, pos) && park_void(ch, n, pos)) {
 				park_keep(sc, ch, &back, idx, pos);
+				n->cq_pos = CHIME_POS_NONE;
 				nback++;
 			} else {
 				node_release(sc, ch, idx);      /* from ACKWAIT, as in chan_service() */
@@ -1453,6 +1505,7 @@ void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem
 	ch->parked = 0;
 	ch->handover = 0;
 	ch->resuming = resume;
+	ch->word_wait = resume;
 }
 
 bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)

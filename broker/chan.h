@@ -119,6 +119,15 @@ static inline bool chan_pos_old(uint64_t pos)
 }
 
 /*
+ * With CHAN_POS_OLD, in a node a park was voiding the event of (a CAS on
+ * the claim word whose outcome the node does not show yet): the event may
+ * have been taken, or voided and skipped, and the consumer head passes
+ * both. Only the claim word tells (resume_claims); without it the event
+ * is delivered again. Positions stay below 2^61.
+ */
+#define CHAN_POS_UNSURE (UINT64_C(1) << 61)
+
+/*
  * In a periodic's cq_pos, tag 01 instead of a position: its event of the
  * deadline in the low 62 bits is being held again (off the wheel, to the
  * backlog) by a park or a restore, and deadline_ns and state may still be
@@ -146,7 +155,7 @@ static inline uint64_t chan_pos_at_deadline(uint64_t pos)
  */
 void chan_hold_at(struct shard_core *sc, uint32_t idx, uint64_t deadline_ns);
 
-/* An event the old broker had delivered at old-ring position pos (restore.c). */
+/* An event the old broker had delivered at old-ring position pos (restore.c; CHAN_POS_UNSURE in it too). */
 struct chan_settle {
 	uint64_t pos;
 	uint32_t idx;
@@ -174,6 +183,7 @@ struct chan {
 	uint8_t  bell_state;            /* shard.c: its doorbell read in io_uring (SHARD_BELL_*) */
 	uint8_t  handover;              /* parked for the next broker: the grants are carried, not freed */
 	uint8_t  resuming;              /* re-attached by a reconnecting library, until its RESUMED */
+	uint8_t  word_wait;             /* re-attached so: nothing delivered until its word (settled()) */
 	int wake_fd;
 	int bell_fd;
 	uint64_t bell_buf;              /* shard.c: the doorbell read's buffer */

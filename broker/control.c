@@ -688,6 +688,7 @@ static int send_welcome(struct broker *b, struct client *c)
 		.rw_size = c->rw.size,
 		.ro_size = c->ro.size,
 		.pub_size = b->pub_map.size,
+		.features = CHIME_WELCOME_F_CLAIMS,    /* chan.c: word_wait */
 	};
 	size_t clen = CMSG_SPACE(sizeof(int) * nfds);
 	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };

@@ -149,10 +149,12 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 				goto keep;
 			}
 			/* A periodic whose last event was in the old ring: it comes back with that deadline
-			 * (or, still with an old position, a settle re-armed it as the broker went). */
+			 * (or, still with an old position, a settle re-armed it as the broker went;
+			 * or, CHAN_POS_UNSURE, a park was voiding it). */
 			key = n->cq_pos & ~CHAN_POS_OLD;
 			chan_hold_at(sc, idx, n->deadline_ns - n->period_ns);
 			n->cq_pos = CHAN_POS_OLD | key;
+			key &= ~CHAN_POS_UNSURE;
 			cls = 0;
 			rs->redelivered++;
 		} else if (n->state == CHIME_NODE_ACKWAIT ||
@@ -160,10 +162,12 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			/*
 			 * Delivered; whether it was taken is in a claim word we
 			 * cannot read: again, unless the process tells. Or held so
-			 * by a broker before us that went before the process did.
+			 * by a broker before us that went before the process did,
+			 * or being voided by a park (CHAN_POS_UNSURE, kept).
 			 */
 			key = n->cq_pos & ~CHAN_POS_OLD;
 			n->cq_pos = CHAN_POS_OLD | key;
+			key &= ~CHAN_POS_UNSURE;
 			cls = 0;
 			rs->redelivered++;
 		} else {
@@ -232,7 +236,7 @@ keep:
 			if (!st)
 				n->cq_pos = CHIME_POS_NONE;
 			else
-				st[k - first] = (struct chan_settle){ .pos = back[k].key, .idx = back[k].idx,
+				st[k - first] = (struct chan_settle){ .pos = n->cq_pos & ~CHAN_POS_OLD, .idx = back[k].idx,
 								      .gen = n->gen & CHIME_ID_GEN_MASK };
 		}
 		if (st)

@@ -35,7 +35,8 @@ struct restore_stats {
  *     a periodic whose event was in the old ring (cq_pos set) is held with
  *     that event's deadline instead, as chan_park() does;
  *   - ACKWAIT (a one-shot delivered, its claim word out of reach): held again,
- *     its old position kept in cq_pos (CHAN_POS_OLD) until its process's word;
+ *     its old position kept in cq_pos (CHAN_POS_OLD, and CHAN_POS_UNSURE if a
+ *     park was voiding it) until its process's word;
  *   - BACKLOG: held (with such a position if a broker before us held it so);
  *   - ALLOC due at the old wheel's last advance (old_now_ns, read before
  *     wheel_rebuild() set the clock): popped as due and not yet held or

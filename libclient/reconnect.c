@@ -177,14 +177,31 @@ static void put(struct chime_sqe *slots, uint32_t mask, uint64_t pos, const stru
  * to any other thread yet; the new broker may read along, in order).
  */
 static void resubmit(struct chime *c, const struct chime_map *rw, const struct chime_client_geom *g,
-		     uint64_t base)
+		     uint64_t base, bool claims)
 {
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		const struct chime_chan *ch = &c->chan[s];
 		struct chime_sqe *slots = chime_at(rw, g->rw_sq_off + (uint64_t)s * g->sq_size * sizeof(struct chime_sqe));
 		struct chime_chan_rw *crw = chime_at(rw, g->rw_chan_off + s * sizeof(*crw));
+		uint64_t *claim = chime_at(rw, g->rw_claim_off + (uint64_t)s * g->cq_size * sizeof(uint64_t));
 		uint64_t size = g->sq_size, pos = base;
 
+		/*
+		 * The old ring's claim words, each where it was (the sizes are
+		 * the same): they say which events we took and which the old
+		 * broker voided, which the head alone cannot (it passes both),
+		 * and a park voids the events it holds again. No one writes
+		 * them now: the old broker is gone, and we hold the drainer's
+		 * lock. A broker gone again before it read them finds them here
+		 * for the next one: a new ring's words are written only by an
+		 * event it delivers, and a broker delivers none before it read
+		 * these (its settle, chan.c), if it says so in its welcome: one
+		 * before that delivers at once, and the copy would overwrite
+		 * those events' words (they would be skipped, lost).
+		 */
+		for (uint32_t i = 0; claims && i < g->cq_size; i++)
+			claim[i] = at_load(&ch->cq.claim[i]);
+		crw->resume_claims = claims;
 		/*
 		 * R1: every event below our old head was consumed (taken, or
 		 * skipped as voided): after a crash the new broker holds back the
@@ -274,7 +291,7 @@ static int attempt(struct chime *c)
 		r = -EPROTO;
 	}
 	if (r == 0) {
-		resubmit(c, &maps[1], &g, base);
+		resubmit(c, &maps[1], &g, base, (w.features & CHIME_WELCOME_F_CLAIMS) != 0);
 		r = move_onto(&maps[0], &c->pub_map);
 		if (r == 0)
 			r = move_onto(&maps[1], &c->rw_map);

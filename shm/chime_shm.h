@@ -317,15 +317,22 @@ struct chime_chan_rw {
 	 * below resume_cq_head was consumed there. Release-store resume_set = 1
 	 * after it; the shard acquire-loads it and then holds back the events it
 	 * restored as "delivered, maybe taken" until it has read them (chan.c).
+	 * resume_claims = 1 (stored before resume_set too): the old ring's claim
+	 * words are in this ring's claim words, each at its position's index
+	 * (pos << 2 | state says whose it is), so that an event voided there
+	 * is told from one taken (the head passes both); 0 from a libchime
+	 * before it, and the head alone decides.
 	 */
 	uint64_t resume_cq_head;
 	uint32_t resume_set;
-	uint8_t  _pad0[108];
+	uint32_t resume_claims;
+	uint8_t  _pad0[104];
 	uint64_t cq_head;
 	uint8_t  _pad1[120];
 };
 _Static_assert(sizeof(struct chime_chan_rw) == 256, "two 128-byte halves");
 _Static_assert(offsetof(struct chime_chan_rw, cq_head) % 128 == 0, "producer/consumer 128 B apart");
+_Static_assert(offsetof(struct chime_chan_rw, resume_claims) == 20, "moved: bump CHIME_SHM_LAYOUT");
 
 /*
  * Per shard, in the client's READ-ONLY segment (broker writes).
@@ -934,9 +941,19 @@ struct chime_welcome {
 	uint64_t rw_size;
 	uint64_t ro_size;
 	uint64_t pub_size;           /* of the public segment (fd 0) */
-	uint8_t  _reserved[16];
+	uint32_t features;          /* CHIME_WELCOME_F_*; 0 from a broker before them */
+	uint8_t  _reserved[12];
 };
 _Static_assert(sizeof(struct chime_welcome) == 64, "welcome is 64 B");
+_Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIME_SHM_LAYOUT");
+
+/*
+ * The broker delivers nothing into a resuming library's new ring before it
+ * has read the library's word (resume_set): the library may put its old
+ * ring's claim words into the new ring's (resume_claims). A broker without
+ * it may deliver at once, and the copy would overwrite those events' words.
+ */
+#define CHIME_WELCOME_F_CLAIMS 1u
 
 #define CHIME_WELCOME_FIXED_FDS 3u
 

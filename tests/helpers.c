@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -391,8 +392,24 @@ int t_thread_step(int tid)
 	pending = 0;
 	if (ptrace(PTRACE_SINGLESTEP, tid, 0, (void *)(long)sig) < 0)
 		return -errno;
-	if (waitpid(tid, &st, __WALL) != tid)
-		return -errno;
+	for (unsigned i = 0;; i++) {
+		pid_t w = waitpid(tid, &st, __WALL | WNOHANG);
+
+		if (w == tid)
+			break;
+		if (w < 0)
+			return -errno;
+		if (i == 20000) {
+			/* Asleep in a system call: stop it there, as t_thread_hold() does. */
+			if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) < 0 || waitpid(tid, &st, __WALL) != tid)
+				return -errno;
+			return -ETIMEDOUT;
+		}
+		if (i < 100)
+			sched_yield();
+		else
+			usleep(100);
+	}
 	if (!WIFSTOPPED(st))
 		return -ECHILD;
 	/* A signal for the thread (not our trap, nor a ptrace event stop): it goes with the next step. */

@@ -92,7 +92,8 @@ int t_thread_release(int tid);
 /*
  * One instruction of a thread held by t_thread_hold() (PTRACE_SINGLESTEP),
  * passing on a signal that stopped it instead: 0, or -errno (-ECHILD: it
- * is gone).
+ * is gone; -ETIMEDOUT: the instruction was a system call still blocked
+ * after 2 s, the thread asleep: it is held again, stopped in it).
  */
 int t_thread_step(int tid);
 

@@ -1437,8 +1437,6 @@ static unsigned step_images(int tid, const char *path, uint64_t off, struct chim
 	cr_assert_eq(r, 0, "single-stepping the shard thread: %s", strerror(-r));
 	cr_assert(over, "the operation did not end in %llu instructions (%u states of the node, at most %u)",
 		  (unsigned long long)steps, n, max);
-	if (getenv("T_STEP_DEBUG"))
-		fprintf(stderr, "%llu instructions, %u states of the node\n", (unsigned long long)steps, n);
 	return n;
 }
 
@@ -1569,6 +1567,297 @@ Test(restart, a_reset_cut_short_by_a_kill_is_applied_or_not_never_half)
 		tb.pid = 0;
 	}
 	munmap(r, sizeof(*r));
+}
+
+/* Nodes watched while the shard thread is single-stepped, as last read from the shard file. */
+struct watch {
+	int fd;
+	unsigned n;
+	uint64_t off[4];
+	struct chime_node last[4];
+};
+
+static void watch_init(struct watch *w, const uint64_t *off, unsigned n)
+{
+	char path[PATH_MAX];
+
+	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
+	w->fd = open(path, O_RDONLY);
+	cr_assert_geq(w->fd, 0);
+	w->n = n;
+	for (unsigned i = 0; i < n; i++) {
+		w->off[i] = off[i];
+		cr_assert_eq(pread(w->fd, &w->last[i], sizeof(w->last[i]), (off_t)off[i]), (ssize_t)sizeof(w->last[i]));
+	}
+}
+
+/*
+ * Single-step the held shard thread tid until the watched nodes have
+ * changed `changes` times in the file (any store to any of them), calling
+ * on_change(k, arg) after the k-th, or until done(w) or the thread sleeps
+ * (t_thread_step(): 2 s in a system call); then SIGKILL the
+ * broker, the traced thread reaped first. Returns the changes seen: a
+ * broker killed after every one of them in turn (one run each, from the
+ * same start) is a broker killed between any two stores the operation
+ * makes to those nodes.
+ */
+static unsigned step_changes(int tid, struct watch *w, unsigned changes, bool (*done)(const struct watch *),
+			     void (*on_change)(unsigned, void *), void *arg)
+{
+	unsigned k = 0;
+	int r = 0, st;
+
+	for (uint64_t steps = 0; k < changes && !done(w) && steps < 50000000 && r == 0; steps++) {
+		bool changed = false;
+
+		if ((r = t_thread_step(tid)) < 0) {
+			if (r == -ETIMEDOUT)
+				r = 0;  /* asleep: nothing more comes by itself */
+			break;
+		}
+		for (unsigned i = 0; i < w->n && r == 0; i++) {
+			struct chime_node nd;
+
+			if (pread(w->fd, &nd, sizeof(nd), (off_t)w->off[i]) != (ssize_t)sizeof(nd))
+				r = -EIO;
+			else if (memcmp(&nd, &w->last[i], sizeof(nd))) {
+				w->last[i] = nd;
+				changed = true;
+			}
+		}
+		if (changed && ++k && on_change)
+			on_change(k, arg);
+	}
+	close(w->fd);
+	kill(tb.pid, SIGKILL);
+	(void)waitpid(tid, &st, __WALL);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	cr_assert_eq(r, 0, "single-stepping the shard thread: %s", strerror(-r));
+	return k;
+}
+
+/* The four timers of the two tests below, by user_data: one-shot A, periodic P, one-shot B, periodic Q. */
+enum { T4_A, T4_P, T4_B, T4_Q, T4 };
+/* Small rings: a shard single-stepped through an attach or a park goes through every grant. */
+#define T4_OPTS "-n 1 --sq-size 8 --cq-size 16"
+
+static uint64_t t4_period(unsigned i)
+{
+	return i & 1 ? HOUR : 0;
+}
+
+/* Arm the four 20, 25, 30, 35 ms ahead (each periodic fires once within the test) and wait until all are in the ring. */
+static void t4_arm(chime_t *c, uint64_t *d)
+{
+	uint64_t t0 = now_ns();
+	chime_id_t id;
+
+	for (unsigned i = 0; i < T4; i++) {
+		d[i] = t0 + (20 + 5 * i) * MS;
+		cr_assert_eq(chime_arm(c, 0, d[i], t4_period(i), i, &id), 0);
+	}
+	usleep(200 * 1000);
+}
+
+/* The shard thread of the running broker, held; false (after a skip) when ptrace is not allowed. */
+static int t4_hold(void)
+{
+	int tid = t_thread_named(tb.pid, "chimed-shard0"), r;
+
+	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
+	r = t_thread_hold(tid);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
+	return tid;
+}
+
+/* Every one of the four came exactly once, over everything the process took, at its deadline. */
+static void t4_once(const uint8_t *seen, const struct chime_event *ev, unsigned n, const uint64_t *d, unsigned run)
+{
+	for (unsigned k = 0; k < n; k++)
+		cr_assert_eq(ev[k].deadline_ns, d[ev[k].user_data], "run %u: timer %llu's event at another deadline",
+			     run, (unsigned long long)ev[k].user_data);
+	for (unsigned i = 0; i < T4; i++)
+		cr_assert_eq(seen[i], 1, "run %u: %s %c came %u times", run, t4_period(i) ? "periodic" : "one-shot",
+			     "APBQ"[i], seen[i]);
+}
+
+struct stop_run {
+	chime_t *c;
+	int took;               /* P's take during the park: 1 taken, -1 failed, 0 not yet */
+	struct chime_event ev;
+};
+
+/* At the park's first store to a watched node (after it read the consumer head), the process takes P. */
+static void stop_take_p(unsigned k, void *arg)
+{
+	struct stop_run *s = arg;
+
+	if (k == 1)
+		s->took = chime_poll(s->c, &s->ev, 1) == 1 && s->ev.user_data == T4_P ? 1 : -1;
+}
+
+static bool stop_done(const struct watch *w)
+{
+	return w->last[T4_A].state == CHIME_NODE_FREE && w->last[T4_P].cq_pos == CHIME_POS_NONE &&
+	       w->last[T4_B].state == CHIME_NODE_BACKLOG && w->last[T4_B].cq_pos == CHIME_POS_NONE &&
+	       w->last[T4_Q].state == CHIME_NODE_BACKLOG && w->last[T4_Q].cq_pos == CHIME_POS_NONE;
+}
+
+/*
+ * A planned stop's park, killed after its j-th store to the four timers'
+ * nodes, under a process that lives on: it took A before the stop (the
+ * shard not told yet) and takes P at the park's first store (after the
+ * park read the consumer head: its claim CAS on P loses); B and Q it
+ * never took. Returns the stores a whole park makes.
+ */
+static unsigned stop_killed_after(unsigned j, unsigned run)
+{
+	struct stop_run s = { 0 };
+	struct chime_event ev[8];
+	uint8_t seen[T4] = { 0 };
+	uint64_t d[T4], off[T4];
+	struct watch w;
+	unsigned k, n;
+	int tid;
+
+	start(T4_OPTS);
+	s.c = sopen_ok("stop");
+	t4_arm(s.c, d);
+	for (unsigned i = 0; i < T4; i++)
+		off[i] = node_offset(i, t4_period(i));
+	tid = t4_hold();
+	cr_assert_eq(chime_poll(s.c, ev, 1), 1);
+	cr_assert_eq(ev[0].user_data, T4_A);
+	seen[T4_A]++;
+	watch_init(&w, off, T4);
+	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	k = step_changes(tid, &w, j, stop_done, stop_take_p, &s);
+	cr_assert_geq(s.took, 0, "run %u: the process did not take P during the park", run);
+	if (s.took)
+		seen[T4_P]++;
+	restart(0, T4_OPTS);
+	n = collect(s.c, ev, 8, now_ns() + 500 * MS);
+	for (unsigned i = 0; i < n; i++) {
+		cr_assert_lt(ev[i].user_data, T4);
+		seen[ev[i].user_data]++;
+	}
+	t4_once(seen, ev, n, d, run);
+	chime_close(s.c);
+	t_chimed_stop(&tb, SIGKILL);
+	return k;
+}
+
+/*
+ * SIGKILL during a planned stop, at any store of the park to the nodes of
+ * the events it settles, under a process that lives on and resumes: every
+ * event exactly once. Before, the park cleared a one-shot's position
+ * before its claim CAS and tagged a periodic to be held before it, so a
+ * broker killed after the CAS lost to the process (A, taken before the
+ * stop; P, taken during it) left A looking undelivered and P held: both
+ * came again. Now the node says "maybe taken, maybe voided" across the
+ * CAS, and the library's copy of its old claim words tells which.
+ */
+Test(restart, a_stop_killed_at_any_store_of_its_park_delivers_each_event_once_to_a_living_process)
+{
+	unsigned total = stop_killed_after(UINT_MAX, 0);
+
+	cr_assert_geq(total, 6, "the park made %u stores to the four nodes", total);
+	for (unsigned j = 0; j < total; j++)
+		stop_killed_after(j, j + 1);
+}
+
+/*
+ * The process, in a thread of its own (the test's is the shard's tracer):
+ * an arm into its full submission ring finds the broker gone and
+ * reconnects; it takes no event meanwhile, so B and Q stay untaken in the
+ * old ring. 0, or the arm's error.
+ */
+static void *settle_arm(void *arg)
+{
+	chime_id_t id;
+
+	return (void *)(intptr_t)chime_arm(arg, 0, now_ns() + HOUR, 0, 200, &id);
+}
+
+static bool settle_done(const struct watch *w)
+{
+	for (unsigned i = 0; i < T4; i++)
+		if (w->last[i].state != CHIME_NODE_FREE && w->last[i].cq_pos != CHIME_POS_NONE)
+			return false;
+	return true;
+}
+
+/*
+ * The process takes A and P, the broker is SIGKILLed (not told), and the
+ * next one restores the four as delivered, maybe taken; the process
+ * resumes with it, and it is killed after its j-th store to their nodes
+ * while it settles them by the process's word (j 0: before it read it).
+ * A third broker and the same process then: every event once.
+ */
+static unsigned settle_killed_after(unsigned j, unsigned run)
+{
+	struct chime_event ev[8];
+	uint8_t seen[T4] = { 0 };
+	uint64_t d[T4], off[T4];
+	struct watch w;
+	chime_id_t id;
+	unsigned k, n;
+	pthread_t t;
+	void *r;
+	chime_t *c;
+	int tid;
+
+	start(T4_OPTS);
+	c = sopen_ok("settle");
+	t4_arm(c, d);
+	cr_assert_eq(chime_poll(c, ev, 2), 2);
+	cr_assert(ev[0].user_data == T4_A && ev[1].user_data == T4_P);
+	seen[T4_A]++;
+	seen[T4_P]++;
+	restart(SIGKILL, T4_OPTS);
+	/* The old ring filled: the process has not noticed the crash (an arm with room does not look). */
+	for (unsigned i = 0; i < 8; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 100 + i, &id), 0);
+	for (unsigned i = 0; i < T4; i++)
+		off[i] = node_offset(i, t4_period(i));
+	tid = t4_hold();
+	watch_init(&w, off, T4);
+	cr_assert_eq(pthread_create(&t, NULL, settle_arm, c), 0);
+	k = step_changes(tid, &w, j, settle_done, NULL, NULL);
+	restart(0, T4_OPTS);
+	pthread_join(t, &r);
+	cr_assert_eq((intptr_t)r, 0, "run %u: the arm that reconnects failed: %s", run, strerror(-(int)(intptr_t)r));
+	n = collect(c, ev, 8, now_ns() + 500 * MS);
+	for (unsigned i = 0; i < n; i++) {
+		cr_assert_lt(ev[i].user_data, T4);
+		seen[ev[i].user_data]++;
+	}
+	t4_once(seen, ev, n, d, run);
+	chime_close(c);
+	t_chimed_stop(&tb, SIGKILL);
+	return k;
+}
+
+/*
+ * A broker killed while it settles a resumed process's events by the
+ * process's word (a crash loop), at any store to their nodes: the next
+ * one still settles each exactly once. Before, the library had moved to
+ * the killed broker's ring and sent the next one that ring's head, which
+ * says nothing of the first ring's events: those the process had taken
+ * and the killed broker had not yet dropped (P, a periodic being settled
+ * as taken) came again. Now its claim words, copied from ring to ring
+ * until a broker has settled them, decide.
+ */
+Test(restart, a_broker_killed_while_it_settles_a_living_process_s_events_delivers_each_once)
+{
+	unsigned total = settle_killed_after(UINT_MAX, 0);
+
+	cr_assert_geq(total, 4, "the settle made %u stores to the four nodes", total);
+	for (unsigned j = 0; j < total; j++)
+		settle_killed_after(j, j + 1);
 }
 
 /* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */

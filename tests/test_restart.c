@@ -1673,15 +1673,27 @@ static int t4_hold(void)
 	return tid;
 }
 
-/* Every one of the four came exactly once, over everything the process took, at its deadline. */
-static void t4_once(const uint8_t *seen, const struct chime_event *ev, unsigned n, const uint64_t *d, unsigned run)
+/*
+ * What the process takes from the broker now running, added to what it
+ * took before (seen): every one of the four exactly once, at its
+ * deadline. Then the session closes and the broker goes.
+ */
+static void t4_once(chime_t *c, uint8_t *seen, const uint64_t *d, unsigned run)
 {
-	for (unsigned k = 0; k < n; k++)
+	struct chime_event ev[8];
+	unsigned n = collect(c, ev, 8, now_ns() + 500 * MS);
+
+	for (unsigned k = 0; k < n; k++) {
+		cr_assert_lt(ev[k].user_data, T4);
 		cr_assert_eq(ev[k].deadline_ns, d[ev[k].user_data], "run %u: timer %llu's event at another deadline",
 			     run, (unsigned long long)ev[k].user_data);
+		seen[ev[k].user_data]++;
+	}
 	for (unsigned i = 0; i < T4; i++)
 		cr_assert_eq(seen[i], 1, "run %u: %s %c came %u times", run, t4_period(i) ? "periodic" : "one-shot",
 			     "APBQ"[i], seen[i]);
+	chime_close(c);
+	t_chimed_stop(&tb, SIGKILL);
 }
 
 struct stop_run {
@@ -1720,7 +1732,7 @@ static unsigned stop_killed_after(unsigned j, unsigned run)
 	uint8_t seen[T4] = { 0 };
 	uint64_t d[T4], off[T4];
 	struct watch w;
-	unsigned k, n;
+	unsigned k;
 	int tid;
 
 	start(T4_OPTS);
@@ -1739,14 +1751,7 @@ static unsigned stop_killed_after(unsigned j, unsigned run)
 	if (s.took)
 		seen[T4_P]++;
 	restart(0, T4_OPTS);
-	n = collect(s.c, ev, 8, now_ns() + 500 * MS);
-	for (unsigned i = 0; i < n; i++) {
-		cr_assert_lt(ev[i].user_data, T4);
-		seen[ev[i].user_data]++;
-	}
-	t4_once(seen, ev, n, d, run);
-	chime_close(s.c);
-	t_chimed_stop(&tb, SIGKILL);
+	t4_once(s.c, seen, d, run);
 	return k;
 }
 
@@ -1804,7 +1809,7 @@ static unsigned settle_killed_after(unsigned j, unsigned run)
 	uint64_t d[T4], off[T4];
 	struct watch w;
 	chime_id_t id;
-	unsigned k, n;
+	unsigned k;
 	pthread_t t;
 	void *r;
 	chime_t *c;
@@ -1830,14 +1835,7 @@ static unsigned settle_killed_after(unsigned j, unsigned run)
 	restart(0, T4_OPTS);
 	pthread_join(t, &r);
 	cr_assert_eq((intptr_t)r, 0, "run %u: the arm that reconnects failed: %s", run, strerror(-(int)(intptr_t)r));
-	n = collect(c, ev, 8, now_ns() + 500 * MS);
-	for (unsigned i = 0; i < n; i++) {
-		cr_assert_lt(ev[i].user_data, T4);
-		seen[ev[i].user_data]++;
-	}
-	t4_once(seen, ev, n, d, run);
-	chime_close(c);
-	t_chimed_stop(&tb, SIGKILL);
+	t4_once(c, seen, d, run);
 	return k;
 }
 

@@ -24,6 +24,19 @@
 #include <time.h>
 #include <unistd.h>
 
+int t_write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	int r;
+
+	if (!f)
+		return -1;
+	r = fputs(text, f) < 0 ? -1 : 0;
+	if (fclose(f) != 0)
+		r = -1;
+	return r;
+}
+
 void t_rmdir_files(const char *dir)
 {
 	char p[PATH_MAX];

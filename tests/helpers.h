@@ -44,6 +44,9 @@ int t_chimed_stop(struct t_chimed *b, int sig);
  */
 int t_chimed_restart(struct t_chimed *b, int sig, const char *extra);
 
+/* Replace the file at path with text (a policy file, say). 0, or -1 (errno). */
+int t_write_file(const char *path, const char *text);
+
 /* Remove a directory and what is in it (one level, as brokers leave it). */
 void t_rmdir_files(const char *dir);
 

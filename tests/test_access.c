@@ -1322,29 +1322,21 @@ Test(access, reset_stats_is_for_root_and_the_broker_user_only)
 Test(access, sighup_reloads_the_policy_file_and_the_broker_keeps_running)
 {
 	char file[300], extra[400];
-	FILE *f;
 
 	need_users();
 	snprintf(file, sizeof(file), "/tmp/chime-policy-%d", (int)getpid());
-	f = fopen(file, "w");
-	cr_assert_not_null(f);
-	fputs("# nobody else yet\n", f);
-	fclose(f);
+	cr_assert_eq(t_write_file(file, "# nobody else yet\n"), 0, "%s: %s", file, strerror(errno));
 	snprintf(extra, sizeof(extra), "--policy-file %s", file);
 	start(extra);
 	cr_assert_eq(as_user("chimet1", open_status, NULL), 13, "not admitted yet");
-	f = fopen(file, "w");
-	fputs("allow-uid chimet1   # added later\n", f);
-	fclose(f);
+	cr_assert_eq(t_write_file(file, "allow-uid chimet1   # added later\n"), 0);
 	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
 	for (int i = 0; i < 100 && as_user("chimet1", open_status, NULL) != 0; i++)
 		usleep(20000);
 	cr_assert_eq(as_user("chimet1", open_arm_receive, NULL), 0, "admitted after SIGHUP");
 	cr_assert_eq(as_user("chimet2", open_status, NULL), 13, "and nobody else");
 	/* a broken file keeps the policy in force */
-	f = fopen(file, "w");
-	fputs("allow-uid no-such-user-here\n", f);
-	fclose(f);
+	cr_assert_eq(t_write_file(file, "allow-uid no-such-user-here\n"), 0);
 	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
 	usleep(200000);
 	cr_assert_eq(kill(tb.pid, 0), 0, "SIGHUP stopped the broker");

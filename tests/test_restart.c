@@ -666,9 +666,9 @@ static void *close_thread(void *arg)
 	return NULL;
 }
 
-static void arms_then_close_across_a_restart(int sig, bool up_before_close, unsigned back_after_ms)
+/* Session "commit": 10 timers armed, the broker ended by sig, 10 more armed into the rings. */
+static chime_t *armed_across_a_stop(int sig)
 {
-	pthread_t t;
 	chime_id_t id;
 	chime_t *c;
 	int st;
@@ -680,6 +680,15 @@ static void arms_then_close_across_a_restart(int sig, bool up_before_close, unsi
 	tb.pid = 0;
 	for (unsigned i = 10; i < 20; i++)
 		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	return c;
+}
+
+static void arms_then_close_across_a_restart(int sig, bool up_before_close, unsigned back_after_ms)
+{
+	pthread_t t;
+	chime_t *c;
+
+	c = armed_across_a_stop(sig);
 	if (up_before_close) {
 		restart(0, "");
 		chime_close(c);
@@ -738,19 +747,12 @@ Test(restart, arms_closed_while_the_next_broker_restores_reach_it)
 {
 	char line[1024];
 	pthread_t t;
-	chime_id_t id;
 	chime_t *c;
 	FILE *f;
 	int fd, st, r;
 	pid_t pid;
 
-	start("");
-	c = open_armed("commit", 10, &id);
-	kill(tb.pid, SIGKILL);
-	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
-	tb.pid = 0;
-	for (unsigned i = 10; i < 20; i++)
-		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	c = armed_across_a_stop(SIGKILL);
 	cr_assert_eq(pthread_create(&t, NULL, close_thread, c), 0);
 	usleep(100 * 1000);     /* systemd's RestartSec */
 	pid = chimed_spawn(&fd, "");
@@ -1111,6 +1113,22 @@ Test(restart, a_planned_restart_before_the_process_resumes_still_delivers_exactl
 {
 	a_living_process_through_restarts(SIGTERM);
 }
+/* Shard 0's file of the broker at tb.sock, opened with flags; its wheel header in *w, its slab's offset in *slab. */
+static int shard0_open(int flags, struct chime_wheel *w, uint64_t *slab)
+{
+	char path[PATH_MAX];
+	struct chime_shard_seg h;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
+	fd = open(path, flags);
+	cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
+	cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(pread(fd, w, sizeof(*w), (off_t)h.wheel_off), (ssize_t)sizeof(*w));
+	*slab = h.wheel_off + w->slab_off;
+	return fd;
+}
+
 
 /*
  * The state a SIGKILL leaves between the wheel's pop of a due timer and its
@@ -1123,10 +1141,8 @@ Test(restart, a_planned_restart_before_the_process_resumes_still_delivers_exactl
 Test(restart, a_timer_popped_when_the_broker_died_fires_and_one_being_cancelled_does_not)
 {
 	struct chime_event ev[8];
-	struct chime_shard_seg h;
 	struct chime_wheel w;
 	struct chime_node nd;
-	char path[PATH_MAX];
 	uint64_t off, popped = 0;
 	chime_id_t id;
 	unsigned n;
@@ -1139,12 +1155,7 @@ Test(restart, a_timer_popped_when_the_broker_died_fires_and_one_being_cancelled_
 	kill(tb.pid, SIGKILL);
 	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
 	tb.pid = 0;
-	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
-	fd = open(path, O_RDWR);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-	cr_assert_eq(pread(fd, &w, sizeof(w), (off_t)h.wheel_off), (ssize_t)sizeof(w));
-	off = h.wheel_off + w.slab_off;
+	fd = shard0_open(O_RDWR, &w, &off);
 	for (uint32_t i = 0; i < w.high_water; i++) {
 		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)(off + i * sizeof(nd))), (ssize_t)sizeof(nd));
 		if (nd.state != CHIME_NODE_ARMED || nd.user_data == 0)
@@ -1174,22 +1185,15 @@ Test(restart, a_timer_popped_when_the_broker_died_fires_and_one_being_cancelled_
  */
 static void edit_nodes(bool (*edit)(struct chime_node *, uint64_t, void *), void *arg)
 {
-	struct chime_shard_seg h;
 	struct chime_wheel w;
 	struct chime_node nd;
-	char path[PATH_MAX];
 	uint64_t off;
 	int fd, st;
 
 	kill(tb.pid, SIGKILL);
 	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
 	tb.pid = 0;
-	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
-	fd = open(path, O_RDWR);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-	cr_assert_eq(pread(fd, &w, sizeof(w), (off_t)h.wheel_off), (ssize_t)sizeof(w));
-	off = h.wheel_off + w.slab_off;
+	fd = shard0_open(O_RDWR, &w, &off);
 	for (uint32_t i = 0; i < w.high_water; i++) {
 		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)(off + i * sizeof(nd))), (ssize_t)sizeof(nd));
 		if (edit(&nd, w.now_ns, arg))
@@ -1201,6 +1205,34 @@ static void edit_nodes(bool (*edit)(struct chime_node *, uint64_t, void *), void
 /* chan.h's CHAN_POS_AT: in cq_pos, the deadline of the event a park or a restore is holding again. */
 #define POS_AT (UINT64_C(1) << 62)
 enum { HELD_STEPS = 5 };
+
+/*
+ * A session of `steps` periodic timers an hour ahead, each node then
+ * written by edit() as a step of a cut-short store sequence (its deadline
+ * into deadline[i]), and the next broker's events to the session's next
+ * process: into ev (at most max), their count in *n. Returns that process's
+ * handle.
+ */
+static chime_t *periodics_edited_and_restored(const char *name, unsigned steps, uint64_t period,
+					      bool (*edit)(struct chime_node *, uint64_t, void *), uint64_t *deadline,
+					      struct chime_event *ev, unsigned max, unsigned *n)
+{
+	chime_id_t id;
+	chime_t *c;
+
+	start("-n 1");
+	c = sopen_ok(name);
+	for (unsigned i = 0; i < steps; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, period, i, &id), 0);
+	chime_close(c);
+	edit_nodes(edit, deadline);
+	for (unsigned i = 0; i < steps; i++)
+		cr_assert_neq(deadline[i], 0, "periodic %u is not in the file", i);
+	restart(0, "-n 1");
+	c = sopen_ok(name);
+	*n = collect(c, ev, max, now_ns() + 500 * MS);
+	return c;
+}
 
 /*
  * Periodic i (user_data i, an hour's period) as step i of chan_hold_at()
@@ -1243,21 +1275,10 @@ Test(restart, a_periodic_being_held_again_when_the_broker_died_comes_back_once)
 	uint64_t deadline[HELD_STEPS] = { 0 };
 	uint8_t seen[HELD_STEPS] = { 0 };
 	struct chime_event ev[16];
-	chime_id_t id;
 	unsigned n;
 	chime_t *c;
 
-	start("-n 1");
-	c = sopen_ok("held");
-	for (unsigned i = 0; i < HELD_STEPS; i++)
-		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, HOUR, i, &id), 0);
-	chime_close(c);
-	edit_nodes(held_step, deadline);
-	for (unsigned i = 0; i < HELD_STEPS; i++)
-		cr_assert_neq(deadline[i], 0, "periodic %u is not in the file", i);
-	restart(0, "-n 1");
-	c = sopen_ok("held");
-	n = collect(c, ev, 16, now_ns() + 500 * MS);
+	c = periodics_edited_and_restored("held", HELD_STEPS, HOUR, held_step, deadline, ev, 16, &n);
 	for (unsigned k = 0; k < n; k++) {
 		unsigned i = (unsigned)ev[k].user_data;
 
@@ -1361,21 +1382,10 @@ Test(restart, a_periodic_due_again_when_its_delivery_was_cut_short_comes_twice_n
 	uint64_t deadline[DUE_STEPS] = { 0 };
 	uint8_t seen[DUE_STEPS][2] = { { 0 } };
 	struct chime_event ev[32];
-	chime_id_t id;
 	unsigned n;
 	chime_t *c;
 
-	start("-n 1");
-	c = sopen_ok("behind");
-	for (unsigned i = 0; i < DUE_STEPS; i++)
-		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, DUE_PERIOD, i, &id), 0);
-	chime_close(c);
-	edit_nodes(due_again_step, deadline);
-	for (unsigned i = 0; i < DUE_STEPS; i++)
-		cr_assert_neq(deadline[i], 0, "periodic %u is not in the file", i);
-	restart(0, "-n 1");
-	c = sopen_ok("behind");
-	n = collect(c, ev, 32, now_ns() + 500 * MS);
+	c = periodics_edited_and_restored("behind", DUE_STEPS, DUE_PERIOD, due_again_step, deadline, ev, 32, &n);
 	for (unsigned k = 0; k < n; k++) {
 		unsigned i = (unsigned)ev[k].user_data;
 		uint64_t d;
@@ -1443,19 +1453,12 @@ static unsigned step_images(int tid, const char *path, uint64_t off, struct chim
 /* The index in shard 0's file of the one node with user_data ud and period period_ns, as a file offset. */
 static uint64_t node_offset(uint64_t ud, uint64_t period_ns)
 {
-	char path[PATH_MAX];
-	struct chime_shard_seg h;
 	struct chime_wheel w;
 	struct chime_node nd;
 	uint64_t off, found = 0;
 	int fd;
 
-	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
-	fd = open(path, O_RDONLY);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-	cr_assert_eq(pread(fd, &w, sizeof(w), (off_t)h.wheel_off), (ssize_t)sizeof(w));
-	off = h.wheel_off + w.slab_off;
+	fd = shard0_open(O_RDONLY, &w, &off);
 	for (uint32_t i = 0; i < w.high_water; i++) {
 		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)(off + i * sizeof(nd))), (ssize_t)sizeof(nd));
 		if (nd.state != CHIME_NODE_FREE && nd.state != CHIME_NODE_GRANTED && nd.user_data == ud &&
@@ -1696,6 +1699,20 @@ static void t4_once(chime_t *c, uint8_t *seen, const uint64_t *d, unsigned run)
 	t_chimed_stop(&tb, SIGKILL);
 }
 
+/*
+ * One run of `killed_after` in which nothing is killed, to count the stores
+ * (at least `least`), then one run killed after each of them.
+ */
+static void t4_kill_after_each_store(unsigned (*killed_after)(unsigned j, unsigned run), unsigned least,
+				     const char *what)
+{
+	unsigned total = killed_after(UINT_MAX, 0);
+
+	cr_assert_geq(total, least, "%s made %u stores to the four nodes", what, total);
+	for (unsigned j = 0; j < total; j++)
+		killed_after(j, j + 1);
+}
+
 struct stop_run {
 	chime_t *c;
 	int took;               /* P's take during the park: 1 taken, -1 failed, 0 not yet */
@@ -1767,11 +1784,7 @@ static unsigned stop_killed_after(unsigned j, unsigned run)
  */
 Test(restart, a_stop_killed_at_any_store_of_its_park_delivers_each_event_once_to_a_living_process)
 {
-	unsigned total = stop_killed_after(UINT_MAX, 0);
-
-	cr_assert_geq(total, 6, "the park made %u stores to the four nodes", total);
-	for (unsigned j = 0; j < total; j++)
-		stop_killed_after(j, j + 1);
+	t4_kill_after_each_store(stop_killed_after, 6, "the park");
 }
 
 /*
@@ -1851,11 +1864,7 @@ static unsigned settle_killed_after(unsigned j, unsigned run)
  */
 Test(restart, a_broker_killed_while_it_settles_a_living_process_s_events_delivers_each_once)
 {
-	unsigned total = settle_killed_after(UINT_MAX, 0);
-
-	cr_assert_geq(total, 4, "the settle made %u stores to the four nodes", total);
-	for (unsigned j = 0; j < total; j++)
-		settle_killed_after(j, j + 1);
+	t4_kill_after_each_store(settle_killed_after, 4, "the settle");
 }
 
 /* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */

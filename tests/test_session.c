@@ -184,15 +184,12 @@ Test(session, a_policy_file_reserves_session_names_for_their_users)
 {
 	char file[64], extra[128];
 	chime_t *held;
-	FILE *f;
 
 	if (geteuid() != 0)
 		cr_skip("needs root (opens sessions as uid 65534 too)");
 	snprintf(file, sizeof(file), "/tmp/chime-policy-%d", (int)getpid());
-	f = fopen(file, "w");
-	cr_assert_not_null(f);
-	fputs("allow-all\nsession billing-* root   # a prefix\nsession exact.name 65534\n", f);
-	fclose(f);
+	cr_assert_eq(t_write_file(file, "allow-all\nsession billing-* root   # a prefix\nsession exact.name 65534\n"),
+		     0, "%s: %s", file, strerror(errno));
 	snprintf(extra, sizeof(extra), "--policy-file %s", file);
 	start(extra);
 	cr_assert_eq(opens_as(65534, "billing-worker", -EACCES), 0, "another user took a reserved prefix");
@@ -205,9 +202,7 @@ Test(session, a_policy_file_reserves_session_names_for_their_users)
 
 	/* Held before it was reserved: nobody gets it until the operator drops it. */
 	cr_assert_eq(opens_as(65534, "late-x", 0), 0);
-	f = fopen(file, "w");
-	fputs("allow-all\nsession late-* root\n", f);
-	fclose(f);
+	cr_assert_eq(t_write_file(file, "allow-all\nsession late-* root\n"), 0);
 	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
 	for (int i = 0; i < 100 && opens_as(65534, "late-y", -EACCES) != 0; i++)
 		usleep(20000);
@@ -217,9 +212,7 @@ Test(session, a_policy_file_reserves_session_names_for_their_users)
 	chime_close(held);
 
 	/* A malformed reservation is refused, and the broker keeps the policy it has. */
-	f = fopen(file, "w");
-	fputs("allow-all\nsession bad/name root\n", f);
-	fclose(f);
+	cr_assert_eq(t_write_file(file, "allow-all\nsession bad/name root\n"), 0);
 	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
 	usleep(200000);
 	cr_assert_eq(opens_as(65534, "late-q", -EACCES), 0, "a bad reload must keep the old policy");

@@ -604,10 +604,16 @@ Test(broker, short_periodic_timers_cannot_keep_a_shard_spinning)
 	cr_assert_leq(spun, elapsed * 12 / 100 + fires * 2000 + 25 * MS, "spun %.0f ms of %.0f, %llu fires",
 		      (double)spun / 1e6, (double)elapsed / 1e6, (unsigned long long)fires);
 	cr_assert_lt(spun, elapsed * 2 / 5, "spun %.0f ms of %.0f", (double)spun / 1e6, (double)elapsed / 1e6);
-	/* The operator's share: all of it, as before the limit. */
+	/*
+	 * The operator's share: all of it, as before the limit. Measured
+	 * against the limited run, not the clock: with other work on both
+	 * cores the shard spins less either way (329 ms of 1504 seen at
+	 * --spin-share 100 while two test suites ran beside it, against 750
+	 * and more on a quiet host), but always well beyond its capped self.
+	 */
 	run_periodic_timers("--shards 1 --spin-share 100", 4, 100000, &spun_all, &cpu_all, &elapsed_all, &fires);
-	cr_assert_geq(spun_all, elapsed_all / 2, "--spin-share 100: spun %.0f ms of %.0f", (double)spun_all / 1e6,
-		      (double)elapsed_all / 1e6);
+	cr_assert_geq(spun_all, spun * 3 / 2 + 10 * MS, "--spin-share 100: spun %.0f ms of %.0f, against %.0f capped",
+		      (double)spun_all / 1e6, (double)elapsed_all / 1e6, (double)spun / 1e6);
 	/*
 	 * What is left of the shard's CPU is the work, a sleep and a wake-up
 	 * per deadline or two: well under the whole core it took before the

@@ -268,7 +268,8 @@ static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 	memset(wh->owner_due, 0, sizeof(wh->owner_due));
 	memset(wh->group_front, 0, sizeof(wh->group_front));
 	w->free_head = NIL;     /* unused: the free map (I4) is private */
-	w->armed = 0;
+	w->armed = 0;           /* unused: the count is private (wheel_armed()) */
+	wh->armed = 0;
 	stage_clear(wh, LEVELS);
 }
 
@@ -645,11 +646,11 @@ void wheel_arm(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 {
 	struct chime_node *n = &wh->nodes[idx];
 
-	assert(idx < wh->w->high_water);
-	assert(n->state != CHIME_NODE_FREE && n->state != CHIME_NODE_ARMED &&
+	wheel_hot_assert(idx < wh->w->high_water);
+	wheel_hot_assert(n->state != CHIME_NODE_FREE && n->state != CHIME_NODE_ARMED &&
 	       n->state != CHIME_NODE_EXPIRED);
 	n->deadline_ns = deadline_ns;
-	wh->w->armed++;
+	wh->armed++;
 	place(wh, n, idx);
 }
 
@@ -695,7 +696,7 @@ void wheel__cancel_slow(struct wheel *wh, uint32_t idx)
 	if (!take_off(wh, n, idx))
 		return;
 	n->state = CHIME_NODE_ALLOC;
-	wh->w->armed--;
+	wh->armed--;
 }
 
 static void __attribute__((noinline)) reset_slow(struct wheel *wh, uint32_t idx,
@@ -704,7 +705,7 @@ static void __attribute__((noinline)) reset_slow(struct wheel *wh, uint32_t idx,
 	struct chime_node *n = &wh->nodes[idx];
 
 	if (!take_off(wh, n, idx))
-		wh->w->armed++;
+		wh->armed++;
 	n->deadline_ns = deadline_ns;
 	place(wh, n, idx);
 }
@@ -752,7 +753,7 @@ void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 {
 	struct chime_node *n = &wh->nodes[idx];
 
-	assert(idx < wh->w->high_water && n->state != CHIME_NODE_FREE);
+	wheel_hot_assert(idx < wh->w->high_water && n->state != CHIME_NODE_FREE);
 	if (n->state != CHIME_NODE_ARMED) {
 		reset_slow(wh, idx, deadline_ns);
 		return;
@@ -1177,7 +1178,7 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 		nodes[i].prev = NIL;
 	else
 		w->expired_tail = NIL;
-	w->armed -= cnt;
+	wh->armed -= cnt;
 	wh->due_n -= cnt;
 	wh->front_n -= from_front;
 	return cnt;
@@ -1336,7 +1337,7 @@ int wheel_rebuild(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 			break;
 		case CHIME_NODE_ARMED:
 		case CHIME_NODE_EXPIRED:
-			w->armed++;
+			wh->armed++;
 			st->due += n->deadline_ns <= now_ns;
 			place(wh, n, i);
 			break;
@@ -1540,6 +1541,6 @@ void wheel_check(const struct wheel *wh)
 	      (unsigned long long)cnt[CHIME_NODE_EXPIRED], (unsigned long long)on_exp);
 	CHECK(cnt[CHIME_NODE_FREE] == on_free, "%llu FREE, %llu in the free map",
 	      (unsigned long long)cnt[CHIME_NODE_FREE], (unsigned long long)on_free);
-	CHECK(w->armed == on_slots + on_exp, "armed %llu, ARMED+EXPIRED %llu",
-	      (unsigned long long)w->armed, (unsigned long long)(on_slots + on_exp));
+	CHECK(wh->armed == on_slots + on_exp, "armed %llu, ARMED+EXPIRED %llu",
+	      (unsigned long long)wh->armed, (unsigned long long)(on_slots + on_exp));
 }

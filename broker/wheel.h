@@ -27,6 +27,27 @@
 
 #include "chime_shm.h"
 
+/*
+ * The preconditions of arm, cancel and reset that every caller checks
+ * before the call (the broker's lookup() and op_arm(): an index below the
+ * high-water mark, a node in use): asserted in sanitizer builds only. In
+ * the others their loads and compares were 5-7% of a cancel at 1M timers
+ * (the wheel against wahern/timeout, side by side: 1.10x its time with
+ * the check, 1.03x without).
+ */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define WHEEL_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define WHEEL_SANITIZED 1
+#endif
+#endif
+#ifdef WHEEL_SANITIZED
+#define wheel_hot_assert(x) assert(x)
+#else
+#define wheel_hot_assert(x) ((void)0)
+#endif
+
 /* wheel_pop_expired() below; the table size before struct wheel needs it */
 #define WHEEL_JUMP_OWNERS 1024u
 /* levels of 64-bit words that index 2^32 nodes: 64^6 > 2^32 */
@@ -51,6 +72,9 @@ struct wheel {
 	 * ids are not guessable from one run to the next (0 in tests) */
 	uint32_t gen_base;
 	uint32_t _pad;
+	/* timers ARMED or EXPIRED: private, beside the handle's other hot
+	 * fields, not in the shared header one pointer further */
+	uint64_t armed;
 	uint64_t max_tick;      /* tick of UINT64_MAX ns */
 	/* lower bound of the deadlines in the current tick's level-0 slot:
 	 * lets an advance inside one tick skip rescanning it */
@@ -191,7 +215,7 @@ static inline void wheel_cancel(struct wheel *wh, uint32_t idx)
 	struct chime_node *nodes = wh->nodes, *n;
 	uint32_t next, prev;
 
-	assert(idx < wh->w->high_water);
+	wheel_hot_assert(idx < wh->w->high_water);
 	n = &nodes[idx];
 	next = n->next;
 	prev = n->prev;
@@ -210,7 +234,7 @@ static inline void wheel_cancel(struct wheel *wh, uint32_t idx)
 	nodes[next].prev = prev;
 	nodes[prev].next = next;
 	n->state = CHIME_NODE_ALLOC;
-	wh->w->armed--;
+	wh->armed--;
 }
 
 /*
@@ -349,10 +373,10 @@ uint64_t wheel_next_deadline(const struct wheel *wh);
  */
 uint64_t wheel_earliest(const struct wheel *wh, uint32_t max_scan, int *inexact);
 
-/* Timers in state ARMED or EXPIRED (chime_wheel.armed counts both). */
+/* Timers in state ARMED or EXPIRED. */
 static inline uint64_t wheel_armed(const struct wheel *wh)
 {
-	return wh->w->armed;
+	return wh->armed;
 }
 
 /*

@@ -193,7 +193,7 @@ struct chime_wheel {
 	uint32_t high_water;        /* nodes [0, high_water) have been handed out at least once */
 	uint32_t free_head;         /* unused, CHIME_NIL: the free nodes are in the shard's private map */
 	uint32_t _pad0;
-	uint64_t armed;             /* nodes in state ARMED or EXPIRED (due, not yet popped) */
+	uint64_t armed;             /* unused, 0: the shard counts its timers privately */
 	uint64_t slab_off;          /* byte offset of node 0 from this struct */
 	uint32_t expired_head;      /* due timers not yet popped (through next/prev) */
 	uint32_t expired_tail;

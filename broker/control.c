@@ -32,6 +32,7 @@
 #include <limits.h>
 #include <stddef.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -396,46 +397,93 @@ static uint64_t shard_share(uint64_t total, uint32_t nr_shards)
 	return total ? (total + nr_shards - 1) / nr_shards : UINT64_MAX;
 }
 
+/* One shard's shard_init(), in a thread of its own (shards_setup()). */
+struct shard_setup {
+	struct broker *b;
+	struct shard_cfg cfg;
+	struct shard_session *sessions;         /* cfg.sessions, ours to free */
+	pthread_t thr;
+	bool threaded;
+	int r;
+};
+
+static void *shard_setup_main(void *arg)
+{
+	struct shard_setup *ss = arg;
+
+	ss->r = shard_init(&ss->b->shards[ss->cfg.idx], &ss->cfg, ss->b->o.socket_path);
+	return NULL;
+}
+
 static int shards_setup(struct broker *b)
 {
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	int r;
+	struct shard_setup *su;
+	int r = 0;
 
 	b->shards = calloc(b->o.nr_shards, sizeof(*b->shards));
 	b->reserve_failed_logged = calloc(b->o.nr_shards, sizeof(*b->reserve_failed_logged));
-	if (!b->shards || !b->reserve_failed_logged)
+	su = calloc(b->o.nr_shards, sizeof(*su));
+	if (!b->shards || !b->reserve_failed_logged || !su) {
+		free(su);
 		return log_errno(LOG_ERR, ENOMEM, "shards");
+	}
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
 		b->shards[i].seg_fd = b->shards[i].doorbell = -1;
 	if (ncpu < 1)
 		ncpu = 1;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
 		struct shard_session *sessions = restart_shard_sessions(b, i);
-		struct shard_cfg cfg = {
-			.idx = i,
-			.capacity = b->o.capacity,
-			.max_clients = b->o.max_clients,
-			.quota = shard_share(b->o.max_timers_per_client, b->o.nr_shards),
-			.user_quota = shard_share(b->o.max_timers_per_uid, b->o.nr_shards),
-			.resolution_ns = b->o.resolution_ns,
-			.spin_us = b->o.spin_us,
-			.spin_share = b->o.spin_share,
-			.seg_mode = seg_mode(b),
-			.seg_gid = b->o.stats_gid,
-			.ctl = b->ctl,
-			.pub = b->pub,
-			.notify_fd = b->notify_fd,
-			.sessions = sessions,
-			.sq_size = b->o.sq_size,
-		};
 
-		if (b->restoring && !sessions)
-			return log_errno(LOG_ERR, ENOMEM, "sessions of shard %u", i);
-		r = shard_init(&b->shards[i], &cfg, b->o.socket_path);
-		free(sessions);
-		if (r < 0)
-			return r;
+		su[i] = (struct shard_setup){
+			.b = b,
+			.sessions = sessions,
+			.cfg = {
+				.idx = i,
+				.capacity = b->o.capacity,
+				.max_clients = b->o.max_clients,
+				.quota = shard_share(b->o.max_timers_per_client, b->o.nr_shards),
+				.user_quota = shard_share(b->o.max_timers_per_uid, b->o.nr_shards),
+				.resolution_ns = b->o.resolution_ns,
+				.spin_us = b->o.spin_us,
+				.spin_share = b->o.spin_share,
+				.seg_mode = seg_mode(b),
+				.seg_gid = b->o.stats_gid,
+				.ctl = b->ctl,
+				.pub = b->pub,
+				.notify_fd = b->notify_fd,
+				.sessions = sessions,
+				.sq_size = b->o.sq_size,
+			},
+		};
+		if (b->restoring && !sessions) {
+			r = log_errno(LOG_ERR, ENOMEM, "sessions of shard %u", i);
+			goto out;
+		}
 	}
+	/*
+	 * Every shard sets itself up (and restores what an earlier broker
+	 * left: about 0.4 s per 4M timers here) at once, each in a thread:
+	 * they share nothing but the control segment's blocks, one each.
+	 * Shard after shard, a host with many full shards kept its clients
+	 * waiting for the sum. A thread that cannot be had runs inline.
+	 */
+	for (uint32_t i = 0; i < b->o.nr_shards; i++)
+		su[i].threaded = pthread_create(&su[i].thr, NULL, shard_setup_main, &su[i]) == 0;
+	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+		if (su[i].threaded)
+			pthread_join(su[i].thr, NULL);
+		else
+			shard_setup_main(&su[i]);
+		if (su[i].r < 0 && r == 0)
+			r = su[i].r;
+	}
+out:
+	for (uint32_t i = 0; i < b->o.nr_shards; i++)
+		free(su[i].sessions);
+	free(su);
+	if (r < 0)
+		return r;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
 		r = shard_start(&b->shards[i], (int)(i % (uint32_t)ncpu));
 		if (r < 0)
@@ -533,7 +581,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 	/*
 	 * The socket listens before the shards take over what an earlier
 	 * broker left: a restore of full shards takes a while (about 0.4 s
-	 * per 4M timers here, shard after shard), and a client that connects
+	 * per 4M timers here, the shards at once), and a client that connects
 	 * meanwhile waits in the queue, its hello answered once it is done,
 	 * instead of finding no socket. A session's chime_close() reconnects
 	 * within 1 s to hand its last records over (chime_close(3)): before,

@@ -71,7 +71,8 @@ struct timers_scan {
 struct conn {
 	struct conn *next, *prev;  /* all handshakes, so stop can free them */
 	int fd;
-	uid_t uid;              /* SO_PEERCRED at accept: handshakes are capped per user */
+	uid_t uid;              /* SO_PEERCRED at accept, as counted (policy_account_uid()):
+				 * handshakes are capped per user */
 	uint8_t inflight;       /* recv + timeout completions still to come */
 	uint8_t closed;
 	uint8_t buf[128] __attribute__((aligned(8)));  /* larger than a hello (96 B): a longer one is garbage */
@@ -89,6 +90,7 @@ struct client {
 	struct shard_ack ack;
 	int refuse;             /* status to send once the detach is done (failed attach) */
 	struct ucred cred;
+	uid_t acct_uid;         /* whose share it counts against: cred.uid's (policy_account_uid()) */
 	char comm[16];
 	uint64_t refused_logged[3];     /* nomem, quota, of which the user's: the counts last logged */
 	char session[CHIME_SESSION_MAX];  /* "" anonymous; else validated [A-Za-z0-9._-], NUL-terminated */

@@ -882,7 +882,7 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 			.slot = c->slot,
 			.flags = (uint16_t)((op == SHARD_CMD_REATTACH && c->resume ? SHARD_CMD_F_RESUME : 0) |
 					    (op == SHARD_CMD_PARK && b->stopping ? SHARD_CMD_F_HANDOVER : 0)),
-			.uid = c->cred.uid,
+			.uid = c->acct_uid,
 			.generation = c->generation,
 			.ch = &c->chans[s],
 			.mem = c->mems ? &c->mems[s] : NULL,    /* a detached session has none */
@@ -1471,6 +1471,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	snprintf(c->session, sizeof(c->session), "%s", session);
 	c->sq_base = sq_base;   /* a resuming library whose session this broker does not know */
 	c->cred = *cred;
+	c->acct_uid = policy_account_uid(&b->policy, cred->uid);
 	c->generation++;
 	c->connected_ns = now_ns();
 	read_comm(cred->pid, c->comm);

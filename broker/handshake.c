@@ -72,12 +72,22 @@ static bool admitted(struct broker *b, int fd, const struct ucred *cred)
 }
 
 /* Every open asks: up to clients_hi (no slot above it is taken), not --max-clients. */
+/* The refusal of a user at --max-clients-per-uid, for the log. */
+static const char *per_uid_full(const struct broker *b, uid_t uid)
+{
+	return policy_account_uid(&b->policy, uid) == uid ?
+	       "its user has --max-clients-per-uid clients already" :
+	       "its user, a subordinate uid, and the others its owner has (subuid file) have "
+	       "--max-clients-per-uid clients already";
+}
+
 static uint32_t clients_of(const struct broker *b, uid_t uid)
 {
+	uid_t as = policy_account_uid(&b->policy, uid);
 	uint32_t n = 0;
 
 	for (uint32_t i = 0; i < b->clients_hi; i++)
-		n += b->clients[i].state != CL_FREE && b->clients[i].cred.uid == uid;
+		n += b->clients[i].state != CL_FREE && b->clients[i].acct_uid == as;
 	return n;
 }
 
@@ -431,7 +441,7 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 	}
 	if (!c) {
 		if (b->o.max_clients_per_uid && clients_of(b, cred->uid) >= b->o.max_clients_per_uid) {
-			refuse_log(b, cred, "its user has --max-clients-per-uid clients already");
+			refuse_log(b, cred, per_uid_full(b, cred->uid));
 			send_status(cn->fd, -EUSERS);
 			return;
 		}
@@ -654,7 +664,7 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 		return;
 	}
 	if (b->o.max_clients_per_uid && clients_of(b, cred.uid) >= b->o.max_clients_per_uid) {
-		refuse_log(b, &cred, "its user has --max-clients-per-uid clients already");
+		refuse_log(b, &cred, per_uid_full(b, cred.uid));
 		send_status(cn->fd, -EUSERS);
 		return;
 	}
@@ -674,9 +684,9 @@ bool handshake_allowed(struct broker *b, struct conn *cn)
 
 	if (getsockopt(cn->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
 		return false;
-	cn->uid = cred.uid;
+	cn->uid = policy_account_uid(&b->policy, cred.uid);
 	for (struct conn *o = b->conns; o; o = o->next)
-		n += o->uid == cred.uid;
+		n += o->uid == cn->uid;
 	if (n < MAX_HANDSHAKES_PER_UID)
 		return true;
 	refuse_log(b, &cred, "too many connections of its user waiting to say hello");

@@ -86,6 +86,10 @@ static const char usage_text_more[] =
 "      --policy-file FILE  more allow-uid/allow-gid/allow-all lines, and\n"
 "                          'session NAME USER' lines reserving session names\n"
 "                          (NAME* a prefix) for a user; re-read on SIGHUP\n"
+"      --subuid-file FILE  subordinate uids (subuid(5), default /etc/subuid;\n"
+"                          '' for none): each owner's count as one user for\n"
+"                          the per-uid limits, not as a user each; re-read\n"
+"                          on SIGHUP\n"
 "      --socket-group NAME the socket is mode 0660 in this group (default: 0666\n"
 "                          when others may be admitted, else 0600)\n"
 "      --stats-group NAME  the PATH.ctl and PATH.shardN segments (counters,\n"
@@ -119,7 +123,8 @@ static const char usage_text_more[] =
 "cleanly: attached sessions are parked, and if any session is left, its\n"
 "shard files and PATH.sessions stay for the next broker, which takes them\n"
 "over (after a crash too); otherwise they are removed. SIGHUP never stops\n"
-"it: it reopens the log and re-reads the policy (--allow-*, --policy-file).\n"
+"it: it reopens the log and re-reads the policy (--allow-*, --policy-file,\n"
+"--subuid-file).\n"
 "SIGUSR2 restarts it in place, as chimectl restart does.\n"
 "\n"
 "Exit status: 0 clean stop, 1 start-up or runtime failure, 2 usage error.\n";
@@ -140,6 +145,7 @@ enum {
 	OPT_ALLOW_GID,
 	OPT_ALLOW_ALL,
 	OPT_POLICY_FILE,
+	OPT_SUBUID_FILE,
 	OPT_SOCKET_GROUP,
 	OPT_STATS_GROUP,
 	OPT_LOG_LEVEL,
@@ -165,6 +171,7 @@ static const struct option long_opts[] = {
 	{ "allow-gid", required_argument, NULL, OPT_ALLOW_GID },
 	{ "allow-all", no_argument, NULL, OPT_ALLOW_ALL },
 	{ "policy-file", required_argument, NULL, OPT_POLICY_FILE },
+	{ "subuid-file", required_argument, NULL, OPT_SUBUID_FILE },
 	{ "socket-group", required_argument, NULL, OPT_SOCKET_GROUP },
 	{ "stats-group", required_argument, NULL, OPT_STATS_GROUP },
 	{ "log-level", required_argument, NULL, OPT_LOG_LEVEL },
@@ -443,6 +450,7 @@ int main(int argc, char **argv)
 		.session_linger_s = 3600,
 		.socket_gid = (gid_t)-1,
 		.stats_gid = (gid_t)-1,
+		.policy.subuid_file = "/etc/subuid",
 	};
 	char err[512];
 	bool foreground = false, have_socket = false;
@@ -516,6 +524,9 @@ int main(int argc, char **argv)
 			if (!*optarg)
 				usage_error("--policy-file needs a path");
 			o.policy.file = absolute_file(optarg);
+			break;
+		case OPT_SUBUID_FILE:
+			o.policy.subuid_file = *optarg ? absolute_file(optarg) : NULL;
 			break;
 		case OPT_SOCKET_GROUP:
 			if (policy_group(optarg, &o.socket_gid, err, sizeof(err)) < 0)

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #define MAX_IDS 4096            /* per list: a policy, not a user database */
+#define MAX_SUBUID_RANGES 1048576u
 #define NSS_BUF 16384
 
 /* A number, or a name looked up by `kind` ('u' users, 'g' groups). */
@@ -214,6 +215,156 @@ static int load_file(struct policy *p, const char *path, char *err, size_t errle
 	return r;
 }
 
+/* ---- subordinate uids (subuid(5)) ---- */
+
+struct subuid_line {
+	char *owner;                    /* as written: a name or a number */
+	struct uid_range r;
+};
+
+static int by_owner(const void *pa, const void *pb)
+{
+	const struct subuid_line *a = pa, *b = pb;
+	int c = strcmp(a->owner, b->owner);
+
+	return c ? c : a->r.start < b->r.start ? -1 : a->r.start > b->r.start;
+}
+
+static int by_start(const void *pa, const void *pb)
+{
+	const struct uid_range *a = pa, *b = pb;
+
+	return a->start < b->start ? -1 : a->start > b->start;
+}
+
+/* "owner:start:count" into *l; false if it is not one. */
+static bool subuid_parse(char *line, struct subuid_line *l)
+{
+	char *owner = line, *start, *count, *end;
+	unsigned long long s, n;
+
+	start = strchr(owner, ':');
+	if (!start || start == owner)
+		return false;
+	*start++ = '\0';
+	count = strchr(start, ':');
+	if (!count)
+		return false;
+	*count++ = '\0';
+	count[strcspn(count, " \t\r")] = '\0';
+	if (!isdigit((unsigned char)*start) || !isdigit((unsigned char)*count))
+		return false;
+	errno = 0;
+	s = strtoull(start, &end, 10);
+	if (errno || *end)
+		return false;
+	n = strtoull(count, &end, 10);
+	if (errno || *end || n == 0 || s >= UINT32_MAX || n > UINT32_MAX - s)
+		return false;
+	l->owner = strdup(owner);
+	l->r = (struct uid_range){ .start = (uid_t)s, .count = (uint32_t)n };
+	return l->owner != NULL;
+}
+
+/*
+ * Each owner's ranges count as the lowest of their starts; then by start,
+ * a range overlapping the one before it dropped (and counted).
+ */
+static int subuids_index(struct policy *p, struct subuid_line *l, size_t n)
+{
+	size_t k = 0;
+
+	qsort(l, n, sizeof(*l), by_owner);
+	for (size_t i = 0; i < n; i++)
+		l[i].r.as = i && !strcmp(l[i].owner, l[i - 1].owner) ? l[i - 1].r.as : l[i].r.start;
+	p->subuids = malloc((n ? n : 1) * sizeof(*p->subuids));
+	if (!p->subuids)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		p->subuids[i] = l[i].r;
+	qsort(p->subuids, n, sizeof(*p->subuids), by_start);
+	for (size_t i = 0; i < n; i++) {
+		const struct uid_range *r = &p->subuids[i];
+
+		if (k && (uint64_t)p->subuids[k - 1].start + p->subuids[k - 1].count > r->start)
+			p->subuids_skipped++;
+		else
+			p->subuids[k++] = *r;
+	}
+	p->nr_subuids = k;
+	return 0;
+}
+
+static int load_subuids(struct policy *p, const char *path, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "re");
+	struct subuid_line *l = NULL;
+	size_t n = 0, cap = 0;
+	char line[512];
+	int r = 0;
+
+	if (!f) {
+		if (errno == ENOENT)
+			return 0;       /* no user namespaces configured */
+		r = -errno;
+		snprintf(err, errlen, "cannot open subordinate-uid file '%s': %s", path, strerror(-r));
+		return r;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *t = line + strspn(line, " \t");
+
+		t[strcspn(t, "\n")] = '\0';
+		if (!*t || *t == '#')
+			continue;
+		if (n == cap) {
+			struct subuid_line *m = cap < MAX_SUBUID_RANGES ?
+				realloc(l, (cap ? 2 * cap : 64) * sizeof(*l)) : NULL;
+
+			if (!m) {
+				p->subuids_skipped++;
+				continue;
+			}
+			l = m;
+			cap = cap ? 2 * cap : 64;
+		}
+		if (subuid_parse(t, &l[n]))
+			n++;
+		else
+			p->subuids_skipped++;
+	}
+	if (ferror(f)) {
+		r = errno ? -errno : -EIO;
+		snprintf(err, errlen, "cannot read subordinate-uid file '%s': %s", path, strerror(-r));
+	}
+	fclose(f);
+	if (r == 0 && subuids_index(p, l, n) < 0) {
+		r = -ENOMEM;
+		snprintf(err, errlen, "subordinate-uid file '%s': out of memory", path);
+	}
+	for (size_t i = 0; i < n; i++)
+		free(l[i].owner);
+	free(l);
+	return r;
+}
+
+uid_t policy_account_uid(const struct policy *p, uid_t uid)
+{
+	size_t lo = 0, hi = p->nr_subuids;
+
+	/* the last range starting at or below uid */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (p->subuids[mid].start <= uid)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo && uid - p->subuids[lo - 1].start < p->subuids[lo - 1].count)
+		return p->subuids[lo - 1].as;
+	return uid;
+}
+
 int policy_load(struct policy *p, const struct policy_src *src, char *err, size_t errlen)
 {
 	struct policy n = { .allow_all = src->allow_all };
@@ -225,8 +376,10 @@ int policy_load(struct policy *p, const struct policy_src *src, char *err, size_
 	else if (src->allow_gid &&
 		 (r = policy_parse_gids(src->allow_gid, &n.gids, &n.nr_gids, msg, sizeof(msg))) < 0)
 		snprintf(err, errlen, "--allow-gid: %s", msg);
-	else if (src->file)
-		r = load_file(&n, src->file, err, errlen);
+	else if (src->file && (r = load_file(&n, src->file, err, errlen)) < 0)
+		;
+	else if (src->subuid_file)
+		r = load_subuids(&n, src->subuid_file, err, errlen);
 	if (r < 0) {
 		policy_free(&n);
 		return r;
@@ -241,6 +394,7 @@ void policy_free(struct policy *p)
 	free(p->uids);
 	free(p->gids);
 	free(p->sessions);
+	free(p->subuids);
 	*p = (struct policy){ 0 };
 }
 
@@ -300,6 +454,12 @@ void policy_describe(const struct policy *p, char *buf, size_t len)
 			o += (size_t)snprintf(buf + o, len - o, ", gid %u", (unsigned)p->gids[i]);
 	}
 	if (p->nr_sessions && o < len)
-		snprintf(buf + o, len - o, "; %zu session name%s reserved", p->nr_sessions,
-			 p->nr_sessions == 1 ? "" : "s");
+		o += (size_t)snprintf(buf + o, len - o, "; %zu session name%s reserved", p->nr_sessions,
+				      p->nr_sessions == 1 ? "" : "s");
+	if (p->nr_subuids && o < len)
+		o += (size_t)snprintf(buf + o, len - o, "; %zu subordinate-uid range%s (each "
+				      "owner's counted as one user)", p->nr_subuids, p->nr_subuids == 1 ? "" : "s");
+	if (p->subuids_skipped && o < len)
+		snprintf(buf + o, len - o, " (%zu line%s of the file skipped: not owner:start:count, or "
+			 "overlapping)", p->subuids_skipped, p->subuids_skipped == 1 ? "" : "s");
 }

@@ -14,6 +14,14 @@
  * USER", NAME ending in '*' for a prefix): a session is its creator's, so
  * without a reservation any admitted user could open a service's session
  * name first and keep the service out of it.
+ *
+ * Per-user limits (--max-clients-per-uid, --max-timers-per-uid, handshakes)
+ * count a subordinate uid (subuid(5): a user's range for user namespaces)
+ * with the other uids its owner has: the kernel shows each as a user of
+ * its own, and one user holding 65536 of them would otherwise have 65536
+ * shares. They count together as one more user, not as their owner (a
+ * container's processes cannot use up its owner's, or root's, share), and
+ * only for counting: admission, sessions and privileges go by the uid.
  */
 #ifndef CHIMED_POLICY_H
 #define CHIMED_POLICY_H
@@ -30,12 +38,20 @@ struct policy_src {
 	const char *allow_gid;
 	bool allow_all;
 	const char *file;               /* --policy-file, or NULL */
+	const char *subuid_file;        /* --subuid-file (/etc/subuid), or NULL */
 };
 
 struct session_rule {
 	char name[CHIME_SESSION_MAX];   /* the name, or the prefix before '*' */
 	bool prefix;                    /* NAME* */
 	uid_t uid;
+};
+
+/* uids [start, start + count) count as uid `as` (the owner's lowest start) */
+struct uid_range {
+	uid_t start;
+	uint32_t count;
+	uid_t as;
 };
 
 struct policy {
@@ -46,6 +62,9 @@ struct policy {
 	size_t nr_gids;
 	struct session_rule *sessions;  /* in file order: the first match decides */
 	size_t nr_sessions;
+	struct uid_range *subuids;      /* by start, disjoint */
+	size_t nr_subuids;
+	size_t subuids_skipped;         /* lines of the file not understood, or overlapping */
 };
 
 /*
@@ -53,7 +72,9 @@ struct policy {
  * (a bad setting), -ENOMEM or -errno opening or reading the file, always
  * with a message in err that names what failed ("--allow-uid: no user
  * 'bob'", "FILE:3: unknown setting 'x'", "cannot open policy file 'FILE':
- * ..."). On failure *p is left as it was.
+ * ..."). On failure *p is left as it was. A subordinate-uid file that does
+ * not exist gives no ranges; lines of it not understood are skipped
+ * (counted in subuids_skipped: the file is the system's, not chimed's).
  */
 int policy_load(struct policy *p, const struct policy_src *src, char *err, size_t errlen);
 void policy_free(struct policy *p);
@@ -61,6 +82,9 @@ void policy_free(struct policy *p);
 /* Is a peer with these credentials admitted? (root and `self` always are) */
 bool policy_admits(const struct policy *p, uid_t self, uid_t uid, gid_t gid,
 		   const gid_t *groups, size_t nr_groups);
+
+/* The uid whose share uid counts against: its range's, or its own. */
+uid_t policy_account_uid(const struct policy *p, uid_t uid);
 
 /* Is session `name` reserved for a user? true and *uid if so. */
 bool policy_session_owner(const struct policy *p, const char *name, uid_t *uid);

@@ -106,6 +106,7 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	c->rw_fd = c->ro_fd = c->fd = c->next_fd = -1;
 	memcpy(c->session, r->name, sizeof(c->session));
 	c->cred.uid = r->uid;
+	c->acct_uid = policy_account_uid(&b->policy, r->uid);
 	c->cred.gid = r->gid;
 	c->cred.pid = 0;
 	snprintf(c->comm, sizeof(c->comm), "(restored)");
@@ -215,7 +216,7 @@ struct shard_session *restart_shard_sessions(struct broker *b, uint32_t shard)
 		}
 		ss[slot].ch = &c->chans[shard];
 		ss[slot].generation = c->generation;
-		ss[slot].uid = c->cred.uid;
+		ss[slot].uid = c->acct_uid;
 	}
 	return ss;
 }

@@ -76,8 +76,8 @@ static pid_t as_user_start(const char *user, int (*fn)(void *), void *arg)
 
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		become(user);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);      /* after: a change of credentials clears it */
 		_exit(fn(arg));
 	}
 	return pid;
@@ -175,11 +175,11 @@ static pid_t as_user_in_many_groups(const char *user, int (*fn)(void *))
 	if (pid == 0) {
 		gid_t g[300];
 
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		for (unsigned i = 0; i < 300; i++)
 			g[i] = 50000 + i;
 		if (setgroups(300, g) < 0 || setgid(pw->pw_gid) < 0 || setuid(pw->pw_uid) < 0)
 			_exit(90);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		_exit(fn(NULL));
 	}
 	return pid;
@@ -270,6 +270,121 @@ static unsigned arm_until_refused(chime_t *c, int *err)
 	while ((*err = chime_arm(c, 1, now_ns() + 3600000 * MS, 0, n, &id)) == 0)
 		n++;
 	return n;
+}
+
+/* ---- subordinate uids count as one user (--subuid-file) ---- */
+
+/* In a child: become uid (no groups but its own number), or exit 90. */
+static void become_uid(uid_t uid)
+{
+	if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
+		_exit(90);
+}
+
+/*
+ * A child as uid that opens a client (and, with `arms`, arms timers an hour
+ * ahead until refused) and holds it until killed. Its first byte on the
+ * pipe is 0 (opened: then the number armed follows as 4 bytes) or the
+ * refusal's errno; *pid is the child's.
+ */
+static int hold_as_uid(uid_t uid, bool arms, pid_t *pid)
+{
+	int p[2], st = -1;
+	unsigned char b;
+	uint32_t n = 0;
+
+	cr_assert_eq(pipe(p), 0);
+	*pid = fork();
+	cr_assert_geq(*pid, 0);
+	if (*pid == 0) {
+		struct chime_opts o = { .socket_path = tb.sock };
+		chime_t *c = NULL;
+		int r, err = 0;
+
+		close(p[0]);
+		become_uid(uid);
+		/* after: a change of credentials clears it */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		r = chime_open(&c, &o);
+		b = (unsigned char)-r;
+		if (write(p[1], &b, 1) != 1 || r < 0)
+			_exit(1);
+		if (r == 0 && arms) {
+			n = arm_until_refused(c, &err);
+			chime_flush(c);
+			if (write(p[1], &n, sizeof(n)) != sizeof(n))
+				_exit(1);
+		}
+		for (;;)
+			pause();
+	}
+	close(p[1]);
+	if (read(p[0], &b, 1) == 1)
+		st = b;
+	if (st == 0 && arms && read(p[0], &n, sizeof(n)) == sizeof(n))
+		st = (int)n + 1000;     /* armed n */
+	close(p[0]);
+	return st;
+}
+
+static void unhold(pid_t pid)
+{
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+}
+
+/*
+ * One user's subordinate uids (the kernel shows each as a user of its
+ * own: a user namespace's processes) share one user's limits: otherwise
+ * a user with 65536 of them holds 65536 shares of the clients and of the
+ * timers. They are one more user, not their owner: the owner's own share
+ * is untouched. A file edited and re-read on SIGHUP counts new clients
+ * the new way; lines it does not understand are skipped.
+ */
+Test(access, a_users_subordinate_uids_count_as_one_user)
+{
+	char file[300], extra[400];
+	pid_t a, b, c, d;
+
+	need_users();
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\nnot a range\n400000:500000:10\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all --max-clients-per-uid 2 --subuid-file %s", file);
+	start(extra);
+	cr_assert_eq(hold_as_uid(200001, false, &a), 0);
+	cr_assert_eq(hold_as_uid(265535, false, &b), 0);
+	cr_assert_eq(hold_as_uid(230000, false, &c), EUSERS, "a third subordinate uid of chimet1's range");
+	unhold(c);
+	cr_assert_eq(as_user("chimet1", open_many, &(int){ 2 }), 0, "its owner keeps a share of its own");
+	cr_assert_eq(hold_as_uid(265536, false, &d), 0, "a uid past the range is a user of its own");
+	unhold(d);
+	cr_assert_eq(hold_as_uid(500009, false, &d), 0, "another owner's range has a share of its own");
+	unhold(d);
+	/* the range gone from the file: a new client of it counts as itself */
+	cr_assert_eq(t_write_file(file, "400000:500000:10\n"), 0);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	for (int i = 0; i < 100 && (c = 0, hold_as_uid(230000, false, &c)) != 0; i++) {
+		unhold(c);
+		usleep(20000);
+	}
+	cr_assert_gt(c, 0);
+	unhold(c);
+	unhold(a);
+	unhold(b);
+	t_chimed_stop(&tb, SIGTERM);
+
+	/* Timers: the range's uids share --max-timers-per-uid (one shard: 64). */
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all -n 1 --sq-size 16 --max-timers-per-uid 64 --subuid-file %s",
+		 file);
+	start(extra);
+	cr_assert_eq(hold_as_uid(200001, true, &a), 1000 + 64, "the first subordinate uid arms the share");
+	cr_assert_eq(hold_as_uid(200002, true, &b), 1000 + 0, "the second finds it taken");
+	cr_assert_eq(hold_as_uid(300000, true, &c), 1000 + 64, "a uid outside has a share of its own");
+	unhold(a);
+	unhold(b);
+	unhold(c);
+	unlink(file);
 }
 
 /*

@@ -274,10 +274,12 @@ static int subuids_index(struct policy *p, struct subuid_line *l, size_t n)
 {
 	size_t k = 0;
 
+	if (n == 0)
+		return 0;       /* nothing to sort: l may be NULL, which qsort() must not get */
 	qsort(l, n, sizeof(*l), by_owner);
 	for (size_t i = 0; i < n; i++)
 		l[i].r.as = i && !strcmp(l[i].owner, l[i - 1].owner) ? l[i - 1].r.as : l[i].r.start;
-	p->subuids = malloc((n ? n : 1) * sizeof(*p->subuids));
+	p->subuids = malloc(n * sizeof(*p->subuids));
 	if (!p->subuids)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++)

@@ -26,6 +26,9 @@ pkgs="$pkgs clang-14 libclang-rt-14-dev"
 pkgs="$pkgs libsystemd-dev"
 # libncurses-dev: chimestat's live view (ncursesw).
 pkgs="$pkgs libncurses-dev"
+# ccache: meson compiles through it when it is there (tools/run-tests.sh also
+# hands it clang-14); its cache in $HOME outlives the fresh clones CI builds in.
+pkgs="$pkgs ccache"
 # Benchmark only (chime-bench compare builds without them, leaving the
 # contender out): libev-dev, libev's ev_timer as a contender (libuv1-dev is
 # above); gnuplot-nox, the lateness plot (tools/bench/plot-lateness.sh).

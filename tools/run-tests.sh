@@ -55,6 +55,19 @@ if ! command -v promtool >/dev/null 2>&1; then
 	[ -x "$cache/usr/bin/promtool" ] && export PATH="$cache/usr/bin:$PATH"
 fi
 
+# ccache (tools/install-deps.sh installs it; meson compiles through it by
+# itself, and run_fuzz names it for clang-14): CI builds in a fresh clone in a
+# new directory every time, so key the cache on paths relative to the clone
+# and leave the directory out of the hash, or nothing would ever hit. (An
+# object from the cache carries the directory of the clone that compiled it
+# first in its debug information: only a debugger's source lookup sees it.)
+if command -v ccache >/dev/null 2>&1; then
+	export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+	fuzz_cc="ccache clang-14"
+else
+	fuzz_cc=clang-14
+fi
+
 # configure DIR [meson options...]: set up a build dir, or reconfigure an existing one.
 configure() {
 	local dir=$1; shift
@@ -93,7 +106,7 @@ run_fuzz() {
 	suite_args=(--suite fuzz --no-rebuild)
 	[ "$fuzz_secs" = 60 ] || suite_args+=(--timeout-multiplier 0)
 	targets=(tests/fuzz/fuzz_chan tests/fuzz/fuzz_rebuild)
-	CHIME_FUZZ_SECONDS=$fuzz_secs CC=clang-14 \
+	CHIME_FUZZ_SECONDS=$fuzz_secs CC=$fuzz_cc \
 		run fuzz build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false
 	targets=()
 	suite_args=("${saved_args[@]}")

@@ -38,6 +38,16 @@ case "${1:-}" in
 *) echo "run-tests.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
 esac
 
+# Each phase's wall time, printed as it ends and again before the summary.
+phases=()
+phase_t0=$SECONDS
+phase_end() {
+	local what=$1 secs=$((SECONDS - phase_t0))
+	echo "==> $what: ${secs} s"
+	phases+=("$(printf '%-22s %4d s' "$what" "$secs")")
+	phase_t0=$SECONDS
+}
+
 tools/install-deps.sh || exit 1
 
 # promtool checks chimestat's Prometheus output. Debian ships it only inside
@@ -68,6 +78,8 @@ else
 	fuzz_cc=clang-14
 fi
 
+phase_end "install-deps, promtool"
+
 # configure DIR [meson options...]: set up a build dir, or reconfigure an existing one.
 configure() {
 	local dir=$1; shift
@@ -83,19 +95,23 @@ targets=()     # what run() builds: everything unless set
 run() {
 	local label=$1 dir=$2; shift 2
 	echo "==> $label: build ($dir)"
+	phase_t0=$SECONDS
 	if ! configure "$dir" -Dwerror=true "$@" || ! ninja -C "$dir" "${targets[@]}" >"$dir.ninja.log" 2>&1; then
 		cat "$dir.ninja.log" 2>/dev/null | tail -40
 		echo "$label: build failed"
 		mkdir -p "$dir/meson-logs"
 		echo '{"name": "build", "result": "FAIL", "stdout": ""}' >"$dir/meson-logs/testlog-$setup.json"
 		labels+=("$label=$dir")
+		phase_end "$label build (failed)"
 		return
 	fi
+	phase_end "$label build"
 	echo "==> $label: test (setup $setup)"
 	rm -f "$dir"/meson-logs/testlog*.json   # the summary must not count an older run
 	# Serial on purpose: the integration tests measure lateness, and two cores are few.
 	meson test -C "$dir" --setup "$setup" "${suite_args[@]}" --num-processes 1 --print-errorlogs
 	labels+=("$label=$dir")
+	phase_end "$label tests"
 }
 
 # The fuzzer: its own clang build, suite 'fuzz' only, for $fuzz_secs seconds
@@ -127,5 +143,9 @@ else
 	[ "$setup" = stress ] || run_fuzz
 fi
 
+echo
+echo "==> wall time by phase:"
+printf '    %s\n' "${phases[@]}"
+printf '    %-22s %4d s\n' total "$SECONDS"
 echo
 exec python3 tools/test-summary.py "${labels[@]}"

@@ -381,6 +381,25 @@ int t_thread_named(int pid, const char *comm)
 	return tid;
 }
 
+bool t_thread_asleep(int pid, int tid)
+{
+	char path[96], buf[512], *p;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, tid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = 0;
+	p = strrchr(buf, ')');  /* after "TID (COMM)", which may hold anything */
+	return p && p[1] == ' ' && p[2] == 'S';
+}
+
 int t_thread_hold(int tid)
 {
 	int st;

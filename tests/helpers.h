@@ -3,6 +3,7 @@
 #ifndef CHIME_TEST_HELPERS_H
 #define CHIME_TEST_HELPERS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -81,6 +82,12 @@ int t_open_fds(int pid);
 
 /* The thread of process `pid` whose name (/proc/PID/task/TID/comm) is `comm`, or -1. */
 int t_thread_named(int pid, const char *comm);
+
+/*
+ * True if thread tid of process pid is asleep (state S in
+ * /proc/PID/task/TID/stat: blocked in a system call, waiting).
+ */
+bool t_thread_asleep(int pid, int tid);
 
 /*
  * Stop one thread of a child process under ptrace (PTRACE_SEIZE, then

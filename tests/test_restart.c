@@ -27,6 +27,7 @@
 
 #include "chime.h"
 #include "chime_shm.h"
+#include "client.h"      /* t4_arm(): the ring's published tail (white box) */
 #include "helpers.h"
 #include "t_session.h"
 
@@ -1650,17 +1651,29 @@ static uint64_t t4_period(unsigned i)
 	return i & 1 ? HOUR : 0;
 }
 
-/* Arm the four 20, 25, 30, 35 ms ahead (each periodic fires once within the test) and wait until all are in the ring. */
+/*
+ * Arm the four 20, 25, 30, 35 ms ahead (each periodic fires once within the
+ * test) and wait until all are in the ring, published (the client's view of
+ * the shard's tail, read without taking anything), and the shard thread
+ * asleep again: where a fixed 200 ms left them, without the rest of it.
+ */
 static void t4_arm(chime_t *c, uint64_t *d)
 {
+	const struct chime_cq_cons *cq = &c->chan[0].cq;
 	uint64_t t0 = now_ns();
 	chime_id_t id;
+	int tid;
 
 	for (unsigned i = 0; i < T4; i++) {
 		d[i] = t0 + (20 + 5 * i) * MS;
 		cr_assert_eq(chime_arm(c, 0, d[i], t4_period(i), i, &id), 0);
 	}
-	usleep(200 * 1000);
+	tid = t_thread_named(tb.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
+	while (__atomic_load_n(cq->tail_pub, __ATOMIC_ACQUIRE) - cq->head < T4 || !t_thread_asleep(tb.pid, tid)) {
+		cr_assert_lt(now_ns() - t0, 5000 * MS, "the four events were not in the ring, the shard asleep, within 5 s");
+		usleep(1000);
+	}
 }
 
 /* The shard thread of the running broker, held; false (after a skip) when ptrace is not allowed. */

@@ -248,7 +248,7 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 		_exit(127);
 	}
 	b->pid = p;
-	for (t0 = now_ns(); !broker_running(b->sock, p) || !sock_accepts(b->sock); usleep(5000)) {
+	for (t0 = now_ns(); !broker_running(b->sock, p) || !sock_accepts(b->sock); usleep(1000)) {
 		int st;
 
 		if (waitpid(p, &st, WNOHANG) == p) {
@@ -282,8 +282,8 @@ int t_chimed_restart(struct t_chimed *b, int sig, const char *extra)
 	}
 	snprintf(sock, sizeof(sock), "%s", b->sock);
 	/* A dead broker's socket can accept for a moment (its io_uring goes after it): not the new one's. */
-	for (int i = 0; i < 400 && sock_accepts(sock); i++)
-		usleep(5000);
+	for (int i = 0; i < 2000 && sock_accepts(sock); i++)
+		usleep(1000);
 	r = t_chimed_start(b, sock, extra);
 	/* The directory is still ours: the last stop removes it. */
 	b->own_dir = keep.own_dir;

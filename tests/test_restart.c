@@ -27,7 +27,7 @@
 
 #include "chime.h"
 #include "chime_shm.h"
-#include "client.h"      /* t4_arm(): the ring's published tail (white box) */
+#include "client.h"      /* ring_holds(): the ring's published tail (white box) */
 #include "helpers.h"
 #include "t_session.h"
 
@@ -62,6 +62,27 @@ static chime_t *open_armed(const char *session, unsigned n, chime_id_t *last)
 	for (unsigned i = 0; i < n; i++)
 		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, last), 0);
 	return c;
+}
+
+/*
+ * Wait (up to 5 s) until at least n events are published in c's rings (white
+ * box: each shard's tail against the process's head, read without taking
+ * anything): what a fixed sleep "until they are delivered" waited for.
+ */
+static void ring_holds(chime_t *c, uint64_t n)
+{
+	uint64_t t0 = now_ns(), have;
+
+	for (;;) {
+		have = 0;
+		for (uint32_t k = 0; k < c->nr_shards; k++)
+			have += __atomic_load_n(c->chan[k].cq.tail_pub, __ATOMIC_ACQUIRE) - c->chan[k].cq.head;
+		if (have >= n)
+			return;
+		cr_assert_lt(now_ns() - t0, 5000 * MS, "%llu of %llu events in the ring after 5 s",
+			     (unsigned long long)have, (unsigned long long)n);
+		usleep(1000);
+	}
 }
 
 /* ---- (1) chimed SIGKILLed under a session: its successor has every timer, ids valid ---- */
@@ -164,7 +185,7 @@ static void claim_word_case(int sig, bool exactly)
 	c = sopen_ok("once");
 	for (unsigned i = 0; i < 20; i++)
 		cr_assert_eq(chime_arm(c, 0, now_ns() + 100 * MS, 0, i, &id), 0);
-	usleep(300 * 1000);     /* all 20 delivered into the ring */
+	ring_holds(c, 20);      /* all 20 delivered into the ring */
 	consume_half(c, now_ns() + 2000 * MS, &taken, got);
 	cr_assert_eq(taken, 10);
 	restart(sig, "-n 1");
@@ -1081,7 +1102,7 @@ static void a_living_process_through_restarts(int second)
 	t0 = now_ns();
 	for (unsigned i = 0; i < 400; i++)
 		cr_assert_eq(chime_arm(c, 0, t0 + 20 * MS, 0, i, &id), 0);
-	usleep(300 * 1000);
+	ring_holds(c, 400);
 	take(c, ev, 200, seen);
 	/* No call into the library meanwhile: it cannot reconnect to the second broker. */
 	restart(SIGKILL, "-n 2");
@@ -1653,13 +1674,12 @@ static uint64_t t4_period(unsigned i)
 
 /*
  * Arm the four 20, 25, 30, 35 ms ahead (each periodic fires once within the
- * test) and wait until all are in the ring, published (the client's view of
- * the shard's tail, read without taking anything), and the shard thread
- * asleep again: where a fixed 200 ms left them, without the rest of it.
+ * test) and wait until all are in the ring, published (ring_holds()), and
+ * the shard thread asleep again: where a fixed 200 ms left them, without
+ * the rest of it.
  */
 static void t4_arm(chime_t *c, uint64_t *d)
 {
-	const struct chime_cq_cons *cq = &c->chan[0].cq;
 	uint64_t t0 = now_ns();
 	chime_id_t id;
 	int tid;
@@ -1668,10 +1688,11 @@ static void t4_arm(chime_t *c, uint64_t *d)
 		d[i] = t0 + (20 + 5 * i) * MS;
 		cr_assert_eq(chime_arm(c, 0, d[i], t4_period(i), i, &id), 0);
 	}
+	ring_holds(c, T4);
 	tid = t_thread_named(tb.pid, "chimed-shard0");
 	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
-	while (__atomic_load_n(cq->tail_pub, __ATOMIC_ACQUIRE) - cq->head < T4 || !t_thread_asleep(tb.pid, tid)) {
-		cr_assert_lt(now_ns() - t0, 5000 * MS, "the four events were not in the ring, the shard asleep, within 5 s");
+	while (!t_thread_asleep(tb.pid, tid)) {
+		cr_assert_lt(now_ns() - t0, 5000 * MS, "the shard did not sleep within 5 s");
 		usleep(1000);
 	}
 }
@@ -2182,7 +2203,7 @@ Test(restart, a_dispatch_callback_arming_into_a_crashed_brokers_full_ring_reconn
 	r.c = sopen_ok("dispatcher");
 	for (unsigned i = 0; i < 3; i++)
 		cr_assert_eq(chime_arm(r.c, 0, now_ns() + 20 * MS, 0, i, &id), 0);
-	usleep(300 * 1000);     /* delivered: waiting in the completion ring */
+	ring_holds(r.c, 3);     /* delivered: waiting in the completion ring */
 	restart(SIGKILL, "-n 1 --sq-size 64");
 	for (end = now_ns() + 3000 * MS; now_ns() < end && r.calls < 3;)
 		cr_assert_geq(chime_dispatch(r.c, refill_cb, &r, 0), 0);

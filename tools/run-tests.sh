@@ -4,8 +4,11 @@
 #
 #   tools/run-tests.sh               default suite: unit tests, short integration
 #                                    and stress runs, and 30 s of fuzzing per
-#                                    target (about 17 minutes from a fresh clone
-#                                    on 2 cores, the five builds included)
+#                                    target (from a fresh clone on 2 cores, the
+#                                    five builds included: about 13 minutes with
+#                                    an empty ccache, 10 with the cache an earlier
+#                                    run left, as CI has; each phase's time is
+#                                    printed before the summary)
 #   tools/run-tests.sh --stress      the long stress and soak suite instead (plain
 #                                    and ASan+UBSan builds; about 11 minutes here)
 #   tools/run-tests.sh --fuzz SECS   only the fuzzers (build-fuzz), SECS seconds each
@@ -16,7 +19,8 @@
 # UBSan: suite 'fuzz' only; a crashing input is left in
 # build-fuzz/meson-logs/fuzz-artifacts), build-lto/ (link-time optimization,
 # as distributions build: only what `meson install` installs is built there,
-# for the install test, which checks libchime's symbol versions). Exit status: 0 if every case passed.
+# for the install test, which checks libchime's symbol versions).
+# Exit status: 0 if every case passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 

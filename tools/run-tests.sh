@@ -10,7 +10,7 @@
 #                                    run left, as CI has; each phase's time is
 #                                    printed before the summary)
 #   tools/run-tests.sh --stress      the long stress and soak suite instead (plain
-#                                    and ASan+UBSan builds; about 11 minutes here)
+#                                    and ASan+UBSan builds; about 10 minutes here)
 #   tools/run-tests.sh --fuzz SECS   only the fuzzers (build-fuzz), SECS seconds each
 #
 # Builds: build/ (-Werror), build-asan/ (AddressSanitizer + UBSan, -Werror),

@@ -10,9 +10,9 @@
  *
  * - ARM takes its id from the slot's grant (a node the broker set aside for
  *   whoever writes this slot), so the id is known before the broker has
- *   seen anything. The shard is chosen round-robin per calling thread: a
- *   thread-local counter, so threads share no cache line to pick one; each
- *   thread starts one shard after the thread that armed before it.
+ *   seen anything. The shard is the calling thread's home shard (below), so
+ *   that threads arming and resetting their own timers write different
+ *   rings instead of contending for one ring's tail.
  * - RESET and CANCEL go to the shard named in the id; CANCEL_KEY to every
  *   shard (a key's timers are spread over all of them).
  * - A full ring is waited out (spin, then yield, then short sleeps), never
@@ -31,13 +31,22 @@
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
 /*
- * Round-robin for this thread's ARMs: the next shard + 1, 0 before its first
- * ARM. Each thread starts one shard after the thread before it, so threads
- * that arm a timer or two each (a thread per request) spread over the
- * shards instead of all landing on shard 0, and threads arming in step use
- * different rings instead of contending for one.
+ * This thread's home shard + 1 (0 before its first ARM). A thread arms on
+ * its home shard until that shard refuses an arm (no free node, or the
+ * client's share of its quota used): it then moves home to the shard that
+ * took the arm; or until the shard falls behind (arm_backlog()). Sticky,
+ * as the kernel keeps a timer on the CPU that armed
+ * it: a timer's RESET and CANCEL go to the timer's shard, so threads that
+ * arm and reset their own timers (an event loop per thread) each write
+ * their own ring. Round-robin per call made every thread write every ring,
+ * and two threads on one chime_t paid 2.5-3.5 times one thread's cost per
+ * call in the CAS on the shared ring tail (ARCHITECTURE.md, "Which shard an
+ * ARM goes to"). Homes are spread: each thread starts one shard after the
+ * thread that armed before it, counted from the connection's client-table
+ * slot, so that single-threaded clients, and threads that arm a timer each
+ * (a thread per request), do not all land on shard 0.
  */
-static __thread uint32_t tl_next_shard;
+static __thread uint32_t tl_home;
 static uint32_t threads_arming;            /* atomic: threads that have armed, for their start */
 
 /*
@@ -156,6 +165,32 @@ static inline uint64_t need_by(uint32_t op, uint64_t deadline_ns)
 	}
 }
 
+/*
+ * After this thread published ARMs at [from, from + n) on its home shard s:
+ * if 15/16 of that ring still wait for the shard (checked once per 64
+ * positions, one load of a slot the shard has written), the shard is
+ * behind this thread, and its next arms go to the next shard instead of
+ * waiting for room. One thread arming faster than a shard applies so
+ * spreads its arms over the shards in runs of most of a ring, which the
+ * shards apply side by side (each run while the thread writes the next);
+ * threads arming at a pace their home keeps up with never move, nor do
+ * bursts into the ring of a shard still waking up (two threads bursting in
+ * step would otherwise end up writing one ring).
+ */
+static inline void arm_backlog(struct chime *c, uint32_t s, uint64_t from, uint32_t n)
+{
+	const struct chime_sq_prod *sq = &c->chan[s].sq;
+	uint64_t size = (uint64_t)sq->mask + 1, behind = size - size / 16, end = from + n;
+	uint64_t every = size >= 256 ? 64 : size >= 4 ? size / 4 : 1;     /* a power of two */
+
+	/* no multiple of `every` in [from, end), or not that many positions yet */
+	if (c->nr_shards == 1 || ((from + every - 1) & ~(every - 1)) >= end || end <= behind)
+		return;
+	/* An asleep shard is not behind: the doorbell (at half a ring) is waking it. */
+	if (chime_sq_waiting(sq, end - behind) && at_load(c->chan[s].sleeping) == 0)
+		tl_home = s + 1 < c->nr_shards ? s + 2 : 1;
+}
+
 static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t id, uint64_t key,
 			 uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data, chime_id_t *out)
 {
@@ -176,7 +211,9 @@ static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t 
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
 	cl_doorbell_by(ch, need_by(op, deadline_ns), pos, 1);
-	if (op != CHIME_OP_ARM)
+	if (op == CHIME_OP_ARM)
+		arm_backlog(c, shard, pos, 1);
+	else
 		cl_note_void(c);
 	if (unlikely(refused))
 		return refused;
@@ -204,6 +241,8 @@ static int arm_elsewhere(struct chime *c, uint32_t s, int r, uint64_t key, uint6
 		if (++s == c->nr_shards)
 			s = 0;
 		r2 = submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
+		if (r2 == 0)
+			tl_home = s + 1;        /* this thread's arms go here from now on */
 		if (r2 != -ENOMEM && r2 != -EDQUOT)
 			return r2;
 		if (r2 == -ENOMEM)
@@ -217,17 +256,16 @@ static inline bool id_ok(const struct chime *c, chime_id_t id)
 	return id != 0 && chime_id_gen(id) != 0 && chime_id_shard(id) < c->nr_shards;
 }
 
-/* The shard for this thread's next ARM (or batch of them): round-robin, thread-local. */
-static inline uint32_t next_arm_shard(const struct chime *c)
+/* The shard for this thread's next ARM (or batch of them): its home. */
+static inline uint32_t home_shard(const struct chime *c)
 {
-	uint32_t s = tl_next_shard;
+	uint32_t s = tl_home;
 
 	if (unlikely(s == 0))
-		s = at_add(&threads_arming, 1);         /* the first thread starts at shard 0 */
+		s = tl_home = at_add(&threads_arming, 1) + c->slot;     /* the first thread: slot's shard */
 	s -= 1;
 	if (unlikely(s >= c->nr_shards))
 		s %= c->nr_shards;
-	tl_next_shard = s + 2;
 	return s;
 }
 
@@ -239,7 +277,7 @@ CHIME_PUBLIC int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint6
 
 	if (unlikely(!c || !id))
 		return -EINVAL;
-	s = next_arm_shard(c);
+	s = home_shard(c);
 	r = submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
 	if (likely(r != -ENOMEM && r != -EDQUOT))
 		return r;
@@ -333,9 +371,11 @@ struct batch_tally {
  * The `count` pending operations bound for shard s, in array order, in runs
  * of as many consecutive slots as the ring has free: one reserve, one
  * publish barrier and at most one doorbell per run. A full ring is waited
- * out one slot at a time, as chime_arm() does. Returns 0 or -ENOTCONN.
+ * out one slot at a time, as chime_arm() does. `arm_to` is the shard this
+ * call's ARMs go to: a backlog there moves the thread's home (arm_backlog).
+ * Returns 0 or -ENOTCONN.
  */
-static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint32_t count,
+static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chime_op *ops, uint32_t count,
 			struct batch_tally *t)
 {
 	struct chime_chan *ch = &c->chan[s];
@@ -383,6 +423,8 @@ static int submit_shard(struct chime *c, uint32_t s, struct chime_op *ops, uint3
 		/* S1 for each record, S2 once after the last; pairs with C1 and the shard's sleep barrier. */
 		chime_sq_publish_n(&ch->sq, pos, got);
 		cl_doorbell_by(ch, by, pos, got);
+		if (s == arm_to)
+			arm_backlog(c, s, pos, got);
 		if (voids)
 			cl_note_void(c);
 		count -= got;
@@ -400,7 +442,7 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 	if (unlikely(!c || (!ops && n)))
 		return -EINVAL;
 	memset(count, 0, c->nr_shards * sizeof(count[0]));
-	arm_shard = next_arm_shard(c);
+	arm_shard = home_shard(c);
 	for (unsigned i = 0; i < n; i++) {
 		uint32_t to = op_shard(c, &ops[i], arm_shard);
 
@@ -418,7 +460,7 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 		r = cl_dead_errno(c);
 	for (uint32_t s = 0; s < c->nr_shards && !r; s++)
 		if (count[s])
-			r = submit_shard(c, s, ops, count[s], &t);
+			r = submit_shard(c, s, arm_shard, ops, count[s], &t);
 	if (likely(!r && !t.refused))
 		return (int)t.ok;
 	/* the rare end: a dead broker, or arms to retry on other shards */

@@ -1411,8 +1411,8 @@ Test(broker, client_memory_does_not_grow_with_armed_timers)
 
 /*
  * Threads that arm one timer each (a thread per request) spread over the
- * shards: each thread's round-robin starts one shard after the thread
- * before it. They all started at shard 0 before.
+ * shards: each thread's home shard is one after the home of the thread
+ * that armed before it. They all started at shard 0 once.
  */
 struct one_arm {
 	chime_t *c;
@@ -1446,6 +1446,153 @@ Test(broker, threads_arming_one_timer_each_spread_over_the_shards)
 	}
 	cr_assert_eq(on[0], 4, "8 threads arming one timer each: %u on shard 0, %u on shard 1", on[0], on[1]);
 	chime_close(c);
+}
+
+/*
+ * Each thread arms on its own home shard, so that threads arming and
+ * resetting their own timers write separate rings: two threads, 200 arms
+ * each, every id of one thread on one shard, the two threads' on the two
+ * shards (each thread's home is one after the home of the thread that
+ * armed before it).
+ */
+#define HOME_ARMS 200
+
+struct home_arms {
+	chime_t *c;
+	chime_id_t id[HOME_ARMS];
+	int rc;
+};
+
+static void *arm_many(void *arg)
+{
+	struct home_arms *a = arg;
+
+	for (int i = 0; i < HOME_ARMS && !a->rc; i++)
+		a->rc = chime_arm(a->c, 0, chime_now() + 3600 * 1000 * MS, 0, 0, &a->id[i]);
+	return NULL;
+}
+
+Test(broker, each_thread_arms_on_its_own_home_shard)
+{
+	static struct home_arms a[2];
+	chime_t *c = copen();
+	unsigned home[2];
+
+	cr_assert_not_null(c);
+	for (int t = 0; t < 2; t++) {
+		pthread_t th;
+
+		a[t].c = c;
+		cr_assert_eq(pthread_create(&th, NULL, arm_many, &a[t]), 0);
+		cr_assert_eq(pthread_join(th, NULL), 0);
+		cr_assert_eq(a[t].rc, 0, "arms in thread %d: %s", t, strerror(-a[t].rc));
+		home[t] = chime_id_shard(a[t].id[0]);
+		for (int i = 0; i < HOME_ARMS; i++)
+			cr_assert_eq(chime_id_shard(a[t].id[i]), home[t], "thread %d's arm %d on shard %u, its first on %u",
+				     t, i, chime_id_shard(a[t].id[i]), home[t]);
+	}
+	cr_assert_neq(home[0], home[1], "both threads' homes are shard %u", home[0]);
+	chime_close(c);
+}
+
+/*
+ * A thread whose home shard falls behind moves its arms to the next shard
+ * instead of waiting for room; one whose home shard is asleep does not
+ * (the doorbell is waking it). The home shard's thread is stopped
+ * (ptrace) after the thread's first arm, and 999 more arms go into its
+ * 1024-slot ring. Awake (a busy-polling broker, whose shards never sleep):
+ * they move at the first check with 15/16 of the ring waiting, and stay on
+ * the other shard. Asleep: they all stay, and fit.
+ */
+struct behind_arms {
+	chime_t *c;
+	int pid;
+	int tid;                /* the home shard's thread, held */
+	chime_id_t id[1000];
+	int rc, held, released;
+	bool busy_poll;         /* its shards never sleep */
+	uint64_t took_ns;
+};
+
+static void *arm_behind(void *arg)
+{
+	struct behind_arms *a = arg;
+	char name[32];
+	uint64_t t0;
+
+	if ((a->rc = chime_arm(a->c, 0, chime_now() + 3600 * 1000 * MS, 0, 0, &a->id[0])) < 0)
+		return NULL;
+	snprintf(name, sizeof(name), "chimed-shard%u", chime_id_shard(a->id[0]));
+	a->tid = t_thread_named(a->pid, name);
+	msleep(100);            /* applied: the shard has room for a whole ring again */
+	for (t0 = now_ns(); !a->busy_poll && a->tid > 0 && !t_thread_asleep(a->pid, a->tid) &&
+			    now_ns() - t0 < 2000 * MS;)
+		msleep(1);      /* asleep within its spin */
+	if (a->tid <= 0 || (a->held = t_thread_hold(a->tid)) < 0)
+		return NULL;
+	t0 = now_ns();
+	for (int i = 1; i < 1000 && !a->rc; i++)
+		a->rc = chime_arm(a->c, 0, chime_now() + 3600 * 1000 * MS, 0, 0, &a->id[i]);
+	a->took_ns = now_ns() - t0;
+	a->released = t_thread_release(a->tid);        /* the tracer's own thread */
+	return NULL;
+}
+
+/* Returns the first arm off the home shard (0: none), having checked that none came back. */
+static unsigned arms_behind(bool busy_poll)
+{
+	static struct behind_arms a;
+	struct t_chimed b = { 0 };
+	pthread_t th;
+	unsigned home, moved = 0;
+
+	cr_assert_eq(t_chimed_start(&b, NULL, busy_poll ? "--shards 2 --spin-us -1" : "--shards 2"), 0);
+	memset(&a, 0, sizeof(a));
+	a.pid = b.pid;
+	a.busy_poll = busy_poll;
+	a.c = t_open(b.sock);
+	cr_assert_not_null(a.c);
+	cr_assert_eq(pthread_create(&th, NULL, arm_behind, &a), 0);     /* a thread with no home yet */
+	cr_assert_eq(pthread_join(th, NULL), 0);
+	if (a.held == -EPERM || a.held == -EACCES) {
+		t_chimed_stop(&b, SIGKILL);
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-a.held));
+	}
+	cr_assert_gt(a.tid, 0, "no shard thread for shard %u", chime_id_shard(a.id[0]));
+	cr_assert_eq(a.held, 0, "the shard thread did not stop: %s", strerror(-a.held));
+	cr_assert_eq(a.released, 0, "release the shard thread: %s", strerror(-a.released));
+	cr_assert_eq(a.rc, 0, "arm: %s", strerror(-a.rc));
+	cr_assert_lt(a.took_ns, 2000 * MS, "999 arms with the home shard stopped took %llu ms",
+		     (unsigned long long)(a.took_ns / MS));
+	home = chime_id_shard(a.id[0]);
+	for (int i = 1; i < 1000; i++) {
+		unsigned s = chime_id_shard(a.id[i]);
+
+		if (moved)
+			cr_assert_neq(s, home, "arm %d back on the stopped shard %u after the move at %u", i, s, moved);
+		else if (s != home)
+			moved = (unsigned)i;
+	}
+	for (int i = 0; i < 1000; i++)  /* all there to cancel once the shard runs again */
+		cr_assert_eq(chime_cancel(a.c, a.id[i]), 0);
+	chime_close(a.c);
+	cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
+	return moved;
+}
+
+Test(broker, a_thread_whose_home_shard_falls_behind_arms_on_the_next, .timeout = 60)
+{
+	unsigned moved = arms_behind(true);
+
+	/* 15/16 of 1024 waiting is checked at position 960: arm 960 is the last on the stopped shard */
+	cr_assert_eq(moved, 961, "the arms moved off the stopped shard at arm %u", moved);
+}
+
+Test(broker, a_burst_into_an_asleep_home_shard_stays_there, .timeout = 60)
+{
+	unsigned moved = arms_behind(false);
+
+	cr_assert_eq(moved, 0, "the arms moved off the asleep shard at arm %u", moved);
 }
 
 Test(broker, bad_arguments)

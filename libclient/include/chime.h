@@ -188,8 +188,8 @@ struct chime_op {
  * or chime_cancel_key() would, with the same guarantees once this returns,
  * but the records bound for one shard are reserved with one atomic
  * operation, published with one barrier and followed by at most one
- * doorbell. The arms of one call go to one shard (the next in this
- * thread's round-robin; to others only if it refuses them). Operations on
+ * doorbell. The arms of one call go to one shard (this thread's home
+ * shard, as chime_arm()'s; to others only if it refuses them). Operations on
  * one shard take effect in array order. Thread-safe; like chime_arm(), waits
  * for room if a submission ring is full. Sets every ops[i].result and
  * returns how many operations succeeded (0..n), or:

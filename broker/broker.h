@@ -57,7 +57,7 @@ enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING, CL_PARKING, CL_DETACHED }
  */
 struct timers_scan {
 	int fd;                 /* the asker's connection; -1: no scan */
-	uid_t uid;              /* the asker's */
+	uid_t uid;              /* the user the asker counts as (policy_account_uid()) */
 	uint32_t slot;          /* the client whose timers are listed */
 	uint64_t generation;    /* its slot's: the client gone, the scan ends */
 	uint32_t shard, next;   /* where the scan is */
@@ -154,7 +154,8 @@ struct broker {
 	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */
 	struct log_budget conn_log;     /* connects, disconnects, parks: a few a second (log.h) */
 	uint64_t last_query_ns[2];      /* [privileged asker]: other users cannot starve root's queries */
-	uid_t query_turn_uid;           /* the unprivileged user refused first: the next turn is its own */
+	uid_t query_turn_uid;           /* the unprivileged user refused first: the next turn is its own
+					 * (users as counted: policy_account_uid()) */
 	uid_t query_last_uid;           /* the last unprivileged user answered */
 	uint64_t query_turn_until_ns;   /* ... until then (0: nobody's) */
 	struct timers_scan scan;

@@ -225,7 +225,7 @@ static void query_timers(struct broker *b, struct conn *cn, const struct ucred *
 	}
 	q->fd = cn->fd;
 	cn->fd = -1;            /* the scan answers, then closes it */
-	q->uid = asker->uid;
+	q->uid = cn->uid;       /* the user it counts as (subordinate uids: their owner) */
 	q->slot = slot;
 	q->generation = b->clients[slot].generation;
 	q->shard = q->next = 0;
@@ -485,16 +485,19 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
  * others: the first unprivileged user refused, other than the one answered
  * last, is owed the next turn, which nobody else may take until it comes
  * back for it (or QUERY_TURN_HOLD_NS after the turn begins: it gave up).
+ * `who` is the user the asker counts as (policy_account_uid(): a user's
+ * subordinate uids are one user, or two of them would take the owed turns
+ * in alternation).
  */
-static bool query_turn(struct broker *b, const struct ucred *asker, uint64_t now)
+static bool query_turn(struct broker *b, const struct ucred *asker, uid_t who, uint64_t now)
 {
 	bool priv = privileged(asker);
 	uint64_t *last = &b->last_query_ns[priv];
 	bool owed = !priv && now < b->query_turn_until_ns;
 
-	if (now - *last < QUERY_INTERVAL_NS || (owed && b->query_turn_uid != asker->uid)) {
-		if (!priv && !owed && asker->uid != b->query_last_uid) {
-			b->query_turn_uid = asker->uid;
+	if (now - *last < QUERY_INTERVAL_NS || (owed && b->query_turn_uid != who)) {
+		if (!priv && !owed && who != b->query_last_uid) {
+			b->query_turn_uid = who;
 			b->query_turn_until_ns = (*last + QUERY_INTERVAL_NS > now ? *last + QUERY_INTERVAL_NS : now) +
 						 QUERY_TURN_HOLD_NS;
 		}
@@ -502,7 +505,7 @@ static bool query_turn(struct broker *b, const struct ucred *asker, uint64_t now
 	}
 	*last = now;
 	if (!priv) {
-		b->query_last_uid = asker->uid;
+		b->query_last_uid = who;
 		b->query_turn_until_ns = 0;     /* an owed turn: taken by its user */
 	}
 	return true;
@@ -519,17 +522,17 @@ static bool query_turn(struct broker *b, const struct ucred *asker, uint64_t now
  * another waits for one. Checked before query_turn(), so a refusal here
  * spends nobody's turn there.
  */
-static bool scan_turn(struct broker *b, const struct ucred *asker, uint64_t now)
+static bool scan_turn(struct broker *b, uid_t who, uint64_t now)
 {
 	if (b->scan.fd >= 0) {
-		if (!b->scan_owed && asker->uid != b->scan.uid) {
+		if (!b->scan_owed && who != b->scan.uid) {
 			b->scan_owed = true;
-			b->scan_turn_uid = asker->uid;
+			b->scan_turn_uid = who;
 			b->scan_turn_until_ns = UINT64_MAX;     /* scan_end() sets it */
 		}
 		return false;
 	}
-	return !b->scan_owed || b->scan_turn_uid == asker->uid || now >= b->scan_turn_until_ns;
+	return !b->scan_owed || b->scan_turn_uid == who || now >= b->scan_turn_until_ns;
 }
 
 static void answer_query(struct broker *b, struct conn *cn, const struct chime_hello *h,
@@ -540,7 +543,8 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 	uint64_t now = now_ns();
 	void *buf;
 
-	if ((timers && !scan_turn(b, asker, now)) || !query_turn(b, asker, now)) {
+	/* cn->uid: the user the asker counts as (subordinate uids: their owner) */
+	if ((timers && !scan_turn(b, cn->uid, now)) || !query_turn(b, asker, cn->uid, now)) {
 		query_send(cn->fd, &(struct chime_query_head){ .status = -EBUSY }, NULL, 0, 0);
 		return;
 	}

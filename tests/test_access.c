@@ -1195,6 +1195,49 @@ Test(access, a_user_asking_in_a_tight_loop_cannot_starve_another_users_queries)
 	cr_assert_eq(user_done(spinner), 0, "chimet1's own queries were answered too");
 }
 
+/* Start fn(arg) as uid (no groups) in a child that exits with its result; its pid (see user_done()). */
+static pid_t as_uid_start(uid_t uid, int (*fn)(void *), void *arg)
+{
+	pid_t pid = fork();
+
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		become_uid(uid);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);      /* after: a change of credentials clears it */
+		_exit(fn(arg));
+	}
+	return pid;
+}
+
+/*
+ * The same with the spinning user's queries coming from two of its
+ * subordinate uids (/etc/subuid): they count as one user, as for the
+ * per-user limits. As two users, each took the turn owed to the first
+ * user refused other than the one answered last, in alternation, and
+ * chimet2, asking every 60 ms, was never that first one.
+ */
+Test(access, a_users_subordinate_uids_asking_in_a_loop_cannot_starve_another_users_queries)
+{
+	char file[300], extra[400];
+	pid_t spin[2];
+	int served = 0;
+
+	need_users();
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all --subuid-file %s", file);
+	start(extra);
+	spin[0] = as_uid_start(200001, query_spin, NULL);
+	spin[1] = as_uid_start(200002, query_spin, NULL);
+	usleep(100000);         /* both are spinning */
+	cr_expect_eq(as_user("chimet2", query_patiently, NULL), 0,
+		     "chimet2 was refused for 1 s while two of chimet1's subordinate uids asked in a loop");
+	for (int i = 0; i < 2; i++)
+		served += user_done(spin[i]) == 0;
+	cr_assert_gt(served, 0, "the subordinate uids' own queries were answered too");
+	unlink(file);
+}
+
 /*
  * A broker holding CROWD timers (root's, armed here): a timers query reads
  * every node, so each scan takes longer than chimectl's pause between asks

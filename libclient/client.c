@@ -727,14 +727,10 @@ static inline bool behind_published(const struct chime_sq_prod *p, uint64_t pos)
 	return at_load_sc(&p->slots[pos & p->mask].seq) == pos + 1;
 }
 
-void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32_t n)
+void cl_doorbell_asleep(struct chime_chan *ch, uint32_t sleep_no, uint64_t by_ns, uint64_t from, uint32_t n)
 {
-	/* S2, as in cl_ring_doorbell(). */
-	uint32_t sleep_no = at_load_sc(ch->sleeping);
 	uint64_t half = ((uint64_t)ch->sq.mask + 1) / 2, every, end = from + n;
 
-	if (__builtin_expect(sleep_no == 0, 1))
-		return;
 	every = half < LAZY_EVERY ? half : LAZY_EVERY;
 	/*
 	 * N2: the end of that sleep (or of a later one), stored before its

@@ -257,7 +257,18 @@ void cl_ring_doorbell(struct chime_chan *ch);
  * The same after publishing the n records at positions [from, from + n)
  * that need applying by by_ns (their earliest deadline; UINT64_MAX: no
  * hurry, cancels): no doorbell if the shard's sleep ends by then anyway.
+ * Inline for the common case, an awake shard (one load); client.c's
+ * cl_doorbell_asleep() judges the rest.
  */
-void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32_t n);
+void cl_doorbell_asleep(struct chime_chan *ch, uint32_t sleep_no, uint64_t by_ns, uint64_t from, uint32_t n);
+
+static inline void cl_doorbell_by(struct chime_chan *ch, uint64_t by_ns, uint64_t from, uint32_t n)
+{
+	/* S2, as in cl_ring_doorbell(). */
+	uint32_t sleep_no = at_load_sc(ch->sleeping);
+
+	if (__builtin_expect(sleep_no != 0, 0))
+		cl_doorbell_asleep(ch, sleep_no, by_ns, from, n);
+}
 
 #endif /* CHIME_CLIENT_H */

@@ -46,7 +46,7 @@
  * slot, so that single-threaded clients, and threads that arm a timer each
  * (a thread per request), do not all land on shard 0.
  */
-static __thread uint32_t tl_home;
+static __thread uint32_t tl_home __attribute__((tls_model("initial-exec")));  /* no __tls_get_addr() call */
 static uint32_t threads_arming;            /* atomic: threads that have armed, for their start */
 
 /*
@@ -191,7 +191,7 @@ static inline void arm_backlog(struct chime *c, uint32_t s, uint64_t from, uint3
 		tl_home = s + 1 < c->nr_shards ? s + 2 : 1;
 }
 
-static inline int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t id, uint64_t key,
+static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t id, uint64_t key,
 			 uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data, chime_id_t *out)
 {
 	struct chime_chan *ch = &c->chan[shard];
@@ -259,13 +259,15 @@ static inline bool id_ok(const struct chime *c, chime_id_t id)
 /* The shard for this thread's next ARM (or batch of them): its home. */
 static inline uint32_t home_shard(const struct chime *c)
 {
-	uint32_t s = tl_home;
+	uint32_t s = tl_home - 1;
 
-	if (unlikely(s == 0))
-		s = tl_home = at_add(&threads_arming, 1) + c->slot;     /* the first thread: slot's shard */
-	s -= 1;
-	if (unlikely(s >= c->nr_shards))
+	/* 0 - 1: no home yet; beyond the shards: a home on a broker with more (another chime_t) */
+	if (unlikely(s >= c->nr_shards)) {
+		if (s == UINT32_MAX)
+			s = at_add(&threads_arming, 1) - 1 + c->slot;  /* the first thread: the slot's shard */
 		s %= c->nr_shards;
+		tl_home = s + 1;        /* stored reduced: no division on the next call */
+	}
 	return s;
 }
 

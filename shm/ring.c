@@ -79,37 +79,6 @@ void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32
 }
 
 /*
- * Any number of concurrent producers, and concurrent with the consumer.
- * Lock-free: a failed CAS means another producer advanced the tail. The
- * producer trusts its own segment (a client scribbling it harms itself).
- */
-struct chime_sqe *chime_sq_reserve(struct chime_sq_prod *p, uint64_t *pos)
-{
-	uint64_t cur = at_load(p->tail);
-
-	for (;;) {
-		struct chime_sqe *s = &p->slots[cur & p->mask];
-		/* S3: the consumer's grant before our read of it; pairs with C2. */
-		uint64_t seq = at_load_acq(&s->seq);
-		int64_t diff = (int64_t)(seq - cur);
-
-		if (diff == 0) {
-			/* Claims position cur; on failure cur is the tail now. */
-			if (at_cas(p->tail, &cur, cur + 1)) {
-				*pos = cur;
-				return s;
-			}
-		} else if (diff < 0) {
-			/* The slot still holds cur - size: the ring is full. */
-			return NULL;
-		} else {
-			/* Another producer took cur: retry at the tail now. */
-			cur = at_load(p->tail);
-		}
-	}
-}
-
-/*
  * Like chime_sq_reserve(), for up to `want` consecutive slots at once (one
  * CAS for the lot). The consumer frees slots in order, so the free ones
  * after the tail form one run: each is checked (S3) before the CAS claims
@@ -159,19 +128,6 @@ void chime_sq_publish_n(struct chime_sq_prod *p, uint64_t pos, uint32_t n)
 		at_store_rel(&p->slots[(pos + i) & p->mask].seq, pos + i + 1);
 	/* S1 + S2: pairs with C1, and with the shard's barrier after its sleep number (S-SLEEP). */
 	(void)at_xchg(&p->slots[(pos + n - 1) & p->mask].seq, pos + n);
-}
-
-/*
- * The reserving thread only. Wait-free. S1 and S2 in one exchange: the
- * record (and the grant we read) before seq, and seq before whatever the
- * caller loads next -- the sleeping flag of the doorbell handshake, which
- * without the store-load barrier could be read before seq is visible while
- * the shard, having set sleeping, re-checks and misses the record.
- */
-void chime_sq_publish(struct chime_sqe *sqe, uint64_t pos)
-{
-	/* S1 + S2: pairs with C1, and with the shard's barrier after its sleep number (S-SLEEP). */
-	(void)at_xchg(&sqe->seq, pos + 1);
 }
 
 /*

@@ -65,19 +65,54 @@ void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32
 
 /*
  * Claim the next free slot. Returns the slot and sets *pos, or NULL if the
- * ring is full (the consumer has not freed the slot yet). Lock-free; any
- * number of concurrent producers. The caller fills the record (reading
- * ->grant for an ARM) and then calls chime_sq_publish().
+ * ring is full (the consumer has not freed the slot yet). The caller fills
+ * the record (reading ->grant for an ARM) and then calls chime_sq_publish().
+ * Any number of concurrent producers, and concurrent with the consumer.
+ * Lock-free: a failed CAS means another producer advanced the tail. The
+ * producer trusts its own segment (a client scribbling it harms itself).
+ * Inline, as chime_sq_publish(): every call of libchime's runs both.
  */
-struct chime_sqe *chime_sq_reserve(struct chime_sq_prod *p, uint64_t *pos);
+static inline struct chime_sqe *chime_sq_reserve(struct chime_sq_prod *p, uint64_t *pos)
+{
+	uint64_t cur = at_load(p->tail);
+
+	for (;;) {
+		struct chime_sqe *s = &p->slots[cur & p->mask];
+		/* S3: the consumer's grant before our read of it; pairs with C2. */
+		uint64_t seq = at_load_acq(&s->seq);
+		int64_t diff = (int64_t)(seq - cur);
+
+		if (diff == 0) {
+			/* Claims position cur; on failure cur is the tail now. */
+			if (at_cas(p->tail, &cur, cur + 1)) {
+				*pos = cur;
+				return s;
+			}
+		} else if (diff < 0) {
+			/* The slot still holds cur - size: the ring is full. */
+			return NULL;
+		} else {
+			/* Another producer took cur: retry at the tail now. */
+			cur = at_load(p->tail);
+		}
+	}
+}
+
 
 /*
- * Publish a reserved slot. Contains a full barrier (the store of seq is an
- * atomic exchange), so a load the caller does next (the shard's sleeping
- * flag) is ordered after the publication: that is the producer half of the
- * doorbell handshake.
+ * Publish a reserved slot. The reserving thread only. Wait-free. S1 and
+ * S2 in one exchange: the record (and the grant we read) before seq, and
+ * seq before whatever the caller loads next -- the sleeping flag of the
+ * doorbell handshake, which without the store-load barrier could be read
+ * before seq is visible while the shard, having set sleeping, re-checks
+ * and misses the record.
  */
-void chime_sq_publish(struct chime_sqe *sqe, uint64_t pos);
+static inline void chime_sq_publish(struct chime_sqe *sqe, uint64_t pos)
+{
+	/* S1 + S2: pairs with C1, and with the shard's barrier after its sleep number (S-SLEEP). */
+	(void)at_xchg(&sqe->seq, pos + 1);
+}
+
 
 /*
  * Claim up to `want` consecutive free slots, for a batch. Returns how many

@@ -69,18 +69,36 @@ static void become(const char *user)
 		_exit(90);
 }
 
-/* Start fn(arg) as `user` in a child that exits with its result; its pid (see user_done()). */
-static pid_t as_user_start(const char *user, int (*fn)(void *), void *arg)
+/* In a child: become uid (no groups but its own number), or exit 90. */
+static void become_uid(uid_t uid)
+{
+	if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
+		_exit(90);
+}
+
+/*
+ * Start fn(arg) in a child that exits with its result, as `user` or, if
+ * that is NULL, as uid; its pid (see user_done()).
+ */
+static pid_t child_start(const char *user, uid_t uid, int (*fn)(void *), void *arg)
 {
 	pid_t pid = fork();
 
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
-		become(user);
+		if (user)
+			become(user);
+		else
+			become_uid(uid);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);      /* after: a change of credentials clears it */
 		_exit(fn(arg));
 	}
 	return pid;
+}
+
+static pid_t as_user_start(const char *user, int (*fn)(void *), void *arg)
+{
+	return child_start(user, 0, fn, arg);
 }
 
 /* Its exit status (0: fn said ok), or 128 + the signal that ended it. */
@@ -273,13 +291,6 @@ static unsigned arm_until_refused(chime_t *c, int *err)
 }
 
 /* ---- subordinate uids count as one user (--subuid-file) ---- */
-
-/* In a child: become uid (no groups but its own number), or exit 90. */
-static void become_uid(uid_t uid)
-{
-	if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
-		_exit(90);
-}
 
 /*
  * A child as uid that opens a client (and, with `arms`, arms timers an hour
@@ -1195,20 +1206,6 @@ Test(access, a_user_asking_in_a_tight_loop_cannot_starve_another_users_queries)
 	cr_assert_eq(user_done(spinner), 0, "chimet1's own queries were answered too");
 }
 
-/* Start fn(arg) as uid (no groups) in a child that exits with its result; its pid (see user_done()). */
-static pid_t as_uid_start(uid_t uid, int (*fn)(void *), void *arg)
-{
-	pid_t pid = fork();
-
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		become_uid(uid);
-		prctl(PR_SET_PDEATHSIG, SIGKILL);      /* after: a change of credentials clears it */
-		_exit(fn(arg));
-	}
-	return pid;
-}
-
 /*
  * The same with the spinning user's queries coming from two of its
  * subordinate uids (/etc/subuid): they count as one user, as for the
@@ -1227,8 +1224,8 @@ Test(access, a_users_subordinate_uids_asking_in_a_loop_cannot_starve_another_use
 	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
 	snprintf(extra, sizeof(extra), "--allow-all --subuid-file %s", file);
 	start(extra);
-	spin[0] = as_uid_start(200001, query_spin, NULL);
-	spin[1] = as_uid_start(200002, query_spin, NULL);
+	spin[0] = child_start(NULL, 200001, query_spin, NULL);
+	spin[1] = child_start(NULL, 200002, query_spin, NULL);
 	usleep(100000);         /* both are spinning */
 	cr_expect_eq(as_user("chimet2", query_patiently, NULL), 0,
 		     "chimet2 was refused for 1 s while two of chimet1's subordinate uids asked in a loop");

@@ -22,6 +22,20 @@ static inline uint64_t now_ns(void)
 }
 
 /*
+ * CLOCK_MONOTONIC_COARSE in ns: the same clock as now_ns() at the last
+ * tick, so up to a tick (1-10 ms) behind it, for a third of its cost (no
+ * TSC read: 11 against 33 ns here). Only for a decision that an error of
+ * a tick, always early, cannot change.
+ */
+static inline uint64_t now_coarse_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+/*
  * splitmix64: fast, deterministic from its seed (a failing test's seed
  * replays it), good enough for deadlines, indices and spreading keys.
  * Not for anything secret.

@@ -690,15 +690,6 @@ void cl_ring_doorbell(struct chime_chan *ch)
 }
 
 /*
- * Records that need no doorbell still ring once half the ring waits for a
- * sleeping shard: a burst that big wakes it while there is room left to
- * drain into, and a ring never fills up unrung. Half the ring's fill is
- * looked at only at every LAZY_EVERY-th position, so the look costs one
- * load (of a slot this producer side wrote) per that many records.
- */
-#define LAZY_EVERY 64u
-
-/*
  * A record due at least this far ahead can wait for the control thread
  * instead: its heartbeat pass (every 90 ms, clients_beat()) rings a sleeping
  * shard with records waiting, and a broker whose heartbeat is a second old
@@ -719,25 +710,10 @@ static inline bool can_wait(uint64_t by_ns, uint64_t wake_ns)
 	return by_ns >= wake_ns || (by_ns >= LAZY_HORIZON_NS && by_ns - LAZY_HORIZON_NS >= now_coarse_ns());
 }
 
-/*
- * S4: the record at pos (just after ours) is published already. Another
- * thread published it while our slot, reserved, held the shard's head:
- * the shard could not apply it, and its doorbell (or the shard's re-check,
- * if it saw the shard awake) was spent on a sleep that ended with the head
- * still at our slot. Only our publication makes it applicable, so its
- * urgency is ours now. seq_cst: after our exchange (S1), so that either we
- * see its seq or it was published after ours and saw the sleep (S2).
- */
-static inline bool behind_published(const struct chime_sq_prod *p, uint64_t pos)
-{
-	return at_load_sc(&p->slots[pos & p->mask].seq) == pos + 1;
-}
-
 void cl_doorbell_asleep(struct chime_chan *ch, uint32_t sleep_no, uint64_t by_ns, uint64_t from, uint32_t n)
 {
-	uint64_t half = ((uint64_t)ch->sq.mask + 1) / 2, every, end = from + n;
+	uint64_t half = ((uint64_t)ch->sq.mask + 1) / 2, every = cl_lazy_every(&ch->sq), end = from + n;
 
-	every = half < LAZY_EVERY ? half : LAZY_EVERY;
 	/*
 	 * N2: the end of that sleep (or of a later one), stored before its
 	 * number; pairs with N1 in the shard's loop. A shard drains before it
@@ -755,7 +731,7 @@ void cl_doorbell_asleep(struct chime_chan *ch, uint32_t sleep_no, uint64_t by_ns
 	if (can_wait(by_ns, at_load(ch->wake_ns)) &&
 	    (((from + every - 1) & ~(every - 1)) >= end ||
 	     (half > every && (end <= half || !chime_sq_waiting(&ch->sq, end - half - 1)))) &&
-	    !behind_published(&ch->sq, end))
+	    !cl_behind_published(&ch->sq, end))
 		return;
 	ring(ch, sleep_no);
 }

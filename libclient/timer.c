@@ -180,11 +180,15 @@ static inline uint64_t need_by(uint32_t op, uint64_t deadline_ns)
 static inline void arm_backlog(struct chime *c, uint32_t s, uint64_t from, uint32_t n)
 {
 	const struct chime_sq_prod *sq = &c->chan[s].sq;
-	uint64_t size = (uint64_t)sq->mask + 1, behind = size - size / 16, end = from + n;
+	uint64_t size = (uint64_t)sq->mask + 1, behind, end = from + n;
 	uint64_t every = size >= 256 ? 64 : size >= 4 ? size / 4 : 1;     /* a power of two */
 
-	/* no multiple of `every` in [from, end), or not that many positions yet */
-	if (c->nr_shards == 1 || ((from + every - 1) & ~(every - 1)) >= end || end <= behind)
+	/* no multiple of `every` in [from, end) (first: 63 calls of 64 end here), */
+	if (((from + every - 1) & ~(every - 1)) >= end)
+		return;
+	/* or not that many positions yet */
+	behind = size - size / 16;
+	if (c->nr_shards == 1 || end <= behind)
 		return;
 	/* An asleep shard is not behind: the doorbell (at half a ring) is waking it. */
 	if (chime_sq_waiting(sq, end - behind) && at_load(c->chan[s].sleeping) == 0)

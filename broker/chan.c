@@ -1389,8 +1389,22 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 	uint64_t nback = 0;
 
 	if (!ch->parked) {
+		uint64_t lap_end = ch->sq.head + ch->sq_mask + 1;
+
 		/* What the process published before it went is applied, as if it had lived a little longer. */
 		(void)chan_drain(sc, ch, ch->sq_mask + 1);
+		/*
+		 * Also what its other threads published behind a slot that one
+		 * of them reserved and never published (killed in between): the
+		 * head stops at that slot, and the arms after it, whose ids their
+		 * threads had returned, would be lost. Not at a handover: the
+		 * process lives and publishes the reserved slot later. Up to a
+		 * lap from where the park began: a writer still alive (the
+		 * segment passed to another process) cannot keep the shard here.
+		 */
+		while (!ch->handover && !ch->walk_queued && ch->sq.head < lap_end &&
+		       chime_sq_skip_unpublished(&ch->sq))
+			(void)chan_drain(sc, ch, ch->sq_mask + 1);
 		if (ch->walk_queued)
 			return false;   /* a CANCEL_KEY in steps: the rest once it is done */
 		/*

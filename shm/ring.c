@@ -130,6 +130,22 @@ void chime_sq_publish_n(struct chime_sq_prod *p, uint64_t pos, uint32_t n)
 	(void)at_xchg(&p->slots[(pos + n - 1) & p->mask].seq, pos + n);
 }
 
+uint32_t chime_sq_skip_unpublished(struct chime_sq_cons *c)
+{
+	if (at_load(&c->slots[c->head & c->mask].seq) == c->head + 1)
+		return 0;       /* the head is published: nothing to step over */
+	for (uint32_t k = 1; k <= c->mask; k++) {
+		uint64_t pos = c->head + k;
+
+		/* C1's acquire: chime_sq_pop() reads the record next. */
+		if (at_load_acq(&c->slots[pos & c->mask].seq) == pos + 1) {
+			c->head = pos;
+			return k;
+		}
+	}
+	return 0;
+}
+
 /*
  * Any thread, concurrently with everything: a seqlock read. Wait-free. The
  * copy may race with a producer refilling the slot after the consumer freed

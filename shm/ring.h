@@ -191,6 +191,21 @@ static inline void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t
 }
 
 /*
+ * For a ring whose producers are all gone (a named session's process died):
+ * step the head over the positions a producer reserved and never
+ * published (a thread killed between its reserve and its publish), up to
+ * the next published record, so that what other threads published after
+ * them is applied too. Returns how many positions were stepped over: 0 if
+ * the head is published, or if no record is published within a ring of it
+ * (nothing behind a hole). Reads at most one ring of slots, by the private
+ * head and mask;
+ * the stepped-over slots are left as they are (the ring is not used
+ * again). Never for a ring a live producer may still publish into: its
+ * reserved slot is not a hole yet.
+ */
+uint32_t chime_sq_skip_unpublished(struct chime_sq_cons *c);
+
+/*
  * Read the record at position pos without consuming it, if published:
  * returns true and copies it. For the client's drainer, which scans its own
  * not-yet-consumed submissions for cancels and resets.

@@ -1248,3 +1248,46 @@ Test(chan, park_keeps_untaken_events_and_reattach_delivers_them_in_order)
 	cr_assert_eq(take(c, &e), 0, "a cancelled timer fired");
 	cr_assert_eq(c->ch.owned, SQ, "everything consumed or cancelled: only the grants");
 }
+
+/*
+ * A session's process killed while one thread held a reserved slot it had
+ * not published: the arms its other threads published behind that slot
+ * returned their ids, and the park applies them all the same.
+ */
+Test(chan, a_park_applies_what_other_threads_published_behind_a_slot_never_published)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_sqe *hole;
+	uint64_t a, b, hole_pos = 0;
+
+	step();
+	/* One thread reserved an arm's slot, read its grant, and was killed before publishing. */
+	hole = chime_sq_reserve(&c->prod, &hole_pos);
+	cr_assert(hole);
+	hole->op = CHIME_OP_ARM;
+	hole->deadline_ns = T0 + 1 * MS;
+	/* Two other threads' arms, published after it. */
+	a = arm(c, 1, T0 + 2 * MS, 0, 1);
+	b = arm(c, 1, T0 + 3 * MS, 0, 2);
+	step();
+	cr_assert_eq(c->ch.sq.head, hole_pos, "the shard waits at the reserved slot while the process lives");
+	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
+	cr_assert_eq(c->ch.sq.head, hole_pos + 3, "both records behind the hole applied");
+	cr_assert_eq(c->ch.owned, 2, "a and b armed; every unused grant freed, the hole's too");
+	step_at(T0 + 3 * MS);
+	cr_assert_eq(c->ch.nr_backlog, 2, "a and b fired while parked: held for the next process");
+	cr_assert_neq(a, b);
+}
+
+/* With nothing published behind it, a reserved slot is stepped over by nothing. */
+Test(chan, a_park_with_only_an_unpublished_slot_at_the_head_applies_nothing)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t pos = 0;
+
+	step();
+	cr_assert(chime_sq_reserve(&c->prod, &pos));
+	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
+	cr_assert_eq(c->ch.sq.head, pos);
+	cr_assert_eq(c->ch.owned, 0, "no timer, and every grant freed");
+}

@@ -524,6 +524,55 @@ Test(ring, consumer_reads_only_a_seq_of_exactly_head_plus_one)
 	cr_assert_eq(k.head, 1);
 }
 
+/*
+ * After its producers died: the head steps over reserved, never published
+ * slots up to the next published record, and over nothing else.
+ */
+Test(ring, skip_unpublished_steps_to_the_next_published_record_only)
+{
+	struct chan c;
+	struct chime_sq_prod p;
+	struct chime_sq_cons k;
+	struct chime_sqe *s, e;
+	uint64_t pos = 0;
+
+	chan_new(&c, 16, 8);
+	chime_sq_prod_init(&p, c.sq, &c.crw->sq_tail, 16);
+	chime_sq_cons_init(&k, c.sq, 16, 0);
+	for (uint32_t i = 0; i < 16; i++)
+		c.sq[i].grant = i;
+	cr_assert_eq(chime_sq_skip_unpublished(&k), 0, "an empty ring: nothing to step to");
+	cr_assert(chime_sq_reserve(&p, &pos));                 /* a hole at 0 */
+	cr_assert_eq(chime_sq_skip_unpublished(&k), 0, "a hole with nothing behind it stays");
+	cr_assert_eq(k.head, 0);
+	s = chime_sq_reserve(&p, &pos);                         /* 1: published */
+	fill(s, 1);
+	chime_sq_publish(s, pos);
+	cr_assert(chime_sq_reserve(&p, &pos));                 /* 2, 3: holes */
+	cr_assert(chime_sq_reserve(&p, &pos));
+	s = chime_sq_reserve(&p, &pos);                         /* 4: published */
+	fill(s, 4);
+	chime_sq_publish(s, pos);
+	cr_assert_eq(chime_sq_skip_unpublished(&k), 1);
+	cr_assert_eq(chime_sq_skip_unpublished(&k), 0, "the head is published: nothing to step over");
+	cr_assert(chime_sq_pop(&k, &e, &pos));
+	cr_assert_eq(pos, 1);
+	cr_assert_eq(e.key, 1);
+	cr_assert_not(chime_sq_pop(&k, &e, &pos), "2 was never published");
+	cr_assert_eq(chime_sq_skip_unpublished(&k), 2);
+	cr_assert(chime_sq_pop(&k, &e, &pos));
+	cr_assert_eq(pos, 4);
+	cr_assert_eq(e.key, 4);
+	cr_assert_eq(chime_sq_skip_unpublished(&k), 0, "nothing published past 4");
+	cr_assert_eq(k.head, 5);
+	/* A scribbled seq is no published record: only pos + 1 is. */
+	c.sq[6].seq = 6;
+	c.sq[7].seq = UINT64_MAX;
+	c.sq[8].seq = 7;
+	cr_assert_eq(chime_sq_skip_unpublished(&k), 0);
+	cr_assert_eq(k.head, 5);
+}
+
 /* ------------------------------------------------------------------------ */
 /* (c) Completion ring                                                        */
 /* ------------------------------------------------------------------------ */

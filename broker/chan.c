@@ -81,6 +81,25 @@ static void nl_del(struct shard_core *sc, struct nlist *l, uint32_t idx)
 	n->next = n->prev = CHIME_NIL;
 }
 
+/*
+ * nl_del() of a list's first node, inline: chan_service() frees every
+ * consumed one-shot this way, one per event (nl_del()'s call and its
+ * middle-of-list case cost 16 instructions each, callgrind).
+ */
+static inline uint32_t nl_pop_front(struct shard_core *sc, struct nlist *l)
+{
+	uint32_t idx = l->head;
+	struct chime_node *n = NODE(sc, idx);
+
+	l->head = n->next;
+	if (n->next != CHIME_NIL)
+		NODE(sc, n->next)->prev = CHIME_NIL;
+	else
+		l->tail = CHIME_NIL;
+	n->next = n->prev = CHIME_NIL;
+	return idx;
+}
+
 /* ---- node ownership ---- */
 
 /*
@@ -115,13 +134,17 @@ static void grant_free(struct shard_core *sc, struct chan *ch, uint64_t id)
 }
 
 /*
- * Free an armed or held node (on no wheel or channel list any more). FREE
+ * Free an armed or held node (on no wheel or channel list any more). Inline
+ * everywhere: GCC left it a call, and one-shot expiry frees a node per event
+ * (with nl_pop_front(): 295 -> 264 shard instructions per expired event,
+ * callgrind of chime-bench apply). FREE
  * first, then out of its key chain (a cache miss or two): a broker killed
  * in between leaves a FREE node (the next one rebuilds both the free map
  * and the key index), never one in a passing state that restore.c would
  * have to guess about (an ALLOC node due was being fired, not freed).
  */
-static inline void node_release(struct shard_core *sc, struct chan *ch, uint32_t idx)
+static inline __attribute__((always_inline)) void node_release(struct shard_core *sc, struct chan *ch,
+								  uint32_t idx)
 {
 	wheel_free_unlisted(&sc->wh, idx);
 	keyidx_remove(&sc->ki, idx);
@@ -1090,8 +1113,8 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 		ch->room = room_refresh(sc, ch);
 		while ((idx = ch->ackwait.head) != CHIME_NIL &&
 		       chime_cq_consumed(&ch->cq, NODE(sc, idx)->cq_pos)) {
-			nl_del(sc, &ch->ackwait, idx);
-			node_release(sc, ch, idx);      /* from ACKWAIT: ALLOC, its deadline past, reads as fired */
+			/* from ACKWAIT: ALLOC, its deadline past, reads as fired */
+			node_release(sc, ch, nl_pop_front(sc, &ch->ackwait));
 			did = true;
 		}
 	}

@@ -7,7 +7,8 @@
  * nobody was attached is delivered in order; the claim word decides
  * exactly once for events in flight; one process at a time, one uid per
  * session; --session-linger and drop-session reclaim; anonymous
- * connections are unchanged; bad names are refused.
+ * connections are unchanged; bad names are refused; arms published behind
+ * a slot a killed thread held are applied at the park.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -26,6 +27,7 @@
 
 #include "chime.h"
 #include "chime_shm.h"
+#include "client.h"      /* a reserved slot held by hand (white box) */
 #include "helpers.h"
 #include "t_session.h"
 #include "segment.h"
@@ -66,6 +68,52 @@ Test(session, sigkilled_session_keeps_its_timers_and_ids_for_the_next_process)
 	s = t1_new(1200, 1500);
 	kill_child(child(t1_child, s));
 	t1_next_process(s, 1800, 2300);
+}
+
+/*
+ * ---- (1b) killed with a thread between its reserve and its publish ----
+ * The head stops at that slot: what the other threads published behind it
+ * (arms whose ids they had returned) is applied at the park all the same.
+ */
+struct hole_x {
+	uint64_t dl;
+	chime_id_t ids[2];
+};
+
+static void hole_child(int wfd, void *arg)
+{
+	struct hole_x *x = arg;
+	chime_t *c = sopen_ok("holes");
+	uint64_t pos;
+
+	/* One thread's slot, reserved and never published (one shard: every arm goes to it). */
+	if (!chime_sq_reserve(&c->chan[0].sq, &pos))
+		_exit(1);
+	/* Two other threads' arms, published behind it: their ids are returned. */
+	if (chime_arm(c, 1, x->dl, 0, 1, &x->ids[0]) || chime_arm(c, 1, x->dl, 0, 2, &x->ids[1]))
+		_exit(1);
+	(void)!write(wfd, "r", 1);
+	pause();
+}
+
+Test(session, arms_published_behind_a_slot_a_killed_thread_held_still_fire_for_the_next_process)
+{
+	struct hole_x *x = mmap(NULL, sizeof(*x), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct chime_event ev[4];
+	unsigned n;
+	chime_t *c;
+
+	cr_assert_neq(x, MAP_FAILED);
+	start("-n 1");
+	x->dl = chime_now() + 300 * MS;
+	kill_child(child(hole_child, x));
+	c = sopen_ok("holes");
+	n = collect(c, ev, 4, x->dl + 1000 * MS);
+	cr_assert_eq(n, 2, "%u events for the two arms published behind the held slot", n);
+	cr_assert(ev[0].id == x->ids[0] || ev[1].id == x->ids[0]);
+	cr_assert(ev[0].id == x->ids[1] || ev[1].id == x->ids[1]);
+	chime_close(c);
+	munmap(x, sizeof(*x));
 }
 
 /* ---- (2) fired while detached: delivered in order on re-attach ---- */

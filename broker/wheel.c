@@ -30,7 +30,8 @@
  *
  * Lazy reset: wheel_reset() to a later deadline (a keepalive touch) only
  * stores the deadline and leaves the node in its slot, which starts no later
- * than the new tick. Whoever processes that slot (fire_slot(),
+ * than the new tick; on levels above 0 only (a level-0 node moves, so a
+ * level-0 slot holds exactly its own tick's timers, below). Whoever processes that slot (fire_slot(),
  * fire_slot_partial(), cascade_one()) compares each deadline with the slot
  * and re-places the nodes that are not due, as a cascade does. So a slot
  * holds nodes of its own ticks and lazily reset later ones: a slot's first
@@ -42,10 +43,15 @@
  * found.
  *
  * Invariants (wheel_check() verifies all of them):
- *  I1 ARMED <=> on a slot list; its level and slot are as above for the
- *     current T, or (lazily reset) a slot of that level starting earlier but
- *     ahead of T; deadline_ns > now_ns (a timer at or before now_ns is
- *     never left ARMED: that is "exact").
+ *  I1 ARMED <=> on a slot list, or on the raw list; on a slot list, its
+ *     level and slot are as above for the current T, or (lazily reset, level
+ *     above 0) a slot of that level starting earlier but ahead of T, and
+ *     deadline_ns > now_ns. The raw list (wh->raw_head, private) is a level-0
+ *     slot the advance made due whole, its nodes still ARMED, level 0, all
+ *     due: popped after the expired list's due nodes, each marked as it is
+ *     popped, or all marked into the expired list (raw_flush()) before
+ *     anything else is made due or now_tick moves past their tick. That
+ *     is "exact": every timer at or before now_ns is EXPIRED or raw.
  *  I2 occupied[L] bit s <=> slot[L][s] != CHIME_NIL; wh->tail[L][s] (private
  *     memory) is the list's last node. Slot lists are doubly linked, not
  *     circular: an insert touches only the old head, and only unlinking a
@@ -63,12 +69,13 @@
  *     high_water; each upper level's bit set <=> the word below non-zero. Nodes at or beyond
  *     high_water were never touched (the slab costs no RSS until used).
  *  I5 armed == number of ARMED + EXPIRED nodes.
- *  I6 every deadline in the level-0 slot of tick T is >= cur_min_ns (a lazy
- *     reset only raises deadlines).
+ *  I6 every deadline in the level-0 slot of tick T is >= cur_min_ns.
  *  I7 every deadline in slot [L][s] is >= wh->slot_min[L][s] (private): a
  *     lower bound, lowered by every insert, never raised while the slot is
  *     occupied (removals and lazy resets leave it low), reset when the slot
- *     is emptied whole.
+ *     is emptied whole. On level 0, every deadline is also <=
+ *     wh->slot_max[0][s], raised by every insert: a partial advance whose
+ *     now is past it takes the slot whole (raw) instead of walking it.
  *  I8 staging (wheel_stage()): while wh->staging, slot (stage_level,
  *     stage_slot) starts at tick stage_base and stays occupied even if its
  *     own list is empty; the staged lists hold levels below stage_level
@@ -109,7 +116,8 @@
  *     and shifts, or a shift), touch the node and its list neighbours; a
  *     reset to a later deadline touches only the node; unlinking a lazily
  *     reset node at an end of its list scans up to 64 slot ends.
- *  advance: O(due + cascaded) node visits, each node cascading at most once
+ *  advance: O(cascaded + due node by node) node visits (a level-0 slot all
+ *     due goes over in O(1), marked as it is popped), each node cascading at most once
  *     per level (<= 10 times in its life, ~2-3 for deadlines minutes away at
  *     1 ms resolution), plus O(levels) bitmap work per non-empty slot reached;
  *     on a wheel larger than the cache each visit is a miss, so a cascade
@@ -235,7 +243,7 @@ size_t wheel_region_size(uint32_t capacity)
 
 /* Empty the lists of levels [0, levels) of one set. */
 static void lists_clear(uint64_t *occupied, uint32_t (*head)[SLOTS], uint32_t (*tail)[SLOTS],
-			uint64_t (*min)[SLOTS], unsigned levels)
+			uint64_t (*min)[SLOTS], uint64_t (*max)[SLOTS], unsigned levels)
 {
 	for (unsigned l = 0; l < levels; l++) {
 		occupied[l] = 0;
@@ -243,6 +251,7 @@ static void lists_clear(uint64_t *occupied, uint32_t (*head)[SLOTS], uint32_t (*
 			head[l][s] = NIL;
 			tail[l][s] = NIL;
 			min[l][s] = UINT64_MAX;
+			max[l][s] = 0;
 		}
 	}
 }
@@ -253,14 +262,15 @@ static void stage_clear(struct wheel *wh, unsigned levels)
 	wh->staging = false;
 	wh->stage_level = wh->stage_slot = 0;
 	wh->stage_base = 0;
-	lists_clear(wh->st_occupied, wh->st_head, wh->st_tail, wh->st_min, levels);
+	lists_clear(wh->st_occupied, wh->st_head, wh->st_tail, wh->st_min, wh->st_max, levels);
 }
 
 static void clear_lists(struct wheel *wh, struct chime_wheel *w)
 {
-	lists_clear(w->occupied, w->slot, wh->tail, wh->slot_min, LEVELS);
+	lists_clear(w->occupied, w->slot, wh->tail, wh->slot_min, wh->slot_max, LEVELS);
 	w->expired_head = NIL;
 	w->expired_tail = NIL;
+	wh->raw_head = wh->raw_tail = NIL;
 	wh->fresh_tail = NIL;
 	wh->jump_left = 0;
 	wh->jump_on = false;
@@ -301,10 +311,10 @@ int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 
 /* ---- lists ---------------------------------------------------------------- */
 
-/* Push node idx at the head of the list with these ends, minimum and occupancy word. */
+/* Push node idx at the head of the list with these ends, bounds and occupancy word. */
 static inline void list_push(struct wheel *wh, uint32_t *head, uint32_t *tail, uint64_t *min,
-			     uint64_t *occupied, struct chime_node *n, uint32_t idx, unsigned level,
-			     unsigned s)
+			     uint64_t *max, uint64_t *occupied, struct chime_node *n, uint32_t idx,
+			     unsigned level, unsigned s)
 {
 	uint32_t old = *head;
 
@@ -319,6 +329,8 @@ static inline void list_push(struct wheel *wh, uint32_t *head, uint32_t *tail, u
 		*tail = idx;
 	if (n->deadline_ns < *min)
 		*min = n->deadline_ns;
+	if (old == NIL || n->deadline_ns > *max)
+		*max = n->deadline_ns;
 	*head = idx;
 	*occupied |= UINT64_C(1) << s;
 }
@@ -327,7 +339,7 @@ static inline void slot_push(struct wheel *wh, struct chime_node *n, uint32_t id
 			     unsigned level, unsigned s)
 {
 	list_push(wh, &wh->w->slot[level][s], &wh->tail[level][s], &wh->slot_min[level][s],
-		  &wh->w->occupied[level], n, idx, level, s);
+		  &wh->slot_max[level][s], &wh->w->occupied[level], n, idx, level, s);
 }
 
 /* slot_push() on the staged lists */
@@ -335,7 +347,7 @@ static inline void stage_push(struct wheel *wh, struct chime_node *n, uint32_t i
 			      unsigned level, unsigned s)
 {
 	list_push(wh, &wh->st_head[level][s], &wh->st_tail[level][s], &wh->st_min[level][s],
-		  &wh->st_occupied[level], n, idx, level, s);
+		  &wh->st_max[level][s], &wh->st_occupied[level], n, idx, level, s);
 }
 
 /*
@@ -404,9 +416,14 @@ static inline void slot_unlink(struct wheel *wh, struct chime_node *n, uint32_t 
 		return;
 	}
 	s = end_slot(wh, n, idx, l, prev == NIL ? wh->st_head[l] : wh->st_tail[l]);
-	assert(s < SLOTS);
-	if (list_remove(wh, &wh->st_head[l][s], &wh->st_tail[l][s], n))
-		wh->st_occupied[l] &= ~(UINT64_C(1) << s);
+	if (s < SLOTS) {
+		if (list_remove(wh, &wh->st_head[l][s], &wh->st_tail[l][s], n))
+			wh->st_occupied[l] &= ~(UINT64_C(1) << s);
+		return;
+	}
+	/* on no slot list: an end of the raw list (a slot made due whole, not yet marked) */
+	assert(l == 0 && (prev == NIL ? wh->raw_head : wh->raw_tail) == idx);
+	(void)list_remove(wh, &wh->raw_head, &wh->raw_tail, n);
 }
 
 static inline void exp_append(struct wheel *wh, struct chime_node *n, uint32_t idx, unsigned kind)
@@ -711,9 +728,9 @@ static void __attribute__((noinline)) reset_slow(struct wheel *wh, uint32_t idx,
 }
 
 /*
- * An earlier deadline for an ARMED node inside its list, landing in a
- * non-empty slot ahead of the current tick: unlink and push with nothing
- * else to maintain. Anything else goes to reset_slow().
+ * An earlier deadline (or any, on level 0) for an ARMED node inside its
+ * list, landing in a non-empty slot ahead of the current tick: unlink and
+ * push with nothing else to maintain. Anything else goes to reset_slow().
  */
 static void __attribute__((noinline)) reset_move(struct wheel *wh, uint32_t idx,
 						 uint64_t deadline_ns)
@@ -744,6 +761,8 @@ static void __attribute__((noinline)) reset_move(struct wheel *wh, uint32_t idx,
 	w->slot[l][s] = idx;
 	if (deadline_ns < wh->slot_min[l][s])
 		wh->slot_min[l][s] = deadline_ns;       /* I7 */
+	if (deadline_ns > wh->slot_max[l][s])
+		wh->slot_max[l][s] = deadline_ns;
 	return;
 slow:
 	reset_slow(wh, idx, deadline_ns);
@@ -761,9 +780,11 @@ void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 	/*
 	 * Lazy: a later deadline leaves the node where it is, in a slot that is
 	 * processed no later than its new tick; that processing re-places it
-	 * (fire_slot*(), cascade_one()). A keepalive touch is one store.
+	 * (fire_slot*(), cascade_one()). A keepalive touch is one store. Not on
+	 * level 0 (the next 64 ticks): a level-0 slot holds only its own
+	 * tick's timers, so one all due goes over whole (raw_splice()).
 	 */
-	if (deadline_ns < n->deadline_ns) {
+	if (deadline_ns < n->deadline_ns || n->level == 0) {
 		reset_move(wh, idx, deadline_ns);
 		return;
 	}
@@ -786,37 +807,116 @@ void wheel_rearm_periodic(struct wheel *wh, uint32_t idx)
 /* ---- advance ---------------------------------------------------------------- */
 
 /*
- * Move T to tick t. The new current tick's slot minimum is unknown (0) if it
- * holds nodes already, else exact (none yet; place() lowers it).
+ * Move T to tick t. The new current tick's slot minimum is its slot's lower
+ * bound (I7) if it holds nodes already, else exact (none yet; place()
+ * lowers it): an advance inside the tick before its first deadline does
+ * not scan the slot (a million timers due at one instant: 7 ms of
+ * scanning, and again once they were due, before the first one went out).
  */
 static inline void set_now_tick(struct wheel *wh, uint64_t t)
 {
+	unsigned s = slot_of(t, 0);
+
 	wh->w->now_tick = t;
-	wh->cur_min_ns = wh->w->occupied[0] >> slot_of(t, 0) & 1 ? 0 : UINT64_MAX;
+	wh->cur_min_ns = wh->w->occupied[0] >> s & 1 ? wh->slot_min[0][s] : UINT64_MAX;
 }
 
-/* Make every pending node due (I3); returns how many. O(pending). */
-static uint64_t promote_pending(struct wheel *wh)
+/* ---- raw: a level-0 slot made due whole, marked as it is popped ---- */
+
+/*
+ * Level-0 slot s, all of whose timers are due (a level-0 slot holds only
+ * its own tick's: wheel_reset() moves, never lazily resets, a level-0
+ * node), becomes the raw list in O(1). The raw list is empty:
+ * wheel_advance() flushes it before it processes a slot.
+ */
+static void raw_splice(struct wheel *wh, unsigned s)
+{
+	struct chime_wheel *w = wh->w;
+
+	assert(wh->raw_head == NIL);
+	wh->raw_head = w->slot[0][s];
+	wh->raw_tail = wh->tail[0][s];
+	w->slot[0][s] = NIL;
+	wh->tail[0][s] = NIL;
+	wh->slot_min[0][s] = UINT64_MAX;
+	wh->slot_max[0][s] = 0;
+	w->occupied[0] &= ~(UINT64_C(1) << s);
+}
+
+/* The expired list's first pending node (they are its last ones), or NIL. O(pending). */
+static uint32_t pending_first(const struct wheel *wh)
+{
+	const struct chime_node *nodes = wh->nodes;
+	uint32_t i = wh->w->expired_tail, first = NIL;
+
+	while (i != NIL && nodes[i].level == EXP_PENDING) {
+		first = i;
+		i = nodes[i].prev;
+	}
+	return first;
+}
+
+/*
+ * Mark the raw list EXPIRED and count it (I3), on the expired list before
+ * its pending nodes (it was due first): before anything else is made due,
+ * so that the jump decisions see every due timer counted, and the order
+ * they became due stays the order they pop. O(raw + pending).
+ */
+static void raw_flush(struct wheel *wh)
+{
+	struct chime_wheel *w = wh->w;
+	struct chime_node *nodes = wh->nodes;
+	uint32_t first = wh->raw_head, last = wh->raw_tail, pend = pending_first(wh);
+	uint32_t before = pend != NIL ? nodes[pend].prev : w->expired_tail;
+	uint64_t cnt = 0;
+
+	for (uint32_t i = first; i != NIL; i = nodes[i].next) {
+		struct chime_node *n = &nodes[i];
+
+		__builtin_prefetch(&nodes[n->next]);
+		n->state = CHIME_NODE_EXPIRED;
+		n->level = EXP_DUE;
+		(*owner_due(wh, n))++;
+		cnt++;
+	}
+	nodes[first].prev = before;
+	nodes[last].next = pend;
+	if (before != NIL)
+		nodes[before].next = first;
+	else
+		w->expired_head = first;
+	if (pend != NIL)
+		nodes[pend].prev = last;
+	else
+		w->expired_tail = last;
+	wh->due_n += cnt;
+	wh->raw_head = wh->raw_tail = NIL;
+}
+
+/* Make every pending node due (I3). O(pending), and the raw list's first if both are there. */
+static void promote_pending(struct wheel *wh)
 {
 	uint32_t i = wh->w->expired_tail;
 	uint64_t cnt = 0;
 
-	while (i != NIL && wh->nodes[i].level == EXP_PENDING) {
+	if (i == NIL || wh->nodes[i].level != EXP_PENDING)
+		return;
+	if (wh->raw_head != NIL)
+		raw_flush(wh);  /* due before them: they stay ahead */
+	for (i = wh->w->expired_tail; i != NIL && wh->nodes[i].level == EXP_PENDING; i = wh->nodes[i].prev) {
 		wh->nodes[i].level = EXP_DUE;
 		(*owner_due(wh, &wh->nodes[i]))++;
-		i = wh->nodes[i].prev;
 		cnt++;
 	}
 	wh->due_n += cnt;
-	return cnt;
 }
 
 /*
  * Fire slot s's deadlines <= now node by node (each may go ahead of a
  * backlog, exp_due()); re-place those lazily reset past the slot's tick;
- * the rest stay. Returns how many fired; *min: the least deadline left.
+ * the rest stay. *min: the least deadline left.
  */
-static uint64_t fire_each(struct wheel *wh, unsigned s, uint64_t now, uint64_t *min)
+static void fire_each(struct wheel *wh, unsigned s, uint64_t now, uint64_t *min)
 {
 	struct chime_node *nodes = wh->nodes;
 	uint32_t i = wh->w->slot[0][s];
@@ -842,85 +942,47 @@ static uint64_t fire_each(struct wheel *wh, unsigned s, uint64_t now, uint64_t *
 		i = next;
 	}
 	wh->due_n += cnt;
-	return cnt;
 }
 
 /*
- * Fire a whole level-0 slot (its tick is before now's): walk it once to mark
- * it, then splice it onto the expired list in O(1). Behind a backlog, node
- * by node instead: each one's owner decides whether it goes ahead.
+ * Fire a whole level-0 slot (its tick is before now's): it becomes the raw
+ * list, unwalked. Behind a backlog, node by node instead: each one's owner
+ * decides whether it goes ahead.
  */
-static uint64_t fire_slot(struct wheel *wh, unsigned s)
+static void fire_slot(struct wheel *wh, unsigned s)
 {
-	struct chime_wheel *w = wh->w;
-	struct chime_node *nodes = wh->nodes;
-	uint64_t e = w->now_tick, e_end = tick_end_ns(wh, e);
-	uint32_t head = w->slot[0][s], i = head, last = NIL;
-	uint64_t cnt = 0, min;
-	bool gap = false;
+	uint64_t e_end = tick_end_ns(wh, wh->w->now_tick), min;
 
 	jump_open(wh);
 	if (wh->jump_on) {
-		cnt = fire_each(wh, s, e_end, &min);    /* leaves the slot empty */
+		fire_each(wh, s, e_end, &min);  /* leaves the slot empty */
 		wh->slot_min[0][s] = UINT64_MAX;
-		return cnt;
+		wh->slot_max[0][s] = 0;
+		return;
 	}
-	w->slot[0][s] = NIL;
-	wh->tail[0][s] = NIL;
-	wh->slot_min[0][s] = UINT64_MAX;
-	w->occupied[0] &= ~(UINT64_C(1) << s);
-	while (i != NIL) {
-		struct chime_node *n = &nodes[i];
-		uint32_t next = n->next;
-
-		__builtin_prefetch(&nodes[next]);
-		if (n->deadline_ns > e_end) {
-			/* lazily reset to a later tick: re-place it, out of the chain */
-			uint64_t t = tick_of(wh, n->deadline_ns);
-			unsigned nl = level_of(t, e);
-
-			slot_push(wh, n, i, nl, slot_of(t, nl));
-			gap = true;
-		} else {
-			n->state = CHIME_NODE_EXPIRED;
-			n->level = EXP_DUE;
-			(*owner_due(wh, n))++;
-			if (gap) {
-				/* close the chain over the nodes re-placed since `last` */
-				n->prev = last;
-				if (last != NIL)
-					nodes[last].next = i;
-				else
-					head = i;
-				gap = false;
-			}
-			last = i;
-			cnt++;
-		}
-		i = next;
-	}
-	if (last == NIL)
-		return 0;
-	wh->due_n += cnt;
-	nodes[last].next = NIL;
-	nodes[head].prev = w->expired_tail;
-	if (w->expired_tail != NIL)
-		nodes[w->expired_tail].next = head;
-	else
-		w->expired_head = head;
-	w->expired_tail = last;
-	return cnt;
+	raw_splice(wh, s);
 }
 
 /*
  * The level-0 slot of now's own tick: only deadlines <= now fire (exact);
  * the rest stay, and their minimum lets the next advance inside this tick
- * skip the scan.
+ * skip the scan. A slot all due (timers due at one instant, the shard
+ * awake for them) goes over whole, as above.
  */
-static uint64_t fire_slot_partial(struct wheel *wh, unsigned s, uint64_t now)
+static void fire_slot_partial(struct wheel *wh, unsigned s, uint64_t now)
 {
+	/* a cascade or a staged slot may just have put timers there: its minimum bounds them too (I7) */
+	if (wh->slot_min[0][s] < wh->cur_min_ns)
+		wh->cur_min_ns = wh->slot_min[0][s];
+	if (now < wh->cur_min_ns)
+		return;         /* nothing in it due yet */
 	jump_open(wh);
-	return fire_each(wh, s, now, &wh->cur_min_ns);
+	if (!wh->jump_on && wh->slot_max[0][s] <= now) {
+		raw_splice(wh, s);
+		wh->cur_min_ns = UINT64_MAX;
+		return;
+	}
+	fire_each(wh, s, now, &wh->cur_min_ns);
 }
 
 /* Re-place one node of a cascading slot whose first tick e is now_tick. */
@@ -948,8 +1010,7 @@ static inline uint64_t cascade_one(struct wheel *wh, struct chime_node *n, uint3
  * large wheel every node is a cache miss, and two independent chains keep
  * two misses in flight.
  */
-static uint64_t cascade_slot(struct wheel *wh, unsigned l, unsigned s, uint64_t T_end,
-			     uint64_t now)
+static void cascade_slot(struct wheel *wh, unsigned l, unsigned s, uint64_t T_end, uint64_t now)
 {
 	struct chime_wheel *w = wh->w;
 	struct chime_node *nodes = wh->nodes;
@@ -960,6 +1021,7 @@ static uint64_t cascade_slot(struct wheel *wh, unsigned l, unsigned s, uint64_t 
 	w->slot[l][s] = NIL;
 	wh->tail[l][s] = NIL;
 	wh->slot_min[l][s] = UINT64_MAX;
+	wh->slot_max[l][s] = 0;
 	w->occupied[l] &= ~(UINT64_C(1) << s);
 	while (i != NIL) {
 		struct chime_node *a = &nodes[i], *b = &nodes[j];
@@ -979,7 +1041,6 @@ static uint64_t cascade_slot(struct wheel *wh, unsigned l, unsigned s, uint64_t 
 		j = pj;
 	}
 	wh->due_n += cnt;
-	return cnt;
 }
 
 /* ---- staging ---------------------------------------------------------------- */
@@ -999,6 +1060,7 @@ static void stage_join(struct wheel *wh)
 		memcpy(w->slot[l], wh->st_head[l], sizeof(w->slot[l]));
 		memcpy(wh->tail[l], wh->st_tail[l], sizeof(wh->tail[l]));
 		memcpy(wh->slot_min[l], wh->st_min[l], sizeof(wh->slot_min[l]));
+		memcpy(wh->slot_max[l], wh->st_max[l], sizeof(wh->slot_max[l]));
 	}
 	stage_clear(wh, wh->stage_level);
 }
@@ -1074,17 +1136,17 @@ unsigned wheel_stage(struct wheel *wh, unsigned budget)
 
 /* ---- advance (continued) ------------------------------------------------------ */
 
-uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
+void wheel_advance(struct wheel *wh, uint64_t now_ns)
 {
 	struct chime_wheel *w = wh->w;
 	uint64_t now = now_ns < w->now_ns ? w->now_ns : now_ns;
 	uint64_t T_end = tick_of(wh, now);
-	uint64_t fired = promote_pending(wh);
 
+	promote_pending(wh);
 	/* an advance inside one tick below the current tick's known minimum: done */
 	if (T_end == w->now_tick && now < wh->cur_min_ns) {
 		w->now_ns = now;
-		return fired;
+		return;
 	}
 	wh->jump_left = wh->jump_max;
 	for (;;) {
@@ -1099,6 +1161,9 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 		e = slot_base(w->now_tick, l, s);
 		if (e > T_end)
 			break;
+		/* the last slot made due whole, judged before another one is processed (raw_flush()) */
+		if (wh->raw_head != NIL)
+			raw_flush(wh);
 		if (l > 0 && is_staged_slot(wh, l, s)) {
 			/* from its first tick, where the staged lists are placed */
 			stage_join(wh);
@@ -1121,11 +1186,11 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 		if (e != w->now_tick)
 			set_now_tick(wh, e);
 		if (l > 0) {
-			fired += cascade_slot(wh, l, s, T_end, now);
+			cascade_slot(wh, l, s, T_end, now);
 		} else if (e < T_end) {
-			fired += fire_slot(wh, s);
+			fire_slot(wh, s);
 		} else {
-			fired += fire_slot_partial(wh, s, now);
+			fire_slot_partial(wh, s, now);
 			break;
 		}
 	}
@@ -1134,7 +1199,6 @@ uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns)
 	w->now_ns = now;
 	wh->jump_left = 0;
 	wh->jump_on = false;
-	return fired;
 }
 
 /* Take node i, at the expired list's head, off it; returns the next. */
@@ -1151,6 +1215,34 @@ static inline uint32_t pop_one(struct wheel *wh, struct chime_node *nodes, uint3
 	return next;
 }
 
+/* After the expired list's due nodes: up to max raw ones into out (all due). Returns how many. */
+static unsigned pop_raw(struct wheel *wh, uint32_t *out, unsigned max)
+{
+	struct chime_node *nodes = wh->nodes;
+	uint32_t i = wh->raw_head;
+	unsigned cnt = 0;
+
+	while (cnt < max && i != NIL) {
+		struct chime_node *n = &nodes[i];
+		uint32_t next = n->next;
+
+		__builtin_prefetch(&nodes[next]);
+		wheel_hot_assert(n->state == CHIME_NODE_ARMED && n->deadline_ns <= wh->w->now_ns);
+		out[cnt++] = i;
+		n->state = CHIME_NODE_ALLOC;
+		n->prev = NIL;
+		n->next = NIL;
+		i = next;
+	}
+	wh->raw_head = i;
+	if (i != NIL)
+		nodes[i].prev = NIL;
+	else
+		wh->raw_tail = NIL;
+	wh->armed -= cnt;
+	return cnt;
+}
+
 unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 {
 	struct chime_wheel *w = wh->w;
@@ -1159,7 +1251,7 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 	unsigned cnt = 0, from_front = 0;
 
 	if (i == NIL || nodes[i].level == EXP_PENDING)
-		return 0;       /* the common call: nothing due */
+		return wh->raw_head == NIL ? 0 : pop_raw(wh, out, max);   /* the common call: nothing due */
 	/* The front first (due: no pending node there), up to its last node. */
 	while (wh->fresh_tail != NIL && cnt < max) {
 		if (i == wh->fresh_tail)
@@ -1181,7 +1273,22 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 	wh->armed -= cnt;
 	wh->due_n -= cnt;
 	wh->front_n -= from_front;
+	/* the raw list was made due after every due node there (raw_flush() keeps it so) */
+	if (cnt < max && wh->raw_head != NIL)
+		cnt += pop_raw(wh, out + cnt, max - cnt);
 	return cnt;
+}
+
+uint64_t wheel_due(const struct wheel *wh)
+{
+	const struct chime_node *nodes = wh->nodes;
+	uint64_t n = 0;
+
+	for (uint32_t i = wh->w->expired_head; i != NIL && nodes[i].level != EXP_PENDING; i = nodes[i].next)
+		n++;
+	for (uint32_t i = wh->raw_head; i != NIL; i = nodes[i].next)
+		n++;
+	return n;
 }
 
 void wheel_group_owners(struct wheel *wh, const uint16_t *group_of)
@@ -1198,7 +1305,7 @@ uint64_t wheel_next_deadline(const struct wheel *wh)
 {
 	const struct chime_wheel *w = wh->w;
 
-	if (w->expired_head != NIL)
+	if (w->expired_head != NIL || wh->raw_head != NIL)
 		return w->now_ns;
 	for (unsigned l = 0; l < LEVELS; l++) {
 		if (w->occupied[l]) {
@@ -1282,6 +1389,8 @@ uint64_t wheel_earliest(const struct wheel *wh, uint32_t max_scan, int *inexact)
 	*inexact = 0;
 	if (w->expired_head != NIL)
 		return wh->nodes[w->expired_head].deadline_ns;  /* due already (<= now_ns) */
+	if (wh->raw_head != NIL)
+		return wh->nodes[wh->raw_head].deadline_ns;     /* due already too */
 	if (!scan_set(wh, (const uint32_t (*)[SLOTS])w->slot, w->occupied, LEVELS, w->now_tick, &sc, &cut)) {
 		*inexact = 1;
 		return cut;
@@ -1371,7 +1480,8 @@ static void check_fail(const char *fmt, ...)
  */
 static uint64_t check_set(const struct wheel *wh, const uint32_t (*head)[SLOTS],
 			  const uint32_t (*tail)[SLOTS], const uint64_t (*min)[SLOTS],
-			  const uint64_t *occupied, unsigned levels, uint64_t T, const char *set)
+			  const uint64_t (*max)[SLOTS], const uint64_t *occupied, unsigned levels,
+			  uint64_t T, const char *set)
 {
 	const struct chime_wheel *w = wh->w;
 	const struct chime_node *nodes = wh->nodes;
@@ -1411,6 +1521,10 @@ static uint64_t check_set(const struct wheel *wh, const uint32_t (*head)[SLOTS],
 				if (own && l == 0 && s == slot_of(T, 0))
 					CHECK(n->deadline_ns >= wh->cur_min_ns, "node %u below cur_min", i);
 				CHECK(n->deadline_ns >= min[l][s], "node %u below its slot's minimum", i);
+				/* level 0: no lazy reset, so its own tick's slot, under the slot's maximum */
+				CHECK(l > 0 || (level_of(t, T) == 0 && slot_of(t, 0) == s && n->deadline_ns <= max[0][s]),
+				      "node %u (tick %llu) on %s level-0 slot %u, maximum %llu", i,
+				      (unsigned long long)t, set, s, (unsigned long long)max[0][s]);
 				on++;
 				prev = i;
 				i = n->next;
@@ -1454,7 +1568,7 @@ void wheel_check(const struct wheel *wh)
 {
 	const struct chime_wheel *w = wh->w;
 	const struct chime_node *nodes = wh->nodes;
-	uint64_t T = w->now_tick, cnt[256] = { 0 }, on_slots, on_exp = 0, on_free = 0;
+	uint64_t T = w->now_tick, cnt[256] = { 0 }, on_slots, on_exp = 0, on_raw = 0, on_free = 0;
 
 	CHECK(w->slab_off == sizeof(*w), "slab_off %llu", (unsigned long long)w->slab_off);
 	CHECK(w->high_water <= w->capacity, "high_water %u > capacity %u", w->high_water, w->capacity);
@@ -1463,7 +1577,8 @@ void wheel_check(const struct wheel *wh)
 	CHECK(tick_of(wh, w->now_ns) == w->now_ns / w->resolution_ns, "tick math is wrong");
 
 	on_slots = check_set(wh, (const uint32_t (*)[SLOTS])w->slot, (const uint32_t (*)[SLOTS])wh->tail,
-			     (const uint64_t (*)[SLOTS])wh->slot_min, w->occupied, LEVELS, T, "own");
+			     (const uint64_t (*)[SLOTS])wh->slot_min, (const uint64_t (*)[SLOTS])wh->slot_max,
+			     w->occupied, LEVELS, T, "own");
 	if (wh->staging) {
 		/* I8 */
 		CHECK(wh->stage_level >= 1 && wh->stage_level < LEVELS && wh->stage_slot < SLOTS,
@@ -1475,7 +1590,8 @@ void wheel_check(const struct wheel *wh)
 	for (unsigned l = wh->staging ? wh->stage_level : 0; l < LEVELS; l++)
 		CHECK(wh->st_occupied[l] == 0, "staged lists at level %u", l);
 	on_slots += check_set(wh, (const uint32_t (*)[SLOTS])wh->st_head, (const uint32_t (*)[SLOTS])wh->st_tail,
-			      (const uint64_t (*)[SLOTS])wh->st_min, wh->st_occupied,
+			      (const uint64_t (*)[SLOTS])wh->st_min, (const uint64_t (*)[SLOTS])wh->st_max,
+			      wh->st_occupied,
 			      wh->staging ? wh->stage_level : 0, wh->stage_base, "staged");
 
 	{
@@ -1526,6 +1642,26 @@ void wheel_check(const struct wheel *wh)
 			      WHEEL_JUMP_OWNERS, group_n[g], wh->group_front[g]);
 	}
 
+	{
+		/* raw: ARMED level-0 nodes of a slot made due whole, all due */
+		uint32_t i = wh->raw_head, prev = NIL;
+
+		for (uint64_t k = 0; i != NIL; k++) {
+			const struct chime_node *n;
+
+			CHECK(i < w->high_water && k < w->capacity, "raw list: index %u", i);
+			n = &nodes[i];
+			CHECK(n->state == CHIME_NODE_ARMED && n->level == 0, "raw node %u: state %u level %u", i,
+			      n->state, n->level);
+			CHECK(n->prev == prev, "raw node %u: prev %u, expected %u", i, n->prev, prev);
+			CHECK(n->deadline_ns <= w->now_ns, "raw node %u not due", i);
+			on_raw++;
+			prev = i;
+			i = n->next;
+		}
+		CHECK(wh->raw_tail == prev, "raw_tail %u, last %u", wh->raw_tail, prev);
+	}
+
 	on_free = check_free_map(wh);
 
 	for (uint32_t i = 0; i < w->high_water; i++) {
@@ -1535,12 +1671,13 @@ void wheel_check(const struct wheel *wh)
 			      (nodes[i].gen & ~(CHIME_ID_GEN_MASK | CHIME_NODE_IMMEDIATE)) == 0,
 			      "node %u gen %u", i, nodes[i].gen);
 	}
-	CHECK(cnt[CHIME_NODE_ARMED] == on_slots, "%llu ARMED, %llu on slots",
-	      (unsigned long long)cnt[CHIME_NODE_ARMED], (unsigned long long)on_slots);
+	CHECK(cnt[CHIME_NODE_ARMED] == on_slots + on_raw, "%llu ARMED, %llu on slots, %llu raw",
+	      (unsigned long long)cnt[CHIME_NODE_ARMED], (unsigned long long)on_slots,
+	      (unsigned long long)on_raw);
 	CHECK(cnt[CHIME_NODE_EXPIRED] == on_exp, "%llu EXPIRED, %llu on expired list",
 	      (unsigned long long)cnt[CHIME_NODE_EXPIRED], (unsigned long long)on_exp);
 	CHECK(cnt[CHIME_NODE_FREE] == on_free, "%llu FREE, %llu in the free map",
 	      (unsigned long long)cnt[CHIME_NODE_FREE], (unsigned long long)on_free);
-	CHECK(wh->armed == on_slots + on_exp, "armed %llu, ARMED+EXPIRED %llu",
-	      (unsigned long long)wh->armed, (unsigned long long)(on_slots + on_exp));
+	CHECK(wh->armed == on_slots + on_raw + on_exp, "armed %llu, ARMED+EXPIRED %llu",
+	      (unsigned long long)wh->armed, (unsigned long long)(on_slots + on_raw + on_exp));
 }

@@ -104,6 +104,18 @@ struct wheel {
 	 * instant fire from the slot they are in instead of passing through
 	 * every lower level first */
 	uint64_t slot_min[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
+	/* an upper bound of the deadlines in each slot (on level 0, where no
+	 * reset is lazy; raised by every insert, reset when the slot empties
+	 * whole): an advance inside a tick whose slot is all due hands it over
+	 * whole (raw, below) */
+	uint64_t slot_max[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
+	/*
+	 * A level-0 slot made due whole becomes this list as it is, its nodes
+	 * still ARMED ("raw"), marked one by one as they are popped after the
+	 * expired list's due ones: a million timers due at one instant go out
+	 * from the first pop instead of after a walk over all of them.
+	 */
+	uint32_t raw_head, raw_tail;
 	/*
 	 * Staging (wheel_stage()): the next cascade, done ahead of time. Its
 	 * slot is (stage_level, stage_slot), starting at tick stage_base; the
@@ -119,6 +131,7 @@ struct wheel {
 	uint32_t st_head[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
 	uint32_t st_tail[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
 	uint64_t st_min[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
+	uint64_t st_max[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
 	/*
 	 * The free nodes below high_water, lowest first (wheel_alloc()): bit i
 	 * of free_bits[0] is node i, bit j of free_bits[l] says word j of
@@ -292,14 +305,34 @@ void wheel_rearm_periodic(struct wheel *wh, uint32_t idx);
 
 /*
  * Advance to now_ns (which never goes backwards; an earlier value is treated
- * as the last one) and move every timer with deadline_ns <= now_ns to the
- * expired list. Returns how many became due (including timers armed with a
- * past deadline since the last advance). Cost: O(due + cascaded timers) plus
- * O(levels) per non-empty slot processed, independent of the time elapsed;
- * plus, when now_ns falls inside a tick holding later timers, a scan of that
- * tick's timers (skipped while now_ns is below their known minimum).
+ * as the last one) and make every timer with deadline_ns <= now_ns poppable
+ * (wheel_pop_expired()), none other. Cost: O(cascaded timers) plus O(levels)
+ * per non-empty slot processed, independent of the time elapsed; a level-0
+ * slot that is all due goes over whole in O(1), its timers judged as they
+ * are popped; else a scan of that tick's timers (when now_ns falls inside a
+ * tick holding later ones too, skipped while now_ns is below their known
+ * minimum; and behind a backlog, where each timer's owner decides its place).
  */
-uint64_t wheel_advance(struct wheel *wh, uint64_t now_ns);
+void wheel_advance(struct wheel *wh, uint64_t now_ns);
+
+/*
+ * Whether node idx is due (poppable now, or at the next advance if it was
+ * armed in the past): EXPIRED, or ARMED on the raw list (an ARMED node on
+ * a slot list is never at or before now_ns, I1). For tests and checks.
+ */
+static inline bool wheel_node_due(const struct wheel *wh, uint32_t idx)
+{
+	const struct chime_node *n = &wh->nodes[idx];
+
+	return n->state == CHIME_NODE_EXPIRED || (n->state == CHIME_NODE_ARMED && n->deadline_ns <= wh->w->now_ns);
+}
+
+/*
+ * How many timers are poppable now: O(timers on the expired list). For
+ * tests and checks (wheel_advance() no longer counts what it makes due: a
+ * slot made due whole is not walked).
+ */
+uint64_t wheel_due(const struct wheel *wh);
 
 /*
  * Do part of the next cascade now, while the caller has nothing else to do:

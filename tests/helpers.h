@@ -129,6 +129,17 @@ static inline uint32_t t_key_first(struct keyidx *ki, uint16_t owner, uint64_t k
 }
 #endif
 
+#ifdef CHIME_WHEEL_H /* for the tests of the wheel (they include wheel.h first) */
+/* wheel_advance(), and how many timers it made poppable (none may be popped meanwhile). */
+static inline uint64_t t_advance(struct wheel *wh, uint64_t now_ns)
+{
+	uint64_t before = wheel_due(wh);
+
+	wheel_advance(wh, now_ns);
+	return wheel_due(wh) - before;
+}
+#endif
+
 #ifdef CHIME_H /* for the tests that link libchime (they include chime.h first) */
 #include <stdio.h>
 #include <string.h>

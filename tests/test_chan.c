@@ -10,11 +10,11 @@
 
 #include "chan.h"
 #include "keyidx.h"
-#include "helpers.h"   /* after keyidx.h: its key-index helpers */
 #include "ring.h"
 #include "segment.h"
 #include "stats.h"
 #include "wheel.h"
+#include "helpers.h"   /* after keyidx.h and wheel.h: their helpers */
 
 #define CAP     4096u
 #define RES     100000u         /* 100 us */
@@ -260,8 +260,8 @@ Test(chan, one_users_clients_hold_at_most_their_share_of_the_places_ahead_of_a_b
 	arm(v, 0, T0 + 20 * MS + RES, 0, 0);
 	for (int i = 0; i < NSIM; i++)
 		chan_drain(&F.sc, &F.cl[i].ch, 1000);
-	cr_assert_eq(wheel_advance(&F.sc.wh, T0 + 10 * MS), 12);
-	cr_assert_eq(wheel_advance(&F.sc.wh, T0 + 20 * MS + RES), 5);
+	cr_assert_eq(t_advance(&F.sc.wh, T0 + 10 * MS), 12);
+	cr_assert_eq(t_advance(&F.sc.wh, T0 + 20 * MS + RES), 5);
 	wheel_check(&F.sc.wh);
 	cr_assert_eq(wheel_pop_expired(&F.sc.wh, got, 3), 3);
 	for (unsigned k = 0; k < 2; k++)

@@ -1201,18 +1201,34 @@ void wheel_advance(struct wheel *wh, uint64_t now_ns)
 	wh->jump_on = false;
 }
 
-/* Take node i, at the expired list's head, off it; returns the next. */
-static inline uint32_t pop_one(struct wheel *wh, struct chime_node *nodes, uint32_t i)
+/* Take node i, at the head of its list, off it (ALLOC); returns the next. */
+static inline uint32_t pop_node(struct chime_node *nodes, uint32_t i)
 {
 	struct chime_node *n = &nodes[i];
 	uint32_t next = n->next;
 
 	__builtin_prefetch(&nodes[next]);
-	(*owner_due(wh, n))--;
 	n->state = CHIME_NODE_ALLOC;
 	n->prev = NIL;
 	n->next = NIL;
 	return next;
+}
+
+/* pop_node() of a counted due node, off the expired list */
+static inline uint32_t pop_one(struct wheel *wh, struct chime_node *nodes, uint32_t i)
+{
+	(*owner_due(wh, &nodes[i]))--;
+	return pop_node(nodes, i);
+}
+
+/* The list with these ends now starts at i (its nodes before i are gone). */
+static inline void list_behead(struct chime_node *nodes, uint32_t *head, uint32_t *tail, uint32_t i)
+{
+	*head = i;
+	if (i != NIL)
+		nodes[i].prev = NIL;
+	else
+		*tail = NIL;
 }
 
 /* After the expired list's due nodes: up to max raw ones into out (all due). Returns how many. */
@@ -1223,22 +1239,11 @@ static unsigned pop_raw(struct wheel *wh, uint32_t *out, unsigned max)
 	unsigned cnt = 0;
 
 	while (cnt < max && i != NIL) {
-		struct chime_node *n = &nodes[i];
-		uint32_t next = n->next;
-
-		__builtin_prefetch(&nodes[next]);
-		wheel_hot_assert(n->state == CHIME_NODE_ARMED && n->deadline_ns <= wh->w->now_ns);
+		wheel_hot_assert(nodes[i].state == CHIME_NODE_ARMED && nodes[i].deadline_ns <= wh->w->now_ns);
 		out[cnt++] = i;
-		n->state = CHIME_NODE_ALLOC;
-		n->prev = NIL;
-		n->next = NIL;
-		i = next;
+		i = pop_node(nodes, i);
 	}
-	wh->raw_head = i;
-	if (i != NIL)
-		nodes[i].prev = NIL;
-	else
-		wh->raw_tail = NIL;
+	list_behead(nodes, &wh->raw_head, &wh->raw_tail, i);
 	wh->armed -= cnt;
 	return cnt;
 }
@@ -1265,11 +1270,7 @@ unsigned wheel_pop_expired(struct wheel *wh, uint32_t *out, unsigned max)
 		out[cnt++] = i;
 		i = pop_one(wh, nodes, i);
 	}
-	w->expired_head = i;
-	if (i != NIL)
-		nodes[i].prev = NIL;
-	else
-		w->expired_tail = NIL;
+	list_behead(nodes, &w->expired_head, &w->expired_tail, i);
 	wh->armed -= cnt;
 	wh->due_n -= cnt;
 	wh->front_n -= from_front;

@@ -302,11 +302,17 @@ out:
 	return r;
 }
 
-static const char *node_state(uint8_t st)
+/*
+ * A timer's state as listed, NULL for nodes that are not listed. "due": its
+ * deadline is past and its event not delivered yet; the shard takes a tick
+ * of due timers off the wheel whole and leaves them ARMED until it delivers
+ * each (wheel.c, the raw list), so an ARMED node past its deadline is due too.
+ */
+static const char *node_state(uint8_t st, uint64_t deadline_ns, uint64_t now_ns)
 {
 	switch (st) {
 	case CHIME_NODE_ARMED:
-		return "armed";
+		return deadline_ns <= now_ns ? "due" : "armed";
 	case CHIME_NODE_EXPIRED:
 		return "due";
 	case CHIME_NODE_BACKLOG:
@@ -437,7 +443,7 @@ static int timers_by_query(const char *sock, long pid, uint64_t limit)
 	out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
 	for (uint64_t i = 0; i < head.count; i++) {
 		const struct chime_query_timer *t = &recs[i];
-		const char *st = node_state((uint8_t)t->state);
+		const char *st = node_state((uint8_t)t->state, t->deadline_ns, head.now_ns);
 		char dl[32], per[32], ids[24];
 
 		snprintf(dl, sizeof(dl), "%+.6fs", (double)(int64_t)(t->deadline_ns - head.now_ns) / 1e9);
@@ -569,7 +575,7 @@ static int list_shard(const char *sock, uint32_t k, uint32_t slot, uint64_t now,
 	hw = w->high_water < cap ? w->high_water : cap;
 	for (i = 0; i < hw; i++) {
 		struct chime_node n = nodes[i];
-		const char *st = node_state(n.state);
+		const char *st = node_state(n.state, n.deadline_ns, now);
 		uint64_t id;
 		char dl[32], per[32], ids[24];
 		int64_t rel;

@@ -30,8 +30,8 @@
  *
  * Lazy reset: wheel_reset() to a later deadline (a keepalive touch) only
  * stores the deadline and leaves the node in its slot, which starts no later
- * than the new tick; on levels above 0 only (a level-0 node moves, so a
- * level-0 slot holds exactly its own tick's timers, below). Whoever processes that slot (fire_slot(),
+ * than the new tick (on level 0 it also marks the slot's maximum unknown,
+ * I7, so that the slot is walked, not taken whole, when it comes due). Whoever processes that slot (fire_slot(),
  * fire_slot_partial(), cascade_one()) compares each deadline with the slot
  * and re-places the nodes that are not due, as a cascade does. So a slot
  * holds nodes of its own ticks and lazily reset later ones: a slot's first
@@ -44,8 +44,8 @@
  *
  * Invariants (wheel_check() verifies all of them):
  *  I1 ARMED <=> on a slot list, or on the raw list; on a slot list, its
- *     level and slot are as above for the current T, or (lazily reset, level
- *     above 0) a slot of that level starting earlier but ahead of T, and
+ *     level and slot are as above for the current T, or (lazily reset) a
+ *     slot of that level starting earlier but ahead of T, and
  *     deadline_ns > now_ns. The raw list (wh->raw_head, private) is a level-0
  *     slot the advance made due whole, its nodes still ARMED, level 0, all
  *     due: popped after the expired list's due nodes, each marked as it is
@@ -74,8 +74,10 @@
  *     lower bound, lowered by every insert, never raised while the slot is
  *     occupied (removals and lazy resets leave it low), reset when the slot
  *     is emptied whole. On level 0, every deadline is also <=
- *     wh->slot_max[0][s], raised by every insert: a partial advance whose
- *     now is past it takes the slot whole (raw) instead of walking it.
+ *     wh->slot_max[0][s], raised by every insert, UINT64_MAX (unknown)
+ *     once a lazy reset raised one there, 0 when the slot is emptied
+ *     whole: a slot with a known maximum at or before now is taken whole
+ *     (raw) instead of walked.
  *  I8 staging (wheel_stage()): while wh->staging, slot (stage_level,
  *     stage_slot) starts at tick stage_base and stays occupied even if its
  *     own list is empty; the staged lists hold levels below stage_level
@@ -728,8 +730,8 @@ static void __attribute__((noinline)) reset_slow(struct wheel *wh, uint32_t idx,
 }
 
 /*
- * An earlier deadline (or any, on level 0) for an ARMED node inside its
- * list, landing in a non-empty slot ahead of the current tick: unlink and
+ * An earlier deadline for an ARMED node inside its list (or on the raw
+ * list), landing in a non-empty slot ahead of the current tick: unlink and
  * push with nothing else to maintain. Anything else goes to reset_slow().
  */
 static void __attribute__((noinline)) reset_move(struct wheel *wh, uint32_t idx,
@@ -768,6 +770,23 @@ slow:
 	reset_slow(wh, idx, deadline_ns);
 }
 
+/*
+ * A level-0 node's deadline is about to be raised in place: its slot (the
+ * one its deadline gives, as no lazy reset has moved it yet, or else one
+ * already marked) no longer has a known maximum, so it is walked, not
+ * taken whole, when it comes due (I7). While staging, in the staged set
+ * too: the node may be on a staged list, whose maximum becomes the slot's
+ * at the join.
+ */
+static inline void lazy_on_level0(struct wheel *wh, struct chime_node *n)
+{
+	unsigned s = slot_of(tick_of(wh, n->deadline_ns), 0);
+
+	wh->slot_max[0][s] = UINT64_MAX;
+	if (wh->staging)
+		wh->st_max[0][s] = UINT64_MAX;
+}
+
 void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 {
 	struct chime_node *n = &wh->nodes[idx];
@@ -780,13 +799,19 @@ void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 	/*
 	 * Lazy: a later deadline leaves the node where it is, in a slot that is
 	 * processed no later than its new tick; that processing re-places it
-	 * (fire_slot*(), cascade_one()). A keepalive touch is one store. Not on
-	 * level 0 (the next 64 ticks): a level-0 slot holds only its own
-	 * tick's timers, so one all due goes over whole (raw_splice()).
+	 * (fire_slot*(), cascade_one()). A keepalive touch is one store.
 	 */
-	if (deadline_ns < n->deadline_ns || n->level == 0) {
+	if (deadline_ns < n->deadline_ns) {
 		reset_move(wh, idx, deadline_ns);
 		return;
+	}
+	if (n->level == 0) {
+		/* due already: on the raw list, where a node not due must not stay (I1) */
+		if (wh->raw_head != NIL && n->deadline_ns <= wh->w->now_ns) {
+			reset_move(wh, idx, deadline_ns);
+			return;
+		}
+		lazy_on_level0(wh, n);
 	}
 	n->deadline_ns = deadline_ns;
 }
@@ -824,10 +849,9 @@ static inline void set_now_tick(struct wheel *wh, uint64_t t)
 /* ---- raw: a level-0 slot made due whole, marked as it is popped ---- */
 
 /*
- * Level-0 slot s, all of whose timers are due (a level-0 slot holds only
- * its own tick's: wheel_reset() moves, never lazily resets, a level-0
- * node), becomes the raw list in O(1). The raw list is empty:
- * wheel_advance() flushes it before it processes a slot.
+ * Level-0 slot s, all of whose timers are due (its maximum is known, I7,
+ * and at or before now), becomes the raw list in O(1). The raw list is
+ * empty: wheel_advance() flushes it before it processes a slot.
  */
 static void raw_splice(struct wheel *wh, unsigned s)
 {
@@ -947,15 +971,16 @@ static void fire_each(struct wheel *wh, unsigned s, uint64_t now, uint64_t *min)
 /*
  * Fire a whole level-0 slot (its tick is before now's): it becomes the raw
  * list, unwalked. Behind a backlog, node by node instead: each one's owner
- * decides whether it goes ahead.
+ * decides whether it goes ahead; and so if a lazy reset may have put a
+ * later deadline there.
  */
 static void fire_slot(struct wheel *wh, unsigned s)
 {
 	uint64_t e_end = tick_end_ns(wh, wh->w->now_tick), min;
 
 	jump_open(wh);
-	if (wh->jump_on) {
-		fire_each(wh, s, e_end, &min);  /* leaves the slot empty */
+	if (wh->jump_on || wh->slot_max[0][s] == UINT64_MAX) {
+		fire_each(wh, s, e_end, &min);  /* leaves the slot empty (lazily reset ones re-placed) */
 		wh->slot_min[0][s] = UINT64_MAX;
 		wh->slot_max[0][s] = 0;
 		return;
@@ -1522,8 +1547,9 @@ static uint64_t check_set(const struct wheel *wh, const uint32_t (*head)[SLOTS],
 				if (own && l == 0 && s == slot_of(T, 0))
 					CHECK(n->deadline_ns >= wh->cur_min_ns, "node %u below cur_min", i);
 				CHECK(n->deadline_ns >= min[l][s], "node %u below its slot's minimum", i);
-				/* level 0: no lazy reset, so its own tick's slot, under the slot's maximum */
-				CHECK(l > 0 || (level_of(t, T) == 0 && slot_of(t, 0) == s && n->deadline_ns <= max[0][s]),
+				/* level 0: its own tick's slot, under the slot's maximum, unless a lazy reset made that unknown */
+				CHECK(l > 0 || max[0][s] == UINT64_MAX ||
+				      (level_of(t, T) == 0 && slot_of(t, 0) == s && n->deadline_ns <= max[0][s]),
 				      "node %u (tick %llu) on %s level-0 slot %u, maximum %llu", i,
 				      (unsigned long long)t, set, s, (unsigned long long)max[0][s]);
 				on++;

@@ -104,10 +104,10 @@ struct wheel {
 	 * instant fire from the slot they are in instead of passing through
 	 * every lower level first */
 	uint64_t slot_min[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
-	/* an upper bound of the deadlines in each slot (on level 0, where no
-	 * reset is lazy; raised by every insert, reset when the slot empties
-	 * whole): an advance inside a tick whose slot is all due hands it over
-	 * whole (raw, below) */
+	/* an upper bound of the deadlines in each slot (kept on level 0:
+	 * raised by every insert, UINT64_MAX once a lazy reset raised one,
+	 * reset when the slot empties whole): a slot all due goes over whole
+	 * (raw, below) */
 	uint64_t slot_max[CHIME_WHEEL_LEVELS][CHIME_WHEEL_SLOTS];
 	/*
 	 * A level-0 slot made due whole becomes this list as it is, its nodes

@@ -473,6 +473,44 @@ Test(wheel, a_tick_made_due_whole_cancels_resets_and_pops_like_due_timers)
 	tw_fini(&t);
 }
 
+/*
+ * A later deadline stored in place on level 0 (a lazy reset) leaves the
+ * node in its old tick's slot: that slot must then be walked when its
+ * tick comes due, not taken whole, or the node would pop early.
+ */
+Test(wheel, a_level0_timer_reset_later_in_place_does_not_go_with_its_old_tick)
+{
+	const uint64_t res = 1000, D = 50 * res + 7, E = 60 * res + 3;
+	uint32_t a, b, c, d, got[4];
+	struct tw t;
+
+	tw_init(&t, 16, res, 0);
+	a = arm_new(&t, D);
+	b = arm_new(&t, D);
+	wheel_reset(&t.wh, b, D + 200 * res);
+	c = arm_new(&t, E);
+	d = arm_new(&t, E);
+	wheel_reset(&t.wh, d, E + 1);   /* same tick, later */
+	wheel_check(&t.wh);
+	cr_assert_eq(t_advance(&t.wh, D + res), 1, "a whole tick");
+	cr_assert(!wheel_node_due(&t.wh, b), "reset later, due with its old tick");
+	cr_assert_eq(pop_all(&t, got, 4), 1);
+	cr_assert_eq(got[0], a);
+	cr_assert_eq(t_advance(&t.wh, E), 1, "inside the tick");
+	cr_assert(!wheel_node_due(&t.wh, d));
+	cr_assert_eq(pop_all(&t, got, 4), 1);
+	cr_assert_eq(got[0], c);
+	cr_assert_eq(t_advance(&t.wh, E + 1), 1);
+	cr_assert_eq(pop_all(&t, got, 4), 1);
+	cr_assert_eq(got[0], d);
+	cr_assert_eq(t_advance(&t.wh, D + 200 * res - 1), 0);
+	cr_assert_eq(t_advance(&t.wh, D + 200 * res), 1);
+	cr_assert_eq(pop_all(&t, got, 4), 1);
+	cr_assert_eq(got[0], b);
+	wheel_check(&t.wh);
+	tw_fini(&t);
+}
+
 Test(wheel, deadline_zero_and_near_uint64_max_work)
 {
 	struct tw t;

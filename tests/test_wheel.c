@@ -109,6 +109,17 @@ static unsigned pop_all(struct tw *t, uint32_t *out, unsigned max)
 	return total;
 }
 
+/* An advance to now makes exactly timer i due, and it pops. */
+static void fires_alone(struct tw *t, uint64_t now, uint32_t i)
+{
+	uint32_t got;
+
+	cr_assert_eq(t_advance(&t->wh, now), 1, "advance to %llu", (unsigned long long)now);
+	cr_assert_eq(wheel_pop_expired(&t->wh, &got, 1), 1);
+	cr_assert_eq(got, i);
+	cr_assert_eq(wheel_pop_expired(&t->wh, &got, 1), 0);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Contract edge cases                                                       */
 /* ------------------------------------------------------------------------ */
@@ -465,9 +476,7 @@ Test(wheel, a_tick_made_due_whole_cancels_resets_and_pops_like_due_timers)
 		cr_assert(got[k] == a[4] || got[k] == a[5] || got[k] == a[6], "popped #%u: %u", k, got[k]);
 	cr_assert(got[3] == a[2] && got[4] == b, "then %u and %u, not %u and %u", got[3], got[4], a[2], b);
 	cr_assert_eq(t_advance(&t.wh, D + 100 * res - 1), 0);
-	cr_assert_eq(t_advance(&t.wh, D + 100 * res), 1);
-	cr_assert_eq(pop_all(&t, got, 8), 1);
-	cr_assert_eq(got[0], a[1]);
+	fires_alone(&t, D + 100 * res, a[1]);
 	cr_assert_eq(wheel_armed(&t.wh), 0);
 	wheel_check(&t.wh);
 	tw_fini(&t);
@@ -481,7 +490,7 @@ Test(wheel, a_tick_made_due_whole_cancels_resets_and_pops_like_due_timers)
 Test(wheel, a_level0_timer_reset_later_in_place_does_not_go_with_its_old_tick)
 {
 	const uint64_t res = 1000, D = 50 * res + 7, E = 60 * res + 3;
-	uint32_t a, b, c, d, got[4];
+	uint32_t a, b, c, d;
 	struct tw t;
 
 	tw_init(&t, 16, res, 0);
@@ -492,21 +501,13 @@ Test(wheel, a_level0_timer_reset_later_in_place_does_not_go_with_its_old_tick)
 	d = arm_new(&t, E);
 	wheel_reset(&t.wh, d, E + 1);   /* same tick, later */
 	wheel_check(&t.wh);
-	cr_assert_eq(t_advance(&t.wh, D + res), 1, "a whole tick");
+	fires_alone(&t, D + res, a);    /* a whole tick */
 	cr_assert(!wheel_node_due(&t.wh, b), "reset later, due with its old tick");
-	cr_assert_eq(pop_all(&t, got, 4), 1);
-	cr_assert_eq(got[0], a);
-	cr_assert_eq(t_advance(&t.wh, E), 1, "inside the tick");
+	fires_alone(&t, E, c);          /* inside the tick */
 	cr_assert(!wheel_node_due(&t.wh, d));
-	cr_assert_eq(pop_all(&t, got, 4), 1);
-	cr_assert_eq(got[0], c);
-	cr_assert_eq(t_advance(&t.wh, E + 1), 1);
-	cr_assert_eq(pop_all(&t, got, 4), 1);
-	cr_assert_eq(got[0], d);
+	fires_alone(&t, E + 1, d);
 	cr_assert_eq(t_advance(&t.wh, D + 200 * res - 1), 0);
-	cr_assert_eq(t_advance(&t.wh, D + 200 * res), 1);
-	cr_assert_eq(pop_all(&t, got, 4), 1);
-	cr_assert_eq(got[0], b);
+	fires_alone(&t, D + 200 * res, b);
 	wheel_check(&t.wh);
 	tw_fini(&t);
 }

@@ -1035,6 +1035,7 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
  */
 Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 {
+	const struct chime_pub_shard *ps;
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[400];
 	struct chime_event ev;
@@ -1043,7 +1044,9 @@ Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 	chime_t *c;
 
 	c = one_sleeping_shard(&b2, "", 1, &anchor);
+	ps = (const struct chime_pub_shard *)((const char *)mapped_public_segment() + mapped_public_segment()->shards_off);
 	for (unsigned round = 0; round < 5; round++) {
+		uint32_t asleep, later;
 		double ms;
 
 		cr_assert_eq(chime_arm(c, 2, chime_now() + 20 * MS, 0, 2, &x), 0);
@@ -1057,10 +1060,17 @@ Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 		usleep(95000);
 		arm_far(c, ops, 400);
 		arms += 400;
+		/* What a failure needs to say: was the shard asleep when the drain looked, and did it wake. */
+		asleep = __atomic_load_n(&ps->sleeping, __ATOMIC_SEQ_CST);
 		cr_assert_eq(chime_poll(c, &ev, 1), 1);
 		cr_assert_eq(ev.id, x);
+		usleep(2000);
+		later = __atomic_load_n(&ps->sleeping, __ATOMIC_SEQ_CST);
 		ms = ms_until(b2.sock, arms, 401);
-		cr_assert_lt(ms, 15.0, "the drain scanned 400 waiting records and they were applied after %.1f ms", ms);
+		cr_assert_lt(ms, 15.0,
+			     "round %u: the drain scanned 400 waiting records and they were applied %.1f ms after "
+			     "it (+2); the shard's sleep number before the drain %u, 2 ms after it %u (0: awake)",
+			     round, ms, asleep, later);
 		cr_assert_eq(chime_cancel_key(c, 7), 0);
 		cr_assert_eq(chime_flush(c), 0);
 		(void)ms_until(b2.sock, arms, 1);

@@ -376,6 +376,129 @@ Test(chan, reset_after_client_took_the_event_changes_nothing)
 	cr_assert_eq(F.st.sh.armed, 0);
 }
 
+/*
+ * A one-shot fired while its client's ring was full waits, held; reset
+ * before it goes out, it was not due after all: it leaves the held ones
+ * and fires once, at the new deadline, never at the old firing.
+ */
+Test(chan, reset_of_a_held_oneshot_rearms_it)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t ids[CQ + 2];
+
+	for (unsigned i = 0; i < CQ + 2; i++)
+		ids[i] = arm(c, 0, T0 + MS + i * RES, 0, i);   /* one tick each: a known order */
+	step_at(T0 + 2 * MS);
+	cr_assert_eq(c->m.ro->backlog, 2);
+	cr_assert_eq(F.st.sh.armed, 0, "fired one-shots, held or not, are not armed");
+	submit(c, CHIME_OP_RESET, ids[CQ], 0, T0 + 30 * MS, 0, 0);
+	step();
+	cr_assert_eq(c->m.ro->backlog, 1);
+	cr_assert_eq(F.st.sh.armed, 1);
+	for (unsigned i = 0; i < CQ; i++) {
+		cr_assert_eq(take(c, &e), 1);
+		cr_assert_eq(e.id, ids[i]);
+	}
+	step();
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, ids[CQ + 1], "the other held event goes out; the reset one does not");
+	step_at(T0 + 30 * MS - 1);
+	cr_assert_eq(take(c, &e), 0, "fired early");
+	step_at(T0 + 30 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, ids[CQ]);
+	cr_assert_eq(e.deadline_ns, T0 + 30 * MS);
+	cr_assert_eq(e.user_data, CQ);
+	step_at(T0 + 60 * MS);
+	cr_assert_eq(take(c, &e), 0, "fired twice");
+	cr_assert_eq(F.st.sh.armed, 0);
+	cr_assert_eq(c->ch.owned, SQ, "every node freed");
+}
+
+/*
+ * A periodic reset while its last event waits in the ring, untaken: that
+ * event is voided (never returned) and the timer goes on from the new
+ * deadline; one the client has already taken stays taken, and only the
+ * timer moves.
+ */
+Test(chan, reset_of_a_periodic_voids_its_untaken_event_in_the_ring)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t id = arm(c, 0, T0 + MS, 10 * MS, 7);
+
+	step_at(T0 + MS);
+	cr_assert_eq(c->m.ro->cq_tail, 1, "the first period's event is in the ring");
+	submit(c, CHIME_OP_RESET, id, 0, T0 + 5 * MS, 0, 0);
+	step_at(T0 + 2 * MS);
+	cr_assert_eq(take(c, &e), 0, "the earlier firing, reset before it was taken, was returned");
+	step_at(T0 + 5 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, id);
+	cr_assert_eq(e.flags, CHIME_CQE_PERIODIC);
+	cr_assert_eq(e.deadline_ns, T0 + 5 * MS);
+	step_at(T0 + 15 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.deadline_ns, T0 + 15 * MS, "the period goes on from the new deadline");
+
+	/* the next one taken (claimed, head not yet moved) before the reset is applied */
+	step_at(T0 + 25 * MS);
+	cr_assert_eq(chime_cq_take(&c->cons, &e), 1);
+	cr_assert_eq(e.deadline_ns, T0 + 25 * MS);
+	submit(c, CHIME_OP_RESET, id, 0, T0 + 40 * MS, 0, 0);
+	step_at(T0 + 26 * MS);
+	chime_cq_release(&c->cons);
+	step_at(T0 + 39 * MS);
+	cr_assert_eq(take(c, &e), 0, "nothing between the taken event and the new deadline");
+	step_at(T0 + 40 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.deadline_ns, T0 + 40 * MS);
+	cr_assert_eq(F.st.sh.armed, 1);
+	submit(c, CHIME_OP_CANCEL, id, 0, 0, 0, 0);
+	step_at(T0 + 100 * MS);
+	cr_assert_eq(take(c, &e), 0);
+	cr_assert_eq(F.st.sh.armed, 0);
+	cr_assert_eq(c->ch.owned, SQ);
+}
+
+/*
+ * A CANCEL_KEY reaches that key's timers in every state: fired and in the
+ * ring untaken, fired and held (the ring full), and armed. None of their
+ * events is returned after it; the other key's are, in order.
+ */
+Test(chan, cancel_key_takes_fired_and_held_timers_of_the_key_too)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	unsigned i, got = 0;
+
+	/* ring order: two of key 5, then six of key 1 (the ring's 8), then two of key 5 held */
+	for (i = 0; i < CQ + 2; i++)
+		arm(c, i < 2 || i >= CQ ? 5 : 1, T0 + MS + i * RES, 0, i);
+	arm(c, 5, T0 + 50 * MS, 0, 99);
+	step_at(T0 + 2 * MS);
+	cr_assert_eq(c->m.ro->cq_tail, CQ);
+	cr_assert_eq(c->m.ro->backlog, 2);
+	cr_assert_eq(F.st.sh.armed, 1);
+	submit(c, CHIME_OP_CANCEL_KEY, 0, 5, 0, 0, 0);
+	step();
+	cr_assert_eq(c->m.ro->backlog, 0, "the held events of key 5 are dropped");
+	cr_assert_eq(F.st.sh.armed, 0);
+	cr_assert_eq(F.st.sh.cancel_keys, 1);
+	cr_assert_eq(F.st.sh.cancels, 5, "two in the ring, two held, one armed");
+	while (take(c, &e)) {
+		cr_assert_eq(e.key, 1, "an event of key 5 (user_data %llu) after its CANCEL_KEY",
+			     (unsigned long long)e.user_data);
+		cr_assert_eq(e.user_data, 2 + got, "out of order");
+		got++;
+	}
+	cr_assert_eq(got, CQ - 2);
+	step_at(T0 + 60 * MS);
+	cr_assert_eq(take(c, &e), 0);
+	cr_assert_eq(c->ch.owned, SQ, "every node freed");
+}
+
 Test(chan, periodic_never_drifts_and_waits_for_consumption)
 {
 	struct client_sim *c = &F.cl[0];

@@ -377,6 +377,19 @@ Test(chan, reset_after_client_took_the_event_changes_nothing)
 }
 
 /*
+ * CQ + 2 one-shots a tick apart (a known order), fired: the ring holds the
+ * first CQ, the last two are held. Their ids in ids[CQ + 2].
+ */
+static void fire_two_past_a_full_ring(struct client_sim *c, uint64_t *ids)
+{
+	for (unsigned i = 0; i < CQ + 2; i++)
+		ids[i] = arm(c, 0, T0 + MS + i * RES, 0, i);
+	step_at(T0 + 2 * MS);
+	cr_assert_eq(c->m.ro->cq_tail, CQ);
+	cr_assert_eq(c->m.ro->backlog, 2);
+}
+
+/*
  * A one-shot fired while its client's ring was full waits, held; reset
  * before it goes out, it was not due after all: it leaves the held ones
  * and fires once, at the new deadline, never at the old firing.
@@ -387,10 +400,7 @@ Test(chan, reset_of_a_held_oneshot_rearms_it)
 	struct chime_cqe e;
 	uint64_t ids[CQ + 2];
 
-	for (unsigned i = 0; i < CQ + 2; i++)
-		ids[i] = arm(c, 0, T0 + MS + i * RES, 0, i);   /* one tick each: a known order */
-	step_at(T0 + 2 * MS);
-	cr_assert_eq(c->m.ro->backlog, 2);
+	fire_two_past_a_full_ring(c, ids);
 	cr_assert_eq(F.st.sh.armed, 0, "fired one-shots, held or not, are not armed");
 	submit(c, CHIME_OP_RESET, ids[CQ], 0, T0 + 30 * MS, 0, 0);
 	step();
@@ -562,10 +572,7 @@ Test(chan, cancel_of_a_held_event)
 	struct chime_cqe e;
 	uint64_t ids[CQ + 2];
 
-	for (unsigned i = 0; i < CQ + 2; i++)
-		ids[i] = arm(c, 0, T0 + MS + i * RES, 0, i);   /* one tick each: a known order */
-	step_at(T0 + 2 * MS);
-	cr_assert_eq(c->m.ro->backlog, 2);
+	fire_two_past_a_full_ring(c, ids);
 	submit(c, CHIME_OP_CANCEL, ids[CQ], 0, 0, 0, 0);
 	step();
 	cr_assert_eq(c->m.ro->backlog, 1);

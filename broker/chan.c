@@ -1486,8 +1486,18 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 			park_keep(sc, ch, &back, idx, pos);
 			nback++;
 		} else if (n->state == CHIME_NODE_BACKLOG) {
-			/* Its later firing is held already: one event at most, as always. */
-			(void)event_void(ch, n);
+			/*
+			 * Its next firing is held already, behind the untaken
+			 * event: one event at most, as always. That event is
+			 * voided and the held firing goes back to its deadline
+			 * (delivering it re-arms the timer where it was, as
+			 * park_periodic() holds one), so that no period is lost.
+			 * Before, the held firing kept its own deadline and the
+			 * period of the voided event never came. A kill between
+			 * the void and the store still loses that one period.
+			 */
+			if (event_void(ch, n) && n->period_ns)
+				n->deadline_ns = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
 		}
 	}
 	if (ch->sweep_pos >= end && ch->park_order) {

@@ -1251,6 +1251,54 @@ Test(chan, park_keeps_a_periodics_untaken_event)
 }
 
 /*
+ * A periodic whose next firing is held behind its untaken event when the
+ * session parks: the next process gets that event's period, then every
+ * later one in order; none is lost. One whose event the process took gets
+ * the held firing and what follows, and the taken one not again. Before,
+ * the park voided the untaken event and kept the held firing at its own
+ * deadline: its period never came.
+ */
+Test(chan, park_of_a_periodic_held_behind_its_event_loses_no_period)
+{
+	struct client_sim *c = &F.cl[0];
+	void *old_rw = c->rw, *old_ro = c->ro;
+	struct chime_cqe e;
+	uint64_t q = arm(c, 1, T0 + 1 * MS, 1 * MS, 8), p = arm(c, 1, T0 + 1 * MS + RES, 1 * MS, 9);
+	uint64_t next_q = T0 + 2 * MS, next_p = T0 + 1 * MS + RES;
+
+	step_at(T0 + 1 * MS + RES);     /* each one's first event in the ring */
+	cr_assert_eq(chime_cq_take(&c->cons, &e), 1);
+	cr_assert_eq(e.id, q, "q's first event taken (its head not released), p's left untaken");
+	step_at(T0 + 2 * MS + RES);     /* the second periods: held behind them */
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(p))->state, CHIME_NODE_BACKLOG);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(q))->state, CHIME_NODE_BACKLOG);
+	for (int i = 0; !chan_park(&F.sc, &c->ch, 7); i++)
+		cr_assert_lt(i, 100);
+	step_at(T0 + 20 * MS);
+	client_mem(c);
+	chan_reattach(&F.sc, &c->ch, &c->m, false);
+	client_rings(c);
+	free(old_rw);
+	free(old_ro);
+	for (int k = 0; k < 12; k++) {
+		step_at(T0 + 20 * MS);
+		cr_assert_eq(take(c, &e), 1, "event %d: none", k);
+		if (e.id == p) {
+			cr_assert_eq(e.deadline_ns, next_p, "p: deadline T0%+lld us, want T0%+lld",
+				     (long long)(e.deadline_ns - T0) / 1000, (long long)(next_p - T0) / 1000);
+			next_p += MS;
+		} else {
+			cr_assert_eq(e.id, q);
+			cr_assert_eq(e.deadline_ns, next_q, "q: deadline T0%+lld us, want T0%+lld",
+				     (long long)(e.deadline_ns - T0) / 1000, (long long)(next_q - T0) / 1000);
+			next_q += MS;
+		}
+	}
+	cr_assert_gt(next_p, T0 + 3 * MS, "p's periods came");
+	cr_assert_gt(next_q, T0 + 3 * MS, "q's periods came");
+}
+
+/*
  * After a crash the new broker holds the events the old one had delivered
  * until the resuming process says which it took (restore.c, "settle"). A
  * stop that parks the session after the process wrote its word but before
@@ -1421,3 +1469,4 @@ Test(chan, a_park_with_only_an_unpublished_slot_at_the_head_applies_nothing)
 	cr_assert_eq(c->ch.sq.head, pos);
 	cr_assert_eq(c->ch.owned, 0, "no timer, and every grant freed");
 }
+

@@ -1365,6 +1365,46 @@ static bool park_void(struct chan *ch, struct chime_node *n, uint64_t pos)
 }
 
 /*
+ * A periodic whose next firing is held (BACKLOG) behind its event at pos,
+ * which the process has not been seen to take: one event at most, as
+ * always. If the process never took it, it is voided and the held firing
+ * goes back to its deadline (delivering it re-arms the timer where it was,
+ * as park_periodic() holds one), so that no period is lost; if it took
+ * it, the held firing stays as it is. Before, the void came first and the
+ * deadline after: a broker killed between them lost that event's period.
+ *
+ * Crash order: restore.c reads a held periodic with a plain position as
+ * held behind an event of deadline_ns - period_ns, so the deadline moves
+ * only under a tag that says otherwise. F8: CHAN_POS_AT holds it at the
+ * event's deadline (a second time, if the process took it just before).
+ * F3 (park_void()) across the CAS lets the process's word settle it
+ * (taken: the next period; not: this one). F9, lost: held back at its own
+ * deadline under CHAN_POS_AT again.
+ */
+static void park_held_periodic(struct chan *ch, struct chime_node *n, uint64_t pos)
+{
+	uint64_t held = n->deadline_ns, event = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
+
+	if (event >= held) {
+		event_void(ch, n);      /* not an earlier period of it: nothing to move back to */
+		return;
+	}
+	n->cq_pos = CHAN_POS_AT | event;
+	at_crash_order();       /* F8 */
+	n->deadline_ns = event;
+	at_crash_order();
+	if (park_void(ch, n, pos)) {    /* F3 */
+		n->cq_pos = CHIME_POS_NONE;
+		return;
+	}
+	n->cq_pos = CHAN_POS_AT | held;
+	at_crash_order();       /* F9 */
+	n->deadline_ns = held;
+	at_crash_order();
+	n->cq_pos = CHIME_POS_NONE;
+}
+
+/*
  * A periodic's event at pos in the old ring: if the process never took it,
  * off the wheel, held at that event's deadline (delivering it re-arms the
  * timer where it was), and true; if it took it, the timer goes on.
@@ -1486,18 +1526,10 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 			park_keep(sc, ch, &back, idx, pos);
 			nback++;
 		} else if (n->state == CHIME_NODE_BACKLOG) {
-			/*
-			 * Its next firing is held already, behind the untaken
-			 * event: one event at most, as always. That event is
-			 * voided and the held firing goes back to its deadline
-			 * (delivering it re-arms the timer where it was, as
-			 * park_periodic() holds one), so that no period is lost.
-			 * Before, the held firing kept its own deadline and the
-			 * period of the voided event never came. A kill between
-			 * the void and the store still loses that one period.
-			 */
-			if (event_void(ch, n) && n->period_ns)
-				n->deadline_ns = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
+			if (n->period_ns && pos >> 62 == 0 && !chime_cq_consumed(&ch->cq, pos))
+				park_held_periodic(ch, n, pos);
+			else
+				event_void(ch, n);
 		}
 	}
 	if (ch->sweep_pos >= end && ch->park_order) {

@@ -61,6 +61,9 @@ static bool alloc_fired(const struct chime_node *n, uint64_t old_now_ns)
  * next one. Nothing else leaves it: a cancel voids the event before the
  * node leaves the wheel (chan.c), and a held periodic is delivered only
  * once its previous event was seen taken (its position forgotten).
+ * Any state: a held (BACKLOG) periodic with a position is the same case,
+ * its next firing held behind that event (chan_fire()), and the park
+ * that moves it back moves it only under a tag (park_held_periodic()).
  */
 static bool alloc_rearming(const struct chime_node *n)
 {

@@ -1901,6 +1901,200 @@ Test(restart, a_broker_killed_while_it_settles_a_living_process_s_events_deliver
 	t4_kill_after_each_store(settle_killed_after, 4, "the settle");
 }
 
+/* ---- a periodic held behind its untaken event: no period lost to a park or a crash ---- */
+
+/*
+ * Periodic P (user_data 0) of the "behind" tests: its process never takes
+ * its first event, so its second firing is held behind that event
+ * (BACKLOG, the event's ring position in the node).
+ */
+#define BEHIND_PERIOD (40 * MS)
+
+struct behind {
+	uint64_t d1;            /* P's first deadline: the event never taken */
+	int take;               /* behind_child(): take two events when told (1), then say so (2) */
+};
+
+static void behind_child(int wfd, void *arg)
+{
+	struct behind *b = arg;
+	struct chime_event ev;
+	chime_t *c = NULL;
+	chime_id_t id;
+
+	if (sopen(&c, "behind") < 0 || chime_arm(c, 0, b->d1, BEHIND_PERIOD, 0, &id) < 0)
+		_exit(1);
+	(void)!write(wfd, "r", 1);
+	while (__atomic_load_n(&b->take, __ATOMIC_ACQUIRE) != 1)
+		usleep(1000);
+	/*
+	 * The first, from the old ring maybe (the library has not looked for
+	 * its broker yet); the second only once it has resumed with the next
+	 * broker and told it what it took.
+	 */
+	for (uint64_t k = 0; k < 2; k++)
+		if (chime_wait(c, &ev, 1, 5000) != 1 || ev.deadline_ns != b->d1 + k * BEHIND_PERIOD)
+			_exit(2 + (int)k);
+	__atomic_store_n(&b->take, 2, __ATOMIC_RELEASE);
+	pause();
+}
+
+/*
+ * Start P in a child and wait until its second firing is held behind its
+ * first event and the shard sleeps. P's node's offset in the shard file in
+ * *off. A struct behind in shared memory (the child reads it).
+ */
+static pid_t behind_arm(struct behind **bp, uint64_t *off)
+{
+	struct behind *b = mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct chime_node nd;
+	uint64_t t0 = now_ns();
+	char path[PATH_MAX];
+	pid_t pid;
+	int fd, tid;
+
+	cr_assert_neq(b, MAP_FAILED);
+	b->d1 = t0 + 20 * MS;
+	pid = child(behind_child, b);
+	usleep((unsigned)((b->d1 + BEHIND_PERIOD - now_ns() + 20 * MS) / 1000));
+	*off = node_offset(0, BEHIND_PERIOD);
+	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
+	fd = open(path, O_RDONLY);
+	cr_assert_geq(fd, 0);
+	for (;;) {
+		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)*off), (ssize_t)sizeof(nd));
+		if (nd.state == CHIME_NODE_BACKLOG && nd.cq_pos >> 62 == 0)
+			break;
+		cr_assert_lt(now_ns() - t0, 5000 * MS, "P is not held behind its event after 5 s (state %u, "
+			     "position %#llx)", nd.state, (unsigned long long)nd.cq_pos);
+		usleep(1000);
+	}
+	close(fd);
+	cr_assert_eq(nd.deadline_ns, b->d1 + BEHIND_PERIOD, "the held firing is not P's second");
+	tid = t_thread_named(tb.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0);
+	while (!t_thread_asleep(tb.pid, tid)) {
+		cr_assert_lt(now_ns() - t0, 5000 * MS, "the shard did not sleep within 5 s");
+		usleep(1000);
+	}
+	*bp = b;
+	return pid;
+}
+
+/*
+ * What the process of the session gets now: P's events from `first` on,
+ * every period once and in order (a periodic comes back every period it
+ * missed). Then it closes and the broker goes.
+ */
+static void behind_next(chime_t *c, uint64_t first, unsigned run)
+{
+	static struct chime_event ev[256];
+	unsigned n = collect(c, ev, 256, now_ns() + 200 * MS);
+
+	cr_assert_geq(n, 2, "run %u: %u events of P", run, n);
+	for (unsigned k = 0; k < n; k++) {
+		int64_t at = (int64_t)(ev[k].deadline_ns - first);
+
+		cr_assert_eq(ev[k].user_data, 0);
+		cr_assert_eq(ev[k].deadline_ns, first + k * BEHIND_PERIOD,
+			     "run %u: P's event %u is of deadline %+lld us from the first due, want %+llu us "
+			     "(a period lost or repeated)", run, k, (long long)at / 1000,
+			     (unsigned long long)(k * BEHIND_PERIOD / 1000));
+	}
+	chime_close(c);
+	t_chimed_stop(&tb, SIGKILL);
+}
+
+static bool behind_parked(const struct watch *w)
+{
+	return w->last[0].state == CHIME_NODE_BACKLOG && w->last[0].cq_pos == CHIME_POS_NONE;
+}
+
+/*
+ * P's process dies (SIGKILL), and the broker parks the session: it voids
+ * the untaken event and holds P at that event's deadline. The broker is
+ * killed after the park's j-th store to P's node; the next one, and the
+ * session's next process, must still get that event's period, then each
+ * later one.
+ */
+static unsigned behind_park_killed_after(unsigned j, unsigned run)
+{
+	struct behind *b;
+	struct watch w;
+	uint64_t off;
+	unsigned k;
+	pid_t pid;
+	int tid;
+
+	start(T4_OPTS);
+	pid = behind_arm(&b, &off);
+	tid = t4_hold();
+	watch_init(&w, &off, 1);
+	kill_child(pid);
+	k = step_changes(tid, &w, j, behind_parked, NULL, NULL);
+	restart(0, T4_OPTS);
+	behind_next(sopen_ok("behind"), b->d1, run);
+	munmap(b, sizeof(*b));
+	return k;
+}
+
+/*
+ * The park of a periodic held behind its untaken event, killed at any of
+ * its stores to the node: the voided event's period still comes, once.
+ * Before, the park voided the event (clearing the node's position) and
+ * then moved the held firing back to its deadline: a broker killed
+ * between the two left the held firing alone, and that period was lost.
+ */
+Test(restart, a_park_killed_at_any_store_of_a_periodic_held_behind_its_event_loses_no_period)
+{
+	t4_kill_after_each_store(behind_park_killed_after, 2, "the park");
+}
+
+/*
+ * A broker SIGKILLed while P is held behind its untaken event, its process
+ * dead (killed after the broker) or alive (it takes that event and the
+ * next, resuming with the next broker): the session gets each period once,
+ * from that event's on.
+ */
+static void behind_crash(bool process_lives)
+{
+	struct behind *b;
+	uint64_t off;
+	pid_t pid;
+
+	start(T4_OPTS);
+	pid = behind_arm(&b, &off);
+	restart(SIGKILL, T4_OPTS);
+	if (process_lives) {
+		/* The child takes two events, resuming on the way. */
+		__atomic_store_n(&b->take, 1, __ATOMIC_RELEASE);
+		for (uint64_t t0 = now_ns(); __atomic_load_n(&b->take, __ATOMIC_ACQUIRE) != 2;) {
+			int st;
+
+			cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "the process did not get P's first two periods "
+				     "in order (exit %d)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+			cr_assert_lt(now_ns() - t0, 10000 * MS, "the process did not take two events in 10 s");
+			usleep(1000);
+		}
+		kill_child(pid);
+		behind_next(sopen_ok("behind"), b->d1 + 2 * BEHIND_PERIOD, 0);
+	} else {
+		kill_child(pid);
+		behind_next(sopen_ok("behind"), b->d1, 0);
+	}
+	munmap(b, sizeof(*b));
+}
+
+Test(restart, a_crash_while_a_periodic_is_held_behind_its_event_loses_no_period_of_a_dead_process)
+{
+	behind_crash(false);
+}
+
+Test(restart, a_crash_while_a_periodic_is_held_behind_its_event_gives_a_living_process_each_period_once)
+{
+	behind_crash(true);
+}
+
 /* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */
 struct taken {
 	uint64_t t0;

@@ -945,7 +945,7 @@ Test(broker, a_record_that_can_wait_rings_for_those_published_behind_it)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
-/* Milliseconds until shard 0 counts `arms` arms and `armed` timers (at most 2 s). */
+/* Milliseconds until shard 0 counts `arms` arms and `armed` timers (UINT64_MAX: any; at most 2 s). */
 static double ms_until(const char *s, uint64_t arms, uint64_t armed)
 {
 	uint64_t t0 = chime_now(), end = t0 + 2000 * MS;
@@ -953,7 +953,7 @@ static double ms_until(const char *s, uint64_t arms, uint64_t armed)
 
 	do {
 		st = shard0(s);
-		if (st.arms >= arms && st.armed == armed)
+		if (st.arms >= arms && (st.armed == armed || armed == UINT64_MAX))
 			return (double)(chime_now() - t0) / 1e6;
 		usleep(500);
 	} while (chime_now() < end);
@@ -963,33 +963,57 @@ static double ms_until(const char *s, uint64_t arms, uint64_t armed)
 	return 0;
 }
 
-/* n arms due in two hours, through chime_submit() 64 at a time; their ids in ops[]. */
-static void arm_far(chime_t *c, struct chime_op *ops, unsigned n)
+/* Arms from..n-1 of a burst, due in two hours, through chime_submit() 64 at a time; their ids in ops[]. */
+static void arm_far_from(chime_t *c, struct chime_op *ops, unsigned from, unsigned n)
 {
 	uint64_t dl = chime_now() + 7200000 * MS;
 
-	for (unsigned i = 0; i < n; i++)
+	for (unsigned i = from; i < n; i++)
 		ops[i] = (struct chime_op){ .op = CHIME_ARM, .key = 7, .deadline_ns = dl + i };
-	for (unsigned i = 0; i < n; i += 64) {
+	for (unsigned i = from; i < n; i += 64) {
 		unsigned k = n - i < 64 ? n - i : 64;
 
 		cr_assert_eq(chime_submit(c, ops + i, k), (int)k);
 	}
 }
 
+static void arm_far(chime_t *c, struct chime_op *ops, unsigned n)
+{
+	arm_far_from(c, ops, 0, n);
+}
+
+/* Shard 0's sleep number, in the public segment as c mapped it (0: awake). */
+static uint32_t shard0_sleep_no(const chime_t *c)
+{
+	const struct chime_pub_shard *ps = (const struct chime_pub_shard *)((const char *)c->pub + c->pub->shards_off);
+
+	return __atomic_load_n(&ps->sleeping, __ATOMIC_SEQ_CST);
+}
+
 /*
  * A burst that can wait does not wake a sleeping shard either, up to half
  * its ring (default 1024 slots): 400 arms wait for the shard's next wake-up
- * (the heartbeat's, 0-90 ms away); 700 wake it at the 512th; and
- * chime_flush() wakes it for the 400 at once. Luck would pass this test
- * with odds of about (5/90)^5 (no burst waits) or (15/90)^5 (no doorbell
- * from the fill, or from chime_flush).
+ * (the heartbeat's, 0-90 ms away); 700 wake it at the 513th (in the call
+ * of the 513th to 576th); and chime_flush() wakes it for the 400 at once.
+ * Luck would pass this test with odds of about (5/90)^5 (no burst waits)
+ * or (15/90)^5 (no doorbell from the fill, or from chime_flush).
+ *
+ * What the doorbell promises is the 576 published when it rang: the 124
+ * after it are applied at once if the shard is still awake, and else, fewer
+ * than half a ring, wait for the heartbeat as any burst that small does (a
+ * test process preempted in the middle of its burst, under ASan, saw that,
+ * 62 ms). And the heartbeat rings a sleeping shard with records waiting:
+ * one that comes before the 513th has the shard apply what is there, and
+ * what is left never waits for more than half a ring. Such a round (the
+ * shard's sleep number changed before the 513th) says nothing of the
+ * doorbell and is run again; five rounds must be left.
  */
 Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 {
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[700];
 	double lazy_max = 0;
+	unsigned rounds = 0, tries = 0;
 	uint64_t arms;
 	chime_id_t anchor;
 	chime_t *c;
@@ -997,27 +1021,41 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 	/* the shard's planned wake-up: an hour away, before the burst's deadlines */
 	c = one_sleeping_shard(&b2, "--sq-size 1024", 1, &anchor);
 	arms = 1;
-	for (unsigned round = 0; round < 5; round++) {
+	for (; rounds < 5; tries++) {
 		unsigned n[3] = { 400, 400, 700 };
+		bool woken = false;
 
+		cr_assert_lt(tries, 10, "the heartbeat came in the middle of the burst in %u of %u rounds",
+			     tries - rounds, tries);
 		for (unsigned k = 0; k < 3; k++) {
+			uint32_t asleep;
 			double ms;
 
 			usleep(50000);          /* the shard sleeps: nothing armed is due */
-			arm_far(c, ops, n[k]);
+			asleep = shard0_sleep_no(c);
+			if (k < 2) {
+				arm_far(c, ops, n[k]);
+			} else {
+				arm_far_from(c, ops, 0, 512);
+				woken = asleep == 0 || shard0_sleep_no(c) != asleep;
+				arm_far_from(c, ops, 512, n[k]);
+			}
 			if (k == 1)
 				cr_assert_eq(chime_flush(c), 0);
+			ms = k < 2 ? ms_until(b2.sock, arms + n[k], n[k] + 1) : ms_until(b2.sock, arms + 576, UINT64_MAX);
 			arms += n[k];
-			ms = ms_until(b2.sock, arms, n[k] + 1);
 			if (k == 0 && ms > lazy_max)
 				lazy_max = ms;
-			if (k > 0)
-				cr_assert_lt(ms, 15.0, "%u arms %s were applied after %.1f ms", n[k],
-					     k == 1 ? "and chime_flush()" : "(more than half the ring)", ms);
+			if (k > 0 && !woken)
+				cr_assert_lt(ms, 15.0, "%s were applied after %.1f ms",
+					     k == 1 ? "400 arms and chime_flush()" :
+					     "the first 576 arms of 700 (more than half the ring)", ms);
+			(void)ms_until(b2.sock, arms, n[k] + 1);
 			cr_assert_eq(chime_cancel_key(c, 7), 0);
 			cr_assert_eq(chime_flush(c), 0);
 			(void)ms_until(b2.sock, arms, 1);
 		}
+		rounds += !woken;
 	}
 	cr_assert_gt(lazy_max, 5.0, "400 arms to a sleeping shard were applied within %.1f ms in every round: "
 		     "they woke it", lazy_max);
@@ -1032,22 +1070,29 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
  * sleeping shard would be scanned again on every drain until the shard
  * wakes, so a drain that scans 64 or more wakes it. Left to the
  * heartbeat, the rounds after the first would wait about 85 ms each.
+ *
+ * A heartbeat that comes in the middle of the burst has the shard apply
+ * what is there, and the drain may then find fewer than 64 waiting: such
+ * a round (the shard's sleep number changed during the burst) is run
+ * again; five rounds must be left.
  */
 Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 {
-	const struct chime_pub_shard *ps;
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[400];
 	struct chime_event ev;
 	uint64_t arms = 1;
+	unsigned rounds = 0;
 	chime_id_t anchor, x;
 	chime_t *c;
 
 	c = one_sleeping_shard(&b2, "", 1, &anchor);
-	ps = (const struct chime_pub_shard *)((const char *)mapped_public_segment() + mapped_public_segment()->shards_off);
-	for (unsigned round = 0; round < 5; round++) {
-		uint32_t asleep, later;
+	for (unsigned round = 0; rounds < 5; round++) {
+		uint32_t before, asleep, later;
 		double ms;
+
+		cr_assert_lt(round, 10, "the heartbeat came in the middle of the burst in %u of %u rounds",
+			     round - rounds, round);
 
 		cr_assert_eq(chime_arm(c, 2, chime_now() + 20 * MS, 0, 2, &x), 0);
 		arms++;
@@ -1058,19 +1103,23 @@ Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 		 * heartbeat, not just before one.
 		 */
 		usleep(95000);
+		before = shard0_sleep_no(c);
 		arm_far(c, ops, 400);
 		arms += 400;
 		/* What a failure needs to say: was the shard asleep when the drain looked, and did it wake. */
-		asleep = __atomic_load_n(&ps->sleeping, __ATOMIC_SEQ_CST);
+		asleep = shard0_sleep_no(c);
 		cr_assert_eq(chime_poll(c, &ev, 1), 1);
 		cr_assert_eq(ev.id, x);
 		usleep(2000);
-		later = __atomic_load_n(&ps->sleeping, __ATOMIC_SEQ_CST);
+		later = shard0_sleep_no(c);
 		ms = ms_until(b2.sock, arms, 401);
-		cr_assert_lt(ms, 15.0,
-			     "round %u: the drain scanned 400 waiting records and they were applied %.1f ms after "
-			     "it (+2); the shard's sleep number before the drain %u, 2 ms after it %u (0: awake)",
-			     round, ms, asleep, later);
+		if (before != 0 && asleep == before) {
+			rounds++;
+			cr_assert_lt(ms, 15.0,
+				     "round %u: the drain scanned 400 waiting records and they were applied %.1f ms "
+				     "after it (+2); the shard's sleep number before the drain %u, 2 ms after it %u "
+				     "(0: awake)", round, ms, asleep, later);
+		}
 		cr_assert_eq(chime_cancel_key(c, 7), 0);
 		cr_assert_eq(chime_flush(c), 0);
 		(void)ms_until(b2.sock, arms, 1);

@@ -550,11 +550,11 @@ static struct chime_shard_stats shard0_until(const char *s, uint64_t resets, uin
  * `k` periodic timers of `period`, spread over it; the client waits for
  * their events (a periodic timer whose event is not taken yet does not
  * fire again, so it must take them to keep them coming). On a private
- * one-shard broker started with `extra`; *spun and *cpu are the shard's
- * spin_ns and cpu_ns over *elapsed.
+ * one-shard broker started with `extra`; *spun, *cpu, *fires and *sleeps
+ * are the shard's spin_ns, cpu_ns, fires and sleeps over *elapsed.
  */
 static void run_periodic_timers(const char *extra, unsigned k, uint64_t period, uint64_t *spun, uint64_t *cpu,
-				uint64_t *elapsed, uint64_t *fires)
+				uint64_t *elapsed, uint64_t *fires, uint64_t *sleeps)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_shard_stats st0, st;
@@ -587,9 +587,11 @@ static void run_periodic_timers(const char *extra, unsigned k, uint64_t period, 
 	*spun = st.spin_ns - st0.spin_ns;
 	*fires = st.fires - st0.fires;
 	*cpu = st.cpu_ns - st0.cpu_ns;
+	*sleeps = st.sleeps - st0.sleeps;
 	*elapsed = t1 - t0;
-	cr_log_info("%s: %llu events; the shard spun %.0f ms and ran %.0f ms in %.0f ms", extra,
-		    (unsigned long long)fired, (double)*spun / 1e6, (double)*cpu / 1e6, (double)*elapsed / 1e6);
+	cr_log_info("%s: %llu events; the shard spun %.0f ms, ran %.0f ms and slept %llu times in %.0f ms", extra,
+		    (unsigned long long)fired, (double)*spun / 1e6, (double)*cpu / 1e6,
+		    (unsigned long long)*sleeps, (double)*elapsed / 1e6);
 	/* They did fire (a noisy host takes some: this is not what is tested). */
 	cr_assert_geq(fired, 1500 * MS / period * k / 4, "%llu events in 1.5 s", (unsigned long long)fired);
 	chime_close(c);
@@ -598,9 +600,9 @@ static void run_periodic_timers(const char *extra, unsigned k, uint64_t period, 
 
 Test(broker, short_periodic_timers_cannot_keep_a_shard_spinning)
 {
-	uint64_t spun, cpu, elapsed, fires, spun_all, cpu_all, elapsed_all;
+	uint64_t spun, cpu, elapsed, fires, sleeps, spun_all, cpu_all, elapsed_all, sleeps_all;
 
-	run_periodic_timers("--shards 1", 4, 100000, &spun, &cpu, &elapsed, &fires);
+	run_periodic_timers("--shards 1", 4, 100000, &spun, &cpu, &elapsed, &fires, &sleeps);
 	cr_assert_leq(spun, elapsed * 12 / 100 + fires * 2000 + 25 * MS, "spun %.0f ms of %.0f, %llu fires",
 		      (double)spun / 1e6, (double)elapsed / 1e6, (unsigned long long)fires);
 	cr_assert_lt(spun, elapsed * 2 / 5, "spun %.0f ms of %.0f", (double)spun / 1e6, (double)elapsed / 1e6);
@@ -611,18 +613,24 @@ Test(broker, short_periodic_timers_cannot_keep_a_shard_spinning)
 	 * --spin-share 100 while two test suites ran beside it, against 750
 	 * and more on a quiet host), but always well beyond its capped self.
 	 */
-	run_periodic_timers("--shards 1 --spin-share 100", 4, 100000, &spun_all, &cpu_all, &elapsed_all, &fires);
+	run_periodic_timers("--shards 1 --spin-share 100", 4, 100000, &spun_all, &cpu_all, &elapsed_all, &fires,
+			    &sleeps_all);
 	cr_assert_geq(spun_all, spun * 3 / 2 + 10 * MS, "--spin-share 100: spun %.0f ms of %.0f, against %.0f capped",
 		      (double)spun_all / 1e6, (double)elapsed_all / 1e6, (double)spun / 1e6);
 	/*
 	 * What is left of the shard's CPU is the work, a sleep and a wake-up
-	 * per deadline or two: well under the whole core it took before the
-	 * limit (99%; 39-49% now). Not compared with --spin-share 100's: a
+	 * per few deadlines: it sleeps (10-20k times for 60k fires here,
+	 * against 340-460 with --spin-share 100) and stays under the whole
+	 * core it took before the limit (99%; 39-65% now, but 86% seen once
+	 * in a CI run, the sleeps and wake-ups costing more than twice their
+	 * usual on a busy host). Not compared with --spin-share 100's: a
 	 * spin into a deadline yields its core until the last 3 us, so what
 	 * spinning costs in CPU depends on who else wants the core (569-1490
 	 * ms of 1500 seen).
 	 */
-	cr_assert_lt(cpu, elapsed * 85 / 100, "the shard used %.0f ms of CPU in %.0f ms (%.0f with --spin-share 100)",
+	cr_assert_geq(sleeps, fires / 30, "the shard slept %llu times for %llu fires (%llu with --spin-share 100)",
+		      (unsigned long long)sleeps, (unsigned long long)fires, (unsigned long long)sleeps_all);
+	cr_assert_lt(cpu, elapsed * 95 / 100, "the shard used %.0f ms of CPU in %.0f ms (%.0f with --spin-share 100)",
 		     (double)cpu / 1e6, (double)elapsed / 1e6, (double)cpu_all / 1e6);
 }
 
@@ -637,9 +645,9 @@ Test(broker, short_periodic_timers_cannot_keep_a_shard_spinning)
  */
 Test(broker, a_shard_spins_into_a_deadline_only_as_long_as_a_wake_up_is_late)
 {
-	uint64_t spun, cpu, elapsed, fires;
+	uint64_t spun, cpu, elapsed, fires, sleeps;
 
-	run_periodic_timers("--shards 1", 1, MS, &spun, &cpu, &elapsed, &fires);
+	run_periodic_timers("--shards 1", 1, MS, &spun, &cpu, &elapsed, &fires, &sleeps);
 	cr_assert_gt(fires, 0);
 	cr_assert_lt(spun / fires, 20000, "the shard spun %.1f us per timer fired (%llu fired)",
 		     (double)spun / (double)fires / 1e3, (unsigned long long)fires);
@@ -835,9 +843,14 @@ Test(broker, the_public_wake_up_does_not_tell_another_users_deadline)
 	deadline = chime_now() + 2000 * MS + 12345;
 	cr_assert_eq(chime_reset(c, far, deadline), 0);
 	cr_assert_eq(chime_flush(c), 0);
+	/*
+	 * Until the shard sleeps for the reset timer: not for its old deadline,
+	 * an hour ahead, where a shard that applied the arm before the reset
+	 * (at a heartbeat between the two) sleeps until the reset is applied.
+	 */
 	for (int i = 0; i < 150; i++, usleep(10000)) {
 		wake = __atomic_load_n(&ps->wake_ns, __ATOMIC_RELAXED);
-		if (wake >= deadline && wake != UINT64_MAX)
+		if (wake >= deadline && wake < deadline + 1800000 * MS)
 			break;
 	}
 	cr_assert_geq(wake, deadline, "the shard never planned to wake for the reset timer");

@@ -1526,7 +1526,7 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 			park_keep(sc, ch, &back, idx, pos);
 			nback++;
 		} else if (n->state == CHIME_NODE_BACKLOG) {
-			if (n->period_ns && pos >> 62 == 0 && !chime_cq_consumed(&ch->cq, pos))
+			if (n->period_ns && pos >> 62 == 0 && pos < ch->cq.tail && !chime_cq_consumed(&ch->cq, pos))
 				park_held_periodic(ch, n, pos);
 			else
 				event_void(ch, n);

@@ -1373,34 +1373,27 @@ static bool park_void(struct chan *ch, struct chime_node *n, uint64_t pos)
  * it, the held firing stays as it is. Before, the void came first and the
  * deadline after: a broker killed between them lost that event's period.
  *
- * Crash order: restore.c reads a held periodic with a plain position as
- * held behind an event of deadline_ns - period_ns, so the deadline moves
- * only under a tag that says otherwise. F8: CHAN_POS_AT holds it at the
- * event's deadline (a second time, if the process took it just before).
- * F3 (park_void()) across the CAS lets the process's word settle it
- * (taken: the next period; not: this one). F9, lost: held back at its own
- * deadline under CHAN_POS_AT again.
+ * Crash order (restore.c): F8, CHAN_POS_BEHIND with the position before
+ * the claim CAS, so that a broker killed across it leaves that event,
+ * maybe taken, for the process's word to settle; then, won, the move
+ * under chan_hold_at()'s tag (F1, F2). A held periodic with a plain
+ * position already reads as held behind its event, so nothing moves
+ * before the tag. A slot whose deadline is not the period before the
+ * held one (never, from this broker) is only voided.
  */
-static void park_held_periodic(struct chan *ch, struct chime_node *n, uint64_t pos)
+static void park_held_periodic(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t pos)
 {
-	uint64_t held = n->deadline_ns, event = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
+	struct chime_node *n = NODE(sc, idx);
+	uint64_t event = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
 
-	if (event >= held) {
-		event_void(ch, n);      /* not an earlier period of it: nothing to move back to */
+	if (n->deadline_ns < n->period_ns || event != n->deadline_ns - n->period_ns) {
+		event_void(ch, n);
 		return;
 	}
-	n->cq_pos = CHAN_POS_AT | event;
+	n->cq_pos = CHAN_POS_OLD | CHAN_POS_UNSURE | CHAN_POS_BEHIND | pos;
 	at_crash_order();       /* F8 */
-	n->deadline_ns = event;
-	at_crash_order();
-	if (park_void(ch, n, pos)) {    /* F3 */
-		n->cq_pos = CHIME_POS_NONE;
-		return;
-	}
-	n->cq_pos = CHAN_POS_AT | held;
-	at_crash_order();       /* F9 */
-	n->deadline_ns = held;
-	at_crash_order();
+	if (chime_cq_void(&ch->cq, pos))
+		chan_hold_at(sc, idx, event);
 	n->cq_pos = CHIME_POS_NONE;
 }
 
@@ -1527,7 +1520,7 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 			nback++;
 		} else if (n->state == CHIME_NODE_BACKLOG) {
 			if (n->period_ns && pos >> 62 == 0 && pos < ch->cq.tail && !chime_cq_consumed(&ch->cq, pos))
-				park_held_periodic(ch, n, pos);
+				park_held_periodic(sc, ch, idx, pos);
 			else
 				event_void(ch, n);
 		}

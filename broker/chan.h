@@ -123,9 +123,24 @@ static inline bool chan_pos_old(uint64_t pos)
  * the claim word whose outcome the node does not show yet): the event may
  * have been taken, or voided and skipped, and the consumer head passes
  * both. Only the claim word tells (resume_claims); without it the event
- * is delivered again. Positions stay below 2^61.
+ * is delivered again.
  */
 #define CHAN_POS_UNSURE (UINT64_C(1) << 61)
+
+/*
+ * With CHAN_POS_OLD (and CHAN_POS_UNSURE), in a held periodic's cq_pos: a
+ * park voiding its event at the position, which is the period before the
+ * node's deadline (its next firing was held behind that event). Restored
+ * as that event, maybe taken: the process's word settles it (taken: the
+ * held firing comes; not: that event, then the held firing). Only in a
+ * shard file a park was killed over; positions stay below 2^60.
+ */
+#define CHAN_POS_BEHIND (UINT64_C(1) << 60)
+
+static inline bool chan_pos_behind(uint64_t pos)
+{
+	return chan_pos_old(pos) && (pos & CHAN_POS_BEHIND);
+}
 
 /*
  * In a periodic's cq_pos, tag 01 instead of a position: its event of the

@@ -62,8 +62,9 @@ static bool alloc_fired(const struct chime_node *n, uint64_t old_now_ns)
  * node leaves the wheel (chan.c), and a held periodic is delivered only
  * once its previous event was seen taken (its position forgotten).
  * Any state: a held (BACKLOG) periodic with a position is the same case,
- * its next firing held behind that event (chan_fire()), and the park
- * that moves it back moves it only under a tag (park_held_periodic()).
+ * its next firing held behind that event (chan_fire()); a park voiding
+ * that event tags it CHAN_POS_BEHIND, and moves it back only under
+ * chan_hold_at()'s tag (park_held_periodic()).
  */
 static bool alloc_rearming(const struct chime_node *n)
 {
@@ -140,21 +141,23 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			n->cq_pos = CHIME_POS_NONE;
 			key = n->deadline_ns;
 		} else if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED ||
-			   alloc_rearming(n)) {
+			   alloc_rearming(n) || (n->state == CHIME_NODE_BACKLOG && chan_pos_behind(n->cq_pos))) {
 			if (n->cq_pos == CHIME_POS_NONE || !n->period_ns || n->deadline_ns < n->period_ns ||
 			    n->deadline_ns - n->period_ns > now) {
 				/* On the wheel, and no event of it in a ring anyone can still read. */
 				n->cq_pos = CHIME_POS_NONE;
-				if (n->state == CHIME_NODE_ALLOC)
+				if (n->state == CHIME_NODE_ALLOC || n->state == CHIME_NODE_BACKLOG) {
+					n->state = CHIME_NODE_ALLOC;
 					wheel_arm(wh, idx, n->deadline_ns);
+				}
 				rs->due += n->deadline_ns <= now;
 				armed[n->owner]++;
 				goto keep;
 			}
 			/* A periodic whose last event was in the old ring: it comes back with that deadline
 			 * (or, still with an old position, a settle re-armed it as the broker went;
-			 * or, CHAN_POS_UNSURE, a park was voiding it). */
-			key = n->cq_pos & ~CHAN_POS_OLD;
+			 * or, CHAN_POS_UNSURE, a park was voiding it; CHAN_POS_BEHIND, held behind it). */
+			key = n->cq_pos & ~(CHAN_POS_OLD | CHAN_POS_BEHIND);
 			chan_hold_at(sc, idx, n->deadline_ns - n->period_ns);
 			n->cq_pos = CHAN_POS_OLD | key;
 			key &= ~CHAN_POS_UNSURE;

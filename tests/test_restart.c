@@ -1939,30 +1939,21 @@ static void behind_child(int wfd, void *arg)
 	pause();
 }
 
-/*
- * Start P in a child and wait until its second firing is held behind its
- * first event and the shard sleeps. P's node's offset in the shard file in
- * *off. A struct behind in shared memory (the child reads it).
- */
-static pid_t behind_arm(struct behind **bp, uint64_t *off)
+/* Wait until P (first deadline d1) is held behind its first event and the shard sleeps; its node's offset. */
+static uint64_t behind_held(uint64_t d1)
 {
-	struct behind *b = mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	struct chime_node nd;
-	uint64_t t0 = now_ns();
+	uint64_t t0 = now_ns(), off;
 	char path[PATH_MAX];
-	pid_t pid;
 	int fd, tid;
 
-	cr_assert_neq(b, MAP_FAILED);
-	b->d1 = t0 + 20 * MS;
-	pid = child(behind_child, b);
-	usleep((unsigned)((b->d1 + BEHIND_PERIOD - now_ns() + 20 * MS) / 1000));
-	*off = node_offset(0, BEHIND_PERIOD);
+	usleep((unsigned)((d1 + BEHIND_PERIOD - now_ns() + 20 * MS) / 1000));
+	off = node_offset(0, BEHIND_PERIOD);
 	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
 	fd = open(path, O_RDONLY);
 	cr_assert_geq(fd, 0);
 	for (;;) {
-		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)*off), (ssize_t)sizeof(nd));
+		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)off), (ssize_t)sizeof(nd));
 		if (nd.state == CHIME_NODE_BACKLOG && nd.cq_pos >> 62 == 0)
 			break;
 		cr_assert_lt(now_ns() - t0, 5000 * MS, "P is not held behind its event after 5 s (state %u, "
@@ -1970,13 +1961,29 @@ static pid_t behind_arm(struct behind **bp, uint64_t *off)
 		usleep(1000);
 	}
 	close(fd);
-	cr_assert_eq(nd.deadline_ns, b->d1 + BEHIND_PERIOD, "the held firing is not P's second");
+	cr_assert_eq(nd.deadline_ns, d1 + BEHIND_PERIOD, "the held firing is not P's second");
 	tid = t_thread_named(tb.pid, "chimed-shard0");
 	cr_assert_gt(tid, 0);
 	while (!t_thread_asleep(tb.pid, tid)) {
 		cr_assert_lt(now_ns() - t0, 5000 * MS, "the shard did not sleep within 5 s");
 		usleep(1000);
 	}
+	return off;
+}
+
+/*
+ * Start P in a child and wait until it is held behind its first event
+ * (behind_held()). A struct behind in shared memory (the child reads it).
+ */
+static pid_t behind_arm(struct behind **bp, uint64_t *off)
+{
+	struct behind *b = mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	pid_t pid;
+
+	cr_assert_neq(b, MAP_FAILED);
+	b->d1 = now_ns() + 20 * MS;
+	pid = child(behind_child, b);
+	*off = behind_held(b->d1);
 	*bp = b;
 	return pid;
 }
@@ -2048,6 +2055,75 @@ static unsigned behind_park_killed_after(unsigned j, unsigned run)
 Test(restart, a_park_killed_at_any_store_of_a_periodic_held_behind_its_event_loses_no_period)
 {
 	t4_kill_after_each_store(behind_park_killed_after, 2, "the park");
+}
+
+struct behind_stop {
+	chime_t *c;
+	bool take;              /* take P's first event at the park's first store */
+	int took;               /* 1 taken, -1 not found, 0 not yet */
+};
+
+static void behind_stop_take(unsigned k, void *arg)
+{
+	struct behind_stop *s = arg;
+	struct chime_event ev;
+
+	if (k == 1 && s->take)
+		s->took = chime_poll(s->c, &ev, 1) == 1 && ev.user_data == 0 ? 1 : -1;
+}
+
+/*
+ * A planned stop's park of P, held behind its first event, under a process
+ * that lives on and resumes (the test's), killed after its j-th store to
+ * P's node; the process takes that event at the park's first store, or
+ * never. Each period comes once either way.
+ */
+static unsigned behind_stop_killed_after(bool take, unsigned j, unsigned run)
+{
+	struct behind_stop s = { .take = take };
+	uint64_t d1, off;
+	struct watch w;
+	unsigned k;
+	chime_id_t id;
+	int tid;
+
+	start(T4_OPTS);
+	s.c = sopen_ok("behind");
+	d1 = now_ns() + 20 * MS;
+	cr_assert_eq(chime_arm(s.c, 0, d1, BEHIND_PERIOD, 0, &id), 0);
+	off = behind_held(d1);
+	tid = t4_hold();
+	watch_init(&w, &off, 1);
+	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	k = step_changes(tid, &w, j, behind_parked, behind_stop_take, &s);
+	cr_assert_geq(s.took, 0, "run %u: the process did not take P's first event during the park", run);
+	restart(0, T4_OPTS);
+	behind_next(s.c, s.took ? d1 + BEHIND_PERIOD : d1, run);
+	return k;
+}
+
+static unsigned behind_stop_taken_killed_after(unsigned j, unsigned run)
+{
+	return behind_stop_killed_after(true, j, run);
+}
+
+static unsigned behind_stop_untaken_killed_after(unsigned j, unsigned run)
+{
+	return behind_stop_killed_after(false, j, run);
+}
+
+/*
+ * A planned stop killed at any store of its park of a periodic held
+ * behind its event, under a process that lives on: each period once,
+ * whether the process took that event as the park began or not (its
+ * claim word settles it). Before, the park held the periodic at that
+ * event's deadline before its claim CAS, unconditionally: killed there,
+ * a process that had just taken it got it again.
+ */
+Test(restart, a_stop_killed_at_any_store_of_its_park_of_a_held_periodic_gives_each_period_once)
+{
+	t4_kill_after_each_store(behind_stop_taken_killed_after, 1, "the park");
+	t4_kill_after_each_store(behind_stop_untaken_killed_after, 1, "the park");
 }
 
 /*

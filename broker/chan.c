@@ -19,7 +19,9 @@
  *   cq_pos CARRIED, on ch->carried) -re-submitted ARM-> ARMED; -RESUMED-> FREE
  *   PARK, restore: a periodic's untaken event in the old ring: ARMED (the
  *   park's CAS as above) -tag cq_pos CHAN_POS_AT-> ALLOC -> BACKLOG
- *   (chan_hold_at(): each step in the shard file reads as that held event)
+ *   (chan_hold_at(): each step in the shard file reads as that held event);
+ *   a periodic held (BACKLOG) behind its untaken event: the same CAS (cq_pos
+ *   | CHAN_POS_BEHIND across it), then held at that event's deadline
  *   REATTACH of a resuming library: nothing delivered until its word (the
  *   old ring's head and claim words, in the new ring's): settle() by it
  *

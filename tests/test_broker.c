@@ -659,7 +659,11 @@ Test(broker, a_shard_spins_into_a_deadline_only_as_long_as_a_wake_up_is_late)
  * after it; the victim (another client) has `victims` timers 1 ms apart
  * from t + 0.5 ms, armed in the middle of the spread ones (not first or
  * last in a slot). When each victim's event arrives, the shard must have
- * fired fewer than `limit` of the neighbour's.
+ * fired fewer than `limit` of the neighbour's, or the victim must have
+ * fired less late than half the time the whole burst took to fire: this
+ * thread reads the count only once it has the event, later on a busy host
+ * (315k of 600k seen once, against 300k), while the victim's lateness is
+ * the shard's own. Behind the whole burst, as before, both fail.
  */
 static void victim_beside_a_burst(unsigned burst, unsigned spread_ms, unsigned victims, uint64_t limit)
 {
@@ -669,8 +673,9 @@ static void victim_beside_a_burst(unsigned burst, unsigned spread_ms, unsigned v
 	struct chime_event ev;
 	chime_t *a, *v;
 	chime_id_t id;
-	uint64_t t;
+	uint64_t t, all, late[8], fires[8];
 
+	cr_assert_leq(victims, 8);
 	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
 	a = t_open(b2.sock);
 	v = t_open(b2.sock);
@@ -692,12 +697,26 @@ static void victim_beside_a_burst(unsigned burst, unsigned spread_ms, unsigned v
 	for (unsigned k = 0; k < victims; k++) {
 		cr_assert_eq(chime_wait(v, &ev, 1, 10000), 1, "the victim's timer %u did not fire", k);
 		st = shard0(b2.sock);
+		late[k] = ev.fired_ns - ev.deadline_ns;
 		cr_log_info("the victim's timer %llu fired %.1f ms late; the shard had fired %llu of the "
-			    "neighbour's %u", (unsigned long long)ev.user_data,
-			    (double)(ev.fired_ns - ev.deadline_ns) / 1e6, (unsigned long long)st.fires, n);
-		cr_assert_lt(st.fires, limit, "the victim's timer %llu came after %llu of the neighbour's %u",
-			     (unsigned long long)ev.user_data, (unsigned long long)st.fires, n);
+			    "neighbour's %u when this thread looked", (unsigned long long)ev.user_data,
+			    (double)late[k] / 1e6, (unsigned long long)st.fires, n);
+		fires[k] = st.fires;
 	}
+	/* Until the shard has fired all of the neighbour's: how long its burst takes here, now. */
+	do {
+		st = shard0(b2.sock);
+		cr_assert_lt(chime_now() - t, 20000 * MS, "the shard fired %llu of %u in 20 s",
+			     (unsigned long long)st.fires, n + victims);
+		usleep(1000);
+	} while (st.fires < n + victims);
+	all = chime_now() - t;
+	cr_log_info("the neighbour's %u fired within %.1f ms", n, (double)all / 1e6);
+	for (unsigned k = 0; k < victims; k++)
+		cr_assert(late[k] < all / 2 || fires[k] < limit,
+			  "the victim's timer %u fired %.1f ms late, and the neighbour's %u all fired within %.1f "
+			  "ms (%llu of them when this thread had the victim's event): it waited behind them", k,
+			  (double)late[k] / 1e6, n, (double)all / 1e6, (unsigned long long)fires[k]);
 	chime_close(v);
 	chime_close(a);
 	t_chimed_stop(&b2, SIGTERM);

@@ -754,23 +754,26 @@ static bool node_cancel(struct shard_core *sc, struct chan *ch, uint32_t idx)
 }
 
 /*
- * A timer on the wheel, reset while its (periodic's) event is in the
- * ring, the client not past it: that event is voided, and the timer moves.
- * If the void wins, the event is held in the node by its deadline (the
- * broker's own completion slot; CHAN_POS_AT, F6) until the new deadline
- * is stored, and only then dropped (F7): a broker killed in between
- * leaves the event held and the timer where it was (the reset not
- * applied, as if killed before it), never the event gone and the timer
- * not moved. Before, the void cleared the position first, and a kill
- * before the deadline store did just that: with its process gone too,
- * the reset was lost and so was the event. True if it took the path.
+ * A periodic reset while its event is in the ring, the client not past
+ * it: on the wheel, or held (BACKLOG) behind that event. The event is
+ * voided, and the timer moves. If the void wins, the event is held in the
+ * node by its deadline (the broker's own completion slot; CHAN_POS_AT, F6)
+ * until the new deadline is stored, and only then dropped (F7): a broker
+ * killed in between leaves the event held and the timer where it was (the
+ * reset not applied, as if killed before it), never the event gone and
+ * the timer not moved. Before, the void cleared the position first, and a
+ * kill before the deadline store did just that: with its process gone
+ * too, the reset was lost and so was the event (a held one's too, until
+ * it came here). True if it took the path; if it did not, the event's
+ * position is cleared when the client took it, and the caller moves the
+ * timer.
  */
 static bool reset_voiding(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t deadline_ns)
 {
 	struct chime_node *n = NODE(sc, idx);
 	uint64_t pos = n->cq_pos, at;
 
-	if (pos >> 62 != 0 || pos >= ch->cq.tail || chime_cq_consumed(&ch->cq, pos))
+	if (!n->period_ns || pos >> 62 != 0 || pos >= ch->cq.tail || chime_cq_consumed(&ch->cq, pos))
 		return false;
 	if (!chime_cq_void(&ch->cq, pos)) {
 		n->cq_pos = CHIME_POS_NONE;     /* the client took it: only the timer moves */
@@ -779,7 +782,12 @@ static bool reset_voiding(struct shard_core *sc, struct chan *ch, uint32_t idx, 
 	at = ch->cq.slots[pos & ch->cq.mask].deadline_ns;  /* fired: below now */
 	n->cq_pos = CHAN_POS_AT | at;
 	at_crash_order();       /* F6: the event held before the deadline moves */
-	wheel_reset(&sc->wh, idx, deadline_ns);
+	if (n->state == CHIME_NODE_BACKLOG) {
+		backlog_del(sc, ch, idx);
+		wheel_arm(&sc->wh, idx, deadline_ns);
+	} else {
+		wheel_reset(&sc->wh, idx, deadline_ns);
+	}
 	at_crash_order();       /* F7: the new deadline before the event goes */
 	n->cq_pos = CHIME_POS_NONE;
 	return true;
@@ -802,6 +810,8 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 		break;
 	case CHIME_NODE_BACKLOG:
 		/* Fired but not delivered: it simply was not due after all. */
+		if (n->cq_pos != CHIME_POS_NONE && reset_voiding(sc, ch, idx, deadline_ns))
+			break;  /* a periodic held behind its event */
 		backlog_del(sc, ch, idx);
 		event_void(ch, n);
 		/*

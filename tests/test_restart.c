@@ -2171,6 +2171,108 @@ Test(restart, a_crash_while_a_periodic_is_held_behind_its_event_gives_a_living_p
 	behind_crash(true);
 }
 
+/* What the held-behind reset test's child and the test share. */
+struct rsb {
+	uint64_t d1;            /* P's first deadline (its event, never taken) */
+	uint64_t d2;            /* the reset's */
+	chime_id_t id;
+	int go, done;
+};
+
+/* Arm P, take nothing (its second firing is held behind its first event), reset it when told, wait to be killed. */
+static void reset_behind_child(int wfd, void *arg)
+{
+	struct rsb *r = arg;
+	chime_t *c = NULL;
+
+	if (sopen(&c, "reset") < 0 || chime_arm(c, 0, r->d1, BEHIND_PERIOD, 0, &r->id) < 0)
+		_exit(1);
+	(void)!write(wfd, "r", 1);
+	while (!__atomic_load_n(&r->go, __ATOMIC_ACQUIRE))
+		usleep(1000);
+	if (chime_reset(c, r->id, r->d2) < 0)
+		_exit(2);
+	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+	pause();
+}
+
+static bool reset_behind_done(const struct chime_node *nd, const void *arg)
+{
+	const struct rsb *r = arg;
+
+	return nd->deadline_ns == r->d2 && nd->cq_pos == CHIME_POS_NONE;
+}
+
+/*
+ * The reset above, of a periodic held behind its untaken event (P): each
+ * image of the node that the shard file went through, restored, is the
+ * reset applied (no event, the timer at its deadline) or not (that
+ * event's period, then every later one), never half. Before, the void
+ * cleared the event's position before the timer left the backlog: a kill
+ * between left the held firing alone, and the voided event's period was
+ * lost with the reset.
+ */
+Test(restart, a_reset_of_a_periodic_held_behind_its_event_cut_short_is_applied_or_not)
+{
+	struct rsb *r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	static struct chime_event ev[256];
+	struct chime_node img[32], nd;
+	char path[PATH_MAX];
+	unsigned nimg, n;
+	uint64_t off, t0;
+	int tid, e, fd;
+	pid_t pid;
+	chime_t *c;
+
+	cr_assert_neq(r, MAP_FAILED);
+	start("-n 1");
+	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
+	r->d1 = now_ns() + 20 * MS;
+	r->d2 = r->d1 + 2 * HOUR;
+	pid = child(reset_behind_child, r);
+	off = behind_held(r->d1);
+	tid = t4_hold();
+	__atomic_store_n(&r->go, 1, __ATOMIC_RELEASE);
+	for (t0 = now_ns(); !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE); usleep(1000))
+		cr_assert_lt(now_ns() - t0, 2000 * MS, "the child did not reset its timer");
+	kill_child(pid);
+	nimg = step_images(tid, path, off, img, 32, reset_behind_done, r);
+	cr_assert_geq(nimg, 2);
+	for (unsigned k = 0; k < nimg; k++) {
+		fd = open(path, O_RDWR);
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(pwrite(fd, &img[k], sizeof(img[k]), (off_t)off), (ssize_t)sizeof(img[k]));
+		close(fd);
+		restart(0, "-n 1");
+		c = sopen_ok("reset");
+		n = collect(c, ev, 256, now_ns() + 200 * MS);
+		fd = open(path, O_RDONLY);
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)off), (ssize_t)sizeof(nd));
+		close(fd);
+		if (n == 0) {
+			cr_assert_eq(nd.deadline_ns, r->d2, "image %u of %u (state %u, cq_pos %#llx, deadline "
+				     "d1%+lld ms): no event, and the timer at d1%+lld ms, not the reset's", k, nimg,
+				     img[k].state, (unsigned long long)img[k].cq_pos,
+				     (long long)(img[k].deadline_ns - r->d1) / (long long)MS,
+				     (long long)(nd.deadline_ns - r->d1) / (long long)MS);
+		} else {
+			for (unsigned i = 0; i < n; i++)
+				cr_assert_eq(ev[i].deadline_ns, r->d1 + i * BEHIND_PERIOD,
+					     "image %u of %u (state %u, cq_pos %#llx, deadline d1%+lld ms): event %u of "
+					     "%u at d1%+lld ms: the reset not applied, and a period lost or repeated", k,
+					     nimg, img[k].state, (unsigned long long)img[k].cq_pos,
+					     (long long)(img[k].deadline_ns - r->d1) / (long long)MS, i, n,
+					     (long long)(ev[i].deadline_ns - r->d1) / (long long)MS);
+		}
+		chime_close(c);
+		kill(tb.pid, SIGKILL);
+		cr_assert_eq(waitpid(tb.pid, &e, 0), tb.pid);
+		tb.pid = 0;
+	}
+	munmap(r, sizeof(*r));
+}
+
 /* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */
 struct taken {
 	uint64_t t0;

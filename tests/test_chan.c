@@ -473,6 +473,42 @@ Test(chan, reset_of_a_periodic_voids_its_untaken_event_in_the_ring)
 }
 
 /*
+ * The same with the next firing already held behind the event (BACKLOG):
+ * untaken, the event is voided and the timer leaves the backlog for the
+ * new deadline; taken (claimed, the head not moved yet), only the timer
+ * moves. reset_voiding() does both, so a kill in the middle is the reset
+ * applied or not (restart/a_reset_of_a_periodic_held_behind_*).
+ */
+Test(chan, reset_of_a_periodic_held_behind_its_event_moves_it_and_voids_the_event_untaken)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t p = arm(c, 0, T0 + MS, MS, 7), q = arm(c, 0, T0 + MS + RES, MS, 8);
+
+	step_at(T0 + MS + RES);
+	cr_assert_eq(chime_cq_take(&c->cons, &e), 1);
+	cr_assert_eq(e.id, p, "p's first event taken (its head not released), q's left untaken");
+	step_at(T0 + 2 * MS + RES);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(p))->state, CHIME_NODE_BACKLOG);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(q))->state, CHIME_NODE_BACKLOG);
+	submit(c, CHIME_OP_RESET, p, 0, T0 + 10 * MS, 0, 0);
+	submit(c, CHIME_OP_RESET, q, 0, T0 + 10 * MS + RES, 0, 0);
+	step_at(T0 + 3 * MS);
+	cr_assert_eq(c->ch.nr_backlog, 0, "both left the backlog");
+	chime_cq_release(&c->cons);
+	step_at(T0 + 9 * MS);
+	cr_assert_eq(take(c, &e), 0, "q's voided event, or a held firing, came after the resets");
+	step_at(T0 + 10 * MS + RES);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, p);
+	cr_assert_eq(e.deadline_ns, T0 + 10 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, q);
+	cr_assert_eq(e.deadline_ns, T0 + 10 * MS + RES);
+	cr_assert_eq(take(c, &e), 0);
+}
+
+/*
  * A CANCEL_KEY reaches that key's timers in every state: fired and in the
  * ring untaken, fired and held (the ring full), and armed. None of their
  * events is returned after it; the other key's are, in order.

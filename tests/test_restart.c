@@ -1494,9 +1494,10 @@ static uint64_t node_offset(uint64_t ud, uint64_t period_ns)
 	return found;
 }
 
-/* What the reset test's child and the test share. */
+/* What the reset tests' child and the test share. */
 struct rs {
-	uint64_t d1;            /* the periodic's first deadline (an hour's period) */
+	uint64_t d1;            /* the periodic's first deadline */
+	uint64_t period;
 	uint64_t d2;            /* the reset's */
 	chime_id_t id;
 	int go, done;
@@ -1508,7 +1509,7 @@ static void reset_child(int wfd, void *arg)
 	struct rs *r = arg;
 	chime_t *c = NULL;
 
-	if (sopen(&c, "reset") < 0 || chime_arm(c, 0, r->d1, HOUR, 0, &r->id) < 0)
+	if (sopen(&c, "reset") < 0 || chime_arm(c, 0, r->d1, r->period, 0, &r->id) < 0)
 		_exit(1);
 	usleep(300 * 1000);
 	(void)!write(wfd, "r", 1);
@@ -1553,6 +1554,7 @@ Test(restart, a_reset_cut_short_by_a_kill_is_applied_or_not_never_half)
 	start("-n 1");
 	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
 	r->d1 = now_ns() + 50 * MS;
+	r->period = HOUR;
 	r->d2 = r->d1 + 2 * HOUR;
 	pid = child(reset_child, r);
 	off = node_offset(0, HOUR);
@@ -1947,7 +1949,8 @@ static uint64_t behind_held(uint64_t d1)
 	char path[PATH_MAX];
 	int fd, tid;
 
-	usleep((unsigned)((d1 + BEHIND_PERIOD - now_ns() + 20 * MS) / 1000));
+	if (now_ns() < d1 + BEHIND_PERIOD + 20 * MS)
+		usleep((unsigned)((d1 + BEHIND_PERIOD + 20 * MS - now_ns()) / 1000));
 	off = node_offset(0, BEHIND_PERIOD);
 	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
 	fd = open(path, O_RDONLY);
@@ -2171,40 +2174,9 @@ Test(restart, a_crash_while_a_periodic_is_held_behind_its_event_gives_a_living_p
 	behind_crash(true);
 }
 
-/* What the held-behind reset test's child and the test share. */
-struct rsb {
-	uint64_t d1;            /* P's first deadline (its event, never taken) */
-	uint64_t d2;            /* the reset's */
-	chime_id_t id;
-	int go, done;
-};
-
-/* Arm P, take nothing (its second firing is held behind its first event), reset it when told, wait to be killed. */
-static void reset_behind_child(int wfd, void *arg)
-{
-	struct rsb *r = arg;
-	chime_t *c = NULL;
-
-	if (sopen(&c, "reset") < 0 || chime_arm(c, 0, r->d1, BEHIND_PERIOD, 0, &r->id) < 0)
-		_exit(1);
-	(void)!write(wfd, "r", 1);
-	while (!__atomic_load_n(&r->go, __ATOMIC_ACQUIRE))
-		usleep(1000);
-	if (chime_reset(c, r->id, r->d2) < 0)
-		_exit(2);
-	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
-	pause();
-}
-
-static bool reset_behind_done(const struct chime_node *nd, const void *arg)
-{
-	const struct rsb *r = arg;
-
-	return nd->deadline_ns == r->d2 && nd->cq_pos == CHIME_POS_NONE;
-}
-
 /*
- * The reset above, of a periodic held behind its untaken event (P): each
+ * The reset of a_reset_cut_short_by_a_kill_is_applied_or_not_never_half, of
+ * a periodic held behind its untaken event (P's period, taken by no one): each
  * image of the node that the shard file went through, restored, is the
  * reset applied (no event, the timer at its deadline) or not (that
  * event's period, then every later one), never half. Before, the void
@@ -2214,7 +2186,7 @@ static bool reset_behind_done(const struct chime_node *nd, const void *arg)
  */
 Test(restart, a_reset_of_a_periodic_held_behind_its_event_cut_short_is_applied_or_not)
 {
-	struct rsb *r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct rs *r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	static struct chime_event ev[256];
 	struct chime_node img[32], nd;
 	char path[PATH_MAX];
@@ -2228,15 +2200,16 @@ Test(restart, a_reset_of_a_periodic_held_behind_its_event_cut_short_is_applied_o
 	start("-n 1");
 	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
 	r->d1 = now_ns() + 20 * MS;
+	r->period = BEHIND_PERIOD;
 	r->d2 = r->d1 + 2 * HOUR;
-	pid = child(reset_behind_child, r);
+	pid = child(reset_child, r);
 	off = behind_held(r->d1);
 	tid = t4_hold();
 	__atomic_store_n(&r->go, 1, __ATOMIC_RELEASE);
 	for (t0 = now_ns(); !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE); usleep(1000))
 		cr_assert_lt(now_ns() - t0, 2000 * MS, "the child did not reset its timer");
 	kill_child(pid);
-	nimg = step_images(tid, path, off, img, 32, reset_behind_done, r);
+	nimg = step_images(tid, path, off, img, 32, reset_done, r);
 	cr_assert_geq(nimg, 2);
 	for (unsigned k = 0; k < nimg; k++) {
 		fd = open(path, O_RDWR);

@@ -1528,6 +1528,67 @@ static bool reset_done(const struct chime_node *nd, const void *arg)
 	return nd->deadline_ns == r->d2 && nd->cq_pos == CHIME_POS_NONE;
 }
 
+static int t4_hold(void);
+static uint64_t behind_held(uint64_t d1);
+
+/*
+ * reset_child's reset of its periodic (r->period: HOUR, armed; BEHIND_PERIOD,
+ * held behind its first event), the shard thread held, then single-stepped
+ * through it (step_images()): the node's images in img[32], how many.
+ * The shard file's path and the node's offset in path and *off.
+ */
+static unsigned reset_stepped(struct rs *r, char *path, uint64_t *off, struct chime_node *img)
+{
+	uint64_t t0;
+	pid_t pid;
+	int tid;
+
+	start("-n 1");
+	snprintf(path, PATH_MAX, "%s.shard0", tb.sock);
+	pid = child(reset_child, r);
+	*off = r->period == HOUR ? node_offset(0, HOUR) : behind_held(r->d1);
+	tid = t4_hold();
+	__atomic_store_n(&r->go, 1, __ATOMIC_RELEASE);
+	for (t0 = now_ns(); !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE); usleep(1000))
+		cr_assert_lt(now_ns() - t0, 2000 * MS, "the child did not reset its timer");
+	kill_child(pid);
+	return step_images(tid, path, *off, img, 32, reset_done, r);
+}
+
+/* The node at off in the shard file at path. */
+static struct chime_node node_at(const char *path, uint64_t off)
+{
+	struct chime_node nd;
+	int fd = open(path, O_RDONLY);
+
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)off), (ssize_t)sizeof(nd));
+	close(fd);
+	return nd;
+}
+
+/* Image img of the node put back at off, a broker started on the file, and the session opened. */
+static chime_t *image_restored(const char *path, uint64_t off, const struct chime_node *img)
+{
+	int fd = open(path, O_RDWR);
+
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pwrite(fd, img, sizeof(*img), (off_t)off), (ssize_t)sizeof(*img));
+	close(fd);
+	restart(0, "-n 1");
+	return sopen_ok("reset");
+}
+
+static void image_done(chime_t *c)
+{
+	int e;
+
+	chime_close(c);
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, &e, 0), tb.pid);
+	tb.pid = 0;
+}
+
 /*
  * A session's process resets a periodic whose event waits in its ring,
  * untaken, and dies; the broker applies the reset as it parks the session,
@@ -1538,62 +1599,58 @@ static bool reset_done(const struct chime_node *nd, const void *arg)
  * cleared the event's position before the deadline moved: a kill between
  * left the event gone and the timer where it was.
  */
-Test(restart, a_reset_cut_short_by_a_kill_is_applied_or_not_never_half)
+/*
+ * Each image of reset_stepped() (the reset of a periodic of `period`, first
+ * due d1_ahead from now, to two hours after that) put back in turn, with a
+ * broker started on it and the session opened: check() says whether what
+ * the session gets is the reset applied or not. `what` names the image.
+ */
+typedef void reset_check_fn(const struct rs *r, const char *what, const char *path, uint64_t off, chime_t *c);
+
+static void each_reset_image(uint64_t period, uint64_t d1_ahead, reset_check_fn *check)
 {
 	struct rs *r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	struct chime_node img[32], nd;
-	struct chime_event ev[4];
-	char path[PATH_MAX];
-	unsigned nimg, n;
-	uint64_t off, t0;
-	int tid, e, fd;
-	pid_t pid;
-	chime_t *c;
+	struct chime_node img[32];
+	char path[PATH_MAX], what[160];
+	unsigned nimg;
+	uint64_t off;
 
 	cr_assert_neq(r, MAP_FAILED);
-	start("-n 1");
-	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
-	r->d1 = now_ns() + 50 * MS;
-	r->period = HOUR;
+	r->d1 = now_ns() + d1_ahead;
+	r->period = period;
 	r->d2 = r->d1 + 2 * HOUR;
-	pid = child(reset_child, r);
-	off = node_offset(0, HOUR);
-	tid = t_thread_named(tb.pid, "chimed-shard0");
-	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
-	e = t_thread_hold(tid);
-	if (e == -EPERM || e == -EACCES) {
-		kill_child(pid);
-		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-e));
-	}
-	cr_assert_eq(e, 0, "the shard thread did not stop: %s", strerror(-e));
-	__atomic_store_n(&r->go, 1, __ATOMIC_RELEASE);
-	for (t0 = now_ns(); !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE); usleep(1000))
-		cr_assert_lt(now_ns() - t0, 2000 * MS, "the child did not reset its timer");
-	kill_child(pid);
-	nimg = step_images(tid, path, off, img, 32, reset_done, r);
+	nimg = reset_stepped(r, path, &off, img);
 	cr_assert_geq(nimg, 2);
 	for (unsigned k = 0; k < nimg; k++) {
-		fd = open(path, O_RDWR);
-		cr_assert_geq(fd, 0);
-		cr_assert_eq(pwrite(fd, &img[k], sizeof(img[k]), (off_t)off), (ssize_t)sizeof(img[k]));
-		restart(0, "-n 1");
-		c = sopen_ok("reset");
-		n = collect(c, ev, 4, now_ns() + 300 * MS);
-		cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 1), 1, "image %u: the timer is not armed", k);
-		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)off), (ssize_t)sizeof(nd));
-		close(fd);
-		cr_assert((n == 0 && nd.deadline_ns == r->d2) ||
-			  (n == 1 && ev[0].deadline_ns == r->d1 && nd.deadline_ns == r->d1 + HOUR),
-			  "image %u of %u (state %u, cq_pos %#llx, deadline d1%+lld ms): %u events, then the timer at "
-			  "d1%+lld ms: neither the reset applied nor not", k, nimg, img[k].state,
-			  (unsigned long long)img[k].cq_pos, (long long)(img[k].deadline_ns - r->d1) / (long long)MS,
-			  n, (long long)(nd.deadline_ns - r->d1) / (long long)MS);
-		chime_close(c);
-		kill(tb.pid, SIGKILL);
-		cr_assert_eq(waitpid(tb.pid, &e, 0), tb.pid);
-		tb.pid = 0;
+		chime_t *c = image_restored(path, off, &img[k]);
+
+		snprintf(what, sizeof(what), "image %u of %u (state %u, cq_pos %#llx, deadline d1%+lld ms)", k, nimg,
+			 img[k].state, (unsigned long long)img[k].cq_pos,
+			 (long long)(img[k].deadline_ns - r->d1) / (long long)MS);
+		check(r, what, path, off, c);
+		image_done(c);
 	}
 	munmap(r, sizeof(*r));
+}
+
+/* The reset applied (no event, the timer at its deadline) or not (the event, once, and the next period). */
+static void reset_whole(const struct rs *r, const char *what, const char *path, uint64_t off, chime_t *c)
+{
+	struct chime_event ev[4];
+	struct chime_node nd;
+	unsigned n = collect(c, ev, 4, now_ns() + 300 * MS);
+
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 1), 1, "%s: the timer is not armed", what);
+	nd = node_at(path, off);
+	cr_assert((n == 0 && nd.deadline_ns == r->d2) ||
+		  (n == 1 && ev[0].deadline_ns == r->d1 && nd.deadline_ns == r->d1 + HOUR),
+		  "%s: %u events, then the timer at d1%+lld ms: neither the reset applied nor not", what, n,
+		  (long long)(nd.deadline_ns - r->d1) / (long long)MS);
+}
+
+Test(restart, a_reset_cut_short_by_a_kill_is_applied_or_not_never_half)
+{
+	each_reset_image(HOUR, 50 * MS, reset_whole);
 }
 
 /* Nodes watched while the shard thread is single-stepped, as last read from the shard file. */
@@ -2174,6 +2231,22 @@ Test(restart, a_crash_while_a_periodic_is_held_behind_its_event_gives_a_living_p
 	behind_crash(true);
 }
 
+/* The reset applied (no event, the timer at its deadline) or not (the held event's period, then each later one). */
+static void reset_behind_whole(const struct rs *r, const char *what, const char *path, uint64_t off, chime_t *c)
+{
+	static struct chime_event ev[256];
+	unsigned n = collect(c, ev, 256, now_ns() + 200 * MS);
+	struct chime_node nd = node_at(path, off);
+
+	if (n == 0)
+		cr_assert_eq(nd.deadline_ns, r->d2, "%s: no event, and the timer at d1%+lld ms, not the reset's", what,
+			     (long long)(nd.deadline_ns - r->d1) / (long long)MS);
+	for (unsigned i = 0; i < n; i++)
+		cr_assert_eq(ev[i].deadline_ns, r->d1 + i * BEHIND_PERIOD, "%s: event %u of %u at d1%+lld ms: the reset "
+			     "not applied, and a period lost or repeated", what, i, n,
+			     (long long)(ev[i].deadline_ns - r->d1) / (long long)MS);
+}
+
 /*
  * The reset of a_reset_cut_short_by_a_kill_is_applied_or_not_never_half, of
  * a periodic held behind its untaken event (P's period, taken by no one): each
@@ -2186,64 +2259,7 @@ Test(restart, a_crash_while_a_periodic_is_held_behind_its_event_gives_a_living_p
  */
 Test(restart, a_reset_of_a_periodic_held_behind_its_event_cut_short_is_applied_or_not)
 {
-	struct rs *r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	static struct chime_event ev[256];
-	struct chime_node img[32], nd;
-	char path[PATH_MAX];
-	unsigned nimg, n;
-	uint64_t off, t0;
-	int tid, e, fd;
-	pid_t pid;
-	chime_t *c;
-
-	cr_assert_neq(r, MAP_FAILED);
-	start("-n 1");
-	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
-	r->d1 = now_ns() + 20 * MS;
-	r->period = BEHIND_PERIOD;
-	r->d2 = r->d1 + 2 * HOUR;
-	pid = child(reset_child, r);
-	off = behind_held(r->d1);
-	tid = t4_hold();
-	__atomic_store_n(&r->go, 1, __ATOMIC_RELEASE);
-	for (t0 = now_ns(); !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE); usleep(1000))
-		cr_assert_lt(now_ns() - t0, 2000 * MS, "the child did not reset its timer");
-	kill_child(pid);
-	nimg = step_images(tid, path, off, img, 32, reset_done, r);
-	cr_assert_geq(nimg, 2);
-	for (unsigned k = 0; k < nimg; k++) {
-		fd = open(path, O_RDWR);
-		cr_assert_geq(fd, 0);
-		cr_assert_eq(pwrite(fd, &img[k], sizeof(img[k]), (off_t)off), (ssize_t)sizeof(img[k]));
-		close(fd);
-		restart(0, "-n 1");
-		c = sopen_ok("reset");
-		n = collect(c, ev, 256, now_ns() + 200 * MS);
-		fd = open(path, O_RDONLY);
-		cr_assert_geq(fd, 0);
-		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)off), (ssize_t)sizeof(nd));
-		close(fd);
-		if (n == 0) {
-			cr_assert_eq(nd.deadline_ns, r->d2, "image %u of %u (state %u, cq_pos %#llx, deadline "
-				     "d1%+lld ms): no event, and the timer at d1%+lld ms, not the reset's", k, nimg,
-				     img[k].state, (unsigned long long)img[k].cq_pos,
-				     (long long)(img[k].deadline_ns - r->d1) / (long long)MS,
-				     (long long)(nd.deadline_ns - r->d1) / (long long)MS);
-		} else {
-			for (unsigned i = 0; i < n; i++)
-				cr_assert_eq(ev[i].deadline_ns, r->d1 + i * BEHIND_PERIOD,
-					     "image %u of %u (state %u, cq_pos %#llx, deadline d1%+lld ms): event %u of "
-					     "%u at d1%+lld ms: the reset not applied, and a period lost or repeated", k,
-					     nimg, img[k].state, (unsigned long long)img[k].cq_pos,
-					     (long long)(img[k].deadline_ns - r->d1) / (long long)MS, i, n,
-					     (long long)(ev[i].deadline_ns - r->d1) / (long long)MS);
-		}
-		chime_close(c);
-		kill(tb.pid, SIGKILL);
-		cr_assert_eq(waitpid(tb.pid, &e, 0), tb.pid);
-		tb.pid = 0;
-	}
-	munmap(r, sizeof(*r));
+	each_reset_image(BEHIND_PERIOD, 20 * MS, reset_behind_whole);
 }
 
 /* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */

@@ -732,8 +732,22 @@ static bool node_cancel(struct shard_core *sc, struct chan *ch, uint32_t idx)
 	 * with a ring position is, to restore.c, one deliver() is re-arming.
 	 * And no ALLOC step before node_release(): a cancelled held event
 	 * left ALLOC, its deadline past, would be taken for one that fired.
+	 * A periodic's voided event stays in the node by its deadline
+	 * (CHAN_POS_AT, F9) until the node is free: a broker killed in
+	 * between leaves the cancel not applied, that event and the timer
+	 * kept, as if killed before it. Before, a kill there lost the event
+	 * and kept the timer: neither.
 	 */
-	event_void(ch, n);
+	if (n->period_ns && n->cq_pos >> 62 == 0 && n->cq_pos < ch->cq.tail &&
+	    !chime_cq_consumed(&ch->cq, n->cq_pos)) {
+		uint64_t pos = n->cq_pos;
+
+		n->cq_pos = chime_cq_void(&ch->cq, pos) ? CHAN_POS_AT | ch->cq.slots[pos & ch->cq.mask].deadline_ns :
+							  CHIME_POS_NONE;
+		at_crash_order();       /* F9 */
+	} else {
+		event_void(ch, n);
+	}
 	switch (n->state) {
 	case CHIME_NODE_ARMED:
 	case CHIME_NODE_EXPIRED:

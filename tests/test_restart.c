@@ -1499,6 +1499,7 @@ struct rs {
 	uint64_t d1;            /* the periodic's first deadline */
 	uint64_t period;
 	uint64_t d2;            /* the reset's */
+	int cancel;             /* cancel it instead */
 	chime_id_t id;
 	int go, done;
 };
@@ -1515,7 +1516,7 @@ static void reset_child(int wfd, void *arg)
 	(void)!write(wfd, "r", 1);
 	while (!__atomic_load_n(&r->go, __ATOMIC_ACQUIRE))
 		usleep(1000);
-	if (chime_reset(c, r->id, r->d2) < 0)
+	if ((r->cancel ? chime_cancel(c, r->id) : chime_reset(c, r->id, r->d2)) < 0)
 		_exit(2);
 	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
 	pause();
@@ -1525,6 +1526,8 @@ static bool reset_done(const struct chime_node *nd, const void *arg)
 {
 	const struct rs *r = arg;
 
+	if (r->cancel)
+		return nd->state == CHIME_NODE_FREE;
 	return nd->deadline_ns == r->d2 && nd->cq_pos == CHIME_POS_NONE;
 }
 
@@ -1607,7 +1610,7 @@ static void image_done(chime_t *c)
  */
 typedef void reset_check_fn(const struct rs *r, const char *what, const char *path, uint64_t off, chime_t *c);
 
-static void each_reset_image(uint64_t period, uint64_t d1_ahead, reset_check_fn *check)
+static void each_reset_image(uint64_t period, uint64_t d1_ahead, bool cancel, reset_check_fn *check)
 {
 	struct rs *r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	struct chime_node img[32];
@@ -1619,6 +1622,7 @@ static void each_reset_image(uint64_t period, uint64_t d1_ahead, reset_check_fn 
 	r->d1 = now_ns() + d1_ahead;
 	r->period = period;
 	r->d2 = r->d1 + 2 * HOUR;
+	r->cancel = cancel;
 	nimg = reset_stepped(r, path, &off, img);
 	cr_assert_geq(nimg, 2);
 	for (unsigned k = 0; k < nimg; k++) {
@@ -1650,7 +1654,7 @@ static void reset_whole(const struct rs *r, const char *what, const char *path, 
 
 Test(restart, a_reset_cut_short_by_a_kill_is_applied_or_not_never_half)
 {
-	each_reset_image(HOUR, 50 * MS, reset_whole);
+	each_reset_image(HOUR, 50 * MS, false, reset_whole);
 }
 
 /* Nodes watched while the shard thread is single-stepped, as last read from the shard file. */
@@ -2259,7 +2263,38 @@ static void reset_behind_whole(const struct rs *r, const char *what, const char 
  */
 Test(restart, a_reset_of_a_periodic_held_behind_its_event_cut_short_is_applied_or_not)
 {
-	each_reset_image(BEHIND_PERIOD, 20 * MS, reset_behind_whole);
+	each_reset_image(BEHIND_PERIOD, 20 * MS, false, reset_behind_whole);
+}
+
+/* The cancel applied (no event, no timer) or not (the held event's period, then each later one). */
+static void cancel_whole(const struct rs *r, const char *what, const char *path, uint64_t off, chime_t *c)
+{
+	static struct chime_event ev[256];
+	unsigned n = collect(c, ev, 256, now_ns() + 200 * MS);
+	struct chime_node nd = node_at(path, off);
+
+	if (n == 0)
+		cr_assert(nd.state == CHIME_NODE_FREE || (nd.gen & CHIME_ID_GEN_MASK) != chime_id_gen(r->id),
+			  "%s: no event, and the timer still there (state %u)", what, nd.state);
+	for (unsigned i = 0; i < n; i++)
+		cr_assert_eq(ev[i].deadline_ns, r->d1 + i * r->period, "%s: event %u of %u at d1%+lld ms: the cancel "
+			     "not applied, and a period lost or repeated", what, i, n,
+			     (long long)(ev[i].deadline_ns - r->d1) / (long long)MS);
+}
+
+/*
+ * A session's process cancels a periodic whose event waits in its ring,
+ * untaken (its next period an hour away, or already held behind that
+ * event), and dies: each image of the node that the shard file went
+ * through, restored, is the cancel applied (no event, no timer) or not
+ * (that event, then the timer's later periods), never half. Before, the
+ * void cleared the event's position before the node was freed: a kill
+ * between kept the timer and lost the event.
+ */
+Test(restart, a_cancel_of_a_periodic_with_an_untaken_event_cut_short_is_applied_or_not)
+{
+	each_reset_image(HOUR, 50 * MS, true, cancel_whole);
+	each_reset_image(BEHIND_PERIOD, 20 * MS, true, cancel_whole);
 }
 
 /* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */

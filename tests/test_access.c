@@ -749,7 +749,9 @@ static uint64_t open_close_cost(const struct t_chimed *b, unsigned n)
  * open and the close cost, whatever --max-clients: each acknowledgement of
  * the shards (an attach, a detach) walked every slot of the table, and so
  * did the per-user count of every open, 65536 of them at --max-clients
- * 65536. One broker of each, the least of 3 rounds each, alternated.
+ * 65536. One broker of each, the least of 5 rounds each, alternated (of
+ * 3, an ASan run on a busy host once measured 425 us against 273; the
+ * walks had cost 447-574 us against 177-213).
  */
 Test(access, a_connect_loop_costs_the_broker_no_more_at_max_clients_65536)
 {
@@ -758,7 +760,7 @@ Test(access, a_connect_loop_costs_the_broker_no_more_at_max_clients_65536)
 
 	start("-n 1 --max-clients 256");
 	cr_assert_eq(t_chimed_start(&b, NULL, "-n 1 --max-clients 65536"), 0);
-	for (int round = 0; round < 3; round++) {
+	for (int round = 0; round < 5; round++) {
 		uint64_t s = open_close_cost(&tb, 300), l = open_close_cost(&b, 300);
 
 		small = s < small ? s : small;

@@ -777,18 +777,25 @@ Test(broker, a_waiter_watches_briefly_for_sparse_events_and_long_for_dense_ones)
 	cr_assert_leq(WAIT_SPIN_NS >> c->wait_spin_shift, 10000, "a 2 ms timer: the watch is %u ns",
 		      WAIT_SPIN_NS >> c->wait_spin_shift);
 	cr_assert_eq(chime_cancel(c, id), 0);
-	/* 2000 timers 20 us apart. */
-	d0 = chime_now() + 5 * MS;
-	for (unsigned i = 0; i < 2000; i++)
-		cr_assert_eq(chime_arm(c, 2, d0 + i * 20000u, 0, i, &id), 0);
-	for (n = 0; n < 2000;) {
-		int r = chime_wait(c, ev, 64, 1000);
+	/*
+	 * 2000 timers 20 us apart. Up to three times: on a busy host (an ASan
+	 * CI run) the events can reach this thread in clumps further apart
+	 * than the whole watch, which then has nothing to catch; a watch that
+	 * never comes back fails all three.
+	 */
+	for (unsigned attempt = 0; attempt < 3 && !whole; attempt++) {
+		d0 = chime_now() + 5 * MS;
+		for (unsigned i = 0; i < 2000; i++)
+			cr_assert_eq(chime_arm(c, 2, d0 + i * 20000u, 0, i, &id), 0);
+		for (n = 0; n < 2000;) {
+			int r = chime_wait(c, ev, 64, 1000);
 
-		cr_assert_gt(r, 0, "%llu of 2000 events", (unsigned long long)n);
-		n += (uint64_t)r;
-		whole |= c->wait_spin_shift == 0;
+			cr_assert_gt(r, 0, "%llu of 2000 events", (unsigned long long)n);
+			n += (uint64_t)r;
+			whole |= c->wait_spin_shift == 0;
+		}
 	}
-	cr_assert(whole, "events 20 us apart, and the watch stayed at %u ns",
+	cr_assert(whole, "events 20 us apart, three times, and the watch stayed at %u ns",
 		  WAIT_SPIN_NS >> c->wait_spin_shift);
 	chime_close(c);
 }

@@ -85,6 +85,9 @@ struct client {
 	int *bells;             /* [nr_shards]: its own doorbell eventfd per shard (we only read them) */
 	int rw_fd, ro_fd;
 	struct chime_map rw, ro;
+	int touch_fd;           /* its touch table (an anonymous client that asked), or -1 */
+	struct chime_map touch;
+	bool want_touch;        /* its hello asked for the table (CHIME_HELLO_TOUCH) */
 	struct chan *chans;     /* [nr_shards], each owned by its shard while attached */
 	struct chan_mem *mems;
 	struct shard_ack ack;
@@ -177,7 +180,7 @@ void send_status(int fd, int32_t status);
 void read_comm(pid_t pid, char comm[16]);
 int socket_access(struct broker *b);
 void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session,
-		  uint64_t sq_base);
+		  uint64_t sq_base, bool want_touch);
 void client_park(struct broker *b, struct client *c);
 void client_reattach(struct broker *b, struct client *c, int fd, const struct ucred *cred, bool resume,
 		     uint64_t sq_base);

@@ -52,6 +52,7 @@
 
 #define NODE(sc, i) wheel_node(&(sc)->wh, (i))
 #define CQ_AHEAD 8u             /* completion slots prefetched ahead of the one being written */
+#define unlikely(x) __builtin_expect(!!(x), 0)
 
 /* ---- node lists (backlog, ackwait) through node.next/prev ---- */
 
@@ -316,6 +317,71 @@ static void mark_immediate(struct shard_core *sc, struct chime_node *n, uint64_t
 		n->gen &= ~CHIME_NODE_IMMEDIATE;
 }
 
+/* ---- touch tables (chime_shm.h, struct chime_touch) ---- */
+
+#define TOUCH_PER_PAGE (4096u / sizeof(struct chime_touch))
+
+/*
+ * May the shard read and write node idx's entry of the client's table?
+ * Every page of it the shard touches first is faulted in by the broker
+ * (a client's own resets write an entry before its record, but a hostile
+ * one need not): at most one page per 32 nodes the client owns, plus 64
+ * (a client's timers spread over 8 times the pages of a packed run of
+ * them), so that no client makes the broker hold more of its table than
+ * 128 bytes per timer. Past it, its RESET_TOUCH records are plain resets.
+ */
+static bool touch_page_ok(struct chan *ch, uint32_t idx)
+{
+	uint32_t page = idx / TOUCH_PER_PAGE;
+	uint64_t bit = UINT64_C(1) << (page % 64);
+
+	if (ch->touch_seen[page / 64] & bit)
+		return true;
+	if (ch->touch_pages >= ch->owned / 32 + 64)
+		return false;
+	ch->touch_seen[page / 64] |= bit;
+	ch->touch_pages++;
+	return true;
+}
+
+/*
+ * A flagged node's deadline came. Its word is the client's latest
+ * deadline: later, the timer goes back on the wheel there and nothing is
+ * delivered (the touches since the shard last looked cost this one
+ * re-arm, counted as a reset); not later, FIRED goes into the word, which
+ * sends the client's next resets through the ring, and it fires. Between
+ * the load and the fetch-or the client may have moved it: then it is
+ * re-armed and FIRED taken back (a failed CAS there: the client wrote the
+ * word since, through the ring, whose record follows).
+ */
+static bool touch_moved(struct shard_core *sc, struct chan *ch, uint32_t idx)
+{
+	struct chime_node *n = NODE(sc, idx);
+	uint64_t *word = &ch->touch[idx].deadline_ns;
+	uint64_t w = at_load(word);
+
+	if ((w & CHIME_TOUCH_FIRED) || w <= n->deadline_ns) {
+		uint64_t fired;
+
+		w = at_fetch_or(word, CHIME_TOUCH_FIRED);
+		if ((w & CHIME_TOUCH_FIRED) || w <= n->deadline_ns)
+			return false;
+		fired = w | CHIME_TOUCH_FIRED;
+		(void)at_cas(word, &fired, w);
+	}
+	mark_immediate(sc, n, w);
+	wheel_arm(&sc->wh, idx, w);
+	stats_reset(sc->st, ch->slot);
+	return true;
+}
+
+/* A plain RESET of a flagged node (a client mixing them hurts only itself): the word is not read again. */
+static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
+{
+	n->gen &= ~CHIME_NODE_TOUCH;
+	at_store_rel(&ch->touch[idx].tag, (uint64_t)(n->gen & CHIME_ID_GEN_MASK));
+}
+
 /* ---- delivery ---- */
 
 /* Write node idx's event into the ring (room > 0). The caller counts it (stats_deliver_n()). Inline: per event. */
@@ -409,6 +475,8 @@ static inline __attribute__((always_inline)) void fire(struct shard_core *sc, st
 		node_release(sc, ch, idx);
 		return;
 	}
+	if (unlikely(n->gen & CHIME_NODE_TOUCH) && touch_moved(sc, ch, idx))
+		return;
 	if (r->ch != ch || r->deadline_ns != n->deadline_ns || r->periodic != periodic ||
 	    r->immediate != immediate) {
 		run_flush(sc, r, now_ns);
@@ -856,6 +924,40 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 		stats_rearmed(sc->st, ch->slot);
 }
 
+/*
+ * RESET_TOUCH: a reset whose deadline is the word of the client's table
+ * (the client wrote it before the record; a later write of its wins).
+ * A one-shot still armed after it is flagged, and the tag tells the
+ * client so (release: after the deadline it read), whose next resets to
+ * a later deadline are then a CAS on the word alone (touch_moved()). A
+ * client with no table, or past its pages (touch_page_ok()), gets the
+ * record's deadline, as a RESET.
+ */
+static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t deadline_ns)
+{
+	struct chime_node *n = NODE(sc, idx);
+	uint64_t *word, w;
+
+	if (!ch->touch || !touch_page_ok(ch, idx)) {
+		if (n->gen & CHIME_NODE_TOUCH)
+			n->gen &= ~CHIME_NODE_TOUCH;    /* no table: cannot happen */
+		node_reset(sc, ch, idx, deadline_ns);
+		return;
+	}
+	word = &ch->touch[idx].deadline_ns;
+	w = at_load(word);
+	node_reset(sc, ch, idx, w & ~CHIME_TOUCH_FIRED);
+	if (n->state == CHIME_NODE_FREE || n->period_ns)
+		return;         /* gone (its event was taken), or periodic: never flagged */
+	/* fired after the client wrote the word, and the event voided: the fast path again */
+	if (w & CHIME_TOUCH_FIRED)
+		(void)at_cas(word, &w, w & ~CHIME_TOUCH_FIRED);
+	if (!(n->gen & CHIME_NODE_TOUCH)) {
+		n->gen |= CHIME_NODE_TOUCH;
+		at_store_rel(&ch->touch[idx].tag, (uint64_t)(n->gen & CHIME_ID_GEN_MASK) | CHIME_TOUCH_ON);
+	}
+}
+
 /* ---- CANCEL_KEY, in steps ---- */
 
 /* Its cursor is set now: the walk sees what was armed before the record, whenever it steps. */
@@ -977,6 +1079,7 @@ static inline void prefetch_record(struct shard_core *sc, struct chan *ch, uint6
 		__builtin_prefetch(&sc->ki.heads[keyidx_bucket(&sc->ki, ch->slot, at_load(&s->key))], 1);
 		return;
 	case CHIME_OP_RESET:
+	case CHIME_OP_RESET_TOUCH:
 	case CHIME_OP_CANCEL:
 		prefetch_node(sc, chime_id_index(at_load(&s->id)));
 		return;
@@ -1046,8 +1149,16 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 			continue;       /* op_arm frees the slot itself */
 		case CHIME_OP_RESET:
 			idx = lookup(sc, ch, r.id);
+			if (idx == CHIME_NIL)
+				break;
+			if (unlikely(NODE(sc, idx)->gen & CHIME_NODE_TOUCH))
+				touch_unflag(ch, NODE(sc, idx), idx);
+			node_reset(sc, ch, idx, r.deadline_ns);
+			break;
+		case CHIME_OP_RESET_TOUCH:
+			idx = lookup(sc, ch, r.id);
 			if (idx != CHIME_NIL)
-				node_reset(sc, ch, idx, r.deadline_ns);
+				node_touch(sc, ch, idx, r.deadline_ns);
 			break;
 		case CHIME_OP_CANCEL:
 			idx = lookup(sc, ch, r.id);
@@ -1324,6 +1435,16 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 
 	if (r < 0)
 		return r;
+	if (m->touch) {
+		uint64_t pages = ((uint64_t)sc->capacity + TOUCH_PER_PAGE - 1) / TOUCH_PER_PAGE;
+
+		ch->touch_seen = calloc((pages + 63) / 64, sizeof(*ch->touch_seen));
+		if (!ch->touch_seen) {
+			chan_fini(ch);
+			return -ENOMEM;
+		}
+		ch->touch = m->touch;
+	}
 	rings_init(sc, ch, m);
 	sc->by_slot[slot] = ch;
 	stats_client_attach(sc->st, slot, generation);
@@ -1656,6 +1777,9 @@ void chan_fini(struct chan *ch)
 {
 	free(ch->grants);
 	ch->grants = NULL;
+	free(ch->touch_seen);
+	ch->touch_seen = NULL;
+	ch->touch = NULL;
 	free(ch->park_order);
 	ch->park_order = NULL;
 	chan_settle_set(ch, NULL, 0);

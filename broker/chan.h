@@ -93,6 +93,7 @@ struct chan_mem {
 	uint64_t sq_base;               /* the submission rings' first position (a multiple of sq_size) */
 	int wake_fd;                    /* broker's end of the client's socket; -1: count only (tests) */
 	int bell_fd;                    /* this client's doorbell for this shard; -1: none (tests) */
+	struct chime_touch *touch;      /* rw: this shard's part of the client's touch table, or NULL */
 };
 
 /*
@@ -209,6 +210,15 @@ struct chan {
 	uint32_t nr_settle;             /* restored events "delivered, maybe taken", in settle[] */
 	struct chan_settle *settle;     /* held back (at the backlog's head) until settled, see chan.c */
 	const struct chime_chan_rw *crw; /* the client's rw half of this channel (resume_*) */
+	/*
+	 * The client's touch table (capacity entries), or NULL; and the pages
+	 * of it this shard has read or written (one bit per page), of which
+	 * there are touch_pages: a client cannot make the shard fault in more
+	 * of its table than its timers need (touch_page_ok()).
+	 */
+	struct chime_touch *touch;
+	uint64_t *touch_seen;
+	uint64_t touch_pages;
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
 	struct chan_user *user;         /* its user's share: owned counts into user->owned too */

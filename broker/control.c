@@ -725,7 +725,7 @@ void send_status(int fd, int32_t status)
 
 static int send_welcome(struct broker *b, struct client *c)
 {
-	uint32_t nfds = CHIME_WELCOME_FIXED_FDS + b->o.nr_shards;
+	uint32_t nfds = CHIME_WELCOME_FIXED_FDS + b->o.nr_shards + (c->touch_fd >= 0);
 	struct chime_welcome w = {
 		.magic = CHIME_HELLO_MAGIC,
 		.layout = CHIME_SHM_LAYOUT,
@@ -736,7 +736,8 @@ static int send_welcome(struct broker *b, struct client *c)
 		.rw_size = c->rw.size,
 		.ro_size = c->ro.size,
 		.pub_size = b->pub_map.size,
-		.features = CHIME_WELCOME_F_CLAIMS,    /* chan.c: word_wait */
+		/* chan.c: word_wait; the touch table if it asked */
+		.features = CHIME_WELCOME_F_CLAIMS | (c->touch_fd >= 0 ? CHIME_WELCOME_F_TOUCH : 0),
 	};
 	size_t clen = CMSG_SPACE(sizeof(int) * nfds);
 	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
@@ -759,6 +760,8 @@ static int send_welcome(struct broker *b, struct client *c)
 	fds[2] = c->ro_fd;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
 		fds[CHIME_WELCOME_FIXED_FDS + i] = c->bells[i];
+	if (c->touch_fd >= 0)
+		fds[CHIME_WELCOME_FIXED_FDS + b->o.nr_shards] = c->touch_fd;
 	if (sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
 		r = -errno;
 	free(cbuf);
@@ -775,10 +778,14 @@ static void conn_release(struct broker *b, struct client *c)
 	c->mems = NULL;
 	chime_seg_unmap(&c->rw);
 	chime_seg_unmap(&c->ro);
+	chime_seg_unmap(&c->touch);
 	if (c->rw_fd >= 0)
 		close(c->rw_fd);
 	if (c->ro_fd >= 0)
 		close(c->ro_fd);
+	if (c->touch_fd >= 0)
+		close(c->touch_fd);
+	c->touch_fd = -1;
 	for (uint32_t i = 0; c->bells && i < b->o.nr_shards; i++)
 		if (c->bells[i] >= 0)
 			close(c->bells[i]);
@@ -801,6 +808,24 @@ static void client_release(struct broker *b, struct client *c)
 		close(c->next_fd);
 	c->next_fd = -1;
 	c->state = CL_FREE;
+}
+
+/*
+ * An anonymous client's touch table (chime_shm.h, struct chime_touch): 16
+ * bytes per node of every shard, address space only until the client
+ * writes an entry (the shards fault in no more of it than its timers need,
+ * chan.c). Sealed, as its segments are.
+ */
+static int touch_table(struct broker *b, struct client *c)
+{
+	size_t per_shard = (size_t)b->o.capacity * sizeof(struct chime_touch);
+	int r = chime_seg_memfd("chime-client-touch", per_shard * b->o.nr_shards, &c->touch_fd, &c->touch);
+
+	if (r < 0)
+		return r;
+	for (uint32_t s = 0; s < b->o.nr_shards; s++)
+		c->mems[s].touch = (struct chime_touch *)((char *)c->touch.base + s * per_shard);
+	return chime_seg_seal(c->touch_fd, false);
 }
 
 /* Build the client's segments and channel descriptions. */
@@ -864,7 +889,10 @@ static int client_segments(struct broker *b, struct client *c)
 	r = chime_seg_seal(c->rw_fd, false);
 	if (r < 0)
 		return r;
-	return chime_seg_seal(c->ro_fd, true);
+	r = chime_seg_seal(c->ro_fd, true);
+	if (r < 0 || !c->want_touch)
+		return r;
+	return touch_table(b, c);
 }
 
 static void post_all(struct broker *b, struct client *c, uint32_t op)
@@ -992,7 +1020,9 @@ static void on_notify(struct broker *b)
 			/* The mappings keep the memory: the fds were only for the client. */
 			close(c->rw_fd);
 			close(c->ro_fd);
-			c->rw_fd = c->ro_fd = -1;
+			if (c->touch_fd >= 0)
+				close(c->touch_fd);
+			c->rw_fd = c->ro_fd = c->touch_fd = -1;
 			c->state = CL_ACTIVE;
 			table_set(b, c, CHIME_CLIENT_ACTIVE);
 			/*
@@ -1441,7 +1471,7 @@ int broker_run(struct broker *b)
  * posted to every shard (the welcome follows their acks, on_notify()).
  */
 void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session,
-		  uint64_t sq_base)
+		  uint64_t sq_base, bool want_touch)
 {
 	struct client *c = NULL;
 	int r;
@@ -1465,8 +1495,9 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	/* generation survives: it counts the slot's reuses. */
 	memset(c, 0, offsetof(struct client, generation));
 	c->slot = (uint16_t)(c - b->clients);
-	c->rw_fd = c->ro_fd = -1;
+	c->rw_fd = c->ro_fd = c->touch_fd = -1;
 	c->fd = c->next_fd = -1;
+	c->want_touch = want_touch && !session[0];      /* a session's timers outlive the table */
 	c->hup_seq++;
 	snprintf(c->session, sizeof(c->session), "%s", session);
 	c->sq_base = sq_base;   /* a resuming library whose session this broker does not know */

@@ -445,7 +445,7 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 			send_status(cn->fd, -EUSERS);
 			return;
 		}
-		client_admit(b, cn, cred, name, h->sq_base);
+		client_admit(b, cn, cred, name, h->sq_base, false);
 		return;
 	}
 	if (c->cred.uid != cred->uid) {
@@ -672,7 +672,7 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 		send_status(cn->fd, -EUSERS);
 		return;
 	}
-	client_admit(b, cn, &cred, "", 0);
+	client_admit(b, cn, &cred, "", 0, h->limit == CHIME_HELLO_TOUCH);
 }
 
 /*

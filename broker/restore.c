@@ -127,8 +127,12 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			rs->grants++;
 			continue;
 		}
-		/* The deadline was the broker's: if it fires late, that is lateness, not "immediate". */
-		n->gen &= ~CHIME_NODE_IMMEDIATE;
+		/*
+		 * The deadline was the broker's: if it fires late, that is
+		 * lateness, not "immediate". No touch flag: only anonymous
+		 * clients have tables, and their timers are not kept.
+		 */
+		n->gen &= ~CHIME_NODE_FLAGS;
 		key = n->deadline_ns;
 		if (chan_pos_at(n->cq_pos)) {
 			/*

@@ -1433,7 +1433,7 @@ static bool node_sane(const struct chime_node *n)
 		return false;
 	return n->state == CHIME_NODE_FREE ||
 	       ((n->gen & CHIME_ID_GEN_MASK) != 0 &&
-		(n->gen & ~(CHIME_ID_GEN_MASK | CHIME_NODE_IMMEDIATE)) == 0);
+		(n->gen & ~(CHIME_ID_GEN_MASK | CHIME_NODE_FLAGS)) == 0);
 }
 
 int wheel_rebuild(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
@@ -1695,7 +1695,7 @@ void wheel_check(const struct wheel *wh)
 		cnt[nodes[i].state]++;
 		if (nodes[i].state != CHIME_NODE_FREE)
 			CHECK((nodes[i].gen & CHIME_ID_GEN_MASK) != 0 &&
-			      (nodes[i].gen & ~(CHIME_ID_GEN_MASK | CHIME_NODE_IMMEDIATE)) == 0,
+			      (nodes[i].gen & ~(CHIME_ID_GEN_MASK | CHIME_NODE_FLAGS)) == 0,
 			      "node %u gen %u", i, nodes[i].gen);
 	}
 	CHECK(cnt[CHIME_NODE_ARMED] == on_slots + on_raw, "%llu ARMED, %llu on slots, %llu raw",

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -121,12 +122,13 @@ static int connect_broker(const char *path, int *out)
 	return 0;
 }
 
-static int send_hello(int fd, const char *session, uint32_t flags, uint64_t sq_base)
+static int send_hello(int fd, const char *session, uint32_t flags, uint64_t sq_base, bool touch)
 {
 	struct chime_hello hello = {
 		.magic = CHIME_HELLO_MAGIC,
 		.layout = CHIME_SHM_LAYOUT,
 		.flags = flags,
+		.limit = touch ? CHIME_HELLO_TOUCH : 0,
 		.sq_base = sq_base,
 	};
 	ssize_t n;
@@ -205,7 +207,8 @@ static int recv_welcome(int sock, struct chime_welcome *w, int *fds, unsigned *n
 	else if (r == 0 && w->layout != CHIME_SHM_LAYOUT)
 		r = -EPROTO;
 	else if (r == 0 && (w->status != 0 || w->nr_shards == 0 || w->nr_shards > CHIME_MAX_SHARDS ||
-			    w->nr_fds != CHIME_WELCOME_FIXED_FDS + w->nr_shards || n != w->nr_fds))
+			    w->nr_fds != CHIME_WELCOME_FIXED_FDS + w->nr_shards +
+					 ((w->features & CHIME_WELCOME_F_TOUCH) != 0) || n != w->nr_fds))
 		r = -EBADMSG;
 	if (r < 0) {
 		close_fds(fds, n);
@@ -264,14 +267,14 @@ static int check_geometry(const struct chime_welcome *w, const struct chime_map 
 	return 0;
 }
 
-int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, int *sock,
+int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, bool touch, int *sock,
 	    struct chime_welcome *w, int *fds, unsigned *nfds)
 {
 	int r = connect_broker(path, sock);
 
 	if (r < 0)
 		return r;
-	r = send_hello(*sock, session, flags, sq_base);
+	r = send_hello(*sock, session, flags, sq_base, touch);
 	/*
 	 * Hung up on: a broker out of descriptors refuses before our hello
 	 * (EUSERS), and its refusal may be waiting; the peer is gone, so this
@@ -405,6 +408,7 @@ static void chime_free(struct chime *c)
 	chime_seg_unmap(&c->pub_map);
 	chime_seg_unmap(&c->rw_map);
 	chime_seg_unmap(&c->ro_map);
+	chime_seg_unmap(&c->touch_map);
 	if (c->ep_fd >= 0)
 		close(c->ep_fd);
 	if (c->kick_fd >= 0)
@@ -433,6 +437,30 @@ static int wake_fds(struct chime *c)
 	return 0;
 }
 
+/*
+ * The touch table: capacity entries per shard, all shards' capacity alike.
+ * A size that is not that is refused (-EBADMSG), as a malformed segment is.
+ */
+static int map_touch(struct chime *c, int fd)
+{
+	uint64_t per_shard = (uint64_t)c->nr_shards * sizeof(struct chime_touch);
+	struct stat st;
+	void *p;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode) || st.st_size <= 0 || (uint64_t)st.st_size % per_shard ||
+	    (uint64_t)st.st_size / per_shard > UINT32_MAX)
+		return -EBADMSG;
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return errno == ENFILE || errno == EMFILE ? -ENOMEM : -errno;
+	c->touch_map = (struct chime_map){ .base = p, .size = (size_t)st.st_size };
+	c->touch = p;
+	c->touch_cap = (uint32_t)((uint64_t)st.st_size / per_shard);
+	return 0;
+}
+
 static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 {
 	struct chime_map maps[3];
@@ -440,8 +468,13 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 	int r;
 
 	r = cl_map(w, fds, maps, &g);
-	if (r < 0)
+	if (r == 0 && (w->features & CHIME_WELCOME_F_TOUCH))
+		r = map_touch(c, fds[CHIME_WELCOME_FIXED_FDS + w->nr_shards]);
+	if (r < 0) {
+		for (int i = 0; i < 3; i++)
+			chime_seg_unmap(&maps[i]);
 		return r;
+	}
 	c->pub_map = maps[0];
 	c->rw_map = maps[1];
 	c->ro_map = maps[2];
@@ -504,12 +537,12 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	int sock = -1, r;
 
 	/* A session name as the broker accepts it: 1..63 bytes of [A-Za-z0-9._-]. */
-	if (!out || flags != 0 || (session && chime_session_len(session) <= 0))
+	if (!out || (flags & ~CHIME_OPEN_RECORD_RESETS) || (session && chime_session_len(session) <= 0))
 		return -EINVAL;
 	r = resolve_path(socket_path, path);
 	if (r < 0)
 		return r;
-	r = cl_dial(path, session, 0, 0, &sock, &w, fds, &nfds);
+	r = cl_dial(path, session, 0, 0, !session && !(flags & CHIME_OPEN_RECORD_RESETS), &sock, &w, fds, &nfds);
 	if (r < 0)
 		return r;
 	c = calloc(1, sizeof(*c) + w.nr_shards * sizeof(c->chan[0]));

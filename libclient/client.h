@@ -111,6 +111,14 @@ struct chime {
 	struct chime_map ro_map;
 	const struct chime_pub *pub;
 	struct chime_client_rw *rw;
+	/*
+	 * The touch table (an anonymous connection's, if the broker gave one:
+	 * CHIME_WELCOME_F_TOUCH), shard s's entries at s * touch_cap; NULL:
+	 * every reset is a record.
+	 */
+	struct chime_touch *touch;
+	uint32_t touch_cap;
+	struct chime_map touch_map;
 
 	/* drainer state */
 	uint32_t rr;                        /* first shard of the next drain (fairness) */
@@ -150,8 +158,11 @@ bool cl_broker_gone(struct chime *c, bool probe);
 /* Cheap liveness check for idle paths: probes the socket at most once a second,
  * and only when the broker's heartbeat is stale or it announced a stop. */
 bool cl_broker_check(struct chime *c, uint64_t now);
-/* connect(), hello, welcome: the welcome's fds in fds[0..*nfds) and *sock are the caller's. */
-int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, int *sock,
+/*
+ * connect(), hello, welcome: the welcome's fds in fds[0..*nfds) and *sock
+ * are the caller's. touch: ask for a touch table (anonymous only).
+ */
+int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, bool touch, int *sock,
 	    struct chime_welcome *w, int *fds, unsigned *nfds);
 /* Map and check the welcome's three segments (public, rw, ro); nothing stays mapped on error. */
 int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[3], struct chime_client_geom *g);

@@ -181,6 +181,7 @@ static uint64_t scan_pending(struct chime *c, struct chime_chan *ch)
 			pend_add(c, rec.id, CHIME_PEND_ID, CHIME_PEND_CANCEL, pos);
 			break;
 		case CHIME_OP_RESET:
+		case CHIME_OP_RESET_TOUCH:
 			pend_add(c, rec.id, CHIME_PEND_ID, CHIME_PEND_RESET, pos);
 			break;
 		case CHIME_OP_CANCEL_KEY:

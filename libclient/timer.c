@@ -195,6 +195,67 @@ static inline void arm_backlog(struct chime *c, uint32_t s, uint64_t from, uint3
 		tl_home = s + 1 < c->nr_shards ? s + 2 : 1;
 }
 
+static inline bool id_ok(const struct chime *c, chime_id_t id)
+{
+	return id != 0 && chime_id_gen(id) != 0 && chime_id_shard(id) < c->nr_shards;
+}
+
+/* ---- touch table (chime_shm.h, struct chime_touch) ---- */
+
+static inline struct chime_touch *touch_entry(const struct chime *c, chime_id_t id)
+{
+	uint32_t idx = chime_id_index(id);
+
+	return idx < c->touch_cap ? &c->touch[(uint64_t)chime_id_shard(id) * c->touch_cap + idx] : NULL;
+}
+
+/*
+ * An ARM's id, before it is returned: its entry's tag names this
+ * generation, so that a reset of an earlier timer of that node (a stale
+ * id) writes its word no more (touch_reset()).
+ */
+static inline void touch_armed(struct chime *c, chime_id_t id)
+{
+	struct chime_touch *t = touch_entry(c, id);
+
+	if (t)
+		at_store(&t->tag, (uint64_t)chime_id_gen(id));
+}
+
+/*
+ * A reset with a table. True: done by the word alone (the shard flagged
+ * the timer, the word is not FIRED and *deadline_ns is no earlier than
+ * it). False: the caller publishes a RESET_TOUCH for *deadline_ns, which
+ * is now in the word too, unless the tag names another generation (the
+ * id is stale: the shard ignores the record, and the word is another
+ * timer's). Every CAS that fails re-reads the tag: the node may have
+ * been reused meanwhile.
+ */
+static bool touch_reset(struct chime *c, chime_id_t id, uint64_t *deadline_ns)
+{
+	struct chime_touch *t = touch_entry(c, id);
+	uint64_t gen = chime_id_gen(id), d = *deadline_ns;
+
+	if (unlikely(d > CHIME_TOUCH_MAX_NS))
+		*deadline_ns = d = CHIME_TOUCH_MAX_NS;
+	if (unlikely(!t))
+		return false;
+	for (;;) {
+		/* acquire: pairs with the shard's release of ON, after its read of the word */
+		uint64_t tag = at_load_acq(&t->tag), w = at_load(&t->deadline_ns);
+
+		if ((tag & CHIME_ID_GEN_MASK) != gen)
+			return false;
+		if (tag == (gen | CHIME_TOUCH_ON) && !(w & CHIME_TOUCH_FIRED) && d >= w) {
+			if (at_cas(&t->deadline_ns, &w, d))
+				return true;
+			continue;
+		}
+		if (at_cas(&t->deadline_ns, &w, d))
+			return false;
+	}
+}
+
 static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t id, uint64_t key,
 			 uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data, chime_id_t *out)
 {
@@ -212,6 +273,8 @@ static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_
 			return cl_dead_errno(c);
 	}
 	refused = fill(sqe, shard, op, &id, key, deadline_ns, period_ns, user_data);
+	if (c->touch && op == CHIME_OP_ARM && !refused)
+		touch_armed(c, id);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
 	cl_doorbell_by(ch, need_by(op, deadline_ns), pos, 1);
@@ -255,11 +318,6 @@ static int arm_elsewhere(struct chime *c, uint32_t s, int r, uint64_t key, uint6
 	return r;
 }
 
-static inline bool id_ok(const struct chime *c, chime_id_t id)
-{
-	return id != 0 && chime_id_gen(id) != 0 && chime_id_shard(id) < c->nr_shards;
-}
-
 /* The shard for this thread's next ARM (or batch of them): its home. */
 static inline uint32_t home_shard(const struct chime *c)
 {
@@ -294,6 +352,13 @@ CHIME_PUBLIC int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns)
 {
 	if (unlikely(!c || !id_ok(c, id)))
 		return -EINVAL;
+	if (c->touch) {
+		if (unlikely(cl_gone_for_ops(c)))
+			return cl_dead_errno(c);
+		if (touch_reset(c, id, &deadline_ns))
+			return 0;
+		return submit(c, chime_id_shard(id), CHIME_OP_RESET_TOUCH, id, 0, deadline_ns, 0, 0, NULL);
+	}
 	return submit(c, chime_id_shard(id), CHIME_OP_RESET, id, 0, deadline_ns, 0, 0, NULL);
 }
 
@@ -413,10 +478,19 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 						 o->user_data);
 				if (likely(!o->result)) {
 					o->id = id;
+					if (c->touch)
+						touch_armed(c, id);
 					t->ok++;
 				} else {
 					t->refused++;
 				}
+			} else if (o->op == CHIME_RESET && c->touch) {
+				/* its word written by chime_submit() */
+				(void)fill(sqe, s, CHIME_OP_RESET_TOUCH, &id, 0,
+					   o->deadline_ns > CHIME_TOUCH_MAX_NS ? CHIME_TOUCH_MAX_NS : o->deadline_ns, 0, 0);
+				voids = true;
+				o->result = 0;
+				t->ok++;
 			} else {
 				(void)fill(sqe, s, o->op, &id, o->key, o->deadline_ns, 0, 0);
 				voids = true;
@@ -443,15 +517,27 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 	uint32_t count[CHIME_MAX_SHARDS];
 	struct batch_tally t = { 0, 0 };
 	uint32_t arm_shard;
+	bool live;
 	int r = 0;
 
 	if (unlikely(!c || (!ops && n)))
 		return -EINVAL;
 	memset(count, 0, c->nr_shards * sizeof(count[0]));
 	arm_shard = home_shard(c);
+	live = !cl_gone_for_ops(c);
 	for (unsigned i = 0; i < n; i++) {
 		uint32_t to = op_shard(c, &ops[i], arm_shard);
 
+		/* A reset with a table: by its word alone, or its word written now, its record below. */
+		if (ops[i].op == CHIME_RESET && c->touch && to != TO_NONE && live) {
+			uint64_t d = ops[i].deadline_ns;
+
+			if (touch_reset(c, ops[i].id, &d)) {
+				ops[i].result = 0;
+				t.ok++;
+				continue;
+			}
+		}
 		ops[i].result = to == TO_NONE ? -EINVAL : (int32_t)(PENDING + to);
 		if (ops[i].op == CHIME_ARM)
 			ops[i].id = 0;

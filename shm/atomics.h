@@ -38,6 +38,8 @@
 	__atomic_compare_exchange_n((p), (cur), (v), false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)
 #define at_add(p, v)            __atomic_add_fetch((p), (v), __ATOMIC_ACQ_REL)
 #define at_sub(p, v)            __atomic_sub_fetch((p), (v), __ATOMIC_ACQ_REL)
+/* Returns the value before. */
+#define at_fetch_or(p, v)       __atomic_fetch_or((p), (v), __ATOMIC_SEQ_CST)
 
 /* Stand-alone fences, where an ordered access cannot carry the edge. */
 #define at_fence()              __atomic_thread_fence(__ATOMIC_SEQ_CST)

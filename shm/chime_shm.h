@@ -161,6 +161,10 @@ struct chime_node {
 /* In node.gen, above the generation: armed already due, so its lateness means nothing. */
 #define CHIME_NODE_IMMEDIATE (UINT32_C(1) << 31)
 _Static_assert(CHIME_ID_GEN_MASK < CHIME_NODE_IMMEDIATE, "the flag is above the generation");
+/* In node.gen: a one-shot whose deadline its client's touch table may move later (chime_touch). */
+#define CHIME_NODE_TOUCH (UINT32_C(1) << 30)
+_Static_assert(CHIME_ID_GEN_MASK < CHIME_NODE_TOUCH, "the flag is above the generation");
+#define CHIME_NODE_FLAGS (CHIME_NODE_IMMEDIATE | CHIME_NODE_TOUCH)
 
 _Static_assert(sizeof(struct chime_node) == 64, "a timer is one cache line");
 _Static_assert(offsetof(struct chime_node, deadline_ns) == 16, "moved: bump CHIME_SHM_LAYOUT");
@@ -216,6 +220,8 @@ _Static_assert(sizeof(struct chime_wheel) % 64 == 0, "slab follows on a cache li
 #define CHIME_OP_CANCEL_KEY 4u  /* key */
 #define CHIME_OP_RESUMED    5u  /* libchime re-submitted what its old broker never read: the
 				 * session's grants kept for that are freed (not public) */
+#define CHIME_OP_RESET_TOUCH 6u /* id, deadline_ns: a RESET of a client with a touch table, whose
+				 * word (below) holds the deadline to apply (not public) */
 
 /*
  * One submission slot, 64 bytes. The ring is a bounded MPSC queue of such
@@ -956,5 +962,36 @@ _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIM
 #define CHIME_WELCOME_F_CLAIMS 1u
 
 #define CHIME_WELCOME_FIXED_FDS 3u
+
+/*
+ * Keepalive resets without a record (ARCHITECTURE.md, "Keepalive resets
+ * without a record"). An anonymous client asks for a touch table with
+ * `limit` = CHIME_HELLO_TOUCH in its hello (flags 0, no session; an older
+ * broker ignores the field); a broker that grants it sets
+ * CHIME_WELCOME_F_TOUCH and sends one more fd, after the doorbells: a
+ * sealed memfd of nr_shards * capacity entries (shard s's at s * capacity,
+ * capacity = size / (16 * nr_shards)), one per node, mapped read-write by
+ * both sides. It is the client's own memory: the broker trusts nothing in
+ * it but a deadline for that client's own timers.
+ *
+ * field       | writer                         | reader
+ * deadline_ns | client: CAS (the deadline it   | shard: when a flagged node's deadline comes
+ *             | wants, FIRED clear); shard:    | (later: back on the wheel there; else
+ *             | fetch-or FIRED as it fires     | FIRED, fired), and applying RESET_TOUCH
+ * tag         | client: gen at ARM, before the | client: its reset skips the record iff
+ *             | id is returned; shard: gen|ON  | tag == gen(id)|ON, the word not FIRED and
+ *             | (release) when it flags a node | its deadline >= the word
+ */
+#define CHIME_HELLO_TOUCH     UINT64_C(0x686375746f74)  /* "touch" */
+#define CHIME_WELCOME_F_TOUCH 2u
+#define CHIME_TOUCH_FIRED     (UINT64_C(1) << 63)       /* in deadline_ns: the shard fired it */
+#define CHIME_TOUCH_ON        (UINT64_C(1) << 31)       /* in tag: the shard reads the word */
+#define CHIME_TOUCH_MAX_NS    (CHIME_TOUCH_FIRED - 1)   /* later deadlines are kept as this */
+
+struct chime_touch {
+	uint64_t deadline_ns;
+	uint64_t tag;
+};
+_Static_assert(sizeof(struct chime_touch) == 16, "a touch entry is 16 B");
 
 #endif /* CHIME_SHM_H */

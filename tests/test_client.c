@@ -62,10 +62,13 @@ TestSuite(client, .init = setup, .fini = teardown, .timeout = 20);
 
 Test(client, open_rejects_null_out_and_flags)
 {
-	struct chime_opts o = { .socket_path = sock_path, .flags = 1 };
+	/* every bit but CHIME_OPEN_RECORD_RESETS is unknown */
+	struct chime_opts o = { .socket_path = sock_path, .flags = CHIME_OPEN_RECORD_RESETS << 1 };
 	chime_t *c = NULL;
 
 	cr_assert_eq(chime_open(NULL, NULL), -EINVAL);
+	cr_assert_eq(chime_open(&c, &o), -EINVAL);
+	o.flags = ~0u;
 	cr_assert_eq(chime_open(&c, &o), -EINVAL);
 	cr_assert_null(c);
 }

@@ -1436,7 +1436,7 @@ Test(wheel, rebuild_repairs_a_scribbled_region_node_by_node)
 
 			sane[k] = x->state <= CHIME_NODE_ACKWAIT &&
 				  (x->state == CHIME_NODE_FREE ||
-				   ((g & CHIME_ID_GEN_MASK) && !(g & ~(CHIME_ID_GEN_MASK | CHIME_NODE_IMMEDIATE))));
+				   ((g & CHIME_ID_GEN_MASK) && !(g & ~(CHIME_ID_GEN_MASK | CHIME_NODE_FLAGS))));
 			armed[k] = sane[k] && (x->state == CHIME_NODE_ARMED || x->state == CHIME_NODE_EXPIRED);
 			dl[k] = x->deadline_ns;
 			want_dropped += !sane[k];

@@ -43,7 +43,7 @@ typedef uint64_t chime_id_t;    /* a timer handle; never 0 */
 
 struct chime_opts {
 	const char *socket_path;    /* NULL: $CHIME_SOCKET if set, else the default path */
-	unsigned    flags;          /* 0 for now */
+	unsigned    flags;          /* 0, or CHIME_OPEN_RECORD_RESETS */
 	const char *session;        /* NULL: anonymous; else a session name (chime_open()) */
 };
 
@@ -54,6 +54,17 @@ struct chime_event {
 	uint64_t   deadline_ns;     /* the deadline that fired, CLOCK_MONOTONIC */
 	uint64_t   fired_ns;        /* when the broker fired it, CLOCK_MONOTONIC */
 };
+
+/*
+ * chime_opts.flags: every chime_reset() of this connection is a record in
+ * a ring, as a session's are. Without it, an anonymous connection's reset
+ * of a one-shot timer to a later deadline, once the broker has applied a
+ * reset of that timer, is a compare-and-swap on a word the broker reads
+ * when the earlier deadline comes (see chime_reset()); this flag is for
+ * comparing the two, or for a broker whose 16 bytes of address space per
+ * timer node for the table are too many.
+ */
+#define CHIME_OPEN_RECORD_RESETS 1u
 
 typedef void (*chime_cb)(const struct chime_event *event, void *arg);
 
@@ -74,7 +85,8 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  * its --session-linger (default 1 hour); `chimectl drop-session` does at once.
  *
  * Returns 0 and sets *out, or:
- *   -EINVAL        out is NULL, opts->flags is not 0, the path is empty or
+ *   -EINVAL        out is NULL, opts->flags has a bit other than
+ *                  CHIME_OPEN_RECORD_RESETS, the path is empty or
  *                  too long, or opts->session is not a valid name
  *   -ENOENT        no broker listens at the socket path
  *   -EACCES        the broker's policy refused this user (or the socket's permissions
@@ -146,6 +158,18 @@ int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns
  * ids, such as one naming a shard it does not have) or -ENOTCONN. A
  * well-formed id that names no live timer of this connection (another
  * connection's, a stale one) is accepted and ignored.
+ *
+ * On an anonymous connection (not CHIME_OPEN_RECORD_RESETS), once the
+ * broker has applied one reset of a one-shot timer, a reset of it to a
+ * deadline no earlier than its last one writes no record: it is a
+ * compare-and-swap on a word of the connection's table in shared memory,
+ * which the broker reads when the timer's previous deadline comes. The
+ * promises above are the same. Two differ: a deadline beyond 2^63 ns (292
+ * years) is kept as 2^63 - 1, and a reset of a timer that has ended (its
+ * event taken, or cancelled) racing with the reuse of its slot by a new
+ * timer of this connection armed meanwhile could, in a window of a few
+ * instructions, move the new timer if it had been reset to the very
+ * deadline the old reset read: reset ids you still hold, not stale ones.
  */
 int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns);
 

@@ -1,0 +1,445 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_touch.c - keepalive resets without a record (ARCHITECTURE.md, "Keepalive
+ * resets without a record"), against a real chimed: a reset of a flagged
+ * one-shot to a later deadline writes no record and the timer fires at its
+ * last deadline; an earlier reset, and one after the fire, go through the
+ * ring and keep chime_reset()'s promises; resets racing the fire from two
+ * threads give each timer once, never early; a stale id moves no other
+ * timer; a scribbled table hurts only its client; a session, and a client
+ * that asks for records, are never given a table.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "chime.h"
+#include "client.h"
+#include "helpers.h"
+
+#define MS 1000000ull
+
+static struct t_chimed tb;
+
+static void broker_start(void)
+{
+	cr_assert_eq(t_chimed_start(&tb, NULL, "--shards 2"), 0, "chimed did not come up");
+}
+
+static void broker_stop(void)
+{
+	t_chimed_stop(&tb, SIGKILL);
+}
+
+TestSuite(touch, .init = broker_start, .fini = broker_stop, .timeout = 120);
+
+static chime_t *copen(unsigned flags, const char *session)
+{
+	struct chime_opts o = { .socket_path = tb.sock, .flags = flags, .session = session };
+	chime_t *c = NULL;
+	int r = chime_open(&c, &o);
+
+	cr_assert_eq(r, 0, "chime_open: %s", strerror(-r));
+	return c;
+}
+
+/* Records this client has published, over every shard. */
+static uint64_t records(chime_t *c)
+{
+	uint64_t n = 0;
+
+	for (uint32_t s = 0; s < c->nr_shards; s++)
+		n += at_load(c->chan[s].sq.tail);
+	return n;
+}
+
+/* Until the broker has applied every record this client published (at most 5 s). */
+static void applied(chime_t *c)
+{
+	uint64_t until = now_ns() + 5000 * MS;
+
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		chime_flush(c);
+		while (at_load_acq(c->chan[s].sq_head) < at_load(c->chan[s].sq.tail)) {
+			cr_assert_lt(now_ns(), until, "shard %u did not apply the records", s);
+			usleep(200);
+		}
+	}
+}
+
+static const struct chime_touch *entry(chime_t *c, chime_id_t id)
+{
+	cr_assert_not_null(c->touch);
+	return &c->touch[(uint64_t)chime_id_shard(id) * c->touch_cap + chime_id_index(id)];
+}
+
+/* The next event (at most wait_ms away), asserted never early. 0: none came. */
+static int next_event(chime_t *c, struct chime_event *ev, int wait_ms)
+{
+	int n = chime_wait(c, ev, 1, wait_ms);
+
+	cr_assert_geq(n, 0, "chime_wait: %s", strerror(-n));
+	if (n == 1) {
+		cr_assert_geq(ev->fired_ns, ev->deadline_ns, "fired early");
+		cr_assert_geq(now_ns(), ev->deadline_ns, "returned early");
+	}
+	return n;
+}
+
+/* Arm a one-shot and reset it once through the ring, applied: flagged. */
+static chime_id_t flagged(chime_t *c, uint64_t deadline_ns, uint64_t user_data)
+{
+	chime_id_t id;
+
+	cr_assert_eq(chime_arm(c, 1, deadline_ns, 0, user_data, &id), 0);
+	cr_assert_eq(chime_reset(c, id, deadline_ns), 0);
+	applied(c);
+	cr_assert_eq(at_load(&entry(c, id)->tag), chime_id_gen(id) | CHIME_TOUCH_ON,
+		     "the shard did not flag the timer");
+	return id;
+}
+
+Test(touch, a_reset_that_skips_the_record_fires_at_its_last_deadline)
+{
+	chime_t *c = copen(0, NULL);
+	struct chime_event ev;
+	uint64_t t0 = now_ns(), last = 0, before;
+	chime_id_t id = flagged(c, t0 + 100 * MS, 7);
+
+	before = records(c);
+	for (unsigned i = 1; i <= 1000; i++) {
+		last = t0 + 100 * MS + i * 200000;      /* 100 .. 300 ms */
+		cr_assert_eq(chime_reset(c, id, last), 0);
+	}
+	cr_assert_eq(records(c), before, "%llu records for 1000 later resets, want none",
+		     (unsigned long long)(records(c) - before));
+	cr_assert_eq(at_load(&entry(c, id)->deadline_ns), last);
+	cr_assert_eq(next_event(c, &ev, 2000), 1, "the timer did not fire");
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.user_data, 7);
+	cr_assert_eq(ev.deadline_ns, last, "fired for deadline +%lld us, want the last one",
+		     (long long)(ev.deadline_ns - t0) / 1000);
+	cr_assert(at_load(&entry(c, id)->deadline_ns) & CHIME_TOUCH_FIRED);
+	cr_assert_eq(next_event(c, &ev, 300), 0, "a second event");
+	chime_close(c);
+}
+
+Test(touch, an_earlier_reset_goes_through_the_ring_and_is_kept)
+{
+	chime_t *c = copen(0, NULL);
+	struct chime_event ev;
+	uint64_t t0 = now_ns(), before;
+	chime_id_t id = flagged(c, t0 + 400 * MS, 1);
+
+	cr_assert_eq(chime_reset(c, id, t0 + 900 * MS), 0);     /* later: the word */
+	before = records(c);
+	cr_assert_eq(chime_reset(c, id, t0 + 150 * MS), 0);     /* earlier: a record */
+	cr_assert_eq(records(c), before + 1);
+	cr_assert_eq(chime_reset(c, id, t0 + 200 * MS), 0);     /* later than that: the word again */
+	applied(c);
+	cr_assert_eq(next_event(c, &ev, 2000), 1);
+	cr_assert_eq(ev.deadline_ns, t0 + 200 * MS, "fired for +%lld ms, want +200",
+		     (long long)(ev.deadline_ns - t0) / (long long)MS);
+	cr_assert_eq(next_event(c, &ev, 300), 0, "a second event");
+	chime_close(c);
+}
+
+Test(touch, a_reset_after_the_fire_voids_the_untaken_event_or_changes_nothing)
+{
+	chime_t *c = copen(0, NULL);
+	struct chime_event ev;
+	uint64_t t0 = now_ns(), before;
+	chime_id_t id = flagged(c, t0 + 50 * MS, 2);
+
+	/* fired, its event not taken: FIRED, so the reset is a record, and it wins */
+	while (!(at_load(&entry(c, id)->deadline_ns) & CHIME_TOUCH_FIRED)) {
+		cr_assert_lt(now_ns(), t0 + 5000 * MS, "the shard never set FIRED");
+		usleep(1000);
+	}
+	before = records(c);
+	cr_assert_eq(chime_reset(c, id, t0 + 300 * MS), 0);
+	cr_assert_eq(records(c), before + 1, "a reset after the fire wrote no record");
+	cr_assert_eq(next_event(c, &ev, 2000), 1);
+	cr_assert_eq(ev.deadline_ns, t0 + 300 * MS, "the voided event came back (+%lld ms)",
+		     (long long)(ev.deadline_ns - t0) / (long long)MS);
+	/* taken: the timer is gone, a reset changes nothing */
+	cr_assert_eq(chime_reset(c, id, now_ns() + 50 * MS), 0);
+	cr_assert_eq(chime_reset(c, id, now_ns() + 60 * MS), 0);
+	cr_assert_eq(next_event(c, &ev, 400), 0, "a reset of a timer whose event was taken fired it again");
+	chime_close(c);
+}
+
+Test(touch, a_stale_id_moves_no_timer_armed_on_its_node)
+{
+	chime_t *c = copen(0, NULL);
+	struct chime_event ev;
+	uint64_t t0 = now_ns();
+	chime_id_t old = flagged(c, t0 + 3600000 * MS, 3), id;
+	int tries = 0;
+
+	cr_assert_eq(chime_cancel(c, old), 0);
+	applied(c);
+	/* the node again, under a new generation (the slab hands out its lowest free node) */
+	do {
+		cr_assert_eq(chime_arm(c, 1, t0 + 200 * MS, 0, 4, &id), 0);
+		cr_assert_lt(++tries, 100000, "the node never came back");
+	} while (chime_id_index(id) != chime_id_index(old) || chime_id_shard(id) != chime_id_shard(old));
+	cr_assert_eq(chime_reset(c, id, t0 + 250 * MS), 0);
+	applied(c);
+	cr_assert_eq(chime_reset(c, old, t0 + 900 * MS), 0);    /* stale: must not move id */
+	cr_assert_eq(chime_reset(c, old, t0 + 100 * MS), 0);
+	applied(c);
+	cr_assert_eq(at_load(&entry(c, id)->deadline_ns), t0 + 250 * MS, "a stale id wrote the word");
+	for (;;) {
+		cr_assert_eq(next_event(c, &ev, 2000), 1, "the new timer did not fire");
+		if (ev.id == id)
+			break;
+		cr_assert_eq(ev.user_data, 4);  /* the arms that did not land on the node: +200 ms */
+	}
+	cr_assert_eq(ev.deadline_ns, t0 + 250 * MS);
+	chime_close(c);
+}
+
+/* ---- resets racing the fire ---- */
+
+#define RACE_TIMERS   200u
+#define RACE_LOG      4096u
+
+struct race_log {
+	uint64_t ret_ns[RACE_LOG];      /* when the reset returned */
+	uint64_t d[RACE_LOG];           /* its deadline, increasing */
+	unsigned n;
+};
+
+struct race {
+	chime_t *c;
+	chime_id_t id[RACE_TIMERS];
+	struct race_log *log;           /* [RACE_TIMERS] */
+	unsigned first, count;
+	uint64_t until_ns;
+	unsigned seed;
+};
+
+/*
+ * Reset its timers to increasing deadlines 1-4 ms ahead, each now and then
+ * left alone for 2-6 ms so that it fires meanwhile (some events then
+ * taken, some voided by the next reset).
+ */
+static void *racer(void *arg)
+{
+	struct race *r = arg;
+	uint64_t skip_until[RACE_TIMERS] = { 0 };
+
+	while (now_ns() < r->until_ns) {
+		for (unsigned k = r->first; k < r->first + r->count; k++) {
+			struct race_log *l = &r->log[k];
+			uint64_t now = now_ns(), d;
+
+			if (now < skip_until[k] || l->n == RACE_LOG)
+				continue;
+			if (rand_r(&r->seed) % 64 == 0) {
+				skip_until[k] = now + (2 + rand_r(&r->seed) % 5) * MS;
+				continue;
+			}
+			d = now + (1 + rand_r(&r->seed) % 4) * MS;
+			if (l->n && d <= l->d[l->n - 1])
+				d = l->d[l->n - 1] + 1;
+			if (chime_reset(r->c, r->id[k], d) != 0)
+				return (void *)1;
+			l->ret_ns[l->n] = now_ns();
+			l->d[l->n++] = d;
+		}
+		usleep(100);
+	}
+	return NULL;
+}
+
+Test(touch, resets_racing_the_fire_from_two_threads_give_each_timer_once_never_early)
+{
+	chime_t *c = copen(0, NULL);
+	struct race r[2];
+	struct race_log *log = calloc(RACE_TIMERS, sizeof(*log));
+	uint64_t fired[RACE_TIMERS], deadline[RACE_TIMERS];    /* fired: or when its chime_wait() began */
+	unsigned seen[RACE_TIMERS] = { 0 }, got = 0, touched = 0;
+	pthread_t th[2];
+	chime_id_t ids[RACE_TIMERS];
+	uint64_t t0 = now_ns();
+	struct chime_event ev[64];
+	unsigned seed = 777;
+
+	cr_assert_not_null(log);
+	for (unsigned k = 0; k < RACE_TIMERS; k++) {
+		cr_assert_eq(chime_arm(c, k, t0 + 20 * MS, 0, k, &ids[k]), 0);
+		cr_assert_eq(chime_reset(c, ids[k], t0 + 20 * MS), 0);     /* flags it once applied */
+		log[k].ret_ns[0] = now_ns();
+		log[k].d[0] = t0 + 20 * MS;
+		log[k].n = 1;
+	}
+	for (unsigned i = 0; i < 2; i++) {
+		r[i] = (struct race){ .c = c, .log = log, .first = i * RACE_TIMERS / 2, .count = RACE_TIMERS / 2,
+				      .until_ns = t0 + 600 * MS, .seed = 12345 + i };
+		memcpy(r[i].id, ids, sizeof(ids));
+		cr_assert_eq(pthread_create(&th[i], NULL, racer, &r[i]), 0);
+	}
+	/* drain meanwhile and after: every timer once */
+	while (got < RACE_TIMERS || now_ns() < t0 + 1000 * MS) {
+		uint64_t called;
+		int n;
+
+		usleep(500 + (unsigned)rand_r(&seed) % 3000);   /* events wait in the ring, for resets to race */
+		called = now_ns();
+		n = chime_wait(c, ev, 64, 50);
+
+		cr_assert_geq(n, 0);
+		cr_assert_lt(now_ns(), t0 + 10000 * MS, "%u of %u timers fired", got, RACE_TIMERS);
+		for (int i = 0; i < n; i++) {
+			unsigned k = (unsigned)ev[i].user_data;
+
+			cr_assert_lt(k, RACE_TIMERS);
+			cr_assert_eq(ev[i].id, ids[k]);
+			cr_assert_geq(ev[i].fired_ns, ev[i].deadline_ns, "fired early");
+			cr_assert_eq(++seen[k], 1, "timer %u fired twice", k);
+			/* what a reset that returned before then must be no later than */
+			fired[k] = ev[i].fired_ns > called ? ev[i].fired_ns : called;
+			deadline[k] = ev[i].deadline_ns;
+			got++;
+		}
+	}
+	for (unsigned i = 0; i < 2; i++) {
+		void *ret;
+
+		pthread_join(th[i], &ret);
+		cr_assert_null(ret, "a reset failed");
+	}
+	/*
+	 * Never early against the resets: each one that had returned before
+	 * the shard fired (fired_ns is taken before it looks at the word), or
+	 * before the chime_wait() that returned the event (an earlier firing
+	 * in flight is never returned), asked for a deadline no later than the
+	 * one that fired, which is one the thread asked for.
+	 */
+	for (unsigned k = 0; k < RACE_TIMERS; k++) {
+		const struct race_log *l = &log[k];
+		bool asked = false;
+
+		for (unsigned j = 0; j < l->n; j++) {
+			asked |= l->d[j] == deadline[k];
+			if (l->ret_ns[j] < fired[k])
+				cr_assert_leq(l->d[j], deadline[k],
+					      "timer %u fired for +%lld us, though a reset to +%lld us had returned %lld us "
+					      "before it fired or its chime_wait() began", k, (long long)(deadline[k] - t0) / 1000,
+					      (long long)(l->d[j] - t0) / 1000, (long long)(fired[k] - l->ret_ns[j]) / 1000);
+		}
+		cr_assert(asked, "timer %u fired for a deadline no reset asked for", k);
+		touched += l->n > 1;
+	}
+	cr_assert_gt(touched, RACE_TIMERS / 2, "the threads reset only %u timers", touched);
+	free(log);
+	chime_close(c);
+}
+
+/* ---- who gets a table, and a hostile one ---- */
+
+Test(touch, a_session_and_a_client_asking_for_records_get_no_table_and_reset_as_before)
+{
+	chime_t *c[3] = { copen(0, NULL), copen(CHIME_OPEN_RECORD_RESETS, NULL), copen(0, "touchless") };
+	struct chime_event ev;
+
+	cr_assert_not_null(c[0]->touch, "an anonymous client got no table");
+	cr_assert_null(c[1]->touch);
+	cr_assert_null(c[2]->touch);
+	for (int i = 1; i < 3; i++) {
+		uint64_t t0 = now_ns(), before;
+		chime_id_t id;
+
+		cr_assert_eq(chime_arm(c[i], 1, t0 + 100 * MS, 0, 0, &id), 0);
+		before = records(c[i]);
+		for (unsigned k = 1; k <= 10; k++)
+			cr_assert_eq(chime_reset(c[i], id, t0 + (100 + k * 10) * MS), 0);
+		cr_assert_eq(records(c[i]), before + 10, "every reset is a record");
+		cr_assert_eq(next_event(c[i], &ev, 2000), 1);
+		cr_assert_eq(ev.deadline_ns, t0 + 200 * MS);
+	}
+	for (int i = 0; i < 3; i++)
+		chime_close(c[i]);
+}
+
+Test(touch, a_deadline_past_2_63_ns_is_kept_as_the_latest_and_never_fires)
+{
+	chime_t *c = copen(0, NULL);
+	struct chime_event ev;
+	chime_id_t id = flagged(c, now_ns() + 50 * MS, 5);
+
+	cr_assert_eq(chime_reset(c, id, UINT64_MAX), 0);
+	cr_assert_eq(at_load(&entry(c, id)->deadline_ns), CHIME_TOUCH_MAX_NS);
+	cr_assert_eq(next_event(c, &ev, 300), 0, "a timer reset to UINT64_MAX fired");
+	cr_assert_eq(chime_cancel(c, id), 0);
+	chime_close(c);
+}
+
+/*
+ * A client that writes anything into its table (deadlines, FIRED bits,
+ * tags) and sends RESET_TOUCH records for its timers: the shard reads only
+ * words of its own flagged timers, so an honest client beside it keeps
+ * its timers on time and the broker lives on.
+ */
+Test(touch, a_scribbled_table_hurts_only_its_client)
+{
+	chime_t *honest = copen(0, NULL);
+	struct chime_event ev;
+	pid_t pid = fork();
+
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		chime_t *c = t_open(tb.sock);
+		chime_id_t id[256];
+		unsigned seed = 99;
+		uint64_t until = now_ns() + 1500 * MS;
+
+		if (!c || !c->touch)
+			_exit(2);
+		for (unsigned k = 0; k < 256; k++)
+			if (chime_arm(c, k, now_ns() + (1 + k % 50) * MS, 0, k, &id[k]) != 0 ||
+			    chime_reset(c, id[k], now_ns() + (2 + k % 50) * MS) != 0)
+				_exit(3);
+		while (now_ns() < until) {
+			uint64_t e = (uint64_t)rand_r(&seed) % ((uint64_t)c->touch_cap * c->nr_shards);
+			struct chime_touch *t = &c->touch[e];
+			uint64_t v = ((uint64_t)rand_r(&seed) << 33) ^ (uint64_t)rand_r(&seed) ^ now_ns();
+
+			switch (rand_r(&seed) % 4) {
+			case 0: at_store(&t->deadline_ns, v); break;
+			case 1: at_store(&t->deadline_ns, now_ns() + (v % 3) * MS); break;
+			case 2: at_store(&t->tag, v); break;
+			default: (void)chime_reset(c, id[v % 256], now_ns() + (v % 5) * MS); break;
+			}
+			(void)chime_poll(c, &ev, 1);
+		}
+		_exit(0);
+	}
+	/* meanwhile: 100 timers 20 ms apart, each reset through the fast path */
+	for (unsigned k = 0; k < 60; k++) {
+		uint64_t t = now_ns();
+		chime_id_t id = flagged(honest, t + 15 * MS, k);
+
+		cr_assert_eq(chime_reset(honest, id, t + 20 * MS), 0);
+		cr_assert_eq(next_event(honest, &ev, 2000), 1, "timer %u did not fire", k);
+		cr_assert_eq(ev.id, id);
+		cr_assert_eq(ev.deadline_ns, t + 20 * MS);
+		cr_assert_lt(ev.fired_ns - ev.deadline_ns, 200 * MS, "timer %u fired %llu us late", k,
+			     (unsigned long long)(ev.fired_ns - ev.deadline_ns) / 1000);
+	}
+	{
+		int st;
+
+		cr_assert_eq(waitpid(pid, &st, 0), pid);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the attacker failed to set up (%d)", st);
+	}
+	cr_assert_eq(kill(tb.pid, 0), 0, "the broker died");
+	chime_close(honest);
+}

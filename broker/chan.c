@@ -375,6 +375,21 @@ static bool touch_moved(struct shard_core *sc, struct chan *ch, uint32_t idx)
 	return true;
 }
 
+/*
+ * A one-shot of a client with a table, armed (its word written by the
+ * client before the record) or reset by RESET_TOUCH: flagged, and the tag
+ * tells the client so (release: after the deadline the shard took),
+ * whose next resets to a later deadline are then a CAS on the word alone.
+ * Not past the client's pages (touch_page_ok()): its resets stay records.
+ */
+static void touch_flag(struct chan *ch, struct chime_node *n, uint32_t idx)
+{
+	if ((n->gen & CHIME_NODE_TOUCH) || !touch_page_ok(ch, idx))
+		return;
+	n->gen |= CHIME_NODE_TOUCH;
+	at_store_rel(&ch->touch[idx].tag, (uint64_t)(n->gen & CHIME_ID_GEN_MASK) | CHIME_TOUCH_ON);
+}
+
 /* A plain RESET of a flagged node (a client mixing them hurts only itself): the word is not read again. */
 static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
 {
@@ -745,6 +760,9 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	mark_immediate(sc, n, r->deadline_ns);
 	keyidx_insert(&sc->ki, idx);
 	wheel_arm(&sc->wh, idx, r->deadline_ns);
+	/* not past the largest word: the word must never be earlier than the node's deadline */
+	if (ch->touch && !n->period_ns && r->deadline_ns <= CHIME_TOUCH_MAX_NS)
+		touch_flag(ch, n, idx);
 	stats_arm(sc->st, ch->slot);
 
 	if (carried) {
@@ -927,11 +945,9 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 /*
  * RESET_TOUCH: a reset whose deadline is the word of the client's table
  * (the client wrote it before the record; a later write of its wins).
- * A one-shot still armed after it is flagged, and the tag tells the
- * client so (release: after the deadline it read), whose next resets to
- * a later deadline are then a CAS on the word alone (touch_moved()). A
- * client with no table, or past its pages (touch_page_ok()), gets the
- * record's deadline, as a RESET.
+ * A one-shot still armed after it is flagged (touch_flag()), if its arm
+ * did not. A client with no table, or past its pages (touch_page_ok()),
+ * gets the record's deadline, as a RESET.
  */
 static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t deadline_ns)
 {
@@ -952,10 +968,7 @@ static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 	/* fired after the client wrote the word, and the event voided: the fast path again */
 	if (w & CHIME_TOUCH_FIRED)
 		(void)at_cas(word, &w, w & ~CHIME_TOUCH_FIRED);
-	if (!(n->gen & CHIME_NODE_TOUCH)) {
-		n->gen |= CHIME_NODE_TOUCH;
-		at_store_rel(&ch->touch[idx].tag, (uint64_t)(n->gen & CHIME_ID_GEN_MASK) | CHIME_TOUCH_ON);
-	}
+	touch_flag(ch, n, idx);
 }
 
 /* ---- CANCEL_KEY, in steps ---- */
@@ -1076,6 +1089,8 @@ static inline void prefetch_record(struct shard_core *sc, struct chan *ch, uint6
 		if (chime_grant_is_marker(g))
 			return;
 		__builtin_prefetch(NODE(sc, chime_id_index(g)), 1);
+		if (ch->touch)
+			__builtin_prefetch(&ch->touch[chime_id_index(g)], 1);    /* touch_flag() */
 		__builtin_prefetch(&sc->ki.heads[keyidx_bucket(&sc->ki, ch->slot, at_load(&s->key))], 1);
 		return;
 	case CHIME_OP_RESET:

@@ -129,6 +129,39 @@ Test(touch, a_reset_that_skips_the_record_fires_at_its_last_deadline)
 	chime_close(c);
 }
 
+Test(touch, an_armed_one_shot_is_flagged_by_its_arm_and_a_periodic_never)
+{
+	chime_t *c = copen(0, NULL);
+	struct chime_event ev;
+	uint64_t t0 = now_ns(), before;
+	chime_id_t one, per, never;
+
+	cr_assert_eq(chime_arm(c, 1, t0 + 100 * MS, 0, 1, &one), 0);
+	cr_assert_eq(chime_arm(c, 1, t0 + 3600000 * MS, 1000 * MS, 2, &per), 0);
+	cr_assert_eq(chime_arm(c, 1, UINT64_MAX, 0, 3, &never), 0);
+	applied(c);
+	cr_assert_eq(at_load(&entry(c, one)->tag), chime_id_gen(one) | CHIME_TOUCH_ON);
+	cr_assert_eq(at_load(&entry(c, per)->tag), chime_id_gen(per), "a periodic was flagged");
+	cr_assert_eq(at_load(&entry(c, never)->tag), chime_id_gen(never),
+		     "a timer armed past the largest word was flagged");
+	before = records(c);
+	cr_assert_eq(chime_reset(c, one, t0 + 200 * MS), 0);
+	cr_assert_eq(records(c), before, "the first later reset of an armed one-shot wrote a record");
+	cr_assert_eq(chime_reset(c, per, t0 + 3700000 * MS), 0);
+	cr_assert_eq(records(c), before + 1, "a periodic's reset wrote no record");
+	cr_assert_eq(chime_reset(c, never, t0 + 250 * MS), 0);
+	cr_assert_eq(records(c), before + 2, "the reset of a timer armed past the largest word wrote no record");
+	applied(c);
+	cr_assert_eq(next_event(c, &ev, 2000), 1);
+	cr_assert_eq(ev.id, one);
+	cr_assert_eq(ev.deadline_ns, t0 + 200 * MS);
+	cr_assert_eq(next_event(c, &ev, 2000), 1);
+	cr_assert_eq(ev.id, never);
+	cr_assert_eq(ev.deadline_ns, t0 + 250 * MS);
+	cr_assert_eq(next_event(c, &ev, 200), 0);
+	chime_close(c);
+}
+
 Test(touch, an_earlier_reset_goes_through_the_ring_and_is_kept)
 {
 	chime_t *c = copen(0, NULL);

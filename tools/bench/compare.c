@@ -97,7 +97,9 @@ static void run_seed(struct run *R, const struct broker *b)
 {
 	for (int k = 0; k < NR_RATES; k++) {
 		progress(R, "seed", (size_t)seed_rates[k], C_CHIME);
-		run_chime_seed(b, seed_rates[k], R->seed_wall_ns, &R->seed[k][C_CHIME]);
+		run_chime_seed(b, 0, seed_rates[k], R->seed_wall_ns, &R->seed[k][C_CHIME]);
+		progress(R, "seed, resets as records", (size_t)seed_rates[k], C_CHIME);
+		run_chime_seed(b, CHIME_OPEN_RECORD_RESETS, seed_rates[k], R->seed_wall_ns, &R->seed_records[k]);
 #if HAVE_LIBUV
 		progress(R, "seed", (size_t)seed_rates[k], C_UV);
 		run_uv_seed(seed_rates[k], R->seed_wall_ns, &R->seed[k][C_UV]);

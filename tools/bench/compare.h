@@ -92,6 +92,7 @@ struct run {
 	struct bench_machine m;
 	struct size_res sz[MAX_SIZES][NR_C];
 	struct seed_res seed[NR_RATES][NR_C];
+	struct seed_res seed_records[NR_RATES];  /* chime opened with CHIME_OPEN_RECORD_RESETS */
 	struct lat_result lat[NR_LAT];
 	int lat_ran[NR_LAT];
 };
@@ -108,7 +109,8 @@ int run_inproc_ops(const struct inproc *c, size_t n, unsigned batch, struct size
 int run_inproc_expire(const struct inproc *c, size_t n, uint64_t gap_ns, struct size_res *r);
 int run_chime_mem(const struct broker *b, size_t n, double *bytes);
 int run_tfd_mem(size_t n, double *bytes);
-int run_chime_seed(const struct broker *b, double rate, uint64_t wall_ns, struct seed_res *r);
+/* flags: chime_opts.flags (CHIME_OPEN_RECORD_RESETS: every reset a record, as before touch tables) */
+int run_chime_seed(const struct broker *b, unsigned flags, double rate, uint64_t wall_ns, struct seed_res *r);
 
 #if HAVE_LIBUV
 extern const struct inproc inproc_uv;

@@ -181,7 +181,7 @@ int run_chime_mem(const struct broker *b, size_t n, double *bytes)
 	chime_t *c;
 	int r = 0;
 
-	if (broker_open((struct broker *)b, &c) < 0)
+	if (broker_open((struct broker *)b, 0, &c) < 0)
 		return -1;
 	rss0 = bench_rss_bytes(0);
 	ids = xcalloc(n, sizeof(*ids));
@@ -264,7 +264,7 @@ int run_tfd_mem(size_t n, double *bytes)
  * then `rate` chime_reset()s a second, round robin, in SEED_TICK_NS ticks
  * (sleeping between), for wall_ns. CPU of this process and of the broker.
  */
-int run_chime_seed(const struct broker *b, double rate, uint64_t wall_ns, struct seed_res *res)
+int run_chime_seed(const struct broker *b, unsigned flags, double rate, uint64_t wall_ns, struct seed_res *res)
 {
 	uint64_t *ids = xcalloc(SEED_CONNS, sizeof(*ids)), t0, t, t1, next, done = 0;
 	struct bench_proc p0, p1;
@@ -274,7 +274,7 @@ int run_chime_seed(const struct broker *b, double rate, uint64_t wall_ns, struct
 	int r = 0;
 
 	memset(res, 0, sizeof(*res));
-	if (broker_open((struct broker *)b, &c) < 0) {
+	if (broker_open((struct broker *)b, flags, &c) < 0) {
 		free(ids);
 		return -1;
 	}

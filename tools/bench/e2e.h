@@ -75,7 +75,8 @@ struct shard_sum {
 
 /* Map the control segment of the broker at b->sock (an external one: --socket). */
 int broker_map_ctl(struct broker *b);
-int broker_open(struct broker *b, chime_t **c);
+/* chime_open() of the private broker, with chime_opts.flags. */
+int broker_open(struct broker *b, unsigned flags, chime_t **c);
 /* spin_us: chimed's --spin-us (NULL: its default) */
 int broker_start(struct broker *b, int shards, const char *spin_us);
 int broker_stop(struct broker *b);

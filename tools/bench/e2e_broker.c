@@ -242,9 +242,9 @@ int wait_ops(const struct broker *b, uint64_t want, uint64_t timeout_ns)
 	return wait_sum(b, true, want, timeout_ns);
 }
 
-int broker_open(struct broker *b, chime_t **c)
+int broker_open(struct broker *b, unsigned flags, chime_t **c)
 {
-	struct chime_opts o = { .socket_path = b->sock, .flags = 0 };
+	struct chime_opts o = { .socket_path = b->sock, .flags = flags };
 	int r = chime_open(c, &o);
 
 	if (r < 0)

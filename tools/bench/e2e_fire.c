@@ -95,7 +95,7 @@ int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, int busy
 	for (int attempt = 0;; attempt++) {
 		int r = 0;
 
-		if (broker_open((struct broker *)b, &c) < 0) {
+		if (broker_open((struct broker *)b, 0, &c) < 0) {
 			free(seen);
 			return -1;
 		}
@@ -261,7 +261,7 @@ int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, int busy_p
 	res->n = n;
 	res->fired = xcalloc(n, sizeof(uint64_t));
 	res->recv = xcalloc(n, sizeof(uint64_t));
-	if (broker_open((struct broker *)b, &c) < 0)
+	if (broker_open((struct broker *)b, 0, &c) < 0)
 		return -1;
 	t0 = now_ns() + 100 * NS_PER_MS;
 	for (size_t i = 0; i < n; i++) {

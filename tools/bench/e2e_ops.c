@@ -242,7 +242,7 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 
 	memset(&sh, 0, sizeof(sh));
 	memset(res, 0, sizeof(*res) * NR_OPS);
-	if (impl != IMPL_TFD && broker_open((struct broker *)b, &c) < 0)
+	if (impl != IMPL_TFD && broker_open((struct broker *)b, 0, &c) < 0)
 		return -1;
 	sh.impl = impl;
 	sh.c = c;
@@ -335,7 +335,7 @@ int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct spor
 	int r = 0, tfd;
 
 	memset(res, 0, sizeof(*res));
-	if (broker_open((struct broker *)b, &c) < 0)
+	if (broker_open((struct broker *)b, 0, &c) < 0)
 		return -1;
 	res->reset_ns = xcalloc(n, sizeof(uint64_t));
 	res->arm_ns = xcalloc(n, sizeof(uint64_t));
@@ -433,7 +433,7 @@ int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_re
 
 	memset(&f, 0, sizeof(f));
 	memset(res, 0, sizeof(*res));
-	if (broker_open((struct broker *)b, &f.c) < 0)
+	if (broker_open((struct broker *)b, 0, &f.c) < 0)
 		return -1;
 	f.n = n;
 	f.nthr = MAX_THR;

@@ -101,7 +101,7 @@ int bench_rest(int argc, char **argv)
 		broker_stop(&b);
 		return 1;
 	}
-	if (broker_open(&b, &c) < 0) {
+	if (broker_open(&b, 0, &c) < 0) {
 		broker_stop(&b);
 		return 1;
 	}

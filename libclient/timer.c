@@ -157,6 +157,7 @@ static inline uint64_t need_by(uint32_t op, uint64_t deadline_ns)
 	switch (op) {
 	case CHIME_OP_ARM:
 	case CHIME_OP_RESET:
+	case CHIME_OP_RESET_TOUCH:
 		return deadline_ns;
 	case CHIME_OP_RESUMED:
 		return 0;

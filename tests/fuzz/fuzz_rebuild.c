@@ -47,7 +47,7 @@ static bool sane(const struct chime_node *n)
 	if (n->state > CHIME_NODE_ACKWAIT)
 		return false;
 	return n->state == CHIME_NODE_FREE ||
-	       ((n->gen & CHIME_ID_GEN_MASK) && !(n->gen & ~(CHIME_ID_GEN_MASK | CHIME_NODE_IMMEDIATE)));
+	       ((n->gen & CHIME_ID_GEN_MASK) && !(n->gen & ~(CHIME_ID_GEN_MASK | CHIME_NODE_FLAGS)));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

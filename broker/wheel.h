@@ -177,7 +177,7 @@ struct wheel_rebuild_stats {
  *   must not fire anything early;
  * - links are never followed, only rewritten;
  * - a node in no CHIME_NODE_* state, or not FREE with a generation outside
- *   CHIME_ID_GEN_MASK (plus CHIME_NODE_IMMEDIATE), is freed and counted in
+ *   CHIME_ID_GEN_MASK (plus CHIME_NODE_FLAGS), is freed and counted in
  *   st->dropped.
  * ARMED and EXPIRED nodes are re-armed at their deadline (one already due
  * fires at the next advance, late, never lost); FREE nodes are freed; the

@@ -503,3 +503,61 @@ Test(touch, a_scribbled_table_hurts_only_its_client)
 	cr_assert_eq(kill(tb.pid, 0), 0, "the broker died");
 	chime_close(honest);
 }
+
+/*
+ * A client's timers spread over the slab (another client's 255 between
+ * each two of its own): the shard reads and writes at most one page of
+ * its table per 32 timers it owns, plus 64 (touch_page_ok()), so the
+ * broker cannot be made to fault in a page per timer. Past that, its
+ * timers are not flagged, and their resets are records, kept as before.
+ */
+Test(touch, a_client_spread_over_the_slab_gets_no_more_table_pages_than_its_share)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_opts fo = { .flags = CHIME_OPEN_RECORD_RESETS };
+	chime_t *a, *f = NULL;
+	struct chime_event ev;
+	chime_id_t id[300], junk;
+	uint64_t far = now_ns() + 3600000 * MS, t;
+	unsigned flagged_n = 0, pages = 0;
+	uint32_t last_page = UINT32_MAX;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1 --capacity 262144 --sq-size 16 --cq-size 64"), 0);
+	a = t_open(b2.sock);
+	fo.socket_path = b2.sock;
+	cr_assert_not_null(a);
+	cr_assert_eq(chime_open(&f, &fo), 0);
+	for (unsigned k = 0; k < 300; k++) {
+		for (unsigned j = 0; j < 255; j++)
+			cr_assert_eq(chime_arm(f, 0, far, 0, 0, &junk), 0);
+		applied(f);
+		cr_assert_eq(chime_arm(a, k, far, 0, k, &id[k]), 0);
+		applied(a);
+	}
+	for (unsigned k = 0; k < 300; k++) {
+		uint32_t page = chime_id_index(id[k]) / 256;
+
+		if (at_load(&entry(a, id[k])->tag) != (chime_id_gen(id[k]) | CHIME_TOUCH_ON))
+			continue;
+		flagged_n++;
+		pages += page != last_page;
+		last_page = page;
+	}
+	/* 300 timers and 16 grants: 9 pages by the share, plus 64 */
+	cr_assert_leq(pages, 316 / 32 + 64, "the shard touched %u pages of the table for %u timers", pages, 300);
+	cr_assert_lt(flagged_n, 300, "every spread timer was flagged");
+	cr_assert_gt(flagged_n, 0);
+	/* flagged or not, a reset is kept */
+	t = now_ns();
+	for (unsigned k = 0; k < 300; k++)
+		cr_assert_eq(chime_reset(a, id[k], t + (100 + k % 10) * MS), 0);
+	for (unsigned k = 0; k < 300; k++) {
+		cr_assert_eq(next_event(a, &ev, 3000), 1, "%u of 300 timers fired", k);
+		cr_assert_eq(ev.deadline_ns, t + (100 + ev.user_data % 10) * MS);
+	}
+	cr_assert_eq(next_event(a, &ev, 200), 0);
+	chime_close(a);
+	chime_close(f);
+	t_chimed_stop(&b2, SIGTERM);
+}
+

@@ -6,7 +6,8 @@
  *
  * The input is a program. Each step is one byte of opcode and its operands:
  * hostile clients (slots 1 and 2) write arbitrary submission records and seqs,
- * cq_head values, claim words, want_wakeup and grant words; an honest client
+ * cq_head values, claim words, want_wakeup, grant words and the entries of
+ * their touch tables (RESET_TOUCH records among theirs); an honest client
  * (slot 0) submits only well-formed records through shm/ring.h and keeps a
  * shadow model of its timers; the shard side calls chan_drain, chan_service,
  * chan_pending, chan_park, chan_reattach, chan_reclaim and fires timers
@@ -86,6 +87,7 @@ struct client {
 	struct chan ch;
 	struct chime_sq_prod prod;
 	struct chime_cq_cons cons;
+	struct chime_touch *touch;      /* the hostile clients' touch tables (CAP entries) */
 	bool attached;          /* ch is live (possibly dying) */
 };
 
@@ -144,6 +146,10 @@ static int client_attach(struct client *c, uint16_t slot)
 	int r;
 
 	client_mem(c);
+	if (c->touch) {
+		memset(c->touch, 0, CAP * sizeof(*c->touch));
+		c->m.touch = c->touch;
+	}
 	r = chan_attach(&W.sc, &c->ch, &c->m, slot, 1, uid_of(slot));
 	if (r)
 		return r;
@@ -189,7 +195,8 @@ static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget
 		for (unsigned i = 0; i < NCL; i++) {
 			W.cl[i].rw = aligned_alloc(4096, (W.g.rw_size + 4095) & ~(uint64_t)4095);
 			W.cl[i].ro = aligned_alloc(4096, (W.g.ro_size + 4095) & ~(uint64_t)4095);
-			CHECK(W.cl[i].rw && W.cl[i].ro, "out of memory");
+			W.cl[i].touch = i == HONEST ? NULL : calloc(CAP, sizeof(struct chime_touch));
+			CHECK(W.cl[i].rw && W.cl[i].ro && (i == HONEST || W.cl[i].touch), "out of memory");
 		}
 		CHECK(W.wmem && W.heads, "out of memory");
 	}
@@ -602,7 +609,7 @@ static void hostile_record(struct prog *g, struct client *c)
 	struct chime_sqe *s = &c->m.sq_slots[(head + (how & 3)) & (SQ - 1)];
 	uint32_t op = u8(g);
 
-	s->op = op < 200 ? op % 6 : op | u32(g);
+	s->op = op < 200 ? op % 7 : op | u32(g);     /* up to RESET_TOUCH */
 	s->id = hostile_id(g, c);
 	s->key = u8(g) < 128 ? u8(g) % 4 : u64(g);
 	s->deadline_ns = some_time(g);
@@ -620,7 +627,7 @@ static void hostile_scribble(struct prog *g, struct client *c)
 {
 	uint8_t how = u8(g);
 
-	switch (how % 8) {
+	switch (how % 9) {
 	case 0: {
 		uint64_t v[] = { c->cons.head, c->ch.cq.tail, c->ch.cq.tail + 1 + u8(g), c->ch.cq.head - 1, 0,
 				 u64(g), UINT64_MAX, c->ch.cq.tail - CQ };
@@ -640,6 +647,17 @@ static void hostile_scribble(struct prog *g, struct client *c)
 	case 6: /* the claim word of the newest event: races with a void */
 		c->m.claim[(c->ch.cq.tail - 1) & (CQ - 1)] = u8(g) % 4;
 		break;
+	case 7: { /* a touch table entry: a deadline near now, any word, FIRED, any tag */
+		struct chime_touch *t = &c->touch[u8(g) % CAP];
+
+		switch (u8(g) % 4) {
+		case 0: t->deadline_ns = some_time(g); break;
+		case 1: t->deadline_ns = u64(g); break;
+		case 2: t->deadline_ns |= CHIME_TOUCH_FIRED; break;
+		default: t->tag = u64(g); break;
+		}
+		break;
+	}
 	default: c->m.sq_slots[u8(g) % SQ].seq = u64(g); break;
 	}
 }

@@ -81,8 +81,8 @@ int broker_open(struct broker *b, unsigned flags, chime_t **c);
 int broker_start(struct broker *b, int shards, const char *spin_us);
 int broker_stop(struct broker *b);
 int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns);
-/* Wait until the shards' arms+resets+cancels reach `want` (published at least every ms). */
-int wait_ops(const struct broker *b, uint64_t want, uint64_t timeout_ns);
+/* Wait until the broker has applied every record c published (its rings empty). */
+int wait_applied(chime_t *c, uint64_t timeout_ns);
 void shards_read(const struct broker *b, struct shard_sum *s);
 
 enum { OP_ARM, OP_RESET, OP_CANCEL, NR_OPS };

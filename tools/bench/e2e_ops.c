@@ -41,8 +41,6 @@ struct op_shared {
 	chime_t *c;
 	const struct broker *b;
 	int paced;              /* each batch into rings the broker has emptied, all threads together */
-	uint64_t ops0;          /* the broker's arms+resets+cancels when the phase began */
-	uint64_t issued;        /* paced: operations all threads have done in this phase (atomic) */
 	size_t paced_batches;   /* paced: batches per thread, the same for all (some may be empty) */
 	int paced_err;          /* paced: thread 0 could not pace the next batch */
 	pthread_barrier_t bbar; /* paced: the threads, twice per batch */
@@ -167,7 +165,7 @@ static int pace(struct op_thread *t)
 		/* a batch that can wait rang no doorbell */
 		if (sh->impl != IMPL_TFD && chime_flush(sh->c) < 0)
 			sh->paced_err = -ENOTCONN;
-		else if (wait_ops(sh->b, sh->ops0 + __atomic_load_n(&sh->issued, __ATOMIC_ACQUIRE), 60 * NS_PER_S) < 0)
+		else if (sh->impl != IMPL_TFD && wait_applied(sh->c, 60 * NS_PER_S) < 0)
 			sh->paced_err = -ETIMEDOUT;
 	}
 	pthread_barrier_wait(&sh->bbar);
@@ -188,14 +186,8 @@ static void *op_thread_main(void *arg)
 		/* Phase start: every thread and the main thread (which waited for the broker). */
 		pthread_barrier_wait(&sh->bar);
 		sh->t0[op][t->idx] = now_ns();
-		if (sh->paced && t->idx == 0) {
-			struct shard_sum s0;
-
-			shards_read(sh->b, &s0);
-			sh->ops0 = s0.ops;
-			sh->issued = 0;
+		if (sh->paced && t->idx == 0)
 			sh->paced_err = 0;
-		}
 		for (size_t b = 0; b < nb; b++) {
 			size_t i = lo + b * sh->batch, e = i + sh->batch < hi ? i + sh->batch : hi;
 			uint64_t a, z;
@@ -219,7 +211,6 @@ static void *op_thread_main(void *arg)
 			sh->busy[op][t->idx] += z - a;
 			if (b < sh->nb_per_thr)
 				sh->bmeans[op][t->idx * sh->nb_per_thr + b] = (double)(z - a) / (double)(e - i);
-			__atomic_fetch_add(&sh->issued, e - i, __ATOMIC_RELEASE);
 		}
 		sh->t1[op][t->idx] = now_ns();
 		sh->err[op][t->idx] = r;
@@ -433,7 +424,8 @@ int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_re
 
 	memset(&f, 0, sizeof(f));
 	memset(res, 0, sizeof(*res));
-	if (broker_open((struct broker *)b, 0, &f.c) < 0)
+	/* the shards' pace at applying records: resets as records, not through the touch table */
+	if (broker_open((struct broker *)b, CHIME_OPEN_RECORD_RESETS, &f.c) < 0)
 		return -1;
 	f.n = n;
 	f.nthr = MAX_THR;

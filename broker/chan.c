@@ -376,11 +376,13 @@ static bool touch_moved(struct shard_core *sc, struct chan *ch, uint32_t idx)
 }
 
 /*
- * A one-shot of a client with a table, armed (its word written by the
- * client before the record) or reset by RESET_TOUCH: flagged, and the tag
- * tells the client so (release: after the deadline the shard took),
- * whose next resets to a later deadline are then a CAS on the word alone.
- * Not past the client's pages (touch_page_ok()): its resets stay records.
+ * A one-shot of a client with a table, reset by RESET_TOUCH: flagged, and
+ * the tag tells the client so (release: after the deadline the shard
+ * took), whose next resets to a later deadline are then a CAS on the word
+ * alone. Not at the arm: a flagged node's fire reads its word, a second
+ * cache miss at random deadlines (+100-150 ns of broker CPU per fire),
+ * which timers that are never reset should not pay. Not past the
+ * client's pages (touch_page_ok()): its resets stay records.
  */
 static void touch_flag(struct chan *ch, struct chime_node *n, uint32_t idx)
 {
@@ -760,9 +762,6 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	mark_immediate(sc, n, r->deadline_ns);
 	keyidx_insert(&sc->ki, idx);
 	wheel_arm(&sc->wh, idx, r->deadline_ns);
-	/* not past the largest word: the word must never be earlier than the node's deadline */
-	if (ch->touch && !n->period_ns && r->deadline_ns <= CHIME_TOUCH_MAX_NS)
-		touch_flag(ch, n, idx);
 	stats_arm(sc->st, ch->slot);
 
 	if (carried) {
@@ -945,9 +944,9 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 /*
  * RESET_TOUCH: a reset whose deadline is the word of the client's table
  * (the client wrote it before the record; a later write of its wins).
- * A one-shot still armed after it is flagged (touch_flag()), if its arm
- * did not. A client with no table, or past its pages (touch_page_ok()),
- * gets the record's deadline, as a RESET.
+ * A one-shot still armed after it is flagged (touch_flag()). A client
+ * with no table, or past its pages (touch_page_ok()), gets the record's
+ * deadline, as a RESET.
  */
 static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t deadline_ns)
 {
@@ -1089,8 +1088,6 @@ static inline void prefetch_record(struct shard_core *sc, struct chan *ch, uint6
 		if (chime_grant_is_marker(g))
 			return;
 		__builtin_prefetch(NODE(sc, chime_id_index(g)), 1);
-		if (ch->touch)
-			__builtin_prefetch(&ch->touch[chime_id_index(g)], 1);    /* touch_flag() */
 		__builtin_prefetch(&sc->ki.heads[keyidx_bucket(&sc->ki, ch->slot, at_load(&s->key))], 1);
 		return;
 	case CHIME_OP_RESET:

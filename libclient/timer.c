@@ -211,20 +211,16 @@ static inline struct chime_touch *touch_entry(const struct chime *c, chime_id_t 
 }
 
 /*
- * An ARM's id, before its record is published: its entry's tag names this
+ * An ARM's id, before it is returned: its entry's tag names this
  * generation, so that a reset of an earlier timer of that node (a stale
- * id) writes its word no more (touch_reset()), and the word is its
- * deadline, which the shard will read when that comes if it flags the
- * timer as it arms it (a one-shot).
+ * id) writes its word no more (touch_reset()).
  */
-static inline void touch_armed(struct chime *c, chime_id_t id, uint64_t deadline_ns)
+static inline void touch_armed(struct chime *c, chime_id_t id)
 {
 	struct chime_touch *t = touch_entry(c, id);
 
-	if (!t)
-		return;
-	at_store(&t->tag, (uint64_t)chime_id_gen(id));
-	at_store(&t->deadline_ns, deadline_ns > CHIME_TOUCH_MAX_NS ? CHIME_TOUCH_MAX_NS : deadline_ns);
+	if (t)
+		at_store(&t->tag, (uint64_t)chime_id_gen(id));
 }
 
 /*
@@ -279,7 +275,7 @@ static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_
 	}
 	refused = fill(sqe, shard, op, &id, key, deadline_ns, period_ns, user_data);
 	if (c->touch && op == CHIME_OP_ARM && !refused)
-		touch_armed(c, id, deadline_ns);
+		touch_armed(c, id);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
 	cl_doorbell_by(ch, need_by(op, deadline_ns), pos, 1);
@@ -484,7 +480,7 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 				if (likely(!o->result)) {
 					o->id = id;
 					if (c->touch)
-						touch_armed(c, id, o->deadline_ns);
+						touch_armed(c, id);
 					t->ok++;
 				} else {
 					t->refused++;

@@ -65,6 +65,12 @@ struct seed_res {
 #define SEED_CONNS     100000u
 #define SEED_IDLE_NS   (30 * NS_PER_S)
 #define SEED_TICK_NS   (10 * NS_PER_MS)   /* every contender touches in 10 ms ticks */
+/*
+ * SEED_WARM: before the measured window every contender touches each
+ * connection once, untimed: connections that have lived a while (chime's
+ * first reset of a timer is a record, its later ones a word in the touch
+ * table; at 3,000 touches/s a 5 s window would touch no connection twice).
+ */
 
 /* Touches owed at time t since t0 at `rate`/s, minus those done. */
 static inline uint64_t seed_owed(uint64_t t0, uint64_t t, double rate, uint64_t done)

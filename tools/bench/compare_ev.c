@@ -148,6 +148,8 @@ int run_ev_seed(double rate, uint64_t wall_ns, struct seed_res *res)
 		ev_timer_init(&T[i], on_idle, 0., (ev_tstamp)SEED_IDLE_NS / 1e9);
 		ev_timer_again(L, &T[i]);
 	}
+	for (size_t i = 0; i < SEED_CONNS; i++)     /* SEED_WARM, as chime's */
+		ev_timer_again(L, &T[i]);
 	S.rate = rate;
 	S.c0 = seed_cpu_self();
 	S.t0 = now_ns();

@@ -800,15 +800,25 @@ Test(broker, a_waiter_watches_briefly_for_sparse_events_and_long_for_dense_ones)
 	chime_close(c);
 }
 
-/* The next event within 1 s, which must be `id`; its lateness. */
-static uint64_t fired_late(chime_t *c, chime_id_t id)
+/*
+ * The next event within 1 s, which must be `id`: how long after its
+ * deadline, or after `since` if that is later, it fired.
+ */
+static uint64_t fired_late_since(chime_t *c, chime_id_t id, uint64_t since)
 {
 	struct chime_event ev;
 
 	cr_assert_eq(chime_wait(c, &ev, 1, 1000), 1, "no event within 1 s");
 	cr_assert_eq(ev.id, id);
 	cr_assert_geq(ev.fired_ns, ev.deadline_ns, "fired early");
-	return ev.fired_ns - ev.deadline_ns;
+	if (since < ev.deadline_ns)
+		since = ev.deadline_ns;
+	return ev.fired_ns > since ? ev.fired_ns - since : 0;
+}
+
+static uint64_t fired_late(chime_t *c, chime_id_t id)
+{
+	return fired_late_since(c, id, 0);
 }
 
 /*
@@ -956,6 +966,9 @@ Test(broker, a_record_that_can_wait_rings_for_those_published_behind_it)
 	struct t_chimed b2 = { 0 };
 	chime_id_t far, id;
 	uint64_t far_dl;
+	unsigned nlate = 0;
+	char lates[128];
+	size_t o = 0;
 	chime_t *c;
 
 	c = one_sleeping_shard(&b2, "", 1, &far);
@@ -981,10 +994,21 @@ Test(broker, a_record_that_can_wait_rings_for_those_published_behind_it)
 		at_store(&held->op, CHIME_OP_RESET);
 		chime_sq_publish(held, pos);
 		cl_doorbell_by(ch, far_dl + i * MS, pos, 1);
-		late = fired_late(c, id);
-		cr_assert_lt(late, 8 * MS, "round %u: the arm behind a record that could wait fired %.1f ms late",
-			     i, (double)late / 1e6);
+		/*
+		 * From A's publication when that is after B's deadline: on a busy
+		 * host the usleep() above can overrun B's 25 ms, and B cannot be
+		 * applied before A. Left to the heartbeat, B waits up to 90 ms.
+		 */
+		late = fired_late_since(c, id, chime_now());
+		if (late >= 8 * MS)
+			nlate++;
+		o += (size_t)snprintf(lates + o, sizeof(lates) - o, " %.1f", (double)late / 1e6);
 	}
+	/*
+	 * One round in five may be late on a busy host (an ASan CI run); the
+	 * missing doorbell makes every round late (about 15 ms here).
+	 */
+	cr_assert_leq(nlate, 1, "the arm behind a record that could wait fired late (ms):%s", lates);
 	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
 }

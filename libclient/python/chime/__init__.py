@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 from ._lib import ChimeEvent, ChimeOp, ChimeOpts, lib
 
-__all__ = ["Chime", "Event", "Op", "now", "version", "DEFAULT_SOCKET"]
+__all__ = ["Chime", "Event", "Op", "now", "version", "DEFAULT_SOCKET", "OPEN_RECORD_RESETS"]
 
 DEFAULT_SOCKET = "/run/chime/chime.sock"
+OPEN_RECORD_RESETS = 1      # CHIME_OPEN_RECORD_RESETS (chime.h): Chime(record_resets=True)
 _U64_MAX = (1 << 64) - 1
 
 
@@ -182,9 +183,13 @@ class Chime:
     chime_open(3), "Broker restarts").
 
     arm, reset, cancel and cancel_key may be called from any thread; one
-    thread at a time collects events (poll, wait)."""
+    thread at a time collects events (poll, wait).
 
-    def __init__(self, socket=None, session=None):
+    record_resets=True is CHIME_OPEN_RECORD_RESETS: every reset a record in
+    the ring, no touch table (16 bytes of shared memory per armed timer
+    saved; a keepalive's resets cost more; chime_reset(3))."""
+
+    def __init__(self, socket=None, session=None, *, record_resets=False):
         self._c = None
         self._periodic = {}     # id -> key of the periodic timers: Event.periodic
         self._buf = None
@@ -192,7 +197,7 @@ class Chime:
         if session is not None and not isinstance(session, (str, bytes)):
             raise TypeError(f"session must be str or bytes, not {type(session).__name__}")
         name = os.fsencode(session) if session is not None else None
-        opts = ChimeOpts(path, 0, name)
+        opts = ChimeOpts(path, OPEN_RECORD_RESETS if record_resets else 0, name)
         handle = ctypes.c_void_p()
         r = lib.chime_open(ctypes.byref(handle), ctypes.byref(opts))
         if r < 0:

@@ -79,6 +79,28 @@ def test_reset_moves_the_deadline(chime_conn):
     assert ev.id == tid and ev.deadline_ns >= new + 240 * MS
 
 
+def _touch_tables():
+    """This process's touch-table mappings (the broker's memfd, chime-client-touch)."""
+    with open("/proc/self/maps") as f:
+        return sum("memfd:chime-client-touch" in line for line in f)
+
+
+def test_record_resets_opens_without_a_touch_table(broker):
+    before = _touch_tables()
+    with chime.Chime(socket=broker.socket) as c:
+        assert _touch_tables() == before + 1, "no touch table on a default connection"
+    for flag in (True, 1):
+        with chime.Chime(socket=broker.socket, record_resets=flag) as c:
+            assert _touch_tables() == before, "record_resets=True mapped a touch table"
+            tid = c.arm(1, after=0.03)
+            c.reset(tid, after=0.1)
+            c.reset(tid, after=0.25)        # a second reset: a record too, and kept
+            new = chime.now()
+            assert c.wait(timeout=0.15) == [], "fired at an old deadline"
+            (ev,) = wait_for(c, 1)
+            assert ev.id == tid and ev.deadline_ns >= new + 240 * MS
+
+
 def test_cancel_and_cancel_key(chime_conn):
     c = chime_conn
     a = c.arm(1, after=0.02)

@@ -7,9 +7,10 @@
  * in this process (broker/wheel.c without the rings), one timerfd per timer
  * (epoll), libuv uv_timer_t and libev ev_timer (when built). At each size:
  *
- *   arm, reset, cancel  ns per op on one thread, median of the means of
- *                       batches of 1000 (e2e's method; deadlines 1 h ahead,
- *                       timer i at base + i, reset to base + 1 s + i)
+ *   arm, reset, touch,  ns per op on one thread, median of the means of
+ *   cancel              batches of 1000 (e2e's method; deadlines 1 h ahead,
+ *                       timer i at base + i, reset to base + 1 s + i, then
+ *                       touched: reset again, to base + 2 s + i)
  *   expiry              all N due at one instant: ns from the deadline to the
  *                       last callback (or drained event), / N
  *   memory              bytes per timer (compare_run.c says what each counts)

@@ -23,23 +23,24 @@ int bench_rest(int argc, char **argv);
 
 /* The contenders, in the table's column order. */
 enum { C_CHIME, C_WHEEL, C_TFD, C_UV, C_EV, NR_C };
-/* Their figures at one size: ns per op, ns per expired timer, bytes per timer. */
-enum { F_ARM, F_RESET, F_CANCEL, F_EXPIRE, F_MEM, NR_F };
+/* Their figures at one size: ns per op (in e2e's OP_ order), ns per expired timer, bytes per timer. */
+enum { F_ARM, F_RESET, F_TOUCH, F_CANCEL, F_EXPIRE, F_MEM, NR_F };
 
 extern const char *const contender_name[NR_C];
 extern const char *const fig_name[NR_F];
 
 struct size_res {
 	size_t n;               /* timers it ran with (timerfd: at most what RLIMIT_NOFILE allows) */
-	double fig[NR_F];       /* arm, reset, cancel: the median of batch means */
-	double mean[NR_OPS];    /* arm, reset, cancel: all ops / their time (stalls included) */
+	double fig[NR_F];       /* arm, reset, touch, cancel: the median of batch means */
+	double mean[NR_OPS];    /* arm, reset, touch, cancel: all ops / their time (stalls included) */
 	int ran;                /* 1 measured, 0 not built or not run */
 };
 
 /*
- * An in-process contender. Timer i of n is armed at base_ns + i and reset to
- * base_ns + NS_PER_S + i (absolute CLOCK_MONOTONIC; a library with relative
- * timeouts converts). Return 0 or -errno.
+ * An in-process contender. Timer i of n is armed at base_ns + i, reset to
+ * base_ns + NS_PER_S + i, then touched: reset again, to 2 s after base_ns
+ * (absolute CLOCK_MONOTONIC; a library with relative timeouts converts).
+ * Return 0 or -errno.
  */
 struct inproc {
 	int (*setup)(size_t n);                 /* handles for n timers, none armed */

@@ -20,7 +20,7 @@
 #include "wheel.h"
 
 const char *const contender_name[NR_C] = { "chime", "wheel", "timerfd", "libuv", "libev" };
-const char *const fig_name[NR_F] = { "arm_ns", "reset_ns", "cancel_ns", "expire_ns", "mem_bytes" };
+const char *const fig_name[NR_F] = { "arm_ns", "reset_ns", "touch_ns", "cancel_ns", "expire_ns", "mem_bytes" };
 
 double seed_cpu_self(void)
 {
@@ -35,7 +35,7 @@ double seed_cpu_self(void)
 
 /*
  * Timed in batches on this thread, as e2e's client operations are: arm grows
- * 0 -> n, reset runs at n, cancel shrinks n -> 0; the figures are the median
+ * 0 -> n, reset and touch run at n, cancel shrinks n -> 0; the figures are the median
  * of the batch means and the mean of all (e2e's two). Memory: this process's RSS grown by setup and arming, / n.
  */
 int run_inproc_ops(const struct inproc *c, size_t n, unsigned batch, struct size_res *r)
@@ -58,7 +58,8 @@ int run_inproc_ops(const struct inproc *c, size_t n, unsigned batch, struct size
 			size_t e = i + batch < n ? i + batch : n;
 			uint64_t t = now_ns(), dt;
 
-			err = op == OP_ARM ? c->arm(i, e, base) : op == OP_RESET ? c->reset(i, e, base) : c->cancel(i, e);
+			err = op == OP_ARM ? c->arm(i, e, base) : op == OP_RESET ? c->reset(i, e, base) :
+			      op == OP_TOUCH ? c->reset(i, e, base + NS_PER_S) : c->cancel(i, e);
 			dt = now_ns() - t;
 			busy += dt;
 			m[k] = (double)dt / (double)(e - i);

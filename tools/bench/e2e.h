@@ -85,7 +85,12 @@ int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns);
 int wait_applied(chime_t *c, uint64_t timeout_ns);
 void shards_read(const struct broker *b, struct shard_sum *s);
 
-enum { OP_ARM, OP_RESET, OP_CANCEL, NR_OPS };
+/*
+ * OP_RESET is each timer's first reset (with a touch table, a record: the
+ * shard flags the timer); OP_TOUCH its second, to a later deadline still:
+ * a keepalive's, the word alone.
+ */
+enum { OP_ARM, OP_RESET, OP_TOUCH, OP_CANCEL, NR_OPS };
 enum { IMPL_CHIME, IMPL_TFD, IMPL_SUBMIT };  /* IMPL_SUBMIT: chime_submit, SUBMIT_BATCH ops a call */
 #define SUBMIT_BATCH 64u
 extern const char *const op_name[NR_OPS];

@@ -32,8 +32,9 @@
 /* 1. client operations, chime and timerfd                                    */
 /* ------------------------------------------------------------------------ */
 
-const char *const op_name[NR_OPS] = { "arm", "reset", "cancel" };
-const char *const tfd_op_name[NR_OPS] = { "create+settime", "settime", "close" };
+const char *const op_name[NR_OPS] = { "arm", "reset", "touch", "cancel" };
+const char *const tfd_op_name[NR_OPS] = { "create+settime", "settime", "settime", "close" };
+
 
 
 struct op_shared {
@@ -63,6 +64,12 @@ struct op_thread {
 	pthread_t tid;
 };
 
+/* Timer i's deadline after op: armed at base + i, reset 1 s later, touched 1 s later still. */
+static inline uint64_t op_deadline(const struct op_shared *sh, int op, size_t i)
+{
+	return sh->base_ns + (op == OP_RESET ? NS_PER_S : op == OP_TOUCH ? 2 * NS_PER_S : 0) + i;
+}
+
 /* ids[lo, hi) through chime_submit, SUBMIT_BATCH operations a call: 0 or the first -errno. */
 static int op_submit(struct op_shared *sh, int op, size_t lo, size_t hi)
 {
@@ -75,9 +82,9 @@ static int op_submit(struct op_shared *sh, int op, size_t lo, size_t hi)
 		for (unsigned k = 0; k < n; k++) {
 			size_t j = i + k;
 
-			ops[k] = (struct chime_op){ .op = op == OP_ARM ? CHIME_ARM : op == OP_RESET ? CHIME_RESET : CHIME_CANCEL,
+			ops[k] = (struct chime_op){ .op = op == OP_ARM ? CHIME_ARM : op == OP_CANCEL ? CHIME_CANCEL : CHIME_RESET,
 						    .id = sh->ids[j], .key = j, .user_data = j,
-						    .deadline_ns = sh->base_ns + (op == OP_RESET ? NS_PER_S : 0) + j };
+						    .deadline_ns = op_deadline(sh, op, j) };
 		}
 		r = chime_submit(sh->c, ops, n);
 		if (r != (int)n) {
@@ -106,12 +113,13 @@ static int op_batch(struct op_shared *sh, int op, size_t lo, size_t hi)
 		switch (op) {
 		case OP_ARM:
 			for (size_t i = lo; i < hi; i++)
-				if ((r = chime_arm(sh->c, i, sh->base_ns + i, 0, i, &ids[i])) < 0)
+				if ((r = chime_arm(sh->c, i, op_deadline(sh, op, i), 0, i, &ids[i])) < 0)
 					return r;
 			break;
 		case OP_RESET:
+		case OP_TOUCH:
 			for (size_t i = lo; i < hi; i++)
-				if ((r = chime_reset(sh->c, ids[i], sh->base_ns + NS_PER_S + i)) < 0)
+				if ((r = chime_reset(sh->c, ids[i], op_deadline(sh, op, i))) < 0)
 					return r;
 			break;
 		default:
@@ -130,13 +138,14 @@ static int op_batch(struct op_shared *sh, int op, size_t lo, size_t hi)
 			if (fd < 0)
 				return -errno;
 			ids[i] = (uint64_t)fd;
-			if ((r = tfd_set(fd, sh->base_ns + i)) < 0)
+			if ((r = tfd_set(fd, op_deadline(sh, op, i))) < 0)
 				return r;
 		}
 		break;
 	case OP_RESET:
+	case OP_TOUCH:
 		for (size_t i = lo; i < hi; i++)
-			if ((r = tfd_set((int)ids[i], sh->base_ns + NS_PER_S + i)) < 0)
+			if ((r = tfd_set((int)ids[i], op_deadline(sh, op, i))) < 0)
 				return r;
 		break;
 	default:
@@ -260,7 +269,15 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 	for (int op = 0; op < NR_OPS; op++) {
 		pthread_barrier_wait(&sh.bar);      /* go */
 		pthread_barrier_wait(&sh.bar);      /* done */
-		if (impl != IMPL_TFD && wait_armed(b, op == OP_CANCEL ? 0 : n, 60 * NS_PER_S) < 0)
+		/*
+		 * Every record applied before the next phase: the armed count
+		 * shows the arms and cancels, the rings the resets, which the
+		 * touches must find applied (the shard flags a timer at its
+		 * first reset); a burst that can wait rang no doorbell.
+		 */
+		if (impl != IMPL_TFD &&
+		    (wait_armed(b, op == OP_CANCEL ? 0 : n, 60 * NS_PER_S) < 0 || chime_flush(c) < 0 ||
+		     wait_applied(c, 60 * NS_PER_S) < 0))
 			ret = -1;
 	}
 	for (unsigned i = 0; i < nthr; i++)

@@ -243,10 +243,20 @@ static bool touch_reset(struct chime *c, chime_id_t id, uint64_t *deadline_ns)
 		return false;
 	for (;;) {
 		/* acquire: pairs with the shard's release of ON, after its read of the word */
-		uint64_t tag = at_load_acq(&t->tag), w = at_load(&t->deadline_ns);
+		uint64_t tag = at_load_acq(&t->tag), w = at_load_acq(&t->deadline_ns);
 
+		/*
+		 * The tag again, after the word: still ours, so w was read
+		 * before a new timer on the node could write its tag, and so
+		 * before it wrote the word. A stale id's CAS then succeeds on
+		 * the new timer's word only if that word equals w (the ABA
+		 * chime_reset(3) names). Without it, a thread stalled between
+		 * the two loads could read the new timer's word and CAS it.
+		 */
 		if ((tag & CHIME_ID_GEN_MASK) != gen)
 			return false;
+		if (at_load(&t->tag) != tag)
+			continue;       /* flagged or unflagged meanwhile, or the node reused: look again */
 		if (tag == (gen | CHIME_TOUCH_ON) && !(w & CHIME_TOUCH_FIRED) && d >= w) {
 			if (at_cas(&t->deadline_ns, &w, d))
 				return true;

@@ -317,30 +317,32 @@ static void mark_immediate(struct shard_core *sc, struct chime_node *n, uint64_t
 		n->gen &= ~CHIME_NODE_IMMEDIATE;
 }
 
-/* ---- touch tables (chime_shm.h, struct chime_touch) ---- */
+/* ---- touch tables (chime_shm.h, CHIME_TOUCH_BYTES) ---- */
 
-#define TOUCH_PER_PAGE (4096u / sizeof(struct chime_touch))
+/* Nodes whose words fill a page: their words span at most 2 pages, their tags at most 2. */
+#define TOUCH_RUN (4096u / sizeof(uint64_t))
 
 /*
- * May the shard read and write node idx's entry of the client's table?
- * Every page of it the shard touches first is faulted in by the broker
- * (a client's own resets write an entry before its record, but a hostile
- * one need not): at most one page per 32 nodes the client owns, plus 64
- * (a client's timers spread over 8 times the pages of a packed run of
- * them), so that no client makes the broker hold more of its table than
- * 128 bytes per timer. Past it, its RESET_TOUCH records are plain resets.
+ * May the shard read and write node idx's word and tag in the client's
+ * table? Every page of it the shard touches first is faulted in by the
+ * broker (a client's own resets write an entry before its record, but a
+ * hostile one need not): at most one run of TOUCH_RUN nodes per 128 nodes
+ * the client owns, plus 16 (a client's timers spread over 4 times the runs
+ * of a packed run of them), and a run's entries lie on at most 4 pages,
+ * so that no client makes the broker hold more of its table than 128
+ * bytes per timer. Past it, its RESET_TOUCH records are plain resets.
  */
 static bool touch_page_ok(struct chan *ch, uint32_t idx)
 {
-	uint32_t page = idx / TOUCH_PER_PAGE;
-	uint64_t bit = UINT64_C(1) << (page % 64);
+	uint32_t run = idx / TOUCH_RUN;
+	uint64_t bit = UINT64_C(1) << (run % 64);
 
-	if (ch->touch_seen[page / 64] & bit)
+	if (ch->touch_seen[run / 64] & bit)
 		return true;
-	if (ch->touch_pages >= ch->owned / 32 + 64)
+	if (ch->touch_runs >= ch->owned / 128 + 16)
 		return false;
-	ch->touch_seen[page / 64] |= bit;
-	ch->touch_pages++;
+	ch->touch_seen[run / 64] |= bit;
+	ch->touch_runs++;
 	return true;
 }
 
@@ -357,7 +359,7 @@ static bool touch_page_ok(struct chan *ch, uint32_t idx)
 static bool touch_moved(struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
 	struct chime_node *n = NODE(sc, idx);
-	uint64_t *word = &ch->touch[idx].deadline_ns;
+	uint64_t *word = &ch->touch_word[idx];
 	uint64_t w = at_load(word);
 
 	if ((w & CHIME_TOUCH_FIRED) || w <= n->deadline_ns) {
@@ -389,14 +391,14 @@ static void touch_flag(struct chan *ch, struct chime_node *n, uint32_t idx)
 	if ((n->gen & CHIME_NODE_TOUCH) || !touch_page_ok(ch, idx))
 		return;
 	n->gen |= CHIME_NODE_TOUCH;
-	at_store_rel(&ch->touch[idx].tag, (uint64_t)(n->gen & CHIME_ID_GEN_MASK) | CHIME_TOUCH_ON);
+	at_store_rel(&ch->touch_tag[idx], (n->gen & CHIME_ID_GEN_MASK) | CHIME_TOUCH_ON);
 }
 
 /* A plain RESET of a flagged node (a client mixing them hurts only itself): the word is not read again. */
 static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
 {
 	n->gen &= ~CHIME_NODE_TOUCH;
-	at_store_rel(&ch->touch[idx].tag, (uint64_t)(n->gen & CHIME_ID_GEN_MASK));
+	at_store_rel(&ch->touch_tag[idx], n->gen & CHIME_ID_GEN_MASK);
 }
 
 /* ---- delivery ---- */
@@ -953,13 +955,13 @@ static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 	struct chime_node *n = NODE(sc, idx);
 	uint64_t *word, w;
 
-	if (!ch->touch || !touch_page_ok(ch, idx)) {
+	if (!ch->touch_word || !touch_page_ok(ch, idx)) {
 		if (n->gen & CHIME_NODE_TOUCH)
 			n->gen &= ~CHIME_NODE_TOUCH;    /* no table: cannot happen */
 		node_reset(sc, ch, idx, deadline_ns);
 		return;
 	}
-	word = &ch->touch[idx].deadline_ns;
+	word = &ch->touch_word[idx];
 	w = at_load(word);
 	node_reset(sc, ch, idx, w & ~CHIME_TOUCH_FIRED);
 	if (n->state == CHIME_NODE_FREE || n->period_ns)
@@ -1447,15 +1449,16 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 
 	if (r < 0)
 		return r;
-	if (m->touch) {
-		uint64_t pages = ((uint64_t)sc->capacity + TOUCH_PER_PAGE - 1) / TOUCH_PER_PAGE;
+	if (m->touch_word) {
+		uint64_t runs = ((uint64_t)sc->capacity + TOUCH_RUN - 1) / TOUCH_RUN;
 
-		ch->touch_seen = calloc((pages + 63) / 64, sizeof(*ch->touch_seen));
+		ch->touch_seen = calloc((runs + 63) / 64, sizeof(*ch->touch_seen));
 		if (!ch->touch_seen) {
 			chan_fini(ch);
 			return -ENOMEM;
 		}
-		ch->touch = m->touch;
+		ch->touch_word = m->touch_word;
+		ch->touch_tag = m->touch_tag;
 	}
 	rings_init(sc, ch, m);
 	sc->by_slot[slot] = ch;
@@ -1791,7 +1794,8 @@ void chan_fini(struct chan *ch)
 	ch->grants = NULL;
 	free(ch->touch_seen);
 	ch->touch_seen = NULL;
-	ch->touch = NULL;
+	ch->touch_word = NULL;
+	ch->touch_tag = NULL;
 	free(ch->park_order);
 	ch->park_order = NULL;
 	chan_settle_set(ch, NULL, 0);

@@ -93,7 +93,8 @@ struct chan_mem {
 	uint64_t sq_base;               /* the submission rings' first position (a multiple of sq_size) */
 	int wake_fd;                    /* broker's end of the client's socket; -1: count only (tests) */
 	int bell_fd;                    /* this client's doorbell for this shard; -1: none (tests) */
-	struct chime_touch *touch;      /* rw: this shard's part of the client's touch table, or NULL */
+	uint64_t *touch_word;           /* rw: this shard's words of the client's touch table, or NULL */
+	uint32_t *touch_tag;            /* rw: and its tags (chime_shm.h) */
 };
 
 /*
@@ -211,14 +212,16 @@ struct chan {
 	struct chan_settle *settle;     /* held back (at the backlog's head) until settled, see chan.c */
 	const struct chime_chan_rw *crw; /* the client's rw half of this channel (resume_*) */
 	/*
-	 * The client's touch table (capacity entries), or NULL; and the pages
-	 * of it this shard has read or written (one bit per page), of which
-	 * there are touch_pages: a client cannot make the shard fault in more
-	 * of its table than its timers need (touch_page_ok()).
+	 * The client's touch table (capacity words and tags), or NULL; and the
+	 * runs of TOUCH_RUN nodes whose entries this shard has read or written
+	 * (one bit per run), of which there are touch_runs: a client cannot
+	 * make the shard fault in more of its table than its timers need
+	 * (touch_page_ok()).
 	 */
-	struct chime_touch *touch;
+	uint64_t *touch_word;
+	uint32_t *touch_tag;
 	uint64_t *touch_seen;
-	uint64_t touch_pages;
+	uint64_t touch_runs;
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
 	struct chan_user *user;         /* its user's share: owned counts into user->owned too */

@@ -811,20 +811,22 @@ static void client_release(struct broker *b, struct client *c)
 }
 
 /*
- * An anonymous client's touch table (chime_shm.h, struct chime_touch): 16
+ * An anonymous client's touch table (chime_shm.h, CHIME_TOUCH_BYTES): 12
  * bytes per node of every shard, address space only until the client
  * writes an entry (the shards fault in no more of it than its timers need,
  * chan.c). Sealed, as its segments are.
  */
 static int touch_table(struct broker *b, struct client *c)
 {
-	size_t per_shard = (size_t)b->o.capacity * sizeof(struct chime_touch);
-	int r = chime_seg_memfd("chime-client-touch", per_shard * b->o.nr_shards, &c->touch_fd, &c->touch);
+	size_t size = (size_t)b->o.capacity * b->o.nr_shards * CHIME_TOUCH_BYTES;
+	int r = chime_seg_memfd("chime-client-touch", size, &c->touch_fd, &c->touch);
 
 	if (r < 0)
 		return r;
-	for (uint32_t s = 0; s < b->o.nr_shards; s++)
-		c->mems[s].touch = (struct chime_touch *)((char *)c->touch.base + s * per_shard);
+	for (uint32_t s = 0; s < b->o.nr_shards; s++) {
+		c->mems[s].touch_word = chime_touch_words(c->touch.base, s, b->o.capacity);
+		c->mems[s].touch_tag = chime_touch_tags(c->touch.base, b->o.nr_shards, s, b->o.capacity);
+	}
 	return chime_seg_seal(c->touch_fd, false);
 }
 

@@ -438,12 +438,13 @@ static int wake_fds(struct chime *c)
 }
 
 /*
- * The touch table: capacity entries per shard, all shards' capacity alike.
- * A size that is not that is refused (-EBADMSG), as a malformed segment is.
+ * The touch table: capacity words and tags per shard, all shards' capacity
+ * alike. A size that is not that is refused (-EBADMSG), as a malformed
+ * segment is.
  */
 static int map_touch(struct chime *c, int fd)
 {
-	uint64_t per_shard = (uint64_t)c->nr_shards * sizeof(struct chime_touch);
+	uint64_t per_shard = (uint64_t)c->nr_shards * CHIME_TOUCH_BYTES;
 	struct stat st;
 	void *p;
 
@@ -456,8 +457,9 @@ static int map_touch(struct chime *c, int fd)
 	if (p == MAP_FAILED)
 		return errno == ENFILE || errno == EMFILE ? -ENOMEM : -errno;
 	c->touch_map = (struct chime_map){ .base = p, .size = (size_t)st.st_size };
-	c->touch = p;
 	c->touch_cap = (uint32_t)((uint64_t)st.st_size / per_shard);
+	c->touch = chime_touch_words(p, 0, c->touch_cap);
+	c->touch_tag = chime_touch_tags(p, c->nr_shards, 0, c->touch_cap);
 	return 0;
 }
 

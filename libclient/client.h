@@ -113,10 +113,11 @@ struct chime {
 	struct chime_client_rw *rw;
 	/*
 	 * The touch table (an anonymous connection's, if the broker gave one:
-	 * CHIME_WELCOME_F_TOUCH), shard s's entries at s * touch_cap; NULL:
-	 * every reset is a record.
+	 * CHIME_WELCOME_F_TOUCH): its words and its tags, shard s's at
+	 * s * touch_cap in each (chime_shm.h); NULL: every reset is a record.
 	 */
-	struct chime_touch *touch;
+	uint64_t *touch;
+	uint32_t *touch_tag;
 	uint32_t touch_cap;
 	struct chime_map touch_map;
 

@@ -201,26 +201,28 @@ static inline bool id_ok(const struct chime *c, chime_id_t id)
 	return id != 0 && chime_id_gen(id) != 0 && chime_id_shard(id) < c->nr_shards;
 }
 
-/* ---- touch table (chime_shm.h, struct chime_touch) ---- */
+/* ---- touch table (chime_shm.h, CHIME_TOUCH_BYTES) ---- */
 
-static inline struct chime_touch *touch_entry(const struct chime *c, chime_id_t id)
+/* The id's entry: its word at c->touch[e] and its tag at c->touch_tag[e]; false: none. */
+static inline bool touch_entry(const struct chime *c, chime_id_t id, uint64_t *e)
 {
 	uint32_t idx = chime_id_index(id);
 
-	return idx < c->touch_cap ? &c->touch[(uint64_t)chime_id_shard(id) * c->touch_cap + idx] : NULL;
+	*e = (uint64_t)chime_id_shard(id) * c->touch_cap + idx;
+	return idx < c->touch_cap;
 }
 
 /*
- * An ARM's id, before it is returned: its entry's tag names this
- * generation, so that a reset of an earlier timer of that node (a stale
- * id) writes its word no more (touch_reset()).
+ * An ARM's id, before it is returned: its tag names this generation, so
+ * that a reset of an earlier timer of that node (a stale id) writes its
+ * word no more (touch_reset()).
  */
 static inline void touch_armed(struct chime *c, chime_id_t id)
 {
-	struct chime_touch *t = touch_entry(c, id);
+	uint64_t e;
 
-	if (t)
-		at_store(&t->tag, (uint64_t)chime_id_gen(id));
+	if (touch_entry(c, id, &e))
+		at_store(&c->touch_tag[e], chime_id_gen(id));
 }
 
 /*
@@ -234,16 +236,19 @@ static inline void touch_armed(struct chime *c, chime_id_t id)
  */
 static bool touch_reset(struct chime *c, chime_id_t id, uint64_t *deadline_ns)
 {
-	struct chime_touch *t = touch_entry(c, id);
-	uint64_t gen = chime_id_gen(id), d = *deadline_ns;
+	uint32_t gen = chime_id_gen(id), *tagp;
+	uint64_t d = *deadline_ns, *word, e;
 
 	if (unlikely(d > CHIME_TOUCH_MAX_NS))
 		*deadline_ns = d = CHIME_TOUCH_MAX_NS;
-	if (unlikely(!t))
+	if (unlikely(!touch_entry(c, id, &e)))
 		return false;
+	word = &c->touch[e];
+	tagp = &c->touch_tag[e];
 	for (;;) {
 		/* acquire: pairs with the shard's release of ON, after its read of the word */
-		uint64_t tag = at_load_acq(&t->tag), w = at_load_acq(&t->deadline_ns);
+		uint32_t tag = at_load_acq(tagp);
+		uint64_t w = at_load_acq(word);
 
 		/*
 		 * The tag again, after the word: still ours, so w was read
@@ -255,14 +260,14 @@ static bool touch_reset(struct chime *c, chime_id_t id, uint64_t *deadline_ns)
 		 */
 		if ((tag & CHIME_ID_GEN_MASK) != gen)
 			return false;
-		if (at_load(&t->tag) != tag)
+		if (at_load(tagp) != tag)
 			continue;       /* flagged or unflagged meanwhile, or the node reused: look again */
 		if (tag == (gen | CHIME_TOUCH_ON) && !(w & CHIME_TOUCH_FIRED) && d >= w) {
-			if (at_cas(&t->deadline_ns, &w, d))
+			if (at_cas(word, &w, d))
 				return true;
 			continue;
 		}
-		if (at_cas(&t->deadline_ns, &w, d))
+		if (at_cas(word, &w, d))
 			return false;
 	}
 }

@@ -969,13 +969,18 @@ _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIM
  * `limit` = CHIME_HELLO_TOUCH in its hello (flags 0, no session; an older
  * broker ignores the field); a broker that grants it sets
  * CHIME_WELCOME_F_TOUCH and sends one more fd, after the doorbells: a
- * sealed memfd of nr_shards * capacity entries (shard s's at s * capacity,
- * capacity = size / (16 * nr_shards)), one per node, mapped read-write by
- * both sides. It is the client's own memory: the broker trusts nothing in
- * it but a deadline for that client's own timers.
+ * sealed memfd mapped read-write by both sides, of two arrays of one
+ * entry per node of every shard (capacity = size / (12 * nr_shards)): a
+ * 64-bit word per node, shard s's at s * capacity, then a 32-bit tag per
+ * node, in the same order. Apart, not side by side, because an ARM
+ * writes its node's tag: 1024 tags to a page, where 16-byte entries had
+ * 256, so a client's first arms of a fresh table take a fourth of the
+ * page faults (4 us each on the development VM). It is the client's own
+ * memory: the broker trusts nothing in it but a deadline for that
+ * client's own timers.
  *
  * field       | writer                         | reader
- * deadline_ns | client: CAS (the deadline it   | shard: when a flagged node's deadline comes
+ * word        | client: CAS (the deadline it   | shard: when a flagged node's deadline comes
  *             | wants, FIRED clear); shard:    | (later: back on the wheel there; else
  *             | fetch-or FIRED as it fires     | FIRED, fired), and applying RESET_TOUCH
  * tag         | client: gen at ARM, before the | client: its reset skips the record iff
@@ -984,14 +989,21 @@ _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIM
  */
 #define CHIME_HELLO_TOUCH     UINT64_C(0x686375746f74)  /* "touch" */
 #define CHIME_WELCOME_F_TOUCH 2u
-#define CHIME_TOUCH_FIRED     (UINT64_C(1) << 63)       /* in deadline_ns: the shard fired it */
-#define CHIME_TOUCH_ON        (UINT64_C(1) << 31)       /* in tag: the shard reads the word */
+#define CHIME_TOUCH_FIRED     (UINT64_C(1) << 63)       /* in a word: the shard fired it */
+#define CHIME_TOUCH_ON        (UINT32_C(1) << 31)       /* in a tag: the shard reads the word */
 #define CHIME_TOUCH_MAX_NS    (CHIME_TOUCH_FIRED - 1)   /* later deadlines are kept as this */
+#define CHIME_TOUCH_BYTES     12u                       /* per node: its word and its tag */
+_Static_assert(CHIME_ID_GEN_MASK < CHIME_TOUCH_ON, "a tag holds a generation and ON");
 
-struct chime_touch {
-	uint64_t deadline_ns;
-	uint64_t tag;
-};
-_Static_assert(sizeof(struct chime_touch) == 16, "a touch entry is 16 B");
+/* Shard s's words and tags in a table of nr_shards * cap nodes at base. */
+static inline uint64_t *chime_touch_words(void *base, uint32_t s, uint32_t cap)
+{
+	return (uint64_t *)base + (uint64_t)s * cap;
+}
+
+static inline uint32_t *chime_touch_tags(void *base, uint32_t nr_shards, uint32_t s, uint32_t cap)
+{
+	return (uint32_t *)((uint64_t *)base + (uint64_t)nr_shards * cap) + (uint64_t)s * cap;
+}
 
 #endif /* CHIME_SHM_H */

@@ -2068,7 +2068,7 @@ static void behind_next(chime_t *c, uint64_t first, unsigned run)
 
 		cr_assert_eq(ev[k].user_data, 0);
 		cr_assert_eq(ev[k].deadline_ns, first + k * BEHIND_PERIOD,
-			     "run %u: P's event %u is of deadline %+lld us from the first due, want %+llu us "
+			     "run %u: P's event %u is of deadline %+lld us from the first due, want +%llu us "
 			     "(a period lost or repeated)", run, k, (long long)at / 1000,
 			     (unsigned long long)(k * BEHIND_PERIOD / 1000));
 	}

@@ -61,7 +61,7 @@ struct chime_event {
  * of a one-shot timer to a later deadline, once the broker has applied a
  * reset of that timer, is a compare-and-swap on a word the broker reads
  * when the earlier deadline comes (see chime_reset()); this flag is for
- * comparing the two, or for a broker whose 16 bytes of address space per
+ * comparing the two, or for a broker whose 12 bytes of address space per
  * timer node for the table are too many.
  */
 #define CHIME_OPEN_RECORD_RESETS 1u

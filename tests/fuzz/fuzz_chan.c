@@ -87,7 +87,7 @@ struct client {
 	struct chan ch;
 	struct chime_sq_prod prod;
 	struct chime_cq_cons cons;
-	struct chime_touch *touch;      /* the hostile clients' touch tables (CAP entries) */
+	void *touch;                    /* the hostile clients' touch tables (CAP words and tags, chime_shm.h) */
 	bool attached;          /* ch is live (possibly dying) */
 };
 
@@ -147,8 +147,9 @@ static int client_attach(struct client *c, uint16_t slot)
 
 	client_mem(c);
 	if (c->touch) {
-		memset(c->touch, 0, CAP * sizeof(*c->touch));
-		c->m.touch = c->touch;
+		memset(c->touch, 0, CAP * CHIME_TOUCH_BYTES);
+		c->m.touch_word = chime_touch_words(c->touch, 0, CAP);
+		c->m.touch_tag = chime_touch_tags(c->touch, 1, 0, CAP);
 	}
 	r = chan_attach(&W.sc, &c->ch, &c->m, slot, 1, uid_of(slot));
 	if (r)
@@ -195,7 +196,7 @@ static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget
 		for (unsigned i = 0; i < NCL; i++) {
 			W.cl[i].rw = aligned_alloc(4096, (W.g.rw_size + 4095) & ~(uint64_t)4095);
 			W.cl[i].ro = aligned_alloc(4096, (W.g.ro_size + 4095) & ~(uint64_t)4095);
-			W.cl[i].touch = i == HONEST ? NULL : calloc(CAP, sizeof(struct chime_touch));
+			W.cl[i].touch = i == HONEST ? NULL : calloc(CAP, CHIME_TOUCH_BYTES);
 			CHECK(W.cl[i].rw && W.cl[i].ro && (i == HONEST || W.cl[i].touch), "out of memory");
 		}
 		CHECK(W.wmem && W.heads, "out of memory");
@@ -648,13 +649,14 @@ static void hostile_scribble(struct prog *g, struct client *c)
 		c->m.claim[(c->ch.cq.tail - 1) & (CQ - 1)] = u8(g) % 4;
 		break;
 	case 7: { /* a touch table entry: a deadline near now, any word, FIRED, any tag */
-		struct chime_touch *t = &c->touch[u8(g) % CAP];
+		uint32_t e = u8(g) % CAP;
+		uint64_t *w = &chime_touch_words(c->touch, 0, CAP)[e];
 
 		switch (u8(g) % 4) {
-		case 0: t->deadline_ns = some_time(g); break;
-		case 1: t->deadline_ns = u64(g); break;
-		case 2: t->deadline_ns |= CHIME_TOUCH_FIRED; break;
-		default: t->tag = u64(g); break;
+		case 0: *w = some_time(g); break;
+		case 1: *w = u64(g); break;
+		case 2: *w |= CHIME_TOUCH_FIRED; break;
+		default: chime_touch_tags(c->touch, 1, 0, CAP)[e] = (uint32_t)u64(g); break;
 		}
 		break;
 	}

@@ -987,7 +987,13 @@ _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIM
  *             | id is returned; shard: gen|ON  | tag == gen(id)|ON, the word not FIRED and
  *             | (release) when it flags a node | its deadline >= the word
  */
-#define CHIME_HELLO_TOUCH     UINT64_C(0x686375746f74)  /* "touch" */
+/*
+ * The token names the layout: a layout that changes takes a new token, so
+ * that a library and a broker of different layouts fall back to records
+ * rather than read each other's entries wrong. "touch" was 16-byte
+ * entries {word, tag} (2026-11-27, never released).
+ */
+#define CHIME_HELLO_TOUCH     UINT64_C(0x32316863756f74)  /* "touch12": words, then tags */
 #define CHIME_WELCOME_F_TOUCH 2u
 #define CHIME_TOUCH_FIRED     (UINT64_C(1) << 63)       /* in a word: the shard fired it */
 #define CHIME_TOUCH_ON        (UINT32_C(1) << 31)       /* in a tag: the shard reads the word */

@@ -15,6 +15,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -422,6 +425,40 @@ Test(touch, resets_racing_the_fire_from_two_threads_give_each_timer_once_never_e
 }
 
 /* ---- who gets a table, and a hostile one ---- */
+
+/* The welcome's features for an anonymous hello by hand whose `limit` is token. */
+static uint32_t welcome_features(uint64_t token)
+{
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
+				 .pid = getpid(), .limit = token };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_welcome w = { 0 };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+	cr_assert_geq(fd, 0);
+	memcpy(sa.sun_path, tb.sock, strnlen(tb.sock, sizeof(sa.sun_path) - 1));
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(send(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	/* no room for the fds: the kernel closes them (MSG_CTRUNC) */
+	cr_assert_geq(recv(fd, &w, sizeof(w), 0), (ssize_t)offsetof(struct chime_welcome, features) + 4);
+	cr_assert_eq(w.magic, CHIME_HELLO_MAGIC);
+	cr_assert_eq(w.status, 0);
+	close(fd);
+	return w.features;
+}
+
+/*
+ * The hello's token names the table's layout: a library of another
+ * layout (the 16-byte entries of "touch", never released) gets no table
+ * and resets through records, rather than reading entries wrong.
+ */
+Test(touch, a_hello_asking_for_another_layout_gets_no_table)
+{
+	cr_assert(welcome_features(CHIME_HELLO_TOUCH) & CHIME_WELCOME_F_TOUCH);
+	cr_assert_not(welcome_features(UINT64_C(0x686375746f74)) & CHIME_WELCOME_F_TOUCH,
+		      "a hello for 16-byte entries got a table");
+	cr_assert_not(welcome_features(0) & CHIME_WELCOME_F_TOUCH);
+}
 
 Test(touch, a_session_and_a_client_asking_for_records_get_no_table_and_reset_as_before)
 {

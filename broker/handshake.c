@@ -250,6 +250,27 @@ static void scan_end(struct broker *b)
 		b->scan_turn_until_ns = now_ns() + QUERY_TURN_HOLD_NS;
 }
 
+/*
+ * A flagged timer's deadline is the word its client last wrote (chan.c,
+ * touch_moved()): the node's is where the shard will next look. The word
+ * is read only for a flagged node, whose page the shard has mapped
+ * already (touch_page_ok()); this thread unmaps the table, and only after
+ * the client is no longer ACTIVE, so it is there. A word marked FIRED, or
+ * no later than the node's, is not a later deadline.
+ */
+static void touched_deadline(const struct client *c, uint32_t shard, uint32_t idx, struct chime_query_timer *t)
+{
+	const uint64_t *words = c->mems[shard].touch_word;
+	uint64_t w;
+
+	if (!words)
+		return;
+	t->flags |= CHIME_QUERY_TIMER_TOUCHED;
+	w = at_load(&words[idx]);
+	if (!(w & CHIME_TOUCH_FIRED) && w > t->deadline_ns)
+		t->deadline_ns = w;
+}
+
 bool query_step(struct broker *b)
 {
 	struct timers_scan *q = &b->scan;
@@ -271,6 +292,7 @@ bool query_step(struct broker *b)
 		for (; q->next < hw && budget; q->next++, budget--) {
 			const struct chime_node *nd = &wh->nodes[q->next];
 			uint8_t st = at_load(&nd->state);
+			uint32_t gen;
 			uint64_t period = at_load(&nd->period_ns);
 
 			if (at_load(&nd->owner) != q->slot ||
@@ -280,12 +302,15 @@ bool query_step(struct broker *b)
 			q->head.total++;
 			if (q->n == q->limit)
 				continue;
+			gen = at_load(&nd->gen);
 			q->out[q->n++] = (struct chime_query_timer){
-				.id = chime_id_make(at_load(&nd->gen) & CHIME_ID_GEN_MASK, q->shard, q->next),
+				.id = chime_id_make(gen & CHIME_ID_GEN_MASK, q->shard, q->next),
 				.key = at_load(&nd->key), .user_data = at_load(&nd->user_data),
 				.deadline_ns = at_load(&nd->deadline_ns), .period_ns = period,
 				.state = st, .shard = q->shard,
 			};
+			if (gen & CHIME_NODE_TOUCH)
+				touched_deadline(c, q->shard, q->next, &q->out[q->n - 1]);
 		}
 		if (q->next < hw)
 			return true;    /* budget spent inside this shard */

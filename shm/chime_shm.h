@@ -904,9 +904,12 @@ struct chime_query_timer {
 	uint64_t period_ns;
 	uint32_t state;             /* CHIME_NODE_* */
 	uint32_t shard;
-	uint8_t  _reserved[16];
+	uint32_t flags;             /* CHIME_QUERY_TIMER_* (0 from a broker before them) */
+	uint8_t  _reserved[12];
 };
 _Static_assert(sizeof(struct chime_query_timer) == 64, "query record is 64 B");
+/* Its resets are words in the client's touch table; deadline_ns is the latest the client wrote there. */
+#define CHIME_QUERY_TIMER_TOUCHED 1u
 _Static_assert(sizeof(struct chime_hello) == 96, "hello is 96 B");
 _Static_assert(offsetof(struct chime_hello, session) == 32, "moved: bump CHIME_SHM_LAYOUT");
 

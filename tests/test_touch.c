@@ -11,8 +11,10 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
@@ -482,6 +484,112 @@ Test(touch, a_session_and_a_client_asking_for_records_get_no_table_and_reset_as_
 	}
 	for (int i = 0; i < 3; i++)
 		chime_close(c[i]);
+}
+
+/* ---- how a touched timer is listed ---- */
+
+/* The broker's answer to a timers query for this process (as root: every client). */
+static uint64_t query_timers(struct chime_query_timer *recs, uint64_t n)
+{
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
+				 .flags = CHIME_HELLO_QUERY_TIMERS, .pid = getpid(), .limit = n };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_query_head head = { .status = -1 };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	size_t got = 0;
+
+	cr_assert_geq(fd, 0);
+	memcpy(sa.sun_path, tb.sock, strnlen(tb.sock, sizeof(sa.sun_path) - 1));
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(send(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(recv(fd, &head, sizeof(head), 0), (ssize_t)sizeof(head));
+	cr_assert_eq(head.status, 0, "the timers query: %s", strerror(-head.status));
+	while (got < n && got < head.count) {
+		ssize_t r = recv(fd, recs + got, (n - got) * sizeof(*recs), 0);
+
+		cr_assert_gt(r, 0);
+		got += (size_t)r / sizeof(*recs);
+	}
+	close(fd);
+	return got;
+}
+
+/* `chimectl ARGS` on this broker, piped through `FILTER`: its first line of output. */
+static void chimectl(char *line, size_t len, const char *args, const char *filter)
+{
+	const char *ctl = getenv("CHIMECTL");
+	char cmd[1024];
+	FILE *p;
+
+	if (!ctl || !*ctl)
+		cr_skip_test("$CHIMECTL not set (run through meson test)");
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' %s | %s", ctl, tb.sock, args, filter);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	line[0] = '\0';
+	if (!fgets(line, (int)len, p))
+		line[0] = '\0';
+	pclose(p);
+	line[strcspn(line, "\n")] = '\0';
+}
+
+/*
+ * A touched timer's latest deadline is its word, which only the broker
+ * maps: the broker's answer to a timers query carries the word (and says
+ * the timer is touched); chimectl reading the segments shows the node's
+ * deadline as a lower bound (">=", "deadline_exact": false). A timer that
+ * is never reset is exact both ways.
+ */
+Test(touch, a_touched_timer_is_listed_with_its_latest_deadline_or_as_a_lower_bound)
+{
+	chime_t *c = copen(0, NULL);
+	uint64_t t0 = now_ns(), d1 = t0 + 3600000 * MS, d2 = d1 + 1800000 * MS;
+	struct chime_query_timer recs[4];
+	chime_id_t a = flagged(c, d1, 1), b;
+	char args[128], filter[256], line[256];
+	uint64_t n;
+	bool seen_a = false, seen_b = false;
+
+	cr_assert_eq(chime_arm(c, 2, d1, 0, 2, &b), 0);
+	cr_assert_eq(chime_reset(c, a, d2), 0);
+	cr_assert_eq(at_load(word_of(c, a)), d2, "the touch did not go through the word");
+	applied(c);
+
+	n = query_timers(recs, 4);
+	cr_assert_eq(n, 2);
+	for (uint64_t i = 0; i < n; i++) {
+		if (recs[i].id == a) {
+			seen_a = true;
+			cr_assert_eq(recs[i].flags, CHIME_QUERY_TIMER_TOUCHED);
+			cr_assert_eq(recs[i].deadline_ns, d2, "the query gave %" PRIu64 ", not the word's %" PRIu64,
+				     recs[i].deadline_ns, d2);
+		} else if (recs[i].id == b) {
+			seen_b = true;
+			cr_assert_eq(recs[i].flags, 0);
+			cr_assert_eq(recs[i].deadline_ns, d1);
+		}
+	}
+	cr_assert(seen_a && seen_b);
+
+	/* chimectl, as root, reads the segments: the node's deadline, d1, said to be a lower bound */
+	snprintf(args, sizeof(args), "-j timers --client %d", (int)getpid());
+	snprintf(filter, sizeof(filter),
+		 "jq -r '.timers[] | select(.id == \"0x%" PRIx64 "\") | \"\\(.touched) \\(.deadline_exact) "
+		 "\\(.deadline_in_ns > 3000000000000 and .deadline_in_ns <= 3600000000000)\"'", a);
+	chimectl(line, sizeof(line), args, filter);
+	cr_assert_str_eq(line, "true false true", "touched, exact, deadline about d1");
+	snprintf(filter, sizeof(filter),
+		 "jq -r '.timers[] | select(.id == \"0x%" PRIx64 "\") | \"\\(.touched) \\(.deadline_exact)\"'", b);
+	chimectl(line, sizeof(line), args, filter);
+	cr_assert_str_eq(line, "false true");
+	snprintf(args, sizeof(args), "timers --client %d", (int)getpid());
+	snprintf(filter, sizeof(filter), "grep '^ *0x%" PRIx64 " '", a);
+	chimectl(line, sizeof(line), args, filter);
+	cr_assert(strstr(line, " >=+"), "the text marks the lower bound: '%s'", line);
+	snprintf(filter, sizeof(filter), "grep '^ *0x%" PRIx64 " '", b);
+	chimectl(line, sizeof(line), args, filter);
+	cr_assert(line[0] && !strstr(line, ">="), "'%s'", line);
+	chime_close(c);
 }
 
 Test(touch, a_deadline_past_2_63_ns_is_kept_as_the_latest_and_never_fires)

@@ -364,22 +364,40 @@ static const char *fmt_id(char *buf, size_t len, uint64_t id)
 	return buf;
 }
 
-/*
- * A timer as JSON, deadline relative to `now`. key and user_data are any
- * uint64_t, which a JSON number (a double to most readers, int64 to
- * jansson) does not hold exactly: always decimal strings, as the text
- * prints the key.
- */
-static json_t *jtimer(uint64_t id, uint64_t key, uint64_t user_data, uint64_t deadline_ns, uint64_t now,
-		      uint64_t period_ns, const char *state, uint32_t shard)
-{
-	char ids[24], keys[24], uds[24];
+/* A listed timer, from a slab (list_shard()) or from the broker (timers_by_query()). */
+struct listed {
+	uint64_t id, key, user_data, deadline_ns, period_ns;
+	const char *state;
+	uint32_t shard;
+	bool touched;           /* its resets are words in the client's touch table */
+	bool exact;             /* false: a touched timer's deadline as the shard last took it (a lower bound) */
+};
 
-	snprintf(keys, sizeof(keys), "%" PRIu64, key);
-	snprintf(uds, sizeof(uds), "%" PRIu64, user_data);
-	return json_pack("{s:s,s:s,s:s,s:I,s:I,s:s,s:i}", "id", fmt_id(ids, sizeof(ids), id), "key", keys,
-			 "user_data", uds, "deadline_in_ns", (json_int_t)(int64_t)(deadline_ns - now),
-			 "period_ns", (json_int_t)period_ns, "state", state ? state : "?", "shard", (int)shard);
+/*
+ * A timer as a line of text and as JSON, deadline relative to `now`. key
+ * and user_data are any uint64_t, which a JSON number (a double to most
+ * readers, int64 to jansson) does not hold exactly: always decimal
+ * strings, as the text prints the key.
+ */
+static void show_timer(const struct listed *t, uint64_t now, json_t *arr)
+{
+	char ids[24], keys[24], uds[24], dl[40], per[32];
+	int64_t rel = (int64_t)(t->deadline_ns - now);
+
+	snprintf(dl, sizeof(dl), "%s%+.6fs", t->exact ? "" : ">=", (double)rel / 1e9);
+	if (t->period_ns)
+		sr_fmt_ns(per, sizeof(per), t->period_ns);
+	else
+		snprintf(per, sizeof(per), "-");
+	fmt_id(ids, sizeof(ids), t->id);
+	out("%18s %20" PRIu64 " %16s %12s %6s %5u\n", ids, t->key, dl, per, t->state ? t->state : "?", t->shard);
+	snprintf(keys, sizeof(keys), "%" PRIu64, t->key);
+	snprintf(uds, sizeof(uds), "%" PRIu64, t->user_data);
+	json_array_append_new(arr, json_pack("{s:s,s:s,s:s,s:I,s:b,s:I,s:s,s:i,s:b}", "id", ids, "key", keys,
+					     "user_data", uds, "deadline_in_ns", (json_int_t)rel,
+					     "deadline_exact", t->exact, "period_ns", (json_int_t)t->period_ns,
+					     "state", t->state ? t->state : "?", "shard", (int)t->shard,
+					     "touched", t->touched));
 }
 
 /*
@@ -443,18 +461,14 @@ static int timers_by_query(const char *sock, long pid, uint64_t limit)
 	out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
 	for (uint64_t i = 0; i < head.count; i++) {
 		const struct chime_query_timer *t = &recs[i];
-		const char *st = node_state((uint8_t)t->state, t->deadline_ns, head.now_ns);
-		char dl[32], per[32], ids[24];
 
-		snprintf(dl, sizeof(dl), "%+.6fs", (double)(int64_t)(t->deadline_ns - head.now_ns) / 1e9);
-		if (t->period_ns)
-			sr_fmt_ns(per, sizeof(per), t->period_ns);
-		else
-			snprintf(per, sizeof(per), "-");
-		out("%18s %20" PRIu64 " %16s %12s %6s %5u\n", fmt_id(ids, sizeof(ids), t->id), t->key, dl, per,
-		    st ? st : "?", t->shard);
-		json_array_append_new(arr, jtimer(t->id, t->key, t->user_data, t->deadline_ns, head.now_ns,
-						  t->period_ns, st, t->shard));
+		/* The broker read a touched timer's word: exact, as of the query. */
+		show_timer(&(struct listed){ .id = t->id, .key = t->key, .user_data = t->user_data,
+					     .deadline_ns = t->deadline_ns, .period_ns = t->period_ns,
+					     .state = node_state((uint8_t)t->state, t->deadline_ns, head.now_ns),
+					     .shard = t->shard, .touched = t->flags & CHIME_QUERY_TIMER_TOUCHED,
+					     .exact = true },
+			   head.now_ns, arr);
 	}
 	if (head.total > head.count)
 		out("(%" PRIu64 " of %" PRIu64 " timers shown)\n", head.count, head.total);
@@ -576,9 +590,7 @@ static int list_shard(const char *sock, uint32_t k, uint32_t slot, uint64_t now,
 	for (i = 0; i < hw; i++) {
 		struct chime_node n = nodes[i];
 		const char *st = node_state(n.state, n.deadline_ns, now);
-		uint64_t id;
-		char dl[32], per[32], ids[24];
-		int64_t rel;
+		bool touched = n.gen & CHIME_NODE_TOUCH;
 
 		/* A held one-shot has fired: only a held periodic timer is still armed. */
 		if (!st || n.owner != slot || (n.state == CHIME_NODE_BACKLOG && !n.period_ns))
@@ -587,15 +599,16 @@ static int list_shard(const char *sock, uint32_t k, uint32_t slot, uint64_t now,
 		if (limit && *shown >= limit)
 			continue;
 		(*shown)++;
-		rel = (int64_t)(n.deadline_ns - now);
-		snprintf(dl, sizeof(dl), "%+.6fs", (double)rel / 1e9);
-		if (n.period_ns)
-			sr_fmt_ns(per, sizeof(per), n.period_ns);
-		else
-			snprintf(per, sizeof(per), "-");
-		id = chime_id_make(n.gen & CHIME_ID_GEN_MASK, k, (uint32_t)i);
-		out("%18s %20" PRIu64 " %16s %12s %6s %5u\n", fmt_id(ids, sizeof(ids), id), n.key, dl, per, st, k);
-		json_array_append_new(arr, jtimer(id, n.key, n.user_data, n.deadline_ns, now, n.period_ns, st, k));
+		/*
+		 * A touched timer's latest deadline is a word in its client's
+		 * table, which only the broker maps: the node's is where the
+		 * shard will next look, no later than it.
+		 */
+		show_timer(&(struct listed){ .id = chime_id_make(n.gen & CHIME_ID_GEN_MASK, k, (uint32_t)i),
+					     .key = n.key, .user_data = n.user_data, .deadline_ns = n.deadline_ns,
+					     .period_ns = n.period_ns, .state = st, .shard = k, .touched = touched,
+					     .exact = !touched },
+			   now, arr);
 	}
 	chime_seg_unmap(&m);
 	return SR_EXIT_OK;

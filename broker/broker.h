@@ -60,6 +60,7 @@ struct timers_scan {
 	uid_t uid;              /* the user the asker counts as (policy_account_uid()) */
 	uint32_t slot;          /* the client whose timers are listed */
 	uint64_t generation;    /* its slot's: the client gone, the scan ends */
+	bool session;           /* asked for by session name: attached or not, the scan goes on */
 	uint32_t shard, next;   /* where the scan is */
 	uint64_t limit;
 	size_t n;

@@ -195,24 +195,37 @@ static void query_clients(struct broker *b, int fd, const struct ucred *asker, u
 	query_send(fd, &head, out, n, sizeof(*out));
 }
 
+static struct client *session_find(struct broker *b, const char *name);
+static bool session_listed(const struct client *c);
+
 /*
- * The armed timers of one client, read from the shards' slabs while the
- * shards run: a racy snapshot (as chimectl's own reading of the files),
+ * The armed timers of one client, by its pid, or of a named session
+ * (attached or not), by its name: read from the shards' slabs while the
+ * shards run, a racy snapshot (as chimectl's own reading of the files),
  * each field a single atomic load, nothing written. The count of them
  * (head.total) needs every node looked at, whatever the limit: that is
  * done in steps (query_step), the answer sent after the last.
  */
 static void query_timers(struct broker *b, struct conn *cn, const struct ucred *asker, pid_t pid,
-			 uint64_t limit)
+			 const char *session, uint64_t limit)
 {
 	struct timers_scan *q = &b->scan;
 	int32_t status = -ESRCH;
-	uint32_t slot;
+	uint32_t slot = b->o.max_clients;
 
-	for (slot = 0; slot < b->o.max_clients; slot++) {
-		const struct client *c = &b->clients[slot];
+	if (session[0]) {
+		const struct client *c = session_find(b, session);
+
+		if (c && session_listed(c)) {
+			slot = (uint32_t)(c - b->clients);
+			status = may_see(asker, c->cred.uid) ? 0 : -EACCES;
+		}
+	}
+	for (uint32_t i = 0; i < b->o.max_clients && !session[0]; i++) {
+		const struct client *c = &b->clients[i];
 
 		if (c->state == CL_ACTIVE && c->cred.pid == pid) {
+			slot = i;
 			status = may_see(asker, c->cred.uid) ? 0 : -EACCES;
 			break;
 		}
@@ -228,6 +241,7 @@ static void query_timers(struct broker *b, struct conn *cn, const struct ucred *
 	q->uid = cn->uid;       /* the user it counts as (subordinate uids: their owner) */
 	q->slot = slot;
 	q->generation = b->clients[slot].generation;
+	q->session = session[0];
 	q->shard = q->next = 0;
 	q->limit = limit;
 	q->n = 0;
@@ -260,7 +274,7 @@ static void scan_end(struct broker *b)
  */
 static void touched_deadline(const struct client *c, uint32_t shard, uint32_t idx, struct chime_query_timer *t)
 {
-	const uint64_t *words = c->mems[shard].touch_word;
+	const uint64_t *words = c->mems ? c->mems[shard].touch_word : NULL;     /* a detached session: none */
 	uint64_t w;
 
 	if (!words)
@@ -279,7 +293,7 @@ bool query_step(struct broker *b)
 
 	if (q->fd < 0)
 		return false;
-	if (c->state != CL_ACTIVE || c->generation != q->generation) {
+	if (c->generation != q->generation || !(q->session ? session_listed(c) : c->state == CL_ACTIVE)) {
 		/* Gone meanwhile: its slot's nodes are another's soon. */
 		query_send(q->fd, &(struct chime_query_head){ .status = -ESRCH }, NULL, 0, 0);
 		scan_end(b);
@@ -575,7 +589,7 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 	}
 	if (timers) {
 		b->scan_owed = false;   /* a turn owed is taken (or given up): the next refusal decides */
-		query_timers(b, cn, asker, h->pid, limit);
+		query_timers(b, cn, asker, h->pid, h->session, limit);
 		return;
 	}
 	buf = calloc(limit, sizeof(struct chime_query_session));     /* the largest record */

@@ -1439,6 +1439,66 @@ Test(access, tools_work_on_what_a_client_may_see_and_say_why_not_the_rest)
 	cr_assert_eq(kill(tb.pid, 0), 0, "the broker is still running");
 }
 
+/* chimet1: session "t1jobs" with two timers an hour ahead, left detached. */
+static int detached_jobs(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock, .session = "t1jobs" };
+	chime_t *c;
+	chime_id_t id;
+
+	(void)arg;
+	if (chime_open(&c, &o) < 0)
+		return 1;
+	for (int i = 0; i < 2; i++)
+		if (chime_arm(c, 11, chime_now() + 3600000 * MS, 0, 0, &id) < 0)
+			return 2;
+	chime_flush(c);
+	chime_close(c);         /* detached: the timers stay */
+	return 0;
+}
+
+/*
+ * `chimectl timers --session NAME` lists a session's timers with no
+ * process attached: for its user by the broker's answer (it cannot read
+ * the segments), for root from the segments; another user is told whose
+ * it is not.
+ */
+Test(access, a_user_lists_its_detached_sessions_timers_by_name_and_no_one_elses)
+{
+	struct tool_run t;
+	char cmd[1024];
+	const char *chimectl;
+	int r = -1;
+
+	need_users();
+	start("--allow-all");
+	chimectl = tool_copy("CHIMECTL");
+	cr_assert_eq(as_user("chimet1", detached_jobs, NULL), 0);
+	t.cmd = cmd;
+	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s -j timers --session t1jobs | "
+		 "jq -e '.total == 2 and ([.timers[] | select(.key == \"11\" and .state == \"armed\")] | length) == 2' "
+		 ">/dev/null", tb.dir, chimectl, tb.sock);
+	/* until the shard has applied the arms (a loaded host); one query per 50 ms */
+	for (int tries = 0; tries < 30 && r != 0; tries++, usleep(100000))
+		r = as_user("chimet1", run_tool, &t);
+	cr_assert_eq(r, 0, "chimet1 lists its detached session's 2 timers");
+	/* The child's output stays in the child: its status says both (99: not the message wanted). */
+	snprintf(cmd, sizeof(cmd), "out=$(LD_LIBRARY_PATH=%s %s -s %s timers --session t1jobs 2>&1); s=$?; "
+		 "echo \"$out\"; echo \"$out\" | grep -q \"another user's session\" || exit 99; exit $s", tb.dir,
+		 chimectl, tb.sock);
+	cr_assert_eq(as_user("chimet2", run_tool, &t), 1, "chimet2 must not list chimet1's session, and say why");
+	snprintf(cmd, sizeof(cmd), "out=$(LD_LIBRARY_PATH=%s %s -s %s timers --session nosuch 2>&1); s=$?; "
+		 "echo \"$out\"; echo \"$out\" | grep -q 'no session of that name' || exit 99; exit $s", tb.dir,
+		 chimectl, tb.sock);
+	cr_assert_eq(as_user("chimet1", run_tool, &t), 1, "a session that is not there: exit 1, and said");
+	snprintf(cmd, sizeof(cmd), "%s -s %s -j timers -S t1jobs -n 1 | jq -e '.total == 2 and .shown == 1 and "
+		 ".running' >/dev/null", chimectl, tb.sock);
+	cr_assert_eq(run_tool(&t), 0, "root reads the segments: %s", t.out);
+	snprintf(cmd, sizeof(cmd), "%s -s %s timers -S nosuch 2>&1; exit $?", chimectl, tb.sock);
+	cr_assert_eq(run_tool(&t), 1, "%s", t.out);
+	cr_assert(strstr(t.out, "no session 'nosuch'"), "%s", t.out);
+}
+
 /*
  * reset-stats is for root and the broker's user, like shutdown: an admitted
  * client of another user is refused by the broker, exit status 4 and a

@@ -609,8 +609,8 @@ Test(tools_fake, stale_heartbeat_means_not_running)
 /* No broker at all: chimestat cannot read (1); every chimectl command says it is not running (3). */
 Test(tools_fake, no_broker_chimestat_exits_1_every_chimectl_command_3)
 {
-	static const char *const cmds[] = { "status", "clients", "timers --client 1", "sessions", "reset-stats",
-					    "drop-session x", "shutdown", "restart" };
+	static const char *const cmds[] = { "status", "clients", "timers --client 1", "timers --session x",
+					    "sessions", "reset-stats", "drop-session x", "shutdown", "restart" };
 
 	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1);
 	cr_assert(strstr(slurp(err), "chimestat: cannot open '"), "%s", slurp(err));
@@ -668,6 +668,12 @@ Test(tools_fake, usage_errors_exit_2)
 	cr_assert_eq(run("%s drop-session 'a b'", bin("CHIMECTL")), 2);
 	cr_assert(strstr(slurp(err), "'a b' is not a session name"), "%s", slurp(err));
 	cr_assert_eq(run("%s drop-session ''", bin("CHIMECTL")), 2);
+	cr_assert_eq(run("%s timers --session 'a b'", bin("CHIMECTL")), 2);
+	cr_assert(strstr(slurp(err), "invalid --session 'a b'"), "%s", slurp(err));
+	/* a client or a session, one of them; and only with timers */
+	cr_assert_eq(run("%s timers -c 1 -S x", bin("CHIMECTL")), 2);
+	cr_assert(strstr(slurp(err), "one of them"), "%s", slurp(err));
+	cr_assert_eq(run("%s sessions --session x", bin("CHIMECTL")), 2);
 	cr_assert_eq(run("%s --help", bin("CHIMESTAT")), 0);
 	cr_assert(strstr(slurp(out), "Exit status"));
 	cr_assert_eq(run("%s --version", bin("CHIMECTL")), 0);

@@ -118,6 +118,8 @@ static void usage(FILE *f)
 		"  timers -c|--client PID [-n|--limit N]\n"
 		"                             list the armed timers of client PID (default limit 100,\n"
 		"                             0: all)\n"
+		"  timers -S|--session NAME [-n|--limit N]\n"
+		"                             the same for the named session NAME, attached or not\n"
 		"  sessions                   list the named sessions (attached or not, timers, events\n"
 		"                             held, time left before an unattached one is reclaimed)\n"
 		"  drop-session NAME          reclaim the detached session NAME and its timers now\n"
@@ -410,7 +412,7 @@ static int clients_by_query(const char *sock)
 	struct chime_query_head head;
 	enum query_step step;
 	json_t *arr;
-	int r = query_broker(sock, CHIME_HELLO_QUERY_CLIENTS, 0, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]),
+	int r = query_broker(sock, CHIME_HELLO_QUERY_CLIENTS, 0, NULL, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]),
 			     &step);
 
 	if (r < 0 && !partial(r, &head))
@@ -441,22 +443,32 @@ static int clients_by_query(const char *sock)
 	return SR_EXIT_OK;
 }
 
-static int timers_by_query(const char *sock, long pid, uint64_t limit)
+/* Whose timers `timers` lists: the client of pid, or the named session (pid -1). */
+struct whose {
+	long pid;
+	const char *session;
+};
+
+static int timers_by_query(const char *sock, struct whose w, uint64_t limit)
 {
 	static struct chime_query_timer recs[CHIME_QUERY_MAX];
 	struct chime_query_head head;
 	uint64_t want = limit && limit < CHIME_QUERY_MAX ? limit : CHIME_QUERY_MAX;
 	enum query_step step;
 	json_t *arr;
-	int r = query_broker(sock, CHIME_HELLO_QUERY_TIMERS, (int32_t)pid, want, &head, recs, sizeof(recs[0]),
-			     &step);
+	int r = query_broker(sock, CHIME_HELLO_QUERY_TIMERS, w.session ? 0 : (int32_t)w.pid, w.session, want, &head,
+			     recs, sizeof(recs[0]), &step);
 
 	if (r < 0 && !partial(r, &head))
-		return query_error(sock, "asking for the timers of a client", r, step,
+		return query_error(sock, w.session ? "asking for the timers of a session" :
+				   "asking for the timers of a client", r, step,
 				   step != QUERY_ANSWER ? NULL :
-				   r == -ESRCH ? " (no client with that pid is connected)" :
-				   r == -EACCES ? " (another user's client: only root, the broker's user and chimed "
-						  "--stats-group see its timers)" : NULL);
+				   r == -ESRCH ? (w.session ? " (no session of that name)" :
+						  " (no client with that pid is connected)") :
+				   r == -EACCES ? (w.session ? " (another user's session: only root, the broker's user "
+							       "and chimed --stats-group see its timers)" :
+						   " (another user's client: only root, the broker's user and chimed "
+						   "--stats-group see its timers)") : NULL);
 	arr = json_array();
 	out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
 	for (uint64_t i = 0; i < head.count; i++) {
@@ -617,7 +629,16 @@ bad:
 	return fail(SR_EXIT_NOSHM, "cannot read '%s': wheel geometry does not fit the segment", path);
 }
 
-static int cmd_timers(const char *sock, long pid, uint64_t limit)
+/* Is client table entry c the one w names? A session being reclaimed (DYING) is gone already. */
+static bool is_whose(const struct sr_client *c, struct whose w)
+{
+	if (!w.session)
+		return c->id.pid == w.pid;
+	return c->id.state != CHIME_CLIENT_DYING && c->id.state != CHIME_CLIENT_EMPTY &&
+	       strncmp(c->id.session, w.session, sizeof(c->id.session)) == 0;
+}
+
+static int cmd_timers(const char *sock, struct whose w, uint64_t limit)
 {
 	uint64_t shown = 0, total = 0;
 	struct sr_snap sn;
@@ -629,7 +650,7 @@ static int cmd_timers(const char *sock, long pid, uint64_t limit)
 	bool down;
 
 	if (!can_read(sock))
-		return timers_by_query(sock, pid, limit);
+		return timers_by_query(sock, w, limit);
 	r = open_snapshot(&s, &sn, sock);
 	if (r)
 		return r;
@@ -638,7 +659,7 @@ static int cmd_timers(const char *sock, long pid, uint64_t limit)
 	jset("running", json_boolean(!down));
 	arr = json_array();
 	for (i = 0; i < sn.nr_clients && !r; i++) {
-		if (sn.clients[i].id.pid != pid)
+		if (!is_whose(&sn.clients[i], w))
 			continue;
 		if (!found)     /* no table at all for a pid that is not there: only the error */
 			out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
@@ -646,10 +667,14 @@ static int cmd_timers(const char *sock, long pid, uint64_t limit)
 		for (k = 0; k < sn.hdr.nr_shards && !r; k++)
 			r = list_shard(sock, k, sn.clients[i].slot, now_ns(), limit, &shown, &total, arr);
 	}
-	if (!found && down)
-		r = fail(SR_EXIT_NOT_RUNNING, "%s; its last state has no client with pid %ld", why, pid);
+	if (!found && down && w.session)
+		r = fail(SR_EXIT_NOT_RUNNING, "%s; its last state has no session '%s'", why, w.session);
+	else if (!found && down)
+		r = fail(SR_EXIT_NOT_RUNNING, "%s; its last state has no client with pid %ld", why, w.pid);
+	else if (!found && w.session)
+		r = fail(SR_EXIT_NOSHM, "no session '%s' at '%s'", w.session, sock);
 	else if (!found)
-		r = fail(SR_EXIT_NOSHM, "no client with pid %ld is connected to '%s'", pid, sock);
+		r = fail(SR_EXIT_NOSHM, "no client with pid %ld is connected to '%s'", w.pid, sock);
 	else if (!r && total > shown)
 		out("(%" PRIu64 " of %" PRIu64 " timers shown; --limit 0 shows all)\n", shown, total);
 	/* Not running comes first: a dead broker's shard files may be gone or half written. */
@@ -677,7 +702,7 @@ static int cmd_reset_stats(const char *sock)
 	uint64_t t0, gen;
 	enum query_step step;
 	struct sr s;
-	int r = query_broker(sock, CHIME_HELLO_RESET_STATS, 0, 0, &head, NULL, 0, &step);
+	int r = query_broker(sock, CHIME_HELLO_RESET_STATS, 0, NULL, 0, &head, NULL, 0, &step);
 
 	if (step == QUERY_ANSWER && (r == -EPERM || r == -EACCES))
 		return fail(SR_EXIT_DENIED, "the broker at '%s' refused reset-stats: %s (only root and the broker's "
@@ -861,7 +886,7 @@ static int cmd_sessions(const char *sock)
 	struct chime_query_head head;
 	enum query_step step;
 	json_t *arr;
-	int r = query_broker(sock, CHIME_HELLO_QUERY_SESSIONS, 0, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]),
+	int r = query_broker(sock, CHIME_HELLO_QUERY_SESSIONS, 0, NULL, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]),
 			     &step);
 
 	if (r < 0 && !partial(r, &head))
@@ -946,7 +971,7 @@ static int run(const char *cmd, const char *sock, long pid, uint64_t limit, cons
 	if (!strcmp(cmd, "clients"))
 		return cmd_clients(sock);
 	if (!strcmp(cmd, "timers"))
-		return cmd_timers(sock, pid, limit);
+		return cmd_timers(sock, (struct whose){ .pid = pid, .session = arg }, limit);
 	if (!strcmp(cmd, "reset-stats"))
 		return cmd_reset_stats(sock);
 	if (!strcmp(cmd, "restart"))
@@ -959,13 +984,14 @@ int main(int argc, char **argv)
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "client", required_argument, NULL, 'c' },
+		{ "session", required_argument, NULL, 'S' },
 		{ "limit", required_argument, NULL, 'n' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ 0 }
 	};
-	const char *socket_arg = NULL, *cmd, *arg = NULL;
+	const char *socket_arg = NULL, *cmd, *arg = NULL, *session = NULL;
 	long pid = -1;
 	uint64_t limit = 100;
 	char sock[PATH_MAX], *end;
@@ -973,7 +999,7 @@ int main(int argc, char **argv)
 	bool have_limit = false;
 
 	/* Options may come before or after the command (GNU getopt permutes). */
-	while ((opt = getopt_long(argc, argv, "s:c:n:jhV", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "s:c:S:n:jhV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
 			/* An empty path is not "the default": chimed refuses it too. */
@@ -992,6 +1018,15 @@ int main(int argc, char **argv)
 					INT32_MAX);
 				return SR_EXIT_USAGE;
 			}
+			break;
+		case 'S':
+			/* What the broker would refuse (EINVAL): say so here, as a usage error. */
+			if (chime_session_len(optarg) <= 0) {
+				fprintf(stderr, PROG ": invalid --session '%s' (1 to %u bytes of A-Z, a-z, 0-9, "
+					"'.', '_', '-')\n", optarg, CHIME_SESSION_MAX - 1);
+				return SR_EXIT_USAGE;
+			}
+			session = optarg;
 			break;
 		case 'n': {
 			unsigned long long v = 0;
@@ -1043,14 +1078,16 @@ int main(int argc, char **argv)
 			return SR_EXIT_USAGE;
 		}
 	}
-	if (strcmp(cmd, "timers") && (pid != -1 || have_limit)) {
-		fprintf(stderr, PROG ": --client and --limit go with 'timers' only\n");
+	if (strcmp(cmd, "timers") && (pid != -1 || session || have_limit)) {
+		fprintf(stderr, PROG ": --client, --session and --limit go with 'timers' only\n");
 		return SR_EXIT_USAGE;
 	}
-	if (!strcmp(cmd, "timers") && pid == -1) {
-		fprintf(stderr, PROG ": 'timers' needs --client PID\n");
+	if (!strcmp(cmd, "timers") && (pid == -1) == !session) {
+		fprintf(stderr, PROG ": 'timers' needs --client PID or --session NAME (one of them)\n");
 		return SR_EXIT_USAGE;
 	}
+	if (!strcmp(cmd, "timers"))
+		arg = session;
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		known |= !strcmp(cmd, commands[i]);
 	if (!known) {

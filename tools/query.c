@@ -96,7 +96,7 @@ out:
  * query reads every node): a second chimectl right after the first is told
  * -EBUSY, and is simply a little early. Wait a bit more than the interval.
  */
-int query_broker(const char *sock, uint32_t kind, int32_t pid, uint64_t limit,
+int query_broker(const char *sock, uint32_t kind, int32_t pid, const char *session, uint64_t limit,
 		 struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step)
 {
 	const struct timespec pause = { 0, (QUERY_INTERVAL_MS + 10) * 1000000L };
@@ -110,6 +110,12 @@ int query_broker(const char *sock, uint32_t kind, int32_t pid, uint64_t limit,
 
 	if (!step)
 		step = &dummy;
+	if (session) {
+		*step = QUERY_HELLO;
+		if (strlen(session) >= sizeof(h.session))
+			return -EINVAL;
+		memcpy(h.session, session, strlen(session));
+	}
 	while ((r = ask(sock, &h, limit, head, recs, recsz, step)) == -EBUSY && *step == QUERY_ANSWER &&
 	       now_ns() - t0 < QUERY_BUSY_WAIT_MS * UINT64_C(1000000))
 		nanosleep(&pause, NULL);

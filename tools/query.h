@@ -30,7 +30,8 @@ enum query_step {
 };
 
 /*
- * Send the query, receive the head into *head and up to `limit` records of
+ * Send the query (about the client of `pid`, or of the named `session` if
+ * that is not NULL), receive the head into *head and up to `limit` records of
  * `recsz` bytes into recs (head->count of them). 0, or -errno with *step
  * (if not NULL) saying where: of connect (-ENOENT: no broker), of the hello
  * (-EACCES, -EPROTO), or of the answer (-ECONNRESET: it ended early, or the
@@ -38,7 +39,7 @@ enum query_step {
  * answered another query) is retried for QUERY_BUSY_WAIT_MS before it is
  * returned.
  */
-int query_broker(const char *sock, uint32_t kind, int32_t pid, uint64_t limit,
+int query_broker(const char *sock, uint32_t kind, int32_t pid, const char *session, uint64_t limit,
 		 struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step);
 
 /*

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -455,6 +456,28 @@ static bool peer_gone(const struct client *c)
 }
 
 /*
+ * Has the attached process exited, its socket open still? A process that
+ * waited in chime_wait() leaves a poll on it in its io_uring, which the
+ * kernel tears down after the exit, 8-13 ms here: a worker restarted at
+ * once found its session attached (-EBUSY). A pidfd says so at the exit (a
+ * zombie's is readable). Opened now, not kept per client: a pid reused
+ * meanwhile reads as alive, which is the -EBUSY of before, never a live
+ * process's session taken.
+ */
+static bool process_gone(const struct client *c)
+{
+	struct pollfd p = { .events = POLLIN };
+	bool gone;
+
+	p.fd = pidfd_open(c->cred.pid, 0);
+	if (p.fd < 0)
+		return errno == ESRCH;
+	gone = poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+	close(p.fd);
+	return gone;
+}
+
+/*
  * flags 0 with a session name: open it (a new slot, as an anonymous client
  * gets) or re-attach it. A session whose process has just gone (hung up,
  * or being parked) is handed to this one as soon as its shards are done.
@@ -500,7 +523,7 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		send_status(cn->fd, -ECONNREFUSED);
 		return;
 	}
-	if (c->state == CL_ACTIVE && peer_gone(c))
+	if (c->state == CL_ACTIVE && (peer_gone(c) || process_gone(c)))
 		client_park(b, c);
 	if (c->state == CL_DETACHED) {
 		client_reattach(b, c, cn->fd, cred, resume, h->sq_base);

@@ -683,8 +683,14 @@ CHIME_PUBLIC void chime_close(chime_t *c)
 	/*
 	 * Closing the socket is the rest of the protocol: the broker sees the
 	 * hang-up, and frees an anonymous connection's timers or parks a
-	 * session's.
+	 * session's. Shut down first: a close alone hangs up only when the
+	 * io_uring's poll on it is torn down, after io_uring_queue_exit()
+	 * returns (up to 13 ms here), and a session opened again meanwhile was
+	 * still attached (-EBUSY). Not in a forked child: the socket is its
+	 * parent's.
 	 */
+	if (c && !at_load(&c->forked) && c->sock >= 0)
+		(void)shutdown(c->sock, SHUT_RDWR);
 	chime_free(c);
 }
 

@@ -1980,6 +1980,11 @@ Test(broker, example_delayed_jobs)
 	run_example("delayed_jobs", NULL);
 }
 
+Test(broker, example_unpaid_orders)
+{
+	run_example("unpaid_orders", NULL);
+}
+
 Test(broker, example_heartbeat)
 {
 	const char *quick[] = { "-n", "20000", "-t", "300", "-d", "900", NULL };

@@ -425,7 +425,14 @@ static void query_sessions(struct broker *b, int fd, const struct ucred *asker, 
 	query_send(fd, &head, out, n, sizeof(*out));
 }
 
-/* chimectl drop-session: root and the broker's user any, others their own uid's; only detached ones. */
+static bool peer_gone(const struct client *c);
+static bool process_gone(const struct client *c);
+
+/*
+ * chimectl drop-session: root and the broker's user any, others their own
+ * uid's; only detached ones, or attached to a process that is gone (`stop
+ * the worker, drop its session` in a script: its hang-up may not have come).
+ */
 static void drop_session(struct broker *b, int fd, const struct ucred *asker, const char *name)
 {
 	struct chime_query_head head = { .status = -ESRCH };
@@ -434,7 +441,7 @@ static void drop_session(struct broker *b, int fd, const struct ucred *asker, co
 
 	if (c && !may_see(asker, c->cred.uid))
 		head.status = -EACCES;
-	else if (c && c->state != CL_DETACHED)
+	else if (c && c->state != CL_DETACHED && !(c->state == CL_ACTIVE && (peer_gone(c) || process_gone(c))))
 		head.status = -EBUSY;
 	else if (c)
 		head.status = 0;

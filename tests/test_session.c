@@ -547,6 +547,60 @@ static int raw_hello(const char session[CHIME_SESSION_MAX])
 	return raw_hello_as(session, 0, 0);
 }
 
+/* CHIME_HELLO_DROP_SESSION of name, by hand (chimectl waits 60 ms first): the answer's status. */
+static int drop_now(const char *name)
+{
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
+				 .flags = CHIME_HELLO_DROP_SESSION, .pid = getpid() };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_query_head head = { .status = 1 };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+	cr_assert_geq(fd, 0);
+	memcpy(h.session, name, strlen(name));
+	memcpy(sa.sun_path, tb.sock, strnlen(tb.sock, sizeof(sa.sun_path) - 1));
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(send(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(recv(fd, &head, sizeof(head), 0), (ssize_t)sizeof(head));
+	close(fd);
+	return head.status;
+}
+
+/* A session with a timer an hour ahead, whose process waited in chime_wait() and exits. */
+static void arm_wait_exit(int wfd, void *arg)
+{
+	struct chime_event ev;
+	chime_t *c = NULL;
+
+	(void)arg;
+	if (sopen(&c, "dropme") < 0 || chime_arm(c, 1, now_ns() + HOUR, 0, 0, &(chime_id_t){ 0 }) < 0)
+		_exit(1);
+	(void)chime_wait(c, &ev, 1, 1);
+	(void)!write(wfd, "r", 1);
+	_exit(0);
+}
+
+/*
+ * `stop the worker, then drop its session`, as a script does: the worker
+ * has exited, but the hang-up of its socket comes when its io_uring is torn
+ * down, some milliseconds later; until then the drop was -EBUSY ("a
+ * process has it attached"). A live process's session is still -EBUSY.
+ */
+Test(session, a_session_whose_process_has_exited_can_be_dropped_at_once)
+{
+	chime_t *c;
+
+	start("-n 1 --sq-size 16");
+	for (int i = 0; i < 20; i++) {
+		cr_assert_eq(wait_child(child(arm_wait_exit, NULL)), 0);
+		cr_assert_eq(drop_now("dropme"), 0, "round %d: the drop after the exit", i);
+	}
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 0), 0, "a dropped session's timer outlived it");
+	c = sopen_ok("dropme");
+	cr_assert_eq(drop_now("dropme"), -EBUSY, "a live process's session was dropped");
+	chime_close(c);
+}
+
 Test(session, bad_session_names_are_einval)
 {
 	static const char *const bad[] = { "", "a b", "a/b", "caf\xc3\xa9", "tab\t", "new\nline",

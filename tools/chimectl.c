@@ -935,7 +935,8 @@ static const char *drop_why(int r, enum query_step step)
 	if (step == QUERY_ANSWER && r == -ESRCH)
 		return " (no such session)";
 	if (step == QUERY_ANSWER && r == -EBUSY)
-		return " (a process has it attached: only a detached session is dropped)";
+		return " (a live process has it attached: only a detached session, or one whose process has "
+		       "exited, is dropped)";
 	return NULL;
 }
 

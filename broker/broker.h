@@ -103,6 +103,7 @@ struct client {
 	struct ucred next_cred;
 	bool next_resume;               /* PARKING: the waiting process's hello (CHIME_HELLO_RESUME) */
 	uint64_t next_sq_base;
+	bool drop_parked;               /* PARKING: chimectl drop-session came meanwhile: detach once parked */
 	bool resume;                    /* this attach is libchime reconnecting: it re-submits (chan.c) */
 	uint64_t sq_base;               /* this attach's first submission position (0, or the hello's) */
 	uint64_t generation;

@@ -958,6 +958,18 @@ static void parked(struct broker *b, struct client *c)
 	c->state = CL_DETACHED;
 	c->linger_until_ns = now_ns() + (uint64_t)b->o.session_linger_s * 1000000000u;
 	table_set(b, c, CHIME_CLIENT_DETACHED);
+	if (c->drop_parked) {
+		/*
+		 * Dropped while it parked (handshake.c): reclaimed now. A broker
+		 * stopping meanwhile leaves it out of the sessions file, and the
+		 * next one frees its nodes as no session's.
+		 */
+		if (!b->stopping) {
+			c->drop_parked = false;
+			client_detach(b, c, 0);
+		}
+		return;
+	}
 	restart_put(b, c);
 	if (b->stopping)
 		log_msg(LOG_INFO, "session '%s' (uid %u, pid %d) parked for the next broker",

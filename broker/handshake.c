@@ -270,7 +270,8 @@ static void scan_end(struct broker *b)
  * touch_moved()): the node's is where the shard will next look. The word
  * is read only for a flagged node, whose page the shard has mapped
  * already (touch_page_ok()); this thread unmaps the table, and only after
- * the client is no longer ACTIVE, so it is there. A word marked FIRED, or
+ * the client is no longer ACTIVE, so it is there (a session, which a scan
+ * by name may find detached, has none). A word marked FIRED, or
  * no later than the node's, is not a later deadline.
  */
 static void touched_deadline(const struct client *c, uint32_t shard, uint32_t idx, struct chime_query_timer *t)
@@ -372,7 +373,7 @@ static struct client *session_find(struct broker *b, const char *name)
 	for (uint32_t i = 0; i < b->clients_hi; i++) {
 		struct client *c = &b->clients[i];
 
-		if (c->state != CL_FREE && c->state != CL_DETACHING && c->session[0] &&
+		if (c->state != CL_FREE && c->state != CL_DETACHING && !c->drop_parked && c->session[0] &&
 		    strcmp(c->session, name) == 0)
 			return c;
 	}
@@ -381,8 +382,8 @@ static struct client *session_find(struct broker *b, const char *name)
 
 static bool session_listed(const struct client *c)
 {
-	return c->session[0] && (c->state == CL_ATTACHING || c->state == CL_ACTIVE ||
-				 c->state == CL_PARKING || c->state == CL_DETACHED);
+	return c->session[0] && !c->drop_parked && (c->state == CL_ATTACHING || c->state == CL_ACTIVE ||
+						     c->state == CL_PARKING || c->state == CL_DETACHED);
 }
 
 static void query_sessions(struct broker *b, int fd, const struct ucred *asker, uint64_t limit,
@@ -430,8 +431,11 @@ static bool process_gone(const struct client *c);
 
 /*
  * chimectl drop-session: root and the broker's user any, others their own
- * uid's; only detached ones, or attached to a process that is gone (`stop
- * the worker, drop its session` in a script: its hang-up may not have come).
+ * uid's; a detached session, or one whose process is gone, parked or not
+ * yet (`stop the worker, drop its session` in a script: its hang-up may
+ * not have come, or its park not ended): that one is detached once parked.
+ * Not one a live process has, or one a process waits to take over, or
+ * while the broker stops (it hands every session to the next).
  */
 static void drop_session(struct broker *b, int fd, const struct ucred *asker, const char *name)
 {
@@ -441,15 +445,22 @@ static void drop_session(struct broker *b, int fd, const struct ucred *asker, co
 
 	if (c && !may_see(asker, c->cred.uid))
 		head.status = -EACCES;
-	else if (c && c->state != CL_DETACHED && !(c->state == CL_ACTIVE && (peer_gone(c) || process_gone(c))))
-		head.status = -EBUSY;
-	else if (c)
-		head.status = 0;
+	else if (c && c->state == CL_ACTIVE && !b->stopping && (peer_gone(c) || process_gone(c)))
+		client_park(b, c);
+	if (c && head.status != -EACCES)
+		head.status = c->state == CL_DETACHED ||
+			      (c->state == CL_PARKING && c->next_fd < 0 && !b->stopping) ? 0 : -EBUSY;
 	if (head.status == 0) {
 		read_comm(asker->pid, comm);
 		log_msg(LOG_NOTICE, "session '%s' (uid %u) dropped by pid %d '%s' (uid %u)", c->session,
 			(unsigned)c->cred.uid, (int)asker->pid, comm, (unsigned)asker->uid);
-		client_detach(b, c, 0);
+		if (c->state == CL_DETACHED) {
+			client_detach(b, c, 0);
+		} else {
+			/* Gone already: the name is free, and no broker restores it. */
+			c->drop_parked = true;
+			restart_clear(b, c);
+		}
 	}
 	query_send(fd, &head, NULL, 0, 0);
 }

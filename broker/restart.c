@@ -283,7 +283,7 @@ uint32_t restart_sessions(const struct broker *b)
 	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++) {
 		const struct client *c = &b->clients[i];
 
-		n += c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING;
+		n += c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING && !c->drop_parked;
 	}
 	return n;
 }

@@ -96,6 +96,17 @@ out:
  * query reads every node): a second chimectl right after the first is told
  * -EBUSY, and is simply a little early. Wait a bit more than the interval.
  */
+/* The hello's session name; false: too long for it. */
+static bool hello_session(struct chime_hello *h, const char *name)
+{
+	size_t n = strlen(name);
+
+	if (n >= sizeof(h->session))
+		return false;
+	memcpy(h->session, name, n);
+	return true;
+}
+
 int query_broker(const char *sock, uint32_t kind, int32_t pid, const char *session, uint64_t limit,
 		 struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step)
 {
@@ -110,12 +121,9 @@ int query_broker(const char *sock, uint32_t kind, int32_t pid, const char *sessi
 
 	if (!step)
 		step = &dummy;
-	if (session) {
-		*step = QUERY_HELLO;
-		if (strlen(session) >= sizeof(h.session))
-			return -EINVAL;
-		memcpy(h.session, session, strlen(session));
-	}
+	*step = QUERY_HELLO;
+	if (session && !hello_session(&h, session))
+		return -EINVAL;
 	while ((r = ask(sock, &h, limit, head, recs, recsz, step)) == -EBUSY && *step == QUERY_ANSWER &&
 	       now_ns() - t0 < QUERY_BUSY_WAIT_MS * UINT64_C(1000000))
 		nanosleep(&pause, NULL);
@@ -134,8 +142,7 @@ int query_drop_session(const char *sock, const char *name, enum query_step *step
 	if (!step)
 		step = &dummy;
 	*step = QUERY_HELLO;
-	if (strlen(name) >= sizeof(h.session))
+	if (!hello_session(&h, name))
 		return -EINVAL;
-	memcpy(h.session, name, strlen(name));
 	return ask(sock, &h, 0, &head, NULL, 0, step);
 }

@@ -16,17 +16,34 @@ import sys
 OK = re.compile(r"^ok\b(?:\s+\d+)?\s*-?\s*(.*)$")
 NOT_OK = re.compile(r"^not ok\b(?:\s+\d+)?\s*-?\s*(.*)$")
 PLAN = re.compile(r"^1\.\.(\d+)")
+DIAG_LINES = 6
 
 
 def count(entry):
-    """Return (passed, failed, skipped, failed_names) for one meson test entry."""
+    """Return (passed, failed, skipped, failed_names) for one meson test entry.
+
+    A failed case's name carries the first lines of its TAP diagnostics (the
+    failed assertion's file, line and message), so that the summary, often all of a
+    CI log anyone sees, says why it failed and not only what."""
     out = entry.get("stdout") or ""
     lines = out.splitlines()
     plan = None
     passed = failed = skipped = 0
     names = []
     tap = False
+    diag = None         # the diagnostics of the last failed case, being collected
     for line in lines:
+        if diag is not None and line.startswith(" "):
+            # Criterion's YAML block: "---", "assertions: N", "failures:",
+            # then "- FILE:LINE: |+" and the message, then "...".
+            d = line.strip()
+            if d.startswith("- ") and d.endswith("|+"):
+                d = d[2:-2].rstrip()
+            if d and d not in ("---", "...", "failures:") and not d.startswith("assertions:") \
+                    and len(diag) < DIAG_LINES:
+                diag.append(d)
+            continue
+        diag = None
         m = PLAN.match(line)
         if m:
             plan, tap = int(m.group(1)), True
@@ -35,7 +52,8 @@ def count(entry):
         if m:
             tap = True
             failed += 1
-            names.append(m.group(1).split("  ")[0])
+            diag = []
+            names.append((m.group(1).split("  ")[0], diag))
             continue
         m = OK.match(line)
         if m:
@@ -77,7 +95,10 @@ def main():
             ep, ef, es, names = count(entry)
             p, f, s = p + ep, f + ef, s + es
             for n in names:
+                n, diag = n if isinstance(n, tuple) else (n, [])
                 print("  FAILED [%s] %s" % (label, n))
+                for d in diag:
+                    print("      %s" % d)
         print("%s: %d passed, %d failed, %d skipped" % (label, p, f, s))
         total_p, total_f, total_s = total_p + p, total_f + f, total_s + s
     line = "%d passed, %d failed" % (total_p, total_f)

@@ -616,6 +616,59 @@ CHIME_PUBLIC int chime_open_0_3(chime_t **out, const struct chime_opts *opts)
 			    opts ? opts->session : NULL);
 }
 
+/* ---- ending a session ---- */
+
+/*
+ * The answer to a drop: a query head with its status, or the welcome of a
+ * refused hello (not admitted: -EACCES; another layout: -EPROTO).
+ */
+static int recv_drop_answer(int sock)
+{
+	union {
+		struct chime_query_head q;
+		struct chime_welcome w;
+	} u;
+	ssize_t n;
+
+	do
+		n = recv(sock, &u, sizeof(u), 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return errno == EAGAIN ? -ETIMEDOUT : errno == ECONNRESET ? -ECONNRESET : -errno;
+	if (n == 0)
+		return -ECONNRESET;
+	if (n == (ssize_t)sizeof(u.w) && u.w.magic == CHIME_HELLO_MAGIC)
+		return u.w.status < 0 && u.w.status >= -4095 ? u.w.status : -EBADMSG;
+	if (n != (ssize_t)sizeof(u.q) || u.q.magic != CHIME_HELLO_MAGIC || u.q.status > 0 || u.q.status < -4095)
+		return -EBADMSG;
+	return u.q.status;
+}
+
+/* chime_drop_session(3): what `chimectl drop-session` asks, from the library's trusted connection. */
+CHIME_PUBLIC int chime_drop_session(const struct chime_opts *opts)
+{
+	char path[CHIME_PATH_MAX];
+	int sock, r;
+
+	if (!opts || !opts->session || chime_session_len(opts->session) <= 0 ||
+	    (opts->flags & ~CHIME_OPEN_RECORD_RESETS))
+		return -EINVAL;
+	r = resolve_path(opts->socket_path, path);
+	if (r == 0)
+		r = connect_broker(path, &sock);
+	if (r < 0)
+		return r;
+	r = send_hello(sock, opts->session, CHIME_HELLO_DROP_SESSION, 0, false);
+	/* Hung up on before the hello: its refusal may be waiting (as cl_dial()). */
+	if (r == 0 || r == -ECONNRESET) {
+		int why = recv_drop_answer(sock);
+
+		r = r == 0 || why != -ECONNRESET ? why : r;
+	}
+	close(sock);
+	return r;
+}
+
 #define COMMIT_WAIT_NS   (UINT64_C(1000) * 1000000u)   /* chime_close(3): a stuck broker */
 #define COMMIT_PAUSE_NS  20000
 #define COMMIT_RETRY_NS  (UINT64_C(50) * 1000000u)     /* a gone broker's successor, tried this often */

@@ -119,6 +119,9 @@ if command -v objdump >/dev/null 2>&1; then
 	syms=$(objdump -T "$LD_LIBRARY_PATH/libchime.so.0")
 	echo "$syms" | grep -Eq 'CHIME_0\.3 +chime_open$' || fail "no default chime_open@@CHIME_0.3"
 	echo "$syms" | grep -Eq '\(CHIME_0\.1\) +chime_open$' || fail "no chime_open@CHIME_0.1"
+	# A new function, a new version node (libchime.map): a program linked
+	# against it fails to load on an older libchime, by name, not at the call.
+	echo "$syms" | grep -Eq 'CHIME_0\.5 +chime_drop_session$' || fail "no chime_drop_session@@CHIME_0.5"
 fi
 
 if [ -n "$python" ]; then

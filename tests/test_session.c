@@ -547,23 +547,10 @@ static int raw_hello(const char session[CHIME_SESSION_MAX])
 	return raw_hello_as(session, 0, 0);
 }
 
-/* CHIME_HELLO_DROP_SESSION of name, by hand (chimectl waits 60 ms first): the answer's status. */
+/* chime_drop_session() of name at this test's broker. */
 static int drop_now(const char *name)
 {
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
-				 .flags = CHIME_HELLO_DROP_SESSION, .pid = getpid() };
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct chime_query_head head = { .status = 1 };
-	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-
-	cr_assert_geq(fd, 0);
-	memcpy(h.session, name, strlen(name));
-	memcpy(sa.sun_path, tb.sock, strnlen(tb.sock, sizeof(sa.sun_path) - 1));
-	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	cr_assert_eq(send(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-	cr_assert_eq(recv(fd, &head, sizeof(head), 0), (ssize_t)sizeof(head));
-	close(fd);
-	return head.status;
+	return chime_drop_session(&(struct chime_opts){ .socket_path = tb.sock, .session = name });
 }
 
 /* A session with a timer an hour ahead, whose process waited in chime_wait() and exits. */
@@ -599,6 +586,78 @@ Test(session, a_session_whose_process_has_exited_can_be_dropped_at_once)
 	c = sopen_ok("dropme");
 	cr_assert_eq(drop_now("dropme"), -EBUSY, "a live process's session was dropped");
 	chime_close(c);
+}
+
+/* uid 65534 opens o->name, closes it and drops it, then drops the broker's own session "roots". */
+static void own_drop_as_nobody(int wfd, void *arg)
+{
+	chime_t *c = NULL;
+	int r;
+
+	(void)arg;
+	if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+		_exit(90);
+	(void)!write(wfd, "r", 1);
+	if (sopen(&c, "nobodys") < 0)
+		_exit(2);
+	chime_close(c);
+	if ((r = drop_now("nobodys")) != 0) {
+		fprintf(stderr, "dropping its own session: %s\n", strerror(-r));
+		_exit(3);
+	}
+	if ((r = drop_now("roots")) != -EACCES) {
+		fprintf(stderr, "dropping root's session: %s, expected %s\n", strerror(-r), strerror(EACCES));
+		_exit(4);
+	}
+	_exit(0);
+}
+
+/*
+ * A process done with its session ends it: chime_close(), then
+ * chime_drop_session(), at once and every time (the close shuts its socket,
+ * so the broker sees the hang-up by the drop at the latest). Attached, the
+ * session is the caller's own and -EBUSY; gone, -ESRCH; another user's,
+ * -EACCES; a user drops its own; bad arguments and a missing broker are told
+ * apart.
+ */
+Test(session, a_process_ends_its_session_with_close_and_chime_drop_session)
+{
+	struct chime_opts o = { .socket_path = "/nonexistent/chime.sock", .session = "x" };
+	chime_t *c, *mine;
+
+	start("-n 1 --sq-size 16 --allow-all");
+	for (int i = 0; i < 20; i++) {
+		c = sopen_ok("done");
+		cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, 0, &(chime_id_t){ 0 }), 0);
+		/* Slept in its io_uring, which holds the socket until torn down at exit (not at close). */
+		cr_assert_eq(chime_wait(c, &(struct chime_event){ 0 }, 1, 1), 0);
+		cr_assert_eq(chime_arm(c, 2, now_ns(), 0, 0, &(chime_id_t){ 0 }), 0);   /* an event held */
+		if (i == 0)
+			cr_assert_eq(drop_now("done"), -EBUSY, "the caller's own attached session was dropped");
+		chime_close(c);
+		cr_assert_eq(drop_now("done"), 0, "round %d: the drop right after chime_close()", i);
+	}
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 0), 0, "a dropped session's timers outlived it");
+	cr_assert_eq(drop_now("done"), -ESRCH);
+	/* The next open of the name is a new session: nothing held from the dropped ones. */
+	c = sopen_ok("done");
+	cr_assert_eq(chime_wait(c, &(struct chime_event){ 0 }, 1, 50), 0, "a dropped session's event came");
+	chime_close(c);
+	cr_assert_eq(drop_now("done"), 0);
+
+	mine = sopen_ok("roots");
+	chime_close(mine);
+	cr_assert_eq(wait_child(child(own_drop_as_nobody, NULL)), 0);
+	cr_assert_eq(drop_now("roots"), 0, "root's session was gone after another user's drop");
+
+	cr_assert_eq(chime_drop_session(NULL), -EINVAL);
+	cr_assert_eq(chime_drop_session(&(struct chime_opts){ .socket_path = tb.sock }), -EINVAL);
+	cr_assert_eq(drop_now("a/b"), -EINVAL);
+	cr_assert_eq(drop_now(""), -EINVAL);
+	cr_assert_eq(chime_drop_session(&(struct chime_opts){ .socket_path = tb.sock, .session = "x",
+							      .flags = 0x80 }), -EINVAL);
+	cr_assert_eq(chime_drop_session(&(struct chime_opts){ .socket_path = "", .session = "x" }), -EINVAL);
+	cr_assert_eq(chime_drop_session(&o), -ENOENT);
 }
 
 Test(session, bad_session_names_are_einval)

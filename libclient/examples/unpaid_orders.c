@@ -62,9 +62,9 @@ static int take_orders(const char *session)
 int main(void)
 {
 	/*
-	 * One name for every run: a session outlives its processes (an hour
-	 * by default, `chimectl drop-session` ends it sooner), and a run
-	 * leaves it empty for the next rather than one more each time.
+	 * One name for every run. A session outlives its processes (an hour
+	 * by default): the run ends it with chime_drop_session(), and drops
+	 * what a run that died left under the name before it starts.
 	 */
 	const char *session = "unpaid-orders-example";
 	int closed[ORDERS + 1] = { 0 }, left = 3, bad = 0, st, r;
@@ -72,6 +72,12 @@ int main(void)
 	chime_t *c;
 	pid_t pid;
 
+	r = chime_drop_session(&o);
+	if (r < 0 && r != -ESRCH) {
+		fprintf(stderr, "unpaid_orders: cannot drop what an earlier run left in session '%s': %s\n",
+			session, strerror(-r));
+		return 1;
+	}
 	fflush(stdout);
 	pid = fork();
 	if (pid < 0) {
@@ -127,6 +133,12 @@ int main(void)
 			bad = 1;
 		}
 	}
+	/* The job is done: end the session, or its (empty) slot would linger for an hour. */
 	chime_close(c);
+	r = chime_drop_session(&o);
+	if (r < 0) {
+		fprintf(stderr, "unpaid_orders: cannot drop session '%s': %s\n", session, strerror(-r));
+		bad = 1;
+	}
 	return bad;
 }

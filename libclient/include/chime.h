@@ -116,6 +116,32 @@ int chime_open(chime_t **out, const struct chime_opts *opts);
  */
 void chime_close(chime_t *c);
 
+/*
+ * End the session opts->session at once: the broker cancels its timers,
+ * drops the events it holds and frees the name (what `chimectl
+ * drop-session` does, and what --session-linger does in the end). The
+ * session must be detached, or its process have exited: a process ends its
+ * own session with chime_close() first, then this. opts->socket_path picks
+ * the broker as for chime_open(); opts->flags may be what chime_open() took.
+ *
+ * Returns 0 (the session is gone; its timers are being reclaimed), or:
+ *   -EINVAL        opts or opts->session is NULL, the name is not a session
+ *                  name, opts->flags is not one chime_open() takes, or the
+ *                  path is empty or too long
+ *   -ESRCH         no session of that name
+ *   -EBUSY         a live process has it attached (or is taking it over); or,
+ *                  while the broker stops (it hands every session to the next),
+ *                  its process has exited but the broker has not parked it yet
+ *   -EACCES        the session belongs to another user (root and the broker's
+ *                  user may drop any), or the broker's policy (or the socket's
+ *                  permissions) refused this user
+ *   -ENOENT, -EPERM, -EPROTO, -ETIMEDOUT, -ECONNRESET, -EBADMSG, -ENOMEM
+ *                  as chime_open(): no broker, an untrusted one, another layout,
+ *                  no answer within 10 s, a hang-up, a malformed answer, no descriptor
+ * or another negative errno of socket(2), connect(2), send(2) or recv(2).
+ */
+int chime_drop_session(const struct chime_opts *opts);
+
 /* CLOCK_MONOTONIC in nanoseconds (the clock every chime deadline uses). */
 uint64_t chime_now(void);
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ._lib import ChimeEvent, ChimeOp, ChimeOpts, lib
 
-__all__ = ["Chime", "Event", "Op", "now", "version", "DEFAULT_SOCKET", "OPEN_RECORD_RESETS"]
+__all__ = ["Chime", "drop_session", "Event", "Op", "now", "version", "DEFAULT_SOCKET", "OPEN_RECORD_RESETS"]
 
 DEFAULT_SOCKET = "/run/chime/chime.sock"
 OPEN_RECORD_RESETS = 1      # CHIME_OPEN_RECORD_RESETS (chime.h): Chime(record_resets=True)
@@ -115,6 +115,12 @@ _WHY = {
     ("chime_open", errno.EBADMSG): "chimed's reply or shared memory was malformed",
     ("chime_open", errno.EINVAL): "{invalid}",
     ("chime_open", errno.EBUSY): "the session is attached to another process",
+    ("chime_drop_session", errno.ENOENT): "no chimed listens at {socket} (is chimed running?)",
+    ("chime_drop_session", errno.ESRCH): "no session is named {session!r}",
+    ("chime_drop_session", errno.EBUSY): "a live process has session {session!r} attached (close it first)",
+    ("chime_drop_session", errno.EACCES): "session {session!r} is another user's, or chimed at {socket} "
+                                          "does not admit this user",
+    ("chime_drop_session", errno.EINVAL): "{invalid}",
     ("chime_arm", errno.EDQUOT): "this client, or its user's clients together, have as many armed timers "
                                  "as chimed allows (chimed --max-timers-per-client, --max-timers-per-uid)",
     ("chime_arm", errno.ENOMEM): "chimed's shards have no free timer (chimed --capacity); nothing was armed",
@@ -171,6 +177,21 @@ def _open_invalid(socket, session):
         if not 1 <= len(name) <= 63 or not set(name) <= _SESSION_CHARS:
             return f"{session!r} is not a session name (1..63 of A-Z a-z 0-9 . _ -)"
     return f"{socket!r} is not a socket path (empty, or longer than a unix socket's 107 bytes)"
+
+
+def drop_session(session, socket=None):
+    """End the named session at once: chimed cancels its timers and frees the
+    name (chime_drop_session(3)). Only a session nobody holds: close your
+    own Chime first. OSError on failure (ESRCH: no such session, EBUSY: a
+    live process has it, EACCES: another user's)."""
+    if not isinstance(session, (str, bytes)):
+        raise TypeError(f"session must be str or bytes, not {type(session).__name__}")
+    path = os.fsencode(socket) if socket is not None else None
+    r = lib.chime_drop_session(ctypes.byref(ChimeOpts(path, 0, os.fsencode(session))))
+    if r < 0:
+        shown = socket if socket is not None else os.environ.get("CHIME_SOCKET") or "/run/chime/chime.sock"
+        raise _error("chime_drop_session", -r, socket=shown, session=session,
+                     invalid=_open_invalid(shown, session))
 
 
 class Chime:

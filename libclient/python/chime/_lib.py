@@ -70,6 +70,7 @@ _sigs = {
     "chime_fd": (ctypes.c_int, [_p]),
     "chime_poll": (ctypes.c_int, [_p, ctypes.POINTER(ChimeEvent), ctypes.c_uint]),
     "chime_wait": (ctypes.c_int, [_p, ctypes.POINTER(ChimeEvent), ctypes.c_uint, ctypes.c_int]),
+    "chime_drop_session": (ctypes.c_int, [ctypes.POINTER(ChimeOpts)]),
 }
 for _name, (_res, _args) in _sigs.items():
     _f = getattr(lib, _name)

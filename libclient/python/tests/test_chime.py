@@ -282,6 +282,30 @@ def test_a_session_keeps_its_timers_for_the_next_opener(broker):
     assert e.value.errno == errno.EINVAL and "is not a socket path" in str(e.value), str(e.value)
 
 
+def test_a_closed_session_is_dropped_with_its_timers(broker):
+    c = chime.Chime(socket=broker.socket, session="py-done")
+    c.arm(1, after=0)                   # fires and is held for the next opener
+    with pytest.raises(OSError) as e:
+        chime.drop_session("py-done", socket=broker.socket)
+    assert e.value.errno == errno.EBUSY and "close it first" in str(e.value), str(e.value)
+    c.close()
+    chime.drop_session("py-done", socket=broker.socket)
+    with pytest.raises(OSError) as e:
+        chime.drop_session(b"py-done", socket=broker.socket)
+    assert e.value.errno == errno.ESRCH and "no session is named" in str(e.value), str(e.value)
+    with chime.Chime(socket=broker.socket, session="py-done") as c:     # a new, empty session
+        assert c.wait(timeout=0.05) == []
+    chime.drop_session("py-done", socket=broker.socket)
+    with pytest.raises(OSError) as e:
+        chime.drop_session("a/b", socket=broker.socket)
+    assert e.value.errno == errno.EINVAL and "is not a session name" in str(e.value), str(e.value)
+    with pytest.raises(TypeError):
+        chime.drop_session(None, socket=broker.socket)
+    with pytest.raises(OSError) as e:
+        chime.drop_session("x", socket="/nonexistent/chime.sock")
+    assert e.value.errno == errno.ENOENT and "is chimed running" in str(e.value), str(e.value)
+
+
 def test_bad_arguments(chime_conn):
     c = chime_conn
     with pytest.raises(TypeError):

@@ -37,10 +37,13 @@
 #define TAG_FIXED   0u      /* UD_ACCEPT, UD_SIGNAL, UD_NOTIFY */
 #define TAG_HELLO   1u      /* struct conn *: the hello recv */
 #define TAG_HTIMER  2u      /* struct conn *: its linked timeout */
-#define TAG_HUP     3u      /* hup_seq << 32 | slot << 3: a client's hang-up poll */
+#define TAG_HUP     3u      /* hup_seq << 32 | slot << 3: a client's hang-up poll; | HUP_EXIT: its process's */
+#define HUP_EXIT    (1u << 31)
+#define HUP_SLOT    0x0fffffffu  /* the slot's bits, below HUP_EXIT */
 #define UD_ACCEPT   (1u << 3)
 #define UD_SIGNAL   (2u << 3)
 #define UD_NOTIFY   (3u << 3)
+#define UD_QUIET    (4u << 3)    /* nothing to do: the removal of an exit poll */
 
 /*
  * PARKING: a named session's process hung up, the shards are parking its
@@ -83,6 +86,7 @@ struct client {
 	uint32_t state;
 	uint16_t slot;
 	int fd;                 /* its socket */
+	int pidfd;              /* ACTIVE: its process (SO_PEERPIDFD, else pidfd_open()), or -1 */
 	int *bells;             /* [nr_shards]: its own doorbell eventfd per shard (we only read them) */
 	int rw_fd, ro_fd;
 	struct chime_map rw, ro;

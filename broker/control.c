@@ -40,6 +40,7 @@
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/pidfd.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -700,6 +701,40 @@ static void arm_read(struct broker *b, int fd, void *buf, unsigned len, uint64_t
 	io_uring_sqe_set_data64(sqe, ud);
 }
 
+static uint64_t hup_ud(const struct client *c, uint32_t exit)
+{
+	return (uint64_t)c->hup_seq << 32 | exit | ((uint64_t)c->slot << 3) | TAG_HUP;
+}
+
+/*
+ * The client's process, as a pidfd: the one that connected (SO_PEERPIDFD,
+ * Linux 6.5), else the pid SO_PEERCRED gave (pidfd_open(); a pid reused
+ * since would be watched instead, and the socket's hang-up still ends the
+ * client). -1 if neither works (no descriptor left, a pid from another
+ * namespace): the hang-up alone then.
+ */
+static int peer_pidfd(const struct client *c)
+{
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+	socklen_t len = sizeof(int);
+	int fd = -1;
+
+	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0)
+		return fd;      /* close-on-exec, as every pidfd */
+	return c->cred.pid > 0 ? pidfd_open(c->cred.pid, 0) : -1;
+}
+
+/*
+ * Watch an ACTIVE client's end: the hang-up of its socket, and the exit of
+ * its process. The hang-up alone came 8-13 ms after the exit of a process
+ * that had waited in chime_wait(): the poll its io_uring left holds the
+ * socket open until the kernel tears the ring down. Meanwhile the client
+ * counted as attached: its session -EBUSY to a restarted worker, its slot
+ * in its user's --max-clients-per-uid (-EUSERS). A pidfd is readable at
+ * the exit itself.
+ */
 static void arm_hup(struct broker *b, struct client *c)
 {
 	struct io_uring_sqe *sqe = get_sqe(b);
@@ -707,7 +742,31 @@ static void arm_hup(struct broker *b, struct client *c)
 	if (!sqe)
 		return;
 	io_uring_prep_poll_add(sqe, c->fd, POLLRDHUP);
-	io_uring_sqe_set_data64(sqe, (uint64_t)c->hup_seq << 32 | ((uint64_t)c->slot << 3) | TAG_HUP);
+	io_uring_sqe_set_data64(sqe, hup_ud(c, 0));
+	c->pidfd = peer_pidfd(c);
+	if (c->pidfd < 0 || !(sqe = get_sqe(b)))
+		return;
+	io_uring_prep_poll_add(sqe, c->pidfd, POLLIN);
+	io_uring_sqe_set_data64(sqe, hup_ud(c, HUP_EXIT));
+}
+
+/*
+ * The exit poll goes with the pidfd: closing the descriptor does not end a
+ * poll the ring holds, and a process that lives on after closing its
+ * connection would keep one per connection it ever made.
+ */
+static void exit_watch_end(struct broker *b, struct client *c)
+{
+	struct io_uring_sqe *sqe;
+
+	if (c->pidfd < 0)
+		return;
+	if (b->ring_ok && (sqe = get_sqe(b))) {
+		io_uring_prep_poll_remove(sqe, hup_ud(c, HUP_EXIT));
+		io_uring_sqe_set_data64(sqe, UD_QUIET);
+	}
+	close(c->pidfd);
+	c->pidfd = -1;
 }
 
 /* A refusal: status only, no fds; then the connection is closed. */
@@ -774,6 +833,7 @@ static int send_welcome(struct broker *b, struct client *c)
  */
 static void conn_release(struct broker *b, struct client *c)
 {
+	exit_watch_end(b, c);
 	free(c->mems);
 	c->mems = NULL;
 	chime_seg_unmap(&c->rw);
@@ -1194,7 +1254,8 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 		return 0;
 	}
 	case TAG_HUP: {
-		uint32_t slot = (uint32_t)(ud >> 3) & 0x1fffffffu;
+		uint32_t slot = (uint32_t)(ud >> 3) & HUP_SLOT;
+		bool exited = (ud & HUP_EXIT) != 0;
 		struct client *c;
 
 		if (slot >= b->o.max_clients)
@@ -1202,7 +1263,16 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 		c = &b->clients[slot];
 		if (c->state != CL_ACTIVE || (uint32_t)(ud >> 32) != c->hup_seq)
 			return 0;
-		if (res < 0 && res != -ECANCELED) {
+		if (exited && !(res > 0 && (res & POLLIN))) {
+			/* Not an exit: the socket's hang-up still ends the client. */
+			if (res != -ECANCELED)
+				log_errno(LOG_WARNING, res < 0 ? res : -EIO, "exit poll on client %u (pid %d)", slot,
+					  (int)c->cred.pid);
+			return 0;
+		}
+		if (exited) {
+			log_msg(LOG_DEBUG, "client %u: pid %d exited", slot, (int)c->cred.pid);
+		} else if (res < 0 && res != -ECANCELED) {
 			log_errno(LOG_WARNING, res, "poll on client %u", slot);
 		} else if (res >= 0 && !(res & (POLLRDHUP | POLLHUP | POLLERR))) {
 			/* Data after the hello is not part of the protocol: the peer gets closed. */
@@ -1510,7 +1580,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	memset(c, 0, offsetof(struct client, generation));
 	c->slot = (uint16_t)(c - b->clients);
 	c->rw_fd = c->ro_fd = c->touch_fd = -1;
-	c->fd = c->next_fd = -1;
+	c->fd = c->next_fd = c->pidfd = -1;
 	c->want_touch = want_touch && !session[0];      /* a session's timers outlive the table */
 	c->hup_seq++;
 	snprintf(c->session, sizeof(c->session), "%s", session);
@@ -1622,6 +1692,7 @@ void broker_stop(struct broker *b)
 	}
 	if (b->ring_ok)
 		io_uring_queue_exit(&b->ring);
+	b->ring_ok = false;     /* the clients' releases below have no ring to post to */
 	query_abort(b);
 	while (b->conns) {
 		struct conn *cn = b->conns;

@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -82,14 +81,30 @@ static const char *per_uid_full(const struct broker *b, uid_t uid)
 	       "--max-clients-per-uid clients already";
 }
 
-static uint32_t clients_of(const struct broker *b, uid_t uid)
+/*
+ * Is uid's share of the table (--max-clients-per-uid) taken? A client being
+ * reclaimed (DETACHING: closed, its process gone, its session dropped) no
+ * longer counts: a worker replacing one that exited, or an open right after
+ * a close, got -EUSERS for the millisecond the shards take to reclaim it.
+ * As many again may be reclaiming, no more: a user who opens and exits
+ * faster than the shards reclaim holds at most twice its share.
+ */
+static bool uid_full(const struct broker *b, uid_t uid)
 {
 	uid_t as = policy_account_uid(&b->policy, uid);
-	uint32_t n = 0;
+	uint32_t max = b->o.max_clients_per_uid, live = 0, all = 0;
 
-	for (uint32_t i = 0; i < b->clients_hi; i++)
-		n += b->clients[i].state != CL_FREE && b->clients[i].acct_uid == as;
-	return n;
+	if (!max)
+		return false;
+	for (uint32_t i = 0; i < b->clients_hi; i++) {
+		const struct client *c = &b->clients[i];
+
+		if (c->state == CL_FREE || c->acct_uid != as)
+			continue;
+		all++;
+		live += c->state != CL_DETACHING;
+	}
+	return live >= max || all >= 2 * max;
 }
 
 /* "refusing pid ..." at most once a second: a refused client that retries must not flood the log. */
@@ -366,7 +381,7 @@ static bool session_name_ok(const char name[CHIME_SESSION_MAX])
 /*
  * The slot holding session `name` (any uid), or NULL. One being reclaimed
  * (DETACHING: linger ran out, dropped) is gone already: the name is free.
- * Up to clients_hi, as clients_of().
+ * Up to clients_hi, as uid_full().
  */
 static struct client *session_find(struct broker *b, const char *name)
 {
@@ -474,25 +489,17 @@ static bool peer_gone(const struct client *c)
 }
 
 /*
- * Has the attached process exited, its socket open still? A process that
- * waited in chime_wait() leaves a poll on it in its io_uring, which the
- * kernel tears down after the exit, 8-13 ms here: a worker restarted at
- * once found its session attached (-EBUSY). A pidfd says so at the exit (a
- * zombie's is readable). Opened now, not kept per client: a pid reused
- * meanwhile reads as alive, which is the -EBUSY of before, never a live
- * process's session taken.
+ * Has the attached process exited, its exit not yet seen by the ring? The
+ * exit poll (control.c, arm_hup()) ends a client at the exit; this is for
+ * the hello that comes in the same batch of completions, ahead of it (a
+ * worker restarted at once, a drop right after the exit). A zombie's pidfd
+ * is readable. No pidfd (none could be had): as alive, the -EBUSY of before.
  */
 static bool process_gone(const struct client *c)
 {
-	struct pollfd p = { .events = POLLIN };
-	bool gone;
+	struct pollfd p = { .fd = c->pidfd, .events = POLLIN };
 
-	p.fd = pidfd_open(c->cred.pid, 0);
-	if (p.fd < 0)
-		return errno == ESRCH;
-	gone = poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
-	close(p.fd);
-	return gone;
+	return c->pidfd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
 }
 
 /*
@@ -520,7 +527,7 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		return;
 	}
 	if (!c) {
-		if (b->o.max_clients_per_uid && clients_of(b, cred->uid) >= b->o.max_clients_per_uid) {
+		if (uid_full(b, cred->uid)) {
 			refuse_log(b, cred, per_uid_full(b, cred->uid));
 			send_status(cn->fd, -EUSERS);
 			return;
@@ -747,7 +754,7 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 		answer_query(b, cn, h, &cred);  /* and the connection ends: no client slot is taken */
 		return;
 	}
-	if (b->o.max_clients_per_uid && clients_of(b, cred.uid) >= b->o.max_clients_per_uid) {
+	if (uid_full(b, cred.uid)) {
 		refuse_log(b, &cred, per_uid_full(b, cred.uid));
 		send_status(cn->fd, -EUSERS);
 		return;

@@ -67,8 +67,9 @@ static const char usage_text[] =
 "      --max-clients N     connected clients at most (1..65536, default 256)\n"
 "      --max-clients-per-uid N\n"
 "                          connected clients of one user at most (0..65536,\n"
-"                          default 64; 0: no limit); beyond it chime_open()\n"
-"                          gets EUSERS\n"
+"                          default 64; 0: no limit; one being reclaimed\n"
+"                          does not count); beyond it chime_open() gets\n"
+"                          EUSERS\n"
 "      --session-linger S  seconds a named session with no process keeps its\n"
 "                          timers before they are reclaimed (0..31536000,\n"
 "                          default 3600; 0: at once)\n"
@@ -599,12 +600,13 @@ int main(int argc, char **argv)
 	 */
 	signal(SIGPIPE, SIG_IGN);
 	/*
-	 * Each client costs 3 + nr_shards descriptors (socket, two memfds, a
-	 * doorbell per shard): the default soft limit of 1024 is too few. Say
-	 * so at start rather than refusing clients later with EMFILE.
+	 * Each client costs 4 + nr_shards descriptors (socket, its process's
+	 * pidfd, two memfds while it attaches, a doorbell per shard): the
+	 * default soft limit of 1024 is too few. Say so at start rather than
+	 * refusing clients later with EMFILE.
 	 */
 	{
-		uint64_t need = (uint64_t)o.max_clients * (3 + o.nr_shards) + 128;
+		uint64_t need = (uint64_t)o.max_clients * (4 + o.nr_shards) + 128;
 		struct rlimit rl;
 
 		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {

@@ -450,6 +450,48 @@ int t_thread_step(int tid)
 	return 0;
 }
 
+int t_ring_polls(int pid)
+{
+	char path[320], target[64], line[256];
+	struct dirent *e;
+	int n = 0, rings = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", pid);
+	d = opendir(path);
+	if (!d)
+		return -1;
+	while ((e = readdir(d))) {
+		ssize_t len;
+		bool in_list = false;
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/%d/fd/%s", pid, e->d_name);
+		len = readlink(path, target, sizeof(target) - 1);
+		if (len <= 0)
+			continue;
+		target[len] = '\0';
+		if (strcmp(target, "anon_inode:[io_uring]") != 0)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/fdinfo/%s", pid, e->d_name);
+		if (!(f = fopen(path, "r")))
+			continue;
+		rings++;
+		/* "PollList:", then one indented "op=N, ..." line per armed poll. */
+		while (fgets(line, sizeof(line), f)) {
+			if (!strncmp(line, "PollList:", 9))
+				in_list = true;
+			else if (in_list && strstr(line, "op="))
+				n++;
+			else if (in_list)
+				in_list = false;
+		}
+		fclose(f);
+	}
+	closedir(d);
+	return rings ? n : -1;
+}
+
 int t_open_fds(int pid)
 {
 	char path[64];

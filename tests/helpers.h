@@ -80,6 +80,9 @@ const char *t_tool_copy(const char *dir, const char *env);
 /* How many descriptors process pid has open (/proc/PID/fd), or -1. */
 int t_open_fds(int pid);
 
+/* Polls armed in all of process pid's io_urings (their fdinfo's PollList), or -1. */
+int t_ring_polls(int pid);
+
 /* The thread of process `pid` whose name (/proc/PID/task/TID/comm) is `comm`, or -1. */
 int t_thread_named(int pid, const char *comm);
 

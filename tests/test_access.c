@@ -277,6 +277,58 @@ Test(access, max_clients_per_uid_gives_eusers_to_that_user_only)
 	cr_assert_eq(as_user("chimet2", open_many, &two), 0, "another user is not affected");
 }
 
+/* A worker: opens a client, sleeps in chime_wait() (its io_uring polls the socket), exits. */
+static void worker_exits(void)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *c = NULL;
+
+	if (chime_open(&c, &o) < 0)
+		_exit(1);
+	(void)chime_wait(c, &(struct chime_event){ 0 }, 1, 1);
+	_exit(0);
+}
+
+/*
+ * A prefork server at its --max-clients-per-uid replaces each worker that
+ * exits at once. The exited worker's socket hangs up only when the kernel
+ * tears its io_uring down, 8-13 ms after the exit: its slot counted until
+ * then, and the replacement got -EUSERS (the broker now watches each
+ * client's process, as a pidfd). The replacements here open in this process
+ * right after reaping the workers, 20 rounds; their own closes end them at
+ * once (chime_close() shuts the socket down).
+ */
+Test(access, a_worker_replaced_at_once_takes_the_slot_of_the_one_that_exited)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+
+	start("--allow-all --shards 1 --max-clients-per-uid 2");
+	o.socket_path = tb.sock;
+	for (int round = 0; round < 20; round++) {
+		chime_t *c[2] = { NULL, NULL };
+		pid_t pid[2];
+		int st;
+
+		for (int i = 0; i < 2; i++) {
+			pid[i] = fork();
+			cr_assert_geq(pid[i], 0);
+			if (pid[i] == 0)
+				worker_exits();
+		}
+		for (int i = 0; i < 2; i++) {
+			cr_assert_eq(waitpid(pid[i], &st, 0), pid[i]);
+			cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "round %d: worker %d could not open", round, i);
+		}
+		for (int i = 0; i < 2; i++) {
+			int r = chime_open(&c[i], &o);
+
+			cr_assert_eq(r, 0, "round %d: replacement %d: %s", round, i, strerror(-r));
+		}
+		chime_close(c[0]);
+		chime_close(c[1]);
+	}
+}
+
 /* ---- one user cannot take every timer (--max-timers-per-uid) ---- */
 
 /* Arms an hour ahead until one is refused; returns how many were armed, the refusal in *err. */
@@ -939,15 +991,40 @@ Test(access, descriptors_sent_to_the_broker_never_take_a_place_in_its_table)
 		close(fd);
 	}
 	usleep(200 * 1000);
-	/* The four held connections are clients: each holds its socket and, per shard, a doorbell. */
+	/* The four held connections are clients: each holds its socket, its process's pidfd and, per shard, a doorbell. */
 	now = t_open_fds(tb.pid);
-	cr_assert_leq(now, base + 4 * 2, "%d descriptors in the broker, %d before", now, base);
+	cr_assert_leq(now, base + 4 * 3, "%d descriptors in the broker, %d before", now, base);
 	for (int i = 0; i < 4; i++)
 		close(keep[i]);
 	for (int i = 0; i < 100 && (now = t_open_fds(tb.pid)) > base; i++)
 		usleep(20 * 1000);
 	cr_assert_leq(now, base, "%d descriptors in the broker, %d before", now, base);
 	cr_assert_eq(open_status(NULL), 0, "the broker still serves");
+}
+
+/*
+ * The broker watches each attached client's process with a poll on a pidfd
+ * in its control ring, and closing the pidfd does not end that poll: a
+ * process that opens and closes connections and lives on would leave one
+ * armed per connection (each a kernel allocation the broker can never take
+ * back while the process lives). 200 opens and closes from this process
+ * leave the rings' polls as they were (without the removal: 200 more).
+ */
+Test(access, a_process_opening_and_closing_in_a_loop_leaves_no_poll_in_the_broker)
+{
+	int before, after;
+
+	start("-n 1");
+	cr_assert_eq(open_status(NULL), 0);
+	usleep(50 * 1000);
+	before = t_ring_polls(tb.pid);
+	cr_assert_geq(before, 1, "no poll found in the broker's rings (is /proc/PID/fdinfo readable?)");
+	for (int i = 0; i < 200; i++)
+		cr_assert_eq(open_status(NULL), 0);
+	for (int i = 0; i < 50 && (after = t_ring_polls(tb.pid)) > before; i++)
+		usleep(20 * 1000);
+	cr_assert_leq(after, before, "%d polls armed in the broker's rings after 200 opens and closes, %d before",
+		      after, before);
 }
 
 /*

@@ -1075,13 +1075,18 @@ static uint32_t shard0_sleep_no(const chime_t *c)
  * what is left never waits for more than half a ring. Such a round (the
  * shard's sleep number changed before the 513th) says nothing of the
  * doorbell and is run again; five rounds must be left.
+ *
+ * Of the ten doorbells of the five rounds, one may come late (a test
+ * process or shard preempted for 15 ms on a loaded host): a missing
+ * doorbell would leave most of its five late, each with odds of about 5/6.
  */
 Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 {
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[700];
+	char slow[256] = "";
 	double lazy_max = 0;
-	unsigned rounds = 0, tries = 0;
+	unsigned rounds = 0, tries = 0, nslow = 0;
 	uint64_t arms;
 	chime_id_t anchor;
 	chime_t *c;
@@ -1114,10 +1119,13 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 			arms += n[k];
 			if (k == 0 && ms > lazy_max)
 				lazy_max = ms;
-			if (k > 0 && !woken)
-				cr_assert_lt(ms, 15.0, "%s were applied after %.1f ms",
-					     k == 1 ? "400 arms and chime_flush()" :
-					     "the first 576 arms of 700 (more than half the ring)", ms);
+			if (k > 0 && !woken && ms >= 15.0) {
+				size_t len = strlen(slow);
+
+				nslow++;
+				snprintf(slow + len, sizeof(slow) - len, "; try %u: %s, %.1f ms", tries,
+					 k == 1 ? "400 arms and chime_flush()" : "the first 576 arms of 700", ms);
+			}
 			(void)ms_until(b2.sock, arms, n[k] + 1);
 			cr_assert_eq(chime_cancel_key(c, 7), 0);
 			cr_assert_eq(chime_flush(c), 0);
@@ -1125,6 +1133,7 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 		}
 		rounds += !woken;
 	}
+	cr_assert_leq(nslow, 1, "doorbells that came 15 ms or more late, %u of 10%s", nslow, slow);
 	cr_assert_gt(lazy_max, 5.0, "400 arms to a sleeping shard were applied within %.1f ms in every round: "
 		     "they woke it", lazy_max);
 	cr_assert_eq(chime_flush(NULL), -EINVAL);
@@ -1142,15 +1151,17 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
  * A heartbeat that comes in the middle of the burst has the shard apply
  * what is there, and the drain may then find fewer than 64 waiting: such
  * a round (the shard's sleep number changed during the burst) is run
- * again; five rounds must be left.
+ * again; five rounds must be left, and one of them may be late (preempted
+ * for 15 ms on a loaded host): left to the heartbeat, all five would be.
  */
 Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 {
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[400];
 	struct chime_event ev;
+	char slow[512] = "";
 	uint64_t arms = 1;
-	unsigned rounds = 0;
+	unsigned rounds = 0, nslow = 0;
 	chime_id_t anchor, x;
 	chime_t *c;
 
@@ -1183,15 +1194,21 @@ Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 		ms = ms_until(b2.sock, arms, 401);
 		if (before != 0 && asleep == before) {
 			rounds++;
-			cr_assert_lt(ms, 15.0,
-				     "round %u: the drain scanned 400 waiting records and they were applied %.1f ms "
-				     "after it (+2); the shard's sleep number before the drain %u, 2 ms after it %u "
-				     "(0: awake)", round, ms, asleep, later);
+			if (ms >= 15.0) {
+				size_t len = strlen(slow);
+
+				nslow++;
+				snprintf(slow + len, sizeof(slow) - len, "; round %u: %.1f ms after it (+2), the "
+					 "shard's sleep number before the drain %u, 2 ms after it %u (0: awake)",
+					 round, ms, asleep, later);
+			}
 		}
 		cr_assert_eq(chime_cancel_key(c, 7), 0);
 		cr_assert_eq(chime_flush(c), 0);
 		(void)ms_until(b2.sock, arms, 1);
 	}
+	cr_assert_leq(nslow, 1, "drains that scanned 400 waiting records, and the records were applied "
+		      "15 ms or more after, in %u of 5 rounds%s", nslow, slow);
 	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
 }

@@ -129,9 +129,9 @@ void chime_close(chime_t *c);
  *                  name, opts->flags is not one chime_open() takes, or the
  *                  path is empty or too long
  *   -ESRCH         no session of that name
- *   -EBUSY         a live process has it attached (or is taking it over); or,
- *                  while the broker stops (it hands every session to the next),
- *                  its process has exited but the broker has not parked it yet
+ *   -EBUSY         a live process has it attached (or is taking it over); or
+ *                  the broker is stopping (it hands its sessions to the next)
+ *                  and the session was not detached yet
  *   -EACCES        the session belongs to another user (root and the broker's
  *                  user may drop any), or the broker's policy (or the socket's
  *                  permissions) refused this user

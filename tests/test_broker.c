@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -801,6 +802,31 @@ Test(broker, a_waiter_watches_briefly_for_sparse_events_and_long_for_dense_ones)
 }
 
 /*
+ * The rounds of a timing test that missed its bound, and what each saw. A
+ * test that allows one (a test process or a shard preempted for 15 ms on a
+ * loaded host) still fails when what it checks is missing, which would make
+ * most rounds miss.
+ */
+struct misses {
+	unsigned n;
+	char what[768];
+};
+
+static void __attribute__((format(printf, 2, 3))) missed(struct misses *m, const char *fmt, ...)
+{
+	size_t len = strlen(m->what);
+	va_list ap;
+
+	m->n++;
+	if (len + 2 >= sizeof(m->what))
+		return;
+	snprintf(m->what + len, sizeof(m->what) - len, "; ");
+	va_start(ap, fmt);
+	vsnprintf(m->what + len + 2, sizeof(m->what) - len - 2, fmt, ap);
+	va_end(ap);
+}
+
+/*
  * The next event within 1 s, which must be `id`: how long after its
  * deadline, or after `since` if that is later, it fired.
  */
@@ -907,6 +933,7 @@ Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_shard_stats st0, st;
+	struct misses late_ones = { 0 };
 	chime_id_t far, id;
 	uint64_t far_dl;
 	chime_t *c;
@@ -924,22 +951,22 @@ Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
 	cr_assert_leq(st.sleeps - st0.sleeps, 15, "40 keepalive resets woke the sleeping shard %llu times",
 		      (unsigned long long)(st.sleeps - st0.sleeps));
 
-	/* Due before the shard's wake-up: a doorbell, on time. */
+	/* Due before the shard's wake-up: a doorbell, on time (one of the ten may be late). */
 	for (unsigned i = 0; i < 5; i++) {
 		uint64_t late;
 
 		usleep(50000);
 		cr_assert_eq(chime_arm(c, 2, chime_now() + 20 * MS, 0, 2, &id), 0);
-		late = fired_late(c, id);
-		cr_assert_lt(late, 15 * MS, "an arm due before the shard's wake-up fired %.1f ms late",
-			     (double)late / 1e6);
+		if ((late = fired_late(c, id)) >= 15 * MS)
+			missed(&late_ones, "round %u: an arm %.1f ms late", i, (double)late / 1e6);
 		usleep(50000);
 		cr_assert_eq(chime_reset(c, far, chime_now() + 20 * MS), 0);
-		late = fired_late(c, far);
-		cr_assert_lt(late, 15 * MS, "a reset to before the shard's wake-up fired %.1f ms late",
-			     (double)late / 1e6);
+		if ((late = fired_late(c, far)) >= 15 * MS)
+			missed(&late_ones, "round %u: a reset %.1f ms late", i, (double)late / 1e6);
 		cr_assert_eq(chime_arm(c, 1, far_dl, 0, 1, &far), 0);
 	}
+	cr_assert_leq(late_ones.n, 1, "%u of 10 timers due before the sleeping shard's wake-up fired 15 ms or "
+		      "more late%s", late_ones.n, late_ones.what);
 
 	/* A cancel waits too, and is applied within a heartbeat or so: no event, the node freed. */
 	st0 = shard0_until(b2.sock, 0, 1);
@@ -1084,9 +1111,9 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 {
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[700];
-	char slow[256] = "";
+	struct misses slow = { 0 };
 	double lazy_max = 0;
-	unsigned rounds = 0, tries = 0, nslow = 0;
+	unsigned rounds = 0, tries = 0;
 	uint64_t arms;
 	chime_id_t anchor;
 	chime_t *c;
@@ -1119,13 +1146,9 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 			arms += n[k];
 			if (k == 0 && ms > lazy_max)
 				lazy_max = ms;
-			if (k > 0 && !woken && ms >= 15.0) {
-				size_t len = strlen(slow);
-
-				nslow++;
-				snprintf(slow + len, sizeof(slow) - len, "; try %u: %s, %.1f ms", tries,
-					 k == 1 ? "400 arms and chime_flush()" : "the first 576 arms of 700", ms);
-			}
+			if (k > 0 && !woken && ms >= 15.0)
+				missed(&slow, "try %u: %s, %.1f ms", tries,
+				       k == 1 ? "400 arms and chime_flush()" : "the first 576 arms of 700", ms);
 			(void)ms_until(b2.sock, arms, n[k] + 1);
 			cr_assert_eq(chime_cancel_key(c, 7), 0);
 			cr_assert_eq(chime_flush(c), 0);
@@ -1133,7 +1156,7 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 		}
 		rounds += !woken;
 	}
-	cr_assert_leq(nslow, 1, "doorbells that came 15 ms or more late, %u of 10%s", nslow, slow);
+	cr_assert_leq(slow.n, 1, "doorbells that came 15 ms or more late, %u of 10%s", slow.n, slow.what);
 	cr_assert_gt(lazy_max, 5.0, "400 arms to a sleeping shard were applied within %.1f ms in every round: "
 		     "they woke it", lazy_max);
 	cr_assert_eq(chime_flush(NULL), -EINVAL);
@@ -1159,9 +1182,9 @@ Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[400];
 	struct chime_event ev;
-	char slow[512] = "";
+	struct misses slow = { 0 };
 	uint64_t arms = 1;
-	unsigned rounds = 0, nslow = 0;
+	unsigned rounds = 0;
 	chime_id_t anchor, x;
 	chime_t *c;
 
@@ -1194,21 +1217,16 @@ Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 		ms = ms_until(b2.sock, arms, 401);
 		if (before != 0 && asleep == before) {
 			rounds++;
-			if (ms >= 15.0) {
-				size_t len = strlen(slow);
-
-				nslow++;
-				snprintf(slow + len, sizeof(slow) - len, "; round %u: %.1f ms after it (+2), the "
-					 "shard's sleep number before the drain %u, 2 ms after it %u (0: awake)",
-					 round, ms, asleep, later);
-			}
+			if (ms >= 15.0)
+				missed(&slow, "round %u: %.1f ms after it (+2), the shard's sleep number before "
+				       "the drain %u, 2 ms after it %u (0: awake)", round, ms, asleep, later);
 		}
 		cr_assert_eq(chime_cancel_key(c, 7), 0);
 		cr_assert_eq(chime_flush(c), 0);
 		(void)ms_until(b2.sock, arms, 1);
 	}
-	cr_assert_leq(nslow, 1, "drains that scanned 400 waiting records, and the records were applied "
-		      "15 ms or more after, in %u of 5 rounds%s", nslow, slow);
+	cr_assert_leq(slow.n, 1, "drains that scanned 400 waiting records, and the records were applied "
+		      "15 ms or more after, in %u of 5 rounds%s", slow.n, slow.what);
 	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
 }
@@ -1300,17 +1318,19 @@ Test(broker, an_arm_a_second_ahead_waits_for_the_heartbeat_not_a_doorbell)
  * reset rings no doorbell (the sleeping shard's wake-up comes first), but
  * the drainer must hold the event until the shard has applied it, and the
  * events behind it too: so the drainer wakes the shard. Left to the
- * heartbeat, the next event would come 0-90 ms late; three rounds all
- * under 20 ms would be luck of about 0.2^3.
+ * heartbeat, the next event would come 0-90 ms late; four rounds of five
+ * under 20 ms (one may be late on a loaded host) would be luck of about
+ * 5 x 0.2^4.
  */
 Test(broker, a_reset_racing_its_event_does_not_hold_the_drainer_for_a_heartbeat)
 {
 	struct t_chimed b2 = { 0 };
+	struct misses late_ones = { 0 };
 	chime_id_t far, x, v;
 	chime_t *c;
 
 	c = one_sleeping_shard(&b2, "", 0, &far);
-	for (unsigned round = 0; round < 3; round++) {
+	for (unsigned round = 0; round < 5; round++) {
 		struct chime_event ev;
 		uint64_t t0, t;
 
@@ -1322,10 +1342,12 @@ Test(broker, a_reset_racing_its_event_does_not_hold_the_drainer_for_a_heartbeat)
 		cr_assert_eq(chime_wait(c, &ev, 1, 1000), 1, "no event within 1 s");
 		t = chime_now() - t0;
 		cr_assert_eq(ev.id, v, "the event of the reset timer was returned");
-		cr_assert_lt(t, 20 * MS, "the next event waited %.1f ms for the reset to be applied",
-			     (double)t / 1e6);
+		if (t >= 20 * MS)
+			missed(&late_ones, "round %u: %.1f ms", round, (double)t / 1e6);
 		cr_assert_eq(chime_cancel(c, x), 0);
 	}
+	cr_assert_leq(late_ones.n, 1, "the next event waited 20 ms or more for the reset to be applied in %u of "
+		      "5 rounds%s", late_ones.n, late_ones.what);
 	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
 }

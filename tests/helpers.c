@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -448,6 +449,20 @@ int t_thread_step(int tid)
 	if (WSTOPSIG(st) != SIGTRAP && (st >> 16) == 0)
 		pending = WSTOPSIG(st);
 	return 0;
+}
+
+void t_missed(struct t_misses *m, const char *fmt, ...)
+{
+	size_t len = strlen(m->what);
+	va_list ap;
+
+	m->n++;
+	if (len + 2 >= sizeof(m->what))
+		return;
+	snprintf(m->what + len, sizeof(m->what) - len, "; ");
+	va_start(ap, fmt);
+	vsnprintf(m->what + len + 2, sizeof(m->what) - len - 2, fmt, ap);
+	va_end(ap);
 }
 
 int t_ring_polls(int pid)

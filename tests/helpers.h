@@ -77,6 +77,20 @@ int64_t t_fill(const char *dir, const char *name, uint64_t bytes);
  */
 const char *t_tool_copy(const char *dir, const char *env);
 
+/*
+ * The rounds of a timing test that missed its bound, and what each saw. A
+ * test that allows one (a test process or a shard preempted for 15 ms on a
+ * loaded host) still fails when what it checks is missing, which would make
+ * most rounds miss.
+ */
+struct t_misses {
+	unsigned n;
+	char what[768];
+};
+
+/* Count a missed round and add "; " and its description to m->what (cut short when full). */
+void t_missed(struct t_misses *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* How many descriptors process pid has open (/proc/PID/fd), or -1. */
 int t_open_fds(int pid);
 

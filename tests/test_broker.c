@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -802,31 +801,6 @@ Test(broker, a_waiter_watches_briefly_for_sparse_events_and_long_for_dense_ones)
 }
 
 /*
- * The rounds of a timing test that missed its bound, and what each saw. A
- * test that allows one (a test process or a shard preempted for 15 ms on a
- * loaded host) still fails when what it checks is missing, which would make
- * most rounds miss.
- */
-struct misses {
-	unsigned n;
-	char what[768];
-};
-
-static void __attribute__((format(printf, 2, 3))) missed(struct misses *m, const char *fmt, ...)
-{
-	size_t len = strlen(m->what);
-	va_list ap;
-
-	m->n++;
-	if (len + 2 >= sizeof(m->what))
-		return;
-	snprintf(m->what + len, sizeof(m->what) - len, "; ");
-	va_start(ap, fmt);
-	vsnprintf(m->what + len + 2, sizeof(m->what) - len - 2, fmt, ap);
-	va_end(ap);
-}
-
-/*
  * The next event within 1 s, which must be `id`: how long after its
  * deadline, or after `since` if that is later, it fired.
  */
@@ -933,7 +907,7 @@ Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_shard_stats st0, st;
-	struct misses late_ones = { 0 };
+	struct t_misses late_ones = { 0 };
 	chime_id_t far, id;
 	uint64_t far_dl;
 	chime_t *c;
@@ -958,11 +932,11 @@ Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
 		usleep(50000);
 		cr_assert_eq(chime_arm(c, 2, chime_now() + 20 * MS, 0, 2, &id), 0);
 		if ((late = fired_late(c, id)) >= 15 * MS)
-			missed(&late_ones, "round %u: an arm %.1f ms late", i, (double)late / 1e6);
+			t_missed(&late_ones, "round %u: an arm %.1f ms late", i, (double)late / 1e6);
 		usleep(50000);
 		cr_assert_eq(chime_reset(c, far, chime_now() + 20 * MS), 0);
 		if ((late = fired_late(c, far)) >= 15 * MS)
-			missed(&late_ones, "round %u: a reset %.1f ms late", i, (double)late / 1e6);
+			t_missed(&late_ones, "round %u: a reset %.1f ms late", i, (double)late / 1e6);
 		cr_assert_eq(chime_arm(c, 1, far_dl, 0, 1, &far), 0);
 	}
 	cr_assert_leq(late_ones.n, 1, "%u of 10 timers due before the sleeping shard's wake-up fired 15 ms or "
@@ -1111,7 +1085,7 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 {
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[700];
-	struct misses slow = { 0 };
+	struct t_misses slow = { 0 };
 	double lazy_max = 0;
 	unsigned rounds = 0, tries = 0;
 	uint64_t arms;
@@ -1147,7 +1121,7 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 			if (k == 0 && ms > lazy_max)
 				lazy_max = ms;
 			if (k > 0 && !woken && ms >= 15.0)
-				missed(&slow, "try %u: %s, %.1f ms", tries,
+				t_missed(&slow, "try %u: %s, %.1f ms", tries,
 				       k == 1 ? "400 arms and chime_flush()" : "the first 576 arms of 700", ms);
 			(void)ms_until(b2.sock, arms, n[k] + 1);
 			cr_assert_eq(chime_cancel_key(c, 7), 0);
@@ -1182,7 +1156,7 @@ Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[400];
 	struct chime_event ev;
-	struct misses slow = { 0 };
+	struct t_misses slow = { 0 };
 	uint64_t arms = 1;
 	unsigned rounds = 0;
 	chime_id_t anchor, x;
@@ -1218,7 +1192,7 @@ Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 		if (before != 0 && asleep == before) {
 			rounds++;
 			if (ms >= 15.0)
-				missed(&slow, "round %u: %.1f ms after it (+2), the shard's sleep number before "
+				t_missed(&slow, "round %u: %.1f ms after it (+2), the shard's sleep number before "
 				       "the drain %u, 2 ms after it %u (0: awake)", round, ms, asleep, later);
 		}
 		cr_assert_eq(chime_cancel_key(c, 7), 0);
@@ -1325,7 +1299,7 @@ Test(broker, an_arm_a_second_ahead_waits_for_the_heartbeat_not_a_doorbell)
 Test(broker, a_reset_racing_its_event_does_not_hold_the_drainer_for_a_heartbeat)
 {
 	struct t_chimed b2 = { 0 };
-	struct misses late_ones = { 0 };
+	struct t_misses late_ones = { 0 };
 	chime_id_t far, x, v;
 	chime_t *c;
 
@@ -1343,7 +1317,7 @@ Test(broker, a_reset_racing_its_event_does_not_hold_the_drainer_for_a_heartbeat)
 		t = chime_now() - t0;
 		cr_assert_eq(ev.id, v, "the event of the reset timer was returned");
 		if (t >= 20 * MS)
-			missed(&late_ones, "round %u: %.1f ms", round, (double)t / 1e6);
+			t_missed(&late_ones, "round %u: %.1f ms", round, (double)t / 1e6);
 		cr_assert_eq(chime_cancel(c, x), 0);
 	}
 	cr_assert_leq(late_ones.n, 1, "the next event waited 20 ms or more for the reset to be applied in %u of "

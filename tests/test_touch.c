@@ -208,12 +208,13 @@ Test(touch, an_earlier_reset_goes_through_the_ring_and_is_kept)
 /*
  * An earlier reset is a record that cannot wait for the sleeping shard's
  * planned wake-up (the old deadline): it rings, and fires on time. Left
- * to the heartbeat it would fire 0-90 ms late: five under 15 ms would be
- * luck of about 0.2^5.
+ * to the heartbeat it would fire 0-90 ms late: four of five under 15 ms
+ * (one may be late on a loaded host) would be luck of about 5 x 0.2^4.
  */
 Test(touch, an_earlier_reset_wakes_a_sleeping_shard_and_fires_on_time)
 {
 	chime_t *c = copen(0, NULL);
+	struct t_misses late_ones = { 0 };
 	struct chime_event ev;
 
 	for (unsigned i = 0; i < 5; i++) {
@@ -226,9 +227,11 @@ Test(touch, an_earlier_reset_wakes_a_sleeping_shard_and_fires_on_time)
 		cr_assert_eq(next_event(c, &ev, 2000), 1);
 		cr_assert_eq(ev.id, id);
 		cr_assert_eq(ev.deadline_ns, d);
-		cr_assert_lt(ev.fired_ns - d, 15 * MS, "an earlier reset fired %.1f ms late",
-			     (double)(ev.fired_ns - d) / 1e6);
+		if (ev.fired_ns - d >= 15 * MS)
+			t_missed(&late_ones, "round %u: %.1f ms", i, (double)(ev.fired_ns - d) / 1e6);
 	}
+	cr_assert_leq(late_ones.n, 1, "an earlier reset fired 15 ms or more late in %u of 5 rounds%s",
+		      late_ones.n, late_ones.what);
 	chime_close(c);
 }
 

@@ -713,16 +713,21 @@ static uint64_t hup_ud(const struct client *c, uint32_t exit)
  * client). -1 if neither works (no descriptor left, a pid from another
  * namespace): the hang-up alone then.
  */
-static int peer_pidfd(const struct client *c)
-{
-#ifndef SO_PEERPIDFD
+/* Older headers (Debian 12's) lack it; its number is the generic one on these. */
+#if !defined(SO_PEERPIDFD) && (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__) || \
+			      defined(__arm__) || defined(__riscv))
 #define SO_PEERPIDFD 77
 #endif
+
+static int peer_pidfd(const struct client *c)
+{
+#ifdef SO_PEERPIDFD
 	socklen_t len = sizeof(int);
 	int fd = -1;
 
 	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0)
 		return fd;      /* close-on-exec, as every pidfd */
+#endif
 	return c->cred.pid > 0 ? pidfd_open(c->cred.pid, 0) : -1;
 }
 

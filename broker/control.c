@@ -706,6 +706,12 @@ static uint64_t hup_ud(const struct client *c, uint32_t exit)
 	return (uint64_t)c->hup_seq << 32 | exit | ((uint64_t)c->slot << 3) | TAG_HUP;
 }
 
+/* Older headers (Debian 12's) lack it; its number is the generic one on these. */
+#if !defined(SO_PEERPIDFD) && (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__) || \
+			      defined(__arm__) || defined(__riscv))
+#define SO_PEERPIDFD 77
+#endif
+
 /*
  * The client's process, as a pidfd: the one that connected (SO_PEERPIDFD,
  * Linux 6.5), else the pid SO_PEERCRED gave (pidfd_open(); a pid reused
@@ -713,12 +719,6 @@ static uint64_t hup_ud(const struct client *c, uint32_t exit)
  * client). -1 if neither works (no descriptor left, a pid from another
  * namespace): the hang-up alone then.
  */
-/* Older headers (Debian 12's) lack it; its number is the generic one on these. */
-#if !defined(SO_PEERPIDFD) && (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__) || \
-			      defined(__arm__) || defined(__riscv))
-#define SO_PEERPIDFD 77
-#endif
-
 static int peer_pidfd(const struct client *c)
 {
 #ifdef SO_PEERPIDFD

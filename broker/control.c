@@ -716,19 +716,24 @@ static uint64_t hup_ud(const struct client *c, uint32_t exit)
  * The client's process, as a pidfd: the one that connected (SO_PEERPIDFD,
  * Linux 6.5), else the pid SO_PEERCRED gave (pidfd_open(); a pid reused
  * since would be watched instead, and the socket's hang-up still ends the
- * client). -1 if neither works (no descriptor left, a pid from another
- * namespace): the hang-up alone then.
+ * client). -ESRCH: the process is gone already. Another -errno (no
+ * descriptor left, a pid from another namespace): the hang-up alone then.
  */
 static int peer_pidfd(const struct client *c)
 {
+	int fd = -1;
 #ifdef SO_PEERPIDFD
 	socklen_t len = sizeof(int);
-	int fd = -1;
 
 	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0)
 		return fd;      /* close-on-exec, as every pidfd */
+	if (fd < 0 && errno == ESRCH)
+		return -ESRCH;
 #endif
-	return c->cred.pid > 0 ? pidfd_open(c->cred.pid, 0) : -1;
+	if (c->cred.pid <= 0)
+		return -EINVAL;
+	fd = pidfd_open(c->cred.pid, 0);
+	return fd >= 0 ? fd : -errno;
 }
 
 /*
@@ -738,21 +743,26 @@ static int peer_pidfd(const struct client *c)
  * socket open until the kernel tears the ring down. Meanwhile the client
  * counted as attached: its session -EBUSY to a restarted worker, its slot
  * in its user's --max-clients-per-uid (-EUSERS). A pidfd is readable at
- * the exit itself.
+ * the exit itself. False: the process is gone already (its pid with it).
  */
-static void arm_hup(struct broker *b, struct client *c)
+static bool arm_hup(struct broker *b, struct client *c)
 {
 	struct io_uring_sqe *sqe = get_sqe(b);
+	int fd;
 
 	if (!sqe)
-		return;
+		return true;
 	io_uring_prep_poll_add(sqe, c->fd, POLLRDHUP);
 	io_uring_sqe_set_data64(sqe, hup_ud(c, 0));
-	c->pidfd = peer_pidfd(c);
+	fd = peer_pidfd(c);
+	if (fd == -ESRCH)
+		return false;
+	c->pidfd = fd >= 0 ? fd : -1;
 	if (c->pidfd < 0 || !(sqe = get_sqe(b)))
-		return;
+		return true;
 	io_uring_prep_poll_add(sqe, c->pidfd, POLLIN);
 	io_uring_sqe_set_data64(sqe, hup_ud(c, HUP_EXIT));
+	return true;
 }
 
 /*
@@ -1112,7 +1122,14 @@ static void on_notify(struct broker *b)
 			 */
 			if (c->session[0])
 				restart_put(b, c);
-			arm_hup(b, c);
+			if (!arm_hup(b, c)) {
+				/* Exited between its hello and now: as if the exit poll had said so. */
+				if (c->session[0])
+					client_park(b, c);
+				else
+					client_detach(b, c, 0);
+				continue;
+			}
 			if (!log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
 				continue;
 			if (c->session[0])

@@ -329,6 +329,81 @@ Test(access, a_worker_replaced_at_once_takes_the_slot_of_the_one_that_exited)
 	}
 }
 
+/* Clients the shards are still reclaiming: DYING in the control segment's table. */
+static unsigned dying(const struct chime_ctl *ctl)
+{
+	const struct chime_client_ctl *cc = (const void *)((const char *)ctl + ctl->clients_off);
+	unsigned n = 0;
+
+	for (uint32_t i = 0; i < ctl->max_clients; i++)
+		n += at_load(&cc[i].state) == CHIME_CLIENT_DYING;
+	return n;
+}
+
+/*
+ * A client being reclaimed does not count against --max-clients-per-uid,
+ * but only as many again as the limit may be reclaiming: a user who closes
+ * faster than the shards reclaim must not take the whole table. At a limit
+ * of 1: A holds a million timers, which the shard reclaims 16384 nodes a
+ * pass; B opens meanwhile (A does not count), the shard is held (ptrace)
+ * and B closes. Two being reclaimed, none live: C gets EUSERS until the
+ * shard, let go, has reclaimed them.
+ */
+Test(access, clients_being_reclaimed_count_up_to_the_limit_again)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	const unsigned timers = 1000000;
+	struct chime_map m;
+	chime_t *a = NULL, *b = NULL, *c = NULL;
+	char path[300];
+	chime_id_t id;
+	unsigned held_a, held_ab;
+	uint64_t far;
+	int tid, r;
+
+	start("--allow-all --shards 1 --max-clients-per-uid 1");
+	o.socket_path = tb.sock;
+	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	tid = t_thread_named(tb.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0);
+	cr_assert_eq(chime_open(&a, &o), 0);
+	far = now_ns() + 3600000 * MS;
+	for (unsigned i = 0; i < timers; i++)
+		if ((r = chime_arm(a, 1, far + i, 0, i, &id)) < 0)
+			cr_assert_fail("arm %u: %s", i, strerror(-r));
+	cr_assert_eq(chime_flush(a), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, timers), timers);
+	chime_close(a);
+
+	r = chime_open(&b, &o);
+	cr_assert_eq(r, 0, "B, while A is reclaimed: %s", strerror(-r));
+	r = t_thread_hold(tid);
+	if (r < 0)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	/* Nothing asserted while the shard is held: a failure would leave it so. */
+	held_a = dying(m.base);
+	chime_close(b);
+	for (int i = 0; i < 2000 && dying(m.base) != 2; i++)
+		usleep(1000);
+	held_ab = dying(m.base);
+	r = chime_open(&c, &o);
+	cr_assert_eq(t_thread_release(tid), 0);
+	cr_assert_eq(held_a, 1, "A was reclaimed before the shard was held: %u clients dying", held_a);
+	cr_assert_eq(held_ab, 2, "B is not being reclaimed after its close: %u clients dying", held_ab);
+	cr_assert_eq(r, -EUSERS, "C with two of its user's clients being reclaimed at a limit of 1: %s",
+		     r ? strerror(-r) : "admitted");
+
+	for (int i = 0; i < 1000 && (r = chime_open(&c, &o)) == -EUSERS; i++)
+		usleep(10000);
+	cr_assert_eq(r, 0, "C once the shard has reclaimed A or B: %s", strerror(-r));
+	for (int i = 0; i < 5000 && dying(m.base); i++)
+		usleep(1000);
+	cr_assert_eq(dying(m.base), 0, "A and B are still being reclaimed 5 s after the shard was let go");
+	chime_close(c);
+	chime_seg_unmap(&m);
+}
+
 /* ---- one user cannot take every timer (--max-timers-per-uid) ---- */
 
 /* Arms an hour ahead until one is refused; returns how many were armed, the refusal in *err. */

@@ -412,6 +412,14 @@ static void detach_stdio(int verdict_fd)
  */
 #define RESTART_ENV "CHIMED_RESTARTED"    /* set by reexec() for the broker it executes */
 
+/*
+ * The directory chimed was started in: the daemon has chdir'ed to "/",
+ * and the arguments reexec() passes on may name files relative to it
+ * (--socket, --policy-file, $CHIME_SOCKET). A path, not a descriptor: a
+ * daemon must not hold its starter's file system busy.
+ */
+static char start_dir[PATH_MAX];
+
 static void __attribute__((noreturn)) reexec(char **argv, const sigset_t *mask)
 {
 	char self[PATH_MAX];
@@ -428,6 +436,10 @@ static void __attribute__((noreturn)) reexec(char **argv, const sigset_t *mask)
 		self[n - strlen(del)] = 0;
 	log_msg(LOG_INFO, "executing '%s' again", self);
 	pthread_sigmask(SIG_SETMASK, mask, NULL);
+	if (!start_dir[0] || chdir(start_dir) < 0)
+		log_msg(LOG_WARNING, "cannot go back to the directory chimed was started in ('%s': %s): "
+			"relative paths in its arguments now name files under '/'",
+			start_dir[0] ? start_dir : "unknown", start_dir[0] ? strerror(errno) : "getcwd failed");
 	/* Same arguments, but a restart hands the sessions over: --fresh was for the first start. */
 	setenv(RESTART_ENV, "1", 1);
 	execv(self, argv);
@@ -638,6 +650,8 @@ int main(int argc, char **argv)
 	sigaddset(&set, SIGUSR2);
 	pthread_sigmask(SIG_BLOCK, &set, &old_mask);
 
+	if (!getcwd(start_dir, sizeof(start_dir)))
+		start_dir[0] = 0;
 	if (!foreground)
 		verdict_fd = daemonize(&old_mask);
 	else

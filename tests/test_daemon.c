@@ -318,6 +318,48 @@ Test(daemon, a_relative_policy_file_is_reread_in_the_background, .timeout = 30)
 	t_rmdir_files(dir);
 }
 
+/*
+ * chimectl restart (SIGUSR2) of a broker started in the background with a
+ * relative --socket and --policy-file: the broker it executes again takes
+ * them from the directory the first was started in, not from "/" (the
+ * daemon's directory), where the new broker listened at "/s" and a
+ * relative policy file was not found, leaving no broker at all.
+ */
+Test(daemon, a_restart_in_the_background_keeps_relative_paths, .timeout = 30)
+{
+	const char *chimed = getenv("CHIMED");
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], pol[300], cmd[2 * PATH_MAX], bin[PATH_MAX];
+	struct stat st;
+	pid_t pid, now = -1;
+
+	cr_assert(chimed && realpath(chimed, bin), "$CHIMED");
+	chimed = bin;   /* the test changes directory */
+	cr_assert(mkdtemp(dir));
+	cr_assert(!exists("/s.lock"), "/s.lock exists already: the test cannot tell where the restart went");
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(pol, sizeof(pol), "%s/policy", dir);
+	cr_assert_eq(t_write_file(pol, "allow-all\n"), 0);
+	snprintf(cmd, sizeof(cmd), "cd '%s' && '%s' --shards 1 --socket s --policy-file policy 2>/dev/null", dir,
+		 chimed);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+	pid = read_pid(sock);
+	cr_assert_gt(pid, 0);
+	cr_assert_eq(kill(pid, SIGUSR2), 0);
+	for (int i = 0; i < 1000 && ((now = read_pid(sock)) <= 0 || now == pid || !can_open(sock)); i++)
+		sleep_ms(10);
+	cr_assert(now > 0 && now != pid, "no new broker at '%s' 10 s after SIGUSR2 (lock says pid %d)", sock,
+		  (int)now);
+	cr_expect(!exists("/s.lock") && !exists("/s"), "the restarted broker listens at '/s'");
+	cr_assert_eq(stat(sock, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0666, "the restarted broker did not read the relative policy file "
+		     "(socket mode %o, allow-all gives 0666)", st.st_mode & 0777);
+	cr_expect(can_open(sock));
+	cr_assert_eq(kill(now, SIGTERM), 0);
+	cr_expect(gone_within(now, 5000));
+	unlink(pol);
+	t_rmdir_files(dir);
+}
+
 /* Receive one datagram into buf (NUL-terminated) within `ms`; 0 on timeout. */
 static int recv_msg(int fd, char *buf, size_t len, int ms)
 {

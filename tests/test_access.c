@@ -1508,6 +1508,31 @@ static const char *tool_copy(const char *env)
 
 static const char *g_ctl;
 
+/*
+ * chimectl status is a health check: a user at its --max-clients-per-uid
+ * (root's own services, say) gets EUSERS from the handshake, which is an
+ * answer: exit 0, and the message says this user was refused.
+ */
+Test(access, status_at_the_users_client_limit_says_running)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	struct tool_run t;
+	char cmd[1024];
+	chime_t *c = NULL;
+	int st;
+
+	start("--max-clients-per-uid 1");
+	o.socket_path = tb.sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s status 2>&1", tb.dir, tool_copy("CHIMECTL"), tb.sock);
+	t.cmd = cmd;
+	st = run_tool(&t);
+	chime_close(c);
+	cr_assert_eq(st, 0, "exit %d: %s", st, t.out);
+	cr_assert_not_null(strstr(t.out, "running"), "%s", t.out);
+	cr_assert_not_null(strstr(t.out, "refused this user"), "%s", t.out);
+}
+
 /* chimet1: a client with 3 timers of key 77; chimectl lists them, and only its own clients. */
 static int own_timers(void *arg)
 {
@@ -1780,16 +1805,32 @@ Test(access, a_client_does_not_trust_another_users_listener_in_a_directory_anyon
 	struct squatter s;
 	char dir[] = "/tmp/chime-squat-XXXXXX";
 	chime_t *c = NULL;
+	const char *chimectl = getenv("CHIMECTL");
+	const char *asks[] = { "sessions", "drop-session mine", "reset-stats" };
+	struct tool_run t[3];
+	char cmd[3][1024];
+	int st[3];
 	pid_t pid;
 	int r;
 
 	need_users();
+	cr_assert_not_null(chimectl, "$CHIMECTL");
 	pid = squatter_start(&s, dir, 0);
 	o.socket_path = s.path;
 	r = chime_open(&c, &o);
+	/* Nor do chimectl's questions over the socket, which name a session and believe the answer. */
+	for (int i = 0; i < 3; i++) {
+		snprintf(cmd[i], sizeof(cmd[i]), "%s -s %s %s 2>&1", chimectl, s.path, asks[i]);
+		t[i].cmd = cmd[i];
+		st[i] = run_tool(&t[i]);
+	}
 	squatter_stop(pid, &s, dir);
 	cr_assert_eq(r, -EPERM, "chime_open() to another user's listener in a root-owned 1777 directory: %s",
 		     strerror(-r));
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(st[i], 1, "chimectl %s: exit %d: %s", asks[i], st[i], t[i].out);
+		cr_assert_not_null(strstr(t[i].out, "does not trust"), "chimectl %s: %s", asks[i], t[i].out);
+	}
 
 	/* The directory's owner put it there: trusted, so the handshake goes on (and is hung up on). */
 	{

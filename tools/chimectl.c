@@ -196,6 +196,13 @@ static bool broker_down(const struct sr_snap *sn, const char **why)
 	return st == SR_DEAD || st == SR_STOPPED;
 }
 
+/* An -EUSERS refusal: the broker answered, so it runs. */
+#define AT_LIMIT "refused this user (it has --max-clients-per-uid clients already, or the broker --max-clients)"
+
+/* -EPERM of a connection: what chime_open(3) says of the broker's user. */
+#define UNTRUSTED " (what listens there runs as a user this one does not trust: not root, not this user, " \
+		  "not the owner of the socket's directory; see chime_open(3))"
+
 /*
  * chime_open() failed. -EACCES is the broker's policy or the socket's
  * permissions (chime_open(3)); the socket's own access check tells which.
@@ -217,6 +224,10 @@ static int handshake_fail(const char *sock, int r)
 		why = " (the broker speaks another shm layout: upgrade one side)";
 	else if (r == -ECONNREFUSED)
 		why = " (the broker is stopping or restarting)";
+	else if (r == -EPERM)
+		why = UNTRUSTED;
+	else if (r == -EUSERS)
+		why = " (the broker runs, but " AT_LIMIT ")";
 	return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "handshake with '%s' failed: %s%s", sock,
 		    strerror(-r), why);
 }
@@ -231,19 +242,21 @@ static int status_by_handshake(const char *sock)
 	chime_t *c;
 	int r = chime_open(&c, &o);
 
-	if (r < 0)
+	if (r < 0 && r != -EUSERS)
 		return handshake_fail(sock, r);
-	chime_close(c);
-	out("chimed at %s is running and admits this user (its counters are for root, the "
-	    "broker's user and chimed --stats-group)\n", sock);
+	if (r == 0)
+		chime_close(c);
+	out("chimed at %s is running and %s (its counters are for root, the broker's user and chimed "
+	    "--stats-group)\n", sock, r == 0 ? "admits this user" : "answered, but " AT_LIMIT);
 	jset("running", json_true());
-	jset("admits_this_user", json_true());
+	jset("admits_this_user", json_boolean(r == 0));
 	jset("counters_readable", json_false());
 	return SR_EXIT_OK;
 }
 
 static int cmd_status(const char *sock)
 {
+	bool admitted = false;
 	struct sr_snap sn;
 	const char *why;
 	enum sr_state st;
@@ -278,16 +291,18 @@ static int cmd_status(const char *sock)
 		struct chime_opts o = { .socket_path = sock, .flags = 0 };
 		chime_t *c;
 
-		/* The segment says alive; only a handshake proves it answers. */
+		/* The segment says alive; only a handshake proves it answers (a refusal for the limits too). */
 		r = chime_open(&c, &o);
-		if (r < 0) {
+		if (r < 0 && r != -EUSERS) {
 			jset("running", json_false());
 			r = handshake_fail(sock, r);
 			goto out;
 		}
-		chime_close(c);
+		if (r == 0)
+			chime_close(c);
+		admitted = r == 0;
 	}
-	jset("admits_this_user", json_true());
+	jset("admits_this_user", json_boolean(admitted));
 	jset("uptime_ns", json_integer((json_int_t)(sn.now_ns - sn.hdr.start_ns)));
 	jset("shards", json_integer(sn.hdr.nr_shards));
 	jset("clients", json_integer((json_int_t)sn.hdr.clients_now));
@@ -297,6 +312,8 @@ static int cmd_status(const char *sock)
 	sr_fmt_dur(up, sizeof(up), sn.now_ns - sn.hdr.start_ns);
 	out("chimed pid %d version %s running, up %s, %u shards, %" PRIu64 " clients\n",
 	    (int)sn.hdr.pid, sn.hdr.version, up, sn.hdr.nr_shards, sn.hdr.clients_now);
+	if (!admitted)
+		out("it answered the handshake, but %s\n", AT_LIMIT);
 	r = SR_EXIT_OK;
 out:
 	sr_snap_free(&sn);
@@ -328,8 +345,10 @@ static const char *query_why(int r, enum query_step step)
 {
 	if (step == QUERY_CONNECT && r == -ENOENT)
 		return " (nothing listens there: is chimed running?)";
-	if (step == QUERY_CONNECT && (r == -EACCES || r == -EPERM))
+	if (step == QUERY_CONNECT && r == -EACCES)
 		return " (this user may not connect: the socket's permissions or a directory's above it)";
+	if (step == QUERY_CONNECT && r == -EPERM)
+		return UNTRUSTED;
 	if (step == QUERY_HELLO && r == -EACCES)
 		return " (the broker did not admit this user: see chimed --allow-uid, --allow-gid, --allow-all)";
 	if (step == QUERY_HELLO && r == -EPROTO)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "segment.h"        /* chime_broker_trusted() */
 
 #define QUERY_TIMEOUT_S 5
 
@@ -44,8 +45,24 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 		return -errno;
 	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		r = errno == ECONNREFUSED ? -ENOENT : -errno;
+		r = errno == ECONNREFUSED ? -ENOENT : errno == EPERM ? -EACCES : -errno;
 		goto out;
+	}
+	/* As libchime's: a hello names a session, and an answer is believed, only from a trusted broker. */
+	{
+		struct ucred cr;
+		socklen_t len = sizeof(cr);
+
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+			r = -errno;
+			goto out;
+		}
+		r = chime_broker_trusted(sock, cr.uid, geteuid());
+		if (r <= 0) {
+			r = r < 0 ? r : -EPERM;
+			goto out;
+		}
+		r = 0;
 	}
 	*step = QUERY_HELLO;
 	if (send(fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {

@@ -24,7 +24,8 @@
  * user's client or session).
  */
 enum query_step {
-	QUERY_CONNECT,  /* socket(2), connect(2): -ENOENT no broker listens, -EACCES the socket's permissions */
+	QUERY_CONNECT,  /* socket(2), connect(2): -ENOENT no broker listens, -EACCES the socket's permissions,
+			 * -EPERM a listener this user does not trust (chime_broker_trusted()) */
 	QUERY_HELLO,    /* the broker refused the hello: -EACCES not admitted, -EPROTO another layout */
 	QUERY_ANSWER,   /* the answer's status, or it ended early (-ECONNRESET) or never came (-ETIMEDOUT) */
 };
@@ -33,7 +34,8 @@ enum query_step {
  * Send the query (about the client of `pid`, or of the named `session` if
  * that is not NULL), receive the head into *head and up to `limit` records of
  * `recsz` bytes into recs (head->count of them). 0, or -errno with *step
- * (if not NULL) saying where: of connect (-ENOENT: no broker), of the hello
+ * (if not NULL) saying where: of connect (-ENOENT: no broker, -EPERM: a
+ * listener libchime would not trust either, not asked), of the hello
  * (-EACCES, -EPROTO), or of the answer (-ECONNRESET: it ended early, or the
  * head's status: -ESRCH, -EACCES, -EPERM, -EBUSY). -EBUSY (the broker just
  * answered another query) is retried for QUERY_BUSY_WAIT_MS before it is

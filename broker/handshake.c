@@ -428,6 +428,8 @@ static void query_sessions(struct broker *b, int fd, const struct ucred *asker, 
 		memcpy(r->name, c->session, sizeof(r->name));
 		if (c->state == CL_DETACHED)
 			r->linger_left_ns = c->linger_until_ns > now ? c->linger_until_ns - now : 0;
+		else if (c->state == CL_PARKING)        /* its linger starts once the shards have parked it */
+			r->linger_left_ns = (uint64_t)b->o.session_linger_s * 1000000000u;
 		for (uint32_t k = 0; k < b->o.nr_shards; k++) {
 			const struct chime_client_stats *e = &cs[(uint64_t)slot * b->o.nr_shards + k];
 

@@ -463,6 +463,45 @@ static void drop_as_nobody(int wfd, void *arg)
 	_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 99);
 }
 
+/* The first session's linger_left_ns in `chimectl --json sessions` output, or UINT64_MAX. */
+static uint64_t linger_left(const char *json)
+{
+	const char *p = strstr(json, "\"linger_left_ns\":");
+
+	return p ? strtoull(p + strlen("\"linger_left_ns\":"), NULL, 10) : UINT64_MAX;
+}
+
+/*
+ * A session whose process closed is parked by the shards before its linger
+ * starts; listed meanwhile, it said 0 s left ("reclaimed any moment"). The
+ * shard is held (ptrace) so that the session stays parking while it is
+ * listed: its whole linger is left, and after the park about as much.
+ */
+Test(session, a_session_being_parked_is_listed_with_its_whole_linger)
+{
+	char parking[8192], parked[8192];
+	int tid, r, st;
+	chime_t *c;
+
+	start("-n 1 --session-linger 600");
+	c = sopen_ok("lp");
+	tid = t_thread_named(tb.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0);
+	r = t_thread_hold(tid);
+	if (r < 0)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	chime_close(c);
+	usleep(50 * 1000);      /* the control thread sees the close; the held shard cannot park it */
+	st = ctl(parking, sizeof(parking), "--json sessions");
+	cr_assert_eq(t_thread_release(tid), 0);
+	cr_assert_eq(st, 0, "%s", parking);
+	cr_assert(strstr(parking, "\"name\":\"lp\"") && strstr(parking, "\"state\":\"detached\""), "%s", parking);
+	cr_assert_eq(linger_left(parking), 600000 * MS, "parking: %s", parking);
+	cr_assert_eq(ctl(parked, sizeof(parked), "--json sessions"), 0);
+	cr_assert(linger_left(parked) > 590000 * MS && linger_left(parked) <= 600000 * MS, "parked: %s",
+		  parked);
+}
+
 Test(session, chimectl_lists_and_drops_sessions)
 {
 	char out[8192];

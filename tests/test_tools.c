@@ -738,6 +738,15 @@ static int64_t settle(const char *expr, int64_t want)
 	}
 }
 
+/* chime-demo -S ends its session when it is done: it held a slot of the user's for an hour. */
+Test(tools_live, chime_demo_ends_its_session)
+{
+	start_broker("--shards 1");
+	cr_assert_eq(run("%s -s '%s' -n 50 -t 1 -S demo-ends", bin("CHIME_DEMO"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(run("%s -s '%s' sessions", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_null(strstr(slurp(out), "demo-ends"), "the demo's session is still there:\n%s", slurp(out));
+}
+
 enum { N_FAR = 100, M_FIRE = 50, K_CANCEL = 20, B_HELD = 40 };
 
 Test(tools_live, exact_counters_under_known_load)

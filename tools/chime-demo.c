@@ -201,6 +201,10 @@ int main(int argc, char **argv)
 			r == -EINVAL ? "not a socket path (longer than a unix socket's 107 bytes)" :
 			strerror(-r),
 			r == -ENOENT ? " (is chimed running?)" :
+			r == -EACCES && opts.session ?
+				" (the session is another user's or its name is reserved for one (chimed"
+				" --policy-file), or the broker did not admit this user, or the socket's"
+				" permissions refused it)" :
 			r == -EACCES ? " (the broker did not admit this user, or the socket's permissions refused it;"
 				       " see chimed --allow-uid, --allow-gid, --allow-all)" :
 			r == -EBUSY ? " (another process has this session open)" :
@@ -283,6 +287,10 @@ int main(int argc, char **argv)
 		status = 1;
 	}
 	chime_close(d.chime);
+	/* Its timers are done: end the session rather than leave it for --session-linger. */
+	if (opts.session && (r = chime_drop_session(&opts)) < 0 && r != -ESRCH)
+		fprintf(stderr, "chime-demo: could not end session '%s' (it lingers for chimed's "
+			"--session-linger): %s\n", opts.session, strerror(-r));
 	free(broker_lat);
 	free(client_lat);
 	free(threads);

@@ -118,6 +118,18 @@ int chime_broker_trusted(const char *path, uid_t broker, uid_t client)
 	return st.st_uid == broker;
 }
 
+const char *chime_socket_absent_why(const char *path)
+{
+	struct stat st;
+
+	if (stat(path, &st) < 0)
+		return errno == ENOTDIR ? "a component of the path is not a directory" :
+		       "no such file: is chimed running?";
+	if (!S_ISSOCK(st.st_mode))
+		return "it exists and is not a socket";
+	return "a socket file left behind: chimed is not running, or did not stop cleanly";
+}
+
 int chime_seg_dir_in_memory(const char *path, const char **fs, char *buf, size_t len)
 {
 	static const struct {

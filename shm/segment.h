@@ -82,6 +82,14 @@ int chime_seg_dir_in_memory(const char *path, const char **fs, char *buf, size_t
 int chime_broker_trusted(const char *path, uid_t broker, uid_t client);
 
 /*
+ * Why nothing answered at socket `path` (connect(2) said ENOENT,
+ * ECONNREFUSED or ENOTDIR, which libchime reports as -ENOENT), for a
+ * tool's message after "nothing listens there": no such file, not a
+ * socket, or a socket file left behind. A constant string.
+ */
+const char *chime_socket_absent_why(const char *path);
+
+/*
  * Reserve [off, off + len) of a segment file on its filesystem, so that the
  * first touch of those pages cannot raise SIGBUS on a full filesystem (a
  * sparse file's pages are only allocated when written). 0 or -errno (-ENOSPC).

@@ -25,6 +25,7 @@
 
 #include "chime_shm.h"     /* CHIME_DEFAULT_SOCKET */
 #include "clock.h"       /* splitmix64() */
+#include "segment.h"     /* chime_socket_absent_why() */
 
 #define NSEC_PER_SEC UINT64_C(1000000000)
 #define NSEC_PER_MSEC UINT64_C(1000000)
@@ -194,13 +195,16 @@ int main(int argc, char **argv)
 		/* The path chime_open() tried: the option, $CHIME_SOCKET (if not empty), the default. */
 		const char *env = getenv("CHIME_SOCKET");
 		const char *path = opts.socket_path ? opts.socket_path : env && *env ? env : CHIME_DEFAULT_SOCKET;
+		char absent[160];
+
+		snprintf(absent, sizeof(absent), " (%s)", chime_socket_absent_why(path));
 
 		fprintf(stderr, "chime-demo: cannot connect to chimed at '%s'%s%s%s: %s%s\n", path,
 			opts.session ? " (session '" : "", opts.session ? opts.session : "", opts.session ? "')" : "",
 			r == -EINVAL && opts.session ? "not a session name (1..63 of A-Z a-z 0-9 . _ -)" :
 			r == -EINVAL ? "not a socket path (longer than a unix socket's 107 bytes)" :
-			strerror(-r),
-			r == -ENOENT ? " (is chimed running?)" :
+			r == -ENOENT ? "nothing listens there" : strerror(-r),
+			r == -ENOENT ? absent :
 			r == -EACCES && opts.session ?
 				" (the session is another user's or its name is reserved for one (chimed"
 				" --policy-file), or the broker did not admit this user, or the socket's"

@@ -28,6 +28,7 @@
 
 #include "chime_config.h"
 #include "query.h"
+#include "segment.h"        /* chime_socket_absent_why() */
 #include "statsread.h"
 
 #include <chime.h>
@@ -212,8 +213,9 @@ static int handshake_fail(const char *sock, int r)
 	const char *why = "";
 
 	if (r == -ENOENT)
-		why = " (nothing listens there: is chimed running?)";
-	else if (r == -EACCES && faccessat(AT_FDCWD, sock, W_OK, AT_EACCESS) == 0)
+		return fail(SR_EXIT_NOT_RUNNING, "handshake with '%s' failed: nothing listens there (%s)", sock,
+			    chime_socket_absent_why(sock));
+	if (r == -EACCES && faccessat(AT_FDCWD, sock, W_OK, AT_EACCESS) == 0)
 		why = " (the broker did not admit this user: see chimed --allow-uid, --allow-gid, --allow-all)";
 	else if (r == -EACCES && errno == EACCES)
 		why = " (this user may not reach the socket: its permissions or a directory's above it; "
@@ -343,8 +345,6 @@ static const char *node_state(uint8_t st, uint64_t deadline_ns, uint64_t now_ns)
 /* What a query's failure means, by the step it failed at (the same errno means different things at each). */
 static const char *query_why(int r, enum query_step step)
 {
-	if (step == QUERY_CONNECT && r == -ENOENT)
-		return " (nothing listens there: is chimed running?)";
 	if (step == QUERY_CONNECT && r == -EACCES)
 		return " (this user may not connect: the socket's permissions or a directory's above it)";
 	if (step == QUERY_CONNECT && r == -EPERM)
@@ -368,6 +368,9 @@ static const char *query_why(int r, enum query_step step)
  */
 static int query_error(const char *sock, const char *what, int r, enum query_step step, const char *why)
 {
+	if (step == QUERY_CONNECT && r == -ENOENT)
+		return fail(SR_EXIT_NOT_RUNNING, "%s at '%s' failed: nothing listens there (%s)", what, sock,
+			    chime_socket_absent_why(sock));
 	return fail(step == QUERY_CONNECT && r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM,
 		    "%s at '%s' failed: %s%s", what, sock, strerror(-r), why ? why : query_why(r, step));
 }

@@ -210,6 +210,8 @@ uint32_t restart_sessions(const struct broker *b);
 void restart_close(struct broker *b, uint32_t sessions);
 
 /* handshake.c */
+/* "refusing pid ... (uid ...): why", at most once a second (anyone may make the broker refuse). */
+void refuse_log(struct broker *b, const struct ucred *cred, const char *why);
 void arm_hello(struct broker *b, struct conn *cn);
 void on_hello(struct broker *b, struct conn *cn, int res);
 bool handshake_allowed(struct broker *b, struct conn *cn);

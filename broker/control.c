@@ -1593,8 +1593,10 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 		}
 	}
 	if (!c) {
-		log_msg(LOG_WARNING, "refusing pid %d: client table full (%u clients; see --max-clients)",
-			(int)cred->pid, b->o.max_clients);
+		char why[96];
+
+		snprintf(why, sizeof(why), "the client table is full (%u clients; see --max-clients)", b->o.max_clients);
+		refuse_log(b, cred, why);
 		send_status(cn->fd, -EUSERS);
 		return;
 	}

@@ -108,7 +108,7 @@ static bool uid_full(const struct broker *b, uid_t uid)
 }
 
 /* "refusing pid ..." at most once a second: a refused client that retries must not flood the log. */
-static void refuse_log(struct broker *b, const struct ucred *cred, const char *why)
+void refuse_log(struct broker *b, const struct ucred *cred, const char *why)
 {
 	char comm[16];
 	uint64_t now = now_ns();
@@ -672,13 +672,12 @@ static void reset_stats(struct broker *b, int fd, const struct ucred *asker)
 	struct timespec rt;
 	char comm[16];
 
-	read_comm(asker->pid, comm);
 	if (!privileged(asker)) {
-		log_msg(LOG_NOTICE, "refusing reset-stats from pid %d '%s' (uid %u): root and the broker's "
-			"user only", (int)asker->pid, comm, (unsigned)asker->uid);
+		refuse_log(b, asker, "reset-stats is for root and the broker's user only");
 		query_send(fd, &head, NULL, 0, 0);
 		return;
 	}
+	read_comm(asker->pid, comm);
 	clock_gettime(CLOCK_REALTIME, &rt);
 	at_store(&c->stats_reset_ns, now_ns());
 	at_store(&c->stats_reset_realtime_ns, (uint64_t)rt.tv_sec * 1000000000u + (uint64_t)rt.tv_nsec);
@@ -707,19 +706,25 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 		log_msg(LOG_DEBUG, "closing a connection that did not say hello (%d bytes)", res);
 		return;
 	}
-	/* Layout first: an older client's hello is shorter, and it deserves EPROTO. */
+	if (getsockopt(cn->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+		log_errno(LOG_WARNING, errno, "getsockopt(SO_PEERCRED)");
+		return;
+	}
+	/*
+	 * Layout first: an older client's hello is shorter, and it deserves
+	 * EPROTO. Logged as refusals are, at most once a second: anyone who
+	 * can reach the socket can send one, admitted or not.
+	 */
 	if (h->layout != CHIME_SHM_LAYOUT) {
-		log_msg(LOG_INFO, "refusing a client speaking layout %u (this broker speaks %u)",
-			h->layout, CHIME_SHM_LAYOUT);
+		char why[96];
+
+		snprintf(why, sizeof(why), "it speaks shm layout %u, this broker %u", h->layout, CHIME_SHM_LAYOUT);
+		refuse_log(b, &cred, why);
 		send_status(cn->fd, -EPROTO);
 		return;
 	}
 	if (res != (int)sizeof(*h)) {
 		log_msg(LOG_DEBUG, "closing a connection whose hello has %d bytes", res);
-		return;
-	}
-	if (getsockopt(cn->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-		log_errno(LOG_WARNING, errno, "getsockopt(SO_PEERCRED)");
 		return;
 	}
 	if (!admitted(b, cn->fd, &cred)) {

@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include "chime.h"
 #include "chime_config.h"
+#include "chime_shm.h"
 #include "helpers.h"
 #include "log.h"
 
@@ -713,6 +714,75 @@ Test(daemon, log_ratelimit_once_per_interval_per_key)
  * lines a second, and a count of the rest, exact (every one is accounted
  * for once the next line is let through).
  */
+/* One hello (layout, flags) on a fresh connection, its answer read and dropped: 0, or -1. */
+static int hello_once(const char *sock, uint32_t layout, uint32_t flags)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = layout, .flags = flags };
+	char answer[256];
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), r = -1;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    send(fd, &h, sizeof(h), MSG_NOSIGNAL) == (ssize_t)sizeof(h) && recv(fd, answer, sizeof(answer), 0) > 0)
+		r = 0;
+	if (fd >= 0)
+		close(fd);
+	return r;
+}
+
+/*
+ * Refusals anyone can provoke in a loop are logged at most once a second:
+ * a hello in another shm layout (before the policy is even asked) and a
+ * reset-stats by a user who may not were each one line per connection,
+ * tens of thousands a second, enough to make journald drop chimed's real
+ * warnings (found by an audit).
+ */
+Test(daemon, refusals_in_a_loop_cannot_flood_the_log, .timeout = 60)
+{
+	enum { TRIES = 300 };
+	char dir[] = "/tmp/chime-logflood-XXXXXX", sock[300], logf[300], extra[400], line[512];
+	unsigned long long refusals = 0;
+	struct t_chimed b;
+	uint64_t t0 = now_ns(), secs;
+	pid_t pid;
+	int st;
+	FILE *f;
+
+	if (geteuid() != 0)
+		cr_skip("needs root (a reset-stats refused to user 65534)");
+	cr_assert(mkdtemp(dir));
+	cr_assert_eq(chmod(dir, 0755), 0);
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(logf, sizeof(logf), "%s/chimed.log", dir);
+	snprintf(extra, sizeof(extra), "--shards 1 --allow-all 2>'%s'", logf);
+	cr_assert_eq(t_chimed_start(&b, sock, extra), 0);
+	for (int i = 0; i < TRIES; i++)
+		cr_assert_eq(hello_once(sock, CHIME_SHM_LAYOUT + 1, 0), 0, "hello %d in another layout", i);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+			_exit(90);
+		for (int i = 0; i < TRIES; i++)
+			if (hello_once(sock, CHIME_SHM_LAYOUT, CHIME_HELLO_RESET_STATS) < 0)
+				_exit(1);
+		_exit(0);
+	}
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "user 65534's reset-stats hellos: status %d", st);
+	secs = (now_ns() - t0) / 1000000000u + 1;
+	t_chimed_stop(&b, SIGTERM);
+	f = fopen(logf, "r");
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f))
+		refusals += strstr(line, "refusing") != NULL;
+	fclose(f);
+	cr_assert_geq(refusals, 1, "no refusal logged at all");
+	cr_assert_leq(refusals, secs + 1, "%llu refusals logged in %llu s", refusals, (unsigned long long)secs);
+	t_rmdir_files(dir);
+}
+
 Test(daemon, a_connect_loop_cannot_flood_the_log, .timeout = 60)
 {
 	enum { OPENS = 300 };

@@ -23,8 +23,9 @@
  *   shard     one per shard, file "<socket>.shard<N>"; broker writes, tools read.
  *   client rw one per client, sealed memfd; the client writes, the broker reads
  *             (bounded) and writes a few broker-owned words (slot seq, grants).
- *   client ro one per client, sealed memfd with F_SEAL_FUTURE_WRITE; the broker
- *             writes, the client can only read.
+ *   client ro one per client, sealed memfd, mode 0400, handed to the client as
+ *             an O_RDONLY descriptor; the broker writes, the client can only
+ *             read.
  */
 #ifndef CHIME_SHM_H
 #define CHIME_SHM_H

@@ -118,6 +118,25 @@ int chime_broker_trusted(const char *path, uid_t broker, uid_t client)
 	return st.st_uid == broker;
 }
 
+int chime_seg_reopen_ro(int fd)
+{
+	char path[64];
+	int ro;
+
+	if (fchmod(fd, 0400) < 0)
+		return -errno;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	ro = open(path, O_RDONLY | O_CLOEXEC);
+	return ro < 0 ? -errno : ro;
+}
+
+int chime_seg_discard(struct chime_map *map)
+{
+	if (!map->base)
+		return 0;
+	return madvise(map->base, map->size, MADV_REMOVE) < 0 ? -errno : 0;
+}
+
 const char *chime_socket_absent_why(const char *path)
 {
 	struct stat st;

@@ -82,6 +82,25 @@ int chime_seg_dir_in_memory(const char *path, const char **fs, char *buf, size_t
 int chime_broker_trusted(const char *path, uid_t broker, uid_t client);
 
 /*
+ * A descriptor of memfd `fd` that can only ever read it, for a client of
+ * another user: the memfd made 0400 (a memfd is 0777, and anyone holding a
+ * descriptor could open it again for writing through /proc/PID/fd), then
+ * a new open file description of it, O_RDONLY. Unlike F_SEAL_FUTURE_WRITE
+ * this leaves the broker free to punch the pages out (chime_seg_discard()).
+ * Root, and the broker's own user (who may chmod it back), can still write:
+ * they are trusted anyway. The new descriptor, or -errno.
+ */
+int chime_seg_reopen_ro(int fd);
+
+/*
+ * Free the memory behind a shared mapping of a memfd (a hole punched over
+ * it, MADV_REMOVE), whoever else maps or holds the memfd: their pages are
+ * gone too, and read as zeros. 0 or -errno (-EPERM: it is sealed against
+ * writes).
+ */
+int chime_seg_discard(struct chime_map *map);
+
+/*
  * Why nothing answered at socket `path` (connect(2) said ENOENT,
  * ECONNREFUSED or ENOTDIR, which libchime reports as -ENOENT), for a
  * tool's message after "nothing listens there": no such file, not a

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -119,6 +120,63 @@ Test(segment, read_only_seal_forbids_new_writable_mappings_but_keeps_the_creator
 }
 
 /* ---- publish and check ---- */
+
+/*
+ * A client's ro segment is handed over as a descriptor that can only read
+ * (chime_seg_reopen_ro()), so that the broker keeps the right to punch
+ * its pages out when the connection ends (chime_seg_discard()), which a
+ * F_SEAL_FUTURE_WRITE seal refuses: the descriptor maps read-only only, and
+ * another user holding it cannot open the memfd again for writing.
+ */
+Test(segment, a_read_only_descriptor_cannot_write_and_the_creator_can_discard)
+{
+	struct chime_map m;
+	struct stat st;
+	char path[64];
+	void *p;
+	int fd, ro, status;
+	pid_t pid;
+
+	cr_assert_eq(chime_seg_memfd("chime-t", 4 * pagesz(), &fd, &m), 0);
+	cr_assert_eq(chime_seg_seal(fd, false), 0);
+	memset(m.base, 7, m.size);
+	ro = chime_seg_reopen_ro(fd);
+	cr_assert_geq(ro, 0, "%s", strerror(-ro));
+	cr_assert_eq(mmap(NULL, pagesz(), PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0), MAP_FAILED);
+	cr_assert_eq(errno, EACCES);
+	p = mmap(NULL, pagesz(), PROT_READ, MAP_SHARED, ro, 0);
+	cr_assert_neq(p, MAP_FAILED);
+	cr_assert_eq(mprotect(p, pagesz(), PROT_READ | PROT_WRITE), -1);
+	cr_assert_eq(write(ro, "x", 1), -1);
+	cr_assert_eq(fallocate(ro, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)pagesz()), -1);
+	if (geteuid() == 0) {
+		/* Another user with the descriptor (root may write anything: it is trusted). */
+		pid = fork();
+		cr_assert_geq(pid, 0);
+		if (pid == 0) {
+			int w;
+
+			if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+				_exit(90);
+			snprintf(path, sizeof(path), "/proc/self/fd/%d", ro);
+			w = open(path, O_RDWR);
+			_exit(w >= 0 ? 1 : errno == EACCES ? 0 : 2);
+		}
+		cr_assert_eq(waitpid(pid, &status, 0), pid);
+		cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+			  "user 65534 opened the memfd for writing through /proc (status %d)", status);
+	}
+	cr_assert_eq(fstat(ro, &st), 0);
+	cr_assert_geq((uint64_t)st.st_blocks * 512, m.size);
+	cr_assert_eq(chime_seg_discard(&m), 0);
+	cr_assert_eq(fstat(ro, &st), 0);
+	cr_assert_eq(st.st_blocks, 0, "%ld blocks left after the discard", (long)st.st_blocks);
+	cr_assert_eq(((volatile char *)p)[0], 0, "the holder's mapping still reads the old page");
+	munmap(p, pagesz());
+	close(ro);
+	chime_seg_unmap(&m);
+	close(fd);
+}
 
 Test(segment, check_reports_every_error_case)
 {

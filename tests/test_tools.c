@@ -606,6 +606,32 @@ Test(tools_fake, stale_heartbeat_means_not_running)
 	chime_seg_unmap(&f.map);
 }
 
+/*
+ * An unfinished control segment (empty, not published) is a broker
+ * starting only while the lock file names a live process: left by one that
+ * died starting, it said "starting; try again" for ever.
+ */
+Test(tools_fake, an_unfinished_segment_with_no_broker_is_not_running)
+{
+	char path[PATH_MAX], pid[32];
+
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	cr_assert_eq(t_write_file(path, ""), 0);
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "chimed is not running"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "chimed is not running"), "%s", slurp(err));
+	/* A live process holds the lock: starting. */
+	snprintf(path, sizeof(path), "%s.lock", sock);
+	snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	cr_assert_eq(t_write_file(path, pid), 0);
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "starting"), "%s", slurp(err));
+	unlink(path);
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	unlink(path);
+}
+
 /* No broker at all: chimestat cannot read (1); every chimectl command says it is not running (3). */
 Test(tools_fake, no_broker_chimestat_exits_1_every_chimectl_command_3)
 {

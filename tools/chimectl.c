@@ -151,7 +151,8 @@ static void usage(FILE *f)
 		"     of A-Z, a-z, 0-9, '.', '_', '-' included: the broker is not asked)\n"
 		"  3  the broker is not running: nothing listens on the socket, no control\n"
 		"     segment, or the segment says it stopped, its heartbeat is stale or its\n"
-		"     process is gone\n"
+		"     process is gone, or it is unfinished and no broker holds the lock file\n"
+		"     (one died starting)\n"
 		"  4  not permitted: reset-stats, shutdown or restart by a user other than root\n"
 		"     and the broker's user, or drop-session of another user's session\n");
 }
@@ -164,10 +165,11 @@ static int sr_fail(const struct sr *s, int r)
 	sr_perror(PROG, s, r);
 	if (J) {
 		snprintf(msg, sizeof(msg), "cannot read '%s': %s", s->ctl_path,
-			 r == -EPROTO ? "shm layout not supported by this build" : strerror(-r));
+			 r == -EPROTO ? "shm layout not supported by this build" :
+			 r == -ESRCH ? "chimed is not running (an unfinished segment left behind)" : strerror(-r));
 		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));
 	}
-	return r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
+	return r == -ENOENT || r == -ESRCH ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
 }
 
 /* Snapshot the opened segment s; closes it on failure. */

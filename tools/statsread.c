@@ -16,7 +16,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +63,30 @@ static int sr_fits(uint64_t map_size, uint64_t off, uint64_t n, uint64_t size)
 	return 1;
 }
 
+/*
+ * An unfinished control segment (not published yet): a broker starting,
+ * or one that died starting. The lock file names the broker that holds it
+ * (its pid); no file, or a pid that is gone, is no broker. A lock file this
+ * user cannot read (another user's broker) says nothing: alive, as far as
+ * we know.
+ */
+static bool broker_alive(const char *sock)
+{
+	char path[PATH_MAX], buf[32] = "";
+	ssize_t n;
+	long pid;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.lock", sock);
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return errno != ENOENT;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	pid = n > 0 ? strtol(buf, NULL, 10) : 0;
+	return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
+}
+
 int sr_open(struct sr *s, const char *sock)
 {
 	const struct chime_ctl *c;
@@ -82,6 +109,8 @@ int sr_open(struct sr *s, const char *sock)
 			close(fd);
 		}
 	}
+	if (r == -EAGAIN && !broker_alive(sock))
+		r = -ESRCH;
 	if (r < 0)
 		return r;
 	c = s->map.base;
@@ -127,6 +156,10 @@ void sr_perror(const char *prog, const struct sr *s, int err)
 	case -EAGAIN:
 		fprintf(stderr, "%s: cannot read '%s': not ready yet (chimed is starting; try again)\n",
 			prog, s->ctl_path);
+		break;
+	case -ESRCH:
+		fprintf(stderr, "%s: cannot read '%s': chimed is not running (it died while starting, leaving "
+			"this unfinished segment; the next chimed replaces it)\n", prog, s->ctl_path);
 		break;
 	case -EPROTO:
 		fprintf(stderr, "%s: shm layout %u of '%s' not supported (this build speaks %u); upgrade one side\n",

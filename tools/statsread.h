@@ -90,7 +90,11 @@ enum sr_state {
 #define SR_SOCKET_PATH_MAX 107
 int sr_socket_path(char *buf, size_t len, const char *arg);
 
-/* Map "<sock>.ctl" read-only and check its geometry. -errno (open, mmap), -EAGAIN, -EBADMSG, -EPROTO. */
+/*
+ * Map "<sock>.ctl" read-only and check its geometry. -errno (open, mmap),
+ * -EAGAIN (not published yet: a broker starting), -ESRCH (not published, and
+ * no broker holds the lock file: one died starting), -EBADMSG, -EPROTO.
+ */
 int sr_open(struct sr *s, const char *sock);
 void sr_close(struct sr *s);
 

@@ -49,8 +49,10 @@
  * PARKING: a named session's process hung up, the shards are parking its
  * channels (chan_park); DETACHED: parked, no process, timers running, until
  * a re-attach (ATTACHING again), --session-linger or drop-session (DETACHING).
+ * HELD: released, but its peer has not read what the broker sent on its
+ * socket (held_fd), the welcome's descriptors maybe: the slot waits for it.
  */
-enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING, CL_PARKING, CL_DETACHED };
+enum { CL_FREE, CL_ATTACHING, CL_ACTIVE, CL_DETACHING, CL_PARKING, CL_DETACHED, CL_HELD };
 
 /*
  * A QUERY_TIMERS being answered (handshake.c): the shards' slabs are read
@@ -86,6 +88,16 @@ struct client {
 	uint32_t state;
 	uint16_t slot;
 	int fd;                 /* its socket */
+	/*
+	 * An ended connection's socket whose peer has not read everything the
+	 * broker sent (SIOCOUTQ), or -1. Descriptors sent with SCM_RIGHTS count
+	 * against the sender's user until received (the kernel's unix_inflight,
+	 * capped at RLIMIT_NOFILE): welcomes that a client never reads, its
+	 * socket kept open, once made every later welcome fail (ETOOMANYREFS).
+	 * Held, the slot is not free: at most one per slot, counted against
+	 * its user as a client being reclaimed is (uid_full()).
+	 */
+	int held_fd;
 	int pidfd;              /* ACTIVE: its process (SO_PEERPIDFD, else pidfd_open()), or -1 */
 	int *bells;             /* [nr_shards]: its own doorbell eventfd per shard (we only read them) */
 	int rw_fd, ro_fd;
@@ -208,6 +220,9 @@ void restart_clear(struct broker *b, const struct client *c);
 uint32_t restart_sessions(const struct broker *b);
 /* Close the sessions file; remove it if it is ours and no session is left. */
 void restart_close(struct broker *b, uint32_t sessions);
+
+/* control.c: close c->held_fd once its peer has read or dropped what we sent; true if none is held. */
+bool held_drained(struct client *c);
 
 /* handshake.c */
 /* "refusing pid ... (uid ...): why", at most once a second (anyone may make the broker refuse). */

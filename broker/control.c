@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/pidfd.h>
 #include <sys/signalfd.h>
@@ -48,6 +49,7 @@
 #include <unistd.h>
 
 #include <liburing.h>
+#include <linux/sockios.h>      /* SIOCOUTQ */
 
 #include "chime_config.h"
 #include "broker.h"
@@ -532,6 +534,8 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 		r = log_errno(LOG_ERR, ENOMEM, "client table");
 		goto fail;
 	}
+	for (uint32_t i = 0; i < o->max_clients; i++)
+		b->clients[i].held_fd = -1;
 	if (o->mkdir_parent) {
 		char dir[sizeof(o->socket_path)];
 		char *slash;
@@ -842,6 +846,14 @@ static int send_welcome(struct broker *b, struct client *c)
 	return r;
 }
 
+/* Has the peer of socket fd not read everything we sent on it? (SIOCOUTQ: our messages in its queue) */
+static bool unread_by_peer(int fd)
+{
+	int n = 0;
+
+	return ioctl(fd, SIOCOUTQ, &n) == 0 && n > 0;
+}
+
 /*
  * What belongs to one process's connection: its segments, doorbells and
  * socket (a parked session keeps its channels, the shards' private state).
@@ -880,10 +892,29 @@ static void conn_release(struct broker *b, struct client *c)
 			close(c->bells[i]);
 	free(c->bells);
 	c->bells = NULL;
-	/* Only now: a shard may send wake-ups on it until its detach is acknowledged. */
-	if (c->fd >= 0)
+	/*
+	 * Only now: a shard may send wake-ups on it until its detach is
+	 * acknowledged. Kept while its peer has not read what we sent (held_fd).
+	 */
+	if (c->fd >= 0 && !b->stopping && c->held_fd < 0 && unread_by_peer(c->fd))
+		c->held_fd = c->fd;
+	else if (c->fd >= 0)
 		close(c->fd);
+	if (b->stopping && c->held_fd >= 0) {
+		close(c->held_fd);
+		c->held_fd = -1;
+	}
 	c->rw_fd = c->ro_fd = c->fd = -1;
+}
+
+/* A held socket whose peer has read, or dropped, what we sent is closed: true if none is held now. */
+bool held_drained(struct client *c)
+{
+	if (c->held_fd >= 0 && !unread_by_peer(c->held_fd)) {
+		close(c->held_fd);
+		c->held_fd = -1;
+	}
+	return c->held_fd < 0;
 }
 
 static void client_release(struct broker *b, struct client *c)
@@ -896,7 +927,7 @@ static void client_release(struct broker *b, struct client *c)
 	if (c->next_fd >= 0)
 		close(c->next_fd);
 	c->next_fd = -1;
-	c->state = CL_FREE;
+	c->state = c->held_fd >= 0 ? CL_HELD : CL_FREE;        /* clients_beat() frees a HELD one */
 }
 
 /*
@@ -1079,8 +1110,9 @@ static void parked(struct broker *b, struct client *c)
 		int fd = c->next_fd;
 
 		c->next_fd = -1;
-		if (b->stopping) {
-			send_status(fd, -ECONNREFUSED);
+		if (b->stopping || !held_drained(c)) {
+			/* stopping; or the last connection left a message unread (handshake.c says why) */
+			send_status(fd, b->stopping ? -ECONNREFUSED : -EBUSY);
 			close(fd);
 			return;
 		}
@@ -1435,6 +1467,10 @@ static void clients_beat(struct broker *b, uint64_t now)
 
 		if (c->state != CL_FREE)
 			hi = i + 1;     /* a slot freed later in this pass keeps it: an upper bound */
+		if (c->held_fd >= 0 && held_drained(c) && c->state == CL_HELD) {
+			c->state = CL_FREE;
+			continue;
+		}
 		if (c->state == CL_DETACHED && now >= c->linger_until_ns) {
 			if (log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
 				log_msg(LOG_INFO, "session '%s' (uid %u) reclaimed: nobody re-attached within %u s",
@@ -1627,7 +1663,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	memset(c, 0, offsetof(struct client, generation));
 	c->slot = (uint16_t)(c - b->clients);
 	c->rw_fd = c->ro_fd = c->touch_fd = -1;
-	c->fd = c->next_fd = c->pidfd = -1;
+	c->fd = c->next_fd = c->pidfd = c->held_fd = -1;
 	c->want_touch = want_touch && !session[0];      /* a session's timers outlive the table */
 	c->hup_seq++;
 	snprintf(c->session, sizeof(c->session), "%s", session);

@@ -102,7 +102,7 @@ static bool uid_full(const struct broker *b, uid_t uid)
 		if (c->state == CL_FREE || c->acct_uid != as)
 			continue;
 		all++;
-		live += c->state != CL_DETACHING;
+		live += c->state != CL_DETACHING && c->state != CL_HELD;
 	}
 	return live >= max || all >= 2 * max;
 }
@@ -388,8 +388,8 @@ static struct client *session_find(struct broker *b, const char *name)
 	for (uint32_t i = 0; i < b->clients_hi; i++) {
 		struct client *c = &b->clients[i];
 
-		if (c->state != CL_FREE && c->state != CL_DETACHING && !c->drop_parked && c->session[0] &&
-		    strcmp(c->session, name) == 0)
+		if (c->state != CL_FREE && c->state != CL_DETACHING && c->state != CL_HELD && !c->drop_parked &&
+		    c->session[0] && strcmp(c->session, name) == 0)
 			return c;
 	}
 	return NULL;
@@ -552,6 +552,12 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 	}
 	if (c->state == CL_ACTIVE && (peer_gone(c) || process_gone(c)))
 		client_park(b, c);
+	if (c->state == CL_DETACHED && !held_drained(c)) {
+		/* Its last process has not read what we sent (a welcome's descriptors?): one unread at a time. */
+		refuse_log(b, cred, "the session's last connection left a message unread, its socket still open");
+		send_status(cn->fd, -EBUSY);
+		return;
+	}
 	if (c->state == CL_DETACHED) {
 		client_reattach(b, c, cn->fd, cred, resume, h->sq_base);
 		cn->fd = -1;    /* the session owns the socket now (or closed it) */

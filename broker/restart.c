@@ -103,7 +103,7 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	c->state = CL_DETACHED;
 	c->slot = (uint16_t)r->slot;
 	client_taken(b, c);
-	c->rw_fd = c->ro_fd = c->touch_fd = c->fd = c->next_fd = c->pidfd = -1;
+	c->rw_fd = c->ro_fd = c->touch_fd = c->fd = c->next_fd = c->pidfd = c->held_fd = -1;
 	memcpy(c->session, r->name, sizeof(c->session));
 	c->cred.uid = r->uid;
 	c->acct_uid = policy_account_uid(&b->policy, r->uid);
@@ -283,7 +283,8 @@ uint32_t restart_sessions(const struct broker *b)
 	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++) {
 		const struct client *c = &b->clients[i];
 
-		n += c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING && !c->drop_parked;
+		n += c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING && c->state != CL_HELD &&
+		     !c->drop_parked;
 	}
 	return n;
 }

@@ -329,15 +329,21 @@ Test(access, a_worker_replaced_at_once_takes_the_slot_of_the_one_that_exited)
 	}
 }
 
-/* Clients the shards are still reclaiming: DYING in the control segment's table. */
-static unsigned dying(const struct chime_ctl *ctl)
+/* Slots of the control segment's client table in `state` (CHIME_CLIENT_*). */
+static unsigned in_state(const struct chime_ctl *ctl, uint32_t state)
 {
 	const struct chime_client_ctl *cc = (const void *)((const char *)ctl + ctl->clients_off);
 	unsigned n = 0;
 
 	for (uint32_t i = 0; i < ctl->max_clients; i++)
-		n += at_load(&cc[i].state) == CHIME_CLIENT_DYING;
+		n += at_load(&cc[i].state) == state;
 	return n;
+}
+
+/* Clients the shards are still reclaiming. */
+static unsigned dying(const struct chime_ctl *ctl)
+{
+	return in_state(ctl, CHIME_CLIENT_DYING);
 }
 
 /*
@@ -401,6 +407,112 @@ Test(access, clients_being_reclaimed_count_up_to_the_limit_again)
 		usleep(1000);
 	cr_assert_eq(dying(m.base), 0, "A and B are still being reclaimed 5 s after the shard was let go");
 	chime_close(c);
+	chime_seg_unmap(&m);
+}
+
+/*
+ * A hello (of `session`, or "" anonymous) whose welcome the caller will
+ * never read; it shuts the socket down (the broker sees the client go) and
+ * keeps it open, so that the welcome's descriptors stay in flight.
+ */
+static int hello_unread(const char *session)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+	snprintf(h.session, sizeof(h.session), "%s", session);
+	cr_assert_geq(fd, 0);
+	cr_assert_lt(strlen(tb.sock), sizeof(sa.sun_path));
+	memcpy(sa.sun_path, tb.sock, strlen(tb.sock) + 1);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+	return fd;
+}
+
+/*
+ * Descriptors the broker sends (a welcome's) count against its user until
+ * they are received, up to its RLIMIT_NOFILE, for all its sockets: a user
+ * who never read its welcomes, sockets shut down but kept open, once made
+ * every later welcome fail (ETOOMANYREFS, an audit: after 410 at a limit of
+ * 2048). Such a slot now stays taken until the welcome is read or dropped,
+ * counted against its user as one being reclaimed: at a limit of 1, two
+ * held, the third is refused; closed, the slots come back.
+ */
+Test(access, welcomes_never_read_keep_their_slots_taken)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	struct chime_welcome w;
+	struct chime_map m;
+	char path[300];
+	chime_t *c = NULL;
+	int held[2], third, r;
+
+	start("--allow-all --shards 1 --max-clients-per-uid 1");
+	o.socket_path = tb.sock;
+	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	for (int i = 0; i < 2; i++) {
+		const struct chime_ctl *ctl = m.base;
+
+		held[i] = hello_unread("");
+		/* the welcome is sent once the shard attached it: then the broker sees it go */
+		for (int k = 0; k < 2000 && at_load(&ctl->clients_total) < (uint64_t)i + 1; k++)
+			usleep(1000);
+		shutdown(held[i], SHUT_RDWR);
+		for (int k = 0; k < 2000 && at_load(&ctl->clients_now) != 0; k++)
+			usleep(1000);
+		cr_assert_eq(at_load(&ctl->clients_now), 0, "hello %d: the broker did not see the client go", i);
+	}
+	third = hello_unread("");
+	r = (int)recv(third, &w, sizeof(w), 0);
+	close(third);
+	cr_assert(r == (int)sizeof(w) && w.status == -EUSERS && w.nr_fds == 0,
+		  "a third hello with two welcomes unread at a limit of 1: %d bytes, status %d, %u descriptors",
+		  r, r > 0 ? w.status : 0, r > 0 ? w.nr_fds : 0);
+	close(held[0]);
+	close(held[1]);
+	for (int i = 0; i < 100 && (r = chime_open(&c, &o)) == -EUSERS; i++)
+		usleep(20000);
+	cr_assert_eq(r, 0, "an open once the welcomes were dropped: %s", strerror(-r));
+	chime_close(c);
+	chime_seg_unmap(&m);
+}
+
+/*
+ * The same for a named session: it parks when its process goes, and its
+ * next process would get a welcome of its own, and so on. One unread at a
+ * time: a re-attach meanwhile is EBUSY, and works once the socket is closed.
+ */
+Test(access, a_session_whose_welcome_was_never_read_is_busy_until_it_is)
+{
+	struct chime_opts o = { .socket_path = tb.sock, .session = "unread" };
+	struct chime_map m;
+	const struct chime_ctl *ctl;
+	char path[300];
+	chime_t *c = NULL;
+	int held, r;
+
+	start("--allow-all --shards 1");
+	o.socket_path = tb.sock;
+	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	ctl = m.base;
+	held = hello_unread("unread");
+	for (int k = 0; k < 2000 && at_load(&ctl->clients_total) < 1; k++)
+		usleep(1000);
+	shutdown(held, SHUT_RDWR);
+	for (int k = 0; k < 2000 && in_state(ctl, CHIME_CLIENT_DETACHED) != 1; k++)
+		usleep(1000);
+	cr_assert_eq(in_state(ctl, CHIME_CLIENT_DETACHED), 1, "the session did not park when its socket went");
+	r = chime_open(&c, &o);
+	cr_assert_eq(r, -EBUSY, "a re-attach with the last welcome unread: %s", r ? strerror(-r) : "attached");
+	close(held);
+	for (int i = 0; i < 100 && (r = chime_open(&c, &o)) == -EBUSY; i++)
+		usleep(20000);
+	cr_assert_eq(r, 0, "the re-attach once that socket was closed: %s", strerror(-r));
+	chime_close(c);
+	cr_assert_eq(chime_drop_session(&o), 0);
 	chime_seg_unmap(&m);
 }
 

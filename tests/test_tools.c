@@ -773,6 +773,17 @@ Test(tools_live, chime_demo_ends_its_session)
 	cr_assert_null(strstr(slurp(out), "demo-ends"), "the demo's session is still there:\n%s", slurp(out));
 }
 
+/* chimestat -f with a pattern that matches nothing (a typo) says so on stderr; the output and status stand. */
+Test(tools_live, a_field_pattern_matching_nothing_is_named)
+{
+	start_broker("--shards 1");
+	cr_assert_eq(run("%s --socket '%s' -1 -f 'shard.0.firez' -f 'shard.0.fires' -f 'client.*'", bin("CHIMESTAT"),
+			 sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "shard.0.fires"), "%s", slurp(out));
+	cr_assert(strstr(slurp(err), "no field matches 'shard.0.firez'"), "%s", slurp(err));
+	cr_assert_null(strstr(slurp(err), "client.*"), "a client pattern with no client connected: %s", slurp(err));
+}
+
 enum { N_FAR = 100, M_FIRE = 50, K_CANCEL = 20, B_HELD = 40 };
 
 Test(tools_live, exact_counters_under_known_load)

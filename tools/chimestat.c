@@ -93,6 +93,26 @@ void keep_clients(struct sr_snap *sn, const struct opts *o)
 	sn->nr_clients = n;
 }
 
+/*
+ * A -f PATTERN that names no field is most likely a typo: say so on stderr
+ * (the output is still what was asked, and the exit status 0). Not for
+ * client.* patterns: a client's fields come and go with it.
+ */
+static void unmatched_patterns(const struct flist *l, const struct opts *o)
+{
+	for (unsigned i = 0; i < o->nr_pat; i++) {
+		size_t k = 0;
+
+		if (!strncmp(o->pat[i], "client.", 7))
+			continue;
+		while (k < l->n && fnmatch(o->pat[i], l->v[k].name, 0) != 0)
+			k++;
+		if (k == l->n)
+			fprintf(stderr, PROG ": no field matches '%s' (chimestat -1 -j lists their names)\n",
+				o->pat[i]);
+	}
+}
+
 static int chimestat(struct opts *op, int argc, char **argv)
 {
 	enum { OPT_PROM = 256, OPT_PID, OPT_UID, OPT_COMM };
@@ -222,6 +242,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		}
 		keep_clients(&sn, &o);
 		collect(&cur, &sn);
+		unmatched_patterns(&cur, &o);
 		if (o.json)
 			print_json(stdout, &cur, &o);
 		else if (o.prom)

@@ -115,10 +115,16 @@ struct client {
 	uint64_t refused_logged[3];     /* nomem, quota, of which the user's: the counts last logged */
 	char session[CHIME_SESSION_MAX];  /* "" anonymous; else validated [A-Za-z0-9._-], NUL-terminated */
 	uint64_t linger_until_ns;       /* DETACHED: reclaimed then */
-	int next_fd;                    /* PARKING: a process waiting to re-attach (its socket), or -1 */
+	/*
+	 * A process waiting to re-attach (its socket), or -1: PARKING, until
+	 * the park ends; DETACHED with held_fd, until that drains (heartbeat)
+	 * or next_until_ns passes (EBUSY).
+	 */
+	int next_fd;
 	struct ucred next_cred;
-	bool next_resume;               /* PARKING: the waiting process's hello (CHIME_HELLO_RESUME) */
+	bool next_resume;               /* the waiting process's hello (CHIME_HELLO_RESUME) */
 	uint64_t next_sq_base;
+	uint64_t next_until_ns;
 	bool drop_parked;               /* PARKING: chimectl drop-session came meanwhile: detach once parked */
 	bool resume;                    /* this attach is libchime reconnecting: it re-submits (chan.c) */
 	uint64_t sq_base;               /* this attach's first submission position (0, or the hello's) */
@@ -220,6 +226,9 @@ void restart_clear(struct broker *b, const struct client *c);
 uint32_t restart_sessions(const struct broker *b);
 /* Close the sessions file; remove it if it is ours and no session is left. */
 void restart_close(struct broker *b, uint32_t sessions);
+
+/* How long a session's next process waits for its last connection's socket to drain (held_fd). */
+#define HELD_WAIT_NS (1000u * 1000000u)
 
 /* control.c: close c->held_fd once its peer has read or dropped what we sent; true if none is held. */
 bool held_drained(struct client *c);

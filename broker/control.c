@@ -924,8 +924,10 @@ static void client_release(struct broker *b, struct client *c)
 	free(c->chans);
 	c->chans = NULL;
 	conn_release(b, c);
-	if (c->next_fd >= 0)
+	if (c->next_fd >= 0) {
+		send_status(c->next_fd, -ECONNREFUSED);
 		close(c->next_fd);
+	}
 	c->next_fd = -1;
 	c->state = c->held_fd >= 0 ? CL_HELD : CL_FREE;        /* clients_beat() frees a HELD one */
 }
@@ -1469,6 +1471,26 @@ static void clients_beat(struct broker *b, uint64_t now)
 			hi = i + 1;     /* a slot freed later in this pass keeps it: an upper bound */
 		if (c->held_fd >= 0 && held_drained(c) && c->state == CL_HELD) {
 			c->state = CL_FREE;
+			continue;
+		}
+		if (c->state == CL_DETACHED && c->next_fd >= 0) {
+			/* A process waits to re-attach until the last connection is drained (handshake.c). */
+			int fd = c->next_fd;
+
+			if (b->stopping) {
+				c->next_fd = -1;
+				send_status(fd, -ECONNREFUSED);
+				close(fd);
+			} else if (held_drained(c)) {
+				c->next_fd = -1;
+				client_reattach(b, c, fd, &c->next_cred, c->next_resume, c->next_sq_base);
+			} else if (now >= c->next_until_ns) {
+				c->next_fd = -1;
+				refuse_log(b, &c->next_cred, "the session's last connection left a message unread, "
+					   "its socket still open");
+				send_status(fd, -EBUSY);
+				close(fd);
+			}
 			continue;
 		}
 		if (c->state == CL_DETACHED && now >= c->linger_until_ns) {

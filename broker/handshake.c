@@ -465,7 +465,7 @@ static void drop_session(struct broker *b, int fd, const struct ucred *asker, co
 	else if (c && c->state == CL_ACTIVE && !b->stopping && (peer_gone(c) || process_gone(c)))
 		client_park(b, c);
 	if (c && head.status != -EACCES)
-		head.status = c->state == CL_DETACHED ||
+		head.status = (c->state == CL_DETACHED && c->next_fd < 0) ||
 			      (c->state == CL_PARKING && c->next_fd < 0 && !b->stopping) ? 0 : -EBUSY;
 	if (head.status == 0) {
 		read_comm(asker->pid, comm);
@@ -552,13 +552,22 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 	}
 	if (c->state == CL_ACTIVE && (peer_gone(c) || process_gone(c)))
 		client_park(b, c);
-	if (c->state == CL_DETACHED && !held_drained(c)) {
-		/* Its last process has not read what we sent (a welcome's descriptors?): one unread at a time. */
-		refuse_log(b, cred, "the session's last connection left a message unread, its socket still open");
-		send_status(cn->fd, -EBUSY);
+	if (c->state == CL_DETACHED && !held_drained(c) && c->next_fd < 0) {
+		/*
+		 * Its last connection has not been read to the end (a welcome's
+		 * descriptors?), and one unread at a time is all a slot holds:
+		 * wait for it, up to HELD_WAIT_NS (clients_beat()). A process
+		 * that died with a wake-up unread drops it within milliseconds.
+		 */
+		c->next_fd = cn->fd;
+		c->next_cred = *cred;
+		c->next_resume = resume;
+		c->next_sq_base = h->sq_base;
+		c->next_until_ns = now_ns() + HELD_WAIT_NS;
+		cn->fd = -1;
 		return;
 	}
-	if (c->state == CL_DETACHED) {
+	if (c->state == CL_DETACHED && c->held_fd < 0) {
 		client_reattach(b, c, cn->fd, cred, resume, h->sq_base);
 		cn->fd = -1;    /* the session owns the socket now (or closed it) */
 		return;

@@ -479,22 +479,42 @@ Test(access, welcomes_never_read_keep_their_slots_taken)
 	chime_seg_unmap(&m);
 }
 
+struct session_opener {
+	struct chime_opts o;
+	chime_t *c;
+	int r;
+	uint64_t ns;            /* how long chime_open() took */
+};
+
+static void *open_session(void *arg)
+{
+	struct session_opener *so = arg;
+	uint64_t t0 = now_ns();
+
+	so->r = chime_open(&so->c, &so->o);
+	so->ns = now_ns() - t0;
+	return NULL;
+}
+
 /*
  * The same for a named session: it parks when its process goes, and its
  * next process would get a welcome of its own, and so on. One unread at a
- * time: a re-attach meanwhile is EBUSY, and works once the socket is closed.
+ * time: a re-attach meanwhile waits for that socket to drain, up to a
+ * second (a process that died with a wake-up unread drops it within
+ * milliseconds), then gets EBUSY; it is attached once the socket closes.
  */
 Test(access, a_session_whose_welcome_was_never_read_is_busy_until_it_is)
 {
-	struct chime_opts o = { .socket_path = tb.sock, .session = "unread" };
+	struct session_opener so = { .o = { .socket_path = tb.sock, .session = "unread" } };
 	struct chime_map m;
 	const struct chime_ctl *ctl;
 	char path[300];
-	chime_t *c = NULL;
+	pthread_t th;
 	int held, r;
+	uint64_t t0;
 
 	start("--allow-all --shards 1");
-	o.socket_path = tb.sock;
+	so.o.socket_path = tb.sock;
 	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
 	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
 	ctl = m.base;
@@ -505,14 +525,20 @@ Test(access, a_session_whose_welcome_was_never_read_is_busy_until_it_is)
 	for (int k = 0; k < 2000 && in_state(ctl, CHIME_CLIENT_DETACHED) != 1; k++)
 		usleep(1000);
 	cr_assert_eq(in_state(ctl, CHIME_CLIENT_DETACHED), 1, "the session did not park when its socket went");
-	r = chime_open(&c, &o);
+	t0 = now_ns();
+	r = chime_open(&so.c, &so.o);
 	cr_assert_eq(r, -EBUSY, "a re-attach with the last welcome unread: %s", r ? strerror(-r) : "attached");
+	cr_assert_geq(now_ns() - t0, 800 * MS, "EBUSY after %llu ms, not after waiting for the socket",
+		      (unsigned long long)((now_ns() - t0) / MS));
+	/* Closed while the next process waits: it is attached. */
+	cr_assert_eq(pthread_create(&th, NULL, open_session, &so), 0);
+	usleep(200000);
 	close(held);
-	for (int i = 0; i < 100 && (r = chime_open(&c, &o)) == -EBUSY; i++)
-		usleep(20000);
-	cr_assert_eq(r, 0, "the re-attach once that socket was closed: %s", strerror(-r));
-	chime_close(c);
-	cr_assert_eq(chime_drop_session(&o), 0);
+	pthread_join(th, NULL);
+	cr_assert_eq(so.r, 0, "the re-attach waiting while that socket was closed: %s", strerror(-so.r));
+	cr_assert_lt(so.ns, 900 * MS, "it waited %llu ms", (unsigned long long)(so.ns / MS));
+	chime_close(so.c);
+	cr_assert_eq(chime_drop_session(&so.o), 0);
 	chime_seg_unmap(&m);
 }
 

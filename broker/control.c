@@ -1111,13 +1111,18 @@ static void parked(struct broker *b, struct client *c)
 	if (c->next_fd >= 0) {
 		int fd = c->next_fd;
 
-		c->next_fd = -1;
-		if (b->stopping || !held_drained(c)) {
-			/* stopping; or the last connection left a message unread (handshake.c says why) */
-			send_status(fd, b->stopping ? -ECONNREFUSED : -EBUSY);
+		if (b->stopping) {
+			c->next_fd = -1;
+			send_status(fd, -ECONNREFUSED);
 			close(fd);
 			return;
 		}
+		if (!held_drained(c)) {
+			/* The last connection left something unread: wait for it as a DETACHED one's does. */
+			c->next_until_ns = now_ns() + HELD_WAIT_NS;
+			return;
+		}
+		c->next_fd = -1;
 		client_reattach(b, c, fd, &c->next_cred, c->next_resume, c->next_sq_base);
 	}
 }

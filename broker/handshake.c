@@ -87,12 +87,14 @@ static const char *per_uid_full(const struct broker *b, uid_t uid)
  * longer counts: a worker replacing one that exited, or an open right after
  * a close, got -EUSERS for the millisecond the shards take to reclaim it.
  * As many again may be reclaiming, no more: a user who opens and exits
- * faster than the shards reclaim holds at most twice its share.
+ * faster than the shards reclaim holds at most twice its share. A slot
+ * HELD (its peer has not read what we sent, control.c) does not count as
+ * live either, but a user may hold at most a quarter of its share so.
  */
 static bool uid_full(const struct broker *b, uid_t uid)
 {
 	uid_t as = policy_account_uid(&b->policy, uid);
-	uint32_t max = b->o.max_clients_per_uid, live = 0, all = 0;
+	uint32_t max = b->o.max_clients_per_uid, live = 0, held = 0, all = 0;
 
 	if (!max)
 		return false;
@@ -102,9 +104,16 @@ static bool uid_full(const struct broker *b, uid_t uid)
 		if (c->state == CL_FREE || c->acct_uid != as)
 			continue;
 		all++;
+		held += c->state == CL_HELD;
 		live += c->state != CL_DETACHING && c->state != CL_HELD;
 	}
-	return live >= max || all >= 2 * max;
+	/*
+	 * HELD lasts as long as its peer keeps the socket and does not read
+	 * (a hostile client), DETACHING milliseconds: held slots get a share
+	 * of their own, a quarter, so that a user cannot keep twice its share
+	 * of the table for as long as it likes.
+	 */
+	return live >= max || all >= 2 * max || held >= (max / 4 ? max / 4 : 1);
 }
 
 /* "refusing pid ..." at most once a second: a refused client that retries must not flood the log. */
@@ -552,7 +561,18 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 	}
 	if (c->state == CL_ACTIVE && (peer_gone(c) || process_gone(c)))
 		client_park(b, c);
-	if (c->state == CL_DETACHED && !held_drained(c) && c->next_fd < 0) {
+	if (c->state == CL_DETACHED && c->next_fd >= 0) {
+		/* A process waits for it already (below): it goes first, now if the socket has drained. */
+		if (held_drained(c)) {
+			int fd = c->next_fd;
+
+			c->next_fd = -1;
+			client_reattach(b, c, fd, &c->next_cred, c->next_resume, c->next_sq_base);
+		}
+		send_status(cn->fd, -EBUSY);
+		return;
+	}
+	if (c->state == CL_DETACHED && !held_drained(c)) {
 		/*
 		 * Its last connection has not been read to the end (a welcome's
 		 * descriptors?), and one unread at a time is all a slot holds:
@@ -567,7 +587,7 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		cn->fd = -1;
 		return;
 	}
-	if (c->state == CL_DETACHED && c->held_fd < 0) {
+	if (c->state == CL_DETACHED) {
 		client_reattach(b, c, cn->fd, cred, resume, h->sq_base);
 		cn->fd = -1;    /* the session owns the socket now (or closed it) */
 		return;

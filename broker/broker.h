@@ -136,6 +136,7 @@ struct client {
 
 struct broker {
 	struct broker_opts o;
+	struct discard *discard;        /* empties ended connections' segments (discard.h) */
 	char ctl_path[PATH_MAX];
 	char lock_path[PATH_MAX];
 	int lock_fd, listen_fd, ctl_fd, pub_fd, sig_fd, notify_fd;

@@ -56,6 +56,7 @@
 #include "atomics.h"
 #include "chime_shm.h"
 #include "clock.h"
+#include "discard.h"
 #include "log.h"
 #include "notify.h"
 #include "segment.h"
@@ -536,6 +537,11 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 	}
 	for (uint32_t i = 0; i < o->max_clients; i++)
 		b->clients[i].held_fd = -1;
+	r = discard_start(&b->discard);
+	if (r < 0) {
+		r = log_errno(LOG_ERR, -r, "cannot start the segment discard thread");
+		goto fail;
+	}
 	if (o->mkdir_parent) {
 		char dir[sizeof(o->socket_path)];
 		char *slash;
@@ -873,9 +879,13 @@ static void conn_release(struct broker *b, struct client *c)
 	 * old rings with the next broker (reconnect.c).
 	 */
 	if (!b->stopping) {
-		(void)chime_seg_discard(&c->rw);
-		(void)chime_seg_discard(&c->ro);
-		(void)chime_seg_discard(&c->touch);
+		/* On a thread of its own: a client can make the punch slow (discard.h). */
+		struct chime_map maps[3] = { c->rw, c->ro, c->touch };
+
+		discard_post(b->discard, maps, 3);
+		memset(&c->rw, 0, sizeof(c->rw));
+		memset(&c->ro, 0, sizeof(c->ro));
+		memset(&c->touch, 0, sizeof(c->touch));
 	}
 	chime_seg_unmap(&c->rw);
 	chime_seg_unmap(&c->ro);
@@ -1815,6 +1825,8 @@ void broker_stop(struct broker *b)
 	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++)
 		if (b->clients[i].state != CL_FREE)
 			client_release(b, &b->clients[i]);
+	discard_stop(b->discard);
+	b->discard = NULL;
 	free(b->clients);
 	free(b->acking);
 	policy_free(&b->policy);

@@ -170,6 +170,7 @@ struct broker {
 	bool accept_armed;
 	int spare_fd;                   /* /dev/null, given up to refuse a connection when out of descriptors */
 	uint64_t refuse_log;            /* log_ratelimit() of those refusals */
+	uint64_t table_full_log;        /* log_ratelimit() of "the client table is full" */
 	bool listening;
 	bool stopping;
 	struct io_uring ring;

@@ -1222,7 +1222,8 @@ static void on_notify(struct broker *b)
 				c->slot, (int)c->cred.pid, c->comm);
 		client_release(b, c);
 		b->clients_now--;
-		table_set(b, c, CHIME_CLIENT_EMPTY);
+		/* A HELD slot shows as still going (DYING) until its socket drains: tools see the slot taken. */
+		table_set(b, c, c->state == CL_HELD ? CHIME_CLIENT_DYING : CHIME_CLIENT_EMPTY);
 	}
 }
 
@@ -1486,6 +1487,7 @@ static void clients_beat(struct broker *b, uint64_t now)
 			hi = i + 1;     /* a slot freed later in this pass keeps it: an upper bound */
 		if (c->held_fd >= 0 && held_drained(c) && c->state == CL_HELD) {
 			c->state = CL_FREE;
+			table_set(b, c, CHIME_CLIENT_EMPTY);
 			continue;
 		}
 		if (c->state == CL_DETACHED && c->next_fd >= 0) {
@@ -1689,10 +1691,10 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 		}
 	}
 	if (!c) {
-		char why[96];
-
-		snprintf(why, sizeof(why), "the client table is full (%u clients; see --max-clients)", b->o.max_clients);
-		refuse_log(b, cred, why);
+		/* A warning of its own, at most once a second: other users' refusals must not hide it. */
+		if (log_ratelimit(&b->table_full_log, 1))
+			log_msg(LOG_WARNING, "refusing pid %d (uid %u): the client table is full (%u slots; see "
+				"--max-clients)", (int)cred->pid, (unsigned)cred->uid, b->o.max_clients);
 		send_status(cn->fd, -EUSERS);
 		return;
 	}

@@ -463,6 +463,7 @@ Test(access, welcomes_never_read_keep_their_slots_taken)
 	for (int k = 0; k < 2000 && at_load(&ctl->clients_now) != 0; k++)
 		usleep(1000);
 	cr_assert_eq(at_load(&ctl->clients_now), 0, "the broker did not see the client go");
+	cr_assert_eq(in_state(ctl, CHIME_CLIENT_DYING), 1, "the held slot is not shown as taken");
 	next = hello_unread("");
 	r = (int)recv(next, &w, sizeof(w), 0);
 	close(next);
@@ -473,6 +474,7 @@ Test(access, welcomes_never_read_keep_their_slots_taken)
 	for (int i = 0; i < 100 && (r = chime_open(&c, &o)) == -EUSERS; i++)
 		usleep(20000);
 	cr_assert_eq(r, 0, "an open once the welcome was dropped: %s", strerror(-r));
+	cr_assert_eq(in_state(ctl, CHIME_CLIENT_DYING), 0, "the drained slot is still shown as taken");
 	chime_close(c);
 	chime_seg_unmap(&m);
 }

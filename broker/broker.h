@@ -171,6 +171,7 @@ struct broker {
 	int spare_fd;                   /* /dev/null, given up to refuse a connection when out of descriptors */
 	uint64_t refuse_log;            /* log_ratelimit() of those refusals */
 	uint64_t table_full_log;        /* log_ratelimit() of "the client table is full" */
+	uint64_t reopen_log;            /* log_ratelimit() of chime_seg_reopen_ro() failing */
 	bool listening;
 	bool stopping;
 	struct io_uring ring;

@@ -1027,14 +1027,23 @@ static int client_segments(struct broker *b, struct client *c)
 	r = chime_seg_seal(c->rw_fd, false);
 	if (r < 0)
 		return r;
-	r = chime_seg_seal(c->ro_fd, false);
-	if (r < 0)
-		return r;
 	r = chime_seg_reopen_ro(c->ro_fd);
+	if (r >= 0) {
+		int ro_only = r;
+
+		r = chime_seg_seal(c->ro_fd, false);    /* through our descriptor: a read-only one may not */
+		close(c->ro_fd);
+		c->ro_fd = ro_only;
+	} else {
+		/* No /proc (or an LSM says no): the seal, and its pages stay until the client lets go. */
+		if (log_ratelimit(&b->reopen_log, 3600))
+			log_errno(LOG_WARNING, -r, "cannot reopen a client's ro segment read-only through "
+				  "/proc/self/fd (is /proc mounted?): sealing it instead, so its pages are not "
+				  "freed when the connection ends, only when the client lets go of them");
+		r = chime_seg_seal(c->ro_fd, true);
+	}
 	if (r < 0)
 		return r;
-	close(c->ro_fd);
-	c->ro_fd = r;
 	return c->want_touch ? touch_table(b, c) : 0;
 }
 

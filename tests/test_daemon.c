@@ -714,6 +714,44 @@ Test(daemon, log_ratelimit_once_per_interval_per_key)
  * lines a second, and a count of the rest, exact (every one is accounted
  * for once the next line is let through).
  */
+/*
+ * Without /proc (a mount namespace that hides it), a client's ro segment
+ * cannot be handed over as a reopened read-only descriptor: it is sealed
+ * instead, as it was before, clients work, and chimed says what it costs.
+ */
+Test(daemon, without_proc_clients_still_work, .timeout = 30)
+{
+	const char *chimed = getenv("CHIMED");
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], logf[300], cmd[2 * PATH_MAX];
+	pid_t pid;
+	int ok = 0;
+
+	if (geteuid() != 0 || system("command -v unshare >/dev/null 2>&1") != 0)
+		cr_skip("needs root and unshare(1)");
+	cr_assert_not_null(chimed);
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(logf, sizeof(logf), "%s/log", dir);
+	snprintf(cmd, sizeof(cmd), "mount -t tmpfs none /proc && exec '%s' -f --shards 1 --socket '%s' 2>'%s'",
+		 chimed, sock, logf);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		execlp("unshare", "unshare", "-m", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 500 && !ok; i++) {
+		ok = access(sock, F_OK) == 0 && can_open(sock);
+		if (!ok)
+			sleep_ms(10);
+	}
+	kill(pid, SIGTERM);
+	waitpid(pid, NULL, 0);
+	cr_assert(ok, "no client could open on a chimed without /proc: %s", read_log(logf));
+	cr_assert_not_null(strstr(read_log(logf), "cannot reopen a client's ro segment"), "%s", read_log(logf));
+	t_rmdir_files(dir);
+}
+
 /* One hello (layout, flags) on a fresh connection, its answer read and dropped: 0, or -1. */
 static int hello_once(const char *sock, uint32_t layout, uint32_t flags)
 {

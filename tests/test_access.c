@@ -496,6 +496,20 @@ static void *open_session(void *arg)
 	return NULL;
 }
 
+/* Session `name` opened and left with its welcome unread, parked: its socket, kept open. */
+static int session_left_unread(const struct chime_ctl *ctl, const char *name, uint64_t total_before)
+{
+	int held = hello_unread(name);
+
+	for (int k = 0; k < 2000 && at_load(&ctl->clients_total) <= total_before; k++)
+		usleep(1000);
+	shutdown(held, SHUT_RDWR);
+	for (int k = 0; k < 2000 && in_state(ctl, CHIME_CLIENT_DETACHED) != 1; k++)
+		usleep(1000);
+	cr_assert_eq(in_state(ctl, CHIME_CLIENT_DETACHED), 1, "the session did not park when its socket went");
+	return held;
+}
+
 /*
  * The same for a named session: it parks when its process goes, and its
  * next process would get a welcome of its own, and so on. One unread at a
@@ -507,7 +521,6 @@ Test(access, a_session_whose_welcome_was_never_read_is_busy_until_it_is)
 {
 	struct session_opener so = { .o = { .socket_path = tb.sock, .session = "unread" } };
 	struct chime_map m;
-	const struct chime_ctl *ctl;
 	char path[300];
 	pthread_t th;
 	int held, r;
@@ -517,14 +530,7 @@ Test(access, a_session_whose_welcome_was_never_read_is_busy_until_it_is)
 	so.o.socket_path = tb.sock;
 	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
 	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
-	ctl = m.base;
-	held = hello_unread("unread");
-	for (int k = 0; k < 2000 && at_load(&ctl->clients_total) < 1; k++)
-		usleep(1000);
-	shutdown(held, SHUT_RDWR);
-	for (int k = 0; k < 2000 && in_state(ctl, CHIME_CLIENT_DETACHED) != 1; k++)
-		usleep(1000);
-	cr_assert_eq(in_state(ctl, CHIME_CLIENT_DETACHED), 1, "the session did not park when its socket went");
+	held = session_left_unread(m.base, "unread", 0);
 	t0 = now_ns();
 	r = chime_open(&so.c, &so.o);
 	cr_assert_eq(r, -EBUSY, "a re-attach with the last welcome unread: %s", r ? strerror(-r) : "attached");
@@ -540,20 +546,6 @@ Test(access, a_session_whose_welcome_was_never_read_is_busy_until_it_is)
 	chime_close(so.c);
 	cr_assert_eq(chime_drop_session(&so.o), 0);
 	chime_seg_unmap(&m);
-}
-
-/* A session of this process left with its last welcome unread, parked: the socket, or -1 (failed). */
-static int session_left_unread(const struct chime_ctl *ctl, const char *name, uint64_t total_before)
-{
-	int held = hello_unread(name);
-
-	for (int k = 0; k < 2000 && at_load(&ctl->clients_total) <= total_before; k++)
-		usleep(1000);
-	shutdown(held, SHUT_RDWR);
-	for (int k = 0; k < 2000 && in_state(ctl, CHIME_CLIENT_DETACHED) != 1; k++)
-		usleep(1000);
-	cr_assert_eq(in_state(ctl, CHIME_CLIENT_DETACHED), 1, "the session did not park when its socket went");
-	return held;
 }
 
 /*

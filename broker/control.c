@@ -1559,6 +1559,9 @@ static void clients_beat(struct broker *b, uint64_t now)
 static void stop_begin(struct broker *b)
 {
 	b->stopping = true;
+	/* S-STOP: before any park reads a ring; pairs with the library's load after its publish. */
+	at_store_sc(&b->pub->state, CHIME_BROKER_STOPPING);
+	at_fence();
 	if (b->restart)
 		notify_reloading("restarting: handing sessions over");
 	else

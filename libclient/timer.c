@@ -272,6 +272,46 @@ static bool touch_reset(struct chime *c, chime_id_t id, uint64_t *deadline_ns)
 	}
 }
 
+/*
+ * A record was published, and then the broker's public segment said it is
+ * stopping (CHIME_BROKER_STOPPING, stored with a full barrier before it
+ * parks any session; our publication was one too, so had the park missed
+ * the record, we see the state). The park may have read the ring before
+ * the record was in it: then only this process holds it, until a reconnect
+ * hands the old ring's unread records to the next broker (reconnect.c),
+ * and a process that died first lost records whose calls had returned (a
+ * reliability audit: up to a ring of arms, resets and cancels). A
+ * session's call waits for that, as on a full ring: until the segment at
+ * c->pub (remapped onto the same address by a reconnect) is a running
+ * broker's again, or reconnecting failed (-ENOTCONN). An anonymous
+ * connection's records end with its broker anyway: 0.
+ */
+static __attribute__((noinline)) int stop_wait(struct chime *c)
+{
+	if (!c->session[0])
+		return 0;
+	for (;;) {
+		if (cl_is_dead(c))
+			return cl_dead_errno(c);
+		if (!cl_reconnecting(c) && at_load_acq(&c->pub->state) == CHIME_BROKER_RUNNING)
+			return 0;
+		if (cl_reconnecting(c)) {
+			/* A dispatch callback's thread holds the lock already (wait_room()). */
+			if (!cl_reconnect(c, cl_holds_drainer_lock(c)))
+				continue;
+		} else {
+			(void)cl_broker_gone(c, true);  /* it hangs up once its sessions are parked */
+		}
+		nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
+	}
+}
+
+/* After a publication (a full barrier): is the broker stopping? (S-STOP in broker/control.c) */
+static inline bool broker_stopping(const struct chime *c)
+{
+	return __builtin_expect(at_load_sc(&c->pub->state) != CHIME_BROKER_RUNNING, 0);
+}
+
 static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t id, uint64_t key,
 			 uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data, chime_id_t *out)
 {
@@ -300,6 +340,12 @@ static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_
 		cl_note_void(c);
 	if (unlikely(refused))
 		return refused;
+	if (broker_stopping(c)) {
+		int r = stop_wait(c);
+
+		if (r < 0)
+			return r;
+	}
 	if (out)
 		*out = id;
 	return 0;
@@ -455,6 +501,25 @@ struct batch_tally {
 };
 
 /*
+ * The run of ops[first, end) just published to shard s was lost with a
+ * stopping broker (stop_wait() failed): the operations it counted done
+ * (result 0) are not, they get err. Only the ones that went to s: the
+ * range holds other shards' operations too.
+ */
+static void unpublish(const struct chime *c, uint32_t s, uint32_t arm_to, struct chime_op *ops, unsigned first,
+		      unsigned end, int err, struct batch_tally *t)
+{
+	for (unsigned k = first; k < end; k++) {
+		uint32_t to = op_shard(c, &ops[k], arm_to);
+
+		if (ops[k].result == 0 && (to == s || to == TO_ALL)) {
+			ops[k].result = err;
+			t->ok--;
+		}
+	}
+}
+
+/*
  * The `count` pending operations bound for shard s, in array order, in runs
  * of as many consecutive slots as the ring has free: one reserve, one
  * publish barrier and at most one doorbell per run. A full ring is waited
@@ -468,7 +533,7 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 	struct chime_chan *ch = &c->chan[s];
 	const int32_t mine = (int32_t)(PENDING + s), all = (int32_t)(PENDING + TO_ALL);
 	bool last_shard = s + 1 == c->nr_shards, voids = false;
-	unsigned i = 0;
+	unsigned i = 0, first;
 
 	while (count) {
 		uint64_t pos, by = UINT64_MAX;
@@ -479,6 +544,7 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 				return cl_dead_errno(c);
 			got = 1;
 		}
+		first = i;
 		for (uint32_t k = 0; k < got; i++) {
 			struct chime_op *o = &ops[i];
 			struct chime_sqe *sqe;
@@ -524,6 +590,14 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 		if (voids)
 			cl_note_void(c);
 		count -= got;
+		if (broker_stopping(c)) {
+			int r = stop_wait(c);
+
+			if (r < 0) {
+				unpublish(c, s, arm_to, ops, first, i, r, t);
+				return r;
+			}
+		}
 	}
 	return 0;
 }

@@ -423,6 +423,15 @@ _Static_assert(sizeof(struct chime_client_ro) == 256, "header is 256 B");
 #define CHIME_BROKER_STARTING 0u
 #define CHIME_BROKER_RUNNING  1u
 #define CHIME_BROKER_STOPPED  2u   /* clean shutdown; a dead broker leaves RUNNING and a stale heartbeat */
+/*
+ * Public segment only: the broker is stopping and parking its sessions
+ * (chan_park() reads each ring once). Stored, with a full barrier, before
+ * any park; a session's call that finds it after publishing its record
+ * (a full barrier too) cannot tell whether the park read the record, and
+ * waits for the reconnect to hand it to the next broker (timer.c). Older
+ * libraries see a state that is not STOPPED: running, as before.
+ */
+#define CHIME_BROKER_STOPPING 3u
 
 /*
  * The public segment: all a client needs of the broker, and nothing about

@@ -732,9 +732,54 @@ Test(restart, arms_closed_after_a_crash_reach_the_next_broker)
 	arms_then_close_across_a_restart(SIGKILL, true, 0);
 }
 
-Test(restart, arms_closed_after_a_planned_stop_reach_the_next_broker)
+struct ten_arms {
+	chime_t *c;
+	int r;                  /* the first failure, or 0 */
+	uint64_t done_ns;       /* when the last returned */
+};
+
+static void *arm_ten(void *arg)
 {
-	arms_then_close_across_a_restart(SIGTERM, true, 0);
+	struct ten_arms *a = arg;
+	chime_id_t id;
+
+	for (unsigned i = 10; i < 20 && a->r == 0; i++)
+		a->r = chime_arm(a->c, 0, now_ns() + HOUR, 0, i, &id);
+	a->done_ns = now_ns();
+	return NULL;
+}
+
+/*
+ * After a planned stop, a session's arms wait for the next broker (the
+ * public segment says the broker stopped: a record in its ring would live
+ * only in this process, chime_open(3)), then return 0, and every one of
+ * them is there for the next process. Before, they returned at once and
+ * the close handed them over; a process that died first lost them.
+ */
+Test(restart, arms_after_a_planned_stop_wait_for_the_next_broker)
+{
+	struct ten_arms a = { 0 };
+	chime_id_t id;
+	pthread_t t;
+	uint64_t up;
+	int st;
+
+	start("");
+	a.c = open_armed("commit", 10, &id);
+	kill(tb.pid, SIGTERM);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	cr_assert_eq(pthread_create(&t, NULL, arm_ten, &a), 0);
+	usleep(200 * 1000);
+	up = now_ns();
+	restart(0, "");
+	pthread_join(t, NULL);
+	cr_assert_eq(a.r, 0, "an arm after the stop: %s", strerror(-a.r));
+	cr_assert_geq(a.done_ns, up, "the arms returned before the next broker was started");
+	chime_close(a.c);
+	a.c = sopen_ok("commit");
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 20), 20, "timers armed after a planned stop were lost");
+	chime_close(a.c);
 }
 
 Test(restart, arms_closed_while_no_broker_runs_reach_the_next_one_within_the_close)

@@ -129,6 +129,12 @@ struct client {
 	bool resume;                    /* this attach is libchime reconnecting: it re-submits (chan.c) */
 	uint64_t sq_base;               /* this attach's first submission position (0, or the hello's) */
 	uint64_t generation;
+	/*
+	 * A session's last process (its sessions-file record's pid): the one
+	 * library that may resume it. Another process's attach frees what the
+	 * library would re-submit against (the carried grants, chan.c). 0: any.
+	 */
+	pid_t holder_pid;
 	uint32_t hup_seq;               /* tags its hang-up poll: a stale one of an earlier attach is ignored */
 	uint64_t connected_ns;
 	bool acking;                    /* in broker.acking (after generation: client_admit() keeps it) */
@@ -207,7 +213,7 @@ void send_status(int fd, int32_t status);
 void read_comm(pid_t pid, char comm[16]);
 int socket_access(struct broker *b);
 void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session,
-		  uint64_t sq_base, bool want_touch);
+		  bool want_touch);
 void client_park(struct broker *b, struct client *c);
 void client_reattach(struct broker *b, struct client *c, int fd, const struct ucred *cred, bool resume,
 		     uint64_t sq_base);

@@ -1687,7 +1687,7 @@ int broker_run(struct broker *b)
  * posted to every shard (the welcome follows their acks, on_notify()).
  */
 void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session,
-		  uint64_t sq_base, bool want_touch)
+		  bool want_touch)
 {
 	struct client *c = NULL;
 	int r;
@@ -1718,8 +1718,9 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	c->want_touch = want_touch && !session[0];      /* a session's timers outlive the table */
 	c->hup_seq++;
 	snprintf(c->session, sizeof(c->session), "%s", session);
-	c->sq_base = sq_base;   /* a resuming library whose session this broker does not know */
+	c->sq_base = 0;
 	c->cred = *cred;
+	c->holder_pid = session[0] ? cred->pid : 0;
 	c->acct_uid = policy_account_uid(&b->policy, cred->uid);
 	c->generation++;
 	c->connected_ns = now_ns();
@@ -1771,6 +1772,7 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 		return;
 	}
 	c->fd = fd;
+	c->holder_pid = cred->pid;
 	for (uint32_t s = 0; s < b->o.nr_shards; s++)
 		c->mems[s].wake_fd = c->fd;
 	c->state = CL_ATTACHING;

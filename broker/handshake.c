@@ -537,13 +537,20 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		send_status(cn->fd, -EACCES);
 		return;
 	}
+	if (!c && resume) {
+		/* Dropped, reclaimed or discarded (--fresh) meanwhile: its timers and ids are gone. */
+		snprintf(why, sizeof(why), "session '%s' is not this broker's: it cannot be resumed", name);
+		refuse_log(b, cred, why);
+		send_status(cn->fd, -ESTALE);
+		return;
+	}
 	if (!c) {
 		if (uid_full(b, cred->uid)) {
 			refuse_log(b, cred, per_uid_full(b, cred->uid));
 			send_status(cn->fd, -EUSERS);
 			return;
 		}
-		client_admit(b, cn, cred, name, h->sq_base, false);
+		client_admit(b, cn, cred, name, false);
 		return;
 	}
 	if (c->cred.uid != cred->uid) {
@@ -557,6 +564,18 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 	}
 	if (b->stopping) {
 		send_status(cn->fd, -ECONNREFUSED);
+		return;
+	}
+	if (resume && c->holder_pid && c->holder_pid != cred->pid) {
+		/*
+		 * Another process opened it since this one held it, and freed the
+		 * grants this library would re-submit arms with: they would be
+		 * dropped, after their calls returned 0. It learns instead.
+		 */
+		snprintf(why, sizeof(why), "session '%s' was opened by pid %d since this process held it: "
+			 "it cannot be resumed", name, (int)c->holder_pid);
+		refuse_log(b, cred, why);
+		send_status(cn->fd, -ESTALE);
 		return;
 	}
 	if (c->state == CL_ACTIVE && (peer_gone(c) || process_gone(c)))
@@ -801,7 +820,7 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 		send_status(cn->fd, -EUSERS);
 		return;
 	}
-	client_admit(b, cn, &cred, "", 0, h->limit == CHIME_HELLO_TOUCH);
+	client_admit(b, cn, &cred, "", h->limit == CHIME_HELLO_TOUCH);
 }
 
 /*

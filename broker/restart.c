@@ -109,6 +109,7 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	c->acct_uid = policy_account_uid(&b->policy, r->uid);
 	c->cred.gid = r->gid;
 	c->cred.pid = 0;
+	c->holder_pid = r->pid;
 	snprintf(c->comm, sizeof(c->comm), "(restored)");
 	c->generation = r->generation;
 	/* Attached when the old broker went (0), or a linger longer than ours allows: ours from now. */
@@ -230,6 +231,7 @@ static struct sessfile_rec rec_of(const struct client *c)
 		.gid = c->cred.gid,
 		.generation = c->generation,
 		.linger_until_ns = c->state == CL_DETACHED ? c->linger_until_ns : 0,
+		.pid = c->holder_pid,
 	};
 
 	memcpy(r.name, c->session, sizeof(r.name));

@@ -5,7 +5,8 @@
  *
  *   CONNECTED --broker gone--> RECONNECTING --welcome, same geometry--> CONNECTED
  *                                   +--30 s ($CHIME_RECONNECT_S), or a broker it
- *                                      cannot resume with--> DEAD
+ *                                      cannot resume with, or one that no longer
+ *                                      has the session as we left it--> DEAD
  *
  * While reconnecting:
  * - every submission ring is closed: its tail jumps to a position no slot is
@@ -261,7 +262,11 @@ static void drainer_reset(struct chime *c)
 	c->last_sock_check_ns = 0;
 }
 
-/* One attempt. 0: connected again; -EPROTO, -EACCES, -EINVAL: never will be; else: try again. */
+/*
+ * One attempt. 0: connected again; -EPROTO, -EACCES, -EINVAL, -ESTALE (the
+ * session is gone, or another process opened it meanwhile): never will be;
+ * else: try again.
+ */
 static int attempt(struct chime *c)
 {
 	struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP };
@@ -351,7 +356,7 @@ bool cl_reconnect(struct chime *c, bool locked)
 			at_fence();
 			cl_ring_doorbell(&c->chan[s]);
 		}
-	} else if (r == -EPROTO || r == -EACCES || r == -EINVAL || now >= c->recon_give_up_ns) {
+	} else if (r == -EPROTO || r == -EACCES || r == -EINVAL || r == -ESTALE || now >= c->recon_give_up_ns) {
 		at_store(&c->dead, 1);
 		at_store_rel(&c->link, (at_load(&c->link) | 1) + 1);
 		timer_set(c, 0);

@@ -2717,6 +2717,91 @@ Test(restart, a_session_gives_up_after_chime_reconnect_s)
 	chime_close(z);
 }
 
+/* ---- a resume the broker no longer has the session for ends the reconnect ---- */
+
+/* Until chime_wait() fails (it reconnects on the way), up to 5 s; its result. */
+static int wait_until_dead(chime_t *c)
+{
+	struct chime_event ev;
+	uint64_t t0 = now_ns();
+	int r = 0;
+
+	while (r >= 0 && now_ns() - t0 < 5000 * MS)
+		r = chime_wait(c, &ev, 1, 10);
+	return r;
+}
+
+static void open_and_close_taken(int wfd, void *arg)
+{
+	chime_t *c = NULL;
+
+	(void)arg;
+	if (sopen(&c, "taken") < 0)
+		_exit(1);
+	chime_close(c);
+	(void)!write(wfd, "r", 1);
+}
+
+/*
+ * Another process opens the session while its first process has not yet
+ * reconnected to the next broker: that open frees the grants the first
+ * one's unread arms go again with. Before, the first process's reconnect
+ * was accepted and those arms were dropped, after their calls had returned
+ * 0 (10 of 10 here); now the reconnect is refused and the process learns
+ * (-ENOTCONN) at once. With `again`, one more restart comes before it
+ * tries: the sessions file says who held the session last.
+ */
+static void taken_meanwhile(bool again)
+{
+	chime_id_t id;
+	pid_t pid;
+	chime_t *c;
+	int st;
+
+	start("-n 1");
+	c = sopen_ok("taken");
+	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
+	/* Into the ring of a broker that never reads it again. */
+	for (unsigned i = 0; i < 10; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	restart(SIGKILL, "-n 1");
+	pid = child(open_and_close_taken, NULL);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the other process could not open the session");
+	if (again)
+		restart(SIGTERM, "-n 1");
+	cr_assert_eq(wait_until_dead(c), -ENOTCONN, "the first process resumed a session another one took");
+	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 10, &id), -ENOTCONN);
+	chime_close(c);
+}
+
+Test(restart, a_session_another_process_opened_meanwhile_is_not_resumed)
+{
+	taken_meanwhile(false);
+}
+
+Test(restart, a_session_another_process_opened_before_a_second_restart_is_not_resumed)
+{
+	taken_meanwhile(true);
+}
+
+/* The same for a session dropped (or reclaimed, or discarded by --fresh) while no broker ran. */
+Test(restart, a_session_dropped_meanwhile_is_not_resumed)
+{
+	struct chime_opts o = { .session = "dropped" };
+	chime_id_t id;
+	chime_t *c;
+
+	start("-n 1");
+	c = open_armed("dropped", 10, &id);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10);
+	restart(SIGTERM, "-n 1");
+	o.socket_path = tb.sock;
+	cr_assert_eq(chime_drop_session(&o), 0);
+	cr_assert_eq(wait_until_dead(c), -ENOTCONN, "the process went on in a new session, its timers gone");
+	chime_close(c);
+}
+
 /*
  * The old ring full of records the broker never read (it was stopped, then
  * killed): 8 resets and 8 arms go again; the new ring has no room left for

@@ -726,7 +726,10 @@ Test(session, bad_session_names_are_einval)
 	chime_close(c);
 }
 
-/* A resuming hello (libchime's reconnect) is checked like any other: a base that fits, only with a session. */
+/*
+ * A resuming hello (libchime's reconnect) is checked like any other: a base
+ * that fits, only with a session, and one this broker has.
+ */
 Test(session, resuming_hellos_are_checked)
 {
 	char name[CHIME_SESSION_MAX] = "resumer";
@@ -740,7 +743,11 @@ Test(session, resuming_hellos_are_checked)
 	cr_assert_eq(raw_hello_as(name, 0, 16), -EINVAL, "a base without the resume flag");
 	cr_assert_eq(raw_hello_as(name, CHIME_HELLO_RESUME, 17), -EINVAL, "a base not a multiple of sq_size");
 	cr_assert_eq(raw_hello_as(name, CHIME_HELLO_RESUME, UINT64_C(1) << 62), -EINVAL, "a base near the wrap");
-	/* A good one opens the session (its rings from 1 << 40); its process leaves at once. */
+	/* A good one, for a session this broker does not have: what it would resume is gone, it is told. */
+	cr_assert_eq(raw_hello_as(name, CHIME_HELLO_RESUME, UINT64_C(1) << 40), -ESTALE);
+	c = sopen_ok("resumer");
+	chime_close(c);
+	/* Its last process resumes it (its rings from 1 << 40); the connection leaves at once. */
 	cr_assert_eq(raw_hello_as(name, CHIME_HELLO_RESUME, UINT64_C(1) << 40), 0);
 	/* The broker still serves it and others, from position 0 again. */
 	c = sopen_ok("resumer");

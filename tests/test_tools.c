@@ -1122,6 +1122,34 @@ Test(tools_live, sigkill_leaves_last_state_readable)
 	chime_close(a);
 }
 
+/*
+ * Any uint64_t deadline and period is valid (UINT64_MAX: never, in
+ * effect): chimectl timers shows them far ahead, never as long overdue.
+ * Before, a signed difference put them 51636 s in the past, and the
+ * period -1 in JSON.
+ */
+Test(tools_live, timers_further_than_2_to_the_63_ns_are_shown_ahead)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_id_t id;
+	chime_t *a;
+
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	cr_assert_eq(chime_arm(a, 1, UINT64_MAX, 0, 1, &id), 0);
+	cr_assert_eq(chime_arm(a, 2, UINT64_MAX - 1, UINT64_MAX, 2, &id), 0);
+	settle("[.shards[].armed] | add", 2);
+	cr_assert_eq(run("%s --socket '%s' timers --json --client %d", bin("CHIMECTL"), sock, (int)getpid()), 0,
+		     "%s", slurp(err));
+	cr_assert_eq(jq("[.timers[] | select(.deadline_in_ns == 9223372036854775807)] | length"), 2, "%s", slurp(out));
+	cr_assert_eq(jq("[.timers[] | select(.period_ns < 0)] | length"), 0, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' timers --client %d", bin("CHIMECTL"), sock, (int)getpid()), 0, "%s",
+		     slurp(err));
+	cr_assert(strstr(slurp(out), " +18446") && !strstr(slurp(out), " -1"), "%s", slurp(out));
+	cr_assert(strstr(slurp(out), "18446744073.71s"), "the period: %s", slurp(out));
+	chime_close(a);
+}
+
 /* chimectl --json: one document per command, the text's information, ok and exit_status. */
 Test(tools_live, chimectl_json_for_every_command)
 {

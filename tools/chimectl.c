@@ -408,11 +408,15 @@ struct listed {
 static void show_timer(const struct listed *t, uint64_t now, json_t *arr)
 {
 	char ids[24], keys[24], uds[24], dl[40], per[32];
-	int64_t rel = (int64_t)(t->deadline_ns - now);
+	bool due = t->deadline_ns < now;
+	uint64_t dist = due ? now - t->deadline_ns : t->deadline_ns - now;
+	/* Any uint64_t deadline is valid (UINT64_MAX: never, in effect): not negative past 2^63 ns. */
+	json_int_t rel = dist > INT64_MAX ? (due ? -INT64_MAX : INT64_MAX) : due ? -(json_int_t)dist : (json_int_t)dist;
+	json_int_t period = t->period_ns > INT64_MAX ? INT64_MAX : (json_int_t)t->period_ns;
 
-	snprintf(dl, sizeof(dl), "%s%+.6fs", t->exact ? "" : ">=", (double)rel / 1e9);
+	snprintf(dl, sizeof(dl), "%s%+.6fs", t->exact ? "" : ">=", (due ? -1.0 : 1.0) * ((double)dist / 1e9));
 	if (t->period_ns)
-		sr_fmt_ns(per, sizeof(per), t->period_ns);
+		sr_fmt_ns(per, sizeof(per), t->period_ns == UINT64_MAX ? UINT64_MAX - 1 : t->period_ns);  /* not "-" */
 	else
 		snprintf(per, sizeof(per), "-");
 	fmt_id(ids, sizeof(ids), t->id);
@@ -421,7 +425,7 @@ static void show_timer(const struct listed *t, uint64_t now, json_t *arr)
 	snprintf(uds, sizeof(uds), "%" PRIu64, t->user_data);
 	json_array_append_new(arr, json_pack("{s:s,s:s,s:s,s:I,s:b,s:I,s:s,s:i,s:b}", "id", ids, "key", keys,
 					     "user_data", uds, "deadline_in_ns", (json_int_t)rel,
-					     "deadline_exact", t->exact, "period_ns", (json_int_t)t->period_ns,
+					     "deadline_exact", t->exact, "period_ns", period,
 					     "state", t->state ? t->state : "?", "shard", (int)t->shard,
 					     "touched", t->touched));
 }

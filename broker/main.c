@@ -261,39 +261,68 @@ static void default_socket(char *out, size_t len, bool *mkdir_parent)
 	*mkdir_parent = true;
 }
 
+/*
+ * `path` made absolute in out: its directory resolved now (realpath(), so
+ * that "sub/../f" still names the file once "sub" is removed), its last
+ * component kept as it is (a symlink swapped later is followed then). A
+ * directory that cannot be resolved: joined to the working directory.
+ */
+static int absolute_path(const char *path, char *out, size_t len)
+{
+	char dir[PATH_MAX], real[PATH_MAX], cwd[PATH_MAX];
+	const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+	size_t dlen = slash ? (size_t)(slash - path) : 0;
+	int n;
+
+	if (slash && dlen < sizeof(dir)) {
+		memcpy(dir, path, dlen);
+		dir[dlen] = 0;
+	} else {
+		snprintf(dir, sizeof(dir), "%s", slash ? path : ".");
+	}
+	if (!*base || !strcmp(base, ".") || !strcmp(base, "..") || !realpath(dlen || !slash ? dir : "/", real)) {
+		if (path[0] == '/')
+			n = snprintf(out, len, "%s", path);
+		else if (getcwd(cwd, sizeof(cwd)))
+			n = snprintf(out, len, "%s/%s", cwd, path);
+		else
+			return -errno;
+	} else {
+		n = snprintf(out, len, "%s/%s", strcmp(real, "/") ? real : "", base);
+	}
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
 /* Absolute, so that the daemon can chdir("/") and messages name the real file. */
 static void absolutize(char *path, size_t len)
 {
-	char cwd[PATH_MAX], tmp[PATH_MAX + 128];
+	char tmp[PATH_MAX];
+	int r = absolute_path(path, tmp, sizeof(tmp));
 
-	if (path[0] == '/')
-		return;
-	if (!getcwd(cwd, sizeof(cwd))) {
-		log_errno(LOG_ERR, errno, "getcwd");
+	if (r == -ENAMETOOLONG || (r == 0 && strlen(tmp) >= len))
+		usage_error("socket path '%s' is too long as an absolute path (at most %zu bytes)", path, len - 1);
+	if (r < 0) {
+		log_errno(LOG_ERR, -r, "getcwd");
 		exit(EXIT_FAILURE);
 	}
-	snprintf(tmp, sizeof(tmp), "%s/%s", cwd, path);
-	if (strlen(tmp) >= len)
-		usage_error("socket path '%s' is too long (at most %zu bytes)", tmp, len - 1);
 	memcpy(path, tmp, strlen(tmp) + 1);
 }
 
 /*
  * --policy-file is re-read on SIGHUP, after the daemon's chdir("/"): a
- * relative path is made absolute now (not resolved: a symlink swapped later
- * is followed then).
+ * relative path is made absolute now (absolute_path()).
  */
 static const char *absolute_file(const char *path)
 {
-	char cwd[PATH_MAX], *abs;
+	char tmp[PATH_MAX], *abs;
+	int r = absolute_path(path, tmp, sizeof(tmp));
 
-	if (path[0] == '/')
-		return path;
-	if (!getcwd(cwd, sizeof(cwd))) {
-		log_errno(LOG_ERR, errno, "getcwd");
+	if (r < 0) {
+		log_errno(LOG_ERR, -r, "'%s'", path);
 		exit(EXIT_FAILURE);
 	}
-	if (asprintf(&abs, "%s/%s", cwd, path) < 0) {
+	abs = strdup(tmp);
+	if (!abs) {
 		log_msg(LOG_ERR, "out of memory");
 		exit(EXIT_FAILURE);
 	}
@@ -420,11 +449,13 @@ static void detach_stdio(int verdict_fd)
  */
 static char start_dir[PATH_MAX];
 
-static void __attribute__((noreturn)) reexec(char **argv, const sigset_t *mask)
+static void __attribute__((noreturn)) reexec(char **argv, const struct broker_opts *o, const sigset_t *mask)
 {
 	char self[PATH_MAX];
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	const char *del = " (deleted)";
+	char **args = argv;
+	int argc = 0;
 
 	if (n <= 0) {
 		log_msg(LOG_ERR, "cannot restart: readlink('/proc/self/exe'): %s; stopped instead", strerror(errno));
@@ -436,13 +467,41 @@ static void __attribute__((noreturn)) reexec(char **argv, const sigset_t *mask)
 		self[n - strlen(del)] = 0;
 	log_msg(LOG_INFO, "executing '%s' again", self);
 	pthread_sigmask(SIG_SETMASK, mask, NULL);
-	if (!start_dir[0] || chdir(start_dir) < 0)
+	if (!start_dir[0] || chdir(start_dir) < 0) {
+		/*
+		 * Removed since? From "/", with the files this broker uses by
+		 * their absolute paths after its own arguments (the last of an
+		 * option wins). Its getcwd() would fail in a removed directory.
+		 */
 		log_msg(LOG_WARNING, "cannot go back to the directory chimed was started in ('%s': %s): "
-			"relative paths in its arguments now name files under '/'",
+			"executing it from '/' with the absolute paths of its socket and files",
 			start_dir[0] ? start_dir : "unknown", start_dir[0] ? strerror(errno) : "getcwd failed");
+		if (chdir("/") < 0)
+			log_msg(LOG_WARNING, "chdir('/'): %s", strerror(errno));
+		while (argv[argc])
+			argc++;
+		args = calloc((size_t)argc + 7, sizeof(*args));
+		if (args) {
+			int k = argc;
+
+			memcpy(args, argv, (size_t)argc * sizeof(*args));
+			args[k++] = "--socket";
+			args[k++] = (char *)o->socket_path;
+			if (o->policy.file) {
+				args[k++] = "--policy-file";
+				args[k++] = (char *)o->policy.file;
+			}
+			if (o->policy.subuid_file) {
+				args[k++] = "--subuid-file";
+				args[k++] = (char *)o->policy.subuid_file;
+			}
+		} else {
+			args = argv;
+		}
+	}
 	/* Same arguments, but a restart hands the sessions over: --fresh was for the first start. */
 	setenv(RESTART_ENV, "1", 1);
-	execv(self, argv);
+	execv(self, args);
 	log_msg(LOG_ERR, "cannot restart: execv('%s'): %s; stopped instead", self, strerror(errno));
 	exit(EXIT_FAILURE);
 }
@@ -611,6 +670,8 @@ int main(int argc, char **argv)
 	 * us with SIGPIPE.
 	 */
 	signal(SIGPIPE, SIG_IGN);
+	/* A file-size limit below a shard file (LimitFSIZE=): EFBIG and a message, not death by SIGXFSZ. */
+	signal(SIGXFSZ, SIG_IGN);
 	/*
 	 * Each client costs 4 + nr_shards descriptors (socket, its process's
 	 * pidfd, two memfds while it attaches, a doorbell per shard): the
@@ -673,7 +734,7 @@ int main(int argc, char **argv)
 	if (r < 0)
 		return EXIT_FAILURE;
 	if (r == 1)
-		reexec(argv, &old_mask);
+		reexec(argv, &o, &old_mask);
 	log_msg(LOG_INFO, "stopped");
 	return 0;
 }

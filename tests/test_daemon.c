@@ -361,6 +361,72 @@ Test(daemon, a_restart_in_the_background_keeps_relative_paths, .timeout = 30)
 	t_rmdir_files(dir);
 }
 
+/*
+ * The same when the directory it was started in is gone by then (an
+ * install's temporary directory): the new broker runs from "/", told the
+ * absolute paths. Before, its getcwd() failed and no broker came back.
+ */
+Test(daemon, a_restart_after_its_start_directory_is_removed_keeps_its_paths, .timeout = 30)
+{
+	const char *chimed = getenv("CHIMED");
+	char dir[] = "/tmp/chime-td-XXXXXX", sub[300], sock[300], pol[300], cmd[2 * PATH_MAX], bin[PATH_MAX];
+	struct stat st;
+	pid_t pid, now = -1;
+
+	cr_assert(chimed && realpath(chimed, bin), "$CHIMED");
+	chimed = bin;
+	cr_assert(mkdtemp(dir));
+	snprintf(sub, sizeof(sub), "%s/sub", dir);
+	cr_assert_eq(mkdir(sub, 0700), 0);
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(pol, sizeof(pol), "%s/policy", dir);
+	cr_assert_eq(t_write_file(pol, "allow-all\n"), 0);
+	snprintf(cmd, sizeof(cmd), "cd '%s' && '%s' --shards 1 --socket ../s --policy-file ../policy 2>/dev/null",
+		 sub, chimed);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+	pid = read_pid(sock);
+	cr_assert_gt(pid, 0);
+	cr_assert_eq(rmdir(sub), 0);
+	cr_assert_eq(kill(pid, SIGUSR2), 0);
+	for (int i = 0; i < 1000 && ((now = read_pid(sock)) <= 0 || now == pid || !can_open(sock)); i++)
+		sleep_ms(10);
+	cr_assert(now > 0 && now != pid, "no new broker at '%s' 10 s after SIGUSR2 (lock says pid %d)", sock,
+		  (int)now);
+	cr_assert_eq(stat(sock, &st), 0);
+	cr_expect_eq(st.st_mode & 0777, 0666, "the restarted broker did not read the policy file (socket mode %o)",
+		     st.st_mode & 0777);
+	cr_assert_eq(kill(now, SIGTERM), 0);
+	cr_expect(gone_within(now, 5000));
+	unlink(pol);
+	t_rmdir_files(dir);
+}
+
+/* A file-size limit below a shard file: a message naming it and exit 1, not death by SIGXFSZ (153). */
+Test(daemon, a_file_size_limit_is_an_error_not_a_signal, .timeout = 30)
+{
+	const char *chimed = getenv("CHIMED");
+	char dir[] = "/tmp/chime-td-XXXXXX", cmd[2 * PATH_MAX], out[4096] = "";
+	size_t n = 0;
+	FILE *p;
+	int st;
+
+	cr_assert(chimed);
+	cr_assert(mkdtemp(dir));
+	/* 512-byte blocks: 16 MiB, below a shard file of the default capacity. */
+	snprintf(cmd, sizeof(cmd), "ulimit -f 32768; exec '%s' --foreground --shards 1 --socket '%s/s' 2>&1", chimed,
+		 dir);
+	p = popen(cmd, "r");
+	cr_assert(p);
+	while (n < sizeof(out) - 1 && fgets(out + n, (int)(sizeof(out) - n), p))
+		n = strlen(out);
+	st = pclose(p);
+	cr_assert(WIFEXITED(st), "chimed died of signal %d:\n%s", WIFSIGNALED(st) ? WTERMSIG(st) : 0, out);
+	cr_expect_eq(WEXITSTATUS(st), 1, "exit %d:\n%s", WEXITSTATUS(st), out);
+	cr_expect(strstr(out, "File too large") && strstr(out, ".shard0"), "the error does not name the file and "
+		  "the cause:\n%s", out);
+	t_rmdir_files(dir);
+}
+
 /* Receive one datagram into buf (NUL-terminated) within `ms`; 0 on timeout. */
 static int recv_msg(int fd, char *buf, size_t len, int ms)
 {

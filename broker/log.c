@@ -6,11 +6,13 @@
 #include "log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,6 +20,16 @@
 int log_max_level = LOG_INFO;
 static bool to_syslog;
 static bool to_journal;    /* stderr is systemd's journal stream: "<level>" prefixes */
+/*
+ * Lines never wait for stderr's reader (a stalled journald, `chimed -f |
+ * less` paused): a full pipe blocked the control thread's write, and with
+ * it every handshake and the stop. A pipe or terminal gets a private
+ * non-blocking open of its own (O_NONBLOCK on stderr itself would change
+ * it for every process sharing it); a socket gets send(MSG_DONTWAIT).
+ */
+static int err_fd = STDERR_FILENO;
+static bool err_sock;
+static uint64_t err_dropped;        /* lines stderr had no room for, since the last one written */
 
 static const struct {
 	const char *name;
@@ -47,9 +59,27 @@ void log_detect_journal(void)
 	unsigned long long dev, ino;
 	struct stat st;
 
+	if (fstat(STDERR_FILENO, &st) < 0)
+		return;
 	to_journal = env && sscanf(env, "%llu:%llu", &dev, &ino) == 2 &&
-		     fstat(STDERR_FILENO, &st) == 0 &&
 		     (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+	if (S_ISSOCK(st.st_mode)) {
+		err_sock = true;
+	} else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+		/* A new open file description: O_NONBLOCK is ours alone. A FIFO with no reader: ENXIO. */
+		int fd = open("/proc/self/fd/2", O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+
+		if (fd >= 0)
+			err_fd = fd;
+	}
+}
+
+/* One line, whole or not at all if its reader is behind (a pipe takes up to PIPE_BUF whole). */
+static bool err_write(const char *buf, size_t len)
+{
+	ssize_t n = err_sock ? send(STDERR_FILENO, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) : write(err_fd, buf, len);
+
+	return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
 void log_reopen(void)
@@ -150,8 +180,19 @@ log_write(int level, int err, const char *hint, const char *fmt, va_list ap)
 	}
 	buf[len++] = '\n';
 	/* One write per line; a short write to a dying terminal is not worth a retry loop. */
-	if (write(STDERR_FILENO, buf, len) < 0)
-		return;
+	if (__atomic_load_n(&err_dropped, __ATOMIC_RELAXED)) {
+		uint64_t lost = __atomic_exchange_n(&err_dropped, 0, __ATOMIC_RELAXED);
+		char note[160];
+
+		n = snprintf(note, sizeof(note), "%swarning: %llu log lines dropped here: stderr was full (its "
+			     "reader was not reading)\n", to_journal ? "<4>" : "chimed: ", (unsigned long long)lost);
+		if (lost && n > 0 && (size_t)n < sizeof(note) && !err_write(note, (size_t)n)) {
+			__atomic_fetch_add(&err_dropped, lost + 1, __ATOMIC_RELAXED);
+			return;
+		}
+	}
+	if (!err_write(buf, len))
+		__atomic_fetch_add(&err_dropped, 1, __ATOMIC_RELAXED);
 }
 
 void log_msg(int level, const char *fmt, ...)

@@ -35,7 +35,9 @@ void log_use_syslog(void);
 
 /*
  * When stderr is systemd's journal stream ($JOURNAL_STREAM names it), prefix
- * lines with "<level>" so the journal keeps their priority.
+ * lines with "<level>" so the journal keeps their priority. And from now on,
+ * a line stderr has no room for (its reader is not reading) is dropped and
+ * counted, never waited for: the next line written says how many.
  */
 void log_detect_journal(void);
 

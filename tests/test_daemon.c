@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -425,6 +426,62 @@ Test(daemon, a_file_size_limit_is_an_error_not_a_signal, .timeout = 30)
 	cr_expect(strstr(out, "File too large") && strstr(out, ".shard0"), "the error does not name the file and "
 		  "the cause:\n%s", out);
 	t_rmdir_files(dir);
+}
+
+/*
+ * A foreground chimed whose stderr nobody reads (a stalled journald,
+ * `chimed -f | less` paused) goes on serving and stops on SIGTERM: a line
+ * that finds the pipe full is dropped, counted, and the count said once
+ * there is room. Before, the control thread blocked in write(): opens
+ * timed out after 10 s, and SIGTERM went unheard.
+ */
+Test(daemon, a_stderr_nobody_reads_does_not_stall_the_broker, .timeout = 60)
+{
+	static char text[1 << 20];
+	struct t_chimed b;
+	char extra[64];
+	uint64_t worst = 0;
+	int p[2], queued = 0, st;
+	size_t n = 0;
+	ssize_t got;
+
+	cr_assert_eq(pipe(p), 0);
+	cr_assert_geq(fcntl(p[1], F_SETPIPE_SZ, 4096), 4096);
+	/* sh redirects single-digit descriptors only: the pipe by its /dev/fd name (the shell inherits it). */
+	snprintf(extra, sizeof(extra), "--shards 1 --log-level debug 2>/dev/fd/%d", p[1]);
+	cr_assert_eq(t_chimed_start(&b, NULL, extra), 0);
+	close(p[1]);
+	/* Two lines a connection, 20 connections' a second: about 4 s to fill the pipe, then 2 s more. */
+	for (int i = 0, full = 0; full < 40; i++) {
+		struct chime_opts o = { .socket_path = b.sock };
+		uint64_t t0 = now_ns();
+		chime_t *c;
+		int r = chime_open(&c, &o);
+
+		cr_assert_eq(r, 0, "open %d: %s", i, strerror(-r));
+		chime_close(c);
+		if (now_ns() - t0 > worst)
+			worst = now_ns() - t0;
+		cr_assert_eq(ioctl(p[0], FIONREAD, &queued), 0);
+		full += queued >= 4000;
+		cr_assert_lt(i, 1000, "the pipe never filled (%d bytes): nothing was tested", queued);
+		sleep_ms(50);
+	}
+	cr_expect_lt(worst, UINT64_C(2000000000), "an open took %llu ms", (unsigned long long)(worst / 1000000));
+	/* Room again: the next line says how many were dropped. */
+	cr_assert_eq(fcntl(p[0], F_SETFL, O_NONBLOCK), 0);
+	while ((got = read(p[0], text, sizeof(text) - 1)) > 0)
+		;
+	cr_assert_eq(kill(b.pid, SIGTERM), 0);
+	cr_assert_eq(waitpid(b.pid, &st, 0), b.pid);
+	b.pid = 0;
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+	while (n < sizeof(text) - 1 && (got = read(p[0], text + n, sizeof(text) - 1 - n)) > 0)
+		n += (size_t)got;
+	text[n] = 0;
+	cr_expect(strstr(text, "log lines dropped here: stderr was full"), "%s", text);
+	close(p[0]);
+	t_chimed_stop(&b, 0);
 }
 
 /* Receive one datagram into buf (NUL-terminated) within `ms`; 0 on timeout. */

@@ -96,7 +96,7 @@ static int connect_broker(const char *path, int *out)
 	strcpy(sa.sun_path, path);
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
-		return errno == EMFILE || errno == ENFILE || errno == ENOBUFS ? -ENOMEM : -errno;
+		return errno == ENOBUFS ? -ENOMEM : -errno;
 	while (connect(fd, (struct sockaddr *)&sa, len) < 0) {
 		r = errno;
 		if (r == EINTR)
@@ -197,6 +197,8 @@ static int recv_welcome(int sock, struct chime_welcome *w, int *fds, unsigned *n
 	}
 	if (len == 0)
 		r = -ECONNRESET;
+	else if (r == 0 && (msg.msg_flags & MSG_CTRUNC) && n < CHIME_MAX_FDS)
+		r = -EMFILE;    /* room for them all in the buffer: the kernel had no descriptor left for some */
 	else if (r == 0 && ((msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) || len != sizeof(*w)))
 		r = -EBADMSG;
 	else if (r == 0 && w->magic != CHIME_HELLO_MAGIC)
@@ -425,10 +427,10 @@ static int wake_fds(struct chime *c)
 
 	c->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (c->kick_fd < 0)
-		return errno == EMFILE || errno == ENFILE ? -ENOMEM : -errno;
+		return -errno;
 	c->ep_fd = epoll_create1(EPOLL_CLOEXEC);
 	if (c->ep_fd < 0)
-		return errno == EMFILE || errno == ENFILE ? -ENOMEM : -errno;
+		return -errno;
 	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->kick_fd, &ev) < 0)
 		return -errno;
 	ev.events = EPOLLIN | EPOLLRDHUP;

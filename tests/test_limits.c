@@ -478,6 +478,50 @@ Test(limits, tiny_tmpfs_fails_start_with_a_clear_message)
 }
 
 /*
+ * A client at its own descriptor limit: chime_open() says so (-EMFILE),
+ * whichever descriptor it could not have. Before, the welcome's descriptors
+ * cut short by the kernel read as a malformed reply (-EBADMSG), and the
+ * others as -ENOMEM. Each limit from "the socket only" up to "enough" is
+ * tried in a child of its own; the last must open.
+ */
+Test(limits, a_client_out_of_descriptors_gets_emfile)
+{
+	unsigned emfile = 0;
+	int results[16];
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "--shards 2"), 0);
+	for (int k = 0; k < 16; k++) {
+		pid_t pid = fork();
+		int st;
+
+		cr_assert_geq(pid, 0);
+		if (pid == 0) {
+			struct chime_opts o = { .socket_path = tb.sock };
+			chime_t *c;
+			int hi = 2, r;
+
+			for (int fd = 3; fd < 4096; fd++)
+				if (fcntl(fd, F_GETFD) >= 0)
+					hi = fd;
+			if (setrlimit(RLIMIT_NOFILE, &(struct rlimit){ .rlim_cur = (rlim_t)(hi + 1 + k),
+								      .rlim_max = (rlim_t)(hi + 1 + k) }) < 0)
+				_exit(250);
+			r = chime_open(&c, &o);
+			_exit(r < 0 ? -r : 0);
+		}
+		cr_assert_eq(waitpid(pid, &st, 0), pid);
+		cr_assert(WIFEXITED(st));
+		results[k] = WEXITSTATUS(st);
+		cr_assert_neq(results[k], 250, "setrlimit");
+		cr_assert(results[k] == 0 || results[k] == EMFILE, "%d descriptors free: %s", k,
+			  strerror(results[k]));
+		emfile += results[k] == EMFILE;
+	}
+	cr_assert_gt(emfile, 4, "only %u limits were too low: nothing was tested", emfile);
+	cr_assert_eq(results[15], 0, "15 descriptors free: %s", strerror(results[15]));
+}
+
+/*
  * A broker out of descriptors (its RLIMIT_NOFILE) failed its accept and left
  * the connection queued: that chime_open() waited 10 s for ETIMEDOUT, and
  * nothing retried the accept, so every later open timed out too, even

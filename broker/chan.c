@@ -1742,12 +1742,34 @@ void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem
 	ch->word_wait = resume;
 }
 
+/*
+ * Arms the client could not make that are still in its ring (NOPs in
+ * marked slots): counted now, when it goes, or a client refused and gone
+ * at once would be in neither the counters nor the log. Nothing else of the
+ * ring is applied; at most a ring's worth, published or not.
+ */
+static void refused_left(struct shard_core *sc, struct chan *ch)
+{
+	struct chime_sqe r;
+
+	for (uint64_t pos = ch->sq.head; pos - ch->sq.head <= ch->sq_mask; pos++) {
+		uint64_t g = ch->grants[pos & ch->sq_mask];
+
+		if (!chime_sq_peek(ch->sq.slots, ch->sq.mask, pos, &r))
+			break;
+		if (r.op == CHIME_OP_NOP && chime_grant_is_marker(g))
+			stats_refused(sc->st, ch->slot, refusal(sc, ch, g));
+	}
+}
+
 bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 {
 	uint32_t end, idx;
 
 	if (!ch->dying) {
 		ch->dying = 1;
+		if (!ch->parked && ch->sq.slots)
+			refused_left(sc, ch);   /* a parked channel's rings went with its process */
 		walk_dequeue(sc, ch);   /* its CANCEL_KEY too: every node of the client goes */
 		grants_drop(sc, ch);
 		carried_free(sc, ch);

@@ -861,11 +861,71 @@ static bool unread_by_peer(int fd)
 }
 
 /*
+ * A client's refused arms not logged yet, one line per cause: from the
+ * report every LIMITS_REPORT_NS, and when its connection ends (`at_end`,
+ * on the connection lines' budget: a loop of clients refused once each
+ * cannot flood the log). Before the second, a client that was refused and
+ * went before the next report was never logged.
+ */
+static void refusals_log(struct broker *b, struct client *c, bool at_end)
+{
+	const char *base = (const char *)b->ctl;
+	const struct chime_shard_ctl *sc = (const struct chime_shard_ctl *)(base + b->ctl->shards_off);
+	const struct chime_client_stats *cs =
+		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
+	uint64_t sum[3] = { 0, 0, 0 }, no_room = 0;
+
+	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+		const struct chime_client_stats *e = &cs[(uint64_t)c->slot * b->o.nr_shards + i];
+
+		no_room += at_load(&sc[i].stats.reserve_failed);
+		if (at_load(&e->generation) != c->generation)
+			continue;
+		sum[0] += at_load(&e->refused_nomem);
+		sum[1] += at_load(&e->refused_quota);
+		sum[2] += at_load(&e->refused_user_quota);
+	}
+	if (!memcmp(sum, c->refused_logged, sizeof(sum)))
+		return;
+	if (at_end && !log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT)) {
+		memcpy(c->refused_logged, sum, sizeof(sum));
+		return;
+	}
+	/* refused_user_quota is a part of refused_quota: the rest is the client's own. */
+	if (sum[1] - sum[2] > c->refused_logged[1] - c->refused_logged[2])
+		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: it holds its "
+			"quota of %llu timers (--max-timers-per-client)",
+			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
+			(unsigned long long)((sum[1] - sum[2]) - (c->refused_logged[1] - c->refused_logged[2])),
+			(unsigned long long)b->o.max_timers_per_client);
+	if (sum[2] > c->refused_logged[2])
+		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the clients of "
+			"uid %u together hold its quota of %llu timers (--max-timers-per-uid)",
+			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
+			(unsigned long long)(sum[2] - c->refused_logged[2]), (unsigned)c->cred.uid,
+			(unsigned long long)b->o.max_timers_per_uid);
+	/* A reservation that failed is the filesystem's doing (the shard's own warning says more). */
+	if (sum[0] > c->refused_logged[0] && no_room)
+		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the filesystem of "
+			"'%s' has no room for more timers",
+			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
+			(unsigned long long)(sum[0] - c->refused_logged[0]), b->o.socket_path);
+	else if (sum[0] > c->refused_logged[0])
+		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the shards are "
+			"full (--capacity %u per shard)",
+			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
+			(unsigned long long)(sum[0] - c->refused_logged[0]), b->o.capacity);
+	memcpy(c->refused_logged, sum, sizeof(sum));
+}
+
+/*
  * What belongs to one process's connection: its segments, doorbells and
  * socket (a parked session keeps its channels, the shards' private state).
  */
 static void conn_release(struct broker *b, struct client *c)
 {
+	if (b->ctl && c->mems)
+		refusals_log(b, c, true);       /* every shard is done with it: its counts are final */
 	exit_watch_end(b, c);
 	free(c->mems);
 	c->mems = NULL;
@@ -1404,8 +1464,6 @@ static void limits_report(struct broker *b, uint64_t now)
 {
 	const char *base = (const char *)b->ctl;
 	const struct chime_shard_ctl *sc = (const struct chime_shard_ctl *)(base + b->ctl->shards_off);
-	const struct chime_client_stats *cs =
-		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
 
 	if (now - b->last_report_ns < LIMITS_REPORT_NS)
 		return;
@@ -1419,41 +1477,9 @@ static void limits_report(struct broker *b, uint64_t now)
 				i, b->o.socket_path, (unsigned long long)n);
 		b->reserve_failed_logged[i] = n;
 	}
-	for (uint32_t slot = 0; slot < b->clients_hi; slot++) {
-		struct client *c = &b->clients[slot];
-		uint64_t sum[3] = { 0, 0, 0 };
-
-		if (c->state != CL_ACTIVE)
-			continue;
-		for (uint32_t i = 0; i < b->o.nr_shards; i++) {
-			const struct chime_client_stats *e = &cs[(uint64_t)slot * b->o.nr_shards + i];
-
-			if (at_load(&e->generation) != c->generation)
-				continue;
-			sum[0] += at_load(&e->refused_nomem);
-			sum[1] += at_load(&e->refused_quota);
-			sum[2] += at_load(&e->refused_user_quota);
-		}
-		/* refused_user_quota is a part of refused_quota: the rest is the client's own. */
-		if (sum[1] - sum[2] > c->refused_logged[1] - c->refused_logged[2])
-			log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: it holds its "
-				"quota of %llu timers (--max-timers-per-client)",
-				(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
-				(unsigned long long)((sum[1] - sum[2]) - (c->refused_logged[1] - c->refused_logged[2])),
-				(unsigned long long)b->o.max_timers_per_client);
-		if (sum[2] > c->refused_logged[2])
-			log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the clients of "
-				"uid %u together hold its quota of %llu timers (--max-timers-per-uid)",
-				(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
-				(unsigned long long)(sum[2] - c->refused_logged[2]), (unsigned)c->cred.uid,
-				(unsigned long long)b->o.max_timers_per_uid);
-		if (sum[0] > c->refused_logged[0])
-			log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the shards are "
-				"full (--capacity %u per shard)",
-				(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
-				(unsigned long long)(sum[0] - c->refused_logged[0]), b->o.capacity);
-		memcpy(c->refused_logged, sum, sizeof(sum));
-	}
+	for (uint32_t slot = 0; slot < b->clients_hi; slot++)
+		if (b->clients[slot].state == CL_ACTIVE)
+			refusals_log(b, &b->clients[slot], false);
 }
 
 /*

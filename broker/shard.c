@@ -606,6 +606,8 @@ static void reclaim_step(struct shard *s, bool *work)
 			return;
 		if (c->op == SHARD_CMD_DETACH)
 			chan_fini(c->ch);
+		/* Its last counts (refused_left()) published before the ack: the control thread logs them then. */
+		stats_publish(&s->st);
 		ack(s, c->ack, 0);
 		s->dying[i] = s->dying[--s->nr_dying];
 	}

@@ -38,6 +38,20 @@ int t_write_file(const char *path, const char *text)
 	return r;
 }
 
+bool t_file_has(const char *path, const char *needle)
+{
+	static char buf[65536];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+
+	if (fd >= 0)
+		close(fd);
+	if (n < 0)
+		return false;
+	buf[n] = 0;
+	return strstr(buf, needle) != NULL;
+}
+
 void t_rmdir_files(const char *dir)
 {
 	char p[PATH_MAX];

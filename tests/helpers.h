@@ -48,6 +48,9 @@ int t_chimed_restart(struct t_chimed *b, int sig, const char *extra);
 /* Replace the file at path with text (a policy file, say). 0, or -1 (errno). */
 int t_write_file(const char *path, const char *text);
 
+/* Whether the first 64 KiB of the file at path (a broker's log) hold needle. */
+bool t_file_has(const char *path, const char *needle);
+
 /* Remove a directory and what is in it (one level, as brokers leave it). */
 void t_rmdir_files(const char *dir);
 

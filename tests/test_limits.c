@@ -302,9 +302,10 @@ Test(limits, clients_attaching_together_grow_the_slab_and_are_never_refused)
 
 /* ---- root only: a filesystem too small for the broker ---- */
 
+/* And the client's refusals are put down to the filesystem, not to --capacity (they were). */
 Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 {
-	char dir[64], sock[128];
+	char dir[64], sock[128], log[64], extra[128];
 	chime_t *c;
 	unsigned n;
 	int err;
@@ -313,7 +314,9 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 		cr_skip("mounting a tmpfs needs root");
 	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
 	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
-	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576"), 0);
+	snprintf(log, sizeof(log), "/tmp/chime-tl-%d.log", (int)getpid());
+	snprintf(extra, sizeof(extra), "-n 1 --capacity 1048576 2>'%s'", log);
+	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
 	c = copen();
 	n = arm_until_refused(c, 1000000, &err, NULL);
 	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
@@ -321,7 +324,12 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 	cr_assert_eq(kill(tb.pid, 0), 0, "the broker died (SIGBUS?)");
 	cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, reserve_failed), 1), 1);
 	chime_close(c);
+	for (int i = 0; i < 300 && !t_file_has(log, "arms refused"); i++)
+		usleep(10 * 1000);
+	cr_expect(t_file_has(log, "arms refused: the filesystem of") && !t_file_has(log, "the shards are full"),
+		  "the client's refusals are not put down to the filesystem");
 	cr_assert_eq(WEXITSTATUS(t_chimed_stop(&tb, SIGTERM)), 0, "the broker stops cleanly");
+	unlink(log);
 	t_unmount_tmpfs(dir);
 }
 
@@ -475,6 +483,35 @@ Test(limits, tiny_tmpfs_fails_start_with_a_clear_message)
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; output: %s", st, out);
 	cr_assert(strstr(out, "cannot reserve") && strstr(out, dir), "unclear message: %s", out);
 	t_unmount_tmpfs(dir);
+}
+
+/*
+ * Refused arms are logged even when their client goes before the next
+ * report (every 10 s, of connected clients only): before, a client refused
+ * and gone at once was never in the log, only in the counters.
+ */
+Test(limits, refusals_of_a_client_that_left_at_once_are_logged)
+{
+	char dir[] = "/tmp/chime-tl-XXXXXX", log[64], extra[128];
+	unsigned armed;
+	int err = 0;
+	chime_t *c;
+
+	cr_assert(mkdtemp(dir));
+	snprintf(log, sizeof(log), "%s/log", dir);
+	snprintf(extra, sizeof(extra), "--shards 1 --max-timers-per-client 10 2>'%s'", log);
+	cr_assert_eq(t_chimed_start(&tb, NULL, extra), 0);
+	c = copen();
+	armed = arm_until_refused(c, 20, &err, NULL);
+	cr_assert_eq(armed, 10);
+	cr_assert_eq(err, -EDQUOT);
+	chime_close(c);
+	for (int i = 0; i < 300 && !t_file_has(log, "arms refused"); i++)
+		usleep(10 * 1000);
+	cr_assert(t_file_has(log, "arms refused: it holds its quota of 10 timers"), "not in the log within 3 s");
+	t_chimed_stop(&tb, SIGTERM);
+	unlink(log);
+	rmdir(dir);
 }
 
 /*

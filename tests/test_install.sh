@@ -6,7 +6,7 @@
 # own, as a package's /usr is); with only its libchime.pc on the pkg-config path (no ck.pc,
 # no liburing.pc), --cflags names our include directory and nothing else (no
 # leaked -D), --static --libs carries liburing, and a program using chime.h
-# compiles, links and runs. The Python module lands in a directory on the
+# compiles, links and runs, with libchime.so and with libchime.a. The Python module lands in a directory on the
 # sys.path of PYTHON (Debian's /usr/bin/python3), and imports from there.
 #
 # Usage: test_install.sh MESON BUILD_ROOT CC PYTHON
@@ -123,6 +123,31 @@ if command -v objdump >/dev/null 2>&1; then
 	# against it fails to load on an older libchime, by name, not at the call.
 	echo "$syms" | grep -Eq 'CHIME_0\.5 +chime_drop_session$' || fail "no chime_drop_session@@CHIME_0.5"
 fi
+
+# The static library: chime.h's functions are its only global symbols
+# (libclient/static-archive.sh), and a program links with it alone, by
+# pkg-config --static, with no libchime.so in the way.
+archive=$LD_LIBRARY_PATH/libchime.a
+[ -f "$archive" ] || fail "no libchime.a installed next to libchime.so"
+if command -v nm >/dev/null 2>&1; then
+	# shellcheck disable=SC2086
+	set -- $cflags
+	api=$(grep -o 'chime_[a-z_]*(' "${1#-I}/chime.h" | tr -d '(' | sort -u)
+	for sym in $(nm -g --defined-only "$archive" | awk 'NF == 3 { sub(/@.*/, "", $3); print $3 }' | sort -u); do
+		echo "$api" | grep -qx "$sym" || fail "libchime.a exports '$sym', which is not in chime.h"
+	done
+	echo "install: libchime.a exports chime.h's functions only"
+fi
+mkdir "$dest/static" && cp "$archive" "$dest/static/"
+# shellcheck disable=SC2086
+"$cc" -std=c11 -Wall -Werror $cflags -o "$dest/consumer_static" "$dest/consumer.c" \
+	-L"$dest/static" -Wl,-Bstatic -lchime -Wl,-Bdynamic ${static#*-lchime} ||
+	fail "a consumer does not link with libchime.a and pkg-config --static's flags"
+if command -v ldd >/dev/null 2>&1 && ldd "$dest/consumer_static" | grep -q libchime; then
+	fail "the static consumer still needs libchime.so"
+fi
+LD_LIBRARY_PATH='' "$dest/consumer_static" || fail "the statically linked consumer does not run"
+echo "install: a program links libchime.a and runs"
 
 if [ -n "$python" ]; then
 	init=$(find "$dest" -path '*/chime/__init__.py' | head -n 1)

@@ -312,8 +312,13 @@ say "cc smoke.c \$(pkg-config --cflags --libs libchime) (cflags '$cflags', libs 
 # shellcheck disable=SC2086 # pkg-config's flags are meant to split
 cc -std=c11 -Wall -Werror $cflags -o "$tmp/smoke" "$tmp/smoke.c" $libs || die "a program does not build with pkg-config's flags"
 "$tmp/smoke" "$sock" || die "the program built against libchime-dev failed against the broker"
-# No libchime.a: the build installs the shared library only (libclient/meson.build says why).
-[ ! -e "/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libchime.a" ] || die "libchime.a is installed"
+# libchime.a too, with what pkg-config --static adds (liburing: libchime-dev depends on liburing-dev for it).
+static_libs=$(pkg-config --static --libs-only-l --libs-only-other libchime) || die "pkg-config --static failed"
+# shellcheck disable=SC2086
+cc -std=c11 -Wall -Werror $cflags -o "$tmp/smoke-static" "$tmp/smoke.c" \
+	-Wl,-Bstatic -lchime -Wl,-Bdynamic ${static_libs//-lchime/} || die "a program does not link libchime.a"
+! ldd "$tmp/smoke-static" | grep -q libchime || die "smoke-static still loads libchime.so"
+"$tmp/smoke-static" "$sock" || die "the program linked with libchime.a failed against the broker"
 
 # Debian's python3, which python3-chime is for: a pyenv or virtualenv python3
 # earlier in $PATH does not look in /usr/lib/python3/dist-packages.

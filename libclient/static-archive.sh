@@ -1,0 +1,24 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# libchime.a for static consumers: the library's and the shared-memory
+# code's objects partially linked into one, with every symbol but the public
+# API made local. An archive of the objects as they are would hand a
+# consumer the internals' names (cl_dial, chime_sq_*, ...) to collide with;
+# libchime.so hides them with its version script, which a static link does
+# not read. The sources are built with hidden visibility and the API marked
+# CHIME_PUBLIC, so --localize-hidden leaves exactly chime.h's functions (and
+# chime_open's two versions, of which a static link takes the default one).
+#
+# Usage: static-archive.sh OUTPUT ARCHIVE... (the archives to merge)
+set -eu
+
+out=$1
+shift
+tmp="$out.tmp.o"
+trap 'rm -f "$tmp" "$tmp.2"' EXIT
+${LD:-ld} -r --whole-archive "$@" --no-whole-archive -o "$tmp"
+# chime_open's implementations keep their versioned names only.
+${OBJCOPY:-objcopy} --localize-hidden -L chime_open_0_1 -L chime_open_0_3 "$tmp" "$tmp.2"
+rm -f "$out"
+${AR:-ar} rcsD "$out" "$tmp.2"

@@ -10,14 +10,23 @@
 # CHIME_PUBLIC, so --localize-hidden leaves exactly chime.h's functions (and
 # chime_open's two versions, of which a static link takes the default one).
 #
-# Usage: static-archive.sh OUTPUT ARCHIVE... (the archives to merge)
+# Usage: static-archive.sh OUTPUT plain|lto ARCHIVE... (the archives to
+# merge). lto: their objects are GCC's LTO code, compiled now to machine
+# code by the compiler driver in $CC (objcopy cannot read LTO code).
 set -eu
 
 out=$1
-shift
+mode=$2
+shift 2
 tmp="$out.tmp.o"
 trap 'rm -f "$tmp" "$tmp.2"' EXIT
-${LD:-ld} -r --whole-archive "$@" --no-whole-archive -o "$tmp"
+if [ "$mode" = lto ]; then
+	# shellcheck disable=SC2086 # $CC may be "ccache cc"
+	${CC:-cc} -r -nostdlib -flto -flinker-output=nolto-rel -Wl,--whole-archive "$@" -Wl,--no-whole-archive \
+		-o "$tmp"
+else
+	${LD:-ld} -r --whole-archive "$@" --no-whole-archive -o "$tmp"
+fi
 # chime_open's implementations keep their versioned names only.
 ${OBJCOPY:-objcopy} --localize-hidden -L chime_open_0_1 -L chime_open_0_3 "$tmp" "$tmp.2"
 rm -f "$out"

@@ -1256,6 +1256,40 @@ Test(tools_live, a_clients_name_is_printable_wherever_it_is_shown)
 }
 
 /*
+ * A name in UTF-8 is shown as it is, in JSON as the characters it names,
+ * and found by chimestat --comm (issue 8's "wörk\"er\1"); a C1 control
+ * (U+009B, a terminal's CSI) and a bidirectional override are not, nor a
+ * character the kernel cut at 15 bytes. Before, every byte past ASCII was
+ * '?', so no --comm could name a process called "wörker".
+ */
+Test(tools_live, a_clients_name_in_utf8_is_kept_and_found)
+{
+	struct chime_opts o = { .socket_path = sock };
+	char self[16] = "";
+	chime_t *a, *b;
+
+	start_broker("--shards 1");
+	cr_assert_eq(prctl(PR_GET_NAME, self), 0);
+	cr_assert_eq(prctl(PR_SET_NAME, "w\xc3\xb6rk\"er\x01"), 0);
+	cr_assert_eq(chime_open(&a, &o), 0);
+	/* CSI as U+009B, a right-to-left override, then an "\xc3\xb6" cut after its first byte. */
+	cr_assert_eq(prctl(PR_SET_NAME, "a\xc2\x9b" "2J\xe2\x80\xae" "bcdefg\xc3\xb6"), 0);
+	cr_assert_eq(chime_open(&b, &o), 0);
+	cr_assert_eq(prctl(PR_SET_NAME, self), 0);
+	cr_assert_eq(run("%s --socket '%s' -j clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq("[.clients[].comm] | sort == [\"a??2J???bcdefg?\", \"w\u00f6rk\\\"er?\"]"), 1, "%s",
+		     slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -1 -j --comm 'w\xc3\xb6rk\"er?'", bin("CHIMESTAT"), sock), 0, "%s",
+		     slurp(err));
+	cr_assert_eq(jq(".clients | length"), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "w\xc3\xb6rk") && !strstr(slurp(out), "\xc2\x9b") && !strstr(slurp(out), "\xe2\x80\xae"),
+		  "%s", slurp(out));
+	chime_close(a);
+	chime_close(b);
+}
+
+/*
  * Ids, keys and user_data are uint64_t: JSON carries the id as the text's
  * hex string, key and user_data as decimal strings, exact at 2^63 and up.
  */

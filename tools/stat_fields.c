@@ -62,8 +62,8 @@ static void prom_escape(char *dst, size_t len, const char *src)
 		} else if (c == '\n') {
 			dst[o++] = '\\';
 			dst[o++] = 'n';
-		} else if (c >= 0x20 && c < 0x7f) {
-			dst[o++] = (char)c;
+		} else if (c >= 0x20 && c != 0x7f) {
+			dst[o++] = (char)c;     /* UTF-8 is what label values are (chimed sends no invalid one) */
 		} else {
 			dst[o++] = '?';
 		}

@@ -1021,9 +1021,9 @@ int shard_fini(struct shard *s, bool keep)
 		 * a bounded time, then leave its memory alone (it may still touch
 		 * it) and let the caller exit.
 		 */
-		clock_gettime(CLOCK_REALTIME, &until);
+		clock_gettime(CLOCK_MONOTONIC, &until);     /* a step of the wall clock must not stretch it */
 		until.tv_sec += SHARD_STOP_TIMEOUT_S;
-		if (pthread_timedjoin_np(s->thr, NULL, &until)) {
+		if (pthread_clockjoin_np(s->thr, NULL, CLOCK_MONOTONIC, &until)) {
 			log_msg(LOG_ERR, "shard %u did not stop within %d s; exiting without it",
 				s->cfg.idx, SHARD_STOP_TIMEOUT_S);
 			if (!keep)

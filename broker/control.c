@@ -1143,6 +1143,8 @@ static int client_segments(struct broker *b, struct client *c)
 		r = chime_seg_seal(c->ro_fd, false);    /* through our descriptor: a read-only one may not */
 		close(c->ro_fd);
 		c->ro_fd = ro_only;
+	} else if (r == -EMFILE || r == -ENFILE) {
+		return r;       /* out of descriptors, not of /proc: the client is refused (EUSERS) */
 	} else {
 		/* No /proc (or an LSM says no): the seal, and its pages stay until the client lets go. */
 		if (log_ratelimit(&b->reopen_log, 3600))

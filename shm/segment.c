@@ -255,6 +255,119 @@ int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, s
 	return 0;
 }
 
+int chime_seg_named(int fd, const char *path)
+{
+	struct stat have, there;
+
+	if (fstat(fd, &have) < 0)
+		return -errno;
+	/* lstat: a symlink at the path is another file; the next broker's O_NOFOLLOW would refuse it. */
+	if (lstat(path, &there) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	return there.st_dev == have.st_dev && there.st_ino == have.st_ino ? 1 : -EEXIST;
+}
+
+/* [off, end) of `in` to the same offsets of `out`, through this process: the fallback. */
+static int copy_plain(int in, int out, off_t off, off_t end)
+{
+	char buf[65536];
+
+	while (off < end) {
+		size_t want = end - off < (off_t)sizeof(buf) ? (size_t)(end - off) : sizeof(buf);
+		ssize_t n = pread(in, buf, want, off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -EIO;    /* shorter than fstat said: the caller keeps it from changing */
+		for (ssize_t done = 0; done < n;) {
+			ssize_t w = pwrite(out, buf + done, (size_t)(n - done), off + done);
+
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0)
+				return -errno;
+			done += w;
+		}
+		off += n;
+	}
+	return 0;
+}
+
+/* [off, end) of `in` to the same offsets of `out`: in the kernel where it can, else copy_plain(). */
+static int copy_range(int in, int out, off_t off, off_t end)
+{
+	while (off < end) {
+		loff_t i = off, o = off;
+		ssize_t n = copy_file_range(in, &i, out, &o, (size_t)(end - off), 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		/* Not across these filesystems, or not by this kernel: by hand. */
+		if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP))
+			return copy_plain(in, out, off, end);
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -EIO;
+		off += n;
+	}
+	return 0;
+}
+
+/* Every data extent of `in` (SEEK_DATA, SEEK_HOLE) to `out`: its holes stay holes. */
+static int copy_data(int in, int out)
+{
+	off_t off = 0;
+
+	for (;;) {
+		off_t data = lseek(in, off, SEEK_DATA), hole;
+		int r;
+
+		if (data < 0)
+			return errno == ENXIO ? 0 : -errno;     /* ENXIO: no data past off */
+		hole = lseek(in, data, SEEK_HOLE);
+		if (hole < 0)
+			return -errno;
+		if ((r = copy_range(in, out, data, hole)) < 0)
+			return r;
+		off = hole;
+	}
+}
+
+/*
+ * A copy, not linkat() of /proc/self/fd/N: the kernel refuses to link a
+ * file whose last name is gone (ENOENT).
+ */
+int chime_seg_relink(int fd, const char *path)
+{
+	struct stat st;
+	int out, r = chime_seg_named(fd, path);
+
+	if (r != 0)
+		return r == 1 ? 0 : r;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	out = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, st.st_mode & 07777);
+	if (out < 0)
+		return -errno;
+	r = fchmod(out, st.st_mode & 07777) < 0 ? -errno : 0;
+	if (r == 0 && ftruncate(out, st.st_size) < 0)
+		r = -errno;
+	if (r == 0)
+		r = copy_data(fd, out);
+	/* A filesystem that writes back at the close (NFS) says there if it had no room. */
+	if (close(out) < 0 && r == 0 && errno != EINTR)
+		r = -errno;
+	if (r < 0) {
+		unlink(path);
+		return r;
+	}
+	return 1;
+}
+
 /*
  * F_SEAL_FUTURE_WRITE (not F_SEAL_WRITE): the broker's existing writable
  * mapping keeps working, while nobody can map the memfd writable again or

@@ -61,6 +61,25 @@ bool chime_seg_ours(const struct stat *st);
 int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map);
 
 /*
+ * Whether `path` still names the file open as `fd` (an operator or a
+ * cleanup job may remove, or replace, a broker's file while it runs): 1 if
+ * it does, 0 if nothing is there, -EEXIST if another file is (a symlink
+ * too, even to this one), -errno of fstat or lstat.
+ */
+int chime_seg_named(int fd, const char *path);
+
+/*
+ * Put the contents of file `fd` at `path` again if `path` no longer names
+ * it (chime_seg_named()): a new file (O_EXCL | O_NOFOLLOW, the mode of
+ * `fd`) of the same size, with only its data extents copied, so that a
+ * sparse slab stays sparse. 0 if `path` still names it, 1 if written
+ * again, or -errno: -EEXIST if another file is there (never overwritten),
+ * -errno of open, copy_file_range, read, write, ftruncate (nothing is left
+ * at `path` then). The caller must keep the file from changing meanwhile.
+ */
+int chime_seg_relink(int fd, const char *path);
+
+/*
  * Whether the directory holding `path` (a file in it, existing or not) is
  * on a filesystem in memory (tmpfs, ramfs): segment files anywhere else are
  * written back to disk by the kernel, and growing them costs more. Sets

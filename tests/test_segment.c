@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -455,4 +456,126 @@ Test(segment, dir_in_memory_names_the_filesystem_of_the_files_directory)
 	cr_assert_str_eq(fs, "0x9fa0", "procfs named %s", fs);
 	cr_assert_eq(chime_seg_dir_in_memory("/no/such/dir/chime.sock", &fs, buf, sizeof(buf)), -ENOENT);
 	cr_assert_geq(chime_seg_dir_in_memory("chime.sock", &fs, buf, sizeof(buf)), 0, "the working directory");
+}
+
+/* ---- a removed file written again (chime_seg_relink) ---- */
+
+#define SLAB_BYTES (272ull << 20)      /* a default shard file: 4M nodes */
+
+/* Bytes here and there in a sparse file of SLAB_BYTES, mapped as a shard's slab is. */
+static const uint64_t relink_at[] = { 0, 5ull << 20, (130ull << 20) + 12345, SLAB_BYTES - 1 };
+
+static int sparse_slab(const char *path, struct chime_map *m)
+{
+	int fd;
+
+	cr_assert_eq(chime_seg_file(path, SLAB_BYTES, 0, 0640, &fd, m), 0);
+	for (size_t i = 0; i < sizeof(relink_at) / sizeof(relink_at[0]); i++)
+		((unsigned char *)m->base)[relink_at[i]] = (unsigned char)(0xa0 + i);
+	return fd;
+}
+
+Test(segment, relink_writes_a_removed_file_again_sparse_with_its_mode_and_data)
+{
+	char dir[] = "/dev/shm/chime-t-XXXXXX", path[64];
+	struct chime_map m;
+	struct stat st, was;
+	int fd, at;
+	mode_t old = umask(077);
+
+	if (!mkdtemp(dir))
+		cr_skip("no writable /dev/shm here");
+	snprintf(path, sizeof(path), "%s/c.sock.shard0", dir);
+	fd = sparse_slab(path, &m);
+	cr_assert_eq(fstat(fd, &was), 0);
+	cr_assert_eq(chime_seg_named(fd, path), 1);
+	cr_assert_eq(chime_seg_relink(fd, path), 0, "the path still names it: nothing to do");
+
+	cr_assert_eq(unlink(path), 0);
+	cr_assert_eq(chime_seg_named(fd, path), 0);
+	cr_assert_eq(chime_seg_relink(fd, path), 1);
+	cr_assert_eq(lstat(path, &st), 0);
+	cr_assert(S_ISREG(st.st_mode));
+	cr_assert_neq(st.st_ino, was.st_ino, "a new file, the old inode has no name to take");
+	cr_assert_eq(st.st_size, (off_t)SLAB_BYTES);
+	cr_assert_eq(st.st_mode & 07777, 0640, "mode %o despite umask 077", st.st_mode & 07777);
+	/* 4 pages written (and the chunk tmpfs may give a huge page): sparse, not 272 MB. */
+	cr_assert_lt((uint64_t)st.st_blocks * 512, 16ull << 20, "%llu bytes allocated",
+		     (unsigned long long)st.st_blocks * 512);
+	at = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(at, 0);
+	for (size_t i = 0; i < sizeof(relink_at) / sizeof(relink_at[0]); i++) {
+		unsigned char b = 0;
+
+		cr_assert_eq(pread(at, &b, 1, (off_t)relink_at[i]), 1);
+		cr_assert_eq(b, 0xa0 + i, "byte at %llu: %#x", (unsigned long long)relink_at[i], b);
+		cr_assert_eq(pread(at, &b, 1, (off_t)relink_at[i] - (relink_at[i] ? 1 : -1)), 1);
+		cr_assert_eq(b, 0, "a neighbour of byte %llu", (unsigned long long)relink_at[i]);
+	}
+	close(at);
+	/* The copy is another file: once written, the path no longer names fd's. */
+	cr_assert_eq(chime_seg_named(fd, path), -EEXIST);
+	chime_seg_unmap(&m);
+	close(fd);
+	unlink(path);
+	rmdir(dir);
+	umask(old);
+}
+
+/* Another file (or a symlink, even to a copy of ours) at the path is never written over, nor followed. */
+Test(segment, relink_never_writes_over_another_file_at_the_path)
+{
+	char dir[] = "/dev/shm/chime-t-XXXXXX", path[64], target[80], buf[16] = { 0 };
+	struct chime_map m;
+	struct stat st;
+	int fd, other;
+
+	if (!mkdtemp(dir))
+		cr_skip("no writable /dev/shm here");
+	snprintf(path, sizeof(path), "%s/c.sock.sessions", dir);
+	snprintf(target, sizeof(target), "%s/elsewhere", dir);
+	fd = sparse_slab(path, &m);
+	cr_assert_eq(unlink(path), 0);
+	cr_assert_eq(t_write_file(path, "someone's"), 0);
+	cr_assert_eq(chime_seg_relink(fd, path), -EEXIST);
+	other = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(other, 0);
+	cr_assert_eq(read(other, buf, sizeof(buf) - 1), 9);
+	cr_assert_str_eq(buf, "someone's");
+	close(other);
+
+	cr_assert_eq(unlink(path), 0);
+	cr_assert_eq(symlink(target, path), 0);
+	cr_assert_eq(chime_seg_relink(fd, path), -EEXIST);
+	cr_assert_eq(access(target, F_OK), -1, "symlink followed");
+	cr_assert_eq(lstat(path, &st), 0);
+	cr_assert(S_ISLNK(st.st_mode));
+	unlink(path);
+
+	cr_assert_eq(chime_seg_relink(fd, "/nonexistent/dir/c.sock.shard0"), -ENOENT);
+	chime_seg_unmap(&m);
+	close(fd);
+	rmdir(dir);
+}
+
+/* A filesystem with no room for the copy: an error, and nothing left half written at the path. */
+Test(segment, relink_that_finds_no_room_leaves_nothing_at_the_path)
+{
+	char dir[PATH_MAX], path[PATH_MAX + 16];
+	struct chime_map m;
+	int fd;
+
+	if (geteuid() != 0)
+		cr_skip("needs root (mounts a small tmpfs)");
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "24m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(path, sizeof(path), "%s/c.sock.shard0", dir);
+	cr_assert_eq(chime_seg_file(path, 32u << 20, 0, 0600, &fd, &m), 0);
+	cr_assert_eq(unlink(path), 0);
+	/* 16 MiB of data: the file and its copy cannot both fit in 24 MiB. */
+	memset(m.base, 0x5a, 16u << 20);
+	cr_assert_eq(chime_seg_relink(fd, path), -ENOSPC);
+	cr_assert_eq(access(path, F_OK), -1, "a partial copy was left at the path");
+	chime_seg_unmap(&m);
+	close(fd);
+	t_unmount_tmpfs(dir);
 }

@@ -202,6 +202,9 @@ struct broker {
 	uint64_t *reserve_failed_logged;   /* [nr_shards] */
 	struct sessfile sess;           /* "<socket>.sessions" (restart.c) */
 	char sess_path[PATH_MAX];
+	bool sess_gone;                 /* its path names it no more, said (restart_watch()) */
+	bool sess_lost;                 /* a stop could not write it again (restart_keep()) */
+	uint64_t watched_ns;            /* restart_watch() last looked */
 	bool restoring;                 /* start-up: sessions of an earlier broker are being taken over */
 	bool restart;                   /* SIGUSR2: stop, then main() executes chimed again */
 };
@@ -233,8 +236,19 @@ void restart_put(struct broker *b, const struct client *c);
 void restart_clear(struct broker *b, const struct client *c);
 /* What a stop leaves for the next broker: sessions that are not being reclaimed. */
 uint32_t restart_sessions(const struct broker *b);
-/* Close the sessions file; remove it if it is ours and no session is left. */
-void restart_close(struct broker *b, uint32_t sessions);
+/*
+ * A stop that keeps sessions, before the shards stop: the sessions file
+ * written again if it was removed while the broker ran (logged; sess_lost
+ * if that failed).
+ */
+void restart_keep(struct broker *b);
+/*
+ * Close the sessions file; remove it if it is ours and no session is left.
+ * `lost_shards`: shard files a stop keeping sessions could not write again.
+ */
+void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards);
+/* At the heartbeat: say once (LOG_ERR) if a file the next broker needs was removed or replaced. */
+void restart_watch(struct broker *b, uint64_t now);
 
 /* How long a session's next process waits for its last connection's socket to drain (held_fd). */
 #define HELD_WAIT_NS (1000u * 1000000u)

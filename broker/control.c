@@ -1737,6 +1737,7 @@ int broker_run(struct broker *b)
 			arm_accept(b);  /* after a failed accept (out of descriptors): a no-op when armed */
 			limits_report(b, now);
 			clients_beat(b, now);
+			restart_watch(b, now);
 		}
 		wait = query_step(b) ? 0 : HEARTBEAT_NS - (now - last_hb);
 		ts.tv_sec = 0;
@@ -1862,7 +1863,7 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 
 void broker_stop(struct broker *b)
 {
-	uint32_t sessions;
+	uint32_t sessions, lost_shards = 0;
 	bool keep;
 
 	if (!b)
@@ -1883,9 +1884,14 @@ void broker_stop(struct broker *b)
 		close(b->spare_fd);
 	if (b->listening)
 		unlink(b->o.socket_path);
+	if (keep)
+		restart_keep(b);
 	/* Shards stop before anything they use goes away. */
 	for (uint32_t i = 0; b->shards && i < b->o.nr_shards; i++) {
-		if (shard_fini(&b->shards[i], keep) < 0) {
+		int r = shard_fini(&b->shards[i], keep);
+
+		lost_shards += r > 0;
+		if (r < 0) {
 			/* A wedged shard may still use every mapping: remove the files and go. */
 			for (uint32_t j = i + 1; j < b->o.nr_shards && !keep; j++)
 				unlink(b->shards[j].path);
@@ -1937,7 +1943,7 @@ void broker_stop(struct broker *b)
 		close(b->ctl_fd);
 		unlink(b->ctl_path);
 	}
-	restart_close(b, sessions);
+	restart_close(b, sessions, lost_shards);
 	if (b->lock_fd >= 0) {
 		/* Unlink while still holding it: a starter that opened it re-checks the inode. */
 		unlink(b->lock_path);

@@ -291,14 +291,68 @@ uint32_t restart_sessions(const struct broker *b)
 	return n;
 }
 
-void restart_close(struct broker *b, uint32_t sessions)
+/*
+ * Before the shard files: it is small, and without it the next broker
+ * discards all their timers, so on a nearly full filesystem it goes first.
+ */
+void restart_keep(struct broker *b)
+{
+	if (b->sess.fd >= 0)
+		b->sess_lost = !keep_file(b->sess.fd, b->sess_path, "the next broker will have none of the "
+					  "sessions' timers");
+}
+
+void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards)
 {
 	bool ours = b->sess.fd >= 0;    /* a file we did not create (a refused start) is never removed */
 
-	if (sessions && ours)
+	if (sessions && ours && !b->sess_lost && !lost_shards)
 		log_msg(LOG_INFO, "keeping the timers of %u sessions for the next broker ('%s')", sessions,
 			b->sess_path);
+	else if (sessions && ours && !b->sess_lost)
+		log_msg(LOG_WARNING, "keeping the timers of %u sessions for the next broker ('%s'), except "
+			"those of %u shards", sessions, b->sess_path, lost_shards);
 	sessfile_close(&b->sess);
 	if (!sessions && ours)
 		unlink(b->sess_path);
+}
+
+/*
+ * A state file removed or replaced while the broker runs: what it holds is
+ * safe in this broker's memory, and a stop writes it again (restart_keep(),
+ * shard_fini()), but a crash now loses it, and nothing else would say so
+ * before the next broker starts empty. Said once per removal: the flag
+ * clears only when the path names the file again.
+ */
+#define WATCH_NS (UINT64_C(1000000000))  /* a stat and an fstat per file per second */
+
+static void watch(int fd, const char *path, bool *gone)
+{
+	int r = chime_seg_named(fd, path);
+
+	if (r == 1)
+		*gone = false;
+	/* Named; said already; or an error (ENOMEM, EACCES) this time: the next look tries again. */
+	if ((r != 0 && r != -EEXIST) || *gone)
+		return;
+	*gone = true;
+	if (r == 0)
+		log_msg(LOG_ERR, "'%s' was removed while the broker runs: a crash now would lose the named "
+			"sessions' timers (a stop writes it again)", path);
+	else
+		log_msg(LOG_ERR, "'%s' was replaced by another file while the broker runs: a crash or a stop "
+			"now would lose the named sessions' timers (remove that file: a stop then writes it "
+			"again)", path);
+}
+
+void restart_watch(struct broker *b, uint64_t now)
+{
+	if (now - b->watched_ns < WATCH_NS)
+		return;
+	b->watched_ns = now;
+	if (b->sess.fd >= 0)
+		watch(b->sess.fd, b->sess_path, &b->sess_gone);
+	for (uint32_t i = 0; i < b->o.nr_shards; i++)
+		if (b->shards[i].seg_fd >= 0)
+			watch(b->shards[i].seg_fd, b->shards[i].path, &b->shards[i].file_gone);
 }

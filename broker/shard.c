@@ -1006,8 +1006,29 @@ int shard_start(struct shard *s, int cpu)
 	return 0;
 }
 
+/*
+ * Without this, a file removed meanwhile (rm, systemd-tmpfiles) was closed
+ * with its timers, and the next broker started empty without a word.
+ */
+bool keep_file(int fd, const char *path, const char *lost)
+{
+	int r = chime_seg_relink(fd, path);
+
+	if (r == 1)
+		log_msg(LOG_WARNING, "'%s' had been removed while the broker ran: written again for the next "
+			"broker", path);
+	else if (r == -EEXIST)
+		log_msg(LOG_ERR, "'%s' had been removed while the broker ran and another file is there now: not "
+			"writing over it (%s)", path, lost);
+	else if (r < 0)
+		log_errno_hint(LOG_ERR, r, lost, "cannot write '%s' again (removed while the broker ran)", path);
+	return r >= 0;
+}
+
 int shard_fini(struct shard *s, bool keep)
 {
+	int lost = 0;
+
 	if (s->started) {
 		struct timespec until;
 
@@ -1052,10 +1073,12 @@ int shard_fini(struct shard *s, bool keep)
 	s->doorbell = -1;
 	chime_seg_unmap(&s->seg);
 	if (s->seg_fd >= 0) {
+		/* The thread is gone: nothing writes the slab while it is copied. */
+		lost = keep && !keep_file(s->seg_fd, s->path, "the next broker will not have this shard's timers");
 		close(s->seg_fd);
 		if (!keep)
 			unlink(s->path);
 	}
 	s->seg_fd = -1;
-	return 0;
+	return lost;
 }

@@ -121,6 +121,7 @@ struct shard {
 	uint64_t seen_passes;
 	uint32_t still_beats;           /* heartbeats since it last moved or slept on time */
 	bool rung;                      /* the heartbeat rang it (clients_beat()): it must move by the next */
+	bool file_gone;                 /* path names seg_fd's file no more, said (restart_watch()) */
 
 	pthread_t thr;
 	int started;
@@ -151,9 +152,20 @@ void shard_post(struct shard *s, const struct shard_cmd *cmd);
 /*
  * Stop and join the thread (if started), then release everything; unlink the
  * segment file unless `keep` (sessions' timers in it, for the next broker).
- * -ETIMEDOUT (logged) if the thread did not stop within 2 s: its memory is
- * then left mapped, and the caller should exit.
+ * With `keep`, a file removed while the broker ran is written again
+ * (chime_seg_relink()). 0; 1 if that failed (logged: the next broker will
+ * not have this shard's timers); -ETIMEDOUT (logged) if the thread did not
+ * stop within 2 s: its memory is then left mapped, and the caller should
+ * exit.
  */
 int shard_fini(struct shard *s, bool keep);
+
+/*
+ * A stop keeping file `fd` for the next broker (a shard file, the sessions
+ * file), once nothing writes it: if `path` no longer names it, write it
+ * there again (chime_seg_relink()) and say so, or say why not and that
+ * `lost`. True if the file is at `path`.
+ */
+bool keep_file(int fd, const char *path, const char *lost);
 
 #endif /* CHIMED_SHARD_H */

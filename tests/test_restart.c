@@ -548,6 +548,194 @@ Test(restart, files_of_another_uid_are_not_taken_over)
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
 }
 
+/* ---- (7) files removed while the broker runs (rm, systemd-tmpfiles) ---- */
+
+/* A broker in a directory of its own, its stderr in <dir>/chimed.log (named in log). */
+static void start_logged(const char *extra, char *log, size_t len)
+{
+	char dir[] = "/tmp/chime-t-XXXXXX", sock[64], opts[512];
+	int r;
+
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	snprintf(log, len, "%s/chimed.log", dir);
+	snprintf(opts, sizeof(opts), "%s 2>'%s'", extra, log);
+	r = t_chimed_start(&tb, sock, opts);
+	tb.own_dir = 1;         /* stop() removes it, started or not */
+	snprintf(tb.dir, sizeof(tb.dir), "%s", dir);
+	cr_assert_eq(r, 0, "chimed %s did not start", opts);
+	t_session_sock = tb.sock;
+}
+
+/* Lines of the log holding both a and b. */
+static unsigned log_lines(const char *log, const char *a, const char *b)
+{
+	char line[1024];
+	unsigned n = 0;
+	FILE *f = fopen(log, "r");
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, a) && strstr(line, b);
+	fclose(f);
+	return n;
+}
+
+/* Wait (up to 3 s: the broker looks once a second) for a line holding a and b. */
+static bool log_says(const char *log, const char *a, const char *b)
+{
+	for (int i = 0; i < 300; i++, usleep(10 * 1000))
+		if (log_lines(log, a, b))
+			return true;
+	return false;
+}
+
+static void stop_now(int sig)
+{
+	int st;
+
+	cr_assert_eq(kill(tb.pid, sig), 0);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed's stop: status %#x", st);
+}
+
+/*
+ * The sessions file and every shard file removed under a running broker
+ * holding a session's timers: its stop wrote the unlinked inodes and said
+ * "keeping the timers", and the next broker started empty without a word.
+ * Now the stop writes them again, says so, and every timer comes back,
+ * each id still naming its timer.
+ */
+Test(restart, files_removed_while_the_broker_ran_are_written_again_at_a_stop)
+{
+	static const char *const which[] = { "sessions", "shard0", "shard1" };
+	char log[300], next[300], extra[400], path[PATH_MAX];
+	struct chime_event ev[128];
+	uint8_t seen[100] = { 0 };
+	chime_id_t ids[100];
+	chime_t *c;
+	unsigned n;
+
+	start_logged("-n 2", log, sizeof(log));
+	c = sopen_ok("keepme");
+	for (unsigned i = 0; i < 100; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &ids[i]), 0);
+	chime_close(c);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 100), 100);
+	for (size_t i = 0; i < sizeof(which) / sizeof(which[0]); i++) {
+		snprintf(path, sizeof(path), "%s.%s", tb.sock, which[i]);
+		cr_assert_eq(unlink(path), 0, "unlink %s", path);
+	}
+	snprintf(next, sizeof(next), "%s/next.log", tb.dir);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", next);
+	restart(SIGTERM, extra);
+	cr_assert(log_lines(next, "taking over 1 sessions", ""), "the next broker took no session over");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 100, "timers lost across the stop");
+	for (size_t i = 0; i < sizeof(which) / sizeof(which[0]); i++) {
+		snprintf(path, sizeof(path), "'%s.%s'", tb.sock, which[i]);
+		cr_assert_eq(log_lines(log, path, "written again for the next broker"), 1,
+			     "the stop did not say it wrote %s again", path);
+	}
+	cr_assert_eq(log_lines(log, "keeping the timers of 1 sessions", ""), 1);
+	/* Every old id still names its timer: reset to now, each fires once. */
+	c = sopen_ok("keepme");
+	for (unsigned i = 0; i < 100; i++)
+		cr_assert_eq(chime_reset(c, ids[i], now_ns() + 20 * MS), 0);
+	n = collect(c, ev, 128, now_ns() + 1000 * MS);
+	cr_assert_eq(n, 100, "%u of 100 timers fired after a reset by their old ids", n);
+	for (unsigned i = 0; i < n; i++) {
+		cr_assert_lt(ev[i].user_data, 100);
+		cr_assert_eq(seen[ev[i].user_data]++, 0, "timer %llu fired twice",
+			     (unsigned long long)ev[i].user_data);
+	}
+	chime_close(c);
+}
+
+/*
+ * A crash between the removal and the stop loses the timers: the heartbeat
+ * says so at once, once per file and per removal (the flag clears when the
+ * path names the file again), and only for the files removed.
+ */
+Test(restart, a_file_removed_while_the_broker_runs_is_reported_once_per_removal)
+{
+	char log[300], sess[PATH_MAX], shard1[PATH_MAX], aside[PATH_MAX], said_sess[PATH_MAX + 2],
+	     said_shard1[PATH_MAX + 2];
+	chime_id_t id;
+
+	start_logged("-n 2", log, sizeof(log));
+	chime_close(open_armed("watched", 10, &id));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10);
+	snprintf(sess, sizeof(sess), "%s.sessions", tb.sock);
+	snprintf(shard1, sizeof(shard1), "%s.shard1", tb.sock);
+	snprintf(aside, sizeof(aside), "%s.aside", tb.sock);
+	snprintf(said_sess, sizeof(said_sess), "'%s'", sess);
+	snprintf(said_shard1, sizeof(said_shard1), "'%s'", shard1);
+	cr_assert_eq(link(shard1, aside), 0);   /* kept under another name, to be put back */
+	cr_assert_eq(unlink(shard1), 0);
+	cr_assert_eq(unlink(sess), 0);
+	cr_assert(log_says(log, said_sess, "was removed while the broker runs: a crash now would lose"),
+		  "no error for the removed sessions file within 3 s");
+	cr_assert(log_says(log, said_shard1, "was removed while the broker runs"), "no error for shard1");
+	usleep(2500 * 1000);    /* two more looks */
+	cr_assert_eq(log_lines(log, said_sess, "was removed"), 1, "said more than once");
+	cr_assert_eq(log_lines(log, said_shard1, "was removed"), 1, "said more than once");
+	cr_assert_eq(log_lines(log, ".shard0'", "was removed"), 0, "shard0 was not removed");
+	/* Put back (the same file), then removed again: a new removal, said again. */
+	cr_assert_eq(rename(aside, shard1), 0);
+	usleep(1500 * 1000);
+	cr_assert_eq(unlink(shard1), 0);
+	for (int i = 0; i < 300 && log_lines(log, said_shard1, "was removed") < 2; i++)
+		usleep(10 * 1000);
+	cr_assert_eq(log_lines(log, said_shard1, "was removed"), 2, "the second removal was not said");
+	stop_now(SIGTERM);
+	cr_assert_eq(log_lines(log, said_sess, "written again"), 1);
+	cr_assert_eq(log_lines(log, said_shard1, "written again"), 1);
+}
+
+/*
+ * Another file put where a removed one was (a new broker's, another
+ * program's): neither the heartbeat nor the stop writes over it, and both
+ * say the timers are lost; the stop does not claim to keep them.
+ */
+Test(restart, another_file_at_a_removed_files_path_is_not_written_over)
+{
+	static const char *const which[] = { "sessions", "shard1" };
+	char log[300], path[PATH_MAX], quoted[PATH_MAX + 2], buf[32];
+	chime_id_t id;
+
+	start_logged("-n 2", log, sizeof(log));
+	chime_close(open_armed("displaced", 10, &id));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10);
+	for (size_t i = 0; i < sizeof(which) / sizeof(which[0]); i++) {
+		snprintf(path, sizeof(path), "%s.%s", tb.sock, which[i]);
+		cr_assert_eq(unlink(path), 0);
+		cr_assert_eq(t_write_file(path, "someone else's"), 0);
+	}
+	for (size_t i = 0; i < sizeof(which) / sizeof(which[0]); i++) {
+		snprintf(quoted, sizeof(quoted), "'%s.%s'", tb.sock, which[i]);
+		cr_assert(log_says(log, quoted, "was replaced by another file"), "no error for %s within 3 s", quoted);
+	}
+	stop_now(SIGTERM);
+	for (size_t i = 0; i < sizeof(which) / sizeof(which[0]); i++) {
+		int fd;
+		ssize_t n;
+
+		snprintf(path, sizeof(path), "%s.%s", tb.sock, which[i]);
+		snprintf(quoted, sizeof(quoted), "'%s'", path);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		cr_assert_geq(fd, 0, "%s is gone", path);
+		n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		cr_assert_eq(n, 14, "%s was written over", path);
+		cr_assert_eq(memcmp(buf, "someone else's", 14), 0, "%s was written over", path);
+		cr_assert_eq(log_lines(log, quoted, "another file is there now: not writing over it"), 1,
+			     "the stop did not say it left %s alone", path);
+	}
+	cr_assert_eq(log_lines(log, "keeping the timers", ""), 0, "the stop claims to keep the timers");
+}
+
 Test(restart, a_stop_with_no_session_leaves_no_file)
 {
 	chime_t *c;

@@ -392,17 +392,6 @@ Test(restart, scribbled_files_are_repaired_or_refused_never_a_crash)
 
 /* ---- (6) options and --fresh ---- */
 
-static bool file_has(const char *path, const char *needle)
-{
-	char buf[8192] = { 0 };
-	int fd = open(path, O_RDONLY);
-	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
-
-	if (fd >= 0)
-		close(fd);
-	return n > 0 && strstr(buf, needle);
-}
-
 /* A broker of two shards, a detached session `name` with n timers an hour ahead; a log path in its directory. */
 static void detached_session_on_two_shards(const char *name, unsigned n, char *log, size_t len)
 {
@@ -422,13 +411,13 @@ Test(restart, another_geometry_is_refused_and_the_files_kept_until_fresh)
 	detached_session_on_two_shards("geo", 40, log, sizeof(log));
 	snprintf(extra, sizeof(extra), "-n 1 2>'%s'", log);
 	cr_assert_neq(t_chimed_restart(&tb, SIGTERM, extra), 0, "a broker with another shard count took over");
-	cr_assert(file_has(log, "--fresh"), "the refusal does not say what to do");
+	cr_assert(t_file_has(log, "--fresh"), "the refusal does not say what to do");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 40, "a refused start touched the timers");
 	restart(0, "-n 2");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 40);
 	snprintf(extra, sizeof(extra), "-n 1 --fresh 2>'%s'", log);
 	restart(SIGKILL, extra);
-	cr_assert(file_has(log, "discarded 40 timers"), "--fresh did not say how many timers it discarded");
+	cr_assert(t_file_has(log, "discarded 40 timers"), "--fresh did not say how many timers it discarded");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
 	c = sopen_ok("geo");
 	cr_assert_eq(collect(c, (struct chime_event[4]){ 0 }, 4, now_ns() + 100 * MS), 0);
@@ -453,7 +442,7 @@ Test(restart, a_missing_sessions_file_discards_the_shard_files_timers_and_says_h
 	cr_assert_eq(unlink(path), 0);
 	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
 	restart(0, extra);
-	cr_assert(file_has(log, "no sessions file") && file_has(log, "the 30 timers"),
+	cr_assert(t_file_has(log, "no sessions file") && t_file_has(log, "the 30 timers"),
 		  "the discarded timers were not counted");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
 }
@@ -486,7 +475,7 @@ Test(restart, a_truncated_shard_file_is_refused_and_left_alone)
 	cr_assert_eq(truncate(path, cut), 0);
 	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
 	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker took over a truncated shard file");
-	cr_assert(file_has(log, ".shard1") && file_has(log, "--fresh"), "the refusal does not name the file and the way out");
+	cr_assert(t_file_has(log, ".shard1") && t_file_has(log, "--fresh"), "the refusal does not name the file and the way out");
 	cr_assert_eq(stat(path, &st1), 0, "the truncated file is gone");
 	cr_assert_eq(st1.st_size, cut, "the truncated file was replaced");
 	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
@@ -528,7 +517,7 @@ Test(restart, files_of_another_uid_are_not_taken_over)
 		snprintf(path, sizeof(path), "%s.%s", tb.sock, which[i]);
 		cr_assert_eq(chown(path, 4242, 4242), 0, "chown %s", path);
 		cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker took over a %s file of uid 4242", which[i]);
-		cr_assert(file_has(log, path) && file_has(log, "belongs to uid 4242") && file_has(log, "--fresh"),
+		cr_assert(t_file_has(log, path) && t_file_has(log, "belongs to uid 4242") && t_file_has(log, "--fresh"),
 			  "the refusal does not name the file, its owner and the way out");
 		cr_assert_eq(stat(path, &st), 0, "the file is gone");
 		cr_assert_eq(st.st_uid, 4242, "the file was replaced or given back");

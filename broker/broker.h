@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <liburing.h>
 
@@ -146,6 +147,7 @@ struct broker {
 	char ctl_path[PATH_MAX];
 	char lock_path[PATH_MAX];
 	int lock_fd, listen_fd, ctl_fd, pub_fd, sig_fd, notify_fd;
+	struct stat sock_st;            /* the socket file as bound: a stop unlinks only that one */
 	struct chime_map ctl_map;
 	struct chime_map pub_map;       /* the public segment (clients read it) */
 	struct chime_pub *pub;

@@ -337,6 +337,19 @@ int socket_access(struct broker *b)
 	return 0;
 }
 
+/*
+ * The socket file, unless it is another one now: this broker's files were
+ * removed while it ran and another broker listens at the path (a socket's
+ * descriptor does not name its file: its inode, taken at the bind, does).
+ */
+static void socket_unlink(struct broker *b)
+{
+	struct stat st;
+
+	if (lstat(b->o.socket_path, &st) == 0 && st.st_dev == b->sock_st.st_dev && st.st_ino == b->sock_st.st_ino)
+		unlink(b->o.socket_path);
+}
+
 static int listen_setup(struct broker *b)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -350,7 +363,9 @@ static int listen_setup(struct broker *b)
 	if (bind(b->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		return log_errno_hint(LOG_ERR, errno, errno == EACCES ? "is the directory writable?" : NULL,
 				      "cannot bind socket '%s'", path);
-	b->listening = true;    /* from here on, stop unlinks it */
+	b->listening = true;    /* from here on, stop unlinks it (socket_unlink()) */
+	if (stat(path, &b->sock_st) < 0)
+		memset(&b->sock_st, 0, sizeof(b->sock_st));
 	r = socket_access(b);
 	if (r < 0)
 		return r;
@@ -1883,7 +1898,7 @@ void broker_stop(struct broker *b)
 	if (b->spare_fd >= 0)
 		close(b->spare_fd);
 	if (b->listening)
-		unlink(b->o.socket_path);
+		socket_unlink(b);
 	if (keep)
 		restart_keep(b);
 	/* Shards stop before anything they use goes away. */
@@ -1894,9 +1909,9 @@ void broker_stop(struct broker *b)
 		if (r < 0) {
 			/* A wedged shard may still use every mapping: remove the files and go. */
 			for (uint32_t j = i + 1; j < b->o.nr_shards && !keep; j++)
-				unlink(b->shards[j].path);
-			unlink(b->ctl_path);
-			unlink(b->lock_path);
+				(void)chime_seg_unlink_named(b->shards[j].seg_fd, b->shards[j].path);
+			(void)chime_seg_unlink_named(b->ctl_fd, b->ctl_path);
+			(void)chime_seg_unlink_named(b->lock_fd, b->lock_path);
 			_exit(EXIT_FAILURE);
 		}
 	}
@@ -1940,13 +1955,13 @@ void broker_stop(struct broker *b)
 	chime_seg_unmap(&b->pub_map);
 	chime_seg_unmap(&b->ctl_map);
 	if (b->ctl_fd >= 0) {
+		(void)chime_seg_unlink_named(b->ctl_fd, b->ctl_path);
 		close(b->ctl_fd);
-		unlink(b->ctl_path);
 	}
 	restart_close(b, sessions, lost_shards);
 	if (b->lock_fd >= 0) {
 		/* Unlink while still holding it: a starter that opened it re-checks the inode. */
-		unlink(b->lock_path);
+		(void)chime_seg_unlink_named(b->lock_fd, b->lock_path);
 		close(b->lock_fd);
 	}
 	free(b);

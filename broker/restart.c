@@ -312,9 +312,9 @@ void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards)
 	else if (sessions && ours && !b->sess_lost)
 		log_msg(LOG_WARNING, "keeping the timers of %u sessions for the next broker ('%s'), except "
 			"those of %u shards", sessions, b->sess_path, lost_shards);
-	sessfile_close(&b->sess);
 	if (!sessions && ours)
-		unlink(b->sess_path);
+		(void)chime_seg_unlink_named(b->sess.fd, b->sess_path);
+	sessfile_close(&b->sess);
 }
 
 /*

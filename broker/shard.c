@@ -1048,7 +1048,7 @@ int shard_fini(struct shard *s, bool keep)
 			log_msg(LOG_ERR, "shard %u did not stop within %d s; exiting without it",
 				s->cfg.idx, SHARD_STOP_TIMEOUT_S);
 			if (!keep)
-				unlink(s->path);
+				(void)chime_seg_unlink_named(s->seg_fd, s->path);
 			return -ETIMEDOUT;
 		}
 		s->started = 0;
@@ -1075,9 +1075,9 @@ int shard_fini(struct shard *s, bool keep)
 	if (s->seg_fd >= 0) {
 		/* The thread is gone: nothing writes the slab while it is copied. */
 		lost = keep && !keep_file(s->seg_fd, s->path, "the next broker will not have this shard's timers");
-		close(s->seg_fd);
 		if (!keep)
-			unlink(s->path);
+			(void)chime_seg_unlink_named(s->seg_fd, s->path);
+		close(s->seg_fd);
 	}
 	s->seg_fd = -1;
 	return lost;

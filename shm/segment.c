@@ -267,6 +267,15 @@ int chime_seg_named(int fd, const char *path)
 	return there.st_dev == have.st_dev && there.st_ino == have.st_ino ? 1 : -EEXIST;
 }
 
+int chime_seg_unlink_named(int fd, const char *path)
+{
+	int r = chime_seg_named(fd, path);
+
+	if (r == 1 && unlink(path) < 0 && errno != ENOENT)
+		return -errno;
+	return r == 1 ? 0 : r;
+}
+
 /* [off, end) of `in` to the same offsets of `out`, through this process: the fallback. */
 static int copy_plain(int in, int out, off_t off, off_t end)
 {

@@ -69,6 +69,14 @@ int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, s
 int chime_seg_named(int fd, const char *path);
 
 /*
+ * Unlink `path` if it still names the file open as `fd`: one put there
+ * since (another broker's, started after this one's files were removed)
+ * is left alone. 0 if unlinked or nothing was there, -EEXIST if another
+ * file is, -errno.
+ */
+int chime_seg_unlink_named(int fd, const char *path);
+
+/*
  * Put the contents of file `fd` at `path` again if `path` no longer names
  * it (chime_seg_named()): a new file (O_EXCL | O_NOFOLLOW, the mode of
  * `fd`) of the same size, with only its data extents copied, so that a

@@ -484,6 +484,41 @@ Test(daemon, a_stderr_nobody_reads_does_not_stall_the_broker, .timeout = 60)
 	t_chimed_stop(&b, 0);
 }
 
+/*
+ * A broker whose files were removed while it ran, and a second one started
+ * on the same path since: the first one's stop leaves the second's files
+ * alone. Before, it unlinked the socket, lock and control segment by name,
+ * the second's, and no client could reach the second broker again.
+ */
+Test(daemon, a_stop_leaves_the_files_of_a_broker_started_on_its_path_since, .timeout = 30)
+{
+	struct t_chimed first, second;
+	char path[PATH_MAX + 16];
+	int st;
+
+	cr_assert_eq(t_chimed_start(&first, NULL, "--shards 1"), 0);
+	cr_assert_eq(unlink(first.sock), 0);
+	snprintf(path, sizeof(path), "%s.lock", first.sock);
+	cr_assert_eq(unlink(path), 0);
+	snprintf(path, sizeof(path), "%s.ctl", first.sock);
+	cr_assert_eq(unlink(path), 0);
+	snprintf(path, sizeof(path), "%s.shard0", first.sock);
+	cr_assert_eq(unlink(path), 0);
+	cr_assert_eq(t_chimed_start(&second, first.sock, "--shards 1"), 0, "the second broker did not start");
+	cr_assert_eq(kill(first.pid, SIGTERM), 0);
+	cr_assert_eq(waitpid(first.pid, &st, 0), first.pid);
+	first.pid = 0;
+	cr_expect(can_open(second.sock), "the second broker's socket went with the first broker's stop");
+	snprintf(path, sizeof(path), "%s.ctl", second.sock);
+	cr_expect(exists(path), "the second broker's control segment went with the first broker's stop");
+	snprintf(path, sizeof(path), "%s.lock", second.sock);
+	cr_expect(exists(path), "the second broker's lock file went with the first broker's stop");
+	snprintf(path, sizeof(path), "%s.shard0", second.sock);
+	cr_expect(exists(path), "the second broker's shard file went with the first broker's stop");
+	cr_expect_eq(WEXITSTATUS(t_chimed_stop(&second, SIGTERM)), 0);
+	t_chimed_stop(&first, 0);
+}
+
 /* Receive one datagram into buf (NUL-terminated) within `ms`; 0 on timeout. */
 static int recv_msg(int fd, char *buf, size_t len, int ms)
 {

@@ -136,6 +136,7 @@ struct client {
 	 * library would re-submit against (the carried grants, chan.c). 0: any.
 	 */
 	pid_t holder_pid;
+	uint32_t token;                 /* chime_welcome.session_token of the last attach; 0: unknown */
 	uint32_t hup_seq;               /* tags its hang-up poll: a stale one of an earlier attach is ignored */
 	uint64_t connected_ns;
 	bool acking;                    /* in broker.acking (after generation: client_admit() keeps it) */

@@ -886,6 +886,7 @@ static int send_welcome(struct broker *b, struct client *c)
 		.pub_size = b->pub_map.size,
 		/* chan.c: word_wait; the touch table if it asked */
 		.features = CHIME_WELCOME_F_CLAIMS | (c->touch_fd >= 0 ? CHIME_WELCOME_F_TOUCH : 0),
+		.session_token = c->session[0] ? c->token : 0,
 	};
 	size_t clen = CMSG_SPACE(sizeof(int) * nfds);
 	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
@@ -1775,6 +1776,12 @@ int broker_run(struct broker *b)
 	return b->restart ? 1 : 0;
 }
 
+/* A session's next token (never 0, which is "none"): an attach that does not resume it. */
+static void token_next(struct client *c)
+{
+	c->token = c->token + 1 ? c->token + 1 : 1;
+}
+
 /*
  * An admitted client: a slot in the table, its segments, and the attach
  * posted to every shard (the welcome follows their acks, on_notify()).
@@ -1814,6 +1821,8 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	c->sq_base = 0;
 	c->cred = *cred;
 	c->holder_pid = session[0] ? cred->pid : 0;
+	if (session[0])
+		token_next(c);
 	c->acct_uid = policy_account_uid(&b->policy, cred->uid);
 	c->generation++;
 	c->connected_ns = now_ns();
@@ -1866,6 +1875,8 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 	}
 	c->fd = fd;
 	c->holder_pid = cred->pid;
+	if (!resume)
+		token_next(c);
 	for (uint32_t s = 0; s < b->o.nr_shards; s++)
 		c->mems[s].wake_fd = c->fd;
 	c->state = CL_ATTACHING;

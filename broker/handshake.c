@@ -566,14 +566,17 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		send_status(cn->fd, -ECONNREFUSED);
 		return;
 	}
-	if (resume && c->holder_pid && c->holder_pid != cred->pid) {
+	if (resume && ((h->limit && c->token && h->limit != c->token) ||
+		       (c->holder_pid && c->holder_pid != cred->pid))) {
 		/*
-		 * Another process opened it since this one held it, and freed the
-		 * grants this library would re-submit arms with: they would be
-		 * dropped, after their calls returned 0. It learns instead.
+		 * Another attach since this library's (another process, or
+		 * another chime_t of this one) freed the grants it would
+		 * re-submit arms with: they would be dropped, after their calls
+		 * returned 0. It learns instead. The token says which attach; the
+		 * pid, for a library before tokens.
 		 */
-		snprintf(why, sizeof(why), "session '%s' was opened by pid %d since this process held it: "
-			 "it cannot be resumed", name, (int)c->holder_pid);
+		snprintf(why, sizeof(why), "session '%s' was opened again (pid %d) since this connection "
+			 "held it: it cannot be resumed", name, (int)c->holder_pid);
 		refuse_log(b, cred, why);
 		send_status(cn->fd, -ESTALE);
 		return;

@@ -110,6 +110,7 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	c->cred.gid = r->gid;
 	c->cred.pid = 0;
 	c->holder_pid = r->pid;
+	c->token = r->token;
 	snprintf(c->comm, sizeof(c->comm), "(restored)");
 	c->generation = r->generation;
 	/* Attached when the old broker went (0), or a linger longer than ours allows: ours from now. */
@@ -232,6 +233,7 @@ static struct sessfile_rec rec_of(const struct client *c)
 		.generation = c->generation,
 		.linger_until_ns = c->state == CL_DETACHED ? c->linger_until_ns : 0,
 		.pid = c->holder_pid,
+		.token = c->token,
 	};
 
 	memcpy(r.name, c->session, sizeof(r.name));

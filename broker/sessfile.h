@@ -45,7 +45,8 @@ struct sessfile_rec {
 	uint64_t linger_until_ns;   /* CLOCK_MONOTONIC; 0: a process was attached */
 	char     name[CHIME_SESSION_MAX];
 	int32_t  pid;               /* the last process attached, the one that may resume it; 0: unknown */
-	uint8_t  _reserved[20];
+	uint32_t token;             /* its attach's token (chime_welcome.session_token); 0: unknown */
+	uint8_t  _reserved[16];
 	uint64_t check;             /* FNV-1a of the bytes before it */
 };
 _Static_assert(sizeof(struct sessfile_rec) == 128, "a record is 128 B");

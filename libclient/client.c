@@ -122,13 +122,13 @@ static int connect_broker(const char *path, int *out)
 	return 0;
 }
 
-static int send_hello(int fd, const char *session, uint32_t flags, uint64_t sq_base, bool touch)
+static int send_hello(int fd, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit)
 {
 	struct chime_hello hello = {
 		.magic = CHIME_HELLO_MAGIC,
 		.layout = CHIME_SHM_LAYOUT,
 		.flags = flags,
-		.limit = touch ? CHIME_HELLO_TOUCH : 0,
+		.limit = limit,         /* CHIME_HELLO_TOUCH, or a resume's session token */
 		.sq_base = sq_base,
 	};
 	ssize_t n;
@@ -269,14 +269,14 @@ static int check_geometry(const struct chime_welcome *w, const struct chime_map 
 	return 0;
 }
 
-int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, bool touch, int *sock,
+int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit, int *sock,
 	    struct chime_welcome *w, int *fds, unsigned *nfds)
 {
 	int r = connect_broker(path, sock);
 
 	if (r < 0)
 		return r;
-	r = send_hello(*sock, session, flags, sq_base, touch);
+	r = send_hello(*sock, session, flags, sq_base, limit);
 	/*
 	 * Hung up on: a broker out of descriptors refuses before our hello
 	 * (EUSERS), and its refusal may be waiting; the peer is gone, so this
@@ -546,7 +546,8 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	r = resolve_path(socket_path, path);
 	if (r < 0)
 		return r;
-	r = cl_dial(path, session, 0, 0, !session && !(flags & CHIME_OPEN_RECORD_RESETS), &sock, &w, fds, &nfds);
+	r = cl_dial(path, session, 0, 0, !session && !(flags & CHIME_OPEN_RECORD_RESETS) ? CHIME_HELLO_TOUCH : 0,
+		    &sock, &w, fds, &nfds);
 	if (r < 0)
 		return r;
 	c = calloc(1, sizeof(*c) + w.nr_shards * sizeof(c->chan[0]));
@@ -562,6 +563,7 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	memcpy(c->path, path, sizeof(path));
 	if (session)
 		memcpy(c->session, session, strlen(session) + 1);
+	c->session_token = w.session_token;
 	c->recon_window_ns = cl_reconnect_window();
 	for (uint32_t s = 0; s < c->nr_shards; s++)
 		c->chan[s].doorbell = -1;

@@ -95,6 +95,7 @@ struct chime {
 
 	/* reconnect (named sessions only, reconnect.c); all but `link` under `lock` */
 	char session[CHIME_SESSION_MAX];    /* "" anonymous: never reconnects */
+	uint32_t session_token;             /* from the last welcome: a resume sends it back (reconnect.c) */
 	char path[CHIME_PATH_MAX];          /* the socket chime_open() connected to */
 	pthread_mutex_t lock;               /* sessions: the drainer and a reconnect exclude each other */
 	int timer_fd;                       /* in chime_fd()'s set: readable when an attempt is due; -1 */
@@ -163,7 +164,7 @@ bool cl_broker_check(struct chime *c, uint64_t now);
  * connect(), hello, welcome: the welcome's fds in fds[0..*nfds) and *sock
  * are the caller's. touch: ask for a touch table (anonymous only).
  */
-int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, bool touch, int *sock,
+int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit, int *sock,
 	    struct chime_welcome *w, int *fds, unsigned *nfds);
 /* Map and check the welcome's three segments (public, rw, ro); nothing stays mapped on error. */
 int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[3], struct chime_client_geom *g);

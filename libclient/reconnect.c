@@ -281,7 +281,7 @@ static int attempt(struct chime *c)
 		return -EAGAIN;         /* a stuck producer: try again, or give up at the deadline */
 	for (uint32_t s = 0; s < c->nr_shards; s++)
 		base = c->chan[s].closed_at > base ? c->chan[s].closed_at : base;
-	r = cl_dial(c->path, c->session, CHIME_HELLO_RESUME, base, false, &sock, &w, fds, &nfds);
+	r = cl_dial(c->path, c->session, CHIME_HELLO_RESUME, base, c->session_token, &sock, &w, fds, &nfds);
 	if (r < 0)
 		return r;
 	/* The rings move onto the old addresses: they must be the same size. */
@@ -321,6 +321,7 @@ static int attempt(struct chime *c)
 	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
 		return -EPROTO;
 	c->slot = w.slot;
+	c->session_token = w.session_token;
 	drainer_reset(c);
 	return 0;
 }

@@ -876,7 +876,8 @@ struct chime_hello {
 	uint32_t layout;            /* CHIME_SHM_LAYOUT the client speaks */
 	uint32_t flags;             /* 0, one CHIME_HELLO_QUERY_*, CHIME_HELLO_RESET_STATS or _DROP_SESSION */
 	int32_t  pid;               /* QUERY_TIMERS: whose */
-	uint64_t limit;             /* queries: records at most (0: CHIME_QUERY_MAX) */
+	uint64_t limit;             /* queries: records at most (0: CHIME_QUERY_MAX); CHIME_HELLO_RESUME:
+				     * the session's token from its last welcome (0: none) */
 	uint64_t sq_base;           /* CHIME_HELLO_RESUME: the submission rings' first position; else 0 */
 	char     session[CHIME_SESSION_MAX]; /* flags 0: "" anonymous, else the session to open; DROP_SESSION: which */
 };
@@ -961,7 +962,15 @@ struct chime_welcome {
 	uint64_t ro_size;
 	uint64_t pub_size;           /* of the public segment (fd 0) */
 	uint32_t features;          /* CHIME_WELCOME_F_*; 0 from a broker before them */
-	uint8_t  _reserved[12];
+	/*
+	 * A named session's token: a new one at every attach by a process that
+	 * does not resume it. A resuming library sends it back (hello.limit),
+	 * and a token not the session's is refused (-ESTALE): another attach,
+	 * another chime_t of the same process included, freed what it would
+	 * re-submit against. 0: none (anonymous, or a broker before it).
+	 */
+	uint32_t session_token;
+	uint8_t  _reserved[8];
 };
 _Static_assert(sizeof(struct chime_welcome) == 64, "welcome is 64 B");
 _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIME_SHM_LAYOUT");

@@ -2925,10 +2925,12 @@ static void open_and_close_taken(int wfd, void *arg)
  * one's unread arms go again with. Before, the first process's reconnect
  * was accepted and those arms were dropped, after their calls had returned
  * 0 (10 of 10 here); now the reconnect is refused and the process learns
- * (-ENOTCONN) at once. With `again`, one more restart comes before it
- * tries: the sessions file says who held the session last.
+ * (-ENOTCONN) at once. With a restart between, the sessions file says
+ * which attach held the session last.
  */
-static void taken_meanwhile(bool again)
+enum taker { OTHER_PROCESS, OTHER_PROCESS_THEN_RESTART, SAME_PROCESS };
+
+static void taken_meanwhile(enum taker by)
 {
 	chime_id_t id;
 	pid_t pid;
@@ -2942,10 +2944,14 @@ static void taken_meanwhile(bool again)
 	for (unsigned i = 0; i < 10; i++)
 		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
 	restart(SIGKILL, "-n 1");
-	pid = child(open_and_close_taken, NULL);
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the other process could not open the session");
-	if (again)
+	if (by == SAME_PROCESS) {
+		chime_close(sopen_ok("taken"));
+	} else {
+		pid = child(open_and_close_taken, NULL);
+		cr_assert_eq(waitpid(pid, &st, 0), pid);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the other process could not open the session");
+	}
+	if (by == OTHER_PROCESS_THEN_RESTART)
 		restart(SIGTERM, "-n 1");
 	cr_assert_eq(wait_until_dead(c), -ENOTCONN, "the first process resumed a session another one took");
 	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 10, &id), -ENOTCONN);
@@ -2954,12 +2960,18 @@ static void taken_meanwhile(bool again)
 
 Test(restart, a_session_another_process_opened_meanwhile_is_not_resumed)
 {
-	taken_meanwhile(false);
+	taken_meanwhile(OTHER_PROCESS);
 }
 
 Test(restart, a_session_another_process_opened_before_a_second_restart_is_not_resumed)
 {
-	taken_meanwhile(true);
+	taken_meanwhile(OTHER_PROCESS_THEN_RESTART);
+}
+
+/* Another chime_t of the same process: the pid alone let it resume (found by a review); the token does not. */
+Test(restart, a_session_opened_again_by_the_same_process_meanwhile_is_not_resumed)
+{
+	taken_meanwhile(SAME_PROCESS);
 }
 
 /* The same for a session dropped (or reclaimed, or discarded by --fresh) while no broker ran. */

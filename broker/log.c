@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@ static bool to_journal;    /* stderr is systemd's journal stream: "<level>" pref
  */
 static int err_fd = STDERR_FILENO;
 static bool err_sock;
+static bool err_poll;               /* no private open (another user's pipe: EACCES): poll before a write */
 static uint64_t err_dropped;        /* lines stderr had no room for, since the last one written */
 
 static const struct {
@@ -47,13 +49,22 @@ int log_parse_level(const char *name)
 	return -EINVAL;
 }
 
+void log_stderr_reset(void)
+{
+	if (err_fd != STDERR_FILENO)
+		close(err_fd);
+	err_fd = STDERR_FILENO;
+	err_sock = err_poll = false;
+}
+
 void log_use_syslog(void)
 {
 	openlog("chimed", LOG_PID | LOG_NDELAY, LOG_DAEMON);
 	to_syslog = true;
+	log_stderr_reset();     /* the starter's stderr, opened again for ourselves: a daemon holds none of it */
 }
 
-void log_detect_journal(void)
+void log_stderr_setup(void)
 {
 	const char *env = getenv("JOURNAL_STREAM");
 	unsigned long long dev, ino;
@@ -71,13 +82,25 @@ void log_detect_journal(void)
 
 		if (fd >= 0)
 			err_fd = fd;
+		else
+			err_poll = true;
 	}
 }
 
 /* One line, whole or not at all if its reader is behind (a pipe takes up to PIPE_BUF whole). */
 static bool err_write(const char *buf, size_t len)
 {
-	ssize_t n = err_sock ? send(STDERR_FILENO, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) : write(err_fd, buf, len);
+	struct pollfd p = { .fd = STDERR_FILENO, .events = POLLOUT };
+	ssize_t n;
+
+	/*
+	 * Room for a page: a line (under PIPE_BUF) goes in whole. Not atomic
+	 * with the write (another thread's line may take the room first and
+	 * this one wait), but a pipe nobody reads stops every line here.
+	 */
+	if (err_poll && (poll(&p, 1, 0) != 1 || !(p.revents & POLLOUT)))
+		return false;
+	n = err_sock ? send(STDERR_FILENO, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) : write(err_fd, buf, len);
 
 	return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
 }

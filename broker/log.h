@@ -34,12 +34,16 @@ int log_parse_level(const char *name);
 void log_use_syslog(void);
 
 /*
- * When stderr is systemd's journal stream ($JOURNAL_STREAM names it), prefix
- * lines with "<level>" so the journal keeps their priority. And from now on,
- * a line stderr has no room for (its reader is not reading) is dropped and
- * counted, never waited for: the next line written says how many.
+ * At the start, before the first line: from now on, a line stderr has no
+ * room for (its reader is not reading) is dropped and counted, never waited
+ * for; the next line written says how many. When stderr is systemd's
+ * journal stream ($JOURNAL_STREAM names it), lines are prefixed with
+ * "<level>" so the journal keeps their priority.
  */
-void log_detect_journal(void);
+void log_stderr_setup(void);
+
+/* Back to plain stderr (log_stderr_setup() again to redo it): before closing every inherited descriptor. */
+void log_stderr_reset(void);
 
 /* Reopen the log (SIGHUP): re-openlog when logging to syslog, else nothing. */
 void log_reopen(void);

@@ -368,7 +368,9 @@ static int daemonize(const sigset_t *parent_mask)
 	int p[2];
 	pid_t pid;
 
+	log_stderr_reset();     /* its own descriptor would go with the inherited ones */
 	close_inherited();
+	log_stderr_setup();
 	if (pipe2(p, O_CLOEXEC) < 0) {
 		log_errno(LOG_ERR, errno, "pipe");
 		exit(EXIT_FAILURE);
@@ -533,6 +535,7 @@ int main(int argc, char **argv)
 	sigset_t set;
 
 	open_stdio();
+	log_stderr_setup();
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	o.nr_shards = ncpu < 1 ? 1 : ncpu > MAX_SHARDS_DEFAULT ? MAX_SHARDS_DEFAULT : (uint32_t)ncpu;
 
@@ -715,8 +718,6 @@ int main(int argc, char **argv)
 		start_dir[0] = 0;
 	if (!foreground)
 		verdict_fd = daemonize(&old_mask);
-	else
-		log_detect_journal();
 
 	r = broker_start(&b, &o);
 	if (r < 0) {

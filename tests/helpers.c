@@ -148,7 +148,7 @@ const char *t_tool_copy(const char *dir, const char *env)
 	return p;
 }
 
-static bool sock_accepts(const char *path)
+bool t_sock_accepts(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -263,7 +263,7 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 		_exit(127);
 	}
 	b->pid = p;
-	for (t0 = now_ns(); !broker_running(b->sock, p) || !sock_accepts(b->sock); usleep(1000)) {
+	for (t0 = now_ns(); !broker_running(b->sock, p) || !t_sock_accepts(b->sock); usleep(1000)) {
 		int st;
 
 		if (waitpid(p, &st, WNOHANG) == p) {
@@ -297,7 +297,7 @@ int t_chimed_restart(struct t_chimed *b, int sig, const char *extra)
 	}
 	snprintf(sock, sizeof(sock), "%s", b->sock);
 	/* A dead broker's socket can accept for a moment (its io_uring goes after it): not the new one's. */
-	for (int i = 0; i < 2000 && sock_accepts(sock); i++)
+	for (int i = 0; i < 2000 && t_sock_accepts(sock); i++)
 		usleep(1000);
 	r = t_chimed_start(b, sock, extra);
 	/* The directory is still ours: the last stop removes it. */

@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -482,6 +484,59 @@ Test(daemon, a_stderr_nobody_reads_does_not_stall_the_broker, .timeout = 60)
 	cr_expect(strstr(text, "log lines dropped here: stderr was full"), "%s", text);
 	close(p[0]);
 	t_chimed_stop(&b, 0);
+}
+
+/*
+ * The same for a broker of another user than the pipe's (root's pipe, a
+ * supervisor's): it cannot open the pipe again for itself (a pipe is mode
+ * 0600), and polls before each line instead. Before, with the pipe full
+ * from the start, it never got as far as listening, and SIGTERM went unheard.
+ */
+Test(daemon, a_full_stderr_of_another_user_does_not_stall_the_broker, .timeout = 30)
+{
+	const char *chimed = getenv("CHIMED");
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[64], fill[4096];
+	int p[2], st;
+	pid_t pid;
+
+	if (geteuid() != 0)
+		cr_skip("needs root (a broker run as user 65534)");
+	cr_assert(chimed);
+	cr_assert(mkdtemp(dir));
+	cr_assert_eq(chmod(dir, 0777), 0);
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+	cr_assert_geq(fcntl(p[1], F_SETPIPE_SZ, 4096), 4096);
+	memset(fill, 'x', sizeof(fill));
+	cr_assert_eq(fcntl(p[1], F_SETFL, O_NONBLOCK), 0);
+	while (write(p[1], fill, sizeof(fill)) > 0)
+		;
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (dup2(p[1], STDERR_FILENO) < 0 || fcntl(STDERR_FILENO, F_SETFL, 0) < 0 ||
+		    setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+			_exit(120);
+		execl(chimed, "chimed", "--foreground", "--shards", "1", "--socket", sock, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	/* Listening (root's chime_open() would not trust another user's socket in a directory it does not own). */
+	for (int i = 0; i < 500 && !t_sock_accepts(sock); i++)
+		sleep_ms(10);
+	cr_expect(t_sock_accepts(sock), "the broker did not come up with its stderr full");
+	cr_assert_eq(kill(pid, SIGTERM), 0);
+	for (int i = 0; i < 500 && waitpid(pid, &st, WNOHANG) == 0; i++)
+		sleep_ms(10);
+	if (kill(pid, SIGKILL) == 0) {
+		waitpid(pid, &st, 0);
+		cr_expect(false, "SIGTERM went unheard for 5 s");
+	} else {
+		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+	}
+	close(p[0]);
+	t_rmdir_files(dir);
 }
 
 /*

@@ -114,6 +114,7 @@ struct client {
 	uid_t acct_uid;         /* whose share it counts against: cred.uid's (policy_account_uid()) */
 	char comm[16];
 	uint64_t refused_logged[3];     /* nomem, quota, of which the user's: the counts last logged */
+	uint64_t no_room_seen;          /* reserve_failed_total() then, or at its attach */
 	char session[CHIME_SESSION_MAX];  /* "" anonymous; else validated [A-Za-z0-9._-], NUL-terminated */
 	uint64_t linger_until_ns;       /* DETACHED: reclaimed then */
 	/*

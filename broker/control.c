@@ -925,6 +925,17 @@ static bool unread_by_peer(int fd)
 	return ioctl(fd, SIOCOUTQ, &n) == 0 && n > 0;
 }
 
+/* Slab reservations the shards' filesystem refused so far, summed (a counter: only grows). */
+static uint64_t reserve_failed_total(const struct broker *b)
+{
+	const struct chime_shard_ctl *sc = (const struct chime_shard_ctl *)((const char *)b->ctl + b->ctl->shards_off);
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < b->o.nr_shards; i++)
+		n += at_load(&sc[i].stats.reserve_failed);
+	return n;
+}
+
 /*
  * A client's refused arms not logged yet, one line per cause: from the
  * report every LIMITS_REPORT_NS, and when its connection ends (`at_end`,
@@ -935,15 +946,20 @@ static bool unread_by_peer(int fd)
 static void refusals_log(struct broker *b, struct client *c, bool at_end)
 {
 	const char *base = (const char *)b->ctl;
-	const struct chime_shard_ctl *sc = (const struct chime_shard_ctl *)(base + b->ctl->shards_off);
 	const struct chime_client_stats *cs =
 		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
-	uint64_t sum[3] = { 0, 0, 0 }, no_room = 0;
+	uint64_t sum[3] = { 0, 0, 0 }, no_room = reserve_failed_total(b);
+	/*
+	 * Reservations that failed since the last look (its attach, or at most
+	 * LIMITS_REPORT_NS ago): the filesystem's doing, not --capacity. The
+	 * lifetime total said so for every refusal after the first failure.
+	 */
+	bool fs_full = no_room != c->no_room_seen;
 
+	c->no_room_seen = no_room;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
 		const struct chime_client_stats *e = &cs[(uint64_t)c->slot * b->o.nr_shards + i];
 
-		no_room += at_load(&sc[i].stats.reserve_failed);
 		if (at_load(&e->generation) != c->generation)
 			continue;
 		sum[0] += at_load(&e->refused_nomem);
@@ -969,8 +985,8 @@ static void refusals_log(struct broker *b, struct client *c, bool at_end)
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
 			(unsigned long long)(sum[2] - c->refused_logged[2]), (unsigned)c->cred.uid,
 			(unsigned long long)b->o.max_timers_per_uid);
-	/* A reservation that failed is the filesystem's doing (the shard's own warning says more). */
-	if (sum[0] > c->refused_logged[0] && no_room)
+	/* The shard's own warning says more. */
+	if (sum[0] > c->refused_logged[0] && fs_full)
 		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the filesystem of "
 			"'%s' has no room for more timers",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
@@ -1821,6 +1837,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	c->sq_base = 0;
 	c->cred = *cred;
 	c->holder_pid = session[0] ? cred->pid : 0;
+	c->no_room_seen = reserve_failed_total(b);
 	if (session[0])
 		token_next(c);
 	c->acct_uid = policy_account_uid(&b->policy, cred->uid);
@@ -1875,6 +1892,7 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 	}
 	c->fd = fd;
 	c->holder_pid = cred->pid;
+	c->no_room_seen = reserve_failed_total(b);
 	if (!resume)
 		token_next(c);
 	for (uint32_t s = 0; s < b->o.nr_shards; s++)

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -334,6 +335,51 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 }
 
 /*
+ * A refusal at --capacity after the filesystem was full once, and has room
+ * again, is put down to --capacity: the lifetime count of failed
+ * reservations blamed the filesystem for every refusal after the first
+ * (found by a review).
+ */
+Test(limits, a_capacity_refusal_after_a_full_filesystem_is_put_down_to_capacity, .timeout = 60)
+{
+	char dir[64], sock[128], log[64], extra[192];
+	chime_t *c;
+	unsigned n;
+	int err;
+
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	snprintf(log, sizeof(log), "/tmp/chime-tl-%d.log", (int)getpid());
+	snprintf(extra, sizeof(extra), "-n 1 --capacity 262144 --max-timers-per-client 0 --max-timers-per-uid 0 2>'%s'",
+		 log);
+	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
+	c = copen();
+	n = arm_until_refused(c, 300000, &err, NULL);
+	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
+	cr_assert_lt(n, 262144, "the filesystem did not fill before the capacity");
+	chime_close(c);
+	for (int i = 0; i < 300 && !t_file_has(log, "arms refused: the filesystem"); i++)
+		usleep(10 * 1000);
+	cr_assert(t_file_has(log, "arms refused: the filesystem"), "the first refusals are not the filesystem's");
+	cr_assert_eq(mount(NULL, dir, NULL, MS_REMOUNT, "size=256m,mode=0755"), 0, "remount: %s", strerror(errno));
+	usleep(1500 * 1000);    /* the shard tries to reserve again once a second */
+	c = copen();
+	n = arm_until_refused(c, 300000, &err, NULL);
+	cr_assert_eq(err, -ENOMEM);
+	cr_assert_eq(n, 262144, "%u armed: not refused at the capacity", n);
+	chime_close(c);
+	for (int i = 0; i < 300 && !t_file_has(log, "the shards are full"); i++)
+		usleep(10 * 1000);
+	cr_expect(t_file_has(log, "arms refused: the shards are full (--capacity 262144"),
+		  "a refusal at the capacity is put down to the filesystem");
+	t_chimed_stop(&tb, SIGTERM);
+	unlink(log);
+	t_unmount_tmpfs(dir);
+}
+
+/*
  * The shard reads a record's node ahead of applying it (chan.c,
  * prefetch_links()): a CANCEL's node was read with its index checked only
  * against the capacity. Past the reserved part of the slab the shard file
@@ -535,13 +581,13 @@ Test(limits, a_client_out_of_descriptors_gets_emfile)
 		if (pid == 0) {
 			struct chime_opts o = { .socket_path = tb.sock };
 			chime_t *c;
-			int hi = 2, r;
+			int r;
 
+			/* Exactly k descriptors free: none of the test runner's above stdio. */
 			for (int fd = 3; fd < 4096; fd++)
-				if (fcntl(fd, F_GETFD) >= 0)
-					hi = fd;
-			if (setrlimit(RLIMIT_NOFILE, &(struct rlimit){ .rlim_cur = (rlim_t)(hi + 1 + k),
-								      .rlim_max = (rlim_t)(hi + 1 + k) }) < 0)
+				close(fd);
+			if (setrlimit(RLIMIT_NOFILE, &(struct rlimit){ .rlim_cur = (rlim_t)(3 + k),
+								      .rlim_max = (rlim_t)(3 + k) }) < 0)
 				_exit(250);
 			r = chime_open(&c, &o);
 			_exit(r < 0 ? -r : 0);

@@ -7,8 +7,7 @@
 # consumer the internals' names (cl_dial, chime_sq_*, ...) to collide with;
 # libchime.so hides them with its version script, which a static link does
 # not read. The sources are built with hidden visibility and the API marked
-# CHIME_PUBLIC, so --localize-hidden leaves exactly chime.h's functions (and
-# chime_open's two versions, of which a static link takes the default one).
+# CHIME_PUBLIC, so --localize-hidden leaves exactly chime.h's functions.
 #
 # Usage: static-archive.sh OUTPUT plain|lto ARCHIVE... (the archives to
 # merge). lto: their objects are GCC's LTO code, compiled now to machine
@@ -27,7 +26,10 @@ if [ "$mode" = lto ]; then
 else
 	${LD:-ld} -r --whole-archive "$@" --no-whole-archive -o "$tmp"
 fi
-# chime_open's implementations keep their versioned names only.
-${OBJCOPY:-objcopy} --localize-hidden -L chime_open_0_1 -L chime_open_0_3 "$tmp" "$tmp.2"
+# chime_open: the current one by its plain name, no version (a versioned
+# name has no version node to go to in a shared object the archive is
+# linked into: a plugin, a language binding); the first version's goes.
+${OBJCOPY:-objcopy} --localize-hidden -L chime_open_0_1 -L chime_open_0_3 --strip-symbol 'chime_open@CHIME_0.1' \
+	--redefine-sym 'chime_open@@CHIME_0.3=chime_open' "$tmp" "$tmp.2"
 rm -f "$out"
 ${AR:-ar} rcsD "$out" "$tmp.2"

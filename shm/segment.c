@@ -362,7 +362,8 @@ int chime_seg_relink(int fd, const char *path)
 	out = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, st.st_mode & 07777);
 	if (out < 0)
 		return -errno;
-	r = fchmod(out, st.st_mode & 07777) < 0 ? -errno : 0;
+	/* Its group too: --stats-group's, not ours or a setgid directory's, reads a shard file. */
+	r = fchown(out, (uid_t)-1, st.st_gid) < 0 || fchmod(out, st.st_mode & 07777) < 0 ? -errno : 0;
 	if (r == 0 && ftruncate(out, st.st_size) < 0)
 		r = -errno;
 	if (r == 0)

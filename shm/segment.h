@@ -78,8 +78,8 @@ int chime_seg_unlink_named(int fd, const char *path);
 
 /*
  * Put the contents of file `fd` at `path` again if `path` no longer names
- * it (chime_seg_named()): a new file (O_EXCL | O_NOFOLLOW, the mode of
- * `fd`) of the same size, with only its data extents copied, so that a
+ * it (chime_seg_named()): a new file (O_EXCL | O_NOFOLLOW, the mode and
+ * group of `fd`) of the same size, with only its data extents copied, so that a
  * sparse slab stays sparse. 0 if `path` still names it, 1 if written
  * again, or -errno: -EEXIST if another file is there (never overwritten),
  * -errno of open, copy_file_range, read, write, ftruncate (nothing is left

@@ -9,7 +9,8 @@
 # compiles, links and runs, with libchime.so and with libchime.a. The Python module lands in a directory on the
 # sys.path of PYTHON (Debian's /usr/bin/python3), and imports from there.
 #
-# Usage: test_install.sh MESON BUILD_ROOT CC PYTHON
+# Usage: test_install.sh MESON BUILD_ROOT CC PYTHON [static|no-static]
+# (no-static: the build makes no libchime.a, clang with LTO)
 # Exit: 0 pass, 1 fail, 77 skipped (no pkg-config).
 set -u
 
@@ -17,6 +18,7 @@ meson=$1
 build=$2
 cc=$3
 python=${4:-}
+static_lib=${5:-static}
 
 if ! command -v pkg-config >/dev/null 2>&1; then
 	echo "install: pkg-config not installed: skipped"
@@ -124,30 +126,48 @@ if command -v objdump >/dev/null 2>&1; then
 	echo "$syms" | grep -Eq 'CHIME_0\.5 +chime_drop_session$' || fail "no chime_drop_session@@CHIME_0.5"
 fi
 
-# The static library: chime.h's functions are its only global symbols
-# (libclient/static-archive.sh), and a program links with it alone, by
-# pkg-config --static, with no libchime.so in the way.
-archive=$LD_LIBRARY_PATH/libchime.a
-[ -f "$archive" ] || fail "no libchime.a installed next to libchime.so"
-if command -v nm >/dev/null 2>&1; then
+if [ "$static_lib" = static ]; then
+	# The static library: chime.h's functions are its only global symbols
+	# (libclient/static-archive.sh), and a program links with it alone, by
+	# pkg-config --static, with no libchime.so in the way.
+	archive=$LD_LIBRARY_PATH/libchime.a
+	[ -f "$archive" ] || fail "no libchime.a installed next to libchime.so"
+	if command -v nm >/dev/null 2>&1; then
+		# shellcheck disable=SC2086
+		set -- $cflags
+		api=$(grep -o 'chime_[a-z_]*(' "${1#-I}/chime.h" | tr -d '(' | sort -u)
+		for sym in $(nm -g --defined-only "$archive" | awk 'NF == 3 { sub(/@.*/, "", $3); print $3 }' | sort -u); do
+			echo "$api" | grep -qx "$sym" || fail "libchime.a exports '$sym', which is not in chime.h"
+		done
+		echo "install: libchime.a exports chime.h's functions only"
+	fi
+	mkdir "$dest/static" && cp "$archive" "$dest/static/"
 	# shellcheck disable=SC2086
-	set -- $cflags
-	api=$(grep -o 'chime_[a-z_]*(' "${1#-I}/chime.h" | tr -d '(' | sort -u)
-	for sym in $(nm -g --defined-only "$archive" | awk 'NF == 3 { sub(/@.*/, "", $3); print $3 }' | sort -u); do
-		echo "$api" | grep -qx "$sym" || fail "libchime.a exports '$sym', which is not in chime.h"
-	done
-	echo "install: libchime.a exports chime.h's functions only"
+	"$cc" -std=c11 -Wall -Werror $cflags -o "$dest/consumer_static" "$dest/consumer.c" \
+		-L"$dest/static" -Wl,-Bstatic -lchime -Wl,-Bdynamic ${static#*-lchime} ||
+		fail "a consumer does not link with libchime.a and pkg-config --static's flags"
+	if command -v ldd >/dev/null 2>&1 && ldd "$dest/consumer_static" | grep -q libchime; then
+		fail "the static consumer still needs libchime.so"
+	fi
+	LD_LIBRARY_PATH='' "$dest/consumer_static" || fail "the statically linked consumer does not run"
+	echo "install: a program links libchime.a and runs"
+	# And into a shared object (a plugin, a language binding): no symbol version
+	# of ours in the archive, which would need a version node there.
+	cat >"$dest/plugin.c" <<-'SRC'
+	#include <chime.h>
+	const char *plugin_version(void);
+	const char *plugin_version(void)
+	{
+		return chime_version();
+	}
+	SRC
+	# shellcheck disable=SC2086
+	"$cc" -std=c11 -Wall -Werror -fPIC -shared $cflags -o "$dest/static/libplugin.so" "$dest/plugin.c" \
+		"$dest/static/libchime.a" ${static#*-lchime} || fail "libchime.a does not link into a shared object"
+	echo "install: a shared object links libchime.a"
+else
+	echo "install: this build makes no libchime.a (clang with LTO): not checked"
 fi
-mkdir "$dest/static" && cp "$archive" "$dest/static/"
-# shellcheck disable=SC2086
-"$cc" -std=c11 -Wall -Werror $cflags -o "$dest/consumer_static" "$dest/consumer.c" \
-	-L"$dest/static" -Wl,-Bstatic -lchime -Wl,-Bdynamic ${static#*-lchime} ||
-	fail "a consumer does not link with libchime.a and pkg-config --static's flags"
-if command -v ldd >/dev/null 2>&1 && ldd "$dest/consumer_static" | grep -q libchime; then
-	fail "the static consumer still needs libchime.so"
-fi
-LD_LIBRARY_PATH='' "$dest/consumer_static" || fail "the statically linked consumer does not run"
-echo "install: a program links libchime.a and runs"
 
 if [ -n "$python" ]; then
 	init=$(find "$dest" -path '*/chime/__init__.py' | head -n 1)

@@ -475,7 +475,7 @@ static int sparse_slab(const char *path, struct chime_map *m)
 	return fd;
 }
 
-Test(segment, relink_writes_a_removed_file_again_sparse_with_its_mode_and_data)
+Test(segment, relink_writes_a_removed_file_again_sparse_with_its_mode_group_and_data)
 {
 	char dir[] = "/dev/shm/chime-t-XXXXXX", path[64];
 	struct chime_map m;
@@ -487,6 +487,9 @@ Test(segment, relink_writes_a_removed_file_again_sparse_with_its_mode_and_data)
 		cr_skip("no writable /dev/shm here");
 	snprintf(path, sizeof(path), "%s/c.sock.shard0", dir);
 	fd = sparse_slab(path, &m);
+	/* --stats-group's group (root only: another group than ours). */
+	if (geteuid() == 0)
+		cr_assert_eq(fchown(fd, (uid_t)-1, 4242), 0);
 	cr_assert_eq(fstat(fd, &was), 0);
 	cr_assert_eq(chime_seg_named(fd, path), 1);
 	cr_assert_eq(chime_seg_relink(fd, path), 0, "the path still names it: nothing to do");
@@ -499,6 +502,7 @@ Test(segment, relink_writes_a_removed_file_again_sparse_with_its_mode_and_data)
 	cr_assert_neq(st.st_ino, was.st_ino, "a new file, the old inode has no name to take");
 	cr_assert_eq(st.st_size, (off_t)SLAB_BYTES);
 	cr_assert_eq(st.st_mode & 07777, 0640, "mode %o despite umask 077", st.st_mode & 07777);
+	cr_assert_eq(st.st_gid, was.st_gid, "group %u, not the file's %u", (unsigned)st.st_gid, (unsigned)was.st_gid);
 	/* 4 pages written (and the chunk tmpfs may give a huge page): sparse, not 272 MB. */
 	cr_assert_lt((uint64_t)st.st_blocks * 512, 16ull << 20, "%llu bytes allocated",
 		     (unsigned long long)st.st_blocks * 512);

@@ -1025,6 +1025,21 @@ bool keep_file(int fd, const char *path, const char *lost)
 	return r >= 0;
 }
 
+/* Join thr if it ends by `until` (CLOCK_MONOTONIC). */
+static bool join_by(pthread_t thr, const struct timespec *until)
+{
+	for (;;) {
+		struct timespec now;
+
+		if (pthread_tryjoin_np(thr, NULL) == 0)
+			return true;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec > until->tv_sec || (now.tv_sec == until->tv_sec && now.tv_nsec >= until->tv_nsec))
+			return false;
+		nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
+	}
+}
+
 int shard_fini(struct shard *s, bool keep)
 {
 	int lost = 0;
@@ -1042,9 +1057,15 @@ int shard_fini(struct shard *s, bool keep)
 		 * a bounded time, then leave its memory alone (it may still touch
 		 * it) and let the caller exit.
 		 */
-		clock_gettime(CLOCK_MONOTONIC, &until);     /* a step of the wall clock must not stretch it */
+		/*
+		 * Polled on CLOCK_MONOTONIC: a step of the wall clock must not
+		 * stretch it (pthread_timedjoin_np's deadline is CLOCK_REALTIME),
+		 * and TSan knows tryjoin (not pthread_clockjoin_np: a join it
+		 * does not see leaves every later free a "race").
+		 */
+		clock_gettime(CLOCK_MONOTONIC, &until);
 		until.tv_sec += SHARD_STOP_TIMEOUT_S;
-		if (pthread_clockjoin_np(s->thr, NULL, CLOCK_MONOTONIC, &until)) {
+		if (!join_by(s->thr, &until)) {
 			log_msg(LOG_ERR, "shard %u did not stop within %d s; exiting without it",
 				s->cfg.idx, SHARD_STOP_TIMEOUT_S);
 			if (!keep)

@@ -327,12 +327,17 @@ Test(daemon, a_relative_policy_file_is_reread_in_the_background, .timeout = 30)
  * relative --socket and --policy-file: the broker it executes again takes
  * them from the directory the first was started in, not from "/" (the
  * daemon's directory), where the new broker listened at "/s" and a
- * relative policy file was not found, leaving no broker at all.
+ * relative policy file was not found, leaving no broker at all. With
+ * `from_removed_dir`, it was started from a directory removed before the
+ * restart (an install's temporary directory, "../s"): the new broker runs
+ * from "/", told the absolute paths; before, its getcwd() failed and no
+ * broker came back.
  */
-Test(daemon, a_restart_in_the_background_keeps_relative_paths, .timeout = 30)
+static void restart_keeps_relative_paths(bool from_removed_dir)
 {
 	const char *chimed = getenv("CHIMED");
-	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], pol[300], cmd[2 * PATH_MAX], bin[PATH_MAX];
+	char dir[] = "/tmp/chime-td-XXXXXX", sub[300], sock[300], pol[300], cmd[2 * PATH_MAX], bin[PATH_MAX];
+	const char *up = from_removed_dir ? "../" : "";
 	struct stat st;
 	pid_t pid, now = -1;
 
@@ -340,14 +345,19 @@ Test(daemon, a_restart_in_the_background_keeps_relative_paths, .timeout = 30)
 	chimed = bin;   /* the test changes directory */
 	cr_assert(mkdtemp(dir));
 	cr_assert(!exists("/s.lock"), "/s.lock exists already: the test cannot tell where the restart went");
+	snprintf(sub, sizeof(sub), "%s%s", dir, from_removed_dir ? "/sub" : "");
+	if (from_removed_dir)
+		cr_assert_eq(mkdir(sub, 0700), 0);
 	snprintf(sock, sizeof(sock), "%s/s", dir);
 	snprintf(pol, sizeof(pol), "%s/policy", dir);
 	cr_assert_eq(t_write_file(pol, "allow-all\n"), 0);
-	snprintf(cmd, sizeof(cmd), "cd '%s' && '%s' --shards 1 --socket s --policy-file policy 2>/dev/null", dir,
-		 chimed);
+	snprintf(cmd, sizeof(cmd), "cd '%s' && '%s' --shards 1 --socket %ss --policy-file %spolicy 2>/dev/null", sub,
+		 chimed, up, up);
 	cr_assert_eq(system(cmd), 0, "%s", cmd);
 	pid = read_pid(sock);
 	cr_assert_gt(pid, 0);
+	if (from_removed_dir)
+		cr_assert_eq(rmdir(sub), 0);
 	cr_assert_eq(kill(pid, SIGUSR2), 0);
 	for (int i = 0; i < 1000 && ((now = read_pid(sock)) <= 0 || now == pid || !can_open(sock)); i++)
 		sleep_ms(10);
@@ -364,44 +374,14 @@ Test(daemon, a_restart_in_the_background_keeps_relative_paths, .timeout = 30)
 	t_rmdir_files(dir);
 }
 
-/*
- * The same when the directory it was started in is gone by then (an
- * install's temporary directory): the new broker runs from "/", told the
- * absolute paths. Before, its getcwd() failed and no broker came back.
- */
+Test(daemon, a_restart_in_the_background_keeps_relative_paths, .timeout = 30)
+{
+	restart_keeps_relative_paths(false);
+}
+
 Test(daemon, a_restart_after_its_start_directory_is_removed_keeps_its_paths, .timeout = 30)
 {
-	const char *chimed = getenv("CHIMED");
-	char dir[] = "/tmp/chime-td-XXXXXX", sub[300], sock[300], pol[300], cmd[2 * PATH_MAX], bin[PATH_MAX];
-	struct stat st;
-	pid_t pid, now = -1;
-
-	cr_assert(chimed && realpath(chimed, bin), "$CHIMED");
-	chimed = bin;
-	cr_assert(mkdtemp(dir));
-	snprintf(sub, sizeof(sub), "%s/sub", dir);
-	cr_assert_eq(mkdir(sub, 0700), 0);
-	snprintf(sock, sizeof(sock), "%s/s", dir);
-	snprintf(pol, sizeof(pol), "%s/policy", dir);
-	cr_assert_eq(t_write_file(pol, "allow-all\n"), 0);
-	snprintf(cmd, sizeof(cmd), "cd '%s' && '%s' --shards 1 --socket ../s --policy-file ../policy 2>/dev/null",
-		 sub, chimed);
-	cr_assert_eq(system(cmd), 0, "%s", cmd);
-	pid = read_pid(sock);
-	cr_assert_gt(pid, 0);
-	cr_assert_eq(rmdir(sub), 0);
-	cr_assert_eq(kill(pid, SIGUSR2), 0);
-	for (int i = 0; i < 1000 && ((now = read_pid(sock)) <= 0 || now == pid || !can_open(sock)); i++)
-		sleep_ms(10);
-	cr_assert(now > 0 && now != pid, "no new broker at '%s' 10 s after SIGUSR2 (lock says pid %d)", sock,
-		  (int)now);
-	cr_assert_eq(stat(sock, &st), 0);
-	cr_expect_eq(st.st_mode & 0777, 0666, "the restarted broker did not read the policy file (socket mode %o)",
-		     st.st_mode & 0777);
-	cr_assert_eq(kill(now, SIGTERM), 0);
-	cr_expect(gone_within(now, 5000));
-	unlink(pol);
-	t_rmdir_files(dir);
+	restart_keeps_relative_paths(true);
 }
 
 /* A file-size limit below a shard file: a message naming it and exit 1, not death by SIGXFSZ (153). */

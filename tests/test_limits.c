@@ -303,21 +303,41 @@ Test(limits, clients_attaching_together_grow_the_slab_and_are_never_refused)
 
 /* ---- root only: a filesystem too small for the broker ---- */
 
+/*
+ * Root only: a broker with `opts` and its socket on a fresh 16 MiB tmpfs
+ * (dir), logging to a file outside it (log).
+ */
+static void start_on_small_tmpfs(char dir[64], char log[64], const char *opts)
+{
+	char sock[128], extra[256];
+
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(t_mount_tmpfs(dir, 64, "16m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	snprintf(log, 64, "/tmp/chime-tl-%d.log", (int)getpid());
+	snprintf(extra, sizeof(extra), "%s 2>'%s'", opts, log);
+	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
+}
+
+/* Whether the broker's log has `needle` within 3 s. */
+static bool logged(const char *log, const char *needle)
+{
+	for (int i = 0; i < 300 && !t_file_has(log, needle); i++)
+		usleep(10 * 1000);
+	return t_file_has(log, needle);
+}
+
+
 /* And the client's refusals are put down to the filesystem, not to --capacity (they were). */
 Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 {
-	char dir[64], sock[128], log[64], extra[128];
+	char dir[64], log[64];
 	chime_t *c;
 	unsigned n;
 	int err;
 
-	if (geteuid() != 0)
-		cr_skip("mounting a tmpfs needs root");
-	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
-	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
-	snprintf(log, sizeof(log), "/tmp/chime-tl-%d.log", (int)getpid());
-	snprintf(extra, sizeof(extra), "-n 1 --capacity 1048576 2>'%s'", log);
-	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
+	start_on_small_tmpfs(dir, log, "-n 1 --capacity 1048576");
 	c = copen();
 	n = arm_until_refused(c, 1000000, &err, NULL);
 	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
@@ -325,9 +345,7 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 	cr_assert_eq(kill(tb.pid, 0), 0, "the broker died (SIGBUS?)");
 	cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, reserve_failed), 1), 1);
 	chime_close(c);
-	for (int i = 0; i < 300 && !t_file_has(log, "arms refused"); i++)
-		usleep(10 * 1000);
-	cr_expect(t_file_has(log, "arms refused: the filesystem of") && !t_file_has(log, "the shards are full"),
+	cr_expect(logged(log, "arms refused: the filesystem of") && !t_file_has(log, "the shards are full"),
 		  "the client's refusals are not put down to the filesystem");
 	cr_assert_eq(WEXITSTATUS(t_chimed_stop(&tb, SIGTERM)), 0, "the broker stops cleanly");
 	unlink(log);
@@ -342,27 +360,18 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
  */
 Test(limits, a_capacity_refusal_after_a_full_filesystem_is_put_down_to_capacity, .timeout = 60)
 {
-	char dir[64], sock[128], log[64], extra[192];
+	char dir[64], log[64];
 	chime_t *c;
 	unsigned n;
 	int err;
 
-	if (geteuid() != 0)
-		cr_skip("mounting a tmpfs needs root");
-	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
-	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
-	snprintf(log, sizeof(log), "/tmp/chime-tl-%d.log", (int)getpid());
-	snprintf(extra, sizeof(extra), "-n 1 --capacity 262144 --max-timers-per-client 0 --max-timers-per-uid 0 2>'%s'",
-		 log);
-	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
+	start_on_small_tmpfs(dir, log, "-n 1 --capacity 262144 --max-timers-per-client 0 --max-timers-per-uid 0");
 	c = copen();
 	n = arm_until_refused(c, 300000, &err, NULL);
 	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
 	cr_assert_lt(n, 262144, "the filesystem did not fill before the capacity");
 	chime_close(c);
-	for (int i = 0; i < 300 && !t_file_has(log, "arms refused: the filesystem"); i++)
-		usleep(10 * 1000);
-	cr_assert(t_file_has(log, "arms refused: the filesystem"), "the first refusals are not the filesystem's");
+	cr_assert(logged(log, "arms refused: the filesystem"), "the first refusals are not the filesystem's");
 	cr_assert_eq(mount(NULL, dir, NULL, MS_REMOUNT, "size=256m,mode=0755"), 0, "remount: %s", strerror(errno));
 	usleep(1500 * 1000);    /* the shard tries to reserve again once a second */
 	c = copen();
@@ -370,9 +379,7 @@ Test(limits, a_capacity_refusal_after_a_full_filesystem_is_put_down_to_capacity,
 	cr_assert_eq(err, -ENOMEM);
 	cr_assert_eq(n, 262144, "%u armed: not refused at the capacity", n);
 	chime_close(c);
-	for (int i = 0; i < 300 && !t_file_has(log, "the shards are full"); i++)
-		usleep(10 * 1000);
-	cr_expect(t_file_has(log, "arms refused: the shards are full (--capacity 262144"),
+	cr_expect(logged(log, "arms refused: the shards are full (--capacity 262144"),
 		  "a refusal at the capacity is put down to the filesystem");
 	t_chimed_stop(&tb, SIGTERM);
 	unlink(log);
@@ -552,9 +559,7 @@ Test(limits, refusals_of_a_client_that_left_at_once_are_logged)
 	cr_assert_eq(armed, 10);
 	cr_assert_eq(err, -EDQUOT);
 	chime_close(c);
-	for (int i = 0; i < 300 && !t_file_has(log, "arms refused"); i++)
-		usleep(10 * 1000);
-	cr_assert(t_file_has(log, "arms refused: it holds its quota of 10 timers"), "not in the log within 3 s");
+	cr_assert(logged(log, "arms refused: it holds its quota of 10 timers"), "not in the log within 3 s");
 	t_chimed_stop(&tb, SIGTERM);
 	unlink(log);
 	rmdir(dir);

@@ -148,21 +148,31 @@ const char *t_tool_copy(const char *dir, const char *env)
 	return p;
 }
 
-bool t_sock_accepts(const char *path)
+int t_sock_connect(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	bool ok;
+	int fd;
 
-	if (fd < 0 || strlen(path) >= sizeof(sa.sun_path)) {
-		if (fd >= 0)
-			close(fd);
-		return false;
-	}
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -1;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
 	memcpy(sa.sun_path, path, strlen(path) + 1);
-	ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-	close(fd);
-	return ok;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+bool t_sock_accepts(const char *path)
+{
+	int fd = t_sock_connect(path);
+
+	if (fd >= 0)
+		close(fd);
+	return fd >= 0;
 }
 
 /*

@@ -48,6 +48,9 @@ int t_chimed_restart(struct t_chimed *b, int sig, const char *extra);
 /* Replace the file at path with text (a policy file, say). 0, or -1 (errno). */
 int t_write_file(const char *path, const char *text);
 
+/* A SOCK_SEQPACKET connection to the socket at path (nothing sent): its fd, or -1 (errno). */
+int t_sock_connect(const char *path);
+
 /* Whether something listens at the socket path (a connect succeeds; nothing is sent). */
 bool t_sock_accepts(const char *path);
 

@@ -844,7 +844,7 @@ static int arm_the_last_100(void *arg)
 	struct chime_opts o = { .socket_path = tb.sock };
 	chime_t *s = NULL, *c = NULL;
 	unsigned n;
-	int err_c, err_s;
+	int err_c = 0, err_s;
 
 	(void)arg;
 	if ((err_s = chime_open(&s, &so)) < 0 || (err_c = chime_open(&c, &o)) < 0) {

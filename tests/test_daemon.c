@@ -951,14 +951,12 @@ Test(daemon, without_proc_clients_still_work, .timeout = 30)
 /* One hello (layout, flags) on a fresh connection, its answer read and dropped: 0, or -1. */
 static int hello_once(const char *sock, uint32_t layout, uint32_t flags)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = layout, .flags = flags };
 	char answer[256];
-	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), r = -1;
+	int fd = t_sock_connect(sock), r = -1;
 
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
-	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-	    send(fd, &h, sizeof(h), MSG_NOSIGNAL) == (ssize_t)sizeof(h) && recv(fd, answer, sizeof(answer), 0) > 0)
+	if (fd >= 0 && send(fd, &h, sizeof(h), MSG_NOSIGNAL) == (ssize_t)sizeof(h) &&
+	    recv(fd, answer, sizeof(answer), 0) > 0)
 		r = 0;
 	if (fd >= 0)
 		close(fd);

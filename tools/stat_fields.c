@@ -170,20 +170,18 @@ static void add_lateness(struct flist *l, const char *prefix, const uint64_t *hi
 	for (i = 0; i < NR_PCTS; i++) {
 		f = field_add(l, F_GAUGE, "%s.%s_ns", prefix, pcts[i].name);
 		f->u = sr_percentile(hist, max_ns, pcts[i].p);
-		if (what & LAT_RECENT) {
-			snprintf(lab, sizeof(lab), "%s,quantile=\"%s\"", labels, pct_q[i]);
+		/* labels are a shard's (short): a cut one would be a malformed series, left out */
+		if ((what & LAT_RECENT) &&
+		    snprintf(lab, sizeof(lab), "%s,quantile=\"%s\"", labels, pct_q[i]) < (int)sizeof(lab))
 			fprom(f, RECENT_FAM, "summary", RECENT_HELP, lab, 1e-9);
-		}
 	}
 	f = field_add(l, F_GAUGE, "%s.max_ns", prefix);
 	f->u = max_ns;
 	if (what & LAT_PROMMAX)
 		fprom(f, "chime_shard_lateness_max_seconds", "gauge",
 		      "Largest lateness (fired - deadline) since start or the last reset-stats.", labels, 1e-9);
-	if (what & LAT_RECENT) {
-		snprintf(lab, sizeof(lab), "%s,quantile=\"1\"", labels);
+	if ((what & LAT_RECENT) && snprintf(lab, sizeof(lab), "%s,quantile=\"1\"", labels) < (int)sizeof(lab))
 		fprom(f, RECENT_FAM, "summary", RECENT_HELP, lab, 1e-9);
-	}
 	if (what & LAT_BUCKETS) {
 		f = field_add(l, F_HIST, "%s.buckets", prefix);
 		f->hist = hist;

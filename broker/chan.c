@@ -49,6 +49,7 @@
 #include <sys/socket.h>
 
 #include "atomics.h"
+#include "segment.h"
 
 #define NODE(sc, i) wheel_node(&(sc)->wh, (i))
 #define CQ_AHEAD 8u             /* completion slots prefetched ahead of the one being written */
@@ -112,6 +113,8 @@ static inline uint32_t nl_pop_front(struct shard_core *sc, struct nlist *l)
  * each with sq-size grants), and refusing them would be an -ENOMEM with
  * capacity to spare.
  */
+static inline void touch_want(struct shard_core *sc, struct chan *ch, uint32_t idx);
+
 static uint64_t grant_new(struct shard_core *sc, struct chan *ch)
 {
 	uint32_t idx = wheel_alloc(&sc->wh);
@@ -127,6 +130,8 @@ static uint64_t grant_new(struct shard_core *sc, struct chan *ch)
 	n->cq_pos = CHIME_POS_NONE;     /* never CHIME_POS_CARRIED: only the slot's record may arm it */
 	n->key_next = n->key_prev = CHIME_NIL;
 	chan_own(ch);
+	if (ch->touch_ready)
+		touch_want(sc, ch, idx);
 	return chime_id_make(n->gen, sc->shard, idx);
 }
 
@@ -399,6 +404,59 @@ static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
 {
 	n->gen &= ~CHIME_NODE_TOUCH;
 	at_store_rel(&ch->touch_tag[idx], n->gen & CHIME_ID_GEN_MASK);
+}
+
+/*
+ * Faulting in the table ahead of the client. A node's first tag is the
+ * client's to write, at its ARM, on its thread; a page of the table the
+ * client writes first costs it a page fault that allocates and zeroes a
+ * page, 3-4 us on the development VM (1024 tags to a page: 3-4 ns per arm
+ * in bursts, more than the ring's own cost). The grants say where its
+ * next arms go: the shard faults in that block of the table (its tags,
+ * and its words once the client has reset through the table) when idle,
+ * before the client's arms reach it, and the client then maps it with one
+ * read fault (libclient: touch_armed()). At most one block per
+ * TOUCH_BLOCK / 4 nodes the client owns (48 bytes per timer), so
+ * that no client makes the broker hold much more of its table than its
+ * timers would have faulted in themselves.
+ */
+#define TOUCH_BLOCK       16384u                 /* nodes: 64 KiB of tags, 128 KiB of words */
+#define TOUCH_BLOCK_OWNED (TOUCH_BLOCK / 4u)
+
+static inline bool touch_block_ready(const struct chan *ch, uint32_t b)
+{
+	return ch->touch_ready[b / 64] >> (b % 64) & 1;
+}
+
+/* Node idx was granted: its block, or the next one once it is half used, is wanted. */
+static inline void touch_want(struct shard_core *sc, struct chan *ch, uint32_t idx)
+{
+	uint32_t b = idx / TOUCH_BLOCK, next = (uint32_t)(((uint64_t)idx + TOUCH_BLOCK / 2) / TOUCH_BLOCK);
+
+	if (!touch_block_ready(ch, b))
+		ch->touch_want = b + 1;
+	else if ((uint64_t)next * TOUCH_BLOCK < sc->capacity && !touch_block_ready(ch, next))
+		ch->touch_want = next + 1;
+}
+
+bool chan_touch_prefault(struct shard_core *sc, struct chan *ch)
+{
+	uint32_t b, n;
+
+	if (!ch->touch_want || !ch->touch_ready)
+		return false;
+	b = ch->touch_want - 1;
+	ch->touch_want = 0;
+	if (touch_block_ready(ch, b) || ch->touch_blocks >= ch->owned / TOUCH_BLOCK_OWNED)
+		return false;
+	n = sc->capacity - b * TOUCH_BLOCK < TOUCH_BLOCK ? sc->capacity - b * TOUCH_BLOCK
+								       : TOUCH_BLOCK;
+	chime_seg_populate(&ch->touch_tag[(size_t)b * TOUCH_BLOCK], (size_t)n * sizeof(uint32_t));
+	if (ch->touch_runs)
+		chime_seg_populate(&ch->touch_word[(size_t)b * TOUCH_BLOCK], (size_t)n * sizeof(uint64_t));
+	ch->touch_ready[b / 64] |= UINT64_C(1) << (b % 64);
+	ch->touch_blocks++;
+	return true;
 }
 
 /* ---- delivery ---- */
@@ -1452,8 +1510,11 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 	if (m->touch_word) {
 		uint64_t runs = ((uint64_t)sc->capacity + TOUCH_RUN - 1) / TOUCH_RUN;
 
+		uint64_t blocks = ((uint64_t)sc->capacity + TOUCH_BLOCK - 1) / TOUCH_BLOCK;
+
 		ch->touch_seen = calloc((runs + 63) / 64, sizeof(*ch->touch_seen));
-		if (!ch->touch_seen) {
+		ch->touch_ready = calloc((blocks + 63) / 64, sizeof(*ch->touch_ready));
+		if (!ch->touch_seen || !ch->touch_ready) {
 			chan_fini(ch);
 			return -ENOMEM;
 		}
@@ -1816,6 +1877,9 @@ void chan_fini(struct chan *ch)
 	ch->grants = NULL;
 	free(ch->touch_seen);
 	ch->touch_seen = NULL;
+	free(ch->touch_ready);
+	ch->touch_ready = NULL;
+	ch->touch_want = 0;
 	ch->touch_word = NULL;
 	ch->touch_tag = NULL;
 	free(ch->park_order);

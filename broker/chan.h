@@ -222,6 +222,15 @@ struct chan {
 	uint32_t *touch_tag;
 	uint64_t *touch_seen;
 	uint64_t touch_runs;
+	/*
+	 * Blocks of TOUCH_BLOCK (chan.c) nodes whose table pages this shard has
+	 * faulted in ahead of the client's arms (one bit each; touch_blocks of
+	 * them), and the block its grants want next + 1 (0: none): see
+	 * chan_touch_prefault().
+	 */
+	uint64_t *touch_ready;
+	uint32_t touch_blocks;
+	uint32_t touch_want;
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
 	struct chan_user *user;         /* its user's share: owned counts into user->owned too */
@@ -303,6 +312,13 @@ unsigned chan_fire_due(struct shard_core *sc, uint64_t now_ns, unsigned budget);
  * true if it did anything.
  */
 bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns);
+
+/*
+ * In the shard's idle moments: fault in the block of the client's touch
+ * table that its grants reach next, so that its arms (and first resets) do
+ * not take first-touch page faults on its thread. True if it did.
+ */
+bool chan_touch_prefault(struct shard_core *sc, struct chan *ch);
 
 /*
  * Records waiting in the submission ring: the client's sq_tail (positions

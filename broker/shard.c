@@ -97,10 +97,6 @@
 #define RESERVE_MIN     (UINT64_C(256) << 10) /* ... or as little as this on a nearly full filesystem */
 #define RESERVE_AHEAD_NODES 32768u           /* reserve more when high_water is this close */
 #define RESERVE_RETRY_NS (UINT64_C(1000000000))
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
 #define UD_BELL   1u    /* the command doorbell */
 #define UD_CANCEL 2u    /* a cancel request (its own completion means nothing) */
 #define UD_CHAN   3u    /* a client doorbell: slot << 2 | UD_CHAN */
@@ -124,13 +120,9 @@ static void reserve_set(struct shard *s, uint64_t bytes)
 	uint64_t nodes = bytes > s->slab_off ? (bytes - s->slab_off) / sizeof(struct chime_node) : 0;
 	uint64_t from = s->reserved_bytes & ~(uint64_t)4095;
 
-	/*
-	 * Map the new chunk now, in one call, rather than one page fault at a
-	 * time on the path that arms timers (MADV_POPULATE_WRITE, Linux 5.14;
-	 * older kernels say EINVAL and fault as before).
-	 */
+	/* The new chunk mapped now, not one page fault at a time on the path that arms timers. */
 	if (bytes > from)
-		(void)madvise((char *)s->seg.base + from, bytes - from, MADV_POPULATE_WRITE);
+		chime_seg_populate((char *)s->seg.base + from, bytes - from);
 	s->reserved_bytes = bytes;
 	s->core.wh.reserved = nodes < s->cfg.capacity ? (uint32_t)nodes : s->cfg.capacity;
 }
@@ -853,6 +845,9 @@ static void loop(struct shard *s)
 		 * would.
 		 */
 		staged = (!work || fired) && wheel_stage(&sc->wh, STAGE_BUDGET) > 0;
+		/* Idle: the clients' touch tables ahead of their arms, a block at a time (chan.c). */
+		for (uint32_t i = 0, done = 0; i < s->nr_active && !work && !done; i++)
+			staged |= done = chan_touch_prefault(sc, s->active[i]);
 		/*
 		 * Keep spinning while there is work, while the idle spin lasts, and
 		 * when the next deadline is closer than a wake-up would be: a sleep

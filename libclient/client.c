@@ -411,6 +411,7 @@ static void chime_free(struct chime *c)
 	chime_seg_unmap(&c->rw_map);
 	chime_seg_unmap(&c->ro_map);
 	chime_seg_unmap(&c->touch_map);
+	free(c->touch_mapped);
 	if (c->ep_fd >= 0)
 		close(c->ep_fd);
 	if (c->kick_fd >= 0)
@@ -460,6 +461,9 @@ static int map_touch(struct chime *c, int fd)
 		return errno == ENFILE || errno == EMFILE ? -ENOMEM : -errno;
 	c->touch_map = (struct chime_map){ .base = p, .size = (size_t)st.st_size };
 	c->touch_cap = (uint32_t)((uint64_t)st.st_size / per_shard);
+	c->touch_mapped = calloc(((uint64_t)st.st_size / TOUCH_WINDOW + 2 + 63) / 64, sizeof(uint64_t));
+	if (!c->touch_mapped)
+		return -ENOMEM;         /* touch_map is unmapped with the connection */
 	c->touch = chime_touch_words(p, 0, c->touch_cap);
 	c->touch_tag = chime_touch_tags(p, c->nr_shards, 0, c->touch_cap);
 	return 0;

@@ -219,10 +219,24 @@ static inline bool touch_entry(const struct chime *c, chime_id_t id, uint64_t *e
  */
 static inline void touch_armed(struct chime *c, chime_id_t id)
 {
-	uint64_t e;
+	uint64_t e, bit;
 
-	if (touch_entry(c, id, &e))
-		at_store(&c->touch_tag[e], chime_id_gen(id));
+	if (!touch_entry(c, id, &e))
+		return;
+	/*
+	 * The first time in its window: a read first. Where the shard has
+	 * faulted the table in ahead (broker/chan.c, chan_touch_prefault()),
+	 * the read's fault maps the window's pages all at once (the kernel's
+	 * fault-around, 64 KiB by default, for reads only), and the next arms
+	 * there take no fault; a first write would map one page, and the next
+	 * page would fault again.
+	 */
+	bit = (uintptr_t)&c->touch_tag[e] / TOUCH_WINDOW - (uintptr_t)c->touch_map.base / TOUCH_WINDOW;
+	if (__builtin_expect(!(at_load(&c->touch_mapped[bit / 64]) >> (bit % 64) & 1), 0)) {
+		(void)at_load(&c->touch_tag[e]);
+		(void)at_fetch_or(&c->touch_mapped[bit / 64], UINT64_C(1) << (bit % 64));
+	}
+	at_store(&c->touch_tag[e], chime_id_gen(id));
 }
 
 /*

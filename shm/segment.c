@@ -137,6 +137,19 @@ int chime_seg_discard(struct chime_map *map)
 	return madvise(map->base, map->size, MADV_REMOVE) < 0 ? -errno : 0;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+void chime_seg_populate(void *p, size_t bytes)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t from = (uintptr_t)p & ~(page - 1), to = ((uintptr_t)p + bytes + page - 1) & ~(page - 1);
+
+	if (to > from)
+		(void)madvise((void *)from, to - from, MADV_POPULATE_WRITE);
+}
+
 const char *chime_socket_absent_why(const char *path)
 {
 	struct stat st;

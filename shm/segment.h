@@ -128,6 +128,15 @@ int chime_seg_reopen_ro(int fd);
 int chime_seg_discard(struct chime_map *map);
 
 /*
+ * Map the pages of [p, p + bytes) of a shared mapping now, writable, in one
+ * call, rather than one page fault at a time on a path that should not
+ * wait (MADV_POPULATE_WRITE, Linux 5.14; an older kernel, or no memory,
+ * leaves them to fault as before). Whole pages: the range is widened to
+ * them, and must lie in the mapping once widened.
+ */
+void chime_seg_populate(void *p, size_t bytes);
+
+/*
  * Why nothing answered at socket `path` (connect(2) said ENOENT,
  * ECONNREFUSED or ENOTDIR, which libchime reports as -ENOENT), for a
  * tool's message after "nothing listens there": no such file, not a

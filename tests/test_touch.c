@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -730,3 +732,100 @@ Test(touch, a_client_spread_over_the_slab_gets_no_more_table_pages_than_its_shar
 	t_chimed_stop(&b2, SIGTERM);
 }
 
+
+/* Pages of the table resident in memory from &c->touch_tag[first] on, over n tags (mincore: the page cache). */
+static unsigned tag_pages_resident(chime_t *c, uint64_t first, uint64_t n)
+{
+	uintptr_t from = (uintptr_t)&c->touch_tag[first] & ~(uintptr_t)4095;
+	uintptr_t to = ((uintptr_t)&c->touch_tag[first + n] + 4095) & ~(uintptr_t)4095;
+	size_t pages = (to - from) / 4096;
+	unsigned char *v = calloc(pages, 1);
+	unsigned in = 0;
+
+	cr_assert_not_null(v);
+	cr_assert_eq(mincore((void *)from, to - from, v), 0, "mincore: %s", strerror(errno));
+	for (size_t i = 0; i < pages; i++)
+		in += v[i] & 1;
+	free(v);
+	return in;
+}
+
+static long minor_faults(void)
+{
+	struct rusage ru;
+
+	cr_assert_eq(getrusage(RUSAGE_THREAD, &ru), 0);
+	return ru.ru_minflt;
+}
+
+/*
+ * A client arming in bursts finds its table's pages faulted in by the
+ * shard while idle (broker/chan.c, chan_touch_prefault()), and maps them
+ * a 64 KiB window at a time: its arms take far fewer page faults than the
+ * table's pages they write (one each before).
+ */
+Test(touch, arms_in_bursts_find_their_table_faulted_in_ahead)
+{
+	enum { N = 65536, BURST = 1000 };
+	struct t_chimed b1 = { 0 };
+	uint64_t far = now_ns() + 3600000 * MS;
+	static chime_id_t id[N];
+	long faults = 0;
+	chime_t *c;
+	int r = 0;
+
+	cr_assert_eq(t_chimed_start(&b1, NULL, "--shards 1"), 0);
+	c = t_open(b1.sock);
+	cr_assert_not_null(c);
+	/* its own pages faulted in now, not in the arms (after the fork: it write-protects them) */
+	memset(id, 0xff, sizeof(id));
+	cr_assert_not_null(c->touch_tag, "no touch table");
+	for (unsigned i = 0; i < N; i += BURST) {
+		long f0;
+
+		usleep(3000);   /* the shard idle between bursts, as between a service's bursts */
+		f0 = minor_faults();
+		/* no assertion in the burst: criterion's own bookkeeping of each takes page faults */
+		for (unsigned j = i; j < i + BURST && j < N && !r; j++)
+			r = chime_arm(c, 1, far, 0, j, &id[j]);
+		faults += minor_faults() - f0;
+		cr_assert_eq(r, 0, "chime_arm: %s", strerror(-r));
+	}
+	/* 20 here (34 with ASan's shadow pages), 65 without the shard's help */
+	cr_assert_leq(faults, N / 1024 * 2 / 3, "%ld page faults in %u arms (%u pages of tags)", faults, N, N / 1024);
+	chime_close(c);
+	t_chimed_stop(&b1, SIGTERM);
+}
+
+/*
+ * What the shard faults in ahead is bounded by what the client owns (one
+ * 64 KiB block of tags per 4096 nodes): a client with a few timers gets
+ * none, so that clients cannot make the broker hold table pages their
+ * timers would never use.
+ */
+Test(touch, a_client_with_few_timers_gets_no_table_faulted_in_ahead)
+{
+	uint64_t far = now_ns() + 3600000 * MS;
+	chime_t *c = copen(0, NULL), *big = copen(0, NULL);
+	chime_id_t id;
+	unsigned in;
+
+	cr_assert_not_null(c->touch_tag, "no touch table");
+	for (unsigned j = 0; j < 100; j++)
+		cr_assert_eq(chime_arm(c, 1, far, 0, j, &id), 0);
+	applied(c);
+	usleep(50000);  /* idle shards: time to fault in what they would */
+	in = tag_pages_resident(c, 0, (uint64_t)c->touch_cap * c->nr_shards);
+	/* its own tags (on at most 2 pages a shard) and the shards' first grants */
+	cr_assert_leq(in, 2 * c->nr_shards, "%u pages of a 100-timer client's table are resident", in);
+	/* and one with many timers gets its blocks, not the whole table */
+	for (unsigned j = 0; j < 40000; j++)
+		cr_assert_eq(chime_arm(big, 1, far, 0, j, &id), 0);
+	applied(big);
+	usleep(50000);
+	in = tag_pages_resident(big, 0, (uint64_t)big->touch_cap * big->nr_shards);
+	cr_assert_leq(in, (40000 + 2 * 16384 * big->nr_shards) / 1024 + 2 * big->nr_shards,
+		      "%u pages of a 40000-timer client's table are resident", in);
+	chime_close(c);
+	chime_close(big);
+}

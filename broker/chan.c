@@ -423,40 +423,65 @@ static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
 #define TOUCH_BLOCK       16384u                 /* nodes: 64 KiB of tags, 128 KiB of words */
 #define TOUCH_BLOCK_OWNED (TOUCH_BLOCK / 4u)
 
-static inline bool touch_block_ready(const struct chan *ch, uint32_t b)
+/* Block b's tags (words: true) faulted in: bit b of touch_ready, or bit blocks + b. */
+static inline bool touch_ready_bit(const struct shard_core *sc, const struct chan *ch, uint32_t b, bool words)
 {
-	return ch->touch_ready[b / 64] >> (b % 64) & 1;
+	uint64_t bit = b + (words ? ((uint64_t)sc->capacity + TOUCH_BLOCK - 1) / TOUCH_BLOCK : 0);
+
+	return ch->touch_ready[bit / 64] >> (bit % 64) & 1;
 }
 
-/* Node idx was granted: its block, or the next one once it is half used, is wanted. */
+static inline void touch_ready_set(const struct shard_core *sc, struct chan *ch, uint32_t b, bool words)
+{
+	uint64_t bit = b + (words ? ((uint64_t)sc->capacity + TOUCH_BLOCK - 1) / TOUCH_BLOCK : 0);
+
+	ch->touch_ready[bit / 64] |= UINT64_C(1) << (bit % 64);
+}
+
+/* Block b has what the client will write: its tags, and its words once it resets through the table. */
+static inline bool touch_block_ready(const struct shard_core *sc, const struct chan *ch, uint32_t b)
+{
+	return touch_ready_bit(sc, ch, b, false) && (!ch->touch_runs || touch_ready_bit(sc, ch, b, true));
+}
+
+/*
+ * Node idx was granted, or reset through the table: its block, or the
+ * next one once idx is half-way through its own, is wanted.
+ */
 static inline void touch_want(struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
 	uint32_t b = idx / TOUCH_BLOCK, next = (uint32_t)(((uint64_t)idx + TOUCH_BLOCK / 2) / TOUCH_BLOCK);
 
-	if (!touch_block_ready(ch, b))
+	if (!touch_block_ready(sc, ch, b))
 		ch->touch_want = b + 1;
-	else if ((uint64_t)next * TOUCH_BLOCK < sc->capacity && !touch_block_ready(ch, next))
+	else if ((uint64_t)next * TOUCH_BLOCK < sc->capacity && !touch_block_ready(sc, ch, next))
 		ch->touch_want = next + 1;
 }
 
 bool chan_touch_prefault(struct shard_core *sc, struct chan *ch)
 {
+	uint64_t budget = ch->owned / TOUCH_BLOCK_OWNED;
+	bool did = false;
 	uint32_t b, n;
 
 	if (!ch->touch_want || !ch->touch_ready)
 		return false;
 	b = ch->touch_want - 1;
 	ch->touch_want = 0;
-	if (touch_block_ready(ch, b) || ch->touch_blocks >= ch->owned / TOUCH_BLOCK_OWNED)
-		return false;
-	n = sc->capacity - b * TOUCH_BLOCK < TOUCH_BLOCK ? sc->capacity - b * TOUCH_BLOCK
-								       : TOUCH_BLOCK;
-	chime_seg_populate(&ch->touch_tag[(size_t)b * TOUCH_BLOCK], (size_t)n * sizeof(uint32_t));
-	if (ch->touch_runs)
+	n = sc->capacity - b * TOUCH_BLOCK < TOUCH_BLOCK ? sc->capacity - b * TOUCH_BLOCK : TOUCH_BLOCK;
+	if (!touch_ready_bit(sc, ch, b, false) && ch->touch_blocks < budget) {
+		chime_seg_populate(&ch->touch_tag[(size_t)b * TOUCH_BLOCK], (size_t)n * sizeof(uint32_t));
+		touch_ready_set(sc, ch, b, false);
+		ch->touch_blocks++;
+		did = true;
+	}
+	if (ch->touch_runs && !touch_ready_bit(sc, ch, b, true) && ch->touch_word_blocks < budget) {
 		chime_seg_populate(&ch->touch_word[(size_t)b * TOUCH_BLOCK], (size_t)n * sizeof(uint64_t));
-	ch->touch_ready[b / 64] |= UINT64_C(1) << (b % 64);
-	ch->touch_blocks++;
-	return true;
+		touch_ready_set(sc, ch, b, true);
+		ch->touch_word_blocks++;
+		did = true;
+	}
+	return did;
 }
 
 /* ---- delivery ---- */
@@ -1019,6 +1044,8 @@ static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 		node_reset(sc, ch, idx, deadline_ns);
 		return;
 	}
+	if (ch->touch_ready)
+		touch_want(sc, ch, idx);       /* the words of the client's next resets */
 	word = &ch->touch_word[idx];
 	w = at_load(word);
 	node_reset(sc, ch, idx, w & ~CHIME_TOUCH_FIRED);
@@ -1513,7 +1540,7 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 		uint64_t blocks = ((uint64_t)sc->capacity + TOUCH_BLOCK - 1) / TOUCH_BLOCK;
 
 		ch->touch_seen = calloc((runs + 63) / 64, sizeof(*ch->touch_seen));
-		ch->touch_ready = calloc((blocks + 63) / 64, sizeof(*ch->touch_ready));
+		ch->touch_ready = calloc((2 * blocks + 63) / 64, sizeof(*ch->touch_ready));
 		if (!ch->touch_seen || !ch->touch_ready) {
 			chan_fini(ch);
 			return -ENOMEM;

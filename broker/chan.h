@@ -223,13 +223,15 @@ struct chan {
 	uint64_t *touch_seen;
 	uint64_t touch_runs;
 	/*
-	 * Blocks of TOUCH_BLOCK (chan.c) nodes whose table pages this shard has
-	 * faulted in ahead of the client's arms (one bit each; touch_blocks of
-	 * them), and the block its grants want next + 1 (0: none): see
+	 * Blocks of TOUCH_BLOCK (chan.c) nodes whose tags, and whose words,
+	 * this shard has faulted in ahead of the client (a bit each, tags'
+	 * first; touch_blocks and touch_word_blocks of them), and the block
+	 * its grants and resets want next + 1 (0: none): see
 	 * chan_touch_prefault().
 	 */
 	uint64_t *touch_ready;
 	uint32_t touch_blocks;
+	uint32_t touch_word_blocks;
 	uint32_t touch_want;
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */

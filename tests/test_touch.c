@@ -793,6 +793,20 @@ Test(touch, arms_in_bursts_find_their_table_faulted_in_ahead)
 	}
 	/* 20 here (34 with ASan's shadow pages), 65 without the shard's help */
 	cr_assert_leq(faults, N / 1024 * 2 / 3, "%ld page faults in %u arms (%u pages of tags)", faults, N, N / 1024);
+	/* and the first resets, which write the words (512 to a page) */
+	faults = 0;
+	for (unsigned i = 0; i < N; i += BURST) {
+		long f0;
+
+		usleep(3000);
+		f0 = minor_faults();
+		for (unsigned j = i; j < i + BURST && j < N && !r; j++)
+			r = chime_reset(c, id[j], far + MS);
+		faults += minor_faults() - f0;
+		cr_assert_eq(r, 0, "chime_reset: %s", strerror(-r));
+	}
+	cr_assert_leq(faults, N / 512 * 2 / 3, "%ld page faults in %u first resets (%u pages of words)", faults, N,
+		      N / 512);
 	chime_close(c);
 	t_chimed_stop(&b1, SIGTERM);
 }

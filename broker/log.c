@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +34,22 @@ static int err_fd = STDERR_FILENO;
 static bool err_sock;
 static bool err_poll;               /* no private open (another user's pipe: EACCES): poll before a write */
 static uint64_t err_dropped;        /* lines stderr had no room for, since the last one written */
+
+/*
+ * Syslog, our own client of /dev/log rather than glibc's syslog(3), whose
+ * send() blocks while the receiver's queue is full (a stalled journald:
+ * ten datagrams by default): that held the control thread, and with it
+ * every handshake and the stop, as a full stderr pipe did. Non-blocking,
+ * so a line with no room is dropped and counted like stderr's, and the
+ * next that fits says how many. Under a lock: threads log, and a reopen
+ * (SIGHUP, or the receiver restarted) replaces the socket.
+ */
+#define SYSLOG_PATH "/dev/log"
+static pthread_mutex_t sl_lock = PTHREAD_MUTEX_INITIALIZER;
+static int sl_fd = -1;
+static bool sl_stream;              /* a stream /dev/log (some syslog daemons): lines end in a NUL */
+static uint64_t sl_tried;           /* CLOCK_MONOTONIC second of the last connect attempt, + 1 */
+static uint64_t sl_dropped;         /* lines not sent since the last one that was */
 
 static const struct {
 	const char *name;
@@ -57,9 +75,125 @@ void log_stderr_reset(void)
 	err_sock = err_poll = false;
 }
 
+static uint64_t mono_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec;
+}
+
+/*
+ * Under sl_lock: a socket connected to /dev/log (a datagram one, else a
+ * stream one, as glibc tries), tried at most once a second; false: none.
+ */
+static bool sl_connect(void)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX, .sun_path = SYSLOG_PATH };
+	uint64_t now = mono_s() + 1;
+
+	if (sl_fd >= 0)
+		return true;
+	if (sl_tried == now)
+		return false;
+	sl_tried = now;
+	for (int i = 0; i < 2 && sl_fd < 0; i++) {
+		sl_stream = i == 1;
+		sl_fd = socket(AF_UNIX, (sl_stream ? SOCK_STREAM : SOCK_DGRAM) | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		if (sl_fd < 0)
+			return false;
+		if (connect(sl_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+			bool other_type = errno == EPROTOTYPE;
+
+			close(sl_fd);
+			sl_fd = -1;
+			if (!other_type)
+				return false;
+		}
+	}
+	return sl_fd >= 0;
+}
+
+static void sl_close(void)
+{
+	if (sl_fd >= 0)
+		close(sl_fd);
+	sl_fd = -1;
+	sl_tried = 0;
+}
+
+/*
+ * Under sl_lock: one datagram in the traditional format ("<PRI>Mmm dd
+ * hh:mm:ss chimed[PID]: line"), which journald and rsyslog both take.
+ * True if sent, or if it never will be (no syslog here: not counted).
+ */
+static bool sl_send(int level, const char *line, size_t len)
+{
+	char msg[1200];
+	size_t n = 0;
+	struct tm tm;
+	time_t t = time(NULL);
+	int k;
+
+	if (!sl_connect())
+		return true;
+	k = snprintf(msg, sizeof(msg), "<%d>", LOG_DAEMON | (level & LOG_PRIMASK));
+	if (k > 0)
+		n = (size_t)k;
+	if (localtime_r(&t, &tm))
+		n += strftime(msg + n, sizeof(msg) - n, "%b %e %H:%M:%S ", &tm);
+	k = snprintf(msg + n, sizeof(msg) - n, "chimed[%d]: %.*s", (int)getpid(), (int)len, line);
+	if (k > 0)
+		n += (size_t)k;
+	if (n > sizeof(msg) - 1)
+		n = sizeof(msg) - 1;
+	msg[n] = '\0';
+	n += sl_stream;         /* a stream's lines end in their NUL */
+	for (int attempt = 0; attempt < 2; attempt++) {
+		ssize_t sent = send(sl_fd, msg, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+
+		if (sent == (ssize_t)n)
+			return true;
+		if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS))
+			return false;
+		/*
+		 * The receiver went away (a syslog daemon restarted): connect
+		 * anew, once. Or a stream took part of the line: the rest would
+		 * run into the next one, so the connection goes, and the line.
+		 */
+		sl_close();
+		if (sent >= 0 || !sl_connect())
+			return sent < 0;
+	}
+	return true;
+}
+
+static void sl_line(int level, const char *line, size_t len)
+{
+	pthread_mutex_lock(&sl_lock);
+	if (sl_dropped) {
+		char note[160];
+		int n = snprintf(note, sizeof(note), "%llu log lines dropped here: syslog had no room (its reader "
+				 "was not reading)", (unsigned long long)sl_dropped);
+
+		if (n <= 0 || (size_t)n >= sizeof(note) || !sl_send(LOG_WARNING, note, (size_t)n)) {
+			sl_dropped++;
+			pthread_mutex_unlock(&sl_lock);
+			return;
+		}
+		sl_dropped = 0;
+	}
+	if (!sl_send(level, line, len))
+		sl_dropped++;
+	pthread_mutex_unlock(&sl_lock);
+}
+
 void log_use_syslog(void)
 {
-	openlog("chimed", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+	pthread_mutex_lock(&sl_lock);
+	sl_close();
+	(void)sl_connect();
+	pthread_mutex_unlock(&sl_lock);
 	to_syslog = true;
 	log_stderr_reset();     /* the starter's stderr, opened again for ourselves: a daemon holds none of it */
 }
@@ -110,8 +244,10 @@ void log_reopen(void)
 	int saved = errno;
 
 	if (to_syslog) {
-		closelog();
-		openlog("chimed", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+		pthread_mutex_lock(&sl_lock);
+		sl_close();
+		(void)sl_connect();
+		pthread_mutex_unlock(&sl_lock);
 	}
 	errno = saved;
 }
@@ -175,7 +311,7 @@ log_write(int level, int err, const char *hint, const char *fmt, va_list ap)
 	size_t len;
 	int n;
 
-	/* syslog adds the ident and the priority itself. */
+	/* sl_send() adds the ident and the priority itself. */
 	if (to_syslog)
 		n = 0;
 	else if (to_journal)    /* sd-daemon(3) prefixes; the journal names us itself */
@@ -197,8 +333,7 @@ log_write(int level, int err, const char *hint, const char *fmt, va_list ap)
 			len = sizeof(buf) - 2;
 	}
 	if (to_syslog) {
-		buf[len] = '\0';
-		syslog(level, "%s", buf);
+		sl_line(level, buf, len);
 		return;
 	}
 	buf[len++] = '\n';

@@ -7,8 +7,8 @@
  * Format: "chimed: [level: ]what failed 'object': strerror (hint)". Errors
  * and warnings carry their level; info lines carry none; lines above
  * --log-level (default info; -v: debug) are dropped. Each line is formatted
- * into a private buffer and written with one write(2) (or one syslog(3)), so
- * lines from different threads never interleave. Lines a client can provoke
+ * into a private buffer and written with one write(2) (or one datagram to
+ * /dev/log), so lines from different threads never interleave. Lines a client can provoke
  * go through log_ratelimit().
  *
  * The shard loop never logs (STYLE.md 6): its counters live in the control
@@ -30,7 +30,11 @@ extern int log_max_level;
  */
 int log_parse_level(const char *name);
 
-/* From now on send lines to syslog (ident "chimed", LOG_PID, LOG_DAEMON). */
+/*
+ * From now on send lines to syslog (ident "chimed", LOG_PID, LOG_DAEMON),
+ * never waiting for it: a line /dev/log has no room for is dropped and
+ * counted, and the next one sent says how many.
+ */
 void log_use_syslog(void);
 
 /*
@@ -45,7 +49,7 @@ void log_stderr_setup(void);
 /* Back to plain stderr (log_stderr_setup() again to redo it): before closing every inherited descriptor. */
 void log_stderr_reset(void);
 
-/* Reopen the log (SIGHUP): re-openlog when logging to syslog, else nothing. */
+/* Reopen the log (SIGHUP): connect to /dev/log anew when logging to syslog, else nothing. */
 void log_reopen(void);
 
 /*

@@ -466,6 +466,105 @@ Test(daemon, a_stderr_nobody_reads_does_not_stall_the_broker, .timeout = 60)
 	t_chimed_stop(&b, 0);
 }
 
+/* The next datagram on fd within ms, NUL-terminated in buf; its length, or -1. */
+static ssize_t recv_within(int fd, char *buf, size_t size, int ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	ssize_t got;
+
+	if (poll(&p, 1, ms) != 1)
+		return -1;
+	got = recv(fd, buf, size - 1, MSG_DONTWAIT);
+	if (got >= 0)
+		buf[got] = 0;
+	return got;
+}
+
+/*
+ * The same for a daemon's syslog. glibc's syslog(3) waited while the
+ * syslog daemon was behind (ten datagrams queued on /dev/log by default):
+ * the control thread blocked, and opens timed out. Here /dev/log, in a
+ * mount namespace of the broker's own, is a socket the test holds and
+ * does not read; the lines are in syslog's format, facility daemon, with
+ * the broker's pid, and once there is room the next says how many were
+ * dropped.
+ */
+Test(daemon, a_syslog_nobody_reads_does_not_stall_the_broker, .timeout = 90)
+{
+	char dir[] = "/tmp/chime-sl-XXXXXX", sock[300], logsock[300], cmd[2 * PATH_MAX], line[1500];
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	const char *chimed = getenv("CHIMED"), *at;
+	int fd, st, pri = -1, opened = 0, queued = 0, said = 0;
+	uint64_t worst = 0;
+	pid_t starter, pid = 0;
+
+	if (geteuid() != 0 || system("command -v unshare >/dev/null 2>&1") != 0)
+		cr_skip("needs root and unshare(1)");
+	cr_assert_not_null(chimed);
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(logsock, sizeof(logsock), "%s/log", dir);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	memcpy(sa.sun_path, logsock, strlen(logsock) + 1);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "bind('%s'): %s", logsock, strerror(errno));
+	/* Without -f: a daemon, which logs to syslog once it listens. */
+	snprintf(cmd, sizeof(cmd), "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && "
+		 "ln -s '%s' /dev/log && exec '%s' --shards 1 --log-level debug --socket '%s'", logsock, chimed, sock);
+	starter = fork();
+	cr_assert_geq(starter, 0);
+	if (starter == 0) {
+		execlp("unshare", "unshare", "-m", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	cr_assert_eq(waitpid(starter, &st, 0), starter);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed did not start: status %d", st);
+	/* Its first line: "<PRI>Mmm dd hh:mm:ss chimed[PID]: ...", and the pid to stop it by. */
+	cr_assert_gt(recv_within(fd, line, sizeof(line), 5000), 0, "no line reached syslog");
+	at = strstr(line, " chimed[");
+	cr_assert(sscanf(line, "<%d>", &pri) == 1 && at && sscanf(at, " chimed[%d]: ", &pid) == 1 && pid > 0,
+		  "not a syslog line of chimed's: '%s'", line);
+	cr_expect_eq(pri >> 3, LOG_DAEMON >> 3, "facility %d in '%s'", pri >> 3, line);
+	/* Two lines a connection (debug): 40 connections fill the queue several times over. */
+	for (int i = 0; i < 40; i++, opened++) {
+		struct chime_opts o = { .socket_path = sock };
+		uint64_t t0 = now_ns();
+		chime_t *c;
+		int r = chime_open(&c, &o);
+
+		if (r < 0) {
+			cr_expect_eq(r, 0, "open %d with syslog full: %s", i, strerror(-r));
+			break;
+		}
+		chime_close(c);
+		if (now_ns() - t0 > worst)
+			worst = now_ns() - t0;
+	}
+	cr_expect_lt(worst, UINT64_C(2000000000), "an open took %llu ms", (unsigned long long)(worst / 1000000));
+	/*
+	 * Room again: the next line sent first says how many were dropped
+	 * (already, if the last close was logged while we read; else at the
+	 * next connection's, a second on, when chimed's own budget of
+	 * connection lines lets it be logged).
+	 */
+	while (recv_within(fd, line, sizeof(line), 0) > 0 && ++queued)
+		said |= strstr(line, "log lines dropped here: syslog had no room") != NULL;
+	line[0] = 0;
+	sleep_ms(1100);
+	if (opened == 40 && !said && can_open(sock))
+		while (!said && recv_within(fd, line, sizeof(line), 2000) > 0)
+			said = strstr(line, "log lines dropped here: syslog had no room") != NULL;
+	kill(pid, SIGTERM);
+	for (int i = 0; i < 500 && exists(sock); i++)
+		sleep_ms(10);
+	close(fd);
+	cr_expect(!exists(sock), "chimed (pid %d) did not stop on SIGTERM", (int)pid);
+	cr_assert_eq(opened, 40, "the broker stalled on a full syslog");
+	cr_expect_lt(queued, 80, "%d lines queued: syslog was never full, nothing was tested", queued);
+	cr_expect(said, "no line said how many were dropped (%d queued; last: '%s')", queued, line);
+	t_rmdir_files(dir);
+}
+
 /*
  * The same for a broker of another user than the pipe's (root's pipe, a
  * supervisor's): it cannot open the pipe again for itself (a pipe is mode

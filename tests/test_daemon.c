@@ -466,6 +466,23 @@ Test(daemon, a_stderr_nobody_reads_does_not_stall_the_broker, .timeout = 60)
 	t_chimed_stop(&b, 0);
 }
 
+/*
+ * For a chimed run in a mount namespace of its own (unshare -m): skips
+ * unless root with unshare(1); makes the directory (a mkdtemp() template)
+ * and the socket path in it; returns $CHIMED.
+ */
+static const char *namespaced_setup(char *dir, char *sock, size_t sock_size)
+{
+	const char *chimed = getenv("CHIMED");
+
+	if (geteuid() != 0 || system("command -v unshare >/dev/null 2>&1") != 0)
+		cr_skip("needs root and unshare(1)");
+	cr_assert_not_null(chimed);
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sock_size, "%s/s", dir);
+	return chimed;
+}
+
 /* The next datagram on fd within ms, NUL-terminated in buf; its length, or -1. */
 static ssize_t recv_within(int fd, char *buf, size_t size, int ms)
 {
@@ -493,16 +510,11 @@ Test(daemon, a_syslog_nobody_reads_does_not_stall_the_broker, .timeout = 90)
 {
 	char dir[] = "/tmp/chime-sl-XXXXXX", sock[300], logsock[300], cmd[2 * PATH_MAX], line[1500];
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	const char *chimed = getenv("CHIMED"), *at;
+	const char *chimed = namespaced_setup(dir, sock, sizeof(sock)), *at;
 	int fd, st, pri = -1, opened = 0, queued = 0, said = 0;
 	uint64_t worst = 0;
 	pid_t starter, pid = 0;
 
-	if (geteuid() != 0 || system("command -v unshare >/dev/null 2>&1") != 0)
-		cr_skip("needs root and unshare(1)");
-	cr_assert_not_null(chimed);
-	cr_assert(mkdtemp(dir));
-	snprintf(sock, sizeof(sock), "%s/s", dir);
 	snprintf(logsock, sizeof(logsock), "%s/log", dir);
 	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	cr_assert_geq(fd, 0);
@@ -1016,16 +1028,11 @@ Test(daemon, log_ratelimit_once_per_interval_per_key)
  */
 Test(daemon, without_proc_clients_still_work, .timeout = 30)
 {
-	const char *chimed = getenv("CHIMED");
 	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], logf[300], cmd[2 * PATH_MAX];
+	const char *chimed = namespaced_setup(dir, sock, sizeof(sock));
 	pid_t pid;
 	int ok = 0;
 
-	if (geteuid() != 0 || system("command -v unshare >/dev/null 2>&1") != 0)
-		cr_skip("needs root and unshare(1)");
-	cr_assert_not_null(chimed);
-	cr_assert(mkdtemp(dir));
-	snprintf(sock, sizeof(sock), "%s/s", dir);
 	snprintf(logf, sizeof(logf), "%s/log", dir);
 	snprintf(cmd, sizeof(cmd), "mount -t tmpfs none /proc && exec '%s' -f --shards 1 --socket '%s' 2>'%s'",
 		 chimed, sock, logf);

@@ -748,10 +748,21 @@ CHIME_PUBLIC void chime_close(chime_t *c)
 	 * io_uring's poll on it is torn down, after io_uring_queue_exit()
 	 * returns (up to 13 ms here), and a session opened again meanwhile was
 	 * still attached (-EBUSY). Not in a forked child: the socket is its
-	 * parent's.
+	 * parent's. And the wake-up bytes read first, with nothing more let
+	 * in (SHUT_RD): a hang-up with bytes of the broker's unread is, to it,
+	 * a peer that keeps them in flight (control.c, CL_HELD), and its slot
+	 * stays taken until the next heartbeat sees them gone; a user may
+	 * hold a quarter of its share so, and sessions opened and closed in a
+	 * row got EUSERS.
 	 */
-	if (c && !at_load(&c->forked) && c->sock >= 0)
+	if (c && !at_load(&c->forked) && c->sock >= 0) {
+		char bytes[64];
+
+		(void)shutdown(c->sock, SHUT_RD);
+		while (recv(c->sock, bytes, sizeof(bytes), MSG_DONTWAIT) > 0)
+			;
 		(void)shutdown(c->sock, SHUT_RDWR);
+	}
 	chime_free(c);
 }
 

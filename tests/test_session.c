@@ -699,6 +699,32 @@ Test(session, a_process_ends_its_session_with_close_and_chime_drop_session)
 	cr_assert_eq(chime_drop_session(&o), -ENOENT);
 }
 
+/*
+ * A close hangs up with nothing of the broker's unread: its wake-up bytes
+ * are read first. A hang-up with one unread kept the slot taken (HELD)
+ * until the next heartbeat, up to 90 ms, and a user may hold a quarter of
+ * its --max-clients-per-uid so: here 1 of 4, and the next open got
+ * EUSERS (and, on a loaded host, the twenty sessions opened and closed in
+ * a row above did).
+ */
+Test(session, a_close_with_a_wakeup_unread_frees_its_slot_at_once)
+{
+	start("-n 1 --max-clients-per-uid 4");
+	for (int i = 0; i < 5; i++) {
+		chime_t *c = sopen_ok(i % 2 ? "woken" : NULL);
+
+		/* Asleep once: the shard sends a wake-up byte for the next event. */
+		cr_assert_eq(chime_wait(c, &(struct chime_event){ 0 }, 1, 1), 0);
+		cr_assert_eq(chime_arm(c, 1, now_ns(), 0, 0, &(chime_id_t){ 0 }), 0);
+		usleep(20000);  /* fired, and the byte sent */
+		chime_close(c);
+		c = sopen_ok(NULL);
+		chime_close(c);
+		if (i % 2)
+			cr_assert_eq(drop_now("woken"), 0);
+	}
+}
+
 Test(session, bad_session_names_are_einval)
 {
 	static const char *const bad[] = { "", "a b", "a/b", "caf\xc3\xa9", "tab\t", "new\nline",

@@ -663,12 +663,19 @@ static unsigned fire_due(struct shard *s, uint64_t now)
  * end of the earliest tick: a shard that slept until then fired every timer
  * up to one resolution late (50 us on average at 100 us), although the wheel
  * fires exactly while the shard is awake.
+ *
+ * Or earlier, to stage a coming cascade of level 2 or above in idle time
+ * (wheel_stage_at()): 500k timers due 300 ms into a level-2 slot held a
+ * timer due 1 ms into it back 41-42 ms, the walk of the whole slot when
+ * the shard woke at its start (ARCHITECTURE.md, "Staging the next cascade").
  */
 static uint64_t next_wake(struct shard *s)
 {
+	uint64_t due, stage = wheel_stage_at(&s->core.wh);
 	int inexact;
 
-	return wheel_earliest(&s->core.wh, WAKE_SCAN, &inexact);
+	due = wheel_earliest(&s->core.wh, WAKE_SCAN, &inexact);
+	return stage < due ? stage : due;
 }
 
 /* The re-check after S-SLEEP: is there anything the sleep could miss? */

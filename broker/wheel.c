@@ -1159,6 +1159,38 @@ unsigned wheel_stage(struct wheel *wh, unsigned budget)
 	return moved;
 }
 
+/*
+ * Levels from which a coming slot is worth a wake-up of its own to stage:
+ * a level-2 slot spans 409.6 ms at 100 us, and cascading one that held
+ * 500k timers held a timer due 1 ms after its start back 41-42 ms.
+ * Level-1 slots (6.4 ms) come too often for a wake-up each; they are
+ * staged when the shard is awake anyway.
+ */
+#define STAGE_WAKE_LEVEL 2u
+
+uint64_t wheel_stage_at(const struct wheel *wh)
+{
+	const struct chime_wheel *w = wh->w;
+	uint64_t at = UINT64_MAX;
+
+	if (wh->staging)        /* until its slot is joined: nodes left, or nothing */
+		return w->slot[wh->stage_level][wh->stage_slot] != NIL ? w->now_ns : UINT64_MAX;
+	for (unsigned l = STAGE_WAKE_LEVEL; l < LEVELS; l++) {
+		uint64_t E, t;
+
+		if (w->occupied[l] == 0)
+			continue;
+		/* wheel_stage()'s own test: E - now_tick <= STAGE_HORIZON */
+		E = slot_base(w->now_tick, l, (unsigned)__builtin_ctzll(w->occupied[l]));
+		if (E - w->now_tick <= STAGE_HORIZON)
+			return w->now_ns;
+		t = E - STAGE_HORIZON;
+		if (t < wh->max_tick && t * w->resolution_ns < at)
+			at = t * w->resolution_ns;
+	}
+	return at;
+}
+
 /* ---- advance (continued) ------------------------------------------------------ */
 
 void wheel_advance(struct wheel *wh, uint64_t now_ns)

@@ -349,6 +349,17 @@ uint64_t wheel_due(const struct wheel *wh);
 unsigned wheel_stage(struct wheel *wh, unsigned budget);
 
 /*
+ * When wheel_stage() next has work that is worth waking for: the start of
+ * the tick from which the next slot of level 2 or above is within its
+ * horizon (now_ns if already; UINT64_MAX if none, or while a staged slot
+ * waits, moved whole, for the advance to reach it). A caller that sleeps
+ * until the earlier of this and wheel_next_deadline(), and stages while
+ * awake, moves a big cascade in its idle time before the slot starts,
+ * instead of holding back the timers due when it starts. O(levels).
+ */
+uint64_t wheel_stage_at(const struct wheel *wh);
+
+/*
  * Pop up to `max` due timers into `out` (they become ALLOC). Returns how many.
  * Order: the order they became due. One advance makes timers due in deadline
  * tick order (floor(deadline_ns / resolution_ns)), within one tick in no

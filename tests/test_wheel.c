@@ -684,7 +684,8 @@ Test(wheel, a_timer_reset_later_many_times_fires_once_at_its_last_deadline)
  * A model of 256 timers under random resets (mostly later: lazy), cancels
  * and advances; with `stage`, wheel_stage() in small random steps between
  * them, as an idle shard calls it. The wheel must match the model at every
- * advance: never early, exact, earliest() and next_deadline() right.
+ * advance: never early, exact, earliest() and next_deadline() right; and
+ * when wheel_stage_at() says now, there is something to stage.
  * 24 seeds; 2000 in the stress suite.
  */
 static void lazy_reset_model(bool stage)
@@ -724,7 +725,13 @@ static void lazy_reset_model(bool stage)
 				wheel_cancel(&t.wh, idx[k]);
 				armed[k] = 0;
 			} else if (stage && r % 16 < 14) {      /* part of the next cascade, early */
-				wheel_stage(&t.wh, (unsigned)(r >> 32) % 9);
+				/* a wake-up to stage finds something to stage: a shard never wakes for nothing */
+				uint64_t at = wheel_stage_at(&t.wh);
+				unsigned budget = (unsigned)(r >> 32) % 9, moved = wheel_stage(&t.wh, budget);
+
+				MCHECK(seed, at > t.wh.w->now_ns || moved > 0 || budget == 0,
+				       "op %u: stage_at %llu, now %llu, but nothing staged", op,
+				       (unsigned long long)at, (unsigned long long)t.wh.w->now_ns);
 			} else {                                /* advance */
 				uint64_t want, nd, min = UINT64_MAX, e;
 				int inexact;
@@ -1136,6 +1143,49 @@ Test(wheel, staging_moves_the_next_cascade_early_and_every_timer_still_fires_on_
 	}
 	wheel_check(&t.wh);
 	cr_assert_eq(wheel_armed(&t.wh), 0);
+	tw_fini(&t);
+}
+
+/*
+ * wheel_stage_at(): when a sleeping caller should wake to stage. A slot of
+ * level 2 or above: the tick from which it is within the horizon (4095
+ * ticks); then now, while nodes are left to move; then nothing until the
+ * advance reaches the slot. Level-1 slots never ask for a wake-up of their
+ * own. Waking at it and staging leaves the slot's own list empty before
+ * it starts, so its start holds nothing back.
+ */
+Test(wheel, stage_at_is_when_the_next_big_cascade_comes_within_the_horizon)
+{
+	const uint64_t res = 1000, base = 8192 * res;   /* level-2 slot 2: ticks 8192-12287 */
+	struct tw t;
+	unsigned n = 3000, moved = 0, step;
+	uint64_t at;
+
+	tw_init(&t, n + 1, res, 0);
+	cr_assert_eq(wheel_stage_at(&t.wh), UINT64_MAX, "an empty wheel asks for no wake-up");
+	(void)arm_new(&t, 40 * res + 7);                /* level 0 */
+	(void)arm_new(&t, 1000 * res + 7);              /* level 1 */
+	cr_assert_eq(wheel_stage_at(&t.wh), UINT64_MAX, "levels 0 and 1 ask for no wake-up");
+	for (unsigned k = 1; k < n; k++)
+		(void)arm_new(&t, base + 300 * res + k);
+	at = wheel_stage_at(&t.wh);
+	cr_assert_eq(at, (8192 - 4095) * res, "wake at tick 4097, not %llu", (unsigned long long)at);
+	/* Before then there is nothing to stage (the level-1 slot is not asked for). */
+	wheel_advance(&t.wh, at - 1);
+	(void)pop_all(&t, (uint32_t[4]){ 0 }, 4);
+	cr_assert_eq(wheel_stage_at(&t.wh), at, "unchanged until then");
+	wheel_advance(&t.wh, at);
+	cr_assert_eq(wheel_stage_at(&t.wh), at, "now, once there");
+	for (unsigned i = 0; (step = wheel_stage(&t.wh, 64)) > 0; i++) {
+		moved += step;
+		if (moved < n - 1)
+			cr_assert_eq(wheel_stage_at(&t.wh), t.wh.w->now_ns, "now, while nodes are left");
+		cr_assert_lt(i, n, "staging does not end");
+	}
+	cr_assert_eq(moved, n - 1, "staged %u of %u", moved, n - 1);
+	cr_assert_eq(t.wh.w->slot[2][2], NIL, "the slot's own list is empty before it starts");
+	cr_assert_eq(wheel_stage_at(&t.wh), UINT64_MAX, "staged whole: nothing until it joins");
+	wheel_check(&t.wh);
 	tw_fini(&t);
 }
 

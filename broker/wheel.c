@@ -230,7 +230,7 @@ static void handle_init(struct wheel *wh, void *mem)
 	wh->cur_min_ns = 0;
 	wh->reserved = w->capacity;     /* the caller lowers it if it reserves storage in steps */
 	wh->gen_base = 0;
-	wh->_pad = 0;
+	wh->stage_wake_min = WHEEL_STAGE_WAKE_TIMERS;
 	wh->jump_backlog = WHEEL_JUMP_BACKLOG;
 	wh->jump_max = WHEEL_JUMP_MAX;
 	wh->jump_owner = WHEEL_JUMP_OWNER;
@@ -1175,6 +1175,9 @@ uint64_t wheel_stage_at(const struct wheel *wh)
 
 	if (wh->staging)        /* until its slot is joined: nodes left, or nothing */
 		return w->slot[wh->stage_level][wh->stage_slot] != NIL ? w->now_ns : UINT64_MAX;
+	/* a few thousand nodes cascade in well under a millisecond: not worth a wake-up */
+	if (wh->armed < wh->stage_wake_min)
+		return UINT64_MAX;
 	for (unsigned l = STAGE_WAKE_LEVEL; l < LEVELS; l++) {
 		uint64_t E, t;
 

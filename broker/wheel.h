@@ -71,7 +71,9 @@ struct wheel {
 	/* generation a node gets when first used: random per broker run, so
 	 * ids are not guessable from one run to the next (0 in tests) */
 	uint32_t gen_base;
-	uint32_t _pad;
+	/* wheel_stage_at() asks for no wake-up below this many timers
+	 * (WHEEL_STAGE_WAKE_TIMERS; tests lower it) */
+	uint32_t stage_wake_min;
 	/* timers ARMED or EXPIRED: private, beside the handle's other hot
 	 * fields, not in the shared header one pointer further */
 	uint64_t armed;
@@ -352,11 +354,14 @@ unsigned wheel_stage(struct wheel *wh, unsigned budget);
  * When wheel_stage() next has work that is worth waking for: the start of
  * the tick from which the next slot of level 2 or above is within its
  * horizon (now_ns if already; UINT64_MAX if none, or while a staged slot
- * waits, moved whole, for the advance to reach it). A caller that sleeps
+ * waits, moved whole, for the advance to reach it; and none while the
+ * wheel holds fewer than WHEEL_STAGE_WAKE_TIMERS timers: no slot can then
+ * hold enough for its walk to matter). A caller that sleeps
  * until the earlier of this and wheel_next_deadline(), and stages while
  * awake, moves a big cascade in its idle time before the slot starts,
  * instead of holding back the timers due when it starts. O(levels).
  */
+#define WHEEL_STAGE_WAKE_TIMERS 4096u
 uint64_t wheel_stage_at(const struct wheel *wh);
 
 /*

@@ -700,6 +700,7 @@ static void lazy_reset_model(bool stage)
 		struct tw t;
 
 		tw_init(&t, n, res, now);
+		t.wh.stage_wake_min = 0;        /* wheel_stage_at() for these 256 too */
 		for (uint32_t k = 0; k < n; k++) {
 			dl[k] = now + 1 + splitmix64(&rng) % (5000 * res);
 			idx[k] = arm_new(&t, dl[k]);
@@ -1151,14 +1152,14 @@ Test(wheel, staging_moves_the_next_cascade_early_and_every_timer_still_fires_on_
  * level 2 or above: the tick from which it is within the horizon (4095
  * ticks); then now, while nodes are left to move; then nothing until the
  * advance reaches the slot. Level-1 slots never ask for a wake-up of their
- * own. Waking at it and staging leaves the slot's own list empty before
+ * own, nor does a wheel of fewer than WHEEL_STAGE_WAKE_TIMERS timers. Waking at it and staging leaves the slot's own list empty before
  * it starts, so its start holds nothing back.
  */
 Test(wheel, stage_at_is_when_the_next_big_cascade_comes_within_the_horizon)
 {
 	const uint64_t res = 1000, base = 8192 * res;   /* level-2 slot 2: ticks 8192-12287 */
 	struct tw t;
-	unsigned n = 3000, moved = 0, step;
+	unsigned n = WHEEL_STAGE_WAKE_TIMERS + 1000, moved = 0, step;
 	uint64_t at;
 
 	tw_init(&t, n + 1, res, 0);
@@ -1166,8 +1167,11 @@ Test(wheel, stage_at_is_when_the_next_big_cascade_comes_within_the_horizon)
 	(void)arm_new(&t, 40 * res + 7);                /* level 0 */
 	(void)arm_new(&t, 1000 * res + 7);              /* level 1 */
 	cr_assert_eq(wheel_stage_at(&t.wh), UINT64_MAX, "levels 0 and 1 ask for no wake-up");
-	for (unsigned k = 1; k < n; k++)
+	for (unsigned k = 1; k < n; k++) {
 		(void)arm_new(&t, base + 300 * res + k);
+		if (k == WHEEL_STAGE_WAKE_TIMERS - 3)
+			cr_assert_eq(wheel_stage_at(&t.wh), UINT64_MAX, "a wheel of few timers asks for no wake-up");
+	}
 	at = wheel_stage_at(&t.wh);
 	cr_assert_eq(at, (8192 - 4095) * res, "wake at tick 4097, not %llu", (unsigned long long)at);
 	/* Before then there is nothing to stage (the level-1 slot is not asked for). */

@@ -137,7 +137,7 @@ struct chime {
 	uint32_t fd_used;                   /* chime_fd() was called: keep the fd's promise in chime_poll */
 	uint32_t empty_streak;              /* consecutive chime_poll()s that returned 0 */
 	uint64_t kicks;                     /* writes to kick_fd not read back yet */
-	uint64_t last_sock_check_ns;
+	uint64_t last_sock_check_ns;        /* atomic (relaxed): cl_broker_check()'s last probe */
 	uint32_t held;                      /* the last drain stopped at an event awaiting a RESET */
 	uint32_t wait_spin_shift;           /* chime_wait's spin is WAIT_SPIN_NS >> this (poll.c) */
 #define WAIT_SPIN_NS        50000u

@@ -259,7 +259,7 @@ static void drainer_reset(struct chime *c)
 	c->held = 0;
 	c->ww_armed = 0;
 	c->empty_streak = 0;
-	c->last_sock_check_ns = 0;
+	at_store(&c->last_sock_check_ns, 0);
 }
 
 /*

@@ -462,7 +462,12 @@ CHIME_PUBLIC int chime_flush(chime_t *c)
 {
 	if (unlikely(!c))
 		return -EINVAL;
-	if (unlikely(cl_gone_for_ops(c)))
+	/*
+	 * Unlike an operation, a flush reads the clock: a broker killed
+	 * without a word (its heartbeat stale for a second) is found here,
+	 * by a probe of the socket at most once a second, not only by a drain.
+	 */
+	if (unlikely(cl_gone_for_ops(c) || cl_broker_check(c, chime_now())) && cl_is_dead(c))
 		return cl_dead_errno(c);
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		struct chime_chan *ch = &c->chan[s];

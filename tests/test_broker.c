@@ -1471,13 +1471,13 @@ Test(broker, client_sigkill_reclaims_its_timers)
 
 Test(broker, broker_sigkill_gives_enotconn_without_hanging)
 {
-	chime_t *waiter = copen(), *armer = copen(), *poller = copen();
+	chime_t *waiter = copen(), *armer = copen(), *poller = copen(), *flusher = copen();
 	struct chime_event ev[8];
 	chime_id_t id = 0;
 	uint64_t t0;
 	int r;
 
-	cr_assert(waiter && armer && poller);
+	cr_assert(waiter && armer && poller && flusher);
 	cr_assert_eq(chime_arm(waiter, 0, chime_now() + 10000 * MS, 0, 0, &id), 0);
 	kill(broker, SIGKILL);
 	waitpid(broker, NULL, 0);
@@ -1507,9 +1507,21 @@ Test(broker, broker_sigkill_gives_enotconn_without_hanging)
 		r = chime_poll(poller, ev, 8);
 	while (r == 0 && chime_now() - t0 < 5000 * MS);
 	cr_assert_eq(r, -ENOTCONN);
+
+	/*
+	 * A client that only flushes: told within a couple of seconds too.
+	 * (It returned 0 for as long as it was called, until a drain noticed.)
+	 */
+	t0 = chime_now();
+	do
+		r = chime_flush(flusher);
+	while (r == 0 && chime_now() - t0 < 5000 * MS);
+	cr_assert_eq(r, -ENOTCONN, "chime_flush: %d", r);
+	cr_assert_lt(chime_now() - t0, 3000 * MS, "chime_flush noticed late");
 	chime_close(waiter);
 	chime_close(armer);
 	chime_close(poller);
+	chime_close(flusher);
 }
 
 Test(broker, broker_sigterm_stops_cleanly)

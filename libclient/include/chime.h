@@ -264,7 +264,8 @@ int chime_submit(chime_t *c, struct chime_op *ops, unsigned n);
  * chime_t waiting, for an application about to read the broker's counters
  * (chimestat) or otherwise needing them applied at once. It does not wait
  * for the shards. Thread-safe; covers every operation that returned before
- * the call. Returns 0, -EINVAL (c is NULL) or -ENOTCONN.
+ * the call. Returns 0, -EINVAL (c is NULL), -ECHILD (after fork) or
+ * -ENOTCONN (the broker stopped, or died a second or more ago).
  */
 int chime_flush(chime_t *c);
 

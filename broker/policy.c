@@ -173,6 +173,13 @@ static int file_line(struct policy *p, char *line, char *err, size_t errlen)
 		*val++ = '\0';
 	val[strcspn(val, "#")] = '\0';
 	if (!strcmp(key, "allow-all")) {
+		/* "allow-all no" must not admit everyone: the keyword takes nothing. */
+		val += strspn(val, " \t");
+		if (*val) {
+			snprintf(err, errlen, "allow-all: takes no value (got '%.64s'); remove the line to admit "
+				 "only the users listed", val);
+			return -EINVAL;
+		}
 		p->allow_all = true;
 		return 0;
 	}
@@ -189,8 +196,10 @@ static int file_line(struct policy *p, char *line, char *err, size_t errlen)
 static int load_file(struct policy *p, const char *path, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "re");
-	char line[4096], msg[256];
+	char *line = NULL, msg[256];
+	size_t cap = 0;
 	unsigned no = 0;
+	ssize_t len;
 	int r = 0;
 
 	if (!f) {
@@ -198,19 +207,31 @@ static int load_file(struct policy *p, const char *path, char *err, size_t errle
 		snprintf(err, errlen, "cannot open policy file '%s': %s", path, strerror(-r));
 		return r;
 	}
-	while (r == 0 && fgets(line, sizeof(line), f)) {
+	/*
+	 * Whole lines, however long: a fixed buffer split a long line, and its
+	 * tail was read as a setting of its own (a comment ending in "allow-all"
+	 * admitted everyone).
+	 */
+	errno = 0;
+	while (r == 0 && (len = getline(&line, &cap, f)) >= 0) {
 		no++;
+		if (memchr(line, '\0', (size_t)len)) {
+			snprintf(err, errlen, "%s:%u: a NUL byte: not a text file", path, no);
+			r = -EINVAL;
+			break;
+		}
 		line[strcspn(line, "\n")] = '\0';
 		msg[0] = '\0';
 		r = file_line(p, line, msg, sizeof(msg));
 		if (r < 0)
 			snprintf(err, errlen, "%s:%u: %s", path, no, msg);
 	}
-	/* A directory opens, and fgets() then fails (EISDIR): not an empty policy. */
+	/* A directory opens, and getline() then fails (EISDIR): not an empty policy. */
 	if (r == 0 && ferror(f)) {
 		r = errno ? -errno : -EIO;
 		snprintf(err, errlen, "cannot read policy file '%s': %s", path, strerror(-r));
 	}
+	free(line);
 	fclose(f);
 	return r;
 }
@@ -301,8 +322,8 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 {
 	FILE *f = fopen(path, "re");
 	struct subuid_line *l = NULL;
-	size_t n = 0, cap = 0;
-	char line[512];
+	size_t n = 0, cap = 0, line_cap = 0;
+	char *line = NULL;
 	int r = 0;
 
 	if (!f) {
@@ -312,7 +333,8 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 		snprintf(err, errlen, "cannot open subordinate-uid file '%s': %s", path, strerror(-r));
 		return r;
 	}
-	while (fgets(line, sizeof(line), f)) {
+	/* Whole lines (as the policy file's): a split one's tail is not a range. */
+	while (getline(&line, &line_cap, f) >= 0) {
 		char *t = line + strspn(line, " \t");
 
 		t[strcspn(t, "\n")] = '\0';
@@ -338,6 +360,7 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 		r = errno ? -errno : -EIO;
 		snprintf(err, errlen, "cannot read subordinate-uid file '%s': %s", path, strerror(-r));
 	}
+	free(line);
 	fclose(f);
 	if (r == 0 && subuids_index(p, l, n) < 0) {
 		r = -ENOMEM;
@@ -449,11 +472,18 @@ void policy_describe(const struct policy *p, char *buf, size_t len)
 	if (p->allow_all) {
 		o = (size_t)snprintf(buf, len, "any local user");
 	} else {
+		/* A long list is counted, not cut off unsaid at the buffer's end. */
+		enum { SHOWN = 16 };
+
 		o = (size_t)snprintf(buf, len, "root, uid %u", (unsigned)geteuid());
-		for (size_t i = 0; i < p->nr_uids && o < len; i++)
+		for (size_t i = 0; i < p->nr_uids && i < SHOWN && o < len; i++)
 			o += (size_t)snprintf(buf + o, len - o, ", uid %u", (unsigned)p->uids[i]);
-		for (size_t i = 0; i < p->nr_gids && o < len; i++)
+		if (p->nr_uids > SHOWN && o < len)
+			o += (size_t)snprintf(buf + o, len - o, " and %zu more uids", p->nr_uids - SHOWN);
+		for (size_t i = 0; i < p->nr_gids && i < SHOWN && o < len; i++)
 			o += (size_t)snprintf(buf + o, len - o, ", gid %u", (unsigned)p->gids[i]);
+		if (p->nr_gids > SHOWN && o < len)
+			o += (size_t)snprintf(buf + o, len - o, " and %zu more gids", p->nr_gids - SHOWN);
 	}
 	if (p->nr_sessions && o < len)
 		o += (size_t)snprintf(buf + o, len - o, "; %zu session name%s reserved", p->nr_sessions,

@@ -186,6 +186,78 @@ Test(daemon, malformed_numbers_and_policy_files_are_usage_errors)
 	cr_expect(strstr(msg, "expected a power of two in 8..1048576"), "%s", msg);
 }
 
+/* A policy file's text as `chimed --policy-file` reads it: the first line chimed prints, and its exit status. */
+static int policy_file_says(const char *text, size_t text_len, char *msg, size_t len)
+{
+	char path[] = "/tmp/chime-policy-XXXXXX", opt[64];
+	int fd = mkstemp(path), st;
+	FILE *p;
+	char cmd[PATH_MAX + 200];
+
+	cr_assert(fd >= 0);
+	cr_assert_eq(write(fd, text, text_len), (ssize_t)text_len);
+	close(fd);
+	snprintf(opt, sizeof(opt), "--policy-file %s", path);
+	snprintf(cmd, sizeof(cmd), "timeout 10 '%s' --foreground --socket /nonexistent/chime/s %s 2>&1",
+		 getenv("CHIMED"), opt);
+	msg[0] = 0;
+	p = popen(cmd, "r");
+	cr_assert(p && fgets(msg, (int)len, p));
+	while (fgetc(p) != EOF)
+		;
+	st = pclose(p);
+	unlink(path);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/*
+ * "allow-all no" is an error, not everyone admitted; a long line is read
+ * whole, so the tail of a long comment is no setting of its own. (Found by
+ * an audit: both admitted any local user.)
+ */
+Test(daemon, a_policy_file_admits_everyone_only_when_it_says_allow_all)
+{
+	static char msg[65536];
+	static const char nul[] = "allow-uid 0\n#\0\nallow-all\n";
+	char *text;
+	size_t n = 6000;
+	int st;
+
+	cr_assert(getenv("CHIMED"));
+	st = policy_file_says("allow-all no\n", 13, msg, sizeof(msg));
+	cr_expect_eq(st, 2, "allow-all no: status %d (%s)", st, msg);
+	cr_expect(strstr(msg, ":1: allow-all: takes no value"), "%s", msg);
+
+	text = malloc(n + 32);
+	cr_assert(text);
+	memset(text, 'x', n);
+	text[0] = '#';
+	strcpy(text + n, "allow-all\nallow-uid 0\n");
+	st = policy_file_says(text, strlen(text), msg, sizeof(msg));
+	/* parsed: it goes on to the socket's missing directory (exit 1) */
+	cr_expect_eq(st, 1, "long comment: status %d (%s)", st, msg);
+	cr_expect(strstr(msg, "admitting root") && !strstr(msg, "any local user"), "%s", msg);
+
+	/* a list longer than any line buffer: every uid in it counts (the log shows 16 and counts the rest) */
+	strcpy(text, "allow-uid 0");
+	unsigned uids = 1;
+	for (; strlen(text) < n; uids++)
+		sprintf(text + strlen(text), ",%u", 100000 + uids);
+	strcat(text, ",4242\n");
+	uids++;
+	char more[64];
+	snprintf(more, sizeof(more), " and %u more uids", uids - 16);
+	st = policy_file_says(text, strlen(text), msg, sizeof(msg));
+	cr_expect_eq(st, 1, "long list: status %d (%.200s)", st, msg);
+	cr_expect(strstr(msg, more), "not '%s': %s", more, msg);
+	free(text);
+
+	/* not a text file: refused, never read up to the NUL and past it */
+	st = policy_file_says(nul, sizeof(nul) - 1, msg, sizeof(msg));
+	cr_expect_eq(st, 2, "a NUL byte: status %d (%s)", st, msg);
+	cr_expect(strstr(msg, ":2: a NUL byte"), "%s", msg);
+}
+
 static pid_t read_pid(const char *sock)
 {
 	char path[320], buf[32] = "";

@@ -1123,6 +1123,47 @@ Test(tools_live, sigkill_leaves_last_state_readable)
 }
 
 /*
+ * A chimestat that runs on follows the broker at its socket: through a
+ * `chimectl restart` (same pid, new segment files), and a stop followed by
+ * another broker. Before, it kept the first broker's file and showed it
+ * "stopped" for ever (found by an audit).
+ */
+Test(tools_live, a_running_chimestat_follows_a_restarted_or_new_broker, .timeout = 60)
+{
+	char frames[300], cmd[1200], want[64];
+	pid_t second;
+	const char *text, *last;
+	uint64_t t0;
+
+	start_broker("--shards 1");
+	snprintf(frames, sizeof(frames), "%s/frames", dir);
+	snprintf(cmd, sizeof(cmd), "timeout 5 '%s' --socket '%s' -i 0.2 -f broker.pid -f broker.state >'%s' 2>'%s' &",
+		 bin("CHIMESTAT"), sock, frames, err);
+	t0 = now_ns();
+	cr_assert_eq(system(cmd), 0);
+	usleep(600000);
+	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	usleep(800000);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	second = start_broker("--shards 1");
+	usleep(800000);
+	/* until chimestat's 5 s are over */
+	while (now_ns() - t0 < UINT64_C(5400000000))
+		usleep(100000);
+	text = slurp(frames);
+	last = text;
+	for (const char *at = text; (at = strstr(at, "broker.pid")) != NULL; at++)
+		last = at;
+	snprintf(want, sizeof(want), "%d", (int)second);
+	cr_assert(strstr(last, want), "the last frame is not the new broker's (pid %d): %s", (int)second, last);
+	cr_assert(strstr(last, "\"running\""), "the last frame: %s", last);
+	text = slurp(err);
+	cr_assert(strstr(text, "is a new broker's now: following it") &&
+		  strstr(strstr(text, "following it") + 1, "following it"),
+		  "chimestat did not say it followed both: %s", text);
+}
+
+/*
  * Any uint64_t deadline and period is valid (UINT64_MAX: never, in
  * effect): chimectl timers shows them far ahead, never as long overdue.
  * Before, a signed difference put them 51636 s in the past, and the
@@ -2019,6 +2060,29 @@ Test(tools_live_view, shows_the_broker_dying_and_restores_on_sigterm)
 	cr_assert_eq(st, 3, "SIGTERM: exit status %d (3: not running)", st);
 	cr_assert(memmem(term.raw, term.nraw, "\033[?1049l", 8), "terminal not restored");
 	chime_seg_unmap(&f.map);
+}
+
+/* The live view follows a new broker's segment at the path, as the plain frames do. */
+Test(tools_live_view, follows_a_new_broker_at_the_socket)
+{
+	static const char *const args[] = { "-i", "0.1", NULL };
+	char path[256];
+	struct fake f, g;
+
+	fake_make(&f, getpid(), 0);
+	term_start("xterm", 24, 80, args);
+	cr_assert(term_wait("running", 3000), "%s", screen());
+	f.ctl->pid = dead_pid();
+	cr_assert(term_wait("NOT RUNNING (its process is gone)", 3000), "%s", screen());
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	cr_assert_eq(unlink(path), 0);
+	fake_make(&g, getpid(), 0);
+	cr_assert(term_wait("running", 3000) && vt_find(&term.vt, "NOT RUNNING") == -1,
+		  "the new broker's file is not shown:\n%s", screen());
+	term_keys("q");
+	cr_assert_eq(term_exit(2000), 0, "a running broker: exit 0");
+	chime_seg_unmap(&f.map);
+	chime_seg_unmap(&g.map);
 }
 
 Test(tools_live_view, field_filter_lists_the_fields)

@@ -286,6 +286,13 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	while (!stop) {
 		struct timespec ts;
 
+		if (sr_follow(&s)) {
+			/* chimectl restart, or another broker started: show it, with no rates against the old one. */
+			fprintf(stderr, PROG ": '%s' is a new broker's now: following it\n", s.ctl_path);
+			if (have_prev)
+				sr_snap_free(&ps);
+			have_prev = 0;
+		}
 		if (sr_snapshot(&s, &sn) < 0) {
 			fprintf(stderr, PROG ": out of memory\n");
 			r = SR_EXIT_NOSHM;

@@ -1189,6 +1189,15 @@ int live_run(struct sr *s, const struct opts *o, char *why, size_t len)
 		int ch;
 
 		if (!L.paused && (!L.have_cur || now >= next)) {
+			if (sr_follow(L.s)) {
+				/* A new broker: no rates against the old one's counters, its shards' count may differ. */
+				if (L.have_cur)
+					sr_snap_free(&L.sn);
+				if (L.have_prev)
+					sr_snap_free(&L.ps);
+				L.have_cur = L.have_prev = 0;
+				L.hist_src = -1;
+			}
 			sample(&L);
 			last = now;
 			next = now + (uint64_t)(L.interval * 1e9);

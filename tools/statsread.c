@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -98,7 +99,22 @@ int sr_open(struct sr *s, const char *sock)
 		return -ENAMETOOLONG;
 	strcpy(s->sock, sock);
 	snprintf(s->ctl_path, sizeof(s->ctl_path), "%s.ctl", sock);
-	r = chime_seg_open(s->ctl_path, CHIME_SEG_CONTROL, &s->map);
+	{
+		/* As chime_seg_open(), keeping the file's identity for sr_follow(). */
+		int fd = open(s->ctl_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+		struct stat st;
+
+		if (fd < 0) {
+			r = -errno;
+		} else {
+			if (fstat(fd, &st) == 0) {
+				s->dev = st.st_dev;
+				s->ino = st.st_ino;
+			}
+			r = chime_seg_map_fd(fd, CHIME_SEG_CONTROL, false, &s->map);
+			close(fd);
+		}
+	}
 	if (r == -EPROTO) {
 		struct chime_seg_hdr hdr;
 		int fd = open(s->ctl_path, O_RDONLY | O_CLOEXEC);
@@ -139,6 +155,26 @@ void sr_close(struct sr *s)
 {
 	chime_seg_unmap(&s->map);
 	s->ctl = NULL;
+}
+
+int sr_follow(struct sr *s)
+{
+	struct stat st;
+	struct sr *n;
+
+	if (stat(s->ctl_path, &st) < 0 || (st.st_dev == s->dev && st.st_ino == s->ino))
+		return 0;
+	n = malloc(sizeof(*n));         /* two paths of PATH_MAX: not on the stack */
+	if (!n)
+		return 0;
+	if (sr_open(n, s->sock) < 0) {
+		free(n);
+		return 0;
+	}
+	sr_close(s);
+	*s = *n;
+	free(n);
+	return 1;
 }
 
 void sr_perror(const char *prog, const struct sr *s, int err)

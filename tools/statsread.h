@@ -15,6 +15,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "chime_shm.h"
 #include "clock.h"
@@ -40,6 +41,8 @@ struct sr {
 	/* The geometry as sr_open() checked it: the segment's own copy may change after. */
 	uint64_t shards_off, clients_off, client_stats_off;
 	uint32_t layout_seen;           /* after -EPROTO: the segment's layout version */
+	dev_t dev;                      /* the file mapped, to tell a new broker's from it */
+	ino_t ino;
 };
 
 /*
@@ -97,6 +100,14 @@ int sr_socket_path(char *buf, size_t len, const char *arg);
  */
 int sr_open(struct sr *s, const char *sock);
 void sr_close(struct sr *s);
+
+/*
+ * For a view that runs on: if PATH.ctl now names another file than the one
+ * mapped (the broker was restarted, or stopped and another started) and it
+ * opens, map that one instead and return 1; else 0, the old one kept (a
+ * broker that died, or one still starting, goes on showing its last state).
+ */
+int sr_follow(struct sr *s);
 
 /* Print the standard message for an sr_open() failure: "prog: cannot open 'path': ... (hint)". */
 void sr_perror(const char *prog, const struct sr *s, int err);

@@ -182,7 +182,13 @@ args)
 	bad_arg "chime-bench: unknown mode 'bogus'" bogus
 	bad_arg "chime-bench: unexpected argument 'extra'" --version extra
 	bad_arg "chime-bench: unexpected argument 'extra'" -h extra
-	echo "bench args: $nbad bad values refused at once, each named"
+	# a --lateness-csv directory that cannot be made fails at once (exit 1), not after the runs
+	timeout 2 "$bench" compare --quick --lateness-csv "$dir/out.json/csv" >/dev/null 2>"$dir/err"
+	st=$?
+	[ "$st" -eq 1 ] || fail "compare --lateness-csv under a file: exit status $st, expected 1 at once"
+	grep -qF -- "--lateness-csv: cannot make directory '$dir/out.json/csv'" "$dir/err" ||
+		fail "compare --lateness-csv under a file: $(cat "$dir/err")"
+	echo "bench args: $nbad bad values refused at once, each named; a --lateness-csv that cannot be made too"
 	exit 0
 	;;
 interrupt)

@@ -106,6 +106,7 @@ struct run {
 
 
 /* compare_report.c */
+int compare_csv_prepare(const struct run *R);
 int compare_csv(const struct run *R);
 void compare_table(const struct run *R, const struct broker *b);
 void compare_json(const struct run *R, const struct broker *b);

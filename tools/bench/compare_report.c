@@ -9,20 +9,36 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
 #include "compare.h"
+
+/*
+ * The --lateness-csv directory, made and checked before the runs: a path
+ * that cannot hold the files fails at once, not after minutes of benchmark.
+ */
+int compare_csv_prepare(const struct run *R)
+{
+	if (mkdir(R->csv_dir, 0755) < 0 && errno != EEXIST) {
+		fprintf(stderr, "chime-bench compare: --lateness-csv: cannot make directory '%s': %s\n", R->csv_dir,
+			strerror(errno));
+		return -1;
+	}
+	if (access(R->csv_dir, W_OK | X_OK) < 0) {
+		fprintf(stderr, "chime-bench compare: --lateness-csv: cannot write in '%s': %s\n", R->csv_dir,
+			strerror(errno));
+		return -1;
+	}
+	return 0;
+}
 
 /* One CSV per contender: the sorted lateness in us and its cumulative fraction. */
 int compare_csv(const struct run *R)
 {
 	char path[4096];
 
-	if (mkdir(R->csv_dir, 0755) < 0 && errno != EEXIST) {
-		fprintf(stderr, "chime-bench: mkdir('%s'): %s\n", R->csv_dir, strerror(errno));
-		return -1;
-	}
 	for (int k = 0; k < NR_LAT; k++) {
 		const struct lat_result *l = &R->lat[k];
 		FILE *f;
@@ -31,13 +47,16 @@ int compare_csv(const struct run *R)
 			continue;
 		snprintf(path, sizeof(path), "%s/%s.csv", R->csv_dir, contender_name[lat_c[k]]);
 		if (!(f = fopen(path, "w"))) {
-			fprintf(stderr, "chime-bench: %s: %s\n", path, strerror(errno));
+			PROBLEM("cannot write %s: %s\n", path, strerror(errno));
 			return -1;
 		}
 		fprintf(f, "lateness_us,cdf\n");
 		for (size_t i = 0; i < l->got; i++)
 			fprintf(f, "%.3f,%.6f\n", (double)l->recv[i] / 1e3, (double)(i + 1) / (double)l->got);
-		fclose(f);
+		if (ferror(f) | fclose(f)) {    /* both: fclose() always closes */
+			PROBLEM("cannot write %s: %s\n", path, strerror(errno));
+			return -1;
+		}
 	}
 	return 0;
 }

@@ -1435,6 +1435,9 @@ Test(tools_options, a_socket_path_too_long_is_a_usage_error)
 		cr_assert_eq(run("%s -s '%s' %s", bin(envs[i]), path, args[i]), 2, "%s: %s", envs[i], slurp(err));
 		cr_assert(strstr(slurp(err), "too long"), "%s: %s", envs[i], slurp(err));
 	}
+	/* with -j too: a usage error prints no document (it printed one, found by an audit) */
+	cr_assert_eq(run("%s -j -s '%s' status", bin("CHIMECTL"), path), 2, "%s", slurp(err));
+	cr_assert_eq(slurp(out)[0], '\0', "a document on a usage error: %s", slurp(out));
 }
 
 Test(tools_options, help_everywhere)

@@ -1123,6 +1123,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, PROG ": unknown command '%s' (try '" PROG " --help')\n", cmd);
 		return SR_EXIT_USAGE;
 	}
+	/* A usage error, like any other on the command line: no JSON document (chimectl(1), -j). */
+	r = sr_socket_path(sock, sizeof(sock), socket_arg);
+	if (r == -ENAMETOOLONG) {
+		fprintf(stderr, PROG ": the socket path of %s, '%.*s...', is too long (a unix socket's is at "
+			"most %d bytes)\n", socket_arg ? "--socket" : "$CHIME_SOCKET", 40,
+			socket_arg ? socket_arg : getenv("CHIME_SOCKET"), SR_SOCKET_PATH_MAX);
+		return SR_EXIT_USAGE;
+	}
 	if (json) {
 		J = json_pack("{s:s,s:s}", "version", CHIME_VERSION, "command", cmd);
 		if (!J) {
@@ -1130,12 +1138,7 @@ int main(int argc, char **argv)
 			return SR_EXIT_NOSHM;
 		}
 	}
-	r = sr_socket_path(sock, sizeof(sock), socket_arg);
-	if (r == -ENAMETOOLONG)
-		r = fail(SR_EXIT_USAGE, "the socket path of %s, '%.*s...', is too long (a unix socket's is at "
-			 "most %d bytes)", socket_arg ? "--socket" : "$CHIME_SOCKET", 40,
-			 socket_arg ? socket_arg : getenv("CHIME_SOCKET"), SR_SOCKET_PATH_MAX);
-	else if (r < 0)
+	if (r < 0)
 		r = fail(SR_EXIT_NOSHM, "no socket path: %s (set $CHIME_SOCKET or use --socket)", strerror(-r));
 	else
 		r = run(cmd, sock, pid, limit, arg);

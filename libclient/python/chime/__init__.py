@@ -20,6 +20,7 @@ import ctypes
 import errno
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -149,13 +150,25 @@ def _u64(name, value):
 def _seconds_ns(name, value):
     """Seconds as nanoseconds, saturated at 2**64-1 (584 years): ctypes would
     pass a larger int modulo 2**64 (a period that long would become a short
-    one), and value * 1e9 may overflow a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0:
+    one), and value * 1e9 may overflow a float. An int is taken exactly,
+    however large (math.isfinite() of one beyond a float's range raises)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and not math.isfinite(value)) or value < 0:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
+    if isinstance(value, int):
+        return min(value * 1_000_000_000, _U64_MAX)
     if value >= _U64_MAX / 1e9:
         return _U64_MAX
     return min(int(round(value * 1e9)), _U64_MAX)
+
+
+def _c_string(name, value):
+    """os.fsencode(value), refused if it holds a NUL: a C string would end
+    there, and another socket or session than the one named be used."""
+    b = os.fsencode(value)
+    if b"\0" in b:
+        raise ValueError(f"{name} {value!r}: embedded null byte")
+    return b
 
 
 def _deadline(at_ns, after):
@@ -186,8 +199,8 @@ def drop_session(session, socket=None):
     live process has it, EACCES: another user's)."""
     if not isinstance(session, (str, bytes)):
         raise TypeError(f"session must be str or bytes, not {type(session).__name__}")
-    path = os.fsencode(socket) if socket is not None else None
-    r = lib.chime_drop_session(ctypes.byref(ChimeOpts(path, 0, os.fsencode(session))))
+    path = _c_string("socket", socket) if socket is not None else None
+    r = lib.chime_drop_session(ctypes.byref(ChimeOpts(path, 0, _c_string("session", session))))
     if r < 0:
         shown = socket if socket is not None else os.environ.get("CHIME_SOCKET") or "/run/chime/chime.sock"
         raise _error("chime_drop_session", -r, socket=shown, session=session,
@@ -204,7 +217,9 @@ class Chime:
     chime_open(3), "Broker restarts").
 
     arm, reset, cancel and cancel_key may be called from any thread; one
-    thread at a time collects events (poll, wait).
+    thread at a time collects events (poll, wait). close() waits for the
+    calls under way in other threads to return (a wait() among them: until
+    its timeout), and any call after it raises ValueError.
 
     record_resets=True is CHIME_OPEN_RECORD_RESETS: every reset a record in
     the ring, no touch table (16 bytes of shared memory per armed timer
@@ -212,12 +227,17 @@ class Chime:
 
     def __init__(self, socket=None, session=None, *, record_resets=False):
         self._c = None
-        self._periodic = {}     # id -> key of the periodic timers: Event.periodic
+        self._periodic = {}     # id -> key of the periodic timers: Event.periodic (under _lock)
         self._buf = None
-        path = os.fsencode(socket) if socket is not None else None
+        # The calls under way in C, so that close() never frees the handle
+        # under one: ctypes lets other threads run during a foreign call.
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._calls = 0
+        path = _c_string("socket", socket) if socket is not None else None
         if session is not None and not isinstance(session, (str, bytes)):
             raise TypeError(f"session must be str or bytes, not {type(session).__name__}")
-        name = os.fsencode(session) if session is not None else None
+        name = _c_string("session", session) if session is not None else None
         opts = ChimeOpts(path, OPEN_RECORD_RESETS if record_resets else 0, name)
         handle = ctypes.c_void_p()
         r = lib.chime_open(ctypes.byref(handle), ctypes.byref(opts))
@@ -230,10 +250,19 @@ class Chime:
         self._c = handle
         self._fd = lib.chime_fd(self._c)
 
-    def _handle(self):
-        if self._c is None:
-            raise ValueError("operation on a closed Chime")
-        return self._c
+    def _enter(self):
+        """The handle, counted as in use until _leave(); ValueError if closed."""
+        with self._lock:
+            if self._c is None:
+                raise ValueError("operation on a closed Chime")
+            self._calls += 1
+            return self._c
+
+    def _leave(self):
+        with self._lock:
+            self._calls -= 1
+            if not self._calls:
+                self._idle.notify_all()
 
     def arm(self, key, *, at_ns=None, after=None, period=None, data=0):
         """Arm a timer at at_ns (absolute) or `after` seconds from now,
@@ -249,36 +278,58 @@ class Chime:
             if period_ns == 0:
                 raise ValueError("period must be > 0 seconds (leave it out for a one-shot timer)")
         out = ctypes.c_uint64()
-        r = lib.chime_arm(self._handle(), _u64("key", key), deadline, period_ns,
-                          _u64("data", data), ctypes.byref(out))
+        key, data = _u64("key", key), _u64("data", data)
+        c = self._enter()
+        try:
+            r = lib.chime_arm(c, key, deadline, period_ns, data, ctypes.byref(out))
+        finally:
+            self._leave()
         if r < 0:
             raise _error("chime_arm", -r)
         if period_ns:
-            self._periodic[out.value] = key
+            with self._lock:
+                self._periodic[out.value] = key
         return out.value
 
     def reset(self, id, *, at_ns=None, after=None):
         """Move timer `id` to at_ns (absolute) or `after` seconds from now. An
         earlier firing still in flight is never returned after this."""
-        r = lib.chime_reset(self._handle(), _u64("id", id), _deadline(at_ns, after))
+        id, deadline = _u64("id", id), _deadline(at_ns, after)
+        c = self._enter()
+        try:
+            r = lib.chime_reset(c, id, deadline)
+        finally:
+            self._leave()
         if r < 0:
             raise _error("chime_reset", -r, id=id)
 
     def cancel(self, id):
         """Cancel timer `id`: no event for it is returned after this. A timer
         that already fired or was cancelled is not an error."""
-        r = lib.chime_cancel(self._handle(), _u64("id", id))
+        id = _u64("id", id)
+        c = self._enter()
+        try:
+            r = lib.chime_cancel(c, id)
+        finally:
+            self._leave()
         if r < 0:
             raise _error("chime_cancel", -r, id=id)
-        self._periodic.pop(id, None)
+        with self._lock:
+            self._periodic.pop(id, None)
 
     def cancel_key(self, key):
         """Cancel every timer this connection armed with `key`."""
-        r = lib.chime_cancel_key(self._handle(), _u64("key", key))
+        key = _u64("key", key)
+        c = self._enter()
+        try:
+            r = lib.chime_cancel_key(c, key)
+        finally:
+            self._leave()
         if r < 0:
             raise _error("chime_cancel_key", -r)
-        for tid in [t for t, k in self._periodic.items() if k == key]:
-            del self._periodic[tid]
+        with self._lock:
+            for tid in [t for t, k in self._periodic.items() if k == key]:
+                del self._periodic[tid]
 
     def submit(self, ops):
         """Apply a batch of Op values in one call (chime_submit(3)): one
@@ -298,34 +349,43 @@ class Chime:
         for a, o in zip(arr, ops):
             a.op, a.id, a.key, a.deadline_ns, a.period_ns, a.user_data = (
                 o.code, o.id, o.key, o.deadline_ns, o.period_ns, o.data)
-        r = lib.chime_submit(self._handle(), arr, len(ops))
+        c = self._enter()
+        try:
+            r = lib.chime_submit(c, arr, len(ops))
+        finally:
+            self._leave()
         if r < 0:
             raise _error("chime_submit", -r)
         names = {Op.ARM: "chime_arm", Op.RESET: "chime_reset", Op.CANCEL: "chime_cancel",
                  Op.CANCEL_KEY: "chime_cancel_key"}
         out = []
-        for a, o in zip(arr, ops):
-            if a.result < 0:
-                out.append(_error(names[o.code], -a.result, id=o.id))
-                continue
-            if o.code == Op.ARM:
-                if o.period_ns:
-                    self._periodic[a.id] = o.key
-                out.append(a.id)
-                continue
-            if o.code == Op.CANCEL:
-                self._periodic.pop(o.id, None)
-            elif o.code == Op.CANCEL_KEY:
-                for tid in [t for t, k in self._periodic.items() if k == o.key]:
-                    del self._periodic[tid]
-            out.append(None)
+        with self._lock:
+            for a, o in zip(arr, ops):
+                if a.result < 0:
+                    out.append(_error(names[o.code], -a.result, id=o.id))
+                    continue
+                if o.code == Op.ARM:
+                    if o.period_ns:
+                        self._periodic[a.id] = o.key
+                    out.append(a.id)
+                    continue
+                if o.code == Op.CANCEL:
+                    self._periodic.pop(o.id, None)
+                elif o.code == Op.CANCEL_KEY:
+                    for tid in [t for t, k in self._periodic.items() if k == o.key]:
+                        del self._periodic[tid]
+                out.append(None)
         return out
 
     def flush(self):
         """Have the broker apply what this connection submitted now, rather
         than when its sleeping shards next wake (chime_flush(3)); does not
         wait for them."""
-        r = lib.chime_flush(self._handle())
+        c = self._enter()
+        try:
+            r = lib.chime_flush(c)
+        finally:
+            self._leave()
         if r < 0:
             raise _error("chime_flush", -r)
 
@@ -347,7 +407,11 @@ class Chime:
     def poll(self, max=64):
         """Up to `max` pending events, as a list (empty if none); never blocks."""
         buf = self._buffer(max)
-        r = lib.chime_poll(self._handle(), buf, max)
+        c = self._enter()
+        try:
+            r = lib.chime_poll(c, buf, max)
+        finally:
+            self._leave()
         if r < 0:
             raise _error("chime_poll", -r)
         return self._events(r)
@@ -356,10 +420,10 @@ class Chime:
         """The pending events (up to 64; poll(max) takes more), waiting up to
         `timeout` seconds (None: forever) for one; an empty list on timeout.
         A signal whose handler returns does not end the wait (PEP 475)."""
-        if timeout is None:
+        # A timeout too long for a float's seconds (584 years and more) is none.
+        if timeout is None or _seconds_ns("timeout", timeout) == _U64_MAX:
             end = None
         else:
-            _seconds_ns("timeout", timeout)
             end = time.monotonic() + timeout
         buf = self._buffer(64)
         while True:
@@ -368,7 +432,11 @@ class Chime:
             else:
                 ms = max(0, math.ceil((end - time.monotonic()) * 1000))
                 ms = min(ms, 2**31 - 1)
-            r = lib.chime_wait(self._handle(), buf, 64, ms)
+            c = self._enter()
+            try:
+                r = lib.chime_wait(c, buf, 64, ms)
+            finally:
+                self._leave()
             # A signal: its Python handler runs here (and may raise); then
             # wait on for what is left of the timeout, as PEP 475 asks.
             if r == -errno.EINTR:
@@ -381,8 +449,14 @@ class Chime:
         """A descriptor readable whenever events are pending (for select,
         selectors, asyncio); then call poll() until it returns []. Do not
         read it."""
-        self._handle()
-        return self._fd
+        c = self._enter()
+        try:
+            r = lib.chime_fd(c)     # in a forked child: -ECHILD, as every call
+        finally:
+            self._leave()
+        if r < 0:
+            raise _error("chime_fd", -r)
+        return r
 
     @property
     def closed(self):
@@ -390,11 +464,17 @@ class Chime:
 
     def close(self):
         """Disconnect: the broker cancels every timer of this connection (a
-        session's stay for its next opener). Not while another thread is in
-        wait() on it (chime_wait(3))."""
-        if self._c is not None:
-            lib.chime_close(self._c)
-            self._c = None
+        session's stay for its next opener). Waits for the calls under way
+        in other threads to return; every call after it raises ValueError."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:        # __init__ failed before the lock
+            return
+        with lock:
+            c, self._c = self._c, None      # no call starts from here on
+            while self._calls:
+                self._idle.wait()
+        if c is not None:
+            lib.chime_close(c)
 
     def __enter__(self):
         return self

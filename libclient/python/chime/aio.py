@@ -37,23 +37,39 @@ class AsyncChime:
         self.submit = self.chime.submit
         self.flush = self.chime.flush
         self._pending = []
+        # One task collects at a time (as one thread does from a Chime): the
+        # others queue here, so that each event goes to exactly one of them
+        # and no task's reader replaces another's.
+        self._collecting = asyncio.Lock()
+        self._ready = None      # the future the collecting task sleeps on
+        self._closed = False
+
+    def _check_open(self):
+        if self._closed:
+            raise ValueError("operation on a closed AsyncChime")
 
     async def wait(self, max=64):
-        """The pending events (at least one, up to `max`), awaiting the first."""
+        """The pending events (at least one, up to `max`), awaiting the first.
+        Tasks awaiting it together take turns; close() ends their wait with
+        ValueError."""
+        self._check_open()
         loop = asyncio.get_running_loop()
-        while True:
-            events = self.chime.poll(max)
-            if events:
-                return events
-            # Nothing pending: the poll that ran dry asked for a wake-up on
-            # fileno(); sleep in the loop until it comes.
-            ready = loop.create_future()
-            fd = self.chime.fileno()
-            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
-            try:
-                await ready
-            finally:
-                loop.remove_reader(fd)
+        async with self._collecting:
+            while True:
+                self._check_open()
+                events = self.chime.poll(max)
+                if events:
+                    return events
+                # Nothing pending: the poll that ran dry asked for a wake-up on
+                # fileno(); sleep in the loop until it comes.
+                ready = self._ready = loop.create_future()
+                fd = self.chime.fileno()
+                loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+                try:
+                    await ready
+                finally:
+                    self._ready = None
+                    loop.remove_reader(fd)
 
     def __aiter__(self):
         return self
@@ -64,6 +80,13 @@ class AsyncChime:
         return self._pending.pop(0)
 
     def close(self):
+        """Close the Chime it opened (not one it was given); a task awaiting
+        wait() gets ValueError."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(ValueError("AsyncChime closed while a task awaited its events"))
         if self._own:
             self.chime.close()
 

@@ -337,10 +337,105 @@ def test_periods_and_delays_beyond_uint64_ns_saturate(chime_conn):
     assert [ev.id for ev in wait_for(c, 1)] == [tid]
     assert c.wait(timeout=0.4) == [], "a 584-year period fired again within 0.4 s"
     c.cancel(tid)
-    for huge in (1e300, 10 ** 30):
+    for huge in (1e300, 10 ** 30, 10 ** 400):   # 10**400: beyond a float (it raised OverflowError)
         tid = c.arm(2, after=huge, period=huge)
+        c.reset(tid, after=huge)
         c.cancel(tid)
+        assert c.submit([chime.Op.arm(3, after=huge, period=huge)])[0] != 0
     assert c.wait(timeout=0.05) == []
+    c.cancel_key(3)
+
+
+def test_a_wait_beyond_a_float_is_a_wait_without_timeout(chime_conn):
+    c = chime_conn
+    tid = c.arm(1, after=0.02)
+    assert [ev.id for ev in c.wait(timeout=10 ** 400)] == [tid]
+
+
+def test_a_nul_in_a_socket_path_or_session_name_is_refused(broker):
+    """A C string ends at the NUL: 'billing\\0x' opened session 'billing'."""
+    for kw in ({"socket": broker.socket + "\0/ignored"}, {"socket": broker.socket, "session": "billing\0x"},
+               {"socket": broker.socket, "session": b"billing\0x"}):
+        with pytest.raises(ValueError, match="embedded null byte"):
+            chime.Chime(**kw)
+    with pytest.raises(ValueError, match="embedded null byte"):
+        chime.drop_session("billing\0x", socket=broker.socket)
+
+
+def test_close_waits_for_calls_under_way_in_other_threads(broker):
+    """close() while other threads arm and cancel: each call either runs on
+    the open handle or raises ValueError, never a crash (it was a segfault:
+    the handle freed under a thread inside chime_arm())."""
+    import threading
+    for _ in range(3):
+        c = chime.Chime(socket=broker.socket)
+        errors, started = [], threading.Barrier(3)
+
+        def churn():
+            started.wait()
+            try:
+                while True:
+                    c.cancel(c.arm(5, after=1000))
+            except ValueError as e:
+                if "closed" not in str(e):
+                    errors.append(e)
+            except Exception as e:      # noqa: BLE001 - anything else is the failure
+                errors.append(e)
+
+        threads = [threading.Thread(target=churn) for _ in range(2)]
+        for t in threads:
+            t.start()
+        started.wait()
+        time.sleep(0.05)
+        c.close()
+        for t in threads:
+            t.join(5)
+            assert not t.is_alive()
+        assert errors == []
+        assert c.closed
+
+
+def test_cancel_key_while_another_thread_arms_periodics(chime_conn):
+    """The periodic-id table is shared by the threads (it raised
+    'dictionary changed size during iteration' after a cancel had taken effect)."""
+    import threading
+    c, stop, errors = chime_conn, threading.Event(), []
+
+    def arm():
+        try:
+            while not stop.is_set():
+                c.cancel(c.arm(8, after=1000, period=1))
+        except Exception as e:          # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=arm)
+    t.start()
+    try:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            c.cancel_key(7)
+            c.submit([chime.Op.cancel_key(7)])
+    finally:
+        stop.set()
+        t.join(5)
+    assert errors == []
+
+
+def test_fileno_in_a_forked_child_is_echild(chime_conn):
+    c = chime_conn
+    c.fileno()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            c.fileno()
+        except OSError as e:
+            code = 0 if e.errno == errno.ECHILD else 2
+        except BaseException:           # noqa: BLE001
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_broker_death_is_enotconn(broker):
@@ -391,6 +486,28 @@ def test_asyncio_wait_and_iteration(broker):
                     break
             assert all(e.id == b and e.periodic for e in got)
             c.cancel(b)
+        assert c.chime.closed
+
+    asyncio.run(main())
+
+
+def test_asyncio_tasks_awaiting_one_chime_take_turns_and_close_ends_them(broker):
+    """Two tasks awaiting one AsyncChime: every event reaches one of them
+    (the second task's reader replaced the first's, and one waited for
+    ever); close() ends a task's wait with ValueError."""
+    async def main():
+        c = chime.aio.AsyncChime(socket=broker.socket)
+        ids = {c.arm(1, after=t) for t in (0.1, 0.3, 0.5)}
+        # three tasks, one wait() each, the timers 200 ms apart: one event each
+        lists = await asyncio.wait_for(asyncio.gather(c.wait(), c.wait(), c.wait()), 5)
+        assert sorted(len(events) for events in lists) == [1, 1, 1], lists
+        assert {events[0].id for events in lists} == ids
+        c.arm(1, after=60)
+        waiter = asyncio.ensure_future(c.wait())
+        await asyncio.sleep(0.05)
+        c.close()
+        with pytest.raises(ValueError, match="closed"):
+            await asyncio.wait_for(waiter, 2)
         assert c.chime.closed
 
     asyncio.run(main())

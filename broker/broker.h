@@ -143,6 +143,10 @@ struct client {
 	bool acking;                    /* in broker.acking (after generation: client_admit() keeps it) */
 };
 
+/* Connect, disconnect, park and drop lines, all clients together (log_budget_take() on conn_log). */
+#define CONN_LOG_PER_S 20u
+#define CONN_LOG_WHAT "connect and disconnect"
+
 struct broker {
 	struct broker_opts o;
 	struct discard *discard;        /* empties ended connections' segments (discard.h) */
@@ -192,7 +196,7 @@ struct broker {
 	uint64_t last_report_ns;
 	struct policy policy;
 	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */
-	struct log_budget conn_log;     /* connects, disconnects, parks: a few a second (log.h) */
+	struct log_budget conn_log;     /* connects, disconnects, parks, drops: a few a second (log.h) */
 	uint64_t last_query_ns[2];      /* [privileged asker]: other users cannot starve root's queries */
 	uid_t query_turn_uid;           /* the unprivileged user refused first: the next turn is its own
 					 * (users as counted: policy_account_uid()) */

@@ -62,9 +62,6 @@
 #include "segment.h"
 #include "shard.h"
 
-/* Connect, disconnect and park lines, all clients together (log_budget_take()). */
-#define CONN_LOG_PER_S 20u
-#define CONN_LOG_WHAT "connect and disconnect"
 #define LISTEN_BACKLOG 64
 
 /* ------------------------------------------------------------------------ */

@@ -477,9 +477,12 @@ static void drop_session(struct broker *b, int fd, const struct ucred *asker, co
 		head.status = (c->state == CL_DETACHED && c->next_fd < 0) ||
 			      (c->state == CL_PARKING && c->next_fd < 0 && !b->stopping) ? 0 : -EBUSY;
 	if (head.status == 0) {
-		read_comm(asker->pid, comm);
-		log_msg(LOG_NOTICE, "session '%s' (uid %u) dropped by pid %d '%s' (uid %u)", c->session,
-			(unsigned)c->cred.uid, (int)asker->pid, comm, (unsigned)asker->uid);
+		/* On the connect lines' budget: a user dropping sessions in a loop must not flood the log. */
+		if (log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT)) {
+			read_comm(asker->pid, comm);
+			log_msg(LOG_NOTICE, "session '%s' (uid %u) dropped by pid %d '%s' (uid %u)", c->session,
+				(unsigned)c->cred.uid, (int)asker->pid, comm, (unsigned)asker->uid);
+		}
 		if (c->state == CL_DETACHED) {
 			client_detach(b, c, 0);
 		} else {

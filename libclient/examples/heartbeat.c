@@ -9,8 +9,9 @@
  *
  * The simulation: -n connections (100000), every -s'th one (997) goes
  * silent at once, the others send a keepalive every timeout/4; after -d ms
- * (2000) the program checks that exactly the silent ones were reported,
- * each once. Exit status 0 if so.
+ * (2000) the live ones hang up (their timers cancelled), and the program
+ * checks that exactly the silent ones were reported, each once. Exit status
+ * 0 if so.
  *
  *   heartbeat [-n connections] [-t timeout_ms] [-d duration_ms] [-s every]
  */
@@ -74,12 +75,16 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (n == 0 || every == 0 || timeout_ms < 20) {
-		fprintf(stderr, "heartbeat: need -n > 0, -s > 0, -t >= 20\n");
+	if (optind < argc || n == 0 || every == 0 || timeout_ms < 20 || duration_ms < 0) {
+		fprintf(stderr, "heartbeat: need -n > 0, -s > 0, -t >= 20, -d >= 0 and no other argument\n");
 		return 2;
 	}
 	conns = calloc(n, sizeof(*conns));
-	r = conns ? chime_open(&c, NULL) : -ENOMEM;
+	if (!conns) {
+		fprintf(stderr, "heartbeat: no memory for %u connections\n", n);
+		return 1;
+	}
+	r = chime_open(&c, NULL);
 	if (r < 0) {
 		fprintf(stderr, "heartbeat: cannot connect to chimed: %s\n", strerror(-r));
 		free(conns);
@@ -110,7 +115,11 @@ int main(int argc, char **argv)
 		if (r != 0)
 			goto fail;
 	}
-	/* Anyone still owed a report is late by at least a timeout by now, at most two. */
+	/* The live peers hang up: their idle timers go, and only the silent ones are owed a report. */
+	for (unsigned i = 0; i < n; i++)
+		if (!conns[i].silent && (r = chime_cancel(c, conns[i].idle_timer)) < 0)
+			goto fail;
+	/* Anyone still owed a report is due within a timeout of the start; wait at most two past the end. */
 	while (reported < silent && chime_now() < end + 2 * (uint64_t)timeout_ms * MS) {
 		r = report(c, conns, n, 10, &reported);
 		if (r != 0)

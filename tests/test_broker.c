@@ -2106,6 +2106,9 @@ Test(broker, example_heartbeat)
 {
 	const char *quick[] = { "-n", "20000", "-t", "300", "-d", "900", NULL };
 	const char *full[] = { NULL };
+	/* ended before the silent ones are due: the live ones hang up (they were reported wrongly, exit 1) */
+	const char *short_run[] = { "-n", "1000", "-t", "300", "-d", "50", NULL };
 
 	run_example("heartbeat", stress ? full : quick);
+	run_example("heartbeat", short_run);
 }

@@ -10,6 +10,7 @@ never early.
 
     asyncio_timeouts.py [REQUESTS]        # default 200; $CHIME_SOCKET picks the broker
 """
+import argparse
 import asyncio
 import random
 import sys
@@ -39,6 +40,8 @@ async def main(n):
 
         async def collect():
             nonlocal ticks
+            if not slow:
+                return
             async for ev in c:
                 if ev.key == TICK:
                     ticks += 1
@@ -57,5 +60,20 @@ async def main(n):
     return 0 if timed_out == slow and ticks > 0 else 1
 
 
+def requests(text):
+    n = int(text)
+    if n < 1:
+        raise ValueError(text)
+    return n
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 200)))
+    parser = argparse.ArgumentParser(description="Request timeouts in an asyncio program, served by chimed "
+                                     "($CHIME_SOCKET picks the broker).")
+    parser.add_argument("requests", nargs="?", type=requests, default=200,
+                        help="how many requests to run, 1 or more (default 200)")
+    args = parser.parse_args()
+    try:
+        sys.exit(asyncio.run(main(args.requests)))
+    except OSError as e:            # no broker, not admitted, ...: one line, as the C examples say it
+        sys.exit(f"asyncio_timeouts: {e}")

@@ -510,7 +510,8 @@ static void __attribute__((noreturn)) reexec(char **argv, const struct broker_op
 
 int main(int argc, char **argv)
 {
-	struct broker_opts o = {
+	/* Static: what the options point to (absolute_file(), the lists) lives as long as the process, reachable. */
+	static struct broker_opts o = {
 		.spin_us = 50,
 		.spin_share = 12,
 		.resolution_ns = 100000,

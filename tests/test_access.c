@@ -1513,15 +1513,29 @@ static int query_many(void *arg)
 	return 0;
 }
 
-/* chimet1: two queries at once; the second is too soon. */
+/*
+ * chimet1: two queries at once; the second is too soon. On a loaded host
+ * the pair can take 50 ms: a second query answered 0 fails only if it was
+ * answered within 50 ms of the first one's sending (the broker's spacing
+ * was then below 50 ms for sure); otherwise the pair is tried again.
+ */
 static int query_twice(void *arg)
 {
-	struct chime_query_head a, b;
-
 	(void)arg;
-	raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &a, NULL, 0);
-	raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &b, NULL, 0);
-	return a.status == 0 && b.status == -EBUSY ? 0 : 1;
+	for (int tries = 0; tries < 20; tries++, usleep(60000)) {
+		struct chime_query_head a, b;
+		uint64_t sent = now_ns();
+
+		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &a, NULL, 0);
+		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &b, NULL, 0);
+		if (a.status == 0 && b.status == -EBUSY)
+			return 0;
+		if (a.status == 0 && b.status == 0 && now_ns() - sent < 50 * MS)
+			return 1;       /* two answered within 50 ms */
+		if (a.status != 0 && a.status != -EBUSY)
+			return 2;
+	}
+	return 3;
 }
 
 Test(access, a_timers_query_counts_every_timer_and_a_user_cannot_starve_roots_queries)

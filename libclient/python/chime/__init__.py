@@ -264,6 +264,14 @@ class Chime:
             if not self._calls:
                 self._idle.notify_all()
 
+    def _call(self, func, *args):
+        """func(handle, *args), with the handle held open for the call."""
+        c = self._enter()
+        try:
+            return func(c, *args)
+        finally:
+            self._leave()
+
     def arm(self, key, *, at_ns=None, after=None, period=None, data=0):
         """Arm a timer at at_ns (absolute) or `after` seconds from now,
         repeating every `period` seconds if given; returns its id (never 0).
@@ -279,11 +287,7 @@ class Chime:
                 raise ValueError("period must be > 0 seconds (leave it out for a one-shot timer)")
         out = ctypes.c_uint64()
         key, data = _u64("key", key), _u64("data", data)
-        c = self._enter()
-        try:
-            r = lib.chime_arm(c, key, deadline, period_ns, data, ctypes.byref(out))
-        finally:
-            self._leave()
+        r = self._call(lib.chime_arm, key, deadline, period_ns, data, ctypes.byref(out))
         if r < 0:
             raise _error("chime_arm", -r)
         if period_ns:
@@ -295,11 +299,7 @@ class Chime:
         """Move timer `id` to at_ns (absolute) or `after` seconds from now. An
         earlier firing still in flight is never returned after this."""
         id, deadline = _u64("id", id), _deadline(at_ns, after)
-        c = self._enter()
-        try:
-            r = lib.chime_reset(c, id, deadline)
-        finally:
-            self._leave()
+        r = self._call(lib.chime_reset, id, deadline)
         if r < 0:
             raise _error("chime_reset", -r, id=id)
 
@@ -307,11 +307,7 @@ class Chime:
         """Cancel timer `id`: no event for it is returned after this. A timer
         that already fired or was cancelled is not an error."""
         id = _u64("id", id)
-        c = self._enter()
-        try:
-            r = lib.chime_cancel(c, id)
-        finally:
-            self._leave()
+        r = self._call(lib.chime_cancel, id)
         if r < 0:
             raise _error("chime_cancel", -r, id=id)
         with self._lock:
@@ -320,11 +316,7 @@ class Chime:
     def cancel_key(self, key):
         """Cancel every timer this connection armed with `key`."""
         key = _u64("key", key)
-        c = self._enter()
-        try:
-            r = lib.chime_cancel_key(c, key)
-        finally:
-            self._leave()
+        r = self._call(lib.chime_cancel_key, key)
         if r < 0:
             raise _error("chime_cancel_key", -r)
         with self._lock:
@@ -349,11 +341,7 @@ class Chime:
         for a, o in zip(arr, ops):
             a.op, a.id, a.key, a.deadline_ns, a.period_ns, a.user_data = (
                 o.code, o.id, o.key, o.deadline_ns, o.period_ns, o.data)
-        c = self._enter()
-        try:
-            r = lib.chime_submit(c, arr, len(ops))
-        finally:
-            self._leave()
+        r = self._call(lib.chime_submit, arr, len(ops))
         if r < 0:
             raise _error("chime_submit", -r)
         names = {Op.ARM: "chime_arm", Op.RESET: "chime_reset", Op.CANCEL: "chime_cancel",
@@ -381,11 +369,7 @@ class Chime:
         """Have the broker apply what this connection submitted now, rather
         than when its sleeping shards next wake (chime_flush(3)); does not
         wait for them."""
-        c = self._enter()
-        try:
-            r = lib.chime_flush(c)
-        finally:
-            self._leave()
+        r = self._call(lib.chime_flush)
         if r < 0:
             raise _error("chime_flush", -r)
 
@@ -407,11 +391,7 @@ class Chime:
     def poll(self, max=64):
         """Up to `max` pending events, as a list (empty if none); never blocks."""
         buf = self._buffer(max)
-        c = self._enter()
-        try:
-            r = lib.chime_poll(c, buf, max)
-        finally:
-            self._leave()
+        r = self._call(lib.chime_poll, buf, max)
         if r < 0:
             raise _error("chime_poll", -r)
         return self._events(r)
@@ -432,11 +412,7 @@ class Chime:
             else:
                 ms = max(0, math.ceil((end - time.monotonic()) * 1000))
                 ms = min(ms, 2**31 - 1)
-            c = self._enter()
-            try:
-                r = lib.chime_wait(c, buf, 64, ms)
-            finally:
-                self._leave()
+            r = self._call(lib.chime_wait, buf, 64, ms)
             # A signal: its Python handler runs here (and may raise); then
             # wait on for what is left of the timeout, as PEP 475 asks.
             if r == -errno.EINTR:
@@ -449,11 +425,7 @@ class Chime:
         """A descriptor readable whenever events are pending (for select,
         selectors, asyncio); then call poll() until it returns []. Do not
         read it."""
-        c = self._enter()
-        try:
-            r = lib.chime_fd(c)     # in a forked child: -ECHILD, as every call
-        finally:
-            self._leave()
+        r = self._call(lib.chime_fd)    # in a forked child: -ECHILD, as every call
         if r < 0:
             raise _error("chime_fd", -r)
         return r

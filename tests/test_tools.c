@@ -1164,6 +1164,50 @@ Test(tools_live, a_running_chimestat_follows_a_restarted_or_new_broker, .timeout
 }
 
 /*
+ * chimectl restart counts the sessions the new broker has against those
+ * there were. A broker whose state files were removed, with no room to
+ * write them again at the stop, logs that the next one has none of them;
+ * chimectl said "its sessions were handed over" and exited 0 (found by an
+ * audit).
+ */
+Test(tools_live, restart_says_when_the_new_broker_has_fewer_sessions, .timeout = 60)
+{
+	char fs[64], fsock[128], path[192];
+	struct chime_opts o = { .session = "keepme" };
+	chime_id_t id;
+	chime_t *c;
+
+	cr_assert_eq(t_mount_tmpfs(fs, sizeof(fs), "24m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(fsock, sizeof(fsock), "%s/s.sock", fs);
+	o.socket_path = fsock;
+	cr_assert_eq(t_chimed_start(&tb, fsock, "--shards 1 --capacity 65536"), 0);
+	broker = tb.pid;
+
+	/* with its files in place: handed over, and said with the count */
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm(c, 0, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
+	chime_close(c);
+	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), fsock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "its 1 session was handed over"), "%s", slurp(out));
+
+	/* its files removed and no room for them: one session before, none after */
+	snprintf(path, sizeof(path), "%s.sessions", fsock);
+	cr_assert_eq(unlink(path), 0);
+	snprintf(path, sizeof(path), "%s.shard0", fsock);
+	cr_assert_eq(unlink(path), 0);
+	cr_assert_geq(t_fill(fs, "filler", 0), 0, "filling: %s", strerror(errno));
+	cr_assert_eq(run("%s --socket '%s' -j restart", bin("CHIMECTL"), fsock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "but with 0 of the 1 sessions there were"), "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "\"sessions_before\":1") && strstr(slurp(out), "\"sessions_after\":0"),
+		  "%s", slurp(out));
+	snprintf(path, sizeof(path), "%s/filler", fs);
+	unlink(path);
+	t_chimed_stop(&tb, SIGTERM);
+	broker = 0;
+	t_unmount_tmpfs(fs);
+}
+
+/*
  * Any uint64_t deadline and period is valid (UINT64_MAX: never, in
  * effect): chimectl timers shows them far ahead, never as long overdue.
  * Before, a signed difference put them 51636 s in the past, and the

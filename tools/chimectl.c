@@ -145,7 +145,8 @@ static void usage(FILE *f)
 		"     reached (permissions), it did not admit this user, the handshake or the\n"
 		"     query failed, it is still starting, no such client or session (a\n"
 		"     well-formed NAME the broker does not know), the session is attached,\n"
-		"     the signal failed, or it did not stop or restart in time\n"
+		"     the signal failed, it did not stop or restart in time, or the restarted\n"
+		"     broker has fewer sessions than there were\n"
 		"  2  usage error: an unknown option or command, an argument missing,\n"
 		"     misplaced or malformed (a drop-session NAME that is not 1 to 63 bytes\n"
 		"     of A-Z, a-z, 0-9, '.', '_', '-' included: the broker is not asked)\n"
@@ -866,14 +867,27 @@ static int cmd_shutdown(const char *sock)
 	return SR_EXIT_OK;
 }
 
+/* How many named sessions the broker has (all of them: root and the broker's user ask); -1 if it did not say. */
+static int64_t sessions_total(const char *sock)
+{
+	struct chime_query_head head;
+
+	if (query_broker(sock, CHIME_HELLO_QUERY_SESSIONS, 0, NULL, 0, &head, NULL, 0, NULL) < 0)
+		return -1;
+	return (int64_t)head.total;
+}
+
 /*
  * SIGUSR2: the broker parks its sessions, stops and executes itself again;
  * the new one takes the sessions over. Done when a broker started after the
- * signal runs and beats.
+ * signal runs and beats; then the sessions it has are counted against those
+ * there were, since a broker that could not keep its state files (removed,
+ * and no room to write them again) says so only in its log.
  */
 static int cmd_restart(const char *sock)
 {
 	uint64_t t0, start;
+	int64_t before = sessions_total(sock), after;
 	pid_t pid;
 	int r = signal_broker(sock, SIGUSR2, &pid, &start);
 
@@ -898,12 +912,26 @@ static int cmd_restart(const char *sock)
 		if (r) {
 			jset("restarted", json_true());
 			jset("new_pid", json_integer(sn.hdr.pid));
-			out("chimed restarted (pid %d, was %d); its sessions were handed over\n",
-			    (int)sn.hdr.pid, (int)pid);
+			pid_t new_pid = (pid_t)sn.hdr.pid;
+
+			sr_snap_free(&sn);
+			after = before >= 0 ? sessions_total(sock) : -1;
+			jset("sessions_before", before >= 0 ? json_integer(before) : json_null());
+			jset("sessions_after", after >= 0 ? json_integer(after) : json_null());
+			if (before >= 0 && after >= 0 && after < before)
+				return fail(SR_EXIT_NOSHM, "chimed restarted (pid %d, was %d), but with %lld of the "
+					    "%lld sessions there were: see its log (the timers of sessions whose "
+					    "state files it could not keep are lost; a session that ended "
+					    "meanwhile counts too)", (int)new_pid, (int)pid, (long long)after,
+					    (long long)before);
+			if (after >= 0)
+				out("chimed restarted (pid %d, was %d); its %lld session%s handed over\n",
+				    (int)new_pid, (int)pid, (long long)after, after == 1 ? " was" : "s were");
+			else
+				out("chimed restarted (pid %d, was %d)\n", (int)new_pid, (int)pid);
+			return SR_EXIT_OK;
 		}
 		sr_snap_free(&sn);
-		if (r)
-			return SR_EXIT_OK;
 	}
 }
 

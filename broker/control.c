@@ -165,6 +165,8 @@ static int take_lock(struct broker *b)
 		if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, strlen(pid), 0) < 0) {
 			int e = errno;
 
+			/* Ours and locked (checked just above): remove it, as a stop does, so nothing is left. */
+			(void)unlink(b->lock_path);
 			close(fd);
 			return log_errno(LOG_ERR, e, "cannot write lock file '%s'", b->lock_path);
 		}
@@ -281,8 +283,8 @@ static int ctl_setup(struct broker *b)
 		return log_errno(LOG_ERR, errno, "cannot give '%s' to group %u (--stats-group)",
 				 b->ctl_path, (unsigned)b->o.stats_gid);
 	if (r == -ENOSPC || r == -EDQUOT)
-		return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for the control segment '%s'",
-				 (unsigned long long)(g.size >> 10), b->ctl_path);
+		return log_errno_hint(LOG_ERR, r, SEG_NO_ROOM_HINT, "cannot reserve %llu KiB for the control segment '%s'",
+				      (unsigned long long)(g.size >> 10), b->ctl_path);
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "cannot create control segment '%s' (%llu bytes)",
 				 b->ctl_path, (unsigned long long)g.size);

@@ -88,4 +88,7 @@ int log_errno(int level, int err, const char *fmt, ...) __attribute__((format(pr
 int log_errno_hint(int level, int err, const char *hint, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
+/* A new state file refused ENOSPC: the space, or the inodes (a tmpfs's nr_inodes), ran out. */
+#define SEG_NO_ROOM_HINT "no room for it on its filesystem, or no free inode: see df and df -i"
+
 #endif /* CHIMED_LOG_H */

@@ -313,8 +313,8 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 		reserve = s->slab_off + RESERVE_CHUNK < g.size ? s->slab_off + RESERVE_CHUNK : g.size;
 		r = chime_seg_file(s->path, g.size, reserve, cfg->seg_mode, &s->seg_fd, &s->seg);
 		if (r == -ENOSPC || r == -EDQUOT)
-			return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for shard segment '%s'",
-					 (unsigned long long)(reserve >> 10), s->path);
+			return log_errno_hint(LOG_ERR, r, SEG_NO_ROOM_HINT, "cannot reserve %llu KiB for shard segment '%s'",
+					      (unsigned long long)(reserve >> 10), s->path);
 		if (r < 0)
 			return log_errno(LOG_ERR, r, "cannot create shard segment '%s' (%llu bytes)",
 					 s->path, (unsigned long long)g.size);

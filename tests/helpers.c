@@ -69,6 +69,20 @@ void t_rmdir_files(const char *dir)
 	rmdir(dir);
 }
 
+int t_count_files(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
 /* The tmpfs mounted last and not yet unmounted: a failed assertion skips t_unmount_tmpfs(). */
 static char tmpfs_mounted[PATH_MAX];
 

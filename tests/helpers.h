@@ -60,6 +60,9 @@ bool t_file_has(const char *path, const char *needle);
 /* Remove a directory and what is in it (one level, as brokers leave it). */
 void t_rmdir_files(const char *dir);
 
+/* The entries of a directory, but those starting with '.'; -1 if it cannot be read. */
+int t_count_files(const char *dir);
+
 /*
  * A fresh tmpfs of `size` ("16m") on a new directory under /tmp, named in dir
  * (root only). 0 or -1 (errno). Unmounted at exit if a failed assertion

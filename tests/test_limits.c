@@ -535,6 +535,18 @@ Test(limits, tiny_tmpfs_fails_start_with_a_clear_message)
 	st = pclose(p);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; output: %s", st, out);
 	cr_assert(strstr(out, "cannot reserve") && strstr(out, dir), "unclear message: %s", out);
+	cr_assert_eq(t_count_files(dir), 0, "a failed start left files behind");
+
+	/* No room even for the lock file's pid: said, and the empty file not left (found by an audit) */
+	cr_assert_geq(t_fill(dir, "filler", 0), 0, "filling: %s", strerror(errno));
+	memset(out, 0, sizeof(out));
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	(void)!fread(out, 1, sizeof(out) - 1, p);
+	st = pclose(p);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; output: %s", st, out);
+	cr_assert(strstr(out, "cannot write lock file") && strstr(out, "No space left"), "unclear message: %s", out);
+	cr_assert_eq(t_count_files(dir), 1, "a failed start left files behind (the filler is the one)");
 	t_unmount_tmpfs(dir);
 }
 

@@ -124,7 +124,8 @@ _WHY = {
     ("chime_drop_session", errno.EINVAL): "{invalid}",
     ("chime_arm", errno.EDQUOT): "this client, or its user's clients together, have as many armed timers "
                                  "as chimed allows (chimed --max-timers-per-client, --max-timers-per-uid)",
-    ("chime_arm", errno.ENOMEM): "chimed's shards have no free timer (chimed --capacity); nothing was armed",
+    ("chime_arm", errno.ENOMEM): "chimed's shards have no free timer (chimed --capacity), or the filesystem "
+                                 "of its state files is full (its log says which); nothing was armed",
     ("chime_reset", errno.EINVAL): "{id} is not a timer id of this broker",
     ("chime_cancel", errno.EINVAL): "{id} is not a timer id of this broker",
 }

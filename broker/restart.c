@@ -301,7 +301,7 @@ void restart_keep(struct broker *b)
 {
 	if (b->sess.fd >= 0)
 		b->sess_lost = !keep_file(b->sess.fd, b->sess_path, "the next broker will have none of the "
-					  "sessions' timers");
+					  "sessions' timers", NULL, 0);
 }
 
 void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards)

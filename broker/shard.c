@@ -1018,9 +1018,9 @@ int shard_start(struct shard *s, int cpu)
  * Without this, a file removed meanwhile (rm, systemd-tmpfiles) was closed
  * with its timers, and the next broker started empty without a word.
  */
-bool keep_file(int fd, const char *path, const char *lost)
+bool keep_file(int fd, const char *path, const char *lost, const struct chime_seg_range *keep, unsigned n)
 {
-	int r = chime_seg_relink(fd, path);
+	int r = chime_seg_relink(fd, path, keep, n);
 
 	if (r == 1)
 		log_msg(LOG_WARNING, "'%s' had been removed while the broker ran: written again for the next "
@@ -1050,6 +1050,8 @@ static bool join_by(pthread_t thr, const struct timespec *until)
 
 int shard_fini(struct shard *s, bool keep)
 {
+	struct chime_seg_range used[2];
+	const struct chime_seg_range *copy = NULL;      /* NULL: the whole file */
 	int lost = 0;
 
 	if (s->started) {
@@ -1100,10 +1102,28 @@ int shard_fini(struct shard *s, bool keep)
 	if (s->doorbell >= 0)
 		close(s->doorbell);
 	s->doorbell = -1;
+	if (s->seg.base) {
+		/*
+		 * What the next broker reads: the header, and the wheel up to the
+		 * slab's high-water mark. Not the key index (rebuilt), nor the
+		 * reserve beyond the mark: a copy of a removed file needs room
+		 * while the old one still holds its own, and a tmpfs counts
+		 * reserved pages as data (5 MiB copied for 150 KiB of timers).
+		 */
+		const struct chime_shard_seg *hdr = s->seg.base;
+		const struct chime_wheel *w = chime_at(&s->seg, s->slab_off - sizeof(struct chime_wheel));
+		uint64_t hw = w->high_water <= s->cfg.capacity ? w->high_water : s->cfg.capacity;
+
+		used[0] = (struct chime_seg_range){ 0, hdr->key_off };
+		used[1] = (struct chime_seg_range){ hdr->wheel_off,
+						    s->slab_off + hw * sizeof(struct chime_node) - hdr->wheel_off };
+		copy = used;
+	}
 	chime_seg_unmap(&s->seg);
 	if (s->seg_fd >= 0) {
 		/* The thread is gone: nothing writes the slab while it is copied. */
-		lost = keep && !keep_file(s->seg_fd, s->path, "the next broker will not have this shard's timers");
+		lost = keep && !keep_file(s->seg_fd, s->path, "the next broker will not have this shard's timers",
+					  copy, 2);
 		if (!keep)
 			(void)chime_seg_unlink_named(s->seg_fd, s->path);
 		close(s->seg_fd);

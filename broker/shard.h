@@ -163,9 +163,10 @@ int shard_fini(struct shard *s, bool keep);
 /*
  * A stop keeping file `fd` for the next broker (a shard file, the sessions
  * file), once nothing writes it: if `path` no longer names it, write it
- * there again (chime_seg_relink()) and say so, or say why not and that
- * `lost`. True if the file is at `path`.
+ * there again (chime_seg_relink(): `keep`, n ranges, or the whole file if
+ * NULL) and say so, or say why not and that `lost`. True if the file is at
+ * `path`.
  */
-bool keep_file(int fd, const char *path, const char *lost);
+bool keep_file(int fd, const char *path, const char *lost, const struct chime_seg_range *keep, unsigned n);
 
 #endif /* CHIMED_SHARD_H */

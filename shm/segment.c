@@ -339,31 +339,34 @@ static int copy_range(int in, int out, off_t off, off_t end)
 	return 0;
 }
 
-/* Every data extent of `in` (SEEK_DATA, SEEK_HOLE) to `out`: its holes stay holes. */
-static int copy_data(int in, int out)
+/* The data extents of `in` (SEEK_DATA, SEEK_HOLE) within [from, to) to `out`: its holes stay holes. */
+static int copy_data(int in, int out, off_t from, off_t to)
 {
-	off_t off = 0;
+	off_t off = from;
 
-	for (;;) {
+	while (off < to) {
 		off_t data = lseek(in, off, SEEK_DATA), hole;
 		int r;
 
 		if (data < 0)
 			return errno == ENXIO ? 0 : -errno;     /* ENXIO: no data past off */
+		if (data >= to)
+			return 0;
 		hole = lseek(in, data, SEEK_HOLE);
 		if (hole < 0)
 			return -errno;
-		if ((r = copy_range(in, out, data, hole)) < 0)
+		if ((r = copy_range(in, out, data, hole < to ? hole : to)) < 0)
 			return r;
 		off = hole;
 	}
+	return 0;
 }
 
 /*
  * A copy, not linkat() of /proc/self/fd/N: the kernel refuses to link a
  * file whose last name is gone (ENOENT).
  */
-int chime_seg_relink(int fd, const char *path)
+int chime_seg_relink(int fd, const char *path, const struct chime_seg_range *keep, unsigned n)
 {
 	struct stat st;
 	int out, r = chime_seg_named(fd, path);
@@ -379,8 +382,14 @@ int chime_seg_relink(int fd, const char *path)
 	r = fchown(out, (uid_t)-1, st.st_gid) < 0 || fchmod(out, st.st_mode & 07777) < 0 ? -errno : 0;
 	if (r == 0 && ftruncate(out, st.st_size) < 0)
 		r = -errno;
-	if (r == 0)
-		r = copy_data(fd, out);
+	for (unsigned i = 0; r == 0 && i < (keep ? n : 1); i++) {
+		uint64_t from = keep ? keep[i].off : 0, to = keep ? keep[i].off + keep[i].len : (uint64_t)st.st_size;
+
+		if (to > (uint64_t)st.st_size)
+			to = (uint64_t)st.st_size;
+		if (from < to)
+			r = copy_data(fd, out, (off_t)from, (off_t)to);
+	}
 	/* A filesystem that writes back at the close (NFS) says there if it had no room. */
 	if (close(out) < 0 && r == 0 && errno != EINTR)
 		r = -errno;

@@ -76,16 +76,23 @@ int chime_seg_named(int fd, const char *path);
  */
 int chime_seg_unlink_named(int fd, const char *path);
 
+/* A byte range of a file: [off, off + len). */
+struct chime_seg_range {
+	uint64_t off, len;
+};
+
 /*
  * Put the contents of file `fd` at `path` again if `path` no longer names
  * it (chime_seg_named()): a new file (O_EXCL | O_NOFOLLOW, the mode and
  * group of `fd`) of the same size, with only its data extents copied, so that a
- * sparse slab stays sparse. 0 if `path` still names it, 1 if written
- * again, or -errno: -EEXIST if another file is there (never overwritten),
- * -errno of open, copy_file_range, read, write, ftruncate (nothing is left
- * at `path` then). The caller must keep the file from changing meanwhile.
+ * sparse slab stays sparse; with `keep` (n ranges, in order), only the data
+ * within them (the rest a hole: what the next reader rebuilds, or never
+ * reads). 0 if `path` still names it, 1 if written again, or -errno:
+ * -EEXIST if another file is there (never overwritten), -errno of open,
+ * copy_file_range, read, write, ftruncate (nothing is left at `path`
+ * then). The caller must keep the file from changing meanwhile.
  */
-int chime_seg_relink(int fd, const char *path);
+int chime_seg_relink(int fd, const char *path, const struct chime_seg_range *keep, unsigned n);
 
 /*
  * Whether the directory holding `path` (a file in it, existing or not) is

@@ -492,11 +492,11 @@ Test(segment, relink_writes_a_removed_file_again_sparse_with_its_mode_group_and_
 		cr_assert_eq(fchown(fd, (uid_t)-1, 4242), 0);
 	cr_assert_eq(fstat(fd, &was), 0);
 	cr_assert_eq(chime_seg_named(fd, path), 1);
-	cr_assert_eq(chime_seg_relink(fd, path), 0, "the path still names it: nothing to do");
+	cr_assert_eq(chime_seg_relink(fd, path, NULL, 0), 0, "the path still names it: nothing to do");
 
 	cr_assert_eq(unlink(path), 0);
 	cr_assert_eq(chime_seg_named(fd, path), 0);
-	cr_assert_eq(chime_seg_relink(fd, path), 1);
+	cr_assert_eq(chime_seg_relink(fd, path, NULL, 0), 1);
 	cr_assert_eq(lstat(path, &st), 0);
 	cr_assert(S_ISREG(st.st_mode));
 	cr_assert_neq(st.st_ino, was.st_ino, "a new file, the old inode has no name to take");
@@ -526,6 +526,43 @@ Test(segment, relink_writes_a_removed_file_again_sparse_with_its_mode_group_and_
 	umask(old);
 }
 
+/* With ranges, only the data within them is copied: the rest a hole, of the same size. */
+Test(segment, relink_of_ranges_copies_only_their_data)
+{
+	char dir[] = "/dev/shm/chime-t-XXXXXX", path[64];
+	/* relink_at[0] and [2] in, [1] (5 MiB) and [3] (the last byte) out */
+	const struct chime_seg_range keep[] = { { 0, 4096 }, { 130ull << 20, 1ull << 20 } };
+	const bool kept[] = { true, false, true, false };
+	struct chime_map m;
+	struct stat st;
+	int fd, at;
+
+	if (!mkdtemp(dir))
+		cr_skip("no writable /dev/shm here");
+	snprintf(path, sizeof(path), "%s/c.sock.shard0", dir);
+	fd = sparse_slab(path, &m);
+	cr_assert_eq(unlink(path), 0);
+	cr_assert_eq(chime_seg_relink(fd, path, keep, 2), 1);
+	cr_assert_eq(stat(path, &st), 0);
+	cr_assert_eq(st.st_size, (off_t)SLAB_BYTES);
+	at = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(at, 0);
+	for (size_t i = 0; i < sizeof(relink_at) / sizeof(relink_at[0]); i++) {
+		unsigned char b = 0xff;
+
+		cr_assert_eq(pread(at, &b, 1, (off_t)relink_at[i]), 1);
+		cr_assert_eq(b, kept[i] ? 0xa0 + i : 0, "byte at %llu: %#x", (unsigned long long)relink_at[i], b);
+	}
+	/* what is not in a range is a hole: SEEK_DATA past the second range (and a huge page of it) finds nothing */
+	cr_assert_eq(lseek(at, (off_t)(132ull << 20), SEEK_DATA), -1);
+	cr_assert_eq(errno, ENXIO);
+	close(at);
+	chime_seg_unmap(&m);
+	close(fd);
+	unlink(path);
+	rmdir(dir);
+}
+
 /* Another file (or a symlink, even to a copy of ours) at the path is never written over, nor followed. */
 Test(segment, relink_never_writes_over_another_file_at_the_path)
 {
@@ -541,7 +578,7 @@ Test(segment, relink_never_writes_over_another_file_at_the_path)
 	fd = sparse_slab(path, &m);
 	cr_assert_eq(unlink(path), 0);
 	cr_assert_eq(t_write_file(path, "someone's"), 0);
-	cr_assert_eq(chime_seg_relink(fd, path), -EEXIST);
+	cr_assert_eq(chime_seg_relink(fd, path, NULL, 0), -EEXIST);
 	other = open(path, O_RDONLY | O_CLOEXEC);
 	cr_assert_geq(other, 0);
 	cr_assert_eq(read(other, buf, sizeof(buf) - 1), 9);
@@ -550,13 +587,13 @@ Test(segment, relink_never_writes_over_another_file_at_the_path)
 
 	cr_assert_eq(unlink(path), 0);
 	cr_assert_eq(symlink(target, path), 0);
-	cr_assert_eq(chime_seg_relink(fd, path), -EEXIST);
+	cr_assert_eq(chime_seg_relink(fd, path, NULL, 0), -EEXIST);
 	cr_assert_eq(access(target, F_OK), -1, "symlink followed");
 	cr_assert_eq(lstat(path, &st), 0);
 	cr_assert(S_ISLNK(st.st_mode));
 	unlink(path);
 
-	cr_assert_eq(chime_seg_relink(fd, "/nonexistent/dir/c.sock.shard0"), -ENOENT);
+	cr_assert_eq(chime_seg_relink(fd, "/nonexistent/dir/c.sock.shard0", NULL, 0), -ENOENT);
 	chime_seg_unmap(&m);
 	close(fd);
 	rmdir(dir);
@@ -577,7 +614,7 @@ Test(segment, relink_that_finds_no_room_leaves_nothing_at_the_path)
 	cr_assert_eq(unlink(path), 0);
 	/* 16 MiB of data: the file and its copy cannot both fit in 24 MiB. */
 	memset(m.base, 0x5a, 16u << 20);
-	cr_assert_eq(chime_seg_relink(fd, path), -ENOSPC);
+	cr_assert_eq(chime_seg_relink(fd, path, NULL, 0), -ENOSPC);
 	cr_assert_eq(access(path, F_OK), -1, "a partial copy was left at the path");
 	chime_seg_unmap(&m);
 	close(fd);

@@ -211,6 +211,7 @@ struct broker {
 	struct sessfile sess;           /* "<socket>.sessions" (restart.c) */
 	char sess_path[PATH_MAX];
 	bool sess_gone;                 /* its path names it no more, said (restart_watch()) */
+	bool sock_gone;                 /* the socket's path names it no more, said (restart_watch()) */
 	bool sess_lost;                 /* a stop could not write it again (restart_keep()) */
 	uint64_t watched_ns;            /* restart_watch() last looked */
 	bool restoring;                 /* start-up: sessions of an earlier broker are being taken over */

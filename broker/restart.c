@@ -347,11 +347,39 @@ static void watch(int fd, const char *path, bool *gone)
 			"again)", path);
 }
 
+/*
+ * The socket file removed or replaced (a cleanup of its directory): the
+ * broker goes on serving its clients, but no new one can connect until it
+ * is restarted. Said once per removal, as a state file's.
+ */
+static void watch_socket(struct broker *b)
+{
+	struct stat st;
+	bool named;
+	int r;
+
+	if (!b->sock_st.st_ino)
+		return;
+	r = lstat(b->o.socket_path, &st);
+	if (r < 0 && errno != ENOENT)
+		return;         /* cannot tell this time */
+	named = r == 0 && st.st_dev == b->sock_st.st_dev && st.st_ino == b->sock_st.st_ino;
+	if (named || b->sock_gone) {
+		b->sock_gone = !named && b->sock_gone;
+		return;
+	}
+	b->sock_gone = true;
+	log_msg(LOG_ERR, "socket '%s' was removed or replaced while the broker runs: its clients go on, "
+		"but no new one can connect (chimectl restart, or a stop and a start, makes it again)",
+		b->o.socket_path);
+}
+
 void restart_watch(struct broker *b, uint64_t now)
 {
 	if (now - b->watched_ns < WATCH_NS)
 		return;
 	b->watched_ns = now;
+	watch_socket(b);
 	if (b->sess.fd >= 0)
 		watch(b->sess.fd, b->sess_path, &b->sess_gone);
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)

@@ -729,6 +729,29 @@ Test(restart, a_file_removed_while_the_broker_runs_is_reported_once_per_removal)
 }
 
 /*
+ * The socket file removed (a cleanup of its directory): the clients go on,
+ * no new one can connect, and the log says so once (it said nothing; found
+ * by an audit); put back, it is not said again.
+ */
+Test(restart, a_removed_socket_is_reported_once)
+{
+	char log[300], aside[PATH_MAX], said[PATH_MAX + 16];
+
+	start_logged("-n 1", log, sizeof(log));
+	snprintf(aside, sizeof(aside), "%s.aside", tb.sock);
+	snprintf(said, sizeof(said), "socket '%s'", tb.sock);
+	cr_assert_eq(rename(tb.sock, aside), 0);
+	cr_assert(log_says(log, said, "was removed or replaced while the broker runs"),
+		  "no error for the removed socket within 3 s");
+	usleep(2200 * 1000);    /* two more looks */
+	cr_assert_eq(log_lines(log, said, "was removed"), 1, "said more than once");
+	cr_assert_eq(rename(aside, tb.sock), 0);
+	usleep(1200 * 1000);
+	cr_assert_eq(log_lines(log, said, "was removed"), 1, "said again once put back");
+	stop_now(SIGTERM);
+}
+
+/*
  * Another file put where a removed one was (a new broker's, another
  * program's): neither the heartbeat nor the stop writes over it, and both
  * say the timers are lost; the stop does not claim to keep them.

@@ -218,9 +218,10 @@ class Chime:
     chime_open(3), "Broker restarts").
 
     arm, reset, cancel and cancel_key may be called from any thread; one
-    thread at a time collects events (poll, wait). close() waits for the
-    calls under way in other threads to return (a wait() among them: until
-    its timeout), and any call after it raises ValueError.
+    thread at a time collects events (poll, wait). After close() every call
+    raises ValueError; calls already under way in other threads finish on
+    the open connection, and the last of them to return closes it (a wait()
+    among them: when it returns, at its timeout at the latest).
 
     record_resets=True is CHIME_OPEN_RECORD_RESETS: every reset a record in
     the ring, no touch table (16 bytes of shared memory per armed timer
@@ -231,10 +232,12 @@ class Chime:
         self._periodic = {}     # id -> key of the periodic timers: Event.periodic (under _lock)
         self._buf = None
         # The calls under way in C, so that close() never frees the handle
-        # under one: ctypes lets other threads run during a foreign call.
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
+        # under one (ctypes lets other threads run during a foreign call):
+        # the last call out frees it. Re-entrant: a signal handler or a
+        # __del__ may call in on a thread that holds it.
+        self._lock = threading.RLock()
         self._calls = 0
+        self._closing = None    # the handle close() took away while calls were under way
         path = _c_string("socket", socket) if socket is not None else None
         if session is not None and not isinstance(session, (str, bytes)):
             raise TypeError(f"session must be str or bytes, not {type(session).__name__}")
@@ -262,8 +265,11 @@ class Chime:
     def _leave(self):
         with self._lock:
             self._calls -= 1
-            if not self._calls:
-                self._idle.notify_all()
+            c = self._closing if not self._calls else None
+            if c is not None:
+                self._closing = None
+        if c is not None:
+            lib.chime_close(c)
 
     def _call(self, func, *args):
         """func(handle, *args), with the handle held open for the call."""
@@ -321,7 +327,8 @@ class Chime:
         if r < 0:
             raise _error("chime_cancel_key", -r)
         with self._lock:
-            for tid in [t for t, k in self._periodic.items() if k == key]:
+            # a snapshot: a signal handler on this thread may arm meanwhile (the lock is re-entrant)
+            for tid in [t for t, k in list(self._periodic.items()) if k == key]:
                 del self._periodic[tid]
 
     def submit(self, ops):
@@ -361,7 +368,7 @@ class Chime:
                 if o.code == Op.CANCEL:
                     self._periodic.pop(o.id, None)
                 elif o.code == Op.CANCEL_KEY:
-                    for tid in [t for t, k in self._periodic.items() if k == o.key]:
+                    for tid in [t for t, k in list(self._periodic.items()) if k == o.key]:
                         del self._periodic[tid]
                 out.append(None)
         return out
@@ -437,15 +444,17 @@ class Chime:
 
     def close(self):
         """Disconnect: the broker cancels every timer of this connection (a
-        session's stay for its next opener). Waits for the calls under way
-        in other threads to return; every call after it raises ValueError."""
+        session's stay for its next opener). Every call after it raises
+        ValueError; calls under way in other threads (or in this one, for a
+        signal handler's close()) finish first, and the last of them to
+        return disconnects. Never blocks on them."""
         lock = getattr(self, "_lock", None)
         if lock is None:        # __init__ failed before the lock
             return
         with lock:
             c, self._c = self._c, None      # no call starts from here on
-            while self._calls:
-                self._idle.wait()
+            if c is not None and self._calls:
+                self._closing, c = c, None  # _leave() closes it
         if c is not None:
             lib.chime_close(c)
 

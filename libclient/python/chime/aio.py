@@ -42,6 +42,7 @@ class AsyncChime:
         # and no task's reader replaces another's.
         self._collecting = asyncio.Lock()
         self._ready = None      # the future the collecting task sleeps on
+        self._watch = None      # (loop, fd) while a reader is registered for it
         self._closed = False
 
     def _check_open(self):
@@ -65,11 +66,19 @@ class AsyncChime:
                 ready = self._ready = loop.create_future()
                 fd = self.chime.fileno()
                 loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+                self._watch = (loop, fd)
                 try:
                     await ready
                 finally:
                     self._ready = None
-                    loop.remove_reader(fd)
+                    self._unwatch()
+
+    def _unwatch(self):
+        """Remove our reader, once: after close() the fd number may be another's."""
+        if self._watch is not None:
+            loop, fd = self._watch
+            self._watch = None
+            loop.remove_reader(fd)
 
     def __aiter__(self):
         return self
@@ -87,6 +96,8 @@ class AsyncChime:
         self._closed = True
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(ValueError("AsyncChime closed while a task awaited its events"))
+        # before the fd is closed: the loop must not go on watching a number the next open reuses
+        self._unwatch()
         if self._own:
             self.chime.close()
 

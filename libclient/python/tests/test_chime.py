@@ -362,7 +362,7 @@ def test_a_nul_in_a_socket_path_or_session_name_is_refused(broker):
         chime.drop_session("billing\0x", socket=broker.socket)
 
 
-def test_close_waits_for_calls_under_way_in_other_threads(broker):
+def test_close_never_frees_the_handle_under_calls_in_other_threads(broker):
     """close() while other threads arm and cancel: each call either runs on
     the open handle or raises ValueError, never a crash (it was a segfault:
     the handle freed under a thread inside chime_arm())."""
@@ -393,6 +393,42 @@ def test_close_waits_for_calls_under_way_in_other_threads(broker):
             assert not t.is_alive()
         assert errors == []
         assert c.closed
+
+
+def test_close_from_a_signal_handler_during_a_wait(broker):
+    """A handler runs on the thread that is inside wait(): its close() must
+    neither wait for that call (it hung, the call never to return) nor free
+    the handle under it; the wait then says the Chime is closed."""
+    c = chime.Chime(socket=broker.socket)
+    old = signal.signal(signal.SIGALRM, lambda *_: c.close())
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        t = time.monotonic()
+        with pytest.raises(ValueError, match="closed"):
+            c.wait(timeout=5)
+        assert time.monotonic() - t < 2
+        assert c.closed
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_signal_handler_may_arm_while_the_thread_is_in_a_call(chime_conn):
+    """The handle's lock is re-entrant: a handler that arms while its thread
+    is inside cancel_key() or submit() does not deadlock."""
+    c, armed = chime_conn, []
+    old = signal.signal(signal.SIGALRM, lambda *_: armed.append(c.arm(9, after=60, period=1)))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            c.cancel_key(9)
+            c.submit([chime.Op.cancel_key(9), chime.Op.arm(9, after=60, period=1)])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert armed, "the handler never ran"
+    c.cancel_key(9)
 
 
 def test_cancel_key_while_another_thread_arms_periodics(chime_conn):
@@ -497,8 +533,8 @@ def test_asyncio_tasks_awaiting_one_chime_take_turns_and_close_ends_them(broker)
     ever); close() ends a task's wait with ValueError."""
     async def main():
         c = chime.aio.AsyncChime(socket=broker.socket)
-        ids = {c.arm(1, after=t) for t in (0.1, 0.3, 0.5)}
-        # three tasks, one wait() each, the timers 200 ms apart: one event each
+        ids = {c.arm(1, after=t) for t in (0.1, 0.4, 0.7)}
+        # three tasks, one wait() each, the timers 300 ms apart: one event each
         lists = await asyncio.wait_for(asyncio.gather(c.wait(), c.wait(), c.wait()), 5)
         assert sorted(len(events) for events in lists) == [1, 1, 1], lists
         assert {events[0].id for events in lists} == ids
@@ -506,9 +542,18 @@ def test_asyncio_tasks_awaiting_one_chime_take_turns_and_close_ends_them(broker)
         waiter = asyncio.ensure_future(c.wait())
         await asyncio.sleep(0.05)
         c.close()
+        # A new one at once, likely on the same fd number, awaited in this task before the
+        # closed one's waiter resumes: the loop must watch the new one's, and the old
+        # waiter's cleanup must not remove it (it did: the new wait never woke).
+        d = chime.aio.AsyncChime(socket=broker.socket)
+        tid = d.arm(1, after=0.2)
+        async with asyncio.timeout(3):
+            got = await d.wait()
+        assert [ev.id for ev in got] == [tid]
         with pytest.raises(ValueError, match="closed"):
             await asyncio.wait_for(waiter, 2)
         assert c.chime.closed
+        d.close()
 
     asyncio.run(main())
 

@@ -503,6 +503,7 @@ out:
 	if (r < 0)
 		return r;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+		b->ctl->shards_lost += b->shards[i].file_lost;
 		r = shard_start(&b->shards[i], (int)(i % (uint32_t)ncpu));
 		if (r < 0)
 			return r;

@@ -299,9 +299,20 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 		return log_errno(LOG_ERR, r, "shard layout (capacity %u)", cfg->capacity);
 	s->slab_off = g.wheel_off + sizeof(struct chime_wheel);
 	if (cfg->sessions) {
+		uint32_t sessions = 0;
+
 		reopened = seg_reopen(s, &g);
 		if (reopened < 0)
 			return reopened;
+		for (uint32_t slot = 0; slot < cfg->max_clients; slot++)
+			sessions += cfg->sessions[slot].ch != NULL;
+		/* Said here, and counted for chimectl restart (chime_ctl.shards_lost): else the shard starts empty unsaid. */
+		if (!reopened && sessions) {
+			s->file_lost = true;
+			log_msg(LOG_ERR, "shard file '%s' is missing: the %u sessions taken over have lost their "
+				"timers on shard %u (it was removed, and the last stop could not write it again, or "
+				"a crash came first)", s->path, sessions, cfg->idx);
+		}
 	}
 	if (!reopened) {
 		/*

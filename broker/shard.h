@@ -122,6 +122,7 @@ struct shard {
 	uint32_t still_beats;           /* heartbeats since it last moved or slept on time */
 	bool rung;                      /* the heartbeat rang it (clients_beat()): it must move by the next */
 	bool file_gone;                 /* path names seg_fd's file no more, said (restart_watch()) */
+	bool file_lost;                 /* missing at start with sessions to take over (shard_init()) */
 
 	pthread_t thr;
 	int started;

@@ -725,7 +725,14 @@ struct chime_ctl {
 	uint64_t stats_reset_gen;   /* bumped by `chimectl reset-stats` (RS1; shards: RS2) */
 	uint64_t stats_reset_ns;    /* CLOCK_MONOTONIC of the last reset; 0: never */
 	uint64_t stats_reset_realtime_ns; /* CLOCK_REALTIME of the same, for display only */
-	uint8_t  _reserved[256 - 64 - 128 - 24];
+	/*
+	 * Set before RUNNING, then fixed: shards whose file was missing while
+	 * the sessions file named sessions to take over (their timers there are
+	 * lost). 0 from a broker before it (it was reserved).
+	 */
+	uint32_t shards_lost;
+	uint32_t _pad;
+	uint8_t  _reserved[256 - 64 - 128 - 24 - 8];
 };
 _Static_assert(sizeof(struct chime_ctl) == 256, "control header is 256 B");
 _Static_assert(offsetof(struct chime_ctl, heartbeat_ns) == 88, "moved: bump CHIME_SHM_LAYOUT");

@@ -1202,6 +1202,25 @@ Test(tools_live, restart_says_when_the_new_broker_has_fewer_sessions, .timeout =
 		  "%s", slurp(out));
 	snprintf(path, sizeof(path), "%s/filler", fs);
 	unlink(path);
+
+	/* only the shard file lost: as many sessions after, but the shard's file was missing */
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm(c, 0, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
+	chime_close(c);
+	snprintf(path, sizeof(path), "%s.shard0", fsock);
+	cr_assert_eq(unlink(path), 0);
+	cr_assert_geq(t_fill(fs, "filler", 0), 0, "filling: %s", strerror(errno));
+	cr_assert_eq(run("%s --socket '%s' -j restart", bin("CHIMECTL"), fsock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "but the files of 1 of its shards were missing"), "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "\"shards_lost\":1"), "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -1 -f broker.shards_lost", bin("CHIMESTAT"), fsock), 0, "%s", slurp(err));
+	{
+		unsigned lost = 0;
+
+		cr_assert(sscanf(slurp(out), " broker.shards_lost %u", &lost) == 1 && lost == 1, "%s", slurp(out));
+	}
+	snprintf(path, sizeof(path), "%s/filler", fs);
+	unlink(path);
 	t_chimed_stop(&tb, SIGTERM);
 	broker = 0;
 	t_unmount_tmpfs(fs);

@@ -146,7 +146,7 @@ static void usage(FILE *f)
 		"     query failed, it is still starting, no such client or session (a\n"
 		"     well-formed NAME the broker does not know), the session is attached,\n"
 		"     the signal failed, it did not stop or restart in time, or the restarted\n"
-		"     broker has fewer sessions than there were\n"
+		"     broker has fewer sessions than there were or lost a shard's file\n"
 		"  2  usage error: an unknown option or command, an argument missing,\n"
 		"     misplaced or malformed (a drop-session NAME that is not 1 to 63 bytes\n"
 		"     of A-Z, a-z, 0-9, '.', '_', '-' included: the broker is not asked)\n"
@@ -899,6 +899,8 @@ static int cmd_restart(const char *sock)
 
 		if (now_ns() - t0 > RESTART_WAIT_NS) {
 			jset("restarted", json_false());
+			jset("sessions_before", before >= 0 ? json_integer(before) : json_null());
+			jset("sessions_after", json_null());
 			return fail(SR_EXIT_NOSHM, "no new chimed runs at '%s' within 10 s of SIGUSR2 to pid %d "
 				    "(see its log)", sock, (int)pid);
 		}
@@ -913,11 +915,17 @@ static int cmd_restart(const char *sock)
 			jset("restarted", json_true());
 			jset("new_pid", json_integer(sn.hdr.pid));
 			pid_t new_pid = (pid_t)sn.hdr.pid;
+			uint32_t shards_lost = sn.hdr.shards_lost;
 
 			sr_snap_free(&sn);
 			after = before >= 0 ? sessions_total(sock) : -1;
 			jset("sessions_before", before >= 0 ? json_integer(before) : json_null());
 			jset("sessions_after", after >= 0 ? json_integer(after) : json_null());
+			jset("shards_lost", json_integer(shards_lost));
+			if (shards_lost)
+				return fail(SR_EXIT_NOSHM, "chimed restarted (pid %d, was %d), but the files of %u of its "
+					    "shards were missing: the sessions' timers there are lost (see its log)",
+					    (int)new_pid, (int)pid, shards_lost);
 			if (before >= 0 && after >= 0 && after < before)
 				return fail(SR_EXIT_NOSHM, "chimed restarted (pid %d, was %d), but with %lld of the "
 					    "%lld sessions there were: see its log (the timers of sessions whose "

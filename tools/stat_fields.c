@@ -303,6 +303,10 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	fprom(f, "chime_clients_connected_total", "counter", "Clients accepted since start.", NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.torn_blocks");
 	f->u = sn->torn;
+	f = field_add(l, F_GAUGE, "broker.shards_lost");
+	f->u = h->shards_lost;
+	fprom(f, "chime_broker_shards_lost", "gauge", "Shards whose file was missing at start while sessions were "
+	      "taken over: their timers there were lost.", NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.stats_reset_gen");
 	f->u = h->stats_reset_gen;
 	/* When `chimectl reset-stats` last ran: null if never. */

@@ -193,40 +193,71 @@ static int file_line(struct policy *p, char *line, char *err, size_t errlen)
 	return -EINVAL;
 }
 
+#define LINE_MAX_BYTES 65536u   /* a policy or subuid line: some 9000 uids in a list */
+
+/*
+ * One line of f into buf (without its newline), at most size - 1 bytes:
+ * 1, 0 at the end, -1 on a read error. A longer line is never taken as two
+ * (a fixed-size fgets() read the tail of a long comment as a setting of
+ * its own): *over is set and reading stops there, the rest unread, so that
+ * a file with no newline (/dev/zero) costs a buffer, not all memory.
+ * *nul: it held a NUL byte.
+ */
+static int read_line(FILE *f, char *buf, size_t size, bool *over, bool *nul)
+{
+	size_t n = 0;
+	int ch = EOF;
+
+	*over = *nul = false;
+	while (n + 1 < size && (ch = getc(f)) != EOF && ch != '\n') {
+		*nul |= ch == '\0';
+		buf[n++] = (char)ch;
+	}
+	buf[n] = '\0';
+	if (n + 1 >= size) {
+		/* full: over unless the newline (or the end) comes next */
+		ch = getc(f);
+		*over = ch != '\n' && ch != EOF;
+	}
+	if (ferror(f))
+		return -1;
+	return ch == EOF && !n ? 0 : 1;
+}
+
 static int load_file(struct policy *p, const char *path, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "re");
-	char *line = NULL, msg[256];
-	size_t cap = 0;
+	char *line, msg[256];
 	unsigned no = 0;
-	ssize_t len;
-	int r = 0;
+	bool over, nul;
+	int r = 0, got;
 
 	if (!f) {
 		r = -errno;
 		snprintf(err, errlen, "cannot open policy file '%s': %s", path, strerror(-r));
 		return r;
 	}
-	/*
-	 * Whole lines, however long: a fixed buffer split a long line, and its
-	 * tail was read as a setting of its own (a comment ending in "allow-all"
-	 * admitted everyone).
-	 */
+	line = malloc(LINE_MAX_BYTES);
+	if (!line) {
+		fclose(f);
+		snprintf(err, errlen, "policy file '%s': out of memory", path);
+		return -ENOMEM;
+	}
 	errno = 0;
-	while (r == 0 && (len = getline(&line, &cap, f)) >= 0) {
+	while (r == 0 && (got = read_line(f, line, LINE_MAX_BYTES, &over, &nul)) > 0) {
 		no++;
-		if (memchr(line, '\0', (size_t)len)) {
-			snprintf(err, errlen, "%s:%u: a NUL byte: not a text file", path, no);
+		if (over || nul) {
+			snprintf(err, errlen, "%s:%u: %s", path, no, nul ? "a NUL byte: not a text file" :
+				 "longer than 65535 bytes (split a long list over several lines)");
 			r = -EINVAL;
 			break;
 		}
-		line[strcspn(line, "\n")] = '\0';
 		msg[0] = '\0';
 		r = file_line(p, line, msg, sizeof(msg));
 		if (r < 0)
 			snprintf(err, errlen, "%s:%u: %s", path, no, msg);
 	}
-	/* A directory opens, and getline() then fails (EISDIR): not an empty policy. */
+	/* A directory opens, and reading it then fails (EISDIR): not an empty policy. */
 	if (r == 0 && ferror(f)) {
 		r = errno ? -errno : -EIO;
 		snprintf(err, errlen, "cannot read policy file '%s': %s", path, strerror(-r));
@@ -322,8 +353,9 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 {
 	FILE *f = fopen(path, "re");
 	struct subuid_line *l = NULL;
-	size_t n = 0, cap = 0, line_cap = 0;
-	char *line = NULL;
+	size_t n = 0, cap = 0;
+	char *line;
+	bool over, nul;
 	int r = 0;
 
 	if (!f) {
@@ -333,9 +365,24 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 		snprintf(err, errlen, "cannot open subordinate-uid file '%s': %s", path, strerror(-r));
 		return r;
 	}
-	/* Whole lines (as the policy file's): a split one's tail is not a range. */
-	while (getline(&line, &line_cap, f) >= 0) {
+	line = malloc(LINE_MAX_BYTES);
+	if (!line) {
+		fclose(f);
+		snprintf(err, errlen, "subordinate-uid file '%s': out of memory", path);
+		return -ENOMEM;
+	}
+	/* Whole lines (as the policy file's): a split one's tail is not a range; a too long one is skipped. */
+	while (read_line(f, line, LINE_MAX_BYTES, &over, &nul) > 0) {
 		char *t = line + strspn(line, " \t");
+
+		if (nul) {
+			p->subuids_skipped++;
+			continue;
+		}
+		if (over) {             /* the rest unread: this line and any after it skipped, counted as one */
+			p->subuids_skipped++;
+			break;
+		}
 
 		t[strcspn(t, "\n")] = '\0';
 		if (!*t || *t == '#')

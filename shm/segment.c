@@ -383,8 +383,10 @@ int chime_seg_relink(int fd, const char *path, const struct chime_seg_range *kee
 	if (r == 0 && ftruncate(out, st.st_size) < 0)
 		r = -errno;
 	for (unsigned i = 0; r == 0 && i < (keep ? n : 1); i++) {
-		uint64_t from = keep ? keep[i].off : 0, to = keep ? keep[i].off + keep[i].len : (uint64_t)st.st_size;
+		uint64_t from = keep ? keep[i].off : 0, to = (uint64_t)st.st_size;
 
+		if (keep && keep[i].len < to - (from < to ? from : to))
+			to = from + keep[i].len;        /* no overflow: it ends before the file does */
 		if (to > (uint64_t)st.st_size)
 			to = (uint64_t)st.st_size;
 		if (from < to)

@@ -256,6 +256,20 @@ Test(daemon, a_policy_file_admits_everyone_only_when_it_says_allow_all)
 	st = policy_file_says(nul, sizeof(nul) - 1, msg, sizeof(msg));
 	cr_expect_eq(st, 2, "a NUL byte: status %d (%s)", st, msg);
 	cr_expect(strstr(msg, ":2: a NUL byte"), "%s", msg);
+
+	/* a line beyond the reader's 64 KiB: refused, not split (nor read into all memory: /dev/zero) */
+	text = malloc(70000);
+	cr_assert(text);
+	memset(text, 'x', 69998);
+	text[0] = '#';
+	text[69998] = '\n';
+	text[69999] = '\0';
+	st = policy_file_says(text, strlen(text), msg, sizeof(msg));
+	cr_expect_eq(st, 2, "a 70000-byte line: status %d (%s)", st, msg);
+	cr_expect(strstr(msg, ":1: longer than 65535 bytes"), "%s", msg);
+	free(text);
+	chimed_first_line("--policy-file /dev/zero", msg, sizeof(msg));
+	cr_expect(strstr(msg, "/dev/zero:1: a NUL byte"), "%s", msg);
 }
 
 static pid_t read_pid(const char *sock)

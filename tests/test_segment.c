@@ -557,6 +557,19 @@ Test(segment, relink_of_ranges_copies_only_their_data)
 	cr_assert_eq(lseek(at, (off_t)(132ull << 20), SEEK_DATA), -1);
 	cr_assert_eq(errno, ENXIO);
 	close(at);
+	/* a range to "the end" whatever the size (off + len would overflow): to the file's end */
+	{
+		const struct chime_seg_range tail = { SLAB_BYTES - 4096, UINT64_MAX };
+		unsigned char b = 0;
+
+		cr_assert_eq(unlink(path), 0);
+		cr_assert_eq(chime_seg_relink(fd, path, &tail, 1), 1);
+		at = open(path, O_RDONLY | O_CLOEXEC);
+		cr_assert_geq(at, 0);
+		cr_assert_eq(pread(at, &b, 1, (off_t)(SLAB_BYTES - 1)), 1);
+		cr_assert_eq(b, 0xa3, "the last byte: %#x", b);
+		close(at);
+	}
 	chime_seg_unmap(&m);
 	close(fd);
 	unlink(path);

@@ -548,16 +548,7 @@ int t_ring_polls(int pid)
 int t_open_fds(int pid)
 {
 	char path[64];
-	struct dirent *e;
-	int n = 0;
-	DIR *d;
 
 	snprintf(path, sizeof(path), "/proc/%d/fd", pid);
-	d = opendir(path);
-	if (!d)
-		return -1;
-	while ((e = readdir(d)))
-		n += e->d_name[0] != '.';
-	closedir(d);
-	return n;
+	return t_count_files(path);
 }

@@ -475,6 +475,19 @@ static int sparse_slab(const char *path, struct chime_map *m)
 	return fd;
 }
 
+/* A sparse slab at dir/c.sock.<name> (dir made from its template, else the test skipped), then removed. */
+static int removed_slab(char *dir, char *path, size_t len, const char *name, struct chime_map *m)
+{
+	int fd;
+
+	if (!mkdtemp(dir))
+		cr_skip("no writable /dev/shm here");
+	snprintf(path, len, "%s/c.sock.%s", dir, name);
+	fd = sparse_slab(path, m);
+	cr_assert_eq(unlink(path), 0);
+	return fd;
+}
+
 Test(segment, relink_writes_a_removed_file_again_sparse_with_its_mode_group_and_data)
 {
 	char dir[] = "/dev/shm/chime-t-XXXXXX", path[64];
@@ -537,11 +550,7 @@ Test(segment, relink_of_ranges_copies_only_their_data)
 	struct stat st;
 	int fd, at;
 
-	if (!mkdtemp(dir))
-		cr_skip("no writable /dev/shm here");
-	snprintf(path, sizeof(path), "%s/c.sock.shard0", dir);
-	fd = sparse_slab(path, &m);
-	cr_assert_eq(unlink(path), 0);
+	fd = removed_slab(dir, path, sizeof(path), "shard0", &m);
 	cr_assert_eq(chime_seg_relink(fd, path, keep, 2), 1);
 	cr_assert_eq(stat(path, &st), 0);
 	cr_assert_eq(st.st_size, (off_t)SLAB_BYTES);
@@ -584,12 +593,8 @@ Test(segment, relink_never_writes_over_another_file_at_the_path)
 	struct stat st;
 	int fd, other;
 
-	if (!mkdtemp(dir))
-		cr_skip("no writable /dev/shm here");
-	snprintf(path, sizeof(path), "%s/c.sock.sessions", dir);
+	fd = removed_slab(dir, path, sizeof(path), "sessions", &m);
 	snprintf(target, sizeof(target), "%s/elsewhere", dir);
-	fd = sparse_slab(path, &m);
-	cr_assert_eq(unlink(path), 0);
 	cr_assert_eq(t_write_file(path, "someone's"), 0);
 	cr_assert_eq(chime_seg_relink(fd, path, NULL, 0), -EEXIST);
 	other = open(path, O_RDONLY | O_CLOEXEC);

@@ -52,7 +52,7 @@ struct chime_event {
 	uint64_t   key;
 	uint64_t   user_data;
 	uint64_t   deadline_ns;     /* the deadline that fired, CLOCK_MONOTONIC */
-	uint64_t   fired_ns;        /* when the broker fired it, CLOCK_MONOTONIC */
+	uint64_t   fired_ns;        /* when the broker fired it (held for want of room: handed over), CLOCK_MONOTONIC */
 };
 
 /*

@@ -663,9 +663,11 @@ Test(broker, a_shard_spins_into_a_deadline_only_as_long_as_a_wake_up_is_late)
  * fired less late than half the time the whole burst took to fire: this
  * thread reads the count only once it has the event, later on a busy host
  * (315k of 600k seen once, against 300k), while the victim's lateness is
- * the shard's own. Behind the whole burst, as before, both fail.
+ * the shard's own. Behind the whole burst, as before, both fail. One round:
+ * true if it passed, else false with why.
  */
-static void victim_beside_a_burst(unsigned burst, unsigned spread_ms, unsigned victims, uint64_t limit)
+static bool victim_beside_a_burst_once(unsigned burst, unsigned spread_ms, unsigned victims, uint64_t limit,
+				       char *why, size_t why_len)
 {
 	unsigned n = spread_ms ? 2 * burst : burst;
 	struct t_chimed b2 = { 0 };
@@ -712,14 +714,35 @@ static void victim_beside_a_burst(unsigned burst, unsigned spread_ms, unsigned v
 	} while (st.fires < n + victims);
 	all = chime_now() - t;
 	cr_log_info("the neighbour's %u fired within %.1f ms", n, (double)all / 1e6);
-	for (unsigned k = 0; k < victims; k++)
-		cr_assert(late[k] < all / 2 || fires[k] < limit,
-			  "the victim's timer %u fired %.1f ms late, and the neighbour's %u all fired within %.1f "
-			  "ms (%llu of them when this thread had the victim's event): it waited behind them", k,
-			  (double)late[k] / 1e6, n, (double)all / 1e6, (unsigned long long)fires[k]);
 	chime_close(v);
 	chime_close(a);
 	t_chimed_stop(&b2, SIGTERM);
+	for (unsigned k = 0; k < victims; k++)
+		if (!(late[k] < all / 2 || fires[k] < limit)) {
+			snprintf(why, why_len, "the victim's timer %u fired %.1f ms late, and the neighbour's %u all "
+				 "fired within %.1f ms (%llu of them when this thread had the victim's event): it "
+				 "waited behind them", k, (double)late[k] / 1e6, n, (double)all / 1e6,
+				 (unsigned long long)fires[k]);
+			return false;
+		}
+	return true;
+}
+
+/*
+ * A stall of the host's CPU under the shard (a stress run on this VM: the
+ * burst took 53 ms where it takes 17-36) adds to both figures at once, and
+ * failed the test once in a stress run. A second round on a new broker
+ * tells a stall from a victim that waits behind the burst, which fails
+ * every round.
+ */
+static void victim_beside_a_burst(unsigned burst, unsigned spread_ms, unsigned victims, uint64_t limit)
+{
+	char why[512];
+
+	if (victim_beside_a_burst_once(burst, spread_ms, victims, limit, why, sizeof(why)))
+		return;
+	cr_log_warn("round 1: %s; a second round", why);
+	cr_assert(victim_beside_a_burst_once(burst, spread_ms, victims, limit, why, sizeof(why)), "%s", why);
 }
 
 /*

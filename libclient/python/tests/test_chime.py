@@ -172,6 +172,15 @@ def test_wait_timeout(chime_conn):
     assert 0.09 <= time.monotonic() - t < 1.0
 
 
+def test_an_idle_wait_does_not_spin(chime_conn):
+    """wait() sleeps in slices (so that close() can end it): a slice is a
+    sleep, not a busy poll, and the end of one is not the timeout's."""
+    cpu, t = time.thread_time(), time.monotonic()
+    assert chime_conn.wait(timeout=0.6) == []
+    assert time.thread_time() - cpu < 0.05
+    assert 0.59 <= time.monotonic() - t < 1.5
+
+
 class _Alarm(Exception):
     pass
 
@@ -411,6 +420,31 @@ def test_close_from_a_signal_handler_during_a_wait(broker):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("timeout", [None, 60.0])
+def test_close_ends_a_wait_in_another_thread(broker, timeout):
+    """close() on one thread ends another's wait() within a slice, with the
+    ValueError of any call on a closed Chime (it waited in chime_wait()
+    until an event came, or its timeout: with none, for ever)."""
+    import threading
+    c, got = chime.Chime(socket=broker.socket), []
+
+    def waiter():
+        try:
+            got.append(c.wait(timeout))
+        except Exception as e:          # noqa: BLE001 - the exception is the result
+            got.append(e)
+
+    t = threading.Thread(target=waiter, daemon=True)   # daemon: it never returned
+    t.start()
+    time.sleep(0.2)                     # inside the C wait by now
+    t0 = time.monotonic()
+    c.close()
+    t.join(2.0)
+    assert not t.is_alive(), "wait() still blocked 2 s after close()"
+    assert time.monotonic() - t0 < 1.0     # a wait slice: 0.25 s
+    assert len(got) == 1 and isinstance(got[0], ValueError) and "closed" in str(got[0]), got
 
 
 def test_a_signal_handler_may_arm_while_the_thread_is_in_a_call(chime_conn):

@@ -16,6 +16,7 @@ round trip to the broker. Times are nanoseconds of CLOCK_MONOTONIC
 call and a message naming the call and the cause. chime.aio integrates a
 Chime with asyncio.
 """
+import contextlib
 import ctypes
 import errno
 import math
@@ -234,7 +235,13 @@ class Chime:
 
     def __init__(self, socket=None, session=None, *, record_resets=False):
         self._c = None
-        self._periodic = {}     # id -> key of the periodic timers: Event.periodic (under _lock)
+        self._periodic = {}     # id -> key of the periodic timers: Event.periodic (under _order)
+        # Held across the C call of a periodic arm, a cancel_key or a submit
+        # and the note of what it did in _periodic, so that a cancel_key on
+        # another thread comes wholly before an arm and its note or wholly
+        # after (one between them found nothing to forget: the note stayed
+        # for ever), and a cancel(id) forgets `id` after its arm noted it.
+        self._order = threading.RLock()
         self._buf = None
         # The calls under way in C, so that close() never frees the handle
         # under one (ctypes lets other threads run during a foreign call):
@@ -284,6 +291,19 @@ class Chime:
         finally:
             self._leave()
 
+    @contextlib.contextmanager
+    def _ordered(self):
+        """The handle, held open, and _order held inside that: whoever holds
+        _order takes _lock only before and after, so a signal handler's arm()
+        on a thread inside _enter() or close() (holding _lock) waits for
+        _order without a deadlock."""
+        c = self._enter()
+        try:
+            with self._order:
+                yield c
+        finally:
+            self._leave()
+
     def arm(self, key, *, at_ns=None, after=None, period=None, data=0):
         """Arm a timer at at_ns (absolute) or `after` seconds from now,
         repeating every `period` seconds if given; returns its id (never 0).
@@ -299,12 +319,16 @@ class Chime:
                 raise ValueError("period must be > 0 seconds (leave it out for a one-shot timer)")
         out = ctypes.c_uint64()
         key, data = _u64("key", key), _u64("data", data)
-        r = self._call(lib.chime_arm, key, deadline, period_ns, data, ctypes.byref(out))
+        args = (key, deadline, period_ns, data, ctypes.byref(out))
+        if not period_ns:       # nothing to note: no _order
+            r = self._call(lib.chime_arm, *args)
+        else:
+            with self._ordered() as c:
+                r = lib.chime_arm(c, *args)
+                if r >= 0:
+                    self._periodic[out.value] = key
         if r < 0:
             raise _error("chime_arm", -r)
-        if period_ns:
-            with self._lock:
-                self._periodic[out.value] = key
         return out.value
 
     def reset(self, id, *, at_ns=None, after=None):
@@ -322,16 +346,16 @@ class Chime:
         r = self._call(lib.chime_cancel, id)
         if r < 0:
             raise _error("chime_cancel", -r, id=id)
-        with self._lock:
+        with self._order:       # after the note of an arm still under way that returns `id`
             self._periodic.pop(id, None)
 
     def cancel_key(self, key):
         """Cancel every timer this connection armed with `key`."""
         key = _u64("key", key)
-        r = self._call(lib.chime_cancel_key, key)
-        if r < 0:
-            raise _error("chime_cancel_key", -r)
-        with self._lock:
+        with self._ordered() as c:
+            r = lib.chime_cancel_key(c, key)
+            if r < 0:
+                raise _error("chime_cancel_key", -r)
             # a snapshot: a signal handler on this thread may arm meanwhile (the lock is re-entrant)
             for tid in [t for t, k in list(self._periodic.items()) if k == key]:
                 del self._periodic[tid]
@@ -354,13 +378,13 @@ class Chime:
         for a, o in zip(arr, ops):
             a.op, a.id, a.key, a.deadline_ns, a.period_ns, a.user_data = (
                 o.code, o.id, o.key, o.deadline_ns, o.period_ns, o.data)
-        r = self._call(lib.chime_submit, arr, len(ops))
-        if r < 0:
-            raise _error("chime_submit", -r)
         names = {Op.ARM: "chime_arm", Op.RESET: "chime_reset", Op.CANCEL: "chime_cancel",
                  Op.CANCEL_KEY: "chime_cancel_key"}
         out = []
-        with self._lock:
+        with self._ordered() as c:     # a batch may arm periodic timers, or cancel_key
+            r = lib.chime_submit(c, arr, len(ops))
+            if r < 0:
+                raise _error("chime_submit", -r)
             for a, o in zip(arr, ops):
                 if a.result < 0:
                     out.append(_error(names[o.code], -a.result, id=o.id))

@@ -491,6 +491,45 @@ def test_cancel_key_while_another_thread_arms_periodics(chime_conn):
     assert errors == []
 
 
+@pytest.mark.parametrize("arm", ["arm", "submit"])
+@pytest.mark.parametrize("cancel", ["cancel_key", "submit_cancel_key", "cancel"])
+def test_a_cancel_between_a_periodic_arm_and_its_note_is_not_missed(chime_conn, monkeypatch, arm, cancel):
+    """Another thread's cancel_key(key), or cancel(id) (the id learnt from an
+    event, say), made just after the C call armed a periodic timer and before
+    the binding noted its id: the note must not outlive the timer (it stayed
+    in the periodic table for ever). The C call is wrapped to run the other
+    thread exactly there."""
+    import threading
+    c, key, others = chime_conn, 5, []
+    func = "chime_arm" if arm == "arm" else "chime_submit"
+    real = getattr(chime.lib, func)
+
+    def other(tid):
+        {"cancel_key": lambda: c.cancel_key(key), "cancel": lambda: c.cancel(tid),
+         "submit_cancel_key": lambda: c.submit([chime.Op.cancel_key(key)])}[cancel]()
+
+    def armed_then_other(handle, *args):
+        monkeypatch.undo()  # once: the other thread's submit() is not to be wrapped
+        r = real(handle, *args)
+        tid = args[-1]._obj.value if arm == "arm" else args[0][0].id
+        t = threading.Thread(target=other, args=(tid,))
+        t.start()
+        t.join(0.2)         # done at once, unless it waits for this arm to be noted
+        others.append(t)
+        return r
+
+    monkeypatch.setattr(chime.lib, func, armed_then_other)
+    if arm == "arm":
+        tid = c.arm(key, after=60, period=1)
+    else:
+        (tid,) = c.submit([chime.Op.arm(key, after=60, period=1)])
+    (t,) = others
+    t.join(5)
+    assert not t.is_alive()
+    # white-box: the table is what Event.periodic reads, and a leak otherwise invisible
+    assert tid not in c._periodic, f"{cancel} did not forget the periodic timer {tid}"
+
+
 def test_fileno_in_a_forked_child_is_echild(chime_conn):
     c = chime_conn
     c.fileno()

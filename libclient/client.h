@@ -83,7 +83,9 @@ struct chime {
 	uint32_t nr_shards;
 	uint32_t sq_size;
 	uint32_t cq_size;
-	uint32_t slot;                      /* our entry in the control segment's client table */
+	uint32_t slot;                      /* atomic: our entry in the control segment's client table; a
+					     * session's reconnect changes it (under `lock`), and any thread's
+					     * first arm reads it (timer.c, home_shard()) */
 	int dead;                           /* atomic: 1 once the broker is known to be gone for good,
 					     * or in a child after fork() (then `forked` too) */
 	int forked;                         /* atomic: this is a copy in a child of the process that opened it */

@@ -320,7 +320,8 @@ static int attempt(struct chime *c)
 	cl_sock_ready(c->sock);
 	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
 		return -EPROTO;
-	c->slot = w.slot;
+	/* Atomic: a thread arming for the first time reads it without the lock (home_shard()). */
+	at_store(&c->slot, w.slot);
 	c->session_token = w.session_token;
 	drainer_reset(c);
 	return 0;

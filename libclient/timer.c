@@ -402,7 +402,8 @@ static inline uint32_t home_shard(const struct chime *c)
 	/* 0 - 1: no home yet; beyond the shards: a home on a broker with more (another chime_t) */
 	if (unlikely(s >= c->nr_shards)) {
 		if (s == UINT32_MAX)
-			s = at_add(&threads_arming, 1) - 1 + c->slot;  /* the first thread: the slot's shard */
+			/* the first thread: the slot's shard (atomic: a session's reconnect moves it) */
+			s = at_add(&threads_arming, 1) - 1 + at_load(&c->slot);
 		s %= c->nr_shards;
 		tl_home = s + 1;        /* stored reduced: no division on the next call */
 	}

@@ -136,7 +136,9 @@ struct chime {
 	/* drainer state */
 	uint32_t rr;                        /* first shard of the next drain (fairness) */
 	uint32_t ww_armed;                  /* we stored want_wakeup = 1 and have not taken it back */
-	uint32_t fd_used;                   /* chime_fd() was called: keep the fd's promise in chime_poll */
+	uint32_t fd_used;                   /* atomic: chime_fd() was called: keep the fd's promise in
+					     * chime_poll; set by the drainer's first call, read by later
+					     * calls from any thread (chime_fd(3)) */
 	uint32_t empty_streak;              /* consecutive chime_poll()s that returned 0 */
 	uint64_t kicks;                     /* writes to kick_fd not read back yet */
 	uint64_t last_sock_check_ns;        /* atomic (relaxed): cl_broker_check()'s last probe */

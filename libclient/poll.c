@@ -476,10 +476,10 @@ CHIME_PUBLIC int chime_fd(const chime_t *c)
 	 * when the broker dies) and our kick eventfd: nothing the broker or
 	 * another client holds.
 	 */
-	if (m->fd_used)
-		return c->ep_fd;
+	if (at_load(&m->fd_used))
+		return c->ep_fd;        /* a later call, from any thread (atomic: the first one wrote it) */
 	if (!m->session[0]) {
-		m->fd_used = 1;
+		at_store(&m->fd_used, 1u);
 		fd_arm(m);
 		return c->ep_fd;
 	}
@@ -487,7 +487,7 @@ CHIME_PUBLIC int chime_fd(const chime_t *c)
 	 * A session: a busy lock is a reconnect under way, which makes the fd
 	 * readable when it is done; the chime_poll() that follows arms it.
 	 */
-	m->fd_used = 1;
+	at_store(&m->fd_used, 1u);
 	if (!drainer_trylock(m))
 		return c->ep_fd;
 	if (!cl_reconnecting(m))
@@ -578,9 +578,12 @@ static int poll_events(struct chime *c, const struct sink *to, unsigned max, boo
 
 CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max)
 {
+	bool fd_used;
+
 	if (unlikely(!c || !events || max == 0))
 		return -EINVAL;
-	return poll_events(c, &(struct sink){ .out = events }, max, c->fd_used, c->fd_used);
+	fd_used = at_load(&c->fd_used);
+	return poll_events(c, &(struct sink){ .out = events }, max, fd_used, fd_used);
 }
 
 CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max)
@@ -605,7 +608,7 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	while (total < limit) {
 		unsigned want = limit - total < DISPATCH_BATCH ? limit - total : DISPATCH_BATCH;
 		/* Runs until a round comes back empty: that one arms the fd's wake-up. */
-		int n = poll_events(c, &to, want, c->fd_used, false);
+		int n = poll_events(c, &to, want, at_load(&c->fd_used), false);
 
 		if (n <= 0) {
 			err = n;
@@ -623,7 +626,7 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	 * either. Re-arm it (and kick if something is pending) so that the fd
 	 * keeps its promise to an application that goes back to epoll_wait().
 	 */
-	if (total == limit && c->fd_used && drainer_trylock(c)) {
+	if (total == limit && at_load(&c->fd_used) && drainer_trylock(c)) {
 		if (!cl_reconnecting(c))
 			fd_arm(c);      /* else the reconnect makes the fd readable */
 		drainer_unlock(c);
@@ -793,7 +796,7 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 	if (unlikely(!c || !events || max == 0 || timeout_ms < -1))
 		return -EINVAL;
 	if (timeout_ms == 0)
-		return poll_events(c, &(struct sink){ .out = events }, max, c->fd_used, c->fd_used);  /* exactly chime_poll() */
+		return chime_poll(c, events, max);  /* exactly chime_poll() */
 	if (timeout_ms > 0)
 		deadline = chime_now() + (uint64_t)timeout_ms * 1000000u;
 	for (;;) {

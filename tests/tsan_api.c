@@ -20,7 +20,10 @@
  *    chime_submit() batches of arms mixed with resets and cancels of
  *    earlier timers, or with a CHIME_CANCEL_KEY; chime_reset(),
  *    chime_cancel(), chime_cancel_key() of a group of 4 timers sharing a
- *    key (all of whose members it owns then); chime_flush();
+ *    key (all of whose members it owns then); chime_flush(); and
+ *    chime_fd(), which must return what the drainer's first call did
+ *    (chime_fd(3): "later calls return the same descriptor from any
+ *    thread");
  *  - a spawner thread, which calls nothing of libchime itself, starts
  *    short-lived threads one after another that arm 3 one-shots each and
  *    exit: a thread's first arm picks its home shard from the
@@ -74,7 +77,9 @@
  * all under TSan on a 2-core host.
  *
  * Found by this test (and fixed): a reconnect's store of the new client
- * slot raced with a new thread's first arm reading it (home_shard()).
+ * slot raced with a new thread's first arm reading it (home_shard()); the
+ * drainer's first chime_fd() raced with a later call from another thread
+ * (fd_used).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -164,6 +169,7 @@ static uint64_t violations;             /* atomic */
 static uint64_t n_ops[2][OP_KINDS][VIA_N]; /* atomic: [by_drainer][kind][via] */
 static uint64_t n_batches, n_batch_ops, n_flushes, n_periodic, n_helpers; /* atomic */
 static uint64_t n_periodic_events;      /* drainer */
+static int drainer_fd = -1;             /* atomic: the drainer's first chime_fd() had returned this */
 
 static pid_t broker = -1;               /* atomic: fail() may run in any thread */
 static uint32_t failing;                /* atomic: fail() is under way */
@@ -831,6 +837,13 @@ static void *worker_main(void *arg)
 			if (r < 0)
 				fail_op(r, "chime_flush() in producer %u: %s", w->reg, strerror(-r));
 			__atomic_fetch_add(&n_flushes, 1, __ATOMIC_RELAXED);
+		} else if (what < 92 && RD(drainer_fd) >= 0) {
+			/* chime_fd(3): "later calls return the same descriptor from any thread". */
+			int r = chime_fd(w->c);
+
+			if (r != RD(drainer_fd))
+				fail("chime_fd() in producer %u: %d, the drainer's first call gave %d", w->reg, r,
+				     RD(drainer_fd));
 		}
 		if (rnd(&w->seed) % 4 == 0)
 			pause_ns((long)(rnd(&w->seed) % 400000));
@@ -1160,9 +1173,14 @@ static void scenario(const char *session)
 	}
 	if (session && (r = pthread_create(&rs.thread, NULL, restart_main, &rs)) != 0)
 		fail("pthread_create: %s", strerror(r));
-	/* The first chime_fd() from the draining thread, the producers running (chime_fd(3)). */
+	/*
+	 * The first chime_fd() from the draining thread, the producers running
+	 * (chime_fd(3)); they call it again once it has returned, told so by
+	 * a relaxed store: "later", with nothing ordering it for TSan.
+	 */
 	if ((fd = chime_fd(d.c)) < 0)
 		fail("chime_fd: %s", strerror(-fd));
+	WR(drainer_fd, fd);
 	if ((ep = epoll_create1(EPOLL_CLOEXEC)) < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0)
 		fail("epoll on chime_fd(): %s", strerror(errno));
 	for (;;) {
@@ -1199,6 +1217,7 @@ static void scenario(const char *session)
 	if (session)
 		pthread_join(rs.thread, NULL);
 	close(ep);
+	WR(drainer_fd, -1);
 	chime_close(d.c);
 	if (session && (r = chime_drop_session(&opts)) < 0)
 		fail("chime_drop_session(%s): %s", session, strerror(-r));

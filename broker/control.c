@@ -433,6 +433,35 @@ static void *shard_setup_main(void *arg)
 	return NULL;
 }
 
+/*
+ * Wait for a shard's setup thread, pinging systemd's watchdog every
+ * heartbeat meanwhile. `chimectl restart` is a reload to systemd, whose
+ * watchdog runs on through it, and the restore it ends with (about 0.4 s
+ * per 4M timers here) sent no ping: a big enough --capacity would outlast
+ * WatchdogSec= and have the broker killed halfway through. The pings stop
+ * after SETUP_PING_NS in all (*watched_hb counts heartbeats), so that a
+ * setup that hangs is still the watchdog's to catch.
+ */
+#define SETUP_PING_NS (UINT64_C(300) * 1000000000u)
+
+static void setup_join(struct shard_setup *ss, uint32_t *watched_hb)
+{
+	for (;;) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += HEARTBEAT_NS;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		if (pthread_clockjoin_np(ss->thr, NULL, CLOCK_MONOTONIC, &ts) != ETIMEDOUT)
+			return;
+		if ((uint64_t)++*watched_hb * HEARTBEAT_NS <= SETUP_PING_NS)
+			notify_watchdog(now_ns(), HEARTBEAT_NS);
+	}
+}
+
 static int shards_setup(struct broker *b)
 {
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -486,11 +515,12 @@ static int shards_setup(struct broker *b)
 	 * Shard after shard, a host with many full shards kept its clients
 	 * waiting for the sum. A thread that cannot be had runs inline.
 	 */
+	notify_watchdog(now_ns(), HEARTBEAT_NS);        /* after an exec, the new process's first */
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
 		su[i].threaded = pthread_create(&su[i].thr, NULL, shard_setup_main, &su[i]) == 0;
-	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+	for (uint32_t i = 0, watched = 0; i < b->o.nr_shards; i++) {
 		if (su[i].threaded)
-			pthread_join(su[i].thr, NULL);
+			setup_join(&su[i], &watched);
 		else
 			shard_setup_main(&su[i]);
 		if (su[i].r < 0 && r == 0)

@@ -917,6 +917,90 @@ Test(daemon, a_restart_tells_systemd_it_is_reloading_not_stopping, .timeout = 60
 	t_rmdir_files(dir);
 }
 
+/*
+ * `chimectl restart` is a reload to systemd, whose watchdog runs on through
+ * it, and the new broker's restore of the sessions' timers (about 0.4 s per
+ * 4M here) sent no ping: a --capacity large enough would outlast
+ * WatchdogSec= and have the broker killed halfway through its restart. The
+ * control thread now pings every heartbeat while the shards set up. Here
+ * 4M timers and WATCHDOG_USEC of 400 ms: no two pings (from the last one
+ * before the restart to the first one after READY=1) may be further apart.
+ */
+Test(daemon, a_restart_restoring_many_timers_keeps_pinging_the_watchdog, .timeout = 180)
+{
+	const unsigned n = 4000000, watchdog_ms = 400;
+	char dir[] = "/dev/shm/chime-td-XXXXXX", sock[300], buf[512];
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	uint64_t last, gap_max = 0, t_reloading = 0, t_ready = 0, end;
+	bool reloading = false, done = false;
+	struct t_chimed b;
+	chime_t *c;
+	int fd, pings = 0;
+
+	if (!CHIME_SYSTEMD)
+		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	setenv("WATCHDOG_USEC", "400000", 1);
+	cr_assert_eq(t_chimed_start(&b, sock, "--shards 1 --max-timers-per-client 0 --max-timers-per-uid 0"), 0);
+	unsetenv("NOTIFY_SOCKET");
+	unsetenv("WATCHDOG_USEC");
+	cr_assert(expect_msg(fd, "READY=1", 5000), "no READY=1");
+
+	cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = sock, .session = "watchdog" }), 0);
+	for (unsigned i = 0; i < n; i++) {
+		chime_id_t id;
+		int r = chime_arm(c, i, chime_now() + 3600 * UINT64_C(1000000000), 0, i, &id);
+
+		cr_assert_eq(r, 0, "arm %u of %u: %s", i, n, strerror(-r));
+	}
+	cr_assert_eq(chime_flush(c), 0);
+
+	/* The pings sent while arming are queued: read them, so that `last` is a fresh one's time. */
+	while (recv_msg(fd, buf, sizeof(buf), 0))
+		;
+	cr_assert(expect_msg(fd, "WATCHDOG=1", 2000), "no ping before the restart");
+	last = now_ns();
+	cr_assert_eq(kill(b.pid, SIGUSR2), 0);
+	end = last + UINT64_C(60000000000);
+	while (!done && now_ns() < end && recv_msg(fd, buf, sizeof(buf), 2000)) {
+		uint64_t t = now_ns();
+
+		if (strstr(buf, "RELOADING=1")) {
+			reloading = true;
+			t_reloading = t;
+		}
+		if (reloading && strstr(buf, "READY=1"))
+			t_ready = t;
+		if (strstr(buf, "WATCHDOG=1")) {
+			if (t - last > gap_max)
+				gap_max = t - last;
+			last = t;
+			pings++;
+			done = t_ready != 0;
+		}
+	}
+	cr_assert(t_ready, "no READY=1 after RELOADING=1 within 60 s");
+	cr_assert(done, "no ping after the restart's READY=1");
+	cr_log_info("restart: %.0f ms from RELOADING=1 to READY=1, %d pings, the longest gap %.0f ms",
+		    (double)(t_ready - t_reloading) / 1e6, pings, (double)gap_max / 1e6);
+	cr_expect_lt(gap_max, watchdog_ms * UINT64_C(1000000),
+		     "%.0f ms without a watchdog ping across a restart of %u timers (%.0f ms from RELOADING=1 to "
+		     "READY=1); WATCHDOG_USEC is %u ms", (double)gap_max / 1e6, n,
+		     (double)(t_ready - t_reloading) / 1e6, watchdog_ms);
+
+	chime_close(c);
+	cr_assert_eq(kill(b.pid, SIGTERM), 0);
+	t_chimed_stop(&b, 0);
+	close(fd);
+	t_rmdir_files(dir);
+}
+
 /* Read the log file at `path` (static). */
 static const char *read_log(const char *path)
 {

@@ -280,8 +280,8 @@ static int ctl_setup(struct broker *b)
 	/* Reserved whole (it is small): no page of it can SIGBUS us on a full filesystem. */
 	r = chime_seg_file(b->ctl_path, g.size, g.size, seg_mode(b), &b->ctl_fd, &b->ctl_map);
 	if (r == 0 && b->o.stats_gid != (gid_t)-1 && fchown(b->ctl_fd, (uid_t)-1, b->o.stats_gid) < 0)
-		return log_errno(LOG_ERR, errno, "cannot give '%s' to group %u (--stats-group)",
-				 b->ctl_path, (unsigned)b->o.stats_gid);
+		return log_errno_hint(LOG_ERR, errno, GROUP_HINT(errno), "cannot give '%s' to group %u (--stats-group)",
+				      b->ctl_path, (unsigned)b->o.stats_gid);
 	if (r == -ENOSPC || r == -EDQUOT)
 		return log_errno_hint(LOG_ERR, r, SEG_NO_ROOM_HINT, "cannot reserve %llu KiB for the control segment '%s'",
 				      (unsigned long long)(g.size >> 10), b->ctl_path);
@@ -329,8 +329,8 @@ int socket_access(struct broker *b)
 	mode_t mode = b->o.socket_gid != (gid_t)-1 ? 0660 : policy_is_open(&b->policy) ? 0666 : 0600;
 
 	if (b->o.socket_gid != (gid_t)-1 && chown(path, (uid_t)-1, b->o.socket_gid) < 0)
-		return log_errno(LOG_ERR, errno, "cannot give socket '%s' to group %u (--socket-group)",
-				 path, (unsigned)b->o.socket_gid);
+		return log_errno_hint(LOG_ERR, errno, GROUP_HINT(errno), "cannot give socket '%s' to group %u (--socket-group)",
+				      path, (unsigned)b->o.socket_gid);
 	if (chmod(path, mode) < 0)
 		return log_errno(LOG_ERR, errno, "chmod('%s', %04o)", path, (unsigned)mode);
 	return 0;

@@ -91,4 +91,8 @@ int log_errno_hint(int level, int err, const char *hint, const char *fmt, ...)
 /* A new state file refused ENOSPC: the space, or the inodes (a tmpfs's nr_inodes), ran out. */
 #define SEG_NO_ROOM_HINT "no room for it on its filesystem, or no free inode: see df and df -i"
 
+/* A --socket-group or --stats-group refused EPERM: only root, or a member, may give a file to a group. */
+#define GROUP_HINT(err) ((err) == EPERM ? "chimed's user must be a member of that group, or root; under " \
+			 "chimed.service, add SupplementaryGroups= in a drop-in" : NULL)
+
 #endif /* CHIMED_LOG_H */

@@ -342,8 +342,8 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 		reserve_set(s, reserve);
 	}
 	if (cfg->seg_gid != (gid_t)-1 && fchown(s->seg_fd, (uid_t)-1, cfg->seg_gid) < 0)
-		return log_errno(LOG_ERR, errno, "cannot give '%s' to group %u (--stats-group)",
-				 s->path, (unsigned)cfg->seg_gid);
+		return log_errno_hint(LOG_ERR, errno, GROUP_HINT(errno), "cannot give '%s' to group %u (--stats-group)",
+				      s->path, (unsigned)cfg->seg_gid);
 
 	s->core.shard = cfg->idx;
 	s->core.capacity = cfg->capacity;

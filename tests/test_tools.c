@@ -2227,6 +2227,30 @@ static const char *tool_for_others(const char *env)
 	return p;
 }
 
+/*
+ * chimed under its unit runs as user chime with no capabilities, and
+ * --socket-group or --stats-group of a group chime is not in failed with
+ * EPERM alone: the message now says what to do (found by a packaging
+ * audit). Here as nobody, with group root.
+ */
+Test(tools_users, a_group_chimed_cannot_give_files_to_says_how_to_fix_it)
+{
+	uid_t u = other_user();
+	const char *chimed = tool_for_others("CHIMED");
+	const char *opts[] = { "--socket-group root", "--stats-group root" };
+	char home[PATH_MAX];
+
+	snprintf(home, sizeof(home), "%s/nobody", dir);
+	cr_assert_eq(mkdir(home, 0700), 0);
+	cr_assert_eq(chown(home, u, u), 0);
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(run_as(u, "%s --foreground --socket %s/s %s", chimed, home, opts[i]), 1, "%s: %s",
+			     opts[i], slurp(err));
+		cr_assert(strstr(slurp(err), "Operation not permitted (chimed's user must be a member of that group"),
+			  "%s: %s", opts[i], slurp(err));
+	}
+}
+
 /* shutdown and restart by a user who is not root or the broker's: not permitted, exit 4. */
 Test(tools_users, shutdown_and_restart_by_another_user_exit_4)
 {

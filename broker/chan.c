@@ -1232,6 +1232,17 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 	unsigned n = 0;
 	uint32_t idx;
 
+	/*
+	 * A resuming process's records wait for its word on the events the
+	 * old broker delivered (settled(); the library releases resume_set
+	 * before it publishes its first record here, R1), and are applied
+	 * after that settle. Before it, a RESET the old broker never read, of
+	 * a one-shot whose event the process had taken, found the node held
+	 * (BACKLOG, "not due after all") and put it back on the wheel: the
+	 * event came twice (tests/tsan_api.c: taken, reset, chimed killed).
+	 */
+	if (unlikely(ch->word_wait) && !settled(sc, ch))
+		return 0;
 	if (ch->walk_queued) {
 		if (!walk_step(sc, ch))
 			return 0;

@@ -11,8 +11,8 @@
  * It starts its own chimed (argv[1], else $CHIMED) on a private socket in a
  * temporary directory and runs two scenarios, each on one chime_t:
  * an anonymous connection, then a named session (opts.session) that goes
- * through `chimectl restart` (argv[2], else $CHIMECTL) while every thread
- * runs. In each:
+ * through `chimectl restart` (argv[2], else $CHIMECTL) and then a crash
+ * of chimed while every thread runs. In each:
  *
  *  - 3 producer threads, each on timers of its own: chime_arm() of
  *    one-shots (1-30 ms ahead) and now and then of a periodic timer (2-10
@@ -34,9 +34,12 @@
  *    with a random max (0: all); the dispatch callback now and then arms a
  *    new one-shot, or resets or cancels (by id, or by key for its own
  *    arms) a live timer of any thread, picked from the shared table;
- *  - in the session, a thread runs `chimectl restart` 40% into the run:
- *    the library reconnects under every thread (a producer waiting for
- *    room, the drainer, or a callback's arm makes the attempts).
+ *  - in the session, a thread runs `chimectl restart` 30% into the run,
+ *    then at 65% stops chimed (SIGSTOP) for 80 ms, kills it (SIGKILL) and
+ *    starts another on the same socket: the library reconnects under every thread (a producer
+ *    waiting for room, the drainer, or a callback's arm makes the
+ *    attempts), having noticed the crash wherever it did (the hang-up in
+ *    chime_wait(), a producer's probe, a stale heartbeat).
  *
  * The harness orders nothing between the threads for TSan (see stamp()):
  * what it records is relaxed atomics, so every happens-before edge TSan
@@ -72,6 +75,8 @@
  * And once everything is due: every one-shot never cancelled fired exactly
  * once, every chime_submit() operation succeeded, and the restart was seen
  * by no call (none failed; a session's calls wait for the next broker).
+ * Then crash_after_take() checks in one thread, and every time, the case
+ * of a crash the scenarios hit only by chance.
  *
  * Each producer runs for 2.5 s per scenario ($TSAN_API_MS): about 8 s in
  * all under TSan on a 2-core host.
@@ -79,7 +84,8 @@
  * Found by this test (and fixed): a reconnect's store of the new client
  * slot raced with a new thread's first arm reading it (home_shard()); the
  * drainer's first chime_fd() raced with a later call from another thread
- * (fd_used).
+ * (fd_used); after a crash, a one-shot the process had taken and then
+ * reset fired again (chimed applied the reset before the claim words).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -155,6 +161,8 @@ struct tmr {
 	uint32_t fired;                 /* atomic, written by the drainer: events received */
 	uint32_t last_op;               /* drainer: a periodic's schedule (op index) of its last event */
 	uint64_t last_deadline;         /* drainer: that event's deadline */
+	uint64_t first_deadline;        /* drainer: the first event's deadline_ns, fired_ns, when received */
+	uint64_t first_fired, first_seen;
 	struct op ops[MAXOPS];
 };
 
@@ -170,8 +178,11 @@ static uint64_t n_ops[2][OP_KINDS][VIA_N]; /* atomic: [by_drainer][kind][via] */
 static uint64_t n_batches, n_batch_ops, n_flushes, n_periodic, n_helpers; /* atomic */
 static uint64_t n_periodic_events;      /* drainer */
 static int drainer_fd = -1;             /* atomic: the drainer's first chime_fd() had returned this */
+static uint64_t restart_ns[4];          /* atomic: chimectl restart began, returned; SIGKILL; new chimed */
 
 static pid_t broker = -1;               /* atomic: fail() may run in any thread */
+static pthread_mutex_t broker_lock = PTHREAD_MUTEX_INITIALIZER; /* broker_alive() against a crash we make */
+static const char *chimed_path;
 static uint32_t failing;                /* atomic: fail() is under way */
 static const char *scenario_name;       /* set while no other thread runs */
 static const char *chimectl_path;
@@ -882,6 +893,20 @@ static bool on_schedule(const struct tmr *t, const struct op *o, const struct ch
 	return e->deadline_ns >= d && (e->deadline_ns - d) % p == 0;
 }
 
+/* The operations on t, for a report: kind(deadline)[started..returned] each. */
+static void history(const struct tmr *t, uint32_t n, char *hist, size_t size)
+{
+	int len = 0;
+
+	hist[0] = 0;
+	for (uint32_t k = 0; k < n && len < (int)size - 80; k++)
+		len += snprintf(hist + len, size - (size_t)len, " %s%s(%llu)[%llu..%llu]",
+				RD(t->ops[k].by_drainer) ? "cb:" : "", kind_name(RD(t->ops[k].kind)),
+				(unsigned long long)RD(t->ops[k].deadline_ns),
+				(unsigned long long)RD(t->ops[k].start),
+				(unsigned long long)RD(t->ops[k].ret));
+}
+
 static void judge(struct drain *d, const struct chime_event *e)
 {
 	uint64_t now = chime_now(), seen = d->call_end ? d->call_end : stamp(), idx = e->user_data;
@@ -909,9 +934,24 @@ static void judge(struct drain *d, const struct chime_event *e)
 	if (e->key != key)
 		violation("timer %llu: event with key %#llx, armed with %#llx", (unsigned long long)idx,
 			  (unsigned long long)e->key, (unsigned long long)key);
-	if (!period && fired)
-		violation("timer %llu (id %#llx): a second event (deadline %llu)", (unsigned long long)idx,
-			  (unsigned long long)e->id, (unsigned long long)e->deadline_ns);
+	if (!period && fired) {
+		char hist[640];
+
+		history(t, n, hist, sizeof(hist));
+		violation("timer %llu (id %#llx): a second event (deadline %llu, fired %llu, received %llu; "
+			  "the first: deadline %llu, fired %llu, received %llu; restart %llu..%llu, SIGKILL %llu, "
+			  "new chimed %llu; call began at stamp %llu; history, [started..returned]:%s)",
+			  (unsigned long long)idx, (unsigned long long)e->id, (unsigned long long)e->deadline_ns,
+			  (unsigned long long)e->fired_ns, (unsigned long long)now,
+			  (unsigned long long)t->first_deadline, (unsigned long long)t->first_fired,
+			  (unsigned long long)t->first_seen, (unsigned long long)RD(restart_ns[0]),
+			  (unsigned long long)RD(restart_ns[1]), (unsigned long long)RD(restart_ns[2]),
+			  (unsigned long long)RD(restart_ns[3]), (unsigned long long)d->call_start, hist);
+	} else if (!fired) {
+		t->first_deadline = e->deadline_ns;
+		t->first_fired = e->fired_ns;
+		t->first_seen = now;
+	}
 	WR(t->fired, fired + 1);
 	n_periodic_events += period != 0;
 	if (e->fired_ns < e->deadline_ns || now < e->deadline_ns)
@@ -948,14 +988,8 @@ static void judge(struct drain *d, const struct chime_event *e)
 	}
 	if (!ok) {
 		char hist[640];
-		int len = 0;
 
-		for (k = 0; k < n && len < (int)sizeof(hist) - 80; k++)
-			len += snprintf(hist + len, sizeof(hist) - (size_t)len, " %s%s(%llu)[%llu..%llu]",
-					RD(t->ops[k].by_drainer) ? "cb:" : "", kind_name(RD(t->ops[k].kind)),
-					(unsigned long long)RD(t->ops[k].deadline_ns),
-					(unsigned long long)RD(t->ops[k].start),
-					(unsigned long long)RD(t->ops[k].ret));
+		history(t, n, hist, sizeof(hist));
 		violation("timer %llu (id %#llx, period %llu): event with deadline %llu, but the last "
 			  "operation done before it was %s(%llu) (call began at stamp %llu, event seen at %llu; "
 			  "history, [started..returned]:%s)",
@@ -1047,12 +1081,17 @@ static uint32_t unfired(uint32_t *missing)
 /* chimed exited (a race report, with halt_on_error): say so rather than what it does to us. */
 static void broker_alive(void)
 {
-	pid_t pid = __atomic_load_n(&broker, __ATOMIC_RELAXED);
+	pid_t pid;
 	int st;
 
-	if (pid <= 0 || waitpid(pid, &st, WNOHANG) != pid)
+	pthread_mutex_lock(&broker_lock);
+	pid = __atomic_load_n(&broker, __ATOMIC_RELAXED);
+	if (pid <= 0 || waitpid(pid, &st, WNOHANG) != pid) {
+		pthread_mutex_unlock(&broker_lock);
 		return;
+	}
 	__atomic_store_n(&broker, -1, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&broker_lock);
 	fail("chimed %s %d during the %s scenario", WIFEXITED(st) ? "exited" : "was killed by signal",
 	     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), scenario_name);
 }
@@ -1107,10 +1146,13 @@ static void drain_once(struct drain *d, int ep)
 /* ---- the restart ---- */
 
 struct restarter {
-	uint64_t at_ns;                 /* when to run it (after the producers started) */
+	uint64_t at_ns;                 /* when to run chimectl restart (after the producers started) */
+	uint64_t crash_ns;              /* when to kill chimed (SIGKILL) and start another */
 	uint64_t took_ns;               /* how long chimectl restart took */
 	pthread_t thread;
 };
+
+static pid_t spawn_broker(void);
 
 static void *restart_main(void *arg)
 {
@@ -1127,15 +1169,48 @@ static void *restart_main(void *arg)
 	    posix_spawn_file_actions_adddup2(&fa, 1, 2))
 		fail("posix_spawn_file_actions: out of memory");
 	t0 = chime_now();
+	WR(restart_ns[0], t0);
 	if ((r = posix_spawn(&pid, chimectl_path, &fa, NULL, argv, environ)) != 0)
 		fail("posix_spawn %s: %s", chimectl_path, strerror(r));
 	posix_spawn_file_actions_destroy(&fa);
 	if (waitpid(pid, &st, 0) != pid)
 		fail("waitpid(chimectl): %s", strerror(errno));
 	rs->took_ns = chime_now() - t0;
+	WR(restart_ns[1], chime_now());
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
 		fail("chimectl restart %s %d", WIFEXITED(st) ? "exited" : "killed by signal",
 		     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+
+	/*
+	 * Then a crash: SIGKILL, and a new chimed on the same socket at once
+	 * (as tests/tsan_broker.sh does). The library notices by itself (the
+	 * hang-up, a stale heartbeat, a full ring) and reconnects to it.
+	 */
+	if (rs->crash_ns > chime_now() - t0 + rs->at_ns)
+		pause_ns((long)(rs->crash_ns - rs->at_ns - (chime_now() - t0)));
+	/*
+	 * Stopped first for a moment, as a broker that hangs and then dies:
+	 * the drainer takes the events chimed had delivered, and the producers
+	 * reset and cancel timers (some of them just taken), all of which the
+	 * dead broker never sees; the next one learns them from the library
+	 * (the claim words it copies, the records it submits again).
+	 */
+	pid = __atomic_load_n(&broker, __ATOMIC_RELAXED);
+	if (pid > 0 && kill(pid, SIGSTOP) == 0)
+		pause_ns(80000000);
+	pthread_mutex_lock(&broker_lock);
+	pid = __atomic_exchange_n(&broker, -1, __ATOMIC_RELAXED);
+	if (pid > 0) {
+		WR(restart_ns[2], chime_now());
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+	}
+	pthread_mutex_unlock(&broker_lock);
+	if (pid <= 0)
+		return NULL;    /* fail() is under way */
+	pid = spawn_broker();
+	WR(restart_ns[3], chime_now());
+	__atomic_store_n(&broker, pid, __ATOMIC_RELAXED);
 	return NULL;
 }
 
@@ -1146,7 +1221,7 @@ static void scenario(const char *session)
 	struct chime_opts opts = { .socket_path = sock_path, .session = session };
 	struct worker w[NPROD + 1];     /* the producers, then the spawner */
 	struct drain d = { .seed = (uint64_t)chime_now() | 1 };
-	struct restarter rs = { .at_ns = run_ns * 2 / 5 };
+	struct restarter rs = { .at_ns = run_ns * 3 / 10, .crash_ns = run_ns * 13 / 20 };
 	struct epoll_event ev = { .events = EPOLLIN };
 	uint64_t give_up = 0, quiet_until = 0, next_check = 0, t0 = chime_now();
 	uint64_t fired = 0, cancelled = 0, cancelled_fired = 0, armed_n = 0, oneshots = 0;
@@ -1158,6 +1233,7 @@ static void scenario(const char *session)
 	scenario_no++;
 	memset(tab, 0, sizeof(*tab) * NREG * cap);
 	memset(armed, 0, sizeof(armed));
+	memset(restart_ns, 0, sizeof(restart_ns));
 	memset(n_ops, 0, sizeof(n_ops));
 	n_batches = n_batch_ops = n_flushes = n_periodic = n_helpers = n_periodic_events = 0;
 	workers_done = 0;
@@ -1258,8 +1334,9 @@ static void scenario(const char *session)
 	       (unsigned long long)d.dispatches, (unsigned long long)d.events);
 	printf("; %llu short-lived arming threads", (unsigned long long)n_helpers);
 	if (session)
-		printf("; chimectl restart at %llu ms took %llu ms", (unsigned long long)(rs.at_ns / MS),
-		       (unsigned long long)(rs.took_ns / MS));
+		printf("; chimectl restart at %llu ms took %llu ms, SIGKILL and a new chimed at %llu ms",
+		       (unsigned long long)(rs.at_ns / MS), (unsigned long long)(rs.took_ns / MS),
+		       (unsigned long long)(rs.crash_ns / MS));
 	printf("; %.1f s\n", (double)(chime_now() - t0) / 1e9);
 	fflush(stdout);
 	if (fired + cancelled - cancelled_fired != oneshots)
@@ -1270,7 +1347,92 @@ static void scenario(const char *session)
 		violation("%llu periodic timers armed, not one event", (unsigned long long)n_periodic);
 }
 
-static void start_broker(const char *chimed)
+/*
+ * The exactly-once promise through a crash, in one thread and made
+ * certain: a one-shot whose event the process took and then reset (which
+ * changes nothing then, chime_reset(3)), chimed stopped before it saw
+ * either (it sleeps: a reset due later rings no doorbell), then killed. The
+ * next broker learns of the take from the claim words the library copies,
+ * and gets the reset again from the library: the timer must not fire
+ * again. A witness armed after the kill says when the next broker has
+ * delivered what it fires. (The scenarios above hit this case by chance,
+ * seldom: the reset has to come between the take and the crash.)
+ */
+static void crash_after_take(const char *session)
+{
+	struct chime_opts opts = { .socket_path = sock_path, .session = session };
+	struct chime_event ev[8];
+	chime_id_t id, witness;
+	uint64_t until = 0, give_up;
+	chime_t *c;
+	int r, n;
+	unsigned again = 0;
+	pid_t pid;
+
+	scenario_name = "crash after a take";
+	if ((r = chime_open(&c, &opts)) < 0)
+		fail("chime_open(session %s): %s", session, strerror(-r));
+	if ((r = chime_arm(c, 1, chime_now() + 2 * MS, 0, 1, &id)) < 0)
+		fail_op(r, "chime_arm: %s", strerror(-r));
+	n = chime_wait(c, ev, 8, 10000);
+	if (n != 1 || ev[0].id != id)
+		fail("chime_wait: %d (%s), not the one event of the timer armed", n, n < 0 ? strerror(-n) : "");
+	pthread_mutex_lock(&broker_lock);
+	pid = __atomic_exchange_n(&broker, -1, __ATOMIC_RELAXED);
+	kill(pid, SIGSTOP);
+	if ((r = chime_reset(c, id, chime_now() + 20 * MS)) < 0)
+		fail_op(r, "chime_reset after the take: %s", strerror(-r));
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	__atomic_store_n(&broker, spawn_broker(), __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&broker_lock);
+	if ((r = chime_arm(c, 2, chime_now() + 40 * MS, 0, 2, &witness)) < 0)
+		fail_op(r, "chime_arm of the witness: %s", strerror(-r));
+	/* Until the witness came, and 100 ms more: 10 s at most (a TSan chimed starts in about 1). */
+	for (give_up = chime_now() + SETTLE_NS; !until || chime_now() < until;) {
+		if (chime_now() >= give_up)
+			fail("the witness timer (armed after chimed was killed) did not fire within 10 s");
+		if ((n = chime_wait(c, ev, 8, 20)) < 0)
+			fail_op(n, "chime_wait after the crash: %s", strerror(-n));
+		for (int i = 0; i < n; i++) {
+			if (ev[i].id == witness && !until)
+				until = chime_now() + 100 * MS;
+			else if (ev[i].id == id)
+				again++;
+			else
+				violation("an event for id %#llx, which is neither timer", (unsigned long long)ev[i].id);
+		}
+	}
+	if (again)
+		violation("a one-shot taken, then reset (which changes nothing then), fired again (%u time%s) "
+			  "after chimed was stopped and killed: the next broker applied the reset the old one "
+			  "never read before it settled the events taken", again, again == 1 ? "" : "s");
+	chime_close(c);
+	if ((r = chime_drop_session(&opts)) < 0)
+		fail("chime_drop_session(%s): %s", session, strerror(-r));
+	printf("tsan_api: crash after a take: the one-shot taken and then reset %s after the crash\n",
+	       again ? "FIRED AGAIN" : "did not fire again");
+}
+
+/* chimed in the foreground on our socket, its stderr appended to its log (posix_spawn: threads run). */
+static pid_t spawn_broker(void)
+{
+	char *argv[] = { (char *)chimed_path, (char *)"--foreground", (char *)"--shards", (char *)"2",
+			 (char *)"--socket", sock_path, NULL };
+	posix_spawn_file_actions_t fa;
+	pid_t pid;
+	int r;
+
+	if (posix_spawn_file_actions_init(&fa) ||
+	    posix_spawn_file_actions_addopen(&fa, 2, log_path, O_WRONLY | O_CREAT | O_APPEND, 0600))
+		fail("posix_spawn_file_actions: out of memory");
+	if ((r = posix_spawn(&pid, chimed_path, &fa, NULL, argv, environ)) != 0)
+		fail("posix_spawn %s: %s", chimed_path, strerror(r));
+	posix_spawn_file_actions_destroy(&fa);
+	return pid;
+}
+
+static void start_broker(void)
 {
 	char tmpl[] = "/tmp/chime-tsan-api-XXXXXX";
 
@@ -1282,18 +1444,7 @@ static void start_broker(const char *chimed)
 	snprintf(ctl_log_path, sizeof(ctl_log_path), "%s/chimectl.log", dir);
 	setenv("TSAN_OPTIONS", TSAN_OPTS, 0);
 	fflush(NULL);
-	broker = fork();
-	if (broker < 0)
-		fail("fork: %s", strerror(errno));
-	if (broker == 0) {
-		int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-
-		if (fd < 0 || dup2(fd, 2) < 0)
-			_exit(127);
-		execl(chimed, chimed, "--foreground", "--shards", "2", "--socket", sock_path, (char *)NULL);
-		fprintf(stderr, "exec %s: %s\n", chimed, strerror(errno));
-		_exit(127);
-	}
+	broker = spawn_broker();
 	for (int i = 0; i < 400; i++) {
 		struct stat st;
 
@@ -1301,24 +1452,30 @@ static void start_broker(const char *chimed)
 			return;
 		if (waitpid(broker, NULL, WNOHANG) == broker) {
 			broker = -1;
-			fail("chimed '%s' exited before listening", chimed);
+			fail("chimed '%s' exited before listening", chimed_path);
 		}
 		pause_ns(25000000);
 	}
-	fail("chimed '%s' did not listen on '%s' within 10 s", chimed, sock_path);
+	fail("chimed '%s' did not listen on '%s' within 10 s", chimed_path, sock_path);
+}
+
+/* Lines of the file at path that hold `what` and `and` (NULL: any). */
+static unsigned log_lines(const char *path, const char *what, const char *and)
+{
+	char line[1024];
+	unsigned n = 0;
+	FILE *f = fopen(path, "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, what) && (!and || strstr(line, and));
+	if (f)
+		fclose(f);
+	return n;
 }
 
 static bool log_says(const char *path, const char *what)
 {
-	char line[512];
-	bool found = false;
-	FILE *f = fopen(path, "r");
-
-	while (f && fgets(line, sizeof(line), f))
-		found |= strstr(line, what) != NULL;
-	if (f)
-		fclose(f);
-	return found;
+	return log_lines(path, what, NULL) != 0;
 }
 
 static void stop_broker(void)
@@ -1343,9 +1500,11 @@ int main(int argc, char **argv)
 	const char *ms = getenv("TSAN_API_MS");
 	unsigned long run_ms = ms && *ms ? strtoul(ms, NULL, 10) : RUN_MS;
 	uint64_t t0 = chime_now();
-	char session[32];
+	char session[32], take_session[40], quoted[48];
+	unsigned brokers, attached;
 
 	chimectl_path = argc > 2 ? argv[2] : getenv("CHIMECTL");
+	chimed_path = chimed;
 	if (!chimed || !*chimed || !chimectl_path || !*chimectl_path) {
 		fprintf(stderr, "usage: tsan_api CHIMED CHIMECTL (or $CHIMED, $CHIMECTL)\n");
 		return 2;
@@ -1359,11 +1518,25 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	if (!(tab = calloc((size_t)NREG * cap, sizeof(*tab))))
 		fail("calloc: out of memory");
-	start_broker(chimed);
+	start_broker();
 	scenario(NULL);
 	snprintf(session, sizeof(session), "tsan-api-%d", (int)getpid());
 	scenario(session);
+	snprintf(take_session, sizeof(take_session), "%s-take", session);
+	crash_after_take(take_session);
 	stop_broker();
+	/*
+	 * The session's connections: the first, then one to the broker after
+	 * the restart and one to the broker after the crash (at least: a
+	 * reconnect that failed its handshake tries again). Four brokers: the
+	 * last after crash_after_take()'s kill.
+	 */
+	snprintf(quoted, sizeof(quoted), "session '%s'", session);
+	brokers = log_lines(log_path, "listening on '", NULL);
+	attached = log_lines(log_path, " connected: ", quoted);
+	if (brokers != 4 || attached < 3)
+		fail("chimed's log shows %u brokers and %u connections of %s: the restarts did not happen as "
+		     "meant", brokers, attached, quoted);
 	cleanup();
 	free(tab);
 	if (violations) {
@@ -1371,7 +1544,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("tsan_api: ok in %.1f s, no race reported (this process, chimed, chimectl): one chime_t, "
-	       "%u producers + a draining thread, anonymous and in a session through chimectl restart\n",
-	       (double)(chime_now() - t0) / 1e9, NPROD);
+	       "%u producers, a spawner and a drainer; anonymous, then a session attached %u times to %u "
+	       "brokers (chimectl restart, SIGKILL); a one-shot taken and reset, then SIGKILL: not fired again\n",
+	       (double)(chime_now() - t0) / 1e9, NPROD, attached, brokers);
 	return 0;
 }

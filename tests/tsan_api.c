@@ -230,6 +230,18 @@ static void show_file(const char *what, const char *path)
 	fclose(f);
 }
 
+/*
+ * A race report here ends the process inside TSan (halt_on_error), past
+ * any exit handler: without this, chimed lived on, orphaned, with its
+ * directory. Weak: a build without a sanitizer has no such hook.
+ */
+extern void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
+
+static void on_sanitizer_death(void)
+{
+	cleanup();
+}
+
 /* Stop at once, from any thread: the broker goes too. */
 static __attribute__((noreturn, format(printf, 1, 2))) void fail(const char *fmt, ...)
 {
@@ -1516,6 +1528,8 @@ int main(int argc, char **argv)
 	run_ns = (uint64_t)run_ms * MS;
 	cap = (uint32_t)run_ms * PER_MS;
 	signal(SIGPIPE, SIG_IGN);
+	if (__sanitizer_set_death_callback)
+		__sanitizer_set_death_callback(on_sanitizer_death);
 	if (!(tab = calloc((size_t)NREG * cap, sizeof(*tab))))
 		fail("calloc: out of memory");
 	start_broker();

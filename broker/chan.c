@@ -1410,8 +1410,15 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 	const struct chime_sqe *s = &ch->sq.slots[ch->sq.head & ch->sq.mask];
 	uint32_t idx = ch->backlog.head;
 
-	/* S-CHECK: pairs with S1/S2 (the producer's publish of seq is a full barrier). */
-	if (at_load(&s->seq) == ch->sq.head + 1)
+	/*
+	 * S-CHECK: pairs with S1/S2 (the producer's publish of seq is a full
+	 * barrier). A resuming process's records wait for its word
+	 * (chan_drain()): till then they are nothing to stay awake for, or a
+	 * client that published without its word would keep the shard from
+	 * ever sleeping (the heartbeat rings it while they wait).
+	 */
+	if (at_load(&s->seq) == ch->sq.head + 1 &&
+	    !(ch->word_wait && at_load_acq(&ch->crw->resume_set) != 1))     /* R1 */
 		return true;
 	if (ch->cq.tail != ch->flushed)
 		return true;

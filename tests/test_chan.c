@@ -1382,6 +1382,36 @@ Test(chan, a_park_settles_restored_events_by_a_word_that_came)
 }
 
 /*
+ * A resuming process's records are applied only after its word on the
+ * events the old broker delivered (chan_drain()). Until then they are no
+ * work either: chan_pending() said "pending" for them, so a client that
+ * published without its word kept its shard from ever sleeping, looping
+ * on records it could not apply.
+ */
+Test(chan, records_before_a_resuming_process_s_word_wait_without_keeping_the_shard_awake)
+{
+	struct client_sim *c = &F.cl[0];
+	void *old_rw = c->rw, *old_ro = c->ro;
+	uint64_t id;
+
+	(void)arm(c, 1, T0 + 1000 * MS, 0, 1);
+	step_at(T0 + MS);
+	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
+	client_mem(c);
+	chan_reattach(&F.sc, &c->ch, &c->m, true);
+	client_rings(c);
+	free(old_rw);
+	free(old_ro);
+	id = arm(c, 2, T0 + 2000 * MS, 0, 2);          /* no resume_set: the word has not come */
+	cr_assert_eq(chan_drain(&F.sc, &c->ch, 1000), 0, "a record applied before the process's word");
+	cr_assert_not(chan_pending(&F.sc, &c->ch), "records waiting for the word keep the shard awake");
+	__atomic_store_n(&c->m.rw->resume_set, 1u, __ATOMIC_RELEASE);
+	cr_assert(chan_pending(&F.sc, &c->ch), "the word came: the record is work now");
+	cr_assert_eq(chan_drain(&F.sc, &c->ch, 1000), 1);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(id))->state, CHIME_NODE_ARMED);
+}
+
+/*
  * A periodic whose event the process took before it went keeps that event's
  * position: a park that finds the ring empty does not sweep for it. Its new
  * process's ring must not have an event at that position for the periodic

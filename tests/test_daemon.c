@@ -755,6 +755,23 @@ Test(daemon, a_stop_leaves_the_files_of_a_broker_started_on_its_path_since, .tim
 }
 
 /* Receive one datagram into buf (NUL-terminated) within `ms`; 0 on timeout. */
+/*
+ * A datagram socket at DIR/notify, named by $NOTIFY_SOCKET for the chimed
+ * started next (the caller unsets it after): what systemd listens on.
+ */
+static int notify_listen(const char *dir)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	return fd;
+}
+
 static int recv_msg(int fd, char *buf, size_t len, int ms)
 {
 	struct pollfd pfd = { .fd = fd, .events = POLLIN };
@@ -831,7 +848,6 @@ Test(daemon, busy_poll_on_every_cpu_is_warned_about, .timeout = 30)
 Test(daemon, sd_notify_ready_watchdog_stopping, .timeout = 30)
 {
 	char dir[] = "/tmp/chime-td-XXXXXX", sock[300];
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct t_chimed b;
 	uint64_t t0;
 	int fd, st, pings = 0;
@@ -840,11 +856,7 @@ Test(daemon, sd_notify_ready_watchdog_stopping, .timeout = 30)
 		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
 	cr_assert(mkdtemp(dir));
 	snprintf(sock, sizeof(sock), "%s/s", dir);
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	fd = notify_listen(dir);
 	setenv("WATCHDOG_USEC", "200000", 1);
 	cr_assert_eq(t_chimed_start(&b, sock, "--shards 1"), 0);
 	unsetenv("NOTIFY_SOCKET");
@@ -876,7 +888,6 @@ Test(daemon, sd_notify_ready_watchdog_stopping, .timeout = 30)
 Test(daemon, a_restart_tells_systemd_it_is_reloading_not_stopping, .timeout = 60)
 {
 	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], buf[512];
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	bool reloading = false, stopping = false, ready = false;
 	struct t_chimed b;
 	uint64_t end;
@@ -887,11 +898,7 @@ Test(daemon, a_restart_tells_systemd_it_is_reloading_not_stopping, .timeout = 60
 		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
 	cr_assert(mkdtemp(dir));
 	snprintf(sock, sizeof(sock), "%s/s", dir);
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	fd = notify_listen(dir);
 	cr_assert_eq(t_chimed_start(&b, sock, "--shards 1"), 0);
 	unsetenv("NOTIFY_SOCKET");
 	cr_assert(expect_msg(fd, "READY=1", 5000), "no READY=1");
@@ -930,7 +937,6 @@ Test(daemon, a_restart_restoring_many_timers_keeps_pinging_the_watchdog, .timeou
 {
 	const unsigned n = 4000000, watchdog_ms = 400;
 	char dir[] = "/dev/shm/chime-td-XXXXXX", sock[300], buf[512];
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	uint64_t last, gap_max = 0, t_reloading = 0, t_ready = 0, end;
 	bool reloading = false, done = false;
 	struct t_chimed b;
@@ -941,11 +947,7 @@ Test(daemon, a_restart_restoring_many_timers_keeps_pinging_the_watchdog, .timeou
 		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
 	cr_assert(mkdtemp(dir));
 	snprintf(sock, sizeof(sock), "%s/s", dir);
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	fd = notify_listen(dir);
 	setenv("WATCHDOG_USEC", "400000", 1);
 	cr_assert_eq(t_chimed_start(&b, sock, "--shards 1 --max-timers-per-client 0 --max-timers-per-uid 0"), 0);
 	unsetenv("NOTIFY_SOCKET");
@@ -1028,7 +1030,6 @@ static const char *read_log(const char *path)
 static void stuck_shard(bool asleep, const char *why)
 {
 	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], logp[300], opts[400], want[128];
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct t_chimed b;
 	chime_t *c = NULL;
 	chime_id_t id;
@@ -1040,11 +1041,7 @@ static void stuck_shard(bool asleep, const char *why)
 	cr_assert(mkdtemp(dir));
 	snprintf(sock, sizeof(sock), "%s/s", dir);
 	snprintf(logp, sizeof(logp), "%s/err", dir);
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	fd = notify_listen(dir);
 	setenv("WATCHDOG_USEC", "1000000", 1);  /* a ping at least every 0.5 s */
 	snprintf(opts, sizeof(opts), "--shards 1 %s 2>'%s'", asleep ? "" : "--spin-us -1", logp);
 	cr_assert_eq(t_chimed_start(&b, sock, opts), 0);

@@ -87,25 +87,23 @@
  * (fd_used); after a crash, a one-shot the process had taken and then
  * reset fired again (chimed applied the reset before the claim words).
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "chime.h"
+#include "tsan_harness.h"
 
 extern char **environ;
 
@@ -122,16 +120,6 @@ extern char **environ;
 #define MS         UINT64_C(1000000)
 #define SETTLE_NS  (UINT64_C(10000) * MS) /* after the last deadline: give up waiting */
 #define GRACE_NS   (UINT64_C(150) * MS)   /* then drain this long for late or double events */
-#define MAX_REPORT 20u
-
-#define TSAN_OPTS "halt_on_error=1 exitcode=66 second_deadlock_stack=1"
-
-/* The test's own TSan options (the runtime asks before main); chimed and chimectl get them by environment. */
-const char *__tsan_default_options(void);
-const char *__tsan_default_options(void)
-{
-	return TSAN_OPTS;
-}
 
 enum { OP_ARM = 1, OP_RESET, OP_CANCEL, OP_KINDS };
 enum { VIA_CALL, VIA_KEY, VIA_BATCH, VIA_N };   /* how an operation was made, for the counts */
@@ -173,119 +161,13 @@ static uint32_t armed[NREG];            /* atomic: timers region r has started a
 static uint32_t workers_done;           /* atomic */
 static uint64_t clk;                    /* atomic: the stamps */
 static uint64_t last_deadline;          /* atomic: the latest one-shot deadline asked for */
-static uint64_t violations;             /* atomic */
 static uint64_t n_ops[2][OP_KINDS][VIA_N]; /* atomic: [by_drainer][kind][via] */
 static uint64_t n_batches, n_batch_ops, n_flushes, n_periodic, n_helpers; /* atomic */
 static uint64_t n_periodic_events;      /* drainer */
 static int drainer_fd = -1;             /* atomic: the drainer's first chime_fd() had returned this */
 static uint64_t restart_ns[4];          /* atomic: chimectl restart began, returned; SIGKILL; new chimed */
 
-static pid_t broker = -1;               /* atomic: fail() may run in any thread */
-static pthread_mutex_t broker_lock = PTHREAD_MUTEX_INITIALIZER; /* broker_alive() against a crash we make */
-static const char *chimed_path;
-static uint32_t failing;                /* atomic: fail() is under way */
-static const char *scenario_name;       /* set while no other thread runs */
 static const char *chimectl_path;
-static char dir[64], sock_path[128], log_path[128], ctl_log_path[128];
-
-static void pause_ns(long ns)
-{
-	nanosleep(&(struct timespec){ .tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000 }, NULL);
-}
-
-static void cleanup(void)
-{
-	pid_t pid = __atomic_exchange_n(&broker, -1, __ATOMIC_RELAXED);
-
-	if (pid > 0) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-	}
-	if (dir[0]) {
-		/* chimed's files too: the socket, the logs, the segments ("chime.sock.shard0"...). */
-		DIR *dp = opendir(dir);
-		struct dirent *de;
-
-		while (dp && (de = readdir(dp)))
-			if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-				unlinkat(dirfd(dp), de->d_name, 0);
-		if (dp)
-			closedir(dp);
-		rmdir(dir);
-		dir[0] = 0;
-	}
-}
-
-static void show_file(const char *what, const char *path)
-{
-	char buf[4096];
-	size_t n;
-	FILE *f = fopen(path, "r");
-
-	if (!f)
-		return;
-	fprintf(stderr, "--- %s:\n", what);
-	while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
-		fwrite(buf, 1, n, stderr);
-	fclose(f);
-}
-
-/*
- * A race report here ends the process inside TSan (halt_on_error), past
- * any exit handler: without this, chimed lived on, orphaned, with its
- * directory. Weak: a build without a sanitizer has no such hook.
- */
-extern void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
-
-static void on_sanitizer_death(void)
-{
-	cleanup();
-}
-
-/* Stop at once, from any thread: the broker goes too. */
-static __attribute__((noreturn, format(printf, 1, 2))) void fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	if (__atomic_exchange_n(&failing, 1, __ATOMIC_ACQ_REL))
-		for (;;)
-			pause();        /* another thread fails first, and ends the process */
-	fputs("tsan_api: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	show_file("chimed", log_path);
-	show_file("chimectl", ctl_log_path);
-	cleanup();
-	_exit(1);
-}
-
-static void broker_alive(void);
-
-/* A call failed: if it is because chimed exited, say that instead. */
-#define fail_op(r, ...)							\
-	do {								\
-		if ((r) == -ENOTCONN) {					\
-			pause_ns(100000000);				\
-			broker_alive();					\
-		}							\
-		fail(__VA_ARGS__);					\
-	} while (0)
-
-/* A violated check: reported (the first MAX_REPORT), counted, and the run goes on. */
-static __attribute__((format(printf, 1, 2))) void violation(const char *fmt, ...)
-{
-	va_list ap;
-
-	if (__atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED) >= MAX_REPORT)
-		return;
-	fprintf(stderr, "tsan_api: %s: VIOLATION: ", scenario_name);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-}
 
 /*
  * The harness's own bookkeeping must not give TSan happens-before edges
@@ -1090,24 +972,6 @@ static uint32_t unfired(uint32_t *missing)
 	return n;
 }
 
-/* chimed exited (a race report, with halt_on_error): say so rather than what it does to us. */
-static void broker_alive(void)
-{
-	pid_t pid;
-	int st;
-
-	pthread_mutex_lock(&broker_lock);
-	pid = __atomic_load_n(&broker, __ATOMIC_RELAXED);
-	if (pid <= 0 || waitpid(pid, &st, WNOHANG) != pid) {
-		pthread_mutex_unlock(&broker_lock);
-		return;
-	}
-	__atomic_store_n(&broker, -1, __ATOMIC_RELAXED);
-	pthread_mutex_unlock(&broker_lock);
-	fail("chimed %s %d during the %s scenario", WIFEXITED(st) ? "exited" : "was killed by signal",
-	     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), scenario_name);
-}
-
 /* One draining call, of the three kinds in turn at random. */
 static void drain_once(struct drain *d, int ep)
 {
@@ -1163,8 +1027,6 @@ struct restarter {
 	uint64_t took_ns;               /* how long chimectl restart took */
 	pthread_t thread;
 };
-
-static pid_t spawn_broker(void);
 
 static void *restart_main(void *arg)
 {
@@ -1426,86 +1288,6 @@ static void crash_after_take(const char *session)
 	       again ? "FIRED AGAIN" : "did not fire again");
 }
 
-/* chimed in the foreground on our socket, its stderr appended to its log (posix_spawn: threads run). */
-static pid_t spawn_broker(void)
-{
-	char *argv[] = { (char *)chimed_path, (char *)"--foreground", (char *)"--shards", (char *)"2",
-			 (char *)"--socket", sock_path, NULL };
-	posix_spawn_file_actions_t fa;
-	pid_t pid;
-	int r;
-
-	if (posix_spawn_file_actions_init(&fa) ||
-	    posix_spawn_file_actions_addopen(&fa, 2, log_path, O_WRONLY | O_CREAT | O_APPEND, 0600))
-		fail("posix_spawn_file_actions: out of memory");
-	if ((r = posix_spawn(&pid, chimed_path, &fa, NULL, argv, environ)) != 0)
-		fail("posix_spawn %s: %s", chimed_path, strerror(r));
-	posix_spawn_file_actions_destroy(&fa);
-	return pid;
-}
-
-static void start_broker(void)
-{
-	char tmpl[] = "/tmp/chime-tsan-api-XXXXXX";
-
-	if (!mkdtemp(tmpl))
-		fail("mkdtemp: %s", strerror(errno));
-	snprintf(dir, sizeof(dir), "%s", tmpl);
-	snprintf(sock_path, sizeof(sock_path), "%s/chime.sock", dir);
-	snprintf(log_path, sizeof(log_path), "%s/chimed.log", dir);
-	snprintf(ctl_log_path, sizeof(ctl_log_path), "%s/chimectl.log", dir);
-	setenv("TSAN_OPTIONS", TSAN_OPTS, 0);
-	fflush(NULL);
-	broker = spawn_broker();
-	for (int i = 0; i < 400; i++) {
-		struct stat st;
-
-		if (stat(sock_path, &st) == 0 && S_ISSOCK(st.st_mode))
-			return;
-		if (waitpid(broker, NULL, WNOHANG) == broker) {
-			broker = -1;
-			fail("chimed '%s' exited before listening", chimed_path);
-		}
-		pause_ns(25000000);
-	}
-	fail("chimed '%s' did not listen on '%s' within 10 s", chimed_path, sock_path);
-}
-
-/* Lines of the file at path that hold `what` and `and` (NULL: any). */
-static unsigned log_lines(const char *path, const char *what, const char *and)
-{
-	char line[1024];
-	unsigned n = 0;
-	FILE *f = fopen(path, "r");
-
-	while (f && fgets(line, sizeof(line), f))
-		n += strstr(line, what) && (!and || strstr(line, and));
-	if (f)
-		fclose(f);
-	return n;
-}
-
-static bool log_says(const char *path, const char *what)
-{
-	return log_lines(path, what, NULL) != 0;
-}
-
-static void stop_broker(void)
-{
-	int st;
-
-	kill(broker, SIGTERM);
-	if (waitpid(broker, &st, 0) != broker)
-		fail("waitpid(chimed): %s", strerror(errno));
-	__atomic_store_n(&broker, -1, __ATOMIC_RELAXED);
-	if (log_says(log_path, "ThreadSanitizer") || log_says(ctl_log_path, "ThreadSanitizer") ||
-	    !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-		fail("chimed %s %d%s", WIFEXITED(st) ? "exited" : "killed by signal",
-		     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
-		     log_says(log_path, "ThreadSanitizer") || log_says(ctl_log_path, "ThreadSanitizer")
-			     ? ", and a race was reported (chimed or chimectl)" : "");
-}
-
 int main(int argc, char **argv)
 {
 	const char *chimed = argc > 1 ? argv[1] : getenv("CHIMED");
@@ -1515,6 +1297,7 @@ int main(int argc, char **argv)
 	char session[32], take_session[40], quoted[48];
 	unsigned brokers, attached;
 
+	prog = "tsan_api";
 	chimectl_path = argc > 2 ? argv[2] : getenv("CHIMECTL");
 	chimed_path = chimed;
 	if (!chimed || !*chimed || !chimectl_path || !*chimectl_path) {
@@ -1528,8 +1311,6 @@ int main(int argc, char **argv)
 	run_ns = (uint64_t)run_ms * MS;
 	cap = (uint32_t)run_ms * PER_MS;
 	signal(SIGPIPE, SIG_IGN);
-	if (__sanitizer_set_death_callback)
-		__sanitizer_set_death_callback(on_sanitizer_death);
 	if (!(tab = calloc((size_t)NREG * cap, sizeof(*tab))))
 		fail("calloc: out of memory");
 	start_broker();

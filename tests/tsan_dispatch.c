@@ -45,24 +45,21 @@
  * the tsan suite sets 6 s, so that chimed lives past its 10 s report of
  * refusals, which reads counters the shards write).
  */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "chime.h"
+#include "tsan_harness.h"
 
 #define NTHREADS   3u
 #define MAXOPS     6u                   /* the arm and up to 5 resets or cancels per timer */
@@ -71,16 +68,6 @@
 #define MS         UINT64_C(1000000)
 #define SETTLE_NS  (UINT64_C(10000) * 1000000u) /* after the last deadline: give up waiting */
 #define GRACE_NS   (UINT64_C(150) * 1000000u)   /* then drain this long for late or double events */
-#define MAX_REPORT 20u
-
-#define TSAN_OPTS "halt_on_error=1 exitcode=66 second_deadlock_stack=1"
-
-/* The test's own TSan options (the runtime asks before main); chimed gets them by environment. */
-const char *__tsan_default_options(void);
-const char *__tsan_default_options(void)
-{
-	return TSAN_OPTS;
-}
 
 enum { OP_ARM = 1, OP_RESET, OP_CANCEL };
 
@@ -113,100 +100,9 @@ static uint32_t armed[NTHREADS];        /* atomic: timers thread t armed (indice
 static uint32_t workers_done;           /* atomic */
 static uint64_t clk;                    /* atomic: the stamps */
 static uint64_t last_deadline;          /* atomic: the latest deadline asked for */
-static uint64_t violations;             /* atomic */
 static uint64_t n_ops[2][4];            /* atomic: [by_drainer][kind] */
 static uint64_t n_key_cancels;          /* atomic: cancels made as chime_cancel_key() */
 
-static pid_t broker = -1;               /* atomic: fail() may run in any thread */
-static uint32_t failing;                /* atomic: fail() is under way */
-static const char *scenario_name;       /* set while no other thread runs */
-static char dir[64], sock_path[128], log_path[128];
-
-static void pause_ns(long ns)
-{
-	nanosleep(&(struct timespec){ .tv_nsec = ns }, NULL);
-}
-
-static void cleanup(void)
-{
-	pid_t pid = __atomic_exchange_n(&broker, -1, __ATOMIC_RELAXED);
-
-	if (pid > 0) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-	}
-	if (dir[0]) {
-		/* chimed's files too: the socket, the log, the segments ("chime.sock.shard0"...). */
-		DIR *dp = opendir(dir);
-		struct dirent *de;
-
-		while (dp && (de = readdir(dp)))
-			if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-				unlinkat(dirfd(dp), de->d_name, 0);
-		if (dp)
-			closedir(dp);
-		rmdir(dir);
-		dir[0] = 0;
-	}
-}
-
-static void show_log(void)
-{
-	char buf[4096];
-	size_t n;
-	FILE *f = fopen(log_path, "r");
-
-	if (!f)
-		return;
-	fprintf(stderr, "--- chimed:\n");
-	while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
-		fwrite(buf, 1, n, stderr);
-	fclose(f);
-}
-
-/* Stop at once, from any thread: the broker goes too. */
-static __attribute__((noreturn, format(printf, 1, 2))) void fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	if (__atomic_exchange_n(&failing, 1, __ATOMIC_ACQ_REL))
-		for (;;)
-			pause();        /* another thread fails first, and ends the process */
-	fputs("tsan_dispatch: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	show_log();
-	cleanup();
-	_exit(1);
-}
-
-static void broker_alive(void);
-
-/* A call failed: if it is because chimed exited, say that instead. */
-#define fail_op(r, ...)							\
-	do {								\
-		if ((r) == -ENOTCONN) {					\
-			pause_ns(100000000);				\
-			broker_alive();					\
-		}							\
-		fail(__VA_ARGS__);					\
-	} while (0)
-
-/* A violated check: reported (the first MAX_REPORT), counted, and the run goes on. */
-static __attribute__((format(printf, 1, 2))) void violation(const char *fmt, ...)
-{
-	va_list ap;
-
-	if (__atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED) >= MAX_REPORT)
-		return;
-	fputs("tsan_dispatch: VIOLATION: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-}
 
 static uint64_t stamp(void)
 {
@@ -472,19 +368,6 @@ static uint32_t unfired(uint32_t *missing)
 	return n;
 }
 
-/* chimed exited (a race report, with halt_on_error): say so rather than what it does to us. */
-static void broker_alive(void)
-{
-	pid_t pid = __atomic_load_n(&broker, __ATOMIC_RELAXED);
-	int st;
-
-	if (pid <= 0 || waitpid(pid, &st, WNOHANG) != pid)
-		return;
-	__atomic_store_n(&broker, -1, __ATOMIC_RELAXED);
-	fail("chimed %s %d during the %s scenario", WIFEXITED(st) ? "exited" : "was killed by signal",
-	     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), scenario_name);
-}
-
 /* epoll_wait() on chime_fd(), then chime_dispatch() until it returns 0. */
 static void drain_once(struct drain *d, int ep, int timeout_ms)
 {
@@ -592,64 +475,6 @@ static void scenario(const char *session)
 	fflush(stdout);
 }
 
-static void start_broker(const char *chimed)
-{
-	char tmpl[] = "/tmp/chime-tsan-disp-XXXXXX";
-
-	if (!mkdtemp(tmpl))
-		fail("mkdtemp: %s", strerror(errno));
-	snprintf(dir, sizeof(dir), "%s", tmpl);
-	snprintf(sock_path, sizeof(sock_path), "%s/chime.sock", dir);
-	snprintf(log_path, sizeof(log_path), "%s/chimed.log", dir);
-	setenv("TSAN_OPTIONS", TSAN_OPTS, 0);
-	fflush(NULL);
-	broker = fork();
-	if (broker < 0)
-		fail("fork: %s", strerror(errno));
-	if (broker == 0) {
-		int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-
-		if (fd < 0 || dup2(fd, 2) < 0)
-			_exit(127);
-		execl(chimed, chimed, "--foreground", "--shards", "2", "--socket", sock_path, (char *)NULL);
-		fprintf(stderr, "exec %s: %s\n", chimed, strerror(errno));
-		_exit(127);
-	}
-	for (int i = 0; i < 400; i++) {
-		struct stat st;
-
-		if (stat(sock_path, &st) == 0 && S_ISSOCK(st.st_mode))
-			return;
-		if (waitpid(broker, NULL, WNOHANG) == broker) {
-			broker = -1;
-			fail("chimed '%s' exited before listening", chimed);
-		}
-		pause_ns(25000000);
-	}
-	fail("chimed '%s' did not listen on '%s' within 10 s", chimed, sock_path);
-}
-
-static void stop_broker(void)
-{
-	char line[512];
-	bool raced = false;
-	int st;
-	FILE *f;
-
-	kill(broker, SIGTERM);
-	if (waitpid(broker, &st, 0) != broker)
-		fail("waitpid(chimed): %s", strerror(errno));
-	__atomic_store_n(&broker, -1, __ATOMIC_RELAXED);
-	if ((f = fopen(log_path, "r"))) {
-		while (fgets(line, sizeof(line), f))
-			raced |= strstr(line, "ThreadSanitizer") != NULL;
-		fclose(f);
-	}
-	if (raced || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-		fail("chimed %s %d%s", WIFEXITED(st) ? "exited" : "killed by signal",
-		     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), raced ? ", and reported a race" : "");
-}
-
 int main(int argc, char **argv)
 {
 	const char *chimed = argc > 1 ? argv[1] : getenv("CHIMED");
@@ -657,6 +482,7 @@ int main(int argc, char **argv)
 	unsigned long run_ms = ms && *ms ? strtoul(ms, NULL, 10) : RUN_MS;
 	char session[32];
 
+	prog = "tsan_dispatch";
 	if (!chimed || !*chimed) {
 		fprintf(stderr, "usage: tsan_dispatch CHIMED (or $CHIMED)\n");
 		return 2;
@@ -670,7 +496,8 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	if (!(tab = calloc((size_t)NTHREADS * cap, sizeof(*tab))))
 		fail("calloc: out of memory");
-	start_broker(chimed);
+	chimed_path = chimed;
+	start_broker();
 	scenario(NULL);
 	snprintf(session, sizeof(session), "tsan-dispatch-%d", (int)getpid());
 	scenario(session);

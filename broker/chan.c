@@ -1733,11 +1733,17 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 			return false;   /* a CANCEL_KEY in steps: the rest once it is done */
 		/*
 		 * Restored events still waiting for the process's word: by the
-		 * word if it came (a stop before the shard read it), else all
-		 * delivered again (gone before it).
+		 * word if it came (a stop before the shard read it); else they
+		 * keep waiting, their old positions in their nodes (so in the
+		 * shard file). This connection's going says nothing of the
+		 * process: a library whose welcome came too late (10 s) hangs
+		 * up and resumes again, with the words of the ring it still
+		 * has; settled as untaken, the events it took came twice. The
+		 * next attach settles them: by its word if it resumes, else as
+		 * untaken (chan_reattach()).
 		 */
 		if (!settled(sc, ch))
-			settle(sc, ch, false, 0);
+			ch->word_wait = 0;
 		if (ch->handover)
 			grants_carry(sc, ch);
 		else
@@ -1787,6 +1793,8 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 			park_keep(sc, ch, &back, idx, pos);
 			nback++;
 		} else if (n->state == CHIME_NODE_BACKLOG) {
+			if (chan_pos_old(pos))
+				continue;       /* waiting for the process's word, above */
 			if (n->period_ns && pos >> 62 == 0 && pos < ch->cq.tail && !chime_cq_consumed(&ch->cq, pos))
 				park_held_periodic(sc, ch, idx, pos);
 			else

@@ -1382,6 +1382,100 @@ Test(chan, a_park_settles_restored_events_by_a_word_that_came)
 }
 
 /*
+ * Events restored as "delivered, maybe taken" (three, at old positions
+ * 0..2), their session re-attached by a resuming process that has not
+ * written its word yet.
+ */
+static void resumed_without_word(struct client_sim *c, uint64_t *id)
+{
+	void *old_rw = c->rw, *old_ro = c->ro;
+	struct chan_settle *st = malloc(3 * sizeof(*st));
+	struct chime_node *n;
+
+	cr_assert_not_null(st);
+	for (unsigned i = 0; i < 3; i++)
+		id[i] = arm(c, 1, T0 + 1 * MS, 0, i);
+	step_at(T0 + 2 * MS);
+	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
+	for (unsigned i = 0; i < 3; i++) {
+		n = wheel_node(&F.sc.wh, chime_id_index(id[i]));
+		n->cq_pos = CHAN_POS_OLD | i;
+		st[i] = (struct chan_settle){ .pos = i, .idx = chime_id_index(id[i]),
+					      .gen = n->gen & CHIME_ID_GEN_MASK };
+	}
+	chan_settle_set(&c->ch, st, 3);
+	client_mem(c);
+	chan_reattach(&F.sc, &c->ch, &c->m, true);
+	client_rings(c);
+	free(old_rw);
+	free(old_ro);
+}
+
+/* The session parked again before the word (its connection hung up), then attached again. */
+static void park_and_reattach(struct client_sim *c, bool resume)
+{
+	void *old_rw = c->rw, *old_ro = c->ro;
+
+	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
+	client_mem(c);
+	chan_reattach(&F.sc, &c->ch, &c->m, resume);
+	client_rings(c);
+	free(old_rw);
+	free(old_ro);
+}
+
+/*
+ * A resuming library whose welcome comes too late (its 10 s) hangs up and
+ * resumes again, with the claim words of the ring it still has. The park
+ * of the connection it gave up must leave the restored events waiting for
+ * that word: before, it settled them all as untaken, and the events the
+ * process had taken came a second time (restart/a_broker_killed_while_it_
+ * settles_a_living_process_s_events_delivers_each_once, under load).
+ */
+Test(chan, a_park_before_a_resuming_process_s_word_keeps_its_restored_events_waiting_for_it)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t id[3];
+
+	resumed_without_word(c, id);
+	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
+	for (unsigned i = 0; i < 3; i++)
+		cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(id[i]))->cq_pos, CHAN_POS_OLD | i,
+			     "event %u settled without the word: a broker stopped now has nothing to wait for", i);
+	client_mem(c);
+	chan_reattach(&F.sc, &c->ch, &c->m, true);
+	client_rings(c);
+	/* The process took the first two, and says so this time. */
+	c->m.rw->resume_cq_head = 2;
+	__atomic_store_n(&c->m.rw->resume_set, 1u, __ATOMIC_RELEASE);
+	step_at(T0 + 3 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, id[2], "a taken event came again");
+	cr_assert_eq(take(c, &e), 0, "a taken event came again");
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(id[0]))->state, CHIME_NODE_FREE);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(id[1]))->state, CHIME_NODE_FREE);
+}
+
+/* ... and if another process attaches instead, it gets all of them: nothing says which were taken. */
+Test(chan, restored_events_left_waiting_by_a_park_go_to_the_next_process_if_it_does_not_resume)
+{
+	struct client_sim *c = &F.cl[0];
+	unsigned seen[3] = { 0 };
+	struct chime_cqe e;
+	uint64_t id[3];
+
+	resumed_without_word(c, id);
+	park_and_reattach(c, false);
+	step_at(T0 + 3 * MS);
+	while (take(c, &e) == 1)
+		for (unsigned i = 0; i < 3; i++)
+			seen[i] += e.id == id[i];
+	for (unsigned i = 0; i < 3; i++)
+		cr_assert_eq(seen[i], 1, "event %u came %u times", i, seen[i]);
+}
+
+/*
  * A resuming process's records are applied only after its word on the
  * events the old broker delivered (chan_drain()). Until then they are no
  * work either: chan_pending() said "pending" for them, so a client that

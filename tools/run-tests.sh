@@ -115,7 +115,7 @@ pick_targets() {
 labels=()
 targets=()          # what run() builds: everything unless set
 installed_only=0    # 1: build only what `meson install` installs (targets unused)
-test_jobs=1         # meson test --num-processes
+test_jobs=2         # meson test --num-processes
 run() {
 	local label=$1 dir=$2; shift 2
 	echo "==> $label: build ($dir)"
@@ -133,8 +133,8 @@ run() {
 	phase_end "$label build"
 	echo "==> $label: test (setup $setup)"
 	rm -f "$dir"/meson-logs/testlog*.json   # the summary must not count an older run
-	# Serial on purpose (the fuzzers aside: run_fuzz): the integration tests
-	# measure lateness, and two cores are few.
+	# Two at a time, but only the tests marked parallel in tests/meson.build
+	# run beside another: the others measure lateness, and two cores are few.
 	meson test -C "$dir" --setup "$setup" "${suite_args[@]}" --num-processes "$test_jobs" --print-errorlogs
 	labels+=("$label=$dir")
 	phase_end "$label tests"
@@ -146,7 +146,7 @@ run() {
 # The two targets fuzz at once, one a core (up to the cores there are): they
 # measure no time, and nothing else runs meanwhile.
 run_fuzz() {
-	local saved_args=("${suite_args[@]}")
+	local saved_args=("${suite_args[@]}") saved_jobs=$test_jobs
 	suite_args=(--suite fuzz --no-rebuild)
 	[ "$fuzz_only" = 0 ] || suite_args+=(--timeout-multiplier 0)
 	targets=(tests/fuzz/fuzz_chan tests/fuzz/fuzz_rebuild)
@@ -154,7 +154,7 @@ run_fuzz() {
 	[ "$test_jobs" -le 2 ] || test_jobs=2
 	CHIME_FUZZ_SECONDS=$fuzz_secs CC=$fuzz_cc \
 		run fuzz build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false
-	test_jobs=1
+	test_jobs=$saved_jobs
 	targets=()
 	suite_args=("${saved_args[@]}")
 }

@@ -41,7 +41,7 @@
  *    attempts), having noticed the crash wherever it did (the hang-up in
  *    chime_wait(), a producer's probe, a stale heartbeat).
  *
- * The harness orders nothing between the threads for TSan (see stamp()):
+ * The harness orders nothing between the threads for TSan (tsan_harness.h):
  * what it records is relaxed atomics, so every happens-before edge TSan
  * sees between two threads' libchime calls is the library's own (or a
  * thread's creation). Release/acquire bookkeeping would order each
@@ -136,8 +136,8 @@ struct op {
 /*
  * One timer. key, period_ns and ops[0 .. nops) are written by whoever
  * holds `busy` (the arming thread for the arm), then nops (pub32(); readers
- * sub32() it). Every field another thread reads is a relaxed atomic (see
- * stamp()).
+ * sub32() it). Every field another thread reads is a relaxed atomic
+ * (tsan_harness.h).
  */
 struct tmr {
 	uint64_t id;                    /* atomic: the id; 0 until chime_arm()/chime_submit() returned */
@@ -159,7 +159,6 @@ static uint32_t cap;                    /* timers per region and scenario, at mo
 static struct tmr *tab;                 /* NREG * cap */
 static uint32_t armed[NREG];            /* atomic: timers region r has started arming (r * cap + i) */
 static uint32_t workers_done;           /* atomic */
-static uint64_t clk;                    /* atomic: the stamps */
 static uint64_t last_deadline;          /* atomic: the latest one-shot deadline asked for */
 static uint64_t n_ops[2][OP_KINDS][VIA_N]; /* atomic: [by_drainer][kind][via] */
 static uint64_t n_batches, n_batch_ops, n_flushes, n_periodic, n_helpers; /* atomic */
@@ -168,73 +167,6 @@ static int drainer_fd = -1;             /* atomic: the drainer's first chime_fd(
 static uint64_t restart_ns[4];          /* atomic: chimectl restart began, returned; SIGKILL; new chimed */
 
 static const char *chimectl_path;
-
-/*
- * The harness's own bookkeeping must not give TSan happens-before edges
- * between the threads: a release here and an acquire there would order
- * everything the library did before and after them, and TSan would take
- * its races for ordered accesses (the first version of this test, with a
- * seq_cst stamp counter and release/acquire records, ordered every
- * producer's calls before the drainer's next ones). So every shared word
- * of the harness is a relaxed atomic, and where one publishes others (a
- * record, then its count) the order comes from the hardware and the
- * compiler: on x86 (TSO) stores are seen in program order and loads are
- * not reordered with loads, and a compiler barrier (a signal fence, which
- * TSan does not take for synchronization) keeps the compiler's order;
- * every locked instruction (the stamp, the ownership CAS) is a full
- * barrier. Elsewhere the real orders are used, and TSan sees less there.
- */
-#if defined(__x86_64__) || defined(__i386__)
-#define ORD_REL   __ATOMIC_RELAXED
-#define ORD_ACQ   __ATOMIC_RELAXED
-#define ORD_STAMP __ATOMIC_RELAXED
-#else
-#define ORD_REL   __ATOMIC_RELEASE
-#define ORD_ACQ   __ATOMIC_ACQUIRE
-#define ORD_STAMP __ATOMIC_SEQ_CST
-#endif
-#define CC_BARRIER() __atomic_signal_fence(__ATOMIC_SEQ_CST)
-#define RD(x)        __atomic_load_n(&(x), __ATOMIC_RELAXED)
-#define WR(x, v)     __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
-
-static void pub32(uint32_t *p, uint32_t v)
-{
-	CC_BARRIER();
-	__atomic_store_n(p, v, ORD_REL);
-}
-
-static void pub64(uint64_t *p, uint64_t v)
-{
-	CC_BARRIER();
-	__atomic_store_n(p, v, ORD_REL);
-}
-
-static uint32_t sub32(const uint32_t *p)
-{
-	uint32_t v = __atomic_load_n(p, ORD_ACQ);
-
-	CC_BARRIER();
-	return v;
-}
-
-static uint64_t sub64(const uint64_t *p)
-{
-	uint64_t v = __atomic_load_n(p, ORD_ACQ);
-
-	CC_BARRIER();
-	return v;
-}
-
-/* Real-time order of calls across threads: one locked add (a full barrier on x86). */
-static uint64_t stamp(void)
-{
-	uint64_t v;
-
-	CC_BARRIER();
-	v = __atomic_add_fetch(&clk, 1, ORD_STAMP);
-	CC_BARRIER();
-	return v;
-}
 
 static uint64_t rnd(uint64_t *s)
 {

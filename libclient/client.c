@@ -525,7 +525,13 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 	r = wake_fds(c);
 	if (r < 0)
 		return r;
-	/* A small ring for chime_wait(); without io_uring, chime_wait() uses poll(2). */
+	/*
+	 * A small ring for chime_wait(); without io_uring, chime_wait() uses
+	 * poll(2). No IORING_SETUP_SINGLE_ISSUER: the waiting thread may change
+	 * from call to call (chime_wait(3)). A poll the last one left
+	 * outstanding completes for the next, also once its thread has exited
+	 * (with -ECANCELED when its fd becomes ready: a wake-up all the same).
+	 */
 	c->has_ring = io_uring_queue_init(4, &c->ring, 0) == 0;
 	return 0;
 }

@@ -3,7 +3,12 @@
  * poll.c - the drainer: chime_poll, chime_dispatch, chime_wait.
  *
  * One thread at a time drains a chime_t; everything here is that thread's
- * private state except the shared words named in the labelled edges.
+ * private state except the shared words named in the labelled edges. Not
+ * checked: an anonymous connection's drain takes no lock, and a check would
+ * cost each one an atomic read-modify-write; overlapping drains are
+ * undefined (two pollers move one cq.head: events lost, a drain run past the
+ * tail; chime_poll(3)). Nothing is tied to the draining thread, so any
+ * thread may drain next (ARCHITECTURE.md, "One drainer at a time").
  *
  * Per shard, per drain (ARCHITECTURE.md, "Cancels the shard has not read yet"):
  *

@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2002,6 +2003,196 @@ Test(broker, fd_readable_when_events_pending)
 	cr_assert_eq(epoll_wait_nointr(ep, &ee, 50), 0, "fd stays readable with nothing pending");
 	close(ep);
 	chime_close(c);
+}
+
+/* ---- one drainer at a time, in any thread ---- */
+
+/*
+ * chime_poll(3): one thread at a time drains a chime_t, and it may be
+ * another thread at every call, also once the last one has exited. Here
+ * each turn is a new thread, started once the last one was joined (the
+ * application's order between them): it arms a baton due 1 ms ahead and
+ * drains, by chime_wait(), by chime_fd() with chime_poll() or with
+ * chime_dispatch() in turn, until the baton comes, taking whatever else is
+ * pending, while another thread arms 3000 timers due over 300 ms. Every
+ * event exactly once, never early, and each baton in its own turn: a
+ * drain in a new thread that found nothing, or a wait there that slept
+ * through its event, gets the baton late (after 1 s) or never. Anonymous, then a
+ * session (whose drains take its lock, naming the thread that holds it).
+ */
+#define TURN_BG      3000
+#define TURN_BATON   (UINT64_C(1) << 40)
+#define TURN_LATE_NS (1000 * MS)  /* the baton later than this: a wake-up was lost (it is due in 1) */
+#define TURN_WAIT_NS (2000 * MS)  /* the turn's waits give up */
+
+struct turns {
+	chime_t *c;
+	int ep;                         /* epoll on chime_fd(c) */
+	uint32_t bg_armed;              /* atomic: the arming thread is done */
+	int arm_rc;
+	/* the turns' (each ordered after the last by pthread_join) */
+	int turn, got_bg, baton;
+	uint8_t seen[TURN_BG];
+	char why[256];                  /* the first failure */
+};
+
+static void turn_fail(struct turns *t, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (t->why[0])
+		return;
+	va_start(ap, fmt);
+	vsnprintf(t->why, sizeof(t->why), fmt, ap);
+	va_end(ap);
+}
+
+static void turn_event(const struct chime_event *e, void *arg)
+{
+	struct turns *t = arg;
+	uint64_t now = chime_now(), k = e->user_data;
+
+	if (e->fired_ns < e->deadline_ns || now < e->deadline_ns)
+		turn_fail(t, "turn %d: event %#llx early (deadline %llu, fired %llu, received %llu)", t->turn,
+			  (unsigned long long)k, (unsigned long long)e->deadline_ns,
+			  (unsigned long long)e->fired_ns, (unsigned long long)now);
+	if (k & TURN_BATON) {
+		if (k != (TURN_BATON | (uint64_t)t->turn) || t->baton)
+			turn_fail(t, "turn %d: the baton of turn %llu", t->turn,
+				  (unsigned long long)(k & ~TURN_BATON));
+		t->baton = 1;
+	} else if (k >= TURN_BG) {
+		turn_fail(t, "turn %d: an event with user_data %llu, no timer of ours", t->turn,
+			  (unsigned long long)k);
+	} else if (t->seen[k]++) {
+		turn_fail(t, "turn %d: timer %llu returned twice", t->turn, (unsigned long long)k);
+	} else {
+		t->got_bg++;
+	}
+}
+
+/* Milliseconds until end, rounded up; 0 once it has passed. */
+static int turn_ms_left(uint64_t end)
+{
+	uint64_t now = chime_now();
+
+	return now >= end ? 0 : (int)((end - now + MS - 1) / MS);
+}
+
+static void *turn_main(void *arg)
+{
+	struct turns *t = arg;
+	struct chime_event ev[16];
+	struct epoll_event ee;
+	uint64_t start = chime_now(), end = start + TURN_WAIT_NS;
+	chime_id_t id;
+	int kind = t->turn % 3, r;
+
+	t->baton = 0;
+	if ((r = chime_arm(t->c, 0, chime_now() + MS, 0, TURN_BATON | (uint64_t)t->turn, &id)) != 0) {
+		turn_fail(t, "turn %d: chime_arm: %s", t->turn, strerror(-r));
+		return NULL;
+	}
+	while (!t->why[0]) {
+		if (kind == 0) {
+			/* Its whole time left: a wake-up lost in this thread sleeps past the limit. */
+			r = chime_wait(t->c, ev, 16, turn_ms_left(end));
+			for (int i = 0; i < r; i++)
+				turn_event(&ev[i], t);
+		} else {
+			/* chime_fd(3): drained until 0, then it is readable when events are pending. */
+			do {
+				if (kind == 1) {
+					r = chime_poll(t->c, ev, 16);
+					for (int i = 0; i < r; i++)
+						turn_event(&ev[i], t);
+				} else {
+					r = chime_dispatch(t->c, turn_event, t, 0);
+				}
+			} while (r > 0);
+		}
+		if (r < 0) {
+			turn_fail(t, "turn %d: draining: %s", t->turn, strerror(-r));
+			break;
+		}
+		if (t->baton || chime_now() >= end)
+			break;
+		if (kind != 0 && epoll_wait(t->ep, &ee, 1, turn_ms_left(end)) < 0 && errno != EINTR) {
+			turn_fail(t, "turn %d: epoll_wait: %s", t->turn, strerror(errno));
+			break;
+		}
+	}
+	/*
+	 * A wait that slept through its wake-up still returns the baton, at
+	 * its timeout (it drains before giving up): the time tells.
+	 */
+	if (!t->why[0] && (!t->baton || chime_now() - start > TURN_LATE_NS))
+		turn_fail(t, "turn %d (%s): its baton, due 1 ms after the turn began, %s", t->turn,
+			  kind == 0 ? "chime_wait" : kind == 1 ? "chime_fd + chime_poll" : "chime_fd + chime_dispatch",
+			  t->baton ? "came only after more than 1 s" : "did not come in 2 s");
+	return NULL;
+}
+
+static void *turns_arm(void *arg)
+{
+	struct turns *t = arg;
+	uint64_t seed = 41;
+	chime_id_t id;
+
+	for (int k = 0; k < TURN_BG && !t->arm_rc; k++) {
+		t->arm_rc = chime_arm(t->c, 1, chime_now() + splitmix64(&seed) % (300 * MS), 0, (uint64_t)k, &id);
+		if (k % 16 == 0)
+			msleep(1);      /* over about 200 ms: the turns drain as the timers come due */
+	}
+	__atomic_store_n(&t->bg_armed, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static void drain_in_turns(const char *session)
+{
+	struct chime_opts o = { .socket_path = sock, .session = session };
+	struct turns *t = calloc(1, sizeof(*t));
+	struct epoll_event ee = { .events = EPOLLIN };
+	struct chime_event ev[16];
+	uint64_t t0 = chime_now(), give_up = t0 + 10000 * MS;
+	pthread_t arm, th;
+	int r;
+
+	cr_assert_not_null(t);
+	cr_assert_eq(chime_open(&t->c, &o), 0);
+	/* Before draining starts (chime_fd(3)): the turns share it. */
+	t->ep = epoll_create1(EPOLL_CLOEXEC);
+	cr_assert(t->ep >= 0 && epoll_ctl(t->ep, EPOLL_CTL_ADD, chime_fd(t->c), &ee) == 0);
+	cr_assert_eq(pthread_create(&arm, NULL, turns_arm, t), 0);
+	for (t->turn = 0; !t->why[0]; t->turn++) {
+		if (__atomic_load_n(&t->bg_armed, __ATOMIC_ACQUIRE) && t->got_bg == TURN_BG)
+			break;
+		if (chime_now() >= give_up) {
+			turn_fail(t, "after %d turns (10 s), %d of %d timers came", t->turn, t->got_bg, TURN_BG);
+			break;
+		}
+		cr_assert_eq(pthread_create(&th, NULL, turn_main, t), 0);
+		cr_assert_eq(pthread_join(th, NULL), 0);
+	}
+	pthread_join(arm, NULL);
+	cr_assert_eq(t->arm_rc, 0, "chime_arm: %s", strerror(-t->arm_rc));
+	cr_assert_eq(t->why[0], 0, "%s: %s", session ? "session" : "anonymous", t->why);
+	/* And this thread after them: nothing more (nothing twice). */
+	r = chime_wait(t->c, ev, 16, 100);
+	cr_assert_eq(r, 0, "%s: %d more events after every timer came once", session ? "session" : "anonymous", r);
+	cr_log_info("%s: %d timers in %d turns, %llu ms", session ? "session" : "anonymous", TURN_BG, t->turn,
+		    (unsigned long long)((chime_now() - t0) / MS));
+	close(t->ep);
+	chime_close(t->c);
+	if (session)
+		cr_assert_eq(chime_drop_session(&o), 0);
+	free(t);
+}
+
+Test(broker, a_drain_may_move_to_another_thread_between_calls)
+{
+	drain_in_turns(NULL);
+	drain_in_turns("turns");
 }
 
 /* ---- a callback that cancels or resets its siblings ---- */

@@ -28,8 +28,10 @@
  *    short-lived threads one after another that arm 3 one-shots each and
  *    exit: a thread's first arm picks its home shard from the
  *    connection's client slot, which a session's reconnect changes;
- *  - the main thread drains: its first chime_fd() comes once the others
- *    run, then it alternates chime_wait() (3 ms), epoll_wait() on
+ *  - two threads drain, taking turns (one at a time, any thread:
+ *    chime_poll(3)): the main thread's first chime_fd() comes once the
+ *    others run, then it and a second draining thread alternate, each
+ *    turn one of, at random, chime_wait() (3 ms), epoll_wait() on
  *    chime_fd() + chime_poll() until it returns 0, and chime_dispatch()
  *    with a random max (0: all); the dispatch callback now and then arms a
  *    new one-shot, or resets or cancels (by id, or by key for its own
@@ -41,12 +43,13 @@
  *    attempts), having noticed the crash wherever it did (the hang-up in
  *    chime_wait(), a producer's probe, a stale heartbeat).
  *
- * The harness orders nothing between the threads for TSan (see stamp()):
+ * The harness orders nothing between the threads for TSan (tsan_harness.h):
  * what it records is relaxed atomics, so every happens-before edge TSan
  * sees between two threads' libchime calls is the library's own (or a
- * thread's creation). Release/acquire bookkeeping would order each
- * thread's calls before the others' next ones, and TSan would take the
- * library's races for ordered accesses.
+ * thread's creation), but for the one the contract asks of the
+ * application: the two drainers' turns (turn_lock). Release/acquire
+ * bookkeeping would order each thread's calls before the others' next
+ * ones, and TSan would take the library's races for ordered accesses.
  *
  * Each timer's operations are serialized by a per-timer flag (a producer
  * waits for it, the callback only tries it), and each operation is
@@ -61,9 +64,10 @@
  *  - a one-shot fires at most once; a periodic's events of one schedule
  *    (an arm or a reset) come in increasing deadline order, each
  *    deadline_ns its start plus a whole number of periods;
- *  - an operation counts as done before the event if the callback's own
- *    thread made it (chime_dispatch(3): always, in an earlier callback) or
- *    if another thread's returned before the draining call began. Another
+ *  - an operation counts as done before the event if a dispatch callback
+ *    made it (chime_dispatch(3): always, in an earlier callback; or in the
+ *    other drainer's, whose turn ended before this call began) or if
+ *    another thread's returned before the draining call began. Another
  *    thread's operation that returned while the call was under way may or
  *    may not have been seen, and is not judged (chime_cancel(3): "After it
  *    returns, no event for id is ever returned");
@@ -73,8 +77,10 @@
  *    operation done before it, or of one made after it that had started
  *    before the event was received: never an older one (chime_reset(3)).
  * And once everything is due: every one-shot never cancelled fired exactly
- * once, every chime_submit() operation succeeded, and the restart was seen
- * by no call (none failed; a session's calls wait for the next broker).
+ * once, every chime_submit() operation succeeded, the restart was seen
+ * by no call (none failed; a session's calls wait for the next broker),
+ * and each drainer got events in its turns (a drain that works in one
+ * thread only would leave the other's empty).
  * Then crash_after_take() checks in one thread, and every time, the case
  * of a crash the scenarios hit only by chance.
  *
@@ -130,14 +136,14 @@ struct op {
 	uint64_t start;                 /* stamp before the call */
 	uint64_t ret;                   /* atomic: stamp after the call returned; 0 meanwhile */
 	uint32_t kind;
-	uint32_t by_drainer;            /* made by the dispatch callback (the draining thread) */
+	uint32_t by_drainer;            /* made by a dispatch callback (a draining thread's turn) */
 };
 
 /*
  * One timer. key, period_ns and ops[0 .. nops) are written by whoever
  * holds `busy` (the arming thread for the arm), then nops (pub32(); readers
- * sub32() it). Every field another thread reads is a relaxed atomic (see
- * stamp()).
+ * sub32() it). Every field another thread reads is a relaxed atomic
+ * (tsan_harness.h).
  */
 struct tmr {
 	uint64_t id;                    /* atomic: the id; 0 until chime_arm()/chime_submit() returned */
@@ -146,7 +152,7 @@ struct tmr {
 	uint32_t busy;                  /* atomic: an operation on this timer is being made */
 	uint32_t nops;                  /* atomic */
 	uint32_t cancelled;             /* atomic: a cancel was made (no operation follows it) */
-	uint32_t fired;                 /* atomic, written by the drainer: events received */
+	uint32_t fired;                 /* atomic, written by the drainers (in turns): events received */
 	uint32_t last_op;               /* drainer: a periodic's schedule (op index) of its last event */
 	uint64_t last_deadline;         /* drainer: that event's deadline */
 	uint64_t first_deadline;        /* drainer: the first event's deadline_ns, fired_ns, when received */
@@ -159,82 +165,15 @@ static uint32_t cap;                    /* timers per region and scenario, at mo
 static struct tmr *tab;                 /* NREG * cap */
 static uint32_t armed[NREG];            /* atomic: timers region r has started arming (r * cap + i) */
 static uint32_t workers_done;           /* atomic */
-static uint64_t clk;                    /* atomic: the stamps */
 static uint64_t last_deadline;          /* atomic: the latest one-shot deadline asked for */
 static uint64_t n_ops[2][OP_KINDS][VIA_N]; /* atomic: [by_drainer][kind][via] */
 static uint64_t n_batches, n_batch_ops, n_flushes, n_periodic, n_helpers; /* atomic */
 static uint64_t n_periodic_events;      /* drainer */
+static uint32_t cb_next;                /* drainer: the callback's next arm (region CB_REG) */
 static int drainer_fd = -1;             /* atomic: the drainer's first chime_fd() had returned this */
 static uint64_t restart_ns[4];          /* atomic: chimectl restart began, returned; SIGKILL; new chimed */
 
 static const char *chimectl_path;
-
-/*
- * The harness's own bookkeeping must not give TSan happens-before edges
- * between the threads: a release here and an acquire there would order
- * everything the library did before and after them, and TSan would take
- * its races for ordered accesses (the first version of this test, with a
- * seq_cst stamp counter and release/acquire records, ordered every
- * producer's calls before the drainer's next ones). So every shared word
- * of the harness is a relaxed atomic, and where one publishes others (a
- * record, then its count) the order comes from the hardware and the
- * compiler: on x86 (TSO) stores are seen in program order and loads are
- * not reordered with loads, and a compiler barrier (a signal fence, which
- * TSan does not take for synchronization) keeps the compiler's order;
- * every locked instruction (the stamp, the ownership CAS) is a full
- * barrier. Elsewhere the real orders are used, and TSan sees less there.
- */
-#if defined(__x86_64__) || defined(__i386__)
-#define ORD_REL   __ATOMIC_RELAXED
-#define ORD_ACQ   __ATOMIC_RELAXED
-#define ORD_STAMP __ATOMIC_RELAXED
-#else
-#define ORD_REL   __ATOMIC_RELEASE
-#define ORD_ACQ   __ATOMIC_ACQUIRE
-#define ORD_STAMP __ATOMIC_SEQ_CST
-#endif
-#define CC_BARRIER() __atomic_signal_fence(__ATOMIC_SEQ_CST)
-#define RD(x)        __atomic_load_n(&(x), __ATOMIC_RELAXED)
-#define WR(x, v)     __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
-
-static void pub32(uint32_t *p, uint32_t v)
-{
-	CC_BARRIER();
-	__atomic_store_n(p, v, ORD_REL);
-}
-
-static void pub64(uint64_t *p, uint64_t v)
-{
-	CC_BARRIER();
-	__atomic_store_n(p, v, ORD_REL);
-}
-
-static uint32_t sub32(const uint32_t *p)
-{
-	uint32_t v = __atomic_load_n(p, ORD_ACQ);
-
-	CC_BARRIER();
-	return v;
-}
-
-static uint64_t sub64(const uint64_t *p)
-{
-	uint64_t v = __atomic_load_n(p, ORD_ACQ);
-
-	CC_BARRIER();
-	return v;
-}
-
-/* Real-time order of calls across threads: one locked add (a full barrier on x86). */
-static uint64_t stamp(void)
-{
-	uint64_t v;
-
-	CC_BARRIER();
-	v = __atomic_add_fetch(&clk, 1, ORD_STAMP);
-	CC_BARRIER();
-	return v;
-}
 
 static uint64_t rnd(uint64_t *s)
 {
@@ -768,7 +707,6 @@ struct drain {
 	uint64_t seed;
 	uint64_t call_start;            /* stamp before the current draining call */
 	uint64_t call_end;              /* chime_poll/chime_wait: stamp after it returned; 0 in a dispatch */
-	uint32_t cb_next;               /* the callback's next arm (region CB_REG) */
 	uint64_t events, waits, polls, dispatches, cb_arms;
 };
 
@@ -864,7 +802,7 @@ static void judge(struct drain *d, const struct chime_event *e)
 		violation("timer %llu (id %#llx, %s): event (deadline %llu) after its cancel returned %s",
 			  (unsigned long long)idx, (unsigned long long)e->id,
 			  period ? "periodic" : "one-shot", (unsigned long long)e->deadline_ns,
-			  RD(t->ops[j].by_drainer) ? "in an earlier callback of this thread"
+			  RD(t->ops[j].by_drainer) ? "in an earlier callback (this drainer's, or the other's turn)"
 						   : "in another thread before this draining call began");
 		return;
 	}
@@ -897,7 +835,7 @@ static void judge(struct drain *d, const struct chime_event *e)
 /* From the callback: arm a new one-shot of the callback's own (a key of its own). */
 static void cb_arm(struct drain *d)
 {
-	uint32_t i = d->cb_next;
+	uint32_t i = cb_next;
 	struct tmr *t;
 	chime_id_t id;
 	uint64_t dl;
@@ -916,7 +854,7 @@ static void cb_arm(struct drain *d)
 	armed_as(t, id);
 	disown(t);
 	count_op(true, OP_ARM, VIA_CALL);
-	d->cb_next++;
+	cb_next++;
 	d->cb_arms++;
 }
 
@@ -972,11 +910,20 @@ static uint32_t unfired(uint32_t *missing)
 	return n;
 }
 
-/* One draining call, of the three kinds in turn at random. */
+/*
+ * One drainer's turn: a draining call, of the three kinds at random, and
+ * for chime_poll() and chime_dispatch() more until one returns 0, or
+ * TURN_CALLS of them: on a loaded host events can come faster than a TSan
+ * drainer takes them, and the other drainer would wait for its turn for
+ * good (chime_poll() leaves the fd readable when it stops at max, and
+ * the next epoll_wait() gives up after 3 ms anyway).
+ */
+#define TURN_CALLS 64
+
 static void drain_once(struct drain *d, int ep)
 {
 	struct chime_event ev[32];
-	uint32_t kind = (uint32_t)(rnd(&d->seed) % 3);
+	uint32_t kind = (uint32_t)(rnd(&d->seed) % 3), calls = 0;
 	unsigned max = 1 + (unsigned)(rnd(&d->seed) % 32);
 	int r;
 
@@ -1004,7 +951,7 @@ static void drain_once(struct drain *d, int ep)
 				fail_op(r, "chime_poll: %s", strerror(-r));
 			for (int i = 0; i < r; i++)
 				judge(d, &ev[i]);
-		} while (r > 0);
+		} while (r > 0 && ++calls < TURN_CALLS);
 	} else {
 		unsigned dmax = rnd(&d->seed) % 2 ? 0 : max;
 
@@ -1015,7 +962,7 @@ static void drain_once(struct drain *d, int ep)
 			d->dispatches++;
 			if (r < 0)
 				fail_op(r, "chime_dispatch: %s", strerror(-r));
-		} while (r > 0);
+		} while (r > 0 && ++calls < TURN_CALLS);
 	}
 }
 
@@ -1088,6 +1035,60 @@ static void *restart_main(void *arg)
 	return NULL;
 }
 
+/* ---- two drainers taking turns ---- */
+
+/*
+ * chime_poll(3): one thread at a time drains a chime_t, and it may be any
+ * thread. The main thread and a second draining thread take turns, one
+ * drain_once() each, strictly alternating under turn_lock: the
+ * application's own order between two drainers, which the contract asks
+ * for, and the one edge this test makes between threads (it orders the
+ * two drainers only, never a producer). The drainers' state (struct
+ * drain's, cb_next, the tmr fields marked "drainer") is theirs by turns.
+ */
+static pthread_mutex_t turn_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t turn_cond = PTHREAD_COND_INITIALIZER;
+static uint32_t turn;                   /* under turn_lock: whose turn, 0 the main thread's */
+static bool turns_over;                 /* under turn_lock: the second drainer stops */
+
+/* Wait for this drainer's turn; false once the turns are over. */
+static bool turn_begin(uint32_t me)
+{
+	bool go;
+
+	pthread_mutex_lock(&turn_lock);
+	while (turn != me && !turns_over)
+		pthread_cond_wait(&turn_cond, &turn_lock);
+	go = !turns_over;
+	pthread_mutex_unlock(&turn_lock);
+	return go;
+}
+
+static void turn_end(uint32_t me)
+{
+	pthread_mutex_lock(&turn_lock);
+	turn = !me;
+	pthread_cond_broadcast(&turn_cond);
+	pthread_mutex_unlock(&turn_lock);
+}
+
+struct drainer2 {
+	struct drain d;
+	int ep;
+	pthread_t thread;
+};
+
+static void *drainer2_main(void *arg)
+{
+	struct drainer2 *d2 = arg;
+
+	while (turn_begin(1)) {
+		drain_once(&d2->d, d2->ep);
+		turn_end(1);
+	}
+	return NULL;
+}
+
 /* ---- a scenario ---- */
 
 static void scenario(const char *session)
@@ -1095,6 +1096,7 @@ static void scenario(const char *session)
 	struct chime_opts opts = { .socket_path = sock_path, .session = session };
 	struct worker w[NPROD + 1];     /* the producers, then the spawner */
 	struct drain d = { .seed = (uint64_t)chime_now() | 1 };
+	struct drainer2 d2 = { .d.seed = d.seed * 3 | 1 };
 	struct restarter rs = { .at_ns = run_ns * 3 / 10, .crash_ns = run_ns * 13 / 20 };
 	struct epoll_event ev = { .events = EPOLLIN };
 	uint64_t give_up = 0, quiet_until = 0, next_check = 0, t0 = chime_now();
@@ -1110,6 +1112,9 @@ static void scenario(const char *session)
 	memset(restart_ns, 0, sizeof(restart_ns));
 	memset(n_ops, 0, sizeof(n_ops));
 	n_batches = n_batch_ops = n_flushes = n_periodic = n_helpers = n_periodic_events = 0;
+	cb_next = 0;
+	turn = 0;
+	turns_over = false;
 	workers_done = 0;
 	last_deadline = 0;
 	if ((r = chime_open(&d.c, &opts)) < 0)
@@ -1133,10 +1138,16 @@ static void scenario(const char *session)
 	WR(drainer_fd, fd);
 	if ((ep = epoll_create1(EPOLL_CLOEXEC)) < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0)
 		fail("epoll on chime_fd(): %s", strerror(errno));
+	d2.d.c = d.c;
+	d2.ep = ep;
+	if ((r = pthread_create(&d2.thread, NULL, drainer2_main, &d2)) != 0)
+		fail("pthread_create: %s", strerror(r));
 	for (;;) {
 		uint64_t now;
 
+		turn_begin(0);
 		drain_once(&d, ep);
+		turn_end(0);
 		now = chime_now();
 		if (now >= next_check) {
 			broker_alive();
@@ -1162,6 +1173,11 @@ static void scenario(const char *session)
 			break;
 		}
 	}
+	pthread_mutex_lock(&turn_lock);
+	turns_over = true;
+	pthread_cond_broadcast(&turn_cond);
+	pthread_mutex_unlock(&turn_lock);
+	pthread_join(d2.thread, NULL);
 	for (uint32_t t = 0; t <= NPROD; t++)
 		pthread_join(w[t].thread, NULL);
 	if (session)
@@ -1195,17 +1211,20 @@ static void scenario(const char *session)
 	printf("tsan_api: %s: %llu timers armed (%llu periodic; %llu by the callback, %llu in batches%s), "
 	       "%llu chime_submit() of %llu ops, resets %llu (callback %llu), cancels %llu (callback %llu, "
 	       "by key %llu), %llu flushes; one-shots: %llu fired, %llu cancelled (%llu of them fired first); "
-	       "%llu periodic events; %llu waits, %llu polls, %llu dispatches, %llu events",
+	       "%llu periodic events; %llu waits, %llu polls, %llu dispatches, %llu events (the second "
+	       "drainer's turns: %llu calls, %llu events)",
 	       scenario_name, (unsigned long long)armed_n, (unsigned long long)n_periodic,
-	       (unsigned long long)d.cb_arms,
+	       (unsigned long long)(d.cb_arms + d2.d.cb_arms),
 	       (unsigned long long)(n_ops[0][OP_ARM][VIA_BATCH]), "",
 	       (unsigned long long)n_batches, (unsigned long long)n_batch_ops,
 	       (unsigned long long)(resets[0] + resets[1]), (unsigned long long)resets[1],
 	       (unsigned long long)(cancels[0] + cancels[1]), (unsigned long long)cancels[1],
 	       (unsigned long long)by_key, (unsigned long long)n_flushes,
 	       (unsigned long long)fired, (unsigned long long)cancelled, (unsigned long long)cancelled_fired,
-	       (unsigned long long)n_periodic_events, (unsigned long long)d.waits, (unsigned long long)d.polls,
-	       (unsigned long long)d.dispatches, (unsigned long long)d.events);
+	       (unsigned long long)n_periodic_events, (unsigned long long)(d.waits + d2.d.waits),
+	       (unsigned long long)(d.polls + d2.d.polls), (unsigned long long)(d.dispatches + d2.d.dispatches),
+	       (unsigned long long)(d.events + d2.d.events),
+	       (unsigned long long)(d2.d.waits + d2.d.polls + d2.d.dispatches), (unsigned long long)d2.d.events);
 	printf("; %llu short-lived arming threads", (unsigned long long)n_helpers);
 	if (session)
 		printf("; chimectl restart at %llu ms took %llu ms, SIGKILL and a new chimed at %llu ms",
@@ -1219,6 +1238,10 @@ static void scenario(const char *session)
 			  (unsigned long long)(cancelled - cancelled_fired));
 	if (n_periodic && !n_periodic_events)
 		violation("%llu periodic timers armed, not one event", (unsigned long long)n_periodic);
+	if (!d2.d.events || !d.events)
+		violation("the %s drainer got no event in its turns (%llu and %llu): draining must work in any "
+			  "thread, one at a time", d.events ? "second" : "main", (unsigned long long)d.events,
+			  (unsigned long long)d2.d.events);
 }
 
 /*
@@ -1339,7 +1362,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("tsan_api: ok in %.1f s, no race reported (this process, chimed, chimectl): one chime_t, "
-	       "%u producers, a spawner and a drainer; anonymous, then a session attached %u times to %u "
+	       "%u producers, a spawner and two drainers taking turns; anonymous, then a session attached %u times to %u "
 	       "brokers (chimectl restart, SIGKILL); a one-shot taken and reset, then SIGKILL: not fired again\n",
 	       (double)(chime_now() - t0) / 1e9, NPROD, attached, brokers);
 	return 0;

@@ -24,6 +24,7 @@ pid_t broker = -1;
 pthread_mutex_t broker_lock = PTHREAD_MUTEX_INITIALIZER;
 uint64_t violations;
 static uint32_t failing;                /* atomic: fail() is under way */
+static uint64_t clk;                    /* atomic: the stamps */
 
 /* The runtime asks before main. */
 const char *__tsan_default_options(void);
@@ -35,6 +36,16 @@ const char *__tsan_default_options(void)
 void pause_ns(long ns)
 {
 	nanosleep(&(struct timespec){ .tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000 }, NULL);
+}
+
+uint64_t stamp(void)
+{
+	uint64_t v;
+
+	CC_BARRIER();
+	v = __atomic_add_fetch(&clk, 1, ORD_STAMP);
+	CC_BARRIER();
+	return v;
 }
 
 void cleanup(void)

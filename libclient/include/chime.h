@@ -289,7 +289,10 @@ int chime_fd(const chime_t *c);
 /*
  * Copy up to max pending events into events; never blocks. Returns how many
  * (0..max), -EINVAL (c or events NULL, max 0), or -ENOTCONN once the broker is
- * gone and nothing is left to return. One thread at a time drains a chime_t.
+ * gone and nothing is left to return. One thread at a time drains a chime_t
+ * (chime_poll, chime_wait, chime_dispatch): any thread, but never two at
+ * once; overlapping drains are not checked and are undefined (they lose
+ * events: chime_poll(3)).
  */
 int chime_poll(chime_t *c, struct chime_event *events, unsigned max);
 
@@ -300,8 +303,9 @@ int chime_poll(chime_t *c, struct chime_event *events, unsigned max);
  * apart than that), then sleeps in io_uring on its
  * connection to the broker, so a steady stream of events costs no system call.
  * Returns how many events (0 on timeout), -EINVAL, -ENOTCONN, or -EINTR if a
- * signal interrupted the wait. chime_close() must not run while another
- * thread waits here: wake that thread first (a signal, or a timer).
+ * signal interrupted the wait. Not beside another drain of c (chime_poll()).
+ * chime_close() must not run while another thread waits here: wake that
+ * thread first (a signal, or a timer).
  */
 int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout_ms);
 

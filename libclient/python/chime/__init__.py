@@ -224,7 +224,9 @@ class Chime:
     chime_open(3), "Broker restarts").
 
     arm, reset, cancel and cancel_key may be called from any thread; one
-    thread at a time collects events (poll, wait). After close() every call
+    thread at a time collects events (poll, wait): any thread, but never
+    two at once (nothing checks it, and they lose events: chime_poll(3);
+    they would share one event buffer here too). After close() every call
     raises ValueError; calls already under way in other threads finish on
     the open connection, and the last of them to return closes it (a wait()
     among them ends within 0.25 s, raising ValueError).

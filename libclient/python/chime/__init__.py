@@ -214,6 +214,23 @@ def drop_session(session, socket=None):
                      invalid=_open_invalid(shown, session))
 
 
+_OP_ID = ChimeOp.id.offset
+_OP_SIZE = ctypes.sizeof(ChimeOp)
+
+
+class _Arming:
+    """A periodic arm under way: from before its C call to the note of its id
+    in Chime._periodic. `cell` (a c_uint64) is 0 until the C call has armed
+    the timer (chime_arm() stores the id last, after publishing the record:
+    only the arming thread may rely on it before the note); `void` once the
+    timer is known not to be live (the arm refused, or cancelled by a later
+    operation of its batch), so that it is not noted."""
+    __slots__ = ("cell", "key", "void")
+
+    def __init__(self, cell, key):
+        self.cell, self.key, self.void = cell, key, False
+
+
 class Chime:
     """One connection to the broker. Chime(socket=None, session=None): the
     socket is `socket`, else $CHIME_SOCKET, else /run/chime/chime.sock.
@@ -241,7 +258,13 @@ class Chime:
         # another thread comes wholly before an arm and its note or wholly
         # after (one between them found nothing to forget: the note stayed
         # for ever), and a cancel(id) forgets `id` after its arm noted it.
+        # Events are converted under it (_events), so that one taken between
+        # an arm's C call and its note waits for the note.
         self._order = threading.RLock()
+        # The periodic arms under way (_Arming), between their C call and
+        # their note: only the thread holding _order has any, and a signal
+        # handler on it that takes an event in between reads the id here.
+        self._arming = []
         self._buf = None
         # The calls under way in C, so that close() never frees the handle
         # under one (ctypes lets other threads run during a foreign call):
@@ -323,10 +346,13 @@ class Chime:
         if not period_ns:       # nothing to note: no _order
             r = self._call(lib.chime_arm, *args)
         else:
+            arming = _Arming(out, key)
             with self._ordered() as c:
-                r = lib.chime_arm(c, *args)
-                if r >= 0:
-                    self._periodic[out.value] = key
+                self._arming.append(arming)
+                try:
+                    r = lib.chime_arm(c, *args)
+                finally:        # noted even if a signal handler raises after the C call
+                    self._settle([arming])
         if r < 0:
             raise _error("chime_arm", -r)
         return out.value
@@ -381,26 +407,51 @@ class Chime:
         names = {Op.ARM: "chime_arm", Op.RESET: "chime_reset", Op.CANCEL: "chime_cancel",
                  Op.CANCEL_KEY: "chime_cancel_key"}
         out = []
+        # the batch's periodic arms, each reading its id in its ChimeOp
+        arming = {i: _Arming(ctypes.c_uint64.from_buffer(arr, i * _OP_SIZE + _OP_ID), o.key)
+                  for i, o in enumerate(ops) if o.code == Op.ARM and o.period_ns}
         with self._ordered() as c:     # a batch may arm periodic timers, or cancel_key
-            r = lib.chime_submit(c, arr, len(ops))
-            if r < 0:
-                raise _error("chime_submit", -r)
-            for a, o in zip(arr, ops):
-                if a.result < 0:
-                    out.append(_error(names[o.code], -a.result, id=o.id))
-                    continue
-                if o.code == Op.ARM:
-                    if o.period_ns:
-                        self._periodic[a.id] = o.key
-                    out.append(a.id)
-                    continue
-                if o.code == Op.CANCEL:
-                    self._periodic.pop(o.id, None)
-                elif o.code == Op.CANCEL_KEY:
-                    for tid in [t for t, k in list(self._periodic.items()) if k == o.key]:
-                        del self._periodic[tid]
-                out.append(None)
+            self._arming += arming.values()
+            try:
+                r = lib.chime_submit(c, arr, len(ops))
+                if r < 0:
+                    for a in arming.values():
+                        a.void = True   # an arm unpublished by a stopping broker keeps its id
+                    raise _error("chime_submit", -r)
+                armed = []      # this batch's periodic arms so far, for its cancels
+                for i, (a, o) in enumerate(zip(arr, ops)):
+                    if a.result < 0:
+                        if i in arming:
+                            arming[i].void = True
+                        out.append(_error(names[o.code], -a.result, id=o.id))
+                        continue
+                    if o.code == Op.ARM:
+                        if i in arming:
+                            armed.append(arming[i])
+                        out.append(a.id)
+                        continue
+                    if o.code == Op.CANCEL:
+                        self._periodic.pop(o.id, None)
+                        for x in armed:
+                            x.void = x.void or x.cell.value == o.id
+                    elif o.code == Op.CANCEL_KEY:
+                        for tid in [t for t, k in list(self._periodic.items()) if k == o.key]:
+                            self._periodic.pop(tid, None)
+                        for x in armed:
+                            x.void = x.void or x.key == o.key
+                    out.append(None)
+            finally:
+                self._settle(arming.values())
         return out
+
+    def _settle(self, arming):
+        """Note the ids of these periodic arms (_Arming) that armed a timer
+        still live, and end their time under way; under _order."""
+        for a in arming:
+            tid = a.cell.value
+            if tid and not a.void:
+                self._periodic[tid] = a.key
+            self._arming.remove(a)
 
     def flush(self):
         """Have the broker apply what this connection submitted now, rather
@@ -412,10 +463,19 @@ class Chime:
 
     def _events(self, n):
         out = []
-        for i in range(n):
-            e = self._buf[i]
-            periodic = e.id in self._periodic
-            out.append(Event(e.id, e.key, e.user_data, e.deadline_ns, e.fired_ns, periodic))
+        if not n:
+            return out
+        # Under _order: an event taken while another thread's periodic arm
+        # is between its C call and its note (a timer due at once) waits for
+        # the note. Its id is in _arming for a signal handler that takes it
+        # on the arming thread meanwhile (the RLock lets it in). Never held
+        # across chime_wait(): only for this conversion.
+        with self._order:
+            arming = [a.cell.value for a in self._arming]
+            for i in range(n):
+                e = self._buf[i]
+                periodic = e.id in self._periodic or e.id in arming
+                out.append(Event(e.id, e.key, e.user_data, e.deadline_ns, e.fired_ns, periodic))
         return out
 
     def _buffer(self, max):

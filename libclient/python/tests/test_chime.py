@@ -530,6 +530,71 @@ def test_a_cancel_between_a_periodic_arm_and_its_note_is_not_missed(chime_conn, 
     assert tid not in c._periodic, f"{cancel} did not forget the periodic timer {tid}"
 
 
+@pytest.mark.parametrize("arm", ["arm", "submit"])
+@pytest.mark.parametrize("who", ["thread", "handler"])
+def test_an_event_taken_between_a_periodic_arm_and_its_note_is_periodic(chime_conn, monkeypatch, arm, who):
+    """A periodic timer due at once, its event taken by another thread's
+    poll(), or by a signal handler's on this thread, after the C call armed
+    it and before the binding noted its id: the event must say
+    periodic=True (it said False). The C arm is wrapped to take it exactly
+    there: once its event is pending, another thread polls (it may wait for
+    the note, not for the arm to return), or a SIGUSR1 sent to this thread
+    runs a handler that polls. For the thread, the id is not in the C
+    call's output yet, as in chime_arm() between its publish and its store
+    of *id (after it waits out a stopping broker)."""
+    import threading
+    c, got, polled = chime_conn, [], threading.Event()
+    func = "chime_arm" if arm == "arm" else "chime_submit"
+    real, real_poll = getattr(chime.lib, func), chime.lib.chime_poll
+
+    def take():
+        end = time.monotonic() + 5
+        while not got and time.monotonic() < end:
+            got.extend(c.poll())
+
+    def poll(handle, *args):
+        r = real_poll(handle, *args)
+        if r > 0:
+            polled.set()
+        return r
+
+    def armed_then_taken(handle, *args):
+        monkeypatch.setattr(chime.lib, func, real)     # once
+        r = real(handle, *args)
+        assert select.select([c.fileno()], [], [], 5)[0], "the due timer's event never came"
+        if who == "handler":
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)    # its handler runs here
+            assert got, "the handler took no event"
+        else:
+            cell, field = (args[-1]._obj, "value") if arm == "arm" else (args[0][0], "id")
+            tid = getattr(cell, field)
+            setattr(cell, field, 0)
+            t = threading.Thread(target=take)
+            t.start()
+            assert polled.wait(5), "the other thread's poll took no event"
+            t.join(0.2)     # its events converted at once, unless it waits for this arm's note
+            threads.append(t)
+            setattr(cell, field, tid)
+        return r
+
+    threads = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: take())
+    monkeypatch.setattr(chime.lib, "chime_poll", poll)
+    monkeypatch.setattr(chime.lib, func, armed_then_taken)
+    try:
+        if arm == "arm":
+            tid = c.arm(6, after=0, period=60)
+        else:
+            (tid,) = c.submit([chime.Op.arm(6, after=0, period=60)])
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    for t in threads:
+        t.join(5)
+        assert not t.is_alive()
+    assert [(ev.id, ev.periodic) for ev in got] == [(tid, True)]
+    c.cancel(tid)
+
+
 def test_fileno_in_a_forked_child_is_echild(chime_conn):
     c = chime_conn
     c.fileno()

@@ -216,6 +216,10 @@ def drop_session(session, socket=None):
 
 _OP_ID = ChimeOp.id.offset
 _OP_SIZE = ctypes.sizeof(ChimeOp)
+# ChimeOp.result before chime_submit() sets it (to 0 or a negative errno):
+# the mark of an operation whose C call has not been made.
+_UNSENT = 1 << 30
+_OneOp = ChimeOp * 1
 
 
 class _Arming:
@@ -229,6 +233,17 @@ class _Arming:
 
     def __init__(self, cell, key):
         self.cell, self.key, self.void = cell, key, False
+
+
+class _Cancel:
+    """A cancel_key under way (its ChimeOp `op`, and its key), and the ids of
+    the periodic timers of its key noted before its C call: those noted when
+    it began, and a signal handler's on its thread while op.result is
+    _UNSENT. That C call cancels them."""
+    __slots__ = ("op", "key", "noted")
+
+    def __init__(self, op):
+        self.op, self.key, self.noted = op, op.key, []
 
 
 class Chime:
@@ -265,6 +280,8 @@ class Chime:
         # their note: only the thread holding _order has any, and a signal
         # handler on it that takes an event in between reads the id here.
         self._arming = []
+        # The cancel_keys under way (_Cancel), on the thread holding _order.
+        self._cancelling = []
         self._buf = None
         # The calls under way in C, so that close() never frees the handle
         # under one (ctypes lets other threads run during a foreign call):
@@ -377,14 +394,16 @@ class Chime:
 
     def cancel_key(self, key):
         """Cancel every timer this connection armed with `key`."""
-        key = _u64("key", key)
+        # chime_submit(), which does what chime_cancel_key() does, for its
+        # op.result: set by the C call, it tells a signal handler's arm on
+        # this thread whether that call has been made (_submit).
+        arr = _OneOp()
+        arr[0].op, arr[0].key = Op.CANCEL_KEY, _u64("key", key)
         with self._ordered() as c:
-            r = lib.chime_cancel_key(c, key)
-            if r < 0:
-                raise _error("chime_cancel_key", -r)
-            # a snapshot: a signal handler on this thread may arm meanwhile (the lock is re-entrant)
-            for tid in [t for t, k in list(self._periodic.items()) if k == key]:
-                del self._periodic[tid]
+            r = self._submit(c, arr)
+        err = r if r < 0 else arr[0].result
+        if err < 0:
+            raise _error("chime_cancel_key", -err)
 
     def submit(self, ops):
         """Apply a batch of Op values in one call (chime_submit(3)): one
@@ -406,51 +425,87 @@ class Chime:
                 o.code, o.id, o.key, o.deadline_ns, o.period_ns, o.data)
         names = {Op.ARM: "chime_arm", Op.RESET: "chime_reset", Op.CANCEL: "chime_cancel",
                  Op.CANCEL_KEY: "chime_cancel_key"}
-        out = []
-        # the batch's periodic arms, each reading its id in its ChimeOp
-        arming = {i: _Arming(ctypes.c_uint64.from_buffer(arr, i * _OP_SIZE + _OP_ID), o.key)
-                  for i, o in enumerate(ops) if o.code == Op.ARM and o.period_ns}
         with self._ordered() as c:     # a batch may arm periodic timers, or cancel_key
-            self._arming += arming.values()
-            try:
-                r = lib.chime_submit(c, arr, len(ops))
-                if r < 0:
-                    for a in arming.values():
-                        a.void = True   # an arm unpublished by a stopping broker keeps its id
-                    raise _error("chime_submit", -r)
-                armed = []      # this batch's periodic arms so far, for its cancels
-                for i, (a, o) in enumerate(zip(arr, ops)):
-                    if a.result < 0:
-                        if i in arming:
-                            arming[i].void = True
-                        out.append(_error(names[o.code], -a.result, id=o.id))
-                        continue
-                    if o.code == Op.ARM:
-                        if i in arming:
-                            armed.append(arming[i])
-                        out.append(a.id)
-                        continue
-                    if o.code == Op.CANCEL:
-                        self._periodic.pop(o.id, None)
-                        for x in armed:
-                            x.void = x.void or x.cell.value == o.id
-                    elif o.code == Op.CANCEL_KEY:
-                        for tid in [t for t, k in list(self._periodic.items()) if k == o.key]:
-                            self._periodic.pop(tid, None)
-                        for x in armed:
-                            x.void = x.void or x.key == o.key
-                    out.append(None)
-            finally:
-                self._settle(arming.values())
+            r = self._submit(c, arr)
+        if r < 0:
+            raise _error("chime_submit", -r)
+        out = []
+        for a, o in zip(arr, ops):
+            if a.result < 0:
+                out.append(_error(names[o.code], -a.result, id=o.id))
+            else:
+                out.append(a.id if o.code == Op.ARM else None)
         return out
+
+    def _submit(self, c, arr):
+        """chime_submit(c, arr), and what it did noted in _periodic: its
+        periodic arms noted, the ids its cancels and cancel_keys cancelled
+        forgotten. Under _order (the caller's).
+
+        A signal handler may run on this thread anywhere in here, arm, and
+        note (_order is re-entrant): its arm comes before this C call or
+        after it, and what this call forgets must be what it cancelled. A
+        cancel_key forgets the notes of its key made before the C call: those
+        already there, and those made while its op.result is _UNSENT (the
+        handler's _settle records them in its _Cancel). A handler's arm after
+        the C call stays noted. The notes are settled from the results (not
+        from the C call's return), in `finally`: a handler that raises after
+        the C call does not skip them, and one before it finds all _UNSENT."""
+        ops = arr[:]        # views of the ChimeOps, made once
+        # the batch's periodic arms (each reading its id in its ChimeOp), and its cancel_keys
+        arming, cancels = {}, {}
+        for i, a in enumerate(ops):
+            a.result = _UNSENT
+            if a.op == Op.CANCEL_KEY:
+                cancels[i] = _Cancel(a)
+            elif a.op == Op.ARM and a.period_ns:
+                arming[i] = _Arming(ctypes.c_uint64.from_buffer(arr, i * _OP_SIZE + _OP_ID), a.key)
+        self._arming += arming.values()
+        self._cancelling += cancels.values()
+        try:
+            if cancels and self._periodic:      # what is noted now (a handler's note from here on: _settle)
+                by_key = {}
+                for x in cancels.values():
+                    by_key.setdefault(x.key, []).append(x)
+                for t, k in list(self._periodic.items()):
+                    for x in by_key.get(k, ()):
+                        x.noted.append(t)
+            return lib.chime_submit(c, arr, len(ops))
+        finally:
+            for x in cancels.values():
+                self._cancelling.remove(x)
+            armed = []      # this batch's periodic arms so far, for its cancels
+            for i, a in enumerate(ops):
+                # refused, or not sent (an arm unpublished by a stopping broker keeps its id)
+                if a.result:
+                    if i in arming:
+                        arming[i].void = True
+                elif i in arming:
+                    armed.append(arming[i])
+                elif a.op == Op.CANCEL:
+                    self._periodic.pop(a.id, None)
+                    for x in armed:
+                        x.void = x.void or x.cell.value == a.id
+                elif i in cancels:
+                    for t in cancels[i].noted:
+                        self._periodic.pop(t, None)
+                    for x in armed:
+                        x.void = x.void or x.key == a.key
+            if arming:
+                self._settle(arming.values())
 
     def _settle(self, arming):
         """Note the ids of these periodic arms (_Arming) that armed a timer
-        still live, and end their time under way; under _order."""
+        still live, and end their time under way; under _order. One inside
+        a cancel_key of its key whose C call is still to come (a signal
+        handler's) is recorded for it to forget once made (_submit)."""
         for a in arming:
             tid = a.cell.value
             if tid and not a.void:
                 self._periodic[tid] = a.key
+                for x in self._cancelling:
+                    if x.key == a.key and x.op.result == _UNSENT:
+                        x.noted.append(tid)
             self._arming.remove(a)
 
     def flush(self):

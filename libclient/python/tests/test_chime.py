@@ -595,6 +595,56 @@ def test_an_event_taken_between_a_periodic_arm_and_its_note_is_periodic(chime_co
     c.cancel(tid)
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("via", ["cancel_key", "submit"])
+def test_a_handler_arming_inside_cancel_key_is_noted_as_the_c_call_left_it(chime_conn, monkeypatch, via,
+                                                                          when):
+    """A signal handler arms a periodic timer of the key on the thread
+    inside cancel_key(key) (the RLock lets it in). Before the C cancel_key,
+    that cancels it: it must not be noted. After it, the timer is live: it
+    must stay noted (cancel_key then forgot it, and its events said
+    periodic=False). The C call (chime_cancel_key or chime_submit, whichever
+    cancel_key() makes) is wrapped to send SIGUSR1 to this thread just
+    before or just after it."""
+    import threading
+    c, key, armed, sent = chime_conn, 4, [], []
+    old_tid = c.arm(key, after=60, period=60)
+    reals = {f: getattr(chime.lib, f) for f in ("chime_cancel_key", "chime_submit")}
+
+    def wrap(func):
+        def cancel_key(handle, *args):
+            if sent:        # the handler's own calls
+                return reals[func](handle, *args)
+            sent.append(func)
+            if when == "before":
+                signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)    # its handler runs here
+            r = reals[func](handle, *args)
+            if when == "after":
+                signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+            return r
+        return cancel_key
+
+    for f in reals:
+        monkeypatch.setattr(chime.lib, f, wrap(f))
+    old = signal.signal(signal.SIGUSR1, lambda *_: armed.append(c.arm(key, after=0, period=60)))
+    try:
+        if via == "cancel_key":
+            c.cancel_key(key)
+        else:
+            assert c.submit([chime.Op.cancel_key(key)]) == [None]
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    (tid,) = armed
+    assert old_tid not in c._periodic, "the timer armed before the cancel_key is still noted"
+    if when == "before":
+        assert tid not in c._periodic, "the timer the cancel_key cancelled is still noted"
+        assert c.wait(timeout=0.05) == []
+    else:
+        assert c._periodic.get(tid) == key, "the live timer armed after the C cancel_key was forgotten"
+        assert [(ev.id, ev.periodic) for ev in wait_for(c, 1)] == [(tid, True)]
+        c.cancel(tid)
+
+
 def test_fileno_in_a_forked_child_is_echild(chime_conn):
     c = chime_conn
     c.fileno()

@@ -228,7 +228,8 @@ class _Arming:
     the timer (chime_arm() stores the id last, after publishing the record:
     only the arming thread may rely on it before the note); `void` once the
     timer is known not to be live (the arm refused, or cancelled by a later
-    operation of its batch), so that it is not noted."""
+    operation of its batch or by a signal handler that ran after its C
+    call), so that it is not noted."""
     __slots__ = ("cell", "key", "void")
 
     def __init__(self, cell, key):
@@ -391,6 +392,8 @@ class Chime:
             raise _error("chime_cancel", -r, id=id)
         with self._order:       # after the note of an arm still under way that returns `id`
             self._periodic.pop(id, None)
+            for a in self._arming:  # a signal handler's cancel inside that arm, on its thread
+                a.void = a.void or a.cell.value == id
 
     def cancel_key(self, key):
         """Cancel every timer this connection armed with `key`."""
@@ -448,9 +451,11 @@ class Chime:
         cancel_key forgets the notes of its key made before the C call: those
         already there, and those made while its op.result is _UNSENT (the
         handler's _settle records them in its _Cancel). A handler's arm after
-        the C call stays noted. The notes are settled from the results (not
-        from the C call's return), in `finally`: a handler that raises after
-        the C call does not skip them, and one before it finds all _UNSENT."""
+        the C call stays noted. In turn, when this is a handler's call, the
+        arms under way that it runs inside and cancels are not noted. The
+        notes are settled from the results (not from the C call's return), in
+        `finally`: a handler that raises after the C call does not skip them,
+        and one before it finds all _UNSENT."""
         ops = arr[:]        # views of the ChimeOps, made once
         # the batch's periodic arms (each reading its id in its ChimeOp), and its cancel_keys
         arming, cancels = {}, {}
@@ -460,6 +465,7 @@ class Chime:
                 cancels[i] = _Cancel(a)
             elif a.op == Op.ARM and a.period_ns:
                 arming[i] = _Arming(ctypes.c_uint64.from_buffer(arr, i * _OP_SIZE + _OP_ID), a.key)
+        outer = list(self._arming)     # (a signal handler's call) the periodic arms it runs inside
         self._arming += arming.values()
         self._cancelling += cancels.values()
         try:
@@ -474,7 +480,9 @@ class Chime:
         finally:
             for x in cancels.values():
                 self._cancelling.remove(x)
-            armed = []      # this batch's periodic arms so far, for its cancels
+            # the periodic arms not yet noted whose C call came before: those
+            # it runs inside (a signal handler's call) and the batch's so far
+            armed = [x for x in outer if x.cell.value]
             for i, a in enumerate(ops):
                 # refused, or not sent (an arm unpublished by a stopping broker keeps its id)
                 if a.result:

@@ -645,6 +645,45 @@ def test_a_handler_arming_inside_cancel_key_is_noted_as_the_c_call_left_it(chime
         c.cancel(tid)
 
 
+@pytest.mark.parametrize("arm", ["arm", "submit"])
+@pytest.mark.parametrize("cancel", ["cancel_key", "submit_cancel_key", "cancel"])
+def test_a_handler_cancelling_inside_a_periodic_arm_leaves_no_note(chime_conn, monkeypatch, arm, cancel):
+    """A signal handler on the thread inside a periodic arm, after its C
+    call and before its note, cancels the timer: cancel_key(key), or
+    cancel(id) (the id from an event, say). The arm must not note it then
+    (the note outlived the timer for ever). The C arm is wrapped to send
+    SIGUSR1 to this thread just after it."""
+    import threading
+    c, key, ids = chime_conn, 3, []
+    func = "chime_arm" if arm == "arm" else "chime_submit"
+    real = getattr(chime.lib, func)
+
+    def armed_then_signalled(handle, *args):
+        monkeypatch.setattr(chime.lib, func, real)     # once
+        r = real(handle, *args)
+        ids.append(args[-1]._obj.value if arm == "arm" else args[0][0].id)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)    # its handler runs here
+        return r
+
+    def handler(*_):
+        {"cancel_key": lambda: c.cancel_key(key), "cancel": lambda: c.cancel(ids[0]),
+         "submit_cancel_key": lambda: c.submit([chime.Op.cancel_key(key)])}[cancel]()
+        ids.append("handled")
+
+    monkeypatch.setattr(chime.lib, func, armed_then_signalled)
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        if arm == "arm":
+            tid = c.arm(key, after=0, period=60)
+        else:
+            (tid,) = c.submit([chime.Op.arm(key, after=0, period=60)])
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert ids == [tid, "handled"]
+    assert tid not in c._periodic, f"the timer the handler's {cancel} cancelled is noted"
+    assert c.wait(timeout=0.05) == []
+
+
 def test_fileno_in_a_forked_child_is_echild(chime_conn):
     c = chime_conn
     c.fileno()

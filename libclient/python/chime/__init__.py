@@ -44,8 +44,10 @@ class Event:
     """One expiration: the timer's id, key and data as armed, the deadline it
     fired for and when the broker fired it (CLOCK_MONOTONIC ns), and whether
     the timer is periodic (it stays armed). `periodic` is what this Chime
-    remembers of its own arm() calls: the C event does not say, so a timer
-    armed by an earlier process of the same session says False."""
+    remembers of its own periodic arms (arm(), submit()), also for an event
+    taken while one is still under way or being cancelled on another thread:
+    the C event does not say, so a timer armed by an earlier process of the
+    same session says False."""
     id: int
     key: int
     data: int
@@ -283,6 +285,12 @@ class Chime:
         self._arming = []
         # The cancel_keys under way (_Cancel), on the thread holding _order.
         self._cancelling = []
+        # The poll()s and wait() slices under way (one item each: append and
+        # pop are atomic, no lock before the C call), and the periodic ids
+        # forgotten meanwhile (_forget): an event their C call took before
+        # the cancel still says periodic. Emptied when the last one ends.
+        self._collecting = []
+        self._gone = set()
         self._buf = None
         # The calls under way in C, so that close() never frees the handle
         # under one (ctypes lets other threads run during a foreign call):
@@ -391,7 +399,7 @@ class Chime:
         if r < 0:
             raise _error("chime_cancel", -r, id=id)
         with self._order:       # after the note of an arm still under way that returns `id`
-            self._periodic.pop(id, None)
+            self._forget(id)
             for a in self._arming:  # a signal handler's cancel inside that arm, on its thread
                 a.void = a.void or a.cell.value == id
 
@@ -491,12 +499,12 @@ class Chime:
                 elif i in arming:
                     armed.append(arming[i])
                 elif a.op == Op.CANCEL:
-                    self._periodic.pop(a.id, None)
+                    self._forget(a.id)
                     for x in armed:
                         x.void = x.void or x.cell.value == a.id
                 elif i in cancels:
                     for t in cancels[i].noted:
-                        self._periodic.pop(t, None)
+                        self._forget(t)
                     for x in armed:
                         x.void = x.void or x.key == a.key
             if arming:
@@ -516,6 +524,14 @@ class Chime:
                         x.noted.append(tid)
             self._arming.remove(a)
 
+    def _forget(self, tid):
+        """Drop the note of periodic timer `tid`, cancelled; under _order,
+        after the C cancel. A collection that begins after this reads
+        _collecting takes no event of `tid` (the C call's promise): only one
+        under way needs it in _gone."""
+        if self._periodic.pop(tid, None) is not None and self._collecting:
+            self._gone.add(tid)
+
     def flush(self):
         """Have the broker apply what this connection submitted now, rather
         than when its sleeping shards next wake (chime_flush(3)); does not
@@ -524,10 +540,22 @@ class Chime:
         if r < 0:
             raise _error("chime_flush", -r)
 
+    def _collect(self, func, buf, max, *args):
+        """func(handle, buf, max, *args), chime_poll or chime_wait: its
+        return and its events as Event values."""
+        self._collecting.append(None)
+        try:
+            r = self._call(func, buf, max, *args)
+            return r, self._events(r) if r > 0 else []
+        finally:
+            self._collecting.pop()
+            if not self._collecting and self._gone:
+                with self._order:
+                    if not self._collecting:
+                        self._gone.clear()
+
     def _events(self, n):
         out = []
-        if not n:
-            return out
         # Under _order: an event taken while another thread's periodic arm
         # is between its C call and its note (a timer due at once) waits for
         # the note. Its id is in _arming for a signal handler that takes it
@@ -537,7 +565,7 @@ class Chime:
             arming = [a.cell.value for a in self._arming]
             for i in range(n):
                 e = self._buf[i]
-                periodic = e.id in self._periodic or e.id in arming
+                periodic = e.id in self._periodic or e.id in arming or e.id in self._gone
                 out.append(Event(e.id, e.key, e.user_data, e.deadline_ns, e.fired_ns, periodic))
         return out
 
@@ -551,10 +579,10 @@ class Chime:
     def poll(self, max=64):
         """Up to `max` pending events, as a list (empty if none); never blocks."""
         buf = self._buffer(max)
-        r = self._call(lib.chime_poll, buf, max)
+        r, events = self._collect(lib.chime_poll, buf, max)
         if r < 0:
             raise _error("chime_poll", -r)
-        return self._events(r)
+        return events
 
     def wait(self, timeout=None):
         """The pending events (up to 64; poll(max) takes more), waiting up to
@@ -574,7 +602,7 @@ class Chime:
             ms = _WAIT_SLICE_MS
             if end is not None:
                 ms = min(ms, max(0, math.ceil((end - time.monotonic()) * 1000)))
-            r = self._call(lib.chime_wait, buf, 64, ms)
+            r, events = self._collect(lib.chime_wait, buf, 64, ms)
             # A signal: its Python handler runs here (and may raise); then
             # wait on for what is left of the timeout, as PEP 475 asks.
             if r == -errno.EINTR:
@@ -582,7 +610,7 @@ class Chime:
             if r < 0:
                 raise _error("chime_wait", -r)
             if r or (end is not None and ms < _WAIT_SLICE_MS):
-                return self._events(r)
+                return events
 
     def fileno(self):
         """A descriptor readable whenever events are pending (for select,

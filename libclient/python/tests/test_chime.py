@@ -684,6 +684,36 @@ def test_a_handler_cancelling_inside_a_periodic_arm_leaves_no_note(chime_conn, m
     assert c.wait(timeout=0.05) == []
 
 
+@pytest.mark.parametrize("cancel", ["cancel", "cancel_key", "submit_cancel_key"])
+def test_an_event_taken_before_its_periodic_timer_is_cancelled_is_periodic(chime_conn, monkeypatch, cancel):
+    """Another thread cancels a periodic timer after poll()'s C call took
+    its event and before the event is made an Event: it must still say
+    periodic=True (the cancel had forgotten the note: False). chime_poll is
+    wrapped to run the other thread's cancel exactly there."""
+    import threading
+    c, key = chime_conn, 2
+    real = chime.lib.chime_poll
+    tid = c.arm(key, after=0, period=60)
+    assert select.select([c.fileno()], [], [], 5)[0], "the due timer's event never came"
+
+    def polled_then_cancelled(handle, buf, max):
+        monkeypatch.setattr(chime.lib, "chime_poll", real)     # once
+        r = real(handle, buf, max)
+        assert r == 1 and buf[0].id == tid
+        other = {"cancel": lambda: c.cancel(tid), "cancel_key": lambda: c.cancel_key(key),
+                 "submit_cancel_key": lambda: c.submit([chime.Op.cancel_key(key)])}[cancel]
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(5)
+        assert not t.is_alive()
+        return r
+
+    monkeypatch.setattr(chime.lib, "chime_poll", polled_then_cancelled)
+    assert [(ev.id, ev.periodic) for ev in c.poll()] == [(tid, True)]
+    assert tid not in c._periodic and not c._gone, "the cancelled timer's note was kept"
+    assert c.wait(timeout=0.05) == []
+
+
 def test_fileno_in_a_forked_child_is_echild(chime_conn):
     c = chime_conn
     c.fileno()

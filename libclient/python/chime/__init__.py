@@ -44,8 +44,10 @@ class Event:
     """One expiration: the timer's id, key and data as armed, the deadline it
     fired for and when the broker fired it (CLOCK_MONOTONIC ns), and whether
     the timer is periodic (it stays armed). `periodic` is what this Chime
-    remembers of its own arm() calls: the C event does not say, so a timer
-    armed by an earlier process of the same session says False."""
+    remembers of its own periodic arms (arm(), submit()), also for an event
+    taken while one is still under way or being cancelled on another thread:
+    the C event does not say, so a timer armed by an earlier process of the
+    same session says False."""
     id: int
     key: int
     data: int
@@ -214,6 +216,39 @@ def drop_session(session, socket=None):
                      invalid=_open_invalid(shown, session))
 
 
+_OP_ID = ChimeOp.id.offset
+_OP_SIZE = ctypes.sizeof(ChimeOp)
+# ChimeOp.result before chime_submit() sets it (to 0 or a negative errno):
+# the mark of an operation whose C call has not been made.
+_UNSENT = 1 << 30
+_OneOp = ChimeOp * 1
+
+
+class _Arming:
+    """A periodic arm under way: from before its C call to the note of its id
+    in Chime._periodic. `cell` (a c_uint64) is 0 until the C call has armed
+    the timer (chime_arm() stores the id last, after publishing the record:
+    only the arming thread may rely on it before the note); `void` once the
+    timer is known not to be live (the arm refused, or cancelled by a later
+    operation of its batch or by a signal handler that ran after its C
+    call), so that it is not noted."""
+    __slots__ = ("cell", "key", "void")
+
+    def __init__(self, cell, key):
+        self.cell, self.key, self.void = cell, key, False
+
+
+class _Cancel:
+    """A cancel_key under way (its ChimeOp `op`, and its key), and the ids of
+    the periodic timers of its key noted before its C call: those noted when
+    it began, and a signal handler's on its thread while op.result is
+    _UNSENT. That C call cancels them."""
+    __slots__ = ("op", "key", "noted")
+
+    def __init__(self, op):
+        self.op, self.key, self.noted = op, op.key, []
+
+
 class Chime:
     """One connection to the broker. Chime(socket=None, session=None): the
     socket is `socket`, else $CHIME_SOCKET, else /run/chime/chime.sock.
@@ -243,7 +278,21 @@ class Chime:
         # another thread comes wholly before an arm and its note or wholly
         # after (one between them found nothing to forget: the note stayed
         # for ever), and a cancel(id) forgets `id` after its arm noted it.
+        # Events are converted under it (_events), so that one taken between
+        # an arm's C call and its note waits for the note.
         self._order = threading.RLock()
+        # The periodic arms under way (_Arming), between their C call and
+        # their note: only the thread holding _order has any, and a signal
+        # handler on it that takes an event in between reads the id here.
+        self._arming = []
+        # The cancel_keys under way (_Cancel), on the thread holding _order.
+        self._cancelling = []
+        # The poll()s and wait() slices under way (one item each: append and
+        # pop are atomic, no lock before the C call), and the periodic ids
+        # forgotten meanwhile (_forget): an event their C call took before
+        # the cancel still says periodic. Emptied when the last one ends.
+        self._collecting = []
+        self._gone = set()
         self._buf = None
         # The calls under way in C, so that close() never frees the handle
         # under one (ctypes lets other threads run during a foreign call):
@@ -325,10 +374,13 @@ class Chime:
         if not period_ns:       # nothing to note: no _order
             r = self._call(lib.chime_arm, *args)
         else:
+            arming = _Arming(out, key)
             with self._ordered() as c:
-                r = lib.chime_arm(c, *args)
-                if r >= 0:
-                    self._periodic[out.value] = key
+                self._arming.append(arming)
+                try:
+                    r = lib.chime_arm(c, *args)
+                finally:        # noted even if a signal handler raises after the C call
+                    self._settle([arming])
         if r < 0:
             raise _error("chime_arm", -r)
         return out.value
@@ -349,18 +401,22 @@ class Chime:
         if r < 0:
             raise _error("chime_cancel", -r, id=id)
         with self._order:       # after the note of an arm still under way that returns `id`
-            self._periodic.pop(id, None)
+            self._forget(id)
+            for a in self._arming:  # a signal handler's cancel inside that arm, on its thread
+                a.void = a.void or a.cell.value == id
 
     def cancel_key(self, key):
         """Cancel every timer this connection armed with `key`."""
-        key = _u64("key", key)
+        # chime_submit(), which does what chime_cancel_key() does, for its
+        # op.result: set by the C call, it tells a signal handler's arm on
+        # this thread whether that call has been made (_submit).
+        arr = _OneOp()
+        arr[0].op, arr[0].key = Op.CANCEL_KEY, _u64("key", key)
         with self._ordered() as c:
-            r = lib.chime_cancel_key(c, key)
-            if r < 0:
-                raise _error("chime_cancel_key", -r)
-            # a snapshot: a signal handler on this thread may arm meanwhile (the lock is re-entrant)
-            for tid in [t for t, k in list(self._periodic.items()) if k == key]:
-                del self._periodic[tid]
+            r = self._submit(c, arr)
+        err = r if r < 0 else arr[0].result
+        if err < 0:
+            raise _error("chime_cancel_key", -err)
 
     def submit(self, ops):
         """Apply a batch of Op values in one call (chime_submit(3)): one
@@ -382,27 +438,101 @@ class Chime:
                 o.code, o.id, o.key, o.deadline_ns, o.period_ns, o.data)
         names = {Op.ARM: "chime_arm", Op.RESET: "chime_reset", Op.CANCEL: "chime_cancel",
                  Op.CANCEL_KEY: "chime_cancel_key"}
-        out = []
         with self._ordered() as c:     # a batch may arm periodic timers, or cancel_key
-            r = lib.chime_submit(c, arr, len(ops))
-            if r < 0:
-                raise _error("chime_submit", -r)
-            for a, o in zip(arr, ops):
-                if a.result < 0:
-                    out.append(_error(names[o.code], -a.result, id=o.id))
-                    continue
-                if o.code == Op.ARM:
-                    if o.period_ns:
-                        self._periodic[a.id] = o.key
-                    out.append(a.id)
-                    continue
-                if o.code == Op.CANCEL:
-                    self._periodic.pop(o.id, None)
-                elif o.code == Op.CANCEL_KEY:
-                    for tid in [t for t, k in list(self._periodic.items()) if k == o.key]:
-                        del self._periodic[tid]
-                out.append(None)
+            r = self._submit(c, arr)
+        if r < 0:
+            raise _error("chime_submit", -r)
+        out = []
+        for a, o in zip(arr, ops):
+            if a.result < 0:
+                out.append(_error(names[o.code], -a.result, id=o.id))
+            else:
+                out.append(a.id if o.code == Op.ARM else None)
         return out
+
+    def _submit(self, c, arr):
+        """chime_submit(c, arr), and what it did noted in _periodic: its
+        periodic arms noted, the ids its cancels and cancel_keys cancelled
+        forgotten. Under _order (the caller's).
+
+        A signal handler may run on this thread anywhere in here, arm, and
+        note (_order is re-entrant): its arm comes before this C call or
+        after it, and what this call forgets must be what it cancelled. A
+        cancel_key forgets the notes of its key made before the C call: those
+        already there, and those made while its op.result is _UNSENT (the
+        handler's _settle records them in its _Cancel). A handler's arm after
+        the C call stays noted. In turn, when this is a handler's call, the
+        arms under way that it runs inside and cancels are not noted. The
+        notes are settled from the results (not from the C call's return), in
+        `finally`: a handler that raises after the C call does not skip them,
+        and one before it finds all _UNSENT."""
+        ops = arr[:]        # views of the ChimeOps, made once
+        # the batch's periodic arms (each reading its id in its ChimeOp), and its cancel_keys
+        arming, cancels = {}, {}
+        for i, a in enumerate(ops):
+            a.result = _UNSENT
+            if a.op == Op.CANCEL_KEY:
+                cancels[i] = _Cancel(a)
+            elif a.op == Op.ARM and a.period_ns:
+                arming[i] = _Arming(ctypes.c_uint64.from_buffer(arr, i * _OP_SIZE + _OP_ID), a.key)
+        outer = list(self._arming)     # (a signal handler's call) the periodic arms it runs inside
+        self._arming += arming.values()
+        self._cancelling += cancels.values()
+        try:
+            if cancels and self._periodic:      # what is noted now (a handler's note from here on: _settle)
+                by_key = {}
+                for x in cancels.values():
+                    by_key.setdefault(x.key, []).append(x)
+                for t, k in list(self._periodic.items()):
+                    for x in by_key.get(k, ()):
+                        x.noted.append(t)
+            return lib.chime_submit(c, arr, len(ops))
+        finally:
+            for x in cancels.values():
+                self._cancelling.remove(x)
+            # the periodic arms not yet noted whose C call came before: those
+            # it runs inside (a signal handler's call) and the batch's so far
+            armed = [x for x in outer if x.cell.value]
+            for i, a in enumerate(ops):
+                # refused, or not sent (an arm unpublished by a stopping broker keeps its id)
+                if a.result:
+                    if i in arming:
+                        arming[i].void = True
+                elif i in arming:
+                    armed.append(arming[i])
+                elif a.op == Op.CANCEL:
+                    self._forget(a.id)
+                    for x in armed:
+                        x.void = x.void or x.cell.value == a.id
+                elif i in cancels:
+                    for t in cancels[i].noted:
+                        self._forget(t)
+                    for x in armed:
+                        x.void = x.void or x.key == a.key
+            if arming:
+                self._settle(arming.values())
+
+    def _settle(self, arming):
+        """Note the ids of these periodic arms (_Arming) that armed a timer
+        still live, and end their time under way; under _order. One inside
+        a cancel_key of its key whose C call is still to come (a signal
+        handler's) is recorded for it to forget once made (_submit)."""
+        for a in arming:
+            tid = a.cell.value
+            if tid and not a.void:
+                self._periodic[tid] = a.key
+                for x in self._cancelling:
+                    if x.key == a.key and x.op.result == _UNSENT:
+                        x.noted.append(tid)
+            self._arming.remove(a)
+
+    def _forget(self, tid):
+        """Drop the note of periodic timer `tid`, cancelled; under _order,
+        after the C cancel. A collection that begins after this reads
+        _collecting takes no event of `tid` (the C call's promise): only one
+        under way needs it in _gone."""
+        if self._periodic.pop(tid, None) is not None and self._collecting:
+            self._gone.add(tid)
 
     def flush(self):
         """Have the broker apply what this connection submitted now, rather
@@ -412,12 +542,33 @@ class Chime:
         if r < 0:
             raise _error("chime_flush", -r)
 
+    def _collect(self, func, buf, max, *args):
+        """func(handle, buf, max, *args), chime_poll or chime_wait: its
+        return and its events as Event values."""
+        self._collecting.append(None)
+        try:
+            r = self._call(func, buf, max, *args)
+            return r, self._events(r) if r > 0 else []
+        finally:
+            self._collecting.pop()
+            if not self._collecting and self._gone:
+                with self._order:
+                    if not self._collecting:
+                        self._gone.clear()
+
     def _events(self, n):
         out = []
-        for i in range(n):
-            e = self._buf[i]
-            periodic = e.id in self._periodic
-            out.append(Event(e.id, e.key, e.user_data, e.deadline_ns, e.fired_ns, periodic))
+        # Under _order: an event taken while another thread's periodic arm
+        # is between its C call and its note (a timer due at once) waits for
+        # the note. Its id is in _arming for a signal handler that takes it
+        # on the arming thread meanwhile (the RLock lets it in). Never held
+        # across chime_wait(): only for this conversion.
+        with self._order:
+            arming = [a.cell.value for a in self._arming]
+            for i in range(n):
+                e = self._buf[i]
+                periodic = e.id in self._periodic or e.id in arming or e.id in self._gone
+                out.append(Event(e.id, e.key, e.user_data, e.deadline_ns, e.fired_ns, periodic))
         return out
 
     def _buffer(self, max):
@@ -430,10 +581,10 @@ class Chime:
     def poll(self, max=64):
         """Up to `max` pending events, as a list (empty if none); never blocks."""
         buf = self._buffer(max)
-        r = self._call(lib.chime_poll, buf, max)
+        r, events = self._collect(lib.chime_poll, buf, max)
         if r < 0:
             raise _error("chime_poll", -r)
-        return self._events(r)
+        return events
 
     def wait(self, timeout=None):
         """The pending events (up to 64; poll(max) takes more), waiting up to
@@ -453,7 +604,7 @@ class Chime:
             ms = _WAIT_SLICE_MS
             if end is not None:
                 ms = min(ms, max(0, math.ceil((end - time.monotonic()) * 1000)))
-            r = self._call(lib.chime_wait, buf, 64, ms)
+            r, events = self._collect(lib.chime_wait, buf, 64, ms)
             # A signal: its Python handler runs here (and may raise); then
             # wait on for what is left of the timeout, as PEP 475 asks.
             if r == -errno.EINTR:
@@ -461,7 +612,7 @@ class Chime:
             if r < 0:
                 raise _error("chime_wait", -r)
             if r or (end is not None and ms < _WAIT_SLICE_MS):
-                return self._events(r)
+                return events
 
     def fileno(self):
         """A descriptor readable whenever events are pending (for select,

@@ -530,6 +530,190 @@ def test_a_cancel_between_a_periodic_arm_and_its_note_is_not_missed(chime_conn, 
     assert tid not in c._periodic, f"{cancel} did not forget the periodic timer {tid}"
 
 
+@pytest.mark.parametrize("arm", ["arm", "submit"])
+@pytest.mark.parametrize("who", ["thread", "handler"])
+def test_an_event_taken_between_a_periodic_arm_and_its_note_is_periodic(chime_conn, monkeypatch, arm, who):
+    """A periodic timer due at once, its event taken by another thread's
+    poll(), or by a signal handler's on this thread, after the C call armed
+    it and before the binding noted its id: the event must say
+    periodic=True (it said False). The C arm is wrapped to take it exactly
+    there: once its event is pending, another thread polls (it may wait for
+    the note, not for the arm to return), or a SIGUSR1 sent to this thread
+    runs a handler that polls. For the thread, the id is not in the C
+    call's output yet, as in chime_arm() between its publish and its store
+    of *id (after it waits out a stopping broker)."""
+    import threading
+    c, got, polled = chime_conn, [], threading.Event()
+    func = "chime_arm" if arm == "arm" else "chime_submit"
+    real, real_poll = getattr(chime.lib, func), chime.lib.chime_poll
+
+    def take():
+        end = time.monotonic() + 5
+        while not got and time.monotonic() < end:
+            got.extend(c.poll())
+
+    def poll(handle, *args):
+        r = real_poll(handle, *args)
+        if r > 0:
+            polled.set()
+        return r
+
+    def armed_then_taken(handle, *args):
+        monkeypatch.setattr(chime.lib, func, real)     # once
+        r = real(handle, *args)
+        assert select.select([c.fileno()], [], [], 5)[0], "the due timer's event never came"
+        if who == "handler":
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)    # its handler runs here
+            assert got, "the handler took no event"
+        else:
+            cell, field = (args[-1]._obj, "value") if arm == "arm" else (args[0][0], "id")
+            tid = getattr(cell, field)
+            setattr(cell, field, 0)
+            t = threading.Thread(target=take)
+            t.start()
+            assert polled.wait(5), "the other thread's poll took no event"
+            t.join(0.2)     # its events converted at once, unless it waits for this arm's note
+            threads.append(t)
+            setattr(cell, field, tid)
+        return r
+
+    threads = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: take())
+    monkeypatch.setattr(chime.lib, "chime_poll", poll)
+    monkeypatch.setattr(chime.lib, func, armed_then_taken)
+    try:
+        if arm == "arm":
+            tid = c.arm(6, after=0, period=60)
+        else:
+            (tid,) = c.submit([chime.Op.arm(6, after=0, period=60)])
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    for t in threads:
+        t.join(5)
+        assert not t.is_alive()
+    assert [(ev.id, ev.periodic) for ev in got] == [(tid, True)]
+    c.cancel(tid)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("via", ["cancel_key", "submit"])
+def test_a_handler_arming_inside_cancel_key_is_noted_as_the_c_call_left_it(chime_conn, monkeypatch, via,
+                                                                          when):
+    """A signal handler arms a periodic timer of the key on the thread
+    inside cancel_key(key) (the RLock lets it in). Before the C cancel_key,
+    that cancels it: it must not be noted. After it, the timer is live: it
+    must stay noted (cancel_key then forgot it, and its events said
+    periodic=False). The C call (chime_cancel_key or chime_submit, whichever
+    cancel_key() makes) is wrapped to send SIGUSR1 to this thread just
+    before or just after it."""
+    import threading
+    c, key, armed, sent = chime_conn, 4, [], []
+    old_tid = c.arm(key, after=60, period=60)
+    reals = {f: getattr(chime.lib, f) for f in ("chime_cancel_key", "chime_submit")}
+
+    def wrap(func):
+        def cancel_key(handle, *args):
+            if sent:        # the handler's own calls
+                return reals[func](handle, *args)
+            sent.append(func)
+            if when == "before":
+                signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)    # its handler runs here
+            r = reals[func](handle, *args)
+            if when == "after":
+                signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+            return r
+        return cancel_key
+
+    for f in reals:
+        monkeypatch.setattr(chime.lib, f, wrap(f))
+    old = signal.signal(signal.SIGUSR1, lambda *_: armed.append(c.arm(key, after=0, period=60)))
+    try:
+        if via == "cancel_key":
+            c.cancel_key(key)
+        else:
+            assert c.submit([chime.Op.cancel_key(key)]) == [None]
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    (tid,) = armed
+    assert old_tid not in c._periodic, "the timer armed before the cancel_key is still noted"
+    if when == "before":
+        assert tid not in c._periodic, "the timer the cancel_key cancelled is still noted"
+        assert c.wait(timeout=0.05) == []
+    else:
+        assert c._periodic.get(tid) == key, "the live timer armed after the C cancel_key was forgotten"
+        assert [(ev.id, ev.periodic) for ev in wait_for(c, 1)] == [(tid, True)]
+        c.cancel(tid)
+
+
+@pytest.mark.parametrize("arm", ["arm", "submit"])
+@pytest.mark.parametrize("cancel", ["cancel_key", "submit_cancel_key", "cancel"])
+def test_a_handler_cancelling_inside_a_periodic_arm_leaves_no_note(chime_conn, monkeypatch, arm, cancel):
+    """A signal handler on the thread inside a periodic arm, after its C
+    call and before its note, cancels the timer: cancel_key(key), or
+    cancel(id) (the id from an event, say). The arm must not note it then
+    (the note outlived the timer for ever). The C arm is wrapped to send
+    SIGUSR1 to this thread just after it."""
+    import threading
+    c, key, ids = chime_conn, 3, []
+    func = "chime_arm" if arm == "arm" else "chime_submit"
+    real = getattr(chime.lib, func)
+
+    def armed_then_signalled(handle, *args):
+        monkeypatch.setattr(chime.lib, func, real)     # once
+        r = real(handle, *args)
+        ids.append(args[-1]._obj.value if arm == "arm" else args[0][0].id)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)    # its handler runs here
+        return r
+
+    def handler(*_):
+        {"cancel_key": lambda: c.cancel_key(key), "cancel": lambda: c.cancel(ids[0]),
+         "submit_cancel_key": lambda: c.submit([chime.Op.cancel_key(key)])}[cancel]()
+        ids.append("handled")
+
+    monkeypatch.setattr(chime.lib, func, armed_then_signalled)
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        if arm == "arm":
+            tid = c.arm(key, after=0, period=60)
+        else:
+            (tid,) = c.submit([chime.Op.arm(key, after=0, period=60)])
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert ids == [tid, "handled"]
+    assert tid not in c._periodic, f"the timer the handler's {cancel} cancelled is noted"
+    assert c.wait(timeout=0.05) == []
+
+
+@pytest.mark.parametrize("cancel", ["cancel", "cancel_key", "submit_cancel_key"])
+def test_an_event_taken_before_its_periodic_timer_is_cancelled_is_periodic(chime_conn, monkeypatch, cancel):
+    """Another thread cancels a periodic timer after poll()'s C call took
+    its event and before the event is made an Event: it must still say
+    periodic=True (the cancel had forgotten the note: False). chime_poll is
+    wrapped to run the other thread's cancel exactly there."""
+    import threading
+    c, key = chime_conn, 2
+    real = chime.lib.chime_poll
+    tid = c.arm(key, after=0, period=60)
+    assert select.select([c.fileno()], [], [], 5)[0], "the due timer's event never came"
+
+    def polled_then_cancelled(handle, buf, max):
+        monkeypatch.setattr(chime.lib, "chime_poll", real)     # once
+        r = real(handle, buf, max)
+        assert r == 1 and buf[0].id == tid
+        other = {"cancel": lambda: c.cancel(tid), "cancel_key": lambda: c.cancel_key(key),
+                 "submit_cancel_key": lambda: c.submit([chime.Op.cancel_key(key)])}[cancel]
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(5)
+        assert not t.is_alive()
+        return r
+
+    monkeypatch.setattr(chime.lib, "chime_poll", polled_then_cancelled)
+    assert [(ev.id, ev.periodic) for ev in c.poll()] == [(tid, True)]
+    assert tid not in c._periodic and not c._gone, "the cancelled timer's note was kept"
+    assert c.wait(timeout=0.05) == []
+
+
 def test_fileno_in_a_forked_child_is_echild(chime_conn):
     c = chime_conn
     c.fileno()

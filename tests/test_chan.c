@@ -1335,24 +1335,20 @@ Test(chan, park_of_a_periodic_held_behind_its_event_loses_no_period)
 }
 
 /*
- * After a crash the new broker holds the events the old one had delivered
- * until the resuming process says which it took (restore.c, "settle"). A
- * stop that parks the session after the process wrote its word but before
- * the shard read it must settle by it: before, the park held them all
- * again, and the broker after it delivered the taken ones a second time.
+ * Events restored as "delivered, maybe taken" (three, at old positions
+ * 0..2), their session re-attached by a resuming process that has not
+ * written its word yet.
  */
-Test(chan, a_park_settles_restored_events_by_a_word_that_came)
+static void resumed_without_word(struct client_sim *c, uint64_t *id)
 {
-	struct client_sim *c = &F.cl[0];
 	void *old_rw = c->rw, *old_ro = c->ro;
 	struct chan_settle *st = malloc(3 * sizeof(*st));
 	struct chime_node *n;
-	uint64_t id[3];
 
 	cr_assert_not_null(st);
 	for (unsigned i = 0; i < 3; i++)
 		id[i] = arm(c, 1, T0 + 1 * MS, 0, i);
-	step_at(T0 + 2 * MS);   /* in the ring at positions 0, 1, 2 */
+	step_at(T0 + 2 * MS);   /* in the ring */
 	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
 	cr_assert_eq(c->ch.nr_backlog, 3);
 	/* As restore.c leaves them: delivered at old positions 0..2, maybe taken. */
@@ -1368,6 +1364,22 @@ Test(chan, a_park_settles_restored_events_by_a_word_that_came)
 	client_rings(c);
 	free(old_rw);
 	free(old_ro);
+}
+
+/*
+ * After a crash the new broker holds the events the old one had delivered
+ * until the resuming process says which it took (restore.c, "settle"). A
+ * stop that parks the session after the process wrote its word but before
+ * the shard read it must settle by it: before, the park held them all
+ * again, and the broker after it delivered the taken ones a second time.
+ */
+Test(chan, a_park_settles_restored_events_by_a_word_that_came)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_node *n;
+	uint64_t id[3];
+
+	resumed_without_word(c, id);
 	/* The process took the first two, and says so; the broker stops before any service. */
 	c->m.rw->resume_cq_head = 2;
 	__atomic_store_n(&c->m.rw->resume_set, 1u, __ATOMIC_RELEASE);
@@ -1379,36 +1391,6 @@ Test(chan, a_park_settles_restored_events_by_a_word_that_came)
 	cr_assert_eq(n->state, CHIME_NODE_BACKLOG);
 	cr_assert_eq(n->cq_pos, CHIME_POS_NONE, "settled: no old position left for the next broker");
 	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(id[0]))->state, CHIME_NODE_FREE);
-}
-
-/*
- * Events restored as "delivered, maybe taken" (three, at old positions
- * 0..2), their session re-attached by a resuming process that has not
- * written its word yet.
- */
-static void resumed_without_word(struct client_sim *c, uint64_t *id)
-{
-	void *old_rw = c->rw, *old_ro = c->ro;
-	struct chan_settle *st = malloc(3 * sizeof(*st));
-	struct chime_node *n;
-
-	cr_assert_not_null(st);
-	for (unsigned i = 0; i < 3; i++)
-		id[i] = arm(c, 1, T0 + 1 * MS, 0, i);
-	step_at(T0 + 2 * MS);
-	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
-	for (unsigned i = 0; i < 3; i++) {
-		n = wheel_node(&F.sc.wh, chime_id_index(id[i]));
-		n->cq_pos = CHAN_POS_OLD | i;
-		st[i] = (struct chan_settle){ .pos = i, .idx = chime_id_index(id[i]),
-					      .gen = n->gen & CHIME_ID_GEN_MASK };
-	}
-	chan_settle_set(&c->ch, st, 3);
-	client_mem(c);
-	chan_reattach(&F.sc, &c->ch, &c->m, true);
-	client_rings(c);
-	free(old_rw);
-	free(old_ro);
 }
 
 /* The session parked again before the word (its connection hung up), then attached again. */

@@ -67,6 +67,25 @@ static void client_rings(struct client_sim *c)
 	c->cons.head = c->cons.tail = c->m.rw->cq_head;
 }
 
+/* The client's process attaches again (resuming it or not): new rings, the old ones freed. */
+static void reattach(struct client_sim *c, bool resume)
+{
+	void *old_rw = c->rw, *old_ro = c->ro;
+
+	client_mem(c);
+	chan_reattach(&F.sc, &c->ch, &c->m, resume);
+	client_rings(c);
+	free(old_rw);
+	free(old_ro);
+}
+
+/* The session parked (its connection hung up, or the broker stopping), then attached again. */
+static void park_and_reattach(struct client_sim *c, bool resume)
+{
+	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
+	reattach(c, resume);
+}
+
 static void client_init_uid(struct client_sim *c, uint16_t slot, uint32_t uid)
 {
 	client_mem(c);
@@ -1257,7 +1276,6 @@ Test(chan, a_periodics_taken_event_is_forgotten_by_its_node_once_the_head_passes
 Test(chan, park_keeps_a_periodics_untaken_event)
 {
 	struct client_sim *c = &F.cl[0];
-	void *old_rw = c->rw, *old_ro = c->ro;
 	struct chime_cqe e;
 	uint64_t p = arm(c, 1, T0 + 1 * MS, 5 * MS, 9);
 	uint64_t o = arm(c, 1, T0 + 2 * MS, 0, 8);
@@ -1269,11 +1287,7 @@ Test(chan, park_keeps_a_periodics_untaken_event)
 	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(p))->state, CHIME_NODE_BACKLOG);
 	step_at(T0 + 20 * MS);
 	cr_assert_eq(c->ch.nr_backlog, 2, "a held periodic does not fire again");
-	client_mem(c);
-	chan_reattach(&F.sc, &c->ch, &c->m, false);
-	client_rings(c);
-	free(old_rw);
-	free(old_ro);
+	reattach(c, false);
 	step_at(T0 + 20 * MS);
 	cr_assert_eq(take(c, &e), 1);
 	cr_assert_eq(e.id, p, "ring order: the periodic fired first");
@@ -1297,7 +1311,6 @@ Test(chan, park_keeps_a_periodics_untaken_event)
 Test(chan, park_of_a_periodic_held_behind_its_event_loses_no_period)
 {
 	struct client_sim *c = &F.cl[0];
-	void *old_rw = c->rw, *old_ro = c->ro;
 	struct chime_cqe e;
 	uint64_t q = arm(c, 1, T0 + 1 * MS, 1 * MS, 8), p = arm(c, 1, T0 + 1 * MS + RES, 1 * MS, 9);
 	uint64_t next_q = T0 + 2 * MS, next_p = T0 + 1 * MS + RES;
@@ -1311,11 +1324,7 @@ Test(chan, park_of_a_periodic_held_behind_its_event_loses_no_period)
 	for (int i = 0; !chan_park(&F.sc, &c->ch, 7); i++)
 		cr_assert_lt(i, 100);
 	step_at(T0 + 20 * MS);
-	client_mem(c);
-	chan_reattach(&F.sc, &c->ch, &c->m, false);
-	client_rings(c);
-	free(old_rw);
-	free(old_ro);
+	reattach(c, false);
 	for (int k = 0; k < 12; k++) {
 		step_at(T0 + 20 * MS);
 		cr_assert_eq(take(c, &e), 1, "event %d: none", k);
@@ -1341,7 +1350,6 @@ Test(chan, park_of_a_periodic_held_behind_its_event_loses_no_period)
  */
 static void resumed_without_word(struct client_sim *c, uint64_t *id)
 {
-	void *old_rw = c->rw, *old_ro = c->ro;
 	struct chan_settle *st = malloc(3 * sizeof(*st));
 	struct chime_node *n;
 
@@ -1359,11 +1367,7 @@ static void resumed_without_word(struct client_sim *c, uint64_t *id)
 					      .gen = n->gen & CHIME_ID_GEN_MASK };
 	}
 	chan_settle_set(&c->ch, st, 3);
-	client_mem(c);
-	chan_reattach(&F.sc, &c->ch, &c->m, true);
-	client_rings(c);
-	free(old_rw);
-	free(old_ro);
+	reattach(c, true);
 }
 
 /*
@@ -1391,19 +1395,6 @@ Test(chan, a_park_settles_restored_events_by_a_word_that_came)
 	cr_assert_eq(n->state, CHIME_NODE_BACKLOG);
 	cr_assert_eq(n->cq_pos, CHIME_POS_NONE, "settled: no old position left for the next broker");
 	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(id[0]))->state, CHIME_NODE_FREE);
-}
-
-/* The session parked again before the word (its connection hung up), then attached again. */
-static void park_and_reattach(struct client_sim *c, bool resume)
-{
-	void *old_rw = c->rw, *old_ro = c->ro;
-
-	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
-	client_mem(c);
-	chan_reattach(&F.sc, &c->ch, &c->m, resume);
-	client_rings(c);
-	free(old_rw);
-	free(old_ro);
 }
 
 /*
@@ -1464,17 +1455,12 @@ Test(chan, restored_events_left_waiting_by_a_park_go_to_the_next_process_if_it_d
 Test(chan, records_before_a_resuming_process_s_word_wait_without_keeping_the_shard_awake)
 {
 	struct client_sim *c = &F.cl[0];
-	void *old_rw = c->rw, *old_ro = c->ro;
 	uint64_t id;
 
 	(void)arm(c, 1, T0 + 1000 * MS, 0, 1);
 	step_at(T0 + MS);
 	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
-	client_mem(c);
-	chan_reattach(&F.sc, &c->ch, &c->m, true);
-	client_rings(c);
-	free(old_rw);
-	free(old_ro);
+	reattach(c, true);
 	id = arm(c, 2, T0 + 2000 * MS, 0, 2);          /* no resume_set: the word has not come */
 	cr_assert_eq(chan_drain(&F.sc, &c->ch, 1000), 0, "a record applied before the process's word");
 	cr_assert_not(chan_pending(&F.sc, &c->ch), "records waiting for the word keep the shard awake");
@@ -1495,7 +1481,6 @@ Test(chan, records_before_a_resuming_process_s_word_wait_without_keeping_the_sha
 Test(chan, a_periodic_cancelled_after_a_reattach_voids_no_other_timers_event)
 {
 	struct client_sim *c = &F.cl[0];
-	void *old_rw = c->rw, *old_ro = c->ro;
 	struct chime_cqe e;
 	uint64_t p = arm(c, 1, T0 + 1 * MS, 50 * MS, 9);
 	uint64_t o;
@@ -1506,11 +1491,7 @@ Test(chan, a_periodic_cancelled_after_a_reattach_voids_no_other_timers_event)
 	o = arm(c, 1, T0 + 3 * MS, 0, 8);
 	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));  /* applies the arm; every event taken: no sweep */
 	step_at(T0 + 4 * MS);                           /* o fires while parked: held */
-	client_mem(c);
-	chan_reattach(&F.sc, &c->ch, &c->m, false);
-	client_rings(c);
-	free(old_rw);
-	free(old_ro);
+	reattach(c, false);
 	step_at(T0 + 4 * MS);                           /* o delivered into the new ring */
 	submit(c, CHIME_OP_CANCEL, p, 0, 0, 0, 0);
 	step_at(T0 + 4 * MS);
@@ -1522,7 +1503,6 @@ Test(chan, a_periodic_cancelled_after_a_reattach_voids_no_other_timers_event)
 Test(chan, park_keeps_untaken_events_and_reattach_delivers_them_in_order)
 {
 	struct client_sim *c = &F.cl[0];
-	void *old_rw, *old_ro;
 	struct chime_cqe e;
 	uint64_t a = arm(c, 1, T0 + 1 * MS, 0, 1);
 	uint64_t b = arm(c, 1, T0 + 2 * MS, 0, 2);
@@ -1542,14 +1522,7 @@ Test(chan, park_keeps_untaken_events_and_reattach_delivers_them_in_order)
 	step_at(T0 + 10 * MS);
 	cr_assert_eq(c->ch.nr_backlog, 3, "late fired while parked: held");
 	cr_assert_eq(take(c, &e), 0, "nothing more reaches the old ring");
-
-	old_rw = c->rw;
-	old_ro = c->ro;
-	client_mem(c);
-	chan_reattach(&F.sc, &c->ch, &c->m, false);
-	client_rings(c);
-	free(old_rw);
-	free(old_ro);
+	reattach(c, false);
 	cr_assert_eq(c->ch.owned, 4 + SQ, "new grants for the new ring");
 	step_at(T0 + 10 * MS);
 	cr_assert_eq(take(c, &e), 1);

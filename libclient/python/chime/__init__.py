@@ -548,7 +548,7 @@ class Chime:
         self._collecting.append(None)
         try:
             r = self._call(func, buf, max, *args)
-            return r, self._events(r) if r > 0 else []
+            return r, self._events(buf, r) if r > 0 else []
         finally:
             self._collecting.pop()
             if not self._collecting and self._gone:
@@ -556,7 +556,7 @@ class Chime:
                     if not self._collecting:
                         self._gone.clear()
 
-    def _events(self, n):
+    def _events(self, buf, n):
         out = []
         # Under _order: an event taken while another thread's periodic arm
         # is between its C call and its note (a timer due at once) waits for
@@ -566,7 +566,7 @@ class Chime:
         with self._order:
             arming = [a.cell.value for a in self._arming]
             for i in range(n):
-                e = self._buf[i]
+                e = buf[i]
                 periodic = e.id in self._periodic or e.id in arming or e.id in self._gone
                 out.append(Event(e.id, e.key, e.user_data, e.deadline_ns, e.fired_ns, periodic))
         return out
@@ -574,6 +574,11 @@ class Chime:
     def _buffer(self, max):
         if not isinstance(max, int) or not 0 < max <= 65536:
             raise ValueError(f"max must be an int in 1..65536, not {max!r}")
+        # A collection under way (a signal handler polling on its thread
+        # between the outer call's C call and its conversion) gets a buffer
+        # of its own: the shared one would hand the outer call its events.
+        if self._collecting:
+            return (ChimeEvent * max)()
         if self._buf is None or len(self._buf) < max:
             self._buf = (ChimeEvent * max)()
         return self._buf

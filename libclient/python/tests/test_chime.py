@@ -718,6 +718,36 @@ def test_an_event_taken_before_its_periodic_timer_is_cancelled_is_periodic(chime
     assert c.wait(timeout=0.05) == []
 
 
+def test_a_poll_inside_a_poll_keeps_each_its_own_events(chime_conn, monkeypatch):
+    """A signal handler that polls on the thread of a poll() whose C call
+    has returned (its events in the buffer, not yet converted) takes other
+    events: each call must return its own. Before, both used one buffer,
+    and the outer call returned the handler's events. chime_poll is wrapped
+    to run the handler's poll exactly there."""
+    c = chime_conn
+    real = chime.lib.chime_poll
+    ids = [c.arm(k, after=0) for k in (1, 2)]
+    assert select.select([c.fileno()], [], [], 5)[0], "the due timers' events never came"
+    inner = []
+
+    def polled_then_handler(handle, buf, max):
+        monkeypatch.setattr(chime.lib, "chime_poll", real)     # once
+        r = real(handle, buf, 1)
+        assert r == 1
+        for _ in range(500):         # the handler's poll, until the second event is there
+            inner.extend(c.poll(1))
+            if inner:
+                break
+            time.sleep(0.01)
+        return r
+
+    monkeypatch.setattr(chime.lib, "chime_poll", polled_then_handler)
+    outer = c.poll(1)
+    got = [e.id for e in outer + inner]
+    assert len(outer) == 1 and len(inner) == 1, (outer, inner)
+    assert sorted(got) == sorted(ids), f"an event returned twice or lost: {got} for {ids}"
+
+
 def test_fileno_in_a_forked_child_is_echild(chime_conn):
     c = chime_conn
     c.fileno()

@@ -2111,12 +2111,12 @@ static void t4_once(chime_t *c, uint8_t *seen, const uint64_t *d, unsigned run)
 
 /*
  * Which stores a kill-after-each-store test kills after: every one, but
- * under ASan in the default suite every third and the last. The release
- * build kills after each store in the same run, and the stress suite does
- * under ASan too; ASan's part is the memory errors of a restore from a
- * killed broker's files, which does not need every store, and the two
- * longest of these tests took 64 s of the default suite there (20 in the
- * release build).
+ * under ASan outside the stress suite every third and the last. The
+ * default suite runs this program in the release build only, which kills
+ * after each store (tests/meson.build, 'once_in'); the stress suite kills
+ * after each under ASan too. ASan's part is the memory errors of a restore
+ * from a killed broker's files, which does not need every store, and the
+ * two longest of these tests took 64 s there (20 in the release build).
  */
 static unsigned store_stride(void)
 {

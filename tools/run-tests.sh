@@ -4,11 +4,15 @@
 #
 #   tools/run-tests.sh               default suite: unit tests, short integration
 #                                    and stress runs, and 30 s of fuzzing per
-#                                    target (from a fresh clone on 2 cores, the
-#                                    five builds included: about 13 minutes with
-#                                    an empty ccache, 10 with the cache an earlier
-#                                    run left, as CI has; each phase's time is
-#                                    printed before the summary)
+#                                    target; each integration program in one of
+#                                    the plain and ASan+UBSan builds (suite
+#                                    'other-build' left out, tests/meson.build)
+#                                    (from a fresh clone on 2 cores, the five
+#                                    builds included: about 10 minutes with the
+#                                    ccache an earlier run left, as CI has; each
+#                                    phase's time is printed before the summary)
+#   tools/run-tests.sh --full        the same with every program in both builds
+#                                    (about 15 minutes)
 #   tools/run-tests.sh --stress      the long stress and soak suite instead (plain
 #                                    and ASan+UBSan builds; about 10 minutes here)
 #   tools/run-tests.sh --fuzz SECS   only the fuzzers (build-fuzz), SECS seconds each
@@ -25,11 +29,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 setup="default"
-suite_args=()
+suite_args=(--no-suite other-build)
 fuzz_only=0
 fuzz_secs=30
 case "${1:-}" in
 "") ;;
+--full) suite_args=() ;;
 --stress) setup="stress"; suite_args=(--suite stress) ;;
 --fuzz)
 	fuzz_secs=${2:-}
@@ -166,12 +171,13 @@ else
 	if [ "$setup" != stress ]; then
 		# The install test only: build what `meson install` installs (the test
 		# depends on nothing else), and let `meson test` build nothing more.
+		saved_args=("${suite_args[@]}")
 		suite_args=(--no-rebuild install)
 		installed_only=1
 		run lto build-lto -Db_lto=true
 		installed_only=0
 		targets=()
-		suite_args=()
+		suite_args=("${saved_args[@]}")
 	fi
 	run asan+ubsan build-asan -Db_sanitize=address,undefined -Db_lundef=false
 	# TSan runs only the plain tsan_* checks, which have no stress variant.

@@ -132,6 +132,7 @@ struct cfg {
 	int shards;
 	uint32_t only;          /* bit i: part_name[i] asked for by --only; 0: all */
 	int busy_poll;
+	int cold;
 	size_t expire_n;
 };
 
@@ -153,6 +154,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PARTS] [--expire N] [--busy-poll]\n"
+		"                      [--cold]\n"
 		"End to end: ns per chime_arm/reset/cancel (1 and 2 threads, 100k and 1M armed;\n"
 		"in bursts into emptied rings, beside the hardware's floor; one at a time after\n"
 		"idling), the broker's ops/s per shard, expirations/s to a draining client and\n"
@@ -170,6 +172,8 @@ static void usage(FILE *f)
 		"      --busy-poll     lateness drained by chime_poll() in a loop, not chime_wait();\n"
 		"                      the private chimed runs with --spin-us -1 (busy-poll mode)\n"
 		"                      and, without --shards, a shard fewer than the CPUs (at least 1)\n"
+		"      --cold          in the bursts, flush every CPU's caches between the arms and\n"
+		"                      the first resets, as the interval before a keepalive's would\n"
 		"  -h, --help          show this help\n");
 }
 
@@ -182,6 +186,7 @@ int bench_e2e(int argc, char **argv)
 		{ "only", required_argument, NULL, 'o' },
 		{ "busy-poll", no_argument, NULL, 'b' },
 		{ "expire", required_argument, NULL, 'N' },
+		{ "cold", no_argument, NULL, 'c' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -214,6 +219,7 @@ int bench_e2e(int argc, char **argv)
 				return 2;
 			break;
 		case 'b': cf.busy_poll = 1; break;
+		case 'c': cf.cold = 1; break;
 		case 'N':
 			if (bench_opt_u64("e2e", "--expire", optarg, 1, E2E_MAX_EXPIRE, &v) < 0)
 				return 2;
@@ -343,14 +349,15 @@ int bench_e2e(int argc, char **argv)
 			printf("\nclient operations in bursts: 1 or 2 threads on one chime_t, each batch of %u into\n"
 			       "rings the broker has emptied (the bench waits, untimed, for its counters between\n"
 			       "batches; 2 threads start each batch together); ns per op on each thread, median of\n"
-			       "batches (mean)\n", burst);
+			       "batches (mean)%s\n", burst,
+			       cf.cold ? "; every CPU's caches flushed between the arms and the resets (--cold)" : "");
 			printf("  %-6s %3s %-7s | %-25s | %-25s\n", "armed", "thr", "op", "chime_arm/reset/cancel",
 			       "chime_submit, 64 a call");
 			for (size_t si = 0; si < nsizes; si++) {
 				for (unsigned nthr = 1; nthr <= MAX_THR; nthr++) {
 					struct op_result rc[NR_OPS], rs[NR_OPS];
-					int have_c = run_ops_bursts(IMPL_CHIME, &b, sizes[si], nthr, burst, rc) == 0;
-					int have_s = run_ops_bursts(IMPL_SUBMIT, &b, sizes[si], nthr, burst, rs) == 0;
+					int have_c = run_ops_bursts(IMPL_CHIME, &b, sizes[si], nthr, burst, cf.cold, rc) == 0;
+					int have_s = run_ops_bursts(IMPL_SUBMIT, &b, sizes[si], nthr, burst, cf.cold, rs) == 0;
 					char cnt[24];
 
 					for (int op = 0; op < NR_OPS; op++) {

@@ -136,9 +136,11 @@ int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned 
  * the nthr threads start theirs together. What the application's thread
  * pays for a burst (the timers of a thousand new connections), without the
  * waits on a full ring a sustained flood has; with 2 threads, beside
- * another thread doing the same on the same chime_t.
+ * another thread doing the same on the same chime_t. cold: every CPU's
+ * caches flushed (untimed) between the arms and the first resets, as the
+ * interval before a keepalive's first reset would.
  */
-int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
+int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch, int cold,
 		   struct op_result res[NR_OPS]);
 int run_flood(const struct broker *b, size_t n, uint64_t dur_ns, struct flood_result *res);
 

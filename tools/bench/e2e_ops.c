@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,7 @@ const char *const tfd_op_name[NR_OPS] = { "create+settime", "settime", "settime"
 
 struct op_shared {
 	int impl;
+	int cold;               /* paced: the caches flushed before the first resets */
 	chime_t *c;
 	const struct broker *b;
 	int paced;              /* each batch into rings the broker has emptied, all threads together */
@@ -228,12 +230,64 @@ static void *op_thread_main(void *arg)
 	return NULL;
 }
 
+/* Each CPU's share of the flush: more than its caches hold, written a line at a time. */
+#define FLUSH_BYTES (64u << 20)
+#define FLUSH_MAX_CPUS 256u
+
+struct flush_cpu {
+	int cpu;
+	pthread_t tid;
+};
+
+static void *flush_main(void *arg)
+{
+	struct flush_cpu *f = arg;
+	cpu_set_t set;
+	volatile uint8_t *buf;
+
+	CPU_ZERO(&set);
+	CPU_SET(f->cpu, &set);
+	if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0)
+		return NULL;
+	buf = malloc(FLUSH_BYTES);
+	if (!buf)
+		return NULL;
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t i = 0; i < FLUSH_BYTES; i += 64)
+			buf[i] = (uint8_t)(i + (size_t)pass);
+	free((void *)buf);
+	return NULL;
+}
+
+/*
+ * Evict what every CPU this process may use has cached (the shards' CPUs
+ * too: a shard is preempted meanwhile), as an interval of other work
+ * would: a keepalive's first reset comes seconds after its arm.
+ */
+static void flush_caches(void)
+{
+	struct flush_cpu f[FLUSH_MAX_CPUS];
+	cpu_set_t set;
+	unsigned n = 0;
+
+	if (sched_getaffinity(0, sizeof(set), &set) != 0)
+		return;
+	for (int c = 0; c < CPU_SETSIZE && n < FLUSH_MAX_CPUS; c++)
+		if (CPU_ISSET(c, &set)) {
+			f[n].cpu = c;
+			if (pthread_create(&f[n].tid, NULL, flush_main, &f[n]) == 0)
+				n++;
+		}
+	for (unsigned i = 0; i < n; i++)
+		pthread_join(f[i].tid, NULL);
+}
+
 /*
  * n timers, nthr threads: arm, reset, cancel. For chime, `b` is the broker
  * whose counters the phases wait for. res[op] gets the figures.
  */
 static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch, int paced,
-		   struct op_result res[NR_OPS])
+		   int cold, struct op_result res[NR_OPS])
 {
 	struct op_shared sh;
 	struct op_thread th[MAX_THR];
@@ -248,6 +302,7 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 	sh.c = c;
 	sh.b = b;
 	sh.paced = paced;
+	sh.cold = cold;
 	sh.n = n;
 	sh.batch = batch;
 	sh.nthr = nthr;
@@ -267,6 +322,8 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 	}
 
 	for (int op = 0; op < NR_OPS; op++) {
+		if (cold && op == OP_RESET)
+			flush_caches();
 		pthread_barrier_wait(&sh.bar);      /* go */
 		pthread_barrier_wait(&sh.bar);      /* done */
 		/*
@@ -326,13 +383,13 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 int run_ops(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
 	    struct op_result res[NR_OPS])
 {
-	return ops_run(impl, b, n, nthr, batch, 0, res);
+	return ops_run(impl, b, n, nthr, batch, 0, 0, res);
 }
 
-int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch,
+int run_ops_bursts(int impl, const struct broker *b, size_t n, unsigned nthr, unsigned batch, int cold,
 		   struct op_result res[NR_OPS])
 {
-	return ops_run(impl, b, n, nthr, batch, 1, res);
+	return ops_run(impl, b, n, nthr, batch, 1, cold, res);
 }
 
 int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct sporadic_result *res)

@@ -114,9 +114,10 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
  * Fill a reserved slot with one record. An ARM takes the slot's grant as
  * its id; a slot that carries a no-grant marker instead gets a NOP (the
  * ring keeps moving) and the refusal is returned: -ENOMEM or -EDQUOT.
+ * *tagged: the broker wrote the grant's tag in the touch table (ARM only).
  */
 static inline int fill(struct chime_sqe *sqe, uint32_t shard, uint32_t op, uint64_t *id, uint64_t key,
-		       uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data)
+		       uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data, bool *tagged)
 {
 	int refused = 0;
 
@@ -124,9 +125,12 @@ static inline int fill(struct chime_sqe *sqe, uint32_t shard, uint32_t op, uint6
 		/*
 		 * The grant was stored before the slot's seq freed it for this
 		 * position (broker: release); the reserve acquire-loaded that
-		 * seq, so the grant is the one meant for us.
+		 * seq, so the grant is the one meant for us. Its flags: the
+		 * same, or (a marker replaced in place) acquire-loaded after
+		 * the broker's tag.
 		 */
 		*id = at_load(&sqe->grant);
+		*tagged = at_load_acq(&sqe->grant_flags) & CHIME_GRANT_F_TAGGED;
 		if (unlikely(chime_grant_is_marker(*id) || chime_id_shard(*id) != shard)) {
 			refused = *id == CHIME_GRANT_QUOTA ? -EDQUOT : -ENOMEM;
 			op = CHIME_OP_NOP;
@@ -331,6 +335,7 @@ static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_
 {
 	struct chime_chan *ch = &c->chan[shard];
 	struct chime_sqe *sqe;
+	bool tagged = false;
 	uint64_t pos;
 	int refused;
 
@@ -342,8 +347,8 @@ static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_
 		if (!sqe)
 			return cl_dead_errno(c);
 	}
-	refused = fill(sqe, shard, op, &id, key, deadline_ns, period_ns, user_data);
-	if (c->touch && op == CHIME_OP_ARM && !refused)
+	refused = fill(sqe, shard, op, &id, key, deadline_ns, period_ns, user_data, &tagged);
+	if (c->touch && op == CHIME_OP_ARM && !refused && !tagged)
 		touch_armed(c, id);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
@@ -569,6 +574,7 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 			struct chime_op *o = &ops[i];
 			struct chime_sqe *sqe;
 			uint64_t id = o->id;
+			bool tagged = false;
 
 			if (o->result != mine && o->result != all)
 				continue;
@@ -577,10 +583,10 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 				by = need_by(o->op, o->deadline_ns);
 			if (o->op == CHIME_ARM) {
 				o->result = fill(sqe, s, CHIME_OP_ARM, &id, o->key, o->deadline_ns, o->period_ns,
-						 o->user_data);
+						 o->user_data, &tagged);
 				if (likely(!o->result)) {
 					o->id = id;
-					if (c->touch)
+					if (c->touch && !tagged)
 						touch_armed(c, id);
 					t->ok++;
 				} else {
@@ -589,12 +595,13 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 			} else if (o->op == CHIME_RESET && c->touch) {
 				/* its word written by chime_submit() */
 				(void)fill(sqe, s, CHIME_OP_RESET_TOUCH, &id, 0,
-					   o->deadline_ns > CHIME_TOUCH_MAX_NS ? CHIME_TOUCH_MAX_NS : o->deadline_ns, 0, 0);
+					   o->deadline_ns > CHIME_TOUCH_MAX_NS ? CHIME_TOUCH_MAX_NS : o->deadline_ns, 0, 0,
+					   &tagged);
 				voids = true;
 				o->result = 0;
 				t->ok++;
 			} else {
-				(void)fill(sqe, s, o->op, &id, o->key, o->deadline_ns, 0, 0);
+				(void)fill(sqe, s, o->op, &id, o->key, o->deadline_ns, 0, 0, &tagged);
 				voids = true;
 				if (o->result == mine || last_shard) {
 					o->result = 0;

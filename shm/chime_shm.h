@@ -237,7 +237,8 @@ _Static_assert(sizeof(struct chime_wheel) % 64 == 0, "slab follows on a cache li
  *            | broker (free)               |                    | seq with a full barrier (the
  *            |                             |                    | sleeping-flag check follows);
  *            |                             |                    | broker: grant, then seq (release)
- * grant      | broker, while slot is free  | producer (ARM)     | before seq=pos+size (release)
+ * grant,     | broker, while slot is free  | producer (ARM)     | before seq=pos+size (release)
+ * grant_flags|                             |                    |
  * op..       | producer of pos             | broker             | before seq (release)
  *
  * The broker reads seq once per slot; a value other than pos+1 means "not
@@ -253,7 +254,7 @@ struct chime_sqe {
 	uint64_t period_ns;
 	uint64_t user_data;
 	uint32_t op;            /* CHIME_OP_* */
-	uint32_t _pad;
+	uint32_t grant_flags;   /* CHIME_GRANT_F_*, about grant (0 from a broker that sets none) */
 };
 _Static_assert(sizeof(struct chime_sqe) == 64, "a submission is one cache line");
 _Static_assert(offsetof(struct chime_sqe, grant) == 8, "moved: bump CHIME_SHM_LAYOUT");
@@ -1013,8 +1014,12 @@ _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIM
  *             | wants, FIRED clear); shard:    | (later: back on the wheel there; else
  *             | fetch-or FIRED as it fires     | FIRED, fired), and applying RESET_TOUCH
  * tag         | client: gen at ARM, before the | client: its reset skips the record iff
- *             | id is returned; shard: gen|ON  | tag == gen(id)|ON, the word not FIRED and
- *             | (release) when it flags a node | its deadline >= the word
+ *             | id is returned, unless the     | tag == gen(id)|ON, the word not FIRED and
+ *             | slot says CHIME_GRANT_F_TAGGED;| its deadline >= the word
+ *             | shard: gen at the grant, where |
+ *             | it has faulted the page in     |
+ *             | (F_TAGGED); gen|ON (release)   |
+ *             | when it flags a node           |
  */
 /*
  * The token names the layout: a layout that changes takes a new token, so
@@ -1028,6 +1033,15 @@ _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIM
 #define CHIME_TOUCH_ON        (UINT32_C(1) << 31)       /* in a tag: the shard reads the word */
 #define CHIME_TOUCH_MAX_NS    (CHIME_TOUCH_FIRED - 1)   /* later deadlines are kept as this */
 #define CHIME_TOUCH_BYTES     12u                       /* per node: its word and its tag */
+/*
+ * In a submission slot's grant_flags: the shard wrote the grant's tag
+ * (its generation) before the slot's seq freed it, so the ARM that takes
+ * the grant need not. Kept off the client's thread: a tag is a store into
+ * a line the client seldom holds, and an arm waited for it in its
+ * publication's barrier. An older broker sets no flag (the client writes
+ * the tag); an older library ignores it (and writes the same value).
+ */
+#define CHIME_GRANT_F_TAGGED  1u
 _Static_assert(CHIME_ID_GEN_MASK < CHIME_TOUCH_ON, "a tag holds a generation and ON");
 
 /* Shard s's words and tags in a table of nr_shards * cap nodes at base. */

@@ -150,7 +150,7 @@ static inline void chime_sqe_copy(struct chime_sqe *out, const struct chime_sqe 
 	out->period_ns = at_load(&s->period_ns);
 	out->user_data = at_load(&s->user_data);
 	out->op = at_load(&s->op);
-	out->_pad = 0;
+	out->grant_flags = 0;   /* the broker's own, never read back */
 }
 
 /*
@@ -177,15 +177,16 @@ static inline bool chime_sq_pop(struct chime_sq_cons *c, struct chime_sqe *out, 
 
 /*
  * Free the slot just popped for the producer of pos + size, writing `grant`
- * into it first (release). Must follow each successful chime_sq_pop(), in
- * pop order or not: the slot is found by pos & private mask, so any pos
- * stays in bounds. Wait-free.
+ * and its flags into it first (release). Must follow each successful
+ * chime_sq_pop(), in pop order or not: the slot is found by pos & private
+ * mask, so any pos stays in bounds. Wait-free.
  */
-static inline void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t grant)
+static inline void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t grant, uint32_t flags)
 {
 	struct chime_sqe *s = &c->slots[pos & c->mask];
 
 	at_store(&s->grant, grant);
+	at_store(&s->grant_flags, flags);
 	/* C2: the grant and our copy's loads, then the slot is free; pairs with S3. */
 	at_store_rel(&s->seq, pos + (uint64_t)c->mask + 1);
 }

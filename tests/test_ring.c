@@ -283,7 +283,7 @@ static int mpsc_consumer(void *arg)
 		CHECK(e.user_data == next[e.key], 25);
 		CHECK(e.deadline_ns == (e.user_data ^ 0x5555), 26);
 		next[e.key]++;
-		chime_sq_free(&c, pos, pos + m->c->g.sq_size);
+		chime_sq_free(&c, pos, pos + m->c->g.sq_size, 0);
 		got++;
 		last = now_ns();
 	}
@@ -388,7 +388,7 @@ Test(ring, full_ring_reserve_returns_null_and_never_overwrites)
 	cr_assert_eq(e.user_data, ~UINT64_C(0));
 	/* Popped but not freed: still full. */
 	cr_assert_null(chime_sq_reserve(&p, &pos));
-	chime_sq_free(&k, 0, 1000);
+	chime_sq_free(&k, 0, 1000, 0);
 	s = chime_sq_reserve(&p, &pos);
 	cr_assert_not_null(s);
 	cr_assert_eq(pos, 8);
@@ -400,7 +400,7 @@ Test(ring, full_ring_reserve_returns_null_and_never_overwrites)
 		cr_assert(chime_sq_pop(&k, &e, &pos));
 		cr_assert_eq(pos, i);
 		cr_assert_eq(e.key, i);
-		chime_sq_free(&k, pos, pos + 8);
+		chime_sq_free(&k, pos, pos + 8, 0);
 	}
 	/* Position 8 is reserved, not published: the consumer waits. */
 	cr_assert_not(chime_sq_pop(&k, &e, &pos));
@@ -440,7 +440,7 @@ Test(ring, reserve_n_takes_only_the_free_run_and_publish_n_shows_it_in_order)
 		cr_assert_eq(pos, i);
 		cr_assert_eq(e.key, i);
 		if (i < 2)
-			chime_sq_free(&k, pos, 100 + pos);
+			chime_sq_free(&k, pos, 100 + pos, 0);
 	}
 	/* Two freed: a run of 2 (wrapping to slots 0 and 1), with their new grants. */
 	cr_assert_eq(chime_sq_reserve_n(&p, 8, &pos), 2);
@@ -481,7 +481,7 @@ Test(ring, peek_sees_only_published_records_of_that_position)
 	cr_assert(chime_sq_pop(&k, &e, &pos2));
 	cr_assert_eq(e.key, 42);
 	cr_assert(chime_sq_peek(c.sq, 3, 0, &e), "popped, not yet freed");
-	chime_sq_free(&k, pos2, 4);
+	chime_sq_free(&k, pos2, 4, 0);
 	cr_assert_not(chime_sq_peek(c.sq, 3, 0, &e), "freed");
 
 	/* Lap the ring: slot 0 now holds position 4. */
@@ -886,13 +886,13 @@ static int hostile_consumer(void *arg)
 
 		for (int i = 0; i < 64 && chime_sq_pop(&sc, &e, &pos); i++) {
 			/* A record the broker would now validate; here it only counts. */
-			chime_sq_free(&sc, pos, splitmix64(&rng));
+			chime_sq_free(&sc, pos, splitmix64(&rng), 0);
 			h->ctl->popped++;
 		}
 		for (int i = 0; i < 64 && chime_sq_pop(&clean, &e, &pos); i++) {
 			CHECK(e.user_data == next_clean && e.id == pos, 50);
 			next_clean++;
-			chime_sq_free(&clean, pos, pos + h->clean.g.sq_size);
+			chime_sq_free(&clean, pos, pos + h->clean.g.sq_size, 0);
 		}
 		before = cp.head;
 		room = chime_cq_room(&cp);

@@ -812,6 +812,63 @@ Test(touch, arms_in_bursts_find_their_table_faulted_in_ahead)
 }
 
 /*
+ * Where the shard has faulted the table in, it writes each grant's tag as
+ * it hands the grant to a slot, and says so (CHIME_GRANT_F_TAGGED): the
+ * ARM that takes the grant does not write it, so the tag must already
+ * name the grant's generation. Checked on every slot of the ring after
+ * bursts of arms (some flagged, or the path is not tested), then the
+ * timers armed through flagged slots reset by their words alone.
+ */
+Test(touch, a_grant_the_shard_tagged_is_in_the_table_before_its_arm)
+{
+	enum { N = 16384, BURST = 1000 };
+	struct t_chimed b1 = { 0 };
+	uint64_t far = now_ns() + 3600000 * MS;
+	static chime_id_t id[N];
+	unsigned tagged = 0;
+	struct chime_chan *ch;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b1, NULL, "--shards 1"), 0);
+	c = t_open(b1.sock);
+	cr_assert_not_null(c);
+	cr_assert_not_null(c->touch_tag, "no touch table");
+	ch = &c->chan[0];
+	for (unsigned i = 0; i < N; i += BURST) {
+		usleep(3000);   /* the shard idle between bursts: it faults the table in then */
+		for (unsigned j = i; j < i + BURST && j < N; j++)
+			cr_assert_eq(chime_arm(c, 1, far, 0, j, &id[j]), 0);
+	}
+	applied(c);
+	for (uint32_t s = 0; s < c->sq_size; s++) {
+		const struct chime_sqe *e = &ch->sq.slots[s];
+		uint64_t g = at_load(&e->grant);
+
+		if (chime_grant_is_marker(g) || !(at_load_acq(&e->grant_flags) & CHIME_GRANT_F_TAGGED))
+			continue;
+		tagged++;
+		cr_assert_eq(at_load(&c->touch_tag[chime_id_index(g)]), chime_id_gen(g),
+			     "slot %u: grant %#" PRIx64 " says tagged, its tag is %#x", s, g,
+			     at_load(&c->touch_tag[chime_id_index(g)]));
+	}
+	cr_assert_gt(tagged, c->sq_size / 2, "%u of %u slots' grants tagged by the shard", tagged, c->sq_size);
+	/* the last arms took grants the shard tagged: their first resets are records, the next words */
+	for (unsigned j = N - BURST; j < N; j++) {
+		cr_assert_eq(at_load(&c->touch_tag[chime_id_index(id[j])]), chime_id_gen(id[j]));
+		cr_assert_eq(chime_reset(c, id[j], far + MS), 0);
+	}
+	applied(c);
+	for (unsigned j = N - BURST; j < N; j++) {
+		cr_assert_eq(at_load(&c->touch_tag[chime_id_index(id[j])]), chime_id_gen(id[j]) | CHIME_TOUCH_ON,
+			     "timer %u not flagged by its first reset", j);
+		cr_assert_eq(chime_reset(c, id[j], far + 2 * MS), 0);
+		cr_assert_eq(at_load(word_of(c, id[j])), far + 2 * MS, "timer %u: its word not written", j);
+	}
+	chime_close(c);
+	t_chimed_stop(&b1, SIGTERM);
+}
+
+/*
  * What the shard faults in ahead is bounded by what the client owns (one
  * 64 KiB block of tags per 4096 nodes): a client with a few timers gets
  * none, so that clients cannot make the broker hold table pages their

@@ -113,7 +113,7 @@ static void *consumer(void *arg)
 		if (e.id != pos || e.key >= NPROD || e.user_data != next[e.key])
 			FAIL("record %llu out of order", (unsigned long long)pos);
 		next[e.key]++;
-		chime_sq_free(&c, pos, pos + g.sq_size);
+		chime_sq_free(&c, pos, pos + g.sq_size, 0);
 		got++;
 	}
 	__atomic_store_n(&done, 1, __ATOMIC_RELEASE);

@@ -181,6 +181,8 @@ struct floor_result {
 	int cpu[2];             /* producer, consumer */
 };
 int run_floor(unsigned burst, struct floor_result *res);
+/* The calling thread onto CPU cpu (none if negative): 0 or -errno. */
+int e2e_pin_to(int cpu);
 
 /* The floor under busy-poll lateness here: a bare loop reading the clock, same deadlines. */
 int run_lat_spin(size_t n, uint64_t span_ns, struct lat_result *res);

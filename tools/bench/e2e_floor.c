@@ -47,15 +47,15 @@ struct floor_ring {
 	int cpu;
 };
 
-static void pin_to(int cpu)
+int e2e_pin_to(int cpu)
 {
 	cpu_set_t set;
 
 	if (cpu < 0)
-		return;
+		return 0;
 	CPU_ZERO(&set);
 	CPU_SET(cpu, &set);
-	(void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+	return -pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
 /* The consumer: drains to `want`, freeing each slot as a shard does (grant, then seq). */
@@ -64,7 +64,7 @@ static void *floor_consumer(void *arg)
 	struct floor_ring *r = arg;
 	uint64_t h = 0;
 
-	pin_to(r->cpu);
+	(void)e2e_pin_to(r->cpu);
 	for (;;) {
 		uint64_t want = at_load_acq(&r->want);
 
@@ -163,7 +163,7 @@ int run_floor(unsigned burst, struct floor_result *res)
 		free(r);
 		return -1;
 	}
-	pin_to(cpus[0]);
+	(void)e2e_pin_to(cpus[0]);
 	for (int w = 0; w < NR_FLOOR; w++)
 		res->ns[w] = floor_way(r, (enum floor_way)w, burst);
 	while (at_load_acq(&r->head) != r->tail)

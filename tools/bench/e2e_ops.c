@@ -242,12 +242,9 @@ struct flush_cpu {
 static void *flush_main(void *arg)
 {
 	struct flush_cpu *f = arg;
-	cpu_set_t set;
 	volatile uint8_t *buf;
 
-	CPU_ZERO(&set);
-	CPU_SET(f->cpu, &set);
-	if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0)
+	if (e2e_pin_to(f->cpu) < 0)
 		return NULL;
 	buf = malloc(FLUSH_BYTES);
 	if (!buf)

@@ -1274,12 +1274,14 @@ static void crash_after_take(const char *session)
 	chime_t *c;
 	int r, n;
 	unsigned again = 0;
+	uint64_t armed_for, reset_to = 0, again_deadline = 0, again_fired = 0;
 	pid_t pid;
 
 	scenario_name = "crash after a take";
 	if ((r = chime_open(&c, &opts)) < 0)
 		fail("chime_open(session %s): %s", session, strerror(-r));
-	if ((r = chime_arm(c, 1, chime_now() + 2 * MS, 0, 1, &id)) < 0)
+	armed_for = chime_now() + 2 * MS;
+	if ((r = chime_arm(c, 1, armed_for, 0, 1, &id)) < 0)
 		fail_op(r, "chime_arm: %s", strerror(-r));
 	n = chime_wait(c, ev, 8, 10000);
 	if (n != 1 || ev[0].id != id)
@@ -1287,7 +1289,8 @@ static void crash_after_take(const char *session)
 	pthread_mutex_lock(&broker_lock);
 	pid = __atomic_exchange_n(&broker, -1, __ATOMIC_RELAXED);
 	kill(pid, SIGSTOP);
-	if ((r = chime_reset(c, id, chime_now() + 20 * MS)) < 0)
+	reset_to = chime_now() + 20 * MS;
+	if ((r = chime_reset(c, id, reset_to)) < 0)
 		fail_op(r, "chime_reset after the take: %s", strerror(-r));
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
@@ -1304,16 +1307,22 @@ static void crash_after_take(const char *session)
 		for (int i = 0; i < n; i++) {
 			if (ev[i].id == witness && !until)
 				until = chime_now() + 100 * MS;
-			else if (ev[i].id == id)
-				again++;
+			else if (ev[i].id == id && !again++) {
+				again_deadline = ev[i].deadline_ns;
+				again_fired = ev[i].fired_ns;
+			}
 			else
 				violation("an event for id %#llx, which is neither timer", (unsigned long long)ev[i].id);
 		}
 	}
 	if (again)
 		violation("a one-shot taken, then reset (which changes nothing then), fired again (%u time%s) "
-			  "after chimed was stopped and killed: the next broker applied the reset the old one "
-			  "never read before it settled the events taken", again, again == 1 ? "" : "s");
+			  "after chimed was stopped and killed, with the deadline %s (fired %.3f ms after it): "
+			  "the next broker %s", again, again == 1 ? "" : "s",
+			  again_deadline == armed_for ? "it was armed for" : again_deadline == reset_to ?
+			  "of the reset" : "of neither", (double)(again_fired - again_deadline) / 1e6,
+			  again_deadline == reset_to ? "applied the reset the old one never read before it settled "
+			  "the events taken" : "delivered again an event the process had taken");
 	chime_close(c);
 	if ((r = chime_drop_session(&opts)) < 0)
 		fail("chime_drop_session(%s): %s", session, strerror(-r));

@@ -250,15 +250,20 @@ static void backlog_del(struct shard_core *sc, struct chan *ch, uint32_t idx)
  * chime_cq_void() decides; the position check only spares it when the
  * client is known to be past it.
  */
+static bool event_void_at(struct chan *ch, uint64_t pos)
+{
+	/* An old ring's position (CHAN_POS_OLD) names no slot of this one. */
+	if (pos == CHIME_POS_NONE || chan_pos_old(pos) || chime_cq_consumed(&ch->cq, pos))
+		return false;
+	return chime_cq_void(&ch->cq, pos);
+}
+
 static bool event_void(struct chan *ch, struct chime_node *n)
 {
 	uint64_t pos = n->cq_pos;
 
 	n->cq_pos = CHIME_POS_NONE;
-	/* An old ring's position (CHAN_POS_OLD) names no slot of this one. */
-	if (pos == CHIME_POS_NONE || chan_pos_old(pos) || chime_cq_consumed(&ch->cq, pos))
-		return false;
-	return chime_cq_void(&ch->cq, pos);
+	return event_void_at(ch, pos);
 }
 
 /*
@@ -1033,12 +1038,22 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 		break;
 	case CHIME_NODE_ACKWAIT:
 		nl_del(sc, &ch->ackwait, idx);
-		if (event_void(ch, n)) {
+		/*
+		 * The event's position stays in the node until the outcome is
+		 * stored (F10): a broker killed between clearing it and the free left
+		 * a taken one-shot ACKWAIT with no position, which restore.c
+		 * delivers again, and the process's RESET, submitted again to
+		 * the next broker, put it back on the wheel: it fired twice
+		 * (tsan_api; restart/a_reset_of_a_taken_one_shot_killed_...).
+		 */
+		if (event_void_at(ch, n->cq_pos)) {
 			/* We beat the client to the event: the timer lives on, at the new deadline. */
+			n->cq_pos = CHIME_POS_NONE;
 			wheel_arm(&sc->wh, idx, deadline_ns);
 		} else {
 			/* The application has the event: the timer is gone, reset changes nothing. */
 			node_release(sc, ch, idx);
+			n->cq_pos = CHIME_POS_NONE;
 			return;
 		}
 		break;

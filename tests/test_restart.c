@@ -2054,7 +2054,7 @@ static uint64_t t4_period(unsigned i)
  * the shard thread asleep again: where a fixed 200 ms left them, without
  * the rest of it.
  */
-static void t4_arm(chime_t *c, uint64_t *d)
+static void t4_arm(chime_t *c, uint64_t *d, chime_id_t *ids)
 {
 	uint64_t t0 = now_ns();
 	chime_id_t id;
@@ -2063,6 +2063,8 @@ static void t4_arm(chime_t *c, uint64_t *d)
 	for (unsigned i = 0; i < T4; i++) {
 		d[i] = t0 + (20 + 5 * i) * MS;
 		cr_assert_eq(chime_arm(c, 0, d[i], t4_period(i), i, &id), 0);
+		if (ids)
+			ids[i] = id;
 	}
 	ring_holds(c, T4);
 	tid = t_thread_named(tb.pid, "chimed-shard0");
@@ -2091,10 +2093,10 @@ static int t4_hold(void)
  * took before (seen): every one of the four exactly once, at its
  * deadline. Then the session closes and the broker goes.
  */
-static void t4_once(chime_t *c, uint8_t *seen, const uint64_t *d, unsigned run)
+static void t4_once_within(chime_t *c, uint8_t *seen, const uint64_t *d, unsigned run, uint64_t window_ns)
 {
 	struct chime_event ev[8];
-	unsigned n = collect(c, ev, 8, now_ns() + 500 * MS);
+	unsigned n = collect(c, ev, 8, now_ns() + window_ns);
 
 	for (unsigned k = 0; k < n; k++) {
 		cr_assert_lt(ev[k].user_data, T4);
@@ -2107,6 +2109,11 @@ static void t4_once(chime_t *c, uint8_t *seen, const uint64_t *d, unsigned run)
 			     "APBQ"[i], seen[i]);
 	chime_close(c);
 	t_chimed_stop(&tb, SIGKILL);
+}
+
+static void t4_once(chime_t *c, uint8_t *seen, const uint64_t *d, unsigned run)
+{
+	t4_once_within(c, seen, d, run, 500 * MS);
 }
 
 /*
@@ -2185,7 +2192,7 @@ static unsigned stop_killed_after(unsigned j, unsigned run)
 
 	start(T4_OPTS);
 	s.c = sopen_ok("stop");
-	t4_arm(s.c, d);
+	t4_arm(s.c, d, NULL);
 	for (unsigned i = 0; i < T4; i++)
 		off[i] = node_offset(i, t4_period(i));
 	tid = t4_hold();
@@ -2264,7 +2271,7 @@ static unsigned settle_killed_after(unsigned j, unsigned run)
 	cr_assert_eq(setenv("CHIME_RECONNECT_S", "600", 1), 0);
 	c = sopen_ok("settle");
 	unsetenv("CHIME_RECONNECT_S");
-	t4_arm(c, d);
+	t4_arm(c, d, NULL);
 	cr_assert_eq(chime_poll(c, ev, 2), 2);
 	cr_assert(ev[0].user_data == T4_A && ev[1].user_data == T4_P);
 	seen[T4_A]++;
@@ -2307,14 +2314,17 @@ static bool reset_taken_done(const struct watch *w)
 }
 
 /*
- * The process takes one-shot A, then resets it (which changes nothing
- * then: chime_reset(3)); the broker is killed after its j-th store to A's
- * node while it applies the reset (j 0: before it read it; 3 stores: off
- * the ACKWAIT list, the position cleared, freed). The next broker and the
- * same process: A never again, P, B and Q once. tsan_api's crash step
- * (SIGSTOP, then SIGKILL, at any point of this) reported A again once
- * under heavy load; no kill point here does, so that report is still
- * unexplained.
+ * The process takes one-shot A, then resets it 100 ms ahead (which changes
+ * nothing then: chime_reset(3)); the broker is killed after its j-th store
+ * to A's node while it applies the reset (j 0: before it read it; then
+ * off the ACKWAIT list, freed, the position cleared). The next broker and
+ * the same process: A never again, P, B and Q once. Until the reset kept
+ * the event's position in the node until it was free, a kill after it was
+ * cleared left A ACKWAIT with no position: the next broker held it to
+ * deliver again, and the RESET the library submitted again put it back on
+ * the wheel, to fire at the reset's deadline (tsan_api's crash step saw it
+ * under heavy load; with the reset an hour ahead, as this test had it,
+ * that firing came after the test).
  */
 static unsigned reset_taken_killed_after(unsigned j, unsigned run)
 {
@@ -2328,14 +2338,14 @@ static unsigned reset_taken_killed_after(unsigned j, unsigned run)
 
 	start(T4_OPTS);
 	c = sopen_ok("rtaken");
-	t4_arm(c, d);
+	t4_arm(c, d, NULL);
 	cr_assert_eq(chime_poll(c, &ev, 1), 1);
 	cr_assert_eq(ev.user_data, T4_A);
 	seen[T4_A]++;
 	off = node_offset(T4_A, 0);
 	tid = t4_hold();
 	watch_init(&w, &off, 1);
-	cr_assert_eq(chime_reset(c, ev.id, now_ns() + HOUR), 0);
+	cr_assert_eq(chime_reset(c, ev.id, now_ns() + 100 * MS), 0);
 	cr_assert_eq(chime_flush(c), 0);
 	k = step_changes(tid, &w, j, reset_taken_done, NULL, NULL);
 	restart(0, T4_OPTS);
@@ -2346,6 +2356,54 @@ static unsigned reset_taken_killed_after(unsigned j, unsigned run)
 Test(restart, a_reset_of_a_taken_one_shot_killed_at_any_store_never_delivers_it_again)
 {
 	t4_kill_after_each_store(reset_taken_killed_after, 2, "the reset");
+}
+
+static bool reset_voided_done(const struct watch *w)
+{
+	return w->last[0].state == CHIME_NODE_ARMED;
+}
+
+/*
+ * The same with A's event left in the ring, untaken: the reset voids it
+ * and puts A back on the wheel 100 ms ahead; killed after each of its
+ * stores to A's node (off the ACKWAIT list, the position cleared, back on
+ * the wheel). A comes once, at the reset's deadline: the next broker holds
+ * it (its event the process never took), and the RESET the library
+ * submits again moves it; P, B and Q once.
+ */
+static unsigned reset_voided_killed_after(unsigned j, unsigned run)
+{
+	uint8_t seen[T4] = { 0 };
+	uint64_t d[T4], off;
+	chime_id_t ids[T4];
+	struct watch w;
+	unsigned k;
+	chime_t *c;
+	int tid;
+
+	start(T4_OPTS);
+	c = sopen_ok("rvoided");
+	t4_arm(c, d, ids);
+	off = node_offset(T4_A, 0);
+	tid = t4_hold();
+	watch_init(&w, &off, 1);
+	d[T4_A] = now_ns() + 100 * MS;
+	cr_assert_eq(chime_reset(c, ids[T4_A], d[T4_A]), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	k = step_changes(tid, &w, j, reset_voided_done, NULL, NULL);
+	restart(0, T4_OPTS);
+	/*
+	 * Longer: killed with the RESET popped and not applied, the library
+	 * resumed later than in the other tests' runs (more than 500 ms, less
+	 * than 3 s here; why is not known yet).
+	 */
+	t4_once_within(c, seen, d, run, 2500 * MS);
+	return k;
+}
+
+Test(restart, a_reset_that_voids_a_one_shot_s_event_killed_at_any_store_delivers_it_once_at_the_new_deadline)
+{
+	t4_kill_after_each_store(reset_voided_killed_after, 2, "the reset");
 }
 
 /* ---- a periodic held behind its untaken event: no period lost to a park or a crash ---- */

@@ -2313,6 +2313,11 @@ static bool reset_taken_done(const struct watch *w)
 	return w->last[0].state == CHIME_NODE_FREE;
 }
 
+static bool reset_voided_done(const struct watch *w)
+{
+	return w->last[0].state == CHIME_NODE_ARMED;
+}
+
 /*
  * The process takes one-shot A, then resets it 100 ms ahead (which changes
  * nothing then: chime_reset(3)); the broker is killed after its j-th store
@@ -2326,41 +2331,48 @@ static bool reset_taken_done(const struct watch *w)
  * under heavy load; with the reset an hour ahead, as this test had it,
  * that firing came after the test).
  */
-static unsigned reset_taken_killed_after(unsigned j, unsigned run)
+static unsigned reset_killed_after(unsigned j, unsigned run, bool take)
 {
 	struct chime_event ev;
 	uint8_t seen[T4] = { 0 };
-	uint64_t d[T4], off;
+	uint64_t d[T4], off, to;
+	chime_id_t ids[T4], id;
 	struct watch w;
 	unsigned k;
 	chime_t *c;
 	int tid;
 
 	start(T4_OPTS);
-	c = sopen_ok("rtaken");
-	t4_arm(c, d, NULL);
-	cr_assert_eq(chime_poll(c, &ev, 1), 1);
-	cr_assert_eq(ev.user_data, T4_A);
-	seen[T4_A]++;
+	c = sopen_ok(take ? "rtaken" : "rvoided");
+	t4_arm(c, d, ids);
+	id = ids[T4_A];
+	if (take) {
+		cr_assert_eq(chime_poll(c, &ev, 1), 1);
+		cr_assert_eq(ev.id, id);
+		seen[T4_A]++;
+	}
 	off = node_offset(T4_A, 0);
 	tid = t4_hold();
 	watch_init(&w, &off, 1);
-	cr_assert_eq(chime_reset(c, ev.id, now_ns() + 100 * MS), 0);
+	to = now_ns() + 100 * MS;
+	if (!take)
+		d[T4_A] = to;   /* its only event */
+	cr_assert_eq(chime_reset(c, id, to), 0);
 	cr_assert_eq(chime_flush(c), 0);
-	k = step_changes(tid, &w, j, reset_taken_done, NULL, NULL);
+	k = step_changes(tid, &w, j, take ? reset_taken_done : reset_voided_done, NULL, NULL);
 	restart(0, T4_OPTS);
 	t4_once(c, seen, d, run);
 	return k;
 }
 
+static unsigned reset_taken_killed_after(unsigned j, unsigned run)
+{
+	return reset_killed_after(j, run, true);
+}
+
 Test(restart, a_reset_of_a_taken_one_shot_killed_at_any_store_never_delivers_it_again)
 {
 	t4_kill_after_each_store(reset_taken_killed_after, 2, "the reset");
-}
-
-static bool reset_voided_done(const struct watch *w)
-{
-	return w->last[0].state == CHIME_NODE_ARMED;
 }
 
 /*
@@ -2373,27 +2385,7 @@ static bool reset_voided_done(const struct watch *w)
  */
 static unsigned reset_voided_killed_after(unsigned j, unsigned run)
 {
-	uint8_t seen[T4] = { 0 };
-	uint64_t d[T4], off;
-	chime_id_t ids[T4];
-	struct watch w;
-	unsigned k;
-	chime_t *c;
-	int tid;
-
-	start(T4_OPTS);
-	c = sopen_ok("rvoided");
-	t4_arm(c, d, ids);
-	off = node_offset(T4_A, 0);
-	tid = t4_hold();
-	watch_init(&w, &off, 1);
-	d[T4_A] = now_ns() + 100 * MS;
-	cr_assert_eq(chime_reset(c, ids[T4_A], d[T4_A]), 0);
-	cr_assert_eq(chime_flush(c), 0);
-	k = step_changes(tid, &w, j, reset_voided_done, NULL, NULL);
-	restart(0, T4_OPTS);
-	t4_once(c, seen, d, run);
-	return k;
+	return reset_killed_after(j, run, false);
 }
 
 Test(restart, a_reset_that_voids_a_one_shot_s_event_killed_at_any_store_delivers_it_once_at_the_new_deadline)

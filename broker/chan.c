@@ -506,9 +506,9 @@ static inline __attribute__((always_inline)) void deliver(struct shard_core *sc,
 	if (ch->room > CQ_AHEAD + 8) {
 		uint64_t ahead = ch->cq.tail + CQ_AHEAD;
 
-		__builtin_prefetch(&ch->cq.slots[ahead & ch->cq.mask], 1);
+		at_prefetch_w(&ch->cq.slots[ahead & ch->cq.mask]);
 		if ((ahead & 7) == 0)
-			__builtin_prefetch(&ch->cq.claim[ahead & ch->cq.mask], 1);
+			at_prefetch_w(&ch->cq.claim[ahead & ch->cq.mask]);
 	}
 	e->id = chime_id_make(n->gen, sc->shard, idx);
 	e->key = n->key;

@@ -64,4 +64,21 @@ static inline void at_relax(void)
 #endif
 }
 
+/*
+ * Fetch the line holding p for writing: exclusive, every other copy
+ * invalidated, in one coherence transaction. A line the other side wrote
+ * last (a ring slot the consumer freed) would otherwise come shared with
+ * our first load of it, then need a second one for our store. x86's
+ * PREFETCHW (0F 0D /1) is a no-op hint on any x86-64 without it, which
+ * GCC emits only with -mprfchw, so it is spelled out here.
+ */
+static inline void at_prefetch_w(const void *p)
+{
+#if defined(__x86_64__)
+	__asm__("prefetchw %0" : : "m"(*(const char *)p));
+#else
+	__builtin_prefetch(p, 1);
+#endif
+}
+
 #endif /* CHIME_ATOMICS_H */

@@ -1540,6 +1540,32 @@ Test(tools_options, bench_busy_poll_quick, .timeout = 120)
 }
 
 /*
+ * chime-bench e2e --only ops, quick: every section of the client
+ * operations comes out, with the floor's four ways beside them (the batch
+ * one is what chime_submit()'s target is measured against). Figures are
+ * not judged.
+ */
+Test(tools_options, bench_ops_quick_prints_every_section_and_floor, .timeout = 120)
+{
+	const char *o;
+	double plain = 0, batch = 0;
+	const char *p;
+
+	cr_assert_eq(run("%s e2e --quick --only ops", bin("CHIME_BENCH")), 0, "%s%s", slurp(out), slurp(err));
+	o = slurp(out);
+	cr_assert(strstr(o, "client operations: ns per op"), "%s", o);
+	cr_assert(strstr(o, "client operations in bursts"), "%s", o);
+	cr_assert(strstr(o, "sporadic operations"), "%s", o);
+	if (strstr(o, "floor: not measured (fewer than 2 CPUs allowed)"))
+		return;
+	p = strstr(o, "seq by release store ");
+	cr_assert(p && sscanf(p, "seq by release store %lf", &plain) == 1 && plain > 0, "no floor measured: %s", o);
+	p = strstr(o, "64 a CAS and an");
+	cr_assert(p && sscanf(p, "64 a CAS and an exchange %lf", &batch) == 1 && batch > 0,
+		  "no batch floor measured: %s", o);
+}
+
+/*
  * The event-loop examples (libclient/examples/uv_timers.c, event_timers.c)
  * against a real chimed: each checks its own timeouts (exactly the requests
  * not completed time out, once, never early) and exits 0. Built only when

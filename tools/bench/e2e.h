@@ -175,7 +175,7 @@ int run_lat_tfd(size_t n, uint64_t span_ns, struct lat_result *res);
  * record to a thread on another CPU through a ring, in bursts of `burst`
  * into slots the consumer wrote last, published three ways.
  */
-enum floor_way { FLOOR_PLAIN, FLOOR_XCHG, FLOOR_CAS_XCHG, NR_FLOOR };
+enum floor_way { FLOOR_PLAIN, FLOOR_XCHG, FLOOR_CAS_XCHG, FLOOR_BATCH, NR_FLOOR };
 struct floor_result {
 	double ns[NR_FLOOR];    /* median over bursts, ns per record */
 	int cpu[2];             /* producer, consumer */

@@ -14,7 +14,10 @@
  *   xchg     the same, seq by an exchange: the full barrier libchime's
  *            chime_sq_publish() needs before it reads the shard's sleep word;
  *   cas+xchg the position claimed by a CAS on the shared tail first, as
- *            chime_sq_reserve() does for many producer threads.
+ *            chime_sq_reserve() does for many producer threads;
+ *   batch    FLOOR_BATCH records at a time, as chime_submit() writes them:
+ *            every slot's seq checked, one CAS for all, the fields, then
+ *            seq by release stores and one exchange after the last.
  *
  * Each burst of B records goes into slots the consumer wrote last and is
  * not touching now (it drains between bursts, untimed), as a burst reaches
@@ -33,6 +36,7 @@
 
 #define FLOOR_SLOTS 1024u
 #define FLOOR_REPS  400u
+#define FLOOR_BATCH 64u         /* records per CAS in the batch way (chime-bench's op/64) */
 
 struct floor_slot {
 	uint64_t seq, grant, id, key, deadline_ns, period_ns, user_data;
@@ -96,6 +100,22 @@ static inline void floor_fill(struct floor_slot *s, uint64_t p)
 	at_store(&s->op, 2u);
 }
 
+/* n records as chime_submit() writes a run of them: reserve all, fill, publish. */
+static void floor_batch(struct floor_ring *r, unsigned n)
+{
+	uint64_t p = at_load(&r->tail), cur = p;
+
+	for (unsigned k = 0; k < n; k++)
+		while (at_load_acq(&r->slot[(p + k) % FLOOR_SLOTS].seq) != p + k)
+			at_relax();
+	(void)at_cas(&r->tail, &cur, p + n);
+	for (unsigned k = 0; k < n; k++)
+		floor_fill(&r->slot[(p + k) % FLOOR_SLOTS], p + k);
+	for (unsigned k = 0; k + 1 < n; k++)
+		at_store_rel(&r->slot[(p + k) % FLOOR_SLOTS].seq, p + k + 1);
+	(void)at_xchg(&r->slot[(p + n - 1) % FLOOR_SLOTS].seq, p + n);
+}
+
 /* ns per record of one way, median over FLOOR_REPS bursts of `burst`. */
 static double floor_way(struct floor_ring *r, enum floor_way way, unsigned burst)
 {
@@ -108,7 +128,9 @@ static double floor_way(struct floor_ring *r, enum floor_way way, unsigned burst
 		while (at_load_acq(&r->head) != r->tail)
 			at_relax();
 		a = now_ns();
-		for (unsigned i = 0; i < burst; i++) {
+		for (unsigned i = 0; way == FLOOR_BATCH && i < burst; i += FLOOR_BATCH)
+			floor_batch(r, burst - i < FLOOR_BATCH ? burst - i : FLOOR_BATCH);
+		for (unsigned i = 0; way != FLOOR_BATCH && i < burst; i++) {
 			uint64_t p = at_load(&r->tail);
 			struct floor_slot *s = &r->slot[p % FLOOR_SLOTS];
 

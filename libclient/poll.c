@@ -832,8 +832,18 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 		if (!time_left(deadline, &left))
 			return 0;
 		if (events_held(c)) {
-			/* Back in a moment: the reset is applied within a shard pass. */
-			nanosleep(&(struct timespec){ .tv_nsec = 20000 }, NULL);
+			/*
+			 * Back in a moment: the reset is applied within a shard
+			 * pass. Waiting on the socket's hang-up alone: a broker
+			 * killed with the reset unapplied never applies it, and
+			 * without this the loop went on until its heartbeat was a
+			 * second old (cl_broker_check()); the event comes back
+			 * through the next broker.
+			 */
+			struct pollfd pfd = { .fd = c->sock, .events = POLLRDHUP };
+
+			if (ppoll(&pfd, 1, &(struct timespec){ .tv_nsec = 20000 }, NULL) > 0)
+				(void)cl_broker_gone(c, true);
 			continue;
 		}
 		slept = chime_now();

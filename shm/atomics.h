@@ -66,19 +66,22 @@ static inline void at_relax(void)
 
 /*
  * Fetch the line holding p for writing: exclusive, every other copy
- * invalidated, in one coherence transaction. A line the other side wrote
- * last (a ring slot the consumer freed) would otherwise come shared with
- * our first load of it, then need a second one for our store. x86's
- * PREFETCHW (0F 0D /1) is a no-op hint on any x86-64 without it, which
- * GCC emits only with -mprfchw, so it is spelled out here.
+ * invalidated, in one coherence transaction. A line the other side read
+ * last (a completion slot the client took) would otherwise come shared,
+ * and our store then need a second transaction. GCC emits x86's
+ * PREFETCHW for __builtin_prefetch(p, 1) only when built with -mprfchw,
+ * so it is spelled out here, behind the CPU's feature bit (libgcc reads
+ * it once, at start-up): without the bit, a plain prefetch.
  */
 static inline void at_prefetch_w(const void *p)
 {
-#if defined(__x86_64__)
-	__asm__("prefetchw %0" : : "m"(*(const char *)p));
-#else
-	__builtin_prefetch(p, 1);
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+	if (__builtin_expect(__builtin_cpu_supports("prfchw"), 1)) {
+		__asm__("prefetchw %0" : : "m"(*(const char *)p));
+		return;
+	}
 #endif
+	__builtin_prefetch(p, 1);
 }
 
 #endif /* CHIME_ATOMICS_H */

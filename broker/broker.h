@@ -129,6 +129,7 @@ struct client {
 	uint64_t next_until_ns;
 	bool drop_parked;               /* PARKING: chimectl drop-session came meanwhile: detach once parked */
 	bool resume;                    /* this attach is libchime reconnecting: it re-submits (chan.c) */
+	bool created;                   /* this attach opened its session anew (CHIME_WELCOME_F_NEW_SESSION) */
 	uint64_t sq_base;               /* this attach's first submission position (0, or the hello's) */
 	uint64_t generation;
 	/*

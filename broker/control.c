@@ -919,7 +919,8 @@ static int send_welcome(struct broker *b, struct client *c)
 		.ro_size = c->ro.size,
 		.pub_size = b->pub_map.size,
 		/* chan.c: word_wait; the touch table if it asked */
-		.features = CHIME_WELCOME_F_CLAIMS | (c->touch_fd >= 0 ? CHIME_WELCOME_F_TOUCH : 0),
+		.features = CHIME_WELCOME_F_CLAIMS | (c->touch_fd >= 0 ? CHIME_WELCOME_F_TOUCH : 0) |
+			    (c->created ? CHIME_WELCOME_F_NEW_SESSION : 0),
 		.session_token = c->session[0] ? c->token : 0,
 	};
 	size_t clen = CMSG_SPACE(sizeof(int) * nfds);
@@ -1871,6 +1872,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	c->sq_base = 0;
 	c->cred = *cred;
 	c->holder_pid = session[0] ? cred->pid : 0;
+	c->created = session[0] != 0;
 	c->no_room_seen = reserve_failed_total(b);
 	if (session[0])
 		token_next(c);
@@ -1911,6 +1913,7 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 
 	c->cred = *cred;
 	c->resume = resume;
+	c->created = false;
 	c->sq_base = sq_base;
 	c->connected_ns = now_ns();
 	c->hup_seq++;

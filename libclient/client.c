@@ -536,6 +536,22 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 	return 0;
 }
 
+static int drop_session(const char *path, const char *name);
+
+/*
+ * Failed after a welcome that created the session (no descriptor left for
+ * the segments, no memory): drop it again, rather than leave it, empty,
+ * under the user's name and quota for its linger. The socket is closed by
+ * then, so the broker sees the session's process gone. Best effort: a
+ * process that attached meanwhile keeps it (-EBUSY).
+ */
+static void drop_if_created(const struct chime_welcome *w, const char *path, const char *session)
+{
+	if (session && w->magic == CHIME_HELLO_MAGIC && w->layout == CHIME_SHM_LAYOUT && w->status == 0 &&
+	    (w->features & CHIME_WELCOME_F_NEW_SESSION))
+		(void)drop_session(path, session);
+}
+
 /*
  * chime_open@@CHIME_0.3 reads the whole struct chime_opts (session included);
  * chime_open@CHIME_0.1 is what programs built against the first header call:
@@ -545,7 +561,7 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 {
 	char path[CHIME_PATH_MAX];
 	int fds[CHIME_MAX_FDS];
-	struct chime_welcome w;
+	struct chime_welcome w = { 0 };      /* drop_if_created() reads it whatever failed */
 	struct chime *c;
 	unsigned nfds = 0;
 	int sock = -1, r;
@@ -558,13 +574,16 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 		return r;
 	r = cl_dial(path, session, 0, 0, !session && !(flags & CHIME_OPEN_RECORD_RESETS) ? CHIME_HELLO_TOUCH : 0,
 		    &sock, &w, fds, &nfds);
-	if (r < 0)
+	if (r < 0) {
+		drop_if_created(&w, path, session);     /* the descriptors for the welcome ran out */
 		return r;
+	}
 	c = calloc(1, sizeof(*c) + w.nr_shards * sizeof(c->chan[0]));
 	if (!c || (session && pthread_mutex_init(&c->lock, NULL) != 0)) {
 		free(c);
 		close_fds(fds, nfds);
 		close(sock);
+		drop_if_created(&w, path, session);
 		return -ENOMEM;
 	}
 	c->sock = sock;
@@ -582,6 +601,7 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	close_fds(fds, nfds);
 	if (r < 0) {
 		chime_free(c);
+		drop_if_created(&w, path, session);
 		return r;
 	}
 	cl_sock_ready(sock);
@@ -658,21 +678,14 @@ static int recv_drop_answer(int sock)
 	return u.q.status;
 }
 
-/* chime_drop_session(3): what `chimectl drop-session` asks, from the library's trusted connection. */
-CHIME_PUBLIC int chime_drop_session(const struct chime_opts *opts)
+/* Drop session `name` of the broker at `path` (resolved): what `chimectl drop-session` asks. */
+static int drop_session(const char *path, const char *name)
 {
-	char path[CHIME_PATH_MAX];
-	int sock, r;
+	int sock, r = connect_broker(path, &sock);
 
-	if (!opts || !opts->session || chime_session_len(opts->session) <= 0 ||
-	    (opts->flags & ~CHIME_OPEN_RECORD_RESETS))
-		return -EINVAL;
-	r = resolve_path(opts->socket_path, path);
-	if (r == 0)
-		r = connect_broker(path, &sock);
 	if (r < 0)
 		return r;
-	r = send_hello(sock, opts->session, CHIME_HELLO_DROP_SESSION, 0, false);
+	r = send_hello(sock, name, CHIME_HELLO_DROP_SESSION, 0, false);
 	/* Hung up on before the hello: its refusal may be waiting (as cl_dial()). */
 	if (r == 0 || r == -ECONNRESET) {
 		int why = recv_drop_answer(sock);
@@ -681,6 +694,19 @@ CHIME_PUBLIC int chime_drop_session(const struct chime_opts *opts)
 	}
 	close(sock);
 	return r;
+}
+
+/* chime_drop_session(3), from the library's trusted connection. */
+CHIME_PUBLIC int chime_drop_session(const struct chime_opts *opts)
+{
+	char path[CHIME_PATH_MAX];
+	int r;
+
+	if (!opts || !opts->session || chime_session_len(opts->session) <= 0 ||
+	    (opts->flags & ~CHIME_OPEN_RECORD_RESETS))
+		return -EINVAL;
+	r = resolve_path(opts->socket_path, path);
+	return r < 0 ? r : drop_session(path, opts->session);
 }
 
 #define COMMIT_WAIT_NS   (UINT64_C(1000) * 1000000u)   /* chime_close(3): a stuck broker */

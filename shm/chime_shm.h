@@ -991,6 +991,15 @@ _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIM
  */
 #define CHIME_WELCOME_F_CLAIMS 1u
 
+/*
+ * This attach created the named session (it did not exist). A library that
+ * fails after such a welcome (no descriptor left for the segments, no
+ * memory) drops the session again, instead of leaving an empty one to
+ * linger under its user's name and quota. Only then: a session that
+ * existed holds timers that are not the failing process's to drop.
+ */
+#define CHIME_WELCOME_F_NEW_SESSION 4u
+
 #define CHIME_WELCOME_FIXED_FDS 3u
 
 /*

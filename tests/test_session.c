@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -697,6 +698,51 @@ Test(session, a_process_ends_its_session_with_close_and_chime_drop_session)
 							      .flags = 0x80 }), -EINVAL);
 	cr_assert_eq(chime_drop_session(&(struct chime_opts){ .socket_path = "", .session = "x" }), -EINVAL);
 	cr_assert_eq(chime_drop_session(&o), -ENOENT);
+}
+
+/*
+ * chime_open() of session arg with two descriptor numbers left: one for the
+ * socket, one of the welcome's four (-n 1). Exits 0 if it said -EMFILE.
+ */
+static void open_out_of_fds(int wfd, void *arg)
+{
+	struct rlimit rl;
+	chime_t *c = NULL;
+	int free_fds = 0, fd, r;
+
+	(void)!write(wfd, "r", 1);
+	close(wfd);
+	for (fd = 0; free_fds < 2; fd++)
+		free_fds += fcntl(fd, F_GETFD) < 0;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		_exit(2);
+	rl.rlim_cur = (rlim_t)fd;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+		_exit(3);
+	r = sopen(&c, arg);
+	_exit(r == -EMFILE ? 0 : 10);
+}
+
+/*
+ * A process that runs out of descriptors after the welcome (its segments'
+ * arrive with it) gets -EMFILE. A session that open created is dropped
+ * again; it stayed, empty, for its linger (an hour), under its user's name
+ * and quota. One that existed is left as it was, its timers with it.
+ */
+Test(session, an_open_that_fails_after_the_welcome_drops_only_a_session_it_created)
+{
+	chime_t *c;
+
+	start("-n 1 --allow-all");
+	cr_assert_eq(wait_child(child(open_out_of_fds, "lost")), 0, "the open did not run out of descriptors");
+	cr_assert_eq(drop_now("lost"), -ESRCH, "the failed open's new session stayed");
+
+	c = sopen_ok("kept");
+	cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, 0, &(chime_id_t){ 0 }), 0);
+	chime_close(c);
+	cr_assert_eq(wait_child(child(open_out_of_fds, "kept")), 0, "the open did not run out of descriptors");
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 1), 1, "the session's timer went with the failed open");
+	cr_assert_eq(drop_now("kept"), 0, "the failed open dropped a session it had not created");
 }
 
 /*

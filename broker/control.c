@@ -983,7 +983,7 @@ static void refusals_log(struct broker *b, struct client *c, bool at_end)
 	const char *base = (const char *)b->ctl;
 	const struct chime_client_stats *cs =
 		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
-	uint64_t sum[3] = { 0, 0, 0 }, no_room = reserve_failed_total(b);
+	uint64_t sum[3] = { 0, 0, 0 }, no_room = reserve_failed_total(b), own, user, nomem;
 	/*
 	 * Reservations that failed since the last look (its attach, or at most
 	 * LIMITS_REPORT_NS ago): the filesystem's doing, not --capacity. The
@@ -1008,29 +1008,34 @@ static void refusals_log(struct broker *b, struct client *c, bool at_end)
 		return;
 	}
 	/* refused_user_quota is a part of refused_quota: the rest is the client's own. */
+	own = (sum[1] - sum[2]) - (c->refused_logged[1] - c->refused_logged[2]);
+	user = sum[2] - c->refused_logged[2];
+	nomem = sum[0] - c->refused_logged[0];
 	if (sum[1] - sum[2] > c->refused_logged[1] - c->refused_logged[2])
-		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: it holds its "
-			"quota of %llu timers (--max-timers-per-client)",
+		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused: it holds its "
+			"quota of %llu timers (--max-timers-per-client; armed, fired and not consumed, "
+			"and one set aside per submission slot)",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
-			(unsigned long long)((sum[1] - sum[2]) - (c->refused_logged[1] - c->refused_logged[2])),
+			(unsigned long long)own, own == 1 ? "" : "s",
 			(unsigned long long)b->o.max_timers_per_client);
 	if (sum[2] > c->refused_logged[2])
-		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the clients of "
-			"uid %u together hold its quota of %llu timers (--max-timers-per-uid)",
+		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused: the clients of "
+			"uid %u together hold its quota of %llu timers (--max-timers-per-uid; armed, "
+			"fired and not consumed, and one set aside per submission slot of each)",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
-			(unsigned long long)(sum[2] - c->refused_logged[2]), (unsigned)c->cred.uid,
+			(unsigned long long)user, user == 1 ? "" : "s", (unsigned)c->cred.uid,
 			(unsigned long long)b->o.max_timers_per_uid);
 	/* The shard's own warning says more. */
 	if (sum[0] > c->refused_logged[0] && fs_full)
-		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the filesystem of "
+		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused: the filesystem of "
 			"'%s' has no room for more timers",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
-			(unsigned long long)(sum[0] - c->refused_logged[0]), b->o.socket_path);
+			(unsigned long long)nomem, nomem == 1 ? "" : "s", b->o.socket_path);
 	else if (sum[0] > c->refused_logged[0])
-		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arms refused: the shards are "
+		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused: the shards are "
 			"full (--capacity %u per shard)",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
-			(unsigned long long)(sum[0] - c->refused_logged[0]), b->o.capacity);
+			(unsigned long long)nomem, nomem == 1 ? "" : "s", b->o.capacity);
 	memcpy(c->refused_logged, sum, sizeof(sum));
 }
 

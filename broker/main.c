@@ -708,6 +708,19 @@ int main(int argc, char **argv)
 			"every CPU, so client threads and the kernel take CPU time from the shards and "
 			"timers fire late when they do; busy-poll is for dedicated CPUs (--shards %ld "
 			"or fewer leaves one free)", o.nr_shards, ncpu, ncpu > 1 ? ncpu - 1 : 1);
+	/*
+	 * Every connection holds a node per submission slot and shard, armed
+	 * or not (the grants its arms take), and they count against its
+	 * user's quota: below this, a user's idle connections alone use it up.
+	 */
+	if (o.max_timers_per_uid && o.max_clients_per_uid &&
+	    o.max_timers_per_uid < (uint64_t)o.max_clients_per_uid * o.sq_size * o.nr_shards)
+		log_msg(LOG_WARNING, "--max-timers-per-uid %llu is less than --max-clients-per-uid %u times "
+			"--sq-size %u times %u shard%s: a user's connections hold %llu nodes each before "
+			"arming any timer, so %llu of them use up its quota",
+			(unsigned long long)o.max_timers_per_uid, o.max_clients_per_uid, o.sq_size, o.nr_shards,
+			o.nr_shards == 1 ? "" : "s", (unsigned long long)o.sq_size * o.nr_shards,
+			(unsigned long long)(o.max_timers_per_uid / ((uint64_t)o.sq_size * o.nr_shards)));
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);

@@ -134,8 +134,8 @@ int restart_load(struct broker *b)
 	if (b->o.fresh) {
 		uint64_t timers = discard(b);
 
-		log_msg(LOG_NOTICE, "--fresh: discarded %llu timers the previous broker left",
-			(unsigned long long)timers);
+		log_msg(LOG_NOTICE, "--fresh: discarded %llu timer%s the previous broker left",
+			(unsigned long long)timers, timers == 1 ? "" : "s");
 		return 0;
 	}
 	recs = calloc(b->o.max_clients, sizeof(*recs));
@@ -192,7 +192,7 @@ int restart_load(struct broker *b)
 		for (uint32_t slot = 0; slot < b->o.max_clients; slot++)
 			if (recs[slot].used)
 				adopt(b, &recs[slot], now);
-		log_msg(LOG_INFO, "taking over %d sessions from '%s'", n, b->sess_path);
+		log_msg(LOG_INFO, "taking over %d session%s from '%s'", n, n == 1 ? "" : "s", b->sess_path);
 	}
 	free(recs);
 	return 0;

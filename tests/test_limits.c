@@ -345,7 +345,7 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 	cr_assert_eq(kill(tb.pid, 0), 0, "the broker died (SIGBUS?)");
 	cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, reserve_failed), 1), 1);
 	chime_close(c);
-	cr_expect(logged(log, "arms refused: the filesystem of") && !t_file_has(log, "the shards are full"),
+	cr_expect(logged(log, " refused: the filesystem of") && !t_file_has(log, "the shards are full"),
 		  "the client's refusals are not put down to the filesystem");
 	cr_assert_eq(WEXITSTATUS(t_chimed_stop(&tb, SIGTERM)), 0, "the broker stops cleanly");
 	unlink(log);
@@ -371,7 +371,7 @@ Test(limits, a_capacity_refusal_after_a_full_filesystem_is_put_down_to_capacity,
 	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
 	cr_assert_lt(n, 262144, "the filesystem did not fill before the capacity");
 	chime_close(c);
-	cr_assert(logged(log, "arms refused: the filesystem"), "the first refusals are not the filesystem's");
+	cr_assert(logged(log, " refused: the filesystem"), "the first refusals are not the filesystem's");
 	cr_assert_eq(mount(NULL, dir, NULL, MS_REMOUNT, "size=256m,mode=0755"), 0, "remount: %s", strerror(errno));
 	usleep(1500 * 1000);    /* the shard tries to reserve again once a second */
 	c = copen();
@@ -379,7 +379,7 @@ Test(limits, a_capacity_refusal_after_a_full_filesystem_is_put_down_to_capacity,
 	cr_assert_eq(err, -ENOMEM);
 	cr_assert_eq(n, 262144, "%u armed: not refused at the capacity", n);
 	chime_close(c);
-	cr_expect(logged(log, "arms refused: the shards are full (--capacity 262144"),
+	cr_expect(logged(log, " refused: the shards are full (--capacity 262144"),
 		  "a refusal at the capacity is put down to the filesystem");
 	t_chimed_stop(&tb, SIGTERM);
 	unlink(log);
@@ -571,7 +571,7 @@ Test(limits, refusals_of_a_client_that_left_at_once_are_logged)
 	cr_assert_eq(armed, 10);
 	cr_assert_eq(err, -EDQUOT);
 	chime_close(c);
-	cr_assert(logged(log, "arms refused: it holds its quota of 10 timers"), "not in the log within 3 s");
+	cr_assert(logged(log, " refused: it holds its quota of 10 timers"), "not in the log within 3 s");
 	t_chimed_stop(&tb, SIGTERM);
 	unlink(log);
 	rmdir(dir);

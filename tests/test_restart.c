@@ -615,7 +615,7 @@ Test(restart, files_removed_while_the_broker_ran_are_written_again_at_a_stop)
 	snprintf(next, sizeof(next), "%s/next.log", tb.dir);
 	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", next);
 	restart(SIGTERM, extra);
-	cr_assert(log_lines(next, "taking over 1 sessions", ""), "the next broker took no session over");
+	cr_assert(log_lines(next, "taking over 1 session from", ""), "the next broker took no session over");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 100, "timers lost across the stop");
 	for (size_t i = 0; i < sizeof(which) / sizeof(which[0]); i++) {
 		snprintf(path, sizeof(path), "'%s.%s'", tb.sock, which[i]);
@@ -686,7 +686,7 @@ Test(restart, a_removed_shard_file_is_written_again_on_a_nearly_full_filesystem,
 	snprintf(extra, sizeof(extra), "-n 1 --capacity 1048576 2>'%s'", next);
 	restart(SIGTERM, extra);
 	cr_assert(!log_lines(log, "cannot write", ""), "the stop could not write a file again");
-	cr_assert(log_lines(next, "taking over 1 sessions", ""), "the next broker took no session over");
+	cr_assert(log_lines(next, "taking over 1 session from", ""), "the next broker took no session over");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 1000, "timers lost across the stop");
 	t_chimed_stop(&tb, SIGTERM);
 	t_unmount_tmpfs(fs);

@@ -315,8 +315,9 @@ static int cmd_status(const char *sock)
 	jset("stats_reset_realtime_ns", sn.hdr.stats_reset_gen ?
 	     json_integer((json_int_t)sn.hdr.stats_reset_realtime_ns) : json_null());
 	sr_fmt_dur(up, sizeof(up), sn.now_ns - sn.hdr.start_ns);
-	out("chimed pid %d version %s running, up %s, %u shards, %" PRIu64 " clients\n",
-	    (int)sn.hdr.pid, sn.hdr.version, up, sn.hdr.nr_shards, sn.hdr.clients_now);
+	out("chimed pid %d version %s running, up %s, %u shard%s, %" PRIu64 " client%s\n",
+	    (int)sn.hdr.pid, sn.hdr.version, up, sn.hdr.nr_shards, sn.hdr.nr_shards == 1 ? "" : "s",
+	    sn.hdr.clients_now, sn.hdr.clients_now == 1 ? "" : "s");
 	if (!admitted)
 		out("it answered the handshake, but %s\n", AT_LIMIT);
 	r = SR_EXIT_OK;
@@ -932,11 +933,14 @@ static int cmd_restart(const char *sock)
 					    "state files it could not keep are lost; a session that ended "
 					    "meanwhile counts too)", (int)new_pid, (int)pid, (long long)after,
 					    (long long)before);
-			if (after >= 0)
-				out("chimed restarted (pid %d, was %d); its %lld session%s handed over\n",
-				    (int)new_pid, (int)pid, (long long)after, after == 1 ? " was" : "s were");
+			/* A broker re-executes itself in place; one its service manager started anew has a new pid. */
+			if (new_pid == pid)
+				out("chimed restarted in place (pid %d)", (int)pid);
 			else
-				out("chimed restarted (pid %d, was %d)\n", (int)new_pid, (int)pid);
+				out("chimed restarted (pid %d, was %d)", (int)new_pid, (int)pid);
+			if (after >= 0)
+				out("; its %lld session%s handed over", (long long)after, after == 1 ? " was" : "s were");
+			out("\n");
 			return SR_EXIT_OK;
 		}
 		sr_snap_free(&sn);

@@ -468,6 +468,8 @@ static int clients_by_query(const char *sock)
 						     "armed", (json_int_t)c->armed, "arms", (json_int_t)c->arms,
 						     "fires", (json_int_t)c->fires));
 	}
+	if (head.count == 0)
+		out("(no clients)\n");
 	jset("own_uid_only", json_true());
 	jset("clients", arr);
 	return SR_EXIT_OK;
@@ -585,6 +587,8 @@ static int cmd_clients(const char *sock)
 							     "max_ns", (json_int_t)c->sum.lat_max_ns));
 		json_array_append_new(arr, o);
 	}
+	if (sn.nr_clients == 0)
+		out("(no clients)\n");
 	jset("clients", arr);
 	r = broker_down(&sn, &why) ? SR_EXIT_NOT_RUNNING : SR_EXIT_OK;
 	jset("running", json_boolean(!r));
@@ -987,6 +991,8 @@ static int cmd_sessions(const char *sock)
 						     "linger_left_ns", e->state == CHIME_SESSION_ATTACHED ? json_null() :
 						     json_integer((json_int_t)e->linger_left_ns)));
 	}
+	if (head.count == 0)
+		out("(no sessions)\n");
 	jset("total", json_integer((json_int_t)head.total));
 	jset("sessions", arr);
 	return SR_EXIT_OK;

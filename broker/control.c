@@ -1409,9 +1409,16 @@ static void on_notify(struct broker *b)
 			continue;
 		}
 		/* DETACHING, and every shard has reclaimed its nodes. */
-		if (!c->refuse && log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
-			log_msg(LOG_INFO, "client %u disconnected: pid %d '%s'",
-				c->slot, (int)c->cred.pid, c->comm);
+		if (c->refuse || !log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
+			;
+		else if (c->session[0] && c->cred.pid == 0)     /* restored, and no process of ours had it */
+			log_msg(LOG_INFO, "client %u freed: session '%s' (taken over from the previous broker)",
+				c->slot, c->session);
+		else if (c->session[0])
+			log_msg(LOG_INFO, "client %u freed: session '%s', last pid %d '%s'", c->slot, c->session,
+				(int)c->cred.pid, c->comm);
+		else
+			log_msg(LOG_INFO, "client %u disconnected: pid %d '%s'", c->slot, (int)c->cred.pid, c->comm);
 		client_release(b, c);
 		b->clients_now--;
 		/* A HELD slot shows as still going (DYING) until its socket drains: tools see the slot taken. */

@@ -93,6 +93,28 @@ static uint64_t discard(const struct broker *b)
 	return timers;
 }
 
+/* The names of the sessions in recs, comma-separated, cut short with "..." if they do not fit. */
+static void session_names(const struct sessfile_rec *recs, uint32_t n, char *buf, size_t len)
+{
+	size_t at = 0;
+
+	buf[0] = '\0';
+	for (uint32_t i = 0; i < n; i++) {
+		int w;
+
+		if (!recs[i].used)
+			continue;
+		w = snprintf(buf + at, len - at, "%s'%.*s'", at ? ", " : "", (int)sizeof(recs[i].name),
+			     recs[i].name);
+		if (w < 0 || (size_t)w >= len - at) {
+			/* room for the mark: the buffer holds at least one name's worth before it */
+			snprintf(buf + (at < len - 5 ? at : len - 5), 5, "...");
+			return;
+		}
+		at += (size_t)w;
+	}
+}
+
 /* A detached session as the sessions file describes it. */
 static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 {
@@ -131,16 +153,27 @@ int restart_load(struct broker *b)
 
 	b->sess.fd = -1;
 	snprintf(b->sess_path, sizeof(b->sess_path), "%s.sessions", b->o.socket_path);
-	if (b->o.fresh) {
-		uint64_t timers = discard(b);
-
-		log_msg(LOG_NOTICE, "--fresh: discarded %llu timer%s the previous broker left",
-			(unsigned long long)timers, timers == 1 ? "" : "s");
-		return 0;
-	}
 	recs = calloc(b->o.max_clients, sizeof(*recs));
 	if (!recs)
 		return log_errno(LOG_ERR, ENOMEM, "sessions");
+	if (b->o.fresh) {
+		char names[256];
+		int had = sessfile_load(b->sess_path, &g, recs, &bad, &found);
+		uint64_t timers;
+
+		/* Which sessions go with them: the operator may have meant another broker's socket. */
+		session_names(recs, b->o.max_clients, names, sizeof(names));
+		free(recs);
+		timers = discard(b);
+		if (had > 0)
+			log_msg(LOG_NOTICE, "--fresh: discarded %llu timer%s and %d session%s (%s) the previous "
+				"broker left", (unsigned long long)timers, timers == 1 ? "" : "s", had,
+				had == 1 ? "" : "s", names);
+		else
+			log_msg(LOG_NOTICE, "--fresh: discarded %llu timer%s the previous broker left",
+				(unsigned long long)timers, timers == 1 ? "" : "s");
+		return 0;
+	}
 	n = sessfile_load(b->sess_path, &g, recs, &bad, &found);
 	switch (n) {
 	case -ENOENT: {

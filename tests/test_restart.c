@@ -419,6 +419,19 @@ Test(restart, another_geometry_is_refused_and_the_files_kept_until_fresh)
 	chime_close(c);
 }
 
+/* --fresh with the same options says which sessions it discarded, not only how many timers. */
+Test(restart, fresh_names_the_sessions_it_discards)
+{
+	char log[300], extra[400];
+
+	detached_session_on_two_shards("fresh-named", 25, log, sizeof(log));
+	snprintf(extra, sizeof(extra), "-n 2 --fresh 2>'%s'", log);
+	restart(SIGTERM, extra);
+	cr_assert(t_file_has(log, "discarded 25 timers and 1 session ('fresh-named')"),
+		  "--fresh did not name the session it discarded");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
+}
+
 /*
  * The sessions file removed under a stopped broker's shard files: nothing
  * says whose their timers are, so the next broker discards them, and says

@@ -540,6 +540,9 @@ int main(int argc, char **argv)
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	o.nr_shards = ncpu < 1 ? 1 : ncpu > MAX_SHARDS_DEFAULT ? MAX_SHARDS_DEFAULT : (uint32_t)ncpu;
 
+	/* getopt's own messages start with argv[0]: "chimed", not the path it was run by. */
+	if (argc > 0)
+		argv[0] = (char *)"chimed";
 	while ((c = getopt_long(argc, argv, "s:n:fvhV", long_opts, NULL)) != -1) {
 		switch (c) {
 		case 's':
@@ -638,7 +641,7 @@ int main(int argc, char **argv)
 			return 0;
 		default:
 			/* getopt printed what was wrong. */
-			fprintf(stderr, "Try 'chimed --help'.\n");
+			fprintf(stderr, "chimed: see 'chimed --help'\n");
 			return EXIT_USAGE;
 		}
 	}

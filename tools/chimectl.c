@@ -1073,6 +1073,8 @@ int main(int argc, char **argv)
 	int opt, r, json = 0, known = 0;
 	bool have_limit = false;
 
+	/* getopt's own messages start with argv[0]: the program's name, not the path it was run by. */
+	argv[0] = (char *)PROG;
 	/* Options may come before or after the command (GNU getopt permutes). */
 	while ((opt = getopt_long(argc, argv, "s:c:S:n:jhV", longopts, NULL)) != -1) {
 		switch (opt) {

@@ -67,6 +67,11 @@ static void usage(FILE *f)
 		"2 on a usage error.\n");
 }
 
+static const char *plural(uint64_t n)
+{
+	return n == 1 ? "" : "s";
+}
+
 static void sleep_until(uint64_t t_ns)
 {
 	struct timespec ts = { .tv_sec = (time_t)(t_ns / NSEC_PER_SEC),
@@ -219,12 +224,12 @@ int main(int argc, char **argv)
 	client_lat = calloc(d.timers, sizeof(*client_lat));
 	threads = calloc(d.threads, sizeof(*threads));
 	if (!broker_lat || !client_lat || !threads) {
-		fprintf(stderr, "chime-demo: out of memory for %" PRIu64 " timers\n", d.timers);
+		fprintf(stderr, "chime-demo: out of memory for %" PRIu64 " timer%s\n", d.timers, plural(d.timers));
 		return 1;
 	}
 
-	printf("chime-demo: arming %" PRIu64 " timers from %u threads over %u s, deadlines 1..%u ms ahead\n",
-	       d.timers, d.threads, d.seconds, d.max_ms);
+	printf("chime-demo: arming %" PRIu64 " timer%s from %u thread%s over %u s, deadlines 1..%u ms ahead\n",
+	       d.timers, plural(d.timers), d.threads, plural(d.threads), d.seconds, d.max_ms);
 	d.start_ns = chime_now();
 	next_report = d.start_ns + NSEC_PER_SEC;
 	for (unsigned i = 0; i < d.threads; i++) {
@@ -281,7 +286,8 @@ int main(int argc, char **argv)
 	}
 
 	uint64_t kept = fired < d.timers ? fired : d.timers;
-	printf("chime-demo: %" PRIu64 " of %" PRIu64 " timers fired, %" PRIu64 " early\n", fired, d.timers, early);
+	printf("chime-demo: %" PRIu64 " of %" PRIu64 " timer%s fired, %" PRIu64 " early\n", fired, d.timers,
+	       plural(d.timers), early);
 	printf("lateness (fired - deadline):\n");
 	print_lateness("broker", broker_lat, kept);
 	print_lateness("client", client_lat, kept);

@@ -773,6 +773,38 @@ Test(tools_live, chime_demo_ends_its_session)
 	cr_assert_null(strstr(slurp(out), "demo-ends"), "the demo's session is still there:\n%s", slurp(out));
 }
 
+/*
+ * chime-demo against a broker whose quota, then capacity, refuses arms:
+ * it waits only for what was armed (not until its give-up, 7 s here), names
+ * the error and chimed's option, and exits 3.
+ */
+Test(tools_live, chime_demo_stops_waiting_for_arms_the_broker_refused)
+{
+	static const struct {
+		const char *broker, *errstr, *option;
+	} limits[] = {
+		{ "--shards 1 --fresh --max-timers-per-client 1024", "Disk quota exceeded", "--max-timers-per-client" },
+		{ "--shards 1 --fresh --capacity 1024 --sq-size 64 --max-timers-per-client 0 --max-timers-per-uid 0",
+		  "Cannot allocate memory", "--capacity" },
+	};
+
+	for (size_t i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
+		uint64_t t0;
+
+		start_broker(limits[i].broker);
+		t0 = now_ns();
+		cr_assert_eq(run("%s -s '%s' -n 3000 -t 2 -d 1 -m 1000", bin("CHIME_DEMO"), sock), 3,
+			     "%s: %s%s", limits[i].broker, slurp(out), slurp(err));
+		cr_assert_lt(now_ns() - t0, UINT64_C(5000000000), "waited for timers never armed:\n%s", slurp(out));
+		cr_assert(strstr(slurp(err), limits[i].errstr) && strstr(slurp(err), limits[i].option), "%s",
+			  slurp(err));
+		cr_assert_null(strstr(slurp(err), "FAILED"), "%s", slurp(err));
+		cr_assert(strstr(slurp(out), "timers armed, "), "%s", slurp(out));
+		t_chimed_stop(&tb, SIGTERM);
+		broker = 0;
+	}
+}
+
 /* chimestat -f with a pattern that matches nothing (a typo) says so on stderr; the output and status stand. */
 Test(tools_live, a_field_pattern_matching_nothing_is_named)
 {

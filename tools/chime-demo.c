@@ -9,7 +9,9 @@
  * (fired_ns - deadline_ns: wheel resolution plus the shard's wake-up) and by
  * this process (when chime_wait() handed the event over - deadline_ns: adds
  * the delivery to the client). Exit status 0 only if every timer fired
- * exactly once and none fired early.
+ * exactly once and none fired early. If the broker refuses an arm (its quota
+ * or capacity), that thread stops and the demo waits only for the timers
+ * that were armed.
  */
 #include <chime.h>
 
@@ -18,6 +20,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +32,9 @@
 
 #define NSEC_PER_SEC UINT64_C(1000000000)
 #define NSEC_PER_MSEC UINT64_C(1000000)
+
+/* Every timer armed fired once and never early, but the broker refused some arms. */
+#define EXIT_REFUSED 3
 
 struct demo {
 	chime_t *chime;
@@ -43,7 +49,8 @@ struct arm_thread {
 	pthread_t tid;
 	struct demo *demo;
 	unsigned index;
-	int error;              /* first chime_arm() error, 0 if none */
+	_Atomic uint64_t armed;
+	_Atomic int error;      /* first chime_arm() error, 0 if none; the thread then stops */
 };
 
 static void usage(FILE *f)
@@ -64,12 +71,53 @@ static void usage(FILE *f)
 		"  -V, --version       show the version\n"
 		"\n"
 		"Exit status: 0 if every timer fired exactly once and never early, 1 otherwise,\n"
-		"2 on a usage error.\n");
+		"2 on a usage error, 3 if every timer armed fired so but the broker refused\n"
+		"some arms (chime_arm() EDQUOT or ENOMEM: its --max-timers-per-client,\n"
+		"--max-timers-per-uid or --capacity).\n");
 }
 
 static const char *plural(uint64_t n)
 {
 	return n == 1 ? "" : "s";
+}
+
+/* The broker's limits, which a user can raise, as opposed to a lost broker. */
+static int arm_refused(int error)
+{
+	return error == -EDQUOT || error == -ENOMEM;
+}
+
+static const char *arm_error_hint(int error)
+{
+	switch (error) {
+	case -EDQUOT:
+		return " (the broker's quota of timers for this client or its user is reached:"
+		       " chimed --max-timers-per-client, --max-timers-per-uid)";
+	case -ENOMEM:
+		return " (the broker has no free timer node: chimed --capacity, or its filesystem is full)";
+	case -ENOTCONN:
+		return " (the broker is gone)";
+	default:
+		return "";
+	}
+}
+
+/* What will fire: a thread's whole share, unless it stopped at an error (counted in *failed). */
+static uint64_t timers_expected(struct demo *d, struct arm_thread *threads, unsigned *failed)
+{
+	uint64_t sum = 0;
+
+	*failed = 0;
+	for (unsigned i = 0; i < d->threads; i++) {
+		/* A1: the thread's count before its error; pairs with R1 in arm_main(). */
+		if (atomic_load_explicit(&threads[i].error, memory_order_acquire)) {
+			sum += atomic_load_explicit(&threads[i].armed, memory_order_relaxed);
+			++*failed;
+		} else {
+			sum += d->timers / d->threads + (i < d->timers % d->threads);
+		}
+	}
+	return sum;
 }
 
 static void sleep_until(uint64_t t_ns)
@@ -99,12 +147,16 @@ static void *arm_main(void *arg)
 			int r = chime_arm(d->chime, done, chime_now() + delay, 0, t->index, &id);
 
 			if (r < 0) {
-				t->error = r;
+				atomic_store_explicit(&t->armed, done, memory_order_relaxed);
+				/* R1: pairs with A1 in timers_expected(). */
+				atomic_store_explicit(&t->error, r, memory_order_release);
 				break;
 			}
 		}
 		sleep_until(d->start_ns + step * 10 * NSEC_PER_MSEC);
 	}
+	if (!t->error)
+		atomic_store_explicit(&t->armed, done, memory_order_relaxed);
 	return NULL;
 }
 
@@ -165,9 +217,10 @@ int main(int argc, char **argv)
 	struct demo d = { .timers = 1000000, .threads = 4, .seconds = 3, .max_ms = 200 };
 	struct chime_opts opts = { 0 };
 	struct chime_event ev[256];
-	uint64_t v, fired = 0, early = 0, per_sec = 0, next_report;
+	uint64_t v, fired = 0, early = 0, per_sec = 0, next_report, expected, armed = 0;
 	uint64_t *broker_lat, *client_lat;
 	struct arm_thread *threads;
+	unsigned failed, failed_told = 0;
 	int c, r, status = 0;
 
 	while ((c = getopt_long(argc, argv, "s:n:t:d:m:S:hV", longopts, NULL)) != -1) {
@@ -240,11 +293,25 @@ int main(int argc, char **argv)
 		}
 	}
 
-	/* Drain until everything fired, or until well past the last possible deadline. */
+	/*
+	 * Drain until everything armed fired, or until well past the last
+	 * possible deadline. A thread that stopped at an error armed no more:
+	 * waiting for its share would only run into give_up.
+	 */
 	uint64_t give_up = d.start_ns + (uint64_t)(d.seconds + 5) * NSEC_PER_SEC + d.max_ms * NSEC_PER_MSEC;
-	while (fired < d.timers && chime_now() < give_up) {
-		int n = chime_wait(d.chime, ev, 256, 100);
-		uint64_t now = chime_now();
+	while (fired < (expected = timers_expected(&d, threads, &failed)) && chime_now() < give_up) {
+		int n;
+		uint64_t now;
+
+		if (failed != failed_told) {
+			printf("  chime_arm() failed in %u of %u thread%s (see below): waiting for %" PRIu64
+			       " of the %" PRIu64 " timer%s\n", failed, d.threads, plural(d.threads), expected,
+			       d.timers, plural(d.timers));
+			fflush(stdout);
+			failed_told = failed;
+		}
+		n = chime_wait(d.chime, ev, 256, 100);
+		now = chime_now();
 
 		if (n < 0 && n != -EINTR) {
 			fprintf(stderr, "chime-demo: chime_wait failed: %s\n", strerror(-n));
@@ -263,7 +330,7 @@ int main(int argc, char **argv)
 		}
 		if (now >= next_report) {
 			printf("  %2" PRIu64 " s: %8" PRIu64 " fired/s  (%" PRIu64 " of %" PRIu64 " so far)\n",
-			       (now - d.start_ns) / NSEC_PER_SEC, per_sec, fired, d.timers);
+			       (now - d.start_ns) / NSEC_PER_SEC, per_sec, fired, expected);
 			fflush(stdout);
 			per_sec = 0;
 			next_report += NSEC_PER_SEC;
@@ -271,11 +338,26 @@ int main(int argc, char **argv)
 	}
 	for (unsigned i = 0; i < d.threads; i++) {
 		pthread_join(threads[i].tid, NULL);
-		if (threads[i].error) {
-			fprintf(stderr, "chime-demo: chime_arm failed in thread %u: %s\n", i,
-				strerror(-threads[i].error));
-			status = 1;
+		armed += threads[i].armed;
+	}
+	/* One line per error, not per thread: with a quota, every thread hits it. */
+	for (unsigned i = 0; i < d.threads; i++) {
+		int e = threads[i].error;
+		unsigned first = i, count = 0;
+
+		for (unsigned k = 0; k < d.threads; k++) {
+			if (threads[k].error == e && k < first)
+				first = k;
+			count += threads[k].error == e;
 		}
+		if (!e || first != i)
+			continue;
+		fprintf(stderr, "chime-demo: chime_arm() failed in %u of %u thread%s: %s%s\n", count, d.threads,
+			plural(d.threads), strerror(-e), arm_error_hint(e));
+		if (!arm_refused(e))
+			status = 1;
+		else if (!status)
+			status = EXIT_REFUSED;
 	}
 	/* Anything more would be a duplicate: give stragglers a moment to show up. */
 	for (int i = 0; i < 5; i++) {
@@ -286,14 +368,18 @@ int main(int argc, char **argv)
 	}
 
 	uint64_t kept = fired < d.timers ? fired : d.timers;
-	printf("chime-demo: %" PRIu64 " of %" PRIu64 " timer%s fired, %" PRIu64 " early\n", fired, d.timers,
-	       plural(d.timers), early);
+	if (armed == d.timers)
+		printf("chime-demo: %" PRIu64 " of %" PRIu64 " timer%s fired, %" PRIu64 " early\n", fired, d.timers,
+		       plural(d.timers), early);
+	else
+		printf("chime-demo: %" PRIu64 " of %" PRIu64 " timer%s armed, %" PRIu64 " of those fired, %" PRIu64
+		       " early\n", armed, d.timers, plural(d.timers), fired, early);
 	printf("lateness (fired - deadline):\n");
 	print_lateness("broker", broker_lat, kept);
 	print_lateness("client", client_lat, kept);
-	if (fired != d.timers || early) {
+	if (fired != armed || early) {
 		fprintf(stderr, "chime-demo: FAILED: %s\n",
-			early ? "timers fired early" : fired < d.timers ? "timers missing" : "duplicate events");
+			early ? "timers fired early" : fired < armed ? "timers missing" : "duplicate events");
 		status = 1;
 	}
 	chime_close(d.chime);

@@ -50,7 +50,7 @@ static void run_job(const struct chime_event *ev, void *arg)
 
 int main(void)
 {
-	/* at_ns starts as milliseconds from now; main() makes it absolute. */
+	/* at_ns starts as milliseconds from the start; main() makes it absolute. */
 	struct job jobs[] = {
 		{ .what = "send the reminder e-mail", .at_ns = 50 },
 		{ .what = "retry the upload", .at_ns = 10 },
@@ -58,7 +58,7 @@ int main(void)
 		{ .what = "rotate the log", .at_ns = 20 },
 		{ .what = "flush the cache", .at_ns = 40 },
 	};
-	struct queue q = { .start_ns = chime_now(), .left = 5 };
+	struct queue q = { .left = 5 };
 	struct epoll_event ee = { .events = EPOLLIN };
 	chime_t *c;
 	int ep, fd, r;
@@ -68,6 +68,11 @@ int main(void)
 		fprintf(stderr, "delayed_jobs: cannot connect to chimed: %s\n", strerror(-r));
 		return 1;
 	}
+	/*
+	 * The start is after the connect: a slow one would eat into the delays,
+	 * and jobs already due when armed run at once, in the order armed.
+	 */
+	q.start_ns = chime_now();
 	for (int i = 0; i < 5; i++) {
 		chime_id_t id;
 

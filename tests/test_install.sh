@@ -6,7 +6,8 @@
 # own, as a package's /usr is); with only its libchime.pc on the pkg-config path (no ck.pc,
 # no liburing.pc), --cflags names our include directory and nothing else (no
 # leaked -D), --static --libs carries liburing, and a program using chime.h
-# compiles, links and runs, with libchime.so and with libchime.a. The Python module lands in a directory on the
+# compiles, links and runs, with libchime.so and with libchime.a, and with
+# the build tree's uninstalled libchime.pc. The Python module lands in a directory on the
 # sys.path of PYTHON (Debian's /usr/bin/python3), and imports from there.
 #
 # Usage: test_install.sh MESON BUILD_ROOT CC PYTHON [static|no-static]
@@ -93,6 +94,24 @@ set -- $libs
 LD_LIBRARY_PATH=${1#-L}
 export LD_LIBRARY_PATH
 "$dest/consumer" || fail "the consumer does not run against the installed libchime.so"
+
+# The uninstalled libchime.pc, for building against this build tree: the
+# source's chime.h and the built libchime.so, not ${libdir} under the build.
+uninstalled=$build/meson-uninstalled
+[ -f "$uninstalled/libchime-uninstalled.pc" ] || fail "no $uninstalled/libchime-uninstalled.pc"
+ucflags=$(PKG_CONFIG_LIBDIR=$uninstalled PKG_CONFIG_SYSROOT_DIR='' pkg-config --cflags libchime) ||
+	fail "pkg-config --cflags libchime failed with the uninstalled .pc"
+ulibs=$(PKG_CONFIG_LIBDIR=$uninstalled PKG_CONFIG_SYSROOT_DIR='' pkg-config --libs libchime) ||
+	fail "pkg-config --libs libchime failed with the uninstalled .pc"
+echo "install: uninstalled --cflags: $ucflags"
+echo "install: uninstalled --libs: $ulibs"
+ulibdir=$(echo "$ulibs" | tr ' ' '\n' | sed -n 's/^-L//p' | head -n 1)
+[ -f "$ulibdir/libchime.so" ] || fail "the uninstalled --libs '$ulibs' names no directory with libchime.so"
+# shellcheck disable=SC2086
+"$cc" -std=c11 -Wall -Werror $ucflags -o "$dest/consumer_uninstalled" "$dest/consumer.c" $ulibs ||
+	fail "a consumer does not build with the uninstalled .pc's flags"
+LD_LIBRARY_PATH=$ulibdir "$dest/consumer_uninstalled" ||
+	fail "the consumer does not run against the build's libchime.so"
 
 # The first ABI: a program built against the old header calls
 # chime_open@CHIME_0.1 with a struct chime_opts that ends after flags. That

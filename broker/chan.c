@@ -1407,8 +1407,14 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 	}
 	if (ch->marked)
 		did |= markers_replace(sc, ch);
-	/* A resuming process's events the old broker delivered wait for its word on them (and the rest behind). */
-	while (settled(sc, ch) && (idx = ch->backlog.head) != CHIME_NIL && ch->room) {
+	/*
+	 * A resuming process's events the old broker delivered wait for its
+	 * word on them (and the rest behind), and for the records it submitted
+	 * with it: chan_drain() settles and applies them in one call. Settled
+	 * here, between this pass's drain and the next, an event judged
+	 * untaken went out before the RESET or CANCEL behind it was applied.
+	 */
+	while (!ch->word_wait && settled(sc, ch) && (idx = ch->backlog.head) != CHIME_NIL && ch->room) {
 		struct chime_node *n = NODE(sc, idx);
 
 		if (n->period_ns && event_unconsumed(sc, ch, n))

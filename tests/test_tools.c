@@ -814,6 +814,10 @@ Test(tools_live, a_field_pattern_matching_nothing_is_named)
 	cr_assert(strstr(slurp(out), "shard.0.fires"), "%s", slurp(out));
 	cr_assert(strstr(slurp(err), "no field matches 'shard.0.firez'"), "%s", slurp(err));
 	cr_assert_null(strstr(slurp(err), "client.*"), "a client pattern with no client connected: %s", slurp(err));
+	/* The hint names a command that lists the names (it once named -1 -j, which prints JSON). */
+	cr_assert(strstr(slurp(err), "(chimestat -1 -f '*' lists their names)"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -1 -f '*'", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "\nshard.0.fires "), "%s", slurp(out));
 }
 
 enum { N_FAR = 100, M_FIRE = 50, K_CANCEL = 20, B_HELD = 40 };

@@ -108,7 +108,7 @@ static void unmatched_patterns(const struct flist *l, const struct opts *o)
 		while (k < l->n && fnmatch(o->pat[i], l->v[k].name, 0) != 0)
 			k++;
 		if (k == l->n)
-			fprintf(stderr, PROG ": no field matches '%s' (chimestat -1 -j lists their names)\n",
+			fprintf(stderr, PROG ": no field matches '%s' (chimestat -1 -f '*' lists their names)\n",
 				o->pat[i]);
 	}
 }

@@ -2235,11 +2235,11 @@ Test(tools_live_view, field_filter_lists_the_fields)
 Test(tools_live_view, unusable_term_falls_back_to_plain_frames_saying_so)
 {
 	static const char *const args[] = { "-i", "0.1", NULL };
-	const char *terms[] = { "no-such-terminal", "dumb" };
+	const char *terms[] = { "no-such-terminal", "dumb", "" };
 	struct fake f;
 
 	fake_make(&f, getpid(), 0);
-	for (size_t i = 0; i < 2; i++) {
+	for (size_t i = 0; i < sizeof(terms) / sizeof(terms[0]); i++) {
 		term_start(terms[i], 24, 80, args);
 		term_wait(NULL, 700);
 		term_signal(SIGINT);
@@ -2249,6 +2249,10 @@ Test(tools_live_view, unusable_term_falls_back_to_plain_frames_saying_so)
 		/* the plain table, more than one frame */
 		cr_assert_geq(raw_count("chimed pid"), 2, "TERM=%s: %.*s", terms[i], (int)term.nraw, term.raw);
 		cr_assert_eq(raw_count("\033[?1049h"), 0, "TERM=%s: curses started", terms[i]);
+		/* A terminal said to move no cursor gets no escape sequence either (it once got a clear-screen). */
+		cr_assert_eq(raw_count("\033"), 0, "TERM=%s: %.*s", terms[i], (int)term.nraw, term.raw);
+		cr_assert_geq(raw_count("\r\n\r\nchimed pid"), 1, "TERM=%s: no blank line between frames: %.*s",
+			      terms[i], (int)term.nraw, term.raw);
 	}
 	chime_seg_unmap(&f.map);
 }

@@ -2,8 +2,8 @@
 /*
  * chimestat - show chimed's counters, read from its control segment.
  * This file: main(), the options and the plain periodic output (stdout not
- * a terminal); the fields, the outputs and the live view on a terminal
- * (stat_live.c) are in stat_*.c (chimestat.h).
+ * a terminal, or one the live view cannot use); the fields, the outputs and
+ * the live view on a terminal (stat_live.c) are in stat_*.c (chimestat.h).
  *
  * It maps "<socket>.ctl" read-only and never talks to the broker: it costs
  * the broker nothing, works for any member of the broker's group, and shows
@@ -134,7 +134,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	struct flist cur = { 0 }, prev = { 0 };
 	struct sr_snap sn, ps;
 	char sock[PATH_MAX];
-	int have_prev = 0, tty, r, opt;
+	int have_prev = 0, r, opt;
 	struct sr s;
 
 	while ((opt = getopt_long(argc, argv, "s:1jf:i:hV", longopts, NULL)) != -1) {
@@ -268,8 +268,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		return r;
 	}
 
-	tty = isatty(STDOUT_FILENO);
-	if (tty) {
+	if (isatty(STDOUT_FILENO)) {
 		char why[128];
 
 		r = live_run(&s, &o, why, sizeof(why));
@@ -300,14 +299,16 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		}
 		keep_clients(&sn, &o);
 		collect(&cur, &sn);
-		if (tty)
-			fputs("\033[H\033[2J", stdout);
 		if (o.nr_pat)
 			print_flat(stdout, &cur, have_prev ? &prev : NULL, &sn, have_prev ? &ps : NULL, &o);
 		else
 			print_table(stdout, &cur, have_prev ? &prev : NULL, &sn, have_prev ? &ps : NULL);
-		if (!tty)
-			fputc('\n', stdout);
+		/*
+		 * A blank line between frames, on a terminal too: we are here
+		 * because it cannot move the cursor (or TERM says nothing of
+		 * it), so a clear-screen sequence would be garbage on it.
+		 */
+		fputc('\n', stdout);
 		fflush(stdout);
 		r = exit_for(&sn);
 		/* Keep this sample for the next rates; the field list too. */

@@ -249,6 +249,7 @@ static void check_prom_format(const char *text)
 		}
 		cr_assert_neq(line[0], '#', "stray comment: %s", line);
 		cr_assert_eq(sscanf(line, "%159[a-zA-Z0-9_:]", name), 1, "bad sample: %s", line);
+		cr_assert_null(strstr(line, "{}"), "an empty label set (write no braces): %s", line);
 		cr_assert_eq(strncmp(name, fam, strlen(fam)), 0, "sample %s outside its family %s", name, fam);
 		cr_assert(strchr(line, ' '), "no value: %s", line);
 		if (!strcmp(strrchr(line, ' ') + 1, "+Inf"))
@@ -553,6 +554,10 @@ Test(tools_fake, prometheus_is_valid)
 	cr_assert_eq(run("%s --socket '%s' --prometheus", bin("CHIMESTAT"), sock), 0);
 	cr_assert(strstr(slurp(out), "chime_shard_arms_total{shard=\"0\"} 10\n"), "%s", slurp(out));
 	cr_assert(strstr(slurp(out), "chime_shard_lateness_seconds_count{shard=\"0\"} 4\n"));
+	/* ns as exact seconds: 500 + 2000 + 2000 + 3000000 ns, not 0.0030044999999999998 */
+	cr_assert(strstr(slurp(out), "chime_shard_lateness_seconds_sum{shard=\"0\"} 0.0030045\n"), "%s", slurp(out));
+	cr_assert(strstr(slurp(out), "\nchime_broker_resolution_seconds 0.0001\n"), "%s", slurp(out));
+	cr_assert(strstr(slurp(out), "\nchime_broker_up 1\n"), "no labels, no braces: %s", slurp(out));
 	cr_assert(strstr(slurp(out), "comm=\"fake \\\"client\\\"\""));
 	/* pid and slot only on the info series: the others keep their labels across restarts */
 	cr_assert(strstr(slurp(out), "chime_client_info{comm=\"fake \\\"client\\\"\",uid=\"1000\",pid=\"4242\",slot=\"1\"} 1\n"),

@@ -3,18 +3,66 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "chimestat.h"
 
 /* ---- Prometheus ---- */
 
+/*
+ * Nanoseconds as seconds, exactly (nanosecond resolution, trailing zeros
+ * dropped): in binary, 21047282077 * 1e-9 is 21.047282077000002, and a
+ * realtime stamp in ns has more digits than a double holds.
+ */
+static void prom_ns(FILE *out, int neg, uint64_t ns)
+{
+	uint32_t frac = (uint32_t)(ns % 1000000000u);
+	int digits = 9;
+
+	fprintf(out, "%s%" PRIu64, neg && ns ? "-" : "", ns / 1000000000u);
+	if (!frac)
+		return;
+	for (; frac % 10 == 0; frac /= 10)
+		digits--;
+	fprintf(out, ".%0*" PRIu32, digits, frac);
+}
+
+/* Any other value: the shortest text that reads back as the same double. */
 static void prom_num(FILE *out, double v)
 {
-	if (isinf(v))
-		fputs("+Inf", out);
+	char b[32];
+
+	if (isinf(v)) {
+		fputs(v > 0 ? "+Inf" : "-Inf", out);
+		return;
+	}
+	for (int prec = 15; prec <= 17; prec++) {
+		snprintf(b, sizeof(b), "%.*g", prec, v);
+		if (strtod(b, NULL) == v)
+			break;
+	}
+	fputs(b, out);
+}
+
+/* An integer times the field's scale: ns (scale 1e-9) exactly, others as a double. */
+static void prom_scaled(FILE *out, int neg, uint64_t mag, double scale)
+{
+	if (scale == 1)
+		fprintf(out, "%s%" PRIu64, neg && mag ? "-" : "", mag);
+	else if (scale == 1e-9)
+		prom_ns(out, neg, mag);
 	else
-		fprintf(out, "%.17g", v);
+		prom_num(out, (neg ? -1.0 : 1.0) * (double)mag * scale);
+}
+
+/* name[suffix]{labels}: no braces for no labels, as the format allows. */
+static void prom_series(FILE *out, const char *name, const char *suffix, const char *labels)
+{
+	fprintf(out, "%s%s", name, suffix);
+	if (*labels)
+		fprintf(out, "{%s}", labels);
+	fputc(' ', out);
 }
 
 void print_prom(FILE *out, const struct flist *l, const struct opts *o)
@@ -52,23 +100,26 @@ void print_prom(FILE *out, const struct flist *l, const struct opts *o)
 
 					cum += g->hist[b];
 					fprintf(out, "%s_bucket{%s%sle=\"", g->prom, g->labels, sep);
-					prom_num(out, up == UINT64_MAX ? INFINITY : (double)up * g->scale);
+					if (up == UINT64_MAX)
+						prom_num(out, INFINITY);
+					else
+						prom_scaled(out, 0, up, g->scale);
 					fprintf(out, "\"} %" PRIu64 "\n", cum);
 				}
-				fprintf(out, "%s_sum{%s} ", g->prom, g->labels);
-				prom_num(out, (double)g->hist_sum_ns * g->scale);
-				fprintf(out, "\n%s_count{%s} %" PRIu64 "\n", g->prom, g->labels, cum);
+				prom_series(out, g->prom, "_sum", g->labels);
+				prom_scaled(out, 0, g->hist_sum_ns, g->scale);
+				fputc('\n', out);
+				prom_series(out, g->prom, "_count", g->labels);
+				fprintf(out, "%" PRIu64 "\n", cum);
 				continue;
 			}
-			fprintf(out, "%s%s{%s} ", g->prom, g->suffix ? g->suffix : "", g->labels);
+			prom_series(out, g->prom, g->suffix ? g->suffix : "", g->labels);
 			if (!strcmp(g->prom, "chime_broker_info"))
 				fputs("1", out);
 			else if (g->kind == F_INT)
-				prom_num(out, (double)g->i * g->scale);
-			else if (g->scale == 1)
-				fprintf(out, "%" PRIu64, g->u);
+				prom_scaled(out, g->i < 0, g->i < 0 ? -(uint64_t)g->i : (uint64_t)g->i, g->scale);
 			else
-				prom_num(out, (double)g->u * g->scale);
+				prom_scaled(out, 0, g->u, g->scale);
 			fputc('\n', out);
 		}
 	}

@@ -5,7 +5,8 @@
 # man -l when man-db is there); each libchime page has the sections an adopter
 # looks for; every function chime.h declares has its page, listed in
 # libchime(3); every chime page a page cites exists; no font macro line
-# carries prose (groff renders its words run together, and says nothing).
+# carries prose (groff renders its words run together, and says nothing);
+# no list entry's tag misses its .TP (groff says nothing of that either).
 #
 # Usage: test_man.sh CHIME_H PAGE...
 # Exit: 0 pass, 1 fail, 77 skipped (no groff).
@@ -56,6 +57,16 @@ for p in "$@"; do
 		}
 	}' "$p" >"$tmp/out"
 	[ -s "$tmp/out" ] && { fail "$name: a font macro line carries prose (words run together):"; cat "$tmp/out"; }
+	# A bold or italic line with no punctuation between a sentence's end and
+	# a capital is a list entry's tag without its .TP: groff runs the entry
+	# into the one before (chimed(8)'s "Who may do what" rendered so).
+	awk '{ l[FNR] = $0 } END {
+		for (i = 2; i < FNR; i++)
+			if (l[i] ~ /^\.(B|BR|BI|I|IR|IB) / && l[i] !~ /[.,;:!?)]"?$/ &&
+			    l[i - 1] ~ /^[^.\\].*[.;:)]$/ && l[i + 1] ~ /^[A-Z]/)
+				printf "%d: %s\n", i, l[i]
+	}' "$p" >"$tmp/out"
+	[ -s "$tmp/out" ] && { fail "$name: a list entry's tag without .TP (runs into the entry before):"; cat "$tmp/out"; }
 	case $name in
 	chime_*.3)
 		for s in NAME SYNOPSIS DESCRIPTION "RETURN VALUE" ERRORS "THREAD SAFETY" PROGRESS "SEE ALSO"; do

@@ -2688,6 +2688,48 @@ Test(tools_options, readme_synopsis_has_every_chimestat_and_chimectl_option)
 	}
 }
 
+/* chime-bench --help sums up each mode with every long option its parser takes (e2e's once lacked --cold). */
+Test(tools_options, bench_help_sums_up_every_long_option_of_each_mode)
+{
+	static const struct {
+		const char *mode, *src;
+	} modes[] = {
+		{ "e2e", "tools/bench/e2e.c" },
+		{ "compare", "tools/bench/compare.c" },
+		{ "apply", "tools/bench/apply.c" },
+		{ "rest", "tools/bench/rest.c" },
+	};
+	char *top;
+
+	cr_assert_eq(run("%s --help", bin("CHIME_BENCH")), 0, "%s", slurp(err));
+	top = strdup(slurp(out));       /* slurp()'s buffer is code_options()'s too */
+	cr_assert_not_null(top);
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		struct optset code = { .n = 0 }, sum = { .n = 0 };
+		char key[32], line[1024];
+		const char *p, *q;
+
+		snprintf(key, sizeof(key), "\n  %-8s ", modes[i].mode);
+		p = strstr(top, key);
+		cr_assert_not_null(p, "chime-bench --help has no line for %s:\n%s", modes[i].mode, top);
+		/* the mode's line and the lines indented under it */
+		for (q = p + 1; (q = strchr(q, '\n')) != NULL && !strncmp(q + 1, "           ", 11); q++)
+			;
+		snprintf(line, sizeof(line), "%.*s", (int)((q ? q : p + strlen(p)) - p), p);
+		text_options(line, &sum);
+		code_options(modes[i].src, &code);
+		for (int k = 0; k < code.n; k++)
+			cr_expect(code.name[k][1] != '-' || !strcmp(code.name[k], "--help") ||
+				  optset_has(&sum, code.name[k]),
+				  "chime-bench --help: %s takes %s, its summary does not say so:%s", modes[i].mode,
+				  code.name[k], line);
+		for (int k = 0; k < sum.n; k++)
+			cr_expect(optset_has(&code, sum.name[k]), "chime-bench --help: %s's summary names %s, its "
+				  "parser does not take it", modes[i].mode, sum.name[k]);
+	}
+	free(top);
+}
+
 /* chime-demo: numbers are digits only, and a failed connect names the path it tried, however chosen. */
 Test(tools_fake, demo_refuses_bad_numbers_and_names_the_socket_it_could_not_reach)
 {

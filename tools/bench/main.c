@@ -19,7 +19,7 @@ static const struct {
 } modes[] = {
 	{ "wheel", bench_wheel, "timing wheel vs binary heap: arm, cancel, reset, expiry [--quick]" },
 	{ "e2e", bench_e2e, "libchime + chimed end to end vs timerfd [--socket PATH] [--quick] [--shards N]\n"
-	  "           [--only PARTS] [--expire N] [--busy-poll]" },
+	  "           [--only PARTS] [--expire N] [--busy-poll] [--cold]" },
 	{ "compare", bench_compare, "chime vs its wheel, timerfd, libuv, libev: ops, expiry, memory, CPU, lateness\n"
 	  "           [--quick] [--json] [--socket PATH] [--sizes N,N...] [--lateness-csv DIR]" },
 	{ "apply", bench_apply, "the shard's cost per submission record, in-process: arm, reset, cancel [--quick]" },

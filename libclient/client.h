@@ -89,7 +89,8 @@ struct chime {
 	int dead;                           /* atomic: 1 once the broker is known to be gone for good,
 					     * or in a child after fork() (then `forked` too) */
 	int forked;                         /* atomic: this is a copy in a child of the process that opened it */
-	uint32_t dispatching;               /* atomic: a chime_dispatch() is under way (see cl_note_void()) */
+	const char *dispatcher;             /* atomic: &cl_thread_token of the thread in a chime_dispatch()
+					     * of this connection, or NULL (see cl_note_void()) */
 	struct chime *next_open;            /* every open chime_t of the process (client.c, fork) */
 	struct chime **prev_open;
 	uint64_t link;                      /* atomic: (connection number << 1) | 1 while a session reconnects */
@@ -212,7 +213,7 @@ static inline bool cl_gone_for_ops(struct chime *c)
 }
 
 /* The chime_t whose chime_dispatch() this thread is in (poll.c), or NULL. */
-extern __thread struct chime *cl_dispatching;
+extern __thread char cl_thread_token;   /* its address names the thread */
 
 /*
  * A RESET, CANCEL or CANCEL_KEY was published. A chime_dispatch() under way
@@ -220,11 +221,16 @@ extern __thread struct chime *cl_dispatching;
  * or resets a timer whose event is next must never see that event: the
  * drain stops and scans the ring again (poll.c). Only the callbacks' own
  * operations count (another thread's is concurrent with the drain, which
- * may or may not honour it, as for chime_poll()); one load otherwise.
+ * may or may not honour it, as for chime_poll()), whatever the callback
+ * does first: a callback that dispatches another connection, whose own
+ * callback cancels this one's timers, counts too. One load otherwise.
  */
 static inline void cl_note_void(struct chime *c)
 {
-	if (__builtin_expect(at_load(&c->dispatching) != 0, 0) && cl_dispatching == c)
+	const char *d = at_load(&c->dispatcher);
+
+	/* NULL first: the thread's token may cost a __tls_get_addr() call */
+	if (__builtin_expect(d != NULL, 0) && d == &cl_thread_token)
 		c->voided = 1;
 }
 
@@ -235,8 +241,6 @@ static inline void cl_note_void(struct chime *c)
  * not "the last session this thread drained": a callback may drain another
  * session first, and would then wait forever for its own reconnect.
  */
-extern __thread char cl_thread_token;   /* its address names the thread */
-
 static inline bool cl_holds_drainer_lock(const struct chime *c)
 {
 	return at_load(&c->drainer) == &cl_thread_token;

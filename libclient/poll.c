@@ -49,6 +49,7 @@
  * syscall for us.
  */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -70,7 +71,6 @@
 #define TAG_SOCK 2u
 
 __thread char cl_thread_token;
-__thread struct chime *cl_dispatching;
 
 /*
  * Where a drain puts the events it claims: into an array (chime_poll,
@@ -591,25 +591,47 @@ CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max
 	return poll_events(c, &(struct sink){ .out = events }, max, fd_used, fd_used);
 }
 
+/*
+ * Events pending for c now: in its rings, not yet read, and held by the
+ * broker for want of room. At least 1, so that a dispatch with nothing
+ * pending still drains once (a reconnect due, a dead broker, the fd's
+ * wake-up armed). A count, not a promise: voided ones are skipped.
+ */
+static unsigned pending_now(const struct chime *c)
+{
+	uint64_t n = 0;
+
+	for (uint32_t s = 0; s < c->nr_shards; s++) {
+		const struct chime_chan *ch = &c->chan[s];
+
+		n += at_load_acq(ch->cq.tail_pub) - ch->cq.head + at_load(ch->backlog);
+	}
+	return n == 0 ? 1 : n > UINT_MAX ? UINT_MAX : (unsigned)n;
+}
+
 CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max)
 {
-	/* max 0: what is pending now, bounded so that callbacks re-arming at once cannot loop forever */
-	unsigned limit = max ? max : c ? c->nr_shards * c->cq_size : 0, total = 0;
+	/*
+	 * max 0: what is pending now, so that callbacks re-arming at once
+	 * cannot stretch the call (they did: a limit of every ring's size let
+	 * callbacks re-arming at deadline 0 keep one call going for seconds).
+	 */
+	unsigned limit, total = 0;
 	/*
 	 * Each event is claimed just before its callback, inside the drain, and
 	 * a callback that cancels or resets cuts the drain short
 	 * (cl_note_void()), so that the next event is judged against it.
 	 */
 	struct sink to = { NULL, cb, arg };
-	struct chime *outer;    /* a callback may dispatch another chime_t */
+	const char *outer;      /* a callback may dispatch this chime_t again */
 	int err = 0;
 
 	if (unlikely(!c || !cb))
 		return -EINVAL;
-	outer = cl_dispatching;
-	cl_dispatching = c;
+	limit = max ? max : pending_now(c);
+	outer = at_load(&c->dispatcher);
 	c->voided = 0;
-	at_store(&c->dispatching, 1u);
+	at_store(&c->dispatcher, &cl_thread_token);
 	while (total < limit) {
 		unsigned want = limit - total < DISPATCH_BATCH ? limit - total : DISPATCH_BATCH;
 		/* Runs until a round comes back empty: that one arms the fd's wake-up. */
@@ -621,8 +643,7 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 		}
 		total += (unsigned)n;
 	}
-	at_store(&c->dispatching, 0u);
-	cl_dispatching = outer;
+	at_store(&c->dispatcher, outer);
 	if (err < 0)
 		return total ? (int)total : err;
 	/*

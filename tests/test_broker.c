@@ -2276,6 +2276,92 @@ Test(broker, a_dispatch_callback_never_sees_a_timer_it_cancelled_or_reset)
 	dispatch_siblings("siblings");
 }
 
+/*
+ * The same, when the callback that cancels and resets is another
+ * connection's, dispatched from inside the first's callback: the first
+ * connection's drain must still judge its next events against them. It
+ * did not: all 9 siblings were called back after their cancels returned.
+ */
+#define NESTED 10
+
+struct nested {
+	chime_t *c1, *c2;
+	chime_id_t id[NESTED];
+	int calls1, calls2;
+};
+
+static void nested_inner_cb(const struct chime_event *e, void *arg)
+{
+	struct nested *n = arg;
+
+	(void)e;
+	n->calls2++;
+	for (int i = 0; i < NESTED; i++)
+		cr_assert_eq(i % 2 ? chime_cancel(n->c1, n->id[i]) : chime_reset(n->c1, n->id[i], chime_now() + 3600000 * MS),
+			     0);
+}
+
+static void nested_outer_cb(const struct chime_event *e, void *arg)
+{
+	struct nested *n = arg;
+
+	(void)e;
+	if (n->calls1++ == 0)
+		cr_assert_eq(chime_dispatch(n->c2, nested_inner_cb, n, 0), 1);
+}
+
+Test(broker, a_callback_dispatching_another_connection_still_voids_what_that_cancels)
+{
+	struct chime_opts o = { .socket_path = sock };
+	struct nested n = { 0 };
+	uint64_t due = chime_now() + 20 * MS;
+
+	cr_assert_eq(chime_open(&n.c1, &o), 0);
+	cr_assert_eq(chime_open(&n.c2, &o), 0);
+	for (int i = 0; i < NESTED; i++)
+		cr_assert_eq(chime_arm(n.c1, 0, due, 0, (uint64_t)i, &n.id[i]), 0);
+	cr_assert_eq(chime_arm(n.c2, 0, due, 0, 0, &(chime_id_t){ 0 }), 0);
+	msleep(150);    /* all fired, waiting in the completion rings */
+	for (uint64_t end = chime_now() + 1000 * MS; chime_now() < end;)
+		cr_assert_geq(chime_dispatch(n.c1, nested_outer_cb, &n, 0), 0);
+	cr_assert_eq(n.calls2, 1);
+	cr_assert_eq(n.calls1, 1, "%d callbacks: the timers the nested callback cancelled or reset came after it",
+		     n.calls1);
+	chime_close(n.c2);
+	chime_close(n.c1);
+}
+
+/*
+ * chime_dispatch(..., 0) delivers what was pending when it started: a
+ * callback that re-arms its timer at once (here at deadline 0, and slow)
+ * cannot keep the call going. It did, for up to every ring's size of
+ * callbacks: 16384 of them, 4 s at 200 us each.
+ */
+static void rearm_now_cb(const struct chime_event *e, void *arg)
+{
+	uint64_t until = chime_now() + 50000;
+
+	(void)e;
+	cr_assert_eq(chime_arm(arg, 0, 0, 0, 0, &(chime_id_t){ 0 }), 0);
+	while (chime_now() < until)
+		;
+}
+
+Test(broker, a_dispatch_of_what_is_pending_is_not_stretched_by_callbacks_rearming)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_t *c;
+	int r;
+
+	cr_assert_eq(chime_open(&c, &o), 0);
+	for (int i = 0; i < 100; i++)
+		cr_assert_eq(chime_arm(c, 0, 0, 0, (uint64_t)i, &(chime_id_t){ 0 }), 0);
+	msleep(100);    /* fired, in the rings */
+	r = chime_dispatch(c, rearm_now_cb, c, 0);
+	cr_assert(r >= 1 && r <= 100, "one call dispatched %d events, 100 were pending", r);
+	chime_close(c);
+}
+
 /* ---- the examples run against the broker ---- */
 
 static void run_example(const char *name, const char *const *args)

@@ -530,7 +530,9 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 	 * poll(2). No IORING_SETUP_SINGLE_ISSUER: the waiting thread may change
 	 * from call to call (chime_wait(3)). A poll the last one left
 	 * outstanding completes for the next, also once its thread has exited
-	 * (with -ECANCELED when its fd becomes ready: a wake-up all the same).
+	 * (with -ECANCELED when its fd becomes ready), but then a tick late:
+	 * a thread sleeps in ppoll() while another thread's polls are
+	 * outstanding (poll.c, sleep_uring()).
 	 */
 	c->has_ring = io_uring_queue_init(4, &c->ring, 0) == 0;
 	return 0;

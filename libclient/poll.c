@@ -664,6 +664,25 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 
 static int sleep_poll(struct chime *c, uint64_t timeout_ns);
 
+/* Take the polls' completions that have come (no system call). */
+static void reap(struct chime *c)
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, seen = 0;
+
+	io_uring_for_each_cqe(&c->ring, head, cqe) {
+		if (cqe->user_data == TAG_KICK) {
+			c->kick_polled = false;
+		} else if (cqe->user_data == TAG_SOCK) {
+			c->sock_polled = false;
+			if (cqe->res > 0 && (cqe->res & (POLLRDHUP | POLLHUP | POLLERR)))
+				(void)cl_broker_gone(c, true);
+		}
+		seen++;
+	}
+	io_uring_cq_advance(&c->ring, seen);
+}
+
 static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 {
 	struct __kernel_timespec ts = {
@@ -672,10 +691,20 @@ static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 	};
 	struct io_uring_cqe *cqe;
 	struct io_uring_sqe *sqe;
-	unsigned head, seen = 0;
 	int r;
 
-	/* The polls are one-shot and stay outstanding across waits until they fire. */
+	/*
+	 * The polls are one-shot and stay outstanding across waits until they
+	 * fire. One another thread left outstanding completes late if that
+	 * thread has exited: the kernel posts it from its fallback work, a
+	 * tick later (4 ms at HZ=250, every time, found by an API audit). So
+	 * a thread that did not submit the polls still outstanding sleeps in
+	 * ppoll() instead; once they have fired it submits its own.
+	 */
+	reap(c);
+	if ((c->kick_polled || c->sock_polled) && c->polls_by != &cl_thread_token)
+		return sleep_poll(c, timeout_ns);
+	c->polls_by = &cl_thread_token;
 	if (!c->kick_polled && (sqe = io_uring_get_sqe(&c->ring))) {
 		io_uring_prep_poll_add(sqe, c->kick_fd, POLLIN);
 		io_uring_sqe_set_data64(sqe, TAG_KICK);
@@ -702,17 +731,7 @@ static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 		r = io_uring_wait_cqe_timeout(&c->ring, &cqe, &ts);
 	if (r < 0 && r != -ETIME)
 		return r;
-	io_uring_for_each_cqe(&c->ring, head, cqe) {
-		if (cqe->user_data == TAG_KICK) {
-			c->kick_polled = false;
-		} else if (cqe->user_data == TAG_SOCK) {
-			c->sock_polled = false;
-			if (cqe->res > 0 && (cqe->res & (POLLRDHUP | POLLHUP | POLLERR)))
-				(void)cl_broker_gone(c, true);
-		}
-		seen++;
-	}
-	io_uring_cq_advance(&c->ring, seen);
+	reap(c);
 	return 0;
 }
 

@@ -12,13 +12,14 @@
  * signals (no SIGPIPE). Times are uint64_t nanoseconds of CLOCK_MONOTONIC:
  * *_ns deadlines are absolute.
  *
- * -ENOTCONN, "the broker is gone": from the first call after the broker
+ * -ENOTCONN, "the broker is gone": from every call but chime_fd() and
+ * chime_close(), from the first call after the broker
  * said it is stopping (a clean stop, or a restart for a connection with no
  * session). A broker that died without saying so (SIGKILL, a crash) is
  * noticed by chime_wait() at once, by chime_poll() and chime_dispatch()
  * within about a second (its heartbeat stops), and by a thread that only
  * arms, resets or cancels when the ring it writes to fills (the calls that
- * write records read no clock). A session's connection reconnects instead
+ * write records do not look at its heartbeat). A session's connection reconnects instead
  * (chime_open()).
  *
  * -ECHILD: a chime_t belongs to the process that opened it; in a child after
@@ -94,25 +95,30 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *   -EPERM         what listens at the path runs as a user that is not root, not
  *                  this process's, and does not own the socket's directory: not
  *                  trusted with the session and the timers
- *   -EBUSY         the session is attached to another process
+ *   -EBUSY         the session is attached to another process (or to another
+ *                  chime_t of this one)
  *   -EPROTO        the broker speaks another shared-memory layout version
  *   -EUSERS        the broker's client table is full (or this user's share of
  *                  it), or the broker has no descriptor left for a client
  *   -ENOMEM        out of memory (or mapping the segments failed)
+ *   -EMFILE, -ENFILE  no descriptor left in this process (or the system) for the
+ *                  socket, the welcome's descriptors or chime_fd()'s
  *   -ECONNREFUSED  the broker is stopping (or restarting) and takes no new client
  *   -ECONNRESET    the broker hung up during the handshake
  *   -ETIMEDOUT     the broker accepted the connection but did not answer within 10 s
  *   -EBADMSG       the broker's reply or segments were malformed
- * or another negative errno of socket(2), connect(2), send(2), recvmsg(2) or mmap(2).
+ * or another negative errno of socket(2), connect(2), send(2), recvmsg(2), mmap(2),
+ * eventfd(2) or epoll_create1(2).
  */
 int chime_open(chime_t **out, const struct chime_opts *opts);
 
 /*
  * Disconnect: the broker cancels every timer of an anonymous connection; a
  * session's stay armed for its next process (see chime_open()), and its
- * close first waits (at most 1 s) until the broker has applied everything
- * the process submitted, so that a broker crash right after loses none of
- * it. NULL-safe.
+ * close first waits until the broker has applied everything the process
+ * submitted, so that a broker crash right after loses none of it (for a
+ * broker being restarted: up to 1 s for it to listen, then its restore,
+ * within the handshake's 10 s; see chime_close(3)). NULL-safe.
  */
 void chime_close(chime_t *c);
 
@@ -135,9 +141,11 @@ void chime_close(chime_t *c);
  *   -EACCES        the session belongs to another user (root and the broker's
  *                  user may drop any), or the broker's policy (or the socket's
  *                  permissions) refused this user
- *   -ENOENT, -EPERM, -EPROTO, -ETIMEDOUT, -ECONNRESET, -EBADMSG, -ENOMEM
+ *   -ENOENT, -EPERM, -EPROTO, -ETIMEDOUT, -ECONNRESET, -EBADMSG, -ENOMEM, -EMFILE,
+ *   -ENFILE, -EUSERS
  *                  as chime_open(): no broker, an untrusted one, another layout,
- *                  no answer within 10 s, a hang-up, a malformed answer, no descriptor
+ *                  no answer within 10 s, a hang-up, a malformed answer, no memory,
+ *                  no descriptor here, none in the broker
  * or another negative errno of socket(2), connect(2), send(2) or recv(2).
  */
 int chime_drop_session(const struct chime_opts *opts);
@@ -181,7 +189,7 @@ int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns
  * one-shot's event, the timer is gone and this changes nothing. A periodic
  * timer keeps its period from the new deadline. Thread-safe. Returns 0, or
  * -EINVAL (c NULL, or id malformed: 0, or not in the form of this broker's
- * ids, such as one naming a shard it does not have) or -ENOTCONN. A
+ * ids: one naming a shard it does not have, or generation 0) or -ENOTCONN. A
  * well-formed id that names no live timer of this connection (another
  * connection's, a stale one) is accepted and ignored.
  *
@@ -302,8 +310,9 @@ int chime_poll(chime_t *c, struct chime_event *events, unsigned max);
  * 50 us first (yielding the CPU after 5 us; 6 us while events come further
  * apart than that), then sleeps in io_uring on its
  * connection to the broker, so a steady stream of events costs no system call.
- * Returns how many events (0 on timeout), -EINVAL, -ENOTCONN, or -EINTR if a
- * signal interrupted the wait. Not beside another drain of c (chime_poll()).
+ * Returns how many events (0 on timeout), -EINVAL, -ENOTCONN, -ECHILD (see
+ * above), -EINTR if a signal interrupted the wait, or another negative errno
+ * of io_uring_enter(2) or ppoll(2). Not beside another drain of c (chime_poll()).
  * chime_close() must not run while another thread waits here: wake that
  * thread first (a signal, or a timer).
  */

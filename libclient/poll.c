@@ -595,17 +595,22 @@ CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max
  * Events pending for c now: in its rings, not yet read, and held by the
  * broker for want of room. At least 1, so that a dispatch with nothing
  * pending still drains once (a reconnect due, a dead broker, the fd's
- * wake-up armed). A count, not a promise: voided ones are skipped.
+ * wake-up armed). A count, not a promise: voided ones are skipped. A
+ * session's rings are read under the drainer's lock (a reconnect replaces
+ * them); with the lock busy, 1: the one round sees why.
  */
-static unsigned pending_now(const struct chime *c)
+static unsigned pending_now(struct chime *c)
 {
 	uint64_t n = 0;
 
+	if (!drainer_trylock(c))
+		return 1;
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		const struct chime_chan *ch = &c->chan[s];
 
 		n += at_load_acq(ch->cq.tail_pub) - ch->cq.head + at_load(ch->backlog);
 	}
+	drainer_unlock(c);
 	return n == 0 ? 1 : n > UINT_MAX ? UINT_MAX : (unsigned)n;
 }
 

@@ -19,7 +19,8 @@
  *                 once; then DETACH to every shard, and when all have
  *                 reclaimed the client's nodes, its slot is freed;
  *   signals       a signalfd read (SIGTERM, SIGINT: stop; SIGHUP: reload);
- *   heartbeat     the wait times out so heartbeat_ns moves every 90 ms.
+ *   heartbeat     the wait times out so heartbeat_ns moves every 90 ms (every
+ *                 450 ms at rest: IDLE_BEAT_NS in broker.h).
  *
  * Client slot states (private): FREE -> ATTACHING -> ACTIVE -> DETACHING -> FREE;
  * an attach that fails goes ATTACHING -> DETACHING (refused with -ENOMEM).
@@ -1631,6 +1632,8 @@ static void limits_report(struct broker *b, uint64_t now)
  *   is rung the same way, so that within about 100 ms its file says so
  *   and a crash that takes the process too does not bring them back. At
  *   most a wake-up per heartbeat and shard, after a session took events.
+ * True if it found nothing to do: no shard rung, no client coming, going
+ * or held (the slow beat of a broker at rest, IDLE_BEAT_NS).
  */
 static bool taken_unseen(const struct client *c, uint32_t s)
 {
@@ -1638,9 +1641,9 @@ static bool taken_unseen(const struct client *c, uint32_t s)
 	return c->session[0] && at_load(&c->mems[s].rw->cq_head) > at_load(&c->chans[s].head_watch);
 }
 
-static void clients_beat(struct broker *b, uint64_t now)
+static bool clients_beat(struct broker *b, uint64_t now)
 {
-	bool asleep[CHIME_MAX_SHARDS];
+	bool asleep[CHIME_MAX_SHARDS], quiet = true;
 	uint32_t nr_asleep = 0, hi = 0;
 
 	for (uint32_t s = 0; s < b->o.nr_shards; s++)
@@ -1650,6 +1653,9 @@ static void clients_beat(struct broker *b, uint64_t now)
 
 		if (c->state != CL_FREE)
 			hi = i + 1;     /* a slot freed later in this pass keeps it: an upper bound */
+		/* coming, going or waiting for the beat: not a broker at rest (IDLE_BEAT_NS) */
+		if (c->state != CL_FREE && c->state != CL_ACTIVE && (c->state != CL_DETACHED || c->next_fd >= 0))
+			quiet = false;
 		if (c->held_fd >= 0 && held_drained(c) && c->state == CL_HELD) {
 			c->state = CL_FREE;
 			table_set(b, c, CHIME_CLIENT_EMPTY);
@@ -1697,10 +1703,12 @@ static void clients_beat(struct broker *b, uint64_t now)
 				b->shards[s].rung = true;
 				asleep[s] = false;      /* rung: once is enough */
 				nr_asleep--;
+				quiet = false;
 			}
 		}
 	}
 	b->clients_hi = hi;
+	return quiet;
 }
 
 /*
@@ -1752,6 +1760,24 @@ static bool stop_parking(const struct broker *b)
  * and continued broker is not "stuck". False: some shard is stuck.
  */
 #define SHARD_STUCK_NS (UINT64_C(3) * 1000000000u)
+
+/*
+ * Every shard asleep, not rung by the last heartbeat and with its own
+ * wake-up still ahead: nothing for the heartbeat to watch, so a broker at
+ * rest may beat at IDLE_BEAT_NS. A shard awake, or asleep past its wake-up,
+ * has the heartbeat back at once, which counts towards SHARD_STUCK_NS in
+ * HEARTBEAT_NS beats as before. Before shards_alive(), which clears `rung`.
+ */
+static bool shards_quiet(const struct broker *b, uint64_t now)
+{
+	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
+		const struct shard *s = &b->shards[i];
+
+		if (at_load(s->sleeping) == 0 || s->rung || now > at_load(s->wake_ns))
+			return false;
+	}
+	return true;
+}
 
 static bool shards_alive(struct broker *b, uint64_t now)
 {
@@ -1807,18 +1833,25 @@ int broker_run(struct broker *b)
 		unsigned head, seen = 0;
 		int r;
 
-		if (now - last_hb >= HEARTBEAT_NS) {
+		uint64_t beat = b->quiet_beats >= QUIET_BEATS ? IDLE_BEAT_NS : HEARTBEAT_NS;
+
+		if (now - last_hb >= beat) {
+			bool quiet = !b->stopping && shards_quiet(b, now);
+
 			at_store(&b->ctl->heartbeat_ns, now);
 			at_store(&b->pub->heartbeat_ns, now);
 			if (b->stopping || shards_alive(b, now))
-				notify_watchdog(now, HEARTBEAT_NS);
+				notify_watchdog(now, IDLE_BEAT_NS);
 			last_hb = now;
+			quiet &= b->accept_armed;       /* else a failed accept, retried at each beat */
 			arm_accept(b);  /* after a failed accept (out of descriptors): a no-op when armed */
 			limits_report(b, now);
-			clients_beat(b, now);
+			quiet &= clients_beat(b, now);
 			restart_watch(b, now);
+			b->quiet_beats = quiet ? b->quiet_beats + 1 : 0;
+			beat = b->quiet_beats >= QUIET_BEATS ? IDLE_BEAT_NS : HEARTBEAT_NS;
 		}
-		wait = query_step(b) ? 0 : HEARTBEAT_NS - (now - last_hb);
+		wait = query_step(b) ? 0 : beat - (now - last_hb);
 		ts.tv_sec = 0;
 		ts.tv_nsec = (long long)wait;
 		r = io_uring_submit_and_wait_timeout(&b->ring, &cqe, 1, &ts, NULL);
@@ -1829,6 +1862,8 @@ int broker_run(struct broker *b)
 			stop += on_cqe(b, cqe);
 		}
 		io_uring_cq_advance(&b->ring, seen);
+		if (seen)
+			b->quiet_beats = 0;     /* a client came, went or asked: heartbeats at HEARTBEAT_NS */
 		if (stop && !b->stopping) {
 			stop_begin(b);
 			stop_by = now_ns() + STOP_PARK_NS;

@@ -1364,6 +1364,72 @@ Test(broker, an_arm_a_second_ahead_waits_for_the_heartbeat_not_a_doorbell)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
+/* Heartbeats seen over `ms` (polled every 200 us), and the longest gap between two. */
+static unsigned beats_over(const chime_t *c, unsigned ms, double *longest_ms)
+{
+	uint64_t end = chime_now() + ms * MS, hb = heartbeat_of(c), prev = hb;
+	unsigned n = 0;
+
+	*longest_ms = 0;
+	while (chime_now() < end) {
+		uint64_t now = heartbeat_of(c);
+
+		if (now != prev) {
+			if (n > 0 && (double)(now - prev) / 1e6 > *longest_ms)
+				*longest_ms = (double)(now - prev) / 1e6;
+			n++;
+			prev = now;
+		}
+		usleep(200);
+	}
+	return n;
+}
+
+/*
+ * A broker at rest (its shard asleep with nothing due for an hour, no
+ * record waiting, no client coming or going) beats every 450 ms after a
+ * second of quiet, not every 90 ms: 2.2 wake-ups a second instead of 11
+ * (IDLE_BEAT_NS, broker/broker.h). Within what the library allows: no gap
+ * of a second (a broker taken for dead), and an arm due 1.5 s ahead, which
+ * rings no doorbell, is applied at the next beat, well before its deadline,
+ * and fires on time. Anything to do has it beat every 90 ms again at once.
+ * Counts with generous bounds: 2 s at 90 ms is 22 beats, at 450 ms 4 or 5.
+ */
+Test(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_event ev;
+	double longest, ms;
+	unsigned idle, busy;
+	uint64_t deadline;
+	chime_id_t far, x;
+	chime_t *c;
+
+	c = one_sleeping_shard(&b2, "", 1, &far);
+	(void)ms_until(b2.sock, 1, 1);
+	usleep(1500000);        /* QUIET_BEATS: a second of heartbeats with nothing to do */
+	idle = beats_over(c, 2000, &longest);
+	cr_assert_leq(idle, 8, "%u heartbeats in 2 s at rest: not the idle beat", idle);
+	cr_assert_geq(idle, 2, "%u heartbeats in 2 s at rest", idle);
+	cr_assert_lt(longest, 900.0, "%.0f ms between two heartbeats: a client takes a second for a dead broker",
+		     longest);
+
+	deadline = chime_now() + 1500 * MS;
+	cr_assert_eq(chime_arm(c, 1, deadline, 0, 1, &x), 0);
+	ms = ms_until(b2.sock, 2, 2);
+	cr_assert_lt(ms, 1000.0, "the arm 1.5 s ahead was applied after %.0f ms", ms);
+	busy = beats_over(c, 450, &longest);
+	cr_assert_geq(busy, 3, "%u heartbeats in the 450 ms after a record was applied: still the idle beat", busy);
+
+	cr_assert_eq(chime_wait(c, &ev, 1, 3000), 1, "no event within 3 s");
+	cr_assert_eq(ev.id, x);
+	cr_assert_geq(ev.fired_ns, ev.deadline_ns, "fired early");
+	cr_assert_lt(ev.fired_ns - ev.deadline_ns, 25 * MS, "fired %.1f ms late",
+		     (double)(ev.fired_ns - ev.deadline_ns) / 1e6);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
 /*
  * The touch that races with the timeout: an idle timer fired and its event
  * waits in the ring when a keepalive resets it to a later deadline. That

@@ -838,7 +838,7 @@ void cl_ring_doorbell(struct chime_chan *ch)
 
 /*
  * A record due at least this far ahead can wait for the control thread
- * instead: its heartbeat pass (every 90 ms, clients_beat()) rings a sleeping
+ * instead: its heartbeat pass (every 90 ms, 450 ms at rest: clients_beat()) rings a sleeping
  * shard with records waiting, and a broker whose heartbeat is a second old
  * is taken for dead (cl_broker_gone()).
  */
@@ -913,7 +913,7 @@ gone:
 
 bool cl_broker_check(struct chime *c, uint64_t now)
 {
-	/* H2: the control thread stores heartbeat_ns at least every 100 ms. */
+	/* H2: the control thread stores heartbeat_ns at least every 100 ms (500 ms at rest). */
 	uint64_t hb = at_load(&c->pub->heartbeat_ns);
 	bool stale = now > hb + 1000000000u;
 

@@ -443,7 +443,7 @@ _Static_assert(sizeof(struct chime_client_ro) == 256, "header is 256 B");
  *
  * field        | writer         | reader  | ordering
  * state        | control thread | client  | release; a STOPPED broker is gone for good
- * heartbeat_ns | control thread | client  | relaxed, every <= 100 ms; compared with the clock
+ * heartbeat_ns | control thread | client  | relaxed, every <= 100 ms (<= 500 ms at rest); compared with the clock
  * sleeping     | shard          | client  | the doorbell handshake: the shard stores a new
  *              |                | producers | non-zero sleep number, full barrier, re-checks
  *              |                |         | its rings, sleeps; a producer publishes (full
@@ -709,7 +709,7 @@ struct chime_ctl {
 	uint32_t nr_shards;
 	uint32_t max_clients;
 	uint64_t start_ns;          /* CLOCK_MONOTONIC */
-	uint64_t heartbeat_ns;      /* CLOCK_MONOTONIC, updated at least every 100 ms */
+	uint64_t heartbeat_ns;      /* CLOCK_MONOTONIC, updated at least every 100 ms (500 ms at rest) */
 	uint64_t resolution_ns;
 	int64_t  spin_us;           /* -1: busy-poll */
 	uint32_t sq_size;

@@ -40,7 +40,8 @@
  * half of what a client allows for both things that wait for a beat: a
  * heartbeat a second old is taken for a dead broker (cl_broker_check()),
  * and a record due a second or more ahead rings no doorbell
- * (LAZY_HORIZON_NS in libclient/client.c).
+ * (LAZY_HORIZON_NS in libclient/client.c). Under a systemd watchdog, at
+ * most a quarter of WATCHDOG_USEC (idle_beat_ns() in control.c).
  */
 #define IDLE_BEAT_NS     (5u * HEARTBEAT_NS)
 #define QUIET_BEATS      11u               /* a second of heartbeats */

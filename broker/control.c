@@ -1808,8 +1808,23 @@ static bool shards_alive(struct broker *b, uint64_t now)
 	return alive;
 }
 
+/*
+ * The beat at rest: IDLE_BEAT_NS, but at least two beats to each half of
+ * WATCHDOG_USEC, so that a broker at rest still pings in time (chimed(8));
+ * under a watchdog that tight the beat stays at HEARTBEAT_NS, as before.
+ */
+static uint64_t idle_beat_ns(void)
+{
+	uint64_t half = notify_watchdog_half_ns();
+
+	if (!half || half / 2 >= IDLE_BEAT_NS)
+		return IDLE_BEAT_NS;
+	return half / 2 > HEARTBEAT_NS ? half / 2 : HEARTBEAT_NS;
+}
+
 int broker_run(struct broker *b)
 {
+	const uint64_t idle_beat = idle_beat_ns();
 	uint64_t last_hb = 0, stop_by = 0;
 	int stop = 0;
 	char spin[64];
@@ -1833,7 +1848,7 @@ int broker_run(struct broker *b)
 		unsigned head, seen = 0;
 		int r;
 
-		uint64_t beat = b->quiet_beats >= QUIET_BEATS ? IDLE_BEAT_NS : HEARTBEAT_NS;
+		uint64_t beat = b->quiet_beats >= QUIET_BEATS ? idle_beat : HEARTBEAT_NS;
 
 		if (now - last_hb >= beat) {
 			bool quiet = !b->stopping && shards_quiet(b, now);
@@ -1841,7 +1856,7 @@ int broker_run(struct broker *b)
 			at_store(&b->ctl->heartbeat_ns, now);
 			at_store(&b->pub->heartbeat_ns, now);
 			if (b->stopping || shards_alive(b, now))
-				notify_watchdog(now, IDLE_BEAT_NS);
+				notify_watchdog(now, idle_beat);
 			last_hb = now;
 			quiet &= b->accept_armed;       /* else a failed accept, retried at each beat */
 			arm_accept(b);  /* after a failed accept (out of descriptors): a no-op when armed */
@@ -1849,7 +1864,7 @@ int broker_run(struct broker *b)
 			quiet &= clients_beat(b, now);
 			restart_watch(b, now);
 			b->quiet_beats = quiet ? b->quiet_beats + 1 : 0;
-			beat = b->quiet_beats >= QUIET_BEATS ? IDLE_BEAT_NS : HEARTBEAT_NS;
+			beat = b->quiet_beats >= QUIET_BEATS ? idle_beat : HEARTBEAT_NS;
 		}
 		wait = query_step(b) ? 0 : beat - (now - last_hb);
 		ts.tv_sec = 0;

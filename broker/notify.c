@@ -27,7 +27,7 @@ void notify_reloading(const char *status)
 	sd_notifyf(0, "RELOADING=1\nSTATUS=%s", status);
 }
 
-void notify_watchdog(uint64_t now_ns, uint64_t period_ns)
+uint64_t notify_watchdog_half_ns(void)
 {
 	if (!watchdog_checked) {
 		uint64_t usec = 0;
@@ -37,8 +37,13 @@ void notify_watchdog(uint64_t now_ns, uint64_t period_ns)
 			watchdog_half_ns = usec * 1000u / 2;
 		watchdog_checked = true;
 	}
+	return watchdog_half_ns;
+}
+
+void notify_watchdog(uint64_t now_ns, uint64_t period_ns)
+{
 	/* Ping now if waiting one more period would pass WATCHDOG_USEC/2. */
-	if (!watchdog_half_ns ||
+	if (!notify_watchdog_half_ns() ||
 	    (watchdog_last_ns && now_ns - watchdog_last_ns + period_ns < watchdog_half_ns))
 		return;
 	watchdog_last_ns = now_ns;
@@ -53,6 +58,7 @@ void notify_status(const char *status)
 void notify_ready(const char *status) { (void)status; }
 void notify_stopping(void) { }
 void notify_reloading(const char *status) { (void)status; }
+uint64_t notify_watchdog_half_ns(void) { return 0; }
 void notify_watchdog(uint64_t now_ns, uint64_t period_ns) { (void)now_ns; (void)period_ns; }
 void notify_status(const char *status) { (void)status; }
 #endif

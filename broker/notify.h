@@ -32,6 +32,9 @@ void notify_reloading(const char *status);
  */
 void notify_watchdog(uint64_t now_ns, uint64_t period_ns);
 
+/* WATCHDOG_USEC/2 in ns when systemd wants WATCHDOG=1, else 0. */
+uint64_t notify_watchdog_half_ns(void);
+
 /* STATUS=<text>. */
 void notify_status(const char *status);
 

@@ -879,6 +879,56 @@ Test(daemon, sd_notify_ready_watchdog_stopping, .timeout = 30)
 }
 
 /*
+ * chimed(8): WATCHDOG=1 comes "often enough that no half of WATCHDOG_USEC
+ * passes without one". A broker at rest (a second with nothing to do)
+ * beats every IDLE_BEAT_NS (450 ms), but at least twice in each half of
+ * WATCHDOG_USEC, and never slower than HEARTBEAT_NS for a watchdog that
+ * tight. Without that bound (a helper's audit) it pinged every 450 ms at
+ * rest, and with WatchdogSec= under 0.45 s systemd would kill a healthy
+ * broker for resting. Here WATCHDOG_USEC is 200 ms, as in
+ * sd_notify_ready_watchdog_stopping, but measured after 2 s of rest
+ * instead of in the first second.
+ */
+Test(daemon, a_broker_at_rest_still_pings_within_half_the_watchdog_usec, .timeout = 30)
+{
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[300];
+	struct t_chimed b;
+	uint64_t t0, last, gap = 0;
+	int fd, pings = 0;
+
+	if (!CHIME_SYSTEMD)
+		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	fd = notify_listen(dir);
+	setenv("WATCHDOG_USEC", "200000", 1);
+	cr_assert_eq(t_chimed_start(&b, sock, "--shards 1"), 0);
+	unsetenv("NOTIFY_SOCKET");
+	unsetenv("WATCHDOG_USEC");
+	cr_assert(expect_msg(fd, "READY=1", 5000), "no READY=1");
+	t0 = now_ns();
+	while (now_ns() - t0 < UINT64_C(2000000000))      /* at rest: QUIET_BEATS and more */
+		(void)expect_msg(fd, "WATCHDOG=1", 100);
+	last = now_ns();
+	t0 = last;
+	while (now_ns() - t0 < UINT64_C(2000000000)) {
+		if (expect_msg(fd, "WATCHDOG=1", 100)) {
+			uint64_t n = now_ns();
+
+			pings++;
+			if (n - last > gap)
+				gap = n - last;
+			last = n;
+		}
+	}
+	cr_expect_lt(gap, UINT64_C(100000000), "%.0f ms without WATCHDOG=1 at rest (WATCHDOG_USEC 200 ms: "
+		     "systemd kills the broker past 200 ms); %d pings in 2 s", (double)gap / 1e6, pings);
+	t_chimed_stop(&b, SIGTERM);
+	close(fd);
+	t_rmdir_files(dir);
+}
+
+/*
  * chimectl restart (SIGUSR2) executes chimed again in the same process. It
  * said STOPPING=1 first, as a stop does: systemd then takes the unit as
  * stopping, ignores the new broker's READY=1, and kills it after

@@ -1077,7 +1077,7 @@ static const char *read_log(const char *path)
  * client's reset waits for it (a reset due after the shard's wake-up rings
  * no doorbell: the heartbeat rings it); else it busy-polls.
  */
-static void stuck_shard(bool asleep, const char *why)
+static void stuck_shard(bool asleep, const char *why, unsigned rest_ms)
 {
 	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], logp[300], opts[400], want[128];
 	struct t_chimed b;
@@ -1105,6 +1105,7 @@ static void stuck_shard(bool asleep, const char *why)
 		cr_assert_eq(chime_arm(c, 1, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
 		usleep(200000);         /* applied; the shard is asleep until the timer */
 	}
+	usleep(rest_ms * 1000u);        /* at rest: the idle beat (IDLE_BEAT_NS) */
 	tid = t_thread_named(b.pid, "chimed-shard0");
 	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", b.pid);
 	st = t_thread_hold(tid);
@@ -1141,12 +1142,18 @@ static void stuck_shard(bool asleep, const char *why)
 
 Test(daemon, a_stuck_shard_withholds_the_watchdog_ping, .timeout = 60)
 {
-	stuck_shard(false, "awake, in one pass");
+	stuck_shard(false, "awake, in one pass", 0);
 }
 
 Test(daemon, a_shard_asleep_through_its_doorbell_withholds_the_watchdog_ping, .timeout = 60)
 {
-	stuck_shard(true, "asleep through its doorbell");
+	stuck_shard(true, "asleep through its doorbell", 0);
+}
+
+/* The same, held once the broker has been at rest for 2 s and beats every 450 ms. */
+Test(daemon, a_shard_held_at_rest_asleep_through_its_doorbell_withholds_the_watchdog_ping, .timeout = 60)
+{
+	stuck_shard(true, "asleep through its doorbell", 2000);
 }
 
 Test(daemon, unit_file_verifies)

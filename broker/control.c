@@ -1622,7 +1622,8 @@ static void limits_report(struct broker *b, uint64_t now)
  *   wake-up, cl_doorbell_by()) waits at most a heartbeat more: a sleeping
  *   shard with a published record at the head of a client's ring is rung,
  *   on its private doorbell. So resets, cancels and far arms are applied
- *   (and counted, and their nodes freed) within about 100 ms even when the
+ *   (and counted, and their nodes freed) within about 100 ms (about 500
+ *   ms once the broker is at rest, IDLE_BEAT_NS) even when the
  *   shard has nothing due for an hour, and a shard with nothing published
  *   is not woken. The slot is the client's to scribble on: a hint only,
  *   which at worst wakes the shard once a heartbeat, less than a client
@@ -1633,7 +1634,8 @@ static void limits_report(struct broker *b, uint64_t now)
  *   and a crash that takes the process too does not bring them back. At
  *   most a wake-up per heartbeat and shard, after a session took events.
  * True if it found nothing to do: no shard rung, no client coming, going
- * or held (the slow beat of a broker at rest, IDLE_BEAT_NS).
+ * or held, no session's process attached (the slow beat of a broker at
+ * rest, IDLE_BEAT_NS).
  */
 static bool taken_unseen(const struct client *c, uint32_t s)
 {
@@ -1653,8 +1655,15 @@ static bool clients_beat(struct broker *b, uint64_t now)
 
 		if (c->state != CL_FREE)
 			hi = i + 1;     /* a slot freed later in this pass keeps it: an upper bound */
-		/* coming, going or waiting for the beat: not a broker at rest (IDLE_BEAT_NS) */
+		/*
+		 * Coming, going or waiting for the beat: not a broker at rest
+		 * (IDLE_BEAT_NS). Nor is one serving a session's process: what
+		 * it takes must be seen taken within a 90 ms beat (taken_unseen()
+		 * below), or a crash delivers more of it again.
+		 */
 		if (c->state != CL_FREE && c->state != CL_ACTIVE && (c->state != CL_DETACHED || c->next_fd >= 0))
+			quiet = false;
+		if (c->state == CL_ACTIVE && c->session[0])
 			quiet = false;
 		if (c->held_fd >= 0 && held_drained(c) && c->state == CL_HELD) {
 			c->state = CL_FREE;

@@ -926,7 +926,7 @@ static chime_t *one_sleeping_shard(struct t_chimed *b, const char *extra, uint64
  * A sleeping shard is not woken for what can wait for its planned wake-up
  * (cl_doorbell_by()): keepalive resets to later deadlines and cancels cost
  * no doorbell, and the control thread's heartbeat has them applied within
- * about 100 ms; a reset or an arm due before the shard's wake-up still
+ * about 100 ms (half a second at rest); a reset or an arm due before the shard's wake-up still
  * rings, and fires on time. 40 resets 10 ms apart to a sleeping shard were
  * 40 wake-ups with a doorbell each; now the heartbeat's few. An urgent
  * record left to the heartbeat (no doorbell) would fire 0-90 ms late: five
@@ -1427,6 +1427,41 @@ Test(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
 	cr_assert_lt(ev.fired_ns - ev.deadline_ns, 25 * MS, "fired %.1f ms late",
 		     (double)(ev.fired_ns - ev.deadline_ns) / 1e6);
 	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
+/*
+ * A session's process attached keeps the 90 ms beat, however idle: the
+ * beat is what has a sleeping shard see the events that process took
+ * (taken_unseen(), control.c), and a crash delivers again what it had not
+ * seen taken: ~100 ms of takes at most, at rest too. Its timers without
+ * the process (detached, lingering) need no beat: at rest again.
+ */
+Test(broker, a_session_process_keeps_the_heartbeat_at_90_ms)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_opts o = { .session = "beat" };
+	double longest;
+	unsigned n;
+	chime_id_t far;
+	chime_t *c, *watch;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	o.socket_path = b2.sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600000 * MS, 0, 1, &far), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	usleep(1500000);        /* past QUIET_BEATS, were it quiet */
+	n = beats_over(c, 1000, &longest);
+	cr_assert_geq(n, 8, "%u heartbeats in 1 s with a session's process attached: the idle beat", n);
+	chime_close(c);         /* detached: its timer lingers */
+
+	watch = t_open(b2.sock);        /* an anonymous client to read the heartbeat through */
+	cr_assert_not_null(watch);
+	usleep(1500000);
+	n = beats_over(watch, 2000, &longest);
+	cr_assert_leq(n, 8, "%u heartbeats in 2 s with the session detached: not at rest", n);
+	chime_close(watch);
 	t_chimed_stop(&b2, SIGTERM);
 }
 

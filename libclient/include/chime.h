@@ -268,7 +268,8 @@ int chime_submit(chime_t *c, struct chime_op *ops, unsigned n);
  * shard's next planned wake-up or a second or more ahead, a burst of up to
  * half a ring) does not wake
  * a sleeping shard: the shard applies it when it wakes, and within about
- * 100 ms in any case. This wakes every sleeping shard with records of this
+ * 100 ms in any case (half a second once the broker has been at rest for
+ * a second). This wakes every sleeping shard with records of this
  * chime_t waiting, for an application about to read the broker's counters
  * (chimestat) or otherwise needing them applied at once. It does not wait
  * for the shards. Thread-safe; covers every operation that returned before

@@ -742,7 +742,8 @@ static void victim_beside_a_burst(unsigned burst, unsigned spread_ms, unsigned v
 
 	if (victim_beside_a_burst_once(burst, spread_ms, victims, limit, why, sizeof(why)))
 		return;
-	cr_log_warn("round 1: %s; a second round", why);
+	/* Not cr_log_warn(): criterion 2.4 then exits 1 although every test passed. */
+	fprintf(stderr, "test_broker: round 1: %s; a second round\n", why);
 	cr_assert(victim_beside_a_burst_once(burst, spread_ms, victims, limit, why, sizeof(why)), "%s", why);
 }
 

@@ -845,6 +845,25 @@ Test(daemon, busy_poll_on_every_cpu_is_warned_about, .timeout = 30)
 	}
 }
 
+/*
+ * chimed as systemd starts it: its socket at dir/s (sock), $NOTIFY_SOCKET
+ * a datagram socket in dir (made; the socket returned, for expect_msg()),
+ * $WATCHDOG_USEC set to usec for it alone.
+ */
+static int start_notified(struct t_chimed *b, const char *dir, char *sock, size_t len, const char *usec,
+			  const char *opts)
+{
+	int fd;
+
+	snprintf(sock, len, "%s/s", dir);
+	fd = notify_listen(dir);
+	setenv("WATCHDOG_USEC", usec, 1);
+	cr_assert_eq(t_chimed_start(b, sock, opts), 0);
+	unsetenv("NOTIFY_SOCKET");
+	unsetenv("WATCHDOG_USEC");
+	return fd;
+}
+
 Test(daemon, sd_notify_ready_watchdog_stopping, .timeout = 30)
 {
 	char dir[] = "/tmp/chime-td-XXXXXX", sock[300];
@@ -855,12 +874,7 @@ Test(daemon, sd_notify_ready_watchdog_stopping, .timeout = 30)
 	if (!CHIME_SYSTEMD)
 		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
 	cr_assert(mkdtemp(dir));
-	snprintf(sock, sizeof(sock), "%s/s", dir);
-	fd = notify_listen(dir);
-	setenv("WATCHDOG_USEC", "200000", 1);
-	cr_assert_eq(t_chimed_start(&b, sock, "--shards 1"), 0);
-	unsetenv("NOTIFY_SOCKET");
-	unsetenv("WATCHDOG_USEC");
+	fd = start_notified(&b, dir, sock, sizeof(sock), "200000", "--shards 1");
 
 	cr_expect(expect_msg(fd, "READY=1", 5000), "no READY=1");
 	/* WATCHDOG_USEC/2 = 100 ms: in 1 s at least 5 pings (the heartbeat is 90 ms). */
@@ -899,12 +913,7 @@ Test(daemon, a_broker_at_rest_still_pings_within_half_the_watchdog_usec, .timeou
 	if (!CHIME_SYSTEMD)
 		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
 	cr_assert(mkdtemp(dir));
-	snprintf(sock, sizeof(sock), "%s/s", dir);
-	fd = notify_listen(dir);
-	setenv("WATCHDOG_USEC", "200000", 1);
-	cr_assert_eq(t_chimed_start(&b, sock, "--shards 1"), 0);
-	unsetenv("NOTIFY_SOCKET");
-	unsetenv("WATCHDOG_USEC");
+	fd = start_notified(&b, dir, sock, sizeof(sock), "200000", "--shards 1");
 	cr_assert(expect_msg(fd, "READY=1", 5000), "no READY=1");
 	t0 = now_ns();
 	while (now_ns() - t0 < UINT64_C(2000000000))      /* at rest: QUIET_BEATS and more */
@@ -996,12 +1005,8 @@ Test(daemon, a_restart_restoring_many_timers_keeps_pinging_the_watchdog, .timeou
 	if (!CHIME_SYSTEMD)
 		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
 	cr_assert(mkdtemp(dir));
-	snprintf(sock, sizeof(sock), "%s/s", dir);
-	fd = notify_listen(dir);
-	setenv("WATCHDOG_USEC", "400000", 1);
-	cr_assert_eq(t_chimed_start(&b, sock, "--shards 1 --max-timers-per-client 0 --max-timers-per-uid 0"), 0);
-	unsetenv("NOTIFY_SOCKET");
-	unsetenv("WATCHDOG_USEC");
+	fd = start_notified(&b, dir, sock, sizeof(sock), "400000",
+			    "--shards 1 --max-timers-per-client 0 --max-timers-per-uid 0");
 	cr_assert(expect_msg(fd, "READY=1", 5000), "no READY=1");
 
 	cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = sock, .session = "watchdog" }), 0);
@@ -1089,14 +1094,9 @@ static void stuck_shard(bool asleep, const char *why, unsigned rest_ms)
 	if (!CHIME_SYSTEMD)
 		cr_skip("chimed built without libsystemd (-Dsystemd=disabled or libsystemd-dev missing)");
 	cr_assert(mkdtemp(dir));
-	snprintf(sock, sizeof(sock), "%s/s", dir);
 	snprintf(logp, sizeof(logp), "%s/err", dir);
-	fd = notify_listen(dir);
-	setenv("WATCHDOG_USEC", "1000000", 1);  /* a ping at least every 0.5 s */
 	snprintf(opts, sizeof(opts), "--shards 1 %s 2>'%s'", asleep ? "" : "--spin-us -1", logp);
-	cr_assert_eq(t_chimed_start(&b, sock, opts), 0);
-	unsetenv("NOTIFY_SOCKET");
-	unsetenv("WATCHDOG_USEC");
+	fd = start_notified(&b, dir, sock, sizeof(sock), "1000000", opts);     /* a ping at least every 0.5 s */
 	cr_assert(expect_msg(fd, "READY=1", 5000), "no READY=1");
 	if (asleep) {
 		/* a record that waits: a keepalive without one (the touch table) is not work for the shard */

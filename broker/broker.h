@@ -34,7 +34,8 @@
 #define HEARTBEAT_NS     (90u * 1000000u)  /* the promise is 100 ms; 10 ms of slack */
 /*
  * A broker with nothing to do (every shard asleep with nothing due within
- * an idle beat, no record waiting, no client coming or going) for
+ * an idle beat, no record waiting, no client coming or going, no session's
+ * events in hand not seen taken) for
  * QUIET_BEATS heartbeats in a row beats every IDLE_BEAT_NS instead, until
  * anything happens: 2.2 wake-ups a second at rest instead of 11. Below
  * half of what a client allows for both things that wait for a beat: a
@@ -197,6 +198,7 @@ struct broker {
 	struct conn *conns;
 	bool accept_armed;
 	uint32_t quiet_beats;           /* heartbeats in a row that found nothing to do (IDLE_BEAT_NS) */
+	uint32_t resting;               /* 1: beating at IDLE_BEAT_NS, or about to; a shard may clear it (rest_end()) */
 	int spare_fd;                   /* /dev/null, given up to refuse a connection when out of descriptors */
 	uint64_t refuse_log;            /* log_ratelimit() of those refusals */
 	uint64_t table_full_log;        /* log_ratelimit() of "the client table is full" */

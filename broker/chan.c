@@ -1381,13 +1381,15 @@ static void wake_client(struct shard_core *sc, struct chan *ch)
 	}
 }
 
-static void head_watch_publish(struct chan *ch)
+static void head_watch_publish(struct shard_core *sc, struct chan *ch)
 {
 	bool waiting = ch->ackwait.head != CHIME_NIL || ch->taken_seen < ch->periodic_end;
 	uint64_t w = waiting ? ch->cq.head : UINT64_MAX;
 
-	if (w != ch->head_watch)
+	if (w != ch->head_watch) {
+		sc->watch_started |= ch->session && ch->head_watch == UINT64_MAX;
 		at_store(&ch->head_watch, w);   /* B1: read by clients_beat() (control.c), a hint */
+	}
 }
 
 bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
@@ -1428,7 +1430,7 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 		stats_deliver_n(sc->st, ch->slot, delivered);
 		did = true;
 	}
-	head_watch_publish(ch);
+	head_watch_publish(sc, ch);
 	if (ch->ro->backlog != ch->nr_backlog)
 		at_store(&ch->ro->backlog, ch->nr_backlog);
 	stats_client_depth(sc->st, ch->slot, ch->cq.tail - ch->cq.head, ch->nr_backlog);
@@ -1893,6 +1895,7 @@ int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uin
 		return r;
 	ch->sq_mask = sq_size - 1;      /* grants_drop() walks the (empty) grants on a reclaim */
 	ch->parked = 1;
+	ch->session = 1;
 	ch->wake_fd = ch->bell_fd = -1;
 	sc->by_slot[slot] = ch;
 	stats_client_attach(sc->st, slot, generation);

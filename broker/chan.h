@@ -57,6 +57,12 @@ struct shard_core {
 	uint16_t *user_of_slot;
 	uint64_t backlog;               /* events held in backlogs, all channels */
 	/*
+	 * A session's channel started to wait for its process to take events
+	 * (head_watch no longer UINT64_MAX) since the shard last looked: a
+	 * broker at rest must beat faster again (shard.c, rest_end()).
+	 */
+	bool watch_started;
+	/*
 	 * The slab's usable part (wh.reserved) is used up: make more of it
 	 * usable now and return true, or false if it cannot (capacity reached,
 	 * the filesystem refuses). Set by the shard thread; NULL in tests.
@@ -202,6 +208,7 @@ struct chan {
 	uint8_t  handover;              /* parked for the next broker: the grants are carried, not freed */
 	uint8_t  resuming;              /* re-attached by a reconnecting library, until its RESUMED */
 	uint8_t  word_wait;             /* re-attached so: nothing delivered until its word (settled()) */
+	uint8_t  session;               /* a named session's: its takes are watched (head_watch) */
 	int wake_fd;
 	int bell_fd;
 	uint64_t bell_buf;              /* shard.c: the doorbell read's buffer */

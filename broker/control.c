@@ -504,6 +504,7 @@ static int shards_setup(struct broker *b)
 				.ctl = b->ctl,
 				.pub = b->pub,
 				.notify_fd = b->notify_fd,
+				.resting = &b->resting,
 				.sessions = sessions,
 				.sq_size = b->o.sq_size,
 			},
@@ -1245,7 +1246,8 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 			.op = op,
 			.slot = c->slot,
 			.flags = (uint16_t)((op == SHARD_CMD_REATTACH && c->resume ? SHARD_CMD_F_RESUME : 0) |
-					    (op == SHARD_CMD_PARK && b->stopping ? SHARD_CMD_F_HANDOVER : 0)),
+					    (op == SHARD_CMD_PARK && b->stopping ? SHARD_CMD_F_HANDOVER : 0) |
+					    (op == SHARD_CMD_ATTACH && c->session[0] ? SHARD_CMD_F_SESSION : 0)),
 			.uid = c->acct_uid,
 			.generation = c->generation,
 			.ch = &c->chans[s],
@@ -1634,13 +1636,22 @@ static void limits_report(struct broker *b, uint64_t now)
  *   and a crash that takes the process too does not bring them back. At
  *   most a wake-up per heartbeat and shard, after a session took events.
  * True if it found nothing to do: no shard rung, no client coming, going
- * or held, no session's process attached (the slow beat of a broker at
- * rest, IDLE_BEAT_NS).
+ * or held, no session's process with events it has not been seen to take
+ * (the slow beat of a broker at rest, IDLE_BEAT_NS).
  */
 static bool taken_unseen(const struct client *c, uint32_t s)
 {
 	/* B1: pairs with head_watch_publish() in chan.c; both words hints, any value is safe. */
 	return c->session[0] && at_load(&c->mems[s].rw->cq_head) > at_load(&c->chans[s].head_watch);
+}
+
+/* A session's process has events in hand that a shard has not seen taken (or not yet taken). */
+static bool takes_watched(const struct broker *b, const struct client *c)
+{
+	for (uint32_t s = 0; s < b->o.nr_shards; s++)
+		if (at_load(&c->chans[s].head_watch) != UINT64_MAX)     /* B1 */
+			return true;
+	return false;
 }
 
 static bool clients_beat(struct broker *b, uint64_t now)
@@ -1657,13 +1668,15 @@ static bool clients_beat(struct broker *b, uint64_t now)
 			hi = i + 1;     /* a slot freed later in this pass keeps it: an upper bound */
 		/*
 		 * Coming, going or waiting for the beat: not a broker at rest
-		 * (IDLE_BEAT_NS). Nor is one serving a session's process: what
-		 * it takes must be seen taken within a 90 ms beat (taken_unseen()
-		 * below), or a crash delivers more of it again.
+		 * (IDLE_BEAT_NS). Nor is one whose session's process has events
+		 * to take: what it takes must be seen taken within a 90 ms beat
+		 * (taken_unseen() below), or a crash delivers more of it again.
+		 * A shard that gives it events while the broker rests wakes us
+		 * (rest_end(), shard.c).
 		 */
 		if (c->state != CL_FREE && c->state != CL_ACTIVE && (c->state != CL_DETACHED || c->next_fd >= 0))
 			quiet = false;
-		if (c->state == CL_ACTIVE && c->session[0])
+		if (c->state == CL_ACTIVE && c->session[0] && takes_watched(b, c))
 			quiet = false;
 		if (c->held_fd >= 0 && held_drained(c) && c->state == CL_HELD) {
 			c->state = CL_FREE;
@@ -1860,7 +1873,19 @@ int broker_run(struct broker *b)
 		uint64_t beat = b->quiet_beats >= QUIET_BEATS ? idle_beat : HEARTBEAT_NS;
 
 		if (now - last_hb >= beat) {
-			bool quiet = !b->stopping && shards_quiet(b, now);
+			bool quiet;
+
+			/*
+			 * R1: a beat that may put the broker to rest says so before
+			 * it looks at the sessions' head_watch, full barrier: pairs
+			 * with R2 in rest_end() (shard.c). Either it sees a shard's
+			 * new watch, or that shard sees the word and wakes us.
+			 */
+			if (b->quiet_beats + 1 >= QUIET_BEATS) {
+				at_store(&b->resting, 1);
+				at_fence();
+			}
+			quiet = !b->stopping && shards_quiet(b, now);
 
 			at_store(&b->ctl->heartbeat_ns, now);
 			at_store(&b->pub->heartbeat_ns, now);
@@ -1873,6 +1898,8 @@ int broker_run(struct broker *b)
 			quiet &= clients_beat(b, now);
 			restart_watch(b, now);
 			b->quiet_beats = quiet ? b->quiet_beats + 1 : 0;
+			if (!quiet)
+				at_store(&b->resting, 0);
 			beat = b->quiet_beats >= QUIET_BEATS ? idle_beat : HEARTBEAT_NS;
 		}
 		wait = query_step(b) ? 0 : beat - (now - last_hb);
@@ -1886,8 +1913,11 @@ int broker_run(struct broker *b)
 			stop += on_cqe(b, cqe);
 		}
 		io_uring_cq_advance(&b->ring, seen);
-		if (seen)
-			b->quiet_beats = 0;     /* a client came, went or asked: heartbeats at HEARTBEAT_NS */
+		if (seen) {
+			/* a client came, went or asked, or a shard woke us: heartbeats at HEARTBEAT_NS */
+			b->quiet_beats = 0;
+			at_store(&b->resting, 0);
+		}
 		if (stop && !b->stopping) {
 			stop_begin(b);
 			stop_by = now_ns() + STOP_PARK_NS;

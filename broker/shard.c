@@ -429,6 +429,22 @@ static void ack(struct shard *s, struct shard_ack *a, int err)
 		(void)eventfd_write(s->cfg.notify_fd, 1);
 }
 
+/*
+ * A session's process was given events to take while the broker beats at
+ * rest (IDLE_BEAT_NS): what it takes must be seen taken within a 90 ms
+ * beat (clients_beat(), control.c), or a crash delivers more of it again.
+ * So the control thread is woken to beat at that pace until it is. One
+ * eventfd write per rest, whoever clears the word first.
+ */
+static void rest_end(struct shard *s)
+{
+	s->core.watch_started = false;
+	/* R2: head_watch stored before resting is read; pairs with R1 in broker_run(). */
+	at_fence();
+	if (at_load(s->cfg.resting) && at_xchg(s->cfg.resting, 0))
+		(void)eventfd_write(s->cfg.notify_fd, 1);
+}
+
 static bool cmds_pending(struct shard *s)
 {
 	return at_load(&s->q_tail) != s->q_head;
@@ -556,8 +572,10 @@ static bool run_cmds(struct shard *s, bool *work)
 		switch (c.op) {
 		case SHARD_CMD_ATTACH:
 			r = chan_attach(&s->core, c.ch, c.mem, c.slot, c.generation, c.uid);
-			if (!r)
+			if (!r) {
+				c.ch->session = (c.flags & SHARD_CMD_F_SESSION) != 0;
 				s->active[s->nr_active++] = c.ch;  /* its doorbell is read from the next sleep on */
+			}
 			ack(s, c.ack, r);
 			break;
 		case SHARD_CMD_REATTACH:
@@ -831,6 +849,8 @@ static void loop(struct shard *s)
 		}
 		for (uint32_t i = 0; i < s->nr_active; i++)
 			work |= chan_service(sc, s->active[i], now);
+		if (sc->watch_started)
+			rest_end(s);
 		if (s->nr_dying)
 			reclaim_step(s, &work);
 

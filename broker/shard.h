@@ -43,6 +43,7 @@ struct shard_ack {
 
 #define SHARD_CMD_F_RESUME   1u /* REATTACH: the library re-submits; keep the carried grants */
 #define SHARD_CMD_F_HANDOVER 2u /* PARK: the broker stops; the process lives on and re-submits */
+#define SHARD_CMD_F_SESSION  4u /* ATTACH: a named session's (chan.session) */
 
 struct shard_cmd {
 	uint32_t op;
@@ -76,6 +77,7 @@ struct shard_cfg {
 	struct chime_ctl *ctl;  /* the control segment (its geometry set) */
 	struct chime_pub *pub;  /* the public segment: our sleep number */
 	int notify_fd;          /* the control thread's eventfd for acks */
+	uint32_t *resting;      /* the control thread's word: it beats at IDLE_BEAT_NS (rest_end()) */
 	/* [max_clients]: restore the timers of these sessions from the shard
 	 * file an earlier broker left, if there is one; NULL: start empty */
 	const struct shard_session *sessions;

@@ -1432,37 +1432,47 @@ Test(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
 }
 
 /*
- * A session's process attached keeps the 90 ms beat, however idle: the
- * beat is what has a sleeping shard see the events that process took
- * (taken_unseen(), control.c), and a crash delivers again what it had not
- * seen taken: ~100 ms of takes at most, at rest too. Its timers without
- * the process (detached, lingering) need no beat: at rest again.
+ * A session's process attached with nothing in hand rests like any client
+ * (450 ms beats). Once a shard gives it events, the beat is back at 90 ms
+ * at once, until the shard has seen them taken: the beat is what has a
+ * sleeping shard see what that process took (taken_unseen(), control.c),
+ * and a crash delivers again what it had not seen taken, so that window
+ * stays ~100 ms at rest too. The shard wakes the control thread
+ * (rest_end(), shard.c): left to the idle beat, the first take after a
+ * rest went unseen up to 450 ms. 1 s at 90 ms is 11 beats, at 450 ms 2 or 3.
  */
-Test(broker, a_session_process_keeps_the_heartbeat_at_90_ms)
+Test(broker, a_session_process_at_rest_has_the_90_ms_beat_while_it_has_events_to_take)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_opts o = { .session = "beat" };
+	struct chime_event ev;
 	double longest;
 	unsigned n;
-	chime_id_t far;
-	chime_t *c, *watch;
+	chime_id_t far, soon;
+	uint64_t due;
+	chime_t *c;
 
 	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
 	o.socket_path = b2.sock;
 	cr_assert_eq(chime_open(&c, &o), 0);
+	due = chime_now() + 2800 * MS;
 	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600000 * MS, 0, 1, &far), 0);
+	cr_assert_eq(chime_arm(c, 2, due, 0, 2, &soon), 0);
 	cr_assert_eq(chime_flush(c), 0);
-	usleep(1500000);        /* past QUIET_BEATS, were it quiet */
+	usleep(1500000);        /* past QUIET_BEATS */
 	n = beats_over(c, 1000, &longest);
-	cr_assert_geq(n, 8, "%u heartbeats in 1 s with a session's process attached: the idle beat", n);
-	chime_close(c);         /* detached: its timer lingers */
+	cr_assert_leq(n, 5, "%u heartbeats in 1 s with a session's process attached and nothing in hand: not at rest", n);
 
-	watch = t_open(b2.sock);        /* an anonymous client to read the heartbeat through */
-	cr_assert_not_null(watch);
-	usleep(1500000);
-	n = beats_over(watch, 2000, &longest);
-	cr_assert_leq(n, 8, "%u heartbeats in 2 s with the session detached: not at rest", n);
-	chime_close(watch);
+	cr_assert_eq(chime_wait(c, &ev, 1, 2000), 1, "no event within 2 s");
+	cr_assert_eq(ev.id, soon);
+	cr_assert_lt(chime_now() - due, 100 * MS, "taken %.0f ms after it was due", (double)(chime_now() - due) / 1e6);
+	n = beats_over(c, 450, &longest);
+	cr_assert_geq(n, 4, "%u heartbeats in the 450 ms after a session's process got an event: still the idle beat", n);
+
+	usleep(1500000);        /* seen taken, then a second of quiet */
+	n = beats_over(c, 1000, &longest);
+	cr_assert_leq(n, 5, "%u heartbeats in 1 s once the take was seen: not at rest again", n);
+	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
 }
 

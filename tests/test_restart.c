@@ -2818,6 +2818,71 @@ Test(restart, events_a_dead_process_took_before_the_crash_are_not_delivered_agai
 	munmap(t, sizeof(*t));
 }
 
+/* What the process of the test below took, and when. */
+struct rest_take {
+	uint64_t t0;
+	uint64_t deadline_ns;   /* of the event it took */
+	uint64_t took_ns;
+};
+
+/* Arm a one-shot 2.5 s ahead (the broker at rest by then), take its event, say so, wait to be killed. */
+static void rest_take_child(int wfd, void *arg)
+{
+	struct rest_take *t = arg;
+	struct chime_event ev;
+	chime_id_t id;
+	chime_t *c = NULL;
+
+	if (sopen(&c, "resting") < 0 || chime_arm(c, 0, t->t0 + 2500 * MS, 0, 7, &id) < 0 || chime_flush(c) < 0)
+		_exit(1);
+	if (chime_wait(c, &ev, 1, 5000) != 1)
+		_exit(2);
+	t->deadline_ns = ev.deadline_ns;
+	t->took_ns = now_ns();
+	(void)!write(wfd, "t", 1);
+	pause();
+}
+
+/*
+ * The same at rest: the broker beats every 450 ms once it has had nothing
+ * to do for a second, but a session's process that takes an event has the
+ * 90 ms beat back (rest_end(), shard.c), so that its take is seen within
+ * ~100 ms, as when busy. The broker and the process are killed 200 ms
+ * after the take; the next broker must not deliver the event again. Left
+ * to the idle beat (the shard not waking the control thread), the take
+ * went unseen for up to 450 ms, and 6 runs of 6 delivered it again.
+ */
+Test(restart, an_event_a_session_took_at_rest_is_not_delivered_again_after_a_crash)
+{
+	struct rest_take *t = mmap(NULL, sizeof(*t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct chime_event ev[4];
+	uint64_t killed;
+	unsigned n;
+	pid_t pid;
+	chime_t *c;
+	int st;
+
+	cr_assert_neq(t, MAP_FAILED);
+	start("-n 1");
+	t->t0 = now_ns();
+	pid = child(rest_take_child, t);
+	usleep(200 * 1000);
+	killed = now_ns();
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	kill_child(pid);
+	cr_assert_lt(t->took_ns - t->deadline_ns, 100 * MS, "taken %.0f ms late: not a broker at rest",
+		     (double)(t->took_ns - t->deadline_ns) / 1e6);
+	restart(0, "-n 1");
+	c = sopen_ok("resting");
+	n = collect(c, ev, 4, now_ns() + 300 * MS);
+	cr_assert_eq(n, 0, "the event taken %.0f ms before the crash came again",
+		     (double)(killed - t->took_ns) / 1e6);
+	chime_close(c);
+	munmap(t, sizeof(*t));
+}
+
 /*
  * Take up to `want` events of timers with user_data < n (max a call) into
  * seen[], until until_ns; counts the repeats in *twice. Returns how many came.

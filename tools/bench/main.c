@@ -24,7 +24,7 @@ static const struct {
 	  "           [--quick] [--json] [--socket PATH] [--sizes N,N...] [--lateness-csv DIR]" },
 	{ "apply", bench_apply, "the shard's cost per submission record, in-process: arm, reset, cancel [--quick]" },
 	{ "rest", bench_rest, "the broker at rest with N timers armed an hour ahead: CPU and wake-ups\n"
-	  "           [--socket PATH] [--timers N] [--seconds S] [--json]" },
+	  "           [--socket PATH] [--timers N] [--seconds S] [--session NAME] [--json]" },
 };
 
 #define NR_MODES (sizeof(modes) / sizeof(modes[0]))

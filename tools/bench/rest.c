@@ -88,11 +88,14 @@ static double rest_floor_share(long secs, uint64_t period_ns, double *per_wake_n
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: chime-bench rest [--socket PATH] [--timers N] [--seconds S] [--json]\n"
+		"Usage: chime-bench rest [--socket PATH] [--timers N] [--seconds S] [--session NAME]\n"
+		"                        [--json]\n"
 		"The broker with N timers armed an hour ahead and nothing due: its CPU share\n"
 		"and wake-ups per second over S seconds, against the targets.\n"
 		"\n"
 		"  -s, --socket PATH   use the chimed at PATH (default: a private one)\n"
+		"  -S, --session NAME  arm them in session NAME, its process attached (the\n"
+		"                      session is dropped at the end)\n"
 		"  -n, --timers N      timers to arm, 1..16000000 (default 1000000)\n"
 		"  -t, --seconds S     the measuring window, 1..3600 (default 10)\n"
 		"  -j, --json          the figures as JSON on stdout\n"
@@ -105,11 +108,12 @@ int bench_rest(int argc, char **argv)
 		{ "socket", required_argument, NULL, 's' },
 		{ "timers", required_argument, NULL, 'n' },
 		{ "seconds", required_argument, NULL, 't' },
+		{ "session", required_argument, NULL, 'S' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *socket = NULL;
+	const char *socket = NULL, *session = NULL;
 	long n = 1000000, secs = 10;
 	uint64_t v;
 	int opt, json = 0, r = 0, cpu_ok, wake_ok;
@@ -123,7 +127,7 @@ int bench_rest(int argc, char **argv)
 
 	signal(SIGPIPE, SIG_IGN);
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "s:n:t:jh", lopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "s:n:t:S:jh", lopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
 			if (bench_opt_socket("rest", optarg, &socket) < 0)
@@ -139,6 +143,7 @@ int bench_rest(int argc, char **argv)
 				return 2;
 			secs = (long)v;
 			break;
+		case 'S': session = optarg; break;     /* chime_open() judges the name */
 		case 'j': json = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: return bench_usage_error("rest", NULL);
@@ -156,7 +161,17 @@ int bench_rest(int argc, char **argv)
 		broker_stop(&b);
 		return 1;
 	}
-	if (broker_open(&b, 0, &c) < 0) {
+	if (session) {
+		struct chime_opts o = { .socket_path = b.sock, .session = session };
+
+		r = chime_open(&c, &o);
+		if (r < 0)
+			fprintf(stderr, "chime-bench rest: opening session '%s' at '%s' failed: %s\n", session, b.sock,
+				strerror(-r));
+	} else {
+		r = broker_open(&b, 0, &c);
+	}
+	if (r < 0) {
 		broker_stop(&b);
 		return 1;
 	}
@@ -198,12 +213,13 @@ int bench_rest(int argc, char **argv)
 	wake_ok = sw <= beats + REST_SLACK;
 
 	if (json) {
-		json_t *o = json_pack("{s:s, s:{s:s, s:s, s:s, s:i}, s:{s:b, s:i, s:i}, s:I, s:f,"
+		json_t *o = json_pack("{s:s, s:{s:s, s:s, s:s, s:i}, s:{s:b, s:i, s:i}, s:I, s:o, s:f,"
 				      " s:f, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:b, s:b, s:o, s:o, s:I}",
 				      "mode", "rest",
 				      "machine", "date", m.date, "cpu", m.model, "kernel", m.kernel, "cpus", (int)m.cpus,
 				      "broker", "private", b.pid != 0, "pid", (int)b.ctl->pid, "shards", (int)b.nr_shards,
-				      "timers", (json_int_t)n, "seconds", win,
+				      "timers", (json_int_t)n, "session", session ? json_string(session) : json_null(),
+				      "seconds", win,
 				      "cpu_share_stat", cpu_stat, "cpu_share_schedstat", cpu_sched,
 				      "switches_voluntary", (json_int_t)(p1.vol - p0.vol),
 				      "switches_nonvoluntary", (json_int_t)(p1.nonvol - p0.nonvol),
@@ -230,7 +246,8 @@ int bench_rest(int argc, char **argv)
 		printf("\n");
 		json_decref(o);
 	} else {
-		printf("chime-bench rest: the broker at rest, %ld timers armed an hour ahead, one idle client\n", n);
+		printf("chime-bench rest: the broker at rest, %ld timers armed an hour ahead, one idle client%s%s%s\n",
+		       n, session ? " (session '" : "", session ? session : "", session ? "', its process attached)" : "");
 		printf("date:    %s\n", m.date);
 		printf("machine: %ld CPUs online, %s, Linux %s; load average %.2f %.2f %.2f at start\n",
 		       m.cpus, m.model, m.kernel, m.load[0], m.load[1], m.load[2]);
@@ -267,6 +284,16 @@ int bench_rest(int argc, char **argv)
 		       sysconf(_SC_CLK_TCK), win, 100.0 / (double)sysconf(_SC_CLK_TCK) / win);
 	}
 	chime_close(c);
+	if (session) {
+		/* Its timers would linger (--session-linger), a private broker's too. */
+		struct chime_opts o = { .socket_path = b.sock, .session = session };
+
+		r = chime_drop_session(&o);
+		if (r < 0) {
+			fprintf(stderr, "chime-bench rest: dropping session '%s' failed: %s\n", session, strerror(-r));
+			g_problems++;
+		}
+	}
 	free(ids);
 	wait_armed(&b, 0, 60 * NS_PER_S);
 	if (broker_stop(&b) < 0)

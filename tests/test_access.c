@@ -353,7 +353,9 @@ static unsigned dying(const struct chime_ctl *ctl)
  * of 1: A holds a million timers, which the shard reclaims 16384 nodes a
  * pass; B opens meanwhile (A does not count), the shard is held (ptrace)
  * and B closes. Two being reclaimed, none live: C gets EUSERS until the
- * shard, let go, has reclaimed them.
+ * shard, let go, has reclaimed them. Up to three tries: on a loaded host
+ * the shard can finish A's reclaim before this process holds it (seen once
+ * with other tests running beside it).
  */
 Test(access, clients_being_reclaimed_count_up_to_the_limit_again)
 {
@@ -363,7 +365,7 @@ Test(access, clients_being_reclaimed_count_up_to_the_limit_again)
 	chime_t *a = NULL, *b = NULL, *c = NULL;
 	char path[300];
 	chime_id_t id;
-	unsigned held_a, held_ab;
+	unsigned held_a = 0, held_ab;
 	uint64_t far;
 	int tid, r;
 
@@ -373,29 +375,39 @@ Test(access, clients_being_reclaimed_count_up_to_the_limit_again)
 	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
 	tid = t_thread_named(tb.pid, "chimed-shard0");
 	cr_assert_gt(tid, 0);
-	cr_assert_eq(chime_open(&a, &o), 0);
-	far = now_ns() + 3600000 * MS;
-	for (unsigned i = 0; i < timers; i++)
-		if ((r = chime_arm(a, 1, far + i, 0, i, &id)) < 0)
-			cr_assert_fail("arm %u: %s", i, strerror(-r));
-	cr_assert_eq(chime_flush(a), 0);
-	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, timers), timers);
-	chime_close(a);
+	for (unsigned attempt = 0; attempt < 3 && held_a != 1; attempt++) {
+		if (attempt) {
+			/* A was reclaimed before the hold: let go, B closed and gone, and again. */
+			cr_assert_eq(t_thread_release(tid), 0);
+			chime_close(b);
+			for (int i = 0; i < 5000 && (dying(m.base) || in_state(m.base, CHIME_CLIENT_ACTIVE)); i++)
+				usleep(1000);
+			fprintf(stderr, "access: A was reclaimed before the shard was held; try %u\n", attempt + 1);
+		}
+		cr_assert_eq(chime_open(&a, &o), 0);
+		far = now_ns() + 3600000 * MS;
+		for (unsigned i = 0; i < timers; i++)
+			if ((r = chime_arm(a, 1, far + i, 0, i, &id)) < 0)
+				cr_assert_fail("arm %u: %s", i, strerror(-r));
+		cr_assert_eq(chime_flush(a), 0);
+		cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, timers), timers);
+		chime_close(a);
 
-	r = chime_open(&b, &o);
-	cr_assert_eq(r, 0, "B, while A is reclaimed: %s", strerror(-r));
-	r = t_thread_hold(tid);
-	if (r < 0)
-		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
-	/* Nothing asserted while the shard is held: a failure would leave it so. */
-	held_a = dying(m.base);
+		r = chime_open(&b, &o);
+		cr_assert_eq(r, 0, "B, while A is reclaimed: %s", strerror(-r));
+		r = t_thread_hold(tid);
+		if (r < 0)
+			cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+		/* Nothing asserted while the shard is held: a failure would leave it so. */
+		held_a = dying(m.base);
+	}
 	chime_close(b);
 	for (int i = 0; i < 2000 && dying(m.base) != 2; i++)
 		usleep(1000);
 	held_ab = dying(m.base);
 	r = chime_open(&c, &o);
 	cr_assert_eq(t_thread_release(tid), 0);
-	cr_assert_eq(held_a, 1, "A was reclaimed before the shard was held: %u clients dying", held_a);
+	cr_assert_eq(held_a, 1, "A was reclaimed before the shard was held, three times: %u clients dying", held_a);
 	cr_assert_eq(held_ab, 2, "B is not being reclaimed after its close: %u clients dying", held_ab);
 	cr_assert_eq(r, -EUSERS, "C with two of its user's clients being reclaimed at a limit of 1: %s",
 		     r ? strerror(-r) : "admitted");

@@ -237,7 +237,8 @@ rest)
 	"$bench" rest --timers 100000 --seconds 2 --session bench-rest --json >"$dir/out.json" 2>"$dir/err"
 	st=$?
 	# A problem the bench reports is a line after the JSON: jq then fails here.
-	jq -e '.timers == 100000 and .session == "bench-rest" and .heartbeats > 0 and .cpu_share_schedstat > 0 and
+	jq -e '.timers == 100000 and .session == "bench-rest" and .heartbeats > 0 and
+	       has("host_damon_on") and .broker_rss_shmem_kib > 0 and .broker_shmem_huge_kib >= 0 and .cpu_share_schedstat > 0 and
 	       .floor_cpu_share > 0 and .floor_ns_per_wakeup > 0 and
 	       .wakeups_ok and (.threads | length) >= 2' "$dir/out.json" >/dev/null ||
 		fail "exit status $st; figures missing or implausible, or a wake-up beyond the heartbeat"

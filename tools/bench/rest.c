@@ -20,6 +20,14 @@
  * the same way over as long. What a wake-up costs depends on the host (on
  * the development VM it ranged from 50 to 100 us of CPU time from one hour
  * to the next at 90 ms, and more the longer the sleep).
+ *
+ * And what the host does to the broker's idle pages: a kernel running DAMON
+ * (a kdamond) with a reclaim scheme walks them, and on the development VM
+ * that made each beat of a broker with 1M timers cost 480-550 us instead of
+ * 60-90 (the same broker with DAMON off); with its shard files in 2 MiB
+ * pages (a tmpfs mounted huge=within_size) 90-120. So the report says
+ * whether a kdamond runs and how much of the broker's shared memory is
+ * mapped in huge pages.
  */
 #include <chime.h>
 
@@ -41,6 +49,51 @@
 #define REST_CPU_TARGET   0.001   /* share of one core */
 #define REST_SLACK        2u      /* switches a window's two edges may split off a beat */
 #define REST_IDLE_BEAT_NS (450 * NS_PER_MS)  /* chimed's IDLE_BEAT_NS (broker/broker.h) */
+
+/* 1 if a DAMON monitor (kdamond) is on, 0 if none is, -1 if this kernel has no DAMON sysfs to say. */
+static int host_damon_on(void)
+{
+	const char *dir = "/sys/kernel/mm/damon/admin/kdamonds";
+	unsigned long n = 0;
+	char path[128], buf[16];
+	int on = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/nr_kdamonds", dir);
+	if (!(f = fopen(path, "r")))
+		return -1;
+	if (fscanf(f, "%lu", &n) != 1)
+		n = 0;
+	fclose(f);
+	for (unsigned long i = 0; i < n && i < 64 && !on; i++) {
+		snprintf(path, sizeof(path), "%s/%lu/state", dir, i);
+		if ((f = fopen(path, "r"))) {
+			on = fgets(buf, sizeof(buf), f) && strncmp(buf, "on", 2) == 0;
+			fclose(f);
+		}
+	}
+	return on;
+}
+
+/* A field in KiB of /proc/PID/FILE ("status": RssShmem; "smaps_rollup": ShmemPmdMapped), or -1. */
+static long long proc_kib(pid_t pid, const char *file, const char *field)
+{
+	char path[64], line[256];
+	size_t len = strlen(field);
+	long long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
+	if (!(f = fopen(path, "r")))
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (strncmp(line, field, len) == 0 && line[len] == ':') {
+			kib = strtoll(line + len + 1, NULL, 10);
+			break;
+		}
+	fclose(f);
+	return kib;
+}
 
 /* The floor's process: wakes every period_ns and does nothing else, until killed. */
 static void rest_floor(uint64_t period_ns)
@@ -123,6 +176,8 @@ int bench_rest(int argc, char **argv)
 	uint64_t *ids, base, hb, beats = 0, end, sw, floor_period;
 	double win, cpu_stat, cpu_sched, floor;
 	double floor_wake_ns = 0;
+	long long shmem_kib, huge_kib;
+	int damon;
 	chime_t *c;
 
 	signal(SIGPIPE, SIG_IGN);
@@ -201,6 +256,9 @@ int bench_rest(int argc, char **argv)
 		sleep_ns(5 * NS_PER_MS);
 	}
 	bench_proc_sample(b.ctl->pid, &p1);
+	damon = host_damon_on();
+	shmem_kib = proc_kib(b.ctl->pid, "status", "RssShmem");
+	huge_kib = proc_kib(b.ctl->pid, "smaps_rollup", "ShmemPmdMapped");
 	/* the broker's beat as seen, to the millisecond (none seen: its idle beat) */
 	floor_period = beats ? (p1.t_ns - p0.t_ns) / beats / NS_PER_MS * NS_PER_MS : REST_IDLE_BEAT_NS;
 	floor = rest_floor_share(secs, floor_period, &floor_wake_ns);
@@ -229,6 +287,9 @@ int bench_rest(int argc, char **argv)
 				      "floor_cpu_share", floor >= 0 ? json_real(floor) : json_null(),
 				      "floor_ns_per_wakeup", floor >= 0 ? json_real(floor_wake_ns) : json_null(),
 				      "floor_period_ns", (json_int_t)floor_period);
+		json_object_set_new(o, "host_damon_on", damon < 0 ? json_null() : json_boolean(damon));
+		json_object_set_new(o, "broker_rss_shmem_kib", shmem_kib < 0 ? json_null() : json_integer(shmem_kib));
+		json_object_set_new(o, "broker_shmem_huge_kib", huge_kib < 0 ? json_null() : json_integer(huge_kib));
 		json_t *th = json_array();
 
 		for (unsigned i = 0; i < p1.threads && i < BENCH_MAX_THREADS; i++) {
@@ -251,8 +312,16 @@ int bench_rest(int argc, char **argv)
 		printf("date:    %s\n", m.date);
 		printf("machine: %ld CPUs online, %s, Linux %s; load average %.2f %.2f %.2f at start\n",
 		       m.cpus, m.model, m.kernel, m.load[0], m.load[1], m.load[2]);
-		printf("broker:  %s chimed pid %d, %u shard(s), spin %lld us; window %.1f s\n\n",
+		printf("broker:  %s chimed pid %d, %u shard(s), spin %lld us; window %.1f s\n",
 		       b.pid ? "private" : "external", (int)b.ctl->pid, b.nr_shards, (long long)b.ctl->spin_us, win);
+		char shm[32] = "unknown", huge[32] = "unknown";
+
+		if (shmem_kib >= 0)
+			snprintf(shm, sizeof(shm), "%.1f MiB", (double)shmem_kib / 1024);
+		if (huge_kib >= 0)
+			snprintf(huge, sizeof(huge), "%.1f MiB", (double)huge_kib / 1024);
+		printf("memory:  the broker's shared memory %s, in huge pages %s; DAMON (kdamond) %s\n\n", shm, huge,
+		       damon < 0 ? "not in this kernel" : damon ? "on (see chime-bench(1), rest)" : "off");
 		/* utime and stime are each whole ticks: their sum's delta is off by up to 2 */
 		printf("  CPU, /proc/PID/stat utime+stime    %8.4f%% of a core   (+-%.1f%%: whole clock ticks; not judged)\n",
 		       cpu_stat * 100, 200.0 / (double)sysconf(_SC_CLK_TCK) / win);

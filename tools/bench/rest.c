@@ -25,7 +25,7 @@
  * (a kdamond) with a reclaim scheme walks them, and on the development VM
  * that made each beat of a broker with 1M timers cost 480-550 us instead of
  * 60-90 (the same broker with DAMON off); with its shard files in 2 MiB
- * pages (a tmpfs mounted huge=within_size) 90-120. So the report says
+ * pages (a tmpfs mounted huge=within_size) 90-130. So the report says
  * whether a kdamond runs and how much of the broker's shared memory is
  * mapped in huge pages.
  */

@@ -2740,6 +2740,24 @@ Test(restart, a_cancel_of_a_periodic_with_an_untaken_event_cut_short_is_applied_
 	each_reset_image(BEHIND_PERIOD, 20 * MS, true, cancel_whole);
 }
 
+/*
+ * A crash that takes the session's process too, `ms` after it said it was
+ * ready: the broker SIGKILLed and reaped, then the process. Returns when
+ * the broker was killed.
+ */
+static uint64_t crash_with(pid_t pid, unsigned ms)
+{
+	uint64_t at;
+
+	usleep(ms * 1000);
+	at = now_ns();
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
+	tb.pid = 0;
+	kill_child(pid);
+	return at;
+}
+
 /* What the process of test_taken_then_both_die took: the deadline of each timer's last event. */
 struct taken {
 	uint64_t t0;
@@ -2787,19 +2805,12 @@ Test(restart, events_a_dead_process_took_before_the_crash_are_not_delivered_agai
 	struct taken *t = mmap(NULL, sizeof(*t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	struct chime_event ev[8];
 	unsigned n, next = 0;
-	pid_t pid;
 	chime_t *c;
-	int st;
 
 	cr_assert_neq(t, MAP_FAILED);
 	start("-n 1");
 	t->t0 = now_ns();
-	pid = child(taken_child, t);
-	usleep(400 * 1000);     /* a heartbeat or four after the last take */
-	kill(tb.pid, SIGKILL);
-	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
-	tb.pid = 0;
-	kill_child(pid);
+	crash_with(child(taken_child, t), 400);      /* a heartbeat or four after the last take */
 	cr_assert_lt(now_ns(), t->last[0] + 1000 * MS, "too slow: the periodic's next event came due");
 	restart(0, "-n 1");
 	c = sopen_ok("taken");
@@ -2858,20 +2869,12 @@ Test(restart, an_event_a_session_took_at_rest_is_not_delivered_again_after_a_cra
 	struct chime_event ev[4];
 	uint64_t killed;
 	unsigned n;
-	pid_t pid;
 	chime_t *c;
-	int st;
 
 	cr_assert_neq(t, MAP_FAILED);
 	start("-n 1");
 	t->t0 = now_ns();
-	pid = child(rest_take_child, t);
-	usleep(200 * 1000);
-	killed = now_ns();
-	kill(tb.pid, SIGKILL);
-	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
-	tb.pid = 0;
-	kill_child(pid);
+	killed = crash_with(child(rest_take_child, t), 200);
 	cr_assert_lt(t->took_ns - t->deadline_ns, 100 * MS, "taken %.0f ms late: not a broker at rest",
 		     (double)(t->took_ns - t->deadline_ns) / 1e6);
 	restart(0, "-n 1");

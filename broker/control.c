@@ -1847,7 +1847,7 @@ static uint64_t idle_beat_ns(void)
 int broker_run(struct broker *b)
 {
 	const uint64_t idle_beat = idle_beat_ns();
-	uint64_t last_hb = 0, stop_by = 0;
+	uint64_t last_hb = 0, stop_by = 0, beat_shown = 0;
 	int stop = 0;
 	char spin[64];
 
@@ -1917,6 +1917,11 @@ int broker_run(struct broker *b)
 			/* a client came, went or asked, or a shard woke us: heartbeats at HEARTBEAT_NS */
 			b->quiet_beats = 0;
 			at_store(&b->resting, 0);
+		}
+		beat = b->quiet_beats >= QUIET_BEATS ? idle_beat : HEARTBEAT_NS;
+		if (beat != beat_shown) {
+			at_store(&b->ctl->beat_ms, (uint32_t)(beat / 1000000u));       /* for the tools */
+			beat_shown = beat;
 		}
 		if (stop && !b->stopping) {
 			stop_begin(b);

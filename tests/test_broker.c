@@ -1369,6 +1369,25 @@ Test(broker, an_arm_a_second_ahead_waits_for_the_heartbeat_not_a_doorbell)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
+/*
+ * The heartbeat's period the broker at socket_path publishes for the tools
+ * (the control segment's beat_ms) once it is `want`, polled for up to
+ * 200 ms; else the last one read.
+ */
+static uint32_t beat_ms_becomes(const char *socket_path, uint32_t want)
+{
+	char path[300];
+	struct chime_map m;
+	uint32_t ms = 0;
+
+	snprintf(path, sizeof(path), "%s.ctl", socket_path);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	for (int i = 0; i < 200 && (ms = at_load(&((const struct chime_ctl *)m.base)->beat_ms)) != want; i++)
+		usleep(1000);
+	chime_seg_unmap(&m);
+	return ms;
+}
+
 /* Heartbeats seen over `ms` (polled every 200 us), and the longest gap between two. */
 static unsigned beats_over(const chime_t *c, unsigned ms, double *longest_ms)
 {
@@ -1418,11 +1437,13 @@ Test(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
 	cr_assert_geq(idle, 2, "%u heartbeats in 2 s at rest", idle);
 	cr_assert_lt(longest, 900.0, "%.0f ms between two heartbeats: a client takes a second for a dead broker",
 		     longest);
+	cr_assert_eq(beat_ms_becomes(b2.sock, 450), 450, "the period chimestat shows at rest");
 
 	deadline = chime_now() + 1500 * MS;
 	cr_assert_eq(chime_arm(c, 1, deadline, 0, 1, &x), 0);
 	ms = ms_until(b2.sock, 2, 2);
 	cr_assert_lt(ms, 1000.0, "the arm 1.5 s ahead was applied after %.0f ms", ms);
+	cr_assert_eq(beat_ms_becomes(b2.sock, 90), 90, "the period chimestat shows once busy again");
 	busy = beats_over(c, 450, &longest);
 	cr_assert_geq(busy, 3, "%u heartbeats in the 450 ms after a record was applied: still the idle beat", busy);
 

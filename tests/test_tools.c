@@ -328,6 +328,7 @@ static void fake_make(struct fake *f, pid_t pid, uint64_t heartbeat_age_ns)
 	/* A fresh fake stays fresh however slow the test is: a beat in the future. */
 	f->ctl->heartbeat_ns = heartbeat_age_ns ? now - heartbeat_age_ns : now + UINT64_C(600000000000);
 	f->ctl->resolution_ns = 100000;
+	f->ctl->beat_ms = 450;  /* at rest */
 	f->ctl->spin_us = 50;
 	f->ctl->sq_size = 1024;
 	f->ctl->cq_size = 1024;
@@ -449,6 +450,10 @@ Test(tools_fake, json_has_exact_counters)
 	cr_assert_eq(jq(".broker.pid"), getpid());
 	cr_assert_eq(jq(".broker.shards"), 2);
 	cr_assert_eq(jq(".broker.clients_total"), 3);
+	cr_assert_eq(jq(".broker.heartbeat_period_ns"), 450000000);
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "(every 450 ms, at rest)"), "the broker line: %s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' --json", bin("CHIMESTAT"), sock), 0);
 	cr_assert_eq(jq(".shards[0].shard"), 0);
 	cr_assert_eq(jq(".shards[0].arms"), 10);
 	cr_assert_eq(jq(".shards[0].cancels"), 3);

@@ -89,7 +89,7 @@ void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 			const struct sr_snap *sn, const struct sr_snap *ps)
 {
 	const struct chime_ctl *h = &sn->hdr;
-	char up[32], hb[32], res[16], since[32], nd[24], name[64];
+	char up[32], hb[32], res[16], since[32], nd[24], name[64], every[40] = "";
 	const char *why;
 	enum sr_state st = sr_liveness(sn, &why);
 	uint32_t k, c;
@@ -97,8 +97,10 @@ void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 	sr_fmt_dur(up, sizeof(up), fval(l, "broker.uptime_ns"));
 	sr_fmt_ns(hb, sizeof(hb), fval(l, "broker.heartbeat_age_ns"));
 	sr_fmt_ns(res, sizeof(res), h->resolution_ns);
-	fprintf(out, "chimed pid %d  version %s  up %s  heartbeat %s ago  shards %u  resolution %s  ",
-		(int)h->pid, h->version, up, hb, h->nr_shards, res);
+	if (h->beat_ms)
+		snprintf(every, sizeof(every), " (every %u ms%s)", h->beat_ms, h->beat_ms > SR_HEARTBEAT_MS ? ", at rest" : "");
+	fprintf(out, "chimed pid %d  version %s  up %s  heartbeat %s ago%s  shards %u  resolution %s  ",
+		(int)h->pid, h->version, up, hb, every, h->nr_shards, res);
 	if (h->spin_us < 0)
 		fprintf(out, "spin busy-poll  ");
 	else if (h->spin_share)

@@ -30,6 +30,8 @@
 
 /* A heartbeat older than this means the broker is not running (it beats every 90 ms, 450 ms at rest). */
 #define SR_HEARTBEAT_STALE_NS UINT64_C(1000000000)
+/* The period of a busy broker's heartbeat (chimed's HEARTBEAT_NS): a longer one (beat_ms) is its rest. */
+#define SR_HEARTBEAT_MS 90u
 
 struct sr {
 	char sock[PATH_MAX];

@@ -1303,6 +1303,36 @@ Test(tools_live, timers_further_than_2_to_the_63_ns_are_shown_ahead)
 	chime_close(a);
 }
 
+/* chimectl status says when the broker rests (its heartbeat slowed to 450 ms after a second of quiet). */
+Test(tools_live, chimectl_status_says_when_the_broker_rests)
+{
+	struct chime_opts o = { .socket_path = sock };
+	uint64_t t0;
+	chime_id_t id;
+	chime_t *a;
+
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	cr_assert_eq(chime_arm(a, 1, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
+	/* Waited for with chimestat: a status's handshake is a client connecting, which ends a rest. */
+	cr_assert_eq(settle(".broker.heartbeat_period_ns", 450000000), 450000000, "not at rest: %s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' --json status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".heartbeat_period_ns"), 450000000, "%s", slurp(out));
+	cr_assert_eq(settle(".broker.heartbeat_period_ns", 450000000), 450000000, "not at rest: %s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), ", at rest\n"), "%s", slurp(out));
+	/* Busy again: a timer due at once brings the 90 ms beat back, and the text drops the words. */
+	cr_assert_eq(chime_arm(a, 1, chime_now(), 0, 0, &id), 0);
+	cr_assert_eq(chime_flush(a), 0);
+	t0 = now_ns();
+	do {
+		usleep(20000);
+		cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	} while (strstr(slurp(out), "at rest") && now_ns() - t0 < UINT64_C(2000000000));
+	cr_assert_null(strstr(slurp(out), "at rest"), "still at rest with a timer just fired: %s", slurp(out));
+	chime_close(a);
+}
+
 /* chimectl --json: one document per command, the text's information, ok and exit_status. */
 Test(tools_live, chimectl_json_for_every_command)
 {
@@ -1325,6 +1355,7 @@ Test(tools_live, chimectl_json_for_every_command)
 	cr_assert_eq(jq(".shards"), 2);
 	cr_assert_eq(jq(".clients"), 1);
 	cr_assert_eq(jq(".stats_reset_realtime_ns == null"), 1);
+	cr_assert_eq(jq(".heartbeat_period_ns == 90000000 or .heartbeat_period_ns == 450000000"), 1, "%s", slurp(out));
 	cr_assert_eq(run("%s --socket '%s' -j clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 	cr_assert_eq(jq(".clients | length"), 1);
 	cr_assert_eq(jq(".clients[0].pid"), getpid());
@@ -2193,6 +2224,7 @@ Test(tools_live_view, shows_the_broker_dying_and_restores_on_sigterm)
 	term_start("xterm", 24, 80, args);
 	cr_assert(term_wait("running", 3000), "%s", screen());
 	cr_assert_eq(vt_find(&term.vt, "NOT RUNNING"), -1);
+	cr_assert(vt_find(&term.vt, "running, at rest") >= 0, "the fake's 450 ms beat is not shown:\n%s", screen());
 	f.ctl->pid = dead_pid();
 	cr_assert(term_wait("NOT RUNNING (its process is gone)", 3000), "%s", screen());
 	cr_assert(vt_find(&term.vt, "fake \"client\"") >= 0, "the last state stays:\n%s", screen());

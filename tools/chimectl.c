@@ -284,6 +284,7 @@ static int cmd_status(const char *sock)
 	jset("running", json_boolean(st == SR_RUNNING));
 	jset("heartbeat_age_ns", json_integer(sn.now_ns > sn.hdr.heartbeat_ns ?
 					      (json_int_t)(sn.now_ns - sn.hdr.heartbeat_ns) : 0));
+	jset("heartbeat_period_ns", json_integer((json_int_t)sn.hdr.beat_ms * 1000000));
 	jset("counters_readable", json_true());
 	if (st != SR_RUNNING) {
 		r = fail(st == SR_STARTING ? SR_EXIT_NOSHM : SR_EXIT_NOT_RUNNING,
@@ -315,9 +316,10 @@ static int cmd_status(const char *sock)
 	jset("stats_reset_realtime_ns", sn.hdr.stats_reset_gen ?
 	     json_integer((json_int_t)sn.hdr.stats_reset_realtime_ns) : json_null());
 	sr_fmt_dur(up, sizeof(up), sn.now_ns - sn.hdr.start_ns);
-	out("chimed pid %d version %s running, up %s, %u shard%s, %" PRIu64 " client%s\n",
+	out("chimed pid %d version %s running, up %s, %u shard%s, %" PRIu64 " client%s%s\n",
 	    (int)sn.hdr.pid, sn.hdr.version, up, sn.hdr.nr_shards, sn.hdr.nr_shards == 1 ? "" : "s",
-	    sn.hdr.clients_now, sn.hdr.clients_now == 1 ? "" : "s");
+	    sn.hdr.clients_now, sn.hdr.clients_now == 1 ? "" : "s",
+	    sn.hdr.beat_ms > SR_HEARTBEAT_MS ? ", at rest" : "");
 	if (!admitted)
 		out("it answered the handshake, but %s\n", AT_LIMIT);
 	r = SR_EXIT_OK;

@@ -543,6 +543,9 @@ static int header(struct live *L)
 	put(y, 0, A_BOLD, "%s", line);
 	f = fld(L, "broker", -1, "state", NULL);
 	state = f ? f->s : "?";
+	f = fld(L, "broker", -1, "heartbeat_period_ns", NULL);
+	if (running && f && f->u > SR_HEARTBEAT_MS * UINT64_C(1000000))
+		state = "running, at rest";     /* its heartbeat slowed: an old one is no alarm */
 	if ((int)(strlen(line) + strlen(state) + 2) <= COLS)
 		put(y, COLS - (int)strlen(state), running ? A_BOLD : A_BOLD | A_REVERSE, "%s", state);
 	y++;

@@ -254,6 +254,7 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	memcpy(&snap->hdr, s->ctl, sizeof(snap->hdr));
 	snap->hdr.state = at_load(&s->ctl->state);
 	snap->hdr.heartbeat_ns = at_load(&s->ctl->heartbeat_ns);
+	snap->hdr.beat_ms = at_load(&s->ctl->beat_ms);
 	/* RS3: acquire, so that the reset's time read next is this generation's (pairs with RS1). */
 	snap->hdr.stats_reset_gen = at_load_acq(&s->ctl->stats_reset_gen);
 	snap->hdr.stats_reset_ns = at_load(&s->ctl->stats_reset_ns);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * broker.h - the control thread's state, private to control.c (start-up,
- * the io_uring loop, client life cycle, stop) and handshake.c (who gets
- * in). main.c sees only control.h.
+ * broker.h - the control thread's state, private to control.c (the
+ * io_uring loop, client life cycle, stop), startup.c (start-up),
+ * handshake.c (who gets in) and restart.c (what the next broker gets).
+ * main.c sees only control.h.
  */
 #ifndef CHIMED_BROKER_H
 #define CHIMED_BROKER_H
@@ -235,12 +236,17 @@ struct broker {
 	bool restart;                   /* SIGUSR2: stop, then main() executes chimed again */
 };
 
+/* startup.c */
+/* The socket's owner and mode from --socket-group and the policy (again at a reload). */
+int socket_access(struct broker *b);
+/* Remove the socket file, unless the path names another one now. */
+void socket_unlink(struct broker *b);
+
 /* control.c */
 struct io_uring_sqe *get_sqe(struct broker *b);
 void arm_accept(struct broker *b);
 void send_status(int fd, int32_t status);
 void read_comm(pid_t pid, char comm[16]);
-int socket_access(struct broker *b);
 void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session,
 		  bool want_touch);
 void client_park(struct broker *b, struct client *c);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * control.h - chimed's control thread: start-up (lock, segments, shards,
- * socket), the io_uring loop that owns every client's life cycle, and the
- * clean shutdown.
+ * socket; startup.c), the io_uring loop that owns every client's life
+ * cycle, and the clean shutdown (control.c).
  */
 #ifndef CHIMED_CONTROL_H
 #define CHIMED_CONTROL_H

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * main.c - chimed: options, signals, daemonizing. The work is in control.c
- * (the control thread, which is this main thread) and shard.c.
+ * main.c - chimed: options, signals, daemonizing. The work is in startup.c,
+ * control.c (the control thread, which is this main thread) and shard.c.
  *
  * Exit codes: 0 clean stop, 1 start-up or runtime failure, 2 usage error.
  * Without --foreground the process closes what it inherited, forks (before

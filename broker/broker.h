@@ -114,6 +114,7 @@ struct client {
 	 * its user as a client being reclaimed is (uid_full()).
 	 */
 	int held_fd;
+	uint64_t held_since_ns;         /* when held_fd was kept: a rest waits HELD_WAIT_NS for it */
 	int pidfd;              /* ACTIVE: its process (SO_PEERPIDFD, else pidfd_open()), or -1 */
 	int *bells;             /* [nr_shards]: its own doorbell eventfd per shard (we only read them) */
 	int rw_fd, ro_fd;

@@ -1463,7 +1463,8 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 	 * barrier). A resuming process's records wait for its word
 	 * (chan_drain()): till then they are nothing to stay awake for, or a
 	 * client that published without its word would keep the shard from
-	 * ever sleeping (the heartbeat rings it while they wait).
+	 * ever sleeping (nor does the heartbeat ring it for them:
+	 * word_awaited(), control.c).
 	 */
 	if (at_load(&s->seq) == ch->sq.head + 1 &&
 	    !(ch->word_wait && at_load_acq(&ch->crw->resume_set) != 1))     /* R1 */

@@ -483,9 +483,10 @@ static void conn_release(struct broker *b, struct client *c)
 	 * Only now: a shard may send wake-ups on it until its detach is
 	 * acknowledged. Kept while its peer has not read what we sent (held_fd).
 	 */
-	if (c->fd >= 0 && !b->stopping && c->held_fd < 0 && unread_by_peer(c->fd))
+	if (c->fd >= 0 && !b->stopping && c->held_fd < 0 && unread_by_peer(c->fd)) {
 		c->held_fd = c->fd;
-	else if (c->fd >= 0)
+		c->held_since_ns = now_ns();
+	} else if (c->fd >= 0)
 		close(c->fd);
 	if (b->stopping && c->held_fd >= 0) {
 		close(c->held_fd);
@@ -1035,7 +1036,7 @@ static void limits_report(struct broker *b, uint64_t now)
  */
 static bool taken_unseen(const struct client *c, uint32_t s)
 {
-	/* B1: pairs with head_watch_publish() in chan.c; both words hints, any value is safe. */
+	/* B1: pairs with head_watch_publish() in chan.c; here both words are hints, any value is safe. */
 	return c->session[0] && at_load(&c->mems[s].rw->cq_head) > at_load(&c->chans[s].head_watch);
 }
 
@@ -1043,9 +1044,20 @@ static bool taken_unseen(const struct client *c, uint32_t s)
 static bool takes_watched(const struct broker *b, const struct client *c)
 {
 	for (uint32_t s = 0; s < b->o.nr_shards; s++)
-		if (at_load(&c->chans[s].head_watch) != UINT64_MAX)     /* B1 */
+		if (at_load(&c->chans[s].head_watch) != UINT64_MAX)     /* B1; a stale "none" is ruled out by REST1/2 */
 			return true;
 	return false;
+}
+
+/*
+ * A resumed process's records wait for its word (resume_set; chan.c,
+ * word_wait): ringing the shard for them wakes it for nothing, at every
+ * beat, for as long as a process publishes a record and never the word.
+ * libchime stores the word before its first record.
+ */
+static bool word_awaited(const struct client *c, const struct chan_mem *m)
+{
+	return c->resume && at_load(&m->rw->resume_set) != 1;
 }
 
 static bool clients_beat(struct broker *b, uint64_t now)
@@ -1066,9 +1078,12 @@ static bool clients_beat(struct broker *b, uint64_t now)
 		 * to take: what it takes must be seen taken within a 90 ms beat
 		 * (taken_unseen() below), or a crash delivers more of it again.
 		 * A shard that gives it events while the broker rests wakes us
-		 * (rest_end(), shard.c).
+		 * (rest_end(), shard.c). A HELD slot, whose peer keeps a welcome
+		 * unread for as long as it likes, only for HELD_WAIT_NS: past
+		 * that, one such socket kept the broker from resting for good.
 		 */
-		if (c->state != CL_FREE && c->state != CL_ACTIVE && (c->state != CL_DETACHED || c->next_fd >= 0))
+		if (c->state != CL_FREE && c->state != CL_ACTIVE && (c->state != CL_DETACHED || c->next_fd >= 0) &&
+		    (c->state != CL_HELD || now - c->held_since_ns < HELD_WAIT_NS))
 			quiet = false;
 		if (c->state == CL_ACTIVE && c->session[0] && takes_watched(b, c))
 			quiet = false;
@@ -1114,7 +1129,8 @@ static bool clients_beat(struct broker *b, uint64_t now)
 				continue;
 			/* V2: what the shard has applied; pairs with V1 in chan_drain(). */
 			head = at_load_acq(&m->ro->sq_head);
-			if (at_load(&m->sq_slots[head & (m->sq_size - 1)].seq) == head + 1 || taken_unseen(c, s)) {
+			if ((at_load(&m->sq_slots[head & (m->sq_size - 1)].seq) == head + 1 && !word_awaited(c, m)) ||
+			    taken_unseen(c, s)) {
 				(void)eventfd_write(b->shards[s].doorbell, 1);
 				b->shards[s].rung = true;
 				asleep[s] = false;      /* rung: once is enough */
@@ -1270,9 +1286,9 @@ int broker_run(struct broker *b)
 			bool quiet;
 
 			/*
-			 * R1: a beat that may put the broker to rest says so before
+			 * REST1: a beat that may put the broker to rest says so before
 			 * it looks at the sessions' head_watch, full barrier: pairs
-			 * with R2 in rest_end() (shard.c). Either it sees a shard's
+			 * with REST2 in rest_end() (shard.c). Either it sees a shard's
 			 * new watch, or that shard sees the word and wakes us.
 			 */
 			if (b->quiet_beats + 1 >= QUIET_BEATS) {
@@ -1296,6 +1312,11 @@ int broker_run(struct broker *b)
 				at_store(&b->resting, 0);
 			beat = b->quiet_beats >= QUIET_BEATS ? idle_beat : HEARTBEAT_NS;
 		}
+		if (beat != beat_shown) {
+			/* for the tools, before the wait: a rest's first beat is 450 ms long already */
+			at_store(&b->ctl->beat_ms, (uint32_t)(beat / 1000000u));
+			beat_shown = beat;
+		}
 		wait = query_step(b) ? 0 : beat - (now - last_hb);
 		ts.tv_sec = 0;
 		ts.tv_nsec = (long long)wait;
@@ -1311,11 +1332,6 @@ int broker_run(struct broker *b)
 			/* a client came, went or asked, or a shard woke us: heartbeats at HEARTBEAT_NS */
 			b->quiet_beats = 0;
 			at_store(&b->resting, 0);
-		}
-		beat = b->quiet_beats >= QUIET_BEATS ? idle_beat : HEARTBEAT_NS;
-		if (beat != beat_shown) {
-			at_store(&b->ctl->beat_ms, (uint32_t)(beat / 1000000u));       /* for the tools */
-			beat_shown = beat;
 		}
 		if (stop && !b->stopping) {
 			stop_begin(b);

@@ -439,7 +439,7 @@ static void ack(struct shard *s, struct shard_ack *a, int err)
 static void rest_end(struct shard *s)
 {
 	s->core.watch_started = false;
-	/* R2: head_watch stored before resting is read; pairs with R1 in broker_run(). */
+	/* REST2: head_watch stored before resting is read; pairs with REST1 in broker_run(). */
 	at_fence();
 	if (at_load(s->cfg.resting) && at_xchg(s->cfg.resting, 0))
 		(void)eventfd_write(s->cfg.notify_fd, 1);

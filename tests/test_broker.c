@@ -21,7 +21,9 @@
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1499,6 +1501,147 @@ Test(broker, a_session_process_at_rest_has_the_90_ms_beat_while_it_has_events_to
 	cr_assert_leq(n, 5, "%u heartbeats in 1 s once the take was seen: not at rest again", n);
 	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
+}
+
+/*
+ * The period the tools show (beat_ms) is the one in force from the beat
+ * that changes it: whenever it says 90 ms, the heartbeat is no older than
+ * about a 90 ms beat. Before, it was stored after the wait that followed
+ * that beat, so through a rest's whole first beat chimestat said "every
+ * 90 ms" beside a heartbeat 450 ms old (found by a review).
+ */
+Test(broker, the_period_shown_is_in_force_from_the_beat_that_changes_it)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_map m;
+	const struct chime_ctl *ctl;
+	uint64_t end, worst = 0;
+	char path[300];
+	chime_id_t far;
+	chime_t *c;
+
+	c = one_sleeping_shard(&b2, "", 1, &far);
+	(void)ms_until(b2.sock, 1, 1);
+	snprintf(path, sizeof(path), "%s.ctl", b2.sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	ctl = m.base;
+	end = chime_now() + 2500 * MS;        /* the rest begins after a second of quiet */
+	while (chime_now() < end) {
+		uint32_t ms = at_load(&ctl->beat_ms);
+		uint64_t hb = at_load(&ctl->heartbeat_ns), now = chime_now();
+
+		if (ms == 90 && now > hb && now - hb > worst)
+			worst = now - hb;
+		usleep(1000);
+	}
+	cr_assert_eq(at_load(&ctl->beat_ms), 450, "not at rest after 2.5 s");
+	chime_seg_unmap(&m);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+	cr_assert_lt(worst, 200 * MS, "the tools read 'every 90 ms' beside a heartbeat %.0f ms old",
+		     (double)worst / 1e6);
+}
+
+/*
+ * A hello whose welcome is never read, its socket shut down and kept open:
+ * the slot is HELD for as long as the peer keeps the socket (handshake.c).
+ * Counted as "coming or going" for good, that one socket, which costs its
+ * owner nothing, kept every user's broker at the 90 ms beat (found by a
+ * review). Now it keeps it so for HELD_WAIT_NS (1 s) at most.
+ */
+Test(broker, a_welcome_never_read_keeps_the_broker_from_resting_a_second_at_most)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	struct t_chimed b2 = { 0 };
+	struct chime_map m;
+	const struct chime_ctl *ctl;
+	char path[300];
+	double longest;
+	unsigned n;
+	chime_id_t far;
+	chime_t *c;
+	int fd;
+
+	c = one_sleeping_shard(&b2, "", 1, &far);
+	snprintf(path, sizeof(path), "%s.ctl", b2.sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	ctl = m.base;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	memcpy(sa.sun_path, b2.sock, strlen(b2.sock) + 1);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+	for (int k = 0; k < 2000 && at_load(&ctl->clients_total) < 2; k++)
+		usleep(1000);
+	shutdown(fd, SHUT_RDWR);        /* the broker sees it go; the welcome stays unread */
+	for (int k = 0; k < 2000 && at_load(&ctl->clients_now) != 1; k++)
+		usleep(1000);
+	cr_assert_eq(at_load(&ctl->clients_now), 1, "the broker did not see the client go");
+	usleep(2500000);        /* HELD_WAIT_NS, then QUIET_BEATS, and more */
+	n = beats_over(c, 2000, &longest);
+	close(fd);
+	chime_seg_unmap(&m);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+	cr_assert_leq(n, 8, "%u heartbeats in 2 s with one welcome unread and nothing to do: not at rest", n);
+}
+
+/*
+ * A process resumes its own detached session (CHIME_HELLO_RESUME) and
+ * publishes a record at the head of its ring but never its word
+ * (resume_set). The shard applies nothing until the word (chan.c,
+ * word_wait) and sleeps; the beat saw a record waiting at every beat, rang
+ * the shard and counted itself busy: one store, for as long as that
+ * connection lived, kept the control thread at 11 beats a second and the
+ * shard at 11 wake-ups, for everyone (found by a review).
+ */
+Test(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_from_resting)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_opts o = { .session = "hog" };
+	struct chime_welcome w;
+	struct chime_map maps[3];
+	struct chime_client_geom g;
+	struct chime_shard_stats s0, s1;
+	const struct chime_pub *pub;
+	struct chime_sqe *slot;
+	uint64_t base = UINT64_C(1) << 40, end, hb, prev;
+	unsigned nfds = 0, beats = 0;
+	int fds[CHIME_MAX_FDS], sk = -1;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	o.socket_path = b2.sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	chime_close(c);         /* detached */
+	cr_assert_eq(cl_dial(b2.sock, "hog", CHIME_HELLO_RESUME, base, 0, &sk, &w, fds, &nfds), 0);
+	cr_assert_eq(cl_map(&w, fds, maps, &g), 0);
+	pub = maps[0].base;
+	slot = chime_at(&maps[1], g.rw_sq_off);         /* shard 0's ring; base is a multiple of its size */
+	slot[base & (g.sq_size - 1)].op = CHIME_OP_NOP;
+	at_store_rel(&slot[base & (g.sq_size - 1)].seq, base + 1);
+	usleep(1500000);        /* QUIET_BEATS and more */
+	s0 = shard0(b2.sock);
+	end = chime_now() + 2000 * MS;
+	prev = at_load(&pub->heartbeat_ns);
+	while (chime_now() < end) {
+		hb = at_load(&pub->heartbeat_ns);
+		beats += hb != prev;
+		prev = hb;
+		usleep(200);
+	}
+	s1 = shard0(b2.sock);
+	for (int i = 0; i < 3; i++)
+		chime_seg_unmap(&maps[i]);
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	close(sk);
+	t_chimed_stop(&b2, SIGTERM);
+	cr_assert_leq(beats, 8, "%u heartbeats in 2 s with one resumed session that never gave its word: "
+		      "not at rest", beats);
+	cr_assert_leq(s1.sleeps - s0.sleeps, 4, "shard 0 slept %llu times in 2 s: woken for a record it cannot apply",
+		      (unsigned long long)(s1.sleeps - s0.sleeps));
 }
 
 /*

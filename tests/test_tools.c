@@ -591,11 +591,16 @@ Test(tools_fake, dead_pid_means_not_running)
 	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 3);
 	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
 	cr_assert(strstr(slurp(out), "NOT RUNNING"), "%s", slurp(out));
+	/* Its last beat_ms (450) is no period now: not shown, 0 in the JSON. */
+	cr_assert_null(strstr(slurp(out), "every 450"), "%s", slurp(out));
 	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 3);
 	cr_assert_eq(jq(".broker.running"), 0);
+	cr_assert_eq(jq(".broker.heartbeat_period_ns"), 0, "%s", slurp(out));
 	cr_assert_eq(jq(".shards[0].arms"), 10, "the last state is still shown");
 	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3);
 	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -j status", bin("CHIMECTL"), sock), 3);
+	cr_assert_eq(jq(".heartbeat_period_ns"), 0, "%s", slurp(out));
 	cr_assert_eq(run("%s --socket '%s' shutdown", bin("CHIMECTL"), sock), 3);
 	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 3);
 	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 3);

@@ -284,7 +284,7 @@ static int cmd_status(const char *sock)
 	jset("running", json_boolean(st == SR_RUNNING));
 	jset("heartbeat_age_ns", json_integer(sn.now_ns > sn.hdr.heartbeat_ns ?
 					      (json_int_t)(sn.now_ns - sn.hdr.heartbeat_ns) : 0));
-	jset("heartbeat_period_ns", json_integer((json_int_t)sn.hdr.beat_ms * 1000000));
+	jset("heartbeat_period_ns", json_integer(st == SR_RUNNING ? (json_int_t)sn.hdr.beat_ms * 1000000 : 0));
 	jset("counters_readable", json_true());
 	if (st != SR_RUNNING) {
 		r = fail(st == SR_STARTING ? SR_EXIT_NOSHM : SR_EXIT_NOT_RUNNING,

@@ -272,9 +272,10 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	f->u = sn->now_ns > h->heartbeat_ns ? sn->now_ns - h->heartbeat_ns : 0;
 	fprom(f, "chime_broker_heartbeat_age_seconds", "gauge", "Age of the broker's heartbeat.", NULL, 1e-9);
 	f = field_add(l, F_GAUGE, "broker.heartbeat_period_ns");
-	f->u = (uint64_t)h->beat_ms * 1000000u;
+	f->u = st == SR_RUNNING || st == SR_STARTING ? (uint64_t)h->beat_ms * 1000000u : 0;
 	fprom(f, "chime_broker_heartbeat_period_seconds", "gauge",
-	      "The broker's heartbeat period now: 90 ms, longer at rest (0: a broker that does not say).", NULL, 1e-9);
+	      "The broker's heartbeat period now: 90 ms, longer at rest (0: not running, or a broker that does not say).",
+	      NULL, 1e-9);
 	f = field_add(l, F_GAUGE, "broker.start_realtime_ns");
 	f->u = h->start_realtime_ns;
 	fprom(f, "chime_broker_start_time_seconds", "gauge", "Broker start, seconds since the epoch.", NULL, 1e-9);

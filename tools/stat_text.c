@@ -97,7 +97,7 @@ void print_table(FILE *out, const struct flist *l, const struct flist *prev,
 	sr_fmt_dur(up, sizeof(up), fval(l, "broker.uptime_ns"));
 	sr_fmt_ns(hb, sizeof(hb), fval(l, "broker.heartbeat_age_ns"));
 	sr_fmt_ns(res, sizeof(res), h->resolution_ns);
-	if (h->beat_ms)
+	if (h->beat_ms && (st == SR_RUNNING || st == SR_STARTING))      /* a dead broker's period is no promise */
 		snprintf(every, sizeof(every), " (every %u ms%s)", h->beat_ms, h->beat_ms > SR_HEARTBEAT_MS ? ", at rest" : "");
 	fprintf(out, "chimed pid %d  version %s  up %s  heartbeat %s ago%s  shards %u  resolution %s  ",
 		(int)h->pid, h->version, up, hb, every, h->nr_shards, res);

@@ -1525,13 +1525,16 @@ Test(broker, the_period_shown_is_in_force_from_the_beat_that_changes_it)
 	snprintf(path, sizeof(path), "%s.ctl", b2.sock);
 	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
 	ctl = m.base;
-	end = chime_now() + 2500 * MS;        /* the rest begins after a second of quiet */
+	/* Until the rest's first beat is over: it begins after a second of quiet. */
+	end = chime_now() + 2500 * MS;
 	while (chime_now() < end) {
 		uint32_t ms = at_load(&ctl->beat_ms);
 		uint64_t hb = at_load(&ctl->heartbeat_ns), now = chime_now();
 
 		if (ms == 90 && now > hb && now - hb > worst)
 			worst = now - hb;
+		if (ms == 450 && end > now + 600 * MS)
+			end = now + 600 * MS;
 		usleep(1000);
 	}
 	cr_assert_eq(at_load(&ctl->beat_ms), 450, "not at rest after 2.5 s");
@@ -1578,13 +1581,14 @@ Test(broker, a_welcome_never_read_keeps_the_broker_from_resting_a_second_at_most
 	for (int k = 0; k < 2000 && at_load(&ctl->clients_now) != 1; k++)
 		usleep(1000);
 	cr_assert_eq(at_load(&ctl->clients_now), 1, "the broker did not see the client go");
-	usleep(2500000);        /* HELD_WAIT_NS, then QUIET_BEATS, and more */
-	n = beats_over(c, 2000, &longest);
+	usleep(2600000);        /* HELD_WAIT_NS, then QUIET_BEATS, and a margin */
+	n = beats_over(c, 1000, &longest);
 	close(fd);
 	chime_seg_unmap(&m);
 	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
-	cr_assert_leq(n, 8, "%u heartbeats in 2 s with one welcome unread and nothing to do: not at rest", n);
+	/* 1 s at 90 ms is 11 beats, at 450 ms 2 or 3 */
+	cr_assert_leq(n, 5, "%u heartbeats in 1 s with one welcome unread and nothing to do: not at rest", n);
 }
 
 /*
@@ -1621,9 +1625,9 @@ Test(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_from_re
 	slot = chime_at(&maps[1], g.rw_sq_off);         /* shard 0's ring; base is a multiple of its size */
 	slot[base & (g.sq_size - 1)].op = CHIME_OP_NOP;
 	at_store_rel(&slot[base & (g.sq_size - 1)].seq, base + 1);
-	usleep(1500000);        /* QUIET_BEATS and more */
+	usleep(1500000);        /* QUIET_BEATS, and a margin */
 	s0 = shard0(b2.sock);
-	end = chime_now() + 2000 * MS;
+	end = chime_now() + 1000 * MS;
 	prev = at_load(&pub->heartbeat_ns);
 	while (chime_now() < end) {
 		hb = at_load(&pub->heartbeat_ns);
@@ -1638,9 +1642,10 @@ Test(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_from_re
 		close(fds[i]);
 	close(sk);
 	t_chimed_stop(&b2, SIGTERM);
-	cr_assert_leq(beats, 8, "%u heartbeats in 2 s with one resumed session that never gave its word: "
+	/* 1 s at 90 ms is 11 beats, at 450 ms 2 or 3 */
+	cr_assert_leq(beats, 5, "%u heartbeats in 1 s with one resumed session that never gave its word: "
 		      "not at rest", beats);
-	cr_assert_leq(s1.sleeps - s0.sleeps, 4, "shard 0 slept %llu times in 2 s: woken for a record it cannot apply",
+	cr_assert_leq(s1.sleeps - s0.sleeps, 2, "shard 0 slept %llu times in 1 s: woken for a record it cannot apply",
 		      (unsigned long long)(s1.sleeps - s0.sleeps));
 }
 

@@ -344,8 +344,8 @@ static int listen_setup(struct broker *b)
 	 * user connecting and closing in a loop keeps it full. Each queued
 	 * connection costs the control thread an accept and a refusal (tens
 	 * of us), so with SOMAXCONN (4096) another user's chime_open() waited
-	 * ~110 ms. A connect that finds it full blocks until there is room
-	 * (chime_open() sets no timeout on it): a burst of opens waits, none fails.
+	 * ~110 ms. A connect that finds it full blocks until there is room,
+	 * within chime_open()'s 10 s: a burst of opens waits, none fails.
 	 */
 	if (listen(b->listen_fd, LISTEN_BACKLOG) < 0)
 		return log_errno(LOG_ERR, errno, "listen('%s')", path);

@@ -85,11 +85,23 @@ static int peer_trusted(int fd, const char *path)
 	return r < 0 ? r : r ? 0 : -EPERM;
 }
 
+/* The socket's send and receive timeouts: what is left of the handshake's CHIME_OPEN_TIMEOUT_S. */
+static void handshake_timeout(int fd, uint64_t until)
+{
+	uint64_t now = now_ns(), left = until > now ? until - now : 1000;
+	struct timeval tv = { .tv_sec = (time_t)(left / 1000000000u), .tv_usec = (suseconds_t)(left % 1000000000u / 1000u) };
+
+	if (!tv.tv_sec && !tv.tv_usec)
+		tv.tv_usec = 1;         /* 0 would be no timeout at all */
+	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
 static int connect_broker(const char *path, int *out)
 {
-	struct timeval tv = { .tv_sec = CHIME_OPEN_TIMEOUT_S };
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
+	uint64_t until = now_ns() + CHIME_OPEN_TIMEOUT_S * UINT64_C(1000000000);
 	int fd, r;
 
 	_Static_assert(CHIME_PATH_MAX == sizeof(sa.sun_path), "a path libchime keeps fits sun_path");
@@ -97,16 +109,27 @@ static int connect_broker(const char *path, int *out)
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return errno == ENOBUFS ? -ENOMEM : -errno;
+	/*
+	 * The whole handshake must not hang on a wedged broker, the connect
+	 * included: with the broker's queue full (LISTEN_BACKLOG) a connect
+	 * waits for room, up to the send timeout (then EAGAIN). Without it,
+	 * a stopped broker held chime_open() for good (found by an audit).
+	 */
+	handshake_timeout(fd, until);
 	while (connect(fd, (struct sockaddr *)&sa, len) < 0) {
 		r = errno;
-		if (r == EINTR)
+		if (r == EINTR) {
+			handshake_timeout(fd, until);
 			continue;
+		}
 		close(fd);
 		switch (r) {
 		case ENOENT: case ECONNREFUSED: case ENOTDIR:
 			return -ENOENT;              /* nothing listens there (or a stale socket) */
 		case EACCES: case EPERM:
 			return -EACCES;
+		case EAGAIN:
+			return -ETIMEDOUT;           /* its queue stayed full */
 		default:
 			return -r;
 		}
@@ -115,9 +138,7 @@ static int connect_broker(const char *path, int *out)
 		close(fd);
 		return r;
 	}
-	/* The handshake must not hang on a wedged broker. */
-	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	handshake_timeout(fd, until);
 	*out = fd;
 	return 0;
 }
@@ -457,8 +478,8 @@ static int map_touch(struct chime *c, int fd)
 	    (uint64_t)st.st_size / per_shard > UINT32_MAX)
 		return -EBADMSG;
 	p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED)
-		return errno == ENFILE || errno == EMFILE ? -ENOMEM : -errno;
+	if (p == MAP_FAILED)    /* EAGAIN: over RLIMIT_MEMLOCK under mlockall(MCL_FUTURE) */
+		return errno == ENFILE || errno == EMFILE || errno == EAGAIN ? -ENOMEM : -errno;
 	c->touch_map = (struct chime_map){ .base = p, .size = (size_t)st.st_size };
 	c->touch_cap = (uint32_t)((uint64_t)st.st_size / per_shard);
 	c->touch_mapped = calloc(((uint64_t)st.st_size / TOUCH_WINDOW + 2 + 63) / 64, sizeof(uint64_t));

@@ -864,8 +864,10 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 
 			ns = ns < left ? ns : left;
 			ns = ns > 1000000u ? ns : 1000000u;
-			nanosleep(&(struct timespec){ .tv_sec = (time_t)(ns / 1000000000u),
-						     .tv_nsec = (long)(ns % 1000000000u) }, NULL);
+			if (nanosleep(&(struct timespec){ .tv_sec = (time_t)(ns / 1000000000u),
+							  .tv_nsec = (long)(ns % 1000000000u) }, NULL) < 0 &&
+			    errno == EINTR)
+				return -EINTR;  /* as the sleeps on a broker: a signal ends the wait */
 			continue;
 		}
 		if (spin_for_events(c, left))
@@ -887,8 +889,12 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 			 */
 			struct pollfd pfd = { .fd = c->sock, .events = POLLRDHUP };
 
-			if (ppoll(&pfd, 1, &(struct timespec){ .tv_nsec = 20000 }, NULL) > 0)
+			int r = ppoll(&pfd, 1, &(struct timespec){ .tv_nsec = 20000 }, NULL);
+
+			if (r > 0)
 				(void)cl_broker_gone(c, true);
+			else if (r < 0 && errno == EINTR)
+				return -EINTR;
 			continue;
 		}
 		slept = chime_now();

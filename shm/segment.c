@@ -478,8 +478,8 @@ int chime_seg_map_fd(int fd, uint32_t kind, bool writable, struct chime_map *map
 	if (st.st_size < (off_t)sizeof(struct chime_seg_hdr) || (uint64_t)st.st_size > SIZE_MAX)
 		return -EBADMSG;
 	p = mmap(NULL, (size_t)st.st_size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED)
-		return -errno;
+	if (p == MAP_FAILED)    /* EAGAIN: over RLIMIT_MEMLOCK under mlockall(MCL_FUTURE), not "unfinished" */
+		return errno == EAGAIN ? -ENOMEM : -errno;
 	m.base = p;
 	m.size = (size_t)st.st_size;
 	r = chime_seg_check(&m, kind, NULL);

@@ -19,14 +19,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/capability.h>
 
 #include "chime.h"
 #include "chime_shm.h"
@@ -1982,6 +1985,31 @@ Test(broker, a_signal_interrupts_chime_wait_every_time)
 	chime_close(c);
 }
 
+/*
+ * A session's wait while no broker answers sleeps between reconnect
+ * attempts: a signal ends that sleep with -EINTR too, as chime_wait(3)
+ * says. Before, it was swallowed and the wait went on to its timeout
+ * (found by an audit).
+ */
+Test(broker, a_signal_interrupts_a_sessions_wait_for_its_broker)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_opts o = { .session = "sig" };
+	uint64_t took;
+	chime_t *c;
+	int r;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	o.socket_path = b2.sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	t_chimed_stop(&b2, SIGKILL);    /* no broker comes back: the library waits between attempts */
+	r = wait_under_signal(c, 3000, 300, &took);
+	cr_assert_eq(r, -EINTR, "a wait for a broker being reconnected to: %d after %llu ms", r,
+		     (unsigned long long)(took / MS));
+	cr_assert_lt(took, 2000 * MS);
+	chime_close(c);
+}
+
 /* ---- arguments against a live connection ---- */
 
 /* Resident memory of this process, in bytes (/proc/self/statm). */
@@ -2790,4 +2818,67 @@ Test(broker, example_heartbeat)
 
 	run_example("heartbeat", stress ? full : quick);
 	run_example("heartbeat", short_run);
+}
+
+/*
+ * In a child without CAP_IPC_LOCK that calls mlockall(MCL_FUTURE) under an
+ * RLIMIT_MEMLOCK of `kib`: chime_open()'s result (the child exits with its
+ * errno; 255: the set-up failed).
+ */
+static int open_memlocked(const char *path, unsigned kib, uint32_t flags)
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3 };
+	struct __user_cap_data_struct d[2];
+	pid_t pid = fork();
+	int st;
+
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct rlimit rl = { .rlim_cur = (rlim_t)kib << 10, .rlim_max = (rlim_t)kib << 10 };
+		chime_t *c;
+		int r;
+
+		if (syscall(SYS_capget, &h, d) < 0)
+			_exit(255);
+		d[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+		d[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
+		if (syscall(SYS_capset, &h, d) < 0 || setrlimit(RLIMIT_MEMLOCK, &rl) < 0 || mlockall(MCL_FUTURE) < 0)
+			_exit(255);
+		r = chime_open(&c, &(struct chime_opts){ .socket_path = path, .flags = flags });
+		if (r == 0)
+			chime_close(c);
+		_exit(-r);      /* an errno, 0 if opened */
+	}
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st), "the child died: status %d", st);
+	cr_assert_neq(WEXITSTATUS(st), 255, "the child could not drop CAP_IPC_LOCK or lock its memory");
+	return -WEXITSTATUS(st);
+}
+
+/*
+ * A process that locks its memory (mlockall(MCL_FUTURE)) maps the broker's
+ * segments locked, within its RLIMIT_MEMLOCK. Past it mmap says EAGAIN,
+ * which chime_open() returned as it was (for the touch table) or took for
+ * "a segment handed over unfinished" (EBADMSG), found by an audit; it is
+ * memory: -ENOMEM, as chime_open(3) says. The touch table (12 bytes per
+ * node of every shard) is what an anonymous connection needs most of;
+ * CHIME_OPEN_RECORD_RESETS maps none.
+ */
+Test(broker, a_process_over_its_memlock_limit_gets_enomem)
+{
+	struct t_chimed b2 = { 0 };
+	int r;
+
+#if defined(__SANITIZE_ADDRESS__)
+	cr_skip_test("the sanitizers' mlockall() is a no-op");
+#endif
+	/* 2 shards of 1M nodes: a 24 MiB touch table, a few hundred KiB of rings. */
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 2 --capacity 1048576"), 0);
+	r = open_memlocked(b2.sock, 8192, 0);
+	cr_assert_eq(r, -ENOMEM, "the touch table over RLIMIT_MEMLOCK: %d (%s)", r, strerror(-r));
+	r = open_memlocked(b2.sock, 8192, CHIME_OPEN_RECORD_RESETS);
+	cr_assert_eq(r, 0, "no touch table, the rings fit: %d (%s)", r, strerror(-r));
+	r = open_memlocked(b2.sock, 64, CHIME_OPEN_RECORD_RESETS);
+	cr_assert_eq(r, -ENOMEM, "the rings over RLIMIT_MEMLOCK: %d (%s)", r, strerror(-r));
+	t_chimed_stop(&b2, SIGTERM);
 }

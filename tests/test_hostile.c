@@ -22,7 +22,9 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <linux/close_range.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -320,6 +322,45 @@ Test(hostile, broker_sigkill_makes_chime_fd_readable_then_enotconn)
 	cr_assert_eq(chime_dispatch(c, no_event, NULL, 0), -ENOTCONN);
 	chime_close(c);
 	close(ep);
+}
+
+/*
+ * A wedged broker (stopped, here) whose listening queue is full: a connect
+ * waits for room, and chime_open() with it, for good before (found by an
+ * audit). chime_open(3) bounds the handshake by 10 s: the connect too.
+ */
+Test(hostile, chime_open_at_a_stopped_broker_with_its_queue_full_times_out)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fds[200], n = 0, r;
+	uint64_t t0, took;
+	chime_t *c;
+
+	strcpy(sa.sun_path, tb.sock);
+	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
+	while (n < 200) {
+		fds[n] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		cr_assert_geq(fds[n], 0);
+		if (connect(fds[n], (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+			cr_assert_eq(errno, EAGAIN, "connect %d: %s", n, strerror(errno));
+			close(fds[n]);
+			break;
+		}
+		n++;
+	}
+	cr_assert_lt(n, 200, "the queue never filled");
+	t0 = now_ns();
+	r = chime_open(&c, &(struct chime_opts){ .socket_path = tb.sock });
+	took = now_ns() - t0;
+	kill(tb.pid, SIGCONT);
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
+	cr_assert_eq(r, -ETIMEDOUT, "chime_open: %d (%s)", r, strerror(-r));
+	cr_assert_lt(took, 12000 * MS, "chime_open took %.1f s", (double)took / 1e9);
+	/* Running again, it answers. */
+	c = copen();
+	cr_assert_not_null(c);
+	chime_close(c);
 }
 
 /*

@@ -105,10 +105,11 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *                  socket, the welcome's descriptors or chime_fd()'s
  *   -ECONNREFUSED  the broker is stopping (or restarting) and takes no new client
  *   -ECONNRESET    the broker hung up during the handshake
- *   -ETIMEDOUT     the broker accepted the connection but did not answer within 10 s
+ *   -ETIMEDOUT     the broker did not take the connection (its queue full) and
+ *                  answer within 10 s
  *   -EBADMSG       the broker's reply or segments were malformed
  * or another negative errno of socket(2), connect(2), send(2), recvmsg(2), mmap(2),
- * eventfd(2) or epoll_create1(2).
+ * eventfd(2), epoll_create1(2) or epoll_ctl(2).
  */
 int chime_open(chime_t **out, const struct chime_opts *opts);
 
@@ -247,13 +248,16 @@ struct chime_op {
  * but the records bound for one shard are reserved with one atomic
  * operation, published with one barrier and followed by at most one
  * doorbell. The arms of one call go to one shard (this thread's home
- * shard, as chime_arm()'s; to others only if it refuses them). Operations on
- * one shard take effect in array order. Thread-safe; like chime_arm(), waits
+ * shard, as chime_arm()'s; to others only if it refuses them, and those go
+ * out after the call's other operations: a CANCEL_KEY later in the same call
+ * does not cancel them). Operations on one shard take effect in array order.
+ * Thread-safe; like chime_arm(), waits
  * for room if a submission ring is full. Sets every ops[i].result and
  * returns how many operations succeeded (0..n), or:
  *   -EINVAL    c is NULL, or ops is NULL and n is not 0 (no result is set)
  *   -ENOTCONN  the broker is gone and no operation succeeded
- *   -ECHILD    c was opened by the parent process (every result says so too)
+ *   -ECHILD    c was opened by the parent process (every result says so too,
+ *              but an operation's that is -EINVAL in itself)
  * Per operation, result is 0 or:
  *   -EINVAL    op is not an enum chime_op_code, or the id of a RESET or
  *              CANCEL is one chime_reset() refuses
@@ -296,7 +300,9 @@ int chime_flush(chime_t *c);
 int chime_fd(const chime_t *c);
 
 /*
- * Copy up to max pending events into events; never blocks. Returns how many
+ * Copy up to max pending events into events; never blocks (but a named
+ * session's poll that makes a reconnect attempt waits for the broker's
+ * answer, up to about 11 s: chime_open(3), "Broker restarts"). Returns how many
  * (0..max), -EINVAL (c or events NULL, max 0), or -ENOTCONN once the broker is
  * gone and nothing is left to return. One thread at a time drains a chime_t
  * (chime_poll, chime_wait, chime_dispatch): any thread, but never two at
@@ -321,7 +327,8 @@ int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout
 
 /*
  * Drain up to max pending events (0: all that are pending now) and call
- * cb(event, arg) for each, in order; never blocks. The callback may arm,
+ * cb(event, arg) for each, in order; never blocks itself (but as chime_poll()
+ * for a named session's reconnect attempt). The callback may arm,
  * reset and cancel timers, but must not drain (poll, wait, dispatch) or
  * close c: each event is taken just before its callback,
  * so a timer that a callback cancels or resets is never dispatched after

@@ -637,6 +637,22 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 	return 0;
 }
 
+/*
+ * ops[i], an ARM retried on another shard after the call's other records
+ * went out (every ARM of a call goes to one shard, but those): a
+ * CANCEL_KEY of its key later in the call, done already, came before it
+ * there. One by one, that CANCEL_KEY would have cancelled it: cancel it
+ * now, as it would have.
+ */
+static void cancelled_later(struct chime *c, const struct chime_op *ops, unsigned i, unsigned n)
+{
+	for (unsigned j = i + 1; j < n; j++)
+		if (ops[j].op == CHIME_CANCEL_KEY && ops[j].key == ops[i].key && ops[j].result == 0) {
+			(void)submit(c, chime_id_shard(ops[i].id), CHIME_OP_CANCEL, ops[i].id, 0, 0, 0, 0, NULL);
+			return;
+		}
+}
+
 CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 {
 	uint32_t count[CHIME_MAX_SHARDS];
@@ -691,5 +707,9 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 						    o->period_ns, o->user_data, &o->id)) == 0)
 			t.ok++;
 	}
+	/* After all of them: a cancel now takes a slot, with its grant, that a later retry could use. */
+	for (unsigned i = 0; i < n; i++)
+		if (ops[i].op == CHIME_ARM && ops[i].result == 0 && chime_id_shard(ops[i].id) != arm_shard)
+			cancelled_later(c, ops, i, n);
 	return t.ok == 0 && r < 0 ? r : (int)t.ok;
 }

@@ -249,8 +249,9 @@ struct chime_op {
  * operation, published with one barrier and followed by at most one
  * doorbell. The arms of one call go to one shard (this thread's home
  * shard, as chime_arm()'s; to others only if it refuses them, and those go
- * out after the call's other operations: a CANCEL_KEY later in the same call
- * does not cancel them). Operations on one shard take effect in array order.
+ * out after the call's other operations, then cancelled if a CANCEL_KEY of
+ * their key follows them in the call). Operations on one shard take effect
+ * in array order.
  * Thread-safe; like chime_arm(), waits
  * for room if a submission ring is full. Sets every ops[i].result and
  * returns how many operations succeeded (0..n), or:

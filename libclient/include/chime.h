@@ -109,7 +109,7 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *                  answer within 10 s
  *   -EBADMSG       the broker's reply or segments were malformed
  * or another negative errno of socket(2), connect(2), send(2), recvmsg(2), mmap(2),
- * eventfd(2), epoll_create1(2) or epoll_ctl(2).
+ * eventfd(2), epoll_create1(2), epoll_ctl(2), getsockopt(2), stat(2) or fstat(2).
  */
 int chime_open(chime_t **out, const struct chime_opts *opts);
 
@@ -147,7 +147,7 @@ void chime_close(chime_t *c);
  *                  as chime_open(): no broker, an untrusted one, another layout,
  *                  no answer within 10 s, a hang-up, a malformed answer, no memory,
  *                  no descriptor here, none in the broker
- * or another negative errno of socket(2), connect(2), send(2) or recv(2).
+ * or another negative errno of socket(2), connect(2), send(2), recvmsg(2), getsockopt(2) or stat(2).
  */
 int chime_drop_session(const struct chime_opts *opts);
 

@@ -147,7 +147,8 @@ void chime_close(chime_t *c);
  *                  as chime_open(): no broker, an untrusted one, another layout,
  *                  no answer within 10 s, a hang-up, a malformed answer, no memory,
  *                  no descriptor here, none in the broker
- * or another negative errno of socket(2), connect(2), send(2), recvmsg(2), getsockopt(2) or stat(2).
+ * or another negative errno of socket(2), connect(2), send(2), recvmsg(2),
+ * getsockopt(2) or stat(2).
  */
 int chime_drop_session(const struct chime_opts *opts);
 

@@ -97,7 +97,7 @@ static void handshake_timeout(int fd, uint64_t until)
 	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-static int connect_broker(const char *path, int *out)
+static int connect_broker(const char *path, bool wait, int *out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
@@ -116,6 +116,9 @@ static int connect_broker(const char *path, int *out)
 	 * a stopped broker held chime_open() for good (found by an audit).
 	 */
 	handshake_timeout(fd, until);
+	/* Not waiting: a full queue is EAGAIN at once (a unix connect never is in progress). */
+	if (!wait)
+		(void)fcntl(fd, F_SETFL, O_NONBLOCK);
 	while (connect(fd, (struct sockaddr *)&sa, len) < 0) {
 		r = errno;
 		if (r == EINTR) {
@@ -134,6 +137,8 @@ static int connect_broker(const char *path, int *out)
 			return -r;
 		}
 	}
+	if (!wait)
+		(void)fcntl(fd, F_SETFL, 0);
 	if ((r = peer_trusted(fd, path)) < 0) {
 		close(fd);
 		return r;
@@ -175,7 +180,7 @@ static void close_fds(int *fds, unsigned n)
  * Receive the welcome and its fds. On success *nfds fds are in fds[] and
  * owned by the caller; on failure none are open.
  */
-static int recv_welcome(int sock, struct chime_welcome *w, int *fds, unsigned *nfds)
+static int recv_welcome(int sock, bool wait, struct chime_welcome *w, int *fds, unsigned *nfds)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * CHIME_MAX_FDS)];
@@ -192,8 +197,10 @@ static int recv_welcome(int sock, struct chime_welcome *w, int *fds, unsigned *n
 
 	memset(w, 0, sizeof(*w));
 	do
-		len = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+		len = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | (wait ? 0 : MSG_DONTWAIT));
 	while (len < 0 && errno == EINTR);
+	if (len < 0 && errno == EAGAIN && !wait)
+		return -EINPROGRESS;
 	if (len < 0)
 		return errno == EAGAIN ? -ETIMEDOUT : errno == ECONNRESET ? -ECONNRESET : -errno;
 
@@ -290,24 +297,39 @@ static int check_geometry(const struct chime_welcome *w, const struct chime_map 
 	return 0;
 }
 
-int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit, int *sock,
-	    struct chime_welcome *w, int *fds, unsigned *nfds)
+int cl_dial_start(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit,
+		  bool wait, int *sock)
 {
-	int r = connect_broker(path, sock);
+	int r = connect_broker(path, wait, sock);
 
 	if (r < 0)
 		return r;
 	r = send_hello(*sock, session, flags, sq_base, limit);
 	/*
 	 * Hung up on: a broker out of descriptors refuses before our hello
-	 * (EUSERS), and its refusal may be waiting; the peer is gone, so this
-	 * read returns at once, with it or with end of file.
+	 * (EUSERS), and its refusal may be waiting; the peer is gone, so the
+	 * read of the welcome returns at once, with it or with end of file.
 	 */
-	if (r == 0 || r == -ECONNRESET) {
-		int why = recv_welcome(*sock, w, fds, nfds);
-
-		r = r == 0 || why != -ECONNRESET ? why : r;
+	if (r < 0 && r != -ECONNRESET) {
+		close(*sock);
+		*sock = -1;
 	}
+	return r < 0 && r != -ECONNRESET ? r : 0;
+}
+
+int cl_dial_finish(int sock, bool wait, struct chime_welcome *w, int *fds, unsigned *nfds)
+{
+	return recv_welcome(sock, wait, w, fds, nfds);
+}
+
+int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit, int *sock,
+	    struct chime_welcome *w, int *fds, unsigned *nfds)
+{
+	int r = cl_dial_start(path, session, flags, sq_base, limit, true, sock);
+
+	if (r < 0)
+		return r;
+	r = cl_dial_finish(*sock, true, w, fds, nfds);
 	if (r < 0) {
 		close(*sock);
 		*sock = -1;
@@ -376,6 +398,10 @@ static void fork_child(void)
 			close(c->sock);
 			c->sock = -1;
 		}
+		if (c->recon_sock >= 0) {      /* a reconnect's handshake under way: the broker's hello is the parent's */
+			close(c->recon_sock);
+			c->recon_sock = -1;
+		}
 		if (c->has_ring) {
 			io_uring_queue_exit(&c->ring);
 			c->has_ring = false;
@@ -420,6 +446,8 @@ static void chime_free(struct chime *c)
 		io_uring_queue_exit(&c->ring);
 	if (c->timer_fd >= 0)
 		close(c->timer_fd);
+	if (c->recon_sock >= 0)
+		close(c->recon_sock);
 	if (c->session[0])
 		pthread_mutex_destroy(&c->lock);
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
@@ -610,7 +638,7 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 		return -ENOMEM;
 	}
 	c->sock = sock;
-	c->kick_fd = c->ep_fd = c->timer_fd = -1;
+	c->kick_fd = c->ep_fd = c->timer_fd = c->recon_sock = -1;
 	c->nr_shards = w.nr_shards;
 	memcpy(c->path, path, sizeof(path));
 	if (session)
@@ -704,7 +732,7 @@ static int recv_drop_answer(int sock)
 /* Drop session `name` of the broker at `path` (resolved): what `chimectl drop-session` asks. */
 static int drop_session(const char *path, const char *name)
 {
-	int sock, r = connect_broker(path, &sock);
+	int sock, r = connect_broker(path, true, &sock);
 
 	if (r < 0)
 		return r;
@@ -736,6 +764,7 @@ CHIME_PUBLIC int chime_drop_session(const struct chime_opts *opts)
 #define COMMIT_PAUSE_NS  20000
 #define COMMIT_RETRY_NS  (UINT64_C(50) * 1000000u)     /* a gone broker's successor, tried this often */
 #define COMMIT_AFTER_NS  (UINT64_C(100) * 1000000u)    /* for it to apply them, after a late welcome */
+#define COMMIT_ANSWER_NS (UINT64_C(5) * 1000000u)      /* a hello taken: its welcome looked for this often */
 
 /*
  * A session's close commits what the process submitted: the shards apply
@@ -750,9 +779,9 @@ CHIME_PUBLIC int chime_drop_session(const struct chime_opts *opts)
  * reconnect's back-off, whose attempts (10 ms doubling) left the last
  * 370 ms of that second untried: a broker back then was missed and the
  * arms lost. A broker that has taken it answers once its shards have taken
- * over the files (a restore: it listens first), and the handshake waits
- * for that (CHIME_OPEN_TIMEOUT_S); a welcome after the second leaves
- * 100 ms for the records to be applied. Before, the restore had to fit in
+ * over the files (a restore: it listens first), and the close waits for
+ * that answer (the attempt's DIAL_WAIT_NS, reconnect.c); a welcome after
+ * the second leaves 100 ms for the records to be applied. Before, the restore had to fit in
  * the second too, and a broker restoring full shards lost them.
  */
 static bool session_applied(struct chime *c)
@@ -772,6 +801,8 @@ static void session_commit(struct chime *c)
 
 	while (!cl_is_dead(c) && (now = now_ns()) < until) {
 		if (cl_reconnecting(c) || cl_broker_gone(c, true)) {
+			uint64_t answer_by;
+
 			cl_reconnect_hurry(c);
 			if (!cl_reconnect(c, false)) {
 				/* Connected again: the old rings' records are in the new ones. */
@@ -780,8 +811,14 @@ static void session_commit(struct chime *c)
 					until = now + COMMIT_AFTER_NS;
 				continue;
 			}
+			/* A broker took the hello: its answer comes once it has restored (DIAL_WAIT_NS at most). */
+			answer_by = cl_reconnect_answer_by(c);
+			if (answer_by > until)
+				until = answer_by;
 			wait = COMMIT_RETRY_NS < until - now ? COMMIT_RETRY_NS : until - now;
 			wait = wait > COMMIT_PAUSE_NS ? wait : COMMIT_PAUSE_NS;
+			if (answer_by && wait > COMMIT_ANSWER_NS)
+				wait = COMMIT_ANSWER_NS;        /* looked for more often than a retry */
 		} else {
 			if (chime_flush(c) < 0 || session_applied(c))
 				return;

@@ -103,6 +103,9 @@ struct chime {
 	char path[CHIME_PATH_MAX];          /* the socket chime_open() connected to */
 	pthread_mutex_t lock;               /* sessions: the drainer and a reconnect exclude each other */
 	int timer_fd;                       /* in chime_fd()'s set: readable when an attempt is due; -1 */
+	int recon_sock;                     /* an attempt's hello sent, its welcome awaited (in the set); -1 */
+	uint64_t recon_base;                /* that hello's sq_base */
+	uint64_t recon_dial_until_ns;       /* and when its wait ends (DIAL_WAIT_NS) */
 	bool recon_begun;                   /* rings closed, old socket gone */
 	uint64_t recon_window_ns;           /* $CHIME_RECONNECT_S at chime_open(); 0: never reconnect */
 	uint64_t recon_give_up_ns;
@@ -181,6 +184,16 @@ bool cl_broker_check(struct chime *c, uint64_t now);
  */
 int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit, int *sock,
 	    struct chime_welcome *w, int *fds, unsigned *nfds);
+/*
+ * cl_dial() in two: connect and send the hello (not `wait`: a full queue is
+ * -ETIMEDOUT at once), then receive the welcome (not `wait`: -EINPROGRESS
+ * while none has come). The handshake's 10 s run from the start. A start
+ * that fails leaves no socket; after it, the socket is the caller's to
+ * close, whatever the finish says.
+ */
+int cl_dial_start(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit,
+		  bool wait, int *sock);
+int cl_dial_finish(int sock, bool wait, struct chime_welcome *w, int *fds, unsigned *nfds);
 /* Map and check the welcome's three segments (public, rw, ro); nothing stays mapped on error. */
 int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[3], struct chime_client_geom *g);
 /* The handshake is over: the socket blocks again, with no timeouts. */
@@ -267,6 +280,8 @@ void cl_lost(struct chime *c, uint64_t link);
  * Returns true while the connection is still being re-made.
  */
 bool cl_reconnect(struct chime *c, bool locked);
+/* A broker took an attempt's hello: when its answer is given up on (0: no attempt waits for one). */
+uint64_t cl_reconnect_answer_by(struct chime *c);
 /* How long a session tries to reconnect: $CHIME_RECONNECT_S (0..86400), else 30 s. */
 uint64_t cl_reconnect_window(void);
 /*

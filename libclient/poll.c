@@ -842,6 +842,7 @@ static bool time_left(uint64_t deadline, uint64_t *left)
 CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout_ms)
 {
 	uint64_t deadline = UINT64_MAX;
+	unsigned ready_again = 0;
 
 	if (unlikely(!c || !events || max == 0 || timeout_ms < -1))
 		return -EINVAL;
@@ -859,15 +860,29 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 		if (!time_left(deadline, &left))
 			return 0;
 		if (unlikely(cl_reconnecting(c))) {
-			/* No broker to wait on: sleep until the next attempt (poll_events makes it). */
+			/*
+			 * No broker to wait on: sleep until the next attempt is due
+			 * or an attempt's answer comes (poll_events goes on with it),
+			 * both of which make chime_fd()'s set readable.
+			 */
+			struct pollfd pfd = { .fd = c->ep_fd, .events = POLLIN };
 			uint64_t ns = cl_reconnect_wait_ns(c);
+			int r;
 
 			ns = ns < left ? ns : left;
 			ns = ns > 1000000u ? ns : 1000000u;
-			if (nanosleep(&(struct timespec){ .tv_sec = (time_t)(ns / 1000000000u),
-							  .tv_nsec = (long)(ns % 1000000000u) }, NULL) < 0 &&
-			    errno == EINTR)
+			r = ppoll(&pfd, 1, &(struct timespec){ .tv_sec = (time_t)(ns / 1000000000u),
+							       .tv_nsec = (long)(ns % 1000000000u) }, NULL);
+			if (r < 0 && errno == EINTR)
 				return -EINTR;  /* as the sleeps on a broker: a signal ends the wait */
+			/*
+			 * Readable again with nothing done: another thread holds the
+			 * lock (an attempt of its own) and will clear it. Not a spin.
+			 */
+			if (r > 0 && ready_again++)
+				nanosleep(&(struct timespec){ .tv_nsec = 200000 }, NULL);
+			else if (r == 0)
+				ready_again = 0;
 			continue;
 		}
 		if (spin_for_events(c, left))

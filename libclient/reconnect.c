@@ -17,7 +17,10 @@
  *   comes back through the new broker (a planned stop settled it by claim
  *   word; after a crash the new broker delivers it again);
  * - attempts back off from 10 ms to 1 s; a timerfd in chime_fd()'s epoll
- *   set makes the fd readable when one is due.
+ *   set makes the fd readable when one is due;
+ * - an attempt never waits for the broker: the call that is due sends the
+ *   hello, the socket joins the epoll set, and a later call takes the
+ *   welcome (up to DIAL_WAIT_NS after the hello).
  *
  * On a welcome: the records the old broker never read (published, their
  * slot not freed) are copied in order into the new rings, which start at the
@@ -51,6 +54,7 @@
 #define BACKOFF_MIN_NS   (UINT64_C(10) * 1000000u)
 #define BACKOFF_MAX_NS   (UINT64_C(1000) * 1000000u)
 #define INFLIGHT_WAIT_NS (UINT64_C(1000) * 1000000u)    /* a producer between its claim and publish */
+#define DIAL_WAIT_NS     (UINT64_C(10000) * 1000000u)   /* a welcome's wait: chime_open()'s 10 s */
 
 uint64_t cl_reconnect_window(void)
 {
@@ -80,6 +84,18 @@ uint64_t cl_reconnect_wait_ns(struct chime *c)
 	uint64_t now = chime_now(), next = at_load(&c->recon_next_ns);
 
 	return next > now ? next - now : 0;
+}
+
+uint64_t cl_reconnect_answer_by(struct chime *c)
+{
+	uint64_t by = 0;
+
+	if (pthread_mutex_trylock(&c->lock) != 0)
+		return 0;
+	if (c->recon_sock >= 0)
+		by = c->recon_dial_until_ns;
+	pthread_mutex_unlock(&c->lock);
+	return by;
 }
 
 void cl_reconnect_hurry(struct chime *c)
@@ -263,27 +279,72 @@ static void drainer_reset(struct chime *c)
 }
 
 /*
- * One attempt. 0: connected again; -EPROTO, -EACCES, -EINVAL, -ESTALE (the
- * session is gone, or another process opened it meanwhile): never will be;
- * else: try again.
+ * Send an attempt's hello; its welcome is awaited by attempt(). The socket
+ * joins chime_fd()'s set, so that the fd is readable when the answer comes.
  */
-static int attempt(struct chime *c)
+static int dial_start(struct chime *c, uint64_t now)
 {
 	struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP };
-	int fds[CHIME_MAX_FDS], sock = -1, r;
-	struct chime_client_geom g;
-	struct chime_map maps[3];
-	struct chime_welcome w;
-	unsigned nfds = 0;
 	uint64_t base = 0;
+	int r;
 
 	if (!rings_settled(c))
 		return -EAGAIN;         /* a stuck producer: try again, or give up at the deadline */
 	for (uint32_t s = 0; s < c->nr_shards; s++)
 		base = c->chan[s].closed_at > base ? c->chan[s].closed_at : base;
-	r = cl_dial(c->path, c->session, CHIME_HELLO_RESUME, base, c->session_token, &sock, &w, fds, &nfds);
+	r = cl_dial_start(c->path, c->session, CHIME_HELLO_RESUME, base, c->session_token, false, &c->recon_sock);
 	if (r < 0)
 		return r;
+	c->recon_base = base;
+	(void)epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->recon_sock, &ev);
+	/* No answer by then: the attempt failed (the fd is readable at it, through the timerfd). */
+	c->recon_dial_until_ns = now + DIAL_WAIT_NS;
+	at_store(&c->recon_next_ns, c->recon_dial_until_ns);
+	timer_set(c, c->recon_dial_until_ns);
+	return 0;
+}
+
+/* The attempt's socket, out of chime_fd()'s set: closed by the caller, or moved onto c->sock. */
+static int dial_end(struct chime *c)
+{
+	int sock = c->recon_sock;
+
+	(void)epoll_ctl(c->ep_fd, EPOLL_CTL_DEL, sock, NULL);
+	c->recon_sock = -1;
+	return sock;
+}
+
+/*
+ * One attempt, in two steps that never wait: the hello, then, at this call
+ * or a later one, the welcome (a drain must not block for it: a broker
+ * taking over its shard files answers only once it has). 0: connected
+ * again; -EINPROGRESS: no answer yet; -EPROTO, -EACCES, -EINVAL, -ESTALE
+ * (the session is gone, or another process opened it meanwhile): never
+ * will be; else: try again.
+ */
+static int attempt(struct chime *c, uint64_t now)
+{
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP };
+	int fds[CHIME_MAX_FDS], sock, r;
+	struct chime_client_geom g;
+	struct chime_map maps[3];
+	struct chime_welcome w;
+	unsigned nfds = 0;
+	uint64_t base;
+
+	if (c->recon_sock < 0 && (r = dial_start(c, now)) < 0)
+		return r;
+	r = cl_dial_finish(c->recon_sock, false, &w, fds, &nfds);
+	if (r == -EINPROGRESS && now < c->recon_dial_until_ns)
+		return r;
+	base = c->recon_base;
+	sock = dial_end(c);
+	if (r == -EINPROGRESS)
+		r = -ETIMEDOUT;
+	if (r < 0) {
+		close(sock);
+		return r;
+	}
 	/* The rings move onto the old addresses: they must be the same size. */
 	if (w.nr_shards != c->nr_shards || w.pub_size != c->pub_map.size || w.rw_size != c->rw_map.size ||
 	    w.ro_size != c->ro_map.size)
@@ -341,10 +402,13 @@ bool cl_reconnect(struct chime *c, bool locked)
 	now = chime_now();
 	if (!c->recon_begun)
 		begin(c, now);
-	if (now < at_load(&c->recon_next_ns))
+	/* An attempt's welcome may have come: look at every call (it costs a recvmsg). */
+	if (c->recon_sock < 0 && now < at_load(&c->recon_next_ns))
 		goto out;
-	r = attempt(c);
+	r = attempt(c, now);
 	now = chime_now();
+	if (r == -EINPROGRESS)
+		goto out;
 	if (r == 0) {
 		c->recon_begun = false;
 		c->reconnects++;

@@ -206,6 +206,47 @@ static void claim_word_case(int sig, bool exactly)
 	chime_close(c);
 }
 
+/*
+ * A drain never waits for a handshake: its reconnect attempt sends the hello
+ * and comes back, and a later call (chime_fd() readable then) takes the
+ * welcome. Before, the drain that made the attempt waited for the answer,
+ * up to 10 s from a broker still taking over its shard files or wedged
+ * (found by an audit). The new broker is stopped here, so that it answers
+ * nothing until SIGCONT; then the session goes on and its timer fires.
+ */
+Test(restart, a_drain_does_not_wait_for_a_broker_that_has_not_answered)
+{
+	struct chime_event ev[4];
+	uint64_t t0, end, worst = 0;
+	unsigned polls = 0;
+	chime_id_t id;
+	chime_t *c;
+	int r;
+
+	start("-n 1");
+	c = sopen_ok("nowait");
+	cr_assert_eq(chime_arm(c, 0, now_ns() + 2500 * MS, 0, 7, &id), 0);
+	restart(SIGKILL, "-n 1");
+	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
+	/* The library sees its broker gone within a second (cl_broker_check()), then makes attempts. */
+	for (end = now_ns() + 1800 * MS; now_ns() < end; polls++) {
+		t0 = now_ns();
+		r = chime_poll(c, ev, 4);
+		worst = now_ns() - t0 > worst ? now_ns() - t0 : worst;
+		cr_assert_eq(r, 0, "chime_poll: %d", r);
+		usleep(5000);
+	}
+	cr_assert(cl_reconnecting(c), "the library did not see its broker gone: nothing was tested");
+	cr_assert_eq(kill(tb.pid, SIGCONT), 0);
+	cr_assert_lt(worst, 100 * MS, "a chime_poll took %.0f ms while the broker did not answer (%u polls)",
+		     (double)worst / 1e6, polls);
+	r = chime_wait(c, ev, 4, 5000);
+	cr_assert_eq(r, 1, "chime_wait after the broker answered: %d", r);
+	cr_assert_eq(ev[0].id, id);
+	cr_assert_eq(ev[0].user_data, 7);
+	chime_close(c);
+}
+
 Test(restart, planned_stop_keeps_events_exactly_once_by_the_claim_word)
 {
 	claim_word_case(SIGTERM, true);

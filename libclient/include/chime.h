@@ -302,9 +302,7 @@ int chime_flush(chime_t *c);
 int chime_fd(const chime_t *c);
 
 /*
- * Copy up to max pending events into events; never blocks (but a named
- * session's poll that makes a reconnect attempt waits for the broker's
- * answer, up to about 11 s: chime_open(3), "Broker restarts"). Returns how many
+ * Copy up to max pending events into events; never blocks. Returns how many
  * (0..max), -EINVAL (c or events NULL, max 0), or -ENOTCONN once the broker is
  * gone and nothing is left to return. One thread at a time drains a chime_t
  * (chime_poll, chime_wait, chime_dispatch): any thread, but never two at
@@ -329,8 +327,7 @@ int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout
 
 /*
  * Drain up to max pending events (0: all that are pending now) and call
- * cb(event, arg) for each, in order; never blocks itself (but as chime_poll()
- * for a named session's reconnect attempt). The callback may arm,
+ * cb(event, arg) for each, in order; never blocks. The callback may arm,
  * reset and cancel timers, but must not drain (poll, wait, dispatch) or
  * close c: each event is taken just before its callback,
  * so a timer that a callback cancels or resets is never dispatched after

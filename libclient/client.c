@@ -797,25 +797,36 @@ static bool session_applied(struct chime *c)
 
 static void session_commit(struct chime *c)
 {
-	uint64_t until = now_ns() + COMMIT_WAIT_NS, now, wait;
+	uint64_t until = now_ns() + COMMIT_WAIT_NS, answer_by = 0, now, wait;
 
-	while (!cl_is_dead(c) && (now = now_ns()) < until) {
+	/*
+	 * New attempts until `until`; past it, only the answer to a hello a
+	 * broker has taken (answer_by, each attempt's own): extending `until`
+	 * by it had every hello a broker took and refused, or hung up on,
+	 * stretch the close by 10 s more, up to the reconnect's whole window
+	 * (found by a review).
+	 */
+	while (!cl_is_dead(c) && ((now = now_ns()) < until || now < answer_by)) {
 		if (cl_reconnecting(c) || cl_broker_gone(c, true)) {
-			uint64_t answer_by;
-
-			cl_reconnect_hurry(c);
+			if (now < until)
+				cl_reconnect_hurry(c);
+			else if (!cl_reconnect_answer_by(c))
+				break;  /* past the second, no attempt is begun: only a pending answer is taken */
 			if (!cl_reconnect(c, false)) {
 				/* Connected again: the old rings' records are in the new ones. */
 				now = now_ns();
 				if (!cl_is_dead(c) && until < now + COMMIT_AFTER_NS)
 					until = now + COMMIT_AFTER_NS;
+				answer_by = 0;
 				continue;
 			}
 			/* A broker took the hello: its answer comes once it has restored (DIAL_WAIT_NS at most). */
 			answer_by = cl_reconnect_answer_by(c);
-			if (answer_by > until)
-				until = answer_by;
-			wait = COMMIT_RETRY_NS < until - now ? COMMIT_RETRY_NS : until - now;
+			if (now >= until && !answer_by)
+				break;
+			wait = COMMIT_RETRY_NS;
+			if (now < until && until - now < wait)
+				wait = until - now;
 			wait = wait > COMMIT_PAUSE_NS ? wait : COMMIT_PAUSE_NS;
 			if (answer_by && wait > COMMIT_ANSWER_NS)
 				wait = COMMIT_ANSWER_NS;        /* looked for more often than a retry */

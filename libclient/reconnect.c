@@ -296,7 +296,13 @@ static int dial_start(struct chime *c, uint64_t now)
 	if (r < 0)
 		return r;
 	c->recon_base = base;
-	(void)epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->recon_sock, &ev);
+	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->recon_sock, &ev) < 0) {
+		/* Unwatched, the answer would wake nobody until DIAL_WAIT_NS: a failed attempt (ENOSPC, ENOMEM). */
+		r = -errno;
+		close(c->recon_sock);
+		c->recon_sock = -1;
+		return r;
+	}
 	/* No answer by then: the attempt failed (the fd is readable at it, through the timerfd). */
 	c->recon_dial_until_ns = now + DIAL_WAIT_NS;
 	at_store(&c->recon_next_ns, c->recon_dial_until_ns);

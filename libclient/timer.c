@@ -21,11 +21,13 @@
  */
 #include <errno.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "client.h"
+#include "clock.h"       /* splitmix64() */
 
 #define likely(x)   __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
@@ -637,20 +639,73 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 	return 0;
 }
 
-/*
- * ops[i], an ARM retried on another shard after the call's other records
- * went out (every ARM of a call goes to one shard, but those): a
- * CANCEL_KEY of its key later in the call, done already, came before it
- * there. One by one, that CANCEL_KEY would have cancelled it: cancel it
- * now, as it would have.
- */
-static void cancelled_later(struct chime *c, const struct chime_op *ops, unsigned i, unsigned n)
+/* An open-addressing set of the keys of a call's CANCEL_KEYs (cancel_retried()). */
+struct key_set {
+	uint64_t *keys;
+	uint8_t *used;
+	size_t mask;
+};
+
+static size_t key_slot(const struct key_set *ks, uint64_t key)
 {
-	for (unsigned j = i + 1; j < n; j++)
-		if (ops[j].op == CHIME_CANCEL_KEY && ops[j].key == ops[i].key && ops[j].result == 0) {
-			(void)submit(c, chime_id_shard(ops[i].id), CHIME_OP_CANCEL, ops[i].id, 0, 0, 0, 0, NULL);
-			return;
+	uint64_t h = key;
+	size_t i = (size_t)splitmix64(&h) & ks->mask;
+
+	while (ks->used[i] && ks->keys[i] != key)
+		i = (i + 1) & ks->mask;
+	return i;
+}
+
+/*
+ * The ARMs retried on another shard went out after the call's other
+ * records (every ARM of a call goes to one shard, but those), so a
+ * CANCEL_KEY of their key later in the call reached that shard first. One
+ * by one, that CANCEL_KEY would have cancelled them: cancel each now, as it
+ * would have. Walked backwards with the keys of the CANCEL_KEYs done so far
+ * in a set: linear in the call, and nothing at all without a CANCEL_KEY.
+ */
+static void cancel_retried(struct chime *c, const struct chime_op *ops, unsigned n, uint32_t arm_shard)
+{
+	struct key_set ks;
+	size_t size = 2, k = 0;
+
+	for (unsigned j = 0; j < n; j++)
+		k += ops[j].op == CHIME_CANCEL_KEY && ops[j].result == 0;
+	if (!k)
+		return;
+	while (size < 2 * k)
+		size <<= 1;
+	ks.mask = size - 1;
+	ks.keys = malloc(size * sizeof(*ks.keys));
+	ks.used = calloc(size, 1);
+	for (unsigned i = n; ks.keys && ks.used && i-- > 0;) {
+		const struct chime_op *o = &ops[i];
+
+		if (o->op == CHIME_CANCEL_KEY && o->result == 0) {
+			size_t at = key_slot(&ks, o->key);
+
+			ks.keys[at] = o->key;
+			ks.used[at] = 1;
+		} else if (o->op == CHIME_ARM && o->result == 0 && chime_id_shard(o->id) != arm_shard &&
+			   ks.used[key_slot(&ks, o->key)]) {
+			(void)submit(c, chime_id_shard(o->id), CHIME_OP_CANCEL, o->id, 0, 0, 0, 0, NULL);
 		}
+	}
+	if (!ks.keys || !ks.used) {
+		/* No memory for the set: the same, one scan per retried ARM. */
+		for (unsigned i = 0; i < n; i++) {
+			if (ops[i].op != CHIME_ARM || ops[i].result != 0 || chime_id_shard(ops[i].id) == arm_shard)
+				continue;
+			for (unsigned j = i + 1; j < n; j++)
+				if (ops[j].op == CHIME_CANCEL_KEY && ops[j].key == ops[i].key && ops[j].result == 0) {
+					(void)submit(c, chime_id_shard(ops[i].id), CHIME_OP_CANCEL, ops[i].id, 0, 0, 0,
+						     0, NULL);
+					break;
+				}
+		}
+	}
+	free(ks.keys);
+	free(ks.used);
 }
 
 CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
@@ -708,8 +763,7 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 			t.ok++;
 	}
 	/* After all of them: a cancel now takes a slot, with its grant, that a later retry could use. */
-	for (unsigned i = 0; i < n; i++)
-		if (ops[i].op == CHIME_ARM && ops[i].result == 0 && chime_id_shard(ops[i].id) != arm_shard)
-			cancelled_later(c, ops, i, n);
+	if (t.refused)
+		cancel_retried(c, ops, n, arm_shard);
 	return t.ok == 0 && r < 0 ? r : (int)t.ok;
 }

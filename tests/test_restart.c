@@ -14,14 +14,17 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1101,6 +1104,79 @@ Test(restart, arms_closed_while_no_broker_runs_reach_the_next_one_within_the_clo
 Test(restart, arms_closed_while_no_broker_runs_reach_one_back_late_in_the_close)
 {
 	arms_then_close_across_a_restart(SIGKILL, false, 750);
+}
+
+struct dropper {
+	int lfd;
+	volatile int stop;
+	unsigned taken;
+};
+
+/* A "broker" that takes each connection, holds it 20 ms without a word, and hangs up. */
+static void *dropper_run(void *arg)
+{
+	struct dropper *d = arg;
+
+	while (!d->stop) {
+		struct pollfd p = { .fd = d->lfd, .events = POLLIN };
+		int fd;
+
+		if (poll(&p, 1, 50) <= 0)
+			continue;
+		fd = accept(d->lfd, NULL, NULL);
+		if (fd < 0)
+			continue;
+		d->taken++;
+		usleep(20000);
+		close(fd);
+	}
+	return NULL;
+}
+
+/*
+ * A close waits a second for a broker to take its hello, and then for that
+ * broker's answer; a broker that takes each hello and hangs up gives no
+ * answer to wait for. Before, each hello taken stretched the close by the
+ * 10 s an answer may take, up to the reconnect's whole window (8 s here:
+ * the close took 8020 ms; found by a review).
+ */
+Test(restart, a_close_waits_no_longer_for_a_broker_that_hung_up_on_its_hello)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct dropper d = { .lfd = -1 };
+	uint64_t t0, took;
+	pthread_t t;
+	chime_id_t id;
+	chime_t *c;
+	int st;
+
+	setenv("CHIME_RECONNECT_S", "8", 1);
+	start("-n 1");
+	c = open_armed("dropped", 1, &id);
+	unsetenv("CHIME_RECONNECT_S");
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	/* An arm left in the ring: the close has something to hand over, and reconnects for it. */
+	(void)chime_arm(c, 0, now_ns() + HOUR, 0, 1, &id);
+	strcpy(sa.sun_path, tb.sock);
+	unlink(tb.sock);
+	d.lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	cr_assert_geq(d.lfd, 0);
+	cr_assert_eq(bind(d.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0, "bind: %s", strerror(errno));
+	cr_assert_eq(listen(d.lfd, 16), 0);
+	cr_assert_eq(pthread_create(&t, NULL, dropper_run, &d), 0);
+	t0 = now_ns();
+	chime_close(c);
+	took = now_ns() - t0;
+	d.stop = 1;
+	pthread_join(t, NULL);
+	close(d.lfd);
+	unlink(tb.sock);
+	fprintf(stderr, "close took %.0f ms, %u hellos taken and dropped\n", (double)took / 1e6, d.taken);
+	cr_assert_lt(took, 2500 * MS,
+		     "chime_close took %.0f ms against a broker that hung up on each of %u hellos (chime_close(3): "
+		     "at most 1 s for one to listen, then its answer)", (double)took / 1e6, d.taken);
 }
 
 static pid_t chimed_spawn(int *errfd, const char *extra);
@@ -3480,3 +3556,4 @@ Test(restart, a_session_process_killed_during_a_planned_stop_loses_no_returned_c
 	free(seen);
 	munmap(sh, sizeof(*sh));
 }
+

@@ -342,11 +342,12 @@ void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards)
 	bool ours = b->sess.fd >= 0;    /* a file we did not create (a refused start) is never removed */
 
 	if (sessions && ours && !b->sess_lost && !lost_shards)
-		log_msg(LOG_INFO, "keeping the timers of %u sessions for the next broker ('%s')", sessions,
-			b->sess_path);
+		log_msg(LOG_INFO, "keeping the timers of %u session%s for the next broker ('%s')", sessions,
+			sessions == 1 ? "" : "s", b->sess_path);
 	else if (sessions && ours && !b->sess_lost)
-		log_msg(LOG_WARNING, "keeping the timers of %u sessions for the next broker ('%s'), except "
-			"those of %u shards", sessions, b->sess_path, lost_shards);
+		log_msg(LOG_WARNING, "keeping the timers of %u session%s for the next broker ('%s'), except "
+			"those of %u shard%s", sessions, sessions == 1 ? "" : "s", b->sess_path, lost_shards,
+			lost_shards == 1 ? "" : "s");
 	if (!sessions && ours)
 		(void)chime_seg_unlink_named(b->sess.fd, b->sess_path);
 	sessfile_close(&b->sess);

@@ -265,10 +265,11 @@ static int restore(struct shard *s, uint64_t now)
 	rs.dropped += ws.dropped;
 	stats_restore(&s->st, rs.kept, rs.dropped, rs.redelivered);
 	if (rs.kept || rs.anonymous || rs.grants || rs.dropped)
-		log_msg(LOG_NOTICE, "shard %u: kept %llu timers of %llu sessions (%llu due while no broker ran, "
+		log_msg(LOG_NOTICE, "shard %u: kept %llu timer%s of %llu session%s (%llu due while no broker ran, "
 			"%llu delivered events to redeliver, %llu grants kept for their processes); freed %llu of "
 			"anonymous clients, %llu damaged", s->cfg.idx, (unsigned long long)rs.kept,
-			(unsigned long long)rs.sessions, (unsigned long long)rs.due,
+			rs.kept == 1 ? "" : "s", (unsigned long long)rs.sessions, rs.sessions == 1 ? "" : "s",
+			(unsigned long long)rs.due,
 			(unsigned long long)rs.redelivered, (unsigned long long)rs.grants,
 			(unsigned long long)rs.anonymous, (unsigned long long)rs.dropped);
 	return 0;

@@ -679,7 +679,7 @@ Test(restart, files_removed_while_the_broker_ran_are_written_again_at_a_stop)
 		cr_assert_eq(log_lines(log, path, "written again for the next broker"), 1,
 			     "the stop did not say it wrote %s again", path);
 	}
-	cr_assert_eq(log_lines(log, "keeping the timers of 1 sessions", ""), 1);
+	cr_assert_eq(log_lines(log, "keeping the timers of 1 session ", ""), 1);
 	/* Every old id still names its timer: reset to now, each fires once. */
 	c = sopen_ok("keepme");
 	for (unsigned i = 0; i < 100; i++)

@@ -665,6 +665,9 @@ Test(tools_fake, no_broker_chimestat_exits_1_every_chimectl_command_3)
 		cr_assert(strstr(slurp(err), "is chimed running?"), "chimectl %s: %s", cmds[i], slurp(err));
 		cr_assert_eq(run("%s --socket '%s' -j %s", bin("CHIMECTL"), sock, cmds[i]), 3);
 		cr_assert_eq(jq(".exit_status"), 3, "%s", slurp(out));
+		/* the document's error says what the text does */
+		if (!strcmp(cmds[i], "status"))
+			cr_assert(strstr(slurp(out), "\"cannot open '"), "%s", slurp(out));
 	}
 	/* A socket file left behind that nobody listens on: refused, the same. */
 	cr_assert_eq(run("python3 -c 'import socket; socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).bind(\"%s\")'",
@@ -2143,6 +2146,7 @@ Test(tools_live_view, fits_80x24_sorts_scrolls_and_quits)
 	/* h: the histogram of all shards: 500, 100, 100 ns (< 1 us); 2000 x2 (< 2.0us); 3 ms */
 	term_keys("h");
 	cr_assert(term_wait("lateness histogram (all shards)", 2000), "%s", screen());
+	cr_assert(vt_find(&term.vt, ": 6 since start") >= 0, "%s", screen());
 	r = vt_find(&term.vt, "<1.0us");
 	cr_assert_geq(r, 0, "%s", screen());
 	{
@@ -2157,6 +2161,9 @@ Test(tools_live_view, fits_80x24_sorts_scrolls_and_quits)
 		cr_assert_eq((int)strspn(vt_row(&term.vt, r + 1) + 20, "#"), (2 * bar + 2) / 3, "scaled: %s", screen());
 		cr_assert(strstr(vt_row(&term.vt, r + 2), "<3.1ms          1 #"), "%s", screen());
 	}
+	/* after a reset-stats the counts are the reset's, and the title says so */
+	__atomic_store_n(&f.ctl->stats_reset_gen, 1, __ATOMIC_RELEASE);
+	cr_assert(term_wait(": 6 since the reset", 2000), "%s", screen());
 	/* Tab: shard 0's (500 ns, 2000 ns x2, 3 ms) */
 	term_keys("\t");
 	cr_assert(term_wait("lateness histogram (shard 0)", 2000), "%s", screen());

@@ -165,7 +165,9 @@ static int sr_fail(const struct sr *s, int r)
 
 	sr_perror(PROG, s, r);
 	if (J) {
-		snprintf(msg, sizeof(msg), "cannot read '%s': %s", s->ctl_path,
+		/* the verb sr_perror() uses: it could not be opened, or not read */
+		snprintf(msg, sizeof(msg), "cannot %s '%s': %s", r == -ENOENT || r == -EACCES ? "open" : "read",
+			 s->ctl_path,
 			 r == -EPROTO ? "shm layout not supported by this build" :
 			 r == -ESRCH ? "chimed is not running (an unfinished segment left behind)" : strerror(-r));
 		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));

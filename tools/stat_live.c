@@ -692,7 +692,9 @@ static int hist_pane(struct live *L, int y, int rows)
 	}
 	if (group > 1)
 		snprintf(title + strlen(title), sizeof(title) - strlen(title), ", %u buckets a bar", group);
-	snprintf(title + strlen(title), sizeof(title) - strlen(title), ": %" PRIu64 " since start", total);
+	f = fld(L, "broker", -1, "stats_reset_gen", NULL);
+	snprintf(title + strlen(title), sizeof(title) - strlen(title), ": %" PRIu64 " since %s", total,
+		 f && f->u ? "the reset" : "start");
 	put(y++, 0, A_BOLD, "%s", title);
 	barw = COLS - 20 - 1;           /* "   <1.0us      12345 " then the bar */
 	for (i = 0; i < (int)ng && i < rows - 1; i++) {

@@ -456,10 +456,25 @@ static void conn_release(struct broker *b, struct client *c)
 	 * old rings with the next broker (reconnect.c).
 	 */
 	if (!b->stopping) {
-		/* On a thread of its own: a client can make the punch slow (discard.h). */
+		/*
+		 * On a thread of its own: a client can make the punch slow
+		 * (discard.h). At most --max-clients-per-uid of a user's
+		 * connections wait for it (--max-clients with no such limit),
+		 * the others are only unmapped: the thread runs at idle
+		 * priority, and while any user starved it of CPU (busy loops
+		 * beside the broker) or held it up with a slow punch, a user
+		 * opening and closing in a loop queued every connection's
+		 * mappings, pages and all (up to 96 MiB of its own touch table
+		 * each, in no process once it exits), without bound: an audit
+		 * queued 80 a second with one busy loop on the broker's CPU,
+		 * towards vm.max_map_count, where every mmap of the broker
+		 * fails for every user. Unmapped, an honest client's pages go
+		 * with its own close; a hostile one keeps what it holds.
+		 */
 		struct chime_map maps[3] = { c->rw, c->ro, c->touch };
+		uint32_t max = b->o.max_clients_per_uid ? b->o.max_clients_per_uid : b->o.max_clients;
 
-		discard_post(b->discard, maps, 3);
+		discard_post(b->discard, maps, 3, c->acct_uid, max);
 		memset(&c->rw, 0, sizeof(c->rw));
 		memset(&c->ro, 0, sizeof(c->ro));
 		memset(&c->touch, 0, sizeof(c->touch));

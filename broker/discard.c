@@ -12,6 +12,7 @@
 
 struct discard_job {
 	struct discard_job *next;
+	uint32_t uid;           /* the user the connection counted against (discard_waiting()) */
 	unsigned n;
 	struct chime_map maps[DISCARD_MAPS];
 };
@@ -21,6 +22,8 @@ struct discard {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct discard_job *head, **tail;   /* under lock */
+	bool running;                       /* under lock: a job is being run (counted as waiting) ... */
+	uint32_t running_uid;               /* ... for this user */
 	bool stop;                          /* under lock: unmap what is left, no punch, and exit */
 };
 
@@ -54,6 +57,8 @@ static void *discard_main(void *arg)
 		d->head = j->next;
 		if (!d->head)
 			d->tail = &d->head;
+		d->running = true;
+		d->running_uid = j->uid;
 		{
 			bool punch = !d->stop;
 
@@ -61,6 +66,7 @@ static void *discard_main(void *arg)
 			job_run(j, punch);
 			pthread_mutex_lock(&d->lock);
 		}
+		d->running = false;
 	}
 	pthread_mutex_unlock(&d->lock);
 	return NULL;
@@ -88,18 +94,37 @@ int discard_start(struct discard **out)
 	return 0;
 }
 
-void discard_post(struct discard *d, struct chime_map *maps, unsigned n)
+/* Jobs of user uid waiting, the one being run included (under lock). */
+static unsigned waiting(const struct discard *d, uint32_t uid)
+{
+	unsigned n = d->running && d->running_uid == uid;
+
+	for (const struct discard_job *j = d->head; j; j = j->next)
+		n += j->uid == uid;
+	return n;
+}
+
+void discard_post(struct discard *d, struct chime_map *maps, unsigned n, uint32_t uid, unsigned max)
 {
 	struct discard_job *j = d ? malloc(sizeof(*j)) : NULL;
 
 	if (n > DISCARD_MAPS)
 		n = DISCARD_MAPS;
+	if (j) {
+		pthread_mutex_lock(&d->lock);
+		if (waiting(d, uid) >= max) {
+			free(j);
+			j = NULL;
+		}
+		pthread_mutex_unlock(&d->lock);
+	}
 	if (!j) {
 		for (unsigned i = 0; i < n; i++)
 			chime_seg_unmap(&maps[i]);
 		return;
 	}
 	j->next = NULL;
+	j->uid = uid;
 	j->n = n;
 	for (unsigned i = 0; i < n; i++) {
 		j->maps[i] = maps[i];

@@ -13,6 +13,7 @@
 #define CHIME_DISCARD_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "segment.h"
 
@@ -22,11 +23,15 @@ struct discard;
 int discard_start(struct discard **d);
 
 /*
- * Hand over n mappings, which the caller forgets: the thread punches their
- * pages out and unmaps them, in order. Never blocks on the thread; out of
- * memory, they are unmapped here without the punch.
+ * Hand over n mappings of a connection of user uid (its acct_uid), which
+ * the caller forgets: the thread punches their pages out and unmaps them,
+ * in order. Never blocks on the thread. With `max` of that user's jobs
+ * waiting already, or out of memory, they are unmapped here without the
+ * punch: the thread runs at idle priority, which anyone can starve of CPU
+ * (or hold up with one slow punch), and each job waiting keeps its
+ * mappings in the broker, pages and all. O(jobs waiting), under the lock.
  */
-void discard_post(struct discard *d, struct chime_map *maps, unsigned n);
+void discard_post(struct discard *d, struct chime_map *maps, unsigned n, uint32_t uid, unsigned max);
 
 /* Unmap what is still queued (no punch: the broker is stopping) and join the thread; NULL is fine. */
 void discard_stop(struct discard *d);

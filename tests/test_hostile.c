@@ -521,3 +521,86 @@ Test(hostile, a_segment_mapped_many_times_does_not_stall_the_broker_at_the_close
 	cr_assert_lt(worst, 300 * MS, "an open took %llu ms after a client with %d mappings of its segment closed",
 		     (unsigned long long)(worst / MS), n);
 }
+
+/* Mappings in process pid (/proc/PID/maps lines), or -1. */
+static int maps_of(int pid)
+{
+	char path[64], line[512];
+	FILE *f;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n += strchr(line, '\n') != NULL;
+	fclose(f);
+	return n;
+}
+
+/*
+ * The segments of a connection that ended are emptied and unmapped on a
+ * thread of the broker's own, at idle priority (discard.c), which any
+ * user can starve of CPU (busy loops beside the broker), or hold up with
+ * one slow punch. Until it runs, each connection handed to it stays
+ * mapped in the broker, with the pages it faulted and the client's own
+ * (its touch table: up to 96 MiB), in no process once the client exits:
+ * a user opening and closing in a loop meanwhile queued every one of
+ * them, without bound (an audit: 80 a second with one busy loop on the
+ * broker's CPU; at vm.max_map_count every mmap of the broker fails, for
+ * every user). Now at most --max-clients-per-uid of a user's connections
+ * wait for the thread; the others are unmapped at once (their pages go
+ * with the client's close), and nobody is refused. The thread is held
+ * here with ptrace, as a starved one would be.
+ */
+Test(hostile, a_starved_discard_thread_holds_at_most_a_users_share_of_its_connections)
+{
+	enum { PER_UID = 4, OPENS = 200 };
+	struct t_chimed b = { 0 };
+	struct chime_opts o = { 0 };
+	unsigned ok = 0, failed = 0;
+	int tid, r, maps0, maps1, err = 0;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1 --max-clients-per-uid 4"), 0);
+	o.socket_path = b.sock;
+	tid = t_thread_named(b.pid, "chimed-discard");
+	cr_assert_gt(tid, 0, "no chimed-discard thread");
+	/* the broker's mappings with one connection come and gone (its first maps arenas, say) */
+	cr_assert_eq(chime_open(&c, &o), 0);
+	chime_close(c);
+	usleep(200000);
+	maps0 = maps_of(b.pid);
+	r = t_thread_hold(tid);
+	if (r < 0) {
+		t_chimed_stop(&b, SIGKILL);
+		cr_skip("ptrace(PTRACE_SEIZE) of the discard thread: %s", strerror(-r));
+	}
+	/* Nothing asserted while the thread is held: a failure would leave it so. */
+	for (unsigned i = 0; i < OPENS; i++) {
+		r = chime_open(&c, &o);
+		if (r == 0) {
+			ok++;
+			chime_close(c);
+		} else {
+			failed++;
+			err = r;
+			usleep(1000);
+		}
+	}
+	usleep(200000);         /* the last closes released */
+	maps1 = maps_of(b.pid);
+	cr_assert_eq(t_thread_release(tid), 0);
+	fprintf(stderr, "discard thread held: %u opens, %u failed; broker mappings %d -> %d\n", ok, failed, maps0,
+		maps1);
+	cr_assert_eq(failed, 0, "%u opens failed while the discard thread was held: %s", failed, strerror(-err));
+	/* 3 mappings a connection (rw, ro, touch table) */
+	cr_assert_leq(maps1 - maps0, 3 * PER_UID + 2, "the broker holds %d more mappings after %u connections",
+		      maps1 - maps0, ok);
+	for (int i = 0; i < 200 && maps_of(b.pid) > maps0; i++)
+		usleep(10000);
+	cr_assert_leq(maps_of(b.pid), maps0, "the broker's mappings did not come back to %d: %d", maps0,
+		      maps_of(b.pid));
+	t_chimed_stop(&b, SIGTERM);
+}

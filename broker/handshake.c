@@ -331,9 +331,10 @@ bool query_step(struct broker *b)
 
 		for (; q->next < hw && budget; q->next++, budget--) {
 			const struct chime_node *nd = &wh->nodes[q->next];
+			uint32_t gen = at_load_acq(&nd->gen);
 			uint8_t st = at_load(&nd->state);
-			uint32_t gen;
 			uint64_t period = at_load(&nd->period_ns);
+			struct chime_query_timer t;
 
 			if (at_load(&nd->owner) != q->slot ||
 			    !(st == CHIME_NODE_ARMED || st == CHIME_NODE_EXPIRED ||
@@ -342,13 +343,26 @@ bool query_step(struct broker *b)
 			q->head.total++;
 			if (q->n == q->limit)
 				continue;
-			gen = at_load(&nd->gen);
-			q->out[q->n++] = (struct chime_query_timer){
+			t = (struct chime_query_timer){
 				.id = chime_id_make(gen & CHIME_ID_GEN_MASK, q->shard, q->next),
 				.key = at_load(&nd->key), .user_data = at_load(&nd->user_data),
 				.deadline_ns = at_load(&nd->deadline_ns), .period_ns = period,
 				.state = st, .shard = q->shard,
 			};
+			/*
+			 * The node freed and taken again while this thread read it
+			 * (preempted between two loads): its key and user data may be
+			 * another user's. A new timer bumps the generation before the
+			 * shard writes its owner and fields, so the same generation
+			 * (the flags above it may change in a live timer) and owner
+			 * after the copy mean it is this client's.
+			 */
+			at_fence_acq();
+			if (((at_load(&nd->gen) ^ gen) & CHIME_ID_GEN_MASK) || at_load(&nd->owner) != q->slot) {
+				q->head.total--;
+				continue;
+			}
+			q->out[q->n++] = t;
 			if (gen & CHIME_NODE_TOUCH)
 				touched_deadline(c, q->shard, q->next, &q->out[q->n - 1]);
 		}

@@ -115,6 +115,8 @@ struct client {
 	 */
 	int held_fd;
 	uint64_t held_since_ns;         /* when held_fd was kept: a rest waits HELD_WAIT_NS for it */
+	/* a session's takes watched (head_watch) since then, the shards' watches then (takes_awake()) */
+	uint64_t watch_since_ns, watch_fp;
 	int pidfd;              /* ACTIVE: its process (SO_PEERPIDFD, else pidfd_open()), or -1 */
 	int *bells;             /* [nr_shards]: its own doorbell eventfd per shard (we only read them) */
 	int rw_fd, ro_fd;
@@ -285,6 +287,8 @@ void restart_watch(struct broker *b, uint64_t now);
 
 /* How long a session's next process waits for its last connection's socket to drain (held_fd). */
 #define HELD_WAIT_NS (1000u * 1000000u)
+/* How long a session's process that takes none of its events keeps the 90 ms beat (takes_awake()). */
+#define WATCH_WAIT_NS (1000u * 1000000u)
 
 /* control.c: close c->held_fd once its peer has read or dropped what we sent; true if none is held. */
 bool held_drained(struct client *c);

@@ -1055,13 +1055,35 @@ static bool taken_unseen(const struct client *c, uint32_t s)
 	return c->session[0] && at_load(&c->mems[s].rw->cq_head) > at_load(&c->chans[s].head_watch);
 }
 
-/* A session's process has events in hand that a shard has not seen taken (or not yet taken). */
-static bool takes_watched(const struct broker *b, const struct client *c)
+/*
+ * A session's process has events in hand that a shard has not seen taken
+ * (or not yet taken), and has taken some within WATCH_WAIT_NS: a shard's
+ * watch moves each time it sees a take. One that takes none for that
+ * long (stopped, draining on a schedule of its own, or hostile: an event
+ * never taken kept every user's broker from resting, for good) lets the
+ * broker rest: its next take is then seen at the next idle beat, ~450 ms,
+ * where taken_unseen() rings the shard and the 90 ms beat is back.
+ */
+static bool takes_awake(const struct broker *b, struct client *c, uint64_t now)
 {
-	for (uint32_t s = 0; s < b->o.nr_shards; s++)
-		if (at_load(&c->chans[s].head_watch) != UINT64_MAX)     /* B1; a stale "none" is ruled out by REST1/2 */
-			return true;
-	return false;
+	uint64_t fp = 0;
+	bool watched = false;
+
+	for (uint32_t s = 0; s < b->o.nr_shards; s++) {
+		uint64_t w = at_load(&c->chans[s].head_watch);  /* B1; a stale "none" is ruled out by REST1/2 */
+
+		watched |= w != UINT64_MAX;
+		fp = fp * 0x100000001b3u + w;
+	}
+	if (!watched) {
+		c->watch_since_ns = 0;
+		return false;
+	}
+	if (!c->watch_since_ns || fp != c->watch_fp) {
+		c->watch_since_ns = now;
+		c->watch_fp = fp;
+	}
+	return now - c->watch_since_ns < WATCH_WAIT_NS;
 }
 
 /*
@@ -1091,8 +1113,9 @@ static bool clients_beat(struct broker *b, uint64_t now)
 		 * Coming, going or waiting for the beat: not a broker at rest
 		 * (IDLE_BEAT_NS). Nor is one whose session's process has events
 		 * to take: what it takes must be seen taken within a 90 ms beat
-		 * (taken_unseen() below), or a crash delivers more of it again.
-		 * A shard that gives it events while the broker rests wakes us
+		 * (taken_unseen() below), or a crash delivers more of it again;
+		 * for a second after its last take (takes_awake()). A shard
+		 * that gives it events while the broker rests wakes us
 		 * (rest_end(), shard.c). A HELD slot, whose peer keeps a welcome
 		 * unread for as long as it likes, only for HELD_WAIT_NS: past
 		 * that, one such socket kept the broker from resting for good.
@@ -1100,7 +1123,7 @@ static bool clients_beat(struct broker *b, uint64_t now)
 		if (c->state != CL_FREE && c->state != CL_ACTIVE && (c->state != CL_DETACHED || c->next_fd >= 0) &&
 		    (c->state != CL_HELD || now - c->held_since_ns < HELD_WAIT_NS))
 			quiet = false;
-		if (c->state == CL_ACTIVE && c->session[0] && takes_watched(b, c))
+		if (c->state == CL_ACTIVE && c->session[0] && takes_awake(b, c, now))
 			quiet = false;
 		if (c->held_fd >= 0 && held_drained(c) && c->state == CL_HELD) {
 			c->state = CL_FREE;

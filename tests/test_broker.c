@@ -1507,6 +1507,43 @@ Test(broker, a_session_process_at_rest_has_the_90_ms_beat_while_it_has_events_to
 }
 
 /*
+ * A session's process with an event it never takes (stopped, draining on a
+ * schedule of its own, or hostile) kept the 90 ms beat for good, for every
+ * user's broker: 11 beats a second where a broker at rest has 2 or 3. The
+ * beat stays at 90 ms for a second after its last take (WATCH_WAIT_NS,
+ * takes_awake() in control.c); then the broker rests, and its next take is
+ * seen at the next idle beat, which brings the 90 ms beat back.
+ */
+Test(broker, a_session_process_that_takes_nothing_lets_the_broker_rest)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_opts o = { .session = "untaken" };
+	struct chime_event ev;
+	double longest;
+	unsigned n;
+	chime_id_t far, soon;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	o.socket_path = b2.sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600000 * MS, 0, 1, &far), 0);
+	cr_assert_eq(chime_arm(c, 2, chime_now() + 200 * MS, 0, 2, &soon), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	/* delivered into the ring at 200 ms, never taken: a second of watching, then a second of quiet */
+	usleep(2600000);
+	n = beats_over(c, 1000, &longest);
+	cr_assert_leq(n, 5, "%u heartbeats in 1 s with a session's event untaken for 2.4 s: not at rest", n);
+
+	cr_assert_eq(chime_poll(c, &ev, 1), 1, "the event was not in the ring");
+	cr_assert_eq(ev.id, soon);
+	n = beats_over(c, 1000, &longest);
+	cr_assert_geq(n, 6, "%u heartbeats in the second after the take: the take was not seen, or not at once", n);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
+/*
  * The period the tools show (beat_ms) is the one in force from the beat
  * that changes it: whenever it says 90 ms, the heartbeat is no older than
  * about a 90 ms beat. Before, it was stored after the wait that followed

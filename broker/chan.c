@@ -1617,6 +1617,13 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 		ch->touch_seen = calloc((runs + 63) / 64, sizeof(*ch->touch_seen));
 		ch->touch_ready = calloc((2 * blocks + 63) / 64, sizeof(*ch->touch_ready));
 		if (!ch->touch_seen || !ch->touch_ready) {
+			/*
+			 * Never attached here, so no detach will end it (run_cmds():
+			 * "never attached"): give the user's share chan_init() took
+			 * back now, or each failure keeps an entry of sc->users
+			 * for good, until user_get() finds none free.
+			 */
+			ch->user->chans--;
 			chan_fini(ch);
 			return -ENOMEM;
 		}

@@ -5,8 +5,11 @@
  * in malloc'd memory, the client side played with the ring functions.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "chan.h"
 #include "keyidx.h"
@@ -1040,6 +1043,60 @@ Test(chan, a_users_share_is_freed_with_its_last_channel_and_reused)
 	cr_assert_eq(u->uid, 2000);
 	cr_assert_eq(u->owned, SQ);
 	cr_assert_eq(F.sc.nr_users, nr);
+}
+
+/* The process's address space in bytes (/proc/self/statm), or 0. */
+static size_t vm_size(void)
+{
+	FILE *f = fopen("/proc/self/statm", "r");
+	unsigned long pages = 0;
+
+	if (f) {
+		if (fscanf(f, "%lu", &pages) != 1)
+			pages = 0;
+		fclose(f);
+	}
+	return (size_t)pages * 4096u;
+}
+
+/*
+ * An attach that fails for want of memory (its touch-table bitmaps: a
+ * large calloc() refused under RLIMIT_AS) gives its user's entry back:
+ * the shard never sees a detach for it. Kept, every such failure took an
+ * entry for good, and the (max_clients)th hit user_get()'s assert.
+ */
+Test(chan, a_failed_attach_gives_back_its_users_share)
+{
+#if defined(__SANITIZE_ADDRESS__)
+	cr_skip_test("ASan's allocator dies on a refused mmap instead of returning NULL");
+#endif
+	struct client_sim *a = &F.cl[1];
+	uint32_t nr = F.sc.nr_users;
+	struct rlimit was;
+
+	client_mem(a);
+	a->m.touch_word = a->rw;        /* asks for the table: never read on this path */
+	a->m.touch_tag = a->rw;
+	cr_assert_eq(getrlimit(RLIMIT_AS, &was), 0);
+	for (uint32_t i = 0; i < 2 * MAXCL; i++) {
+		struct rlimit low = { .rlim_cur = vm_size() + (256u << 10), .rlim_max = was.rlim_max };
+		int r;
+
+		F.sc.capacity = UINT32_MAX - 1;         /* bitmaps of some 3 MiB: mmap'd, refused */
+		cr_assert_eq(setrlimit(RLIMIT_AS, &low), 0);
+		r = chan_attach(&F.sc, &a->ch, &a->m, 1, 1, 1000 + i);
+		cr_assert_eq(setrlimit(RLIMIT_AS, &was), 0);
+		F.sc.capacity = CAP;
+		cr_assert_eq(r, -ENOMEM, "attempt %u: %d", i, r);
+		for (uint32_t k = 0; k < F.sc.nr_users; k++)
+			cr_assert(!F.users[k].chans || F.users[k].uid != 1000 + i,
+				  "attempt %u: the failed attach still counts a channel of its user", i);
+	}
+	cr_assert_leq(F.sc.nr_users, nr + 1);
+	a->m.touch_word = NULL;
+	a->m.touch_tag = NULL;
+	cr_assert_eq(chan_attach(&F.sc, &a->ch, &a->m, 1, 1, 1000), 0);
+	client_rings(a);
 }
 
 Test(chan, attach_to_a_full_slab_succeeds_with_markers_only)

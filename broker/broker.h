@@ -287,6 +287,12 @@ void restart_watch(struct broker *b, uint64_t now);
 
 /* How long a session's next process waits for its last connection's socket to drain (held_fd). */
 #define HELD_WAIT_NS (1000u * 1000000u)
+/*
+ * How long a restored session waits for a process at least, from the end
+ * of the restore, whatever --session-linger: its process may be alive and
+ * reconnecting, and libchime's attempts come a second apart at most.
+ */
+#define RESTART_LINGER_NS (3000u * 1000000u)
 /* How long a session's process that takes none of its events keeps the 90 ms beat (takes_awake()). */
 #define WATCH_WAIT_NS (1000u * 1000000u)
 

@@ -277,13 +277,25 @@ int restart_save(struct broker *b)
 {
 	struct sessfile_geom g = geom_of(b);
 	struct sessfile_rec *recs = calloc(b->o.max_clients, sizeof(*recs));
+	uint64_t now = now_ns();
 	int r;
 
 	if (!recs)
 		return log_errno(LOG_ERR, ENOMEM, "sessions");
-	for (uint32_t slot = 0; slot < b->o.max_clients; slot++)
-		if (b->clients[slot].state == CL_DETACHED)
-			recs[slot] = rec_of(&b->clients[slot]);
+	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
+		struct client *c = &b->clients[slot];
+
+		if (c->state != CL_DETACHED)
+			continue;
+		/*
+		 * Restored: a short linger (0 reclaims at once) counted from
+		 * before the restore reclaimed sessions whose processes were
+		 * still reconnecting, every timer lost.
+		 */
+		if (c->linger_until_ns < now + RESTART_LINGER_NS)
+			c->linger_until_ns = now + RESTART_LINGER_NS;
+		recs[slot] = rec_of(c);
+	}
 	r = sessfile_open(&b->sess, b->sess_path, &g, recs);
 	free(recs);
 	if (r < 0)

@@ -123,6 +123,46 @@ Test(restart, sigkilled_broker_hands_every_session_timer_to_the_next_one)
 	t1_next_process(s, 2900, 3500);
 }
 
+/*
+ * A session's linger is how long it waits for a process once its process
+ * is gone, but after a restart its process may be alive and reconnecting:
+ * libchime backs off to an attempt a second, and the restore itself comes
+ * before the first beat. The restored session got --session-linger from
+ * the restore's start, so with a short one (0 reclaims at once) the next
+ * broker reclaimed the session of a process that was still there, and its
+ * reconnect found it gone (-ESTALE, then -ENOTCONN): every timer lost. A
+ * restored session now waits at least RESTART_LINGER_NS from the end of the
+ * restore (found by a leak audit's churn, with --session-linger 1).
+ */
+Test(restart, a_short_linger_does_not_reclaim_a_session_whose_process_is_reconnecting)
+{
+	struct chime_event ev;
+	chime_id_t id;
+	chime_t *c;
+	unsigned n;
+
+	start("--session-linger 0");
+	c = sopen_ok("brief");
+	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 7, &id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 1), 1);
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
+	tb.pid = 0;
+	/* the library sees it go and backs off to an attempt a second */
+	for (unsigned i = 0; i < 250; i++) {
+		cr_assert_geq(chime_poll(c, &ev, 1), 0, "gave up with no broker for %u0 ms", i);
+		usleep(10000);
+	}
+	restart(0, "--session-linger 0");
+	/* a reset waits for the reconnect, as on a full ring: the session must still be there */
+	cr_assert_eq(chime_reset(c, id, now_ns() + 100 * MS), 0, "the session was reclaimed before its process came");
+	n = collect(c, &ev, 1, now_ns() + 2000 * MS);
+	cr_assert_eq(n, 1, "the session's timer did not fire after the restart");
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.user_data, 7);
+	chime_close(c);
+}
+
 /* ---- (2) due while no broker ran: fired at once, late, never lost ---- */
 
 Test(restart, timers_due_while_no_broker_ran_fire_at_once_late)

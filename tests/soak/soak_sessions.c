@@ -834,9 +834,16 @@ static bool resumed_after(uint32_t pidx, uint64_t k)
 /* An event first taken by pidx at take_ns (seq) may come again: a broker SIGKILL soon after, and pidx never resumed. */
 static bool dup_allowed(const struct take *t1, uint64_t *gap_ms)
 {
+	/*
+	 * Taken up to ~100 ms before the kill (not yet seen taken), or after
+	 * it from the dead broker's ring, before the library noticed (up to
+	 * a stale heartbeat, about 1 s): either way the next broker cannot
+	 * know, unless this process resumed with it.
+	 */
 	for (unsigned i = 0; i < nkills; i++)
-		if (kills[i] > t1->seq && kill_ns[i] - t1->ns < 1000 * MS && !resumed_after(t1->pidx, kills[i])) {
-			*gap_ms = (kill_ns[i] - t1->ns) / MS;
+		if (kill_ns[i] + 1500 * MS > t1->ns && kill_ns[i] < t1->ns + 1000 * MS &&
+		    !resumed_after(t1->pidx, kills[i] > t1->seq ? kills[i] : t1->seq)) {
+			*gap_ms = kill_ns[i] > t1->ns ? (kill_ns[i] - t1->ns) / MS : 0;
 			return true;
 		}
 	return false;
@@ -854,8 +861,10 @@ static bool loss_allowed(uint32_t pidx, uint64_t seq)
 				return true;
 		return false;
 	}
+	/* The kill after the call, or before it (a call into the dead broker's ring, not noticed yet). */
 	for (unsigned i = 0; i < nkills; i++)
-		if (kills[i] > seq && kill_ns[i] < p->end_ns + 2000 * MS && !resumed_after(pidx, kills[i]))
+		if (kill_ns[i] < p->end_ns + 2000 * MS && kill_ns[i] + 1500 * MS > G->log[seq].ns &&
+		    !resumed_after(pidx, kills[i] > seq ? kills[i] : seq))
 			return true;
 	return false;
 }

@@ -33,7 +33,6 @@
  * Run: CHIMED=build/broker/chimed CHIMECTL=build/tools/chimectl LD_LIBRARY_PATH=build/libclient \
  *       nice /tmp/soak_sessions 300 [SEED]
  */
-#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>

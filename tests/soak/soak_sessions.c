@@ -786,6 +786,7 @@ struct ck {
 	uint64_t key, begin, end, batch;
 	uint32_t pos;
 	int sess;
+	uint32_t pidx;          /* the process that called it (loss_allowed()) */
 };
 
 struct proc {
@@ -931,7 +932,7 @@ static void check(void)
 					t->c[k].end = i;
 			break;
 		case L_CK_B:
-			PUSH(cks, ncks, ccks, ((struct ck){ e->a, i, INF, 0, 0, e->sess }));
+			PUSH(cks, ncks, ccks, ((struct ck){ e->a, i, INF, 0, 0, e->sess, e->pidx }));
 			ops_total++;
 			break;
 		case L_CK_E:
@@ -954,7 +955,7 @@ static void check(void)
 			} else if (op == CHIME_CANCEL) {
 				PUSH(t->c, t->nc, t->cc, ((struct cop){ e->tok, INF, e->pidx }));
 			} else {
-				PUSH(cks, ncks, ccks, ((struct ck){ e->a, e->tok, INF, e->tok, pos, e->sess }));
+				PUSH(cks, ncks, ccks, ((struct ck){ e->a, e->tok, INF, e->tok, pos, e->sess, e->pidx }));
 			}
 			break;
 		}
@@ -1095,7 +1096,9 @@ static void check(void)
 				for (unsigned c = 0; c < ncks; c++) {
 					const struct ck *x = &cks[c];
 
-					if (x->sess != s || x->key != ti->key || x->end >= tk->drain_b)
+					/* a cancel_key lost as a cancel may be (chime_open(3), loss_allowed()) */
+					if (x->sess != s || x->key != ti->key || x->end >= tk->drain_b ||
+					    loss_allowed(x->pidx, x->end))
 						continue;
 					if ((t->arm_e && t->arm_e < x->begin) ||
 					    (t->batch && x->batch == t->batch && t->batch_pos < x->pos))

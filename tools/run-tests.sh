@@ -14,7 +14,7 @@
 #   tools/run-tests.sh --full        the same with every program in both builds
 #                                    (about 15 minutes)
 #   tools/run-tests.sh --stress      the long stress and soak suite instead (plain
-#                                    and ASan+UBSan builds; about 10 minutes here)
+#                                    and ASan+UBSan builds; about 15 minutes here)
 #   tools/run-tests.sh --fuzz SECS   only the fuzzers (build-fuzz), SECS seconds each
 #
 # Builds: build/ (-Werror), build-asan/ (AddressSanitizer + UBSan, -Werror),

@@ -1029,7 +1029,8 @@ static void limits_report(struct broker *b, uint64_t now)
  * Once a heartbeat, one pass over the client table (cold by then: one pass,
  * not one per purpose, or per shard):
  * - a detached session nobody came back for within --session-linger is
- *   reclaimed, as a hang-up is;
+ *   reclaimed, as a hang-up is (not by a stopping broker: it hands the
+ *   session over, and the linger goes on in the next one);
  * - a record that rang no doorbell (it could wait for the shard's planned
  *   wake-up, cl_doorbell_by()) waits at most a heartbeat more: a sleeping
  *   shard with a published record at the head of a client's ring is rung,
@@ -1150,10 +1151,12 @@ static bool clients_beat(struct broker *b, uint64_t now)
 			}
 			continue;
 		}
-		if (c->state == CL_DETACHED && now >= c->linger_until_ns) {
+		/* A stop hands detached sessions over too: their lingers go on in the next broker. */
+		if (c->state == CL_DETACHED && !b->stopping && now >= c->linger_until_ns) {
 			if (log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
-				log_msg(LOG_INFO, "session '%s' (uid %u) reclaimed: nobody re-attached within %u s",
-				c->session, (unsigned)c->cred.uid, b->o.session_linger_s);
+				log_msg(LOG_INFO, "session '%s' (uid %u) reclaimed: nobody re-attached within %u s%s",
+					c->session, (unsigned)c->cred.uid, b->o.session_linger_s,
+					c->cred.pid == 0 ? " (at least 3 s after the restore)" : "");
 			client_detach(b, c, 0);
 			continue;
 		}

@@ -961,6 +961,51 @@ Test(restart, opens_during_a_stop_are_refused_with_econnrefused)
 	chime_close(held);
 }
 
+/*
+ * A stop hands every session to the next broker, the detached ones too:
+ * their lingers go on there (restored sessions wait at least 3 s). A stop
+ * lasts while attached sessions park (up to 5 s), and the heartbeat went
+ * on reclaiming detached sessions whose linger ended meanwhile, so a
+ * session detached just before a slow stop was lost with its timers. The
+ * shard is held under ptrace for 2 s to keep "held" parking while the
+ * linger of "brief" (1 s) ends.
+ */
+Test(restart, a_detached_session_whose_linger_ends_during_a_stop_goes_to_the_next_broker)
+{
+	struct chime_event ev;
+	chime_t *held, *c;
+	chime_id_t id;
+	uint64_t due;
+	int tid, r, st;
+
+	start("-n 1 --session-linger 1");
+	c = sopen_ok("brief");
+	due = now_ns() + 6000 * MS;
+	cr_assert_eq(chime_arm(c, 0, due, 0, 7, &id), 0);
+	chime_close(c);         /* detached, applied: its linger ends in 1 s */
+	held = sopen_ok("held");
+	tid = t_thread_named(tb.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
+	r = t_thread_hold(tid);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
+	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	usleep(2000 * 1000);
+	/* Released before any assertion: a test that ends with it held never reaps the broker. */
+	cr_assert_eq(t_thread_release(tid), 0);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
+	chime_close(held);
+	restart(0, "-n 1 --session-linger 1");
+	c = sopen_ok("brief");
+	cr_assert_eq(collect(c, &ev, 1, due + 2000 * MS), 1, "the session's timer was lost in the stop");
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.user_data, 7);
+	chime_close(c);
+}
+
 static void kept_child(int wfd, void *arg)
 {
 	chime_t *c = NULL;

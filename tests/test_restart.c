@@ -913,6 +913,25 @@ Test(restart, a_stop_with_no_session_leaves_no_file)
 }
 
 /*
+ * SIGTERM the broker with its shard 0 held under ptrace: a stop that waits
+ * for the attached sessions to park until the shard is released
+ * (t_thread_release() of the tid returned, before any assertion: a test
+ * that ends with it held never reaps the broker).
+ */
+static int stop_with_shard0_held(void)
+{
+	int tid = t_thread_named(tb.pid, "chimed-shard0"), r;
+
+	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
+	r = t_thread_hold(tid);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
+	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	return tid;
+}
+
+/*
  * A stopping broker takes no new client: chime_open() says -ECONNREFUSED
  * (chime_open(3)), whether anonymous, a new session, or the session being
  * parked for the next broker. The stop lasts as long as attached sessions
@@ -929,13 +948,7 @@ Test(restart, opens_during_a_stop_are_refused_with_econnrefused)
 
 	start("-n 1");
 	held = sopen_ok("held");
-	tid = t_thread_named(tb.pid, "chimed-shard0");
-	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
-	r = t_thread_hold(tid);
-	if (r == -EPERM || r == -EACCES)
-		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
-	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
-	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	tid = stop_with_shard0_held();
 	/* Until the control thread has read the signal, an open may still be admitted (it never hangs). */
 	t0 = now_ns();
 	while ((r = sopen(&c, NULL)) == 0 && now_ns() - t0 < 2000 * MS) {
@@ -976,7 +989,7 @@ Test(restart, a_detached_session_whose_linger_ends_during_a_stop_goes_to_the_nex
 	chime_t *held, *c;
 	chime_id_t id;
 	uint64_t due;
-	int tid, r, st;
+	int tid, st;
 
 	start("-n 1 --session-linger 1");
 	c = sopen_ok("brief");
@@ -984,13 +997,7 @@ Test(restart, a_detached_session_whose_linger_ends_during_a_stop_goes_to_the_nex
 	cr_assert_eq(chime_arm(c, 0, due, 0, 7, &id), 0);
 	chime_close(c);         /* detached, applied: its linger ends in 1 s */
 	held = sopen_ok("held");
-	tid = t_thread_named(tb.pid, "chimed-shard0");
-	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
-	r = t_thread_hold(tid);
-	if (r == -EPERM || r == -EACCES)
-		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
-	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
-	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	tid = stop_with_shard0_held();
 	usleep(2000 * 1000);
 	/* Released before any assertion: a test that ends with it held never reaps the broker. */
 	cr_assert_eq(t_thread_release(tid), 0);

@@ -912,13 +912,8 @@ Test(restart, a_stop_with_no_session_leaves_no_file)
 	cr_assert_eq(count_entries(tb.dir), 0, "files left behind with no session to keep");
 }
 
-/*
- * SIGTERM the broker with its shard 0 held under ptrace: a stop that waits
- * for the attached sessions to park until the shard is released
- * (t_thread_release() of the tid returned, before any assertion: a test
- * that ends with it held never reaps the broker).
- */
-static int stop_with_shard0_held(void)
+/* The running broker's shard thread, held (t_thread_release() lets it go); a skip when ptrace is not allowed. */
+static int shard0_hold(void)
 {
 	int tid = t_thread_named(tb.pid, "chimed-shard0"), r;
 
@@ -927,6 +922,19 @@ static int stop_with_shard0_held(void)
 	if (r == -EPERM || r == -EACCES)
 		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
 	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
+	return tid;
+}
+
+/*
+ * SIGTERM the broker with its shard 0 held under ptrace: a stop that waits
+ * for the attached sessions to park until the shard is released
+ * (t_thread_release() of the tid returned, before any assertion: a test
+ * that ends with it held never reaps the broker).
+ */
+static int stop_with_shard0_held(void)
+{
+	int tid = shard0_hold();
+
 	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
 	return tid;
 }
@@ -2048,7 +2056,6 @@ static bool reset_done(const struct chime_node *nd, const void *arg)
 	return nd->deadline_ns == r->d2 && nd->cq_pos == CHIME_POS_NONE;
 }
 
-static int t4_hold(void);
 static uint64_t behind_held(uint64_t d1);
 
 /*
@@ -2067,7 +2074,7 @@ static unsigned reset_stepped(struct rs *r, char *path, uint64_t *off, struct ch
 	snprintf(path, PATH_MAX, "%s.shard0", tb.sock);
 	pid = child(reset_child, r);
 	*off = r->period == HOUR ? node_offset(0, HOUR) : behind_held(r->d1);
-	tid = t4_hold();
+	tid = shard0_hold();
 	__atomic_store_n(&r->go, 1, __ATOMIC_RELEASE);
 	for (t0 = now_ns(); !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE); usleep(1000))
 		cr_assert_lt(now_ns() - t0, 2000 * MS, "the child did not reset its timer");
@@ -2297,19 +2304,6 @@ static void t4_arm(chime_t *c, uint64_t *d, chime_id_t *ids)
 	}
 }
 
-/* The shard thread of the running broker, held; false (after a skip) when ptrace is not allowed. */
-static int t4_hold(void)
-{
-	int tid = t_thread_named(tb.pid, "chimed-shard0"), r;
-
-	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
-	r = t_thread_hold(tid);
-	if (r == -EPERM || r == -EACCES)
-		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
-	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
-	return tid;
-}
-
 /*
  * What the process takes from the broker now running, added to what it
  * took before (seen): every one of the four exactly once, at its
@@ -2412,7 +2406,7 @@ static unsigned stop_killed_after(unsigned j, unsigned run)
 	t4_arm(s.c, d, NULL);
 	for (unsigned i = 0; i < T4; i++)
 		off[i] = node_offset(i, t4_period(i));
-	tid = t4_hold();
+	tid = shard0_hold();
 	cr_assert_eq(chime_poll(s.c, ev, 1), 1);
 	cr_assert_eq(ev[0].user_data, T4_A);
 	seen[T4_A]++;
@@ -2499,7 +2493,7 @@ static unsigned settle_killed_after(unsigned j, unsigned run)
 		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 100 + i, &id), 0);
 	for (unsigned i = 0; i < T4; i++)
 		off[i] = node_offset(i, t4_period(i));
-	tid = t4_hold();
+	tid = shard0_hold();
 	watch_init(&w, off, T4);
 	cr_assert_eq(pthread_create(&t, NULL, settle_arm, c), 0);
 	k = step_changes(tid, &w, j, settle_done, NULL, NULL);
@@ -2569,7 +2563,7 @@ static unsigned reset_killed_after(unsigned j, unsigned run, bool take)
 		seen[T4_A]++;
 	}
 	off = node_offset(T4_A, 0);
-	tid = t4_hold();
+	tid = shard0_hold();
 	watch_init(&w, &off, 1);
 	to = now_ns() + 100 * MS;
 	if (!take)
@@ -2751,7 +2745,7 @@ static unsigned behind_park_killed_after(unsigned j, unsigned run)
 
 	start(T4_OPTS);
 	pid = behind_arm(&b, &off);
-	tid = t4_hold();
+	tid = shard0_hold();
 	watch_init(&w, &off, 1);
 	kill_child(pid);
 	k = step_changes(tid, &w, j, behind_parked, NULL, NULL);
@@ -2808,7 +2802,7 @@ static unsigned behind_stop_killed_after(bool take, unsigned j, unsigned run)
 	d1 = now_ns() + 20 * MS;
 	cr_assert_eq(chime_arm(s.c, 0, d1, BEHIND_PERIOD, 0, &id), 0);
 	off = behind_held(d1);
-	tid = t4_hold();
+	tid = shard0_hold();
 	watch_init(&w, &off, 1);
 	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
 	k = step_changes(tid, &w, j, behind_parked, behind_stop_take, &s);

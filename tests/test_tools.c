@@ -2795,3 +2795,72 @@ Test(tools_fake, demo_refuses_bad_numbers_and_names_the_socket_it_could_not_reac
 	cr_assert_eq(run("CHIME_SOCKET='%s' %s -n 1", sock, bin("CHIME_DEMO")), 1, "%s", slurp(err));
 	cr_assert(strstr(slurp(err), sock), "$CHIME_SOCKET not named: %s", slurp(err));
 }
+
+/* ---------------------------------------------------------------------- */
+/* An operator's stdout that fails                                           */
+/* ---------------------------------------------------------------------- */
+
+/* The exit status `cmd` left in `file` (its pipeline's status is head's). */
+static int status_in(const char *file)
+{
+	char *s = slurp(file);
+
+	cr_assert(isdigit((unsigned char)s[0]), "no status in %s", file);
+	return atoi(s);
+}
+
+/*
+ * The plain frames run until interrupted, but not past a reader that went
+ * away: with SIGPIPE ignored (systemd's IgnoreSIGPIPE=yes, a shell's trap)
+ * `chimestat | head -1` wrote frames into the closed pipe forever, and into
+ * /dev/full likewise, saying nothing (timeout ended both: 124). Now a failed
+ * write ends it, exit status 1, quietly for a closed pipe.
+ */
+Test(tools_fake, plain_frames_end_when_their_stdout_fails)
+{
+	char status[300];
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	snprintf(status, sizeof(status), "%s/status", dir);
+	run("trap '' PIPE; { timeout 10 %s --socket '%s' -i 0.05; echo $? >'%s'; } | head -c 1 >/dev/null",
+	    bin("CHIMESTAT"), sock, status);
+	cr_assert_eq(status_in(status), 1, "chimestat into a closed pipe: %s", slurp(err));
+	cr_assert_eq(slurp(err)[0], '\0', "a reader that left is no error to report: %s", slurp(err));
+	cr_assert_eq(run("(timeout 10 %s --socket '%s' -i 0.05 >/dev/full)", bin("CHIMESTAT"), sock), 1, "%s",
+		     slurp(err));
+	cr_assert(strstr(slurp(err), "write to stdout failed: No space left on device"), "%s", slurp(err));
+	chime_seg_unmap(&f.map);
+}
+
+/*
+ * chimectl's text, and either tool's --help and --version, on a full
+ * stdout: exit status 1 and a message (it was 0, nothing said, the
+ * listing lost); `chimestat -1` into a closed pipe with SIGPIPE ignored: 1, quietly
+ * (it said "Broken pipe").
+ */
+Test(tools_fake, a_full_or_closed_stdout_is_a_failure)
+{
+	static const char *const cmds[] = { "CHIMECTL clients", "CHIMECTL --help", "CHIMECTL --version",
+					    "CHIMESTAT --help", "CHIMESTAT --version", "CHIMESTAT -1" };
+	char status[300];
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		const char *sp = strchr(cmds[i], ' ');
+		char tool[16];
+
+		snprintf(tool, sizeof(tool), "%.*s", (int)(sp - cmds[i]), cmds[i]);
+		cr_assert_eq(run("(%s --socket '%s' %s >/dev/full)", bin(tool), sock, sp + 1), 1, "%s: %s", cmds[i],
+			     slurp(err));
+		cr_assert(strstr(slurp(err), "write to stdout failed: No space left on device"), "%s: %s", cmds[i],
+			  slurp(err));
+	}
+	snprintf(status, sizeof(status), "%s/status", dir);
+	/* The reader gone before the first write (the whole listing would fit the pipe's buffer). */
+	run("trap '' PIPE; { sleep 0.5; %s --socket '%s' -1; echo $? >'%s'; } | true", bin("CHIMESTAT"), sock, status);
+	cr_assert_eq(status_in(status), 1, "%s", slurp(err));
+	cr_assert_eq(slurp(err)[0], '\0', "%s", slurp(err));
+	chime_seg_unmap(&f.map);
+}

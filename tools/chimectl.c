@@ -146,7 +146,8 @@ static void usage(FILE *f)
 		"     query failed, it is still starting, no such client or session (a\n"
 		"     well-formed NAME the broker does not know), the session is attached,\n"
 		"     the signal failed, it did not stop or restart in time, or the restarted\n"
-		"     broker has fewer sessions than there were or lost a shard's file\n"
+		"     broker has fewer sessions than there were or lost a shard's file, or\n"
+		"     stdout could not be written (said, unless its reader has gone)\n"
 		"  2  usage error: an unknown option or command, an argument missing,\n"
 		"     misplaced or malformed (a drop-session NAME that is not 1 to 63 bytes\n"
 		"     of A-Z, a-z, 0-9, '.', '_', '-' included: the broker is not asked)\n"
@@ -1129,10 +1130,10 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			usage(stdout);
-			return SR_EXIT_OK;
+			return sr_stdout_check(PROG);
 		case 'V':
 			printf(PROG " %s\n", CHIME_VERSION);
-			return SR_EXIT_OK;
+			return sr_stdout_check(PROG);
 		default:
 			fprintf(stderr, PROG ": try '" PROG " --help'\n");
 			return SR_EXIT_USAGE;
@@ -1198,11 +1199,12 @@ int main(int argc, char **argv)
 		json_object_set_new(J, "socket", jtext(sock, sizeof(sock)));
 		json_object_set_new(J, "ok", json_boolean(r == SR_EXIT_OK));
 		json_object_set_new(J, "exit_status", json_integer(r));
-		if (json_dumpf(J, stdout, JSON_COMPACT) < 0 || fputc('\n', stdout) == EOF || fflush(stdout) != 0) {
-			fprintf(stderr, PROG ": write to stdout failed: %s\n", strerror(errno));
-			r = SR_EXIT_NOSHM;
-		}
+		json_dumpf(J, stdout, JSON_COMPACT);
+		fputc('\n', stdout);
 		json_decref(J);
 	}
+	/* The text too: `chimectl clients > file` on a full disk is no success. */
+	if (sr_stdout_check(PROG) && !r)
+		r = SR_EXIT_NOSHM;
 	return r;
 }

@@ -66,8 +66,8 @@ static void usage(FILE *f)
 		"(all shards, since start or chimectl reset-stats), lateness_10s.NAME (the\n"
 		"last 10 s); -1 -f '*' lists them all.\n"
 		"\n"
-		"Exit status: 0 ok; 1 cannot read the broker's shared memory; 2 usage error;\n"
-		"3 the broker is not running (its last state is shown).\n");
+		"Exit status: 0 ok; 1 cannot read the broker's shared memory, or write\n"
+		"stdout; 2 usage error; 3 the broker is not running (its last state is shown).\n");
 }
 
 static int exit_for(const struct sr_snap *sn)
@@ -200,10 +200,10 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		}
 		case 'h':
 			usage(stdout);
-			return SR_EXIT_OK;
+			return sr_stdout_check(PROG);
 		case 'V':
 			printf(PROG " %s\n", CHIME_VERSION);
-			return SR_EXIT_OK;
+			return sr_stdout_check(PROG);
 		default:
 			fprintf(stderr, PROG ": try '" PROG " --help'\n");
 			return SR_EXIT_USAGE;
@@ -258,10 +258,8 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			sr_liveness(&sn, &why);
 			fprintf(stderr, PROG ": %s; the state shown is its last\n", why);
 		}
-		if (fflush(stdout) != 0) {
-			fprintf(stderr, PROG ": write to stdout failed: %s\n", strerror(errno));
+		if (sr_stdout_check(PROG))
 			r = SR_EXIT_NOSHM;
-		}
 		free(cur.v);
 		sr_snap_free(&sn);
 		sr_close(&s);
@@ -309,8 +307,13 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		 * it), so a clear-screen sequence would be garbage on it.
 		 */
 		fputc('\n', stdout);
-		fflush(stdout);
 		r = exit_for(&sn);
+		/* A reader gone (SIGPIPE ignored) or a full disk: frames no one gets, forever, before. */
+		if (sr_stdout_check(PROG)) {
+			r = SR_EXIT_NOSHM;
+			sr_snap_free(&sn);
+			break;
+		}
 		/* Keep this sample for the next rates; the field list too. */
 		if (have_prev)
 			sr_snap_free(&ps);

@@ -467,6 +467,15 @@ double sr_rate(uint64_t a, uint64_t b, uint64_t dt_ns)
 	return (double)(b - a) * 1e9 / (double)dt_ns;
 }
 
+int sr_stdout_check(const char *prog)
+{
+	if (fflush(stdout) == 0 && !ferror(stdout))
+		return SR_EXIT_OK;
+	if (errno != EPIPE)
+		fprintf(stderr, "%s: write to stdout failed: %s\n", prog, errno ? strerror(errno) : "I/O error");
+	return SR_EXIT_NOSHM;
+}
+
 const char *sr_fmt_dur(char *buf, size_t len, uint64_t ns)
 {
 	uint64_t s = ns / 1000000000u;

@@ -140,6 +140,13 @@ void sr_window(const struct chime_shard_stats *s, uint64_t now_ns, uint64_t *his
 /* (b - a) per second over dt_ns; 0 if dt_ns is 0 or the counter went backwards (a restart). */
 double sr_rate(uint64_t a, uint64_t b, uint64_t dt_ns);
 
+/*
+ * Standard output flushed and never failed: SR_EXIT_OK; else SR_EXIT_NOSHM,
+ * said on stderr unless the reader went away (EPIPE, as `| head -1` does
+ * with SIGPIPE ignored): a tool's figures that did not arrive are no success.
+ */
+int sr_stdout_check(const char *prog);
+
 /* "1h02m03s"-style duration for humans. */
 const char *sr_fmt_dur(char *buf, size_t len, uint64_t ns);
 /* "12.3us"-style short duration. */

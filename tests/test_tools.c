@@ -2864,3 +2864,27 @@ Test(tools_fake, a_full_or_closed_stdout_is_a_failure)
 	cr_assert_eq(slurp(err)[0], '\0', "%s", slurp(err));
 	chime_seg_unmap(&f.map);
 }
+
+/*
+ * A client may arm any uint64_t deadline. One 2^63 ns or more ahead, alone
+ * on its shard, made the shard's next_deadline_in_ns negative (JSON, -f,
+ * and "due" in the live view: a timer overdue by hours, by man chimestat)
+ * while the table said it was 584 years ahead. Now it is INT64_MAX, as
+ * chimectl's deadline_in_ns (one helper, sr_rel_ns(), for both).
+ */
+Test(tools_live, a_deadline_2_to_the_63_ns_ahead_is_not_due)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_id_t id;
+	chime_t *a;
+
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	cr_assert_eq(chime_arm(a, 1, UINT64_MAX - 1000, 0, 1, &id), 0);
+	cr_assert_eq(settle(".shards[0].armed", 1), 1);
+	cr_assert_eq(jq(".shards[0].next_deadline_in_ns > 0"), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -1 -f shard.0.next_deadline_in_ns", bin("CHIMESTAT"), sock), 0, "%s",
+		     slurp(err));
+	cr_assert(strstr(slurp(out), " 9223372036854775807"), "%s", slurp(out));
+	chime_close(a);
+}

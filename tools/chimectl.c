@@ -418,7 +418,7 @@ static void show_timer(const struct listed *t, uint64_t now, json_t *arr)
 	bool due = t->deadline_ns < now;
 	uint64_t dist = due ? now - t->deadline_ns : t->deadline_ns - now;
 	/* Any uint64_t deadline is valid (UINT64_MAX: never, in effect): not negative past 2^63 ns. */
-	json_int_t rel = dist > INT64_MAX ? (due ? -INT64_MAX : INT64_MAX) : due ? -(json_int_t)dist : (json_int_t)dist;
+	json_int_t rel = sr_rel_ns(t->deadline_ns, now);
 	json_int_t period = t->period_ns > INT64_MAX ? INT64_MAX : (json_int_t)t->period_ns;
 
 	snprintf(dl, sizeof(dl), "%s%+.6fs", t->exact ? "" : ">=", (due ? -1.0 : 1.0) * ((double)dist / 1e9));

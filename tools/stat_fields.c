@@ -348,7 +348,7 @@ void collect(struct flist *l, const struct sr_snap *sn)
 			f = field_add(l, F_NULL, "shard.%u.next_deadline_in_ns", k);
 		} else {
 			f = field_add(l, F_INT, "shard.%u.next_deadline_in_ns", k);
-			f->i = (int64_t)(s->next_deadline_ns - sn->now_ns);
+			f->i = sr_rel_ns(s->next_deadline_ns, sn->now_ns);
 		}
 		f = field_add(l, F_BOOL, "shard.%u.next_deadline_exact", k);
 		f->u = !s->next_inexact;

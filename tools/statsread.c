@@ -460,6 +460,14 @@ void sr_window(const struct chime_shard_stats *s, uint64_t now_ns, uint64_t *his
 	}
 }
 
+int64_t sr_rel_ns(uint64_t deadline_ns, uint64_t now_ns)
+{
+	uint64_t dist = deadline_ns < now_ns ? now_ns - deadline_ns : deadline_ns - now_ns;
+	int64_t mag = dist > INT64_MAX ? INT64_MAX : (int64_t)dist;
+
+	return deadline_ns < now_ns ? -mag : mag;
+}
+
 double sr_rate(uint64_t a, uint64_t b, uint64_t dt_ns)
 {
 	if (!dt_ns || b < a)

@@ -137,6 +137,12 @@ uint64_t sr_percentile(const uint64_t *hist, uint64_t max_ns, double p);
 void sr_window(const struct chime_shard_stats *s, uint64_t now_ns, uint64_t *hist,
 	       uint64_t *sum_ns, uint64_t *max_ns);
 
+/*
+ * deadline_ns - now_ns, signed, within +-INT64_MAX: a client may arm any
+ * uint64_t deadline, and one 2^63 ns or more ahead is ahead, not due.
+ */
+int64_t sr_rel_ns(uint64_t deadline_ns, uint64_t now_ns);
+
 /* (b - a) per second over dt_ns; 0 if dt_ns is 0 or the counter went backwards (a restart). */
 double sr_rate(uint64_t a, uint64_t b, uint64_t dt_ns);
 

@@ -631,3 +631,56 @@ int chime_shard_layout(struct chime_shard_geom *g)
 	g->size = off;
 	return 0;
 }
+
+/*
+ * The length of the character at s (n bytes left) if it may be shown as it
+ * is (see chime_printable()), else 0.
+ */
+static unsigned shown_char_len(const unsigned char *s, size_t n)
+{
+	unsigned len;
+	uint32_t cp;
+
+	if (s[0] < 0x80)
+		return s[0] >= 0x20 && s[0] < 0x7f;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+		len = 2;
+		cp = s[0] & 0x1fu;
+	} else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+		len = 3;
+		cp = s[0] & 0x0fu;
+	} else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+		len = 4;
+		cp = s[0] & 0x07u;
+	} else {
+		return 0;
+	}
+	if (n < len)
+		return 0;
+	for (unsigned i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3fu);
+	}
+	if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+	    (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;       /* overlong, out of range, a surrogate */
+	if (cp < 0xa0 || (cp >= 0x200b && cp <= 0x200f) || (cp >= 0x2028 && cp <= 0x202e) ||
+	    (cp >= 0x2060 && cp <= 0x206f) || cp == 0xfeff)
+		return 0;
+	return len;
+}
+
+void chime_printable(char *s, size_t len)
+{
+	size_t n = strnlen(s, len);
+
+	for (size_t i = 0; i < n;) {
+		unsigned k = shown_char_len((const unsigned char *)s + i, n - i);
+
+		if (k)
+			i += k;
+		else
+			s[i++] = '?';
+	}
+}

@@ -165,6 +165,19 @@ int chime_seg_reserve(int fd, uint64_t off, uint64_t len);
  */
 int chime_seg_seal(int fd, bool read_only);
 
+/*
+ * Make the NUL-terminated name in s[0..len) fit to show to an operator, in
+ * place: every byte that is not part of a printable character becomes '?'.
+ * Printable: ASCII 0x20..0x7e, or well-formed UTF-8 of a code point that is
+ * not a C1 control (U+009B is a terminal's CSI) nor one that breaks or
+ * reorders a line or hides (line separators, bidirectional overrides,
+ * zero-width marks); a character cut short (the kernel cuts a process name
+ * at 15 bytes) is not. chimed applies it to a process name as it reads it,
+ * the tools to every name they read from a segment or an answer, whose
+ * writer is whoever owns the socket's directory.
+ */
+void chime_printable(char *s, size_t len);
+
 /* Write the common header (layout, kind, size) and then, last, the magic (release). */
 void chime_seg_publish(struct chime_seg_hdr *hdr, uint32_t kind, uint64_t size);
 

@@ -526,10 +526,10 @@ Test(tools_fake, json_is_valid_utf8_and_clients_always_an_array)
 	struct fake f;
 
 	fake_make(&f, getpid(), 0);
-	/* a process name is any bytes: valid UTF-8 kept, an invalid byte replaced, controls escaped */
+	/* a process name is any bytes: valid UTF-8 kept, a control or an invalid byte '?', as chimed does */
 	memcpy(f.cc[1].comm, "w\xc3\xb6rk\"er\x01\xff", 11);
 	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0);
-	cr_assert_eq(jq(".clients[0].comm == \"w\u00f6rk\\\"er\\u0001\ufffd\""), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".clients[0].comm == \"w\u00f6rk\\\"er??\""), 1, "%s", slurp(out));
 	f.cc[1].state = CHIME_CLIENT_EMPTY;
 	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0);
 	cr_assert_eq(jq(".clients | length == 0"), 1, "no clients: an empty array, %s", slurp(out));
@@ -2887,4 +2887,72 @@ Test(tools_live, a_deadline_2_to_the_63_ns_ahead_is_not_due)
 		     slurp(err));
 	cr_assert(strstr(slurp(out), " 9223372036854775807"), "%s", slurp(out));
 	chime_close(a);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Names from a segment whose writer is not chimed                          */
+/* ---------------------------------------------------------------------- */
+
+/* No byte of `s` a terminal acts on: C0 controls (ESC, BEL, newline but the lines' own) and DEL. */
+static void assert_no_controls(const char *s, const char *what)
+{
+	for (const char *p = s; *p; p++)
+		cr_assert(*p == '\n' || ((unsigned char)*p >= 0x20 && *p != 0x7f),
+			  "%s: byte 0x%02x at %zu: %s", what, (unsigned char)*p, (size_t)(p - s), s);
+}
+
+/*
+ * The tools trusted chimed to have made every name printable (read_comm()),
+ * but the control segment's writer is whoever owns the directory --socket
+ * names (ARCHITECTURE, "What a client can touch"), and the tools run as
+ * root: a segment's comm, session and version went to the operator's
+ * terminal as they were (an OSC, a clear-screen, a forged line in
+ * chimestat -1 and chimectl clients), and an invalid UTF-8 byte into
+ * Prometheus label values (a scrape that fails whole). So did chimectl
+ * shutdown's quote of /proc/PID/comm for the pid such a segment names. Now
+ * each is made printable where it is read (chime_printable(), chimed's
+ * rule), and every output gets it so.
+ */
+Test(tools_fake, names_from_a_segment_are_printable_in_every_output)
+{
+	static const char comm[] = "\x1b]0;pwn\x07\n\xff";
+	static const char session[] = "s\x1b[2J\nFORGED \xc3";
+	struct fake f;
+	pid_t evil;
+	int r;
+
+	evil = fork();
+	cr_assert_geq(evil, 0);
+	if (evil == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		prctl(PR_SET_NAME, "\x1b[2Jevil");
+		pause();
+		_exit(0);
+	}
+	fake_make(&f, evil, 0);
+	memcpy(f.cc[1].comm, comm, sizeof(comm));
+	memcpy(f.cc[1].session, session, sizeof(session));
+	memcpy(f.ctl->version, "0.1\x1b[31m", 9);
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	assert_no_controls(slurp(out), "chimestat -1");
+	cr_assert(strstr(slurp(out), "?]0;pwn???") && strstr(slurp(out), "session 's?[2J?FORGED ?'"), "%s",
+		  slurp(out));
+	cr_assert_eq(run("%s --socket '%s' clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	assert_no_controls(slurp(out), "chimectl clients");
+	cr_assert_eq(run("%s --socket '%s' -1 -f 'broker.version' -f 'client.*.comm'", bin("CHIMESTAT"), sock), 0);
+	assert_no_controls(slurp(out), "chimestat -f");
+	cr_assert_eq(run("%s --socket '%s' --prometheus | iconv -f UTF-8 -t UTF-8", bin("CHIMESTAT"), sock), 0,
+		     "not UTF-8: %s", slurp(err));
+	assert_no_controls(slurp(out), "chimestat --prometheus");
+	check_prom_format(slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0);
+	cr_assert_eq(jq(".clients[0].comm == \"?]0;pwn???\" and .broker.version == \"0.1?[31m\""), 1, "%s",
+		     slurp(out));
+	r = run("%s --socket '%s' shutdown", bin("CHIMECTL"), sock);
+	cr_assert_eq(r, 1, "%d: %s", r, slurp(err));
+	assert_no_controls(slurp(err), "chimectl shutdown");
+	cr_assert(strstr(slurp(err), "is '?[2Jevil', not chimed"), "%s", slurp(err));
+	kill(evil, SIGKILL);
+	waitpid(evil, NULL, 0);
+	chime_seg_unmap(&f.map);
 }

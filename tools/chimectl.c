@@ -463,6 +463,7 @@ static int clients_by_query(const char *sock)
 
 		memcpy(comm, c->comm, 16);
 		comm[16] = '\0';
+		chime_printable(comm, sizeof(comm));    /* the answer is whoever listens at the socket's */
 		sr_fmt_dur(since, sizeof(since), age);
 		out("%4u %7d %6u %6u %-15s %10s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "\n", c->slot,
 		    (int)c->pid, c->uid, c->gid, comm, since, c->armed, c->arms, c->fires);
@@ -840,6 +841,7 @@ static int signal_broker(const char *sock, int sig, pid_t *pid, uint64_t *start_
 	}
 	fclose(f);
 	comm[strcspn(comm, "\n")] = '\0';
+	chime_printable(comm, sizeof(comm));    /* any process's name, quoted below */
 	if (strcmp(comm, "chimed") != 0)
 		return fail(SR_EXIT_NOSHM, "pid %d is '%s', not chimed; not signalling it", (int)*pid, comm);
 	if (kill(*pid, sig) < 0)
@@ -977,6 +979,7 @@ static int cmd_sessions(const char *sock)
 
 		memcpy(name, e->name, CHIME_SESSION_MAX);
 		name[CHIME_SESSION_MAX] = '\0';
+		chime_printable(name, sizeof(name));
 		if (e->state == CHIME_SESSION_ATTACHED)
 			snprintf(left, sizeof(left), "-");
 		else

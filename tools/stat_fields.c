@@ -63,7 +63,7 @@ static void prom_escape(char *dst, size_t len, const char *src)
 			dst[o++] = '\\';
 			dst[o++] = 'n';
 		} else if (c >= 0x20 && c != 0x7f) {
-			dst[o++] = (char)c;     /* UTF-8 is what label values are (chimed sends no invalid one) */
+			dst[o++] = (char)c;     /* UTF-8 is what label values are (sr_snapshot() leaves no other) */
 		} else {
 			dst[o++] = '?';
 		}

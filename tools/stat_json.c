@@ -14,8 +14,9 @@
 /* ---- JSON (jansson: escaping, UTF-8 and nesting done by a well-kept library) ---- */
 
 /*
- * A process name is whatever bytes the process chose: keep valid UTF-8 and
- * replace every invalid byte with U+FFFD, so the document is always valid.
+ * Names come printable UTF-8 from sr_snapshot() (chime_printable()); any
+ * other string keeps its valid UTF-8 and has each invalid byte replaced
+ * with U+FFFD, so the document is always valid.
  */
 static json_t *json_text(const char *s)
 {

@@ -10,7 +10,9 @@
  *   corrupt or truncated file gives -EBADMSG, not a crash;
  * - every block is copied with chime_stats_read(), so a value is never torn;
  *   a block a dead writer left mid-update is copied anyway and counted in
- *   snap->torn (the best there is, and the caller says so).
+ *   snap->torn (the best there is, and the caller says so);
+ * - every name in a snapshot (version, comm, session) is printable UTF-8
+ *   (chime_printable()), whoever wrote the segment.
  */
 #include "statsread.h"
 
@@ -265,6 +267,7 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	snap->hdr.clients_off = s->clients_off;
 	snap->hdr.client_stats_off = s->client_stats_off;
 	snap->hdr.version[sizeof(snap->hdr.version) - 1] = '\0';
+	chime_printable(snap->hdr.version, sizeof(snap->hdr.version));
 
 	/* The offsets checked at sr_open(), never the segment's again (its writer may change them). */
 	sc = (const struct chime_shard_ctl *)(base + s->shards_off);
@@ -299,6 +302,13 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 			continue;
 		cl->id.comm[sizeof(cl->id.comm) - 1] = '\0';
 		cl->id.session[sizeof(cl->id.session) - 1] = '\0';
+		/*
+		 * chimed writes printable names only, but the segment's writer
+		 * is whoever owns the directory --socket names: every output
+		 * (a terminal, JSON, Prometheus) gets printable UTF-8 from here.
+		 */
+		chime_printable(cl->id.comm, sizeof(cl->id.comm));
+		chime_printable(cl->id.session, sizeof(cl->id.session));
 		cl->slot = i;
 		memset(&cl->sum, 0, sizeof(cl->sum));
 		for (k = 0; k < s->nr_shards; k++) {

@@ -62,6 +62,13 @@ struct stat_pct {
 };
 extern const struct stat_pct pcts[NR_PCTS];
 
+/* The fields of a list sorted by name, to find one in O(log n): an output looks many up. */
+struct findex {
+	const struct flist *l;
+	size_t *ix;
+	size_t n, cap;
+};
+
 /* chimestat.c: --pid, --uid, --comm: drop the other clients from a snapshot. */
 void keep_clients(struct sr_snap *sn, const struct opts *o);
 
@@ -73,6 +80,10 @@ void fprom(struct field *f, const char *fam, const char *type, const char *help,
 void collect(struct flist *l, const struct sr_snap *sn);
 int selected(const struct opts *o, const char *name);
 const struct field *prev_of(const struct flist *prev, size_t idx, const char *name);
+/* (Re)build x over l, as it is now; findex_find(): the index in l of the field `name`, or -1. */
+void findex_build(struct findex *x, const struct flist *l);
+long findex_find(const struct findex *x, const char *name);
+void findex_free(struct findex *x);
 
 /* stat_json.c */
 void print_json(FILE *out, const struct flist *l, const struct opts *o);

@@ -17,8 +17,8 @@
  *   the mapping stays valid and shows its last state.
  *
  * Cost: one snapshot and collect() per interval, as the plain output; a
- * redraw sorts the field names (O(F log F), F ~ 30 per shard + 20 per
- * client) and curses sends only what changed.
+ * redraw sorts the field names (findex_build(): O(F log F), F ~ 30 per
+ * shard + 45 per client) and curses sends only what changed.
  */
 #include <curses.h>
 #include <errno.h>
@@ -124,8 +124,7 @@ struct live {
 	struct flist cur, prev;
 	struct sr_snap sn, ps;
 	int have_cur, have_prev;
-	size_t *ix;             /* indices of cur's fields, sorted by name */
-	size_t nix, cap_ix;
+	struct findex fx;       /* cur's fields by name */
 	struct lrow *rows;
 	size_t nrows, cap_rows;
 	double interval;
@@ -167,53 +166,6 @@ static uint64_t mono_ns(void)
 
 /* ---- fields by name ---- */
 
-static const struct flist *cmp_list;
-
-static int cmp_ix(const void *a, const void *b)
-{
-	return strcmp(cmp_list->v[*(const size_t *)a].name, cmp_list->v[*(const size_t *)b].name);
-}
-
-static void index_fields(struct live *L)
-{
-	size_t i;
-
-	if (L->cur.n > L->cap_ix) {
-		size_t *v = realloc(L->ix, L->cur.n * sizeof(*v));
-
-		if (!v) {
-			fprintf(stderr, PROG ": out of memory\n");
-			exit(SR_EXIT_NOSHM);
-		}
-		L->ix = v;
-		L->cap_ix = L->cur.n;
-	}
-	for (i = 0; i < L->cur.n; i++)
-		L->ix[i] = i;
-	L->nix = L->cur.n;
-	cmp_list = &L->cur;
-	qsort(L->ix, L->nix, sizeof(*L->ix), cmp_ix);
-}
-
-/* The index in cur of the field `name`, or -1. */
-static long find(const struct live *L, const char *name)
-{
-	size_t lo = 0, hi = L->nix;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(L->cur.v[L->ix[mid]].name, name);
-
-		if (!c)
-			return (long)L->ix[mid];
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return -1;
-}
-
 static const struct field *fld(const struct live *L, const char *group, long id, const char *name, long *idx)
 {
 	char full[80];
@@ -223,7 +175,7 @@ static const struct field *fld(const struct live *L, const char *group, long id,
 		snprintf(full, sizeof(full), "%s.%ld.%s", group, id, name);
 	else
 		snprintf(full, sizeof(full), "%s.%s", group, name);
-	i = find(L, full);
+	i = findex_find(&L->fx, full);
 	if (idx)
 		*idx = i;
 	return i < 0 ? NULL : &L->cur.v[i];
@@ -929,7 +881,7 @@ static void draw(struct live *L)
 		refresh();
 		return;
 	}
-	index_fields(L);
+	findex_build(&L->fx, &L->cur);
 	y = header(L);
 	y = shards_block(L, y);
 	{
@@ -1239,7 +1191,7 @@ int live_run(struct sr *s, const struct opts *o, char *why, size_t len)
 		sr_snap_free(&L.ps);
 	free(L.cur.v);
 	free(L.prev.v);
-	free(L.ix);
+	findex_free(&L.fx);
 	free(L.rows);
 	return r;
 }

@@ -65,29 +65,55 @@ static void prom_series(FILE *out, const char *name, const char *suffix, const c
 	fputc(' ', out);
 }
 
+/*
+ * The families in the order of their first field. There are a few dozen,
+ * all names from collect(); looking for each field's among the earlier
+ * fields instead took O(fields^2): 27 s for 4096 clients named apart.
+ */
+static size_t prom_families(const struct flist *l, const char ***fams)
+{
+	size_t n = 0, cap = 0;
+
+	*fams = NULL;
+	for (size_t i = 0; i < l->n; i++) {
+		const char *fam = l->v[i].prom;
+		size_t k;
+
+		for (k = 0; fam && k < n && strcmp((*fams)[k], fam); k++)
+			;
+		if (!fam || k < n)
+			continue;
+		if (n == cap) {
+			const char **v = realloc(*fams, (cap = cap ? 2 * cap : 64) * sizeof(*v));
+
+			if (!v) {
+				fprintf(stderr, PROG ": out of memory\n");
+				exit(SR_EXIT_NOSHM);
+			}
+			*fams = v;
+		}
+		(*fams)[n++] = fam;
+	}
+	return n;
+}
+
 void print_prom(FILE *out, const struct flist *l, const struct opts *o)
 {
-	size_t i, j;
+	const char **fams;
+	size_t nf = prom_families(l, &fams), i, j;
 
-	for (i = 0; i < l->n; i++) {
-		const struct field *f = &l->v[i];
+	/* Each family once, with all its series together, as the format wants. */
+	for (i = 0; i < nf; i++) {
 		int seen = 0;
 
-		if (!f->prom)
-			continue;
-		/* Families are emitted once, at their first field, with all their series. */
-		for (j = 0; j < i && !seen; j++)
-			seen = l->v[j].prom && !strcmp(l->v[j].prom, f->prom);
-		if (seen)
-			continue;
-		for (j = i; j < l->n; j++) {
+		for (j = 0; j < l->n; j++) {
 			const struct field *g = &l->v[j];
 			const char *sep;
 
-			if (!g->prom || strcmp(g->prom, f->prom) || !selected(o, g->name))
+			if (!g->prom || strcmp(g->prom, fams[i]) || !selected(o, g->name))
 				continue;
 			if (!seen) {
-				fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", f->prom, f->help, f->prom, f->ptype);
+				fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", g->prom, g->help, g->prom, g->ptype);
 				seen = 1;
 			}
 			sep = *g->labels ? "," : "";
@@ -123,4 +149,5 @@ void print_prom(FILE *out, const struct flist *l, const struct opts *o)
 			fputc('\n', out);
 		}
 	}
+	free(fams);
 }

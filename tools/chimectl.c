@@ -438,6 +438,18 @@ static void show_timer(const struct listed *t, uint64_t now, json_t *arr)
 }
 
 /*
+ * A query's answer that lists fewer than there are says so: the broker
+ * sends at most CHIME_QUERY_MAX records, and only what its socket takes
+ * without waiting (a thousand sessions were cut to 832-896, silently).
+ */
+static void shown_of(uint64_t shown, uint64_t total, const char *what)
+{
+	if (total > shown)
+		out("(%" PRIu64 " of %" PRIu64 " %s shown: the broker's answer holds at most %u, and what its "
+		    "socket takes at once)\n", shown, total, what, CHIME_QUERY_MAX);
+}
+
+/*
  * `clients` and `timers` for a user who may connect but not read the
  * segments: the broker answers for the caller's own clients only.
  */
@@ -474,8 +486,11 @@ static int clients_by_query(const char *sock)
 						     "armed", (json_int_t)c->armed, "arms", (json_int_t)c->arms,
 						     "fires", (json_int_t)c->fires));
 	}
-	if (head.count == 0)
+	if (head.count == 0 && head.total == 0)
 		out("(no clients)\n");
+	shown_of(head.count, head.total, "clients");
+	jset("shown", json_integer((json_int_t)head.count));
+	jset("total", json_integer((json_int_t)head.total));
 	jset("own_uid_only", json_true());
 	jset("clients", arr);
 	return SR_EXIT_OK;
@@ -999,8 +1014,10 @@ static int cmd_sessions(const char *sock)
 						     "linger_left_ns", e->state == CHIME_SESSION_ATTACHED ? json_null() :
 						     json_integer((json_int_t)e->linger_left_ns)));
 	}
-	if (head.count == 0)
+	if (head.count == 0 && head.total == 0)
 		out("(no sessions)\n");
+	shown_of(head.count, head.total, "sessions");
+	jset("shown", json_integer((json_int_t)head.count));
 	jset("total", json_integer((json_int_t)head.total));
 	jset("sessions", arr);
 	return SR_EXIT_OK;

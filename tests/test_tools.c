@@ -3039,3 +3039,24 @@ Test(tools_live, a_sessions_listing_cut_short_says_so)
 	cr_assert_eq(jq(".total == 1100 and .shown == (.sessions | length) and .shown < .total"), 1, "%.200s",
 		     slurp(out));
 }
+
+/*
+ * getopt's messages name the program as STYLE.md's "prog: what failed":
+ * chimestat's said "/usr/bin/chimestat: unrecognized option '--bogus'"
+ * (the path it was run by; chimectl's already said "chimectl:").
+ */
+Test(tools_options, getopt_messages_start_with_the_programs_name)
+{
+	static const char *const tools[] = { "CHIMESTAT", "CHIMECTL" };
+
+	for (size_t i = 0; i < 2; i++) {
+		const char *name = strrchr(bin(tools[i]), '/') + 1;
+
+		cr_assert_eq(run("%s --bogus", bin(tools[i])), 2);
+		cr_assert(!strncmp(slurp(err), name, strlen(name)) && slurp(err)[strlen(name)] == ':', "%s",
+			  slurp(err));
+		cr_assert_eq(run("%s -i", bin(tools[i])), 2);
+		cr_assert(!strncmp(slurp(err), name, strlen(name)) && slurp(err)[strlen(name)] == ':', "%s",
+			  slurp(err));
+	}
+}

@@ -137,6 +137,8 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	int have_prev = 0, r, opt;
 	struct sr s;
 
+	/* getopt's own messages start with argv[0]: the program's name, as chimectl's, not its path. */
+	argv[0] = (char *)PROG;
 	while ((opt = getopt_long(argc, argv, "s:1jf:i:hV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':

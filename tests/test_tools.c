@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -3059,4 +3060,47 @@ Test(tools_options, getopt_messages_start_with_the_programs_name)
 		cr_assert(!strncmp(slurp(err), name, strlen(name)) && slurp(err)[strlen(name)] == ':', "%s",
 			  slurp(err));
 	}
+}
+
+/*
+ * chimectl timers --client PID lists every connection of the process: it
+ * walked each shard's slab once per connection, so a process holding many
+ * (any user may, up to --max-clients-per-uid) made the listing cost its
+ * connections times every timer of the broker: 2.5 s for 200 connections
+ * beside 2M timers. Now one walk per shard, whatever the connections.
+ */
+Test(tools_live, listing_a_process_of_many_connections_walks_each_slab_once, .timeout = 120)
+{
+	enum { TIMERS = 1000000, CONNS = 400 };
+	struct chime_opts o = { .socket_path = sock };
+	static chime_t *c[CONNS];
+	uint64_t now, t0;
+	chime_id_t id;
+	double s;
+
+	struct rlimit nofile;
+
+	/* a connection holds a few descriptors: more than a soft limit of 1024 allows for 400 */
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &nofile), 0);
+	if (nofile.rlim_max < 8 * CONNS)
+		cr_skip_test("RLIMIT_NOFILE's hard limit %lu is under %d", (unsigned long)nofile.rlim_max, 8 * CONNS);
+	nofile.rlim_cur = nofile.rlim_max;
+	cr_assert_eq(setrlimit(RLIMIT_NOFILE, &nofile), 0);
+	start_broker("--shards 1 --max-clients 512 --max-clients-per-uid 0");
+	for (int i = 0; i < CONNS; i++)
+		cr_assert_eq(chime_open(&c[i], &o), 0, "connection %d", i);
+	now = chime_now();
+	for (int i = 0; i < TIMERS; i++)
+		cr_assert_eq(chime_arm(c[0], 1, now + UINT64_C(3600000000000), 0, 0, &id), 0);
+	cr_assert_eq(settle(".shards[0].armed", TIMERS), TIMERS);
+	t0 = now_ns();
+	cr_assert_eq(run("%s --socket '%s' -j timers --client %d --limit 3", bin("CHIMECTL"), sock, (int)getpid()), 0,
+		     "%s", slurp(err));
+	s = (double)(now_ns() - t0) / 1e9;
+	fprintf(stderr, "timers of %d connections beside %d timers: %.2f s\n", CONNS, TIMERS, s);
+	cr_assert_eq(jq(".total"), TIMERS, "%s", slurp(out));
+	cr_assert_eq(jq(".shown"), 3, "%s", slurp(out));
+	cr_assert_lt(s, 1.0, "%.2f s", s);
+	for (int i = 0; i < CONNS; i++)
+		chime_close(c[i]);
 }

@@ -3104,3 +3104,43 @@ Test(tools_live, listing_a_process_of_many_connections_walks_each_slab_once, .ti
 	for (int i = 0; i < CONNS; i++)
 		chime_close(c[i]);
 }
+
+/*
+ * chimectl shutdown and restart signal the pid the control segment names
+ * once it is a process called chimed. The segment's writer is whoever owns
+ * the directory --socket names: one of another user could name root's own
+ * chimed, and root's `chimectl -s THAT shutdown` stopped it (SIGTERM; here
+ * a stand-in child called chimed, which died). Now the process must run as
+ * the segment's owner, the user chimed writes it as.
+ */
+Test(tools_fake, shutdown_signals_only_a_broker_of_the_segments_owner)
+{
+	uid_t nobody = other_user();
+	char ctl[256];
+	struct fake f;
+	pid_t root_chimed;
+	int r;
+
+	root_chimed = fork();
+	cr_assert_geq(root_chimed, 0);
+	if (root_chimed == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		prctl(PR_SET_NAME, "chimed");
+		pause();
+		_exit(0);
+	}
+	usleep(50000);          /* named before chimectl looks */
+	fake_make(&f, root_chimed, 0);
+	snprintf(ctl, sizeof(ctl), "%s.ctl", sock);
+	cr_assert_eq(chown(ctl, nobody, nobody), 0);
+	r = run("%s --socket '%s' shutdown", bin("CHIMECTL"), sock);
+	cr_assert_eq(kill(root_chimed, 0), 0, "root's chimed was stopped through uid %u's segment (exit %d: %s)",
+		     (unsigned)nobody, r, slurp(err));
+	cr_assert_eq(r, 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "runs as uid 0, but"), "%s", slurp(err));
+	/* its own user's: signalled */
+	cr_assert_eq(chown(ctl, 0, 0), 0);
+	cr_assert_eq(run("%s --socket '%s' shutdown", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	waitpid(root_chimed, NULL, 0);
+	chime_seg_unmap(&f.map);
+}

@@ -820,15 +820,39 @@ static int pid_gone(pid_t pid)
 	return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
 }
 
+/* The effective uid of process pid (/proc/PID/status), or -1. */
+static long pid_euid(pid_t pid)
+{
+	char path[64], line[256];
+	unsigned ruid, euid;
+	long r = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	while (r < 0 && fgets(line, sizeof(line), f))
+		if (sscanf(line, "Uid: %u %u", &ruid, &euid) == 2)
+			r = euid;
+	fclose(f);
+	return r;
+}
+
 /*
  * Send sig to the broker at sock, after checking that the pid its control
- * segment names is chimed (never a process that merely reused the pid).
- * Sets *pid and *start_ns (that broker's start). SR_EXIT_OK or the failure.
+ * segment names is chimed (never a process that merely reused the pid) and
+ * runs as the segment's owner: the segment's writer is whoever owns the
+ * socket's directory, and could name another user's chimed (root's, whose
+ * operator runs this) for us to stop. Sets *pid and *start_ns (that
+ * broker's start). SR_EXIT_OK or the failure.
  */
 static int signal_broker(const char *sock, int sig, pid_t *pid, uint64_t *start_ns)
 {
 	char path[64], comm[32] = "";
 	struct sr_snap sn;
+	uid_t owner;
+	long euid;
 	struct sr s;
 	FILE *f;
 	int r;
@@ -845,6 +869,7 @@ static int signal_broker(const char *sock, int sig, pid_t *pid, uint64_t *start_
 		return r;
 	*pid = sn.hdr.pid;
 	*start_ns = sn.hdr.start_ns;
+	owner = s.uid;
 	r = sr_liveness(&sn, NULL);
 	sr_snap_free(&sn);
 	sr_close(&s);
@@ -864,6 +889,10 @@ static int signal_broker(const char *sock, int sig, pid_t *pid, uint64_t *start_
 	chime_printable(comm, sizeof(comm));    /* any process's name, quoted below */
 	if (strcmp(comm, "chimed") != 0)
 		return fail(SR_EXIT_NOSHM, "pid %d is '%s', not chimed; not signalling it", (int)*pid, comm);
+	euid = pid_euid(*pid);
+	if (euid != (long)owner)
+		return fail(SR_EXIT_NOSHM, "pid %d runs as uid %ld, but '%s' is uid %u's: not the broker that wrote "
+			    "it; not signalling it", (int)*pid, euid, s.ctl_path, (unsigned)owner);
 	if (kill(*pid, sig) < 0)
 		return fail(errno == EPERM ? SR_EXIT_DENIED : SR_EXIT_NOSHM, "kill(%d, %s) failed: %s%s",
 			    (int)*pid, sigabbrev_np(sig), strerror(errno),

@@ -112,6 +112,7 @@ int sr_open(struct sr *s, const char *sock)
 			if (fstat(fd, &st) == 0) {
 				s->dev = st.st_dev;
 				s->ino = st.st_ino;
+				s->uid = st.st_uid;
 			}
 			r = chime_seg_map_fd(fd, CHIME_SEG_CONTROL, false, &s->map);
 			close(fd);

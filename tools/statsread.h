@@ -45,6 +45,7 @@ struct sr {
 	uint32_t layout_seen;           /* after -EPROTO: the segment's layout version */
 	dev_t dev;                      /* the file mapped, to tell a new broker's from it */
 	ino_t ino;
+	uid_t uid;                      /* its owner: the broker's user, if chimed wrote it */
 };
 
 /*

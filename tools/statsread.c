@@ -33,7 +33,10 @@
 /*
  * A live writer holds a block's seq odd for well under 1 us, unless it is
  * preempted inside it: so retry in rounds, yielding between them, for up to
- * SR_READ_WAIT_NS before declaring the block torn (a dead writer).
+ * SR_READ_WAIT_NS before declaring the block torn (a dead writer). That is
+ * one wait per snapshot, shared by its blocks: a writer is inside one block
+ * at a time, and a segment whose every block is odd (not chimed's) took
+ * 50 ms a block, minutes a snapshot.
  */
 #define SR_READ_TRIES   1000u
 #define SR_READ_WAIT_NS UINT64_C(50000000)
@@ -213,20 +216,22 @@ void sr_perror(const char *prog, const struct sr *s, int err)
 	}
 }
 
-static int sr_read_block(struct sr_snap *snap, void *dst, const void *src, size_t len)
+/* *wait_ns: what is left of the snapshot's wait; the time spent here comes off it. */
+static int sr_read_block(struct sr_snap *snap, void *dst, const void *src, size_t len, uint64_t *wait_ns)
 {
-	uint64_t t0 = 0;
+	uint64_t t0 = 0, now = 0;
 	int r;
 
 	while ((r = chime_stats_read(dst, src, len, SR_READ_TRIES)) < 0) {
-		uint64_t now = now_ns();
-
+		now = now_ns();
 		if (!t0)
 			t0 = now;
-		else if (now - t0 > SR_READ_WAIT_NS)
+		else if (now - t0 >= *wait_ns)
 			break;
 		sched_yield();
 	}
+	if (t0)
+		*wait_ns -= now - t0 < *wait_ns ? now - t0 : *wait_ns;
 	if (r < 0)
 		snap->torn++;
 	return r;
@@ -238,6 +243,7 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	const struct chime_shard_ctl *sc;
 	const struct chime_client_ctl *cc;
 	const struct chime_client_stats *cs;
+	uint64_t wait_ns = SR_READ_WAIT_NS;
 	uint32_t i, k;
 
 	memset(snap, 0, sizeof(*snap));
@@ -277,7 +283,7 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 
 		struct sr_shard *d = &snap->sh[k];
 
-		sr_read_block(snap, st, &sc[k].stats, sizeof(*st));
+		sr_read_block(snap, st, &sc[k].stats, sizeof(*st), &wait_ns);
 		/* Since the reset: lat[] never goes back, lat_base[] is its copy at the reset. */
 		for (i = 0; i < CHIME_LAT_BUCKETS; i++) {
 			d->lat[i] = st->lat[i] >= st->lat_base[i] ? st->lat[i] - st->lat_base[i] : 0;
@@ -297,7 +303,7 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	for (i = 0; i < s->max_clients; i++) {
 		struct sr_client *cl = &snap->clients[snap->nr_clients];
 
-		sr_read_block(snap, &cl->id, &cc[i], sizeof(cl->id));
+		sr_read_block(snap, &cl->id, &cc[i], sizeof(cl->id), &wait_ns);
 		if (cl->id.state != CHIME_CLIENT_ACTIVE && cl->id.state != CHIME_CLIENT_DYING &&
 		    cl->id.state != CHIME_CLIENT_DETACHED)
 			continue;
@@ -315,7 +321,7 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 		for (k = 0; k < s->nr_shards; k++) {
 			struct chime_client_stats b;
 
-			sr_read_block(snap, &b, &cs[(uint64_t)i * s->nr_shards + k], sizeof(b));
+			sr_read_block(snap, &b, &cs[(uint64_t)i * s->nr_shards + k], sizeof(b), &wait_ns);
 			/* A shard that has not adopted this client yet still
 			 * holds the previous occupant's counters: skip them. */
 			if (b.generation != cl->id.generation)

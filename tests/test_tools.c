@@ -3172,3 +3172,26 @@ Test(tools_fake, blocks_left_mid_update_cost_one_wait_per_snapshot)
 	cr_assert_lt(s, 2.0, "chimestat -1 over %d torn blocks took %.2f s", N, s);
 	chime_seg_unmap(&f.map);
 }
+
+/*
+ * An unfinished control segment sends the tools to the lock file to learn
+ * whether a broker is starting. A FIFO there (whoever owns the socket's
+ * directory may put one) blocked that open for good: chimestat -1 and
+ * chimectl clients hung until killed. Now they say no broker runs.
+ */
+Test(tools_fake, a_fifo_for_a_lock_file_does_not_hang_the_tools)
+{
+	char path[256];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(ftruncate(fd, 65536), 0);  /* all zero: not published */
+	close(fd);
+	snprintf(path, sizeof(path), "%s.lock", sock);
+	cr_assert_eq(mkfifo(path, 0600), 0);
+	cr_assert_eq(run("timeout 10 %s --socket '%s' -1", bin("CHIMESTAT"), sock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "chimed is not running"), "%s", slurp(err));
+	cr_assert_eq(run("timeout 10 %s --socket '%s' clients", bin("CHIMECTL"), sock), 3, "%s", slurp(err));
+}

@@ -84,7 +84,8 @@ static bool broker_alive(const char *sock)
 	int fd;
 
 	snprintf(path, sizeof(path), "%s.lock", sock);
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	/* O_NONBLOCK: a FIFO put there (the directory's owner may) must not hang the open. */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0)
 		return errno != ENOENT;
 	n = read(fd, buf, sizeof(buf) - 1);

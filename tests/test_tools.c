@@ -26,7 +26,9 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -3194,4 +3196,42 @@ Test(tools_fake, a_fifo_for_a_lock_file_does_not_hang_the_tools)
 	cr_assert_eq(run("timeout 10 %s --socket '%s' -1", bin("CHIMESTAT"), sock), 1, "%s", slurp(err));
 	cr_assert(strstr(slurp(err), "chimed is not running"), "%s", slurp(err));
 	cr_assert_eq(run("timeout 10 %s --socket '%s' clients", bin("CHIMECTL"), sock), 3, "%s", slurp(err));
+}
+
+/*
+ * chimectl's queries (sessions, reset-stats, drop-session, and clients and
+ * timers for a user who cannot read the segments) waited 5 s for an answer,
+ * but their connect() waited for good at a listener whose queue is full: a
+ * broker stopped or wedged with connections queued (any user can queue
+ * them). Here a socket that never accepts, its queue filled: chimectl
+ * sessions hung until 'timeout' ended it. Now it fails after 5 s, saying why.
+ */
+Test(tools_fake, a_query_at_a_listener_that_never_accepts_times_out)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int l, c[16], n = 0, r;
+	uint64_t t0;
+
+	cr_assert_lt(strlen(sock), sizeof(sa.sun_path));
+	memcpy(sa.sun_path, sock, strlen(sock));
+	l = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	cr_assert_geq(l, 0);
+	cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(l, 1), 0);
+	/* fill the accept queue: a connect that would wait is refused with EAGAIN here */
+	for (; n < 16; n++) {
+		c[n] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK, 0);
+		if (connect(c[n], (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+			cr_assert_eq(errno, EAGAIN, "%s", strerror(errno));
+			close(c[n]);
+			break;
+		}
+	}
+	t0 = now_ns();
+	r = run("timeout 12 %s --socket '%s' sessions", bin("CHIMECTL"), sock);
+	cr_assert_eq(r, 1, "exit %d after %.1f s: %s", r, (double)(now_ns() - t0) / 1e9, slurp(err));
+	cr_assert(strstr(slurp(err), "did not take the connection within 5 s"), "%s", slurp(err));
+	for (int i = 0; i < n; i++)
+		close(c[i]);
+	close(l);
 }

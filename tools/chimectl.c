@@ -358,6 +358,9 @@ static const char *query_why(int r, enum query_step step)
 		return " (this user may not connect: the socket's permissions or a directory's above it)";
 	if (step == QUERY_CONNECT && r == -EPERM)
 		return UNTRUSTED;
+	if (step == QUERY_CONNECT && r == -ETIMEDOUT)
+		return " (the broker did not take the connection within 5 s: its queue is full, and it is stopped, "
+		       "wedged or flooded)";
 	if (step == QUERY_HELLO && r == -EACCES)
 		return " (the broker did not admit this user: see chimed --allow-uid, --allow-gid, --allow-all)";
 	if (step == QUERY_HELLO && r == -EPROTO)

@@ -44,8 +44,15 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 	if (fd < 0)
 		return -errno;
 	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	/*
+	 * The send timeout bounds the connect too: a listener whose queue is
+	 * full (a broker stopped or wedged, or one user's connect loop) kept it
+	 * waiting for good, as chime_open() did before its own.
+	 */
+	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		r = errno == ECONNREFUSED ? -ENOENT : errno == EPERM ? -EACCES : -errno;
+		r = errno == ECONNREFUSED ? -ENOENT : errno == EPERM ? -EACCES :
+		    errno == EAGAIN || errno == EINPROGRESS ? -ETIMEDOUT : -errno;
 		goto out;
 	}
 	/* As libchime's: a hello names a session, and an answer is believed, only from a trusted broker. */

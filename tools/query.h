@@ -25,7 +25,8 @@
  */
 enum query_step {
 	QUERY_CONNECT,  /* socket(2), connect(2): -ENOENT no broker listens, -EACCES the socket's permissions,
-			 * -EPERM a listener this user does not trust (chime_broker_trusted()) */
+			 * -EPERM a listener this user does not trust (chime_broker_trusted()),
+			 * -ETIMEDOUT its queue stayed full for 5 s */
 	QUERY_HELLO,    /* the broker refused the hello: -EACCES not admitted, -EPROTO another layout */
 	QUERY_ANSWER,   /* the answer's status, or it ended early (-ECONNRESET) or never came (-ETIMEDOUT) */
 };

@@ -82,48 +82,6 @@ void table_set(struct broker *b, struct client *c, uint32_t state)
 	b->ctl->clients_total = b->clients_total;
 }
 
-/*
- * The length of the character at s if it may be shown as it is: printable
- * ASCII, or well-formed UTF-8 (the kernel cuts a name at 15 bytes, maybe
- * inside a character) of a code point that is neither a C1 control (U+009B
- * is a terminal's CSI) nor one that breaks or reorders a line or hides
- * (line separators, bidirectional overrides, zero-width marks). Else 0.
- */
-static unsigned shown_char_len(const unsigned char *s, size_t n)
-{
-	unsigned len;
-	uint32_t cp;
-
-	if (s[0] < 0x80)
-		return s[0] >= 0x20 && s[0] < 0x7f;
-	if (s[0] >= 0xc2 && s[0] <= 0xdf) {
-		len = 2;
-		cp = s[0] & 0x1fu;
-	} else if (s[0] >= 0xe0 && s[0] <= 0xef) {
-		len = 3;
-		cp = s[0] & 0x0fu;
-	} else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
-		len = 4;
-		cp = s[0] & 0x07u;
-	} else {
-		return 0;
-	}
-	if (n < len)
-		return 0;
-	for (unsigned i = 1; i < len; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		cp = cp << 6 | (s[i] & 0x3fu);
-	}
-	if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-	    (cp >= 0xd800 && cp <= 0xdfff))
-		return 0;       /* overlong, out of range, a surrogate */
-	if (cp < 0xa0 || (cp >= 0x200b && cp <= 0x200f) || (cp >= 0x2028 && cp <= 0x202e) ||
-	    (cp >= 0x2060 && cp <= 0x206f) || cp == 0xfeff)
-		return 0;
-	return len;
-}
-
 void read_comm(pid_t pid, char comm[16])
 {
 	char path[64];
@@ -146,15 +104,7 @@ void read_comm(pid_t pid, char comm[16])
 	 * Printable characters only, here, where every reader gets it from;
 	 * anything else, byte by byte, is '?'.
 	 */
-	for (ssize_t i = 0; i < n;) {
-		unsigned k = shown_char_len((const unsigned char *)comm + i, (size_t)(n - i));
-
-		if (k) {
-			i += k;
-		} else {
-			comm[i++] = '?';
-		}
-	}
+	chime_printable(comm, 16);
 }
 
 /* ------------------------------------------------------------------------ */

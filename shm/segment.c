@@ -665,7 +665,7 @@ static unsigned shown_char_len(const unsigned char *s, size_t n)
 	if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
 	    (cp >= 0xd800 && cp <= 0xdfff))
 		return 0;       /* overlong, out of range, a surrogate */
-	if (cp < 0xa0 || (cp >= 0x200b && cp <= 0x200f) || (cp >= 0x2028 && cp <= 0x202e) ||
+	if (cp < 0xa0 || cp == 0x61c || (cp >= 0x200b && cp <= 0x200f) || (cp >= 0x2028 && cp <= 0x202e) ||
 	    (cp >= 0x2060 && cp <= 0x206f) || cp == 0xfeff)
 		return 0;
 	return len;

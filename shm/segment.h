@@ -170,7 +170,7 @@ int chime_seg_seal(int fd, bool read_only);
  * place: every byte that is not part of a printable character becomes '?'.
  * Printable: ASCII 0x20..0x7e, or well-formed UTF-8 of a code point that is
  * not a C1 control (U+009B is a terminal's CSI) nor one that breaks or
- * reorders a line or hides (line separators, bidirectional overrides,
+ * reorders a line or hides (line separators, bidirectional marks and overrides,
  * zero-width marks); a character cut short (the kernel cuts a process name
  * at 15 bytes) is not. chimed applies it to a process name as it reads it,
  * the tools to every name they read from a segment or an answer, whose

@@ -1459,7 +1459,7 @@ Test(tools_live, a_clients_name_is_printable_wherever_it_is_shown)
 /*
  * A name in UTF-8 is shown as it is, in JSON as the characters it names,
  * and found by chimestat --comm (issue 8's "wörk\"er\1"); a C1 control
- * (U+009B, a terminal's CSI) and a bidirectional override are not, nor a
+ * (U+009B, a terminal's CSI), a bidirectional override or mark are not, nor a
  * character the kernel cut at 15 bytes. Before, every byte past ASCII was
  * '?', so no --comm could name a process called "wörker".
  */
@@ -1467,7 +1467,7 @@ Test(tools_live, a_clients_name_in_utf8_is_kept_and_found)
 {
 	struct chime_opts o = { .socket_path = sock };
 	char self[16] = "";
-	chime_t *a, *b;
+	chime_t *a, *b, *c;
 
 	start_broker("--shards 1");
 	cr_assert_eq(prctl(PR_GET_NAME, self), 0);
@@ -1476,10 +1476,13 @@ Test(tools_live, a_clients_name_in_utf8_is_kept_and_found)
 	/* CSI as U+009B, a right-to-left override, then an "\xc3\xb6" cut after its first byte. */
 	cr_assert_eq(prctl(PR_SET_NAME, "a\xc2\x9b" "2J\xe2\x80\xae" "bcdefg\xc3\xb6"), 0);
 	cr_assert_eq(chime_open(&b, &o), 0);
+	/* U+061C, the Arabic letter mark: a bidirectional mark as well */
+	cr_assert_eq(prctl(PR_SET_NAME, "x\xd8\x9cy"), 0);
+	cr_assert_eq(chime_open(&c, &o), 0);
 	cr_assert_eq(prctl(PR_SET_NAME, self), 0);
 	cr_assert_eq(run("%s --socket '%s' -j clients", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
-	cr_assert_eq(jq("[.clients[].comm] | sort == [\"a??2J???bcdefg?\", \"w\u00f6rk\\\"er?\"]"), 1, "%s",
-		     slurp(out));
+	cr_assert_eq(jq("[.clients[].comm] | sort == [\"a??2J???bcdefg?\", \"w\u00f6rk\\\"er?\", \"x??y\"]"), 1,
+		     "%s", slurp(out));
 	cr_assert_eq(run("%s --socket '%s' -1 -j --comm 'w\xc3\xb6rk\"er?'", bin("CHIMESTAT"), sock), 0, "%s",
 		     slurp(err));
 	cr_assert_eq(jq(".clients | length"), 1, "%s", slurp(out));
@@ -1488,6 +1491,7 @@ Test(tools_live, a_clients_name_in_utf8_is_kept_and_found)
 		  "%s", slurp(out));
 	chime_close(a);
 	chime_close(b);
+	chime_close(c);
 }
 
 /*

@@ -85,8 +85,17 @@ static int peer_trusted(int fd, const char *path)
 	return r < 0 ? r : r ? 0 : -EPERM;
 }
 
-/* The socket's send and receive timeouts: what is left of the handshake's CHIME_OPEN_TIMEOUT_S. */
-static void handshake_timeout(int fd, uint64_t until)
+/* When a handshake that starts now must be over. */
+static uint64_t handshake_until(void)
+{
+	return now_ns() + CHIME_OPEN_TIMEOUT_S * UINT64_C(1000000000);
+}
+
+/*
+ * The socket's send and receive timeouts: what is left of the handshake's
+ * CHIME_OPEN_TIMEOUT_S, counted from `until`. False: nothing is left.
+ */
+static bool handshake_timeout(int fd, uint64_t until)
 {
 	uint64_t now = now_ns(), left = until > now ? until - now : 1000;
 	struct timeval tv = { .tv_sec = (time_t)(left / 1000000000u), .tv_usec = (suseconds_t)(left % 1000000000u / 1000u) };
@@ -95,13 +104,26 @@ static void handshake_timeout(int fd, uint64_t until)
 		tv.tv_usec = 1;         /* 0 would be no timeout at all */
 	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	return until > now;
 }
 
-static int connect_broker(const char *path, bool wait, int *out)
+/*
+ * A signal cut a blocking send or receive of the handshake short. With a
+ * socket timeout set, the call fails with EINTR even under SA_RESTART
+ * (signal(7)), and calling it again waited the whole timeout again: a
+ * process with a periodic signal (an interval timer, a profiler) never
+ * timed out on a broker that took the connection and never answered. Go
+ * on with what is left of the handshake's time; false: none is.
+ */
+static bool handshake_resume(int fd, uint64_t until)
+{
+	return handshake_timeout(fd, until);
+}
+
+static int connect_broker(const char *path, bool wait, uint64_t until, int *out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
-	uint64_t until = now_ns() + CHIME_OPEN_TIMEOUT_S * UINT64_C(1000000000);
 	int fd, r;
 
 	_Static_assert(CHIME_PATH_MAX == sizeof(sa.sun_path), "a path libchime keeps fits sun_path");
@@ -121,17 +143,15 @@ static int connect_broker(const char *path, bool wait, int *out)
 		(void)fcntl(fd, F_SETFL, O_NONBLOCK);
 	while (connect(fd, (struct sockaddr *)&sa, len) < 0) {
 		r = errno;
-		if (r == EINTR) {
-			handshake_timeout(fd, until);
+		if (r == EINTR && handshake_resume(fd, until))
 			continue;
-		}
 		close(fd);
 		switch (r) {
 		case ENOENT: case ECONNREFUSED: case ENOTDIR:
 			return -ENOENT;              /* nothing listens there (or a stale socket) */
 		case EACCES: case EPERM:
 			return -EACCES;
-		case EAGAIN:
+		case EAGAIN: case EINTR:
 			return -ETIMEDOUT;           /* its queue stayed full */
 		default:
 			return -r;
@@ -143,12 +163,12 @@ static int connect_broker(const char *path, bool wait, int *out)
 		close(fd);
 		return r;
 	}
-	handshake_timeout(fd, until);
+	(void)handshake_timeout(fd, until);
 	*out = fd;
 	return 0;
 }
 
-static int send_hello(int fd, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit)
+static int send_hello(int fd, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit, uint64_t until)
 {
 	struct chime_hello hello = {
 		.magic = CHIME_HELLO_MAGIC,
@@ -163,7 +183,9 @@ static int send_hello(int fd, const char *session, uint32_t flags, uint64_t sq_b
 		memcpy(hello.session, session, strlen(session));
 	do
 		n = send(fd, &hello, sizeof(hello), MSG_NOSIGNAL);
-	while (n < 0 && errno == EINTR);
+	while (n < 0 && errno == EINTR && handshake_resume(fd, until));
+	if (n < 0 && errno == EINTR)
+		return -ETIMEDOUT;
 	if (n < 0)      /* EAGAIN: SO_SNDTIMEO ran out, as recv_welcome()'s ETIMEDOUT */
 		return errno == EPIPE || errno == ECONNRESET ? -ECONNRESET : errno == EAGAIN ? -ETIMEDOUT : -errno;
 	return n == sizeof(hello) ? 0 : -ECONNRESET;
@@ -180,7 +202,7 @@ static void close_fds(int *fds, unsigned n)
  * Receive the welcome and its fds. On success *nfds fds are in fds[] and
  * owned by the caller; on failure none are open.
  */
-static int recv_welcome(int sock, bool wait, struct chime_welcome *w, int *fds, unsigned *nfds)
+static int recv_welcome(int sock, bool wait, uint64_t until, struct chime_welcome *w, int *fds, unsigned *nfds)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * CHIME_MAX_FDS)];
@@ -198,11 +220,11 @@ static int recv_welcome(int sock, bool wait, struct chime_welcome *w, int *fds, 
 	memset(w, 0, sizeof(*w));
 	do
 		len = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | (wait ? 0 : MSG_DONTWAIT));
-	while (len < 0 && errno == EINTR);
+	while (len < 0 && errno == EINTR && (!wait || handshake_resume(sock, until)));
 	if (len < 0 && errno == EAGAIN && !wait)
 		return -EINPROGRESS;
 	if (len < 0)
-		return errno == EAGAIN ? -ETIMEDOUT : errno == ECONNRESET ? -ECONNRESET : -errno;
+		return errno == EAGAIN || errno == EINTR ? -ETIMEDOUT : errno == ECONNRESET ? -ECONNRESET : -errno;
 
 	/* Collect every fd we were sent first, so that no error path leaks one. */
 	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
@@ -297,14 +319,14 @@ static int check_geometry(const struct chime_welcome *w, const struct chime_map 
 	return 0;
 }
 
-int cl_dial_start(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit,
-		  bool wait, int *sock)
+static int dial_start(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit,
+		      bool wait, uint64_t until, int *sock)
 {
-	int r = connect_broker(path, wait, sock);
+	int r = connect_broker(path, wait, until, sock);
 
 	if (r < 0)
 		return r;
-	r = send_hello(*sock, session, flags, sq_base, limit);
+	r = send_hello(*sock, session, flags, sq_base, limit, until);
 	/*
 	 * Hung up on: a broker out of descriptors refuses before our hello
 	 * (EUSERS), and its refusal may be waiting; the peer is gone, so the
@@ -317,19 +339,27 @@ int cl_dial_start(const char *path, const char *session, uint32_t flags, uint64_
 	return r < 0 && r != -ECONNRESET ? r : 0;
 }
 
+int cl_dial_start(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit,
+		  bool wait, int *sock)
+{
+	return dial_start(path, session, flags, sq_base, limit, wait, handshake_until(), sock);
+}
+
 int cl_dial_finish(int sock, bool wait, struct chime_welcome *w, int *fds, unsigned *nfds)
 {
-	return recv_welcome(sock, wait, w, fds, nfds);
+	/* Waiting: the handshake's time runs from now (a reconnect never waits). */
+	return recv_welcome(sock, wait, handshake_until(), w, fds, nfds);
 }
 
 int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit, int *sock,
 	    struct chime_welcome *w, int *fds, unsigned *nfds)
 {
-	int r = cl_dial_start(path, session, flags, sq_base, limit, true, sock);
+	uint64_t until = handshake_until();
+	int r = dial_start(path, session, flags, sq_base, limit, true, until, sock);
 
 	if (r < 0)
 		return r;
-	r = cl_dial_finish(*sock, true, w, fds, nfds);
+	r = recv_welcome(*sock, true, until, w, fds, nfds);
 	if (r < 0) {
 		close(*sock);
 		*sock = -1;
@@ -707,7 +737,7 @@ CHIME_PUBLIC int chime_open_0_3(chime_t **out, const struct chime_opts *opts)
  * The answer to a drop: a query head with its status, or the welcome of a
  * refused hello (not admitted: -EACCES; another layout: -EPROTO).
  */
-static int recv_drop_answer(int sock)
+static int recv_drop_answer(int sock, uint64_t until)
 {
 	union {
 		struct chime_query_head q;
@@ -717,9 +747,9 @@ static int recv_drop_answer(int sock)
 
 	do
 		n = recv(sock, &u, sizeof(u), 0);
-	while (n < 0 && errno == EINTR);
+	while (n < 0 && errno == EINTR && handshake_resume(sock, until));
 	if (n < 0)
-		return errno == EAGAIN ? -ETIMEDOUT : errno == ECONNRESET ? -ECONNRESET : -errno;
+		return errno == EAGAIN || errno == EINTR ? -ETIMEDOUT : errno == ECONNRESET ? -ECONNRESET : -errno;
 	if (n == 0)
 		return -ECONNRESET;
 	if (n == (ssize_t)sizeof(u.w) && u.w.magic == CHIME_HELLO_MAGIC)
@@ -732,14 +762,15 @@ static int recv_drop_answer(int sock)
 /* Drop session `name` of the broker at `path` (resolved): what `chimectl drop-session` asks. */
 static int drop_session(const char *path, const char *name)
 {
-	int sock, r = connect_broker(path, true, &sock);
+	uint64_t until = handshake_until();
+	int sock, r = connect_broker(path, true, until, &sock);
 
 	if (r < 0)
 		return r;
-	r = send_hello(sock, name, CHIME_HELLO_DROP_SESSION, 0, false);
+	r = send_hello(sock, name, CHIME_HELLO_DROP_SESSION, 0, false, until);
 	/* Hung up on before the hello: its refusal may be waiting (as cl_dial()). */
 	if (r == 0 || r == -ECONNRESET) {
-		int why = recv_drop_answer(sock);
+		int why = recv_drop_answer(sock, until);
 
 		r = r == 0 || why != -ECONNRESET ? why : r;
 	}

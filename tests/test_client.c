@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -294,4 +296,76 @@ Test(client, no_sigpipe_when_broker_vanishes)
 	/* The fake broker closes at once; a send to it must not kill us. */
 	signal(SIGPIPE, SIG_DFL);
 	cr_assert_eq(open_against_fake(FAKE_HANGUP), -ECONNRESET);
+}
+
+/*
+ * A broker that took the connection and never answers (stopped, wedged):
+ * the handshake gives up after 10 s, -ETIMEDOUT, also in a process that
+ * gets a signal every 50 ms (an interval timer, a profiler). With a
+ * socket timeout set, each signal ends the blocking receive with EINTR,
+ * even under SA_RESTART, and the receive was made again with the whole
+ * timeout: chime_open() and chime_drop_session() never returned.
+ */
+static void on_tick(int sig)
+{
+	(void)sig;
+}
+
+/* In a child that gets SIGALRM every 50 ms: the call's errno, as its exit status. */
+static pid_t call_under_ticks(bool drop)
+{
+	pid_t pid = fork();
+
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct sigaction sa = { .sa_handler = on_tick, .sa_flags = SA_RESTART };
+		struct itimerval it = { .it_interval = { .tv_usec = 50000 }, .it_value = { .tv_usec = 50000 } };
+		struct chime_opts o = { .socket_path = sock_path, .session = drop ? "ticked" : NULL };
+		chime_t *c;
+		int r;
+
+		if (sigaction(SIGALRM, &sa, NULL) < 0 || setitimer(ITIMER_REAL, &it, NULL) < 0)
+			_exit(250);
+		r = drop ? chime_drop_session(&o) : chime_open(&c, &o);
+		_exit(r < 0 ? -r : 0);
+	}
+	return pid;
+}
+
+Test(client, a_handshake_never_answered_times_out_under_a_stream_of_signals, .timeout = 40)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int l = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	uint64_t t0 = chime_now(), took[2] = { 0, 0 };
+	pid_t pid[2];
+	int st[2];
+
+	/* Listening, never accepting: the connection is taken, the hello never answered. */
+	strcpy(sa.sun_path, sock_path);
+	cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(l, 4), 0);
+	pid[0] = call_under_ticks(false);
+	pid[1] = call_under_ticks(true);
+	while ((!took[0] || !took[1]) && chime_now() - t0 < 25 * UINT64_C(1000000000)) {
+		for (int i = 0; i < 2; i++)
+			if (!took[i] && waitpid(pid[i], &st[i], WNOHANG) == pid[i])
+				took[i] = chime_now() - t0;
+		usleep(10000);
+	}
+	for (int i = 0; i < 2; i++) {
+		if (!took[i]) {
+			kill(pid[i], SIGKILL);
+			(void)waitpid(pid[i], &st[i], 0);
+		}
+	}
+	close(l);
+	cr_assert(took[0], "chime_open() still waiting after 25 s");
+	cr_assert(took[1], "chime_drop_session() still waiting after 25 s");
+	for (int i = 0; i < 2; i++) {
+		cr_assert(WIFEXITED(st[i]) && WEXITSTATUS(st[i]) == ETIMEDOUT, "%s: status %#x",
+			  i ? "chime_drop_session" : "chime_open", st[i]);
+		/* 10 s, give or take a loaded host */
+		cr_assert(took[i] >= 9 * UINT64_C(1000000000) && took[i] < 20 * UINT64_C(1000000000),
+			  "%s gave up after %.1f s", i ? "chime_drop_session" : "chime_open", (double)took[i] / 1e9);
+	}
 }

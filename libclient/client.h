@@ -163,7 +163,7 @@ struct chime {
 	bool has_ring;
 	bool kick_polled;                   /* a POLL_ADD on kick_fd is outstanding in the ring */
 	bool sock_polled;                   /* a POLL_ADD on sock is outstanding in the ring */
-	const char *polls_by;               /* &cl_thread_token of the thread that submitted them */
+	uint64_t polls_by;                  /* the waiter number (poll.c) of the thread that submitted them */
 
 	struct chime_chan chan[];
 };

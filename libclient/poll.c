@@ -688,6 +688,23 @@ static void reap(struct chime *c)
 	io_uring_cq_advance(&c->ring, seen);
 }
 
+/*
+ * This thread's number as a waiter (sleep_uring()), from 1, never reused:
+ * 0 until its first sleep. Not &cl_thread_token: glibc gives a new thread
+ * the cached stack, and with it the TLS, of one that exited, and the new
+ * thread took the polls the old one left for its own and slept on them,
+ * to be woken a tick late (found by an API audit).
+ */
+static __thread uint64_t tl_waiter __attribute__((tls_model("initial-exec")));
+static uint64_t waiters;        /* atomic: numbers handed out */
+
+static uint64_t waiter_no(void)
+{
+	if (unlikely(!tl_waiter))
+		tl_waiter = at_add(&waiters, 1);
+	return tl_waiter;
+}
+
 static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 {
 	struct __kernel_timespec ts = {
@@ -707,9 +724,9 @@ static int sleep_uring(struct chime *c, uint64_t timeout_ns)
 	 * ppoll() instead; once they have fired it submits its own.
 	 */
 	reap(c);
-	if ((c->kick_polled || c->sock_polled) && c->polls_by != &cl_thread_token)
+	if ((c->kick_polled || c->sock_polled) && c->polls_by != waiter_no())
 		return sleep_poll(c, timeout_ns);
-	c->polls_by = &cl_thread_token;
+	c->polls_by = waiter_no();
 	if (!c->kick_polled && (sqe = io_uring_get_sqe(&c->ring))) {
 		io_uring_prep_poll_add(sqe, c->kick_fd, POLLIN);
 		io_uring_sqe_set_data64(sqe, TAG_KICK);

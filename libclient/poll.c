@@ -150,8 +150,14 @@ static bool wait_applied(struct chime *c, struct chime_chan *ch, uint64_t pos, u
 }
 
 /*
+ * scan_pending()'s answer when a record the shard took is not applied yet
+ * (below): the set is incomplete and no event of the ring may be judged.
+ */
+#define SCAN_UNSETTLED UINT64_MAX
+
+/*
  * Step 2: collect the RESET/CANCEL/CANCEL_KEY records the shard has not
- * applied. Returns how many records it looked at.
+ * applied. Returns how many records it looked at, or SCAN_UNSETTLED.
  */
 static uint64_t scan_pending(struct chime *c, struct chime_chan *ch)
 {
@@ -175,10 +181,17 @@ static uint64_t scan_pending(struct chime *c, struct chime_chan *ch)
 			 * seq == pos: reserved, not published yet: a concurrent call,
 			 * which this drain need not honour. Anything else: the shard
 			 * consumed it after our load of sq_head; once sq_head passes
-			 * it, the VOIDs it caused are in the claim words.
+			 * it, the VOIDs it caused are in the claim words. The shard
+			 * publishes sq_head at the end of its batch, moments away,
+			 * unless it stopped in the middle of it (SIGSTOP, a frozen
+			 * cgroup, a debugger): then the drain holds the ring's events,
+			 * as for a reset (drain_chan()). It waited 2^32 spins (minutes),
+			 * and chime_poll(), which never blocks, spun on a CPU until the
+			 * broker went on (found by an API audit). A broker gone
+			 * never applies it: what it delivered is returned, as before.
 			 */
-			if (seq != pos)
-				(void)wait_applied(c, ch, pos, UINT32_MAX);
+			if (seq != pos && !wait_applied(c, ch, pos, HOLD_SPINS) && !cl_broker_gone(c, false))
+				return SCAN_UNSETTLED;
 			continue;
 		}
 		switch (rec.op) {
@@ -227,7 +240,7 @@ static uint32_t judge(const struct chime *c, const struct chime_cqe *e, struct c
 static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct sink *to, unsigned max)
 {
 	struct chime_cq_cons *q = &ch->cq;
-	uint64_t start = q->head, tail, link;
+	uint64_t start = q->head, tail, link, scanned;
 	unsigned n = 0;
 
 	/* D1 (ring.h Q2): pairs with the shard's release of cq_tail after the cqe and its claim word. */
@@ -241,10 +254,15 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct 
 		ch->seen = tail;        /* impossible from a sane broker: ignore */
 		return 0;
 	}
-	if (at_load(ch->sq_head) == at_load(ch->sq.tail))
+	if (at_load(ch->sq_head) == at_load(ch->sq.tail)) {
 		pend_clear(c);
-	else if (scan_pending(c, ch) >= SCAN_WAKE_MIN)
+	} else if (unlikely((scanned = scan_pending(c, ch)) == SCAN_UNSETTLED)) {
+		ch->held = 1;           /* nothing taken: judged by the next drain */
+		ch->seen = tail;
+		return 0;
+	} else if (scanned >= SCAN_WAKE_MIN) {
 		cl_ring_doorbell(ch);   /* S2: its load of `sleeping` follows the producers' barriers */
+	}
 
 	while (q->head != tail && n < max) {
 		struct chime_pend *reset = NULL;

@@ -432,6 +432,15 @@ bool cl_reconnect(struct chime *c, bool locked)
 		at_store(&c->dead, 1);
 		at_store_rel(&c->link, (at_load(&c->link) | 1) + 1);
 		timer_set(c, 0);
+		/*
+		 * The fd says so, and stays readable (chime_fd(3)), as an
+		 * anonymous connection's dead socket does: the old socket left
+		 * its set at begin(), and the timer is off. Given up by an
+		 * arming thread, no drainer would ever see it: an event loop
+		 * asleep on chime_fd() slept for good (found by an API audit).
+		 */
+		if (write(c->kick_fd, &one, sizeof(one)) == sizeof(one))
+			c->kicks++;
 	} else {
 		at_store(&c->recon_next_ns, now + c->recon_backoff_ns);
 		c->recon_backoff_ns = c->recon_backoff_ns * 2 < BACKOFF_MAX_NS ? c->recon_backoff_ns * 2 : BACKOFF_MAX_NS;

@@ -13,6 +13,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1194,5 +1195,42 @@ Test(session, a_poll_returns_at_once_while_the_broker_is_stopped_in_the_middle_o
 		}
 	}
 	cr_assert_eq(got, 1, "the held event came %u times", got);
+	chime_close(c);
+}
+
+/*
+ * A session whose reconnecting is given up by a thread that arms, not by
+ * the drainer: chime_fd() says so, readable (and stays so, as an
+ * anonymous connection's does once its broker is gone), and the drain
+ * returns -ENOTCONN. The old socket had left the fd's set and the timer
+ * was turned off: an event loop asleep on the fd never woke to learn it.
+ */
+static void on_event(const struct chime_event *e, void *arg)
+{
+	(void)e;
+	(void)arg;
+}
+
+Test(session, a_reconnect_given_up_by_an_arming_thread_makes_the_fd_readable)
+{
+	struct pollfd p = { .events = POLLIN };
+	chime_t *c;
+	int r = 0, n = 0;
+
+	start("-n 1 --sq-size 64");
+	setenv("CHIME_RECONNECT_S", "1", 1);
+	c = sopen_ok("given-up");
+	unsetenv("CHIME_RECONNECT_S");
+	p.fd = chime_fd(c);
+	cr_assert_geq(p.fd, 0);
+	cr_assert_eq(poll(&p, 1, 0), 0, "readable with nothing pending");
+	(void)t_chimed_stop(&tb, SIGKILL);      /* and none comes back */
+	/* The ring fills, the arm finds the broker gone, reconnects for 1 s and gives up. */
+	while (n < 100000 && (r = chime_arm(c, 0, now_ns() + HOUR, 0, 0, &(chime_id_t){ 0 })) == 0)
+		n++;
+	cr_assert_eq(r, -ENOTCONN, "after %d arms: %d", n, r);
+	cr_assert_eq(poll(&p, 1, 1000), 1, "chime_fd() not readable once reconnecting was given up");
+	cr_assert_eq(chime_dispatch(c, on_event, NULL, 0), -ENOTCONN);
+	cr_assert_eq(poll(&p, 1, 0), 1, "chime_fd() no longer readable after the -ENOTCONN");
 	chime_close(c);
 }

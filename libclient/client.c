@@ -680,6 +680,8 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	r = setup(c, &w, fds);
 	/* The segments stay mapped; their fds are not needed any more. */
 	close_fds(fds, nfds);
+	if (r == 0 && session && c->recon_window_ns)
+		r = cl_reconnect_prepare(c);
 	if (r < 0) {
 		chime_free(c);
 		drop_if_created(&w, path, session);

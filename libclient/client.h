@@ -103,6 +103,7 @@ struct chime {
 	char path[CHIME_PATH_MAX];          /* the socket chime_open() connected to */
 	pthread_mutex_t lock;               /* sessions: the drainer and a reconnect exclude each other */
 	int timer_fd;                       /* in chime_fd()'s set: readable when an attempt is due; -1 */
+	bool timer_on;                      /* timer_fd is set (it may have fired: read it); off, it is not readable */
 	int recon_sock;                     /* an attempt's hello sent, its welcome awaited (in the set); -1 */
 	uint64_t recon_base;                /* that hello's sq_base */
 	uint64_t recon_dial_until_ns;       /* and when its wait ends (DIAL_WAIT_NS) */
@@ -296,6 +297,13 @@ int cl_submit_op(struct chime *c, uint32_t s, uint32_t op);
 uint64_t cl_reconnect_wait_ns(struct chime *c);
 /* The next attempt is due now, whatever the back-off (a session's close; no other thread uses c). */
 void cl_reconnect_hurry(struct chime *c);
+/*
+ * chime_fd()'s timer for the attempts, made by chime_open() of a session
+ * that may reconnect: made only once reconnecting began, it failed in a
+ * process out of descriptors, and the fd never woke an event loop for an
+ * attempt again. 0 or -errno (timerfd_create(2), epoll_ctl(2)).
+ */
+int cl_reconnect_prepare(struct chime *c);
 
 /* Write our doorbell for a shard if it sleeps (after a full barrier by the caller). */
 void cl_ring_doorbell(struct chime_chan *ch);

@@ -456,7 +456,7 @@ static void wake_clear(struct chime *c)
 			cl_lost(c, link);
 		break;
 	}
-	if (c->timer_fd >= 0) {
+	if (c->timer_on) {      /* a session's made at its open: read only while it may have fired */
 		uint64_t v;
 
 		(void)!read(c->timer_fd, &v, sizeof(v));

@@ -115,6 +115,7 @@ static void timer_set(struct chime *c, uint64_t at)
 
 	if (c->timer_fd >= 0)
 		(void)timerfd_settime(c->timer_fd, TFD_TIMER_ABSTIME, &its, NULL);
+	c->timer_on = c->timer_fd >= 0 && at != 0;     /* a setting clears what had fired */
 }
 
 /* Close every submission ring (see the top). */
@@ -156,20 +157,30 @@ static bool rings_settled(struct chime *c)
 	return true;
 }
 
+int cl_reconnect_prepare(struct chime *c)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	int r;
+
+	c->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+	if (c->timer_fd < 0)
+		return -errno;
+	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->timer_fd, &ev) < 0) {
+		r = -errno;
+		close(c->timer_fd);
+		c->timer_fd = -1;
+		return r;
+	}
+	return 0;
+}
+
 static void begin(struct chime *c, uint64_t now)
 {
 	rings_close(c);
 	/* The old connection only says "gone" now: out of the fd's set until the new one replaces it. */
 	(void)epoll_ctl(c->ep_fd, EPOLL_CTL_DEL, c->sock, NULL);
-	if (c->timer_fd < 0) {
-		struct epoll_event ev = { .events = EPOLLIN };
-
-		c->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-		if (c->timer_fd >= 0 && epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->timer_fd, &ev) < 0) {
-			close(c->timer_fd);
-			c->timer_fd = -1;
-		}
-	}
+	if (c->timer_fd < 0)
+		(void)cl_reconnect_prepare(c);  /* chime_open() made it: not reached */
 	c->recon_give_up_ns = now + c->recon_window_ns;
 	c->recon_backoff_ns = BACKOFF_MIN_NS;
 	at_store(&c->recon_next_ns, now);

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -1233,4 +1234,76 @@ Test(session, a_reconnect_given_up_by_an_arming_thread_makes_the_fd_readable)
 	cr_assert_eq(chime_dispatch(c, on_event, NULL, 0), -ENOTCONN);
 	cr_assert_eq(poll(&p, 1, 0), 1, "chime_fd() no longer readable after the -ENOTCONN");
 	chime_close(c);
+}
+
+/*
+ * A session that starts reconnecting while its process has no descriptor
+ * left (RLIMIT_NOFILE): once descriptors are free again, chime_fd() wakes
+ * its event loop for the next attempt, and the session comes back. The
+ * timer that makes the fd readable when an attempt is due was made only
+ * then, and failed: the fd never woke the loop again, and the session
+ * stayed down for good though the broker was back.
+ */
+static int nofile_recon_child(int ready)
+{
+	struct rlimit old, none;
+	struct epoll_event ee = { .events = EPOLLIN };
+	struct chime_event ev[4];
+	uint64_t lift, end;
+	chime_id_t id;
+	unsigned got = 0;
+	chime_t *c;
+	int ep, r;
+
+	if (sopen(&c, "nofile-recon") < 0 || chime_arm(c, 0, now_ns() + 1500 * MS, 0, 7, &id) < 0)
+		return 2;
+	ep = epoll_create1(EPOLL_CLOEXEC);
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, chime_fd(c), &ee) < 0 || getrlimit(RLIMIT_NOFILE, &old) < 0)
+		return 2;
+	if (write(ready, "", 1) != 1)
+		return 2;
+	/* Not one descriptor more: none at or above the lowest free number. */
+	if ((r = dup(0)) < 0)
+		return 2;
+	close(r);
+	none = (struct rlimit){ .rlim_cur = (rlim_t)r, .rlim_max = old.rlim_max };
+	if (setrlimit(RLIMIT_NOFILE, &none) < 0)
+		return 2;
+	lift = now_ns() + 1000 * MS;
+	for (end = now_ns() + 15000 * MS; now_ns() < end && !got;) {
+		if (lift && now_ns() >= lift) {
+			(void)setrlimit(RLIMIT_NOFILE, &old);
+			lift = 0;
+		}
+		/* An event loop: the library only when the fd says so. */
+		if (epoll_wait(ep, &ee, 1, 50) != 1)
+			continue;
+		while ((r = chime_poll(c, ev, 4)) > 0)
+			for (int i = 0; i < r; i++)
+				got += ev[i].id == id;
+		if (r < 0)
+			return 3;
+	}
+	return got == 1 ? 0 : 4;
+}
+
+Test(session, a_reconnect_begun_out_of_descriptors_is_woken_for_its_attempts_once_they_are_back)
+{
+	int p[2], st;
+	pid_t pid;
+	char b;
+
+	start("-n 1");
+	cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		_exit(nofile_recon_child(p[1]));
+	close(p[1]);
+	cr_assert_eq(read(p[0], &b, 1), 1, "the child did not get going");
+	close(p[0]);
+	cr_assert_eq(t_chimed_restart(&tb, SIGKILL, "-n 1"), 0);
+	st = wait_child(pid);
+	cr_assert_eq(st, 0, "the child: %s", st == 4 ? "its timer never came through the next broker (15 s)" :
+		     st == 3 ? "a drain failed" : "set-up failed");
 }

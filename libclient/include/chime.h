@@ -109,7 +109,8 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *                  answer within 10 s
  *   -EBADMSG       the broker's reply or segments were malformed
  * or another negative errno of socket(2), connect(2), send(2), recvmsg(2), mmap(2),
- * eventfd(2), epoll_create1(2), epoll_ctl(2), getsockopt(2), stat(2) or fstat(2).
+ * eventfd(2), timerfd_create(2) (a session's), epoll_create1(2), epoll_ctl(2),
+ * getsockopt(2), stat(2) or fstat(2).
  */
 int chime_open(chime_t **out, const struct chime_opts *opts);
 

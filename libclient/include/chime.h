@@ -305,7 +305,11 @@ int chime_fd(const chime_t *c);
 /*
  * Copy up to max pending events into events; never blocks. Returns how many
  * (0..max), -EINVAL (c or events NULL, max 0), or -ENOTCONN once the broker is
- * gone and nothing is left to return. One thread at a time drains a chime_t
+ * gone and nothing is left to return. An event whose timer this connection
+ * has just reset waits until the shard has applied the reset (microseconds;
+ * as long as a stopped broker stays stopped), and so do the events behind
+ * it: a poll that finds only such events returns 0, and leaves chime_fd()
+ * readable (chime_poll(3)). One thread at a time drains a chime_t
  * (chime_poll, chime_wait, chime_dispatch): any thread, but never two at
  * once; overlapping drains are not checked and are undefined (they lose
  * events: chime_poll(3)).

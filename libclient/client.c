@@ -19,6 +19,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -65,6 +66,27 @@ static int resolve_path(const char *path, char out[CHIME_PATH_MAX])
 		return -EINVAL;
 	strcpy(out, path);
 	return 0;
+}
+
+/*
+ * The socket a session reconnects to (reconnect.c): a relative path as the
+ * absolute one it named at chime_open(), so that a later chdir() (a
+ * daemon's to "/") does not send the attempts elsewhere; they never came
+ * back to the restarted broker (found by an API audit). Kept relative if
+ * the absolute one does not fit a socket address, or the working
+ * directory cannot be named.
+ */
+static void path_keep(char out[CHIME_PATH_MAX], const char *path)
+{
+	char cwd[PATH_MAX];
+	int n;
+
+	strcpy(out, path);
+	if (path[0] == '/' || !getcwd(cwd, sizeof(cwd)))
+		return;
+	n = snprintf(out, CHIME_PATH_MAX, "%s/%s", strcmp(cwd, "/") ? cwd : "", path);
+	if (n < 0 || n >= CHIME_PATH_MAX)
+		strcpy(out, path);
 }
 
 /*
@@ -670,7 +692,7 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	c->sock = sock;
 	c->kick_fd = c->ep_fd = c->timer_fd = c->recon_sock = -1;
 	c->nr_shards = w.nr_shards;
-	memcpy(c->path, path, sizeof(path));
+	path_keep(c->path, path);
 	if (session)
 		memcpy(c->session, session, strlen(session) + 1);
 	c->session_token = w.session_token;

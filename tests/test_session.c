@@ -1307,3 +1307,60 @@ Test(session, a_reconnect_begun_out_of_descriptors_is_woken_for_its_attempts_onc
 	cr_assert_eq(st, 0, "the child: %s", st == 4 ? "its timer never came through the next broker (15 s)" :
 		     st == 3 ? "a drain failed" : "set-up failed");
 }
+
+/*
+ * A session opened with a relative socket path reconnects to that socket,
+ * the one it opened, after the process changed its working directory (a
+ * daemon's chdir("/")): the path was kept as given and resolved again at
+ * each attempt, against another directory, and the session never came
+ * back to its restarted broker.
+ */
+static int relative_child(void)
+{
+	struct chime_opts o = { .socket_path = "chime.sock", .session = "relative" };
+	struct chime_event ev[4];
+	uint64_t until;
+	chime_id_t id;
+	chime_t *c;
+	int r;
+
+	setenv("CHIME_RECONNECT_S", "5", 1);
+	if (chdir(tb.dir) < 0 || chime_open(&c, &o) < 0 || chdir("/") < 0)
+		return 2;
+	kill(getppid(), SIGUSR1);       /* restart the broker now */
+	/* Its first arm after the restart waits for the reconnect, then fires. */
+	usleep(300000);
+	if (chime_arm(c, 0, now_ns() + 50 * MS, 0, 9, &id) < 0)
+		return 3;
+	for (until = now_ns() + 6000 * MS; now_ns() < until;) {
+		r = chime_wait(c, ev, 4, 100);
+		if (r < 0)
+			return 3;
+		for (int i = 0; i < r; i++)
+			if (ev[i].id == id)
+				return 0;
+	}
+	return 4;
+}
+
+Test(session, a_session_opened_by_a_relative_path_reconnects_to_it_after_a_chdir)
+{
+	sigset_t usr1, old;
+	pid_t pid;
+	int sig, st;
+
+	start("-n 1");
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	cr_assert_eq(sigprocmask(SIG_BLOCK, &usr1, &old), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		_exit(relative_child());
+	cr_assert_eq(sigwait(&usr1, &sig), 0);
+	cr_assert_eq(t_chimed_restart(&tb, SIGKILL, "-n 1"), 0);
+	st = wait_child(pid);
+	(void)sigprocmask(SIG_SETMASK, &old, NULL);
+	cr_assert_eq(st, 0, "the child: %s", st == 4 ? "its timer never came through the restarted broker" :
+		     st == 3 ? "an arm or a wait failed (reconnecting given up?)" : "set-up failed");
+}

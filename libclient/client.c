@@ -716,6 +716,27 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	return 0;
 }
 
+bool cl_lock_try(struct chime *c)
+{
+	int old;
+
+	(void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	if (pthread_mutex_trylock(&c->lock) != 0) {
+		(void)pthread_setcancelstate(old, NULL);
+		return false;
+	}
+	c->lock_cancel = old;   /* the holder's alone: a callback's nested lock is another session's */
+	return true;
+}
+
+void cl_unlock(struct chime *c)
+{
+	int old = c->lock_cancel;
+
+	pthread_mutex_unlock(&c->lock);
+	(void)pthread_setcancelstate(old, NULL);
+}
+
 void cl_sock_ready(int sock)
 {
 	/* Back to blocking without timeouts: only non-blocking probes use the socket now. */

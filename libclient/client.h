@@ -102,6 +102,7 @@ struct chime {
 	uint32_t session_token;             /* from the last welcome: a resume sends it back (reconnect.c) */
 	char path[CHIME_PATH_MAX];          /* the socket chime_open() connected to */
 	pthread_mutex_t lock;               /* sessions: the drainer and a reconnect exclude each other */
+	int lock_cancel;                    /* the holder's cancel state before it took `lock` (cl_lock_try()) */
 	int timer_fd;                       /* in chime_fd()'s set: readable when an attempt is due; -1 */
 	bool timer_on;                      /* timer_fd is set (it may have fired: read it); off, it is not readable */
 	int recon_sock;                     /* an attempt's hello sent, its welcome awaited (in the set); -1 */
@@ -199,6 +200,16 @@ int cl_dial_finish(int sock, bool wait, struct chime_welcome *w, int *fds, unsig
 int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[3], struct chime_client_geom *g);
 /* The handshake is over: the socket blocks again, with no timeouts. */
 void cl_sock_ready(int sock);
+/*
+ * Try a session's lock, with the thread's cancellation (pthread_cancel(3))
+ * put off while it holds it; cl_unlock() gives both back. The drain's
+ * recv(2), a reconnect's connect(2), a dispatch callback's write(2) are
+ * cancellation points: a thread cancelled there left the lock held for
+ * good, and every later drain of the session returned nothing. A cancel is
+ * acted on at the thread's next cancellation point after it.
+ */
+bool cl_lock_try(struct chime *c);
+void cl_unlock(struct chime *c);
 
 static inline bool cl_is_dead(const struct chime *c)
 {

@@ -385,7 +385,7 @@ static bool drainer_trylock(struct chime *c)
 {
 	if (likely(!c->session[0]))
 		return true;
-	if (pthread_mutex_trylock(&c->lock) != 0)
+	if (!cl_lock_try(c))
 		return false;
 	at_store(&c->drainer, &cl_thread_token);
 	return true;
@@ -395,7 +395,7 @@ static void drainer_unlock(struct chime *c)
 {
 	if (c->session[0]) {
 		at_store(&c->drainer, (const char *)NULL);
-		pthread_mutex_unlock(&c->lock);
+		cl_unlock(c);
 	}
 }
 

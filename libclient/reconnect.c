@@ -90,11 +90,11 @@ uint64_t cl_reconnect_answer_by(struct chime *c)
 {
 	uint64_t by = 0;
 
-	if (pthread_mutex_trylock(&c->lock) != 0)
+	if (!cl_lock_try(c))
 		return 0;
 	if (c->recon_sock >= 0)
 		by = c->recon_dial_until_ns;
-	pthread_mutex_unlock(&c->lock);
+	cl_unlock(c);
 	return by;
 }
 
@@ -412,7 +412,7 @@ bool cl_reconnect(struct chime *c, bool locked)
 
 	if (!cl_reconnecting(c))
 		return false;
-	if (!locked && pthread_mutex_trylock(&c->lock) != 0)
+	if (!locked && !cl_lock_try(c))
 		return cl_reconnecting(c);
 	if (!cl_reconnecting(c))
 		goto out;
@@ -459,7 +459,7 @@ bool cl_reconnect(struct chime *c, bool locked)
 	}
 out:
 	if (!locked) {
-		pthread_mutex_unlock(&c->lock);
+		cl_unlock(c);
 		cl_resume_flush(c);
 	}
 	return cl_reconnecting(c);

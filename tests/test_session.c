@@ -1364,3 +1364,53 @@ Test(session, a_session_opened_by_a_relative_path_reconnects_to_it_after_a_chdir
 	cr_assert_eq(st, 0, "the child: %s", st == 4 ? "its timer never came through the restarted broker" :
 		     st == 3 ? "an arm or a wait failed (reconnecting given up?)" : "set-up failed");
 }
+
+/*
+ * A thread cancelled (pthread_cancel(3), deferred) in a named session's
+ * drain: the cancel is acted on after the call, never with the session's
+ * lock held. A drain's recv(2) is a cancellation point, and a thread
+ * cancelled there left the lock held for good: every later drain returned
+ * nothing (a timer 20 ms ahead was never delivered), and chime_wait()
+ * spun on the lock until its timeout.
+ */
+static pthread_barrier_t cancel_turns;
+
+static void *drain_cancelled(void *arg)
+{
+	struct chime_event ev[4];
+
+	(void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+	(void)pthread_barrier_wait(&cancel_turns);
+	(void)pthread_barrier_wait(&cancel_turns);      /* cancelled meanwhile: it is pending */
+	(void)pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+	(void)chime_poll(arg, ev, 4);                   /* an event loop's drain */
+	pthread_testcancel();
+	return NULL;
+}
+
+Test(session, a_thread_cancelled_in_a_drain_leaves_the_session_usable)
+{
+	struct chime_event ev[4];
+	chime_id_t id;
+	pthread_t th;
+	void *ret;
+	chime_t *c;
+	int r;
+
+	start("-n 1");
+	c = sopen_ok("cancelled");
+	cr_assert_geq(chime_fd(c), 0);         /* its empty drains read the fd's wake-ups: recv(2) */
+	cr_assert_eq(pthread_barrier_init(&cancel_turns, NULL, 2), 0);
+	cr_assert_eq(pthread_create(&th, NULL, drain_cancelled, c), 0);
+	(void)pthread_barrier_wait(&cancel_turns);
+	cr_assert_eq(pthread_cancel(th), 0);
+	(void)pthread_barrier_wait(&cancel_turns);
+	cr_assert_eq(pthread_join(th, &ret), 0);
+	cr_assert_eq(ret, PTHREAD_CANCELED, "the cancel was not honoured");
+	cr_assert_eq(chime_arm(c, 0, now_ns() + 20 * MS, 0, 5, &id), 0);
+	r = chime_wait(c, ev, 4, 2000);
+	cr_assert_eq(r, 1, "a drain after the cancelled one: %d (the session's lock left held)", r);
+	cr_assert_eq(ev[0].id, id);
+	(void)pthread_barrier_destroy(&cancel_turns);
+	chime_close(c);
+}

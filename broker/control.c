@@ -884,6 +884,14 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 				b->restart = true;
 				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 				return 1;
+			} else if (res == (int)sizeof(b->sig_buf) && b->restart && b->sig_buf.ssi_signo != SIGUSR2) {
+				/* A stop asked for while a restart parks (systemctl stop): a stop, not a restart. */
+				log_msg(LOG_NOTICE, "%s received while restarting: stopping instead",
+					strsignal((int)b->sig_buf.ssi_signo));
+				b->restart = false;
+				notify_stopping();
+				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
+				return 1;
 			} else if (res == (int)sizeof(b->sig_buf)) {
 				log_msg(LOG_INFO, "%s received, stopping", strsignal((int)b->sig_buf.ssi_signo));
 				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);

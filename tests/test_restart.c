@@ -3643,3 +3643,68 @@ Test(restart, a_session_process_killed_during_a_planned_stop_loses_no_returned_c
 	munmap(sh, sizeof(*sh));
 }
 
+
+/* ---- (10) the stop and restart life cycle: signals, parks cut short, what the next broker gets ---- */
+
+/* Hold shard0 of the test's broker under ptrace (a stop then stays open while its sessions park): its tid. */
+static int hold_shard0(void)
+{
+	int tid = t_thread_named(tb.pid, "chimed-shard0"), r;
+
+	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
+	r = t_thread_hold(tid);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
+	return tid;
+}
+
+/* Reap the test's broker within `ms`: its wait status, or -1 if it still runs (it is left running). */
+static int reap_within(unsigned ms)
+{
+	uint64_t t0 = now_ns();
+	int st;
+
+	do {
+		if (waitpid(tb.pid, &st, WNOHANG) == tb.pid) {
+			tb.pid = 0;
+			return st;
+		}
+		usleep(10 * 1000);
+	} while (now_ns() - t0 < ms * MS);
+	return -1;
+}
+
+/*
+ * SIGTERM (systemctl stop, chimectl shutdown) while a chimectl restart
+ * parks the sessions stops the broker for good: a second signal "stops at
+ * once" (chimed(8)). It executed chimed again instead, so the stop never
+ * came (systemd waits, then SIGKILLs the new broker). The shard is held so
+ * that the restart is still parking "held" when SIGTERM comes.
+ */
+Test(restart, sigterm_during_a_restart_stops_the_broker_instead_of_restarting_it)
+{
+	char log[300];
+	chime_t *held;
+	int tid, st;
+
+	start_logged("-n 1", log, sizeof(log));
+	held = sopen_ok("held");
+	tid = hold_shard0();
+	cr_assert_eq(kill(tb.pid, SIGUSR2), 0);
+	cr_assert(log_says(log, "SIGUSR2 received", ""), "the broker did not begin its restart");
+	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	/* the stop is at once now: the shard must be back within its 2 s to stop */
+	(void)log_says(log, "Terminated", "");
+	cr_assert_eq(t_thread_release(tid), 0);
+	st = reap_within(10000);
+	cr_assert_neq(st, -1, "chimed still runs 10 s after SIGTERM (it executed itself again: %s)",
+		      log_lines(log, "executing", "again") ? "yes" : "no");
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
+	cr_assert_eq(log_lines(log, "executing", "again"), 0, "the broker executed itself again");
+	chime_close(held);
+	/* The session went to the next broker all the same. */
+	restart(0, "-n 1");
+	cr_assert_eq(sopen(&held, "held"), 0, "the session was not handed over");
+	chime_close(held);
+}

@@ -451,12 +451,23 @@ static void detach_stdio(int verdict_fd)
  */
 static char start_dir[PATH_MAX];
 
+/* The signals the control loop's signalfd takes: blocked in every thread, and across a restart's exec. */
+static void loop_signals(sigset_t *set)
+{
+	sigemptyset(set);
+	sigaddset(set, SIGTERM);
+	sigaddset(set, SIGINT);
+	sigaddset(set, SIGHUP);
+	sigaddset(set, SIGUSR2);
+}
+
 static void __attribute__((noreturn)) reexec(char **argv, const struct broker_opts *o, const sigset_t *mask)
 {
 	char self[PATH_MAX];
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	const char *del = " (deleted)";
 	char **args = argv;
+	sigset_t exec_mask = *mask, loop;
 	int argc = 0;
 
 	if (n <= 0) {
@@ -468,7 +479,16 @@ static void __attribute__((noreturn)) reexec(char **argv, const struct broker_op
 	if ((size_t)n > strlen(del) && !strcmp(self + n - strlen(del), del))
 		self[n - strlen(del)] = 0;
 	log_msg(LOG_INFO, "executing '%s' again", self);
-	pthread_sigmask(SIG_SETMASK, mask, NULL);
+	/*
+	 * The mask it was started with, but the loop's signals stay blocked
+	 * through the exec: pending, the new broker's signalfd reads them.
+	 * Unblocked, a SIGHUP (systemctl reload) or SIGTERM that came before
+	 * the new main() blocked them again took its default action, and the
+	 * broker died.
+	 */
+	loop_signals(&loop);
+	sigorset(&exec_mask, &exec_mask, &loop);
+	pthread_sigmask(SIG_SETMASK, &exec_mask, NULL);
 	if (!start_dir[0] || chdir(start_dir) < 0) {
 		/*
 		 * Removed since? From "/", with the files this broker uses by
@@ -528,7 +548,7 @@ int main(int argc, char **argv)
 		.policy.subuid_file = "/etc/subuid",
 	};
 	char err[512];
-	bool foreground = false, have_socket = false;
+	bool foreground = false, have_socket = false, restarted;
 	sigset_t old_mask;
 	struct broker *b = NULL;
 	int c, r, verdict_fd = -1;
@@ -647,7 +667,8 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc)
 		usage_error("unexpected argument '%s'", argv[optind]);
-	if (getenv(RESTART_ENV)) {
+	restarted = getenv(RESTART_ENV) != NULL;
+	if (restarted) {
 		/* chimectl restart: its --fresh would discard every session it just handed over. */
 		o.fresh = false;
 		unsetenv(RESTART_ENV);
@@ -724,12 +745,12 @@ int main(int argc, char **argv)
 			(unsigned long long)o.max_timers_per_uid, o.max_clients_per_uid, o.sq_size, o.nr_shards,
 			o.nr_shards == 1 ? "" : "s", (unsigned long long)o.sq_size * o.nr_shards,
 			(unsigned long long)(o.max_timers_per_uid / ((uint64_t)o.sq_size * o.nr_shards)));
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGHUP);
-	sigaddset(&set, SIGUSR2);
+	loop_signals(&set);
 	pthread_sigmask(SIG_BLOCK, &set, &old_mask);
+	/* Blocked by the broker that executed us (reexec()), not by whoever started the first. */
+	for (int sig = 1; restarted && sig < NSIG; sig++)
+		if (sigismember(&set, sig) == 1)
+			sigdelset(&old_mask, sig);
 
 	if (!getcwd(start_dir, sizeof(start_dir)))
 		start_dir[0] = 0;

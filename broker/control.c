@@ -741,14 +741,7 @@ static void on_notify(struct broker *b)
 			c->rw_fd = c->ro_fd = c->touch_fd = -1;
 			c->state = CL_ACTIVE;
 			table_set(b, c, CHIME_CLIENT_ACTIVE);
-			/*
-			 * Attached: no linger in the sessions file. A re-attach
-			 * left the last park's deadline there, and a broker that
-			 * crashed after it had passed reclaimed the session at
-			 * its first heartbeat, timers and all.
-			 */
-			if (c->session[0])
-				restart_put(b, c);
+			/* A session's record says so already: client_admit(), client_reattach(). */
 			if (!arm_hup(b, c)) {
 				/* Exited between its hello and now: as if the exit poll had said so. */
 				if (c->session[0])
@@ -1464,6 +1457,15 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 	for (uint32_t s = 0; s < b->o.nr_shards; s++)
 		c->mems[s].wake_fd = c->fd;
 	c->state = CL_ATTACHING;
+	/*
+	 * The new holder and token (the process resumes with them after a
+	 * crash), and no linger, before the shards free the last holder's
+	 * carried grants. Written once welcomed, a broker killed after the
+	 * welcome left the last process's token, and the next refused this
+	 * one's resume (ENOTCONN); with the last park's deadline, a broker
+	 * that crashed after it had passed reclaimed the session at once.
+	 */
+	restart_put(b, c);
 	post_all(b, c, SHARD_CMD_REATTACH);
 }
 

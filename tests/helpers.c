@@ -552,3 +552,45 @@ int t_open_fds(int pid)
 	snprintf(path, sizeof(path), "/proc/%d/fd", pid);
 	return t_count_files(path);
 }
+
+int t_kill_after_syscall(int pid, int tid, long nr, unsigned ms)
+{
+	uint64_t t0 = now_ns();
+	long last = -1;
+	int st, sig = 0, r = t_thread_hold(tid);
+
+	if (r < 0)
+		return r;
+	if (ptrace(PTRACE_SETOPTIONS, tid, 0, (void *)(long)PTRACE_O_TRACESYSGOOD) < 0) {
+		r = -errno;
+		(void)t_thread_release(tid);
+		return r;
+	}
+	for (;;) {
+		struct __ptrace_syscall_info si;
+
+		if (now_ns() - t0 > (uint64_t)ms * 1000000u) {
+			(void)t_thread_release(tid);
+			return -ETIMEDOUT;
+		}
+		if (ptrace(PTRACE_SYSCALL, tid, 0, (void *)(long)sig) < 0 || waitpid(tid, &st, __WALL) != tid)
+			return -errno;
+		sig = 0;
+		if (!WIFSTOPPED(st))
+			return -ECHILD;
+		if (WSTOPSIG(st) != (SIGTRAP | 0x80)) {
+			/* A signal for the thread (not a ptrace event stop): it goes with the next resume. */
+			if (WSTOPSIG(st) != SIGTRAP && (st >> 16) == 0)
+				sig = WSTOPSIG(st);
+			continue;
+		}
+		if (ptrace(PTRACE_GET_SYSCALL_INFO, tid, (void *)sizeof(si), &si) <= 0)
+			return -errno;
+		if (si.op == PTRACE_SYSCALL_INFO_ENTRY) {
+			last = (long)si.entry.nr;
+		} else if (si.op == PTRACE_SYSCALL_INFO_EXIT && last == nr && si.exit.rval >= 0) {
+			kill(pid, SIGKILL);
+			return 0;
+		}
+	}
+}

@@ -188,4 +188,13 @@ static inline chime_t *t_open(const char *sock)
 }
 #endif
 
+/*
+ * SIGKILL process pid as soon as its thread tid returns from system call `nr`
+ * (a SYS_* number) with a result >= 0: a broker killed right after a given
+ * step. The thread is traced meanwhile (PTRACE_SYSCALL), the others run on.
+ * 0 once killed; -ETIMEDOUT if no such call returned within `ms` (the thread
+ * released, the process left running); -errno (-EPERM: ptrace is not allowed).
+ */
+int t_kill_after_syscall(int pid, int tid, long nr, unsigned ms);
+
 #endif

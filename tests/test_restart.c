@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -3761,4 +3762,60 @@ Test(restart, a_signal_while_chimed_executes_itself_again_does_not_kill_it)
 		  WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
 	cr_assert_geq(log_lines(log, "listening on", ""), 2, "chimed did not run again within 10 s");
 	stop_now(SIGTERM);
+}
+
+struct opener {
+	const char *session;
+	chime_t *c;
+	int r;
+};
+
+static void *opener_main(void *arg)
+{
+	struct opener *o = arg;
+
+	o->r = sopen(&o->c, o->session);
+	return NULL;
+}
+
+/*
+ * A process that opens a detached session anew gets a new token in its
+ * welcome, and resumes with it after a crash; the broker wrote the token to
+ * the sessions file only after the welcome was sent, so a broker killed in
+ * between left the last process's token there, and the next broker refused
+ * the resume (ESTALE): the process's calls failed with ENOTCONN, its
+ * session left to its old linger. The control thread is traced and the
+ * broker killed as its sendmsg() of the welcome returns.
+ */
+Test(restart, a_broker_killed_right_after_a_reattach_s_welcome_lets_the_process_resume)
+{
+	struct opener o = { .session = "again" };
+	struct chime_event ev;
+	pthread_t thr;
+	chime_id_t id;
+	chime_t *c;
+	int r;
+
+	start("-n 1");
+	c = sopen_ok("again");
+	chime_close(c);         /* detached: the open below is a re-attach with a new token */
+	cr_assert_eq(pthread_create(&thr, NULL, opener_main, &o), 0);
+	r = t_kill_after_syscall(tb.pid, tb.pid, SYS_sendmsg, 10000);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the control thread: %s", strerror(-r));
+	pthread_join(thr, NULL);
+	cr_assert_eq(r, 0, "the broker sent no welcome within 10 s: %s", strerror(-r));
+	cr_assert_eq(o.r, 0, "the open whose welcome was sent failed: %s", strerror(-o.r));
+	restart(0, "-n 1");
+	r = chime_arm(o.c, 0, now_ns() + 50 * MS, 0, 9, &id);
+	cr_assert_eq(r, 0, "an arm after the crash: %s", strerror(-r));
+	for (uint64_t t0 = now_ns(); now_ns() - t0 < 5000 * MS;) {
+		r = chime_wait(o.c, &ev, 1, 100);
+		cr_assert_geq(r, 0, "the process could not go on in its session: %s", strerror(-r));
+		if (r == 1)
+			break;
+	}
+	cr_assert_eq(r, 1, "the timer armed after the crash did not fire");
+	cr_assert_eq(ev.user_data, 9);
+	chime_close(o.c);
 }

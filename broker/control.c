@@ -1507,6 +1507,8 @@ void broker_stop(struct broker *b)
 			/* A wedged shard may still use every mapping: remove the files and go. */
 			for (uint32_t j = i + 1; j < b->o.nr_shards && !keep; j++)
 				(void)chime_seg_unlink_named(b->shards[j].seg_fd, b->shards[j].path);
+			if (!keep)
+				restart_close(b, 0, 0);         /* the sessions file too: it holds none */
 			(void)chime_seg_unlink_named(b->ctl_fd, b->ctl_path);
 			(void)chime_seg_unlink_named(b->lock_fd, b->lock_path);
 			_exit(EXIT_FAILURE);

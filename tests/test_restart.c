@@ -3819,3 +3819,36 @@ Test(restart, a_broker_killed_right_after_a_reattach_s_welcome_lets_the_process_
 	cr_assert_eq(ev.user_data, 9);
 	chime_close(o.c);
 }
+
+/*
+ * A stop with a shard wedged (held under ptrace past its 2 s to stop) gives
+ * up on it and exits 1, removing what it can. With no session to keep, that
+ * is every file: it left the sessions file behind.
+ */
+Test(restart, a_stop_that_gives_up_on_a_wedged_shard_leaves_no_file_when_no_session_is_kept)
+{
+	char log[300], path[PATH_MAX];
+	chime_t *c;
+	chime_id_t id;
+	int tid, st, n;
+
+	start_logged("-n 2", log, sizeof(log));
+	c = sopen_ok(NULL);
+	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 1, &id), 0);
+	tid = hold_shard0();
+	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	if (!log_says(log, "did not stop within", "") && !log_says(log, "did not stop within", "")) {
+		(void)t_thread_release(tid);
+		cr_assert_fail("the stop did not give up on the held shard within 6 s");
+	}
+	/* The held thread's end is ours to reap (its tracer's) before the process's is its parent's. */
+	cr_assert_eq(waitpid(tid, &st, __WALL), tid);
+	st = reap_within(10000);
+	cr_assert_neq(st, -1, "chimed still runs 10 s after it gave up on its shard");
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %#x", st);
+	chime_close(c);
+	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
+	n = t_count_files(tb.dir);
+	cr_assert_eq(n, 1, "%d files left behind (the log is one) with no session to keep (the sessions file %s)",
+		     n, access(path, F_OK) == 0 ? "among them" : "not");
+}

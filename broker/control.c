@@ -722,7 +722,18 @@ static void on_notify(struct broker *b)
 				client_detach(b, c, -ENOMEM);
 				continue;
 			}
-			/* Stopping: a session goes straight to the next broker, parked. */
+			/*
+			 * Stopping: refused, as every open during a stop is. A
+			 * session this open created holds nothing yet and goes
+			 * (handed over, it lingered empty in the next broker);
+			 * another goes to the next broker parked.
+			 */
+			if (b->stopping && c->session[0] && c->created) {
+				client_detach(b, c, -ECONNREFUSED);
+				continue;
+			}
+			if (b->stopping && c->session[0])
+				send_status(c->fd, -ECONNREFUSED);
 			r = b->stopping && c->session[0] ? -ESHUTDOWN : send_welcome(b, c);
 			if (r < 0) {
 				log_errno(LOG_DEBUG, r, "client %u (pid %d) left during the handshake",

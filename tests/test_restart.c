@@ -3852,3 +3852,60 @@ Test(restart, a_stop_that_gives_up_on_a_wedged_shard_leaves_no_file_when_no_sess
 	cr_assert_eq(n, 1, "%d files left behind (the log is one) with no session to keep (the sessions file %s)",
 		     n, access(path, F_OK) == 0 ? "among them" : "not");
 }
+
+/* Wait (up to 5 s) until the broker at the test's socket lists session `name` (chimectl sessions). */
+static bool session_listed(const char *name)
+{
+	char cmd[700];
+
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' sessions 2>/dev/null | grep -q '^%s '", getenv("CHIMECTL"),
+		 tb.sock, name);
+	for (int i = 0; i < 100; i++, usleep(50 * 1000))
+		if (system(cmd) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * An open that creates a session, caught by a stop before its welcome, is
+ * refused as every open during a stop is (ECONNREFUSED: open again once the
+ * next broker listens), and the session it would have created is no more.
+ * It was parked for the next broker instead: the process got ECONNRESET,
+ * and the next broker kept an empty session it never had, under its user's
+ * name and client quota, for the whole linger (an hour by default). The
+ * shard is held so that the attach is still in flight when SIGTERM comes.
+ */
+Test(restart, a_new_session_whose_open_a_stop_interrupts_is_refused_and_not_handed_over)
+{
+	struct opener o = { .session = "fresh" };
+	char log[300], next[300], extra[400];
+	pthread_t thr;
+	chime_t *held;
+	int tid, st;
+
+	cr_assert_not_null(getenv("CHIMECTL"));
+	start_logged("-n 1", log, sizeof(log));
+	held = sopen_ok("held");
+	tid = hold_shard0();
+	cr_assert_eq(pthread_create(&thr, NULL, opener_main, &o), 0);
+	if (!session_listed("fresh")) {
+		(void)t_thread_release(tid);
+		cr_assert_fail("the broker does not list the session being opened");
+	}
+	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	(void)log_says(log, "Terminated", "");
+	cr_assert_eq(t_thread_release(tid), 0);
+	pthread_join(thr, NULL);
+	st = reap_within(10000);
+	cr_assert_neq(st, -1, "chimed still runs 10 s after SIGTERM");
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
+	if (o.r == 0)
+		chime_close(o.c);
+	cr_expect_eq(o.r, -ECONNREFUSED, "the open during the stop: %s", strerror(-o.r));
+	chime_close(held);
+	snprintf(next, sizeof(next), "%s/next.log", tb.dir);
+	snprintf(extra, sizeof(extra), "-n 1 2>'%s'", next);
+	restart(0, extra);
+	cr_assert(log_lines(next, "taking over 1 session from", ""),
+		  "the next broker did not take over exactly the one session there was");
+}

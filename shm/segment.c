@@ -362,9 +362,62 @@ static int copy_data(int in, int out, off_t from, off_t to)
 	return 0;
 }
 
+/* The mode, group, size and kept data extents of `fd` (fstat in st) into the new file `out`. */
+static int copy_into(int fd, const struct stat *st, int out, const struct chime_seg_range *keep, unsigned n)
+{
+	/* Its group too: --stats-group's, not ours or a setgid directory's, reads a shard file. */
+	int r = fchown(out, (uid_t)-1, st->st_gid) < 0 || fchmod(out, st->st_mode & 07777) < 0 ? -errno : 0;
+
+	if (r == 0 && ftruncate(out, st->st_size) < 0)
+		r = -errno;
+	for (unsigned i = 0; r == 0 && i < (keep ? n : 1); i++) {
+		uint64_t from = keep ? keep[i].off : 0, to = (uint64_t)st->st_size;
+
+		if (keep && keep[i].len < to - (from < to ? from : to))
+			to = from + keep[i].len;        /* no overflow: it ends before the file does */
+		if (to > (uint64_t)st->st_size)
+			to = (uint64_t)st->st_size;
+		if (from < to)
+			r = copy_data(fd, out, (off_t)from, (off_t)to);
+	}
+	return r;
+}
+
 /*
- * A copy, not linkat() of /proc/self/fd/N: the kernel refuses to link a
- * file whose last name is gone (ENOENT).
+ * The copy, unnamed (O_TMPFILE in the path's directory), named once
+ * complete: a broker killed while it copied left a file at the path with
+ * its size set and its data partly written, and the next broker refused a
+ * shard file with a zeroed header (chimed would not start). 1 if named,
+ * 0 if it cannot be done this way (no O_TMPFILE here, no /proc), -errno.
+ */
+static int relink_whole(int fd, const struct stat *st, const char *path,
+			const struct chime_seg_range *keep, unsigned n)
+{
+	char dir[PATH_MAX], proc[64];
+	const char *slash = strrchr(path, '/');
+	int out, r;
+
+	if (!slash || (size_t)(slash - path) >= sizeof(dir))
+		return 0;
+	snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+	out = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, st->st_mode & 07777);
+	if (out < 0)
+		return errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL ? 0 : -errno;
+	/* No durability asked (the next boot discards the files): a crash of the process is the case. */
+	r = copy_into(fd, st, out, keep, n);
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", out);
+	/* Never over another file: EEXIST. */
+	if (r == 0 && linkat(AT_FDCWD, proc, AT_FDCWD, path, AT_SYMLINK_FOLLOW) < 0)
+		r = errno == ENOENT && access("/proc/self/fd", F_OK) < 0 ? 0 : -errno;
+	else if (r == 0)
+		r = 1;
+	close(out);
+	return r;
+}
+
+/*
+ * A copy, not linkat() of /proc/self/fd/N of fd itself: the kernel refuses
+ * to link a file whose last name is gone (ENOENT).
  */
 int chime_seg_relink(int fd, const char *path, const struct chime_seg_range *keep, unsigned n)
 {
@@ -375,23 +428,14 @@ int chime_seg_relink(int fd, const char *path, const struct chime_seg_range *kee
 		return r == 1 ? 0 : r;
 	if (fstat(fd, &st) < 0)
 		return -errno;
+	r = relink_whole(fd, &st, path, keep, n);
+	if (r != 0)
+		return r;
+	/* Without O_TMPFILE or /proc: at the path, and filled there. */
 	out = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, st.st_mode & 07777);
 	if (out < 0)
 		return -errno;
-	/* Its group too: --stats-group's, not ours or a setgid directory's, reads a shard file. */
-	r = fchown(out, (uid_t)-1, st.st_gid) < 0 || fchmod(out, st.st_mode & 07777) < 0 ? -errno : 0;
-	if (r == 0 && ftruncate(out, st.st_size) < 0)
-		r = -errno;
-	for (unsigned i = 0; r == 0 && i < (keep ? n : 1); i++) {
-		uint64_t from = keep ? keep[i].off : 0, to = (uint64_t)st.st_size;
-
-		if (keep && keep[i].len < to - (from < to ? from : to))
-			to = from + keep[i].len;        /* no overflow: it ends before the file does */
-		if (to > (uint64_t)st.st_size)
-			to = (uint64_t)st.st_size;
-		if (from < to)
-			r = copy_data(fd, out, (off_t)from, (off_t)to);
-	}
+	r = copy_into(fd, &st, out, keep, n);
 	/* A filesystem that writes back at the close (NFS) says there if it had no room. */
 	if (close(out) < 0 && r == 0 && errno != EINTR)
 		r = -errno;

@@ -83,8 +83,11 @@ struct chime_seg_range {
 
 /*
  * Put the contents of file `fd` at `path` again if `path` no longer names
- * it (chime_seg_named()): a new file (O_EXCL | O_NOFOLLOW, the mode and
- * group of `fd`) of the same size, with only its data extents copied, so that a
+ * it (chime_seg_named()): a new file (the mode and group of `fd`), copied
+ * unnamed (O_TMPFILE) and linked at `path` once complete, so that a process
+ * killed meanwhile leaves no half-written file there (without O_TMPFILE or
+ * /proc: created at `path`, O_EXCL | O_NOFOLLOW, and filled there), of the
+ * same size, with only its data extents copied, so that a
  * sparse slab stays sparse; with `keep` (n ranges, in order), only the data
  * within them (the rest a hole: what the next reader rebuilds, or never
  * reads). 0 if `path` still names it, 1 if written again, or -errno:

@@ -3909,3 +3909,76 @@ Test(restart, a_new_session_whose_open_a_stop_interrupts_is_refused_and_not_hand
 	cr_assert(log_lines(next, "taking over 1 session from", ""),
 		  "the next broker did not take over exactly the one session there was");
 }
+
+struct late_signal {
+	pid_t pid;
+	int sig;
+	unsigned ms;
+};
+
+static void *late_signal_main(void *arg)
+{
+	struct late_signal *l = arg;
+
+	usleep(l->ms * 1000);
+	kill(l->pid, l->sig);
+	return NULL;
+}
+
+static void *arm_100_main(void *arg)
+{
+	chime_id_t id;
+
+	for (unsigned i = 0; i < 100; i++)
+		if (chime_arm(arg, 0, now_ns() + HOUR, 0, 100 + i, &id) < 0)
+			return (void *)1;
+	return NULL;
+}
+
+/*
+ * A stop writes a removed shard file again, and a broker killed in the
+ * middle of that copy leaves no half-written file at its path: the copy is
+ * named only once complete. It was created at the path first, its size
+ * set, then filled: killed in between, the next broker found a shard file
+ * with a zeroed header and refused to start, and the way out (--fresh)
+ * discarded every shard's timers, not only those of the removed file. The
+ * control thread is traced and the broker killed as the copy's ftruncate()
+ * returns.
+ */
+Test(restart, a_broker_killed_while_it_writes_a_removed_shard_file_again_leaves_no_half_file)
+{
+	struct late_signal term;
+	char log[300], next[300], extra[400], path[PATH_MAX];
+	pthread_t thr;
+	chime_id_t id;
+	chime_t *c;
+	void *ret;
+	int r;
+
+	start_logged("-n 2", log, sizeof(log));
+	/* Each thread arms on a shard of its own (home_shard()): this one on shard 0, the next on shard 1. */
+	c = open_armed("halves", 100, &id);
+	cr_assert_eq(pthread_create(&thr, NULL, arm_100_main, c), 0);
+	pthread_join(thr, &ret);
+	cr_assert_null(ret, "the second thread's arms failed");
+	chime_close(c);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 200), 200);
+	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
+	cr_assert_eq(unlink(path), 0);
+	term = (struct late_signal){ .pid = tb.pid, .sig = SIGTERM, .ms = 200 };
+	cr_assert_eq(pthread_create(&thr, NULL, late_signal_main, &term), 0);
+	r = t_kill_after_syscall(tb.pid, tb.pid, SYS_ftruncate, 10000);
+	pthread_join(thr, NULL);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the control thread: %s", strerror(-r));
+	cr_assert_eq(r, 0, "the stop did not write the removed file again within 10 s: %s", strerror(-r));
+	snprintf(next, sizeof(next), "%s/next.log", tb.dir);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", next);
+	r = t_chimed_restart(&tb, 0, extra);
+	cr_assert_eq(r, 0, "the next broker did not start (%s)",
+		     log_lines(next, "damaged header", "") ? "a damaged header: the file half written" : "see its log");
+	/* The removed shard's timers are lost (the crash came before its copy); the other shard's are kept. */
+	r = (int)t_nodes(tb.sock, ARMED_STATES);
+	cr_assert_eq(r, 100, "%d of the 200 timers kept, not the 100 of shard 1", r);
+	cr_assert(log_lines(next, "shard0", "is missing"), "the next broker did not say shard 0's file was missing");
+}

@@ -178,21 +178,34 @@ static void rec_seal(struct sessfile_rec *r)
 	r->check = fnv1a(r, offsetof(struct sessfile_rec, check));
 }
 
-int sessfile_open(struct sessfile *sf, const char *path, const struct sessfile_geom *g,
-		  const struct sessfile_rec *recs)
+/* sessfile_open(); `tmp`: a new file is written unnamed, and named once complete. */
+static int open_as(struct sessfile *sf, const char *path, const struct sessfile_geom *g,
+		   const struct sessfile_rec *recs, bool tmp)
 {
 	struct sessfile_hdr h;
 	size_t body = (size_t)g->max_clients * sizeof(struct sessfile_rec);
 	off_t size = (off_t)sizeof(h) + (off_t)body;
 	struct sessfile_rec *all;
-	bool created = false;
+	bool created = false, unnamed = false;
 	struct stat st;
 	int r;
 
 	sf->fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
 	if (sf->fd < 0 && errno == ENOENT) {
-		sf->fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-		created = sf->fd >= 0;
+		/*
+		 * A new one is named once written: created at its path, a broker
+		 * killed before the header was written left an empty file, which
+		 * the next broker refused as damaged (it did not start).
+		 */
+		sf->fd = tmp ? chime_seg_tmpfile(path, O_RDWR, 0600) : -EOPNOTSUPP;
+		unnamed = sf->fd >= 0;
+		if (sf->fd == -EOPNOTSUPP) {
+			sf->fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+			created = sf->fd >= 0;
+		} else if (sf->fd < 0) {
+			errno = -sf->fd;
+			sf->fd = -1;
+		}
 	}
 	if (sf->fd < 0)
 		return -errno;
@@ -250,6 +263,8 @@ int sessfile_open(struct sessfile *sf, const char *path, const struct sessfile_g
 	if (r == 0)
 		r = write_at(sf->fd, all, body, (off_t)sizeof(h));
 	free(all);
+	if (r == 0 && unnamed)
+		r = chime_seg_link(sf->fd, path);
 	if (r == 0)
 		return 0;
 fail:
@@ -257,6 +272,15 @@ fail:
 	if (created)
 		unlink(path);
 	return r;
+}
+
+int sessfile_open(struct sessfile *sf, const char *path, const struct sessfile_geom *g,
+		  const struct sessfile_rec *recs)
+{
+	int r = open_as(sf, path, g, recs, true);
+
+	/* No /proc to name it by: created at its path, as without O_TMPFILE. */
+	return r == -EOPNOTSUPP ? open_as(sf, path, g, recs, false) : r;
 }
 
 int sessfile_put(struct sessfile *sf, const struct sessfile_rec *r)

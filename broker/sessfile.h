@@ -76,7 +76,9 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 		  uint32_t *bad, struct sessfile_geom *found);
 
 /*
- * Open `path` (created with mode 0600 if absent) for updates, with this
+ * Open `path` (created with mode 0600 if absent: written unnamed, O_TMPFILE,
+ * and linked at `path` once complete, so that a broker killed meanwhile
+ * leaves no empty file there) for updates, with this
  * broker's header and recs[slot] for every slot (max_clients entries;
  * used 0: no session), rewritten in place: a broker killed meanwhile
  * leaves each record the earlier one or the new one, never none. 0 or

@@ -383,36 +383,51 @@ static int copy_into(int fd, const struct stat *st, int out, const struct chime_
 	return r;
 }
 
+int chime_seg_tmpfile(const char *path, int flags, mode_t mode)
+{
+	char dir[PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	int fd;
+
+	if (!slash || (size_t)(slash - path) >= sizeof(dir))
+		return -EOPNOTSUPP;
+	snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+	fd = open(dir, O_TMPFILE | flags | O_CLOEXEC, mode);
+	if (fd < 0)
+		return errno == EISDIR || errno == EINVAL ? -EOPNOTSUPP : -errno;
+	return fd;
+}
+
+int chime_seg_link(int fd, const char *path)
+{
+	char proc[64];
+
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	if (linkat(AT_FDCWD, proc, AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0)
+		return 0;
+	return errno == ENOENT && access("/proc/self/fd", F_OK) < 0 ? -EOPNOTSUPP : -errno;
+}
+
 /*
- * The copy, unnamed (O_TMPFILE in the path's directory), named once
- * complete: a broker killed while it copied left a file at the path with
- * its size set and its data partly written, and the next broker refused a
- * shard file with a zeroed header (chimed would not start). 1 if named,
- * 0 if it cannot be done this way (no O_TMPFILE here, no /proc), -errno.
+ * The copy, unnamed, named once complete: a broker killed while it copied
+ * left a file at the path with its size set and its data partly written,
+ * and the next broker refused a shard file with a zeroed header (chimed
+ * would not start). 1 if named, 0 if it cannot be done this way (no
+ * O_TMPFILE here, no /proc), -errno.
  */
 static int relink_whole(int fd, const struct stat *st, const char *path,
 			const struct chime_seg_range *keep, unsigned n)
 {
-	char dir[PATH_MAX], proc[64];
-	const char *slash = strrchr(path, '/');
-	int out, r;
+	int out = chime_seg_tmpfile(path, O_WRONLY, st->st_mode & 07777), r;
 
-	if (!slash || (size_t)(slash - path) >= sizeof(dir))
-		return 0;
-	snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
-	out = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, st->st_mode & 07777);
 	if (out < 0)
-		return errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL ? 0 : -errno;
+		return out == -EOPNOTSUPP ? 0 : out;
 	/* No durability asked (the next boot discards the files): a crash of the process is the case. */
 	r = copy_into(fd, st, out, keep, n);
-	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", out);
-	/* Never over another file: EEXIST. */
-	if (r == 0 && linkat(AT_FDCWD, proc, AT_FDCWD, path, AT_SYMLINK_FOLLOW) < 0)
-		r = errno == ENOENT && access("/proc/self/fd", F_OK) < 0 ? 0 : -errno;
-	else if (r == 0)
-		r = 1;
+	if (r == 0)
+		r = chime_seg_link(out, path);  /* never over another file: EEXIST */
 	close(out);
-	return r;
+	return r == 0 ? 1 : r == -EOPNOTSUPP ? 0 : r;
 }
 
 /*

@@ -98,6 +98,18 @@ struct chime_seg_range {
 int chime_seg_relink(int fd, const char *path, const struct chime_seg_range *keep, unsigned n);
 
 /*
+ * A file to be named `path` once complete (chime_seg_link()): unnamed
+ * (O_TMPFILE) in the directory of `path` (absolute), opened with `flags`
+ * (O_WRONLY or O_RDWR) and `mode`, so that a process killed while it writes
+ * it leaves nothing at `path`. Its fd, or -EOPNOTSUPP (no O_TMPFILE there:
+ * the caller creates it at `path`), or -errno.
+ */
+int chime_seg_tmpfile(const char *path, int flags, mode_t mode);
+
+/* Name such a file `path`: 0, -EEXIST (never over another file), -EOPNOTSUPP (no /proc), -errno. */
+int chime_seg_link(int fd, const char *path);
+
+/*
  * Whether the directory holding `path` (a file in it, existing or not) is
  * on a filesystem in memory (tmpfs, ramfs): segment files anywhere else are
  * written back to disk by the kernel, and growing them costs more. Sets

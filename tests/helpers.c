@@ -20,6 +20,7 @@
 #include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -593,4 +594,106 @@ int t_kill_after_syscall(int pid, int tid, long nr, unsigned ms)
 			return 0;
 		}
 	}
+}
+
+/* The NUL-terminated string at addr in traced process pid, cut at len - 1 bytes. */
+static void peek_string(int pid, uint64_t addr, char *buf, size_t len)
+{
+	size_t n = 0;
+
+	while (n + 1 < len) {
+		long w;
+
+		errno = 0;
+		w = ptrace(PTRACE_PEEKDATA, pid, (void *)(uintptr_t)(addr + n), 0);
+		if (errno)
+			break;
+		for (size_t i = 0; i < sizeof(w) && n + 1 < len; i++, n++) {
+			buf[n] = (char)((unsigned long)w >> (8 * i));
+			if (!buf[n])
+				return;
+		}
+	}
+	buf[n] = 0;
+}
+
+int t_chimed_killed_at_create(struct t_chimed *b, const char *extra, const char *suffix)
+{
+	const char *chimed = getenv("CHIMED");
+	size_t sl = strlen(suffix);
+	bool creating = false;
+	char cmd[1024];
+	uint64_t t0;
+	int st, sig = 0;
+	pid_t p;
+
+	memset(b, 0, sizeof(*b));
+	if (!chimed)
+		return -EINVAL;
+	snprintf(b->dir, sizeof(b->dir), "/tmp/chime-t-%d-XXXXXX", (int)getpid());
+	if (!mkdtemp(b->dir))
+		return -errno;
+	b->own_dir = 1;
+	t_dirs_note(b->dir, true);
+	snprintf(b->sock, sizeof(b->sock), "%s/chime.sock", b->dir);
+	snprintf(cmd, sizeof(cmd), "exec '%s' --foreground --socket '%s' %s", chimed, b->sock, extra ? extra : "");
+	p = fork();
+	if (p < 0)
+		return -errno;
+	if (p == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (ptrace(PTRACE_TRACEME, 0, 0, 0) < 0)
+			_exit(126);
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	/* The exec's SIGTRAP: traced from here, every system call of the main thread. */
+	if (waitpid(p, &st, 0) != p || !WIFSTOPPED(st) ||
+	    ptrace(PTRACE_SETOPTIONS, p, 0, (void *)(long)(PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACEEXEC |
+							   PTRACE_O_EXITKILL)) < 0) {
+		kill(p, SIGKILL);
+		waitpid(p, &st, 0);
+		return -EPERM;
+	}
+	for (t0 = now_ns();;) {
+		struct __ptrace_syscall_info si;
+
+		if (now_ns() - t0 > UINT64_C(10000000000) || ptrace(PTRACE_SYSCALL, p, 0, (void *)(long)sig) < 0 ||
+		    waitpid(p, &st, __WALL) != p || !WIFSTOPPED(st))
+			break;
+		sig = 0;
+		if (WSTOPSIG(st) != (SIGTRAP | 0x80)) {
+			/* An event stop (the exec) goes on; a signal is passed on. */
+			if (WSTOPSIG(st) != SIGTRAP && (st >> 16) == 0)
+				sig = WSTOPSIG(st);
+			continue;
+		}
+		if (ptrace(PTRACE_GET_SYSCALL_INFO, p, (void *)sizeof(si), &si) <= 0)
+			break;
+		if (si.op == PTRACE_SYSCALL_INFO_ENTRY) {
+			char path[PATH_MAX];
+			size_t pl;
+
+			creating = false;
+			if (si.entry.nr != SYS_openat)
+				continue;
+			/* An unnamed file, named later (O_TMPFILE: its path is the directory's), is that file too. */
+			if ((si.entry.args[2] & O_TMPFILE) == O_TMPFILE) {
+				creating = true;
+				continue;
+			}
+			if (!(si.entry.args[2] & O_CREAT))
+				continue;
+			peek_string(p, si.entry.args[1], path, sizeof(path));
+			pl = strlen(path);
+			creating = pl >= sl && !strcmp(path + pl - sl, suffix);
+		} else if (si.op == PTRACE_SYSCALL_INFO_EXIT && creating && si.exit.rval >= 0) {
+			kill(p, SIGKILL);
+			waitpid(p, &st, __WALL);
+			return 0;
+		}
+	}
+	kill(p, SIGKILL);
+	waitpid(p, &st, __WALL);
+	return -ETIMEDOUT;
 }

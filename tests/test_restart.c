@@ -3982,3 +3982,25 @@ Test(restart, a_broker_killed_while_it_writes_a_removed_shard_file_again_leaves_
 	cr_assert_eq(r, 100, "%d of the 200 timers kept, not the 100 of shard 1", r);
 	cr_assert(log_lines(next, "shard0", "is missing"), "the next broker did not say shard 0's file was missing");
 }
+
+/*
+ * A broker killed as it creates its sessions file (a first start: none was
+ * there) leaves no empty one: the next broker refused an empty file as
+ * damaged ('Bad message', --fresh discards it) and did not start. It is
+ * written unnamed and linked at its path once complete.
+ */
+Test(restart, a_broker_killed_as_it_creates_its_sessions_file_does_not_keep_the_next_from_starting)
+{
+	char sock[sizeof(tb.sock)], dir[sizeof(tb.dir)];
+	int r = t_chimed_killed_at_create(&tb, "-n 1", ".sessions");
+
+	cr_assert_eq(r, 0, "chimed did not create its sessions file within 10 s: %s", strerror(-r));
+	snprintf(sock, sizeof(sock), "%s", tb.sock);
+	snprintf(dir, sizeof(dir), "%s", tb.dir);
+	r = t_chimed_start(&tb, sock, "-n 1");
+	tb.own_dir = 1;         /* stop() removes it, started or not */
+	snprintf(tb.dir, sizeof(tb.dir), "%s", dir);
+	cr_assert_eq(r, 0, "the next broker did not start");
+	t_session_sock = tb.sock;
+	chime_close(sopen_ok("after"));
+}

@@ -176,6 +176,29 @@ static bool slab_grow(struct shard_core *sc)
 
 /* ---- set-up (main thread) ---- */
 
+/* Empty, and ours: created, and killed before chime_seg_file() sized it (a file of another --capacity is not). */
+static bool never_sized(const char *path)
+{
+	struct stat st;
+
+	return lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0 && chime_seg_ours(&st);
+}
+
+/*
+ * A shard file whose creation never finished: empty, or its magic never
+ * stored (0, "not ready": chime_seg_file() creates and sizes it,
+ * shard_init() publishes it last). Nothing in it: as if missing (0; the
+ * caller makes it anew). Refused (another --capacity, a damaged header), a
+ * broker killed while it re-created a missing file kept the next one from
+ * starting.
+ */
+static int never_finished(struct shard *s)
+{
+	log_msg(LOG_WARNING, "shard file '%s' was never finished (a broker was killed while it created it): "
+		"taken as missing", s->path);
+	return 0;
+}
+
 /*
  * The file an earlier broker left, if cfg->sessions asks for it: 1 if it is
  * mapped and its header matches our geometry, 0 if there is none, or a
@@ -190,6 +213,8 @@ static int seg_reopen(struct shard *s, const struct chime_shard_geom *g)
 	r = chime_seg_file_reopen(s->path, g->size, s->cfg.seg_mode, &s->seg_fd, &s->seg);
 	if (r == -ENOENT)
 		return 0;
+	if (r == -EMEDIUMTYPE && never_sized(s->path))
+		return never_finished(s);
 	if (r == -EMEDIUMTYPE)
 		return log_errno_hint(LOG_ERR, r, "start with the options it was written with, or --fresh to discard it",
 				      "shard file '%s' is not %llu bytes (another --capacity?)",
@@ -207,6 +232,12 @@ static int seg_reopen(struct shard *s, const struct chime_shard_geom *g)
 		return log_errno(LOG_ERR, r, "cannot open shard file '%s'", s->path);
 	hdr = s->seg.base;
 	r = chime_seg_check(&s->seg, CHIME_SEG_SHARD, &layout);
+	if (r == -EAGAIN) {
+		chime_seg_unmap(&s->seg);
+		close(s->seg_fd);
+		s->seg_fd = -1;
+		return never_finished(s);
+	}
 	if (r == -EPROTO)
 		return log_errno_hint(LOG_ERR, r, "--fresh discards it",
 				      "shard file '%s' has layout %u, this chimed %u", s->path, layout,

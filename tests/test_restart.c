@@ -4004,3 +4004,62 @@ Test(restart, a_broker_killed_as_it_creates_its_sessions_file_does_not_keep_the_
 	t_session_sock = tb.sock;
 	chime_close(sopen_ok("after"));
 }
+
+/*
+ * A shard file that is empty, or whose magic was never stored (0: "not
+ * ready", chime_shm.h), is one whose creation never finished:
+ * chime_seg_file() creates it, then sets its size, and shard_init() writes
+ * its header and publishes it last. A broker killed in there (re-creating
+ * a shard file that was missing while it restored the sessions) left such
+ * a file, and the next broker refused it ("another --capacity?", "damaged
+ * header") and did not start. It is a missing file: counted lost, the other
+ * shards' timers kept. The file is written here as each kill leaves it:
+ * empty (killed before the ftruncate(): strace -e inject=ftruncate:signal=KILL
+ * did it), and the right size, all zero (killed after it).
+ */
+static void never_finished_file(bool sized)
+{
+	char log[300], next[300], extra[400], path[PATH_MAX];
+	pthread_t thr;
+	chime_id_t id;
+	struct stat st;
+	chime_t *c;
+	void *ret;
+	int fd, r;
+
+	start_logged("-n 2", log, sizeof(log));
+	/* Each thread arms on a shard of its own (home_shard()): this one on shard 0, the next on shard 1. */
+	c = open_armed("halves", 100, &id);
+	cr_assert_eq(pthread_create(&thr, NULL, arm_100_main, c), 0);
+	pthread_join(thr, &ret);
+	cr_assert_null(ret, "the second thread's arms failed");
+	chime_close(c);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 200), 200);
+	stop_now(SIGTERM);
+	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
+	cr_assert_eq(stat(path, &st), 0);
+	cr_assert_eq(unlink(path), 0);
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL, st.st_mode & 07777);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(ftruncate(fd, sized ? st.st_size : 0), 0);
+	close(fd);
+	snprintf(next, sizeof(next), "%s/next.log", tb.dir);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", next);
+	r = t_chimed_restart(&tb, 0, extra);
+	cr_assert_eq(r, 0, "the next broker did not start with an %s shard file (%s)", sized ? "unpublished" : "empty",
+		     log_lines(next, "damaged header", "") ? "a damaged header" :
+		     log_lines(next, "another --capacity", "") ? "another --capacity?" : "see its log");
+	cr_assert(log_lines(next, "shard0", "is missing"), "the next broker did not count shard 0 lost");
+	r = (int)t_nodes(tb.sock, ARMED_STATES);
+	cr_assert_eq(r, 100, "%d of the 200 timers kept, not the 100 of shard 1", r);
+}
+
+Test(restart, an_empty_shard_file_a_killed_broker_was_creating_is_taken_as_missing)
+{
+	never_finished_file(false);
+}
+
+Test(restart, a_shard_file_whose_creation_never_finished_is_taken_as_missing)
+{
+	never_finished_file(true);
+}

@@ -3692,9 +3692,13 @@ Test(restart, sigterm_during_a_restart_stops_the_broker_instead_of_restarting_it
 	start_logged("-n 1", log, sizeof(log));
 	held = sopen_ok("held");
 	tid = hold_shard0();
-	cr_assert_eq(kill(tb.pid, SIGUSR2), 0);
-	cr_assert(log_says(log, "SIGUSR2 received", ""), "the broker did not begin its restart");
-	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
+	kill(tb.pid, SIGUSR2);
+	if (!log_says(log, "SIGUSR2 received", "") && !log_says(log, "SIGUSR2 received", "")) {
+		/* Released before any assertion: a test that ends with it held never reaps the broker. */
+		(void)t_thread_release(tid);
+		cr_assert_fail("the broker did not begin its restart within 6 s");
+	}
+	kill(tb.pid, SIGTERM);
 	/* the stop is at once now: the shard must be back within its 2 s to stop */
 	(void)log_says(log, "Terminated", "");
 	cr_assert_eq(t_thread_release(tid), 0);

@@ -269,7 +269,7 @@ int restart_save(struct broker *b);
 /* Record a session's slot (opened, detached) or clear it (reclaimed). */
 void restart_put(struct broker *b, const struct client *c);
 void restart_clear(struct broker *b, const struct client *c);
-/* What a stop leaves for the next broker: sessions that are not being reclaimed. */
+/* What a stop leaves for the next broker: sessions that are not being reclaimed, nor created by an open not yet welcomed. */
 uint32_t restart_sessions(const struct broker *b);
 /*
  * A stop that keeps sessions, before the shards stop: the sessions file

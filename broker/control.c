@@ -1484,6 +1484,26 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 /* Stop                                                                         */
 /* ------------------------------------------------------------------------ */
 
+/*
+ * Opens a stop cut short before their welcome (a second signal,
+ * STOP_PARK_NS): refused as every open during a stop is (on_notify()), and
+ * a session one of them created, which holds nothing, is not handed over
+ * (restart_sessions() leaves it out).
+ */
+static void stop_refuse_attaching(struct broker *b)
+{
+	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++) {
+		struct client *c = &b->clients[i];
+
+		if (c->state != CL_ATTACHING)
+			continue;
+		if (c->fd >= 0)
+			send_status(c->fd, -ECONNREFUSED);
+		if (c->session[0] && c->created)
+			restart_clear(b, c);
+	}
+}
+
 void broker_stop(struct broker *b)
 {
 	uint32_t sessions, lost_shards = 0;
@@ -1491,6 +1511,7 @@ void broker_stop(struct broker *b)
 
 	if (!b)
 		return;
+	stop_refuse_attaching(b);
 	sessions = restart_sessions(b);
 	keep = sessions > 0;
 	if (!b->stopping && !b->restart)

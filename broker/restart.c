@@ -333,7 +333,7 @@ uint32_t restart_sessions(const struct broker *b)
 		const struct client *c = &b->clients[i];
 
 		n += c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING && c->state != CL_HELD &&
-		     !c->drop_parked;
+		     !c->drop_parked && !(c->state == CL_ATTACHING && c->created);
 	}
 	return n;
 }

@@ -4067,3 +4067,46 @@ Test(restart, a_shard_file_whose_creation_never_finished_is_taken_as_missing)
 {
 	never_finished_file(true);
 }
+
+/*
+ * The same open, with the stop cut short by a second SIGTERM while the
+ * attach is still in flight (the shard held): its session holds nothing and
+ * is not handed over either, and the open is refused with ECONNREFUSED. It
+ * went to the next broker as an empty session (its opener saw ECONNRESET).
+ */
+Test(restart, a_new_session_whose_open_a_stop_cut_short_interrupts_is_not_handed_over)
+{
+	struct opener o = { .session = "fresh" };
+	char log[300], next[300], extra[400];
+	pthread_t thr;
+	chime_t *held;
+	int tid, st;
+
+	cr_assert_not_null(getenv("CHIMECTL"));
+	start_logged("-n 1", log, sizeof(log));
+	held = sopen_ok("held");
+	tid = hold_shard0();
+	cr_assert_eq(pthread_create(&thr, NULL, opener_main, &o), 0);
+	if (!session_listed("fresh")) {
+		(void)t_thread_release(tid);
+		cr_assert_fail("the broker does not list the session being opened");
+	}
+	kill(tb.pid, SIGTERM);
+	(void)log_says(log, "Terminated", "");
+	kill(tb.pid, SIGTERM);  /* at once: "fresh" still attaching, "held" not parked */
+	usleep(100 * 1000);
+	cr_assert_eq(t_thread_release(tid), 0);
+	pthread_join(thr, NULL);
+	st = reap_within(10000);
+	cr_assert_neq(st, -1, "chimed still runs 10 s after two SIGTERMs");
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
+	if (o.r == 0)
+		chime_close(o.c);
+	cr_expect_eq(o.r, -ECONNREFUSED, "the open during the stop: %s", strerror(-o.r));
+	chime_close(held);
+	snprintf(next, sizeof(next), "%s/next.log", tb.dir);
+	snprintf(extra, sizeof(extra), "-n 1 2>'%s'", next);
+	restart(0, extra);
+	cr_assert(log_lines(next, "taking over 1 session from", ""),
+		  "the next broker did not take over exactly the one session there was");
+}

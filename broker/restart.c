@@ -76,11 +76,18 @@ static uint64_t left_timers(const struct broker *b)
 	return timers;
 }
 
-/* Remove what an earlier broker left: the sessions file and every shard file. Returns the timers in them. */
+/*
+ * Remove what an earlier broker left: the sessions file, then every shard
+ * file. Returns the timers in them. In that order: killed in between, the
+ * next broker finds shard files without sessions, whose timers it discards
+ * as --fresh asked. The shard files first, it took the sessions over
+ * without their timers, an error per shard.
+ */
 static uint64_t discard(const struct broker *b)
 {
 	uint64_t timers = 0;
 
+	unlink(b->sess_path);
 	for (uint32_t i = 0; i < CHIME_MAX_SHARDS; i++) {
 		char p[PATH_MAX];
 
@@ -89,7 +96,6 @@ static uint64_t discard(const struct broker *b)
 		if (unlink(p) < 0 && errno == ENOENT && i >= b->o.nr_shards + 8)
 			break;
 	}
-	unlink(b->sess_path);
 	return timers;
 }
 

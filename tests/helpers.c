@@ -617,7 +617,7 @@ static void peek_string(int pid, uint64_t addr, char *buf, size_t len)
 	buf[n] = 0;
 }
 
-int t_chimed_killed_at_create(struct t_chimed *b, const char *extra, const char *suffix)
+int t_chimed_killed_at(struct t_chimed *b, const char *sock, const char *extra, long nr, const char *suffix)
 {
 	const char *chimed = getenv("CHIMED");
 	size_t sl = strlen(suffix);
@@ -630,12 +630,16 @@ int t_chimed_killed_at_create(struct t_chimed *b, const char *extra, const char 
 	memset(b, 0, sizeof(*b));
 	if (!chimed)
 		return -EINVAL;
-	snprintf(b->dir, sizeof(b->dir), "/tmp/chime-t-%d-XXXXXX", (int)getpid());
-	if (!mkdtemp(b->dir))
-		return -errno;
-	b->own_dir = 1;
-	t_dirs_note(b->dir, true);
-	snprintf(b->sock, sizeof(b->sock), "%s/chime.sock", b->dir);
+	if (sock) {
+		snprintf(b->sock, sizeof(b->sock), "%s", sock);
+	} else {
+		snprintf(b->dir, sizeof(b->dir), "/tmp/chime-t-%d-XXXXXX", (int)getpid());
+		if (!mkdtemp(b->dir))
+			return -errno;
+		b->own_dir = 1;
+		t_dirs_note(b->dir, true);
+		snprintf(b->sock, sizeof(b->sock), "%s/chime.sock", b->dir);
+	}
 	snprintf(cmd, sizeof(cmd), "exec '%s' --foreground --socket '%s' %s", chimed, b->sock, extra ? extra : "");
 	p = fork();
 	if (p < 0)
@@ -675,7 +679,18 @@ int t_chimed_killed_at_create(struct t_chimed *b, const char *extra, const char 
 			size_t pl;
 
 			creating = false;
-			if (si.entry.nr != SYS_openat)
+			if (nr != SYS_openat && (long)si.entry.nr == nr) {
+				/* Before it is done: the path is its first argument (unlink, truncate). */
+				peek_string(p, si.entry.args[0], path, sizeof(path));
+				pl = strlen(path);
+				if (pl >= sl && !strcmp(path + pl - sl, suffix)) {
+					kill(p, SIGKILL);
+					waitpid(p, &st, __WALL);
+					return 0;
+				}
+				continue;
+			}
+			if (si.entry.nr != SYS_openat || nr != SYS_openat)
 				continue;
 			/* An unnamed file, named later (O_TMPFILE: its path is the directory's), is that file too. */
 			if ((si.entry.args[2] & O_TMPFILE) == O_TMPFILE) {

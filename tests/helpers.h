@@ -199,13 +199,15 @@ int t_kill_after_syscall(int pid, int tid, long nr, unsigned ms);
 
 /*
  * Start a broker as t_chimed_start() does (sock NULL: in a fresh directory),
- * its main thread traced from the exec, and SIGKILL it as its open() with
- * O_CREAT of a file whose path ends in `suffix` returns, or its first open()
- * with O_TMPFILE (a file to be named later): a broker killed right after it
- * created that file. 0 once killed (b->pid 0, the directory
- * kept for a t_chimed_start() on b->sock); -ETIMEDOUT if no such open came
- * within 10 s (the broker killed all the same); -errno.
+ * its main thread traced from the exec, and SIGKILL it at system call `nr`
+ * on a file whose path ends in `suffix`: SYS_openat, as an open() with
+ * O_CREAT of it, or its first open() with O_TMPFILE (a file to be named
+ * later), returns (a broker killed right after it created that file);
+ * another (SYS_unlink), as the call begins, before it is done (its path the
+ * first argument). 0 once killed (b->pid 0, the directory kept for a
+ * t_chimed_start() on b->sock); -ETIMEDOUT if no such call came within 10 s
+ * (the broker killed all the same); -errno.
  */
-int t_chimed_killed_at_create(struct t_chimed *b, const char *extra, const char *suffix);
+int t_chimed_killed_at(struct t_chimed *b, const char *sock, const char *extra, long nr, const char *suffix);
 
 #endif

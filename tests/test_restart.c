@@ -3996,7 +3996,7 @@ Test(restart, a_broker_killed_while_it_writes_a_removed_shard_file_again_leaves_
 Test(restart, a_broker_killed_as_it_creates_its_sessions_file_does_not_keep_the_next_from_starting)
 {
 	char sock[sizeof(tb.sock)], dir[sizeof(tb.dir)];
-	int r = t_chimed_killed_at_create(&tb, "-n 1", ".sessions");
+	int r = t_chimed_killed_at(&tb, NULL, "-n 1", SYS_openat, ".sessions");
 
 	cr_assert_eq(r, 0, "chimed did not create its sessions file within 10 s: %s", strerror(-r));
 	snprintf(sock, sizeof(sock), "%s", tb.sock);
@@ -4109,4 +4109,42 @@ Test(restart, a_new_session_whose_open_a_stop_cut_short_interrupts_is_not_handed
 	restart(0, extra);
 	cr_assert(log_lines(next, "taking over 1 session from", ""),
 		  "the next broker did not take over exactly the one session there was");
+}
+
+/*
+ * --fresh discards the sessions file first, then the shard files: a broker
+ * killed in between leaves shard files without a sessions file, whose
+ * timers the next broker discards (with a warning), as --fresh asked. The
+ * shard files went first, and a broker killed before the sessions file left
+ * the sessions to the next one without their timers: restored empty for
+ * their linger, with an error per shard that their timers were lost (and
+ * chimectl restart failing on shards_lost). Killed as --fresh begins to
+ * remove the sessions file.
+ */
+Test(restart, a_fresh_start_killed_midway_brings_no_session_back_without_its_timers)
+{
+	char log[300], sock[sizeof(tb.sock)], dir[sizeof(tb.dir)], extra[400];
+	struct t_chimed fresh;
+	chime_id_t id;
+	int r;
+
+	start("-n 2");
+	chime_close(open_armed("dropped", 10, &id));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10);
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, &(int){ 0 }, 0), tb.pid);
+	tb.pid = 0;
+	r = t_chimed_killed_at(&fresh, tb.sock, "-n 2 --fresh", SYS_unlink, ".sessions");
+	cr_assert_eq(r, 0, "chimed --fresh did not remove the sessions file within 10 s: %s", strerror(-r));
+	snprintf(sock, sizeof(sock), "%s", tb.sock);
+	snprintf(dir, sizeof(dir), "%s", tb.dir);
+	snprintf(log, sizeof(log), "%s/next.log", dir);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	r = t_chimed_start(&tb, sock, extra);
+	tb.own_dir = 1;         /* stop() removes it, started or not */
+	snprintf(tb.dir, sizeof(tb.dir), "%s", dir);
+	cr_assert_eq(r, 0, "the next broker did not start");
+	cr_assert_eq(log_lines(log, "is missing", ""), 0, "the next broker took sessions over without their timers");
+	r = (int)t_nodes(tb.sock, ARMED_STATES);
+	cr_assert(r == 0 || r == 10, "%d of the session's 10 timers", r);
 }

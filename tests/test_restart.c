@@ -3800,6 +3800,7 @@ Test(restart, a_broker_killed_right_after_a_reattach_s_welcome_lets_the_process_
 	chime_t *c;
 	int r;
 
+	unsetenv("NOTIFY_SOCKET");      /* the welcome is then the control thread's one sendmsg() */
 	start("-n 1");
 	c = sopen_ok("again");
 	chime_close(c);         /* detached: the open below is a re-attach with a new token */

@@ -7,8 +7,9 @@
 # no liburing.pc), --cflags names our include directory and nothing else (no
 # leaked -D), --static --libs carries liburing, and a program using chime.h
 # compiles, links and runs, with libchime.so and with libchime.a, and with
-# the build tree's uninstalled libchime.pc. The Python module lands in a directory on the
-# sys.path of PYTHON (Debian's /usr/bin/python3), and imports from there.
+# the build tree's uninstalled libchime.pc; every example in libclient/examples
+# compiles on its own (-std=c11, no -D_GNU_SOURCE). The Python module lands in a
+# directory on the sys.path of PYTHON (Debian's /usr/bin/python3), and imports from there.
 #
 # Usage: test_install.sh MESON BUILD_ROOT CC PYTHON [static|no-static]
 # (no-static: the build makes no libchime.a, clang with LTO)
@@ -94,6 +95,32 @@ set -- $libs
 LD_LIBRARY_PATH=${1#-L}
 export LD_LIBRARY_PATH
 "$dest/consumer" || fail "the consumer does not run against the installed libchime.so"
+
+# The examples are programs to copy (libchime-dev ships them): each compiles
+# on its own with the installed chime.h under -std=c11, without the build's
+# -D_GNU_SOURCE (getopt() and uv.h's pthread types need POSIX, which the
+# example asks for itself). The event-loop ones need libuv's and libevent's
+# headers: checked where their .pc is installed.
+examples=$(cd "$(dirname "$0")/../libclient/examples" && pwd) || fail "no libclient/examples next to $0"
+for ex in "$examples"/*.c; do
+	name=$(basename "$ex" .c)
+	extra=
+	case $name in
+	uv_timers) pcmod=libuv ;;
+	event_timers) pcmod=libevent_core ;;
+	*) pcmod= ;;
+	esac
+	if [ -n "$pcmod" ]; then
+		extra=$(env -u PKG_CONFIG_LIBDIR -u PKG_CONFIG_SYSROOT_DIR pkg-config --cflags "$pcmod" 2>/dev/null) || {
+			echo "install: example $name: $pcmod not installed: not checked"
+			continue
+		}
+	fi
+	# shellcheck disable=SC2086
+	"$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -fsyntax-only $cflags $extra "$ex" ||
+		fail "the example $name.c does not compile on its own (-std=c11 with pkg-config's flags)"
+done
+echo "install: every example compiles on its own with the installed chime.h"
 
 # The uninstalled libchime.pc, for building against this build tree: the
 # source's chime.h and the built libchime.so, not ${libdir} under the build.

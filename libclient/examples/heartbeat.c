@@ -15,6 +15,7 @@
  *
  *   heartbeat [-n connections] [-t timeout_ms] [-d duration_ms] [-s every]
  */
+#define _POSIX_C_SOURCE 200809L     /* getopt(), under -std=c11 too */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>

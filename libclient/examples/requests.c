@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* requests - the event-loop examples' simulation (see requests.h). */
+#define _POSIX_C_SOURCE 200809L     /* getopt(), under -std=c11 too */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>

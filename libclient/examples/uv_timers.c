@@ -11,6 +11,7 @@
  *
  *   uv_timers [-n requests]      (default 2000; $CHIME_SOCKET picks the broker)
  */
+#define _POSIX_C_SOURCE 200809L     /* uv.h's pthread types, under -std=c11 too */
 #include <stdio.h>
 #include <string.h>
 

@@ -95,4 +95,15 @@ int log_errno_hint(int level, int err, const char *hint, const char *fmt, ...)
 #define GROUP_HINT(err) ((err) == EPERM ? "chimed's user must be a member of that group, or root; under " \
 			 "chimed.service, add SupplementaryGroups= in a drop-in" : NULL)
 
+/*
+ * io_uring_setup() refused (a negative errno): chimed cannot run without
+ * io_uring. EPERM is io_uring turned off for this process, by sysctl
+ * kernel.io_uring_disabled (Linux 6.6) or by a seccomp filter (a container
+ * runtime's profile may refuse it); ENOSYS a kernel built without it.
+ */
+#define URING_HINT(r) ((r) == -ENOMEM ? "RLIMIT_MEMLOCK too low?" : \
+		       (r) == -EPERM ? "io_uring is disabled for this process: sysctl " \
+				       "kernel.io_uring_disabled, or a seccomp filter such as a container's" : \
+		       (r) == -ENOSYS ? "this kernel has no io_uring" : NULL)
+
 #endif /* CHIMED_LOG_H */

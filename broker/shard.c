@@ -1072,8 +1072,8 @@ int shard_start(struct shard *s, int cpu)
 	while (sem_wait(&s->ready) < 0 && errno == EINTR)
 		;
 	if (s->start_err < 0)
-		return log_errno(LOG_ERR, s->start_err, "io_uring setup for shard %u (%u entries)",
-				 s->cfg.idx, RING_SQ_ENTRIES);
+		return log_errno_hint(LOG_ERR, s->start_err, URING_HINT(s->start_err),
+				      "io_uring setup for shard %u (%u entries)", s->cfg.idx, RING_SQ_ENTRIES);
 	return 0;
 }
 

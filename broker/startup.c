@@ -371,8 +371,7 @@ static int ring_setup(struct broker *b)
 		return log_errno(LOG_ERR, errno, "eventfd");
 	r = io_uring_queue_init(RING_ENTRIES, &b->ring, 0);
 	if (r < 0)
-		return log_errno_hint(LOG_ERR, r, r == -ENOMEM ? "RLIMIT_MEMLOCK too low?" : NULL,
-				      "io_uring setup (%u entries)", RING_ENTRIES);
+		return log_errno_hint(LOG_ERR, r, URING_HINT(r), "io_uring setup (%u entries)", RING_ENTRIES);
 	b->ring_ok = true;
 	return 0;
 }

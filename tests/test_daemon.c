@@ -10,8 +10,11 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +22,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -493,6 +497,62 @@ Test(daemon, a_file_size_limit_is_an_error_not_a_signal, .timeout = 30)
 	cr_expect_eq(WEXITSTATUS(st), 1, "exit %d:\n%s", WEXITSTATUS(st), out);
 	cr_expect(strstr(out, "File too large") && strstr(out, ".shard0"), "the error does not name the file and "
 		  "the cause:\n%s", out);
+	t_rmdir_files(dir);
+}
+
+/*
+ * Where io_uring is turned off for the process (sysctl
+ * kernel.io_uring_disabled, a container's seccomp profile), chimed cannot
+ * run: it exits 1 saying why, not with a bare "Operation not permitted"
+ * that a user following the README in a container cannot place. The
+ * filter here refuses io_uring_setup() with EPERM, as a container
+ * runtime's seccomp profile may.
+ */
+Test(daemon, io_uring_refused_is_explained, .timeout = 30)
+{
+	const char *chimed = getenv("CHIMED");
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[PATH_MAX], out[4096] = "";
+	size_t n = 0;
+	ssize_t k;
+	int pfd[2], st;
+	pid_t pid;
+
+	cr_assert(chimed);
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	cr_assert_eq(pipe(pfd), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct sock_filter f[] = {
+			BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+			BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+			BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+			BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		};
+		struct sock_fprog prog = { sizeof(f) / sizeof(f[0]), f };
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(pfd[1], 1);
+		dup2(pfd[1], 2);
+		close(pfd[0]);
+		close(pfd[1]);
+		if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+			_exit(99);
+		execl(chimed, chimed, "--foreground", "--shards", "1", "--socket", sock, (char *)NULL);
+		_exit(98);
+	}
+	close(pfd[1]);
+	while (n < sizeof(out) - 1 && (k = read(pfd[0], out + n, sizeof(out) - 1 - n)) > 0)
+		n += (size_t)k;
+	close(pfd[0]);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st), "chimed died of signal %d:\n%s", WIFSIGNALED(st) ? WTERMSIG(st) : 0, out);
+	cr_assert_neq(WEXITSTATUS(st), 99, "the seccomp filter could not be installed");
+	cr_expect_eq(WEXITSTATUS(st), 1, "exit %d:\n%s", WEXITSTATUS(st), out);
+	cr_expect(strstr(out, "io_uring setup") && strstr(out, "Operation not permitted") &&
+		  strstr(out, "kernel.io_uring_disabled") && strstr(out, "seccomp"),
+		  "the error does not say that io_uring is disabled, and by what:\n%s", out);
 	t_rmdir_files(dir);
 }
 

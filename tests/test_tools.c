@@ -1604,9 +1604,27 @@ Test(tools_options, a_socket_path_too_long_is_a_usage_error)
 	cr_assert_eq(slurp(out)[0], '\0', "a document on a usage error: %s", slurp(out));
 }
 
+/* A --help line longer than a terminal's 80 columns: its first, or NULL. */
+static const char *help_too_wide(const char *o, int *len)
+{
+	for (const char *l = o; *l; ) {
+		const char *nl = strchr(l, '\n');
+		int n = nl ? (int)(nl - l) : (int)strlen(l);
+
+		if (n > 80) {
+			*len = n;
+			return l;
+		}
+		l += n + (nl != NULL);
+	}
+	return NULL;
+}
+
 Test(tools_options, help_everywhere)
 {
 	const char *flags[] = { "-h", "--help" };
+	const char *modes[] = { "wheel", "e2e", "compare", "apply", "rest" }, *wide;
+	int len;
 
 	for (size_t i = 0; i < sizeof(programs) / sizeof(programs[0]); i++) {
 		for (size_t j = 0; j < 2; j++) {
@@ -1616,7 +1634,16 @@ Test(tools_options, help_everywhere)
 				  programs[i].name, flags[j], slurp(out));
 			cr_assert(strstr(slurp(out), "version"), "%s %s does not mention --version",
 				  programs[i].name, flags[j]);
+			wide = help_too_wide(slurp(out), &len);
+			cr_assert(!wide, "%s %s: a line of %d columns wraps on an 80-column terminal:\n%.*s",
+				  programs[i].name, flags[j], len, len, wide);
 		}
+	}
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		cr_assert_eq(run("%s %s --help", bin("CHIME_BENCH"), modes[i]), 0, "%s", slurp(err));
+		wide = help_too_wide(slurp(out), &len);
+		cr_assert(!wide, "chime-bench %s --help: a line of %d columns wraps on an 80-column terminal:\n%.*s",
+			  modes[i], len, len, wide);
 	}
 }
 

@@ -142,15 +142,17 @@ static void usage(FILE *f)
 	fprintf(f,
 		"Usage: chime-bench compare [--quick] [--json] [--socket PATH] [--sizes N,N...]\n"
 		"                           [--lateness-csv DIR]\n"
-		"chime end to end, chime's wheel in-process, a timerfd per timer, libuv and libev:\n"
-		"arm, reset, cancel, expiry and memory per timer at each size; the seed workload's CPU\n"
-		"(100k connections, 30 s idle timeout, 3,000 and 1M touches/s); lateness.\n"
+		"chime end to end, chime's wheel in-process, a timerfd per timer, libuv and\n"
+		"libev: arm, reset, cancel, expiry and memory per timer at each size; the seed\n"
+		"workload's CPU (100k connections, 30 s idle timeout, 3,000 and 1M touches/s);\n"
+		"lateness.\n"
 		"\n"
 		"  -s, --socket PATH        use the chimed at PATH (default: a private one)\n"
 		"  -q, --quick              10k and 50k timers, 1 s seed runs (a smoke test)\n"
 		"  -j, --json               the figures and the run's context as JSON on stdout\n"
 		"  -S, --sizes LIST         timer counts (default 100000,1000000)\n"
-		"  -L, --lateness-csv DIR   one CSV per contender's lateness (tools/bench/plot-lateness.sh)\n"
+		"  -L, --lateness-csv DIR   one CSV per contender's lateness\n"
+		"                           (tools/bench/plot-lateness.sh)\n"
 		"  -h, --help               show this help\n");
 }
 

@@ -153,8 +153,8 @@ static int want(const struct cfg *cf, const char *part)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PARTS] [--expire N] [--busy-poll]\n"
-		"                      [--cold]\n"
+		"Usage: chime-bench e2e [--socket PATH] [--quick] [--shards N] [--only PARTS]\n"
+		"                       [--expire N] [--busy-poll] [--cold]\n"
 		"End to end: ns per chime_arm/reset/cancel (1 and 2 threads, 100k and 1M armed;\n"
 		"in bursts into emptied rings, beside the hardware's floor; one at a time after\n"
 		"idling), the broker's ops/s per shard, expirations/s to a draining client and\n"
@@ -163,17 +163,20 @@ static void usage(FILE *f)
 		"  -s, --socket PATH   use the chimed at PATH (default: start a private one, from\n"
 		"                      $CHIMED or next to this program, and stop it at the end)\n"
 		"  -q, --quick         small sizes (a smoke test, a few seconds)\n"
-		"  -n, --shards N      shards of the private chimed, 1..128 (default: its default, one\n"
-		"                      per CPU; with --busy-poll, one fewer, so that the client has a CPU)\n"
+		"  -n, --shards N      shards of the private chimed, 1..128 (default: its\n"
+		"                      default, one per CPU; with --busy-poll, one fewer, so\n"
+		"                      that the client has a CPU)\n"
 		"      --only PARTS    comma list of ops,flood,expire,lat,timerfd (default: all)\n"
-		"  -N, --expire N      timers due at one instant in the expire phase, 1..100000000\n"
-		"                      (default 1M, --quick 50k); above 1M the private chimed gets\n"
-		"                      --capacity N and no quotas\n"
-		"      --busy-poll     lateness drained by chime_poll() in a loop, not chime_wait();\n"
-		"                      the private chimed runs with --spin-us -1 (busy-poll mode)\n"
-		"                      and, without --shards, a shard fewer than the CPUs (at least 1)\n"
-		"      --cold          in the bursts, flush every CPU's caches between the arms and\n"
-		"                      the first resets, as the interval before a keepalive's would\n"
+		"  -N, --expire N      timers due at one instant in the expire phase,\n"
+		"                      1..100000000 (default 1M, --quick 50k); above 1M the\n"
+		"                      private chimed gets --capacity N and no quotas\n"
+		"      --busy-poll     lateness drained by chime_poll() in a loop, not\n"
+		"                      chime_wait(); the private chimed runs with --spin-us -1\n"
+		"                      (busy-poll mode) and, without --shards, a shard fewer\n"
+		"                      than the CPUs (at least 1)\n"
+		"      --cold          in the bursts, flush every CPU's caches between the arms\n"
+		"                      and the first resets, as the interval before a\n"
+		"                      keepalive's would\n"
 		"  -h, --help          show this help\n");
 }
 

@@ -18,13 +18,16 @@ static const struct {
 	const char *help;
 } modes[] = {
 	{ "wheel", bench_wheel, "timing wheel vs binary heap: arm, cancel, reset, expiry [--quick]" },
-	{ "e2e", bench_e2e, "libchime + chimed end to end vs timerfd [--socket PATH] [--quick] [--shards N]\n"
-	  "           [--only PARTS] [--expire N] [--busy-poll] [--cold]" },
-	{ "compare", bench_compare, "chime vs its wheel, timerfd, libuv, libev: ops, expiry, memory, CPU, lateness\n"
-	  "           [--quick] [--json] [--socket PATH] [--sizes N,N...] [--lateness-csv DIR]" },
-	{ "apply", bench_apply, "the shard's cost per submission record, in-process: arm, reset, cancel [--quick]" },
-	{ "rest", bench_rest, "the broker at rest with N timers armed an hour ahead: CPU and wake-ups\n"
-	  "           [--socket PATH] [--timers N] [--seconds S] [--session NAME] [--json]" },
+	{ "e2e", bench_e2e, "libchime + chimed end to end vs timerfd [--socket PATH] [--quick]\n"
+	  "           [--shards N] [--only PARTS] [--expire N] [--busy-poll] [--cold]" },
+	{ "compare", bench_compare, "chime vs its wheel, timerfd, libuv, libev: ops, expiry, memory,\n"
+	  "           CPU, lateness [--quick] [--json] [--socket PATH] [--sizes N,N...]\n"
+	  "           [--lateness-csv DIR]" },
+	{ "apply", bench_apply, "the shard's cost per submission record, in-process: arm, reset,\n"
+	  "           cancel [--quick]" },
+	{ "rest", bench_rest, "the broker at rest with N timers armed an hour ahead: CPU and\n"
+	  "           wake-ups [--socket PATH] [--timers N] [--seconds S] [--session NAME]\n"
+	  "           [--json]" },
 };
 
 #define NR_MODES (sizeof(modes) / sizeof(modes[0]))

@@ -141,8 +141,8 @@ static double rest_floor_share(long secs, uint64_t period_ns, double *per_wake_n
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: chime-bench rest [--socket PATH] [--timers N] [--seconds S] [--session NAME]\n"
-		"                        [--json]\n"
+		"Usage: chime-bench rest [--socket PATH] [--timers N] [--seconds S]\n"
+		"                        [--session NAME] [--json]\n"
 		"The broker with N timers armed an hour ahead and nothing due: its CPU share\n"
 		"and wake-ups per second over S seconds, against the targets.\n"
 		"\n"

@@ -267,8 +267,9 @@ class Chime:
     among them ends within 0.25 s, raising ValueError).
 
     record_resets=True is CHIME_OPEN_RECORD_RESETS: every reset a record in
-    the ring, no touch table (16 bytes of shared memory per armed timer
-    saved; a keepalive's resets cost more; chime_reset(3))."""
+    the ring, no touch table (4 bytes of shared memory per armed timer
+    saved, 12 per reset one; a keepalive's resets cost more; chime_open(3),
+    chime_reset(3))."""
 
     def __init__(self, socket=None, session=None, *, record_resets=False):
         self._c = None

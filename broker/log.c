@@ -103,11 +103,12 @@ static bool sl_connect(void)
 		if (sl_fd < 0)
 			return false;
 		if (connect(sl_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-			bool other_type = errno == EPROTOTYPE;
+			int err = errno;
 
 			close(sl_fd);
 			sl_fd = -1;
-			if (!other_type)
+			errno = err;    /* for log_use_syslog()'s warning */
+			if (err != EPROTOTYPE)
 				return false;
 		}
 	}
@@ -190,10 +191,23 @@ static void sl_line(int level, const char *line, size_t len)
 
 void log_use_syslog(void)
 {
+	bool ok;
+	int err;
+
 	pthread_mutex_lock(&sl_lock);
 	sl_close();
-	(void)sl_connect();
+	ok = sl_connect();
+	err = errno;
 	pthread_mutex_unlock(&sl_lock);
+	/*
+	 * Said on the starter's stderr while there still is one: without it, a
+	 * daemon on a host with no syslog daemon (a container, a minimal
+	 * system) logged nothing anywhere, its errors included.
+	 */
+	if (!ok)
+		log_errno_hint(LOG_WARNING, err, "its lines are lost until a syslog daemon listens there, tried "
+			       "again every second; chimed --foreground logs to standard error",
+			       "no syslog at '%s'", SYSLOG_PATH);
 	to_syslog = true;
 	log_stderr_reset();     /* the starter's stderr, opened again for ourselves: a daemon holds none of it */
 }

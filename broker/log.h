@@ -33,7 +33,8 @@ int log_parse_level(const char *name);
 /*
  * From now on send lines to syslog (ident "chimed", LOG_PID, LOG_DAEMON),
  * never waiting for it: a line /dev/log has no room for is dropped and
- * counted, and the next one sent says how many.
+ * counted, and the next one sent says how many. If nothing listens at
+ * /dev/log, a warning says so first, where lines went until now (stderr).
  */
 void log_use_syslog(void);
 

@@ -644,6 +644,46 @@ static ssize_t recv_within(int fd, char *buf, size_t size, int ms)
 }
 
 /*
+ * A daemon (no --foreground) logs to syslog once it listens. Where nothing
+ * listens at /dev/log (a container, a minimal host) every later line,
+ * errors included, went nowhere and nothing said so: the starter's stderr
+ * now gets a warning before chimed lets go of it. /dev here is a private
+ * tmpfs with /dev/null and no /dev/log.
+ */
+Test(daemon, a_daemon_without_syslog_says_so_on_stderr, .timeout = 30)
+{
+	char dir[] = "/tmp/chime-sl-XXXXXX", sock[300], lock[320], cmd[2 * PATH_MAX], out[4096] = "";
+	const char *chimed = namespaced_setup(dir, sock, sizeof(sock));
+	size_t n = 0;
+	FILE *p, *f;
+	int st, pid = 0;
+
+	snprintf(cmd, sizeof(cmd), "unshare -m sh -c \"mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && "
+		 "exec '%s' --shards 1 --socket '%s'\" 2>&1", chimed, sock);
+	p = popen(cmd, "r");
+	cr_assert(p);
+	while (n < sizeof(out) - 1 && fgets(out + n, (int)(sizeof(out) - n), p))
+		n = strlen(out);
+	st = pclose(p);
+	snprintf(lock, sizeof(lock), "%s.lock", sock);
+	f = fopen(lock, "r");
+	if (f) {
+		if (fscanf(f, "%d", &pid) != 1)
+			pid = 0;
+		fclose(f);
+	}
+	if (pid > 0)
+		kill(pid, SIGTERM);
+	for (int i = 0; i < 500 && exists(sock); i++)
+		sleep_ms(10);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed did not start (status %#x):\n%s", st, out);
+	cr_expect(strstr(out, "no syslog at '/dev/log'") && strstr(out, "--foreground"),
+		  "nothing said that its log goes nowhere:\n%s", out);
+	cr_expect(!exists(sock), "chimed (pid %d) did not stop on SIGTERM", pid);
+	t_rmdir_files(dir);
+}
+
+/*
  * The same for a daemon's syslog. glibc's syslog(3) waited while the
  * syslog daemon was behind (ten datagrams queued on /dev/log by default):
  * the control thread blocked, and opens timed out. Here /dev/log, in a

@@ -571,7 +571,13 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 		if (slash && slash != dir) {
 			*slash = 0;
 			if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-				r = log_errno(LOG_ERR, errno, "cannot create directory '%s'", dir);
+				int err = errno;
+
+				/* The default path: a user other than root tried chimed without --socket. */
+				r = log_errno_hint(LOG_ERR, err, err == EACCES ? "only root may create the default "
+						   "socket's directory, as chime.tmpfiles does for the service: give "
+						   "--socket PATH in a directory of your own" : NULL,
+						   "cannot create directory '%s'", dir);
 				goto fail;
 			}
 		}

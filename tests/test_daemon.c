@@ -820,6 +820,43 @@ Test(daemon, a_full_stderr_of_another_user_does_not_stall_the_broker, .timeout =
 }
 
 /*
+ * A user other than root who starts chimed as the README's first steps do,
+ * without --socket (nor $CHIME_SOCKET), gets the default
+ * /run/chime/chime.sock, whose directory only root may create: the error
+ * says what to do instead, not only "Permission denied". /run here is a
+ * fresh tmpfs in a mount namespace of the test's own.
+ */
+Test(daemon, a_user_refused_the_default_directory_is_told_to_give_socket, .timeout = 30)
+{
+	char dir[] = "/tmp/chime-td-XXXXXX", cmd[2 * PATH_MAX], out[4096] = "";
+	const char *chimed;
+	size_t n = 0;
+	FILE *p;
+	int st;
+
+	if (geteuid() != 0 || system("command -v unshare >/dev/null 2>&1 && command -v setpriv >/dev/null 2>&1"))
+		cr_skip("needs root, unshare(1) and setpriv(1) (a broker run as user 65534)");
+	cr_assert(mkdtemp(dir));
+	cr_assert_eq(chmod(dir, 0777), 0);
+	/* Its build tree may sit under a 0700 directory (a mktemp -d clone): a copy user 65534 can run. */
+	chimed = t_tool_copy(dir, "CHIMED");
+	cr_assert(chimed);
+	snprintf(cmd, sizeof(cmd), "unshare -m sh -c \"mount -t tmpfs -o mode=0755 none /run && "
+		 "exec setpriv --reuid=65534 --regid=65534 --clear-groups env -u CHIME_SOCKET "
+		 "LD_LIBRARY_PATH='%s' '%s' --foreground --shards 1\" 2>&1", dir, chimed);
+	p = popen(cmd, "r");
+	cr_assert(p);
+	while (n < sizeof(out) - 1 && fgets(out + n, (int)(sizeof(out) - n), p))
+		n = strlen(out);
+	st = pclose(p);
+	cr_assert(WIFEXITED(st), "status %#x:\n%s", st, out);
+	cr_expect_eq(WEXITSTATUS(st), 1, "exit %d:\n%s", WEXITSTATUS(st), out);
+	cr_expect(strstr(out, "cannot create directory '/run/chime': Permission denied") && strstr(out, "--socket PATH"),
+		  "the refusal does not say to give --socket:\n%s", out);
+	t_rmdir_files(dir);
+}
+
+/*
  * A broker whose files were removed while it ran, and a second one started
  * on the same path since: the first one's stop leaves the second's files
  * alone. Before, it unlinked the socket, lock and control segment by name,

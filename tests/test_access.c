@@ -2053,16 +2053,17 @@ Test(access, a_client_does_not_trust_another_users_listener_in_a_directory_anyon
 	struct squatter s;
 	char dir[] = "/tmp/chime-squat-XXXXXX";
 	chime_t *c = NULL;
-	const char *chimectl = getenv("CHIMECTL");
+	const char *chimectl = getenv("CHIMECTL"), *demo = getenv("CHIME_DEMO");
 	const char *asks[] = { "sessions", "drop-session mine", "reset-stats" };
-	struct tool_run t[3];
-	char cmd[3][1024];
-	int st[3];
+	struct tool_run t[3], d;
+	char cmd[3][1024], dcmd[1024];
+	int st[3], dst;
 	pid_t pid;
 	int r;
 
 	need_users();
 	cr_assert_not_null(chimectl, "$CHIMECTL");
+	cr_assert_not_null(demo, "$CHIME_DEMO");
 	pid = squatter_start(&s, dir, 0);
 	o.socket_path = s.path;
 	r = chime_open(&c, &o);
@@ -2072,6 +2073,10 @@ Test(access, a_client_does_not_trust_another_users_listener_in_a_directory_anyon
 		t[i].cmd = cmd[i];
 		st[i] = run_tool(&t[i]);
 	}
+	/* chime-demo, the README's first client, says why as chimectl does (it said "Operation not permitted" alone). */
+	snprintf(dcmd, sizeof(dcmd), "%s -s %s -n 10 2>&1", demo, s.path);
+	d.cmd = dcmd;
+	dst = run_tool(&d);
 	squatter_stop(pid, &s, dir);
 	cr_assert_eq(r, -EPERM, "chime_open() to another user's listener in a root-owned 1777 directory: %s",
 		     strerror(-r));
@@ -2079,6 +2084,9 @@ Test(access, a_client_does_not_trust_another_users_listener_in_a_directory_anyon
 		cr_assert_eq(st[i], 1, "chimectl %s: exit %d: %s", asks[i], st[i], t[i].out);
 		cr_assert_not_null(strstr(t[i].out, "does not trust"), "chimectl %s: %s", asks[i], t[i].out);
 	}
+	cr_assert_eq(dst, 1, "chime-demo: exit %d: %s", dst, d.out);
+	cr_assert_not_null(strstr(d.out, "Operation not permitted (what listens there runs as a user this one does "
+				  "not trust"), "chime-demo: %s", d.out);
 
 	/* The directory's owner put it there: trusted, so the handshake goes on (and is hung up on). */
 	{

@@ -270,6 +270,8 @@ int main(int argc, char **argv)
 				" permissions refused it)" :
 			r == -EACCES ? " (the broker did not admit this user, or the socket's permissions refused it;"
 				       " see chimed --allow-uid, --allow-gid, --allow-all)" :
+			r == -EPERM ? " (what listens there runs as a user this one does not trust: not root, not"
+				      " this user, not the owner of the socket's directory; see chime_open(3))" :
 			r == -EBUSY ? " (another process has this session open)" :
 			r == -EUSERS ? " (the broker has as many clients as it allows: this user's, or all)" : "");
 		return r == -EINVAL ? 2 : 1;    /* EINVAL: what the options said */

@@ -3647,19 +3647,6 @@ Test(restart, a_session_process_killed_during_a_planned_stop_loses_no_returned_c
 
 /* ---- (10) the stop and restart life cycle: signals, parks cut short, what the next broker gets ---- */
 
-/* Hold shard0 of the test's broker under ptrace (a stop then stays open while its sessions park): its tid. */
-static int hold_shard0(void)
-{
-	int tid = t_thread_named(tb.pid, "chimed-shard0"), r;
-
-	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", tb.pid);
-	r = t_thread_hold(tid);
-	if (r == -EPERM || r == -EACCES)
-		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
-	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
-	return tid;
-}
-
 /* Reap the test's broker within `ms`: its wait status, or -1 if it still runs (it is left running). */
 static int reap_within(unsigned ms)
 {
@@ -3691,7 +3678,7 @@ Test(restart, sigterm_during_a_restart_stops_the_broker_instead_of_restarting_it
 
 	start_logged("-n 1", log, sizeof(log));
 	held = sopen_ok("held");
-	tid = hold_shard0();
+	tid = shard0_hold();
 	kill(tb.pid, SIGUSR2);
 	if (!log_says(log, "SIGUSR2 received", "") && !log_says(log, "SIGUSR2 received", "")) {
 		/* Released before any assertion: a test that ends with it held never reaps the broker. */
@@ -3840,7 +3827,7 @@ Test(restart, a_stop_that_gives_up_on_a_wedged_shard_leaves_no_file_when_no_sess
 	start_logged("-n 2", log, sizeof(log));
 	c = sopen_ok(NULL);
 	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 1, &id), 0);
-	tid = hold_shard0();
+	tid = shard0_hold();
 	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
 	if (!log_says(log, "did not stop within", "") && !log_says(log, "did not stop within", "")) {
 		(void)t_thread_release(tid);
@@ -3872,15 +3859,11 @@ static bool session_listed(const char *name)
 }
 
 /*
- * An open that creates a session, caught by a stop before its welcome, is
- * refused as every open during a stop is (ECONNREFUSED: open again once the
- * next broker listens), and the session it would have created is no more.
- * It was parked for the next broker instead: the process got ECONNRESET,
- * and the next broker kept an empty session it never had, under its user's
- * name and client quota, for the whole linger (an hour by default). The
- * shard is held so that the attach is still in flight when SIGTERM comes.
+ * A session "fresh" opened while the shard is held, a stop (cut short by a
+ * second SIGTERM) before its welcome: the open is refused, and the next
+ * broker takes over "held" alone.
  */
-Test(restart, a_new_session_whose_open_a_stop_interrupts_is_refused_and_not_handed_over)
+static void open_interrupted_by_a_stop(bool cut_short)
 {
 	struct opener o = { .session = "fresh" };
 	char log[300], next[300], extra[400];
@@ -3891,7 +3874,7 @@ Test(restart, a_new_session_whose_open_a_stop_interrupts_is_refused_and_not_hand
 	cr_assert_not_null(getenv("CHIMECTL"));
 	start_logged("-n 1", log, sizeof(log));
 	held = sopen_ok("held");
-	tid = hold_shard0();
+	tid = shard0_hold();
 	cr_assert_eq(pthread_create(&thr, NULL, opener_main, &o), 0);
 	if (!session_listed("fresh")) {
 		(void)t_thread_release(tid);
@@ -3899,10 +3882,14 @@ Test(restart, a_new_session_whose_open_a_stop_interrupts_is_refused_and_not_hand
 	}
 	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
 	(void)log_says(log, "Terminated", "");
+	if (cut_short) {
+		kill(tb.pid, SIGTERM);  /* at once: "fresh" still attaching, "held" not parked */
+		usleep(100 * 1000);
+	}
 	cr_assert_eq(t_thread_release(tid), 0);
 	pthread_join(thr, NULL);
 	st = reap_within(10000);
-	cr_assert_neq(st, -1, "chimed still runs 10 s after SIGTERM");
+	cr_assert_neq(st, -1, "chimed still runs 10 s after %s", cut_short ? "two SIGTERMs" : "SIGTERM");
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
 	if (o.r == 0)
 		chime_close(o.c);
@@ -3913,6 +3900,20 @@ Test(restart, a_new_session_whose_open_a_stop_interrupts_is_refused_and_not_hand
 	restart(0, extra);
 	cr_assert(log_lines(next, "taking over 1 session from", ""),
 		  "the next broker did not take over exactly the one session there was");
+}
+
+/*
+ * An open that creates a session, caught by a stop before its welcome, is
+ * refused as every open during a stop is (ECONNREFUSED: open again once the
+ * next broker listens), and the session it would have created is no more.
+ * It was parked for the next broker instead: the process got ECONNRESET,
+ * and the next broker kept an empty session it never had, under its user's
+ * name and client quota, for the whole linger (an hour by default). The
+ * shard is held so that the attach is still in flight when SIGTERM comes.
+ */
+Test(restart, a_new_session_whose_open_a_stop_interrupts_is_refused_and_not_handed_over)
+{
+	open_interrupted_by_a_stop(false);
 }
 
 struct late_signal {
@@ -3940,6 +3941,23 @@ static void *arm_100_main(void *arg)
 	return NULL;
 }
 
+/* A detached session "halves" with 100 timers on each of the two shards, applied. */
+static void halves_armed(void)
+{
+	pthread_t thr;
+	chime_id_t id;
+	chime_t *c;
+	void *ret;
+
+	/* Each thread arms on a shard of its own (home_shard()): this one on shard 0, the next on shard 1. */
+	c = open_armed("halves", 100, &id);
+	cr_assert_eq(pthread_create(&thr, NULL, arm_100_main, c), 0);
+	pthread_join(thr, &ret);
+	cr_assert_null(ret, "the second thread's arms failed");
+	chime_close(c);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 200), 200);
+}
+
 /*
  * A stop writes a removed shard file again, and a broker killed in the
  * middle of that copy leaves no half-written file at its path: the copy is
@@ -3955,19 +3973,10 @@ Test(restart, a_broker_killed_while_it_writes_a_removed_shard_file_again_leaves_
 	struct late_signal term;
 	char log[300], next[300], extra[400], path[PATH_MAX];
 	pthread_t thr;
-	chime_id_t id;
-	chime_t *c;
-	void *ret;
 	int r;
 
 	start_logged("-n 2", log, sizeof(log));
-	/* Each thread arms on a shard of its own (home_shard()): this one on shard 0, the next on shard 1. */
-	c = open_armed("halves", 100, &id);
-	cr_assert_eq(pthread_create(&thr, NULL, arm_100_main, c), 0);
-	pthread_join(thr, &ret);
-	cr_assert_null(ret, "the second thread's arms failed");
-	chime_close(c);
-	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 200), 200);
+	halves_armed();
 	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
 	cr_assert_eq(unlink(path), 0);
 	term = (struct late_signal){ .pid = tb.pid, .sig = SIGTERM, .ms = 200 };
@@ -4025,21 +4034,11 @@ Test(restart, a_broker_killed_as_it_creates_its_sessions_file_does_not_keep_the_
 static void never_finished_file(bool sized)
 {
 	char log[300], next[300], extra[400], path[PATH_MAX];
-	pthread_t thr;
-	chime_id_t id;
 	struct stat st;
-	chime_t *c;
-	void *ret;
 	int fd, r;
 
 	start_logged("-n 2", log, sizeof(log));
-	/* Each thread arms on a shard of its own (home_shard()): this one on shard 0, the next on shard 1. */
-	c = open_armed("halves", 100, &id);
-	cr_assert_eq(pthread_create(&thr, NULL, arm_100_main, c), 0);
-	pthread_join(thr, &ret);
-	cr_assert_null(ret, "the second thread's arms failed");
-	chime_close(c);
-	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 200), 200);
+	halves_armed();
 	stop_now(SIGTERM);
 	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
 	cr_assert_eq(stat(path, &st), 0);
@@ -4077,39 +4076,7 @@ Test(restart, a_shard_file_whose_creation_never_finished_is_taken_as_missing)
  */
 Test(restart, a_new_session_whose_open_a_stop_cut_short_interrupts_is_not_handed_over)
 {
-	struct opener o = { .session = "fresh" };
-	char log[300], next[300], extra[400];
-	pthread_t thr;
-	chime_t *held;
-	int tid, st;
-
-	cr_assert_not_null(getenv("CHIMECTL"));
-	start_logged("-n 1", log, sizeof(log));
-	held = sopen_ok("held");
-	tid = hold_shard0();
-	cr_assert_eq(pthread_create(&thr, NULL, opener_main, &o), 0);
-	if (!session_listed("fresh")) {
-		(void)t_thread_release(tid);
-		cr_assert_fail("the broker does not list the session being opened");
-	}
-	kill(tb.pid, SIGTERM);
-	(void)log_says(log, "Terminated", "");
-	kill(tb.pid, SIGTERM);  /* at once: "fresh" still attaching, "held" not parked */
-	usleep(100 * 1000);
-	cr_assert_eq(t_thread_release(tid), 0);
-	pthread_join(thr, NULL);
-	st = reap_within(10000);
-	cr_assert_neq(st, -1, "chimed still runs 10 s after two SIGTERMs");
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
-	if (o.r == 0)
-		chime_close(o.c);
-	cr_expect_eq(o.r, -ECONNREFUSED, "the open during the stop: %s", strerror(-o.r));
-	chime_close(held);
-	snprintf(next, sizeof(next), "%s/next.log", tb.dir);
-	snprintf(extra, sizeof(extra), "-n 1 2>'%s'", next);
-	restart(0, extra);
-	cr_assert(log_lines(next, "taking over 1 session from", ""),
-		  "the next broker did not take over exactly the one session there was");
+	open_interrupted_by_a_stop(true);
 }
 
 /*

@@ -872,7 +872,7 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 		if (idx == CHIME_NIL) {
 			/* A re-submitted ARM the old broker had applied (its node armed): nothing to do. */
 			if (!ch->resuming)
-				stats_malformed(sc->st);
+				stats_malformed(sc->st, ch->slot);
 			slot_free(ch, pos);
 			return;
 		}
@@ -934,7 +934,7 @@ static uint32_t lookup(struct shard_core *sc, struct chan *ch, uint64_t id)
 		break;          /* GRANTED: an id not armed yet cannot be named */
 	}
 malformed:
-	stats_malformed(sc->st);
+	stats_malformed(sc->st, ch->slot);
 	return CHIME_NIL;
 }
 
@@ -1353,7 +1353,7 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 				stats_refused(sc->st, ch->slot, refusal(ch->grants[pos & ch->sq_mask]));
 			break;
 		default:
-			stats_malformed(sc->st);
+			stats_malformed(sc->st, ch->slot);
 			break;
 		}
 		/* The slot keeps its unused grant, or tries again if it held a marker. */

@@ -34,7 +34,7 @@
  *                 (armed gauges -1); a stale id counts nothing
  *   CANCEL_KEY    stats_cancel_key(&st, slot, victims): one record, `victims`
  *                 timers removed (armed gauges -victims)
- *   malformed     stats_malformed(&st): a record dropped by validation
+ *   malformed     stats_malformed(&st, slot): a record dropped by validation
  *   refused       stats_refused(&st, slot, why): an arm the client could not
  *                 make (it found a no-grant marker and published a NOP)
  *   reserve       stats_reserve_failed(&st): the filesystem refused a slab chunk
@@ -297,11 +297,15 @@ static inline void stats_cancel_key(struct stats *st, uint32_t slot, uint64_t vi
 	stats__disarm(st, c, victims);
 }
 
-static inline void stats_malformed(struct stats *st)
+static inline void stats_malformed(struct stats *st, uint32_t slot)
 {
+	struct chime_client_stats *c = stats__cl(st, slot);
+
 	if (!CHIME_COUNTERS)
 		return;
 	st->sh.malformed++;
+	if (c)
+		c->malformed++;
 }
 
 /* Why an arm was refused: no free node, the client's quota, or its user's. */

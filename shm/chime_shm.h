@@ -679,7 +679,8 @@ struct chime_client_stats {
 	uint64_t lat_max_ns;        /* since it connected or the last reset */
 	uint64_t lat[CHIME_LAT_BUCKETS];    /* lateness of its timers, since then */
 	uint64_t refused_user_quota;        /* of refused_quota: its user's clients held --max-timers-per-uid */
-	uint8_t  _reserved[896 - 8 * (17 + CHIME_LAT_BUCKETS)];
+	uint64_t malformed;                 /* its records dropped by validation (a bug, or a hostile client) */
+	uint8_t  _reserved[896 - 8 * (18 + CHIME_LAT_BUCKETS)];
 };
 _Static_assert(sizeof(struct chime_client_stats) == 896, "client stats block is 896 B");
 _Static_assert(offsetof(struct chime_client_stats, sq_depth) == 96, "moved: bump CHIME_SHM_LAYOUT");

@@ -692,6 +692,8 @@ Test(chan, malformed_records_are_counted_and_dropped)
 	chime_sq_publish(s, pos);
 	step_at(T0 + MS);
 	cr_assert_eq(F.st.sh.malformed, 5);
+	cr_assert_eq(F.st.cl[0].c.malformed, 5, "counted for the client that sent them");
+	cr_assert_eq(F.st.cl[1].c.malformed, 0, "counted for its victim");
 	cr_assert_eq(take(a, &e), 0);
 	cr_assert_eq(take(b, &e), 1, "the victim's timer survives");
 	cr_assert_eq(e.id, bid);

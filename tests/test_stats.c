@@ -177,7 +177,7 @@ Test(stats, publish_writes_private_counters_under_even_seq)
 	stats_deliver(&st, 2);
 	stats_wake_client(&st, 2);
 	stats_client_depth(&st, 2, 1, 0);
-	stats_malformed(&st);
+	stats_malformed(&st, 2);
 	stats_sq(&st, 9, 12);
 	stats_sq(&st, 4, 5);
 	stats_client_sq(&st, 2, 7);
@@ -221,6 +221,7 @@ Test(stats, publish_writes_private_counters_under_even_seq)
 	cr_assert_eq(fx.cs[2][1].armed, 1);
 	cr_assert_eq(fx.cs[2][1].cancels, 1);
 	cr_assert_eq(fx.cs[2][1].fires, 2);
+	cr_assert_eq(fx.cs[2][1].malformed, 1, "the client's count of what it sent malformed");
 	cr_assert_eq(fx.cs[2][1].cq_depth, 1);
 	cr_assert_eq(fx.cs[2][1].cq_depth_max, 1);
 	cr_assert_eq(fx.cs[2][1].sq_depth, 3);

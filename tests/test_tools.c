@@ -367,7 +367,7 @@ static void fake_make_n(struct fake *f, pid_t pid, uint64_t heartbeat_age_ns, ui
 	stats_fire(&st[0], 1, 1000, 3000, 0, 0);
 	stats_fire(&st[0], 1, 1000, 3000, 0, 0);
 	stats_fire(&st[0], 1, 1000, 3001000, 0, 0);
-	stats_malformed(&st[0]);
+	stats_malformed(&st[0], 1);
 	/* shard 1: 5 arms, 1 reset, 2 fires; client has 1 backlog, 2 cq */
 	for (i = 0; i < 5; i++)
 		stats_arm(&st[1], 1);
@@ -468,6 +468,7 @@ Test(tools_fake, json_has_exact_counters)
 	cr_assert_eq(jq(".shards[0].cancels"), 3);
 	cr_assert_eq(jq(".shards[0].fires"), 4);
 	cr_assert_eq(jq(".shards[0].malformed"), 1);
+	cr_assert_eq(jq(".clients[0].malformed"), 1, "%s", slurp(out));
 	cr_assert_eq(jq(".shards[0].armed"), 3);
 	cr_assert_eq(jq(".shards[1].resets"), 1);
 	cr_assert_eq(jq(".shards[1].backlog"), 1);

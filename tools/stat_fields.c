@@ -126,6 +126,7 @@ static const struct cdef client_defs[] = {
 	{ "refused_nomem", CS(refused_nomem), F_COUNTER, "chime_client_refused_nomem_total", "Its arms refused: no free timer node (ENOMEM).", 1 },
 	{ "refused_quota", CS(refused_quota), F_COUNTER, "chime_client_refused_quota_total", "Its arms refused: at its quota (EDQUOT).", 1 },
 	{ "refused_user_quota", CS(refused_user_quota), F_COUNTER, "chime_client_refused_user_quota_total", "Its arms refused because its user's clients together held --max-timers-per-uid (EDQUOT, also counted in refused_quota).", 1 },
+	{ "malformed", CS(malformed), F_COUNTER, "chime_client_malformed_total", "Its records dropped by validation: an id it was never given, an unknown op (a bug in it, or a hostile client).", 1 },
 };
 
 const struct stat_pct pcts[NR_PCTS] = { { "p50", 0.50 }, { "p90", 0.90 }, { "p99", 0.99 }, { "p99_9", 0.999 } };

@@ -338,6 +338,7 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 			cl->sum.refused_nomem += b.refused_nomem;
 			cl->sum.refused_quota += b.refused_quota;
 			cl->sum.refused_user_quota += b.refused_user_quota;
+			cl->sum.malformed += b.malformed;
 #define SR_MAX(f) (cl->sum.f = b.f > cl->sum.f ? b.f : cl->sum.f)
 			SR_MAX(sq_depth);
 			SR_MAX(sq_depth_max);

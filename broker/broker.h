@@ -119,7 +119,12 @@ struct client {
 	uint64_t watch_since_ns, watch_fp;
 	int pidfd;              /* ACTIVE: its process (SO_PEERPIDFD, else pidfd_open()), or -1 */
 	int *bells;             /* [nr_shards]: its own doorbell eventfd per shard (we only read them) */
-	int rw_fd, ro_fd;
+	/*
+	 * The memfds, writable, kept until the connection ends for the punch
+	 * (conn_release(), discard.h); ro_fd is the read-only one the client
+	 * gets, closed once sent (ro_wfd -1: no /proc, ro_fd is sealed instead).
+	 */
+	int rw_fd, ro_fd, ro_wfd;
 	struct chime_map rw, ro;
 	int touch_fd;           /* its touch table (an anonymous client that asked), or -1 */
 	struct chime_map touch;

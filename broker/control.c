@@ -410,24 +410,27 @@ static void conn_release(struct broker *b, struct client *c)
 		 * On a thread of its own: a client can make the punch slow
 		 * (discard.h). At most --max-clients-per-uid of a user's
 		 * connections wait for it (--max-clients with no such limit),
-		 * the others are only unmapped: the thread runs at idle
+		 * the others are closed without it: the thread runs at idle
 		 * priority, and while any user starved it of CPU (busy loops
 		 * beside the broker) or held it up with a slow punch, a user
 		 * opening and closing in a loop queued every connection's
-		 * mappings, pages and all (up to 96 MiB of its own touch table
-		 * each, in no process once it exits), without bound: an audit
-		 * queued 80 a second with one busy loop on the broker's CPU,
-		 * towards vm.max_map_count, where every mmap of the broker
-		 * fails for every user. Unmapped, an honest client's pages go
-		 * with its own close; a hostile one keeps what it holds.
+		 * pages (up to 96 MiB of its own touch table each, in no
+		 * process once it exits), without bound: an audit queued 80 a
+		 * second with one busy loop on the broker's CPU (mappings then,
+		 * towards vm.max_map_count). Closed, an honest client's pages
+		 * go with its own close; a hostile one keeps what it holds.
 		 */
 		struct chime_map maps[3] = { c->rw, c->ro, c->touch };
+		int fds[3] = { c->rw_fd, c->ro_wfd, c->touch_fd };
+		size_t sizes[3] = { c->rw.size, c->ro.size, c->touch.size };
 		uint32_t max = b->o.max_clients_per_uid ? b->o.max_clients_per_uid : b->o.max_clients;
 
-		discard_post(b->discard, maps, 3, c->acct_uid, max);
+		/* Our mappings go first, in steps (discard_step()): punches go after, through the descriptors. */
+		discard_post(b->discard, maps, fds, sizes, 3, c->acct_uid, max);
 		memset(&c->rw, 0, sizeof(c->rw));
 		memset(&c->ro, 0, sizeof(c->ro));
 		memset(&c->touch, 0, sizeof(c->touch));
+		c->rw_fd = c->ro_wfd = c->touch_fd = -1;
 	}
 	chime_seg_unmap(&c->rw);
 	chime_seg_unmap(&c->ro);
@@ -436,9 +439,11 @@ static void conn_release(struct broker *b, struct client *c)
 		close(c->rw_fd);
 	if (c->ro_fd >= 0)
 		close(c->ro_fd);
+	if (c->ro_wfd >= 0)
+		close(c->ro_wfd);
 	if (c->touch_fd >= 0)
 		close(c->touch_fd);
-	c->touch_fd = -1;
+	c->touch_fd = c->ro_wfd = -1;
 	for (uint32_t i = 0; c->bells && i < b->o.nr_shards; i++)
 		if (c->bells[i] >= 0)
 			close(c->bells[i]);
@@ -575,7 +580,7 @@ static int client_segments(struct broker *b, struct client *c)
 		int ro_only = r;
 
 		r = chime_seg_seal(c->ro_fd, false);    /* through our descriptor: a read-only one may not */
-		close(c->ro_fd);
+		c->ro_wfd = c->ro_fd;                   /* kept for the punch (conn_release()) */
 		c->ro_fd = ro_only;
 	} else if (r == -EMFILE || r == -ENFILE) {
 		return r;       /* out of descriptors, not of /proc: the client is refused (EUSERS) */
@@ -744,12 +749,9 @@ static void on_notify(struct broker *b)
 					client_detach(b, c, 0);
 				continue;
 			}
-			/* The mappings keep the memory: the fds were only for the client. */
-			close(c->rw_fd);
+			/* The read-only descriptor was only for the client; the others wait for the punch. */
 			close(c->ro_fd);
-			if (c->touch_fd >= 0)
-				close(c->touch_fd);
-			c->rw_fd = c->ro_fd = c->touch_fd = -1;
+			c->ro_fd = -1;
 			c->state = CL_ACTIVE;
 			table_set(b, c, CHIME_CLIENT_ACTIVE);
 			/* A session's record says so already: client_admit(), client_reattach(). */
@@ -1281,6 +1283,7 @@ int broker_run(struct broker *b)
 		struct __kernel_timespec ts;
 		uint64_t now = now_ns(), wait;
 		unsigned head, seen = 0;
+		bool busy;
 		int r;
 
 		uint64_t beat = b->quiet_beats >= QUIET_BEATS ? idle_beat : HEARTBEAT_NS;
@@ -1320,7 +1323,10 @@ int broker_run(struct broker *b)
 			at_store(&b->ctl->beat_ms, (uint32_t)(beat / 1000000u));
 			beat_shown = beat;
 		}
-		wait = query_step(b) ? 0 : beat - (now - last_hb);
+		/* Both steps in every iteration: a scan under way must not keep segments mapped. */
+		busy = query_step(b);
+		busy |= discard_step(b->discard, DISCARD_STEP_NS);
+		wait = busy ? 0 : beat - (now - last_hb);
 		ts.tv_sec = 0;
 		ts.tv_nsec = (long long)wait;
 		r = io_uring_submit_and_wait_timeout(&b->ring, &cqe, 1, &ts, NULL);
@@ -1397,7 +1403,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	/* generation survives: it counts the slot's reuses. */
 	memset(c, 0, offsetof(struct client, generation));
 	c->slot = (uint16_t)(c - b->clients);
-	c->rw_fd = c->ro_fd = c->touch_fd = -1;
+	c->rw_fd = c->ro_fd = c->ro_wfd = c->touch_fd = -1;
 	c->fd = c->next_fd = c->pidfd = c->held_fd = -1;
 	c->want_touch = want_touch && !session[0];      /* a session's timers outlive the table */
 	c->hup_seq++;

@@ -1,13 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * discard.h - a finished connection's segments are emptied and unmapped on a
- * thread of their own, not the control thread's.
+ * discard.h - a finished connection's segments are emptied on a thread of
+ * their own, not the control thread's.
  *
  * Punching the pages out (chime_seg_discard()) tears them out of every
  * mapping of the memfd, and a client may map one thousands of times and
  * fault them all in: a review measured 1.6 s for 1 MiB under 60,000 such
  * mappings. On the control thread that stalled every handshake and, past
  * WatchdogSec, got the broker killed.
+ *
+ * The thread gets descriptors, never mappings: the control thread unmaps
+ * its own (its page tables only), in steps. Unmapping here, and
+ * punching through the mapping (MADV_REMOVE), took the broker's mmap_lock
+ * at idle priority: any user's busy loops starved the thread while it
+ * held the lock, and the control thread's next mmap (every chime_open())
+ * waited for it, heartbeat and all (an audit: heartbeats 250-909 ms old
+ * with 3 busy loops and 2 open/close loops of one user, 2 CPUs).
  */
 #ifndef CHIME_DISCARD_H
 #define CHIME_DISCARD_H
@@ -23,17 +31,31 @@ struct discard;
 int discard_start(struct discard **d);
 
 /*
- * Hand over n mappings of a connection of user uid (its acct_uid), which
- * the caller forgets: the thread punches their pages out and unmaps them,
- * in order. Never blocks on the thread. With `max` of that user's jobs
- * waiting already, or out of memory, they are unmapped here without the
+ * Hand over n segments of a connection of user uid (its acct_uid), which
+ * the caller forgets (maps[] zeroed, fds[] set to -1): our mapping of
+ * each, and a writable descriptor of its memfd, of sizes[i] bytes. Queued
+ * for discard_step(), on the caller's thread: munmap costs our page
+ * tables (50 us for a session's segments here), and 2500 sessions parked
+ * at once, unmapped in a row, held another user's open 117-148 ms.
+ */
+void discard_post(struct discard *d, struct chime_map *maps, int *fds, const size_t *sizes, unsigned n,
+		  uint32_t uid, unsigned max);
+
+/*
+ * For about budget_ns at most (one at least), what discard_post() queued:
+ * unmapped, then its descriptors to the thread, which punches their pages
+ * out and closes them. With `max` of that user's jobs waiting for the
+ * thread already, or out of memory, they are closed here without the
  * punch: the thread runs at idle priority, which anyone can starve of CPU
  * (or hold up with one slow punch), and each job waiting keeps its
- * mappings in the broker, pages and all. O(jobs waiting), under the lock.
+ * memfds' pages. True if some remain. O(jobs waiting) each, under the lock.
  */
-void discard_post(struct discard *d, struct chime_map *maps, unsigned n, uint32_t uid, unsigned max);
+bool discard_step(struct discard *d, uint64_t budget_ns);
 
-/* Unmap what is still queued (no punch: the broker is stopping) and join the thread; NULL is fine. */
+/* The control loop's budget for it, per iteration: about a handshake's cost. */
+#define DISCARD_STEP_NS (UINT64_C(300) * 1000u)
+
+/* Unmap and close what is still queued (no punch: the broker is stopping) and join the thread; NULL is fine. */
 void discard_stop(struct discard *d);
 
 #endif /* CHIME_DISCARD_H */

@@ -701,13 +701,15 @@ int main(int argc, char **argv)
 	/* A file-size limit below a shard file (LimitFSIZE=): EFBIG and a message, not death by SIGXFSZ. */
 	signal(SIGXFSZ, SIG_IGN);
 	/*
-	 * Each client costs 4 + nr_shards descriptors (socket, its process's
-	 * pidfd, two memfds while it attaches, a doorbell per shard): the
+	 * Each client costs 5 + nr_shards descriptors (socket, its process's
+	 * pidfd, three memfds kept for the punch at its end, a doorbell per
+	 * shard; a connection that ended holds its memfds until discard.c's
+	 * thread punches them, at most --max-clients-per-uid per user): the
 	 * default soft limit of 1024 is too few. Say so at start rather than
 	 * refusing clients later with EMFILE.
 	 */
 	{
-		uint64_t need = (uint64_t)o.max_clients * (4 + o.nr_shards) + 128;
+		uint64_t need = (uint64_t)o.max_clients * (5 + o.nr_shards) + 128;
 		struct rlimit rl;
 
 		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {

@@ -130,11 +130,11 @@ int chime_seg_reopen_ro(int fd)
 	return ro < 0 ? -errno : ro;
 }
 
-int chime_seg_discard(struct chime_map *map)
+int chime_seg_discard(int fd, size_t size)
 {
-	if (!map->base)
+	if (fd < 0 || !size)
 		return 0;
-	return madvise(map->base, map->size, MADV_REMOVE) < 0 ? -errno : 0;
+	return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)size) < 0 ? -errno : 0;
 }
 
 #ifndef MADV_POPULATE_WRITE

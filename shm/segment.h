@@ -142,12 +142,14 @@ int chime_broker_trusted(const char *path, uid_t broker, uid_t client);
 int chime_seg_reopen_ro(int fd);
 
 /*
- * Free the memory behind a shared mapping of a memfd (a hole punched over
- * it, MADV_REMOVE), whoever else maps or holds the memfd: their pages are
- * gone too, and read as zeros. 0 or -errno (-EPERM: it is sealed against
- * writes).
+ * Free the memory of the first `size` bytes of memfd `fd` (a hole punched
+ * through a writable descriptor, fallocate), whoever else maps or holds
+ * the memfd: their pages are gone too, and read as zeros. Through the
+ * descriptor, not a mapping (MADV_REMOVE, as it was): that takes the
+ * caller's mmap_lock, and chimed punches at idle priority (discard.c).
+ * 0 or -errno (-EPERM: it is sealed against writes).
  */
-int chime_seg_discard(struct chime_map *map);
+int chime_seg_discard(int fd, size_t size);
 
 /*
  * Map the pages of [p, p + bytes) of a shared mapping now, writable, in one

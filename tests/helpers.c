@@ -712,3 +712,24 @@ int t_chimed_killed_at(struct t_chimed *b, const char *sock, const char *extra, 
 	waitpid(p, &st, __WALL);
 	return -ETIMEDOUT;
 }
+
+int t_pin_threads(int pid, int cpu)
+{
+	char path[64];
+	struct dirent *e;
+	cpu_set_t set;
+	int n = 0;
+	DIR *d;
+
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	snprintf(path, sizeof(path), "/proc/%d/task", pid);
+	d = opendir(path);
+	if (!d)
+		return -errno;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.' && sched_setaffinity(atoi(e->d_name), sizeof(set), &set) == 0)
+			n++;
+	closedir(d);
+	return n;
+}

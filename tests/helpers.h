@@ -125,6 +125,8 @@ bool t_thread_asleep(int pid, int tid);
  * -errno (-EPERM: ptrace not allowed here; the caller skips).
  * t_thread_release() lets it go on (PTRACE_DETACH): 0 or -errno.
  */
+/* Pin every thread of process pid to CPU cpu: the number pinned, or -errno. */
+int t_pin_threads(int pid, int cpu);
 int t_thread_hold(int tid);
 int t_thread_release(int tid);
 

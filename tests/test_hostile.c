@@ -14,6 +14,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -542,17 +544,18 @@ static int maps_of(int pid)
 }
 
 /*
- * The segments of a connection that ended are emptied and unmapped on a
- * thread of the broker's own, at idle priority (discard.c), which any
- * user can starve of CPU (busy loops beside the broker), or hold up with
- * one slow punch. Until it runs, each connection handed to it stays
- * mapped in the broker, with the pages it faulted and the client's own
- * (its touch table: up to 96 MiB), in no process once the client exits:
+ * The segments of a connection that ended are emptied on a thread of
+ * the broker's own, at idle priority (discard.c), which any user can
+ * starve of CPU (busy loops beside the broker), or hold up with one slow
+ * punch. Until it runs, each connection handed to it stays held by the
+ * broker (mapped, as it was; its descriptors now), with the pages it
+ * faulted and the client's own (its touch table: up to 96 MiB), in no
+ * process once the client exits:
  * a user opening and closing in a loop meanwhile queued every one of
  * them, without bound (an audit: 80 a second with one busy loop on the
  * broker's CPU; at vm.max_map_count every mmap of the broker fails, for
  * every user). Now at most --max-clients-per-uid of a user's connections
- * wait for the thread; the others are unmapped at once (their pages go
+ * wait for the thread; the others are closed at once (their pages go
  * with the client's close), and nobody is refused. The thread is held
  * here with ptrace, as a starved one would be.
  */
@@ -562,7 +565,7 @@ Test(hostile, a_starved_discard_thread_holds_at_most_a_users_share_of_its_connec
 	struct t_chimed b = { 0 };
 	struct chime_opts o = { 0 };
 	unsigned ok = 0, failed = 0;
-	int tid, r, maps0, maps1, err = 0;
+	int tid, r, maps0, maps1, fds0, fds1, err = 0;
 	chime_t *c;
 
 	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1 --max-clients-per-uid 4"), 0);
@@ -574,6 +577,7 @@ Test(hostile, a_starved_discard_thread_holds_at_most_a_users_share_of_its_connec
 	chime_close(c);
 	usleep(200000);
 	maps0 = maps_of(b.pid);
+	fds0 = t_open_fds(b.pid);
 	r = t_thread_hold(tid);
 	if (r < 0) {
 		t_chimed_stop(&b, SIGKILL);
@@ -593,13 +597,17 @@ Test(hostile, a_starved_discard_thread_holds_at_most_a_users_share_of_its_connec
 	}
 	usleep(200000);         /* the last closes released */
 	maps1 = maps_of(b.pid);
+	fds1 = t_open_fds(b.pid);
 	cr_assert_eq(t_thread_release(tid), 0);
-	fprintf(stderr, "discard thread held: %u opens, %u failed; broker mappings %d -> %d\n", ok, failed, maps0,
-		maps1);
+	fprintf(stderr, "discard thread held: %u opens, %u failed; broker mappings %d -> %d, descriptors %d -> %d\n",
+		ok, failed, maps0, maps1, fds0, fds1);
 	cr_assert_eq(failed, 0, "%u opens failed while the discard thread was held: %s", failed, strerror(-err));
 	/* 3 mappings a connection (rw, ro, touch table) */
 	cr_assert_leq(maps1 - maps0, 3 * PER_UID + 2, "the broker holds %d more mappings after %u connections",
 		      maps1 - maps0, ok);
+	/* the thread gets the memfds' descriptors (discard.h), 3 a connection */
+	cr_assert_leq(fds1 - fds0, 3 * PER_UID + 2, "the broker holds %d more descriptors after %u connections",
+		      fds1 - fds0, ok);
 	for (int i = 0; i < 200 && maps_of(b.pid) > maps0; i++)
 		usleep(10000);
 	cr_assert_leq(maps_of(b.pid), maps0, "the broker's mappings did not come back to %d: %d", maps0,
@@ -662,5 +670,116 @@ Test(hostile, a_rest_ended_by_another_connection_does_not_time_it_to_the_millise
 	cr_assert_leq(close_calls, 3, "%u of %u connections were followed by a heartbeat within 5 ms:%s", close_calls,
 		      ROUNDS, seen);
 	chime_close(c);
+	t_chimed_stop(&b, SIGTERM);
+}
+
+struct hb_watch {
+	const struct chime_pub *pub;
+	volatile bool stop;
+	uint64_t worst_age;
+};
+
+/* The oldest heartbeat seen, sampled every 500 us by a thread of its own (an open may wait for the broker). */
+static void *hb_watch(void *arg)
+{
+	struct hb_watch *w = arg;
+
+	while (!w->stop) {
+		uint64_t t = now_ns(), hb = at_load(&w->pub->heartbeat_ns);
+
+		if (t > hb && t - hb > w->worst_age)
+			w->worst_age = t - hb;
+		usleep(500);
+	}
+	return NULL;
+}
+
+static void busy_as_nobody(int cpu)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	if (sched_setaffinity(0, sizeof(set), &set) < 0 || setresgid(65534, 65534, 65534) < 0 ||
+	    setresuid(65534, 65534, 65534) < 0)
+		_exit(90);
+	for (;;)
+		;
+}
+
+/*
+ * The discard thread runs at idle priority, and any user can starve it of
+ * CPU with busy loops. It punched through the broker's mappings
+ * (MADV_REMOVE) and unmapped them, holding the broker's mmap_lock, and
+ * was preempted there: the control thread's next mmap (every chime_open())
+ * waited until the starved thread ran again, heartbeat and all. With
+ * clients opening and closing on 2 CPUs and 3 busy loops of another user,
+ * an audit saw heartbeats 250-909 ms old (a client takes one a second old
+ * for a dead broker) and opens of 205-826 ms; 93 ms and 17-48 ms once the
+ * thread punched through descriptors and the control thread unmapped.
+ * Here the thread shares a CPU with 24 busy loops of user 65534, the rest
+ * of the broker and this process, opening and closing, the other CPU:
+ * before, heartbeats 703-1337 ms old and opens of 703-1280 ms (5 runs);
+ * after, 90-100 ms and 11-64 ms.
+ */
+Test(hostile, a_starved_discard_thread_does_not_stall_the_control_thread, .timeout = 30)
+{
+	enum { BUSY = 24, SECS = 3 };
+	struct t_chimed b = { 0 };
+	struct chime_opts o = { 0 };
+	struct hb_watch w = { 0 };
+	uint64_t t0, worst_open = 0;
+	pthread_t watcher;
+	pid_t busy[BUSY];
+	cpu_set_t set;
+	unsigned opens = 0;
+	int tid;
+	chime_t *me, *c;
+
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || geteuid() != 0)
+		cr_skip("needs 2 CPUs and root (to pin the broker's threads and run as another user)");
+	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1"), 0);
+	o.socket_path = b.sock;
+	tid = t_thread_named(b.pid, "chimed-discard");
+	cr_assert_gt(tid, 0, "no chimed-discard thread");
+	cr_assert_gt(t_pin_threads(b.pid, 0), 0);
+	CPU_ZERO(&set);
+	CPU_SET(1, &set);
+	cr_assert_eq(sched_setaffinity(tid, sizeof(set), &set), 0);
+	cr_assert_gt(t_pin_threads(getpid(), 0), 0);   /* our opens and samples beside the broker, not the loops */
+	cr_assert_eq(chime_open(&me, &o), 0);
+	w.pub = find_mapping("chime-public");
+	cr_assert_not_null(w.pub);
+	cr_assert_eq(pthread_create(&watcher, NULL, hb_watch, &w), 0);
+	for (int i = 0; i < BUSY; i++) {
+		busy[i] = fork();
+		cr_assert_geq(busy[i], 0);
+		if (busy[i] == 0)
+			busy_as_nobody(1);
+	}
+	/* Nothing asserted while the loops run: a failure would leave them running. */
+	for (t0 = now_ns(); now_ns() - t0 < SECS * 1000 * MS;) {
+		uint64_t t = now_ns();
+
+		if (chime_open(&c, &o) == 0) {
+			opens++;
+			chime_close(c);
+		}
+		t = now_ns() - t;
+		if (t > worst_open)
+			worst_open = t;
+	}
+	w.stop = true;
+	pthread_join(watcher, NULL);
+	for (int i = 0; i < BUSY; i++)
+		kill(busy[i], SIGKILL);
+	for (int i = 0; i < BUSY; i++)
+		waitpid(busy[i], NULL, 0);
+	fprintf(stderr, "discard thread starved: %u opens, the oldest heartbeat %llu ms, the slowest open %llu ms\n",
+		opens, (unsigned long long)(w.worst_age / MS), (unsigned long long)(worst_open / MS));
+	cr_assert_lt(w.worst_age, 500 * MS, "a heartbeat %llu ms old (a client takes a second for a dead broker)",
+		     (unsigned long long)(w.worst_age / MS));
+	cr_assert_lt(worst_open, 500 * MS, "an open took %llu ms", (unsigned long long)(worst_open / MS));
+	chime_close(me);
 	t_chimed_stop(&b, SIGTERM);
 }

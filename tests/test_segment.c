@@ -169,7 +169,7 @@ Test(segment, a_read_only_descriptor_cannot_write_and_the_creator_can_discard)
 	}
 	cr_assert_eq(fstat(ro, &st), 0);
 	cr_assert_geq((uint64_t)st.st_blocks * 512, m.size);
-	cr_assert_eq(chime_seg_discard(&m), 0);
+	cr_assert_eq(chime_seg_discard(fd, m.size), 0);
 	cr_assert_eq(fstat(ro, &st), 0);
 	cr_assert_eq(st.st_blocks, 0, "%ld blocks left after the discard", (long)st.st_blocks);
 	cr_assert_eq(((volatile char *)p)[0], 0, "the holder's mapping still reads the old page");

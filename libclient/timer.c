@@ -252,9 +252,11 @@ static inline void touch_armed(struct chime *c, chime_id_t id)
  * is now in the word too, unless the tag names another generation (the
  * id is stale: the shard ignores the record, and the word is another
  * timer's). Every CAS that fails re-reads the tag: the node may have
- * been reused meanwhile.
+ * been reused meanwhile. Inline in both callers: out of line (GCC's
+ * choice), a first reset cost 21 more instructions and a touch 17
+ * (callgrind).
  */
-static bool touch_reset(struct chime *c, chime_id_t id, uint64_t *deadline_ns)
+static inline __attribute__((always_inline)) bool touch_reset(struct chime *c, chime_id_t id, uint64_t *deadline_ns)
 {
 	uint32_t gen = chime_id_gen(id), *tagp;
 	uint64_t d = *deadline_ns, *word, e;

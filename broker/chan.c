@@ -1805,13 +1805,16 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		 * Also what its other threads published behind a slot that one
 		 * of them reserved and never published (killed in between): the
 		 * head stops at that slot, and the arms after it, whose ids their
-		 * threads had returned, would be lost. Not at a handover: the
-		 * process lives and publishes the reserved slot later. Up to a
-		 * lap from where the park began: a writer still alive (the
-		 * segment passed to another process) cannot keep the shard here.
+		 * threads had returned, would be lost. At a handover too: the
+		 * process may be gone already (its hang-up not seen yet), or go
+		 * before its library reconnects, and the next broker never sees
+		 * these rings; one that lives publishes the slot later, and its
+		 * library re-submits it as any record we did not apply (its seq
+		 * says so: a stepped-over slot is never freed). Up to a lap from
+		 * where the park began: a writer still alive (the segment passed
+		 * to another process) cannot keep the shard here.
 		 */
-		while (!ch->handover && !ch->walk_queued && ch->sq.head < lap_end &&
-		       chime_sq_skip_unpublished(&ch->sq))
+		while (!ch->walk_queued && ch->sq.head < lap_end && chime_sq_skip_unpublished(&ch->sq))
 			(void)chan_drain(sc, ch, ch->sq_mask + 1);
 		if (ch->walk_queued)
 			return false;   /* a CANCEL_KEY in steps: the rest once it is done */

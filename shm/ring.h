@@ -192,8 +192,8 @@ static inline void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t
 }
 
 /*
- * For a ring whose producers are all gone (a named session's process died):
- * step the head over the positions a producer reserved and never
+ * For a ring read for the last time (a named session's park: its process
+ * died, or a broker's stop hands it over): step the head over the positions a producer reserved and never
  * published (a thread killed between its reserve and its publish), up to
  * the next published record, so that what other threads published after
  * them is applied too. Returns how many positions were stepped over: 0 if
@@ -201,8 +201,10 @@ static inline void chime_sq_free(struct chime_sq_cons *c, uint64_t pos, uint64_t
  * (nothing behind a hole). Reads at most one ring of slots, by the private
  * head and mask;
  * the stepped-over slots are left as they are (the ring is not used
- * again). Never for a ring a live producer may still publish into: its
- * reserved slot is not a hole yet.
+ * again, and never freed: a producer that lives publishes its slot later,
+ * and libchime's reconnect re-submits it as a record the broker never
+ * applied). Never for a ring the broker goes on reading: its reserved
+ * slot is not a hole yet.
  */
 uint32_t chime_sq_skip_unpublished(struct chime_sq_cons *c);
 

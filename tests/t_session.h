@@ -90,6 +90,33 @@ static inline void kill_child(pid_t pid)
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 }
 
+#ifdef CHIME_CLIENT_H /* white box: a slot reserved by hand */
+/*
+ * A session's process ("holes", one shard) with a slot one thread reserved
+ * and never published (killed in between), and two arms other threads
+ * published behind it, due at x->dl, whose ids (in x->ids) their calls
+ * returned. Ready once both are published; waits to be killed.
+ */
+struct hole_x {
+	uint64_t dl;
+	chime_id_t ids[2];
+};
+
+static void hole_child(int wfd, void *arg)
+{
+	struct hole_x *x = arg;
+	chime_t *c = sopen_ok("holes");
+	uint64_t pos;
+
+	if (!chime_sq_reserve(&c->chan[0].sq, &pos))
+		_exit(1);
+	if (chime_arm(c, 1, x->dl, 0, 1, &x->ids[0]) || chime_arm(c, 1, x->dl, 0, 2, &x->ids[1]))
+		_exit(1);
+	(void)!write(wfd, "r", 1);
+	pause();
+}
+#endif
+
 /*
  * A session's thousand timers (t1_*), for a test that kills the process
  * holding them, or the broker under it, and checks what the next process

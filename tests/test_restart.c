@@ -4116,3 +4116,104 @@ Test(restart, a_fresh_start_killed_midway_brings_no_session_back_without_its_tim
 	r = (int)t_nodes(tb.sock, ARMED_STATES);
 	cr_assert(r == 0 || r == 10, "%d of the session's 10 timers", r);
 }
+
+/*
+ * A planned stop under a session's process with a slot one thread reserved
+ * and never published, and two arms other threads published behind it,
+ * their ids returned: the stop's park (a handover) stopped at that slot,
+ * and the two arms lived only in the process's rings, which the next
+ * broker never sees: the process gone before its library reconnected
+ * (killed with the thread that held the slot, or while it waited for the
+ * next broker), they were lost. The park steps over the slot at a stop too
+ * now, and the stop does not wait for it.
+ */
+Test(restart, arms_published_behind_a_slot_never_published_survive_a_stop_and_the_processs_death)
+{
+	struct hole_x *x = mmap(NULL, sizeof(*x), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct chime_event ev[4];
+	uint64_t t0, stop_ns;
+	unsigned n;
+	pid_t pid;
+	chime_t *c;
+
+	cr_assert_neq(x, MAP_FAILED);
+	start("-n 1");
+	x->dl = chime_now() + 1500 * MS;
+	pid = child(hole_child, x);
+	t0 = now_ns();
+	kill(tb.pid, SIGTERM);
+	cr_assert_eq(waitpid(tb.pid, &(int){ 0 }, 0), tb.pid);
+	stop_ns = now_ns() - t0;
+	tb.pid = 0;
+	kill_child(pid);
+	cr_assert_lt(stop_ns, 2000 * MS, "the stop took %llu ms", (unsigned long long)(stop_ns / MS));
+	restart(0, "-n 1");
+	c = sopen_ok("holes");
+	n = collect(c, ev, 4, x->dl + 1000 * MS);
+	cr_assert_eq(n, 2, "%u events for the two arms published behind the slot never published", n);
+	cr_assert(ev[0].id == x->ids[0] || ev[1].id == x->ids[0]);
+	cr_assert(ev[0].id == x->ids[1] || ev[1].id == x->ids[1]);
+	chime_close(c);
+	munmap(x, sizeof(*x));
+}
+
+/*
+ * The same stop under a process that lives on: the park steps over the
+ * slot, the thread publishes it after the stop (an arm, by hand), and the
+ * library's reconnect re-submits it to the next broker with what else the
+ * old one never applied (its seq says so). Each of the three fires once.
+ */
+struct live_hole {
+	struct hole_x x;
+	chime_id_t late;
+	int go;                 /* the test: the next broker runs */
+	unsigned n;             /* the child: events it collected */
+	struct chime_event ev[4];
+};
+
+static void live_hole_child(int wfd, void *arg)
+{
+	struct live_hole *h = arg;
+	chime_t *c = sopen_ok("holes");
+	struct chime_sqe *sqe;
+	uint64_t pos;
+
+	if (!(sqe = chime_sq_reserve(&c->chan[0].sq, &pos)))
+		_exit(1);
+	if (chime_arm(c, 1, h->x.dl, 0, 1, &h->x.ids[0]) || chime_arm(c, 1, h->x.dl, 0, 2, &h->x.ids[1]))
+		_exit(1);
+	(void)!write(wfd, "r", 1);
+	while (!__atomic_load_n(&h->go, __ATOMIC_ACQUIRE))
+		usleep(1000);
+	h->late = sqe->grant;
+	sqe->id = h->late;
+	sqe->deadline_ns = h->x.dl;
+	sqe->user_data = 3;
+	sqe->op = CHIME_OP_ARM;
+	chime_sq_publish(sqe, pos);
+	h->n = collect(c, h->ev, 4, h->x.dl + 1000 * MS);
+	_exit(0);
+}
+
+Test(restart, a_slot_published_after_a_stop_stepped_over_it_reaches_the_next_broker)
+{
+	struct live_hole *h = mmap(NULL, sizeof(*h), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	pid_t pid;
+	int st;
+
+	cr_assert_neq(h, MAP_FAILED);
+	start("-n 1");
+	h->x.dl = chime_now() + 1500 * MS;
+	pid = child(live_hole_child, h);
+	restart(SIGTERM, "-n 1");
+	__atomic_store_n(&h->go, 1, __ATOMIC_RELEASE);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child failed: status %#x", st);
+	cr_assert_eq(h->n, 3, "%u events for the two arms behind the slot and the one published in it late", h->n);
+	for (unsigned i = 0; i < 3; i++) {
+		chime_id_t want = i < 2 ? h->x.ids[i] : h->late;
+
+		cr_assert(h->ev[0].id == want || h->ev[1].id == want || h->ev[2].id == want, "timer %u did not fire", i);
+	}
+	munmap(h, sizeof(*h));
+}

@@ -79,27 +79,6 @@ Test(session, sigkilled_session_keeps_its_timers_and_ids_for_the_next_process)
  * The head stops at that slot: what the other threads published behind it
  * (arms whose ids they had returned) is applied at the park all the same.
  */
-struct hole_x {
-	uint64_t dl;
-	chime_id_t ids[2];
-};
-
-static void hole_child(int wfd, void *arg)
-{
-	struct hole_x *x = arg;
-	chime_t *c = sopen_ok("holes");
-	uint64_t pos;
-
-	/* One thread's slot, reserved and never published (one shard: every arm goes to it). */
-	if (!chime_sq_reserve(&c->chan[0].sq, &pos))
-		_exit(1);
-	/* Two other threads' arms, published behind it: their ids are returned. */
-	if (chime_arm(c, 1, x->dl, 0, 1, &x->ids[0]) || chime_arm(c, 1, x->dl, 0, 2, &x->ids[1]))
-		_exit(1);
-	(void)!write(wfd, "r", 1);
-	pause();
-}
-
 Test(session, arms_published_behind_a_slot_a_killed_thread_held_still_fire_for_the_next_process)
 {
 	struct hole_x *x = mmap(NULL, sizeof(*x), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

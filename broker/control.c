@@ -743,7 +743,13 @@ static void on_notify(struct broker *b)
 			if (r < 0) {
 				log_errno(LOG_DEBUG, r, "client %u (pid %d) left during the handshake",
 					  c->slot, (int)c->cred.pid);
-				if (c->session[0])
+				/*
+				 * A session this open created holds nothing and goes:
+				 * parked, it lingered empty under its user's name and
+				 * quota for --session-linger. One that existed keeps
+				 * its timers.
+				 */
+				if (c->session[0] && !c->created)
 					client_park(b, c);
 				else
 					client_detach(b, c, 0);

@@ -11,6 +11,8 @@
 
 #include <signal.h>
 #include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -58,6 +60,22 @@ static unsigned collect(chime_t *c, struct chime_event *ev, unsigned max, uint64
 		n += (unsigned)r;
 	}
 	return n;
+}
+
+/*
+ * Wait (up to 5 s) until the broker lists session `name` (chimectl
+ * sessions), or (listed false) no longer does: whether it came to that.
+ */
+static bool session_listed(const char *name, bool listed)
+{
+	char cmd[700];
+
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' sessions 2>/dev/null | grep -q '^%s '", getenv("CHIMECTL"),
+		 t_session_sock, name);
+	for (int i = 0; i < 100; i++, usleep(50 * 1000))
+		if ((system(cmd) == 0) == listed)
+			return true;
+	return false;
 }
 
 /* Fork a child running fn(arg) with the pipe's write end; returns its pid once it wrote one byte. */

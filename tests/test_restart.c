@@ -3845,19 +3845,6 @@ Test(restart, a_stop_that_gives_up_on_a_wedged_shard_leaves_no_file_when_no_sess
 		     n, access(path, F_OK) == 0 ? "among them" : "not");
 }
 
-/* Wait (up to 5 s) until the broker at the test's socket lists session `name` (chimectl sessions). */
-static bool session_listed(const char *name)
-{
-	char cmd[700];
-
-	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' sessions 2>/dev/null | grep -q '^%s '", getenv("CHIMECTL"),
-		 tb.sock, name);
-	for (int i = 0; i < 100; i++, usleep(50 * 1000))
-		if (system(cmd) == 0)
-			return true;
-	return false;
-}
-
 /*
  * A session "fresh" opened while the shard is held, a stop (cut short by a
  * second SIGTERM) before its welcome: the open is refused, and the next
@@ -3876,7 +3863,7 @@ static void open_interrupted_by_a_stop(bool cut_short)
 	held = sopen_ok("held");
 	tid = shard0_hold();
 	cr_assert_eq(pthread_create(&thr, NULL, opener_main, &o), 0);
-	if (!session_listed("fresh")) {
+	if (!session_listed("fresh", true)) {
 		(void)t_thread_release(tid);
 		cr_assert_fail("the broker does not list the session being opened");
 	}

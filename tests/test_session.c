@@ -1393,3 +1393,59 @@ Test(session, a_thread_cancelled_in_a_drain_leaves_the_session_usable)
 	(void)pthread_barrier_destroy(&cancel_turns);
 	chime_close(c);
 }
+
+/*
+ * ---- an open whose process is gone before its welcome could be sent ----
+ * The broker made the session, attached it, and its welcome's send failed
+ * (the process killed meanwhile): a session this open created holds
+ * nothing and goes at once. It was parked, and lingered empty under its
+ * user's name and client quota for --session-linger, an hour by default.
+ * A session that existed keeps its timers, as on any hang-up. The shard is
+ * held under ptrace so that the attach is still in flight at the kill.
+ */
+static void open_and_wait(int wfd, void *arg)
+{
+	chime_t *c = NULL;
+
+	(void)!write(wfd, "r", 1);
+	(void)sopen(&c, arg);   /* killed while it waits for the welcome */
+	pause();
+}
+
+static void open_killed_before_its_welcome(const char *name)
+{
+	int tid = t_thread_named(tb.pid, "chimed-shard0"), r;
+	pid_t pid;
+
+	cr_assert_gt(tid, 0);
+	r = t_thread_hold(tid);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
+	pid = child(open_and_wait, (void *)name);
+	if (!session_listed(name, true) || (usleep(100 * 1000), false)) {
+		(void)t_thread_release(tid);
+		cr_assert_fail("the broker does not list the session being opened");
+	}
+	kill_child(pid);
+	cr_assert_eq(t_thread_release(tid), 0);
+}
+
+Test(session, a_session_an_open_killed_before_its_welcome_created_is_not_kept)
+{
+	chime_id_t id;
+	chime_t *c;
+
+	cr_assert_not_null(getenv("CHIMECTL"));
+	start("-n 1");
+	open_killed_before_its_welcome("fresh");
+	cr_assert(session_listed("fresh", false), "the session the killed open created is still there");
+	/* One that existed stays, with its timer. */
+	c = sopen_ok("kept");
+	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 1, &id), 0);
+	chime_close(c);
+	open_killed_before_its_welcome("kept");
+	usleep(200 * 1000);
+	cr_assert(session_listed("kept", true), "the session that existed is gone");
+	cr_assert_eq(t_nodes(tb.sock, T_NODES_TIMERS), 1, "its timer is gone");
+}

@@ -32,6 +32,7 @@
 #include <fcntl.h>
 #include <stddef.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,7 @@
 #include <sys/pidfd.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <liburing.h>
@@ -1516,13 +1518,63 @@ static void stop_refuse_attaching(struct broker *b)
 	}
 }
 
+/*
+ * The stop's tail (the shards' joins, and the copies of files removed while
+ * the broker ran: 256 MB of slab for 4M timers) comes after the control
+ * loop's last beat, and a restart's (a reload to systemd, whose watchdog
+ * runs on through it) sent no ping until the next broker's start-up: 0.3-0.8
+ * s here for one such shard, so a few big ones, or a slow disk, outlasted
+ * WatchdogSec= and systemd killed the broker halfway through a copy. A
+ * thread pings for it, for STOP_PING_NS at most: a tail that hangs is still
+ * the watchdog's to catch (as startup.c's SETUP_PING_NS).
+ */
+#define STOP_PING_NS (UINT64_C(300) * 1000000000u)
+
+struct stop_pinger {
+	pthread_t thr;
+	int done;               /* atomic: the tail is over */
+	bool started;
+};
+
+static void *stop_ping_main(void *arg)
+{
+	struct stop_pinger *p = arg;
+	uint64_t until = now_ns() + STOP_PING_NS;
+
+	/*
+	 * The control loop has ended: nothing else calls notify_watchdog() now.
+	 * P1: done; pairs with P2 in stop_ping_end() (the join orders the rest).
+	 */
+	for (uint64_t now = now_ns(); !at_load_acq(&p->done) && now < until; now = now_ns()) {
+		notify_watchdog(now, HEARTBEAT_NS);
+		nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000000 }, NULL);
+	}
+	return NULL;
+}
+
+static void stop_ping_begin(struct stop_pinger *p)
+{
+	p->done = 0;
+	p->started = notify_watchdog_half_ns() && pthread_create(&p->thr, NULL, stop_ping_main, p) == 0;
+}
+
+static void stop_ping_end(struct stop_pinger *p)
+{
+	if (!p->started)
+		return;
+	at_store_rel(&p->done, 1);    /* P2: pairs with P1 */
+	pthread_join(p->thr, NULL);
+}
+
 void broker_stop(struct broker *b)
 {
 	uint32_t sessions, lost_shards = 0;
+	struct stop_pinger pinger;
 	bool keep;
 
 	if (!b)
 		return;
+	stop_ping_begin(&pinger);
 	stop_refuse_attaching(b);
 	sessions = restart_sessions(b);
 	keep = sessions > 0;
@@ -1608,4 +1660,5 @@ void broker_stop(struct broker *b)
 		close(b->lock_fd);
 	}
 	free(b);
+	stop_ping_end(&pinger);
 }

@@ -1449,3 +1449,76 @@ Test(session, a_session_an_open_killed_before_its_welcome_created_is_not_kept)
 	cr_assert(session_listed("kept", true), "the session that existed is gone");
 	cr_assert_eq(t_nodes(tb.sock, T_NODES_TIMERS), 1, "its timer is gone");
 }
+
+/*
+ * ---- fork() in one thread while another is inside chime_open() ----
+ * The child has the parent's half-made connection (its socket) and none of
+ * its locks' holders: it opens and closes a connection of its own (a
+ * deadlock there is the child's alarm, a failure), and the parent's open
+ * completes. The shard is held under ptrace so that the parent's open
+ * waits for its welcome while the other thread forks.
+ */
+static void *open_session_main(void *arg)
+{
+	chime_t *c = NULL;
+	intptr_t r = sopen(&c, arg);
+
+	return r == 0 ? (void *)c : (void *)r;
+}
+
+static int fork_child_opens(void)
+{
+	struct chime_event ev;
+	chime_id_t id;
+	chime_t *c;
+
+	alarm(10);      /* a deadlock is SIGALRM */
+	if (sopen(&c, NULL) < 0)
+		return 1;
+	if (chime_arm(c, 1, now_ns() + 10 * MS, 0, 5, &id) < 0 || chime_wait(c, &ev, 1, 2000) != 1 || ev.id != id)
+		return 2;
+	chime_close(c);
+	if (sopen(&c, "forked-child") < 0)
+		return 3;
+	chime_close(c);
+	return 0;
+}
+
+Test(session, a_child_forked_during_its_parents_open_opens_its_own)
+{
+	int tid = 0, r;
+	struct chime_event ev;
+	chime_t *other;
+	chime_id_t id;
+	pthread_t thr;
+	void *ret;
+	pid_t pid;
+
+	cr_assert_not_null(getenv("CHIMECTL"));
+	start("-n 1");
+	other = sopen_ok(NULL);         /* the library's fork handlers are in place */
+	tid = t_thread_named(tb.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0);
+	r = t_thread_hold(tid);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
+	cr_assert_eq(pthread_create(&thr, NULL, open_session_main, "parent"), 0);
+	if (!session_listed("parent", true)) {
+		(void)t_thread_release(tid);
+		cr_assert_fail("the broker does not list the session being opened");
+	}
+	pid = fork();
+	if (pid == 0)
+		_exit(fork_child_opens());
+	usleep(50 * 1000);
+	cr_assert_eq(t_thread_release(tid), 0);
+	cr_assert_eq(wait_child(pid), 0, "the child's own open, arm, wait and close (142: a deadlock)");
+	cr_assert_eq(pthread_join(thr, &ret), 0);
+	cr_assert_gt((intptr_t)ret, 0, "the parent's open: %s", strerror((int)-(intptr_t)ret));
+	cr_assert_eq(chime_arm(ret, 1, now_ns() + 10 * MS, 0, 6, &id), 0);
+	cr_assert_eq(chime_wait(ret, &ev, 1, 2000), 1);
+	cr_assert_eq(ev.id, id);
+	chime_close(ret);
+	chime_close(other);
+}

@@ -703,6 +703,9 @@ static void publish(struct shard *s)
 	}
 	stats_sq(&s->st, deepest, waiting);
 	next = wheel_earliest(&sc->wh, NEXT_SCAN_MAX, &inexact);
+	/* UINT64_MAX says "none" to the tools; chime_arm() takes it as a deadline too. */
+	if (next == UINT64_MAX && wheel_armed(&sc->wh))
+		next = UINT64_MAX - 1;
 	stats_shard_gauges(&s->st, sc->backlog, next, inexact, thread_cpu_ns());
 	stats_publish(&s->st);
 }

@@ -587,7 +587,7 @@ struct chime_shard_stats {
 	uint64_t sleeps;
 	uint64_t wakeups;
 	uint64_t backlog;           /* events held for clients that do not drain, now */
-	uint64_t next_deadline_ns;  /* earliest armed deadline (see next_inexact); UINT64_MAX: none */
+	uint64_t next_deadline_ns;  /* earliest armed deadline (see next_inexact); UINT64_MAX: none (one armed there: - 1) */
 	uint64_t busy_ns;           /* time spent with work to do */
 	uint64_t sq_depth;          /* records waiting in its fullest submission ring (<= sq_size) */
 	uint64_t sq_depth_max;      /* high-water mark of sq_depth since start or reset */

@@ -3269,3 +3269,27 @@ Test(tools_fake, a_query_at_a_listener_that_never_accepts_times_out)
 		close(c[i]);
 	close(l);
 }
+
+/*
+ * chime_arm() takes any deadline, UINT64_MAX too, and the shard's "next
+ * deadline" said UINT64_MAX for "nothing armed": a shard holding one such
+ * timer, alone, showed "-" in chimestat's table and null in its JSON, as
+ * an empty one. It says 584 years now (UINT64_MAX - 1 ns, clamped to
+ * INT64_MAX ns from now as any deadline that far).
+ */
+Test(tools_live, a_timer_armed_at_uint64_max_is_not_nothing_armed)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_id_t id;
+	chime_t *a;
+
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	cr_assert_eq(chime_arm(a, 1, UINT64_MAX, 0, 1, &id), 0);
+	cr_assert_eq(settle(".shards[0].armed", 1), 1);
+	cr_assert_eq(jq(".shards[0].next_deadline_in_ns == 9223372036854775807"), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -1 | awk '$1 == \"0\" && NF > 10 { print \"next\", $NF; exit }'",
+			 bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "next ") && !strstr(slurp(out), "next -\n"), "the table: %s", slurp(out));
+	chime_close(a);
+}

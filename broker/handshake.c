@@ -443,7 +443,12 @@ static bool session_listed(const struct client *c)
 						     c->state == CL_PARKING || c->state == CL_DETACHED);
 }
 
-static void query_sessions(struct broker *b, int fd, const struct ucred *asker, uint64_t limit,
+/*
+ * From slot `from` on (the hello's pid: the page after one that ended at
+ * slot from - 1; 0 from a chimectl before pages), total counting them all:
+ * more than CHIME_QUERY_MAX sessions are listed a page at a time.
+ */
+static void query_sessions(struct broker *b, int fd, const struct ucred *asker, uint32_t from, uint64_t limit,
 			   struct chime_query_session *out)
 {
 	const char *base = (const char *)b->ctl;
@@ -460,7 +465,7 @@ static void query_sessions(struct broker *b, int fd, const struct ucred *asker, 
 		if (!session_listed(c) || !may_see(asker, c->cred.uid))
 			continue;
 		head.total++;
-		if (n == limit)
+		if (slot < from || n == limit)
 			continue;
 		*r = (struct chime_query_session){
 			.uid = c->cred.uid, .pid = c->cred.pid, .slot = slot,
@@ -743,7 +748,7 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 	if (h->flags == CHIME_HELLO_QUERY_CLIENTS)
 		query_clients(b, cn->fd, asker, limit, buf);
 	else if (h->flags == CHIME_HELLO_QUERY_SESSIONS)
-		query_sessions(b, cn->fd, asker, limit, buf);
+		query_sessions(b, cn->fd, asker, h->pid > 0 ? (uint32_t)h->pid : 0, limit, buf);
 	else
 		query_send(cn->fd, &(struct chime_query_head){ .status = -EINVAL }, NULL, 0, 0);
 	free(buf);

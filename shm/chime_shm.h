@@ -841,7 +841,11 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
  * within a millisecond, and publishes it as its reset_gen), or -EPERM.
  */
 #define CHIME_HELLO_RESET_STATS   3u
-/* The named sessions of the caller's uid (root and the broker's user: all); struct chime_query_session. */
+/*
+ * The named sessions of the caller's uid (root and the broker's user: all);
+ * struct chime_query_session, by slot from the hello's pid on (total counts
+ * those before it too): a page after one that ended at slot N asks from N + 1.
+ */
 #define CHIME_HELLO_QUERY_SESSIONS 4u
 /*
  * Reclaim the detached session `session` now (root and the broker's user:
@@ -888,7 +892,7 @@ struct chime_hello {
 	uint32_t magic;             /* CHIME_HELLO_MAGIC */
 	uint32_t layout;            /* CHIME_SHM_LAYOUT the client speaks */
 	uint32_t flags;             /* 0, one CHIME_HELLO_QUERY_*, CHIME_HELLO_RESET_STATS or _DROP_SESSION */
-	int32_t  pid;               /* QUERY_TIMERS: whose */
+	int32_t  pid;               /* QUERY_TIMERS: whose; QUERY_SESSIONS: the first slot to list (0: all) */
 	uint64_t limit;             /* queries: records at most (0: CHIME_QUERY_MAX); CHIME_HELLO_RESUME:
 				     * the session's token from its last welcome (0: none) */
 	uint64_t sq_base;           /* CHIME_HELLO_RESUME: the submission rings' first position; else 0 */

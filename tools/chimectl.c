@@ -1010,18 +1010,63 @@ static int cmd_restart(const char *sock)
 	}
 }
 
+/*
+ * Every named session, a page of CHIME_QUERY_MAX at a time, each from the
+ * slot after the last page's last one (hello.pid): the sessions in *recs
+ * (malloc'd), their number in head->count, all of them in head->total. A
+ * broker before pages answers from slot 0 again: its first page is then
+ * all there is. Sessions that come or go meanwhile may be missed or not.
+ */
+static int sessions_query(const char *sock, struct chime_query_session **recs, struct chime_query_head *head,
+			  enum query_step *step)
+{
+	struct chime_query_session *all = NULL, *more;
+	struct chime_query_head page;
+	uint64_t n = 0;
+	int r;
+
+	memset(head, 0, sizeof(*head));
+	for (;;) {
+		int32_t from = n ? (int32_t)all[n - 1].slot + 1 : 0;
+
+		more = realloc(all, (size_t)(n + CHIME_QUERY_MAX) * sizeof(*all));
+		if (!more) {
+			r = -ENOMEM;
+			break;
+		}
+		all = more;
+		r = query_broker(sock, CHIME_HELLO_QUERY_SESSIONS, from, NULL, CHIME_QUERY_MAX, &page, all + n,
+				 sizeof(*all), step);
+		if (r < 0 && !partial(r, &page))
+			break;
+		if (page.count && (int64_t)all[n].slot < from)
+			break;          /* a broker before pages: from slot 0 again */
+		n += page.count;
+		*head = page;
+		head->count = n;
+		if (r < 0 || !page.count || n >= page.total)
+			break;
+	}
+	*recs = all;
+	/* A page after the first that failed leaves those before it: "N of M shown". */
+	if (n && r < 0 && !partial(r, head))
+		r = 0;
+	return r;
+}
+
 /* Named sessions, by query (root and the broker's user see all, others their own). */
 static int cmd_sessions(const char *sock)
 {
-	static struct chime_query_session recs[CHIME_QUERY_MAX];
+	struct chime_query_session *recs;
 	struct chime_query_head head;
 	enum query_step step;
 	json_t *arr;
-	int r = query_broker(sock, CHIME_HELLO_QUERY_SESSIONS, 0, NULL, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]),
-			     &step);
+	int r = sessions_query(sock, &recs, &head, &step);
 
-	if (r < 0 && !partial(r, &head))
+	if (r < 0 && !partial(r, &head)) {
+		free(recs);
 		return query_error(sock, "asking for the sessions", r, step, NULL);
+	}
 	arr = json_array();
 	out("%-24s %6s %-8s %7s %8s %8s %10s\n", "SESSION", "UID", "STATE", "PID", "TIMERS", "HELD", "LINGER");
 	for (uint64_t i = 0; i < head.count; i++) {
@@ -1051,6 +1096,7 @@ static int cmd_sessions(const char *sock)
 						     "linger_left_ns", e->state == CHIME_SESSION_ATTACHED ? json_null() :
 						     json_integer((json_int_t)e->linger_left_ns)));
 	}
+	free(recs);
 	if (head.count == 0 && head.total == 0)
 		out("(no sessions)\n");
 	shown_of(head.count, head.total, "sessions");

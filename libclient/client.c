@@ -142,6 +142,44 @@ static bool handshake_resume(int fd, uint64_t until)
 	return handshake_timeout(fd, until);
 }
 
+/*
+ * The socket of each chime_open() under way, until its chime_t is on the
+ * open list (below): a child forked meanwhile closes its copy
+ * (fork_child()). Kept, a worker forked during its parent's open held the
+ * parent's connection as long as it lived, and a parent killed with a
+ * wake-up byte unread on it left its session busy for its next process
+ * (EBUSY after a second's wait, the broker's HELD socket). The inode tells
+ * the child that the number still names that socket, not one reused since.
+ */
+struct opening {
+	int sock;                       /* -1 until the dial made it */
+	ino_t ino;
+	struct opening *next, **prev;
+};
+
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct opening *openings;
+static __thread struct opening *my_opening;    /* this thread's chime_open(), if in one */
+
+/* socket(), noted in this thread's opening under the lock the fork handlers take. */
+static int socket_noted(void)
+{
+	struct opening *op = my_opening;
+	struct stat st;
+	int fd;
+
+	if (op)
+		pthread_mutex_lock(&open_lock);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (op && fd >= 0 && fstat(fd, &st) == 0) {
+		op->sock = fd;
+		op->ino = st.st_ino;
+	}
+	if (op)
+		pthread_mutex_unlock(&open_lock);
+	return fd;
+}
+
 static int connect_broker(const char *path, bool wait, uint64_t until, int *out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -150,7 +188,7 @@ static int connect_broker(const char *path, bool wait, uint64_t until, int *out)
 
 	_Static_assert(CHIME_PATH_MAX == sizeof(sa.sun_path), "a path libchime keeps fits sun_path");
 	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	fd = socket_noted();
 	if (fd < 0)
 		return errno == ENOBUFS ? -ENOMEM : -errno;
 	/*
@@ -415,7 +453,6 @@ int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[
  * says -ECHILD, at no cost to the calls' fast path (they check `dead`
  * already), and chime_close() there only frees the child's copies.
  */
-static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static struct chime *open_list;
 
@@ -458,6 +495,12 @@ static void fork_child(void)
 			io_uring_queue_exit(&c->ring);
 			c->has_ring = false;
 		}
+	}
+	for (struct opening *op = openings; op; op = op->next) {
+		struct stat st;
+
+		if (op->sock >= 0 && fstat(op->sock, &st) == 0 && st.st_ino == op->ino)
+			close(op->sock);
 	}
 	pthread_mutex_unlock(&open_lock);
 }
@@ -660,14 +703,36 @@ static void drop_if_created(const struct chime_welcome *w, const char *path, con
  * chime_open@CHIME_0.1 is what programs built against the first header call:
  * their struct ends after flags, so it reads only those two fields.
  */
+static void opening_begin(struct opening *op)
+{
+	*op = (struct opening){ .sock = -1 };
+	pthread_mutex_lock(&open_lock);
+	op->next = openings;
+	op->prev = &openings;
+	if (openings)
+		openings->prev = &op->next;
+	openings = op;
+	pthread_mutex_unlock(&open_lock);
+	my_opening = op;
+}
+
+static void opening_end(struct opening *op)
+{
+	my_opening = NULL;
+	pthread_mutex_lock(&open_lock);
+	*op->prev = op->next;
+	if (op->next)
+		op->next->prev = op->prev;
+	pthread_mutex_unlock(&open_lock);
+}
+
+static int open_dialled(chime_t **out, const char *path, unsigned flags, const char *session);
+
 static int open_session(chime_t **out, const char *socket_path, unsigned flags, const char *session)
 {
 	char path[CHIME_PATH_MAX];
-	int fds[CHIME_MAX_FDS];
-	struct chime_welcome w = { 0 };      /* drop_if_created() reads it whatever failed */
-	struct chime *c;
-	unsigned nfds = 0;
-	int sock = -1, r;
+	struct opening op;
+	int r;
 
 	/* A session name as the broker accepts it: 1..63 bytes of [A-Za-z0-9._-]. */
 	if (!out || (flags & ~CHIME_OPEN_RECORD_RESETS) || (session && chime_session_len(session) <= 0))
@@ -675,6 +740,22 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 	r = resolve_path(socket_path, path);
 	if (r < 0)
 		return r;
+	/* Before the dial: a fork during a process's first open must find its socket too. */
+	(void)pthread_once(&atfork_once, atfork_register);
+	opening_begin(&op);
+	r = open_dialled(out, path, flags, session);
+	opening_end(&op);
+	return r;
+}
+
+static int open_dialled(chime_t **out, const char *path, unsigned flags, const char *session)
+{
+	int fds[CHIME_MAX_FDS];
+	struct chime_welcome w = { 0 };      /* drop_if_created() reads it whatever failed */
+	struct chime *c;
+	unsigned nfds = 0;
+	int sock = -1, r;
+
 	r = cl_dial(path, session, 0, 0, !session && !(flags & CHIME_OPEN_RECORD_RESETS) ? CHIME_HELLO_TOUCH : 0,
 		    &sock, &w, fds, &nfds);
 	if (r < 0) {
@@ -710,7 +791,6 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 		return r;
 	}
 	cl_sock_ready(sock);
-	(void)pthread_once(&atfork_once, atfork_register);
 	open_list_add(c);
 	*out = c;
 	return 0;

@@ -281,6 +281,8 @@ static int recv_welcome(int sock, bool wait, uint64_t until, struct chime_welcom
 	do
 		len = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | (wait ? 0 : MSG_DONTWAIT));
 	while (len < 0 && errno == EINTR && (!wait || handshake_resume(sock, until)));
+	if (len < 0 && errno == ECONNRESET)
+		len = chime_recv_behind_reset(sock, &msg, MSG_CMSG_CLOEXEC);
 	if (len < 0 && errno == EAGAIN && !wait)
 		return -EINPROGRESS;
 	if (len < 0)
@@ -411,20 +413,48 @@ int cl_dial_finish(int sock, bool wait, struct chime_welcome *w, int *fds, unsig
 	return recv_welcome(sock, wait, handshake_until(), w, fds, nfds);
 }
 
+/*
+ * A broker holding as many of our user's connections as it lets wait for
+ * their hellos to be read (8) answers -EAGAIN at once: a burst of opens
+ * (workers forked together), not a refusal. Each is asked again after
+ * a random pause of up to 1, 2, 4 .. 32 ms, so that the burst spreads out,
+ * until the handshake's time runs out (-ETIMEDOUT). Before, the broker hung
+ * up, and 5 of 64 workers opening together failed with -ECONNRESET.
+ */
+static bool dial_again(uint64_t until, unsigned attempt)
+{
+	static _Thread_local uint64_t seed;
+	uint64_t cap = UINT64_C(1000000) << (attempt < 5 ? attempt : 5), pause;
+
+	if (!seed)
+		seed = now_ns() ^ (uint64_t)getpid() << 32;
+	pause = splitmix64(&seed) % cap + 1;
+	if (now_ns() + pause >= until)
+		return false;
+	nanosleep(&(struct timespec){ .tv_sec = 0, .tv_nsec = (long)pause }, NULL);
+	return true;
+}
+
 int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit, int *sock,
 	    struct chime_welcome *w, int *fds, unsigned *nfds)
 {
 	uint64_t until = handshake_until();
-	int r = dial_start(path, session, flags, sq_base, limit, true, until, sock);
 
-	if (r < 0)
-		return r;
-	r = recv_welcome(*sock, true, until, w, fds, nfds);
-	if (r < 0) {
+	for (unsigned attempt = 0;; attempt++) {
+		int r = dial_start(path, session, flags, sq_base, limit, true, until, sock);
+
+		if (r < 0)
+			return r;
+		r = recv_welcome(*sock, true, until, w, fds, nfds);
+		if (r == 0)
+			return 0;
 		close(*sock);
 		*sock = -1;
+		if (r != -EAGAIN)
+			return r;
+		if (!dial_again(until, attempt))
+			return -ETIMEDOUT;
 	}
-	return r;
 }
 
 int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[3], struct chime_client_geom *g)
@@ -868,11 +898,15 @@ static int recv_drop_answer(int sock, uint64_t until)
 		struct chime_query_head q;
 		struct chime_welcome w;
 	} u;
+	struct iovec iov = { .iov_base = &u, .iov_len = sizeof(u) };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 	ssize_t n;
 
 	do
-		n = recv(sock, &u, sizeof(u), 0);
+		n = recvmsg(sock, &msg, 0);
 	while (n < 0 && errno == EINTR && handshake_resume(sock, until));
+	if (n < 0 && errno == ECONNRESET)
+		n = chime_recv_behind_reset(sock, &msg, 0);
 	if (n < 0)
 		return errno == EAGAIN || errno == EINTR ? -ETIMEDOUT : errno == ECONNRESET ? -ECONNRESET : -errno;
 	if (n == 0)
@@ -888,19 +922,25 @@ static int recv_drop_answer(int sock, uint64_t until)
 static int drop_session(const char *path, const char *name)
 {
 	uint64_t until = handshake_until();
-	int sock, r = connect_broker(path, true, until, &sock);
 
-	if (r < 0)
-		return r;
-	r = send_hello(sock, name, CHIME_HELLO_DROP_SESSION, 0, false, until);
-	/* Hung up on before the hello: its refusal may be waiting (as cl_dial()). */
-	if (r == 0 || r == -ECONNRESET) {
-		int why = recv_drop_answer(sock, until);
+	for (unsigned attempt = 0;; attempt++) {
+		int sock, r = connect_broker(path, true, until, &sock);
 
-		r = r == 0 || why != -ECONNRESET ? why : r;
+		if (r < 0)
+			return r;
+		r = send_hello(sock, name, CHIME_HELLO_DROP_SESSION, 0, false, until);
+		/* Hung up on before the hello: its refusal may be waiting (as cl_dial()). */
+		if (r == 0 || r == -ECONNRESET) {
+			int why = recv_drop_answer(sock, until);
+
+			r = r == 0 || why != -ECONNRESET ? why : r;
+		}
+		close(sock);
+		if (r != -EAGAIN)
+			return r;
+		if (!dial_again(until, attempt))        /* a burst of our user's opens */
+			return -ETIMEDOUT;
 	}
-	close(sock);
-	return r;
 }
 
 /* chime_drop_session(3), from the library's trusted connection. */

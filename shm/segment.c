@@ -150,6 +150,15 @@ void chime_seg_populate(void *p, size_t bytes)
 		(void)madvise((void *)from, to - from, MADV_POPULATE_WRITE);
 }
 
+ssize_t chime_recv_behind_reset(int fd, struct msghdr *msg, int flags)
+{
+	ssize_t n = recvmsg(fd, msg, flags | MSG_DONTWAIT);
+
+	if (n < 0)
+		errno = ECONNRESET;
+	return n;
+}
+
 const char *chime_socket_absent_why(const char *path)
 {
 	struct stat st;

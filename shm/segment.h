@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
@@ -167,6 +168,15 @@ void chime_seg_populate(void *p, size_t bytes);
  * socket, or a socket file left behind. A constant string.
  */
 const char *chime_socket_absent_why(const char *path);
+
+/*
+ * After a recvmsg() of the broker's answer failed with ECONNRESET: read
+ * again, without waiting. A broker that hangs up with our hello unread
+ * makes the kernel report ECONNRESET once, first, and its refusal (-EAGAIN,
+ * -EUSERS) sent before the close is queued behind it. The message's
+ * length, or -1 with errno ECONNRESET.
+ */
+ssize_t chime_recv_behind_reset(int fd, struct msghdr *msg, int flags);
 
 /*
  * Reserve [off, off + len) of a segment file on its filesystem, so that the

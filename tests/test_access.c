@@ -2121,3 +2121,39 @@ Test(access, a_broker_in_a_directory_its_user_does_not_own_says_others_will_not_
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	(void)!system(cmd);
 }
+
+/*
+ * One user's workers opening together (a pre-forked server starting, its
+ * workers niced or short of CPU between their connect and their hello):
+ * more of them wait for their hellos to be read than the broker lets one
+ * user hold (8), and it used to hang up on the rest (5 of 64 such workers
+ * failed with -ECONNRESET). It now answers -EAGAIN and libchime asks again.
+ * Here 8 connections of the user that say nothing yet are the slow
+ * workers; they go 300 ms into the open.
+ */
+Test(access, an_open_beside_a_users_eight_unfinished_handshakes_gets_in)
+{
+	int slow[8], st;
+	pid_t kid;
+
+	start("");
+	for (int i = 0; i < 8; i++)
+		cr_assert_geq(slow[i] = connect_raw(), 0);
+	usleep(100000);         /* all 8 accepted */
+	kid = fork();
+	cr_assert_geq(kid, 0);
+	if (kid == 0) {
+		chime_t *c = NULL;
+		int r = chime_open(&c, &(struct chime_opts){ .socket_path = tb.sock });
+
+		if (r == 0)
+			chime_close(c);
+		_exit(-r & 0xff);
+	}
+	usleep(300000);
+	for (int i = 0; i < 8; i++)
+		close(slow[i]);
+	cr_assert_eq(waitpid(kid, &st, 0), kid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the open failed beside 8 unfinished handshakes: %s",
+		  WIFEXITED(st) ? strerror(WEXITSTATUS(st)) : "killed");
+}

@@ -11,17 +11,21 @@
 #include <unistd.h>
 
 #include "clock.h"
-#include "segment.h"        /* chime_broker_trusted() */
+#include "segment.h"        /* chime_broker_trusted(), chime_recv_behind_reset() */
 
 #define QUERY_TIMEOUT_S 5
 
 static ssize_t recv_msg(int fd, void *buf, size_t len)
 {
+	struct iovec iov = { .iov_base = buf, .iov_len = len };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 	ssize_t n;
 
 	do
-		n = recv(fd, buf, len, 0);
+		n = recvmsg(fd, &msg, 0);
 	while (n < 0 && errno == EINTR);
+	if (n < 0 && errno == ECONNRESET)
+		n = chime_recv_behind_reset(fd, &msg, 0);
 	return n;
 }
 
@@ -131,27 +135,45 @@ static bool hello_session(struct chime_hello *h, const char *name)
 	return true;
 }
 
+/*
+ * ask(), again while the broker says -EAGAIN (too many of our user's
+ * connections waiting to say hello: a burst of chime_open()s) or, if
+ * busy_too, answers -EBUSY (another query answered meanwhile; a drop's
+ * -EBUSY is its answer: the session is in use), for up to
+ * QUERY_BUSY_WAIT_MS.
+ */
+static int ask_patiently(const char *sock, const struct chime_hello *h, uint64_t limit,
+			 struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step,
+			 bool busy_too)
+{
+	const struct timespec pause = { 0, (QUERY_INTERVAL_MS + 10) * 1000000L };
+	uint64_t t0 = now_ns();
+	int r;
+
+	while (((r = ask(sock, h, limit, head, recs, recsz, step)) == -EBUSY && busy_too && *step == QUERY_ANSWER) ||
+	       r == -EAGAIN) {
+		if (now_ns() - t0 >= QUERY_BUSY_WAIT_MS * UINT64_C(1000000))
+			break;
+		nanosleep(&pause, NULL);
+	}
+	return r;
+}
+
 int query_broker(const char *sock, uint32_t kind, int32_t pid, const char *session, uint64_t limit,
 		 struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step)
 {
-	const struct timespec pause = { 0, (QUERY_INTERVAL_MS + 10) * 1000000L };
 	struct chime_hello h = {
 		.magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
 		.flags = kind, .pid = pid, .limit = limit,
 	};
-	uint64_t t0 = now_ns();
 	enum query_step dummy;
-	int r;
 
 	if (!step)
 		step = &dummy;
 	*step = QUERY_HELLO;
 	if (session && !hello_session(&h, session))
 		return -EINVAL;
-	while ((r = ask(sock, &h, limit, head, recs, recsz, step)) == -EBUSY && *step == QUERY_ANSWER &&
-	       now_ns() - t0 < QUERY_BUSY_WAIT_MS * UINT64_C(1000000))
-		nanosleep(&pause, NULL);
-	return r;
+	return ask_patiently(sock, &h, limit, head, recs, recsz, step, true);
 }
 
 int query_drop_session(const char *sock, const char *name, enum query_step *step)
@@ -168,5 +190,5 @@ int query_drop_session(const char *sock, const char *name, enum query_step *step
 	*step = QUERY_HELLO;
 	if (!hello_session(&h, name))
 		return -EINVAL;
-	return ask(sock, &h, 0, &head, NULL, 0, step);
+	return ask_patiently(sock, &h, 0, &head, NULL, 0, step, false);
 }

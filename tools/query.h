@@ -39,7 +39,8 @@ enum query_step {
  * listener libchime would not trust either, not asked), of the hello
  * (-EACCES, -EPROTO), or of the answer (-ECONNRESET: it ended early, or the
  * head's status: -ESRCH, -EACCES, -EPERM, -EBUSY). -EBUSY (the broker just
- * answered another query) is retried for QUERY_BUSY_WAIT_MS before it is
+ * answered another query) and -EAGAIN (too many of our user's connections
+ * wait to say hello) are retried for QUERY_BUSY_WAIT_MS before they are
  * returned.
  */
 int query_broker(const char *sock, uint32_t kind, int32_t pid, const char *session, uint64_t limit,

@@ -394,6 +394,29 @@ uint64_t t_nodes_settle(const char *sock, unsigned states, uint64_t want)
 	return n;
 }
 
+uint32_t t_beat_ms_becomes(const char *sock, uint32_t want, unsigned within_ms)
+{
+	uint64_t end = now_ns() + within_ms * UINT64_C(1000000);
+	char path[PATH_MAX];
+	uint32_t ms = 0;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	while (pread(fd, &ms, sizeof(ms), (off_t)offsetof(struct chime_ctl, beat_ms)) == (ssize_t)sizeof(ms) &&
+	       ms != want && now_ns() < end)
+		usleep(1000);
+	close(fd);
+	return ms;
+}
+
+void t_at_rest_within(const char *sock, unsigned within_ms)
+{
+	(void)t_beat_ms_becomes(sock, 450, within_ms);
+}
+
 int t_thread_named(int pid, const char *comm)
 {
 	char path[320], name[64];

@@ -148,6 +148,21 @@ uint64_t t_nodes(const char *sock, unsigned states);
 /* Wait (up to 3 s) for t_nodes() to reach want; returns the last count. */
 uint64_t t_nodes_settle(const char *sock, unsigned states, uint64_t want);
 
+/*
+ * The heartbeat's period (ms) the broker at sock shows the tools (its
+ * control segment's beat_ms) once it is `want`, polled for up to
+ * within_ms; else the last one read (0: unreadable).
+ */
+uint32_t t_beat_ms_becomes(const char *sock, uint32_t want, unsigned within_ms);
+
+/*
+ * Wait until the broker at sock is at rest (beat_ms 450: a second of
+ * quiet since it last had anything to do), for at most within_ms: what a
+ * fixed sleep that long waited for, without the rest of it. Not asserted:
+ * the caller measures the rest.
+ */
+void t_at_rest_within(const char *sock, unsigned within_ms);
+
 #ifdef CHIMED_KEYIDX_H /* for the tests of the key index (they include keyidx.h first) */
 /* The first node of (owner, key) in the index, by its bucket's chain: CHIME_NIL if none. */
 static inline uint32_t t_key_first(struct keyidx *ki, uint16_t owner, uint64_t key)

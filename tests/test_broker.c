@@ -1376,37 +1376,6 @@ Test(broker, an_arm_a_second_ahead_waits_for_the_heartbeat_not_a_doorbell)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
-/*
- * The heartbeat's period the broker at socket_path publishes for the tools
- * (the control segment's beat_ms) once it is `want`, polled for up to
- * within_ms; else the last one read.
- */
-static uint32_t beat_ms_becomes(const char *socket_path, uint32_t want, unsigned within_ms)
-{
-	char path[300];
-	struct chime_map m;
-	uint32_t ms = 0;
-	uint64_t end = chime_now() + within_ms * MS;
-
-	snprintf(path, sizeof(path), "%s.ctl", socket_path);
-	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
-	while ((ms = at_load(&((const struct chime_ctl *)m.base)->beat_ms)) != want && chime_now() < end)
-		usleep(1000);
-	chime_seg_unmap(&m);
-	return ms;
-}
-
-/*
- * Wait until the broker at socket_path is at rest (beats every 450 ms: a
- * second of quiet since the last thing it had to do), for at most
- * within_ms: what a fixed sleep that long waited for, without the rest of
- * it. Not asserted: what follows measures the rest.
- */
-static void at_rest_within(const char *socket_path, unsigned within_ms)
-{
-	(void)beat_ms_becomes(socket_path, 450, within_ms);
-}
-
 /* Heartbeats seen over `ms` (polled every 200 us), and the longest gap between two. */
 static unsigned beats_over(const chime_t *c, unsigned ms, double *longest_ms)
 {
@@ -1450,19 +1419,19 @@ Test(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
 
 	c = one_sleeping_shard(&b2, "", 1, &far);
 	(void)ms_until(b2.sock, 1, 1);
-	at_rest_within(b2.sock, 1500);  /* QUIET_BEATS: a second of heartbeats with nothing to do */
+	t_at_rest_within(b2.sock, 1500);  /* QUIET_BEATS: a second of heartbeats with nothing to do */
 	idle = beats_over(c, 2000, &longest);
 	cr_assert_leq(idle, 8, "%u heartbeats in 2 s at rest: not the idle beat", idle);
 	cr_assert_geq(idle, 2, "%u heartbeats in 2 s at rest", idle);
 	cr_assert_lt(longest, 900.0, "%.0f ms between two heartbeats: a client takes a second for a dead broker",
 		     longest);
-	cr_assert_eq(beat_ms_becomes(b2.sock, 450, 200), 450, "the period chimestat shows at rest");
+	cr_assert_eq(t_beat_ms_becomes(b2.sock, 450, 200), 450, "the period chimestat shows at rest");
 
 	deadline = chime_now() + 1500 * MS;
 	cr_assert_eq(chime_arm(c, 1, deadline, 0, 1, &x), 0);
 	ms = ms_until(b2.sock, 2, 2);
 	cr_assert_lt(ms, 1000.0, "the arm 1.5 s ahead was applied after %.0f ms", ms);
-	cr_assert_eq(beat_ms_becomes(b2.sock, 90, 200), 90, "the period chimestat shows once busy again");
+	cr_assert_eq(t_beat_ms_becomes(b2.sock, 90, 200), 90, "the period chimestat shows once busy again");
 	busy = beats_over(c, 450, &longest);
 	cr_assert_geq(busy, 3, "%u heartbeats in the 450 ms after a record was applied: still the idle beat", busy);
 
@@ -1513,7 +1482,7 @@ Test(broker, a_session_process_at_rest_has_the_90_ms_beat_while_it_has_events_to
 	n = beats_over(c, 450, &longest);
 	cr_assert_geq(n, 4, "%u heartbeats in the 450 ms after a session's process got an event: still the idle beat", n);
 
-	at_rest_within(b2.sock, 1500);  /* seen taken, then a second of quiet */
+	t_at_rest_within(b2.sock, 1500);  /* seen taken, then a second of quiet */
 	n = beats_over(c, 1000, &longest);
 	cr_assert_leq(n, 5, "%u heartbeats in 1 s once the take was seen: not at rest again", n);
 	chime_close(c);
@@ -1545,7 +1514,7 @@ Test(broker, a_session_process_that_takes_nothing_lets_the_broker_rest)
 	cr_assert_eq(chime_arm(c, 2, chime_now() + 200 * MS, 0, 2, &soon), 0);
 	cr_assert_eq(chime_flush(c), 0);
 	/* delivered into the ring at 200 ms, never taken: a second of watching, then a second of quiet */
-	at_rest_within(b2.sock, 2600);
+	t_at_rest_within(b2.sock, 2600);
 	n = beats_over(c, 1000, &longest);
 	cr_assert_leq(n, 5, "%u heartbeats in 1 s with a session's event untaken for 2.4 s: not at rest", n);
 
@@ -1635,7 +1604,7 @@ Test(broker, a_welcome_never_read_keeps_the_broker_from_resting_a_second_at_most
 	for (int k = 0; k < 2000 && at_load(&ctl->clients_now) != 1; k++)
 		usleep(1000);
 	cr_assert_eq(at_load(&ctl->clients_now), 1, "the broker did not see the client go");
-	at_rest_within(b2.sock, 2600);  /* HELD_WAIT_NS, then QUIET_BEATS, and a margin */
+	t_at_rest_within(b2.sock, 2600);  /* HELD_WAIT_NS, then QUIET_BEATS, and a margin */
 	n = beats_over(c, 1000, &longest);
 	close(fd);
 	chime_seg_unmap(&m);
@@ -1679,7 +1648,7 @@ Test(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_from_re
 	slot = chime_at(&maps[1], g.rw_sq_off);         /* shard 0's ring; base is a multiple of its size */
 	slot[base & (g.sq_size - 1)].op = CHIME_OP_NOP;
 	at_store_rel(&slot[base & (g.sq_size - 1)].seq, base + 1);
-	at_rest_within(b2.sock, 1500);  /* QUIET_BEATS, and a margin */
+	t_at_rest_within(b2.sock, 1500);  /* QUIET_BEATS, and a margin */
 	s0 = shard0(b2.sock);
 	end = chime_now() + 1000 * MS;
 	prev = at_load(&pub->heartbeat_ns);
@@ -1729,7 +1698,7 @@ Test(broker, lazy_records_a_second_ahead_at_rest_fire_on_time, .timeout = 60)
 		uint64_t due, late[3] = { 0 };
 		unsigned got = 0;
 
-		at_rest_within(b2.sock, 1600);  /* at rest: the idle beat */
+		t_at_rest_within(b2.sock, 1600);  /* at rest: the idle beat */
 		due = chime_now() + 1000 * MS + 500000;
 		cr_assert_eq(chime_reset(c, far, due), 0);
 		cr_assert_eq(chime_arm(c, 2, due + 20 * MS, 0, 2, &x), 0);

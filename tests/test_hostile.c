@@ -641,7 +641,7 @@ Test(hostile, a_rest_ended_by_another_connection_does_not_time_it_to_the_millise
 	cr_assert_eq(chime_open(&c, &o), 0);
 	pub = find_mapping("chime-public");
 	cr_assert_not_null(pub);
-	usleep(1500000);        /* QUIET_BEATS: at rest */
+	t_at_rest_within(b.sock, 1500); /* QUIET_BEATS: at rest */
 	for (unsigned k = 0; k < ROUNDS; k++) {
 		uint64_t hb0 = at_load(&pub->heartbeat_ns), hb, t;
 		int fd;
@@ -662,7 +662,7 @@ Test(hostile, a_rest_ended_by_another_connection_does_not_time_it_to_the_millise
 		d[k] = hb > t ? hb - t : 0;
 		close_calls += d[k] < 5 * MS;
 		snprintf(seen + strlen(seen), sizeof(seen) - strlen(seen), " %.1f", (double)d[k] / 1e6);
-		usleep(1300000);        /* at rest again */
+		t_at_rest_within(b.sock, 1300); /* at rest again */
 	}
 	fprintf(stderr, "the next heartbeat came after another connection, ms:%s\n", seen);
 	cr_assert_geq(rested, ROUNDS - 2, "the broker was at rest in only %u of %u rounds", rested, ROUNDS);

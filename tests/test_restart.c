@@ -2309,9 +2309,9 @@ static void t4_arm(chime_t *c, uint64_t *d, chime_id_t *ids)
  * Whether nothing more can come to the process c from the broker now
  * running (one shard): it is connected, no node in the shard file is due
  * within a second (the periodics' next period and the other timers are an
- * hour ahead), held, or a one-shot's event not yet consumed, and then,
- * read after the nodes, its rings hold no event: one published after that
- * read came from a node in one of those states.
+ * hour ahead), popped to fire, held, or a one-shot's event not yet
+ * consumed, and then, read after the nodes, its rings hold no event: one
+ * published after that read came from a node in one of those states.
  */
 static bool t4_quiet(chime_t *c)
 {
@@ -2323,7 +2323,7 @@ static bool t4_quiet(chime_t *c)
 
 	for (uint32_t i = 0; i < w.high_water && !busy; i++) {
 		cr_assert_eq(pread(fd, &nd, sizeof(nd), (off_t)(off + i * sizeof(nd))), (ssize_t)sizeof(nd));
-		busy = nd.state == CHIME_NODE_EXPIRED || nd.state == CHIME_NODE_BACKLOG ||
+		busy = nd.state == CHIME_NODE_EXPIRED || nd.state == CHIME_NODE_ALLOC || nd.state == CHIME_NODE_BACKLOG ||
 		       nd.state == CHIME_NODE_ACKWAIT || (nd.state == CHIME_NODE_ARMED && nd.deadline_ns < soon);
 	}
 	close(fd);

@@ -309,6 +309,11 @@ bool held_drained(struct client *c);
 void refuse_log(struct broker *b, const struct ucred *cred, const char *why);
 void arm_hello(struct broker *b, struct conn *cn);
 void on_hello(struct broker *b, struct conn *cn, int res);
+/*
+ * on_hello() with the peer's credentials given (NULL: SO_PEERCRED, as
+ * on_hello()): tests/fuzz/fuzz_hello.c speaks for users it is not.
+ */
+void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred *peer);
 bool handshake_allowed(struct broker *b, struct conn *cn);
 void conn_put(struct broker *b, struct conn *cn);
 /* Scan on for the pending timers query (answering it when done); true while one is left. */

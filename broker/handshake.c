@@ -793,6 +793,11 @@ static void reset_stats(struct broker *b, int fd, const struct ucred *asker)
 /* A hello arrived on cn: check it and the peer, then start the attach. */
 void on_hello(struct broker *b, struct conn *cn, int res)
 {
+	hello_answer(b, cn, res, NULL);
+}
+
+void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred *peer)
+{
 	struct chime_hello hello, *h = &hello;
 	socklen_t len = sizeof(struct ucred);
 	struct ucred cred;
@@ -804,7 +809,9 @@ void on_hello(struct broker *b, struct conn *cn, int res)
 		log_msg(LOG_DEBUG, "closing a connection that did not say hello (%d bytes)", res);
 		return;
 	}
-	if (getsockopt(cn->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+	if (peer) {
+		cred = *peer;
+	} else if (getsockopt(cn->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
 		log_errno(LOG_WARNING, errno, "getsockopt(SO_PEERCRED)");
 		return;
 	}

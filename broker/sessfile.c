@@ -67,6 +67,46 @@ static bool rec_valid(const struct sessfile_rec *r, uint32_t slot)
 	return true;
 }
 
+static int name_cmp(const void *pa, const void *pb, void *recs)
+{
+	const struct sessfile_rec *r = recs;
+
+	return strncmp(r[*(const uint32_t *)pa].name, r[*(const uint32_t *)pb].name, CHIME_SESSION_MAX);
+}
+
+/*
+ * Records of one name in two slots or more: each sealed, so written whole by
+ * a broker, but one of them is stale (a clear that failed, EIO on a disk
+ * going bad) and nothing in the file says which. Taken both, the next broker
+ * had two sessions of that name: a process re-opening it got the first slot,
+ * perhaps the stale one, and lost the timers of the other without a word.
+ * Dropped both, its process learns (-ESTALE for a resume) and their timers
+ * are freed as anonymous ones. Sorted by name: O(n log n) for 65536 slots.
+ * Returns the records dropped, or -ENOMEM.
+ */
+static int drop_duplicates(struct sessfile_rec *recs, uint32_t max_clients, int n)
+{
+	uint32_t *by_name = malloc((size_t)(n ? n : 1) * sizeof(*by_name)), k = 0;
+	int dropped = 0;
+
+	if (!by_name)
+		return -ENOMEM;
+	for (uint32_t slot = 0; slot < max_clients; slot++)
+		if (recs[slot].used)
+			by_name[k++] = slot;
+	qsort_r(by_name, k, sizeof(*by_name), name_cmp, recs);
+	for (uint32_t i = 0, j; i < k; i = j) {
+		for (j = i + 1; j < k && name_cmp(&by_name[i], &by_name[j], recs) == 0; j++)
+			;
+		for (uint32_t d = i; j - i > 1 && d < j; d++) {
+			memset(&recs[by_name[d]], 0, sizeof(recs[0]));
+			dropped++;
+		}
+	}
+	free(by_name);
+	return dropped;
+}
+
 /* Read exactly n bytes at off; a short file reads as zeroes. */
 static int read_at(int fd, void *buf, size_t n, off_t off)
 {
@@ -151,7 +191,11 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 			}
 		}
 	}
-	r = n;
+	r = drop_duplicates(recs, g->max_clients, n);
+	if (r < 0)
+		goto out;
+	*bad += (uint32_t)r;
+	r = n - r;
 out:
 	close(fd);
 	return r;

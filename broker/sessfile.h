@@ -13,8 +13,9 @@
  *
  * Only the broker reads or writes it (mode 0600), and only the control
  * thread, with one pwrite() per change. A record is trusted only if its
- * checksum, slot, name and uid hold; a torn or scribbled one drops that
- * session and no other. Nothing here logs: the caller names the file.
+ * checksum, slot, name and uid hold, and no other record holds its name; a
+ * torn or scribbled one drops that session and no other (a name recorded
+ * twice, each of them). Nothing here logs: the caller names the file.
  */
 #ifndef CHIMED_SESSFILE_H
 #define CHIMED_SESSFILE_H
@@ -59,7 +60,8 @@ struct sessfile {
 /*
  * Read `path`: every valid record into recs[slot] (recs has max_clients
  * entries, zeroed by the caller; an invalid or unused record leaves its
- * entry zero). Returns the number of sessions found, or:
+ * entry zero, and so do valid records that share a name: none of them is
+ * trusted). Returns the number of sessions found, or:
  *   -ENOENT   no file;
  *   -ESTALE   written during another boot (its deadlines are another
  *             clock's);
@@ -69,6 +71,7 @@ struct sessfile {
  *   -EINVAL   not a regular file (a FIFO, a device: never blocks on one);
  *   -EISDIR   a directory;
  *   -EPERM    owned by another uid than ours or root's (chime_seg_ours());
+ *   -ENOMEM   no memory to look for names recorded twice;
  *   -errno    of open, fstat, read.
  * *bad counts records present but rejected. found may be NULL.
  */

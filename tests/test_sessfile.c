@@ -186,3 +186,22 @@ Test(sessfile, something_else_where_the_file_should_be_is_refused_and_left_alone
 	cr_assert_eq(load(&bad), -EISDIR, "a directory, loaded");
 	cr_assert_eq(rmdir(path), 0);
 }
+
+/*
+ * Two sealed records of one name (a clear that failed left the old one, and
+ * the session was opened again in another slot): the next broker took both,
+ * and a process re-opening the name got the first slot, maybe the stale
+ * one, its timers in the other lost without a word. Neither is trusted now;
+ * the other sessions are taken as before. Found by tests/fuzz/fuzz_sessions.
+ */
+Test(sessfile, a_name_recorded_in_two_slots_is_trusted_in_neither)
+{
+	uint32_t bad;
+
+	write_sessions((uint32_t[]){ 2, 3, 7 }, (const char *const[]){ "twice", "once", "twice" }, 3);
+	cr_assert_eq(load(&bad), 1);
+	cr_assert_eq(bad, 2, "%u damaged records, not the two of one name", bad);
+	cr_assert_str_eq(got[3].name, "once");
+	cr_assert_eq(got[2].used, 0, "a record of a name recorded twice was taken");
+	cr_assert_eq(got[7].used, 0, "a record of a name recorded twice was taken");
+}

@@ -148,9 +148,14 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			   alloc_rearming(n) || (n->state == CHIME_NODE_BACKLOG && chan_pos_behind(n->cq_pos))) {
 			if (n->cq_pos == CHIME_POS_NONE || !n->period_ns || n->deadline_ns < n->period_ns ||
 			    n->deadline_ns - n->period_ns > now) {
-				/* On the wheel, and no event of it in a ring anyone can still read. */
+				/*
+				 * On the wheel, and no event of it in a ring anyone can still
+				 * read. Not on it yet (ALLOC, BACKLOG; ACKWAIT, which only a
+				 * damaged periodic can be in here: it stayed ACKWAIT on no
+				 * list, counted armed and never fired), it goes on it.
+				 */
 				n->cq_pos = CHIME_POS_NONE;
-				if (n->state == CHIME_NODE_ALLOC || n->state == CHIME_NODE_BACKLOG) {
+				if (n->state != CHIME_NODE_ARMED && n->state != CHIME_NODE_EXPIRED) {
 					n->state = CHIME_NODE_ALLOC;
 					wheel_arm(wh, idx, n->deadline_ns);
 				}

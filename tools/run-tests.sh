@@ -3,8 +3,9 @@
 # test suite in each, then print the closing line "N passed, N failed".
 #
 #   tools/run-tests.sh               default suite: unit tests, short integration
-#                                    and stress runs, and 30 s of fuzzing per
-#                                    target; each integration program in one of
+#                                    and stress runs, and 11 s of fuzzing per
+#                                    target (six, two at a time: about 35 s);
+#                                    each integration program in one of
 #                                    the plain and ASan+UBSan builds (suite
 #                                    'other-build' left out, tests/meson.build)
 #                                    (from a fresh clone on 2 cores, the five
@@ -31,7 +32,7 @@ cd "$(dirname "$0")/.." || exit 1
 setup="default"
 suite_args=(--no-suite other-build)
 fuzz_only=0
-fuzz_secs=30
+fuzz_secs=11
 case "${1:-}" in
 "") ;;
 --full) suite_args=() ;;
@@ -147,14 +148,15 @@ run() {
 
 # The fuzzer: its own clang build, suite 'fuzz' only, for $fuzz_secs seconds
 # (tests/fuzz/run-fuzz.sh reads CHIME_FUZZ_SECONDS; no meson timeout then).
-# Only the fuzz target is built: the rest of the tree is checked by gcc above.
-# The two targets fuzz at once, one a core (up to the cores there are): they
+# Only the fuzz targets are built: the rest of the tree is checked by gcc above.
+# Two targets fuzz at once, one a core (up to the cores there are): they
 # measure no time, and nothing else runs meanwhile.
 run_fuzz() {
 	local saved_args=("${suite_args[@]}") saved_jobs=$test_jobs
 	suite_args=(--suite fuzz --no-rebuild)
 	[ "$fuzz_only" = 0 ] || suite_args+=(--timeout-multiplier 0)
-	targets=(tests/fuzz/fuzz_chan tests/fuzz/fuzz_rebuild)
+	targets=(tests/fuzz/fuzz_chan tests/fuzz/fuzz_rebuild tests/fuzz/fuzz_hello tests/fuzz/fuzz_sessions
+		 tests/fuzz/fuzz_restore tests/fuzz/fuzz_stats)
 	test_jobs=$(nproc 2>/dev/null || echo 1)
 	[ "$test_jobs" -le 2 ] || test_jobs=2
 	CHIME_FUZZ_SECONDS=$fuzz_secs CC=$fuzz_cc \

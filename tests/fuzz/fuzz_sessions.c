@@ -8,7 +8,9 @@
  * version, record size, layout, geometry, boot id, checksum) and which come
  * from the input; then each slot's record (empty, or its fields from a few
  * meaningful values or raw bytes, sealed with a right checksum or not); then
- * where the file ends. With the RAW flag the input is the file itself. Then
+ * where the file ends; then whether the file is there at all, --fresh, and
+ * a shard file whose timers such a start counts for its message. With the
+ * RAW flag the input is the sessions file itself. Then
  * the real restart_load() takes it over into a small broker's client
  * table, and restart_save() writes it back. Checked:
  *   - restart_load() takes the file or refuses it whole; taken, every slot
@@ -154,6 +156,10 @@ static void cleanup(void)
 
 	snprintf(p, sizeof(p), "%s/s.sessions", dir);
 	unlink(p);
+	for (uint32_t k = 0; k < geom.nr_shards; k++) {
+		snprintf(p, sizeof(p), "%s/s.shard%u", dir, k);
+		unlink(p);
+	}
 	rmdir(dir);
 }
 
@@ -259,6 +265,41 @@ static void write_file(const char *path, const uint8_t *f, size_t len)
 	CHECK(fd >= 0, "open '%s': %s", path, strerror(errno));
 	CHECK(write(fd, f, len) == (ssize_t)len, "write: %s", strerror(errno));
 	close(fd);
+}
+
+/*
+ * What is left of the input: a shard file (a header, then any bytes) whose
+ * timers a start without a sessions file, or with --fresh, counts for its
+ * message (count_timers(): every bound checked, read-only). Returns
+ * whether the sessions file is to go (the start finds none).
+ */
+static bool shard_file(struct in *in)
+{
+	uint8_t mode = byte(in);
+	struct chime_shard_seg h = { 0 };
+	size_t body = in->n, len = sizeof(h) + body;
+	char path[128];
+	uint8_t *f;
+
+	B.o.fresh = mode & 2;
+	if (!(mode & 4))
+		return mode & 1;
+	snprintf(path, sizeof(path), "%s/s.shard%u", dir, (mode >> 3) % geom.nr_shards);
+	h.hdr.magic = CHIME_SHM_MAGIC;
+	h.hdr.layout = CHIME_SHM_LAYOUT;
+	h.hdr.kind = CHIME_SEG_SHARD;
+	h.hdr.size = len;
+	h.wheel_off = mode & 0x80 ? take(in, 8) : sizeof(h);
+	body = in->n;
+	len = sizeof(h) + body;
+	h.hdr.size = len;
+	f = malloc(len);
+	CHECK(f, "malloc");
+	memcpy(f, &h, sizeof(h));
+	memcpy(f + sizeof(h), in->p, body);
+	write_file(path, f, len);
+	free(f);
+	return mode & 1;
 }
 
 static void reset_broker(void)
@@ -379,12 +420,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		f = build(&in, flags, &len);
 	}
 	write_file(path, f, len);
+	if (!(flags & RAW) && shard_file(&in))
+		unlink(path);
 	reset_broker();
 	before = now_ns();
 	r = restart_load(&B);
 	after = now_ns();
 	CHECK(r == 0 || r == -EMEDIUMTYPE || r == -EBADMSG || r == -EPROTO, "restart_load: %d", r);
-	if (r == 0)
+	if (r == 0 && (B.o.fresh || access(path, F_OK) < 0))
+		CHECK(B.clients_now == 0, "no sessions file, or --fresh, and %llu sessions taken",
+		      (unsigned long long)B.clients_now);
+	else if (r == 0)
 		check_taken(f, len, before, after);
 	else
 		CHECK(B.clients_now == 0, "refused, and %llu sessions taken", (unsigned long long)B.clients_now);
@@ -402,5 +448,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	reset_broker();
 	unlink(path);
+	for (uint32_t k = 0; k < geom.nr_shards; k++) {
+		snprintf(path, sizeof(path), "%s/s.shard%u", dir, k);
+		unlink(path);
+	}
+	B.o.fresh = false;
 	return 0;
 }

@@ -3,7 +3,7 @@
 # test suite in each, then print the closing line "N passed, N failed".
 #
 #   tools/run-tests.sh               default suite: unit tests, short integration
-#                                    and stress runs, and 11 s of fuzzing per
+#                                    and stress runs, and 10 s of fuzzing per
 #                                    target (six, two at a time: about 35 s);
 #                                    each integration program in one of
 #                                    the plain and ASan+UBSan builds (suite
@@ -32,7 +32,7 @@ cd "$(dirname "$0")/.." || exit 1
 setup="default"
 suite_args=(--no-suite other-build)
 fuzz_only=0
-fuzz_secs=11
+fuzz_secs=10
 case "${1:-}" in
 "") ;;
 --full) suite_args=() ;;

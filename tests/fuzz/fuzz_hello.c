@@ -344,8 +344,9 @@ static void set_policy(struct in *in)
 		allow_uids[pol->nr_uids++] = 1000;
 	if (p & 4)
 		allow_uids[pol->nr_uids++] = 1001;
-	if ((p & 8) && nr_my_groups > 0) {
-		allow_gids[0] = my_groups[0];
+	if (p & 8) {
+		/* The hellos' primary group, or one of ours (SO_PEERGROUPS of the socketpair: admitted()). */
+		allow_gids[0] = (p & 128) && nr_my_groups > 0 ? my_groups[0] : 100;
 		pol->gids = allow_gids;
 		pol->nr_gids = 1;
 	}
@@ -415,10 +416,12 @@ static void make_hello(struct in *in, struct chime_hello *h)
 	h->magic = bits & 1 ? (uint32_t)take(in, 4) : CHIME_HELLO_MAGIC;
 	h->layout = bits & 2 ? (uint32_t)take(in, 4) : CHIME_SHM_LAYOUT;
 	h->flags = f < 8 * 30 ? flags[f % 8] : (uint32_t)take(in, 4);
-	if (s % 8 < NR_NAMES)
+	if (s % 8 < NR_NAMES) {
 		snprintf(h->session, sizeof(h->session), "%s", names[s % 8]);
-	else
-		memcpy(h->session, in->p, in->n < 16 ? in->n : 16), skip(in, 16);
+	} else {
+		memcpy(h->session, in->p, in->n < 16 ? in->n : 16);
+		skip(in, 16);
+	}
 	if (s & 0x80)
 		h->session[CHIME_SESSION_MAX - 1] = 'z';        /* garbage after the name */
 	switch (l % 6) {

@@ -13,7 +13,10 @@
  * The file is written at <dir>/s.ctl and read through sr_open() and
  * sr_snapshot(), as the tools do, then collect() and every chimestat output:
  * JSON (-j), Prometheus (--prometheus), the flat listing (-1 -f) and the
- * table (-1). After each input:
+ * table (-1), then chimectl's main() (-j clients, -j timers --session, and
+ * timers --client as text) on the same segment and on shard files the
+ * input may write (a header, a wheel whose geometry may come from the
+ * input, nodes). After each input:
  *   - sr_open() accepts the segment or says why (-EBADMSG, -EAGAIN/-ESRCH,
  *     -EPROTO), nothing else;
  *   - the snapshot has at most max_clients clients, each in a listed state,
@@ -21,7 +24,9 @@
  *   - the JSON parses (jansson) and is an object with "shards", "clients";
  *   - every Prometheus line is a # HELP or # TYPE line or a sample
  *     `name{label="value",...} number`, label values escaped;
- *   - the text outputs carry no control character but newlines.
+ *   - the text outputs carry no control character but newlines;
+ *   - chimectl's JSON parses, its exit_status the one it exited with, and
+ *     its text carries no control character but newlines.
  * A violation calls abort() so libFuzzer reports the input.
  */
 #include <ctype.h>
@@ -63,8 +68,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static char dir[] = "/dev/shm/chime-fuzz-stats.XXXXXX", sock[64], path[72];
 static int seg_fd = -1;
 
+/* The shard files chimectl reads, from the last input. */
+static void shard_files_remove(void)
+{
+	char p[sizeof(sock) + 16];
+
+	for (uint32_t k = 0; k < MAX_SHARDS; k++) {
+		snprintf(p, sizeof(p), "%s.shard%u", sock, k);
+		unlink(p);
+	}
+}
+
 static void cleanup(void)
 {
+	shard_files_remove();
 	unlink(path);
 	rmdir(dir);
 }
@@ -121,6 +138,55 @@ static void stamp(uint8_t *seg, uint64_t size)
 	h->size = size;
 }
 
+/* Shard files for chimectl's `timers`: nodes per file, and where they are. */
+#define SHARD_NODES 16u
+
+/*
+ * <sock>.shard0.. for `chimectl timers` (list_shard(): a header, a wheel,
+ * the slab, every index bounded by the mapping): the nodes and, if the
+ * input says, the wheel's geometry from the input. The same file for each
+ * shard; none if the input does not ask (a missing file is an error too).
+ */
+static void shard_files(struct in *in, uint32_t nr)
+{
+	size_t size = sizeof(struct chime_shard_seg) + sizeof(struct chime_wheel) +
+		      SHARD_NODES * sizeof(struct chime_node);
+	uint8_t *f = calloc(1, size), geo = (uint8_t)take(in, 1), n = (uint8_t)take(in, 1) % (SHARD_NODES + 1);
+	struct chime_shard_seg *h = (struct chime_shard_seg *)f;
+	struct chime_wheel *w = (struct chime_wheel *)(f + sizeof(*h));
+	struct chime_node *nodes = (struct chime_node *)(w + 1);
+	char p[sizeof(sock) + 16];
+
+	CHECK(f, "calloc");
+	h->hdr.magic = CHIME_SHM_MAGIC;
+	h->hdr.layout = CHIME_SHM_LAYOUT;
+	h->hdr.kind = CHIME_SEG_SHARD;
+	h->hdr.size = size;
+	h->wheel_off = geo & 1 ? take(in, 8) : sizeof(*h);
+	w->slab_off = geo & 2 ? take(in, 8) : sizeof(*w);
+	w->capacity = geo & 4 ? (uint32_t)take(in, 4) : SHARD_NODES;
+	w->high_water = geo & 8 ? (uint32_t)take(in, 4) : n;
+	for (uint32_t i = 0; i < n; i++) {
+		/* owner: a client slot of the table (or any); state any; the rest from the input */
+		nodes[i].owner = (uint16_t)take(in, 1);
+		nodes[i].state = (uint8_t)(take(in, 1) % 8);
+		nodes[i].gen = (uint32_t)take(in, 1) | (geo & 16 ? CHIME_NODE_TOUCH : 0);
+		nodes[i].deadline_ns = take(in, 1) * UINT64_C(1000000000);
+		nodes[i].period_ns = take(in, 1) * UINT64_C(1000000);
+		nodes[i].key = i;
+		nodes[i].user_data = 0xfeed0000u + i;
+	}
+	for (uint32_t k = 0; k < (nr < MAX_SHARDS ? nr : MAX_SHARDS); k++) {
+		int fd;
+
+		snprintf(p, sizeof(p), "%s.shard%u", sock, k);
+		fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		CHECK(fd >= 0 && write(fd, f, size) == (ssize_t)size, "write '%s': %s", p, strerror(errno));
+		close(fd);
+	}
+	free(f);
+}
+
 /*
  * A segment as a running broker writes it, then the input's patches. Returns
  * its size; *seg is malloc'd.
@@ -159,6 +225,8 @@ static size_t build(struct in *in, uint8_t flags, uint8_t **seg)
 	c->shards_off = raw_off & 1 ? take(in, 8) : shards_off;
 	c->clients_off = raw_off & 2 ? take(in, 8) : clients_off;
 	c->client_stats_off = raw_off & 4 ? take(in, 8) : cstats_off;
+	if (raw_off & 8)
+		shard_files(in, nr);
 	for (uint32_t i = 0; i < lay_max; i++) {
 		struct chime_client_ctl *cc = (struct chime_client_ctl *)(s + clients_off) + i;
 
@@ -365,6 +433,76 @@ static void run_output(int which, const struct flist *l, const struct sr_snap *s
 	free(text);
 }
 
+/*
+ * chimectl (its main(), compiled as chimectl_main) on the same files: its
+ * output into a file, its complaints into /dev/null (a crash still shows:
+ * replay the input). Returns what it wrote (malloc'd, NUL-terminated).
+ */
+int chimectl_main(int argc, char **argv);
+
+static char *chimectl(int argc, char **argv, int *status)
+{
+	static int out = -1, null = -1;
+	int saved_out, saved_err;
+	char *text;
+	off_t len;
+
+	if (out < 0) {
+		char p[sizeof(path) + 8];
+
+		snprintf(p, sizeof(p), "%s.out", sock);
+		out = open(p, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		unlink(p);
+		null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+		CHECK(out >= 0 && null >= 0, "open: %s", strerror(errno));
+	}
+	/* Empty, and written from its start (the offset is the descriptor's, shared with its dup). */
+	CHECK(ftruncate(out, 0) == 0 && lseek(out, 0, SEEK_SET) == 0, "ftruncate");
+	fflush(stdout);
+	fflush(stderr);
+	saved_out = dup(1);
+	saved_err = dup(2);
+	dup2(out, 1);
+	dup2(null, 2);
+	optind = 0;             /* getopt starts over (glibc) */
+	*status = chimectl_main(argc, argv);
+	fflush(stdout);
+	fflush(stderr);
+	dup2(saved_out, 1);
+	dup2(saved_err, 2);
+	close(saved_out);
+	close(saved_err);
+	len = lseek(out, 0, SEEK_END);
+	text = malloc((size_t)len + 1);
+	CHECK(text && pread(out, text, (size_t)len, 0) == len, "read chimectl's output");
+	text[len] = '\0';
+	return text;
+}
+
+/* `chimectl -j clients` and `timers`: a JSON document that parses; `timers` as text, printable. */
+static void run_chimectl(void)
+{
+	char *clients[] = { "chimectl", "-j", "--socket", sock, "clients", NULL };
+	char *by_session[] = { "chimectl", "-j", "--socket", sock, "timers", "--session", "sess-1", NULL };
+	char *by_pid[] = { "chimectl", "--socket", sock, "timers", "--client", "1002", "-n", "0", NULL };
+	json_error_t err;
+	json_t *doc;
+	char *text;
+	int st;
+
+	for (int i = 0; i < 2; i++) {
+		text = i ? chimectl(7, by_session, &st) : chimectl(5, clients, &st);
+		doc = json_loads(text, 0, &err);
+		CHECK(doc && json_is_object(doc) && json_integer_value(json_object_get(doc, "exit_status")) == st,
+		      "chimectl %s: JSON: %s: %s", i ? "timers" : "clients", err.text, text);
+		json_decref(doc);
+		free(text);
+	}
+	text = chimectl(8, by_pid, &st);
+	check_text(text, strlen(text), "chimectl timers");
+	free(text);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct in in = { data, size };
@@ -376,6 +514,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t len;
 	int r;
 
+	shard_files_remove();
 	if (flags & RAW) {
 		len = in.n;
 		seg = malloc(len ? len : 1);
@@ -398,6 +537,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	collect(&l, &sn);
 	for (int which = 0; which < 4; which++)
 		run_output(which, &l, &sn, &o);
+	run_chimectl();
 	free(l.v);
 	sr_snap_free(&sn);
 	sr_close(&s);

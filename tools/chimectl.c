@@ -1305,6 +1305,7 @@ int main(int argc, char **argv)
 		json_dumpf(J, stdout, JSON_COMPACT);
 		fputc('\n', stdout);
 		json_decref(J);
+		J = NULL;       /* main() again (tests/fuzz/fuzz_stats.c) is text unless -j */
 	}
 	/* The text too: `chimectl clients > file` on a full disk is no success. */
 	if (sr_stdout_check(PROG) && !r)

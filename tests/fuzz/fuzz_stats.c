@@ -34,6 +34,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <sanitizer/common_interface_defs.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -96,6 +97,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	seg_fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	CHECK(seg_fd >= 0, "open '%s': %s", path, strerror(errno));
 	atexit(cleanup);
+	/* Sanitizer reports go to this stderr even while chimectl's goes to /dev/null (chimectl()). */
+	__sanitizer_set_report_fd((void *)(intptr_t)dup(2));
 	return 0;
 }
 
@@ -435,8 +438,9 @@ static void run_output(int which, const struct flist *l, const struct sr_snap *s
 
 /*
  * chimectl (its main(), compiled as chimectl_main) on the same files: its
- * output into a file, its complaints into /dev/null (a crash still shows:
- * replay the input). Returns what it wrote (malloc'd, NUL-terminated).
+ * output into a file, its complaints into /dev/null (a sanitizer's report
+ * still shows: LLVMFuzzerInitialize()). Returns what it wrote (malloc'd,
+ * NUL-terminated).
  */
 int chimectl_main(int argc, char **argv);
 

@@ -15,6 +15,8 @@
  * A new shard core takes the region over as shard.c's restore() does
  * (chan_restore_init(), wheel_rebuild(), keyidx_init(), restore_nodes()).
  * Checked:
+ *   - each node is counted once: kept, carried as a grant, freed as an
+ *     anonymous client's or as damaged;
  *   - every node left is free or a session's, with a generation; each
  *     channel's owned and backlog counts and carried grants match its
  *     nodes; wheel_check(); every held event's deadline has passed (a held
@@ -206,6 +208,7 @@ static int restore(struct in *in, uint64_t old_now)
 	uint8_t sessions = byte(in);
 	struct wheel_rebuild_stats ws;
 	struct restore_stats rs;
+	uint64_t before = 0, after = 0;
 	int r;
 
 	memset(&W.sc, 0, sizeof(W.sc));
@@ -235,9 +238,18 @@ static int restore(struct in *in, uint64_t old_now)
 	r = wheel_rebuild(&W.sc.wh, W.wmem, W.wsz, CAP, RES, W.now, &ws);
 	if (r < 0)
 		return r;
+	/* What the old broker's nodes were, before anything is judged: each is counted once below. */
+	for (uint32_t i = 0; i < W.sc.wh.w->high_water; i++)
+		before += wheel_node(&W.sc.wh, i)->state != CHIME_NODE_FREE;
 	wheel_group_owners(&W.sc.wh, W.user_of_slot);
 	keyidx_init(&W.sc.ki, W.heads, W.nb, W.sc.wh.nodes, 0);
 	CHECK(restore_nodes(&W.sc, old_now, &rs) == 0, "restore_nodes");
+	for (uint32_t i = 0; i < W.sc.wh.w->high_water; i++)
+		after += wheel_node(&W.sc.wh, i)->state != CHIME_NODE_FREE;
+	CHECK(rs.kept + rs.grants == after && before == after + rs.anonymous + rs.dropped,
+	      "%llu nodes, then %llu: kept %llu, grants %llu, anonymous %llu, damaged %llu",
+	      (unsigned long long)before, (unsigned long long)after, (unsigned long long)rs.kept,
+	      (unsigned long long)rs.grants, (unsigned long long)rs.anonymous, (unsigned long long)rs.dropped);
 	return 0;
 }
 

@@ -2426,7 +2426,7 @@ struct turns {
 	char why[256];                  /* the first failure */
 };
 
-static void turn_fail(struct turns *t, const char *fmt, ...)
+static __attribute__((format(printf, 2, 3))) void turn_fail(struct turns *t, const char *fmt, ...)
 {
 	va_list ap;
 

@@ -36,6 +36,7 @@
 #include "segment.h"
 #include "stats.h"
 #include "wheel.h"
+#include "fuzz_input.h"
 
 #define CAP     64u             /* small: a full slab (owed grants) is easy to reach */
 #define RES     100000u         /* 100 us */
@@ -49,15 +50,6 @@
 #define NONE    UINT64_MAX
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond, ...) do { \
-	if (!(cond)) { \
-		fprintf(stderr, "fuzz_chan: invariant violated at %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-		fprintf(stderr, __VA_ARGS__); \
-		fputc('\n', stderr); \
-		abort(); \
-	} \
-} while (0)
 
 /* ---- the fuzz program ---- */
 

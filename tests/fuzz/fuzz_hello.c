@@ -40,18 +40,10 @@
 
 #include "broker.h"
 #include "wheel.h"
+#include "fuzz_input.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond, ...) do { \
-	if (!(cond)) { \
-		fprintf(stderr, "fuzz_hello: invariant violated at %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-		fprintf(stderr, __VA_ARGS__); \
-		fputc('\n', stderr); \
-		abort(); \
-	} \
-} while (0)
 
 #define MAXC 6u                 /* client slots */
 #define NS   2u                 /* shards */
@@ -223,34 +215,6 @@ bool log_budget_take(struct log_budget *b, unsigned per_s, const char *what)
 }
 
 /* ---- the input ---- */
-
-struct in {
-	const uint8_t *p;
-	size_t n;
-};
-
-static uint64_t take(struct in *in, size_t len)
-{
-	uint64_t v = 0;
-
-	len = len < in->n ? len : in->n;
-	memcpy(&v, in->p, len);
-	in->p += len;
-	in->n -= len;
-	return v;
-}
-
-static void skip(struct in *in, size_t len)
-{
-	len = len < in->n ? len : in->n;
-	in->p += len;
-	in->n -= len;
-}
-
-static uint8_t byte(struct in *in)
-{
-	return (uint8_t)take(in, 1);
-}
 
 /* ---- the broker ---- */
 

@@ -25,21 +25,13 @@
 
 #include "clock.h"
 #include "wheel.h"
+#include "fuzz_input.h"
 
 #define CAP 128u
 #define RES 1000u
 #define T0  UINT64_C(5000000)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond, ...) do { \
-	if (!(cond)) { \
-		fprintf(stderr, "fuzz_rebuild: invariant violated at %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-		fprintf(stderr, __VA_ARGS__); \
-		fputc('\n', stderr); \
-		abort(); \
-	} \
-} while (0)
 
 /* The rule rebuild must apply, restated from chime_shm.h's node states. */
 static bool sane(const struct chime_node *n)

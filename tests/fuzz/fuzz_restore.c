@@ -41,6 +41,7 @@
 #include "segment.h"
 #include "stats.h"
 #include "wheel.h"
+#include "fuzz_input.h"
 
 #define CAP  64u
 #define RES  100000u            /* 100 us */
@@ -51,36 +52,6 @@
 #define TOLD (T0 + 1000 * RES)  /* the old wheel's last advance */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond, ...) do { \
-	if (!(cond)) { \
-		fprintf(stderr, "fuzz_restore: invariant violated at %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-		fprintf(stderr, __VA_ARGS__); \
-		fputc('\n', stderr); \
-		abort(); \
-	} \
-} while (0)
-
-struct in {
-	const uint8_t *p;
-	size_t n;
-};
-
-static uint64_t take(struct in *in, size_t len)
-{
-	uint64_t v = 0;
-
-	len = len < in->n ? len : in->n;
-	memcpy(&v, in->p, len);
-	in->p += len;
-	in->n -= len;
-	return v;
-}
-
-static uint8_t byte(struct in *in)
-{
-	return (uint8_t)take(in, 1);
-}
 
 /* A node as restore left it, for the events its next process gets. */
 struct kept {

@@ -36,18 +36,10 @@
 #include "broker.h"
 #include "clock.h"
 #include "sessfile.h"
+#include "fuzz_input.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond, ...) do { \
-	if (!(cond)) { \
-		fprintf(stderr, "fuzz_sessions: invariant violated at %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-		fprintf(stderr, __VA_ARGS__); \
-		fputc('\n', stderr); \
-		abort(); \
-	} \
-} while (0)
 
 #define MAXC 8u
 #define LINGER_S 30u
@@ -121,34 +113,6 @@ bool keep_file(int fd, const char *path, const char *lost, const struct chime_se
 }
 
 /* ---- the input ---- */
-
-struct in {
-	const uint8_t *p;
-	size_t n;
-};
-
-static uint64_t take(struct in *in, size_t len)
-{
-	uint64_t v = 0;
-
-	len = len < in->n ? len : in->n;
-	memcpy(&v, in->p, len);
-	in->p += len;
-	in->n -= len;
-	return v;
-}
-
-static void skip(struct in *in, size_t len)
-{
-	len = len < in->n ? len : in->n;
-	in->p += len;
-	in->n -= len;
-}
-
-static uint8_t byte(struct in *in)
-{
-	return (uint8_t)take(in, 1);
-}
 
 static void cleanup(void)
 {

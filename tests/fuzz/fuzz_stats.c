@@ -43,18 +43,10 @@
 #include <unistd.h>
 
 #include "chimestat.h"
+#include "fuzz_input.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond, ...) do { \
-	if (!(cond)) { \
-		fprintf(stderr, "fuzz_stats: invariant violated at %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-		fprintf(stderr, __VA_ARGS__); \
-		fputc('\n', stderr); \
-		abort(); \
-	} \
-} while (0)
 
 /* flags (the input's first byte) */
 #define RAW        1u   /* the rest of the input is the file */
@@ -103,29 +95,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 }
 
 /* The input, read from the front; past its end, zeroes. */
-struct in {
-	const uint8_t *p;
-	size_t n;
-};
-
-static uint64_t take(struct in *in, size_t len)
-{
-	uint64_t v = 0;
-
-	len = len < in->n ? len : in->n;
-	memcpy(&v, in->p, len);
-	in->p += len;
-	in->n -= len;
-	return v;
-}
-
-static void skip(struct in *in, size_t len)
-{
-	len = len < in->n ? len : in->n;
-	in->p += len;
-	in->n -= len;
-}
-
 static uint64_t round_up(uint64_t v, uint64_t to)
 {
 	return (v + to - 1) / to * to;

@@ -808,7 +808,7 @@ static unsigned violations, allowed_dups, allowed_losses;
 static uint64_t refused_arms, retried_arms;
 static uint64_t checked_oneshot, checked_periodic, events_total, ops_total;
 
-static void viol(const char *fmt, ...)
+static __attribute__((format(printf, 1, 2))) void viol(const char *fmt, ...)
 {
 	va_list ap;
 

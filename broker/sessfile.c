@@ -27,7 +27,7 @@ struct sessfile_hdr {
 };
 _Static_assert(sizeof(struct sessfile_hdr) == 128, "the header is 128 B");
 
-static uint64_t fnv1a(const void *p, size_t n)
+uint64_t sessfile_hash(const void *p, size_t n)
 {
 	const uint8_t *b = p;
 	uint64_t h = UINT64_C(0xcbf29ce484222325);
@@ -57,7 +57,7 @@ static bool rec_valid(const struct sessfile_rec *r, uint32_t slot)
 {
 	int len = chime_session_len(r->name);
 
-	if (r->check != fnv1a(r, offsetof(struct sessfile_rec, check)) || r->used != 1 || r->slot != slot)
+	if (r->check != sessfile_hash(r, offsetof(struct sessfile_rec, check)) || r->used != 1 || r->slot != slot)
 		return false;
 	if (len < 1)
 		return false;
@@ -158,7 +158,7 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 	if (found)
 		*found = h.geom;
 	r = -EBADMSG;
-	if (h.magic != SESSFILE_MAGIC || h.check != fnv1a(&h, offsetof(struct sessfile_hdr, check)))
+	if (h.magic != SESSFILE_MAGIC || h.check != sessfile_hash(&h, offsetof(struct sessfile_hdr, check)))
 		goto out;
 	r = -EPROTO;
 	if (h.version != SESSFILE_VERSION || h.rec_size != sizeof(struct sessfile_rec) ||
@@ -219,7 +219,7 @@ static int write_at(int fd, const void *buf, size_t n, off_t off)
 
 static void rec_seal(struct sessfile_rec *r)
 {
-	r->check = fnv1a(r, offsetof(struct sessfile_rec, check));
+	r->check = sessfile_hash(r, offsetof(struct sessfile_rec, check));
 }
 
 /* sessfile_open(); `tmp`: a new file is written unnamed, and named once complete. */
@@ -282,7 +282,7 @@ static int open_as(struct sessfile *sf, const char *path, const struct sessfile_
 	h.rec_size = sizeof(struct sessfile_rec);
 	h.geom = *g;
 	sessfile_boot_id(h.boot_id);
-	h.check = fnv1a(&h, offsetof(struct sessfile_hdr, check));
+	h.check = sessfile_hash(&h, offsetof(struct sessfile_hdr, check));
 	for (uint32_t i = 0; i < g->max_clients; i++) {
 		if (!recs[i].used)
 			continue;

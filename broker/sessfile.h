@@ -99,6 +99,9 @@ int sessfile_clear(struct sessfile *sf, uint32_t slot);
 
 void sessfile_close(struct sessfile *sf);
 
+/* The checksum of a record or the header: FNV-1a of the bytes before its `check`. */
+uint64_t sessfile_hash(const void *p, size_t n);
+
 /* This boot's id (/proc/sys/kernel/random/boot_id), 36 characters and a NUL; "" if unknown. */
 void sessfile_boot_id(char out[40]);
 

@@ -145,24 +145,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	return 0;
 }
 
-static uint64_t fnv1a(const void *p, size_t n)
-{
-	const uint8_t *b = p;
-	uint64_t h = UINT64_C(0xcbf29ce484222325);
-
-	while (n--) {
-		h ^= *b++;
-		h *= UINT64_C(0x100000001b3);
-	}
-	return h;
-}
-
 /* sessfile.c's rule for a record, restated. */
 static bool rec_valid(const struct sessfile_rec *r, uint32_t slot)
 {
 	int len = chime_session_len(r->name);
 
-	if (r->check != fnv1a(r, offsetof(struct sessfile_rec, check)) || r->used != 1 || r->slot != slot || len < 1)
+	if (r->check != sessfile_hash(r, offsetof(struct sessfile_rec, check)) || r->used != 1 || r->slot != slot || len < 1)
 		return false;
 	for (int i = len; i < (int)CHIME_SESSION_MAX; i++)
 		if (r->name[i])
@@ -191,7 +179,7 @@ static uint8_t *build(struct in *in, uint8_t flags, size_t *len)
 	sessfile_boot_id(h->boot_id);
 	if (flags & BAD_BOOT)
 		h->boot_id[byte(in) % sizeof(h->boot_id)] ^= (char)(1 | byte(in));
-	h->check = flags & BAD_CHECK ? take(in, 8) : fnv1a(h, offsetof(struct hdr, check));
+	h->check = flags & BAD_CHECK ? take(in, 8) : sessfile_hash(h, offsetof(struct hdr, check));
 	for (uint32_t i = 0; i < MAXC && in->n; i++) {
 		struct sessfile_rec *r = &recs[i];
 		uint8_t what = byte(in), nm = byte(in);
@@ -216,7 +204,7 @@ static uint8_t *build(struct in *in, uint8_t flags, size_t *len)
 		r->pid = (int32_t)(500 + i);
 		r->token = nm & 0x40 ? 9 : 0;
 		/* Mostly sealed: a record a broker wrote whole, whatever its fields say. */
-		r->check = (what & 3) == 3 ? take(in, 8) : fnv1a(r, offsetof(struct sessfile_rec, check));
+		r->check = (what & 3) == 3 ? take(in, 8) : sessfile_hash(r, offsetof(struct sessfile_rec, check));
 	}
 	*len = flags & CUT ? (size_t)(take(in, 2) % (size + 1)) : size;
 	return f;
@@ -307,7 +295,7 @@ static bool recorded_twice(const uint8_t *f, size_t len, uint32_t i)
 static void check_taken(const uint8_t *f, size_t len, uint64_t before, uint64_t after)
 {
 	const struct hdr *h = (const struct hdr *)f;
-	bool whole = len >= sizeof(*h) && h->magic == SESSFILE_MAGIC && h->check == fnv1a(h, offsetof(struct hdr, check)) &&
+	bool whole = len >= sizeof(*h) && h->magic == SESSFILE_MAGIC && h->check == sessfile_hash(h, offsetof(struct hdr, check)) &&
 		     h->version == SESSFILE_VERSION && h->rec_size == sizeof(struct sessfile_rec) &&
 		     !memcmp(&h->geom, &geom, sizeof(geom));
 	uint64_t n = 0;

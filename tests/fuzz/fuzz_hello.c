@@ -192,28 +192,6 @@ void client_detach(struct broker *b, struct client *c, int refuse)
 	c->state = CL_DETACHING;
 }
 
-/* log.c: nothing is logged here (refusals would flood the fuzzer's output). */
-void log_msg(int level, const char *fmt, ...)
-{
-	(void)level;
-	(void)fmt;
-}
-
-int log_errno(int level, int err, const char *fmt, ...)
-{
-	(void)level;
-	(void)fmt;
-	return -(err < 0 ? -err : err);
-}
-
-bool log_budget_take(struct log_budget *b, unsigned per_s, const char *what)
-{
-	(void)b;
-	(void)per_s;
-	(void)what;
-	return true;
-}
-
 /* ---- the input ---- */
 
 /* ---- the broker ---- */

@@ -81,27 +81,6 @@ void table_set(struct broker *b, struct client *c, uint32_t state)
 	(void)state;
 }
 
-void log_msg(int level, const char *fmt, ...)
-{
-	(void)level;
-	(void)fmt;
-}
-
-int log_errno(int level, int err, const char *fmt, ...)
-{
-	(void)level;
-	(void)fmt;
-	return -(err < 0 ? -err : err);
-}
-
-int log_errno_hint(int level, int err, const char *hint, const char *fmt, ...)
-{
-	(void)level;
-	(void)hint;
-	(void)fmt;
-	return -(err < 0 ? -err : err);
-}
-
 bool keep_file(int fd, const char *path, const char *lost, const struct chime_seg_range *keep, unsigned n)
 {
 	(void)fd;

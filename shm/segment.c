@@ -529,12 +529,10 @@ int chime_seg_check(const struct chime_map *map, uint32_t kind, uint32_t *layout
  * A file of size 0 is one whose creator has not sized it yet: -EAGAIN like
  * a magic of 0. A file too small for a header is not a chime segment.
  */
-int chime_seg_map_fd(int fd, uint32_t kind, bool writable, struct chime_map *map)
+int chime_seg_map_file(int fd, bool writable, struct chime_map *map)
 {
-	struct chime_map m;
 	struct stat st;
 	void *p;
-	int r;
 
 	if (fstat(fd, &st) < 0)
 		return -errno;
@@ -548,11 +546,21 @@ int chime_seg_map_fd(int fd, uint32_t kind, bool writable, struct chime_map *map
 	p = mmap(NULL, (size_t)st.st_size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)    /* EAGAIN: over RLIMIT_MEMLOCK under mlockall(MCL_FUTURE), not "unfinished" */
 		return errno == EAGAIN ? -ENOMEM : -errno;
-	m.base = p;
-	m.size = (size_t)st.st_size;
+	map->base = p;
+	map->size = (size_t)st.st_size;
+	return 0;
+}
+
+int chime_seg_map_fd(int fd, uint32_t kind, bool writable, struct chime_map *map)
+{
+	struct chime_map m;
+	int r = chime_seg_map_file(fd, writable, &m);
+
+	if (r < 0)
+		return r;
 	r = chime_seg_check(&m, kind, NULL);
 	if (r < 0) {
-		munmap(p, m.size);
+		munmap(m.base, m.size);
 		return r;
 	}
 	*map = m;

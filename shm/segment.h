@@ -217,13 +217,26 @@ void chime_seg_publish(struct chime_seg_hdr *hdr, uint32_t kind, uint64_t size);
 int chime_seg_check(const struct chime_map *map, uint32_t kind, uint32_t *layout);
 
 /*
- * Map an fd (its whole size, from fstat), read-only unless `writable`, and
- * chime_seg_check() it. On failure nothing stays mapped. Not a regular file:
- * -EISDIR for a directory, -EBADMSG for anything else.
+ * Map an fd (its whole size, from fstat), read-only unless `writable`,
+ * reading nothing of it: for a reader that checks it where a read of a
+ * file shrunk since (SIGBUS) is caught (the tools' sr_guard()). Not a
+ * regular file: -EISDIR for a directory, -EBADMSG for anything else;
+ * -EAGAIN for an empty one (not sized yet), -EBADMSG for one too small for
+ * a header; -errno of fstat, mmap.
+ */
+int chime_seg_map_file(int fd, bool writable, struct chime_map *map);
+
+/*
+ * chime_seg_map_file(), then chime_seg_check(). On failure nothing stays
+ * mapped.
  */
 int chime_seg_map_fd(int fd, uint32_t kind, bool writable, struct chime_map *map);
 
-/* Open `path` read-only (never blocking, on a FIFO) and chime_seg_map_fd() it (for the tools). -errno of open too. */
+/*
+ * Open `path` read-only (never blocking, on a FIFO) and chime_seg_map_fd() it.
+ * -errno of open too. The tools use sr_map() instead, which survives the
+ * file shrinking while it is read.
+ */
 int chime_seg_open(const char *path, uint32_t kind, struct chime_map *map);
 
 /* Unmap (NULL-safe: a zeroed map is ignored). */

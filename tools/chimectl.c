@@ -141,7 +141,8 @@ static void usage(FILE *f)
 		"\n"
 		"Exit status:\n"
 		"  0  ok\n"
-		"  1  failure: the broker's shared memory cannot be read, its socket cannot be\n"
+		"  1  failure: the broker's shared memory cannot be read (a segment file\n"
+		"     that shrank as it was read included), its socket cannot be\n"
 		"     reached (permissions), it did not admit this user, the handshake or the\n"
 		"     query failed, it is still starting, no such client or session (a\n"
 		"     well-formed NAME the broker does not know), the session is attached,\n"
@@ -159,7 +160,10 @@ static void usage(FILE *f)
 		"     and the broker's user, or drop-session of another user's session\n");
 }
 
-/* sr_open() failed: the standard message, and a short one in the JSON document. No segment: no broker. */
+/*
+ * sr_open() or sr_snapshot() failed: the standard message, and a short one
+ * in the JSON document. No segment: no broker.
+ */
 static int sr_fail(const struct sr *s, int r)
 {
 	char msg[PATH_MAX + 128];
@@ -170,7 +174,8 @@ static int sr_fail(const struct sr *s, int r)
 		snprintf(msg, sizeof(msg), "cannot %s '%s': %s", r == -ENOENT || r == -EACCES ? "open" : "read",
 			 s->ctl_path,
 			 r == -EPROTO ? "shm layout not supported by this build" :
-			 r == -ESRCH ? "chimed is not running (an unfinished segment left behind)" : strerror(-r));
+			 r == -ESRCH ? "chimed is not running (an unfinished segment left behind)" :
+			 r == -ENODATA ? SR_SHRANK_WHY : strerror(-r));
 		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));
 	}
 	return r == -ENOENT || r == -ESRCH ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
@@ -179,9 +184,12 @@ static int sr_fail(const struct sr *s, int r)
 /* Snapshot the opened segment s; closes it on failure. */
 static int take_snapshot(struct sr *s, struct sr_snap *sn)
 {
-	if (sr_snapshot(s, sn) < 0) {
+	int r = sr_snapshot(s, sn);
+
+	if (r < 0) {
+		r = sr_fail(s, r);
 		sr_close(s);
-		return fail(SR_EXIT_NOSHM, "out of memory");
+		return r;
 	}
 	return SR_EXIT_OK;
 }
@@ -623,69 +631,94 @@ static int cmd_clients(const char *sock)
 	return r;
 }
 
+/* A node of shard k as listed, or false if it is not one of the slots' timers. */
+static bool node_listed(const struct chime_node *n, uint32_t k, uint64_t i, const uint8_t *slots, uint64_t now,
+			struct listed *t)
+{
+	const char *st = node_state(n->state, n->deadline_ns, now);
+	bool touched = n->gen & CHIME_NODE_TOUCH;
+
+	/* A held one-shot has fired: only a held periodic timer is still armed. */
+	if (!st || !slots[n->owner] || (n->state == CHIME_NODE_BACKLOG && !n->period_ns))
+		return false;
+	/*
+	 * A touched timer's latest deadline is a word in its client's
+	 * table, which only the broker maps: the node's is where the
+	 * shard will next look, no later than it.
+	 */
+	*t = (struct listed){ .id = chime_id_make(n->gen & CHIME_ID_GEN_MASK, k, (uint32_t)i), .key = n->key,
+			      .user_data = n->user_data, .deadline_ns = n->deadline_ns, .period_ns = n->period_ns,
+			      .state = st, .shard = k, .touched = touched, .exact = !touched };
+	return true;
+}
+
+/* Nodes copied out of a slab at a time (sr_copy()): 256 KiB. */
+#define LIST_BATCH 4096u
+
 /*
  * Walk shard `k`'s slab for nodes of the client slots in `slots` (a set:
  * one byte per slot, 65536). The shard writes the
  * slab with no lock: this is a racy snapshot (a node may change while it is
  * printed), which is fine for a listing; every index is bounded by the
- * mapping, so a torn value cannot make us read outside it.
+ * mapping, so a torn value cannot make us read outside it. The file is
+ * read through sr_copy(), in batches, and printed from the copy: it may
+ * shrink meanwhile (SIGBUS, before).
  */
 static int list_shard(const char *sock, uint32_t k, const uint8_t *slots, uint64_t now,
 		      uint64_t limit, uint64_t *shown, uint64_t *total, json_t *arr)
 {
+	static struct chime_node batch[LIST_BATCH];
 	char path[PATH_MAX + 32];
 	struct chime_map m;
-	const struct chime_shard_seg *hdr;
-	const struct chime_wheel *w;
-	const struct chime_node *nodes;
+	struct chime_shard_seg hdr;
+	struct chime_wheel w;   /* its head only: the fields up to the slot lists */
 	uint64_t wheel_off, slab_off, cap, hw, i;
 	int r;
 
 	snprintf(path, sizeof(path), "%s.shard%u", sock, k);
-	r = chime_seg_open(path, CHIME_SEG_SHARD, &m);
+	r = sr_map(path, CHIME_SEG_SHARD, &m, NULL, NULL);
 	if (r < 0)
 		return fail(SR_EXIT_NOSHM, "cannot open '%s': %s", path,
-			    r == -EBADMSG ? "not a chime shard segment" : strerror(-r));
-	hdr = m.base;
-	wheel_off = hdr->wheel_off;
-	if (wheel_off < sizeof(*hdr) || wheel_off > m.size || m.size - wheel_off < sizeof(*w) || wheel_off % 64)
+			    r == -EBADMSG ? "not a chime shard segment" : r == -ENODATA ? SR_SHRANK_WHY : strerror(-r));
+	r = sr_copy(&m, &hdr, 0, sizeof(hdr));
+	if (r < 0)
 		goto bad;
-	w = (const struct chime_wheel *)((const char *)m.base + wheel_off);
-	slab_off = w->slab_off;
-	cap = w->capacity;
+	wheel_off = hdr.wheel_off;
+	if (wheel_off < sizeof(hdr) || wheel_off > m.size || m.size - wheel_off < sizeof(w) || wheel_off % 64)
+		goto bad;
+	r = sr_copy(&m, &w, wheel_off, offsetof(struct chime_wheel, occupied));
+	if (r < 0)
+		goto bad;
+	slab_off = w.slab_off;
+	cap = w.capacity;
 	if (slab_off % 64 || slab_off > m.size - wheel_off ||
 	    cap > (m.size - wheel_off - slab_off) / sizeof(struct chime_node))
 		goto bad;
-	nodes = (const struct chime_node *)((const char *)w + slab_off);
-	hw = w->high_water < cap ? w->high_water : cap;
-	for (i = 0; i < hw; i++) {
-		struct chime_node n = nodes[i];
-		const char *st = node_state(n.state, n.deadline_ns, now);
-		bool touched = n.gen & CHIME_NODE_TOUCH;
+	hw = w.high_water < cap ? w.high_water : cap;
+	for (i = 0; i < hw && r == 0; i += LIST_BATCH) {
+		uint64_t n = hw - i < LIST_BATCH ? hw - i : LIST_BATCH;
 
-		/* A held one-shot has fired: only a held periodic timer is still armed. */
-		if (!st || !slots[n.owner] || (n.state == CHIME_NODE_BACKLOG && !n.period_ns))
-			continue;
-		(*total)++;
-		if (limit && *shown >= limit)
-			continue;
-		(*shown)++;
-		/*
-		 * A touched timer's latest deadline is a word in its client's
-		 * table, which only the broker maps: the node's is where the
-		 * shard will next look, no later than it.
-		 */
-		show_timer(&(struct listed){ .id = chime_id_make(n.gen & CHIME_ID_GEN_MASK, k, (uint32_t)i),
-					     .key = n.key, .user_data = n.user_data, .deadline_ns = n.deadline_ns,
-					     .period_ns = n.period_ns, .state = st, .shard = k, .touched = touched,
-					     .exact = !touched },
-			   now, arr);
+		r = sr_copy(&m, batch, wheel_off + slab_off + i * sizeof(batch[0]), n * sizeof(batch[0]));
+		for (uint64_t j = 0; j < n && r == 0; j++) {
+			struct listed t;
+
+			if (!node_listed(&batch[j], k, i + j, slots, now, &t))
+				continue;
+			(*total)++;
+			if (limit && *shown >= limit)
+				continue;
+			(*shown)++;
+			show_timer(&t, now, arr);
+		}
 	}
+	if (r < 0)
+		goto bad;
 	chime_seg_unmap(&m);
 	return SR_EXIT_OK;
 bad:
 	chime_seg_unmap(&m);
-	return fail(SR_EXIT_NOSHM, "cannot read '%s': wheel geometry does not fit the segment", path);
+	return fail(SR_EXIT_NOSHM, "cannot read '%s': %s", path,
+		    r == -ENODATA ? SR_SHRANK_WHY : "wheel geometry does not fit the segment");
 }
 
 /* Is client table entry c the one w names? A session being reclaimed (DYING) is gone already. */
@@ -782,10 +815,9 @@ static int cmd_reset_stats(const char *sock)
 	if (r < 0)
 		return sr_fail(&s, r);
 	for (t0 = now_ns();;) {
-		if (sr_snapshot(&s, &sn) < 0) {
-			sr_close(&s);
-			return fail(SR_EXIT_NOSHM, "out of memory");
-		}
+		r = take_snapshot(&s, &sn);
+		if (r)
+			return r;
 		if (!sn.reset_pending && sn.hdr.stats_reset_gen >= gen)
 			break;
 		sr_snap_free(&sn);

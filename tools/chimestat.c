@@ -237,8 +237,9 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	}
 
 	if (o.once) {
-		if (sr_snapshot(&s, &sn) < 0) {
-			fprintf(stderr, PROG ": out of memory\n");
+		r = sr_snapshot(&s, &sn);
+		if (r < 0) {
+			sr_perror(PROG, &s, r);
 			sr_close(&s);
 			return SR_EXIT_NOSHM;
 		}
@@ -292,8 +293,10 @@ static int chimestat(struct opts *op, int argc, char **argv)
 				sr_snap_free(&ps);
 			have_prev = 0;
 		}
-		if (sr_snapshot(&s, &sn) < 0) {
-			fprintf(stderr, PROG ": out of memory\n");
+		r = sr_snapshot(&s, &sn);
+		if (r < 0) {
+			/* -ENODATA: the file mapped shrank (one replaced at the path, sr_follow() took above). */
+			sr_perror(PROG, &s, r);
 			r = SR_EXIT_NOSHM;
 			break;
 		}

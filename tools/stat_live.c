@@ -910,13 +910,15 @@ static void draw(struct live *L)
 
 /* ---- the loop ---- */
 
+/* 0, or sr_snapshot()'s -errno: -ENOMEM is shown and the last sample kept, -ENODATA ends the view. */
 static int sample(struct live *L)
 {
 	struct sr_snap sn;
+	int r = sr_snapshot(L->s, &sn);
 
-	if (sr_snapshot(L->s, &sn) < 0) {
-		snprintf(L->err, sizeof(L->err), "snapshot failed: out of memory");
-		return -1;
+	if (r < 0) {
+		snprintf(L->err, sizeof(L->err), "snapshot failed: %s", strerror(-r));
+		return r;
 	}
 	L->err[0] = '\0';
 	keep_clients(&sn, L->o);
@@ -1137,7 +1139,7 @@ int live_run(struct sr *s, const struct opts *o, char *why, size_t len)
 {
 	struct live L = { .s = s, .o = o, .interval = o->interval, .hist_src = -1, .sel_id = -1 };
 	uint64_t last = 0;
-	int r, dirty = 1;
+	int r, dirty = 1, lost = 0;
 
 	if (start(why, len) < 0)
 		return LIVE_UNAVAILABLE;
@@ -1155,7 +1157,10 @@ int live_run(struct sr *s, const struct opts *o, char *why, size_t len)
 				L.have_cur = L.have_prev = 0;
 				L.hist_src = -1;
 			}
-			sample(&L);
+			/* The file shrank under the view: nothing left to show (said once the screen is left). */
+			lost = sample(&L) == -ENODATA ? -ENODATA : 0;
+			if (lost)
+				break;
 			last = now;
 			next = now + (uint64_t)(L.interval * 1e9);
 			dirty = 1;
@@ -1181,12 +1186,16 @@ int live_run(struct sr *s, const struct opts *o, char *why, size_t len)
 	}
 	live_atexit();
 	r = SR_EXIT_OK;
-	if (L.have_cur) {
+	if (lost) {
+		sr_perror(PROG, L.s, lost);
+		r = SR_EXIT_NOSHM;
+	} else if (L.have_cur) {
 		enum sr_state st = sr_liveness(&L.sn, NULL);
 
 		r = st == SR_RUNNING || st == SR_STARTING ? SR_EXIT_OK : SR_EXIT_NOT_RUNNING;
-		sr_snap_free(&L.sn);
 	}
+	if (L.have_cur)
+		sr_snap_free(&L.sn);
 	if (L.have_prev)
 		sr_snap_free(&L.ps);
 	free(L.cur.v);

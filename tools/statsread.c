@@ -12,7 +12,9 @@
  *   a block a dead writer left mid-update is copied anyway and counted in
  *   snap->torn (the best there is, and the caller says so);
  * - every name in a snapshot (version, comm, session) is printable UTF-8
- *   (chime_printable()), whoever wrote the segment.
+ *   (chime_printable()), whoever wrote the segment;
+ * - every read of a mapping runs in sr_guard(): a file truncated under it
+ *   is an error (-ENODATA), not SIGBUS.
  */
 #include "statsread.h"
 
@@ -20,6 +22,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
+#include <setjmp.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <signal.h>
@@ -40,6 +43,123 @@
  */
 #define SR_READ_TRIES   1000u
 #define SR_READ_WAIT_NS UINT64_C(50000000)
+
+/*
+ * sr_guard(): a SIGBUS handler and sigsetjmp()/siglongjmp(), the one way to
+ * survive the fault itself (checking the size first cannot: the file may
+ * shrink right after; copying with pread() would cost a syscall per block,
+ * and a shard's slab is gigabytes). The handler jumps only out of a
+ * guarded read of the mapping it guards, one it knows to hold no lock and
+ * to leave nothing half done; per thread (a fault is delivered to the
+ * thread that faulted). libchime does not use it: it maps only memfds the
+ * broker sealed against shrinking.
+ */
+static _Thread_local sigjmp_buf *volatile guard_jmp;
+static _Thread_local const struct chime_map *volatile guard_map;
+static struct sigaction guard_old;      /* SIGBUS's action before ours: what takes any other */
+
+static void guard_on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+	const struct chime_map *m = guard_map;
+	uintptr_t at = (uintptr_t)si->si_addr;
+
+	(void)uc;
+	/* si_code > 0: a fault, not a kill(); at: inside the mapping guarded. */
+	if (m && si->si_code > 0 && at >= (uintptr_t)m->base && at - (uintptr_t)m->base < m->size) {
+		guard_map = NULL;
+		siglongjmp(*guard_jmp, 1);
+	}
+	/*
+	 * Not ours: as if we had never handled it. A fault happens again as
+	 * the load is retried, a signal sent is sent again (blocked until
+	 * this returns).
+	 */
+	sigaction(SIGBUS, &guard_old, NULL);
+	if (si->si_code <= 0)
+		raise(sig);
+}
+
+int sr_guard(const struct chime_map *m, int (*reader)(void *arg), void *arg)
+{
+	static bool installed;
+	sigjmp_buf jb;
+
+	if (!installed) {
+		struct sigaction sa = { .sa_sigaction = guard_on_sigbus, .sa_flags = SA_SIGINFO };
+
+		sigemptyset(&sa.sa_mask);
+		if (sigaction(SIGBUS, &sa, &guard_old) < 0)
+			return -errno;
+		installed = true;
+	}
+	/* 1: the jump restores the signal mask, SIGBUS unblocked again. */
+	if (sigsetjmp(jb, 1))
+		return -ENODATA;
+	guard_jmp = &jb;
+	guard_map = m;
+	{
+		int r = reader(arg);
+
+		guard_map = NULL;
+		return r;
+	}
+}
+
+struct copy {
+	void *dst;
+	const void *src;
+	size_t len;
+};
+
+static int copy_read(void *arg)
+{
+	const struct copy *c = arg;
+
+	memcpy(c->dst, c->src, c->len);
+	return 0;
+}
+
+int sr_copy(const struct chime_map *m, void *dst, uint64_t off, size_t len)
+{
+	if (off > m->size || len > m->size - off)
+		return -EBADMSG;
+	return sr_guard(m, copy_read, &(struct copy){ dst, (const char *)m->base + off, len });
+}
+
+struct check {
+	const struct chime_map *m;
+	uint32_t kind;
+	uint32_t *layout;
+};
+
+static int check_read(void *arg)
+{
+	const struct check *c = arg;
+
+	return chime_seg_check(c->m, c->kind, c->layout);
+}
+
+int sr_map(const char *path, uint32_t kind, struct chime_map *m, struct stat *st, uint32_t *layout)
+{
+	/* O_NONBLOCK: a FIFO at the path must not hang the open (a regular file ignores it). */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	struct chime_map map;
+	int r;
+
+	if (fd < 0)
+		return -errno;
+	r = st && fstat(fd, st) < 0 ? -errno : chime_seg_map_file(fd, false, &map);
+	close(fd);
+	if (r < 0)
+		return r;
+	r = sr_guard(&map, check_read, &(struct check){ &map, kind, layout });
+	if (r < 0) {
+		chime_seg_unmap(&map);
+		return r;
+	}
+	*m = map;
+	return 0;
+}
 
 int sr_socket_path(char *buf, size_t len, const char *arg)
 {
@@ -94,50 +214,14 @@ static bool broker_alive(const char *sock)
 	return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
 }
 
-int sr_open(struct sr *s, const char *sock)
+/* sr_open()'s checks, under sr_guard(): the geometry, copied into s once checked. */
+static int geometry_read(void *arg)
 {
-	const struct chime_ctl *c;
+	struct sr *s = arg;
+	const struct chime_ctl *c = s->map.base;
 	uint64_t shards_off, clients_off, cstats_off;
-	int r;
 
-	memset(s, 0, sizeof(*s));
-	if (strlen(sock) >= sizeof(s->sock))
-		return -ENAMETOOLONG;
-	strcpy(s->sock, sock);
-	snprintf(s->ctl_path, sizeof(s->ctl_path), "%s.ctl", sock);
-	{
-		/* As chime_seg_open(), keeping the file's identity for sr_follow(). */
-		int fd = open(s->ctl_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-		struct stat st;
-
-		if (fd < 0) {
-			r = -errno;
-		} else {
-			if (fstat(fd, &st) == 0) {
-				s->dev = st.st_dev;
-				s->ino = st.st_ino;
-				s->uid = st.st_uid;
-			}
-			r = chime_seg_map_fd(fd, CHIME_SEG_CONTROL, false, &s->map);
-			close(fd);
-		}
-	}
-	if (r == -EPROTO) {
-		struct chime_seg_hdr hdr;
-		int fd = open(s->ctl_path, O_RDONLY | O_CLOEXEC);
-
-		if (fd >= 0) {
-			if (pread(fd, &hdr, sizeof(hdr), 0) == (ssize_t)sizeof(hdr))
-				s->layout_seen = hdr.layout;
-			close(fd);
-		}
-	}
-	if (r == -EAGAIN && !broker_alive(sock))
-		r = -ESRCH;
-	if (r < 0)
-		return r;
-	c = s->map.base;
-	/* The geometry is written before the magic (which chime_seg_open acquired). */
+	/* The geometry is written before the magic (which sr_map() acquired). */
 	s->nr_shards = c->nr_shards;
 	s->max_clients = c->max_clients;
 	shards_off = c->shards_off;
@@ -147,14 +231,39 @@ int sr_open(struct sr *s, const char *sock)
 	    !sr_fits(s->map.size, shards_off, s->nr_shards, sizeof(struct chime_shard_ctl)) ||
 	    !sr_fits(s->map.size, clients_off, s->max_clients, sizeof(struct chime_client_ctl)) ||
 	    !sr_fits(s->map.size, cstats_off, (uint64_t)s->max_clients * s->nr_shards,
-		     sizeof(struct chime_client_stats))) {
-		chime_seg_unmap(&s->map);
+		     sizeof(struct chime_client_stats)))
 		return -EBADMSG;
-	}
 	s->shards_off = shards_off;
 	s->clients_off = clients_off;
 	s->client_stats_off = cstats_off;
-	s->ctl = c;
+	return 0;
+}
+
+int sr_open(struct sr *s, const char *sock)
+{
+	struct stat st;
+	int r;
+
+	memset(s, 0, sizeof(*s));
+	if (strlen(sock) >= sizeof(s->sock))
+		return -ENAMETOOLONG;
+	strcpy(s->sock, sock);
+	snprintf(s->ctl_path, sizeof(s->ctl_path), "%s.ctl", sock);
+	/* The file's identity kept for sr_follow(). */
+	r = sr_map(s->ctl_path, CHIME_SEG_CONTROL, &s->map, &st, &s->layout_seen);
+	if (r == -EAGAIN && !broker_alive(sock))
+		r = -ESRCH;
+	if (r < 0)
+		return r;
+	s->dev = st.st_dev;
+	s->ino = st.st_ino;
+	s->uid = st.st_uid;
+	r = sr_guard(&s->map, geometry_read, s);
+	if (r < 0) {
+		chime_seg_unmap(&s->map);
+		return r;
+	}
+	s->ctl = s->map.base;
 	return 0;
 }
 
@@ -212,6 +321,12 @@ void sr_perror(const char *prog, const struct sr *s, int err)
 		fprintf(stderr, "%s: cannot read '%s': not a chime control segment, or corrupt\n",
 			prog, s->ctl_path);
 		break;
+	case -ENODATA:
+		fprintf(stderr, "%s: cannot read '%s': " SR_SHRANK_WHY "\n", prog, s->ctl_path);
+		break;
+	case -ENOMEM:
+		fprintf(stderr, "%s: cannot read '%s': %s\n", prog, s->ctl_path, strerror(-err));
+		break;
 	default:
 		fprintf(stderr, "%s: cannot open '%s': %s\n", prog, s->ctl_path, strerror(-err));
 	}
@@ -238,8 +353,16 @@ static int sr_read_block(struct sr_snap *snap, void *dst, const void *src, size_
 	return r;
 }
 
-int sr_snapshot(const struct sr *s, struct sr_snap *snap)
+struct snap_read {
+	const struct sr *s;
+	struct sr_snap *snap;
+};
+
+/* sr_snapshot()'s reads, under sr_guard(): into the snapshot's own memory only. */
+static int snapshot_read(void *arg)
 {
+	const struct sr *s = ((struct snap_read *)arg)->s;
+	struct sr_snap *snap = ((struct snap_read *)arg)->snap;
 	const char *base = s->map.base;
 	const struct chime_shard_ctl *sc;
 	const struct chime_client_ctl *cc;
@@ -247,15 +370,6 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	uint64_t wait_ns = SR_READ_WAIT_NS;
 	uint32_t i, k;
 
-	memset(snap, 0, sizeof(*snap));
-	snap->shards = calloc(s->nr_shards, sizeof(*snap->shards));
-	snap->sh = calloc(s->nr_shards, sizeof(*snap->sh));
-	snap->clients = calloc(s->max_clients ? s->max_clients : 1, sizeof(*snap->clients));
-	if (!snap->shards || !snap->sh || !snap->clients) {
-		sr_snap_free(snap);
-		return -ENOMEM;
-	}
-	snap->now_ns = now_ns();
 	/*
 	 * The header has no seqlock: its fields are written one at a time and
 	 * each is read once here (relaxed), so each is whole; the geometry is
@@ -352,6 +466,25 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 		snap->nr_clients++;
 	}
 	return 0;
+}
+
+int sr_snapshot(const struct sr *s, struct sr_snap *snap)
+{
+	int r;
+
+	memset(snap, 0, sizeof(*snap));
+	snap->shards = calloc(s->nr_shards, sizeof(*snap->shards));
+	snap->sh = calloc(s->nr_shards, sizeof(*snap->sh));
+	snap->clients = calloc(s->max_clients ? s->max_clients : 1, sizeof(*snap->clients));
+	if (!snap->shards || !snap->sh || !snap->clients) {
+		sr_snap_free(snap);
+		return -ENOMEM;
+	}
+	snap->now_ns = now_ns();
+	r = sr_guard(&s->map, snapshot_read, &(struct snap_read){ s, snap });
+	if (r < 0)
+		sr_snap_free(snap);
+	return r;
 }
 
 void sr_snap_free(struct sr_snap *snap)

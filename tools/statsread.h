@@ -15,6 +15,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "chime_shm.h"
@@ -90,6 +91,41 @@ enum sr_state {
 	SR_DEAD,        /* RUNNING or STARTING, but stale heartbeat or pid gone */
 };
 
+/*
+ * Reading a segment's mapping. A mapping of a file holds only as much of it
+ * as the file still has: a read past its end now is SIGBUS, and whoever owns
+ * the socket's directory may truncate the files in it (chimed never does: it
+ * replaces them). Every read of a segment by the tools runs in sr_guard():
+ * such a read ends it with -ENODATA, where the tool died of "Bus error".
+ */
+
+/*
+ * Run reader(arg), which reads the mapping m (and nothing else that could
+ * fault), and return what it returns; or -ENODATA if a read of m faulted
+ * (SIGBUS): the file is shorter than m now. reader() may be cut short at any
+ * load of m, so it only copies into memory the caller owns and keeps
+ * nothing else half done: no allocation, stdio, curses or locks. A SIGBUS
+ * elsewhere, or while no read runs, is left to what handled it before (it
+ * kills the tool). Not nested.
+ */
+int sr_guard(const struct chime_map *m, int (*reader)(void *arg), void *arg);
+
+/* Copy [off, off + len) of m into dst under sr_guard(): 0, -ENODATA, or -EBADMSG (not inside m). */
+int sr_copy(const struct chime_map *m, void *dst, uint64_t off, size_t len);
+
+/*
+ * Open and map the segment file `path` of `kind` read-only, as
+ * chime_seg_open() does, its check under sr_guard(); *st (if not NULL) the
+ * file mapped, *layout (if not NULL) the segment's layout after -EPROTO.
+ * -errno of open, fstat, mmap; -EAGAIN, -EBADMSG, -EPROTO as
+ * chime_seg_check(); -ENODATA.
+ */
+int sr_map(const char *path, uint32_t kind, struct chime_map *m, struct stat *st, uint32_t *layout);
+
+/* Why a read ended in -ENODATA, after "cannot read 'PATH': ". */
+#define SR_SHRANK_WHY "the file shrank while it was read (truncated in place: chimed never does that, " \
+	"whoever owns it or its directory did)"
+
 /* The socket path: `arg` if not NULL, else $CHIME_SOCKET (if set and not empty), else the default.
  * -EINVAL: arg is "" (chimed refuses it too); -ENAMETOOLONG: does not fit buf, or is longer than
  * a unix socket's path may be (SR_SOCKET_PATH_MAX: no broker can listen there). */
@@ -99,7 +135,8 @@ int sr_socket_path(char *buf, size_t len, const char *arg);
 /*
  * Map "<sock>.ctl" read-only and check its geometry. -errno (open, mmap),
  * -EAGAIN (not published yet: a broker starting), -ESRCH (not published, and
- * no broker holds the lock file: one died starting), -EBADMSG, -EPROTO.
+ * no broker holds the lock file: one died starting), -EBADMSG, -EPROTO,
+ * -ENODATA (it shrank as it was read).
  */
 int sr_open(struct sr *s, const char *sock);
 void sr_close(struct sr *s);
@@ -112,9 +149,10 @@ void sr_close(struct sr *s);
  */
 int sr_follow(struct sr *s);
 
-/* Print the standard message for an sr_open() failure: "prog: cannot open 'path': ... (hint)". */
+/* Print the standard message for an sr_open() or sr_snapshot() failure: "prog: cannot open 'path': ... (hint)". */
 void sr_perror(const char *prog, const struct sr *s, int err);
 
+/* 0, -ENOMEM, or -ENODATA: the file shrank since sr_open() (no snapshot then; the mapping is unusable). */
 int sr_snapshot(const struct sr *s, struct sr_snap *snap);
 void sr_snap_free(struct sr_snap *snap);
 

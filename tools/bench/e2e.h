@@ -61,7 +61,8 @@ struct broker {
 	char sock[PATH_MAX];
 	char bin[PATH_MAX];
 	struct sr sr;                   /* its control segment, read-only */
-	const struct chime_ctl *ctl;    /* sr.ctl */
+	struct chime_ctl hdr;           /* its header as broker_map_ctl() read it (sr_snapshot()) */
+	const struct chime_ctl *ctl;    /* &hdr: what a broker sets once (pid, sizes), never the live segment */
 	uint32_t nr_shards;
 	uint64_t capacity;              /* broker_start(): if not 0, --capacity this, no per-client quota */
 };

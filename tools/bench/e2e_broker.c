@@ -178,15 +178,28 @@ static int find_chimed(char *out, size_t len)
 	return -ENOENT;
 }
 
+/*
+ * The header copied, not read where it is used: the segment's file may
+ * shrink under the mapping (an external broker's directory is anyone's),
+ * and only reads through sr_guard() survive that.
+ */
 int broker_map_ctl(struct broker *b)
 {
+	struct sr_snap snap;
 	int r = sr_open(&b->sr, b->sock);
 
+	if (r == 0) {
+		r = sr_snapshot(&b->sr, &snap);
+		if (r < 0)
+			sr_close(&b->sr);
+	}
 	if (r < 0) {
 		sr_perror("chime-bench", &b->sr, r);
 		return -1;
 	}
-	b->ctl = b->sr.ctl;
+	b->hdr = snap.hdr;
+	sr_snap_free(&snap);
+	b->ctl = &b->hdr;
 	b->nr_shards = b->sr.nr_shards;
 	return 0;
 }

@@ -138,6 +138,27 @@ static double rest_floor_share(long secs, uint64_t period_ns, double *per_wake_n
 	return share;
 }
 
+struct beat {
+	const struct chime_ctl *ctl;
+	uint64_t ns;
+};
+
+static int beat_read(void *arg)
+{
+	struct beat *b = arg;
+
+	b->ns = at_load(&b->ctl->heartbeat_ns);
+	return 0;
+}
+
+/* The broker's last heartbeat, read from its segment; 0 if the file shrank under the mapping. */
+static uint64_t heartbeat(const struct broker *b)
+{
+	struct beat r = { .ctl = b->sr.ctl };
+
+	return sr_guard(&b->sr.map, beat_read, &r) == 0 ? r.ns : 0;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -244,10 +265,10 @@ int bench_rest(int argc, char **argv)
 	sleep_ns(NS_PER_S);     /* shards done spinning, counters published */
 
 	bench_proc_sample(b.ctl->pid, &p0);
-	hb = at_load(&b.ctl->heartbeat_ns);
+	hb = heartbeat(&b);
 	end = p0.t_ns + (uint64_t)secs * NS_PER_S;
 	while (now_ns() < end) {
-		uint64_t h = at_load(&b.ctl->heartbeat_ns);
+		uint64_t h = heartbeat(&b);
 
 		if (h != hb) {
 			beats++;

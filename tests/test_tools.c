@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -3493,4 +3494,38 @@ Test(tools_live, a_shard_file_shrinking_under_chimectl_timers_never_kills_it, .t
 	close(fd);
 	free(saved);
 	chime_close(a);
+}
+
+/*
+ * chimed creates its segment files itself (O_EXCL | O_NOFOLLOW), never a
+ * symlink. One planted at "<socket>.ctl" by whoever owns the socket's
+ * directory had the tools, often root's, open whatever it named: a device
+ * whose open does something (a watchdog, a tape), a terminal made the
+ * tool's controlling one. They showed a segment read through one, too.
+ * Now such a path is refused, named, and what it names never opened (an
+ * inotify watch on it sees no open).
+ */
+Test(tools_fake, a_symlink_at_a_segments_path_is_not_followed)
+{
+	char path[256], target[300];
+	struct inotify_event ev;
+	struct fake f;
+	int in;
+
+	fake_make(&f, getpid(), 0);
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	snprintf(target, sizeof(target), "%s/elsewhere", dir);
+	cr_assert_eq(rename(path, target), 0);
+	cr_assert_eq(symlink(target, path), 0);
+	in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	cr_assert_geq(in, 0);
+	cr_assert_geq(inotify_add_watch(in, target, IN_OPEN), 0);
+	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1, "%s", slurp(out));
+	cr_assert(strstr(slurp(err), path) && strstr(slurp(err), "a symbolic link"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -j status", bin("CHIMECTL"), sock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "a symbolic link"), "%s", slurp(out));
+	cr_assert_eq(read(in, &ev, sizeof(ev)), -1, "the symlink's target was opened");
+	cr_assert_eq(errno, EAGAIN);
+	close(in);
+	chime_seg_unmap(&f.map);
 }

@@ -171,11 +171,11 @@ static int sr_fail(const struct sr *s, int r)
 	sr_perror(PROG, s, r);
 	if (J) {
 		/* the verb sr_perror() uses: it could not be opened, or not read */
-		snprintf(msg, sizeof(msg), "cannot %s '%s': %s", r == -ENOENT || r == -EACCES ? "open" : "read",
-			 s->ctl_path,
+		snprintf(msg, sizeof(msg), "cannot %s '%s': %s",
+			 r == -ENOENT || r == -EACCES || r == -ELOOP ? "open" : "read", s->ctl_path,
 			 r == -EPROTO ? "shm layout not supported by this build" :
 			 r == -ESRCH ? "chimed is not running (an unfinished segment left behind)" :
-			 r == -ENODATA ? SR_SHRANK_WHY : strerror(-r));
+			 r == -ENODATA ? SR_SHRANK_WHY : r == -ELOOP ? SR_SYMLINK_WHY : strerror(-r));
 		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));
 	}
 	return r == -ENOENT || r == -ESRCH ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
@@ -679,7 +679,8 @@ static int list_shard(const char *sock, uint32_t k, const uint8_t *slots, uint64
 	r = sr_map(path, CHIME_SEG_SHARD, &m, NULL, NULL);
 	if (r < 0)
 		return fail(SR_EXIT_NOSHM, "cannot open '%s': %s", path,
-			    r == -EBADMSG ? "not a chime shard segment" : r == -ENODATA ? SR_SHRANK_WHY : strerror(-r));
+			    r == -EBADMSG ? "not a chime shard segment" : r == -ENODATA ? SR_SHRANK_WHY :
+			    r == -ELOOP ? SR_SYMLINK_WHY : strerror(-r));
 	r = sr_copy(&m, &hdr, 0, sizeof(hdr));
 	if (r < 0)
 		goto bad;

@@ -141,8 +141,14 @@ static int check_read(void *arg)
 
 int sr_map(const char *path, uint32_t kind, struct chime_map *m, struct stat *st, uint32_t *layout)
 {
-	/* O_NONBLOCK: a FIFO at the path must not hang the open (a regular file ignores it). */
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	/*
+	 * O_NONBLOCK: a FIFO at the path must not hang the open (a regular file
+	 * ignores it). O_NOFOLLOW, O_NOCTTY: chimed creates its files, never a
+	 * symlink, and one planted there would have a tool (often root's) open
+	 * whatever it names: a device whose open does something (a watchdog, a
+	 * tape), a terminal made the tool's own.
+	 */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
 	struct chime_map map;
 	int r;
 
@@ -323,6 +329,9 @@ void sr_perror(const char *prog, const struct sr *s, int err)
 		break;
 	case -ENODATA:
 		fprintf(stderr, "%s: cannot read '%s': " SR_SHRANK_WHY "\n", prog, s->ctl_path);
+		break;
+	case -ELOOP:
+		fprintf(stderr, "%s: cannot open '%s': " SR_SYMLINK_WHY "\n", prog, s->ctl_path);
 		break;
 	case -ENOMEM:
 		fprintf(stderr, "%s: cannot read '%s': %s\n", prog, s->ctl_path, strerror(-err));

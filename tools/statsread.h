@@ -115,16 +115,19 @@ int sr_copy(const struct chime_map *m, void *dst, uint64_t off, size_t len);
 
 /*
  * Open and map the segment file `path` of `kind` read-only, as
- * chime_seg_open() does, its check under sr_guard(); *st (if not NULL) the
- * file mapped, *layout (if not NULL) the segment's layout after -EPROTO.
- * -errno of open, fstat, mmap; -EAGAIN, -EBADMSG, -EPROTO as
- * chime_seg_check(); -ENODATA.
+ * chime_seg_open() does, its check under sr_guard(), but never through a
+ * symlink; *st (if not NULL) the file mapped, *layout (if not NULL) the
+ * segment's layout after -EPROTO. -errno of open (-ELOOP: a symlink),
+ * fstat, mmap; -EAGAIN, -EBADMSG, -EPROTO as chime_seg_check(); -ENODATA.
  */
 int sr_map(const char *path, uint32_t kind, struct chime_map *m, struct stat *st, uint32_t *layout);
 
 /* Why a read ended in -ENODATA, after "cannot read 'PATH': ". */
 #define SR_SHRANK_WHY "the file shrank while it was read (truncated in place: chimed never does that, " \
 	"whoever owns it or its directory did)"
+
+/* Why an open ended in -ELOOP, after "cannot open 'PATH': ". */
+#define SR_SYMLINK_WHY "a symbolic link (chimed's segments never are: not followed)"
 
 /* The socket path: `arg` if not NULL, else $CHIME_SOCKET (if set and not empty), else the default.
  * -EINVAL: arg is "" (chimed refuses it too); -ENAMETOOLONG: does not fit buf, or is longer than

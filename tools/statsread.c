@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <stdbool.h>
@@ -79,19 +80,21 @@ static void guard_on_sigbus(int sig, siginfo_t *si, void *uc)
 		raise(sig);
 }
 
+/* Once per process, whichever thread comes first: installed twice, guard_old would be ours. */
+static void guard_install(void)
+{
+	struct sigaction sa = { .sa_sigaction = guard_on_sigbus, .sa_flags = SA_SIGINFO };
+
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGBUS, &sa, &guard_old);
+}
+
 int sr_guard(const struct chime_map *m, int (*reader)(void *arg), void *arg)
 {
-	static bool installed;
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
 	sigjmp_buf jb;
 
-	if (!installed) {
-		struct sigaction sa = { .sa_sigaction = guard_on_sigbus, .sa_flags = SA_SIGINFO };
-
-		sigemptyset(&sa.sa_mask);
-		if (sigaction(SIGBUS, &sa, &guard_old) < 0)
-			return -errno;
-		installed = true;
-	}
+	pthread_once(&once, guard_install);
 	/* 1: the jump restores the signal mask, SIGBUS unblocked again. */
 	if (sigsetjmp(jb, 1))
 		return -ENODATA;

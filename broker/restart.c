@@ -7,6 +7,7 @@
  * keeps.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,16 +32,31 @@ static struct sessfile_geom geom_of(const struct broker *b)
 	};
 }
 
-/* Timers in a shard file, for --fresh's message: read-only, every bound checked. */
+/*
+ * Timers in a shard file, for --fresh's message: read-only, every bound
+ * checked, and only in a file an earlier broker could have left
+ * (chime_seg_ours(), never through a symlink). In a socket directory others
+ * can write, another user's file may be cut short as it is read, and the
+ * read past its end is SIGBUS: the broker dead at its start. Such a file
+ * is replaced all the same, its timers never a broker's.
+ */
 static uint64_t count_timers(const char *path)
 {
+	/* O_NONBLOCK: a FIFO at the path must not hang the open (a regular file ignores it). */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
 	struct chime_map m;
 	const struct chime_shard_seg *h;
 	const struct chime_wheel *w;
 	const struct chime_node *nodes;
 	uint64_t n = 0, hw, fit;
+	struct stat st;
+	int r;
 
-	if (chime_seg_open(path, CHIME_SEG_SHARD, &m) < 0)
+	if (fd < 0)
+		return 0;
+	r = fstat(fd, &st) == 0 && chime_seg_ours(&st) ? chime_seg_map_fd(fd, CHIME_SEG_SHARD, false, &m) : -EPERM;
+	close(fd);
+	if (r < 0)
 		return 0;
 	h = m.base;
 	if (h->wheel_off > m.size || m.size - h->wheel_off < sizeof(*w))

@@ -60,6 +60,7 @@
 #define UD_SIGNAL   (2u << 3)
 #define UD_NOTIFY   (3u << 3)
 #define UD_QUIET    (4u << 3)    /* nothing to do: the removal of an exit poll */
+#define UD_WALL     (5u << 3)    /* the wall clock's timerfd: a step of CLOCK_REALTIME (wall_watch()) */
 
 /*
  * PARKING: a named session's process hung up, the shards are parking its
@@ -177,6 +178,8 @@ struct broker {
 	char ctl_path[PATH_MAX];
 	char lock_path[PATH_MAX];
 	int lock_fd, listen_fd, ctl_fd, pub_fd, sig_fd, notify_fd;
+	int wall_fd;                    /* CLOCK_REALTIME timerfd far ahead, cancelled by a step (control.c) */
+	uint64_t wall_buf;
 	struct stat sock_st;            /* the socket file as bound: a stop unlinks only that one */
 	struct chime_map ctl_map;
 	struct chime_map pub_map;       /* the public segment (clients read it) */

@@ -50,6 +50,7 @@
 
 #include "atomics.h"
 #include "segment.h"
+#include "wall.h"
 
 #define NODE(sc, i) wheel_node(&(sc)->wh, (i))
 #define CQ_AHEAD 8u             /* completion slots prefetched ahead of the one being written */
@@ -327,6 +328,120 @@ static void mark_immediate(struct shard_core *sc, struct chime_node *n, uint64_t
 		n->gen &= ~CHIME_NODE_IMMEDIATE;
 }
 
+/* ---- wall-clock timers (ARCHITECTURE.md, "Wall-clock timers") ---- */
+
+/* d + off, kept within [1, UINT64_MAX]: 0 would read as "armed at 0" to restore.c. */
+static inline uint64_t wall_add(uint64_t d, int64_t off)
+{
+	if (off >= 0)
+		return d > UINT64_MAX - (uint64_t)off ? UINT64_MAX : d + (uint64_t)off;
+	return d <= -(uint64_t)off ? 1 : d + (uint64_t)off;
+}
+
+/* The offset wall-clock node n's deadline is based on. */
+static inline int64_t wall_base(const struct shard_core *sc, const struct chime_node *n)
+{
+	return sc->wall_off[(n->gen & CHIME_NODE_WALL_B) != 0];
+}
+
+/* A deadline of node n's (CLOCK_MONOTONIC) in its own clock: an event's deadline_ns. */
+static inline uint64_t clock_deadline(const struct shard_core *sc, const struct chime_node *n, uint64_t d)
+{
+	return unlikely(n->gen & CHIME_NODE_REALTIME) ? wall_add(d, wall_base(sc, n)) : d;
+}
+
+/* A deadline in node n's clock (a record's, an event's) as the wheel's CLOCK_MONOTONIC. */
+static inline uint64_t wheel_deadline(const struct shard_core *sc, const struct chime_node *n, uint64_t d)
+{
+	return unlikely(n->gen & CHIME_NODE_REALTIME) ? wall_add(d, -wall_base(sc, n)) : d;
+}
+
+/* The deadline of node n's event at pos in the ring (the broker's own slot), as the wheel's. */
+static inline uint64_t event_deadline(const struct shard_core *sc, const struct chan *ch,
+				      const struct chime_node *n, uint64_t pos)
+{
+	return wheel_deadline(sc, n, ch->cq.slots[pos & ch->cq.mask].deadline_ns);
+}
+
+/* Persist the offsets: offset `i` now (before any node is based on it), or wall_cur. */
+static void wall_file_off(struct shard_core *sc, uint32_t i)
+{
+	if (sc->wall_file)
+		at_store(&sc->wall_file->wall_off[i], sc->wall_off[i]);
+}
+
+static void wall_file_cur(struct shard_core *sc)
+{
+	if (sc->wall_file)
+		at_store(&sc->wall_file->wall_cur, sc->wall_cur);
+}
+
+/* Node idx, based on `from`, now on `to`: the same wall deadline, whatever its state. */
+static void wall_move(struct shard_core *sc, uint32_t idx, int64_t from, int64_t to)
+{
+	struct chime_node *n = NODE(sc, idx);
+	uint64_t d = wall_add(n->deadline_ns, from - to);
+
+	/* A periodic's event being held again: its deadline is in the tag too (chan.h). */
+	if (chan_pos_at(n->cq_pos)) {
+		uint64_t at = wall_add(chan_pos_at_deadline(n->cq_pos), from - to);
+
+		n->cq_pos = CHAN_POS_AT | (at < CHAN_POS_AT ? at : CHAN_POS_AT - 1);
+	}
+	if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED)
+		wheel_reset(&sc->wh, idx, d);
+	else
+		n->deadline_ns = d;
+}
+
+void chan_wall_follow(struct shard_core *sc, int64_t off)
+{
+	uint32_t to = sc->wall_cur ^ 1u, end = sc->wh.w->high_water;
+	uint64_t count = 0;
+
+	if (!sc->wall_nodes) {
+		sc->wall_off[sc->wall_cur] = off;
+		wall_file_off(sc, sc->wall_cur);
+		return;
+	}
+	/* The new base first, the nodes next, wall_cur last: a broker killed in between leaves each node's base known. */
+	sc->wall_off[to] = off;
+	wall_file_off(sc, to);
+	at_crash_order();
+	for (uint32_t idx = 0; idx < end; idx++) {
+		struct chime_node *n = NODE(sc, idx);
+
+		if (n->state == CHIME_NODE_FREE || !(n->gen & CHIME_NODE_REALTIME))
+			continue;
+		if (wall_base(sc, n) != off)
+			wall_move(sc, idx, wall_base(sc, n), off);
+		at_crash_order();       /* the deadline, then its base */
+		n->gen = to ? n->gen | CHIME_NODE_WALL_B : n->gen & ~CHIME_NODE_WALL_B;
+		count++;
+	}
+	at_crash_order();
+	sc->wall_cur = to;
+	wall_file_cur(sc);
+	sc->wall_nodes = count;
+}
+
+/*
+ * A wall-clock node is due by the wheel: is it by the wall clock? If not
+ * (the wall clock went back, or slowed, and the shard has not followed it
+ * yet), the shard follows the offset it measures now, and the node goes
+ * back on the wheel at its moved deadline. True: put back, not fired.
+ */
+static __attribute__((noinline)) bool wall_early(struct shard_core *sc, uint32_t idx)
+{
+	struct chime_node *n = NODE(sc, idx);
+
+	if (wall_now_ns() >= wall_add(n->deadline_ns, wall_base(sc, n)))
+		return false;
+	chan_wall_follow(sc, wall_offset_now());
+	wheel_arm(&sc->wh, idx, n->deadline_ns);
+	return true;
+}
+
 /* ---- touch tables (chime_shm.h, CHIME_TOUCH_BYTES) ---- */
 
 /* Nodes whose words fill a page: their words span at most 2 pages, their tags at most 2. */
@@ -513,7 +628,7 @@ static inline __attribute__((always_inline)) void deliver(struct shard_core *sc,
 	e->id = chime_id_make(n->gen, sc->shard, idx);
 	e->key = n->key;
 	e->user_data = n->user_data;
-	e->deadline_ns = n->deadline_ns;
+	e->deadline_ns = clock_deadline(sc, n, n->deadline_ns);
 	e->fired_ns = now_ns;
 	e->flags = n->period_ns ? CHIME_CQE_PERIODIC : 0;
 	e->_pad = 0;
@@ -583,6 +698,8 @@ static inline __attribute__((always_inline)) void fire(struct shard_core *sc, st
 		return;
 	}
 	if (unlikely(n->gen & CHIME_NODE_TOUCH) && touch_moved(sc, ch, idx))
+		return;
+	if (unlikely(n->gen & CHIME_NODE_REALTIME) && wall_early(sc, idx))
 		return;
 	if (r->ch != ch || r->deadline_ns != n->deadline_ns || r->periodic != periodic ||
 	    r->immediate != immediate) {
@@ -858,11 +975,13 @@ static bool markers_replace(struct shard_core *sc, struct chan *ch)
 	return did;
 }
 
-static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sqe *r, uint64_t pos)
+/* ARM, or ARM_REALTIME (wall: r->deadline_ns is CLOCK_REALTIME, based on the shard's current offset). */
+static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sqe *r, uint64_t pos, bool wall)
 {
 	uint32_t s = (uint32_t)pos & ch->sq_mask;
 	uint64_t grant = ch->grants[s];
 	uint32_t idx = CHIME_NIL;
+	uint64_t deadline_ns;
 	struct chime_node *n;
 	bool carried = false;
 
@@ -892,9 +1011,14 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	n->period_ns = r->period_ns && r->period_ns < sc->wh.w->resolution_ns ? sc->wh.w->resolution_ns : r->period_ns;
 	n->cq_pos = CHIME_POS_NONE;
 	n->state = CHIME_NODE_ALLOC;
-	mark_immediate(sc, n, r->deadline_ns);
+	if (unlikely(wall)) {
+		n->gen |= CHIME_NODE_REALTIME | (sc->wall_cur ? CHIME_NODE_WALL_B : 0);
+		sc->wall_nodes++;
+	}
+	deadline_ns = wheel_deadline(sc, n, r->deadline_ns);
+	mark_immediate(sc, n, deadline_ns);
 	keyidx_insert(&sc->ki, idx);
-	wheel_arm(&sc->wh, idx, r->deadline_ns);
+	wheel_arm(&sc->wh, idx, deadline_ns);
 	stats_arm(sc->st, ch->slot);
 
 	if (carried) {
@@ -960,7 +1084,7 @@ static bool node_cancel(struct shard_core *sc, struct chan *ch, uint32_t idx)
 	    !chime_cq_consumed(&ch->cq, n->cq_pos)) {
 		uint64_t pos = n->cq_pos;
 
-		n->cq_pos = chime_cq_void(&ch->cq, pos) ? CHAN_POS_AT | ch->cq.slots[pos & ch->cq.mask].deadline_ns :
+		n->cq_pos = chime_cq_void(&ch->cq, pos) ? CHAN_POS_AT | event_deadline(sc, ch, n, pos) :
 							  CHIME_POS_NONE;
 		at_crash_order();       /* F9 */
 	} else {
@@ -1011,7 +1135,7 @@ static bool reset_voiding(struct shard_core *sc, struct chan *ch, uint32_t idx, 
 		n->cq_pos = CHIME_POS_NONE;     /* the client took it: only the timer moves */
 		return false;
 	}
-	at = ch->cq.slots[pos & ch->cq.mask].deadline_ns;  /* fired: below now */
+	at = event_deadline(sc, ch, n, pos);  /* fired: below now */
 	n->cq_pos = CHAN_POS_AT | at;
 	at_crash_order();       /* F6: the event held before the deadline moves */
 	if (n->state == CHIME_NODE_BACKLOG) {
@@ -1096,6 +1220,11 @@ static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 	struct chime_node *n = NODE(sc, idx);
 	uint64_t *word, w;
 
+	/* A wall-clock timer: never flagged, so that its resets stay records (its word is the client's only). */
+	if (n->gen & CHIME_NODE_REALTIME) {
+		node_reset(sc, ch, idx, wheel_deadline(sc, n, deadline_ns));
+		return;
+	}
 	if (!ch->touch_word || !touch_page_ok(ch, idx)) {
 		if (n->gen & CHIME_NODE_TOUCH)
 			n->gen &= ~CHIME_NODE_TOUCH;    /* no table: cannot happen */
@@ -1313,15 +1442,18 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 		prefetch_links(sc, ch, pos + PREFETCH_LINKS);
 		switch (r.op) {
 		case CHIME_OP_ARM:
-			op_arm(sc, ch, &r, pos);
+			op_arm(sc, ch, &r, pos, false);
 			continue;       /* op_arm frees the slot itself */
+		case CHIME_OP_ARM_REALTIME:
+			op_arm(sc, ch, &r, pos, true);
+			continue;
 		case CHIME_OP_RESET:
 			idx = lookup(sc, ch, r.id);
 			if (idx == CHIME_NIL)
 				break;
 			if (unlikely(NODE(sc, idx)->gen & CHIME_NODE_TOUCH))
 				touch_unflag(ch, NODE(sc, idx), idx);
-			node_reset(sc, ch, idx, r.deadline_ns);
+			node_reset(sc, ch, idx, wheel_deadline(sc, NODE(sc, idx), r.deadline_ns));
 			break;
 		case CHIME_OP_RESET_TOUCH:
 			idx = lookup(sc, ch, r.id);
@@ -1736,7 +1868,7 @@ static bool park_void(struct chan *ch, struct chime_node *n, uint64_t pos)
 static void park_held_periodic(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t pos)
 {
 	struct chime_node *n = NODE(sc, idx);
-	uint64_t event = ch->cq.slots[pos & ch->cq.mask].deadline_ns;
+	uint64_t event = event_deadline(sc, ch, n, pos);
 
 	if (n->deadline_ns < n->period_ns || event != n->deadline_ns - n->period_ns) {
 		event_void(ch, n);
@@ -1763,7 +1895,7 @@ static bool park_periodic(struct shard_core *sc, struct chan *ch, uint32_t idx, 
 		n->cq_pos = CHIME_POS_NONE;
 		return false;
 	}
-	deadline_ns = ch->cq.slots[pos & ch->cq.mask].deadline_ns;     /* fired: below now */
+	deadline_ns = event_deadline(sc, ch, n, pos);     /* fired: below now */
 	if (!park_void(ch, n, pos)) {
 		n->cq_pos = CHIME_POS_NONE;
 		return false;

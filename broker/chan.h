@@ -77,6 +77,19 @@ struct shard_core {
 	 */
 	struct chan *walk_head, *walk_tail;
 	unsigned walk_budget;
+	/*
+	 * Wall-clock timers (ARCHITECTURE.md, "Wall-clock timers"): the two
+	 * offsets their deadlines may be based on (CHIME_NODE_WALL_B picks
+	 * one; new ones take wall_cur), the published offset last followed,
+	 * and how many this shard may hold (each follow counts them, each
+	 * wall-clock arm adds one: 0, no walk). wall_file: where the offsets
+	 * persist (the shard file's header; NULL in tests).
+	 */
+	int64_t wall_off[2];
+	uint32_t wall_cur;
+	int64_t wall_seen;
+	uint64_t wall_nodes;
+	struct chime_shard_seg *wall_file;
 };
 
 /*
@@ -169,6 +182,15 @@ static inline uint64_t chan_pos_at_deadline(uint64_t pos)
 {
 	return pos & (CHAN_POS_AT - 1);
 }
+
+/*
+ * Base every wall-clock node of the shard on offset `off` (CLOCK_REALTIME -
+ * CLOCK_MONOTONIC): each moves by the difference from its own base, on the
+ * wheel or off it, so that its wall deadline stays where it was. A walk of
+ * the slab's used range, unless the shard holds none (sc->wall_nodes 0).
+ * Persists the offsets in sc->wall_file as it goes (chime_shm.h).
+ */
+void chan_wall_follow(struct shard_core *sc, int64_t off);
 
 /*
  * Take periodic idx off the wheel (if on it) and hold its event of

@@ -42,6 +42,7 @@
 #include <sys/pidfd.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -57,6 +58,7 @@
 #include "notify.h"
 #include "segment.h"
 #include "shard.h"
+#include "wall.h"
 
 /* ------------------------------------------------------------------------ */
 /* The client table in the control segment (seqlock: we are its only writer)   */
@@ -267,8 +269,8 @@ static int send_welcome(struct broker *b, struct client *c)
 		.ro_size = c->ro.size,
 		.pub_size = b->pub_map.size,
 		/* chan.c: word_wait; the touch table if it asked */
-		.features = CHIME_WELCOME_F_CLAIMS | (c->touch_fd >= 0 ? CHIME_WELCOME_F_TOUCH : 0) |
-			    (c->created ? CHIME_WELCOME_F_NEW_SESSION : 0),
+		.features = CHIME_WELCOME_F_CLAIMS | CHIME_WELCOME_F_REALTIME |
+			    (c->touch_fd >= 0 ? CHIME_WELCOME_F_TOUCH : 0) | (c->created ? CHIME_WELCOME_F_NEW_SESSION : 0),
 		.session_token = c->session[0] ? c->token : 0,
 	};
 	size_t clen = CMSG_SPACE(sizeof(int) * nfds);
@@ -838,6 +840,48 @@ static bool refuse_queued(struct broker *b, int why)
 	return b->spare_fd >= 0 && poll(&p, 1, 0) == 0;
 }
 
+/* ---- the wall clock (ARCHITECTURE.md, "Wall-clock timers") ---- */
+
+/*
+ * Watch for steps of the wall clock: a CLOCK_REALTIME timer ten years
+ * ahead with TFD_TIMER_CANCEL_ON_SET, whose read completes with -ECANCELED
+ * when the clock is set (and must be armed again after). A failure leaves
+ * the heartbeat's comparison (wall_check()) to find steps, a beat later.
+ */
+static void wall_watch(struct broker *b)
+{
+	struct itimerspec far = { .it_value = { .tv_sec = (time_t)(wall_now_ns() / 1000000000u) + 315360000 } };
+
+	if (timerfd_settime(b->wall_fd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &far, NULL) < 0)
+		return;
+	arm_read(b, b->wall_fd, &b->wall_buf, sizeof(b->wall_buf), UD_WALL);
+}
+
+/*
+ * At each heartbeat, and at a step: if the wall clock's offset from the
+ * monotonic one moved by more than WALL_FOLLOW_NS since the shards last
+ * followed it (a slew), or stepped (the timerfd, the test hook), the shards
+ * follow the new one (wall.h): published, and every shard woken for it.
+ */
+static void wall_check(struct broker *b, bool stepped)
+{
+	int64_t off, moved;
+
+	stepped |= wall_hook_read();
+	off = wall_offset_now();
+	moved = off - wall_published();
+	if (moved == 0 || (!stepped && moved <= WALL_FOLLOW_NS && moved >= -WALL_FOLLOW_NS))
+		return;
+	if (stepped)
+		log_msg(LOG_INFO, "the wall clock was set, %+.3f s: wall-clock timers follow it",
+			(double)moved / 1e9);
+	wall_publish(off);
+	at_store(&b->pub->wall_off, off);
+	at_store(&b->ctl->wall_off, off);
+	for (uint32_t i = 0; i < b->o.nr_shards; i++)
+		shard_poke(&b->shards[i]);
+}
+
 static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 {
 	uint64_t ud = cqe->user_data;
@@ -888,9 +932,10 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 			arm_accept(b);
 		} else if (ud == UD_SIGNAL) {
 			if (res == (int)sizeof(b->sig_buf) && b->sig_buf.ssi_signo == SIGHUP) {
-				/* Reload, never stop: reopen the log, re-read the policy. */
+				/* Reload, never stop: reopen the log, re-read the policy, look at the wall clock. */
 				log_reopen();
 				broker_reload(b);
+				wall_check(b, false);
 			} else if (res == (int)sizeof(b->sig_buf) && b->sig_buf.ssi_signo == SIGUSR2 && !b->stopping) {
 				/* chimectl restart: stop as for SIGTERM, then main() executes chimed again. */
 				log_msg(LOG_NOTICE, "SIGUSR2 received from pid %u: restarting; sessions are handed over",
@@ -915,6 +960,9 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 		} else if (ud == UD_NOTIFY) {
 			on_notify(b);
 			arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);
+		} else if (ud == UD_WALL) {
+			wall_check(b, res == -ECANCELED);
+			wall_watch(b);
 		}
 		return 0;
 	case TAG_HELLO: {
@@ -1285,6 +1333,7 @@ int broker_run(struct broker *b)
 	notify_ready("listening");
 	arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 	arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);
+	wall_watch(b);
 	arm_accept(b);
 	for (;;) {
 		struct io_uring_cqe *cqe;
@@ -1319,6 +1368,7 @@ int broker_run(struct broker *b)
 			quiet &= b->accept_armed;       /* else a failed accept, retried at each beat */
 			arm_accept(b);  /* after a failed accept (out of descriptors): a no-op when armed */
 			limits_report(b, now);
+			wall_check(b, false);
 			quiet &= clients_beat(b, now);
 			restart_watch(b, now);
 			b->quiet_beats = quiet ? b->quiet_beats + 1 : 0;
@@ -1645,6 +1695,8 @@ void broker_stop(struct broker *b)
 		close(b->sig_fd);
 	if (b->notify_fd >= 0)
 		close(b->notify_fd);
+	if (b->wall_fd >= 0)
+		close(b->wall_fd);
 	if (b->pub_fd >= 0)
 		close(b->pub_fd);
 	chime_seg_unmap(&b->pub_map);

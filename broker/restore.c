@@ -130,9 +130,11 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 		/*
 		 * The deadline was the broker's: if it fires late, that is
 		 * lateness, not "immediate". No touch flag: only anonymous
-		 * clients have tables, and their timers are not kept.
+		 * clients have tables, and their timers are not kept. A
+		 * wall-clock timer stays one, based on the offset its flag
+		 * names: the shard's first pass follows the offset of now.
 		 */
-		n->gen &= ~CHIME_NODE_FLAGS;
+		n->gen &= ~(CHIME_NODE_IMMEDIATE | CHIME_NODE_TOUCH);
 		key = n->deadline_ns;
 		if (chan_pos_at(n->cq_pos)) {
 			/*
@@ -224,6 +226,7 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 		}
 		back[nback++] = (struct back){ .owner = n->owner, .cls = cls, .key = key, .idx = idx };
 keep:
+		sc->wall_nodes += (n->gen & CHIME_NODE_REALTIME) != 0;
 		keyidx_insert(&sc->ki, idx);
 		chan_own(ch);
 		rs->kept++;

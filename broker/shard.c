@@ -47,6 +47,7 @@
 #include "keyidx.h"
 #include "log.h"
 #include "restore.h"
+#include "wall.h"
 #include "wheel.h"
 
 #define DRAIN_BUDGET    256u    /* records per channel per iteration */
@@ -306,6 +307,31 @@ static int restore(struct shard *s, uint64_t now)
 	return 0;
 }
 
+/*
+ * The offsets wall-clock nodes are based on: the file's (an earlier
+ * broker's, which restore() keeps the nodes on; the shard's first pass
+ * follows the offset of now), or, in a new file or one of a broker before
+ * wall-clock timers (0: no such node in it), the one of now.
+ */
+static void wall_init(struct shard *s, bool reopened)
+{
+	struct chime_shard_seg *hdr = s->seg.base;
+	struct shard_core *sc = &s->core;
+
+	sc->wall_file = hdr;
+	if (reopened && hdr->wall_cur <= 1 && hdr->wall_off[hdr->wall_cur] != 0) {
+		sc->wall_off[0] = hdr->wall_off[0];
+		sc->wall_off[1] = hdr->wall_off[1];
+		sc->wall_cur = hdr->wall_cur;
+	} else {
+		sc->wall_off[0] = sc->wall_off[1] = wall_published();
+		sc->wall_cur = 0;
+		hdr->wall_off[0] = hdr->wall_off[1] = sc->wall_off[0];
+		hdr->wall_cur = 0;
+	}
+	sc->wall_seen = 0;      /* never published: the first pass follows */
+}
+
 int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_path)
 {
 	struct chime_shard_geom g = { 0 };
@@ -417,6 +443,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 						cfg->sq_size) < 0)
 			return log_errno(LOG_ERR, ENOMEM, "shard %u: restoring sessions", cfg->idx);
 	}
+	wall_init(s, reopened);
 	if (reopened) {
 		r = restore(s, now);
 		if (r < 0)
@@ -448,6 +475,11 @@ void shard_post(struct shard *s, const struct shard_cmd *cmd)
 	/* M1: the command before the tail; pairs with M2 in run_cmds(). */
 	at_store_rel(&s->q_tail, t + 1);
 	/* Always ring: commands are rare, and an awake shard reads the count and moves on. */
+	(void)eventfd_write(s->doorbell, 1);
+}
+
+void shard_poke(struct shard *s)
+{
 	(void)eventfd_write(s->doorbell, 1);
 }
 
@@ -863,11 +895,19 @@ static void loop(struct shard *s)
 		bool work = false, staged, want_spin, may_spin, timed_out = false;
 		unsigned drained = 0, fired;
 		uint64_t early_ns = s->wake_lead_ns < early_max ? s->wake_lead_ns : early_max;
+		int64_t wall;
 
 		t0 = now;
 		at_store(&s->passes, s->passes + 1);
 		if (cmds_pending(s) && run_cmds(s, &work))
 			return;
+		/* Before firing: a step of the wall clock may have made wall-clock timers due, or not yet. */
+		wall = wall_published();
+		if (__builtin_expect(wall != sc->wall_seen, 0)) {
+			sc->wall_seen = wall;
+			chan_wall_follow(sc, wall);
+			work = true;
+		}
 		for (uint32_t i = 0; i < s->nr_active; i++)
 			drained += chan_drain(sc, s->active[i], DRAIN_BUDGET);
 		/* a CANCEL_KEY in steps goes on in the next pass, records or not */

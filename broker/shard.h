@@ -143,6 +143,9 @@ struct shard {
  */
 int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_path);
 
+/* Wake the shard for a pass (a new wall-clock offset to follow: wall.h). Control thread. */
+void shard_poke(struct shard *s);
+
 /* Start the thread, pin it to cpu (a failure to pin logs one warning), wait until it runs. */
 int shard_start(struct shard *s, int cpu);
 

@@ -21,6 +21,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,6 +37,7 @@
 #include "notify.h"
 #include "segment.h"
 #include "shard.h"
+#include "wall.h"
 
 #define LISTEN_BACKLOG 64
 
@@ -221,6 +223,10 @@ static int pub_setup(struct broker *b)
 	b->pub->nr_shards = b->o.nr_shards;
 	b->pub->heartbeat_ns = now_ns();
 	b->pub->shards_off = sizeof(struct chime_pub);
+	/* The wall clock's offset, before any shard bases a timer on it (wall.h). */
+	(void)wall_hook_read();
+	wall_publish(wall_offset_now());
+	b->pub->wall_off = wall_published();
 	chime_seg_publish(&b->pub->hdr, CHIME_SEG_PUBLIC, size);
 	r = chime_seg_seal(b->pub_fd, true);
 	if (r < 0)
@@ -264,6 +270,7 @@ static int ctl_setup(struct broker *b)
 		return r;
 	c = b->ctl = b->ctl_map.base;
 	c->state = CHIME_BROKER_STARTING;
+	c->wall_off = wall_published();
 	c->pid = (int32_t)getpid();
 	c->nr_shards = b->o.nr_shards;
 	c->max_clients = b->o.max_clients;
@@ -369,6 +376,9 @@ static int ring_setup(struct broker *b)
 	b->notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (b->notify_fd < 0)
 		return log_errno(LOG_ERR, errno, "eventfd");
+	b->wall_fd = timerfd_create(CLOCK_REALTIME, TFD_CLOEXEC | TFD_NONBLOCK);
+	if (b->wall_fd < 0)
+		return log_errno(LOG_ERR, errno, "timerfd_create(CLOCK_REALTIME)");
 	r = io_uring_queue_init(RING_ENTRIES, &b->ring, 0);
 	if (r < 0)
 		return log_errno_hint(LOG_ERR, r, URING_HINT(r), "io_uring setup (%u entries)", RING_ENTRIES);
@@ -534,6 +544,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 		return log_errno(LOG_ERR, ENOMEM, "broker");
 	b->o = *o;
 	b->lock_fd = b->listen_fd = b->ctl_fd = b->pub_fd = b->sig_fd = b->notify_fd = b->spare_fd = -1;
+	b->wall_fd = -1;
 	b->sess.fd = -1;
 	b->scan.fd = -1;
 	snprintf(b->lock_path, sizeof(b->lock_path), "%s.lock", o->socket_path);

@@ -145,7 +145,7 @@ static inline int chime_grant_is_marker(uint64_t grant) { return chime_id_gen(gr
 struct chime_node {
 	uint64_t key;
 	uint64_t user_data;
-	uint64_t deadline_ns;   /* absolute CLOCK_MONOTONIC */
+	uint64_t deadline_ns;   /* absolute CLOCK_MONOTONIC (a wall-clock timer's too: CHIME_NODE_REALTIME) */
 	uint64_t period_ns;     /* 0: one-shot */
 	uint64_t cq_pos;        /* completion-ring position of its unconsumed event, or CHIME_POS_NONE */
 	uint32_t next;
@@ -165,7 +165,17 @@ _Static_assert(CHIME_ID_GEN_MASK < CHIME_NODE_IMMEDIATE, "the flag is above the 
 /* In node.gen: a one-shot whose deadline its client's touch table may move later (chime_touch). */
 #define CHIME_NODE_TOUCH (UINT32_C(1) << 30)
 _Static_assert(CHIME_ID_GEN_MASK < CHIME_NODE_TOUCH, "the flag is above the generation");
-#define CHIME_NODE_FLAGS (CHIME_NODE_IMMEDIATE | CHIME_NODE_TOUCH)
+/*
+ * In node.gen: a wall-clock timer (chime_arm_realtime()). Its deadline_ns is
+ * still the wheel's CLOCK_MONOTONIC deadline, the wall deadline minus the
+ * offset named by CHIME_NODE_WALL_B (struct chime_shard_seg.wall_off;
+ * ARCHITECTURE.md, "Wall-clock timers").
+ */
+#define CHIME_NODE_REALTIME (UINT32_C(1) << 29)
+/* In node.gen, with CHIME_NODE_REALTIME: its deadline is based on wall_off[1] (clear: wall_off[0]). */
+#define CHIME_NODE_WALL_B (UINT32_C(1) << 28)
+_Static_assert(CHIME_ID_GEN_MASK < CHIME_NODE_WALL_B, "the flags are above the generation");
+#define CHIME_NODE_FLAGS (CHIME_NODE_IMMEDIATE | CHIME_NODE_TOUCH | CHIME_NODE_REALTIME | CHIME_NODE_WALL_B)
 
 _Static_assert(sizeof(struct chime_node) == 64, "a timer is one cache line");
 _Static_assert(offsetof(struct chime_node, deadline_ns) == 16, "moved: bump CHIME_SHM_LAYOUT");
@@ -223,6 +233,8 @@ _Static_assert(sizeof(struct chime_wheel) % 64 == 0, "slab follows on a cache li
 				 * session's grants kept for that are freed (not public) */
 #define CHIME_OP_RESET_TOUCH 6u /* id, deadline_ns: a RESET of a client with a touch table, whose
 				 * word (below) holds the deadline to apply (not public) */
+#define CHIME_OP_ARM_REALTIME 7u /* an ARM whose deadline_ns is CLOCK_REALTIME (public: CHIME_ARM_REALTIME,
+				  * 5); only to a broker with CHIME_WELCOME_F_REALTIME */
 
 /*
  * One submission slot, 64 bytes. The ring is a bounded MPSC queue of such
@@ -276,8 +288,9 @@ struct chime_cqe {
 	uint64_t id;
 	uint64_t key;
 	uint64_t user_data;
-	uint64_t deadline_ns;   /* the deadline that fired */
-	uint64_t fired_ns;      /* when the shard fired it */
+	uint64_t deadline_ns;   /* the deadline that fired, in the timer's clock (CLOCK_REALTIME for a
+				 * wall-clock timer: the broker reads its own slots back through wall_off) */
+	uint64_t fired_ns;      /* when the shard fired it (CLOCK_MONOTONIC) */
 	uint32_t flags;         /* CHIME_CQE_* */
 	uint32_t _pad;
 	uint64_t _reserved[2];
@@ -476,8 +489,15 @@ struct chime_pub {
 	uint32_t nr_shards;
 	uint64_t heartbeat_ns;      /* CLOCK_MONOTONIC */
 	uint64_t shards_off;        /* struct chime_pub_shard [nr_shards] */
-	uint8_t  _reserved[128 - 64 - 24];
+	/*
+	 * CLOCK_REALTIME - CLOCK_MONOTONIC as the broker last followed it
+	 * (control thread, relaxed; 0 from a broker before wall-clock timers):
+	 * the library's doorbell decision for wall-clock deadlines (timer.c).
+	 */
+	int64_t  wall_off;
+	uint8_t  _reserved[128 - 64 - 32];
 };
+_Static_assert(offsetof(struct chime_pub, wall_off) == 88, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(sizeof(struct chime_pub) == 128, "public header is 128 B");
 
 static inline uint64_t chime_pub_size(uint32_t nr_shards)
@@ -738,8 +758,14 @@ struct chime_ctl {
 	 * tight systemd watchdog). 0 from a broker before it (it was padding).
 	 */
 	uint32_t beat_ms;
-	uint8_t  _reserved[256 - 64 - 128 - 24 - 8];
+	/*
+	 * CLOCK_REALTIME - CLOCK_MONOTONIC as the shards follow it (wall-clock
+	 * timers; ARCHITECTURE.md), ns, relaxed; 0 from a broker before it.
+	 */
+	int64_t  wall_off;
+	uint8_t  _reserved[256 - 64 - 128 - 24 - 16];
 };
+_Static_assert(offsetof(struct chime_ctl, wall_off) == 224, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(sizeof(struct chime_ctl) == 256, "control header is 256 B");
 _Static_assert(offsetof(struct chime_ctl, heartbeat_ns) == 88, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, shards_off) == 160, "moved: bump CHIME_SHM_LAYOUT");
@@ -811,8 +837,19 @@ struct chime_shard_seg {
 	uint32_t key_buckets;       /* power of two */
 	uint64_t key_off;           /* uint32_t bucket heads [key_buckets] */
 	uint64_t wheel_off;         /* struct chime_wheel, then the slab */
-	uint8_t  _reserved[40];
+	/*
+	 * The offsets (CLOCK_REALTIME - CLOCK_MONOTONIC) the shard's wall-clock
+	 * nodes are based on: a node's CHIME_NODE_WALL_B picks one. wall_cur
+	 * is the one new nodes take. Written by the shard thread (a follow
+	 * stores the other offset, moves the nodes to it, then wall_cur), so a
+	 * broker killed in the middle leaves every node's base known. 0 in the
+	 * files of brokers before wall-clock timers, which hold no such node.
+	 */
+	int64_t  wall_off[2];
+	uint32_t wall_cur;
+	uint8_t  _reserved[20];
 };
+_Static_assert(offsetof(struct chime_shard_seg, wall_off) == 88, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
 
 /* ------------------------------------------------------------------------ */
@@ -1008,6 +1045,13 @@ _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIM
  * existed holds timers that are not the failing process's to drop.
  */
 #define CHIME_WELCOME_F_NEW_SESSION 4u
+
+/*
+ * The broker takes CHIME_OP_ARM_REALTIME (wall-clock timers). A broker
+ * without it counts the record malformed and arms nothing: the library
+ * refuses chime_arm_realtime() with -EOPNOTSUPP instead.
+ */
+#define CHIME_WELCOME_F_REALTIME 8u
 
 #define CHIME_WELCOME_FIXED_FDS 3u
 

@@ -16,6 +16,7 @@
 #include "ring.h"
 #include "segment.h"
 #include "stats.h"
+#include "wall.h"
 #include "wheel.h"
 #include "helpers.h"   /* after keyidx.h and wheel.h: their helpers */
 
@@ -157,7 +158,7 @@ static uint64_t submit(struct client_sim *c, uint32_t op, uint64_t id, uint64_t 
 	struct chime_sqe *s = chime_sq_reserve(&c->prod, &pos);
 
 	cr_assert(s, "submission ring full");
-	if (op == CHIME_OP_ARM)
+	if (op == CHIME_OP_ARM || op == CHIME_OP_ARM_REALTIME)
 		id = s->grant;
 	s->op = op;
 	s->id = id;
@@ -1672,3 +1673,99 @@ Test(chan, a_park_with_only_an_unpublished_slot_at_the_head_applies_nothing)
 	cr_assert_eq(c->ch.owned, 0, "no timer, and every grant freed");
 }
 
+
+/* ---- wall-clock timers (ARCHITECTURE.md, "Wall-clock timers") ---- */
+
+/*
+ * The shard's wall-clock offset, so that the fake clock's T0 is the host's
+ * wall clock minus `behind`: a wall deadline `behind` or more in the past
+ * is due by the host's clock too, so the firing check lets it go.
+ */
+static int64_t wall_setup(uint64_t behind)
+{
+	int64_t off = (int64_t)(wall_now_ns() - T0 - behind);
+
+	F.sc.wall_off[0] = F.sc.wall_off[1] = off;
+	F.sc.wall_cur = 0;
+	return off;
+}
+
+Test(chan, a_follow_moves_wall_clock_timers_in_every_state_and_no_other)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_shard_seg file = { 0 };
+	int64_t off = wall_setup(10 * 1000 * MS);
+	uint64_t w_armed, w_acked, w_periodic, mono;
+	struct chime_node *na, *nk, *np, *nm;
+	struct chime_cqe e;
+
+	F.sc.wall_file = &file;
+	w_armed = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, (uint64_t)off + T0 + 50 * MS, 0, 1);
+	w_acked = submit(c, CHIME_OP_ARM_REALTIME, 0, 2, (uint64_t)off + T0 + 1 * MS, 0, 2);
+	w_periodic = submit(c, CHIME_OP_ARM_REALTIME, 0, 3, (uint64_t)off + T0 + 2 * MS, 10 * MS, 3);
+	mono = arm(c, 4, T0 + 50 * MS, 0, 4);
+	step_at(T0 + 2 * MS);
+	na = wheel_node(&F.sc.wh, chime_id_index(w_armed));
+	nk = wheel_node(&F.sc.wh, chime_id_index(w_acked));
+	np = wheel_node(&F.sc.wh, chime_id_index(w_periodic));
+	nm = wheel_node(&F.sc.wh, chime_id_index(mono));
+	cr_assert_eq(na->deadline_ns, T0 + 50 * MS, "the wheel's deadline: the wall one minus the offset");
+	cr_assert_eq(nk->state, CHIME_NODE_ACKWAIT, "fired, its event not taken");
+	cr_assert_eq(np->deadline_ns, T0 + 12 * MS, "fired once, next period on the wheel");
+	cr_assert_eq(F.sc.wall_nodes, 3);
+
+	/* The wall clock steps 50 ms forward: each wall-clock node 50 ms earlier on the wheel, whatever its state. */
+	chan_wall_follow(&F.sc, off + 50 * (int64_t)MS);
+	cr_assert_eq(na->deadline_ns, T0);
+	cr_assert(wheel_node_due(&F.sc.wh, chime_id_index(w_armed)), "due now, at the next advance");
+	cr_assert_eq(nk->deadline_ns, T0 + 1 * MS - 50 * MS);
+	cr_assert_eq(np->deadline_ns, T0 + 12 * MS - 50 * MS);
+	cr_assert_eq(nm->deadline_ns, T0 + 50 * MS, "a monotonic timer does not move");
+	cr_assert_eq(F.sc.wall_cur, 1);
+	cr_assert_eq(file.wall_cur, 1);
+	cr_assert_eq(file.wall_off[1], off + 50 * (int64_t)MS);
+	cr_assert_eq(F.sc.wall_nodes, 3);
+
+	/* Their events say their wall deadlines still; the moved one now due fires at the next pass. */
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, w_acked);
+	cr_assert_eq(e.deadline_ns, (uint64_t)off + T0 + 1 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, w_periodic);
+	cr_assert_eq(e.deadline_ns, (uint64_t)off + T0 + 2 * MS);
+	step_at(T0 + 3 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, w_armed);
+	cr_assert_eq(e.deadline_ns, (uint64_t)off + T0 + 50 * MS);
+	/* the periodic: every period it missed (wall deadlines T0 + 12..52 ms), one at a time */
+	for (uint64_t k = 1; k <= 5; k++) {
+		cr_assert_eq(take(c, &e), 1, "period %llu", (unsigned long long)k);
+		cr_assert_eq(e.id, w_periodic);
+		cr_assert_eq(e.deadline_ns, (uint64_t)off + T0 + 2 * MS + k * 10 * MS);
+		step_at(T0 + 3 * MS);
+	}
+	cr_assert_eq(take(c, &e), 0, "the monotonic timer is not due");
+	submit(c, CHIME_OP_CANCEL, w_periodic, 0, 0, 0, 0);
+	step_at(T0 + 3 * MS);
+}
+
+Test(chan, a_wall_clock_timer_due_early_by_the_wall_clock_goes_back_until_it_is_due)
+{
+	struct client_sim *c = &F.cl[0];
+	/* The shard believes the wall clock 500 ms ahead of the host's: its timers come due 500 ms early. */
+	int64_t off = wall_setup(0) + 500 * (int64_t)MS;
+	uint64_t wall_deadline, id;
+	struct chime_node *n;
+	struct chime_cqe e;
+
+	F.sc.wall_off[0] = F.sc.wall_off[1] = off;
+	wall_deadline = wall_now_ns() + 300 * MS;
+	id = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, wall_deadline, 0, 1);
+	step_at(T0);
+	n = wheel_node(&F.sc.wh, chime_id_index(id));
+	cr_assert_eq(take(c, &e), 0, "fired 300 ms before its wall deadline");
+	cr_assert_eq(n->state, CHIME_NODE_ARMED, "back on the wheel");
+	cr_assert_eq(n->deadline_ns + (uint64_t)F.sc.wall_off[F.sc.wall_cur], wall_deadline,
+		     "based on the offset the shard measured, the same wall deadline");
+	cr_assert_gt(n->deadline_ns, F.sc.wh.w->now_ns);
+}

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * wall.h - the broker's one source of wall-clock time, and the offset
+ * (CLOCK_REALTIME - CLOCK_MONOTONIC) its shards' wall-clock timers follow
+ * (ARCHITECTURE.md, "Wall-clock timers").
+ *
+ * The control thread measures and publishes the offset; shards read the
+ * published one and measure it themselves when a timer would fire early.
+ */
+#ifndef CHIMED_WALL_H
+#define CHIMED_WALL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/*
+ * A change of the offset the shards follow: larger than this, or any step
+ * of the wall clock. 1 ms: ten ticks at the default resolution; ntpd's
+ * slew (at most 500 ppm) crosses it at most every two seconds.
+ */
+#define WALL_FOLLOW_NS 1000000
+
+/* CLOCK_REALTIME in ns, plus the test hook's shift (wall_hook_read()). Any thread. */
+uint64_t wall_now_ns(void);
+
+/*
+ * wall_now_ns() - CLOCK_MONOTONIC now: the monotonic clock read on each
+ * side of the wall clock, again if a preemption came between them. Any thread.
+ */
+int64_t wall_offset_now(void);
+
+/* The offset the shards follow (relaxed: a seldom-changing word). */
+int64_t wall_published(void);
+
+/* Control thread: make off the offset the shards follow. */
+void wall_publish(int64_t off);
+
+/*
+ * The test hook: re-read the shift from the file $CHIMED_WALL_SHIFT_FILE
+ * names (signed ns, text) if the variable is set. Control thread only.
+ * True if the shift changed (a step, to the broker).
+ */
+bool wall_hook_read(void);
+
+#endif /* CHIMED_WALL_H */

@@ -665,6 +665,7 @@ static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
 	c->sq_size = g.sq_size;
 	c->cq_size = g.cq_size;
 	c->slot = w->slot;
+	at_store(&c->realtime, (w->features & CHIME_WELCOME_F_REALTIME) != 0);
 
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		struct chime_chan *ch = &c->chan[s];

@@ -130,6 +130,8 @@ struct chime {
 	uint32_t *touch_tag;
 	uint32_t touch_cap;
 	struct chime_map touch_map;
+	/* The broker takes wall-clock arms (CHIME_WELCOME_F_REALTIME); atomic: a reconnect sets it again. */
+	uint32_t realtime;
 	/*
 	 * The table's 64 KiB windows of address space (from the one holding
 	 * its base) that an arm has read before writing a tag there: the

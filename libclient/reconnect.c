@@ -375,6 +375,7 @@ static int attempt(struct chime *c, uint64_t now)
 	}
 	if (r == 0) {
 		resubmit(c, &maps[1], &g, base, (w.features & CHIME_WELCOME_F_CLAIMS) != 0);
+		at_store(&c->realtime, (w.features & CHIME_WELCOME_F_REALTIME) != 0);
 		r = move_onto(&maps[0], &c->pub_map);
 		if (r == 0)
 			r = move_onto(&maps[1], &c->rw_map);

@@ -118,12 +118,17 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
  * ring keeps moving) and the refusal is returned: -ENOMEM or -EDQUOT.
  * *tagged: the broker wrote the grant's tag in the touch table (ARM only).
  */
+static inline bool is_arm(uint32_t op)
+{
+	return op == CHIME_OP_ARM || op == CHIME_OP_ARM_REALTIME;
+}
+
 static inline int fill(struct chime_sqe *sqe, uint32_t shard, uint32_t op, uint64_t *id, uint64_t key,
 		       uint64_t deadline_ns, uint64_t period_ns, uint64_t user_data, bool *tagged)
 {
 	int refused = 0;
 
-	if (op == CHIME_OP_ARM) {
+	if (is_arm(op)) {
 		/*
 		 * The grant was stored before the slot's seq freed it for this
 		 * position (broker: release); the reserve acquire-loaded that
@@ -153,18 +158,30 @@ static inline int fill(struct chime_sqe *sqe, uint32_t shard, uint32_t op, uint6
 }
 
 /*
- * When the shard must have applied a record: an arm or reset by its
- * deadline; a cancel whenever (the shard drains before it fires, and the
- * drainer drops an event the cancel beat); RESUMED at once (reconnect.c
- * waits for it).
+ * When the shard must have applied a record (CLOCK_MONOTONIC, as the
+ * shard's wake_ns): an arm or reset by its deadline; a cancel whenever
+ * (the shard drains before it fires, and the drainer drops an event the
+ * cancel beat); RESUMED at once (reconnect.c waits for it). A wall-clock
+ * deadline is moved by the broker's published offset; a reset's clock is
+ * the timer's, which only the broker knows: a deadline at or past the
+ * offset (the wall-clock time of boot; as a monotonic deadline, 56 years
+ * of uptime or more) is taken as a wall-clock one, which errs only towards
+ * ringing (ARCHITECTURE.md, "Wall-clock timers").
  */
-static inline uint64_t need_by(uint32_t op, uint64_t deadline_ns)
+static inline uint64_t need_by(const struct chime *c, uint32_t op, uint64_t deadline_ns)
 {
+	uint64_t off;
+
 	switch (op) {
 	case CHIME_OP_ARM:
+		return deadline_ns;
+	case CHIME_OP_ARM_REALTIME:
+		off = (uint64_t)at_load(&c->pub->wall_off);
+		return deadline_ns > off ? deadline_ns - off : 0;
 	case CHIME_OP_RESET:
 	case CHIME_OP_RESET_TOUCH:
-		return deadline_ns;
+		off = (uint64_t)at_load(&c->pub->wall_off);
+		return off && deadline_ns >= off ? deadline_ns - off : deadline_ns;
 	case CHIME_OP_RESUMED:
 		return 0;
 	default:
@@ -352,12 +369,12 @@ static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_
 			return cl_dead_errno(c);
 	}
 	refused = fill(sqe, shard, op, &id, key, deadline_ns, period_ns, user_data, &tagged);
-	if (c->touch && op == CHIME_OP_ARM && !refused && !tagged)
+	if (c->touch && is_arm(op) && !refused && !tagged)
 		touch_armed(c, id);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
-	cl_doorbell_by(ch, need_by(op, deadline_ns), pos, 1);
-	if (op == CHIME_OP_ARM)
+	cl_doorbell_by(ch, need_by(c, op, deadline_ns), pos, 1);
+	if (is_arm(op))
 		arm_backlog(c, shard, pos, 1);
 	else
 		cl_note_void(c);
@@ -380,11 +397,11 @@ int cl_submit_op(struct chime *c, uint32_t s, uint32_t op)
 }
 
 /*
- * Shard `s` refused an ARM (r: -ENOMEM or -EDQUOT): any other one may have
- * room or quota left. Returns 0 (armed, *id set), -ENOMEM, -EDQUOT (only if
- * every shard said quota) or -ENOTCONN.
+ * Shard `s` refused an ARM or ARM_REALTIME (op; r: -ENOMEM or -EDQUOT): any
+ * other one may have room or quota left. Returns 0 (armed, *id set),
+ * -ENOMEM, -EDQUOT (only if every shard said quota) or -ENOTCONN.
  */
-static int arm_elsewhere(struct chime *c, uint32_t s, int r, uint64_t key, uint64_t deadline_ns,
+static int arm_elsewhere(struct chime *c, uint32_t op, uint32_t s, int r, uint64_t key, uint64_t deadline_ns,
 			 uint64_t period_ns, uint64_t user_data, chime_id_t *id)
 {
 	for (uint32_t k = 1; k < c->nr_shards; k++) {
@@ -392,7 +409,7 @@ static int arm_elsewhere(struct chime *c, uint32_t s, int r, uint64_t key, uint6
 
 		if (++s == c->nr_shards)
 			s = 0;
-		r2 = submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
+		r2 = submit(c, s, op, 0, key, deadline_ns, period_ns, user_data, id);
 		if (r2 == 0)
 			tl_home = s + 1;        /* this thread's arms go here from now on */
 		if (r2 != -ENOMEM && r2 != -EDQUOT)
@@ -431,7 +448,24 @@ CHIME_PUBLIC int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint6
 	r = submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
 	if (likely(r != -ENOMEM && r != -EDQUOT))
 		return r;
-	return arm_elsewhere(c, s, r, key, deadline_ns, period_ns, user_data, id);
+	return arm_elsewhere(c, CHIME_OP_ARM, s, r, key, deadline_ns, period_ns, user_data, id);
+}
+
+CHIME_PUBLIC int chime_arm_realtime(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns,
+				    uint64_t user_data, chime_id_t *id)
+{
+	uint32_t s;
+	int r;
+
+	if (unlikely(!c || !id))
+		return -EINVAL;
+	if (unlikely(!at_load(&c->realtime)))
+		return cl_gone_for_ops(c) ? cl_dead_errno(c) : -EOPNOTSUPP;
+	s = home_shard(c);
+	r = submit(c, s, CHIME_OP_ARM_REALTIME, 0, key, deadline_ns, period_ns, user_data, id);
+	if (likely(r != -ENOMEM && r != -EDQUOT))
+		return r;
+	return arm_elsewhere(c, CHIME_OP_ARM_REALTIME, s, r, key, deadline_ns, period_ns, user_data, id);
 }
 
 CHIME_PUBLIC int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns)
@@ -499,6 +533,17 @@ CHIME_PUBLIC int chime_flush(chime_t *c)
 _Static_assert(CHIME_ARM == CHIME_OP_ARM && CHIME_RESET == CHIME_OP_RESET && CHIME_CANCEL == CHIME_OP_CANCEL &&
 	       CHIME_CANCEL_KEY == CHIME_OP_CANCEL_KEY, "public op codes are the wire's");
 
+/* The wire's op for a public one: the same, but CHIME_ARM_REALTIME (5 is the wire's CHIME_OP_RESUMED). */
+static inline uint32_t wire_op(uint32_t op)
+{
+	return op == CHIME_ARM_REALTIME ? CHIME_OP_ARM_REALTIME : op;
+}
+
+static inline bool is_public_arm(uint32_t op)
+{
+	return op == CHIME_ARM || op == CHIME_ARM_REALTIME;
+}
+
 #define TO_ALL   CHIME_MAX_SHARDS      /* a CANCEL_KEY: every shard */
 #define TO_NONE  (CHIME_MAX_SHARDS + 1) /* invalid: nowhere */
 /*
@@ -512,6 +557,7 @@ static inline uint32_t op_shard(const struct chime *c, const struct chime_op *o,
 {
 	switch (o->op) {
 	case CHIME_ARM:
+	case CHIME_ARM_REALTIME:
 		return arm_shard;
 	case CHIME_RESET:
 	case CHIME_CANCEL:
@@ -591,10 +637,10 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 			if (o->result != mine && o->result != all)
 				continue;
 			sqe = &slots[(pos + k++) & mask];
-			if (need_by(o->op, o->deadline_ns) < by)
-				by = need_by(o->op, o->deadline_ns);
-			if (o->op == CHIME_ARM) {
-				o->result = fill(sqe, s, CHIME_OP_ARM, &id, o->key, o->deadline_ns, o->period_ns,
+			if (need_by(c, wire_op(o->op), o->deadline_ns) < by)
+				by = need_by(c, wire_op(o->op), o->deadline_ns);
+			if (is_public_arm(o->op)) {
+				o->result = fill(sqe, s, wire_op(o->op), &id, o->key, o->deadline_ns, o->period_ns,
 						 o->user_data, &tagged);
 				if (likely(!o->result)) {
 					o->id = id;
@@ -688,7 +734,7 @@ static void cancel_retried(struct chime *c, const struct chime_op *ops, unsigned
 
 			ks.keys[at] = o->key;
 			ks.used[at] = 1;
-		} else if (o->op == CHIME_ARM && o->result == 0 && chime_id_shard(o->id) != arm_shard &&
+		} else if (is_public_arm(o->op) && o->result == 0 && chime_id_shard(o->id) != arm_shard &&
 			   ks.used[key_slot(&ks, o->key)]) {
 			(void)submit(c, chime_id_shard(o->id), CHIME_OP_CANCEL, o->id, 0, 0, 0, 0, NULL);
 		}
@@ -696,7 +742,7 @@ static void cancel_retried(struct chime *c, const struct chime_op *ops, unsigned
 	if (!ks.keys || !ks.used) {
 		/* No memory for the set: the same, one scan per retried ARM. */
 		for (unsigned i = 0; i < n; i++) {
-			if (ops[i].op != CHIME_ARM || ops[i].result != 0 || chime_id_shard(ops[i].id) == arm_shard)
+			if (!is_public_arm(ops[i].op) || ops[i].result != 0 || chime_id_shard(ops[i].id) == arm_shard)
 				continue;
 			for (unsigned j = i + 1; j < n; j++)
 				if (ops[j].op == CHIME_CANCEL_KEY && ops[j].key == ops[i].key && ops[j].result == 0) {
@@ -736,8 +782,13 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 				continue;
 			}
 		}
+		if (ops[i].op == CHIME_ARM_REALTIME && !at_load(&c->realtime)) {
+			ops[i].id = 0;
+			ops[i].result = live ? -EOPNOTSUPP : cl_dead_errno(c);
+			continue;
+		}
 		ops[i].result = to == TO_NONE ? -EINVAL : (int32_t)(PENDING + to);
-		if (ops[i].op == CHIME_ARM)
+		if (is_public_arm(ops[i].op))
 			ops[i].id = 0;
 		if (to == TO_ALL) {
 			for (uint32_t s = 0; s < c->nr_shards; s++)
@@ -759,9 +810,9 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 
 		if (o->result >= PENDING)
 			o->result = cl_dead_errno(c);   /* the broker died before it went out (everywhere) */
-		else if (o->op == CHIME_ARM && (o->result == -ENOMEM || o->result == -EDQUOT) &&
-			 (o->result = arm_elsewhere(c, arm_shard, o->result, o->key, o->deadline_ns,
-						    o->period_ns, o->user_data, &o->id)) == 0)
+		else if (is_public_arm(o->op) && (o->result == -ENOMEM || o->result == -EDQUOT) &&
+			 (o->result = arm_elsewhere(c, wire_op(o->op), arm_shard, o->result, o->key,
+						    o->deadline_ns, o->period_ns, o->user_data, &o->id)) == 0)
 			t.ok++;
 	}
 	/* After all of them: a cancel now takes a slot, with its grant, that a later retry could use. */

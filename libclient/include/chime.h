@@ -52,7 +52,8 @@ struct chime_event {
 	chime_id_t id;
 	uint64_t   key;
 	uint64_t   user_data;
-	uint64_t   deadline_ns;     /* the deadline that fired, CLOCK_MONOTONIC */
+	uint64_t   deadline_ns;     /* the deadline that fired, in the timer's clock: CLOCK_MONOTONIC,
+				     * or CLOCK_REALTIME for a chime_arm_realtime() timer */
 	uint64_t   fired_ns;        /* when the broker fired it (held for want of room: handed over), CLOCK_MONOTONIC */
 };
 
@@ -155,7 +156,7 @@ void chime_close(chime_t *c);
  */
 int chime_drop_session(const struct chime_opts *opts);
 
-/* CLOCK_MONOTONIC in nanoseconds (the clock every chime deadline uses). */
+/* CLOCK_MONOTONIC in nanoseconds (the clock of every chime deadline but chime_arm_realtime()'s). */
 uint64_t chime_now(void);
 
 /* The library's version as "MAJOR.MINOR.PATCH". */
@@ -188,7 +189,28 @@ int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns
 	      uint64_t user_data, chime_id_t *id);
 
 /*
- * Move a timer to a new absolute deadline (the keepalive "touch"). After this
+ * Arm a wall-clock timer: chime_arm(), but deadline_ns is CLOCK_REALTIME
+ * nanoseconds since the Epoch ("the reminder at 9:00"), and periods are
+ * counted in wall-clock time. It fires when the wall clock reaches
+ * deadline_ns + k * period_ns, never earlier by the wall clock, as a
+ * timerfd with TFD_TIMER_ABSTIME does: when the wall clock is stepped
+ * forward, what is due then fires at once (a periodic timer once per
+ * period missed); stepped back, it waits for the wall clock. The broker
+ * follows a step within about a heartbeat (at once, in practice), and a
+ * slew to within 1 ms. chime_reset() of it takes a CLOCK_REALTIME deadline
+ * (always a record: never the record-less path). Its events' deadline_ns
+ * is the CLOCK_REALTIME deadline that fired (fired_ns stays
+ * CLOCK_MONOTONIC). A deadline before the machine booted (0 included) is
+ * in the past: it fires at once, and its event says the boot time instead.
+ * Returns what chime_arm() returns, or -EOPNOTSUPP: the broker is older
+ * than wall-clock timers (nothing was armed).
+ */
+int chime_arm_realtime(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns,
+		       uint64_t user_data, chime_id_t *id);
+
+/*
+ * Move a timer to a new absolute deadline in its clock (CLOCK_MONOTONIC, or
+ * CLOCK_REALTIME for a chime_arm_realtime() timer): the keepalive "touch". After this
  * returns, the timer fires at deadline_ns and an earlier firing still in
  * flight is never returned; if the application had already received a
  * one-shot's event, the timer is gone and this changes nothing. A periodic
@@ -233,6 +255,7 @@ enum chime_op_code {
 	CHIME_RESET = 2,            /* uses id, deadline_ns */
 	CHIME_CANCEL = 3,           /* uses id */
 	CHIME_CANCEL_KEY = 4,       /* uses key */
+	CHIME_ARM_REALTIME = 5,     /* as CHIME_ARM, deadline_ns CLOCK_REALTIME (chime_arm_realtime()) */
 };
 
 struct chime_op {
@@ -240,7 +263,7 @@ struct chime_op {
 	int32_t    result;          /* out: 0, or this operation's negative errno */
 	chime_id_t id;              /* CHIME_ARM: out (0 if refused); RESET, CANCEL: in */
 	uint64_t   key;
-	uint64_t   deadline_ns;
+	uint64_t   deadline_ns;     /* in the timer's clock (CLOCK_REALTIME: ARM_REALTIME, and a RESET of one) */
 	uint64_t   period_ns;
 	uint64_t   user_data;
 };
@@ -267,6 +290,7 @@ struct chime_op {
  *   -EINVAL    op is not an enum chime_op_code, or the id of a RESET or
  *              CANCEL is one chime_reset() refuses
  *   -ENOMEM, -EDQUOT  an ARM refused, as by chime_arm(); nothing was armed
+ *   -EOPNOTSUPP  an ARM_REALTIME to a broker older than wall-clock timers
  *   -ENOTCONN  the broker died before this operation was submitted
  */
 int chime_submit(chime_t *c, struct chime_op *ops, unsigned n);

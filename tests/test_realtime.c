@@ -1,0 +1,338 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_realtime.c - wall-clock timers (chime_arm_realtime(), CHIME_ARM_REALTIME)
+ * against a real chimed whose wall clock the tests shift through its test
+ * hook, $CHIMED_WALL_SHIFT_FILE (ARCHITECTURE.md, "Wall-clock timers"):
+ * never the host's clock.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chime.h"
+#include "chime_shm.h"
+#include "helpers.h"
+
+#define MS UINT64_C(1000000)
+#define SEC UINT64_C(1000000000)
+
+static struct t_chimed broker;
+static char dir[128], sock[256], shift_path[256];
+static int64_t shift;           /* what the file says now */
+
+/* CLOCK_REALTIME, the host's. */
+static uint64_t host_wall(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
+}
+
+/* The broker's wall clock: the host's, shifted. */
+static uint64_t wall(void)
+{
+	return host_wall() + (uint64_t)shift;
+}
+
+/* The offset the broker's shards follow, from its control segment. */
+static int64_t broker_wall_off(void)
+{
+	char path[PATH_MAX];
+	int64_t off = 0;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	if (pread(fd, &off, sizeof(off), (off_t)offsetof(struct chime_ctl, wall_off)) != (ssize_t)sizeof(off))
+		off = 0;
+	close(fd);
+	return off;
+}
+
+/* Shift the broker's wall clock by `by` more; with `hup`, SIGHUP makes it look at once (else: its heartbeat). */
+static void step(int64_t by, bool hup)
+{
+	char text[32];
+
+	shift += by;
+	snprintf(text, sizeof(text), "%lld\n", (long long)shift);
+	cr_assert_eq(t_write_file(shift_path, text), 0);
+	if (hup)
+		cr_assert_eq(kill(broker.pid, SIGHUP), 0);
+}
+
+/* Wait until the broker follows the shifted clock (its offset within 100 ms of ours). */
+static void followed(unsigned within_ms)
+{
+	uint64_t end = now_ns() + within_ms * MS;
+	int64_t want;
+
+	for (;;) {
+		int64_t d;
+
+		want = (int64_t)(wall() - now_ns());
+		d = broker_wall_off() - want;
+		if (d < (int64_t)(100 * MS) && d > -(int64_t)(100 * MS))
+			return;
+		cr_assert_lt(now_ns(), end, "the broker did not follow the shifted wall clock within %u ms", within_ms);
+		usleep(2000);
+	}
+}
+
+static void start(const char *extra)
+{
+	snprintf(dir, sizeof(dir), "/tmp/chime-rt-%d-XXXXXX", (int)getpid());
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	snprintf(shift_path, sizeof(shift_path), "%s/shift", dir);
+	shift = 0;
+	cr_assert_eq(t_write_file(shift_path, "0\n"), 0);
+	setenv("CHIMED_WALL_SHIFT_FILE", shift_path, 1);
+	cr_assert_eq(t_chimed_start(&broker, sock, extra), 0);
+}
+
+static void setup(void)
+{
+	start("--shards 2");
+}
+
+static void teardown(void)
+{
+	t_chimed_stop(&broker, SIGTERM);
+	t_rmdir_files(dir);
+}
+
+TestSuite(realtime, .init = setup, .fini = teardown, .timeout = 30);
+
+/* The next event within ms (fails the test if none comes). */
+static struct chime_event next_event(chime_t *c, unsigned ms)
+{
+	struct chime_event ev;
+	int n = chime_wait(c, &ev, 1, (int)ms);
+
+	cr_assert_eq(n, 1, "no event within %u ms (%d)", ms, n);
+	return ev;
+}
+
+static void no_event(chime_t *c, unsigned ms)
+{
+	struct chime_event ev;
+	int n = chime_wait(c, &ev, 1, (int)ms);
+
+	cr_assert_eq(n, 0, "an event (deadline %llu) %lld ms before its wall deadline", (unsigned long long)ev.deadline_ns,
+		     n == 1 ? (long long)(ev.deadline_ns - wall()) / 1000000 : 0LL);
+}
+
+Test(realtime, a_wall_clock_timer_fires_at_its_wall_deadline_never_before)
+{
+	chime_t *c = t_open(sock);
+	uint64_t deadline = wall() + 300 * MS, got, mono0 = now_ns();
+	struct chime_event ev;
+	chime_id_t id;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm_realtime(c, 7, deadline, 0, 42, &id), 0);
+	cr_assert_neq(id, 0);
+	ev = next_event(c, 2000);
+	got = wall();
+	cr_assert_geq(got, deadline, "fired %llu ns early by the wall clock", (unsigned long long)(deadline - got));
+	cr_assert_lt(got - deadline, 200 * MS, "fired %llu ms late", (unsigned long long)((got - deadline) / MS));
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.key, 7);
+	cr_assert_eq(ev.user_data, 42);
+	cr_assert_eq(ev.deadline_ns, deadline, "deadline_ns is the wall deadline");
+	/* fired_ns stays CLOCK_MONOTONIC */
+	cr_assert(ev.fired_ns >= mono0 + 250 * MS && ev.fired_ns <= now_ns(), "fired_ns %llu, monotonic %llu..%llu",
+		  (unsigned long long)ev.fired_ns, (unsigned long long)mono0, (unsigned long long)now_ns());
+	chime_close(c);
+}
+
+Test(realtime, a_step_forward_makes_a_far_timer_due_within_a_heartbeat)
+{
+	chime_t *c = t_open(sock);
+	uint64_t deadline = wall() + 3600 * SEC, t0;
+	struct chime_event ev;
+	chime_id_t id;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm_realtime(c, 1, deadline, 0, 0, &id), 0);
+	no_event(c, 100);
+	t0 = now_ns();
+	step(3600 * SEC + 10 * MS, false);      /* the heartbeat finds it: 450 ms at rest */
+	ev = next_event(c, 1500);
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.deadline_ns, deadline);
+	cr_assert_geq(wall(), deadline);
+	fprintf(stderr, "fired %llu ms after the step\n", (unsigned long long)((now_ns() - t0) / MS));
+	chime_close(c);
+}
+
+Test(realtime, a_step_backward_delays_a_timer_until_the_wall_clock_reaches_it)
+{
+	chime_t *c = t_open(sock);
+	uint64_t deadline = wall() + 400 * MS, t0 = now_ns();
+	struct chime_event ev;
+	chime_id_t id;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm_realtime(c, 1, deadline, 0, 0, &id), 0);
+	step(-(int64_t)(600 * MS), true);
+	followed(300);
+	/* Its old monotonic time (t0 + 400 ms) passes with nothing; the wall clock reaches it at t0 + 1 s. */
+	no_event(c, (unsigned)((t0 + 900 * MS - now_ns()) / MS));
+	ev = next_event(c, 1000);
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.deadline_ns, deadline);
+	cr_assert_geq(wall(), deadline, "early by the wall clock");
+	cr_assert_geq(now_ns(), t0 + 1000 * MS);
+	chime_close(c);
+}
+
+Test(realtime, a_periodic_wall_clock_timer_gives_one_event_per_period_a_step_forward_skipped)
+{
+	chime_t *c = t_open(sock);
+	uint64_t deadline = wall() + 2 * SEC, period = 1 * SEC;
+	chime_id_t id;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm_realtime(c, 1, deadline, period, 0, &id), 0);
+	/* deadline + 3.5 periods: the deadline and the next 3 are due, the 5th half a period later */
+	step((int64_t)(5500 * MS), true);
+	for (uint64_t k = 0; k < 4; k++) {
+		struct chime_event ev = next_event(c, 1000);
+
+		cr_assert_eq(ev.id, id);
+		cr_assert_eq(ev.deadline_ns, deadline + k * period, "event %llu: deadline %llu, expected %llu",
+			     (unsigned long long)k, (unsigned long long)ev.deadline_ns,
+			     (unsigned long long)(deadline + k * period));
+		cr_assert_geq(wall(), ev.deadline_ns);
+	}
+	no_event(c, 300);
+	cr_assert_eq(chime_cancel(c, id), 0);
+	chime_close(c);
+}
+
+Test(realtime, a_reset_of_a_wall_clock_timer_takes_a_wall_deadline_the_later_ones_too)
+{
+	chime_t *c = t_open(sock);
+	uint64_t d1 = wall() + 3600 * SEC, d2 = wall() + 200 * MS, d3, d4;
+	struct chime_event ev;
+	chime_id_t id;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm_realtime(c, 1, d1, 0, 0, &id), 0);
+	cr_assert_eq(chime_reset(c, id, d2), 0);
+	ev = next_event(c, 1500);
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.deadline_ns, d2);
+	cr_assert_geq(wall(), d2);
+
+	/*
+	 * Resets to later deadlines, each applied: for a monotonic one-shot of
+	 * this (anonymous) connection the later ones would be record-less,
+	 * which a wall-clock deadline must never take.
+	 */
+	d3 = wall() + 200 * MS;
+	cr_assert_eq(chime_arm_realtime(c, 2, d3, 0, 0, &id), 0);
+	for (int i = 1; i <= 3; i++) {
+		d4 = d3 + (uint64_t)i * 100 * MS;
+		cr_assert_eq(chime_reset(c, id, d4), 0);
+		usleep(20000);
+	}
+	ev = next_event(c, 1500);
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.deadline_ns, d4);
+	cr_assert_geq(wall(), d4, "fired before its last reset's wall deadline");
+	chime_close(c);
+}
+
+Test(realtime, chime_submit_arms_wall_clock_timers_beside_monotonic_ones)
+{
+	chime_t *c = t_open(sock);
+	uint64_t wd = wall() + 200 * MS, md = chime_now() + 100 * MS;
+	struct chime_op ops[2] = {
+		{ .op = CHIME_ARM_REALTIME, .key = 1, .deadline_ns = wd, .user_data = 1 },
+		{ .op = CHIME_ARM, .key = 2, .deadline_ns = md, .user_data = 2 },
+	};
+	struct chime_event ev;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_submit(c, ops, 2), 2);
+	cr_assert_eq(ops[0].result, 0);
+	cr_assert_eq(ops[1].result, 0);
+	ev = next_event(c, 1000);
+	cr_assert_eq(ev.user_data, 2);
+	cr_assert_eq(ev.deadline_ns, md);
+	ev = next_event(c, 1000);
+	cr_assert_eq(ev.user_data, 1);
+	cr_assert_eq(ev.id, ops[0].id);
+	cr_assert_eq(ev.deadline_ns, wd);
+	cr_assert_geq(wall(), wd);
+	chime_close(c);
+}
+
+Test(realtime, deadlines_at_the_ends_have_a_defined_outcome)
+{
+	chime_t *c = t_open(sock);
+	struct chime_event ev;
+	chime_id_t id, never;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm_realtime(NULL, 0, 1, 0, 0, &id), -EINVAL);
+	cr_assert_eq(chime_arm_realtime(c, 0, 1, 0, 0, NULL), -EINVAL);
+	/* The Epoch: long past, fires at once; its event says the boot time, at most */
+	cr_assert_eq(chime_arm_realtime(c, 0, 0, 0, 0, &id), 0);
+	ev = next_event(c, 500);
+	cr_assert_eq(ev.id, id);
+	cr_assert_leq(ev.deadline_ns, wall() - chime_now() + SEC, "deadline %llu", (unsigned long long)ev.deadline_ns);
+	/* The end of time: never fires, and cancels */
+	cr_assert_eq(chime_arm_realtime(c, 0, UINT64_MAX, 0, 0, &never), 0);
+	step((int64_t)(3600 * SEC), true);
+	followed(300);
+	no_event(c, 100);
+	cr_assert_eq(chime_cancel(c, never), 0);
+	chime_close(c);
+}
+
+Test(realtime, a_sessions_wall_clock_timer_follows_a_step_made_while_no_broker_ran)
+{
+	struct chime_opts o = { .socket_path = sock, .session = "rt-restart" };
+	uint64_t far = wall() + 3600 * SEC, near = wall() + 1500 * MS;
+	chime_t *c = NULL;
+	chime_id_t id_far, id_near;
+	struct chime_event ev;
+
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm_realtime(c, 1, far, 0, 1, &id_far), 0);
+	cr_assert_eq(chime_arm_realtime(c, 2, near, 0, 2, &id_near), 0);
+	chime_close(c);
+	/* Killed: the next broker restores from the shard file, whose header keeps the offsets. */
+	cr_assert_neq(t_chimed_stop(&broker, SIGKILL), -1);
+	/* While no broker runs, the wall clock goes an hour forward... then back 3 s short of that */
+	step((int64_t)(3600 * SEC - 3 * SEC), false);
+	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 2"), 0);
+	cr_assert_eq(chime_open(&c, &o), 0);
+	/* far is now 3 s ahead and near 1.5 s late: near fires at once, far not yet */
+	ev = next_event(c, 1000);
+	cr_assert_eq(ev.id, id_near);
+	cr_assert_eq(ev.deadline_ns, near);
+	no_event(c, 500);
+	step((int64_t)(3 * SEC), true);
+	ev = next_event(c, 1000);
+	cr_assert_eq(ev.id, id_far);
+	cr_assert_eq(ev.deadline_ns, far);
+	cr_assert_geq(wall(), far);
+	chime_close(c);
+	cr_assert_eq(chime_drop_session(&o), 0);
+}

@@ -170,6 +170,7 @@ if command -v objdump >/dev/null 2>&1; then
 	# A new function, a new version node (libchime.map): a program linked
 	# against it fails to load on an older libchime, by name, not at the call.
 	echo "$syms" | grep -Eq 'CHIME_0\.5 +chime_drop_session$' || fail "no chime_drop_session@@CHIME_0.5"
+	echo "$syms" | grep -Eq 'CHIME_0\.6 +chime_arm_realtime$' || fail "no chime_arm_realtime@@CHIME_0.6"
 fi
 
 if [ "$static_lib" = static ]; then

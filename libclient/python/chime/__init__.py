@@ -42,7 +42,8 @@ _WAIT_SLICE_MS = 250
 @dataclass(frozen=True)
 class Event:
     """One expiration: the timer's id, key and data as armed, the deadline it
-    fired for and when the broker fired it (CLOCK_MONOTONIC ns), and whether
+    fired for (in the timer's clock: CLOCK_REALTIME for arm_realtime()'s)
+    and when the broker fired it (CLOCK_MONOTONIC ns), and whether
     the timer is periodic (it stays armed). `periodic` is what this Chime
     remembers of its own periodic arms (arm(), submit()), also for an event
     taken while one is still under way or being cancelled on another thread:
@@ -59,7 +60,7 @@ class Event:
 @dataclass(frozen=True)
 class Op:
     """One operation of a Chime.submit() batch; make it with Op.arm(),
-    Op.reset(), Op.cancel() or Op.cancel_key(), whose arguments are those of
+    Op.arm_realtime(), Op.reset(), Op.cancel() or Op.cancel_key(), whose arguments are those of
     the Chime methods of the same names (`after` counts from when the Op is
     made)."""
     code: int
@@ -69,17 +70,17 @@ class Op:
     period_ns: int = 0
     data: int = 0
 
-    ARM, RESET, CANCEL, CANCEL_KEY = 1, 2, 3, 4     # enum chime_op_code
+    ARM, RESET, CANCEL, CANCEL_KEY, ARM_REALTIME = 1, 2, 3, 4, 5     # enum chime_op_code
 
     @classmethod
     def arm(cls, key, *, at_ns=None, after=None, period=None, data=0):
-        period_ns = 0
-        if period is not None:
-            period_ns = _seconds_ns("period", period)
-            if period_ns == 0:
-                raise ValueError("period must be > 0 seconds (leave it out for a one-shot timer)")
         return cls(cls.ARM, key=_u64("key", key), deadline_ns=_deadline(at_ns, after),
-                   period_ns=period_ns, data=_u64("data", data))
+                   period_ns=_period_ns(period), data=_u64("data", data))
+
+    @classmethod
+    def arm_realtime(cls, key, *, at_ns, period=None, data=0):
+        return cls(cls.ARM_REALTIME, key=_u64("key", key), deadline_ns=_u64("at_ns", at_ns),
+                   period_ns=_period_ns(period), data=_u64("data", data))
 
     @classmethod
     def reset(cls, id, *, at_ns=None, after=None):
@@ -95,7 +96,8 @@ class Op:
 
 
 def now():
-    """CLOCK_MONOTONIC in nanoseconds, the clock of every deadline."""
+    """CLOCK_MONOTONIC in nanoseconds, the clock of every deadline but
+    arm_realtime()'s (CLOCK_REALTIME: time.time_ns())."""
     return lib.chime_now()
 
 
@@ -134,6 +136,13 @@ _WHY = {
                                  "as chimed allows (chimed --max-timers-per-client, --max-timers-per-uid)",
     ("chime_arm", errno.ENOMEM): "chimed's shards have no free timer (chimed --capacity), or the filesystem "
                                  "of its state files is full (its log says which); nothing was armed",
+    ("chime_arm_realtime", errno.EDQUOT): "this client, or its user's clients together, have as many armed "
+                                          "timers as chimed allows (chimed --max-timers-per-client, "
+                                          "--max-timers-per-uid)",
+    ("chime_arm_realtime", errno.ENOMEM): "chimed's shards have no free timer (chimed --capacity), or the "
+                                          "filesystem of its state files is full (its log says which); "
+                                          "nothing was armed",
+    ("chime_arm_realtime", errno.EOPNOTSUPP): "chimed is older than wall-clock timers; nothing was armed",
     ("chime_reset", errno.EINVAL): "{id} is not a timer id of this broker",
     ("chime_cancel", errno.EINVAL): "{id} is not a timer id of this broker",
 }
@@ -178,6 +187,15 @@ def _c_string(name, value):
     if b"\0" in b:
         raise ValueError(f"{name} {value!r}: embedded null byte")
     return b
+
+
+def _period_ns(period):
+    if period is None:
+        return 0
+    period_ns = _seconds_ns("period", period)
+    if period_ns == 0:
+        raise ValueError("period must be > 0 seconds (leave it out for a one-shot timer)")
+    return period_ns
 
 
 def _deadline(at_ns, after):
@@ -363,27 +381,37 @@ class Chime:
         once for every period already missed (at_ns=0, period=1: one event
         per second of uptime), so start one with after=0 or after=period.
         Times beyond 2**64 ns (584 years) mean never."""
-        deadline = _deadline(at_ns, after)
-        period_ns = 0
-        if period is not None:
-            period_ns = _seconds_ns("period", period)
-            if period_ns == 0:
-                raise ValueError("period must be > 0 seconds (leave it out for a one-shot timer)")
+        return self._arm("chime_arm", _deadline(at_ns, after), key, period, data)
+
+    def arm_realtime(self, key, *, at_ns, period=None, data=0):
+        """Arm a wall-clock timer at at_ns, CLOCK_REALTIME nanoseconds since
+        the Epoch (time.time_ns()), repeating every `period` seconds of wall
+        clock if given; returns its id. It fires when the wall clock reaches
+        it, never before, and follows steps of the wall clock (a step
+        forward fires what is then due at once, a step back delays it);
+        reset() of it takes CLOCK_REALTIME too, and its events' deadline_ns
+        is CLOCK_REALTIME (chime_arm_realtime(3)). OSError EOPNOTSUPP from
+        a chimed older than wall-clock timers."""
+        return self._arm("chime_arm_realtime", _u64("at_ns", at_ns), key, period, data)
+
+    def _arm(self, name, deadline, key, period, data):
+        func = getattr(lib, name)
+        period_ns = _period_ns(period)
         out = ctypes.c_uint64()
         key, data = _u64("key", key), _u64("data", data)
         args = (key, deadline, period_ns, data, ctypes.byref(out))
         if not period_ns:       # nothing to note: no _order
-            r = self._call(lib.chime_arm, *args)
+            r = self._call(func, *args)
         else:
             arming = _Arming(out, key)
             with self._ordered() as c:
                 self._arming.append(arming)
                 try:
-                    r = lib.chime_arm(c, *args)
+                    r = func(c, *args)
                 finally:        # noted even if a signal handler raises after the C call
                     self._settle([arming])
         if r < 0:
-            raise _error("chime_arm", -r)
+            raise _error(name, -r)
         return out.value
 
     def reset(self, id, *, at_ns=None, after=None):
@@ -432,13 +460,14 @@ class Chime:
         if not ops:
             return []
         if not all(isinstance(o, Op) for o in ops):
-            raise TypeError("submit takes Op values (Op.arm(), Op.reset(), Op.cancel(), Op.cancel_key())")
+            raise TypeError("submit takes Op values (Op.arm(), Op.arm_realtime(), Op.reset(), Op.cancel(), "
+                            "Op.cancel_key())")
         arr = (ChimeOp * len(ops))()
         for a, o in zip(arr, ops):
             a.op, a.id, a.key, a.deadline_ns, a.period_ns, a.user_data = (
                 o.code, o.id, o.key, o.deadline_ns, o.period_ns, o.data)
         names = {Op.ARM: "chime_arm", Op.RESET: "chime_reset", Op.CANCEL: "chime_cancel",
-                 Op.CANCEL_KEY: "chime_cancel_key"}
+                 Op.CANCEL_KEY: "chime_cancel_key", Op.ARM_REALTIME: "chime_arm_realtime"}
         with self._ordered() as c:     # a batch may arm periodic timers, or cancel_key
             r = self._submit(c, arr)
         if r < 0:
@@ -448,7 +477,7 @@ class Chime:
             if a.result < 0:
                 out.append(_error(names[o.code], -a.result, id=o.id))
             else:
-                out.append(a.id if o.code == Op.ARM else None)
+                out.append(a.id if o.code in (Op.ARM, Op.ARM_REALTIME) else None)
         return out
 
     def _submit(self, c, arr):
@@ -474,7 +503,7 @@ class Chime:
             a.result = _UNSENT
             if a.op == Op.CANCEL_KEY:
                 cancels[i] = _Cancel(a)
-            elif a.op == Op.ARM and a.period_ns:
+            elif a.op in (Op.ARM, Op.ARM_REALTIME) and a.period_ns:
                 arming[i] = _Arming(ctypes.c_uint64.from_buffer(arr, i * _OP_SIZE + _OP_ID), a.key)
         outer = list(self._arming)     # (a signal handler's call) the periodic arms it runs inside
         self._arming += arming.values()

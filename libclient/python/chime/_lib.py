@@ -62,6 +62,7 @@ _sigs = {
     "chime_now": (_u64, []),
     "chime_version": (ctypes.c_char_p, []),
     "chime_arm": (ctypes.c_int, [_p, _u64, _u64, _u64, _u64, ctypes.POINTER(_u64)]),
+    "chime_arm_realtime": (ctypes.c_int, [_p, _u64, _u64, _u64, _u64, ctypes.POINTER(_u64)]),
     "chime_reset": (ctypes.c_int, [_p, _u64, _u64]),
     "chime_cancel": (ctypes.c_int, [_p, _u64]),
     "chime_cancel_key": (ctypes.c_int, [_p, _u64]),

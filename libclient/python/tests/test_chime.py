@@ -873,3 +873,14 @@ def test_a_forked_child_is_told_to_open_its_own(chime_conn):
     assert os.waitstatus_to_exitcode(status) == 0
     events = wait_for(c, 1)
     assert [e.id for e in events] == [tid]
+
+
+def test_a_wall_clock_timer_fires_at_its_wall_deadline(chime_conn):
+    c = chime_conn
+    at = time.time_ns() + 50_000_000
+    tid = c.arm_realtime(1, at_ns=at, data=9)
+    (b,) = c.submit([chime.Op.arm_realtime(2, at_ns=at + 20_000_000)])
+    c.reset(b, at_ns=at + 30_000_000)       # a wall-clock deadline: the timer's clock
+    evs = wait_for(c, 2)
+    assert time.time_ns() >= at + 30_000_000
+    assert [(e.id, e.deadline_ns, e.data) for e in evs] == [(tid, at, 9), (b, at + 30_000_000, 0)]

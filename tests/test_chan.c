@@ -1769,3 +1769,44 @@ Test(chan, a_wall_clock_timer_due_early_by_the_wall_clock_goes_back_until_it_is_
 		     "based on the offset the shard measured, the same wall deadline");
 	cr_assert_gt(n->deadline_ns, F.sc.wh.w->now_ns);
 }
+
+/*
+ * The same park, of wall-clock periodics: the broker reads back the
+ * deadlines of its own completion slots, which hold wall-clock deadlines
+ * for these, through the shard's offset. Read as monotonic ones, p's
+ * untaken event matched no period of it, and the park only voided it: that
+ * period never came.
+ */
+Test(chan, park_of_a_wall_clock_periodic_held_behind_its_event_loses_no_period)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t off = (uint64_t)wall_setup(10 * 1000 * MS);
+	struct chime_cqe e;
+	uint64_t q = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, off + T0 + 1 * MS, 1 * MS, 8);
+	uint64_t p = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, off + T0 + 1 * MS + RES, 1 * MS, 9);
+	uint64_t next_q = off + T0 + 2 * MS, next_p = off + T0 + 1 * MS + RES;
+
+	step_at(T0 + 1 * MS + RES);
+	cr_assert_eq(chime_cq_take(&c->cons, &e), 1);
+	cr_assert_eq(e.id, q);
+	step_at(T0 + 2 * MS + RES);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(p))->state, CHIME_NODE_BACKLOG);
+	for (int i = 0; !chan_park(&F.sc, &c->ch, 7); i++)
+		cr_assert_lt(i, 100);
+	step_at(T0 + 20 * MS);
+	reattach(c, false);
+	for (int k = 0; k < 12; k++) {
+		step_at(T0 + 20 * MS);
+		cr_assert_eq(take(c, &e), 1, "event %d: none", k);
+		if (e.id == p) {
+			cr_assert_eq(e.deadline_ns, next_p, "p: deadline T0%+lld us, want T0%+lld",
+				     (long long)(e.deadline_ns - off - T0) / 1000, (long long)(next_p - off - T0) / 1000);
+			next_p += MS;
+		} else {
+			cr_assert_eq(e.id, q);
+			cr_assert_eq(e.deadline_ns, next_q, "q: deadline T0%+lld us, want T0%+lld",
+				     (long long)(e.deadline_ns - off - T0) / 1000, (long long)(next_q - off - T0) / 1000);
+			next_q += MS;
+		}
+	}
+}

@@ -394,6 +394,29 @@ static void wall_move(struct shard_core *sc, uint32_t idx, int64_t from, int64_t
 		n->deadline_ns = d;
 }
 
+/*
+ * Every wall-clock node on wall_cur's offset, before a walk overwrites the
+ * other one: after a restore, a walk the last broker was killed in may have
+ * left some on it. Neither offset changes meanwhile, so a kill here leaves
+ * each node's base known too.
+ */
+static void wall_unmix(struct shard_core *sc)
+{
+	uint32_t end = sc->wh.w->high_water;
+
+	for (uint32_t idx = 0; idx < end; idx++) {
+		struct chime_node *n = NODE(sc, idx);
+
+		if (n->state == CHIME_NODE_FREE || !(n->gen & CHIME_NODE_REALTIME) ||
+		    !(n->gen & CHIME_NODE_WALL_B) == !sc->wall_cur)
+			continue;
+		wall_move(sc, idx, wall_base(sc, n), sc->wall_off[sc->wall_cur]);
+		at_crash_order();       /* the deadline, then its base */
+		n->gen ^= CHIME_NODE_WALL_B;
+	}
+	sc->wall_mixed = false;
+}
+
 void chan_wall_follow(struct shard_core *sc, int64_t off)
 {
 	uint32_t to = sc->wall_cur ^ 1u, end = sc->wh.w->high_water;
@@ -402,8 +425,11 @@ void chan_wall_follow(struct shard_core *sc, int64_t off)
 	if (!sc->wall_nodes) {
 		sc->wall_off[sc->wall_cur] = off;
 		wall_file_off(sc, sc->wall_cur);
+		sc->wall_mixed = false;
 		return;
 	}
+	if (sc->wall_mixed)
+		wall_unmix(sc);
 	/* The new base first, the nodes next, wall_cur last: a broker killed in between leaves each node's base known. */
 	sc->wall_off[to] = off;
 	wall_file_off(sc, to);

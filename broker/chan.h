@@ -90,6 +90,12 @@ struct shard_core {
 	int64_t wall_seen;
 	uint64_t wall_nodes;
 	struct chime_shard_seg *wall_file;
+	/*
+	 * Restored from a file: a walk killed midway may have left nodes on
+	 * the offset it was moving them to; the next follow moves those back
+	 * to wall_cur's first (chan.c, wall_unmix()).
+	 */
+	bool wall_mixed;
 };
 
 /*

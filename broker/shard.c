@@ -323,6 +323,7 @@ static void wall_init(struct shard *s, bool reopened)
 		sc->wall_off[0] = hdr->wall_off[0];
 		sc->wall_off[1] = hdr->wall_off[1];
 		sc->wall_cur = hdr->wall_cur;
+		sc->wall_mixed = true;
 	} else {
 		sc->wall_off[0] = sc->wall_off[1] = wall_published();
 		sc->wall_cur = 0;

@@ -1810,3 +1810,34 @@ Test(chan, park_of_a_wall_clock_periodic_held_behind_its_event_loses_no_period)
 		}
 	}
 }
+
+/*
+ * A broker killed in the middle of a walk leaves nodes based on either
+ * offset, each saying which (CHIME_NODE_WALL_B): the next follow moves
+ * each from its own, so that every wall deadline stays where it was.
+ */
+Test(chan, a_follow_moves_each_wall_clock_timer_from_its_own_offset)
+{
+	struct client_sim *c = &F.cl[0];
+	int64_t off = wall_setup(10 * 1000 * MS), moved = off - 7 * (int64_t)MS;
+	uint64_t wa = (uint64_t)off + T0 + 50 * MS, wb = (uint64_t)off + T0 + 60 * MS;
+	uint64_t a = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, wa, 0, 1);
+	uint64_t b = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, wb, 0, 2);
+	struct chime_node *na, *nb;
+
+	step();
+	na = wheel_node(&F.sc.wh, chime_id_index(a));
+	nb = wheel_node(&F.sc.wh, chime_id_index(b));
+	/* As a walk to `moved` leaves them when killed after b: b on offset 1, a still on 0. */
+	F.sc.wall_off[1] = moved;
+	wheel_reset(&F.sc.wh, chime_id_index(b), wb - (uint64_t)moved);
+	nb->gen |= CHIME_NODE_WALL_B;
+	F.sc.wall_nodes = 2;
+	F.sc.wall_mixed = true;         /* as shard.c restores a file */
+
+	chan_wall_follow(&F.sc, off + 3 * (int64_t)MS);
+	cr_assert_eq(na->deadline_ns + (uint64_t)(off + 3 * (int64_t)MS), wa);
+	cr_assert_eq(nb->deadline_ns + (uint64_t)(off + 3 * (int64_t)MS), wb);
+	cr_assert_eq(!!(na->gen & CHIME_NODE_WALL_B), F.sc.wall_cur);
+	cr_assert_eq(!!(nb->gen & CHIME_NODE_WALL_B), F.sc.wall_cur);
+}

@@ -376,11 +376,18 @@ static void wall_file_cur(struct shard_core *sc)
 		at_store(&sc->wall_file->wall_cur, sc->wall_cur);
 }
 
-/* Node idx, based on `from`, now on `to`: the same wall deadline, whatever its state. */
+/*
+ * Node idx, based on `from`, now on `to`: the same wall deadline, whatever
+ * its state. Made due by a step of the wall clock, its lateness is the
+ * step's, not the broker's: counted as armed already due (mark_immediate()).
+ */
 static void wall_move(struct shard_core *sc, uint32_t idx, int64_t from, int64_t to)
 {
 	struct chime_node *n = NODE(sc, idx);
 	uint64_t d = wall_add(n->deadline_ns, from - to);
+
+	if (d < sc->wh.w->now_ns && n->deadline_ns >= sc->wh.w->now_ns)
+		n->gen |= CHIME_NODE_IMMEDIATE;
 
 	/* A periodic's event being held again: its deadline is in the tag too (chan.h). */
 	if (chan_pos_at(n->cq_pos)) {

@@ -153,7 +153,7 @@ struct chime_node {
 	uint32_t key_next;
 	uint32_t key_prev;
 	uint32_t gen;           /* generation of the id that owns the node now (CHIME_ID_GEN_MASK bits;
-				 * the top bit is CHIME_NODE_IMMEDIATE) */
+				 * CHIME_NODE_FLAGS above them) */
 	uint16_t owner;         /* client slot */
 	uint8_t  state;         /* CHIME_NODE_* */
 	uint8_t  level;         /* wheel level while ARMED (its slot follows from deadline) */

@@ -1718,6 +1718,8 @@ Test(chan, a_follow_moves_wall_clock_timers_in_every_state_and_no_other)
 	chan_wall_follow(&F.sc, off + 50 * (int64_t)MS);
 	cr_assert_eq(na->deadline_ns, T0);
 	cr_assert(wheel_node_due(&F.sc.wh, chime_id_index(w_armed)), "due now, at the next advance");
+	cr_assert(na->gen & CHIME_NODE_IMMEDIATE, "made due by the step: its lateness is not the broker's");
+	cr_assert_not(nm->gen & CHIME_NODE_IMMEDIATE);
 	cr_assert_eq(nk->deadline_ns, T0 + 1 * MS - 50 * MS);
 	cr_assert_eq(np->deadline_ns, T0 + 12 * MS - 50 * MS);
 	cr_assert_eq(nm->deadline_ns, T0 + 50 * MS, "a monotonic timer does not move");

@@ -245,8 +245,8 @@ static void resubmit(struct chime *c, const struct chime_map *rw, const struct c
 			/* Published and its slot never freed: the old broker did not apply it. */
 			if (!chime_sq_peek(ch->sq.slots, ch->sq.mask, p, &r))
 				continue;
-			if (r.op == CHIME_OP_ARM || r.op == CHIME_OP_RESET || r.op == CHIME_OP_CANCEL ||
-			    r.op == CHIME_OP_CANCEL_KEY)
+			if (r.op == CHIME_OP_ARM || r.op == CHIME_OP_ARM_REALTIME || r.op == CHIME_OP_RESET ||
+			    r.op == CHIME_OP_CANCEL || r.op == CHIME_OP_CANCEL_KEY)
 				put(slots, g->sq_size - 1, pos++, &r);
 		}
 		/* A ring full of records leaves no room: RESUMED follows once the rings are live. */

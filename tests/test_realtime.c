@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -333,6 +334,45 @@ Test(realtime, a_sessions_wall_clock_timer_follows_a_step_made_while_no_broker_r
 	cr_assert_eq(ev.id, id_far);
 	cr_assert_eq(ev.deadline_ns, far);
 	cr_assert_geq(wall(), far);
+	chime_close(c);
+	cr_assert_eq(chime_drop_session(&o), 0);
+}
+
+/*
+ * A session's wall-clock arm its broker never read (the shard held under
+ * ptrace), the broker killed: the library's reconnect hands it to the next
+ * broker with the rest of what the old one never applied.
+ */
+Test(realtime, a_sessions_wall_clock_arm_the_broker_never_read_reaches_the_next_one)
+{
+	struct chime_opts o = { .socket_path = sock, .session = "rt-resubmit" };
+	uint64_t deadline;
+	chime_t *c = NULL;
+	struct chime_event ev;
+	chime_id_t id;
+	int tid, r;
+
+	cr_assert_eq(t_chimed_stop(&broker, SIGTERM) >= 0, 1);
+	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 1"), 0);
+	cr_assert_eq(chime_open(&c, &o), 0);
+	tid = t_thread_named(broker.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0);
+	r = t_thread_hold(tid);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
+	deadline = wall() + 300 * MS;
+	cr_assert_eq(chime_arm_realtime(c, 5, deadline, 0, 7, &id), 0);
+	/* Killed held: the traced thread's end is ours to reap before its process's. */
+	cr_assert_eq(kill(broker.pid, SIGKILL), 0);
+	(void)waitpid(tid, NULL, __WALL);
+	cr_assert_neq(t_chimed_stop(&broker, SIGKILL), -1);
+	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 1"), 0);
+	ev = next_event(c, 5000);
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.user_data, 7);
+	cr_assert_eq(ev.deadline_ns, deadline);
+	cr_assert_geq(wall(), deadline);
 	chime_close(c);
 	cr_assert_eq(chime_drop_session(&o), 0);
 }

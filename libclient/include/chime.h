@@ -221,7 +221,8 @@ int chime_arm_realtime(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t 
  * connection's, a stale one) is accepted and ignored.
  *
  * On an anonymous connection (not CHIME_OPEN_RECORD_RESETS), once the
- * broker has applied one reset of a one-shot timer, a reset of it to a
+ * broker has applied one reset of a one-shot timer (not a wall-clock one:
+ * its resets are all records), a reset of it to a
  * deadline no earlier than its last one writes no record: it is a
  * compare-and-swap on a word of the connection's table in shared memory,
  * which the broker reads when the timer's previous deadline comes. The

@@ -13,8 +13,8 @@
     asyncio.run(main())
 
 The loop watches the connection's fileno() (loop.add_reader); nothing
-blocks the loop. arm, reset, cancel, cancel_key, submit and flush are the
-Chime's own (no await: they are stores into shared memory).
+blocks the loop. arm, arm_realtime, reset, cancel, cancel_key, submit and
+flush are the Chime's own (no await: they are stores into shared memory).
 """
 import asyncio
 
@@ -31,6 +31,7 @@ class AsyncChime:
         self._own = chime is None
         self.chime = Chime(**kw) if chime is None else chime
         self.arm = self.chime.arm
+        self.arm_realtime = self.chime.arm_realtime
         self.reset = self.chime.reset
         self.cancel = self.chime.cancel
         self.cancel_key = self.chime.cancel_key

@@ -376,3 +376,48 @@ Test(realtime, a_sessions_wall_clock_arm_the_broker_never_read_reaches_the_next_
 	chime_close(c);
 	cr_assert_eq(chime_drop_session(&o), 0);
 }
+
+/*
+ * The doorbell of a sleeping shard: a record needed before the shard's
+ * planned wake-up rings it, one that can wait does not (chime_arm(3)). A
+ * wall-clock deadline is compared with that monotonic wake-up through the
+ * broker's published offset: taken as the large number it is, a wall-clock
+ * arm or reset 30 ms ahead waited for the shard's wake-up (a monotonic
+ * timer 10 s ahead here) or the broker's heartbeat at rest (450 ms).
+ */
+static void on_time_from_a_sleeping_shard(bool by_reset)
+{
+	chime_t *c = t_open(sock);
+	uint64_t deadline, late;
+	struct chime_event ev;
+	chime_id_t plan, id = 0;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm(c, 9, chime_now() + 10 * SEC, 0, 0, &plan), 0);    /* the shard's wake-up */
+	if (by_reset)
+		cr_assert_eq(chime_arm_realtime(c, 1, wall() + 3600 * SEC, 0, 0, &id), 0);
+	t_at_rest_within(sock, 3000);
+	usleep(20000);  /* asleep */
+	deadline = wall() + 30 * MS;
+	if (by_reset)
+		cr_assert_eq(chime_reset(c, id, deadline), 0);
+	else
+		cr_assert_eq(chime_arm_realtime(c, 1, deadline, 0, 0, &id), 0);
+	ev = next_event(c, 2000);
+	late = wall() - deadline;
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.deadline_ns, deadline);
+	cr_assert_lt(late, 60 * MS, "%llu ms late: the record waited for the sleeping shard",
+		     (unsigned long long)(late / MS));
+	chime_close(c);
+}
+
+Test(realtime, a_wall_clock_arm_due_before_a_sleeping_shard_wakes_rings_its_doorbell)
+{
+	on_time_from_a_sleeping_shard(false);
+}
+
+Test(realtime, a_wall_clock_reset_due_before_a_sleeping_shard_wakes_rings_its_doorbell)
+{
+	on_time_from_a_sleeping_shard(true);
+}

@@ -17,12 +17,23 @@ static int64_t wall_shift;
 /* The offset the shards follow (atomic, as above). */
 static int64_t wall_off;
 
-uint64_t wall_now_ns(void)
+/* CLOCK_REALTIME itself: nothing but wall_now_ns() and wall_pin() read it. */
+static uint64_t realtime_ns(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec + (uint64_t)at_load(&wall_shift);
+	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t wall_now_ns(void)
+{
+	return realtime_ns() + (uint64_t)at_load(&wall_shift);
+}
+
+void wall_pin(uint64_t wall_ns)
+{
+	at_store(&wall_shift, (int64_t)(wall_ns - realtime_ns()));
 }
 
 /* Reads 20 us apart or more: the thread was preempted between them, read again (three times at most). */

@@ -42,4 +42,10 @@ void wall_publish(int64_t off);
  */
 bool wall_hook_read(void);
 
+/*
+ * For tests that drive the broker's code with a clock of their own (the
+ * fuzz targets): wall_now_ns() reads wall_ns now, and runs on from there.
+ */
+void wall_pin(uint64_t wall_ns);
+
 #endif /* CHIMED_WALL_H */

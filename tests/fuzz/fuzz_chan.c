@@ -35,6 +35,7 @@
 #include "ring.h"
 #include "segment.h"
 #include "stats.h"
+#include "wall.h"
 #include "wheel.h"
 #include "fuzz_input.h"
 
@@ -344,6 +345,12 @@ static void shard_fire(unsigned budget)
 	uint32_t buf[16];
 	unsigned n, total = 0;
 
+	/*
+	 * Wall-clock timers (CLOCK_REALTIME arms) on this clock too: the
+	 * shard's offset is 0 here, so they fire as the monotonic ones do,
+	 * never early by the wall clock the firing checks.
+	 */
+	wall_pin(W.now);
 	wheel_advance(&W.sc.wh, W.now);
 	/* at most the budget: what is left is a backlog, which timers due later may jump */
 	while (total < budget && (n = wheel_pop_expired(&W.sc.wh, buf, budget - total < 16 ? budget - total : 16)) > 0) {

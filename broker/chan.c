@@ -459,18 +459,26 @@ void chan_wall_follow(struct shard_core *sc, int64_t off)
 }
 
 /*
- * A wall-clock node is due by the wheel: is it by the wall clock? If not
- * (the wall clock went back, or slowed, and the shard has not followed it
- * yet), the shard follows the offset it measures now, and the node goes
- * back on the wheel at its moved deadline. True: put back, not fired.
+ * A wall-clock node is due by the wheel: is it by the wall clock? If not,
+ * it goes back, and true (not fired). Early by a slew the shard has not
+ * followed (under WALL_FOLLOW_NS: the control thread follows a slow wall
+ * clock by WALL_FOLLOW_BACK_NS, plus what a beat's slew adds), it waits on
+ * the expired list, looked at again at each advance, until the wall clock
+ * is there: microseconds, and no walk. Early by more (a step not yet
+ * followed), the shard follows the offset it measures now, a walk that
+ * moves this node too, and it goes back on the wheel at its moved
+ * deadline. A walk at every early firing cost, under a wall clock
+ * slewed slower, a walk of the slab per wall-clock timer fired.
  */
 static __attribute__((noinline)) bool wall_early(struct shard_core *sc, uint32_t idx)
 {
 	struct chime_node *n = NODE(sc, idx);
+	uint64_t due = wall_add(n->deadline_ns, wall_base(sc, n)), now = wall_now_ns();
 
-	if (wall_now_ns() >= wall_add(n->deadline_ns, wall_base(sc, n)))
+	if (now >= due)
 		return false;
-	chan_wall_follow(sc, wall_offset_now());
+	if (due - now >= WALL_FOLLOW_NS)
+		chan_wall_follow(sc, wall_offset_now());
 	wheel_arm(&sc->wh, idx, n->deadline_ns);
 	return true;
 }

@@ -859,9 +859,10 @@ static void wall_watch(struct broker *b)
 
 /*
  * At each heartbeat, and at a step: if the wall clock's offset from the
- * monotonic one moved by more than WALL_FOLLOW_NS since the shards last
- * followed it (a slew), or stepped (the timerfd, the test hook), the shards
- * follow the new one (wall.h): published, and every shard woken for it.
+ * monotonic one moved by more than WALL_FOLLOW_NS ahead or
+ * WALL_FOLLOW_BACK_NS behind since the shards last followed it (a slew),
+ * or stepped (the timerfd, the test hook), the shards follow the new one
+ * (wall.h): published, and every shard woken for it.
  */
 static void wall_check(struct broker *b, bool stepped)
 {
@@ -870,7 +871,7 @@ static void wall_check(struct broker *b, bool stepped)
 	stepped |= wall_hook_read();
 	off = wall_offset_now();
 	moved = off - wall_published();
-	if (moved == 0 || (!stepped && moved <= WALL_FOLLOW_NS && moved >= -WALL_FOLLOW_NS))
+	if (moved == 0 || (!stepped && moved <= WALL_FOLLOW_NS && moved >= -WALL_FOLLOW_BACK_NS))
 		return;
 	if (stepped)
 		log_msg(LOG_INFO, "the wall clock was set, %+.3f s: wall-clock timers follow it",

@@ -14,11 +14,16 @@
 #include <stdint.h>
 
 /*
- * A change of the offset the shards follow: larger than this, or any step
- * of the wall clock. 1 ms: ten ticks at the default resolution; ntpd's
- * slew (at most 500 ppm) crosses it at most every two seconds.
+ * A change of the offset the shards follow: any step of the wall clock,
+ * and a slew that moved it more than this since they last followed. Ahead
+ * (the wall clock runs fast: wall-clock timers come due late), 1 ms, ten
+ * ticks at the default resolution, which ntpd's fastest slew (500 ppm)
+ * crosses every two seconds. Behind (it runs slow: they come due early,
+ * and wait at firing for the wall clock, chan.c wall_early()), 50 us: what
+ * a timer may wait so; a slew of 5 ppm crosses it every 10 s.
  */
-#define WALL_FOLLOW_NS 1000000
+#define WALL_FOLLOW_NS      1000000
+#define WALL_FOLLOW_BACK_NS 50000
 
 /* CLOCK_REALTIME in ns, plus the test hook's shift (wall_hook_read()). Any thread. */
 uint64_t wall_now_ns(void);

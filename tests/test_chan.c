@@ -1843,3 +1843,34 @@ Test(chan, a_follow_moves_each_wall_clock_timer_from_its_own_offset)
 	cr_assert_eq(!!(na->gen & CHIME_NODE_WALL_B), F.sc.wall_cur);
 	cr_assert_eq(!!(nb->gen & CHIME_NODE_WALL_B), F.sc.wall_cur);
 }
+
+/*
+ * Early by a slew the shard has not followed (a wall clock running slow):
+ * the timer waits for the wall clock on the expired list, its deadline as
+ * it was, with no walk of the slab; then it fires.
+ */
+Test(chan, a_wall_clock_timer_early_by_a_slew_waits_without_a_walk)
+{
+	struct client_sim *c = &F.cl[0];
+	/* The shard believes the wall clock 300 us ahead of the host's. */
+	int64_t off = wall_setup(0) + 300 * 1000;
+	uint64_t wall_deadline, id;
+	struct chime_node *n;
+	struct chime_cqe e;
+
+	F.sc.wall_off[0] = F.sc.wall_off[1] = off;
+	wall_deadline = wall_now_ns() + 100 * 1000;
+	id = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, wall_deadline, 0, 1);
+	step_at(T0);
+	n = wheel_node(&F.sc.wh, chime_id_index(id));
+	cr_assert_eq(take(c, &e), 0, "fired before its wall deadline");
+	cr_assert(wheel_node_due(&F.sc.wh, chime_id_index(id)), "waiting, due");
+	cr_assert_eq(n->deadline_ns + (uint64_t)off, wall_deadline, "its deadline as it was");
+	cr_assert_eq(F.sc.wall_cur, 0, "no walk");
+	while (wall_now_ns() < wall_deadline)
+		;
+	step_at(T0);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, id);
+	cr_assert_eq(e.deadline_ns, wall_deadline);
+}

@@ -401,6 +401,78 @@ static void wall_move(struct shard_core *sc, uint32_t idx, int64_t from, int64_t
 		n->deadline_ns = d;
 }
 
+void chan_wall_note(struct shard_core *sc, uint32_t idx)
+{
+	if (sc->wall_scan)
+		return;
+	if (idx >= sc->capacity) {
+		sc->wall_scan = true;   /* cannot happen: a node of the slab */
+		return;
+	}
+	if (!sc->wall_listed && !(sc->wall_listed = calloc((sc->capacity + 63) / 64, sizeof(uint64_t)))) {
+		sc->wall_scan = true;
+		return;
+	}
+	if (sc->wall_listed[idx / 64] >> (idx % 64) & 1)
+		return;
+	if (sc->wall_len == sc->wall_cap) {
+		uint32_t cap = sc->wall_cap ? sc->wall_cap * 2 : 1024;
+		uint32_t *list = realloc(sc->wall_list, (size_t)cap * sizeof(*list));
+
+		if (!list) {
+			sc->wall_scan = true;
+			return;
+		}
+		sc->wall_list = list;
+		sc->wall_cap = cap;
+	}
+	sc->wall_list[sc->wall_len++] = idx;
+	sc->wall_listed[idx / 64] |= UINT64_C(1) << (idx % 64);
+}
+
+void chan_wall_fini(struct shard_core *sc)
+{
+	free(sc->wall_list);
+	free(sc->wall_listed);
+	sc->wall_list = NULL;
+	sc->wall_listed = NULL;
+	sc->wall_len = sc->wall_cap = 0;
+}
+
+/* A node a walk visits still a wall-clock timer's. */
+static inline bool wall_node(const struct chime_node *n)
+{
+	return n->state != CHIME_NODE_FREE && (n->gen & CHIME_NODE_REALTIME);
+}
+
+/*
+ * How many nodes a walk visits, wall_at(sc, 0..n-1): the list, what is no
+ * longer a wall-clock timer's dropped first; without it, the used slab
+ * (the caller skips what wall_node() refuses).
+ */
+static uint32_t wall_walk_len(struct shard_core *sc)
+{
+	uint32_t kept = 0;
+
+	if (sc->wall_scan)
+		return sc->wh.w->high_water;
+	for (uint32_t i = 0; i < sc->wall_len; i++) {
+		uint32_t idx = sc->wall_list[i];
+
+		if (wall_node(NODE(sc, idx)))
+			sc->wall_list[kept++] = idx;
+		else
+			sc->wall_listed[idx / 64] &= ~(UINT64_C(1) << (idx % 64));
+	}
+	sc->wall_len = kept;
+	return kept;
+}
+
+static inline uint32_t wall_at(const struct shard_core *sc, uint32_t i)
+{
+	return sc->wall_scan ? i : sc->wall_list[i];
+}
+
 /*
  * Every wall-clock node on wall_cur's offset, before a walk overwrites the
  * other one: after a restore, a walk the last broker was killed in may have
@@ -409,13 +481,13 @@ static void wall_move(struct shard_core *sc, uint32_t idx, int64_t from, int64_t
  */
 static void wall_unmix(struct shard_core *sc)
 {
-	uint32_t end = sc->wh.w->high_water;
+	uint32_t end = wall_walk_len(sc);
 
-	for (uint32_t idx = 0; idx < end; idx++) {
+	for (uint32_t i = 0; i < end; i++) {
+		uint32_t idx = wall_at(sc, i);
 		struct chime_node *n = NODE(sc, idx);
 
-		if (n->state == CHIME_NODE_FREE || !(n->gen & CHIME_NODE_REALTIME) ||
-		    !(n->gen & CHIME_NODE_WALL_B) == !sc->wall_cur)
+		if (!wall_node(n) || !(n->gen & CHIME_NODE_WALL_B) == !sc->wall_cur)
 			continue;
 		wall_move(sc, idx, wall_base(sc, n), sc->wall_off[sc->wall_cur]);
 		at_crash_order();       /* the deadline, then its base */
@@ -426,7 +498,7 @@ static void wall_unmix(struct shard_core *sc)
 
 void chan_wall_follow(struct shard_core *sc, int64_t off)
 {
-	uint32_t to = sc->wall_cur ^ 1u, end = sc->wh.w->high_water;
+	uint32_t to = sc->wall_cur ^ 1u, end;
 	uint64_t count = 0;
 
 	if (!sc->wall_nodes) {
@@ -441,10 +513,12 @@ void chan_wall_follow(struct shard_core *sc, int64_t off)
 	sc->wall_off[to] = off;
 	wall_file_off(sc, to);
 	at_crash_order();
-	for (uint32_t idx = 0; idx < end; idx++) {
+	end = wall_walk_len(sc);
+	for (uint32_t i = 0; i < end; i++) {
+		uint32_t idx = wall_at(sc, i);
 		struct chime_node *n = NODE(sc, idx);
 
-		if (n->state == CHIME_NODE_FREE || !(n->gen & CHIME_NODE_REALTIME))
+		if (!wall_node(n))
 			continue;
 		if (wall_base(sc, n) != off)
 			wall_move(sc, idx, wall_base(sc, n), off);
@@ -477,7 +551,7 @@ static __attribute__((noinline)) bool wall_early(struct shard_core *sc, uint32_t
 
 	if (now >= due)
 		return false;
-	if (due - now >= WALL_FOLLOW_NS)
+	if (due - now >= (sc->wall_wait_ns ? sc->wall_wait_ns : WALL_FOLLOW_NS))
 		chan_wall_follow(sc, wall_offset_now());
 	wheel_arm(&sc->wh, idx, n->deadline_ns);
 	return true;
@@ -1055,6 +1129,7 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	if (unlikely(wall)) {
 		n->gen |= CHIME_NODE_REALTIME | (sc->wall_cur ? CHIME_NODE_WALL_B : 0);
 		sc->wall_nodes++;
+		chan_wall_note(sc, idx);
 	}
 	deadline_ns = wheel_deadline(sc, n, r->deadline_ns);
 	mark_immediate(sc, n, deadline_ns);

@@ -96,6 +96,18 @@ struct shard_core {
 	 * to wall_cur's first (chan.c, wall_unmix()).
 	 */
 	bool wall_mixed;
+	/*
+	 * The nodes a walk visits: every node a wall-clock timer took since
+	 * the last walk, or before it and still one (each once: wall_listed,
+	 * a bit per node; a walk drops what is no longer one). wall_scan: no
+	 * memory for them, walks scan the used slab instead.
+	 */
+	uint32_t *wall_list;
+	uint32_t wall_len, wall_cap;
+	uint64_t *wall_listed;
+	bool wall_scan;
+	/* A wall-clock timer early by less waits at firing, by more is followed (0: WALL_FOLLOW_NS; tests raise it). */
+	uint64_t wall_wait_ns;
 };
 
 /*
@@ -197,6 +209,12 @@ static inline uint64_t chan_pos_at_deadline(uint64_t pos)
  * Persists the offsets in sc->wall_file as it goes (chime_shm.h).
  */
 void chan_wall_follow(struct shard_core *sc, int64_t off);
+
+/* Node idx is a wall-clock timer's: on the list walks visit (restore.c; op_arm()). */
+void chan_wall_note(struct shard_core *sc, uint32_t idx);
+
+/* Free what the walks' list holds. */
+void chan_wall_fini(struct shard_core *sc);
 
 /*
  * Take periodic idx off the wheel (if on it) and hold its event of

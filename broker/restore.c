@@ -226,7 +226,10 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 		}
 		back[nback++] = (struct back){ .owner = n->owner, .cls = cls, .key = key, .idx = idx };
 keep:
-		sc->wall_nodes += (n->gen & CHIME_NODE_REALTIME) != 0;
+		if (n->gen & CHIME_NODE_REALTIME) {
+			sc->wall_nodes++;
+			chan_wall_note(sc, idx);
+		}
 		keyidx_insert(&sc->ki, idx);
 		chan_own(ch);
 		rs->kept++;

@@ -1198,6 +1198,7 @@ int shard_fini(struct shard *s, bool keep)
 	free(s->core.user_of_slot);
 	wheel_fini(&s->core.wh);
 	keyidx_walks_fini(&s->core.ki);
+	chan_wall_fini(&s->core);
 	free(s->active);
 	free(s->dying);
 	free(s->q);

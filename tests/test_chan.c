@@ -144,6 +144,7 @@ static void teardown(void)
 	}
 	stats_fini(&F.st);
 	keyidx_walks_fini(&F.sc.ki);
+	chan_wall_fini(&F.sc);
 	wheel_fini(&F.sc.wh);
 	free(F.wmem);
 	free(F.heads);
@@ -1852,14 +1853,19 @@ Test(chan, a_follow_moves_each_wall_clock_timer_from_its_own_offset)
 Test(chan, a_wall_clock_timer_early_by_a_slew_waits_without_a_walk)
 {
 	struct client_sim *c = &F.cl[0];
-	/* The shard believes the wall clock 300 us ahead of the host's. */
-	int64_t off = wall_setup(0) + 300 * 1000;
+	/*
+	 * The shard believes the wall clock 1.5 s ahead of the host's, and
+	 * waits for up to 10 s (the shard's 1 ms is too close to this host's
+	 * scheduling noise for a test): its timer comes due 1 s early.
+	 */
+	int64_t off = wall_setup(0) + 1500 * (int64_t)MS;
 	uint64_t wall_deadline, id;
 	struct chime_node *n;
 	struct chime_cqe e;
 
 	F.sc.wall_off[0] = F.sc.wall_off[1] = off;
-	wall_deadline = wall_now_ns() + 100 * 1000;
+	F.sc.wall_wait_ns = 10 * 1000 * MS;
+	wall_deadline = wall_now_ns() + 1000 * MS;
 	id = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, wall_deadline, 0, 1);
 	step_at(T0);
 	n = wheel_node(&F.sc.wh, chime_id_index(id));
@@ -1867,10 +1873,59 @@ Test(chan, a_wall_clock_timer_early_by_a_slew_waits_without_a_walk)
 	cr_assert(wheel_node_due(&F.sc.wh, chime_id_index(id)), "waiting, due");
 	cr_assert_eq(n->deadline_ns + (uint64_t)off, wall_deadline, "its deadline as it was");
 	cr_assert_eq(F.sc.wall_cur, 0, "no walk");
-	while (wall_now_ns() < wall_deadline)
-		;
+	step_at(T0);
+	cr_assert_eq(take(c, &e), 0, "fired before its wall deadline");
+	wall_pin(wall_deadline);        /* the wall clock gets there */
 	step_at(T0);
 	cr_assert_eq(take(c, &e), 1);
 	cr_assert_eq(e.id, id);
 	cr_assert_eq(e.deadline_ns, wall_deadline);
+}
+
+/*
+ * A walk visits the wall-clock timers' nodes from a list, not the slab: a
+ * node whose wall-clock timer ended and that a monotonic timer took is
+ * dropped from it, not moved; one a wall-clock timer took again is on it
+ * once. Without memory for the list, a walk scans the slab, the same.
+ */
+static void walk_list_case(bool scan)
+{
+	struct client_sim *c = &F.cl[0];
+	int64_t off = wall_setup(10 * 1000 * MS);
+	uint64_t a, m, b;
+	struct chime_cqe e;
+
+	F.sc.wall_scan = scan;
+	a = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, (uint64_t)off + T0 + 1 * MS, 0, 1);
+	step_at(T0 + 1 * MS);
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(e.id, a);
+	step();         /* consumed: its node is free, for a grant of the slots after it */
+	for (int i = 0;; i++) {
+		cr_assert_lt(i, 2 * (int)SQ, "its node was not taken again");
+		m = arm(c, 2, T0 + 50 * MS, 0, 2);
+		step();
+		if (chime_id_index(m) == chime_id_index(a))
+			break;
+	}
+	b = submit(c, CHIME_OP_ARM_REALTIME, 0, 3, (uint64_t)off + T0 + 60 * MS, 0, 3);
+	step();
+	chan_wall_follow(&F.sc, off + 5 * (int64_t)MS);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(m))->deadline_ns, T0 + 50 * MS, "a monotonic timer moved");
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(b))->deadline_ns, T0 + 55 * MS);
+	cr_assert_eq(F.sc.wall_nodes, 1);
+	if (!scan)
+		cr_assert_eq(F.sc.wall_len, 1, "the ended timer's node still listed");
+	chan_wall_follow(&F.sc, off);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(b))->deadline_ns, T0 + 60 * MS);
+}
+
+Test(chan, a_walk_visits_the_wall_clock_timers_from_a_list_or_the_slab)
+{
+	walk_list_case(false);
+}
+
+Test(chan, a_walk_without_a_list_scans_the_slab_the_same)
+{
+	walk_list_case(true);
 }

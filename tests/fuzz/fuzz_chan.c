@@ -178,6 +178,7 @@ static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget
 				chan_fini(&W.cl[i].ch);
 		stats_fini(&W.st);
 		keyidx_walks_fini(&W.sc.ki);
+		chan_wall_fini(&W.sc);
 		wheel_fini(&W.sc.wh);
 	} else {
 		W.wmem = aligned_alloc(64, (wsz + 63) & ~(size_t)63);

@@ -400,6 +400,7 @@ static void world_fini(void)
 		if (W.session[c])
 			chan_fini(&W.ch[c]);
 	keyidx_walks_fini(&W.sc.ki);
+	chan_wall_fini(&W.sc);
 	stats_fini(&W.st);
 	wheel_fini(&W.sc.wh);
 }
@@ -419,6 +420,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				chan_fini(&W.ch[c]);
 		memset(W.session, 0, sizeof(W.session));
 		keyidx_walks_fini(&W.sc.ki);
+		chan_wall_fini(&W.sc);
 		stats_fini(&W.st);
 		return 0;
 	}

@@ -843,14 +843,16 @@ static bool refuse_queued(struct broker *b, int why)
 /* ---- the wall clock (ARCHITECTURE.md, "Wall-clock timers") ---- */
 
 /*
- * Watch for steps of the wall clock: a CLOCK_REALTIME timer ten years
- * ahead with TFD_TIMER_CANCEL_ON_SET, whose read completes with -ECANCELED
- * when the clock is set (and must be armed again after). A failure leaves
- * the heartbeat's comparison (wall_check()) to find steps, a beat later.
+ * Watch for steps of the wall clock: a CLOCK_REALTIME timer at 2100-01-01
+ * with TFD_TIMER_CANCEL_ON_SET, whose read completes with -ECANCELED when
+ * the clock is set (and must be armed again after). A failure, or a wall
+ * clock past that date (the timer expired: not armed again, or it would
+ * expire at once, and again), leaves the heartbeat's comparison
+ * (wall_check()) to find steps, a beat later.
  */
 static void wall_watch(struct broker *b)
 {
-	struct itimerspec far = { .it_value = { .tv_sec = (time_t)(wall_now_ns() / 1000000000u) + 315360000 } };
+	struct itimerspec far = { .it_value = { .tv_sec = (time_t)4102444800 } };
 
 	if (timerfd_settime(b->wall_fd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &far, NULL) < 0)
 		return;
@@ -963,7 +965,8 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 			arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);
 		} else if (ud == UD_WALL) {
 			wall_check(b, res == -ECANCELED);
-			wall_watch(b);
+			if (res <= 0)
+				wall_watch(b);
 		}
 		return 0;
 	case TAG_HELLO: {

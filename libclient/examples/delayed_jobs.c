@@ -6,15 +6,19 @@
  * is readable, chime_dispatch() calls back once per due job; it runs until
  * nothing is pending, which also re-arms the fd's wake-up.
  *
- * Jobs are scheduled at absolute CLOCK_MONOTONIC times (chime_now() + x);
- * the program checks that each ran at or after its time, prints them in the
- * order they ran, and exits 0 once all have run.
+ * Jobs are scheduled at absolute CLOCK_MONOTONIC times (chime_now() + x),
+ * but the reminder, which is due at a time of day ("at 9:00"): it is armed
+ * with chime_arm_realtime() at a CLOCK_REALTIME time, and follows the wall
+ * clock if it is set meanwhile. The program checks that each ran at or
+ * after its time, in its clock, prints them in the order they ran, and
+ * exits 0 once all have run.
  */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chime.h>
@@ -24,6 +28,7 @@
 struct job {
 	const char *what;
 	uint64_t at_ns;         /* absolute time to run */
+	int wall;               /* at_ns is CLOCK_REALTIME (a time of day), not CLOCK_MONOTONIC */
 	int done;
 };
 
@@ -33,13 +38,21 @@ struct queue {
 	int bad;
 };
 
+static uint64_t wall_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static void run_job(const struct chime_event *ev, void *arg)
 {
 	struct queue *q = arg;
 	struct job *j = (struct job *)(uintptr_t)ev->user_data;
 	uint64_t now = chime_now();
 
-	if (now < j->at_ns || j->done) {
+	if ((j->wall ? wall_now() : now) < j->at_ns || j->done) {
 		fprintf(stderr, "delayed_jobs: '%s' ran %s\n", j->what, j->done ? "twice" : "early");
 		q->bad = 1;
 	}
@@ -52,7 +65,7 @@ int main(void)
 {
 	/* at_ns starts as milliseconds from the start; main() makes it absolute. */
 	struct job jobs[] = {
-		{ .what = "send the reminder e-mail", .at_ns = 50 },
+		{ .what = "send the reminder e-mail", .at_ns = 50, .wall = 1 },
 		{ .what = "retry the upload", .at_ns = 10 },
 		{ .what = "expire the session", .at_ns = 30 },
 		{ .what = "rotate the log", .at_ns = 20 },
@@ -74,12 +87,20 @@ int main(void)
 	 */
 	q.start_ns = chime_now();
 	for (int i = 0; i < 5; i++) {
+		uint64_t data = (uint64_t)(uintptr_t)&jobs[i];
 		chime_id_t id;
 
-		jobs[i].at_ns = q.start_ns + jobs[i].at_ns * MS;     /* ms from start -> absolute */
-		r = chime_arm(c, 0, jobs[i].at_ns, 0, (uint64_t)(uintptr_t)&jobs[i], &id);
+		/* ms from start -> absolute; a real reminder would be a time of day: mktime() of 9:00 */
+		if (jobs[i].wall) {
+			jobs[i].at_ns = wall_now() + jobs[i].at_ns * MS;
+			r = chime_arm_realtime(c, 0, jobs[i].at_ns, 0, data, &id);
+		} else {
+			jobs[i].at_ns = q.start_ns + jobs[i].at_ns * MS;
+			r = chime_arm(c, 0, jobs[i].at_ns, 0, data, &id);
+		}
 		if (r < 0) {
-			fprintf(stderr, "delayed_jobs: chime_arm: %s\n", strerror(-r));
+			fprintf(stderr, "delayed_jobs: %s: %s\n", jobs[i].wall ? "chime_arm_realtime" : "chime_arm",
+				strerror(-r));
 			chime_close(c);
 			return 1;
 		}

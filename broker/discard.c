@@ -7,12 +7,14 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <unistd.h>
 
 #include "clock.h"
 
 #define DISCARD_SEGS 3u         /* a connection's: rw, ro, touch */
+#define DISCARD_STACK (UINT64_C(256) * 1024)   /* the thread's stack, ours (discard_start()) */
 
 struct discard_job {
 	struct discard_job *next;
@@ -26,9 +28,14 @@ struct discard_job {
 
 struct discard {
 	pthread_t thr;
+	bool thr_joinable;                  /* the caller's thread only: thr started and not joined */
+	pthread_attr_t attr;                /* every thread's: our stack below */
+	void *stack;                        /* mapped with a guard page below it */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct discard_job *head, **tail;   /* under lock */
+	struct discard_job *done;           /* under lock: run, for the caller's thread to free */
+	bool leaving;                       /* under lock: thr has run jobs at idle priority and exits */
 	bool running;                       /* under lock: a job is being run (counted as waiting) ... */
 	uint32_t running_uid;               /* ... for this user */
 	bool stop;                          /* under lock: close what is left, no punch, and exit */
@@ -45,29 +52,40 @@ static void fds_close(const int *fds, unsigned n)
 /*
  * Descriptors only, no mapping of ours: nothing here takes the broker's
  * mmap_lock, which this thread, at idle priority, would hold while
- * starved of CPU (see discard.h).
+ * starved of CPU (see discard.h). Nor malloc() or free(): the caller's
+ * thread frees the job (d->done), since a thread's first free() can map
+ * an arena and its exit hands its cache back.
  */
 static void job_run(struct discard_job *j, bool punch)
 {
 	for (unsigned i = 0; i < j->n && punch; i++)
 		(void)chime_seg_discard(j->fds[i], j->sizes[i]);
 	fds_close(j->fds, j->n);
-	free(j);
 }
 
+/*
+ * A thread waits for work at the priority it was created with, and only
+ * the one that takes a job goes to idle priority ("Memory comes back a
+ * little later under load; nothing waits for it"), for good: an
+ * unprivileged process cannot come back from SCHED_IDLE. Once it has no
+ * job left it exits, and discard_step() starts the next one. A thread at
+ * idle priority is the last of the broker to get a CPU when it is
+ * killed, and the broker is reaped only once all of its threads are
+ * gone: one always there held every exit for as long as any busy loop
+ * starved it (discard.h).
+ */
 static void *discard_main(void *arg)
 {
 	struct discard *d = arg;
 	struct sched_param idle = { .sched_priority = 0 };
+	bool at_idle = false;
 
-	/* Memory comes back a little later under load; nothing waits for it. */
-	(void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
 	pthread_mutex_lock(&d->lock);
 	for (;;) {
 		struct discard_job *j = d->head;
 
 		if (!j) {
-			if (d->stop)
+			if (d->stop || at_idle)
 				break;
 			pthread_cond_wait(&d->cond, &d->lock);
 			continue;
@@ -81,34 +99,101 @@ static void *discard_main(void *arg)
 			bool punch = !d->stop;
 
 			pthread_mutex_unlock(&d->lock);
+			if (!at_idle)
+				(void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+			at_idle = true;
 			job_run(j, punch);
 			pthread_mutex_lock(&d->lock);
 		}
+		j->next = d->done;
+		d->done = j;
 		d->running = false;
 	}
+	d->leaving = at_idle;
 	pthread_mutex_unlock(&d->lock);
 	return NULL;
 }
 
+/* A thread to wait for jobs, on our stack (the last one joined): 0, or -errno. */
+static int thread_start(struct discard *d)
+{
+	int r = pthread_create(&d->thr, &d->attr, discard_main, d);
+
+	if (r)
+		return -r;
+	d->thr_joinable = true;
+	pthread_setname_np(d->thr, "chimed-discard");
+	return 0;
+}
+
+/*
+ * Free the jobs run, and once the thread at idle priority has exited,
+ * start the next one at ours. One still exiting (starved) is joined at a
+ * later step: its jobs wait meanwhile, as for a thread that is starved.
+ * Never waits for the lock: the thread may hold it, starved.
+ */
+static void thread_renew(struct discard *d)
+{
+	struct discard_job *done;
+	bool leaving;
+
+	if (pthread_mutex_trylock(&d->lock) != 0)
+		return;
+	done = d->done;
+	d->done = NULL;
+	leaving = d->leaving;
+	pthread_mutex_unlock(&d->lock);
+	while (done) {
+		struct discard_job *j = done;
+
+		done = j->next;
+		free(j);
+	}
+	if (d->thr_joinable && leaving && pthread_tryjoin_np(d->thr, NULL) == 0) {
+		d->thr_joinable = false;
+		d->leaving = false;     /* no thread: nobody else writes it */
+	}
+	if (!d->thr_joinable)
+		(void)thread_start(d);  /* else at a later step */
+}
+
 int discard_start(struct discard **out)
 {
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
 	struct discard *d = calloc(1, sizeof(*d));
+	char *m;
 	int r;
 
 	if (!d)
 		return -ENOMEM;
+	/*
+	 * Our own stack, so that glibc does not madvise() it away as the
+	 * thread exits (its own stacks' unused part): that takes the
+	 * mmap_lock, at idle priority. One thread at a time uses it.
+	 */
+	m = mmap(NULL, DISCARD_STACK + page, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+	if (m == MAP_FAILED) {
+		free(d);
+		return -errno;
+	}
+	(void)mprotect(m, page, PROT_NONE);     /* the guard */
+	d->stack = m;
+	pthread_attr_init(&d->attr);
+	pthread_attr_setstack(&d->attr, m + page, DISCARD_STACK);
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_cond_init(&d->cond, NULL);
 	d->tail = &d->head;
 	d->pend_tail = &d->pend;
-	r = pthread_create(&d->thr, NULL, discard_main, d);
-	if (r) {
+	r = thread_start(d);
+	if (r < 0) {
 		pthread_cond_destroy(&d->cond);
 		pthread_mutex_destroy(&d->lock);
+		pthread_attr_destroy(&d->attr);
+		munmap(m, DISCARD_STACK + page);
 		free(d);
-		return -r;
+		return r;
 	}
-	pthread_setname_np(d->thr, "chimed-discard");
 	*out = d;
 	return 0;
 }
@@ -163,6 +248,7 @@ static void job_hand_over(struct discard *d, struct discard_job *j)
 	if (waiting(d, j->uid) >= j->max) {
 		pthread_mutex_unlock(&d->lock);
 		job_run(j, false);
+		free(j);
 		return;
 	}
 	*d->tail = j;
@@ -185,11 +271,16 @@ bool discard_step(struct discard *d, uint64_t budget_ns)
 		if (now_ns() - t0 >= budget_ns)
 			break;
 	}
+	if (d)
+		thread_renew(d);        /* the thread may have left as these came */
 	return d && d->pend;
 }
 
 void discard_stop(struct discard *d)
 {
+	struct discard_job *queued;
+	size_t page;
+
 	if (!d)
 		return;
 	while (d->pend) {
@@ -199,13 +290,35 @@ void discard_stop(struct discard *d)
 		for (unsigned i = 0; i < j->n; i++)
 			chime_seg_unmap(&j->maps[i]);
 		job_run(j, false);
+		free(j);
 	}
+	/* What waits is closed here: the thread, at idle priority, ends the job it runs, if any. */
 	pthread_mutex_lock(&d->lock);
 	d->stop = true;
+	queued = d->head;
+	d->head = NULL;
+	d->tail = &d->head;
 	pthread_cond_signal(&d->cond);
 	pthread_mutex_unlock(&d->lock);
-	pthread_join(d->thr, NULL);
+	while (queued) {
+		struct discard_job *j = queued;
+
+		queued = j->next;
+		job_run(j, false);
+		free(j);
+	}
+	if (d->thr_joinable)
+		pthread_join(d->thr, NULL);
+	while (d->done) {
+		struct discard_job *j = d->done;
+
+		d->done = j->next;
+		free(j);
+	}
 	pthread_cond_destroy(&d->cond);
 	pthread_mutex_destroy(&d->lock);
+	pthread_attr_destroy(&d->attr);
+	page = (size_t)sysconf(_SC_PAGESIZE);
+	munmap(d->stack, DISCARD_STACK + page);
 	free(d);
 }

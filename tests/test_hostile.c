@@ -794,8 +794,8 @@ Test(hostile, a_starved_discard_thread_does_not_stall_the_control_thread, .timeo
  * then, its socket with it (a dead broker's ring holds it). On 2 CPUs
  * with 3 loops: SIGKILL to waitpid() 0.4-0.6 s (median of 10), up to 2.6
  * s; a thread goes to idle priority only for its jobs now, 10-20 ms (up
- * to 40). Here the broker shares a CPU with 3 loops: 153-432 ms before,
- * 6-25 ms after (7 and 6 rounds).
+ * to 40). Here the broker shares a CPU with 3 loops: 153-497 ms before,
+ * 6-25 ms after (10 and 9 rounds).
  */
 Test(hostile, busy_loops_beside_a_killed_broker_do_not_hold_up_its_exit, .timeout = 30)
 {

@@ -367,6 +367,7 @@ bool query_step(struct broker *b)
 				.key = at_load(&nd->key), .user_data = at_load(&nd->user_data),
 				.deadline_ns = at_load(&nd->deadline_ns), .period_ns = period,
 				.state = st, .shard = q->shard,
+				.flags = gen & CHIME_NODE_REALTIME ? CHIME_QUERY_TIMER_REALTIME : 0,
 			};
 			/*
 			 * The node freed and taken again while this thread read it

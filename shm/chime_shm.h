@@ -975,6 +975,8 @@ struct chime_query_timer {
 _Static_assert(sizeof(struct chime_query_timer) == 64, "query record is 64 B");
 /* Its resets are words in the client's touch table; deadline_ns is the latest the client wrote there. */
 #define CHIME_QUERY_TIMER_TOUCHED 1u
+/* A wall-clock timer (chime_arm_realtime()); its deadline_ns is CLOCK_MONOTONIC all the same, as every node's. */
+#define CHIME_QUERY_TIMER_REALTIME 2u
 _Static_assert(sizeof(struct chime_hello) == 96, "hello is 96 B");
 _Static_assert(offsetof(struct chime_hello, session) == 32, "moved: bump CHIME_SHM_LAYOUT");
 

@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "chime.h"
@@ -908,4 +909,48 @@ Test(touch, a_client_with_few_timers_gets_no_table_faulted_in_ahead)
 		      "%u pages of a 40000-timer client's table are resident", in);
 	chime_close(c);
 	chime_close(big);
+}
+
+/*
+ * A wall-clock timer (chime_arm_realtime()) is listed as one: the broker's
+ * answer to a timers query flags it, and chimectl says its clock in both
+ * formats, whether it reads the segments (root, here) or asks.
+ */
+Test(touch, a_wall_clock_timer_is_listed_as_one)
+{
+	chime_t *c = copen(0, NULL);
+	struct timespec wall;
+	struct chime_query_timer recs[4];
+	char args[128], filter[256], line[256];
+	chime_id_t w, m;
+	uint64_t n;
+	unsigned seen = 0;
+
+	clock_gettime(CLOCK_REALTIME, &wall);
+	cr_assert_eq(chime_arm_realtime(c, 1, ((uint64_t)wall.tv_sec + 3600) * 1000000000u, 0, 1, &w), 0);
+	cr_assert_eq(chime_arm(c, 2, now_ns() + 3600000 * MS, 0, 2, &m), 0);
+	applied(c);
+
+	n = query_timers(recs, 4);
+	cr_assert_eq(n, 2);
+	for (uint64_t i = 0; i < n; i++) {
+		cr_assert(recs[i].id == w || recs[i].id == m);
+		cr_assert_eq(recs[i].flags, recs[i].id == w ? CHIME_QUERY_TIMER_REALTIME : 0u,
+			     "flags %#x of %s", recs[i].flags, recs[i].id == w ? "the wall-clock timer" : "the other");
+		seen |= recs[i].id == w ? 1u : 2u;
+	}
+	cr_assert_eq(seen, 3u);
+
+	snprintf(args, sizeof(args), "-j timers --client %d", (int)getpid());
+	snprintf(filter, sizeof(filter), "jq -r '[.timers[] | \"\\(.key)=\\(.clock)\"] | sort | join(\" \")'");
+	chimectl(line, sizeof(line), args, filter);
+	cr_assert_str_eq(line, "1=realtime 2=monotonic");
+	snprintf(args, sizeof(args), "timers --client %d", (int)getpid());
+	snprintf(filter, sizeof(filter), "grep '^ *0x%" PRIx64 " '", w);
+	chimectl(line, sizeof(line), args, filter);
+	cr_assert(strstr(line, " wall"), "the text says the wall clock: '%s'", line);
+	snprintf(filter, sizeof(filter), "grep '^ *0x%" PRIx64 " '", m);
+	chimectl(line, sizeof(line), args, filter);
+	cr_assert(strstr(line, " mono"), "'%s'", line);
+	chime_close(c);
 }

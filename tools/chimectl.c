@@ -415,6 +415,7 @@ struct listed {
 	uint32_t shard;
 	bool touched;           /* its resets are words in the client's touch table */
 	bool exact;             /* false: a touched timer's deadline as the shard last took it (a lower bound) */
+	bool wall;              /* a wall-clock timer (its deadline_ns is monotonic all the same) */
 };
 
 /*
@@ -438,14 +439,15 @@ static void show_timer(const struct listed *t, uint64_t now, json_t *arr)
 	else
 		snprintf(per, sizeof(per), "-");
 	fmt_id(ids, sizeof(ids), t->id);
-	out("%18s %20" PRIu64 " %16s %12s %6s %5u\n", ids, t->key, dl, per, t->state ? t->state : "?", t->shard);
+	out("%18s %20" PRIu64 " %16s %12s %6s %5u %5s\n", ids, t->key, dl, per, t->state ? t->state : "?", t->shard,
+	    t->wall ? "wall" : "mono");
 	snprintf(keys, sizeof(keys), "%" PRIu64, t->key);
 	snprintf(uds, sizeof(uds), "%" PRIu64, t->user_data);
-	json_array_append_new(arr, json_pack("{s:s,s:s,s:s,s:I,s:b,s:I,s:s,s:i,s:b}", "id", ids, "key", keys,
+	json_array_append_new(arr, json_pack("{s:s,s:s,s:s,s:I,s:b,s:I,s:s,s:i,s:b,s:s}", "id", ids, "key", keys,
 					     "user_data", uds, "deadline_in_ns", (json_int_t)rel,
 					     "deadline_exact", t->exact, "period_ns", period,
 					     "state", t->state ? t->state : "?", "shard", (int)t->shard,
-					     "touched", t->touched));
+					     "touched", t->touched, "clock", t->wall ? "realtime" : "monotonic"));
 }
 
 /*
@@ -534,7 +536,7 @@ static int timers_by_query(const char *sock, struct whose w, uint64_t limit)
 						   " (another user's client: only root, the broker's user and chimed "
 						   "--stats-group see its timers)") : NULL);
 	arr = json_array();
-	out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
+	out("%18s %20s %16s %12s %6s %5s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD", "CLOCK");
 	for (uint64_t i = 0; i < head.count; i++) {
 		const struct chime_query_timer *t = &recs[i];
 
@@ -543,7 +545,7 @@ static int timers_by_query(const char *sock, struct whose w, uint64_t limit)
 					     .deadline_ns = t->deadline_ns, .period_ns = t->period_ns,
 					     .state = node_state((uint8_t)t->state, t->deadline_ns, head.now_ns),
 					     .shard = t->shard, .touched = t->flags & CHIME_QUERY_TIMER_TOUCHED,
-					     .exact = true },
+					     .exact = true, .wall = t->flags & CHIME_QUERY_TIMER_REALTIME },
 			   head.now_ns, arr);
 	}
 	if (head.total > head.count)
@@ -648,7 +650,8 @@ static bool node_listed(const struct chime_node *n, uint32_t k, uint64_t i, cons
 	 */
 	*t = (struct listed){ .id = chime_id_make(n->gen & CHIME_ID_GEN_MASK, k, (uint32_t)i), .key = n->key,
 			      .user_data = n->user_data, .deadline_ns = n->deadline_ns, .period_ns = n->period_ns,
-			      .state = st, .shard = k, .touched = touched, .exact = !touched };
+			      .state = st, .shard = k, .touched = touched, .exact = !touched,
+			      .wall = n->gen & CHIME_NODE_REALTIME };
 	return true;
 }
 
@@ -761,7 +764,7 @@ static int cmd_timers(const char *sock, struct whose w, uint64_t limit)
 		if (is_whose(&sn.clients[i], w))
 			found = slots[sn.clients[i].slot] = 1;
 	if (found)      /* no table at all for a pid that is not there: only the error */
-		out("%18s %20s %16s %12s %6s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD");
+		out("%18s %20s %16s %12s %6s %5s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD", "CLOCK");
 	for (k = 0; found && k < sn.hdr.nr_shards && !r; k++)
 		r = list_shard(sock, k, slots, now_ns(), limit, &shown, &total, arr);
 	if (!found && down && w.session)

@@ -436,36 +436,34 @@ static inline uint32_t home_shard(const struct chime *c)
 	return s;
 }
 
+/* An ARM or ARM_REALTIME (op) on this thread's home shard, else on any other with room. */
+static inline __attribute__((always_inline)) int arm(chime_t *c, uint32_t op, uint64_t key, uint64_t deadline_ns,
+						     uint64_t period_ns, uint64_t user_data, chime_id_t *id)
+{
+	uint32_t s = home_shard(c);
+	int r = submit(c, s, op, 0, key, deadline_ns, period_ns, user_data, id);
+
+	if (likely(r != -ENOMEM && r != -EDQUOT))
+		return r;
+	return arm_elsewhere(c, op, s, r, key, deadline_ns, period_ns, user_data, id);
+}
+
 CHIME_PUBLIC int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns,
 			   uint64_t user_data, chime_id_t *id)
 {
-	uint32_t s;
-	int r;
-
 	if (unlikely(!c || !id))
 		return -EINVAL;
-	s = home_shard(c);
-	r = submit(c, s, CHIME_OP_ARM, 0, key, deadline_ns, period_ns, user_data, id);
-	if (likely(r != -ENOMEM && r != -EDQUOT))
-		return r;
-	return arm_elsewhere(c, CHIME_OP_ARM, s, r, key, deadline_ns, period_ns, user_data, id);
+	return arm(c, CHIME_OP_ARM, key, deadline_ns, period_ns, user_data, id);
 }
 
 CHIME_PUBLIC int chime_arm_realtime(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns,
 				    uint64_t user_data, chime_id_t *id)
 {
-	uint32_t s;
-	int r;
-
 	if (unlikely(!c || !id))
 		return -EINVAL;
 	if (unlikely(!at_load(&c->realtime)))
 		return cl_gone_for_ops(c) ? cl_dead_errno(c) : -EOPNOTSUPP;
-	s = home_shard(c);
-	r = submit(c, s, CHIME_OP_ARM_REALTIME, 0, key, deadline_ns, period_ns, user_data, id);
-	if (likely(r != -ENOMEM && r != -EDQUOT))
-		return r;
-	return arm_elsewhere(c, CHIME_OP_ARM_REALTIME, s, r, key, deadline_ns, period_ns, user_data, id);
+	return arm(c, CHIME_OP_ARM_REALTIME, key, deadline_ns, period_ns, user_data, id);
 }
 
 CHIME_PUBLIC int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns)

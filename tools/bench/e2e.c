@@ -67,6 +67,7 @@
 #include "bench.h"
 #include "chime_shm.h"
 #include "e2e.h"
+#include "ring.h"       /* CHIME_SQ_AHEAD */
 #include "segment.h"
 
 /* ------------------------------------------------------------------------ */
@@ -344,10 +345,10 @@ int bench_e2e(int argc, char **argv)
 				printf("\nfloor: one 64-byte record handed to another CPU through a ring, no chime code\n"
 				       "(bursts of %u into slots the consumer wrote last; CPUs %d -> %d), ns per record:\n"
 				       "  seq by release store %.1f | by exchange %.1f (libchime's publish) | CAS on the\n"
-				       "  tail, then exchange %.1f (libchime's reserve and publish) | 64 a CAS and an\n"
-				       "  exchange %.1f (chime_submit's)\n",
+				       "  tail, then exchange %.1f | the same, the slot %u on prefetched for writing %.1f\n"
+				       "  (libchime's reserve and publish) | 64 a CAS and an exchange %.1f (chime_submit's)\n",
 				       burst, fl.cpu[0], fl.cpu[1], fl.ns[FLOOR_PLAIN], fl.ns[FLOOR_XCHG],
-				       fl.ns[FLOOR_CAS_XCHG], fl.ns[FLOOR_BATCH]);
+				       fl.ns[FLOOR_CAS_XCHG], CHIME_SQ_AHEAD, fl.ns[FLOOR_CAS_XCHG_AHEAD], fl.ns[FLOOR_BATCH]);
 			else
 				printf("\nfloor: not measured (fewer than 2 CPUs allowed)\n");
 			printf("\nclient operations in bursts: 1 or 2 threads on one chime_t, each batch of %u into\n"

@@ -174,9 +174,9 @@ int run_lat_tfd(size_t n, uint64_t span_ns, struct lat_result *res);
 /*
  * The floor under a client operation (e2e_floor.c): ns to hand one 64-byte
  * record to a thread on another CPU through a ring, in bursts of `burst`
- * into slots the consumer wrote last, published three ways.
+ * into slots the consumer wrote last, published in the ways e2e_floor.c names.
  */
-enum floor_way { FLOOR_PLAIN, FLOOR_XCHG, FLOOR_CAS_XCHG, FLOOR_BATCH, NR_FLOOR };
+enum floor_way { FLOOR_PLAIN, FLOOR_XCHG, FLOOR_CAS_XCHG, FLOOR_CAS_XCHG_AHEAD, FLOOR_BATCH, NR_FLOOR };
 struct floor_result {
 	double ns[NR_FLOOR];    /* median over bursts, ns per record */
 	int cpu[2];             /* producer, consumer */

@@ -15,6 +15,8 @@
  *            chime_sq_publish() needs before it reads the shard's sleep word;
  *   cas+xchg the position claimed by a CAS on the shared tail first, as
  *            chime_sq_reserve() does for many producer threads;
+ *   ahead    the same, and each record fetches the slot CHIME_SQ_AHEAD on
+ *            for writing, as chime_sq_reserve() does (shm/ring.h);
  *   batch    FLOOR_BATCH records at a time, as chime_submit() writes them:
  *            every slot's seq checked, one CAS for all, the fields, then
  *            seq by release stores and one exchange after the last.
@@ -33,6 +35,7 @@
 #include "atomics.h"
 #include "bench.h"
 #include "e2e.h"
+#include "ring.h"       /* CHIME_SQ_AHEAD */
 
 #define FLOOR_SLOTS 1024u
 #define FLOOR_REPS  400u
@@ -136,10 +139,12 @@ static double floor_way(struct floor_ring *r, enum floor_way way, unsigned burst
 
 			while (at_load_acq(&s->seq) != p)
 				at_relax();
-			if (way == FLOOR_CAS_XCHG) {
+			if (way == FLOOR_CAS_XCHG || way == FLOOR_CAS_XCHG_AHEAD) {
 				uint64_t cur = p;
 
 				(void)at_cas(&r->tail, &cur, p + 1);
+				if (way == FLOOR_CAS_XCHG_AHEAD)
+					at_prefetch_w(&r->slot[(p + CHIME_SQ_AHEAD) % FLOOR_SLOTS]);
 			} else {
 				at_store(&r->tail, p + 1);
 			}

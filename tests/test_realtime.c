@@ -6,6 +6,7 @@
  * never the host's clock.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -14,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,21 +47,27 @@ static uint64_t wall(void)
 	return host_wall() + (uint64_t)shift;
 }
 
-/* The offset the broker's shards follow, from its control segment. */
-static int64_t broker_wall_off(void)
+/* A 64-bit field of the broker's control segment, at offset `at` (0 if unreadable). */
+static int64_t ctl_word(size_t at)
 {
 	char path[PATH_MAX];
-	int64_t off = 0;
+	int64_t v = 0;
 	int fd;
 
 	snprintf(path, sizeof(path), "%s.ctl", sock);
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return 0;
-	if (pread(fd, &off, sizeof(off), (off_t)offsetof(struct chime_ctl, wall_off)) != (ssize_t)sizeof(off))
-		off = 0;
+	if (pread(fd, &v, sizeof(v), (off_t)at) != (ssize_t)sizeof(v))
+		v = 0;
 	close(fd);
-	return off;
+	return v;
+}
+
+/* The offset the broker's shards follow, from its control segment. */
+static int64_t broker_wall_off(void)
+{
+	return ctl_word(offsetof(struct chime_ctl, wall_off));
 }
 
 /* Shift the broker's wall clock by `by` more; with `hup`, SIGHUP makes it look at once (else: its heartbeat). */
@@ -420,4 +429,104 @@ Test(realtime, a_wall_clock_arm_due_before_a_sleeping_shard_wakes_rings_its_door
 Test(realtime, a_wall_clock_reset_due_before_a_sleeping_shard_wakes_rings_its_doorbell)
 {
 	on_time_from_a_sleeping_shard(true);
+}
+
+/*
+ * The descriptor of process pid's CLOCK_REALTIME timerfd armed with
+ * TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET (its /proc/PID/fdinfo says
+ * "clockid: 0" and "settime flags: 03"), or -1.
+ */
+static int cancel_on_set_timerfd(int pid)
+{
+	char path[320], target[64], line[128];
+	struct dirent *e;
+	int found = -1;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", pid);
+	d = opendir(path);
+	while (d && found < 0 && (e = readdir(d))) {
+		bool realtime = false, cancel_on_set = false;
+		ssize_t len;
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/%d/fd/%s", pid, e->d_name);
+		len = readlink(path, target, sizeof(target) - 1);
+		if (len <= 0)
+			continue;
+		target[len] = '\0';
+		if (strcmp(target, "anon_inode:[timerfd]") != 0)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/fdinfo/%s", pid, e->d_name);
+		f = fopen(path, "r");
+		while (f && fgets(line, sizeof(line), f)) {
+			realtime |= strcmp(line, "clockid: 0\n") == 0;
+			cancel_on_set |= strcmp(line, "settime flags: 03\n") == 0;
+		}
+		if (f)
+			fclose(f);
+		if (realtime && cancel_on_set)
+			found = atoi(e->d_name);
+	}
+	if (d)
+		closedir(d);
+	return found;
+}
+
+/* The broker's last heartbeat (CLOCK_MONOTONIC), from its control segment. */
+static uint64_t broker_beat(void)
+{
+	return (uint64_t)ctl_word(offsetof(struct chime_ctl, heartbeat_ns));
+}
+
+/*
+ * The watch for steps of the host's wall clock (control.c wall_watch()): a
+ * CLOCK_REALTIME timerfd armed ahead with TFD_TIMER_CANCEL_ON_SET, whose
+ * read in the control ring completes at a step, so that the broker looks
+ * at the wall clock then rather than at its next heartbeat. Only a set of
+ * the host's clock cancels that timerfd (the kernel cancels when
+ * CLOCK_REALTIME - CLOCK_MONOTONIC changed: a zero ADJ_SETOFFSET does
+ * not), which no test makes. This one checks how it is armed, completes
+ * its read with an expiry instead (the broker's own timerfd, through
+ * pidfd_getfd()), and sees the step the hook made followed before the
+ * next heartbeat: the beat's stamp has not moved when the timer fires.
+ */
+Test(realtime, a_completion_of_the_step_watch_is_followed_before_the_next_heartbeat)
+{
+	chime_t *c = t_open(sock);
+	struct itimerspec at_once = { .it_value = { .tv_nsec = 1 } };
+	uint64_t deadline = wall() + 3600 * SEC, beat, end, t0;
+	struct chime_event ev;
+	int watch, pidfd, fd;
+	chime_id_t id;
+
+	cr_assert_not_null(c);
+	watch = cancel_on_set_timerfd(broker.pid);
+	cr_assert_geq(watch, 0, "the broker has no CLOCK_REALTIME timerfd armed with TFD_TIMER_CANCEL_ON_SET");
+	pidfd = (int)syscall(SYS_pidfd_open, broker.pid, 0);
+	fd = pidfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pidfd, watch, 0);
+	if (fd < 0 && (errno == EPERM || errno == EACCES || errno == ENOSYS))
+		cr_skip("pidfd_getfd() of the broker's timerfd: %s", strerror(errno));
+	cr_assert_geq(fd, 0, "pidfd_getfd(): %s", strerror(errno));
+	cr_assert_eq(chime_arm_realtime(c, 1, deadline, 0, 0, &id), 0);
+	cr_assert_eq(t_nodes_settle(sock, T_NODES_TIMERS, 1), 1, "not armed (at the old offset) yet");
+	/* Just after a heartbeat, whose look at the wall clock is over 10 ms later: the next is 80 ms on. */
+	beat = broker_beat();
+	end = now_ns() + 1000 * MS;
+	while (broker_beat() == beat && now_ns() < end)
+		usleep(500);
+	beat = broker_beat();
+	usleep(10000);
+	step((int64_t)(3600 * SEC + 10 * MS), false);
+	t0 = now_ns();
+	cr_assert_eq(timerfd_settime(fd, 0, &at_once, NULL), 0);
+	ev = next_event(c, 1500);
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.deadline_ns, deadline);
+	cr_assert_eq(broker_beat(), beat, "followed %llu ms after the watch's completion, at a heartbeat",
+		     (unsigned long long)((now_ns() - t0) / MS));
+	fprintf(stderr, "followed %llu us after the watch's completion\n", (unsigned long long)((now_ns() - t0) / 1000));
+	close(fd);
+	close(pidfd);
+	chime_close(c);
 }

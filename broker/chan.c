@@ -210,16 +210,11 @@ static uint32_t carried_take(struct shard_core *sc, struct chan *ch, uint64_t id
 
 /*
  * Counters (stats.h definitions): "armed" counts timers on the wheel plus
- * periodic timers in a backlog; a one-shot leaves it when it fires. These
- * two cover what stats.h has no call for: a fired one-shot that a reset
- * brings back to the wheel, and the cancel of one that already fired.
+ * periodic timers in a backlog (chan_counts_as_armed()); a one-shot leaves
+ * it when it fires. These two cover what stats.h has no call for: a fired
+ * one-shot that a reset brings back to the wheel, and the cancel of one
+ * that already fired.
  */
-static bool counts_as_armed(const struct chime_node *n)
-{
-	return n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED ||
-	       (n->state == CHIME_NODE_BACKLOG && n->period_ns);
-}
-
 static void stats_rearmed(struct stats *st, uint32_t slot)
 {
 	struct chime_client_stats *c = stats__cl(st, slot);
@@ -236,6 +231,13 @@ static void stats_cancel_fired(struct stats *st, uint32_t slot, uint64_t n)
 	st->sh.cancels += n;
 	if (c)
 		c->cancels += n;
+}
+
+/* A node about to be freed: if it was an armed wall-clock timer, one fewer (armed_realtime). */
+static void wall_disarm(struct shard_core *sc, const struct chime_node *n)
+{
+	if ((n->gen & CHIME_NODE_REALTIME) && chan_counts_as_armed(n))
+		stats_disarmed_realtime(sc->st, 1);
 }
 
 static void backlog_del(struct shard_core *sc, struct chan *ch, uint32_t idx)
@@ -808,14 +810,20 @@ static inline __attribute__((always_inline)) void fire(struct shard_core *sc, st
 	bool periodic = n->period_ns != 0, immediate = (n->gen & CHIME_NODE_IMMEDIATE) != 0;
 
 	if (ch->dying) {
-		/* Reclaim is under way: the client is gone, so is its timer. */
+		/* Reclaim is under way: the client is gone, so is its timer (popped: it was armed). */
+		if (n->gen & CHIME_NODE_REALTIME)
+			stats_disarmed_realtime(sc->st, 1);
 		node_release(sc, ch, idx);
 		return;
 	}
 	if (unlikely(n->gen & CHIME_NODE_TOUCH) && touch_moved(sc, ch, idx))
 		return;
-	if (unlikely(n->gen & CHIME_NODE_REALTIME) && wall_early(sc, idx))
-		return;
+	if (unlikely(n->gen & CHIME_NODE_REALTIME)) {
+		if (wall_early(sc, idx))
+			return;
+		if (!periodic)
+			stats_disarmed_realtime(sc->st, 1);     /* fires: no longer armed, as stats_fire_n() counts it */
+	}
 	if (r->ch != ch || r->deadline_ns != n->deadline_ns || r->periodic != periodic ||
 	    r->immediate != immediate) {
 		run_flush(sc, r, now_ns);
@@ -1130,6 +1138,7 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 		n->gen |= CHIME_NODE_REALTIME | (sc->wall_cur ? CHIME_NODE_WALL_B : 0);
 		sc->wall_nodes++;
 		chan_wall_note(sc, idx);
+		stats_armed_realtime(sc->st, 1);
 	}
 	deadline_ns = wheel_deadline(sc, n, r->deadline_ns);
 	mark_immediate(sc, n, deadline_ns);
@@ -1182,8 +1191,9 @@ malformed:
 static bool node_cancel(struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
 	struct chime_node *n = NODE(sc, idx);
-	bool armed = counts_as_armed(n);
+	bool armed = chan_counts_as_armed(n);
 
+	wall_disarm(sc, n);
 	/*
 	 * Its event still in the ring (a periodic's, or a fired one-shot's):
 	 * the client must skip it. Voided first: a periodic off the wheel
@@ -1268,7 +1278,7 @@ static bool reset_voiding(struct shard_core *sc, struct chan *ch, uint32_t idx, 
 static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t deadline_ns)
 {
 	struct chime_node *n = NODE(sc, idx);
-	bool was_armed = counts_as_armed(n);
+	bool was_armed = chan_counts_as_armed(n);
 
 	mark_immediate(sc, n, deadline_ns);
 	switch (n->state) {
@@ -1320,8 +1330,11 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 		return;
 	}
 	stats_reset(sc->st, ch->slot);
-	if (!was_armed)
+	if (!was_armed) {
 		stats_rearmed(sc->st, ch->slot);
+		if (n->gen & CHIME_NODE_REALTIME)
+			stats_armed_realtime(sc->st, 1);
+	}
 }
 
 /*
@@ -2225,6 +2238,7 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		carried_free(sc, ch);
 		settle(sc, ch, false, 0);
 		while ((idx = ch->backlog.head) != CHIME_NIL) {
+			wall_disarm(sc, NODE(sc, idx));
 			backlog_del(sc, ch, idx);
 			node_release(sc, ch, idx);
 		}
@@ -2244,6 +2258,7 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		if (n->owner != ch->slot)
 			continue;
 		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
+			wall_disarm(sc, n);
 			n->cq_pos = CHIME_POS_NONE;     /* off the wheel with one, it would read as re-arming */
 			wheel_cancel(&sc->wh, idx);
 			node_release(sc, ch, idx);

@@ -202,6 +202,16 @@ static inline uint64_t chan_pos_at_deadline(uint64_t pos)
 }
 
 /*
+ * A node the counters take for armed (stats.h): on the wheel, or a periodic
+ * held in a backlog; a fired one-shot is not.
+ */
+static inline bool chan_counts_as_armed(const struct chime_node *n)
+{
+	return n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED ||
+	       (n->state == CHIME_NODE_BACKLOG && n->period_ns);
+}
+
+/*
  * Base every wall-clock node of the shard on offset `off` (CLOCK_REALTIME -
  * CLOCK_MONOTONIC): each moves by the difference from its own base, on the
  * wheel or off it, so that its wall deadline stays where it was. A walk of

@@ -84,7 +84,7 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 {
 	struct wheel *wh = &sc->wh;
 	uint32_t end = wh->w->high_water, nback = 0, cap = 0;
-	uint64_t now = wh->w->now_ns;
+	uint64_t now = wh->w->now_ns, armed_realtime = 0;
 	uint64_t *armed = calloc(sc->max_clients, sizeof(*armed));
 	struct back *back = NULL;
 	int r = 0;
@@ -229,6 +229,7 @@ keep:
 		if (n->gen & CHIME_NODE_REALTIME) {
 			sc->wall_nodes++;
 			chan_wall_note(sc, idx);
+			armed_realtime += chan_counts_as_armed(n);
 		}
 		keyidx_insert(&sc->ki, idx);
 		chan_own(ch);
@@ -274,6 +275,7 @@ keep:
 		stats_restored(sc->st, slot, armed[slot]);
 		stats_client_depth(sc->st, slot, 0, ch->nr_backlog);
 	}
+	stats_armed_realtime(sc->st, armed_realtime);
 	free(armed);
 	return r;
 }

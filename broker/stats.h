@@ -29,6 +29,12 @@
  *                 waiting in the submission rings (sq_tail - sq_head as the
  *                 shard sees them, bounded to the ring's size).
  *   ARM applied   stats_arm(&st, slot)        (armed gauges +1)
+ *   wall clock    stats_armed_realtime(&st, n) when n wall-clock timers
+ *                 come among the armed ones (an arm, a reset of a fired
+ *                 one-shot, a restore), stats_disarmed_realtime(&st, n)
+ *                 when they leave them (fired one-shot, cancel, a gone
+ *                 client's reclaim): chan.c, at the node, whose flag says
+ *                 its clock; the shard's armed_realtime, no client's.
  *   RESET applied stats_reset(&st, slot)      (only when it hit a live timer)
  *   CANCEL        stats_cancel(&st, slot)     per timer actually removed
  *                 (armed gauges -1); a stale id counts nothing
@@ -74,7 +80,8 @@
  * Definitions (what chimestat and the tests expect):
  *   armed    timers in the wheel (ARMED, EXPIRED) plus periodic timers held
  *            back in a backlog; not granted-but-unused nodes, not delivered
- *            one-shots waiting to be consumed.
+ *            one-shots waiting to be consumed. armed_realtime: those of
+ *            them that are wall-clock timers.
  *   cancels  timers removed by CANCEL or CANCEL_KEY (shard and client alike:
  *            the sum over clients equals the shard's); cancel_keys counts
  *            CANCEL_KEY records.
@@ -234,6 +241,22 @@ static inline void stats_arm(struct stats *st, uint32_t slot)
 		c->arms++;
 		c->armed++;
 	}
+}
+
+/* n wall-clock timers among the armed ones (stats.h top): armed_realtime. */
+static inline void stats_armed_realtime(struct stats *st, uint64_t n)
+{
+	if (!CHIME_COUNTERS)
+		return;
+	st->sh.armed_realtime += n;
+}
+
+/* n wall-clock timers no longer armed. */
+static inline void stats_disarmed_realtime(struct stats *st, uint64_t n)
+{
+	if (!CHIME_COUNTERS)
+		return;
+	st->sh.armed_realtime = st->sh.armed_realtime >= n ? st->sh.armed_realtime - n : 0;
 }
 
 /* What the shard took over from an earlier broker's file (restore.h), once at start-up. */

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
 #include <stddef.h>
@@ -529,4 +530,82 @@ Test(realtime, a_completion_of_the_step_watch_is_followed_before_the_next_heartb
 	close(fd);
 	close(pidfd);
 	chime_close(c);
+}
+
+/* The wall-clock timers among the armed ones, over the shards, as chimestat shows them (shard.N.armed_realtime). */
+static uint64_t armed_realtime(void)
+{
+	char cmd[512], line[256];
+	uint64_t sum = 0, v;
+	FILE *p;
+
+	cr_assert_not_null(getenv("CHIMESTAT"), "$CHIMESTAT names no chimestat");
+	snprintf(cmd, sizeof(cmd), "%s -s '%s' -1 -f 'shard.*.armed_realtime'", getenv("CHIMESTAT"), sock);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	while (fgets(line, sizeof(line), p))
+		if (sscanf(line, "shard.%*u.armed_realtime %" SCNu64, &v) == 1)
+			sum += v;
+	cr_assert_eq(pclose(p), 0, "%s failed", cmd);
+	return sum;
+}
+
+/* armed_realtime() once it is `want` (the shards publish within a millisecond), or after 2 s. */
+static uint64_t armed_realtime_becomes(uint64_t want)
+{
+	uint64_t end = now_ns() + 2 * SEC, n;
+
+	while ((n = armed_realtime()) != want && now_ns() < end)
+		usleep(5000);
+	return n;
+}
+
+Test(realtime, chimestat_counts_the_armed_wall_clock_timers_apart)
+{
+	chime_t *c = t_open(sock);
+	uint64_t far = wall() + 3600 * SEC, near = wall() + 100 * MS;
+	chime_id_t ids[4], mono[2], soon;
+	struct chime_event ev;
+
+	cr_assert_not_null(c);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(chime_arm_realtime(c, (uint64_t)i, far, 0, 0, &ids[i]), 0);
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(chime_arm(c, 10, chime_now() + 3600 * SEC, 0, 0, &mono[i]), 0);
+	cr_assert_eq(chime_arm_realtime(c, 20, near, 0, 0, &soon), 0);
+	cr_assert_eq(armed_realtime_becomes(5), 5, "5 wall-clock timers of 7 armed");
+	/* One fires: a fired one-shot is no longer armed */
+	ev = next_event(c, 1000);
+	cr_assert_eq(ev.id, soon);
+	cr_assert_eq(armed_realtime_becomes(4), 4);
+	cr_assert_eq(chime_cancel(c, ids[0]), 0);
+	cr_assert_eq(chime_cancel(c, ids[1]), 0);
+	cr_assert_eq(chime_cancel(c, mono[0]), 0);
+	cr_assert_eq(armed_realtime_becomes(2), 2, "2 cancelled of 4");
+	/* The client goes: its timers are reclaimed */
+	chime_close(c);
+	cr_assert_eq(armed_realtime_becomes(0), 0);
+}
+
+/* The count again: a fired one-shot a reset brings back (its event not taken yet), and a restart's restore. */
+Test(realtime, chimestat_counts_wall_clock_timers_reset_after_firing_and_restored)
+{
+	struct chime_opts o = { .socket_path = sock, .session = "rt-count" };
+	uint64_t far = wall() + 3600 * SEC;
+	chime_t *c = NULL;
+	chime_id_t id, other;
+
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm_realtime(c, 1, wall() + 300 * MS, 0, 0, &id), 0);
+	cr_assert_eq(chime_arm_realtime(c, 2, far, 0, 0, &other), 0);
+	cr_assert_eq(chime_arm(c, 3, chime_now() + 3600 * SEC, 0, 0, &other), 0);
+	cr_assert_eq(armed_realtime_becomes(2), 2);
+	cr_assert_eq(armed_realtime_becomes(1), 1, "the first fired (its event waits in the ring, untaken)");
+	cr_assert_eq(chime_reset(c, id, far), 0);
+	cr_assert_eq(armed_realtime_becomes(2), 2, "the reset armed it again");
+	chime_close(c);
+	cr_assert_neq(t_chimed_stop(&broker, SIGKILL), -1);
+	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 2"), 0);
+	cr_assert_eq(armed_realtime_becomes(2), 2, "the next broker restored them");
+	cr_assert_eq(chime_drop_session(&o), 0);
 }

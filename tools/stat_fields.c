@@ -83,6 +83,7 @@ struct cdef {
 #define SS(f) offsetof(struct chime_shard_stats, f)
 static const struct cdef shard_defs[] = {
 	{ "armed", SS(armed), F_GAUGE, "chime_shard_armed", "Timers the shard holds for clients now (armed or held).", 1 },
+	{ "armed_realtime", SS(armed_realtime), F_GAUGE, "chime_shard_armed_realtime", "Of chime_shard_armed: wall-clock timers (chime_arm_realtime()).", 1 },
 	{ "arms", SS(arms), F_COUNTER, "chime_shard_arms_total", "Timers armed.", 1 },
 	{ "resets", SS(resets), F_COUNTER, "chime_shard_resets_total", "Timers reset to a new deadline.", 1 },
 	{ "cancels", SS(cancels), F_COUNTER, "chime_shard_cancels_total", "Timers removed by cancel or cancel-by-key.", 1 },

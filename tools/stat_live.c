@@ -63,6 +63,7 @@ struct col {
 static const struct col shard_cols[] = {
 	{ "shard", NULL, NULL, K_ID, 5, 0, 0 },
 	{ "armed", "armed", NULL, K_NUM, 9, 1, 0 },
+	{ "wall", "armed_realtime", NULL, K_NUM, 7, 6, 0 },
 	{ "arms/s", "arms", NULL, K_RATE, 9, 1, 0 },
 	{ "fires/s", "fires", NULL, K_RATE, 9, 1, 0 },
 	{ "cancel/s", "cancels", NULL, K_RATE, 9, 3, 0 },
@@ -98,7 +99,8 @@ static const struct col client_cols[] = {
 	{ "state", "state", NULL, K_STR, 6, 7, 0 },
 };
 #define NR_CLIENT_COLS (sizeof(client_cols) / sizeof(client_cols[0]))
-#define MAX_COLS 16
+#define MAX_COLS 17
+_Static_assert(NR_SHARD_COLS <= MAX_COLS && NR_CLIENT_COLS <= MAX_COLS, "a table's columns fit its arrays");
 
 /* What `s` cycles through, by column head; numbers sort biggest first. */
 static const char *const client_sorts[] = { "slot", "armed", "arms/s", "fires/s", "backlog", "p99", "comm" };

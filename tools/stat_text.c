@@ -124,8 +124,8 @@ void print_table(FILE *out, const struct flist *fields, const struct flist *prev
 			sn->torn);
 	fprintf(out, "%s\n", ps ? "" : "(rates: averages since start)");
 
-	fprintf(out, "%5s %9s %9s %9s %9s %9s %6s %7s %7s %12s %6s %9s %8s %9s %5s %10s\n",
-		"shard", "armed", "arms/s", "resets/s", "cancel/s", "fires/s", "malf", "refused", "backlog",
+	fprintf(out, "%5s %9s %7s %9s %9s %9s %9s %6s %7s %7s %12s %6s %9s %8s %9s %5s %10s\n",
+		"shard", "armed", "wall", "arms/s", "resets/s", "cancel/s", "fires/s", "malf", "refused", "backlog",
 		"sq wait/size", "sq max", "loops/s", "sleeps/s", "wakeups/s", "cpu%", "next");
 	for (k = 0; k < h->nr_shards; k++) {
 		const struct chime_shard_stats *s = &sn->shards[k];
@@ -149,9 +149,9 @@ void print_table(FILE *out, const struct flist *fields, const struct flist *prev
 			snprintf(nd, sizeof(nd), "%s%s", s->next_inexact ? ">=" : "", t);
 		}
 #define R(f) (snprintf(name, sizeof(name), "shard.%u." f, k), frate(l, prev, sn, ps, name))
-		fprintf(out, "%5u %9" PRIu64 " %9.0f %9.0f %9.0f %9.0f %6" PRIu64 " %7" PRIu64 " %7" PRIu64
+		fprintf(out, "%5u %9" PRIu64 " %7" PRIu64 " %9.0f %9.0f %9.0f %9.0f %6" PRIu64 " %7" PRIu64 " %7" PRIu64
 			" %12s %6" PRIu64 " %9.0f %8.0f %9.0f %5.1f %10s\n",
-			k, s->armed, R("arms"), R("resets"), R("cancels"), R("fires"), s->malformed,
+			k, s->armed, s->armed_realtime, R("arms"), R("resets"), R("cancels"), R("fires"), s->malformed,
 			s->refused_nomem + s->refused_quota, s->backlog, sq, s->sq_depth_max, R("loops"), R("sleeps"),
 			R("wakeups"), busy, nd);
 		if (s->reserve_failed)

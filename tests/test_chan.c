@@ -1929,3 +1929,81 @@ Test(chan, a_walk_without_a_list_scans_the_slab_the_same)
 {
 	walk_list_case(true);
 }
+
+/* The slab's armed wall-clock timers (chan_counts_as_armed(), flagged): what armed_realtime must say. */
+static uint64_t wall_armed_in_slab(void)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < F.sc.wh.w->high_water; i++) {
+		const struct chime_node *nd = wheel_node(&F.sc.wh, i);
+
+		n += nd->state != CHIME_NODE_FREE && (nd->gen & CHIME_NODE_REALTIME) && chan_counts_as_armed(nd);
+	}
+	return n;
+}
+
+#define WALL_ARMED_IS_THE_SLABS(what) \
+	cr_assert_eq(F.st.sh.armed_realtime, wall_armed_in_slab(), "%s: counted %llu, the slab %llu", what, \
+		     (unsigned long long)F.st.sh.armed_realtime, (unsigned long long)wall_armed_in_slab())
+
+/*
+ * armed_realtime follows the wall-clock timers among the armed ones through
+ * every way in and out: arms, fires (one-shots out, periodics not), a ring
+ * full (held), resets of fired one-shots (back in), cancels and a
+ * cancel-by-key, and a reclaim whose client's timers also fire meanwhile.
+ */
+Test(chan, armed_realtime_counts_the_armed_wall_clock_timers_through_every_state)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
+	int64_t off = wall_setup(10 * 1000 * MS);      /* the host's wall clock is ahead: none is early */
+	uint64_t ids[12];
+	struct chime_cqe e;
+	unsigned i;
+
+	client_init(b, 1);
+	for (i = 0; i < 12; i++) {
+		ids[i] = submit(a, CHIME_OP_ARM_REALTIME, 0, i % 3, (uint64_t)off + T0 + (1 + i % 4) * MS,
+				i % 4 == 0 ? 2 * MS : 0, i);  /* some periodic */
+		if (i % 4 == 3)
+			step_at(T0);
+	}
+	for (i = 0; i < 4; i++) {
+		arm(a, 0, T0 + (1 + i) * MS, 0, 100 + i);
+		submit(a, CHIME_OP_ARM_REALTIME, 0, 7, (uint64_t)off + T0 + 40 * MS, 0, 200 + i);
+		if (i < 2)      /* still on the wheel when the reclaim sweeps it */
+			submit(a, CHIME_OP_ARM_REALTIME, 0, 8, (uint64_t)off + T0 + 1000 * MS, 0, 300 + i);
+		submit(b, CHIME_OP_ARM_REALTIME, 0, 0, (uint64_t)off + T0 + 100 * MS, 0, i);
+	}
+	step_at(T0);
+	cr_assert_eq(F.st.sh.armed_realtime, 22, "18 of client a, 4 of b; not the 4 monotonic");
+	WALL_ARMED_IS_THE_SLABS("armed");
+	step_at(T0 + 5 * MS);
+	cr_assert_eq(a->m.ro->cq_tail, CQ, "the ring full");
+	cr_assert_gt(a->m.ro->backlog, 0, "the rest held");
+	WALL_ARMED_IS_THE_SLABS("fired, delivered and held");
+	cr_assert_eq(F.st.sh.armed_realtime, 3 + 4 + 2 + 4, "the periodics, and the later ones");
+	/* A one-shot delivered and one held, reset: armed again (the first event untaken, voided) */
+	cr_assert_eq(take(a, &e), 1);
+	submit(a, CHIME_OP_RESET, ids[1], 0, (uint64_t)off + T0 + 30 * MS, 0, 0);
+	submit(a, CHIME_OP_RESET, ids[11], 0, (uint64_t)off + T0 + 30 * MS, 0, 0);
+	step();
+	WALL_ARMED_IS_THE_SLABS("reset after firing");
+	/* Cancels of an armed one, a periodic, and a fired one; then key 7's by key */
+	submit(a, CHIME_OP_CANCEL, ids[1], 0, 0, 0, 0);
+	submit(a, CHIME_OP_CANCEL, ids[4], 0, 0, 0, 0);
+	submit(a, CHIME_OP_CANCEL, ids[2], 0, 0, 0, 0);
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 7, 0, 0, 0);
+	for (i = 0; i < 4; i++)
+		step();
+	WALL_ARMED_IS_THE_SLABS("cancels");
+	cr_assert_gt(F.st.sh.armed_realtime, 4, "some of client a's left");
+	/* a goes: its timers on the wheel fire while its reclaim sweeps in small steps */
+	i = 0;
+	while (!chan_reclaim(&F.sc, &a->ch, 3)) {
+		step_at(T0 + (31 + i++) * MS);
+		WALL_ARMED_IS_THE_SLABS("reclaimed in part");
+	}
+	cr_assert_eq(F.st.sh.armed_realtime, 4, "client b's alone");
+	WALL_ARMED_IS_THE_SLABS("reclaimed");
+}

@@ -3529,3 +3529,23 @@ Test(tools_fake, a_symlink_at_a_segments_path_is_not_followed)
 	close(in);
 	chime_seg_unmap(&f.map);
 }
+
+/*
+ * chime-bench rest --session NAME with a name chime_open() refuses: a
+ * usage error (2) that names it, before any broker is started, as
+ * chime-bench(1) says of usage errors (it started a private chimed, then
+ * said "opening session ... failed: Invalid argument" and exited 1).
+ */
+Test(tools_options, bench_rest_refuses_a_malformed_session_name_before_starting_a_broker)
+{
+	static const char *const bad[] = { "''", "'bad name'", "a/b",
+					   "0123456789012345678901234567890123456789012345678901234567890123" };
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cr_assert_eq(run("TMPDIR='%s' %s rest --timers 1 --seconds 1 --session %s", dir, bin("CHIME_BENCH"),
+				 bad[i]), 2, "--session %s: %s", bad[i], slurp(err));
+		cr_assert(strstr(slurp(err), "chime-bench rest: --session") && strstr(slurp(err), "not a session name"),
+			  "--session %s: %s", bad[i], slurp(err));
+	}
+	cr_assert_eq(run("ls -d '%s'/chime-bench-*", dir), 2, "a broker was started: %s", slurp(out));
+}

@@ -44,6 +44,7 @@
 #include <jansson.h>
 
 #include "atomics.h"
+#include "chime_shm.h"
 #include "compare.h"
 
 #define REST_CPU_TARGET   0.001   /* share of one core */
@@ -219,7 +220,15 @@ int bench_rest(int argc, char **argv)
 				return 2;
 			secs = (long)v;
 			break;
-		case 'S': session = optarg; break;     /* chime_open() judges the name */
+		case 'S':
+			/* What chime_open() refuses (EINVAL): a usage error now, before a private broker is started. */
+			if (chime_session_len(optarg) <= 0) {
+				fprintf(stderr, "chime-bench rest: --session '%s': not a session name (1 to %u bytes of "
+					"A-Z, a-z, 0-9, '.', '_', '-')\n", optarg, CHIME_SESSION_MAX - 1);
+				return 2;
+			}
+			session = optarg;
+			break;
 		case 'j': json = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: return bench_usage_error("rest", NULL);

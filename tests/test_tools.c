@@ -3549,3 +3549,18 @@ Test(tools_options, bench_rest_refuses_a_malformed_session_name_before_starting_
 	}
 	cr_assert_eq(run("ls -d '%s'/chime-bench-*", dir), 2, "a broker was started: %s", slurp(out));
 }
+
+/*
+ * chime-demo's getopt messages name the program too, as chimectl's and
+ * chimestat's do (getopt_messages_start_with_the_programs_name): run by
+ * its path, it said "tools/chime-demo: unrecognized option '--bogus'".
+ */
+Test(tools_options, demo_getopt_messages_start_with_the_programs_name)
+{
+	static const char *const bad[] = { "--bogus", "-x", "--timers" };
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cr_assert_eq(run("%s %s", bin("CHIME_DEMO"), bad[i]), 2, "%s: %s", bad[i], slurp(err));
+		cr_assert(!strncmp(slurp(err), "chime-demo: ", 12), "%s: %s", bad[i], slurp(err));
+	}
+}

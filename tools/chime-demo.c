@@ -224,6 +224,9 @@ int main(int argc, char **argv)
 	unsigned failed, failed_told = 0;
 	int c, r, status = 0;
 
+	/* getopt's own messages start with argv[0]: the program's name, as chimectl's, not its path. */
+	if (argc > 0)
+		argv[0] = (char *)"chime-demo";
 	while ((c = getopt_long(argc, argv, "s:n:t:d:m:S:hV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 's':

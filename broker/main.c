@@ -231,6 +231,19 @@ static uint32_t parse_pow2(const char *opt, const char *arg, uint32_t lo, uint32
 	return (uint32_t)v;
 }
 
+/*
+ * --help, --version: their text arrived whole (0), or not (1), said unless
+ * the reader went away (EPIPE), as the tools judge it (sr_stdout_check()).
+ */
+static int stdout_status(void)
+{
+	if (fflush(stdout) == 0 && !ferror(stdout))
+		return 0;
+	if (errno != EPIPE)
+		log_errno(LOG_ERR, errno ? errno : EIO, "write to stdout failed");
+	return EXIT_FAILURE;
+}
+
 /* --allow-uid a --allow-uid b: "a,b" (repeatable options add up). */
 static const char *join_list(const char *have, const char *more)
 {
@@ -655,10 +668,10 @@ int main(int argc, char **argv)
 		case 'h':
 			fputs(usage_text, stdout);
 			fputs(usage_text_more, stdout);
-			return 0;
+			return stdout_status();
 		case 'V':
 			printf("chimed %s (shm layout %u)\n", CHIME_VERSION, CHIME_SHM_LAYOUT);
-			return 0;
+			return stdout_status();
 		default:
 			/* getopt printed what was wrong. */
 			fprintf(stderr, "chimed: see 'chimed --help'\n");

@@ -3564,3 +3564,25 @@ Test(tools_options, demo_getopt_messages_start_with_the_programs_name)
 		cr_assert(!strncmp(slurp(err), "chime-demo: ", 12), "%s: %s", bad[i], slurp(err));
 	}
 }
+
+/*
+ * chimed's, chime-demo's and chime-bench's output on a full stdout: exit
+ * status 1 and a message, as chimectl's and chimestat's
+ * (a_full_or_closed_stdout_is_a_failure). Their --help, --version, the
+ * demo's report and a benchmark's figures went nowhere, exit status 0.
+ */
+Test(tools_options, a_full_stdout_fails_chimed_demo_and_bench_too)
+{
+	static const char *const cmds[] = { "CHIMED --help", "CHIMED -V", "CHIME_DEMO --help", "CHIME_DEMO -V",
+					    "CHIME_BENCH --help", "CHIME_BENCH -V", "CHIME_BENCH wheel --help" };
+
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		const char *sp = strchr(cmds[i], ' ');
+		char tool[16];
+
+		snprintf(tool, sizeof(tool), "%.*s", (int)(sp - cmds[i]), cmds[i]);
+		cr_assert_eq(run("(%s %s >/dev/full)", bin(tool), sp + 1), 1, "%s: %s", cmds[i], slurp(err));
+		cr_assert(strstr(slurp(err), "write to stdout failed: No space left on device"), "%s: %s", cmds[i],
+			  slurp(err));
+	}
+}

@@ -29,6 +29,7 @@
 #include "chime_shm.h"     /* CHIME_DEFAULT_SOCKET */
 #include "clock.h"       /* splitmix64() */
 #include "segment.h"     /* chime_socket_absent_why() */
+#include "statsread.h"   /* sr_stdout_check() */
 
 #define NSEC_PER_SEC UINT64_C(1000000000)
 #define NSEC_PER_MSEC UINT64_C(1000000)
@@ -242,8 +243,8 @@ int main(int argc, char **argv)
 		case 't': if (parse_uint(optarg, "--threads", 1, 64, &v)) return 2; d.threads = (unsigned)v; break;
 		case 'd': if (parse_uint(optarg, "--seconds", 1, 3600, &v)) return 2; d.seconds = (unsigned)v; break;
 		case 'm': if (parse_uint(optarg, "--max-ms", 1, 60000, &v)) return 2; d.max_ms = (unsigned)v; break;
-		case 'h': usage(stdout); return 0;
-		case 'V': printf("chime-demo %s\n", chime_version()); return 0;
+		case 'h': usage(stdout); return sr_stdout_check("chime-demo");
+		case 'V': printf("chime-demo %s\n", chime_version()); return sr_stdout_check("chime-demo");
 		default: fprintf(stderr, "chime-demo: try 'chime-demo --help'\n"); return 2;
 		}
 	}
@@ -396,5 +397,6 @@ int main(int argc, char **argv)
 	free(broker_lat);
 	free(client_lat);
 	free(threads);
-	return status;
+	/* A report that did not arrive (a full disk) is no success. */
+	return sr_stdout_check("chime-demo") ? 1 : status;
 }

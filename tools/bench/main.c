@@ -60,14 +60,18 @@ int main(int argc, char **argv)
 			usage(stdout);
 		else
 			printf("chime-bench %s\n", CHIME_VERSION);
-		return 0;
+		return sr_stdout_check("chime-bench");
 	}
 	for (size_t i = 0; i < NR_MODES; i++) {
 		if (!strcmp(argv[1], modes[i].name)) {
+			int r;
+
 			/* getopt_long() prefixes its messages with argv[0]: "chime-bench e2e: ..." */
 			snprintf(name, sizeof(name), "chime-bench %s", modes[i].name);
 			argv[1] = name;
-			return modes[i].fn(argc - 1, argv + 1);
+			r = modes[i].fn(argc - 1, argv + 1);
+			/* Figures that did not arrive (a full disk) are no success. */
+			return sr_stdout_check(name) && !r ? 1 : r;
 		}
 	}
 	fprintf(stderr, "chime-bench: unknown mode '%s' (try 'chime-bench --help')\n", argv[1]);

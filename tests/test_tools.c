@@ -3586,3 +3586,24 @@ Test(tools_options, a_full_stdout_fails_chimed_demo_and_bench_too)
 			  slurp(err));
 	}
 }
+
+/*
+ * chime-bench's --socket too long for a unix socket: a usage error that
+ * says so, as every other tool's (a_socket_path_too_long_is_a_usage_error).
+ * It was taken, then "chime-bench: cannot open '<path>.ctl': No such file
+ * or directory (is chimed running?)", exit status 1.
+ */
+Test(tools_options, bench_socket_path_too_long_is_a_usage_error)
+{
+	static const char *const modes[] = { "e2e", "compare", "rest" };
+	char path[200];
+
+	memset(path, 'x', sizeof(path) - 1);
+	path[0] = '/';
+	path[sizeof(path) - 1] = '\0';
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		cr_assert_eq(run("%s %s --socket '%s'", bin("CHIME_BENCH"), modes[i], path), 2, "%s: %s", modes[i],
+			     slurp(err));
+		cr_assert(strstr(slurp(err), "too long"), "%s: %s", modes[i], slurp(err));
+	}
+}

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/un.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,6 +62,11 @@ int bench_opt_socket(const char *mode, const char *s, const char **out)
 {
 	if (!*s) {
 		fprintf(stderr, "chime-bench %s: --socket needs a path (empty given)\n", mode);
+		return -1;
+	}
+	if (strlen(s) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+		fprintf(stderr, "chime-bench %s: --socket '%s' is too long (a unix socket's path is at most %zu bytes)\n",
+			mode, s, sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
 		return -1;
 	}
 	*out = s;

@@ -39,7 +39,7 @@ int bench_opt_u64_list(const char *mode, const char *opt, const char *s, uint64_
 int bench_opt_names(const char *mode, const char *opt, const char *s, const char *const *names,
 		    unsigned nnames, uint32_t *mask);
 
-/* --socket PATH: an empty PATH is a usage error ("needs a path"), as for chimed; -1 then. */
+/* --socket PATH: an empty PATH, or one too long for a unix socket, is a usage error, as for chimed; -1 then. */
 int bench_opt_socket(const char *mode, const char *s, const char **out);
 /*
  * The end of a mode's options: getopt_long() returned '?' (it printed what

@@ -3607,3 +3607,24 @@ Test(tools_options, bench_socket_path_too_long_is_a_usage_error)
 		cr_assert(strstr(slurp(err), "too long"), "%s: %s", modes[i], slurp(err));
 	}
 }
+
+/*
+ * chimestat --comm NAME longer than a process name (the kernel's comm,
+ * 15 bytes) or empty: a usage error that says so. Such a name matched no
+ * client ever, and the table, JSON and Prometheus output came out empty,
+ * exit status 0.
+ */
+Test(tools_fake, comm_longer_than_a_process_name_is_a_usage_error)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	cr_assert_eq(run("%s --socket '%s' -1 --comm 0123456789abcdef", bin("CHIMESTAT"), sock), 2, "%s",
+		     slurp(err));
+	cr_assert(strstr(slurp(err), "--comm") && strstr(slurp(err), "15 bytes"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -1 --comm ''", bin("CHIMESTAT"), sock), 2, "%s", slurp(err));
+	/* 15 bytes is a name: taken */
+	cr_assert_eq(run("%s --socket '%s' -1 --comm 0123456789abcde", bin("CHIMESTAT"), sock), 0, "%s",
+		     slurp(err));
+	chime_seg_unmap(&f.map);
+}

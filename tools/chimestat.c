@@ -58,7 +58,8 @@ static void usage(FILE *f)
 		"                       (decimal seconds, 0.05..3600, default 1)\n"
 		"      --pid PID        only the client(s) with this process id\n"
 		"      --uid UID        only the clients of this user id (a number)\n"
-		"      --comm NAME      only the clients with this process name\n"
+		"      --comm NAME      only the clients with this process name (1 to 15 bytes,\n"
+		"                       as /proc/PID/comm and ps show it)\n"
 		"  -h, --help           show this help\n"
 		"  -V, --version        show the version\n"
 		"\n"
@@ -179,6 +180,13 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			break;
 		}
 		case OPT_COMM:
+			/* The kernel's comm, which chimed records, is 1 to 15 bytes: a longer name matched no client. */
+			if (!*optarg || strlen(optarg) >= sizeof(((struct chime_client_ctl *)0)->comm)) {
+				fprintf(stderr, PROG ": invalid --comm '%s' (a process name as /proc/PID/comm and ps "
+					"show it: 1 to %zu bytes, longer ones cut there)\n", optarg,
+					sizeof(((struct chime_client_ctl *)0)->comm) - 1);
+				return SR_EXIT_USAGE;
+			}
 			o.comm = optarg;
 			break;
 		case 'i': {

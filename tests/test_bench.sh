@@ -175,6 +175,7 @@ args)
 		bad_arg "chime-bench $m: unexpected argument 'extra'" $m extra
 		bad_arg "chime-bench $m: unrecognized option '--bogus'" $m --bogus
 	done
+	bad_arg "chime-bench compare: --lateness-csv needs a directory (empty given)" compare --lateness-csv ''
 	bad_arg "chime-bench apply: unexpected argument 'extra'" apply --quick extra
 	bad_arg "chime-bench apply: unrecognized option '--bogus'" apply --bogus
 	bad_arg "chime-bench wheel: unexpected argument 'extra'" wheel --quick extra

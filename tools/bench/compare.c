@@ -197,7 +197,13 @@ int bench_compare(int argc, char **argv)
 		case 'q': R.quick = 1; break;
 		case 'j': R.json = 1; break;
 		case 'S': sizes = optarg; break;
-		case 'L': R.csv_dir = optarg; break;
+		case 'L':
+			if (!*optarg) {
+				fprintf(stderr, "chime-bench compare: --lateness-csv needs a directory (empty given)\n");
+				return 2;
+			}
+			R.csv_dir = optarg;
+			break;
 		case 'h': usage(stdout); return 0;
 		default: return bench_usage_error("compare", NULL);
 		}

@@ -6,11 +6,13 @@
 
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "atomics.h"
 #include "clock.h"
+#include "log.h"
 
 /* The test hook's shift, ns (atomic: the control thread writes, shards read). */
 static int64_t wall_shift;
@@ -66,6 +68,8 @@ void wall_publish(int64_t off)
 bool wall_hook_read(void)
 {
 	const char *path = getenv("CHIMED_WALL_SHIFT_FILE");
+	static bool warned;
+	struct stat st;
 	char buf[32];
 	int64_t shift;
 	ssize_t n;
@@ -73,9 +77,24 @@ bool wall_hook_read(void)
 
 	if (!path)
 		return false;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	/*
+	 * The control thread reads it: never a FIFO or a device (open and
+	 * read would wait for a writer, and the heartbeat with them), and only
+	 * a file that no one but the broker's own user can write, so that a
+	 * path in a shared directory moves no one's clock but its owner's.
+	 */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK);
 	if (fd < 0)
 		return false;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+	    (st.st_mode & (S_IWGRP | S_IWOTH))) {
+		if (!warned)
+			log_msg(LOG_WARNING, "$CHIMED_WALL_SHIFT_FILE '%s' ignored: not a regular file that only "
+				"the broker's user can write", path);
+		warned = true;
+		close(fd);
+		return false;
+	}
 	n = read(fd, buf, sizeof(buf) - 1);
 	close(fd);
 	if (n <= 0)

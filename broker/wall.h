@@ -42,8 +42,10 @@ void wall_publish(int64_t off);
 
 /*
  * The test hook: re-read the shift from the file $CHIMED_WALL_SHIFT_FILE
- * names (signed ns, text) if the variable is set. Control thread only.
- * True if the shift changed (a step, to the broker).
+ * names (signed ns, text) if the variable is set and the file is a
+ * regular one that only the broker's user can write (else it is ignored,
+ * with one warning). Control thread only. True if the shift changed (a
+ * step, to the broker).
  */
 bool wall_hook_read(void);
 

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
@@ -109,6 +110,8 @@ static void start(const char *extra)
 	snprintf(shift_path, sizeof(shift_path), "%s/shift", dir);
 	shift = 0;
 	cr_assert_eq(t_write_file(shift_path, "0\n"), 0);
+	/* only its user may write it, whatever the umask, or the broker ignores it */
+	cr_assert_eq(chmod(shift_path, 0600), 0);
 	setenv("CHIMED_WALL_SHIFT_FILE", shift_path, 1);
 	cr_assert_eq(t_chimed_start(&broker, sock, extra), 0);
 }
@@ -608,4 +611,45 @@ Test(realtime, chimestat_counts_wall_clock_timers_reset_after_firing_and_restore
 	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 2"), 0);
 	cr_assert_eq(armed_realtime_becomes(2), 2, "the next broker restored them");
 	cr_assert_eq(chime_drop_session(&o), 0);
+}
+
+/*
+ * The test hook's file moves the broker's clock only if no one but the
+ * broker's user can write it: in a shared directory, anyone else's
+ * writable file would step everyone's wall-clock timers.
+ */
+Test(realtime, a_shift_file_others_can_write_is_ignored)
+{
+	int64_t host_off = (int64_t)(host_wall() - now_ns());
+
+	cr_assert_eq(chmod(shift_path, 0666), 0);
+	step(3600 * (int64_t)SEC, true);
+	usleep(300000);
+	cr_assert_lt(llabs(broker_wall_off() - host_off), (long long)(100 * MS),
+		     "the broker took a shift from a file anyone can write");
+	cr_assert_eq(chmod(shift_path, 0600), 0);
+	cr_assert_eq(kill(broker.pid, SIGHUP), 0);
+	followed(2000);
+}
+
+/*
+ * A FIFO at the hook's path: the control thread, which reads the file at
+ * every heartbeat and SIGHUP, must not wait for a writer (before, its
+ * open() did, and the heartbeat, the handshake and the stop with it).
+ */
+Test(realtime, a_fifo_at_the_shift_files_path_does_not_stop_the_heartbeat)
+{
+	int64_t beat;
+	chime_t *c;
+
+	cr_assert_eq(unlink(shift_path), 0);
+	cr_assert_eq(mkfifo(shift_path, 0600), 0);
+	cr_assert_eq(kill(broker.pid, SIGHUP), 0);
+	usleep(100000);
+	beat = ctl_word(offsetof(struct chime_ctl, heartbeat_ns));
+	usleep(600000);         /* more than a beat, at rest too (450 ms) */
+	cr_assert_neq(ctl_word(offsetof(struct chime_ctl, heartbeat_ns)), beat, "the heartbeat stopped");
+	c = t_open(sock);
+	cr_assert_not_null(c, "no handshake");
+	chime_close(c);
 }

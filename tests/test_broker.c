@@ -8,6 +8,14 @@
  * cr_assert: it prints what failed and exits non-zero). .fini kills the
  * broker and removes its files. $CHIME_STRESS=1 scales every workload up
  * (the 'stress' suite runs the same binary that way).
+ *
+ * Two executables are built from this file (tests/meson.build), and the
+ * default suite runs each in one build: test_broker_release
+ * (BROKER_RELEASE 1) has the cases declared ReleaseTest(), which judge
+ * time (lateness, wake-ups, heartbeats, spinning: ASan's slowness is not
+ * what they measure) or need what a sanitizer's runtime lacks (mlockall);
+ * test_broker (BROKER_RELEASE 0) has the others, declared AsanTest(), run
+ * under ASan+UBSan. A new case picks one of the two.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -37,6 +45,19 @@
 #include "client.h"      /* a chime_t's wait spin (white box) */
 #include "segment.h"
 #include "statsread.h"
+
+#ifndef BROKER_RELEASE
+#error "tests/meson.build builds this file with -DBROKER_RELEASE=0 and with -DBROKER_RELEASE=1"
+#endif
+#if BROKER_RELEASE
+#define ReleaseTest(...) Test(__VA_ARGS__)
+#define AsanTest(...)    NOT_HERE(__VA_ARGS__, 0)
+#else
+#define ReleaseTest(...) NOT_HERE(__VA_ARGS__, 0)
+#define AsanTest(...)    Test(__VA_ARGS__)
+#endif
+/* A case of the other executable: compiled (what it calls stays used), not registered. */
+#define NOT_HERE(suite, name, ...) static void __attribute__((unused)) suite##_##name##_elsewhere(void)
 
 #define MS 1000000ull
 #define LATE_MAX_NS (200 * MS)   /* generous: a noisy 2-core machine */
@@ -248,7 +269,7 @@ static int eo_child(int idx)
 	return 0;
 }
 
-Test(broker, exactly_once_never_early_procs_threads)
+AsanTest(broker, exactly_once_never_early_procs_threads)
 {
 	cr_assert(run_children(EO_PROCS, eo_child, NULL));
 }
@@ -299,7 +320,7 @@ static int cancel_child(int idx)
 	return 0;
 }
 
-Test(broker, cancel_in_flight_never_returned)
+AsanTest(broker, cancel_in_flight_never_returned)
 {
 	cr_assert(run_children(2, cancel_child, NULL));
 }
@@ -350,14 +371,14 @@ static int reset_child(int idx)
 	return 0;
 }
 
-Test(broker, reset_in_flight_fires_at_new_deadline_once)
+AsanTest(broker, reset_in_flight_fires_at_new_deadline_once)
 {
 	cr_assert(run_children(2, reset_child, NULL));
 }
 
 /* ---- cancel_key ---- */
 
-Test(broker, cancel_key_cancels_only_that_key)
+AsanTest(broker, cancel_key_cancels_only_that_key)
 {
 	chime_t *c = copen();
 	struct chime_event ev[64];
@@ -384,7 +405,7 @@ Test(broker, cancel_key_cancels_only_that_key)
 }
 
 /* The usual pattern: drop all timeouts of an object, then arm a new one with the same key. */
-Test(broker, cancel_key_then_rearm_same_key_delivers_new_ones)
+AsanTest(broker, cancel_key_then_rearm_same_key_delivers_new_ones)
 {
 	int rounds = scale(300, 5000);
 	chime_t *c = copen();
@@ -416,7 +437,7 @@ Test(broker, cancel_key_then_rearm_same_key_delivers_new_ones)
 
 /* ---- periodic ---- */
 
-Test(broker, periodic_fires_at_deadline_plus_k_period_without_drift)
+AsanTest(broker, periodic_fires_at_deadline_plus_k_period_without_drift)
 {
 	chime_t *c = copen();
 	struct chime_event ev[8];
@@ -443,7 +464,7 @@ Test(broker, periodic_fires_at_deadline_plus_k_period_without_drift)
 }
 
 /* A period under one tick (100 us here) is one tick: a 1 ns one fired at every advance of the shard. */
-Test(broker, a_period_shorter_than_a_tick_is_a_tick)
+AsanTest(broker, a_period_shorter_than_a_tick_is_a_tick)
 {
 	chime_t *c = copen();
 	struct chime_event ev[64];
@@ -474,7 +495,7 @@ Test(broker, a_period_shorter_than_a_tick_is_a_tick)
  * ticks end. Waking at the tick's end made each 50 ms late on average, up
  * to 100: all 16 under 40 ms would have had a chance of 0.4^16.
  */
-Test(broker, sleeping_shard_wakes_for_the_exact_deadline)
+ReleaseTest(broker, sleeping_shard_wakes_for_the_exact_deadline)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_event ev[4];
@@ -604,7 +625,7 @@ static void run_periodic_timers(const char *extra, unsigned k, uint64_t period, 
 	t_chimed_stop(&b2, SIGTERM);
 }
 
-Test(broker, short_periodic_timers_cannot_keep_a_shard_spinning)
+ReleaseTest(broker, short_periodic_timers_cannot_keep_a_shard_spinning)
 {
 	uint64_t spun, cpu, elapsed, fires, sleeps, spun_all, cpu_all, elapsed_all, sleeps_all;
 
@@ -651,7 +672,7 @@ Test(broker, short_periodic_timers_cannot_keep_a_shard_spinning)
  * sleeps have been late (their 90th percentile), and spins after a
  * doorbell or records, not after a timed wake-up or firing alone.
  */
-Test(broker, a_shard_spins_into_a_deadline_only_as_long_as_a_wake_up_is_late)
+ReleaseTest(broker, a_shard_spins_into_a_deadline_only_as_long_as_a_wake_up_is_late)
 {
 	uint64_t spun, cpu, elapsed, fires, sleeps;
 
@@ -762,7 +783,7 @@ static void victim_beside_a_burst(unsigned burst, unsigned spread_ms, unsigned v
  * behind 1M). It now goes ahead of what is left of the burst: when its
  * event arrives, the shard has fired a fraction of the burst, not all of it.
  */
-Test(broker, a_timer_due_after_a_neighbours_burst_does_not_wait_behind_it, .timeout = 120)
+ReleaseTest(broker, a_timer_due_after_a_neighbours_burst_does_not_wait_behind_it, .timeout = 120)
 {
 	victim_beside_a_burst(500000, 0, 1, 250000);
 }
@@ -776,7 +797,7 @@ Test(broker, a_timer_due_after_a_neighbours_burst_does_not_wait_behind_it, .time
  * burst. Each is due while most of the burst waits: before, each came
  * after all of it.
  */
-Test(broker, a_neighbours_timers_after_its_burst_do_not_take_the_places_ahead_of_it, .timeout = 120)
+ReleaseTest(broker, a_neighbours_timers_after_its_burst_do_not_take_the_places_ahead_of_it, .timeout = 120)
 {
 	victim_beside_a_burst(300000, 5, 5, 300000);
 }
@@ -791,7 +812,7 @@ Test(broker, a_neighbours_timers_after_its_burst_do_not_take_the_places_ahead_of
  * 41-42 ms before, 3 runs each). Judged against 10 ms, or half the time
  * the crowd itself takes to fire here, now, on a slow host (26-32 ms).
  */
-Test(broker, a_timer_due_as_a_crowded_slot_starts_is_not_held_back_by_its_cascade, .timeout = 120)
+ReleaseTest(broker, a_timer_due_as_a_crowded_slot_starts_is_not_held_back_by_its_cascade, .timeout = 120)
 {
 	const uint64_t span2 = 4096 * 100000ull, span3 = 64 * span2, crowd = 500000;
 	struct t_chimed b2 = { 0 };
@@ -848,7 +869,7 @@ Test(broker, a_timer_due_as_a_crowded_slot_starts_is_not_held_back_by_its_cascad
  * until the watch has shrunk; a watch that never shrinks still fails
  * (once, after exactly 10 events, it was whole).
  */
-Test(broker, a_waiter_watches_briefly_for_sparse_events_and_long_for_dense_ones)
+ReleaseTest(broker, a_waiter_watches_briefly_for_sparse_events_and_long_for_dense_ones)
 {
 	chime_t *c = copen();
 	struct chime_event ev[64];
@@ -961,7 +982,7 @@ static const struct chime_pub *mapped_public_segment(void)
 }
 
 /* A sleeping shard's planned wake-up is public: rounded, it does not give away whose deadline it is. */
-Test(broker, the_public_wake_up_does_not_tell_another_users_deadline)
+AsanTest(broker, the_public_wake_up_does_not_tell_another_users_deadline)
 {
 	struct t_chimed b2 = { 0 };
 	const struct chime_pub_shard *ps;
@@ -993,7 +1014,7 @@ Test(broker, the_public_wake_up_does_not_tell_another_users_deadline)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
-Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
+ReleaseTest(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_shard_stats st0, st;
@@ -1052,7 +1073,7 @@ Test(broker, records_that_can_wait_do_not_wake_a_sleeping_shard)
  * to 90 ms). White box: this thread plays A, holding its slot between
  * the reserve and the publication, and B. Found by a concurrency audit.
  */
-Test(broker, a_record_that_can_wait_rings_for_those_published_behind_it)
+ReleaseTest(broker, a_record_that_can_wait_rings_for_those_published_behind_it)
 {
 	struct t_chimed b2 = { 0 };
 	chime_id_t far, id;
@@ -1171,7 +1192,7 @@ static uint32_t shard0_sleep_no(const chime_t *c)
  * process or shard preempted for 15 ms on a loaded host): a missing
  * doorbell would leave most of its five late, each with odds of about 5/6.
  */
-Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
+ReleaseTest(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
 {
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[700];
@@ -1241,7 +1262,7 @@ Test(broker, a_burst_waits_for_the_shard_up_to_half_a_ring_or_chime_flush)
  * again; five rounds must be left, and one of them may be late (preempted
  * for 15 ms on a loaded host): left to the heartbeat, all five would be.
  */
-Test(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
+ReleaseTest(broker, a_drain_that_scans_many_waiting_records_wakes_the_shard)
 {
 	struct t_chimed b2 = { 0 };
 	static struct chime_op ops[400];
@@ -1326,7 +1347,7 @@ static uint64_t next_heartbeat(const chime_t *c, uint64_t after)
  * come every 90 ms and a little more): a shard that did not set its own
  * wake-up for it would fire it at the next pass, some 45 ms late.
  */
-Test(broker, an_arm_a_second_ahead_waits_for_the_heartbeat_not_a_doorbell)
+ReleaseTest(broker, an_arm_a_second_ahead_waits_for_the_heartbeat_not_a_doorbell)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_event ev;
@@ -1407,7 +1428,7 @@ static unsigned beats_over(const chime_t *c, unsigned ms, double *longest_ms)
  * and fires on time. Anything to do has it beat every 90 ms again at once.
  * Counts with generous bounds: 2 s at 90 ms is 22 beats, at 450 ms 4 or 5.
  */
-Test(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
+ReleaseTest(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_event ev;
@@ -1454,7 +1475,7 @@ Test(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
  * (rest_end(), shard.c): left to the idle beat, the first take after a
  * rest went unseen up to 450 ms. 1 s at 90 ms is 11 beats, at 450 ms 2 or 3.
  */
-Test(broker, a_session_process_at_rest_has_the_90_ms_beat_while_it_has_events_to_take)
+ReleaseTest(broker, a_session_process_at_rest_has_the_90_ms_beat_while_it_has_events_to_take)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_opts o = { .session = "beat" };
@@ -1497,7 +1518,7 @@ Test(broker, a_session_process_at_rest_has_the_90_ms_beat_while_it_has_events_to
  * takes_awake() in control.c); then the broker rests, and its next take is
  * seen at the next idle beat, which brings the 90 ms beat back.
  */
-Test(broker, a_session_process_that_takes_nothing_lets_the_broker_rest)
+ReleaseTest(broker, a_session_process_that_takes_nothing_lets_the_broker_rest)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_opts o = { .session = "untaken" };
@@ -1533,7 +1554,7 @@ Test(broker, a_session_process_that_takes_nothing_lets_the_broker_rest)
  * that beat, so through a rest's whole first beat chimestat said "every
  * 90 ms" beside a heartbeat 450 ms old (found by a review).
  */
-Test(broker, the_period_shown_is_in_force_from_the_beat_that_changes_it)
+ReleaseTest(broker, the_period_shown_is_in_force_from_the_beat_that_changes_it)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_map m;
@@ -1575,7 +1596,7 @@ Test(broker, the_period_shown_is_in_force_from_the_beat_that_changes_it)
  * owner nothing, kept every user's broker at the 90 ms beat (found by a
  * review). Now it keeps it so for HELD_WAIT_NS (1 s) at most.
  */
-Test(broker, a_welcome_never_read_keeps_the_broker_from_resting_a_second_at_most)
+ReleaseTest(broker, a_welcome_never_read_keeps_the_broker_from_resting_a_second_at_most)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
@@ -1623,7 +1644,7 @@ Test(broker, a_welcome_never_read_keeps_the_broker_from_resting_a_second_at_most
  * connection lived, kept the control thread at 11 beats a second and the
  * shard at 11 wake-ups, for everyone (found by a review).
  */
-Test(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_from_resting)
+ReleaseTest(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_from_resting)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_opts o = { .session = "hog" };
@@ -1683,7 +1704,7 @@ Test(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_from_re
  * the next, or an hour late. Two rounds; one of the six may be late on a
  * loaded host.
  */
-Test(broker, lazy_records_a_second_ahead_at_rest_fire_on_time, .timeout = 60)
+ReleaseTest(broker, lazy_records_a_second_ahead_at_rest_fire_on_time, .timeout = 60)
 {
 	struct t_chimed b2 = { 0 };
 	struct t_misses late_ones = { 0 };
@@ -1739,7 +1760,7 @@ Test(broker, lazy_records_a_second_ahead_at_rest_fire_on_time, .timeout = 60)
  * under 20 ms (one may be late on a loaded host) would be luck of about
  * 5 x 0.2^4.
  */
-Test(broker, a_reset_racing_its_event_does_not_hold_the_drainer_for_a_heartbeat)
+ReleaseTest(broker, a_reset_racing_its_event_does_not_hold_the_drainer_for_a_heartbeat)
 {
 	struct t_chimed b2 = { 0 };
 	struct t_misses late_ones = { 0 };
@@ -1769,7 +1790,7 @@ Test(broker, a_reset_racing_its_event_does_not_hold_the_drainer_for_a_heartbeat)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
-Test(broker, periodic_reset_restarts_period_from_new_deadline)
+AsanTest(broker, periodic_reset_restarts_period_from_new_deadline)
 {
 	chime_t *c = copen();
 	struct chime_event ev[8];
@@ -1830,7 +1851,7 @@ static int small_worker(int idx)
 	return 0;
 }
 
-Test(broker, client_sigkill_reclaims_its_timers)
+AsanTest(broker, client_sigkill_reclaims_its_timers)
 {
 	size_t armed = offsetof(struct chime_shard_ctl, stats.armed);
 	uint64_t base;
@@ -1858,7 +1879,7 @@ Test(broker, client_sigkill_reclaims_its_timers)
 
 /* ---- the broker killed with SIGKILL ---- */
 
-Test(broker, broker_sigkill_gives_enotconn_without_hanging)
+AsanTest(broker, broker_sigkill_gives_enotconn_without_hanging)
 {
 	chime_t *waiter = copen(), *armer = copen(), *poller = copen(), *flusher = copen();
 	struct chime_event ev[8];
@@ -1913,7 +1934,7 @@ Test(broker, broker_sigkill_gives_enotconn_without_hanging)
 	chime_close(flusher);
 }
 
-Test(broker, broker_sigterm_stops_cleanly)
+AsanTest(broker, broker_sigterm_stops_cleanly)
 {
 	chime_t *c = copen();
 	struct chime_event ev[8];
@@ -1933,7 +1954,7 @@ Test(broker, broker_sigterm_stops_cleanly)
 }
 
 /* A client that only arms, resets, cancels and flushes: the broker's stop is final for it at once. */
-Test(broker, operations_after_a_clean_stop_say_enotconn)
+AsanTest(broker, operations_after_a_clean_stop_say_enotconn)
 {
 	chime_t *c = copen();
 	chime_id_t id = 0, id2 = 0;
@@ -1981,7 +2002,7 @@ static int wait_under_signal(chime_t *c, int timeout_ms, unsigned ms, uint64_t *
 	return r;
 }
 
-Test(broker, a_signal_interrupts_chime_wait_every_time)
+AsanTest(broker, a_signal_interrupts_chime_wait_every_time)
 {
 	chime_t *c = copen();
 	struct chime_event ev[4];
@@ -2011,7 +2032,7 @@ Test(broker, a_signal_interrupts_chime_wait_every_time)
  * says. Before, it was swallowed and the wait went on to its timeout
  * (found by an audit).
  */
-Test(broker, a_signal_interrupts_a_sessions_wait_for_its_broker)
+AsanTest(broker, a_signal_interrupts_a_sessions_wait_for_its_broker)
 {
 	struct t_chimed b2 = { 0 };
 	struct chime_opts o = { .session = "sig" };
@@ -2052,7 +2073,7 @@ static uint64_t rss_bytes(void)
  * arms write (shared with the broker: their words are written only by
  * resets) and by nothing else.
  */
-Test(broker, client_memory_does_not_grow_with_armed_timers)
+AsanTest(broker, client_memory_does_not_grow_with_armed_timers)
 {
 	int n = scale(200000, 1000000);
 
@@ -2096,7 +2117,7 @@ static void *arm_one(void *arg)
 	return NULL;
 }
 
-Test(broker, threads_arming_one_timer_each_spread_over_the_shards)
+AsanTest(broker, threads_arming_one_timer_each_spread_over_the_shards)
 {
 	chime_t *c = copen();
 	unsigned on[2] = { 0, 0 };
@@ -2140,7 +2161,7 @@ static void *arm_many(void *arg)
 	return NULL;
 }
 
-Test(broker, each_thread_arms_on_its_own_home_shard)
+AsanTest(broker, each_thread_arms_on_its_own_home_shard)
 {
 	static struct home_arms a[2];
 	chime_t *c = copen();
@@ -2248,7 +2269,7 @@ static unsigned arms_behind(bool busy_poll)
 	return moved;
 }
 
-Test(broker, a_thread_whose_home_shard_falls_behind_arms_on_the_next, .timeout = 60)
+AsanTest(broker, a_thread_whose_home_shard_falls_behind_arms_on_the_next, .timeout = 60)
 {
 	unsigned moved = arms_behind(true);
 
@@ -2256,14 +2277,14 @@ Test(broker, a_thread_whose_home_shard_falls_behind_arms_on_the_next, .timeout =
 	cr_assert_eq(moved, 961, "the arms moved off the stopped shard at arm %u", moved);
 }
 
-Test(broker, a_burst_into_an_asleep_home_shard_stays_there, .timeout = 60)
+AsanTest(broker, a_burst_into_an_asleep_home_shard_stays_there, .timeout = 60)
 {
 	unsigned moved = arms_behind(false);
 
 	cr_assert_eq(moved, 0, "the arms moved off the asleep shard at arm %u", moved);
 }
 
-Test(broker, bad_arguments)
+AsanTest(broker, bad_arguments)
 {
 	chime_t *c = copen();
 	struct chime_event ev[4];
@@ -2297,7 +2318,7 @@ Test(broker, bad_arguments)
 
 /* ---- a client that does not drain: held, then delivered exactly once ---- */
 
-Test(broker, non_draining_client_events_held_then_delivered_once)
+AsanTest(broker, non_draining_client_events_held_then_delivered_once)
 {
 	chime_t *c = copen();
 	uint32_t cq = ctl_u32(offsetof(struct chime_ctl, cq_size));
@@ -2351,7 +2372,7 @@ static int epoll_wait_nointr(int ep, struct epoll_event *ee, int timeout_ms)
 	return r;
 }
 
-Test(broker, fd_readable_when_events_pending)
+AsanTest(broker, fd_readable_when_events_pending)
 {
 	chime_t *c = copen();
 	struct epoll_event ee = { .events = EPOLLIN };
@@ -2579,7 +2600,7 @@ static void drain_in_turns(const char *session)
 	free(t);
 }
 
-Test(broker, a_drain_may_move_to_another_thread_between_calls)
+AsanTest(broker, a_drain_may_move_to_another_thread_between_calls)
 {
 	drain_in_turns(NULL);
 	drain_in_turns("turns");
@@ -2660,7 +2681,7 @@ static void dispatch_siblings(const char *session)
 	chime_close(s.c);
 }
 
-Test(broker, a_dispatch_callback_never_sees_a_timer_it_cancelled_or_reset)
+AsanTest(broker, a_dispatch_callback_never_sees_a_timer_it_cancelled_or_reset)
 {
 	dispatch_siblings(NULL);
 	dispatch_siblings("siblings");
@@ -2700,7 +2721,7 @@ static void nested_outer_cb(const struct chime_event *e, void *arg)
 		cr_assert_eq(chime_dispatch(n->c2, nested_inner_cb, n, 0), 1);
 }
 
-Test(broker, a_callback_dispatching_another_connection_still_voids_what_that_cancels)
+AsanTest(broker, a_callback_dispatching_another_connection_still_voids_what_that_cancels)
 {
 	struct chime_opts o = { .socket_path = sock };
 	struct nested n = { 0 };
@@ -2737,7 +2758,7 @@ static void rearm_now_cb(const struct chime_event *e, void *arg)
 		;
 }
 
-Test(broker, a_dispatch_of_what_is_pending_is_not_stretched_by_callbacks_rearming)
+AsanTest(broker, a_dispatch_of_what_is_pending_is_not_stretched_by_callbacks_rearming)
 {
 	struct chime_opts o = { .socket_path = sock };
 	chime_t *c;
@@ -2764,7 +2785,7 @@ static void *wait_once(void *arg)
 	return NULL;
 }
 
-Test(broker, a_waiter_after_a_waiting_thread_exited_is_woken_on_time)
+ReleaseTest(broker, a_waiter_after_a_waiting_thread_exited_is_woken_on_time)
 {
 	struct chime_opts o = { .socket_path = sock };
 	uint64_t best = UINT64_MAX;
@@ -2814,22 +2835,22 @@ static void run_example(const char *name, const char *const *args)
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s failed: status %#x", name, st);
 }
 
-Test(broker, example_timeout_tasks)
+AsanTest(broker, example_timeout_tasks)
 {
 	run_example("timeout_tasks", NULL);
 }
 
-Test(broker, example_delayed_jobs)
+AsanTest(broker, example_delayed_jobs)
 {
 	run_example("delayed_jobs", NULL);
 }
 
-Test(broker, example_unpaid_orders)
+AsanTest(broker, example_unpaid_orders)
 {
 	run_example("unpaid_orders", NULL);
 }
 
-Test(broker, example_heartbeat)
+AsanTest(broker, example_heartbeat)
 {
 	const char *quick[] = { "-n", "20000", "-t", "300", "-d", "900", NULL };
 	const char *full[] = { NULL };
@@ -2882,9 +2903,10 @@ static int open_memlocked(const char *path, unsigned kib, uint32_t flags)
  * "a segment handed over unfinished" (EBADMSG), found by an audit; it is
  * memory: -ENOMEM, as chime_open(3) says. The touch table (12 bytes per
  * node of every shard) is what an anonymous connection needs most of;
- * CHIME_OPEN_RECORD_RESETS maps none.
+ * CHIME_OPEN_RECORD_RESETS maps none. A ReleaseTest(): it skips under the
+ * sanitizers, whose mlockall() does nothing.
  */
-Test(broker, a_process_over_its_memlock_limit_gets_enomem)
+ReleaseTest(broker, a_process_over_its_memlock_limit_gets_enomem)
 {
 	struct t_chimed b2 = { 0 };
 	int r;

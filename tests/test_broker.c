@@ -15,7 +15,8 @@
  * time (lateness, wake-ups, heartbeats, spinning: ASan's slowness is not
  * what they measure) or need what a sanitizer's runtime lacks (mlockall);
  * test_broker (BROKER_RELEASE 0) has the others, declared AsanTest(), run
- * under ASan+UBSan. A new case picks one of the two.
+ * under ASan+UBSan. A new case picks one of the two (a plain Test() would
+ * be in both executables, and the default suite would run it twice).
  */
 #include <criterion/criterion.h>
 #include <errno.h>

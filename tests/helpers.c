@@ -2,6 +2,7 @@
 #include "helpers.h"
 
 #include "chime_shm.h"
+#include "segment.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -20,6 +21,7 @@
 #include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -82,6 +84,35 @@ int t_count_files(const char *dir)
 		n += e->d_name[0] != '.';
 	closedir(d);
 	return n;
+}
+
+/*
+ * /dev/shm when it is a tmpfs this process can write and run programs from
+ * (t_tool_copy() puts programs in a broker's directory), as chime-bench
+ * picks it; else /tmp. Not $XDG_RUNTIME_DIR: it is 0700, and some tests
+ * have another user reach into a broker's directory.
+ */
+static const char *scratch_parent(void)
+{
+	static const char *parent;
+	struct statvfs v;
+	const char *fs;
+	char buf[32];
+
+	if (!parent)
+		parent = chime_seg_dir_in_memory("/dev/shm/.", &fs, buf, sizeof(buf)) == 1 &&
+			 statvfs("/dev/shm", &v) == 0 && !(v.f_flag & ST_NOEXEC) &&
+			 access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : "/tmp";
+	return parent;
+}
+
+int t_mkdtemp(char *dir, size_t len, const char *prefix)
+{
+	if ((size_t)snprintf(dir, len, "%s/%s-XXXXXX", scratch_parent(), prefix) >= len) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	return mkdtemp(dir) ? 0 : -1;
 }
 
 /* The tmpfs mounted last and not yet unmounted: a failed assertion skips t_unmount_tmpfs(). */
@@ -215,8 +246,8 @@ static bool broker_running(const char *sock, pid_t pid)
 /*
  * The directories t_chimed_start() made and no t_chimed_stop() removed yet:
  * a failed assertion ends the test before its stop, and each left a
- * directory with a shard file (sparse, up to hundreds of MB) in /tmp. The
- * test process removes them as it exits; not a child it forked.
+ * directory (t_mkdtemp()) with a shard file, sparse, up to hundreds of MB.
+ * The test process removes them as it exits; not a child it forked.
  */
 #define T_DIRS 16
 static char t_dirs[T_DIRS][sizeof(((struct t_chimed *)0)->dir)];
@@ -254,7 +285,7 @@ static void t_dirs_note(const char *dir, bool made)
 int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 {
 	const char *chimed = getenv("CHIMED");
-	char cmd[1024];
+	char cmd[1024], prefix[32];
 	uint64_t t0;
 	pid_t p;
 
@@ -266,8 +297,8 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 	if (sock) {
 		snprintf(b->sock, sizeof(b->sock), "%s", sock);
 	} else {
-		snprintf(b->dir, sizeof(b->dir), "/tmp/chime-t-%d-XXXXXX", (int)getpid());
-		if (!mkdtemp(b->dir)) {
+		snprintf(prefix, sizeof(prefix), "chime-t-%d", (int)getpid());
+		if (t_mkdtemp(b->dir, sizeof(b->dir), prefix) < 0) {
 			perror("t_chimed_start: mkdtemp");
 			return -1;
 		}
@@ -645,7 +676,7 @@ int t_chimed_killed_at(struct t_chimed *b, const char *sock, const char *extra, 
 	const char *chimed = getenv("CHIMED");
 	size_t sl = strlen(suffix);
 	bool creating = false;
-	char cmd[1024];
+	char cmd[1024], prefix[32];
 	uint64_t t0;
 	int st, sig = 0;
 	pid_t p;
@@ -656,8 +687,8 @@ int t_chimed_killed_at(struct t_chimed *b, const char *sock, const char *extra, 
 	if (sock) {
 		snprintf(b->sock, sizeof(b->sock), "%s", sock);
 	} else {
-		snprintf(b->dir, sizeof(b->dir), "/tmp/chime-t-%d-XXXXXX", (int)getpid());
-		if (!mkdtemp(b->dir))
+		snprintf(prefix, sizeof(prefix), "chime-t-%d", (int)getpid());
+		if (t_mkdtemp(b->dir, sizeof(b->dir), prefix) < 0)
 			return -errno;
 		b->own_dir = 1;
 		t_dirs_note(b->dir, true);

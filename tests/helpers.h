@@ -26,7 +26,7 @@ struct t_chimed {
 
 /*
  * Start a broker on `sock`, or (sock NULL) on "chime.sock" in a fresh
- * directory under /tmp. Waits up to 10 s. Returns 0, or -1 after printing
+ * directory (t_mkdtemp()). Waits up to 10 s. Returns 0, or -1 after printing
  * why to stderr (no broker left running).
  */
 int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra);
@@ -44,6 +44,15 @@ int t_chimed_stop(struct t_chimed *b, int sig);
  * result.
  */
 int t_chimed_restart(struct t_chimed *b, int sig, const char *extra);
+
+/*
+ * A fresh directory "PARENT/PREFIX-XXXXXX" (mkdtemp), its path in dir:
+ * PARENT is /dev/shm if it is a tmpfs this process can write and run
+ * programs from, else /tmp. A broker's files there are not written back to
+ * a disk, as chimed advises: a start and a stop took 10.5 ms there against
+ * 16 on this VM's ext4 /tmp (2026-11-30). 0, or -1 (errno).
+ */
+int t_mkdtemp(char *dir, size_t len, const char *prefix);
 
 /* Replace the file at path with text (a policy file, say). 0, or -1 (errno). */
 int t_write_file(const char *path, const char *text);

@@ -635,10 +635,10 @@ Test(restart, files_of_another_uid_are_not_taken_over)
 /* A broker in a directory of its own, its stderr in <dir>/chimed.log (named in log). */
 static void start_logged(const char *extra, char *log, size_t len)
 {
-	char dir[] = "/tmp/chime-t-XXXXXX", sock[64], opts[512];
+	char dir[64], sock[96], opts[512];
 	int r;
 
-	cr_assert(mkdtemp(dir));
+	cr_assert_eq(t_mkdtemp(dir, sizeof(dir), "chime-t"), 0);
 	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
 	snprintf(log, len, "%s/chimed.log", dir);
 	snprintf(opts, sizeof(opts), "%s 2>'%s'", extra, log);

@@ -67,8 +67,7 @@ static void teardown(void)
  */
 static void setup(void)
 {
-	snprintf(dir, sizeof(dir), "/tmp/chime-tools-XXXXXX");
-	cr_assert_not_null(mkdtemp(dir), "mkdtemp %s: %s", dir, strerror(errno));
+	cr_assert_eq(t_mkdtemp(dir, sizeof(dir), "chime-tools"), 0, "mkdtemp %s: %s", dir, strerror(errno));
 	atexit(teardown);
 	snprintf(sock, sizeof(sock), "%s/s.sock", dir);
 	snprintf(out, sizeof(out), "%s/out", dir);

@@ -558,20 +558,14 @@ void t_missed(struct t_misses *m, const char *fmt, ...)
 	va_end(ap);
 }
 
-int t_ring_polls(int pid)
+FILE *t_next_anon_fdinfo(int pid, DIR *d, const char *kind, int *fd)
 {
-	char path[320], target[64], line[256];
+	char path[320], target[64], want[64];
 	struct dirent *e;
-	int n = 0, rings = 0;
-	DIR *d;
 
-	snprintf(path, sizeof(path), "/proc/%d/fd", pid);
-	d = opendir(path);
-	if (!d)
-		return -1;
+	snprintf(want, sizeof(want), "anon_inode:%s", kind);
 	while ((e = readdir(d))) {
 		ssize_t len;
-		bool in_list = false;
 		FILE *f;
 
 		snprintf(path, sizeof(path), "/proc/%d/fd/%s", pid, e->d_name);
@@ -579,11 +573,31 @@ int t_ring_polls(int pid)
 		if (len <= 0)
 			continue;
 		target[len] = '\0';
-		if (strcmp(target, "anon_inode:[io_uring]") != 0)
+		if (strcmp(target, want) != 0)
 			continue;
 		snprintf(path, sizeof(path), "/proc/%d/fdinfo/%s", pid, e->d_name);
 		if (!(f = fopen(path, "r")))
 			continue;
+		*fd = atoi(e->d_name);
+		return f;
+	}
+	return NULL;
+}
+
+int t_ring_polls(int pid)
+{
+	char path[64], line[256];
+	int n = 0, rings = 0, fd;
+	FILE *f;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", pid);
+	d = opendir(path);
+	if (!d)
+		return -1;
+	while ((f = t_next_anon_fdinfo(pid, d, "[io_uring]", &fd))) {
+		bool in_list = false;
+
 		rings++;
 		/* "PollList:", then one indented "op=N, ..." line per armed poll. */
 		while (fgets(line, sizeof(line), f)) {

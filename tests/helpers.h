@@ -3,9 +3,11 @@
 #ifndef CHIME_TEST_HELPERS_H
 #define CHIME_TEST_HELPERS_H
 
+#include <dirent.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "clock.h"       /* now_ns(), splitmix64(): the tree's one clock and PRNG */
 
@@ -114,6 +116,14 @@ void t_missed(struct t_misses *m, const char *fmt, ...) __attribute__((format(pr
 
 /* How many descriptors process pid has open (/proc/PID/fd), or -1. */
 int t_open_fds(int pid);
+
+/*
+ * The next of process pid's descriptors, from d (opendir("/proc/PID/fd")),
+ * that is an anonymous inode of this kind ("[io_uring]", "[timerfd]"): its
+ * /proc/PID/fdinfo file open for reading (the caller closes it), its
+ * number in *fd. NULL when there are no more.
+ */
+FILE *t_next_anon_fdinfo(int pid, DIR *d, const char *kind, int *fd);
 
 /* Polls armed in all of process pid's io_urings (their fdinfo's PollList), or -1. */
 int t_ring_polls(int pid);

@@ -442,35 +442,23 @@ Test(realtime, a_wall_clock_reset_due_before_a_sleeping_shard_wakes_rings_its_do
  */
 static int cancel_on_set_timerfd(int pid)
 {
-	char path[320], target[64], line[128];
-	struct dirent *e;
-	int found = -1;
+	char path[64], line[128];
+	int found = -1, fd;
+	FILE *f;
 	DIR *d;
 
 	snprintf(path, sizeof(path), "/proc/%d/fd", pid);
 	d = opendir(path);
-	while (d && found < 0 && (e = readdir(d))) {
+	while (d && found < 0 && (f = t_next_anon_fdinfo(pid, d, "[timerfd]", &fd))) {
 		bool realtime = false, cancel_on_set = false;
-		ssize_t len;
-		FILE *f;
 
-		snprintf(path, sizeof(path), "/proc/%d/fd/%s", pid, e->d_name);
-		len = readlink(path, target, sizeof(target) - 1);
-		if (len <= 0)
-			continue;
-		target[len] = '\0';
-		if (strcmp(target, "anon_inode:[timerfd]") != 0)
-			continue;
-		snprintf(path, sizeof(path), "/proc/%d/fdinfo/%s", pid, e->d_name);
-		f = fopen(path, "r");
-		while (f && fgets(line, sizeof(line), f)) {
+		while (fgets(line, sizeof(line), f)) {
 			realtime |= strcmp(line, "clockid: 0\n") == 0;
 			cancel_on_set |= strcmp(line, "settime flags: 03\n") == 0;
 		}
-		if (f)
-			fclose(f);
+		fclose(f);
 		if (realtime && cancel_on_set)
-			found = atoi(e->d_name);
+			found = fd;
 	}
 	if (d)
 		closedir(d);

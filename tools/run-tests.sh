@@ -9,7 +9,7 @@
 #                                    the plain and ASan+UBSan builds (suite
 #                                    'other-build' left out, tests/meson.build)
 #                                    (from a fresh clone on 2 cores, the five
-#                                    builds included: 10 to 11 minutes with the
+#                                    builds included: about 9 minutes with the
 #                                    ccache an earlier run left, as CI has; each
 #                                    phase's time is printed before the summary)
 #   tools/run-tests.sh --full        the same with every program in both builds

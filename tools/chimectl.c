@@ -143,8 +143,9 @@ static void usage(FILE *f)
 		"  0  ok\n"
 		"  1  failure: the broker's shared memory cannot be read (a segment file\n"
 		"     that shrank as it was read included), its socket cannot be\n"
-		"     reached (permissions), it did not admit this user, the handshake or the\n"
-		"     query failed, it is still starting, no such client or session (a\n"
+		"     reached (permissions), it did not admit this user (these two are 4 for\n"
+		"     reset-stats), the handshake or the query failed, it is still starting,\n"
+		"     no such client or session (a\n"
 		"     well-formed NAME the broker does not know), the session is attached,\n"
 		"     the signal failed, it did not stop or restart in time, or the restarted\n"
 		"     broker has fewer sessions than there were or lost a shard's file, or\n"
@@ -157,7 +158,8 @@ static void usage(FILE *f)
 		"     process is gone, or it is unfinished and no broker holds the lock file\n"
 		"     (one died starting)\n"
 		"  4  not permitted: reset-stats, shutdown or restart by a user other than root\n"
-		"     and the broker's user, or drop-session of another user's session\n");
+		"     and the broker's user (one the socket's or the segment's permissions\n"
+		"     refuse included), or drop-session of another user's session\n");
 }
 
 /*
@@ -807,10 +809,18 @@ static int cmd_reset_stats(const char *sock)
 	if (step == QUERY_ANSWER && (r == -EPERM || r == -EACCES))
 		return fail(SR_EXIT_DENIED, "the broker at '%s' refused reset-stats: %s (only root and the broker's "
 			    "user may reset its statistics)", sock, strerror(-r));
-	/* Root and the broker's user are always admitted: a user who is not may not reset either. */
+	/*
+	 * Root and the broker's user are always admitted, and reach its socket
+	 * (root past any permission, the broker's user as its creator): a user
+	 * who is not, or may not connect, may not reset either. As shutdown
+	 * and restart refuse a user who may not read the control segment.
+	 */
 	if (step == QUERY_HELLO && r == -EACCES)
 		return fail(SR_EXIT_DENIED, "the broker at '%s' did not admit this user (and only root and the "
 			    "broker's user may reset its statistics)", sock);
+	if (step == QUERY_CONNECT && r == -EACCES)
+		return fail(SR_EXIT_DENIED, "cannot connect to '%s': %s (this user may not reach the socket, and "
+			    "only root and the broker's user may reset its statistics)", sock, strerror(-r));
 	if (r < 0)
 		return query_error(sock, "asking for reset-stats", r, step, NULL);
 	gen = head.total;

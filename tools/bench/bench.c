@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+const char *bench_prog = "chime-bench";
+
 /*
  * The number in p[0..len): 0, -EINVAL if it is not a decimal number, or
  * -ERANGE if it is one (negative, or past UINT64_MAX included) outside
@@ -170,7 +172,7 @@ void *bench_map(size_t len)
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 
 	if (p == MAP_FAILED) {
-		fprintf(stderr, "chime-bench: mmap(%zu bytes) failed: %s\n", len, strerror(errno));
+		fprintf(stderr, "%s: mmap(%zu bytes) failed: %s\n", bench_prog, len, strerror(errno));
 		exit(1);
 	}
 	return p;

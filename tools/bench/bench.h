@@ -12,6 +12,13 @@
 
 #include "clock.h"     /* now_ns(), splitmix64() */
 
+/*
+ * What chime-bench's messages begin with: "chime-bench MODE" once main()
+ * has picked a mode, "chime-bench" before (defined in bench.c, which every
+ * build of a mode links, tools/bench's own and bench-ref's).
+ */
+extern const char *bench_prog;
+
 /* A mode: argv[0] is the mode's name. Returns the exit status (2: usage). */
 typedef int (*bench_mode_fn)(int argc, char **argv);
 

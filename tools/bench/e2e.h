@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "bench.h"     /* bench_prog */
 #include "clock.h"
 #include "statsread.h"
 

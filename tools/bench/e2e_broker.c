@@ -104,7 +104,7 @@ void *xcalloc(size_t n, size_t sz)
 	size_t len = (n ? n : 1) * sz;
 
 	if (!p) {
-		fprintf(stderr, "chime-bench: out of memory (%zu x %zu bytes)\n", n, sz);
+		fprintf(stderr, "%s: out of memory (%zu x %zu bytes)\n", bench_prog, n, sz);
 		exit(1);
 	}
 	for (size_t off = 0; off < len; off += 4096)
@@ -194,7 +194,7 @@ int broker_map_ctl(struct broker *b)
 			sr_close(&b->sr);
 	}
 	if (r < 0) {
-		sr_perror("chime-bench", &b->sr, r);
+		sr_perror(bench_prog, &b->sr, r);
 		return -1;
 	}
 	b->hdr = snap.hdr;
@@ -283,7 +283,7 @@ int broker_open(struct broker *b, unsigned flags, chime_t **c)
 	int r = chime_open(c, &o);
 
 	if (r < 0)
-		fprintf(stderr, "chime-bench: chime_open('%s') failed: %s\n", b->sock, strerror(-r));
+		fprintf(stderr, "%s: chime_open('%s') failed: %s\n", bench_prog, b->sock, strerror(-r));
 	return r;
 }
 
@@ -449,13 +449,13 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 
 	r = find_chimed(b->bin, sizeof(b->bin));
 	if (r < 0) {
-		fprintf(stderr, "chime-bench: cannot find chimed (set $CHIMED, or pass --socket): %s\n",
+		fprintf(stderr, "%s: cannot find chimed (set $CHIMED, or pass --socket): %s\n", bench_prog,
 			strerror(-r));
 		return -1;
 	}
 	snprintf(b->dir, sizeof(b->dir), "%s/chime-bench-XXXXXX", tmp && *tmp ? tmp : "/tmp");
 	if (!mkdtemp(b->dir)) {
-		fprintf(stderr, "chime-bench: mkdtemp('%s') failed: %s\n", b->dir, strerror(errno));
+		fprintf(stderr, "%s: mkdtemp('%s') failed: %s\n", bench_prog, b->dir, strerror(errno));
 		b->dir[0] = '\0';
 		return -1;
 	}
@@ -477,7 +477,7 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 	fflush(NULL);
 	b->pid = fork();
 	if (b->pid < 0) {
-		fprintf(stderr, "chime-bench: fork failed: %s\n", strerror(errno));
+		fprintf(stderr, "%s: fork failed: %s\n", bench_prog, strerror(errno));
 		b->pid = 0;
 		pthread_sigmask(SIG_SETMASK, &old, NULL);
 		return -1;
@@ -509,7 +509,7 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 		}
 		cleanup_child(&old);
 		execv(b->bin, (char *const *)argv);
-		fprintf(stderr, "chime-bench: exec('%s') failed: %s\n", b->bin, strerror(errno));
+		fprintf(stderr, "%s: exec('%s') failed: %s\n", bench_prog, b->bin, strerror(errno));
 		_exit(127);
 	}
 	g_private.pid = b->pid;
@@ -523,7 +523,7 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 		int st;
 
 		if (waitpid(b->pid, &st, WNOHANG) == b->pid) {
-			fprintf(stderr, "chime-bench: chimed exited at start-up (status %d); its log: %s\n",
+			fprintf(stderr, "%s: chimed exited at start-up (status %d); its log: %s\n", bench_prog,
 				WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), log);
 			/* reaped: the handler must not signal its pid; the log is kept, as said */
 			cleanup_block(&old);
@@ -537,7 +537,7 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 			break;
 		}
 		if (now_ns() > end) {
-			fprintf(stderr, "chime-bench: chimed did not accept clients within 10 s; its log: %s\n", log);
+			fprintf(stderr, "%s: chimed did not accept clients within 10 s; its log: %s\n", bench_prog, log);
 			return -1;
 		}
 		sleep_ns(10 * NS_PER_MS);
@@ -561,7 +561,7 @@ static int broker_stop_blocked(struct broker *b)
 	end = now_ns() + 10 * NS_PER_S;
 	while (waitpid(b->pid, &st, WNOHANG) == 0) {
 		if (now_ns() > end) {
-			fprintf(stderr, "chime-bench: chimed ignored SIGTERM for 10 s; killing it\n");
+			fprintf(stderr, "%s: chimed ignored SIGTERM for 10 s; killing it\n", bench_prog);
 			kill(b->pid, SIGKILL);
 			waitpid(b->pid, &st, 0);
 			r = -1;

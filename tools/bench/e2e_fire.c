@@ -28,9 +28,6 @@
 #include "chime_shm.h"
 #include "e2e.h"
 
-#include "chime_shm.h"
-#include "e2e.h"
-
 /* ------------------------------------------------------------------------ */
 /* 3. expirations per second, 4. lateness                                     */
 /* ------------------------------------------------------------------------ */
@@ -197,7 +194,7 @@ int run_expire_tfd(size_t n, uint64_t gap_ns, struct expire_result *res)
 
 		fds[made] = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 		if (fds[made] < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fds[made], &e) < 0) {
-			fprintf(stderr, "chime-bench: timerfd %zu: %s\n", made, strerror(errno));
+			fprintf(stderr, "%s: timerfd %zu: %s\n", bench_prog, made, strerror(errno));
 			if (fds[made] >= 0)
 				close(fds[made]);
 			ret = -1;
@@ -334,7 +331,7 @@ int run_lat_tfd(size_t n, uint64_t span_ns, struct lat_result *res)
 		fds[made] = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 		if (fds[made] < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fds[made], &e) < 0 ||
 		    tfd_set(fds[made], dl[made]) < 0) {
-			fprintf(stderr, "chime-bench: timerfd %zu: %s\n", made, strerror(errno));
+			fprintf(stderr, "%s: timerfd %zu: %s\n", bench_prog, made, strerror(errno));
 			if (fds[made] >= 0)
 				close(fds[made]);
 			break;

@@ -69,6 +69,7 @@ int main(int argc, char **argv)
 			/* getopt_long() prefixes its messages with argv[0]: "chime-bench e2e: ..." */
 			snprintf(name, sizeof(name), "chime-bench %s", modes[i].name);
 			argv[1] = name;
+			bench_prog = name;
 			r = modes[i].fn(argc - 1, argv + 1);
 			/* Figures that did not arrive (a full disk) are no success. */
 			return sr_stdout_check(name) && !r ? 1 : r;

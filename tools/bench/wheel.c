@@ -46,7 +46,7 @@ static void w_setup(uint32_t n)
 	w_len = wheel_region_size(n);
 	w_mem = bench_map(w_len);
 	if (wheel_init(&W, w_mem, w_len, n, RES_NS, T0_NS)) {
-		fprintf(stderr, "chime-bench: wheel_init(%u timers) failed\n", n);
+		fprintf(stderr, "%s: wheel_init(%u timers) failed\n", bench_prog, n);
 		exit(1);
 	}
 	for (uint32_t i = 0; i < n; i++)
@@ -186,7 +186,7 @@ static void plan_make(struct plan *p, uint32_t n, uint64_t seed)
 	/* enough for the expiry batches: at most one per step */
 	p->samples = malloc((SPAN_NS / STEP_NS + 2 + ROUNDS) * sizeof(*p->samples));
 	if (!perm || !p->ids || !p->dl || !p->init_dl || !p->samples) {
-		fprintf(stderr, "chime-bench: out of memory for %u timers\n", n);
+		fprintf(stderr, "%s: out of memory for %u timers\n", bench_prog, n);
 		exit(1);
 	}
 	for (uint32_t i = 0; i < n; i++) {
@@ -243,7 +243,7 @@ static void stall_run(uint32_t n, uint64_t span_ns, bool stage, struct stall *r)
 
 	memset(r, 0, sizeof(*r));
 	if (wheel_init(&sw, mem, len, n, STALL_RES_NS, T0_NS)) {
-		fprintf(stderr, "chime-bench: wheel_init(%u timers) failed\n", n);
+		fprintf(stderr, "%s: wheel_init(%u timers) failed\n", bench_prog, n);
 		exit(1);
 	}
 	for (uint32_t i = 0; i < n; i++)
@@ -314,13 +314,13 @@ static void churn_run(uint32_t n, bool churn, double *advance_ms, double *pop_ns
 	unsigned k;
 
 	if (wheel_init(&cw, mem, len, cap, RES_NS, T0_NS)) {
-		fprintf(stderr, "chime-bench: wheel_init(%u timers) failed\n", cap);
+		fprintf(stderr, "%s: wheel_init(%u timers) failed\n", bench_prog, cap);
 		exit(1);
 	}
 	if (churn) {
 		idx = malloc(2 * (size_t)n * sizeof(*idx));
 		if (!idx) {
-			fprintf(stderr, "chime-bench: out of memory\n");
+			fprintf(stderr, "%s: out of memory\n", bench_prog);
 			exit(1);
 		}
 		for (uint32_t i = 0; i < 2 * n; i++)

@@ -240,8 +240,13 @@ static inline bool cl_gone_for_ops(struct chime *c)
 	return cl_is_dead(c);
 }
 
-/* The chime_t whose chime_dispatch() this thread is in (poll.c), or NULL. */
-extern __thread char cl_thread_token;   /* its address names the thread */
+/*
+ * Its address names the thread (poll.c), for `dispatcher` and `drainer`.
+ * Initial-exec, as timer.c's tl_home: in the default model GCC took its
+ * address with a __tls_get_addr() call on every reset and cancel record,
+ * before the test that the connection has a dispatcher at all.
+ */
+extern __thread char cl_thread_token __attribute__((tls_model("initial-exec")));
 
 /*
  * A RESET, CANCEL or CANCEL_KEY was published. A chime_dispatch() under way

@@ -70,7 +70,7 @@
 #define TAG_KICK 1u
 #define TAG_SOCK 2u
 
-__thread char cl_thread_token;
+__thread char cl_thread_token __attribute__((tls_model("initial-exec")));
 
 /*
  * Where a drain puts the events it claims: into an array (chime_poll,

@@ -70,8 +70,8 @@ void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32
  * comes shared on the seq's load and the record's stores then take it in
  * a second transaction, on the caller's time. A hint only: a slot still
  * in use (a ring nearly full, or another thread's) is unharmed by it.
- * 8 rather than 4 or 2: the shortest arms and cancels on this VM (README,
- * "What the application's thread pays").
+ * 8 rather than 4 or 2: the shortest arms and cancels on this VM
+ * (docs/BENCHMARKS.md, "What the application's thread pays").
  */
 #define CHIME_SQ_AHEAD 8u
 

@@ -22,8 +22,10 @@ pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libck-dev 
 groff-base man-db python3-pytest libuv1-dev libevent-dev libjansson-dev"
 # clang-14 and its runtimes (libFuzzer, sanitizers): the build-fuzz build (tests/fuzz).
 pkgs="$pkgs clang-14 libclang-rt-14-dev"
-# libsystemd-dev: chimed's sd_notify (meson -Dsystemd=auto builds without it).
-pkgs="$pkgs libsystemd-dev"
+# libsystemd-dev: chimed's sd_notify (meson -Dsystemd=auto builds without it);
+# systemd-container: systemd-nspawn, for the test that runs the installed unit
+# under a real systemd (tests/test_systemd.sh).
+pkgs="$pkgs libsystemd-dev systemd-container"
 # libncurses-dev: chimestat's live view (ncursesw).
 pkgs="$pkgs libncurses-dev"
 # ccache: meson compiles through it when it is there (tools/run-tests.sh also

@@ -1,0 +1,219 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+#
+# systemd: the installed chimed.service under a real systemd. The build is
+# installed into a scratch DESTDIR, laid over this host's /usr in a
+# container (systemd-nspawn: a root of its own on a tmpfs-like scratch
+# directory, the host's /usr read-only with the install on top), and the
+# container boots systemd. Then, as an operator would:
+#
+#   - systemctl start: the unit's user (sysusers.d), its runtime directory,
+#     its hardening and Type=notify together let chimed start and say READY;
+#   - a client arms timers and every one fires (chime-demo), chimectl status;
+#   - systemctl reload: the policy reloaded (SIGHUP);
+#   - systemctl restart under a session's timers: none lost, none early;
+#   - both shard threads held (ptrace) under a session's timers: chimed
+#     withholds its watchdog ping, systemd kills and restarts it, and the
+#     session's timers all fire after;
+#   - systemctl stop: a clean stop.
+#
+# Usage: test_systemd.sh MESON BUILD_ROOT
+# Exit: 0 pass, 1 fail, 77 skipped (not root, no systemd-nspawn, a prefix
+# systemd does not look in, or a container that cannot boot here).
+set -u
+
+meson=$1
+build=$2
+
+skip() {
+	echo "systemd: skipped: $*"
+	exit 77
+}
+
+fail() {
+	echo "systemd: FAIL: $*"
+	[ -n "${init:-}" ] && ct journalctl -u chimed --no-pager -n 40 2>/dev/null | sed 's/^/  journal: /'
+	exit 1
+}
+
+[ "$(id -u)" -eq 0 ] || skip "needs root (a container)"
+command -v systemd-nspawn >/dev/null 2>&1 || skip "systemd-nspawn is not installed (Debian: systemd-container)"
+command -v nsenter >/dev/null 2>&1 || skip "nsenter is not installed"
+[ -x /usr/lib/systemd/systemd ] || [ -x /lib/systemd/systemd ] || skip "systemd is not installed"
+
+dest=$(mktemp -d "${TMPDIR:-/tmp}/chime-systemd-XXXXXX") || exit 1
+nspawn=""
+init=""
+
+# Run a command in the container (its namespaces, through its init's pid).
+ct() {
+	nsenter -t "$init" -a "$@"
+}
+
+# shellcheck disable=SC2317 # run by the trap
+cleanup() {
+	if [ -n "$nspawn" ] && kill -0 "$nspawn" 2>/dev/null; then
+		kill -TERM "$nspawn" 2>/dev/null     # nspawn halts the container
+		for _ in $(seq 100); do
+			kill -0 "$nspawn" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL "$nspawn" 2>/dev/null
+		wait "$nspawn" 2>/dev/null
+	fi
+	rm -rf "$dest"
+	rm -rf "/run/systemd/nspawn/propagate/chimetest$$" 2>/dev/null
+}
+trap cleanup EXIT INT TERM HUP
+
+# ---- the install, laid out as a merged-/usr system's ----
+"$meson" install -C "$build" --no-rebuild --quiet --destdir "$dest/inst" >"$dest/install.log" 2>&1 ||
+	{ cat "$dest/install.log"; fail "meson install --destdir failed"; }
+chimed=$(find "$dest/inst" -path '*/sbin/chimed' | head -n 1)
+[ -n "$chimed" ] || fail "no sbin/chimed installed"
+prefix=$(dirname "$(dirname "${chimed#"$dest/inst"}")")
+case $prefix in
+/usr | /usr/local) ;;
+*) skip "prefix $prefix: systemd looks for units under /usr and /usr/local only" ;;
+esac
+# systemd's own prefix puts the unit in /lib/systemd/system (Debian 12): /usr/lib on merged /usr
+if [ -d "$dest/inst/lib" ]; then
+	mkdir -p "$dest/inst/usr/lib"
+	cp -a "$dest/inst/lib/." "$dest/inst/usr/lib/" || fail "cannot merge $dest/inst/lib into usr/lib"
+fi
+unit=$(find "$dest/inst/usr" -name chimed.service | head -n 1)
+[ -n "$unit" ] || fail "no chimed.service installed"
+libdir=$(dirname "$(find "$dest/inst" -name 'libchime.so.0' | head -n 1)")
+libdir=${libdir#"$dest/inst"}
+notify=no
+grep -q '^Type=notify' "$unit" && grep -q '^WatchdogSec=' "$unit" && notify=yes
+
+# ---- the container's root: its own /etc, the host's /usr with the install over it ----
+root=$dest/root
+mkdir -p "$root"/etc "$root"/usr "$root"/var "$root"/run "$root"/tmp "$root"/root "$root"/home \
+	"$root"/dev "$root"/proc "$root"/sys || fail "mkdir $root"
+for d in bin lib lib64 sbin; do
+	ln -s "usr/$d" "$root/$d"
+done
+if [ -f /etc/os-release ]; then cp /etc/os-release "$root/etc/"; else cp /usr/lib/os-release "$root/etc/"; fi
+cp /etc/passwd /etc/group "$root/etc/" || fail "cannot copy /etc/passwd and /etc/group"
+echo "chimetest$$" >"$root/etc/hostname"
+
+systemd-nspawn -q -D "$root" --overlay-ro="/usr:$dest/inst/usr:/usr" --register=no --keep-unit \
+	-b -M "chimetest$$" --console=pipe >"$dest/boot.log" 2>&1 </dev/null &
+nspawn=$!
+# Until its manager answers (its bus is up a moment after it starts), then until it has booted.
+state=""
+for _ in $(seq 300); do
+	init=$(pgrep -P "$nspawn" | head -n 1)
+	# Only the container's own systemd, never this host's: in a pid namespace of its own.
+	if [ -n "$init" ] && [ "$(cat "/proc/$init/comm" 2>/dev/null)" = systemd ] &&
+		[ "$(readlink "/proc/$init/ns/pid")" != "$(readlink /proc/self/ns/pid)" ]; then
+		state=$(ct timeout 90 systemctl is-system-running --wait 2>/dev/null)
+		case $state in
+		running | degraded) break ;;
+		esac
+	fi
+	kill -0 "$nspawn" 2>/dev/null || break
+	sleep 0.2
+done
+case $state in
+running | degraded) ;;
+*) cat "$dest/boot.log"; init=""; skip "the container's systemd did not finish booting (state '$state')" ;;
+esac
+
+# Run in the container: its PATH finds the install's programs, its loader our libchime.
+in_ct() {
+	ct env PATH="$prefix/bin:$prefix/sbin:/usr/bin:/usr/sbin" LD_LIBRARY_PATH="$libdir" "$@"
+}
+show() {
+	ct systemctl show chimed -p "$1" --value
+}
+journal_has() {
+	ct journalctl -u chimed --no-pager -o cat 2>/dev/null | grep -qF -- "$1"
+}
+
+# ---- start ----
+ct timeout 30 systemctl start chimed || fail "systemctl start chimed failed"
+[ "$(show ActiveState)" = active ] || fail "chimed is $(show ActiveState) after its start"
+[ "$(show User)" = chime ] || fail "the unit's User is '$(show User)', not chime"
+owner=$(ct stat -c %U /run/chime/chime.sock 2>/dev/null)
+[ "$owner" = chime ] || fail "the socket /run/chime/chime.sock is owned by '$owner', not chime"
+if [ $notify = yes ]; then
+	[ "$(show StatusText)" = listening ] || fail "chimed's status text is '$(show StatusText)', not 'listening'"
+fi
+out=$(in_ct chime-demo -n 20000 -t 2 -d 1 -m 200 2>&1) || fail "chime-demo against the service: $out"
+echo "$out" | grep -q "20000 of 20000 timers fired, 0 early" || fail "chime-demo: $out"
+out=$(in_ct chimectl status 2>&1) || fail "chimectl status: $out"
+echo "$out" | grep -q "running" || fail "chimectl status: $out"
+echo "systemd: started (Type $(show Type), user chime), 20000 timers fired, chimectl status ok"
+
+# ---- reload ----
+ct timeout 30 systemctl reload chimed || fail "systemctl reload chimed failed"
+for _ in $(seq 50); do
+	journal_has "reloaded the policy" && break
+	sleep 0.1
+done
+journal_has "reloaded the policy" || fail "no 'reloaded the policy' in the journal after systemctl reload"
+
+# ---- restart under a session's timers ----
+in_ct chime-demo -S restart1 -n 20000 -t 1 -d 1 -m 3000 >"$dest/demo1.log" 2>&1 &
+demo=$!
+sleep 1.5
+ct timeout 30 systemctl restart chimed || fail "systemctl restart chimed failed"
+wait "$demo" || fail "chime-demo across systemctl restart: $(cat "$dest/demo1.log")"
+grep -q "20000 of 20000 timers fired, 0 early" "$dest/demo1.log" || fail "across the restart: $(cat "$dest/demo1.log")"
+journal_has "taking over 1 session" || fail "the restarted chimed did not take the session over"
+echo "systemd: a session's 20000 timers all fired across systemctl restart"
+
+# ---- the watchdog: both shards held, chimed killed and restarted by systemd ----
+if [ $notify = yes ]; then
+	pid=$(show MainPID)
+	restarts=$(show NRestarts)
+	tids=""
+	for t in $(ct ls "/proc/$pid/task"); do
+		case $(ct cat "/proc/$pid/task/$t/comm" 2>/dev/null) in
+		chimed-shard*) tids="$tids $t" ;;
+		esac
+	done
+	[ -n "$tids" ] || fail "no chimed-shard threads in chimed $pid"
+	in_ct chime-demo -S watchdog1 -n 20000 -t 1 -d 1 -m 12000 >"$dest/demo2.log" 2>&1 &
+	demo=$!
+	sleep 1.5
+	# Hold the shard threads (ptrace-stopped, as a hung shard) for 9 s: 3 s to
+	# be found stuck, WatchdogSec=5s, then SIGABRT takes the process once they go.
+	# shellcheck disable=SC2086 # the thread ids are separate arguments
+	ct python3 -c '
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+SEIZE, INTERRUPT, DETACH, WALL = 0x4206, 0x4207, 17, 0x40000000
+tids = [int(t) for t in sys.argv[2:]]
+for t in tids:
+    if libc.ptrace(SEIZE, t, None, None) != 0 or libc.ptrace(INTERRUPT, t, None, None) != 0:
+        sys.exit("ptrace %d: %s" % (t, os.strerror(ctypes.get_errno())))
+    os.waitpid(t, WALL)
+time.sleep(float(sys.argv[1]))
+for t in tids:
+    libc.ptrace(DETACH, t, None, None)
+' 9 $tids || fail "could not hold chimed's shard threads"
+	wait "$demo" || fail "chime-demo across the watchdog's restart: $(cat "$dest/demo2.log")"
+	grep -q "20000 of 20000 timers fired, 0 early" "$dest/demo2.log" ||
+		fail "across the watchdog's restart: $(cat "$dest/demo2.log")"
+	journal_has "withholding the watchdog ping" || fail "chimed did not withhold its watchdog ping"
+	journal_has "Watchdog timeout" || fail "systemd's watchdog did not fire"
+	[ "$(show NRestarts)" -gt "$restarts" ] || fail "systemd did not restart chimed (NRestarts $(show NRestarts))"
+	[ "$(show ActiveState)" = active ] || fail "chimed is $(show ActiveState) after the watchdog's restart"
+	[ "$(show MainPID)" != "$pid" ] || fail "chimed's pid did not change"
+	echo "systemd: shards held: ping withheld, systemd restarted chimed, a session's 20000 timers all fired"
+else
+	echo "systemd: chimed built without libsystemd (Type=simple, no watchdog): the watchdog part skipped"
+fi
+
+# ---- stop ----
+ct timeout 30 systemctl stop chimed || fail "systemctl stop chimed failed"
+[ "$(show ActiveState)" = inactive ] || fail "chimed is $(show ActiveState) after its stop"
+[ "$(show ExecMainStatus)" = 0 ] || fail "chimed exited with status $(show ExecMainStatus) at its stop"
+journal_has "stopped" || fail "no 'stopped' in the journal"
+echo "systemd: stopped cleanly"
+exit 0

@@ -376,6 +376,51 @@ static void close_inherited(void)
  * Returns the write end of the pipe in the child. `parent_mask`: the signal
  * mask the waiting parent goes back to (so ^C still stops it).
  */
+/*
+ * The descriptors --max-clients needs: 5 + nr_shards a client (socket, its
+ * process's pidfd, three memfds kept for the punch at its end, a doorbell
+ * per shard) and 128 of our own.
+ */
+static uint64_t fds_needed(const struct broker_opts *o)
+{
+	return (uint64_t)o->max_clients * (5 + o->nr_shards) + 128;
+}
+
+/*
+ * Grow the descriptor table to `want` entries (at most RLIMIT_NOFILE) now,
+ * while the process has one thread. The kernel grows it by doubling when
+ * a descriptor lands past its end, and once threads share the table it
+ * first waits for an RCU grace period (expand_fdtable()). Any user's busy
+ * loops can hold that grace period up: the discard thread, at idle
+ * priority, is preempted inside an RCU read section of a punch or a close
+ * and not run again for up to a second (until RCU boosts it). The control
+ * thread's memfd_create() for the next client waited that long, heartbeat
+ * and all: opens of 1.0-10 s in 4 of 37 rounds of
+ * hostile/a_starved_discard_thread_does_not_stall_the_control_thread,
+ * their stacks in synchronize_rcu() under expand_files(). A table never
+ * shrinks: grown here, it is not grown again while the broker keeps
+ * within twice what --max-clients needs (the memfds of ended connections
+ * wait for the discard thread besides the live ones).
+ */
+static void fd_table_presize(uint64_t want)
+{
+	struct rlimit rl;
+	int any, fd;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && want > rl.rlim_cur)
+		want = rl.rlim_cur;
+	if (want < 2 || want > INT_MAX)
+		return;
+	any = open("/", O_PATH | O_CLOEXEC);
+	if (any < 0)
+		return;
+	/* The lowest free descriptor from want - 1 on: the table grows to hold it. */
+	fd = fcntl(any, F_DUPFD_CLOEXEC, (int)(want - 1));
+	if (fd >= 0)
+		close(fd);
+	close(any);
+}
+
 static int daemonize(const sigset_t *parent_mask)
 {
 	int p[2];
@@ -722,7 +767,7 @@ int main(int argc, char **argv)
 	 * refusing clients later with EMFILE.
 	 */
 	{
-		uint64_t need = (uint64_t)o.max_clients * (5 + o.nr_shards) + 128;
+		uint64_t need = fds_needed(&o);
 		struct rlimit rl;
 
 		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -771,6 +816,7 @@ int main(int argc, char **argv)
 		start_dir[0] = 0;
 	if (!foreground)
 		verdict_fd = daemonize(&old_mask);
+	fd_table_presize(2 * fds_needed(&o));
 
 	r = broker_start(&b, &o);
 	if (r < 0) {

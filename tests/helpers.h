@@ -205,6 +205,28 @@ static inline uint64_t t_advance(struct wheel *wh, uint64_t now_ns)
 }
 #endif
 
+#ifdef T_RELEASE_CASES
+/*
+ * A test file built into two executables (tests/meson.build, 'c_args':
+ * -DT_RELEASE_CASES=1 and =0), each run by one build's default suite. The
+ * release one has the cases declared ReleaseTest(), which judge time
+ * (lateness, wake-ups, heartbeats, stalls under starvation: a sanitizer's
+ * runtime, its slowness and its own locks, is not what they measure) or
+ * need what a sanitizer's runtime lacks (mlockall); the other has those
+ * declared AsanTest(), run under ASan+UBSan. A new case picks one of the
+ * two: a plain Test() would be in both executables, and run twice.
+ */
+#if T_RELEASE_CASES
+#define ReleaseTest(...) Test(__VA_ARGS__)
+#define AsanTest(...)    T_NOT_HERE(__VA_ARGS__, 0)
+#else
+#define ReleaseTest(...) T_NOT_HERE(__VA_ARGS__, 0)
+#define AsanTest(...)    Test(__VA_ARGS__)
+#endif
+/* A case of the other executable: compiled (what it calls stays used), not registered. */
+#define T_NOT_HERE(suite, name, ...) static void __attribute__((unused)) suite##_##name##_elsewhere(void)
+#endif
+
 #ifdef CHIME_H /* for the tests that link libchime (they include chime.h first) */
 #include <stdio.h>
 #include <string.h>

@@ -10,13 +10,9 @@
  * (the 'stress' suite runs the same binary that way).
  *
  * Two executables are built from this file (tests/meson.build), and the
- * default suite runs each in one build: test_broker_release
- * (BROKER_RELEASE 1) has the cases declared ReleaseTest(), which judge
- * time (lateness, wake-ups, heartbeats, spinning: ASan's slowness is not
- * what they measure) or need what a sanitizer's runtime lacks (mlockall);
- * test_broker (BROKER_RELEASE 0) has the others, declared AsanTest(), run
- * under ASan+UBSan. A new case picks one of the two (a plain Test() would
- * be in both executables, and the default suite would run it twice).
+ * default suite runs each in one build: test_broker_release has the cases
+ * declared ReleaseTest(), test_broker those declared AsanTest() (helpers.h,
+ * T_RELEASE_CASES). A new case picks one of the two.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -47,18 +43,9 @@
 #include "segment.h"
 #include "statsread.h"
 
-#ifndef BROKER_RELEASE
-#error "tests/meson.build builds this file with -DBROKER_RELEASE=0 and with -DBROKER_RELEASE=1"
+#ifndef T_RELEASE_CASES
+#error "tests/meson.build builds this file with -DT_RELEASE_CASES=0 and with -DT_RELEASE_CASES=1"
 #endif
-#if BROKER_RELEASE
-#define ReleaseTest(...) Test(__VA_ARGS__)
-#define AsanTest(...)    NOT_HERE(__VA_ARGS__, 0)
-#else
-#define ReleaseTest(...) NOT_HERE(__VA_ARGS__, 0)
-#define AsanTest(...)    Test(__VA_ARGS__)
-#endif
-/* A case of the other executable: compiled (what it calls stays used), not registered. */
-#define NOT_HERE(suite, name, ...) static void __attribute__((unused)) suite##_##name##_elsewhere(void)
 
 #define MS 1000000ull
 #define LATE_MAX_NS (200 * MS)   /* generous: a noisy 2-core machine */

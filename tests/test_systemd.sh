@@ -177,26 +177,39 @@ if [ $notify = yes ]; then
 		esac
 	done
 	[ -n "$tids" ] || fail "no chimed-shard threads in chimed $pid"
-	in_ct chime-demo -S watchdog1 -n 20000 -t 1 -d 1 -m 12000 >"$dest/demo2.log" 2>&1 &
+	in_ct chime-demo -S watchdog1 -n 20000 -t 1 -d 1 -m 20000 >"$dest/demo2.log" 2>&1 &
 	demo=$!
 	sleep 1.5
-	# Hold the shard threads (ptrace-stopped, as a hung shard) for 9 s: 3 s to
-	# be found stuck, WatchdogSec=5s, then SIGABRT takes the process once they go.
+	# Hold the shard threads (ptrace-stopped, as a hung shard) until systemd's
+	# watchdog has fired: chimed finds a shard stuck 3 s after it should
+	# have made progress (a sleeping one, after its wake-up), withholds its
+	# ping, and WatchdogSec=5s later systemd sends SIGABRT, which takes the
+	# process once the threads are let go. At most 40 s.
 	# shellcheck disable=SC2086 # the thread ids are separate arguments
 	ct python3 -c '
 import ctypes, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 SEIZE, INTERRUPT, DETACH, WALL = 0x4206, 0x4207, 17, 0x40000000
-tids = [int(t) for t in sys.argv[2:]]
+flag, tids = sys.argv[1], [int(t) for t in sys.argv[2:]]
 for t in tids:
     if libc.ptrace(SEIZE, t, None, None) != 0 or libc.ptrace(INTERRUPT, t, None, None) != 0:
         sys.exit("ptrace %d: %s" % (t, os.strerror(ctypes.get_errno())))
     os.waitpid(t, WALL)
-time.sleep(float(sys.argv[1]))
+end = time.monotonic() + 40
+while not os.path.exists(flag) and time.monotonic() < end:
+    time.sleep(0.05)
 for t in tids:
     libc.ptrace(DETACH, t, None, None)
-' 9 $tids || fail "could not hold chimed's shard threads"
+' /run/chime-test-release $tids &
+	holder=$!
+	for _ in $(seq 400); do
+		journal_has "Watchdog timeout" && break
+		kill -0 "$holder" 2>/dev/null || break
+		sleep 0.1
+	done
+	ct touch /run/chime-test-release
+	wait "$holder" || fail "could not hold chimed's shard threads"
 	wait "$demo" || fail "chime-demo across the watchdog's restart: $(cat "$dest/demo2.log")"
 	grep -q "20000 of 20000 timers fired, 0 early" "$dest/demo2.log" ||
 		fail "across the watchdog's restart: $(cat "$dest/demo2.log")"

@@ -12,6 +12,8 @@
 #   - a client arms timers and every one fires (chime-demo), chimectl status;
 #   - systemctl reload: the policy reloaded (SIGHUP);
 #   - systemctl restart under a session's timers: none lost, none early;
+#   - chimectl restart (chimed executes itself again) the same, its pid
+#     and the unit kept (RELOADING=1, then READY=1 from the new image);
 #   - both shard threads held (ptrace) under a session's timers: chimed
 #     withholds its watchdog ping, systemd kills and restarts it, and the
 #     session's timers all fire after;
@@ -165,6 +167,21 @@ wait "$demo" || fail "chime-demo across systemctl restart: $(cat "$dest/demo1.lo
 grep -q "20000 of 20000 timers fired, 0 early" "$dest/demo1.log" || fail "across the restart: $(cat "$dest/demo1.log")"
 journal_has "taking over 1 session" || fail "the restarted chimed did not take the session over"
 echo "systemd: a session's 20000 timers all fired across systemctl restart"
+
+# ---- chimectl restart: chimed executes itself again, its pid kept, the unit active throughout ----
+pid=$(show MainPID)
+restarts=$(show NRestarts)
+in_ct chime-demo -S restart2 -n 20000 -t 1 -d 1 -m 3000 >"$dest/demo3.log" 2>&1 &
+demo=$!
+sleep 1.5
+out=$(in_ct chimectl restart 2>&1) || fail "chimectl restart under systemd: $out"
+wait "$demo" || fail "chime-demo across chimectl restart: $(cat "$dest/demo3.log")"
+grep -q "20000 of 20000 timers fired, 0 early" "$dest/demo3.log" ||
+	fail "across chimectl restart: $(cat "$dest/demo3.log")"
+[ "$(show MainPID)" = "$pid" ] || fail "chimed's pid changed across chimectl restart ($pid -> $(show MainPID))"
+[ "$(show NRestarts)" = "$restarts" ] || fail "systemd restarted chimed across chimectl restart"
+[ "$(show ActiveState)" = active ] || fail "chimed is $(show ActiveState) after chimectl restart"
+echo "systemd: a session's 20000 timers all fired across chimectl restart, the pid and the unit kept"
 
 # ---- the watchdog: both shards held, chimed killed and restarted by systemd ----
 if [ $notify = yes ]; then

@@ -876,7 +876,7 @@ static void wall_check(struct broker *b, bool stepped)
 	if (moved == 0 || (!stepped && moved <= WALL_FOLLOW_NS && moved >= -WALL_FOLLOW_BACK_NS))
 		return;
 	if (stepped)
-		log_msg(LOG_INFO, "the wall clock was set, %+.3f s: wall-clock timers follow it",
+		log_msg(LOG_INFO, "the wall clock was set, %+.6f s: wall-clock timers follow it",
 			(double)moved / 1e9);
 	wall_publish(off);
 	at_store(&b->pub->wall_off, off);

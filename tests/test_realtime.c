@@ -478,7 +478,7 @@ static uint64_t broker_beat(void)
  * at the wall clock then rather than at its next heartbeat. Only a set of
  * the host's clock cancels that timerfd (the kernel cancels when
  * CLOCK_REALTIME - CLOCK_MONOTONIC changed: a zero ADJ_SETOFFSET does
- * not), which no test makes. This one checks how it is armed, completes
+ * not), which only the root's test below makes. This one checks how it is armed, completes
  * its read with an expiry instead (the broker's own timerfd, through
  * pidfd_getfd()), and sees the step the hook made followed before the
  * next heartbeat: the beat's stamp has not moved when the timer fires.
@@ -521,6 +521,62 @@ Test(realtime, a_completion_of_the_step_watch_is_followed_before_the_next_heartb
 	close(fd);
 	close(pidfd);
 	chime_close(c);
+}
+
+/* CLOCK_REALTIME - CLOCK_MONOTONIC now, the host's, read within 20 us (as wall.c does). */
+static int64_t host_offset(void)
+{
+	for (;;) {
+		uint64_t a = now_ns(), w = host_wall(), b = now_ns();
+
+		if (b - a < 20000)
+			return (int64_t)(w - a - (b - a) / 2);
+	}
+}
+
+/*
+ * A real set of the host's wall clock, three times in a row: each cancels
+ * the watch's timerfd (-ECANCELED), which the broker follows at once and
+ * arms again. Each step is 200 us forward: under WALL_FOLLOW_NS (1 ms), so
+ * that no heartbeat follows it, only the watch; and forward, so that no
+ * other test running meanwhile sees a wall-clock timer early. Root only
+ * (CAP_SYS_TIME): it sets the clock of the whole host, by 600 us in all.
+ */
+Test(realtime, real_sets_of_the_host_clock_are_each_followed_at_once)
+{
+	const int64_t by = 200000, near = 50000;
+
+	if (geteuid() != 0)
+		cr_skip("sets the host's wall clock: root only");
+	for (int i = 0; i < 3; i++) {
+		int64_t before = broker_wall_off(), want, got = 0;
+		uint64_t t0, end;
+		struct timespec ts;
+		uint64_t w;
+
+		w = host_wall() + (uint64_t)by;
+		ts = (struct timespec){ .tv_sec = (time_t)(w / SEC), .tv_nsec = (long)(w % SEC) };
+		if (clock_settime(CLOCK_REALTIME, &ts) < 0) {
+			cr_assert_eq(i, 0, "clock_settime() worked once, then: %s", strerror(errno));
+			cr_skip("clock_settime(CLOCK_REALTIME): %s", strerror(errno));
+		}
+		t0 = now_ns();
+		want = host_offset();
+		end = t0 + 1000 * MS;
+		while (now_ns() < end) {
+			got = broker_wall_off();
+			if (got > want - near && got < want + near)
+				break;
+			usleep(1000);
+		}
+		cr_assert(got > want - near && got < want + near,
+			  "set %d of 3: the broker's offset %+lld ns from the host's after 1 s (it was %+lld before the set)",
+			  i + 1, (long long)(got - want), (long long)(before - want));
+		cr_assert_gt(got - before, by / 2, "set %d of 3: moved %lld ns of %lld", i + 1,
+			     (long long)(got - before), (long long)by);
+		fprintf(stderr, "set %d: followed %llu us after it\n", i + 1,
+			(unsigned long long)((now_ns() - t0) / 1000));
+	}
 }
 
 /* The wall-clock timers among the armed ones, over the shards, as chimestat shows them (shard.N.armed_realtime). */

@@ -102,6 +102,9 @@
 #define UD_BELL   1u    /* the command doorbell */
 #define UD_CANCEL 2u    /* a cancel request (its own completion means nothing) */
 #define UD_CHAN   3u    /* a client doorbell: slot << 2 | UD_CHAN */
+#define UD_RESERVE_FALLOC (1u << 2)     /* the slab's next chunk: reserved (tag 0), */
+#define UD_RESERVE        (2u << 2)     /* then mapped: the chunk is ready */
+#define RESERVE_POLL_NS (UINT64_C(50000)) /* while one is on its way, how often a busy pass looks */
 #define UD_TAG(ud) ((ud) & 3u)
 #define RING_SQ_ENTRIES 64u
 #define SHARD_STOP_TIMEOUT_S 2
@@ -117,16 +120,31 @@ static uint64_t thread_cpu_ns(void)
 
 /* ---- the slab's storage, reserved ahead of use (no SIGBUS on a full filesystem) ---- */
 
-static void reserve_set(struct shard *s, uint64_t bytes)
+/* [0, bytes) of the file is reserved and mapped: the wheel may allocate nodes up to there. */
+static void reserve_note(struct shard *s, uint64_t bytes)
 {
 	uint64_t nodes = bytes > s->slab_off ? (bytes - s->slab_off) / sizeof(struct chime_node) : 0;
-	uint64_t from = s->reserved_bytes & ~(uint64_t)4095;
+
+	if (bytes <= s->reserved_bytes)
+		return;
+	s->reserved_bytes = bytes;
+	s->core.wh.reserved = nodes < s->cfg.capacity ? (uint32_t)nodes : s->cfg.capacity;
+}
+
+/* The first byte of a new chunk's population: the page holding the reserve's end. */
+static uint64_t reserve_populate_from(const struct shard *s)
+{
+	return s->reserved_bytes & ~(uint64_t)4095;
+}
+
+static void reserve_set(struct shard *s, uint64_t bytes)
+{
+	uint64_t from = reserve_populate_from(s);
 
 	/* The new chunk mapped now, not one page fault at a time on the path that arms timers. */
 	if (bytes > from)
 		chime_seg_populate((char *)s->seg.base + from, bytes - from);
-	s->reserved_bytes = bytes;
-	s->core.wh.reserved = nodes < s->cfg.capacity ? (uint32_t)nodes : s->cfg.capacity;
+	reserve_note(s, bytes);
 }
 
 /*
@@ -158,13 +176,105 @@ static bool reserve_chunk(struct shard *s, uint64_t now)
 	return true;
 }
 
+static void reap(struct shard *s);
+static struct io_uring_sqe *sqe_get(struct shard *s);
+
+/*
+ * The next chunk reserved and mapped by the kernel's io_uring worker
+ * (fallocate, then MADV_POPULATE_WRITE, linked), while this thread goes
+ * on applying records: done here, each chunk held the pass up for 3-4 ms
+ * on this VM, a client arming meanwhile waiting on a full ring
+ * (ARCHITECTURE.md, "Limits"). reserve_async_done() takes the result;
+ * until then the reserve is what it was, and a pass that uses it up
+ * reserves the same chunk itself (slab_grow(): both are idempotent).
+ * False: not sent (the ring full, or asynchronous reserves found not to
+ * work here): the caller reserves in line.
+ */
+static bool reserve_async(struct shard *s, uint64_t now)
+{
+	uint64_t want = s->reserved_bytes + RESERVE_CHUNK < s->seg.size ? s->reserved_bytes + RESERVE_CHUNK :
+		s->seg.size, from = reserve_populate_from(s);
+	struct io_uring_sqe *falloc, *populate;
+
+	if (s->reserve_async_off || io_uring_sq_space_left(&s->ring) < 2)
+		return false;
+	falloc = sqe_get(s);
+	populate = falloc ? sqe_get(s) : NULL;
+	if (!populate)
+		return false;
+	io_uring_prep_fallocate(falloc, s->seg_fd, 0, s->reserved_bytes, want - s->reserved_bytes);
+	io_uring_sqe_set_data64(falloc, UD_RESERVE_FALLOC);
+	falloc->flags |= IOSQE_IO_LINK | IOSQE_ASYNC;
+	io_uring_prep_madvise(populate, (char *)s->seg.base + from, (off_t)(want - from), MADV_POPULATE_WRITE);
+	io_uring_sqe_set_data64(populate, UD_RESERVE);
+	s->reserve_pending = want;
+	s->reserve_polled_ns = now;
+	(void)io_uring_submit(&s->ring);
+	return true;
+}
+
+/* The completion of reserve_async()'s chunk (its populate, or -ECANCELED after its fallocate failed). */
+static void reserve_async_done(struct shard *s, int res)
+{
+	uint64_t want = s->reserve_pending;
+
+	s->reserve_pending = 0;
+	if (res == 0) {
+		reserve_note(s, want);
+		return;
+	}
+	/*
+	 * A full filesystem (its fallocate failed, the populate cancelled):
+	 * the next chunk is reserved in line, in halves, a failure counted and
+	 * retried a second later (reserve_chunk()). An io_uring without these
+	 * operations (-EINVAL) or a filesystem without fallocate (-EOPNOTSUPP;
+	 * posix_fallocate writes zeros there): in line from now on.
+	 */
+	s->reserve_inline = true;
+	if (res == -EINVAL || res == -EOPNOTSUPP)
+		s->reserve_async_off = true;
+}
+
+/*
+ * A pass busy with records never sleeps, and on this ring completions are
+ * posted only when the thread enters the kernel (DEFER_TASKRUN): it looks
+ * at most every RESERVE_POLL_NS while a chunk is on its way.
+ */
+static void reserve_poll(struct shard *s, uint64_t now)
+{
+	if (now - s->reserve_polled_ns < RESERVE_POLL_NS)
+		return;
+	s->reserve_polled_ns = now;
+	(void)io_uring_get_events(&s->ring);
+	reap(s);
+}
+
 /* Keep the reserved part of the slab a chunk ahead of its high-water mark. */
 static void reserve_ahead(struct shard *s, uint64_t now)
 {
 	struct wheel *wh = &s->core.wh;
 
-	if (wh->w->high_water + RESERVE_AHEAD_NODES >= wh->reserved)
+	if (s->reserve_pending) {
+		reserve_poll(s, now);
+		return;
+	}
+	if (wh->w->high_water + RESERVE_AHEAD_NODES < wh->reserved || wh->reserved == s->cfg.capacity ||
+	    now < s->reserve_retry_ns)
+		return;
+	if (s->reserve_inline || !reserve_async(s, now)) {
+		s->reserve_inline = false;
 		(void)reserve_chunk(s, now);
+	}
+}
+
+/* Before the thread goes: no chunk on its way into a mapping about to be unmapped. */
+static void reserve_settle(struct shard *s)
+{
+	while (s->reserve_pending) {
+		if (io_uring_submit_and_wait(&s->ring, 1) < 0 && errno != EINTR)
+			break;
+		reap(s);
+	}
 }
 
 /* shard_core.grow: the pass has used up the reserve (chan.c grant_new()). */
@@ -593,6 +703,8 @@ static void reap(struct shard *s)
 
 		if (ud == UD_BELL) {
 			s->bell_armed = 0;
+		} else if (ud == UD_RESERVE) {
+			reserve_async_done(s, cqe->res);
 		} else if (UD_TAG(ud) == UD_CHAN) {
 			struct chan *ch = bell_owner(s, ud);
 
@@ -1089,6 +1201,7 @@ static void *shard_main(void *arg)
 	if (r < 0)
 		return NULL;
 	loop(s);
+	reserve_settle(s);
 	io_uring_queue_exit(&s->ring);
 	return NULL;
 }

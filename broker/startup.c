@@ -39,6 +39,11 @@
 #include "shard.h"
 #include "wall.h"
 
+/* Linux 6.16's; glibc headers before 2.42 lack it (alpha, mips, parisc and sparc number it otherwise). */
+#if !defined(SO_PASSRIGHTS) && !defined(__alpha__) && !defined(__mips__) && !defined(__hppa__) && !defined(__sparc__)
+#define SO_PASSRIGHTS 83
+#endif
+
 #define LISTEN_BACKLOG 64
 
 static pid_t lock_owner(int fd)
@@ -337,6 +342,24 @@ static int listen_setup(struct broker *b)
 	b->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (b->listen_fd < 0)
 		return log_errno(LOG_ERR, errno, "socket(AF_UNIX, SOCK_SEQPACKET)");
+	/*
+	 * No descriptors from clients, before anyone can connect: the option
+	 * is copied to each connection as it is queued, and a sender's
+	 * SCM_RIGHTS is EPERM. A descriptor in a message we read (the hello,
+	 * whose recv drops what came with it) or in one left unread when we
+	 * close the connection is put by the control thread, its last
+	 * reference often: the close runs there. A TCP socket with SO_LINGER,
+	 * its peer never reading, held the control thread in tcp_close() for
+	 * as long as the sender chose, heartbeat and every handshake with it
+	 * (a stall audit: the whole 5 s linger; a longer one is the
+	 * watchdog's kill). Linux 6.16 and later; before, what a client
+	 * sends is still closed by the control thread.
+	 */
+#ifdef SO_PASSRIGHTS
+	if (setsockopt(b->listen_fd, SOL_SOCKET, SO_PASSRIGHTS, &(int){ 0 }, sizeof(int)) < 0)
+		log_errno(LOG_NOTICE, errno, "setsockopt(SO_PASSRIGHTS) (Linux 6.16): descriptors a client sends "
+			  "are closed by the control thread, which a hostile one can make block");
+#endif
 	if (bind(b->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		return log_errno_hint(LOG_ERR, errno, errno == EACCES ? "is the directory writable?" : NULL,
 				      "cannot bind socket '%s'", path);

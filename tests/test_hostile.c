@@ -28,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -44,6 +46,10 @@
 #include "atomics.h"
 #include "chime_shm.h"
 #include "helpers.h"
+
+#if !defined(SO_PASSRIGHTS) && !defined(__alpha__) && !defined(__mips__) && !defined(__hppa__) && !defined(__sparc__)
+#define SO_PASSRIGHTS 83      /* Linux 6.16 */
+#endif
 
 #ifndef T_RELEASE_CASES
 #error "tests/meson.build builds this file with -DT_RELEASE_CASES=0 and with -DT_RELEASE_CASES=1"
@@ -795,6 +801,125 @@ ReleaseTest(hostile, a_starved_discard_thread_does_not_stall_the_control_thread,
 	cr_assert_lt(w.worst_age, 500 * MS, "a heartbeat %llu ms old (a client takes a second for a dead broker)",
 		     (unsigned long long)(w.worst_age / MS));
 	cr_assert_lt(worst_open, 500 * MS, "an open took %llu ms", (unsigned long long)(worst_open / MS));
+	chime_close(me);
+	t_chimed_stop(&b, SIGTERM);
+}
+
+/* A TCP connection to ourselves that cannot end: its peer never reads, and its close lingers for linger_s. */
+static int lingering_tcp_socket(int linger_s, int *peer, int *listener)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct linger lg = { .l_onoff = 1, .l_linger = linger_s };
+	static char fill[65536];
+	socklen_t al = sizeof(a);
+	int t;
+
+	*listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (*listener < 0 || bind(*listener, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(*listener, 1) < 0 ||
+	    getsockname(*listener, (struct sockaddr *)&a, &al) < 0)
+		return -1;
+	t = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (t < 0 || (connect(t, (struct sockaddr *)&a, sizeof(a)) < 0 && errno != EINPROGRESS))
+		return -1;
+	*peer = accept(*listener, NULL, NULL);
+	if (*peer < 0)
+		return -1;
+	/* Until both buffers are full: the FIN waits behind the data, which waits for a window. */
+	for (int k = 0; k < 50; k++) {
+		while (write(t, fill, sizeof(fill)) > 0)
+			;
+		usleep(2000);
+	}
+	return setsockopt(t, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0 ? t : -1;
+}
+
+/*
+ * A descriptor a client sends over its connection is the broker's once
+ * read, or once the connection is closed with it unread, and its close,
+ * the last reference being ours, runs on the control thread. Some closes
+ * wait: a TCP socket with SO_LINGER, its send queue stuck behind a window
+ * its peer keeps shut, waits up to its linger time (the sender's choice,
+ * without bound) in tcp_close(). An audit's client said hello, sent one
+ * such socket in a second message and hung up: the control thread was in
+ * sk_stream_wait_close() for the whole 5 s, every open and heartbeat
+ * waiting (an open of 5213 ms), and the watchdog ends the broker long
+ * before such a wait does. The listening socket refuses descriptors now
+ * (SO_PASSRIGHTS, Linux 6.16): the sendmsg() is EPERM. Here, a linger
+ * of 2 s: before, heartbeats 2046-2056 ms old and opens of 2021-2030 ms
+ * (3 runs); after, 90 ms and 2-4 ms. (A wait begun while the control
+ * ring has work pending is cut short by its task_work notification, which
+ * is why the client lets the broker go idle first: without the pause, no
+ * stall in 3 runs.)
+ */
+ReleaseTest(hostile, a_descriptor_a_client_sends_cannot_hold_up_the_control_thread, .timeout = 30)
+{
+	enum { LINGER_S = 2 };
+	struct t_chimed b = { 0 };
+	struct chime_opts o = { 0 };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	struct hb_watch w = { 0 };
+	char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
+	struct iovec iov = { .iov_base = "x", .iov_len = 1 };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	uint64_t t0, worst_open = 0;
+	pthread_t watcher;
+	int sv[2], t, peer, listener, u, sent;
+	chime_t *me, *c;
+
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+#ifdef SO_PASSRIGHTS
+	if (setsockopt(sv[0], SOL_SOCKET, SO_PASSRIGHTS, &(int){ 0 }, sizeof(int)) < 0)
+#endif
+		cr_skip("no SO_PASSRIGHTS (Linux 6.16): the broker cannot refuse descriptors here (%s)", strerror(errno));
+	close(sv[0]);
+	close(sv[1]);
+	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1"), 0);
+	o.socket_path = b.sock;
+	cr_assert_eq(chime_open(&me, &o), 0);
+	w.pub = find_mapping("chime-public");
+	cr_assert_not_null(w.pub);
+	t = lingering_tcp_socket(LINGER_S, &peer, &listener);
+	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
+	u = t_sock_connect(b.sock);
+	cr_assert_geq(u, 0);
+	cr_assert_eq(send(u, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(pthread_create(&watcher, NULL, hb_watch, &w), 0);
+	usleep(100 * 1000);     /* the welcome sent and the broker idle: nothing of its ring to cut the wait short */
+	/* After the hello: left unread, it is dropped as the broker closes its end, ours closed first. */
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &t, sizeof(t));
+	sent = sendmsg(u, &mh, MSG_NOSIGNAL) == 1 ? 0 : errno;
+	/* Ours lingers here (our own, without the broker) when the broker refused it. */
+	if (sent) {
+		struct linger lg = { 0 };
+
+		(void)setsockopt(t, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	}
+	close(t);
+	close(u);
+	for (t0 = now_ns(); now_ns() - t0 < (LINGER_S * 1000 + 500) * MS;) {
+		uint64_t s = now_ns();
+
+		if (chime_open(&c, &o) == 0)
+			chime_close(c);
+		s = now_ns() - s;
+		if (s > worst_open)
+			worst_open = s;
+		usleep(10000);
+	}
+	w.stop = true;
+	pthread_join(watcher, NULL);
+	close(peer);
+	close(listener);
+	fprintf(stderr, "a lingering socket sent to the broker (sendmsg: %s): the oldest heartbeat %llu ms, "
+		"the slowest open %llu ms\n", sent ? strerror(sent) : "sent", (unsigned long long)(w.worst_age / MS),
+		(unsigned long long)(worst_open / MS));
+	cr_assert_lt(w.worst_age, 500 * MS, "a heartbeat %llu ms old", (unsigned long long)(w.worst_age / MS));
+	cr_assert_lt(worst_open, 500 * MS, "an open took %llu ms", (unsigned long long)(worst_open / MS));
+	cr_assert_eq(sent, EPERM, "the broker took a descriptor from a client (sendmsg: %s)", sent ? strerror(sent) : "sent");
 	chime_close(me);
 	t_chimed_stop(&b, SIGTERM);
 }

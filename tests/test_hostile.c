@@ -845,15 +845,16 @@ static int lingering_tcp_socket(int linger_s, int *peer, int *listener)
  * waiting (an open of 5213 ms), and the watchdog ends the broker long
  * before such a wait does. The listening socket refuses descriptors now
  * (SO_PASSRIGHTS, Linux 6.16): the sendmsg() is EPERM. Here, a linger
- * of 2 s: before, heartbeats 2046-2056 ms old and opens of 2021-2030 ms
- * (3 runs); after, 90 ms and 2-4 ms. (A wait begun while the control
+ * of 3 s: before, heartbeats 3228-3281 ms old and opens of 3202-3253 ms
+ * (2 runs; 2046-2056 ms with 2 s, 3 runs); after, 90 ms and 4 ms, and up
+ * to 313 ms beside the cases with busy loops. (A wait begun while the control
  * ring has work pending is cut short by its task_work notification, which
  * is why the client lets the broker go idle first: without the pause, no
  * stall in 3 runs.)
  */
 ReleaseTest(hostile, a_descriptor_a_client_sends_cannot_hold_up_the_control_thread, .timeout = 30)
 {
-	enum { LINGER_S = 2 };
+	enum { LINGER_S = 3 };
 	struct t_chimed b = { 0 };
 	struct chime_opts o = { 0 };
 	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
@@ -917,8 +918,9 @@ ReleaseTest(hostile, a_descriptor_a_client_sends_cannot_hold_up_the_control_thre
 	fprintf(stderr, "a lingering socket sent to the broker (sendmsg: %s): the oldest heartbeat %llu ms, "
 		"the slowest open %llu ms\n", sent ? strerror(sent) : "sent", (unsigned long long)(w.worst_age / MS),
 		(unsigned long long)(worst_open / MS));
-	cr_assert_lt(w.worst_age, 500 * MS, "a heartbeat %llu ms old", (unsigned long long)(w.worst_age / MS));
-	cr_assert_lt(worst_open, 500 * MS, "an open took %llu ms", (unsigned long long)(worst_open / MS));
+	/* Roomy: the cases beside this one run busy loops. */
+	cr_assert_lt(w.worst_age, 1000 * MS, "a heartbeat %llu ms old", (unsigned long long)(w.worst_age / MS));
+	cr_assert_lt(worst_open, 1000 * MS, "an open took %llu ms", (unsigned long long)(worst_open / MS));
 	cr_assert_eq(sent, EPERM, "the broker took a descriptor from a client (sendmsg: %s)", sent ? strerror(sent) : "sent");
 	chime_close(me);
 	t_chimed_stop(&b, SIGTERM);

@@ -34,6 +34,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -923,6 +924,104 @@ ReleaseTest(hostile, a_descriptor_a_client_sends_cannot_hold_up_the_control_thre
 	cr_assert_lt(worst_open, 1000 * MS, "an open took %llu ms", (unsigned long long)(worst_open / MS));
 	cr_assert_eq(sent, EPERM, "the broker took a descriptor from a client (sendmsg: %s)", sent ? strerror(sent) : "sent");
 	chime_close(me);
+	t_chimed_stop(&b, SIGTERM);
+}
+
+/* A thread's time on a CPU so far (schedstat), in ns. */
+static uint64_t thread_runtime_ns(int pid, int tid)
+{
+	char path[64];
+	unsigned long long ns = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/schedstat", pid, tid);
+	f = fopen(path, "r");
+	if (f) {
+		if (fscanf(f, "%llu", &ns) != 1)
+			ns = 0;
+		fclose(f);
+	}
+	return ns;
+}
+
+/*
+ * Each descriptor a client dups its doorbell to is a watch of its own in
+ * an epoll instance, kept after the client closes them all, up to
+ * fs.epoll.max_user_watches (5.5 million on a 24 GiB VM), and whoever
+ * closes the eventfd's last reference removes them one by one. That was
+ * the control thread at the client's hang-up: 1.9 million watches cost it
+ * 620-670 ms of CPU, heartbeats 615-656 ms old and opens of 591-624 ms (a
+ * stall audit, 3 runs), 3 times as long at the limit. One of the ring's
+ * workers closes the doorbells now; the walk is still the kernel's, and
+ * where it runs it holds its CPU (a preempt=none kernel does not preempt
+ * it), as the client could by closing an eventfd of its own. Here, a
+ * million watches: the control thread's CPU time across the hang-up,
+ * before 319-383 ms, after 2 ms (2 runs each).
+ */
+ReleaseTest(hostile, a_clients_watches_on_its_doorbell_cost_the_control_thread_nothing_at_its_close, .timeout = 60)
+{
+	enum { WATCHES = 1000000 };
+	struct t_chimed b = { 0 };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	struct chime_welcome wl;
+	char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+	struct iovec iov = { .iov_base = &wl, .iov_len = sizeof(wl) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+	struct epoll_event ev = { .events = EPOLLIN };
+	struct cmsghdr *cm;
+	struct rlimit rl;
+	int fds[8], nfds, u, nr_eps, per_ep, *eps;
+	long added = 0;
+	uint64_t before, spent = 0, t0;
+
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	rl.rlim_cur = rl.rlim_max;
+	(void)setrlimit(RLIMIT_NOFILE, &rl);
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	if (rl.rlim_cur < 4096)
+		cr_skip("RLIMIT_NOFILE %llu: too few descriptors for the watches", (unsigned long long)rl.rlim_cur);
+	per_ep = rl.rlim_cur - 1024 > 20000 ? 20000 : (int)rl.rlim_cur - 1024;
+	nr_eps = (WATCHES + per_ep - 1) / per_ep;
+	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1"), 0);
+	u = t_sock_connect(b.sock);
+	cr_assert_geq(u, 0);
+	cr_assert_eq(send(u, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_gt(recvmsg(u, &mh, MSG_CMSG_CLOEXEC), 0);
+	cm = CMSG_FIRSTHDR(&mh);
+	cr_assert(cm && cm->cmsg_type == SCM_RIGHTS && wl.status == 0, "no welcome (status %d)", wl.status);
+	nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+	cr_assert_geq(nfds, 4);
+	memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
+	eps = calloc((size_t)nr_eps, sizeof(*eps));
+	for (int e = 0; e < nr_eps; e++)
+		cr_assert_geq(eps[e] = epoll_create1(EPOLL_CLOEXEC), 0);
+	/* The doorbell (welcome fd 3) under per_ep descriptor numbers, each in every instance; then closed. */
+	for (int k = 0; k < per_ep && added < WATCHES; k++) {
+		int fd = 1000 + k;
+
+		cr_assert_eq(dup2(fds[3], fd), fd, "dup2: %s", strerror(errno));
+		for (int e = 0; e < nr_eps && added < WATCHES; e++) {
+			if (epoll_ctl(eps[e], EPOLL_CTL_ADD, fd, &ev) < 0)
+				cr_skip("epoll_ctl after %ld watches: %s (fs.epoll.max_user_watches)", added, strerror(errno));
+			added++;
+		}
+		close(fd);
+	}
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+	before = thread_runtime_ns(b.pid, b.pid);
+	close(u);
+	/* The hang-up, the shards' detach and the doorbell's close: all done well within a second. */
+	for (t0 = now_ns(); now_ns() - t0 < 1500 * MS; usleep(10000))
+		;
+	spent = thread_runtime_ns(b.pid, b.pid) - before;
+	fprintf(stderr, "%ld watches on a client's doorbell: the control thread ran %llu ms across its hang-up\n",
+		added, (unsigned long long)(spent / MS));
+	cr_assert_lt(spent, 150 * MS, "the control thread ran %llu ms (the watches' removal is not its own)",
+		     (unsigned long long)(spent / MS));
+	for (int e = 0; e < nr_eps; e++)
+		close(eps[e]);
+	free(eps);
 	t_chimed_stop(&b, SIGTERM);
 }
 

@@ -14,6 +14,8 @@
 #include "clock.h"
 
 #define DISCARD_SEGS 3u         /* a connection's: rw, ro, touch */
+/* Jobs that wait for a step while the thread holds the lock; past these, closed without the punch. */
+#define DISCARD_PEND_HELD 64u
 /* The thread's stack, ours (discard_start()); reserved, not committed: TSan wants ~0.9 MiB of one. */
 #define DISCARD_STACK (UINT64_C(2) * 1024 * 1024)
 
@@ -40,7 +42,8 @@ struct discard {
 	bool running;                       /* under lock: a job is being run (counted as waiting) ... */
 	uint32_t running_uid;               /* ... for this user */
 	bool stop;                          /* under lock: close what is left, no punch, and exit */
-	struct discard_job *pend, **pend_tail;  /* the caller's thread only: still mapped (discard_step()) */
+	struct discard_job *pend, **pend_tail;  /* the caller's thread only: not handed over yet (discard_step()) */
+	unsigned npend;                         /* the caller's thread only: how many */
 };
 
 static void fds_close(const int *fds, unsigned n)
@@ -237,44 +240,83 @@ void discard_post(struct discard *d, struct chime_map *maps, int *fds, const siz
 	j->n = n;
 	*d->pend_tail = j;
 	d->pend_tail = &j->next;
+	d->npend++;
 }
 
-/* Our mappings of it go, then its descriptors to the thread (or closed: the user's share waits already). */
-static void job_hand_over(struct discard *d, struct discard_job *j)
+/* The oldest job not handed over yet, off the list. */
+static struct discard_job *pend_pop(struct discard *d)
 {
+	struct discard_job *j = d->pend;
+
+	d->pend = j->next;
+	if (!d->pend)
+		d->pend_tail = &d->pend;
+	d->npend--;
+	return j;
+}
+
+/*
+ * Our mappings of the oldest pending job go, then its descriptors to the
+ * thread (or closed: the user's share waits already). False if the
+ * thread holds the lock: the job stays first. Never waits for the lock:
+ * the thread takes it at idle priority, and busy loops of any user can
+ * starve it inside its few instructions under the lock for seconds,
+ * which every handshake and heartbeat would wait out behind it.
+ */
+static bool job_hand_over(struct discard *d)
+{
+	struct discard_job *j = d->pend;
+
 	for (unsigned i = 0; i < j->n; i++)
 		chime_seg_unmap(&j->maps[i]);
+	if (pthread_mutex_trylock(&d->lock) != 0)
+		return false;
+	(void)pend_pop(d);
 	j->next = NULL;
-	pthread_mutex_lock(&d->lock);
 	if (waiting(d, j->uid) >= j->max) {
 		pthread_mutex_unlock(&d->lock);
 		job_run(j, false);
 		free(j);
-		return;
+		return true;
 	}
 	*d->tail = j;
 	d->tail = &j->next;
 	pthread_cond_signal(&d->cond);
 	pthread_mutex_unlock(&d->lock);
+	return true;
 }
 
 bool discard_step(struct discard *d, uint64_t budget_ns)
 {
 	uint64_t t0 = now_ns();
+	bool held = false;
 
-	while (d && d->pend) {
-		struct discard_job *j = d->pend;
-
-		d->pend = j->next;
-		if (!d->pend)
-			d->pend_tail = &d->pend;
-		job_hand_over(d, j);
+	if (!d)
+		return false;
+	while (d->pend) {
+		if (!job_hand_over(d)) {
+			held = true;
+			break;
+		}
 		if (now_ns() - t0 >= budget_ns)
 			break;
 	}
-	if (d)
-		thread_renew(d);        /* the thread may have left as these came */
-	return d && d->pend;
+	/*
+	 * The thread holds the lock: the rest wait for a later step (the next
+	 * loop iteration, a heartbeat at most), not a spin of this one; but no
+	 * more than DISCARD_PEND_HELD of them, each keeping its descriptors:
+	 * past that, the oldest are closed here without the punch.
+	 */
+	while (held && d->npend > DISCARD_PEND_HELD) {
+		struct discard_job *j = pend_pop(d);
+
+		for (unsigned i = 0; i < j->n; i++)
+			chime_seg_unmap(&j->maps[i]);
+		job_run(j, false);
+		free(j);
+	}
+	thread_renew(d);        /* the thread may have left as these came */
+	return d->pend && !held;
 }
 
 void discard_stop(struct discard *d)
@@ -285,9 +327,8 @@ void discard_stop(struct discard *d)
 	if (!d)
 		return;
 	while (d->pend) {
-		struct discard_job *j = d->pend;
+		struct discard_job *j = pend_pop(d);
 
-		d->pend = j->next;
 		for (unsigned i = 0; i < j->n; i++)
 			chime_seg_unmap(&j->maps[i]);
 		job_run(j, false);

@@ -53,12 +53,15 @@ void discard_post(struct discard *d, struct chime_map *maps, int *fds, const siz
  * For about budget_ns at most (one at least), what discard_post() queued:
  * unmapped, then its descriptors to the thread, which punches their pages
  * out and closes them. Frees the jobs run, and starts a thread in place
- * of one that has exited (never waiting for it or for the lock). With
- * `max` of that user's jobs waiting for the thread already, or out of
- * memory, they are closed here without the punch: the thread runs at
- * idle priority, which anyone can starve of CPU (or hold up with one
- * slow punch), and each job waiting keeps its memfds' pages. True if
- * some remain. O(jobs waiting) each, under the lock.
+ * of one that has exited, never waiting for it or for the lock: while the
+ * thread holds it, the jobs wait for a later call (at most 64 of them;
+ * older ones are closed here without the punch). With `max` of that
+ * user's jobs waiting for the thread already, or out of memory, they are
+ * closed here without the punch: the thread runs at idle priority, which
+ * anyone can starve of CPU (or hold up with one slow punch), and each job
+ * waiting keeps its memfds' pages. True if some remain for the next
+ * call at once (false while the thread holds the lock). O(jobs waiting)
+ * each, under the lock.
  */
 bool discard_step(struct discard *d, uint64_t budget_ns);
 

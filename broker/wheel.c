@@ -894,14 +894,28 @@ static void raw_flush(struct wheel *wh)
 	uint32_t before = pend != NIL ? nodes[pend].prev : w->expired_tail;
 	uint64_t cnt = 0;
 
-	for (uint32_t i = first; i != NIL; i = nodes[i].next) {
-		struct chime_node *n = &nodes[i];
+	/*
+	 * From both ends at once, as cascade_slot(): on a wheel larger than
+	 * the cache every node is a miss, and two chains keep two in flight.
+	 */
+	for (uint32_t i = first, j = last;;) {
+		struct chime_node *a = &nodes[i], *b = &nodes[j];
+		uint32_t ni = a->next, pj = b->prev;
 
-		__builtin_prefetch(&nodes[n->next]);
-		n->state = CHIME_NODE_EXPIRED;
-		n->level = EXP_DUE;
-		(*owner_due(wh, n))++;
+		a->state = CHIME_NODE_EXPIRED;
+		a->level = EXP_DUE;
+		(*owner_due(wh, a))++;
 		cnt++;
+		if (i == j)
+			break;
+		b->state = CHIME_NODE_EXPIRED;
+		b->level = EXP_DUE;
+		(*owner_due(wh, b))++;
+		cnt++;
+		if (ni == j)
+			break;
+		i = ni;
+		j = pj;
 	}
 	nodes[first].prev = before;
 	nodes[last].next = pend;

@@ -1305,19 +1305,57 @@ static inline void list_behead(struct chime_node *nodes, uint32_t *head, uint32_
 		*tail = NIL;
 }
 
-/* After the expired list's due nodes: up to max raw ones into out (all due). Returns how many. */
+/*
+ * After the expired list's due nodes: up to max raw ones into out (all
+ * due). Returns how many. From both ends at once, as raw_flush(): the raw
+ * list is one tick made due whole, whose order is no deadline order (a
+ * slot's list is in the order its nodes were pushed), and two chains keep
+ * two misses in flight where one walk waits for each node's link.
+ */
 static unsigned pop_raw(struct wheel *wh, uint32_t *out, unsigned max)
 {
 	struct chime_node *nodes = wh->nodes;
-	uint32_t i = wh->raw_head;
+	uint32_t i = wh->raw_head, j = wh->raw_tail;
 	unsigned cnt = 0;
 
-	while (cnt < max && i != NIL) {
+	while (cnt + 2 <= max && i != NIL) {
+		uint32_t ni = nodes[i].next, pj = nodes[j].prev;     /* stale if i == j: not followed */
+
 		wheel_hot_assert(nodes[i].state == CHIME_NODE_ARMED && nodes[i].deadline_ns <= wh->w->now_ns);
+		wheel_hot_assert(nodes[j].state == CHIME_NODE_ARMED && nodes[j].deadline_ns <= wh->w->now_ns);
 		out[cnt++] = i;
-		i = pop_node(nodes, i);
+		(void)pop_node(nodes, i);
+		if (i == j) {
+			i = j = NIL;
+			break;
+		}
+		out[cnt++] = j;
+		(void)pop_node(nodes, j);
+		if (ni == j) {
+			i = j = NIL;
+			break;
+		}
+		i = ni;
+		j = pj;
 	}
-	list_behead(nodes, &wh->raw_head, &wh->raw_tail, i);
+	if (cnt < max && i != NIL) {
+		/* room for one more: from the front */
+		uint32_t ni = nodes[i].next;
+
+		out[cnt++] = i;
+		(void)pop_node(nodes, i);
+		/* the last one: its links may name nodes popped from the other end */
+		if (i == j)
+			i = j = NIL;
+		else
+			i = ni;
+	}
+	wh->raw_head = i;
+	wh->raw_tail = j;
+	if (i != NIL) {
+		nodes[i].prev = NIL;
+		nodes[j].next = NIL;
+	}
 	wh->armed -= cnt;
 	return cnt;
 }

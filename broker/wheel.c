@@ -880,6 +880,14 @@ static uint32_t pending_first(const struct wheel *wh)
 	return first;
 }
 
+/* A node of the raw list made due: EXPIRED, counted for its owner's jump decisions. */
+static inline void raw_mark(struct wheel *wh, struct chime_node *n)
+{
+	n->state = CHIME_NODE_EXPIRED;
+	n->level = EXP_DUE;
+	(*owner_due(wh, n))++;
+}
+
 /*
  * Mark the raw list EXPIRED and count it (I3), on the expired list before
  * its pending nodes (it was due first): before anything else is made due,
@@ -899,18 +907,13 @@ static void raw_flush(struct wheel *wh)
 	 * the cache every node is a miss, and two chains keep two in flight.
 	 */
 	for (uint32_t i = first, j = last;;) {
-		struct chime_node *a = &nodes[i], *b = &nodes[j];
-		uint32_t ni = a->next, pj = b->prev;
+		uint32_t ni = nodes[i].next, pj = nodes[j].prev;
 
-		a->state = CHIME_NODE_EXPIRED;
-		a->level = EXP_DUE;
-		(*owner_due(wh, a))++;
+		raw_mark(wh, &nodes[i]);
 		cnt++;
 		if (i == j)
 			break;
-		b->state = CHIME_NODE_EXPIRED;
-		b->level = EXP_DUE;
-		(*owner_due(wh, b))++;
+		raw_mark(wh, &nodes[j]);
 		cnt++;
 		if (ni == j)
 			break;

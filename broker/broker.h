@@ -55,7 +55,8 @@
 #define TAG_HTIMER  2u      /* struct conn *: its linked timeout */
 #define TAG_HUP     3u      /* hup_seq << 32 | slot << 3: a client's hang-up poll; | HUP_EXIT: its process's */
 #define HUP_EXIT    (1u << 31)
-#define HUP_SLOT    0x0fffffffu  /* the slot's bits, below HUP_EXIT */
+#define HUP_MAPPED  (1u << 30)   /* the poll for its struct chime_mapped (on_mapped()) */
+#define HUP_SLOT    0x07ffffffu  /* the slot's bits, below HUP_MAPPED */
 #define UD_ACCEPT   (1u << 3)
 #define UD_SIGNAL   (2u << 3)
 #define UD_NOTIFY   (3u << 3)
@@ -154,6 +155,14 @@ struct client {
 	bool drop_parked;               /* PARKING: chimectl drop-session came meanwhile: detach once parked */
 	bool resume;                    /* this attach is libchime reconnecting: it re-submits (chan.c) */
 	bool created;                   /* this attach opened its session anew (CHIME_WELCOME_F_NEW_SESSION) */
+	/*
+	 * ATTACHING: the descriptors went out, nothing is attached, and the
+	 * client's struct chime_mapped is awaited (a HUP_MAPPED poll), until
+	 * connected_ns + HELLO_TIMEOUT_S. Of a session's detached record:
+	 * reattaching, which a failure leaves parked (offer_failed()).
+	 */
+	bool offered;
+	bool reattaching;
 	uint64_t sq_base;               /* this attach's first submission position (0, or the hello's) */
 	uint64_t generation;
 	/*

@@ -281,10 +281,9 @@ void send_status(int fd, int32_t status)
 	(void)send(fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-static int send_welcome(struct broker *b, struct client *c)
+static struct chime_welcome welcome_of(const struct broker *b, const struct client *c, uint32_t nfds)
 {
-	uint32_t nfds = CHIME_WELCOME_FIXED_FDS + b->o.nr_shards + (c->touch_fd >= 0);
-	struct chime_welcome w = {
+	return (struct chime_welcome){
 		.magic = CHIME_HELLO_MAGIC,
 		.layout = CHIME_SHM_LAYOUT,
 		.status = 0,
@@ -299,6 +298,13 @@ static int send_welcome(struct broker *b, struct client *c)
 			    (c->touch_fd >= 0 ? CHIME_WELCOME_F_TOUCH : 0) | (c->created ? CHIME_WELCOME_F_NEW_SESSION : 0),
 		.session_token = c->session[0] ? c->token : 0,
 	};
+}
+
+/* The attach's first message: the descriptors, before anything is attached (struct chime_mapped). */
+static int send_offer(struct broker *b, struct client *c)
+{
+	uint32_t nfds = CHIME_WELCOME_FIXED_FDS + b->o.nr_shards + (c->touch_fd >= 0);
+	struct chime_welcome w = welcome_of(b, c, nfds);
 	size_t clen = CMSG_SPACE(sizeof(int) * nfds);
 	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
@@ -326,6 +332,14 @@ static int send_welcome(struct broker *b, struct client *c)
 		r = -errno;
 	free(cbuf);
 	return r;
+}
+
+/* Its last: attached. The client has read the offer (it mapped what came with it): there is room. */
+static int send_ready(struct broker *b, struct client *c)
+{
+	struct chime_welcome w = welcome_of(b, c, 0);
+
+	return send(c->fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 ? -errno : 0;
 }
 
 /* Has the peer of socket fd not read everything we sent on it? (SIOCOUTQ: our messages in its queue) */
@@ -537,14 +551,13 @@ static int touch_table(struct broker *b, struct client *c)
 		c->mems[s].touch_word = chime_touch_words(c->touch.base, s, b->o.capacity);
 		c->mems[s].touch_tag = chime_touch_tags(c->touch.base, b->o.nr_shards, s, b->o.capacity);
 	}
-	return chime_seg_seal(c->touch_fd, false);
+	return chime_seg_seal(c->touch_fd, CHIME_SEAL_SIZE);        /* the client seals the rest */
 }
 
 /* Build the client's segments and channel descriptions. */
 static int client_segments(struct broker *b, struct client *c)
 {
 	const struct chime_client_geom *g = &b->geom;
-	struct chime_client_rw *rw;
 	struct chime_client_ro *ro;
 	int r;
 
@@ -574,13 +587,6 @@ static int client_segments(struct broker *b, struct client *c)
 			return -errno;
 	}
 
-	rw = c->rw.base;
-	rw->nr_shards = g->nr_shards;
-	rw->sq_size = g->sq_size;
-	rw->cq_size = g->cq_size;
-	rw->chan_off = g->rw_chan_off;
-	rw->sq_off = g->rw_sq_off;
-	rw->claim_off = g->rw_claim_off;
 	ro = c->ro.base;
 	ro->nr_shards = g->nr_shards;
 	ro->sq_size = g->sq_size;
@@ -595,21 +601,22 @@ static int client_segments(struct broker *b, struct client *c)
 		m->sq_base = c->sq_base;
 		m->bell_fd = c->bells[s];
 	}
-	chime_seg_publish(&rw->hdr, CHIME_SEG_CLIENT_RW, g->rw_size);
 	chime_seg_publish(&ro->hdr, CHIME_SEG_CLIENT_RO, g->ro_size);
 	/*
-	 * Sealed: a client's ftruncate cannot SIGBUS us. ro goes to the client
-	 * as a descriptor that can only read (not a F_SEAL_FUTURE_WRITE seal,
-	 * which would keep conn_release() from punching its pages out).
+	 * Sealed: a client's ftruncate cannot SIGBUS us. Not a byte of rw is
+	 * written until the client has sealed it too (on_mapped()). ro goes to
+	 * the client as a descriptor that can only read (not a
+	 * F_SEAL_FUTURE_WRITE seal, which would keep conn_release() from
+	 * punching its pages out).
 	 */
-	r = chime_seg_seal(c->rw_fd, false);
+	r = chime_seg_seal(c->rw_fd, CHIME_SEAL_SIZE);
 	if (r < 0)
 		return r;
 	r = chime_seg_reopen_ro(c->ro_fd);
 	if (r >= 0) {
 		int ro_only = r;
 
-		r = chime_seg_seal(c->ro_fd, false);    /* through our descriptor: a read-only one may not */
+		r = chime_seg_seal(c->ro_fd, CHIME_SEAL_FINAL);    /* through our descriptor: a read-only one may not */
 		c->ro_wfd = c->ro_fd;                   /* kept for the punch (conn_release()) */
 		c->ro_fd = ro_only;
 	} else if (r == -EMFILE || r == -ENFILE) {
@@ -620,11 +627,26 @@ static int client_segments(struct broker *b, struct client *c)
 			log_errno(LOG_WARNING, -r, "cannot reopen a client's ro segment read-only through "
 				  "/proc/self/fd (is /proc mounted?): sealing it instead, so its pages are not "
 				  "freed when the connection ends, only when the client lets go of them");
-		r = chime_seg_seal(c->ro_fd, true);
+		r = chime_seg_seal(c->ro_fd, CHIME_SEAL_WRITES);
 	}
 	if (r < 0)
 		return r;
 	return c->want_touch ? touch_table(b, c) : 0;
+}
+
+/* The rw segment's header, once the client has sealed it (on_mapped()): its pages are the client's. */
+static void rw_publish(struct broker *b, struct client *c)
+{
+	const struct chime_client_geom *g = &b->geom;
+	struct chime_client_rw *rw = c->rw.base;
+
+	rw->nr_shards = g->nr_shards;
+	rw->sq_size = g->sq_size;
+	rw->cq_size = g->cq_size;
+	rw->chan_off = g->rw_chan_off;
+	rw->sq_off = g->rw_sq_off;
+	rw->claim_off = g->rw_claim_off;
+	chime_seg_publish(&rw->hdr, CHIME_SEG_CLIENT_RW, g->rw_size);
 }
 
 static void post_all(struct broker *b, struct client *c, uint32_t op)
@@ -733,6 +755,101 @@ static void parked(struct broker *b, struct client *c)
  * handled here may post again (a failed attach detaches): that slot goes
  * back on the list, at its end.
  */
+/*
+ * Writable segments sealed by their client (ARCHITECTURE.md): the
+ * descriptors go out before anything is attached, and the channels are
+ * attached once the client says it has mapped and sealed them
+ * (on_mapped()). Until then nothing of ours reads or writes a page the
+ * client could punch a hole in: a shard touching such a page waits in the
+ * kernel for as long as the punch takes, which the client decides.
+ */
+static void offer_failed(struct broker *b, struct client *c, int status)
+{
+	c->offered = false;
+	if (!c->reattaching) {
+		client_detach(b, c, status);    /* nothing attached: each shard acknowledges at once */
+		return;
+	}
+	if (status)
+		send_status(c->fd, status);
+	parked(b, c);                           /* the session as it was: detached, its timers kept */
+}
+
+/* Given up before the client answered (its time ran out, or the broker stops). */
+static void offer_withdraw(struct broker *b, struct client *c, int status)
+{
+	struct io_uring_sqe *sqe;
+
+	if (b->ring_ok && (sqe = get_sqe(b))) {
+		io_uring_prep_poll_remove(sqe, hup_ud(c, HUP_MAPPED));
+		io_uring_sqe_set_data64(sqe, UD_QUIET);
+	}
+	offer_failed(b, c, status);
+}
+
+static void offer(struct broker *b, struct client *c, bool reattach)
+{
+	struct io_uring_sqe *sqe = NULL;
+	int r = send_offer(b, c);
+
+	/* The read-only descriptor was only for the client; the others wait for the punch. */
+	close(c->ro_fd);
+	c->ro_fd = -1;
+	c->reattaching = reattach;
+	if (r == 0 && !(sqe = get_sqe(b)))
+		r = -EBUSY;
+	if (r < 0) {
+		log_errno(LOG_DEBUG, r, "client %u (pid %d) left during the handshake", c->slot, (int)c->cred.pid);
+		offer_failed(b, c, 0);
+		return;
+	}
+	io_uring_prep_poll_add(sqe, c->fd, POLLIN | POLLRDHUP);
+	io_uring_sqe_set_data64(sqe, hup_ud(c, HUP_MAPPED));
+	c->offered = true;
+}
+
+/*
+ * The client's struct chime_mapped, or its hang-up (res: the poll's). Its
+ * seals and pages are checked through our descriptors, with calls that
+ * take no lock a punch holds: a client punching meanwhile cannot hold the
+ * control thread up.
+ */
+static void on_mapped(struct broker *b, struct client *c, int res)
+{
+	struct chime_mapped m;
+	ssize_t n = -1;
+	int r;
+
+	c->offered = false;
+	if (res > 0 && (res & POLLIN))
+		n = recv(c->fd, &m, sizeof(m), MSG_DONTWAIT);
+	if (n <= 0) {
+		log_msg(LOG_DEBUG, "client %u (pid %d) left during the handshake", c->slot, (int)c->cred.pid);
+		offer_failed(b, c, 0);
+		return;
+	}
+	if (n != (ssize_t)sizeof(m) || m.magic != CHIME_MAPPED_MAGIC) {
+		refuse_log(b, &c->cred, "a malformed answer to its welcome (struct chime_mapped)");
+		offer_failed(b, c, -EPROTO);
+		return;
+	}
+	r = chime_seg_client_sealed(c->rw_fd, c->rw.size);
+	if (r == 0 && c->touch_fd >= 0)
+		r = chime_seg_client_sealed(c->touch_fd, 0);
+	if (r < 0) {
+		refuse_log(b, &c->cred, r == -ENODATA ? "its rw segment sealed before every page of it was faulted in"
+			   : "its segments not sealed against writes (F_SEAL_FUTURE_WRITE)");
+		offer_failed(b, c, -EPROTO);
+		return;
+	}
+	if (b->stopping && c->session[0]) {
+		offer_failed(b, c, -ECONNREFUSED);      /* as every open of a session during a stop */
+		return;
+	}
+	rw_publish(b, c);
+	post_all(b, c, c->reattaching ? SHARD_CMD_REATTACH : SHARD_CMD_ATTACH);
+}
+
 static void on_notify(struct broker *b)
 {
 	for (uint32_t i = 0; i < b->nr_acking;) {
@@ -769,7 +886,7 @@ static void on_notify(struct broker *b)
 			}
 			if (b->stopping && c->session[0])
 				send_status(c->fd, -ECONNREFUSED);
-			r = b->stopping && c->session[0] ? -ESHUTDOWN : send_welcome(b, c);
+			r = b->stopping && c->session[0] ? -ESHUTDOWN : send_ready(b, c);
 			if (r < 0) {
 				log_errno(LOG_DEBUG, r, "client %u (pid %d) left during the handshake",
 					  c->slot, (int)c->cred.pid);
@@ -785,9 +902,6 @@ static void on_notify(struct broker *b)
 					client_detach(b, c, 0);
 				continue;
 			}
-			/* The read-only descriptor was only for the client; the others wait for the punch. */
-			close(c->ro_fd);
-			c->ro_fd = -1;
 			c->state = CL_ACTIVE;
 			table_set(b, c, CHIME_CLIENT_ACTIVE);
 			/* A session's record says so already: client_admit(), client_reattach(). */
@@ -1018,7 +1132,12 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 		if (slot >= b->o.max_clients)
 			return 0;
 		c = &b->clients[slot];
-		if (c->state != CL_ACTIVE || (uint32_t)(ud >> 32) != c->hup_seq)
+		if ((ud & HUP_MAPPED) && c->state == CL_ATTACHING && c->offered &&
+		    (uint32_t)(ud >> 32) == c->hup_seq) {
+			on_mapped(b, c, res);
+			return 0;
+		}
+		if (c->state != CL_ACTIVE || (ud & HUP_MAPPED) || (uint32_t)(ud >> 32) != c->hup_seq)
 			return 0;
 		if (exited && !(res > 0 && (res & POLLIN))) {
 			/* Not an exit: the socket's hang-up still ends the client. */
@@ -1176,6 +1295,13 @@ static bool clients_beat(struct broker *b, uint64_t now)
 			quiet = false;
 		if (c->state == CL_ACTIVE && c->session[0] && takes_awake(b, c, now))
 			quiet = false;
+		if (c->state == CL_ATTACHING && c->offered &&
+		    now - c->connected_ns >= (uint64_t)HELLO_TIMEOUT_S * 1000000000u) {
+			log_msg(LOG_DEBUG, "client %u (pid %d): no answer to its welcome in %d s, closing",
+				c->slot, (int)c->cred.pid, HELLO_TIMEOUT_S);
+			offer_withdraw(b, c, -ETIMEDOUT);
+			continue;
+		}
 		if (c->held_fd >= 0 && held_drained(c) && c->state == CL_HELD) {
 			c->state = CL_FREE;
 			table_set(b, c, CHIME_CLIENT_EMPTY);
@@ -1258,6 +1384,8 @@ static void stop_begin(struct broker *b)
 
 		if (c->state == CL_ACTIVE && c->session[0])
 			client_park(b, c);
+		else if (c->state == CL_ATTACHING && c->offered && c->session[0])
+			offer_withdraw(b, c, -ECONNREFUSED);
 	}
 }
 
@@ -1524,7 +1652,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	b->clients_total++;
 	if (c->session[0])
 		restart_put(b, c);      /* before any timer: the next broker knows whose they are */
-	post_all(b, c, SHARD_CMD_ATTACH);
+	offer(b, c, false);
 }
 
 /*
@@ -1571,7 +1699,7 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 	 * that crashed after it had passed reclaimed the session at once.
 	 */
 	restart_put(b, c);
-	post_all(b, c, SHARD_CMD_REATTACH);
+	offer(b, c, true);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -802,6 +802,7 @@ void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred
 	struct chime_hello hello, *h = &hello;
 	socklen_t len = sizeof(struct ucred);
 	struct ucred cred;
+	bool attach;
 
 	memcpy(h, cn->buf, sizeof(*h));
 	if (res == -ECANCELED)
@@ -859,11 +860,18 @@ void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred
 		send_status(cn->fd, -EINVAL);
 		return;
 	}
-	if ((h->flags & ~CHIME_HELLO_RESUME) == 0 && h->session[0]) {
+	attach = (h->flags & ~(CHIME_HELLO_RESUME | CHIME_HELLO_SEALS)) == 0;
+	if (attach && !(h->flags & CHIME_HELLO_SEALS)) {
+		/* An older libchime: it would leave its segments open to holes that stall a shard. */
+		refuse_log(b, &cred, "its library does not seal its segments (CHIME_HELLO_SEALS): libchime too old");
+		send_status(cn->fd, -EPROTO);
+		return;
+	}
+	if (attach && h->session[0]) {
 		session_open(b, cn, &cred, h);
 		return;
 	}
-	if (h->flags) {
+	if (!attach) {
 		answer_query(b, cn, h, &cred);  /* and the connection ends: no client slot is taken */
 		return;
 	}

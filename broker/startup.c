@@ -233,7 +233,7 @@ static int pub_setup(struct broker *b)
 	wall_publish(wall_offset_now());
 	b->pub->wall_off = wall_published();
 	chime_seg_publish(&b->pub->hdr, CHIME_SEG_PUBLIC, size);
-	r = chime_seg_seal(b->pub_fd, true);
+	r = chime_seg_seal(b->pub_fd, CHIME_SEAL_WRITES);
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "sealing the public segment");
 	return 0;

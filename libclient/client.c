@@ -154,6 +154,10 @@ static bool handshake_resume(int fd, uint64_t until)
 struct opening {
 	int sock;                       /* -1 until the dial made it */
 	ino_t ino;
+	/* The welcome's descriptors, held while the broker's last answer is awaited. */
+	int fds[CHIME_MAX_FDS];
+	ino_t fd_inos[CHIME_MAX_FDS];
+	unsigned nfds;
 	struct opening *next, **prev;
 };
 
@@ -178,6 +182,24 @@ static int socket_noted(void)
 	if (op)
 		pthread_mutex_unlock(&open_lock);
 	return fd;
+}
+
+/* The welcome's descriptors, noted as socket_noted() notes the socket. */
+static void fds_noted(const int *fds, unsigned n)
+{
+	struct opening *op = my_opening;
+	struct stat st;
+
+	if (!op)
+		return;
+	pthread_mutex_lock(&open_lock);
+	op->nfds = 0;
+	for (unsigned i = 0; i < n; i++)
+		if (fstat(fds[i], &st) == 0) {
+			op->fds[op->nfds] = fds[i];
+			op->fd_inos[op->nfds++] = st.st_ino;
+		}
+	pthread_mutex_unlock(&open_lock);
 }
 
 static int connect_broker(const char *path, bool wait, uint64_t until, int *out)
@@ -388,7 +410,7 @@ static int dial_start(const char *path, const char *session, uint32_t flags, uin
 
 	if (r < 0)
 		return r;
-	r = send_hello(*sock, session, flags, sq_base, limit, until);
+	r = send_hello(*sock, session, flags | CHIME_HELLO_SEALS, sq_base, limit, until);
 	/*
 	 * Hung up on: a broker out of descriptors refuses before our hello
 	 * (EUSERS), and its refusal may be waiting; the peer is gone, so the
@@ -435,8 +457,88 @@ static bool dial_again(uint64_t until, unsigned attempt)
 	return true;
 }
 
+void cl_own_unmap(struct cl_own *own)
+{
+	chime_seg_unmap(&own->rw);
+	chime_seg_unmap(&own->touch);
+}
+
+/* Map memfd fd writable, of `size` bytes (0: whatever it has), its pages faulted in if `populate`. */
+static int map_own(int fd, uint64_t size, bool populate, struct chime_map *map)
+{
+	int r = chime_seg_map_file(fd, true, map);
+
+	if (r == -EAGAIN)
+		r = -EBADMSG;           /* handed to us unsized */
+	else if (r == -ENFILE || r == -EMFILE)
+		r = -ENOMEM;
+	if (r == 0 && size && map->size != size) {
+		chime_seg_unmap(map);
+		r = -EBADMSG;
+	}
+	if (r == 0 && populate)
+		chime_seg_populate(map->base, map->size);
+	return r;
+}
+
+int cl_take_offer(int sock, const struct chime_welcome *w, const int *fds, struct cl_own *own)
+{
+	struct chime_mapped m = { .magic = CHIME_MAPPED_MAGIC };
+	int touch_fd = (w->features & CHIME_WELCOME_F_TOUCH) ? fds[CHIME_WELCOME_FIXED_FDS + w->nr_shards] : -1;
+	ssize_t n;
+	int r;
+
+	memset(own, 0, sizeof(*own));
+	/* Faulted in by us, so that they are ours, not the broker's (it checks). */
+	r = map_own(fds[1], w->rw_size, true, &own->rw);
+	if (r == 0 && touch_fd >= 0)
+		r = map_own(touch_fd, 0, false, &own->touch);
+	/* EPERM: a broker that sealed them itself (F_SEAL_SEAL): not one we speak to. */
+	if (r == 0)
+		r = chime_seg_seal(fds[1], CHIME_SEAL_WRITES) < 0 ? -EPROTO : 0;
+	if (r == 0 && touch_fd >= 0)
+		r = chime_seg_seal(touch_fd, CHIME_SEAL_WRITES) < 0 ? -EPROTO : 0;
+	if (r == 0) {
+		n = send(sock, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n < 0)
+			r = errno == EPIPE || errno == ECONNRESET || errno == EAGAIN ? -ECONNRESET : -errno;
+	}
+	if (r < 0)
+		cl_own_unmap(own);
+	return r;
+}
+
+int cl_await_ready(int sock, bool wait)
+{
+	uint64_t until = handshake_until();
+	struct chime_welcome w;
+	ssize_t n;
+
+	for (;;) {
+		n = recv(sock, &w, sizeof(w), wait ? 0 : MSG_DONTWAIT);
+		if (n < 0 && errno == EINTR && (!wait || handshake_resume(sock, until)))
+			continue;
+		if (n < 0 && errno == ECONNRESET)
+			n = recv(sock, &w, sizeof(w), MSG_DONTWAIT);    /* a refusal behind the reset */
+		if (n == 1)
+			continue;       /* a wake-up: the channels are attached already */
+		break;
+	}
+	if (n < 0 && errno == EAGAIN && !wait)
+		return -EINPROGRESS;
+	if (n < 0)
+		return errno == EAGAIN || errno == EINTR ? -ETIMEDOUT : -ECONNRESET;
+	if (n == 0)
+		return -ECONNRESET;
+	if (n != (ssize_t)sizeof(w) || w.magic != CHIME_HELLO_MAGIC)
+		return -EBADMSG;
+	if (w.status < 0)
+		return w.status >= -4095 ? w.status : -EBADMSG;
+	return w.status == 0 && w.nr_fds == 0 && w.layout == CHIME_SHM_LAYOUT ? 0 : -EBADMSG;
+}
+
 int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit, int *sock,
-	    struct chime_welcome *w, int *fds, unsigned *nfds)
+	    struct chime_welcome *w, int *fds, unsigned *nfds, struct cl_own *own)
 {
 	uint64_t until = handshake_until();
 
@@ -446,8 +548,18 @@ int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_b
 		if (r < 0)
 			return r;
 		r = recv_welcome(*sock, true, until, w, fds, nfds);
-		if (r == 0)
-			return 0;
+		if (r == 0) {
+			fds_noted(fds, *nfds);
+			r = cl_take_offer(*sock, w, fds, own);
+			if (r == 0)
+				r = cl_await_ready(*sock, true);
+			if (r == 0)
+				return 0;
+			cl_own_unmap(own);
+			fds_noted(NULL, 0);
+			close_fds(fds, *nfds);
+			*nfds = 0;
+		}
 		close(*sock);
 		*sock = -1;
 		if (r != -EAGAIN)
@@ -457,14 +569,20 @@ int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_b
 	}
 }
 
-int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[3], struct chime_client_geom *g)
+int cl_map(const struct chime_welcome *w, const int *fds, struct cl_own *own, struct chime_map maps[3],
+	   struct chime_client_geom *g)
 {
 	int r;
 
 	memset(maps, 0, 3 * sizeof(maps[0]));
-	r = map_seg(fds[0], CHIME_SEG_PUBLIC, false, w->pub_size, &maps[0]);
+	maps[1] = own->rw;
+	memset(&own->rw, 0, sizeof(own->rw));
+	/* Written by the broker once we sealed it: checked only now. */
+	r = chime_seg_check(&maps[1], CHIME_SEG_CLIENT_RW, NULL);
+	if (r == -EAGAIN)
+		r = -EBADMSG;
 	if (r == 0)
-		r = map_seg(fds[1], CHIME_SEG_CLIENT_RW, true, w->rw_size, &maps[1]);
+		r = map_seg(fds[0], CHIME_SEG_PUBLIC, false, w->pub_size, &maps[0]);
 	if (r == 0)
 		r = map_seg(fds[2], CHIME_SEG_CLIENT_RO, false, w->ro_size, &maps[2]);
 	if (r == 0)
@@ -521,6 +639,7 @@ static void fork_child(void)
 			close(c->recon_sock);
 			c->recon_sock = -1;
 		}
+		cl_recon_offer_drop(c);
 		if (c->has_ring) {
 			io_uring_queue_exit(&c->ring);
 			c->has_ring = false;
@@ -531,6 +650,9 @@ static void fork_child(void)
 
 		if (op->sock >= 0 && fstat(op->sock, &st) == 0 && st.st_ino == op->ino)
 			close(op->sock);
+		for (unsigned i = 0; i < op->nfds; i++)
+			if (fstat(op->fds[i], &st) == 0 && st.st_ino == op->fd_inos[i])
+				close(op->fds[i]);
 	}
 	pthread_mutex_unlock(&open_lock);
 }
@@ -573,6 +695,7 @@ static void chime_free(struct chime *c)
 		close(c->timer_fd);
 	if (c->recon_sock >= 0)
 		close(c->recon_sock);
+	cl_recon_offer_drop(c);
 	if (c->session[0])
 		pthread_mutex_destroy(&c->lock);
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
@@ -619,23 +742,17 @@ static int wake_fds(struct chime *c)
  * alike. A size that is not that is refused (-EBADMSG), as a malformed
  * segment is.
  */
-static int map_touch(struct chime *c, int fd)
+static int map_touch(struct chime *c, struct chime_map *touch)
 {
-	uint64_t per_shard = (uint64_t)c->nr_shards * CHIME_TOUCH_BYTES;
-	struct stat st;
-	void *p;
+	uint64_t per_shard = (uint64_t)c->nr_shards * CHIME_TOUCH_BYTES, size = touch->size;
+	void *p = touch->base;
 
-	if (fstat(fd, &st) < 0)
-		return -errno;
-	if (!S_ISREG(st.st_mode) || st.st_size <= 0 || (uint64_t)st.st_size % per_shard ||
-	    (uint64_t)st.st_size / per_shard > UINT32_MAX)
+	if (!size || size % per_shard || size / per_shard > UINT32_MAX)
 		return -EBADMSG;
-	p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED)    /* EAGAIN: over RLIMIT_MEMLOCK under mlockall(MCL_FUTURE) */
-		return errno == ENFILE || errno == EMFILE || errno == EAGAIN ? -ENOMEM : -errno;
-	c->touch_map = (struct chime_map){ .base = p, .size = (size_t)st.st_size };
-	c->touch_cap = (uint32_t)((uint64_t)st.st_size / per_shard);
-	c->touch_mapped = calloc(((uint64_t)st.st_size / TOUCH_WINDOW + 2 + 63) / 64, sizeof(uint64_t));
+	c->touch_map = *touch;
+	memset(touch, 0, sizeof(*touch));
+	c->touch_cap = (uint32_t)(size / per_shard);
+	c->touch_mapped = calloc((size / TOUCH_WINDOW + 2 + 63) / 64, sizeof(uint64_t));
 	if (!c->touch_mapped)
 		return -ENOMEM;         /* touch_map is unmapped with the connection */
 	c->touch = chime_touch_words(p, 0, c->touch_cap);
@@ -643,15 +760,15 @@ static int map_touch(struct chime *c, int fd)
 	return 0;
 }
 
-static int setup(struct chime *c, const struct chime_welcome *w, int *fds)
+static int setup(struct chime *c, const struct chime_welcome *w, int *fds, struct cl_own *own)
 {
 	struct chime_map maps[3];
 	struct chime_client_geom g;
 	int r;
 
-	r = cl_map(w, fds, maps, &g);
+	r = cl_map(w, fds, own, maps, &g);
 	if (r == 0 && (w->features & CHIME_WELCOME_F_TOUCH))
-		r = map_touch(c, fds[CHIME_WELCOME_FIXED_FDS + w->nr_shards]);
+		r = map_touch(c, &own->touch);
 	if (r < 0) {
 		for (int i = 0; i < 3; i++)
 			chime_seg_unmap(&maps[i]);
@@ -783,12 +900,13 @@ static int open_dialled(chime_t **out, const char *path, unsigned flags, const c
 {
 	int fds[CHIME_MAX_FDS];
 	struct chime_welcome w = { 0 };      /* drop_if_created() reads it whatever failed */
+	struct cl_own own;
 	struct chime *c;
 	unsigned nfds = 0;
 	int sock = -1, r;
 
 	r = cl_dial(path, session, 0, 0, !session && !(flags & CHIME_OPEN_RECORD_RESETS) ? CHIME_HELLO_TOUCH : 0,
-		    &sock, &w, fds, &nfds);
+		    &sock, &w, fds, &nfds, &own);
 	if (r < 0) {
 		drop_if_created(&w, path, session);     /* the descriptors for the welcome ran out */
 		return r;
@@ -796,6 +914,8 @@ static int open_dialled(chime_t **out, const char *path, unsigned flags, const c
 	c = calloc(1, sizeof(*c) + w.nr_shards * sizeof(c->chan[0]));
 	if (!c || (session && pthread_mutex_init(&c->lock, NULL) != 0)) {
 		free(c);
+		cl_own_unmap(&own);
+		fds_noted(NULL, 0);
 		close_fds(fds, nfds);
 		close(sock);
 		drop_if_created(&w, path, session);
@@ -811,8 +931,10 @@ static int open_dialled(chime_t **out, const char *path, unsigned flags, const c
 	c->recon_window_ns = cl_reconnect_window();
 	for (uint32_t s = 0; s < c->nr_shards; s++)
 		c->chan[s].doorbell = -1;
-	r = setup(c, &w, fds);
+	r = setup(c, &w, fds, &own);
 	/* The segments stay mapped; their fds are not needed any more. */
+	cl_own_unmap(&own);     /* what setup() did not take */
+	fds_noted(NULL, 0);
 	close_fds(fds, nfds);
 	if (r == 0 && session && c->recon_window_ns)
 		r = cl_reconnect_prepare(c);

@@ -34,7 +34,7 @@
 #include "segment.h"
 
 #define CHIME_PUBLIC __attribute__((visibility("default")))
-#define CHIME_MAX_FDS (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS)
+#define CHIME_MAX_FDS (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS + 1)  /* and the touch table */
 #define CHIME_PATH_MAX 108              /* sizeof(sockaddr_un.sun_path) */
 #define TOUCH_WINDOW (UINT64_C(64) << 10)  /* the kernel's default fault-around: touch_mapped */
 
@@ -75,6 +75,16 @@ struct chime_chan {
 	uint32_t resumed_owed;              /* atomic: the new ring had no room for RESUMED (cl_resume_flush) */
 };
 
+/*
+ * What the client maps writable of what the broker offers, before it seals
+ * it (chime_shm.h, struct chime_mapped): no writable mapping can be made
+ * after the seal, so these are the ones used for good.
+ */
+struct cl_own {
+	struct chime_map rw;            /* every page faulted in */
+	struct chime_map touch;         /* the touch table, if offered */
+};
+
 struct chime {
 	int sock;                           /* the connection; the broker reclaims everything on hang-up,
 					     * and sends a 1-byte message on it for each wake-up */
@@ -106,6 +116,12 @@ struct chime {
 	int timer_fd;                       /* in chime_fd()'s set: readable when an attempt is due; -1 */
 	bool timer_on;                      /* timer_fd is set (it may have fired: read it); off, it is not readable */
 	int recon_sock;                     /* an attempt's hello sent, its welcome awaited (in the set); -1 */
+	/* Its welcome taken and answered (cl_take_offer()): the broker's ready awaited (recon_offer_drop()). */
+	bool recon_offered;
+	struct chime_welcome recon_w;
+	int recon_fds[CHIME_MAX_FDS];
+	unsigned recon_nfds;
+	struct cl_own recon_own;
 	uint64_t recon_base;                /* that hello's sq_base */
 	uint64_t recon_dial_until_ns;       /* and when its wait ends (DIAL_WAIT_NS) */
 	bool recon_begun;                   /* rings closed, old socket gone */
@@ -182,12 +198,14 @@ bool cl_broker_gone(struct chime *c, bool probe);
 /* Cheap liveness check for idle paths: probes the socket at most once a second,
  * and only when the broker's heartbeat is stale or it announced a stop. */
 bool cl_broker_check(struct chime *c, uint64_t now);
+void cl_own_unmap(struct cl_own *own);
 /*
- * connect(), hello, welcome: the welcome's fds in fds[0..*nfds) and *sock
- * are the caller's. touch: ask for a touch table (anonymous only).
+ * connect(), hello, welcome, the client's mapped, the broker's ready: the
+ * welcome's fds in fds[0..*nfds), *own and *sock are the caller's. limit:
+ * CHIME_HELLO_TOUCH asks for a touch table (anonymous only).
  */
 int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit, int *sock,
-	    struct chime_welcome *w, int *fds, unsigned *nfds);
+	    struct chime_welcome *w, int *fds, unsigned *nfds, struct cl_own *own);
 /*
  * cl_dial() in two: connect and send the hello (not `wait`: a full queue is
  * -ETIMEDOUT at once), then receive the welcome (not `wait`: -EINPROGRESS
@@ -198,8 +216,19 @@ int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_b
 int cl_dial_start(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit,
 		  bool wait, int *sock);
 int cl_dial_finish(int sock, bool wait, struct chime_welcome *w, int *fds, unsigned *nfds);
-/* Map and check the welcome's three segments (public, rw, ro); nothing stays mapped on error. */
-int cl_map(const struct chime_welcome *w, const int *fds, struct chime_map maps[3], struct chime_client_geom *g);
+/*
+ * After cl_dial_finish(): map what is ours to write (*own), seal it, and
+ * say so; nothing stays mapped on error. Then the broker's answer (not
+ * `wait`: -EINPROGRESS while none has come): 0 once attached, or its refusal.
+ */
+int cl_take_offer(int sock, const struct chime_welcome *w, const int *fds, struct cl_own *own);
+int cl_await_ready(int sock, bool wait);
+/*
+ * Map and check the welcome's public and ro segments, and check own->rw,
+ * which goes into maps[1] (public, rw, ro); nothing stays mapped on error.
+ */
+int cl_map(const struct chime_welcome *w, const int *fds, struct cl_own *own, struct chime_map maps[3],
+	   struct chime_client_geom *g);
 /* The handshake is over: the socket blocks again, with no timeouts. */
 void cl_sock_ready(int sock);
 /*
@@ -322,6 +351,8 @@ void cl_reconnect_hurry(struct chime *c);
  * attempt again. 0 or -errno (timerfd_create(2), epoll_ctl(2)).
  */
 int cl_reconnect_prepare(struct chime *c);
+/* An attempt's offer given up: its descriptors closed, its mappings gone. */
+void cl_recon_offer_drop(struct chime *c);
 
 /* Write our doorbell for a shard if it sleeps (after a full barrier by the caller). */
 void cl_ring_doorbell(struct chime_chan *ch);

@@ -339,19 +339,56 @@ static int dial_end(struct chime *c)
  * (the session is gone, or another process opened it meanwhile): never
  * will be; else: try again.
  */
+void cl_recon_offer_drop(struct chime *c)
+{
+	for (unsigned i = 0; i < c->recon_nfds; i++)
+		close(c->recon_fds[i]);
+	c->recon_nfds = 0;
+	cl_own_unmap(&c->recon_own);
+	c->recon_offered = false;
+}
+
+/*
+ * The welcome, at this call or a later one: mapped, sealed and answered
+ * at once (cl_take_offer() never waits). -EINPROGRESS: no welcome yet.
+ */
+static int take_offer(struct chime *c)
+{
+	const struct chime_welcome *w = &c->recon_w;
+	int r = cl_dial_finish(c->recon_sock, false, &c->recon_w, c->recon_fds, &c->recon_nfds);
+
+	if (r < 0)
+		return r;
+	/* The rings move onto the old addresses: they must be the same size. */
+	if (w->nr_shards != c->nr_shards || w->pub_size != c->pub_map.size || w->rw_size != c->rw_map.size ||
+	    w->ro_size != c->ro_map.size)
+		r = -EPROTO;
+	if (r == 0)
+		r = cl_take_offer(c->recon_sock, w, c->recon_fds, &c->recon_own);
+	if (r < 0) {
+		cl_recon_offer_drop(c);
+		return r;
+	}
+	c->recon_offered = true;
+	return 0;
+}
+
 static int attempt(struct chime *c, uint64_t now)
 {
 	struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP };
-	int fds[CHIME_MAX_FDS], sock, r;
+	int *fds = c->recon_fds, sock, r = 0;
+	struct chime_welcome w = c->recon_w;
 	struct chime_client_geom g;
 	struct chime_map maps[3];
-	struct chime_welcome w;
-	unsigned nfds = 0;
+	unsigned nfds;
 	uint64_t base;
 
 	if (c->recon_sock < 0 && (r = dial_start(c, now)) < 0)
 		return r;
-	r = cl_dial_finish(c->recon_sock, false, &w, fds, &nfds);
+	if (!c->recon_offered)
+		r = take_offer(c);
+	if (r == 0)
+		r = cl_await_ready(c->recon_sock, false);
 	if (r == -EINPROGRESS && now < c->recon_dial_until_ns)
 		return r;
 	base = c->recon_base;
@@ -359,15 +396,13 @@ static int attempt(struct chime *c, uint64_t now)
 	if (r == -EINPROGRESS)
 		r = -ETIMEDOUT;
 	if (r < 0) {
+		cl_recon_offer_drop(c);
 		close(sock);
 		return r;
 	}
-	/* The rings move onto the old addresses: they must be the same size. */
-	if (w.nr_shards != c->nr_shards || w.pub_size != c->pub_map.size || w.rw_size != c->rw_map.size ||
-	    w.ro_size != c->ro_map.size)
-		r = -EPROTO;
-	if (r == 0)
-		r = cl_map(&w, fds, maps, &g);
+	w = c->recon_w;
+	nfds = c->recon_nfds;
+	r = cl_map(&w, fds, &c->recon_own, maps, &g);
 	if (r == 0 && (g.sq_size != c->sq_size || g.cq_size != c->cq_size)) {
 		for (int i = 0; i < 3; i++)
 			chime_seg_unmap(&maps[i]);
@@ -391,8 +426,8 @@ static int attempt(struct chime *c, uint64_t now)
 			r = -EPROTO;
 	if (r == 0 && dup3(sock, c->sock, O_CLOEXEC) < 0)
 		r = -EPROTO;
-	for (unsigned i = 0; i < nfds; i++)
-		close(fds[i]);
+	(void)nfds;
+	cl_recon_offer_drop(c);         /* the descriptors, and the touch map a session never has */
 	close(sock);
 	if (r < 0)
 		return r;

@@ -903,6 +903,15 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
 #define CHIME_HELLO_RESUME        0x100u
 
 /*
+ * Or'ed into every attach (flags 0 or CHIME_HELLO_RESUME): this library
+ * seals its writable segments itself before it is attached (struct
+ * chime_mapped). A broker refuses an attach without it (-EPROTO): a
+ * client that could punch holes in memory a shard reads would stall the
+ * shard (ARCHITECTURE.md, "Writable segments sealed by their client").
+ */
+#define CHIME_HELLO_SEALS         0x200u
+
+/*
  * A session name: 1..CHIME_SESSION_MAX-1 bytes of [A-Za-z0-9._-], NUL-padded
  * in the hello (the broker refuses anything else with -EINVAL).
  */
@@ -1059,6 +1068,32 @@ _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIM
 #define CHIME_WELCOME_F_REALTIME 8u
 
 #define CHIME_WELCOME_FIXED_FDS 3u
+
+/*
+ * The attach in three messages (ARCHITECTURE.md, "Writable segments sealed
+ * by their client"):
+ *
+ *   broker -> client  struct chime_welcome with the descriptors (the offer):
+ *                     nothing of the broker's is in the rw segment yet
+ *   client -> broker  struct chime_mapped: the client has mapped the rw
+ *                     segment (every page faulted in: MAP_POPULATE) and the
+ *                     touch table, and sealed both F_SEAL_FUTURE_WRITE |
+ *                     F_SEAL_SEAL, so that nobody can punch a hole in them
+ *   broker -> client  struct chime_welcome, status 0 and no descriptors (the
+ *                     channels are attached and the rw segment's header
+ *                     written), or a refusal (status < 0)
+ *
+ * The broker checks the seals and that every page of the rw segment is
+ * there (the client's, not the broker's to allocate) before it writes a
+ * byte of it; a client that does not answer within the hello's time is
+ * closed. Wake-up bytes (1-byte messages) may come before the last message.
+ */
+struct chime_mapped {
+	uint32_t magic;             /* CHIME_MAPPED_MAGIC */
+	uint32_t _reserved;         /* 0 */
+};
+_Static_assert(sizeof(struct chime_mapped) == 8, "mapped is 8 B");
+#define CHIME_MAPPED_MAGIC UINT32_C(0x50414d43) /* "CMAP" */
 
 /*
  * Keepalive resets without a record (ARCHITECTURE.md, "Keepalive resets

@@ -146,8 +146,11 @@ void chime_seg_populate(void *p, size_t bytes)
 	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
 	uintptr_t from = (uintptr_t)p & ~(page - 1), to = ((uintptr_t)p + bytes + page - 1) & ~(page - 1);
 
-	if (to > from)
-		(void)madvise((void *)from, to - from, MADV_POPULATE_WRITE);
+	if (to <= from || madvise((void *)from, to - from, MADV_POPULATE_WRITE) == 0 || errno != EINVAL)
+		return;
+	/* Before Linux 5.14: a read fault allocates a shared memfd's page too. */
+	for (uintptr_t a = from; a < to; a += page)
+		(void)*(volatile const char *)a;
 }
 
 ssize_t chime_recv_behind_reset(int fd, struct msghdr *msg, int flags)
@@ -471,19 +474,37 @@ int chime_seg_relink(int fd, const char *path, const struct chime_seg_range *kee
 }
 
 /*
- * F_SEAL_FUTURE_WRITE (not F_SEAL_WRITE): the broker's existing writable
- * mapping keeps working, while nobody can map the memfd writable again or
- * mprotect a read-only mapping to writable.
+ * F_SEAL_FUTURE_WRITE (not F_SEAL_WRITE): mappings made before keep
+ * writing, while nobody can map the memfd writable again, mprotect a
+ * read-only mapping to writable or punch a hole in it.
  */
-int chime_seg_seal(int fd, bool read_only)
+int chime_seg_seal(int fd, enum chime_seal how)
 {
-	int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+	int seals = F_SEAL_SHRINK | F_SEAL_GROW;
 
-	if (read_only)
+	if (how != CHIME_SEAL_SIZE)
+		seals |= F_SEAL_SEAL;
+	if (how == CHIME_SEAL_WRITES)
 		seals |= F_SEAL_FUTURE_WRITE;
 	if (fcntl(fd, F_ADD_SEALS, seals) < 0)
 		return -errno;
 	return 0;
+}
+
+int chime_seg_client_sealed(int fd, uint64_t size)
+{
+	struct stat st;
+	int seals = fcntl(fd, F_GET_SEALS);
+
+	if (seals < 0)
+		return -errno;
+	if ((seals & (F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)) != (F_SEAL_FUTURE_WRITE | F_SEAL_SEAL))
+		return -EPERM;
+	if (!size)
+		return 0;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	return (uint64_t)st.st_blocks * 512u >= size ? 0 : -ENODATA;
 }
 
 void chime_seg_publish(struct chime_seg_hdr *hdr, uint32_t kind, uint64_t size)

@@ -155,8 +155,9 @@ int chime_seg_discard(int fd, size_t size);
 /*
  * Map the pages of [p, p + bytes) of a shared mapping now, writable, in one
  * call, rather than one page fault at a time on a path that should not
- * wait (MADV_POPULATE_WRITE, Linux 5.14; an older kernel, or no memory,
- * leaves them to fault as before). Whole pages: the range is widened to
+ * wait (MADV_POPULATE_WRITE, Linux 5.14; on an older kernel a read of each
+ * page, which allocates a shared memfd's; no memory leaves them to fault
+ * as before). Whole pages: the range is widened to
  * them, and must lie in the mapping once widened.
  */
 void chime_seg_populate(void *p, size_t bytes);
@@ -186,11 +187,25 @@ ssize_t chime_recv_behind_reset(int fd, struct msghdr *msg, int flags);
 int chime_seg_reserve(int fd, uint64_t off, uint64_t len);
 
 /*
- * Seal a memfd against resizing and further sealing, and, if `read_only`,
- * against new writable mappings (F_SEAL_FUTURE_WRITE): what the broker does to
- * every segment it hands to a client, so a client's ftruncate cannot SIGBUS it.
+ * Seal a memfd: what the broker does to every segment it hands to a
+ * client, so that a client's ftruncate cannot SIGBUS it. SIZE: against
+ * resizing, and the client seals the rest (its rw segment and touch table:
+ * chime_seg_client_sealed()); FINAL: and against further sealing; WRITES:
+ * and against new writable mappings, writes and holes punched
+ * (F_SEAL_FUTURE_WRITE: mappings made before keep writing).
  */
-int chime_seg_seal(int fd, bool read_only);
+enum chime_seal { CHIME_SEAL_SIZE, CHIME_SEAL_FINAL, CHIME_SEAL_WRITES };
+int chime_seg_seal(int fd, enum chime_seal how);
+
+/*
+ * Has the client sealed memfd `fd` as CHIME_SEAL_WRITES, and, if `size`,
+ * is every page of its first `size` bytes allocated (st_blocks: faulted in
+ * by the client, so that the broker allocates none it could not take back)?
+ * 0, -EPERM (not sealed), -ENODATA (pages missing) or another -errno.
+ * Neither check waits for a punch under way (F_GET_SEALS and fstat take no
+ * lock a punch holds).
+ */
+int chime_seg_client_sealed(int fd, uint64_t size);
 
 /*
  * Make the NUL-terminated name in s[0..len) fit to show to an operator, in

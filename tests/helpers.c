@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -210,6 +211,80 @@ int t_sock_connect(const char *path)
 		return -1;
 	}
 	return fd;
+}
+
+#define T_MAX_FDS (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS + 1)    /* and the touch table */
+
+int t_answer_offer_as(int fd, enum t_answer how, int *kept, int *nkept)
+{
+	struct chime_welcome w = { 0 };
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * T_MAX_FDS)];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf) };
+	struct chime_mapped m = { .magic = how == T_ANSWER_MALFORMED ? 0 : CHIME_MAPPED_MAGIC };
+	struct cmsghdr *cm;
+	int fds[T_MAX_FDS], nfds = 0, r = 0;
+
+	if (recvmsg(fd, &mh, MSG_CMSG_CLOEXEC) != (ssize_t)sizeof(w))
+		return -EBADMSG;
+	cm = CMSG_FIRSTHDR(&mh);
+	if (cm && cm->cmsg_type == SCM_RIGHTS) {
+		nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
+	}
+	if (w.status < 0)
+		r = w.status;
+	else if (nfds < (int)(CHIME_WELCOME_FIXED_FDS + w.nr_shards))
+		r = -EBADMSG;
+	for (int i = 1; r == 0 && i < nfds; i++) {
+		struct chime_map map;
+
+		/* rw (1), and the touch table (the last, after the doorbells) */
+		if (i != 1 && !((w.features & CHIME_WELCOME_F_TOUCH) && i == nfds - 1))
+			continue;
+		r = chime_seg_map_file(fds[i], true, &map);
+		if (r < 0)
+			break;
+		if (i == 1 && how != T_ANSWER_UNFAULTED)
+			chime_seg_populate(map.base, map.size);
+		chime_seg_unmap(&map);          /* its pages stay in the memfd */
+		if (how != T_ANSWER_UNSEALED)
+			r = chime_seg_seal(fds[i], CHIME_SEAL_WRITES);
+	}
+	if (r == 0 && send(fd, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m))
+		r = -errno;
+	if (kept) {
+		memcpy(kept, fds, (size_t)nfds * sizeof(int));
+		*nkept = nfds;
+	} else {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+	}
+	/* The broker's answer comes once the shards attached it: then it is here, unread. */
+	if (r == 0 && poll(&(struct pollfd){ .fd = fd, .events = POLLIN }, 1, 10000) != 1)
+		r = -ETIMEDOUT;
+	return r;
+}
+
+int t_answer_offer(int fd)
+{
+	return t_answer_offer_as(fd, T_ANSWER_HONEST, NULL, NULL);
+}
+
+int t_attach_answer(int fd)
+{
+	struct chime_welcome w;
+	ssize_t n;
+
+	do
+		n = recv(fd, &w, sizeof(w), 0);
+	while (n == 1);         /* wake-ups */
+	if (n <= 0)
+		return -ECONNRESET;
+	return n == (ssize_t)sizeof(w) && w.magic == CHIME_HELLO_MAGIC ? w.status : -EBADMSG;
 }
 
 bool t_sock_accepts(const char *path)

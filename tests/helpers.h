@@ -62,6 +62,27 @@ int t_write_file(const char *path, const char *text);
 /* A SOCK_SEQPACKET connection to the socket at path (nothing sent): its fd, or -1 (errno). */
 int t_sock_connect(const char *path);
 
+/*
+ * The client's part of an attach after a hello by hand on fd: take the
+ * broker's first welcome and its descriptors, map the rw segment (faulted
+ * in) and the touch table, seal them and say so (struct chime_mapped), as
+ * libchime does; the broker's last message is awaited and left unread.
+ * 0, the welcome's refusal, or -errno.
+ */
+int t_answer_offer(int fd);
+
+/*
+ * The same answered as `how`: HONEST as above; UNSEALED without the seals;
+ * UNFAULTED sealed before its pages are faulted in; MALFORMED a message
+ * that is not a struct chime_mapped. kept: if not NULL, the welcome's
+ * descriptors are handed to the caller (*nkept of them), not closed.
+ */
+enum t_answer { T_ANSWER_HONEST, T_ANSWER_UNSEALED, T_ANSWER_UNFAULTED, T_ANSWER_MALFORMED };
+int t_answer_offer_as(int fd, enum t_answer how, int *kept, int *nkept);
+
+/* The broker's last answer to an attach on fd, read: its status; -ECONNRESET if it hung up. */
+int t_attach_answer(int fd);
+
 /* Whether something listens at the socket path (a connect succeeds; nothing is sent). */
 bool t_sock_accepts(const char *path);
 

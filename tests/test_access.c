@@ -430,7 +430,7 @@ Test(access, clients_being_reclaimed_count_up_to_the_limit_again)
 static int hello_unread(const char *session)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 
 	snprintf(h.session, sizeof(h.session), "%s", session);
@@ -508,13 +508,16 @@ static void *open_session(void *arg)
 	return NULL;
 }
 
-/* Session `name` opened and left with its welcome unread, parked: its socket, kept open. */
-static int session_left_unread(const struct chime_ctl *ctl, const char *name, uint64_t total_before)
+/*
+ * Session `name` opened, attached and left with the broker's last message
+ * unread (its welcome taken and answered, t_answer_offer()), parked: its
+ * socket, kept open.
+ */
+static int session_left_unread(const struct chime_ctl *ctl, const char *name)
 {
 	int held = hello_unread(name);
 
-	for (int k = 0; k < 2000 && at_load(&ctl->clients_total) <= total_before; k++)
-		usleep(1000);
+	cr_assert_eq(t_answer_offer(held), 0);
 	shutdown(held, SHUT_RDWR);
 	for (int k = 0; k < 2000 && in_state(ctl, CHIME_CLIENT_DETACHED) != 1; k++)
 		usleep(1000);
@@ -542,7 +545,7 @@ Test(access, a_session_whose_welcome_was_never_read_is_busy_until_it_is)
 	so.o.socket_path = tb.sock;
 	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
 	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
-	held = session_left_unread(m.base, "unread", 0);
+	held = session_left_unread(m.base, "unread");
 	t0 = now_ns();
 	r = chime_open(&so.c, &so.o);
 	cr_assert_eq(r, -EBUSY, "a re-attach with the last welcome unread: %s", r ? strerror(-r) : "attached");
@@ -580,7 +583,7 @@ Test(access, the_first_process_waiting_for_a_held_session_gets_it)
 	w1.o.socket_path = o2.socket_path = tb.sock;
 	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
 	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
-	held = session_left_unread(m.base, "first", 0);
+	held = session_left_unread(m.base, "first");
 	cr_assert_eq(pthread_create(&th, NULL, open_session, &w1), 0);
 	usleep(100000);         /* w1 waits in the broker */
 	close(held);
@@ -603,7 +606,6 @@ Test(access, the_first_process_waiting_for_a_held_session_gets_it)
 Test(access, a_process_queued_while_parking_waits_for_a_held_socket)
 {
 	struct session_opener w1 = { .o = { .socket_path = tb.sock, .session = "parkq" } };
-	const struct chime_ctl *ctl;
 	struct chime_map m;
 	char path[300];
 	pthread_t th;
@@ -613,10 +615,8 @@ Test(access, a_process_queued_while_parking_waits_for_a_held_socket)
 	w1.o.socket_path = tb.sock;
 	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
 	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
-	ctl = m.base;
 	held = hello_unread("parkq");
-	for (int k = 0; k < 2000 && at_load(&ctl->clients_total) < 1; k++)
-		usleep(1000);
+	cr_assert_eq(t_answer_offer(held), 0);          /* attached, its last message unread */
 	tid = t_thread_named(tb.pid, "chimed-shard0");
 	cr_assert_gt(tid, 0);
 	r = t_thread_hold(tid);
@@ -1294,7 +1294,7 @@ static int32_t recv_welcome_close(int fd)
 Test(access, descriptors_sent_to_the_broker_never_take_a_place_in_its_table)
 {
 	static const char junk[] = "GET / HTTP/1.0\r\n\r\n";
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
 	int base, now = 0, fd, keep[4];
 	unsigned refused = 0;
 

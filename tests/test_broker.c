@@ -1587,7 +1587,7 @@ ReleaseTest(broker, the_period_shown_is_in_force_from_the_beat_that_changes_it)
 ReleaseTest(broker, a_welcome_never_read_keeps_the_broker_from_resting_a_second_at_most)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
 	struct t_chimed b2 = { 0 };
 	struct chime_map m;
 	const struct chime_ctl *ctl;
@@ -1638,6 +1638,7 @@ ReleaseTest(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_
 	struct chime_opts o = { .session = "hog" };
 	struct chime_welcome w;
 	struct chime_map maps[3];
+	struct cl_own own;
 	struct chime_client_geom g;
 	struct chime_shard_stats s0, s1;
 	const struct chime_pub *pub;
@@ -1651,8 +1652,8 @@ ReleaseTest(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_
 	o.socket_path = b2.sock;
 	cr_assert_eq(chime_open(&c, &o), 0);
 	chime_close(c);         /* detached */
-	cr_assert_eq(cl_dial(b2.sock, "hog", CHIME_HELLO_RESUME, base, 0, &sk, &w, fds, &nfds), 0);
-	cr_assert_eq(cl_map(&w, fds, maps, &g), 0);
+	cr_assert_eq(cl_dial(b2.sock, "hog", CHIME_HELLO_RESUME, base, 0, &sk, &w, fds, &nfds, &own), 0);
+	cr_assert_eq(cl_map(&w, fds, &own, maps, &g), 0);
 	pub = maps[0].base;
 	slot = chime_at(&maps[1], g.rw_sq_off);         /* shard 0's ring; base is a multiple of its size */
 	slot[base & (g.sq_size - 1)].op = CHIME_OP_NOP;

@@ -163,6 +163,7 @@ enum fake {
 	FAKE_BAD_MAGIC,
 	FAKE_FEW_FDS,           /* status 0 but fewer fds than announced */
 	FAKE_BAD_SEGMENTS,      /* the right fds, but segments of the wrong size */
+	FAKE_REFUSE_MAPPED,     /* a good welcome; its answer checked, then a refusal (-ENOMEM) */
 };
 
 static void fake_reply(int s, enum fake how)
@@ -211,6 +212,13 @@ static void fake_reply(int s, enum fake how)
 		for (int i = 0; i < 2; i++)
 			fds[nfds++] = eventfd(0, 0);
 		break;
+	case FAKE_REFUSE_MAPPED:
+		for (int i = 0; i < 3; i++) {
+			fds[nfds] = memfd_create("fake", MFD_ALLOW_SEALING);
+			(void)!ftruncate(fds[nfds++], 4096);
+		}
+		fds[nfds++] = eventfd(0, 0);
+		break;
 	}
 	if (nfds) {
 		msg.msg_control = u.buf;
@@ -223,6 +231,19 @@ static void fake_reply(int s, enum fake how)
 		memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
 	}
 	(void)!sendmsg(s, &msg, MSG_NOSIGNAL);
+	if (how == FAKE_REFUSE_MAPPED) {
+		/* The client's answer, and what it says it did: rw sealed against writes, faulted in. */
+		struct chime_mapped m = { 0 };
+		struct stat st;
+		ssize_t got = recv(s, &m, sizeof(m), 0);
+		int seals = fcntl(fds[1], F_GET_SEALS);
+
+		if (got != (ssize_t)sizeof(m) || m.magic != CHIME_MAPPED_MAGIC ||
+		    seals < 0 || !(seals & F_SEAL_FUTURE_WRITE) || fstat(fds[1], &st) < 0 || st.st_blocks * 512 < 4096)
+			_exit(2);
+		w = (struct chime_welcome){ .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .status = -ENOMEM };
+		(void)!send(s, &w, sizeof(w), MSG_NOSIGNAL);
+	}
 }
 
 /* Run a fake broker for one connection; return chime_open()'s result. */
@@ -254,7 +275,8 @@ static int open_against_fake(enum fake how)
 	fds = count_fds();
 	r = chime_open(&c, &o);
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the fake broker saw a bad hello");
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the fake broker saw a bad hello (1) or answer (2): %d",
+		  WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 	cr_assert_null(c);
 	cr_assert_eq(count_fds(), fds, "an fd leaked on the error path");
 	return r;
@@ -289,6 +311,17 @@ Test(client, malformed_welcomes_are_ebadmsg)
 	cr_assert_eq(open_against_fake(FAKE_FEW_FDS), -EBADMSG);
 	unlink(sock_path);
 	cr_assert_eq(open_against_fake(FAKE_BAD_SEGMENTS), -EBADMSG);
+}
+
+/*
+ * The attach's last step refused (chime_shm.h, struct chime_mapped): the
+ * broker's status, after the library mapped, faulted in and sealed its rw
+ * segment and said so; nothing of it stays (the fds counted, the fake's
+ * checks of the seal in its exit status).
+ */
+Test(client, a_refusal_after_the_mapped_answer_is_the_brokers_status)
+{
+	cr_assert_eq(open_against_fake(FAKE_REFUSE_MAPPED), -ENOMEM);
 }
 
 Test(client, no_sigpipe_when_broker_vanishes)

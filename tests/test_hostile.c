@@ -452,12 +452,16 @@ static uint64_t memfd_bytes(int fd)
 
 /*
  * A process may keep the memfds of a connection it has ended (the library
- * closes them; a hostile process need not): the broker punches their pages
- * out when the connection ends, since it faulted most of them (the rings
- * it formatted, the events it wrote) and was charged for them. Kept, each
- * connection left the broker 1.28 MiB that no process's RSS showed (an
- * audit: 250 MiB in 2.5 s). The library closes its segments' descriptors
- * once mapped; this test opens its own through /proc/self/map_files.
+ * closes them; a hostile process need not): the broker punches the ro
+ * segment's pages out when the connection ends, since it faulted them
+ * (the events it wrote) and was charged for them. Kept, each connection
+ * left the broker 1.28 MiB that no process's RSS showed (an audit: 250 MiB
+ * in 2.5 s). The rw segment stays whole: the client faulted in every page
+ * of it before it sealed it, which the broker checks before it writes a
+ * byte there (segments_unfaulted_before_the_seal_are_refused), so what it
+ * keeps is its own, and sealed, nobody can punch it, the broker included.
+ * The library closes its segments' descriptors once mapped; this test
+ * opens its own through /proc/self/map_files.
  */
 AsanTest(hostile, memfds_kept_after_the_connection_hold_none_of_the_brokers_memory)
 {
@@ -482,13 +486,145 @@ AsanTest(hostile, memfds_kept_after_the_connection_hold_none_of_the_brokers_memo
 	cr_assert_geq(memfd_bytes(ro), DUE * 64u, "the events were not written: ro holds %llu bytes",
 		      (unsigned long long)memfd_bytes(ro));
 	chime_close(c);
-	for (int i = 0; i < 1000 && memfd_bytes(ro) + memfd_bytes(rw) > 0; i++)
+	for (int i = 0; i < 1000 && memfd_bytes(ro) > 0; i++)
 		usleep(2000);
-	cr_assert_eq(memfd_bytes(ro) + memfd_bytes(rw), 0,
-		     "%llu bytes of %llu still held by the memfds 2 s after the close",
-		     (unsigned long long)(memfd_bytes(ro) + memfd_bytes(rw)), (unsigned long long)before);
+	cr_assert_eq(memfd_bytes(ro), 0, "%llu bytes of %llu still held by the ro memfd 2 s after the close",
+		     (unsigned long long)memfd_bytes(ro), (unsigned long long)before);
+	cr_assert_eq(memfd_bytes(rw), (uint64_t)lseek(rw, 0, SEEK_END), "the client's own rw pages, "
+		     "sealed: %llu bytes held, not all of them", (unsigned long long)memfd_bytes(rw));
 	close(rw);
 	close(ro);
+}
+
+/* The start of this process's mapping of memfd `name` (the library's), or NULL. */
+static void *mapping_of(const char *name, size_t *len)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512], want[64];
+	unsigned long lo, hi;
+	void *p = NULL;
+
+	snprintf(want, sizeof(want), "/memfd:%s ", name);
+	cr_assert_not_null(f);
+	while (!p && fgets(line, sizeof(line), f))
+		if (strstr(line, want) && sscanf(line, "%lx-%lx", &lo, &hi) == 2) {
+			p = (void *)lo;
+			*len = hi - lo;
+		}
+	fclose(f);
+	return p;
+}
+
+/* A hello by hand for an anonymous attach with a touch table, on a fresh connection. */
+static int raw_attach_hello(void)
+{
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
+				 .flags = CHIME_HELLO_SEALS, .limit = CHIME_HELLO_TOUCH };
+	int fd = t_sock_connect(tb.sock);
+
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+	return fd;
+}
+
+/*
+ * A hole punched in memory a shard reads (a client's rw segment, its touch
+ * table) takes the pages out of the shard's mapping too, and the shard's
+ * next access waits in the kernel until the punch ends, which takes as
+ * long as the client's own mappings make it: punches in a loop over about
+ * 1000 mappings made another client's 1 ms periodic fire up to 1979 ms
+ * late (a stall audit, 2026-11-30). The client now seals both before
+ * anything of the broker's is in them, and the broker attaches nothing
+ * until they are: after that nobody can punch them, through a descriptor
+ * or a mapping, nor map them writable again, nor resize them.
+ */
+Test(hostile, a_client_cannot_punch_holes_in_memory_a_shard_reads)
+{
+	static const char *const names[] = { "chime-client-rw", "chime-client-touch" };
+	int fd = raw_attach_hello(), kept[3 + 2 + 1], n = 0;
+	chime_t *c;
+
+	cr_assert_eq(t_answer_offer_as(fd, T_ANSWER_HONEST, kept, &n), 0);
+	cr_assert_eq(t_attach_answer(fd), 0, "an honest attach by hand was refused");
+	cr_assert_eq(n, 6, "the welcome of a client with a touch table has 6 descriptors, not %d", n);
+	for (int k = 0; k < 2; k++) {
+		int t = k == 0 ? kept[1] : kept[n - 1];
+		void *p;
+
+		errno = 0;
+		cr_assert_eq(fallocate(t, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096), -1,
+			     "a hole punched in the %s", names[k]);
+		cr_assert_eq(errno, EPERM, "%s: %s", names[k], strerror(errno));
+		cr_assert_eq(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, t, 0), MAP_FAILED,
+			     "the %s mapped writable again", names[k]);
+		p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, t, 0);
+		cr_assert_neq(p, MAP_FAILED);
+		cr_assert_eq(mprotect(p, 4096, PROT_READ | PROT_WRITE), -1, "the %s made writable", names[k]);
+		munmap(p, 4096);
+		cr_assert_eq(ftruncate(t, 4096), -1, "the %s resized", names[k]);
+	}
+	for (int i = 0; i < n; i++)
+		close(kept[i]);
+	close(fd);
+	/* Through the library's own writable mappings, made before the seal: the same. */
+	c = copen();
+	cr_assert_not_null(c);
+	for (int k = 0; k < 2; k++) {
+		size_t len = 0;
+		void *p = mapping_of(names[k], &len);
+
+		cr_assert_not_null(p, "no mapping of the %s", names[k]);
+		errno = 0;
+		cr_assert_eq(madvise(p, 4096, MADV_REMOVE), -1, "MADV_REMOVE on the library's %s", names[k]);
+		cr_assert_eq(errno, EPERM, "%s: %s", names[k], strerror(errno));
+	}
+	chime_close(c);
+}
+
+/*
+ * An attach whose client does not seal, seals before it has faulted its rw
+ * segment in (the broker would then allocate pages that, sealed, it could
+ * never punch back), or answers the welcome with anything else is refused
+ * (-EPROTO) before anything is attached; one that never answers is closed
+ * after the hello's time (HELLO_TIMEOUT_S, 2 s, -ETIMEDOUT). Meanwhile
+ * others attach and their timers fire, and each refused slot is free again.
+ */
+Test(hostile, attaches_unsealed_unfaulted_silent_or_malformed_are_refused)
+{
+	static const enum t_answer bad[] = { T_ANSWER_UNSEALED, T_ANSWER_UNFAULTED, T_ANSWER_MALFORMED };
+	struct chime_welcome w;
+	struct chime_event ev;
+	uint64_t t0, took;
+	chime_id_t id;
+	chime_t *c;
+	int fd, silent, r;
+
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		fd = raw_attach_hello();
+		cr_assert_eq(t_answer_offer_as(fd, bad[i], NULL, NULL), 0);
+		r = t_attach_answer(fd);
+		cr_assert_eq(r, -EPROTO, "answer %u to the welcome: %d, not refused", (unsigned)bad[i], r);
+		close(fd);
+	}
+	silent = raw_attach_hello();
+	cr_assert_eq(recv(silent, &w, sizeof(w), 0), (ssize_t)sizeof(w), "no welcome");   /* its descriptors dropped */
+	cr_assert_eq(w.status, 0);
+	t0 = now_ns();
+	c = copen();
+	cr_assert_not_null(c, "an open while a client keeps its welcome unanswered");
+	cr_assert_eq(chime_arm(c, 1, now_ns() + 10 * MS, 0, 1, &id), 0);
+	cr_assert_eq(chime_wait(c, &ev, 1, 2000), 1);
+	cr_assert_eq(t_attach_answer(silent), -ETIMEDOUT);
+	took = now_ns() - t0;
+	cr_assert(took >= 1500 * MS && took < 6000 * MS, "the silent client was closed after %llu ms",
+		  (unsigned long long)(took / MS));
+	close(silent);
+	chime_close(c);
+	for (int i = 0; i < 5; i++) {           /* --shards 2, at most 64 clients by default: slots come back */
+		c = copen();
+		cr_assert_not_null(c, "open %d after the refusals", i);
+		chime_close(c);
+	}
 }
 
 /*
@@ -858,7 +994,7 @@ ReleaseTest(hostile, a_descriptor_a_client_sends_cannot_hold_up_the_control_thre
 	enum { LINGER_S = 3 };
 	struct t_chimed b = { 0 };
 	struct chime_opts o = { 0 };
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
 	struct hb_watch w = { 0 };
 	char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
 	struct iovec iov = { .iov_base = "x", .iov_len = 1 };
@@ -962,7 +1098,7 @@ ReleaseTest(hostile, a_clients_watches_on_its_doorbell_cost_the_control_thread_n
 {
 	enum { WATCHES = 1000000 };
 	struct t_chimed b = { 0 };
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
 	struct chime_welcome wl;
 	char cbuf[CMSG_SPACE(sizeof(int) * 8)];
 	struct iovec iov = { .iov_base = &wl, .iov_len = sizeof(wl) };

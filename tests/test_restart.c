@@ -3814,7 +3814,8 @@ static void *opener_main(void *arg)
  * between left the last process's token there, and the next broker refused
  * the resume (ESTALE): the process's calls failed with ENOTCONN, its
  * session left to its old linger. The control thread is traced and the
- * broker killed as its sendmsg() of the welcome returns.
+ * broker killed as its send() of its last answer (the attach done: struct
+ * chime_mapped) returns.
  */
 Test(restart, a_broker_killed_right_after_a_reattach_s_welcome_lets_the_process_resume)
 {
@@ -3825,12 +3826,12 @@ Test(restart, a_broker_killed_right_after_a_reattach_s_welcome_lets_the_process_
 	chime_t *c;
 	int r;
 
-	unsetenv("NOTIFY_SOCKET");      /* the welcome is then the control thread's one sendmsg() */
+	unsetenv("NOTIFY_SOCKET");      /* that answer is then the control thread's first send() */
 	start("-n 1");
 	c = sopen_ok("again");
 	chime_close(c);         /* detached: the open below is a re-attach with a new token */
 	cr_assert_eq(pthread_create(&thr, NULL, opener_main, &o), 0);
-	r = t_kill_after_syscall(tb.pid, tb.pid, SYS_sendmsg, 10000);
+	r = t_kill_after_syscall(tb.pid, tb.pid, SYS_sendto, 10000);
 	if (r == -EPERM || r == -EACCES)
 		cr_skip("ptrace(PTRACE_SEIZE) of the control thread: %s", strerror(-r));
 	pthread_join(thr, NULL);

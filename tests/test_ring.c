@@ -161,8 +161,8 @@ static void chan_new(struct chan *c, uint32_t sq_size, uint32_t cq_size)
 	cr_assert_eq(chime_client_layout(&c->g), 0);
 	cr_assert_eq(chime_seg_memfd("chime-t-rw", c->g.rw_size, &c->rw_fd, &c->rw), 0);
 	cr_assert_eq(chime_seg_memfd("chime-t-ro", c->g.ro_size, &c->ro_fd, &c->ro), 0);
-	cr_assert_eq(chime_seg_seal(c->rw_fd, false), 0);
-	cr_assert_eq(chime_seg_seal(c->ro_fd, true), 0);
+	cr_assert_eq(chime_seg_seal(c->rw_fd, CHIME_SEAL_FINAL), 0);
+	cr_assert_eq(chime_seg_seal(c->ro_fd, CHIME_SEAL_WRITES), 0);
 	c->crw = chime_at(&c->rw, c->g.rw_chan_off);
 	c->cro = chime_at(&c->ro, c->g.ro_chan_off);
 	c->sq = chime_at(&c->rw, c->g.rw_sq_off);

@@ -48,13 +48,13 @@ Test(segment, seal_forbids_resizing_and_more_seals)
 	int fd;
 
 	cr_assert_eq(chime_seg_memfd("chime-t", pagesz(), &fd, &m), 0);
-	cr_assert_eq(chime_seg_seal(fd, false), 0);
+	cr_assert_eq(chime_seg_seal(fd, CHIME_SEAL_FINAL), 0);
 	cr_assert_eq(ftruncate(fd, 2 * (off_t)pagesz()), -1);
 	cr_assert_eq(errno, EPERM);
 	cr_assert_eq(ftruncate(fd, 0), -1);
 	cr_assert_eq(errno, EPERM);
 	cr_assert_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1, "F_SEAL_SEAL set");
-	cr_assert_eq(chime_seg_seal(fd, true), -EPERM);
+	cr_assert_eq(chime_seg_seal(fd, CHIME_SEAL_WRITES), -EPERM);
 	/* A writable (not read-only) seal still allows a writable mapping. */
 	{
 		void *p = mmap(NULL, pagesz(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -62,6 +62,40 @@ Test(segment, seal_forbids_resizing_and_more_seals)
 		cr_assert_neq(p, MAP_FAILED);
 		munmap(p, pagesz());
 	}
+	chime_seg_unmap(&m);
+	close(fd);
+}
+
+/*
+ * The broker seals a client's writable segments against resizing only
+ * (CHIME_SEAL_SIZE), and the client adds the rest once it has mapped them
+ * (chime_shm.h, struct chime_mapped); chime_seg_client_sealed() is the
+ * broker's check that it did, and faulted every page in first. Sealed, the
+ * pages cannot be punched out by anyone, the creator included.
+ */
+Test(segment, a_client_seals_what_the_broker_sized_and_the_broker_checks_it)
+{
+	size_t size = 4 * pagesz();
+	struct chime_map m, mine;
+	int fd;
+
+	cr_assert_eq(chime_seg_memfd("chime-t", size, &fd, &m), 0);
+	cr_assert_eq(chime_seg_seal(fd, CHIME_SEAL_SIZE), 0);
+	cr_assert_eq(ftruncate(fd, 0), -1, "resized after the size seal");
+	cr_assert_eq(chime_seg_client_sealed(fd, size), -EPERM, "not sealed yet");
+	/* The client maps it, seals it before faulting it in: refused. */
+	cr_assert_eq(chime_seg_map_file(fd, true, &mine), 0);
+	cr_assert_eq(chime_seg_seal(fd, CHIME_SEAL_WRITES), 0, "the size seal left no room for the client's");
+	cr_assert_eq(chime_seg_client_sealed(fd, 0), 0, "sealed, its pages not asked about");
+	cr_assert_eq(chime_seg_client_sealed(fd, size), -ENODATA, "sealed with none of its pages there");
+	/* Faulted in through the mapping made before the seal: accepted; nobody punches it any more. */
+	chime_seg_populate(mine.base, mine.size);
+	cr_assert_eq(chime_seg_client_sealed(fd, size), 0);
+	cr_assert_eq(chime_seg_discard(fd, size), -EPERM, "a hole punched in a sealed segment");
+	cr_assert_eq(madvise(m.base, pagesz(), MADV_REMOVE), -1, "MADV_REMOVE through the creator's mapping");
+	((char *)m.base)[size - 1] = 1;         /* both mappings made before the seal still write */
+	cr_assert_eq(((char *)mine.base)[size - 1], 1);
+	chime_seg_unmap(&mine);
 	chime_seg_unmap(&m);
 	close(fd);
 }
@@ -74,7 +108,7 @@ Test(segment, read_only_seal_forbids_new_writable_mappings_but_keeps_the_creator
 	char path[64];
 
 	cr_assert_eq(chime_seg_memfd("chime-t", pagesz(), &fd, &m), 0);
-	cr_assert_eq(chime_seg_seal(fd, true), 0);
+	cr_assert_eq(chime_seg_seal(fd, CHIME_SEAL_WRITES), 0);
 	/* The creator's mapping still writes. */
 	((char *)m.base)[7] = 42;
 	cr_assert_eq(mmap(NULL, pagesz(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED);
@@ -139,7 +173,7 @@ Test(segment, a_read_only_descriptor_cannot_write_and_the_creator_can_discard)
 	pid_t pid;
 
 	cr_assert_eq(chime_seg_memfd("chime-t", 4 * pagesz(), &fd, &m), 0);
-	cr_assert_eq(chime_seg_seal(fd, false), 0);
+	cr_assert_eq(chime_seg_seal(fd, CHIME_SEAL_FINAL), 0);
 	memset(m.base, 7, m.size);
 	ro = chime_seg_reopen_ro(fd);
 	cr_assert_geq(ro, 0, "%s", strerror(-ro));

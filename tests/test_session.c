@@ -547,8 +547,8 @@ Test(session, chimectl_lists_and_drops_sessions)
 static int raw_hello_as(const char session[CHIME_SESSION_MAX], uint32_t flags, uint64_t sq_base)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = flags,
-				 .sq_base = sq_base };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
+				 .flags = flags | CHIME_HELLO_SEALS, .sq_base = sq_base };
 	struct chime_welcome w = { 0 };
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	ssize_t n;

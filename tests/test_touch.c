@@ -438,7 +438,7 @@ Test(touch, resets_racing_the_fire_from_two_threads_give_each_timer_once_never_e
 static uint32_t welcome_features(uint64_t token)
 {
 	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
-				 .pid = getpid(), .limit = token };
+				 .flags = CHIME_HELLO_SEALS, .pid = getpid(), .limit = token };
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct chime_welcome w = { 0 };
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);

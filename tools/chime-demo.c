@@ -277,6 +277,7 @@ int main(int argc, char **argv)
 			r == -EPERM ? " (what listens there runs as a user this one does not trust: not root, not"
 				      " this user, not the owner of the socket's directory; see chime_open(3))" :
 			r == -EBUSY ? " (another process has this session open)" :
+			r == -EPROTO ? " (the broker and this libchime are of different releases: upgrade one side)" :
 			r == -EUSERS ? " (the broker has as many clients as it allows: this user's, or all)" : "");
 		return r == -EINVAL ? 2 : 1;    /* EINVAL: what the options said */
 	}

@@ -750,12 +750,6 @@ static void parked(struct broker *b, struct client *c)
 }
 
 /*
- * Every shard has answered some client's request: find which, among the
- * slots waiting for answers (O(those), not O(--max-clients)). What is
- * handled here may post again (a failed attach detaches): that slot goes
- * back on the list, at its end.
- */
-/*
  * Writable segments sealed by their client (ARCHITECTURE.md): the
  * descriptors go out before anything is attached, and the channels are
  * attached once the client says it has mapped and sealed them
@@ -850,6 +844,12 @@ static void on_mapped(struct broker *b, struct client *c, int res)
 	post_all(b, c, c->reattaching ? SHARD_CMD_REATTACH : SHARD_CMD_ATTACH);
 }
 
+/*
+ * Every shard has answered some client's request: find which, among the
+ * slots waiting for answers (O(those), not O(--max-clients)). What is
+ * handled here may post again (a failed attach detaches): that slot goes
+ * back on the list, at its end.
+ */
 static void on_notify(struct broker *b)
 {
 	for (uint32_t i = 0; i < b->nr_acking;) {

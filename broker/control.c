@@ -808,6 +808,37 @@ static void offer(struct broker *b, struct client *c, bool reattach)
  * take no lock a punch holds: a client punching meanwhile cannot hold the
  * control thread up.
  */
+/*
+ * The answer, and any descriptor sent with it closed on a ring worker
+ * (close_aside()): dropped unread, their last close would run here, and a
+ * TCP socket set to linger holds its closer for as long as the client
+ * chose. The listening socket refuses descriptors since Linux 6.16
+ * (SO_PASSRIGHTS); this is for the kernels before.
+ */
+static ssize_t recv_mapped(struct broker *b, int fd, struct chime_mapped *m)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * 253)];       /* SCM_MAX_FD: none left for the kernel to close */
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = m, .iov_len = sizeof(*m) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf) };
+	ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+	for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+			int sent;
+
+			memcpy(&sent, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			close_aside(b, sent);
+		}
+		m->magic = 0;   /* descriptors are not the protocol: refused as malformed */
+	}
+	return n;
+}
+
 static void on_mapped(struct broker *b, struct client *c, int res)
 {
 	struct chime_mapped m;
@@ -816,7 +847,7 @@ static void on_mapped(struct broker *b, struct client *c, int res)
 
 	c->offered = false;
 	if (res > 0 && (res & POLLIN))
-		n = recv(c->fd, &m, sizeof(m), MSG_DONTWAIT);
+		n = recv_mapped(b, c->fd, &m);
 	if (n <= 0) {
 		log_msg(LOG_DEBUG, "client %u (pid %d) left during the handshake", c->slot, (int)c->cred.pid);
 		offer_failed(b, c, 0);

@@ -1063,6 +1063,88 @@ ReleaseTest(hostile, a_descriptor_a_client_sends_cannot_hold_up_the_control_thre
 	t_chimed_stop(&b, SIGTERM);
 }
 
+/*
+ * The same descriptor sent with the answer to the welcome (struct
+ * chime_mapped), which the broker reads: where the kernel lets a client
+ * send descriptors at all (before Linux 6.16), the broker receives them
+ * with the answer and closes them on a ring worker (recv_mapped()), and
+ * refuses the attach (-EPROTO). Dropped by a plain recv(), its last close
+ * ran on the control thread and waited for the linger. The answer goes
+ * right after the hello, and our descriptor is closed before the broker
+ * has even sent its welcome: the broker's is the last reference.
+ */
+ReleaseTest(hostile, a_descriptor_sent_with_the_answer_to_a_welcome_cannot_hold_up_the_control_thread,
+	    .timeout = 30)
+{
+	enum { LINGER_S = 3 };
+	struct t_chimed b = { 0 };
+	struct chime_opts o = { 0 };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
+	struct hb_watch w = { 0 };
+	struct chime_mapped m = { .magic = CHIME_MAPPED_MAGIC };
+	struct chime_welcome wl;
+	char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
+	struct iovec iov = { .iov_base = &m, .iov_len = sizeof(m) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	uint64_t t0, worst_open = 0;
+	pthread_t watcher;
+	int t, peer, listener, u, r;
+	chime_t *me, *c;
+
+	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1"), 0);
+	o.socket_path = b.sock;
+	cr_assert_eq(chime_open(&me, &o), 0);
+	w.pub = find_mapping("chime-public");
+	cr_assert_not_null(w.pub);
+	t = lingering_tcp_socket(LINGER_S, &peer, &listener);
+	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
+	u = t_sock_connect(b.sock);
+	cr_assert_geq(u, 0);
+	cr_assert_eq(pthread_create(&watcher, NULL, hb_watch, &w), 0);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &t, sizeof(t));
+	cr_assert_eq(send(u, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	r = sendmsg(u, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof(m) ? 0 : -errno;
+	if (r < 0) {
+		struct linger lg = { 0 };
+
+		(void)setsockopt(t, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+		close(t);
+		w.stop = true;
+		pthread_join(watcher, NULL);
+		cr_assert_eq(r, -EPERM, "the answer with a descriptor: %s", strerror(-r));
+		cr_skip("the broker's socket refuses descriptors (SO_PASSRIGHTS): nothing to receive");
+	}
+	close(t);
+	cr_assert_eq(recv(u, &wl, sizeof(wl), 0), (ssize_t)sizeof(wl), "no welcome");    /* its descriptors dropped */
+	cr_assert_eq(t_attach_answer(u), -EPROTO, "an answer with a descriptor was taken");
+	close(u);
+	for (t0 = now_ns(); now_ns() - t0 < (LINGER_S * 1000 + 500) * MS;) {
+		uint64_t s = now_ns();
+
+		if (chime_open(&c, &o) == 0)
+			chime_close(c);
+		s = now_ns() - s;
+		if (s > worst_open)
+			worst_open = s;
+		usleep(10000);
+	}
+	w.stop = true;
+	pthread_join(watcher, NULL);
+	close(peer);
+	close(listener);
+	fprintf(stderr, "a lingering socket sent with the answer to a welcome: the oldest heartbeat %llu ms, "
+		"the slowest open %llu ms\n", (unsigned long long)(w.worst_age / MS),
+		(unsigned long long)(worst_open / MS));
+	cr_assert_lt(w.worst_age, 1000 * MS, "a heartbeat %llu ms old", (unsigned long long)(w.worst_age / MS));
+	cr_assert_lt(worst_open, 1000 * MS, "an open took %llu ms", (unsigned long long)(worst_open / MS));
+	chime_close(me);
+	t_chimed_stop(&b, SIGTERM);
+}
+
 /* A thread's time on a CPU so far (schedstat), in ns. */
 static uint64_t thread_runtime_ns(int pid, int tid)
 {

@@ -153,6 +153,16 @@ void chime_seg_populate(void *p, size_t bytes)
 		(void)*(volatile const char *)a;
 }
 
+int chime_seg_resident(const void *p, size_t bytes, unsigned char *vec)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t from = (uintptr_t)p & ~(page - 1), to = ((uintptr_t)p + bytes + page - 1) & ~(page - 1);
+
+	if (to <= from)
+		return 0;
+	return mincore((void *)from, to - from, vec) < 0 ? -errno : (int)((to - from) / page);
+}
+
 ssize_t chime_recv_behind_reset(int fd, struct msghdr *msg, int flags)
 {
 	ssize_t n = recvmsg(fd, msg, flags | MSG_DONTWAIT);

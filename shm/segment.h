@@ -163,6 +163,14 @@ int chime_seg_discard(int fd, size_t size);
 void chime_seg_populate(void *p, size_t bytes);
 
 /*
+ * Which pages of [p, p + bytes) of a shared mapping are in its file's page
+ * cache (mincore(2): nothing is allocated or mapped, unlike any access or
+ * populate): bit 0 of vec[i] for the i-th page of the range widened to
+ * whole pages, as many bytes as pages. The number of pages, or -errno.
+ */
+int chime_seg_resident(const void *p, size_t bytes, unsigned char *vec);
+
+/*
  * Why nothing answered at socket `path` (connect(2) said ENOENT,
  * ECONNREFUSED or ENOTDIR, which libchime reports as -ENOENT), for a
  * tool's message after "nothing listens there": no such file, not a

@@ -36,7 +36,7 @@
 #define CHIME_PUBLIC __attribute__((visibility("default")))
 #define CHIME_MAX_FDS (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS + 1)  /* and the touch table */
 #define CHIME_PATH_MAX 108              /* sizeof(sockaddr_un.sun_path) */
-#define TOUCH_WINDOW (UINT64_C(64) << 10)  /* the kernel's default fault-around: touch_mapped */
+#define TOUCH_WINDOW (UINT64_C(64) << 10)  /* what the library allocates of its touch table at once: touch_mapped */
 
 /*
  * The drainer's private set of RESET/CANCEL/CANCEL_KEY records it found still
@@ -150,9 +150,8 @@ struct chime {
 	uint32_t realtime;
 	/*
 	 * The table's 64 KiB windows of address space (from the one holding
-	 * its base) that an arm has read before writing a tag there: the
-	 * first access to a window is a read, whose fault maps every page of
-	 * it the shard has faulted in ahead (timer.c, touch_armed()). Atomic
+	 * its base) that the library has allocated at once (timer.c,
+	 * touch_populate()): the broker allocates none of the table. Atomic
 	 * bits, set once.
 	 */
 	uint64_t *touch_mapped;

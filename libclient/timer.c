@@ -236,30 +236,65 @@ static inline bool touch_entry(const struct chime *c, chime_id_t id, uint64_t *e
 }
 
 /*
- * An ARM's id, before it is returned: its tag names this generation, so
- * that a reset of an earlier timer of that node (a stale id) writes its
- * word no more (touch_reset()).
+ * The table's pages are the client's to allocate: the broker only writes
+ * into pages already resident (broker/chan.c, chan_touch_check()), so
+ * that once the client seals the table nothing of the broker's waits on
+ * it or is charged for it. A channel that has carried TOUCH_POPULATE_FROM
+ * records allocates its tags a 64 KiB window at a time, in one call, half
+ * a window before its arms reach it (and its words, the window of a first
+ * reset there): a page fault that allocates costs 3-4 us here, one
+ * exception per page, and a window of tags resident ahead is where the
+ * shard writes the next grants' tags itself (CHIME_GRANT_F_TAGGED), which
+ * takes the tag's store off the arm. A channel with fewer records writes
+ * its tags a page fault at a time (a client with a few timers holds no
+ * 64 KiB it does not use).
  */
-static inline void touch_armed(struct chime *c, chime_id_t id)
+#define TOUCH_POPULATE_FROM 4096u
+#define TOUCH_AHEAD         (uint32_t)(TOUCH_WINDOW / 2 / sizeof(uint32_t))     /* tags */
+
+static inline bool touch_window_done(const struct chime *c, const void *p, uint64_t *bit)
 {
+	*bit = (uintptr_t)p / TOUCH_WINDOW - (uintptr_t)c->touch_map.base / TOUCH_WINDOW;
+	return at_load(&c->touch_mapped[*bit / 64]) >> (*bit % 64) & 1;
+}
+
+/* Allocate p's window, within [lo, hi) (this shard's tags, or words), and say so in its bit. */
+static __attribute__((noinline, cold)) void touch_populate(struct chime *c, const void *p, uint64_t bit,
+							 uintptr_t lo, uintptr_t hi)
+{
+	uintptr_t from = (uintptr_t)p & ~(uintptr_t)(TOUCH_WINDOW - 1), to = from + TOUCH_WINDOW;
+
+	from = from < lo ? lo : from;
+	to = to > hi ? hi : to;
+	if (to > from)
+		chime_seg_populate((void *)from, to - from);
+	(void)at_fetch_or(&c->touch_mapped[bit / 64], UINT64_C(1) << (bit % 64));
+}
+
+/*
+ * An ARM's id, before it is returned (pos: its record's position in the
+ * ring): its tag names this generation, so that a reset of an earlier
+ * timer of that node (a stale id) writes its word no more (touch_reset()).
+ * Not if the shard wrote it (tagged: CHIME_GRANT_F_TAGGED).
+ */
+static inline void touch_armed(struct chime *c, chime_id_t id, uint64_t pos, bool tagged)
+{
+	const uint32_t *ahead;
 	uint64_t e, bit;
+	uint32_t idx;
 
 	if (!touch_entry(c, id, &e))
 		return;
-	/*
-	 * The first time in its window: a read first. Where the shard has
-	 * faulted the table in ahead (broker/chan.c, chan_touch_prefault()),
-	 * the read's fault maps the window's pages all at once (the kernel's
-	 * fault-around, 64 KiB by default, for reads only), and the next arms
-	 * there take no fault; a first write would map one page, and the next
-	 * page would fault again.
-	 */
-	bit = (uintptr_t)&c->touch_tag[e] / TOUCH_WINDOW - (uintptr_t)c->touch_map.base / TOUCH_WINDOW;
-	if (__builtin_expect(!(at_load(&c->touch_mapped[bit / 64]) >> (bit % 64) & 1), 0)) {
-		(void)at_load(&c->touch_tag[e]);
-		(void)at_fetch_or(&c->touch_mapped[bit / 64], UINT64_C(1) << (bit % 64));
+	/* half a window ahead (within this shard's tags): the next window is resident before the grants reach it */
+	idx = chime_id_index(id);
+	ahead = &c->touch_tag[e - idx + (c->touch_cap - idx > TOUCH_AHEAD ? idx + TOUCH_AHEAD : c->touch_cap - 1)];
+	if (__builtin_expect(!touch_window_done(c, ahead, &bit), 0) && pos >= TOUCH_POPULATE_FROM) {
+		const uint32_t *lo = &c->touch_tag[e - idx];
+
+		touch_populate(c, ahead, bit, (uintptr_t)lo, (uintptr_t)(lo + c->touch_cap));
 	}
-	at_store(&c->touch_tag[e], chime_id_gen(id));
+	if (!tagged)
+		at_store(&c->touch_tag[e], chime_id_gen(id));
 }
 
 /*
@@ -276,7 +311,7 @@ static inline void touch_armed(struct chime *c, chime_id_t id)
 static inline __attribute__((always_inline)) bool touch_reset(struct chime *c, chime_id_t id, uint64_t *deadline_ns)
 {
 	uint32_t gen = chime_id_gen(id), *tagp;
-	uint64_t d = *deadline_ns, *word, e;
+	uint64_t d = *deadline_ns, *word, e, bit, tbit;
 
 	if (unlikely(d > CHIME_TOUCH_MAX_NS))
 		*deadline_ns = d = CHIME_TOUCH_MAX_NS;
@@ -305,6 +340,12 @@ static inline __attribute__((always_inline)) bool touch_reset(struct chime *c, c
 			if (at_cas(word, &w, d))
 				return true;
 			continue;
+		}
+		/* a first reset: its window of words allocated at once, on a channel that populates its tags */
+		if (__builtin_expect(!touch_window_done(c, word, &bit), 0) && touch_window_done(c, tagp, &tbit)) {
+			const uint64_t *lo = &c->touch[e - chime_id_index(id)];
+
+			touch_populate(c, word, bit, (uintptr_t)lo, (uintptr_t)(lo + c->touch_cap));
 		}
 		if (at_cas(word, &w, d))
 			return false;
@@ -369,8 +410,8 @@ static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_
 			return cl_dead_errno(c);
 	}
 	refused = fill(sqe, shard, op, &id, key, deadline_ns, period_ns, user_data, &tagged);
-	if (c->touch && is_arm(op) && !refused && !tagged)
-		touch_armed(c, id);
+	if (c->touch && is_arm(op) && !refused)
+		touch_armed(c, id, pos, tagged);
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
 	cl_doorbell_by(ch, need_by(c, op, deadline_ns), pos, 1);
@@ -642,8 +683,8 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 						 o->user_data, &tagged);
 				if (likely(!o->result)) {
 					o->id = id;
-					if (touch && !tagged)
-						touch_armed(c, id);
+					if (touch)
+						touch_armed(c, id, pos + k - 1, tagged);
 					t->ok++;
 				} else {
 					t->refused++;

@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "atomics.h"
 #include "segment.h"
@@ -114,7 +115,7 @@ static inline uint32_t nl_pop_front(struct shard_core *sc, struct nlist *l)
  * each with sq-size grants), and refusing them would be an -ENOMEM with
  * capacity to spare.
  */
-static inline void touch_want(struct shard_core *sc, struct chan *ch, uint32_t idx);
+static inline void touch_want(const struct shard_core *sc, struct chan *ch, uint32_t idx);
 
 static uint64_t grant_new(struct shard_core *sc, struct chan *ch)
 {
@@ -564,27 +565,51 @@ static __attribute__((noinline)) bool wall_early(struct shard_core *sc, uint32_t
 /* Nodes whose words fill a page: their words span at most 2 pages, their tags at most 2. */
 #define TOUCH_RUN (4096u / sizeof(uint64_t))
 
+/* Every page of [p, p + bytes) is resident (bytes: at most 2 pages' worth). */
+static bool touch_resident(const void *p, size_t bytes)
+{
+	unsigned char vec[3];
+	int n = chime_seg_resident(p, bytes, vec);
+
+	if (n <= 0 || n > 3)
+		return false;
+	for (int i = 0; i < n; i++)
+		if (!(vec[i] & 1))
+			return false;
+	return true;
+}
+
 /*
  * May the shard read and write node idx's word and tag in the client's
- * table? Every page of it the shard touches first is faulted in by the
- * broker (a client's own resets write an entry before its record, but a
- * hostile one need not): at most one run of TOUCH_RUN nodes per 128 nodes
- * the client owns, plus 16 (a client's timers spread over 4 times the runs
- * of a packed run of them), and a run's entries lie on at most 4 pages,
- * so that no client makes the broker hold more of its table than 128
- * bytes per timer. Past it, its RESET_TOUCH records are plain resets.
+ * table? Only where their pages are resident: the shard never allocates
+ * a page of the table (every page is the client's, which will seal the
+ * table against punching once mapped, so that a page the shard finds
+ * resident stays so; a fault on a hole would allocate it, charged to the
+ * broker). An honest client wrote the tag at the arm and the word before
+ * its RESET_TOUCH, so their run is resident; a hostile one need not, and
+ * its records stay plain resets. A run is checked (two mincore calls)
+ * when first seen and remembered once resident; at most one run checked
+ * per 128 nodes the client owns, plus 16, so that records naming runs it
+ * never wrote cost the shard no syscall each. Past it, its RESET_TOUCH
+ * records are plain resets.
  */
-static bool touch_page_ok(struct chan *ch, uint32_t idx)
+static bool touch_page_ok(const struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
-	uint32_t run = idx / TOUCH_RUN;
+	uint32_t run = idx / TOUCH_RUN, first = run * TOUCH_RUN;
 	uint64_t bit = UINT64_C(1) << (run % 64);
+	uint32_t n = TOUCH_RUN;
 
 	if (ch->touch_seen[run / 64] & bit)
 		return true;
 	if (ch->touch_runs >= ch->owned / 128 + 16)
 		return false;
-	ch->touch_seen[run / 64] |= bit;
 	ch->touch_runs++;
+	if (first + n > sc->capacity)
+		n = sc->capacity - first;
+	if (!touch_resident(&ch->touch_word[first], (size_t)n * sizeof(uint64_t)) ||
+	    !touch_resident(&ch->touch_tag[first], (size_t)n * sizeof(uint32_t)))
+		return false;
+	ch->touch_seen[run / 64] |= bit;
 	return true;
 }
 
@@ -628,9 +653,9 @@ static bool touch_moved(struct shard_core *sc, struct chan *ch, uint32_t idx)
  * which timers that are never reset should not pay. Not past the
  * client's pages (touch_page_ok()): its resets stay records.
  */
-static void touch_flag(struct chan *ch, struct chime_node *n, uint32_t idx)
+static void touch_flag(const struct shard_core *sc, struct chan *ch, struct chime_node *n, uint32_t idx)
 {
-	if ((n->gen & CHIME_NODE_TOUCH) || !touch_page_ok(ch, idx))
+	if ((n->gen & CHIME_NODE_TOUCH) || !touch_page_ok(sc, ch, idx))
 		return;
 	n->gen |= CHIME_NODE_TOUCH;
 	at_store_rel(&ch->touch_tag[idx], (n->gen & CHIME_ID_GEN_MASK) | CHIME_TOUCH_ON);
@@ -644,81 +669,64 @@ static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
 }
 
 /*
- * Faulting in the table ahead of the client. A node's first tag is the
- * client's to write, at its ARM, on its thread; a page of the table the
- * client writes first costs it a page fault that allocates and zeroes a
- * page, 3-4 us on the development VM (1024 tags to a page: 3-4 ns per arm
- * in bursts, more than the ring's own cost). The grants say where its
- * next arms go: the shard faults in that block of the table (its tags,
- * and its words once the client has reset through the table) when idle,
- * before the client's arms reach it, and the client then maps it with one
- * read fault (libclient: touch_armed()). At most one block per
- * TOUCH_BLOCK / 4 nodes the client owns (48 bytes per timer), so
- * that no client makes the broker hold much more of its table than its
- * timers would have faulted in themselves.
+ * The tags the shard writes at the grant (slot_set()), in pages of the
+ * client's table already resident only: the client allocates its own
+ * (libclient: touch_armed(), a 64 KiB window at a time once it arms
+ * many), and the shard learns which are, when idle, with one mincore of
+ * the 64 KiB of tags from a grant's on that it found not resident (the
+ * check is wanted again by the next such grant, not retried in a loop).
+ * Pages found resident stay so: the table is the client's to punch, until
+ * it seals it.
  */
-#define TOUCH_BLOCK       16384u                 /* nodes: 64 KiB of tags, 128 KiB of words */
-#define TOUCH_BLOCK_OWNED (TOUCH_BLOCK / 4u)
+#define TOUCH_BLOCK 16384u                 /* nodes: 64 KiB of tags */
 
-/* Block b's tags (words: true) faulted in: bit b of touch_ready, or bit blocks + b. */
-static inline bool touch_ready_bit(const struct shard_core *sc, const struct chan *ch, uint32_t b, bool words)
+static inline uint64_t touch_tag_page(const struct chan *ch, uint32_t idx)
 {
-	uint64_t bit = b + (words ? ((uint64_t)sc->capacity + TOUCH_BLOCK - 1) / TOUCH_BLOCK : 0);
-
-	return ch->touch_ready[bit / 64] >> (bit % 64) & 1;
+	return ((uintptr_t)&ch->touch_tag[idx] >> ch->touch_page_shift) -
+	       ((uintptr_t)ch->touch_tag >> ch->touch_page_shift);
 }
 
-static inline void touch_ready_set(const struct shard_core *sc, struct chan *ch, uint32_t b, bool words)
+static inline bool touch_ready_page(const struct chan *ch, uint32_t idx)
 {
-	uint64_t bit = b + (words ? ((uint64_t)sc->capacity + TOUCH_BLOCK - 1) / TOUCH_BLOCK : 0);
+	uint64_t p = touch_tag_page(ch, idx);
 
-	ch->touch_ready[bit / 64] |= UINT64_C(1) << (bit % 64);
-}
-
-/* Block b has what the client will write: its tags, and its words once it resets through the table. */
-static inline bool touch_block_ready(const struct shard_core *sc, const struct chan *ch, uint32_t b)
-{
-	return touch_ready_bit(sc, ch, b, false) && (!ch->touch_runs || touch_ready_bit(sc, ch, b, true));
+	return ch->touch_ready[p / 64] >> (p % 64) & 1;
 }
 
 /*
- * Node idx was granted, or reset through the table: its block, or the
- * next one once idx is half-way through its own, is wanted.
+ * Node idx was granted: if its tag's page, or the one half a block ahead
+ * (where the client allocates next), is not known resident, look at the
+ * block from it on (both), once idle. Not for a client with fewer nodes
+ * than a quarter of a block (libclient allocates none ahead for it).
  */
-static inline void touch_want(struct shard_core *sc, struct chan *ch, uint32_t idx)
+static inline void touch_want(const struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
-	uint32_t b = idx / TOUCH_BLOCK, next = (uint32_t)(((uint64_t)idx + TOUCH_BLOCK / 2) / TOUCH_BLOCK);
+	uint32_t ahead = idx + TOUCH_BLOCK / 2;
 
-	if (!touch_block_ready(sc, ch, b))
-		ch->touch_want = b + 1;
-	else if ((uint64_t)next * TOUCH_BLOCK < sc->capacity && !touch_block_ready(sc, ch, next))
-		ch->touch_want = next + 1;
+	if (ch->owned < TOUCH_BLOCK / 4)
+		return;
+	if (!touch_ready_page(ch, idx) || (ahead < sc->capacity && !touch_ready_page(ch, ahead)))
+		ch->touch_want = idx + 1;
 }
 
-bool chan_touch_prefault(struct shard_core *sc, struct chan *ch)
+bool chan_touch_check(struct shard_core *sc, struct chan *ch)
 {
-	uint64_t budget = ch->owned / TOUCH_BLOCK_OWNED;
-	uint32_t b, n;
+	unsigned char vec[TOUCH_BLOCK * sizeof(uint32_t) / 4096 + 2];
+	uint32_t idx, n;
+	uint64_t p0;
+	int pages;
 
 	if (!ch->touch_want || !ch->touch_ready)
 		return false;
-	b = ch->touch_want - 1;
-	n = sc->capacity - b * TOUCH_BLOCK < TOUCH_BLOCK ? sc->capacity - b * TOUCH_BLOCK : TOUCH_BLOCK;
-	/* One populate a call (50-150 us here), tags first: a pass holds back a due timer no longer. */
-	if (!touch_ready_bit(sc, ch, b, false) && ch->touch_blocks < budget) {
-		chime_seg_populate(&ch->touch_tag[(size_t)b * TOUCH_BLOCK], (size_t)n * sizeof(uint32_t));
-		touch_ready_set(sc, ch, b, false);
-		ch->touch_blocks++;
-		return true;
-	}
+	idx = ch->touch_want - 1;
 	ch->touch_want = 0;
-	if (ch->touch_runs && !touch_ready_bit(sc, ch, b, true) && ch->touch_word_blocks < budget) {
-		chime_seg_populate(&ch->touch_word[(size_t)b * TOUCH_BLOCK], (size_t)n * sizeof(uint64_t));
-		touch_ready_set(sc, ch, b, true);
-		ch->touch_word_blocks++;
-		return true;
-	}
-	return false;
+	n = sc->capacity - idx < TOUCH_BLOCK ? sc->capacity - idx : TOUCH_BLOCK;
+	pages = chime_seg_resident(&ch->touch_tag[idx], (size_t)n * sizeof(uint32_t), vec);
+	p0 = touch_tag_page(ch, idx);
+	for (int i = 0; i < pages; i++)
+		if (vec[i] & 1)
+			ch->touch_ready[(p0 + (uint64_t)i) / 64] |= UINT64_C(1) << ((p0 + (uint64_t)i) % 64);
+	return true;
 }
 
 /* ---- delivery ---- */
@@ -1024,14 +1032,15 @@ static enum stats_refusal refusal(uint64_t g)
 }
 
 /*
- * Give slot s the grant g, counting markers. Where the shard has faulted in
- * the block of the client's table that g's tag is in, it writes the tag
- * now (and says so in the slot: CHIME_GRANT_F_TAGGED), a lap before the
- * client's ARM takes the grant; elsewhere the ARM writes it, as it must
- * before the id is returned. The store is the shard's, in a page it holds
- * already: on the client's thread the tag's line was a miss that its
- * publication's barrier waited for (`perf annotate` of chime_arm(): 20%
- * of its samples on the tag's store, 31% on the exchange after it).
+ * Give slot s the grant g, counting markers. Where the page of the
+ * client's table that g's tag is in is known resident
+ * (chan_touch_check()), the shard writes the tag now (and says so in the
+ * slot: CHIME_GRANT_F_TAGGED), a lap before the client's ARM takes the
+ * grant; elsewhere the ARM writes it, as it must before the id is
+ * returned. The store is the shard's, in a page the client allocated: on
+ * the client's thread the tag's line was a miss that its publication's
+ * barrier waited for (`perf annotate` of chime_arm(): 20% of its samples
+ * on the tag's store, 31% on the exchange after it).
  */
 static void slot_set(struct shard_core *sc, struct chan *ch, uint32_t s, uint64_t g)
 {
@@ -1040,7 +1049,7 @@ static void slot_set(struct shard_core *sc, struct chan *ch, uint32_t s, uint64_
 
 	ch->marked += (uint32_t)chime_grant_is_marker(g) - (uint32_t)chime_grant_is_marker(ch->grants[s]);
 	ch->grants[s] = g;
-	if (!chime_grant_is_marker(g) && ch->touch_ready && touch_ready_bit(sc, ch, idx / TOUCH_BLOCK, false)) {
+	if (!chime_grant_is_marker(g) && ch->touch_ready && touch_ready_page(ch, idx)) {
 		at_store(&ch->touch_tag[idx], chime_id_gen(g));
 		flags = CHIME_GRANT_F_TAGGED;
 	}
@@ -1354,14 +1363,12 @@ static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 		node_reset(sc, ch, idx, wheel_deadline(sc, n, deadline_ns));
 		return;
 	}
-	if (!ch->touch_word || !touch_page_ok(ch, idx)) {
+	if (!ch->touch_word || !touch_page_ok(sc, ch, idx)) {
 		if (n->gen & CHIME_NODE_TOUCH)
 			n->gen &= ~CHIME_NODE_TOUCH;    /* no table: cannot happen */
 		node_reset(sc, ch, idx, deadline_ns);
 		return;
 	}
-	if (ch->touch_ready)
-		touch_want(sc, ch, idx);       /* the words of the client's next resets */
 	word = &ch->touch_word[idx];
 	w = at_load(word);
 	node_reset(sc, ch, idx, w & ~CHIME_TOUCH_FIRED);
@@ -1370,7 +1377,7 @@ static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 	/* fired after the client wrote the word, and the event voided: the fast path again */
 	if (w & CHIME_TOUCH_FIRED)
 		(void)at_cas(word, &w, w & ~CHIME_TOUCH_FIRED);
-	touch_flag(ch, n, idx);
+	touch_flag(sc, ch, n, idx);
 }
 
 /* ---- CANCEL_KEY, in steps ---- */
@@ -1890,11 +1897,12 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 		return r;
 	if (m->touch_word) {
 		uint64_t runs = ((uint64_t)sc->capacity + TOUCH_RUN - 1) / TOUCH_RUN;
+		uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+		uint64_t pages = ((uint64_t)sc->capacity * sizeof(uint32_t) + page - 1) / page + 1;
 
-		uint64_t blocks = ((uint64_t)sc->capacity + TOUCH_BLOCK - 1) / TOUCH_BLOCK;
-
+		ch->touch_page_shift = (uint8_t)__builtin_ctzll(page);
 		ch->touch_seen = calloc((runs + 63) / 64, sizeof(*ch->touch_seen));
-		ch->touch_ready = calloc((2 * blocks + 63) / 64, sizeof(*ch->touch_ready));
+		ch->touch_ready = calloc((pages + 63) / 64, sizeof(*ch->touch_ready));
 		if (!ch->touch_seen || !ch->touch_ready) {
 			/*
 			 * Never attached here, so no detach will end it (run_cmds():

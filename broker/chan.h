@@ -277,9 +277,9 @@ struct chan {
 	const struct chime_chan_rw *crw; /* the client's rw half of this channel (resume_*) */
 	/*
 	 * The client's touch table (capacity words and tags), or NULL; and the
-	 * runs of TOUCH_RUN nodes whose entries this shard has read or written
-	 * (one bit per run), of which there are touch_runs: a client cannot
-	 * make the shard fault in more of its table than its timers need
+	 * runs of TOUCH_RUN nodes whose entries this shard may read and write,
+	 * found resident (one bit per run), and how many runs it has checked:
+	 * a client cannot make the shard check more than its timers need
 	 * (touch_page_ok()).
 	 */
 	uint64_t *touch_word;
@@ -287,16 +287,14 @@ struct chan {
 	uint64_t *touch_seen;
 	uint64_t touch_runs;
 	/*
-	 * Blocks of TOUCH_BLOCK (chan.c) nodes whose tags, and whose words,
-	 * this shard has faulted in ahead of the client (a bit each, tags'
-	 * first; touch_blocks and touch_word_blocks of them), and the block
-	 * its grants and resets want next + 1 (0: none): see
-	 * chan_touch_prefault().
+	 * The pages of this shard's tags (from the one holding tag 0) found
+	 * resident, where it writes a grant's tag (a bit each), and the node
+	 * + 1 from whose tag on the next check looks (0: none): see
+	 * chan_touch_check().
 	 */
 	uint64_t *touch_ready;
-	uint32_t touch_blocks;
-	uint32_t touch_word_blocks;
 	uint32_t touch_want;
+	uint8_t touch_page_shift;
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
 	struct chan_user *user;         /* its user's share: owned counts into user->owned too */
@@ -380,11 +378,12 @@ unsigned chan_fire_due(struct shard_core *sc, uint64_t now_ns, unsigned budget);
 bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns);
 
 /*
- * In the shard's idle moments: fault in the block of the client's touch
- * table that its grants reach next, so that its arms (and first resets) do
- * not take first-touch page faults on its thread. True if it did.
+ * In the shard's idle moments: which pages of the client's tags that its
+ * grants reach next are resident (mincore, never a fault: every page of
+ * the table is the client's to allocate), so that the shard writes the
+ * grants' tags there. True if it looked (one mincore a call).
  */
-bool chan_touch_prefault(struct shard_core *sc, struct chan *ch);
+bool chan_touch_check(struct shard_core *sc, struct chan *ch);
 
 /*
  * Records waiting in the submission ring: the client's sq_tail (positions

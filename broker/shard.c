@@ -90,7 +90,7 @@
  * milliseconds of idle time, and has up to 409.5 ms at 100 us resolution.
  */
 #define STAGE_BUDGET      32u
-#define PREFAULT_CLEAR_NS (1000u * 1000u)   /* nothing due this soon when faulting a table in ahead */
+#define PREFAULT_CLEAR_NS (1000u * 1000u)   /* nothing due this soon when checking a touch table (chan_touch_check()) */
 #define PUBLISH_NS      (1000u * 1000u)   /* counters published at most and at least this often while awake */
 #define NEXT_SCAN_MAX   256u    /* timers of the earliest wheel slot scanned for the exact "next" */
 
@@ -1073,13 +1073,13 @@ static void loop(struct shard *s)
 		 */
 		staged = (!work || fired) && wheel_stage(&sc->wh, STAGE_BUDGET) > 0;
 		/*
-		 * Idle, and nothing due for a while: the clients' touch tables
-		 * ahead of their arms, a block at a time (chan.c), which holds
-		 * the shard up to 150 us.
+		 * Idle, and nothing due for a while: which pages of the clients'
+		 * touch tables ahead of their grants are resident, one client's
+		 * a pass (chan.c: one mincore).
 		 */
 		if (!work && wake_time(s, &wake_at, &wake_known, now) > now + PREFAULT_CLEAR_NS)
 			for (uint32_t i = 0, done = 0; i < s->nr_active && !done; i++)
-				staged |= done = chan_touch_prefault(sc, s->active[i]);
+				staged |= done = chan_touch_check(sc, s->active[i]);
 		/*
 		 * Keep spinning while there is work, while the idle spin lasts, and
 		 * when the next deadline is closer than a wake-up would be: a sleep

@@ -675,10 +675,12 @@ Test(touch, a_scribbled_table_hurts_only_its_client)
 
 /*
  * A client's timers spread over the slab (another client's 255 between
- * each two of its own): the shard reads and writes the entries of at most
- * one run of 512 nodes (their words fill a page, their tags half of one)
- * per 128 timers it owns, plus 16 (touch_page_ok()), so the broker cannot
- * be made to fault in a page per timer. Past that, its timers are not
+ * each two of its own): the shard checks the residency of at most one run
+ * of 512 nodes (their words fill a page, their tags half of one) per 128
+ * timers it owns, plus 16 (touch_page_ok()), and reads and writes the
+ * entries of no other run, so the client cannot make it take a syscall
+ * per record (the pages are the client's own now: it wrote every entry
+ * here, and the shard allocates none). Past that, its timers are not
  * flagged, and their resets are records, kept as before.
  */
 Test(touch, a_client_spread_over_the_slab_gets_no_more_table_pages_than_its_share)
@@ -849,6 +851,78 @@ Test(touch, arms_in_bursts_find_their_table_faulted_in_ahead)
 	t_chimed_stop(&b1, SIGTERM);
 }
 
+/* Pages of [from, to) of c's table (its mapping) resident: mincore, which reports the memfd's page cache. */
+static unsigned resident_between(const void *from_p, const void *to_p)
+{
+	uintptr_t from = ((uintptr_t)from_p + 4095) & ~(uintptr_t)4095, to = (uintptr_t)to_p & ~(uintptr_t)4095;
+	size_t pages = to > from ? (to - from) / 4096 : 0;
+	unsigned char *v = calloc(pages + 1, 1);
+	unsigned in = 0;
+
+	cr_assert_not_null(v);
+	if (pages)
+		cr_assert_eq(mincore((void *)from, to - from, v), 0, "mincore: %s", strerror(errno));
+	for (size_t i = 0; i < pages; i++)
+		in += v[i] & 1;
+	free(v);
+	return in;
+}
+
+/* The end of the 64 KiB window (of address space, as libclient counts them) that holds p. */
+static const void *window_end(const void *p)
+{
+	return (const void *)(((uintptr_t)p / TOUCH_WINDOW + 1) * TOUCH_WINDOW);
+}
+
+/*
+ * The broker allocates no page of a client's table (it will be sealed
+ * against punching, so that a page the shard finds there stays): the
+ * shard writes tags and words only in pages already resident, which the
+ * client allocated (broker/chan.c, chan_touch_check(), touch_page_ok()).
+ * A client arms and resets 30000 timers in bursts, the shard idle between
+ * them (where it faulted blocks of the table in ahead before: the words
+ * of nodes up to 49151 then), and the table past what the library
+ * allocates (half a window of tags ahead of its last arm, the window of
+ * words of its last reset) stays out of memory, however long the shard
+ * is idle.
+ */
+Test(touch, the_shard_allocates_no_page_of_a_clients_table)
+{
+	enum { N = 30000, BURST = 1000 };
+	struct t_chimed b1 = { 0 };
+	uint64_t far = now_ns() + 3600000 * MS;
+	static chime_id_t id[N];
+	uint32_t top = 0;
+	unsigned tags, words;
+	chime_t *c;
+
+	c = one_shard_client(&b1);
+	for (unsigned i = 0; i < N; i += BURST) {
+		usleep(3000);
+		for (unsigned j = i; j < i + BURST; j++)
+			cr_assert_eq(chime_arm(c, 1, far, 0, j, &id[j]), 0);
+	}
+	for (unsigned i = 0; i < N; i += BURST) {
+		usleep(3000);
+		for (unsigned j = i; j < i + BURST; j++)
+			cr_assert_eq(chime_reset(c, id[j], far + MS), 0);
+	}
+	applied(c);
+	for (unsigned j = 0; j < N; j++)
+		top = chime_id_index(id[j]) > top ? chime_id_index(id[j]) : top;
+	cr_assert_lt((uint64_t)top + 2 * 16384, c->touch_cap, "the test wants room past its timers");
+	usleep(100000);         /* the shard idle: it faulted blocks in then */
+	tags = resident_between(window_end(&c->touch_tag[top + 8192]), &c->touch_tag[c->touch_cap]);
+	words = resident_between(window_end(&c->touch[top]), &c->touch[c->touch_cap]);
+	cr_assert_eq(tags, 0, "%u pages of tags past the client's last window (node %u) resident", tags, top);
+	cr_assert_eq(words, 0, "%u pages of words past the client's last window (node %u) resident", words, top);
+	/* and what the client did write is resident: the check sees pages */
+	cr_assert_gt(resident_between(c->touch_tag, &c->touch_tag[top]), top / 1024 - 2);
+	cr_assert_gt(resident_between(c->touch, &c->touch[top]), top / 512 - 2);
+	chime_close(c);
+	t_chimed_stop(&b1, SIGTERM);
+}
+
 /*
  * Where the shard has faulted the table in, it writes each grant's tag as
  * it hands the grant to a slot, and says so (CHIME_GRANT_F_TAGGED): the
@@ -904,10 +978,11 @@ Test(touch, a_grant_the_shard_tagged_is_in_the_table_before_its_arm)
 }
 
 /*
- * What the shard faults in ahead is bounded by what the client owns (one
- * 64 KiB block of tags per 4096 nodes): a client with a few timers gets
- * none, so that clients cannot make the broker hold table pages their
- * timers would never use.
+ * The table is allocated ahead of the arms (by the library, for itself:
+ * the shard allocates none) only on a channel that has carried 4096
+ * records: a client with a few timers holds the pages its tags are on and
+ * no more, and one with many the windows of its timers, not the whole
+ * table.
  */
 Test(touch, a_client_with_few_timers_gets_no_table_faulted_in_ahead)
 {

@@ -290,10 +290,11 @@ struct chan {
 	 * The pages of this shard's tags (from the one holding tag 0) found
 	 * resident, where it writes a grant's tag (a bit each), and the node
 	 * + 1 from whose tag on the next check looks (0: none): see
-	 * chan_touch_check().
+	 * chan_touch_check() and touch_want().
 	 */
 	uint64_t *touch_ready;
 	uint32_t touch_want;
+	uint32_t touch_wait;            /* grants before the next check may be wanted */
 	uint8_t touch_page_shift;
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */

@@ -596,10 +596,10 @@ static bool touch_resident(const void *p, size_t bytes)
 /*
  * May the shard read and write node idx's word and tag in the client's
  * table? Only where their pages are resident: the shard never allocates
- * a page of the table (every page is the client's, which will seal the
- * table against punching once mapped, so that a page the shard finds
- * resident stays so; a fault on a hole would allocate it, charged to the
- * broker). An honest client wrote the tag at the arm and the word before
+ * a page of the table (every page is the client's, which sealed the
+ * table against punching before it was attached, so that a page the
+ * shard finds resident stays so; a fault on a hole would allocate it,
+ * charged to the broker). An honest client wrote the tag at the arm and the word before
  * its RESET_TOUCH, so their run is resident; a hostile one need not, and
  * its records stay plain resets. A run is checked (two mincore calls)
  * when first seen and remembered once resident; at most one run checked
@@ -690,8 +690,8 @@ static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
  * many), and the shard learns which are, when idle, with one mincore of
  * the 64 KiB of tags from a grant's on that it found not resident (the
  * check is wanted again by the next such grant, not retried in a loop).
- * Pages found resident stay so: the table is the client's to punch, until
- * it seals it.
+ * Pages found resident stay so: the client sealed the table against
+ * punching before it was attached.
  */
 #define TOUCH_BLOCK 16384u                 /* nodes: 64 KiB of tags */
 

@@ -238,8 +238,8 @@ static inline bool touch_entry(const struct chime *c, chime_id_t id, uint64_t *e
 /*
  * The table's pages are the client's to allocate: the broker only writes
  * into pages already resident (broker/chan.c, chan_touch_check()), so
- * that once the client seals the table nothing of the broker's waits on
- * it or is charged for it. A channel that has carried TOUCH_POPULATE_FROM
+ * that, the table sealed before it is attached (cl_take_offer()), nothing
+ * of the broker's waits on it or is charged for it. A channel that has carried TOUCH_POPULATE_FROM
  * records allocates its tags a 64 KiB window at a time, in one call, half
  * a window before its arms reach it (and its words, the window of a first
  * reset there): one call, not a page fault per page on an arm (1.6-1.8 us

@@ -100,6 +100,10 @@ struct conn {
 	uint8_t inflight;       /* recv + timeout completions still to come */
 	uint8_t closed;
 	uint8_t buf[128] __attribute__((aligned(8)));  /* larger than a hello (96 B): a longer one is garbage */
+	/* The hello's recvmsg: room for every descriptor sent with it (SCM_MAX_FD), closed aside. */
+	struct msghdr msg;
+	struct iovec iov;
+	char ctl[CMSG_SPACE(sizeof(int) * 253)] __attribute__((aligned(8)));
 } __attribute__((aligned(8)));
 
 struct client {
@@ -314,7 +318,14 @@ void restart_watch(struct broker *b, uint64_t now);
 #define WATCH_WAIT_NS (1000u * 1000000u)
 
 /* control.c: close c->held_fd once its peer has read or dropped what we sent; true if none is held. */
-bool held_drained(struct client *c);
+bool held_drained(struct broker *b, struct client *c);
+/*
+ * The broker's last close of a file a client could have chosen or holds
+ * (a socket, whose queue may hold descriptors it sent; a doorbell), on a
+ * ring worker: see control.c. And every descriptor received in mh, so.
+ */
+void close_aside(struct broker *b, int fd);
+void close_sent_fds(struct broker *b, struct msghdr *mh);
 
 /* handshake.c */
 /* "refusing pid ... (uid ...): why", at most once a second (anyone may make the broker refuse). */

@@ -244,8 +244,9 @@ static void exit_watch_end(struct broker *b, struct client *c)
 
 /*
  * Our last descriptor for a file the client shares, closed by one of the
- * ring's workers: the close runs what the client hung on the file, and
- * only its own thread should wait for that. A client's epoll instances
+ * ring's workers: the close runs what the client hung on the file (a
+ * doorbell's epoll watches; a socket's queued descriptors, close_sent_fds()),
+ * and only its own thread should wait for that. A client's epoll instances
  * may watch its doorbell under as many descriptors as it likes (each
  * dup() a watch of its own, kept after the client closes them all, up to
  * fs.epoll.max_user_watches), and each close of the file's last
@@ -255,7 +256,7 @@ static void exit_watch_end(struct broker *b, struct client *c)
  * 557-599 ms (4 runs). The worker's wait and CPU are the client's, on a
  * thread of ours that nothing waits for; no ring, no worker: closed here.
  */
-static void close_aside(struct broker *b, int fd)
+void close_aside(struct broker *b, int fd)
 {
 	struct io_uring_sqe *sqe;
 
@@ -266,6 +267,29 @@ static void close_aside(struct broker *b, int fd)
 		return;
 	}
 	close(fd);
+}
+
+/*
+ * Before Linux 6.16 (SO_PASSRIGHTS, startup.c) a client can send
+ * descriptors with any message, and one the broker drops unread has its
+ * last close where the broker drops it: a TCP socket set to linger holds
+ * that thread for as long as the client chose. So every message is
+ * received with room for them (SCM_MAX_FD), and each goes to
+ * close_aside(); and so does every client socket, whose queue may hold
+ * more (the kernel closes them as it frees the socket).
+ */
+void close_sent_fds(struct broker *b, struct msghdr *mh)
+{
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+			int fd;
+
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			close_aside(b, fd);
+		}
+	}
 }
 
 /* A refusal: status only, no fds; then the connection is closed. */
@@ -501,19 +525,19 @@ static void conn_release(struct broker *b, struct client *c)
 		c->held_fd = c->fd;
 		c->held_since_ns = now_ns();
 	} else if (c->fd >= 0)
-		close(c->fd);
+		close_aside(b, c->fd);
 	if (b->stopping && c->held_fd >= 0) {
-		close(c->held_fd);
+		close_aside(b, c->held_fd);
 		c->held_fd = -1;
 	}
 	c->rw_fd = c->ro_fd = c->fd = -1;
 }
 
 /* A held socket whose peer has read, or dropped, what we sent is closed: true if none is held now. */
-bool held_drained(struct client *c)
+bool held_drained(struct broker *b, struct client *c)
 {
 	if (c->held_fd >= 0 && !unread_by_peer(c->held_fd)) {
-		close(c->held_fd);
+		close_aside(b, c->held_fd);
 		c->held_fd = -1;
 	}
 	return c->held_fd < 0;
@@ -528,7 +552,7 @@ static void client_release(struct broker *b, struct client *c)
 	conn_release(b, c);
 	if (c->next_fd >= 0) {
 		send_status(c->next_fd, -ECONNREFUSED);
-		close(c->next_fd);
+		close_aside(b, c->next_fd);
 	}
 	c->next_fd = -1;
 	c->state = c->held_fd >= 0 ? CL_HELD : CL_FREE;        /* clients_beat() frees a HELD one */
@@ -736,10 +760,10 @@ static void parked(struct broker *b, struct client *c)
 		if (b->stopping) {
 			c->next_fd = -1;
 			send_status(fd, -ECONNREFUSED);
-			close(fd);
+			close_aside(b, fd);
 			return;
 		}
-		if (!held_drained(c)) {
+		if (!held_drained(b, c)) {
 			/* The last connection left something unread: wait for it as a DETACHED one's does. */
 			c->next_until_ns = now_ns() + HELD_WAIT_NS;
 			return;
@@ -809,11 +833,8 @@ static void offer(struct broker *b, struct client *c, bool reattach)
  * control thread up.
  */
 /*
- * The answer, and any descriptor sent with it closed on a ring worker
- * (close_aside()): dropped unread, their last close would run here, and a
- * TCP socket set to linger holds its closer for as long as the client
- * chose. The listening socket refuses descriptors since Linux 6.16
- * (SO_PASSRIGHTS); this is for the kernels before.
+ * The answer; a descriptor sent with it is not the protocol (below: the
+ * answer is refused as malformed).
  */
 static ssize_t recv_mapped(struct broker *b, int fd, struct chime_mapped *m)
 {
@@ -825,16 +846,9 @@ static ssize_t recv_mapped(struct broker *b, int fd, struct chime_mapped *m)
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf) };
 	ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 
-	for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm; cm = CMSG_NXTHDR(&mh, cm)) {
-		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-			continue;
-		for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
-			int sent;
-
-			memcpy(&sent, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-			close_aside(b, sent);
-		}
-		m->magic = 0;   /* descriptors are not the protocol: refused as malformed */
+	if (n >= 0 && mh.msg_controllen) {
+		close_sent_fds(b, &mh);
+		m->magic = 0;
 	}
 	return n;
 }
@@ -996,12 +1010,20 @@ static bool refuse_queued(struct broker *b, int why)
 	while (poll(&p, 1, 0) == 1 && (p.revents & POLLIN) &&
 	       (fd = accept4(b->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
 		struct chime_hello hello;
+		union {
+			char buf[CMSG_SPACE(sizeof(int) * 253)];
+			struct cmsghdr align;
+		} u;
+		struct iovec iov = { .iov_base = &hello, .iov_len = sizeof(hello) };
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
 
 		send_status(fd, -EUSERS);
 		/* A hello left unread would make the close a reset, which the client reads first. */
-		while (recv(fd, &hello, sizeof(hello), MSG_DONTWAIT) > 0)
-			;
-		close(fd);
+		do {
+			mh.msg_control = u.buf;
+			mh.msg_controllen = sizeof(u.buf);
+		} while (recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) > 0 && (close_sent_fds(b, &mh), true));
+		close_aside(b, fd);
 		n++;
 	}
 	b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -1086,13 +1108,13 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 			}
 			cn = calloc(1, sizeof(*cn));
 			if (!cn) {
-				close(res);
+				close_aside(b, res);
 				arm_accept(b);
 				return 0;
 			}
 			cn->fd = res;
 			if (!handshake_allowed(b, cn)) {
-				close(cn->fd);
+				close_aside(b, cn->fd);
 				free(cn);
 				arm_accept(b);
 				return 0;
@@ -1341,7 +1363,7 @@ static bool clients_beat(struct broker *b, uint64_t now)
 			offer_withdraw(b, c, -ETIMEDOUT);
 			continue;
 		}
-		if (c->held_fd >= 0 && held_drained(c) && c->state == CL_HELD) {
+		if (c->held_fd >= 0 && held_drained(b, c) && c->state == CL_HELD) {
 			c->state = CL_FREE;
 			table_set(b, c, CHIME_CLIENT_EMPTY);
 			continue;
@@ -1353,8 +1375,8 @@ static bool clients_beat(struct broker *b, uint64_t now)
 			if (b->stopping) {
 				c->next_fd = -1;
 				send_status(fd, -ECONNREFUSED);
-				close(fd);
-			} else if (held_drained(c)) {
+				close_aside(b, fd);
+			} else if (held_drained(b, c)) {
 				c->next_fd = -1;
 				client_reattach(b, c, fd, &c->next_cred, c->next_resume, c->next_sq_base);
 			} else if (now >= c->next_until_ns) {
@@ -1362,7 +1384,7 @@ static bool clients_beat(struct broker *b, uint64_t now)
 				refuse_log(b, &c->next_cred, "the session's last connection left a message unread, "
 					   "its socket still open");
 				send_status(fd, -EBUSY);
-				close(fd);
+				close_aside(b, fd);
 			}
 			continue;
 		}
@@ -1717,7 +1739,7 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 		log_errno(LOG_ERR, r, "cannot create segments for pid %d (session '%s')",
 			  (int)cred->pid, c->session);
 		send_status(fd, r == -EMFILE || r == -ENFILE ? -EUSERS : -ENOMEM);
-		close(fd);
+		close_aside(b, fd);
 		conn_release(b, c);
 		return;
 	}

@@ -33,7 +33,10 @@ void arm_hello(struct broker *b, struct conn *cn)
 	if (io_uring_sq_space_left(&b->ring) < 2)
 		io_uring_submit(&b->ring);
 	sqe = io_uring_get_sqe(&b->ring);
-	io_uring_prep_recv(sqe, cn->fd, cn->buf, sizeof(cn->buf), 0);
+	cn->iov = (struct iovec){ .iov_base = cn->buf, .iov_len = sizeof(cn->buf) };
+	cn->msg = (struct msghdr){ .msg_iov = &cn->iov, .msg_iovlen = 1,
+				   .msg_control = cn->ctl, .msg_controllen = sizeof(cn->ctl) };
+	io_uring_prep_recvmsg(sqe, cn->fd, &cn->msg, MSG_CMSG_CLOEXEC);
 	io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)cn | TAG_HELLO);
 	sqe->flags |= IOSQE_IO_LINK;
 	sqe = io_uring_get_sqe(&b->ring);
@@ -627,7 +630,7 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		client_park(b, c);
 	if (c->state == CL_DETACHED && c->next_fd >= 0) {
 		/* A process waits for it already (below): it goes first, now if the socket has drained. */
-		if (held_drained(c)) {
+		if (held_drained(b, c)) {
 			int fd = c->next_fd;
 
 			c->next_fd = -1;
@@ -636,7 +639,7 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		send_status(cn->fd, -EBUSY);
 		return;
 	}
-	if (c->state == CL_DETACHED && !held_drained(c)) {
+	if (c->state == CL_DETACHED && !held_drained(b, c)) {
 		/*
 		 * Its last connection has not been read to the end (a welcome's
 		 * descriptors?), and one unread at a time is all a slot holds:
@@ -794,6 +797,8 @@ static void reset_stats(struct broker *b, int fd, const struct ucred *asker)
 /* A hello arrived on cn: check it and the peer, then start the attach. */
 void on_hello(struct broker *b, struct conn *cn, int res)
 {
+	if (res >= 0)
+		close_sent_fds(b, &cn->msg);
 	hello_answer(b, cn, res, NULL);
 }
 
@@ -915,7 +920,7 @@ void conn_put(struct broker *b, struct conn *cn)
 	if (--cn->inflight)
 		return;
 	if (cn->fd >= 0)
-		close(cn->fd);
+		close_aside(b, cn->fd);
 	if (cn->prev)
 		cn->prev->next = cn->next;
 	else

@@ -90,9 +90,22 @@ int socket_access(struct broker *b)
 	return 0;
 }
 
-bool held_drained(struct client *c)
+bool held_drained(struct broker *b, struct client *c)
 {
+	(void)b;
 	return c->held_fd < 0;
+}
+
+void close_aside(struct broker *b, int fd)
+{
+	(void)b;
+	close(fd);
+}
+
+void close_sent_fds(struct broker *b, struct msghdr *mh)
+{
+	(void)b;
+	CHECK(mh->msg_controllen == 0, "a fuzzed hello came with descriptors");
 }
 
 void restart_clear(struct broker *b, const struct client *c)
@@ -349,15 +362,17 @@ static void set_table(struct in *in)
 static void make_hello(struct in *in, struct chime_hello *h)
 {
 	static const uint32_t flags[] = {
-		0, CHIME_HELLO_RESUME, CHIME_HELLO_QUERY_CLIENTS, CHIME_HELLO_QUERY_TIMERS, CHIME_HELLO_RESET_STATS,
-		CHIME_HELLO_QUERY_SESSIONS, CHIME_HELLO_DROP_SESSION, CHIME_HELLO_RESUME | CHIME_HELLO_QUERY_CLIENTS,
+		CHIME_HELLO_SEALS, CHIME_HELLO_RESUME | CHIME_HELLO_SEALS, CHIME_HELLO_QUERY_CLIENTS,
+		CHIME_HELLO_QUERY_TIMERS, CHIME_HELLO_RESET_STATS, CHIME_HELLO_QUERY_SESSIONS,
+		CHIME_HELLO_DROP_SESSION, CHIME_HELLO_RESUME | CHIME_HELLO_QUERY_CLIENTS,
+		0, CHIME_HELLO_RESUME,  /* an attach of a library that does not seal: refused */
 	};
 	uint8_t bits = byte(in), f = byte(in), s = byte(in), l = byte(in), q = byte(in);
 
 	memset(h, 0, sizeof(*h));
 	h->magic = bits & 1 ? (uint32_t)take(in, 4) : CHIME_HELLO_MAGIC;
 	h->layout = bits & 2 ? (uint32_t)take(in, 4) : CHIME_SHM_LAYOUT;
-	h->flags = f < 8 * 30 ? flags[f % 8] : (uint32_t)take(in, 4);
+	h->flags = f < 10 * 24 ? flags[f % 10] : (uint32_t)take(in, 4);
 	if (s % 8 < NR_NAMES) {
 		snprintf(h->session, sizeof(h->session), "%s", names[s % 8]);
 	} else {
@@ -550,6 +565,11 @@ static void hello(struct in *in, bool raw)
 			      (unsigned)cred.uid, seen.last_status);
 		else if (!name_ok(h.session))
 			CHECK(seen.status && seen.last_status == -EINVAL, "malformed name: status %d", seen.last_status);
+		else if ((h.flags == 0 && h.sq_base == 0) || (h.flags == CHIME_HELLO_RESUME && h.session[0] &&
+							      !(h.sq_base & (B.geom.sq_size - 1)) &&
+							      h.sq_base < (UINT64_C(1) << 62)))
+			CHECK(seen.status && seen.last_status == -EPROTO, "an attach without CHIME_HELLO_SEALS: "
+			      "status %d, admit %u", seen.last_status, seen.admit);
 	}
 	if (a.len)
 		check_answer(&a, &h, &cred);

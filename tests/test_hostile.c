@@ -971,6 +971,42 @@ static int lingering_tcp_socket(int linger_s, int *peer, int *listener)
 }
 
 /*
+ * chimed as on a kernel before Linux 6.16 (Debian 12's 6.1), whose
+ * listening socket takes descriptors from anyone: no_passrights.so,
+ * preloaded, refuses its SO_PASSRIGHTS. Not under a sanitizer, whose
+ * runtime must come first.
+ */
+static void start_without_passrights(struct t_chimed *b)
+{
+	const char *so = getenv("CHIME_NO_PASSRIGHTS");
+
+#if defined(__SANITIZE_ADDRESS__)
+	cr_skip("chimed preloaded with no_passrights.so: not under ASan");
+#endif
+	if (!so || access(so, R_OK) < 0)
+		cr_skip("$CHIME_NO_PASSRIGHTS names no no_passrights.so (meson test sets it)");
+	cr_assert_eq(setenv("LD_PRELOAD", so, 1), 0);
+	cr_assert_eq(t_chimed_start(b, NULL, "--shards 1"), 0);
+	unsetenv("LD_PRELOAD");
+}
+
+/* A broker of one shard (as before Linux 6.16 if asked), our client on it, the heartbeat watch's segment. */
+static chime_t *linger_broker(struct t_chimed *b, struct chime_opts *o, struct hb_watch *w, bool without_passrights)
+{
+	chime_t *me;
+
+	if (without_passrights)
+		start_without_passrights(b);
+	else
+		cr_assert_eq(t_chimed_start(b, NULL, "--shards 1"), 0);
+	o->socket_path = b->sock;
+	cr_assert_eq(chime_open(&me, o), 0);
+	w->pub = find_mapping("chime-public");
+	cr_assert_not_null(w->pub);
+	return me;
+}
+
+/*
  * A descriptor a client sends over its connection is the broker's once
  * read, or once the connection is closed with it unread, and its close,
  * the last reference being ours, runs on the control thread. Some closes
@@ -1012,11 +1048,7 @@ ReleaseTest(hostile, a_descriptor_a_client_sends_cannot_hold_up_the_control_thre
 		cr_skip("no SO_PASSRIGHTS (Linux 6.16): the broker cannot refuse descriptors here (%s)", strerror(errno));
 	close(sv[0]);
 	close(sv[1]);
-	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1"), 0);
-	o.socket_path = b.sock;
-	cr_assert_eq(chime_open(&me, &o), 0);
-	w.pub = find_mapping("chime-public");
-	cr_assert_not_null(w.pub);
+	me = linger_broker(&b, &o, &w, false);
 	t = lingering_tcp_socket(LINGER_S, &peer, &listener);
 	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
 	u = t_sock_connect(b.sock);
@@ -1061,26 +1093,6 @@ ReleaseTest(hostile, a_descriptor_a_client_sends_cannot_hold_up_the_control_thre
 	cr_assert_eq(sent, EPERM, "the broker took a descriptor from a client (sendmsg: %s)", sent ? strerror(sent) : "sent");
 	chime_close(me);
 	t_chimed_stop(&b, SIGTERM);
-}
-
-/*
- * chimed as on a kernel before Linux 6.16 (Debian 12's 6.1), whose
- * listening socket takes descriptors from anyone: no_passrights.so,
- * preloaded, refuses its SO_PASSRIGHTS. Not under a sanitizer, whose
- * runtime must come first.
- */
-static void start_without_passrights(struct t_chimed *b)
-{
-	const char *so = getenv("CHIME_NO_PASSRIGHTS");
-
-#if defined(__SANITIZE_ADDRESS__)
-	cr_skip("chimed preloaded with no_passrights.so: not under ASan");
-#endif
-	if (!so || access(so, R_OK) < 0)
-		cr_skip("$CHIME_NO_PASSRIGHTS names no no_passrights.so (meson test sets it)");
-	cr_assert_eq(setenv("LD_PRELOAD", so, 1), 0);
-	cr_assert_eq(t_chimed_start(b, NULL, "--shards 1"), 0);
-	unsetenv("LD_PRELOAD");
 }
 
 /* Heartbeats and opens beside a broker for ms: the oldest heartbeat and the slowest open seen. */
@@ -1146,13 +1158,12 @@ ReleaseTest(hostile, descriptors_a_client_sends_before_linux_6_16_cannot_hold_up
 	int t, peer, listener, u;
 	chime_t *me;
 
-	start_without_passrights(&b);
-	o.socket_path = b.sock;
-	cr_assert_eq(chime_open(&me, &o), 0);
-	for (int way = 0; way < 2; way++) {
-		struct hb_watch w = { .pub = find_mapping("chime-public") };
+	struct hb_watch first = { 0 };
 
-		cr_assert_not_null(w.pub);
+	me = linger_broker(&b, &o, &first, true);
+	for (int way = 0; way < 2; way++) {
+		struct hb_watch w = { .pub = first.pub };
+
 		t = lingering_tcp_socket(LINGER_S, &peer, &listener);
 		cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
 		if (way == 0) {
@@ -1215,11 +1226,7 @@ ReleaseTest(hostile, a_descriptor_sent_with_the_answer_to_a_welcome_cannot_hold_
 	int t, peer, listener, u;
 	chime_t *me;
 
-	start_without_passrights(&b);
-	o.socket_path = b.sock;
-	cr_assert_eq(chime_open(&me, &o), 0);
-	w.pub = find_mapping("chime-public");
-	cr_assert_not_null(w.pub);
+	me = linger_broker(&b, &o, &w, true);
 	t = lingering_tcp_socket(LINGER_S, &peer, &listener);
 	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
 	u = t_sock_connect(b.sock);

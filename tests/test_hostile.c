@@ -1395,3 +1395,77 @@ ReleaseTest(hostile, busy_loops_beside_a_killed_broker_do_not_hold_up_its_exit, 
 	}
 	cr_assert_leq(m.n, 1, "%u of %u killed brokers were reaped after more than 100 ms: %s", m.n, ROUNDS, m.what);
 }
+
+/* Threads of process pid whose name starts with prefix. */
+static unsigned threads_named(pid_t pid, const char *prefix)
+{
+	char path[64];
+	struct dirent *e;
+	unsigned n = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		char comm[64] = "", p[PATH_MAX];
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(p, sizeof(p), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+		f = fopen(p, "r");
+		if (!f)
+			continue;
+		if (fgets(comm, sizeof(comm), f) && !strncmp(comm, prefix, strlen(prefix)))
+			n++;
+		fclose(f);
+	}
+	closedir(d);
+	return n;
+}
+
+/*
+ * The ring worker that closes a client's lingering socket (the case
+ * above) waits out the linger, which the client chose; a stop does not
+ * wait for it: tearing the ring down interrupts its workers' waits. A
+ * 20 s linger pending on a worker, the stop took 1-3 ms here.
+ */
+ReleaseTest(hostile, a_descriptor_lingering_on_a_worker_does_not_hold_up_a_stop, .timeout = 60)
+{
+	enum { LINGER_S = 20 };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
+	struct t_chimed b = { 0 };
+	struct chime_opts o = { 0 };
+	struct hb_watch w = { 0 };
+	int t, peer, listener, u, st;
+	unsigned workers;
+	uint64_t t0, took;
+	chime_t *me;
+
+	me = linger_broker(&b, &o, &w, true);
+	t = lingering_tcp_socket(LINGER_S, &peer, &listener);
+	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
+	u = t_sock_connect(b.sock);
+	cr_assert_geq(u, 0);
+	cr_assert_eq(send(u, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(t_answer_offer(u), 0);
+	cr_assert_eq(t_attach_answer(u), 0);
+	cr_assert_eq(send_with_fd(u, "x", 1, t), 0, "a message with a descriptor once attached");
+	close(t);       /* the broker's is the last reference */
+	usleep(50 * 1000);
+	close(u);       /* the broker closes its end, and the socket in it, on a worker */
+	usleep(500 * 1000);
+	chime_close(me);
+	workers = threads_named(b.pid, "iou-wrk");
+	t0 = now_ns();
+	st = t_chimed_stop(&b, SIGTERM);
+	took = now_ns() - t0;
+	close(peer);
+	close(listener);
+	fprintf(stderr, "a stop with a %d s linger pending (%u ring workers): %llu ms\n", LINGER_S, workers,
+		(unsigned long long)(took / MS));
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed's stop: status %#x", st);
+	cr_assert_lt(took, 3000 * MS, "the stop took %llu ms", (unsigned long long)(took / MS));
+}

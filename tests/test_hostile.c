@@ -1133,6 +1133,25 @@ static int send_with_fd(int fd, const void *buf, size_t len, int carried)
 }
 
 /*
+ * A raw client attached to the broker at sock that then sends descriptor
+ * t in a message the broker never reads, and closes its own t: the
+ * broker's reference is the last. Returns the connection.
+ */
+static int attached_sending_fd(const char *sock, int t)
+{
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
+	int u = t_sock_connect(sock);
+
+	cr_assert_geq(u, 0);
+	cr_assert_eq(send(u, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(t_answer_offer(u), 0);
+	cr_assert_eq(t_attach_answer(u), 0);
+	cr_assert_eq(send_with_fd(u, "x", 1, t), 0, "a message with a descriptor once attached");
+	close(t);
+	return u;
+}
+
+/*
  * Before Linux 6.16 nothing refuses a client's descriptors, and a
  * descriptor the broker drops has its last close where the broker drops
  * it: a TCP socket set to linger (3 s here) then holds that thread. The
@@ -1177,13 +1196,7 @@ ReleaseTest(hostile, descriptors_a_client_sends_before_linux_6_16_cannot_hold_up
 			close(t);
 			cr_assert_eq(t_thread_release(b.pid), 0);
 		} else {
-			u = t_sock_connect(b.sock);
-			cr_assert_geq(u, 0);
-			cr_assert_eq(send(u, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-			cr_assert_eq(t_answer_offer(u), 0);
-			cr_assert_eq(t_attach_answer(u), 0);
-			cr_assert_eq(send_with_fd(u, "x", 1, t), 0, "a message with a descriptor once attached");
-			close(t);       /* the broker's is the last reference */
+			u = attached_sending_fd(b.sock, t);
 		}
 		usleep(50 * 1000);
 		close(u);
@@ -1435,7 +1448,6 @@ static unsigned threads_named(pid_t pid, const char *prefix)
 ReleaseTest(hostile, a_descriptor_lingering_on_a_worker_does_not_hold_up_a_stop, .timeout = 60)
 {
 	enum { LINGER_S = 20 };
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
 	struct t_chimed b = { 0 };
 	struct chime_opts o = { 0 };
 	struct hb_watch w = { 0 };
@@ -1447,13 +1459,7 @@ ReleaseTest(hostile, a_descriptor_lingering_on_a_worker_does_not_hold_up_a_stop,
 	me = linger_broker(&b, &o, &w, true);
 	t = lingering_tcp_socket(LINGER_S, &peer, &listener);
 	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
-	u = t_sock_connect(b.sock);
-	cr_assert_geq(u, 0);
-	cr_assert_eq(send(u, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-	cr_assert_eq(t_answer_offer(u), 0);
-	cr_assert_eq(t_attach_answer(u), 0);
-	cr_assert_eq(send_with_fd(u, "x", 1, t), 0, "a message with a descriptor once attached");
-	close(t);       /* the broker's is the last reference */
+	u = attached_sending_fd(b.sock, t);
 	usleep(50 * 1000);
 	close(u);       /* the broker closes its end, and the socket in it, on a worker */
 	usleep(500 * 1000);

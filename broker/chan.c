@@ -595,36 +595,34 @@ static bool touch_resident(const void *p, size_t bytes)
 
 /*
  * May the shard read and write node idx's word and tag in the client's
- * table? Only where their pages are resident: the shard never allocates
- * a page of the table (every page is the client's, which sealed the
- * table against punching before it was attached, so that a page the
- * shard finds resident stays so; a fault on a hole would allocate it,
- * charged to the broker). An honest client wrote the tag at the arm and the word before
- * its RESET_TOUCH, so their run is resident; a hostile one need not, and
- * its records stay plain resets. A run is checked (two mincore calls)
- * when first seen and remembered once resident; at most one run checked
- * per 128 nodes the client owns, plus 16, so that records naming runs it
- * never wrote cost the shard no syscall each. Past it, its RESET_TOUCH
- * records are plain resets.
+ * table? Only in pages it has mapped itself, having found them resident:
+ * the shard never allocates a page of the table (every page is the
+ * client's, sealed against punching before it was attached). Found
+ * resident is not enough: a page the client alone maps it may page out
+ * (MADV_PAGEOUT, on a host with swap), and the shard's next access would
+ * wait for the disk; once the broker maps it too, the kernel passes it
+ * by. So a run's pages are looked at and mapped off this path, on an
+ * io_uring worker (chan_touch_check(), shard.c), and the run is usable
+ * once that is done: until then its RESET_TOUCH records are plain resets.
+ * At most one run looked at per 128 nodes the client owns, plus 16, so
+ * that records naming runs it never wrote cost the shard no syscall
+ * each.
  */
 static bool touch_page_ok(const struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
 	uint32_t run = idx / TOUCH_RUN, first = run * TOUCH_RUN;
-	uint64_t bit = UINT64_C(1) << (run % 64);
-	uint32_t n = TOUCH_RUN;
+	uint32_t last = first + TOUCH_RUN > sc->capacity ? sc->capacity - 1 : first + TOUCH_RUN - 1;
 
-	if (ch->touch_seen[run / 64] & bit)
-		return true;
-	if (ch->touch_runs >= ch->owned / 128 + 16)
+	if (!(ch->touch_seen[run / 64] & UINT64_C(1) << (run % 64))) {
+		if (!ch->touch_word_want)
+			ch->touch_word_want = run + 1;
 		return false;
-	ch->touch_runs++;
-	if (first + n > sc->capacity)
-		n = sc->capacity - first;
-	if (!touch_resident(&ch->touch_word[first], (size_t)n * sizeof(uint64_t)) ||
-	    (!(touch_ready_page(ch, first) && touch_ready_page(ch, first + n - 1)) &&
-	     !touch_resident(&ch->touch_tag[first], (size_t)n * sizeof(uint32_t))))
+	}
+	if (!touch_ready_page(ch, first) || !touch_ready_page(ch, last)) {
+		if (!ch->touch_want)
+			ch->touch_want = first + 1;
 		return false;
-	ch->touch_seen[run / 64] |= bit;
+	}
 	return true;
 }
 
@@ -685,19 +683,20 @@ static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
 
 /*
  * The tags the shard writes at the grant (slot_set()), in pages of the
- * client's table already resident only: the client allocates its own
- * (libclient: touch_armed(), a 64 KiB window at a time once it arms
- * many), and the shard learns which are, when idle, with one mincore of
- * the 64 KiB of tags from a grant's on that it found not resident (the
- * check is wanted again by the next such grant, not retried in a loop).
- * Pages found resident stay so: the client sealed the table against
- * punching before it was attached.
+ * client's table it has mapped only (touch_page_ok() says why): the
+ * client allocates its own (libclient: touch_armed(), a 64 KiB window at
+ * a time once it arms many), and the shard learns which are, when idle,
+ * with one mincore of the 64 KiB of tags from a grant's on that it found
+ * not mapped, and has the resident ones mapped (the check is wanted again
+ * by the next such grant, not retried in a loop). Pages found resident
+ * stay allocated: the client sealed the table against punching before it
+ * was attached.
  */
 #define TOUCH_BLOCK 16384u                 /* nodes: 64 KiB of tags */
 
 /*
  * Node idx was granted: if its tag's page, or the one half a block ahead
- * (where the client allocates next), is not known resident, look at the
+ * (where the client allocates next), is not mapped yet, look at the
  * block from it on (both), once idle. Not for a client with fewer nodes
  * than a quarter of a block (libclient allocates none ahead for it), and
  * not within TOUCH_CHECK_GRANTS grants of the last look: a page not
@@ -717,25 +716,78 @@ static inline void touch_want(const struct shard_core *sc, struct chan *ch, uint
 		ch->touch_want = idx + 1;
 }
 
-bool chan_touch_check(struct shard_core *sc, struct chan *ch)
+/* The words of the run wanted (touch_page_ok()), if every page of them is resident: into *p. */
+static bool touch_words_check(const struct shard_core *sc, struct chan *ch, struct chan_populate *p)
+{
+	uint32_t run = ch->touch_word_want - 1, first = run * TOUCH_RUN, n = TOUCH_RUN;
+	uintptr_t page = (uintptr_t)1 << ch->touch_page_shift, from, to;
+
+	ch->touch_word_want = 0;
+	if (ch->touch_seen[run / 64] & UINT64_C(1) << (run % 64) || ch->touch_runs >= ch->owned / 128 + 16)
+		return false;
+	ch->touch_runs++;
+	if (first + n > sc->capacity)
+		n = sc->capacity - first;
+	if (!touch_resident(&ch->touch_word[first], (size_t)n * sizeof(uint64_t)))
+		return false;
+	from = (uintptr_t)&ch->touch_word[first] & ~(page - 1);
+	to = ((uintptr_t)&ch->touch_word[first + n] + page - 1) & ~(page - 1);
+	*p = (struct chan_populate){ (void *)from, to - from };
+	ch->touch_pop = TOUCH_POP_WORDS;
+	ch->touch_pop_first = run;
+	return true;
+}
+
+/* The first run of resident tag pages not yet mapped, in the block from the node wanted: into *p. */
+static bool touch_tags_check(struct shard_core *sc, struct chan *ch, struct chan_populate *p)
 {
 	unsigned char vec[TOUCH_BLOCK * sizeof(uint32_t) / 4096 + 2];
-	uint32_t idx, n;
+	uintptr_t page = (uintptr_t)1 << ch->touch_page_shift;
+	uint32_t idx = ch->touch_want - 1, n;
+	int pages, i, j;
 	uint64_t p0;
-	int pages;
 
-	if (!ch->touch_want || !ch->touch_ready)
-		return false;
-	idx = ch->touch_want - 1;
 	ch->touch_want = 0;
 	ch->touch_wait = TOUCH_CHECK_GRANTS;
 	n = sc->capacity - idx < TOUCH_BLOCK ? sc->capacity - idx : TOUCH_BLOCK;
 	pages = chime_seg_resident(&ch->touch_tag[idx], (size_t)n * sizeof(uint32_t), vec);
 	p0 = touch_tag_page(ch, idx);
-	for (int i = 0; i < pages; i++)
-		if (vec[i] & 1)
-			ch->touch_ready[(p0 + (uint64_t)i) / 64] |= UINT64_C(1) << ((p0 + (uint64_t)i) % 64);
+	for (i = 0; i < pages; i++)
+		if ((vec[i] & 1) && !(ch->touch_ready[(p0 + (uint64_t)i) / 64] >> ((p0 + (uint64_t)i) % 64) & 1))
+			break;
+	for (j = i; j < pages; j++)
+		if (!(vec[j] & 1) || ch->touch_ready[(p0 + (uint64_t)j) / 64] >> ((p0 + (uint64_t)j) % 64) & 1)
+			break;
+	if (i == j)
+		return false;
+	*p = (struct chan_populate){
+		(void *)(((uintptr_t)&ch->touch_tag[idx] & ~(page - 1)) + (uintptr_t)i * page),
+		(size_t)(j - i) * page
+	};
+	ch->touch_pop = TOUCH_POP_TAGS;
+	ch->touch_pop_first = (uint32_t)(p0 + (uint64_t)i);
+	ch->touch_pop_n = (uint32_t)(j - i);
 	return true;
+}
+
+bool chan_touch_check(struct shard_core *sc, struct chan *ch, struct chan_populate *p)
+{
+	if (!ch->touch_ready || ch->touch_pop)
+		return false;
+	if (ch->touch_word_want && touch_words_check(sc, ch, p))
+		return true;
+	return ch->touch_want && touch_tags_check(sc, ch, p);
+}
+
+void chan_touch_populated(struct chan *ch, int res)
+{
+	if (res == 0 && ch->touch_pop == TOUCH_POP_WORDS) {
+		ch->touch_seen[ch->touch_pop_first / 64] |= UINT64_C(1) << (ch->touch_pop_first % 64);
+	} else if (res == 0 && ch->touch_pop == TOUCH_POP_TAGS) {
+		for (uint64_t q = ch->touch_pop_first; q < (uint64_t)ch->touch_pop_first + ch->touch_pop_n; q++)
+			ch->touch_ready[q / 64] |= UINT64_C(1) << (q % 64);
+	}
+	ch->touch_pop = 0;
 }
 
 /* ---- delivery ---- */

@@ -295,6 +295,17 @@ struct chan {
 	uint64_t *touch_ready;
 	uint32_t touch_want;
 	uint32_t touch_wait;            /* grants before the next check may be wanted */
+	uint32_t touch_word_want;       /* run + 1 whose words a RESET_TOUCH wants mapped (0: none) */
+	/*
+	 * The pages being mapped (chan_touch_check()) on an io_uring worker,
+	 * until chan_touch_populated(): TOUCH_POP_TAGS, touch_pop_n of them
+	 * from touch_pop_first (as touch_ready numbers them), or
+	 * TOUCH_POP_WORDS, the words of run touch_pop_first; 0: none. The
+	 * channel is not let go while one is on its way (shard.c).
+	 */
+	uint8_t touch_pop;
+	uint32_t touch_pop_first;
+	uint32_t touch_pop_n;
 	uint8_t touch_page_shift;
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
@@ -378,13 +389,27 @@ unsigned chan_fire_due(struct shard_core *sc, uint64_t now_ns, unsigned budget);
  */
 bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns);
 
+#define TOUCH_POP_TAGS  1u
+#define TOUCH_POP_WORDS 2u
+
+/* Pages of a client's memory to map into the broker: MADV_POPULATE_WRITE over [addr, addr + len). */
+struct chan_populate {
+	void *addr;
+	size_t len;
+};
+
 /*
- * In the shard's idle moments: which pages of the client's tags that its
- * grants reach next are resident (mincore, never a fault: every page of
- * the table is the client's to allocate), so that the shard writes the
- * grants' tags there. True if it looked (one mincore a call).
+ * In the shard's idle moments: the next pages of the client's table the
+ * shard wants to use (the words of a run a RESET_TOUCH named, or the
+ * tags its grants reach next) that are resident (mincore, never a fault:
+ * every page of the table is the client's to allocate) and not yet
+ * mapped by the broker. True: *p is set, for the caller to populate off
+ * the shard's thread (an access there waits for the disk if the client
+ * paged one out meanwhile); chan_touch_populated() with its result makes
+ * them usable. False: nothing to do now.
  */
-bool chan_touch_check(struct shard_core *sc, struct chan *ch);
+bool chan_touch_check(struct shard_core *sc, struct chan *ch, struct chan_populate *p);
+void chan_touch_populated(struct chan *ch, int res);
 
 /*
  * Records waiting in the submission ring: the client's sq_tail (positions

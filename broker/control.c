@@ -885,6 +885,16 @@ static void on_mapped(struct broker *b, struct client *c, int res)
 		offer_failed(b, c, -ECONNREFUSED);      /* as every open of a session during a stop */
 		return;
 	}
+	/*
+	 * Every page of rw in our page tables before a shard touches one. A
+	 * page only the client maps is its own to page out (MADV_PAGEOUT, on
+	 * a host with swap), and a shard's first access of it would wait for
+	 * the disk; mapped here too, the kernel passes it by. Its pages are
+	 * the client's, allocated already (checked above): nothing is
+	 * allocated, and a page it paged out before answering comes back on
+	 * this thread, not a shard's.
+	 */
+	chime_seg_populate(c->rw.base, c->rw.size);
 	rw_publish(b, c);
 	post_all(b, c, c->reattaching ? SHARD_CMD_REATTACH : SHARD_CMD_ATTACH);
 }

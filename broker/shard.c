@@ -104,6 +104,7 @@
 #define UD_CHAN   3u    /* a client doorbell: slot << 2 | UD_CHAN */
 #define UD_RESERVE_FALLOC (1u << 2)     /* the slab's next chunk: reserved (tag 0), */
 #define UD_RESERVE        (2u << 2)     /* then mapped: the chunk is ready */
+#define UD_TOUCH          (3u << 2)     /* slot << 8 | UD_TOUCH: a client's touch-table pages mapped */
 #define RESERVE_POLL_NS (UINT64_C(50000)) /* while one is on its way, how often a busy pass looks */
 #define UD_TAG(ud) ((ud) & 3u)
 #define RING_SQ_ENTRIES 64u
@@ -254,10 +255,10 @@ static void reserve_ahead(struct shard *s, uint64_t now)
 {
 	struct wheel *wh = &s->core.wh;
 
-	if (s->reserve_pending) {
+	if (s->reserve_pending || s->touch_pops)
 		reserve_poll(s, now);
+	if (s->reserve_pending)
 		return;
-	}
 	if (wh->w->high_water + RESERVE_AHEAD_NODES < wh->reserved || wh->reserved == s->cfg.capacity ||
 	    now < s->reserve_retry_ns)
 		return;
@@ -267,10 +268,10 @@ static void reserve_ahead(struct shard *s, uint64_t now)
 	}
 }
 
-/* Before the thread goes: no chunk on its way into a mapping about to be unmapped. */
+/* Before the thread goes: no chunk or client's page on its way into a mapping about to be unmapped. */
 static void reserve_settle(struct shard *s)
 {
-	while (s->reserve_pending) {
+	while (s->reserve_pending || s->touch_pops) {
 		if (io_uring_submit_and_wait(&s->ring, 1) < 0 && errno != EINTR)
 			break;
 		reap(s);
@@ -682,14 +683,18 @@ static void bell_cancel(struct shard *s, struct chan *ch)
 	(void)io_uring_submit(&s->ring);
 }
 
-/* The channel a doorbell read belongs to: active or dying, by slot. */
-static struct chan *bell_owner(struct shard *s, uint64_t ud)
+/* The channel of a client slot, active or dying; NULL if none. */
+static struct chan *chan_of_slot(struct shard *s, uint64_t slot)
 {
-	uint64_t slot = ud >> 2;
-
 	if (slot < s->core.max_clients && s->core.by_slot[slot])
 		return s->core.by_slot[slot];
 	return NULL;
+}
+
+/* The channel a doorbell read belongs to. */
+static struct chan *bell_owner(struct shard *s, uint64_t ud)
+{
+	return chan_of_slot(s, ud >> 2);
 }
 
 /* Take every completion: doorbells rung, reads cancelled. */
@@ -705,6 +710,12 @@ static void reap(struct shard *s)
 			s->bell_armed = 0;
 		} else if (ud == UD_RESERVE) {
 			reserve_async_done(s, cqe->res);
+		} else if ((ud & 0xffu) == UD_TOUCH) {
+			struct chan *ch = chan_of_slot(s, ud >> 8);
+
+			s->touch_pops--;
+			if (ch)
+				chan_touch_populated(ch, cqe->res);
 		} else if (UD_TAG(ud) == UD_CHAN) {
 			struct chan *ch = bell_owner(s, ud);
 
@@ -732,6 +743,33 @@ static void reap_cancelled(struct shard *s)
 	/* Completions are posted only when this thread enters the kernel (DEFER_TASKRUN). */
 	(void)io_uring_get_events(&s->ring);
 	reap(s);
+}
+
+/*
+ * Pages of a client's touch table the shard wants to use, found resident
+ * (chan_touch_check()), mapped into the broker by an io_uring worker
+ * (MADV_POPULATE_WRITE): a page the client paged out meanwhile comes
+ * back from swap there, not on this thread. True if one was sent.
+ */
+static bool touch_populate(struct shard *s, struct chan *ch)
+{
+	struct chan_populate p;
+	struct io_uring_sqe *sqe;
+
+	if (!chan_touch_check(&s->core, ch, &p))
+		return false;
+	sqe = sqe_get(s);
+	if (!sqe) {
+		chan_touch_populated(ch, -EAGAIN);
+		return false;
+	}
+	io_uring_prep_madvise(sqe, p.addr, (off_t)p.len, MADV_POPULATE_WRITE);
+	sqe->flags |= IOSQE_ASYNC;
+	io_uring_sqe_set_data64(sqe, (uint64_t)ch->slot << 8 | UD_TOUCH);
+	s->touch_pops++;
+	s->reserve_polled_ns = now_ns();
+	(void)io_uring_submit(&s->ring);
+	return true;
 }
 
 /* Returns true on STOP. */
@@ -782,7 +820,7 @@ static bool run_cmds(struct shard *s, bool *work)
 static void reclaim_step(struct shard *s, bool *work)
 {
 	for (uint32_t i = 0; i < s->nr_dying; i++) {
-		if (s->dying[i].ch->bell_state != SHARD_BELL_IDLE) {
+		if (s->dying[i].ch->bell_state != SHARD_BELL_IDLE || s->dying[i].ch->touch_pop) {
 			reap_cancelled(s);
 			break;
 		}
@@ -798,8 +836,12 @@ static void reclaim_step(struct shard *s, bool *work)
 		struct shard_cmd *c = &s->dying[i];
 
 		*work = true;
-		/* The read's buffer is in the channel: acknowledge only once no read is left. */
-		if (c->ch->bell_state != SHARD_BELL_IDLE ||
+		/*
+		 * The read's buffer is in the channel, and a populate maps the
+		 * client's table, which the control thread unmaps after the ack:
+		 * acknowledge only once neither is left.
+		 */
+		if (c->ch->bell_state != SHARD_BELL_IDLE || c->ch->touch_pop ||
 		    !(c->op == SHARD_CMD_PARK ? chan_park(&s->core, c->ch, RECLAIM_BUDGET) :
 					        chan_reclaim(&s->core, c->ch, RECLAIM_BUDGET)))
 			return;
@@ -1074,12 +1116,12 @@ static void loop(struct shard *s)
 		staged = (!work || fired) && wheel_stage(&sc->wh, STAGE_BUDGET) > 0;
 		/*
 		 * Idle, and nothing due for a while: which pages of the clients'
-		 * touch tables ahead of their grants are resident, one client's
-		 * a pass (chan.c: one mincore).
+		 * touch tables the shard wants next are resident, one client's a
+		 * pass (chan.c: one mincore), to be mapped on a worker.
 		 */
 		if (!work && wake_time(s, &wake_at, &wake_known, now) > now + PREFAULT_CLEAR_NS)
 			for (uint32_t i = 0, done = 0; i < s->nr_active && !done; i++)
-				staged |= done = chan_touch_check(sc, s->active[i]);
+				done = touch_populate(s, s->active[i]);
 		/*
 		 * Keep spinning while there is work, while the idle spin lasts, and
 		 * when the next deadline is closer than a wake-up would be: a sleep

@@ -581,6 +581,185 @@ Test(hostile, a_client_cannot_punch_holes_in_memory_a_shard_reads)
 	chime_close(c);
 }
 
+/* The inode of this process's mapping of memfd `name` (the library's), or 0. */
+static unsigned long mapping_inode(const char *name)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512], want[64];
+	unsigned long ino = 0;
+
+	snprintf(want, sizeof(want), "/memfd:%s ", name);
+	cr_assert_not_null(f);
+	while (!ino && fgets(line, sizeof(line), f))
+		if (strstr(line, want) && sscanf(line, "%*s %*s %*s %*s %lu", &ino) != 1)
+			ino = 0;
+	fclose(f);
+	return ino;
+}
+
+/*
+ * Pages of process pid's mapping of the file with inode `ino` that are in
+ * its page tables (/proc/PID/pagemap, bit 63), into *present; the
+ * mapping's pages into *total. The mapping is the broker's of a memfd
+ * this process maps too (the inode names it among every client's).
+ */
+static void pages_mapped_by(pid_t pid, unsigned long ino, uint64_t *present, uint64_t *total)
+{
+	char path[64], line[512];
+	unsigned long lo = 0, hi = 0, i;
+	long page = sysconf(_SC_PAGESIZE);
+	FILE *f;
+	int pm;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	f = fopen(path, "r");
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "%lx-%lx %*s %*s %*s %lu", &lo, &hi, &i) == 3 && i == ino)
+			break;
+		else
+			lo = hi = 0;
+	fclose(f);
+	cr_assert_neq(hi, 0ul, "the broker has no mapping of inode %lu", ino);
+	snprintf(path, sizeof(path), "/proc/%d/pagemap", (int)pid);
+	pm = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(pm, 0, "%s: %s", path, strerror(errno));
+	*present = *total = 0;
+	for (unsigned long a = lo; a < hi; a += (unsigned long)page) {
+		uint64_t e = 0;
+
+		cr_assert_eq(pread(pm, &e, sizeof(e), (off_t)(a / (unsigned long)page * sizeof(e))), (ssize_t)sizeof(e));
+		*present += e >> 63;
+		(*total)++;
+	}
+	close(pm);
+}
+
+/*
+ * With swap, a client may page out (MADV_PAGEOUT) pages of its own memory
+ * that it alone maps: its rw segment is its own writable memfd. A page
+ * the broker has not mapped yet then goes to swap, and the broker's first
+ * access of it waits for the disk: the shard that formats the rings at
+ * the attach, or writes an event's claim word later. Mapped by the broker
+ * too, a page is not the client's alone, and MADV_PAGEOUT passes it by.
+ * So the broker maps all of rw at the attach, before any shard touches it.
+ */
+Test(hostile, a_clients_rw_segment_is_all_mapped_by_the_broker_at_the_attach)
+{
+	uint64_t present, total;
+	unsigned long ino;
+	chime_t *c = copen();
+
+	cr_assert_not_null(c);
+	ino = mapping_inode("chime-client-rw");
+	cr_assert_neq(ino, 0ul, "no mapping of the rw segment");
+	pages_mapped_by(tb.pid, ino, &present, &total);
+	cr_assert_eq(present, total, "%llu pages of the rw segment's %llu are not in the broker's page tables",
+		     (unsigned long long)(total - present), (unsigned long long)total);
+	chime_close(c);
+}
+
+/* Process pid's major page faults so far (/proc/PID/stat, field 12). */
+static uint64_t major_faults(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long v = 0;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	cr_assert_gt(n, 0);
+	buf[n] = 0;
+	p = strrchr(buf, ')');  /* after "PID (COMM)", which may hold anything */
+	cr_assert(p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %llu", &v) == 1);
+	return v;
+}
+
+/* The host's swap, from /proc/meminfo: 0 without. */
+static uint64_t swap_total_kb(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	unsigned long long kb = 0;
+	char line[128];
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "SwapTotal: %llu kB", &kb) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kb;
+}
+
+/*
+ * The attack the case above closes for rw, and the touch table's, end to
+ * end: a client that pages out all its memory (MADV_PAGEOUT on the
+ * library's own mappings) while its timers are armed, tagged, reset and
+ * fired makes the broker wait for no swap-in: its major faults stay
+ * where they were. Before, a broker took 12-15 major faults in such a
+ * round (its shards' first accesses of rw's claim words and of the
+ * table's pages it had found resident), each a wait on the disk. Only
+ * with swap: without, MADV_PAGEOUT moves nothing and this proves nothing.
+ */
+Test(hostile, a_client_paging_its_memory_out_costs_the_broker_no_major_fault, .timeout = 60)
+{
+	static const char *const names[] = { "chime-client-rw", "chime-client-touch" };
+	struct t_chimed b = { 0 };
+	struct chime_opts o = { 0 };
+	struct chime_event ev[256];
+	uint64_t before, after;
+	chime_id_t id;
+	chime_t *c;
+
+	if (swap_total_kb() == 0)
+		cr_skip("no swap on this host: MADV_PAGEOUT moves nothing");
+	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 2"), 0);
+	o.socket_path = b.sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	/* Table windows allocated by the library, tagged by the shards, found resident in their idle moments. */
+	for (unsigned i = 0; i < 100000; i++) {
+		cr_assert_eq(chime_arm(c, 2, UINT64_MAX, 0, i, &id), 0);
+		if (i % 4096 == 4095)
+			usleep(20000);
+	}
+	cr_assert_eq(chime_flush(c), 0);
+	usleep(200 * 1000);
+	before = major_faults(b.pid);
+	for (int round = 0; round < 3; round++) {
+		uint64_t t0 = now_ns();
+		unsigned got = 0;
+
+		for (int k = 0; k < 2; k++) {
+			size_t len = 0;
+			void *p = mapping_of(names[k], &len);
+
+			cr_assert_not_null(p, "no mapping of the %s", names[k]);
+			cr_assert_eq(madvise(p, len, MADV_PAGEOUT), 0, "MADV_PAGEOUT: %s", strerror(errno));
+		}
+		for (unsigned i = 0; i < 20000; i++) {
+			cr_assert_eq(chime_arm(c, 1, t0 + 20 * MS + i * 1000, 0, i, &id), 0);
+			if (i % 2)
+				cr_assert_eq(chime_reset(c, id, t0 + 30 * MS + i * 1000), 0);
+		}
+		while (got < 20000) {
+			int n = chime_wait(c, ev, 256, 2000);
+
+			cr_assert_gt(n, 0, "round %d: %u of 20000 timers fired", round, got);
+			got += (unsigned)n;
+		}
+	}
+	after = major_faults(b.pid);
+	fprintf(stderr, "a client paging its memory out: the broker's major faults %llu -> %llu\n",
+		(unsigned long long)before, (unsigned long long)after);
+	cr_assert_eq(after, before, "the broker took %llu major faults on a client's paged-out memory",
+		     (unsigned long long)(after - before));
+	chime_close(c);
+	t_chimed_stop(&b, SIGTERM);
+}
+
 /*
  * An attach whose client does not seal, seals before it has faulted its rw
  * segment in (the broker would then allocate pages that, sealed, it could

@@ -164,6 +164,7 @@ enum fake {
 	FAKE_FEW_FDS,           /* status 0 but fewer fds than announced */
 	FAKE_BAD_SEGMENTS,      /* the right fds, but segments of the wrong size */
 	FAKE_REFUSE_MAPPED,     /* a good welcome; its answer checked, then a refusal (-ENOMEM) */
+	FAKE_LATE_NO_READY,     /* a good welcome 6 s after the hello, its answer read, no ready ever */
 };
 
 static void fake_reply(int s, enum fake how)
@@ -212,6 +213,9 @@ static void fake_reply(int s, enum fake how)
 		for (int i = 0; i < 2; i++)
 			fds[nfds++] = eventfd(0, 0);
 		break;
+	case FAKE_LATE_NO_READY:
+		sleep(6);
+		/* fall through */
 	case FAKE_REFUSE_MAPPED:
 		for (int i = 0; i < 3; i++) {
 			fds[nfds] = memfd_create("fake", MFD_ALLOW_SEALING);
@@ -231,6 +235,13 @@ static void fake_reply(int s, enum fake how)
 		memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
 	}
 	(void)!sendmsg(s, &msg, MSG_NOSIGNAL);
+	if (how == FAKE_LATE_NO_READY) {
+		struct chime_mapped m;
+
+		(void)!recv(s, &m, sizeof(m), 0);
+		sleep(30);      /* killed by the test */
+		return;
+	}
 	if (how == FAKE_REFUSE_MAPPED) {
 		/* The client's answer, and what it says it did: rw sealed against writes, faulted in. */
 		struct chime_mapped m = { 0 };
@@ -401,4 +412,44 @@ Test(client, a_handshake_never_answered_times_out_under_a_stream_of_signals, .ti
 		cr_assert(took[i] >= 9 * UINT64_C(1000000000) && took[i] < 20 * UINT64_C(1000000000),
 			  "%s gave up after %.1f s", i ? "chime_drop_session" : "chime_open", (double)took[i] / 1e9);
 	}
+}
+
+/*
+ * Review repro: chime_open(3) says the connect, the hello and the answers
+ * take 10 s at most, all together. The ready is awaited with a socket
+ * timeout set once, at the connect, and applied again to each receive (and
+ * cl_await_ready() counts its own 10 s from its start): a welcome that
+ * comes at 6 s, then no ready, keeps the open ~16 s.
+ */
+Test(client, a_handshake_whose_ready_never_comes_ends_within_its_10_s, .timeout = 40)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_opts o = { .socket_path = sock_path };
+	chime_t *c = NULL;
+	int l = socket(AF_UNIX, SOCK_SEQPACKET, 0), r, st;
+	uint64_t t0, took;
+	pid_t pid;
+
+	strcpy(sa.sun_path, sock_path);
+	cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(l, 4), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct chime_hello h;
+		int s = accept(l, NULL, NULL);
+
+		if (s < 0 || recv(s, &h, sizeof(h), 0) != sizeof(h))
+			_exit(1);
+		fake_reply(s, FAKE_LATE_NO_READY);
+		_exit(0);
+	}
+	close(l);
+	t0 = chime_now();
+	r = chime_open(&c, &o);
+	took = chime_now() - t0;
+	kill(pid, SIGKILL);
+	(void)waitpid(pid, &st, 0);
+	cr_assert_eq(r, -ETIMEDOUT, "chime_open: %d", r);
+	cr_assert_lt(took, 11 * UINT64_C(1000000000), "chime_open gave up after %.1f s, not 10", (double)took / 1e9);
 }

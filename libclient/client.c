@@ -508,12 +508,14 @@ int cl_take_offer(int sock, const struct chime_welcome *w, const int *fds, struc
 	return r;
 }
 
-int cl_await_ready(int sock, bool wait)
+int cl_await_ready(int sock, bool wait, uint64_t until)
 {
-	uint64_t until = handshake_until();
 	struct chime_welcome w;
 	ssize_t n;
 
+	/* What is left of the handshake's time, not the timeout the connect set (the welcome took some). */
+	if (wait && !handshake_timeout(sock, until))
+		return -ETIMEDOUT;
 	for (;;) {
 		n = recv(sock, &w, sizeof(w), wait ? 0 : MSG_DONTWAIT);
 		if (n < 0 && errno == EINTR && (!wait || handshake_resume(sock, until)))
@@ -552,7 +554,7 @@ int cl_dial(const char *path, const char *session, uint32_t flags, uint64_t sq_b
 			fds_noted(fds, *nfds);
 			r = cl_take_offer(*sock, w, fds, own);
 			if (r == 0)
-				r = cl_await_ready(*sock, true);
+				r = cl_await_ready(*sock, true, until);
 			if (r == 0)
 				return 0;
 			cl_own_unmap(own);

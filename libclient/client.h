@@ -218,10 +218,11 @@ int cl_dial_finish(int sock, bool wait, struct chime_welcome *w, int *fds, unsig
 /*
  * After cl_dial_finish(): map what is ours to write (*own), seal it, and
  * say so; nothing stays mapped on error. Then the broker's answer (not
- * `wait`: -EINPROGRESS while none has come): 0 once attached, or its refusal.
+ * `wait`: -EINPROGRESS while none has come; `wait`: until `until`, the
+ * handshake's end, then -ETIMEDOUT): 0 once attached, or its refusal.
  */
 int cl_take_offer(int sock, const struct chime_welcome *w, const int *fds, struct cl_own *own);
-int cl_await_ready(int sock, bool wait);
+int cl_await_ready(int sock, bool wait, uint64_t until);
 /*
  * Map and check the welcome's public and ro segments, and check own->rw,
  * which goes into maps[1] (public, rw, ro); nothing stays mapped on error.

@@ -388,7 +388,7 @@ static int attempt(struct chime *c, uint64_t now)
 	if (!c->recon_offered)
 		r = take_offer(c);
 	if (r == 0)
-		r = cl_await_ready(c->recon_sock, false);
+		r = cl_await_ready(c->recon_sock, false, 0);
 	if (r == -EINPROGRESS && now < c->recon_dial_until_ns)
 		return r;
 	base = c->recon_base;

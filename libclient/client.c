@@ -165,23 +165,35 @@ static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct opening *openings;
 static __thread struct opening *my_opening;    /* this thread's chime_open(), if in one */
 
-/* socket(), noted in this thread's opening under the lock the fork handlers take. */
-static int socket_noted(void)
+/*
+ * socket(), into *out, under the lock the fork handlers take, and noted in
+ * this thread's opening if it is in one: a child forked at any point
+ * finds it where fork_child() looks (a reconnect's *out is c->recon_sock).
+ */
+static int socket_noted(int *out)
 {
 	struct opening *op = my_opening;
 	struct stat st;
 	int fd;
 
-	if (op)
-		pthread_mutex_lock(&open_lock);
+	pthread_mutex_lock(&open_lock);
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	*out = fd;
 	if (op && fd >= 0 && fstat(fd, &st) == 0) {
 		op->sock = fd;
 		op->ino = st.st_ino;
 	}
-	if (op)
-		pthread_mutex_unlock(&open_lock);
+	pthread_mutex_unlock(&open_lock);
 	return fd;
+}
+
+void cl_sock_close(int *fd)
+{
+	pthread_mutex_lock(&open_lock);
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+	pthread_mutex_unlock(&open_lock);
 }
 
 /* The welcome's descriptors, noted as socket_noted() notes the socket. */
@@ -210,7 +222,7 @@ static int connect_broker(const char *path, bool wait, uint64_t until, int *out)
 
 	_Static_assert(CHIME_PATH_MAX == sizeof(sa.sun_path), "a path libchime keeps fits sun_path");
 	strcpy(sa.sun_path, path);
-	fd = socket_noted();
+	fd = socket_noted(out);
 	if (fd < 0)
 		return errno == ENOBUFS ? -ENOMEM : -errno;
 	/*
@@ -227,7 +239,7 @@ static int connect_broker(const char *path, bool wait, uint64_t until, int *out)
 		r = errno;
 		if (r == EINTR && handshake_resume(fd, until))
 			continue;
-		close(fd);
+		cl_sock_close(out);
 		switch (r) {
 		case ENOENT: case ECONNREFUSED: case ENOTDIR:
 			return -ENOENT;              /* nothing listens there (or a stale socket) */
@@ -242,11 +254,10 @@ static int connect_broker(const char *path, bool wait, uint64_t until, int *out)
 	if (!wait)
 		(void)fcntl(fd, F_SETFL, 0);
 	if ((r = peer_trusted(fd, path)) < 0) {
-		close(fd);
+		cl_sock_close(out);
 		return r;
 	}
 	(void)handshake_timeout(fd, until);
-	*out = fd;
 	return 0;
 }
 
@@ -416,10 +427,8 @@ static int dial_start(const char *path, const char *session, uint32_t flags, uin
 	 * (EUSERS), and its refusal may be waiting; the peer is gone, so the
 	 * read of the welcome returns at once, with it or with end of file.
 	 */
-	if (r < 0 && r != -ECONNRESET) {
-		close(*sock);
-		*sock = -1;
-	}
+	if (r < 0 && r != -ECONNRESET)
+		cl_sock_close(sock);
 	return r < 0 && r != -ECONNRESET ? r : 0;
 }
 
@@ -695,8 +704,7 @@ static void chime_free(struct chime *c)
 		io_uring_queue_exit(&c->ring);
 	if (c->timer_fd >= 0)
 		close(c->timer_fd);
-	if (c->recon_sock >= 0)
-		close(c->recon_sock);
+	cl_sock_close(&c->recon_sock);
 	cl_recon_offer_drop(c);
 	if (c->session[0])
 		pthread_mutex_destroy(&c->lock);

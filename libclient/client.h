@@ -216,6 +216,12 @@ int cl_dial_start(const char *path, const char *session, uint32_t flags, uint64_
 		  bool wait, int *sock);
 int cl_dial_finish(int sock, bool wait, struct chime_welcome *w, int *fds, unsigned *nfds);
 /*
+ * Close *fd (if >= 0) and set it to -1, under the lock the fork handlers
+ * take: a socket cl_dial_start() put in c->recon_sock stays there, for
+ * fork_child() to close in a child, until it is closed this way.
+ */
+void cl_sock_close(int *fd);
+/*
  * After cl_dial_finish(): map what is ours to write (*own), seal it, and
  * say so; nothing stays mapped on error. Then the broker's answer (not
  * `wait`: -EINPROGRESS while none has come; `wait`: until `until`, the

@@ -310,8 +310,7 @@ static int dial_start(struct chime *c, uint64_t now)
 	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->recon_sock, &ev) < 0) {
 		/* Unwatched, the answer would wake nobody until DIAL_WAIT_NS: a failed attempt (ENOSPC, ENOMEM). */
 		r = -errno;
-		close(c->recon_sock);
-		c->recon_sock = -1;
+		cl_sock_close(&c->recon_sock);
 		return r;
 	}
 	/* No answer by then: the attempt failed (the fd is readable at it, through the timerfd). */
@@ -321,13 +320,17 @@ static int dial_start(struct chime *c, uint64_t now)
 	return 0;
 }
 
-/* The attempt's socket, out of chime_fd()'s set: closed by the caller, or moved onto c->sock. */
+/*
+ * The attempt's socket, out of chime_fd()'s set, to be closed by the
+ * caller (cl_sock_close(), after it is dup3()'d onto c->sock if the
+ * attempt succeeded): it stays in c->recon_sock until then, for a child
+ * forked meanwhile to close.
+ */
 static int dial_end(struct chime *c)
 {
 	int sock = c->recon_sock;
 
 	(void)epoll_ctl(c->ep_fd, EPOLL_CTL_DEL, sock, NULL);
-	c->recon_sock = -1;
 	return sock;
 }
 
@@ -397,7 +400,7 @@ static int attempt(struct chime *c, uint64_t now)
 		r = -ETIMEDOUT;
 	if (r < 0) {
 		cl_recon_offer_drop(c);
-		close(sock);
+		cl_sock_close(&c->recon_sock);
 		return r;
 	}
 	w = c->recon_w;
@@ -428,7 +431,7 @@ static int attempt(struct chime *c, uint64_t now)
 		r = -EPROTO;
 	(void)nfds;
 	cl_recon_offer_drop(c);         /* the descriptors, and the touch map a session never has */
-	close(sock);
+	cl_sock_close(&c->recon_sock);
 	if (r < 0)
 		return r;
 	cl_sock_ready(c->sock);

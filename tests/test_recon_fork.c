@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_recon_fork.c - review repro: a child forked while a session's
- * reconnect attempt is between steps must not keep a copy of the new
- * connection's socket (as a child forked during chime_open() does not:
- * fds_noted(), socket_noted()). mremap() and connect() are wrapped
- * (-Wl,--wrap) so that the fork lands deterministically inside the
- * windows of reconnect.c's attempt() (dial_end() .. close(sock)) and of
- * connect_broker() (socket() .. *out = fd).
+ * test_recon_fork.c - a child forked while a session's reconnect attempt
+ * is between steps keeps no copy of the new connection's socket, as a
+ * child forked during chime_open() keeps none (fork_child()): held by a
+ * child, it kept the session attached after its parent died (EBUSY for
+ * its next process). Before, the attempt's socket was in a local from
+ * socket() until connect_broker() returned, and again from dial_end()
+ * until it was closed, and a child forked then held it (found by a
+ * review). mremap() and connect() are wrapped (-Wl,--wrap) so that the
+ * fork lands in each of those windows: in attempt() as it maps the new
+ * segments, and in connect_broker() right after the connect.
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -25,7 +28,8 @@
 #include "chime_shm.h"
 #include "client.h"
 #include "helpers.h"
-#include "t_session.h"
+
+#define MS 1000000ull
 
 static struct t_chimed tb;
 static volatile int hook_mremap, hook_connect;
@@ -60,6 +64,7 @@ static void fork_and_count(void)
 }
 
 void *__real_mremap(void *old, size_t old_size, size_t new_size, int flags, ...);
+void *__wrap_mremap(void *old, size_t old_size, size_t new_size, int flags, ...);
 void *__wrap_mremap(void *old, size_t old_size, size_t new_size, int flags, ...)
 {
 	va_list ap;
@@ -70,21 +75,33 @@ void *__wrap_mremap(void *old, size_t old_size, size_t new_size, int flags, ...)
 	va_end(ap);
 	if (hook_mremap) {
 		hook_mremap = 0;
-		fork_and_count();       /* attempt(): the new socket is in a local only (dial_end() ran) */
+		fork_and_count();       /* attempt(), past dial_end(): the new socket not yet on c->sock */
 	}
 	return __real_mremap(old, old_size, new_size, flags, to);
 }
 
 int __real_connect(int fd, const struct sockaddr *sa, socklen_t len);
+int __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len);
 int __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len)
 {
 	int r = __real_connect(fd, sa, len);
 
 	if (r == 0 && hook_connect) {
 		hook_connect = 0;
-		fork_and_count();       /* connect_broker(): not yet in c->recon_sock */
+		fork_and_count();       /* connect_broker(), before it returned the socket */
 	}
 	return r;
+}
+
+/* A session on the test's broker. */
+static chime_t *sopen_ok(const char *session)
+{
+	struct chime_opts o = { .socket_path = tb.sock, .session = session };
+	chime_t *c = NULL;
+	int r = chime_open(&c, &o);
+
+	cr_assert_eq(r, 0, "chime_open(session '%s'): %s", session, strerror(-r));
+	return c;
 }
 
 static void stop(void)
@@ -101,7 +118,6 @@ static void fork_during_reconnect(volatile int *hook)
 	chime_t *c;
 
 	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1"), 0);
-	t_session_sock = tb.sock;
 	c = sopen_ok("forkrecon");
 	cr_assert_eq(chime_arm(c, 0, now_ns() + 3600000 * MS, 0, 1, &id), 0);
 	cr_assert_eq(t_chimed_restart(&tb, SIGKILL, "-n 1"), 0);
@@ -133,7 +149,6 @@ Test(recon_fork, control_a_child_forked_after_the_reconnect_holds_none)
 	chime_t *c;
 
 	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1"), 0);
-	t_session_sock = tb.sock;
 	c = sopen_ok("forkrecon");
 	fork_and_count();
 	cr_assert_eq(child_saw, 0, "before: %d", child_saw);

@@ -564,6 +564,10 @@ static __attribute__((noinline)) bool wall_early(struct shard_core *sc, uint32_t
 
 /* Nodes whose words fill a page: their words span at most 2 pages, their tags at most 2. */
 #define TOUCH_RUN (4096u / sizeof(uint64_t))
+/* Nodes whose words fill the 64 KiB the library allocates at once: mapped in one go (touch_words_check()). */
+#define TOUCH_WORD_BLOCK (16u * TOUCH_RUN)
+/* Nodes whose tags fill those 64 KiB (chan_touch_check()). */
+#define TOUCH_BLOCK 16384u
 
 /* The page of node idx's tag, and whether it was found resident (chan_touch_check(), a bit a page). */
 static inline uint64_t touch_tag_page(const struct chan *ch, uint32_t idx)
@@ -577,20 +581,6 @@ static inline bool touch_ready_page(const struct chan *ch, uint32_t idx)
 	uint64_t p = touch_tag_page(ch, idx);
 
 	return ch->touch_ready[p / 64] >> (p % 64) & 1;
-}
-
-/* Every page of [p, p + bytes) is resident (bytes: at most 2 pages' worth). */
-static bool touch_resident(const void *p, size_t bytes)
-{
-	unsigned char vec[3];
-	int n = chime_seg_resident(p, bytes, vec);
-
-	if (n <= 0 || n > 3)
-		return false;
-	for (int i = 0; i < n; i++)
-		if (!(vec[i] & 1))
-			return false;
-	return true;
 }
 
 /*
@@ -614,13 +604,15 @@ static bool touch_page_ok(const struct shard_core *sc, struct chan *ch, uint32_t
 	uint32_t last = first + TOUCH_RUN > sc->capacity ? sc->capacity - 1 : first + TOUCH_RUN - 1;
 
 	if (!(ch->touch_seen[run / 64] & UINT64_C(1) << (run % 64))) {
-		if (!ch->touch_word_want)
-			ch->touch_word_want = run + 1;
+		uint32_t block = idx / TOUCH_WORD_BLOCK;
+
+		ch->touch_word_wants[block / 64] |= UINT64_C(1) << (block % 64);
 		return false;
 	}
 	if (!touch_ready_page(ch, first) || !touch_ready_page(ch, last)) {
-		if (!ch->touch_want)
-			ch->touch_want = first + 1;
+		uint32_t block = first / TOUCH_BLOCK;
+
+		ch->touch_tag_wants[block / 64] |= UINT64_C(1) << (block % 64);
 		return false;
 	}
 	return true;
@@ -692,7 +684,6 @@ static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
  * stay allocated: the client sealed the table against punching before it
  * was attached.
  */
-#define TOUCH_BLOCK 16384u                 /* nodes: 64 KiB of tags */
 
 /*
  * Node idx was granted: if its tag's page, or the one half a block ahead
@@ -716,39 +707,131 @@ static inline void touch_want(const struct shard_core *sc, struct chan *ch, uint
 		ch->touch_want = idx + 1;
 }
 
-/* The words of the run wanted (touch_page_ok()), if every page of them is resident: into *p. */
+/* First set bit of bits[0, n): its index, or n. */
+static uint64_t first_bit(const uint64_t *bits, uint64_t n)
+{
+	for (uint64_t w = 0; w < (n + 63) / 64; w++)
+		if (bits[w])
+			return w * 64 + (uint64_t)__builtin_ctzll(bits[w]);
+	return n;
+}
+
+/*
+ * The words of block b: the resident pages' stretch that starts first (or,
+ * `from_start`, only one that starts at the block's first page), as the
+ * nodes [*lo, *hi) whose words lie wholly in it. False: none. True with
+ * *whole: the stretch reaches the block's end.
+ */
+static bool words_resident(const struct shard_core *sc, const struct chan *ch, uint64_t b, bool from_start,
+			   uint64_t *lo, uint64_t *hi, bool *whole)
+{
+	unsigned char vec[TOUCH_WORD_BLOCK * sizeof(uint64_t) / 4096 + 2];
+	uint64_t page = UINT64_C(1) << ch->touch_page_shift, base = (uintptr_t)ch->touch_word, pb;
+	uint64_t first = b * TOUCH_WORD_BLOCK;
+	uint32_t n = sc->capacity - first < TOUCH_WORD_BLOCK ? (uint32_t)(sc->capacity - first) : TOUCH_WORD_BLOCK;
+	int pages = chime_seg_resident(&ch->touch_word[first], (size_t)n * sizeof(uint64_t), vec), i, j;
+
+	for (i = 0; i < pages && !(vec[i] & 1) && !from_start; i++)
+		;
+	for (j = i; j < pages && (vec[j] & 1); j++)
+		;
+	if (i == j)
+		return false;
+	pb = (base + first * sizeof(uint64_t)) & ~(page - 1);
+	*lo = (pb + (uint64_t)i * page - base + sizeof(uint64_t) - 1) / sizeof(uint64_t);
+	*hi = (pb + (uint64_t)j * page - base) / sizeof(uint64_t);
+	*lo = *lo < first ? first : *lo;
+	*hi = *hi > first + n ? first + n : *hi;
+	*whole = j == pages;
+	return *hi > *lo;
+}
+
+/*
+ * The words of the first blocks a RESET_TOUCH wanted (touch_page_ok()):
+ * the runs not yet mapped in the first stretch of resident pages there,
+ * through the next wanted blocks while it goes on (a burst of first resets
+ * over a client's timers: one populate), as many runs as the budget has
+ * left, into *p. A block is what the library allocates at a first reset
+ * in it: a 64 KiB window of words.
+ */
+#define TOUCH_WORD_BLOCKS_MAX 64u       /* 4 MiB of words a populate at most */
+
 static bool touch_words_check(const struct shard_core *sc, struct chan *ch, struct chan_populate *p)
 {
-	uint32_t run = ch->touch_word_want - 1, first = run * TOUCH_RUN, n = TOUCH_RUN;
-	uintptr_t page = (uintptr_t)1 << ch->touch_page_shift, from, to;
+	uint64_t blocks = ((uint64_t)sc->capacity + TOUCH_WORD_BLOCK - 1) / TOUCH_WORD_BLOCK, b, lo, hi, l2, h2;
+	uint64_t page = UINT64_C(1) << ch->touch_page_shift, base = (uintptr_t)ch->touch_word;
+	uint64_t budget = ch->owned / 128 + 16, r_lo, r_hi, unseen = 0;
+	bool whole;
 
-	ch->touch_word_want = 0;
-	if (ch->touch_seen[run / 64] & UINT64_C(1) << (run % 64) || ch->touch_runs >= ch->owned / 128 + 16)
+	b = first_bit(ch->touch_word_wants, blocks);
+	if (b == blocks)
 		return false;
-	ch->touch_runs++;
-	if (first + n > sc->capacity)
-		n = sc->capacity - first;
-	if (!touch_resident(&ch->touch_word[first], (size_t)n * sizeof(uint64_t)))
+	/* Wanted until a look finds nothing more to map there (a stretch at a time) */
+	ch->touch_word_wants[b / 64] &= ~(UINT64_C(1) << (b % 64));
+	if (ch->touch_runs >= budget || !words_resident(sc, ch, b, false, &lo, &hi, &whole))
 		return false;
-	from = (uintptr_t)&ch->touch_word[first] & ~(page - 1);
-	to = ((uintptr_t)&ch->touch_word[first + n] + page - 1) & ~(page - 1);
-	*p = (struct chan_populate){ (void *)from, to - from };
+	ch->touch_word_wants[b / 64] |= UINT64_C(1) << (b % 64);
+	for (uint64_t k = b + 1; whole && k < blocks && k < b + TOUCH_WORD_BLOCKS_MAX &&
+	     (ch->touch_word_wants[k / 64] >> (k % 64) & 1); k++) {
+		if (!words_resident(sc, ch, k, true, &l2, &h2, &whole))
+			break;
+		hi = h2;
+	}
+	r_lo = (lo + TOUCH_RUN - 1) / TOUCH_RUN;
+	r_hi = hi == sc->capacity ? (hi + TOUCH_RUN - 1) / TOUCH_RUN : hi / TOUCH_RUN;
+	while (r_lo < r_hi && ch->touch_seen[r_lo / 64] >> (r_lo % 64) & 1)
+		r_lo++;         /* mapped by an earlier look */
+	for (uint64_t r = r_lo; r < r_hi; r++) {
+		if (ch->touch_seen[r / 64] >> (r % 64) & 1)
+			continue;
+		if (ch->touch_runs + unseen == budget) {
+			r_hi = r;
+			break;
+		}
+		unseen++;
+	}
+	if (!unseen) {
+		/* all mapped already: done with these blocks */
+		for (uint64_t k = lo / TOUCH_WORD_BLOCK; k <= (hi - 1) / TOUCH_WORD_BLOCK; k++)
+			ch->touch_word_wants[k / 64] &= ~(UINT64_C(1) << (k % 64));
+		return false;
+	}
+	ch->touch_runs += unseen;
+	lo = r_lo * TOUCH_RUN;
+	hi = r_hi * TOUCH_RUN < sc->capacity ? r_hi * TOUCH_RUN : sc->capacity;
+	lo = (base + lo * sizeof(uint64_t)) & ~(page - 1);
+	hi = (base + hi * sizeof(uint64_t) + page - 1) & ~(page - 1);
+	*p = (struct chan_populate){ (void *)lo, (size_t)(hi - lo) };
 	ch->touch_pop = TOUCH_POP_WORDS;
-	ch->touch_pop_first = run;
+	ch->touch_pop_first = (uint32_t)r_lo;
+	ch->touch_pop_n = (uint32_t)(r_hi - r_lo);
 	return true;
 }
 
-/* The first run of resident tag pages not yet mapped, in the block from the node wanted: into *p. */
+/*
+ * The first run of resident tag pages not yet mapped, in the block a
+ * RESET_TOUCH wanted (touch_page_ok()), else in the one from the node a
+ * grant wanted (touch_want()): into *p.
+ */
 static bool touch_tags_check(struct shard_core *sc, struct chan *ch, struct chan_populate *p)
 {
 	unsigned char vec[TOUCH_BLOCK * sizeof(uint32_t) / 4096 + 2];
 	uintptr_t page = (uintptr_t)1 << ch->touch_page_shift;
-	uint32_t idx = ch->touch_want - 1, n;
+	uint64_t blocks = ((uint64_t)sc->capacity + TOUCH_BLOCK - 1) / TOUCH_BLOCK, b;
+	uint32_t idx, n;
 	int pages, i, j;
 	uint64_t p0;
 
-	ch->touch_want = 0;
-	ch->touch_wait = TOUCH_CHECK_GRANTS;
+	b = first_bit(ch->touch_tag_wants, blocks);
+	if (b < blocks) {
+		idx = (uint32_t)b * TOUCH_BLOCK;        /* wanted until a look finds nothing more to map there */
+	} else if (ch->touch_want) {
+		idx = ch->touch_want - 1;
+		ch->touch_want = 0;
+		ch->touch_wait = TOUCH_CHECK_GRANTS;
+	} else {
+		return false;
+	}
 	n = sc->capacity - idx < TOUCH_BLOCK ? sc->capacity - idx : TOUCH_BLOCK;
 	pages = chime_seg_resident(&ch->touch_tag[idx], (size_t)n * sizeof(uint32_t), vec);
 	p0 = touch_tag_page(ch, idx);
@@ -758,8 +841,11 @@ static bool touch_tags_check(struct shard_core *sc, struct chan *ch, struct chan
 	for (j = i; j < pages; j++)
 		if (!(vec[j] & 1) || ch->touch_ready[(p0 + (uint64_t)j) / 64] >> ((p0 + (uint64_t)j) % 64) & 1)
 			break;
-	if (i == j)
+	if (i == j) {
+		if (b < blocks)
+			ch->touch_tag_wants[b / 64] &= ~(UINT64_C(1) << (b % 64));
 		return false;
+	}
 	*p = (struct chan_populate){
 		(void *)(((uintptr_t)&ch->touch_tag[idx] & ~(page - 1)) + (uintptr_t)i * page),
 		(size_t)(j - i) * page
@@ -774,15 +860,14 @@ bool chan_touch_check(struct shard_core *sc, struct chan *ch, struct chan_popula
 {
 	if (!ch->touch_ready || ch->touch_pop)
 		return false;
-	if (ch->touch_word_want && touch_words_check(sc, ch, p))
-		return true;
-	return ch->touch_want && touch_tags_check(sc, ch, p);
+	return touch_words_check(sc, ch, p) || touch_tags_check(sc, ch, p);
 }
 
 void chan_touch_populated(struct chan *ch, int res)
 {
 	if (res == 0 && ch->touch_pop == TOUCH_POP_WORDS) {
-		ch->touch_seen[ch->touch_pop_first / 64] |= UINT64_C(1) << (ch->touch_pop_first % 64);
+		for (uint64_t r = ch->touch_pop_first; r < (uint64_t)ch->touch_pop_first + ch->touch_pop_n; r++)
+			ch->touch_seen[r / 64] |= UINT64_C(1) << (r % 64);
 	} else if (res == 0 && ch->touch_pop == TOUCH_POP_TAGS) {
 		for (uint64_t q = ch->touch_pop_first; q < (uint64_t)ch->touch_pop_first + ch->touch_pop_n; q++)
 			ch->touch_ready[q / 64] |= UINT64_C(1) << (q % 64);
@@ -1960,11 +2045,14 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 		uint64_t runs = ((uint64_t)sc->capacity + TOUCH_RUN - 1) / TOUCH_RUN;
 		uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
 		uint64_t pages = ((uint64_t)sc->capacity * sizeof(uint32_t) + page - 1) / page + 1;
+		uint64_t blocks = ((uint64_t)sc->capacity + TOUCH_WORD_BLOCK - 1) / TOUCH_WORD_BLOCK;
 
 		ch->touch_page_shift = (uint8_t)__builtin_ctzll(page);
 		ch->touch_seen = calloc((runs + 63) / 64, sizeof(*ch->touch_seen));
 		ch->touch_ready = calloc((pages + 63) / 64, sizeof(*ch->touch_ready));
-		if (!ch->touch_seen || !ch->touch_ready) {
+		ch->touch_word_wants = calloc((blocks + 63) / 64, sizeof(*ch->touch_word_wants));
+		ch->touch_tag_wants = calloc((blocks + 63) / 64, sizeof(*ch->touch_tag_wants));    /* blocks of tags: fewer */
+		if (!ch->touch_seen || !ch->touch_ready || !ch->touch_word_wants || !ch->touch_tag_wants) {
 			/*
 			 * Never attached here, so no detach will end it (run_cmds():
 			 * "never attached"): give the user's share chan_init() took
@@ -2354,6 +2442,10 @@ void chan_fini(struct chan *ch)
 	ch->touch_seen = NULL;
 	free(ch->touch_ready);
 	ch->touch_ready = NULL;
+	free(ch->touch_word_wants);
+	ch->touch_word_wants = NULL;
+	free(ch->touch_tag_wants);
+	ch->touch_tag_wants = NULL;
 	ch->touch_want = 0;
 	ch->touch_word = NULL;
 	ch->touch_tag = NULL;

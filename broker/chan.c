@@ -593,10 +593,11 @@ static inline bool touch_ready_page(const struct chan *ch, uint32_t idx)
  * wait for the disk; once the broker maps it too, the kernel passes it
  * by. So a run's pages are looked at and mapped off this path, on an
  * io_uring worker (chan_touch_check(), shard.c), and the run is usable
- * once that is done: until then its RESET_TOUCH records are plain resets.
- * At most one run looked at per 128 nodes the client owns, plus 16, so
- * that records naming runs it never wrote cost the shard no syscall
- * each.
+ * once that is done: the RESET_TOUCH that wanted it waits at the head of
+ * its ring meanwhile (touch_hold()), and one naming a run with nothing
+ * resident to map is a plain reset. At most one run mapped per 128 nodes
+ * the client owns, plus 16, so that records naming runs it never wrote
+ * cost the shard no syscall each.
  */
 static bool touch_page_ok(const struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
@@ -1493,6 +1494,30 @@ static void node_reset(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 }
 
 /*
+ * A RESET_TOUCH of node idx at pos: wait for its run to be mapped? Only a
+ * one-shot the shard would flag (node_touch()) whose run is not mapped
+ * yet and not given up on (chan_touch_unhold()). Holding it, rather than
+ * applying it as a plain reset, keeps the client's next resets of the
+ * timer to the word alone: the first reset of each timer flags it, as
+ * when the shard looked at the run on this path itself (a mincore each).
+ */
+static bool touch_hold(const struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t pos)
+{
+	const struct chime_node *n = NODE(sc, idx);
+
+	if (!ch->touch_word || (n->gen & (CHIME_NODE_TOUCH | CHIME_NODE_REALTIME)) || n->period_ns ||
+	    n->state != CHIME_NODE_ARMED || pos + 1 == ch->touch_plain_pos)
+		return false;
+	return !touch_page_ok(sc, ch, idx);
+}
+
+void chan_touch_unhold(struct chan *ch)
+{
+	ch->touch_hold = 0;
+	ch->touch_plain_pos = ch->sq.head + 1;
+}
+
+/*
  * RESET_TOUCH: a reset whose deadline is the word of the client's table
  * (the client wrote it before the record; a later write of its wins).
  * A one-shot still armed after it is flagged (touch_flag()). A client
@@ -1717,6 +1742,11 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 			return 0;
 		slot_free(ch, ch->walk_pos);
 	}
+	if (ch->touch_hold) {
+		if (ch->touch_pop)
+			return 0;       /* its run is being mapped */
+		ch->touch_hold = 0;     /* mapped: the record decides again */
+	}
 	for (; n < budget; n++) {
 		if (!chime_sq_pop(&ch->sq, &r, &pos))
 			break;
@@ -1739,6 +1769,11 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 			break;
 		case CHIME_OP_RESET_TOUCH:
 			idx = lookup(sc, ch, r.id);
+			if (idx != CHIME_NIL && touch_hold(sc, ch, idx, pos)) {
+				ch->sq.head = pos;      /* not taken: applied once its run is mapped */
+				ch->touch_hold = 1;
+				goto waiting;
+			}
 			if (idx != CHIME_NIL)
 				node_touch(sc, ch, idx, r.deadline_ns);
 			break;

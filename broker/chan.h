@@ -307,6 +307,14 @@ struct chan {
 	uint8_t touch_pop;
 	uint32_t touch_pop_first;
 	uint32_t touch_pop_n;
+	/*
+	 * The RESET_TOUCH at the ring's head waits for its run to be mapped
+	 * (chan_drain(), touch_hold()): the client's records behind it wait
+	 * with it, for a populate's round trip; touch_plain_pos - 1 is one
+	 * applied without waiting, nothing being there to map.
+	 */
+	uint8_t touch_hold;
+	uint64_t touch_plain_pos;
 	uint8_t touch_page_shift;
 	uint64_t nr_backlog;
 	uint64_t owned;                 /* nodes of this shard owned by this client, any state */
@@ -411,6 +419,15 @@ struct chan_populate {
  */
 bool chan_touch_check(struct shard_core *sc, struct chan *ch, struct chan_populate *p);
 void chan_touch_populated(struct chan *ch, int res);
+
+/*
+ * chan_drain() stopped at a RESET_TOUCH whose run of the table is not
+ * mapped yet (ch->touch_hold): the caller has the wanted pages mapped
+ * (chan_touch_check()) and drains again once that is done, or, if there
+ * is nothing to map, calls this: the record is then applied as a plain
+ * reset.
+ */
+void chan_touch_unhold(struct chan *ch);
 
 /*
  * Records waiting in the submission ring: the client's sq_tail (positions

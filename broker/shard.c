@@ -1063,8 +1063,14 @@ static void loop(struct shard *s)
 			chan_wall_follow(sc, wall);
 			work = true;
 		}
-		for (uint32_t i = 0; i < s->nr_active; i++)
-			drained += chan_drain(sc, s->active[i], DRAIN_BUDGET);
+		for (uint32_t i = 0; i < s->nr_active; i++) {
+			struct chan *ch = s->active[i];
+
+			drained += chan_drain(sc, ch, DRAIN_BUDGET);
+			/* A RESET_TOUCH waits for its run: mapped now, off this thread; or, nothing to map, plain. */
+			if (ch->touch_hold && !ch->touch_pop && !touch_populate(s, ch))
+				chan_touch_unhold(ch);
+		}
 		/* a CANCEL_KEY in steps goes on in the next pass, records or not */
 		if (drained || chan_walking(sc))
 			work = true;

@@ -107,52 +107,16 @@ static int next_event(chime_t *c, struct chime_event *ev, int wait_ms)
 	return n;
 }
 
-/*
- * Reset id through the ring, to deadline_ns, until the shard has flagged
- * it (at most 3 s): the first reset of a timer whose run of the table the
- * broker has not mapped yet names the run, which the shard maps in its
- * next idle moment (broker/chan.c, touch_page_ok()); a reset after that
- * flags it. Returns the resets it took.
- */
-static unsigned reset_until_flagged(chime_t *c, chime_id_t id, uint64_t deadline_ns)
-{
-	uint64_t until = now_ns() + 3000 * MS;
-	unsigned n = 0;
-
-	do {
-		cr_assert_lt(now_ns(), until, "the shard did not flag the timer in 3 s (%u resets)", n);
-		if (n)
-			usleep(2000);
-		cr_assert_eq(chime_reset(c, id, deadline_ns), 0);
-		applied(c);
-		n++;
-	} while (at_load(tag_of(c, id)) != (chime_id_gen(id) | CHIME_TOUCH_ON));
-	return n;
-}
-
-/*
- * The run of the table that this thread's next timers go to (those after
- * the ones armed so far, on its home shard) mapped by the broker, as the
- * first reset of a timer there would have it (reset_until_flagged()): a
- * timer armed, flagged and cancelled.
- */
-static void next_run_mapped(chime_t *c)
-{
-	chime_id_t id;
-
-	cr_assert_eq(chime_arm(c, 0, UINT64_MAX, 0, 0, &id), 0);
-	(void)reset_until_flagged(c, id, UINT64_MAX);
-	cr_assert_eq(chime_cancel(c, id), 0);
-	applied(c);
-}
-
-/* Arm a one-shot and reset it through the ring, applied: flagged. */
+/* Arm a one-shot and reset it once through the ring, applied: flagged. */
 static chime_id_t flagged(chime_t *c, uint64_t deadline_ns, uint64_t user_data)
 {
 	chime_id_t id;
 
 	cr_assert_eq(chime_arm(c, 1, deadline_ns, 0, user_data, &id), 0);
-	(void)reset_until_flagged(c, id, deadline_ns);
+	cr_assert_eq(chime_reset(c, id, deadline_ns), 0);
+	applied(c);
+	cr_assert_eq(at_load(tag_of(c, id)), chime_id_gen(id) | CHIME_TOUCH_ON,
+		     "the shard did not flag the timer");
 	return id;
 }
 
@@ -193,8 +157,6 @@ Test(touch, a_one_shot_is_flagged_by_its_first_reset_and_a_periodic_never)
 	uint64_t t0 = now_ns(), before;
 	chime_id_t one, per, never;
 
-	next_run_mapped(c);
-	t0 = now_ns();
 	cr_assert_eq(chime_arm(c, 1, t0 + 100 * MS, 0, 1, &one), 0);
 	cr_assert_eq(chime_arm(c, 1, t0 + 3600000 * MS, 1000 * MS, 2, &per), 0);
 	cr_assert_eq(chime_arm(c, 1, UINT64_MAX, 0, 3, &never), 0);
@@ -744,13 +706,9 @@ Test(touch, a_client_spread_over_the_slab_gets_no_more_table_pages_than_its_shar
 		cr_assert_eq(chime_arm(a, k, far, 0, k, &id[k]), 0);
 		applied(a);
 	}
-	/* resets through the ring: each would flag its timer, once its run is mapped (one an idle moment) */
-	for (unsigned round = 1; round <= 40; round++) {
-		for (unsigned k = 0; k < 300; k++)
-			cr_assert_eq(chime_reset(a, id[k], far + round * MS), 0);
-		applied(a);
-		usleep(3000);
-	}
+	for (unsigned k = 0; k < 300; k++)     /* first resets: each would flag its timer */
+		cr_assert_eq(chime_reset(a, id[k], far + MS), 0);
+	applied(a);
 	for (unsigned k = 0; k < 300; k++) {
 		uint32_t run = chime_id_index(id[k]) / 512;
 
@@ -1003,14 +961,15 @@ Test(touch, a_grant_the_shard_tagged_is_in_the_table_before_its_arm)
 			     at_load(&c->touch_tag[chime_id_index(g)]));
 	}
 	cr_assert_gt(tagged, c->sq_size / 2, "%u of %u slots' grants tagged by the shard", tagged, c->sq_size);
-	/*
-	 * The last arms took grants the shard tagged: their resets are records
-	 * until the shard flags them (their run mapped: reset_until_flagged()),
-	 * then words.
-	 */
+	/* the last arms took grants the shard tagged: their first resets are records, the next words */
 	for (unsigned j = N - BURST; j < N; j++) {
 		cr_assert_eq(at_load(&c->touch_tag[chime_id_index(id[j])]), chime_id_gen(id[j]));
-		(void)reset_until_flagged(c, id[j], far + MS);
+		cr_assert_eq(chime_reset(c, id[j], far + MS), 0);
+	}
+	applied(c);
+	for (unsigned j = N - BURST; j < N; j++) {
+		cr_assert_eq(at_load(&c->touch_tag[chime_id_index(id[j])]), chime_id_gen(id[j]) | CHIME_TOUCH_ON,
+			     "timer %u not flagged by its first reset", j);
 		cr_assert_eq(chime_reset(c, id[j], far + 2 * MS), 0);
 		cr_assert_eq(at_load(word_of(c, id[j])), far + 2 * MS, "timer %u: its word not written", j);
 	}

@@ -599,21 +599,27 @@ static inline bool touch_ready_page(const struct chan *ch, uint32_t idx)
  * the client owns, plus 16, so that records naming runs it never wrote
  * cost the shard no syscall each.
  */
+static inline bool touch_budget_left(const struct chan *ch)
+{
+	return ch->touch_runs < ch->owned / 128 + 16 && !ch->touch_failed;
+}
+
 static bool touch_page_ok(const struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
 	uint32_t run = idx / TOUCH_RUN, first = run * TOUCH_RUN;
 	uint32_t last = first + TOUCH_RUN > sc->capacity ? sc->capacity - 1 : first + TOUCH_RUN - 1;
+	uint32_t block;
 
 	if (!(ch->touch_seen[run / 64] & UINT64_C(1) << (run % 64))) {
-		uint32_t block = idx / TOUCH_WORD_BLOCK;
-
-		ch->touch_word_wants[block / 64] |= UINT64_C(1) << (block % 64);
+		block = idx / TOUCH_WORD_BLOCK;
+		if (touch_budget_left(ch))
+			ch->touch_word_wants[block / 64] |= UINT64_C(1) << (block % 64);
 		return false;
 	}
 	if (!touch_ready_page(ch, first) || !touch_ready_page(ch, last)) {
-		uint32_t block = first / TOUCH_BLOCK;
-
-		ch->touch_tag_wants[block / 64] |= UINT64_C(1) << (block % 64);
+		block = first / TOUCH_BLOCK;
+		if (touch_budget_left(ch))
+			ch->touch_tag_wants[block / 64] |= UINT64_C(1) << (block % 64);
 		return false;
 	}
 	return true;
@@ -769,8 +775,12 @@ static bool touch_words_check(const struct shard_core *sc, struct chan *ch, stru
 		return false;
 	/* Wanted until a look finds nothing more to map there (a stretch at a time) */
 	ch->touch_word_wants[b / 64] &= ~(UINT64_C(1) << (b % 64));
-	if (ch->touch_runs >= budget || !words_resident(sc, ch, b, false, &lo, &hi, &whole))
+	if (ch->touch_runs >= budget)
 		return false;
+	if (!words_resident(sc, ch, b, false, &lo, &hi, &whole)) {
+		ch->touch_runs++;       /* a look at nothing counts as a run: a client naming runs it never wrote */
+		return false;
+	}
 	ch->touch_word_wants[b / 64] |= UINT64_C(1) << (b % 64);
 	for (uint64_t k = b + 1; whole && k < blocks && k < b + TOUCH_WORD_BLOCKS_MAX &&
 	     (ch->touch_word_wants[k / 64] >> (k % 64) & 1); k++) {
@@ -843,8 +853,10 @@ static bool touch_tags_check(struct shard_core *sc, struct chan *ch, struct chan
 		if (!(vec[j] & 1) || ch->touch_ready[(p0 + (uint64_t)j) / 64] >> ((p0 + (uint64_t)j) % 64) & 1)
 			break;
 	if (i == j) {
-		if (b < blocks)
+		if (b < blocks) {
 			ch->touch_tag_wants[b / 64] &= ~(UINT64_C(1) << (b % 64));
+			ch->touch_runs++;       /* as a look at words that finds nothing */
+		}
 		return false;
 	}
 	*p = (struct chan_populate){
@@ -866,6 +878,9 @@ bool chan_touch_check(struct shard_core *sc, struct chan *ch, struct chan_popula
 
 void chan_touch_populated(struct chan *ch, int res)
 {
+	/* Not mapped (an old kernel without MADV_POPULATE_WRITE, a fault): its resets stay records. */
+	if (res < 0 && res != -EAGAIN)
+		ch->touch_failed = 1;
 	if (res == 0 && ch->touch_pop == TOUCH_POP_WORDS) {
 		for (uint64_t r = ch->touch_pop_first; r < (uint64_t)ch->touch_pop_first + ch->touch_pop_n; r++)
 			ch->touch_seen[r / 64] |= UINT64_C(1) << (r % 64);
@@ -1506,7 +1521,7 @@ static bool touch_hold(const struct shard_core *sc, struct chan *ch, uint32_t id
 	const struct chime_node *n = NODE(sc, idx);
 
 	if (!ch->touch_word || (n->gen & (CHIME_NODE_TOUCH | CHIME_NODE_REALTIME)) || n->period_ns ||
-	    n->state != CHIME_NODE_ARMED || pos + 1 == ch->touch_plain_pos)
+	    n->state != CHIME_NODE_ARMED || pos + 1 == ch->touch_plain_pos || !touch_budget_left(ch))
 		return false;
 	return !touch_page_ok(sc, ch, idx);
 }

@@ -314,6 +314,7 @@ struct chan {
 	 * applied without waiting, nothing being there to map.
 	 */
 	uint8_t touch_hold;
+	uint8_t touch_failed;           /* a populate of the table failed: no fast path for this client */
 	uint64_t touch_plain_pos;
 	uint8_t touch_page_shift;
 	uint64_t nr_backlog;

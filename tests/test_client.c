@@ -257,13 +257,11 @@ static void fake_reply(int s, enum fake how)
 	}
 }
 
-/* Run a fake broker for one connection; return chime_open()'s result. */
-static int open_against_fake(enum fake how)
+/* A fake broker at sock_path, in a child, for one connection: its pid. It exits 1 on a bad hello. */
+static pid_t fake_start(enum fake how)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct chime_opts o = { .socket_path = sock_path };
-	chime_t *c = NULL;
-	int l = socket(AF_UNIX, SOCK_SEQPACKET, 0), r, st, fds;
+	int l = socket(AF_UNIX, SOCK_SEQPACKET, 0);
 	pid_t pid;
 
 	strcpy(sa.sun_path, sock_path);
@@ -283,6 +281,17 @@ static int open_against_fake(enum fake how)
 		_exit(0);
 	}
 	close(l);
+	return pid;
+}
+
+/* Run a fake broker for one connection; return chime_open()'s result. */
+static int open_against_fake(enum fake how)
+{
+	struct chime_opts o = { .socket_path = sock_path };
+	chime_t *c = NULL;
+	int r, st, fds;
+	pid_t pid = fake_start(how);
+
 	fds = count_fds();
 	r = chime_open(&c, &o);
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
@@ -424,28 +433,12 @@ Test(client, a_handshake_never_answered_times_out_under_a_stream_of_signals, .ti
  */
 Test(client, a_handshake_whose_ready_never_comes_ends_within_its_10_s, .timeout = 40)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct chime_opts o = { .socket_path = sock_path };
 	chime_t *c = NULL;
-	int l = socket(AF_UNIX, SOCK_SEQPACKET, 0), r, st;
 	uint64_t t0, took;
-	pid_t pid;
+	int r, st;
+	pid_t pid = fake_start(FAKE_LATE_NO_READY);
 
-	strcpy(sa.sun_path, sock_path);
-	cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	cr_assert_eq(listen(l, 4), 0);
-	pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		struct chime_hello h;
-		int s = accept(l, NULL, NULL);
-
-		if (s < 0 || recv(s, &h, sizeof(h), 0) != sizeof(h))
-			_exit(1);
-		fake_reply(s, FAKE_LATE_NO_READY);
-		_exit(0);
-	}
-	close(l);
 	t0 = chime_now();
 	r = chime_open(&c, &o);
 	took = chime_now() - t0;

@@ -440,8 +440,20 @@ int cl_dial_start(const char *path, const char *session, uint32_t flags, uint64_
 
 int cl_dial_finish(int sock, bool wait, struct chime_welcome *w, int *fds, unsigned *nfds)
 {
-	/* Waiting: the handshake's time runs from now (a reconnect never waits). */
-	return recv_welcome(sock, wait, handshake_until(), w, fds, nfds);
+	int r;
+
+	/* Waiting: the handshake's time runs from now. */
+	if (wait)
+		return recv_welcome(sock, true, handshake_until(), w, fds, nfds);
+	/*
+	 * A reconnect's (it never waits): under the lock the fork handlers
+	 * take, so that a child forked meanwhile finds the descriptors it
+	 * received counted in *nfds (c->recon_nfds), and closes them.
+	 */
+	pthread_mutex_lock(&open_lock);
+	r = recv_welcome(sock, false, 0, w, fds, nfds);
+	pthread_mutex_unlock(&open_lock);
+	return r;
 }
 
 /*
@@ -498,6 +510,9 @@ int cl_take_offer(int sock, const struct chime_welcome *w, const int *fds, struc
 	int r;
 
 	memset(own, 0, sizeof(*own));
+	/* A size we can check it against, before we fault it in (0 would take whatever the memfd has). */
+	if (w->rw_size == 0)
+		return -EBADMSG;
 	/* Faulted in by us, so that they are ours, not the broker's (it checks). */
 	r = map_own(fds[1], w->rw_size, true, &own->rw);
 	if (r == 0 && touch_fd >= 0)

@@ -165,6 +165,7 @@ enum fake {
 	FAKE_BAD_SEGMENTS,      /* the right fds, but segments of the wrong size */
 	FAKE_REFUSE_MAPPED,     /* a good welcome; its answer checked, then a refusal (-ENOMEM) */
 	FAKE_LATE_NO_READY,     /* a good welcome 6 s after the hello, its answer read, no ready ever */
+	FAKE_RW_UNSIZED,        /* a good welcome but for rw_size 0, with a 1 MiB rw memfd */
 };
 
 static void fake_reply(int s, enum fake how)
@@ -212,6 +213,14 @@ static void fake_reply(int s, enum fake how)
 		}
 		for (int i = 0; i < 2; i++)
 			fds[nfds++] = eventfd(0, 0);
+		break;
+	case FAKE_RW_UNSIZED:
+		w.rw_size = 0;
+		for (int i = 0; i < 3; i++) {
+			fds[nfds] = memfd_create("fake", MFD_ALLOW_SEALING);
+			(void)!ftruncate(fds[nfds++], i == 1 ? 1 << 20 : 4096);
+		}
+		fds[nfds++] = eventfd(0, 0);
 		break;
 	case FAKE_LATE_NO_READY:
 		sleep(6);
@@ -331,6 +340,9 @@ Test(client, malformed_welcomes_are_ebadmsg)
 	cr_assert_eq(open_against_fake(FAKE_FEW_FDS), -EBADMSG);
 	unlink(sock_path);
 	cr_assert_eq(open_against_fake(FAKE_BAD_SEGMENTS), -EBADMSG);
+	unlink(sock_path);
+	/* an rw size of 0 would have the library fault in whatever the memfd holds: refused before */
+	cr_assert_eq(open_against_fake(FAKE_RW_UNSIZED), -EBADMSG);
 }
 
 /*

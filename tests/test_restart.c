@@ -4294,3 +4294,88 @@ Test(restart, a_fresh_start_does_not_read_another_uids_shard_file)
 	}
 	unlink(copy);
 }
+
+/* ---- soak 2026-11-30 ("periodic 2/25619 never fired"): a periodic that came due only while its
+ * session was detached holds one event; the next process's cancel_key before its first drain
+ * discards that held event (chime_cancel(3): "even one the broker had already fired and not yet
+ * delivered"), across a broker crash or none. Designed behaviour, not a loss. ---- */
+
+#define DP_KEY 0x7777
+
+struct dp_x {
+	uint64_t d0;
+};
+
+static void dp_child(int wfd, void *arg)
+{
+	struct dp_x *x = arg;
+	chime_t *c = NULL;
+	chime_id_t id;
+
+	if (sopen(&c, "detper") < 0)
+		_exit(1);
+	if (chime_arm(c, DP_KEY, x->d0, 100 * MS, 1, &id) < 0)      /* the periodic: d0 after the kill */
+		_exit(2);
+	if (chime_arm(c, 1, x->d0, 0, 2, &id) < 0)                  /* a one-shot of another key */
+		_exit(3);
+	chime_flush(c);
+	(void)!write(wfd, "r", 1);
+	pause();
+}
+
+static void detached_periodic(int sig, bool cancel_first)
+{
+	struct chime_event ev[64];
+	struct dp_x x;
+	unsigned n, nper = 0, none = 0;
+	chime_t *c;
+	pid_t pid;
+
+	start("");
+	x.d0 = now_ns() + 300 * MS;
+	pid = child(dp_child, &x);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 2), 2);
+	kill_child(pid);                        /* as p33 (END_KILL) before its periodic's d0 */
+	while (now_ns() < x.d0 + 600 * MS)      /* due while detached: held, one event */
+		usleep(10 * 1000);
+	cr_assert_eq(t_nodes_settle(tb.sock, 1u << CHIME_NODE_BACKLOG, 2), 2,
+		     "the periodic and the one-shot are not both held");
+	if (sig)
+		restart(sig, "");
+	cr_assert_eq(t_nodes_settle(tb.sock, 1u << CHIME_NODE_BACKLOG, 2), 2,
+		     "the held events did not survive the restart");
+	c = sopen_ok("detper");
+	if (cancel_first)
+		cr_assert_eq(chime_cancel_key(c, DP_KEY), 0);
+	n = collect(c, ev, 64, now_ns() + 500 * MS);
+	for (unsigned i = 0; i < n; i++) {
+		if (ev[i].user_data == 1) {
+			nper++;
+			if (nper == 1)
+				cr_assert_eq(ev[i].deadline_ns, x.d0, "the held period is not d0");
+		} else {
+			none++;
+		}
+	}
+	cr_assert_eq(none, 1, "the one-shot came %u times", none);
+	if (cancel_first)
+		cr_assert_eq(nper, 0, "a cancel_key returned the held periodic's event (%u)", nper);
+	else
+		cr_assert_geq(nper, 2, "the held period then the later ones: %u", nper);
+	chime_close(c);
+}
+
+Test(restart, a_detached_periodics_held_event_is_taken_by_the_next_process)
+{
+	detached_periodic(SIGKILL, false);
+}
+
+Test(restart, a_detached_periodics_held_event_goes_with_a_cancel_key_before_the_first_drain_after_a_crash)
+{
+	detached_periodic(SIGKILL, true);
+}
+
+Test(restart, a_detached_periodics_held_event_goes_with_a_cancel_key_before_the_first_drain_no_restart)
+{
+	detached_periodic(0, true);
+}

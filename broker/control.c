@@ -454,11 +454,27 @@ static void refusals_log(struct broker *b, struct client *c, bool at_end)
 }
 
 /*
+ * Can the client still punch holes in this writable memfd of its own (not
+ * sealed against writes: an attach that failed before it sealed)? Our
+ * munmap of it would wait for a punch under way (discard_post()).
+ * F_GET_SEALS takes no lock a punch holds.
+ */
+static bool punchable(int fd)
+{
+	int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : F_SEAL_WRITE;
+
+	return seals < 0 || !(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE));
+}
+
+/*
  * What belongs to one process's connection: its segments, doorbells and
  * socket (a parked session keeps its channels, the shards' private state).
  */
 static void conn_release(struct broker *b, struct client *c)
 {
+	/* rw and the touch table, as discard_post() numbers them */
+	unsigned unsealed = (punchable(c->rw_fd) ? 1u : 0) | (punchable(c->touch_fd) ? 4u : 0);
+
 	if (b->ctl && c->mems)
 		refusals_log(b, c, true);       /* every shard is done with it: its counts are final */
 	exit_watch_end(b, c);
@@ -493,13 +509,21 @@ static void conn_release(struct broker *b, struct client *c)
 		size_t sizes[3] = { c->rw.size, c->ro.size, c->touch.size };
 		uint32_t max = b->o.max_clients_per_uid ? b->o.max_clients_per_uid : b->o.max_clients;
 
-		/* Our mappings go first, in steps (discard_step()): punches go after, through the descriptors. */
-		discard_post(b->discard, maps, fds, sizes, 3, c->acct_uid, max);
+		/*
+		 * Our mappings go first, in steps (discard_step()), an unsealed
+		 * one once it is sealed: punches go after, through the descriptors.
+		 */
+		discard_post(b->discard, maps, fds, sizes, 3, c->acct_uid, max, unsealed);
 		memset(&c->rw, 0, sizeof(c->rw));
 		memset(&c->ro, 0, sizeof(c->ro));
 		memset(&c->touch, 0, sizeof(c->touch));
 		c->rw_fd = c->ro_wfd = c->touch_fd = -1;
 	}
+	/* Stopping: an unsealed one stays mapped, for the exit to unmap (discard_stop()). */
+	if (unsealed & 1u)
+		memset(&c->rw, 0, sizeof(c->rw));
+	if (unsealed & 4u)
+		memset(&c->touch, 0, sizeof(c->touch));
 	chime_seg_unmap(&c->rw);
 	chime_seg_unmap(&c->ro);
 	chime_seg_unmap(&c->touch);

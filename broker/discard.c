@@ -3,6 +3,7 @@
 #include "discard.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -27,6 +28,16 @@ struct discard_job {
 	struct chime_map maps[DISCARD_SEGS];    /* ours, unmapped by discard_step() before the thread sees it */
 	int fds[DISCARD_SEGS];
 	size_t sizes[DISCARD_SEGS];
+	unsigned unsealed;                      /* segments to seal before the unmap (discard_post()) */
+	int seal_err[DISCARD_SEGS];             /* the sealer's: 0, or why segment i could not be sealed */
+	struct discard_job *snext;              /* the caller's thread only: on d->sealing until sealed */
+};
+
+/* A segment its client sealed for good, unsealed against writes: ours stays mapped (discard_post()). */
+struct discard_kept {
+	struct discard_kept *next;
+	uint32_t uid;
+	struct chime_map map;
 };
 
 struct discard {
@@ -44,6 +55,23 @@ struct discard {
 	bool stop;                          /* under lock: close what is left, no punch, and exit */
 	struct discard_job *pend, **pend_tail;  /* the caller's thread only: not handed over yet (discard_step()) */
 	unsigned npend;                         /* the caller's thread only: how many */
+
+	/*
+	 * The sealer: a thread of its own at normal priority, started with
+	 * the first job that needs it. A seal costs no CPU, but waits for a
+	 * punch under way (the inode lock): never on the caller's thread, and
+	 * not on the one above, which anyone can starve of CPU.
+	 */
+	pthread_t sthr;
+	bool sthr_started;                  /* the caller's thread only */
+	pthread_mutex_t slock;
+	pthread_cond_t scond;
+	struct discard_job *shead, **stail; /* under slock: to seal */
+	struct discard_job *sdone;          /* under slock: sealed (or not), for the caller's thread */
+	bool sstop;                         /* under slock: exit (what is left stays unsealed) */
+	struct discard_job *spend;          /* the caller's thread only: not handed to the sealer yet */
+	struct discard_job *sealing;        /* the caller's thread only: every job not back from it (snext) */
+	struct discard_kept *kept;          /* the caller's thread only */
 };
 
 static void fds_close(const int *fds, unsigned n)
@@ -63,7 +91,8 @@ static void fds_close(const int *fds, unsigned n)
 static void job_run(struct discard_job *j, bool punch)
 {
 	for (unsigned i = 0; i < j->n && punch; i++)
-		(void)chime_seg_discard(j->fds[i], j->sizes[i]);
+		if (j->fds[i] >= 0)
+			(void)chime_seg_discard(j->fds[i], j->sizes[i]);
 	fds_close(j->fds, j->n);
 }
 
@@ -115,6 +144,58 @@ static void *discard_main(void *arg)
 	}
 	d->leaving = at_idle;
 	pthread_mutex_unlock(&d->lock);
+	return NULL;
+}
+
+/*
+ * Seal each unsealed segment against writes through our descriptor. Once
+ * that returns no punch is under way (a seal is added under the inode
+ * lock, which a punch holds from its start to its end) and none can
+ * start: the caller's munmap, which takes the lock a punch holds while it
+ * tears the pages out of every mapping, no longer waits for the client.
+ * A memfd its client sealed for good (F_SEAL_SEAL) refuses the seal: kept
+ * mapped, unless the client sealed it against writes itself.
+ */
+static void job_seal(struct discard_job *j)
+{
+	for (unsigned i = 0; i < j->n; i++) {
+		int seals;
+
+		if (!(j->unsealed & (1u << i)))
+			continue;
+		if (fcntl(j->fds[i], F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0) {
+			j->seal_err[i] = 0;
+			continue;
+		}
+		j->seal_err[i] = -errno;
+		seals = fcntl(j->fds[i], F_GET_SEALS);
+		if (seals >= 0 && (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)))
+			j->seal_err[i] = 0;
+	}
+}
+
+static void *sealer_main(void *arg)
+{
+	struct discard *d = arg;
+
+	pthread_mutex_lock(&d->slock);
+	while (!d->sstop) {
+		struct discard_job *j = d->shead;
+
+		if (!j) {
+			pthread_cond_wait(&d->scond, &d->slock);
+			continue;
+		}
+		d->shead = j->next;
+		if (!d->shead)
+			d->stail = &d->shead;
+		pthread_mutex_unlock(&d->slock);
+		job_seal(j);
+		pthread_mutex_lock(&d->slock);
+		j->next = d->sdone;
+		d->sdone = j;
+	}
+	pthread_mutex_unlock(&d->slock);
 	return NULL;
 }
 
@@ -187,10 +268,15 @@ int discard_start(struct discard **out)
 	pthread_attr_setstack(&d->attr, m + page, DISCARD_STACK);
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_cond_init(&d->cond, NULL);
+	pthread_mutex_init(&d->slock, NULL);
+	pthread_cond_init(&d->scond, NULL);
 	d->tail = &d->head;
+	d->stail = &d->shead;
 	d->pend_tail = &d->pend;
 	r = thread_start(d);
 	if (r < 0) {
+		pthread_cond_destroy(&d->scond);
+		pthread_mutex_destroy(&d->slock);
 		pthread_cond_destroy(&d->cond);
 		pthread_mutex_destroy(&d->lock);
 		pthread_attr_destroy(&d->attr);
@@ -213,15 +299,18 @@ static unsigned waiting(const struct discard *d, uint32_t uid)
 }
 
 void discard_post(struct discard *d, struct chime_map *maps, int *fds, const size_t *sizes, unsigned n,
-		  uint32_t uid, unsigned max)
+		  uint32_t uid, unsigned max, unsigned unsealed)
 {
 	struct discard_job *j = d ? calloc(1, sizeof(*j)) : NULL;
 
 	if (n > DISCARD_SEGS)
 		n = DISCARD_SEGS;
+	unsealed &= (1u << n) - 1;
 	if (!j) {
+		/* An unsealed one stays mapped, uncounted: its munmap could wait for the client. */
 		for (unsigned i = 0; i < n; i++)
-			chime_seg_unmap(&maps[i]);
+			if (!(unsealed & (1u << i)))
+				chime_seg_unmap(&maps[i]);
 		fds_close(fds, n);
 	}
 	for (unsigned i = 0; j && i < n; i++) {
@@ -238,9 +327,112 @@ void discard_post(struct discard *d, struct chime_map *maps, int *fds, const siz
 	j->uid = uid;
 	j->max = max;
 	j->n = n;
+	j->unsealed = unsealed;
+	for (unsigned i = 0; i < n; i++)
+		j->seal_err[i] = -EAGAIN;       /* until the sealer says otherwise */
+	if (unsealed) {
+		j->next = d->spend;
+		d->spend = j;
+		j->snext = d->sealing;
+		d->sealing = j;
+		return;
+	}
 	*d->pend_tail = j;
 	d->pend_tail = &j->next;
 	d->npend++;
+}
+
+unsigned discard_unsealed(const struct discard *d, uint32_t uid)
+{
+	unsigned n = 0;
+
+	if (!d)
+		return 0;
+	for (const struct discard_job *j = d->sealing; j; j = j->snext)
+		if (j->uid == uid)
+			n += (unsigned)__builtin_popcount(j->unsealed);
+	for (const struct discard_kept *k = d->kept; k; k = k->next)
+		n += k->uid == uid;
+	return n;
+}
+
+/*
+ * Back from the sealer (or never sealed: the broker stops): what was
+ * sealed is unmapped and punched as any segment, what was not stays
+ * mapped, kept, and its descriptor goes (the mapping holds the memfd).
+ */
+static void job_sealed(struct discard *d, struct discard_job *j)
+{
+	struct discard_job **pp = &d->sealing;
+
+	while (*pp != j)
+		pp = &(*pp)->snext;
+	*pp = j->snext;
+	for (unsigned i = 0; i < j->n; i++) {
+		struct discard_kept *k;
+
+		if (!(j->unsealed & (1u << i)) || !j->seal_err[i])
+			continue;
+		k = calloc(1, sizeof(*k));
+		if (k) {        /* else left mapped, uncounted */
+			k->uid = j->uid;
+			k->map = j->maps[i];
+			k->next = d->kept;
+			d->kept = k;
+		}
+		memset(&j->maps[i], 0, sizeof(j->maps[i]));
+		close(j->fds[i]);
+		j->fds[i] = -1;
+	}
+	j->unsealed = 0;
+	j->next = NULL;
+	*d->pend_tail = j;
+	d->pend_tail = &j->next;
+	d->npend++;
+}
+
+static bool sealer_start(struct discard *d)
+{
+	if (d->sthr_started)
+		return true;
+	if (pthread_create(&d->sthr, NULL, sealer_main, d) != 0)
+		return false;           /* tried again at the next step */
+	pthread_setname_np(d->sthr, "chimed-seal");
+	d->sthr_started = true;
+	return true;
+}
+
+/*
+ * Jobs to the sealer, and those it is done with back, never waiting for
+ * its lock (it holds it for a few instructions at a time, but may be
+ * preempted there): at a later step if it holds it.
+ */
+static void sealer_step(struct discard *d)
+{
+	struct discard_job *done;
+
+	if (!d->sealing || !sealer_start(d) || pthread_mutex_trylock(&d->slock) != 0)
+		return;
+	if (d->spend) {
+		while (d->spend) {
+			struct discard_job *j = d->spend;
+
+			d->spend = j->next;
+			j->next = NULL;
+			*d->stail = j;
+			d->stail = &j->next;
+		}
+		pthread_cond_signal(&d->scond);
+	}
+	done = d->sdone;
+	d->sdone = NULL;
+	pthread_mutex_unlock(&d->slock);
+	while (done) {
+		struct discard_job *j = done;
+
+		done = j->next;
+		job_sealed(d, j);
+	}
 }
 
 /* The oldest job not handed over yet, off the list. */
@@ -293,6 +485,7 @@ bool discard_step(struct discard *d, uint64_t budget_ns)
 
 	if (!d)
 		return false;
+	sealer_step(d);
 	while (d->pend) {
 		if (!job_hand_over(d)) {
 			held = true;
@@ -326,6 +519,27 @@ void discard_stop(struct discard *d)
 
 	if (!d)
 		return;
+	/* The sealer ends the seal it is in (one punch's wait at most); what it has not sealed stays mapped. */
+	if (d->sthr_started) {
+		pthread_mutex_lock(&d->slock);
+		d->sstop = true;
+		pthread_cond_signal(&d->scond);
+		pthread_mutex_unlock(&d->slock);
+		pthread_join(d->sthr, NULL);
+	}
+	while (d->spend || d->shead || d->sdone) {
+		struct discard_job **from = d->spend ? &d->spend : d->shead ? &d->shead : &d->sdone;
+		struct discard_job *j = *from;
+
+		*from = j->next;
+		job_sealed(d, j);
+	}
+	while (d->kept) {
+		struct discard_kept *k = d->kept;
+
+		d->kept = k->next;
+		free(k);
+	}
 	while (d->pend) {
 		struct discard_job *j = pend_pop(d);
 
@@ -357,6 +571,8 @@ void discard_stop(struct discard *d)
 		d->done = j->next;
 		free(j);
 	}
+	pthread_cond_destroy(&d->scond);
+	pthread_mutex_destroy(&d->slock);
 	pthread_cond_destroy(&d->cond);
 	pthread_mutex_destroy(&d->lock);
 	pthread_attr_destroy(&d->attr);

@@ -24,6 +24,13 @@
  * exited, and a killed one waited for its thread at idle priority, the
  * last to get a CPU beside any busy loop: SIGKILL to waitpid() 0.4-0.6 s
  * (median), up to 2.6 s, with 3 busy loops on 2 CPUs; 10-20 ms now.
+ *
+ * A writable segment its client never sealed (an attach that failed
+ * before it did) it may still punch: our munmap of it would wait for the
+ * punch under way, 200-330 ms on the control thread with 60,000 mappings
+ * of the client's (a review). Such a segment is sealed against writes
+ * first, on a second thread, at normal priority (a seal costs no CPU, only
+ * a wait for that punch), and unmapped once sealed (discard_post()).
  */
 #ifndef CHIME_DISCARD_H
 #define CHIME_DISCARD_H
@@ -45,9 +52,24 @@ int discard_start(struct discard **d);
  * for discard_step(), on the caller's thread: munmap costs our page
  * tables (50 us for a session's segments here), and 2500 sessions parked
  * at once, unmapped in a row, held another user's open 117-148 ms.
+ *
+ * Bit i of `unsealed`: segment i is one the client may still punch holes
+ * in (a writable memfd of its own, not sealed against writes: an attach
+ * that failed before the client sealed). Our munmap of it would wait for
+ * a punch under way, for as long as the client's mappings make it: it is
+ * sealed first (F_SEAL_FUTURE_WRITE, on a thread of its own, since the
+ * seal waits out that punch too), then unmapped. One the client sealed
+ * for good without that seal (F_SEAL_SEAL) stays mapped until the broker
+ * exits: counted for its user (discard_unsealed()).
  */
 void discard_post(struct discard *d, struct chime_map *maps, int *fds, const size_t *sizes, unsigned n,
-		  uint32_t uid, unsigned max);
+		  uint32_t uid, unsigned max, unsigned unsealed);
+
+/*
+ * User uid's segments waiting for that seal, or kept mapped for good
+ * without it. The caller's thread only; O(such segments of all users).
+ */
+unsigned discard_unsealed(const struct discard *d, uint32_t uid);
 
 /*
  * For about budget_ns at most (one at least), what discard_post() queued:
@@ -68,7 +90,13 @@ bool discard_step(struct discard *d, uint64_t budget_ns);
 /* The control loop's budget for it, per iteration: about a handshake's cost. */
 #define DISCARD_STEP_NS (UINT64_C(300) * 1000u)
 
-/* Unmap and close what is still queued (no punch: the broker is stopping) and join the thread; NULL is fine. */
+/*
+ * Unmap and close what is still queued (no punch: the broker is stopping)
+ * and join the threads (the sealer ends the seal it is in, which waits
+ * for one punch at most); NULL is fine. A segment still unsealed stays
+ * mapped, for the exit to unmap: that waits for a punch under way too,
+ * but the lock file goes before it, so the next broker need not wait.
+ */
 void discard_stop(struct discard *d);
 
 #endif /* CHIME_DISCARD_H */

@@ -22,6 +22,7 @@
 #include "atomics.h"
 #include "broker.h"
 #include "clock.h"
+#include "discard.h"
 #include "log.h"
 
 void arm_hello(struct broker *b, struct conn *cn)
@@ -117,6 +118,22 @@ static bool uid_full(const struct broker *b, uid_t uid)
 	 * of the table for as long as it likes.
 	 */
 	return live >= max || all >= 2 * max || held >= (max / 4 ? max / 4 : 1);
+}
+
+/*
+ * The segments of a user's connections that ended before their client
+ * sealed them wait for our seal before we unmap them, or stay mapped for
+ * good if the client sealed them otherwise (discard_post()): a user may
+ * hold a quarter of its share of connections so (--max-clients without
+ * one; at least one), two segments each, as HELD slots. Counted whatever
+ * the attach: a session's re-attach that fails leaves them too.
+ */
+static bool unsealed_full(const struct broker *b, uid_t uid)
+{
+	uint32_t share = b->o.max_clients_per_uid ? b->o.max_clients_per_uid : b->o.max_clients;
+	uint32_t quarter = share / 4 ? share / 4 : 1;
+
+	return discard_unsealed(b->discard, policy_account_uid(&b->policy, uid)) >= 2 * quarter;
 }
 
 /* "refusing pid ..." at most once a second: a refused client that retries must not flood the log. */
@@ -870,6 +887,12 @@ void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred
 		/* An older libchime: it would leave its segments open to holes that stall a shard. */
 		refuse_log(b, &cred, "its library does not seal its segments (CHIME_HELLO_SEALS): libchime too old");
 		send_status(cn->fd, -EPROTO);
+		return;
+	}
+	if (attach && unsealed_full(b, cred.uid)) {
+		refuse_log(b, &cred, "its user's connections that ended before their client sealed its segments "
+			   "left the broker a quarter of its --max-clients-per-uid of them to seal, or kept");
+		send_status(cn->fd, -EUSERS);
 		return;
 	}
 	if (attach && h->session[0]) {

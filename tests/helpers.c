@@ -251,7 +251,9 @@ int t_answer_offer_as(int fd, enum t_answer how, int *kept, int *nkept)
 		if (i == 1 && how != T_ANSWER_UNFAULTED)
 			chime_seg_populate(map.base, map.size);
 		chime_seg_unmap(&map);          /* its pages stay in the memfd */
-		if (how != T_ANSWER_UNSEALED)
+		if (how == T_ANSWER_SEALED_OPEN)
+			r = fcntl(fds[i], F_ADD_SEALS, F_SEAL_SEAL) < 0 ? -errno : 0;
+		else if (how != T_ANSWER_UNSEALED)
 			r = chime_seg_seal(fds[i], CHIME_SEAL_WRITES);
 	}
 	if (r == 0 && send(fd, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m))
@@ -267,6 +269,19 @@ int t_answer_offer_as(int fd, enum t_answer how, int *kept, int *nkept)
 	if (r == 0 && poll(&(struct pollfd){ .fd = fd, .events = POLLIN }, 1, 10000) != 1)
 		r = -ETIMEDOUT;
 	return r;
+}
+
+int t_raw_attach_hello(const char *sock)
+{
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
+				 .flags = CHIME_HELLO_SEALS, .limit = CHIME_HELLO_TOUCH };
+	int fd = t_sock_connect(sock);
+
+	if (fd >= 0 && send(fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
 }
 
 int t_answer_offer(int fd)

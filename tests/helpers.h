@@ -71,13 +71,18 @@ int t_sock_connect(const char *path);
  */
 int t_answer_offer(int fd);
 
+/* A hello by hand for an anonymous attach with a touch table, on a new connection to sock; its fd. */
+int t_raw_attach_hello(const char *sock);
+
 /*
  * The same answered as `how`: HONEST as above; UNSEALED without the seals;
  * UNFAULTED sealed before its pages are faulted in; MALFORMED a message
- * that is not a struct chime_mapped. kept: if not NULL, the welcome's
- * descriptors are handed to the caller (*nkept of them), not closed.
+ * that is not a struct chime_mapped; SEALED_OPEN sealed for good
+ * (F_SEAL_SEAL) but not against writes, so that nobody can seal them
+ * against punches any more. kept: if not NULL, the welcome's descriptors
+ * are handed to the caller (*nkept of them), not closed.
  */
-enum t_answer { T_ANSWER_HONEST, T_ANSWER_UNSEALED, T_ANSWER_UNFAULTED, T_ANSWER_MALFORMED };
+enum t_answer { T_ANSWER_HONEST, T_ANSWER_UNSEALED, T_ANSWER_UNFAULTED, T_ANSWER_MALFORMED, T_ANSWER_SEALED_OPEN };
 int t_answer_offer_as(int fd, enum t_answer how, int *kept, int *nkept);
 
 /* The broker's last answer to an attach on fd, read: its status; -ECONNRESET if it hung up. */

@@ -2177,3 +2177,46 @@ Test(access, an_open_beside_a_users_eight_unfinished_handshakes_gets_in)
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the open failed beside 8 unfinished handshakes: %s",
 		  WIFEXITED(st) ? strerror(WEXITSTATUS(st)) : "killed");
 }
+
+/* As its user: an attach answered with segments sealed for good but writable; 0 if it was refused (-EPROTO). */
+static int attach_sealed_open(void *arg)
+{
+	int kept[16], n = 0, fd = t_raw_attach_hello(tb.sock), r;
+
+	(void)arg;
+	if (fd < 0)
+		return 1;
+	r = t_answer_offer_as(fd, T_ANSWER_SEALED_OPEN, kept, &n);
+	if (r == 0)
+		r = t_attach_answer(fd);
+	for (int i = 0; i < n; i++)
+		close(kept[i]);
+	close(fd);
+	return r == -EPROTO ? 0 : 2;
+}
+
+/*
+ * A client that seals its rw segment and touch table for good (F_SEAL_SEAL)
+ * without sealing them against writes is refused, and leaves the broker
+ * no way to stop its punches: the broker keeps its mappings of them (its
+ * munmap would wait for a punch), counted for that user, up to a quarter
+ * of its share of connections. Past that, its user alone is refused
+ * (-EUSERS), for good: nothing of libchime seals so.
+ */
+Test(access, a_client_sealing_its_segments_for_good_but_writable_locks_out_its_own_user_only)
+{
+	int st = 0;
+
+	need_users();
+	start("--allow-all --max-clients-per-uid 4");
+	cr_assert_eq(as_user("chimet1", attach_sealed_open, NULL), 0, "the attach sealed for good but writable was not "
+		     "refused with EPROTO");
+	/* counted once the shards have let go of the connection: milliseconds */
+	for (int i = 0; i < 100 && (st = as_user("chimet1", open_status, NULL)) == 0; i++)
+		usleep(10000);
+	cr_assert_eq(st, 87, "its user's next open: %d, not EUSERS", st);
+	usleep(1000 * 1000);    /* the broker has tried to seal them, and kept them */
+	cr_assert_eq(as_user("chimet1", open_status, NULL), 87, "its user was let in again");
+	cr_assert_eq(as_user("chimet2", open_status, NULL), 0, "another user was refused");
+	cr_assert_eq(open_status(NULL), 0, "root was refused");
+}

@@ -13,6 +13,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -125,7 +126,7 @@ static void post(struct discard *d, struct seg *s)
 {
 	size_t size = SEG_BYTES;
 
-	discard_post(d, &s->map, &s->fd, &size, 1, 1000, 1000);
+	discard_post(d, &s->map, &s->fd, &size, 1, 1000, 1000, 0);
 	cr_assert_null(s->map.base, "the caller forgets its mapping");
 	cr_assert_eq(s->fd, -1, "and its descriptor");
 }
@@ -221,4 +222,108 @@ Test(discard, jobs_waiting_on_a_held_lock_are_bounded)
 	for (int i = 0; i < N; i++)
 		close(s[i].watch);
 	discard_stop(d);
+}
+
+/* Is [p, p + len) mapped in this process? (mincore fails with ENOMEM where it is not) */
+static bool mapped(void *p, size_t len)
+{
+	unsigned char v[SEG_BYTES / 4096];
+
+	return mincore(p, len, v) == 0;
+}
+
+static int seals_of(const struct seg *s)
+{
+	return fcntl(s->watch, F_GET_SEALS);
+}
+
+/*
+ * A segment its client may still punch holes in (an attach that failed
+ * before the client sealed it): our munmap would wait for a punch under
+ * way. Sealed against writes first, on the sealer thread; unmapped only
+ * after, and counted for its user until then.
+ */
+Test(discard, an_unsealed_segment_is_sealed_before_it_is_unmapped)
+{
+	struct discard *d;
+	struct seg s;
+	size_t size = SEG_BYTES;
+	uint64_t end;
+	void *base;
+
+	cr_assert_eq(discard_start(&d), 0);
+	seg_make(&s);
+	base = s.map.base;
+	cr_assert_eq(seals_of(&s) & F_SEAL_FUTURE_WRITE, 0);
+	discard_post(d, &s.map, &s.fd, &size, 1, 1000, 1000, 1u);
+	cr_assert(mapped(base, SEG_BYTES), "unmapped before its seal");
+	cr_assert_eq(discard_unsealed(d, 1000), 1u);
+	cr_assert_eq(discard_unsealed(d, 1001), 0u, "counted for another user");
+	for (end = now_ns() + 2 * SEC; mapped(base, SEG_BYTES) && now_ns() < end;) {
+		(void)discard_step(d, SEC);
+		cr_assert(!mapped(base, SEG_BYTES) ? (seals_of(&s) & F_SEAL_FUTURE_WRITE) != 0 : true,
+			  "unmapped, but not sealed: %#x", seals_of(&s));
+		usleep(1000);
+	}
+	cr_assert_not(mapped(base, SEG_BYTES), "still mapped after 2 s");
+	cr_assert_neq(seals_of(&s) & F_SEAL_FUTURE_WRITE, 0, "not sealed: %#x", seals_of(&s));
+	cr_assert_eq(discard_unsealed(d, 1000), 0u, "still counted once let go");
+	cr_assert_eq(atomic_load(&control_locks), 0, "a step waited for a lock");
+	close(s.watch);
+	discard_stop(d);
+}
+
+/*
+ * A client that sealed its memfd for good (F_SEAL_SEAL) without sealing
+ * it against writes leaves nobody a way to stop its punches: our mapping
+ * stays, counted for its user, and not even a stop unmaps it (the exit
+ * does). Its descriptor goes.
+ */
+Test(discard, a_segment_sealed_for_good_but_writable_stays_mapped_and_counted)
+{
+	struct discard *d;
+	struct seg s;
+	size_t size = SEG_BYTES;
+	void *base;
+
+	cr_assert_eq(discard_start(&d), 0);
+	seg_make(&s);
+	base = s.map.base;
+	cr_assert_eq(fcntl(s.watch, F_ADD_SEALS, F_SEAL_SEAL), 0);
+	discard_post(d, &s.map, &s.fd, &size, 1, 1000, 1000, 1u);
+	for (int i = 0; i < 200 && seg_refs(&s) > 1; i++) {
+		(void)discard_step(d, SEC);
+		usleep(1000);
+	}
+	cr_assert_eq(seg_refs(&s), 1u, "the job's descriptor was not closed");
+	cr_assert(mapped(base, SEG_BYTES), "unmapped, though its client can still punch it");
+	cr_assert_eq(discard_unsealed(d, 1000), 1u, "not counted for its user");
+	cr_assert_geq(seg_bytes(&s), SEG_BYTES, "punched: the pages are its client's");
+	discard_stop(d);
+	cr_assert(mapped(base, SEG_BYTES), "unmapped at the stop");
+	munmap(base, SEG_BYTES);
+	close(s.watch);
+}
+
+/* A stop while a segment waits for its seal (the sealer's lock "held" meanwhile): left mapped, its descriptor closed. */
+Test(discard, a_stop_leaves_a_segment_waiting_for_its_seal_mapped)
+{
+	struct discard *d;
+	struct seg s;
+	size_t size = SEG_BYTES;
+	void *base;
+
+	cr_assert_eq(discard_start(&d), 0);
+	seg_make(&s);
+	base = s.map.base;
+	atomic_store(&held, true);
+	discard_post(d, &s.map, &s.fd, &size, 1, 1000, 1000, 1u);
+	(void)discard_step(d, SEC);
+	cr_assert_eq(seals_of(&s) & F_SEAL_FUTURE_WRITE, 0, "sealed though never handed over");
+	atomic_store(&held, false);
+	discard_stop(d);
+	cr_assert(mapped(base, SEG_BYTES), "unmapped unsealed at the stop");
+	cr_assert_eq(seg_refs(&s), 1u, "its descriptor was not closed");
+	munmap(base, SEG_BYTES);
+	close(s.watch);
 }

@@ -237,6 +237,17 @@ static int seals_of(const struct seg *s)
 	return fcntl(s->watch, F_GET_SEALS);
 }
 
+/* Post s as a segment its client may still punch (user 1000); our mapping's address, which the caller forgot. */
+static void *post_unsealed(struct discard *d, struct seg *s)
+{
+	size_t size = SEG_BYTES;
+	void *base = s->map.base;
+
+	discard_post(d, &s->map, &s->fd, &size, 1, 1000, 1000, 1u);
+	cr_assert_null(s->map.base, "the caller forgets its mapping");
+	return base;
+}
+
 /*
  * A segment its client may still punch holes in (an attach that failed
  * before the client sealed it): our munmap would wait for a punch under
@@ -247,15 +258,13 @@ Test(discard, an_unsealed_segment_is_sealed_before_it_is_unmapped)
 {
 	struct discard *d;
 	struct seg s;
-	size_t size = SEG_BYTES;
 	uint64_t end;
 	void *base;
 
 	cr_assert_eq(discard_start(&d), 0);
 	seg_make(&s);
-	base = s.map.base;
 	cr_assert_eq(seals_of(&s) & F_SEAL_FUTURE_WRITE, 0);
-	discard_post(d, &s.map, &s.fd, &size, 1, 1000, 1000, 1u);
+	base = post_unsealed(d, &s);
 	cr_assert(mapped(base, SEG_BYTES), "unmapped before its seal");
 	cr_assert_eq(discard_unsealed(d, 1000), 1u);
 	cr_assert_eq(discard_unsealed(d, 1001), 0u, "counted for another user");
@@ -283,14 +292,12 @@ Test(discard, a_segment_sealed_for_good_but_writable_stays_mapped_and_counted)
 {
 	struct discard *d;
 	struct seg s;
-	size_t size = SEG_BYTES;
 	void *base;
 
 	cr_assert_eq(discard_start(&d), 0);
 	seg_make(&s);
-	base = s.map.base;
 	cr_assert_eq(fcntl(s.watch, F_ADD_SEALS, F_SEAL_SEAL), 0);
-	discard_post(d, &s.map, &s.fd, &size, 1, 1000, 1000, 1u);
+	base = post_unsealed(d, &s);
 	for (int i = 0; i < 200 && seg_refs(&s) > 1; i++) {
 		(void)discard_step(d, SEC);
 		usleep(1000);
@@ -310,14 +317,12 @@ Test(discard, a_stop_leaves_a_segment_waiting_for_its_seal_mapped)
 {
 	struct discard *d;
 	struct seg s;
-	size_t size = SEG_BYTES;
 	void *base;
 
 	cr_assert_eq(discard_start(&d), 0);
-	seg_make(&s);
-	base = s.map.base;
 	atomic_store(&held, true);
-	discard_post(d, &s.map, &s.fd, &size, 1, 1000, 1000, 1u);
+	seg_make(&s);
+	base = post_unsealed(d, &s);
 	(void)discard_step(d, SEC);
 	cr_assert_eq(seals_of(&s) & F_SEAL_FUTURE_WRITE, 0, "sealed though never handed over");
 	atomic_store(&held, false);

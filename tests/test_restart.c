@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -1598,6 +1599,85 @@ Test(restart, a_broker_with_other_rings_ends_the_reconnect_with_enotconn)
 	cr_assert_eq(chime_cancel(c, id), 0);
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 0), 0, "the old id did not cancel its timer");
 	chime_close(c);
+}
+
+/*
+ * A reconnect attempt that leaves the broker's messages unread for a while
+ * (no call into the library for longer than the broker's HELLO_TIMEOUT_S,
+ * 2 s): the broker withdraws the welcome with -ETIMEDOUT and, both still
+ * unread, keeps the socket and the session's slot (control.c, held_fd)
+ * until they are read or dropped. The library reads the welcome at its
+ * next call and then either reads the status too (same rings: the attempt
+ * failed, the next one reattaches) or abandons the welcome with the status
+ * unread behind it (other rings: -ENOTCONN) and closes the socket. Either
+ * way nothing stays held: a close drops what is unread before the broker
+ * sees the hang-up, and the next hello finds the socket drained. Kept
+ * open instead (a socket shut down but not closed, or leaked), the slot
+ * stays held: the next open waits HELD_WAIT_NS (1 s) and gets -EBUSY, and
+ * the library's own next attempts get the same until its window ends.
+ */
+static void a_reconnect_welcome_left_unread(bool other_rings)
+{
+	struct chime_event ev;
+	uint64_t t0, took;
+	int r = 0, queued = 0, st;
+	chime_t *c;
+
+	start("-n 1");
+	c = sopen_ok("unread");
+	restart(SIGTERM, other_rings ? "-n 1 --sq-size 64" : "-n 1");
+	/*
+	 * Calls until one has sent the attempt's hello (white box), then none.
+	 * The broker stopped meanwhile: on a loaded host, woken by each send,
+	 * it answered the hello and the mapped answer before the call went on,
+	 * and the whole attempt was over within the call that began it.
+	 */
+	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
+	cr_assert_eq(waitpid(tb.pid, &st, WUNTRACED), tb.pid);
+	cr_assert(WIFSTOPPED(st));
+	for (int i = 0; i < 1000 && c->recon_sock < 0; i++) {
+		cr_assert_eq(chime_poll(c, &ev, 1), 0);
+		usleep(1000);
+	}
+	cr_assert_eq(kill(tb.pid, SIGCONT), 0);
+	cr_assert_geq(c->recon_sock, 0, "no reconnect attempt began");
+	/* The welcome, then (2 s later) the broker's -ETIMEDOUT behind it, both unread. */
+	for (t0 = now_ns(); now_ns() - t0 < 5000 * MS; usleep(10000)) {
+		cr_assert_eq(ioctl(c->recon_sock, FIONREAD, &queued), 0);
+		if (queued >= 2 * (int)sizeof(struct chime_welcome))
+			break;
+	}
+	cr_assert_eq(queued, 2 * (int)sizeof(struct chime_welcome),
+		     "%d bytes unread, not a welcome and the status that withdrew it", queued);
+	t0 = now_ns();
+	if (other_rings) {
+		cr_assert_eq(chime_poll(c, &ev, 1), -ENOTCONN, "the welcome of other rings was taken");
+		chime_close(c);
+		r = sopen(&c, "unread");
+		took = now_ns() - t0;
+		cr_assert_eq(r, 0, "the next process's open: %s", strerror(-r));
+	} else {
+		uint64_t before = c->reconnects;
+
+		while (c->reconnects == before && now_ns() - t0 < 5000 * MS)
+			cr_assert_geq(r = chime_wait(c, &ev, 1, 10), 0, "chime_wait: %s", strerror(-r));
+		took = now_ns() - t0;
+		cr_assert_eq(c->reconnects, before + 1, "not reconnected within 5 s");
+	}
+	cr_log_info("%s after %.1f ms", other_rings ? "the next open" : "reconnected", (double)took / 1e6);
+	cr_assert_lt(took, 500 * MS, "%s after %.0f ms: the broker held the abandoned attempt's socket",
+		     other_rings ? "the next open" : "reconnected", (double)took / 1e6);
+	chime_close(c);
+}
+
+Test(restart, a_reconnect_welcome_withdrawn_while_unread_holds_nothing_once_read)
+{
+	a_reconnect_welcome_left_unread(false);
+}
+
+Test(restart, a_reconnect_welcome_abandoned_with_a_status_unread_behind_it_holds_nothing)
+{
+	a_reconnect_welcome_left_unread(true);
 }
 
 /*

@@ -271,19 +271,6 @@ int t_answer_offer_as(int fd, enum t_answer how, int *kept, int *nkept)
 	return r;
 }
 
-int t_raw_attach_hello(const char *sock)
-{
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
-				 .flags = CHIME_HELLO_SEALS, .limit = CHIME_HELLO_TOUCH };
-	int fd = t_sock_connect(sock);
-
-	if (fd >= 0 && send(fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {
-		close(fd);
-		return -1;
-	}
-	return fd;
-}
-
 int t_answer_offer(int fd)
 {
 	return t_answer_offer_as(fd, T_ANSWER_HONEST, NULL, NULL);

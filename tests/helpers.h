@@ -71,9 +71,6 @@ int t_sock_connect(const char *path);
  */
 int t_answer_offer(int fd);
 
-/* A hello by hand for an anonymous attach with a touch table, on a new connection to sock; its fd. */
-int t_raw_attach_hello(const char *sock);
-
 /*
  * The same answered as `how`: HONEST as above; UNSEALED without the seals;
  * UNFAULTED sealed before its pages are faulted in; MALFORMED a message

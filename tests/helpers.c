@@ -213,6 +213,25 @@ int t_sock_connect(const char *path)
 	return fd;
 }
 
+int t_raw_hello(const char *path, const char *session, uint32_t flags, uint64_t limit)
+{
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
+				 .flags = CHIME_HELLO_SEALS | flags, .limit = limit };
+	int fd = t_sock_connect(path), e;
+
+	if (fd < 0)
+		return -1;
+	if (session)
+		snprintf(h.session, sizeof(h.session), "%s", session);
+	if (send(fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {
+		e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
 #define T_MAX_FDS (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS + 1)    /* and the touch table */
 
 int t_answer_offer_as(int fd, enum t_answer how, int *kept, int *nkept)

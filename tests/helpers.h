@@ -63,6 +63,13 @@ int t_write_file(const char *path, const char *text);
 int t_sock_connect(const char *path);
 
 /*
+ * A hello by hand on a fresh connection to the socket at path, as libchime
+ * sends one (CHIME_HELLO_SEALS), for session `session` (NULL: anonymous)
+ * with `flags` and `limit` besides. Its fd, or -1 (errno).
+ */
+int t_raw_hello(const char *path, const char *session, uint32_t flags, uint64_t limit);
+
+/*
  * The client's part of an attach after a hello by hand on fd: take the
  * broker's first welcome and its descriptors, map the rw segment (faulted
  * in) and the touch table, seal them and say so (struct chime_mapped), as

@@ -520,12 +520,9 @@ static void *mapping_of(const char *name, size_t *len)
 /* A hello by hand for an anonymous attach with a touch table, on a fresh connection. */
 static int raw_attach_hello(void)
 {
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
-				 .flags = CHIME_HELLO_SEALS, .limit = CHIME_HELLO_TOUCH };
-	int fd = t_sock_connect(tb.sock);
+	int fd = t_raw_hello(tb.sock, NULL, 0, CHIME_HELLO_TOUCH);
 
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+	cr_assert_geq(fd, 0, "a hello by hand: %s", strerror(errno));
 	return fd;
 }
 

@@ -3564,6 +3564,103 @@ Test(restart, a_session_opened_again_by_the_same_process_meanwhile_is_not_resume
 	taken_meanwhile(SAME_PROCESS);
 }
 
+/*
+ * Another process of the session's user that attaches "held" by hand and
+ * fails each time before anything is attached: it answers its welcome
+ * unsealed, then malformed, then hangs up with it unanswered. Exits 0 once
+ * each failed as meant (an -EBUSY, the last attempt's hang-up not yet
+ * seen, is tried again).
+ */
+static void attach_and_fail(int wfd, void *arg)
+{
+	static const enum t_answer bad[] = { T_ANSWER_UNSEALED, T_ANSWER_MALFORMED };
+	struct chime_welcome w;
+	int fd, r, tries = 0;
+
+	(void)arg;
+	for (unsigned i = 0; i < 3; i++) {
+		do {
+			fd = t_raw_hello(t_session_sock, "held", 0, 0);
+			if (fd < 0 || tries++ > 500)
+				_exit(1);
+			if (i < 2)
+				r = t_answer_offer_as(fd, bad[i], NULL, NULL);
+			else    /* its descriptors dropped unread, and gone */
+				r = recv(fd, &w, sizeof(w), 0) == (ssize_t)sizeof(w) ? w.status : -EBADMSG;
+			if (r == -EBUSY) {
+				close(fd);
+				usleep(10 * 1000);
+			}
+		} while (r == -EBUSY);
+		if (r != 0 || (i < 2 && t_attach_answer(fd) != -EPROTO))
+			_exit(2);
+		close(fd);
+	}
+	(void)!write(wfd, "r", 1);
+}
+
+/*
+ * A session's process has not reconnected to the next broker yet, and
+ * another process of its user fails to attach the session meanwhile
+ * (attach_and_fail()): nothing was attached, the grants the first
+ * process's unread arms name are still carried, and the session is as it
+ * was, so the first process resumes it and those arms reach the broker.
+ * With a restart between, the sessions file says the same.
+ */
+static void failed_attach_meanwhile(bool restart_between)
+{
+	struct chime_event ev;
+	char cmd[700];
+	chime_id_t id;
+	pid_t pid;
+	chime_t *c;
+	int st, r = 0;
+
+	start("-n 1");
+	c = sopen_ok("held");
+	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
+	/* Into the ring of a broker that never reads it again: only a resume brings them. */
+	for (unsigned i = 0; i < 10; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	restart(SIGKILL, "-n 1");
+	pid = child(attach_and_fail, NULL);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the other process's attaches did not fail as meant");
+	if (restart_between) {
+		/*
+		 * Once its last hang-up is seen: a broker killed while an attach
+		 * is under way leaves its record to the next (client_reattach()).
+		 */
+		snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' sessions 2>/dev/null | grep -q '^held .* detached '",
+			 getenv("CHIMECTL"), tb.sock);
+		for (int i = 0; i < 100 && system(cmd) != 0; i++)
+			usleep(50 * 1000);
+		cr_assert_eq(system(cmd), 0, "the session is not detached again after the failed attaches");
+		restart(SIGKILL, "-n 1");
+	}
+	for (uint64_t t0 = now_ns(); r >= 0 && t_nodes(tb.sock, ARMED_STATES) < 10 && now_ns() - t0 < 5000 * MS;)
+		r = chime_wait(c, &ev, 1, 10);
+	cr_assert_geq(r, 0, "the first process could not resume a session only a failed attach touched: %s",
+		      strerror(-r));
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "its unread arms did not reach the broker");
+	cr_assert_eq(chime_cancel(c, id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 9), 9, "an id from before the restart no longer works");
+	cr_assert_eq(chime_arm(c, 0, now_ns() + 20 * MS, 0, 99, &id), 0);
+	cr_assert_eq(chime_wait(c, &ev, 1, 2000), 1);
+	cr_assert_eq(ev.user_data, 99);
+	chime_close(c);
+}
+
+Test(restart, a_failed_attach_by_another_process_leaves_the_session_to_its_resume)
+{
+	failed_attach_meanwhile(false);
+}
+
+Test(restart, a_failed_attach_by_another_process_leaves_the_session_to_its_resume_across_a_restart)
+{
+	failed_attach_meanwhile(true);
+}
+
 /* The same for a session dropped (or reclaimed, or discarded by --fresh) while no broker ran. */
 Test(restart, a_session_dropped_meanwhile_is_not_resumed)
 {

@@ -176,6 +176,13 @@ struct client {
 	 */
 	pid_t holder_pid;
 	uint32_t token;                 /* chime_welcome.session_token of the last attach; 0: unknown */
+	/*
+	 * Both as they were before this re-attach: one that fails before the
+	 * shards attach it (offer_failed()) freed nothing of the last holder's,
+	 * which may still resume, so they come back.
+	 */
+	pid_t last_holder_pid;
+	uint32_t last_token;
 	uint32_t hup_seq;               /* tags its hang-up poll: a stale one of an earlier attach is ignored */
 	uint64_t connected_ns;
 	bool acking;                    /* in broker.acking (after generation: client_admit() keeps it) */

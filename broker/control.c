@@ -814,6 +814,14 @@ static void offer_failed(struct broker *b, struct client *c, int status)
 	}
 	if (status)
 		send_status(c->fd, status);
+	/*
+	 * No shard re-attached it, so the last holder's carried grants are
+	 * still there and its library may still resume: the holder and token
+	 * go back (parked() writes them to the sessions file). Kept, the
+	 * failed process's made that resume -ESTALE.
+	 */
+	c->holder_pid = c->last_holder_pid;
+	c->token = c->last_token;
 	parked(b, c);                           /* the session as it was: detached, its timers kept */
 }
 
@@ -1778,6 +1786,8 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 		return;
 	}
 	c->fd = fd;
+	c->last_holder_pid = c->holder_pid;     /* back if this attach fails before the shards' (offer_failed()) */
+	c->last_token = c->token;
 	c->holder_pid = cred->pid;
 	c->no_room_seen = reserve_failed_total(b);
 	if (!resume)
@@ -1816,8 +1826,14 @@ static void stop_refuse_attaching(struct broker *b)
 			continue;
 		if (c->fd >= 0)
 			send_status(c->fd, -ECONNREFUSED);
-		if (c->session[0] && c->created)
+		if (c->session[0] && c->created) {
 			restart_clear(b, c);
+		} else if (c->offered && c->reattaching) {
+			/* Not withdrawn by stop_begin() (the loop failed): as offer_failed() leaves it. */
+			c->holder_pid = c->last_holder_pid;
+			c->token = c->last_token;
+			restart_put(b, c);
+		}
 	}
 }
 

@@ -2181,7 +2181,7 @@ Test(access, an_open_beside_a_users_eight_unfinished_handshakes_gets_in)
 /* As its user: an attach answered with segments sealed for good but writable; 0 if it was refused (-EPROTO). */
 static int attach_sealed_open(void *arg)
 {
-	int kept[16], n = 0, fd = t_raw_attach_hello(tb.sock), r;
+	int kept[16], n = 0, fd = t_raw_hello(tb.sock, NULL, 0, CHIME_HELLO_TOUCH), r;
 
 	(void)arg;
 	if (fd < 0)

@@ -1687,7 +1687,7 @@ Test(hostile, a_refused_unsealed_clients_segments_are_sealed_then_let_go)
 
 	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1 --max-clients-per-uid 8"), 0);
 	for (int round = 0; round < 4; round++) {
-		int kept[16], n = 0, fd = t_raw_attach_hello(b.sock), r;
+		int kept[16], n = 0, fd = t_raw_hello(b.sock, NULL, 0, CHIME_HELLO_TOUCH), r;
 		unsigned long ino[2];
 		struct stat st;
 		bool gone = false;

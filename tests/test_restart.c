@@ -3520,20 +3520,32 @@ static void open_and_close_taken(int wfd, void *arg)
  */
 enum taker { OTHER_PROCESS, OTHER_PROCESS_THEN_RESTART, SAME_PROCESS };
 
+/*
+ * Session `name` opened, 10 arms (user_data 0-9) published into the ring
+ * of a broker stopped and then killed, which never reads them: only a
+ * resume brings them to the next broker, which is up when this returns.
+ * *last: the last one's id.
+ */
+static chime_t *arms_only_a_resume_brings(const char *name, chime_id_t *last)
+{
+	chime_t *c;
+
+	start("-n 1");
+	c = sopen_ok(name);
+	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
+	for (unsigned i = 0; i < 10; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, last), 0);
+	restart(SIGKILL, "-n 1");
+	return c;
+}
+
 static void taken_meanwhile(enum taker by)
 {
 	chime_id_t id;
 	pid_t pid;
-	chime_t *c;
+	chime_t *c = arms_only_a_resume_brings("taken", &id);
 	int st;
 
-	start("-n 1");
-	c = sopen_ok("taken");
-	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
-	/* Into the ring of a broker that never reads it again. */
-	for (unsigned i = 0; i < 10; i++)
-		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
-	restart(SIGKILL, "-n 1");
 	if (by == SAME_PROCESS) {
 		chime_close(sopen_ok("taken"));
 	} else {
@@ -3616,13 +3628,7 @@ static void failed_attach_meanwhile(bool restart_between)
 	chime_t *c;
 	int st, r = 0;
 
-	start("-n 1");
-	c = sopen_ok("held");
-	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
-	/* Into the ring of a broker that never reads it again: only a resume brings them. */
-	for (unsigned i = 0; i < 10; i++)
-		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
-	restart(SIGKILL, "-n 1");
+	c = arms_only_a_resume_brings("held", &id);
 	pid = child(attach_and_fail, NULL);
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the other process's attaches did not fail as meant");

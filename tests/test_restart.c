@@ -3327,7 +3327,9 @@ Test(restart, a_broker_killed_while_it_takes_over_loses_no_held_event)
 	for (unsigned i = 0; i < N; i++)
 		cr_assert_eq(chime_arm(c, 0, now_ns() + 300 * MS, 0, i, &id), 0);
 	chime_close(c);
-	usleep(800 * 1000);     /* all fired and held for the session */
+	/* all fired and held for the session */
+	cr_assert_eq(t_nodes_settle(tb.sock, (1u << CHIME_NODE_BACKLOG) | (1u << CHIME_NODE_ACKWAIT), N), N,
+		     "not all fired and held 3 s after");
 	kill(tb.pid, SIGKILL);
 	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
 	tb.pid = 0;
@@ -3376,7 +3378,9 @@ Test(restart, crashes_while_the_process_drains_a_burst_deliver_each_event_once)
 	c = sopen_ok("drain");
 	for (unsigned i = 0; i < N; i++)
 		cr_assert_eq(chime_arm(c, 0, now_ns() + 300 * MS, 0, i, &id), 0);
-	usleep(800 * 1000);
+	/* all fired: in the ring or held behind it */
+	cr_assert_eq(t_nodes_settle(tb.sock, (1u << CHIME_NODE_BACKLOG) | (1u << CHIME_NODE_ACKWAIT), N), N,
+		     "not all fired and held 3 s after");
 	for (unsigned round = 0; round < 3; round++) {
 		unsigned taken = take_each(c, seen, 3000, 512, now_ns() + 2000 * MS, &twice);
 

@@ -74,14 +74,21 @@ static chime_t *open_armed(const char *session, unsigned n, chime_id_t *last)
  * box: each shard's tail against the process's head, read without taking
  * anything): what a fixed sleep "until they are delivered" waited for.
  */
+static uint64_t ring_count(chime_t *c)
+{
+	uint64_t have = 0;
+
+	for (uint32_t k = 0; k < c->nr_shards; k++)
+		have += __atomic_load_n(c->chan[k].cq.tail_pub, __ATOMIC_ACQUIRE) - c->chan[k].cq.head;
+	return have;
+}
+
 static void ring_holds(chime_t *c, uint64_t n)
 {
 	uint64_t t0 = now_ns(), have;
 
 	for (;;) {
-		have = 0;
-		for (uint32_t k = 0; k < c->nr_shards; k++)
-			have += __atomic_load_n(c->chan[k].cq.tail_pub, __ATOMIC_ACQUIRE) - c->chan[k].cq.head;
+		have = ring_count(c);
 		if (have >= n)
 			return;
 		cr_assert_lt(now_ns() - t0, 5000 * MS, "%llu of %llu events in the ring after 5 s",
@@ -2117,9 +2124,15 @@ static void reset_child(int wfd, void *arg)
 	struct rs *r = arg;
 	chime_t *c = NULL;
 
+	uint64_t t0 = now_ns();
+
 	if (sopen(&c, "reset") < 0 || chime_arm(c, 0, r->d1, r->period, 0, &r->id) < 0)
 		_exit(1);
-	usleep(300 * 1000);
+	while (ring_count(c) < 1) {             /* its first event in the ring (ring_holds(), without asserts) */
+		if (now_ns() - t0 > 5000 * MS)
+			_exit(3);
+		usleep(1000);
+	}
 	(void)!write(wfd, "r", 1);
 	while (!__atomic_load_n(&r->go, __ATOMIC_ACQUIRE))
 		usleep(1000);
@@ -2139,6 +2152,7 @@ static bool reset_done(const struct chime_node *nd, const void *arg)
 }
 
 static uint64_t behind_held(uint64_t d1);
+static struct chime_node node_at(const char *path, uint64_t off);
 
 /*
  * reset_child's reset of its periodic (r->period: HOUR, armed; BEHIND_PERIOD,
@@ -2155,7 +2169,18 @@ static unsigned reset_stepped(struct rs *r, char *path, uint64_t *off, struct ch
 	start("-n 1");
 	snprintf(path, PATH_MAX, "%s.shard0", tb.sock);
 	pid = child(reset_child, r);
-	*off = r->period == HOUR ? node_offset(0, HOUR) : behind_held(r->d1);
+	if (r->period == HOUR) {
+		/* the periodic re-armed an hour on behind the event, and the shard asleep (behind_held()'s wait) */
+		int stid = t_thread_named(tb.pid, "chimed-shard0");
+
+		*off = node_offset(0, HOUR);
+		cr_assert_gt(stid, 0);
+		for (t0 = now_ns(); node_at(path, *off).deadline_ns != r->d1 + HOUR || !t_thread_asleep(tb.pid, stid);
+		     usleep(1000))
+			cr_assert_lt(now_ns() - t0, 5000 * MS, "the periodic was not re-armed within 5 s");
+	} else {
+		*off = behind_held(r->d1);
+	}
 	tid = shard0_hold();
 	__atomic_store_n(&r->go, 1, __ATOMIC_RELEASE);
 	for (t0 = now_ns(); !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE); usleep(1000))

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pthread.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdint.h>
@@ -2219,4 +2220,65 @@ Test(access, a_client_sealing_its_segments_for_good_but_writable_locks_out_its_o
 	cr_assert_eq(as_user("chimet1", open_status, NULL), 87, "its user was let in again");
 	cr_assert_eq(as_user("chimet2", open_status, NULL), 0, "another user was refused");
 	cr_assert_eq(open_status(NULL), 0, "root was refused");
+}
+
+/* The broker's mappings of clients' rw segments and touch tables (memfds by those names). */
+static int client_segments_mapped(pid_t pid)
+{
+	char path[64], line[512];
+	int n = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, "chime-client-rw") || strstr(line, "chime-client-touch");
+	fclose(f);
+	return n;
+}
+
+/* As its user: 4 attaches at once, each offered before any is answered, all answered sealed for good but writable. */
+static int attach_sealed_open_4(void *arg)
+{
+	enum { N = 4 };
+	int fd[N], bad = 0;
+
+	(void)arg;
+	for (int i = 0; i < N; i++)
+		if ((fd[i] = t_raw_hello(tb.sock, NULL, 0, CHIME_HELLO_TOUCH)) < 0)
+			return 1;
+	for (int i = 0; i < N; i++)
+		if (poll(&(struct pollfd){ .fd = fd[i], .events = POLLIN }, 1, 5000) != 1)
+			return 3;       /* every welcome is here before any answer */
+	for (int i = 0; i < N; i++) {
+		int kept[16], n = 0, r = t_answer_offer_as(fd[i], T_ANSWER_SEALED_OPEN, kept, &n);
+
+		if (r == 0)
+			r = t_attach_answer(fd[i]);
+		bad += r != -EPROTO;
+		for (int k = 0; k < n; k++)
+			close(kept[k]);
+		close(fd[i]);
+	}
+	return bad ? 2 : 0;
+}
+
+/*
+ * The bound on the segments kept for a user (a quarter of its share of
+ * connections, two segments each: 2 with --max-clients-per-uid 4) is
+ * checked at the hello only: handshakes under way when it is reached all
+ * end with theirs kept too. Four at once kept 8.
+ */
+Test(access, segments_kept_for_a_user_stay_within_a_quarter_of_its_share_with_handshakes_at_once)
+{
+	int n = 0;
+
+	need_users();
+	start("--allow-all --max-clients-per-uid 4");
+	cr_assert_eq(as_user("chimet1", attach_sealed_open_4, NULL), 0, "the 4 attaches were not all refused with EPROTO");
+	usleep(1000 * 1000);    /* sealed and let go, or kept */
+	n = client_segments_mapped(tb.pid);
+	cr_assert_leq(n, 2, "the broker keeps %d of chimet1's segments, past a quarter of its share (2)", n);
 }

@@ -41,6 +41,9 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <linux/close_range.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1871,4 +1874,198 @@ ReleaseTest(hostile, a_refused_unsealed_client_punching_its_rw_does_not_stall_th
 		     (unsigned long long)(ww.longest_ns / MS));
 	cr_assert_lt(worst, 150 * MS, "an open took %llu ms while a refused client punched its unsealed rw",
 		     (unsigned long long)(worst / MS));
+}
+
+/*
+ * A refused client holding its rw segment's inode lock: a write() to the
+ * segment from a buffer whose page fault the client answers itself holds
+ * the lock (i_rwsem) for as long as it likes. Any user can do it with a
+ * buffer mapped from a FUSE file of its own (fusermount, or a user
+ * namespace's mount); the test uses userfaultfd, which needs
+ * CAP_SYS_PTRACE (or vm.unprivileged_userfaultfd) for a fault the kernel
+ * takes. The broker's seal (F_ADD_SEALS, chimed-seal) waits for that lock,
+ * uninterruptibly. Set up: the writer waiting in its fault, the answer
+ * unsealed, refused; the broker's sealer then waits behind the writer.
+ */
+struct held_write {
+	int fd;
+	void *buf;
+	ssize_t r;
+};
+
+static void *held_write_main(void *arg)
+{
+	struct held_write *h = arg;
+
+	h->r = pwrite(h->fd, h->buf, 4096, 0);
+	return NULL;
+}
+
+struct held_rw {
+	int fd, fds[16], nfds, uffd;
+	void *buf;
+	size_t page;
+	struct held_write h;
+	pthread_t thr;
+};
+
+static void held_rw_start(struct held_rw *hr)
+{
+	struct chime_welcome w = { 0 };
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * 16)];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf) };
+	struct chime_mapped m = { .magic = CHIME_MAPPED_MAGIC };
+	struct uffdio_api api = { .api = UFFD_API };
+	struct uffdio_register reg = { .mode = UFFDIO_REGISTER_MODE_MISSING };
+	struct cmsghdr *cm;
+
+	hr->page = (size_t)sysconf(_SC_PAGESIZE);
+	hr->uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	if (hr->uffd < 0)
+		cr_skip("no userfaultfd that serves the kernel's faults: %s", strerror(errno));
+	cr_assert_eq(ioctl(hr->uffd, UFFDIO_API, &api), 0);
+	hr->buf = mmap(NULL, hr->page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(hr->buf, MAP_FAILED);
+	reg.range.start = (unsigned long)hr->buf;
+	reg.range.len = hr->page;
+	cr_assert_eq(ioctl(hr->uffd, UFFDIO_REGISTER, &reg), 0);
+	hr->fd = raw_attach_hello();
+	cr_assert_eq(recvmsg(hr->fd, &mh, MSG_CMSG_CLOEXEC), (ssize_t)sizeof(w));
+	cm = CMSG_FIRSTHDR(&mh);
+	cr_assert_not_null(cm);
+	hr->nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+	memcpy(hr->fds, CMSG_DATA(cm), (size_t)hr->nfds * sizeof(int));
+	hr->h.fd = hr->fds[1];
+	hr->h.buf = hr->buf;
+	cr_assert_eq(pthread_create(&hr->thr, NULL, held_write_main, &hr->h), 0);
+	cr_assert_eq(poll(&(struct pollfd){ .fd = hr->uffd, .events = POLLIN }, 1, 2000), 1,
+		     "the write to rw did not fault");
+	/* rw's inode lock held by the writer now; the answer, unsealed, is refused */
+	cr_assert_eq(send(hr->fd, &m, sizeof(m), MSG_NOSIGNAL), (ssize_t)sizeof(m));
+	cr_assert_eq(t_attach_answer(hr->fd), -EPROTO);
+}
+
+/* The writer's fault answered: its write, and the lock, end. */
+static void held_rw_end(struct held_rw *hr)
+{
+	struct uffdio_zeropage z = { .range = { .start = (unsigned long)hr->buf, .len = hr->page } };
+
+	(void)ioctl(hr->uffd, UFFDIO_ZEROPAGE, &z);
+	pthread_join(hr->thr, NULL);
+	for (int i = 0; i < hr->nfds; i++)
+		close(hr->fds[i]);
+	close(hr->fd);
+	close(hr->uffd);
+	munmap(hr->buf, hr->page);
+}
+
+/* Where chimed-seal waits (stderr): its state and wchan. */
+static void sealer_state(pid_t pid)
+{
+	char path[320], buf[128], wchan[64] = "?", state[160] = "?";
+	struct dirent *e;
+	DIR *dir;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	dir = opendir(path);
+	cr_assert_not_null(dir);
+	while ((e = readdir(dir))) {
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+		if (!(f = fopen(path, "r")))
+			continue;
+		buf[0] = 0;
+		(void)!fgets(buf, sizeof(buf), f);
+		fclose(f);
+		if (strncmp(buf, "chimed-seal", 11))
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/wchan", (int)pid, e->d_name);
+		if ((f = fopen(path, "r"))) {
+			(void)!fgets(wchan, sizeof(wchan), f);
+			fclose(f);
+		}
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/status", (int)pid, e->d_name);
+		if ((f = fopen(path, "r"))) {
+			while (fgets(buf, sizeof(buf), f))
+				if (!strncmp(buf, "State:", 6))
+					snprintf(state, sizeof(state), "%s", buf + 7);
+			fclose(f);
+		}
+	}
+	closedir(dir);
+	fprintf(stderr, "chimed-seal: wchan %s, state %s", wchan, state);
+}
+
+/*
+ * discard_stop() joins chimed-seal, whose seal waits for that lock: the
+ * stop waited for the client, lock file, sessions file and all (the next
+ * broker cannot start; a SIGKILL leaves the thread in D state too). Held
+ * 6 s here; the stop must be done (its lock file gone) within 3 s.
+ */
+ReleaseTest(hostile, a_refused_client_holding_its_rw_segments_lock_does_not_hold_up_a_stop, .timeout = 60)
+{
+	enum { HOLD_MS = 6000 };
+	struct held_rw hr = { 0 };
+	char lock[300];
+	uint64_t t0, took;
+	bool gone = false;
+	int st;
+
+	held_rw_start(&hr);
+	usleep(300 * 1000);     /* the broker's sealer waits for the lock */
+	sealer_state(tb.pid);
+	snprintf(lock, sizeof(lock), "%s.lock", tb.sock);
+	cr_assert_eq(access(lock, F_OK), 0, "no lock file %s", lock);
+	t0 = now_ns();
+	kill(tb.pid, SIGTERM);
+	while (!(gone = access(lock, F_OK) != 0) && now_ns() - t0 < HOLD_MS * MS)
+		usleep(10 * 1000);
+	took = now_ns() - t0;
+	held_rw_end(&hr);
+	st = t_chimed_stop(&tb, 0);
+	fprintf(stderr, "a stop beside a refused client holding its rw's lock for %d ms: lock file %s after %llu ms "
+		"(exit status %#x)\n", HOLD_MS, gone ? "gone" : "still there", (unsigned long long)(took / MS), st);
+	cr_assert(gone && took < 3000 * MS, "the stop waited %llu ms for a client holding its rw's inode lock",
+		  (unsigned long long)(took / MS));
+}
+
+/*
+ * One chimed-seal for everyone: while it waits for one client's lock,
+ * another client's refused, unsealed segments wait behind it, mapped and
+ * counted for their user (an honest library killed mid-handshake leaves
+ * the same), so that user is refused (EUSERS) once it has a quarter of its
+ * share of them, for as long as the first client likes.
+ */
+ReleaseTest(hostile, a_refused_client_holding_its_rw_segments_lock_does_not_hold_up_others_segments,
+	    .timeout = 60)
+{
+	struct held_rw hr = { 0 };
+	int kept[16], n = 0, fd, r;
+	unsigned long ino;
+	struct stat st;
+	bool gone = false;
+
+	held_rw_start(&hr);
+	usleep(300 * 1000);
+	fd = raw_attach_hello();
+	r = t_answer_offer_as(fd, T_ANSWER_UNSEALED, kept, &n);
+	cr_assert_eq(r, 0, "%s", strerror(-r));
+	cr_assert_eq(t_attach_answer(fd), -EPROTO);
+	cr_assert_eq(fstat(kept[1], &st), 0);
+	ino = st.st_ino;
+	for (int i = 0; i < 200 && !gone; i++) {
+		gone = !maps_inode(tb.pid, ino);
+		if (!gone)
+			usleep(10000);
+	}
+	held_rw_end(&hr);
+	for (int i = 0; i < n; i++)
+		close(kept[i]);
+	close(fd);
+	cr_assert(gone, "another refused client's rw still mapped by the broker 2 s on, behind the held seal");
 }

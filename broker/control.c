@@ -506,7 +506,15 @@ static void conn_release(struct broker *b, struct client *c)
 		 */
 		struct chime_map maps[3] = { c->rw, c->ro, c->touch };
 		int fds[3] = { c->rw_fd, c->ro_wfd, c->touch_fd };
-		size_t sizes[3] = { c->rw.size, c->ro.size, c->touch.size };
+		/*
+		 * Only ro is punched: rw's and the touch table's pages are the
+		 * client's, and a punch would wait for their inode lock, which a
+		 * client can hold for good (a write() to them from a buffer whose
+		 * page fault it serves; sealed ones too on a kernel whose write
+		 * faults the buffer in before it checks the seals: 6.18 checks
+		 * first). It cannot write ro.
+		 */
+		size_t sizes[3] = { 0, c->ro.size, 0 };
 		uint32_t max = b->o.max_clients_per_uid ? b->o.max_clients_per_uid : b->o.max_clients;
 
 		/*

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <unistd.h>
 
@@ -19,6 +20,12 @@
 #define DISCARD_PEND_HELD 64u
 /* The thread's stack, ours (discard_start()); reserved, not committed: TSan wants ~0.9 MiB of one. */
 #define DISCARD_STACK (UINT64_C(2) * 1024 * 1024)
+/* A seal under way this long is held up by its client (see sealer_step()): another sealer takes the rest. */
+#define SEAL_STUCK_NS (UINT64_C(1000) * 1000000u)
+/* Sealers at most, held up or not: past them the jobs wait for one to be let go. */
+#define SEALERS_MAX 16u
+/* How long a stop waits for the sealers under way (discard_stop()). */
+#define SEAL_STOP_WAIT_NS (UINT64_C(1000) * 1000000u)
 
 struct discard_job {
 	struct discard_job *next;
@@ -30,6 +37,7 @@ struct discard_job {
 	size_t sizes[DISCARD_SEGS];
 	unsigned unsealed;                      /* segments to seal before the unmap (discard_post()) */
 	int seal_err[DISCARD_SEGS];             /* the sealer's: 0, or why segment i could not be sealed */
+	uint64_t seal_t0;                       /* under slock: when a sealer began it; 0 while none has */
 	struct discard_job *snext;              /* the caller's thread only: on d->sealing until sealed */
 };
 
@@ -57,18 +65,20 @@ struct discard {
 	unsigned npend;                         /* the caller's thread only: how many */
 
 	/*
-	 * The sealer: a thread of its own at normal priority, started with
-	 * the first job that needs it. A seal costs no CPU, but waits for a
-	 * punch under way (the inode lock): never on the caller's thread, and
-	 * not on the one above, which anyone can starve of CPU.
+	 * Sealers: threads at normal priority, started while jobs wait for
+	 * one, each gone once none waits. A seal costs no CPU, but waits for
+	 * the memfd's inode lock, which its client can hold for as long as it
+	 * likes (a write() from a buffer whose page fault it serves: FUSE,
+	 * userfaultfd): never on the caller's thread, not on the one above
+	 * (joined at a stop), and one held up holds up nobody else's
+	 * (sealer_step()).
 	 */
-	pthread_t sthr;
-	bool sthr_started;                  /* the caller's thread only */
 	pthread_mutex_t slock;
-	pthread_cond_t scond;
+	pthread_cond_t scond;               /* a sealer left: discard_stop() waits for the last */
 	struct discard_job *shead, **stail; /* under slock: to seal */
 	struct discard_job *sdone;          /* under slock: sealed (or not), for the caller's thread */
-	bool sstop;                         /* under slock: exit (what is left stays unsealed) */
+	unsigned sealers;                   /* under slock: sealers running */
+	bool sstop;                         /* under slock: take no more jobs */
 	struct discard_job *spend;          /* the caller's thread only: not handed to the sealer yet */
 	struct discard_job *sealing;        /* the caller's thread only: every job not back from it (snext) */
 	struct discard_kept *kept;          /* the caller's thread only */
@@ -91,7 +101,7 @@ static void fds_close(const int *fds, unsigned n)
 static void job_run(struct discard_job *j, bool punch)
 {
 	for (unsigned i = 0; i < j->n && punch; i++)
-		if (j->fds[i] >= 0)
+		if (j->fds[i] >= 0 && j->sizes[i])
 			(void)chime_seg_discard(j->fds[i], j->sizes[i]);
 	fds_close(j->fds, j->n);
 }
@@ -174,27 +184,35 @@ static void job_seal(struct discard_job *j)
 	}
 }
 
+/* now_ns() + ns, as pthread_cond_timedwait() takes it (scond is on CLOCK_MONOTONIC, as now_ns()). */
+static struct timespec deadline_after(uint64_t ns)
+{
+	uint64_t t = now_ns() + ns;
+
+	return (struct timespec){ .tv_sec = (time_t)(t / 1000000000u), .tv_nsec = (long)(t % 1000000000u) };
+}
+
+/* Detached: one held up by its client may never end, and nothing joins it. */
 static void *sealer_main(void *arg)
 {
 	struct discard *d = arg;
+	struct discard_job *j;
 
 	pthread_mutex_lock(&d->slock);
-	while (!d->sstop) {
-		struct discard_job *j = d->shead;
-
-		if (!j) {
-			pthread_cond_wait(&d->scond, &d->slock);
-			continue;
-		}
+	while ((j = d->shead) && !d->sstop) {
 		d->shead = j->next;
 		if (!d->shead)
 			d->stail = &d->shead;
+		j->seal_t0 = now_ns();
 		pthread_mutex_unlock(&d->slock);
 		job_seal(j);
 		pthread_mutex_lock(&d->slock);
+		j->seal_t0 = 0;
 		j->next = d->sdone;
 		d->sdone = j;
 	}
+	d->sealers--;
+	pthread_cond_signal(&d->scond);
 	pthread_mutex_unlock(&d->slock);
 	return NULL;
 }
@@ -269,7 +287,14 @@ int discard_start(struct discard **out)
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_cond_init(&d->cond, NULL);
 	pthread_mutex_init(&d->slock, NULL);
-	pthread_cond_init(&d->scond, NULL);
+	{
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);        /* discard_stop()'s timed wait */
+		pthread_cond_init(&d->scond, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	d->tail = &d->head;
 	d->stail = &d->shead;
 	d->pend_tail = &d->pend;
@@ -391,39 +416,58 @@ static void job_sealed(struct discard *d, struct discard_job *j)
 	d->npend++;
 }
 
-static bool sealer_start(struct discard *d)
+/* Under slock: is every sealer running held up in one seal (SEAL_STUCK_NS)? */
+static bool sealers_held_up(const struct discard *d, uint64_t now)
 {
-	if (d->sthr_started)
-		return true;
-	if (pthread_create(&d->sthr, NULL, sealer_main, d) != 0)
-		return false;           /* tried again at the next step */
-	pthread_setname_np(d->sthr, "chimed-seal");
-	d->sthr_started = true;
-	return true;
+	unsigned held = 0;
+
+	for (const struct discard_job *j = d->sealing; j; j = j->snext)
+		held += j->seal_t0 && now - j->seal_t0 >= SEAL_STUCK_NS;
+	return held >= d->sealers;
+}
+
+/* Under slock: one more sealer, detached; if none can be had, at a later step. */
+static void sealer_start(struct discard *d)
+{
+	pthread_attr_t attr;
+	pthread_t thr;
+
+	if (pthread_attr_init(&attr) != 0)
+		return;
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&thr, &attr, sealer_main, d) == 0) {
+		pthread_setname_np(thr, "chimed-seal");
+		d->sealers++;
+	}
+	pthread_attr_destroy(&attr);
 }
 
 /*
- * Jobs to the sealer, and those it is done with back, never waiting for
- * its lock (it holds it for a few instructions at a time, but may be
- * preempted there): at a later step if it holds it.
+ * Jobs to the sealers, and those they are done with back, never waiting
+ * for their lock (they hold it for a few instructions at a time, but may
+ * be preempted there): at a later step if one holds it. A sealer is
+ * started while jobs wait and none runs, or every one running has been
+ * held up by its client for SEAL_STUCK_NS (its job stays with it, its
+ * segments mapped and counted for their user: discard_unsealed()), up to
+ * SEALERS_MAX: one client holding its inode lock held up every other
+ * user's refused segments, mapped and counted for them until it let go.
  */
 static void sealer_step(struct discard *d)
 {
 	struct discard_job *done;
 
-	if (!d->sealing || !sealer_start(d) || pthread_mutex_trylock(&d->slock) != 0)
+	if (!d->sealing || pthread_mutex_trylock(&d->slock) != 0)
 		return;
-	if (d->spend) {
-		while (d->spend) {
-			struct discard_job *j = d->spend;
+	while (d->spend) {
+		struct discard_job *j = d->spend;
 
-			d->spend = j->next;
-			j->next = NULL;
-			*d->stail = j;
-			d->stail = &j->next;
-		}
-		pthread_cond_signal(&d->scond);
+		d->spend = j->next;
+		j->next = NULL;
+		*d->stail = j;
+		d->stail = &j->next;
 	}
+	if (d->shead && (d->sealers == 0 || (d->sealers < SEALERS_MAX && sealers_held_up(d, now_ns()))))
+		sealer_start(d);
 	done = d->sdone;
 	d->sdone = NULL;
 	pthread_mutex_unlock(&d->slock);
@@ -515,18 +559,23 @@ bool discard_step(struct discard *d, uint64_t budget_ns)
 void discard_stop(struct discard *d)
 {
 	struct discard_job *queued;
+	unsigned sealers_left;
 	size_t page;
 
 	if (!d)
 		return;
-	/* The sealer ends the seal it is in (one punch's wait at most); what it has not sealed stays mapped. */
-	if (d->sthr_started) {
-		pthread_mutex_lock(&d->slock);
-		d->sstop = true;
-		pthread_cond_signal(&d->scond);
-		pthread_mutex_unlock(&d->slock);
-		pthread_join(d->sthr, NULL);
-	}
+	/*
+	 * The sealers end the seals they are in, for SEAL_STOP_WAIT_NS at
+	 * most: one its client holds up may never end, and the sessions file
+	 * and the lock file wait for this. Those left keep their jobs (their
+	 * segments stay mapped, for the exit) and this struct, lock and all.
+	 */
+	pthread_mutex_lock(&d->slock);
+	d->sstop = true;
+	for (struct timespec until = deadline_after(SEAL_STOP_WAIT_NS); d->sealers;)
+		if (pthread_cond_timedwait(&d->scond, &d->slock, &until) == ETIMEDOUT)
+			break;
+	sealers_left = d->sealers;
 	while (d->spend || d->shead || d->sdone) {
 		struct discard_job **from = d->spend ? &d->spend : d->shead ? &d->shead : &d->sdone;
 		struct discard_job *j = *from;
@@ -534,6 +583,7 @@ void discard_stop(struct discard *d)
 		*from = j->next;
 		job_sealed(d, j);
 	}
+	pthread_mutex_unlock(&d->slock);
 	while (d->kept) {
 		struct discard_kept *k = d->kept;
 
@@ -571,12 +621,14 @@ void discard_stop(struct discard *d)
 		d->done = j->next;
 		free(j);
 	}
-	pthread_cond_destroy(&d->scond);
-	pthread_mutex_destroy(&d->slock);
 	pthread_cond_destroy(&d->cond);
 	pthread_mutex_destroy(&d->lock);
 	pthread_attr_destroy(&d->attr);
 	page = (size_t)sysconf(_SC_PAGESIZE);
 	munmap(d->stack, DISCARD_STACK + page);
+	if (sealers_left)
+		return;         /* theirs until the exit */
+	pthread_cond_destroy(&d->scond);
+	pthread_mutex_destroy(&d->slock);
 	free(d);
 }

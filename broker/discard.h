@@ -29,8 +29,15 @@
  * before it did) it may still punch: our munmap of it would wait for the
  * punch under way, 200-330 ms on the control thread with 60,000 mappings
  * of the client's (a review). Such a segment is sealed against writes
- * first, on a second thread, at normal priority (a seal costs no CPU, only
- * a wait for that punch), and unmapped once sealed (discard_post()).
+ * first, on a sealer thread at normal priority (a seal costs no CPU, only
+ * a wait for the memfd's inode lock), and unmapped once sealed
+ * (discard_post()). The client can hold that lock for as long as it
+ * likes (a write() to the memfd from a buffer whose page fault it serves:
+ * FUSE, userfaultfd), so a sealer held up for a second leaves the rest to
+ * another (up to 16), and a stop waits a second for them at most (a
+ * review: one sealer for all held up every user's refused segments, and
+ * the stop, for as long as one client liked). For the same reason only
+ * the ro segment is ever punched: the client cannot write it.
  */
 #ifndef CHIME_DISCARD_H
 #define CHIME_DISCARD_H
@@ -48,7 +55,9 @@ int discard_start(struct discard **d);
 /*
  * Hand over n segments of a connection of user uid (its acct_uid), which
  * the caller forgets (maps[] zeroed, fds[] set to -1): our mapping of
- * each, and a writable descriptor of its memfd, of sizes[i] bytes. Queued
+ * each, and a writable descriptor of its memfd, whose first sizes[i]
+ * bytes are punched out (0: none; a punch takes the memfd's inode lock,
+ * which a client that can write the memfd can hold for good). Queued
  * for discard_step(), on the caller's thread: munmap costs our page
  * tables (50 us for a session's segments here), and 2500 sessions parked
  * at once, unmapped in a row, held another user's open 117-148 ms.
@@ -92,10 +101,11 @@ bool discard_step(struct discard *d, uint64_t budget_ns);
 
 /*
  * Unmap and close what is still queued (no punch: the broker is stopping)
- * and join the threads (the sealer ends the seal it is in, which waits
- * for one punch at most); NULL is fine. A segment still unsealed stays
- * mapped, for the exit to unmap: that waits for a punch under way too,
- * but the lock file goes before it, so the next broker need not wait.
+ * and join the discard thread; the sealers end the seals they are in, for
+ * a second at most, and one still held up then keeps its job and `d`
+ * until the exit. NULL is fine. A segment still unsealed stays mapped,
+ * for the exit to unmap: that waits for a punch under way too, but the
+ * lock file goes before it, so the next broker need not wait.
  */
 void discard_stop(struct discard *d);
 

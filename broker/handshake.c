@@ -123,17 +123,25 @@ static bool uid_full(const struct broker *b, uid_t uid)
 /*
  * The segments of a user's connections that ended before their client
  * sealed them wait for our seal before we unmap them, or stay mapped for
- * good if the client sealed them otherwise (discard_post()): a user may
- * hold a quarter of its share of connections so (--max-clients without
- * one; at least one), two segments each, as HELD slots. Counted whatever
- * the attach: a session's re-attach that fails leaves them too.
+ * good if the client sealed them otherwise (discard_post()). A user may
+ * hold those of a quarter of its share of connections (of --max-clients
+ * without one), two segments each, but at least of MAX_HANDSHAKES_PER_UID
+ * (honest opens at once may all be under way). Each attach under way
+ * whose client has not answered yet counts as its two: checked at the
+ * hello only, four answered at once kept 8 past a bound of 2 (a review).
+ * Counted whatever the attach: a session's re-attach that fails leaves
+ * them too. O(clients_hi), as uid_full().
  */
 static bool unsealed_full(const struct broker *b, uid_t uid)
 {
+	uid_t as = policy_account_uid(&b->policy, uid);
 	uint32_t share = b->o.max_clients_per_uid ? b->o.max_clients_per_uid : b->o.max_clients;
-	uint32_t quarter = share / 4 ? share / 4 : 1;
+	uint32_t conns = share / 4 > MAX_HANDSHAKES_PER_UID ? share / 4 : MAX_HANDSHAKES_PER_UID;
+	uint32_t segs = discard_unsealed(b->discard, as);
 
-	return discard_unsealed(b->discard, policy_account_uid(&b->policy, uid)) >= 2 * quarter;
+	for (uint32_t i = 0; i < b->clients_hi; i++)
+		segs += b->clients[i].offered && b->clients[i].acct_uid == as ? 2 : 0;
+	return segs >= 2 * conns;
 }
 
 /* "refusing pid ..." at most once a second: a refused client that retries must not flood the log. */
@@ -891,7 +899,7 @@ void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred
 	}
 	if (attach && unsealed_full(b, cred.uid)) {
 		refuse_log(b, &cred, "its user's connections that ended before their client sealed its segments "
-			   "left the broker a quarter of its --max-clients-per-uid of them to seal, or kept");
+			   "left the broker as many of them to seal, or kept, as it allows one user");
 		send_status(cn->fd, -EUSERS);
 		return;
 	}

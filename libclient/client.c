@@ -196,6 +196,16 @@ void cl_sock_close(int *fd)
 	pthread_mutex_unlock(&open_lock);
 }
 
+void cl_sock_hang_up(int sock)
+{
+	char bytes[64];
+
+	(void)shutdown(sock, SHUT_RD);
+	while (recv(sock, bytes, sizeof(bytes), MSG_DONTWAIT) > 0)
+		;
+	(void)shutdown(sock, SHUT_RDWR);
+}
+
 /* The welcome's descriptors, noted as socket_noted() notes the socket. */
 static void fds_noted(const int *fds, unsigned n)
 {
@@ -1195,21 +1205,12 @@ CHIME_PUBLIC void chime_close(chime_t *c)
 	 * io_uring's poll on it is torn down, after io_uring_queue_exit()
 	 * returns (up to 13 ms here), and a session opened again meanwhile was
 	 * still attached (-EBUSY). Not in a forked child: the socket is its
-	 * parent's. And the wake-up bytes read first, with nothing more let
-	 * in (SHUT_RD): a hang-up with bytes of the broker's unread is, to it,
-	 * a peer that keeps them in flight (control.c, CL_HELD), and its slot
-	 * stays taken until the next heartbeat sees them gone; a user may
-	 * hold a quarter of its share so, and sessions opened and closed in a
-	 * row got EUSERS.
+	 * parent's. And the wake-up bytes read first (cl_sock_hang_up()): a
+	 * user may hold a quarter of its share of slots HELD, and sessions
+	 * opened and closed in a row got EUSERS.
 	 */
-	if (c && !at_load(&c->forked) && c->sock >= 0) {
-		char bytes[64];
-
-		(void)shutdown(c->sock, SHUT_RD);
-		while (recv(c->sock, bytes, sizeof(bytes), MSG_DONTWAIT) > 0)
-			;
-		(void)shutdown(c->sock, SHUT_RDWR);
-	}
+	if (c && !at_load(&c->forked) && c->sock >= 0)
+		cl_sock_hang_up(c->sock);
 	chime_free(c);
 }
 

@@ -222,6 +222,14 @@ int cl_dial_finish(int sock, bool wait, struct chime_welcome *w, int *fds, unsig
  */
 void cl_sock_close(int *fd);
 /*
+ * Hang up a connection to the broker, the descriptor kept: what it sent
+ * read first, with nothing more let in. A hang-up with the broker's bytes
+ * unread is, to it, a peer that keeps them in flight (control.c, CL_HELD):
+ * the slot stays taken until a heartbeat sees them gone, and a session's
+ * next process waits for that.
+ */
+void cl_sock_hang_up(int sock);
+/*
  * After cl_dial_finish(): map what is ours to write (*own), seal it, and
  * say so; nothing stays mapped on error. Then the broker's answer (not
  * `wait`: -EINPROGRESS while none has come; `wait`: until `until`, the

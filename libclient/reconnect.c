@@ -435,8 +435,15 @@ static int attempt(struct chime *c, uint64_t now)
 	if (r < 0)
 		return r;
 	cl_sock_ready(c->sock);
-	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
+	if (epoll_ctl(c->ep_fd, EPOLL_CTL_ADD, c->sock, &ev) < 0) {
+		/*
+		 * Attached, but the session is given up: hung up, so that the
+		 * broker parks it for the next process, which got EBUSY until
+		 * this chime_t was closed.
+		 */
+		cl_sock_hang_up(c->sock);
 		return -EPROTO;
+	}
 	/* Atomic: a thread arming for the first time reads it without the lock (home_shard()). */
 	at_store(&c->slot, w.slot);
 	c->session_token = w.session_token;

@@ -9,7 +9,8 @@
  * until it was closed, and a child forked then held it (found by a
  * review). mremap() and connect() are wrapped (-Wl,--wrap) so that the
  * fork lands in each of those windows: in attempt() as it maps the new
- * segments, and in connect_broker() right after the connect.
+ * segments, and in connect_broker() right after the connect. And
+ * epoll_ctl(), to fail the last step of a reconnect.
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -18,6 +19,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -93,6 +95,20 @@ int __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len)
 	return r;
 }
 
+static volatile int fail_epoll_add_of = -1;   /* the descriptor whose EPOLL_CTL_ADD fails, once */
+
+int __real_epoll_ctl(int ep, int op, int fd, struct epoll_event *ev);
+int __wrap_epoll_ctl(int ep, int op, int fd, struct epoll_event *ev);
+int __wrap_epoll_ctl(int ep, int op, int fd, struct epoll_event *ev)
+{
+	if (op == EPOLL_CTL_ADD && fd == fail_epoll_add_of) {
+		fail_epoll_add_of = -1;
+		errno = ENOMEM;
+		return -1;
+	}
+	return __real_epoll_ctl(ep, op, fd, ev);
+}
+
 /* A session on the test's broker. */
 static chime_t *sopen_ok(const char *session)
 {
@@ -161,5 +177,38 @@ Test(recon_fork, control_a_child_forked_after_the_reconnect_holds_none)
 	child_saw = -1;
 	fork_and_count();
 	cr_assert_eq(child_saw, 0, "after: %d", child_saw);
+	chime_close(c);
+}
+
+/*
+ * A reconnect that attached, then could not put its socket in chime_fd()'s
+ * set (ENOMEM), gives the session up (-ENOTCONN) and must hang up: before,
+ * its connection stayed attached, and the session's next process got
+ * EBUSY (after the broker's 1 s wait) until this chime_t was closed
+ * (found by a review of the reconnect).
+ */
+Test(recon_fork, a_reconnect_given_up_after_it_attached_hangs_up)
+{
+	struct chime_event ev[4];
+	struct chime_opts o = { 0 };
+	chime_t *c, *next = NULL;
+	int r = 0;
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1"), 0);
+	c = sopen_ok("givenup");
+	cr_assert_eq(t_chimed_restart(&tb, SIGKILL, "-n 1"), 0);
+	fail_epoll_add_of = c->sock;            /* a reconnect dup3()s its socket onto this number */
+	for (uint64_t end = now_ns() + 8000 * MS; !c->dead && now_ns() < end;) {
+		r = chime_poll(c, ev, 4);
+		usleep(2000);
+	}
+	cr_assert_eq(fail_epoll_add_of, -1, "the reconnect never came to the epoll_ctl()");
+	cr_assert(c->dead, "not given up: %s", strerror(-r));
+	cr_assert_eq(chime_poll(c, ev, 4), -ENOTCONN);
+	o.socket_path = tb.sock;
+	o.session = "givenup";
+	r = chime_open(&next, &o);
+	cr_assert_eq(r, 0, "the session's next open, the given-up chime_t still open: %s", strerror(-r));
+	chime_close(next);
 	chime_close(c);
 }

@@ -824,7 +824,7 @@ Test(restart, a_file_removed_while_the_broker_runs_is_reported_once_per_removal)
 	cr_assert(log_says(log, said_sess, "was removed while the broker runs: a crash now would lose"),
 		  "no error for the removed sessions file within 3 s");
 	cr_assert(log_says(log, said_shard1, "was removed while the broker runs"), "no error for shard1");
-	usleep(2500 * 1000);    /* two more looks */
+	usleep(3000 * 1000);    /* two more looks: 1-1.35 s apart (heartbeats of 450 ms at rest) */
 	cr_assert_eq(log_lines(log, said_sess, "was removed"), 1, "said more than once");
 	cr_assert_eq(log_lines(log, said_shard1, "was removed"), 1, "said more than once");
 	cr_assert_eq(log_lines(log, ".shard0'", "was removed"), 0, "shard0 was not removed");
@@ -855,7 +855,7 @@ Test(restart, a_removed_socket_is_reported_once)
 	cr_assert_eq(rename(tb.sock, aside), 0);
 	cr_assert(log_says(log, said, "was removed or replaced while the broker runs"),
 		  "no error for the removed socket within 3 s");
-	usleep(2200 * 1000);    /* two more looks */
+	usleep(3000 * 1000);    /* two more looks: 1-1.35 s apart (heartbeats of 450 ms at rest) */
 	cr_assert_eq(log_lines(log, said, "was removed"), 1, "said more than once");
 	cr_assert_eq(rename(aside, tb.sock), 0);
 	usleep(1200 * 1000);

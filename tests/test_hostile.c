@@ -1724,6 +1724,27 @@ AsanTest(hostile, a_refused_unsealed_clients_segments_are_sealed_then_let_go)
 	t_chimed_stop(&b, SIGTERM);
 }
 
+/* The broker's first welcome on sock, taken by hand: its descriptors into fds[16]; how many. */
+static int welcome_fds(int sock, int *fds)
+{
+	struct chime_welcome w = { 0 };
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * 16)];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf) };
+	struct cmsghdr *cm;
+	int n;
+
+	cr_assert_eq(recvmsg(sock, &mh, MSG_CMSG_CLOEXEC), (ssize_t)sizeof(w));
+	cm = CMSG_FIRSTHDR(&mh);
+	cr_assert_not_null(cm, "a welcome without descriptors (status %d)", w.status);
+	n = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+	memcpy(fds, CMSG_DATA(cm), (size_t)n * sizeof(int));
+	return n;
+}
+
 /* A refused client's rw segment, mapped many times over and punched while the broker lets go of it. */
 struct punch_loop {
 	int rw;
@@ -1802,27 +1823,15 @@ static void *wchan_watch_main(void *arg)
 ReleaseTest(hostile, a_refused_unsealed_client_punching_its_rw_does_not_stall_the_control_thread, .timeout = 60)
 {
 	enum { MAPS = 60000 };
-	struct chime_welcome w = { 0 };
-	union {
-		char buf[CMSG_SPACE(sizeof(int) * 16)];
-		struct cmsghdr align;
-	} u;
-	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf) };
 	struct chime_mapped m = { .magic = CHIME_MAPPED_MAGIC };
 	struct punch_loop p = { 0 };
 	struct wchan_watch ww = { .pid = tb.pid };
-	struct cmsghdr *cm;
 	int fds[16], nfds, fd = raw_attach_hello(), seals;
 	uint64_t worst = 0, t0;
 	pthread_t thr, wthr;
 	struct stat st;
 
-	cr_assert_eq(recvmsg(fd, &mh, MSG_CMSG_CLOEXEC), (ssize_t)sizeof(w));
-	cm = CMSG_FIRSTHDR(&mh);
-	cr_assert_not_null(cm);
-	nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-	memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
+	nfds = welcome_fds(fd, fds);
 	cr_assert_eq(fstat(fds[1], &st), 0);
 	p.rw = fds[1];
 	p.size = (size_t)st.st_size;
@@ -1911,17 +1920,9 @@ struct held_rw {
 
 static void held_rw_start(struct held_rw *hr)
 {
-	struct chime_welcome w = { 0 };
-	union {
-		char buf[CMSG_SPACE(sizeof(int) * 16)];
-		struct cmsghdr align;
-	} u;
-	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf) };
 	struct chime_mapped m = { .magic = CHIME_MAPPED_MAGIC };
 	struct uffdio_api api = { .api = UFFD_API };
 	struct uffdio_register reg = { .mode = UFFDIO_REGISTER_MODE_MISSING };
-	struct cmsghdr *cm;
 
 	hr->page = (size_t)sysconf(_SC_PAGESIZE);
 	hr->uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
@@ -1934,11 +1935,7 @@ static void held_rw_start(struct held_rw *hr)
 	reg.range.len = hr->page;
 	cr_assert_eq(ioctl(hr->uffd, UFFDIO_REGISTER, &reg), 0);
 	hr->fd = raw_attach_hello();
-	cr_assert_eq(recvmsg(hr->fd, &mh, MSG_CMSG_CLOEXEC), (ssize_t)sizeof(w));
-	cm = CMSG_FIRSTHDR(&mh);
-	cr_assert_not_null(cm);
-	hr->nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-	memcpy(hr->fds, CMSG_DATA(cm), (size_t)hr->nfds * sizeof(int));
+	hr->nfds = welcome_fds(hr->fd, hr->fds);
 	hr->h.fd = hr->fds[1];
 	hr->h.buf = hr->buf;
 	cr_assert_eq(pthread_create(&hr->thr, NULL, held_write_main, &hr->h), 0);

@@ -540,7 +540,7 @@ static int raw_attach_hello(void)
  * until they are: after that nobody can punch them, through a descriptor
  * or a mapping, nor map them writable again, nor resize them.
  */
-Test(hostile, a_client_cannot_punch_holes_in_memory_a_shard_reads)
+AsanTest(hostile, a_client_cannot_punch_holes_in_memory_a_shard_reads)
 {
 	static const char *const names[] = { "chime-client-rw", "chime-client-touch" };
 	int fd = raw_attach_hello(), kept[3 + 2 + 1], n = 0;
@@ -646,7 +646,7 @@ static void pages_mapped_by(pid_t pid, unsigned long ino, uint64_t *present, uin
  * too, a page is not the client's alone, and MADV_PAGEOUT passes it by.
  * So the broker maps all of rw at the attach, before any shard touches it.
  */
-Test(hostile, a_clients_rw_segment_is_all_mapped_by_the_broker_at_the_attach)
+AsanTest(hostile, a_clients_rw_segment_is_all_mapped_by_the_broker_at_the_attach)
 {
 	uint64_t present, total;
 	unsigned long ino;
@@ -706,7 +706,7 @@ static uint64_t swap_total_kb(void)
  * table's pages it had found resident), each a wait on the disk. Only
  * with swap: without, MADV_PAGEOUT moves nothing and this proves nothing.
  */
-Test(hostile, a_client_paging_its_memory_out_costs_the_broker_no_major_fault, .timeout = 60)
+AsanTest(hostile, a_client_paging_its_memory_out_costs_the_broker_no_major_fault, .timeout = 60)
 {
 	static const char *const names[] = { "chime-client-rw", "chime-client-touch" };
 	struct t_chimed b = { 0 };
@@ -770,7 +770,7 @@ Test(hostile, a_client_paging_its_memory_out_costs_the_broker_no_major_fault, .t
  * after the hello's time (HELLO_TIMEOUT_S, 2 s, -ETIMEDOUT). Meanwhile
  * others attach and their timers fire, and each refused slot is free again.
  */
-Test(hostile, attaches_unsealed_unfaulted_silent_or_malformed_are_refused)
+AsanTest(hostile, attaches_unsealed_unfaulted_silent_or_malformed_are_refused)
 {
 	static const enum t_answer bad[] = { T_ANSWER_UNSEALED, T_ANSWER_UNFAULTED, T_ANSWER_MALFORMED };
 	struct chime_welcome w;

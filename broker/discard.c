@@ -78,6 +78,8 @@ struct discard {
 	struct discard_job *shead, **stail; /* under slock: to seal */
 	struct discard_job *sdone;          /* under slock: sealed (or not), for the caller's thread */
 	unsigned sealers;                   /* under slock: sealers running */
+	uint32_t sealing_uid[SEALERS_MAX];  /* under slock: the users whose seal is under way ... */
+	unsigned nsealing;                  /* ... one per sealer at most (sjob_take()) */
 	bool sstop;                         /* under slock: take no more jobs */
 	struct discard_job *spend;          /* the caller's thread only: not handed to the sealer yet */
 	struct discard_job *sealing;        /* the caller's thread only: every job not back from it (snext) */
@@ -192,21 +194,67 @@ static struct timespec deadline_after(uint64_t ns)
 	return (struct timespec){ .tv_sec = (time_t)(t / 1000000000u), .tv_nsec = (long)(t % 1000000000u) };
 }
 
+/* Under slock: is a seal of user uid's under way? */
+static bool sealing_for(const struct discard *d, uint32_t uid)
+{
+	for (unsigned i = 0; i < d->nsealing; i++)
+		if (d->sealing_uid[i] == uid)
+			return true;
+	return false;
+}
+
+/* Under slock: the oldest job to seal whose user has no seal under way, or NULL. */
+static struct discard_job **sjob_next(struct discard *d)
+{
+	for (struct discard_job **pp = &d->shead; *pp; pp = &(*pp)->next)
+		if (!sealing_for(d, (*pp)->uid))
+			return pp;
+	return NULL;
+}
+
+/*
+ * Under slock: that job, off the list, its user's seal under way. One at a
+ * time per user: a client holding its memfd's inode lock holds up one
+ * sealer, and its own user's later jobs behind it, never another user's
+ * (processes of one user can ptrace one another: no boundary to keep
+ * between them). With any number of seals held up, SEALERS_MAX users'
+ * clients are needed to hold up everyone's.
+ */
+static struct discard_job *sjob_take(struct discard *d, struct discard_job **pp)
+{
+	struct discard_job *j = *pp;
+
+	*pp = j->next;
+	if (!*pp)
+		d->stail = pp;
+	d->sealing_uid[d->nsealing++] = j->uid;
+	return j;
+}
+
+/* Under slock: user uid's seal is over. */
+static void sjob_done(struct discard *d, uint32_t uid)
+{
+	for (unsigned i = 0; i < d->nsealing; i++)
+		if (d->sealing_uid[i] == uid) {
+			d->sealing_uid[i] = d->sealing_uid[--d->nsealing];
+			return;
+		}
+}
+
 /* Detached: one held up by its client may never end, and nothing joins it. */
 static void *sealer_main(void *arg)
 {
 	struct discard *d = arg;
-	struct discard_job *j;
+	struct discard_job **pp, *j;
 
 	pthread_mutex_lock(&d->slock);
-	while ((j = d->shead) && !d->sstop) {
-		d->shead = j->next;
-		if (!d->shead)
-			d->stail = &d->shead;
+	while (!d->sstop && (pp = sjob_next(d))) {
+		j = sjob_take(d, pp);
 		j->seal_t0 = now_ns();
 		pthread_mutex_unlock(&d->slock);
 		job_seal(j);
 		pthread_mutex_lock(&d->slock);
+		sjob_done(d, j->uid);
 		j->seal_t0 = 0;
 		j->next = d->sdone;
 		d->sdone = j;
@@ -446,7 +494,8 @@ static void sealer_start(struct discard *d)
  * Jobs to the sealers, and those they are done with back, never waiting
  * for their lock (they hold it for a few instructions at a time, but may
  * be preempted there): at a later step if one holds it. A sealer is
- * started while jobs wait and none runs, or every one running has been
+ * started while a job waits that one could take (sjob_next(): a user
+ * with no seal under way) and none runs, or every one running has been
  * held up by its client for SEAL_STUCK_NS (its job stays with it, its
  * segments mapped and counted for their user: discard_unsealed()), up to
  * SEALERS_MAX: one client holding its inode lock held up every other
@@ -466,7 +515,8 @@ static void sealer_step(struct discard *d)
 		*d->stail = j;
 		d->stail = &j->next;
 	}
-	if (d->shead && (d->sealers == 0 || (d->sealers < SEALERS_MAX && sealers_held_up(d, now_ns()))))
+	/* a job none running may take (another user's): no sealer started for nothing */
+	if (sjob_next(d) && (d->sealers == 0 || (d->sealers < SEALERS_MAX && sealers_held_up(d, now_ns()))))
 		sealer_start(d);
 	done = d->sdone;
 	d->sdone = NULL;

@@ -34,9 +34,11 @@
  * (discard_post()). The client can hold that lock for as long as it
  * likes (a write() to the memfd from a buffer whose page fault it serves:
  * FUSE, userfaultfd), so a sealer held up for a second leaves the rest to
- * another (up to 16), and a stop waits a second for them at most (a
- * review: one sealer for all held up every user's refused segments, and
- * the stop, for as long as one client liked). For the same reason only
+ * another (up to 16), a user has one seal under way at a time (its
+ * client holds up its own user's later segments, not another's), and a
+ * stop waits a second for them at most (a review: one sealer for all held
+ * up every user's refused segments, and the stop, for as long as one
+ * client liked). For the same reason only
  * the ro segment is ever punched: the client cannot write it.
  */
 #ifndef CHIME_DISCARD_H

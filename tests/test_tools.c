@@ -805,6 +805,34 @@ Test(tools_live, chime_demo_ends_its_session)
 }
 
 /*
+ * A session another process left timers in (a chime-demo -S killed before its
+ * end, or any other process of that name) hands them to the next chime-demo
+ * that opens it: their events are not this run's, and must neither pass for
+ * its timers nor fail it as duplicates. The earlier process's timers here
+ * use the demo's own keys and user_data (0.., the thread's index), due while
+ * the demo runs and after it.
+ */
+Test(tools_live, chime_demo_tells_an_earlier_processs_timers_in_its_session_from_its_own)
+{
+	struct chime_opts o = { .socket_path = sock, .session = "demo-left" };
+	chime_t *c;
+	chime_id_t id;
+
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&c, &o), 0);
+	for (uint64_t k = 0; k < 40; k++)
+		cr_assert_eq(chime_arm(c, k, chime_now() + (k < 20 ? 300 : 20000) * UINT64_C(1000000), 0, 0, &id), 0);
+	chime_close(c);
+	cr_assert_eq(run("%s -s '%s' -n 50 -t 1 -d 1 -m 500 -S demo-left", bin("CHIME_DEMO"), sock), 0, "%s",
+		     slurp(err));
+	cr_assert(strstr(slurp(out), "50 of 50 timers fired, 0 early"), "%s", slurp(out));
+	cr_assert(strstr(slurp(out), "20 events of timers this run did not arm"), "%s", slurp(out));
+	/* The session ends with the demo, the earlier process's timers with it. */
+	cr_assert_eq(run("%s -s '%s' sessions", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_null(strstr(slurp(out), "demo-left"), "%s", slurp(out));
+}
+
+/*
  * chime-demo against a broker whose quota, then capacity, refuses arms:
  * it waits only for what was armed (not until its give-up, 7 s here), names
  * the error and chimed's option, and exits 3.

@@ -9,9 +9,13 @@
  * (fired_ns - deadline_ns: wheel resolution plus the shard's wake-up) and by
  * this process (when chime_wait() handed the event over - deadline_ns: adds
  * the delivery to the client). Exit status 0 only if every timer fired
- * exactly once and none fired early. If the broker refuses an arm (its quota
- * or capacity), that thread stops and the demo waits only for the timers
- * that were armed.
+ * exactly once and none fired early: each event is matched to the timer it
+ * is for (key: its number in its thread's share; user_data: this run's id
+ * and the thread), so that a duplicate is seen as one even when another
+ * timer is missing, and so that the events of timers an earlier process
+ * left in the session (-S) are told apart from this run's. If the broker
+ * refuses an arm (its quota or capacity), that thread stops and the demo
+ * waits only for the timers that were armed.
  */
 #include <chime.h>
 
@@ -25,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "chime_shm.h"     /* CHIME_DEFAULT_SOCKET */
 #include "clock.h"       /* splitmix64() */
@@ -44,6 +49,18 @@ struct demo {
 	unsigned seconds;
 	unsigned max_ms;
 	uint64_t start_ns;
+	uint64_t run_id;        /* the high 32 bits of this run's user_data (never 0); the low: the thread */
+};
+
+/* What the events said: this run's timers (each counted once), and the rest. */
+struct tally {
+	uint64_t fired;         /* timers of this run that fired (once each) */
+	uint64_t early;         /* of those, fired or received before their deadline */
+	uint64_t twice;         /* events of a timer of this run that had fired already */
+	uint64_t foreign;       /* events of timers this run did not arm (an earlier process's, in its session) */
+	uint64_t per_sec;
+	uint8_t *seen;          /* a bit per timer of this run: fired */
+	uint64_t *broker_lat, *client_lat;
 };
 
 struct arm_thread {
@@ -104,6 +121,49 @@ static const char *arm_error_hint(int error)
 	}
 }
 
+/* Thread i's share of the timers, and the number of its first in the run's numbering. */
+static uint64_t share_of(const struct demo *d, unsigned i)
+{
+	return d->timers / d->threads + (i < d->timers % d->threads);
+}
+
+static uint64_t first_of(const struct demo *d, unsigned i)
+{
+	uint64_t rest = d->timers % d->threads;
+
+	return (uint64_t)i * (d->timers / d->threads) + (i < rest ? i : rest);
+}
+
+/*
+ * Count ev[0..n) into t, stamped `now` (when chime_wait() handed them over):
+ * each one of this run's timers once, its duplicates and the events of
+ * timers it did not arm apart.
+ */
+static void tally_events(const struct demo *d, struct tally *t, const struct chime_event *ev, int n, uint64_t now)
+{
+	for (int i = 0; i < n; i++) {
+		uint64_t thread = ev[i].user_data & 0xffffffffu, k;
+
+		if ((ev[i].user_data & ~UINT64_C(0xffffffff)) != d->run_id || thread >= d->threads ||
+		    ev[i].key >= share_of(d, (unsigned)thread)) {
+			t->foreign++;
+			continue;
+		}
+		k = first_of(d, (unsigned)thread) + ev[i].key;
+		if (t->seen[k / 8] & (1u << (k % 8))) {
+			t->twice++;
+			continue;
+		}
+		t->seen[k / 8] |= (uint8_t)(1u << (k % 8));
+		if (ev[i].fired_ns < ev[i].deadline_ns || now < ev[i].deadline_ns)
+			t->early++;
+		t->broker_lat[t->fired] = ev[i].fired_ns - ev[i].deadline_ns;
+		t->client_lat[t->fired] = now - ev[i].deadline_ns;
+		t->fired++;
+		t->per_sec++;
+	}
+}
+
 /* What will fire: a thread's whole share, unless it stopped at an error (counted in *failed). */
 static uint64_t timers_expected(struct demo *d, struct arm_thread *threads, unsigned *failed)
 {
@@ -116,7 +176,7 @@ static uint64_t timers_expected(struct demo *d, struct arm_thread *threads, unsi
 			sum += atomic_load_explicit(&threads[i].armed, memory_order_relaxed);
 			++*failed;
 		} else {
-			sum += d->timers / d->threads + (i < d->timers % d->threads);
+			sum += share_of(d, i);
 		}
 	}
 	return sum;
@@ -136,7 +196,7 @@ static void *arm_main(void *arg)
 {
 	struct arm_thread *t = arg;
 	struct demo *d = t->demo;
-	uint64_t share = d->timers / d->threads + (t->index < d->timers % d->threads);
+	uint64_t share = share_of(d, t->index);
 	uint64_t steps = (uint64_t)d->seconds * 100, done = 0;
 	uint64_t seed = 0x5eed0000ull + t->index;
 
@@ -146,7 +206,7 @@ static void *arm_main(void *arg)
 		for (; done < target; done++) {
 			uint64_t delay = (1 + splitmix64(&seed) % d->max_ms) * NSEC_PER_MSEC;
 			chime_id_t id;
-			int r = chime_arm(d->chime, done, chime_now() + delay, 0, t->index, &id);
+			int r = chime_arm(d->chime, done, chime_now() + delay, 0, d->run_id | t->index, &id);
 
 			if (r < 0) {
 				atomic_store_explicit(&t->armed, done, memory_order_relaxed);
@@ -219,8 +279,8 @@ int main(int argc, char **argv)
 	struct demo d = { .timers = 1000000, .threads = 4, .seconds = 3, .max_ms = 200 };
 	struct chime_opts opts = { 0 };
 	struct chime_event ev[256];
-	uint64_t v, fired = 0, early = 0, per_sec = 0, next_report, expected, armed = 0;
-	uint64_t *broker_lat, *client_lat;
+	struct tally t = { 0 };
+	uint64_t v, next_report, expected, armed = 0, seed;
 	struct arm_thread *threads;
 	unsigned failed, failed_told = 0;
 	int c, r, status = 0;
@@ -281,10 +341,11 @@ int main(int argc, char **argv)
 			r == -EUSERS ? " (the broker has as many clients as it allows: this user's, or all)" : "");
 		return r == -EINVAL ? 2 : 1;    /* EINVAL: what the options said */
 	}
-	broker_lat = calloc(d.timers, sizeof(*broker_lat));
-	client_lat = calloc(d.timers, sizeof(*client_lat));
+	t.broker_lat = calloc(d.timers, sizeof(*t.broker_lat));
+	t.client_lat = calloc(d.timers, sizeof(*t.client_lat));
+	t.seen = calloc((d.timers + 7) / 8, 1);
 	threads = calloc(d.threads, sizeof(*threads));
-	if (!broker_lat || !client_lat || !threads) {
+	if (!t.broker_lat || !t.client_lat || !t.seen || !threads) {
 		fprintf(stderr, "chime-demo: out of memory for %" PRIu64 " timer%s\n", d.timers, plural(d.timers));
 		return 1;
 	}
@@ -292,6 +353,8 @@ int main(int argc, char **argv)
 	printf("chime-demo: arming %" PRIu64 " timer%s from %u thread%s over %u s, deadlines 1..%u ms ahead\n",
 	       d.timers, plural(d.timers), d.threads, plural(d.threads), d.seconds, d.max_ms);
 	d.start_ns = chime_now();
+	seed = d.start_ns ^ ((uint64_t)getpid() << 32);
+	d.run_id = (splitmix64(&seed) | 1) << 32;
 	next_report = d.start_ns + NSEC_PER_SEC;
 	for (unsigned i = 0; i < d.threads; i++) {
 		threads[i] = (struct arm_thread){ .demo = &d, .index = i };
@@ -307,7 +370,7 @@ int main(int argc, char **argv)
 	 * waiting for its share would only run into give_up.
 	 */
 	uint64_t give_up = d.start_ns + (uint64_t)(d.seconds + 5) * NSEC_PER_SEC + d.max_ms * NSEC_PER_MSEC;
-	while (fired < (expected = timers_expected(&d, threads, &failed)) && chime_now() < give_up) {
+	while (t.fired < (expected = timers_expected(&d, threads, &failed)) && chime_now() < give_up) {
 		int n;
 		uint64_t now;
 
@@ -326,21 +389,12 @@ int main(int argc, char **argv)
 			status = 1;
 			break;
 		}
-		for (int i = 0; i < n; i++) {
-			if (ev[i].fired_ns < ev[i].deadline_ns || now < ev[i].deadline_ns)
-				early++;
-			if (fired < d.timers) {
-				broker_lat[fired] = ev[i].fired_ns - ev[i].deadline_ns;
-				client_lat[fired] = now - ev[i].deadline_ns;
-			}
-			fired++;
-			per_sec++;
-		}
+		tally_events(&d, &t, ev, n, now);
 		if (now >= next_report) {
 			printf("  %2" PRIu64 " s: %8" PRIu64 " fired/s  (%" PRIu64 " of %" PRIu64 " so far)\n",
-			       (now - d.start_ns) / NSEC_PER_SEC, per_sec, fired, expected);
+			       (now - d.start_ns) / NSEC_PER_SEC, t.per_sec, t.fired, expected);
 			fflush(stdout);
-			per_sec = 0;
+			t.per_sec = 0;
 			next_report += NSEC_PER_SEC;
 		}
 	}
@@ -367,27 +421,31 @@ int main(int argc, char **argv)
 		else if (!status)
 			status = EXIT_REFUSED;
 	}
-	/* Anything more would be a duplicate: give stragglers a moment to show up. */
+	/* Give stragglers (a duplicate, a timer missed so far) a moment to show up. */
 	for (int i = 0; i < 5; i++) {
 		int n = chime_wait(d.chime, ev, 256, 20);
 
 		if (n > 0)
-			fired += (uint64_t)n;
+			tally_events(&d, &t, ev, n, chime_now());
 	}
 
-	uint64_t kept = fired < d.timers ? fired : d.timers;
+	if (t.foreign)
+		printf("chime-demo: %" PRIu64 " event%s of timers this run did not arm (left in session '%s' by an "
+		       "earlier process) not counted\n", t.foreign, plural(t.foreign), opts.session);
 	if (armed == d.timers)
-		printf("chime-demo: %" PRIu64 " of %" PRIu64 " timer%s fired, %" PRIu64 " early\n", fired, d.timers,
-		       plural(d.timers), early);
+		printf("chime-demo: %" PRIu64 " of %" PRIu64 " timer%s fired, %" PRIu64 " early", t.fired, d.timers,
+		       plural(d.timers), t.early);
 	else
 		printf("chime-demo: %" PRIu64 " of %" PRIu64 " timer%s armed, %" PRIu64 " of those fired, %" PRIu64
-		       " early\n", armed, d.timers, plural(d.timers), fired, early);
-	printf("lateness (fired - deadline):\n");
-	print_lateness("broker", broker_lat, kept);
-	print_lateness("client", client_lat, kept);
-	if (fired != armed || early) {
+		       " early", armed, d.timers, plural(d.timers), t.fired, t.early);
+	if (t.twice)
+		printf(", %" PRIu64 " event%s of a timer that had fired already", t.twice, plural(t.twice));
+	printf("\nlateness (fired - deadline):\n");
+	print_lateness("broker", t.broker_lat, t.fired);
+	print_lateness("client", t.client_lat, t.fired);
+	if (t.fired != armed || t.early || t.twice) {
 		fprintf(stderr, "chime-demo: FAILED: %s\n",
-			early ? "timers fired early" : fired < armed ? "timers missing" : "duplicate events");
+			t.early ? "timers fired early" : t.twice ? "timers fired twice" : "timers missing");
 		status = 1;
 	}
 	chime_close(d.chime);
@@ -395,8 +453,9 @@ int main(int argc, char **argv)
 	if (opts.session && (r = chime_drop_session(&opts)) < 0 && r != -ESRCH)
 		fprintf(stderr, "chime-demo: could not end session '%s' (it lingers for chimed's "
 			"--session-linger): %s\n", opts.session, strerror(-r));
-	free(broker_lat);
-	free(client_lat);
+	free(t.broker_lat);
+	free(t.client_lat);
+	free(t.seen);
 	free(threads);
 	/* A report that did not arrive (a full disk) is no success. */
 	return sr_stdout_check("chime-demo") ? 1 : status;

@@ -983,6 +983,38 @@ Test(daemon, busy_poll_on_every_cpu_is_warned_about, .timeout = 30)
 }
 
 /*
+ * A --max-timers-per-uid that a user's idle connections use up is warned
+ * about, with what each holds (a node per submission slot and shard, or
+ * its share of --max-timers-per-client where that is less: grant_slot())
+ * and how many of them use it up: with 2 shards, 500 per shard is one
+ * connection's 1024 and 2500 three; 50 each of a client quota of 100,
+ * 64 of them hold 6400 of 10000, and that is no warning.
+ */
+Test(daemon, a_uid_quota_that_idle_connections_use_up_is_warned_about, .timeout = 30)
+{
+	static const struct {
+		const char *opts, *says;
+	} cases[] = {
+		{ "--shards 2 --max-timers-per-uid 1000", "hold 2048 nodes each before arming any timer "
+		  "(--sq-size 1024 per shard, 2 shards), so 1 of them uses up its quota" },
+		{ "--shards 2 --max-timers-per-uid 5000", "hold 2048 nodes each before arming any timer "
+		  "(--sq-size 1024 per shard, 2 shards), so 3 of them use up its quota" },
+		{ "--shards 2 --max-timers-per-client 100 --max-timers-per-uid 5000", "hold 100 nodes each before "
+		  "arming any timer (their share of --max-timers-per-client, 50 per shard, 2 shards), so 50 of them" },
+		{ "--shards 2 --max-timers-per-client 100 --max-timers-per-uid 10000", NULL },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const char *log = start_log(cases[i].opts);
+
+		if (cases[i].says)
+			cr_expect(strstr(log, cases[i].says), "%s: %s", cases[i].opts, log);
+		else
+			cr_expect_null(strstr(log, "--max-timers-per-uid"), "%s: %s", cases[i].opts, log);
+	}
+}
+
+/*
  * chimed as systemd starts it: its socket at dir/s (sock), $NOTIFY_SOCKET
  * a datagram socket in dir (made; the socket returned, for expect_msg()),
  * $WATCHDOG_USEC set to usec for it alone.

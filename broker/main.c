@@ -794,17 +794,29 @@ int main(int argc, char **argv)
 			"or fewer leaves one free)", o.nr_shards, ncpu, ncpu > 1 ? ncpu - 1 : 1);
 	/*
 	 * Every connection holds a node per submission slot and shard, armed
-	 * or not (the grants its arms take), and they count against its
-	 * user's quota: below this, a user's idle connections alone use it up.
+	 * or not (the grants its arms take), as far as its own quota's share
+	 * of the shard goes (grant_slot()), and they count against its user's
+	 * share of the shard: below what --max-clients-per-uid of them hold,
+	 * a user's idle connections alone use it up, and the next ones can
+	 * arm nothing.
 	 */
-	if (o.max_timers_per_uid && o.max_clients_per_uid &&
-	    o.max_timers_per_uid < (uint64_t)o.max_clients_per_uid * o.sq_size * o.nr_shards)
-		log_msg(LOG_WARNING, "--max-timers-per-uid %llu is less than --max-clients-per-uid %u times "
-			"--sq-size %u times %u shard%s: a user's connections hold %llu nodes each before "
-			"arming any timer, so %llu of them use up its quota",
-			(unsigned long long)o.max_timers_per_uid, o.max_clients_per_uid, o.sq_size, o.nr_shards,
-			o.nr_shards == 1 ? "" : "s", (unsigned long long)o.sq_size * o.nr_shards,
-			(unsigned long long)(o.max_timers_per_uid / ((uint64_t)o.sq_size * o.nr_shards)));
+	if (o.max_timers_per_uid && o.max_clients_per_uid) {
+		uint64_t held = o.sq_size, user_share = (o.max_timers_per_uid + o.nr_shards - 1) / o.nr_shards;
+		uint64_t client_share = (o.max_timers_per_client + o.nr_shards - 1) / o.nr_shards, idle;
+
+		if (o.max_timers_per_client && client_share < held)
+			held = client_share;
+		idle = (user_share + held - 1) / held;
+		if (user_share < o.max_clients_per_uid * held)
+			log_msg(LOG_WARNING, "--max-timers-per-uid %llu is less than --max-clients-per-uid %u times "
+				"what one connection holds: a user's connections hold %llu nodes each before "
+				"arming any timer (%s %llu per shard, %u shard%s), so %llu of them use%s up its quota",
+				(unsigned long long)o.max_timers_per_uid, o.max_clients_per_uid,
+				(unsigned long long)(held * o.nr_shards),
+				held < o.sq_size ? "their share of --max-timers-per-client," : "--sq-size",
+				(unsigned long long)held, o.nr_shards, o.nr_shards == 1 ? "" : "s",
+				(unsigned long long)idle, idle == 1 ? "s" : "");
+	}
 	loop_signals(&set);
 	pthread_sigmask(SIG_BLOCK, &set, &old_mask);
 	/* Blocked by the broker that executed us (reexec()), not by whoever started the first. */

@@ -3701,3 +3701,32 @@ Test(tools_fake, comm_longer_than_a_process_name_is_a_usage_error)
 		     slurp(err));
 	chime_seg_unmap(&f.map);
 }
+
+/*
+ * tools/demo.sh, the quick start's first command, shows why its build
+ * failed: meson and ninja print their errors on standard output, which it
+ * sent to /dev/null. Run from a tree of its own whose install-deps.sh does
+ * nothing and whose build fails at once: at meson's step (no build/), then
+ * at ninja's (a build/build.ninja whose one rule fails).
+ */
+Test(tools_options, demo_sh_shows_why_its_build_failed)
+{
+	const char *script = src_file("tools/demo.sh");
+
+	/* In ( ): run() sends the last command's stdout to its file. */
+	cr_assert_eq(run("(mkdir -p '%s/t/tools' && cp '%s' '%s/t/tools/demo.sh' && "
+			 "printf '#!/bin/sh\\nexit 0\\n' >'%s/t/tools/install-deps.sh' && "
+			 "chmod +x '%s/t/tools/install-deps.sh' && "
+			 "printf \"project('t', 'c')\\nerror('meson fails on purpose')\\n\" >'%s/t/meson.build')",
+			 dir, script, dir, dir, dir, dir), 0, "%s", slurp(err));
+	cr_assert_eq(run("'%s/t/tools/demo.sh'", dir), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "meson fails on purpose"), "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "demo.sh: "), "%s", slurp(err));
+
+	cr_assert_eq(run("(mkdir -p '%s/t/build' && printf 'rule fail\\n  command = echo the compiler fails on purpose; "
+			 "false\\nbuild all: fail\\ndefault all\\n' >'%s/t/build/build.ninja')", dir, dir), 0, "%s",
+		     slurp(err));
+	cr_assert_eq(run("'%s/t/tools/demo.sh'", dir), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "the compiler fails on purpose"), "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "demo.sh: "), "%s", slurp(err));
+}

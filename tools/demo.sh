@@ -23,10 +23,22 @@ USAGE
 esac
 
 tools/install-deps.sh
+# Quietly, but meson and ninja print their errors on stdout: a failed step
+# shows the end of its output, and where the rest is.
+mkdir -p build
+log=build/demo.sh.log
+build_step() {
+	if ! "$@" >"$log" 2>&1; then
+		tail -n 40 "$log" >&2
+		echo "demo.sh: the build failed: '$*' (its whole output is in $PWD/$log)" >&2
+		exit 1
+	fi
+}
 if [ ! -f build/build.ninja ]; then
-	meson setup build >/dev/null
+	build_step meson setup build
 fi
-ninja -C build >/dev/null
+build_step ninja -C build
+rm -f "$log"
 
 # On a tmpfs, as a service's /run is on most hosts: elsewhere (an ext4 /tmp)
 # the kernel writes the timers' segment files back to disk, and chimed says so.

@@ -3730,3 +3730,33 @@ Test(tools_options, demo_sh_shows_why_its_build_failed)
 	cr_assert(strstr(slurp(err), "the compiler fails on purpose"), "%s", slurp(err));
 	cr_assert(strstr(slurp(err), "demo.sh: "), "%s", slurp(err));
 }
+
+/*
+ * The examples, programs to copy from, refuse a number that is not one
+ * (exit 2, before they connect): atoi() took -n -1 as 4294967295
+ * connections or requests ("no memory for ..."), -n 5x as 5, and an
+ * -t past INT_MAX as whatever it made of it.
+ */
+Test(tools_options, the_examples_refuse_numbers_that_are_not)
+{
+	static const struct {
+		const char *prog, *args;
+	} bad[] = {
+		{ "heartbeat", "-n -1" }, { "heartbeat", "-n 5x" }, { "heartbeat", "-n ''" },
+		{ "heartbeat", "-t 99999999999" }, { "heartbeat", "-d -5" }, { "heartbeat", "-s ' 3'" },
+		{ "uv_timers", "-n -1" }, { "uv_timers", "-n 5x" },
+		{ "event_timers", "-n -1" }, { "event_timers", "-n +5" },
+	};
+	const char *exdir = bin("CHIME_EXAMPLES");
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char path[PATH_MAX];
+		int st;
+
+		snprintf(path, sizeof(path), "%s/example_%s", exdir, bad[i].prog);
+		if (access(path, X_OK) != 0)
+			continue;       /* the loop examples need libuv1-dev, libevent-dev */
+		st = run("CHIME_SOCKET='%s/none' '%s' %s", dir, path, bad[i].args);
+		cr_expect_eq(st, 2, "example_%s %s: exit %d: %s", bad[i].prog, bad[i].args, st, slurp(err));
+	}
+}

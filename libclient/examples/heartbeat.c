@@ -16,6 +16,7 @@
  *   heartbeat [-n connections] [-t timeout_ms] [-d duration_ms] [-s every]
  */
 #define _POSIX_C_SOURCE 200809L     /* getopt(), under -std=c11 too */
+#include <ctype.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -57,27 +58,46 @@ static int report(chime_t *c, struct conn *conns, unsigned n, int timeout_ms, un
 	return r;
 }
 
+/*
+ * A whole decimal number in min..max, digits only (atoi() takes "-1" as
+ * 4294967295 connections, "5x" as 5); anything else clears *ok.
+ */
+static long number(const char *s, long min, long max, int *ok)
+{
+	char *end = NULL;
+	long v;
+
+	errno = 0;
+	v = isdigit((unsigned char)*s) ? strtol(s, &end, 10) : -1;
+	if (v < 0 || errno || *end || v < min || v > max) {
+		*ok = 0;
+		return min;
+	}
+	return v;
+}
+
 int main(int argc, char **argv)
 {
 	unsigned n = 100000, every = 997, silent = 0, reported = 0;
-	int timeout_ms = 500, duration_ms = 2000, opt, r;
+	int timeout_ms = 500, duration_ms = 2000, opt, r, ok = 1;
 	uint64_t start, end, next_round;
 	struct conn *conns;
 	chime_t *c;
 
 	while ((opt = getopt(argc, argv, "n:t:d:s:")) != -1) {
 		switch (opt) {
-		case 'n': n = (unsigned)atoi(optarg); break;
-		case 't': timeout_ms = atoi(optarg); break;
-		case 'd': duration_ms = atoi(optarg); break;
-		case 's': every = (unsigned)atoi(optarg); break;
+		case 'n': n = (unsigned)number(optarg, 1, 10000000, &ok); break;
+		case 't': timeout_ms = (int)number(optarg, 20, 3600000, &ok); break;
+		case 'd': duration_ms = (int)number(optarg, 0, 3600000, &ok); break;
+		case 's': every = (unsigned)number(optarg, 1, 10000000, &ok); break;
 		default:
 			fprintf(stderr, "usage: heartbeat [-n conns] [-t timeout_ms] [-d duration_ms] [-s every]\n");
 			return 2;
 		}
 	}
-	if (optind < argc || n == 0 || every == 0 || timeout_ms < 20 || duration_ms < 0) {
-		fprintf(stderr, "heartbeat: need -n > 0, -s > 0, -t >= 20, -d >= 0 and no other argument\n");
+	if (optind < argc || !ok) {
+		fprintf(stderr, "heartbeat: need -n 1..10000000, -s 1..10000000, -t 20..3600000, -d 0..3600000 "
+			"(whole numbers) and no other argument\n");
 		return 2;
 	}
 	conns = calloc(n, sizeof(*conns));

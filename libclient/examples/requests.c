@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* requests - the event-loop examples' simulation (see requests.h). */
 #define _POSIX_C_SOURCE 200809L     /* getopt(), under -std=c11 too */
+#include <ctype.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,10 +20,18 @@ int requests_open(int argc, char **argv, const char *prog, chime_t **c, unsigned
 
 	*n = 2000;
 	while ((opt = getopt(argc, argv, "n:")) != -1) {
-		if (opt != 'n' || (*n = (unsigned)atoi(optarg)) == 0) {
-			fprintf(stderr, "usage: %s [-n requests]\n", prog);
+		char *end = NULL;
+		unsigned long v = 0;
+
+		/* Digits only: atoi() took "-1" as 4294967295 requests, "5x" as 5. */
+		errno = 0;
+		if (opt == 'n' && isdigit((unsigned char)*optarg))
+			v = strtoul(optarg, &end, 10);
+		if (opt != 'n' || errno || !end || *end || v < 1 || v > 1000000) {
+			fprintf(stderr, "usage: %s [-n requests]   (requests: 1..1000000)\n", prog);
 			return 2;
 		}
+		*n = (unsigned)v;
 	}
 	r = chime_open(c, NULL);
 	if (r < 0) {

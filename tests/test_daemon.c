@@ -276,6 +276,75 @@ Test(daemon, a_policy_file_admits_everyone_only_when_it_says_allow_all)
 	cr_expect(strstr(msg, "/dev/zero:1: a NUL byte"), "%s", msg);
 }
 
+/* Up to `ms` for `needle` to be in the file at `path`. */
+static bool file_gets(const char *path, const char *needle, long ms)
+{
+	for (long t = 0; t < ms; t += 10, sleep_ms(10))
+		if (t_file_has(path, needle))
+			return true;
+	return t_file_has(path, needle);
+}
+
+/*
+ * The policy and subordinate-uid files are read by the control thread at a
+ * SIGHUP, and by chimed before it listens. A FIFO put at either path (a
+ * mistake, or whoever may write their directory) is refused at once, saying
+ * so, the policy in force kept: before, the open waited for a writer, for
+ * good, and with it the heartbeat, every handshake and the stop (SIGTERM
+ * queued unread); a start waited without a word. A subuid file that never
+ * ends in a newline (a link to /dev/zero) costs one line's buffer: before,
+ * a line both too long and holding a NUL was skipped and the next read,
+ * its tail, for ever.
+ */
+Test(daemon, a_reload_does_not_wait_on_a_fifo_or_read_an_endless_file, .timeout = 60)
+{
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], pol[300], sub[300], logf[300], extra[1200], msg[512];
+	struct t_chimed b;
+
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(pol, sizeof(pol), "%s/policy", dir);
+	snprintf(sub, sizeof(sub), "%s/subuid", dir);
+	snprintf(logf, sizeof(logf), "%s/chimed.log", dir);
+	cr_assert_eq(t_write_file(pol, "# nobody else yet\n"), 0);
+	cr_assert_eq(t_write_file(sub, ""), 0);
+	snprintf(extra, sizeof(extra), "--shards 1 --policy-file '%s' --subuid-file '%s' 2>'%s'", pol, sub, logf);
+	cr_assert_eq(t_chimed_start(&b, sock, extra), 0);
+
+	cr_assert_eq(unlink(pol), 0);
+	cr_assert_eq(mkfifo(pol, 0600), 0);
+	cr_assert_eq(kill(b.pid, SIGHUP), 0);
+	cr_assert(file_gets(logf, "policy file", 2000), "no word of the policy file's FIFO in 2 s");
+	cr_expect(file_gets(logf, "is a FIFO, not a file; keeping the current policy", 100), "the log does not say why");
+	cr_assert(can_open(sock), "no handshake after the reload");
+	cr_assert_eq(unlink(pol), 0);
+	cr_assert_eq(t_write_file(pol, "# nobody else yet\n"), 0);
+
+	cr_assert_eq(unlink(sub), 0);
+	cr_assert_eq(mkfifo(sub, 0600), 0);
+	cr_assert_eq(kill(b.pid, SIGHUP), 0);
+	cr_assert(file_gets(logf, "subordinate-uid file", 2000), "no word of the subuid file's FIFO in 2 s");
+	cr_assert(can_open(sock), "no handshake after the reload");
+	cr_assert_eq(unlink(sub), 0);
+
+	cr_assert_eq(symlink("/dev/zero", sub), 0);
+	cr_assert_eq(kill(b.pid, SIGHUP), 0);
+	cr_assert(file_gets(logf, "reloaded the policy", 2000), "the reload of /dev/zero did not end in 2 s");
+	cr_expect(file_gets(logf, "(1 line of the file skipped", 100), "one line, and no more, is skipped");
+	cr_assert(can_open(sock), "no handshake after the reload");
+	cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
+
+	/* and at the start: said at once, not a start that never listens */
+	snprintf(extra, sizeof(extra), "--policy-file '%s'", sub);
+	cr_assert_eq(unlink(sub), 0);
+	cr_assert_eq(mkfifo(sub, 0600), 0);
+	chimed_first_line(extra, msg, sizeof(msg));
+	cr_expect(strstr(msg, "is a FIFO, not a file"), "%s", msg);
+	unlink(sub);
+	unlink(pol);
+	t_rmdir_files(dir);
+}
+
 static pid_t read_pid(const char *sock)
 {
 	char path[320], buf[32] = "";

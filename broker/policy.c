@@ -4,12 +4,14 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MAX_IDS 4096            /* per list: a policy, not a user database */
@@ -224,9 +226,41 @@ static int read_line(FILE *f, char *buf, size_t size, bool *over, bool *nul)
 	return ch == EOF && !n ? 0 : 1;
 }
 
+/*
+ * path opened for reading, as a stream. The control thread reads these files
+ * at a SIGHUP: nothing here may wait. O_NONBLOCK: a FIFO's open would wait
+ * for a writer, for good (the heartbeat, every handshake and the stop with
+ * it); it is refused (-ENODEV, *fifo set), not read as the empty text a FIFO
+ * without a writer gives. A device that would wait in read() gives -EAGAIN
+ * there instead (/dev/null and /dev/zero read as before). O_NOCTTY: a
+ * terminal is not made chimed's.
+ */
+static FILE *open_text(const char *path, bool *fifo)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	struct stat st;
+	FILE *f;
+
+	*fifo = false;
+	if (fd < 0)
+		return NULL;
+	if (fstat(fd, &st) < 0 || (*fifo = S_ISFIFO(st.st_mode))) {
+		int e = *fifo ? ENODEV : errno;
+
+		close(fd);
+		errno = e;
+		return NULL;
+	}
+	f = fdopen(fd, "r");
+	if (!f)
+		close(fd);
+	return f;
+}
+
 static int load_file(struct policy *p, const char *path, char *err, size_t errlen)
 {
-	FILE *f = fopen(path, "re");
+	bool fifo;
+	FILE *f = open_text(path, &fifo);
 	char *line, msg[256];
 	unsigned no = 0;
 	bool over, nul;
@@ -234,7 +268,10 @@ static int load_file(struct policy *p, const char *path, char *err, size_t errle
 
 	if (!f) {
 		r = -errno;
-		snprintf(err, errlen, "cannot open policy file '%s': %s", path, strerror(-r));
+		if (fifo)
+			snprintf(err, errlen, "policy file '%s' is a FIFO, not a file", path);
+		else
+			snprintf(err, errlen, "cannot open policy file '%s': %s", path, strerror(-r));
 		return r;
 	}
 	line = malloc(LINE_MAX_BYTES);
@@ -351,7 +388,8 @@ static int subuids_index(struct policy *p, struct subuid_line *l, size_t n)
 
 static int load_subuids(struct policy *p, const char *path, char *err, size_t errlen)
 {
-	FILE *f = fopen(path, "re");
+	bool fifo;
+	FILE *f = open_text(path, &fifo);
 	struct subuid_line *l = NULL;
 	size_t n = 0, cap = 0;
 	char *line;
@@ -362,7 +400,10 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 		if (errno == ENOENT)
 			return 0;       /* no user namespaces configured */
 		r = -errno;
-		snprintf(err, errlen, "cannot open subordinate-uid file '%s': %s", path, strerror(-r));
+		if (fifo)
+			snprintf(err, errlen, "subordinate-uid file '%s' is a FIFO, not a file", path);
+		else
+			snprintf(err, errlen, "cannot open subordinate-uid file '%s': %s", path, strerror(-r));
 		return r;
 	}
 	line = malloc(LINE_MAX_BYTES);
@@ -375,13 +416,17 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 	while (read_line(f, line, LINE_MAX_BYTES, &over, &nul) > 0) {
 		char *t = line + strspn(line, " \t");
 
-		if (nul) {
-			p->subuids_skipped++;
-			continue;
-		}
+		/*
+		 * Over first: a long line with a NUL in it (/dev/zero has no
+		 * end) must stop the reading too, or its tail is read as lines.
+		 */
 		if (over) {             /* the rest unread: this line and any after it skipped, counted as one */
 			p->subuids_skipped++;
 			break;
+		}
+		if (nul) {
+			p->subuids_skipped++;
+			continue;
 		}
 
 		t[strcspn(t, "\n")] = '\0';

@@ -1485,6 +1485,71 @@ Test(access, a_lock_file_of_another_user_is_refused_and_named)
 	cr_assert(strstr(out, "exit 1\n") && strstr(out, want), "chimed on chimet1's lock file said:\n%s", out);
 }
 
+/* As uid 65534: put a symbolic link to `canary` where the broker's socket is (arg: the socket's path). */
+static int plant_socket_link(void *arg)
+{
+	const char *sock = arg;
+
+	return unlink(sock) == 0 && symlink("canary", sock) == 0 ? 0 : 1;
+}
+
+/* As uid 65534: 0 if the canary (arg: its path) cannot be opened, 1 if it can. */
+static int canary_closed(void *arg)
+{
+	int fd = open(arg, O_RDONLY | O_CLOEXEC);
+
+	if (fd >= 0)
+		close(fd);
+	return fd >= 0;
+}
+
+/*
+ * A reload sets the socket's group and mode again (--socket-group, a
+ * policy that admits others): on the socket this broker bound, never on
+ * what is at its path now. In a directory others may write (not sticky),
+ * one removes the socket and puts a link there to a file of the broker's
+ * user: before, the SIGHUP's chown() and chmod() followed it, and a root
+ * broker gave root's file (/etc/shadow as well as a canary) to
+ * --socket-group with mode 0660, or to everyone 0666; a service's broker
+ * its own live shard file, every user's timers, writable. (Found by a
+ * review: by hand, root's canary 0600 became 0666 and uid 65534 wrote it.)
+ */
+Test(access, a_reload_sets_the_mode_of_its_own_socket_only)
+{
+	char dir[] = "/tmp/chime-sock-XXXXXX", sock[300], canary[300], logf[300], extra[400];
+	struct stat st;
+
+	if (geteuid() != 0)
+		cr_skip("needs root (uid 65534 plants the link)");
+	cr_assert(mkdtemp(dir));
+	cr_assert_eq(chmod(dir, 0777), 0);      /* anyone may write it: not sticky */
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(canary, sizeof(canary), "%s/canary", dir);
+	snprintf(logf, sizeof(logf), "%s/chimed.log", dir);
+	cr_assert_eq(t_write_file(canary, "root's\n"), 0);
+	cr_assert_eq(chmod(canary, 0600), 0);
+	snprintf(extra, sizeof(extra), "--shards 1 --allow-all --socket-group 65534 2>'%s'", logf);
+	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
+	cr_assert_eq(stat(sock, &st), 0);
+	cr_assert(st.st_mode == (S_IFSOCK | 0660) && st.st_gid == 65534, "the socket: mode %o, group %u",
+		  (unsigned)st.st_mode, (unsigned)st.st_gid);
+	cr_assert_eq(user_done(child_start(NULL, 65534, plant_socket_link, sock)), 0, "no link planted");
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	for (int i = 0; i < 200 && !t_file_has(logf, "reloaded the policy"); i++)
+		usleep(10000);
+	cr_assert(t_file_has(logf, "reloaded the policy"), "no reload in 2 s");
+	usleep(100000);         /* the socket's mode is set after that line */
+	cr_assert_eq(stat(canary, &st), 0);
+	cr_expect(st.st_mode == (S_IFREG | 0600) && st.st_gid == 0, "the reload made root's canary mode %o, group %u",
+		  (unsigned)st.st_mode, (unsigned)st.st_gid);
+	cr_expect_eq(user_done(child_start(NULL, 65534, canary_closed, canary)), 0, "uid 65534 opened root's canary");
+	cr_expect(t_file_has(logf, "is not the socket this broker bound"), "the log does not say why");
+	cr_expect_eq(kill(tb.pid, 0), 0, "the broker stopped");
+	t_chimed_stop(&tb, SIGTERM);
+	cr_expect_eq(lstat(sock, &st), 0, "the stop removed the link");
+	t_rmdir_files(dir);
+}
+
 /* ---- queries (what chimectl asks when it cannot read the segments) ---- */
 
 /* One query by hand: its answer's head in *head (status -1: no answer), then up to n records. */

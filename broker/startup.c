@@ -21,6 +21,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -301,22 +302,75 @@ static int ctl_setup(struct broker *b)
 	return 0;
 }
 
+/* Linux 6.6's; older headers lack it (the number every architecture shares since 4.20, alpha's aside). */
+#if !defined(SYS_fchmodat2) && !defined(__alpha__)
+#define SYS_fchmodat2 452
+#endif
+
+/*
+ * mode on the inode fd (O_PATH) names, whatever its path names now: through
+ * its /proc/self/fd link (as glibc's fchmodat(AT_SYMLINK_NOFOLLOW)), else
+ * (no /proc mounted) fchmodat2(AT_EMPTY_PATH), Linux 6.6. Neither: -ENOSYS.
+ */
+static int fd_chmod(int fd, mode_t mode)
+{
+	char proc[64];
+
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	if (chmod(proc, mode) == 0)
+		return 0;
+	if (errno != ENOENT)
+		return -errno;
+#ifdef SYS_fchmodat2
+	if (syscall(SYS_fchmodat2, fd, "", mode, AT_EMPTY_PATH) == 0)
+		return 0;
+	if (errno != ENOSYS && errno != EINVAL)
+		return -errno;
+#endif
+	return -ENOSYS;
+}
+
 /*
  * Who may connect at all is the policy's to decide (on_hello), but the
  * socket's mode keeps out those it would refuse anyway: 0660 and its group
  * with --socket-group, 0666 when other users may be admitted, else 0600.
+ * Set at the bind and at every reload (SIGHUP), on the socket this broker
+ * bound (b->sock_st) and nothing else: in a directory others may write
+ * (not sticky), one can remove the socket and put a link to any file
+ * there, and a chown() and chmod() of the path followed it at the next
+ * reload (a root broker gave root's files to --socket-group, or to
+ * everyone 0666; a service's broker its own live shard file, every
+ * user's timers). So the path is opened O_PATH | O_NOFOLLOW, checked, and
+ * changed through that descriptor. Without /proc on a kernel before 6.6,
+ * the mode is set by the path after the check (a window of microseconds).
  */
 int socket_access(struct broker *b)
 {
 	const char *path = b->o.socket_path;
 	mode_t mode = b->o.socket_gid != (gid_t)-1 ? 0660 : policy_is_open(&b->policy) ? 0666 : 0600;
+	int fd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC), r = 0;
+	struct stat st;
 
-	if (b->o.socket_gid != (gid_t)-1 && chown(path, (uid_t)-1, b->o.socket_gid) < 0)
-		return log_errno_hint(LOG_ERR, errno, GROUP_HINT(errno), "cannot give socket '%s' to group %u (--socket-group)",
-				      path, (unsigned)b->o.socket_gid);
-	if (chmod(path, mode) < 0)
-		return log_errno(LOG_ERR, errno, "chmod('%s', %04o)", path, (unsigned)mode);
-	return 0;
+	if (fd < 0 && errno != ENOENT && errno != ELOOP)
+		return log_errno(LOG_ERR, errno, "cannot open socket '%s' to set its mode", path);
+	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode) || !b->sock_st.st_ino ||
+	    st.st_dev != b->sock_st.st_dev || st.st_ino != b->sock_st.st_ino) {
+		if (fd >= 0)
+			close(fd);
+		log_msg(LOG_ERR, "'%s' is not the socket this broker bound (removed or replaced): its group and "
+			"mode are left as they are", path);
+		return -ESTALE;
+	}
+	if (b->o.socket_gid != (gid_t)-1 && fchownat(fd, "", (uid_t)-1, b->o.socket_gid, AT_EMPTY_PATH) < 0) {
+		r = log_errno_hint(LOG_ERR, errno, GROUP_HINT(errno), "cannot give socket '%s' to group %u (--socket-group)",
+				   path, (unsigned)b->o.socket_gid);
+	} else if ((r = fd_chmod(fd, mode)) == -ENOSYS) {
+		r = chmod(path, mode) < 0 ? log_errno(LOG_ERR, errno, "chmod('%s', %04o)", path, (unsigned)mode) : 0;
+	} else if (r < 0) {
+		r = log_errno(LOG_ERR, -r, "chmod('%s', %04o)", path, (unsigned)mode);
+	}
+	close(fd);
+	return r;
 }
 
 /*

@@ -302,15 +302,17 @@ static int ctl_setup(struct broker *b)
 	return 0;
 }
 
-/* Linux 6.6's; older headers lack it (the number every architecture shares since 4.20, alpha's aside). */
-#if !defined(SYS_fchmodat2) && !defined(__alpha__)
+/* Linux 6.6's; older headers (Debian 12's) lack it. Its number on these, not on alpha or mips. */
+#if !defined(SYS_fchmodat2) && (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__) || \
+				defined(__arm__) || defined(__riscv))
 #define SYS_fchmodat2 452
 #endif
 
 /*
- * mode on the inode fd (O_PATH) names, whatever its path names now: through
- * its /proc/self/fd link (as glibc's fchmodat(AT_SYMLINK_NOFOLLOW)), else
- * (no /proc mounted) fchmodat2(AT_EMPTY_PATH), Linux 6.6. Neither: -ENOSYS.
+ * Set the mode of the inode an O_PATH descriptor names, whatever its path
+ * names now: through the descriptor's /proc/self/fd link (as glibc's
+ * fchmodat(AT_SYMLINK_NOFOLLOW) does), else (no /proc mounted) with
+ * fchmodat2(AT_EMPTY_PATH), Linux 6.6. Neither: -ENOSYS.
  */
 static int fd_chmod(int fd, mode_t mode)
 {

@@ -1508,6 +1508,8 @@ Test(daemon, without_proc_clients_still_work, .timeout = 30)
 {
 	char dir[] = "/tmp/chime-td-XXXXXX", sock[300], logf[300], cmd[2 * PATH_MAX];
 	const char *chimed = namespaced_setup(dir, sock, sizeof(sock));
+	struct stat st;
+	unsigned mode = 0;
 	pid_t pid;
 	int ok = 0;
 
@@ -1525,10 +1527,14 @@ Test(daemon, without_proc_clients_still_work, .timeout = 30)
 		if (!ok)
 			sleep_ms(10);
 	}
+	if (ok && stat(sock, &st) == 0)
+		mode = st.st_mode & 0777;
 	kill(pid, SIGTERM);
 	waitpid(pid, NULL, 0);
 	cr_assert(ok, "no client could open on a chimed without /proc: %s", read_log(logf));
 	cr_assert_not_null(strstr(read_log(logf), "cannot reopen a client's ro segment"), "%s", read_log(logf));
+	/* its socket's mode set all the same (socket_access(): fchmodat2() without /proc), not left as bind() made it */
+	cr_assert_eq(mode, 0600, "the socket's mode without /proc: %o", mode);
 	t_rmdir_files(dir);
 }
 

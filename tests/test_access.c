@@ -1684,6 +1684,15 @@ static int query_patiently(void *arg)
 	return 1;
 }
 
+/* chimet2: three queries in a row, each as chimectl asks; 0 if each was answered within 1 s. */
+static int query_patiently_thrice(void *arg)
+{
+	for (int i = 0; i < 3; i++)
+		if (query_patiently(arg))
+			return 1 + i;
+	return 0;
+}
+
 Test(access, a_user_asking_in_a_tight_loop_cannot_starve_another_users_queries)
 {
 	pid_t spinner;
@@ -1723,6 +1732,34 @@ Test(access, a_users_subordinate_uids_asking_in_a_loop_cannot_starve_another_use
 	for (int i = 0; i < 2; i++)
 		served += user_done(spin[i]) == 0;
 	cr_assert_gt(served, 0, "the subordinate uids' own queries were answered too");
+	unlink(file);
+}
+
+/*
+ * The same with one user asking as itself and as one of its subordinate
+ * uids, which for the limits is a user of its own (its containers do not
+ * use up its own share): two users, so two who can each take the turn
+ * owed to the other.
+ */
+Test(access, a_user_and_its_subordinate_uid_asking_in_a_loop_cannot_starve_another_users_queries)
+{
+	char file[300], extra[400];
+	pid_t spin[2];
+	int served = 0;
+
+	need_users();
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all --subuid-file %s", file);
+	start(extra);
+	spin[0] = as_user_start("chimet1", query_spin, NULL);
+	spin[1] = child_start(NULL, 200001, query_spin, NULL);
+	usleep(100000);         /* both are spinning */
+	cr_expect_eq(as_user("chimet2", query_patiently_thrice, NULL), 0,
+		     "chimet2 was refused for 1 s while chimet1 and its subordinate uid asked in a loop");
+	for (int i = 0; i < 2; i++)
+		served += user_done(spin[i]) == 0;
+	cr_assert_gt(served, 0, "the spinners' own queries were answered too");
 	unlink(file);
 }
 
@@ -1806,6 +1843,37 @@ Test(access, a_user_scanning_in_a_loop_cannot_keep_another_users_timers_query_bu
 	cr_assert_lt(patient, 200, "chimet2's loop failed (%d)", patient);
 	cr_assert(patient * 2 >= spun && spun * 2 >= patient && patient >= 3,
 		  "answered in 3 s: chimet1 %d times, chimet2 %d: not in turn", spun, patient);
+}
+
+/*
+ * The same with a user scanning in a loop as itself and as one of its
+ * subordinate uids (two users for the limits): with one scan owed, to the
+ * first refused, the two took it in alternation, and the third user, asking
+ * as chimectl does, was never the first refused. A broker of a few timers:
+ * each scan is one step, and the owed scan is what refuses.
+ */
+Test(access, a_user_and_its_subordinate_uid_scanning_in_a_loop_cannot_keep_another_users_timers_query_busy)
+{
+	char file[300], extra[400];
+	int spun[2], patient;
+	pid_t spinner[2];
+
+	need_users();
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all -n 2 --subuid-file %s", file);
+	start(extra);
+	spinner[0] = as_user_start("chimet1", scan_loop, NULL);
+	spinner[1] = child_start(NULL, 200001, scan_loop, NULL);
+	patient = as_user("chimet2", scan_loop, "patient");
+	for (int i = 0; i < 2; i++)
+		spun[i] = user_done(spinner[i]);
+	unlink(file);
+	cr_log_info("timers queries answered in 3 s: chimet1 %d and its uid 200001 %d (tight loops), chimet2 %d "
+		    "(as chimectl)", spun[0], spun[1], patient);
+	cr_assert(spun[0] < 200 && spun[1] < 200 && patient < 200, "a loop failed (%d, %d, %d)", spun[0], spun[1],
+		  patient);
+	cr_assert_geq(patient, 5, "chimet2 answered %d times in 3 s, chimet1 %d and %d", patient, spun[0], spun[1]);
 }
 
 /* ---- the tools, run by an admitted client outside --stats-group ---- */

@@ -91,6 +91,22 @@ struct timers_scan {
 	struct chime_query_timer *out;  /* [limit] */
 };
 
+/*
+ * Users owed a turn (handshake.c: the queries' turns, query_turn(), and the
+ * timers scan, scan_turn()), in the order they were first refused: the
+ * head's turn lasts until until_ns, then it passes to the next. A single
+ * owed user let two who asked in a loop take it in alternation, and no
+ * third one was ever the first refused: one user can be two (its own uid
+ * and its subordinate uids, counted apart). OWED_MAX users wait at most:
+ * as many users asking together can still keep one more waiting.
+ */
+#define OWED_MAX 16
+struct owed {
+	uid_t uid[OWED_MAX];    /* users as counted (policy_account_uid()), [0] first */
+	uint32_t n;
+	uint64_t until_ns;      /* the head's turn ends then (UINT64_MAX: not begun) */
+};
+
 /* A connection that has not said hello yet. */
 struct conn {
 	struct conn *next, *prev;  /* all handshakes, so stop can free them */
@@ -247,14 +263,10 @@ struct broker {
 	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */
 	struct log_budget conn_log;     /* connects, disconnects, parks, drops: a few a second (log.h) */
 	uint64_t last_query_ns[2];      /* [privileged asker]: other users cannot starve root's queries */
-	uid_t query_turn_uid;           /* the unprivileged user refused first: the next turn is its own
-					 * (users as counted: policy_account_uid()) */
+	struct owed query_owed;         /* unprivileged users refused: the next turns are theirs */
 	uid_t query_last_uid;           /* the last unprivileged user answered */
-	uint64_t query_turn_until_ns;   /* ... until then (0: nobody's) */
 	struct timers_scan scan;
-	bool scan_owed;                 /* the next scan is scan_turn_uid's (handshake.c, scan_turn()) */
-	uid_t scan_turn_uid;            /* the first other user refused while a scan ran */
-	uint64_t scan_turn_until_ns;    /* ... until then (set when that scan ends) */
+	struct owed scan_owed;          /* other users refused while a scan ran: the next scans */
 	uint32_t refused_quiet;         /* refusals not logged since */
 	uint64_t *reserve_failed_logged;   /* [nr_shards] */
 	struct sessfile sess;           /* "<socket>.sessions" (restart.c) */

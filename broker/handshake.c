@@ -332,8 +332,8 @@ static void scan_end(struct broker *b)
 	q->fd = -1;
 	free(q->out);
 	q->out = NULL;
-	if (b->scan_owed)
-		b->scan_turn_until_ns = now_ns() + QUERY_TURN_HOLD_NS;
+	if (b->scan_owed.n)
+		b->scan_owed.until_ns = now_ns() + QUERY_TURN_HOLD_NS;
 }
 
 /*
@@ -695,34 +695,78 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 	send_status(cn->fd, -EBUSY);
 }
 
+/* ---- turns owed (struct owed in broker.h) ---- */
+
+static bool owed_has(const struct owed *o, uid_t who)
+{
+	for (uint32_t i = 0; i < o->n; i++)
+		if (o->uid[i] == who)
+			return true;
+	return false;
+}
+
+/* who waits, after those who were refused before it; until: the turn's end if it is the first. */
+static void owed_push(struct owed *o, uid_t who, uint64_t until)
+{
+	if (o->n == OWED_MAX || owed_has(o, who))
+		return;
+	if (!o->n)
+		o->until_ns = until;
+	o->uid[o->n++] = who;
+}
+
+/* The head's turn is over (taken, or let pass); the next one's ends at until. */
+static void owed_pop(struct owed *o, uint64_t until)
+{
+	memmove(&o->uid[0], &o->uid[1], (o->n - 1) * sizeof(o->uid[0]));
+	o->n--;
+	o->until_ns = until;
+}
+
+/* Turns not taken in time pass on, each next one QUERY_TURN_HOLD_NS from the end of the one before. */
+static void owed_expire(struct owed *o, uint64_t now)
+{
+	while (o->n && now >= o->until_ns)
+		owed_pop(o, o->until_ns + QUERY_TURN_HOLD_NS);
+}
+
+/* Is the turn someone else's than who's? */
+static bool owed_to_another(const struct owed *o, uid_t who)
+{
+	return o->n && o->uid[0] != who;
+}
+
 /*
  * One query per QUERY_INTERVAL_NS for root and the broker's user, one for
  * everyone else. A user asking in a tight loop would take every turn of the
- * others: the first unprivileged user refused, other than the one answered
- * last, is owed the next turn, which nobody else may take until it comes
- * back for it (or QUERY_TURN_HOLD_NS after the turn begins: it gave up).
- * `who` is the user the asker counts as (policy_account_uid(): a user's
- * subordinate uids are one user, or two of them would take the owed turns
- * in alternation).
+ * others: each unprivileged user refused, other than the one answered last,
+ * is owed a turn, in the order they were refused, and the next turn is the
+ * first one's, which nobody else may take until it comes back for it (or
+ * QUERY_TURN_HOLD_NS after the turn begins: it gave up, and the turn is the
+ * next one's). `who` is the user the asker counts as (policy_account_uid():
+ * a user's subordinate uids are one user, or two of them would take the
+ * owed turns in alternation). A user and its subordinate uids still count
+ * as two, and with one owed turn for the first refused only, those two
+ * took it in alternation too: a third user was never the first.
  */
 static bool query_turn(struct broker *b, const struct ucred *asker, uid_t who, uint64_t now)
 {
 	bool priv = privileged(asker);
 	uint64_t *last = &b->last_query_ns[priv];
-	bool owed = !priv && now < b->query_turn_until_ns;
+	struct owed *o = &b->query_owed;
 
-	if (now - *last < QUERY_INTERVAL_NS || (owed && b->query_turn_uid != who)) {
-		if (!priv && !owed && who != b->query_last_uid) {
-			b->query_turn_uid = who;
-			b->query_turn_until_ns = (*last + QUERY_INTERVAL_NS > now ? *last + QUERY_INTERVAL_NS : now) +
-						 QUERY_TURN_HOLD_NS;
-		}
+	owed_expire(o, now);
+	if (now - *last < QUERY_INTERVAL_NS || (!priv && owed_to_another(o, who))) {
+		if (!priv && who != b->query_last_uid)
+			owed_push(o, who, (*last + QUERY_INTERVAL_NS > now ? *last + QUERY_INTERVAL_NS : now) +
+					  QUERY_TURN_HOLD_NS);
 		return false;
 	}
 	*last = now;
 	if (!priv) {
 		b->query_last_uid = who;
-		b->query_turn_until_ns = 0;     /* an owed turn: taken by its user */
+		if (o->n && o->uid[0] == who)   /* its owed turn, taken: the next one's begins after the interval */
+			owed_pop(o, now + QUERY_INTERVAL_NS + QUERY_TURN_HOLD_NS);
 	}
 	return true;
 }
@@ -731,24 +775,25 @@ static bool query_turn(struct broker *b, const struct ucred *asker, uid_t who, u
  * The timers scan is one at a time, for everyone (root included), and a
  * scan of millions of nodes takes longer than the interval: a user asking
  * again as soon as its scan ended would start the next, and others would
- * find the scan busy whenever they asked. So the first user refused while
- * a scan runs, other than the scan's own, is owed the next scan: nobody
- * else may start one until it comes back (or QUERY_TURN_HOLD_NS after the
- * scan ends: it gave up). A user cannot have two scans in a row while
- * another waits for one. Checked before query_turn(), so a refusal here
+ * find the scan busy whenever they asked. So each user refused while a
+ * scan runs, other than the scan's own, is owed a scan, in the order they
+ * were refused: nobody else may start one until the first of them comes
+ * back (or QUERY_TURN_HOLD_NS after the scan ends: it gave up, and the
+ * next scan is the next one's). A user cannot have two scans in a row
+ * while another waits. Checked before query_turn(), so a refusal here
  * spends nobody's turn there.
  */
 static bool scan_turn(struct broker *b, uid_t who, uint64_t now)
 {
+	struct owed *o = &b->scan_owed;
+
 	if (b->scan.fd >= 0) {
-		if (!b->scan_owed && who != b->scan.uid) {
-			b->scan_owed = true;
-			b->scan_turn_uid = who;
-			b->scan_turn_until_ns = UINT64_MAX;     /* scan_end() sets it */
-		}
+		if (who != b->scan.uid)
+			owed_push(o, who, UINT64_MAX);  /* its turn begins when the scan ends: scan_end() */
 		return false;
 	}
-	return !b->scan_owed || b->scan_turn_uid == who || now >= b->scan_turn_until_ns;
+	owed_expire(o, now);
+	return !owed_to_another(o, who);
 }
 
 static void answer_query(struct broker *b, struct conn *cn, const struct chime_hello *h,
@@ -765,8 +810,11 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 		return;
 	}
 	if (timers) {
-		b->scan_owed = false;   /* a turn owed is taken (or given up): the next refusal decides */
+		if (b->scan_owed.n && b->scan_owed.uid[0] == cn->uid)
+			owed_pop(&b->scan_owed, UINT64_MAX);    /* taken: the next one's begins when this scan ends */
 		query_timers(b, cn, asker, h->pid, h->session, limit);
+		if (b->scan.fd < 0 && b->scan_owed.n)   /* none started (answered at once): it begins now */
+			b->scan_owed.until_ns = now + QUERY_TURN_HOLD_NS;
 		return;
 	}
 	buf = calloc(limit, sizeof(struct chime_query_session));     /* the largest record */

@@ -643,8 +643,8 @@ static void event(struct in *in)
 			c->state = CL_DETACHING;
 		}
 		B.last_query_ns[0] = B.last_query_ns[1] = 0;
-		B.query_turn_until_ns = 0;
-		B.scan_owed = false;
+		B.query_owed.n = 0;
+		B.scan_owed.n = 0;
 	}
 }
 
@@ -674,9 +674,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	memset(&seen, 0, sizeof(seen));
 	B.scan.fd = -1;
-	B.scan_owed = false;
+	B.scan_owed.n = 0;
 	B.last_query_ns[0] = B.last_query_ns[1] = 0;
-	B.query_turn_until_ns = 0;
+	B.query_owed.n = 0;
 	B.refused_logged_ns = 0;
 	set_policy(&in);
 	set_table(&in);

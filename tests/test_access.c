@@ -1516,7 +1516,7 @@ static int canary_closed(void *arg)
  */
 Test(access, a_reload_sets_the_mode_of_its_own_socket_only)
 {
-	char dir[] = "/tmp/chime-sock-XXXXXX", sock[300], canary[300], logf[300], extra[400];
+	char dir[] = "/dev/shm/chime-sock-XXXXXX", sock[300], canary[300], logf[300], extra[400];
 	struct stat st;
 
 	if (geteuid() != 0)

@@ -151,6 +151,25 @@ def test_submit_reports_each_refusal_without_raising(tmp_path):
         b.stop()
 
 
+def test_an_op_made_by_hand_is_checked_before_anything_is_submitted(chime_conn):
+    """Op is a dataclass a caller may also build by hand: a code that is no
+    operation, or a field that is no uint64, is refused as Op.arm() refuses
+    one (ValueError), before the batch goes out. Before, an unknown code
+    raised KeyError after chime_submit() had applied the batch, so the ids
+    of its arms were lost with their timers still armed; a field out of
+    range was passed modulo 2**64 (the cancel of 2**64 + id cancelled id)."""
+    c = chime_conn
+    keep = c.arm(7, after=0.05)
+    for bad in (dict(code=99), dict(code=0), dict(code=True), dict(code=chime.Op.CANCEL, id=(1 << 64) + keep),
+                dict(code=chime.Op.ARM, key=-1), dict(code=chime.Op.ARM, deadline_ns=1.5),
+                dict(code=chime.Op.ARM, data=1 << 64), dict(code=chime.Op.ARM, period_ns=-1)):
+        with pytest.raises(ValueError):
+            c.submit([chime.Op.arm(8, after=0), chime.Op(**bad)])
+    evs = wait_for(c, 1)
+    evs += c.wait(timeout=0.1)
+    assert [(e.id, e.key) for e in evs] == [(keep, 7)], "a refused batch armed, or the cancel reached the timer"
+
+
 def test_poll_never_blocks(chime_conn):
     chime_conn.arm(1, after=10)
     t = time.monotonic()

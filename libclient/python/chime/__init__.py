@@ -62,7 +62,9 @@ class Op:
     """One operation of a Chime.submit() batch; make it with Op.arm(),
     Op.arm_realtime(), Op.reset(), Op.cancel() or Op.cancel_key(), whose arguments are those of
     the Chime methods of the same names (`after` counts from when the Op is
-    made)."""
+    made). One made by hand, Op(code, ...), is checked the same way:
+    ValueError for a code that is none of those, or a field that is not an
+    int in 0..2**64-1."""
     code: int
     id: int = 0
     key: int = 0
@@ -71,6 +73,17 @@ class Op:
     data: int = 0
 
     ARM, RESET, CANCEL, CANCEL_KEY, ARM_REALTIME = 1, 2, 3, 4, 5     # enum chime_op_code
+
+    def __post_init__(self):
+        # One built by hand is checked as the class methods check theirs:
+        # ctypes would pass a field modulo 2**64 (a cancel of 2**64 + id
+        # cancels id), and submit() could not name an unknown code's
+        # refusal once the rest of its batch was applied.
+        if self.code not in (1, 2, 3, 4, 5) or isinstance(self.code, bool):
+            raise ValueError(f"code must be one of Op.ARM, RESET, CANCEL, CANCEL_KEY, ARM_REALTIME, "
+                             f"not {self.code!r}")
+        for name in ("id", "key", "deadline_ns", "period_ns", "data"):
+            _u64(name, getattr(self, name))
 
     @classmethod
     def arm(cls, key, *, at_ns=None, after=None, period=None, data=0):

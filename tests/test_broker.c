@@ -1972,10 +1972,13 @@ static void on_alarm(int sig)
 	(void)sig;
 }
 
-/* chime_wait(..., timeout) under a signal that fires in ms milliseconds: its result and how long it took. */
-static int wait_under_signal(chime_t *c, int timeout_ms, unsigned ms, uint64_t *took)
+/*
+ * chime_wait(..., timeout) under a signal that fires in ms milliseconds,
+ * its handler installed with sa_flags: its result and how long it took.
+ */
+static int wait_under_signal_flags(chime_t *c, int timeout_ms, unsigned ms, int sa_flags, uint64_t *took)
 {
-	struct sigaction sa = { .sa_handler = on_alarm }, old;   /* no SA_RESTART */
+	struct sigaction sa = { .sa_handler = on_alarm, .sa_flags = sa_flags }, old;
 	struct itimerval it = { .it_value = { .tv_usec = (suseconds_t)ms * 1000 } };
 	struct chime_event ev[4];
 	uint64_t t0 = chime_now();
@@ -1989,6 +1992,11 @@ static int wait_under_signal(chime_t *c, int timeout_ms, unsigned ms, uint64_t *
 	(void)setitimer(ITIMER_REAL, &it, NULL);
 	(void)sigaction(SIGALRM, &old, NULL);
 	return r;
+}
+
+static int wait_under_signal(chime_t *c, int timeout_ms, unsigned ms, uint64_t *took)
+{
+	return wait_under_signal_flags(c, timeout_ms, ms, 0, took);       /* no SA_RESTART */
 }
 
 AsanTest(broker, a_signal_interrupts_chime_wait_every_time)
@@ -2012,6 +2020,36 @@ AsanTest(broker, a_signal_interrupts_chime_wait_every_time)
 	/* And once the polls are outstanding. */
 	r = wait_under_signal(c, 3000, 100, &took);
 	cr_assert_eq(r, -EINTR, "third wait: %d", r);
+	chime_close(c);
+}
+
+/*
+ * chime_wait(3): SA_RESTART does not resume the wait either (io_uring_enter(2)
+ * and ppoll(2) are not restarted): -EINTR, well before the timeout, asleep
+ * in io_uring as in ppoll() (a session's wait for its broker).
+ */
+AsanTest(broker, a_signal_under_sa_restart_interrupts_chime_wait_too)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_opts o = { .session = "sigrestart" };
+	chime_t *c = copen();
+	uint64_t took;
+	int r;
+
+	cr_assert_not_null(c);
+	r = wait_under_signal_flags(c, 3000, 100, SA_RESTART, &took);
+	cr_assert_eq(r, -EINTR, "asleep on the broker: %d after %llu ms", r, (unsigned long long)(took / MS));
+	cr_assert_lt(took, 2000 * MS);
+	chime_close(c);
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	o.socket_path = b2.sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	t_chimed_stop(&b2, SIGKILL);
+	r = wait_under_signal_flags(c, 3000, 300, SA_RESTART, &took);
+	cr_assert_eq(r, -EINTR, "waiting for a broker to reconnect to: %d after %llu ms", r,
+		     (unsigned long long)(took / MS));
+	cr_assert_lt(took, 2000 * MS);
 	chime_close(c);
 }
 

@@ -123,7 +123,9 @@ int chime_open(chime_t **out, const struct chime_opts *opts);
  * broker being restarted: up to 1 s for it to listen, then its restore,
  * within the handshake's 10 s; see chime_close(3)). NULL-safe. Not
  * thread-safe: no other thread may use c during or after the call (a
- * thread in chime_wait() must be woken and have returned first).
+ * thread in chime_wait() must be woken and have returned first). c is
+ * freed: any call with it afterwards, in any thread (a second
+ * chime_close() included), is undefined.
  */
 void chime_close(chime_t *c);
 
@@ -350,10 +352,13 @@ int chime_poll(chime_t *c, struct chime_event *events, unsigned max);
  * apart than that), then sleeps in io_uring on its
  * connection to the broker, so a steady stream of events costs no system call.
  * Returns how many events (0 on timeout), -EINVAL, -ENOTCONN, -ECHILD (see
- * above), -EINTR if a signal interrupted the wait, or another negative errno
- * of io_uring_enter(2) or ppoll(2). Not beside another drain of c (chime_poll()).
- * chime_close() must not run while another thread waits here: wake that
- * thread first (a signal, or a timer).
+ * above), -EINTR if a signal interrupted the wait (only a sleep: one handled
+ * while the call watches the rings, or before the call, does not end it),
+ * or another negative errno of io_uring_enter(2) or ppoll(2). Not beside
+ * another drain of c (chime_poll()). chime_close() must not run while
+ * another thread waits here: wake that thread first and let it return (a
+ * timer armed at deadline 0 always does; a signal only if the thread is
+ * asleep when it comes, chime_wait(3)).
  */
 int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout_ms);
 

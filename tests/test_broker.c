@@ -555,6 +555,47 @@ static struct chime_shard_stats shard0_until(const char *s, uint64_t resets, uin
 }
 
 /*
+ * chime_arm(3): the deadlines past the clock's end. A periodic timer whose
+ * next deadline would pass 2^64 - 1 ns fires its first and stays armed at
+ * 2^64 - 1 (the broker saturates its next deadline rather than wrap it),
+ * never to fire again: it holds its node and its quota until cancelled.
+ * So does a one-shot armed at UINT64_MAX.
+ */
+AsanTest(broker, a_periodic_whose_next_deadline_passes_the_clocks_end_fires_once_and_stays_armed)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_event ev[4];
+	chime_id_t per, never;
+	uint64_t d0;
+	chime_t *c;
+	int n = 0;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	c = t_open(b2.sock);
+	cr_assert_not_null(c);
+	d0 = chime_now();
+	cr_assert_eq(chime_arm(c, 1, d0, UINT64_MAX - d0 / 2, 5, &per), 0);
+	cr_assert_eq(chime_arm(c, 2, UINT64_MAX, 0, 6, &never), 0);
+	for (uint64_t end = chime_now() + 300 * MS; chime_now() < end;) {
+		int r = chime_wait(c, ev + n, 4 - (unsigned)n, 50);
+
+		cr_assert_geq(r, 0);
+		n += r;
+		cr_assert_leq(n, 1, "a periodic at the clock's end fired again");
+	}
+	cr_assert_eq(n, 1);
+	cr_assert_eq(ev[0].id, per);
+	cr_assert_eq(ev[0].deadline_ns, d0);
+	(void)shard0_until(b2.sock, 0, 2);      /* both still armed */
+	cr_assert_eq(chime_cancel(c, per), 0);
+	cr_assert_eq(chime_cancel(c, never), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	(void)shard0_until(b2.sock, 0, 0);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
+/*
  * Four 100 us periodic timers a quarter period apart put a deadline every
  * 25 us, always closer than the 50 us a shard spins into one: the shard
  * spun outright (one CPU each for a client's four timers, which the client

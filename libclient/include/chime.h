@@ -171,7 +171,10 @@ const char *chime_version(void);
  * A deadline in the past fires at once; a periodic timer then fires once for
  * every period already missed, as fast as the broker goes (deadline 0 with a
  * 1 s period: one event per second of uptime), as it does when its events
- * are collected late: to start one now, arm it at chime_now(). key groups timers for
+ * are collected late: to start one now, arm it at chime_now(). A deadline of
+ * UINT64_MAX never comes, and a periodic timer whose next deadline would
+ * pass it stays armed there after its last firing (until cancelled, counted
+ * in the quotas). key groups timers for
  * chime_cancel_key(); user_data comes back in the event. Sets *id (never 0)
  * before returning: no round trip. Thread-safe. If the submission ring is
  * full, waits for room (never drops; the broker frees slots whatever its

@@ -393,7 +393,9 @@ class Chime:
         A deadline in the past fires at once; a periodic timer then fires
         once for every period already missed (at_ns=0, period=1: one event
         per second of uptime), so start one with after=0 or after=period.
-        Times beyond 2**64 ns (584 years) mean never."""
+        Times beyond 2**64 ns (584 years) mean never: such a timer, or a
+        periodic one once its next deadline would pass them, stays armed,
+        and counts against the quotas, until cancelled."""
         return self._arm("chime_arm", _deadline(at_ns, after), key, period, data)
 
     def arm_realtime(self, key, *, at_ns, period=None, data=0):

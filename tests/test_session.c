@@ -859,6 +859,13 @@ Test(session, the_claim_word_decides_what_the_next_process_gets)
 /* ---- a child after fork(): its copy of the parent's chime_t is not its own ---- */
 
 /* In the child: every call says -ECHILD, none takes an event, and close frees only its copies. */
+static void child_cb(const struct chime_event *ev, void *arg)
+{
+	(void)ev;
+	(void)arg;
+	_exit(5);       /* the parent's event, taken by its child */
+}
+
 static int forked_child(chime_t *c, chime_id_t id)
 {
 	struct chime_event ev;
@@ -874,6 +881,10 @@ static int forked_child(chime_t *c, chime_id_t id)
 	if (chime_poll(c, &ev, 1) != -ECHILD || chime_wait(c, &ev, 1, 10) != -ECHILD ||
 	    chime_fd(c) != -ECHILD)
 		return 3;
+	/* libchime(3), FORK: every call but chime_open() and chime_close(); the callback never runs */
+	if (chime_dispatch(c, child_cb, NULL, 0) != -ECHILD || chime_dispatch(c, child_cb, NULL, 4) != -ECHILD ||
+	    chime_arm_realtime(c, 1, 0, 0, 0, &id2) != -ECHILD)
+		return 4;
 	chime_close(c);
 	return 0;
 }

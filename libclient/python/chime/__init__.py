@@ -138,7 +138,8 @@ _WHY = {
                                         "client; open again once the next one listens",
     ("chime_open", errno.EBADMSG): "chimed's reply or shared memory was malformed",
     ("chime_open", errno.EINVAL): "{invalid}",
-    ("chime_open", errno.EBUSY): "the session is attached to another process",
+    ("chime_open", errno.EBUSY): "the session is attached to another process, or to another Chime of this "
+                                 "process (one at a time)",
     ("chime_drop_session", errno.ENOENT): "no chimed listens at {socket} (is chimed running?)",
     ("chime_drop_session", errno.ESRCH): "no session is named {session!r}",
     ("chime_drop_session", errno.EBUSY): "a live process has session {session!r} attached (close it first)",

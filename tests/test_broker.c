@@ -2384,6 +2384,42 @@ AsanTest(broker, bad_arguments)
 	chime_close(c);
 }
 
+/*
+ * chime_reset(3), chime_cancel(3): another connection's id is accepted and
+ * changes nothing, whichever way it goes (a reset twice, the second of
+ * which a connection's own timer would take by its touch word; a cancel;
+ * a batch), nor does a cancel_key of the same key: the owner's timer fires
+ * on time, once.
+ */
+AsanTest(broker, another_connections_id_is_accepted_and_moves_nothing)
+{
+	chime_t *a = copen(), *b = copen();
+	struct chime_event ev[4];
+	uint64_t d = chime_now() + 150 * MS;
+	chime_id_t id;
+
+	cr_assert_not_null(a);
+	cr_assert_not_null(b);
+	cr_assert_eq(chime_arm(a, 9, d, 0, 1, &id), 0);
+	cr_assert_eq(chime_reset(b, id, chime_now() + 10000 * MS), 0);
+	cr_assert_eq(chime_flush(b), 0);
+	usleep(20000);
+	cr_assert_eq(chime_reset(b, id, chime_now() + 20000 * MS), 0);
+	cr_assert_eq(chime_cancel(b, id), 0);
+	cr_assert_eq(chime_cancel_key(b, 9), 0);
+	cr_assert_eq(chime_submit(b, (struct chime_op[]){ { .op = CHIME_RESET, .id = id, .deadline_ns = UINT64_MAX },
+							  { .op = CHIME_CANCEL, .id = id } }, 2), 2);
+	cr_assert_eq(chime_flush(b), 0);
+	cr_assert_eq(chime_wait(a, ev, 4, 2000), 1, "the owner's timer did not fire");
+	cr_assert_eq(ev[0].id, id);
+	cr_assert_eq(ev[0].deadline_ns, d, "moved by another connection");
+	cr_assert_geq(ev[0].fired_ns, d);
+	cr_assert_eq(chime_wait(a, ev, 4, 100), 0);
+	cr_assert_eq(chime_poll(b, ev, 4), 0, "the other connection got an event");
+	chime_close(b);
+	chime_close(a);
+}
+
 /* ---- a client that does not drain: held, then delivered exactly once ---- */
 
 AsanTest(broker, non_draining_client_events_held_then_delivered_once)

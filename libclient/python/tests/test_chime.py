@@ -1,13 +1,16 @@
 # SPDX-License-Identifier: MIT
 """The chime module against a real chimed: what an application relies on."""
 import asyncio
+import contextlib
 import errno
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+import warnings
 
 import pytest
 
@@ -783,6 +786,72 @@ def test_fileno_in_a_forked_child_is_echild(chime_conn):
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _fork_with_a_thread_in(c, hold, child):
+    """Fork while another thread is inside hold() (a call on c, or a lock of
+    c's held as a call holds it); child() runs in the child under a 5 s
+    alarm and returns its exit code. Returns the child's exit code."""
+    entered, done = threading.Event(), threading.Event()
+
+    def inside():
+        with hold():
+            entered.set()
+            done.wait(5)
+    t = threading.Thread(target=inside)
+    t.start()
+    assert entered.wait(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)    # fork with threads: what this tests
+        pid = os.fork()
+    if pid == 0:
+        signal.alarm(5)     # a hang ends with SIGALRM: -14
+        code = 3
+        try:
+            code = child()
+        finally:
+            os._exit(code)
+    done.set()
+    t.join()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_forked_child_closes_its_copy_whatever_its_parents_threads_were_doing(chime_conn):
+    """The parent's other threads do not exist in the child: their calls
+    under way never return there, and the locks they held are never let go.
+    A close() in the child frees its copies (libchime(3), FORK) at once, and
+    its calls say ECHILD. Before, a close() with a parent's thread in a
+    wait() at the fork left them for the child's whole life (its descriptors
+    and its maps of the parent's segments), and a call that takes the lock a
+    parent's thread held in a submit() or a periodic arm hung."""
+    c = chime_conn
+
+    @contextlib.contextmanager
+    def in_a_call():
+        # a call under way as wait() has one: counted in, the C call left alone
+        c._enter()
+        try:
+            yield
+        finally:
+            c._leave()
+
+    def close_frees():
+        n = len(os.listdir("/proc/self/fd"))
+        c.close()
+        return 0 if len(os.listdir("/proc/self/fd")) < n else 1
+
+    def echild_not_hang():
+        try:
+            c.cancel_key(1)
+        except OSError as e:
+            return 0 if e.errno == errno.ECHILD else 2
+        return 1
+
+    assert _fork_with_a_thread_in(c, in_a_call, close_frees) == 0, "the child's close() freed nothing"
+    assert _fork_with_a_thread_in(c, lambda: c._order, echild_not_hang) == 0, "cancel_key() in the child"
+    assert _fork_with_a_thread_in(c, lambda: c._lock, close_frees) == 0, "close() in the child"
+    assert c.wait(timeout=0.05) == []       # the parent's connection is its own still
 
 
 def test_broker_death_is_enotconn(broker):

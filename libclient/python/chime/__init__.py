@@ -23,6 +23,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 from ._lib import ChimeEvent, ChimeOp, ChimeOpts, lib
@@ -248,6 +249,17 @@ def drop_session(session, socket=None):
                      invalid=_open_invalid(shown, session))
 
 
+# Every Chime with a handle, for the child of a fork (Chime._after_fork).
+_open = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for c in list(_open):
+        c._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 _OP_ID = ChimeOp.id.offset
 _OP_SIZE = ctypes.sizeof(ChimeOp)
 # ChimeOp.result before chime_submit() sets it (to 0 or a negative errno):
@@ -296,7 +308,10 @@ class Chime:
     they would share one event buffer here too). After close() every call
     raises ValueError; calls already under way in other threads finish on
     the open connection, and the last of them to return closes it (a wait()
-    among them ends within 0.25 s, raising ValueError).
+    among them ends within 0.25 s, raising ValueError). In a child after
+    fork() every call raises OSError ECHILD, and close() frees the child's
+    copies at once, whatever the parent's other threads were doing
+    (libchime(3), FORK): the child opens a Chime of its own.
 
     record_resets=True is CHIME_OPEN_RECORD_RESETS: every reset a record in
     the ring, no touch table (4 bytes of shared memory per armed timer
@@ -333,6 +348,7 @@ class Chime:
         # __del__ may call in on a thread that holds it.
         self._lock = threading.RLock()
         self._calls = 0
+        self._mine = threading.local()     # .calls: this thread's part of _calls (_after_fork)
         self._closing = None    # the handle close() took away while calls were under way
         path = _c_string("socket", socket) if socket is not None else None
         if session is not None and not isinstance(session, (str, bytes)):
@@ -349,6 +365,7 @@ class Chime:
                          or_session=or_session)
         self._c = handle
         self._fd = lib.chime_fd(self._c)
+        _open.add(self)
 
     def _enter(self):
         """The handle, counted as in use until _leave(); ValueError if closed."""
@@ -356,11 +373,13 @@ class Chime:
             if self._c is None:
                 raise ValueError("operation on a closed Chime")
             self._calls += 1
+            self._mine.calls = getattr(self._mine, "calls", 0) + 1
             return self._c
 
     def _leave(self):
         with self._lock:
             self._calls -= 1
+            self._mine.calls -= 1
             c = self._closing if not self._calls else None
             if c is not None:
                 self._closing = None
@@ -693,6 +712,22 @@ class Chime:
             if c is not None and self._calls:
                 self._closing, c = c, None  # _leave() closes it
         if c is not None:
+            lib.chime_close(c)
+
+    def _after_fork(self):
+        """In the child of a fork(): only this thread is left. The calls the
+        parent's other threads had under way never return here, and a lock
+        one of them held is never given back: this thread's own count and
+        locks are kept, the rest let go of, so that the child's calls say
+        ECHILD and its close() frees its copies at once (libchime(3), FORK),
+        as does a close() the parent had left to those calls."""
+        if not self._lock._is_owned():
+            self._lock = threading.RLock()
+        if not self._order._is_owned():
+            self._order = threading.RLock()
+        self._calls = getattr(self._mine, "calls", 0)
+        if self._closing is not None and not self._calls:
+            c, self._closing = self._closing, None
             lib.chime_close(c)
 
     def __enter__(self):

@@ -2095,6 +2095,35 @@ AsanTest(broker, a_signal_under_sa_restart_interrupts_chime_wait_too)
 }
 
 /*
+ * chime_flush(3): a broker killed without a word a second ago is -ENOTCONN
+ * for an anonymous connection, and for a session whose reconnecting is
+ * turned off (CHIME_RECONNECT_S=0); a session that reconnects says 0 while
+ * it does, its records bound for the next broker.
+ */
+AsanTest(broker, a_flush_after_a_silent_death_is_enotconn_but_for_a_session_that_reconnects)
+{
+	struct t_chimed b2 = { 0 };
+	chime_t *anon, *sess, *off;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	anon = t_open(b2.sock);
+	cr_assert_not_null(anon);
+	cr_assert_eq(chime_open(&sess, &(struct chime_opts){ .socket_path = b2.sock, .session = "fl1" }), 0);
+	cr_assert_eq(setenv("CHIME_RECONNECT_S", "0", 1), 0);
+	cr_assert_eq(chime_open(&off, &(struct chime_opts){ .socket_path = b2.sock, .session = "fl2" }), 0);
+	cr_assert_eq(unsetenv("CHIME_RECONNECT_S"), 0);
+	cr_assert_eq(chime_arm(sess, 1, chime_now() + 3600000 * MS, 0, 0, &(chime_id_t){ 0 }), 0);
+	t_chimed_stop(&b2, SIGKILL);
+	usleep(1200000);        /* its heartbeat a second old */
+	cr_assert_eq(chime_flush(anon), -ENOTCONN);
+	cr_assert_eq(chime_flush(off), -ENOTCONN);
+	cr_assert_eq(chime_flush(sess), 0, "a session reconnecting");
+	chime_close(off);
+	chime_close(anon);
+	chime_close(sess);
+}
+
+/*
  * A session's wait while no broker answers sleeps between reconnect
  * attempts: a signal ends that sleep with -EINTR too, as chime_wait(3)
  * says. Before, it was swallowed and the wait went on to its timeout

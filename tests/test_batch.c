@@ -8,6 +8,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -85,6 +86,10 @@ Test(batch, bad_arguments)
 		cr_assert_eq(chime_submit(c, NULL, 1), -EINVAL);
 		cr_assert_eq(chime_submit(c, NULL, 0), 0);
 		cr_assert_eq(chime_submit(c, &op, 0), 0);
+		/* more than the int it returns can count: refused before any operation is read */
+		op.result = 7;
+		cr_assert_eq(chime_submit(c, &op, (unsigned)INT_MAX + 1u), -EINVAL);
+		cr_assert_eq(op.result, 7, "a result set");
 		chime_close(c);
 	}
 }

@@ -20,6 +20,7 @@
  *   (a named session's: once reconnecting has failed, reconnect.c).
  */
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -803,7 +804,8 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 	bool live;
 	int r = 0;
 
-	if (unlikely(!c || (!ops && n)))
+	/* n > INT_MAX: a count the return value cannot hold */
+	if (unlikely(!c || (!ops && n) || n > INT_MAX))
 		return -EINVAL;
 	memset(count, 0, c->nr_shards * sizeof(count[0]));
 	arm_shard = home_shard(c);

@@ -288,7 +288,8 @@ struct chime_op {
  * Thread-safe; like chime_arm(), waits
  * for room if a submission ring is full. Sets every ops[i].result and
  * returns how many operations succeeded (0..n), or:
- *   -EINVAL    c is NULL, or ops is NULL and n is not 0 (no result is set)
+ *   -EINVAL    c is NULL, ops is NULL and n is not 0, or n is above INT_MAX
+ *              (no result is set)
  *   -ENOTCONN  the broker is gone and no operation succeeded
  *   -ECHILD    c was opened by the parent process (every result says so too,
  *              but an operation's that is -EINVAL in itself)

@@ -2876,6 +2876,59 @@ AsanTest(broker, a_callback_dispatching_another_connection_still_voids_what_that
 }
 
 /*
+ * A callback that drains its own connection (chime_dispatch(3): it must
+ * not) is refused with -EDEADLK, a load of what the dispatch stores
+ * anyway: its drain would overlap the one it runs in. It did: with
+ * events still coming (a periodic timer), the nested drain took the ring
+ * past the outer one's snapshot of its tail, and the outer one ran on
+ * past it, through the ring, and did not return (killed by the test's
+ * timeout). Every event goes to the outer dispatch, once.
+ */
+struct own_drain {
+	chime_t *c;
+	int calls, once[5];
+	int dispatch, poll, wait;
+};
+
+static void own_drain_cb(const struct chime_event *e, void *arg)
+{
+	struct own_drain *d = arg;
+	struct chime_event ev[4];
+
+	if (e->key == 1)
+		d->once[e->user_data]++;
+	if (d->calls++)
+		return;
+	msleep(20);     /* the periodic timer fires meanwhile */
+	d->dispatch = chime_dispatch(d->c, own_drain_cb, d, 0);
+	d->poll = chime_poll(d->c, ev, 4);
+	d->wait = chime_wait(d->c, ev, 4, 10);
+}
+
+AsanTest(broker, a_callback_that_drains_its_own_connection_is_refused, .timeout = 20)
+{
+	struct own_drain d = { 0 };
+	chime_id_t per;
+
+	d.c = copen();
+	cr_assert_not_null(d.c);
+	for (uint64_t i = 0; i < 5; i++)
+		cr_assert_eq(chime_arm(d.c, 1, chime_now(), 0, i, &(chime_id_t){ 0 }), 0);
+	cr_assert_eq(chime_arm(d.c, 2, chime_now() + 10 * MS, 100000, 0, &per), 0);
+	msleep(5);
+	cr_assert_gt(chime_dispatch(d.c, own_drain_cb, &d, 0), 0);
+	cr_assert_eq(d.dispatch, -EDEADLK);
+	cr_assert_eq(d.poll, -EDEADLK);
+	cr_assert_eq(d.wait, -EDEADLK);
+	cr_assert_eq(chime_cancel(d.c, per), 0);
+	for (uint64_t end = chime_now() + 300 * MS; chime_now() < end;)
+		cr_assert_geq(chime_dispatch(d.c, own_drain_cb, &d, 0), 0);
+	for (int i = 0; i < 5; i++)
+		cr_assert_eq(d.once[i], 1, "one-shot %d dispatched %d times", i, d.once[i]);
+	chime_close(d.c);
+}
+
+/*
  * chime_dispatch(..., 0) delivers what was pending when it started: a
  * callback that re-arms its timer at once (here at deadline 0, and slow)
  * cannot keep the call going. It did, for up to every ring's size of

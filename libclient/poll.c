@@ -599,12 +599,30 @@ static int poll_events(struct chime *c, const struct sink *to, unsigned max, boo
 	return n;
 }
 
+/*
+ * This thread is in a chime_dispatch() of c: a drain now, from one of its
+ * callbacks, would overlap the one the callback runs in (chime_dispatch(3):
+ * it must not). Another thread's overlapping drain is not checked (an
+ * atomic read-modify-write per drain); this thread's is one load of the
+ * word the dispatch stores anyway, NULL first as in cl_note_void(). Nested,
+ * the inner drain took the ring past the outer one's snapshot of its tail,
+ * and the outer one ran on through the ring and never returned.
+ */
+static inline bool in_own_dispatch(const struct chime *c)
+{
+	const char *d = at_load(&c->dispatcher);
+
+	return unlikely(d != NULL) && d == &cl_thread_token;
+}
+
 CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max)
 {
 	bool fd_used;
 
 	if (unlikely(!c || !events || max == 0))
 		return -EINVAL;
+	if (in_own_dispatch(c))
+		return -EDEADLK;
 	fd_used = at_load(&c->fd_used);
 	return poll_events(c, &(struct sink){ .out = events }, max, fd_used, fd_used);
 }
@@ -646,11 +664,13 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	 * (cl_note_void()), so that the next event is judged against it.
 	 */
 	struct sink to = { NULL, cb, arg };
-	const char *outer;      /* a callback may dispatch this chime_t again */
+	const char *outer;      /* NULL, but for another thread's overlapping dispatch (not checked) */
 	int err = 0;
 
 	if (unlikely(!c || !cb))
 		return -EINVAL;
+	if (in_own_dispatch(c))
+		return -EDEADLK;
 	limit = max ? max : pending_now(c);
 	outer = at_load(&c->dispatcher);
 	c->voided = 0;
@@ -881,6 +901,8 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 
 	if (unlikely(!c || !events || max == 0 || timeout_ms < -1))
 		return -EINVAL;
+	if (in_own_dispatch(c))
+		return -EDEADLK;
 	if (timeout_ms == 0)
 		return chime_poll(c, events, max);  /* exactly chime_poll() */
 	if (timeout_ms > 0)

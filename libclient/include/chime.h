@@ -346,7 +346,8 @@ int chime_fd(const chime_t *c);
  * readable (chime_poll(3)). One thread at a time drains a chime_t
  * (chime_poll, chime_wait, chime_dispatch): any thread, but never two at
  * once; overlapping drains are not checked and are undefined (they lose
- * events: chime_poll(3)).
+ * events: chime_poll(3)), but for one from a chime_dispatch() callback of
+ * c, in its thread: -EDEADLK (chime_wait() and chime_dispatch() too).
  */
 int chime_poll(chime_t *c, struct chime_event *events, unsigned max);
 
@@ -357,7 +358,7 @@ int chime_poll(chime_t *c, struct chime_event *events, unsigned max);
  * apart than that), then sleeps in io_uring on its
  * connection to the broker, so a steady stream of events costs no system call.
  * Returns how many events (0 on timeout), -EINVAL, -ENOTCONN, -ECHILD (see
- * above), -EINTR if a signal interrupted the wait (only a sleep: one handled
+ * above), -EDEADLK (called from a chime_dispatch() callback of c), -EINTR if a signal interrupted the wait (only a sleep: one handled
  * while the call watches the rings, or before the call, does not end it),
  * or another negative errno of io_uring_enter(2) or ppoll(2). Not beside
  * another drain of c (chime_poll()). chime_close() must not run while
@@ -374,7 +375,9 @@ int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout
  * close c: each event is taken just before its callback,
  * so a timer that a callback cancels or resets is never dispatched after
  * it (a connection's callback may free its siblings). Returns how many were
- * dispatched, -EINVAL (c or cb NULL) or -ENOTCONN (only if none was).
+ * dispatched, -EINVAL (c or cb NULL), -ENOTCONN (only if none was), -ECHILD,
+ * or -EDEADLK: called from a callback of a chime_dispatch() of c (a drain of
+ * c there, chime_poll() or chime_wait() too, says so and takes nothing).
  */
 int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max);
 

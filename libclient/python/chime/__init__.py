@@ -649,7 +649,8 @@ class Chime:
         return self._buf
 
     def poll(self, max=64):
-        """Up to `max` pending events, as a list (empty if none); never blocks."""
+        """Up to `max` (1..65536, else ValueError) pending events, as a list
+        (empty if none); never blocks."""
         buf = self._buffer(max)
         r, events = self._collect(lib.chime_poll, buf, max)
         if r < 0:

@@ -2905,6 +2905,12 @@ static void own_drain_cb(const struct chime_event *e, void *arg)
 	d->wait = chime_wait(d->c, ev, 4, 10);
 }
 
+static void own_drain_cb_count(const struct chime_event *e, void *arg)
+{
+	(void)e;
+	((struct own_drain *)arg)->calls++;
+}
+
 AsanTest(broker, a_callback_that_drains_its_own_connection_is_refused, .timeout = 20)
 {
 	struct own_drain d = { 0 };
@@ -2925,6 +2931,45 @@ AsanTest(broker, a_callback_that_drains_its_own_connection_is_refused, .timeout 
 		cr_assert_geq(chime_dispatch(d.c, own_drain_cb, &d, 0), 0);
 	for (int i = 0; i < 5; i++)
 		cr_assert_eq(d.once[i], 1, "one-shot %d dispatched %d times", i, d.once[i]);
+	chime_close(d.c);
+}
+
+/*
+ * A callback that closes its own connection: the dispatch ends after it
+ * (no later event is called back) and the connection is closed as
+ * chime_dispatch() returns, with the count. Before, chime_close() freed
+ * the connection, and unmapped its rings, under the drain, which went on
+ * reading them: a crash.
+ */
+static void closing_cb(const struct chime_event *e, void *arg)
+{
+	struct own_drain *d = arg;
+
+	(void)e;
+	if (d->calls++ == 0)
+		chime_close(d->c);
+}
+
+AsanTest(broker, a_callback_that_closes_its_own_connection_ends_the_dispatch)
+{
+	struct own_drain d = { 0 };
+	struct chime_opts o = { .socket_path = sock, .session = "closed-in-a-callback" };
+
+	for (int k = 0; k < 2; k++) {       /* anonymous, then a session */
+		d = (struct own_drain){ 0 };
+		cr_assert_eq(chime_open(&d.c, k ? &o : &(struct chime_opts){ .socket_path = sock }), 0);
+		for (uint64_t i = 0; i < 5; i++)
+			cr_assert_eq(chime_arm(d.c, 1, chime_now(), 0, i, &(chime_id_t){ 0 }), 0);
+		msleep(20);
+		cr_assert_eq(chime_dispatch(d.c, closing_cb, &d, 0), 1, "%s", k ? "session" : "anonymous");
+		cr_assert_eq(d.calls, 1, "called back after the close");
+	}
+	/* The session's 4 events not called back are held for its next process. */
+	cr_assert_eq(chime_open(&d.c, &o), 0);
+	d.calls = 0;
+	for (uint64_t end = chime_now() + 1000 * MS; chime_now() < end && d.calls < 4;)
+		cr_assert_geq(chime_dispatch(d.c, own_drain_cb_count, &d, 0), 0);
+	cr_assert_eq(d.calls, 4);
 	chime_close(d.c);
 }
 

@@ -2950,6 +2950,14 @@ static void closing_cb(const struct chime_event *e, void *arg)
 		chime_close(d->c);
 }
 
+/* Five one-shots due now, armed by a thread of its own: on its home shard, the next one after the caller's. */
+static void *arm_five(void *arg)
+{
+	for (uint64_t i = 0; i < 5; i++)
+		cr_assert_eq(chime_arm(arg, 1, chime_now(), 0, i, &(chime_id_t){ 0 }), 0);
+	return NULL;
+}
+
 AsanTest(broker, a_callback_that_closes_its_own_connection_ends_the_dispatch)
 {
 	struct own_drain d = { 0 };
@@ -2957,19 +2965,24 @@ AsanTest(broker, a_callback_that_closes_its_own_connection_ends_the_dispatch)
 
 	for (int k = 0; k < 2; k++) {       /* anonymous, then a session */
 		d = (struct own_drain){ 0 };
+		pthread_t t;
+
 		cr_assert_eq(chime_open(&d.c, k ? &o : &(struct chime_opts){ .socket_path = sock }), 0);
-		for (uint64_t i = 0; i < 5; i++)
-			cr_assert_eq(chime_arm(d.c, 1, chime_now(), 0, i, &(chime_id_t){ 0 }), 0);
+		/* on both shards: the drain must not go on to the other one either */
+		for (int j = 0; j < 2; j++) {
+			cr_assert_eq(pthread_create(&t, NULL, arm_five, d.c), 0);
+			cr_assert_eq(pthread_join(t, NULL), 0);
+		}
 		msleep(20);
 		cr_assert_eq(chime_dispatch(d.c, closing_cb, &d, 0), 1, "%s", k ? "session" : "anonymous");
 		cr_assert_eq(d.calls, 1, "called back after the close");
 	}
-	/* The session's 4 events not called back are held for its next process. */
+	/* The session's 9 events not called back are held for its next process. */
 	cr_assert_eq(chime_open(&d.c, &o), 0);
 	d.calls = 0;
-	for (uint64_t end = chime_now() + 1000 * MS; chime_now() < end && d.calls < 4;)
+	for (uint64_t end = chime_now() + 1000 * MS; chime_now() < end && d.calls < 9;)
 		cr_assert_geq(chime_dispatch(d.c, own_drain_cb_count, &d, 0), 0);
-	cr_assert_eq(d.calls, 4);
+	cr_assert_eq(d.calls, 9);
 	chime_close(d.c);
 }
 

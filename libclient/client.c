@@ -1196,6 +1196,15 @@ static void session_commit(struct chime *c)
 
 CHIME_PUBLIC void chime_close(chime_t *c)
 {
+	/*
+	 * From a callback of its own dispatch: freed under the drain, c was read
+	 * on (a crash). The dispatch stops after that callback, and closes c as
+	 * it returns (poll.c).
+	 */
+	if (c && cl_in_own_dispatch(c)) {
+		c->close_deferred = 1;
+		return;
+	}
 	if (c && c->session[0] && !at_load(&c->forked))
 		session_commit(c);
 	/*

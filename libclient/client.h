@@ -169,6 +169,7 @@ struct chime {
 	uint32_t wait_spin_shift;           /* chime_wait's spin is WAIT_SPIN_NS >> this (poll.c) */
 #define WAIT_SPIN_NS        50000u
 #define WAIT_SPIN_MAX_SHIFT 3u
+	uint32_t close_deferred;            /* a dispatch callback closed c: the dispatch ends, then closes it */
 	uint32_t voided;                    /* a dispatch callback sent a RESET/CANCEL/CANCEL_KEY: the
 					     * drain judges the events after it afresh (that thread only) */
 	struct chime_pend *pend;            /* 2 * sq_size entries */
@@ -308,6 +309,20 @@ static inline void cl_note_void(struct chime *c)
 	/* NULL first: the thread's token may cost a __tls_get_addr() call */
 	if (__builtin_expect(d != NULL, 0) && d == &cl_thread_token)
 		c->voided = 1;
+}
+
+/*
+ * This thread is in a chime_dispatch() of c (a callback of it, or deeper):
+ * one load of the word the dispatch stores anyway, NULL first as in
+ * cl_note_void(). A drain of c there would overlap the one the callback
+ * runs in (poll.c: -EDEADLK), and a close would free c under it
+ * (chime_close(): put off until the dispatch returns).
+ */
+static inline bool cl_in_own_dispatch(const struct chime *c)
+{
+	const char *d = at_load(&c->dispatcher);
+
+	return __builtin_expect(d != NULL, 0) && d == &cl_thread_token;
 }
 
 /*

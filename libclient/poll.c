@@ -330,8 +330,11 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct 
 		/* The callback's arm reconnected a session (or found the broker dead): these rings are gone. */
 		if (unlikely(at_load(&c->link) != link))
 			return n;
-		if (unlikely(c->voided)) {
-			/* It cancelled or reset timers: the next events are judged by a new scan. */
+		if (unlikely(c->voided | c->close_deferred)) {
+			/*
+			 * It cancelled or reset timers: the next events are judged by
+			 * a new scan. Or it closed c: no event after it (chime_dispatch()).
+			 */
 			c->voided = 0;
 			break;
 		}
@@ -362,7 +365,8 @@ static unsigned drain(struct chime *c, const struct sink *to, unsigned max)
 	unsigned n = 0;
 
 	c->held = 0;
-	for (uint32_t k = 0; k < c->nr_shards && n < max; k++) {
+	/* A dispatch callback that closed c ends the drain here too: no other shard's event after it. */
+	for (uint32_t k = 0; k < c->nr_shards && n < max && !c->close_deferred; k++) {
 		struct sink rest = { to->out ? to->out + n : NULL, to->cb, to->arg };
 
 		n += drain_chan(c, &c->chan[s], &rest, max - n);
@@ -600,19 +604,15 @@ static int poll_events(struct chime *c, const struct sink *to, unsigned max, boo
 }
 
 /*
- * This thread is in a chime_dispatch() of c: a drain now, from one of its
- * callbacks, would overlap the one the callback runs in (chime_dispatch(3):
- * it must not). Another thread's overlapping drain is not checked (an
- * atomic read-modify-write per drain); this thread's is one load of the
- * word the dispatch stores anyway, NULL first as in cl_note_void(). Nested,
- * the inner drain took the ring past the outer one's snapshot of its tail,
- * and the outer one ran on through the ring and never returned.
+ * A drain from a callback of a chime_dispatch() of c would overlap the one
+ * the callback runs in (cl_in_own_dispatch()): nested, the inner drain took
+ * the ring past the outer one's snapshot of its tail, and the outer one ran
+ * on through the ring and never returned. Another thread's overlapping
+ * drain is not checked (an atomic read-modify-write per drain).
  */
 static inline bool in_own_dispatch(const struct chime *c)
 {
-	const char *d = at_load(&c->dispatcher);
-
-	return unlikely(d != NULL) && d == &cl_thread_token;
+	return cl_in_own_dispatch(c);
 }
 
 CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max)
@@ -685,8 +685,15 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 			break;
 		}
 		total += (unsigned)n;
+		if (c->close_deferred)
+			break;
 	}
 	at_store(&c->dispatcher, outer);
+	if (c->close_deferred) {
+		/* A callback closed c (chime_close()): now that no drain is under way. */
+		chime_close(c);
+		return (int)total;
+	}
 	if (err < 0)
 		return total ? (int)total : err;
 	/*

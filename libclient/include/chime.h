@@ -125,7 +125,8 @@ int chime_open(chime_t **out, const struct chime_opts *opts);
  * thread-safe: no other thread may use c during or after the call (a
  * thread in chime_wait() must be woken and have returned first). c is
  * freed: any call with it afterwards, in any thread (a second
- * chime_close() included), is undefined.
+ * chime_close() included), is undefined. From a chime_dispatch() callback
+ * of c, it ends the dispatch, which frees c as it returns.
  */
 void chime_close(chime_t *c);
 
@@ -371,8 +372,10 @@ int chime_wait(chime_t *c, struct chime_event *events, unsigned max, int timeout
 /*
  * Drain up to max pending events (0: all that are pending now) and call
  * cb(event, arg) for each, in order; never blocks. The callback may arm,
- * reset and cancel timers, but must not drain (poll, wait, dispatch) or
- * close c: each event is taken just before its callback,
+ * reset and cancel timers, but must not drain c (poll, wait, dispatch:
+ * -EDEADLK there). It may close c: no event is called back after that
+ * callback, and c is closed as chime_dispatch() returns (with the count),
+ * not to be used after. Each event is taken just before its callback,
  * so a timer that a callback cancels or resets is never dispatched after
  * it (a connection's callback may free its siblings). Returns how many were
  * dispatched, -EINVAL (c or cb NULL), -ENOTCONN (only if none was), -ECHILD,

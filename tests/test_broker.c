@@ -2987,6 +2987,55 @@ AsanTest(broker, a_callback_that_closes_its_own_connection_ends_the_dispatch)
 }
 
 /*
+ * libchime(3), FORK: a child's copy of its parent's chime_t takes none of
+ * the parent's events, also a child forked by a dispatch callback, which
+ * returns from the callback into the parent's drain: that drain ends
+ * there in the child. Before, it went on claiming the parent's events:
+ * the parent got 1 of 10 (the child the other 9, lost to the parent).
+ */
+struct fork_cb {
+	int calls;
+	pid_t pid;      /* the child's, in the parent; 0 in the child; -1 before the fork */
+};
+
+static void forking_cb(const struct chime_event *e, void *arg)
+{
+	struct fork_cb *f = arg;
+
+	(void)e;
+	f->calls++;
+	if (f->pid < 0) {
+		f->pid = fork();
+		cr_assert_geq(f->pid, 0);
+		if (f->pid > 0)
+			msleep(50);     /* the child's drain goes on first */
+	}
+}
+
+AsanTest(broker, a_child_forked_in_a_dispatch_callback_takes_none_of_its_parents_events)
+{
+	struct fork_cb f = { 0, -1 };
+	struct chime_event ev[16];
+	chime_t *c = copen();
+	int r, st;
+
+	cr_assert_not_null(c);
+	for (uint64_t i = 0; i < 10; i++)
+		cr_assert_eq(chime_arm(c, 1, chime_now(), 0, i, &(chime_id_t){ 0 }), 0);
+	msleep(30);
+	r = chime_dispatch(c, forking_cb, &f, 0);
+	if (f.pid == 0)
+		_exit(f.calls == 1 && r == 1 ? 0 : f.calls > 100 ? 100 : f.calls);     /* the child */
+	cr_assert_eq(waitpid(f.pid, &st, 0), f.pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child called back %d events of its parent's",
+		  WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	while ((r = chime_wait(c, ev, 16, 100)) > 0)
+		f.calls += r;
+	cr_assert_eq(f.calls, 10, "the parent got %d of its 10 events", f.calls);
+	chime_close(c);
+}
+
+/*
  * chime_dispatch(..., 0) delivers what was pending when it started: a
  * callback that re-arms its timer at once (here at deadline 0, and slow)
  * cannot keep the call going. It did, for up to every ring's size of

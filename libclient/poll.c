@@ -327,8 +327,13 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct 
 			.id = e->id, .key = e->key, .user_data = e->user_data,
 			.deadline_ns = e->deadline_ns, .fired_ns = e->fired_ns,
 		}, to->arg);
-		/* The callback's arm reconnected a session (or found the broker dead): these rings are gone. */
-		if (unlikely(at_load(&c->link) != link))
+		/*
+		 * The callback's arm reconnected a session (or found the broker
+		 * dead): these rings are gone. Or it forked, and this is the child,
+		 * back in its parent's drain: not one more event of the parent's,
+		 * nor a store into its rings (libchime(3), FORK).
+		 */
+		if (unlikely(at_load(&c->link) != link || at_load(&c->forked)))
 			return n;
 		if (unlikely(c->voided | c->close_deferred)) {
 			/*
@@ -365,8 +370,12 @@ static unsigned drain(struct chime *c, const struct sink *to, unsigned max)
 	unsigned n = 0;
 
 	c->held = 0;
-	/* A dispatch callback that closed c ends the drain here too: no other shard's event after it. */
-	for (uint32_t k = 0; k < c->nr_shards && n < max && !c->close_deferred; k++) {
+	/*
+	 * A dispatch callback that closed c ends the drain here too: no other
+	 * shard's event after it; nor, in the child of a callback's fork, of
+	 * the parent's.
+	 */
+	for (uint32_t k = 0; k < c->nr_shards && n < max && !c->close_deferred && !at_load(&c->forked); k++) {
 		struct sink rest = { to->out ? to->out + n : NULL, to->cb, to->arg };
 
 		n += drain_chan(c, &c->chan[s], &rest, max - n);
@@ -533,6 +542,9 @@ static int poll_rings(struct chime *c, const struct sink *to, unsigned max, bool
 {
 	unsigned n = drain(c, to, max);
 
+	/* The child of a dispatch callback's fork: nothing of the parent's written (the wake-up request, its kicks). */
+	if (unlikely(at_load(&c->forked)))
+		return n ? (int)n : -ECHILD;
 	if (n > 0) {
 		c->empty_streak = 0;
 		if (c->ww_armed)

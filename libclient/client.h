@@ -315,8 +315,11 @@ static inline void cl_note_void(struct chime *c)
  * This thread is in a chime_dispatch() of c (a callback of it, or deeper):
  * one load of the word the dispatch stores anyway, NULL first as in
  * cl_note_void(). A drain of c there would overlap the one the callback
- * runs in (poll.c: -EDEADLK), and a close would free c under it
- * (chime_close(): put off until the dispatch returns).
+ * runs in (poll.c: -EDEADLK; nested, the inner drain took the ring past
+ * the outer one's snapshot of its tail, and the outer one ran on through
+ * the ring and never returned), and a close would free c under it
+ * (chime_close(): put off until the dispatch returns). Another thread's
+ * overlapping drain is not checked (an atomic read-modify-write per drain).
  */
 static inline bool cl_in_own_dispatch(const struct chime *c)
 {

@@ -615,25 +615,13 @@ static int poll_events(struct chime *c, const struct sink *to, unsigned max, boo
 	return n;
 }
 
-/*
- * A drain from a callback of a chime_dispatch() of c would overlap the one
- * the callback runs in (cl_in_own_dispatch()): nested, the inner drain took
- * the ring past the outer one's snapshot of its tail, and the outer one ran
- * on through the ring and never returned. Another thread's overlapping
- * drain is not checked (an atomic read-modify-write per drain).
- */
-static inline bool in_own_dispatch(const struct chime *c)
-{
-	return cl_in_own_dispatch(c);
-}
-
 CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max)
 {
 	bool fd_used;
 
 	if (unlikely(!c || !events || max == 0))
 		return -EINVAL;
-	if (in_own_dispatch(c))
+	if (cl_in_own_dispatch(c))
 		return -EDEADLK;
 	fd_used = at_load(&c->fd_used);
 	return poll_events(c, &(struct sink){ .out = events }, max, fd_used, fd_used);
@@ -681,7 +669,7 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 
 	if (unlikely(!c || !cb))
 		return -EINVAL;
-	if (in_own_dispatch(c))
+	if (cl_in_own_dispatch(c))
 		return -EDEADLK;
 	limit = max ? max : pending_now(c);
 	outer = at_load(&c->dispatcher);
@@ -920,7 +908,7 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 
 	if (unlikely(!c || !events || max == 0 || timeout_ms < -1))
 		return -EINVAL;
-	if (in_own_dispatch(c))
+	if (cl_in_own_dispatch(c))
 		return -EDEADLK;
 	if (timeout_ms == 0)
 		return chime_poll(c, events, max);  /* exactly chime_poll() */

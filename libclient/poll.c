@@ -672,6 +672,8 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	if (cl_in_own_dispatch(c))
 		return -EDEADLK;
 	limit = max ? max : pending_now(c);
+	if (limit > INT_MAX)
+		limit = INT_MAX;        /* the count returned: a periodic timer catching up could pass it */
 	outer = at_load(&c->dispatcher);
 	c->voided = 0;
 	at_store(&c->dispatcher, &cl_thread_token);

@@ -179,7 +179,8 @@ args)
 	bad_arg "chime-bench apply: unexpected argument 'extra'" apply --quick extra
 	bad_arg "chime-bench apply: unrecognized option '--bogus'" apply --bogus
 	bad_arg "chime-bench wheel: unexpected argument 'extra'" wheel --quick extra
-	bad_arg "chime-bench wheel: unrecognized option '-q'" wheel -q
+	bad_arg "chime-bench wheel: unrecognized option '--bogus'" wheel --bogus
+	bad_arg "chime-bench wheel: invalid option -- 'x'" wheel -x
 	bad_arg "chime-bench: missing MODE"
 	bad_arg "chime-bench: unknown mode 'bogus'" bogus
 	bad_arg "chime-bench: unexpected argument 'extra'" --version extra

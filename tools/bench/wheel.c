@@ -15,6 +15,7 @@
  * Then the stalls of the wheel alone: see stall_run(); and its expiry
  * after churn: see churn_run().
  */
+#include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -365,30 +366,40 @@ static void churned(bool quick)
 	}
 }
 
-static int usage(FILE *f)
+static void usage(FILE *f)
 {
-	fprintf(f, "usage: chime-bench wheel [--quick]\n"
-		   "  --quick  only 1k and 100k timers, stalls and churn at 100k (a smoke test)\n");
-	return f == stdout ? 0 : 2;
+	fprintf(f, "Usage: chime-bench wheel [--quick]\n"
+		   "chime's timing wheel against a binary heap, in-process, one thread: arm, cancel,\n"
+		   "reset and expiry at 1k, 100k, 1M and 10M timers; stalls and expiry after churn.\n\n"
+		   "  -q, --quick   only 1k and 100k timers, stalls and churn at 100k (a smoke test)\n"
+		   "  -h, --help    show this help\n");
 }
 
 int bench_wheel(int argc, char **argv)
 {
 	static const uint32_t sizes[] = { 1000, 100000, 1000000, 10000000 };
+	static const struct option opts[] = {
+		{ "quick", no_argument, NULL, 'q' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
 	unsigned nsizes = 4;
+	int o;
 
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--quick")) {
+	while ((o = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
+		switch (o) {
+		case 'q':
 			nsizes = 2;
-		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			return usage(stdout);
-		} else if (argv[i][0] == '-') {
-			fprintf(stderr, "chime-bench wheel: unrecognized option '%s'\n", argv[i]);
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
 			return bench_usage_error("wheel", NULL);
-		} else {
-			return bench_usage_error("wheel", argv[i]);
 		}
 	}
+	if (optind != argc)
+		return bench_usage_error("wheel", argv[optind]);
 
 	printf("chime-bench wheel: N timers armed at random deadlines uniform over 60 s;\n"
 	       "  wheel: chime's (11 levels x 64 slots, 64 B nodes, resolution %llu ns);\n"

@@ -567,11 +567,21 @@ void policy_describe(const struct policy *p, char *buf, size_t len)
 		/* A long list is counted, not cut off unsaid at the buffer's end. */
 		enum { SHOWN = 16 };
 
-		o = (size_t)snprintf(buf, len, "root, uid %u", (unsigned)geteuid());
-		for (size_t i = 0; i < p->nr_uids && i < SHOWN && o < len; i++)
-			o += (size_t)snprintf(buf + o, len - o, ", uid %u", (unsigned)p->uids[i]);
-		if (p->nr_uids > SHOWN && o < len)
-			o += (size_t)snprintf(buf + o, len - o, " and %zu more uids", p->nr_uids - SHOWN);
+		uid_t self = geteuid();
+		size_t listed = 0, shown = 0;
+
+		/* root and our own user always: not named again for the list ("root, uid 0, uid 0") */
+		o = self ? (size_t)snprintf(buf, len, "root, uid %u", (unsigned)self) : (size_t)snprintf(buf, len, "root");
+		for (size_t i = 0; i < p->nr_uids; i++) {
+			if (p->uids[i] == 0 || p->uids[i] == self)
+				continue;
+			if (listed++ < SHOWN && o < len) {
+				o += (size_t)snprintf(buf + o, len - o, ", uid %u", (unsigned)p->uids[i]);
+				shown++;
+			}
+		}
+		if (listed > shown && o < len)
+			o += (size_t)snprintf(buf + o, len - o, " and %zu more uids", listed - shown);
 		for (size_t i = 0; i < p->nr_gids && i < SHOWN && o < len; i++)
 			o += (size_t)snprintf(buf + o, len - o, ", gid %u", (unsigned)p->gids[i]);
 		if (p->nr_gids > SHOWN && o < len)

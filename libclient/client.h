@@ -69,6 +69,7 @@ struct chime_chan {
 	const uint64_t *backlog;            /* chime_chan_ro.backlog (broker) */
 	uint64_t seen;                      /* drainer: the cq_tail the last drain worked to */
 	uint32_t held;                      /* drainer: head waits for a RESET the shard has not applied */
+	uint64_t held_at;                   /* drainer: 1 + the record position the last drain held at, 0: none */
 	/* reconnect (under struct chime.lock) */
 	uint64_t closed_from;               /* the tail when the ring was closed: records below it count */
 	uint64_t closed_at;                 /* the tail we moved it to (no slot is free there); 0: open */

@@ -280,6 +280,7 @@ static void drainer_reset(struct chime *c)
 		ch->cq.head = ch->cq.tail = at_load(ch->cq.head_pub);
 		ch->seen = ch->cq.head;
 		ch->held = 0;
+		ch->held_at = 0;
 		ch->closed_from = ch->closed_at = 0;
 		at_store(&ch->rung, 0);
 	}

@@ -3220,3 +3220,51 @@ ReleaseTest(broker, a_process_over_its_memlock_limit_gets_enomem)
 	cr_assert_eq(r, -ENOMEM, "the rings over RLIMIT_MEMLOCK: %d (%s)", r, strerror(-r));
 	t_chimed_stop(&b2, SIGTERM);
 }
+
+/* CPU time of the calling thread, ns. */
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * An event whose timer this process reset after it fired waits for the
+ * shard to apply the reset (drain() holds it back): chime_wait() looked
+ * again every 20 us, for as long as the shard took, which is a moment
+ * unless the broker is stopped (SIGSTOP, a debugger, a frozen cgroup):
+ * then it burned the CPU the whole wait (a review): 339 ms of 700 here.
+ * The looks now back off, up to a millisecond apart (51-71 ms: each
+ * look's drain still spun ~100 us for the record), and a drain that held
+ * at the same record last time looks once (7-9 ms).
+ */
+ReleaseTest(broker, a_wait_on_an_event_held_for_a_stopped_shard_does_not_burn_the_cpu)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_opts o = { 0 };
+	struct chime_event ev;
+	chime_id_t id;
+	uint64_t cpu;
+	chime_t *c;
+	int n;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
+	o.socket_path = b2.sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 20 * MS, 0, 1, &id), 0);
+	usleep(200 * 1000);     /* fired: its event in the ring, not taken */
+	kill(b2.pid, SIGSTOP);
+	cr_assert_eq(chime_reset(c, id, chime_now() + 10000 * MS), 0);
+	cpu = thread_cpu_ns();
+	n = chime_wait(c, &ev, 1, 700);
+	cpu = thread_cpu_ns() - cpu;
+	kill(b2.pid, SIGCONT);
+	fprintf(stderr, "a wait of 700 ms on an event held for a stopped shard: %d, %.1f ms of CPU\n", n,
+		(double)cpu / 1e6);
+	cr_assert_eq(n, 0, "chime_wait() returned %d beside a stopped broker", n);
+	cr_assert_lt(cpu, 35 * MS, "the wait burned %.1f ms of CPU in 700 ms", (double)cpu / 1e6);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}

@@ -1563,6 +1563,22 @@ static uint64_t rand_deadline(uint64_t *rng, uint64_t now, uint64_t res)
 		return sat_add(now, splitmix64(rng) >> (splitmix64(rng) % 64)); /* log-uniform */
 	case 6: case 7: case 8:
 		return sat_add(now, (r >> 8) % (4096 * res));
+	case 9: {
+		/*
+		 * At a level's edge: 64^k ticks after now's (k = 1..10, the
+		 * last past 2^64 ns at small resolutions), on the tick's
+		 * first or last ns, or one ns to either side.
+		 */
+		uint64_t t = now / res, span = UINT64_C(1) << (6 * (1 + (r >> 8) % 10));
+		uint64_t b = t + span < t || (t + span) > UINT64_MAX / res ? UINT64_MAX : (t + span) * res;
+		uint64_t d = (r >> 16) % 2 ? sat_add(b, res - 1) : b;
+
+		switch ((r >> 24) % 3) {
+		case 0: return d;
+		case 1: return d ? d - 1 : 0;
+		default: return sat_add(d, 1);
+		}
+	}
 	default:
 		return sat_add(now, (r >> 8) % (4 * res + 1));
 	}
@@ -1600,6 +1616,14 @@ static const uint16_t *model_groups(void)
 	return group_of;
 }
 
+/*
+ * Random arms, resets (lazy ones included), cancels, frees, periodic
+ * re-arms, wheel_stage() steps and advances, with deadlines in the past,
+ * at now, at 0 and UINT64_MAX, at the edges of every level (64^k ticks
+ * ahead, to the ns) and past 2^64 ns, against the model after every
+ * advance: each timer due exactly once, never before its deadline, and
+ * always at the first advance past it.
+ */
 static void run_model(uint64_t seed, uint64_t nops)
 {
 	static const uint64_t ress[] = { 1, 3, 1000, 1000000, 999983, UINT64_C(1) << 20,
@@ -1671,7 +1695,9 @@ static void run_model(uint64_t seed, uint64_t nops)
 				x->idx = NIL;
 				x->armed = x->due = 0;
 			}
-		} else if (what < 57) {                         /* periodic re-arm while armed */
+		} else if (what < 61) {                         /* part of the next cascade, early */
+			wheel_stage(&t.wh, (unsigned)(splitmix64(&rng) % 17));
+		} else if (what < 63) {                         /* periodic re-arm while armed */
 			if (x->idx != NIL && x->armed && x->period) {
 				wheel_rearm_periodic(&t.wh, x->idx);
 				x->deadline = sat_add(x->deadline, x->period);

@@ -1423,6 +1423,8 @@ uint64_t wheel_next_deadline(const struct wheel *wh)
 
 	if (w->expired_head != NIL || wh->raw_head != NIL)
 		return w->now_ns;
+	if (wh->armed == 0)
+		return UINT64_MAX;      /* a staged slot stays occupied (I8), its nodes all gone */
 	for (unsigned l = 0; l < LEVELS; l++) {
 		if (w->occupied[l]) {
 			unsigned s = (unsigned)__builtin_ctzll(w->occupied[l]);

@@ -16,8 +16,10 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -3267,4 +3269,88 @@ ReleaseTest(broker, a_wait_on_an_event_held_for_a_stopped_shard_does_not_burn_th
 	cr_assert_lt(cpu, 35 * MS, "the wait burned %.1f ms of CPU in 700 ms", (double)cpu / 1e6);
 	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
+}
+
+/* ---- clocks ---- */
+
+#ifndef CLONE_NEWTIME
+#define CLONE_NEWTIME 0x00000080
+#endif
+
+/*
+ * A process in a time namespace of its own, CLOCK_MONOTONIC off the
+ * broker's by off_s seconds, arms a timer 300 ms ahead by chime_now() and
+ * waits for it. Exit status: 0 (refused, or fired on time by its clock),
+ * 1 (what went wrong on stderr), 77 (no time namespaces here).
+ */
+static int timens_client(long off_s)
+{
+	pid_t p = fork(), q;
+	int st;
+
+	if (p < 0)
+		return 1;
+	if (p == 0) {
+		char line[64];
+		int fd, n;
+
+		/* the offsets can be set only before a process enters the namespace: the child below */
+		if (unshare(CLONE_NEWTIME) < 0)
+			_exit(77);
+		n = snprintf(line, sizeof(line), "monotonic %ld 0\n", off_s);
+		fd = open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, line, (size_t)n) != n)
+			_exit(77);
+		close(fd);
+		q = fork();
+		if (q == 0) {
+			struct chime_opts o = { .socket_path = sock };
+			struct chime_event ev;
+			chime_t *c = NULL;
+			chime_id_t id;
+			uint64_t t0, d;
+			int r = chime_open(&c, &o);
+
+			if (r == -EXDEV)
+				_exit(0);       /* refused: its clock is not the broker's (chime_open(3)) */
+			CHECK(r == 0, "chime_open: %s", strerror(-r));
+			t0 = chime_now();
+			d = t0 + 300 * MS;
+			CHECK(chime_arm(c, 1, d, 0, 7, &id) == 0, "arm");
+			r = chime_wait(c, &ev, 1, 5000);
+			CHECK(r == 1, "a timer 300 ms ahead (its own clock): no event after %.3f s",
+			      (double)(chime_now() - t0) / 1e9);
+			CHECK(chime_now() >= d, "fired %.3f s early by its own clock (event deadline %llu, fired %llu)",
+			      (double)(d - chime_now()) / 1e9, (unsigned long long)ev.deadline_ns,
+			      (unsigned long long)ev.fired_ns);
+			chime_close(c);
+			_exit(0);
+		}
+		if (q < 0 || waitpid(q, &st, 0) != q)
+			_exit(1);
+		_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+	}
+	if (waitpid(p, &st, 0) != p)
+		return 1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+/*
+ * A client whose CLOCK_MONOTONIC is not the broker's (a time namespace:
+ * unshare --time, a container restored by CRIU) computes its deadlines on
+ * its clock, which the broker fires by its own: 20 s behind, a timer
+ * 300 ms ahead fired at once; 100 s ahead, 100 s late. It is refused
+ * (-EXDEV) or its timers fire on time by its clock, never early.
+ */
+ReleaseTest(broker, a_client_in_another_time_namespace_gets_no_timer_early_or_late)
+{
+	long offs[] = { -20, 100 };
+
+	for (unsigned i = 0; i < sizeof(offs) / sizeof(offs[0]); i++) {
+		int r = timens_client(offs[i]);
+
+		if (r == 77)
+			cr_skip_test("no time namespaces here (unshare(CLONE_NEWTIME) as root, Linux 5.6)");
+		cr_assert_eq(r, 0, "a client %+ld s off the broker's clock: see its stderr", offs[i]);
+	}
 }

@@ -233,6 +233,8 @@ static int pub_setup(struct broker *b)
 	(void)wall_hook_read();
 	wall_publish(wall_offset_now());
 	b->pub->wall_off = wall_published();
+	/* Its clock, for clients to compare theirs with (a time namespace's is shifted). */
+	b->pub->mono_off = chime_timens_monotonic();
 	chime_seg_publish(&b->pub->hdr, CHIME_SEG_PUBLIC, size);
 	r = chime_seg_seal(b->pub_fd, CHIME_SEAL_WRITES);
 	if (r < 0)

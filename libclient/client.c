@@ -398,6 +398,20 @@ static int map_seg(int fd, uint32_t kind, bool writable, uint64_t size, struct c
 	return r;
 }
 
+/*
+ * The broker fires every CLOCK_MONOTONIC deadline by its own clock, and
+ * fired_ns is read off it: a process in a time namespace whose offset
+ * is not the broker's (unshare --time, a container CRIU restored) reads
+ * another clock, and its timers fired early or late by the difference
+ * (20 s behind, a timer 300 ms ahead fired at once). Refused instead.
+ * The broker's offset is in its sealed public segment (0 from a broker
+ * before it: the host's, where brokers run).
+ */
+static int check_clock(const struct chime_pub *pub)
+{
+	return pub->mono_off == chime_timens_monotonic() ? 0 : -EXDEV;
+}
+
 /* Check the mapped segments against each other and against our own arithmetic. */
 static int check_geometry(const struct chime_welcome *w, const struct chime_map *pub_map,
 			  const struct chime_client_rw *rw, const struct chime_client_ro *ro,
@@ -421,7 +435,7 @@ static int check_geometry(const struct chime_welcome *w, const struct chime_map 
 	    rw->claim_off != g->rw_claim_off ||
 	    ro->chan_off != g->ro_chan_off || ro->cq_off != g->ro_cq_off)
 		return -EBADMSG;
-	return 0;
+	return check_clock(pub);
 }
 
 static int dial_start(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit,

@@ -495,9 +495,18 @@ struct chime_pub {
 	 * the library's doorbell decision for wall-clock deadlines (timer.c).
 	 */
 	int64_t  wall_off;
-	uint8_t  _reserved[128 - 64 - 32];
+	/*
+	 * The offset of CLOCK_MONOTONIC in the broker's time namespace from
+	 * the host's (chime_timens_monotonic(); set before the segment is
+	 * sealed, 0 from a broker before it): a client whose own differs
+	 * reads another clock than the one its deadlines are fired by, and
+	 * is refused (-EXDEV, libclient/client.c check_clock()).
+	 */
+	int64_t  mono_off;
+	uint8_t  _reserved[128 - 64 - 40];
 };
 _Static_assert(offsetof(struct chime_pub, wall_off) == 88, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_pub, mono_off) == 96, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(sizeof(struct chime_pub) == 128, "public header is 128 B");
 
 static inline uint64_t chime_pub_size(uint32_t nr_shards)

@@ -25,6 +25,14 @@ struct chime_map {
 };
 
 /*
+ * The offset of CLOCK_MONOTONIC in the calling process's time namespace
+ * from the host's (/proc/self/timens_offsets, ns): 0 in the host's, and
+ * when there is none to read (a kernel before time namespaces, no /proc).
+ * A process's own never changes (unshare() and setns() move its children).
+ */
+int64_t chime_timens_monotonic(void);
+
+/*
  * Create an anonymous memfd of `size` bytes (MFD_CLOEXEC | MFD_ALLOW_SEALING),
  * map it read-write and set *fd and *map. Errors: -errno of memfd_create,
  * ftruncate or mmap.

@@ -99,6 +99,8 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *   -EBUSY         the session is attached to another process (or to another
  *                  chime_t of this one)
  *   -EPROTO        the broker speaks another shared-memory layout version
+ *   -EXDEV         this process's CLOCK_MONOTONIC is not the broker's (a time
+ *                  namespace with another offset): its deadlines would be off
  *   -EUSERS        the broker's client table is full (or this user's share of
  *                  it), or the broker has no descriptor left for a client
  *   -ENOMEM        out of memory (or mapping the segments failed)

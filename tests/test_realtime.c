@@ -237,6 +237,43 @@ Test(realtime, a_periodic_wall_clock_timer_gives_one_event_per_period_a_step_for
 	chime_close(c);
 }
 
+/*
+ * A step forward past the boot of a periodic's next deadline (a device
+ * without a clock booted in the past, an "every hour on the hour" timer
+ * armed, then NTP's step: its deadline falls before the boot in the new
+ * wall clock). Its periods keep their phase: every event's deadline is
+ * deadline + k x period. The node's deadline, CLOCK_MONOTONIC, cannot go
+ * below the boot; it was set to the boot itself, and every later event
+ * came at boot + k x period, off the hour for good.
+ */
+Test(realtime, a_periodic_stepped_before_the_boot_keeps_its_phase)
+{
+	chime_t *c = t_open(sock);
+	uint64_t deadline = wall() + 2 * SEC, up = chime_now(), by = up + 10 * SEC, period = by / 4 + 1;
+	struct chime_event ev;
+	chime_id_t id;
+	int got = 0;
+
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm_realtime(c, 1, deadline, period, 0, &id), 0);
+	/* the boot moves to 10 s after the deadline; periods 1 .. 3 come due (k x period > 8 s) */
+	step((int64_t)by, true);
+	followed(1000);
+	while (chime_wait(c, &ev, 1, got ? 300 : 2000) == 1) {
+		cr_assert_eq(ev.id, id);
+		cr_assert_eq((ev.deadline_ns - deadline) % period, 0,
+			     "event %d: deadline %llu is %llu ns past a period of the timer's (deadline %llu, period %llu)",
+			     got, (unsigned long long)ev.deadline_ns,
+			     (unsigned long long)((ev.deadline_ns - deadline) % period),
+			     (unsigned long long)deadline, (unsigned long long)period);
+		cr_assert_leq(ev.deadline_ns, wall(), "event %d before its wall deadline", got);
+		got++;
+	}
+	cr_assert_geq(got, 1, "no event for the periods the step made due");
+	cr_assert_eq(chime_cancel(c, id), 0);
+	chime_close(c);
+}
+
 Test(realtime, a_reset_of_a_wall_clock_timer_takes_a_wall_deadline_the_later_ones_too)
 {
 	chime_t *c = t_open(sock);

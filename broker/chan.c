@@ -341,6 +341,28 @@ static inline uint64_t wall_add(uint64_t d, int64_t off)
 	return d <= -(uint64_t)off ? 1 : d + (uint64_t)off;
 }
 
+/*
+ * wall_add() for a node's own deadline: a periodic's that would fall
+ * before the boot (below 1: CLOCK_MONOTONIC cannot hold it) goes whole
+ * periods ahead instead, to the first after the boot, so that its events
+ * keep deadline + k x period. Clamped to the boot, as a one-shot is, it
+ * fired at boot + k x period for good (an "on the hour" timer of a device
+ * that booted with its clock behind, stepped forward by NTP: off the hour
+ * ever after). The periods before the boot are skipped: no deadline of
+ * this clock can stand for them. Not for an event's deadline (a held one,
+ * CHAN_POS_AT): that is the event's own, and stays as wall_add() has it.
+ */
+static uint64_t wall_add_node(const struct chime_node *n, uint64_t d, int64_t off)
+{
+	__extension__ typedef __int128 i128;
+	i128 v = (i128)d + off;
+
+	if (v >= 1 || !n->period_ns)
+		return wall_add(d, off);
+	v += (1 - v + (i128)n->period_ns - 1) / (i128)n->period_ns * (i128)n->period_ns;
+	return (uint64_t)v;     /* in [1, period_ns] */
+}
+
 /* The offset wall-clock node n's deadline is based on. */
 static inline int64_t wall_base(const struct shard_core *sc, const struct chime_node *n)
 {
@@ -353,10 +375,16 @@ static inline uint64_t clock_deadline(const struct shard_core *sc, const struct 
 	return unlikely(n->gen & CHIME_NODE_REALTIME) ? wall_add(d, wall_base(sc, n)) : d;
 }
 
-/* A deadline in node n's clock (a record's, an event's) as the wheel's CLOCK_MONOTONIC. */
+/* A deadline in node n's clock (an event's) as the wheel's CLOCK_MONOTONIC. */
 static inline uint64_t wheel_deadline(const struct shard_core *sc, const struct chime_node *n, uint64_t d)
 {
 	return unlikely(n->gen & CHIME_NODE_REALTIME) ? wall_add(d, -wall_base(sc, n)) : d;
+}
+
+/* The same for a deadline the node takes (a record's): a periodic's keeps its phase (wall_add_node()). */
+static inline uint64_t node_deadline(const struct shard_core *sc, const struct chime_node *n, uint64_t d)
+{
+	return unlikely(n->gen & CHIME_NODE_REALTIME) ? wall_add_node(n, d, -wall_base(sc, n)) : d;
 }
 
 /* The deadline of node n's event at pos in the ring (the broker's own slot), as the wheel's. */
@@ -387,7 +415,7 @@ static void wall_file_cur(struct shard_core *sc)
 static void wall_move(struct shard_core *sc, uint32_t idx, int64_t from, int64_t to)
 {
 	struct chime_node *n = NODE(sc, idx);
-	uint64_t d = wall_add(n->deadline_ns, from - to);
+	uint64_t d = wall_add_node(n, n->deadline_ns, from - to);
 
 	if (d < sc->wh.w->now_ns && n->deadline_ns >= sc->wh.w->now_ns)
 		n->gen |= CHIME_NODE_IMMEDIATE;
@@ -1311,7 +1339,7 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 		chan_wall_note(sc, idx);
 		stats_armed_realtime(sc->st, 1);
 	}
-	deadline_ns = wheel_deadline(sc, n, r->deadline_ns);
+	deadline_ns = node_deadline(sc, n, r->deadline_ns);
 	mark_immediate(sc, n, deadline_ns);
 	keyidx_insert(&sc->ki, idx);
 	wheel_arm(&sc->wh, idx, deadline_ns);
@@ -1546,7 +1574,7 @@ static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 
 	/* A wall-clock timer: never flagged, so that its resets stay records (its word is the client's only). */
 	if (n->gen & CHIME_NODE_REALTIME) {
-		node_reset(sc, ch, idx, wheel_deadline(sc, n, deadline_ns));
+		node_reset(sc, ch, idx, node_deadline(sc, n, deadline_ns));
 		return;
 	}
 	if (!ch->touch_word || !touch_page_ok(sc, ch, idx)) {
@@ -1780,7 +1808,7 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 				break;
 			if (unlikely(NODE(sc, idx)->gen & CHIME_NODE_TOUCH))
 				touch_unflag(ch, NODE(sc, idx), idx);
-			node_reset(sc, ch, idx, wheel_deadline(sc, NODE(sc, idx), r.deadline_ns));
+			node_reset(sc, ch, idx, node_deadline(sc, NODE(sc, idx), r.deadline_ns));
 			break;
 		case CHIME_OP_RESET_TOUCH:
 			idx = lookup(sc, ch, r.id);

@@ -1815,6 +1815,48 @@ Test(chan, park_of_a_wall_clock_periodic_held_behind_its_event_loses_no_period)
 }
 
 /*
+ * A step forward past the boot of a wall-clock periodic: on the wheel it
+ * goes whole periods ahead, to its first deadline after the boot, and
+ * keeps its phase (realtime/a_periodic_stepped_before_the_boot_keeps_its_phase);
+ * but an event of it already fired and held (the ring full) is that
+ * event: it goes out with the deadline that fired (the boot, as the
+ * monotonic clock holds it), never with a later period's, which would be
+ * ahead of the wall clock.
+ */
+Test(chan, a_step_past_the_boot_moves_a_wall_clock_periodic_by_periods_but_not_its_held_event)
+{
+	struct client_sim *c = &F.cl[0];
+	int64_t off = wall_setup(10 * 1000 * MS), by = (int64_t)(T0 + 500 * MS);
+	uint64_t period = 100 * 1000 * MS, ids[CQ], w, held, armed;
+	struct chime_cqe e;
+
+	for (unsigned i = 0; i < CQ; i++)
+		ids[i] = arm(c, 0, T0 + MS, 0, i);
+	w = (uint64_t)off + T0 + 2 * MS;
+	held = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, w, period, 1);
+	armed = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, w + 400 * MS, period, 2);
+	step_at(T0 + 2 * MS);
+	cr_assert_eq(c->m.ro->backlog, 1, "the periodic's first event held: the ring is full");
+	/* the boot moves 500 ms past T0 + 2 ms: both deadlines fall before it */
+	chan_wall_follow(&F.sc, off + by);
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(armed))->deadline_ns,
+		     T0 + 402 * MS + period - (uint64_t)by, "on the wheel: a period ahead, its phase kept");
+	for (unsigned i = 0; i < CQ; i++) {
+		cr_assert_eq(take(c, &e), 1);
+		cr_assert(e.user_data < CQ && e.id == ids[e.user_data], "a one-shot's event");
+	}
+	step_at(T0 + 3 * MS);
+	cr_assert_eq(take(c, &e), 1, "the held event");
+	cr_assert_eq(e.id, held);
+	cr_assert_leq(e.deadline_ns, (uint64_t)(off + by) + 1,
+		      "the held event's deadline %+lld ms past the boot: a later period's",
+		      (long long)(e.deadline_ns - (uint64_t)(off + by)) / (long long)MS);
+	submit(c, CHIME_OP_CANCEL, held, 0, 0, 0, 0);
+	submit(c, CHIME_OP_CANCEL, armed, 0, 0, 0, 0);
+	step_at(T0 + 3 * MS);
+}
+
+/*
  * A broker killed in the middle of a walk leaves nodes based on either
  * offset, each saying which (CHIME_NODE_WALL_B): the next follow moves
  * each from its own, so that every wall deadline stays where it was.

@@ -415,7 +415,9 @@ static void wall_file_cur(struct shard_core *sc)
 static void wall_move(struct shard_core *sc, uint32_t idx, int64_t from, int64_t to)
 {
 	struct chime_node *n = NODE(sc, idx);
-	uint64_t d = wall_add_node(n, n->deadline_ns, from - to);
+	/* not yet fired (a popped one's fire checks the wall clock again): its phase kept; a held event is that event */
+	bool unfired = n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED || n->state == CHIME_NODE_ALLOC;
+	uint64_t d = unfired ? wall_add_node(n, n->deadline_ns, from - to) : wall_add(n->deadline_ns, from - to);
 
 	if (d < sc->wh.w->now_ns && n->deadline_ns >= sc->wh.w->now_ns)
 		n->gen |= CHIME_NODE_IMMEDIATE;

@@ -569,6 +569,33 @@ Test(chan, cancel_key_takes_fired_and_held_timers_of_the_key_too)
 	cr_assert_eq(c->ch.owned, SQ, "every node freed");
 }
 
+/* chime_arm(3): a period shorter than the resolution is taken as the resolution (1 ns was due again at every advance). */
+Test(chan, a_period_below_the_resolution_is_the_resolution)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t periods[] = { 1, RES - 1, RES, RES + 1 };
+	struct chime_cqe e;
+
+	for (unsigned i = 0; i < sizeof(periods) / sizeof(periods[0]); i++) {
+		uint64_t start = T0 + (i + 1) * 10 * MS, want = periods[i] < RES ? RES : periods[i];
+		uint64_t id = arm(c, 0, start, periods[i], i);
+
+		for (uint64_t k = 0; k < 4; k++) {
+			step_at(start + 3 * RES + 3);
+			cr_assert_eq(take(c, &e), 1, "period %llu: event %llu", (unsigned long long)periods[i],
+				     (unsigned long long)k);
+			cr_assert_eq(e.id, id);
+			cr_assert_eq(e.deadline_ns, start + k * want, "period %llu: event %llu at T0%+lld ns",
+				     (unsigned long long)periods[i], (unsigned long long)k,
+				     (long long)(e.deadline_ns - T0));
+		}
+		step_at(start + 3 * RES + 3);
+		cr_assert_eq(take(c, &e), 0, "period %llu: an event before its deadline", (unsigned long long)periods[i]);
+		submit(c, CHIME_OP_CANCEL, id, 0, 0, 0, 0);
+		step_at(start + 3 * RES + 3);
+	}
+}
+
 Test(chan, periodic_never_drifts_and_waits_for_consumption)
 {
 	struct client_sim *c = &F.cl[0];

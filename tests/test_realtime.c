@@ -308,6 +308,40 @@ Test(realtime, a_reset_of_a_wall_clock_timer_takes_a_wall_deadline_the_later_one
 	chime_close(c);
 }
 
+/*
+ * An anonymous connection's resets write its touch table, whose words
+ * hold deadlines up to 2^63 - 1 ns (the top bit is FIRED). For a
+ * wall-clock timer that is 2262-04-11: a reset to a wall deadline past it
+ * was cut to it in its record too, and fired then, early. The record
+ * carries the deadline as given; only the word is cut.
+ */
+Test(realtime, a_reset_past_2262_is_not_cut_to_2262)
+{
+	chime_t *c = t_open(sock);
+	uint64_t top = UINT64_C(1) << 63, want = top + 100 * SEC;
+	struct chime_event ev;
+	chime_id_t id;
+
+	/* the broker's offset, wall - monotonic, must stay below 2^63 at the second step */
+	if (chime_now() < 200 * SEC)
+		cr_skip_test("the machine booted %llu s ago: a wall clock past 2^63 ns would wrap the offset",
+			     (unsigned long long)(chime_now() / SEC));
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm_realtime(c, 1, wall() + 3600 * SEC, 0, 7, &id), 0);
+	cr_assert_eq(chime_reset(c, id, want), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	/* 2^63 + 50 s: past 2^63 - 1, 50 s before the deadline */
+	step((int64_t)(top + 50 * SEC - wall()), true);
+	followed(1000);
+	no_event(c, 300);
+	step((int64_t)(want + 1 * SEC - wall()), true);
+	followed(1000);
+	ev = next_event(c, 1000);
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.deadline_ns, want);
+	chime_close(c);
+}
+
 Test(realtime, chime_submit_arms_wall_clock_timers_beside_monotonic_ones)
 {
 	chime_t *c = t_open(sock);

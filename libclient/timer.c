@@ -300,22 +300,24 @@ static inline void touch_armed(struct chime *c, chime_id_t id, uint64_t pos, boo
 
 /*
  * A reset with a table. True: done by the word alone (the shard flagged
- * the timer, the word is not FIRED and *deadline_ns is no earlier than
- * it). False: the caller publishes a RESET_TOUCH for *deadline_ns, which
- * is now in the word too, unless the tag names another generation (the
- * id is stale: the shard ignores the record, and the word is another
- * timer's). Every CAS that fails re-reads the tag: the node may have
+ * the timer, the word is not FIRED and deadline_ns is no earlier than
+ * it). False: the caller publishes a RESET_TOUCH for deadline_ns, which
+ * is now in the word too (cut to CHIME_TOUCH_MAX_NS: its top bit is
+ * FIRED; the record is not, a wall-clock timer's deadline is the
+ * record's and 2^63 - 1 ns of CLOCK_REALTIME is 2262), unless the tag
+ * names another generation (the id is stale: the shard ignores the
+ * record, and the word is another timer's). Every CAS that fails re-reads the tag: the node may have
  * been reused meanwhile. Inline in both callers: out of line (GCC's
  * choice), a first reset cost 21 more instructions and a touch 17
  * (callgrind).
  */
-static inline __attribute__((always_inline)) bool touch_reset(struct chime *c, chime_id_t id, uint64_t *deadline_ns)
+static inline __attribute__((always_inline)) bool touch_reset(struct chime *c, chime_id_t id, uint64_t deadline_ns)
 {
 	uint32_t gen = chime_id_gen(id), *tagp;
-	uint64_t d = *deadline_ns, *word, e, bit, tbit;
+	uint64_t d = deadline_ns, *word, e, bit, tbit;
 
 	if (unlikely(d > CHIME_TOUCH_MAX_NS))
-		*deadline_ns = d = CHIME_TOUCH_MAX_NS;
+		d = CHIME_TOUCH_MAX_NS;
 	if (unlikely(!touch_entry(c, id, &e)))
 		return false;
 	word = &c->touch[e];
@@ -515,7 +517,7 @@ CHIME_PUBLIC int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns)
 	if (c->touch) {
 		if (unlikely(cl_gone_for_ops(c)))
 			return cl_dead_errno(c);
-		if (touch_reset(c, id, &deadline_ns))
+		if (touch_reset(c, id, deadline_ns))
 			return 0;
 		return submit(c, chime_id_shard(id), CHIME_OP_RESET_TOUCH, id, 0, deadline_ns, 0, 0, NULL);
 	}
@@ -692,9 +694,7 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 				}
 			} else if (o->op == CHIME_RESET && touch) {
 				/* its word written by chime_submit() */
-				(void)fill(sqe, s, CHIME_OP_RESET_TOUCH, &id, 0,
-					   o->deadline_ns > CHIME_TOUCH_MAX_NS ? CHIME_TOUCH_MAX_NS : o->deadline_ns, 0, 0,
-					   &tagged);
+				(void)fill(sqe, s, CHIME_OP_RESET_TOUCH, &id, 0, o->deadline_ns, 0, 0, &tagged);
 				voids = true;
 				o->result = 0;
 				t->ok++;
@@ -815,9 +815,7 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 
 		/* A reset with a table: by its word alone, or its word written now, its record below. */
 		if (ops[i].op == CHIME_RESET && c->touch && to != TO_NONE && live) {
-			uint64_t d = ops[i].deadline_ns;
-
-			if (touch_reset(c, ops[i].id, &d)) {
+			if (touch_reset(c, ops[i].id, ops[i].deadline_ns)) {
 				ops[i].result = 0;
 				t.ok++;
 				continue;

@@ -1622,7 +1622,8 @@ static const uint16_t *model_groups(void)
  * at now, at 0 and UINT64_MAX, at the edges of every level (64^k ticks
  * ahead, to the ns) and past 2^64 ns, against the model after every
  * advance: each timer due exactly once, never before its deadline, and
- * always at the first advance past it.
+ * always at the first advance past it; and wheel_earliest(), by which a
+ * shard sleeps, the least deadline armed.
  */
 static void run_model(uint64_t seed, uint64_t nops)
 {
@@ -1791,6 +1792,21 @@ static void run_model(uint64_t seed, uint64_t nops)
 			}
 			for (uint32_t k = 0; k < m && any_due; k++)
 				MCHECK(seed, !h[k].due || !popped_all, "due timer %u not popped", h[k].idx);
+			if (popped_all) {
+				/* the shard sleeps until wheel_earliest(): exact, staged slots and all */
+				uint64_t min = UINT64_MAX, e;
+				int inexact;
+
+				for (uint32_t k = 0; k < m; k++)
+					if (h[k].armed && h[k].deadline < min)
+						min = h[k].deadline;
+				/* due ones (periodics re-armed in the past, pending): any deadline <= now, exact else */
+				e = wheel_earliest(&t.wh, m, &inexact);
+				MCHECK(seed, !inexact && (min <= now ? e <= now : e == min),
+				       "op %llu: earliest %llu%s, the least armed deadline %llu, now %llu",
+				       (unsigned long long)op, (unsigned long long)e, inexact ? " (inexact)" : "",
+				       (unsigned long long)min, (unsigned long long)now);
+			}
 		}
 		if (op % 512 == 0)
 			wheel_check(&t.wh);

@@ -318,7 +318,7 @@ static struct chime_welcome welcome_of(const struct broker *b, const struct clie
 		.ro_size = c->ro.size,
 		.pub_size = b->pub_map.size,
 		/* chan.c: word_wait; the touch table if it asked */
-		.features = CHIME_WELCOME_F_CLAIMS | CHIME_WELCOME_F_REALTIME |
+		.features = CHIME_WELCOME_F_CLAIMS | CHIME_WELCOME_F_REALTIME | CHIME_WELCOME_F_CLOCK |
 			    (c->touch_fd >= 0 ? CHIME_WELCOME_F_TOUCH : 0) | (c->created ? CHIME_WELCOME_F_NEW_SESSION : 0),
 		.session_token = c->session[0] ? c->token : 0,
 	};

@@ -404,11 +404,14 @@ static int map_seg(int fd, uint32_t kind, bool writable, uint64_t size, struct c
  * is not the broker's (unshare --time, a container CRIU restored) reads
  * another clock, and its timers fired early or late by the difference
  * (20 s behind, a timer 300 ms ahead fired at once). Refused instead.
- * The broker's offset is in its sealed public segment (0 from a broker
- * before it: the host's, where brokers run).
+ * The broker's offset is in its sealed public segment; a broker before
+ * it (no CHIME_WELCOME_F_CLOCK) is not judged: it may be in this
+ * namespace itself.
  */
-static int check_clock(const struct chime_pub *pub)
+static int check_clock(const struct chime_welcome *w, const struct chime_pub *pub)
 {
+	if (!(w->features & CHIME_WELCOME_F_CLOCK))
+		return 0;
 	return pub->mono_off == chime_timens_monotonic() ? 0 : -EXDEV;
 }
 
@@ -435,7 +438,7 @@ static int check_geometry(const struct chime_welcome *w, const struct chime_map 
 	    rw->claim_off != g->rw_claim_off ||
 	    ro->chan_off != g->ro_chan_off || ro->cq_off != g->ro_cq_off)
 		return -EBADMSG;
-	return check_clock(pub);
+	return check_clock(w, pub);
 }
 
 static int dial_start(const char *path, const char *session, uint32_t flags, uint64_t sq_base, uint64_t limit,

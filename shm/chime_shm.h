@@ -498,7 +498,7 @@ struct chime_pub {
 	/*
 	 * The offset of CLOCK_MONOTONIC in the broker's time namespace from
 	 * the host's (chime_timens_monotonic(); set before the segment is
-	 * sealed, 0 from a broker before it): a client whose own differs
+	 * sealed; CHIME_WELCOME_F_CLOCK says so): a client whose own differs
 	 * reads another clock than the one its deadlines are fired by, and
 	 * is refused (-EXDEV, libclient/client.c check_clock()).
 	 */
@@ -1075,6 +1075,13 @@ _Static_assert(offsetof(struct chime_welcome, features) == 48, "moved: bump CHIM
  * refuses chime_arm_realtime() with -EOPNOTSUPP instead.
  */
 #define CHIME_WELCOME_F_REALTIME 8u
+
+/*
+ * chime_pub.mono_off is the broker's (its time namespace's monotonic
+ * offset). Without it (a broker before it: 0 there, whatever its own),
+ * the library does not compare its clock with the broker's.
+ */
+#define CHIME_WELCOME_F_CLOCK 16u
 
 #define CHIME_WELCOME_FIXED_FDS 3u
 

@@ -274,6 +274,84 @@ Test(realtime, a_periodic_stepped_before_the_boot_keeps_its_phase)
 	chime_close(c);
 }
 
+/*
+ * Steps back and forth in a row, some closer together than the broker
+ * follows them: no event is ever for a deadline past the latest wall
+ * clock the broker may have read (never early), and once the clock is
+ * past every deadline each one-shot has fired once and the periodic once
+ * per period, in order.
+ */
+Test(realtime, many_steps_in_a_row_fire_nothing_early_nor_twice)
+{
+	enum { N = 16 };
+	chime_t *c = t_open(sock);
+	uint64_t base = wall(), period = 150 * MS, rng = 42, seen[N] = { 0 };
+	int64_t top = 0;
+	chime_id_t ids[N], pid;
+	struct chime_event ev[64];
+	int np = 0;
+
+	cr_assert_not_null(c);
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(chime_arm_realtime(c, 1, base + (uint64_t)(i + 1) * 200 * MS, 0, (uint64_t)i, &ids[i]), 0);
+	cr_assert_eq(chime_arm_realtime(c, 2, base + 100 * MS, period, N, &pid), 0);
+	for (int k = 0; k < 40; k++) {
+		int64_t by = (int64_t)(splitmix64(&rng) % (3000 * MS)) - 1500 * (int64_t)MS;
+		int n;
+
+		if (shift + by < -(int64_t)(2 * SEC))
+			by = -by;       /* never before the arms: they were on time once */
+		step(by, true);
+		if (shift > top)
+			top = shift;
+		if (k % 4 == 3)
+			followed(1000);
+		else
+			usleep((useconds_t)(splitmix64(&rng) % 20000));
+		while ((n = chime_poll(c, ev, 64)) > 0) {
+			for (int j = 0; j < n; j++) {
+				cr_assert_leq(ev[j].deadline_ns, host_wall() + (uint64_t)top,
+					      "step %d: an event %lld ms before any wall clock the broker had", k,
+					      (long long)(ev[j].deadline_ns - host_wall() - (uint64_t)top) / (long long)MS);
+				if (ev[j].user_data == N) {
+					cr_assert_eq(ev[j].id, pid);
+					cr_assert_eq(ev[j].deadline_ns, base + 100 * MS + (uint64_t)np * period,
+						     "periodic event %d: T%+lld ms", np,
+						     (long long)(ev[j].deadline_ns - base) / (long long)MS);
+					np++;
+				} else {
+					cr_assert_lt(ev[j].user_data, N);
+					cr_assert_eq(ev[j].id, ids[ev[j].user_data]);
+					cr_assert_eq(seen[ev[j].user_data]++, 0, "one-shot %llu twice",
+						     (unsigned long long)ev[j].user_data);
+				}
+			}
+		}
+		cr_assert_geq(n, 0);
+	}
+	/* past every one-shot: each fired once */
+	step((int64_t)(base + (N + 2) * 200 * MS - wall()), true);
+	followed(1000);
+	for (uint64_t end = now_ns() + 2 * SEC; now_ns() < end;) {
+		int n = chime_wait(c, ev, 64, 200);
+
+		cr_assert_geq(n, 0);
+		for (int j = 0; j < n; j++) {
+			if (ev[j].user_data == N) {
+				cr_assert_eq(ev[j].deadline_ns, base + 100 * MS + (uint64_t)np * period, "periodic event %d", np);
+				np++;
+				continue;
+			}
+			cr_assert_eq(seen[ev[j].user_data]++, 0, "one-shot %llu twice", (unsigned long long)ev[j].user_data);
+		}
+	}
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(seen[i], 1, "one-shot %d fired %llu times", i, (unsigned long long)seen[i]);
+	cr_assert_geq(np, (N * 200 * MS) / period, "the periodic fired %d times", np);
+	cr_assert_eq(chime_cancel(c, pid), 0);
+	chime_close(c);
+}
+
 Test(realtime, a_reset_of_a_wall_clock_timer_takes_a_wall_deadline_the_later_ones_too)
 {
 	chime_t *c = t_open(sock);

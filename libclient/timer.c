@@ -306,10 +306,10 @@ static inline void touch_armed(struct chime *c, chime_id_t id, uint64_t pos, boo
  * FIRED; the record is not, a wall-clock timer's deadline is the
  * record's and 2^63 - 1 ns of CLOCK_REALTIME is 2262), unless the tag
  * names another generation (the id is stale: the shard ignores the
- * record, and the word is another timer's). Every CAS that fails re-reads the tag: the node may have
- * been reused meanwhile. Inline in both callers: out of line (GCC's
- * choice), a first reset cost 21 more instructions and a touch 17
- * (callgrind).
+ * record, and the word is another timer's). Every CAS that fails
+ * re-reads the tag: the node may have been reused meanwhile. Inline in
+ * both callers: out of line (GCC's choice), a first reset cost 21 more
+ * instructions and a touch 17 (callgrind).
  */
 static inline __attribute__((always_inline)) bool touch_reset(struct chime *c, chime_id_t id, uint64_t deadline_ns)
 {

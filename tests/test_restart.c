@@ -588,6 +588,73 @@ Test(restart, a_truncated_shard_file_is_refused_and_left_alone)
 }
 
 /*
+ * The sessions file cut short the same way (a stray truncate, a copy that
+ * ran out of room): a broker writes it whole (a header and a record per
+ * client slot, its room reserved), so a shorter one is damaged, and it is
+ * refused, named and left alone, as a truncated shard file is. Before,
+ * the records past its end read as empty slots: cut at its header, the
+ * next broker started with no session and discarded every timer without a
+ * word; cut between records, the sessions past the cut went the same way,
+ * their timers counted as anonymous clients'.
+ */
+static void truncated_sessions_file(off_t cut_records)
+{
+	char log[300], extra[400], path[PATH_MAX];
+	struct stat st;
+	size_t size;
+	char *whole;
+	int fd;
+
+	detached_session_on_two_shards("cut-a", 20, log, sizeof(log));
+	/* Slots are taken in order: "cut-b" is in slot 1, past a cut after one record. */
+	chime_close(open_armed("cut-b", 30, &(chime_id_t){ 0 }));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 50), 50);
+	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
+	tb.pid = 0;
+	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(fstat(fd, &st), 0);
+	size = (size_t)st.st_size;
+	whole = malloc(size);
+	cr_assert_not_null(whole);
+	cr_assert_eq(read(fd, whole, size), (ssize_t)size);
+	close(fd);
+	cr_assert_eq(truncate(path, 128 + cut_records * 128), 0);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0,
+		      "a broker took over a sessions file cut after %lld records (%llu timers left in the shard files)",
+		      (long long)cut_records, (unsigned long long)t_nodes(tb.sock, ARMED_STATES));
+	cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "cut short") && t_file_has(log, "--fresh"),
+		  "the refusal does not name the file, what is wrong with it, and the way out");
+	cr_assert_eq(stat(path, &st), 0, "the truncated file is gone");
+	cr_assert_eq(st.st_size, 128 + cut_records * 128, "the truncated file was changed");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 50, "a refused start touched the timers");
+	/* Put back whole, as the operator would: both sessions, every timer. */
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(write(fd, whole, size), (ssize_t)size);
+	close(fd);
+	free(whole);
+	restart(0, "-n 2");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 50);
+	chime_close(sopen_ok("cut-a"));
+	chime_close(sopen_ok("cut-b"));
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 50);
+}
+
+Test(restart, a_sessions_file_cut_at_its_header_is_refused_and_left_alone)
+{
+	truncated_sessions_file(0);
+}
+
+Test(restart, a_sessions_file_cut_between_its_records_is_refused_and_left_alone)
+{
+	truncated_sessions_file(1);
+}
+
+/*
  * The socket's directory may be one other users can write in (a shared
  * /tmp): a sessions or shard file another uid put there is no broker's.
  * Taken over, its owner would choose the sessions restored (any uid's

@@ -231,6 +231,17 @@ int restart_load(struct broker *b)
 			g.capacity, g.max_clients, (unsigned long long)(g.resolution_ns / 1000));
 		free(recs);
 		return -EMEDIUMTYPE;
+	case -ENODATA: {
+		struct stat st = { 0 };
+
+		(void)stat(b->sess_path, &st);
+		log_msg(LOG_ERR, "sessions file '%s' is cut short (%lld bytes; a broker writes %llu): not taking "
+			"it over, nor the shard files' timers, whose sessions it no longer names; put it back "
+			"whole, or start with --fresh to discard them", b->sess_path, (long long)st.st_size,
+			(unsigned long long)sessfile_size(b->o.max_clients));
+		free(recs);
+		return -ENODATA;
+	}
 	default:
 		if (n < 0) {
 			log_errno_hint(LOG_ERR, n, "--fresh discards it", "cannot take over sessions file '%s'",

@@ -39,6 +39,11 @@ uint64_t sessfile_hash(const void *p, size_t n)
 	return h;
 }
 
+uint64_t sessfile_size(uint32_t max_clients)
+{
+	return sizeof(struct sessfile_hdr) + (uint64_t)max_clients * sizeof(struct sessfile_rec);
+}
+
 void sessfile_boot_id(char out[40])
 {
 	int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
@@ -171,6 +176,15 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 	sessfile_boot_id(boot);
 	r = -ESTALE;
 	if (strncmp(boot, h.boot_id, sizeof(boot)) != 0)
+		goto out;
+	/*
+	 * A broker writes every record, its room reserved: a shorter file was
+	 * cut (a stray truncate, a copy that ran out of room). Its missing
+	 * records read as empty slots, and the sessions they held went with
+	 * their timers, without a word (cut at the header: all of them).
+	 */
+	r = -ENODATA;
+	if ((uint64_t)st.st_size < sessfile_size(g->max_clients))
 		goto out;
 	for (uint32_t slot = 0; slot < g->max_clients; slot++) {
 		struct sessfile_rec rec;

@@ -67,6 +67,8 @@ struct sessfile {
  *             clock's);
  *   -EPROTO   another version or layout;
  *   -EMEDIUMTYPE  the geometry differs (*found tells how);
+ *   -ENODATA  cut short: fewer bytes than the header and a record per
+ *             client slot (a broker writes them all);
  *   -EBADMSG  not a sessions file, or its header is damaged;
  *   -EINVAL   not a regular file (a FIFO, a device: never blocks on one);
  *   -EISDIR   a directory;
@@ -98,6 +100,9 @@ int sessfile_put(struct sessfile *sf, const struct sessfile_rec *r);
 int sessfile_clear(struct sessfile *sf, uint32_t slot);
 
 void sessfile_close(struct sessfile *sf);
+
+/* The size of a whole file of max_clients records (a header and a record per slot). */
+uint64_t sessfile_size(uint32_t max_clients);
 
 /* The checksum of a record or the header: FNV-1a of the bytes before its `check`. */
 uint64_t sessfile_hash(const void *p, size_t n);

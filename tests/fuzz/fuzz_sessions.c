@@ -13,7 +13,8 @@
  * RAW flag the input is the sessions file itself. Then
  * the real restart_load() takes it over into a small broker's client
  * table, and restart_save() writes it back. Checked:
- *   - restart_load() takes the file or refuses it whole; taken, every slot
+ *   - restart_load() takes the file or refuses it whole (one cut short,
+ *     its header intact, included); taken, every slot
  *     it filled (DETACHED) holds a record that is valid by the broker's own
  *     rules (checksum, used, slot, a well-formed name), with that record's
  *     name, user and generation, and a linger no longer than its own; every
@@ -274,7 +275,9 @@ static bool recorded_twice(const uint8_t *f, size_t len, uint32_t i)
 static void check_taken(const uint8_t *f, size_t len, uint64_t before, uint64_t after)
 {
 	const struct hdr *h = (const struct hdr *)f;
-	bool whole = len >= sizeof(*h) && h->magic == SESSFILE_MAGIC && h->check == sessfile_hash(h, offsetof(struct hdr, check)) &&
+	/* Whole: its header right, and a record per slot (a file cut short is refused). */
+	bool whole = len >= sizeof(*h) + MAXC * sizeof(struct sessfile_rec) && h->magic == SESSFILE_MAGIC &&
+		     h->check == sessfile_hash(h, offsetof(struct hdr, check)) &&
 		     h->version == SESSFILE_VERSION && h->rec_size == sizeof(struct sessfile_rec) &&
 		     !memcmp(&h->geom, &geom, sizeof(geom));
 	uint64_t n = 0;
@@ -357,7 +360,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	before = now_ns();
 	r = restart_load(&B);
 	after = now_ns();
-	CHECK(r == 0 || r == -EMEDIUMTYPE || r == -EBADMSG || r == -EPROTO, "restart_load: %d", r);
+	CHECK(r == 0 || r == -EMEDIUMTYPE || r == -EBADMSG || r == -EPROTO || r == -ENODATA, "restart_load: %d", r);
+	/* Cut short (shorter than a broker writes it): refused, never a session taken from what is left. */
+	CHECK(r != -ENODATA || len < sizeof(struct hdr) + MAXC * sizeof(struct sessfile_rec), "a whole file refused as cut short");
 	if (r == 0 && (B.o.fresh || access(path, F_OK) < 0))
 		CHECK(B.clients_now == 0, "no sessions file, or --fresh, and %llu sessions taken",
 		      (unsigned long long)B.clients_now);

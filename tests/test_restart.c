@@ -931,6 +931,53 @@ Test(restart, a_removed_socket_is_reported_once)
 }
 
 /*
+ * Two brokers on the same files at once. The lock file keeps a second one
+ * out, but a cleanup of the socket's directory can remove it, and the
+ * socket, while the broker runs and its sessions and shard files are
+ * still there. A second chimed on that socket then took the running one's
+ * files over: it adopted its sessions, rebuilt the wheels and key indexes
+ * of the slabs the first one still ran on, and rewrote the sessions file
+ * under it, both brokers firing the same timers from one slab. The
+ * sessions file, open in the broker from its start to its stop and no
+ * one else's (mode 0600), is the lock that stays: held, the second broker
+ * refuses to start and says why; the first one runs on, and its stop
+ * hands every timer to the next.
+ */
+Test(restart, a_second_broker_does_not_take_over_the_files_of_one_that_runs)
+{
+	struct t_chimed second;
+	char log[300], lock[PATH_MAX], extra[400];
+	chime_id_t id;
+	chime_t *c;
+	int r;
+
+	start("-n 2");
+	snprintf(log, sizeof(log), "%s/second.log", tb.dir);
+	chime_close(open_armed("first", 100, &id));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 100), 100);
+	snprintf(lock, sizeof(lock), "%s.lock", tb.sock);
+	cr_assert_eq(unlink(lock), 0);
+	cr_assert_eq(unlink(tb.sock), 0);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	r = t_chimed_start(&second, tb.sock, extra);
+	if (r == 0)
+		t_chimed_stop(&second, SIGKILL);
+	cr_assert_neq(r, 0, "a second broker started on the files of one that runs%s",
+		      t_file_has(log, "taking over 1 session") ? ", and took its session over" : "");
+	cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "in use by a running broker"),
+		  "the refusal does not say why");
+	cr_assert_eq(kill(tb.pid, 0), 0, "the first broker is gone");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 100, "the refused start touched the timers");
+	/* The first one's stop keeps the session for the next broker, every timer, ids and all. */
+	restart(SIGTERM, "-n 2");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 100);
+	c = sopen_ok("first");
+	cr_assert_eq(chime_cancel(c, id), 0, "the last timer's id does not name it");
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 99), 99);
+	chime_close(c);
+}
+
+/*
  * Another file put where a removed one was (a new broker's, another
  * program's): neither the heartbeat nor the stop writes over it, and both
  * say the timers are lost; the stop does not claim to keep them.

@@ -137,6 +137,33 @@ static void session_names(const struct sessfile_rec *recs, uint32_t n, char *buf
 	}
 }
 
+/*
+ * sessfile_load(), but a file held by a broker that runs (-EBUSY) is said.
+ * Held, another broker runs on these files: its lock file and socket were
+ * removed while it ran (a cleanup of the directory), so take_lock() and
+ * clear_stale_socket() let this one in, and taken over, two brokers ran
+ * on one slab. One just killed lets it go as it exits, as it does its
+ * lock file: it gets the time a dying broker's socket gets.
+ */
+#define HELD_WAIT_MS 2000
+static int load(const struct broker *b, const struct sessfile_geom *g, struct sessfile_rec *recs, uint32_t *bad,
+		struct sessfile_geom *found)
+{
+	int n;
+
+	for (int waited = 0;; waited += 10) {
+		n = sessfile_load(b->sess_path, g, recs, bad, found);
+		if (n != -EBUSY || waited >= HELD_WAIT_MS)
+			break;
+		usleep(10 * 1000);
+	}
+	if (n == -EBUSY)
+		log_msg(LOG_ERR, "sessions file '%s' is in use by a running broker (its lock file '%s' and socket "
+			"were removed while it runs?): not taking its files over; stop that broker first (its "
+			"stop keeps the sessions for the next one)", b->sess_path, b->lock_path);
+	return n;
+}
+
 /* A detached session as the sessions file describes it. */
 static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 {
@@ -180,8 +207,13 @@ int restart_load(struct broker *b)
 		return log_errno(LOG_ERR, ENOMEM, "sessions");
 	if (b->o.fresh) {
 		char names[256];
-		int had = sessfile_load(b->sess_path, &g, recs, &bad, &found);
+		int had = load(b, &g, recs, &bad, &found);
 		uint64_t timers;
+
+		if (had == -EBUSY) {
+			free(recs);
+			return -EBUSY;
+		}
 
 		/* Which sessions go with them: the operator may have meant another broker's socket. */
 		session_names(recs, b->o.max_clients, names, sizeof(names));
@@ -196,8 +228,11 @@ int restart_load(struct broker *b)
 				(unsigned long long)timers, timers == 1 ? "" : "s");
 		return 0;
 	}
-	n = sessfile_load(b->sess_path, &g, recs, &bad, &found);
+	n = load(b, &g, recs, &bad, &found);
 	switch (n) {
+	case -EBUSY:
+		free(recs);
+		return -EBUSY;
 	case -ENOENT: {
 		/* Shard files without it: their timers are no session's (it was removed, or never written). */
 		uint64_t timers = left_timers(b);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -157,6 +158,11 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 		r = -EPERM;     /* another uid put it there: its sessions are nobody's to restore */
 		goto out;
 	}
+	/* Held by the broker that writes it (sessfile_open()): that one still runs. */
+	if (flock(fd, LOCK_SH | LOCK_NB) < 0) {
+		r = errno == EWOULDBLOCK ? -EBUSY : -errno;
+		goto out;
+	}
 	r = read_at(fd, &h, sizeof(h), 0);
 	if (r < 0)
 		goto out;
@@ -283,6 +289,16 @@ static int open_as(struct sessfile *sf, const char *path, const struct sessfile_
 	}
 	if (!S_ISREG(st.st_mode)) {
 		r = -EINVAL;    /* a FIFO or device where the file should be */
+		goto fail;
+	}
+	/*
+	 * Held from now to the close: the lock that stays when the lock file
+	 * goes (a cleanup of the directory). A broker started meanwhile finds
+	 * it held (sessfile_load()) and does not take over files this one
+	 * still runs on.
+	 */
+	if (flock(sf->fd, LOCK_EX | LOCK_NB) < 0) {
+		r = errno == EWOULDBLOCK ? -EBUSY : -errno;
 		goto fail;
 	}
 	all = calloc(g->max_clients ? g->max_clients : 1, sizeof(*all));

@@ -73,6 +73,8 @@ struct sessfile {
  *   -EINVAL   not a regular file (a FIFO, a device: never blocks on one);
  *   -EISDIR   a directory;
  *   -EPERM    owned by another uid than ours or root's (chime_seg_ours());
+ *   -EBUSY    held (flock) by a broker that has it open (sessfile_open()):
+ *             one still runs on these files;
  *   -ENOMEM   no memory to look for names recorded twice;
  *   -errno    of open, fstat, read.
  * *bad counts records present but rejected. found may be NULL.
@@ -88,7 +90,10 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
  * used 0: no session), rewritten in place: a broker killed meanwhile
  * leaves each record the earlier one or the new one, never none. 0 or
  * -errno (-ENOSPC: a new file found no room; -EPERM: the file there is
- * another uid's, chime_seg_ours()); a file that was there is never removed.
+ * another uid's, chime_seg_ours(); -EBUSY: another broker holds it); a
+ * file that was there is never removed. Held (flock(LOCK_EX)) until
+ * sessfile_close(): the lock a broker keeps on its files when the lock
+ * file is removed.
  */
 int sessfile_open(struct sessfile *sf, const char *path, const struct sessfile_geom *g,
 		  const struct sessfile_rec *recs);

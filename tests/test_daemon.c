@@ -930,7 +930,10 @@ Test(daemon, a_user_refused_the_default_directory_is_told_to_give_socket, .timeo
  * A broker whose files were removed while it ran, and a second one started
  * on the same path since: the first one's stop leaves the second's files
  * alone. Before, it unlinked the socket, lock and control segment by name,
- * the second's, and no client could reach the second broker again.
+ * the second's, and no client could reach the second broker again. All
+ * of them removed, the sessions file too: while the first broker holds
+ * its sessions file, a second one does not start on its files
+ * (restart/a_second_broker_does_not_take_over_the_files_of_one_that_runs).
  */
 Test(daemon, a_stop_leaves_the_files_of_a_broker_started_on_its_path_since, .timeout = 30)
 {
@@ -946,6 +949,8 @@ Test(daemon, a_stop_leaves_the_files_of_a_broker_started_on_its_path_since, .tim
 	cr_assert_eq(unlink(path), 0);
 	snprintf(path, sizeof(path), "%s.shard0", first.sock);
 	cr_assert_eq(unlink(path), 0);
+	snprintf(path, sizeof(path), "%s.sessions", first.sock);
+	cr_assert_eq(unlink(path), 0);
 	cr_assert_eq(t_chimed_start(&second, first.sock, "--shards 1"), 0, "the second broker did not start");
 	cr_assert_eq(kill(first.pid, SIGTERM), 0);
 	cr_assert_eq(waitpid(first.pid, &st, 0), first.pid);
@@ -957,6 +962,8 @@ Test(daemon, a_stop_leaves_the_files_of_a_broker_started_on_its_path_since, .tim
 	cr_expect(exists(path), "the second broker's lock file went with the first broker's stop");
 	snprintf(path, sizeof(path), "%s.shard0", second.sock);
 	cr_expect(exists(path), "the second broker's shard file went with the first broker's stop");
+	snprintf(path, sizeof(path), "%s.sessions", second.sock);
+	cr_expect(exists(path), "the second broker's sessions file went with the first broker's stop");
 	cr_expect_eq(WEXITSTATUS(t_chimed_stop(&second, SIGTERM)), 0);
 	t_chimed_stop(&first, 0);
 }

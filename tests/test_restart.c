@@ -513,6 +513,64 @@ Test(restart, another_geometry_is_refused_and_the_files_kept_until_fresh)
 	chime_close(c);
 }
 
+/*
+ * A sessions file of another version of chimed (an upgrade or a downgrade
+ * across a change of the file's format, or of the layout of the shard
+ * files it goes with): refused and left alone, and said as such, with both
+ * ways out: the chimed that wrote it, which takes the sessions over, or
+ * --fresh, which discards them. Before, the log said "Protocol error" and
+ * that --fresh discards the file: every session's timers, where the
+ * version that wrote the file would have kept them.
+ */
+#define SESS_HDR_VERSION 8      /* sessfile.c's header: magic, then version (uint32) */
+#define SESS_HDR_LAYOUT  28     /* geometry at 16: shards, max clients, capacity, then layout */
+#define SESS_HDR_CHECK   120    /* FNV-1a of the bytes before it */
+
+static void sessions_file_of_another_version(unsigned at)
+{
+	char log[300], extra[400], path[PATH_MAX];
+	uint8_t h[128], was[128];
+	uint64_t check = UINT64_C(0xcbf29ce484222325);
+	int fd;
+
+	detached_session_on_two_shards("ver", 10, log, sizeof(log));
+	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
+	tb.pid = 0;
+	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pread(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+	memcpy(was, h, sizeof(h));
+	h[at]++;
+	for (unsigned i = 0; i < SESS_HDR_CHECK; i++)
+		check = (check ^ h[i]) * UINT64_C(0x100000001b3);
+	memcpy(h + SESS_HDR_CHECK, &check, sizeof(check));
+	cr_assert_eq(pwrite(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker took over a sessions file of another version");
+	cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "another version of chimed") &&
+		  t_file_has(log, "the chimed that wrote it") && t_file_has(log, "--fresh"),
+		  "the refusal does not say the file is another version's, and both ways out");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "a refused start touched the timers");
+	/* The version that wrote it (here: its header as it was) takes the session over. */
+	cr_assert_eq(pwrite(fd, was, sizeof(was), 0), (ssize_t)sizeof(was));
+	close(fd);
+	restart(0, "-n 2");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10);
+	chime_close(sopen_ok("ver"));
+}
+
+Test(restart, a_sessions_file_of_another_format_is_refused_and_said_so)
+{
+	sessions_file_of_another_version(SESS_HDR_VERSION);
+}
+
+Test(restart, a_sessions_file_of_another_layout_is_refused_and_said_so)
+{
+	sessions_file_of_another_version(SESS_HDR_LAYOUT);
+}
+
 /* --fresh with the same options says which sessions it discarded, not only how many timers. */
 Test(restart, fresh_names_the_sessions_it_discards)
 {

@@ -266,6 +266,20 @@ int restart_load(struct broker *b)
 			g.capacity, g.max_clients, (unsigned long long)(g.resolution_ns / 1000));
 		free(recs);
 		return -EMEDIUMTYPE;
+	case -EPROTO:
+		/* An upgrade or a downgrade: the version that wrote it keeps the sessions, --fresh loses them. */
+		if (found.layout != g.layout)
+			log_msg(LOG_ERR, "sessions file '%s' was written by another version of chimed (shard file "
+				"layout %u; this one's is %u): not taking it over; start the chimed that wrote it "
+				"to keep its sessions' timers, or this one with --fresh to discard them", b->sess_path,
+				found.layout, g.layout);
+		else
+			log_msg(LOG_ERR, "sessions file '%s' was written by another version of chimed (another "
+				"format than this one's %u): not taking it over; start the chimed that wrote it to "
+				"keep its sessions' timers, or this one with --fresh to discard them", b->sess_path,
+				SESSFILE_VERSION);
+		free(recs);
+		return -EPROTO;
 	case -ENODATA: {
 		struct stat st = { 0 };
 

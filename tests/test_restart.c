@@ -966,6 +966,47 @@ Test(restart, a_file_removed_while_the_broker_runs_is_reported_once_per_removal)
 }
 
 /*
+ * The socket's directory removed with everything in it (rm -r, a cleanup):
+ * a stop cannot write the files again where there is no directory, so the
+ * heartbeat says so, and what to do: make the directory again before the
+ * stop (for the socket, before a restart). It said "a stop writes it
+ * again" (and "chimectl restart ... makes it again"), and the stop that
+ * came then found no directory, and every session's timers were lost
+ * (said by the stop, too late). Made again, the stop writes the files
+ * there, and the next broker has every timer.
+ */
+Test(restart, a_directory_removed_while_the_broker_runs_is_said_to_need_making_again)
+{
+	char logdir[64], log[128], extra[300], said[PATH_MAX + 16];
+	chime_id_t id;
+
+	cr_assert_eq(t_mkdtemp(logdir, sizeof(logdir), "chime-t-log"), 0);
+	snprintf(log, sizeof(log), "%s/chimed.log", logdir);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	start(extra);
+	chime_close(open_armed("homeless", 20, &id));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 20), 20);
+	t_rmdir_files(tb.dir);
+	cr_assert_neq(access(tb.dir, F_OK), 0, "the directory is still there");
+	snprintf(said, sizeof(said), "'%s.sessions'", tb.sock);
+	cr_assert(log_says(log, said, "was removed with its directory"),
+		  "no error for the sessions file removed with its directory within 3 s%s",
+		  log_lines(log, said, "a stop writes it again") ? " (it says a stop writes it again)" : "");
+	cr_assert(log_says(log, ".shard1'", "was removed with its directory"), "no such error for shard1");
+	cr_assert_eq(log_lines(log, ".sessions'", "a stop writes it again"), 0, "it says a stop writes it again");
+	cr_assert(log_says(log, "socket '", "its directory is gone too"),
+		  "the removed socket is not said to need its directory made again (%u lines on the socket)",
+		  log_lines(log, "socket '", "was removed"));
+	cr_assert_eq(mkdir(tb.dir, 0700), 0);
+	stop_now(SIGTERM);
+	cr_assert_eq(log_lines(log, said, "written again"), 1, "the stop did not write the sessions file again");
+	restart(0, "-n 2");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 20, "timers lost across the stop");
+	chime_close(sopen_ok("homeless"));
+	t_rmdir_files(logdir);
+}
+
+/*
  * The socket file removed (a cleanup of its directory): the clients go on,
  * no new one can connect, and the log says so once (it said nothing; found
  * by an audit); put back, it is not said again.

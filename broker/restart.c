@@ -447,6 +447,19 @@ void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards)
 	sessfile_close(&b->sess);
 }
 
+/* Is the directory of path gone (removed with what was in it)? */
+static bool dir_gone(const char *path)
+{
+	char dir[PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	struct stat st;
+
+	if (!slash)
+		return false;   /* the working directory: still ours, whatever its name now */
+	snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+	return stat(dir, &st) < 0 && (errno == ENOENT || errno == ENOTDIR);
+}
+
 /*
  * A state file removed or replaced while the broker runs: what it holds is
  * safe in this broker's memory, and a stop writes it again (restart_keep(),
@@ -466,7 +479,16 @@ static void watch(int fd, const char *path, bool *gone)
 	if ((r != 0 && r != -EEXIST) || *gone)
 		return;
 	*gone = true;
-	if (r == 0)
+	/*
+	 * Without its directory a stop cannot write it again (keep_file()
+	 * fails, and says so, too late): the way out is to make the directory
+	 * again before the stop.
+	 */
+	if (r == 0 && dir_gone(path))
+		log_msg(LOG_ERR, "'%s' was removed with its directory while the broker runs: a crash now would "
+			"lose the named sessions' timers, and so would a stop until the directory is made again "
+			"(same owner and mode), where the stop writes it again", path);
+	else if (r == 0)
 		log_msg(LOG_ERR, "'%s' was removed while the broker runs: a crash now would lose the named "
 			"sessions' timers (a stop writes it again)", path);
 	else
@@ -497,9 +519,14 @@ static void watch_socket(struct broker *b)
 		return;
 	}
 	b->sock_gone = true;
-	log_msg(LOG_ERR, "socket '%s' was removed or replaced while the broker runs: its clients go on, "
-		"but no new one can connect (chimectl restart, or a stop and a start, makes it again)",
-		b->o.socket_path);
+	if (r < 0 && dir_gone(b->o.socket_path))
+		log_msg(LOG_ERR, "socket '%s' was removed while the broker runs, and its directory is gone too: "
+			"its clients go on, but no new one can connect, nor can a restart listen there until the "
+			"directory is made again (same owner and mode)", b->o.socket_path);
+	else
+		log_msg(LOG_ERR, "socket '%s' was removed or replaced while the broker runs: its clients go on, "
+			"but no new one can connect (chimectl restart, or a stop and a start, makes it again)",
+			b->o.socket_path);
 }
 
 void restart_watch(struct broker *b, uint64_t now)

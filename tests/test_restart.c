@@ -571,6 +571,40 @@ Test(restart, a_sessions_file_of_another_layout_is_refused_and_said_so)
 	sessions_file_of_another_version(SESS_HDR_LAYOUT);
 }
 
+/*
+ * The sessions file's header damaged (a bit flipped in it, its checksum
+ * wrong): nothing says which broker wrote the records, so it is refused,
+ * left alone, and said as such, as a damaged shard header is ("damaged
+ * header"). It said "Bad message".
+ */
+Test(restart, a_sessions_file_with_a_damaged_header_is_refused_and_said_so)
+{
+	char log[300], extra[400], path[PATH_MAX];
+	uint8_t b;
+	int fd;
+
+	detached_session_on_two_shards("flip", 10, log, sizeof(log));
+	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
+	tb.pid = 0;
+	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pread(fd, &b, 1, 100), 1);  /* a spare byte of the header: only its checksum says */
+	b ^= 0x10;
+	cr_assert_eq(pwrite(fd, &b, 1, 100), 1);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker took over a sessions file with a damaged header");
+	cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "damaged header") && t_file_has(log, "--fresh"),
+		  "the refusal does not say the header is damaged, and the way out");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "a refused start touched the timers");
+	b ^= 0x10;
+	cr_assert_eq(pwrite(fd, &b, 1, 100), 1);
+	close(fd);
+	restart(0, "-n 2");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10);
+}
+
 /* --fresh with the same options says which sessions it discarded, not only how many timers. */
 Test(restart, fresh_names_the_sessions_it_discards)
 {

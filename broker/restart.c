@@ -266,6 +266,12 @@ int restart_load(struct broker *b)
 			g.capacity, g.max_clients, (unsigned long long)(g.resolution_ns / 1000));
 		free(recs);
 		return -EMEDIUMTYPE;
+	case -EBADMSG:
+		log_msg(LOG_ERR, "sessions file '%s' is not one, or has a damaged header (its checksum does not "
+			"hold): not taking it over, nor the shard files' timers; put it back as it was, or start "
+			"with --fresh to discard them", b->sess_path);
+		free(recs);
+		return -EBADMSG;
 	case -EPROTO:
 		/* An upgrade or a downgrade: the version that wrote it keeps the sessions, --fresh loses them. */
 		if (found.layout != g.layout)

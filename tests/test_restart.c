@@ -605,6 +605,49 @@ Test(restart, a_sessions_file_with_a_damaged_header_is_refused_and_said_so)
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10);
 }
 
+/*
+ * Files of another boot (state kept on a disk filesystem across a reboot):
+ * CLOCK_MONOTONIC started again from 0, so every deadline in them is
+ * another clock's. The sessions file's boot id says so, and the next
+ * broker discards the files, says how many timers, and starts empty (the
+ * sessions' timers are not carried across a reboot, wall-clock ones
+ * included: chimed(8), RESTARTS).
+ */
+#define SESS_HDR_BOOT_ID 40     /* after the geometry: the boot id, 40 bytes */
+
+Test(restart, files_of_another_boot_are_discarded_and_said_so)
+{
+	char log[300], extra[400], path[PATH_MAX];
+	uint8_t h[128];
+	uint64_t check = UINT64_C(0xcbf29ce484222325);
+	struct chime_event ev[4];
+	chime_t *c;
+	int fd;
+
+	detached_session_on_two_shards("rebooted", 10, log, sizeof(log));
+	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
+	tb.pid = 0;
+	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pread(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+	h[SESS_HDR_BOOT_ID] = h[SESS_HDR_BOOT_ID] == 'f' ? 'e' : 'f';        /* another boot's id */
+	for (unsigned i = 0; i < SESS_HDR_CHECK; i++)
+		check = (check ^ h[i]) * UINT64_C(0x100000001b3);
+	memcpy(h + SESS_HDR_CHECK, &check, sizeof(check));
+	cr_assert_eq(pwrite(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+	close(fd);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	restart(0, extra);
+	cr_assert(t_file_has(log, "before the last reboot") && t_file_has(log, "discarding 10 timers"),
+		  "the discarded files and their timers are not said");
+	cr_assert_eq(t_nodes(tb.sock, T_NODES_USED), 0, "nodes of another boot's files kept");
+	c = sopen_ok("rebooted");
+	cr_assert_eq(collect(c, ev, 4, now_ns() + 100 * MS), 0, "an event of another boot's timers");
+	chime_close(c);
+}
+
 /* --fresh with the same options says which sessions it discarded, not only how many timers. */
 Test(restart, fresh_names_the_sessions_it_discards)
 {

@@ -145,7 +145,7 @@ static void session_names(const struct sessfile_rec *recs, uint32_t n, char *buf
  * on one slab. One just killed lets it go as it exits, as it does its
  * lock file: it gets the time a dying broker's socket gets.
  */
-#define HELD_WAIT_MS 2000
+#define IN_USE_WAIT_MS 2000
 static int load(const struct broker *b, const struct sessfile_geom *g, struct sessfile_rec *recs, uint32_t *bad,
 		struct sessfile_geom *found)
 {
@@ -153,7 +153,7 @@ static int load(const struct broker *b, const struct sessfile_geom *g, struct se
 
 	for (int waited = 0;; waited += 10) {
 		n = sessfile_load(b->sess_path, g, recs, bad, found);
-		if (n != -EBUSY || waited >= HELD_WAIT_MS)
+		if (n != -EBUSY || waited >= IN_USE_WAIT_MS)
 			break;
 		usleep(10 * 1000);
 	}

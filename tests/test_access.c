@@ -1707,13 +1707,11 @@ Test(access, a_user_asking_in_a_tight_loop_cannot_starve_another_users_queries)
 }
 
 /*
- * The same with the spinning user's queries coming from two of its
- * subordinate uids (/etc/subuid): they count as one user, as for the
- * per-user limits. As two users, each took the turn owed to the first
- * user refused other than the one answered last, in alternation, and
- * chimet2, asking every 60 ms, was never that first one.
+ * chimet1 asking in a loop as two uids (from_user: as itself and its
+ * subordinate uid 200001; else as 200001 and 200002), while chimet2 asks
+ * as chimectl does (patient).
  */
-Test(access, a_users_subordinate_uids_asking_in_a_loop_cannot_starve_another_users_queries)
+static void subuid_spinners_beside_chimet2(bool from_user, int (*patient)(void *), const char *what)
 {
 	char file[300], extra[400];
 	pid_t spin[2];
@@ -1724,15 +1722,27 @@ Test(access, a_users_subordinate_uids_asking_in_a_loop_cannot_starve_another_use
 	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
 	snprintf(extra, sizeof(extra), "--allow-all --subuid-file %s", file);
 	start(extra);
-	spin[0] = child_start(NULL, 200001, query_spin, NULL);
-	spin[1] = child_start(NULL, 200002, query_spin, NULL);
+	spin[0] = from_user ? as_user_start("chimet1", query_spin, NULL) : child_start(NULL, 200002, query_spin, NULL);
+	spin[1] = child_start(NULL, 200001, query_spin, NULL);
 	usleep(100000);         /* both are spinning */
-	cr_expect_eq(as_user("chimet2", query_patiently, NULL), 0,
-		     "chimet2 was refused for 1 s while two of chimet1's subordinate uids asked in a loop");
+	cr_expect_eq(as_user("chimet2", patient, NULL), 0, "chimet2 was refused for 1 s while %s asked in a loop",
+		     what);
 	for (int i = 0; i < 2; i++)
 		served += user_done(spin[i]) == 0;
-	cr_assert_gt(served, 0, "the subordinate uids' own queries were answered too");
+	cr_assert_gt(served, 0, "the spinners' own queries were answered too");
 	unlink(file);
+}
+
+/*
+ * The same with the spinning user's queries coming from two of its
+ * subordinate uids (/etc/subuid): they count as one user, as for the
+ * per-user limits. As two users, each took the turn owed to the first
+ * user refused other than the one answered last, in alternation, and
+ * chimet2, asking every 60 ms, was never that first one.
+ */
+Test(access, a_users_subordinate_uids_asking_in_a_loop_cannot_starve_another_users_queries)
+{
+	subuid_spinners_beside_chimet2(false, query_patiently, "two of chimet1's subordinate uids");
 }
 
 /*
@@ -1743,24 +1753,7 @@ Test(access, a_users_subordinate_uids_asking_in_a_loop_cannot_starve_another_use
  */
 Test(access, a_user_and_its_subordinate_uid_asking_in_a_loop_cannot_starve_another_users_queries)
 {
-	char file[300], extra[400];
-	pid_t spin[2];
-	int served = 0;
-
-	need_users();
-	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
-	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
-	snprintf(extra, sizeof(extra), "--allow-all --subuid-file %s", file);
-	start(extra);
-	spin[0] = as_user_start("chimet1", query_spin, NULL);
-	spin[1] = child_start(NULL, 200001, query_spin, NULL);
-	usleep(100000);         /* both are spinning */
-	cr_expect_eq(as_user("chimet2", query_patiently_thrice, NULL), 0,
-		     "chimet2 was refused for 1 s while chimet1 and its subordinate uid asked in a loop");
-	for (int i = 0; i < 2; i++)
-		served += user_done(spin[i]) == 0;
-	cr_assert_gt(served, 0, "the spinners' own queries were answered too");
-	unlink(file);
+	subuid_spinners_beside_chimet2(true, query_patiently_thrice, "chimet1 and its subordinate uid");
 }
 
 /*

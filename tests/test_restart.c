@@ -526,27 +526,44 @@ Test(restart, another_geometry_is_refused_and_the_files_kept_until_fresh)
 #define SESS_HDR_LAYOUT  28     /* geometry at 16: shards, max clients, capacity, then layout */
 #define SESS_HDR_CHECK   120    /* FNV-1a of the bytes before it */
 
-static void sessions_file_of_another_version(unsigned at)
+/* The broker killed (its files as a crash leaves them): its sessions file, open for writing. */
+static int killed_sessions_file(void)
 {
-	char log[300], extra[400], path[PATH_MAX];
-	uint8_t h[128], was[128];
-	uint64_t check = UINT64_C(0xcbf29ce484222325);
+	char path[PATH_MAX];
 	int fd;
 
-	detached_session_on_two_shards("ver", 10, log, sizeof(log));
 	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
 	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
 	tb.pid = 0;
 	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
 	fd = open(path, O_RDWR | O_CLOEXEC);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(pread(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
-	memcpy(was, h, sizeof(h));
-	h[at]++;
+	cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
+	return fd;
+}
+
+/* Header h (128 B) written to the sessions file fd with its checksum made right: only what was edited differs. */
+static void sessions_header_write(int fd, uint8_t *h)
+{
+	uint64_t check = UINT64_C(0xcbf29ce484222325);
+
 	for (unsigned i = 0; i < SESS_HDR_CHECK; i++)
 		check = (check ^ h[i]) * UINT64_C(0x100000001b3);
 	memcpy(h + SESS_HDR_CHECK, &check, sizeof(check));
-	cr_assert_eq(pwrite(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(pwrite(fd, h, 128, 0), 128);
+}
+
+static void sessions_file_of_another_version(unsigned at)
+{
+	char log[300], extra[400];
+	uint8_t h[128], was[128];
+	int fd;
+
+	detached_session_on_two_shards("ver", 10, log, sizeof(log));
+	fd = killed_sessions_file();
+	cr_assert_eq(pread(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+	memcpy(was, h, sizeof(h));
+	h[at]++;
+	sessions_header_write(fd, h);
 	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
 	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker took over a sessions file of another version");
 	cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "another version of chimed") &&
@@ -579,17 +596,12 @@ Test(restart, a_sessions_file_of_another_layout_is_refused_and_said_so)
  */
 Test(restart, a_sessions_file_with_a_damaged_header_is_refused_and_said_so)
 {
-	char log[300], extra[400], path[PATH_MAX];
+	char log[300], extra[400];
 	uint8_t b;
 	int fd;
 
 	detached_session_on_two_shards("flip", 10, log, sizeof(log));
-	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
-	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
-	tb.pid = 0;
-	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
-	fd = open(path, O_RDWR | O_CLOEXEC);
-	cr_assert_geq(fd, 0);
+	fd = killed_sessions_file();
 	cr_assert_eq(pread(fd, &b, 1, 100), 1);  /* a spare byte of the header: only its checksum says */
 	b ^= 0x10;
 	cr_assert_eq(pwrite(fd, &b, 1, 100), 1);
@@ -617,26 +629,17 @@ Test(restart, a_sessions_file_with_a_damaged_header_is_refused_and_said_so)
 
 Test(restart, files_of_another_boot_are_discarded_and_said_so)
 {
-	char log[300], extra[400], path[PATH_MAX];
+	char log[300], extra[400];
 	uint8_t h[128];
-	uint64_t check = UINT64_C(0xcbf29ce484222325);
 	struct chime_event ev[4];
 	chime_t *c;
 	int fd;
 
 	detached_session_on_two_shards("rebooted", 10, log, sizeof(log));
-	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
-	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
-	tb.pid = 0;
-	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
-	fd = open(path, O_RDWR | O_CLOEXEC);
-	cr_assert_geq(fd, 0);
+	fd = killed_sessions_file();
 	cr_assert_eq(pread(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
 	h[SESS_HDR_BOOT_ID] = h[SESS_HDR_BOOT_ID] == 'f' ? 'e' : 'f';        /* another boot's id */
-	for (unsigned i = 0; i < SESS_HDR_CHECK; i++)
-		check = (check ^ h[i]) * UINT64_C(0x100000001b3);
-	memcpy(h + SESS_HDR_CHECK, &check, sizeof(check));
-	cr_assert_eq(pwrite(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+	sessions_header_write(fd, h);
 	close(fd);
 	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
 	restart(0, extra);
@@ -744,12 +747,8 @@ static void truncated_sessions_file(off_t cut_records)
 	/* Slots are taken in order: "cut-b" is in slot 1, past a cut after one record. */
 	chime_close(open_armed("cut-b", 30, &(chime_id_t){ 0 }));
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 50), 50);
-	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
-	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
-	tb.pid = 0;
+	fd = killed_sessions_file();
 	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	cr_assert_geq(fd, 0);
 	cr_assert_eq(fstat(fd, &st), 0);
 	size = (size_t)st.st_size;
 	whole = malloc(size);

@@ -136,31 +136,25 @@ static void pend_clear(struct chime *c)
 	c->npend_keys = 0;
 }
 
-/* Wait until the shard has applied the record at pos; false if the broker died. */
-static bool wait_applied(struct chime *c, struct chime_chan *ch, uint64_t pos, unsigned spins)
+/*
+ * Wait until the shard has applied the record at pos; false if it has not
+ * in HOLD_SPINS (~100 us) or the broker died: the drain then holds its
+ * events. One look only when the last drain held at the same record (a
+ * stopped shard: every chime_wait() round, or a loop of chime_poll(), spun
+ * its ~100 us again, 10% of a CPU at 1 ms rounds).
+ */
+static bool wait_applied(struct chime *c, struct chime_chan *ch, uint64_t pos)
 {
+	unsigned spins = ch->held_at == pos + 1 ? 1 : HOLD_SPINS;
+
 	for (unsigned i = 1; at_load_acq(ch->sq_head) <= pos; i++) {
-		if (i >= spins)
+		if (i >= spins || (i % 1024 == 0 && cl_broker_gone(c, i % 65536 == 0))) {
+			ch->held_at = pos + 1;
 			return false;
-		if (i % 1024 == 0 && cl_broker_gone(c, i % 65536 == 0))
-			return false;
+		}
 		at_relax();
 	}
 	return true;
-}
-
-/*
- * wait_applied() for the drain, which holds its events while record pos is
- * unapplied: HOLD_SPINS the first time, one look when the last drain held
- * at the same record (a stopped shard: every chime_wait() round, or a loop
- * of chime_poll(), spun its ~100 us again, 10% of a CPU at 1 ms rounds).
- */
-static bool drain_wait_applied(struct chime *c, struct chime_chan *ch, uint64_t pos)
-{
-	if (wait_applied(c, ch, pos, ch->held_at == pos + 1 ? 1 : HOLD_SPINS))
-		return true;
-	ch->held_at = pos + 1;
-	return false;
 }
 
 /*
@@ -204,7 +198,7 @@ static uint64_t scan_pending(struct chime *c, struct chime_chan *ch)
 			 * broker went on (found by an API audit). A broker gone
 			 * never applies it: what it delivered is returned, as before.
 			 */
-			if (seq != pos && !drain_wait_applied(c, ch, pos) && !cl_broker_gone(c, false))
+			if (seq != pos && !wait_applied(c, ch, pos) && !cl_broker_gone(c, false))
 				return SCAN_UNSETTLED;
 			continue;
 		}
@@ -316,7 +310,7 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct 
 			 */
 			at_fence();
 			cl_ring_doorbell(ch);
-			if (!drain_wait_applied(c, ch, reset->reset_pos)) {
+			if (!wait_applied(c, ch, reset->reset_pos)) {
 				ch->held = 1;
 				break;
 			}

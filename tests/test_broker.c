@@ -2554,6 +2554,34 @@ AsanTest(broker, fd_readable_when_events_pending)
 	chime_close(c);
 }
 
+/*
+ * A dispatch that takes every event pending (it stops at that count, not
+ * at an empty round) leaves chime_fd() quiet: the wake-up that announced
+ * them is read with them. Left unread, it woke the application again for
+ * nothing, every other wake-up of the case above (47-50% of them).
+ */
+AsanTest(broker, fd_quiet_after_a_dispatch_took_everything_pending)
+{
+	chime_t *c = copen();
+	struct epoll_event ee = { .events = EPOLLIN };
+	int ep = epoll_create1(EPOLL_CLOEXEC), got = 0;
+	chime_id_t id;
+
+	cr_assert(c && ep >= 0);
+	cr_assert_eq(epoll_ctl(ep, EPOLL_CTL_ADD, chime_fd(c), &ee), 0);
+	cr_assert_eq(chime_dispatch(c, count_cb, &got, 0), 0);  /* arms the fd's wake-up */
+	for (int round = 0; round < 5; round++) {
+		cr_assert_eq(chime_arm(c, 0, chime_now() + 20 * MS, 0, 0, &id), 0);
+		cr_assert_eq(epoll_wait_nointr(ep, &ee, 2000), 1, "round %d: not readable with an event due", round);
+		cr_assert_eq(chime_dispatch(c, count_cb, &got, 0), 1, "round %d", round);
+		cr_assert_eq(epoll_wait_nointr(ep, &ee, 100), 0,
+			     "round %d: readable after the dispatch took the one event pending", round);
+	}
+	cr_assert_eq(got, 5);
+	close(ep);
+	chime_close(c);
+}
+
 /* ---- one drainer at a time, in any thread ---- */
 
 /*

@@ -325,8 +325,9 @@ int chime_flush(chime_t *c);
 /*
  * A file descriptor that is readable whenever events are pending, for an
  * application's own epoll, io_uring, libuv or libevent loop (watch it for
- * reading, level-triggered): when it is readable, call chime_poll() or
- * chime_dispatch() until they return 0. It is also readable within 1 s (at
+ * reading, level-triggered): when it is readable, call chime_poll() until
+ * it returns 0, or chime_dispatch() once (it asks for the next wake-up
+ * itself). It is also readable within 1 s (at
  * once, in practice) of the broker dying, SIGKILL included; chime_poll() and
  * chime_dispatch() then return -ENOTCONN, and the fd stays readable, so stop
  * watching it. It is an epoll fd owned by the library: do not read or close

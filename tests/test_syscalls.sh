@@ -42,8 +42,11 @@ trap 'exit 1' INT TERM HUP PIPE   # so that the EXIT trap stops the broker
 # system call it makes. With the default 50 us spin, each doorbell write lets
 # the shard fall asleep again and so forces the next write: a loop strace
 # itself creates (seen: 28k writes). The invariant is about a broker that is
-# awake, so keep it awake across strace's stops.
-"$chimed" --foreground --spin-us 2000 --socket "$sock" >"$dir/chimed.log" 2>&1 &
+# awake, so keep it awake across strace's stops. --sq-size 262144: a phase's
+# 200k records fit in a ring, so that a shard starved of CPU by other work on
+# the host is not waited for (a full ring's sched_yield() is the slow path,
+# not this one: 6,592 of them failed a CI run at load average 5.8).
+"$chimed" --foreground --spin-us 2000 --sq-size 262144 --socket "$sock" >"$dir/chimed.log" 2>&1 &
 pid=$!
 i=0
 while [ ! -S "$sock" ] || [ ! -e "$sock.ctl" ]; do

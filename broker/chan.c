@@ -713,7 +713,7 @@ static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
 /*
  * The tags the shard writes at the grant (slot_set()), in pages of the
  * client's table it has mapped only (touch_page_ok() says why): the
- * client allocates its own (libclient: touch_armed(), a 64 KiB window at
+ * client allocates its own (libclient: touch_ahead(), a 64 KiB window at
  * a time once it arms many), and the shard learns which are, when idle,
  * with one mincore of the 64 KiB of tags from a grant's on that it found
  * not mapped, and has the resident ones mapped (the check is wanted again

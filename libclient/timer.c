@@ -273,12 +273,28 @@ static __attribute__((noinline, cold)) void touch_populate(struct chime *c, cons
 }
 
 /*
- * An ARM's id, before it is returned (pos: its record's position in the
- * ring): its tag names this generation, so that a reset of an earlier
- * timer of that node (a stale id) writes its word no more (touch_reset()).
- * Not if the shard wrote it (tagged: CHIME_GRANT_F_TAGGED).
+ * An ARM's id, before it is returned: its tag names this generation, so
+ * that a reset of an earlier timer of that node (a stale id) writes its
+ * word no more (touch_reset()). Not if the shard wrote it (tagged:
+ * CHIME_GRANT_F_TAGGED).
  */
-static inline void touch_armed(struct chime *c, chime_id_t id, uint64_t pos, bool tagged)
+static inline void touch_tag_armed(struct chime *c, chime_id_t id, bool tagged)
+{
+	uint64_t e;
+
+	if (!tagged && touch_entry(c, id, &e))
+		at_store(&c->touch_tag[e], chime_id_gen(id));
+}
+
+/*
+ * After ARMs up to id (pos: its record's position in the ring): the tags'
+ * window half a window ahead of it (within its shard's tags) resident
+ * before the grants reach it. For speed only (the shard tags a grant in a
+ * resident page, else the arm does, touch_tag_armed()): a batch looks
+ * once, for the last ARM of each run (callgrind: 23 of 138 instructions
+ * an ARM in chime_submit(), when each looked).
+ */
+static inline void touch_ahead(struct chime *c, chime_id_t id, uint64_t pos)
 {
 	const uint32_t *ahead;
 	uint64_t e, bit;
@@ -286,7 +302,6 @@ static inline void touch_armed(struct chime *c, chime_id_t id, uint64_t pos, boo
 
 	if (!touch_entry(c, id, &e))
 		return;
-	/* half a window ahead (within this shard's tags): the next window is resident before the grants reach it */
 	idx = chime_id_index(id);
 	ahead = &c->touch_tag[e - idx + (c->touch_cap - idx > TOUCH_AHEAD ? idx + TOUCH_AHEAD : c->touch_cap - 1)];
 	if (__builtin_expect(!touch_window_done(c, ahead, &bit), 0) && pos >= TOUCH_POPULATE_FROM) {
@@ -294,8 +309,6 @@ static inline void touch_armed(struct chime *c, chime_id_t id, uint64_t pos, boo
 
 		touch_populate(c, ahead, bit, (uintptr_t)lo, (uintptr_t)(lo + c->touch_cap));
 	}
-	if (!tagged)
-		at_store(&c->touch_tag[e], chime_id_gen(id));
 }
 
 /*
@@ -413,8 +426,10 @@ static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_
 			return cl_dead_errno(c);
 	}
 	refused = fill(sqe, shard, op, &id, key, deadline_ns, period_ns, user_data, &tagged);
-	if (c->touch && is_arm(op) && !refused)
-		touch_armed(c, id, pos, tagged);
+	if (c->touch && is_arm(op) && !refused) {
+		touch_ahead(c, id, pos);
+		touch_tag_armed(c, id, tagged);
+	}
 	/* S1: the record, then seq (full barrier); pairs with the shard's acquire of seq. */
 	chime_sq_publish(sqe, pos);
 	cl_doorbell_by(ch, need_by(c, op, deadline_ns), pos, 1);
@@ -661,7 +676,7 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 	unsigned i = 0, first;
 
 	while (count) {
-		uint64_t pos, by = UINT64_MAX;
+		uint64_t pos, by = UINT64_MAX, last_arm = 0, last_arm_pos = 0;
 		uint32_t got = chime_sq_reserve_n(&ch->sq, count, &pos);
 
 		if (unlikely(!got)) {
@@ -686,8 +701,11 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 						 o->user_data, &tagged);
 				if (likely(!o->result)) {
 					o->id = id;
-					if (touch)
-						touch_armed(c, id, pos + k - 1, tagged);
+					if (touch) {
+						touch_tag_armed(c, id, tagged);
+						last_arm = id;
+						last_arm_pos = pos + k - 1;
+					}
 					t->ok++;
 				} else {
 					t->refused++;
@@ -707,6 +725,8 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 				}
 			}
 		}
+		if (last_arm)
+			touch_ahead(c, last_arm, last_arm_pos);
 		/* S1 for each record, S2 once after the last; pairs with C1 and the shard's sleep barrier. */
 		chime_sq_publish_n(&ch->sq, pos, got);
 		cl_doorbell_by(ch, by, pos, got);

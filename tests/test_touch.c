@@ -796,17 +796,19 @@ static chime_t *one_shard_client(struct t_chimed *b)
 /*
  * A client arming in bursts allocates its table's pages itself (the shard
  * allocates none: broker/chan.c, chan_touch_check()), a 64 KiB window at
- * a time, half a window ahead of its arms (libclient: touch_armed()), and
- * the shard writes the tags of the grants in those windows: its arms take
- * far fewer page faults than the table's pages they write (one each
- * without). So do the first resets, with their words.
+ * a time, half a window ahead of its arms (libclient: touch_ahead(); a
+ * chime_submit() looks once a run of records), and the shard writes the
+ * tags of the grants in those windows: its arms take far fewer page
+ * faults than the table's pages they write (one each without). So do the
+ * first resets, with their words.
  */
-Test(touch, arms_in_bursts_find_their_table_faulted_in_ahead)
+static void arms_in_bursts_fault_ahead(bool batched)
 {
-	enum { N = 65536, BURST = 1000 };
+	enum { N = 65536, BURST = 1024, BATCH = 64 };
 	struct t_chimed b1 = { 0 };
 	uint64_t far = now_ns() + 3600000 * MS;
 	static chime_id_t id[N];
+	static struct chime_op ops[BATCH];
 	long faults = 0;
 	chime_t *c;
 	int r = 0, pf;
@@ -815,16 +817,27 @@ Test(touch, arms_in_bursts_find_their_table_faulted_in_ahead)
 	pf = fault_counter();
 	/* its own pages faulted in now, not in the arms (after the fork: it write-protects them) */
 	memset(id, 0xff, sizeof(id));
+	memset(ops, 0, sizeof(ops));
 	for (unsigned i = 0; i < N; i += BURST) {
 		long f0;
 
 		usleep(3000);   /* the shard idle between bursts, as between a service's bursts */
 		f0 = minor_faults(pf);
 		/* no assertion in the burst: criterion's own bookkeeping of each takes page faults */
-		for (unsigned j = i; j < i + BURST && j < N && !r; j++)
-			r = chime_arm(c, 1, far, 0, j, &id[j]);
+		for (unsigned j = i; j < i + BURST && !r; j += batched ? BATCH : 1) {
+			if (!batched) {
+				r = chime_arm(c, 1, far, 0, j, &id[j]);
+				continue;
+			}
+			for (unsigned k = 0; k < BATCH; k++)
+				ops[k] = (struct chime_op){ .op = CHIME_ARM, .key = 1, .deadline_ns = far, .user_data = j + k };
+			r = chime_submit(c, ops, BATCH);
+			r = r == BATCH ? 0 : r < 0 ? r : ops[0].result ? ops[0].result : -EIO;
+			for (unsigned k = 0; k < BATCH; k++)
+				id[j + k] = ops[k].id;
+		}
 		faults += minor_faults(pf) - f0;
-		cr_assert_eq(r, 0, "chime_arm: %s", strerror(-r));
+		cr_assert_eq(r, 0, "%s: %s", batched ? "chime_submit" : "chime_arm", strerror(-r));
 	}
 	/*
 	 * the first 4096 arms' 4 pages, before the channel allocates windows
@@ -839,7 +852,7 @@ Test(touch, arms_in_bursts_find_their_table_faulted_in_ahead)
 
 		usleep(3000);
 		f0 = minor_faults(pf);
-		for (unsigned j = i; j < i + BURST && j < N && !r; j++)
+		for (unsigned j = i; j < i + BURST && !r; j++)
 			r = chime_reset(c, id[j], far + MS);
 		faults += minor_faults(pf) - f0;
 		cr_assert_eq(r, 0, "chime_reset: %s", strerror(-r));
@@ -849,6 +862,16 @@ Test(touch, arms_in_bursts_find_their_table_faulted_in_ahead)
 	close(pf);
 	chime_close(c);
 	t_chimed_stop(&b1, SIGTERM);
+}
+
+Test(touch, arms_in_bursts_find_their_table_faulted_in_ahead)
+{
+	arms_in_bursts_fault_ahead(false);
+}
+
+Test(touch, batched_arms_find_their_table_faulted_in_ahead)
+{
+	arms_in_bursts_fault_ahead(true);
 }
 
 /* Pages of [from, to) of c's table (its mapping) resident: mincore, which reports the memfd's page cache. */

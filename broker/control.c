@@ -1083,6 +1083,14 @@ static bool refuse_queued(struct broker *b, int why)
 	return b->spare_fd >= 0 && poll(&p, 1, 0) == 0;
 }
 
+/* "TERM" for SIGTERM: an operator greps for the name kill(1) and systemd use, not strsignal()'s text. */
+static const char *sig_name(int sig)
+{
+	const char *n = sigabbrev_np(sig);
+
+	return n ? n : "?";
+}
+
 /* ---- the wall clock (ARCHITECTURE.md, "Wall-clock timers") ---- */
 
 /*
@@ -1191,14 +1199,16 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 				return 1;
 			} else if (res == (int)sizeof(b->sig_buf) && b->restart && b->sig_buf.ssi_signo != SIGUSR2) {
 				/* A stop asked for while a restart parks (systemctl stop): a stop, not a restart. */
-				log_msg(LOG_NOTICE, "%s received while restarting: stopping instead",
-					strsignal((int)b->sig_buf.ssi_signo));
+				log_msg(LOG_NOTICE, "SIG%s received from pid %u while restarting: stopping instead",
+					sig_name((int)b->sig_buf.ssi_signo), (unsigned)b->sig_buf.ssi_pid);
 				b->restart = false;
 				notify_stopping();
 				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 				return 1;
 			} else if (res == (int)sizeof(b->sig_buf)) {
-				log_msg(LOG_INFO, "%s received, stopping", strsignal((int)b->sig_buf.ssi_signo));
+				/* Who stopped it is the first question (pid 0: the kernel, or a terminal's ^C). */
+				log_msg(LOG_NOTICE, "SIG%s received from pid %u: stopping",
+					sig_name((int)b->sig_buf.ssi_signo), (unsigned)b->sig_buf.ssi_pid);
 				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 				return 1;
 			}

@@ -105,6 +105,41 @@ Test(daemon, sigterm_and_sigint_exit_0_and_remove_files)
 	}
 }
 
+/*
+ * Who stopped the broker is the operator's first question: the log names
+ * the signal and the process that sent it, as the restart's line does
+ * (it said "Terminated received, stopping", with no sender, at info).
+ */
+Test(daemon, a_stop_names_its_signal_and_sender, .timeout = 30)
+{
+	int sigs[] = { SIGTERM, SIGINT };
+	const char *names[] = { "SIGTERM", "SIGINT" };
+
+	for (unsigned i = 0; i < 2; i++) {
+		char dir[] = "/tmp/chime-td-XXXXXX", opts[400], path[300], want[120];
+		const char *log;
+		struct t_chimed b;
+		FILE *f;
+		static char text[8192];
+		size_t n;
+
+		cr_assert(mkdtemp(dir));
+		snprintf(path, sizeof(path), "%s/err", dir);
+		snprintf(opts, sizeof(opts), "--shards 1 2>'%s'", path);
+		cr_assert_eq(t_chimed_start(&b, NULL, opts), 0);
+		t_chimed_stop(&b, sigs[i]);
+		f = fopen(path, "r");
+		cr_assert(f, "no log at %s", path);
+		n = fread(text, 1, sizeof(text) - 1, f);
+		text[n] = 0;
+		fclose(f);
+		log = text;
+		snprintf(want, sizeof(want), "chimed: %s received from pid %d: stopping\n", names[i], (int)getpid());
+		cr_expect(strstr(log, want), "the log does not say '%s':\n%s", want, log);
+		t_rmdir_files(dir);
+	}
+}
+
 Test(daemon, bad_log_level_is_a_usage_error)
 {
 	const char *chimed = getenv("CHIMED");

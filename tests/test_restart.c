@@ -4227,7 +4227,7 @@ Test(restart, sigterm_during_a_restart_stops_the_broker_instead_of_restarting_it
 	}
 	kill(tb.pid, SIGTERM);
 	/* the stop is at once now: the shard must be back within its 2 s to stop */
-	(void)log_says(log, "Terminated", "");
+	(void)log_says(log, "SIGTERM received", "");
 	cr_assert_eq(t_thread_release(tid), 0);
 	st = reap_within(10000);
 	cr_assert_neq(st, -1, "chimed still runs 10 s after SIGTERM (it executed itself again: %s)",
@@ -4409,7 +4409,7 @@ static void open_interrupted_by_a_stop(bool cut_short)
 		cr_assert_fail("the broker does not list the session being opened");
 	}
 	cr_assert_eq(kill(tb.pid, SIGTERM), 0);
-	(void)log_says(log, "Terminated", "");
+	(void)log_says(log, "SIGTERM received", "");
 	if (cut_short) {
 		kill(tb.pid, SIGTERM);  /* at once: "fresh" still attaching, "held" not parked */
 		usleep(100 * 1000);

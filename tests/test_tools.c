@@ -563,6 +563,87 @@ Test(tools_fake, client_filters_select_by_pid_uid_and_comm)
 	chime_seg_unmap(&f.map);
 }
 
+/* The rate printed after `client.1.arms VALUE` in text (-f), from its first line with that value; -1 if none. */
+static double arms_rate_at(const char *text, unsigned long value)
+{
+	for (const char *l = text; (l = strstr(l, "client.1.arms ")); l++) {
+		unsigned long v;
+		double r;
+
+		if (sscanf(l, "client.1.arms %lu %lf/s", &v, &r) == 2 && v == value)
+			return r;
+	}
+	return -1;
+}
+
+/*
+ * A client's rates are its own, not its slot's: a slot another client took
+ * between two frames was rated against the old one's counters (here the
+ * new one has fewer arms: 0.0/s; with more, the difference), and a client's
+ * first sample was averaged over the broker's uptime (a client that armed
+ * 3000 in its first second showed 21.9/s on a broker up 137 s). Now its
+ * first sample is the average since it connected.
+ */
+Test(tools_fake, a_clients_rates_are_its_own_not_its_slots, .timeout = 60)
+{
+	char frames[300], *text;
+	struct stats st[F_SHARDS];
+	struct fake f;
+	double r;
+	pid_t p;
+	int k, i;
+
+	fake_make(&f, getpid(), 0);
+	/* 15 arms in the second since it connected, the broker up 5 s: about 15/s, not 3/s */
+	cr_assert_eq(run("%s --socket '%s' -1 -f client.1.arms", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	r = arms_rate_at(slurp(out), 15);
+	cr_expect(r > 10 && r <= 15, "15 arms of a client connected 1 s ago: %.1f/s:\n%s", r, slurp(out));
+
+	snprintf(frames, sizeof(frames), "%s/frames", dir);
+	p = fork();
+	cr_assert_geq(p, 0);
+	if (p == 0) {
+		int fd = open(frames, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		if (fd < 0 || dup2(fd, 1) < 0)
+			_exit(99);
+		execl(bin("CHIMESTAT"), "chimestat", "--socket", sock, "-i", "0.2", "-f", "client.1.arms",
+		      (char *)NULL);
+		_exit(98);
+	}
+	for (i = 0; i < 500 && arms_rate_at(slurp(frames), 15) < 0; i++)
+		usleep(10 * 1000);
+	cr_assert_geq(arms_rate_at(slurp(frames), 15), 0, "no frame within 5 s: %s", slurp(frames));
+	/* Another client in slot 1 (a new generation), connected 0.5 s ago, 4 arms. */
+	f.cc[1].seq++;
+	f.cc[1].generation = 8;
+	f.cc[1].pid = 4343;
+	f.cc[1].connected_ns = now_ns() - 500000000u;
+	f.cc[1].seq++;
+	for (k = 0; k < F_SHARDS; k++) {
+		cr_assert_eq(stats_init(&st[k], f.ctl, (uint32_t)k), 0);
+		stats_client_attach(&st[k], 1, 8);
+	}
+	for (i = 0; i < 4; i++)
+		stats_arm(&st[0], 1);
+	for (k = 0; k < F_SHARDS; k++) {
+		stats_publish(&st[k]);
+		stats_fini(&st[k]);
+	}
+	for (i = 0; i < 500 && arms_rate_at(slurp(frames), 4) < 0; i++)
+		usleep(10 * 1000);
+	text = strdup(slurp(frames));
+	cr_assert_not_null(text);
+	kill(p, SIGTERM);
+	waitpid(p, NULL, 0);
+	r = arms_rate_at(text, 4);
+	cr_assert_geq(r, 0, "no frame shows the new client within 5 s:\n%s", text);
+	/* 4 arms in the 0.5 s (and a frame or two) since it connected */
+	cr_expect(r > 2 && r <= 8, "the new client's 4 arms: %.1f/s (the slot's old client had 15):\n%s", r, text);
+	free(text);
+	chime_seg_unmap(&f.map);
+}
+
 Test(tools_fake, prometheus_is_valid)
 {
 	struct fake f;

@@ -80,6 +80,14 @@ void fprom(struct field *f, const char *fam, const char *type, const char *help,
 void collect(struct flist *l, const struct sr_snap *sn);
 int selected(const struct opts *o, const char *name);
 const struct field *prev_of(const struct flist *prev, size_t idx, const char *name);
+/*
+ * A counter's rate per second: against p, its value in the previous sample ps
+ * (NULL: none), else an average since the broker started; a client's only
+ * against the same client's value (a slot reused in between is not) and,
+ * an anonymous one's, since it connected.
+ */
+double field_rate(const struct field *f, const struct field *p, const struct sr_snap *sn,
+		  const struct sr_snap *ps);
 /* (Re)build x over l, as it is now; findex_find(): the index in l of the field `name`, or -1. */
 void findex_build(struct findex *x, const struct flist *l);
 long findex_find(const struct findex *x, const char *name);

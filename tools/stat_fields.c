@@ -456,6 +456,45 @@ int selected(const struct opts *o, const char *name)
 	return 0;
 }
 
+/* The client in `slot` of a snapshot (its clients are in slot order), or NULL. */
+static const struct sr_client *snap_client(const struct sr_snap *sn, uint32_t slot)
+{
+	uint32_t lo = 0, hi = sn->nr_clients;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (sn->clients[mid].slot == slot)
+			return &sn->clients[mid];
+		if (sn->clients[mid].slot < slot)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+double field_rate(const struct field *f, const struct field *p, const struct sr_snap *sn,
+		  const struct sr_snap *ps)
+{
+	uint64_t since = sn->hdr.start_ns;
+	unsigned slot;
+
+	if (!strncmp(f->name, "client.", 7) && sscanf(f->name + 7, "%u.", &slot) == 1) {
+		const struct sr_client *c = snap_client(sn, slot), *o = ps ? snap_client(ps, slot) : NULL;
+
+		/* The slot's previous occupant's counters are no baseline for this one's. */
+		if (!c || !o || o->id.generation != c->id.generation)
+			p = NULL;
+		/* A session's counters run on across its attaches; connected_ns is the last one's. */
+		if (c && !c->id.session[0] && c->id.connected_ns > since)
+			since = c->id.connected_ns;
+	}
+	if (p && ps)
+		return sr_rate(p->u, f->u, sn->now_ns - ps->now_ns);
+	return sr_rate(0, f->u, sn->now_ns > since ? sn->now_ns - since : 0);
+}
+
 /* The previous value of a counter, by name; usually at the same index. */
 const struct field *prev_of(const struct flist *prev, size_t idx, const char *name)
 {

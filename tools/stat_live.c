@@ -199,14 +199,12 @@ static double num_of(const struct field *f)
 	}
 }
 
-/* A counter's rate: between the last two samples, else since the broker started. */
+/* A counter's rate: between the last two samples, else an average (field_rate()). */
 static double rate(const struct live *L, const struct field *f, long idx)
 {
 	const struct field *p = L->have_prev ? prev_of(&L->prev, (size_t)idx, f->name) : NULL;
 
-	if (p)
-		return sr_rate(p->u, f->u, L->sn.now_ns - L->ps.now_ns);
-	return sr_rate(0, f->u, L->sn.now_ns > L->sn.hdr.start_ns ? L->sn.now_ns - L->sn.hdr.start_ns : 0);
+	return field_rate(f, p, &L->sn, p ? &L->ps : NULL);
 }
 
 /* ---- formatting ---- */

@@ -9,15 +9,6 @@
 
 /* ---- text ---- */
 
-static double rate_of(const struct field *f, const struct field *p, const struct sr_snap *sn,
-		      const struct sr_snap *ps)
-{
-	if (p && ps)
-		return sr_rate(p->u, f->u, sn->now_ns - ps->now_ns);
-	/* No previous sample: the average since the broker started. */
-	return sr_rate(0, f->u, sn->now_ns > sn->hdr.start_ns ? sn->now_ns - sn->hdr.start_ns : 0);
-}
-
 void print_flat(FILE *out, const struct flist *l, const struct flist *prev,
 		       const struct sr_snap *sn, const struct sr_snap *ps, const struct opts *o)
 {
@@ -31,7 +22,7 @@ void print_flat(FILE *out, const struct flist *l, const struct flist *prev,
 		fprintf(out, "%-36s ", f->name);
 		switch (f->kind) {
 		case F_COUNTER:
-			fprintf(out, "%20" PRIu64 " %12.1f/s", f->u, rate_of(f, prev_of(prev, i, f->name), sn, ps));
+			fprintf(out, "%20" PRIu64 " %12.1f/s", f->u, field_rate(f, prev_of(prev, i, f->name), sn, ps));
 			break;
 		case F_HIST:
 			fprintf(out, "%20" PRIu64 " samples", sr_hist_count(f->hist));
@@ -62,13 +53,13 @@ static uint64_t fval(const struct findex *x, const char *fmt, ...)
 	return i < 0 ? 0 : x->l->v[i].u;
 }
 
-/* Rate of a counter field by name between two field lists (prev NULL: since start). */
+/* Rate of a counter field by name between two field lists (prev NULL: an average, field_rate()). */
 static double frate(const struct findex *x, const struct flist *prev, const struct sr_snap *sn,
 		    const struct sr_snap *ps, const char *name)
 {
 	long i = findex_find(x, name);
 
-	return i < 0 ? 0 : rate_of(&x->l->v[i], prev_of(prev, (size_t)i, name), sn, ps);
+	return i < 0 ? 0 : field_rate(&x->l->v[i], prev_of(prev, (size_t)i, name), sn, ps);
 }
 
 /* One lateness row from the fields <prefix>.count, .p50_ns .. .p99_9_ns, .max_ns. */

@@ -1594,6 +1594,36 @@ static uint64_t idle_beat_ns(void)
 	return half / 2 > HEARTBEAT_NS ? half / 2 : HEARTBEAT_NS;
 }
 
+/*
+ * The limits clients meet (EUSERS, EDQUOT), once at start: the control
+ * segment has none of them, and --max-timers-per-uid's default is worked
+ * out from two other options.
+ */
+static void limits_say(const struct broker_opts *o)
+{
+	char per_uid[32], client[48], uid[96];
+	uint64_t half = (uint64_t)o->capacity * o->nr_shards / 2;
+
+	if (o->max_clients_per_uid)
+		snprintf(per_uid, sizeof(per_uid), "%u per uid", o->max_clients_per_uid);
+	else
+		snprintf(per_uid, sizeof(per_uid), "any number per uid");
+	if (o->max_timers_per_client)
+		snprintf(client, sizeof(client), "%llu timers per client",
+			 (unsigned long long)o->max_timers_per_client);
+	else
+		snprintf(client, sizeof(client), "any number of timers per client");
+	if (!o->max_timers_per_uid)
+		snprintf(uid, sizeof(uid), "any number per uid");
+	else if (o->max_timers_per_uid == half)
+		snprintf(uid, sizeof(uid), "%llu per uid (half of %u shard%s x %u)", (unsigned long long)half,
+			 o->nr_shards, o->nr_shards == 1 ? "" : "s", o->capacity);
+	else
+		snprintf(uid, sizeof(uid), "%llu per uid", (unsigned long long)o->max_timers_per_uid);
+	log_msg(LOG_INFO, "limits: %u clients (%s); %s, %s; a detached session is kept %u s", o->max_clients,
+		per_uid, client, uid, o->session_linger_s);
+}
+
 int broker_run(struct broker *b)
 {
 	const uint64_t idle_beat = idle_beat_ns();
@@ -1609,6 +1639,7 @@ int broker_run(struct broker *b)
 	log_msg(LOG_INFO, "listening on '%s' (%u shard%s, resolution %llu us, %u timers per shard, %s)",
 		b->o.socket_path, b->o.nr_shards, b->o.nr_shards == 1 ? "" : "s",
 		(unsigned long long)(b->o.resolution_ns / 1000), b->o.capacity, spin);
+	limits_say(&b->o);
 	notify_ready("listening");
 	arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 	arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);

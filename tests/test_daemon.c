@@ -1075,6 +1075,30 @@ static const char *start_log(const char *extra)
 	return text;
 }
 
+/*
+ * The limits a client meets (EUSERS, EDQUOT) are in the log from the start,
+ * with --max-timers-per-uid's default worked out: an operator asked why a
+ * quota is full had them nowhere (the control segment has none of them, and
+ * the refusal lines name one only once it is hit).
+ */
+Test(daemon, the_start_logs_the_limits_clients_meet, .timeout = 30)
+{
+	const char *log = start_log("--shards 2 --capacity 4096 --max-clients 100 --max-clients-per-uid 7 "
+				    "--max-timers-per-client 500 --session-linger 60");
+	const char *want = "chimed: limits: 100 clients (7 per uid); 500 timers per client, 4096 per uid "
+			   "(half of 2 shards x 4096); a detached session is kept 60 s\n";
+
+	cr_expect(strstr(log, want), "the log does not say '%s':\n%s", want, log);
+	log = start_log("--shards 1 --max-clients-per-uid 0 --max-timers-per-client 0 --max-timers-per-uid 0");
+	want = "chimed: limits: 256 clients (any number per uid); any number of timers per client, any number "
+	       "per uid; a detached session is kept 3600 s\n";
+	cr_expect(strstr(log, want), "the log does not say '%s':\n%s", want, log);
+	log = start_log("--shards 1 --max-timers-per-uid 9000");
+	want = "chimed: limits: 256 clients (64 per uid); 1048576 timers per client, 9000 per uid; "
+	       "a detached session is kept 3600 s\n";
+	cr_expect(strstr(log, want), "the log does not say '%s':\n%s", want, log);
+}
+
 /* Busy-poll with a shard on every CPU leaves none for clients: chimed says so, and only then. */
 Test(daemon, busy_poll_on_every_cpu_is_warned_about, .timeout = 30)
 {

@@ -563,6 +563,27 @@ Test(tools_fake, client_filters_select_by_pid_uid_and_comm)
 	chime_seg_unmap(&f.map);
 }
 
+/*
+ * The sizes a Prometheus alert divides by are there: how full the shards
+ * are (chime_shard_armed of chime_broker_capacity), the client table, and
+ * the rings (chime_shard_sq_depth's HELP says "of broker.sq_size", which
+ * was in JSON and text only).
+ */
+Test(tools_fake, prometheus_has_the_sizes_to_divide_by)
+{
+	const char *want[] = { "\nchime_broker_capacity 1048576\n", "\nchime_broker_max_clients 48\n",
+			       "\nchime_broker_sq_size 1024\n", "\nchime_broker_cq_size 1024\n",
+			       "# TYPE chime_broker_capacity gauge\n" };
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	cr_assert_eq(run("%s --socket '%s' --prometheus", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		cr_expect(strstr(slurp(out), want[i]), "no '%s' in:\n%s", want[i], slurp(out));
+	check_prom_format(slurp(out));
+	chime_seg_unmap(&f.map);
+}
+
 /* The rate printed after `client.1.arms VALUE` in text (-f), from its first line with that value; -1 if none. */
 static double arms_rate_at(const char *text, unsigned long value)
 {

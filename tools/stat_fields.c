@@ -92,7 +92,7 @@ static const struct cdef shard_defs[] = {
 	{ "delivered", SS(delivered), F_COUNTER, "chime_shard_delivered_total", "Events written into completion rings.", 1 },
 	{ "malformed", SS(malformed), F_COUNTER, "chime_shard_malformed_total", "Submissions dropped as malformed.", 1 },
 	{ "backlog", SS(backlog), F_GAUGE, "chime_shard_backlog", "Events held for clients that do not drain.", 1 },
-	{ "sq_depth", SS(sq_depth), F_GAUGE, "chime_shard_sq_depth", "Records waiting in the shard's fullest submission ring (of broker.sq_size).", 1 },
+	{ "sq_depth", SS(sq_depth), F_GAUGE, "chime_shard_sq_depth", "Records waiting in the shard's fullest submission ring (of chime_broker_sq_size).", 1 },
 	{ "sq_depth_max", SS(sq_depth_max), F_GAUGE, "chime_shard_sq_depth_max", "High-water mark of sq_depth since start or the last reset-stats.", 1 },
 	{ "sq_waiting", SS(sq_waiting), F_GAUGE, "chime_shard_sq_waiting", "Records waiting in all the shard's submission rings.", 1 },
 	{ "loops", SS(loops), F_COUNTER, "chime_shard_loops_total", "Shard loop iterations.", 1 },
@@ -314,14 +314,20 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	fprom(f, "chime_broker_spin_share_ratio", "gauge",
 	      "Share of a shard's time it may spin with no work (chimed --spin-share; not applied with --spin-us -1).",
 	      NULL, 0.01);
+	/* The sizes an alert divides by (armed of capacity, clients of max_clients, depths of sizes). */
 	f = field_add(l, F_GAUGE, "broker.sq_size");
 	f->u = h->sq_size;
+	fprom(f, "chime_broker_sq_size", "gauge", "Slots of each submission ring (chimed --sq-size).", NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.cq_size");
 	f->u = h->cq_size;
+	fprom(f, "chime_broker_cq_size", "gauge", "Slots of each completion ring (chimed --cq-size).", NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.capacity");
 	f->u = h->shard_capacity;
+	fprom(f, "chime_broker_capacity", "gauge", "Timers each shard can hold (chimed --capacity).", NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.max_clients");
 	f->u = h->max_clients;
+	fprom(f, "chime_broker_max_clients", "gauge", "Clients the broker admits at once (chimed --max-clients).",
+	      NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.clients_now");
 	f->u = h->clients_now;
 	fprom(f, "chime_clients", "gauge", "Clients connected now.", NULL, 1);

@@ -425,20 +425,44 @@ static void refusals_log(struct broker *b, struct client *c, bool at_end)
 	own = (sum[1] - sum[2]) - (c->refused_logged[1] - c->refused_logged[2]);
 	user = sum[2] - c->refused_logged[2];
 	nomem = sum[0] - c->refused_logged[0];
-	if (sum[1] - sum[2] > c->refused_logged[1] - c->refused_logged[2])
+	/*
+	 * Each shard enforces its share of a quota, and libchime takes an arm
+	 * a shard refused to the next: with shards, a refusal is a shard's (the
+	 * arm may have been made on another), not the whole quota full.
+	 */
+	if (sum[1] - sum[2] > c->refused_logged[1] - c->refused_logged[2] && b->o.nr_shards == 1)
 		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused: it holds its "
 			"quota of %llu timers (--max-timers-per-client; armed, fired and not consumed, "
 			"and one set aside per submission slot)",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
 			(unsigned long long)own, own == 1 ? "" : "s",
 			(unsigned long long)b->o.max_timers_per_client);
-	if (sum[2] > c->refused_logged[2])
+	else if (sum[1] - sum[2] > c->refused_logged[1] - c->refused_logged[2])
+		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused by a shard: it holds "
+			"its share of its quota there (%llu of --max-timers-per-client %llu on each of %u "
+			"shards; armed, fired and not consumed, and one set aside per submission slot); "
+			"libchime tries the other shards, and the arm fails only if they all refuse",
+			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
+			(unsigned long long)own, own == 1 ? "" : "s",
+			(unsigned long long)b->shards[0].cfg.quota,
+			(unsigned long long)b->o.max_timers_per_client, b->o.nr_shards);
+	if (sum[2] > c->refused_logged[2] && b->o.nr_shards == 1)
 		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused: the clients of "
 			"uid %u together hold its quota of %llu timers (--max-timers-per-uid; armed, "
 			"fired and not consumed, and one set aside per submission slot of each)",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
 			(unsigned long long)user, user == 1 ? "" : "s", (unsigned)c->cred.uid,
 			(unsigned long long)b->o.max_timers_per_uid);
+	else if (sum[2] > c->refused_logged[2])
+		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused by a shard: the "
+			"clients of uid %u together hold its share of their quota there (%llu of "
+			"--max-timers-per-uid %llu on each of %u shards; armed, fired and not consumed, "
+			"and one set aside per submission slot of each); libchime tries the other shards, "
+			"and the arm fails only if they all refuse",
+			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
+			(unsigned long long)user, user == 1 ? "" : "s", (unsigned)c->cred.uid,
+			(unsigned long long)b->shards[0].cfg.user_quota,
+			(unsigned long long)b->o.max_timers_per_uid, b->o.nr_shards);
 	/* The shard's own warning says more. */
 	if (sum[0] > c->refused_logged[0] && fs_full)
 		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused: the filesystem of "

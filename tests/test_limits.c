@@ -578,6 +578,36 @@ Test(limits, refusals_of_a_client_that_left_at_once_are_logged)
 }
 
 /*
+ * Each shard enforces its share of a client's quota, and libchime takes an
+ * arm a shard refused to the next one: a client far below its quota that
+ * fills its home shard's share has every arm made, and the log said "1 arm
+ * refused: it holds its quota of 3000 timers" of it. The line says now that
+ * a shard refused, and names the share.
+ */
+Test(limits, a_shards_refusal_of_its_share_is_not_said_to_be_the_whole_quota)
+{
+	char dir[] = "/tmp/chime-tl-XXXXXX", log[64], extra[160];
+	unsigned armed;
+	int err = 0;
+	chime_t *c;
+
+	cr_assert(mkdtemp(dir));
+	snprintf(log, sizeof(log), "%s/log", dir);
+	snprintf(extra, sizeof(extra), "--shards 2 --max-timers-per-client 3000 2>'%s'", log);
+	cr_assert_eq(t_chimed_start(&tb, NULL, extra), 0);
+	c = copen();
+	armed = arm_until_refused(c, 2000, &err, NULL);
+	cr_assert_eq(armed, 2000, "an arm failed: %s", strerror(-err));
+	chime_close(c);
+	cr_assert(logged(log, " refused by a shard: it holds its share of its quota there (1500 of "
+			 "--max-timers-per-client 3000 on each of 2 shards"), "not in the log (%s) within 3 s", log);
+	cr_expect(!t_file_has(log, "it holds its quota of 3000 timers"), "the whole quota blamed (%s)", log);
+	t_chimed_stop(&tb, SIGTERM);
+	unlink(log);
+	rmdir(dir);
+}
+
+/*
  * A client at its own descriptor limit: chime_open() says so (-EMFILE),
  * whichever descriptor it could not have. Before, the welcome's descriptors
  * cut short by the kernel read as a malformed reply (-EBADMSG), and the

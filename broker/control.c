@@ -1115,6 +1115,15 @@ static const char *sig_name(int sig)
 	return n ? n : "?";
 }
 
+/* " from pid N" for a signal's sender; none from the kernel (a terminal's ^C, pid 0). */
+static const char *sig_sender(uint32_t pid, char buf[32])
+{
+	if (!pid)
+		return "";
+	snprintf(buf, 32, " from pid %u", (unsigned)pid);
+	return buf;
+}
+
 /* ---- the wall clock (ARCHITECTURE.md, "Wall-clock timers") ---- */
 
 /*
@@ -1209,6 +1218,8 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 			arm_hello(b, cn);
 			arm_accept(b);
 		} else if (ud == UD_SIGNAL) {
+			char from[32];
+
 			if (res == (int)sizeof(b->sig_buf) && b->sig_buf.ssi_signo == SIGHUP) {
 				/* Reload, never stop: reopen the log, re-read the policy, look at the wall clock. */
 				log_reopen();
@@ -1223,16 +1234,16 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 				return 1;
 			} else if (res == (int)sizeof(b->sig_buf) && b->restart && b->sig_buf.ssi_signo != SIGUSR2) {
 				/* A stop asked for while a restart parks (systemctl stop): a stop, not a restart. */
-				log_msg(LOG_NOTICE, "SIG%s received from pid %u while restarting: stopping instead",
-					sig_name((int)b->sig_buf.ssi_signo), (unsigned)b->sig_buf.ssi_pid);
+				log_msg(LOG_NOTICE, "SIG%s received%s while restarting: stopping instead",
+					sig_name((int)b->sig_buf.ssi_signo), sig_sender(b->sig_buf.ssi_pid, from));
 				b->restart = false;
 				notify_stopping();
 				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 				return 1;
 			} else if (res == (int)sizeof(b->sig_buf)) {
-				/* Who stopped it is the first question (pid 0: the kernel, or a terminal's ^C). */
-				log_msg(LOG_NOTICE, "SIG%s received from pid %u: stopping",
-					sig_name((int)b->sig_buf.ssi_signo), (unsigned)b->sig_buf.ssi_pid);
+				/* Who stopped it is the first question. */
+				log_msg(LOG_NOTICE, "SIG%s received%s: stopping",
+					sig_name((int)b->sig_buf.ssi_signo), sig_sender(b->sig_buf.ssi_pid, from));
 				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 				return 1;
 			}

@@ -1339,6 +1339,43 @@ Test(tools_live, sigkill_leaves_last_state_readable)
 	chime_close(a);
 }
 
+/*
+ * A broker killed and not yet reaped by its parent (a supervisor that
+ * waits late, or none) is a zombie: kill(pid, 0) still finds it, and
+ * chimestat and chimectl took it for running until its heartbeat was a
+ * second old.
+ */
+Test(tools_live, a_killed_broker_not_yet_reaped_is_not_running)
+{
+	char path[64], st = 0;
+
+	start_broker("--shards 1");
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	kill(broker, SIGKILL);
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)broker);
+	for (int i = 0; i < 200 && st != 'Z'; i++) {
+		FILE *f = fopen(path, "re");
+		char buf[512], *p;
+		size_t n;
+
+		cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[n] = '\0';
+		p = strrchr(buf, ')');
+		st = p && p[1] ? p[2] : 0;
+		if (st != 'Z')
+			usleep(5000);
+	}
+	cr_assert_eq(st, 'Z', "the killed broker is not a zombie yet (state %c)", st);
+	cr_assert_eq(run("%s --socket '%s' -1 -j", bin("CHIMESTAT"), sock), 3, "%s", slurp(err));
+	cr_assert_eq(jq(".broker.running"), 0);
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "not running"), "%s", slurp(err));
+	waitpid(broker, NULL, 0);
+	broker = 0;
+}
+
 /* Whether the last frame chimestat wrote to `frames` names broker pid and says it runs. */
 static bool last_frame_is(const char *frames, pid_t pid)
 {

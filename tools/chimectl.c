@@ -854,19 +854,9 @@ static int cmd_reset_stats(const char *sock)
 /* 1 if /proc/PID is gone or a zombie (exited, not yet reaped by its parent). */
 static int pid_gone(pid_t pid)
 {
-	char path[64], buf[512], *p;
-	FILE *f;
-	size_t n;
+	char st = sr_pid_state(pid);
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	f = fopen(path, "re");
-	if (!f)
-		return 1;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	p = strrchr(buf, ')');
-	return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+	return st == 0 || st == 'Z' || st == 'X';
 }
 
 /* The effective uid of process pid (/proc/PID/status), or -1. */

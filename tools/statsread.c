@@ -527,8 +527,28 @@ const char *sr_client_state(uint32_t state)
 	return state == CHIME_CLIENT_DYING ? "dying" : state == CHIME_CLIENT_DETACHED ? "detached" : "active";
 }
 
+char sr_pid_state(pid_t pid)
+{
+	char path[64], buf[512], *p;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	/* after the name, which may hold anything, ')' and spaces included */
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' && p[2] ? p[2] : 0;
+}
+
 enum sr_state sr_liveness(const struct sr_snap *snap, const char **why)
 {
+	char st;
+
 	uint64_t hb = snap->hdr.heartbeat_ns;
 	const char *dummy;
 
@@ -545,6 +565,12 @@ enum sr_state sr_liveness(const struct sr_snap *snap, const char **why)
 	 */
 	if (snap->hdr.pid <= 0 || (kill(snap->hdr.pid, 0) < 0 && errno == ESRCH)) {
 		*why = "chimed is not running (its process is gone)";
+		return SR_DEAD;
+	}
+	/* killed, not yet reaped: kill() still finds it, for as long as its parent waits */
+	st = sr_pid_state(snap->hdr.pid);
+	if (st == 'Z' || st == 'X') {
+		*why = "chimed is not running (its process has exited)";
 		return SR_DEAD;
 	}
 	if (snap->now_ns > hb && snap->now_ns - hb > SR_HEARTBEAT_STALE_NS) {

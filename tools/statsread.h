@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/types.h>
 
 #include "chime_shm.h"
 #include "clock.h"
@@ -161,6 +162,9 @@ void sr_snap_free(struct sr_snap *snap);
 
 /* Liveness from the snapshot: state, heartbeat age and whether the pid exists. why: a reason. */
 enum sr_state sr_liveness(const struct sr_snap *snap, const char **why);
+
+/* Process pid's state letter in /proc/PID/stat ('R', 'S', 'Z'...), or 0 if it cannot be read (gone, no /proc). */
+char sr_pid_state(pid_t pid);
 const char *sr_state_name(uint32_t state);
 /* A client table entry's state: "active", "dying" or "detached" (a named session with no process). */
 const char *sr_client_state(uint32_t state);

@@ -109,8 +109,12 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			continue;
 		}
 		if (!ch) {
+			/* its grants apart: a connection holds one a submission slot, not a timer */
+			if (n->state == CHIME_NODE_GRANTED)
+				rs->anonymous_grants++;
+			else
+				rs->anonymous++;
 			node_drop(wh, idx);
-			rs->anonymous++;
 			continue;
 		}
 		if (n->state == CHIME_NODE_GRANTED ||

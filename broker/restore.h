@@ -20,6 +20,7 @@
 struct restore_stats {
 	uint64_t kept;          /* timers of sessions kept: armed or held */
 	uint64_t anonymous;     /* timers of anonymous clients: freed */
+	uint64_t anonymous_grants;      /* their grants (a node set aside per submission slot): freed */
 	uint64_t grants;        /* a session's grants (or ARMs caught half-way): carried for its process */
 	uint64_t dropped;       /* damaged (bad state, generation or owner): freed */
 	uint64_t redelivered;   /* events the old broker delivered that may not have been taken: held again */

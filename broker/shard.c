@@ -407,14 +407,16 @@ static int restore(struct shard *s, uint64_t now)
 			  s->cfg.idx);
 	rs.dropped += ws.dropped;
 	stats_restore(&s->st, rs.kept, rs.dropped, rs.redelivered);
-	if (rs.kept || rs.anonymous || rs.grants || rs.dropped)
+	if (rs.kept || rs.anonymous || rs.anonymous_grants || rs.grants || rs.dropped)
 		log_msg(LOG_NOTICE, "shard %u: kept %llu timer%s of %llu session%s (%llu due while no broker ran, "
-			"%llu delivered events to redeliver, %llu grants kept for their processes); freed %llu of "
-			"anonymous clients, %llu damaged", s->cfg.idx, (unsigned long long)rs.kept,
-			rs.kept == 1 ? "" : "s", (unsigned long long)rs.sessions, rs.sessions == 1 ? "" : "s",
-			(unsigned long long)rs.due,
+			"%llu delivered events to redeliver, %llu grants kept for their processes); freed %llu "
+			"timer%s and %llu grant%s of anonymous clients, %llu damaged", s->cfg.idx,
+			(unsigned long long)rs.kept, rs.kept == 1 ? "" : "s", (unsigned long long)rs.sessions,
+			rs.sessions == 1 ? "" : "s", (unsigned long long)rs.due,
 			(unsigned long long)rs.redelivered, (unsigned long long)rs.grants,
-			(unsigned long long)rs.anonymous, (unsigned long long)rs.dropped);
+			(unsigned long long)rs.anonymous, rs.anonymous == 1 ? "" : "s",
+			(unsigned long long)rs.anonymous_grants, rs.anonymous_grants == 1 ? "" : "s",
+			(unsigned long long)rs.dropped);
 	return 0;
 }
 

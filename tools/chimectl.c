@@ -155,8 +155,8 @@ static void usage(FILE *f)
 		"     of A-Z, a-z, 0-9, '.', '_', '-' included: the broker is not asked)\n"
 		"  3  the broker is not running: nothing listens on the socket, no control\n"
 		"     segment, or the segment says it stopped, its heartbeat is stale or its\n"
-		"     process is gone, or it is unfinished and no broker holds the lock file\n"
-		"     (one died starting)\n"
+		"     process is gone (or exited, not yet reaped), or it is unfinished and no\n"
+		"     broker holds the lock file (one died starting)\n"
 		"  4  not permitted: reset-stats, shutdown or restart by a user other than root\n"
 		"     and the broker's user (one the socket's or the segment's permissions\n"
 		"     refuse included), or drop-session of another user's session\n");

@@ -36,6 +36,8 @@ struct chan_user {
 	uint32_t uid;
 	uint32_t chans;                 /* its channels in this shard; 0: the entry is free */
 	uint64_t owned;                 /* nodes they own here, any state */
+	uint64_t drain_pass;            /* the shard pass drain_left is for (shard.c) */
+	uint32_t drain_left;            /* records its channels may still apply in that pass */
 };
 
 /* What the channel logic needs of its shard. Owned by the shard thread. */

@@ -1904,9 +1904,9 @@ static void head_watch_publish(struct shard_core *sc, struct chan *ch)
 	}
 }
 
-bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
+bool chan_service_n(struct shard_core *sc, struct chan *ch, uint64_t now_ns, uint32_t *budget)
 {
-	uint32_t idx, delivered = 0;
+	uint32_t idx, delivered = 0, left = *budget;
 	bool did = false;
 
 	if (ch->cq.tail != ch->cq.head || ch->ackwait.head != CHIME_NIL) {
@@ -1914,6 +1914,11 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 		ch->room = room_refresh(sc, ch);
 		while ((idx = ch->ackwait.head) != CHIME_NIL &&
 		       chime_cq_consumed(&ch->cq, NODE(sc, idx)->cq_pos)) {
+			if (!left) {
+				did = true;     /* more to free: the next pass */
+				break;
+			}
+			left--;
 			/* from ACKWAIT: ALLOC, its deadline past, reads as fired */
 			node_release(sc, ch, nl_pop_front(sc, &ch->ackwait));
 			did = true;
@@ -1933,11 +1938,17 @@ bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 
 		if (n->period_ns && event_unconsumed(sc, ch, n))
 			break;  /* strict FIFO: it waits, and so does everything after it */
+		if (!left) {
+			did = true;     /* more to move: the next pass */
+			break;
+		}
+		left--;
 		backlog_del(sc, ch, idx);
 		n->state = CHIME_NODE_ALLOC;
 		deliver(sc, ch, idx, now_ns);
 		delivered++;
 	}
+	*budget = left;
 	if (delivered) {
 		stats_deliver_n(sc->st, ch->slot, delivered);
 		did = true;

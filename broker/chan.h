@@ -38,6 +38,7 @@ struct chan_user {
 	uint64_t owned;                 /* nodes they own here, any state */
 	uint64_t drain_pass;            /* the shard pass drain_left is for (shard.c) */
 	uint32_t drain_left;            /* records its channels may still apply in that pass */
+	uint32_t service_left;          /* events and nodes chan_service_n() may still move in it */
 };
 
 /* What the channel logic needs of its shard. Owned by the shard thread. */
@@ -397,9 +398,19 @@ unsigned chan_fire_due(struct shard_core *sc, uint64_t now_ns, unsigned budget);
  * Catch up with the client: free consumed ACKWAIT nodes, move the backlog
  * into free completion slots, replace no-grant markers once nodes are free
  * again, publish cq_tail, and wake the client if it asked for it. Returns
- * true if it did anything.
+ * true if it did anything. At most *budget nodes freed and events moved
+ * (taken from it): the rest waits for the next call, and the call says it
+ * did something, so the shard does not sleep on it.
  */
-bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns);
+bool chan_service_n(struct shard_core *sc, struct chan *ch, uint64_t now_ns, uint32_t *budget);
+
+/* chan_service_n() with no budget. */
+static inline bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
+{
+	uint32_t budget = UINT32_MAX;
+
+	return chan_service_n(sc, ch, now_ns, &budget);
+}
 
 #define TOUCH_POP_TAGS  1u
 #define TOUCH_POP_WORDS 2u

@@ -63,6 +63,15 @@
  */
 #define USER_DRAIN_BUDGET (4u * DRAIN_BUDGET)
 #define FIRE_BUDGET     4096u   /* expirations per iteration */
+/*
+ * Held events moved into completion rings and consumed ones freed, per user
+ * per iteration (chan_service_n()). With a completion ring's room each for
+ * every channel, a user's 64 connections with events held, consuming as
+ * fast as they could, held every timer of the shard up for a pass of 94-108
+ * ms (--cq-size 65536; hostile/held_events_handed_over_...). Twice
+ * FIRE_BUDGET: an event fired may need a move and a free.
+ */
+#define USER_SERVICE_BUDGET (2u * FIRE_BUDGET)
 #define RECLAIM_BUDGET  16384u  /* slab nodes swept per iteration, one dying client at a time */
 #define IDLE_PURE_SPIN_NS (5u * 1000u)    /* idle spin before the shard starts yielding its core */
 #define WAKE_EARLY_MAX_NS (200u * 1000u)  /* the longest a shard spins into a deadline */
@@ -912,16 +921,25 @@ static void publish(struct shard *s)
 
 /* ---- the loop ---- */
 
-/* Drain ch within what its user has left of USER_DRAIN_BUDGET this pass. */
-static unsigned drain_shared(struct shard *s, struct chan *ch)
+/* ch's user's budgets, as they are for this pass. */
+static struct chan_user *user_budgets(struct shard *s, struct chan *ch)
 {
 	struct chan_user *u = ch->user;
-	unsigned n;
 
 	if (u->drain_pass != s->passes) {
 		u->drain_pass = s->passes;
 		u->drain_left = USER_DRAIN_BUDGET;
+		u->service_left = USER_SERVICE_BUDGET;
 	}
+	return u;
+}
+
+/* Drain ch within what its user has left of USER_DRAIN_BUDGET this pass. */
+static unsigned drain_shared(struct shard *s, struct chan *ch)
+{
+	struct chan_user *u = user_budgets(s, ch);
+	unsigned n;
+
 	/* With 0 left it still takes a CANCEL_KEY's step, if its turn: walks are budgeted apart. */
 	n = chan_drain(&s->core, ch, u->drain_left < DRAIN_BUDGET ? u->drain_left : DRAIN_BUDGET);
 	u->drain_left -= n;
@@ -1113,8 +1131,12 @@ static void loop(struct shard *s)
 			if (s->spin_credit > SPIN_BURST_NS)
 				s->spin_credit = SPIN_BURST_NS;
 		}
-		for (uint32_t i = 0; i < s->nr_active; i++)
-			work |= chan_service(sc, s->active[i], now);
+		for (uint32_t k = 0, i = s->nr_active ? (uint32_t)(s->passes % s->nr_active) : 0; k < s->nr_active; k++) {
+			struct chan *ch = s->active[i];
+
+			i = i + 1 == s->nr_active ? 0 : i + 1;
+			work |= chan_service_n(sc, ch, now, &user_budgets(s, ch)->service_left);
+		}
 		if (sc->watch_started)
 			rest_end(s);
 		if (s->nr_dying)

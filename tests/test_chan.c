@@ -1392,6 +1392,50 @@ Test(chan, a_periodics_taken_event_is_forgotten_by_its_node_once_the_head_passes
 	cr_assert_eq(e.deadline_ns, T0 + 51 * MS);
 }
 
+/*
+ * The walk over the positions a consume passed is budgeted too
+ * (chan_service_n()): in steps, and no slot it has yet to read is written
+ * over meanwhile (the room stops there), so every taken periodic's node
+ * forgets its event's position in the end. Before, a refresh walked every
+ * position at once, whatever the budget.
+ */
+Test(chan, a_periodics_walk_in_steps_writes_over_no_slot_it_has_not_read)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t p[CQ];
+	uint32_t budget;
+
+	for (unsigned i = 0; i < CQ; i++)
+		p[i] = arm(c, 1, T0 + 1 * MS + i, 50 * MS, i);
+	step_at(T0 + 2 * MS);
+	cr_assert_eq(c->m.ro->cq_tail, CQ, "every periodic's event in the ring");
+	for (unsigned i = 0; i < CQ; i++) {
+		cr_assert_eq(take(c, &e), 1);
+		p[i] = e.id;    /* in ring order: timers due in one tick fire in no particular order */
+	}
+	for (unsigned i = 0; i < CQ; i++) {
+		budget = 1;
+		/* Once a refresh saw the head move (the first step), what is left to walk is work. */
+		cr_assert(i == 0 || chan_pending(&F.sc, &c->ch), "a walk left to do is not work (step %u)", i);
+		cr_assert(chan_service_n(&F.sc, &c->ch, T0 + 2 * MS, &budget), "step %u did nothing", i);
+		cr_assert_eq(budget, 0, "step %u took no budget", i);
+		cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(p[i]))->cq_pos, CHIME_POS_NONE, "step %u", i);
+		if (i + 1 < CQ)
+			cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(p[i + 1]))->cq_pos, i + 1,
+				     "step %u went past its budget", i);
+		cr_assert_leq(c->ch.room, i + 1, "room over slots the walk has yet to read (step %u)", i);
+	}
+	budget = 1;
+	(void)chan_service_n(&F.sc, &c->ch, T0 + 2 * MS, &budget);
+	cr_assert_eq(c->ch.room, CQ, "the whole ring free once the walk is done");
+	step_at(T0 + 52 * MS);
+	for (unsigned i = 0; i < CQ; i++) {
+		cr_assert_eq(take(c, &e), 1, "the next period of the %uth", i);
+		cr_assert_eq(e.deadline_ns - e.user_data, T0 + 51 * MS);
+	}
+}
+
 Test(chan, park_keeps_a_periodics_untaken_event)
 {
 	struct client_sim *c = &F.cl[0];

@@ -11,7 +11,9 @@
  *   3. advance the wheel to CLOCK_MONOTONIC now and deliver what is due,
  *      FIRE_BUDGET at most (the rest stays on the expired list);
  *   4. service every channel: free consumed ACKWAIT nodes, move backlogs,
- *      publish cq_tail, wake clients that asked for it;
+ *      forget taken periodic events (USER_SERVICE_BUDGET of those for all
+ *      of a user's channels, in the same turn as the drain), publish
+ *      cq_tail, wake clients that asked for it;
  *   5. a step of each client reclaim or session park in progress (RECLAIM_BUDGET nodes);
  *   6. publish the counters; then spin, or sleep.
  *

@@ -59,19 +59,20 @@
  * Records per user (its channels together) per iteration. Per channel
  * alone, a user with 64 connections (--max-clients-per-uid) flooding their
  * rings made each pass 64 budgets long, and another user's timers waited
- * for it: median 2.4-3.0 ms late against 1-3 us beside one connection
- * (hostile/one_users_many_connections_...; 39-42 us with this budget). A user's clients share it, and
- * the start moves one channel each pass, so none of them is always last.
+ * for it: median 2.4-3.0 ms late against 1-3 us beside one connection, and
+ * 39-42 us with this budget (hostile/one_users_many_connections_...). The
+ * start moves one channel each pass, so none of a user's is always last.
  */
 #define USER_DRAIN_BUDGET (4u * DRAIN_BUDGET)
 #define FIRE_BUDGET     4096u   /* expirations per iteration */
 /*
- * Held events moved into completion rings and consumed ones freed, per user
- * per iteration (chan_service_n()). With a completion ring's room each for
- * every channel, a user's 64 connections with events held, consuming as
- * fast as they could, held every timer of the shard up for a pass of 94-108
- * ms (--cq-size 65536; hostile/held_events_handed_over_...). Twice
- * FIRE_BUDGET: an event fired may need a move and a free.
+ * Held events moved into completion rings, consumed ones freed and consumed
+ * positions walked for periodics, per user per iteration (chan_service_n()).
+ * With a completion ring's room each for every channel, a user's 64
+ * connections with events held, consuming as fast as they could, held every
+ * timer of the shard up for a pass of 94-108 ms (--cq-size 65536;
+ * hostile/held_events_handed_over_...). Twice FIRE_BUDGET: an event fired
+ * may need a move and a free.
  */
 #define USER_SERVICE_BUDGET (2u * FIRE_BUDGET)
 #define RECLAIM_BUDGET  16384u  /* slab nodes swept per iteration, one dying client at a time */

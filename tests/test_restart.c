@@ -15,6 +15,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -654,6 +655,122 @@ Test(restart, files_of_another_boot_are_discarded_and_said_so)
 	c = sopen_ok("rebooted");
 	cr_assert_eq(collect(c, ev, 4, now_ns() + 100 * MS), 0, "an event of another boot's timers");
 	chime_close(c);
+}
+
+/*
+ * A broker restarted in the same boot into another time namespace (the
+ * old one ran in a container whose CLOCK_MONOTONIC was offset, the new
+ * one without): the deadlines in the files are the old namespace's clock.
+ * Taken over as they were, a timer an hour ahead by its process's clock
+ * came up 100 s later or sooner, a timer due in a second fired 100 s late.
+ * The new broker refuses the files, says why and the ways out, and leaves
+ * them alone; one in the old broker's namespace (same offset) takes them over.
+ */
+#ifndef CLONE_NEWTIME
+#define CLONE_NEWTIME 0x00000080
+#endif
+#define TIMENS_OFF_S 100
+
+/* chimed run under `unshare --time --monotonic=TIMENS_OFF_S`: a script at path for $CHIMED. */
+static void timens_chimed(char *path, size_t len)
+{
+	const char *real = getenv("CHIMED");
+	FILE *f;
+	int fd;
+
+	cr_assert_not_null(real);
+	if (geteuid() != 0 || system("unshare --time true 2>/dev/null") != 0)
+		cr_skip("needs root and time namespaces (unshare --time, Linux 5.6)");
+	snprintf(path, len, "/tmp/chimed-timens-XXXXXX");
+	fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	f = fdopen(fd, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "#!/bin/sh\nexec unshare --time --monotonic=%d '%s' \"$@\"\n", TIMENS_OFF_S, real);
+	fclose(f);
+	cr_assert_eq(chmod(path, 0755), 0);
+}
+
+/*
+ * A process in a time namespace off the host's by TIMENS_OFF_S (the old
+ * broker's) opens session `name` and arms n timers an hour ahead by its
+ * clock. 0, or 1 (what failed on stderr).
+ */
+static int timens_session(const char *name, unsigned n)
+{
+	pid_t p = fork(), q;
+	int st;
+
+	cr_assert_geq(p, 0);
+	if (p == 0) {
+		char line[64];
+		int fd, k;
+
+		/* the offsets can be set only before a process enters the namespace: the child below */
+		if (unshare(CLONE_NEWTIME) < 0)
+			_exit(1);
+		k = snprintf(line, sizeof(line), "monotonic %d 0\n", TIMENS_OFF_S);
+		fd = open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, line, (size_t)k) != k)
+			_exit(1);
+		close(fd);
+		q = fork();
+		if (q == 0) {
+			struct chime_opts o = { .socket_path = tb.sock, .session = name };
+			chime_t *c = NULL;
+			chime_id_t id;
+			int r = chime_open(&c, &o);
+
+			if (r < 0) {
+				fprintf(stderr, "chime_open in the broker's time namespace: %s\n", strerror(-r));
+				_exit(1);
+			}
+			for (unsigned i = 0; i < n; i++)
+				if (chime_arm(c, 0, chime_now() + HOUR, 0, i, &id) < 0)
+					_exit(1);
+			chime_close(c);
+			_exit(0);
+		}
+		if (q < 0 || waitpid(q, &st, 0) != q)
+			_exit(1);
+		_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+	}
+	cr_assert_eq(waitpid(p, &st, 0), p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+Test(restart, files_of_another_time_namespace_are_refused_and_said_so)
+{
+	char wrapper[64], log[300], extra[400];
+	const char *real = getenv("CHIMED");
+	char keep[PATH_MAX];
+
+	cr_assert_not_null(real);
+	snprintf(keep, sizeof(keep), "%s", real);
+	timens_chimed(wrapper, sizeof(wrapper));
+	setenv("CHIMED", wrapper, 1);
+	start("-n 2");
+	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
+	cr_assert_eq(timens_session("timens", 10), 0, "a session in the broker's time namespace");
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10);
+	/* Killed; the next one on the host's clock. */
+	setenv("CHIMED", keep, 1);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	if (t_chimed_restart(&tb, SIGKILL, extra) == 0) {
+		unlink(wrapper);
+		cr_assert_fail("a broker on the host's clock took over the files of one in a time namespace "
+			       "%d s off it (its timers' deadlines are that clock's)", TIMENS_OFF_S);
+	}
+	cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "time namespace") &&
+		  t_file_has(log, "--monotonic=100") && t_file_has(log, "--fresh"),
+		  "the refusal does not say the files are of another time namespace, and the ways out");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "a refused start touched the timers");
+	/* The way out: a broker in a namespace of the old one's offset takes them over. */
+	setenv("CHIMED", wrapper, 1);
+	restart(0, "-n 2");
+	setenv("CHIMED", keep, 1);
+	unlink(wrapper);
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10);
 }
 
 /* --fresh with the same options says which sessions it discarded, not only how many timers. */

@@ -147,12 +147,12 @@ static void session_names(const struct sessfile_rec *recs, uint32_t n, char *buf
  */
 #define IN_USE_WAIT_MS 2000
 static int load(const struct broker *b, const struct sessfile_geom *g, struct sessfile_rec *recs, uint32_t *bad,
-		struct sessfile_geom *found)
+		struct sessfile_geom *found, int64_t *mono_off)
 {
 	int n;
 
 	for (int waited = 0;; waited += 10) {
-		n = sessfile_load(b->sess_path, g, recs, bad, found);
+		n = sessfile_load(b->sess_path, g, recs, bad, found, mono_off);
 		if (n != -EBUSY || waited >= IN_USE_WAIT_MS)
 			break;
 		usleep(10 * 1000);
@@ -162,6 +162,19 @@ static int load(const struct broker *b, const struct sessfile_geom *g, struct se
 			"were removed while it runs?): not taking its files over; stop that broker first (its "
 			"stop keeps the sessions for the next one)", b->sess_path, b->lock_path);
 	return n;
+}
+
+/* A monotonic offset (ns) in seconds as unshare --monotonic takes it: "100", "-2.5". */
+static void mono_secs(int64_t ns, char *buf, size_t len)
+{
+	uint64_t a = ns < 0 ? -(uint64_t)ns : (uint64_t)ns;
+	int w = snprintf(buf, len, "%s%llu", ns < 0 ? "-" : "", (unsigned long long)(a / 1000000000u));
+
+	if (a % 1000000000u && w > 0 && (size_t)w < len) {
+		snprintf(buf + w, len - (size_t)w, ".%09llu", (unsigned long long)(a % 1000000000u));
+		for (size_t e = strlen(buf); buf[e - 1] == '0'; e--)
+			buf[e - 1] = 0;
+	}
 }
 
 /* A detached session as the sessions file describes it. */
@@ -197,6 +210,7 @@ int restart_load(struct broker *b)
 	struct sessfile_geom g = geom_of(b), found = { 0 };
 	struct sessfile_rec *recs;
 	uint64_t now = now_ns();
+	int64_t mono_off = 0;
 	uint32_t bad = 0;
 	int n;
 
@@ -207,7 +221,7 @@ int restart_load(struct broker *b)
 		return log_errno(LOG_ERR, ENOMEM, "sessions");
 	if (b->o.fresh) {
 		char names[256];
-		int had = load(b, &g, recs, &bad, &found);
+		int had = load(b, &g, recs, &bad, &found, NULL);
 		uint64_t timers;
 
 		if (had == -EBUSY) {
@@ -228,7 +242,7 @@ int restart_load(struct broker *b)
 				(unsigned long long)timers, timers == 1 ? "" : "s");
 		return 0;
 	}
-	n = load(b, &g, recs, &bad, &found);
+	n = load(b, &g, recs, &bad, &found, &mono_off);
 	switch (n) {
 	case -EBUSY:
 		free(recs);
@@ -248,6 +262,24 @@ int restart_load(struct broker *b)
 			"boot's clock): discarding %llu timers", b->sess_path, (unsigned long long)discard(b));
 		n = 0;
 		break;
+	case -EXDEV: {
+		char theirs[32], ours[32];
+
+		/*
+		 * Translated, the deadlines would fire at the right instants, but
+		 * its sessions' processes, in that namespace, would be refused
+		 * (-EXDEV, chime_open(3)): the broker belongs where they are.
+		 */
+		mono_secs(mono_off, theirs, sizeof(theirs));
+		mono_secs(chime_timens_monotonic(), ours, sizeof(ours));
+		log_msg(LOG_ERR, "sessions file '%s' was written by a broker in another time namespace (its "
+			"CLOCK_MONOTONIC %s s off the host's, this one's %s s): the deadlines of its sessions' "
+			"timers are that clock's; not taking it over, nor the shard files' timers; start chimed in "
+			"a time namespace of that offset (unshare --time --monotonic=%s), where its sessions' "
+			"processes are, or with --fresh to discard them", b->sess_path, theirs, ours, theirs);
+		free(recs);
+		return -EXDEV;
+	}
 	case -EPERM: {
 		struct stat st = { .st_uid = (uid_t)-1 };
 

@@ -23,10 +23,18 @@ struct sessfile_hdr {
 	uint32_t rec_size;
 	struct sessfile_geom geom;
 	char     boot_id[40];
-	uint8_t  _reserved[128 - 16 - sizeof(struct sessfile_geom) - 40 - 8];
+	/*
+	 * The writer's CLOCK_MONOTONIC offset (chime_timens_monotonic()), valid
+	 * with SESSFILE_F_MONO. Zero in a file of a broker before it (these
+	 * were reserved, and the checksum covered them): its clock is unknown.
+	 */
+	int64_t  mono_off;
+	uint32_t flags;
+	uint8_t  _reserved[128 - 16 - sizeof(struct sessfile_geom) - 40 - 12 - 8];
 	uint64_t check;
 };
 _Static_assert(sizeof(struct sessfile_hdr) == 128, "the header is 128 B");
+_Static_assert(offsetof(struct sessfile_hdr, mono_off) == 80, "in the old reserved bytes");
 
 uint64_t sessfile_hash(const void *p, size_t n)
 {
@@ -134,7 +142,7 @@ static int read_at(int fd, void *buf, size_t n, off_t off)
 }
 
 int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfile_rec *recs,
-		  uint32_t *bad, struct sessfile_geom *found)
+		  uint32_t *bad, struct sessfile_geom *found, int64_t *mono_off)
 {
 	struct sessfile_hdr h;
 	struct stat st;
@@ -182,6 +190,12 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 	sessfile_boot_id(boot);
 	r = -ESTALE;
 	if (strncmp(boot, h.boot_id, sizeof(boot)) != 0)
+		goto out;
+	if (mono_off)
+		*mono_off = h.mono_off;
+	/* Its deadlines are its time namespace's clock: read on ours, every one off by the difference. */
+	r = -EXDEV;
+	if ((h.flags & SESSFILE_F_MONO) && h.mono_off != chime_timens_monotonic())
 		goto out;
 	/*
 	 * A broker writes every record, its room reserved: a shorter file was
@@ -312,6 +326,8 @@ static int open_as(struct sessfile *sf, const char *path, const struct sessfile_
 	h.rec_size = sizeof(struct sessfile_rec);
 	h.geom = *g;
 	sessfile_boot_id(h.boot_id);
+	h.mono_off = chime_timens_monotonic();
+	h.flags = SESSFILE_F_MONO;
 	h.check = sessfile_hash(&h, offsetof(struct sessfile_hdr, check));
 	for (uint32_t i = 0; i < g->max_clients; i++) {
 		if (!recs[i].used)

@@ -8,7 +8,7 @@
  * the slot's generation and the linger deadline. Nodes of a slot with no
  * record here are an anonymous client's and are freed on restore.
  *
- *   header   128 B: magic, layout, geometry, boot id, checksum
+ *   header   128 B: magic, layout, geometry, boot id, monotonic offset, checksum
  *   records  128 B each, one per client slot (max_clients)
  *
  * Only the broker reads or writes it (mode 0600), and only the control
@@ -27,6 +27,8 @@
 
 #define SESSFILE_MAGIC   UINT64_C(0x534e4f4953534843)  /* "CHSSIONS" */
 #define SESSFILE_VERSION 1u
+/* In the header's flags: its mono_off is the writer's (a broker before it left 0 there). */
+#define SESSFILE_F_MONO  1u
 
 /* What the file must agree on with the broker reading it. */
 struct sessfile_geom {
@@ -65,6 +67,10 @@ struct sessfile {
  *   -ENOENT   no file;
  *   -ESTALE   written during another boot (its deadlines are another
  *             clock's);
+ *   -EXDEV    written in this boot by a broker in another time namespace,
+ *             whose CLOCK_MONOTONIC is off ours (*mono_off: its offset,
+ *             chime_timens_monotonic()); a file of a broker before the
+ *             offset was recorded is taken as ours;
  *   -EPROTO   another version or layout;
  *   -EMEDIUMTYPE  the geometry differs (*found tells how);
  *   -ENODATA  cut short: fewer bytes than the header and a record per
@@ -77,10 +83,10 @@ struct sessfile {
  *             one still runs on these files;
  *   -ENOMEM   no memory to look for names recorded twice;
  *   -errno    of open, fstat, read.
- * *bad counts records present but rejected. found may be NULL.
+ * *bad counts records present but rejected. found and mono_off may be NULL.
  */
 int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfile_rec *recs,
-		  uint32_t *bad, struct sessfile_geom *found);
+		  uint32_t *bad, struct sessfile_geom *found, int64_t *mono_off);
 
 /*
  * Open `path` (created with mode 0600 if absent: written unnamed, O_TMPFILE,

@@ -594,33 +594,76 @@ Test(restart, a_sessions_file_of_another_layout_is_refused_and_said_so)
 	sessions_file_of_another_version(SESS_HDR_LAYOUT);
 }
 
+/* A bit of the sessions file's byte at off flipped. */
+static void flip_bit(int fd, off_t off)
+{
+	uint8_t b;
+
+	cr_assert_eq(pread(fd, &b, 1, off), 1);
+	b ^= 0x10;
+	cr_assert_eq(pwrite(fd, &b, 1, off), 1);
+}
+
 /*
  * The sessions file's header damaged (a bit flipped in it, its checksum
- * wrong): nothing says which broker wrote the records, so it is refused,
- * left alone, and said as such, as a damaged shard header is ("damaged
- * header"). It said "Bad message".
+ * wrong), and its copy at the end of the file too: nothing says which
+ * broker wrote the records, so it is refused, left alone, and said as
+ * such, as a damaged shard header is ("damaged header"). It said "Bad
+ * message".
  */
 Test(restart, a_sessions_file_with_a_damaged_header_is_refused_and_said_so)
 {
 	char log[300], extra[400];
-	uint8_t b;
+	struct stat st;
 	int fd;
 
 	detached_session_on_two_shards("flip", 10, log, sizeof(log));
 	fd = killed_sessions_file();
-	cr_assert_eq(pread(fd, &b, 1, 100), 1);  /* a spare byte of the header: only its checksum says */
-	b ^= 0x10;
-	cr_assert_eq(pwrite(fd, &b, 1, 100), 1);
+	cr_assert_eq(fstat(fd, &st), 0);
+	flip_bit(fd, 100);      /* a spare byte of the header: only its checksum says */
+	flip_bit(fd, st.st_size - 128 + 100);   /* the same in its copy */
 	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
 	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker took over a sessions file with a damaged header");
 	cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "damaged header") && t_file_has(log, "--fresh"),
 		  "the refusal does not say the header is damaged, and the way out");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "a refused start touched the timers");
-	b ^= 0x10;
-	cr_assert_eq(pwrite(fd, &b, 1, 100), 1);
+	flip_bit(fd, 100);
 	close(fd);
 	restart(0, "-n 2");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10);
+}
+
+/*
+ * One bit flipped in the header (a bad sector, a stray write): every
+ * session's timers were refused with it, the broker not started until
+ * the operator chose --fresh. The header's copy at the end of the file
+ * is whole: the sessions are taken over, the damage said, and the header
+ * written again (a second start needs no copy).
+ */
+Test(restart, a_sessions_file_header_damaged_in_one_copy_is_taken_over_from_the_other)
+{
+	static const off_t where[] = { 20, 100 };       /* its geometry (shards), a spare byte */
+	char log[300], extra[400];
+	int fd;
+
+	detached_session_on_two_shards("flip1", 10, log, sizeof(log));
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	for (size_t i = 0; i < sizeof(where) / sizeof(where[0]); i++) {
+		fd = killed_sessions_file();
+		flip_bit(fd, where[i]);
+		close(fd);
+		cr_assert_eq(t_chimed_restart(&tb, 0, extra), 0,
+			     "a broker refused a sessions file whose header had one bit flipped (at byte %lld), its "
+			     "copy whole", (long long)where[i]);
+		cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "header is damaged") &&
+			  t_file_has(log, "copy"), "the damaged header is not said");
+		cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "the session's timers were not taken over");
+	}
+	/* Written again: taken over without the copy's help. */
+	restart(SIGKILL, extra);
+	cr_assert_not(t_file_has(log, "header is damaged"), "the header was not written again");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10);
+	chime_close(sopen_ok("flip1"));
 }
 
 /*

@@ -147,12 +147,12 @@ static void session_names(const struct sessfile_rec *recs, uint32_t n, char *buf
  */
 #define IN_USE_WAIT_MS 2000
 static int load(const struct broker *b, const struct sessfile_geom *g, struct sessfile_rec *recs, uint32_t *bad,
-		struct sessfile_geom *found, int64_t *mono_off)
+		struct sessfile_info *info)
 {
 	int n;
 
 	for (int waited = 0;; waited += 10) {
-		n = sessfile_load(b->sess_path, g, recs, bad, found, mono_off);
+		n = sessfile_load(b->sess_path, g, recs, bad, info);
 		if (n != -EBUSY || waited >= IN_USE_WAIT_MS)
 			break;
 		usleep(10 * 1000);
@@ -207,10 +207,10 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 
 int restart_load(struct broker *b)
 {
-	struct sessfile_geom g = geom_of(b), found = { 0 };
+	struct sessfile_geom g = geom_of(b), found;
+	struct sessfile_info info = { 0 };
 	struct sessfile_rec *recs;
 	uint64_t now = now_ns();
-	int64_t mono_off = 0;
 	uint32_t bad = 0;
 	int n;
 
@@ -221,7 +221,7 @@ int restart_load(struct broker *b)
 		return log_errno(LOG_ERR, ENOMEM, "sessions");
 	if (b->o.fresh) {
 		char names[256];
-		int had = load(b, &g, recs, &bad, &found, NULL);
+		int had = load(b, &g, recs, &bad, &info);
 		uint64_t timers;
 
 		if (had == -EBUSY) {
@@ -242,7 +242,8 @@ int restart_load(struct broker *b)
 				(unsigned long long)timers, timers == 1 ? "" : "s");
 		return 0;
 	}
-	n = load(b, &g, recs, &bad, &found, &mono_off);
+	n = load(b, &g, recs, &bad, &info);
+	found = info.geom;
 	switch (n) {
 	case -EBUSY:
 		free(recs);
@@ -270,7 +271,7 @@ int restart_load(struct broker *b)
 		 * its sessions' processes, in that namespace, would be refused
 		 * (-EXDEV, chime_open(3)): the broker belongs where they are.
 		 */
-		mono_secs(mono_off, theirs, sizeof(theirs));
+		mono_secs(info.mono_off, theirs, sizeof(theirs));
 		mono_secs(chime_timens_monotonic(), ours, sizeof(ours));
 		log_msg(LOG_ERR, "sessions file '%s' was written by a broker in another time namespace (its "
 			"CLOCK_MONOTONIC %s s off the host's, this one's %s s): the deadlines of its sessions' "
@@ -300,8 +301,8 @@ int restart_load(struct broker *b)
 		return -EMEDIUMTYPE;
 	case -EBADMSG:
 		log_msg(LOG_ERR, "sessions file '%s' is not one, or has a damaged header (its checksum does not "
-			"hold): not taking it over, nor the shard files' timers; put it back as it was, or start "
-			"with --fresh to discard them", b->sess_path);
+			"hold, nor its copy's at the end of the file): not taking it over, nor the shard files' "
+			"timers; put it back as it was, or start with --fresh to discard them", b->sess_path);
 		free(recs);
 		return -EBADMSG;
 	case -EPROTO:
@@ -337,6 +338,10 @@ int restart_load(struct broker *b)
 			return n;
 		}
 	}
+	if (info.from_copy)
+		log_msg(LOG_WARNING, "sessions file '%s': its header is damaged (its checksum does not hold); "
+			"taken over by its copy at the end of the file, which is whole (the header is written "
+			"again)", b->sess_path);
 	if (bad)
 		log_msg(LOG_WARNING, "'%s': %u damaged session records dropped (their timers are freed)",
 			b->sess_path, bad);

@@ -48,9 +48,20 @@ uint64_t sessfile_hash(const void *p, size_t n)
 	return h;
 }
 
+/* Where the header's copy is: after the records. */
+static off_t copy_at(uint32_t max_clients)
+{
+	return (off_t)sizeof(struct sessfile_hdr) + (off_t)max_clients * (off_t)sizeof(struct sessfile_rec);
+}
+
 uint64_t sessfile_size(uint32_t max_clients)
 {
-	return sizeof(struct sessfile_hdr) + (uint64_t)max_clients * sizeof(struct sessfile_rec);
+	return (uint64_t)copy_at(max_clients) + sizeof(struct sessfile_hdr);
+}
+
+static bool hdr_valid(const struct sessfile_hdr *h)
+{
+	return h->magic == SESSFILE_MAGIC && h->check == sessfile_hash(h, offsetof(struct sessfile_hdr, check));
 }
 
 void sessfile_boot_id(char out[40])
@@ -142,14 +153,18 @@ static int read_at(int fd, void *buf, size_t n, off_t off)
 }
 
 int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfile_rec *recs,
-		  uint32_t *bad, struct sessfile_geom *found, int64_t *mono_off)
+		  uint32_t *bad, struct sessfile_info *info)
 {
+	struct sessfile_info local;
 	struct sessfile_hdr h;
 	struct stat st;
 	char boot[40];
 	int fd, r, n = 0;
 
 	*bad = 0;
+	if (!info)
+		info = &local;
+	memset(info, 0, sizeof(*info));
 	/* O_NONBLOCK: a FIFO put at the path must not hang the start (a regular file ignores it). */
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0)
@@ -174,11 +189,24 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 	r = read_at(fd, &h, sizeof(h), 0);
 	if (r < 0)
 		goto out;
-	if (found)
-		*found = h.geom;
-	r = -EBADMSG;
-	if (h.magic != SESSFILE_MAGIC || h.check != sessfile_hash(&h, offsetof(struct sessfile_hdr, check)))
-		goto out;
+	/*
+	 * One flipped bit in the header cost every session: its copy after
+	 * the records (where our --max-clients puts it) stands in. A file of
+	 * a broker before the copy has none there.
+	 */
+	if (!hdr_valid(&h)) {
+		struct sessfile_hdr copy;
+
+		r = read_at(fd, &copy, sizeof(copy), copy_at(g->max_clients));
+		if (r < 0)
+			goto out;
+		r = -EBADMSG;
+		if (!hdr_valid(&copy))
+			goto out;
+		h = copy;
+		info->from_copy = true;
+	}
+	info->geom = h.geom;
 	r = -EPROTO;
 	if (h.version != SESSFILE_VERSION || h.rec_size != sizeof(struct sessfile_rec) ||
 	    h.geom.layout != g->layout)
@@ -191,8 +219,7 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 	r = -ESTALE;
 	if (strncmp(boot, h.boot_id, sizeof(boot)) != 0)
 		goto out;
-	if (mono_off)
-		*mono_off = h.mono_off;
+	info->mono_off = h.mono_off;
 	/* Its deadlines are its time namespace's clock: read on ours, every one off by the difference. */
 	r = -EXDEV;
 	if ((h.flags & SESSFILE_F_MONO) && h.mono_off != chime_timens_monotonic())
@@ -204,7 +231,7 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 	 * their timers, without a word (cut at the header: all of them).
 	 */
 	r = -ENODATA;
-	if ((uint64_t)st.st_size < sessfile_size(g->max_clients))
+	if (st.st_size < copy_at(g->max_clients))
 		goto out;
 	for (uint32_t slot = 0; slot < g->max_clients; slot++) {
 		struct sessfile_rec rec;
@@ -262,7 +289,7 @@ static int open_as(struct sessfile *sf, const char *path, const struct sessfile_
 {
 	struct sessfile_hdr h;
 	size_t body = (size_t)g->max_clients * sizeof(struct sessfile_rec);
-	off_t size = (off_t)sizeof(h) + (off_t)body;
+	off_t size = (off_t)sessfile_size(g->max_clients);
 	struct sessfile_rec *all;
 	bool created = false, unnamed = false;
 	struct stat st;
@@ -352,6 +379,8 @@ static int open_as(struct sessfile *sf, const char *path, const struct sessfile_
 		r = write_at(sf->fd, &h, sizeof(h), 0);
 	if (r == 0)
 		r = write_at(sf->fd, all, body, (off_t)sizeof(h));
+	if (r == 0)
+		r = write_at(sf->fd, &h, sizeof(h), copy_at(g->max_clients));
 	free(all);
 	if (r == 0 && unnamed)
 		r = chime_seg_link(sf->fd, path);

@@ -10,6 +10,8 @@
  *
  *   header   128 B: magic, layout, geometry, boot id, monotonic offset, checksum
  *   records  128 B each, one per client slot (max_clients)
+ *   header   its copy, read when the first one's checksum fails (a file of
+ *            a broker before the copy ends with the records)
  *
  * Only the broker reads or writes it (mode 0600), and only the control
  * thread, with one pwrite() per change. A record is trusted only if its
@@ -20,6 +22,7 @@
 #ifndef CHIMED_SESSFILE_H
 #define CHIMED_SESSFILE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -54,6 +57,13 @@ struct sessfile_rec {
 };
 _Static_assert(sizeof(struct sessfile_rec) == 128, "a record is 128 B");
 
+/* What sessfile_load() read in the header, for the caller's messages. */
+struct sessfile_info {
+	struct sessfile_geom geom;
+	int64_t mono_off;           /* the writer's CLOCK_MONOTONIC offset (SESSFILE_F_MONO) */
+	bool from_copy;             /* the header was damaged: its copy was read */
+};
+
 struct sessfile {
 	int fd;
 	uint32_t max_clients;
@@ -68,14 +78,16 @@ struct sessfile {
  *   -ESTALE   written during another boot (its deadlines are another
  *             clock's);
  *   -EXDEV    written in this boot by a broker in another time namespace,
- *             whose CLOCK_MONOTONIC is off ours (*mono_off: its offset,
- *             chime_timens_monotonic()); a file of a broker before the
- *             offset was recorded is taken as ours;
+ *             whose CLOCK_MONOTONIC is off ours (info->mono_off: its
+ *             offset, chime_timens_monotonic()); a file of a broker before
+ *             the offset was recorded is taken as ours;
  *   -EPROTO   another version or layout;
- *   -EMEDIUMTYPE  the geometry differs (*found tells how);
+ *   -EMEDIUMTYPE  the geometry differs (info->geom tells how);
  *   -ENODATA  cut short: fewer bytes than the header and a record per
  *             client slot (a broker writes them all);
- *   -EBADMSG  not a sessions file, or its header is damaged;
+ *   -EBADMSG  not a sessions file, or its header is damaged and its copy
+ *             too (a damaged header whose copy is whole is read from the
+ *             copy, info->from_copy set);
  *   -EINVAL   not a regular file (a FIFO, a device: never blocks on one);
  *   -EISDIR   a directory;
  *   -EPERM    owned by another uid than ours or root's (chime_seg_ours());
@@ -83,10 +95,10 @@ struct sessfile {
  *             one still runs on these files;
  *   -ENOMEM   no memory to look for names recorded twice;
  *   -errno    of open, fstat, read.
- * *bad counts records present but rejected. found and mono_off may be NULL.
+ * *bad counts records present but rejected. info may be NULL.
  */
 int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfile_rec *recs,
-		  uint32_t *bad, struct sessfile_geom *found, int64_t *mono_off);
+		  uint32_t *bad, struct sessfile_info *info);
 
 /*
  * Open `path` (created with mode 0600 if absent: written unnamed, O_TMPFILE,
@@ -112,7 +124,7 @@ int sessfile_clear(struct sessfile *sf, uint32_t slot);
 
 void sessfile_close(struct sessfile *sf);
 
-/* The size of a whole file of max_clients records (a header and a record per slot). */
+/* The size of a whole file of max_clients records (a header, a record per slot, the header's copy). */
 uint64_t sessfile_size(uint32_t max_clients);
 
 /* The checksum of a record or the header: FNV-1a of the bytes before its `check`. */

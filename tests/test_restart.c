@@ -642,7 +642,7 @@ Test(restart, a_sessions_file_with_a_damaged_header_is_refused_and_said_so)
  */
 Test(restart, a_sessions_file_header_damaged_in_one_copy_is_taken_over_from_the_other)
 {
-	static const off_t where[] = { 20, 100 };       /* its geometry (shards), a spare byte */
+	static const off_t where[] = { 20, 100 };       /* its geometry (max clients), a spare byte */
 	char log[300], extra[400];
 	int fd;
 

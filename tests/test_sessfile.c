@@ -71,7 +71,7 @@ static void write_sessions(const uint32_t *slots, const char *const *names, unsi
 static int load(uint32_t *bad)
 {
 	memset(got, 0, sizeof(got));
-	return sessfile_load(path, &geom, got, bad, NULL, NULL);
+	return sessfile_load(path, &geom, got, bad, NULL);
 }
 
 TestSuite(sessfile, .init = setup, .fini = teardown);

@@ -321,7 +321,7 @@ static void check_saved(const char *path)
 	CHECK(restart_save(&B) == 0, "restart_save");
 	sessfile_close(&B.sess);
 	memset(got, 0, sizeof(got));
-	n = sessfile_load(path, &geom, got, &bad, NULL, NULL);
+	n = sessfile_load(path, &geom, got, &bad, NULL);
 	CHECK(n >= 0 && bad == 0, "the file written back: %d, %u bad", n, bad);
 	for (uint32_t i = 0; i < MAXC; i++) {
 		const struct client *c = &B.clients[i];

@@ -12,6 +12,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <pthread.h>
 #include <poll.h>
@@ -1523,6 +1524,63 @@ Test(restart, a_restored_session_lingers_and_can_be_dropped)
 	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_USED, 0), 0, "a dropped restored session kept nodes");
 }
 
+
+/* As uid 65534: open session "lapsed", arm 10 timers an hour ahead, close (the session stays, detached). */
+static void lapsed_child(int wfd, void *arg)
+{
+	chime_t *c = NULL;
+	chime_id_t id;
+
+	(void)arg;
+	if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+		_exit(90);
+	if (sopen(&c, "lapsed") < 0)
+		_exit(1);
+	for (unsigned i = 0; i < 10; i++)
+		if (chime_arm(c, 0, now_ns() + HOUR, 0, i, &id) < 0)
+			_exit(2);
+	chime_close(c);
+	(void)!write(wfd, "r", 1);
+}
+
+/*
+ * A session of a user the next broker's policy no longer admits (its
+ * --allow-uid dropped): no process of that user can attach to it again.
+ * It was restored without a word, kept its timers and its memory, and
+ * nothing showed why. It is said at the restore (its name and user, and
+ * the ways out), counted (chimestat broker.sessions_unadmitted), and goes
+ * as an unattached session does when its linger ends.
+ */
+Test(restart, a_restored_session_of_a_user_no_longer_admitted_is_said_counted_and_lingers_out)
+{
+	char log[300], extra[400], cmd[800];
+	const char *stat = getenv("CHIMESTAT");
+	unsigned n = 0;
+	FILE *f;
+
+	cr_assert_not_null(stat);
+	if (geteuid() != 0)
+		cr_skip("needs root (opens the session as uid 65534)");
+	start("-n 2 --allow-uid 65534");
+	cr_assert_eq(chmod(tb.dir, 0755), 0);
+	kill_child(child(lapsed_child, NULL));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 10), 10);
+	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
+	snprintf(extra, sizeof(extra), "-n 2 --session-linger 2 2>'%s'", log);
+	restart(SIGKILL, extra);
+	cr_assert(log_lines(log, "'lapsed'", "65534") && t_file_has(log, "does not admit"),
+		  "the restored session of a user the policy no longer admits is not said, with its name and user");
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' -1 -f broker.sessions_unadmitted", stat, tb.sock);
+	f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	cr_assert(fscanf(f, " broker.sessions_unadmitted %u", &n) == 1 && n == 1,
+		  "chimestat does not count the session (%u)", n);
+	pclose(f);
+	/* Its linger (2 s, at least the restart's 3 s) ends as an unattached session's does. */
+	for (int i = 0; i < 80 && t_nodes(tb.sock, T_NODES_USED); i++)
+		usleep(100 * 1000);
+	cr_assert_eq(t_nodes(tb.sock, T_NODES_USED), 0, "the session's timers outlived its linger by 5 s");
+}
 
 /*
  * chime_close() of a session commits: the timers armed just before it are

@@ -8,6 +8,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,6 +207,69 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	b->clients_total++;
 }
 
+/*
+ * Could a process of the session's user attach to it under this broker's
+ * policy? Its groups at connect time (SO_PEERGROUPS) are unknown here:
+ * its primary group, and those the group database gives its name (what a
+ * new login of it gets).
+ */
+static bool admits(const struct broker *b, uid_t uid, gid_t gid)
+{
+	struct passwd pw, *p = NULL;
+	gid_t some[256], *groups = some;
+	int n = 256;
+	char buf[4096];
+	bool ok;
+
+	if (policy_admits(&b->policy, geteuid(), uid, gid, NULL, 0))
+		return true;
+	if (!b->policy.nr_gids || getpwuid_r(uid, &pw, buf, sizeof(buf), &p) != 0 || !p)
+		return false;
+	if (getgrouplist(p->pw_name, gid, groups, &n) < 0) {
+		groups = malloc((size_t)n * sizeof(*groups));
+		if (!groups || getgrouplist(p->pw_name, gid, groups, &n) < 0) {
+			free(groups);
+			return true;    /* cannot tell: not said to be refused */
+		}
+	}
+	ok = policy_admits(&b->policy, geteuid(), uid, gid, groups, (size_t)n);
+	if (groups != some)
+		free(groups);
+	return ok;
+}
+
+/*
+ * Restored sessions of users the policy does not admit (its --allow-uid
+ * changed across the restart): kept, so that a policy put right and
+ * reloaded lets their processes back, but said, with the way out, and
+ * counted (chime_ctl.sessions_unadmitted). Nothing extends their linger.
+ */
+#define UNADMITTED_SAID 16
+static void say_unadmitted(struct broker *b, uint64_t now)
+{
+	uint32_t n = 0;
+
+	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
+		const struct client *c = &b->clients[slot];
+		uint64_t left;
+
+		if (c->state != CL_DETACHED || admits(b, c->cred.uid, c->cred.gid))
+			continue;
+		if (n++ >= UNADMITTED_SAID)
+			continue;
+		left = c->linger_until_ns > now + RESTART_LINGER_NS ? c->linger_until_ns - now : RESTART_LINGER_NS;
+		log_msg(LOG_WARNING, "session '%s' of uid %u taken over, but the policy does not admit uid %u "
+			"(nor its groups): no process of it can attach to it; its timers run until its linger ends "
+			"in %llu s (admit the user again and reload, SIGHUP, to keep them; chimectl drop-session "
+			"frees them now)", c->session, (unsigned)c->cred.uid, (unsigned)c->cred.uid,
+			(unsigned long long)((left + 999999999u) / 1000000000u));
+	}
+	if (n > UNADMITTED_SAID)
+		log_msg(LOG_WARNING, "%u more sessions taken over of users the policy does not admit "
+			"(chimestat broker.sessions_unadmitted)", n - UNADMITTED_SAID);
+	b->sessions_unadmitted = n;
+}
+
 int restart_load(struct broker *b)
 {
 	struct sessfile_geom g = geom_of(b), found;
@@ -351,6 +416,7 @@ int restart_load(struct broker *b)
 			if (recs[slot].used)
 				adopt(b, &recs[slot], now);
 		log_msg(LOG_INFO, "taking over %d session%s from '%s'", n, n == 1 ? "" : "s", b->sess_path);
+		say_unadmitted(b, now);
 	}
 	free(recs);
 	return 0;

@@ -601,6 +601,7 @@ out:
 	free(su);
 	if (r < 0)
 		return r;
+	b->ctl->sessions_unadmitted = b->sessions_unadmitted;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
 		b->ctl->shards_lost += b->shards[i].file_lost;
 		r = shard_start(&b->shards[i], (int)(i % (uint32_t)ncpu));

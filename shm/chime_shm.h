@@ -775,8 +775,16 @@ struct chime_ctl {
 	 * timers; ARCHITECTURE.md), ns, relaxed; 0 from a broker before it.
 	 */
 	int64_t  wall_off;
-	uint8_t  _reserved[256 - 64 - 128 - 24 - 16];
+	/*
+	 * Set before RUNNING, then fixed: sessions taken over from the earlier
+	 * broker whose user this one's policy does not admit (no process of
+	 * it can attach; they go when their linger ends). 0 from a broker
+	 * before it (it was reserved).
+	 */
+	uint32_t sessions_unadmitted;
+	uint8_t  _reserved[256 - 64 - 128 - 24 - 16 - 4];
 };
+_Static_assert(offsetof(struct chime_ctl, sessions_unadmitted) == 232, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, wall_off) == 224, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(sizeof(struct chime_ctl) == 256, "control header is 256 B");
 _Static_assert(offsetof(struct chime_ctl, heartbeat_ns) == 88, "moved: bump CHIME_SHM_LAYOUT");

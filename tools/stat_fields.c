@@ -340,6 +340,10 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	f->u = h->shards_lost;
 	fprom(f, "chime_broker_shards_lost", "gauge", "Shards whose file was missing at start while sessions were "
 	      "taken over: their timers there were lost.", NULL, 1);
+	f = field_add(l, F_GAUGE, "broker.sessions_unadmitted");
+	f->u = h->sessions_unadmitted;
+	fprom(f, "chime_broker_sessions_unadmitted", "gauge", "Sessions taken over at start whose user the policy "
+	      "did not admit: no process of it can attach; they go when their linger ends.", NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.stats_reset_gen");
 	f->u = h->stats_reset_gen;
 	/* When `chimectl reset-stats` last ran: null if never. */

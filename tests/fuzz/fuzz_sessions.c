@@ -6,7 +6,8 @@
  *
  * The input describes the file: which header fields are right (magic,
  * version, record size, layout, geometry, boot id, checksum) and which come
- * from the input; then each slot's record (empty, or its fields from a few
+ * from the input, and whether the header's copy follows the records; then
+ * each slot's record (empty, or its fields from a few
  * meaningful values or raw bytes, sealed with a right checksum or not); then
  * where the file ends; then whether the file is there at all, --fresh, and
  * a shard file whose timers such a start counts for its message. With the
@@ -52,7 +53,9 @@ struct hdr {
 	uint32_t rec_size;
 	struct sessfile_geom geom;
 	char     boot_id[40];
-	uint8_t  _reserved[128 - 16 - sizeof(struct sessfile_geom) - 40 - 8];
+	int64_t  mono_off;
+	uint32_t flags;
+	uint8_t  _reserved[128 - 16 - sizeof(struct sessfile_geom) - 40 - 12 - 8];
 	uint64_t check;
 };
 _Static_assert(sizeof(struct hdr) == 128, "the header is 128 B");
@@ -65,6 +68,7 @@ _Static_assert(sizeof(struct hdr) == 128, "the header is 128 B");
 #define BAD_BOOT  0x10u
 #define BAD_CHECK 0x20u
 #define CUT       0x40u         /* the file ends early */
+#define COPY      0x80u         /* the header's copy after the records, as a broker writes it */
 
 static struct broker B;
 static char dir[] = "/dev/shm/chime-fuzz-sessions.XXXXXX";
@@ -141,12 +145,22 @@ static bool rec_valid(const struct sessfile_rec *r, uint32_t slot)
 /* The file the input describes; *len its length. */
 static uint8_t *build(struct in *in, uint8_t flags, size_t *len)
 {
-	size_t size = sizeof(struct hdr) + MAXC * sizeof(struct sessfile_rec);
+	size_t size = sizeof(struct hdr) + MAXC * sizeof(struct sessfile_rec) + (flags & COPY ? sizeof(struct hdr) : 0);
 	uint8_t *f = calloc(1, size);
 	struct hdr *h = (struct hdr *)f;
 	struct sessfile_rec *recs = (struct sessfile_rec *)(f + sizeof(*h));
 
 	CHECK(f, "calloc");
+	if (flags & COPY) {
+		struct hdr *c = (struct hdr *)(f + sizeof(*h) + MAXC * sizeof(struct sessfile_rec));
+
+		c->magic = SESSFILE_MAGIC;
+		c->version = SESSFILE_VERSION;
+		c->rec_size = sizeof(struct sessfile_rec);
+		c->geom = geom;
+		sessfile_boot_id(c->boot_id);
+		c->check = sessfile_hash(c, offsetof(struct hdr, check));
+	}
 	h->magic = flags & BAD_MAGIC ? take(in, 8) : SESSFILE_MAGIC;
 	h->version = flags & BAD_VER ? (uint32_t)take(in, 4) : SESSFILE_VERSION;
 	h->rec_size = flags & BAD_VER ? (uint32_t)take(in, 4) : sizeof(struct sessfile_rec);
@@ -274,13 +288,20 @@ static bool recorded_twice(const uint8_t *f, size_t len, uint32_t i)
 /* What restart_load() took over, checked against the file it read (f: NULL if it was no sessions file of ours). */
 static void check_taken(const uint8_t *f, size_t len, uint64_t before, uint64_t after)
 {
-	const struct hdr *h = (const struct hdr *)f;
-	/* Whole: its header right, and a record per slot (a file cut short is refused). */
-	bool whole = len >= sizeof(*h) + MAXC * sizeof(struct sessfile_rec) && h->magic == SESSFILE_MAGIC &&
-		     h->check == sessfile_hash(h, offsetof(struct hdr, check)) &&
-		     h->version == SESSFILE_VERSION && h->rec_size == sizeof(struct sessfile_rec) &&
-		     !memcmp(&h->geom, &geom, sizeof(geom));
+	size_t at = sizeof(struct hdr) + MAXC * sizeof(struct sessfile_rec);
+	const struct hdr *h = (const struct hdr *)f, *copy = (const struct hdr *)(f + at);
+	bool sealed = h->magic == SESSFILE_MAGIC && h->check == sessfile_hash(h, offsetof(struct hdr, check));
+	/* A damaged header is read from its copy, when that one is there and sealed. */
+	bool by_copy = !sealed && len >= at + sizeof(*copy) && copy->magic == SESSFILE_MAGIC &&
+		       copy->check == sessfile_hash(copy, offsetof(struct hdr, check));
+	/* Whole: its header (or its copy) right, and a record per slot (a file cut short is refused). */
+	bool whole;
 	uint64_t n = 0;
+
+	if (by_copy)
+		h = copy;
+	whole = len >= at && (sealed || by_copy) && h->version == SESSFILE_VERSION &&
+		h->rec_size == sizeof(struct sessfile_rec) && !memcmp(&h->geom, &geom, sizeof(geom));
 
 	for (uint32_t i = 0; i < MAXC; i++) {
 		const struct client *c = &B.clients[i];
@@ -360,7 +381,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	before = now_ns();
 	r = restart_load(&B);
 	after = now_ns();
-	CHECK(r == 0 || r == -EMEDIUMTYPE || r == -EBADMSG || r == -EPROTO || r == -ENODATA, "restart_load: %d", r);
+	CHECK(r == 0 || r == -EMEDIUMTYPE || r == -EBADMSG || r == -EPROTO || r == -ENODATA || r == -EXDEV,
+	      "restart_load: %d", r);
 	/* Cut short (shorter than a broker writes it): refused, never a session taken from what is left. */
 	CHECK(r != -ENODATA || len < sizeof(struct hdr) + MAXC * sizeof(struct sessfile_rec), "a whole file refused as cut short");
 	if (r == 0 && (B.o.fresh || access(path, F_OK) < 0))

@@ -223,7 +223,11 @@ static bool admits(const struct broker *b, uid_t uid, gid_t gid)
 
 	if (policy_admits(&b->policy, geteuid(), uid, gid, NULL, 0))
 		return true;
-	if (!b->policy.nr_gids || getpwuid_r(uid, &pw, buf, sizeof(buf), &p) != 0 || !p)
+	if (!b->policy.nr_gids)
+		return false;
+	if (getpwuid_r(uid, &pw, buf, sizeof(buf), &p) != 0)
+		return true;            /* cannot tell (ERANGE, the user database down): not said to be refused */
+	if (!p)
 		return false;
 	if (getgrouplist(p->pw_name, gid, groups, &n) < 0) {
 		groups = malloc((size_t)n * sizeof(*groups));
@@ -248,21 +252,32 @@ static bool admits(const struct broker *b, uid_t uid, gid_t gid)
 static void say_unadmitted(struct broker *b, uint64_t now)
 {
 	uint32_t n = 0;
+	uid_t last_uid = (uid_t)-1;
+	gid_t last_gid = (gid_t)-1;
+	bool last = true;
 
 	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
 		const struct client *c = &b->clients[slot];
 		uint64_t left;
 
-		if (c->state != CL_DETACHED || admits(b, c->cred.uid, c->cred.gid))
+		if (c->state != CL_DETACHED)
+			continue;
+		/* Slots in a row of one user (its sessions are often many): one look-up in the user database. */
+		if (c->cred.uid != last_uid || c->cred.gid != last_gid) {
+			last_uid = c->cred.uid;
+			last_gid = c->cred.gid;
+			last = admits(b, last_uid, last_gid);
+		}
+		if (last)
 			continue;
 		if (n++ >= UNADMITTED_SAID)
 			continue;
 		left = c->linger_until_ns > now + RESTART_LINGER_NS ? c->linger_until_ns - now : RESTART_LINGER_NS;
-		log_msg(LOG_WARNING, "session '%s' of uid %u taken over, but the policy does not admit uid %u "
-			"(nor its groups): no process of it can attach to it; its timers run until its linger ends "
-			"in %llu s (admit the user again and reload, SIGHUP, to keep them; chimectl drop-session "
-			"frees them now)", c->session, (unsigned)c->cred.uid, (unsigned)c->cred.uid,
-			(unsigned long long)((left + 999999999u) / 1000000000u));
+		log_msg(LOG_WARNING, "session '%s' of uid %u taken over, but the policy does not admit that user "
+			"(nor its groups): no process of it can attach again; its timers run until its linger ends "
+			"in %llu s (admit the user and reload, SIGHUP, to keep them; chimectl drop-session '%s' "
+			"frees them now)", c->session, (unsigned)c->cred.uid,
+			(unsigned long long)((left + 999999999u) / 1000000000u), c->session);
 	}
 	if (n > UNADMITTED_SAID)
 		log_msg(LOG_WARNING, "%u more sessions taken over of users the policy does not admit "

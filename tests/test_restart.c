@@ -1588,6 +1588,38 @@ Test(restart, a_restored_session_of_a_user_no_longer_admitted_is_said_counted_an
 }
 
 /*
+ * The same for a session whose name the next broker's policy file reserves
+ * for another user: its own user is refused it (reserved), the other one
+ * too (the session is not its). Said and counted as well.
+ */
+Test(restart, a_restored_session_whose_name_is_now_reserved_for_another_user_is_said_and_counted)
+{
+	char log[300], extra[700], file[300], cmd[800];
+	const char *stat = getenv("CHIMESTAT");
+	unsigned n = 0;
+	FILE *f;
+
+	cr_assert_not_null(stat);
+	start("-n 2");
+	chime_close(open_armed("claimed", 5, &(chime_id_t){ 0 }));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 5), 5);
+	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
+	snprintf(file, sizeof(file), "%s/policy", tb.dir);
+	cr_assert_eq(t_write_file(file, "allow-all\nsession claimed 65534\n"), 0);
+	snprintf(extra, sizeof(extra), "-n 2 --policy-file '%s' 2>'%s'", file, log);
+	restart(SIGKILL, extra);
+	cr_assert(log_lines(log, "'claimed'", "reserved for uid 65534"),
+		  "the restored session whose name is reserved for another user is not said");
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' -1 -f broker.sessions_unadmitted", stat, tb.sock);
+	f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	cr_assert(fscanf(f, " broker.sessions_unadmitted %u", &n) == 1 && n == 1,
+		  "chimestat does not count the session (%u)", n);
+	pclose(f);
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 5, "its timers go with its linger, not at the restore");
+}
+
+/*
  * chime_close() of a session commits: the timers armed just before it are
  * in the broker's slab, not only in the session's rings, when it returns.
  * A broker that crashes before reading the rings loses those arms (the

@@ -276,7 +276,7 @@ struct broker {
 	bool sess_lost;                 /* a stop could not write it again (restart_keep()) */
 	uint64_t watched_ns;            /* restart_watch() last looked */
 	bool restoring;                 /* start-up: sessions of an earlier broker are being taken over */
-	uint32_t sessions_unadmitted;   /* of those, of users the policy does not admit (chime_ctl's) */
+	uint32_t sessions_unadmitted;   /* of those, none can attach to under the policy (chime_ctl's) */
 	bool restart;                   /* SIGUSR2: stop, then main() executes chimed again */
 };
 

@@ -243,21 +243,25 @@ static bool admits(const struct broker *b, uid_t uid, gid_t gid)
 }
 
 /*
- * Restored sessions of users the policy does not admit (its --allow-uid
- * changed across the restart): kept, so that a policy put right and
- * reloaded lets their processes back, but said, with the way out, and
- * counted (chime_ctl.sessions_unadmitted). Nothing extends their linger.
+ * Restored sessions no process can attach to under this broker's policy
+ * (changed across the restart): of a user it does not admit, or named
+ * for another user (a reservation: handshake.c refuses the name to its
+ * session's user, and the session to the reserving one). Kept, so that a
+ * policy put right and reloaded lets their processes back, but said, with
+ * the way out, and counted (chime_ctl.sessions_unadmitted). Nothing
+ * extends their linger.
  */
 #define UNADMITTED_SAID 16
 static void say_unadmitted(struct broker *b, uint64_t now)
 {
 	uint32_t n = 0;
-	uid_t last_uid = (uid_t)-1;
+	uid_t last_uid = (uid_t)-1, owner;
 	gid_t last_gid = (gid_t)-1;
 	bool last = true;
 
 	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
 		const struct client *c = &b->clients[slot];
+		char why[96];
 		uint64_t left;
 
 		if (c->state != CL_DETACHED)
@@ -268,20 +272,24 @@ static void say_unadmitted(struct broker *b, uint64_t now)
 			last_gid = c->cred.gid;
 			last = admits(b, last_uid, last_gid);
 		}
-		if (last)
+		if (!last)
+			snprintf(why, sizeof(why), "the policy does not admit that user (nor its groups)");
+		else if (policy_session_owner(&b->policy, c->session, &owner) && owner != c->cred.uid)
+			snprintf(why, sizeof(why), "the policy file reserves its name for uid %u", (unsigned)owner);
+		else
 			continue;
 		if (n++ >= UNADMITTED_SAID)
 			continue;
 		left = c->linger_until_ns > now + RESTART_LINGER_NS ? c->linger_until_ns - now : RESTART_LINGER_NS;
-		log_msg(LOG_WARNING, "session '%s' of uid %u taken over, but the policy does not admit that user "
-			"(nor its groups): no process of it can attach again; its timers run until its linger ends "
-			"in %llu s (admit the user and reload, SIGHUP, to keep them; chimectl drop-session '%s' "
-			"frees them now)", c->session, (unsigned)c->cred.uid,
-			(unsigned long long)((left + 999999999u) / 1000000000u), c->session);
+		log_msg(LOG_WARNING, "session '%s' of uid %u taken over, but %s: no process of it can attach "
+			"again; its timers run until its linger ends in %llu s (put the policy right and reload, "
+			"SIGHUP, to keep them; chimectl drop-session '%s' frees them now)", c->session,
+			(unsigned)c->cred.uid, why, (unsigned long long)((left + 999999999u) / 1000000000u),
+			c->session);
 	}
 	if (n > UNADMITTED_SAID)
-		log_msg(LOG_WARNING, "%u more sessions taken over of users the policy does not admit "
-			"(chimestat broker.sessions_unadmitted)", n - UNADMITTED_SAID);
+		log_msg(LOG_WARNING, "%u more sessions taken over that no process can attach to under this "
+			"policy (chimestat broker.sessions_unadmitted)", n - UNADMITTED_SAID);
 	b->sessions_unadmitted = n;
 }
 

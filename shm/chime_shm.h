@@ -777,9 +777,9 @@ struct chime_ctl {
 	int64_t  wall_off;
 	/*
 	 * Set before RUNNING, then fixed: sessions taken over from the earlier
-	 * broker whose user this one's policy does not admit (no process of
-	 * it can attach; they go when their linger ends). 0 from a broker
-	 * before it (it was reserved).
+	 * broker that no process can attach to under this one's policy (their
+	 * user not admitted, or their name reserved for another); they go
+	 * when their linger ends. 0 from a broker before it (it was reserved).
 	 */
 	uint32_t sessions_unadmitted;
 	uint8_t  _reserved[256 - 64 - 128 - 24 - 16 - 4];

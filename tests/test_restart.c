@@ -1608,7 +1608,7 @@ Test(restart, a_restored_session_whose_name_is_now_reserved_for_another_user_is_
 	cr_assert_eq(t_write_file(file, "allow-all\nsession claimed 65534\n"), 0);
 	snprintf(extra, sizeof(extra), "-n 2 --policy-file '%s' 2>'%s'", file, log);
 	restart(SIGKILL, extra);
-	cr_assert(log_lines(log, "'claimed'", "reserved for uid 65534"),
+	cr_assert(log_lines(log, "'claimed'", "reserves its name for uid 65534"),
 		  "the restored session whose name is reserved for another user is not said");
 	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' -1 -f broker.sessions_unadmitted", stat, tb.sock);
 	f = popen(cmd, "r");

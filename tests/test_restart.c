@@ -1620,6 +1620,30 @@ Test(restart, a_restored_session_whose_name_is_now_reserved_for_another_user_is_
 }
 
 /*
+ * A reload (SIGHUP) that leaves a detached session to nobody (its name now
+ * reserved for another user) says so, as a restart does; its timers go
+ * with its linger.
+ */
+Test(restart, a_reload_that_leaves_a_detached_session_to_nobody_says_so)
+{
+	char log[300], extra[700], file[300];
+
+	start("-n 1");
+	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
+	snprintf(file, sizeof(file), "%s/policy", tb.dir);
+	cr_assert_eq(t_write_file(file, "allow-all\n"), 0);
+	snprintf(extra, sizeof(extra), "-n 1 --policy-file '%s' 2>'%s'", file, log);
+	restart(SIGTERM, extra);
+	chime_close(open_armed("orphaned", 5, &(chime_id_t){ 0 }));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 5), 5);
+	cr_assert_eq(t_write_file(file, "allow-all\nsession orphaned 65534\n"), 0);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	cr_assert(log_says(log, "'orphaned'", "reserves its name for uid 65534"),
+		  "a reload that leaves a detached session to nobody does not say so");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 5, "its timers go with its linger, not at the reload");
+}
+
+/*
  * chime_close() of a session commits: the timers armed just before it are
  * in the broker's slab, not only in the session's rings, when it returns.
  * A broker that crashes before reading the rings loses those arms (the

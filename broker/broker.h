@@ -303,6 +303,13 @@ void table_set(struct broker *b, struct client *c, uint32_t state);
 /* restart.c */
 /* Start-up, before the shards: --fresh, or the earlier broker's sessions as DETACHED clients. */
 int restart_load(struct broker *b);
+/*
+ * Say (LOG_WARNING, the first 16 by name) each detached session no process
+ * can attach to under the policy: its user not admitted, or its name
+ * reserved for another. At the restore (reload false) and after a reload.
+ * Returns how many.
+ */
+uint32_t restart_say_unattachable(struct broker *b, uint64_t now, bool reload);
 /* Shard `shard`'s share of them for shard_init() (calloc'd; NULL: nothing to restore). */
 struct shard_session *restart_shard_sessions(struct broker *b, uint32_t shard);
 /* After the shards: a new sessions file holding the sessions taken over. */

@@ -173,6 +173,7 @@ void broker_reload(struct broker *b)
 	policy_describe(&b->policy, desc, sizeof(desc));
 	log_msg(LOG_NOTICE, "reloaded the policy: admitting %s", desc);
 	(void)socket_access(b);         /* the socket's mode follows (it logs a failure) */
+	(void)restart_say_unattachable(b, now_ns(), true);
 }
 
 /* ---- queries: chimectl clients/timers for a user who may not read the segments ---- */

@@ -243,16 +243,15 @@ static bool admits(const struct broker *b, uid_t uid, gid_t gid)
 }
 
 /*
- * Restored sessions no process can attach to under this broker's policy
- * (changed across the restart): of a user it does not admit, or named
- * for another user (a reservation: handshake.c refuses the name to its
- * session's user, and the session to the reserving one). Kept, so that a
- * policy put right and reloaded lets their processes back, but said, with
- * the way out, and counted (chime_ctl.sessions_unadmitted). Nothing
- * extends their linger.
+ * Detached sessions no process can attach to under the policy (changed
+ * across the restart, or by a reload): of a user it does not admit, or
+ * named for another user (a reservation: handshake.c refuses the name to
+ * its session's user, and the session to the reserving one). Kept, so
+ * that a policy put right and reloaded lets their processes back, but
+ * said, with the way out. Nothing extends their linger.
  */
 #define UNADMITTED_SAID 16
-static void say_unadmitted(struct broker *b, uint64_t now)
+uint32_t restart_say_unattachable(struct broker *b, uint64_t now, bool reload)
 {
 	uint32_t n = 0;
 	uid_t last_uid = (uid_t)-1, owner;
@@ -280,17 +279,20 @@ static void say_unadmitted(struct broker *b, uint64_t now)
 			continue;
 		if (n++ >= UNADMITTED_SAID)
 			continue;
-		left = c->linger_until_ns > now + RESTART_LINGER_NS ? c->linger_until_ns - now : RESTART_LINGER_NS;
-		log_msg(LOG_WARNING, "session '%s' of uid %u taken over, but %s: no process of it can attach "
-			"again; its timers run until its linger ends in %llu s (put the policy right and reload, "
-			"SIGHUP, to keep them; chimectl drop-session '%s' frees them now)", c->session,
-			(unsigned)c->cred.uid, why, (unsigned long long)((left + 999999999u) / 1000000000u),
-			c->session);
+		/* Restored, restart_save() gives it RESTART_LINGER_NS at least. */
+		left = c->linger_until_ns > now ? c->linger_until_ns - now : 0;
+		if (!reload && left < RESTART_LINGER_NS)
+			left = RESTART_LINGER_NS;
+		log_msg(LOG_WARNING, "session '%s' of uid %u %s, but %s: no process of it can attach again; "
+			"its timers run until its linger ends in %llu s (put the policy right and reload, SIGHUP, "
+			"to keep them; chimectl drop-session '%s' frees them now)", c->session,
+			(unsigned)c->cred.uid, reload ? "detached (policy reloaded)" : "taken over", why,
+			(unsigned long long)((left + 999999999u) / 1000000000u), c->session);
 	}
 	if (n > UNADMITTED_SAID)
-		log_msg(LOG_WARNING, "%u more sessions taken over that no process can attach to under this "
-			"policy (chimestat broker.sessions_unadmitted)", n - UNADMITTED_SAID);
-	b->sessions_unadmitted = n;
+		log_msg(LOG_WARNING, "%u more detached sessions that no process can attach to under this policy",
+			n - UNADMITTED_SAID);
+	return n;
 }
 
 int restart_load(struct broker *b)
@@ -439,7 +441,7 @@ int restart_load(struct broker *b)
 			if (recs[slot].used)
 				adopt(b, &recs[slot], now);
 		log_msg(LOG_INFO, "taking over %d session%s from '%s'", n, n == 1 ? "" : "s", b->sess_path);
-		say_unadmitted(b, now);
+		b->sessions_unadmitted = restart_say_unattachable(b, now, false);
 	}
 	free(recs);
 	return 0;

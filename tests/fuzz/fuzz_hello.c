@@ -115,6 +115,14 @@ void restart_clear(struct broker *b, const struct client *c)
 	(void)c;
 }
 
+uint32_t restart_say_unattachable(struct broker *b, uint64_t now, bool reload)
+{
+	(void)b;
+	(void)now;
+	(void)reload;
+	return 0;
+}
+
 /* Segments of user 1000's failed attaches that discard.c has yet to seal (the input sets how many). */
 static unsigned unsealed_1000;
 

@@ -372,6 +372,14 @@ static int open_as(struct sessfile *sf, const char *path, const struct sessfile_
 	 * another geometry, which restart_load() discarded or refused.
 	 */
 	r = posix_fallocate(sf->fd, 0, size);
+	/*
+	 * A file of a broker before the header's copy has no room for it: on a
+	 * full filesystem it is taken over without one rather than not at all.
+	 */
+	if (r == ENOSPC && st.st_size >= copy_at(g->max_clients)) {
+		size = copy_at(g->max_clients);
+		r = ftruncate(sf->fd, size) < 0 ? errno : 0;      /* what the failed call may have added */
+	}
 	if (r == 0 && st.st_size > size && ftruncate(sf->fd, size) < 0)
 		r = errno;
 	r = -r;
@@ -379,7 +387,7 @@ static int open_as(struct sessfile *sf, const char *path, const struct sessfile_
 		r = write_at(sf->fd, &h, sizeof(h), 0);
 	if (r == 0)
 		r = write_at(sf->fd, all, body, (off_t)sizeof(h));
-	if (r == 0)
+	if (r == 0 && size > copy_at(g->max_clients))
 		r = write_at(sf->fd, &h, sizeof(h), copy_at(g->max_clients));
 	free(all);
 	if (r == 0 && unnamed)

@@ -162,6 +162,40 @@ Test(sessfile, a_rewrite_needs_no_room_and_a_new_file_that_finds_none_is_removed
 	t_unmount_tmpfs(tdir);
 }
 
+/*
+ * A file of a broker before the header's copy ends with its records; with
+ * 4095 of them, at a page boundary, the copy needs a page more. On a full
+ * filesystem it is rewritten without the copy, as before, rather than not
+ * at all (the broker did not start: every session's timers held up).
+ */
+Test(sessfile, a_file_without_the_headers_copy_is_rewritten_on_a_full_filesystem)
+{
+	struct sessfile_geom g = geom;
+	struct sessfile sf;
+	uint32_t bad;
+	char tdir[64];
+	struct stat st;
+
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	g.max_clients = CLIENTS - 1;
+	cr_assert_eq(t_mount_tmpfs(tdir, sizeof(tdir), "1m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(path, sizeof(path), "%s/chime.sock.sessions", tdir);
+	sessions((uint32_t[]){ 2 }, (const char *const[]){ "older" }, 1);
+	cr_assert_eq(sessfile_open(&sf, path, &g, recs), 0);
+	sessfile_close(&sf);
+	cr_assert_eq(truncate(path, (off_t)sessfile_size(g.max_clients) - 128), 0, "as a broker before the copy left it");
+	cr_assert_geq(t_fill(tdir, "filler", 0), 0, "filling: %s", strerror(errno));
+	cr_assert_eq(sessfile_open(&sf, path, &g, recs), 0, "a file without the header's copy, on a full filesystem");
+	sessfile_close(&sf);
+	memset(got, 0, sizeof(got));
+	cr_assert_eq(sessfile_load(path, &g, got, &bad, NULL), 1);
+	cr_assert_str_eq(got[2].name, "older");
+	cr_assert_eq(stat(path, &st), 0);
+	cr_assert_eq(st.st_size, (off_t)sessfile_size(g.max_clients) - 128, "grown past its room");
+	t_unmount_tmpfs(tdir);
+}
+
 Test(sessfile, something_else_where_the_file_should_be_is_refused_and_left_alone, .timeout = 10)
 {
 	struct sessfile sf;

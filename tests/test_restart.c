@@ -817,6 +817,58 @@ Test(restart, files_of_another_time_namespace_are_refused_and_said_so)
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10);
 }
 
+/*
+ * The same judged from the file alone (no time namespace needed): its
+ * header says the writer's offset, flagged; a file of a broker before the
+ * offset was recorded (unflagged) is not judged, whatever those bytes hold.
+ */
+#define SESS_HDR_MONO_OFF 80    /* after the boot id: the writer's monotonic offset (int64), then flags */
+#define SESS_HDR_FLAGS    88
+
+/* This process's CLOCK_MONOTONIC offset, ns (the broker it starts has it too): 0 outside a time namespace. */
+static int64_t own_mono_off(void)
+{
+	long long s = 0;
+	long ns = 0;
+	char name[16] = "";
+	FILE *f = fopen("/proc/self/timens_offsets", "r");
+
+	while (f && fscanf(f, "%15s %lld %ld", name, &s, &ns) == 3)
+		if (!strcmp(name, "monotonic"))
+			break;
+	if (f)
+		fclose(f);
+	return f && !strcmp(name, "monotonic") ? (int64_t)s * 1000000000 + ns : 0;
+}
+
+Test(restart, a_sessions_file_of_another_monotonic_offset_is_refused_one_of_an_older_broker_is_not)
+{
+	char log[300], extra[400];
+	int64_t off = 100 * INT64_C(1000000000) + own_mono_off();
+	uint32_t flags = 1;
+	uint8_t h[128];
+	int fd;
+
+	detached_session_on_two_shards("clocked", 10, log, sizeof(log));
+	fd = killed_sessions_file();
+	cr_assert_eq(pread(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+	memcpy(h + SESS_HDR_MONO_OFF, &off, sizeof(off));
+	memcpy(h + SESS_HDR_FLAGS, &flags, sizeof(flags));
+	sessions_header_write(fd, h);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a sessions file of another monotonic offset taken over");
+	cr_assert(t_file_has(log, "another time namespace") && t_file_has(log, "--fresh"),
+		  "the refusal does not say the file is of another time namespace");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "a refused start touched the timers");
+	flags = 0;
+	memcpy(h + SESS_HDR_FLAGS, &flags, sizeof(flags));
+	sessions_header_write(fd, h);
+	close(fd);
+	restart(0, "-n 2");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "a file with no offset recorded was not taken over");
+	chime_close(sopen_ok("clocked"));
+}
+
 /* --fresh with the same options says which sessions it discarded, not only how many timers. */
 Test(restart, fresh_names_the_sessions_it_discards)
 {

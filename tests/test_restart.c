@@ -1688,6 +1688,8 @@ Test(restart, a_reload_that_leaves_a_detached_session_to_nobody_says_so)
 	restart(SIGTERM, extra);
 	chime_close(open_armed("orphaned", 5, &(chime_id_t){ 0 }));
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 5), 5);
+	/* Detached by then (a reload judges detached sessions only): the close is seen a moment later. */
+	cr_assert(log_says(log, "'orphaned'", "detached:"), "the closed session was not detached");
 	cr_assert_eq(t_write_file(file, "allow-all\nsession orphaned 65534\n"), 0);
 	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
 	cr_assert(log_says(log, "'orphaned'", "reserves its name for uid 65534"),

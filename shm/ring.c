@@ -80,10 +80,9 @@ void chime_sq_cons_init(struct chime_sq_cons *c, struct chime_sqe *slots, uint32
 
 /*
  * Like chime_sq_reserve(), for up to `want` consecutive slots at once (one
- * CAS for the lot). The consumer frees slots in order, so the free ones
- * after the tail form one run: its last slot, or else each, is checked (S3)
- * before the CAS claims the run; a producer that took one of them first moved the tail, and the
- * CAS fails. Lock-free.
+ * CAS for the lot): each free slot after the tail is checked (S3) before
+ * the CAS claims the run; a producer that took one of them first moved the
+ * tail, and the CAS fails. Lock-free.
  */
 uint32_t chime_sq_reserve_n(struct chime_sq_prod *p, uint32_t want, uint64_t *pos)
 {
@@ -96,16 +95,13 @@ uint32_t chime_sq_reserve_n(struct chime_sq_prod *p, uint32_t want, uint64_t *po
 		int64_t diff = (int64_t)(at_load_acq(&p->slots[cur & p->mask].seq) - cur);
 
 		if (diff == 0) {
-			uint32_t k = 1, last = want <= p->mask ? want - 1 : p->mask;
+			uint32_t k = 1;
 
 			/*
-			 * Freed in order: the run's last slot free, every slot
-			 * before it is, and its acquire orders their grants too.
-			 * One load for a burst into an emptied ring, not one a
-			 * slot (callgrind: 13 instructions a slot).
+			 * Each slot, not only the run's last: a park frees the
+			 * records behind a hole it stepped over (chan_park()),
+			 * and a live thread still owns the hole's slot.
 			 */
-			if (last && at_load_acq(&p->slots[(cur + last) & p->mask].seq) == cur + last)
-				k = last + 1;
 			while (k < want && k <= p->mask &&
 			       at_load_acq(&p->slots[(cur + k) & p->mask].seq) == cur + k)
 				k++;

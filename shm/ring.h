@@ -144,7 +144,8 @@ void chime_sq_publish_n(struct chime_sq_prod *p, uint64_t pos, uint32_t n);
  * True if the consumer has not freed position pos yet: it is reserved, or
  * published and not consumed. A hint (relaxed load), for a producer that
  * wants to know how full the ring is without reading the consumer's head:
- * the consumer frees in order, so every position from pos on is waiting too.
+ * the consumer frees in order, so every position from pos on is waiting too
+ * (but behind a hole a park stepped over: a ring no shard reads again).
  */
 static inline bool chime_sq_waiting(const struct chime_sq_prod *p, uint64_t pos)
 {

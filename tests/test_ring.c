@@ -573,6 +573,46 @@ Test(ring, skip_unpublished_steps_to_the_next_published_record_only)
 	cr_assert_eq(k.head, 5);
 }
 
+/*
+ * A park steps over a hole (a slot reserved, never published) and frees
+ * the records behind it: frees are then out of order, and a run whose last
+ * slot is free may still hold the hole. The thread that reserved it is
+ * alive at a handover; a run that claimed its slot too had two writers in
+ * one slot, and whichever published last lost the other's record (the
+ * reconnect re-submits by seq). A run stops at the hole.
+ */
+Test(ring, reserve_n_stops_at_a_hole_a_park_stepped_over)
+{
+	struct chan c;
+	struct chime_sq_prod p;
+	struct chime_sq_cons k;
+	struct chime_sqe e;
+	uint64_t pos, hole;
+
+	chan_new(&c, 8, 8);
+	chime_sq_prod_init(&p, c.sq, &c.crw->sq_tail, 8);
+	chime_sq_cons_init(&k, c.sq, 8, 0);
+	cr_assert_eq(chime_sq_reserve_n(&p, 2, &pos), 2);      /* 0, 1: published */
+	chime_sq_publish_n(&p, pos, 2);
+	cr_assert(chime_sq_reserve(&p, &hole));                /* 2: a hole */
+	cr_assert_eq(hole, 2);
+	cr_assert_eq(chime_sq_reserve_n(&p, 5, &pos), 5);      /* 3..7: published */
+	chime_sq_publish_n(&p, pos, 5);
+	for (int i = 0; i < 2; i++) {
+		cr_assert(chime_sq_pop(&k, &e, &pos));
+		chime_sq_free(&k, pos, 0, 0);
+	}
+	cr_assert_eq(chime_sq_skip_unpublished(&k), 1);
+	while (chime_sq_pop(&k, &e, &pos))
+		chime_sq_free(&k, pos, 0, 0);
+	cr_assert_eq(k.head, 8);
+	/* Positions 8 and 9 (slots 0, 1) are free; 10 is the hole's slot, still position 2's. */
+	cr_assert_eq(chime_sq_reserve_n(&p, 4, &pos), 2, "a run of 4 claimed the hole's slot");
+	cr_assert_eq(pos, 8);
+	cr_assert_eq(chime_sq_reserve_n(&p, 1, &pos), 0, "the hole's slot is not free");
+	cr_assert_null(chime_sq_reserve(&p, &pos));
+}
+
 /* ------------------------------------------------------------------------ */
 /* (c) Completion ring                                                        */
 /* ------------------------------------------------------------------------ */

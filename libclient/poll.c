@@ -493,10 +493,21 @@ static void kick(struct chime *c)
 		c->kicks++;
 }
 
+/*
+ * Arm the fd's wake-up, and kick if anything is pending, or held: a held
+ * ring's seen is its tail, yet its events are the application's once the
+ * shard applies the record, and nothing wakes it then (the reset voids one
+ * event, the ones behind it ring nothing). As poll_rings() kicks for a
+ * held event, so that the application comes back.
+ */
 static void fd_arm(struct chime *c)
 {
+	bool held = false;
+
+	for (uint32_t s = 0; s < c->nr_shards; s++)
+		held |= c->chan[s].held != 0;
 	ww_arm(c);
-	if (pending(c))
+	if (held || pending(c))
 		kick(c);
 }
 

@@ -2582,6 +2582,85 @@ AsanTest(broker, fd_quiet_after_a_dispatch_took_everything_pending)
 	chime_close(c);
 }
 
+struct other_arm {
+	chime_t *c;
+	uint64_t deadline_ns;
+	chime_id_t ids[2];
+	int rc;
+};
+
+/* A second thread arms: its home is the other shard. */
+static void *other_arm(void *arg)
+{
+	struct other_arm *a = arg;
+
+	for (int i = 0; i < 2; i++)
+		a->rc |= chime_arm(a->c, 10 + (uint64_t)i, a->deadline_ns, 0, 10 + (uint64_t)i, &a->ids[i]);
+	return NULL;
+}
+
+/*
+ * A dispatch that reaches its count with another shard's events held (a
+ * reset the stopped shard has not applied) leaves chime_fd() readable: the
+ * held events are the application's once the shard applies the record,
+ * and nothing else wakes it then (the reset voids its event, and the
+ * events behind it wake no one). Before, the dispatch armed the wake-up
+ * only, and an event loop slept until the reset timer fired 10 s later.
+ */
+ReleaseTest(broker, fd_readable_after_a_dispatch_that_held_events_at_its_count)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_opts o = { 0 };
+	struct epoll_event ee = { .events = EPOLLIN };
+	struct other_arm oa = { 0 };
+	int ep = epoll_create1(EPOLL_CLOEXEC), got = 0, d = 0, rounds = 0, st;
+	uint64_t deadline = chime_now() + 20 * MS;
+	chime_id_t a[2];
+	pthread_t th;
+	chime_t *c;
+
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 2"), 0);
+	o.socket_path = b2.sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert(ep >= 0);
+	cr_assert_eq(epoll_ctl(ep, EPOLL_CTL_ADD, chime_fd(c), &ee), 0);
+	/* a[0] first in its ring: a drain of that shard holds at once */
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(chime_arm(c, (uint64_t)i, deadline + (uint64_t)i * 20 * MS, 0, (uint64_t)i, &a[i]), 0);
+	oa = (struct other_arm){ .c = c, .deadline_ns = deadline };
+	cr_assert_eq(pthread_create(&th, NULL, other_arm, &oa), 0);
+	pthread_join(th, NULL);
+	cr_assert_eq(oa.rc, 0);
+	cr_assert_neq(chime_id_shard(a[0]), chime_id_shard(oa.ids[0]), "both threads armed on one shard");
+	usleep(200 * 1000);     /* fired: four events in the rings, none taken */
+	cr_assert_eq(kill(b2.pid, SIGSTOP), 0);
+	cr_assert_eq(waitpid(b2.pid, &st, WUNTRACED), b2.pid);  /* stopped before the reset is published */
+	cr_assert(WIFSTOPPED(st));
+	cr_assert_eq(chime_reset(c, a[0], chime_now() + 10000 * MS), 0);
+	/*
+	 * One event a dispatch: one starting at a[0]'s shard holds there and
+	 * takes one of the other's; one starting at the other takes one
+	 * there, and the next starts at a[0]'s.
+	 */
+	while (got < 2 && rounds++ < 2) {
+		d = chime_dispatch(c, count_cb, &got, 1);
+		cr_assert_eq(d, 1);
+	}
+	kill(b2.pid, SIGCONT);
+	/* The reset applied, a[0]'s event voided: a[1]'s is left, and the fd says so. */
+	cr_assert_eq(epoll_wait_nointr(ep, &ee, 1000), 1, "not readable with a held event pending (%d taken)", got);
+	for (int i = 0; i < 50 && got < 3; i++) {
+		d = chime_dispatch(c, count_cb, &got, 0);
+		cr_assert_geq(d, 0);
+		if (got < 3)
+			usleep(1000);
+	}
+	cr_assert_eq(got, 3, "a[1]'s event not delivered (%d taken)", got);
+	close(ep);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGTERM);
+}
+
 /* ---- one drainer at a time, in any thread ---- */
 
 /*

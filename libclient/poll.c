@@ -728,7 +728,8 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	 * (idle wake-ups 47-50% of them; with the clear, see the test).
 	 */
 	if (total == limit && at_load(&c->fd_used) && drainer_trylock(c)) {
-		if (!cl_reconnecting(c)) {
+		/* Dead (an arming thread gave up meanwhile): its kick keeps the fd readable (chime_fd(3)). */
+		if (!cl_reconnecting(c) && !cl_is_dead(c)) {
 			wake_clear(c);
 			fd_arm(c);      /* else the reconnect makes the fd readable */
 		}

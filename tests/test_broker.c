@@ -2661,6 +2661,45 @@ ReleaseTest(broker, fd_readable_after_a_dispatch_that_held_events_at_its_count)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
+/* The effects of an arming thread's reconnect giving up (reconnect.c), at this point of the drain. */
+static void give_up_cb(const struct chime_event *e, void *arg)
+{
+	struct chime *m = arg;
+	uint64_t one = 1;
+
+	(void)e;
+	at_store(&m->dead, 1);
+	cr_assert_eq(write(m->kick_fd, &one, sizeof(one)), (ssize_t)sizeof(one));
+	m->kicks++;
+}
+
+/*
+ * A session's reconnect given up by an arming thread leaves the fd
+ * readable (a kick: the old socket left its set), so that an event loop
+ * learns the connection is dead. A dispatch that stopped at its count
+ * just then (between its last round and its re-arm: simulated from the
+ * last callback, white box) read the kick away as a stale wake-up, and
+ * the loop slept for good.
+ */
+AsanTest(broker, fd_stays_readable_when_a_session_dies_as_a_dispatch_ends)
+{
+	struct epoll_event ee = { .events = EPOLLIN };
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	chime_id_t id;
+	chime_t *c;
+
+	cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = sock, .session = "givenup" }), 0);
+	cr_assert(ep >= 0);
+	cr_assert_eq(epoll_ctl(ep, EPOLL_CTL_ADD, chime_fd(c), &ee), 0);
+	cr_assert_eq(chime_arm(c, 0, chime_now() + 10 * MS, 0, 0, &id), 0);
+	cr_assert_eq(epoll_wait_nointr(ep, &ee, 2000), 1, "not readable with an event due");
+	cr_assert_eq(chime_dispatch(c, give_up_cb, c, 1), 1);
+	cr_assert_eq(epoll_wait_nointr(ep, &ee, 100), 1, "quiet after the connection died");
+	cr_assert_eq(chime_poll(c, &(struct chime_event){ 0 }, 1), -ENOTCONN);
+	close(ep);
+	chime_close(c);
+}
+
 /* ---- one drainer at a time, in any thread ---- */
 
 /*

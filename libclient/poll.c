@@ -732,6 +732,9 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 		if (!cl_reconnecting(c) && !cl_is_dead(c)) {
 			wake_clear(c);
 			fd_arm(c);      /* else the reconnect makes the fd readable */
+			/* one begun or given up since the check: the clear may have read its kick or timer away */
+			if (cl_reconnecting(c) || cl_is_dead(c))
+				kick(c);
 		}
 		drainer_unlock(c);
 	}

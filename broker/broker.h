@@ -162,6 +162,8 @@ struct client {
 	uint64_t no_room_seen;          /* reserve_failed_total() then, or at its attach */
 	char session[CHIME_SESSION_MAX];  /* "" anonymous; else validated [A-Za-z0-9._-], NUL-terminated */
 	uint64_t linger_until_ns;       /* DETACHED: reclaimed then */
+	bool unadmitted;                /* DETACHED, and no process can attach under the policy
+					 * (restart_say_unattachable(); a detach clears it) */
 	/*
 	 * A process waiting to re-attach (its socket), or -1: PARKING, until
 	 * the park ends; DETACHED with held_fd, until that drains (heartbeat)

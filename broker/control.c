@@ -789,6 +789,7 @@ static void parked(struct broker *b, struct client *c)
 {
 	conn_release(b, c);
 	c->state = CL_DETACHED;
+	c->unadmitted = false;  /* its process was admitted (a reload since is not judged again) */
 	c->linger_until_ns = now_ns() + (uint64_t)b->o.session_linger_s * 1000000000u;
 	table_set(b, c, CHIME_CLIENT_DETACHED);
 	if (c->drop_parked) {
@@ -1426,7 +1427,7 @@ static bool word_awaited(const struct client *c, const struct chan_mem *m)
 static bool clients_beat(struct broker *b, uint64_t now)
 {
 	bool asleep[CHIME_MAX_SHARDS], quiet = true;
-	uint32_t nr_asleep = 0, hi = 0;
+	uint32_t nr_asleep = 0, hi = 0, unadmitted = 0;
 
 	for (uint32_t s = 0; s < b->o.nr_shards; s++)
 		nr_asleep += asleep[s] = at_load(b->shards[s].sleeping) != 0;
@@ -1435,6 +1436,8 @@ static bool clients_beat(struct broker *b, uint64_t now)
 
 		if (c->state != CL_FREE)
 			hi = i + 1;     /* a slot freed later in this pass keeps it: an upper bound */
+		/* counted before a reclaim below: the next beat counts it gone */
+		unadmitted += c->state == CL_DETACHED && c->unadmitted;
 		/*
 		 * Coming, going or waiting for the beat: not a broker at rest
 		 * (IDLE_BEAT_NS). Nor is one whose session's process has events
@@ -1513,6 +1516,11 @@ static bool clients_beat(struct broker *b, uint64_t now)
 		}
 	}
 	b->clients_hi = hi;
+	/* as they reattach (a policy put right), are reclaimed or dropped, or a reload judges them */
+	if (unadmitted != b->sessions_unadmitted) {
+		b->sessions_unadmitted = unadmitted;
+		at_store(&b->ctl->sessions_unadmitted, unadmitted);
+	}
 	return quiet;
 }
 

@@ -259,12 +259,13 @@ uint32_t restart_say_unattachable(struct broker *b, uint64_t now, bool reload)
 	bool last = true;
 
 	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
-		const struct client *c = &b->clients[slot];
+		struct client *c = &b->clients[slot];
 		char why[96];
 		uint64_t left;
 
 		if (c->state != CL_DETACHED)
 			continue;
+		c->unadmitted = false;
 		/* Slots in a row of one user (its sessions are often many): one look-up in the user database. */
 		if (c->cred.uid != last_uid || c->cred.gid != last_gid) {
 			last_uid = c->cred.uid;
@@ -277,6 +278,7 @@ uint32_t restart_say_unattachable(struct broker *b, uint64_t now, bool reload)
 			snprintf(why, sizeof(why), "the policy file reserves its name for uid %u", (unsigned)owner);
 		else
 			continue;
+		c->unadmitted = true;
 		if (n++ >= UNADMITTED_SAID)
 			continue;
 		/* Restored, restart_save() gives it RESTART_LINGER_NS at least. */

@@ -776,10 +776,11 @@ struct chime_ctl {
 	 */
 	int64_t  wall_off;
 	/*
-	 * Set before RUNNING, then fixed: sessions taken over from the earlier
-	 * broker that no process can attach to under this one's policy (their
-	 * user not admitted, or their name reserved for another); they go
-	 * when their linger ends. 0 from a broker before it (it was reserved).
+	 * Detached sessions no process can attach to under the policy (their
+	 * user not admitted, or their name reserved for another), as judged
+	 * at the start (sessions taken over) and at each reload; they go
+	 * when their linger ends. Kept at each heartbeat, relaxed. 0 from a
+	 * broker before it (it was reserved).
 	 */
 	uint32_t sessions_unadmitted;
 	uint8_t  _reserved[256 - 64 - 128 - 24 - 16 - 4];

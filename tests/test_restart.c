@@ -1596,6 +1596,31 @@ static void lapsed_child(int wfd, void *arg)
 }
 
 /*
+ * chimestat's broker.sessions_unadmitted, once it is `want` (up to 3 s: the
+ * broker counts at its heartbeat); else the last value read.
+ */
+static unsigned unadmitted_settles(unsigned want)
+{
+	const char *stat = getenv("CHIMESTAT");
+	char cmd[800];
+	unsigned n = UINT_MAX;
+
+	cr_assert_not_null(stat);
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' -1 -f broker.sessions_unadmitted", stat, tb.sock);
+	for (int i = 0; i < 30 && n != want; i++) {
+		FILE *f = popen(cmd, "r");
+
+		cr_assert_not_null(f);
+		if (fscanf(f, " broker.sessions_unadmitted %u", &n) != 1)
+			n = UINT_MAX;
+		pclose(f);
+		if (n != want)
+			usleep(100 * 1000);
+	}
+	return n;
+}
+
+/*
  * A session of a user the next broker's policy no longer admits (its
  * --allow-uid dropped): no process of that user can attach to it again.
  * It was restored without a word, kept its timers and its memory, and
@@ -1605,13 +1630,10 @@ static void lapsed_child(int wfd, void *arg)
  */
 Test(restart, a_restored_session_of_a_user_no_longer_admitted_is_said_counted_and_lingers_out)
 {
-	char log[300], extra[400], cmd[800];
-	const char *stat = getenv("CHIMESTAT");
-	unsigned n = 0;
+	char log[300], extra[400];
 	chime_t *adm;
-	FILE *f;
+	unsigned n;
 
-	cr_assert_not_null(stat);
 	if (geteuid() != 0)
 		cr_skip("needs root (opens the session as uid 65534)");
 	start("-n 2 --allow-uid 65534");
@@ -1626,16 +1648,12 @@ Test(restart, a_restored_session_of_a_user_no_longer_admitted_is_said_counted_an
 	cr_assert(log_lines(log, "'lapsed'", "65534") && t_file_has(log, "does not admit"),
 		  "the restored session of a user the policy no longer admits is not said, with its name and user");
 	cr_assert_not(log_lines(log, "'admitted'", "does not admit"), "an admitted user's session said not to be");
-	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' -1 -f broker.sessions_unadmitted", stat, tb.sock);
-	f = popen(cmd, "r");
-	cr_assert_not_null(f);
-	cr_assert(fscanf(f, " broker.sessions_unadmitted %u", &n) == 1 && n == 1,
-		  "chimestat does not count the session (%u)", n);
-	pclose(f);
+	cr_assert_eq(n = unadmitted_settles(1), 1, "chimestat does not count the session (%u)", n);
 	/* Its linger (2 s, at least the restart's 3 s) ends as an unattached session's does. */
 	for (int i = 0; i < 80 && t_nodes(tb.sock, ARMED_STATES) > 5; i++)
 		usleep(100 * 1000);
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 5, "the session's timers outlived its linger by 5 s");
+	cr_assert_eq(n = unadmitted_settles(0), 0, "the session gone, still counted (%u)", n);
 	chime_close(adm);
 }
 
@@ -1646,12 +1664,9 @@ Test(restart, a_restored_session_of_a_user_no_longer_admitted_is_said_counted_an
  */
 Test(restart, a_restored_session_whose_name_is_now_reserved_for_another_user_is_said_and_counted)
 {
-	char log[300], extra[700], file[300], cmd[800];
-	const char *stat = getenv("CHIMESTAT");
-	unsigned n = 0;
-	FILE *f;
+	char log[300], extra[700], file[300];
+	unsigned n;
 
-	cr_assert_not_null(stat);
 	start("-n 2");
 	chime_close(open_armed("claimed", 5, &(chime_id_t){ 0 }));
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 5), 5);
@@ -1662,23 +1677,20 @@ Test(restart, a_restored_session_whose_name_is_now_reserved_for_another_user_is_
 	restart(SIGKILL, extra);
 	cr_assert(log_lines(log, "'claimed'", "reserves its name for uid 65534"),
 		  "the restored session whose name is reserved for another user is not said");
-	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' -1 -f broker.sessions_unadmitted", stat, tb.sock);
-	f = popen(cmd, "r");
-	cr_assert_not_null(f);
-	cr_assert(fscanf(f, " broker.sessions_unadmitted %u", &n) == 1 && n == 1,
-		  "chimestat does not count the session (%u)", n);
-	pclose(f);
+	cr_assert_eq(n = unadmitted_settles(1), 1, "chimestat does not count the session (%u)", n);
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 5, "its timers go with its linger, not at the restore");
 }
 
 /*
  * A reload (SIGHUP) that leaves a detached session to nobody (its name now
- * reserved for another user) says so, as a restart does; its timers go
- * with its linger.
+ * reserved for another user) says so, as a restart does, and counts it;
+ * its timers go with its linger. A reload that gives it back uncounts it
+ * (the count was the start's, and stayed so).
  */
 Test(restart, a_reload_that_leaves_a_detached_session_to_nobody_says_so)
 {
 	char log[300], extra[700], file[300];
+	unsigned n;
 
 	start("-n 1");
 	snprintf(log, sizeof(log), "%s/start.log", tb.dir);
@@ -1695,6 +1707,11 @@ Test(restart, a_reload_that_leaves_a_detached_session_to_nobody_says_so)
 	cr_assert(log_says(log, "'orphaned'", "reserves its name for uid 65534"),
 		  "a reload that leaves a detached session to nobody does not say so");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 5, "its timers go with its linger, not at the reload");
+	cr_assert_eq(n = unadmitted_settles(1), 1, "the reload does not count the session (%u)", n);
+	cr_assert_eq(t_write_file(file, "allow-all\n"), 0);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	cr_assert_eq(n = unadmitted_settles(0), 0, "a reload that gives the session back still counts it (%u)", n);
+	chime_close(sopen_ok("orphaned"));
 }
 
 /*

@@ -342,9 +342,9 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	      "taken over: their timers there were lost.", NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.sessions_unadmitted");
 	f->u = h->sessions_unadmitted;
-	fprom(f, "chime_broker_sessions_unadmitted", "gauge", "Sessions taken over at start that no process can "
-	      "attach to under the policy (user not admitted, or name reserved for another); they go when their "
-	      "linger ends.", NULL, 1);
+	fprom(f, "chime_broker_sessions_unadmitted", "gauge", "Detached sessions that no process can attach to "
+	      "under the policy (user not admitted, or name reserved for another), as judged at start and at each "
+	      "reload; they go when their linger ends.", NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.stats_reset_gen");
 	f->u = h->stats_reset_gen;
 	/* When `chimectl reset-stats` last ran: null if never. */

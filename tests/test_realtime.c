@@ -347,7 +347,7 @@ Test(realtime, many_steps_in_a_row_fire_nothing_early_nor_twice)
 	}
 	for (int i = 0; i < N; i++)
 		cr_assert_eq(seen[i], 1, "one-shot %d fired %llu times", i, (unsigned long long)seen[i]);
-	cr_assert_geq(np, (N * 200 * MS) / period, "the periodic fired %d times", np);
+	cr_assert_geq((uint64_t)np, (N * 200 * MS) / period, "the periodic fired %d times", np);
 	cr_assert_eq(chime_cancel(c, pid), 0);
 	chime_close(c);
 }

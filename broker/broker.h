@@ -320,6 +320,7 @@ int restart_save(struct broker *b);
 void restart_put(struct broker *b, const struct client *c);
 void restart_clear(struct broker *b, const struct client *c);
 /* What a stop leaves for the next broker: sessions that are not being reclaimed, nor created by an open not yet welcomed. */
+bool restart_session_kept(const struct client *c);
 uint32_t restart_sessions(const struct broker *b);
 /*
  * A stop that keeps sessions, before the shards stop: the sessions file
@@ -327,11 +328,19 @@ uint32_t restart_sessions(const struct broker *b);
  * if that failed).
  */
 void restart_keep(struct broker *b);
+/* A stop's timers (the shards stopped): those of the sessions it keeps, and the rest, which end with it. */
+struct stop_timers {
+	uint64_t kept;
+	uint64_t dropped;
+	uint32_t anonymous;     /* clients whose timers those are (anonymous, or sessions being reclaimed) */
+};
+
 /*
  * Close the sessions file; remove it if it is ours and no session is left.
  * `lost_shards`: shard files a stop keeping sessions could not write again.
+ * `t`: what to say of the timers (NULL: nothing).
  */
-void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards);
+void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards, const struct stop_timers *t);
 /* At the heartbeat: say once (LOG_ERR) if a file the next broker needs was removed or replaced. */
 void restart_watch(struct broker *b, uint64_t now);
 

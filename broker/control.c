@@ -1977,10 +1977,47 @@ static void stop_ping_end(struct stop_pinger *p)
 	pthread_join(p->thr, NULL);
 }
 
+/*
+ * The timers the stopped shards hold, by what becomes of them: a client's
+ * are the `armed` of its stats blocks of its generation (a block of an
+ * earlier client of the slot is not its).
+ */
+static struct stop_timers stop_timers(const struct broker *b)
+{
+	const char *base = (const char *)b->ctl;
+	const struct chime_client_stats *cs;
+	struct stop_timers t = { 0, 0, 0 };
+
+	if (!b->ctl || !b->clients)
+		return t;
+	cs = (const struct chime_client_stats *)(base + b->ctl->client_stats_off);
+	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+		const struct client *c = &b->clients[i];
+		uint64_t n = 0;
+
+		if (c->state == CL_FREE)
+			continue;
+		for (uint32_t s = 0; s < b->o.nr_shards; s++) {
+			const struct chime_client_stats *e = &cs[(uint64_t)i * b->o.nr_shards + s];
+
+			if (at_load(&e->generation) == c->generation)
+				n += at_load(&e->armed);
+		}
+		if (restart_session_kept(c)) {
+			t.kept += n;
+		} else if (n) {
+			t.dropped += n;
+			t.anonymous++;
+		}
+	}
+	return t;
+}
+
 void broker_stop(struct broker *b)
 {
 	uint32_t sessions, lost_shards = 0;
 	struct stop_pinger pinger;
+	struct stop_timers timers;
 	bool keep;
 
 	if (!b)
@@ -2015,12 +2052,13 @@ void broker_stop(struct broker *b)
 			for (uint32_t j = i + 1; j < b->o.nr_shards && !keep; j++)
 				(void)chime_seg_unlink_named(b->shards[j].seg_fd, b->shards[j].path);
 			if (!keep)
-				restart_close(b, 0, 0);         /* the sessions file too: it holds none */
+				restart_close(b, 0, 0, NULL);   /* the sessions file too: it holds none */
 			(void)chime_seg_unlink_named(b->ctl_fd, b->ctl_path);
 			(void)chime_seg_unlink_named(b->lock_fd, b->lock_path);
 			_exit(EXIT_FAILURE);
 		}
 	}
+	timers = stop_timers(b);        /* the shards stopped: their counts are final */
 	/* Clients see EOF now: shutdown() even while the ring still holds a reference. */
 	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++) {
 		struct client *c = &b->clients[i];
@@ -2066,7 +2104,7 @@ void broker_stop(struct broker *b)
 		(void)chime_seg_unlink_named(b->ctl_fd, b->ctl_path);
 		close(b->ctl_fd);
 	}
-	restart_close(b, sessions, lost_shards);
+	restart_close(b, sessions, lost_shards, &timers);
 	if (b->lock_fd >= 0) {
 		/* Unlink while still holding it: a starter that opened it re-checks the inode. */
 		(void)chime_seg_unlink_named(b->lock_fd, b->lock_path);

@@ -543,16 +543,18 @@ void restart_clear(struct broker *b, const struct client *c)
 		log_errno(LOG_WARNING, e, "'%s': cannot remove session '%s'", b->sess_path, c->session);
 }
 
+bool restart_session_kept(const struct client *c)
+{
+	return c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING && c->state != CL_HELD &&
+	       !c->drop_parked && !(c->state == CL_ATTACHING && c->created);
+}
+
 uint32_t restart_sessions(const struct broker *b)
 {
 	uint32_t n = 0;
 
-	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++) {
-		const struct client *c = &b->clients[i];
-
-		n += c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING && c->state != CL_HELD &&
-		     !c->drop_parked && !(c->state == CL_ATTACHING && c->created);
-	}
+	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++)
+		n += restart_session_kept(&b->clients[i]);
 	return n;
 }
 
@@ -567,17 +569,25 @@ void restart_keep(struct broker *b)
 					  "sessions' timers", NULL, 0);
 }
 
-void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards)
+void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards, const struct stop_timers *t)
 {
 	bool ours = b->sess.fd >= 0;    /* a file we did not create (a refused start) is never removed */
+	char timers[48] = "";
 
+	if (t)
+		snprintf(timers, sizeof(timers), " (%llu timer%s)", (unsigned long long)t->kept,
+			 t->kept == 1 ? "" : "s");
 	if (sessions && ours && !b->sess_lost && !lost_shards)
-		log_msg(LOG_INFO, "keeping the timers of %u session%s for the next broker ('%s')", sessions,
-			sessions == 1 ? "" : "s", b->sess_path);
+		log_msg(LOG_INFO, "keeping the timers of %u session%s%s for the next broker ('%s')", sessions,
+			sessions == 1 ? "" : "s", timers, b->sess_path);
 	else if (sessions && ours && !b->sess_lost)
-		log_msg(LOG_WARNING, "keeping the timers of %u session%s for the next broker ('%s'), except "
-			"those of %u shard%s", sessions, sessions == 1 ? "" : "s", b->sess_path, lost_shards,
+		log_msg(LOG_WARNING, "keeping the timers of %u session%s%s for the next broker ('%s'), except "
+			"those of %u shard%s", sessions, sessions == 1 ? "" : "s", timers, b->sess_path, lost_shards,
 			lost_shards == 1 ? "" : "s");
+	if (t && t->dropped)
+		log_msg(LOG_INFO, "%llu timer%s of %u client%s that no next broker takes over (anonymous, or "
+			"sessions being reclaimed) end with this one", (unsigned long long)t->dropped,
+			t->dropped == 1 ? "" : "s", t->anonymous, t->anonymous == 1 ? "" : "s");
 	if (!sessions && ours)
 		(void)chime_seg_unlink_named(b->sess.fd, b->sess_path);
 	sessfile_close(&b->sess);

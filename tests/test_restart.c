@@ -1112,6 +1112,31 @@ static void stop_now(int sig)
 }
 
 /*
+ * A stop says how many timers it keeps for the next broker, and how many
+ * end with it: "keeping the timers of 1 session" said neither, and nothing
+ * at all of the anonymous clients' timers that a stop takes with it.
+ */
+Test(restart, a_stop_counts_the_timers_it_keeps_and_those_that_end_with_it)
+{
+	char log[300];
+	chime_t *anon;
+	chime_id_t id;
+
+	start_logged("-n 2", log, sizeof(log));
+	chime_close(open_armed("counted", 7, &id));
+	anon = sopen_ok(NULL);
+	for (unsigned i = 0; i < 5; i++)
+		cr_assert_eq(chime_arm(anon, 0, now_ns() + HOUR, 0, i, &id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 12), 12);
+	restart(SIGTERM, "-n 2");
+	cr_assert_eq(log_lines(log, "keeping the timers of 1 session (7 timers) for the next broker", ""), 1,
+		     "the stop does not count the session's 7 timers");
+	cr_assert_eq(log_lines(log, "5 timers of 1 client that no next broker takes over", "end with this one"), 1,
+		     "the stop does not count the anonymous client's 5 timers it ends");
+	chime_close(anon);
+}
+
+/*
  * The sessions file and every shard file removed under a running broker
  * holding a session's timers: its stop wrote the unlinked inodes and said
  * "keeping the timers", and the next broker started empty without a word.

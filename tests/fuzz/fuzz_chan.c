@@ -9,7 +9,7 @@
  * cq_head values, claim words, want_wakeup, grant words and the entries of
  * their touch tables (RESET_TOUCH records among theirs); an honest client
  * (slot 0) submits only well-formed records through shm/ring.h and keeps a
- * shadow model of its timers; the shard side calls chan_drain, chan_service,
+ * shadow model of its timers; the shard side calls chan_drain, chan_service(_n),
  * chan_pending, chan_park, chan_reattach, chan_reclaim and fires timers
  * through wheel_advance at a fuzz-chosen (monotonic) clock, in fuzz-chosen
  * order, staging the next cascade (wheel_stage) when a loop iteration ends.
@@ -718,9 +718,11 @@ static void step(struct prog *g)
 	}
 	case 10: {
 		unsigned c = u8(g) % NCL;
+		/* a user's budget left this pass (shard.c): a few steps, or none, of the service's work */
+		uint32_t budget = u8(g);
 
 		if (live(c))
-			chan_service(&W.sc, &W.cl[c].ch, W.now);
+			(void)chan_service_n(&W.sc, &W.cl[c].ch, W.now, budget == 255 ? &(uint32_t){ UINT32_MAX } : &budget);
 		break;
 	}
 	case 11: {

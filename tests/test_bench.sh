@@ -32,13 +32,19 @@
 #            mode, an unknown one: exit 2 at once (timeout 2 s; nothing
 #            started, no broker directory made), with "chime-bench MODE:",
 #            the option and the value named on stderr.
+#   fail     `chime-bench e2e --quick --only ops` against a chimed whose
+#            quota (--max-timers-per-uid 1024) refuses the 10k arms: every
+#            arm row is an error with no figure (its untimed batches would
+#            read as fast ops), the phases after it say they did not run,
+#            the error is named, exit status 1, within 30 s (not a minute's
+#            wait per phase for counts the broker never reaches).
 #   interrupt `chime-bench e2e --quick` on a private $TMPDIR, sent SIGTERM a
 #            second after its chimed is up: exit 143, the chimed is gone and
 #            its directory removed.
 #
 # tests/meson.build runs each mode as its own test (bench-MODE).
 #
-# Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel|args|interrupt [EXPECT]
+# Usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel|args|fail|interrupt [EXPECT]
 # Exit: 0 pass, 1 fail, 77 skipped (no jq; args and interrupt need none).
 set -u
 
@@ -166,7 +172,46 @@ interrupt_check() {
 	echo "bench interrupt: e2e --quick stopped its chimed and removed its directory on SIGTERM"
 }
 
+# e2e's client operations against a chimed that refuses the arms (its quota).
+fail_check() {
+	sock=$dir/quota.sock
+	"$CHIMED" --foreground --shards 1 --max-timers-per-uid 1024 --socket "$sock" >"$dir/chimed.log" 2>&1 &
+	cpid=$!
+	i=0
+	while [ ! -S "$sock" ] || [ ! -e "$sock.ctl" ]; do
+		i=$((i + 1))
+		if [ $i -gt 200 ] || ! kill -0 "$cpid" 2>/dev/null; then
+			cat "$dir/chimed.log" >>"$dir/err"
+			fail "chimed did not start"
+		fi
+		sleep 0.05
+	done
+	timeout 30 "$bench" e2e --quick --only ops --socket "$sock" >"$dir/out.json" 2>"$dir/err"
+	st=$?
+	kill "$cpid"
+	wait "$cpid"
+	[ "$st" -ne 124 ] || fail "e2e --only ops with its arms refused: still running after 30 s"
+	[ "$st" -eq 1 ] || fail "e2e --only ops with its arms refused: exit status $st, expected 1"
+	grep -qF -- "!! chime arm: Disk quota exceeded" "$dir/out.json" || fail "the refused arms are not named"
+	# every chime cell of the operation rows (one a call and 64 a call, then in
+	# bursts): no figure, the arm's an error, the others not run
+	bad=$(awk -F'|' '/^  [0-9]+k +[12] (arm|reset|touch|cancel)/ {
+		split($1, a, " ")
+		for (i = 2; i <= (a[3] ~ /\// ? 2 : 3); i++) {
+			c = $i; sub(/^ +/, "", c); sub(/ +$/, "", c)
+			if (c == "-") continue          # timerfd: not asked for
+			if (a[3] ~ /^arm/ ? c != "ERR: no figure (see !!)" : c != "not run (a phase before failed)") print
+		}
+		n++ } END { if (n != 48) print n " operation rows, expected 48" }' "$dir/out.json")
+	[ -z "$bad" ] || fail "rows with a figure or the wrong verdict: $bad"
+	echo "bench fail: refused arms reported as errors with no figure, the phases after them not run, exit 1"
+}
+
 case $mode in
+fail)
+	fail_check
+	exit 0
+	;;
 args)
 	for m in e2e compare rest; do
 		args_check $m
@@ -273,7 +318,7 @@ wheel)
 	echo "bench wheel: 2 sizes, every figure; stalls $(awk -F'|' '/staged +\|/ { split($2, a, " "); printf "%s %s us; ", $1, a[1] }' "$dir/out.json" | tr -s ' ')"
 	;;
 *)
-	echo "usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel|args|interrupt [EXPECT]" >&2
+	echo "usage: test_bench.sh CHIME_BENCH CHIMED compare|rest|apply|wheel|args|fail|interrupt [EXPECT]" >&2
 	exit 2
 	;;
 esac

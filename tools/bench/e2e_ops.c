@@ -58,6 +58,7 @@ struct op_shared {
 	uint64_t busy[NR_OPS][MAX_THR];
 	uint64_t t0[NR_OPS][MAX_THR], t1[NR_OPS][MAX_THR];
 	int err[NR_OPS][MAX_THR];
+	int stop;               /* a phase failed: the threads leave at the next phase start */
 };
 
 struct op_thread {
@@ -196,6 +197,8 @@ static void *op_thread_main(void *arg)
 
 		/* Phase start: every thread and the main thread (which waited for the broker). */
 		pthread_barrier_wait(&sh->bar);
+		if (sh->stop)
+			break;
 		sh->t0[op][t->idx] = now_ns();
 		if (sh->paced && t->idx == 0)
 			sh->paced_err = 0;
@@ -293,8 +296,11 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 
 	memset(&sh, 0, sizeof(sh));
 	memset(res, 0, sizeof(*res) * NR_OPS);
-	if (impl != IMPL_TFD && broker_open((struct broker *)b, 0, &c) < 0)
+	if (impl != IMPL_TFD && (ret = broker_open((struct broker *)b, 0, &c)) < 0) {
+		for (int op = 0; op < NR_OPS; op++)
+			res[op].err = ret;      /* no figure: zeros would read as fast ops */
 		return -1;
+	}
 	sh.impl = impl;
 	sh.c = c;
 	sh.b = b;
@@ -319,10 +325,21 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 	}
 
 	for (int op = 0; op < NR_OPS; op++) {
-		if (cold && op == OP_RESET)
+		if (cold && op == OP_RESET && !sh.stop)
 			flush_caches();
 		pthread_barrier_wait(&sh.bar);      /* go */
+		if (sh.stop) {
+			/* after a failed phase the ids are not what the next one needs: no figure */
+			for (int k = op; k < NR_OPS; k++)
+				res[k].err = -ECANCELED;
+			break;
+		}
 		pthread_barrier_wait(&sh.bar);      /* done */
+		for (unsigned i = 0; i < nthr; i++)
+			if (sh.err[op][i])
+				sh.stop = 1;
+		if (sh.stop)
+			continue;       /* not waiting minutes for counts a failed phase never reaches */
 		/*
 		 * Every record applied before the next phase: the armed count
 		 * shows the arms and cancels, the rings the resets, which the
@@ -331,8 +348,11 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 		 */
 		if (impl != IMPL_TFD &&
 		    (wait_armed(b, op == OP_CANCEL ? 0 : n, 60 * NS_PER_S) < 0 || chime_flush(c) < 0 ||
-		     wait_applied(c, 60 * NS_PER_S) < 0))
-			ret = -1;
+		     wait_applied(c, 60 * NS_PER_S) < 0)) {
+			/* every call returned 0, but the broker did not apply the phase: not a figure */
+			res[op].err = -ETIMEDOUT;
+			sh.stop = 1;
+		}
 	}
 	for (unsigned i = 0; i < nthr; i++)
 		pthread_join(th[i].tid, NULL);

@@ -82,7 +82,7 @@ static int u_cancel(size_t lo, size_t hi)
 	return 0;
 }
 
-static long u_expire(size_t n, uint64_t d, uint64_t *last)
+static int u_arm_at(size_t n, uint64_t d)
 {
 	int r;
 
@@ -92,6 +92,12 @@ static long u_expire(size_t n, uint64_t d, uint64_t *last)
 		    (r = uv_timer_start(&T[i], on_fire, ms_until(d), 0)) < 0)
 			return r;
 	}
+	return 0;
+}
+
+static long u_expire(size_t n, uint64_t *last)
+{
+	(void)n;
 	uv_run(&L, UV_RUN_DEFAULT);     /* returns when no timer is left */
 	*last = last_ns;
 	return (long)fired;
@@ -112,7 +118,7 @@ static void u_teardown(void)
 
 const struct inproc inproc_uv = {
 	.setup = u_setup, .arm = u_arm, .reset = u_reset, .cancel = u_cancel,
-	.expire = u_expire, .teardown = u_teardown,
+	.arm_at = u_arm_at, .expire = u_expire, .teardown = u_teardown,
 };
 
 /* ---- the seed workload: a 10 ms pacer timer touches with uv_timer_start ---- */
@@ -208,14 +214,16 @@ int run_uv_lat(size_t n, uint64_t span_ns, struct lat_result *res)
 		free(lat_dl);
 		return r;
 	}
-	t0 = now_ns() + 100 * NS_PER_MS;
+	uv_update_time(&L);
+	t0 = now_ns() + LAT_LEAD_NS(n);
 	for (size_t i = 0; i < n; i++) {
 		lat_dl[i] = t0 + splitmix64(&rng) % span_ns;
 		uv_timer_init(&L, &T[i]);
 		T[i].data = (void *)(uintptr_t)i;
 		uv_timer_start(&T[i], on_lat, ms_until(lat_dl[i]), 0);
 	}
-	uv_run(&L, UV_RUN_DEFAULT);
+	if (!lat_armed_late(t0, n, "libuv"))
+		uv_run(&L, UV_RUN_DEFAULT);
 	res->got = lat_got;
 	qsort(res->recv, lat_got, sizeof(uint64_t), cmp_u64);
 	u_teardown();

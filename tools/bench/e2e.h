@@ -173,6 +173,14 @@ int run_lat_chime(const struct broker *b, size_t n, uint64_t span_ns, int busy_p
 		  struct lat_result *res);
 int run_lat_tfd(size_t n, uint64_t span_ns, struct lat_result *res);
 /*
+ * The lateness runs' earliest deadline is this far after the clock read
+ * before arming (every contender the same: 100 ms, plus 3 us a timer for
+ * timerfd_settime's worst here). Arming that ends after it would count as
+ * lateness: lat_armed_late() then reports a problem and returns 1.
+ */
+#define LAT_LEAD_NS(n) (100 * NS_PER_MS + (uint64_t)(n) * 3000)
+int lat_armed_late(uint64_t t0, size_t n, const char *who);
+/*
  * The floor under a client operation (e2e_floor.c): ns to hand one 64-byte
  * record to a thread on another CPU through a ring, in bursts of `burst`
  * into slots the consumer wrote last, published in the ways e2e_floor.c names.

@@ -3,13 +3,14 @@
 #
 # bench: chime-bench's comparison modes run and produce every figure.
 #
-#   compare  `chime-bench compare --quick --json` against a private chimed:
-#            the contenders are exactly the ones built (EXPECT), each has
+#   compare  `chime-bench compare --quick --json --lateness-csv DIR` against
+#            a private chimed: the contenders are exactly the ones built (EXPECT), each has
 #            every figure at every size, positive (timerfd: at every size
 #            RLIMIT_NOFILE allows, at least one); chime, libuv and libev
 #            have the seed workload's CPU (chime's broker too) and reached at
 #            least half the touch rate; chime, timerfd and libuv have their
-#            lateness for every timer; no problem was seen.
+#            lateness for every timer, its p50 and p99 where the CSV's
+#            cumulative fraction reaches 0.5 and 0.99; no problem was seen.
 #   rest     `chime-bench rest --timers 100000 --seconds 2 --session bench-rest
 #            --json`: the broker at rest with a session's process attached
 #            wakes up for nothing beyond its heartbeat and takes under 0.5% of
@@ -252,8 +253,18 @@ fi
 
 case $mode in
 compare)
-	"$bench" compare --quick --json >"$dir/out.json" 2>"$dir/err" ||
+	"$bench" compare --quick --json --lateness-csv "$dir/csv" >"$dir/out.json" 2>"$dir/err" ||
 		fail "exit status $?"
+	# the plot's CSVs and the figures are the same percentiles: p50 and p99 are
+	# the first values whose cumulative fraction reaches 0.5 and 0.99
+	for k in $(jq -r '.lateness.results | keys[]' "$dir/out.json"); do
+		for q in 50 99; do
+			want=$(jq -r ".lateness.results.\"$k\".p${q}_us" "$dir/out.json")
+			got=$(awk -F, -v q="0.$q" 'NR > 1 && $2 + 0 >= q + 0 { print $1; exit }' "$dir/csv/$k.csv")
+			awk -v a="$want" -v b="$got" 'BEGIN { d = a - b; exit !(b != "" && d < 0.002 && d > -0.002) }' ||
+				fail "lateness $k: p$q $want us in the JSON, $got us where $dir/csv/$k.csv reaches 0.$q"
+		done
+	done
 	missing=$(jq -r --arg expect "$expect" '
 		def figs: ["arm_ns", "reset_ns", "touch_ns", "cancel_ns", "arm_mean_ns", "reset_mean_ns", "touch_mean_ns", "cancel_mean_ns", "expire_ns", "mem_bytes"];
 		def pos(o; f): ((o // {})[f] // 0) > 0;

@@ -69,14 +69,16 @@ int cmp_dbl(const void *a, const void *b)
 /* Percentile q (0..1) of a sorted array: the smallest value >= a fraction q of the samples. */
 uint64_t pct(const uint64_t *a, size_t n, double q)
 {
-	size_t i;
+	double x = q * (double)n;
+	size_t i = (size_t)x;
 
 	if (n == 0)
 		return 0;
-	i = (size_t)(q * (double)n);
-	if (i >= n)
-		i = n - 1;
-	return a[i];
+	/* nearest rank, ceil(q n): floor(q n) + 1 made the p99 of 100 values their max */
+	if ((double)i < x)
+		i++;
+	i = i ? i - 1 : 0;
+	return a[i < n ? i : n - 1];
 }
 
 const char *fmt_count(char *buf, size_t len, uint64_t n)

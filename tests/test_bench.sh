@@ -266,7 +266,7 @@ compare)
 		done
 	done
 	missing=$(jq -r --arg expect "$expect" '
-		def figs: ["arm_ns", "reset_ns", "touch_ns", "cancel_ns", "arm_mean_ns", "reset_mean_ns", "touch_mean_ns", "cancel_mean_ns", "expire_ns", "mem_bytes"];
+		def figs: ["arm_ns", "reset_ns", "touch_ns", "cancel_ns", "arm_mean_ns", "reset_mean_ns", "touch_mean_ns", "cancel_mean_ns", "expire_ns", "expire_first_us", "mem_bytes"];
 		def pos(o; f): ((o // {})[f] // 0) > 0;
 		.contenders as $c | .tfd_max as $fds
 		| [ (if ($c | join(",")) != $expect then "contenders \($c | join(",")), expected \($expect)" else empty end),

@@ -82,8 +82,10 @@ static void run_size(struct run *R, const struct broker *b, size_t si)
 			if (ok)
 				ok = (c == C_CHIME ? run_expire_chime(b, nt, R->gap_ns, 0, &er) :
 				      run_expire_tfd(nt, R->gap_ns, &er)) == 0 && er.ok;
-			if (ok)
+			if (ok) {
 				r->fig[F_EXPIRE] = (double)er.drain_ns / (double)nt;
+				r->fig[F_FIRST] = (double)er.first_ns / 1e3;
+			}
 		} else {
 			ok = run_inproc_ops(inproc_of(c), nt, batch, r) == 0 &&
 			     run_inproc_expire(inproc_of(c), nt, R->gap_ns, r) == 0;

@@ -65,7 +65,7 @@ int compare_csv(const struct run *R)
 
 static const char *const col_title[NR_C] = { "chime e2e", "chime wheel", "timerfd", "libuv", "libev" };
 static const char *const row_title[NR_F] = { "arm      ns/op", "reset    ns/op", "touch    ns/op", "cancel   ns/op",
-					     "expiry   ns/timer", "memory   B/timer" };
+					     "expiry   ns/timer", "  first after  us", "memory   B/timer" };
 
 void compare_table(const struct run *R, const struct broker *b)
 {
@@ -184,12 +184,14 @@ void compare_table(const struct run *R, const struct broker *b)
 	       "  uv_timer_start / uv_timer_start / uv_timer_stop; libev: ev_timer_init+start / ev_timer_again\n"
 	       "  / ev_timer_stop.\n"
 	       "expiry: N timers due at one instant; deadline -> last callback (chime: drained through chime_wait;\n"
-	       "  timerfd: epoll_wait + read each), / N.\n"
+	       "  timerfd: epoll_wait + read each), / N. It includes the wake-up, deadline -> first callback, the\n"
+	       "  row below it (libuv and libev wait in epoll_wait's whole ms): at small N it is most of it.\n"
 	       "memory: RSS grown by arming N, / N; chime e2e adds the broker's node (its slab has nothing else\n"
 	       "  per timer); timerfd adds the kernel's slab objects grown (/proc/slabinfo, system-wide).\n"
 	       "seed CPU: %% of one core over the wall time: client getrusage, broker schedstat of all its threads.\n"
-	       "lateness: chime_wait / epoll_wait / uv_run callback time - the deadline asked for (libuv rounds to\n"
-	       "  whole ms of its loop clock, so it is never early and up to a ms late by design).\n");
+	       "lateness: chime_wait / read(2) of the timerfd / uv_run callback time - the deadline asked for\n"
+	       "  (libuv: the deadline rounded up to a whole ms of its loop clock, then epoll_wait's timeout in\n"
+	       "  whole ms from a loop time up to a ms old: never early, 0.5-2 ms late by design).\n");
 }
 
 static json_t *jfig(double v)

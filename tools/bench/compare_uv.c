@@ -22,7 +22,7 @@ static uv_loop_t L;
 static uv_timer_t *T;
 static size_t T_n;
 static size_t fired;
-static uint64_t last_ns;
+static uint64_t first_ns, last_ns;
 
 /* ms timeout from loop time for an absolute CLOCK_MONOTONIC deadline */
 static inline uint64_t ms_until(uint64_t d)
@@ -34,8 +34,9 @@ static inline uint64_t ms_until(uint64_t d)
 
 static void on_fire(uv_timer_t *h)
 {
-	fired++;
 	last_ns = now_ns();
+	if (!fired++)
+		first_ns = last_ns;
 }
 
 static int u_setup(size_t n)
@@ -96,10 +97,11 @@ static int u_arm_at(size_t n, uint64_t d)
 	return 0;
 }
 
-static long u_expire(size_t n, uint64_t *last)
+static long u_expire(size_t n, uint64_t *first, uint64_t *last)
 {
 	(void)n;
 	uv_run(&L, UV_RUN_DEFAULT);     /* returns when no timer is left */
+	*first = first_ns;
 	*last = last_ns;
 	return (long)fired;
 }

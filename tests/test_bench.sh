@@ -38,7 +38,11 @@
 #            arm row is an error with no figure (its untimed batches would
 #            read as fast ops), the phases after it say they did not run,
 #            the error is named, exit status 1, within 30 s (not a minute's
-#            wait per phase for counts the broker never reaches).
+#            wait per phase for counts the broker never reaches). And
+#            `chime-bench compare --quick --sizes 1000 --lateness-csv DIR`
+#            with too few fds for timerfd's lateness run (ulimit -n 1200):
+#            an earlier run's DIR/timerfd.csv is gone, not left to be
+#            plotted beside this run's curves.
 #   interrupt `chime-bench e2e --quick` on a private $TMPDIR, sent SIGTERM a
 #            second after its chimed is up: exit 143, the chimed is gone and
 #            its directory removed.
@@ -206,6 +210,16 @@ fail_check() {
 		n++ } END { if (n != 48) print n " operation rows, expected 48" }' "$dir/out.json")
 	[ -z "$bad" ] || fail "rows with a figure or the wrong verdict: $bad"
 	echo "bench fail: refused arms reported as errors with no figure, the phases after them not run, exit 1"
+
+	mkdir "$dir/csv" || fail "mkdir $dir/csv"
+	printf 'lateness_us,cdf\n1.000,1.000000\n' >"$dir/csv/timerfd.csv"
+	(ulimit -n 1200 && exec "$bench" compare --quick --sizes 1000 --lateness-csv "$dir/csv") \
+		>"$dir/out.json" 2>"$dir/err" || fail "compare with 1200 fds: exit status $?"
+	[ -s "$dir/csv/chime.csv" ] || fail "compare with 1200 fds: no chime.csv"
+	[ ! -e "$dir/csv/timerfd.csv" ] ||
+		fail "compare with 1200 fds: timerfd did not run, and an earlier run's timerfd.csv is still there"
+	grep -q '^  p50 .* - \*' "$dir/out.json" || fail "compare with 1200 fds: timerfd's lateness not marked '- *'"
+	echo "bench fail: a lateness contender that could not run leaves no earlier CSV behind, and is marked"
 }
 
 case $mode in

@@ -119,14 +119,14 @@ static void run_lat(struct run *R, const struct broker *b)
 	for (int k = 0; k < NR_LAT; k++) {
 		int c = lat_c[k];
 
-		if (!R->built[c])
+		if (!R->built[c] || (c == C_TFD && R->n_lat > R->tfd_max))
 			continue;
 		progress(R, "lateness", R->n_lat, c);
 		if (c == C_CHIME) {
 			R->lat_ran[k] = run_lat_chime(b, R->n_lat, R->span_ns, 0, &R->lat[k]) == 0;
 			free(R->lat[k].fired);
 		} else if (c == C_TFD) {
-			R->lat_ran[k] = R->n_lat <= R->tfd_max && run_lat_tfd(R->n_lat, R->span_ns, &R->lat[k]) == 0;
+			R->lat_ran[k] = run_lat_tfd(R->n_lat, R->span_ns, &R->lat[k]) == 0;
 #if HAVE_LIBUV
 		} else {
 			R->lat_ran[k] = run_uv_lat(R->n_lat, R->span_ns, &R->lat[k]) == 0;

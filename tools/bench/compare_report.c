@@ -31,6 +31,17 @@ int compare_csv_prepare(const struct run *R)
 			strerror(errno));
 		return -1;
 	}
+	/* An earlier run's CSV of a contender this run leaves out would be plotted beside this run's */
+	for (int k = 0; k < NR_LAT; k++) {
+		char path[4096];
+
+		snprintf(path, sizeof(path), "%s/%s.csv", R->csv_dir, contender_name[lat_c[k]]);
+		if (unlink(path) < 0 && errno != ENOENT) {
+			fprintf(stderr, "chime-bench compare: --lateness-csv: cannot remove the earlier '%s': %s\n",
+				path, strerror(errno));
+			return -1;
+		}
+	}
 	return 0;
 }
 
@@ -161,7 +172,13 @@ void compare_table(const struct run *R, const struct broker *b)
 			for (int k = 0; k < NR_LAT; k++) {
 				const struct lat_result *l = &R->lat[k];
 
-				if (lat_c[k] != c || !R->lat_ran[k])
+				if (lat_c[k] != c)
+					continue;
+				if (c == C_TFD && R->built[c] && R->n_lat > R->tfd_max) {
+					snprintf(cell, sizeof(cell), "- *");
+					tfd_short = 1;
+				}
+				if (!R->lat_ran[k])
 					continue;
 				snprintf(cell, sizeof(cell), "%.1f", (q == 0 ? pct(l->recv, l->got, .5) :
 					 q == 1 ? pct(l->recv, l->got, .99) : l->recv[l->got - 1]) / 1e3);

@@ -464,7 +464,10 @@ int bench_e2e(int argc, char **argv)
 			double t = run_tflood(sizes[0] <= tfd_max ? sizes[0] : tfd_max / 1000 * 1000, flood_ns);
 			char cnt[24];
 
-			printf("  timerfd: %u threads timerfd_settime over %s timerfds: %.2f M/s in all (the kernel's\n"
+			if (t < 0)
+				printf("  timerfd: not measured (see above)\n");
+			else
+				printf("  timerfd: %u threads timerfd_settime over %s timerfds: %.2f M/s in all (the kernel's\n"
 			       "           timers have no shard; that is the whole machine)\n",
 			       MAX_THR, fmt_count(cnt, sizeof(cnt), sizes[0] <= tfd_max ? sizes[0] : tfd_max / 1000 * 1000), t);
 		}

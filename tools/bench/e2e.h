@@ -160,6 +160,7 @@ struct sporadic_result {
 	uint64_t *reset_ns, *arm_ns, *arm_far_ns, *tfd_ns;      /* n each, sorted */
 };
 int run_sporadic(const struct broker *b, size_t n, uint64_t idle_ns, struct sporadic_result *res);
+/* timerfd_settime from 2 threads over n timerfds for dur_ns: M calls/s in all, or -1 (a failure, reported). */
 double run_tflood(size_t n, uint64_t dur_ns);
 /*
  * busy_poll: drain with chime_poll() in a loop, spinning on a CPU the shards

@@ -584,6 +584,7 @@ struct tflood {
 	uint64_t base_ns;
 	int stop;
 	uint64_t done[MAX_THR];
+	int err[MAX_THR];       /* the first -errno: a failed call is no op done */
 };
 
 struct tflood_thread {
@@ -601,11 +602,17 @@ static void *tflood_main(void *arg)
 
 	while (!at_load(&f->stop)) {
 		for (unsigned j = 0; j < 256; j++, k++) {
-			(void)tfd_set(f->fds[i], f->base_ns + (k & 0xffffff) * 1000);
+			int r = tfd_set(f->fds[i], f->base_ns + (k & 0xffffff) * 1000);
+
+			if (r < 0) {
+				f->err[t->idx] = r;
+				goto out;
+			}
 			if (++i == hi)
 				i = lo;
 		}
 	}
+out:
 	f->done[t->idx] = k;
 	return NULL;
 }
@@ -616,6 +623,7 @@ double run_tflood(size_t n, uint64_t dur_ns)
 	struct tflood_thread th[MAX_THR];
 	uint64_t t0, t1, k = 0;
 	size_t made = 0;
+	int err = 0;
 
 	memset(&f, 0, sizeof(f));
 	f.n = n;
@@ -627,6 +635,7 @@ double run_tflood(size_t n, uint64_t dur_ns)
 			break;
 	}
 	if (made < n) {
+		fprintf(stderr, "%s: timerfd flood: timerfd %zu of %zu: %s\n", bench_prog, made, n, strerror(errno));
 		for (size_t i = 0; i < made; i++)
 			close(f.fds[i]);
 		free(f.fds);
@@ -643,10 +652,16 @@ double run_tflood(size_t n, uint64_t dur_ns)
 	for (unsigned i = 0; i < MAX_THR; i++) {
 		pthread_join(th[i].tid, NULL);
 		k += f.done[i];
+		if (f.err[i] && !err)
+			err = f.err[i];
 	}
 	t1 = now_ns();
 	for (size_t i = 0; i < n; i++)
 		close(f.fds[i]);
 	free(f.fds);
+	if (err) {
+		PROBLEM("timerfd flood: timerfd_settime: %s\n", strerror(-err));
+		return -1;
+	}
 	return (double)k / (double)(t1 - t0) * 1e3;
 }

@@ -42,7 +42,10 @@
 #            `chime-bench compare --quick --sizes 1000 --lateness-csv DIR`
 #            with too few fds for timerfd's lateness run (ulimit -n 1200):
 #            an earlier run's DIR/timerfd.csv is gone, not left to be
-#            plotted beside this run's curves.
+#            plotted beside this run's curves. And `chime-bench rest
+#            --json` against a chimed killed inside its window: exit 1
+#            within 15 s, naming /proc, no figures on stdout (not a CPU
+#            share computed from a sample that was never read).
 #   interrupt `chime-bench e2e --quick` on a private $TMPDIR, sent SIGTERM a
 #            second after its chimed is up: exit 143, the chimed is gone and
 #            its directory removed.
@@ -220,6 +223,29 @@ fail_check() {
 		fail "compare with 1200 fds: timerfd did not run, and an earlier run's timerfd.csv is still there"
 	grep -q '^  p50 .* - \*' "$dir/out.json" || fail "compare with 1200 fds: timerfd's lateness not marked '- *'"
 	echo "bench fail: a lateness contender that could not run leaves no earlier CSV behind, and is marked"
+
+	sock=$dir/rest.sock
+	"$CHIMED" --foreground --shards 1 --socket "$sock" >"$dir/chimed.log" 2>&1 &
+	cpid=$!
+	i=0
+	while [ ! -S "$sock" ] || [ ! -e "$sock.ctl" ]; do
+		i=$((i + 1))
+		[ $i -le 200 ] && kill -0 "$cpid" 2>/dev/null || fail "chimed did not start"
+		sleep 0.05
+	done
+	# the window opens about a second after the start (1000 timers armed, 1 s to settle)
+	timeout 15 "$bench" rest --socket "$sock" --timers 1000 --seconds 5 --json >"$dir/out.json" 2>"$dir/err" &
+	rpid=$!
+	sleep 2.5
+	kill "$cpid"
+	wait "$cpid"
+	wait "$rpid"
+	st=$?
+	[ "$st" -ne 124 ] || fail "rest with its broker killed: still running after 15 s"
+	[ "$st" -eq 1 ] || fail "rest with its broker killed: exit status $st, expected 1"
+	grep -qF "cannot read /proc/$cpid of the broker" "$dir/err" || fail "rest with its broker killed: /proc not named"
+	[ ! -s "$dir/out.json" ] || fail "rest with its broker killed: figures printed"
+	echo "bench fail: rest with its broker gone inside the window fails, naming /proc, with no figures"
 }
 
 case $mode in

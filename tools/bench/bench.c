@@ -196,7 +196,7 @@ void bench_prefault(void *p, size_t len)
 
 /* ---- /proc readers: the broker's CPU, context switches and RSS ---- */
 
-/* Sum of utime+stime in /proc/PID/stat (clock ticks), as ns. */
+/* Sum of utime+stime in /proc/PID/stat (clock ticks), as ns; UINT64_MAX if unreadable. */
 static uint64_t stat_cpu_ns(pid_t pid)
 {
 	char path[64], buf[1024], *p;
@@ -207,14 +207,14 @@ static uint64_t stat_cpu_ns(pid_t pid)
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
 	f = fopen(path, "r");
 	if (!f)
-		return 0;
+		return UINT64_MAX;
 	n = fread(buf, 1, sizeof(buf) - 1, f);
 	fclose(f);
 	buf[n] = '\0';
 	/* comm may hold spaces and parentheses: fields start after the last ')' */
 	p = strrchr(buf, ')');
 	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-		return 0;
+		return UINT64_MAX;
 	return (ut + st) * (UINT64_C(1000000000) / (uint64_t)sysconf(_SC_CLK_TCK));
 }
 
@@ -226,7 +226,9 @@ int bench_proc_sample(pid_t pid, struct bench_proc *s)
 
 	memset(s, 0, sizeof(*s));
 	s->t_ns = now_ns();
-	s->stat_ns = stat_cpu_ns(pid);
+	/* unreadable (gone, or another's): an error, never a sample of 0 CPU */
+	if ((s->stat_ns = stat_cpu_ns(pid)) == UINT64_MAX)
+		return -ESRCH;
 	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
 	d = opendir(path);
 	if (!d)

@@ -89,6 +89,7 @@ struct bench_proc {
 	struct bench_thread thr[BENCH_MAX_THREADS];    /* the first BENCH_MAX_THREADS, by /proc order */
 };
 
+/* 0, or -errno if /proc/PID cannot be read (the process gone, or not readable): no sample then. */
 int bench_proc_sample(pid_t pid, struct bench_proc *s);
 /* Resident set of pid (0: this process), bytes, from /proc/PID/statm. */
 uint64_t bench_rss_bytes(pid_t pid);

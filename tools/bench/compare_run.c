@@ -323,7 +323,8 @@ int run_chime_seed(const struct broker *b, unsigned flags, double rate, uint64_t
 		r = -ENOTCONN;
 	sleep_ns(200 * NS_PER_MS);      /* applied; the shards back asleep */
 	c0 = seed_cpu_self();
-	bench_proc_sample(b->ctl->pid, &p0);
+	if (r == 0 && bench_proc_sample(b->ctl->pid, &p0) < 0)
+		r = -ESRCH;     /* the broker's /proc: no CPU figure without it */
 	t0 = next = now_ns();
 	while (r == 0 && (t = now_ns()) < t0 + wall_ns) {
 		uint64_t k = seed_owed(t0, t, rate, done), dl = t + SEED_IDLE_NS;
@@ -339,7 +340,8 @@ int run_chime_seed(const struct broker *b, unsigned flags, double rate, uint64_t
 	}
 	t1 = now_ns();
 	c1 = seed_cpu_self();
-	bench_proc_sample(b->ctl->pid, &p1);
+	if (r == 0 && bench_proc_sample(b->ctl->pid, &p1) < 0)
+		r = -ESRCH;
 	res->cpu_client = (c1 - c0) / ((double)(t1 - t0) / 1e9);
 	res->cpu_broker = (double)(p1.sched_ns - p0.sched_ns) / (double)(p1.t_ns - p0.t_ns);
 	res->touches_per_s = (double)done / ((double)(t1 - t0) / 1e9);

@@ -273,19 +273,29 @@ int bench_rest(int argc, char **argv)
 	}
 	sleep_ns(NS_PER_S);     /* shards done spinning, counters published */
 
-	bench_proc_sample(b.ctl->pid, &p0);
-	hb = heartbeat(&b);
-	end = p0.t_ns + (uint64_t)secs * NS_PER_S;
-	while (now_ns() < end) {
-		uint64_t h = heartbeat(&b);
+	/* the broker's /proc unreadable at either end (gone, or not ours): no figure, never 0 CPU */
+	if ((r = bench_proc_sample(b.ctl->pid, &p0)) == 0) {
+		hb = heartbeat(&b);
+		end = p0.t_ns + (uint64_t)secs * NS_PER_S;
+		while (now_ns() < end) {
+			uint64_t h = heartbeat(&b);
 
-		if (h != hb) {
-			beats++;
-			hb = h;
+			if (h != hb) {
+				beats++;
+				hb = h;
+			}
+			sleep_ns(5 * NS_PER_MS);
 		}
-		sleep_ns(5 * NS_PER_MS);
+		r = bench_proc_sample(b.ctl->pid, &p1);
 	}
-	bench_proc_sample(b.ctl->pid, &p1);
+	if (r < 0) {
+		fprintf(stderr, "chime-bench rest: cannot read /proc/%d of the broker: %s\n", (int)b.ctl->pid,
+			strerror(-r));
+		chime_close(c);
+		free(ids);
+		broker_stop(&b);
+		return 1;
+	}
 	damon = host_damon_on();
 	shmem_kib = proc_kib(b.ctl->pid, "status", "RssShmem");
 	huge_kib = proc_kib(b.ctl->pid, "smaps_rollup", "ShmemPmdMapped");

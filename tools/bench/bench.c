@@ -183,17 +183,6 @@ void bench_unmap(void *p, size_t len)
 	munmap(p, len);
 }
 
-void bench_prefault(void *p, size_t len)
-{
-	volatile unsigned char *b = p;
-	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-
-	for (size_t i = 0; i < len; i += pg)
-		b[i] = b[i];
-	if (len)
-		b[len - 1] = b[len - 1];
-}
-
 /* ---- /proc readers: the broker's CPU, context switches and RSS ---- */
 
 /* Sum of utime+stime in /proc/PID/stat (clock ticks), as ns; UINT64_MAX if unreadable. */

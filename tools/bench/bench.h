@@ -64,12 +64,6 @@ void bench_shuffle(uint32_t *idx, size_t n, uint64_t *rng);
 /* Anonymous mapping, NORESERVE; exits with a message on failure. */
 void *bench_map(size_t len);
 void bench_unmap(void *p, size_t len);
-/*
- * Write a byte of every page of p[0..len): the harness's own arrays (ids,
- * handles) faulted in before a timed region writes them, so no contender's
- * figure carries the page faults of the bench's bookkeeping.
- */
-void bench_prefault(void *p, size_t len);
 
 #define BENCH_MAX_THREADS 64
 

@@ -47,7 +47,6 @@ static int e_setup(size_t n)
 	if (!L)
 		return -ENOMEM;
 	T = xcalloc(n, sizeof(*T));
-	bench_prefault(T, n * sizeof(*T));      /* the application's watchers, not timed page faults */
 	T_n = n;
 	fired = 0;
 	sync_now();

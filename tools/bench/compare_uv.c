@@ -46,7 +46,6 @@ static int u_setup(size_t n)
 	if (r < 0)
 		return r;
 	T = xcalloc(n, sizeof(*T));
-	bench_prefault(T, n * sizeof(*T));      /* the application's handles, not timed page faults */
 	T_n = n;
 	fired = 0;
 	uv_update_time(&L);

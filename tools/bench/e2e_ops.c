@@ -310,7 +310,6 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 	sh.batch = batch;
 	sh.nthr = nthr;
 	sh.ids = xcalloc(n, sizeof(*sh.ids));
-	bench_prefault(sh.ids, n * sizeof(*sh.ids));    /* the arms write them, timed */
 	sh.nb_per_thr = (n / nthr + batch - 1) / batch + 1;
 	/* the last thread has the most: n - (n / nthr) * (nthr - 1) */
 	sh.paced_batches = (n - n / nthr * (nthr - 1) + batch - 1) / batch;

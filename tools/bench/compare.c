@@ -114,26 +114,56 @@ static void run_seed(struct run *R, const struct broker *b)
 	}
 }
 
+/*
+ * Lateness: every contender in turn, lat_rounds times, the samples of its
+ * rounds pooled: one contender's noisy second is not another's quiet one
+ * (issue 9: compared over repeated alternating runs). A round that fails
+ * or loses a timer leaves the contender with no figure.
+ */
 static void run_lat(struct run *R, const struct broker *b)
 {
-	for (int k = 0; k < NR_LAT; k++) {
-		int c = lat_c[k];
+	int failed[NR_LAT] = { 0 };
 
-		if (!R->built[c] || (c == C_TFD && R->n_lat > R->tfd_max))
-			continue;
-		progress(R, "lateness", R->n_lat, c);
-		if (c == C_CHIME) {
-			R->lat_ran[k] = run_lat_chime(b, R->n_lat, R->span_ns, 0, &R->lat[k]) == 0;
-			free(R->lat[k].fired);
-		} else if (c == C_TFD) {
-			R->lat_ran[k] = run_lat_tfd(R->n_lat, R->span_ns, &R->lat[k]) == 0;
+	for (unsigned round = 0; round < R->lat_rounds; round++) {
+		for (int k = 0; k < NR_LAT; k++) {
+			int c = lat_c[k], ok = 0;
+			struct lat_result one;
+			struct lat_result *all = &R->lat[k];
+
+			if (!R->built[c] || failed[k] || (c == C_TFD && R->n_lat > R->tfd_max))
+				continue;
+			progress(R, "lateness", R->n_lat, c);
+			memset(&one, 0, sizeof(one));
+			if (c == C_CHIME) {
+				ok = run_lat_chime(b, R->n_lat, R->span_ns, 0, &one) == 0;
+				free(one.fired);
+			} else if (c == C_TFD) {
+				ok = run_lat_tfd(R->n_lat, R->span_ns, &one) == 0;
 #if HAVE_LIBUV
-		} else {
-			R->lat_ran[k] = run_uv_lat(R->n_lat, R->span_ns, &R->lat[k]) == 0;
+			} else {
+				ok = run_uv_lat(R->n_lat, R->span_ns, &one) == 0;
 #endif
+			}
+			if (!ok || one.got != R->n_lat) {
+				failed[k] = 1;
+				free(one.recv);
+				continue;
+			}
+			all->recv = realloc(all->recv, (all->got + one.got) * sizeof(uint64_t));
+			if (!all->recv) {
+				fprintf(stderr, "chime-bench compare: out of memory for the lateness samples\n");
+				exit(1);
+			}
+			memcpy(all->recv + all->got, one.recv, one.got * sizeof(uint64_t));
+			all->got += one.got;
+			all->n += one.n;
+			free(one.recv);
 		}
-		if (R->lat_ran[k] && R->lat[k].got != R->n_lat)
-			R->lat_ran[k] = 0;
+	}
+	for (int k = 0; k < NR_LAT; k++) {
+		R->lat_ran[k] = !failed[k] && R->lat[k].got == (size_t)R->n_lat * R->lat_rounds;
+		if (R->lat[k].got)
+			qsort(R->lat[k].recv, R->lat[k].got, sizeof(uint64_t), cmp_u64);
 	}
 }
 
@@ -143,7 +173,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: chime-bench compare [--quick] [--json] [--socket PATH] [--sizes N,N...]\n"
-		"                           [--lateness-csv DIR]\n"
+		"                           [--lateness-csv DIR] [--lateness-rounds N]\n"
 		"chime end to end, chime's wheel in-process, a timerfd per timer, libuv and\n"
 		"libev: arm, reset, cancel, expiry and memory per timer at each size; the seed\n"
 		"workload's CPU (100k connections, 30 s idle timeout, 3,000 and 1M touches/s);\n"
@@ -155,6 +185,8 @@ static void usage(FILE *f)
 		"  -S, --sizes LIST         timer counts (default 100000,1000000)\n"
 		"  -L, --lateness-csv DIR   one CSV per contender's lateness\n"
 		"                           (tools/bench/plot-lateness.sh)\n"
+		"  -R, --lateness-rounds N  rounds of the lateness contenders in turn, pooled\n"
+		"                           (1..100, default 3, --quick 1)\n"
 		"  -h, --help               show this help\n");
 }
 
@@ -180,6 +212,7 @@ int bench_compare(int argc, char **argv)
 		{ "json", no_argument, NULL, 'j' },
 		{ "sizes", required_argument, NULL, 'S' },
 		{ "lateness-csv", required_argument, NULL, 'L' },
+		{ "lateness-rounds", required_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -187,10 +220,11 @@ int bench_compare(int argc, char **argv)
 	const char *sizes = NULL;
 	struct broker b;
 	int opt, saved_out = -1;
+	uint64_t rounds = 0;
 
 	signal(SIGPIPE, SIG_IGN);
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "s:qjS:L:h", lopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "s:qjS:L:R:h", lopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
 			if (bench_opt_socket("compare", optarg, &R.socket) < 0)
@@ -206,6 +240,10 @@ int bench_compare(int argc, char **argv)
 			}
 			R.csv_dir = optarg;
 			break;
+		case 'R':
+			if (bench_opt_u64("compare", "--lateness-rounds", optarg, 1, 100, &rounds) < 0)
+				return 2;
+			break;
 		case 'h': usage(stdout); return 0;
 		default: return bench_usage_error("compare", NULL);
 		}
@@ -220,6 +258,7 @@ int bench_compare(int argc, char **argv)
 	R.gap_ns = R.quick ? 500 * NS_PER_MS : 2 * NS_PER_S;
 	R.span_ns = R.quick ? 500 * NS_PER_MS : 1500 * NS_PER_MS;
 	R.n_lat = R.quick ? 2000 : 5000;
+	R.lat_rounds = rounds ? (unsigned)rounds : R.quick ? 1 : 3;
 	R.built[C_CHIME] = R.built[C_WHEEL] = R.built[C_TFD] = 1;
 	R.built[C_UV] = HAVE_LIBUV;
 	R.built[C_EV] = HAVE_LIBEV;

@@ -100,13 +100,14 @@ struct run {
 	const char *socket, *csv_dir;
 	char cmd[512];          /* how it was run, for the report */
 	size_t sizes[MAX_SIZES], nsizes, tfd_max, n_lat;
+	unsigned lat_rounds;     /* lateness: rounds of every contender in turn, pooled */
 	size_t added;           /* a size added for timerfd's sake (0: none) */
 	uint64_t seed_wall_ns, gap_ns, span_ns;
 	struct bench_machine m;
 	struct size_res sz[MAX_SIZES][NR_C];
 	struct seed_res seed[NR_RATES][NR_C];
 	struct seed_res seed_records[NR_RATES];  /* chime opened with CHIME_OPEN_RECORD_RESETS */
-	struct lat_result lat[NR_LAT];
+	struct lat_result lat[NR_LAT];  /* recv: every round's, sorted; got: n_lat x lat_rounds if it ran */
 	int lat_ran[NR_LAT];
 };
 

@@ -160,8 +160,9 @@ void compare_table(const struct run *R, const struct broker *b)
 			       "  records instead", (R->seed_records[k].cpu_client + R->seed_records[k].cpu_broker) * 100,
 			       R->seed_records[k].cpu_client * 100, R->seed_records[k].cpu_broker * 100);
 	}
-	printf("lateness: %s timers, random deadlines over %.1f s, received - deadline (us)\n",
-	       fmt_count(cnt, sizeof(cnt), R->n_lat), (double)R->span_ns / 1e9);
+	printf("lateness: %s timers, random deadlines over %.1f s, received - deadline (us); %u round%s of the\n"
+	       "  contenders in turn, pooled\n", fmt_count(cnt, sizeof(cnt), R->n_lat), (double)R->span_ns / 1e9,
+	       R->lat_rounds, R->lat_rounds == 1 ? "" : "s");
 	for (int q = 0; q < 3; q++) {
 		static const char *const qn[3] = { "p50", "p99", "max" };
 
@@ -290,6 +291,7 @@ void compare_json(const struct run *R, const struct broker *b)
 	}
 	json_object_set_new(o, "seed", seeds);
 	json_object_set_new(lat, "timers", json_integer((json_int_t)R->n_lat));
+	json_object_set_new(lat, "rounds", json_integer((json_int_t)R->lat_rounds));
 	json_object_set_new(lat, "span_s", json_real((double)R->span_ns / 1e9));
 	for (int k = 0; k < NR_LAT; k++) {
 		const struct lat_result *l = &R->lat[k];

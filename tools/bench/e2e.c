@@ -310,7 +310,8 @@ int bench_e2e(int argc, char **argv)
 					if (have_c)
 						snprintf(cs, sizeof(cs), "%7.1f (%7.1f) %6.2f %s", rc[op].median_ns,
 							 rc[op].mean_ns, rc[op].mops,
-							 rc[op].err ? "ERR" : rc[op].median_ns <= 15 ? "ok  " : "MISS");
+							 rc[op].err ? "ERR" :
+							 rc[op].median_ns <= 15.0 * nthr && rc[op].mean_ns <= 25.0 * nthr ? "ok  " : "MISS");
 					if (have_c && rc[op].err)
 						snprintf(cs, sizeof(cs), "%s", failed_cell(rc[op].err));
 					if (have_t && rt[op].err)
@@ -337,7 +338,7 @@ int bench_e2e(int argc, char **argv)
 						snprintf(name, sizeof(name), "%s/%u", op_name[op], SUBMIT_BATCH);
 						snprintf(cs, sizeof(cs), "%7.1f (%7.1f) %6.2f %s", rc[op].median_ns,
 							 rc[op].mean_ns, rc[op].mops,
-							 !have_c || rc[op].err ? "ERR" : rc[op].median_ns <= 8 ? "ok  " : "MISS");
+							 !have_c || rc[op].err ? "ERR" : rc[op].median_ns <= 8.0 * nthr ? "ok  " : "MISS");
 						if (rc[op].err)
 							snprintf(cs, sizeof(cs), "%s", failed_cell(rc[op].err));
 						printf("  %-6s %3u %-9s | %-31s | %-44s\n",
@@ -349,8 +350,8 @@ int bench_e2e(int argc, char **argv)
 				fflush(stdout);
 			}
 		}
-		printf("  (ok/MISS: median against the target: 15 ns per call, 8 ns per op in chime_submit\n"
-		       "   batches of %u)\n", SUBMIT_BATCH);
+		printf("  (ok/MISS: median <= 15 and mean <= 25 ns per call, median <= 8 ns per op in chime_submit\n"
+		       "   batches of %u; with 2 threads, twice that)\n", SUBMIT_BATCH);
 		if (want(&cf, "ops")) {
 			struct floor_result fl;
 			/* A burst is the timers of a thousand new connections, --quick too. */

@@ -48,7 +48,6 @@ extern int g_problems;
 void sleep_ns(uint64_t ns);
 void sleep_until(uint64_t t_ns);
 int cmp_u64(const void *a, const void *b);
-int cmp_dbl(const void *a, const void *b);
 /* The q quantile of sorted a[0..n), nearest rank (the ceil(q n)-th value); 0 if n is 0. */
 uint64_t pct(const uint64_t *a, size_t n, double q);
 const char *fmt_count(char *buf, size_t len, uint64_t n);

@@ -59,13 +59,6 @@ int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-int cmp_dbl(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 /* Percentile q (0..1) of a sorted array: the smallest value >= a fraction q of the samples. */
 uint64_t pct(const uint64_t *a, size_t n, double q)
 {

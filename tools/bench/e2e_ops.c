@@ -379,8 +379,7 @@ static int ops_run(int impl, const struct broker *b, size_t n, unsigned nthr, un
 			if (sh.err[op][i] && !res[op].err)
 				res[op].err = sh.err[op][i];
 		}
-		qsort(m, nb, sizeof(double), cmp_dbl);
-		res[op].median_ns = nb ? (nb % 2 ? m[nb / 2] : (m[nb / 2 - 1] + m[nb / 2]) / 2) : 0;
+		res[op].median_ns = bench_median(m, nb);
 		res[op].mean_ns = (double)busy / (double)n;
 		res[op].mops = t1 > t0 ? (double)n / (double)(t1 - t0) * 1e3 : 0;
 		if (res[op].err)

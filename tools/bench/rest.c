@@ -389,8 +389,8 @@ int bench_rest(int argc, char **argv)
 			       (double)(z->sched_ns - (a ? a->sched_ns : 0)) / 1e3);
 		}
 		printf("\nstat's utime and stime count whole clock ticks (%ld/s): over %.0f s one tick is %.3f%% of a\n"
-		       "core, the target itself, so the target is judged on schedstat (ns, all threads).\n",
-		       sysconf(_SC_CLK_TCK), win, 100.0 / (double)sysconf(_SC_CLK_TCK) / win);
+		       "core, against a target of %.1f%%, so the target is judged on schedstat (ns, all threads).\n",
+		       sysconf(_SC_CLK_TCK), win, 100.0 / (double)sysconf(_SC_CLK_TCK) / win, REST_CPU_TARGET * 100);
 	}
 	chime_close(c);
 	if (session) {

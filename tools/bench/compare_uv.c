@@ -147,9 +147,11 @@ static void on_tick(uv_timer_t *h)
 		uv_stop(&L);
 		return;
 	}
-	for (k = seed_owed(S.t0, t, S.rate, S.done); k; k--, S.done++) {
-		if (uv_timer_start(&T[S.i], on_idle, ms, 0) < 0)
-			S.err = -EINVAL;
+	for (k = seed_owed(S.t0, t, S.rate, S.done); k && !S.err; k--, S.done++) {
+		int r = uv_timer_start(&T[S.i], on_idle, ms, 0);
+
+		if (r < 0)
+			S.err = r;      /* libuv's errors are negative errno */
 		if (++S.i == T_n)
 			S.i = 0;
 	}
@@ -162,8 +164,10 @@ int run_uv_seed(double rate, uint64_t wall_ns, struct seed_res *res)
 
 	memset(res, 0, sizeof(*res));
 	memset(&S, 0, sizeof(S));
-	if ((r = u_setup(SEED_CONNS)) < 0)
+	if ((r = u_setup(SEED_CONNS)) < 0) {
+		PROBLEM("libuv seed workload: uv_loop_init: %s\n", uv_strerror(r));
 		return r;
+	}
 	for (size_t i = 0; i < SEED_CONNS; i++) {
 		uv_timer_init(&L, &T[i]);
 		uv_timer_start(&T[i], on_idle, SEED_IDLE_NS / NS_PER_MS, 0);
@@ -184,6 +188,8 @@ int run_uv_seed(double rate, uint64_t wall_ns, struct seed_res *res)
 	res->touches_per_s = (double)S.done / ((double)(S.t1 - S.t0) / 1e9);
 	res->ran = S.err == 0 && S.t1 > S.t0;
 	u_teardown();
+	if (S.err)
+		PROBLEM("libuv seed workload: uv_timer_start: %s\n", uv_strerror(S.err));
 	return S.err;
 }
 

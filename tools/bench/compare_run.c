@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -119,40 +120,53 @@ int run_inproc_expire(const struct inproc *c, size_t n, uint64_t gap_ns, struct 
 
 /* ---- chime's wheel, in this process (broker/wheel.c, as `chime-bench wheel` runs it) ---- */
 
+/*
+ * As the broker applies the records: an arm takes a node from the slab
+ * (wheel_alloc) and a cancel gives it back (wheel_free), as libuv's and
+ * libev's figures include uv_timer_init / ev_timer_init; w_ids[] holds the
+ * nodes, as an application holds chime's ids and libuv's handles.
+ */
 uint64_t inproc_wheel_resolution_ns = 100000;
 static struct wheel W;
 static void *w_mem;
 static size_t w_len;
+static uint32_t *w_ids;
 
 static int w_setup(size_t n)
 {
 	w_len = wheel_region_size((uint32_t)n);
 	w_mem = bench_map(w_len);
-	if (wheel_init(&W, w_mem, w_len, (uint32_t)n, inproc_wheel_resolution_ns, now_ns()))
+	if (wheel_init(&W, w_mem, w_len, (uint32_t)n, inproc_wheel_resolution_ns, now_ns())) {
+		bench_unmap(w_mem, w_len);
 		return -EINVAL;
-	for (size_t i = 0; i < n; i++)
-		wheel_alloc(&W);        /* ids 0..n-1 */
+	}
+	/* the broker populates its slab ahead of the high-water mark (ARCHITECTURE.md, "Slab pages") */
+	(void)madvise(w_mem, w_len, MADV_POPULATE_WRITE);
+	w_ids = xcalloc(n, sizeof(*w_ids));
 	return 0;
 }
 
 static int w_arm(size_t lo, size_t hi, uint64_t base)
 {
-	for (size_t i = lo; i < hi; i++)
-		wheel_arm(&W, (uint32_t)i, base + i);
+	for (size_t i = lo; i < hi; i++) {
+		if ((w_ids[i] = wheel_alloc(&W)) == CHIME_NIL)
+			return -ENOMEM;
+		wheel_arm(&W, w_ids[i], base + i);
+	}
 	return 0;
 }
 
 static int w_reset(size_t lo, size_t hi, uint64_t base)
 {
 	for (size_t i = lo; i < hi; i++)
-		wheel_reset(&W, (uint32_t)i, base + NS_PER_S + i);
+		wheel_reset(&W, w_ids[i], base + NS_PER_S + i);
 	return 0;
 }
 
 static int w_cancel(size_t lo, size_t hi)
 {
 	for (size_t i = lo; i < hi; i++)
-		wheel_cancel(&W, (uint32_t)i);
+		wheel_free(&W, w_ids[i]);       /* off its list, and back to the slab */
 	return 0;
 }
 
@@ -160,8 +174,11 @@ static uint64_t w_due;
 
 static int w_arm_at(size_t n, uint64_t d)
 {
-	for (size_t i = 0; i < n; i++)
-		wheel_arm(&W, (uint32_t)i, d);
+	for (size_t i = 0; i < n; i++) {
+		if ((w_ids[i] = wheel_alloc(&W)) == CHIME_NIL)
+			return -ENOMEM;
+		wheel_arm(&W, w_ids[i], d);
+	}
 	w_due = d;
 	return 0;
 }
@@ -190,6 +207,8 @@ static void w_teardown(void)
 {
 	wheel_fini(&W);
 	bench_unmap(w_mem, w_len);
+	free(w_ids);
+	w_ids = NULL;
 }
 
 const struct inproc inproc_wheel = {

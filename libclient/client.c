@@ -726,14 +726,15 @@ static void open_list_add(struct chime *c)
 	pthread_mutex_unlock(&open_lock);
 }
 
+/* prev_open is read under the lock too: another thread's open_list_add() rewrites the head's. */
 static void open_list_del(struct chime *c)
 {
-	if (!c->prev_open)
-		return;
 	pthread_mutex_lock(&open_lock);
-	*c->prev_open = c->next_open;
-	if (c->next_open)
-		c->next_open->prev_open = c->prev_open;
+	if (c->prev_open) {     /* NULL: a failed chime_open(), never on the list */
+		*c->prev_open = c->next_open;
+		if (c->next_open)
+			c->next_open->prev_open = c->prev_open;
+	}
 	pthread_mutex_unlock(&open_lock);
 }
 

@@ -7,7 +7,8 @@
 # no liburing.pc), --cflags names our include directory and nothing else (no
 # leaked -D), --static --libs carries liburing, and a program using chime.h
 # compiles, links and runs, with libchime.so and with libchime.a, and with
-# the build tree's uninstalled libchime.pc; every example in libclient/examples
+# the build tree's uninstalled libchime.pc; chime.h compiles on its own as
+# C99, C11 and C++98/11/17 with -pedantic -Werror; every example in libclient/examples
 # compiles on its own (-std=c11, no -D_GNU_SOURCE). The Python module lands in a
 # directory on the sys.path of PYTHON (Debian's /usr/bin/python3), and imports from there.
 #
@@ -95,6 +96,27 @@ set -- $libs
 LD_LIBRARY_PATH=${1#-L}
 export LD_LIBRARY_PATH
 "$dest/consumer" || fail "the consumer does not run against the installed libchime.so"
+
+# chime.h on its own, as strict consumers compile it: ISO C, and C++ from
+# C++98 on (extern "C", nothing C-only such as an enum list's last comma),
+# each with -pedantic -Werror. C++ where a C++ compiler is installed.
+for std in c99 c11; do
+	# shellcheck disable=SC2086
+	echo '#include <chime.h>' | "$cc" -x c -std=$std -Wall -Wextra -pedantic -Werror $cflags -fsyntax-only - ||
+		fail "chime.h does not compile on its own with -std=$std -pedantic -Werror"
+done
+cxx=$(command -v c++ || command -v g++ || command -v clang++ || true)
+if [ -n "$cxx" ]; then
+	for std in c++98 c++11 c++17; do
+		# shellcheck disable=SC2086
+		printf '#include <chime.h>\nint main() { return chime_fd(0) == 0; }\n' |
+			"$cxx" -x c++ -std=$std -Wall -Wextra -pedantic -Werror $cflags -fsyntax-only - ||
+			fail "chime.h does not compile as C++ with -std=$std -pedantic -Werror ($cxx)"
+	done
+	echo "install: chime.h compiles on its own as C99, C11, C++98, C++11 and C++17 (-pedantic -Werror)"
+else
+	echo "install: chime.h compiles on its own as C99 and C11; no C++ compiler: C++ not checked"
+fi
 
 # The examples are programs to copy (libchime-dev ships them): each compiles
 # on its own with the installed chime.h under -std=c11, without the build's

@@ -264,7 +264,7 @@ enum chime_op_code {
 	CHIME_RESET = 2,            /* uses id, deadline_ns */
 	CHIME_CANCEL = 3,           /* uses id */
 	CHIME_CANCEL_KEY = 4,       /* uses key */
-	CHIME_ARM_REALTIME = 5,     /* as CHIME_ARM, deadline_ns CLOCK_REALTIME (chime_arm_realtime()) */
+	CHIME_ARM_REALTIME = 5      /* as CHIME_ARM, deadline_ns CLOCK_REALTIME (chime_arm_realtime()) */
 };
 
 struct chime_op {

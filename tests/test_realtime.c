@@ -3,7 +3,8 @@
  * test_realtime.c - wall-clock timers (chime_arm_realtime(), CHIME_ARM_REALTIME)
  * against a real chimed whose wall clock the tests shift through its test
  * hook, $CHIMED_WALL_SHIFT_FILE (ARCHITECTURE.md, "Wall-clock timers"):
- * never the host's clock.
+ * never the host's clock. A broker older than them is that chimed behind
+ * a relay that clears the flag saying it takes them from its welcome.
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -11,14 +12,18 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/timerfd.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -443,6 +448,126 @@ Test(realtime, chime_submit_arms_wall_clock_timers_beside_monotonic_ones)
 	cr_assert_eq(ev.deadline_ns, wd);
 	cr_assert_geq(wall(), wd);
 	chime_close(c);
+}
+
+/*
+ * A broker older than wall-clock timers, as a client sees one: a relay
+ * (a thread of this process, so the broker sees the test's own pid and
+ * uid) between one client and the real broker, passing every message and
+ * its descriptors on, that clears CHIME_WELCOME_F_REALTIME in the
+ * welcome, as a broker from before the flag sends it.
+ */
+struct old_relay {
+	int listen_fd;
+	char path[300];
+	pthread_t thread;
+};
+
+/* One message from `from` to `to`, with its descriptors; false at the end of either. */
+static bool relay_one(int from, int to)
+{
+	char buf[4096], ctl[CMSG_SPACE(64 * sizeof(int))];
+	struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl) };
+	ssize_t n = recvmsg(from, &m, MSG_CMSG_CLOEXEC);
+	struct chime_welcome w;
+	bool ok;
+
+	if (n <= 0)
+		return false;
+	if ((size_t)n == sizeof(w)) {
+		memcpy(&w, buf, sizeof(w));
+		if (w.magic == CHIME_HELLO_MAGIC) {
+			w.features &= ~CHIME_WELCOME_F_REALTIME;
+			memcpy(buf, &w, sizeof(w));
+		}
+	}
+	iov.iov_len = (size_t)n;
+	if (m.msg_controllen == 0)
+		m.msg_control = NULL;
+	ok = sendmsg(to, &m, MSG_NOSIGNAL) == n;
+	for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h))
+		if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS)
+			for (size_t i = 0; i < (h->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+				close(((int *)CMSG_DATA(h))[i]);    /* sent on: the receiver has its own */
+	return ok;
+}
+
+static void *old_relay_run(void *arg)
+{
+	struct old_relay *r = arg;
+	int cl = accept4(r->listen_fd, NULL, NULL, SOCK_CLOEXEC), br;
+	struct pollfd p[2];
+
+	if (cl < 0)
+		return NULL;
+	br = t_sock_connect(sock);
+	if (br < 0) {
+		close(cl);
+		return NULL;
+	}
+	p[0] = (struct pollfd){ .fd = cl, .events = POLLIN };
+	p[1] = (struct pollfd){ .fd = br, .events = POLLIN };
+	while (poll(p, 2, -1) >= 0) {
+		if ((p[0].revents && !relay_one(cl, br)) || (p[1].revents && !relay_one(br, cl)))
+			break;
+	}
+	close(cl);
+	close(br);
+	return NULL;
+}
+
+static void old_relay_start(struct old_relay *r)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+
+	snprintf(r->path, sizeof(r->path), "%s/old.sock", dir);
+	cr_assert_lt(strlen(r->path), sizeof(a.sun_path));
+	strcpy(a.sun_path, r->path);
+	r->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	cr_assert_geq(r->listen_fd, 0);
+	cr_assert_eq(bind(r->listen_fd, (struct sockaddr *)&a, sizeof(a)), 0, "bind %s: %s", r->path, strerror(errno));
+	cr_assert_eq(listen(r->listen_fd, 1), 0);
+	cr_assert_eq(pthread_create(&r->thread, NULL, old_relay_run, r), 0);
+}
+
+static void old_relay_stop(struct old_relay *r)
+{
+	pthread_join(r->thread, NULL);      /* it ends with the client's connection */
+	close(r->listen_fd);
+	unlink(r->path);
+}
+
+Test(realtime, a_broker_older_than_wall_clock_timers_refuses_them_with_eopnotsupp)
+{
+	struct old_relay r;
+	struct chime_opts o;
+	struct chime_op ops[2];
+	struct chime_event ev;
+	chime_id_t id = 0;
+	uint64_t md;
+	chime_t *c;
+
+	old_relay_start(&r);
+	o = (struct chime_opts){ .socket_path = r.path };
+	cr_assert_eq(chime_open(&c, &o), 0, "chime_open through the relay");
+	/* chime_arm_realtime(3): "-EOPNOTSUPP: the broker is older than wall-clock timers (nothing was armed)" */
+	cr_assert_eq(chime_arm_realtime(c, 1, wall() + 50 * MS, 0, 1, &id), -EOPNOTSUPP);
+	cr_assert_eq(id, 0, "an id set for an arm refused");
+	md = chime_now() + 50 * MS;
+	ops[0] = (struct chime_op){ .op = CHIME_ARM_REALTIME, .key = 2, .deadline_ns = wall() + 50 * MS, .user_data = 2 };
+	ops[1] = (struct chime_op){ .op = CHIME_ARM, .key = 3, .deadline_ns = md, .user_data = 3 };
+	cr_assert_eq(chime_submit(c, ops, 2), 1);
+	cr_assert_eq(ops[0].result, -EOPNOTSUPP);
+	cr_assert_eq(ops[0].id, 0);
+	cr_assert_eq(ops[1].result, 0);
+	/* The monotonic arm fires; the refused wall-clock ones never do. */
+	ev = next_event(c, 1000);
+	cr_assert_eq(ev.user_data, 3);
+	cr_assert_eq(ev.deadline_ns, md);
+	no_event(c, 200);
+	chime_close(c);
+	old_relay_stop(&r);
 }
 
 Test(realtime, deadlines_at_the_ends_have_a_defined_outcome)

@@ -85,6 +85,8 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  * took is not. chime_close() of a session detaches it the same way (the
  * timers stay). The broker reclaims a session nobody re-attached to within
  * its --session-linger (default 1 hour); `chimectl drop-session` does at once.
+ * Thread-safe: any thread may open connections at any time (a chime_t per
+ * thread included).
  *
  * Returns 0 and sets *out, or:
  *   -EINVAL        out is NULL, opts->flags has a bit other than
@@ -139,6 +141,7 @@ void chime_close(chime_t *c);
  * session must be detached, or its process have exited: a process ends its
  * own session with chime_close() first, then this. opts->socket_path picks
  * the broker as for chime_open(); opts->flags may be what chime_open() took.
+ * Thread-safe.
  *
  * Returns 0 (the session is gone; its timers are being reclaimed), or:
  *   -EINVAL        opts or opts->session is NULL, the name is not a session
@@ -181,7 +184,9 @@ const char *chime_version(void);
  * chime_cancel_key(); user_data comes back in the event. Sets *id (never 0)
  * before returning: no round trip. Thread-safe. If the submission ring is
  * full, waits for room (never drops; the broker frees slots whatever its
- * limits). Returns 0, or:
+ * limits); a named session's call also waits while it reconnects to a
+ * broker that went (up to $CHIME_RECONNECT_S, 30 s: chime_arm(3); so do
+ * its resets, cancels and submits). Returns 0, or:
  *   -EINVAL    c or id is NULL
  *   -ENOMEM    no shard of the broker has a free timer node (its --capacity
  *              is reached, or its filesystem is full); nothing was armed

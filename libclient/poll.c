@@ -627,8 +627,15 @@ static int poll_events(struct chime *c, const struct sink *to, unsigned max, boo
 		n = 0;
 	else if (cl_is_dead(c))
 		n = cl_dead_errno(c);
-	else
-		n = poll_rings(c, to, max, sleepy, want_kick);
+	else if ((n = poll_rings(c, to, max, sleepy, want_kick)) == 0 && cl_reconnecting(c))
+		/*
+		 * Found gone by this drain (its hang-up read, or a probe): the
+		 * reconnect begins now, not at the next call. The dead socket
+		 * leaves the fd's set, whose hang-up kept the fd readable with
+		 * nothing new to report: a loop told of changes only (EPOLLET,
+		 * an io_uring multishot poll) slept on for good after it.
+		 */
+		(void)cl_reconnect(c, true);
 	drainer_unlock(c);
 	cl_resume_flush(c);
 	return n;

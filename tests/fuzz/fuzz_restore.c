@@ -218,10 +218,11 @@ static int restore(struct in *in, uint64_t old_now)
 	CHECK(restore_nodes(&W.sc, old_now, &rs) == 0, "restore_nodes");
 	for (uint32_t i = 0; i < W.sc.wh.w->high_water; i++)
 		after += wheel_node(&W.sc.wh, i)->state != CHIME_NODE_FREE;
-	CHECK(rs.kept + rs.grants == after && before == after + rs.anonymous + rs.dropped,
-	      "%llu nodes, then %llu: kept %llu, grants %llu, anonymous %llu, damaged %llu",
+	CHECK(rs.kept + rs.grants == after && before == after + rs.anonymous + rs.anonymous_grants + rs.dropped,
+	      "%llu nodes, then %llu: kept %llu, grants %llu, anonymous %llu (and %llu grants), damaged %llu",
 	      (unsigned long long)before, (unsigned long long)after, (unsigned long long)rs.kept,
-	      (unsigned long long)rs.grants, (unsigned long long)rs.anonymous, (unsigned long long)rs.dropped);
+	      (unsigned long long)rs.grants, (unsigned long long)rs.anonymous,
+	      (unsigned long long)rs.anonymous_grants, (unsigned long long)rs.dropped);
 	return 0;
 }
 

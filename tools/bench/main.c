@@ -22,7 +22,7 @@ static const struct {
 	  "           [--shards N] [--only PARTS] [--expire N] [--busy-poll] [--cold]" },
 	{ "compare", bench_compare, "chime vs its wheel, timerfd, libuv, libev: ops, expiry, memory,\n"
 	  "           CPU, lateness [--quick] [--json] [--socket PATH] [--sizes N,N...]\n"
-	  "           [--lateness-csv DIR]" },
+	  "           [--lateness-csv DIR] [--lateness-rounds N]" },
 	{ "apply", bench_apply, "the shard's cost per submission record, in-process: arm, reset,\n"
 	  "           cancel [--quick]" },
 	{ "rest", bench_rest, "the broker at rest with N timers armed an hour ahead: CPU and\n"

@@ -1510,6 +1510,31 @@ Test(tools_live, restart_says_when_the_new_broker_has_fewer_sessions, .timeout =
  * Before, a signed difference put them 51636 s in the past, and the
  * period -1 in JSON.
  */
+/*
+ * A restart whose broker reads a changed policy file: a session handed
+ * over that no process can attach to any more (its name now reserved for
+ * another user) is said by chimectl and counted in its JSON, not only in
+ * the broker's log.
+ */
+Test(tools_live, restart_says_sessions_no_process_can_attach_to)
+{
+	struct chime_opts o = { .socket_path = sock, .session = "kept-for-nobody" };
+	char policy[300], extra[400];
+	chime_t *c;
+
+	snprintf(policy, sizeof(policy), "%s/policy", dir);
+	cr_assert_eq(t_write_file(policy, "allow-all\n"), 0);
+	snprintf(extra, sizeof(extra), "--shards 1 --policy-file '%s'", policy);
+	start_broker(extra);
+	cr_assert_eq(chime_open(&c, &o), 0);
+	chime_close(c);
+	cr_assert_eq(t_write_file(policy, "allow-all\nsession kept-for-nobody 65534\n"), 0);
+	cr_assert_eq(run("%s --socket '%s' -j restart", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "\"sessions_unadmitted\":1"), "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "1 of them no process can attach to under its policy"), "%s", slurp(out));
+}
+
 Test(tools_live, timers_further_than_2_to_the_63_ns_are_shown_ahead)
 {
 	struct chime_opts o = { .socket_path = sock };

@@ -1015,13 +1015,14 @@ static int cmd_restart(const char *sock)
 			jset("restarted", json_true());
 			jset("new_pid", json_integer(sn.hdr.pid));
 			pid_t new_pid = (pid_t)sn.hdr.pid;
-			uint32_t shards_lost = sn.hdr.shards_lost;
+			uint32_t shards_lost = sn.hdr.shards_lost, unadmitted = sn.hdr.sessions_unadmitted;
 
 			sr_snap_free(&sn);
 			after = before >= 0 ? sessions_total(sock) : -1;
 			jset("sessions_before", before >= 0 ? json_integer(before) : json_null());
 			jset("sessions_after", after >= 0 ? json_integer(after) : json_null());
 			jset("shards_lost", json_integer(shards_lost));
+			jset("sessions_unadmitted", json_integer(unadmitted));
 			if (shards_lost)
 				return fail(SR_EXIT_NOSHM, "chimed restarted (pid %d, was %d), but the files of %u of its "
 					    "shards were missing: the sessions' timers there are lost (see its log)",
@@ -1039,6 +1040,8 @@ static int cmd_restart(const char *sock)
 				out("chimed restarted (pid %d, was %d)", (int)new_pid, (int)pid);
 			if (after >= 0)
 				out("; its %lld session%s handed over", (long long)after, after == 1 ? " was" : "s were");
+			if (unadmitted)
+				out(" (%u of them no process can attach to under its policy: see its log)", unadmitted);
 			out("\n");
 			return SR_EXIT_OK;
 		}

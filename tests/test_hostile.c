@@ -2182,18 +2182,46 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/*
+ * Another user's (root's) n timers 1 ms apart from base, beside user
+ * 65534's attacker pid on broker b, up to wait_ms past base: each one's
+ * lateness by the broker (fired_ns - deadline_ns), sorted, in late[].
+ * Then the attacker is killed and the broker stopped.
+ */
+static void victim_lateness(struct t_chimed *b, pid_t pid, uint64_t base, unsigned n, unsigned wait_ms,
+			    uint64_t *late)
+{
+	struct chime_opts o = { .socket_path = b->sock };
+	struct chime_event ev[64];
+	unsigned got = 0;
+	chime_t *me;
+	int st;
+
+	cr_assert_eq(chime_open(&me, &o), 0);
+	for (unsigned i = 0; i < n; i++)
+		cr_assert_eq(chime_arm(me, 1, base + i * MS, 0, i, &junk), 0);
+	while (got < n && chime_now() < base + (uint64_t)wait_ms * MS) {
+		int k = chime_wait(me, ev, 64, 100);
+
+		cr_assert_geq(k, 0);
+		for (int i = 0; i < k && got < n; i++)
+			late[got++] = ev[i].fired_ns - ev[i].deadline_ns;
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	chime_close(me);
+	t_chimed_stop(b, SIGTERM);
+	cr_assert_eq(got, n, "%u of %u timers fired beside the attack", got, n);
+	qsort(late, got, sizeof(late[0]), cmp_u64);
+}
+
 /* How late (the broker's fired_ns - deadline_ns) 300 timers 1 ms apart fire beside conns flooding: the median. */
 static uint64_t lateness_beside_a_flood(unsigned conns, uint64_t *max)
 {
 	static uint64_t late[VICTIM_TIMERS];
 	struct t_chimed b = { 0 };
-	struct chime_event ev[64];
-	struct chime_opts o = { 0 };
-	unsigned got = 0;
-	uint64_t base;
-	int pfd[2], st;
+	int pfd[2];
 	char one;
-	chime_t *me;
 	pid_t pid;
 
 	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1 --allow-all"), 0);
@@ -2211,26 +2239,9 @@ static uint64_t lateness_beside_a_flood(unsigned conns, uint64_t *max)
 	cr_assert_eq(read(pfd[0], &one, 1), 1, "user 65534's %u connections did not open and arm", conns);
 	close(pfd[0]);
 	usleep(200 * 1000);     /* the flood under way */
-	o.socket_path = b.sock;
-	cr_assert_eq(chime_open(&me, &o), 0);
-	base = chime_now() + 50 * MS;
-	for (unsigned i = 0; i < VICTIM_TIMERS; i++)
-		cr_assert_eq(chime_arm(me, 1, base + i * MS, 0, i, &junk), 0);
-	while (got < VICTIM_TIMERS && chime_now() < base + 5000 * MS) {
-		int n = chime_wait(me, ev, 64, 100);
-
-		cr_assert_geq(n, 0);
-		for (int i = 0; i < n; i++)
-			late[got++] = ev[i].fired_ns - ev[i].deadline_ns;
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &st, 0);
-	chime_close(me);
-	t_chimed_stop(&b, SIGTERM);
-	cr_assert_eq(got, VICTIM_TIMERS, "%u of %u timers fired beside the flood", got, VICTIM_TIMERS);
-	qsort(late, got, sizeof(late[0]), cmp_u64);
-	*max = late[got - 1];
-	return late[got / 2];
+	victim_lateness(&b, pid, chime_now() + 50 * MS, VICTIM_TIMERS, 5000, late);
+	*max = late[VICTIM_TIMERS - 1];
+	return late[VICTIM_TIMERS / 2];
 }
 
 ReleaseTest(hostile, one_users_many_connections_flooding_their_rings_hold_up_anothers_timers_as_one_does,
@@ -2296,13 +2307,9 @@ static uint64_t latest_beside_held_events_handed_over(void (*attack)(const char 
 {
 	static uint64_t late[HELD_VICTIM];
 	struct t_chimed b = { 0 };
-	struct chime_event ev[64];
-	struct chime_opts o = { 0 };
 	uint64_t due, base;
-	unsigned got = 0;
-	int pfd[2], st;
+	int pfd[2];
 	char one;
-	chime_t *me;
 	pid_t pid;
 
 	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1 --allow-all --cq-size 65536"), 0);
@@ -2322,26 +2329,11 @@ static uint64_t latest_beside_held_events_handed_over(void (*attack)(const char 
 	cr_assert_eq(read(pfd[0], &one, 1), 1, "user 65534's connections did not open and arm");
 	close(pfd[0]);
 	cr_assert_lt(chime_now(), due, "user 65534's arms took past their deadline");
-	o.socket_path = b.sock;
-	cr_assert_eq(chime_open(&me, &o), 0);
-	for (unsigned i = 0; i < HELD_VICTIM; i++)
-		cr_assert_eq(chime_arm(me, 1, base + i * MS, 0, i, &junk), 0);
-	while (got < HELD_VICTIM && chime_now() < base + 10000 * MS) {
-		int n = chime_wait(me, ev, 64, 100);
-
-		cr_assert_geq(n, 0);
-		for (int i = 0; i < n; i++)
-			late[got++] = ev[i].fired_ns - ev[i].deadline_ns;
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &st, 0);
-	chime_close(me);
-	t_chimed_stop(&b, SIGTERM);
-	cr_assert_eq(got, HELD_VICTIM, "%u of %u timers fired", got, HELD_VICTIM);
-	qsort(late, got, sizeof(late[0]), cmp_u64);
+	victim_lateness(&b, pid, base, HELD_VICTIM, 10000, late);
 	fprintf(stderr, "another user's timers beside 64 connections' held events going out: median %.1f us, "
-		"p99 %.1f us, max %.1f us\n", late[got / 2] / 1e3, late[got * 99 / 100] / 1e3, late[got - 1] / 1e3);
-	return late[got - 1];
+		"p99 %.1f us, max %.1f us\n", late[HELD_VICTIM / 2] / 1e3, late[HELD_VICTIM * 99 / 100] / 1e3,
+		late[HELD_VICTIM - 1] / 1e3);
+	return late[HELD_VICTIM - 1];
 }
 
 ReleaseTest(hostile, held_events_handed_over_at_once_to_one_users_connections_do_not_hold_up_anothers_timers,

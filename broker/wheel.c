@@ -673,22 +673,6 @@ void wheel_arm(struct wheel *wh, uint32_t idx, uint64_t deadline_ns)
 	place(wh, n, idx);
 }
 
-void wheel_prefetch_arm(const struct wheel *wh, uint64_t deadline_ns)
-{
-	const struct chime_wheel *w = wh->w;
-	uint64_t t;
-	unsigned l;
-	uint32_t head;
-
-	if (deadline_ns <= w->now_ns)
-		return;
-	t = tick_of(wh, deadline_ns);
-	l = level_of(t, w->now_tick);
-	head = w->slot[l][slot_of(t, l)];
-	if (head < w->high_water)
-		__builtin_prefetch(&wh->nodes[head], 1);
-}
-
 /* Off whichever wheel list the node is on; true if it was on one. */
 static inline int take_off(struct wheel *wh, struct chime_node *n, uint32_t idx)
 {

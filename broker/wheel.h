@@ -291,13 +291,6 @@ static inline void wheel_free_unlisted(struct wheel *wh, uint32_t idx)
 void wheel_reset(struct wheel *wh, uint32_t idx, uint64_t deadline_ns);
 
 /*
- * A hint for a wheel_arm() at deadline_ns coming soon: start loading the
- * first node of the slot it will go to (the arm writes its prev). Reads
- * and writes nothing else.
- */
-void wheel_prefetch_arm(const struct wheel *wh, uint64_t deadline_ns);
-
-/*
  * Re-arm a periodic node from its deadline, not from now: deadline_ns +=
  * period_ns (saturating). If that is already past, it is due at the next
  * advance (every period fires; none is skipped: one period per advance).

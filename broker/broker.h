@@ -368,6 +368,8 @@ void close_sent_fds(struct broker *b, struct msghdr *mh);
 /* handshake.c */
 /* "refusing pid ... (uid ...): why", at most once a second (anyone may make the broker refuse). */
 void refuse_log(struct broker *b, const struct ucred *cred, const char *why);
+/* The policy part of broker_reload(): re-read it, log the outcome, say it in *out (if not NULL). */
+void policy_reload(struct broker *b, struct chime_query_reload *out);
 void arm_hello(struct broker *b, struct conn *cn);
 void on_hello(struct broker *b, struct conn *cn, int res);
 /*

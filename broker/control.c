@@ -1170,6 +1170,13 @@ static void wall_check(struct broker *b, bool stepped)
 		shard_poke(&b->shards[i]);
 }
 
+void broker_reload(struct broker *b, struct chime_query_reload *out)
+{
+	log_reopen();
+	policy_reload(b, out);
+	wall_check(b, false);
+}
+
 static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 {
 	uint64_t ud = cqe->user_data;
@@ -1222,10 +1229,7 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 			char from[32];
 
 			if (res == (int)sizeof(b->sig_buf) && b->sig_buf.ssi_signo == SIGHUP) {
-				/* Reload, never stop: reopen the log, re-read the policy, look at the wall clock. */
-				log_reopen();
-				broker_reload(b);
-				wall_check(b, false);
+				broker_reload(b, NULL);        /* never a stop */
 			} else if (res == (int)sizeof(b->sig_buf) && b->sig_buf.ssi_signo == SIGUSR2 && !b->stopping) {
 				/* chimectl restart: stop as for SIGTERM, then main() executes chimed again. */
 				log_msg(LOG_NOTICE, "SIGUSR2 received from pid %u: restarting; sessions are handed over",

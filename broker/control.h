@@ -43,12 +43,15 @@ struct broker;
  */
 int broker_start(struct broker **out, const struct broker_opts *o);
 
+struct chime_query_reload;
+
 /*
- * SIGHUP: re-read the policy (re-resolving names, re-reading --policy-file);
- * on an error the old policy stays and the error is logged. Clients already
- * connected stay.
+ * SIGHUP, or chimectl reload: reopen the log, re-read the policy
+ * (re-resolving names, re-reading --policy-file), look at the wall clock.
+ * On an error the old policy stays and the error is logged. Clients
+ * already connected stay. The outcome goes to *out if not NULL.
  */
-void broker_reload(struct broker *b);
+void broker_reload(struct broker *b, struct chime_query_reload *out);
 
 /*
  * Serve until SIGTERM or SIGINT (0), SIGUSR2 (1: the caller stops the broker

@@ -161,19 +161,41 @@ void refuse_log(struct broker *b, const struct ucred *cred, const char *why)
 	b->refused_quiet = 0;
 }
 
-void broker_reload(struct broker *b)
+/* The counts of the policy's rules, into [when] of a reload's answer. */
+static void policy_counts(const struct policy *p, struct chime_query_reload *out, int when)
+{
+	out->uids[when] = (uint32_t)p->nr_uids;
+	out->gids[when] = (uint32_t)p->nr_gids;
+	out->session_rules[when] = (uint32_t)p->nr_sessions;
+	out->subuid_ranges[when] = (uint32_t)p->nr_subuids;
+	out->allow_all[when] = p->allow_all;
+}
+
+void policy_reload(struct broker *b, struct chime_query_reload *out)
 {
 	char err[512], desc[512];
-	int r = policy_load(&b->policy, &b->o.policy, err, sizeof(err));
+	struct chime_query_reload dummy;
+	int r;
 
+	if (!out)
+		out = &dummy;
+	memset(out, 0, sizeof(*out));
+	out->has_file = b->o.policy.file != NULL;
+	policy_counts(&b->policy, out, 0);
+	r = policy_load(&b->policy, &b->o.policy, err, sizeof(err));
+	policy_counts(&b->policy, out, 1);
 	if (r < 0) {
 		log_msg(LOG_ERR, "reload: %s; keeping the current policy", err);
+		out->error = r;
+		out->sessions_unadmitted = b->sessions_unadmitted;
+		memcpy(out->message, err, strnlen(err, sizeof(out->message) - 1));
 		return;
 	}
 	policy_describe(&b->policy, desc, sizeof(desc));
 	log_msg(LOG_NOTICE, "reloaded the policy: admitting %s", desc);
+	memcpy(out->message, desc, strnlen(desc, sizeof(out->message) - 1));
 	(void)socket_access(b);         /* the socket's mode follows (it logs a failure) */
-	(void)restart_say_unattachable(b, now_ns(), true);
+	out->sessions_unadmitted = restart_say_unattachable(b, now_ns(), true);
 }
 
 /* ---- queries: chimectl clients/timers for a user who may not read the segments ---- */
@@ -868,6 +890,31 @@ static void reset_stats(struct broker *b, int fd, const struct ucred *asker)
 	query_send(fd, &head, NULL, 0, 0);
 }
 
+/* ---- reload: root and the broker's user ---- */
+
+/*
+ * chimectl reload: the reload SIGHUP does, done now and answered with its
+ * outcome. Root and the broker's user only, as a signal to it would be.
+ */
+static void reload_asked(struct broker *b, int fd, const struct ucred *asker)
+{
+	struct chime_query_head head = { .status = -EPERM };
+	struct chime_query_reload res;
+	char comm[16];
+
+	if (!privileged(asker)) {
+		refuse_log(b, asker, "reload is for root and the broker's user only");
+		query_send(fd, &head, NULL, 0, 0);
+		return;
+	}
+	read_comm(asker->pid, comm);
+	log_msg(LOG_NOTICE, "reload asked by pid %d '%s' (uid %u)", (int)asker->pid, comm, (unsigned)asker->uid);
+	broker_reload(b, &res);
+	head.status = 0;
+	head.total = 1;
+	query_send(fd, &head, &res, 1, sizeof(res));
+}
+
 /* A hello arrived on cn: check it and the peer, then start the attach. */
 void on_hello(struct broker *b, struct conn *cn, int res)
 {
@@ -929,6 +976,10 @@ void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred
 	}
 	if (h->flags == CHIME_HELLO_DROP_SESSION) {
 		drop_session(b, cn->fd, &cred, h->session);     /* and the connection ends */
+		return;
+	}
+	if (h->flags == CHIME_HELLO_RELOAD) {
+		reload_asked(b, cn->fd, &cred); /* and the connection ends */
 		return;
 	}
 	/* A resuming library's rings start where it closed its old ones (ring.h), a position it chose. */

@@ -912,6 +912,14 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
  */
 #define CHIME_HELLO_DROP_SESSION  5u
 /*
+ * Re-read the policy now, as SIGHUP does, and say how it went (chimectl
+ * reload): root and the broker's user only (else -EPERM). The answer is a
+ * head (status 0) and one struct chime_query_reload, sent once this reload
+ * has finished: two callers each get their own. A broker before it
+ * answers -EINVAL, as to any query it does not know.
+ */
+#define CHIME_HELLO_RELOAD        6u
+/*
  * With a session name, or'ed into flags 0: libchime re-attaching by itself
  * after losing its broker (ARCHITECTURE.md, "libchime's reconnect"). The
  * session's grants kept from the old rings stay valid until its
@@ -958,7 +966,7 @@ static inline int chime_session_len(const char *name)
 struct chime_hello {
 	uint32_t magic;             /* CHIME_HELLO_MAGIC */
 	uint32_t layout;            /* CHIME_SHM_LAYOUT the client speaks */
-	uint32_t flags;             /* 0, one CHIME_HELLO_QUERY_*, CHIME_HELLO_RESET_STATS or _DROP_SESSION */
+	uint32_t flags;             /* 0, one CHIME_HELLO_QUERY_*, CHIME_HELLO_RESET_STATS, _DROP_SESSION or _RELOAD */
 	int32_t  pid;               /* QUERY_TIMERS: whose; QUERY_SESSIONS: the first slot to list (0: all) */
 	uint64_t limit;             /* queries: records at most (0: CHIME_QUERY_MAX); CHIME_HELLO_RESUME:
 				     * the session's token from its last welcome (0: none) */
@@ -1026,6 +1034,21 @@ struct chime_query_session {
 	uint8_t  _reserved[24];
 };
 _Static_assert(sizeof(struct chime_query_session) == 128, "session record is 128 B");
+
+/* CHIME_HELLO_RELOAD's answer. The counts are of the policy's rules: before the reload and now. */
+struct chime_query_reload {
+	int32_t  error;             /* 0: reloaded; else the load's -errno, and the policy is the one before */
+	uint32_t sessions_unadmitted; /* detached sessions no process can attach to under the policy now */
+	uint32_t uids[2];           /* --allow-uid and the file's allow-uid, resolved: [0] before, [1] now */
+	uint32_t gids[2];
+	uint32_t session_rules[2];  /* "session NAME USER" reservations */
+	uint32_t subuid_ranges[2];
+	uint8_t  allow_all[2];
+	uint8_t  has_file;          /* started with --policy-file */
+	uint8_t  _reserved[21];
+	char     message[448];      /* error: why, as the log says it ("FILE:3: ..."); else whom it admits */
+};
+_Static_assert(sizeof(struct chime_query_reload) == 512, "reload record is 512 B");
 
 /*
  * broker -> client, one message. status 0 carries SCM_RIGHTS with, in order:

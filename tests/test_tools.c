@@ -766,7 +766,8 @@ Test(tools_fake, an_unfinished_segment_with_no_broker_is_not_running)
 Test(tools_fake, no_broker_chimestat_exits_1_every_chimectl_command_3)
 {
 	static const char *const cmds[] = { "status", "clients", "timers --client 1", "timers --session x",
-					    "sessions", "reset-stats", "drop-session x", "shutdown", "restart" };
+					    "sessions", "reset-stats", "reload", "drop-session x", "shutdown",
+					    "restart" };
 
 	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1);
 	cr_assert(strstr(slurp(err), "chimestat: cannot open '"), "%s", slurp(err));
@@ -1533,6 +1534,86 @@ Test(tools_live, restart_says_sessions_no_process_can_attach_to)
 	cr_assert(strstr(slurp(out), "\"sessions_unadmitted\":1"), "%s", slurp(out));
 	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 	cr_assert(strstr(slurp(out), "1 of them no process can attach to under its policy"), "%s", slurp(out));
+}
+
+/*
+ * chimectl reload says how this reload went, not only the log: ok, whom the
+ * policy admits and which rule counts moved (and the sessions it leaves no
+ * process to attach to), or failed and why (a line of the file, the file
+ * gone), the policy it had kept. Before, a reload was a SIGHUP whose
+ * outcome only the broker's log said.
+ */
+Test(tools_live, reload_says_what_changed_or_why_it_failed)
+{
+	struct chime_opts o = { .socket_path = sock, .session = "kept-for-nobody" };
+	char policy[300], extra[400];
+	chime_t *c;
+
+	snprintf(policy, sizeof(policy), "%s/policy", dir);
+	cr_assert_eq(t_write_file(policy, "allow-uid 1\n"), 0);
+	snprintf(extra, sizeof(extra), "--shards 1 --policy-file '%s'", policy);
+	start_broker(extra);
+	cr_assert_eq(chime_open(&c, &o), 0);
+	chime_close(c);         /* detached, lingering */
+	cr_assert_eq(run("%s --socket '%s' reload", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "chimed reloaded its policy and --policy-file: admitting root, uid 1\n"), "%s",
+		  slurp(out));
+	cr_assert(strstr(slurp(out), "as many rules of each kind as before"), "%s", slurp(out));
+
+	cr_assert_eq(t_write_file(policy, "allow-uid 1,2\nsession kept-for-nobody 65534\n"), 0);
+	cr_assert_eq(run("%s --socket '%s' reload", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "changed: uids 1 -> 2, session rules 0 -> 1\n"), "%s", slurp(out));
+	cr_assert(strstr(slurp(out), "1 detached session no process can attach to under it"), "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -j reload", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".reloaded and .supported and .policy_file and .ok"), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".rules_before.uids"), 2, "%s", slurp(out));
+	cr_assert_eq(jq(".rules_after.session_rules"), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".sessions_unadmitted"), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".admitting | test(\"uid 2\")"), 1, "%s", slurp(out));
+
+	/* A malformed line: failed, said with its line, and the policy before it kept. */
+	cr_assert_eq(t_write_file(policy, "allow-uid 1\nbogus\n"), 0);
+	cr_assert_eq(run("%s --socket '%s' reload", bin("CHIMECTL"), sock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "chimed did not reload its policy, and keeps the one it had: "), "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "policy:2: unknown setting 'bogus'"), "%s", slurp(err));
+	cr_assert_str_empty(slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -j reload", bin("CHIMECTL"), sock), 1, "%s", slurp(err));
+	cr_assert_eq(jq(".reloaded == false and .exit_status == 1 and (.error | test(\"policy:2: \"))"), 1, "%s",
+		     slurp(out));
+	cr_assert_eq(jq(".rules_after.uids"), 2, "%s", slurp(out));
+	cr_assert_eq(jq(".errno"), EINVAL, "%s", slurp(out));
+
+	/* The file gone: said, the policy kept, the broker runs on. */
+	cr_assert_eq(unlink(policy), 0);
+	cr_assert_eq(run("%s --socket '%s' reload", bin("CHIMECTL"), sock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "keeps the one it had: cannot open policy file"), "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "No such file or directory"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+}
+
+/*
+ * Without --policy-file a reload resolves the command line's names again,
+ * and says that is all it read. Two at once each get their own reload's
+ * outcome (the broker answers each when its reload is done).
+ */
+Test(tools_live, reload_without_a_policy_file_and_two_at_once)
+{
+	char r1[300], r2[300];
+
+	start_broker("--shards 1 --allow-uid 1");
+	cr_assert_eq(run("%s --socket '%s' reload", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "reloaded its policy (no --policy-file: the command line's names resolved "
+			 "again): admitting root, uid 1\n"), "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -j reload", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".reloaded and (.policy_file | not) and .rules_after.uids == 1"), 1, "%s", slurp(out));
+
+	snprintf(r1, sizeof(r1), "%s/r1", dir);
+	snprintf(r2, sizeof(r2), "%s/r2", dir);
+	cr_assert_eq(run("s=0; %s -s '%s' reload >'%s' 2>&1 & p=$!; %s -s '%s' reload >'%s' 2>&1 || s=1; "
+			 "wait $p || s=1; exit $s", bin("CHIMECTL"), sock, r1, bin("CHIMECTL"), sock, r2), 0,
+		     "%s", slurp(err));
+	cr_assert(strstr(slurp(r1), "chimed reloaded its policy"), "%s", slurp(r1));
+	cr_assert(strstr(slurp(r2), "chimed reloaded its policy"), "%s", slurp(r2));
 }
 
 Test(tools_live, timers_further_than_2_to_the_63_ns_are_shown_ahead)
@@ -2686,9 +2767,26 @@ Test(tools_users, a_user_not_admitted_is_told_so)
 		cr_assert(!strstr(slurp(err), "another user"), "chimectl %s: %s", cmds[i], slurp(err));
 		usleep(60 * 1000);      /* one query per 50 ms */
 	}
-	/* Root and the broker's user are always admitted: reset-stats is refused either way. */
+	/* Root and the broker's user are always admitted: reset-stats and reload are refused either way. */
 	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s reset-stats", dir, ctl, sock), 4, "%s", slurp(err));
 	cr_assert(strstr(slurp(err), "did not admit this user"), "%s", slurp(err));
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s reload", dir, ctl, sock), 4, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "did not admit this user"), "%s", slurp(err));
+}
+
+/* reload by an admitted user who is not root or the broker's: refused by the broker, exit 4, nothing reloaded. */
+Test(tools_users, reload_by_another_admitted_user_exits_4)
+{
+	uid_t u = other_user();
+	const char *ctl = tool_for_others("CHIMECTL");
+
+	start_broker("--shards 1 --allow-all");
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s reload", dir, ctl, sock), 4, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "refused reload: Operation not permitted (only root and the broker's user"),
+		  "%s", slurp(err));
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s -j reload", dir, ctl, sock), 4, "%s", slurp(err));
+	cr_assert_eq(jq(".exit_status"), 4, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' reload", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 }
 
 /* No broker, the socket's directory closed to this user: a permission problem, not the broker's policy. */

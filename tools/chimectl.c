@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * chimectl - administer a running chimed: is it healthy, who is connected,
- * which timers does a client hold, reset its statistics, stop it.
+ * which timers does a client hold, reset its statistics, reload its policy,
+ * stop it.
  *
- * Everything but the handshake of `status`, the request of `reset-stats`
- * and the signal of `shutdown` is read from the broker's segments, mapped
+ * Everything but the handshake of `status`, the requests of `reset-stats`
+ * and `reload` and the signal of `shutdown` is read from the broker's segments, mapped
  * read-only: chimectl never changes the broker's memory.
  *
  * --json: every command prints one JSON document on stdout (jansson) with
@@ -127,6 +128,10 @@ static void usage(FILE *f)
 		"                     (root and the broker's user: any; others: their own)\n"
 		"  reset-stats        restart the lateness histograms and the high-water marks\n"
 		"                     (not the counters); root and the broker's user\n"
+		"  reload             re-read the policy (as SIGHUP does) and say how it went:\n"
+		"                     what it admits now and which rule counts changed, or why\n"
+		"                     it failed (the old policy is kept); root and the\n"
+		"                     broker's user\n"
 		"  shutdown           stop the broker (SIGTERM) and wait up to 5 s for it\n"
 		"  restart            restart the broker in place (SIGUSR2): attached sessions\n"
 		"                     are parked, the new broker takes every session's timers\n"
@@ -144,11 +149,13 @@ static void usage(FILE *f)
 		"  1  failure: the broker's shared memory cannot be read (a segment file\n"
 		"     that shrank as it was read included), its socket cannot be\n"
 		"     reached (permissions), it did not admit this user (these two are 4 for\n"
-		"     reset-stats), the handshake or the query failed, it is still starting,\n"
+		"     reset-stats and reload), the handshake or the query failed, it is still starting,\n"
 		"     no such client or session (a\n"
 		"     well-formed NAME the broker does not know), the session is attached,\n"
 		"     the signal failed, it did not stop or restart in time, or the restarted\n"
-		"     broker has fewer sessions than there were or lost a shard's file, or\n"
+		"     broker has fewer sessions than there were or lost a shard's file, the\n"
+		"     reload failed (the policy kept) or its outcome is unknown (a broker\n"
+		"     older than reload: sent SIGHUP instead), or\n"
 		"     stdout could not be written (said, unless its reader has gone)\n"
 		"  2  usage error: an unknown option or command, an argument missing,\n"
 		"     misplaced or malformed (a drop-session NAME that is not 1 to 63 bytes\n"
@@ -157,9 +164,9 @@ static void usage(FILE *f)
 		"     segment, or the segment says it stopped, its heartbeat is stale or its\n"
 		"     process is gone (or exited, not yet reaped), or it is unfinished and no\n"
 		"     broker holds the lock file (one died starting)\n"
-		"  4  not permitted: reset-stats, shutdown or restart by a user other than root\n"
-		"     and the broker's user (one the socket's or the segment's permissions\n"
-		"     refuse included), or drop-session of another user's session\n");
+		"  4  not permitted: reset-stats, reload, shutdown or restart by a user other\n"
+		"     than root and the broker's user (one the socket's or the segment's\n"
+		"     permissions refuse included), or drop-session of another user's session\n");
 }
 
 /*
@@ -1049,6 +1056,101 @@ static int cmd_restart(const char *sock)
 	}
 }
 
+/* A reload's rule counts, [0] before and [1] after, for the JSON document. */
+static json_t *reload_rules(const struct chime_query_reload *rec, int when)
+{
+	return json_pack("{s:I,s:I,s:I,s:I,s:b}", "uids", (json_int_t)rec->uids[when], "gids",
+			 (json_int_t)rec->gids[when], "session_rules", (json_int_t)rec->session_rules[when],
+			 "subuid_ranges", (json_int_t)rec->subuid_ranges[when], "allow_all", rec->allow_all[when]);
+}
+
+/* "uids 1 -> 3, session rules 0 -> 2": the counts that moved, or "" if none did. */
+static void reload_changes(const struct chime_query_reload *rec, char *buf, size_t len)
+{
+	const struct { const char *what; const uint32_t *n; } c[] = {
+		{ "uids", rec->uids }, { "gids", rec->gids }, { "session rules", rec->session_rules },
+		{ "subordinate-uid ranges", rec->subuid_ranges },
+	};
+	size_t o = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]) && o < len; i++)
+		if (c[i].n[0] != c[i].n[1])
+			o += (size_t)snprintf(buf + o, len - o, "%s%s %u -> %u", o ? ", " : "", c[i].what,
+					      c[i].n[0], c[i].n[1]);
+	if (rec->allow_all[0] != rec->allow_all[1] && o < len)
+		snprintf(buf + o, len - o, "%sany local user %s", o ? ", " : "",
+			 rec->allow_all[1] ? "now admitted" : "no longer admitted");
+}
+
+/*
+ * Ask the broker to re-read its policy (CHIME_HELLO_RELOAD) and say how it
+ * went: the broker answers once that reload has finished, so the outcome
+ * is this request's, whoever else reloads meanwhile. A broker before the
+ * request answers -EINVAL: it is sent SIGHUP instead, and the outcome is
+ * unknown (its log has it).
+ */
+static int cmd_reload(const char *sock)
+{
+	struct chime_query_reload rec;
+	struct chime_query_head head;
+	enum query_step step;
+	char changes[256];
+	uint64_t start;
+	pid_t pid;
+	int r = query_broker(sock, CHIME_HELLO_RELOAD, 0, NULL, 1, &head, &rec, sizeof(rec), &step);
+
+	if (step == QUERY_ANSWER && (r == -EPERM || r == -EACCES))
+		return fail(SR_EXIT_DENIED, "the broker at '%s' refused reload: %s (only root and the broker's "
+			    "user may reload its policy)", sock, strerror(-r));
+	/* As reset-stats: root and the broker's user are always admitted and reach the socket. */
+	if (step == QUERY_HELLO && r == -EACCES)
+		return fail(SR_EXIT_DENIED, "the broker at '%s' did not admit this user (and only root and the "
+			    "broker's user may reload its policy)", sock);
+	if (step == QUERY_CONNECT && r == -EACCES)
+		return fail(SR_EXIT_DENIED, "cannot connect to '%s': %s (this user may not reach the socket, and "
+			    "only root and the broker's user may reload its policy)", sock, strerror(-r));
+	if (step == QUERY_ANSWER && r == -EINVAL) {
+		jset("supported", json_false());
+		jset("reloaded", json_null());
+		r = signal_broker(sock, SIGHUP, &pid, &start);
+		if (r)
+			return r;
+		return fail(SR_EXIT_NOSHM, "the broker at '%s' (pid %d) is older than 'chimectl reload' and cannot "
+			    "say how a reload went: sent it SIGHUP instead; whether it re-read its policy is in its "
+			    "log", sock, (int)pid);
+	}
+	if (r < 0)
+		return query_error(sock, "asking for a reload", r, step, NULL);
+	if (head.count < 1)
+		return fail(SR_EXIT_NOSHM, "the broker at '%s' answered reload without its outcome", sock);
+	rec.message[sizeof(rec.message) - 1] = '\0';
+	chime_printable(rec.message, sizeof(rec.message));     /* a path, or a line of the file, quoted */
+	reload_changes(&rec, changes, sizeof(changes));
+	jset("supported", json_true());
+	jset("reloaded", json_boolean(rec.error == 0));
+	jset("policy_file", json_boolean(rec.has_file));
+	jset("rules_before", reload_rules(&rec, 0));
+	jset("rules_after", reload_rules(&rec, 1));
+	jset("sessions_unadmitted", json_integer(rec.sessions_unadmitted));
+	if (rec.error) {
+		jset("errno", json_integer(-rec.error));
+		return fail(SR_EXIT_NOSHM, "chimed did not reload its policy, and keeps the one it had: %s",
+			    rec.message);
+	}
+	jset("admitting", jtext(rec.message, sizeof(rec.message)));
+	out("chimed reloaded its policy%s: admitting %s\n", rec.has_file ? " and --policy-file" :
+	    " (no --policy-file: the command line's names resolved again)", rec.message);
+	if (changes[0])
+		out("changed: %s\n", changes);
+	else
+		out("as many rules of each kind as before (a rule itself may have changed)\n");
+	if (rec.sessions_unadmitted)
+		out("%u detached session%s no process can attach to under it (see its log)\n",
+		    rec.sessions_unadmitted, rec.sessions_unadmitted == 1 ? "" : "s");
+	return SR_EXIT_OK;
+}
+
 /*
  * Every named session, a page of CHIME_QUERY_MAX at a time, each from the
  * slot after the last page's last one (hello.pid): the sessions in *recs
@@ -1180,7 +1282,7 @@ static int cmd_drop_session(const char *sock, const char *name)
 }
 
 static const char *const commands[] = { "status", "clients", "timers", "sessions", "drop-session",
-					"reset-stats", "shutdown", "restart" };
+					"reset-stats", "reload", "shutdown", "restart" };
 
 static int run(const char *cmd, const char *sock, long pid, uint64_t limit, const char *arg)
 {
@@ -1198,6 +1300,8 @@ static int run(const char *cmd, const char *sock, long pid, uint64_t limit, cons
 		return cmd_reset_stats(sock);
 	if (!strcmp(cmd, "restart"))
 		return cmd_restart(sock);
+	if (!strcmp(cmd, "reload"))
+		return cmd_reload(sock);
 	return cmd_shutdown(sock);
 }
 

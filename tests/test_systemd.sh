@@ -10,7 +10,8 @@
 #   - systemctl start: the unit's user (sysusers.d), its runtime directory,
 #     its hardening and Type=notify together let chimed start and say READY;
 #   - a client arms timers and every one fires (chime-demo), chimectl status;
-#   - systemctl reload: the policy reloaded (SIGHUP);
+#   - systemctl reload: the policy reloaded (chimectl reload), and a
+#     malformed policy file fails it;
 #   - systemctl restart under a session's timers: none lost, none early;
 #   - chimectl restart (chimed executes itself again) the same, its pid
 #     and the unit kept (RELOADING=1, then READY=1 from the new image);
@@ -124,6 +125,9 @@ running | degraded) ;;
 *) cat "$dest/boot.log"; init=""; skip "the container's systemd did not finish booting (state '$state')" ;;
 esac
 
+# As the README's install runs ldconfig: the unit's ExecReload, chimectl, finds libchime by itself.
+echo "$libdir" >"$root/etc/ld.so.conf" && ct ldconfig || fail "ldconfig in the container failed"
+
 # Run in the container: its PATH finds the install's programs, its loader our libchime.
 in_ct() {
 	ct env PATH="$prefix/bin:$prefix/sbin:/usr/bin:/usr/sbin" LD_LIBRARY_PATH="$libdir" "$@"
@@ -157,6 +161,20 @@ for _ in $(seq 50); do
 	sleep 0.1
 done
 journal_has "reloaded the policy" || fail "no 'reloaded the policy' in the journal after systemctl reload"
+# ExecReload is chimectl reload: its answer is in the journal, and a policy
+# file the broker cannot take fails systemctl reload (the old policy kept).
+journal_has "chimed reloaded its policy" || fail "no chimectl reload in the journal after systemctl reload"
+ct sh -c 'printf "allow-all\n" >/etc/chime.policy && mkdir -p /etc/default &&
+	echo CHIMED_OPTS=\"--allow-all --stats-group chime --policy-file /etc/chime.policy\" >/etc/default/chimed' ||
+	fail "cannot write the container's /etc/chime.policy"
+ct timeout 30 systemctl restart chimed || fail "systemctl restart chimed (with --policy-file) failed"
+ct sh -c 'printf "allow-all\nbogus\n" >/etc/chime.policy'
+ct timeout 30 systemctl reload chimed 2>/dev/null && fail "systemctl reload of a malformed policy file succeeded"
+journal_has "/etc/chime.policy:2: unknown setting 'bogus'" || fail "the journal does not say why the reload failed"
+[ "$(show ActiveState)" = active ] || fail "chimed is $(show ActiveState) after a failed reload"
+ct sh -c 'printf "allow-all\n" >/etc/chime.policy'
+ct timeout 30 systemctl reload chimed || fail "systemctl reload of the policy put right failed"
+echo "systemd: systemctl reload says whether the policy was re-read (chimectl reload)"
 
 # ---- restart under a session's timers ----
 in_ct chime-demo -S restart1 -n 20000 -t 1 -d 1 -m 3000 >"$dest/demo1.log" 2>&1 &

@@ -95,6 +95,14 @@ static const char *per_uid_full(const struct broker *b, uid_t uid)
  * HELD (its peer has not read what we sent, control.c) does not count as
  * live either, but a user may hold at most a quarter of its share so.
  */
+/* How a taken slot counts for its user: uid_full() and the users query (chimectl users) both go by it. */
+static void slot_tally(const struct client *c, uint32_t *all, uint32_t *held, uint32_t *live)
+{
+	*all += 1;
+	*held += c->state == CL_HELD;
+	*live += c->state != CL_DETACHING && c->state != CL_HELD;
+}
+
 static bool uid_full(const struct broker *b, uid_t uid)
 {
 	uid_t as = policy_account_uid(&b->policy, uid);
@@ -107,9 +115,7 @@ static bool uid_full(const struct broker *b, uid_t uid)
 
 		if (c->state == CL_FREE || c->acct_uid != as)
 			continue;
-		all++;
-		held += c->state == CL_HELD;
-		live += c->state != CL_DETACHING && c->state != CL_HELD;
+		slot_tally(c, &all, &held, &live);
 	}
 	/*
 	 * HELD lasts as long as its peer keeps the socket and does not read
@@ -819,6 +825,84 @@ static bool scan_turn(struct broker *b, uid_t who, uint64_t now)
 	return !owed_to_another(o, who);
 }
 
+/* ---- users: each user's use of the per-user limits ---- */
+
+static int key_cmp(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+/*
+ * One record per accounting uid with a slot taken, by uid: the slots
+ * sorted by (acct_uid, slot), then each user's counted as uid_full()
+ * counts them and its armed timers summed per shard, as the shards
+ * publish them (their quota is per shard: the fullest one is said). A
+ * user not privileged sees the uid it counts as (`as`) only.
+ */
+static void query_users(struct broker *b, int fd, const struct ucred *asker, uid_t as, uint64_t limit,
+			struct chime_query_user *out)
+{
+	const char *base = (const char *)b->ctl;
+	const struct chime_client_stats *cs =
+		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
+	struct chime_query_head head = { .status = 0 };
+	uint32_t nk = 0, shards = b->o.nr_shards;
+	uint64_t *keys = malloc(((size_t)b->clients_hi + 1) * sizeof(*keys));
+	uint64_t *per = calloc(shards, sizeof(*per));
+	size_t n = 0;
+
+	if (!keys || !per) {
+		free(keys);
+		free(per);
+		query_send(fd, &(struct chime_query_head){ .status = -ENOMEM }, NULL, 0, 0);
+		return;
+	}
+	for (uint32_t slot = 0; slot < b->clients_hi; slot++) {
+		const struct client *c = &b->clients[slot];
+
+		if (c->state != CL_FREE && (privileged(asker) || c->acct_uid == as))
+			keys[nk++] = (uint64_t)c->acct_uid << 32 | slot;
+	}
+	qsort(keys, nk, sizeof(*keys), key_cmp);
+	for (uint32_t i = 0; i < nk;) {
+		uint32_t uid = (uint32_t)(keys[i] >> 32), all = 0;
+		struct chime_query_user u = {
+			.uid = uid, .max_clients = b->o.max_clients_per_uid, .nr_shards = shards,
+			.max_timers = b->o.max_timers_per_uid,
+			.max_timers_shard = b->shards[0].core.user_quota,       /* what the shards refuse past */
+		};
+
+		memset(per, 0, shards * sizeof(*per));
+		for (; i < nk && (uint32_t)(keys[i] >> 32) == uid; i++) {
+			uint32_t slot = (uint32_t)keys[i];
+			const struct client *c = &b->clients[slot];
+
+			slot_tally(c, &all, &u.held, &u.clients);
+			u.reclaiming += c->state == CL_DETACHING;
+			u.sessions += session_listed(c);
+			u.detached += session_listed(c) && (c->state == CL_DETACHED || c->state == CL_PARKING);
+			for (uint32_t k = 0; k < shards; k++) {
+				const struct chime_client_stats *e = &cs[(uint64_t)slot * shards + k];
+
+				if (at_load(&e->generation) == c->generation)
+					per[k] += at_load(&e->armed);
+			}
+		}
+		for (uint32_t k = 0; k < shards; k++) {
+			u.armed += per[k];
+			u.armed_fullest = per[k] > u.armed_fullest ? per[k] : u.armed_fullest;
+		}
+		head.total++;
+		if (n < limit)
+			out[n++] = u;
+	}
+	free(keys);
+	free(per);
+	query_send(fd, &head, out, n, sizeof(*out));
+}
+
 static void answer_query(struct broker *b, struct conn *cn, const struct chime_hello *h,
 			 const struct ucred *asker)
 {
@@ -849,6 +933,8 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 		query_clients(b, cn->fd, asker, limit, buf);
 	else if (h->flags == CHIME_HELLO_QUERY_SESSIONS)
 		query_sessions(b, cn->fd, asker, h->pid > 0 ? (uint32_t)h->pid : 0, limit, buf);
+	else if (h->flags == CHIME_HELLO_QUERY_USERS)
+		query_users(b, cn->fd, asker, cn->uid, limit, buf);
 	else
 		query_send(cn->fd, &(struct chime_query_head){ .status = -EINVAL }, NULL, 0, 0);
 	free(buf);

@@ -912,6 +912,13 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
  */
 #define CHIME_HELLO_DROP_SESSION  5u
 /*
+ * Each user's use of its per-user limits: one struct chime_query_user per
+ * accounting uid with a client slot taken (policy_account_uid(): a
+ * subordinate range counts as one user), by uid. Root and the broker's
+ * user see every user; others the one they count as.
+ */
+#define CHIME_HELLO_QUERY_USERS   7u
+/*
  * Re-read the policy now, as SIGHUP does, and say how it went (chimectl
  * reload): root and the broker's user only (else -EPERM). The answer is a
  * head (status 0) and one struct chime_query_reload, sent once this reload
@@ -1034,6 +1041,27 @@ struct chime_query_session {
 	uint8_t  _reserved[24];
 };
 _Static_assert(sizeof(struct chime_query_session) == 128, "session record is 128 B");
+
+/*
+ * CHIME_HELLO_QUERY_USERS' record: what the broker's own limits count
+ * (handshake.c uid_full(); the shards' per-user quota, per shard).
+ */
+struct chime_query_user {
+	uint32_t uid;               /* the uid counted (a subordinate range's: its owner's lowest start) */
+	uint32_t clients;           /* slots counted against max_clients: attached, attaching, detached sessions */
+	uint32_t held;              /* slots whose peer has not read the broker's answer */
+	uint32_t reclaiming;        /* closed, their timers being reclaimed */
+	uint32_t sessions;          /* named sessions, attached or not */
+	uint32_t detached;          /* of them, with no process attached */
+	uint32_t max_clients;       /* --max-clients-per-uid; 0: none */
+	uint32_t nr_shards;
+	uint64_t armed;             /* timers held for it, summed over its clients and the shards */
+	uint64_t armed_fullest;     /* of them, in the shard holding the most */
+	uint64_t max_timers;        /* --max-timers-per-uid; 0: none */
+	uint64_t max_timers_shard;  /* each shard refuses its arms past this; UINT64_MAX: none */
+	uint8_t  _reserved[64];
+};
+_Static_assert(sizeof(struct chime_query_user) == 128, "user record is 128 B");
 
 /* CHIME_HELLO_RELOAD's answer. The counts are of the policy's rules: before the reload and now. */
 struct chime_query_reload {

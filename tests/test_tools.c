@@ -766,8 +766,8 @@ Test(tools_fake, an_unfinished_segment_with_no_broker_is_not_running)
 Test(tools_fake, no_broker_chimestat_exits_1_every_chimectl_command_3)
 {
 	static const char *const cmds[] = { "status", "clients", "timers --client 1", "timers --session x",
-					    "sessions", "reset-stats", "reload", "drop-session x", "shutdown",
-					    "restart" };
+					    "sessions", "users", "reset-stats", "reload", "drop-session x",
+					    "shutdown", "restart" };
 
 	cr_assert_eq(run("%s --socket '%s' -1", bin("CHIMESTAT"), sock), 1);
 	cr_assert(strstr(slurp(err), "chimestat: cannot open '"), "%s", slurp(err));
@@ -1614,6 +1614,67 @@ Test(tools_live, reload_without_a_policy_file_and_two_at_once)
 		     "%s", slurp(err));
 	cr_assert(strstr(slurp(r1), "chimed reloaded its policy"), "%s", slurp(r1));
 	cr_assert(strstr(slurp(r2), "chimed reloaded its policy"), "%s", slurp(r2));
+}
+
+/* chimectl users -j until jq `expr` is `want`: the shards publish their armed counts every millisecond. */
+static int64_t users_settle(const char *expr, int64_t want)
+{
+	uint64_t t0 = now_ns();
+	int64_t v;
+
+	for (;;) {
+		cr_assert_eq(run("%s --socket '%s' -j users", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+		v = jq(expr);
+		if (v == want || now_ns() - t0 > UINT64_C(3000000000))
+			return v;
+		usleep(60000);  /* one query per 50 ms */
+	}
+}
+
+/*
+ * chimectl users: each user's clients (as --max-clients-per-uid counts
+ * them: a detached session too), sessions and timers against the limits,
+ * the timers' per-shard share in the fullest shard.
+ */
+Test(tools_live, users_shows_each_users_use_of_the_limits)
+{
+	struct chime_opts o = { .socket_path = sock }, os = { .socket_path = sock, .session = "users-s" };
+	chime_t *a, *sess;
+	chime_id_t id;
+
+	start_broker("--shards 2 --max-clients-per-uid 5 --max-timers-per-uid 100000");
+	cr_assert_eq(run("%s --socket '%s' users", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "(no users)"), "%s", slurp(out));
+	cr_assert_eq(chime_open(&a, &o), 0);
+	for (int i = 0; i < 30; i++)
+		cr_assert_eq(chime_arm(a, (uint64_t)i, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
+	cr_assert_eq(chime_open(&sess, &os), 0);
+	for (int i = 0; i < 10; i++) {
+		int r = chime_arm(sess, (uint64_t)i, chime_now() + UINT64_C(3600000000000), 0, 0, &id);
+
+		cr_assert_eq(r, 0, "%s", strerror(-r));
+	}
+	cr_assert_eq(chime_flush(sess), 0);
+	chime_close(sess);      /* detached: its slot and its timers still count */
+	cr_assert_eq(chime_flush(a), 0);
+	cr_assert_eq(users_settle(".users[0].armed", 40), 40, "%s", slurp(out));
+	cr_assert_eq(jq(".users | length"), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".users[0].uid"), 0, "%s", slurp(out));
+	cr_assert_eq(jq(".users[0].clients"), 2, "%s", slurp(out));
+	cr_assert_eq(jq(".users[0].max_clients_per_uid"), 5, "%s", slurp(out));
+	cr_assert_eq(jq(".users[0].sessions"), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".users[0].detached"), 1, "%s", slurp(out));
+	cr_assert_eq(jq(".users[0].max_timers_per_uid"), 100000, "%s", slurp(out));
+	cr_assert_eq(jq(".users[0].max_timers_per_shard"), 50000, "%s", slurp(out));
+	cr_assert_eq(jq(".users[0].armed_fullest_shard >= 20 and .users[0].armed_fullest_shard <= 40"), 1, "%s",
+		     slurp(out));
+	cr_assert_eq(jq(".users[0].shards"), 2, "%s", slurp(out));
+	cr_assert_eq(jq(".total"), 1, "%s", slurp(out));
+	usleep(60000);
+	cr_assert_eq(run("%s --socket '%s' users", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), " 2/5 ") && strstr(slurp(out), " 40/100000 ") && strstr(slurp(out), "/50000\n"),
+		  "%s", slurp(out));
+	chime_close(a);
 }
 
 Test(tools_live, timers_further_than_2_to_the_63_ns_are_shown_ahead)
@@ -2772,6 +2833,25 @@ Test(tools_users, a_user_not_admitted_is_told_so)
 	cr_assert(strstr(slurp(err), "did not admit this user"), "%s", slurp(err));
 	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s reload", dir, ctl, sock), 4, "%s", slurp(err));
 	cr_assert(strstr(slurp(err), "did not admit this user"), "%s", slurp(err));
+}
+
+/* users by another user: its own row only, never root's (the broker's user's) clients and timers. */
+Test(tools_users, users_by_another_user_shows_its_own_only)
+{
+	struct chime_opts o = { .socket_path = sock };
+	uid_t u = other_user();
+	const char *ctl = tool_for_others("CHIMECTL");
+	chime_t *a;
+
+	start_broker("--shards 1 --allow-all");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	cr_assert_eq(run("%s --socket '%s' -j users", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".total"), 1, "%s", slurp(out));
+	usleep(60000);
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s -j users", dir, ctl, sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".total"), 0, "%s", slurp(out));
+	cr_assert_eq(jq(".users | length"), 0, "%s", slurp(out));
+	chime_close(a);
 }
 
 /* reload by an admitted user who is not root or the broker's: refused by the broker, exit 4, nothing reloaded. */

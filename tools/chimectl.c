@@ -124,6 +124,9 @@ static void usage(FILE *f)
 		"                     the same for the named session NAME, attached or not\n"
 		"  sessions           list the named sessions (attached or not, timers, events\n"
 		"                     held, time left before an unattached one is reclaimed)\n"
+		"  users              each user's use of chimed's per-user limits: clients,\n"
+		"                     sessions, timers (and in the fullest shard, against its\n"
+		"                     share there); a user not root nor the broker's: its own\n"
 		"  drop-session NAME  reclaim the detached session NAME and its timers now\n"
 		"                     (root and the broker's user: any; others: their own)\n"
 		"  reset-stats        restart the lateness histograms and the high-water marks\n"
@@ -1056,6 +1059,82 @@ static int cmd_restart(const char *sock)
 	}
 }
 
+/* "N/MAX", or "N/-" with no limit (0 or UINT64_MAX). */
+static const char *of_limit(char *buf, size_t len, uint64_t n, uint64_t max)
+{
+	if (!max || max == UINT64_MAX)
+		snprintf(buf, len, "%" PRIu64 "/-", n);
+	else
+		snprintf(buf, len, "%" PRIu64 "/%" PRIu64, n, max);
+	return buf;
+}
+
+static json_t *jlimit(uint64_t max)
+{
+	return !max || max == UINT64_MAX ? json_null() : json_integer((json_int_t)max);
+}
+
+/*
+ * Each user's use of its per-user limits, as the broker counts them
+ * (CHIME_HELLO_QUERY_USERS): root and the broker's user see every user,
+ * others the one they count as. A broker before it answers -EINVAL.
+ */
+static int cmd_users(const char *sock)
+{
+	struct chime_query_user *recs = calloc(CHIME_QUERY_MAX, sizeof(*recs));
+	struct chime_query_head head;
+	enum query_step step;
+	json_t *arr;
+	int r;
+
+	if (!recs)
+		return fail(SR_EXIT_NOSHM, "out of memory");
+	r = query_broker(sock, CHIME_HELLO_QUERY_USERS, 0, NULL, CHIME_QUERY_MAX, &head, recs, sizeof(*recs),
+			 &step);
+	if (r == -EINVAL && step == QUERY_ANSWER) {
+		free(recs);
+		return fail(SR_EXIT_NOSHM, "the broker at '%s' is older than 'chimectl users' and cannot list "
+			    "its users' use of the limits ('chimectl clients' and 'sessions' still can)", sock);
+	}
+	if (r < 0 && !partial(r, &head)) {
+		free(recs);
+		return query_error(sock, "asking for the users", r, step, NULL);
+	}
+	arr = json_array();
+	out("%10s %11s %8s %8s %22s %22s\n", "UID", "CLIENTS", "SESSIONS", "DETACHED", "ARMED",
+	    "FULLEST SHARD");
+	for (uint64_t i = 0; i < head.count; i++) {
+		const struct chime_query_user *u = &recs[i];
+		char cl[24], tm[48], sh[48];
+
+		out("%10u %11s %8u %8u %22s %22s", u->uid, of_limit(cl, sizeof(cl), u->clients, u->max_clients),
+		    u->sessions, u->detached, of_limit(tm, sizeof(tm), u->armed, u->max_timers),
+		    of_limit(sh, sizeof(sh), u->armed_fullest, u->max_timers_shard));
+		if (u->held || u->reclaiming)
+			out("  (%u held, %u reclaiming)", u->held, u->reclaiming);
+		out("\n");
+		json_array_append_new(arr, json_pack("{s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:I,s:o,s:I}",
+						     "uid", (json_int_t)u->uid, "clients", (json_int_t)u->clients,
+						     "max_clients_per_uid", jlimit(u->max_clients),
+						     "held", (json_int_t)u->held, "reclaiming", (json_int_t)u->reclaiming,
+						     "sessions", (json_int_t)u->sessions,
+						     "detached", (json_int_t)u->detached,
+						     "armed", (json_int_t)u->armed,
+						     "max_timers_per_uid", jlimit(u->max_timers),
+						     "armed_fullest_shard", (json_int_t)u->armed_fullest,
+						     "max_timers_per_shard", jlimit(u->max_timers_shard),
+						     "shards", (json_int_t)u->nr_shards));
+	}
+	free(recs);
+	if (head.count == 0 && head.total == 0)
+		out("(no users)\n");
+	shown_of(head.count, head.total, "users");
+	jset("shown", json_integer((json_int_t)head.count));
+	jset("total", json_integer((json_int_t)head.total));
+	jset("users", arr);
+	return SR_EXIT_OK;      /* an answer cut short: shown_of() said how much of it came */
+}
+
 /* A reload's rule counts, [0] before and [1] after, for the JSON document. */
 static json_t *reload_rules(const struct chime_query_reload *rec, int when)
 {
@@ -1282,7 +1361,8 @@ static int cmd_drop_session(const char *sock, const char *name)
 }
 
 static const char *const commands[] = { "status", "clients", "timers", "sessions", "drop-session",
-					"reset-stats", "reload", "shutdown", "restart" };
+					"users", "reset-stats", "reload", "shutdown",
+					"restart" };
 
 static int run(const char *cmd, const char *sock, long pid, uint64_t limit, const char *arg)
 {
@@ -1302,6 +1382,8 @@ static int run(const char *cmd, const char *sock, long pid, uint64_t limit, cons
 		return cmd_restart(sock);
 	if (!strcmp(cmd, "reload"))
 		return cmd_reload(sock);
+	if (!strcmp(cmd, "users"))
+		return cmd_users(sock);
 	return cmd_shutdown(sock);
 }
 

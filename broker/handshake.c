@@ -85,6 +85,14 @@ static const char *per_uid_full(const struct broker *b, uid_t uid)
 	       "--max-clients-per-uid clients already";
 }
 
+/* How a taken slot counts for its user: uid_full() and the users query (chimectl users) both go by it. */
+static void slot_tally(const struct client *c, uint32_t *all, uint32_t *held, uint32_t *live)
+{
+	*all += 1;
+	*held += c->state == CL_HELD;
+	*live += c->state != CL_DETACHING && c->state != CL_HELD;
+}
+
 /*
  * Is uid's share of the table (--max-clients-per-uid) taken? A client being
  * reclaimed (DETACHING: closed, its process gone, its session dropped) no
@@ -95,14 +103,6 @@ static const char *per_uid_full(const struct broker *b, uid_t uid)
  * HELD (its peer has not read what we sent, control.c) does not count as
  * live either, but a user may hold at most a quarter of its share so.
  */
-/* How a taken slot counts for its user: uid_full() and the users query (chimectl users) both go by it. */
-static void slot_tally(const struct client *c, uint32_t *all, uint32_t *held, uint32_t *live)
-{
-	*all += 1;
-	*held += c->state == CL_HELD;
-	*live += c->state != CL_DETACHING && c->state != CL_HELD;
-}
-
 static bool uid_full(const struct broker *b, uid_t uid)
 {
 	uid_t as = policy_account_uid(&b->policy, uid);

@@ -200,7 +200,7 @@ void policy_reload(struct broker *b, struct chime_query_reload *out)
 	policy_describe(&b->policy, desc, sizeof(desc));
 	log_msg(LOG_NOTICE, "reloaded the policy: admitting %s", desc);
 	memcpy(out->message, desc, strnlen(desc, sizeof(out->message) - 1));
-	(void)socket_access(b);         /* the socket's mode follows (it logs a failure) */
+	out->socket_error = socket_access(b);   /* the socket's mode follows (it logs a failure) */
 	out->sessions_unadmitted = restart_say_unattachable(b, now_ns(), true);
 }
 

@@ -1073,7 +1073,9 @@ struct chime_query_reload {
 	uint32_t subuid_ranges[2];
 	uint8_t  allow_all[2];
 	uint8_t  has_file;          /* started with --policy-file */
-	uint8_t  _reserved[21];
+	uint8_t  _pad;
+	int32_t  socket_error;      /* reloaded, but the socket's group or mode not set to follow: -errno */
+	uint8_t  _reserved[16];
 	char     message[448];      /* error: why, as the log says it ("FILE:3: ..."); else whom it admits */
 };
 _Static_assert(sizeof(struct chime_query_reload) == 512, "reload record is 512 B");

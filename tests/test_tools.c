@@ -1592,6 +1592,28 @@ Test(tools_live, reload_says_what_changed_or_why_it_failed)
 }
 
 /*
+ * A reload whose policy the socket's mode cannot follow (the socket moved
+ * away from the path the broker bound: it will not touch what is there
+ * now) is a failure, said: users it admits now may not reach the socket.
+ * Before, chimectl said "reloaded" and only the log said otherwise.
+ */
+Test(tools_live, reload_says_when_the_sockets_mode_cannot_follow)
+{
+	char moved[300];
+
+	start_broker("--shards 1");
+	snprintf(moved, sizeof(moved), "%s/moved.sock", dir);
+	cr_assert_eq(rename(sock, moved), 0);
+	cr_assert_eq(run("%s --socket '%s' reload", bin("CHIMECTL"), moved), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "chimed reloaded its policy (admitting root), but could not set its socket's "
+			 "group or mode to follow it: Stale file handle"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' -j reload", bin("CHIMECTL"), moved), 1, "%s", slurp(err));
+	cr_assert_eq(jq(".reloaded and .exit_status == 1 and (.socket_error | length > 0)"), 1, "%s", slurp(out));
+	cr_assert_eq(rename(moved, sock), 0);
+	cr_assert_eq(run("%s --socket '%s' reload", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+}
+
+/*
  * Without --policy-file a reload resolves the command line's names again,
  * and says that is all it read. Two at once each get their own reload's
  * outcome (the broker answers each when its reload is done).

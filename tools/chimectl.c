@@ -157,8 +157,9 @@ static void usage(FILE *f)
 		"     well-formed NAME the broker does not know), the session is attached,\n"
 		"     the signal failed, it did not stop or restart in time, or the restarted\n"
 		"     broker has fewer sessions than there were or lost a shard's file, the\n"
-		"     reload failed (the policy kept) or its outcome is unknown (a broker\n"
-		"     older than reload: sent SIGHUP instead), or\n"
+		"     reload failed (the policy kept), its socket's mode could not follow\n"
+		"     it, or its outcome is unknown (a broker older than reload: sent\n"
+		"     SIGHUP instead), or\n"
 		"     stdout could not be written (said, unless its reader has gone)\n"
 		"  2  usage error: an unknown option or command, an argument missing,\n"
 		"     misplaced or malformed (a drop-session NAME that is not 1 to 63 bytes\n"
@@ -1218,6 +1219,13 @@ static int cmd_reload(const char *sock)
 			    rec.message);
 	}
 	jset("admitting", jtext(rec.message, sizeof(rec.message)));
+	/* Admitted now, but kept out by the socket's old mode: the reload did not do what was asked. */
+	if (rec.socket_error < 0) {
+		jset("socket_error", json_string(strerror(-rec.socket_error)));
+		return fail(SR_EXIT_NOSHM, "chimed reloaded its policy (admitting %s), but could not set its socket's "
+			    "group or mode to follow it: %s (see its log): users it admits now may not reach the "
+			    "socket", rec.message, strerror(-rec.socket_error));
+	}
 	out("chimed reloaded its policy%s: admitting %s\n", rec.has_file ? " and --policy-file" :
 	    " (no --policy-file: the command line's names resolved again)", rec.message);
 	if (changes[0])

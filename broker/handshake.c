@@ -837,7 +837,8 @@ static int key_cmp(const void *x, const void *y)
 /*
  * One record per accounting uid with a slot taken, by uid: the slots
  * sorted by (acct_uid, slot), then each user's counted as uid_full()
- * counts them and its armed timers summed per shard, as the shards
+ * counts them and its armed timers and the ids its shards count against
+ * the quota (armed and handed ahead) summed per shard, as the shards
  * publish them (their quota is per shard: the fullest one is said). A
  * user not privileged sees the uid it counts as (`as`) only.
  */
@@ -850,7 +851,7 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 	struct chime_query_head head = { .status = 0 };
 	uint32_t nk = 0, shards = b->o.nr_shards;
 	uint64_t *keys = malloc(((size_t)b->clients_hi + 1) * sizeof(*keys));
-	uint64_t *per = calloc(shards, sizeof(*per));
+	uint64_t *per = calloc(2 * (size_t)shards, sizeof(*per));       /* armed, then owned, per shard */
 	size_t n = 0;
 
 	if (!keys || !per) {
@@ -874,7 +875,7 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 			.max_timers_shard = b->shards[0].core.user_quota,       /* what the shards refuse past */
 		};
 
-		memset(per, 0, shards * sizeof(*per));
+		memset(per, 0, 2 * (size_t)shards * sizeof(*per));
 		for (; i < nk && (uint32_t)(keys[i] >> 32) == uid; i++) {
 			uint32_t slot = (uint32_t)keys[i];
 			const struct client *c = &b->clients[slot];
@@ -886,13 +887,19 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 			for (uint32_t k = 0; k < shards; k++) {
 				const struct chime_client_stats *e = &cs[(uint64_t)slot * shards + k];
 
-				if (at_load(&e->generation) == c->generation)
+				if (at_load(&e->generation) == c->generation) {
 					per[k] += at_load(&e->armed);
+					per[shards + k] += at_load(&e->owned);
+				}
 			}
 		}
 		for (uint32_t k = 0; k < shards; k++) {
+			uint64_t own = per[shards + k];
+
 			u.armed += per[k];
 			u.armed_fullest = per[k] > u.armed_fullest ? per[k] : u.armed_fullest;
+			u.owned += own;
+			u.owned_fullest = own > u.owned_fullest ? own : u.owned_fullest;
 		}
 		head.total++;
 		if (n < limit)

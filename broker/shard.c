@@ -909,6 +909,7 @@ static void publish(struct shard *s)
 		uint64_t d = chan_sq_waiting(s->active[i]);
 
 		stats_client_sq(&s->st, s->active[i]->slot, d);
+		stats_client_owned(&s->st, s->active[i]->slot, s->active[i]->owned);
 		waiting += d;
 		if (d > deepest)
 			deepest = d;

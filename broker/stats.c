@@ -131,6 +131,7 @@ void stats_client_detach(struct stats *st, uint32_t slot)
 	c = stats__cl(st, slot);
 	stats__disarm(st, NULL, c->armed);
 	c->armed = 0;
+	c->owned = 0;
 	c->cq_depth = 0;
 	c->sq_depth = 0;
 	c->backlog = 0;

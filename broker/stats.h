@@ -459,6 +459,16 @@ static inline void stats_client_depth(struct stats *st, uint32_t slot, uint64_t 
 		c->cq_depth_max = cq_depth;
 }
 
+/* The client's ids this shard counts against the quotas (chan.owned): armed and handed ahead. */
+static inline void stats_client_owned(struct stats *st, uint32_t slot, uint64_t owned)
+{
+	struct stats_client *p = slot < st->max_clients ? &st->cl[slot] : NULL;
+
+	if (!CHIME_COUNTERS || !p || p->c.owned == owned)
+		return;
+	stats__cl(st, slot)->owned = owned;
+}
+
 /* Records waiting in the client's submission ring on this shard (bounded by the caller). */
 static inline void stats_client_sq(struct stats *st, uint32_t slot, uint64_t depth)
 {

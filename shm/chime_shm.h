@@ -712,7 +712,13 @@ struct chime_client_stats {
 	uint64_t lat[CHIME_LAT_BUCKETS];    /* lateness of its timers, since then */
 	uint64_t refused_user_quota;        /* of refused_quota: its user's clients held --max-timers-per-uid */
 	uint64_t malformed;                 /* its records dropped by validation (a bug, or a hostile client) */
-	uint8_t  _reserved[896 - 8 * (18 + CHIME_LAT_BUCKETS)];
+	/*
+	 * A gauge, at each publication: the timer ids of this client the shard
+	 * counts against the quotas, its armed timers and the ids its library
+	 * was handed ahead of its arms. 0 from a broker before it (reserved).
+	 */
+	uint64_t owned;
+	uint8_t  _reserved[896 - 8 * (19 + CHIME_LAT_BUCKETS)];
 };
 _Static_assert(sizeof(struct chime_client_stats) == 896, "client stats block is 896 B");
 _Static_assert(offsetof(struct chime_client_stats, sq_depth) == 96, "moved: bump CHIME_SHM_LAYOUT");
@@ -1059,7 +1065,9 @@ struct chime_query_user {
 	uint64_t armed_fullest;     /* of them, in the shard holding the most */
 	uint64_t max_timers;        /* --max-timers-per-uid; 0: none */
 	uint64_t max_timers_shard;  /* each shard refuses its arms past this; UINT64_MAX: none */
-	uint8_t  _reserved[64];
+	uint64_t owned;             /* what the shards count against the quotas: armed + ids handed ahead */
+	uint64_t owned_fullest;     /* of them, in the shard counting the most: what max_timers_shard bounds */
+	uint8_t  _reserved[48];
 };
 _Static_assert(sizeof(struct chime_query_user) == 128, "user record is 128 B");
 

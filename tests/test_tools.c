@@ -1699,6 +1699,41 @@ Test(tools_live, users_shows_each_users_use_of_the_limits)
 	chime_close(a);
 }
 
+/*
+ * A user refused for its quota shows at its limit: the shards count the
+ * ids each connection's library is handed ahead of its arms, and the
+ * fullest shard's count is what they refuse past (ARMED alone showed 30 of
+ * 50 in a shard that refused).
+ */
+Test(tools_live, users_shows_a_refused_user_at_its_shards_limit)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_t *a, *b;
+	chime_id_t id;
+	int r = 0, armed = 0;
+
+	start_broker("--shards 2 --max-timers-per-uid 100");
+	cr_assert_eq(chime_open(&a, &o), 0);
+	cr_assert_eq(chime_open(&b, &o), 0);
+	for (int i = 0; i < 200 && r != -EDQUOT; i++) {
+		r = chime_arm(i % 2 ? b : a, (uint64_t)i, chime_now() + UINT64_C(3600000000000), 0, 0, &id);
+		cr_assert(r == 0 || r == -EDQUOT, "arm %d: %s", i, strerror(-r));
+		armed += r == 0;
+	}
+	cr_assert_eq(r, -EDQUOT, "200 arms of a user allowed 100, none refused");
+	cr_assert_eq(chime_flush(a), 0);
+	cr_assert_eq(chime_flush(b), 0);
+	cr_assert_eq(users_settle(".users[0].armed", armed), armed, "%s", slurp(out));
+	cr_assert_eq(jq(".users[0].max_timers_per_shard"), 50, "%s", slurp(out));
+	cr_assert_eq(jq(".users[0].counted_fullest_shard"), 50, "the shard that refused: %s", slurp(out));
+	cr_assert_eq(jq(".users[0].counted >= .users[0].armed"), 1, "%s", slurp(out));
+	usleep(60000);
+	cr_assert_eq(run("%s --socket '%s' users", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), " 50/50\n"), "%s", slurp(out));
+	chime_close(b);
+	chime_close(a);
+}
+
 Test(tools_live, timers_further_than_2_to_the_63_ns_are_shown_ahead)
 {
 	struct chime_opts o = { .socket_path = sock };

@@ -1110,11 +1110,11 @@ static int cmd_users(const char *sock)
 
 		out("%10u %11s %8u %8u %22s %22s", u->uid, of_limit(cl, sizeof(cl), u->clients, u->max_clients),
 		    u->sessions, u->detached, of_limit(tm, sizeof(tm), u->armed, u->max_timers),
-		    of_limit(sh, sizeof(sh), u->armed_fullest, u->max_timers_shard));
+		    of_limit(sh, sizeof(sh), u->owned_fullest, u->max_timers_shard));
 		if (u->held || u->reclaiming)
 			out("  (%u held, %u reclaiming)", u->held, u->reclaiming);
 		out("\n");
-		json_array_append_new(arr, json_pack("{s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:I,s:o,s:I}",
+		json_array_append_new(arr, json_pack("{s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:o,s:I}",
 						     "uid", (json_int_t)u->uid, "clients", (json_int_t)u->clients,
 						     "max_clients_per_uid", jlimit(u->max_clients),
 						     "held", (json_int_t)u->held, "reclaiming", (json_int_t)u->reclaiming,
@@ -1123,6 +1123,8 @@ static int cmd_users(const char *sock)
 						     "armed", (json_int_t)u->armed,
 						     "max_timers_per_uid", jlimit(u->max_timers),
 						     "armed_fullest_shard", (json_int_t)u->armed_fullest,
+						     "counted", (json_int_t)u->owned,
+						     "counted_fullest_shard", (json_int_t)u->owned_fullest,
 						     "max_timers_per_shard", jlimit(u->max_timers_shard),
 						     "shards", (json_int_t)u->nr_shards));
 	}

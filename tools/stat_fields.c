@@ -128,6 +128,7 @@ static const struct cdef client_defs[] = {
 	{ "refused_quota", CS(refused_quota), F_COUNTER, "chime_client_refused_quota_total", "Its arms refused by a shard: at its quota (EDQUOT); one per shard that refused an arm (libchime tries each).", 1 },
 	{ "refused_user_quota", CS(refused_user_quota), F_COUNTER, "chime_client_refused_user_quota_total", "Its arms refused because its user's clients together held --max-timers-per-uid (EDQUOT, also counted in refused_quota).", 1 },
 	{ "malformed", CS(malformed), F_COUNTER, "chime_client_malformed_total", "Its records dropped by validation: an id it was never given, an unknown op (a bug in it, or a hostile client).", 1 },
+	{ "counted", CS(owned), F_GAUGE, "chime_client_counted", "Timer ids of the client the shards count against the quotas: armed or held, and handed ahead of its arms (0 from a broker before it).", 1 },
 };
 
 const struct stat_pct pcts[NR_PCTS] = { { "p50", 0.50 }, { "p90", 0.90 }, { "p99", 0.99 }, { "p99_9", 0.999 } };

@@ -465,6 +465,7 @@ static int snapshot_read(void *arg)
 			cl->sum.refused_quota += b.refused_quota;
 			cl->sum.refused_user_quota += b.refused_user_quota;
 			cl->sum.malformed += b.malformed;
+			cl->sum.owned += b.owned;
 #define SR_MAX(f) (cl->sum.f = b.f > cl->sum.f ? b.f : cl->sum.f)
 			SR_MAX(sq_depth);
 			SR_MAX(sq_depth_max);

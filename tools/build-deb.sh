@@ -23,7 +23,11 @@ this source tree in DIR, and run lintian on them.
 
   --check      then install the packages (apt-get install ./*.deb), run a smoke
                test against a private chimed (no systemd needed), and purge
-               them again; fails if anything is left behind
+               them again; fails if anything is left behind. Then, where
+               systemd-nspawn is installed, in a container booted with
+               systemd: install chimed (the unit starts), upgrade it under a
+               session's timers (none lost), remove and reinstall it (the
+               session kept), and purge it (/run/chime emptied)
   --out DIR    where to build and leave the .debs (default: build-deb/ at the
                top of the source tree; emptied first)
   --jobs N     parallel build jobs (default 2)
@@ -347,4 +351,115 @@ say "smoke test passed (chimed stopped cleanly on SIGTERM)"
 trap - EXIT
 restore || die "the machine is not as it was before --check (above)"
 say "purged; the machine's packages, chime user and /run/chime are as before"
+
+# --- --check under systemd: what the maintainer scripts do to the service ----
+# Here systemd is not PID 1, so the install above started nothing. In a
+# container booted with systemd (systemd-nspawn, as tests/test_systemd.sh:
+# this host's /usr under a writable overlay, a copy of its dpkg database),
+# dpkg runs chimed's maintainer scripts for real: the install starts the
+# unit; an upgrade (dpkg -i again: postinst configure with the old version,
+# which restarts the unit) keeps a session's timers, every one firing, none
+# early; a remove stops the broker and keeps its files, and a reinstall takes
+# the session over; a purge leaves no file in /run/chime.
+if ! command -v systemd-nspawn >/dev/null 2>&1 || ! command -v nsenter >/dev/null 2>&1; then
+	say "no systemd-nspawn (Debian: systemd-container) or nsenter: the maintainer scripts under systemd not checked"
+	say "done in $(( $(date +%s) - start )) s: the packages are in $out"
+	exit 0
+fi
+ctdir=$(mktemp -d "${TMPDIR:-/tmp}/chime-deb-ct.XXXXXX")
+ctroot=$ctdir/root
+nspawn=
+ctinit=
+ct() { nsenter -t "$ctinit" -a "$@"; }
+ct_cleanup() {
+	if [ -n "$nspawn" ] && kill -0 "$nspawn" 2>/dev/null; then
+		kill -TERM "$nspawn" 2>/dev/null || true     # nspawn halts the container
+		for _ in $(seq 100); do
+			kill -0 "$nspawn" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL "$nspawn" 2>/dev/null || true
+		wait "$nspawn" 2>/dev/null || true
+	fi
+	rm -rf "$ctdir"
+}
+ct_fail() {
+	[ -z "$ctinit" ] || ct journalctl -u chimed --no-pager -n 30 2>/dev/null | sed 's/^/  journal: /' >&2
+	die "$*"
+}
+trap ct_cleanup EXIT
+mkdir -p "$ctroot"/etc "$ctroot"/usr "$ctroot"/var/lib "$ctroot"/run "$ctroot"/tmp "$ctroot"/root \
+	"$ctroot"/dev "$ctroot"/proc "$ctroot"/sys "$ctroot"/debs "$ctdir/upper"
+for d in bin lib lib64 sbin; do ln -s "usr/$d" "$ctroot/$d"; done
+cp /etc/os-release "$ctroot/etc/" 2>/dev/null || cp /usr/lib/os-release "$ctroot/etc/"
+cp /etc/passwd /etc/group "$ctroot/etc/"
+cp -a /etc/dpkg "$ctroot/etc/"
+cp -a /var/lib/dpkg "$ctroot/var/lib/"
+cp "${debs[@]}" "$ctroot/debs/"
+echo "chimedeb$$" >"$ctroot/etc/hostname"
+say "under systemd: a container (systemd-nspawn) over this host's /usr; dpkg installs, upgrades, removes and purges chimed there"
+systemd-nspawn -q -D "$ctroot" --overlay="/usr:$ctdir/upper:/usr" --register=no --keep-unit \
+	-b -M "chimedeb$$" --console=pipe >"$ctdir/boot.log" 2>&1 </dev/null &
+nspawn=$!
+state=
+for _ in $(seq 300); do
+	ctinit=$(pgrep -P "$nspawn" | head -n 1 || true)
+	# Only the container's own systemd, in a pid namespace of its own.
+	if [ -n "$ctinit" ] && [ "$(cat "/proc/$ctinit/comm" 2>/dev/null)" = systemd ] &&
+		[ "$(readlink "/proc/$ctinit/ns/pid")" != "$(readlink /proc/self/ns/pid)" ]; then
+		state=$(ct timeout 90 systemctl is-system-running --wait 2>/dev/null || true)
+		case $state in running | degraded) break ;; esac
+	fi
+	kill -0 "$nspawn" 2>/dev/null || break
+	sleep 0.2
+done
+case $state in
+running | degraded) ;;
+*) cat "$ctdir/boot.log" >&2; ctinit=; die "the container's systemd did not boot (state '$state'): the maintainer scripts under systemd not checked" ;;
+esac
+# A policy-rc.d that forbids starting services (Docker's) would keep the postinst from starting chimed.
+ct rm -f /usr/sbin/policy-rc.d
+cdpkg() { ct env DEBIAN_FRONTEND=noninteractive dpkg "$@" >>"$ctdir/dpkg.log" 2>&1 || { cat "$ctdir/dpkg.log" >&2; ct_fail "dpkg $* in the container failed"; }; }
+active() { ct systemctl is-active chimed 2>/dev/null || true; }
+as_nobody() { ct setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+deb() { echo "/debs/$(basename "$1")"; }
+
+cdpkg -i "$(deb "${debs[1]}")" "$(deb "${debs[0]}")"
+[ "$(active)" = active ] || ct_fail "chimed.service is '$(active)' after the install, not active"
+say "under systemd: the install started chimed.service"
+
+# The upgrade, under another user's session: its 20000 timers armed over 1 s, due within 3 s.
+as_nobody chime-demo -S upgrade -n 20000 -t 1 -d 1 -m 3000 >"$ctdir/demo.log" 2>&1 &
+demo=$!
+sleep 1.5
+cdpkg -i "$(deb "${debs[0]}")"
+wait "$demo" || ct_fail "chime-demo across the upgrade: $(cat "$ctdir/demo.log")"
+grep -q "20000 of 20000 timers fired, 0 early" "$ctdir/demo.log" || ct_fail "across the upgrade: $(cat "$ctdir/demo.log")"
+ct journalctl -u chimed --no-pager -o cat | grep -q "taking over 1 session" ||
+	ct_fail "the broker the upgrade started did not take the session over"
+[ "$(active)" = active ] || ct_fail "chimed.service is '$(active)' after the upgrade"
+say "under systemd: the upgrade restarted chimed, and a session's 20000 timers all fired across it"
+
+# A session left with timers (its process killed), then remove and reinstall.
+ct sh -c 'echo $$ >/run/kept.pid; exec setpriv --reuid=65534 --regid=65534 --clear-groups chime-demo -S kept -n 1000 -t 1 -d 1 -m 60000' >/dev/null 2>&1 &
+demo=$!
+sleep 2
+ct kill -KILL "$(ct cat /run/kept.pid)" || ct_fail "could not kill the session's chime-demo"
+wait "$demo" 2>/dev/null || true
+ct chimectl sessions | grep -q '^kept .* detached' || ct_fail "no detached session 'kept': $(ct chimectl sessions 2>&1)"
+cdpkg -r chimed
+[ "$(active)" != active ] || ct_fail "chimed.service still runs after dpkg -r chimed"
+ct test -f /run/chime/chime.sock.sessions || ct_fail "dpkg -r chimed removed the sessions file"
+cdpkg -i "$(deb "${debs[0]}")"
+ct chimectl sessions | grep -q '^kept .* detached' ||
+	ct_fail "the reinstall did not take the session over: $(ct chimectl sessions 2>&1)"
+say "under systemd: remove stopped chimed and kept its files, the reinstall took the session over"
+
+cdpkg --purge chimed
+left=$(ct find /run/chime -mindepth 1)
+[ -z "$left" ] || ct_fail "after the purge, /run/chime still holds: $left"
+! ct test -e /etc/systemd/system/multi-user.target.wants/chimed.service || ct_fail "the purge left chimed.service enabled"
+say "under systemd: the purge left /run/chime empty (the directory and the chime user stay)"
+trap - EXIT
+ct_cleanup
 say "done in $(( $(date +%s) - start )) s: the packages are in $out"

@@ -8,7 +8,8 @@
 # container boots systemd. Then, as an operator would:
 #
 #   - systemctl start: the unit's user (sysusers.d), its runtime directory,
-#     its hardening and Type=notify together let chimed start and say READY;
+#     its hardening (a system call allow-list among it) and Type=notify
+#     together let chimed start and say READY;
 #   - a client arms timers and every one fires (chime-demo), chimectl status;
 #   - systemctl reload: the policy reloaded (chimectl reload), and a
 #     malformed policy file fails it;
@@ -143,6 +144,11 @@ journal_has() {
 ct timeout 30 systemctl start chimed || fail "systemctl start chimed failed"
 [ "$(show ActiveState)" = active ] || fail "chimed is $(show ActiveState) after its start"
 [ "$(show User)" = chime ] || fail "the unit's User is '$(show User)', not chime"
+# chimed runs under a system call allow-list (what follows shows it is enough):
+# io_uring for its shards, not reboot nor the rest of what a service never needs.
+filter=" $(show SystemCallFilter) "
+case $filter in *" io_uring_enter "*) ;; *) fail "chimed runs without a system call allow-list holding io_uring_enter (SystemCallFilter='$(show SystemCallFilter)')" ;; esac
+case $filter in *" reboot "*) fail "chimed's system call filter lets it call reboot" ;; esac
 owner=$(ct stat -c %U /run/chime/chime.sock 2>/dev/null)
 [ "$owner" = chime ] || fail "the socket /run/chime/chime.sock is owned by '$owner', not chime"
 if [ $notify = yes ]; then

@@ -193,6 +193,20 @@ if command -v objdump >/dev/null 2>&1; then
 	# against it fails to load on an older libchime, by name, not at the call.
 	echo "$syms" | grep -Eq 'CHIME_0\.5 +chime_drop_session$' || fail "no chime_drop_session@@CHIME_0.5"
 	echo "$syms" | grep -Eq 'CHIME_0\.6 +chime_arm_realtime$' || fail "no chime_arm_realtime@@CHIME_0.6"
+	# Exactly chime.h's functions, each with a version: none missing (a
+	# forgotten line in libchime.map), none leaked (an internal function).
+	# shellcheck disable=SC2086
+	set -- $cflags
+	api=$(grep -o 'chime_[a-z_]*(' "${1#-I}/chime.h" | tr -d '(' | sort -u)
+	exported=$(echo "$syms" | awk '$2 == "g" && $4 != "*UND*" && $NF !~ /^CHIME_/ { print $NF }' | sort -u)
+	if [ "$api" != "$exported" ]; then
+		echo "$api" >"$dest/api.txt"
+		echo "$exported" >"$dest/exported.txt"
+		fail "libchime.so.0 does not export exactly chime.h's functions: missing: $(comm -23 "$dest/api.txt" "$dest/exported.txt" | tr '\n' ' '); not in chime.h: $(comm -13 "$dest/api.txt" "$dest/exported.txt" | tr '\n' ' ')"
+	fi
+	unversioned=$(echo "$syms" | awk '$2 == "g" && $4 != "*UND*" && $(NF - 1) !~ /CHIME_/ { print $NF }')
+	[ -z "$unversioned" ] || fail "libchime.so.0 exports without a version: $unversioned"
+	echo "install: libchime.so.0 exports chime.h's functions, each versioned, and nothing else"
 fi
 
 if [ "$static_lib" = static ]; then

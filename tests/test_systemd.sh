@@ -19,7 +19,9 @@
 #   - both shard threads held (ptrace) under a session's timers: chimed
 #     withholds its watchdog ping, systemd kills and restarts it, and the
 #     session's timers all fire after;
-#   - systemctl stop: a clean stop.
+#   - systemctl stop: a clean stop;
+#   - a client's unit with Wants= and After=chimed.service: its start
+#     starts chimed first, and its chime_open() finds it listening.
 #
 # Usage: test_systemd.sh MESON BUILD_ROOT
 # Exit: 0 pass, 1 fail, 77 skipped (not root, no systemd-nspawn, a prefix
@@ -270,4 +272,13 @@ ct timeout 30 systemctl stop chimed || fail "systemctl stop chimed failed"
 [ "$(show ExecMainStatus)" = 0 ] || fail "chimed exited with status $(show ExecMainStatus) at its stop"
 journal_has "stopped" || fail "no 'stopped' in the journal"
 echo "systemd: stopped cleanly"
+
+# ---- a client's unit ordered after it (README): its start pulls chimed in, and it finds it listening ----
+out=$(ct timeout 60 systemd-run --quiet --wait --pipe -p Wants=chimed.service -p After=chimed.service \
+	-p User=nobody -E PATH="$prefix/bin:/usr/bin" -E LD_LIBRARY_PATH="$libdir" \
+	chime-demo -n 1000 -t 1 -d 1 -m 100 2>&1) || fail "a client unit with Wants= and After=chimed.service: $out"
+echo "$out" | grep -q "1000 of 1000 timers fired, 0 early" || fail "a client unit after chimed: $out"
+[ "$(show ActiveState)" = active ] || fail "a client unit's Wants= did not start chimed"
+ct timeout 30 systemctl stop chimed || fail "systemctl stop chimed failed"
+echo "systemd: a client unit with Wants= and After=chimed.service started chimed and used it"
 exit 0

@@ -29,7 +29,8 @@ this source tree in DIR, and run lintian on them.
                session's timers (none lost), remove and reinstall it (the
                session kept), and purge it (/run/chime emptied)
   --out DIR    where to build and leave the .debs (default: build-deb/ at the
-               top of the source tree; emptied first)
+               top of the source tree; emptied first: a DIR that holds
+               files this script did not put there is refused)
   --jobs N     parallel build jobs (default 2)
   -h, --help   show this help
 
@@ -62,6 +63,17 @@ case $jobs in ''|*[!0-9]*|0) echo "$prog: --jobs wants a positive number, not '$
 
 say() { printf '%s: %s\n' "$prog" "$*" >&2; }
 die() { printf '%s: FAIL: %s\n' "$prog" "$*" >&2; exit 1; }
+
+# --out is emptied before the build: only a directory this script made
+# (its mark inside), the default build-deb/, or one empty or absent. Checked
+# first, before anything is installed or built.
+case $out in /*) ;; *) out=$PWD/$out ;; esac
+mark=.chime-build-deb
+case $root/ in "${out%/}"/*) die "refusing --out $out: it would empty the source tree" ;; esac
+[ ! -e "$out" ] || [ -d "$out" ] || die "refusing --out $out: not a directory"
+if [ -d "$out" ] && [ "$out" != "$root/build-deb" ] && [ ! -f "$out/$mark" ] && [ -n "$(ls -A "$out")" ]; then
+	die "refusing --out $out: it holds files that build-deb.sh did not put there, and would be emptied (give a new or empty directory)"
+fi
 
 start=$(date +%s)
 is_root=0
@@ -104,11 +116,10 @@ arch=$(dpkg --print-architecture)
 # --- build, out of tree ------------------------------------------------------
 # A copy of the tree as git sees it (tracked files with their changes, plus
 # untracked ones not ignored: no build directories), or all of it without git.
-case $out in /*) ;; *) out=$PWD/$out ;; esac
-case $root/ in "${out%/}"/*) die "refusing --out $out: it would empty the source tree" ;; esac
 rm -rf "$out"
 src=$out/chime-$version
 mkdir -p "$src"
+touch "$out/$mark"
 if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 	(cd "$root" && git ls-files -z --cached --others --exclude-standard |
 		while IFS= read -r -d '' f; do

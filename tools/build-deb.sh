@@ -39,9 +39,11 @@ debian/control (apt-get build-dep), dpkg-dev, build-essential and lintian.
 Without root, those must be there already (--check needs root anyway).
 
 Exit status: 0 if the packages built, lintian found no error or warning
-other than the maintainer address (see below) and, with --check, the smoke
-test passed and the machine was left as before; 1 otherwise; 2 on a usage
-error.
+other than the maintainer address chime@localhost (bogus-mail-host, which
+the .changes file and the -dbgsym packages cannot override) and, with
+--check, the smoke test passed, the machine was left as before, and the
+maintainer scripts did under systemd what is said above (where
+systemd-nspawn is installed); 1 otherwise; 2 on a usage error.
 EOF
 }
 

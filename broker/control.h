@@ -7,6 +7,7 @@
 #ifndef CHIMED_CONTROL_H
 #define CHIMED_CONTROL_H
 
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/un.h>
@@ -42,6 +43,13 @@ struct broker;
  * logged, everything created is removed, and a negative errno is returned.
  */
 int broker_start(struct broker **out, const struct broker_opts *o);
+
+/*
+ * The CPUs this process may run on (sched_getaffinity(): a unit's
+ * CPUAffinity=, taskset, a cpuset), and how many; the online CPUs where
+ * that cannot be read. Shard i is pinned to the (i mod count)-th of them.
+ */
+int broker_cpus(cpu_set_t *set);
 
 struct chime_query_reload;
 

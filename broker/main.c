@@ -48,7 +48,7 @@ static const char usage_text[] =
 "  -s, --socket PATH       listen on PATH (default: $CHIME_SOCKET, else\n"
 "                          /run/chime/chime.sock, creating /run/chime)\n"
 "  -n, --shards N          shard threads, one timing wheel each (1..128;\n"
-"                          default: online CPUs, at most 128)\n"
+"                          default: the CPUs it may run on, at most 128)\n"
 "      --spin-us N         stay awake up to N us without work before sleeping\n"
 "                          (less while spinning does not pay), and wake before\n"
 "                          a deadline as early as wake-ups are late, at most\n"
@@ -615,8 +615,12 @@ int main(int argc, char **argv)
 
 	open_stdio();
 	log_stderr_setup();
-	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	o.nr_shards = ncpu < 1 ? 1 : ncpu > MAX_SHARDS_DEFAULT ? MAX_SHARDS_DEFAULT : (uint32_t)ncpu;
+	{
+		cpu_set_t cpus;
+
+		ncpu = broker_cpus(&cpus);
+	}
+	o.nr_shards = ncpu > MAX_SHARDS_DEFAULT ? MAX_SHARDS_DEFAULT : (uint32_t)ncpu;
 
 	/* getopt's own messages start with argv[0]: "chimed", not the path it was run by. */
 	if (argc > 0)
@@ -788,7 +792,7 @@ int main(int argc, char **argv)
 	 * 1.5 ms late at the client, against 0.3-0.7 us with one shard).
 	 */
 	if (o.spin_us < 0 && ncpu > 0 && o.nr_shards >= (uint32_t)ncpu)
-		log_msg(LOG_WARNING, "--spin-us -1 with %u shards on %ld online CPUs: a shard spins on "
+		log_msg(LOG_WARNING, "--spin-us -1 with %u shards on the %ld CPUs chimed may run on: a shard spins on "
 			"every CPU, so client threads and the kernel take CPU time from the shards and "
 			"timers fire late when they do; busy-poll is for dedicated CPUs (--shards %ld "
 			"or fewer leaves one free)", o.nr_shards, ncpu, ncpu > 1 ? ncpu - 1 : 1);

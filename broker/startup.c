@@ -530,9 +530,35 @@ static void setup_join(struct shard_setup *ss, uint32_t *watched_hb)
 	}
 }
 
+int broker_cpus(cpu_set_t *set)
+{
+	long n;
+
+	if (sched_getaffinity(0, sizeof(*set), set) == 0 && CPU_COUNT(set) > 0)
+		return CPU_COUNT(set);
+	n = sysconf(_SC_NPROCESSORS_ONLN);
+	n = n < 1 ? 1 : n > CPU_SETSIZE ? CPU_SETSIZE : n;
+	CPU_ZERO(set);
+	for (long i = 0; i < n; i++)
+		CPU_SET((int)i, set);
+	return (int)n;
+}
+
+/* The (i mod count)-th CPU of set, which holds count of them. */
+static int nth_cpu(const cpu_set_t *set, int count, uint32_t i)
+{
+	int want = (int)(i % (uint32_t)count);
+
+	for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+		if (CPU_ISSET(cpu, set) && want-- == 0)
+			return cpu;
+	return -1;
+}
+
 static int shards_setup(struct broker *b)
 {
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	cpu_set_t cpus;
+	int ncpu = broker_cpus(&cpus);
 	struct shard_setup *su;
 	int r = 0;
 
@@ -545,8 +571,6 @@ static int shards_setup(struct broker *b)
 	}
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
 		b->shards[i].seg_fd = b->shards[i].doorbell = -1;
-	if (ncpu < 1)
-		ncpu = 1;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
 		struct shard_session *sessions = restart_shard_sessions(b, i);
 
@@ -604,7 +628,7 @@ out:
 	b->ctl->sessions_unadmitted = b->sessions_unadmitted;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
 		b->ctl->shards_lost += b->shards[i].file_lost;
-		r = shard_start(&b->shards[i], (int)(i % (uint32_t)ncpu));
+		r = shard_start(&b->shards[i], nth_cpu(&cpus, ncpu, i));
 		if (r < 0)
 			return r;
 	}

@@ -13,6 +13,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -83,6 +84,37 @@ Test(daemon, sighup_does_not_stop_it)
 	cr_expect(can_open(b.sock), "chimed does not answer after SIGHUP");
 	st = t_chimed_stop(&b, SIGTERM);
 	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x after SIGTERM", st);
+}
+
+/*
+ * Started on one CPU of two (a unit's CPUAffinity=, taskset): one shard by
+ * default, pinned to that CPU. It took the online CPUs: two shards, shard 0
+ * pinned to CPU 0, where it may not run.
+ */
+Test(daemon, shards_follow_the_cpus_it_may_run_on)
+{
+	cpu_set_t mine, one, got;
+	struct t_chimed b;
+	int tid, r;
+
+	cr_assert_eq(sched_getaffinity(0, sizeof(mine), &mine), 0);
+	if (CPU_COUNT(&mine) < 2 || !CPU_ISSET(1, &mine))
+		cr_skip_test("needs CPUs 0 and 1 (%d allowed)", CPU_COUNT(&mine));
+	CPU_ZERO(&one);
+	CPU_SET(1, &one);
+	cr_assert_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+	r = t_chimed_start(&b, NULL, "");       /* inherits this process's CPUs */
+	cr_assert_eq(sched_setaffinity(0, sizeof(mine), &mine), 0);
+	cr_assert_eq(r, 0);
+	tid = t_thread_named(b.pid, "chimed-shard0");
+	cr_expect_gt(tid, 0, "no shard 0");
+	cr_expect_eq(t_thread_named(b.pid, "chimed-shard1"), -1, "two shards on one CPU it may run on");
+	if (tid > 0) {
+		cr_assert_eq(sched_getaffinity(tid, sizeof(got), &got), 0);
+		cr_expect(CPU_COUNT(&got) == 1 && CPU_ISSET(1, &got), "shard 0 pinned to %d CPUs, CPU 1 %s",
+			  CPU_COUNT(&got), CPU_ISSET(1, &got) ? "among them" : "not among them");
+	}
+	t_chimed_stop(&b, SIGTERM);
 }
 
 Test(daemon, sigterm_and_sigint_exit_0_and_remove_files)

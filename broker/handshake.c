@@ -1008,6 +1008,26 @@ static void reload_asked(struct broker *b, int fd, const struct ucred *asker)
 	query_send(fd, &head, &res, 1, sizeof(res));
 }
 
+/*
+ * CHIME_HELLO_PING: what an attach of this peer would be answered now,
+ * short of the attach: the checks hello_answer() and client_admit() make.
+ */
+static void ping_answer(struct broker *b, int fd, const struct ucred *cred)
+{
+	struct chime_query_head head = { .status = 0 };
+	bool table_full = true;
+
+	for (uint32_t i = 0; i < b->o.max_clients && table_full; i++)
+		table_full = b->clients[i].state != CL_FREE;
+	if (b->stopping)
+		head.status = -ECONNREFUSED;
+	else if (unsealed_full(b, cred->uid) || uid_full(b, cred->uid) || table_full)
+		head.status = -EUSERS;
+	log_msg(LOG_DEBUG, "pinged by pid %d (uid %u): %s", (int)cred->pid, (unsigned)cred->uid,
+		head.status ? strerror(-head.status) : "it would be admitted");
+	query_send(fd, &head, NULL, 0, 0);
+}
+
 /* A hello arrived on cn: check it and the peer, then start the attach. */
 void on_hello(struct broker *b, struct conn *cn, int res)
 {
@@ -1073,6 +1093,10 @@ void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred
 	}
 	if (h->flags == CHIME_HELLO_RELOAD) {
 		reload_asked(b, cn->fd, &cred); /* and the connection ends */
+		return;
+	}
+	if (h->flags == CHIME_HELLO_PING) {
+		ping_answer(b, cn->fd, &cred);  /* and the connection ends */
 		return;
 	}
 	/* A resuming library's rings start where it closed its old ones (ring.h), a position it chose. */

@@ -933,6 +933,15 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
  */
 #define CHIME_HELLO_RELOAD        6u
 /*
+ * Would an attach of the caller be admitted now (chimectl status)? A head
+ * with no records: status 0, or -EUSERS (its user's --max-clients-per-uid
+ * or the client table full), -ECONNREFUSED (the broker is stopping). No
+ * client slot is taken and nothing is logged above debug: a health check
+ * every few seconds is neither a client nor a line in the log. A broker
+ * before it answers -EINVAL.
+ */
+#define CHIME_HELLO_PING          8u
+/*
  * With a session name, or'ed into flags 0: libchime re-attaching by itself
  * after losing its broker (ARCHITECTURE.md, "libchime's reconnect"). The
  * session's grants kept from the old rings stay valid until its
@@ -979,7 +988,7 @@ static inline int chime_session_len(const char *name)
 struct chime_hello {
 	uint32_t magic;             /* CHIME_HELLO_MAGIC */
 	uint32_t layout;            /* CHIME_SHM_LAYOUT the client speaks */
-	uint32_t flags;             /* 0, one CHIME_HELLO_QUERY_*, CHIME_HELLO_RESET_STATS, _DROP_SESSION or _RELOAD */
+	uint32_t flags;             /* 0, one CHIME_HELLO_QUERY_*, CHIME_HELLO_RESET_STATS, _DROP_SESSION, _RELOAD or _PING */
 	int32_t  pid;               /* QUERY_TIMERS: whose; QUERY_SESSIONS: the first slot to list (0: all) */
 	uint64_t limit;             /* queries: records at most (0: CHIME_QUERY_MAX); CHIME_HELLO_RESUME:
 				     * the session's token from its last welcome (0: none) */

@@ -1756,6 +1756,29 @@ Test(tools_live, timers_further_than_2_to_the_63_ns_are_shown_ahead)
 	chime_close(a);
 }
 
+/*
+ * chimectl status as a health check, every few seconds: no client (a slot,
+ * its segments, a "connected" and a "disconnected" line in the log each
+ * time). It was one: clients_total counted each status.
+ */
+Test(tools_live, status_is_not_a_client_of_the_broker)
+{
+	int64_t total;
+
+	start_broker("--shards 1");
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	total = jq(".broker.clients_total");
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+		cr_assert(strstr(slurp(out), " running, ") && strstr(slurp(out), ", 0 clients"), "%s", slurp(out));
+		cr_assert_null(strstr(slurp(out), "refused"), "%s", slurp(out));
+	}
+	cr_assert_eq(run("%s --socket '%s' -j status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".admits_this_user"), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".broker.clients_total"), total, "chimectl status connected as a client: %s", slurp(out));
+}
+
 /* chimectl status says when the broker rests (its heartbeat slowed to 450 ms after a second of quiet). */
 Test(tools_live, chimectl_status_says_when_the_broker_rests)
 {
@@ -1767,7 +1790,7 @@ Test(tools_live, chimectl_status_says_when_the_broker_rests)
 	start_broker("--shards 1");
 	cr_assert_eq(chime_open(&a, &o), 0);
 	cr_assert_eq(chime_arm(a, 1, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
-	/* Waited for with chimestat: a status's handshake is a client connecting, which ends a rest. */
+	/* Waited for with chimestat: a status before CHIME_HELLO_PING was a client connecting, which ends a rest. */
 	cr_assert_eq(settle(".broker.heartbeat_period_ns", 450000000), 450000000, "not at rest: %s", slurp(out));
 	cr_assert_eq(run("%s --socket '%s' --json status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 	cr_assert_eq(jq(".heartbeat_period_ns"), 450000000, "%s", slurp(out));

@@ -262,19 +262,39 @@ static int handshake_fail(const char *sock, int r)
 }
 
 /*
+ * Would the broker admit this user's chime_open() now? Asked with
+ * CHIME_HELLO_PING: the broker's checks of an attach, short of it, so a
+ * health check is no client (a slot, segments, two log lines each time);
+ * a broker before it (-EINVAL) is asked by an attach. 0, -EUSERS (at a
+ * limit), or chime_open()'s errors.
+ */
+static int handshake(const char *sock)
+{
+	struct chime_query_head head;
+	enum query_step step;
+	int r = query_broker(sock, CHIME_HELLO_PING, 0, NULL, 0, &head, NULL, 0, &step);
+
+	if (r == -EINVAL && step == QUERY_ANSWER) {
+		struct chime_opts o = { .socket_path = sock, .flags = 0 };
+		chime_t *c;
+
+		r = chime_open(&c, &o);
+		if (r == 0)
+			chime_close(c);
+	}
+	return r;
+}
+
+/*
  * `status` for a user who may connect but not read the counters (an admitted
  * client outside --stats-group): the handshake alone says whether it runs.
  */
 static int status_by_handshake(const char *sock)
 {
-	struct chime_opts o = { .socket_path = sock, .flags = 0 };
-	chime_t *c;
-	int r = chime_open(&c, &o);
+	int r = handshake(sock);
 
 	if (r < 0 && r != -EUSERS)
 		return handshake_fail(sock, r);
-	if (r == 0)
-		chime_close(c);
 	out("chimed at %s is running and %s (its counters are for root, the broker's user and chimed "
 	    "--stats-group)\n", sock, r == 0 ? "admits this user" : "answered, but " AT_LIMIT);
 	jset("running", json_true());
@@ -317,21 +337,14 @@ static int cmd_status(const char *sock)
 			 sn.now_ns > sn.hdr.heartbeat_ns ? (double)(sn.now_ns - sn.hdr.heartbeat_ns) / 1e9 : 0.0);
 		goto out;
 	}
-	{
-		struct chime_opts o = { .socket_path = sock, .flags = 0 };
-		chime_t *c;
-
-		/* The segment says alive; only a handshake proves it answers (a refusal for the limits too). */
-		r = chime_open(&c, &o);
-		if (r < 0 && r != -EUSERS) {
-			jset("running", json_false());
-			r = handshake_fail(sock, r);
-			goto out;
-		}
-		if (r == 0)
-			chime_close(c);
-		admitted = r == 0;
+	/* The segment says alive; only a handshake proves it answers (a refusal for the limits too). */
+	r = handshake(sock);
+	if (r < 0 && r != -EUSERS) {
+		jset("running", json_false());
+		r = handshake_fail(sock, r);
+		goto out;
 	}
+	admitted = r == 0;
 	jset("admits_this_user", json_boolean(admitted));
 	jset("uptime_ns", json_integer((json_int_t)(sn.now_ns - sn.hdr.start_ns)));
 	jset("shards", json_integer(sn.hdr.nr_shards));

@@ -9,7 +9,10 @@
  * long enough for the broker to rest, then bursts; and ends with
  * chime_close, _exit or SIGKILL, to be followed by the session's next
  * process), and restarts the broker at random moments (chimectl restart,
- * SIGTERM, SIGKILL; during its rest, just after a burst, or anywhere).
+ * SIGTERM, SIGKILL; SIGKILL and then each next broker killed 0-40 ms into
+ * its start, its restore, 1-3 times; a SIGKILL 0-150 ms into a chimectl
+ * restart's handover; two chimectl restarts in a row; during its rest,
+ * just after a burst, or anywhere).
  * Every call and every event taken goes into one log in shared memory,
  * numbered by one atomic counter (so its order agrees with real time);
  * at the end a final process of each session cancels its periodics and
@@ -70,7 +73,13 @@ enum {
 	L_PROC_END, L_RESUMED, L_BROKER_DOWN, L_BROKER_GONE, L_BROKER_UP, L_ERR, L_BURST_END,
 };
 enum { END_CLOSE, END_EXIT, END_KILL };
-enum { K_CTL, K_TERM, K_KILL };
+/*
+ * How the broker goes: chimectl restart, SIGTERM, SIGKILL; SIGKILL, then
+ * each next broker killed during its start-up (its restore) 1-3 times;
+ * chimectl restart with a SIGKILL during its handover (the park, the
+ * exec or the new broker's restore); two chimectl restarts in a row.
+ */
+enum { K_CTL, K_TERM, K_KILL, K_KILL_START, K_CTL_KILL, K_CTL_TWICE, NKIND };
 
 struct ent {
 	_Atomic uint32_t type;
@@ -623,7 +632,7 @@ static void worker_run(int sess, bool final)
 
 /* -------------------------------------------------------------- supervisor */
 
-static const char *chimed_path, *chimectl_path, *extra_args;
+static const char *chimed_path, *chimectl_path, *chimestat_path, *extra_args;
 static char dir[128];
 static pid_t broker_pid;
 static unsigned broker_n;
@@ -653,10 +662,9 @@ static bool broker_running(pid_t pid)
 	return c && c->pid == pid && c->state == CHIME_BROKER_RUNNING;
 }
 
-static void broker_start(void)
+static pid_t broker_spawn(void)
 {
 	char cmd[1024], logp[300];
-	uint64_t t0 = chime_now();
 	pid_t p;
 
 	snprintf(logp, sizeof(logp), "%s/broker.log", dir);
@@ -668,13 +676,21 @@ static void broker_start(void)
 		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
 		_exit(127);
 	}
+	return p;
+}
+
+static void broker_start(void)
+{
+	uint64_t t0 = chime_now();
+	pid_t p = broker_spawn();
+
 	broker_pid = p;
 	broker_n++;
 	while (!broker_running(p)) {
 		int st;
 
 		if (waitpid(p, &st, WNOHANG) == p) {
-			fprintf(stderr, "soak: chimed exited during start-up (%#x); see %s\n", st, logp);
+			fprintf(stderr, "soak: chimed exited during start-up (%#x); see %s/broker.log\n", st, dir);
 			exit(2);
 		}
 		if (chime_now() - t0 > 20000 * MS) {
@@ -687,13 +703,39 @@ static void broker_start(void)
 	L(L_BROKER_UP, 0, 0, (uint64_t)p, 0, 0, 0);
 }
 
-static unsigned n_kind[3], n_when[3];
-
-static void broker_bounce(uint64_t *rng)
+/* A SIGKILL during it (K_CTL_KILL) fails it: expected, not logged. */
+static void chimectl_restart(bool killed)
 {
-	int kind = (int)(rnd(rng) % 3), when = (int)(rnd(rng) % 3), st;
+	char cmd[600];
+
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' restart >/dev/null 2>>'%s/chimectl.log'", chimectl_path,
+		 G->sock, dir);
+	if (system(cmd) != 0 && !killed) {
+		fprintf(stderr, "soak: chimectl restart failed (see %s/chimectl.log)\n", dir);
+		L(L_ERR, 0, 0, 1, 0, 0, -EIO);
+	}
+}
+
+/* SIGKILL the broker (logged first: the checker's allowances count from the kill) and reap it. */
+static void broker_kill(void)
+{
+	int st;
+
+	L(L_BROKER_DOWN, 0, 0, (uint64_t)K_KILL, 0, 0, 0);
+	kill(broker_pid, SIGKILL);
+	waitpid(broker_pid, &st, 0);
+	L(L_BROKER_GONE, 0, 0, (uint64_t)K_KILL, 0, 0, 0);
+}
+
+static unsigned n_kind[NKIND], n_when[3], n_start_kills, n_start_kills_early;
+
+static void broker_bounce(uint64_t *rng, uint64_t end_ns)
+{
+	int kind = (int)(rnd(rng) % NKIND), when = (int)(rnd(rng) % 3), st;
 	uint64_t t0 = chime_now();
 
+	if (when == 1 && end_ns - t0 < 12000 * MS)
+		when = 0;       /* waiting for a rest would overrun the run */
 	if (when == 1) {        /* during its rest */
 		const struct chime_ctl *c;
 
@@ -714,15 +756,41 @@ static void broker_bounce(uint64_t *rng)
 	}
 	n_kind[kind]++;
 	n_when[when]++;
-	L(L_BROKER_DOWN, 0, 0, (uint64_t)kind, (uint64_t)when, 0, 0);
-	if (kind == K_CTL) {
-		char cmd[600];
+	if (kind == K_KILL_START) {
+		/* each next broker killed 0-40 ms into its start: in its restore, or just after */
+		broker_kill();
+		for (unsigned k = 0, nk = (unsigned)rr(rng, 1, 3); k < nk; k++) {
+			broker_pid = broker_spawn();
+			broker_n++;
+			usleep((useconds_t)rr(rng, 0, 40000));
+			n_start_kills++;
+			n_start_kills_early += !broker_running(broker_pid);
+			broker_kill();
+		}
+		broker_start();
+		return;
+	}
+	if (kind == K_CTL_KILL) {
+		/* chimectl restart, and a SIGKILL somewhere in the handover */
+		pid_t ctl = fork();
 
-		snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' restart >/dev/null 2>>'%s/chimectl.log'", chimectl_path,
-			 G->sock, dir);
-		if (system(cmd) != 0) {
-			fprintf(stderr, "soak: chimectl restart failed (see %s/chimectl.log)\n", dir);
-			L(L_ERR, 0, 0, 1, 0, 0, -EIO);
+		if (ctl == 0) {
+			chimectl_restart(true);
+			_exit(0);
+		}
+		usleep((useconds_t)rr(rng, 0, 150000));
+		broker_kill();
+		waitpid(ctl, &st, 0);
+		broker_start();
+		return;
+	}
+	L(L_BROKER_DOWN, 0, 0, (uint64_t)(kind == K_CTL_TWICE ? K_CTL : kind), (uint64_t)when, 0, 0);
+	if (kind == K_CTL || kind == K_CTL_TWICE) {
+		chimectl_restart(false);
+		if (kind == K_CTL_TWICE) {
+			/* the second as the sessions reconnect to the first's new broker */
+			usleep((useconds_t)rr(rng, 0, 30000));
+			chimectl_restart(false);
 		}
 		while (!broker_running(broker_pid))
 			usleep(1000);
@@ -805,7 +873,7 @@ static uint64_t kills[4096], kill_ns[4096];
 static unsigned nkills;
 static uint64_t downs[8192], down_ns[8192], up_ns[8192];
 static unsigned ndowns;
-static unsigned violations, allowed_dups, allowed_losses;
+static unsigned violations, counter_violations, allowed_dups, allowed_losses;
 static uint64_t refused_arms, retried_arms;
 static uint64_t checked_oneshot, checked_periodic, events_total, ops_total;
 
@@ -1245,9 +1313,69 @@ static void check(void)
 	}
 }
 
+/* Sum of the numbers after every `key` in the output of cmd (-1: it failed). */
+static long long sum_of(const char *cmd, const char *key, unsigned *n)
+{
+	static char out[1 << 16];
+	long long sum = 0;
+	size_t len;
+	FILE *f = popen(cmd, "r");
+
+	if (!f)
+		return -1;
+	len = fread(out, 1, sizeof(out) - 1, f);
+	out[len] = 0;
+	if (pclose(f) != 0)
+		return -1;
+	*n = 0;
+	for (const char *p = strstr(out, key); p; p = strstr(p + 1, key)) {
+		sum += strtoll(p + strlen(key), NULL, 10);
+		(*n)++;
+	}
+	return sum;
+}
+
+/*
+ * After the final processes (every periodic cancelled, every one-shot due
+ * and taken): what the broker says it holds, through chimectl and chimestat,
+ * must be nothing: no timer, no held event, in no session and no shard.
+ */
+static void counters_check(void)
+{
+	static const char *keys[] = { "\"timers\":", "\"held\":" };
+	char cmd[600];
+	unsigned n;
+	long long v;
+
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' --json sessions", chimectl_path, G->sock);
+	for (int k = 0; k < 2; k++) {
+		v = sum_of(cmd, keys[k], &n);
+		if (v != 0 || n != NSESS) {
+			fprintf(stderr, "VIOLATION: after the final drain, chimectl sessions says %lld %s in %u "
+				"sessions (0 in %d expected)\n", v, keys[k], n, NSESS);
+			counter_violations++;
+		}
+	}
+	if (!chimestat_path)
+		return;
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' --once --field 'shard.*.armed' --field 'shard.*.backlog'",
+		 chimestat_path, G->sock);
+	for (int k = 0; k < 2; k++) {
+		const char *key = k ? ".backlog " : ".armed ";
+
+		v = sum_of(cmd, key, &n);
+		if (v != 0 || n == 0) {
+			fprintf(stderr, "VIOLATION: after the final drain, chimestat says shard.*%s= %lld in %u "
+				"shards (0 expected)\n", key, v, n);
+			counter_violations++;
+		}
+	}
+}
+
 static void usage(void)
 {
-	fprintf(stderr, "usage: soak_sessions SECONDS [SEED]  (env: CHIMED, CHIMECTL; SOAK_CHIMED_ARGS, the\n"
+	fprintf(stderr, "usage: soak_sessions SECONDS [SEED]  (env: CHIMED, CHIMECTL; CHIMESTAT, to check its\n"
+		"  counters at the end; SOAK_CHIMED_ARGS, the\n"
 		"  broker's options; SOAK_GAP_MS, the longest time between broker restarts (7000); SOAK_KEEP=1\n"
 		"  keeps the directory; SOAK_MUTATE=1 drops every 5000th event, to see the checker fail)\n");
 	exit(2);
@@ -1268,6 +1396,7 @@ int main(int argc, char **argv)
 	rng = seed0;
 	chimed_path = getenv("CHIMED");
 	chimectl_path = getenv("CHIMECTL");
+	chimestat_path = getenv("CHIMESTAT");
 	extra_args = getenv("SOAK_CHIMED_ARGS");
 	if (!extra_args)
 		extra_args = "-n 2 --sq-size 128 --cq-size 128 --max-timers-per-client 700";
@@ -1302,7 +1431,7 @@ int main(int argc, char **argv)
 			}
 		}
 		if (chime_now() >= next_bounce) {
-			broker_bounce(&rng);
+			broker_bounce(&rng, t0 + secs * 1000 * MS);
 			bounces++;
 			next_bounce = chime_now() + rr(&rng, 200, max_gap_ms) * MS;
 		}
@@ -1327,11 +1456,14 @@ int main(int argc, char **argv)
 		if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
 			fprintf(stderr, "soak: session %d's final process ended with %#x\n", s, st);
 	}
+	counters_check();
 	kill(broker_pid, SIGTERM);
 	waitpid(broker_pid, NULL, 0);
-	fprintf(stderr, "soak: %u processes, %u broker bounces (ctl %u, term %u, kill %u; anytime %u, at rest %u, "
-		"after a burst %u), %llu log entries\n", spawned, bounces, n_kind[0], n_kind[1], n_kind[2],
-		n_when[0], n_when[1], n_when[2], (unsigned long long)atomic_load(&G->nlog));
+	fprintf(stderr, "soak: %u processes, %u broker bounces (ctl %u, term %u, kill %u, kill in start-up %u, kill in "
+		"a ctl restart %u, ctl twice %u; anytime %u, at rest %u, after a burst %u), %u brokers killed in their "
+		"start-up (%u before running), %llu log entries\n", spawned, bounces, n_kind[K_CTL], n_kind[K_TERM],
+		n_kind[K_KILL], n_kind[K_KILL_START], n_kind[K_CTL_KILL], n_kind[K_CTL_TWICE], n_when[0], n_when[1],
+		n_when[2], n_start_kills, n_start_kills_early, (unsigned long long)atomic_load(&G->nlog));
 	check();
 	fprintf(stderr, "soak: %llu arms refused (quota), %llu batch arms on another shard than the batch's first\n",
 		(unsigned long long)refused_arms, (unsigned long long)retried_arms);
@@ -1339,7 +1471,7 @@ int main(int argc, char **argv)
 		"%u allowed re-deliveries, %u allowed losses\n", (unsigned long long)checked_oneshot,
 		(unsigned long long)checked_periodic, (unsigned long long)ops_total,
 		(unsigned long long)events_total, violations, allowed_dups, allowed_losses);
-	if (!violations && !getenv("SOAK_KEEP")) {
+	if (!violations && !counter_violations && !getenv("SOAK_KEEP")) {
 		char cmd[300];
 
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -1382,5 +1514,5 @@ int main(int argc, char **argv)
 			fclose(f);
 		fprintf(stderr, "soak: kept %s (broker.log, log.txt, ev.txt)\n", dir);
 	}
-	return violations ? 1 : 0;
+	return violations || counter_violations ? 1 : 0;
 }

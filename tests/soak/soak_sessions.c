@@ -9,10 +9,10 @@
  * long enough for the broker to rest, then bursts; and ends with
  * chime_close, _exit or SIGKILL, to be followed by the session's next
  * process), and restarts the broker at random moments (chimectl restart,
- * SIGTERM, SIGKILL; SIGKILL and then each next broker killed 0-40 ms into
- * its start, its restore, 1-3 times; a SIGKILL 0-150 ms into a chimectl
- * restart's handover; two chimectl restarts in a row; during its rest,
- * just after a burst, or anywhere).
+ * SIGTERM, SIGKILL; SIGKILL and then each next broker killed, or stopped,
+ * 0-40 ms into its start, its restore, 1-3 times; a SIGKILL 0-150 ms into
+ * a chimectl restart's handover; two chimectl restarts in a row; two
+ * SIGUSR2 0-60 ms apart; during its rest, just after a burst, or anywhere).
  * Every call and every event taken goes into one log in shared memory,
  * numbered by one atomic counter (so its order agrees with real time);
  * at the end a final process of each session cancels its periodics and
@@ -75,11 +75,13 @@ enum {
 enum { END_CLOSE, END_EXIT, END_KILL };
 /*
  * How the broker goes: chimectl restart, SIGTERM, SIGKILL; SIGKILL, then
- * each next broker killed during its start-up (its restore) 1-3 times;
+ * each next broker killed (or stopped) during its start-up 1-3 times;
  * chimectl restart with a SIGKILL during its handover (the park, the
- * exec or the new broker's restore); two chimectl restarts in a row.
+ * exec or the new broker's restore); two chimectl restarts in a row; a
+ * SIGUSR2 and a second one 0-60 ms later, which cuts the park short or
+ * restarts the new broker.
  */
-enum { K_CTL, K_TERM, K_KILL, K_KILL_START, K_CTL_KILL, K_CTL_TWICE, NKIND };
+enum { K_CTL, K_TERM, K_KILL, K_KILL_START, K_CTL_KILL, K_CTL_TWICE, K_USR2_TWICE, NKIND };
 
 struct ent {
 	_Atomic uint32_t type;
@@ -716,15 +718,15 @@ static void chimectl_restart(bool killed)
 	}
 }
 
-/* SIGKILL the broker (logged first: the checker's allowances count from the kill) and reap it. */
-static void broker_kill(void)
+/* SIGKILL (or SIGTERM) the broker, logged first (the checker's allowances count from a kill), and reap it. */
+static void broker_kill(int sig)
 {
-	int st;
+	int kind = sig == SIGKILL ? K_KILL : K_TERM, st;
 
-	L(L_BROKER_DOWN, 0, 0, (uint64_t)K_KILL, 0, 0, 0);
-	kill(broker_pid, SIGKILL);
+	L(L_BROKER_DOWN, 0, 0, (uint64_t)kind, 0, 0, 0);
+	kill(broker_pid, sig);
 	waitpid(broker_pid, &st, 0);
-	L(L_BROKER_GONE, 0, 0, (uint64_t)K_KILL, 0, 0, 0);
+	L(L_BROKER_GONE, 0, 0, (uint64_t)kind, 0, 0, 0);
 }
 
 static unsigned n_kind[NKIND], n_when[3], n_start_kills, n_start_kills_early;
@@ -757,15 +759,21 @@ static void broker_bounce(uint64_t *rng, uint64_t end_ns)
 	n_kind[kind]++;
 	n_when[when]++;
 	if (kind == K_KILL_START) {
-		/* each next broker killed 0-40 ms into its start: in its restore, or just after */
-		broker_kill();
+		/*
+		 * Each next broker killed 0-40 ms into its start (its restore, or
+		 * just after), or stopped then (SIGTERM, which it takes once
+		 * running): a crash loop, a stop right after a start.
+		 */
+		broker_kill(SIGKILL);
 		for (unsigned k = 0, nk = (unsigned)rr(rng, 1, 3); k < nk; k++) {
+			int sig = rnd(rng) % 4 ? SIGKILL : SIGTERM;
+
 			broker_pid = broker_spawn();
 			broker_n++;
 			usleep((useconds_t)rr(rng, 0, 40000));
 			n_start_kills++;
 			n_start_kills_early += !broker_running(broker_pid);
-			broker_kill();
+			broker_kill(sig);
 		}
 		broker_start();
 		return;
@@ -779,12 +787,32 @@ static void broker_bounce(uint64_t *rng, uint64_t end_ns)
 			_exit(0);
 		}
 		usleep((useconds_t)rr(rng, 0, 150000));
-		broker_kill();
+		broker_kill(SIGKILL);
 		waitpid(ctl, &st, 0);
 		broker_start();
 		return;
 	}
-	L(L_BROKER_DOWN, 0, 0, (uint64_t)(kind == K_CTL_TWICE ? K_CTL : kind), (uint64_t)when, 0, 0);
+	L(L_BROKER_DOWN, 0, 0, (uint64_t)(kind == K_CTL_TWICE || kind == K_USR2_TWICE ? K_CTL : kind), (uint64_t)when,
+	  0, 0);
+	if (kind == K_USR2_TWICE) {
+		/* the second signal cuts the restart's park short (chimed(8)), or restarts the new broker */
+		const struct chime_ctl *c = ctl_map();
+		uint64_t start = c ? c->start_ns : 0;
+
+		kill(broker_pid, SIGUSR2);
+		usleep((useconds_t)(rnd(rng) % 2 ? rr(rng, 0, 3000) : rr(rng, 0, 60000)));
+		kill(broker_pid, SIGUSR2);
+		while (!broker_running(broker_pid) || !(c = ctl_map()) || c->start_ns == start) {
+			if (waitpid(broker_pid, &st, WNOHANG) == broker_pid) {
+				fprintf(stderr, "soak: chimed exited in a restart (%#x); see %s/broker.log\n", st, dir);
+				exit(2);
+			}
+			usleep(1000);
+		}
+		broker_n++;
+		L(L_BROKER_UP, 0, 0, (uint64_t)broker_pid, 0, 0, 0);
+		return;
+	}
 	if (kind == K_CTL || kind == K_CTL_TWICE) {
 		chimectl_restart(false);
 		if (kind == K_CTL_TWICE) {
@@ -1460,10 +1488,10 @@ int main(int argc, char **argv)
 	kill(broker_pid, SIGTERM);
 	waitpid(broker_pid, NULL, 0);
 	fprintf(stderr, "soak: %u processes, %u broker bounces (ctl %u, term %u, kill %u, kill in start-up %u, kill in "
-		"a ctl restart %u, ctl twice %u; anytime %u, at rest %u, after a burst %u), %u brokers killed in their "
+		"a ctl restart %u, restart twice %u; anytime %u, at rest %u, after a burst %u), %u brokers killed in their "
 		"start-up (%u before running), %llu log entries\n", spawned, bounces, n_kind[K_CTL], n_kind[K_TERM],
-		n_kind[K_KILL], n_kind[K_KILL_START], n_kind[K_CTL_KILL], n_kind[K_CTL_TWICE], n_when[0], n_when[1],
-		n_when[2], n_start_kills, n_start_kills_early, (unsigned long long)atomic_load(&G->nlog));
+		n_kind[K_KILL], n_kind[K_KILL_START], n_kind[K_CTL_KILL], n_kind[K_CTL_TWICE] + n_kind[K_USR2_TWICE],
+		n_when[0], n_when[1], n_when[2], n_start_kills, n_start_kills_early, (unsigned long long)atomic_load(&G->nlog));
 	check();
 	fprintf(stderr, "soak: %llu arms refused (quota), %llu batch arms on another shard than the batch's first\n",
 		(unsigned long long)refused_arms, (unsigned long long)retried_arms);

@@ -516,8 +516,10 @@ int restart_save(struct broker *b)
 	}
 	r = sessfile_open(&b->sess, b->sess_path, &g, recs);
 	free(recs);
+	/* Not started: what the lines before said was taken over is left as it was, for the next broker. */
 	if (r < 0)
-		return log_errno(LOG_ERR, r, "cannot write sessions file '%s'", b->sess_path);
+		return log_errno_hint(LOG_ERR, r, "not started: the sessions and their timers stay in the files, "
+				      "for a broker that can write it", "cannot write sessions file '%s'", b->sess_path);
 	for (uint32_t slot = 0; slot < b->o.max_clients; slot++)
 		if (b->clients[slot].state == CL_DETACHED)
 			table_set(b, &b->clients[slot], CHIME_CLIENT_DETACHED);

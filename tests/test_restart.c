@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <linux/fs.h>
 #include <pthread.h>
 #include <poll.h>
 #include <sched.h>
@@ -633,6 +634,47 @@ Test(restart, a_sessions_file_with_a_damaged_header_is_refused_and_said_so)
 	close(fd);
 	restart(0, "-n 2");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10);
+}
+
+/* Set (on) or clear the sessions file's immutable flag; false where its filesystem has none. */
+static bool sessions_immutable(int fd, bool on)
+{
+	int flags;
+
+	if (ioctl(fd, FS_IOC_GETFLAGS, &flags) < 0)
+		return false;
+	flags = on ? flags | FS_IMMUTABLE_FL : flags & ~FS_IMMUTABLE_FL;
+	return ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
+}
+
+/*
+ * A sessions file the next broker cannot write (immutable: root's open for
+ * writing gets EPERM; a broker rewrites the file at each start): it does
+ * not start, says which file and why, and that the sessions' timers stay
+ * in the files; and they do, for the broker started once it can write.
+ * Before, it said only "cannot write sessions file", after lines saying
+ * it was taking the sessions over and had kept their timers.
+ */
+Test(restart, a_sessions_file_it_cannot_write_is_refused_said_and_its_timers_kept)
+{
+	char log[300], extra[400];
+	int fd;
+
+	detached_session_on_two_shards("ro", 10, log, sizeof(log));
+	fd = killed_sessions_file();
+	if (!sessions_immutable(fd, true))
+		cr_skip_test("no immutable flag on this filesystem: %s", strerror(errno));
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker started on a sessions file it cannot write");
+	cr_assert(sessions_immutable(fd, false));
+	cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "Operation not permitted"),
+		  "the refusal does not name the file and why");
+	cr_assert(t_file_has(log, "stay in the files"), "the refusal does not say that the timers are kept");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "a refused start touched the timers");
+	close(fd);
+	restart(0, "-n 2");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "the next broker did not take the timers over");
+	chime_close(sopen_ok("ro"));
 }
 
 /*

@@ -519,7 +519,8 @@ int restart_save(struct broker *b)
 	/* Not started: what the lines before said was taken over is left as it was, for the next broker. */
 	if (r < 0)
 		return log_errno_hint(LOG_ERR, r, "not started: the sessions and their timers stay in the files, "
-				      "for a broker that can write it", "cannot write sessions file '%s'", b->sess_path);
+				      "for a broker that can write it", "cannot write sessions file '%s'",
+				      b->sess_path);
 	for (uint32_t slot = 0; slot < b->o.max_clients; slot++)
 		if (b->clients[slot].state == CL_DETACHED)
 			table_set(b, &b->clients[slot], CHIME_CLIENT_DETACHED);

@@ -1506,11 +1506,12 @@ int main(int argc, char **argv)
 	counters_check();
 	kill(broker_pid, SIGTERM);
 	waitpid(broker_pid, NULL, 0);
-	fprintf(stderr, "soak: %u processes, %u broker bounces (ctl %u, term %u, kill %u, kill in start-up %u, kill in "
-		"a ctl restart %u, restart twice %u; anytime %u, at rest %u, after a burst %u), %u brokers killed in their "
-		"start-up (%u before running), %llu log entries\n", spawned, bounces, n_kind[K_CTL], n_kind[K_TERM],
-		n_kind[K_KILL], n_kind[K_KILL_START], n_kind[K_CTL_KILL], n_kind[K_CTL_TWICE] + n_kind[K_USR2_TWICE],
-		n_when[0], n_when[1], n_when[2], n_start_kills, n_start_kills_early, (unsigned long long)atomic_load(&G->nlog));
+	fprintf(stderr, "soak: %u processes, %u broker bounces (ctl %u, term %u, kill %u, kill in start-up %u, kill "
+		"in a ctl restart %u, restart twice %u; anytime %u, at rest %u, after a burst %u), %u brokers killed "
+		"in their start-up (%u before running), %llu log entries\n", spawned, bounces, n_kind[K_CTL],
+		n_kind[K_TERM], n_kind[K_KILL], n_kind[K_KILL_START], n_kind[K_CTL_KILL],
+		n_kind[K_CTL_TWICE] + n_kind[K_USR2_TWICE], n_when[0], n_when[1], n_when[2], n_start_kills,
+		n_start_kills_early, (unsigned long long)atomic_load(&G->nlog));
 	check();
 	fprintf(stderr, "soak: %llu arms refused (quota), %llu batch arms on another shard than the batch's first\n",
 		(unsigned long long)refused_arms, (unsigned long long)retried_arms);

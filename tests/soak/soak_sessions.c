@@ -826,6 +826,10 @@ static void broker_bounce(uint64_t *rng, uint64_t end_ns)
 				fprintf(stderr, "soak: chimed exited in a restart (%#x); see %s/broker.log\n", st, dir);
 				exit(2);
 			}
+			if (chime_now() - t0 > 30000 * MS) {
+				fprintf(stderr, "soak: no new chimed runs 30 s after two SIGUSR2; see %s/broker.log\n", dir);
+				exit(2);
+			}
 			usleep(1000);
 		}
 		broker_n++;

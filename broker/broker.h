@@ -331,6 +331,7 @@ void restart_keep(struct broker *b);
 /* A stop's timers (the shards stopped): those of the sessions it keeps, and the rest, which end with it. */
 struct stop_timers {
 	uint64_t kept;
+	uint64_t kept_events;   /* events of those sessions fired and not consumed (a periodic's: its timer too) */
 	uint64_t dropped;
 	uint32_t anonymous;     /* clients whose timers those are (anonymous, or sessions being reclaimed) */
 };

@@ -1990,25 +1990,28 @@ static struct stop_timers stop_timers(const struct broker *b)
 {
 	const char *base = (const char *)b->ctl;
 	const struct chime_client_stats *cs;
-	struct stop_timers t = { 0, 0, 0 };
+	struct stop_timers t = { 0 };
 
 	if (!b->ctl || !b->clients)
 		return t;
 	cs = (const struct chime_client_stats *)(base + b->ctl->client_stats_off);
 	for (uint32_t i = 0; i < b->o.max_clients; i++) {
 		const struct client *c = &b->clients[i];
-		uint64_t n = 0;
+		uint64_t n = 0, events = 0;
 
 		if (c->state == CL_FREE)
 			continue;
 		for (uint32_t s = 0; s < b->o.nr_shards; s++) {
 			const struct chime_client_stats *e = &cs[(uint64_t)i * b->o.nr_shards + s];
 
-			if (at_load(&e->generation) == c->generation)
+			if (at_load(&e->generation) == c->generation) {
 				n += at_load(&e->armed);
+				events += at_load(&e->cq_depth) + at_load(&e->backlog);
+			}
 		}
 		if (restart_session_kept(c)) {
 			t.kept += n;
+			t.kept_events += events;
 		} else if (n) {
 			t.dropped += n;
 			t.anonymous++;

@@ -575,9 +575,13 @@ void restart_keep(struct broker *b)
 void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards, const struct stop_timers *t)
 {
 	bool ours = b->sess.fd >= 0;    /* a file we did not create (a refused start) is never removed */
-	char timers[48] = "";
+	char timers[96] = "";
 
-	if (t)
+	if (t && t->kept_events)
+		snprintf(timers, sizeof(timers), " (%llu timer%s armed, %llu event%s not consumed)",
+			 (unsigned long long)t->kept, t->kept == 1 ? "" : "s",
+			 (unsigned long long)t->kept_events, t->kept_events == 1 ? "" : "s");
+	else if (t)
 		snprintf(timers, sizeof(timers), " (%llu timer%s)", (unsigned long long)t->kept,
 			 t->kept == 1 ? "" : "s");
 	if (sessions && ours && !b->sess_lost && !lost_shards)

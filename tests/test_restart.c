@@ -1180,6 +1180,29 @@ Test(restart, a_stop_counts_the_timers_it_keeps_and_those_that_end_with_it)
 }
 
 /*
+ * The events a kept session has not consumed are kept too, and said: a
+ * stop said "(0 timers)" of a session holding 150 events (the chaos soak).
+ */
+Test(restart, a_stop_counts_the_events_a_kept_session_has_not_consumed)
+{
+	char log[300];
+	chime_t *c;
+	chime_id_t id;
+
+	start_logged("-n 2", log, sizeof(log));
+	c = open_armed("held", 3, &id);
+	for (unsigned i = 0; i < 4; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns(), 0, 100 + i, &id), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	chime_close(c);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 3), 3);
+	usleep(300 * 1000);     /* the gauges are published within a few ms of a change */
+	restart(SIGTERM, "-n 2");
+	cr_assert_eq(log_lines(log, "keeping the timers of 1 session (3 timers armed, 4 events not consumed) for "
+			       "the next broker", ""), 1, "the stop does not count the session's 4 events");
+}
+
+/*
  * The sessions file and every shard file removed under a running broker
  * holding a session's timers: its stop wrote the unlinked inodes and said
  * "keeping the timers", and the next broker started empty without a word.

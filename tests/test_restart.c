@@ -2900,8 +2900,8 @@ static unsigned step_images(int tid, const char *path, uint64_t off, struct chim
 	return n;
 }
 
-/* The index in shard 0's file of the one node with user_data ud and period period_ns, as a file offset. */
-static uint64_t node_offset(uint64_t ud, uint64_t period_ns)
+/* The index in shard 0's file of the one node with user_data ud and period period_ns, as a file offset; 0: none. */
+static uint64_t node_find(uint64_t ud, uint64_t period_ns)
 {
 	struct chime_wheel w;
 	struct chime_node nd;
@@ -2918,6 +2918,14 @@ static uint64_t node_offset(uint64_t ud, uint64_t period_ns)
 		}
 	}
 	close(fd);
+	return found;
+}
+
+/* node_find()'s node, there now. */
+static uint64_t node_offset(uint64_t ud, uint64_t period_ns)
+{
+	uint64_t found = node_find(ud, period_ns);
+
 	cr_assert_neq(found, 0, "no node of user_data %llu in the file", (unsigned long long)ud);
 	return found;
 }
@@ -3617,7 +3625,11 @@ static uint64_t behind_held(uint64_t d1)
 
 	if (now_ns() < d1 + BEHIND_PERIOD + 20 * MS)
 		usleep((unsigned)((d1 + BEHIND_PERIOD + 20 * MS - now_ns()) / 1000));
-	off = node_offset(0, BEHIND_PERIOD);
+	/* The arm is applied when the shard next runs: late on a loaded host (7.6: not yet, once). */
+	while (!(off = node_find(0, BEHIND_PERIOD))) {
+		cr_assert_lt(now_ns() - t0, 5000 * MS, "P is not in the shard's file after 5 s");
+		usleep(1000);
+	}
 	snprintf(path, sizeof(path), "%s.shard0", tb.sock);
 	fd = open(path, O_RDONLY);
 	cr_assert_geq(fd, 0);

@@ -907,6 +907,32 @@ def test_asyncio_wait_and_iteration(broker):
     asyncio.run(main())
 
 
+def test_asyncio_iteration_takes_only_the_events_it_hands_out(broker):
+    """`async for` that stops after one event leaves the others pending: a
+    wait() then returns them, and a session's next opener gets them (they
+    were taken 64 at a time and held inside the AsyncChime: wait() never
+    returned them, and close() lost them for good)."""
+    async def take_one(**kw):
+        async with chime.aio.AsyncChime(socket=broker.socket, **kw) as c:
+            ids = {c.arm(1, after=0, data=i) for i in range(3)}
+            c.flush()
+            await asyncio.sleep(0.2)        # all three fired: one poll could take them all
+            rest = []
+            async with asyncio.timeout(3):
+                async for ev in c:
+                    break
+                while not kw and len(rest) < 2:
+                    rest += await c.wait()
+            return ids, ev, rest
+
+    ids, ev, rest = asyncio.run(take_one())
+    assert {ev.id} | {e.id for e in rest} == ids and len(rest) == 2, (ev, rest)
+    ids, ev, _ = asyncio.run(take_one(session="py-aio-iter"))
+    with chime.Chime(socket=broker.socket, session="py-aio-iter") as c:
+        assert {e.id for e in wait_for(c, 2)} == ids - {ev.id}
+    chime.drop_session("py-aio-iter", socket=broker.socket)
+
+
 def test_asyncio_tasks_awaiting_one_chime_take_turns_and_close_ends_them(broker):
     """Two tasks awaiting one AsyncChime: every event reaches one of them
     (the second task's reader replaced the first's, and one waited for

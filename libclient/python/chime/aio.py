@@ -37,7 +37,6 @@ class AsyncChime:
         self.cancel_key = self.chime.cancel_key
         self.submit = self.chime.submit
         self.flush = self.chime.flush
-        self._pending = []
         # One task collects at a time (as one thread does from a Chime): the
         # others queue here, so that each event goes to exactly one of them
         # and no task's reader replaces another's.
@@ -53,7 +52,8 @@ class AsyncChime:
     async def wait(self, max=64):
         """The pending events (at least one, up to `max`), awaiting the first.
         Tasks awaiting it together take turns; close() ends their wait with
-        ValueError."""
+        ValueError. `async for ev in c` takes one event at a time: those a
+        loop that stops has not reached stay pending."""
         self._check_open()
         loop = asyncio.get_running_loop()
         async with self._collecting:
@@ -85,9 +85,9 @@ class AsyncChime:
         return self
 
     async def __anext__(self):
-        if not self._pending:
-            self._pending = await self.wait()
-        return self._pending.pop(0)
+        # One event per poll: events read ahead and held here would be lost
+        # to a loop that breaks (wait() and a session's next opener included).
+        return (await self.wait(1))[0]
 
     def close(self):
         """Close the Chime it opened (not one it was given); a task awaiting

@@ -888,6 +888,34 @@ def test_threads_arm_while_one_waits(chime_conn):
     assert sorted(e.id for e in events) == sorted(ids)
 
 
+def test_threads_waiting_on_one_chime_take_turns(chime_conn):
+    """Two threads in wait() on one Chime: each event reaches one of them,
+    once, and neither hangs (their C drains overlapped, which chime_poll(3)
+    leaves undefined: events were lost, and a chime_wait() of 50 ms never
+    returned)."""
+    c = chime_conn
+    for _ in range(5):
+        got, stop = [], threading.Event()
+
+        def drain():
+            while not stop.is_set():
+                got.extend(e.id for e in c.wait(timeout=0.01))
+
+        threads = [threading.Thread(target=drain, daemon=True) for _ in range(2)]
+        for t in threads:
+            t.start()
+        now = chime.now()
+        ids = [c.arm(1, at_ns=now + (i % 300) * MS) for i in range(3000)]
+        end = time.monotonic() + 5
+        while len(got) < len(ids) and time.monotonic() < end:
+            time.sleep(0.05)
+        stop.set()
+        for t in threads:
+            t.join(timeout=2)
+        assert not any(t.is_alive() for t in threads), "a wait() of 10 ms never returned"
+        assert sorted(got) == sorted(ids), f"{len(got)} events for {len(ids)} timers"
+
+
 def test_asyncio_wait_and_iteration(broker):
     async def main():
         async with chime.aio.AsyncChime(socket=broker.socket) as c:

@@ -302,10 +302,11 @@ class Chime:
     unseen (the library reconnects, up to $CHIME_RECONNECT_S, 30 s; see
     chime_open(3), "Broker restarts").
 
-    arm, reset, cancel and cancel_key may be called from any thread; one
-    thread at a time collects events (poll, wait): any thread, but never
-    two at once (nothing checks it, and they lose events: chime_poll(3);
-    they would share one event buffer here too). After close() every call
+    arm, reset, cancel and cancel_key may be called from any thread, and
+    so may poll and wait: threads collecting together take turns, each
+    event going to one of them (in C two drains at once are undefined:
+    chime_poll(3)); a poll() finds none while another thread's poll or
+    wait has the turn. After close() every call
     raises ValueError; calls already under way in other threads finish on
     the open connection, and the last of them to return closes it (a wait()
     among them ends within 0.25 s, raising ValueError). In a child after
@@ -342,6 +343,12 @@ class Chime:
         self._collecting = []
         self._gone = set()
         self._buf = None
+        # Held by the thread in a poll() or wait() slice across its C call
+        # and the copy of its events: two drains at once are undefined in C
+        # (chime_poll(3): events lost, a chime_wait() that never returned),
+        # so threads take turns. Re-entrant for a signal handler's poll on
+        # that thread, which comes after the C call, never inside it.
+        self._drain = threading.RLock()
         # The calls under way in C, so that close() never frees the handle
         # under one (ctypes lets other threads run during a foreign call):
         # the last call out frees it. Re-entrant: a signal handler or a
@@ -607,13 +614,24 @@ class Chime:
         if r < 0:
             raise _error("chime_flush", -r)
 
-    def _collect(self, func, buf, max, *args):
-        """func(handle, buf, max, *args), chime_poll or chime_wait: its
-        return and its events as Event values."""
+    def _collect(self, func, buf, max, within=0, slice_ms=None):
+        """func(handle, buf, max), chime_poll, or chime_wait for slice_ms()
+        ms (read once _drain is held): its return and its events as Event
+        values. (0, []) if another thread's drain holds _drain for more
+        than `within` seconds (-1: as long as it takes)."""
         self._collecting.append(None)
         try:
-            r = self._call(func, buf, max, *args)
-            return r, self._events(buf, r) if r > 0 else []
+            if not self._drain.acquire(timeout=within):
+                return 0, []
+            try:
+                args = () if slice_ms is None else (slice_ms(),)
+                r = self._call(func, buf, max, *args)
+                # copied before the next drain's C call writes buf (another thread's may share it)
+                taken = [(e.id, e.key, e.user_data, e.deadline_ns, e.fired_ns) for e in buf[:r]] if r > 0 else ()
+            finally:
+                self._drain.release()
+            # converted out of _drain: _order's holder may poll in a signal handler
+            return r, self._events(taken)
         finally:
             self._collecting.pop()
             if not self._collecting and self._gone:
@@ -621,7 +639,7 @@ class Chime:
                     if not self._collecting:
                         self._gone.clear()
 
-    def _events(self, buf, n):
+    def _events(self, taken):
         out = []
         # Under _order: an event taken while another thread's periodic arm
         # is between its C call and its note (a timer due at once) waits for
@@ -630,10 +648,9 @@ class Chime:
         # across chime_wait(): only for this conversion.
         with self._order:
             arming = [a.cell.value for a in self._arming]
-            for i in range(n):
-                e = buf[i]
-                periodic = e.id in self._periodic or e.id in arming or e.id in self._gone
-                out.append(Event(e.id, e.key, e.user_data, e.deadline_ns, e.fired_ns, periodic))
+            for id, key, data, deadline_ns, fired_ns in taken:
+                periodic = id in self._periodic or id in arming or id in self._gone
+                out.append(Event(id, key, data, deadline_ns, fired_ns, periodic))
         return out
 
     def _buffer(self, max):
@@ -650,7 +667,8 @@ class Chime:
 
     def poll(self, max=64):
         """Up to `max` (1..65536, else ValueError) pending events, as a list
-        (empty if none); never blocks."""
+        (empty if none); never blocks: empty too while another thread is in
+        a poll() or wait() of this Chime (they take turns)."""
         buf = self._buffer(max)
         r, events = self._collect(lib.chime_poll, buf, max)
         if r < 0:
@@ -661,7 +679,8 @@ class Chime:
         """The pending events (up to 64; poll(max) takes more), waiting up to
         `timeout` seconds (None: forever) for one; an empty list on timeout.
         A signal whose handler returns does not end the wait (PEP 475); a
-        close() on another thread does, within 0.25 s, with ValueError."""
+        close() on another thread does, within 0.25 s, with ValueError.
+        Threads waiting together take turns: each event goes to one."""
         # A timeout too long for a float's seconds (584 years and more) is none.
         if timeout is None or _seconds_ns("timeout", timeout) == _U64_MAX:
             end = None
@@ -672,10 +691,17 @@ class Chime:
             # In slices of _WAIT_SLICE_MS: close() on another thread cannot
             # wake a chime_wait(), so between slices _call() sees it and
             # raises ValueError, and the last slice's _leave() disconnects.
-            ms = _WAIT_SLICE_MS
-            if end is not None:
-                ms = min(ms, max(0, math.ceil((end - time.monotonic()) * 1000)))
-            r, events = self._collect(lib.chime_wait, buf, 64, ms)
+            # Another thread's slice may hold the drain for as long as one;
+            # ms stays 0 if it holds it past the end.
+            ms = 0
+
+            def slice_ms():
+                nonlocal ms
+                ms = _WAIT_SLICE_MS if end is None else \
+                    min(_WAIT_SLICE_MS, max(0, math.ceil((end - time.monotonic()) * 1000)))
+                return ms
+            within = -1 if end is None else min(max(0.0, end - time.monotonic()), threading.TIMEOUT_MAX)
+            r, events = self._collect(lib.chime_wait, buf, 64, within, slice_ms)
             # A signal: its Python handler runs here (and may raise); then
             # wait on for what is left of the timeout, as PEP 475 asks.
             if r == -errno.EINTR:
@@ -726,6 +752,8 @@ class Chime:
             self._lock = threading.RLock()
         if not self._order._is_owned():
             self._order = threading.RLock()
+        if not self._drain._is_owned():
+            self._drain = threading.RLock()
         self._calls = getattr(self._mine, "calls", 0)
         if self._closing is not None and not self._calls:
             c, self._closing = self._closing, None

@@ -25,7 +25,10 @@ __all__ = ["AsyncChime"]
 
 class AsyncChime:
     """An asyncio view of a Chime: AsyncChime(chime=None, **kw) wraps
-    `chime`, or a Chime(**kw) it opens (and then closes)."""
+    `chime`, or a Chime(**kw) it opens (and then closes). Its arm,
+    arm_realtime, reset, cancel, cancel_key, submit and flush are that
+    Chime's own methods (help(chime.Chime)); its events come from
+    `await c.wait()` or `async for ev in c`."""
 
     def __init__(self, chime=None, **kw):
         self._own = chime is None

@@ -2,8 +2,10 @@
 """The chime module against a real chimed: what an application relies on."""
 import asyncio
 import contextlib
+import copy
 import errno
 import os
+import pickle
 import select
 import signal
 import subprocess
@@ -361,6 +363,23 @@ def test_bad_arguments(chime_conn):
     with pytest.raises(OSError) as e:
         c.cancel(0)
     assert e.value.errno == errno.EINVAL
+
+
+def test_a_chime_cannot_be_copied_or_pickled(chime_conn):
+    """A copy would share the C handle: closing both freed it twice (copy.copy
+    did, and the second close() crashed the interpreter, SIGSEGV)."""
+    for how in (copy.copy, copy.deepcopy, pickle.dumps):
+        try:
+            d = how(chime_conn)
+        except TypeError as e:
+            assert "cannot copy or pickle a Chime" in str(e), str(e)
+            continue
+        except Exception as e:      # noqa: BLE001 - ctypes' refusal, by chance
+            pytest.fail(f"{how.__name__} of a Chime: {type(e).__name__}: {e}, not TypeError")
+        if isinstance(d, chime.Chime):
+            d._c = None             # no second close of the shared handle
+        pytest.fail(f"{how.__name__} of a Chime did not raise TypeError")
+    assert not chime_conn.closed
 
 
 def test_periods_and_delays_beyond_uint64_ns_saturate(chime_conn):

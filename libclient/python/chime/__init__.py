@@ -765,6 +765,11 @@ class Chime:
     def __exit__(self, *exc):
         self.close()
 
+    def __getstate__(self):
+        # copy, deepcopy and pickle: a copy would share the C handle, and
+        # the second close() free it again
+        raise TypeError("cannot copy or pickle a Chime (one connection to chimed): open another")
+
     def __del__(self):
         self.close()
 

@@ -12,8 +12,8 @@
 
     asyncio.run(main())
 
-The loop watches the connection's fileno() (loop.add_reader); nothing
-blocks the loop. arm, arm_realtime, reset, cancel, cancel_key, submit and
+The loop watches the connection's fileno() (loop.add_reader): awaiting events
+never blocks the loop. arm, arm_realtime, reset, cancel, cancel_key, submit and
 flush are the Chime's own (no await: they are stores into shared memory),
 which wait, and stall the loop, only while a submission ring is full: the
 broker behind, or a named session's broker restarting (once its ring is

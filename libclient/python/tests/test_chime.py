@@ -1011,6 +1011,25 @@ def test_asyncio_tasks_awaiting_one_chime_take_turns_and_close_ends_them(broker)
     asyncio.run(main())
 
 
+def test_asyncio_a_wait_ends_when_the_chime_it_wraps_is_closed(broker):
+    """An AsyncChime wrapping a Chime its caller closes (a `with` block left
+    while a task awaits): the task's wait ends with ValueError, as a
+    thread's wait() does (it awaited for ever, the loop watching a closed
+    descriptor)."""
+    async def main():
+        with chime.Chime(socket=broker.socket) as c:
+            a = chime.aio.AsyncChime(c)
+            c.arm(1, after=60)
+            waiter = asyncio.ensure_future(a.wait())
+            await asyncio.sleep(0.05)
+        with pytest.raises(ValueError, match="closed"):
+            await asyncio.wait_for(waiter, 3)
+        with pytest.raises(ValueError, match="closed"):
+            await a.wait()
+
+    asyncio.run(main())
+
+
 def test_asyncio_example(broker):
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "asyncio_timeouts.py")
     env = dict(os.environ, CHIME_SOCKET=broker.socket)

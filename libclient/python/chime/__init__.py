@@ -357,6 +357,9 @@ class Chime:
         self._calls = 0
         self._mine = threading.local()     # .calls: this thread's part of _calls (_after_fork)
         self._closing = None    # the handle close() took away while calls were under way
+        # Called once by the close() that closes it (chime.aio: a task awaiting
+        # the descriptor is told), as weakref.WeakMethod: a wrapper may go first.
+        self._close_hooks = []
         path = _c_string("socket", socket) if socket is not None else None
         if session is not None and not isinstance(session, (str, bytes)):
             raise TypeError(f"session must be str or bytes, not {type(session).__name__}")
@@ -736,10 +739,15 @@ class Chime:
             return
         with lock:
             c, self._c = self._c, None      # no call starts from here on
+            hooks = self._close_hooks if c is not None else []
             if c is not None and self._calls:
                 self._closing, c = c, None  # _leave() closes it
         if c is not None:
             lib.chime_close(c)
+        for ref in hooks:
+            hook = ref()
+            if hook is not None:
+                hook()
 
     def _after_fork(self):
         """In the child of a fork(): only this thread is left. The calls the

@@ -20,6 +20,7 @@ broker behind, or a named session's broker restarting (once its ring is
 full, until the next broker is up: $CHIME_RECONNECT_S, 30 s, at most).
 """
 import asyncio
+import weakref
 
 from . import Chime
 
@@ -50,6 +51,9 @@ class AsyncChime:
         self._ready = None      # the future the collecting task sleeps on
         self._watch = None      # (loop, fd) while a reader is registered for it
         self._closed = False
+        self._hook = weakref.WeakMethod(self._chime_closed)
+        hooks = self.chime._close_hooks     # those of wrappers gone dropped: a Chime may outlive many
+        hooks[:] = [h for h in hooks if h() is not None] + [self._hook]
 
     def _check_open(self):
         if self._closed:
@@ -80,6 +84,31 @@ class AsyncChime:
                     self._ready = None
                     self._unwatch()
 
+    def _chime_closed(self):
+        """The Chime closed, maybe by its owner and on another thread: the
+        task awaiting its descriptor is told, and the loop stops watching
+        the number before another open reuses it (at once on the loop's
+        thread)."""
+        watch = self._watch
+        if watch is None:
+            return
+        try:
+            here = asyncio.get_running_loop() is watch[0]
+        except RuntimeError:
+            here = False
+        if here:
+            self._abandon()
+        else:
+            try:
+                watch[0].call_soon_threadsafe(self._abandon)
+            except RuntimeError:    # that loop is closed: nothing awaits in it
+                pass
+
+    def _abandon(self):
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(ValueError("the Chime was closed while a task awaited its events"))
+        self._unwatch()
+
     def _unwatch(self):
         """Remove our reader, once: after close() the fd number may be another's."""
         if self._watch is not None:
@@ -97,7 +126,8 @@ class AsyncChime:
 
     def close(self):
         """Close the Chime it opened (not one it was given); a task awaiting
-        wait() gets ValueError."""
+        wait() gets ValueError, as it does when the Chime it was given is
+        closed."""
         if self._closed:
             return
         self._closed = True
@@ -105,6 +135,8 @@ class AsyncChime:
             self._ready.set_exception(ValueError("AsyncChime closed while a task awaited its events"))
         # before the fd is closed: the loop must not go on watching a number the next open reuses
         self._unwatch()
+        if self._hook in self.chime._close_hooks:
+            self.chime._close_hooks.remove(self._hook)
         if self._own:
             self.chime.close()
 

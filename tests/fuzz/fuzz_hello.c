@@ -75,6 +75,13 @@ void send_status(int fd, int32_t status)
 	}
 }
 
+/* A reload (CHIME_HELLO_RELOAD of root): the policy under fuzz stays as it is. */
+void broker_reload(struct broker *b, struct chime_query_reload *out)
+{
+	(void)b;
+	memset(out, 0, sizeof(*out));
+}
+
 void read_comm(pid_t pid, char comm[16])
 {
 	snprintf(comm, 16, "pid%d", (int)pid);
@@ -385,13 +392,15 @@ static void make_hello(struct in *in, struct chime_hello *h)
 		CHIME_HELLO_QUERY_TIMERS, CHIME_HELLO_RESET_STATS, CHIME_HELLO_QUERY_SESSIONS,
 		CHIME_HELLO_DROP_SESSION, CHIME_HELLO_RESUME | CHIME_HELLO_QUERY_CLIENTS,
 		0, CHIME_HELLO_RESUME,  /* an attach of a library that does not seal: refused */
+		CHIME_HELLO_QUERY_USERS, CHIME_HELLO_RELOAD, CHIME_HELLO_PING,
 	};
+	enum { NF = sizeof(flags) / sizeof(flags[0]) };
 	uint8_t bits = byte(in), f = byte(in), s = byte(in), l = byte(in), q = byte(in);
 
 	memset(h, 0, sizeof(*h));
 	h->magic = bits & 1 ? (uint32_t)take(in, 4) : CHIME_HELLO_MAGIC;
 	h->layout = bits & 2 ? (uint32_t)take(in, 4) : CHIME_SHM_LAYOUT;
-	h->flags = f < 10 * 24 ? flags[f % 10] : (uint32_t)take(in, 4);
+	h->flags = f < NF * (256 / NF - 1) ? flags[f % NF] : (uint32_t)take(in, 4);
 	if (s % 8 < NR_NAMES) {
 		snprintf(h->session, sizeof(h->session), "%s", names[s % 8]);
 	} else {
@@ -464,7 +473,9 @@ static void check_answer(const struct answer *a, const struct chime_hello *h, co
 	struct chime_query_head head;
 	size_t sz = h->flags == CHIME_HELLO_QUERY_SESSIONS ? sizeof(struct chime_query_session) :
 		    h->flags == CHIME_HELLO_QUERY_CLIENTS ? sizeof(struct chime_query_client) :
-		    h->flags == CHIME_HELLO_QUERY_TIMERS ? sizeof(struct chime_query_timer) : 0;
+		    h->flags == CHIME_HELLO_QUERY_TIMERS ? sizeof(struct chime_query_timer) :
+		    h->flags == CHIME_HELLO_QUERY_USERS ? sizeof(struct chime_query_user) :
+		    h->flags == CHIME_HELLO_RELOAD ? sizeof(struct chime_query_reload) : 0;
 	uint64_t limit = h->limit && h->limit < CHIME_QUERY_MAX ? h->limit : CHIME_QUERY_MAX;
 	const uint8_t *rec = a->buf + sizeof(head);
 
@@ -474,10 +485,13 @@ static void check_answer(const struct answer *a, const struct chime_hello *h, co
 	if (head.status != 0 || !sz) {
 		CHECK(a->len == sizeof(head), "status %d with %zu bytes", head.status, a->len);
 		CHECK(head.status == 0 || head.status == -EBUSY || head.status == -EINVAL || head.status == -ESRCH ||
-		      head.status == -EACCES || head.status == -ENOMEM || head.status == -EPERM,
+		      head.status == -EACCES || head.status == -ENOMEM || head.status == -EPERM ||
+		      (h->flags == CHIME_HELLO_PING && (head.status == -EUSERS || head.status == -ECONNREFUSED)),
 		      "answer status %d", head.status);
 		return;
 	}
+	CHECK(h->flags != CHIME_HELLO_RELOAD || (privileged(asker->uid) && head.count == 1),
+	      "a reload answered to uid %u with %llu records", (unsigned)asker->uid, (unsigned long long)head.count);
 	CHECK(head.count <= head.total && head.count <= limit, "count %llu, total %llu, limit %llu",
 	      (unsigned long long)head.count, (unsigned long long)head.total, (unsigned long long)limit);
 	CHECK(a->len == sizeof(head) + head.count * sz, "%llu records in %zu bytes",
@@ -490,6 +504,14 @@ static void check_answer(const struct answer *a, const struct chime_hello *h, co
 			CHECK(r.slot < MAXC && B.clients[r.slot].state == CL_ACTIVE, "client record of slot %u", r.slot);
 			CHECK(privileged(asker->uid) || r.uid == asker->uid, "uid %u sees a client of uid %u",
 			      (unsigned)asker->uid, r.uid);
+		} else if (h->flags == CHIME_HELLO_RELOAD) {
+			break;  /* the stub's: nothing of the asker's to check */
+		} else if (h->flags == CHIME_HELLO_QUERY_USERS) {
+			struct chime_query_user r;
+
+			memcpy(&r, rec, sizeof(r));
+			CHECK(privileged(asker->uid) || r.uid == policy_account_uid(&B.policy, asker->uid),
+			      "uid %u sees the use of uid %u", (unsigned)asker->uid, r.uid);
 		} else if (h->flags == CHIME_HELLO_QUERY_SESSIONS) {
 			struct chime_query_session r;
 

@@ -568,7 +568,8 @@ static int poll_rings(struct chime *c, const struct sink *to, unsigned max, bool
 		c->empty_streak = 0;
 		if (c->ww_armed)
 			ww_disarm(c);
-		if (want_kick && (n == max || c->held) && pending(c))
+		/* One unread kick keeps the fd readable: another is a write(2) for nothing. */
+		if (want_kick && !c->kicks && (n == max || c->held) && pending(c))
 			kick(c);
 		return (int)n;
 	}

@@ -186,14 +186,6 @@ static void job_seal(struct discard_job *j)
 	}
 }
 
-/* now_ns() + ns, as pthread_cond_timedwait() takes it (scond is on CLOCK_MONOTONIC, as now_ns()). */
-static struct timespec deadline_after(uint64_t ns)
-{
-	uint64_t t = now_ns() + ns;
-
-	return (struct timespec){ .tv_sec = (time_t)(t / 1000000000u), .tv_nsec = (long)(t % 1000000000u) };
-}
-
 /* Under slock: is a seal of user uid's under way? */
 static bool sealing_for(const struct discard *d, uint32_t uid)
 {
@@ -622,7 +614,7 @@ void discard_stop(struct discard *d)
 	 */
 	pthread_mutex_lock(&d->slock);
 	d->sstop = true;
-	for (struct timespec until = deadline_after(SEAL_STOP_WAIT_NS); d->sealers;)
+	for (struct timespec until = deadline_ts_after(SEAL_STOP_WAIT_NS); d->sealers;)
 		if (pthread_cond_timedwait(&d->scond, &d->slock, &until) == ETIMEDOUT)
 			break;
 	sealers_left = d->sealers;

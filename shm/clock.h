@@ -21,6 +21,14 @@ static inline uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
 }
 
+/* now_ns() + ns as a timespec: a deadline for pthread_cond_timedwait() on a CLOCK_MONOTONIC condition. */
+static inline struct timespec deadline_ts_after(uint64_t ns)
+{
+	uint64_t t = now_ns() + ns;
+
+	return (struct timespec){ .tv_sec = (time_t)(t / 1000000000u), .tv_nsec = (long)(t % 1000000000u) };
+}
+
 /*
  * CLOCK_MONOTONIC_COARSE in ns: the same clock as now_ns() at the last
  * tick, so up to a tick (1-10 ms) behind it, for a third of its cost (no

@@ -642,9 +642,9 @@ static inline bool touch_ready_page(const struct chan *ch, uint32_t idx)
  * resident is not enough: a page the client alone maps it may page out
  * (MADV_PAGEOUT, on a host with swap), and the shard's next access would
  * wait for the disk; once the broker maps it too, the kernel passes it
- * by. So a run's pages are looked at and mapped off this path, on an
- * io_uring worker (chan_touch_check(), shard.c), and the run is usable
- * once that is done: the RESET_TOUCH that wanted it waits at the head of
+ * by. So a run's pages are looked at and mapped off this path, on the
+ * shard's aside thread (chan_touch_check(), shard.c, aside.h), and the
+ * run is usable once that is done: the RESET_TOUCH that wanted it waits at the head of
  * its ring meanwhile (touch_hold()), and one naming a run with nothing
  * resident to map is a plain reset. At most one run mapped per 128 nodes
  * the client owns, plus 16, so that records naming runs it never wrote

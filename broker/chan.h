@@ -301,8 +301,8 @@ struct chan {
 	uint64_t *touch_word_wants;     /* blocks of TOUCH_WORD_BLOCK nodes whose words a RESET_TOUCH wants mapped */
 	uint64_t *touch_tag_wants;      /* and blocks of TOUCH_BLOCK nodes whose tags it does */
 	/*
-	 * The pages being mapped (chan_touch_check()) on an io_uring worker,
-	 * until chan_touch_populated(): TOUCH_POP_TAGS, touch_pop_n of them
+	 * The pages being mapped (chan_touch_check()) on the shard's aside
+	 * thread, until chan_touch_populated(): TOUCH_POP_TAGS, touch_pop_n of them
 	 * from touch_pop_first (as touch_ready numbers them), or
 	 * TOUCH_POP_WORDS, the words of touch_pop_n runs from touch_pop_first; 0: none. The
 	 * channel is not let go while one is on its way (shard.c).

@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 
+#include "aside.h"
 #include "atomics.h"
 #include "clock.h"
 #include "keyidx.h"
@@ -125,10 +126,9 @@
 #define UD_BELL   1u    /* the command doorbell */
 #define UD_CANCEL 2u    /* a cancel request (its own completion means nothing) */
 #define UD_CHAN   3u    /* a client doorbell: slot << 2 | UD_CHAN */
-#define UD_RESERVE_FALLOC (1u << 2)     /* the slab's next chunk: reserved (tag 0), */
-#define UD_RESERVE        (2u << 2)     /* then mapped: the chunk is ready */
+/* The aside thread's jobs (aside.h), by what they were for: */
+#define UD_RESERVE        (2u << 2)     /* the slab's next chunk reserved and mapped */
 #define UD_TOUCH          (3u << 2)     /* slot << 8 | UD_TOUCH: a client's touch-table pages mapped */
-#define RESERVE_POLL_NS (UINT64_C(50000)) /* while one is on its way, how often a busy pass looks */
 #define UD_TAG(ud) ((ud) & 3u)
 #define RING_SQ_ENTRIES 64u
 #define SHARD_STOP_TIMEOUT_S 2
@@ -200,44 +200,34 @@ static bool reserve_chunk(struct shard *s, uint64_t now)
 	return true;
 }
 
-static void reap(struct shard *s);
-static struct io_uring_sqe *sqe_get(struct shard *s);
+static void reap_aside(struct shard *s);
 
 /*
- * The next chunk reserved and mapped by the kernel's io_uring worker
- * (fallocate, then MADV_POPULATE_WRITE, linked), while this thread goes
- * on applying records: done here, each chunk held the pass up for 3-4 ms
+ * The next chunk reserved and mapped on the shard's aside thread
+ * (fallocate, then MADV_POPULATE_WRITE), while this thread goes on
+ * applying records: done here, each chunk held the pass up for 3-4 ms
  * on this VM, a client arming meanwhile waiting on a full ring
  * (ARCHITECTURE.md, "Limits"). reserve_async_done() takes the result;
  * until then the reserve is what it was, and a pass that uses it up
  * reserves the same chunk itself (slab_grow(): both are idempotent).
- * False: not sent (the ring full, or asynchronous reserves found not to
- * work here): the caller reserves in line.
+ * False: not sent (no aside thread, or asynchronous reserves found not
+ * to work here): the caller reserves in line.
  */
-static bool reserve_async(struct shard *s, uint64_t now)
+static bool reserve_async(struct shard *s)
 {
 	uint64_t want = s->reserved_bytes + RESERVE_CHUNK < s->seg.size ? s->reserved_bytes + RESERVE_CHUNK :
 		s->seg.size, from = reserve_populate_from(s);
-	struct io_uring_sqe *falloc, *populate;
+	struct aside_job j = { .op = ASIDE_RESERVE, .fd = s->seg_fd, .off = s->reserved_bytes,
+			       .len = want - s->reserved_bytes, .addr = (char *)s->seg.base + from,
+			       .plen = want - from, .ud = UD_RESERVE };
 
-	if (s->reserve_async_off || io_uring_sq_space_left(&s->ring) < 2)
+	if (s->reserve_async_off || !aside_post(s->aside, &j))
 		return false;
-	falloc = sqe_get(s);
-	populate = falloc ? sqe_get(s) : NULL;
-	if (!populate)
-		return false;
-	io_uring_prep_fallocate(falloc, s->seg_fd, 0, s->reserved_bytes, want - s->reserved_bytes);
-	io_uring_sqe_set_data64(falloc, UD_RESERVE_FALLOC);
-	falloc->flags |= IOSQE_IO_LINK | IOSQE_ASYNC;
-	io_uring_prep_madvise(populate, (char *)s->seg.base + from, (off_t)(want - from), MADV_POPULATE_WRITE);
-	io_uring_sqe_set_data64(populate, UD_RESERVE);
 	s->reserve_pending = want;
-	s->reserve_polled_ns = now;
-	(void)io_uring_submit(&s->ring);
 	return true;
 }
 
-/* The completion of reserve_async()'s chunk (its populate, or -ECANCELED after its fallocate failed). */
+/* The completion of reserve_async()'s chunk: 0, or its fallocate's or populate's -errno. */
 static void reserve_async_done(struct shard *s, int res)
 {
 	uint64_t want = s->reserve_pending;
@@ -248,29 +238,15 @@ static void reserve_async_done(struct shard *s, int res)
 		return;
 	}
 	/*
-	 * A full filesystem (its fallocate failed, the populate cancelled):
-	 * the next chunk is reserved in line, in halves, a failure counted and
-	 * retried a second later (reserve_chunk()). An io_uring without these
-	 * operations (-EINVAL) or a filesystem without fallocate (-EOPNOTSUPP;
+	 * A full filesystem (its fallocate failed): the next chunk is
+	 * reserved in line, in halves, a failure counted and retried a second
+	 * later (reserve_chunk()). A kernel without MADV_POPULATE_WRITE
+	 * (-EINVAL) or a filesystem without fallocate (-EOPNOTSUPP;
 	 * posix_fallocate writes zeros there): in line from now on.
 	 */
 	s->reserve_inline = true;
 	if (res == -EINVAL || res == -EOPNOTSUPP)
 		s->reserve_async_off = true;
-}
-
-/*
- * A pass busy with records never sleeps, and on this ring completions are
- * posted only when the thread enters the kernel (DEFER_TASKRUN): it looks
- * at most every RESERVE_POLL_NS while a chunk is on its way.
- */
-static void reserve_poll(struct shard *s, uint64_t now)
-{
-	if (now - s->reserve_polled_ns < RESERVE_POLL_NS)
-		return;
-	s->reserve_polled_ns = now;
-	(void)io_uring_get_events(&s->ring);
-	reap(s);
 }
 
 /* Keep the reserved part of the slab a chunk ahead of its high-water mark. */
@@ -279,13 +255,13 @@ static void reserve_ahead(struct shard *s, uint64_t now)
 	struct wheel *wh = &s->core.wh;
 
 	if (s->reserve_pending || s->touch_pops)
-		reserve_poll(s, now);
+		reap_aside(s);
 	if (s->reserve_pending)
 		return;
 	if (wh->w->high_water + RESERVE_AHEAD_NODES < wh->reserved || wh->reserved == s->cfg.capacity ||
 	    now < s->reserve_retry_ns)
 		return;
-	if (s->reserve_inline || !reserve_async(s, now)) {
+	if (s->reserve_inline || !reserve_async(s)) {
 		s->reserve_inline = false;
 		(void)reserve_chunk(s, now);
 	}
@@ -294,11 +270,8 @@ static void reserve_ahead(struct shard *s, uint64_t now)
 /* Before the thread goes: no chunk or client's page on its way into a mapping about to be unmapped. */
 static void reserve_settle(struct shard *s)
 {
-	while (s->reserve_pending || s->touch_pops) {
-		if (io_uring_submit_and_wait(&s->ring, 1) < 0 && errno != EINTR)
-			break;
-		reap(s);
-	}
+	aside_drain(s->aside);
+	reap_aside(s);
 }
 
 /* shard_core.grow: the pass has used up the reserve (chan.c grant_new()). */
@@ -722,25 +695,41 @@ static struct chan *bell_owner(struct shard *s, uint64_t ud)
 	return chan_of_slot(s, ud >> 2);
 }
 
-/* Take every completion: doorbells rung, reads cancelled. */
+/* Take the aside thread's results: a chunk reserved, a client's pages mapped. */
+static void reap_aside(struct shard *s)
+{
+	struct aside_job done[8];
+	unsigned n;
+
+	while ((n = aside_reap(s->aside, done, 8)) > 0) {
+		for (unsigned i = 0; i < n; i++) {
+			uint64_t ud = done[i].ud;
+
+			if (ud == UD_RESERVE) {
+				reserve_async_done(s, done[i].res);
+			} else if ((ud & 0xffu) == UD_TOUCH) {
+				struct chan *ch = chan_of_slot(s, ud >> 8);
+
+				s->touch_pops--;
+				if (ch)
+					chan_touch_populated(ch, done[i].res);
+			}
+		}
+	}
+}
+
+/* Take every completion: doorbells rung, reads cancelled; and the aside thread's. */
 static void reap(struct shard *s)
 {
 	struct io_uring_cqe *cqe;
 	unsigned head, seen = 0;
 
+	reap_aside(s);
 	io_uring_for_each_cqe(&s->ring, head, cqe) {
 		uint64_t ud = cqe->user_data;
 
 		if (ud == UD_BELL) {
 			s->bell_armed = 0;
-		} else if (ud == UD_RESERVE) {
-			reserve_async_done(s, cqe->res);
-		} else if ((ud & 0xffu) == UD_TOUCH) {
-			struct chan *ch = chan_of_slot(s, ud >> 8);
-
-			s->touch_pops--;
-			if (ch)
-				chan_touch_populated(ch, cqe->res);
 		} else if (UD_TAG(ud) == UD_CHAN) {
 			struct chan *ch = bell_owner(s, ud);
 
@@ -772,28 +761,25 @@ static void reap_cancelled(struct shard *s)
 
 /*
  * Pages of a client's touch table the shard wants to use, found resident
- * (chan_touch_check()), mapped into the broker by an io_uring worker
+ * (chan_touch_check()), mapped into the broker on the aside thread
  * (MADV_POPULATE_WRITE): a page the client paged out meanwhile comes
  * back from swap there, not on this thread. True if one was sent.
  */
 static bool touch_populate(struct shard *s, struct chan *ch)
 {
 	struct chan_populate p;
-	struct io_uring_sqe *sqe;
+	struct aside_job j = { .op = ASIDE_POPULATE, .fd = -1 };
 
 	if (!chan_touch_check(&s->core, ch, &p))
 		return false;
-	sqe = sqe_get(s);
-	if (!sqe) {
+	j.addr = p.addr;
+	j.plen = p.len;
+	j.ud = (uint64_t)ch->slot << 8 | UD_TOUCH;
+	if (!aside_post(s->aside, &j)) {
 		chan_touch_populated(ch, -EAGAIN);
 		return false;
 	}
-	io_uring_prep_madvise(sqe, p.addr, (off_t)p.len, MADV_POPULATE_WRITE);
-	sqe->flags |= IOSQE_ASYNC;
-	io_uring_sqe_set_data64(sqe, (uint64_t)ch->slot << 8 | UD_TOUCH);
 	s->touch_pops++;
-	s->reserve_polled_ns = now_ns();
-	(void)io_uring_submit(&s->ring);
 	return true;
 }
 
@@ -1179,7 +1165,7 @@ static void loop(struct shard *s)
 		/*
 		 * Idle, and nothing due for a while: which pages of the clients'
 		 * touch tables the shard wants next are resident, one client's a
-		 * pass (chan.c: one mincore), to be mapped on a worker.
+		 * pass (chan.c: one mincore), to be mapped on the aside thread.
 		 */
 		if (!work && wake_time(s, &wake_at, &wake_known, now) > now + PREFAULT_CLEAR_NS)
 			for (uint32_t i = 0, done = 0; i < s->nr_active && !done; i++)
@@ -1316,6 +1302,11 @@ int shard_start(struct shard *s, int cpu)
 	cpu_set_t set;
 	int r;
 
+	snprintf(name, sizeof(name), "chimed-aside%u", s->cfg.idx);
+	r = aside_start(&s->aside, name, s->doorbell, 1);
+	if (r < 0)
+		log_errno(LOG_WARNING, r, "no aside thread for shard %u: its slab grows on its own thread",
+			  s->cfg.idx);
 	r = pthread_create(&s->thr, NULL, shard_main, s);
 	if (r)
 		return log_errno(LOG_ERR, r, "pthread_create for shard %u", s->cfg.idx);
@@ -1409,6 +1400,8 @@ int shard_fini(struct shard *s, bool keep)
 		s->started = 0;
 		sem_destroy(&s->ready);
 	}
+	(void)aside_stop(s->aside, UINT64_MAX);        /* reserve_settle() ran its jobs: none left */
+	s->aside = NULL;
 	stats_fini(&s->st);
 	free(s->core.by_slot);
 	free(s->core.users);

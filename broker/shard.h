@@ -20,6 +20,7 @@
 
 #include <liburing.h>
 
+#include "aside.h"
 #include "chan.h"
 #include "segment.h"
 #include "stats.h"
@@ -95,8 +96,8 @@ struct shard {
 	uint64_t reserved_bytes;        /* [0, reserved_bytes) of the file is reserved */
 	uint64_t reserve_retry_ns;      /* after a failed reservation: not before this */
 	uint64_t reserve_pending;       /* reserve_async(): the chunk on its way ends here (0: none) */
-	uint64_t reserve_polled_ns;     /* and when a busy pass last looked for it (or for touch_pops') */
-	uint32_t touch_pops;            /* clients' touch-table pages being mapped on a worker (touch_populate()) */
+	uint32_t touch_pops;            /* clients' touch-table pages being mapped aside (touch_populate()) */
+	struct aside *aside;            /* runs those two (aside.h); NULL: the reserves are made in line */
 	bool reserve_async_off;         /* chunks reserved in line only (not possible here) */
 	bool reserve_inline;            /* the next one in line (the last one failed) */
 	char path[4096];

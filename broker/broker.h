@@ -210,9 +210,18 @@ struct client {
 #define CONN_LOG_PER_S 20u
 #define CONN_LOG_WHAT "connect and disconnect"
 
+/*
+ * The closer's threads at most (aside_unstick()): each a close a client
+ * holds up (a lingering TCP socket it sent, before Linux 6.16) and the
+ * rest go on. The io_uring workers that closed them before were bound
+ * to min(ring entries, 4 per CPU): 8 here.
+ */
+#define CLOSER_THREADS 16u
+
 struct broker {
 	struct broker_opts o;
 	struct discard *discard;        /* empties ended connections' segments (discard.h) */
+	struct aside *closer;           /* closes descriptors a client may hang work on (close_aside()) */
 	char ctl_path[PATH_MAX];
 	char lock_path[PATH_MAX];
 	int lock_fd, listen_fd, ctl_fd, pub_fd, sig_fd, notify_fd;
@@ -361,7 +370,7 @@ bool held_drained(struct broker *b, struct client *c);
 /*
  * The broker's last close of a file a client could have chosen or holds
  * (a socket, whose queue may hold descriptors it sent; a doorbell), on a
- * ring worker: see control.c. And every descriptor received in mh, so.
+ * closer thread: see control.c. And every descriptor received in mh, so.
  */
 void close_aside(struct broker *b, int fd);
 void close_sent_fds(struct broker *b, struct msghdr *mh);

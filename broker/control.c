@@ -243,8 +243,8 @@ static void exit_watch_end(struct broker *b, struct client *c)
 }
 
 /*
- * Our last descriptor for a file the client shares, closed by one of the
- * ring's workers: the close runs what the client hung on the file (a
+ * Our last descriptor for a file the client shares, closed on the closer
+ * thread (aside.h): the close runs what the client hung on the file (a
  * doorbell's epoll watches; a socket's queued descriptors, close_sent_fds()),
  * and only its own thread should wait for that. A client's epoll instances
  * may watch its doorbell under as many descriptors as it likes (each
@@ -254,19 +254,14 @@ static void exit_watch_end(struct broker *b, struct client *c)
  * stall audit, 1.9 million watches cost the control thread 620-670 ms of
  * CPU at the client's hang-up, heartbeats 753-900 ms old and opens of
  * 557-599 ms (4 runs). The worker's wait and CPU are the client's, on a
- * thread of ours that nothing waits for; no ring, no worker: closed here.
+ * thread of ours that nothing waits for; no such thread: closed here.
  */
 void close_aside(struct broker *b, int fd)
 {
-	struct io_uring_sqe *sqe;
+	struct aside_job j = { .op = ASIDE_CLOSE, .fd = fd };
 
-	if (b->ring_ok && (sqe = get_sqe(b))) {
-		io_uring_prep_close(sqe, fd);
-		sqe->flags |= IOSQE_ASYNC;
-		io_uring_sqe_set_data64(sqe, UD_QUIET);
-		return;
-	}
-	close(fd);
+	if (!aside_post(b->closer, &j))
+		close(fd);
 }
 
 /*
@@ -1728,6 +1723,7 @@ int broker_run(struct broker *b)
 			wall_check(b, false);
 			quiet &= clients_beat(b, now);
 			restart_watch(b, now);
+			aside_unstick(b->closer);       /* a close held up a beat: another thread */
 			b->quiet_beats = quiet ? b->quiet_beats + 1 : 0;
 			if (!quiet)
 				at_store(&b->resting, 0);
@@ -1943,6 +1939,8 @@ static void stop_refuse_attaching(struct broker *b)
  * thread pings for it, for STOP_PING_NS at most: a tail that hangs is still
  * the watchdog's to catch (as startup.c's SETUP_PING_NS).
  */
+/* How long a stop waits for the closer thread's last closes (broker_stop()). */
+#define CLOSER_STOP_WAIT_NS (UINT64_C(250) * 1000000u)
 #define STOP_PING_NS (UINT64_C(300) * 1000000000u)
 
 struct stop_pinger {
@@ -2090,6 +2088,15 @@ void broker_stop(struct broker *b)
 	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++)
 		if (b->clients[i].state != CL_FREE)
 			client_release(b, &b->clients[i]);
+	/*
+	 * The clients' last descriptors, released above: a close a client
+	 * holds up (a TCP socket it sent, lingering) is not waited for. The
+	 * exit ends that wait (a fatal signal), and closes what is left.
+	 */
+	if (!aside_stop(b->closer, CLOSER_STOP_WAIT_NS))
+		log_msg(LOG_INFO, "descriptors still closing after %llu ms: left to the exit",
+			(unsigned long long)(CLOSER_STOP_WAIT_NS / 1000000u));
+	b->closer = NULL;
 	discard_stop(b->discard);
 	b->discard = NULL;
 	free(b->clients);

@@ -411,15 +411,15 @@ static int listen_setup(struct broker *b)
 	 * as long as the sender chose, heartbeat and every handshake with it
 	 * (a stall audit: the whole 5 s linger; a longer one is the
 	 * watchdog's kill). Linux 6.16 and later; before, what a client
-	 * sends is received with room for it and closed on a ring worker,
-	 * and so is every client socket, whose queue may hold more
+	 * sends is received with room for it and closed on the closer's
+	 * threads, and so is every client socket, whose queue may hold more
 	 * (close_sent_fds(), close_aside() in control.c): what waits there
-	 * is a worker of ours, which nothing waits for.
+	 * is a thread of ours, which nothing waits for.
 	 */
 #ifdef SO_PASSRIGHTS
 	if (setsockopt(b->listen_fd, SOL_SOCKET, SO_PASSRIGHTS, &(int){ 0 }, sizeof(int)) < 0)
 		log_errno(LOG_INFO, errno, "setsockopt(SO_PASSRIGHTS) (Linux 6.16): descriptors clients send are "
-			  "taken and closed on a worker thread instead");
+			  "taken and closed on the closer threads instead");
 #endif
 	if (bind(b->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		return log_errno_hint(LOG_ERR, errno, errno == EACCES ? "is the directory writable?" : NULL,
@@ -467,6 +467,9 @@ static int ring_setup(struct broker *b)
 	if (r < 0)
 		return log_errno_hint(LOG_ERR, r, URING_HINT(r), "io_uring setup (%u entries)", RING_ENTRIES);
 	b->ring_ok = true;
+	r = aside_start(&b->closer, "chimed-closer", -1, CLOSER_THREADS);
+	if (r < 0)
+		log_errno(LOG_WARNING, r, "no thread for closing client descriptors: the control thread closes them");
 	return 0;
 }
 

@@ -15,6 +15,7 @@
  * T_RELEASE_CASES). A new case picks one of the two.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1495,6 +1496,87 @@ ReleaseTest(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
 		     (double)(ev.fired_ns - ev.deadline_ns) / 1e6);
 	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
+}
+
+/* How many threads of process pid have a name starting with prefix. */
+static unsigned threads_prefixed(pid_t pid, const char *prefix)
+{
+	char path[320], comm[64];
+	struct dirent *e;
+	unsigned n = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	cr_assert_not_null(d, "%s: %s", path, strerror(errno));
+	while ((e = readdir(d))) {
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+		if (!(f = fopen(path, "r")))
+			continue;
+		if (fgets(comm, sizeof(comm), f) && !strncmp(comm, prefix, strlen(prefix)))
+			n++;
+		fclose(f);
+	}
+	closedir(d);
+	return n;
+}
+
+/*
+ * What the broker must not wait for on a shard or the control thread (a
+ * slab chunk reserved and mapped, a client's touch-table pages mapped, a
+ * client's descriptors closed) runs on threads of its own that wait for
+ * work with no timeout (broker/aside.h), not on io_uring's workers: io-wq
+ * keeps the last worker of each thread that used one for good and wakes
+ * it every 5 s, which were the broker's only wake-ups at rest beyond its
+ * heartbeat (chime-bench rest: 0.6 a second, two shards). After a slab
+ * grown by several chunks, resets to later deadlines (the touch table)
+ * and a client's hang-up, no io_uring worker is left.
+ */
+ReleaseTest(broker, growth_touches_and_closes_leave_no_io_uring_worker_behind, .timeout = 90)
+{
+	enum { N = 200000 };
+	struct t_chimed b2 = { 0 };
+	struct chime_opts o = { 0 };
+	chime_id_t *ids = calloc(N, sizeof(*ids));
+	uint64_t far = chime_now() + 3600000 * MS;
+	unsigned workers;
+	chime_t *c;
+
+	cr_assert_not_null(ids);
+	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1 --max-timers-per-client 0"), 0);
+	o.socket_path = b2.sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	for (unsigned i = 0; i < N; i++) {
+		int r;
+
+		while ((r = chime_arm(c, i, far, 0, i, &ids[i])) == -EAGAIN)
+			usleep(100);
+		cr_assert_eq(r, 0, "arm %u: %s", i, strerror(-r));
+	}
+	cr_assert_eq(chime_flush(c), 0);
+	for (unsigned i = 0; i < N; i++) {
+		int r;
+
+		while ((r = chime_reset(c, ids[i], far + (1 + i % 1000) * MS)) == -EAGAIN)
+			usleep(100);
+		cr_assert_eq(r, 0, "reset %u: %s", i, strerror(-r));
+	}
+	cr_assert_eq(chime_flush(c), 0);
+	t_at_rest_within(b2.sock, 3000);
+	chime_close(c);
+	usleep(300 * 1000);     /* the hang-up's closes */
+	workers = threads_prefixed(b2.pid, "iou-wrk");
+	fprintf(stderr, "after %u arms and resets and a hang-up: %u io_uring workers, %u aside, %u closer threads\n",
+		N, workers, threads_prefixed(b2.pid, "chimed-aside"), threads_prefixed(b2.pid, "chimed-closer"));
+	cr_assert_eq(workers, 0, "%u io_uring workers in the broker", workers);
+	cr_assert_eq(threads_prefixed(b2.pid, "chimed-aside0"), 1, "the shard's aside thread");
+	cr_assert_eq(threads_prefixed(b2.pid, "chimed-closer"), 1, "the closer thread, and no more at rest");
+	cr_assert_eq(t_chimed_stop(&b2, SIGTERM), 0);
+	free(ids);
 }
 
 /*

@@ -1339,7 +1339,7 @@ static int attached_sending_fd(const char *sock, int t)
  * descriptor the broker drops has its last close where the broker drops
  * it: a TCP socket set to linger (3 s here) then holds that thread. The
  * broker receives every message with room for them and closes each on a
- * ring worker, and closes every client socket there too, whose queue may
+ * closer thread, and closes every client socket there too, whose queue may
  * hold more (close_sent_fds(), close_aside()). Two ways in: a message
  * with descriptors sent once attached, which the broker never reads,
  * before the hang-up (closed with the socket by the control thread before:
@@ -1401,7 +1401,7 @@ ReleaseTest(hostile, descriptors_a_client_sends_before_linux_6_16_cannot_hold_up
 /*
  * The same descriptor sent with the answer to the welcome (struct
  * chime_mapped), which the broker reads: the broker receives it with the
- * answer and closes it on a ring worker (recv_mapped()), and refuses the
+ * answer and closes it on a closer thread (recv_mapped()), and refuses the
  * attach (-EPROTO). Dropped by a plain recv(), its last close ran on the
  * control thread and waited for the linger (heartbeats 3019 and 3257 ms
  * old). The answer goes right after the hello, and our descriptor is
@@ -1623,19 +1623,21 @@ static unsigned threads_named(pid_t pid, const char *prefix)
 }
 
 /*
- * The ring worker that closes a client's lingering socket (the case
- * above) waits out the linger, which the client chose; a stop does not
- * wait for it: tearing the ring down interrupts its workers' waits. A
- * 20 s linger pending on a worker, the stop took 1-3 ms here.
+ * The closer thread that closes a client's lingering socket (the case
+ * above) waits out the linger, which the client chose; a stop waits for
+ * the closer's last closes 250 ms at most (CLOSER_STOP_WAIT_NS) and
+ * leaves that one to the exit. Before (an io_uring worker, whose wait the
+ * ring's teardown interrupted), a 20 s linger pending, the stop took
+ * 1-3 ms here.
  */
-ReleaseTest(hostile, a_descriptor_lingering_on_a_worker_does_not_hold_up_a_stop, .timeout = 60)
+ReleaseTest(hostile, a_descriptor_lingering_on_the_closer_does_not_hold_up_a_stop, .timeout = 60)
 {
 	enum { LINGER_S = 20 };
 	struct t_chimed b = { 0 };
 	struct chime_opts o = { 0 };
 	struct hb_watch w = { 0 };
 	int t, peer, listener, u, st;
-	unsigned workers;
+	unsigned closers;
 	uint64_t t0, took;
 	chime_t *me;
 
@@ -1644,19 +1646,75 @@ ReleaseTest(hostile, a_descriptor_lingering_on_a_worker_does_not_hold_up_a_stop,
 	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
 	u = attached_sending_fd(b.sock, t);
 	usleep(50 * 1000);
-	close(u);       /* the broker closes its end, and the socket in it, on a worker */
+	close(u);       /* the broker closes its end, and the socket in it, on the closer */
 	usleep(500 * 1000);
 	chime_close(me);
-	workers = threads_named(b.pid, "iou-wrk");
+	closers = threads_named(b.pid, "chimed-closer");
 	t0 = now_ns();
 	st = t_chimed_stop(&b, SIGTERM);
 	took = now_ns() - t0;
 	close(peer);
 	close(listener);
-	fprintf(stderr, "a stop with a %d s linger pending (%u ring workers): %llu ms\n", LINGER_S, workers,
+	fprintf(stderr, "a stop with a %d s linger pending (%u closer threads): %llu ms\n", LINGER_S, closers,
 		(unsigned long long)(took / MS));
+	cr_assert_geq(closers, 1);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed's stop: status %#x", st);
 	cr_assert_lt(took, 3000 * MS, "the stop took %llu ms", (unsigned long long)(took / MS));
+}
+
+/*
+ * Each close a client holds up (a lingering socket, as above) holds one
+ * of the closer's threads, and the heartbeat adds another while closes
+ * wait behind it (aside_unstick(), up to CLOSER_THREADS): two clients
+ * that each hung up with a 20 s linger in their connection leave the
+ * broker free to close everyone else's descriptors. With one thread
+ * and no more, an honest client's socket and doorbells stayed open
+ * behind them for the whole linger.
+ */
+ReleaseTest(hostile, lingering_closes_do_not_keep_other_clients_descriptors_open, .timeout = 90)
+{
+	enum { LINGER_S = 20, HONEST = 8 };
+	struct t_chimed b = { 0 };
+	struct chime_opts o = { 0 };
+	struct hb_watch w = { 0 };
+	int t[2], peer[2], listener[2], u[2], base, now_open = 0;
+	uint64_t t0, took = 0;
+	chime_t *me;
+
+	me = linger_broker(&b, &o, &w, true);
+	base = t_open_fds(b.pid);
+	cr_assert_gt(base, 0);
+	for (int i = 0; i < 2; i++) {
+		t[i] = lingering_tcp_socket(LINGER_S, &peer[i], &listener[i]);
+		cr_assert_geq(t[i], 0, "no lingering TCP socket: %s", strerror(errno));
+		u[i] = attached_sending_fd(b.sock, t[i]);
+	}
+	usleep(50 * 1000);
+	for (int i = 0; i < 2; i++)
+		close(u[i]);
+	usleep(200 * 1000);     /* both lingering on the closer's threads */
+	for (int i = 0; i < HONEST; i++) {
+		chime_t *c;
+
+		cr_assert_eq(chime_open(&c, &o), 0);
+		chime_close(c);
+	}
+	/* Every descriptor of theirs closed: the broker's count back where it was. */
+	t0 = now_ns();
+	while ((now_open = t_open_fds(b.pid)) > base && (took = now_ns() - t0) < 10000 * MS)
+		usleep(20 * 1000);
+	fprintf(stderr, "%d clients' descriptors closed behind two lingering closes in %llu ms "
+		"(%d open, %d before; %u closer threads)\n", HONEST, (unsigned long long)(took / MS), now_open, base,
+		threads_named(b.pid, "chimed-closer"));
+	cr_assert_leq(now_open, base, "%d descriptors open, %d before, after %llu ms", now_open, base,
+		      (unsigned long long)(took / MS));
+	cr_assert_lt(took, 3000 * MS, "closed after %llu ms", (unsigned long long)(took / MS));
+	for (int i = 0; i < 2; i++) {
+		close(peer[i]);
+		close(listener[i]);
+	}
+	chime_close(me);
+	cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
 }
 
 /* Whether process pid maps the file with inode ino. */

@@ -89,22 +89,23 @@ static void run_job(struct aside *a, struct aside_node *n)
 	result = n->job.op != ASIDE_CLOSE;
 
 	pthread_mutex_lock(&a->lock);
-	a->running--;
 	if (result) {
 		n->next = NULL;
 		*a->done_tail = n;
 		a->done_tail = &n->next;
 		at_store_rel(&a->finished, a->finished + 1);
+		if (a->wake_fd >= 0) {
+			/* before the job counts as done: aside_drain() returns with the owner rung */
+			pthread_mutex_unlock(&a->lock);
+			(void)eventfd_write(a->wake_fd, 1);
+			pthread_mutex_lock(&a->lock);
+		}
 	} else {
 		free(n);
 	}
+	a->running--;
 	if (!a->head && !a->running)
 		pthread_cond_broadcast(&a->idle);
-	if (result && a->wake_fd >= 0) {
-		pthread_mutex_unlock(&a->lock);
-		(void)eventfd_write(a->wake_fd, 1);
-		pthread_mutex_lock(&a->lock);
-	}
 }
 
 static void *aside_main(void *arg)

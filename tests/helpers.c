@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -569,6 +570,59 @@ int t_thread_named(int pid, const char *comm)
 	if (d)
 		closedir(d);
 	return tid;
+}
+
+unsigned t_threads_prefixed(int pid, const char *prefix)
+{
+	char path[320], comm[64];
+	struct dirent *e;
+	unsigned n = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", pid);
+	d = opendir(path);
+	while (d && (e = readdir(d))) {
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", pid, e->d_name);
+		if (!(f = fopen(path, "r")))
+			continue;
+		if (fgets(comm, sizeof(comm), f) && !strncmp(comm, prefix, strlen(prefix)))
+			n++;
+		fclose(f);
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
+int t_lingering_tcp_socket(int linger_s, int *peer, int *listener)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct linger lg = { .l_onoff = 1, .l_linger = linger_s };
+	static char fill[65536];
+	socklen_t al = sizeof(a);
+	int t;
+
+	*listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (*listener < 0 || bind(*listener, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(*listener, 1) < 0 ||
+	    getsockname(*listener, (struct sockaddr *)&a, &al) < 0)
+		return -1;
+	t = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (t < 0 || (connect(t, (struct sockaddr *)&a, sizeof(a)) < 0 && errno != EINPROGRESS))
+		return -1;
+	*peer = accept(*listener, NULL, NULL);
+	if (*peer < 0)
+		return -1;
+	/* Until both buffers are full: the FIN waits behind the data, which waits for a window. */
+	for (int k = 0; k < 50; k++) {
+		while (write(t, fill, sizeof(fill)) > 0)
+			;
+		usleep(2000);
+	}
+	return setsockopt(t, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0 ? t : -1;
 }
 
 bool t_thread_asleep(int pid, int tid)

@@ -161,6 +161,17 @@ int t_ring_polls(int pid);
 /* The thread of process `pid` whose name (/proc/PID/task/TID/comm) is `comm`, or -1. */
 int t_thread_named(int pid, const char *comm);
 
+/* How many threads of process `pid` have a name starting with `prefix`. */
+unsigned t_threads_prefixed(int pid, const char *prefix);
+
+/*
+ * A TCP connection to ourselves over loopback that cannot end: its peer
+ * (*peer, accepted from *listener) never reads, both buffers are full, and
+ * its close lingers for linger_s (SO_LINGER), in tcp_close(), until the
+ * peer is closed. Returns the socket, or -1 with errno.
+ */
+int t_lingering_tcp_socket(int linger_s, int *peer, int *listener);
+
 /*
  * True if thread tid of process pid is asleep (state S in
  * /proc/PID/task/TID/stat: blocked in a system call, waiting).

@@ -9,16 +9,15 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "aside.h"
+#include "helpers.h"
 
 #define PAGES 64u
 
@@ -157,32 +156,6 @@ Test(aside, closes_run_in_order_give_no_result_and_a_stop_runs_what_is_queued)
 		cr_assert_eq(fcntl(fds[i], F_GETFD), -1, "fd %d still open after the stop", fds[i]);
 }
 
-/* A TCP connection to ourselves whose close lingers linger_s: the peer never reads. */
-static int lingering_tcp_socket(int linger_s, int *peer, int *listener)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	struct linger lg = { .l_onoff = 1, .l_linger = linger_s };
-	static char fill[65536];
-	socklen_t al = sizeof(sa);
-	int t;
-
-	*listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	cr_assert(*listener >= 0 && bind(*listener, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-		  listen(*listener, 1) == 0 && getsockname(*listener, (struct sockaddr *)&sa, &al) == 0);
-	t = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	cr_assert(t >= 0);
-	cr_assert(connect(t, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno == EINPROGRESS);
-	*peer = accept(*listener, NULL, NULL);
-	cr_assert(*peer >= 0);
-	for (int k = 0; k < 50; k++) {          /* both buffers full: the FIN waits for a window */
-		while (write(t, fill, sizeof(fill)) > 0)
-			;
-		usleep(2000);
-	}
-	cr_assert_eq(setsockopt(t, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
-	return t;
-}
-
 static uint64_t mono_ms(void)
 {
 	struct timespec ts;
@@ -209,7 +182,8 @@ Test(aside, closes_held_up_get_threads_of_their_own_and_the_others_go_on, .timeo
 
 	cr_assert_eq(aside_start(&a, "t-closer", -1, 4), 0);
 	for (int i = 0; i < 2; i++) {
-		t[i] = lingering_tcp_socket(LINGER_S, &peer[i], &listener[i]);
+		t[i] = t_lingering_tcp_socket(LINGER_S, &peer[i], &listener[i]);
+		cr_assert_geq(t[i], 0, "no lingering TCP socket: %s", strerror(errno));
 		cr_assert(aside_post(a, &(struct aside_job){ .op = ASIDE_CLOSE, .fd = t[i] }));
 	}
 	cr_assert_eq(pipe2(pfd, O_CLOEXEC), 0);

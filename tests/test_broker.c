@@ -15,7 +15,6 @@
  * T_RELEASE_CASES). A new case picks one of the two.
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1498,33 +1497,6 @@ ReleaseTest(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
-/* How many threads of process pid have a name starting with prefix. */
-static unsigned threads_prefixed(pid_t pid, const char *prefix)
-{
-	char path[320], comm[64];
-	struct dirent *e;
-	unsigned n = 0;
-	DIR *d;
-
-	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
-	d = opendir(path);
-	cr_assert_not_null(d, "%s: %s", path, strerror(errno));
-	while ((e = readdir(d))) {
-		FILE *f;
-
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
-		if (!(f = fopen(path, "r")))
-			continue;
-		if (fgets(comm, sizeof(comm), f) && !strncmp(comm, prefix, strlen(prefix)))
-			n++;
-		fclose(f);
-	}
-	closedir(d);
-	return n;
-}
-
 /*
  * What the broker must not wait for on a shard or the control thread (a
  * slab chunk reserved and mapped, a client's touch-table pages mapped, a
@@ -1569,12 +1541,12 @@ ReleaseTest(broker, growth_touches_and_closes_leave_no_io_uring_worker_behind, .
 	t_at_rest_within(b2.sock, 3000);
 	chime_close(c);
 	usleep(300 * 1000);     /* the hang-up's closes */
-	workers = threads_prefixed(b2.pid, "iou-wrk");
+	workers = t_threads_prefixed(b2.pid, "iou-wrk");
 	fprintf(stderr, "after %u arms and resets and a hang-up: %u io_uring workers, %u aside, %u closer threads\n",
-		N, workers, threads_prefixed(b2.pid, "chimed-aside"), threads_prefixed(b2.pid, "chimed-closer"));
+		N, workers, t_threads_prefixed(b2.pid, "chimed-aside"), t_threads_prefixed(b2.pid, "chimed-closer"));
 	cr_assert_eq(workers, 0, "%u io_uring workers in the broker", workers);
-	cr_assert_eq(threads_prefixed(b2.pid, "chimed-aside0"), 1, "the shard's aside thread");
-	cr_assert_eq(threads_prefixed(b2.pid, "chimed-closer"), 1, "the closer thread, and no more at rest");
+	cr_assert_eq(t_threads_prefixed(b2.pid, "chimed-aside0"), 1, "the shard's aside thread");
+	cr_assert_eq(t_threads_prefixed(b2.pid, "chimed-closer"), 1, "the closer thread, and no more at rest");
 	cr_assert_eq(t_chimed_stop(&b2, SIGTERM), 0);
 	free(ids);
 }

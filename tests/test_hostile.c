@@ -1125,34 +1125,6 @@ ReleaseTest(hostile, a_starved_discard_thread_does_not_stall_the_control_thread,
 	t_chimed_stop(&b, SIGTERM);
 }
 
-/* A TCP connection to ourselves that cannot end: its peer never reads, and its close lingers for linger_s. */
-static int lingering_tcp_socket(int linger_s, int *peer, int *listener)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	struct linger lg = { .l_onoff = 1, .l_linger = linger_s };
-	static char fill[65536];
-	socklen_t al = sizeof(a);
-	int t;
-
-	*listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (*listener < 0 || bind(*listener, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(*listener, 1) < 0 ||
-	    getsockname(*listener, (struct sockaddr *)&a, &al) < 0)
-		return -1;
-	t = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (t < 0 || (connect(t, (struct sockaddr *)&a, sizeof(a)) < 0 && errno != EINPROGRESS))
-		return -1;
-	*peer = accept(*listener, NULL, NULL);
-	if (*peer < 0)
-		return -1;
-	/* Until both buffers are full: the FIN waits behind the data, which waits for a window. */
-	for (int k = 0; k < 50; k++) {
-		while (write(t, fill, sizeof(fill)) > 0)
-			;
-		usleep(2000);
-	}
-	return setsockopt(t, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0 ? t : -1;
-}
-
 /*
  * chimed as on a kernel before Linux 6.16 (Debian 12's 6.1), whose
  * listening socket takes descriptors from anyone: no_passrights.so,
@@ -1232,7 +1204,7 @@ ReleaseTest(hostile, a_descriptor_a_client_sends_cannot_hold_up_the_control_thre
 	close(sv[0]);
 	close(sv[1]);
 	me = linger_broker(&b, &o, &w, false);
-	t = lingering_tcp_socket(LINGER_S, &peer, &listener);
+	t = t_lingering_tcp_socket(LINGER_S, &peer, &listener);
 	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
 	u = t_sock_connect(b.sock);
 	cr_assert_geq(u, 0);
@@ -1366,7 +1338,7 @@ ReleaseTest(hostile, descriptors_a_client_sends_before_linux_6_16_cannot_hold_up
 	for (int way = 0; way < 2; way++) {
 		struct hb_watch w = { .pub = first.pub };
 
-		t = lingering_tcp_socket(LINGER_S, &peer, &listener);
+		t = t_lingering_tcp_socket(LINGER_S, &peer, &listener);
 		cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
 		if (way == 0) {
 			int r = t_thread_hold(b.pid);
@@ -1423,7 +1395,7 @@ ReleaseTest(hostile, a_descriptor_sent_with_the_answer_to_a_welcome_cannot_hold_
 	chime_t *me;
 
 	me = linger_broker(&b, &o, &w, true);
-	t = lingering_tcp_socket(LINGER_S, &peer, &listener);
+	t = t_lingering_tcp_socket(LINGER_S, &peer, &listener);
 	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
 	u = t_sock_connect(b.sock);
 	cr_assert_geq(u, 0);
@@ -1592,36 +1564,6 @@ ReleaseTest(hostile, busy_loops_beside_a_killed_broker_do_not_hold_up_its_exit, 
 	cr_assert_leq(m.n, 1, "%u of %u killed brokers were reaped after more than 100 ms: %s", m.n, ROUNDS, m.what);
 }
 
-/* Threads of process pid whose name starts with prefix. */
-static unsigned threads_named(pid_t pid, const char *prefix)
-{
-	char path[64];
-	struct dirent *e;
-	unsigned n = 0;
-	DIR *d;
-
-	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
-	d = opendir(path);
-	if (!d)
-		return 0;
-	while ((e = readdir(d))) {
-		char comm[64] = "", p[PATH_MAX];
-		FILE *f;
-
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(p, sizeof(p), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
-		f = fopen(p, "r");
-		if (!f)
-			continue;
-		if (fgets(comm, sizeof(comm), f) && !strncmp(comm, prefix, strlen(prefix)))
-			n++;
-		fclose(f);
-	}
-	closedir(d);
-	return n;
-}
-
 /*
  * The closer thread that closes a client's lingering socket (the case
  * above) waits out the linger, which the client chose; a stop waits for
@@ -1642,14 +1584,14 @@ ReleaseTest(hostile, a_descriptor_lingering_on_the_closer_does_not_hold_up_a_sto
 	chime_t *me;
 
 	me = linger_broker(&b, &o, &w, true);
-	t = lingering_tcp_socket(LINGER_S, &peer, &listener);
+	t = t_lingering_tcp_socket(LINGER_S, &peer, &listener);
 	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
 	u = attached_sending_fd(b.sock, t);
 	usleep(50 * 1000);
 	close(u);       /* the broker closes its end, and the socket in it, on the closer */
 	usleep(500 * 1000);
 	chime_close(me);
-	closers = threads_named(b.pid, "chimed-closer");
+	closers = t_threads_prefixed(b.pid, "chimed-closer");
 	t0 = now_ns();
 	st = t_chimed_stop(&b, SIGTERM);
 	took = now_ns() - t0;
@@ -1685,7 +1627,7 @@ ReleaseTest(hostile, lingering_closes_do_not_keep_other_clients_descriptors_open
 	base = t_open_fds(b.pid);
 	cr_assert_gt(base, 0);
 	for (int i = 0; i < 2; i++) {
-		t[i] = lingering_tcp_socket(LINGER_S, &peer[i], &listener[i]);
+		t[i] = t_lingering_tcp_socket(LINGER_S, &peer[i], &listener[i]);
 		cr_assert_geq(t[i], 0, "no lingering TCP socket: %s", strerror(errno));
 		u[i] = attached_sending_fd(b.sock, t[i]);
 	}
@@ -1705,7 +1647,7 @@ ReleaseTest(hostile, lingering_closes_do_not_keep_other_clients_descriptors_open
 		usleep(20 * 1000);
 	fprintf(stderr, "%d clients' descriptors closed behind two lingering closes in %llu ms "
 		"(%d open, %d before; %u closer threads)\n", HONEST, (unsigned long long)(took / MS), now_open, base,
-		threads_named(b.pid, "chimed-closer"));
+		t_threads_prefixed(b.pid, "chimed-closer"));
 	cr_assert_leq(now_open, base, "%d descriptors open, %d before, after %llu ms", now_open, base,
 		      (unsigned long long)(took / MS));
 	cr_assert_lt(took, 3000 * MS, "closed after %llu ms", (unsigned long long)(took / MS));

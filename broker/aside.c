@@ -214,19 +214,22 @@ bool aside_post(struct aside *a, const struct aside_job *j)
 	return true;
 }
 
-bool aside_unstick(struct aside *a)
+int aside_unstick(struct aside *a)
 {
-	bool added = false;
+	int r = 0;
 
 	if (!a)
-		return false;
+		return 0;
 	pthread_mutex_lock(&a->lock);
-	if (a->head && !a->waiting && a->taken == a->taken_seen && a->threads < a->max_threads &&
-	    !a->stopping)
-		added = add_thread(a);
+	if (a->head && !a->waiting && a->taken == a->taken_seen && !a->stopping) {
+		if (a->threads >= a->max_threads)
+			r = -EBUSY;
+		else
+			r = add_thread(a) ? 1 : -EAGAIN;
+	}
 	a->taken_seen = a->taken;
 	pthread_mutex_unlock(&a->lock);
-	return added;
+	return r;
 }
 
 unsigned aside_reap(struct aside *a, struct aside_job *out, unsigned max)

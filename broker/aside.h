@@ -62,9 +62,11 @@ bool aside_post(struct aside *a, const struct aside_job *j);
 /*
  * Called by the owner now and then (each heartbeat): if jobs wait, no
  * thread waits for work and none took a job since the last call, one more
- * thread starts, up to max_threads. True if one did.
+ * thread starts, up to max_threads. Returns 1 if one did, 0 if none was
+ * needed (or a is NULL), -EBUSY if jobs wait behind max_threads held-up
+ * threads, -EAGAIN if a thread could not be made.
  */
-bool aside_unstick(struct aside *a);
+int aside_unstick(struct aside *a);
 
 /* Up to max finished jobs with results, in the order they finished; 0 at once if there are none. */
 unsigned aside_reap(struct aside *a, struct aside_job *out, unsigned max);

@@ -222,6 +222,7 @@ struct broker {
 	struct broker_opts o;
 	struct discard *discard;        /* empties ended connections' segments (discard.h) */
 	struct aside *closer;           /* closes descriptors a client may hang work on (close_aside()) */
+	uint64_t closer_log;            /* log_ratelimit(): the closer held up (closer_beat()) */
 	char ctl_path[PATH_MAX];
 	char lock_path[PATH_MAX];
 	int lock_fd, listen_fd, ctl_fd, pub_fd, sig_fd, notify_fd;

@@ -265,6 +265,24 @@ void close_aside(struct broker *b, int fd)
 }
 
 /*
+ * At each heartbeat: closes waiting behind one held up for a beat get
+ * another closer thread; all CLOSER_THREADS held up (lingering sockets
+ * clients sent, before Linux 6.16), the operator is told, the broker's
+ * descriptors for the closes behind them open until one ends.
+ */
+static void closer_beat(struct broker *b)
+{
+	int r = aside_unstick(b->closer);
+
+	if (r < 0 && log_ratelimit(&b->closer_log, 60))
+		log_msg(LOG_WARNING, r == -EBUSY ?
+			"closes of client descriptors wait behind %u closer threads all held up (sockets set to linger, "
+			"sent by a client?): the broker keeps those descriptors open until one ends" :
+			"closes of client descriptors wait, and no closer thread could be added (%u at most)",
+			CLOSER_THREADS);
+}
+
+/*
  * Before Linux 6.16 (SO_PASSRIGHTS, startup.c) a client can send
  * descriptors with any message, and one the broker drops unread has its
  * last close where the broker drops it: a TCP socket set to linger holds
@@ -1723,7 +1741,7 @@ int broker_run(struct broker *b)
 			wall_check(b, false);
 			quiet &= clients_beat(b, now);
 			restart_watch(b, now);
-			aside_unstick(b->closer);       /* a close held up a beat: another thread */
+			closer_beat(b);
 			b->quiet_beats = quiet ? b->quiet_beats + 1 : 0;
 			if (!quiet)
 				at_store(&b->resting, 0);

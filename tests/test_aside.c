@@ -192,14 +192,14 @@ Test(aside, closes_held_up_get_threads_of_their_own_and_the_others_go_on, .timeo
 	p = (struct pollfd){ .fd = pfd[0], .events = POLLIN };
 	/* As the owner's heartbeat would: every 90 ms, until the pipe's write end is closed (EOF). */
 	while (poll(&p, 1, 90) == 0 && mono_ms() - t0 < 5000)
-		added += aside_unstick(a);
+		added += aside_unstick(a) == 1;
 	took = mono_ms() - t0;
 	fprintf(stderr, "a close behind two lingering ones: %llu ms, %u threads added\n", (unsigned long long)took,
 		added);
 	cr_assert(p.revents & POLLHUP, "the pipe's write end still open after %llu ms", (unsigned long long)took);
 	cr_assert_lt(took, 2000, "%llu ms", (unsigned long long)took);
 	cr_assert_eq(added, 2, "one thread for the second lingering close, one for the pipe's");
-	cr_assert_not(aside_unstick(a), "nothing waits: no thread added");
+	cr_assert_eq(aside_unstick(a), 0, "nothing waits: no thread added");
 	t0 = mono_ms();
 	cr_assert_not(aside_stop(a, 200u * 1000000u), "the lingering closes outlast the stop's wait");
 	took = mono_ms() - t0;
@@ -211,13 +211,38 @@ Test(aside, closes_held_up_get_threads_of_their_own_and_the_others_go_on, .timeo
 	close(pfd[0]);
 }
 
+/* Held up at max_threads (one here): jobs wait, and aside_unstick() says so (the broker logs it). */
+Test(aside, a_set_held_up_at_its_bound_says_so, .timeout = 30)
+{
+	int t, peer, listener, pfd[2];
+	struct aside *a;
+
+	cr_assert_eq(aside_start(&a, "t-closer", -1, 1), 0);
+	t = t_lingering_tcp_socket(20, &peer, &listener);
+	cr_assert_geq(t, 0, "no lingering TCP socket: %s", strerror(errno));
+	cr_assert_eq(pipe2(pfd, O_CLOEXEC), 0);
+	cr_assert(aside_post(a, &(struct aside_job){ .op = ASIDE_CLOSE, .fd = t }));
+	cr_assert(aside_post(a, &(struct aside_job){ .op = ASIDE_CLOSE, .fd = pfd[1] }));
+	usleep(100 * 1000);
+	cr_assert_eq(aside_unstick(a), 0, "a job was taken since the last look");
+	cr_assert_eq(aside_unstick(a), -EBUSY, "a close waits behind the one thread there may be");
+	cr_assert_neq(fcntl(pfd[1], F_GETFD), -1, "the pipe's close waits");
+	close(peer);    /* the linger ends, and the pipe's close runs */
+	close(listener);
+	aside_drain(a);
+	cr_assert_eq(fcntl(pfd[1], F_GETFD), -1, "the pipe's write end still open");
+	cr_assert_eq(aside_unstick(a), 0);
+	cr_assert(aside_stop(a, UINT64_MAX));
+	close(pfd[0]);
+}
+
 Test(aside, no_thread_means_the_caller_makes_the_call)
 {
 	struct aside_job out;
 
 	cr_assert_not(aside_post(NULL, &(struct aside_job){ .op = ASIDE_CLOSE, .fd = -1 }));
 	cr_assert_eq(aside_reap(NULL, &out, 1), 0);
-	cr_assert_not(aside_unstick(NULL));
+	cr_assert_eq(aside_unstick(NULL), 0);
 	aside_drain(NULL);
 	cr_assert(aside_stop(NULL, 0));
 }

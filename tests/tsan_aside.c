@@ -93,7 +93,7 @@ int main(void)
 		usleep(100 * 1000);
 		(void)aside_unstick(a);
 		usleep(100 * 1000);
-		if (aside_unstick(a) == false)
+		if (aside_unstick(a) != 1)
 			FAIL("no thread added behind the lingering close");
 		if (aside_stop(a, 200u * 1000000u))
 			FAIL("the stop waited out a 20 s linger");

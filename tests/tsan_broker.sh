@@ -18,11 +18,17 @@ export TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1"
 trap 'kill -KILL "$broker" 2>/dev/null; rm -rf "$dir"' EXIT
 trap 'exit 1' INT TERM HUP PIPE   # so that the EXIT trap stops the broker
 
+# Started once it says it listens: after a SIGKILL the old socket file is
+# still there, and a broker taken for started while TSan's runtime still
+# set itself up (signals not blocked yet) died of the SIGTERM at the end
+# (exit 143, 1 run in 10 or so under load).
 start_broker() {
+	local before
+	before=$(grep -c "listening on" "$dir/chimed.log" 2>/dev/null)
 	"$chimed" --foreground --shards 2 --socket "$sock" 2>>"$dir/chimed.log" &
 	broker=$!
-	for _ in $(seq 200); do
-		[ -S "$sock" ] && return 0
+	for _ in $(seq 400); do
+		[ "$(grep -c "listening on" "$dir/chimed.log" 2>/dev/null)" -gt "${before:-0}" ] && return 0
 		kill -0 "$broker" 2>/dev/null || break
 		sleep 0.05
 	done
@@ -65,7 +71,7 @@ fi
 wait "$demo_pid" || fail "chime-demo exit $?"
 if [ -n "$ctl" ]; then
 	grep -q "failed" "$dir/ctl.log" && fail "chimectl reset-stats or timers failed"
-	grep -q "armed" "$dir/query.log" || fail "chimectl timers listed no armed timer of the demo's"
+	grep -qE "^ *0x[0-9a-f]+ " "$dir/query.log" || fail "chimectl timers listed no timer of the demo's"
 fi
 
 # A session through two restarts: in place (SIGUSR2, same pid), then a crash.

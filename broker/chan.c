@@ -130,7 +130,7 @@ static uint64_t grant_new(struct shard_core *sc, struct chan *ch)
 	n->owner = ch->slot;
 	n->state = CHIME_NODE_GRANTED;
 	n->cq_pos = CHIME_POS_NONE;     /* never CHIME_POS_CARRIED: only the slot's record may arm it */
-	n->key_next = n->key_prev = CHIME_NIL;
+	keyidx_leave_out(n);
 	chan_own(ch);
 	if (ch->touch_ready)
 		touch_want(sc, ch, idx);
@@ -148,16 +148,20 @@ static void grant_free(struct shard_core *sc, struct chan *ch, uint64_t id)
  * everywhere: GCC left it a call, and one-shot expiry frees a node per event
  * (with nl_pop_front(): 295 -> 264 shard instructions per expired event,
  * callgrind of chime-bench apply). FREE
- * first, then out of its key chain (a cache miss or two): a broker killed
- * in between leaves a FREE node (the next one rebuilds both the free map
- * and the key index), never one in a passing state that restore.c would
- * have to guess about (an ALLOC node due was being fired, not freed).
+ * first, then out of its key chain (a cache miss or two) if it is in one:
+ * a broker killed in between leaves a FREE node (the next one rebuilds
+ * the free map and leaves every node out of the index), never one in a
+ * passing state that restore.c would have to guess about (an ALLOC node
+ * due was being fired, not freed).
  */
 static inline __attribute__((always_inline)) void node_release(struct shard_core *sc, struct chan *ch,
 								  uint32_t idx)
 {
 	wheel_free_unlisted(&sc->wh, idx);
-	keyidx_remove(&sc->ki, idx);
+	if (keyidx_linked(NODE(sc, idx)))
+		keyidx_remove(&sc->ki, idx);
+	else
+		ch->unindexed--;
 	chan_disown(ch);
 }
 
@@ -172,7 +176,7 @@ void chan_carry(struct shard_core *sc, struct chan *ch, uint32_t idx)
 
 	n->state = CHIME_NODE_GRANTED;
 	n->cq_pos = CHIME_POS_CARRIED;
-	n->key_next = n->key_prev = CHIME_NIL;
+	keyidx_leave_out(n);
 	nl_push(sc, &ch->carried, idx);
 	ch->nr_carried++;
 }
@@ -1364,7 +1368,10 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	}
 	deadline_ns = node_deadline(sc, n, r->deadline_ns);
 	mark_immediate(sc, n, deadline_ns);
-	keyidx_insert(&sc->ki, idx);
+	if (ch->keyed)
+		keyidx_insert(&sc->ki, idx);
+	else
+		ch->unindexed++;        /* left out (grant_new()) until the client's first CANCEL_KEY */
 	wheel_arm(&sc->wh, idx, deadline_ns);
 	stats_arm(sc->st, ch->slot);
 
@@ -1619,10 +1626,23 @@ static void node_touch(struct shard_core *sc, struct chan *ch, uint32_t idx, uin
 
 /* ---- CANCEL_KEY, in steps ---- */
 
-/* Its cursor is set now: the walk sees what was armed before the record, whenever it steps. */
+/*
+ * Its cursor is set now, or once the client's timers are indexed (the
+ * channel's first CANCEL_KEY, index_step()): the walk sees what was armed
+ * before the record, whenever it steps (the channel's later records wait
+ * for it, so nothing of its own is armed in between).
+ */
 static void walk_enqueue(struct shard_core *sc, struct chan *ch, uint64_t key, uint64_t pos)
 {
-	keyidx_walk_begin(&sc->ki, &ch->walk, ch->slot, key);
+	if (!ch->keyed) {
+		ch->keyed = 1;          /* its arms go in the index from now on */
+		ch->index_pos = 0;
+	}
+	ch->walk_begun = ch->unindexed == 0;
+	if (ch->walk_begun)
+		keyidx_walk_begin(&sc->ki, &ch->walk, ch->slot, key);
+	else
+		ch->walk.key = key;     /* keyidx_walk_begin() takes it from here */
 	ch->walk_queued = 1;
 	ch->walk_stepped = 0;
 	ch->walk_pos = pos;
@@ -1649,9 +1669,44 @@ static void walk_dequeue(struct shard_core *sc, struct chan *ch)
 	*p = ch->walk_next;
 	if (sc->walk_tail == ch)
 		sc->walk_tail = prev;
-	keyidx_walk_end(&sc->ki, &ch->walk);
+	if (ch->walk_begun)
+		keyidx_walk_end(&sc->ki, &ch->walk);
 	ch->walk_queued = 0;
+	ch->walk_begun = 0;
 	ch->walk_next = NULL;
+}
+
+/*
+ * A step of indexing the channel's timers, left out until its first
+ * CANCEL_KEY: up to `scan` slab nodes, in order, and up to *links of them
+ * linked (each a bucket and a chain head at random addresses, as a walk's
+ * step: taken off the walk's budget). True once none is left out. The slab
+ * has no list per client, so this reads it from the start until it has
+ * found them all (the high-water mark at most), as a reclaim does: in
+ * steps, one per pass, the shard applying and firing everyone else's
+ * between them.
+ */
+static bool index_step(struct shard_core *sc, struct chan *ch, unsigned scan, unsigned *links)
+{
+	uint32_t end = sc->wh.w->high_water;
+
+	while (ch->unindexed && ch->index_pos < end && scan-- && *links) {
+		uint32_t idx = ch->index_pos++;
+		struct chime_node *n = NODE(sc, idx);
+
+		if (n->owner == ch->slot && !keyidx_linked(n) && n->state != CHIME_NODE_FREE &&
+		    n->state != CHIME_NODE_GRANTED) {
+			keyidx_insert(&sc->ki, idx);
+			ch->unindexed--;
+			(*links)--;
+		}
+	}
+	if (ch->unindexed && ch->index_pos < end)
+		return false;
+	/* 0 here; if not, the count is corrupt: the walk goes on with what the index holds. */
+	assert(ch->unindexed == 0);
+	ch->unindexed = 0;
+	return true;
 }
 
 /*
@@ -1678,6 +1733,15 @@ static bool walk_step(struct shard_core *sc, struct chan *ch)
 			ch->walk_next = NULL;
 			return false;
 		}
+	}
+	if (!ch->walk_begun) {
+		if ((sc->keys_mapped && !sc->keys_mapped(sc)) ||
+		    !index_step(sc, ch, sc->index_budget ? sc->index_budget : CHAN_INDEX_BUDGET, &budget)) {
+			ch->walk_stepped = 1;
+			return false;
+		}
+		keyidx_walk_begin(&sc->ki, &ch->walk, ch->slot, ch->walk.key);
+		ch->walk_begun = 1;
 	}
 	while ((i = keyidx_walk_next(&sc->ki, &ch->walk, &budget)) != CHIME_NIL) {
 		if (node_cancel(sc, ch, i))
@@ -1738,7 +1802,8 @@ static inline void prefetch_record(struct shard_core *sc, struct chan *ch, uint6
 		if (chime_grant_is_marker(g))
 			return;
 		__builtin_prefetch(NODE(sc, chime_id_index(g)), 1);
-		__builtin_prefetch(&sc->ki.heads[keyidx_bucket(&sc->ki, ch->slot, at_load(&s->key))], 1);
+		if (ch->keyed)
+			__builtin_prefetch(&sc->ki.heads[keyidx_bucket(&sc->ki, ch->slot, at_load(&s->key))], 1);
 		return;
 	case CHIME_OP_RESET:
 	case CHIME_OP_RESET_TOUCH:
@@ -1760,7 +1825,7 @@ static inline void prefetch_links(struct shard_core *sc, struct chan *ch, uint64
 		return;
 	switch (at_load(&s->op)) {
 	case CHIME_OP_ARM:
-		if (chime_grant_is_marker(ch->grants[pos & ch->sq_mask]))
+		if (!ch->keyed || chime_grant_is_marker(ch->grants[pos & ch->sq_mask]))
 			return;
 		prefetch_node(sc, sc->ki.heads[keyidx_bucket(&sc->ki, ch->slot, at_load(&s->key))] - 1);
 		return;
@@ -1776,6 +1841,8 @@ static inline void prefetch_links(struct shard_core *sc, struct chan *ch, uint64
 		n = NODE(sc, idx);
 		prefetch_node(sc, n->next);
 		prefetch_node(sc, n->prev);
+		if (!keyidx_linked(n))
+			return;
 		prefetch_node(sc, n->key_next);
 		if (n->key_prev != CHIME_NIL)
 			prefetch_node(sc, n->key_prev);

@@ -72,14 +72,25 @@ struct shard_core {
 	 */
 	bool (*grow)(struct shard_core *sc);
 	/*
+	 * Before a client's first CANCEL_KEY links its timers (thousands at a
+	 * time): are the key index's pages mapped? False: they are being
+	 * mapped off this thread, ask again later. Faulted in on the shard
+	 * thread, at a few microseconds a page here, a step of 1024 links into
+	 * untouched heads held the shard 5 ms. Set by the shard thread; NULL
+	 * in tests (mapped).
+	 */
+	bool (*keys_mapped)(struct shard_core *sc);
+	/*
 	 * CANCEL_KEYs applied in steps, in turn: the first channel of this
 	 * list walks the key index (at most walk_budget nodes per chan_drain()
 	 * call; 0: CHAN_WALK_BUDGET), then goes to the back. Each walk has its
 	 * cursor from the start, so a short one is not held up by long ones
 	 * queued before it: it waits a step of each, not their whole walks.
+	 * A channel's first walk indexes its timers first (index_budget slab
+	 * nodes per call; 0: CHAN_INDEX_BUDGET).
 	 */
 	struct chan *walk_head, *walk_tail;
-	unsigned walk_budget;
+	unsigned walk_budget, index_budget;
 	/*
 	 * Wall-clock timers (ARCHITECTURE.md, "Wall-clock timers"): the two
 	 * offsets their deadlines may be based on (CHIME_NODE_WALL_B picks
@@ -119,6 +130,14 @@ struct shard_core {
  * shard fires everyone's timers between steps. ~100 us at a cache miss each.
  */
 #define CHAN_WALK_BUDGET 1024u
+
+/*
+ * Slab nodes a client's first CANCEL_KEY looks at per chan_drain() call
+ * while it indexes that client's timers: read in order (the hardware
+ * prefetches them), each a fraction of a chain step's cache miss. Those it
+ * links count against the walk's budget (CHAN_WALK_BUDGET), as chain steps.
+ */
+#define CHAN_INDEX_BUDGET 16384u
 
 /* Where a channel lives in a client's two segments (set up by the control thread). */
 struct chan_mem {
@@ -350,6 +369,18 @@ struct chan {
 	uint64_t walk_armed, walk_fired;
 	uint8_t  walk_queued;
 	uint8_t  walk_stepped;          /* took the last step: the others' turn before its next */
+	uint8_t  walk_begun;            /* its cursor is set: the index holds every node of ours */
+	/*
+	 * The key index holds this client's nodes only once it sent a
+	 * CANCEL_KEY (ARCHITECTURE.md, "Key index"): until then its arms skip
+	 * it (about half an arm's shard cost), `unindexed` counting the nodes
+	 * left out. Its first CANCEL_KEY sets `keyed` and, before its walk
+	 * begins, indexes them in steps of the slab (index_pos: the next
+	 * node to look at), stopping once none is left out.
+	 */
+	uint8_t  keyed;
+	uint32_t unindexed;
+	uint32_t index_pos;
 };
 
 /*

@@ -13,9 +13,11 @@
  * cost no memory until timers arrive. Inside a chain, key_next/key_prev use
  * CHIME_NIL as usual.
  *
- * Every node a client armed (ARMED, EXPIRED, BACKLOG, ACKWAIT) is in the
- * index; GRANTED and FREE nodes are not. Single writer: the shard thread.
- * Tools may walk it racily.
+ * A node a client armed (ARMED, EXPIRED, ALLOC, BACKLOG, ACKWAIT) is in
+ * the index once its client has sent a CANCEL_KEY on that shard (chan.c:
+ * the first one indexes what the client armed before it); until then it is
+ * left out, its key_prev KEYIDX_OUT. GRANTED and FREE nodes are not in it.
+ * Single writer: the shard thread. Tools may walk it racily.
  */
 #ifndef CHIMED_KEYIDX_H
 #define CHIMED_KEYIDX_H
@@ -24,6 +26,25 @@
 #include <stdint.h>
 
 #include "chime_shm.h"
+
+/*
+ * key_prev of a node left out of the index. Never a node index: the
+ * capacity is at most CHIME_NIL - 1 (chimed --capacity), so the highest
+ * index is CHIME_NIL - 2.
+ */
+#define KEYIDX_OUT (CHIME_NIL - 1)
+
+static inline bool keyidx_linked(const struct chime_node *n)
+{
+	return n->key_prev != KEYIDX_OUT;
+}
+
+/* Leave node n out of the index (a fresh grant; a restored node, until its client keys). */
+static inline void keyidx_leave_out(struct chime_node *n)
+{
+	n->key_next = CHIME_NIL;
+	n->key_prev = KEYIDX_OUT;
+}
 
 /* A walk over the nodes of (owner, key), in steps: a CANCEL_KEY's (below). */
 struct keyidx_walk {
@@ -85,8 +106,8 @@ void keyidx_walks_skip(struct keyidx *ki, uint32_t idx, uint32_t next);
 void keyidx_insert(struct keyidx *ki, uint32_t idx);
 
 /*
- * Unlink node idx (which must be linked). O(1). Inline: the shard frees
- * every consumed one-shot through it.
+ * Unlink node idx (which must be linked: keyidx_linked()) and leave it
+ * out. O(1). Inline: the shard frees every consumed one-shot through it.
  */
 static inline void keyidx_remove(struct keyidx *ki, uint32_t idx)
 {
@@ -100,8 +121,7 @@ static inline void keyidx_remove(struct keyidx *ki, uint32_t idx)
 		ki->nodes[n->key_prev].key_next = n->key_next;
 	else
 		ki->heads[keyidx_bucket(ki, n->owner, n->key)] = n->key_next + 1;
-	n->key_next = CHIME_NIL;
-	n->key_prev = CHIME_NIL;
+	keyidx_leave_out(n);
 }
 
 /*

@@ -92,7 +92,11 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 	memset(rs, 0, sizeof(*rs));
 	if (!armed)
 		return -ENOMEM;
-	/* The chains are the old broker's: start an empty index and link what we keep. */
+	/*
+	 * The chains are the old broker's, under its seed: start an empty
+	 * index, and leave what we keep out of it until its client's first
+	 * CANCEL_KEY indexes it (chan.c), as a new client's timers.
+	 */
 	memset(sc->ki.heads, 0, ((size_t)sc->ki.mask + 1) * sizeof(*sc->ki.heads));
 	for (uint32_t idx = 0; idx < end; idx++) {
 		struct chime_node *n = wheel_node(wh, idx);
@@ -235,7 +239,8 @@ keep:
 			chan_wall_note(sc, idx);
 			armed_realtime += chan_counts_as_armed(n);
 		}
-		keyidx_insert(&sc->ki, idx);
+		keyidx_leave_out(n);
+		ch->unindexed++;
 		chan_own(ch);
 		rs->kept++;
 	}

@@ -233,6 +233,52 @@ static inline uint32_t t_key_first(struct keyidx *ki, uint16_t owner, uint64_t k
 		i = ki->nodes[i].key_next;
 	return i;
 }
+
+#ifdef CHIMED_CHAN_H /* and of the channels (chan.h) */
+/*
+ * The index against the slab (keyidx.h, chan.h): every node a client armed
+ * is in its bucket's chain, or left out and counted in its channel's
+ * `unindexed`, never left out on a keyed channel once its walk began;
+ * grants are left out. Returns how many nodes are in the index.
+ */
+static inline uint32_t t_key_index_check(struct shard_core *sc)
+{
+	uint32_t *out = calloc(sc->max_clients, sizeof(*out)), in = 0;
+
+	cr_assert_not_null(out);
+	for (uint32_t idx = 0; idx < sc->wh.w->high_water; idx++) {
+		struct chime_node *n = &sc->wh.nodes[idx];
+		uint32_t i;
+
+		if (n->state == CHIME_NODE_FREE)
+			continue;
+		if (n->state == CHIME_NODE_GRANTED) {
+			cr_assert(!keyidx_linked(n), "grant %u is in the index", idx);
+			continue;
+		}
+		if (!keyidx_linked(n)) {
+			out[n->owner]++;
+			continue;
+		}
+		for (i = sc->ki.heads[keyidx_bucket(&sc->ki, n->owner, n->key)] - 1; i != CHIME_NIL && i != idx;)
+			i = sc->ki.nodes[i].key_next;
+		cr_assert_eq(i, idx, "node %u is linked but not in its bucket's chain", idx);
+		in++;
+	}
+	for (uint32_t s = 0; s < sc->max_clients; s++) {
+		const struct chan *ch = sc->by_slot[s];
+
+		cr_assert(ch || out[s] == 0, "slot %u: %u nodes left out, no channel", s, out[s]);
+		if (!ch)
+			continue;
+		cr_assert_eq(ch->unindexed, out[s], "slot %u: %u left out, counted %u", s, out[s], ch->unindexed);
+		cr_assert(!ch->keyed || out[s] == 0 || (ch->walk_queued && !ch->walk_begun),
+			  "slot %u: keyed, and %u nodes left out", s, out[s]);
+	}
+	free(out);
+	return in;
+}
+#endif
 #endif
 
 #ifdef CHIME_WHEEL_H /* for the tests of the wheel (they include wheel.h first) */

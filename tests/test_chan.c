@@ -766,6 +766,19 @@ Test(chan, wakes_a_sleeping_client_once)
 	cr_assert_eq(F.st.sh.wakeups, 1);
 }
 
+/* Armed timers of (owner, key), from the slab. */
+static unsigned armed_of(uint16_t owner, uint64_t key)
+{
+	unsigned n = 0;
+
+	for (uint32_t i = 0; i < F.sc.wh.w->high_water; i++) {
+		const struct chime_node *nd = wheel_node(&F.sc.wh, i);
+
+		n += nd->state == CHIME_NODE_ARMED && nd->owner == owner && nd->key == key;
+	}
+	return n;
+}
+
 Test(chan, reclaim_frees_every_node_of_the_client)
 {
 	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
@@ -791,22 +804,134 @@ Test(chan, reclaim_frees_every_node_of_the_client)
 		cr_assert(n->state == CHIME_NODE_FREE || n->owner == 1, "node %u leaked", i);
 	}
 	wheel_check(&F.sc.wh);
+	cr_assert_eq(t_key_index_check(&F.sc), 0, "neither client sent a CANCEL_KEY: nothing indexed");
+	cr_assert_eq(b->ch.unindexed, before - SQ, "the other client's timers, left out (its grants apart)");
+}
+
+/* The same with both clients keyed: the index loses the one's nodes, keeps the other's. */
+Test(chan, reclaim_unlinks_the_clients_nodes_from_the_key_index)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
+
+	client_init(b, 1);
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 77, 0, 0, 0);
+	submit(b, CHIME_OP_CANCEL_KEY, 0, 77, 0, 0, 0);
+	step();
+	for (unsigned i = 0; i < 40; i++) {
+		arm(a, i % 3, T0 + MS + i * RES, i % 4 == 0 ? MS : 0, i);
+		arm(b, 0, T0 + 100 * MS, 0, i);
+		if (i % 8 == 7)
+			step_at(T0);
+	}
+	step_at(T0 + 3 * MS);
+	cr_assert_eq(t_key_index_check(&F.sc), a->ch.owned - SQ + b->ch.owned - SQ,
+		     "both keyed: every node but the grants is indexed");
+	while (!chan_reclaim(&F.sc, &a->ch, 7))
+		;
 	cr_assert_eq(t_key_first(&F.sc.ki, 0, 0), CHIME_NIL);
 	cr_assert_neq(t_key_first(&F.sc.ki, 1, 0), CHIME_NIL);
+	cr_assert_eq(t_key_index_check(&F.sc), 40);
 }
 
-/* Armed timers of (owner, key), from the slab. */
-static unsigned armed_of(uint16_t owner, uint64_t key)
+/*
+ * The key index holds a client's timers only once it sent a CANCEL_KEY on
+ * the shard: its first one indexes those armed before it, then walks; its
+ * arms after that go in at once. A client that never sends one is never
+ * indexed.
+ */
+Test(chan, arms_stay_out_of_the_key_index_until_the_clients_first_cancel_key)
 {
-	unsigned n = 0;
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
 
-	for (uint32_t i = 0; i < F.sc.wh.w->high_water; i++) {
-		const struct chime_node *nd = wheel_node(&F.sc.wh, i);
-
-		n += nd->state == CHIME_NODE_ARMED && nd->owner == owner && nd->key == key;
+	client_init(b, 1);
+	for (unsigned i = 0; i < 60; i++) {
+		arm(a, i % 3, T0 + 3600 * MS, 0, i);
+		arm(b, i % 3, T0 + 3600 * MS, 0, i);
+		if (i % 8 == 7)
+			step();
 	}
-	return n;
+	step();
+	cr_assert_eq(t_key_index_check(&F.sc), 0);
+	cr_assert_eq(a->ch.unindexed, 60);
+	for (uint32_t i = 0; i <= F.sc.ki.mask; i++)
+		cr_assert_eq(F.sc.ki.heads[i], 0, "bucket %u used", i);
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 1, 0, 0, 0);
+	step();
+	cr_assert_eq(armed_of(0, 1), 0, "the timers armed before the first CANCEL_KEY are found");
+	cr_assert_eq(armed_of(0, 0) + armed_of(0, 2), 40);
+	cr_assert_eq(armed_of(1, 1), 20, "another client's are not");
+	cr_assert_eq(t_key_index_check(&F.sc), 40, "the client's others are indexed now, the other client's not");
+	cr_assert_eq(a->ch.unindexed, 0);
+	cr_assert_eq(b->ch.unindexed, 60);
+	(void)arm(a, 2, T0 + 3600 * MS, 0, 0);
+	step();
+	cr_assert_eq(t_key_index_check(&F.sc), 41, "a keyed client's arm goes in at once");
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 2, 0, 0, 0);
+	step();
+	cr_assert_eq(armed_of(0, 2), 0);
+	cr_assert_eq(armed_of(0, 0), 20);
+	cr_assert_eq(t_key_index_check(&F.sc), 20);
 }
+
+/*
+ * Indexing a client's timers reads the slab in steps of index_budget nodes,
+ * one per pass: another client's records go on between them, the client's
+ * own wait (sq_head stays at the CANCEL_KEY), and its timers that fire
+ * and are consumed meanwhile, indexed or not yet, leave the count right.
+ * A detach in the middle leaves nothing behind.
+ */
+Test(chan, the_first_cancel_key_indexes_in_steps_and_a_detach_midway_leaves_nothing)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
+	uint64_t head_at, keep;
+	unsigned steps = 0;
+	struct chime_cqe e;
+
+	client_init(b, 1);
+	for (unsigned i = 0; i < 120; i++) {
+		arm(a, 9, i < 20 ? T0 + MS + i * RES : T0 + 3600 * MS, 0, i);
+		arm(b, 9, T0 + 3600 * MS, 0, i);
+		if (i % 8 == 7)
+			step_at(T0);
+	}
+	step_at(T0);
+	F.sc.index_budget = 16;
+	head_at = a->m.rw->sq_tail;
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	keep = arm(a, 9, T0 + 3600 * MS, 0, 1000);
+	(void)arm(b, 5, T0 + 3600 * MS, 0, 1);
+	step_at(T0);
+	cr_assert_eq(armed_of(0, 9), 120, "nothing cancelled while the client's timers are being indexed");
+	cr_assert_eq(armed_of(1, 5), 1, "another client's records go on meanwhile");
+	cr_assert_eq(a->m.ro->sq_head, head_at);
+	t_key_index_check(&F.sc);
+	/* the first 20 fire and are consumed meanwhile: released, indexed or not */
+	step_at(T0 + MS + 20 * RES);
+	while (take(a, &e) == 1)
+		;
+	while (a->m.ro->sq_head == head_at) {
+		cr_assert_lt(++steps, 1000);
+		t_key_index_check(&F.sc);
+		step_at(T0 + MS + 20 * RES);
+	}
+	cr_assert_gt(steps, 2, "in steps (%u)", steps);
+	cr_assert_eq(armed_of(0, 9), 1, "only the timer armed after it");
+	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(keep))->state, CHIME_NODE_ARMED);
+	cr_assert_eq(armed_of(1, 9), 120);
+	cr_assert_eq(t_key_index_check(&F.sc), 1);
+
+	/* b's first CANCEL_KEY, b gone before it is done */
+	submit(b, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	step_at(T0 + MS + 20 * RES);
+	cr_assert(b->ch.walk_queued && !b->ch.walk_begun, "still indexing");
+	t_key_index_check(&F.sc);
+	while (!chan_reclaim(&F.sc, &b->ch, 7))
+		;
+	cr_assert_null(F.sc.walk_head);
+	cr_assert_eq(t_key_index_check(&F.sc), 1);
+	wheel_check(&F.sc.wh);
+}
+
 
 /*
  * A CANCEL_KEY is applied in steps of walk_budget nodes, so that a chain of
@@ -821,6 +946,10 @@ Test(chan, cancel_key_is_applied_in_steps_and_in_turn)
 	unsigned steps = 0;
 
 	client_init(b, 1);
+	/* Keyed first: their walks step at once (indexing in steps is the test below). */
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);
+	submit(b, CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);
+	step();
 	for (int i = 0; i < 200; i++) {
 		arm(a, 9, T0 + 3600 * MS, 0, 1);
 		if (i % 10 == 0) {
@@ -864,7 +993,7 @@ Test(chan, cancel_key_is_applied_in_steps_and_in_turn)
 	cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(keep))->state, CHIME_NODE_ARMED);
 	cr_assert_eq(armed_of(0, 8), 20, "another key untouched");
 	cr_assert_null(F.sc.walk_head);
-	cr_assert_eq(F.st.sh.cancel_keys, 2);
+	cr_assert_eq(F.st.sh.cancel_keys, 4);
 	cr_assert_eq(F.st.sh.cancels, 220);
 }
 

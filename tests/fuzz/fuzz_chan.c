@@ -222,6 +222,7 @@ static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget
 	W.sc.wh.jump_group = 2;
 	W.sc.user_quota = user_quota;
 	W.sc.walk_budget = walk_budget;
+	W.sc.index_budget = walk_budget;        /* a client's first CANCEL_KEY indexes in steps too */
 	W.now = T0;
 	W.nt = 0;
 	W.max_deadline = T0;
@@ -241,7 +242,7 @@ static bool live(unsigned i)
 
 static void check_world(void)
 {
-	uint64_t owned[NCL] = { 0 }, granted[NCL] = { 0 }, held[NCL] = { 0 };
+	uint64_t owned[NCL] = { 0 }, granted[NCL] = { 0 }, held[NCL] = { 0 }, left_out[NCL] = { 0 };
 	uint64_t armed = 0, backlog = 0;
 	uint32_t hw = W.sc.wh.w->high_water;
 
@@ -253,6 +254,17 @@ static void check_world(void)
 			continue;
 		CHECK(n->owner < NCL, "node %u owner %u", i, n->owner);
 		owned[n->owner]++;
+		/* The key index: a grant is left out; any other node is in its bucket's chain or counted out. */
+		if (!keyidx_linked(n)) {
+			left_out[n->owner] += n->state != CHIME_NODE_GRANTED;
+		} else {
+			uint32_t j = W.sc.ki.heads[keyidx_bucket(&W.sc.ki, n->owner, n->key)] - 1, len = 0;
+
+			CHECK(n->state != CHIME_NODE_GRANTED, "grant %u is in the key index", i);
+			while (j != CHIME_NIL && j != i && len++ <= hw)
+				j = wheel_node(&W.sc.wh, j)->key_next;
+			CHECK(j == i, "node %u is linked, not in its bucket's chain", i);
+		}
 		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED)
 			armed++;
 		else if (n->state == CHIME_NODE_GRANTED)
@@ -270,6 +282,10 @@ static void check_world(void)
 			CHECK(owned[c] == 0, "client %u detached, owns %lu nodes", c, (unsigned long)owned[c]);
 			continue;
 		}
+		CHECK(ch->unindexed == left_out[c], "client %u: %lu nodes out of the key index, counted %u", c,
+		      (unsigned long)left_out[c], ch->unindexed);
+		CHECK(!ch->keyed || left_out[c] == 0 || (ch->walk_queued && !ch->walk_begun),
+		      "client %u keyed, %lu nodes out of the key index", c, (unsigned long)left_out[c]);
 		CHECK(ch->owned == owned[c], "client %u: ch->owned %lu, nodes %lu", c,
 		      (unsigned long)ch->owned, (unsigned long)owned[c]);
 		CHECK(ch->nr_backlog == held[c], "client %u: nr_backlog %lu, BACKLOG nodes %lu", c,

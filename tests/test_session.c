@@ -362,6 +362,48 @@ Test(session, a_cancel_key_in_steps_is_finished_before_the_session_parks)
 	chime_close(c);
 }
 
+/*
+ * The key index holds a connection's timers only once it cancels by key.
+ * The session's next process finds, by key, every timer the last one
+ * armed: one that never cancelled by key (its first CANCEL_KEY indexes
+ * them), and one that did midway (armed before it, indexed then; after
+ * it, at their arms).
+ */
+Test(session, the_next_processs_cancel_key_finds_what_the_last_one_armed)
+{
+	enum { N = 1000, OTHERS = 50 };
+	chime_id_t id;
+	chime_t *c;
+
+	start("-n 1");
+	c = sopen_ok("nokeys");
+	for (unsigned i = 0; i < N; i++)
+		cr_assert_eq(chime_arm(c, 7, now_ns() + HOUR, 0, i, &id), 0);
+	for (unsigned i = 0; i < OTHERS; i++)
+		cr_assert_eq(chime_arm(c, 8, now_ns() + HOUR, 0, i, &id), 0);
+	chime_close(c);
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, N + OTHERS), N + OTHERS);
+	c = sopen_ok("nokeys");
+	cr_assert_eq(chime_cancel_key(c, 7), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, OTHERS), OTHERS,
+		     "timers of key 7 left after its cancel (the last process never cancelled by key)");
+	chime_close(c);
+
+	c = sopen_ok("keys");
+	for (unsigned i = 0; i < N; i++)
+		cr_assert_eq(chime_arm(c, 7, now_ns() + HOUR, 0, i, &id), 0);
+	cr_assert_eq(chime_cancel_key(c, 99), 0);      /* keyed: the N are indexed */
+	for (unsigned i = 0; i < N; i++)
+		cr_assert_eq(chime_arm(c, 7, now_ns() + HOUR, 0, i, &id), 0);
+	chime_close(c);
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, 2 * N + OTHERS), 2 * N + OTHERS);
+	c = sopen_ok("keys");
+	cr_assert_eq(chime_cancel_key(c, 7), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, OTHERS), OTHERS,
+		     "timers of key 7 left after its cancel (the last process cancelled by key midway)");
+	chime_close(c);
+}
+
 /* ---- limits: a detached session keeps its client slot and its quota ---- */
 
 Test(session, a_detached_session_keeps_its_slot_and_its_quota)

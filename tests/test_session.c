@@ -335,6 +335,15 @@ Test(session, linger_expiry_reclaims_a_detached_session_and_its_nodes)
 	chime_close(c);
 }
 
+/* n timers of key, an hour ahead. */
+static void arm_many(chime_t *c, uint64_t key, unsigned n)
+{
+	chime_id_t id;
+
+	for (unsigned i = 0; i < n; i++)
+		cr_assert_eq(chime_arm(c, key, now_ns() + HOUR, 0, i, &id), 0);
+}
+
 /*
  * A CANCEL_KEY of many timers is applied in steps; a session that detaches
  * right after it has it finished before it parks (its process published
@@ -343,15 +352,12 @@ Test(session, linger_expiry_reclaims_a_detached_session_and_its_nodes)
 Test(session, a_cancel_key_in_steps_is_finished_before_the_session_parks)
 {
 	enum { MANY = 200000, OTHERS = 100 };
-	chime_id_t id;
 	chime_t *c;
 
 	start("-n 1 --max-timers-per-client 0");
 	c = sopen_ok("walker");
-	for (unsigned i = 0; i < MANY; i++)
-		cr_assert_eq(chime_arm(c, 5, now_ns() + HOUR, 0, i, &id), 0);
-	for (unsigned i = 0; i < OTHERS; i++)
-		cr_assert_eq(chime_arm(c, 6, now_ns() + HOUR, 0, i, &id), 0);
+	arm_many(c, 5, MANY);
+	arm_many(c, 6, OTHERS);
 	cr_assert_eq(chime_cancel_key(c, 5), 0);
 	chime_close(c);
 	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, OTHERS), OTHERS,
@@ -372,15 +378,12 @@ Test(session, a_cancel_key_in_steps_is_finished_before_the_session_parks)
 Test(session, the_next_processs_cancel_key_finds_what_the_last_one_armed)
 {
 	enum { N = 1000, OTHERS = 50 };
-	chime_id_t id;
 	chime_t *c;
 
 	start("-n 1");
 	c = sopen_ok("nokeys");
-	for (unsigned i = 0; i < N; i++)
-		cr_assert_eq(chime_arm(c, 7, now_ns() + HOUR, 0, i, &id), 0);
-	for (unsigned i = 0; i < OTHERS; i++)
-		cr_assert_eq(chime_arm(c, 8, now_ns() + HOUR, 0, i, &id), 0);
+	arm_many(c, 7, N);
+	arm_many(c, 8, OTHERS);
 	chime_close(c);
 	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, N + OTHERS), N + OTHERS);
 	c = sopen_ok("nokeys");
@@ -390,11 +393,9 @@ Test(session, the_next_processs_cancel_key_finds_what_the_last_one_armed)
 	chime_close(c);
 
 	c = sopen_ok("keys");
-	for (unsigned i = 0; i < N; i++)
-		cr_assert_eq(chime_arm(c, 7, now_ns() + HOUR, 0, i, &id), 0);
+	arm_many(c, 7, N);
 	cr_assert_eq(chime_cancel_key(c, 99), 0);      /* keyed: the N are indexed */
-	for (unsigned i = 0; i < N; i++)
-		cr_assert_eq(chime_arm(c, 7, now_ns() + HOUR, 0, i, &id), 0);
+	arm_many(c, 7, N);
 	chime_close(c);
 	cr_assert_eq(t_nodes_settle(tb.sock, T_NODES_TIMERS, 2 * N + OTHERS), 2 * N + OTHERS);
 	c = sopen_ok("keys");

@@ -1735,8 +1735,7 @@ static bool walk_step(struct shard_core *sc, struct chan *ch)
 		}
 	}
 	if (!ch->walk_begun) {
-		if ((sc->keys_mapped && !sc->keys_mapped(sc)) ||
-		    !index_step(sc, ch, sc->index_budget ? sc->index_budget : CHAN_INDEX_BUDGET, &budget)) {
+		if (!index_step(sc, ch, sc->index_budget ? sc->index_budget : CHAN_INDEX_BUDGET, &budget)) {
 			ch->walk_stepped = 1;
 			return false;
 		}

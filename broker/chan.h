@@ -72,15 +72,6 @@ struct shard_core {
 	 */
 	bool (*grow)(struct shard_core *sc);
 	/*
-	 * Before a client's first CANCEL_KEY links its timers (thousands at a
-	 * time): are the key index's pages mapped? False: they are being
-	 * mapped off this thread, ask again later. Faulted in on the shard
-	 * thread, at a few microseconds a page here, a step of 1024 links into
-	 * untouched heads held the shard 5 ms. Set by the shard thread; NULL
-	 * in tests (mapped).
-	 */
-	bool (*keys_mapped)(struct shard_core *sc);
-	/*
 	 * CANCEL_KEYs applied in steps, in turn: the first channel of this
 	 * list walks the key index (at most walk_budget nodes per chan_drain()
 	 * call; 0: CHAN_WALK_BUDGET), then goes to the back. Each walk has its

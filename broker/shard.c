@@ -129,8 +129,6 @@
 /* The aside thread's jobs (aside.h), by what they were for: */
 #define UD_RESERVE        (2u << 2)     /* the slab's next chunk reserved and mapped */
 #define UD_TOUCH          (3u << 2)     /* slot << 8 | UD_TOUCH: a client's touch-table pages mapped */
-#define UD_KEYS           (4u << 2)     /* the key index's heads mapped */
-enum { KEYS_UNMAPPED, KEYS_MAPPING, KEYS_MAPPED };
 #define UD_TAG(ud) ((ud) & 3u)
 #define RING_SQ_ENTRIES 64u
 #define SHARD_STOP_TIMEOUT_S 2
@@ -256,7 +254,7 @@ static void reserve_ahead(struct shard *s, uint64_t now)
 {
 	struct wheel *wh = &s->core.wh;
 
-	if (s->reserve_pending || s->touch_pops || s->keys_map == KEYS_MAPPING)
+	if (s->reserve_pending || s->touch_pops)
 		reap_aside(s);
 	if (s->reserve_pending)
 		return;
@@ -274,26 +272,6 @@ static void reserve_settle(struct shard *s)
 {
 	aside_drain(s->aside);
 	reap_aside(s);
-}
-
-/*
- * shard_core.keys_mapped: a client's first CANCEL_KEY is about to link its
- * timers. The heads' storage was reserved at start (shard_init()), so
- * mapping it allocates nothing: the whole index, once, on the aside
- * thread. Without one, in line: the links fault them in.
- */
-static bool keys_mapped(struct shard_core *sc)
-{
-	struct shard *s = (struct shard *)((char *)sc - offsetof(struct shard, core));
-	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), from = (uintptr_t)sc->ki.heads & ~(page - 1);
-	uintptr_t to = ((uintptr_t)(sc->ki.heads + sc->ki.mask + 1) + page - 1) & ~(page - 1);
-	/* madvise() wants whole pages: the heads start a cache line after the header (segment.c) */
-	struct aside_job j = { .op = ASIDE_POPULATE, .fd = -1, .addr = (void *)from, .plen = to - from,
-			       .ud = UD_KEYS };
-
-	if (s->keys_map == KEYS_UNMAPPED)
-		s->keys_map = aside_post(s->aside, &j) ? KEYS_MAPPING : KEYS_MAPPED;
-	return s->keys_map == KEYS_MAPPED;
 }
 
 /* shard_core.grow: the pass has used up the reserve (chan.c grant_new()). */
@@ -541,7 +519,6 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->core.quota = cfg->quota;
 	s->core.user_quota = cfg->user_quota;
 	s->core.grow = slab_grow;
-	s->core.keys_mapped = keys_mapped;
 	s->core.st = &s->st;
 	s->core.by_slot = calloc(cfg->max_clients, sizeof(*s->core.by_slot));
 	s->core.users = calloc(cfg->max_clients, sizeof(*s->core.users));
@@ -718,7 +695,7 @@ static struct chan *bell_owner(struct shard *s, uint64_t ud)
 	return chan_of_slot(s, ud >> 2);
 }
 
-/* Take the aside thread's results: a chunk reserved, a client's pages or the key index mapped. */
+/* Take the aside thread's results: a chunk reserved, a client's pages mapped. */
 static void reap_aside(struct shard *s)
 {
 	struct aside_job done[8];
@@ -730,10 +707,6 @@ static void reap_aside(struct shard *s)
 
 			if (ud == UD_RESERVE) {
 				reserve_async_done(s, done[i].res);
-			} else if (ud == UD_KEYS) {
-				if (done[i].res < 0)    /* the links fault them in, as before */
-					log_errno(LOG_WARNING, done[i].res, "shard %u: mapping the key index", s->cfg.idx);
-				s->keys_map = KEYS_MAPPED;
 			} else if ((ud & 0xffu) == UD_TOUCH) {
 				struct chan *ch = chan_of_slot(s, ud >> 8);
 

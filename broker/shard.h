@@ -97,8 +97,7 @@ struct shard {
 	uint64_t reserve_retry_ns;      /* after a failed reservation: not before this */
 	uint64_t reserve_pending;       /* reserve_async(): the chunk on its way ends here (0: none) */
 	uint32_t touch_pops;            /* clients' touch-table pages being mapped aside (touch_populate()) */
-	uint8_t  keys_map;              /* the key index's heads: KEYS_UNMAPPED, _MAPPING (aside), _MAPPED */
-	struct aside *aside;            /* runs those (aside.h); NULL: the reserves are made in line */
+	struct aside *aside;            /* runs those two (aside.h); NULL: the reserves are made in line */
 	bool reserve_async_off;         /* chunks reserved in line only (not possible here) */
 	bool reserve_inline;            /* the next one in line (the last one failed) */
 	char path[4096];

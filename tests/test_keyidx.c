@@ -45,6 +45,27 @@ Test(keyidx, zeroed_heads_are_an_empty_index)
 	cr_assert_eq(t_key_first(&ki, 7, 12345), CHIME_NIL);
 }
 
+/* A node left out (a grant, or a client's that never cancelled by key) is linked by an insert and left out by a remove. */
+Test(keyidx, a_node_left_out_is_in_no_chain_until_inserted)
+{
+	nodes[1] = (struct chime_node){ .owner = 1, .key = 5 };
+	nodes[2] = (struct chime_node){ .owner = 1, .key = 5 };
+	keyidx_leave_out(&nodes[1]);
+	keyidx_leave_out(&nodes[2]);
+	cr_assert(!keyidx_linked(&nodes[1]));
+	cr_assert_eq(t_key_first(&ki, 1, 5), CHIME_NIL);
+	keyidx_insert(&ki, 1);
+	keyidx_insert(&ki, 2);
+	cr_assert(keyidx_linked(&nodes[1]) && keyidx_linked(&nodes[2]));
+	cr_assert_eq(nodes[2].key_prev, CHIME_NIL, "a chain's head is linked, its key_prev NIL");
+	keyidx_remove(&ki, 2);
+	cr_assert(!keyidx_linked(&nodes[2]));
+	cr_assert_eq(nodes[1].key_prev, CHIME_NIL);
+	cr_assert_eq(t_key_first(&ki, 1, 5), 1);
+	keyidx_remove(&ki, 1);
+	cr_assert_eq(t_key_first(&ki, 1, 5), CHIME_NIL);
+}
+
 Test(keyidx, buckets_scale_with_capacity)
 {
 	cr_assert_eq(keyidx_buckets_for(100), 1024);

@@ -3503,14 +3503,23 @@ Test(tools_fake, names_from_a_segment_are_printable_in_every_output)
 /* Many clients                                                              */
 /* ---------------------------------------------------------------------- */
 
-/* Seconds `tool --socket SOCK args` took; its exit status must be 0. */
+/*
+ * CPU seconds (user and system) `tool --socket SOCK args` took; its exit
+ * status must be 0. CPU, not wall time: the suite runs two cases at a time
+ * on two cores, and a wall-clock bound judged the neighbour as well (2.65 s
+ * for --prometheus under ASan beside a busy loop, 2026-12-02).
+ */
 static double timed_run(const char *tool, const char *args)
 {
-	uint64_t t0 = now_ns();
-	int r = run("%s --socket '%s' %s", tool, sock, args);
+	struct rusage r0, r1;
+	int r;
 
+	cr_assert_eq(getrusage(RUSAGE_CHILDREN, &r0), 0);
+	r = run("%s --socket '%s' %s", tool, sock, args);
+	cr_assert_eq(getrusage(RUSAGE_CHILDREN, &r1), 0);
 	cr_assert_eq(r, 0, "%s %s: exit %d: %s", tool, args, r, slurp(err));
-	return (double)(now_ns() - t0) / 1e9;
+	return (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec + r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
+	       (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec + r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
 }
 
 /*
@@ -3539,8 +3548,9 @@ Test(tools_fake, many_clients_cost_time_in_proportion, .timeout = 120)
 	for (size_t i = 0; i < sizeof(outs) / sizeof(outs[0]); i++) {
 		double s = timed_run(bin("CHIMESTAT"), outs[i]);
 
-		fprintf(stderr, "chimestat %s, %d clients: %.2f s\n", outs[i], N, s);
-		cr_assert_lt(s, 2.0, "chimestat %s with %d clients took %.2f s", outs[i], N, s);
+		fprintf(stderr, "chimestat %s, %d clients: %.2f s of CPU\n", outs[i], N, s);
+		/* 1.2-1.5 s under ASan+UBSan (2026-12-02); the quadratic tables took 8.6-27 s built plain */
+		cr_assert_lt(s, 4.0, "chimestat %s with %d clients took %.2f s of CPU", outs[i], N, s);
 	}
 	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 0);
 	cr_assert_eq(jq(".clients | length"), N, "%s", slurp(err));

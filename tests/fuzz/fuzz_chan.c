@@ -284,8 +284,10 @@ static void check_world(void)
 		}
 		CHECK(ch->unindexed == left_out[c], "client %u: %lu nodes out of the key index, counted %u", c,
 		      (unsigned long)left_out[c], ch->unindexed);
-		CHECK(!ch->keyed || left_out[c] == 0 || (ch->walk_queued && !ch->walk_begun),
-		      "client %u keyed, %lu nodes out of the key index", c, (unsigned long)left_out[c]);
+		/* a dying channel's reclaim ends its walk, indexed or not, and releases every node */
+		CHECK(ch->dying || !ch->keyed || left_out[c] == 0 || (ch->walk_queued && !ch->walk_begun),
+		      "client %u keyed, %lu nodes out of the key index (parked %d, walk queued %d, begun %d)", c,
+		      (unsigned long)left_out[c], ch->parked, ch->walk_queued, ch->walk_begun);
 		CHECK(ch->owned == owned[c], "client %u: ch->owned %lu, nodes %lu", c,
 		      (unsigned long)ch->owned, (unsigned long)owned[c]);
 		CHECK(ch->nr_backlog == held[c], "client %u: nr_backlog %lu, BACKLOG nodes %lu", c,

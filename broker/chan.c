@@ -1062,8 +1062,13 @@ static inline __attribute__((always_inline)) void fire(struct shard_core *sc, st
 	/* Parked: no process, no ring to look at; held for the next one. */
 	if (!ch->parked && ch->room == 0)
 		ch->room = room_refresh(sc, ch);
-	if ((ch->parked | ch->word_wait) || ch->backlog.head != CHIME_NIL || ch->room == 0 ||
-	    (periodic && event_unconsumed(sc, ch, n))) {
+	/*
+	 * The room after event_unconsumed(), which refreshes it: the walk of
+	 * the taken periodics still to come can bring it down to 0 from what
+	 * the last pass left (test_chan: ..._that_fills_the_room_holds_it).
+	 */
+	if ((ch->parked | ch->word_wait) || ch->backlog.head != CHIME_NIL ||
+	    (periodic && event_unconsumed(sc, ch, n)) || ch->room == 0) {
 		/* Held, never dropped: delivered in order when the client makes room. */
 		chan_hold(sc, ch, idx);
 		return;
@@ -2030,8 +2035,9 @@ bool chan_service_n(struct shard_core *sc, struct chan *ch, uint64_t now_ns, uin
 	while (!ch->word_wait && settled(sc, ch) && (idx = ch->backlog.head) != CHIME_NIL && ch->room) {
 		struct chime_node *n = NODE(sc, idx);
 
-		if (n->period_ns && event_unconsumed(sc, ch, n))
-			break;  /* strict FIFO: it waits, and so does everything after it */
+		/* strict FIFO: it waits, and so does everything after it; the room as refreshed (fire()) */
+		if ((n->period_ns && event_unconsumed(sc, ch, n)) || !ch->room)
+			break;
 		if (!left) {
 			did = true;     /* more to move: the next pass */
 			break;

@@ -1571,6 +1571,74 @@ Test(chan, a_periodics_walk_in_steps_writes_over_no_slot_it_has_not_read)
 	}
 }
 
+/*
+ * A loop iteration without its service pass: drain, fire what is due and
+ * publish it, the room as the last pass left it.
+ */
+static void fire_at(uint64_t now)
+{
+	uint32_t buf[64];
+	unsigned n;
+
+	F.now = now;
+	for (int i = 0; i < NSIM; i++)
+		if (F.cl[i].rw && !F.cl[i].ch.dying && !F.cl[i].ch.parked)
+			chan_drain(&F.sc, &F.cl[i].ch, 1000);
+	wheel_advance(&F.sc.wh, now);
+	while ((n = wheel_pop_expired(&F.sc.wh, buf, 64)) > 0)
+		for (unsigned i = 0; i < n; i++)
+			chan_fire(&F.sc, F.sc.by_slot[wheel_node(&F.sc.wh, buf[i])->owner], buf[i], now);
+	for (int i = 0; i < NSIM; i++)
+		if (F.cl[i].rw && !F.cl[i].ch.dying && !F.cl[i].ch.parked)
+			chime_cq_flush(&F.cl[i].ch.cq);         /* the events published, as a pass ends */
+}
+
+/*
+ * A periodic fires while its last event looks unread: that look refreshes
+ * the room, which the walk of the taken periodics (not run yet) can bring
+ * down to 0 from what the last pass left. The event was then written
+ * anyway, into a full ring, and the room's count wrapped (an assertion in
+ * chimed's build: any client could stop the broker; fuzz_chan found it,
+ * 2026-12-02). It waits for room instead, and comes once the walk is done.
+ */
+Test(chan, a_periodics_look_at_its_last_event_that_fills_the_room_holds_it)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t per;
+	unsigned got = 0, periods = 0;
+
+	/* the head moves ahead of the walk's start, no periodic among the events: no walk */
+	for (unsigned i = 0; i < CQ / 2; i++)
+		(void)arm(c, 1, T0 + 1 * MS, 0, i);
+	step_at(T0 + 1 * MS);
+	while (take(c, &e) == 1)
+		got++;
+	cr_assert_eq(got, CQ / 2);
+	step_at(T0 + 1 * MS);
+	cr_assert_eq(c->ch.room, CQ, "the whole ring free");
+	/* a periodic and one-shots fill the ring, the client takes them all, no service pass */
+	per = arm(c, 2, T0 + 2 * MS, 5 * MS, 100);
+	for (unsigned i = 0; i < CQ / 2 - 1; i++)
+		(void)arm(c, 3, T0 + 2 * MS, 0, 200 + i);
+	fire_at(T0 + 2 * MS);
+	cr_assert_eq(c->m.ro->cq_tail, CQ, "%lu events", (unsigned long)c->m.ro->cq_tail);
+	cr_assert_gt(c->ch.room, 0, "the room the last pass left");
+	while (take(c, &e) == 1)
+		periods += e.id == per;
+	cr_assert_eq(periods, 1);
+	/* its next period: the look at its last event finds no room left (the walk is to come) */
+	fire_at(T0 + 7 * MS);
+	cr_assert_eq(c->m.ro->cq_tail, CQ, "an event written into a ring with no room");
+	cr_assert_lt(c->ch.room, CQ + 1, "the room's count wrapped: %u", c->ch.room);
+	cr_assert_eq(c->ch.nr_backlog, 1, "the period is held");
+	step_at(T0 + 7 * MS);
+	cr_assert_eq(take(c, &e), 1, "the held period once the walk made room");
+	cr_assert_eq(e.id, per);
+	cr_assert_eq(e.deadline_ns, T0 + 7 * MS);
+	cr_assert_eq(take(c, &e), 0);
+}
+
 Test(chan, park_keeps_a_periodics_untaken_event)
 {
 	struct client_sim *c = &F.cl[0];

@@ -187,7 +187,8 @@ static int take(struct client_sim *c, struct chime_cqe *e)
 
 /* ---- the shard's side: one loop iteration at time `now` ---- */
 
-static void step_at(uint64_t now)
+/* The first half of an iteration: drain, then fire what is due. */
+static void drain_and_fire(uint64_t now)
 {
 	uint32_t buf[64];
 	unsigned n;
@@ -200,6 +201,23 @@ static void step_at(uint64_t now)
 	while ((n = wheel_pop_expired(&F.sc.wh, buf, 64)) > 0)
 		for (unsigned i = 0; i < n; i++)
 			chan_fire(&F.sc, F.sc.by_slot[wheel_node(&F.sc.wh, buf[i])->owner], buf[i], now);
+}
+
+/*
+ * An iteration without its service pass: the events published, the room
+ * as the last pass left it.
+ */
+static void fire_at(uint64_t now)
+{
+	drain_and_fire(now);
+	for (int i = 0; i < NSIM; i++)
+		if (F.cl[i].rw && !F.cl[i].ch.dying && !F.cl[i].ch.parked)
+			chime_cq_flush(&F.cl[i].ch.cq);
+}
+
+static void step_at(uint64_t now)
+{
+	drain_and_fire(now);
 	for (int i = 0; i < NSIM; i++)
 		if (F.cl[i].rw && !F.cl[i].ch.dying && !F.cl[i].ch.parked)
 			chan_service(&F.sc, &F.cl[i].ch, now);
@@ -1569,28 +1587,6 @@ Test(chan, a_periodics_walk_in_steps_writes_over_no_slot_it_has_not_read)
 		cr_assert_eq(take(c, &e), 1, "the next period of the %uth", i);
 		cr_assert_eq(e.deadline_ns - e.user_data, T0 + 51 * MS);
 	}
-}
-
-/*
- * A loop iteration without its service pass: drain, fire what is due and
- * publish it, the room as the last pass left it.
- */
-static void fire_at(uint64_t now)
-{
-	uint32_t buf[64];
-	unsigned n;
-
-	F.now = now;
-	for (int i = 0; i < NSIM; i++)
-		if (F.cl[i].rw && !F.cl[i].ch.dying && !F.cl[i].ch.parked)
-			chan_drain(&F.sc, &F.cl[i].ch, 1000);
-	wheel_advance(&F.sc.wh, now);
-	while ((n = wheel_pop_expired(&F.sc.wh, buf, 64)) > 0)
-		for (unsigned i = 0; i < n; i++)
-			chan_fire(&F.sc, F.sc.by_slot[wheel_node(&F.sc.wh, buf[i])->owner], buf[i], now);
-	for (int i = 0; i < NSIM; i++)
-		if (F.cl[i].rw && !F.cl[i].ch.dying && !F.cl[i].ch.parked)
-			chime_cq_flush(&F.cl[i].ch.cq);         /* the events published, as a pass ends */
 }
 
 /*

@@ -9,9 +9,10 @@
 #                                    the plain and ASan+UBSan builds (suite
 #                                    'other-build' left out, tests/meson.build)
 #                                    (from a fresh clone on 2 cores, the five
-#                                    builds included: 11 to 13 minutes, 705-793
-#                                    s in CI on 2026-12-02; each phase's time is
-#                                    printed before the summary)
+#                                    builds included: 9 to 14 minutes by the
+#                                    host's day, 562-793 s in CI on 2026-12-02;
+#                                    each phase's time is printed before the
+#                                    summary)
 #   tools/run-tests.sh --full        the same with every program in both builds
 #                                    (about 15 minutes)
 #   tools/run-tests.sh --stress      the long stress and soak suite instead (plain

@@ -1084,7 +1084,7 @@ static void loop(struct shard *s)
 	s->spin_credit = SPIN_BURST_NS;
 	s->spin_credit_at = now;
 	for (;;) {
-		bool work = false, staged, want_spin, may_spin, timed_out = false;
+		bool work = false, staged, want_spin, may_spin, spin_ok, timed_out = false;
 		unsigned drained = 0, fired;
 		uint64_t early_ns = s->wake_lead_ns < early_max ? s->wake_lead_ns : early_max;
 		int64_t wall;
@@ -1176,7 +1176,8 @@ static void loop(struct shard *s)
 		 * ends tens to hundreds of microseconds late on a busy host, a spin
 		 * does not. Never early all the same: the wheel fires only what is due.
 		 */
-		want_spin = !work && !staged && spin_ns >= 0 &&
+		spin_ok = spin_allowed(&s->spin, now);
+		want_spin = !work && !staged && spin_ns >= 0 && spin_ok &&
 			    ((int64_t)(now - last_work) < idle_spin_ns ||
 			     wake_time(s, &wake_at, &wake_known, now) <= now + early_ns);
 		may_spin = want_spin && spin_credit_left(s, now);
@@ -1201,10 +1202,15 @@ static void loop(struct shard *s)
 				bool into_deadline = wake_known && wake_at <= now + early_ns;
 				bool may_yield = !into_deadline || wake_at > now + YIELD_BEFORE_NS;
 
-				if (spin_ns >= 0 && now - last_work > IDLE_PURE_SPIN_NS && may_yield)
+				if (spin_ns >= 0 && now - last_work > IDLE_PURE_SPIN_NS && may_yield) {
+					uint64_t before = now_ns();
+
 					sched_yield();
-				else
+					now = now_ns();
+					spin_yielded(&s->spin, now - before, now);
+				} else {
 					at_relax();
+				}
 				now = now_ns();
 				spin_charge(s, now - t0);
 				continue;
@@ -1246,8 +1252,8 @@ static void loop(struct shard *s)
 				publish(s);
 				last_pub = now;
 			}
-			/* Out of spinning: wake at the deadline itself. */
-			timed_out = sleep_once(s, wake_at, want_spin ? 0 : early_ns, early_max);
+			/* Out of spinning, or not spinning at all (a busy host): wake at the deadline itself. */
+			timed_out = sleep_once(s, wake_at, want_spin || !spin_ok ? 0 : early_ns, early_max);
 		}
 		at_store(s->sleeping, 0);
 		/*

@@ -23,6 +23,7 @@
 #include "aside.h"
 #include "chan.h"
 #include "segment.h"
+#include "spin.h"
 #include "stats.h"
 
 #define SHARD_CMD_ATTACH 1u     /* adopt a client's channel (allocates its grants) */
@@ -123,6 +124,7 @@ struct shard {
 	int64_t spin_credit;            /* ns the shard may still spin without work (shard.c) */
 	uint64_t spin_credit_at;        /* when it was last refilled */
 	uint64_t wake_lead_ns;          /* how early it wakes for a deadline and spins the rest (shard.c) */
+	struct spin_watch spin;         /* spinning off while its yields give the core away (spin.h) */
 	uint64_t passes;                /* loop passes; atomic: the control thread checks it moves */
 
 	/* the control thread's liveness check (control.c, shards_alive()) */

@@ -32,6 +32,7 @@
 #include "chime_shm.h"
 #include "ring.h"
 #include "segment.h"
+#include "spin.h"
 
 #define CHIME_PUBLIC __attribute__((visibility("default")))
 #define CHIME_MAX_FDS (CHIME_WELCOME_FIXED_FDS + CHIME_MAX_SHARDS + 1)  /* and the touch table */
@@ -168,6 +169,7 @@ struct chime {
 	uint64_t last_sock_check_ns;        /* atomic (relaxed): cl_broker_check()'s last probe */
 	uint32_t held;                      /* the last drain stopped at an event awaiting a RESET */
 	uint32_t wait_spin_shift;           /* chime_wait's spin is WAIT_SPIN_NS >> this (poll.c) */
+	struct spin_watch wait_spin;        /* chime_wait's spin off while its yields give the core away */
 #define WAIT_SPIN_NS        50000u
 #define WAIT_SPIN_MAX_SHIFT 3u
 	uint32_t close_deferred;            /* a dispatch callback closed c: the dispatch ends, then closes it */

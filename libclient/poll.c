@@ -884,6 +884,10 @@ static bool spin_for_events(struct chime *c, uint64_t left_ns)
 	/* At most the budget: an arming thread's reconnect attempt waits that long. */
 	if (!drainer_trylock(c))
 		return true;    /* a reconnect under way: back to poll_events() */
+	if (!spin_allowed(&c->wait_spin, start)) {
+		drainer_unlock(c);
+		return false;   /* a busy host (spin.h): sleep at once */
+	}
 	budget_ns = WAIT_SPIN_NS >> c->wait_spin_shift;
 	budget_ns = left_ns < budget_ns ? left_ns : budget_ns;
 	for (unsigned i = 1;; i++) {
@@ -897,8 +901,15 @@ static bool spin_for_events(struct chime *c, uint64_t left_ns)
 		spent = chime_now() - start;
 		if (spent >= budget_ns)
 			break;
-		if (spent >= WAIT_PURE_SPIN_NS)
+		if (spent >= WAIT_PURE_SPIN_NS) {
+			uint64_t before = start + spent, now;
+
 			sched_yield();
+			now = chime_now();
+			spin_yielded(&c->wait_spin, now - before, now);
+			if (!spin_allowed(&c->wait_spin, now))
+				break;
+		}
 	}
 	if (got)
 		c->wait_spin_shift = 0;

@@ -1208,6 +1208,8 @@ static void loop(struct shard *s)
 					sched_yield();
 					now = now_ns();
 					spin_yielded(&s->spin, now - before, now);
+					if (!spin_allowed(&s->spin, now))
+						stats_spin_busy(&s->st);
 				} else {
 					at_relax();
 				}

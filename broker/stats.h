@@ -523,6 +523,13 @@ static inline void stats_sleep(struct stats *st, bool capped)
 	st->sh.spin_capped += capped;
 }
 
+static inline void stats_spin_busy(struct stats *st)
+{
+	if (!CHIME_COUNTERS)
+		return;
+	st->sh.spin_busy++;
+}
+
 static inline void stats_spin(struct stats *st, uint64_t ns)
 {
 	if (!CHIME_COUNTERS)

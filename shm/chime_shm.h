@@ -643,7 +643,9 @@ struct chime_shard_stats {
 	uint64_t spin_capped;       /* sleeps taken because spinning had used its share of the time */
 	/* a gauge again (zero from a broker before it: it was reserved) */
 	uint64_t armed_realtime;    /* of armed: wall-clock timers (chime_arm_realtime()) */
-	uint8_t  _reserved[7936 - 8 * (34 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
+	/* a counter again (zero from a broker before it: it was reserved) */
+	uint64_t spin_busy;         /* spinning turned off: a yield gave the CPU away for 1 ms (shm/spin.h) */
+	uint8_t  _reserved[7936 - 8 * (35 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
 };
 _Static_assert(sizeof(struct chime_shard_stats) == 7936, "stats block size is part of the layout");
 _Static_assert(offsetof(struct chime_shard_stats, lat) == 152, "moved: bump CHIME_SHM_LAYOUT");
@@ -652,6 +654,7 @@ _Static_assert(offsetof(struct chime_shard_stats, reset_gen) == 848, "moved: bum
 _Static_assert(offsetof(struct chime_shard_stats, lat_base) == 880, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_shard_stats, win) == 1536, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_shard_stats, armed_realtime) == 5096, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_shard_stats, spin_busy) == 5104, "moved: bump CHIME_SHM_LAYOUT");
 
 struct chime_shard_ctl {
 	uint8_t  _reserved[256];

@@ -9,8 +9,8 @@
 #                                    the plain and ASan+UBSan builds (suite
 #                                    'other-build' left out, tests/meson.build)
 #                                    (from a fresh clone on 2 cores, the five
-#                                    builds included: 8 to 14 minutes by the
-#                                    host's day, 465-793 s in CI on 2026-12-02;
+#                                    builds included: 8 to 16 minutes by the
+#                                    host's day, 465-907 s in CI on 2026-12-02;
 #                                    each phase's time is printed before the
 #                                    summary)
 #   tools/run-tests.sh --full        the same with every program in both builds

@@ -104,6 +104,7 @@ static const struct cdef shard_defs[] = {
 	{ "busy_ns", SS(busy_ns), F_COUNTER, "chime_shard_busy_seconds_total", "Time spent in loop iterations that had work.", 1e-9 },
 	{ "spin_ns", SS(spin_ns), F_COUNTER, "chime_shard_spin_seconds_total", "Time spent spinning with no work (idle, or into a deadline); at most chimed --spin-share of the time plus 2 us per timer fired, not limited with --spin-us -1.", 1e-9 },
 	{ "spin_capped", SS(spin_capped), F_COUNTER, "chime_shard_spin_capped_total", "Sleeps taken early because spinning had used its share (--spin-share).", 1 },
+	{ "spin_busy", SS(spin_busy), F_COUNTER, "chime_shard_spin_busy_total", "Times spinning was turned off because a yield gave the CPU to another task for 1 ms or more (a busy host): the shard sleeps instead for 2-100 ms.", 1 },
 	{ "cpu_ns", SS(cpu_ns), F_COUNTER, "chime_shard_cpu_seconds_total", "CPU time of the shard thread (CLOCK_THREAD_CPUTIME_ID), spinning included.", 1e-9 },
 	{ "immediate", SS(immediate), F_COUNTER, "chime_shard_immediate_total", "Fires of timers armed already due (not in the lateness histogram).", 1 },
 	{ "restored", SS(restored), F_COUNTER, "chime_shard_restored_total", "Timers of named sessions taken over from the previous broker at start.", 1 },

@@ -64,4 +64,12 @@ for _ in $(seq 100); do
 done
 [ -S "$sock" ] || { echo "demo.sh: chimed did not create '$sock' within 5 s" >&2; exit 1; }
 
-build/tools/chime-demo --socket "$sock" "$@"
+status=0
+build/tools/chime-demo --socket "$sock" "$@" || status=$?
+# The broker's word on the client's end before it is stopped (it frees the
+# client a moment after the process exits): at most 2 s.
+for _ in $(seq 40); do
+	build/tools/chimectl --socket "$sock" clients --json 2>/dev/null | grep -q '"clients":\[\]' && break
+	sleep 0.05
+done
+exit "$status"

@@ -79,7 +79,7 @@ int main(void)
 
 	r = chime_open(&c, NULL);
 	if (r < 0) {
-		fprintf(stderr, "delayed_jobs: cannot connect to chimed: %s\n", strerror(-r));
+		fprintf(stderr, "delayed_jobs: cannot connect to chimed: %s%s\n", strerror(-r), r == -ENOENT ? " (is chimed running? its socket: $CHIME_SOCKET, else /run/chime/chime.sock)" : "");
 		return 1;
 	}
 	/*

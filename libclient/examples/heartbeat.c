@@ -107,7 +107,7 @@ int main(int argc, char **argv)
 	}
 	r = chime_open(&c, NULL);
 	if (r < 0) {
-		fprintf(stderr, "heartbeat: cannot connect to chimed: %s\n", strerror(-r));
+		fprintf(stderr, "heartbeat: cannot connect to chimed: %s%s\n", strerror(-r), r == -ENOENT ? " (is chimed running? its socket: $CHIME_SOCKET, else /run/chime/chime.sock)" : "");
 		free(conns);
 		return 1;
 	}

@@ -33,9 +33,13 @@ int requests_open(int argc, char **argv, const char *prog, chime_t **c, unsigned
 		}
 		*n = (unsigned)v;
 	}
+	if (optind < argc) {
+		fprintf(stderr, "usage: %s [-n requests]   (requests: 1..1000000), and no other argument\n", prog);
+		return 2;
+	}
 	r = chime_open(c, NULL);
 	if (r < 0) {
-		fprintf(stderr, "%s: chime_open: %s\n", prog, strerror(-r));
+		fprintf(stderr, "%s: cannot connect to chimed: %s%s\n", prog, strerror(-r), r == -ENOENT ? " (is chimed running? its socket: $CHIME_SOCKET, else /run/chime/chime.sock)" : "");
 		return 1;
 	}
 	return 0;

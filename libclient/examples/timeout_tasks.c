@@ -44,7 +44,7 @@ int main(void)
 
 	r = chime_open(&c, NULL);   /* $CHIME_SOCKET, else the default socket */
 	if (r < 0) {
-		fprintf(stderr, "timeout_tasks: cannot connect to chimed: %s\n", strerror(-r));
+		fprintf(stderr, "timeout_tasks: cannot connect to chimed: %s%s\n", strerror(-r), r == -ENOENT ? " (is chimed running? its socket: $CHIME_SOCKET, else /run/chime/chime.sock)" : "");
 		return 1;
 	}
 	if ((r = start(c, &a, 1, 40)) < 0 || (r = start(c, &b, 1, 30)) < 0 || (r = start(c, &c_, 1, 20)) < 0 ||

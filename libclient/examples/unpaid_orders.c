@@ -74,8 +74,8 @@ int main(void)
 
 	r = chime_drop_session(&o);
 	if (r < 0 && r != -ESRCH) {
-		fprintf(stderr, "unpaid_orders: cannot drop what an earlier run left in session '%s': %s\n",
-			session, strerror(-r));
+		fprintf(stderr, "unpaid_orders: cannot drop what an earlier run left in session '%s': %s%s\n",
+			session, strerror(-r), r == -ENOENT ? " (is chimed running? its socket: $CHIME_SOCKET, else /run/chime/chime.sock)" : "");
 		return 1;
 	}
 	fflush(stdout);

@@ -1959,7 +1959,16 @@ waiting:
 
 /* ---- catching up with the client ---- */
 
-static void wake_client(struct shard_core *sc, struct chan *ch)
+/*
+ * Each wake-up is a send(), a syscall on the shard, and any client can ask
+ * for one per pass by storing want_wakeup itself: a user's 64 connections
+ * doing so (with a periodic timer each) made every pass 64 sends longer,
+ * and another user's timers 30-50 times later at the median (the trust
+ * audit of 2026-12-02; hostile/forced_wakeups_...). So a user's wake-ups
+ * come out of *wakes (its share for this pass, shard.c); one past it is
+ * owed: the flag stays set and the next pass sends it.
+ */
+static void wake_client(struct shard_core *sc, struct chan *ch, uint32_t *wakes)
 {
 	uint32_t *w = ch->want_wakeup;
 
@@ -1972,8 +1981,16 @@ static void wake_client(struct shard_core *sc, struct chan *ch)
 	uint32_t one = 1;
 
 	at_fence();
-	if (at_load(w) != 1 || !at_cas(w, &one, 0))
+	ch->wake_owed = 0;
+	if (at_load(w) != 1)
 		return;
+	if (!*wakes) {
+		ch->wake_owed = 1;
+		return;
+	}
+	if (!at_cas(w, &one, 0))
+		return;
+	(*wakes)--;
 	ch->wakes++;
 	stats_wake_client(sc->st, ch->slot);
 	if (ch->wake_fd >= 0) {
@@ -1998,7 +2015,7 @@ static void head_watch_publish(struct shard_core *sc, struct chan *ch)
 	}
 }
 
-bool chan_service_n(struct shard_core *sc, struct chan *ch, uint64_t now_ns, uint32_t *budget)
+bool chan_service_n(struct shard_core *sc, struct chan *ch, uint64_t now_ns, uint32_t *budget, uint32_t *wakes)
 {
 	uint32_t idx, delivered = 0, left = *budget;
 	bool did = false;
@@ -2060,7 +2077,10 @@ bool chan_service_n(struct shard_core *sc, struct chan *ch, uint64_t now_ns, uin
 	if (ch->cq.tail != ch->flushed) {
 		chime_cq_flush(&ch->cq);
 		ch->flushed = ch->cq.tail;
-		wake_client(sc, ch);
+		wake_client(sc, ch, wakes);
+		did = true;
+	} else if (ch->wake_owed) {
+		wake_client(sc, ch, wakes);
 		did = true;
 	}
 	return did;
@@ -2092,7 +2112,7 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 	if (at_load(&s->seq) == ch->sq.head + 1 &&
 	    !(ch->word_wait && at_load_acq(&ch->crw->resume_set) != 1))     /* R1 */
 		return true;
-	if (ch->cq.tail != ch->flushed || periodics_behind(ch))
+	if (ch->cq.tail != ch->flushed || ch->wake_owed || periodics_behind(ch))
 		return true;
 	/*
 	 * Held events that could move now. Not "backlog non-empty": a periodic

@@ -39,6 +39,7 @@ struct chan_user {
 	uint64_t drain_pass;            /* the shard pass drain_left is for (shard.c) */
 	uint32_t drain_left;            /* records its channels may still apply in that pass */
 	uint32_t service_left;          /* events and nodes chan_service_n() may still move in it */
+	uint32_t wake_left;             /* wake-ups (sends) chan_service_n() may still make in it */
 };
 
 /* What the channel logic needs of its shard. Owned by the shard thread. */
@@ -278,6 +279,7 @@ struct chan {
 	uint8_t  resuming;              /* re-attached by a reconnecting library, until its RESUMED */
 	uint8_t  word_wait;             /* re-attached so: nothing delivered until its word (settled()) */
 	uint8_t  session;               /* a named session's: its takes are watched (head_watch) */
+	uint8_t  wake_owed;             /* its client asked for a wake-up its user's share had no room for */
 	int wake_fd;
 	int bell_fd;
 	uint64_t bell_buf;              /* shard.c: the doorbell read's buffer */
@@ -420,18 +422,19 @@ unsigned chan_fire_due(struct shard_core *sc, uint64_t now_ns, unsigned budget);
  * Catch up with the client: free consumed ACKWAIT nodes, move the backlog
  * into free completion slots, replace no-grant markers once nodes are free
  * again, publish cq_tail, and wake the client if it asked for it. Returns
- * true if it did anything. At most *budget nodes freed and events moved
- * (taken from it): the rest waits for the next call, and the call says it
- * did something, so the shard does not sleep on it.
+ * true if it did anything. At most *budget nodes freed and events moved,
+ * and *wakes wake-ups sent (taken from them): the rest waits for the next
+ * call, and the call says it did something, so the shard does not sleep on
+ * it.
  */
-bool chan_service_n(struct shard_core *sc, struct chan *ch, uint64_t now_ns, uint32_t *budget);
+bool chan_service_n(struct shard_core *sc, struct chan *ch, uint64_t now_ns, uint32_t *budget, uint32_t *wakes);
 
-/* chan_service_n() with no budget. */
+/* chan_service_n() with no budgets. */
 static inline bool chan_service(struct shard_core *sc, struct chan *ch, uint64_t now_ns)
 {
-	uint32_t budget = UINT32_MAX;
+	uint32_t budget = UINT32_MAX, wakes = UINT32_MAX;
 
-	return chan_service_n(sc, ch, now_ns, &budget);
+	return chan_service_n(sc, ch, now_ns, &budget, &wakes);
 }
 
 #define TOUCH_POP_TAGS  1u

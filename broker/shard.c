@@ -76,6 +76,14 @@
  * may need a move and a free.
  */
 #define USER_SERVICE_BUDGET (2u * FIRE_BUDGET)
+/*
+ * Wake-ups (a send() each, 1-2 us here) per user per iteration: bounds what
+ * a user's connections asking for one every pass cost the others (chan.c,
+ * wake_client()). An honest process asks once per sleep of a thread; 64
+ * threads asleep with a connection each, woken by one pass, are woken over
+ * 8 passes.
+ */
+#define USER_WAKE_BUDGET 8u
 #define RECLAIM_BUDGET  16384u  /* slab nodes swept per iteration, one dying client at a time */
 #define IDLE_PURE_SPIN_NS (5u * 1000u)    /* idle spin before the shard starts yielding its core */
 #define WAKE_EARLY_MAX_NS (200u * 1000u)  /* the longest a shard spins into a deadline */
@@ -920,6 +928,7 @@ static struct chan_user *user_budgets(struct shard *s, struct chan *ch)
 		u->drain_pass = s->passes;
 		u->drain_left = USER_DRAIN_BUDGET;
 		u->service_left = USER_SERVICE_BUDGET;
+		u->wake_left = USER_WAKE_BUDGET;
 	}
 	return u;
 }
@@ -1123,9 +1132,10 @@ static void loop(struct shard *s)
 		}
 		for (uint32_t k = 0, i = s->nr_active ? (uint32_t)(s->passes % s->nr_active) : 0; k < s->nr_active; k++) {
 			struct chan *ch = s->active[i];
+			struct chan_user *u = user_budgets(s, ch);
 
 			i = i + 1 == s->nr_active ? 0 : i + 1;
-			work |= chan_service_n(sc, ch, now, &user_budgets(s, ch)->service_left);
+			work |= chan_service_n(sc, ch, now, &u->service_left, &u->wake_left);
 		}
 		if (sc->watch_started)
 			rest_end(s);

@@ -784,6 +784,43 @@ Test(chan, wakes_a_sleeping_client_once)
 	cr_assert_eq(F.st.sh.wakeups, 1);
 }
 
+/* A wake-up past its user's share for the pass (shard.c, USER_WAKE_BUDGET) waits for the next pass. */
+Test(chan, a_wake_up_past_the_users_share_is_owed_to_the_next_pass)
+{
+	struct client_sim *c = &F.cl[0];
+	uint32_t budget = UINT32_MAX, none = 0, one = 1;
+
+	arm(c, 0, T0 + MS, 0, 0);
+	step();
+	*c->m.want_wakeup = 1;
+	drain_and_fire(T0 + MS);
+	cr_assert(chan_service_n(&F.sc, &c->ch, T0 + MS, &budget, &none));
+	cr_assert_eq(c->m.ro->cq_tail, 1, "the event is published, wake-up or not");
+	cr_assert_eq(c->ch.wakes, 0, "a wake-up with none left to the user");
+	cr_assert_eq(*c->m.want_wakeup, 1, "the client's request was consumed without a wake-up");
+	cr_assert(chan_pending(&F.sc, &c->ch), "an owed wake-up is not work: the shard would sleep on it");
+	cr_assert(chan_service_n(&F.sc, &c->ch, T0 + MS, &budget, &one));
+	cr_assert_eq(c->ch.wakes, 1, "the owed wake-up not sent in the next pass");
+	cr_assert_eq(one, 0, "the wake-up not taken from the user's share");
+	cr_assert_eq(*c->m.want_wakeup, 0);
+	cr_assert_not(chan_pending(&F.sc, &c->ch), "still owed once sent");
+	cr_assert_not(chan_service_n(&F.sc, &c->ch, T0 + MS, &budget, &one), "work with nothing to do");
+
+	/* A client that took its request back (it found the event itself) is owed nothing. */
+	arm(c, 0, T0 + 2 * MS, 0, 0);
+	step();
+	*c->m.want_wakeup = 1;
+	drain_and_fire(T0 + 2 * MS);
+	(void)chan_service_n(&F.sc, &c->ch, T0 + 2 * MS, &budget, &none);
+	cr_assert(chan_pending(&F.sc, &c->ch));
+	*c->m.want_wakeup = 0;
+	one = 1;
+	(void)chan_service_n(&F.sc, &c->ch, T0 + 2 * MS, &budget, &one);
+	cr_assert_eq(c->ch.wakes, 1, "a wake-up nobody asked for any more");
+	cr_assert_eq(one, 1);
+	cr_assert_not(chan_pending(&F.sc, &c->ch));
+}
+
 /* Armed timers of (owner, key), from the slab. */
 static unsigned armed_of(uint16_t owner, uint64_t key)
 {
@@ -1571,7 +1608,7 @@ Test(chan, a_periodics_walk_in_steps_writes_over_no_slot_it_has_not_read)
 		budget = 1;
 		/* Once a refresh saw the head move (the first step), what is left to walk is work. */
 		cr_assert(i == 0 || chan_pending(&F.sc, &c->ch), "a walk left to do is not work (step %u)", i);
-		cr_assert(chan_service_n(&F.sc, &c->ch, T0 + 2 * MS, &budget), "step %u did nothing", i);
+		cr_assert(chan_service_n(&F.sc, &c->ch, T0 + 2 * MS, &budget, &(uint32_t){ UINT32_MAX }), "step %u did nothing", i);
 		cr_assert_eq(budget, 0, "step %u took no budget", i);
 		cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(p[i]))->cq_pos, CHIME_POS_NONE, "step %u", i);
 		if (i + 1 < CQ)
@@ -1580,7 +1617,7 @@ Test(chan, a_periodics_walk_in_steps_writes_over_no_slot_it_has_not_read)
 		cr_assert_leq(c->ch.room, i + 1, "room over slots the walk has yet to read (step %u)", i);
 	}
 	budget = 1;
-	(void)chan_service_n(&F.sc, &c->ch, T0 + 2 * MS, &budget);
+	(void)chan_service_n(&F.sc, &c->ch, T0 + 2 * MS, &budget, &(uint32_t){ UINT32_MAX });
 	cr_assert_eq(c->ch.room, CQ, "the whole ring free once the walk is done");
 	step_at(T0 + 52 * MS);
 	for (unsigned i = 0; i < CQ; i++) {

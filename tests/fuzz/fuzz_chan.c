@@ -740,7 +740,8 @@ static void step(struct prog *g)
 		uint32_t budget = u8(g);
 
 		if (live(c))
-			(void)chan_service_n(&W.sc, &W.cl[c].ch, W.now, budget == 255 ? &(uint32_t){ UINT32_MAX } : &budget);
+			(void)chan_service_n(&W.sc, &W.cl[c].ch, W.now, budget == 255 ? &(uint32_t){ UINT32_MAX } : &budget,
+					     &(uint32_t){ budget == 255 ? UINT32_MAX : budget % 4u });
 		break;
 	}
 	case 11: {

@@ -24,6 +24,7 @@
 #include "clock.h"
 #include "discard.h"
 #include "log.h"
+#include "wall.h"
 
 void arm_hello(struct broker *b, struct conn *cn)
 {
@@ -960,7 +961,6 @@ static void reset_stats(struct broker *b, int fd, const struct ucred *asker)
 {
 	struct chime_query_head head = { .status = -EPERM };
 	struct chime_ctl *c = b->ctl;
-	struct timespec rt;
 	char comm[16];
 
 	if (!privileged(asker)) {
@@ -969,9 +969,8 @@ static void reset_stats(struct broker *b, int fd, const struct ucred *asker)
 		return;
 	}
 	read_comm(asker->pid, comm);
-	clock_gettime(CLOCK_REALTIME, &rt);
 	at_store(&c->stats_reset_ns, now_ns());
-	at_store(&c->stats_reset_realtime_ns, (uint64_t)rt.tv_sec * 1000000000u + (uint64_t)rt.tv_nsec);
+	at_store(&c->stats_reset_realtime_ns, wall_now_ns());
 	/* RS1: the reset's time before its generation (release); pairs with RS2 in shard.c publish(). */
 	at_store_rel(&c->stats_reset_gen, c->stats_reset_gen + 1);
 	for (uint32_t k = 0; k < b->o.nr_shards; k++)

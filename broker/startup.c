@@ -246,7 +246,6 @@ static int ctl_setup(struct broker *b)
 {
 	struct chime_ctl_geom g = { .nr_shards = b->o.nr_shards, .max_clients = b->o.max_clients };
 	struct chime_ctl *c;
-	struct timespec rt;
 	int r;
 
 	r = chime_ctl_layout(&g);
@@ -294,8 +293,8 @@ static int ctl_setup(struct broker *b)
 	c->shards_off = g.shards_off;
 	c->clients_off = g.clients_off;
 	c->client_stats_off = g.client_stats_off;
-	clock_gettime(CLOCK_REALTIME, &rt);
-	c->start_realtime_ns = (uint64_t)rt.tv_sec * 1000000000u + (uint64_t)rt.tv_nsec;
+	/* wall_now_ns(): pub_setup() above has read the test hook's shift already. */
+	c->start_realtime_ns = wall_now_ns();
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
 		((struct chime_shard_ctl *)chime_at(&b->ctl_map, g.shards_off))[i].stats.next_deadline_ns = UINT64_MAX;
 	b->ctl_clients = chime_at(&b->ctl_map, g.clients_off);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * stats.h - a shard thread's counters: kept in private memory on the hot path,
- * published into the control segment's seqlock blocks once per loop iteration
+ * published into the control segment's seqlock blocks by stats_publish()
  * (struct chime_shard_stats for the shard, struct chime_client_stats for each
  * (client, shard) pair). No threads, no I/O, no clock: pure functions over the
  * structs, so tests drive them directly.
@@ -68,12 +68,13 @@
  *                 lifetime lateness and high-water marks restart, counters
  *                 do not (see the definitions below).
  *   loop end      stats_loop(&st, busy_ns) once per iteration (busy_ns: time
- *                 spent with work this iteration, 0 if idle), then
- *                 stats_maybe_publish(&st, now_ns) (publishes at most every
- *                 STATS_PUBLISH_NS: a busy-poll shard spinning idle would
- *                 otherwise rewrite the block every ~100 ns and starve
- *                 readers); before sleeping: stats_sleep(&st), then
- *                 stats_publish(&st) (always publishes) so tools see the
+ *                 spent with work this iteration, 0 if idle); before
+ *                 sleeping, stats_sleep(&st). stats_publish(&st) always
+ *                 publishes: the shard (shard.c publish(), PUBLISH_NS) calls
+ *                 it at most once a millisecond while awake (a busy-poll
+ *                 shard spinning idle would otherwise rewrite the block
+ *                 every ~100 ns and starve readers), and before a sleep
+ *                 that may last longer than that, so that tools see the
  *                 sleep, the next deadline and every counter while it sleeps.
  *   exit          stats_publish(&st) once more, then stats_fini(&st).
  *
@@ -135,13 +136,9 @@ struct stats {
 	uint32_t win_cur;               /* the window slot of the current second */
 	uint32_t win_dirty;             /* window slots changed since the last publish (bits) */
 	uint64_t win_end_ns;            /* first ns after the current slot's second */
-	uint64_t published_ns;          /* now_ns of the last stats_maybe_publish() that published */
 };
 
 #define STATS_NS_PER_S UINT64_C(1000000000)
-
-/* The most often stats_maybe_publish() publishes: counters are at most this stale. */
-#define STATS_PUBLISH_NS UINT64_C(1000000)
 
 /*
  * Resolve shard `shard`'s blocks in the (writable) control segment whose
@@ -162,17 +159,6 @@ void stats_fini(struct stats *st);
 
 /* Write the private counters into the shared blocks under their seqlocks. */
 void stats_publish(struct stats *st);
-
-/* stats_publish() if STATS_PUBLISH_NS have passed since the last time it did (or never). */
-static inline void stats_maybe_publish(struct stats *st, uint64_t now_ns)
-{
-	if (!CHIME_COUNTERS)
-		return;
-	if (st->published_ns && now_ns - st->published_ns < STATS_PUBLISH_NS)
-		return;
-	st->published_ns = now_ns ? now_ns : 1;
-	stats_publish(st);
-}
 
 void stats_client_attach(struct stats *st, uint32_t slot, uint64_t generation);
 void stats_client_detach(struct stats *st, uint32_t slot);

@@ -326,6 +326,12 @@ uint32_t restart_say_unattachable(struct broker *b, uint64_t now, bool reload);
 struct shard_session *restart_shard_sessions(struct broker *b, uint32_t shard);
 /* After the shards: a new sessions file holding the sessions taken over. */
 int restart_save(struct broker *b);
+/*
+ * Remove the shard files (chime_shard_path()) from shard `from` on, up to
+ * the first missing one past nr_shards + 8. Returns the timers in them if
+ * `count` (for --fresh's message), else 0.
+ */
+uint64_t restart_remove_shard_files(const struct broker *b, uint32_t from, bool count);
 /* Record a session's slot (opened, detached) or clear it (reclaimed). */
 void restart_put(struct broker *b, const struct client *c);
 void restart_clear(struct broker *b, const struct client *c);

@@ -19,6 +19,7 @@
 #include "broker.h"
 #include "clock.h"
 #include "log.h"
+#include "paths.h"
 #include "segment.h"
 #include "sessfile.h"
 #include "wheel.h"
@@ -88,8 +89,25 @@ static uint64_t left_timers(const struct broker *b)
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
 		char p[PATH_MAX];
 
-		snprintf(p, sizeof(p), "%s.shard%u", b->o.socket_path, i);
+		chime_shard_path(p, sizeof(p), b->o.socket_path, i);
 		timers += count_timers(p);
+	}
+	return timers;
+}
+
+uint64_t restart_remove_shard_files(const struct broker *b, uint32_t from, bool count)
+{
+	uint64_t timers = 0;
+
+	for (uint32_t i = from; i < CHIME_MAX_SHARDS; i++) {
+		char p[PATH_MAX];
+
+		chime_shard_path(p, sizeof(p), b->o.socket_path, i);
+		if (count)
+			timers += count_timers(p);
+		/* An earlier broker may have had more shards: look a few past ours before giving up. */
+		if (unlink(p) < 0 && errno == ENOENT && i >= b->o.nr_shards + 8)
+			break;
 	}
 	return timers;
 }
@@ -103,18 +121,8 @@ static uint64_t left_timers(const struct broker *b)
  */
 static uint64_t discard(const struct broker *b)
 {
-	uint64_t timers = 0;
-
 	unlink(b->sess_path);
-	for (uint32_t i = 0; i < CHIME_MAX_SHARDS; i++) {
-		char p[PATH_MAX];
-
-		snprintf(p, sizeof(p), "%s.shard%u", b->o.socket_path, i);
-		timers += count_timers(p);
-		if (unlink(p) < 0 && errno == ENOENT && i >= b->o.nr_shards + 8)
-			break;
-	}
-	return timers;
+	return restart_remove_shard_files(b, 0, true);
 }
 
 /* The names of the sessions in recs, comma-separated, cut short with "..." if they do not fit. */

@@ -51,6 +51,7 @@
 #include "clock.h"
 #include "keyidx.h"
 #include "log.h"
+#include "paths.h"
 #include "restore.h"
 #include "wall.h"
 #include "wheel.h"
@@ -464,7 +465,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->doorbell = -1;
 	s->sleeping = &((struct chime_pub_shard *)((char *)cfg->pub + cfg->pub->shards_off))[cfg->idx].sleeping;
 	s->wake_ns = &((struct chime_pub_shard *)((char *)cfg->pub + cfg->pub->shards_off))[cfg->idx].wake_ns;
-	if ((size_t)snprintf(s->path, sizeof(s->path), "%s.shard%u", socket_path, cfg->idx) >= sizeof(s->path))
+	if (!chime_shard_path(s->path, sizeof(s->path), socket_path, cfg->idx))
 		return log_errno(LOG_ERR, ENAMETOOLONG, "shard segment path for '%s'", socket_path);
 
 	g.capacity = cfg->capacity;

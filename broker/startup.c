@@ -635,13 +635,7 @@ out:
 			return r;
 	}
 	/* Leftovers of an earlier broker with more shards would confuse the tools. */
-	for (uint32_t i = b->o.nr_shards; i < CHIME_MAX_SHARDS; i++) {
-		char p[PATH_MAX];
-
-		snprintf(p, sizeof(p), "%s.shard%u", b->o.socket_path, i);
-		if (unlink(p) < 0 && errno == ENOENT && i > b->o.nr_shards + 8)
-			break;
-	}
+	(void)restart_remove_shard_files(b, b->o.nr_shards, false);
 	return 0;
 }
 

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "chime_config.h"
+#include "paths.h"
 #include "query.h"
 #include "segment.h"        /* chime_socket_absent_why() */
 #include "statsread.h"
@@ -704,7 +705,7 @@ static int list_shard(const char *sock, uint32_t k, const uint8_t *slots, uint64
 	uint64_t wheel_off, slab_off, cap, hw, i;
 	int r;
 
-	snprintf(path, sizeof(path), "%s.shard%u", sock, k);
+	chime_shard_path(path, sizeof(path), sock, k);
 	r = sr_map(path, CHIME_SEG_SHARD, &m, NULL, NULL);
 	if (r < 0)
 		return fail(SR_EXIT_NOSHM, "cannot open '%s': %s", path,

@@ -142,15 +142,6 @@
 #define RING_SQ_ENTRIES 64u
 #define SHARD_STOP_TIMEOUT_S 2
 
-/* This thread's CPU time: what busy% shows (it matches top and /proc, spinning included). */
-static uint64_t thread_cpu_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- the slab's storage, reserved ahead of use (no SIGBUS on a full filesystem) ---- */
 
 /* [0, bytes) of the file is reserved and mapped: the wheel may allocate nodes up to there. */

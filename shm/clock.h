@@ -44,6 +44,18 @@ static inline uint64_t now_coarse_ns(void)
 }
 
 /*
+ * The calling thread's CPU time in ns, spinning included: what busy% shows
+ * (it matches top and /proc). A system call, not the vDSO: not per event.
+ */
+static inline uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+/*
  * splitmix64: fast, deterministic from its seed (a failing test's seed
  * replays it), good enough for deadlines, indices and spreading keys.
  * Not for anything secret.

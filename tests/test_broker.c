@@ -3575,15 +3575,6 @@ ReleaseTest(broker, a_process_over_its_memlock_limit_gets_enomem)
 	t_chimed_stop(&b2, SIGTERM);
 }
 
-/* CPU time of the calling thread, ns. */
-static uint64_t thread_cpu_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /*
  * An event whose timer this process reset after it fired waits for the
  * shard to apply the reset (drain() holds it back): chime_wait() looked

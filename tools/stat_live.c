@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "chimestat.h"
+#include "clock.h"
 /* setupterm(), del_curterm(). Last: its capability macros (key_next, lines, ...) would rename fields above. */
 #include <term.h>
 
@@ -156,14 +157,6 @@ static void live_atexit(void)
 		if (live_in != stdin)
 			fclose(live_in);
 	}
-}
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- fields by name ---- */
@@ -1144,7 +1137,7 @@ int live_run(struct sr *s, const struct opts *o, char *why, size_t len)
 	if (start(why, len) < 0)
 		return LIVE_UNAVAILABLE;
 	while (!live_stop) {
-		uint64_t now = mono_ns(), next = last + (uint64_t)(L.interval * 1e9), wait_ms;
+		uint64_t now = now_ns(), next = last + (uint64_t)(L.interval * 1e9), wait_ms;
 		int ch;
 
 		if (!L.paused && (!L.have_cur || now >= next)) {
@@ -1172,7 +1165,7 @@ int live_run(struct sr *s, const struct opts *o, char *why, size_t len)
 		wait_ms = L.paused || next <= now ? 100 : (next - now) / 1000000 + 1;
 		timeout((int)(wait_ms < 100 ? wait_ms : 100));
 		ch = getch();
-		if (ch == ERR && mono_ns() - now < 2000000) {
+		if (ch == ERR && now_ns() - now < 2000000) {
 			/* ERR at once (input gone, or a signal): wait anyway, never spin */
 			struct timespec ts = { 0, 50000000 };
 

@@ -79,14 +79,6 @@ int lat_armed_late(uint64_t t0, size_t n, const char *who)
 	return 1;
 }
 
-static uint64_t thread_cpu_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-	return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
-}
-
 int run_expire_chime(const struct broker *b, size_t n, uint64_t gap_ns, int busy_poll,
 		     struct expire_result *res)
 {

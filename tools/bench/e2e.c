@@ -59,7 +59,6 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -86,26 +85,14 @@ static const char *failed_cell(int err)
 
 static void print_header(const struct broker *b, const char *mode, size_t tfd_max)
 {
-	struct utsname u;
-	char model[128] = "?", line[256], fsbuf[32];
-	double la[3] = { 0, 0, 0 };
-	FILE *f = fopen("/proc/cpuinfo", "r");
+	struct bench_machine m;
+	char fsbuf[32];
 	const char *fs;
 
-	if (f) {
-		while (fgets(line, sizeof(line), f))
-			if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-				snprintf(model, sizeof(model), "%s", strchr(line, ':') + 2);
-				model[strcspn(model, "\n")] = '\0';
-				break;
-			}
-		fclose(f);
-	}
-	uname(&u);
-	getloadavg(la, 3);
+	bench_machine(&m);
 	printf("chime-bench e2e (%s): libchime + chimed end to end, beside one timerfd per timer\n", mode);
 	printf("machine: %ld CPUs online (nproc), %s, Linux %s; load average %.2f %.2f %.2f at start\n",
-	       sysconf(_SC_NPROCESSORS_ONLN), model, u.release, la[0], la[1], la[2]);
+	       m.cpus, m.model, m.kernel, m.load[0], m.load[1], m.load[2]);
 	if (chime_seg_dir_in_memory(b->sock, &fs, fsbuf, sizeof(fsbuf)) < 0)
 		fs = "?";
 	printf("broker:  %s chimed, socket %s (%s): %u shard(s), spin %" PRId64 " us, resolution %" PRIu64

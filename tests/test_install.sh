@@ -3,8 +3,8 @@
 #
 # install: what `meson install` gives a consumer. Install the build into a
 # scratch DESTDIR; nothing lands outside the prefix (unless it is systemd's
-# own, as a package's /usr is); with only its libchime.pc on the pkg-config path (no ck.pc,
-# no liburing.pc), --cflags names our include directory and nothing else (no
+# own, as a package's /usr is); with only its libchime.pc on the pkg-config path (no
+# liburing.pc), --cflags names our include directory and nothing else (no
 # leaked -D), --static --libs carries liburing, and a program using chime.h
 # compiles, links and runs, with libchime.so and with libchime.a, and with
 # the build tree's uninstalled libchime.pc; chime.h compiles on its own as
@@ -61,7 +61,7 @@ PKG_CONFIG_PATH=
 PKG_CONFIG_SYSROOT_DIR=$dest
 export PKG_CONFIG_LIBDIR PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 
-cflags=$(pkg-config --cflags libchime) || fail "pkg-config --cflags libchime failed without ck's and liburing's .pc"
+cflags=$(pkg-config --cflags libchime) || fail "pkg-config --cflags libchime failed without liburing's .pc"
 libs=$(pkg-config --libs libchime) || fail "pkg-config --libs libchime failed"
 static=$(pkg-config --static --libs libchime) || fail "pkg-config --static --libs libchime failed"
 echo "install: --cflags: $cflags"

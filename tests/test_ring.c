@@ -28,8 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <ck_pr.h>
-
+#include "atomics.h"
 #include "helpers.h"
 #include "ring.h"
 #include "segment.h"
@@ -776,7 +775,7 @@ static int cq_broker(void *arg)
 			uint64_t r = splitmix64(&rng), t1 = now_ns();
 
 			for (uint64_t d = r % 64; d; d--)
-				ck_pr_stall();
+				at_relax();
 			while ((r >> 8) % 256 == 0 && now_ns() - t1 < 10000000) {
 				chime_cq_room(&p);
 				if (chime_cq_consumed(&p, i))

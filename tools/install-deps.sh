@@ -18,7 +18,7 @@ esac
 
 # The second line: the man-page test (groff, man), the Python module's tests,
 # the libuv / libevent examples, and libjansson for chimestat's JSON.
-pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libck-dev libcriterion-dev jq strace
+pkgs="gcc libc6-dev meson ninja-build pkg-config python3 liburing-dev libcriterion-dev jq strace
 groff-base man-db python3-pytest libuv1-dev libevent-dev libjansson-dev"
 # clang-14 and its runtimes (libFuzzer, sanitizers): the build-fuzz build (tests/fuzz).
 pkgs="$pkgs clang-14 libclang-rt-14-dev"

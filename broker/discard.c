@@ -29,7 +29,7 @@
 
 struct discard_job {
 	struct discard_job *next;
-	uint32_t uid;           /* the user the connection counted against (discard_waiting()) */
+	uint32_t uid;           /* the user the connection counted against (waiting()) */
 	unsigned max;           /* that user's jobs that may wait for the thread */
 	unsigned n;
 	struct chime_map maps[DISCARD_SEGS];    /* ours, unmapped by discard_step() before the thread sees it */

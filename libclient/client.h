@@ -118,7 +118,7 @@ struct chime {
 	int timer_fd;                       /* in chime_fd()'s set: readable when an attempt is due; -1 */
 	bool timer_on;                      /* timer_fd is set (it may have fired: read it); off, it is not readable */
 	int recon_sock;                     /* an attempt's hello sent, its welcome awaited (in the set); -1 */
-	/* Its welcome taken and answered (cl_take_offer()): the broker's ready awaited (recon_offer_drop()). */
+	/* Its welcome taken and answered (cl_take_offer()): the broker's ready awaited (cl_recon_offer_drop()). */
 	bool recon_offered;
 	struct chime_welcome recon_w;
 	int recon_fds[CHIME_MAX_FDS];

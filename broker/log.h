@@ -11,8 +11,8 @@
  * /dev/log), so lines from different threads never interleave. Lines a client can provoke
  * go through log_ratelimit().
  *
- * The shard loop never logs (STYLE.md 6): its counters live in the control
- * segment. Only start-up and shutdown of a shard thread may log.
+ * The shard loop never logs (../shared/STYLE.md 6): its counters live in
+ * the control segment. Only start-up and shutdown of a shard thread may log.
  */
 #ifndef CHIMED_LOG_H
 #define CHIMED_LOG_H

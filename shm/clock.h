@@ -3,8 +3,9 @@
  * clock.h - chime's one clock and one PRNG, for the broker, libchime, the
  * tools and the tests alike.
  *
- * Time is uint64_t nanoseconds of CLOCK_MONOTONIC (STYLE.md): every deadline
- * a client arms, every timestamp in shared memory. Never wall-clock time.
+ * Time is uint64_t nanoseconds of CLOCK_MONOTONIC (../shared/STYLE.md):
+ * every deadline a client arms, every timestamp in shared memory. Never
+ * wall-clock time.
  */
 #ifndef CHIME_CLOCK_H
 #define CHIME_CLOCK_H

@@ -3591,8 +3591,8 @@ Test(tools_live, a_sessions_listing_longer_than_a_page_lists_them_all)
 }
 
 /*
- * getopt's messages name the program as STYLE.md's "prog: what failed":
- * chimestat's said "/usr/bin/chimestat: unrecognized option '--bogus'"
+ * getopt's messages name the program as ../shared/STYLE.md's "prog: what
+ * failed": chimestat's said "/usr/bin/chimestat: unrecognized option '--bogus'"
  * (the path it was run by; chimectl's already said "chimectl:").
  */
 Test(tools_options, getopt_messages_start_with_the_programs_name)

@@ -3,7 +3,7 @@
  * tsan_api.c CHIMED CHIMECTL - the whole of libchime's thread-safety promise
  * on ONE chime_t, under ThreadSanitizer.
  *
- * A plain program (criterion cannot run under TSan, STYLE.md section 9):
+ * A plain program (criterion cannot run under TSan, ../shared/STYLE.md section 9):
  * exit 0 on success, 1 on a violated check; TSan exits 66 on a report
  * (halt_on_error; chimed and chimectl get the same options by environment,
  * and a race reported in either fails the test too).

@@ -2,7 +2,7 @@
 /*
  * tsan_aside.c - broker/aside.c under ThreadSanitizer.
  *
- * Criterion cannot run under TSan (STYLE.md section 9), so this is a plain
+ * Criterion cannot run under TSan (../shared/STYLE.md section 9), so this is a plain
  * program: exit 0 on success, 1 on a failed check; TSan itself exits 66 on
  * a report. What it exercises: the owner posting closes and populates
  * while the threads run them, reaping results (aside_reap()'s lock-free

@@ -3,7 +3,7 @@
  * tsan_dispatch.c CHIMED - chime_dispatch() under ThreadSanitizer, with
  * other threads arming, resetting and cancelling while it calls back.
  *
- * A plain program (criterion cannot run under TSan, STYLE.md section 9):
+ * A plain program (criterion cannot run under TSan, ../shared/STYLE.md section 9):
  * exit 0 on success, 1 on a violated check; TSan exits 66 on a report
  * (halt_on_error, as tests/tsan_broker.sh sets it; the broker gets the same
  * options, and a race in it fails the test too).

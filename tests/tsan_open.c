@@ -5,7 +5,7 @@
  * same time (chime_open(3): "MT-Safe: any thread may open connections at
  * any time").
  *
- * A plain program (criterion cannot run under TSan, STYLE.md section 9):
+ * A plain program (criterion cannot run under TSan, ../shared/STYLE.md section 9):
  * exit 0 on success, 1 on a failed call; TSan exits 66 on a report
  * (halt_on_error; the broker gets the same options).
  *

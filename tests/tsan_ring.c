@@ -2,7 +2,7 @@
 /*
  * tsan_ring.c - the rings under ThreadSanitizer.
  *
- * Criterion cannot run under TSan (STYLE.md section 9), so this is a plain
+ * Criterion cannot run under TSan (../shared/STYLE.md section 9), so this is a plain
  * program: exit 0 on success, 1 on a failed check; TSan itself exits 66 on
  * a report. Everything runs as threads over ONE mapping of a memfd: TSan
  * tracks addresses, and two mappings of the same page look like two

@@ -44,18 +44,18 @@
  *   refused       stats_refused(&st, slot, why): an arm the client could not
  *                 make (it found a no-grant marker and published a NOP)
  *   reserve       stats_reserve_failed(&st): the filesystem refused a slab chunk
- *   fire          stats_fire(&st, slot, deadline_ns, fired_ns, periodic,
- *                 immediate) for every expiration popped from the wheel, or
- *                 stats_fire_n(..., n) once for n of them alike (each
- *                 period of a periodic timer counts), with the same two values
- *                 the completion record carries; records the lateness, unless
+ *   fire          stats_fire_n(&st, slot, deadline_ns, fired_ns, periodic,
+ *                 immediate, n) once for n expirations alike popped from
+ *                 the wheel (each period of a periodic timer counts), with
+ *                 the same two values the completion record carries;
+ *                 records the lateness, unless
  *                 `immediate` (armed already due: counted apart), in the
  *                 shard's and the client's histograms and in the shard's
  *                 one-second slot of fired_ns (the recent window). A one-shot
  *                 that fires leaves the armed gauges: it is no longer armed,
  *                 whether delivered or held in the backlog.
- *   deliver       stats_deliver(&st, slot): an event written into the
- *                 client's completion ring; stats_deliver_n(..., n): n of them.
+ *   deliver       stats_deliver_n(&st, slot, n): n events written into the
+ *                 client's completion ring.
  *   wake client   stats_wake_client(&st, slot): a wake-up message to it.
  *   gauges        stats_client_depth(&st, slot, cq_depth, backlog) whenever
  *                 they change (after delivering or seeing cq_head move);
@@ -351,7 +351,7 @@ static inline void stats_reserve_failed(struct stats *st)
 
 /*
  * n expirations of one client with the same deadline and flags, fired at
- * fired_ns: counted as n calls of stats_fire() would count them. The shard
+ * fired_ns: counted as n calls with n = 1 would count them. The shard
  * counts a batch of expirations by runs (chan_fire_batch()): one update per
  * run instead of one per event. `periodic`: the timers stay armed (re-armed
  * from their deadline, or held in the backlog), so the armed gauges do not
@@ -393,13 +393,6 @@ static inline void stats_fire_n(struct stats *st, uint32_t slot, uint64_t deadli
 	}
 }
 
-/* One expiration (stats_fire_n() with n = 1). */
-static inline void stats_fire(struct stats *st, uint32_t slot, uint64_t deadline_ns,
-			      uint64_t fired_ns, int periodic, int immediate)
-{
-	stats_fire_n(st, slot, deadline_ns, fired_ns, periodic, immediate, 1);
-}
-
 /* n events written into the client's completion ring. */
 static inline void stats_deliver_n(struct stats *st, uint32_t slot, uint64_t n)
 {
@@ -407,11 +400,6 @@ static inline void stats_deliver_n(struct stats *st, uint32_t slot, uint64_t n)
 		return;
 	(void)stats__cl(st, slot);
 	st->sh.delivered += n;
-}
-
-static inline void stats_deliver(struct stats *st, uint32_t slot)
-{
-	stats_deliver_n(st, slot, 1);
 }
 
 static inline void stats_wake_client(struct stats *st, uint32_t slot)

@@ -50,8 +50,6 @@
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "shm atomics must be lock-free");
 _Static_assert(sizeof(void *) == 8, "chime's shm layout assumes a 64-bit target");
 
-#define CHIME_ALIGNED(n) __attribute__((aligned(n)))
-
 /*
  * Common segment header: the first 64 bytes of every segment.
  *

@@ -172,9 +172,9 @@ Test(stats, publish_writes_private_counters_under_even_seq)
 	stats_arm(&st, 2);
 	stats_reset(&st, 2);
 	stats_cancel(&st, 2);
-	stats_fire(&st, 2, 1000, 1000 + 1500, 0, 0);
-	stats_fire(&st, 2, 1000, 1000 + 5, 1, 0);
-	stats_deliver(&st, 2);
+	stats_fire_n(&st, 2, 1000, 1000 + 1500, 0, 0, 1);
+	stats_fire_n(&st, 2, 1000, 1000 + 5, 1, 0, 1);
+	stats_deliver_n(&st, 2, 1);
 	stats_wake_client(&st, 2);
 	stats_client_depth(&st, 2, 1, 0);
 	stats_malformed(&st, 2);
@@ -297,7 +297,7 @@ Test(stats, out_of_range_slot_touches_no_client_block)
 
 	cr_assert_eq(stats_init_blocks(&st, &fx.shard[0], &fx.cs[0][0], CLIENTS, SHARDS, 0), 0);
 	stats_arm(&st, CLIENTS);
-	stats_fire(&st, 1000, 0, 10, 0, 0);
+	stats_fire_n(&st, 1000, 0, 10, 0, 0, 1);
 	stats_client_attach(&st, CLIENTS + 7, 3);
 	stats_publish(&st);
 	cr_assert_eq(memcmp(fx.cs, zero.cs, sizeof(fx.cs)), 0);
@@ -359,9 +359,9 @@ Test(stats, window_keeps_the_last_ten_seconds_and_skips_stale_slots)
 
 	cr_assert_eq(stats_init_blocks(&st, &fx.shard[0], &fx.cs[0][0], CLIENTS, SHARDS, 0), 0);
 	stats_client_attach(&st, 1, 1);
-	stats_fire(&st, 1, 100 * SEC, 100 * SEC + SEC / 2 + 0, 0, 0);            /* t=100.5: 0.5 s late */
-	stats_fire(&st, 1, 105 * SEC, 105 * SEC + 2000, 0, 0);                    /* t=105: 2 us */
-	stats_fire(&st, 1, 112 * SEC, 112 * SEC + 9000, 0, 0);                    /* t=112: 9 us */
+	stats_fire_n(&st, 1, 100 * SEC, 100 * SEC + SEC / 2 + 0, 0, 0, 1);         /* t=100.5: 0.5 s late */
+	stats_fire_n(&st, 1, 105 * SEC, 105 * SEC + 2000, 0, 0, 1);                 /* t=105: 2 us */
+	stats_fire_n(&st, 1, 112 * SEC, 112 * SEC + 9000, 0, 0, 1);                 /* t=112: 9 us */
 	stats_publish(&st);
 	/* At 112.5 s the window is seconds 103..112. */
 	cr_assert_eq(win_count(&fx.shard[0], 112 * SEC + SEC / 2, &max), 2);
@@ -371,7 +371,7 @@ Test(stats, window_keeps_the_last_ten_seconds_and_skips_stale_slots)
 	cr_assert_eq(win_count(&fx.shard[0], 200 * SEC, &max), 0, "all stale");
 	cr_assert_eq(win_count(&fx.shard[0], 101 * SEC, &max), 1, "a reader back then saw the first");
 	/* Second 120 reuses the slot of 100: cleared first, never mixed. */
-	stats_fire(&st, 1, 120 * SEC, 120 * SEC + 3000, 0, 0);
+	stats_fire_n(&st, 1, 120 * SEC, 120 * SEC + 3000, 0, 0, 1);
 	stats_publish(&st);
 	cr_assert_eq(fx.shard[0].win[0].sec, 120);
 	cr_assert_eq(fx.shard[0].win[0].max_ns, 3000);
@@ -393,7 +393,7 @@ Test(stats, reset_restarts_lateness_and_marks_but_no_counter)
 	stats_client_attach(&st, 3, 5);
 	for (int i = 0; i < 4; i++) {
 		stats_arm(&st, 3);
-		stats_fire(&st, 3, 1000, 1000 + 50000, 0, 0);
+		stats_fire_n(&st, 3, 1000, 1000 + 50000, 0, 0, 1);
 	}
 	stats_sq(&st, 30, 30);
 	stats_sq(&st, 2, 2);
@@ -424,7 +424,7 @@ Test(stats, reset_restarts_lateness_and_marks_but_no_counter)
 	cr_assert_eq(fx.cs[3][0].fires, 4);
 
 	/* After the reset, only new samples count. */
-	stats_fire(&st, 3, 1000, 1000 + 7000, 0, 0);
+	stats_fire_n(&st, 3, 1000, 1000 + 7000, 0, 0, 1);
 	stats_publish(&st);
 	cr_assert_eq(fx.shard[0].lat[chime_lat_bucket(7000)] - fx.shard[0].lat_base[chime_lat_bucket(7000)], 1);
 	cr_assert_eq(fx.shard[0].lat_max_ns, 7000);

@@ -363,17 +363,17 @@ static void fake_make_n(struct fake *f, pid_t pid, uint64_t heartbeat_age_ns, ui
 		stats_arm(&st[0], 1);
 	for (i = 0; i < 3; i++)
 		stats_cancel(&st[0], 1);
-	stats_fire(&st[0], 1, 1000, 1500, 0, 0);
-	stats_fire(&st[0], 1, 1000, 3000, 0, 0);
-	stats_fire(&st[0], 1, 1000, 3000, 0, 0);
-	stats_fire(&st[0], 1, 1000, 3001000, 0, 0);
+	stats_fire_n(&st[0], 1, 1000, 1500, 0, 0, 1);
+	stats_fire_n(&st[0], 1, 1000, 3000, 0, 0, 1);
+	stats_fire_n(&st[0], 1, 1000, 3000, 0, 0, 1);
+	stats_fire_n(&st[0], 1, 1000, 3001000, 0, 0, 1);
 	stats_malformed(&st[0], 1);
 	/* shard 1: 5 arms, 1 reset, 2 fires; client has 1 backlog, 2 cq */
 	for (i = 0; i < 5; i++)
 		stats_arm(&st[1], 1);
 	stats_reset(&st[1], 1);
-	stats_fire(&st[1], 1, 0, 100, 0, 0);
-	stats_fire(&st[1], 1, 0, 100, 0, 0);
+	stats_fire_n(&st[1], 1, 0, 100, 0, 0, 1);
+	stats_fire_n(&st[1], 1, 0, 100, 0, 0, 1);
 	stats_client_depth(&st[1], 1, 2, 1);
 	stats_shard_gauges(&st[1], 1, now + UINT64_C(600000000000), 0, 0);
 	for (k = 0; k < F_SHARDS; k++) {

@@ -34,6 +34,7 @@
 #include "chime_shm.h"
 #include "control.h"
 #include "log.h"
+#include "paths.h"
 #include "policy.h"
 #include "ring.h"
 
@@ -263,17 +264,11 @@ static const char *join_list(const char *have, const char *more)
 /* Default socket path; sets *mkdir_parent for the default. */
 static void default_socket(char *out, size_t len, bool *mkdir_parent)
 {
-	const char *env = getenv("CHIME_SOCKET");
+	/* One host socket for everyone, root or not (its directory made if need be): every client finds it. */
+	const char *p = chime_socket_path(NULL, mkdir_parent);
 
-	*mkdir_parent = false;
-	if (env && *env) {
-		if ((size_t)snprintf(out, len, "%s", env) >= len)
-			usage_error("$CHIME_SOCKET '%s' is too long (at most %zu bytes)", env, len - 1);
-		return;
-	}
-	/* One host socket for everyone, root or not: every client finds it. */
-	snprintf(out, len, "%s", CHIME_DEFAULT_SOCKET);
-	*mkdir_parent = true;
+	if ((size_t)snprintf(out, len, "%s", p) >= len)
+		usage_error("$CHIME_SOCKET '%s' is too long (at most %zu bytes)", p, len - 1);
 }
 
 /*

@@ -37,6 +37,7 @@
 #include "chime_config.h"
 #include "client.h"
 #include "clock.h"
+#include "paths.h"        /* chime_socket_path() */
 #include "segment.h"      /* chime_broker_trusted() */
 
 #define CHIME_OPEN_TIMEOUT_S 10    /* a broker that accepts but never answers */
@@ -58,10 +59,7 @@ static int resolve_path(const char *path, char out[CHIME_PATH_MAX])
 {
 	if (path && !*path)
 		return -EINVAL;
-	if (!path)
-		path = secure_getenv("CHIME_SOCKET");      /* set but empty: as if unset */
-	if (!path || !*path)
-		path = CHIME_DEFAULT_SOCKET;   /* one host broker for every user */
+	path = chime_socket_path(path, NULL);
 	if (strlen(path) >= CHIME_PATH_MAX)
 		return -EINVAL;
 	strcpy(out, path);

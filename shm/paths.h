@@ -9,6 +9,27 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+
+#include "chime_shm.h"         /* CHIME_DEFAULT_SOCKET */
+
+/*
+ * The broker's socket: `arg` (--socket, chime_opts.socket_path) if not
+ * NULL, else $CHIME_SOCKET if set and not empty, else the host's broker,
+ * CHIME_DEFAULT_SOCKET (then *is_default is true, if is_default is not
+ * NULL). An empty arg comes back as it is: callers refuse it, a mistake
+ * and not "the default". secure_getenv(): in a set-user-ID or
+ * set-group-ID program, whoever runs it does not pick the socket.
+ */
+static inline const char *chime_socket_path(const char *arg, bool *is_default)
+{
+	const char *env = arg ? NULL : secure_getenv("CHIME_SOCKET");
+	const char *p = arg ? arg : env && *env ? env : CHIME_DEFAULT_SOCKET;
+
+	if (is_default)
+		*is_default = !arg && !(env && *env);
+	return p;
+}
 
 /*
  * Shard k's segment file beside the socket: "<socket>.shard<k>". False if

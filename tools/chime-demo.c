@@ -33,6 +33,7 @@
 
 #include "chime_shm.h"     /* CHIME_DEFAULT_SOCKET */
 #include "clock.h"       /* splitmix64() */
+#include "paths.h"       /* chime_socket_path() */
 #include "segment.h"     /* chime_socket_absent_why() */
 #include "statsread.h"   /* sr_stdout_check() */
 
@@ -315,9 +316,8 @@ int main(int argc, char **argv)
 
 	r = chime_open(&d.chime, &opts);
 	if (r < 0) {
-		/* The path chime_open() tried: the option, $CHIME_SOCKET (if not empty), the default. */
-		const char *env = getenv("CHIME_SOCKET");
-		const char *path = opts.socket_path ? opts.socket_path : env && *env ? env : CHIME_DEFAULT_SOCKET;
+		/* The path chime_open() tried. */
+		const char *path = chime_socket_path(opts.socket_path, NULL);
 		char absent[160];
 
 		snprintf(absent, sizeof(absent), " (%s)", chime_socket_absent_why(path));

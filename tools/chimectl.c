@@ -1533,7 +1533,7 @@ int main(int argc, char **argv)
 	if (r == -ENAMETOOLONG) {
 		fprintf(stderr, PROG ": the socket path of %s, '%.*s...', is too long (a unix socket's is at "
 			"most %d bytes)\n", socket_arg ? "--socket" : "$CHIME_SOCKET", 40,
-			socket_arg ? socket_arg : getenv("CHIME_SOCKET"), SR_SOCKET_PATH_MAX);
+			chime_socket_path(socket_arg, NULL), SR_SOCKET_PATH_MAX);
 		return SR_EXIT_USAGE;
 	}
 	if (json) {

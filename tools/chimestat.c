@@ -29,6 +29,7 @@
 
 #include "chime_config.h"
 #include "chimestat.h"
+#include "paths.h"
 
 /* --uid is kept in a long (struct opts), -1 for "any": every uid_t must fit beside it. */
 _Static_assert(sizeof(long) > sizeof(uid_t), "struct opts.uid holds every uid_t");
@@ -232,7 +233,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	if (r == -ENAMETOOLONG) {
 		fprintf(stderr, PROG ": the socket path of %s, '%.*s...', is too long (a unix socket's is at "
 			"most %d bytes)\n", o.socket ? "--socket" : "$CHIME_SOCKET", 40,
-			o.socket ? o.socket : getenv("CHIME_SOCKET"), SR_SOCKET_PATH_MAX);
+			chime_socket_path(o.socket, NULL), SR_SOCKET_PATH_MAX);
 		return SR_EXIT_USAGE;
 	}
 	if (r < 0) {

@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "paths.h"
+
 /*
  * A live writer holds a block's seq odd for well under 1 us, unless it is
  * preempted inside it: so retry in rounds, yielding between them, for up to
@@ -172,17 +174,11 @@ int sr_map(const char *path, uint32_t kind, struct chime_map *m, struct stat *st
 
 int sr_socket_path(char *buf, size_t len, const char *arg)
 {
-	const char *p = arg;
 	int n;
 
-	if (p && !*p)
+	if (arg && !*arg)
 		return -EINVAL;         /* an empty --socket is a mistake, not the default */
-	if (!p)
-		p = getenv("CHIME_SOCKET");
-	if (p && *p)
-		n = snprintf(buf, len, "%s", p);
-	else
-		n = snprintf(buf, len, "%s", CHIME_DEFAULT_SOCKET);
+	n = snprintf(buf, len, "%s", chime_socket_path(arg, NULL));
 	if (n < 0 || (size_t)n >= len || n > SR_SOCKET_PATH_MAX)
 		return -ENAMETOOLONG;
 	return 0;

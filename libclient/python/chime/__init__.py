@@ -225,6 +225,11 @@ def _deadline(at_ns, after):
 _SESSION_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 
+def _socket_shown(socket):
+    """The path libchime tried, for an error: `socket`, else $CHIME_SOCKET if not empty, else the default."""
+    return socket if socket is not None else os.environ.get("CHIME_SOCKET") or DEFAULT_SOCKET
+
+
 def _open_invalid(socket, session):
     """What chime_open's EINVAL was about: the session name, else the socket path."""
     if session is not None:
@@ -244,7 +249,7 @@ def drop_session(session, socket=None):
     path = _c_string("socket", socket) if socket is not None else None
     r = lib.chime_drop_session(ctypes.byref(ChimeOpts(path, 0, _c_string("session", session))))
     if r < 0:
-        shown = socket if socket is not None else os.environ.get("CHIME_SOCKET") or "/run/chime/chime.sock"
+        shown = _socket_shown(socket)
         raise _error("chime_drop_session", -r, socket=shown, session=session,
                      invalid=_open_invalid(shown, session))
 
@@ -368,7 +373,7 @@ class Chime:
         handle = ctypes.c_void_p()
         r = lib.chime_open(ctypes.byref(handle), ctypes.byref(opts))
         if r < 0:
-            shown = socket if socket is not None else os.environ.get("CHIME_SOCKET") or DEFAULT_SOCKET
+            shown = _socket_shown(socket)
             or_session = "" if session is None else \
                 f", or session {os.fsdecode(name)!r} is another user's or its name is reserved for one"
             raise _error("chime_open", -r, socket=shown, invalid=_open_invalid(shown, session),

@@ -10,7 +10,6 @@
  * printed why it failed. The child then logs to syslog and lets go of the
  * starter's stdio, so `chimed 2>&1 | cat` ends when the parent does.
  */
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -32,6 +31,7 @@
 
 #include "chime_config.h"
 #include "chime_shm.h"
+#include "cliarg.h"
 #include "control.h"
 #include "log.h"
 #include "paths.h"
@@ -200,17 +200,16 @@ static void usage_error(const char *fmt, ...)
 	exit(EXIT_USAGE);
 }
 
-/* arg is a whole decimal number, an optional '-' and digits only (no space, '+' or 0x), in *v. */
+/* arg is a whole decimal number, an optional '-' (--spin-us -1) and then chime_parse_u64()'s digits, in *v. */
 static bool whole_number(const char *arg, long long *v)
 {
-	const char *digits = arg[0] == '-' ? arg + 1 : arg;
-	char *end;
+	bool neg = arg[0] == '-';
+	uint64_t u;
 
-	if (!isdigit((unsigned char)digits[0]))
+	if (chime_parse_u64(arg + neg, &u) < 0 || u > (uint64_t)LLONG_MAX)
 		return false;
-	errno = 0;
-	*v = strtoll(arg, &end, 10);
-	return !errno && !*end;
+	*v = neg ? -(long long)u : (long long)u;
+	return true;
 }
 
 /* A whole decimal number in [lo, hi], or a usage error naming the option. */

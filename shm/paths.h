@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
 
 #include "chime_shm.h"         /* CHIME_DEFAULT_SOCKET */
 
@@ -40,6 +42,28 @@ static inline bool chime_shard_path(char *buf, size_t len, const char *socket_pa
 	int n = snprintf(buf, len, "%s.shard%u", socket_path, k);
 
 	return n >= 0 && (size_t)n < len;
+}
+
+/* The longest socket path: a unix socket's sun_path, less its NUL. */
+#define CHIME_SOCKET_PATH_MAX (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
+
+/*
+ * A tool's --socket PATH: 0, or -1 with why on stderr as "prog: ...".
+ * Empty is a mistake, not "the default" (chimed refuses it too); no
+ * broker can listen at a path longer than a unix socket's.
+ */
+static inline int chime_socket_opt(const char *prog, const char *arg)
+{
+	if (!*arg) {
+		fprintf(stderr, "%s: --socket needs a path (empty given)\n", prog);
+		return -1;
+	}
+	if (strlen(arg) > CHIME_SOCKET_PATH_MAX) {
+		fprintf(stderr, "%s: --socket '%s' is too long (a unix socket's path is at most %zu bytes)\n",
+			prog, arg, CHIME_SOCKET_PATH_MAX);
+		return -1;
+	}
+	return 0;
 }
 
 #endif /* CHIME_PATHS_H */

@@ -3338,6 +3338,31 @@ Test(tools_fake, demo_refuses_bad_numbers_and_names_the_socket_it_could_not_reac
 	cr_assert(strstr(slurp(err), sock), "$CHIME_SOCKET not named: %s", slurp(err));
 }
 
+/*
+ * Every whole-number option takes digits only (shm/cliarg.h): chimestat's
+ * --pid and --uid took " 5" (strtoull() skips spaces), which chimectl's
+ * --client refused. Nor a sign, anything after the digits, nothing at all,
+ * or more than 64 bits.
+ */
+Test(tools_fake, number_options_take_digits_only)
+{
+	static const char *const bad[] = { "' 5'", "+5", "5x", "''", "18446744073709551616" };
+	static const struct { const char *tool, *before, *after; } opts[] = {
+		{ "CHIMESTAT", "-1 --pid", "" }, { "CHIMESTAT", "-1 --uid", "" },
+		{ "CHIMECTL", "--client", "timers" }, { "CHIMECTL", "--client 1 --limit", "timers" },
+		{ "CHIME_DEMO", "-n", "" }, { "CHIME_DEMO", "-t", "" },
+	};
+
+	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
+		cr_assert_eq(run("%s -s '%s' %s 5 %s", bin(opts[i].tool), sock, opts[i].before, opts[i].after) == 2, 0,
+			     "%s %s 5: %s", opts[i].tool, opts[i].before, slurp(err));
+		for (size_t j = 0; j < sizeof(bad) / sizeof(bad[0]); j++)
+			cr_assert_eq(run("%s -s '%s' %s %s %s", bin(opts[i].tool), sock, opts[i].before, bad[j],
+					 opts[i].after), 2, "%s %s %s: %s", opts[i].tool, opts[i].before, bad[j],
+				     slurp(err));
+	}
+}
+
 /* ---------------------------------------------------------------------- */
 /* An operator's stdout that fails                                           */
 /* ---------------------------------------------------------------------- */

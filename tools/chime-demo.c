@@ -19,7 +19,6 @@
  */
 #include <chime.h>
 
-#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -32,6 +31,7 @@
 #include <unistd.h>
 
 #include "chime_shm.h"     /* CHIME_DEFAULT_SOCKET */
+#include "cliarg.h"       /* chime_parse_u64() */
 #include "clock.h"       /* splitmix64() */
 #include "paths.h"       /* chime_socket_path() */
 #include "segment.h"     /* chime_socket_absent_why() */
@@ -244,18 +244,9 @@ static void print_lateness(const char *what, uint64_t *lat, size_t n)
 
 static int parse_uint(const char *s, const char *opt, uint64_t min, uint64_t max, uint64_t *out)
 {
-	char *end;
-	unsigned long long v;
+	uint64_t v;
 
-	/* Digits only: strtoull would take " 5", "+5" and wrap "-1". */
-	if (!isdigit((unsigned char)*s)) {
-		fprintf(stderr, "chime-demo: invalid %s '%s' (expected %" PRIu64 "..%" PRIu64 ")\n",
-			opt, s, min, max);
-		return -1;
-	}
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || *end != '\0' || v < min || v > max) {
+	if (chime_parse_u64(s, &v) < 0 || v < min || v > max) {
 		fprintf(stderr, "chime-demo: invalid %s '%s' (expected %" PRIu64 "..%" PRIu64 ")\n",
 			opt, s, min, max);
 		return -1;
@@ -292,11 +283,8 @@ int main(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "s:n:t:d:m:S:hV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 's':
-			/* An empty path is not "the default": chimed refuses it too. */
-			if (!*optarg) {
-				fprintf(stderr, "chime-demo: --socket needs a path (empty given)\n");
+			if (chime_socket_opt("chime-demo", optarg) < 0)
 				return 2;
-			}
 			opts.socket_path = optarg;
 			break;
 		case 'S': opts.session = optarg; break;

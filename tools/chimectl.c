@@ -12,7 +12,6 @@
  * the information of its text, {"command", "ok", "exit_status", ...} and on
  * failure "error" (the message also goes to stderr, as without --json).
  */
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -28,6 +27,7 @@
 #include <unistd.h>
 
 #include "chime_config.h"
+#include "cliarg.h"
 #include "paths.h"
 #include "query.h"
 #include "segment.h"        /* chime_socket_absent_why() */
@@ -1425,8 +1425,8 @@ int main(int argc, char **argv)
 	};
 	const char *socket_arg = NULL, *cmd, *arg = NULL, *session = NULL;
 	long pid = -1;
-	uint64_t limit = 100;
-	char sock[PATH_MAX], *end;
+	uint64_t limit = 100, v;
+	char sock[PATH_MAX];
 	int opt, r, json = 0, known = 0;
 	bool have_limit = false;
 
@@ -1436,22 +1436,17 @@ int main(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "s:c:S:n:jhV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
-			/* An empty path is not "the default": chimed refuses it too. */
-			if (!*optarg) {
-				fprintf(stderr, PROG ": --socket needs a path (empty given)\n");
+			if (chime_socket_opt(PROG, optarg) < 0)
 				return SR_EXIT_USAGE;
-			}
 			socket_arg = optarg;
 			break;
 		case 'c':
-			/* Digits only: strtol would take " 12", "+12" and a pid no pid_t holds. */
-			errno = 0;
-			pid = isdigit((unsigned char)optarg[0]) ? strtol(optarg, &end, 10) : 0;
-			if (!isdigit((unsigned char)optarg[0]) || errno || *end || pid <= 0 || pid > INT32_MAX) {
+			if (chime_parse_u64(optarg, &v) < 0 || v == 0 || v > INT32_MAX) {
 				fprintf(stderr, PROG ": invalid --client '%s' (a process id from 1 to %d)\n", optarg,
 					INT32_MAX);
 				return SR_EXIT_USAGE;
 			}
+			pid = (long)v;
 			break;
 		case 'S':
 			/* What the broker would refuse (EINVAL): say so here, as a usage error. */
@@ -1462,21 +1457,14 @@ int main(int argc, char **argv)
 			}
 			session = optarg;
 			break;
-		case 'n': {
-			unsigned long long v = 0;
-
-			errno = 0;
-			if (isdigit((unsigned char)optarg[0]))
-				v = strtoull(optarg, &end, 10);
-			if (!isdigit((unsigned char)optarg[0]) || errno || *end) {
+		case 'n':
+			if (chime_parse_u64(optarg, &limit) < 0) {
 				fprintf(stderr, PROG ": invalid --limit '%s' (a number from 0 to %llu; 0: all)\n",
 					optarg, (unsigned long long)UINT64_MAX);
 				return SR_EXIT_USAGE;
 			}
-			limit = v;
 			have_limit = true;
 			break;
-		}
 		case 'j':
 			json = 1;
 			break;

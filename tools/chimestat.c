@@ -29,6 +29,7 @@
 
 #include "chime_config.h"
 #include "chimestat.h"
+#include "cliarg.h"
 #include "paths.h"
 
 /* --uid is kept in a long (struct opts), -1 for "any": every uid_t must fit beside it. */
@@ -145,11 +146,8 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "s:1jf:i:hV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
-			/* An empty path is not "the default": chimed refuses it too. */
-			if (!*optarg) {
-				fprintf(stderr, PROG ": --socket needs a path (empty given)\n");
+			if (chime_socket_opt(PROG, optarg) < 0)
 				return SR_EXIT_USAGE;
-			}
 			o.socket = optarg;
 			break;
 		case '1':
@@ -168,12 +166,9 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		case OPT_UID: {
 			/* A pid fits an int; a uid is any uid_t but (uid_t)-1, which means "no uid". */
 			unsigned long long max = opt == OPT_PID ? INT32_MAX : (uid_t)-1 - 1;
-			unsigned long long v;
-			char *end;
+			uint64_t v;
 
-			errno = 0;
-			v = strtoull(optarg, &end, 10);
-			if (errno || *end || !*optarg || *optarg == '-' || *optarg == '+' || v > max) {
+			if (chime_parse_u64(optarg, &v) < 0 || v > max) {
 				fprintf(stderr, PROG ": invalid %s '%s' (a number from 0 to %llu)\n",
 					opt == OPT_PID ? "--pid" : "--uid", optarg, max);
 				return SR_EXIT_USAGE;

@@ -9,10 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/un.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "cliarg.h"
+#include "paths.h"
 
 const char *bench_prog = "chime-bench";
 
@@ -23,27 +25,13 @@ const char *bench_prog = "chime-bench";
  */
 static int parse_span(const char *p, size_t len, uint64_t min, uint64_t max, uint64_t *out)
 {
-	size_t i = 0;
-	uint64_t v = 0;
-	int neg = 0, over = 0;
+	int neg = len > 0 && p[0] == '-';
+	uint64_t v;
+	int r = chime_parse_u64n(p + neg, len - (size_t)neg, &v);
 
-	if (len > 0 && p[0] == '-') {
-		neg = 1;
-		i = 1;
-	}
-	if (i == len)
-		return -EINVAL;
-	for (; i < len; i++) {
-		unsigned d = (unsigned char)p[i] - '0';
-
-		if (d > 9)
-			return -EINVAL;
-		if (v > (UINT64_MAX - d) / 10)
-			over = 1;
-		else
-			v = v * 10 + d;
-	}
-	if (neg || over || v < min || v > max)
+	if (r < 0)
+		return r;
+	if (neg || v < min || v > max)
 		return -ERANGE;
 	*out = v;
 	return 0;
@@ -62,15 +50,11 @@ int bench_opt_u64(const char *mode, const char *opt, const char *s, uint64_t min
 
 int bench_opt_socket(const char *mode, const char *s, const char **out)
 {
-	if (!*s) {
-		fprintf(stderr, "chime-bench %s: --socket needs a path (empty given)\n", mode);
+	char prog[64];
+
+	snprintf(prog, sizeof(prog), "chime-bench %s", mode);
+	if (chime_socket_opt(prog, s) < 0)
 		return -1;
-	}
-	if (strlen(s) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
-		fprintf(stderr, "chime-bench %s: --socket '%s' is too long (a unix socket's path is at most %zu bytes)\n",
-			mode, s, sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
-		return -1;
-	}
 	*out = s;
 	return 0;
 }

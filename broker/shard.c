@@ -13,7 +13,8 @@
  *   4. service every channel: free consumed ACKWAIT nodes, move backlogs,
  *      forget taken periodic events (USER_SERVICE_BUDGET of those for all
  *      of a user's channels, in the same turn as the drain), publish
- *      cq_tail, wake clients that asked for it;
+ *      cq_tail, wake clients that asked for it (USER_WAKE_BUDGET sends per
+ *      user, the rest in the next pass);
  *   5. a step of each client reclaim or session park in progress (RECLAIM_BUDGET nodes);
  *   6. publish the counters; then spin, or sleep.
  *

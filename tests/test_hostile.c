@@ -1150,9 +1150,10 @@ static void start_without_passrights(struct t_chimed *b)
 	unsetenv("LD_PRELOAD");
 }
 
-/* A broker of one shard (as before Linux 6.16 if asked), our client on it, the heartbeat watch's segment. */
+/* A broker of one shard (as before Linux 6.16 if asked), our client on it and settled, the heartbeat watch's segment. */
 static chime_t *linger_broker(struct t_chimed *b, struct chime_opts *o, struct hb_watch *w, bool without_passrights)
 {
+	uint64_t opened;
 	chime_t *me;
 
 	if (without_passrights)
@@ -1161,8 +1162,18 @@ static chime_t *linger_broker(struct t_chimed *b, struct chime_opts *o, struct h
 		cr_assert_eq(t_chimed_start(b, NULL, "--shards 1"), 0);
 	o->socket_path = b->sock;
 	cr_assert_eq(chime_open(&me, o), 0);
+	opened = now_ns();
 	w->pub = find_mapping("chime-public");
 	cr_assert_not_null(w->pub);
+	/*
+	 * The open's pass over: it answers first and then opens our pidfd
+	 * (arm_hup()), so a count of the broker's descriptors taken at once
+	 * could miss it (a base of 25, 26 at the end, in CI). A heartbeat
+	 * taken after the answer came is a later pass.
+	 */
+	while (at_load(&w->pub->heartbeat_ns) <= opened && now_ns() - opened < 2000 * MS)
+		usleep(1000);
+	cr_assert_gt(at_load(&w->pub->heartbeat_ns), opened, "no heartbeat in 2 s");
 	return me;
 }
 

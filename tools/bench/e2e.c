@@ -349,9 +349,10 @@ int bench_e2e(int argc, char **argv)
 				       "(bursts of %u into slots the consumer wrote last; CPUs %d -> %d), ns per record:\n"
 				       "  seq by release store %.1f | by exchange %.1f (libchime's publish) | CAS on the\n"
 				       "  tail, then exchange %.1f | the same, the slot %u on prefetched for writing %.1f\n"
-				       "  (libchime's reserve and publish) | 64 a CAS and an exchange %.1f (chime_submit's)\n",
+				       "  (libchime's reserve and publish) | 64 a CAS and an exchange %.1f (chime_submit's)\n"
+				       "  | the same, the 64 slots prefetched for writing first %.1f\n",
 				       burst, fl.cpu[0], fl.cpu[1], fl.ns[FLOOR_PLAIN], fl.ns[FLOOR_XCHG],
-				       fl.ns[FLOOR_CAS_XCHG], CHIME_SQ_AHEAD, fl.ns[FLOOR_CAS_XCHG_AHEAD], fl.ns[FLOOR_BATCH]);
+				       fl.ns[FLOOR_CAS_XCHG], CHIME_SQ_AHEAD, fl.ns[FLOOR_CAS_XCHG_AHEAD], fl.ns[FLOOR_BATCH], fl.ns[FLOOR_BATCH_AHEAD]);
 			else
 				printf("\nfloor: not measured (fewer than 2 CPUs allowed)\n");
 			printf("\nclient operations in bursts: 1 or 2 threads on one chime_t, each batch of %u into\n"

@@ -186,7 +186,7 @@ int lat_armed_late(uint64_t t0, size_t n, const char *who);
  * record to a thread on another CPU through a ring, in bursts of `burst`
  * into slots the consumer wrote last, published in the ways e2e_floor.c names.
  */
-enum floor_way { FLOOR_PLAIN, FLOOR_XCHG, FLOOR_CAS_XCHG, FLOOR_CAS_XCHG_AHEAD, FLOOR_BATCH, NR_FLOOR };
+enum floor_way { FLOOR_PLAIN, FLOOR_XCHG, FLOOR_CAS_XCHG, FLOOR_CAS_XCHG_AHEAD, FLOOR_BATCH, FLOOR_BATCH_AHEAD, NR_FLOOR };
 struct floor_result {
 	double ns[NR_FLOOR];    /* median over bursts, ns per record */
 	int cpu[2];             /* producer, consumer */

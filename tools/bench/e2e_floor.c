@@ -19,7 +19,13 @@
  *            for writing, as chime_sq_reserve() does (shm/ring.h);
  *   batch    FLOOR_BATCH records at a time, as chime_submit() writes them:
  *            every slot's seq checked, one CAS for all, the fields, then
- *            seq by release stores and one exchange after the last.
+ *            seq by release stores and one exchange after the last;
+ *   batch ahead  the same, the run's slots fetched for writing first: the
+ *            seq loads of the batch way take each line shared and its
+ *            stores take it again, which costs it half its time here
+ *            (8.0 against 3.9 ns a record, 2026-12-03). libchime does not
+ *            fetch so: chime_submit() gained nothing by it (its time is
+ *            its instructions, docs/BENCHMARKS.md).
  *
  * Each burst of B records goes into slots the consumer wrote last and is
  * not touching now (it drains between bursts, untimed), as a burst reaches
@@ -104,10 +110,12 @@ static inline void floor_fill(struct floor_slot *s, uint64_t p)
 }
 
 /* n records as chime_submit() writes a run of them: reserve all, fill, publish. */
-static void floor_batch(struct floor_ring *r, unsigned n)
+static void floor_batch(struct floor_ring *r, unsigned n, bool ahead)
 {
 	uint64_t p = at_load(&r->tail), cur = p;
 
+	for (unsigned k = 0; ahead && k < n; k++)
+		at_prefetch_w(&r->slot[(p + k) % FLOOR_SLOTS]);
 	for (unsigned k = 0; k < n; k++)
 		while (at_load_acq(&r->slot[(p + k) % FLOOR_SLOTS].seq) != p + k)
 			at_relax();
@@ -131,9 +139,9 @@ static double floor_way(struct floor_ring *r, enum floor_way way, unsigned burst
 		while (at_load_acq(&r->head) != r->tail)
 			at_relax();
 		a = now_ns();
-		for (unsigned i = 0; way == FLOOR_BATCH && i < burst; i += FLOOR_BATCH)
-			floor_batch(r, burst - i < FLOOR_BATCH ? burst - i : FLOOR_BATCH);
-		for (unsigned i = 0; way != FLOOR_BATCH && i < burst; i++) {
+		for (unsigned i = 0; (way == FLOOR_BATCH || way == FLOOR_BATCH_AHEAD) && i < burst; i += FLOOR_BATCH)
+			floor_batch(r, burst - i < FLOOR_BATCH ? burst - i : FLOOR_BATCH, way == FLOOR_BATCH_AHEAD);
+		for (unsigned i = 0; way != FLOOR_BATCH && way != FLOOR_BATCH_AHEAD && i < burst; i++) {
 			uint64_t p = at_load(&r->tail);
 			struct floor_slot *s = &r->slot[p % FLOOR_SLOTS];
 

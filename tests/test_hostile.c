@@ -2264,20 +2264,27 @@ static uint64_t lateness_beside(void (*attack)(const char *, unsigned, int), uns
  * Root's timers beside `attack` (conns connections of user 65534) fire at
  * most margin_ns later at the median than beside `base` (base_conns). The
  * maximum is this host's: a shard kept busy is preempted for a time slice
- * on a loaded host.
+ * on a loaded host. Up to three tries, each pair measured afresh: the
+ * host's noise only ever adds lateness, and one try in five beside other
+ * builds was 230 us late (a second or so each), while what the bound
+ * catches is in every try (the forced wake-ups before the share: 66-89 us
+ * in each of three).
  */
 static void later_beside_by_at_most(void (*base)(const char *, unsigned, int), unsigned base_conns,
 				    void (*attack)(const char *, unsigned, int), unsigned conns,
 				    uint64_t margin_ns, const char *what_base, const char *what)
 {
-	uint64_t before, after, max_before, max_after;
+	uint64_t before = 0, after = UINT64_MAX, max_before, max_after;
 
 	if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || geteuid() != 0)
 		cr_skip("needs 2 CPUs and root (to pin the broker's threads and run as another user)");
-	before = lateness_beside(base, base_conns, &max_before);
-	after = lateness_beside(attack, conns, &max_after);
-	fprintf(stderr, "another user's timers, late at the median (max): %.1f us (%.1f) %s, %.1f us (%.1f) %s\n",
-		before / 1e3, max_before / 1e3, what_base, after / 1e3, max_after / 1e3, what);
+	for (int try = 0; try < 3 && after >= before + margin_ns; try++) {
+		before = lateness_beside(base, base_conns, &max_before);
+		after = lateness_beside(attack, conns, &max_after);
+		fprintf(stderr, "another user's timers, late at the median (max), try %d: %.1f us (%.1f) %s, "
+			"%.1f us (%.1f) %s\n", try + 1, before / 1e3, max_before / 1e3, what_base, after / 1e3,
+			max_after / 1e3, what);
+	}
 	cr_assert_lt(after, before + margin_ns, "another user's timers fired %.1f us late at the median %s, "
 		     "against %.1f %s", after / 1e3, what, before / 1e3, what_base);
 }

@@ -646,6 +646,8 @@ static void unpublish(const struct chime *c, uint32_t s, uint32_t arm_to, struct
 
 		if (ops[k].result == 0 && (to == s || to == TO_ALL)) {
 			ops[k].result = err;
+			if (is_public_arm(ops[k].op))
+				ops[k].id = 0;  /* no id for a timer nobody holds, as chime_arm() */
 			t->ok--;
 		}
 	}
@@ -747,6 +749,79 @@ static int submit_shard(struct chime *c, uint32_t s, uint32_t arm_to, struct chi
 	return 0;
 }
 
+/*
+ * A call of ARMs only (the timers of a burst of new connections), all to
+ * shard s: submit_shard()'s work without what a mixed call needs (each
+ * operation classified first, then picked out of the array again for its
+ * shard). Results as there: 0 with the id, or the shard's refusal for the
+ * retry in chime_submit(); those never sent get the dead broker's errno.
+ */
+static int submit_arms(struct chime *c, uint32_t s, struct chime_op *ops, uint32_t n, struct batch_tally *t)
+{
+	struct chime_chan *ch = &c->chan[s];
+	struct chime_sqe *const slots = ch->sq.slots;
+	const uint32_t mask = ch->sq.mask;
+	const bool touch = c->touch != NULL;
+	uint32_t i = 0;
+	int r = 0;
+
+	while (i < n && !r) {
+		uint64_t pos, by = UINT64_MAX, last_arm = 0, last_arm_pos = 0;
+		uint32_t got = chime_sq_reserve_n(&ch->sq, n - i, &pos), first = i;
+
+		if (unlikely(!got)) {
+			if (!wait_room(c, ch, &pos)) {
+				r = cl_dead_errno(c);
+				break;
+			}
+			got = 1;
+		}
+		for (uint32_t k = 0; k < got; k++, i++) {
+			struct chime_op *o = &ops[i];
+			uint64_t id = 0;
+			bool tagged = false;
+
+			if (o->deadline_ns < by)
+				by = o->deadline_ns;    /* need_by() of an ARM */
+			o->result = fill(&slots[(pos + k) & mask], s, CHIME_OP_ARM, &id, o->key, o->deadline_ns,
+					 o->period_ns, o->user_data, &tagged);
+			if (unlikely(o->result)) {
+				o->id = 0;
+				t->refused++;
+				continue;
+			}
+			o->id = id;
+			t->ok++;
+			if (touch) {
+				touch_tag_armed(c, id, tagged);
+				last_arm = id;
+				last_arm_pos = pos + k;
+			}
+		}
+		if (last_arm)
+			touch_ahead(c, last_arm, last_arm_pos);
+		/* S1 for each record, S2 once after the last, as in submit_shard(). */
+		chime_sq_publish_n(&ch->sq, pos, got);
+		cl_doorbell_by(ch, by, pos, got);
+		arm_backlog(c, s, pos, got);
+		if (broker_stopping(c) && (r = stop_wait(c)) < 0) {
+			/* lost with the stopping broker, as unpublish() says */
+			for (uint32_t k = first; k < i; k++)
+				if (ops[k].result == 0) {
+					ops[k].result = r;
+					ops[k].id = 0;
+					t->ok--;
+				}
+		}
+	}
+	/* never sent: the broker died first */
+	for (; i < n; i++) {
+		ops[i].result = cl_dead_errno(c);
+		ops[i].id = 0;
+	}
+	return r;
+}
+
 /* An open-addressing set of the keys of a call's CANCEL_KEYs (cancel_retried()). */
 struct key_set {
 	uint64_t *keys;
@@ -816,6 +891,14 @@ static void cancel_retried(struct chime *c, const struct chime_op *ops, unsigned
 	free(ks.used);
 }
 
+static inline bool arms_only(const struct chime_op *ops, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (ops[i].op != CHIME_ARM)
+			return false;
+	return true;
+}
+
 CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 {
 	uint32_t count[CHIME_MAX_SHARDS];
@@ -830,6 +913,10 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 	memset(count, 0, c->nr_shards * sizeof(count[0]));
 	arm_shard = home_shard(c);
 	live = !cl_gone_for_ops(c);
+	if (live && n && arms_only(ops, n)) {
+		r = submit_arms(c, arm_shard, ops, n, &t);
+		goto sent;
+	}
 	for (unsigned i = 0; i < n; i++) {
 		uint32_t to = op_shard(c, &ops[i], arm_shard);
 
@@ -861,6 +948,7 @@ CHIME_PUBLIC int chime_submit(chime_t *c, struct chime_op *ops, unsigned n)
 	for (uint32_t s = 0; s < c->nr_shards && !r; s++)
 		if (count[s])
 			r = submit_shard(c, s, arm_shard, ops, count[s], &t);
+sent:
 	if (likely(!r && !t.refused))
 		return (int)t.ok;
 	/* the rare end: a dead broker, or arms to retry on other shards */

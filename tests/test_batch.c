@@ -278,6 +278,37 @@ Test(batch, broker_gone_is_enotconn)
 	chime_close(c);
 }
 
+/*
+ * A broker stopped cleanly, its connections not told yet (no drain, no
+ * wait): every operation of a call says ENOTCONN and no ARM gets an id,
+ * in a call of ARMs only and in a mixed one (libchime sends the first by
+ * a path of its own while the broker runs), each on a connection of its
+ * own.
+ */
+Test(batch, a_stopped_broker_loses_every_operation_of_a_call)
+{
+	enum { N = 40 };
+	static struct chime_op ops[N];
+	chime_t *c[2];
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 1 --sq-size 16"), 0);
+	c[0] = copen();
+	c[1] = copen();
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	for (int mixed = 0; mixed < 2; mixed++) {
+		for (unsigned i = 0; i < N; i++)
+			ops[i] = arm_op(1, now_ns() + HOUR, i);
+		if (mixed)
+			ops[N - 1] = (struct chime_op){ .op = CHIME_CANCEL_KEY, .key = 2 };
+		cr_assert_eq(chime_submit(c[mixed], ops, N), -ENOTCONN, "%s call", mixed ? "a mixed" : "an ARM-only");
+		for (unsigned i = 0; i < N; i++) {
+			cr_assert_eq(ops[i].result, -ENOTCONN, "op %u: %d", i, ops[i].result);
+			cr_assert(ops[i].op != CHIME_ARM || ops[i].id == 0, "op %u: an id for a timer nobody holds", i);
+		}
+		chime_close(c[mixed]);
+	}
+}
+
 /* Two threads submitting batches on one chime_t: exactly once, never early. */
 enum { T_BATCHES = 50, T_BATCH = 64, T_N = 2 * T_BATCHES * T_BATCH };
 static chime_t *shared_c;

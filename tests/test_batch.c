@@ -309,6 +309,87 @@ Test(batch, a_stopped_broker_loses_every_operation_of_a_call)
 	}
 }
 
+/* What one connection's calls across a stop said, checked by the test's thread. */
+struct across_stop {
+	chime_t *c;
+	unsigned calls, partial;        /* calls made; of them, some operations done and some not */
+	int last;                       /* the last call's return */
+	char wrong[256];                /* the first inconsistency seen, or "" */
+};
+
+static void *submit_across_stop(void *arg)
+{
+	enum { N = 40 };
+	struct across_stop *a = arg;
+	struct chime_op ops[N];
+	uint64_t end = now_ns() + 20000 * MS;
+
+	do {
+		unsigned ok = 0, armed = 0, k = a->calls;
+
+		for (unsigned i = 0; i < N; i++)
+			ops[i] = arm_op(k, now_ns() + HOUR, i);
+		if (k % 2)      /* a mixed call: it also cancels the call before's arms */
+			ops[N - 1] = (struct chime_op){ .op = CHIME_CANCEL_KEY, .key = k - 1 };
+		a->last = chime_submit(a->c, ops, N);
+		a->calls++;
+		for (unsigned i = 0; i < N && !a->wrong[0]; i++) {
+			ok += ops[i].result == 0;
+			if (ops[i].op != CHIME_ARM)
+				continue;
+			armed += ops[i].result == 0;
+			if ((ops[i].result == 0) != (ops[i].id != 0))
+				snprintf(a->wrong, sizeof(a->wrong), "call %u, ARM %u: result %d with id %#llx", k, i,
+					 ops[i].result, (unsigned long long)ops[i].id);
+			else if (ops[i].result != 0 && ops[i].result != -ENOTCONN && ops[i].result != -ENOMEM &&
+				 ops[i].result != -EDQUOT)
+				snprintf(a->wrong, sizeof(a->wrong), "call %u, ARM %u: result %d", k, i, ops[i].result);
+		}
+		if (!a->wrong[0] && (a->last >= 0 ? a->last != (int)ok : ok != 0))
+			snprintf(a->wrong, sizeof(a->wrong), "call %u returned %d with %u operations done", k,
+				 a->last, ok);
+		a->partial += ok && ok < N;
+		(void)armed;
+	} while (a->last != -ENOTCONN && !a->wrong[0] && now_ns() < end);
+	return NULL;
+}
+
+/*
+ * Calls going on while the broker stops, on an anonymous connection and
+ * on a session's (which waits for a broker to take it over, here for 1 s):
+ * whichever moment each call meets the stop at, every operation's result
+ * says what happened to it, an ARM has an id exactly when it is done, the
+ * call returns how many are done (or, none done, the error), and both end
+ * with ENOTCONN.
+ */
+Test(batch, calls_across_a_stop_say_what_each_operation_did, .timeout = 60)
+{
+	struct chime_opts o = { 0 };
+	struct across_stop a[2] = { { 0 } };
+	pthread_t th[2];
+
+	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 2 --sq-size 16"), 0);
+	o.socket_path = tb.sock;
+	cr_assert_eq(chime_open(&a[0].c, &o), 0);
+	o.session = "batch-across-a-stop";
+	cr_assert_eq(setenv("CHIME_RECONNECT_S", "1", 1), 0);
+	cr_assert_eq(chime_open(&a[1].c, &o), 0);
+	unsetenv("CHIME_RECONNECT_S");
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(pthread_create(&th[i], NULL, submit_across_stop, &a[i]), 0);
+	usleep(300 * 1000);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	for (int i = 0; i < 2; i++) {
+		pthread_join(th[i], NULL);
+		fprintf(stderr, "%s connection: %u calls, %u with some operations done and some not, the last %d\n",
+			i ? "session" : "anonymous", a[i].calls, a[i].partial, a[i].last);
+		cr_assert_eq(a[i].wrong[0], 0, "%s connection: %s", i ? "session" : "anonymous", a[i].wrong);
+		cr_assert_eq(a[i].last, -ENOTCONN, "%s connection: the last call returned %d", i ? "session" : "anonymous",
+			     a[i].last);
+		chime_close(a[i].c);
+	}
+}
+
 /* Two threads submitting batches on one chime_t: exactly once, never early. */
 enum { T_BATCHES = 50, T_BATCH = 64, T_N = 2 * T_BATCHES * T_BATCH };
 static chime_t *shared_c;

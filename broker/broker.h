@@ -221,6 +221,7 @@ struct client {
 struct broker {
 	struct broker_opts o;
 	struct discard *discard;        /* empties ended connections' segments (discard.h) */
+	unsigned discard_lost;          /* its helpers lost, as last logged */
 	struct aside *closer;           /* closes descriptors a client may hang work on (close_aside()) */
 	uint64_t closer_log;            /* log_ratelimit(): the closer held up (closer_beat()) */
 	char ctl_path[PATH_MAX];

@@ -1755,6 +1755,12 @@ int broker_run(struct broker *b)
 		/* Both steps in every iteration: a scan under way must not keep segments mapped. */
 		busy = query_step(b);
 		busy |= discard_step(b->discard, DISCARD_STEP_NS);
+		if (discard_helpers_lost(b->discard) != b->discard_lost) {
+			b->discard_lost = discard_helpers_lost(b->discard);
+			log_msg(LOG_WARNING, "the segment discard helper (chimed-discard) is gone, %u so far: "
+				"another starts within a second; ended connections' pages wait for their "
+				"clients' close meanwhile", b->discard_lost);
+		}
 		wait = busy ? 0 : beat - (now - last_hb);
 		ts.tv_sec = 0;
 		ts.tv_nsec = (long long)wait;

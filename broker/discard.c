@@ -6,9 +6,14 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include <unistd.h>
@@ -16,23 +21,28 @@
 #include "clock.h"
 
 #define DISCARD_SEGS 3u         /* a connection's: rw, ro, touch */
-/* Jobs that wait for a step while the thread holds the lock; past these, closed without the punch. */
-#define DISCARD_PEND_HELD 64u
-/* The thread's stack, ours (discard_start()); reserved, not committed: TSan wants ~0.9 MiB of one. */
-#define DISCARD_STACK (UINT64_C(2) * 1024 * 1024)
 /* A seal under way this long is held up by its client (see sealer_step()): another sealer takes the rest. */
 #define SEAL_STUCK_NS (UINT64_C(1000) * 1000000u)
 /* Sealers at most, held up or not: past them the jobs wait for one to be let go. */
 #define SEALERS_MAX 16u
 /* How long a stop waits for the sealers under way (discard_stop()). */
 #define SEAL_STOP_WAIT_NS (UINT64_C(1000) * 1000000u)
+/* A helper gone (killed): the next one is forked this long after, at a step. */
+#define HELPER_RESPAWN_NS (UINT64_C(1000) * 1000000u)
+
+/* A job as the helper gets it: one datagram, its descriptors attached in order. */
+struct discard_msg {
+	uint32_t nfds;
+	uint32_t punch;                 /* 0: close them only */
+	uint64_t sizes[DISCARD_SEGS];   /* bytes of descriptor i to punch out */
+};
 
 struct discard_job {
 	struct discard_job *next;
 	uint32_t uid;           /* the user the connection counted against (waiting()) */
-	unsigned max;           /* that user's jobs that may wait for the thread */
+	unsigned max;           /* that user's jobs that may wait for the helper */
 	unsigned n;
-	struct chime_map maps[DISCARD_SEGS];    /* ours, unmapped by discard_step() before the thread sees it */
+	struct chime_map maps[DISCARD_SEGS];    /* ours, unmapped by discard_step() before the helper sees it */
 	int fds[DISCARD_SEGS];
 	size_t sizes[DISCARD_SEGS];
 	unsigned unsealed;                      /* segments to seal before the unmap (discard_post()) */
@@ -48,30 +58,26 @@ struct discard_kept {
 	struct chime_map map;
 };
 
+/*
+ * The caller's thread only, but for the sealers' part (slock). The helper
+ * is a process: nothing here is shared with it but the socket.
+ */
 struct discard {
-	pthread_t thr;
-	bool thr_joinable;                  /* the caller's thread only: thr started and not joined */
-	pthread_attr_t attr;                /* every thread's: our stack below */
-	void *stack;                        /* mapped with a guard page below it */
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	struct discard_job *head, **tail;   /* under lock */
-	struct discard_job *done;           /* under lock: run, for the caller's thread to free */
-	bool leaving;                       /* under lock: thr has run jobs at idle priority and exits */
-	bool running;                       /* under lock: a job is being run (counted as waiting) ... */
-	uint32_t running_uid;               /* ... for this user */
-	bool stop;                          /* under lock: close what is left, no punch, and exit */
-	struct discard_job *pend, **pend_tail;  /* the caller's thread only: not handed over yet (discard_step()) */
-	unsigned npend;                         /* the caller's thread only: how many */
+	pid_t helper;                       /* 0 while there is none (and sock is -1) */
+	int sock;                           /* ours: jobs out, a byte back for each one done */
+	uint64_t lost_ns;                   /* when the last one was lost */
+	unsigned lost;                      /* helpers lost so far */
+	struct discard_job *head, **tail;   /* unmapped, its descriptors ours, not sent yet */
+	struct discard_job *sent, **sent_tail;  /* sent, the helper's until its byte comes back (in order) */
+	struct discard_job *pend, **pend_tail;  /* posted, still mapped (discard_step() unmaps) */
 
 	/*
 	 * Sealers: threads at normal priority, started while jobs wait for
 	 * one, each gone once none waits. A seal costs no CPU, but waits for
 	 * the memfd's inode lock, which its client can hold for as long as it
 	 * likes (a write() from a buffer whose page fault it serves: FUSE,
-	 * userfaultfd): never on the caller's thread, not on the one above
-	 * (joined at a stop), and one held up holds up nobody else's
-	 * (sealer_step()).
+	 * userfaultfd): never on the caller's thread, and one held up holds
+	 * up nobody else's (sealer_step()).
 	 */
 	pthread_mutex_t slock;
 	pthread_cond_t scond;               /* a sealer left: discard_stop() waits for the last */
@@ -93,72 +99,140 @@ static void fds_close(const int *fds, unsigned n)
 			close(fds[i]);
 }
 
-/*
- * Descriptors only, no mapping of ours: nothing here takes the broker's
- * mmap_lock, which this thread, at idle priority, would hold while
- * starved of CPU (see discard.h). Nor malloc() or free(): the caller's
- * thread frees the job (d->done), since a thread's first free() can map
- * an arena and its exit hands its cache back.
- */
-static void job_run(struct discard_job *j, bool punch)
+/* Every descriptor but `keep`: close_range(), or one by one where a filter refuses it. */
+static void close_all_but(int keep)
 {
-	for (unsigned i = 0; i < j->n && punch; i++)
-		if (j->fds[i] >= 0 && j->sizes[i])
-			(void)chime_seg_discard(j->fds[i], j->sizes[i]);
-	fds_close(j->fds, j->n);
+	struct rlimit rl;
+	unsigned max = 1u << 20;
+
+	if ((keep == 0 || close_range(0, (unsigned)keep - 1, 0) == 0) &&
+	    close_range((unsigned)keep + 1, ~0u, 0) == 0)
+		return;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < max)
+		max = (unsigned)rl.rlim_cur;
+	for (unsigned fd = 0; fd < max; fd++)
+		if ((int)fd != keep)
+			(void)close((int)fd);
+}
+
+/* Is line [p, end) of /proc/self/maps a shared mapping ("s" in its perms) of ours to drop? */
+static bool maps_line_shared(const char *p, const char *end, uintptr_t *from, uintptr_t *to)
+{
+	uintptr_t a = 0, b = 0;
+	const char *q = p;
+
+	for (; q < end && *q != '-'; q++)
+		a = a * 16 + (uintptr_t)(*q <= '9' ? *q - '0' : (*q | 0x20) - 'a' + 10);
+	for (q++; q < end && *q != ' '; q++)
+		b = b * 16 + (uintptr_t)(*q <= '9' ? *q - '0' : (*q | 0x20) - 'a' + 10);
+	if (end - q < 5 || q[4] != 's' || memchr(q, '[', (size_t)(end - q)))
+		return false;   /* private, or the kernel's ([vvar] and such) */
+	*from = a;
+	*to = b;
+	return true;
 }
 
 /*
- * A thread waits for work at the priority it was created with, and only
- * the one that takes a job goes to idle priority ("Memory comes back a
- * little later under load; nothing waits for it"), for good: an
- * unprivileged process cannot come back from SCHED_IDLE. Once it has no
- * job left it exits, and discard_step() starts the next one. A thread at
- * idle priority is the last of the broker to get a CPU when it is
- * killed, and the broker is reaped only once all of its threads are
- * gone: one always there held every exit for as long as any busy loop
- * starved it (discard.h).
+ * Unmap what the fork copied of the broker's shared mappings (shard
+ * files, segments, clients' memfds): the helper would keep each file,
+ * and a client's pages, as long as it lives. Read with system calls
+ * only, a line at a time; the kernel resumes the file after the last
+ * mapping shown, so unmapping as it reads skips nothing.
  */
-static void *discard_main(void *arg)
+static void unmap_shared(void)
 {
-	struct discard *d = arg;
-	struct sched_param idle = { .sched_priority = 0 };
-	bool at_idle = false;
+	char buf[4096];
+	size_t have = 0;
+	bool skip = false;      /* in a line longer than buf (a long path): not ours to judge */
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
 
-	pthread_mutex_lock(&d->lock);
+	if (fd < 0)
+		return;
 	for (;;) {
-		struct discard_job *j = d->head;
+		ssize_t r = read(fd, buf + have, sizeof(buf) - have);
+		char *p = buf, *nl;
 
-		if (!j) {
-			if (d->stop || at_idle)
-				break;
-			pthread_cond_wait(&d->cond, &d->lock);
-			continue;
-		}
-		d->head = j->next;
-		if (!d->head)
-			d->tail = &d->head;
-		d->running = true;
-		d->running_uid = j->uid;
-		{
-			bool punch = !d->stop;
+		if (r <= 0)
+			break;
+		have += (size_t)r;
+		while ((nl = memchr(p, '\n', have - (size_t)(p - buf)))) {
+			uintptr_t a, b;
 
-			pthread_mutex_unlock(&d->lock);
-			if (!at_idle)
-				(void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
-			at_idle = true;
-			job_run(j, punch);
-			pthread_mutex_lock(&d->lock);
+			if (!skip && maps_line_shared(p, nl, &a, &b))
+				(void)munmap((void *)a, b - a);
+			skip = false;
+			p = nl + 1;
 		}
-		j->next = d->done;
-		d->done = j;
-		d->running = false;
+		have -= (size_t)(p - buf);
+		if (have == sizeof(buf)) {
+			have = 0;
+			skip = true;
+		}
+		memmove(buf, p, have);
 	}
-	d->leaving = at_idle;
-	pthread_mutex_unlock(&d->lock);
-	return NULL;
+	close(fd);
 }
 
+/*
+ * The helper process: forked by discard_start(), it gets jobs on `sock`,
+ * punches and closes their descriptors, and answers a byte for each.
+ * System calls only (the broker may have threads when it forks), none
+ * of the broker's descriptors or shared mappings kept: a starved helper
+ * holds nothing the broker, or its next start, waits for (discard.h).
+ */
+static _Noreturn void helper_main(int sock, pid_t parent)
+{
+	struct sched_param idle = { .sched_priority = 0 };
+	sigset_t none;
+
+	/* Gone with the broker, however it ends (a stop kills it first). */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+		_exit(0);
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);  /* the broker blocks SIGTERM for its signalfd */
+	/* Not the broker's socket, lock file (flock()ed: a copy would hold it), clients' descriptors or log. */
+	close_all_but(sock);
+	unmap_shared();
+	(void)prctl(PR_SET_NAME, "chimed-discard");
+	(void)sched_setscheduler(0, SCHED_IDLE, &idle);
+	for (;;) {
+		struct discard_msg m;
+		union {
+			char buf[CMSG_SPACE(sizeof(int) * DISCARD_SEGS)];
+			struct cmsghdr align;
+		} u;
+		struct iovec iov = { .iov_base = &m, .iov_len = sizeof(m) };
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+				     .msg_controllen = sizeof(u.buf) };
+		struct cmsghdr *c;
+		ssize_t r = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			_exit(0);       /* the broker closed its end */
+		for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+			unsigned nfds;
+			int fds[DISCARD_SEGS];
+
+			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+				continue;
+			nfds = (unsigned)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+			if (nfds > DISCARD_SEGS)
+				nfds = DISCARD_SEGS;
+			memcpy(fds, CMSG_DATA(c), nfds * sizeof(int));
+			for (unsigned i = 0; i < nfds; i++) {
+				if ((size_t)r == sizeof(m) && m.punch && i < m.nfds && m.sizes[i])
+					(void)chime_seg_discard(fds[i], (size_t)m.sizes[i]);
+				close(fds[i]);
+			}
+		}
+		while ((r = send(sock, "", 1, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+			;
+		if (r < 0)
+			_exit(0);
+	}
+}
 /*
  * Seal each unsealed segment against writes through our descriptor. Once
  * that returns no punch is under way (a seal is added under the inode
@@ -257,112 +331,6 @@ static void *sealer_main(void *arg)
 	return NULL;
 }
 
-/* A thread to wait for jobs, on our stack (the last one joined): 0, or -errno. */
-static int thread_start(struct discard *d)
-{
-	int r = pthread_create(&d->thr, &d->attr, discard_main, d);
-
-	if (r)
-		return -r;
-	d->thr_joinable = true;
-	pthread_setname_np(d->thr, "chimed-discard");
-	return 0;
-}
-
-/*
- * Free the jobs run, and once the thread at idle priority has exited,
- * start the next one at ours. One still exiting (starved) is joined at a
- * later step: its jobs wait meanwhile, as for a thread that is starved.
- * Never waits for the lock: the thread may hold it, starved.
- */
-static void thread_renew(struct discard *d)
-{
-	struct discard_job *done;
-	bool leaving;
-
-	if (pthread_mutex_trylock(&d->lock) != 0)
-		return;
-	done = d->done;
-	d->done = NULL;
-	leaving = d->leaving;
-	pthread_mutex_unlock(&d->lock);
-	while (done) {
-		struct discard_job *j = done;
-
-		done = j->next;
-		free(j);
-	}
-	if (d->thr_joinable && leaving && pthread_tryjoin_np(d->thr, NULL) == 0) {
-		d->thr_joinable = false;
-		d->leaving = false;     /* no thread: nobody else writes it */
-	}
-	if (!d->thr_joinable)
-		(void)thread_start(d);  /* else at a later step */
-}
-
-int discard_start(struct discard **out)
-{
-	size_t page = (size_t)sysconf(_SC_PAGESIZE);
-	struct discard *d = calloc(1, sizeof(*d));
-	char *m;
-	int r;
-
-	if (!d)
-		return -ENOMEM;
-	/*
-	 * Our own stack, so that glibc does not madvise() it away as the
-	 * thread exits (its own stacks' unused part): that takes the
-	 * mmap_lock, at idle priority. One thread at a time uses it.
-	 */
-	m = mmap(NULL, DISCARD_STACK + page, PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
-	if (m == MAP_FAILED) {
-		free(d);
-		return -errno;
-	}
-	(void)mprotect(m, page, PROT_NONE);     /* the guard */
-	d->stack = m;
-	pthread_attr_init(&d->attr);
-	pthread_attr_setstack(&d->attr, m + page, DISCARD_STACK);
-	pthread_mutex_init(&d->lock, NULL);
-	pthread_cond_init(&d->cond, NULL);
-	pthread_mutex_init(&d->slock, NULL);
-	{
-		pthread_condattr_t ca;
-
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);        /* discard_stop()'s timed wait */
-		pthread_cond_init(&d->scond, &ca);
-		pthread_condattr_destroy(&ca);
-	}
-	d->tail = &d->head;
-	d->stail = &d->shead;
-	d->pend_tail = &d->pend;
-	r = thread_start(d);
-	if (r < 0) {
-		pthread_cond_destroy(&d->scond);
-		pthread_mutex_destroy(&d->slock);
-		pthread_cond_destroy(&d->cond);
-		pthread_mutex_destroy(&d->lock);
-		pthread_attr_destroy(&d->attr);
-		munmap(m, DISCARD_STACK + page);
-		free(d);
-		return r;
-	}
-	*out = d;
-	return 0;
-}
-
-/* Jobs of user uid waiting, the one being run included (under lock). */
-static unsigned waiting(const struct discard *d, uint32_t uid)
-{
-	unsigned n = d->running && d->running_uid == uid;
-
-	for (const struct discard_job *j = d->head; j; j = j->next)
-		n += j->uid == uid;
-	return n;
-}
-
 void discard_post(struct discard *d, struct chime_map *maps, int *fds, const size_t *sizes, unsigned n,
 		  uint32_t uid, unsigned max, unsigned unsealed)
 {
@@ -404,7 +372,6 @@ void discard_post(struct discard *d, struct chime_map *maps, int *fds, const siz
 	}
 	*d->pend_tail = j;
 	d->pend_tail = &j->next;
-	d->npend++;
 }
 
 unsigned discard_unsealed(const struct discard *d, uint32_t uid)
@@ -453,7 +420,6 @@ static void job_sealed(struct discard *d, struct discard_job *j)
 	j->next = NULL;
 	*d->pend_tail = j;
 	d->pend_tail = &j->next;
-	d->npend++;
 }
 
 /* Under slock: is every sealer running held up in one seal (SEAL_STUCK_NS)? */
@@ -529,80 +495,251 @@ static struct discard_job *pend_pop(struct discard *d)
 	d->pend = j->next;
 	if (!d->pend)
 		d->pend_tail = &d->pend;
-	d->npend--;
 	return j;
 }
 
-/*
- * Our mappings of the oldest pending job go, then its descriptors to the
- * thread (or closed: the user's share waits already). False if the
- * thread holds the lock: the job stays first. Never waits for the lock:
- * the thread takes it at idle priority, and busy loops of any user can
- * starve it inside its few instructions under the lock for seconds,
- * which every handshake and heartbeat would wait out behind it.
- */
-static bool job_hand_over(struct discard *d)
+
+/* Closed here, its pages not punched: they go with the client's own close (or the helper is gone). */
+static void job_close(struct discard_job *j)
 {
-	struct discard_job *j = d->pend;
+	fds_close(j->fds, j->n);
+	free(j);
+}
+
+/* Jobs of user uid waiting for the helper: queued here or sent. */
+static unsigned waiting(const struct discard *d, uint32_t uid)
+{
+	unsigned n = 0;
+
+	for (const struct discard_job *j = d->head; j; j = j->next)
+		n += j->uid == uid;
+	for (const struct discard_job *j = d->sent; j; j = j->next)
+		n += j->uid == uid;
+	return n;
+}
+
+/*
+ * Fork the helper: 0, or -errno. Forked by the thread that calls
+ * discard_step() (its death is the helper's: PR_SET_PDEATHSIG).
+ */
+static int helper_spawn(struct discard *d)
+{
+	pid_t parent = getpid(), pid;
+	int sv[2], err;
+
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+		return -errno;
+	pid = fork();
+	if (pid == 0)
+		helper_main(sv[1], parent);
+	err = errno;
+	close(sv[1]);
+	if (pid < 0) {
+		close(sv[0]);
+		return -err;
+	}
+	d->helper = pid;
+	d->sock = sv[0];
+	return 0;
+}
+
+/*
+ * The helper is gone (killed, or it failed a send): what it had is the
+ * kernel's to close with its socket, what waits here is closed without
+ * the punch, and discard_step() forks another after HELPER_RESPAWN_NS.
+ */
+static void helper_lost(struct discard *d)
+{
+	if (d->helper > 0) {
+		(void)kill(d->helper, SIGKILL);
+		(void)waitpid(d->helper, NULL, WNOHANG);        /* else the kernel's, or our exit's */
+	}
+	if (d->sock >= 0)
+		close(d->sock);
+	d->sock = -1;
+	d->helper = 0;
+	d->lost_ns = now_ns();
+	d->lost++;
+	while (d->sent) {
+		struct discard_job *j = d->sent;
+
+		d->sent = j->next;
+		free(j);        /* its descriptors were closed as it was sent */
+	}
+	d->sent_tail = &d->sent;
+	while (d->head) {
+		struct discard_job *j = d->head;
+
+		d->head = j->next;
+		job_close(j);
+	}
+	d->tail = &d->head;
+}
+
+/* One job to the helper, without waiting: 0, -EAGAIN if its queue is full, or another -errno. */
+static int job_send(int sock, const struct discard_job *j)
+{
+	struct discard_msg m = { .punch = 1 };
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * DISCARD_SEGS)];
+		struct cmsghdr align;
+	} u;
+	int fds[DISCARD_SEGS];
+	struct iovec iov = { .iov_base = &m, .iov_len = sizeof(m) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf };
+	struct cmsghdr *c;
+
+	memset(&u, 0, sizeof(u));
+	for (unsigned i = 0; i < j->n; i++)
+		if (j->fds[i] >= 0) {
+			fds[m.nfds] = j->fds[i];
+			m.sizes[m.nfds++] = j->sizes[i];
+		}
+	mh.msg_controllen = CMSG_SPACE(sizeof(int) * m.nfds);
+	c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int) * m.nfds);
+	memcpy(CMSG_DATA(c), fds, sizeof(int) * m.nfds);
+	return sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 ? -errno : 0;
+}
+
+/*
+ * The queued jobs to the helper, as many as its socket takes (a few: the
+ * rest wait here, counted for their users), and the answers for those it
+ * has done. Never waits.
+ */
+static void helper_feed(struct discard *d)
+{
+	char ack[16];
+	ssize_t r;
+
+	while (d->sock >= 0 && d->sent) {
+		r = recv(d->sock, ack, sizeof(ack), MSG_DONTWAIT);
+		if (r < 0 && (errno == EAGAIN || errno == EINTR))
+			break;
+		if (r <= 0) {
+			helper_lost(d);
+			break;
+		}
+		{
+			struct discard_job *j = d->sent;
+
+			d->sent = j->next;
+			if (!d->sent)
+				d->sent_tail = &d->sent;
+			free(j);
+		}
+	}
+	while (d->sock >= 0 && d->head) {
+		struct discard_job *j = d->head;
+		bool none = true;
+		int e;
+
+		for (unsigned i = 0; i < j->n; i++)
+			none &= j->fds[i] < 0;
+		e = none ? 0 : job_send(d->sock, j);
+		if (e == -EAGAIN)
+			break;
+		if (e < 0) {
+			helper_lost(d);
+			break;
+		}
+		d->head = j->next;
+		if (!d->head)
+			d->tail = &d->head;
+		fds_close(j->fds, j->n);        /* the helper's now */
+		if (none) {
+			free(j);
+			continue;
+		}
+		j->next = NULL;
+		*d->sent_tail = j;
+		d->sent_tail = &j->next;
+	}
+}
+
+/*
+ * Our mappings of the oldest posted job go, then it waits for the helper
+ * (or is closed here: its user's share waits already, or there is no
+ * helper).
+ */
+static void job_hand_over(struct discard *d)
+{
+	struct discard_job *j = pend_pop(d);
 
 	for (unsigned i = 0; i < j->n; i++)
 		chime_seg_unmap(&j->maps[i]);
-	if (pthread_mutex_trylock(&d->lock) != 0)
-		return false;
-	(void)pend_pop(d);
 	j->next = NULL;
-	if (waiting(d, j->uid) >= j->max) {
-		pthread_mutex_unlock(&d->lock);
-		job_run(j, false);
-		free(j);
-		return true;
+	if (d->sock < 0 || waiting(d, j->uid) >= j->max) {
+		job_close(j);
+		return;
 	}
 	*d->tail = j;
 	d->tail = &j->next;
-	pthread_cond_signal(&d->cond);
-	pthread_mutex_unlock(&d->lock);
-	return true;
+}
+
+int discard_start(struct discard **out)
+{
+	struct discard *d = calloc(1, sizeof(*d));
+	int r;
+
+	if (!d)
+		return -ENOMEM;
+	d->sock = -1;
+	r = helper_spawn(d);
+	if (r < 0) {
+		free(d);
+		return r;
+	}
+	pthread_mutex_init(&d->slock, NULL);
+	{
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);        /* discard_stop()'s timed wait */
+		pthread_cond_init(&d->scond, &ca);
+		pthread_condattr_destroy(&ca);
+	}
+	d->tail = &d->head;
+	d->sent_tail = &d->sent;
+	d->stail = &d->shead;
+	d->pend_tail = &d->pend;
+	*out = d;
+	return 0;
 }
 
 bool discard_step(struct discard *d, uint64_t budget_ns)
 {
 	uint64_t t0 = now_ns();
-	bool held = false;
 
 	if (!d)
 		return false;
 	sealer_step(d);
+	if (!d->helper && now_ns() - d->lost_ns >= HELPER_RESPAWN_NS)
+		(void)helper_spawn(d);          /* else at a later step */
 	while (d->pend) {
-		if (!job_hand_over(d)) {
-			held = true;
-			break;
-		}
+		job_hand_over(d);
 		if (now_ns() - t0 >= budget_ns)
 			break;
 	}
-	/*
-	 * The thread holds the lock: the rest wait for a later step (the next
-	 * loop iteration, a heartbeat at most), not a spin of this one; but no
-	 * more than DISCARD_PEND_HELD of them, each keeping its descriptors:
-	 * past that, the oldest are closed here without the punch.
-	 */
-	while (held && d->npend > DISCARD_PEND_HELD) {
-		struct discard_job *j = pend_pop(d);
+	helper_feed(d);
+	return d->pend != NULL;
+}
 
-		for (unsigned i = 0; i < j->n; i++)
-			chime_seg_unmap(&j->maps[i]);
-		job_run(j, false);
-		free(j);
-	}
-	thread_renew(d);        /* the thread may have left as these came */
-	return d->pend && !held;
+pid_t discard_helper(const struct discard *d)
+{
+	return d ? d->helper : 0;
+}
+
+unsigned discard_helpers_lost(const struct discard *d)
+{
+	return d ? d->lost : 0;
 }
 
 void discard_stop(struct discard *d)
 {
-	struct discard_job *queued;
 	unsigned sealers_left;
-	size_t page;
 
 	if (!d)
 		return;
@@ -637,37 +774,14 @@ void discard_stop(struct discard *d)
 
 		for (unsigned i = 0; i < j->n; i++)
 			chime_seg_unmap(&j->maps[i]);
-		job_run(j, false);
-		free(j);
+		job_close(j);
 	}
-	/* What waits is closed here: the thread, at idle priority, ends the job it runs, if any. */
-	pthread_mutex_lock(&d->lock);
-	d->stop = true;
-	queued = d->head;
-	d->head = NULL;
-	d->tail = &d->head;
-	pthread_cond_signal(&d->cond);
-	pthread_mutex_unlock(&d->lock);
-	while (queued) {
-		struct discard_job *j = queued;
-
-		queued = j->next;
-		job_run(j, false);
-		free(j);
-	}
-	if (d->thr_joinable)
-		pthread_join(d->thr, NULL);
-	while (d->done) {
-		struct discard_job *j = d->done;
-
-		d->done = j->next;
-		free(j);
-	}
-	pthread_cond_destroy(&d->cond);
-	pthread_mutex_destroy(&d->lock);
-	pthread_attr_destroy(&d->attr);
-	page = (size_t)sysconf(_SC_PAGESIZE);
-	munmap(d->stack, DISCARD_STACK + page);
+	/*
+	 * What waits is closed here, and what the helper has is closed with
+	 * it, no punch: killed, not waited for (at idle priority it may not
+	 * get a CPU for a while, and nothing of ours waits for it).
+	 */
+	helper_lost(d);
 	if (sealers_left)
 		return;         /* theirs until the exit */
 	pthread_cond_destroy(&d->scond);

@@ -1,29 +1,34 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * discard.h - a finished connection's segments are emptied on a thread of
- * their own, not the control thread's.
+ * discard.h - a finished connection's segments are emptied by a helper
+ * process, not the control thread.
  *
  * Punching the pages out (chime_seg_discard()) tears them out of every
  * mapping of the memfd, and a client may map one thousands of times and
  * fault them all in: a review measured 1.6 s for 1 MiB under 60,000 such
  * mappings. On the control thread that stalled every handshake and, past
- * WatchdogSec, got the broker killed.
+ * WatchdogSec, got the broker killed. So it runs at idle priority, on
+ * CPU nobody else wants, and anyone's busy loops can starve it.
  *
- * The thread gets descriptors, never mappings: the control thread unmaps
- * its own (its page tables only), in steps. Unmapping here, and
- * punching through the mapping (MADV_REMOVE), took the broker's mmap_lock
- * at idle priority: any user's busy loops starved the thread while it
- * held the lock, and the control thread's next mmap (every chime_open())
- * waited for it, heartbeat and all (an audit: heartbeats 250-909 ms old
- * with 3 busy loops and 2 open/close loops of one user, 2 CPUs).
+ * A starved thread of the broker's held the broker up, whatever it did:
+ * punching through the broker's mappings and unmapping them held its
+ * mmap_lock (heartbeats 250-909 ms old in an audit); a thread waiting for
+ * work at idle priority held up every kill of the broker (reaped once its
+ * last thread exits: 0.4-2.6 s with 3 busy loops on 2 CPUs); and a
+ * thread that went to idle priority with its first job and exited when
+ * done still stalled the control thread now and then (heartbeats 2.3-3.9
+ * s old in 2 of 8 runs with it pinned beside 24 busy loops, once in CI),
+ * its stack never caught. The likeliest cause: its exit takes the
+ * mmap_lock for reading (exit_mm()), a rw semaphore hands it to a reader
+ * that waited behind a writer, and the thread then held it while it
+ * waited for a CPU, with the control thread's next mmap behind it.
  *
- * A thread waits for jobs at normal priority and goes to idle priority
- * as it takes one, then exits once it has none (an unprivileged process
- * cannot come back from SCHED_IDLE); the next is started by
- * discard_step(). A broker is reaped once all of its threads have
- * exited, and a killed one waited for its thread at idle priority, the
- * last to get a CPU beside any busy loop: SIGKILL to waitpid() 0.4-0.6 s
- * (median), up to 2.6 s, with 3 busy loops on 2 CPUs; 10-20 ms now.
+ * Now a process of its own does it, the "chimed-discard" child: its own
+ * memory, its own locks, and the broker exits without it. It gets
+ * descriptors, never mappings (the control thread unmaps its own, in
+ * steps), over a socket pair, one datagram a job, and answers a byte for
+ * each one done; it closes every descriptor but its socket, unmaps the
+ * broker's shared mappings, and dies with the broker (PR_SET_PDEATHSIG). One killed is replaced a second later.
  *
  * A writable segment its client never sealed (an attach that failed
  * before it did) it may still punch: our munmap of it would wait for the
@@ -46,12 +51,18 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "segment.h"
 
 struct discard;
 
-/* Start the first thread (idle priority once it has a job): 0, or -errno. */
+/*
+ * Fork the helper (at idle priority, "chimed-discard"): 0, or -errno.
+ * The thread that calls it and discard_step() must outlive the helper's
+ * use: the helper dies with it. The broker should reap its children
+ * (SIGCHLD ignored): a helper killed is not waited for.
+ */
 int discard_start(struct discard **d);
 
 /*
@@ -84,30 +95,35 @@ unsigned discard_unsealed(const struct discard *d, uint32_t uid);
 
 /*
  * For about budget_ns at most (one at least), what discard_post() queued:
- * unmapped, then its descriptors to the thread, which punches their pages
- * out and closes them. Frees the jobs run, and starts a thread in place
- * of one that has exited, never waiting for it or for the lock: while the
- * thread holds it, the jobs wait for a later call (at most 64 of them;
- * older ones are closed here without the punch). With `max` of that
- * user's jobs waiting for the thread already, or out of memory, they are
- * closed here without the punch: the thread runs at idle priority, which
+ * unmapped, then its descriptors to the helper, which punches their pages
+ * out and closes them; the helper's answers taken. Never waits for the
+ * helper: its socket takes a few jobs, and the rest wait here, their
+ * descriptors open. With `max` of that user's jobs waiting for it
+ * already (queued or sent), with no helper, or out of memory, they are
+ * closed here without the punch: the helper runs at idle priority, which
  * anyone can starve of CPU (or hold up with one slow punch), and each job
- * waiting keeps its memfds' pages. True if some remain for the next
- * call at once (false while the thread holds the lock). O(jobs waiting)
- * each, under the lock.
+ * waiting keeps its memfds' pages. Forks a helper in place of one lost,
+ * a second after. True if some remain to unmap at once. O(jobs waiting).
  */
 bool discard_step(struct discard *d, uint64_t budget_ns);
+
+/* The helper's pid, 0 while there is none (lost, and not replaced yet). */
+pid_t discard_helper(const struct discard *d);
+
+/* Helpers lost so far (killed, or their socket failed): one is forked in place of each. */
+unsigned discard_helpers_lost(const struct discard *d);
 
 /* The control loop's budget for it, per iteration: about a handshake's cost. */
 #define DISCARD_STEP_NS (UINT64_C(300) * 1000u)
 
 /*
  * Unmap and close what is still queued (no punch: the broker is stopping)
- * and join the discard thread; the sealers end the seals they are in, for
- * a second at most, and one still held up then keeps its job and `d`
- * until the exit. NULL is fine. A segment still unsealed stays mapped,
- * for the exit to unmap: that waits for a punch under way too, but the
- * lock file goes before it, so the next broker need not wait.
+ * and kill the helper, not waiting for it (what it has is closed with
+ * it); the sealers end the seals they are in, for a second at most, and
+ * one still held up then keeps its job and `d` until the exit. NULL is
+ * fine. A segment still unsealed stays mapped, for the exit to unmap:
+ * that waits for a punch under way too, but the lock file goes before it,
+ * so the next broker need not wait.
  */
 void discard_stop(struct discard *d);
 

@@ -387,16 +387,16 @@ static uint64_t fds_needed(const struct broker_opts *o)
  * while the process has one thread. The kernel grows it by doubling when
  * a descriptor lands past its end, and once threads share the table it
  * first waits for an RCU grace period (expand_fdtable()). Any user's busy
- * loops can hold that grace period up: the discard thread, at idle
- * priority, is preempted inside an RCU read section of a punch or a close
- * and not run again for up to a second (until RCU boosts it). The control
+ * loops can hold that grace period up: a task at idle priority (the
+ * discard thread was one) preempted inside an RCU read section of a punch
+ * or a close is not run again for up to a second (until RCU boosts it). The control
  * thread's memfd_create() for the next client waited that long, heartbeat
  * and all: opens of 1.0-10 s in 1 of 47 rounds (3 of 17 under ASan) of
- * hostile/a_starved_discard_thread_does_not_stall_the_control_thread,
+ * hostile/a_starved_discard_helper_does_not_stall_the_control_thread,
  * their stacks in synchronize_rcu() under expand_files(). A table never
  * shrinks: grown here, it is not grown again while the broker keeps
  * within twice what --max-clients needs (the memfds of ended connections
- * wait for the discard thread besides the live ones).
+ * wait for the discard helper besides the live ones).
  */
 static void fd_table_presize(uint64_t want)
 {
@@ -762,7 +762,7 @@ int main(int argc, char **argv)
 	 * Each client costs 5 + nr_shards descriptors (socket, its process's
 	 * pidfd, three memfds kept for the punch at its end, a doorbell per
 	 * shard; a connection that ended holds its memfds until discard.c's
-	 * thread punches them, at most --max-clients-per-uid per user): the
+	 * helper punches them, at most --max-clients-per-uid per user): the
 	 * default soft limit of 1024 is too few. Say so at start rather than
 	 * refusing clients later with EMFILE.
 	 */
@@ -829,6 +829,12 @@ int main(int argc, char **argv)
 	if (!foreground)
 		verdict_fd = daemonize(&old_mask);
 	fd_table_presize(2 * fds_needed(&o));
+	/*
+	 * Our one child is the discard helper (discard.c), killed and never
+	 * waited for: the kernel reaps it. Inherited by a restart's execv(),
+	 * so a helper of the broker before it that dies after is reaped too.
+	 */
+	signal(SIGCHLD, SIG_IGN);
 
 	r = broker_start(&b, &o);
 	if (r < 0) {

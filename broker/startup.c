@@ -675,7 +675,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 		b->clients[i].held_fd = -1;
 	r = discard_start(&b->discard);
 	if (r < 0) {
-		r = log_errno(LOG_ERR, -r, "cannot start the segment discard thread");
+		r = log_errno(LOG_ERR, -r, "cannot start the segment discard helper (chimed-discard)");
 		goto fail;
 	}
 	if (o->mkdir_parent) {

@@ -572,6 +572,33 @@ int t_thread_named(int pid, const char *comm)
 	return tid;
 }
 
+int t_child_named(int ppid, const char *comm)
+{
+	char path[320], buf[512], *p;
+	struct dirent *e;
+	DIR *d = opendir("/proc");
+	int pid = -1;
+
+	while (d && pid < 0 && (e = readdir(d))) {
+		FILE *f;
+
+		if (e->d_name[0] < '1' || e->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		/* "PID (COMM) S PPID": COMM may hold anything, ")" included */
+		if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')) && atoi(p + 4) == ppid &&
+		    (p = strchr(buf, '(')) && strncmp(p + 1, comm, strlen(comm)) == 0 && p[1 + strlen(comm)] == ')')
+			pid = atoi(e->d_name);
+		fclose(f);
+	}
+	if (d)
+		closedir(d);
+	return pid;
+}
+
 unsigned t_threads_prefixed(int pid, const char *prefix)
 {
 	char path[320], comm[64];

@@ -161,6 +161,9 @@ int t_ring_polls(int pid);
 /* The thread of process `pid` whose name (/proc/PID/task/TID/comm) is `comm`, or -1. */
 int t_thread_named(int pid, const char *comm);
 
+/* A child process of `ppid` whose name (/proc/PID/comm) is `comm`, or -1. */
+int t_child_named(int ppid, const char *comm);
+
 /* How many threads of process `pid` have a name starting with `prefix`. */
 unsigned t_threads_prefixed(int pid, const char *prefix);
 

@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * test_discard.c - broker/discard.c: a finished connection's segments,
- * handed to a thread at idle priority that punches their pages out.
+ * handed to a helper process at idle priority that punches their pages
+ * out, and sealed first on sealer threads where their client may still
+ * punch them.
  *
- * The control thread must never wait for that thread's lock: the thread
- * takes it at idle priority, and busy loops of any user can starve it
- * inside its few instructions under the lock. The test stands in for that
- * moment: linked with --wrap (tests/meson.build), pthread_mutex_trylock()
- * fails on this thread (the control thread's stand-in) while `held` is
- * set, and pthread_mutex_lock() on this thread is counted (it would wait).
+ * The control thread must never wait for the helper, nor for a sealer's
+ * lock: a sealer may be preempted inside its few instructions under it.
+ * The test stands in for that moment: linked with --wrap
+ * (tests/meson.build), pthread_mutex_trylock() fails on this thread (the
+ * control thread's stand-in) while `held` is set, and pthread_mutex_lock()
+ * on this thread is counted (it would wait). A helper starved of CPU is
+ * played by stopping it (SIGSTOP).
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -17,10 +20,14 @@
 #include <stdlib.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,7 +43,7 @@ int __wrap_pthread_mutex_trylock(pthread_mutex_t *m);
 int __wrap_pthread_mutex_lock(pthread_mutex_t *m);
 
 static pthread_t control;               /* the thread that plays the control thread */
-static atomic_bool held;                /* the discard thread "holds" its lock, for `control` */
+static atomic_bool held;                /* a sealer "holds" its lock, for `control` */
 static atomic_uint control_locks;       /* pthread_mutex_lock() calls on `control`: waits */
 
 int __wrap_pthread_mutex_trylock(pthread_mutex_t *m)
@@ -140,7 +147,7 @@ static void setup(void)
 
 TestSuite(discard, .init = setup, .timeout = 30);
 
-Test(discard, a_job_is_punched_and_closed_by_the_thread)
+Test(discard, a_job_is_punched_and_closed_by_the_helper)
 {
 	struct discard *d;
 	struct seg s;
@@ -151,77 +158,299 @@ Test(discard, a_job_is_punched_and_closed_by_the_thread)
 	post(d, &s);
 	(void)discard_step(d, SEC);
 	cr_assert(seg_punched(d, &s), "%llu bytes left after 2 s", (unsigned long long)seg_bytes(&s));
+	for (int i = 0; i < 200 && seg_refs(&s) > 1; i++) {
+		(void)discard_step(d, SEC);
+		usleep(10000);
+	}
+	cr_assert_eq(seg_refs(&s), 1u, "the job's descriptor is still ours");
 	close(s.watch);
 	discard_stop(d);
 }
 
-/*
- * The thread "holds" the lock: a step hands nothing over, returns at once
- * without asking to be called again at once (no spin), and never waits
- * for the lock; the job goes at the first step after it is free.
- */
-Test(discard, a_step_never_waits_for_the_threads_lock)
+/* Field `field` (1-based, after "PID (COMM)") of /proc/PID/stat, or -1. */
+static long stat_field(pid_t pid, int field)
 {
+	char path[64], buf[512], *p;
+	FILE *f;
+	long v = -1;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')'))) {
+		p++;
+		for (int i = 2; p && i < field; i++)
+			p = strchr(p + 1, ' ');
+		if (p)
+			v = p[1] >= '0' && p[1] <= '9' ? strtol(p + 1, NULL, 10) : p[1];
+	}
+	fclose(f);
+	return v;
+}
+
+static unsigned fds_of(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	unsigned n = 0;
+	DIR *dir;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	dir = opendir(path);
+	if (!dir)
+		return 0;
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
+}
+
+/* Shared mappings ("s" in their perms) of process pid, the kernel's ([vvar] and such) aside. */
+static unsigned shared_maps_of(pid_t pid)
+{
+	char path[64], line[512], perms[8];
+	unsigned n = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	f = fopen(path, "r");
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f))
+		n += sscanf(line, "%*s %7s", perms) == 1 && perms[3] == 's' && !strchr(line, '[');
+	fclose(f);
+	return n;
+}
+
+/*
+ * The helper is a child process of ours, at idle priority, named, holding
+ * nothing of ours but its socket (not the broker's listening socket, lock
+ * file or clients' descriptors: this test's own open file stands in), nor
+ * any of our shared mappings (a segment stands in for the shard files and
+ * clients' segments: it would keep their memory).
+ */
+Test(discard, the_helper_is_a_child_at_idle_priority_holding_only_its_socket)
+{
+	int mine = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	char comm[32] = "", path[64];
 	struct discard *d;
 	struct seg s;
-	uint64_t t0;
-	bool again;
+	pid_t pid;
+	FILE *f;
+
+	cr_assert_geq(mine, 0);
+	seg_make(&s);
+	cr_assert_gt(shared_maps_of(getpid()), 0u);
+	cr_assert_eq(discard_start(&d), 0);
+	pid = discard_helper(d);
+	cr_assert_gt(pid, 0);
+	cr_assert_eq(stat_field(pid, 4), getpid(), "not our child");
+	/* it sets itself up at idle priority: beside this host's neighbours, a while */
+	for (int i = 0; i < 500 && (fds_of(pid) != 1 || sched_getscheduler(pid) != SCHED_IDLE); i++)
+		usleep(10000);
+	cr_assert_eq(sched_getscheduler(pid), SCHED_IDLE);
+	cr_assert_eq(fds_of(pid), 1u, "the helper holds %u descriptors", fds_of(pid));
+	cr_assert_eq(shared_maps_of(pid), 0u, "the helper keeps %u of our shared mappings", shared_maps_of(pid));
+	snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
+	f = fopen(path, "r");
+	cr_assert_not_null(f);
+	cr_assert_not_null(fgets(comm, sizeof(comm), f));
+	fclose(f);
+	cr_assert_str_eq(comm, "chimed-discard\n");
+	discard_stop(d);
+	close(mine);
+	close(s.fd);
+	close(s.watch);
+}
+
+/* Post s as a job of user uid, of whom `max` jobs may wait. */
+static void post_as(struct discard *d, struct seg *s, uint32_t uid, unsigned max)
+{
+	size_t size = SEG_BYTES;
+
+	discard_post(d, &s->map, &s->fd, &size, 1, uid, max, 0);
+	cr_assert_eq(s->fd, -1);
+}
+
+/*
+ * A helper starved of CPU (stopped here): steps go on at once, the jobs
+ * wait (some in its socket, the rest here), and all are punched once it
+ * runs again.
+ */
+Test(discard, a_step_never_waits_for_a_starved_helper)
+{
+	enum { N = 40 };
+	static struct seg s[N];
+	struct discard *d;
+	pid_t pid;
 
 	cr_assert_eq(discard_start(&d), 0);
-	seg_make(&s);
-	post(d, &s);
-	atomic_store(&held, true);
-	t0 = now_ns();
-	again = discard_step(d, SEC);
-	cr_assert_lt(now_ns() - t0, SEC / 10, "a step took %llu ms", (unsigned long long)((now_ns() - t0) / 1000000));
-	cr_assert_not(again, "a step asks to be called again at once while the lock is held: a spin");
-	cr_assert_eq(atomic_load(&control_locks), 0, "the step waited for the lock");
+	pid = discard_helper(d);
+	cr_assert_eq(kill(pid, SIGSTOP), 0);
+	for (int i = 0; i < N; i++) {
+		uint64_t t0 = now_ns();
+		bool again;
+
+		seg_make(&s[i]);
+		post(d, &s[i]);
+		again = discard_step(d, SEC);
+		cr_assert_lt(now_ns() - t0, SEC / 10, "a step took %llu ms",
+			     (unsigned long long)((now_ns() - t0) / 1000000));
+		cr_assert_not(again, "a step asks to be called again at once: a spin");
+	}
 	usleep(100 * 1000);
-	cr_assert_geq(seg_bytes(&s), SEG_BYTES, "punched, but never handed over");
-	atomic_store(&held, false);
-	(void)discard_step(d, SEC);
-	cr_assert(seg_punched(d, &s), "not handed over once the lock was free: %llu bytes left",
-		  (unsigned long long)seg_bytes(&s));
-	cr_assert_eq(atomic_load(&control_locks), 0, "a step waited for the lock");
-	close(s.watch);
+	for (int i = 0; i < N; i++)
+		cr_assert_geq(seg_bytes(&s[i]), SEG_BYTES, "job %d punched by a stopped helper", i);
+	cr_assert_eq(kill(pid, SIGCONT), 0);
+	for (int i = 0; i < N; i++)
+		cr_assert(seg_punched(d, &s[i]), "job %d not punched once the helper ran", i);
+	cr_assert_eq(discard_helpers_lost(d), 0u);
+	for (int i = 0; i < N; i++)
+		close(s[i].watch);
 	discard_stop(d);
 }
 
 /*
- * While the lock is held, at most 64 jobs wait for a later step with their
- * descriptors; the oldest past that are closed at once, without the punch
- * (as for a user past its share), so that a held lock cannot pile up the
- * broker's descriptors.
+ * While the helper is starved, at most `max` of a user's jobs wait for it
+ * (in its socket or here); the user's later ones are closed at once
+ * without the punch, another user's wait as theirs.
  */
-Test(discard, jobs_waiting_on_a_held_lock_are_bounded)
+Test(discard, a_users_jobs_past_its_share_are_closed_without_the_punch)
 {
-	enum { N = 70, KEPT = 64 };
-	static struct seg s[N];
+	enum { N = 12, MAX = 4, OTHER = 2 };
+	static struct seg s[N], o[OTHER];
 	struct discard *d;
+	pid_t pid;
 
 	cr_assert_eq(discard_start(&d), 0);
-	atomic_store(&held, true);
+	pid = discard_helper(d);
+	cr_assert_eq(kill(pid, SIGSTOP), 0);
+	for (int i = 0; i < N; i++) {
+		seg_make(&s[i]);
+		post_as(d, &s[i], 1000, MAX);
+		(void)discard_step(d, SEC);
+	}
+	for (int i = 0; i < OTHER; i++) {
+		seg_make(&o[i]);
+		post_as(d, &o[i], 1001, MAX);
+		(void)discard_step(d, SEC);
+	}
+	cr_assert_eq(kill(pid, SIGCONT), 0);
+	for (int i = 0; i < MAX; i++)
+		cr_assert(seg_punched(d, &s[i]), "job %d, within the share, was not punched", i);
+	for (int i = 0; i < OTHER; i++)
+		cr_assert(seg_punched(d, &o[i]), "another user's job %d was not punched", i);
+	for (int i = MAX; i < N; i++) {
+		cr_assert_geq(seg_bytes(&s[i]), SEG_BYTES, "job %d, past the share, was punched", i);
+		cr_assert_eq(seg_refs(&s[i]), 1u, "job %d, past the share, is still open", i);
+	}
+	for (int i = 0; i < N; i++)
+		close(s[i].watch);
+	for (int i = 0; i < OTHER; i++)
+		close(o[i].watch);
+	discard_stop(d);
+}
+
+/*
+ * A helper killed (by root, or the OOM killer): what waits is closed
+ * without the punch, and another is forked a second later, which
+ * punches again.
+ */
+Test(discard, a_killed_helper_is_replaced)
+{
+	struct discard *d;
+	struct seg a, b;
+	uint64_t end;
+	pid_t pid;
+
+	cr_assert_eq(discard_start(&d), 0);
+	pid = discard_helper(d);
+	cr_assert_eq(kill(pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(pid, NULL, 0), pid);
+	seg_make(&a);
+	post(d, &a);
+	(void)discard_step(d, SEC);
+	cr_assert_eq(discard_helpers_lost(d), 1u, "a send to a dead helper went unnoticed");
+	cr_assert_eq(discard_helper(d), 0);
+	cr_assert_eq(seg_refs(&a), 1u, "the job waits for a helper that is gone");
+	cr_assert_geq(seg_bytes(&a), SEG_BYTES);
+	for (end = now_ns() + 3 * SEC; discard_helper(d) == 0 && now_ns() < end;) {
+		(void)discard_step(d, SEC);
+		usleep(10000);
+	}
+	cr_assert_gt(discard_helper(d), 0, "no helper forked in its place within 3 s");
+	cr_assert_neq(discard_helper(d), pid);
+	seg_make(&b);
+	post(d, &b);
+	(void)discard_step(d, SEC);
+	cr_assert(seg_punched(d, &b), "the new helper did not punch");
+	close(a.watch);
+	close(b.watch);
+	discard_stop(d);
+}
+
+/*
+ * A stop closes what waits (here and in the starved helper's socket)
+ * without the punch, and kills the helper without waiting for it.
+ */
+Test(discard, a_stop_kills_the_helper_and_closes_what_waits)
+{
+	enum { N = 20 };
+	static struct seg s[N];
+	struct discard *d;
+	uint64_t t0;
+	pid_t pid;
+	int st;
+
+	cr_assert_eq(discard_start(&d), 0);
+	pid = discard_helper(d);
+	cr_assert_eq(kill(pid, SIGSTOP), 0);
 	for (int i = 0; i < N; i++) {
 		seg_make(&s[i]);
 		post(d, &s[i]);
 		(void)discard_step(d, SEC);
 	}
-	/* The oldest closed without the punch (only our descriptor left), the rest kept, whole. */
-	for (int i = 0; i < N; i++) {
-		cr_assert_eq(seg_refs(&s[i]), i < N - KEPT ? 1u : 2u, "job %d: %u descriptors", i, seg_refs(&s[i]));
-		cr_assert_geq(seg_bytes(&s[i]), SEG_BYTES, "job %d was punched", i);
-	}
-	atomic_store(&held, false);
-	for (int i = 0; i < N; i++)
-		(void)discard_step(d, SEC);
-	for (int i = N - KEPT; i < N; i++)
-		cr_assert(seg_punched(d, &s[i]), "job %d of those kept was not punched", i);
-	for (int i = 0; i < N - KEPT; i++)
-		cr_assert_geq(seg_bytes(&s[i]), SEG_BYTES, "job %d, closed at once, was punched later", i);
-	cr_assert_eq(atomic_load(&control_locks), 0, "a step waited for the lock");
-	for (int i = 0; i < N; i++)
-		close(s[i].watch);
+	t0 = now_ns();
 	discard_stop(d);
+	cr_assert_lt(now_ns() - t0, SEC / 10, "the stop took %llu ms", (unsigned long long)((now_ns() - t0) / 1000000));
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the helper ended with %#x", st);
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(seg_refs(&s[i]), 1u, "job %d is still open after the stop", i);
+		cr_assert_geq(seg_bytes(&s[i]), SEG_BYTES, "job %d was punched at the stop", i);
+		close(s[i].watch);
+	}
+}
+
+/* The helper dies with the process that forked it, however that ends. */
+Test(discard, the_helper_dies_with_its_broker)
+{
+	int p[2];
+	pid_t broker, helper = 0;
+	long state = 0;
+
+	cr_assert_eq(pipe(p), 0);
+	broker = fork();
+	cr_assert_geq(broker, 0);
+	if (broker == 0) {
+		struct discard *d;
+
+		if (discard_start(&d) == 0) {
+			pid_t h = discard_helper(d);
+
+			(void)!write(p[1], &h, sizeof(h));
+		}
+		_exit(0);       /* no stop: as if killed */
+	}
+	close(p[1]);
+	cr_assert_eq(read(p[0], &helper, sizeof(helper)), (ssize_t)sizeof(helper));
+	close(p[0]);
+	cr_assert_eq(waitpid(broker, NULL, 0), broker);
+	cr_assert_gt(helper, 0);
+	/* gone, or a zombie of whoever reaps orphans here */
+	for (int i = 0; i < 300 && (state = stat_field(helper, 3)) != -1 && state != 'Z'; i++)
+		usleep(10000);
+	cr_assert(state == -1 || state == 'Z', "the helper outlived its broker by 3 s (state %c)", (char)state);
 }
 
 /* Is [p, p + len) mapped in this process? (mincore fails with ENOMEM where it is not) */

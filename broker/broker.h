@@ -62,6 +62,7 @@
 #define UD_NOTIFY   (3u << 3)
 #define UD_QUIET    (4u << 3)    /* nothing to do: the removal of an exit poll */
 #define UD_WALL     (5u << 3)    /* the wall clock's timerfd: a step of CLOCK_REALTIME (wall_watch()) */
+#define UD_DISCARD  (6u << 3)    /* the discard helper's socket: answers to read (discard_poll_fd()) */
 
 /*
  * PARKING: a named session's process hung up, the shards are parking its
@@ -222,6 +223,7 @@ struct broker {
 	struct broker_opts o;
 	struct discard *discard;        /* empties ended connections' segments (discard.h) */
 	unsigned discard_lost;          /* its helpers lost, as last logged */
+	bool discard_polled;            /* a poll of discard_poll_fd() is in the control ring */
 	struct aside *closer;           /* closes descriptors a client may hang work on (close_aside()) */
 	uint64_t closer_log;            /* log_ratelimit(): the closer held up (closer_beat()) */
 	char ctl_path[PATH_MAX];

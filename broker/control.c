@@ -159,6 +159,23 @@ static void arm_read(struct broker *b, int fd, void *buf, unsigned len, uint64_t
 	io_uring_sqe_set_data64(sqe, ud);
 }
 
+/*
+ * While the discard helper owes answers, a poll for them: a step reads
+ * them at once, and the jobs waiting behind a full socket go on to it
+ * without waiting for a heartbeat.
+ */
+static void discard_poll(struct broker *b)
+{
+	struct io_uring_sqe *sqe;
+	int fd = discard_poll_fd(b->discard);
+
+	if (b->discard_polled || fd < 0 || !(sqe = get_sqe(b)))
+		return;
+	io_uring_prep_poll_add(sqe, fd, POLLIN);
+	io_uring_sqe_set_data64(sqe, UD_DISCARD);
+	b->discard_polled = true;
+}
+
 static uint64_t hup_ud(const struct client *c, uint32_t exit)
 {
 	return (uint64_t)c->hup_seq << 32 | exit | ((uint64_t)c->slot << 3) | TAG_HUP;
@@ -1269,6 +1286,8 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 		} else if (ud == UD_NOTIFY) {
 			on_notify(b);
 			arm_read(b, b->notify_fd, &b->notify_buf, sizeof(b->notify_buf), UD_NOTIFY);
+		} else if (ud == UD_DISCARD) {
+			b->discard_polled = false;      /* the loop's next step reads the answers */
 		} else if (ud == UD_WALL) {
 			/*
 			 * Armed again before the offset is read: a set between
@@ -1755,6 +1774,7 @@ int broker_run(struct broker *b)
 		/* Both steps in every iteration: a scan under way must not keep segments mapped. */
 		busy = query_step(b);
 		busy |= discard_step(b->discard, DISCARD_STEP_NS);
+		discard_poll(b);
 		if (discard_helpers_lost(b->discard) != b->discard_lost) {
 			b->discard_lost = discard_helpers_lost(b->discard);
 			log_msg(LOG_WARNING, "the segment discard helper (chimed-discard) is gone, %u so far: "

@@ -13,7 +13,6 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 
 #include <unistd.h>
@@ -550,10 +549,8 @@ static int helper_spawn(struct discard *d)
  */
 static void helper_lost(struct discard *d)
 {
-	if (d->helper > 0) {
-		(void)kill(d->helper, SIGKILL);
-		(void)waitpid(d->helper, NULL, WNOHANG);        /* else the kernel's, or our exit's */
-	}
+	if (d->helper > 0)
+		(void)kill(d->helper, SIGKILL);         /* reaped by the kernel: chimed ignores SIGCHLD */
 	if (d->sock >= 0)
 		close(d->sock);
 	d->sock = -1;
@@ -604,12 +601,8 @@ static int job_send(int sock, const struct discard_job *j)
 	return sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 ? -errno : 0;
 }
 
-/*
- * The queued jobs to the helper, as many as its socket takes (a few: the
- * rest wait here, counted for their users), and the answers for those it
- * has done. Never waits.
- */
-static void helper_feed(struct discard *d)
+/* The helper's answers: the jobs it has done no longer count for their users. Never waits. */
+static void helper_answers(struct discard *d)
 {
 	char ack[16];
 	ssize_t r;
@@ -631,6 +624,11 @@ static void helper_feed(struct discard *d)
 			free(j);
 		}
 	}
+}
+
+/* The queued jobs to the helper, as many as its socket takes (a few: the rest wait here). Never waits. */
+static void helper_send(struct discard *d)
+{
 	while (d->sock >= 0 && d->head) {
 		struct discard_job *j = d->head;
 		bool none = true;
@@ -718,13 +716,19 @@ bool discard_step(struct discard *d, uint64_t budget_ns)
 	sealer_step(d);
 	if (!d->helper && now_ns() - d->lost_ns >= HELPER_RESPAWN_NS)
 		(void)helper_spawn(d);          /* else at a later step */
+	helper_answers(d);
 	while (d->pend) {
 		job_hand_over(d);
 		if (now_ns() - t0 >= budget_ns)
 			break;
 	}
-	helper_feed(d);
+	helper_send(d);
 	return d->pend != NULL;
+}
+
+int discard_poll_fd(const struct discard *d)
+{
+	return d && d->sent ? d->sock : -1;
 }
 
 pid_t discard_helper(const struct discard *d)

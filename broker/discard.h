@@ -107,6 +107,13 @@ unsigned discard_unsealed(const struct discard *d, uint32_t uid);
  */
 bool discard_step(struct discard *d, uint64_t budget_ns);
 
+/*
+ * The helper's socket while it owes answers (jobs sent), for the caller to
+ * poll for POLLIN and step when it is readable; else -1. A poll armed on
+ * it may outlive it (a helper lost): it ends with the helper's end.
+ */
+int discard_poll_fd(const struct discard *d);
+
 /* The helper's pid, 0 while there is none (lost, and not replaced yet). */
 pid_t discard_helper(const struct discard *d);
 

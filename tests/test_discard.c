@@ -448,9 +448,9 @@ Test(discard, the_helper_dies_with_its_broker)
 	cr_assert_eq(waitpid(broker, NULL, 0), broker);
 	cr_assert_gt(helper, 0);
 	/* gone, or a zombie of whoever reaps orphans here */
-	for (int i = 0; i < 300 && (state = stat_field(helper, 3)) != -1 && state != 'Z'; i++)
-		usleep(10000);
-	cr_assert(state == -1 || state == 'Z', "the helper outlived its broker by 3 s (state %c)", (char)state);
+	for (int i = 0; i < 1000 && (state = stat_field(helper, 3)) != -1 && state != 'Z'; i++)
+		usleep(10000);  /* at idle priority beside this host's neighbours (1.9 s in a CI run) */
+	cr_assert(state == -1 || state == 'Z', "the helper outlived its broker by 10 s (state %c)", (char)state);
 }
 
 /* Is [p, p + len) mapped in this process? (mincore fails with ENOMEM where it is not) */

@@ -573,7 +573,7 @@ static void helper_lost(struct discard *d)
 	d->tail = &d->head;
 }
 
-/* One job to the helper, without waiting: 0, -EAGAIN if its queue is full, or another -errno. */
+/* One job to the helper, without waiting: 0, -EAGAIN if its socket is full, or another -errno. */
 static int job_send(int sock, const struct discard_job *j)
 {
 	struct discard_msg m = { .punch = 1 };
@@ -626,7 +626,7 @@ static void helper_answers(struct discard *d)
 	}
 }
 
-/* The queued jobs to the helper, as many as its socket takes (a few: the rest wait here). Never waits. */
+/* The queued jobs to the helper, as many as its socket takes (about 280 here: its send buffer). Never waits. */
 static void helper_send(struct discard *d)
 {
 	while (d->sock >= 0 && d->head) {
@@ -637,7 +637,8 @@ static void helper_send(struct discard *d)
 		for (unsigned i = 0; i < j->n; i++)
 			none &= j->fds[i] < 0;
 		e = none ? 0 : job_send(d->sock, j);
-		if (e == -EAGAIN)
+		/* full, or past the descriptors the kernel lets us have in flight (RLIMIT_NOFILE): later */
+		if (e == -EAGAIN || e == -EINTR || e == -ETOOMANYREFS || e == -ENOBUFS || e == -ENOMEM)
 			break;
 		if (e < 0) {
 			helper_lost(d);

@@ -97,7 +97,8 @@ unsigned discard_unsealed(const struct discard *d, uint32_t uid);
  * For about budget_ns at most (one at least), what discard_post() queued:
  * unmapped, then its descriptors to the helper, which punches their pages
  * out and closes them; the helper's answers taken. Never waits for the
- * helper: its socket takes a few jobs, and the rest wait here, their
+ * helper: its socket takes some (about 280 with the default send
+ * buffer, net.core.wmem_default), and the rest wait here, their
  * descriptors open. With `max` of that user's jobs waiting for it
  * already (queued or sent), with no helper, or out of memory, they are
  * closed here without the punch: the helper runs at idle priority, which

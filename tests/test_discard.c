@@ -72,14 +72,21 @@ static uint64_t now_ns(void)
 struct seg {
 	struct chime_map map;
 	int fd, watch;
+	size_t size;
 };
+
+static void seg_make_sized(struct seg *s, size_t size)
+{
+	cr_assert_eq(chime_seg_memfd("test-discard", size, &s->fd, &s->map), 0);
+	memset(s->map.base, 0xab, size);
+	s->size = size;
+	s->watch = dup(s->fd);
+	cr_assert_geq(s->watch, 0);
+}
 
 static void seg_make(struct seg *s)
 {
-	cr_assert_eq(chime_seg_memfd("test-discard", SEG_BYTES, &s->fd, &s->map), 0);
-	memset(s->map.base, 0xab, SEG_BYTES);
-	s->watch = dup(s->fd);
-	cr_assert_geq(s->watch, 0);
+	seg_make_sized(s, SEG_BYTES);
 }
 
 /* Bytes of the memfd still in memory. */
@@ -131,7 +138,7 @@ static bool seg_punched(struct discard *d, const struct seg *s)
 
 static void post(struct discard *d, struct seg *s)
 {
-	size_t size = SEG_BYTES;
+	size_t size = s->size;
 
 	discard_post(d, &s->map, &s->fd, &size, 1, 1000, 1000, 0);
 	cr_assert_null(s->map.base, "the caller forgets its mapping");
@@ -274,12 +281,12 @@ static void post_as(struct discard *d, struct seg *s, uint32_t uid, unsigned max
 
 /*
  * A helper starved of CPU (stopped here): steps go on at once, the jobs
- * wait (some in its socket, the rest here), and all are punched once it
- * runs again.
+ * wait (in its socket, about 280 of them, then here), and all are punched
+ * once it runs again. Pages of their own each, few: 400 jobs.
  */
 Test(discard, a_step_never_waits_for_a_starved_helper)
 {
-	enum { N = 40 };
+	enum { N = 400 };
 	static struct seg s[N];
 	struct discard *d;
 	pid_t pid;
@@ -291,20 +298,27 @@ Test(discard, a_step_never_waits_for_a_starved_helper)
 		uint64_t t0 = now_ns();
 		bool again;
 
-		seg_make(&s[i]);
+		seg_make_sized(&s[i], 4096);
 		post(d, &s[i]);
 		again = discard_step(d, SEC);
 		cr_assert_lt(now_ns() - t0, SEC / 10, "a step took %llu ms",
 			     (unsigned long long)((now_ns() - t0) / 1000000));
 		cr_assert_not(again, "a step asks to be called again at once: a spin");
 	}
+	cr_assert_eq(seg_refs(&s[N - 1]), 2u, "the last job is not waiting here with its descriptor");
+	cr_assert_geq(discard_poll_fd(d), 0, "answers are due, but nothing to poll");
 	usleep(100 * 1000);
 	for (int i = 0; i < N; i++)
-		cr_assert_geq(seg_bytes(&s[i]), SEG_BYTES, "job %d punched by a stopped helper", i);
+		cr_assert_geq(seg_bytes(&s[i]), 4096u, "job %d punched by a stopped helper", i);
 	cr_assert_eq(kill(pid, SIGCONT), 0);
 	for (int i = 0; i < N; i++)
 		cr_assert(seg_punched(d, &s[i]), "job %d not punched once the helper ran", i);
 	cr_assert_eq(discard_helpers_lost(d), 0u);
+	for (uint64_t end = now_ns() + 2 * SEC; discard_poll_fd(d) >= 0 && now_ns() < end;) {
+		(void)discard_step(d, SEC);     /* the last answers */
+		usleep(1000);
+	}
+	cr_assert_eq(discard_poll_fd(d), -1, "every job done, but a poll asked for");
 	for (int i = 0; i < N; i++)
 		close(s[i].watch);
 	discard_stop(d);
@@ -395,7 +409,7 @@ Test(discard, a_killed_helper_is_replaced)
  */
 Test(discard, a_stop_kills_the_helper_and_closes_what_waits)
 {
-	enum { N = 20 };
+	enum { N = 400 };
 	static struct seg s[N];
 	struct discard *d;
 	uint64_t t0;
@@ -406,10 +420,11 @@ Test(discard, a_stop_kills_the_helper_and_closes_what_waits)
 	pid = discard_helper(d);
 	cr_assert_eq(kill(pid, SIGSTOP), 0);
 	for (int i = 0; i < N; i++) {
-		seg_make(&s[i]);
+		seg_make_sized(&s[i], 4096);
 		post(d, &s[i]);
 		(void)discard_step(d, SEC);
 	}
+	cr_assert_eq(seg_refs(&s[N - 1]), 2u, "the last job is not waiting here");
 	t0 = now_ns();
 	discard_stop(d);
 	cr_assert_lt(now_ns() - t0, SEC / 10, "the stop took %llu ms", (unsigned long long)((now_ns() - t0) / 1000000));
@@ -417,7 +432,7 @@ Test(discard, a_stop_kills_the_helper_and_closes_what_waits)
 	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the helper ended with %#x", st);
 	for (int i = 0; i < N; i++) {
 		cr_assert_eq(seg_refs(&s[i]), 1u, "job %d is still open after the stop", i);
-		cr_assert_geq(seg_bytes(&s[i]), SEG_BYTES, "job %d was punched at the stop", i);
+		cr_assert_geq(seg_bytes(&s[i]), 4096u, "job %d was punched at the stop", i);
 		close(s[i].watch);
 	}
 }

@@ -191,17 +191,13 @@ static uint64_t stat_cpu_ns(pid_t pid)
 	return (ut + st) * (UINT64_C(1000000000) / (uint64_t)sysconf(_SC_CLK_TCK));
 }
 
-int bench_proc_sample(pid_t pid, struct bench_proc *s)
+/* Process pid's threads, added to s. */
+static int sample_tasks(pid_t pid, struct bench_proc *s)
 {
 	char path[64];
 	DIR *d;
 	struct dirent *e;
 
-	memset(s, 0, sizeof(*s));
-	s->t_ns = now_ns();
-	/* unreadable (gone, or another's): an error, never a sample of 0 CPU */
-	if ((s->stat_ns = stat_cpu_ns(pid)) == UINT64_MAX)
-		return -ESRCH;
 	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
 	d = opendir(path);
 	if (!d)
@@ -245,6 +241,36 @@ int bench_proc_sample(pid_t pid, struct bench_proc *s)
 		s->threads++;
 	}
 	closedir(d);
+	return 0;
+}
+
+int bench_proc_sample(pid_t pid, struct bench_proc *s)
+{
+	char path[96];
+	int child, r;
+	FILE *f;
+
+	memset(s, 0, sizeof(*s));
+	s->t_ns = now_ns();
+	/* unreadable (gone, or another's): an error, never a sample of 0 CPU */
+	if ((s->stat_ns = stat_cpu_ns(pid)) == UINT64_MAX)
+		return -ESRCH;
+	r = sample_tasks(pid, s);
+	if (r < 0)
+		return r;
+	/* Its children, forked by its main thread: chimed's discard helper works for it. */
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+	f = fopen(path, "r");
+	while (f && fscanf(f, "%d", &child) == 1) {
+		uint64_t ns = stat_cpu_ns(child);
+
+		if (ns == UINT64_MAX)
+			continue;       /* gone meanwhile */
+		s->stat_ns += ns;
+		(void)sample_tasks(child, s);
+	}
+	if (f)
+		fclose(f);
 	return 0;
 }
 

@@ -76,14 +76,18 @@ struct bench_thread {
 
 struct bench_proc {
 	uint64_t t_ns;          /* CLOCK_MONOTONIC when read */
-	uint64_t stat_ns;       /* utime+stime of /proc/PID/stat, clock ticks as ns */
+	uint64_t stat_ns;       /* utime+stime of /proc/PID/stat (and its children's), clock ticks as ns */
 	uint64_t sched_ns;      /* sum over /proc/PID/task/x/schedstat: ns on a CPU, exact */
 	uint64_t vol, nonvol;   /* sum over /proc/PID/task/x/status of the ctxt_switches */
 	unsigned threads;
 	struct bench_thread thr[BENCH_MAX_THREADS];    /* the first BENCH_MAX_THREADS, by /proc order */
 };
 
-/* 0, or -errno if /proc/PID cannot be read (the process gone, or not readable): no sample then. */
+/*
+ * Process pid and its children (chimed's discard helper), their threads
+ * in one table: 0, or -errno if /proc/PID cannot be read (the process
+ * gone, or not readable): no sample then.
+ */
 int bench_proc_sample(pid_t pid, struct bench_proc *s);
 /* Resident set of pid (0: this process), bytes, from /proc/PID/statm. */
 uint64_t bench_rss_bytes(pid_t pid);

@@ -142,6 +142,26 @@ journal_has() {
 	ct journalctl -u chimed --no-pager -o cat 2>/dev/null | grep -qF -- "$1"
 }
 
+# The discard helper under the unit's sandbox and system call filter: one
+# child of chimed's, alive (a killed one is reaped by the kernel, no zombie
+# left, across a restart's exec too), at idle priority, holding nothing
+# but its socket (close_range(), or the fallback where it is refused).
+helper_ok() {
+	local pid kids hpid fds
+	pid=$(show MainPID)
+	for _ in $(seq 50); do
+		kids=$(ct ps -o pid=,stat=,comm= --ppid "$pid" 2>/dev/null | awk '{$1=$1; print}')
+		[ "$(echo "$kids" | wc -l)" = 1 ] && echo "$kids" | grep -q '^[0-9]* [RS][^ ]* chimed-discard$' && break
+		sleep 0.1
+	done
+	echo "$kids" | grep -q '^[0-9]* [RS][^ ]* chimed-discard$' && [ "$(echo "$kids" | wc -l)" = 1 ] ||
+		fail "$1: chimed $pid's children are not one live chimed-discard: '$kids'"
+	hpid=${kids%% *}
+	fds=$(ct ls "/proc/$hpid/fd" | wc -l)
+	[ "$fds" = 1 ] || fail "$1: the chimed-discard helper holds $fds descriptors, not its socket alone"
+	ct chrt -p "$hpid" | grep -q SCHED_IDLE || fail "$1: the helper is not at idle priority: $(ct chrt -p "$hpid")"
+}
+
 # ---- start ----
 ct timeout 30 systemctl start chimed || fail "systemctl start chimed failed"
 [ "$(show ActiveState)" = active ] || fail "chimed is $(show ActiveState) after its start"
@@ -160,7 +180,8 @@ out=$(in_ct chime-demo -n 20000 -t 2 -d 1 -m 200 2>&1) || fail "chime-demo again
 echo "$out" | grep -q "20000 of 20000 timers fired, 0 early" || fail "chime-demo: $out"
 out=$(in_ct chimectl status 2>&1) || fail "chimectl status: $out"
 echo "$out" | grep -q "running" || fail "chimectl status: $out"
-echo "systemd: started (Type $(show Type), user chime), 20000 timers fired, chimectl status ok"
+helper_ok "after the start"
+echo "systemd: started (Type $(show Type), user chime), 20000 timers fired, chimectl status ok, one discard helper"
 
 # ---- reload ----
 ct timeout 30 systemctl reload chimed || fail "systemctl reload chimed failed"
@@ -207,7 +228,8 @@ grep -q "20000 of 20000 timers fired, 0 early" "$dest/demo3.log" ||
 [ "$(show MainPID)" = "$pid" ] || fail "chimed's pid changed across chimectl restart ($pid -> $(show MainPID))"
 [ "$(show NRestarts)" = "$restarts" ] || fail "systemd restarted chimed across chimectl restart"
 [ "$(show ActiveState)" = active ] || fail "chimed is $(show ActiveState) after chimectl restart"
-echo "systemd: a session's 20000 timers all fired across chimectl restart, the pid and the unit kept"
+helper_ok "after chimectl restart"
+echo "systemd: a session's 20000 timers all fired across chimectl restart, the pid and the unit kept, one discard helper"
 
 # ---- the watchdog: both shards held, chimed killed and restarted by systemd ----
 if [ $notify = yes ]; then

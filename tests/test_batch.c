@@ -312,6 +312,7 @@ Test(batch, a_stopped_broker_loses_every_operation_of_a_call)
 /* What one connection's calls across a stop said, checked by the test's thread. */
 struct across_stop {
 	chime_t *c;
+	bool mixed_only;                /* every call mixed, else ARM-only and mixed in turn */
 	unsigned calls, partial;        /* calls made; of them, some operations done and some not */
 	int last;                       /* the last call's return */
 	char wrong[256];                /* the first inconsistency seen, or "" */
@@ -329,7 +330,7 @@ static void *submit_across_stop(void *arg)
 
 		for (unsigned i = 0; i < N; i++)
 			ops[i] = arm_op(k, now_ns() + HOUR, i);
-		if (k % 2)      /* a mixed call: it also cancels the call before's arms */
+		if (k % 2 || a->mixed_only)     /* a mixed call: it also cancels the call before's arms */
 			ops[N - 1] = (struct chime_op){ .op = CHIME_CANCEL_KEY, .key = k - 1 };
 		a->last = chime_submit(a->c, ops, N);
 		a->calls++;
@@ -356,36 +357,41 @@ static void *submit_across_stop(void *arg)
 
 /*
  * Calls going on while the broker stops, on an anonymous connection and
- * on a session's (which waits for a broker to take it over, here for 1 s):
- * whichever moment each call meets the stop at, every operation's result
- * says what happened to it, an ARM has an id exactly when it is done, the
- * call returns how many are done (or, none done, the error), and both end
- * with ENOTCONN.
+ * on two sessions' (which wait for a broker to take them over, here for
+ * 1 s, and then lose what they published: a mixed call's unpublish()),
+ * one of them making mixed calls only, so that the call the stop finds
+ * there is a mixed one: whichever moment each call meets the stop at,
+ * every operation's result says what happened to it, an ARM has an id
+ * exactly when it is done, the call returns how many are done (or, none
+ * done, the error), and all end with ENOTCONN.
  */
 Test(batch, calls_across_a_stop_say_what_each_operation_did, .timeout = 60)
 {
+	static const char *const what[] = { "anonymous", "session", "mixed-only session" };
 	struct chime_opts o = { 0 };
-	struct across_stop a[2] = { { 0 } };
-	pthread_t th[2];
+	struct across_stop a[3] = { { 0 } };
+	pthread_t th[3];
 
 	cr_assert_eq(t_chimed_start(&tb, NULL, "-n 2 --sq-size 16"), 0);
 	o.socket_path = tb.sock;
 	cr_assert_eq(chime_open(&a[0].c, &o), 0);
-	o.session = "batch-across-a-stop";
 	cr_assert_eq(setenv("CHIME_RECONNECT_S", "1", 1), 0);
+	o.session = "batch-across-a-stop";
 	cr_assert_eq(chime_open(&a[1].c, &o), 0);
+	o.session = "batch-across-a-stop-mixed";
+	cr_assert_eq(chime_open(&a[2].c, &o), 0);
 	unsetenv("CHIME_RECONNECT_S");
-	for (int i = 0; i < 2; i++)
+	a[2].mixed_only = true;
+	for (int i = 0; i < 3; i++)
 		cr_assert_eq(pthread_create(&th[i], NULL, submit_across_stop, &a[i]), 0);
 	usleep(300 * 1000);
 	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 3; i++) {
 		pthread_join(th[i], NULL);
 		fprintf(stderr, "%s connection: %u calls, %u with some operations done and some not, the last %d\n",
-			i ? "session" : "anonymous", a[i].calls, a[i].partial, a[i].last);
-		cr_assert_eq(a[i].wrong[0], 0, "%s connection: %s", i ? "session" : "anonymous", a[i].wrong);
-		cr_assert_eq(a[i].last, -ENOTCONN, "%s connection: the last call returned %d", i ? "session" : "anonymous",
-			     a[i].last);
+			what[i], a[i].calls, a[i].partial, a[i].last);
+		cr_assert_eq(a[i].wrong[0], 0, "%s connection: %s", what[i], a[i].wrong);
+		cr_assert_eq(a[i].last, -ENOTCONN, "%s connection: the last call returned %d", what[i], a[i].last);
 		chime_close(a[i].c);
 	}
 }

@@ -404,6 +404,40 @@ Test(discard, a_killed_helper_is_replaced)
 }
 
 /*
+ * A helper killed with jobs in its socket and more waiting here: noticed
+ * at the next step (its end closed), nothing of ours left open or
+ * waiting (the kernel closes what was in its socket), none punched.
+ */
+Test(discard, a_helper_killed_with_jobs_in_flight_leaves_nothing_open)
+{
+	enum { N = 400 };
+	static struct seg s[N];
+	struct discard *d;
+	pid_t pid;
+
+	cr_assert_eq(discard_start(&d), 0);
+	pid = discard_helper(d);
+	cr_assert_eq(kill(pid, SIGSTOP), 0);
+	for (int i = 0; i < N; i++) {
+		seg_make_sized(&s[i], 4096);
+		post(d, &s[i]);
+		(void)discard_step(d, SEC);
+	}
+	cr_assert_eq(seg_refs(&s[N - 1]), 2u, "the last job is not waiting here");
+	cr_assert_eq(kill(pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(pid, NULL, 0), pid);
+	(void)discard_step(d, SEC);
+	cr_assert_eq(discard_helpers_lost(d), 1u, "a dead helper owing answers went unnoticed");
+	cr_assert_eq(discard_poll_fd(d), -1, "a poll asked for on a helper that is gone");
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(seg_refs(&s[i]), 1u, "job %d is still open", i);
+		cr_assert_geq(seg_bytes(&s[i]), 4096u, "job %d was punched", i);
+		close(s[i].watch);
+	}
+	discard_stop(d);
+}
+
+/*
  * A stop closes what waits (here and in the starved helper's socket)
  * without the punch, and kills the helper without waiting for it.
  */

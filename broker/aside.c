@@ -179,14 +179,7 @@ int aside_start(struct aside **out, const char *name, int wake_fd, unsigned max_
 	a->done_tail = &a->done;
 	pthread_mutex_init(&a->lock, NULL);
 	pthread_cond_init(&a->work, NULL);
-	{
-		pthread_condattr_t ca;
-
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);        /* aside_stop()'s timed wait */
-		pthread_cond_init(&a->idle, &ca);
-		pthread_condattr_destroy(&ca);
-	}
+	(void)cond_init_monotonic(&a->idle);       /* aside_stop()'s timed wait */
 	pthread_mutex_lock(&a->lock);
 	ok = add_thread(a);
 	pthread_mutex_unlock(&a->lock);

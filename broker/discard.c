@@ -692,14 +692,7 @@ int discard_start(struct discard **out)
 		return r;
 	}
 	pthread_mutex_init(&d->slock, NULL);
-	{
-		pthread_condattr_t ca;
-
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);        /* discard_stop()'s timed wait */
-		pthread_cond_init(&d->scond, &ca);
-		pthread_condattr_destroy(&ca);
-	}
+	(void)cond_init_monotonic(&d->scond);       /* discard_stop()'s timed wait */
 	d->tail = &d->head;
 	d->sent_tail = &d->sent;
 	d->stail = &d->shead;

@@ -10,6 +10,7 @@
 #ifndef CHIME_CLOCK_H
 #define CHIME_CLOCK_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -28,6 +29,21 @@ static inline struct timespec deadline_ts_after(uint64_t ns)
 	uint64_t t = now_ns() + ns;
 
 	return (struct timespec){ .tv_sec = (time_t)(t / 1000000000u), .tv_nsec = (long)(t % 1000000000u) };
+}
+
+/* A condition whose timed waits take deadline_ts_after()'s deadlines: 0, or an errno. */
+static inline int cond_init_monotonic(pthread_cond_t *cond)
+{
+	pthread_condattr_t ca;
+	int r = pthread_condattr_init(&ca);
+
+	if (r)
+		return r;
+	r = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	if (!r)
+		r = pthread_cond_init(cond, &ca);
+	pthread_condattr_destroy(&ca);
+	return r;
 }
 
 /*

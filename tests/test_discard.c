@@ -279,6 +279,17 @@ static void post_as(struct discard *d, struct seg *s, uint32_t uid, unsigned max
 	cr_assert_eq(s->fd, -1);
 }
 
+/* Start, the helper stopped as a starved one would be: its pid. */
+static pid_t start_stopped(struct discard **d)
+{
+	pid_t pid;
+
+	cr_assert_eq(discard_start(d), 0);
+	pid = discard_helper(*d);
+	cr_assert_eq(kill(pid, SIGSTOP), 0);
+	return pid;
+}
+
 /*
  * A helper starved of CPU (stopped here): steps go on at once, the jobs
  * wait (in its socket, about 280 of them, then here), and all are punched
@@ -291,9 +302,7 @@ Test(discard, a_step_never_waits_for_a_starved_helper)
 	struct discard *d;
 	pid_t pid;
 
-	cr_assert_eq(discard_start(&d), 0);
-	pid = discard_helper(d);
-	cr_assert_eq(kill(pid, SIGSTOP), 0);
+	pid = start_stopped(&d);
 	for (int i = 0; i < N; i++) {
 		uint64_t t0 = now_ns();
 		bool again;
@@ -336,9 +345,7 @@ Test(discard, a_users_jobs_past_its_share_are_closed_without_the_punch)
 	struct discard *d;
 	pid_t pid;
 
-	cr_assert_eq(discard_start(&d), 0);
-	pid = discard_helper(d);
-	cr_assert_eq(kill(pid, SIGSTOP), 0);
+	pid = start_stopped(&d);
 	for (int i = 0; i < N; i++) {
 		seg_make(&s[i]);
 		post_as(d, &s[i], 1000, MAX);
@@ -404,6 +411,25 @@ Test(discard, a_killed_helper_is_replaced)
 }
 
 /*
+ * A helper stopped (starved), then n jobs of a page each posted and
+ * stepped: more than its socket takes, so the last ones wait here.
+ * Returns the helper's pid.
+ */
+static pid_t start_starved(struct discard **d, struct seg *s, int n)
+{
+	pid_t pid;
+
+	pid = start_stopped(d);
+	for (int i = 0; i < n; i++) {
+		seg_make_sized(&s[i], 4096);
+		post(*d, &s[i]);
+		(void)discard_step(*d, SEC);
+	}
+	cr_assert_eq(seg_refs(&s[n - 1]), 2u, "the last job is not waiting here");
+	return pid;
+}
+
+/*
  * A helper killed with jobs in its socket and more waiting here: noticed
  * at the next step (its end closed), nothing of ours left open or
  * waiting (the kernel closes what was in its socket), none punched.
@@ -415,15 +441,7 @@ Test(discard, a_helper_killed_with_jobs_in_flight_leaves_nothing_open)
 	struct discard *d;
 	pid_t pid;
 
-	cr_assert_eq(discard_start(&d), 0);
-	pid = discard_helper(d);
-	cr_assert_eq(kill(pid, SIGSTOP), 0);
-	for (int i = 0; i < N; i++) {
-		seg_make_sized(&s[i], 4096);
-		post(d, &s[i]);
-		(void)discard_step(d, SEC);
-	}
-	cr_assert_eq(seg_refs(&s[N - 1]), 2u, "the last job is not waiting here");
+	pid = start_starved(&d, s, N);
 	cr_assert_eq(kill(pid, SIGKILL), 0);
 	cr_assert_eq(waitpid(pid, NULL, 0), pid);
 	(void)discard_step(d, SEC);
@@ -450,15 +468,7 @@ Test(discard, a_stop_kills_the_helper_and_closes_what_waits)
 	pid_t pid;
 	int st;
 
-	cr_assert_eq(discard_start(&d), 0);
-	pid = discard_helper(d);
-	cr_assert_eq(kill(pid, SIGSTOP), 0);
-	for (int i = 0; i < N; i++) {
-		seg_make_sized(&s[i], 4096);
-		post(d, &s[i]);
-		(void)discard_step(d, SEC);
-	}
-	cr_assert_eq(seg_refs(&s[N - 1]), 2u, "the last job is not waiting here");
+	pid = start_starved(&d, s, N);
 	t0 = now_ns();
 	discard_stop(d);
 	cr_assert_lt(now_ns() - t0, SEC / 10, "the stop took %llu ms", (unsigned long long)((now_ns() - t0) / 1000000));

@@ -750,16 +750,32 @@ Test(daemon, a_stderr_nobody_reads_does_not_stall_the_broker, .timeout = 60)
 }
 
 /*
+ * Skips unless root can make a mount namespace here: unshare(1), and a
+ * root that is a mount point (in a chroot it is not, and unshare -m
+ * fails making its mounts private: "cannot change root filesystem
+ * propagation").
+ */
+static void need_mount_namespace(const char *also)
+{
+	char cmd[256];
+
+	snprintf(cmd, sizeof(cmd), "command -v unshare >/dev/null 2>&1 %s&& unshare -m true >/dev/null 2>&1",
+		 also);
+	if (geteuid() != 0 || system(cmd) != 0)
+		cr_skip("needs root, unshare(1)%s and a mount namespace (a chroot's root is no mount point)",
+			*also ? " and setpriv(1)" : "");
+}
+
+/*
  * For a chimed run in a mount namespace of its own (unshare -m): skips
- * unless root with unshare(1); makes the directory (a mkdtemp() template)
+ * unless it can be made (need_mount_namespace()); makes the directory (a mkdtemp() template)
  * and the socket path in it; returns $CHIMED.
  */
 static const char *namespaced_setup(char *dir, char *sock, size_t sock_size)
 {
 	const char *chimed = getenv("CHIMED");
 
-	if (geteuid() != 0 || system("command -v unshare >/dev/null 2>&1") != 0)
-		cr_skip("needs root and unshare(1)");
+	need_mount_namespace("");
 	cr_assert_not_null(chimed);
 	cr_assert(mkdtemp(dir));
 	snprintf(sock, sock_size, "%s/s", dir);
@@ -971,8 +987,7 @@ Test(daemon, a_user_refused_the_default_directory_is_told_to_give_socket, .timeo
 	FILE *p;
 	int st;
 
-	if (geteuid() != 0 || system("command -v unshare >/dev/null 2>&1 && command -v setpriv >/dev/null 2>&1"))
-		cr_skip("needs root, unshare(1) and setpriv(1) (a broker run as user 65534)");
+	need_mount_namespace("&& command -v setpriv >/dev/null 2>&1 ");  /* a broker run as user 65534 */
 	cr_assert(mkdtemp(dir));
 	cr_assert_eq(chmod(dir, 0777), 0);
 	/* Its build tree may sit under a 0700 directory (a mktemp -d clone): a copy user 65534 can run. */

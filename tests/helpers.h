@@ -4,6 +4,7 @@
 #define CHIME_TEST_HELPERS_H
 
 #include <dirent.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -225,6 +226,31 @@ uint32_t t_beat_ms_becomes(const char *sock, uint32_t want, unsigned within_ms);
  * the caller measures the rest.
  */
 void t_at_rest_within(const char *sock, unsigned within_ms);
+
+/*
+ * A set of the host's wall clock, by anyone (another test, an NTP step at
+ * boot), rightly ends a broker's rest: its wall-clock timers follow the
+ * set, and it beats every 90 ms for a second after (control.c). A test
+ * that measures a rest watches for sets with t_clock_watch(): a
+ * CLOCK_REALTIME timerfd armed far ahead with TFD_TIMER_CANCEL_ON_SET, as
+ * the broker's own watch (-1 if none could be made: then no set is seen).
+ * t_clock_was_set(): whether the clock was set since the watch was made
+ * or last asked. t_clock_set_skips(): skips the test, saying why, if it
+ * was (stopping b first if given): the rest it measured says nothing.
+ */
+int t_clock_watch(void);
+bool t_clock_was_set(int fd);
+#ifdef CRITERION_H_
+static inline void t_clock_set_skips(int fd, struct t_chimed *b)
+{
+	if (!t_clock_was_set(fd))
+		return;
+	if (b)
+		t_chimed_stop(b, SIGTERM);
+	cr_skip("the host's wall clock was set during the measurement (by another process): a set rightly "
+		"ends a broker's rest for a second, so this rest measured nothing");
+}
+#endif
 
 #ifdef CHIMED_KEYIDX_H /* for the tests of the key index (they include keyidx.h first) */
 /* The first node of (owner, key) in the index, by its bucket's chain: CHIME_NIL if none. */

@@ -1576,11 +1576,13 @@ ReleaseTest(broker, a_broker_at_rest_beats_slower_and_picks_up_at_once)
 	uint64_t deadline;
 	chime_id_t far, x;
 	chime_t *c;
+	int clock_watch = t_clock_watch();
 
 	c = one_sleeping_shard(&b2, "", 1, &far);
 	(void)ms_until(b2.sock, 1, 1);
 	t_at_rest_within(b2.sock, 1500);  /* QUIET_BEATS: a second of heartbeats with nothing to do */
 	idle = beats_over(c, 2000, &longest);
+	t_clock_set_skips(clock_watch, &b2);
 	cr_assert_leq(idle, 8, "%u heartbeats in 2 s at rest: not the idle beat", idle);
 	cr_assert_geq(idle, 2, "%u heartbeats in 2 s at rest", idle);
 	cr_assert_lt(longest, 900.0, "%.0f ms between two heartbeats: a client takes a second for a dead broker",
@@ -1678,6 +1680,7 @@ ReleaseTest(broker, a_session_process_at_rest_has_the_90_ms_beat_while_it_has_ev
 	chime_id_t far, soon;
 	uint64_t due;
 	chime_t *c;
+	int clock_watch = t_clock_watch();
 
 	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
 	o.socket_path = b2.sock;
@@ -1691,6 +1694,7 @@ ReleaseTest(broker, a_session_process_at_rest_has_the_90_ms_beat_while_it_has_ev
 	cr_assert_lt(chime_now() + 1000 * MS, due, "at rest only %.0f ms before the deadline",
 		     (double)(due - chime_now()) / 1e6);
 	n = beats_over(c, 1000, &longest);
+	t_clock_set_skips(clock_watch, &b2);
 	cr_assert_leq(n, 5, "%u heartbeats in 1 s with a session's process attached and nothing in hand: not at rest", n);
 
 	cr_assert_eq(chime_wait(c, &ev, 1, 4500), 1, "no event within 4.5 s");
@@ -1701,6 +1705,7 @@ ReleaseTest(broker, a_session_process_at_rest_has_the_90_ms_beat_while_it_has_ev
 
 	t_at_rest_within(b2.sock, 1500);  /* seen taken, then a second of quiet */
 	n = beats_over(c, 1000, &longest);
+	t_clock_set_skips(clock_watch, &b2);
 	cr_assert_leq(n, 5, "%u heartbeats in 1 s once the take was seen: not at rest again", n);
 	chime_close(c);
 	t_chimed_stop(&b2, SIGTERM);
@@ -1723,6 +1728,7 @@ ReleaseTest(broker, a_session_process_that_takes_nothing_lets_the_broker_rest)
 	unsigned n;
 	chime_id_t far, soon;
 	chime_t *c;
+	int clock_watch = t_clock_watch();
 
 	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
 	o.socket_path = b2.sock;
@@ -1733,6 +1739,7 @@ ReleaseTest(broker, a_session_process_that_takes_nothing_lets_the_broker_rest)
 	/* delivered into the ring at 200 ms, never taken: a second of watching, then a second of quiet */
 	t_at_rest_within(b2.sock, 2600);
 	n = beats_over(c, 1000, &longest);
+	t_clock_set_skips(clock_watch, &b2);
 	cr_assert_leq(n, 5, "%u heartbeats in 1 s with a session's event untaken for 2.4 s: not at rest", n);
 
 	cr_assert_eq(chime_poll(c, &ev, 1), 1, "the event was not in the ring");
@@ -1759,6 +1766,7 @@ ReleaseTest(broker, the_period_shown_is_in_force_from_the_beat_that_changes_it)
 	char path[300];
 	chime_id_t far;
 	chime_t *c;
+	int clock_watch = t_clock_watch();
 
 	c = one_sleeping_shard(&b2, "", 1, &far);
 	(void)ms_until(b2.sock, 1, 1);
@@ -1777,6 +1785,8 @@ ReleaseTest(broker, the_period_shown_is_in_force_from_the_beat_that_changes_it)
 			end = now + 600 * MS;
 		usleep(1000);
 	}
+	if (at_load(&ctl->beat_ms) != 450)
+		t_clock_set_skips(clock_watch, &b2);
 	cr_assert_eq(at_load(&ctl->beat_ms), 450, "not at rest after 2.5 s");
 	chime_seg_unmap(&m);
 	chime_close(c);
@@ -1804,7 +1814,7 @@ ReleaseTest(broker, a_welcome_never_read_keeps_the_broker_from_resting_a_second_
 	unsigned n;
 	chime_id_t far;
 	chime_t *c;
-	int fd;
+	int fd, clock_watch = t_clock_watch();
 
 	c = one_sleeping_shard(&b2, "", 1, &far);
 	snprintf(path, sizeof(path), "%s.ctl", b2.sock);
@@ -1826,6 +1836,7 @@ ReleaseTest(broker, a_welcome_never_read_keeps_the_broker_from_resting_a_second_
 	close(fd);
 	chime_seg_unmap(&m);
 	chime_close(c);
+	t_clock_set_skips(clock_watch, &b2);
 	t_chimed_stop(&b2, SIGTERM);
 	/* 1 s at 90 ms is 11 beats, at 450 ms 2 or 3 */
 	cr_assert_leq(n, 5, "%u heartbeats in 1 s with one welcome unread and nothing to do: not at rest", n);
@@ -1853,7 +1864,7 @@ ReleaseTest(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_
 	struct chime_sqe *slot;
 	uint64_t base = UINT64_C(1) << 40, end, hb, prev;
 	unsigned nfds = 0, beats = 0;
-	int fds[CHIME_MAX_FDS], sk = -1;
+	int fds[CHIME_MAX_FDS], sk = -1, clock_watch = t_clock_watch();
 	chime_t *c;
 
 	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
@@ -1882,6 +1893,7 @@ ReleaseTest(broker, a_resume_that_never_gives_its_word_does_not_keep_the_broker_
 	for (unsigned i = 0; i < nfds; i++)
 		close(fds[i]);
 	close(sk);
+	t_clock_set_skips(clock_watch, &b2);
 	t_chimed_stop(&b2, SIGTERM);
 	/* 1 s at 90 ms is 11 beats, at 450 ms 2 or 3 */
 	cr_assert_leq(beats, 5, "%u heartbeats in 1 s with one resumed session that never gave its word: "

@@ -1158,18 +1158,15 @@ static const char *sig_sender(uint32_t pid, char buf[32])
 /* ---- the wall clock (ARCHITECTURE.md, "Wall-clock timers") ---- */
 
 /*
- * Watch for steps of the wall clock: a CLOCK_REALTIME timer at 2100-01-01
- * with TFD_TIMER_CANCEL_ON_SET, whose read completes with -ECANCELED when
- * the clock is set (and must be armed again after). A failure, or a wall
- * clock past that date (the timer expired: not armed again, or it would
- * expire at once, and again), leaves the heartbeat's comparison
- * (wall_check()) to find steps, a beat later.
+ * Watch for steps of the wall clock (clock_set_watch_arm(): its read
+ * completes with -ECANCELED when the clock is set). A failure, or a wall
+ * clock past 2100 (the timer expired: not armed again, or it would expire
+ * at once, and again), leaves the heartbeat's comparison (wall_check()) to
+ * find steps, a beat later.
  */
 static void wall_watch(struct broker *b)
 {
-	struct itimerspec far = { .it_value = { .tv_sec = (time_t)4102444800 } };
-
-	if (timerfd_settime(b->wall_fd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &far, NULL) < 0)
+	if (clock_set_watch_arm(b->wall_fd) < 0)
 		return;
 	arm_read(b, b->wall_fd, &b->wall_buf, sizeof(b->wall_buf), UD_WALL);
 }

@@ -10,8 +10,10 @@
 #ifndef CHIME_CLOCK_H
 #define CHIME_CLOCK_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/timerfd.h>
 #include <time.h>
 
 /* CLOCK_MONOTONIC in ns (vDSO: ~20 ns; time batches, not single operations). */
@@ -21,6 +23,19 @@ static inline uint64_t now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * Arm fd, a CLOCK_REALTIME timerfd, to watch for sets of the wall clock
+ * (by anyone: an NTP step, date(1), a test): at 2100-01-01 with
+ * TFD_TIMER_CANCEL_ON_SET, its read fails with ECANCELED once the clock is
+ * set, and it must be armed again after. 0, or -errno.
+ */
+static inline int clock_set_watch_arm(int fd)
+{
+	const struct itimerspec far = { .it_value = { .tv_sec = (time_t)4102444800 } };
+
+	return timerfd_settime(fd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &far, NULL) < 0 ? -errno : 0;
 }
 
 /* now_ns() + ns as a timespec: a deadline for pthread_cond_timedwait() on a CLOCK_MONOTONIC condition. */

@@ -25,7 +25,6 @@
 #include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
-#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -546,19 +545,11 @@ void t_at_rest_within(const char *sock, unsigned within_ms)
 	(void)t_beat_ms_becomes(sock, 450, within_ms);
 }
 
-/* Far ahead (2038): it never expires, only a set of the clock cancels it. */
-static int clock_watch_arm(int fd)
-{
-	const struct itimerspec far = { .it_value = { .tv_sec = INT32_MAX } };
-
-	return timerfd_settime(fd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &far, NULL);
-}
-
 int t_clock_watch(void)
 {
 	int fd = timerfd_create(CLOCK_REALTIME, TFD_NONBLOCK | TFD_CLOEXEC);
 
-	if (fd >= 0 && clock_watch_arm(fd) < 0) {
+	if (fd >= 0 && clock_set_watch_arm(fd) < 0) {
 		close(fd);
 		fd = -1;
 	}
@@ -571,7 +562,7 @@ bool t_clock_was_set(int fd)
 
 	if (fd < 0 || read(fd, &n, sizeof(n)) >= 0 || errno != ECANCELED)
 		return false;
-	(void)clock_watch_arm(fd);      /* armed again: ready for the next set */
+	(void)clock_set_watch_arm(fd);  /* armed again: ready for the next set */
 	return true;
 }
 

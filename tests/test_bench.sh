@@ -16,7 +16,8 @@
 #            wakes up for nothing beyond its heartbeat and takes under 0.5% of
 #            a core (the benchmark's own target, 0.1%, is reported, not
 #            required: a 2 s window on a shared host can miss it), and the
-#            figures are there.
+#            figures are there; a set of the host's wall clock in the window
+#            (by another process) excuses the wake-ups, as the bench says.
 #   apply    `chime-bench apply --quick`: every record applied as meant (the
 #            bench checks the armed count and the malformed counter after each
 #            phase) and every timer expired once (the sum of their user data),
@@ -343,8 +344,11 @@ rest)
 	jq -e '.timers == 100000 and .session == "bench-rest" and .heartbeats > 0 and
 	       has("host_damon_on") and .broker_rss_shmem_kib > 0 and .broker_shmem_huge_kib >= 0 and .cpu_share_schedstat > 0 and
 	       .floor_cpu_share > 0 and .floor_ns_per_wakeup > 0 and
-	       .wakeups_ok and (.threads | length) >= 2' "$dir/out.json" >/dev/null ||
+	       (.wakeups_ok or .wall_clock_set) and (.threads | length) >= 2' "$dir/out.json" >/dev/null ||
 		fail "exit status $st; figures missing or implausible, or a wake-up beyond the heartbeat"
+	# A set of the host's wall clock in the window (another process's) wakes the broker rightly.
+	! jq -e '.wall_clock_set' "$dir/out.json" >/dev/null ||
+		echo "bench rest: the host's wall clock was set in the window: its verdicts are not judged"
 	# 0.1% of a core is the benchmark's target; one 2 s window on a shared host
 	# can miss it (0.13% once here, 0.05-0.08% usually): the test's bound is 0.5%.
 	jq -e '.cpu_share_schedstat < 0.005' "$dir/out.json" >/dev/null ||

@@ -28,6 +28,11 @@
  * pages (a tmpfs mounted huge=within_size) 90-130. So the report says
  * whether a kdamond runs and how much of the broker's shared memory is
  * mapped in huge pages.
+ *
+ * A set of the host's wall clock in the window (by anyone: an NTP step,
+ * date(1)) rightly wakes the broker and its shards, which follow it, and
+ * has it beat every 90 ms for a second: the report says so, and then
+ * judges neither target.
  */
 #include <chime.h>
 
@@ -37,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,7 +197,8 @@ int bench_rest(int argc, char **argv)
 	const char *socket = NULL, *session = NULL;
 	long n = 1000000, secs = 10;
 	uint64_t v;
-	int opt, json = 0, r = 0, cpu_ok, wake_ok;
+	int opt, json = 0, r = 0, cpu_ok, wake_ok, clock_fd;
+	bool clock_set = false;
 	struct bench_proc p0, p1;
 	struct bench_machine m;
 	struct broker b;
@@ -273,6 +280,11 @@ int bench_rest(int argc, char **argv)
 	}
 	sleep_ns(NS_PER_S);     /* shards done spinning, counters published */
 
+	clock_fd = timerfd_create(CLOCK_REALTIME, TFD_NONBLOCK | TFD_CLOEXEC);
+	if (clock_fd >= 0 && clock_set_watch_arm(clock_fd) < 0) {
+		close(clock_fd);
+		clock_fd = -1;  /* no watch: a set goes unseen, as before */
+	}
 	/* the broker's /proc unreadable at either end (gone, or not ours): no figure, never 0 CPU */
 	if ((r = bench_proc_sample(b.ctl->pid, &p0)) == 0) {
 		hb = heartbeat(&b);
@@ -287,6 +299,12 @@ int bench_rest(int argc, char **argv)
 			sleep_ns(5 * NS_PER_MS);
 		}
 		r = bench_proc_sample(b.ctl->pid, &p1);
+	}
+	if (clock_fd >= 0) {
+		uint64_t x;
+
+		clock_set = read(clock_fd, &x, sizeof(x)) < 0 && errno == ECANCELED;
+		close(clock_fd);
 	}
 	if (r < 0) {
 		fprintf(stderr, "chime-bench rest: cannot read /proc/%d of the broker: %s\n", (int)b.ctl->pid,
@@ -328,6 +346,7 @@ int bench_rest(int argc, char **argv)
 				      "floor_ns_per_wakeup", floor >= 0 ? json_real(floor_wake_ns) : json_null(),
 				      "floor_period_ns", (json_int_t)floor_period);
 		json_object_set_new(o, "host_damon_on", damon < 0 ? json_null() : json_boolean(damon));
+		json_object_set_new(o, "wall_clock_set", json_boolean(clock_set));
 		json_object_set_new(o, "broker_rss_shmem_kib", shmem_kib < 0 ? json_null() : json_integer(shmem_kib));
 		json_object_set_new(o, "broker_shmem_huge_kib", huge_kib < 0 ? json_null() : json_integer(huge_kib));
 		json_t *th = json_array();
@@ -366,7 +385,7 @@ int bench_rest(int argc, char **argv)
 		printf("  CPU, /proc/PID/stat utime+stime    %8.4f%% of a core   (+-%.1f%%: whole clock ticks; not judged)\n",
 		       cpu_stat * 100, 200.0 / (double)sysconf(_SC_CLK_TCK) / win);
 		printf("  CPU, schedstat of all threads      %8.4f%% of a core   target < %.1f%%  %s\n",
-		       cpu_sched * 100, REST_CPU_TARGET * 100, cpu_sched < REST_CPU_TARGET ? "ok" : "MISS");
+		       cpu_sched * 100, REST_CPU_TARGET * 100, clock_set ? "not judged" : cpu_ok ? "ok" : "MISS");
 		if (floor >= 0)
 			printf("  the floor: a process waking every %llu ms %8.4f%% of a core   (%.1f us per wake-up, the "
 			       "broker %.1f per beat)\n", (unsigned long long)(floor_period / NS_PER_MS), floor * 100,
@@ -376,7 +395,12 @@ int bench_rest(int argc, char **argv)
 		printf("  heartbeats seen (heartbeat_ns)     %8.2f /s  (%llu; by design every 90 ms, 450 ms at rest)\n",
 		       (double)beats / win, (unsigned long long)beats);
 		printf("  wake-ups beyond the heartbeat      %8.2f /s  target 0 (%u of slack for the window's edges)  %s\n",
-		       sw > beats ? (double)(sw - beats) / win : 0., REST_SLACK, wake_ok ? "ok" : "MISS");
+		       sw > beats ? (double)(sw - beats) / win : 0., REST_SLACK, clock_set ? "not judged" :
+		       wake_ok ? "ok" : "MISS");
+		if (clock_set)
+			printf("  the host's wall clock was set in the window (by another process): the broker and its\n"
+			       "  shards rightly woke to follow it, and it beat every 90 ms for a second: these are not\n"
+			       "  figures at rest (run it again)\n");
 		printf("\n  %-7s %-16s %10s %12s\n", "tid", "thread", "switches", "cpu us");
 		for (unsigned i = 0; i < p1.threads && i < BENCH_MAX_THREADS; i++) {
 			const struct bench_thread *a = NULL, *z = &p1.thr[i];
@@ -407,5 +431,5 @@ int bench_rest(int argc, char **argv)
 	wait_armed(&b, 0, 60 * NS_PER_S);
 	if (broker_stop(&b) < 0)
 		g_problems++;
-	return g_problems || !cpu_ok || !wake_ok ? 1 : 0;
+	return g_problems || (!clock_set && (!cpu_ok || !wake_ok)) ? 1 : 0;
 }

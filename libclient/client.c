@@ -373,6 +373,30 @@ static int recv_welcome(int sock, bool wait, uint64_t until, struct chime_welcom
 	return 0;
 }
 
+/*
+ * What mapping a descriptor the broker handed us returns to chime_open():
+ * out of memory or descriptors is ours (-ENOMEM), a version's layout
+ * -EPROTO; anything else is the broker's (a file unsized or unfinished, a
+ * directory, one sealed or opened against the mapping we need: mmap's
+ * EPERM or EACCES), -EBADMSG, not an errno chime_open(3) gives another
+ * meaning (-EPERM: an untrusted broker).
+ */
+static int map_errno(int r)
+{
+	switch (r) {
+	case 0:
+	case -ENOMEM:
+	case -EPROTO:
+	case -EBADMSG:
+		return r;
+	case -ENFILE:
+	case -EMFILE:
+		return -ENOMEM;
+	default:
+		return -EBADMSG;
+	}
+}
+
 /* Map one segment fd, check its header and that it is exactly `size` bytes. */
 static int map_seg(int fd, uint32_t kind, bool writable, uint64_t size, struct chime_map *map)
 {
@@ -384,11 +408,7 @@ static int map_seg(int fd, uint32_t kind, bool writable, uint64_t size, struct c
 	if (!S_ISREG(st.st_mode) || st.st_size < (off_t)sizeof(struct chime_seg_hdr) ||
 	    (uint64_t)st.st_size != size)
 		return -EBADMSG;
-	r = chime_seg_map_fd(fd, kind, writable, map);
-	if (r == -EAGAIN)
-		r = -EBADMSG;           /* handed to us unfinished */
-	else if (r == -ENFILE || r == -EMFILE)
-		r = -ENOMEM;
+	r = map_errno(chime_seg_map_fd(fd, kind, writable, map));
 	if (r == 0 && map->size != size) {
 		chime_seg_unmap(map);
 		r = -EBADMSG;
@@ -512,12 +532,8 @@ void cl_own_unmap(struct cl_own *own)
 /* Map memfd fd writable, of `size` bytes (0: whatever it has), its pages faulted in if `populate`. */
 static int map_own(int fd, uint64_t size, bool populate, struct chime_map *map)
 {
-	int r = chime_seg_map_file(fd, true, map);
+	int r = map_errno(chime_seg_map_file(fd, true, map));
 
-	if (r == -EAGAIN)
-		r = -EBADMSG;           /* handed to us unsized */
-	else if (r == -ENFILE || r == -EMFILE)
-		r = -ENOMEM;
 	if (r == 0 && size && map->size != size) {
 		chime_seg_unmap(map);
 		r = -EBADMSG;

@@ -166,6 +166,8 @@ enum fake {
 	FAKE_REFUSE_MAPPED,     /* a good welcome; its answer checked, then a refusal (-ENOMEM) */
 	FAKE_LATE_NO_READY,     /* a good welcome 6 s after the hello, its answer read, no ready ever */
 	FAKE_RW_UNSIZED,        /* a good welcome but for rw_size 0, with a 1 MiB rw memfd */
+	FAKE_RW_SEALED,         /* rw sealed against writes already: mmap's EPERM */
+	FAKE_RW_DIR,            /* rw a directory */
 };
 
 static void fake_reply(int s, enum fake how)
@@ -219,6 +221,20 @@ static void fake_reply(int s, enum fake how)
 		for (int i = 0; i < 3; i++) {
 			fds[nfds] = memfd_create("fake", MFD_ALLOW_SEALING);
 			(void)!ftruncate(fds[nfds++], i == 1 ? 1 << 20 : 4096);
+		}
+		fds[nfds++] = eventfd(0, 0);
+		break;
+	case FAKE_RW_SEALED:
+	case FAKE_RW_DIR:
+		for (int i = 0; i < 3; i++) {
+			fds[nfds] = memfd_create("fake", MFD_ALLOW_SEALING);
+			(void)!ftruncate(fds[nfds++], 4096);
+		}
+		if (how == FAKE_RW_SEALED) {
+			(void)!fcntl(fds[1], F_ADD_SEALS, F_SEAL_FUTURE_WRITE);
+		} else {
+			close(fds[1]);
+			fds[1] = open("/", O_RDONLY | O_DIRECTORY);
 		}
 		fds[nfds++] = eventfd(0, 0);
 		break;
@@ -343,6 +359,11 @@ Test(client, malformed_welcomes_are_ebadmsg)
 	unlink(sock_path);
 	/* an rw size of 0 would have the library fault in whatever the memfd holds: refused before */
 	cr_assert_eq(open_against_fake(FAKE_RW_UNSIZED), -EBADMSG);
+	/* not -EPERM (an untrusted broker) nor -EISDIR, which chime_open(3) does not list */
+	unlink(sock_path);
+	cr_assert_eq(open_against_fake(FAKE_RW_SEALED), -EBADMSG);
+	unlink(sock_path);
+	cr_assert_eq(open_against_fake(FAKE_RW_DIR), -EBADMSG);
 }
 
 /*

@@ -239,7 +239,7 @@ int chime_arm_realtime(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t 
  * deadline no earlier than its last one writes no record: it is a
  * compare-and-swap on a word of the connection's table in shared memory,
  * which the broker reads when the timer's previous deadline comes. The
- * promises above are the same. Two differ: a deadline beyond 2^63 ns (292
+ * promises above are the same. Two differ: a deadline past 2^63 - 1 ns (292
  * years) is kept as 2^63 - 1, and a reset of a timer that has ended (its
  * event taken, or cancelled) racing with the reuse of its slot by a new
  * timer of this connection armed meanwhile could, in a window of a few
@@ -306,7 +306,9 @@ struct chime_op {
  *              CANCEL is one chime_reset() refuses
  *   -ENOMEM, -EDQUOT  an ARM refused, as by chime_arm(); nothing was armed
  *   -EOPNOTSUPP  an ARM_REALTIME to a broker older than wall-clock timers
- *   -ENOTCONN  the broker died before this operation was submitted
+ *   -ENOTCONN  the broker died before this operation was submitted (or, in a
+ *              named session, stopped as it went out: it may still have
+ *              been applied, chime_arm(3))
  */
 int chime_submit(chime_t *c, struct chime_op *ops, unsigned n);
 

@@ -602,7 +602,7 @@ int main(int argc, char **argv)
 		.policy.subuid_file = "/etc/subuid",
 	};
 	char err[512];
-	bool foreground = false, have_socket = false, restarted;
+	bool foreground = false, have_socket = false, restarted, uid_quota_derived;
 	sigset_t old_mask;
 	struct broker *b = NULL;
 	int c, r, verdict_fd = -1;
@@ -731,7 +731,8 @@ int main(int argc, char **argv)
 		o.fresh = false;
 		unsetenv(RESTART_ENV);
 	}
-	if (o.max_timers_per_uid == UINT64_MAX)
+	uid_quota_derived = o.max_timers_per_uid == UINT64_MAX;
+	if (uid_quota_derived)
 		o.max_timers_per_uid = (uint64_t)o.capacity * o.nr_shards / 2;
 	if ((uint64_t)o.sq_size * 2 > o.capacity)
 		usage_error("--capacity %u is too small for --sq-size %u (each client holds sq-size nodes per shard)",
@@ -808,14 +809,18 @@ int main(int argc, char **argv)
 			held = client_share;
 		idle = (user_share + held - 1) / held;
 		if (user_share < o.max_clients_per_uid * held)
-			log_msg(LOG_WARNING, "--max-timers-per-uid %llu is less than --max-clients-per-uid %u times "
+			log_msg(LOG_WARNING, "--max-timers-per-uid %llu%s is less than --max-clients-per-uid %u times "
 				"what one connection holds: a user's connections hold %llu nodes each before "
-				"arming any timer (%s %llu per shard, %u shard%s), so %llu of them use%s up its quota",
-				(unsigned long long)o.max_timers_per_uid, o.max_clients_per_uid,
-				(unsigned long long)(held * o.nr_shards),
+				"arming any timer (%s %llu per shard, %u shard%s), so %llu of them use%s up its "
+				"quota; %s",
+				(unsigned long long)o.max_timers_per_uid,
+				uid_quota_derived ? " (the default: half of --capacity times --shards)" : "",
+				o.max_clients_per_uid, (unsigned long long)(held * o.nr_shards),
 				held < o.sq_size ? "their share of --max-timers-per-client," : "--sq-size",
 				(unsigned long long)held, o.nr_shards, o.nr_shards == 1 ? "" : "s",
-				(unsigned long long)idle, idle == 1 ? "s" : "");
+				(unsigned long long)idle, idle == 1 ? "s" : "",
+				uid_quota_derived ? "raise --capacity, set --max-timers-per-uid, or lower "
+				"--max-clients-per-uid" : "raise it or lower --max-clients-per-uid");
 	}
 	loop_signals(&set);
 	pthread_sigmask(SIG_BLOCK, &set, &old_mask);

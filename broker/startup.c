@@ -334,6 +334,36 @@ static int fd_chmod(int fd, mode_t mode)
 }
 
 /*
+ * A socket whose mode admits other users is no use to them if a directory
+ * above it does not let them search it (a private mktemp -d is 0700):
+ * their chime_open() fails EACCES, which reads as the policy's refusal.
+ * Said, not refused: the operator may mean to open the directory later.
+ * A directory others may search, or, with --socket-group, its group,
+ * passes; ACLs are not read.
+ */
+static void socket_reach_warn(const struct broker *b, mode_t mode)
+{
+	char dir[PATH_MAX], *cut;
+	struct stat st;
+
+	if (mode == 0600 || !realpath(b->o.socket_path, dir))
+		return;
+	while ((cut = strrchr(dir, '/')) != NULL) {
+		cut[cut == dir] = '\0';        /* "/a/b" -> "/a", "/a" -> "/" */
+		if (stat(dir, &st) == 0 && !(st.st_mode & S_IXOTH) &&
+		    !(b->o.socket_gid != (gid_t)-1 && st.st_gid == b->o.socket_gid && (st.st_mode & S_IXGRP))) {
+			log_msg(LOG_WARNING, "users the policy admits cannot reach socket '%s': directory '%s' "
+				"(mode %04o, uid %u) does not let them search it, and their chime_open() fails "
+				"EACCES; chmod o+x it%s", b->o.socket_path, dir, (unsigned)(st.st_mode & 07777),
+				(unsigned)st.st_uid, b->o.socket_gid != (gid_t)-1 ? " (or g+x for --socket-group)" : "");
+			return;
+		}
+		if (cut == dir)
+			return;
+	}
+}
+
+/*
  * Who may connect at all is the policy's to decide (on_hello), but the
  * socket's mode keeps out those it would refuse anyway: 0660 and its group
  * with --socket-group, 0666 when other users may be admitted, else 0600.
@@ -373,6 +403,8 @@ int socket_access(struct broker *b)
 		r = log_errno(LOG_ERR, -r, "chmod('%s', %04o)", path, (unsigned)mode);
 	}
 	close(fd);
+	if (r == 0)
+		socket_reach_warn(b, mode);
 	return r;
 }
 

@@ -184,6 +184,15 @@ const char *chime_socket_absent_why(const char *path)
 	return "a socket file left behind: chimed is not running, or did not stop cleanly";
 }
 
+const char *chime_socket_eacces_why(const char *path)
+{
+	if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0)
+		return "the broker did not admit this user: see chimed --allow-uid, --allow-gid, --allow-all";
+	if (errno == EACCES)
+		return "this user may not reach the socket: its permissions or a directory's above it";
+	return "the broker did not admit this user, or the socket's permissions refused it";
+}
+
 int chime_seg_dir_in_memory(const char *path, const char **fs, char *buf, size_t len)
 {
 	static const struct {

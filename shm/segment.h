@@ -187,6 +187,14 @@ int chime_seg_resident(const void *p, size_t bytes, unsigned char *vec);
 const char *chime_socket_absent_why(const char *path);
 
 /*
+ * Why a handshake at socket `path` was refused EACCES, for a tool's
+ * message: the broker's policy (this user may write the socket), or the
+ * path's permissions (the socket's, or a directory's above it, which the
+ * policy cannot help with). A constant string.
+ */
+const char *chime_socket_eacces_why(const char *path);
+
+/*
  * After a recvmsg() of the broker's answer failed with ECONNRESET: read
  * again, without waiting. A broker that hangs up with our hello unread
  * makes the kernel report ECONNRESET once, first, and its refusal (-EAGAIN,

@@ -1165,13 +1165,64 @@ Test(daemon, busy_poll_on_every_cpu_is_warned_about, .timeout = 30)
 	}
 }
 
+/* The log of a broker started with extra at socket path sock, stopped again. */
+static const char *start_log_at(const char *sock, const char *extra, const char *err_path)
+{
+	static char text[8192];
+	char opts[512];
+	struct t_chimed b;
+	FILE *f;
+	size_t n;
+
+	snprintf(opts, sizeof(opts), "%s 2>'%s'", extra, err_path);
+	cr_assert_eq(t_chimed_start(&b, sock, opts), 0);
+	t_chimed_stop(&b, SIGTERM);
+	f = fopen(err_path, "r");
+	cr_assert(f, "no log at %s", err_path);
+	n = fread(text, 1, sizeof(text) - 1, f);
+	text[n] = 0;
+	fclose(f);
+	return text;
+}
+
+/*
+ * A policy that admits other users, and a socket they cannot reach (a
+ * directory above it they may not search, a private mktemp -d): said at
+ * start, naming the directory, since their chime_open() then fails
+ * EACCES as if the policy refused them (found trying the README as a
+ * newcomer). Searchable, or a policy of the broker's user alone: silent.
+ */
+Test(daemon, a_socket_other_admitted_users_cannot_reach_is_warned_about, .timeout = 30)
+{
+	char dir[] = "/tmp/chime-td-XXXXXX", sub[64], sock[96], err[96], says[256];
+	const char *log;
+
+	cr_assert(mkdtemp(dir));
+	snprintf(sub, sizeof(sub), "%s/open", dir);
+	cr_assert_eq(mkdir(sub, 0755), 0);
+	snprintf(sock, sizeof(sock), "%s/s", sub);
+	snprintf(err, sizeof(err), "%s/err", dir);
+	cr_assert_eq(chmod(dir, 0700), 0);
+	snprintf(says, sizeof(says), "cannot reach socket '%s': directory '%s' (mode 0700", sock, dir);
+	log = start_log_at(sock, "--allow-all", err);
+	cr_expect(strstr(log, says), "no \"%s\" in: %s", says, log);
+	log = start_log_at(sock, "", err);
+	cr_expect_null(strstr(log, "cannot reach"), "a policy of its own user only: %s", log);
+	cr_assert_eq(chmod(dir, 0711), 0);
+	log = start_log_at(sock, "--allow-all", err);
+	cr_expect_null(strstr(log, "cannot reach"), "every directory searchable: %s", log);
+	t_rmdir_files(sub);
+	t_rmdir_files(dir);
+}
+
 /*
  * A --max-timers-per-uid that a user's idle connections use up is warned
  * about, with what each holds (a node per submission slot and shard, or
  * its share of --max-timers-per-client where that is less: grant_slot())
  * and how many of them use it up: with 2 shards, 500 per shard is one
  * connection's 1024 and 2500 three; 50 each of a client quota of 100,
- * 64 of them hold 6400 of 10000, and that is no warning.
+ * 64 of them hold 6400 of 10000, and that is no warning. The default
+ * quota (half the capacity) is named as such, with what to change.
  */
 Test(daemon, a_uid_quota_that_idle_connections_use_up_is_warned_about, .timeout = 30)
 {
@@ -1185,6 +1236,11 @@ Test(daemon, a_uid_quota_that_idle_connections_use_up_is_warned_about, .timeout 
 		{ "--shards 2 --max-timers-per-client 100 --max-timers-per-uid 5000", "hold 100 nodes each before "
 		  "arming any timer (their share of --max-timers-per-client, 50 per shard, 2 shards), so 50 of them" },
 		{ "--shards 2 --max-timers-per-client 100 --max-timers-per-uid 10000", NULL },
+		/* a quota nobody gave: said to be the default, and what to change */
+		{ "--shards 1 --capacity 4096", "--max-timers-per-uid 2048 (the default: half of --capacity times "
+		  "--shards) is less than" },
+		{ "--shards 1 --capacity 4096", "use up its quota; raise --capacity, set --max-timers-per-uid, or lower "
+		  "--max-clients-per-uid" },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

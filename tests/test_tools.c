@@ -2974,6 +2974,33 @@ Test(tools_users, an_unreachable_socket_is_not_a_policy_refusal)
 		  "%s", slurp(err));
 }
 
+/*
+ * chime-demo, the README's first client, tells the two EACCES apart as
+ * chimectl does: with a broker that admits everyone behind a directory
+ * its user alone may search (a private mktemp -d), it said "see chimed
+ * --allow-all", which was given (found trying the README as a newcomer).
+ */
+Test(tools_users, chime_demo_tells_an_unreachable_socket_from_a_refusal)
+{
+	uid_t u = other_user();
+	const char *demo = tool_for_others("CHIME_DEMO");
+	char priv[256], psock[300];
+
+	snprintf(priv, sizeof(priv), "%s/priv", dir);
+	snprintf(psock, sizeof(psock), "%s/s.sock", priv);
+	cr_assert_eq(mkdir(priv, 0700), 0);
+	cr_assert_eq(t_chimed_start(&tb, psock, "--shards 1 --allow-all"), 0);
+	broker = tb.pid;
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s -n 10 -d 1", dir, demo, psock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "may not reach the socket"), "%s", slurp(err));
+	cr_assert(!strstr(slurp(err), "--allow-all"), "%s", slurp(err));
+	t_chimed_stop(&tb, SIGTERM);
+	broker = 0;
+	start_broker("--shards 1 --allow-uid 1");
+	cr_assert_eq(run_as(u, "LD_LIBRARY_PATH=%s %s -s %s -n 10 -d 1", dir, demo, sock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "did not admit this user: see chimed --allow-uid"), "%s", slurp(err));
+}
+
 /* ---------------------------------------------------------------------- */
 /* Options and documentation agree with the programs                        */
 /* ---------------------------------------------------------------------- */

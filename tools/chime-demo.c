@@ -306,9 +306,11 @@ int main(int argc, char **argv)
 	if (r < 0) {
 		/* The path chime_open() tried. */
 		const char *path = chime_socket_path(opts.socket_path, NULL);
-		char absent[160];
+		char absent[160], refused[256];
 
 		snprintf(absent, sizeof(absent), " (%s)", chime_socket_absent_why(path));
+		snprintf(refused, sizeof(refused), " (%s%s)", opts.session ? "the session is another user's or its "
+			 "name is reserved for one (chimed --policy-file), or " : "", chime_socket_eacces_why(path));
 
 		fprintf(stderr, "chime-demo: cannot connect to chimed at '%s'%s%s%s: %s%s\n", path,
 			opts.session ? " (session '" : "", opts.session ? opts.session : "", opts.session ? "')" : "",
@@ -316,12 +318,7 @@ int main(int argc, char **argv)
 			r == -EINVAL ? "not a socket path (longer than a unix socket's 107 bytes)" :
 			r == -ENOENT ? "nothing listens there" : strerror(-r),
 			r == -ENOENT ? absent :
-			r == -EACCES && opts.session ?
-				" (the session is another user's or its name is reserved for one (chimed"
-				" --policy-file), or the broker did not admit this user, or the socket's"
-				" permissions refused it)" :
-			r == -EACCES ? " (the broker did not admit this user, or the socket's permissions refused it;"
-				       " see chimed --allow-uid, --allow-gid, --allow-all)" :
+			r == -EACCES ? refused :
 			r == -EPERM ? " (what listens there runs as a user this one does not trust: not root, not"
 				      " this user, not the owner of the socket's directory; see chime_open(3))" :
 			r == -EBUSY ? " (another process has this session open)" :

@@ -243,14 +243,10 @@ static int handshake_fail(const char *sock, int r)
 	if (r == -ENOENT)
 		return fail(SR_EXIT_NOT_RUNNING, "handshake with '%s' failed: nothing listens there (%s)", sock,
 			    chime_socket_absent_why(sock));
-	if (r == -EACCES && faccessat(AT_FDCWD, sock, W_OK, AT_EACCESS) == 0)
-		why = " (the broker did not admit this user: see chimed --allow-uid, --allow-gid, --allow-all)";
-	else if (r == -EACCES && errno == EACCES)
-		why = " (this user may not reach the socket: its permissions or a directory's above it; "
-		      "whether chimed runs cannot be told)";
-	else if (r == -EACCES)
-		why = " (the broker did not admit this user, or the socket's permissions refused it)";
-	else if (r == -EPROTO)
+	if (r == -EACCES)
+		return fail(SR_EXIT_NOSHM, "handshake with '%s' failed: %s (%s)", sock, strerror(-r),
+			    chime_socket_eacces_why(sock));
+	if (r == -EPROTO)
 		why = " (the broker speaks another shm layout: upgrade one side)";
 	else if (r == -ECONNREFUSED)
 		why = " (the broker is stopping or restarting)";

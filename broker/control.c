@@ -839,7 +839,7 @@ static void parked(struct broker *b, struct client *c)
 		log_msg(LOG_INFO, "session '%s' (uid %u, pid %d) parked for the next broker",
 			c->session, (unsigned)c->cred.uid, (int)c->cred.pid);
 	else if (log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
-		log_msg(LOG_INFO, "session '%s' (uid %u) detached: pid %d gone, timers kept for %u s",
+		log_msg(LOG_INFO, "session '%s' (uid %u) detached: pid %d closed it or exited, timers kept for %u s",
 			c->session, (unsigned)c->cred.uid, (int)c->cred.pid, b->o.session_linger_s);
 	if (c->next_fd >= 0) {
 		int fd = c->next_fd;

@@ -414,8 +414,10 @@ static int query_error(const char *sock, const char *what, int r, enum query_ste
 	if (step == QUERY_CONNECT && r == -ENOENT)
 		return fail(SR_EXIT_NOT_RUNNING, "%s at '%s' failed: nothing listens there (%s)", what, sock,
 			    chime_socket_absent_why(sock));
+	/* The broker's ESRCH names no process: a session or client it does not have ("No such process"). */
 	return fail(step == QUERY_CONNECT && r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM,
-		    "%s at '%s' failed: %s%s", what, sock, strerror(-r), why ? why : query_why(r, step));
+		    "%s at '%s' failed: %s%s", what, sock, step == QUERY_ANSWER && r == -ESRCH ? "not found" :
+		    strerror(-r), why ? why : query_why(r, step));
 }
 
 /* The answer ended early but its head came: the records that arrived are good. */
@@ -625,6 +627,9 @@ static int cmd_clients(const char *sock)
 		sr_fmt_ns(lp[0], sizeof(lp[0]), client_pct(c, 0.5));
 		sr_fmt_ns(lp[1], sizeof(lp[1]), client_pct(c, 0.99));
 		sr_fmt_ns(lp[2], sizeof(lp[2]), c->sum.lat_max_ns);
+		if (!sr_hist_count(c->sum.lat))
+			for (int k = 0; k < 3; k++)
+				strcpy(lp[k], "-");     /* nothing fired yet: no lateness, not 0 */
 		out("%4u %7d %6u %6u %-15s %10s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64
 		    " %6" PRIu64 " %7" PRIu64 " %6" PRIu64 " %9s %9s %9s %8s\n",
 		    c->slot, (int)c->id.pid, c->id.uid, c->id.gid, c->id.comm, since, c->sum.armed,

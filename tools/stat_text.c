@@ -183,6 +183,9 @@ void print_table(FILE *out, const struct flist *fields, const struct flist *prev
 		sr_fmt_ns(lp[0], sizeof(lp[0]), fval(l, "client.%u.lateness.p50_ns", cl->slot));
 		sr_fmt_ns(lp[1], sizeof(lp[1]), fval(l, "client.%u.lateness.p99_ns", cl->slot));
 		sr_fmt_ns(lp[2], sizeof(lp[2]), fval(l, "client.%u.lateness.max_ns", cl->slot));
+		if (!fval(l, "client.%u.lateness.count", cl->slot))
+			for (int j = 0; j < 3; j++)
+				strcpy(lp[j], "-");     /* nothing fired yet: no lateness, not 0 */
 #define R(f) (snprintf(name, sizeof(name), "client.%u." f, cl->slot), frate(l, prev, sn, ps, name))
 		fprintf(out, "%4u %7d %6u %-15s %9s %8" PRIu64 " %8.0f %8.0f %8" PRIu64 " %6" PRIu64
 			" %7" PRIu64 " %6" PRIu64 " %8s %8s %8s %7" PRIu64 " %" PRIu64 "/%" PRIu64 "%s\n",

@@ -200,13 +200,17 @@ static void usage_error(const char *fmt, ...)
 	exit(EXIT_USAGE);
 }
 
-/* arg is a whole decimal number, an optional '-' (--spin-us -1) and then chime_parse_u64()'s digits, in *v. */
+/*
+ * arg is a whole decimal number, an optional '-' (--spin-us -1) and then
+ * chime_parse_u64()'s digits, in *v. Not "-0": a sign where the option
+ * takes none, which the range check alone let through as 0.
+ */
 static bool whole_number(const char *arg, long long *v)
 {
 	bool neg = arg[0] == '-';
 	uint64_t u;
 
-	if (chime_parse_u64(arg + neg, &u) < 0 || u > (uint64_t)LLONG_MAX)
+	if (chime_parse_u64(arg + neg, &u) < 0 || u > (uint64_t)LLONG_MAX || (neg && u == 0))
 		return false;
 	*v = neg ? -(long long)u : (long long)u;
 	return true;

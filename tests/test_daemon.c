@@ -246,7 +246,8 @@ Test(daemon, malformed_numbers_and_policy_files_are_usage_errors)
 	static const char *const bad[] = { "--shards ' 3'", "--shards +3", "--shards 0x3", "--shards ''",
 					   "--capacity 99999999999999999999", "--policy-file /",
 					   "--policy-file ''", "--policy-file /nonexistent/policy", "--allow-uid ''",
-					   "--allow-gid ' , '" };
+					   "--allow-gid ' , '", "--spin-us -0", "--session-linger -0",
+					   "--max-clients-per-uid -0" };
 	char msg[512];
 
 	expect_usage_errors(bad, sizeof(bad) / sizeof(bad[0]));

@@ -815,6 +815,12 @@ Test(tools_fake, usage_errors_exit_2)
 	cr_assert_eq(run("%s extra", bin("CHIMESTAT")), 2);
 	cr_assert_eq(run("%s", bin("CHIMECTL")), 2);
 	cr_assert_eq(run("%s frobnicate", bin("CHIMECTL")), 2);
+	cr_assert(strstr(slurp(err), "unknown command 'frobnicate'"), "%s", slurp(err));
+	/* an unknown command is named as such, whatever follows it (it said "too many arguments") */
+	cr_assert_eq(run("%s frobnicate extra", bin("CHIMECTL")), 2);
+	cr_assert(strstr(slurp(err), "unknown command 'frobnicate'"), "%s", slurp(err));
+	cr_assert_eq(run("%s status extra", bin("CHIMECTL")), 2);
+	cr_assert(strstr(slurp(err), "too many arguments"), "%s", slurp(err));
 	cr_assert_eq(run("%s timers", bin("CHIMECTL")), 2);
 	cr_assert_eq(run("%s status --limit 3", bin("CHIMECTL")), 2);
 	/* the default limit given explicitly is still misplaced */
@@ -1018,6 +1024,19 @@ Test(tools_live, a_field_pattern_matching_nothing_is_named)
 	cr_assert(strstr(slurp(err), "(chimestat -1 -f '*' lists their names)"), "%s", slurp(err));
 	cr_assert_eq(run("%s --socket '%s' -1 -f '*'", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
 	cr_assert(strstr(slurp(out), "\nshard.0.fires "), "%s", slurp(out));
+	/* The plain frames say it too, once (they said nothing); killed by timeout after a few frames. */
+	run("timeout 1 %s --socket '%s' -i 0.2 -f 'shard.0.firez'", bin("CHIMESTAT"), sock);
+	cr_assert(strstr(slurp(err), "no field matches 'shard.0.firez'"), "%s", slurp(err));
+	cr_assert_null(strstr(strstr(slurp(err), "firez") + 1, "firez"), "said more than once: %s", slurp(err));
+	/*
+	 * --prometheus: broker.pid is a field, but a label of chime_broker_info, no series: the
+	 * document was empty and nothing said why.
+	 */
+	cr_assert_eq(run("%s --socket '%s' --prometheus -f broker.pid", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "no field with a Prometheus series matches 'broker.pid'"), "%s", slurp(err));
+	cr_assert_eq(run("%s --socket '%s' --prometheus -f shard.0.fires", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "chime_shard_fires_total{shard=\"0\"}"), "%s", slurp(out));
+	cr_assert_eq(slurp(err)[0], '\0', "%s", slurp(err));
 }
 
 enum { N_FAR = 100, M_FIRE = 50, K_CANCEL = 20, B_HELD = 40 };
@@ -3407,6 +3426,10 @@ Test(tools_fake, number_options_take_digits_only)
 					 opts[i].after), 2, "%s %s %s: %s", opts[i].tool, opts[i].before, bad[j],
 				     slurp(err));
 	}
+	/* No process has pid 0: refused, as chimectl's --client 0 is, not a filter that matches nothing. */
+	cr_assert_eq(run("%s -s '%s' -1 --pid 0", bin("CHIMESTAT"), sock), 2, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "a number from 1 to 2147483647"), "%s", slurp(err));
+	cr_assert_eq(run("%s -s '%s' --client 0 timers", bin("CHIMECTL"), sock), 2, "%s", slurp(err));
 }
 
 /* ---------------------------------------------------------------------- */

@@ -1485,6 +1485,13 @@ int main(int argc, char **argv)
 		return SR_EXIT_USAGE;
 	}
 	cmd = argv[optind];
+	/* First: "bogus extra" is an unknown command, not too many arguments. */
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		known |= !strcmp(cmd, commands[i]);
+	if (!known) {
+		fprintf(stderr, PROG ": unknown command '%s' (try '" PROG " --help')\n", cmd);
+		return SR_EXIT_USAGE;
+	}
 	/* drop-session takes its NAME; every other command nothing. */
 	if (optind != argc - 1 - !strcmp(cmd, "drop-session")) {
 		fprintf(stderr, PROG ": %s (try '" PROG " --help')\n",
@@ -1511,12 +1518,6 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(cmd, "timers"))
 		arg = session;
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		known |= !strcmp(cmd, commands[i]);
-	if (!known) {
-		fprintf(stderr, PROG ": unknown command '%s' (try '" PROG " --help')\n", cmd);
-		return SR_EXIT_USAGE;
-	}
 	/* A usage error, like any other on the command line: no JSON document (chimectl(1), -j). */
 	r = sr_socket_path(sock, sizeof(sock), socket_arg);
 	if (r == -ENAMETOOLONG) {

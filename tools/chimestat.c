@@ -98,10 +98,19 @@ void keep_clients(struct sr_snap *sn, const struct opts *o)
 	sn->nr_clients = n;
 }
 
+/* Does the output asked for show field f? Prometheus has the fields with a series; the others theirs. */
+static bool shown(const struct field *f, const struct opts *o)
+{
+	return o->prom ? f->prom != NULL : !f->prom_only;
+}
+
 /*
  * A -f PATTERN that names no field is most likely a typo: say so on stderr
  * (the output is still what was asked, and the exit status 0). Not for
- * client.* patterns: a client's fields come and go with it.
+ * client.* patterns: a client's fields come and go with it. With
+ * --prometheus, a field with no series of its own (broker.pid and
+ * broker.version are labels of chime_broker_info) matches nothing: an
+ * empty document, before, said nothing of why.
  */
 static void unmatched_patterns(const struct flist *l, const struct opts *o)
 {
@@ -110,9 +119,14 @@ static void unmatched_patterns(const struct flist *l, const struct opts *o)
 
 		if (!strncmp(o->pat[i], "client.", 7))
 			continue;
-		while (k < l->n && fnmatch(o->pat[i], l->v[k].name, 0) != 0)
+		while (k < l->n && (!shown(&l->v[k], o) || fnmatch(o->pat[i], l->v[k].name, 0) != 0))
 			k++;
-		if (k == l->n)
+		if (k < l->n)
+			continue;
+		if (o->prom)
+			fprintf(stderr, PROG ": no field with a Prometheus series matches '%s' (chimestat "
+				"--prometheus lists them; -f matches field names, not metric names)\n", o->pat[i]);
+		else
 			fprintf(stderr, PROG ": no field matches '%s' (chimestat -1 -f '*' lists their names)\n",
 				o->pat[i]);
 	}
@@ -140,6 +154,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	struct sr_snap sn, ps;
 	char sock[PATH_MAX];
 	int have_prev = 0, r, opt;
+	bool warned = false;
 	struct sr s;
 
 	/* getopt's own messages start with argv[0]: the program's name, as chimectl's, not its path. */
@@ -165,13 +180,13 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			break;
 		case OPT_PID:
 		case OPT_UID: {
-			/* A pid fits an int; a uid is any uid_t but (uid_t)-1, which means "no uid". */
-			unsigned long long max = opt == OPT_PID ? INT32_MAX : (uid_t)-1 - 1;
+			/* A pid is 1..INT32_MAX (as chimectl's); a uid any uid_t but (uid_t)-1, "no uid". */
+			unsigned long long min = opt == OPT_PID, max = opt == OPT_PID ? INT32_MAX : (uid_t)-1 - 1;
 			uint64_t v;
 
-			if (chime_parse_u64(optarg, &v) < 0 || v > max) {
-				fprintf(stderr, PROG ": invalid %s '%s' (a number from 0 to %llu)\n",
-					opt == OPT_PID ? "--pid" : "--uid", optarg, max);
+			if (chime_parse_u64(optarg, &v) < 0 || v < min || v > max) {
+				fprintf(stderr, PROG ": invalid %s '%s' (a number from %llu to %llu)\n",
+					opt == OPT_PID ? "--pid" : "--uid", optarg, min, max);
 				return SR_EXIT_USAGE;
 			}
 			*(opt == OPT_PID ? &o.pid : &o.uid) = (long)v;
@@ -308,6 +323,10 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		}
 		keep_clients(&sn, &o);
 		collect(&cur, &sn);
+		if (!have_prev && !warned) {
+			unmatched_patterns(&cur, &o);   /* once, on the first frame, as -1 does */
+			warned = true;
+		}
 		if (o.nr_pat)
 			print_flat(stdout, &cur, have_prev ? &prev : NULL, &sn, have_prev ? &ps : NULL, &o);
 		else

@@ -182,9 +182,10 @@ static void usage(FILE *f)
 		"  -s, --socket PATH        use the chimed at PATH (default: a private one)\n"
 		"  -q, --quick              10k and 50k timers, 1 s seed runs (a smoke test)\n"
 		"  -j, --json               the figures and the run's context as JSON on stdout\n"
-		"  -S, --sizes LIST         timer counts (default 100000,1000000)\n"
-		"  -L, --lateness-csv DIR   one CSV per contender's lateness\n"
-		"                           (tools/bench/plot-lateness.sh)\n"
+		"  -S, --sizes LIST         timer counts, 1000..4000000, at most 8 (default\n"
+		"                           100000,1000000)\n"
+		"  -L, --lateness-csv DIR   one CSV per contender's lateness, DIR made if need\n"
+		"                           be (tools/bench/plot-lateness.sh)\n"
 		"  -R, --lateness-rounds N  rounds of the lateness contenders in turn, pooled\n"
 		"                           (1..100, default 3, --quick 1)\n"
 		"  -h, --help               show this help\n");

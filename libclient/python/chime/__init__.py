@@ -80,7 +80,7 @@ class Op:
         # ctypes would pass a field modulo 2**64 (a cancel of 2**64 + id
         # cancels id), and submit() could not name an unknown code's
         # refusal once the rest of its batch was applied.
-        if self.code not in (1, 2, 3, 4, 5) or isinstance(self.code, bool):
+        if type(self.code) is not int or self.code not in (1, 2, 3, 4, 5):     # not 1.0, not True
             raise ValueError(f"code must be one of Op.ARM, RESET, CANCEL, CANCEL_KEY, ARM_REALTIME, "
                              f"not {self.code!r}")
         for name in ("id", "key", "deadline_ns", "period_ns", "data"):
@@ -209,7 +209,8 @@ def _period_ns(period):
         return 0
     period_ns = _seconds_ns("period", period)
     if period_ns == 0:
-        raise ValueError("period must be > 0 seconds (leave it out for a one-shot timer)")
+        raise ValueError(f"period must be at least 1 ns (1e-9 seconds), not {period!r} (leave it out for a "
+                         "one-shot timer)")
     return period_ns
 
 
@@ -250,7 +251,7 @@ def drop_session(session, socket=None):
     r = lib.chime_drop_session(ctypes.byref(ChimeOpts(path, 0, _c_string("session", session))))
     if r < 0:
         shown = _socket_shown(socket)
-        raise _error("chime_drop_session", -r, socket=shown, session=session,
+        raise _error("chime_drop_session", -r, socket=shown, session=os.fsdecode(session),
                      invalid=_open_invalid(shown, session))
 
 
@@ -465,8 +466,11 @@ class Chime:
         return out.value
 
     def reset(self, id, *, at_ns=None, after=None):
-        """Move timer `id` to at_ns (absolute) or `after` seconds from now. An
-        earlier firing still in flight is never returned after this."""
+        """Move timer `id` to at_ns (absolute, in the timer's clock) or
+        `after` seconds from now() (CLOCK_MONOTONIC). An earlier firing
+        still in flight is never returned after this. A wall-clock timer
+        (arm_realtime()) takes at_ns in CLOCK_REALTIME, time.time_ns() + ...:
+        `after` would be read as a wall-clock time in 1970, due at once."""
         id, deadline = _u64("id", id), _deadline(at_ns, after)
         r = self._call(lib.chime_reset, id, deadline)
         if r < 0:
@@ -508,6 +512,7 @@ class Chime:
         broker gone before any operation succeeded, a forked child)."""
         ops = list(ops)
         if not ops:
+            self._call(lambda c: None)      # ValueError once closed, as every call
             return []
         if not all(isinstance(o, Op) for o in ops):
             raise TypeError("submit takes Op values (Op.arm(), Op.arm_realtime(), Op.reset(), Op.cancel(), "
@@ -710,6 +715,11 @@ class Chime:
                 return ms
             within = -1 if end is None else min(max(0.0, end - time.monotonic()), threading.TIMEOUT_MAX)
             r, events = self._collect(lib.chime_wait, buf, 64, within, slice_ms)
+            # Closed during the slice: what it took after close() returned is
+            # not handed out (close() cancels every timer; its docstring's
+            # ValueError), as a cancel's event is not.
+            if self._c is None:
+                raise ValueError("operation on a closed Chime")
             # A signal: its Python handler runs here (and may raise); then
             # wait on for what is left of the timeout, as PEP 475 asks.
             if r == -errno.EINTR:

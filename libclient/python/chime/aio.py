@@ -35,6 +35,9 @@ class AsyncChime:
     `await c.wait()` or `async for ev in c`."""
 
     def __init__(self, chime=None, **kw):
+        if chime is not None and kw:
+            raise TypeError(f"AsyncChime(chime=...) wraps that Chime: {', '.join(sorted(kw))} would open "
+                            "another (give them to chime.Chime())")
         self._own = chime is None
         self.chime = Chime(**kw) if chime is None else chime
         self.arm = self.chime.arm
@@ -46,8 +49,10 @@ class AsyncChime:
         self.flush = self.chime.flush
         # One task collects at a time (as one thread does from a Chime): the
         # others queue here, so that each event goes to exactly one of them
-        # and no task's reader replaces another's.
-        self._collecting = asyncio.Lock()
+        # and no task's reader replaces another's. A lock per loop: an
+        # asyncio.Lock is bound to the loop it was first contended in, and
+        # one held by a task whose loop was closed stays held for good.
+        self._locks = weakref.WeakKeyDictionary()
         self._ready = None      # the future the collecting task sleeps on
         self._watch = None      # (loop, fd) while a reader is registered for it
         self._closed = False
@@ -66,14 +71,33 @@ class AsyncChime:
         loop that stops has not reached stay pending."""
         self._check_open()
         loop = asyncio.get_running_loop()
-        async with self._collecting:
+        lock = self._locks.get(loop)
+        if lock is None:
+            lock = self._locks[loop] = asyncio.Lock()
+        async with lock:
+            empty = 0
             while True:
                 self._check_open()
                 events = self.chime.poll(max)
                 if events:
                     return events
+                # Woken with nothing to take, again and again: the descriptor
+                # stays readable while what woke it waits on the broker (one
+                # stopped, SIGSTOP or a debugger, with a reset of a fired timer
+                # to settle: chime_poll(3)), and re-arming at once spun a core.
+                # A few such wake-ups are normal; past them, back off (1 ms,
+                # doubling, 100 ms at most), as chime_wait() sleeps in C.
+                if empty > 2:
+                    await asyncio.sleep(min(0.001 * 2 ** (empty - 3), 0.1))
+                    self._check_open()
+                    events = self.chime.poll(max)
+                    if events:
+                        return events
                 # Nothing pending: the poll that ran dry asked for a wake-up on
                 # fileno(); sleep in the loop until it comes.
+                watch = self._watch
+                if watch is not None and watch[0].is_closed():
+                    self._watch = None      # a task of a loop closed in its wait: its reader went with it
                 ready = self._ready = loop.create_future()
                 fd = self.chime.fileno()
                 loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
@@ -83,6 +107,7 @@ class AsyncChime:
                 finally:
                     self._ready = None
                     self._unwatch()
+                empty += 1
 
     def _chime_closed(self):
         """The Chime closed, maybe by its owner and on another thread: the
@@ -106,7 +131,8 @@ class AsyncChime:
 
     def _abandon(self):
         if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(ValueError("the Chime was closed while a task awaited its events"))
+            self._ready.set_exception(ValueError("the Chime (or its AsyncChime) was closed while a task "
+                                                 "awaited its events"))
         self._unwatch()
 
     def _unwatch(self):
@@ -127,18 +153,21 @@ class AsyncChime:
     def close(self):
         """Close the Chime it opened (not one it was given); a task awaiting
         wait() gets ValueError, as it does when the Chime it was given is
-        closed."""
+        closed. From any thread, and after the task's loop has closed."""
         if self._closed:
             return
         self._closed = True
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(ValueError("AsyncChime closed while a task awaited its events"))
-        # before the fd is closed: the loop must not go on watching a number the next open reuses
-        self._unwatch()
-        if self._hook in self.chime._close_hooks:
-            self.chime._close_hooks.remove(self._hook)
-        if self._own:
-            self.chime.close()
+        try:
+            if self._hook in self.chime._close_hooks:
+                self.chime._close_hooks.remove(self._hook)
+            # The awaiting task is told on its loop's thread (at once on that
+            # thread, before the fd is closed: the loop must not go on watching
+            # a number the next open reuses); from another thread, its loop
+            # stayed asleep in epoll for good when told from here.
+            self._chime_closed()
+        finally:
+            if self._own:
+                self.chime.close()
 
     async def __aenter__(self):
         return self

@@ -143,6 +143,8 @@ def test_submit_applies_a_batch(chime_conn):
 
 def test_submit_reports_each_refusal_without_raising(tmp_path):
     from conftest import Broker
+    if not os.environ.get("CHIMED"):
+        pytest.skip("$CHIMED not set (run through meson test)")
     b = Broker(os.environ["CHIMED"], ["--shards", "1", "--max-timers-per-client", "8"])
     try:
         with chime.Chime(socket=b.socket) as c:
@@ -167,7 +169,8 @@ def test_an_op_made_by_hand_is_checked_before_anything_is_submitted(chime_conn):
     keep = c.arm(7, after=0.05)
     for bad in (dict(code=99), dict(code=0), dict(code=True), dict(code=chime.Op.CANCEL, id=(1 << 64) + keep),
                 dict(code=chime.Op.ARM, key=-1), dict(code=chime.Op.ARM, deadline_ns=1.5),
-                dict(code=chime.Op.ARM, data=1 << 64), dict(code=chime.Op.ARM, period_ns=-1)):
+                dict(code=chime.Op.ARM, data=1 << 64), dict(code=chime.Op.ARM, period_ns=-1),
+                dict(code=1.0)):     # 1.0 in (1, ..., 5): it passed, then ctypes raised TypeError
         with pytest.raises(ValueError):
             c.submit([chime.Op.arm(8, after=0), chime.Op(**bad)])
     evs = wait_for(c, 1)
@@ -1009,6 +1012,138 @@ def test_asyncio_tasks_awaiting_one_chime_take_turns_and_close_ends_them(broker)
         d.close()
 
     asyncio.run(main())
+
+
+def test_a_wait_closed_under_it_hands_out_nothing_fired_after(broker):
+    """close() on one thread while another waits: the wait ends with
+    ValueError, never with an event its slice took after close() returned
+    (a periodic timer's, fired meanwhile: close() cancels every timer).
+    Found by an audit: one event came back 100 ms after close()."""
+    import threading
+    c, got = chime.Chime(socket=broker.socket), []
+    c.arm(1, after=0.15, period=0.02)
+
+    def waiter():
+        try:
+            while True:
+                got.append(c.wait(5))
+        except Exception as e:          # noqa: BLE001 - the exception is the result
+            got.append(e)
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    time.sleep(0.05)
+    c.close()
+    t.join(2.0)
+    assert not t.is_alive()
+    assert len(got) == 1 and isinstance(got[0], ValueError), got
+
+
+def test_submit_of_nothing_on_a_closed_chime_raises(broker):
+    c = chime.Chime(socket=broker.socket)
+    assert c.submit([]) == []
+    c.close()
+    with pytest.raises(ValueError, match="closed"):
+        c.submit([])
+
+
+def test_a_period_that_rounds_to_zero_says_so(chime_conn):
+    with pytest.raises(ValueError, match="at least 1 ns"):
+        chime_conn.arm(1, after=1, period=1e-12)
+
+
+def test_asyncio_chime_wrapping_one_takes_no_open_arguments(broker):
+    with chime.Chime(socket=broker.socket) as c:
+        with pytest.raises(TypeError, match="socket"):
+            chime.aio.AsyncChime(c, socket="/elsewhere")
+
+
+def test_asyncio_close_from_another_thread_ends_the_wait(broker):
+    """AsyncChime.close() on a thread other than its loop's: the awaiting
+    task ends with ValueError at once. Before, close() touched the future
+    and the reader from that thread, which asyncio does not allow: the
+    loop slept on in epoll, for ever (or until a wait_for's timeout)."""
+    a = chime.aio.AsyncChime(socket=broker.socket)
+    got, started = [], threading.Event()
+
+    async def main():
+        started.set()
+        try:
+            await asyncio.wait_for(a.wait(), 10)
+        except BaseException as e:     # noqa: BLE001 - the exception is the result
+            got.append(e)
+
+    t = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+    t.start()
+    started.wait(2)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    a.close()
+    t.join(5)
+    assert not t.is_alive(), "the task still awaited 5 s after close()"
+    assert time.monotonic() - t0 < 1.0
+    assert len(got) == 1 and isinstance(got[0], ValueError), got
+    assert a.chime.closed
+
+
+def test_asyncio_chime_works_in_one_loop_after_another(broker):
+    """An AsyncChime used by tasks of one asyncio.run(), then another's: its
+    lock was bound to the first loop ("bound to a different event loop"),
+    and held for good by a task that loop closed in its wait."""
+    a = chime.aio.AsyncChime(socket=broker.socket)
+
+    async def two_waiters():
+        a.arm(1, after=0.02)
+        a.arm(2, after=0.04)
+        got = await asyncio.gather(a.wait(1), a.wait(1))
+        return sorted(e.key for evs in got for e in evs)
+
+    assert asyncio.run(two_waiters()) == [1, 2]
+    loop = asyncio.new_event_loop()
+    loop.create_task(a.wait())          # left awaiting when its loop closes
+    loop.run_until_complete(asyncio.sleep(0.05))
+    loop.close()
+    assert asyncio.run(two_waiters()) == [1, 2]
+    a.close()
+    assert a.chime.closed
+
+
+def test_asyncio_close_after_its_loop_closed_closes_the_chime(broker):
+    """close() once the loop a task awaited in is closed: it raised
+    RuntimeError ("Event loop is closed") and left the Chime open."""
+    a = chime.aio.AsyncChime(socket=broker.socket)
+    loop = asyncio.new_event_loop()
+    loop.create_task(a.wait())
+    loop.run_until_complete(asyncio.sleep(0.05))
+    loop.close()
+    a.close()
+    assert a.chime.closed
+
+
+def test_asyncio_wait_backs_off_while_the_broker_is_stopped(broker):
+    """A fired timer reset while the broker is stopped (SIGSTOP): the
+    descriptor stays readable and poll() finds nothing until the broker
+    settles the reset. The task's wait re-armed its reader at once, a core
+    spinning (1.0 s of CPU a second); it backs off now, as chime_wait()
+    does."""
+    a = chime.aio.AsyncChime(socket=broker.socket)
+    tid = a.arm(1, after=0.01)
+
+    async def main():
+        await asyncio.sleep(0.1)        # fired, in the completion ring
+        os.kill(broker.proc.pid, signal.SIGSTOP)
+        try:
+            a.reset(tid, after=30)
+            t0 = time.process_time()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(a.wait(), 1.0)
+            return time.process_time() - t0
+        finally:
+            os.kill(broker.proc.pid, signal.SIGCONT)
+
+    cpu = asyncio.run(main())
+    a.close()
+    assert cpu < 0.3, f"{cpu:.2f} s of CPU in a 1 s wait"
 
 
 def test_asyncio_a_wait_ends_when_the_chime_it_wraps_is_closed(broker):

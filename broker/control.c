@@ -989,7 +989,7 @@ static void on_mapped(struct broker *b, struct client *c, int res)
 	 * allocated, and a page it paged out before answering comes back on
 	 * this thread, not a shard's.
 	 */
-	chime_seg_populate(c->rw.base, c->rw.size);
+	(void)chime_seg_populate(c->rw.base, c->rw.size);
 	rw_publish(b, c);
 	post_all(b, c, c->reattaching ? SHARD_CMD_REATTACH : SHARD_CMD_ATTACH);
 }

@@ -168,7 +168,7 @@ static void reserve_set(struct shard *s, uint64_t bytes)
 
 	/* The new chunk mapped now, not one page fault at a time on the path that arms timers. */
 	if (bytes > from)
-		chime_seg_populate((char *)s->seg.base + from, bytes - from);
+		(void)chime_seg_populate((char *)s->seg.base + from, bytes - from);     /* else they fault */
 	reserve_note(s, bytes);
 }
 

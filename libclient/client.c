@@ -538,8 +538,14 @@ static int map_own(int fd, uint64_t size, bool populate, struct chime_map *map)
 		chime_seg_unmap(map);
 		r = -EBADMSG;
 	}
-	if (r == 0 && populate)
-		chime_seg_populate(map->base, map->size);
+	/*
+	 * Every page, or the broker refuses the attach as unfaulted (-EPROTO,
+	 * which says "another handshake"): out of memory is said as such.
+	 */
+	if (r == 0 && populate && (r = chime_seg_populate(map->base, map->size)) < 0) {
+		chime_seg_unmap(map);
+		r = r == -ENOMEM ? -ENOMEM : -EBADMSG;
+	}
 	return r;
 }
 

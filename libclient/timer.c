@@ -276,7 +276,7 @@ static __attribute__((noinline, cold)) void touch_populate(struct chime *c, cons
 	from = from < lo ? lo : from;
 	to = to > hi ? hi : to;
 	if (to > from)
-		chime_seg_populate((void *)from, to - from);
+		(void)chime_seg_populate((void *)from, to - from);
 	(void)at_fetch_or(&c->touch_mapped[bit / 64], UINT64_C(1) << (bit % 64));
 }
 

@@ -141,16 +141,26 @@ int chime_seg_discard(int fd, size_t size)
 #define MADV_POPULATE_WRITE 23
 #endif
 
-void chime_seg_populate(void *p, size_t bytes)
+int chime_seg_populate(void *p, size_t bytes)
 {
 	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
 	uintptr_t from = (uintptr_t)p & ~(page - 1), to = ((uintptr_t)p + bytes + page - 1) & ~(page - 1);
+	int r;
 
-	if (to <= from || madvise((void *)from, to - from, MADV_POPULATE_WRITE) == 0 || errno != EINVAL)
-		return;
-	/* Before Linux 5.14: a read fault allocates a shared memfd's page too. */
+	if (to <= from)
+		return 0;
+	/* EINTR (a signal pending) and EAGAIN (a page busy) are the kernel's "again" */
+	for (int tries = 0; (r = madvise((void *)from, to - from, MADV_POPULATE_WRITE)) < 0 &&
+	     (errno == EINTR || errno == EAGAIN) && tries < 100; tries++)
+		;
+	if (r == 0)
+		return 0;
+	if (errno != EINVAL)
+		return -errno;
+	/* Before Linux 5.14: a read fault allocates a shared memfd's page too (a SIGBUS if it cannot). */
 	for (uintptr_t a = from; a < to; a += page)
 		(void)*(volatile const char *)a;
+	return 0;
 }
 
 int chime_seg_resident(const void *p, size_t bytes, unsigned char *vec)

@@ -166,9 +166,12 @@ int chime_seg_discard(int fd, size_t size);
  * wait (MADV_POPULATE_WRITE, Linux 5.14; on an older kernel a read of each
  * page, which allocates a shared memfd's; no memory leaves them to fault
  * as before). Whole pages: the range is widened to
- * them, and must lie in the mapping once widened.
+ * them, and must lie in the mapping once widened. 0, or -errno of the
+ * populate (-ENOMEM: no memory for every page; some may be mapped), for a
+ * caller that needs every page (the client's rw segment, which the broker
+ * checks); the others may leave them to fault.
  */
-void chime_seg_populate(void *p, size_t bytes);
+int chime_seg_populate(void *p, size_t bytes);
 
 /*
  * Which pages of [p, p + bytes) of a shared mapping are in its file's page

@@ -269,7 +269,7 @@ int t_answer_offer_as(int fd, enum t_answer how, int *kept, int *nkept)
 		if (r < 0)
 			break;
 		if (i == 1 && how != T_ANSWER_UNFAULTED)
-			chime_seg_populate(map.base, map.size);
+			(void)chime_seg_populate(map.base, map.size);
 		chime_seg_unmap(&map);          /* its pages stay in the memfd */
 		if (how == T_ANSWER_SEALED_OPEN)
 			r = fcntl(fds[i], F_ADD_SEALS, F_SEAL_SEAL) < 0 ? -errno : 0;

@@ -89,7 +89,7 @@ Test(segment, a_client_seals_what_the_broker_sized_and_the_broker_checks_it)
 	cr_assert_eq(chime_seg_client_sealed(fd, 0), 0, "sealed, its pages not asked about");
 	cr_assert_eq(chime_seg_client_sealed(fd, size), -ENODATA, "sealed with none of its pages there");
 	/* Faulted in through the mapping made before the seal: accepted; nobody punches it any more. */
-	chime_seg_populate(mine.base, mine.size);
+	cr_assert_eq(chime_seg_populate(mine.base, mine.size), 0);
 	cr_assert_eq(chime_seg_client_sealed(fd, size), 0);
 	cr_assert_eq(chime_seg_discard(fd, size), -EPERM, "a hole punched in a sealed segment");
 	cr_assert_eq(madvise(m.base, pagesz(), MADV_REMOVE), -1, "MADV_REMOVE through the creator's mapping");

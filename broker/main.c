@@ -742,10 +742,20 @@ int main(int argc, char **argv)
 		usage_error("--capacity %u is too small for --sq-size %u (each client holds sq-size nodes per shard)",
 			    o.capacity, o.sq_size);
 	{
-		/* Unknown users and groups, a bad policy file: a usage error now, not at the first client. */
+		/*
+		 * Unknown users and groups, a bad policy file: a usage error now,
+		 * not at the first client. Not a file that could not be read for
+		 * want of memory or descriptors, or a disk's error: a start-up
+		 * failure (1), as chimed(8) says.
+		 */
 		struct policy check = { 0 };
 
-		if (policy_load(&check, &o.policy, err, sizeof(err)) < 0)
+		r = policy_load(&check, &o.policy, err, sizeof(err));
+		if (r == -ENOMEM || r == -EMFILE || r == -ENFILE || r == -EIO) {
+			log_msg(LOG_ERR, "%s", err);
+			return EXIT_FAILURE;
+		}
+		if (r < 0)
 			usage_error("%s", err);
 		policy_free(&check);
 	}

@@ -64,18 +64,23 @@ static bool hdr_valid(const struct sessfile_hdr *h)
 	return h->magic == SESSFILE_MAGIC && h->check == sessfile_hash(h, offsetof(struct sessfile_hdr, check));
 }
 
-void sessfile_boot_id(char out[40])
+int sessfile_boot_id(char out[40])
 {
-	int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-	ssize_t n = fd >= 0 ? read(fd, out, 39) : -1;
+	int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC), err;
+	ssize_t n;
 
-	if (fd >= 0)
-		close(fd);
+	memset(out, 0, 40);
+	/* No /proc mounted (a chroot, test_daemon's case): "", unknown, as every broker there writes it. */
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	n = read(fd, out, 39);
+	err = errno;
+	close(fd);
 	if (n < 0)
-		n = 0;
+		return -err;
 	while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == 0))
-		n--;
-	memset(out + n, 0, 40 - (size_t)n);
+		out[--n] = 0;
+	return n > 0 ? 0 : -EIO;
 }
 
 static bool rec_valid(const struct sessfile_rec *r, uint32_t slot)
@@ -215,7 +220,14 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 	if (h.geom.nr_shards != g->nr_shards || h.geom.max_clients != g->max_clients ||
 	    h.geom.capacity != g->capacity || h.geom.resolution_ns != g->resolution_ns)
 		goto out;
-	sessfile_boot_id(boot);
+	/*
+	 * Not read (no descriptor left): not "another boot", which discards
+	 * every timer (found by failing the broker's calls in turn,
+	 * tests/test_failstart.c), but a failure to start.
+	 */
+	r = sessfile_boot_id(boot);
+	if (r < 0)
+		goto out;
 	r = -ESTALE;
 	if (strncmp(boot, h.boot_id, sizeof(boot)) != 0)
 		goto out;
@@ -342,17 +354,20 @@ static int open_as(struct sessfile *sf, const char *path, const struct sessfile_
 		r = errno == EWOULDBLOCK ? -EBUSY : -errno;
 		goto fail;
 	}
+	memset(&h, 0, sizeof(h));
+	/* Written without it, the file would read as another boot's to the next broker: its timers discarded. */
+	r = sessfile_boot_id(h.boot_id);
+	if (r < 0)
+		goto fail;
 	all = calloc(g->max_clients ? g->max_clients : 1, sizeof(*all));
 	if (!all) {
 		r = -ENOMEM;
 		goto fail;
 	}
-	memset(&h, 0, sizeof(h));
 	h.magic = SESSFILE_MAGIC;
 	h.version = SESSFILE_VERSION;
 	h.rec_size = sizeof(struct sessfile_rec);
 	h.geom = *g;
-	sessfile_boot_id(h.boot_id);
 	h.mono_off = chime_timens_monotonic();
 	h.flags = SESSFILE_F_MONO;
 	h.check = sessfile_hash(&h, offsetof(struct sessfile_hdr, check));

@@ -94,7 +94,8 @@ struct sessfile {
  *   -EBUSY    held (flock) by a broker that has it open (sessfile_open()):
  *             one still runs on these files;
  *   -ENOMEM   no memory to look for names recorded twice;
- *   -errno    of open, fstat, read.
+ *   -errno    of open, fstat, read, and of the read of this boot's id
+ *             (sessfile_boot_id()), never taken for another boot.
  * *bad counts records present but rejected. info may be NULL.
  */
 int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfile_rec *recs,
@@ -130,7 +131,12 @@ uint64_t sessfile_size(uint32_t max_clients);
 /* The checksum of a record or the header: FNV-1a of the bytes before its `check`. */
 uint64_t sessfile_hash(const void *p, size_t n);
 
-/* This boot's id (/proc/sys/kernel/random/boot_id), 36 characters and a NUL; "" if unknown. */
-void sessfile_boot_id(char out[40]);
+/*
+ * This boot's id (/proc/sys/kernel/random/boot_id), 36 characters and a
+ * NUL; "" with no /proc mounted. 0, or -errno if it could not be read
+ * (out ""): a caller that took "" for this boot's would take its files
+ * for another boot's.
+ */
+int sessfile_boot_id(char out[40]);
 
 #endif /* CHIMED_SESSFILE_H */

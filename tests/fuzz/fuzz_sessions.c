@@ -158,7 +158,7 @@ static uint8_t *build(struct in *in, uint8_t flags, size_t *len)
 		c->version = SESSFILE_VERSION;
 		c->rec_size = sizeof(struct sessfile_rec);
 		c->geom = geom;
-		sessfile_boot_id(c->boot_id);
+		(void)sessfile_boot_id(c->boot_id);
 		c->check = sessfile_hash(c, offsetof(struct hdr, check));
 	}
 	h->magic = flags & BAD_MAGIC ? take(in, 8) : SESSFILE_MAGIC;
@@ -170,7 +170,7 @@ static uint8_t *build(struct in *in, uint8_t flags, size_t *len)
 		h->geom.nr_shards = (uint32_t)take(in, 1);
 		h->geom.max_clients = (uint32_t)take(in, 4);
 	}
-	sessfile_boot_id(h->boot_id);
+	(void)sessfile_boot_id(h->boot_id);
 	if (flags & BAD_BOOT)
 		h->boot_id[byte(in) % sizeof(h->boot_id)] ^= (char)(1 | byte(in));
 	h->check = flags & BAD_CHECK ? take(in, 8) : sessfile_hash(h, offsetof(struct hdr, check));

@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * failcall_preload.so: chimed, preloaded with it, has one of its calls
+ * fail. $CHIME_FAILCALL is "NAME:N:ERRNO": the Nth call of NAME (counted
+ * over every thread, from the start) fails with ERRNO (a number); every
+ * other call is the real one. The file $CHIME_FAILCALL_FIRED is created
+ * when it fails, so that a test can tell a run that made fewer than N such
+ * calls. test_failstart fails each of the broker's start-up calls in turn.
+ * Built for the tests only (tests/meson.build), never installed.
+ *
+ * Both names of the calls glibc's headers rename under
+ * _FILE_OFFSET_BITS=64 (open64, mmap64, ...: chimed is built with it),
+ * counted as one.
+ * Calls that liburing makes as raw system calls (io_uring_setup) cannot
+ * be failed here.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+/* Both names defined here, each its own symbol: the headers would make open() open64(). */
+#undef _FILE_OFFSET_BITS
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+static char target[64];
+static unsigned long nth;
+static int fail_errno;
+static atomic_ulong made;
+
+__attribute__((constructor)) static void failcall_init(void)
+{
+	const char *spec = getenv("CHIME_FAILCALL");
+	char name[64];
+
+	if (spec && sscanf(spec, "%63[^:]:%lu:%d", name, &nth, &fail_errno) == 3 && nth > 0)
+		memcpy(target, name, sizeof(target));
+}
+
+/* True (errno set) if this is the call to fail. */
+static bool fail_now(const char *name)
+{
+	const char *fired;
+
+	if (!target[0] || strcmp(name, target) || atomic_fetch_add(&made, 1) + 1 != nth)
+		return false;
+	fired = getenv("CHIME_FAILCALL_FIRED");
+	if (fired) {
+		/* Raw: open() itself may be the call being failed. */
+		long fd = syscall(SYS_openat, AT_FDCWD, fired, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+
+		if (fd >= 0)
+			syscall(SYS_close, fd);
+	}
+	errno = fail_errno;
+	return true;
+}
+
+/* The next definition of `name` (libc's, or a sanitizer's interceptor). */
+static void *real_of(const char *name)
+{
+	return dlsym(RTLD_NEXT, name);
+}
+
+/* A call of `name`, counted as `as`'s, with these parameters: failed (returning fail) or passed on. */
+#define FAILABLE_AS(ret, name, as, fail, params, args)                          \
+	ret name params;                                                        \
+	ret name params                                                         \
+	{                                                                       \
+		ret (*real) params;                                             \
+		if (fail_now(#as))                                              \
+			return fail;                                            \
+		*(void **)&real = real_of(#name);                               \
+		return real args;                                               \
+	}
+#define FAILABLE(ret, name, fail, params, args) FAILABLE_AS(ret, name, name, fail, params, args)
+
+FAILABLE(int, socket, -1, (int d, int t, int p), (d, t, p))
+FAILABLE(int, socketpair, -1, (int d, int t, int p, int sv[2]), (d, t, p, sv))
+FAILABLE(int, bind, -1, (int fd, __CONST_SOCKADDR_ARG a, socklen_t l), (fd, a, l))     /* glibc's type */
+FAILABLE(int, listen, -1, (int fd, int n), (fd, n))
+FAILABLE(int, memfd_create, -1, (const char *n, unsigned f), (n, f))
+FAILABLE(int, ftruncate, -1, (int fd, off_t l), (fd, l))
+FAILABLE_AS(int, ftruncate64, ftruncate, -1, (int fd, off_t l), (fd, l))
+FAILABLE(int, fallocate, -1, (int fd, int m, off_t o, off_t l), (fd, m, o, l))
+FAILABLE_AS(int, fallocate64, fallocate, -1, (int fd, int m, off_t o, off_t l), (fd, m, o, l))
+FAILABLE(void *, mmap, (void *)-1, (void *a, size_t l, int p, int f, int fd, off_t o), (a, l, p, f, fd, o))
+FAILABLE_AS(void *, mmap64, mmap, (void *)-1, (void *a, size_t l, int p, int f, int fd, off_t o), (a, l, p, f, fd, o))
+FAILABLE(int, madvise, -1, (void *a, size_t l, int adv), (a, l, adv))
+FAILABLE(int, eventfd, -1, (unsigned v, int f), (v, f))
+FAILABLE(int, timerfd_create, -1, (int c, int f), (c, f))
+FAILABLE(int, signalfd, -1, (int fd, const sigset_t *m, int f), (fd, m, f))
+FAILABLE(int, rename, -1, (const char *a, const char *b), (a, b))
+FAILABLE(int, unlink, -1, (const char *p), (p))
+FAILABLE(int, fsync, -1, (int fd), (fd))
+FAILABLE(int, fdatasync, -1, (int fd), (fd))
+FAILABLE(int, flock, -1, (int fd, int op), (fd, op))
+FAILABLE(int, mkdir, -1, (const char *p, mode_t m), (p, m))
+FAILABLE(ssize_t, pwrite, -1, (int fd, const void *b, size_t n, off_t o), (fd, b, n, o))
+FAILABLE_AS(ssize_t, pwrite64, pwrite, -1, (int fd, const void *b, size_t n, off_t o), (fd, b, n, o))
+
+pid_t fork(void)
+{
+	pid_t (*real)(void);
+
+	if (fail_now("fork"))
+		return -1;
+	*(void **)&real = real_of("fork");
+	return real();
+}
+
+/* pthread_create returns the error, not -1 and errno. */
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg)
+{
+	int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+
+	if (fail_now("pthread_create"))
+		return errno;
+	*(void **)&real = real_of("pthread_create");
+	return real(t, a, fn, arg);
+}
+
+/* open and openat take a mode only with O_CREAT or O_TMPFILE; counted as "open" and "openat". */
+#define COMMA ,
+#define FAILABLE_OPEN(name, as, dfd_param, dfd_arg)                             \
+	int name(dfd_param const char *p, int flags, ...);                      \
+	int name(dfd_param const char *p, int flags, ...)                       \
+	{                                                                       \
+		int (*real)(dfd_param const char *, int, ...);                  \
+		mode_t mode = 0;                                                \
+		if (flags & (O_CREAT | __O_TMPFILE)) {                          \
+			va_list ap;                                             \
+			va_start(ap, flags);                                    \
+			mode = (mode_t)va_arg(ap, int);                         \
+			va_end(ap);                                             \
+		}                                                               \
+		if (fail_now(as))                                               \
+			return -1;                                              \
+		*(void **)&real = real_of(#name);                               \
+		return real(dfd_arg p, flags, mode);                            \
+	}
+
+FAILABLE_OPEN(open, "open", , )
+FAILABLE_OPEN(open64, "open", , )
+FAILABLE_OPEN(openat, "openat", int dfd COMMA, dfd COMMA)
+FAILABLE_OPEN(openat64, "openat", int dfd COMMA, dfd COMMA)

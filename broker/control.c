@@ -970,6 +970,13 @@ static void on_mapped(struct broker *b, struct client *c, int res)
 	r = chime_seg_client_sealed(c->rw_fd, c->rw.size);
 	if (r == 0 && c->touch_fd >= 0)
 		r = chime_seg_client_sealed(c->touch_fd, 0);
+	if (r < 0 && r != -EPERM && r != -ENODATA) {
+		/* Our own fcntl() or fstat() failed: not the client's doing, nor said to be. */
+		log_errno(LOG_ERR, -r, "cannot check the seals of client %u's segments (pid %d)", c->slot,
+			  (int)c->cred.pid);
+		offer_failed(b, c, -ENOMEM);
+		return;
+	}
 	if (r < 0) {
 		refuse_log(b, &c->cred, r == -ENODATA ? "its rw segment sealed before every page of it was faulted in"
 			   : "its segments not sealed against writes (F_SEAL_FUTURE_WRITE)");

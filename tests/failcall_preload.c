@@ -3,9 +3,11 @@
  * failcall_preload.so: chimed, preloaded with it, has one of its calls
  * fail. $CHIME_FAILCALL is "NAME:N:ERRNO": the Nth call of NAME (counted
  * over every thread, from the start) fails with ERRNO (a number); every
- * other call is the real one. The file $CHIME_FAILCALL_FIRED is created
- * when it fails, so that a test can tell a run that made fewer than N such
- * calls. test_failstart fails each of the broker's start-up calls in turn.
+ * other call is the real one. With $CHIME_FAILCALL_FROM set, counting
+ * starts once that file exists (a broker running, its start-up's calls
+ * left alone). The file $CHIME_FAILCALL_FIRED is created when it fails,
+ * so that a test can tell a run that made fewer than N such calls.
+ * test_failstart fails each of the broker's calls in turn.
  * Built for the tests only (tests/meson.build), never installed.
  *
  * Both names of the calls glibc's headers rename under
@@ -39,6 +41,8 @@ static char target[64];
 static unsigned long nth;
 static int fail_errno;
 static atomic_ulong made;
+static const char *from;                /* $CHIME_FAILCALL_FROM: count once it exists */
+static atomic_bool counting;
 
 __attribute__((constructor)) static void failcall_init(void)
 {
@@ -47,6 +51,19 @@ __attribute__((constructor)) static void failcall_init(void)
 
 	if (spec && sscanf(spec, "%63[^:]:%lu:%d", name, &nth, &fail_errno) == 3 && nth > 0)
 		memcpy(target, name, sizeof(target));
+	from = getenv("CHIME_FAILCALL_FROM");
+	atomic_store(&counting, !from);
+}
+
+/* Counting yet? (raw: access() of our own would be one of the calls) */
+static bool started(void)
+{
+	if (atomic_load(&counting))
+		return true;
+	if (syscall(SYS_faccessat, AT_FDCWD, from, F_OK, 0) != 0)
+		return false;
+	atomic_store(&counting, true);
+	return true;
 }
 
 /* True (errno set) if this is the call to fail. */
@@ -54,7 +71,7 @@ static bool fail_now(const char *name)
 {
 	const char *fired;
 
-	if (!target[0] || strcmp(name, target) || atomic_fetch_add(&made, 1) + 1 != nth)
+	if (!target[0] || strcmp(name, target) || !started() || atomic_fetch_add(&made, 1) + 1 != nth)
 		return false;
 	fired = getenv("CHIME_FAILCALL_FIRED");
 	if (fired) {
@@ -110,6 +127,35 @@ FAILABLE(int, flock, -1, (int fd, int op), (fd, op))
 FAILABLE(int, mkdir, -1, (const char *p, mode_t m), (p, m))
 FAILABLE(ssize_t, pwrite, -1, (int fd, const void *b, size_t n, off_t o), (fd, b, n, o))
 FAILABLE_AS(ssize_t, pwrite64, pwrite, -1, (int fd, const void *b, size_t n, off_t o), (fd, b, n, o))
+FAILABLE(int, accept4, -1, (int fd, __SOCKADDR_ARG a, socklen_t *l, int f), (fd, a, l, f))
+FAILABLE(ssize_t, send, -1, (int fd, const void *b, size_t n, int f), (fd, b, n, f))
+FAILABLE(ssize_t, sendmsg, -1, (int fd, const struct msghdr *m, int f), (fd, m, f))
+FAILABLE(ssize_t, recv, -1, (int fd, void *b, size_t n, int f), (fd, b, n, f))
+FAILABLE(ssize_t, recvmsg, -1, (int fd, struct msghdr *m, int f), (fd, m, f))
+FAILABLE(int, getsockopt, -1, (int fd, int lv, int o, void *v, socklen_t *l), (fd, lv, o, v, l))
+FAILABLE(int, dup, -1, (int fd), (fd))
+FAILABLE(int, fchmod, -1, (int fd, mode_t m), (fd, m))
+FAILABLE(int, munmap, -1, (void *a, size_t l), (a, l))
+
+/* fcntl's third argument is an int or a pointer: passed on as a pointer-sized word, as glibc does. */
+#define FAILABLE_FCNTL(name)                                                    \
+	int name(int fd, int cmd, ...);                                         \
+	int name(int fd, int cmd, ...)                                          \
+	{                                                                       \
+		int (*real)(int, int, ...);                                     \
+		va_list ap;                                                     \
+		void *arg;                                                      \
+		va_start(ap, cmd);                                              \
+		arg = va_arg(ap, void *);                                       \
+		va_end(ap);                                                     \
+		if (fail_now("fcntl"))                                          \
+			return -1;                                              \
+		*(void **)&real = real_of(#name);                               \
+		return real(fd, cmd, arg);                                      \
+	}
+
+FAILABLE_FCNTL(fcntl)
+FAILABLE_FCNTL(fcntl64)
 
 pid_t fork(void)
 {

@@ -26,7 +26,7 @@
 
 #define TIMERS 1000
 
-static char dir[64], sock[96], log_path[128], fired[128];
+static char dir[64], sock[96], log_path[128], fired[128], trigger[128];
 
 static void setup(void)
 {
@@ -34,6 +34,7 @@ static void setup(void)
 	snprintf(sock, sizeof(sock), "%s/s", dir);
 	snprintf(log_path, sizeof(log_path), "%s/log", dir);
 	snprintf(fired, sizeof(fired), "%s/fired", dir);
+	snprintf(trigger, sizeof(trigger), "%s/failing", dir);
 }
 
 static void teardown(void)
@@ -85,19 +86,29 @@ static void leave_a_session(void)
  * with SIGTERM if it came up (within 10 s). Its wait status; *did_fail
  * says whether the call was made that often.
  */
-static int run_failing(const char *name, unsigned nth, int err, bool *did_fail)
+/*
+ * chimed with call `name`'s nth call failing with err: started, stopped
+ * with SIGTERM if it came up (within 10 s). With `serve`, the calls are
+ * counted only once it listens, and serve() runs against it first (its
+ * pid given; false: it found the broker gone). Its wait status; *did_fail
+ * says whether the call was made that often.
+ */
+static int run_failing_while(const char *name, unsigned nth, int err, bool (*serve)(pid_t), bool *did_fail)
 {
 	const char *chimed = getenv("CHIMED"), *so = getenv("CHIME_FAILCALL_SO");
-	char spec[96], cmd[1024];
+	char spec[96], cmd[1024], from[160] = "";
 	uint64_t t0 = chime_now();
 	int st = 0;
 	pid_t p;
 
 	unlink(fired);
+	unlink(trigger);
 	snprintf(spec, sizeof(spec), "%s:%u:%d", name, nth, err);
+	if (serve)
+		snprintf(from, sizeof(from), "CHIME_FAILCALL_FROM='%s'", trigger);
 	snprintf(cmd, sizeof(cmd), "exec env ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0\" "
-		 "LD_PRELOAD='%s' CHIME_FAILCALL='%s' CHIME_FAILCALL_FIRED='%s' '%s' --foreground --socket '%s' "
-		 "--shards 2 2>'%s'", so, spec, fired, chimed, sock, log_path);
+		 "LD_PRELOAD='%s' CHIME_FAILCALL='%s' CHIME_FAILCALL_FIRED='%s' %s '%s' --foreground --socket '%s' "
+		 "--shards 2 2>'%s'", so, spec, fired, from, chimed, sock, log_path);
 	p = fork();
 	cr_assert_geq(p, 0);
 	if (p == 0) {
@@ -110,6 +121,13 @@ static int run_failing(const char *name, unsigned nth, int err, bool *did_fail)
 			break;
 		if (t_sock_accepts(sock)) {
 			usleep(20 * 1000);      /* a start-up step after listening (the restore) may fail too */
+			if (serve) {
+				cr_assert_eq(t_write_file(trigger, ""), 0);
+				if (!serve(p)) {
+					cr_assert_eq(waitpid(p, &st, 0), p);
+					break;
+				}
+			}
 			kill(p, SIGTERM);
 			cr_assert_eq(waitpid(p, &st, 0), p);
 			break;
@@ -125,6 +143,11 @@ static int run_failing(const char *name, unsigned nth, int err, bool *did_fail)
 	return st;
 }
 
+static int run_failing(const char *name, unsigned nth, int err, bool *did_fail)
+{
+	return run_failing_while(name, nth, err, NULL, did_fail);
+}
+
 static const struct {
 	const char *name;
 	int err;
@@ -137,52 +160,69 @@ static const struct {
 	{ "fdatasync", EIO },    { "rename", EIO },      { "unlink", EIO },
 };
 
-/* At most this many of a call's times are failed, each its own start (the default suite's share). */
-static unsigned cap(void)
+/*
+ * At most this many of a call's times are failed, each its own broker (the
+ * default suite's share; every one in the stress suite).
+ */
+static unsigned cap(unsigned dflt)
 {
 	const char *s = getenv("CHIME_STRESS");
 
-	return s && *s == '1' ? 400 : 24;
+	return s && *s == '1' ? 400 : dflt;
+}
+
+/*
+ * After a broker with a call failing (its wait status st): it stopped
+ * cleanly or exited 1 saying why, and the next broker, nothing failing,
+ * holds the session's every timer. True if it exited 1.
+ */
+static bool judge(const char *name, unsigned n, int err, int st)
+{
+	struct t_chimed b;
+	uint64_t held;
+
+	cr_assert(!WIFSIGNALED(st), "%s #%u failing (%s): chimed killed by signal %d:\n%s", name, n, strerror(err),
+		  WTERMSIG(st), log_text());
+	cr_assert(WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 1), "%s #%u failing: status %#x:\n%s",
+		  name, n, st, log_text());
+	if (WEXITSTATUS(st) == 1) {
+		cr_assert(t_file_has(log_path, "chimed: error: "), "%s #%u failing: exit 1, no error said:\n%s", name, n,
+			  log_text());
+		if (getenv("FAILSTART_VERBOSE"))
+			fprintf(stderr, "failstart: %s #%u: %s", name, n, strstr(log_text(), "chimed: error: "));
+	}
+	cr_assert_eq(t_chimed_start(&b, sock, "--shards 2 2>/dev/null"), 0, "%s #%u failing: the next broker did not "
+		     "start", name, n);
+	held = t_nodes_settle(sock, T_NODES_TIMERS, TIMERS);
+	cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
+	cr_assert_eq(held, TIMERS, "%s #%u failing (%s, exit %d): the next broker holds %llu of the session's %d timers",
+		     name, n, strerror(err), WIFEXITED(st) ? WEXITSTATUS(st) : -1, (unsigned long long)held, TIMERS);
+	return WEXITSTATUS(st) == 1;
+}
+
+static bool have_preload(void)
+{
+	const char *so = getenv("CHIME_FAILCALL_SO");
+
+	return so && *so && access(so, R_OK) == 0;
 }
 
 Test(failstart, no_call_failing_at_start_or_stop_crashes_the_broker_or_loses_a_session)
 {
-	const char *so = getenv("CHIME_FAILCALL_SO");
 	unsigned runs = 0, exited = 0;
 
-	if (!so || !*so || access(so, R_OK) != 0)
+	if (!have_preload())
 		cr_skip("$CHIME_FAILCALL_SO names no failcall_preload.so (meson test sets it)");
 	leave_a_session();
 	for (size_t k = 0; k < sizeof(calls) / sizeof(calls[0]); k++) {
 		unsigned n;
 
-		for (n = 1; n <= cap(); n++) {
+		for (n = 1; n <= cap(24); n++) {
 			bool did_fail;
 			int st = run_failing(calls[k].name, n, calls[k].err, &did_fail);
-			struct t_chimed b;
-			uint64_t held;
 
 			runs++;
-			cr_assert(!WIFSIGNALED(st), "%s #%u failing (%s): chimed killed by signal %d:\n%s", calls[k].name,
-				  n, strerror(calls[k].err), WTERMSIG(st), log_text());
-			cr_assert(WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 1),
-				  "%s #%u failing: status %#x:\n%s", calls[k].name, n, st, log_text());
-			if (WEXITSTATUS(st) == 1) {
-				exited++;
-				cr_assert(t_file_has(log_path, "chimed: error: "), "%s #%u failing: exit 1, no error "
-					  "said:\n%s", calls[k].name, n, log_text());
-				if (getenv("FAILSTART_VERBOSE"))
-					fprintf(stderr, "failstart: %s #%u: %s", calls[k].name, n,
-						strstr(log_text(), "chimed: error: "));
-			}
-			/* The next broker, nothing failing, holds the session's every timer. */
-			cr_assert_eq(t_chimed_start(&b, sock, "--shards 2 2>/dev/null"), 0, "%s #%u failing: the next "
-				     "broker did not start", calls[k].name, n);
-			held = t_nodes_settle(sock, T_NODES_TIMERS, TIMERS);
-			cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
-			cr_assert_eq(held, TIMERS, "%s #%u failing (%s, exit %d): the next broker holds %llu of the "
-				     "session's %d timers", calls[k].name, n, strerror(calls[k].err),
-				     WIFEXITED(st) ? WEXITSTATUS(st) : -1, (unsigned long long)held, TIMERS);
+			exited += judge(calls[k].name, n, calls[k].err, st);
 			if (!did_fail)
 				break;          /* made fewer than n times: every one has failed */
 		}
@@ -190,4 +230,203 @@ Test(failstart, no_call_failing_at_start_or_stop_crashes_the_broker_or_loses_a_s
 			fprintf(stderr, "failstart: %s failed %u times in turn\n", calls[k].name, n - 1);
 	}
 	fprintf(stderr, "failstart: %u starts, %u of them exited 1 saying why\n", runs, exited);
+}
+
+/* ---- while serving ---- */
+
+#define SERVE_TIMERS 40
+
+/*
+ * A client's life against a broker one of whose calls may fail: open, arm
+ * SERVE_TIMERS timers 5 to 44 ms ahead, take their events, close. A call
+ * may fail, with a negative errno; if none did, every event came, once.
+ * False if a call failed.
+ */
+static bool client_life(const char *what)
+{
+	struct chime_opts o = { .socket_path = sock };
+	struct chime_event ev[64];
+	bool got[SERVE_TIMERS] = { false };
+	chime_id_t ids[SERVE_TIMERS];
+	uint64_t end = chime_now() + 5 * UINT64_C(1000000000);
+	chime_t *c;
+	int r, n = 0;
+
+	r = chime_open(&c, &o);
+	if (r < 0) {
+		if (getenv("FAILSTART_VERBOSE"))
+			fprintf(stderr, "failstart: %s: chime_open: %s\n", what, strerror(-r));
+		return false;
+	}
+	for (int i = 0; i < SERVE_TIMERS; i++) {
+		r = chime_arm(c, (uint64_t)i, chime_now() + (uint64_t)(5 + i) * 1000000, 0, (uint64_t)i, &ids[i]);
+		if (r < 0) {
+			chime_close(c);
+			return false;
+		}
+	}
+	while (n < SERVE_TIMERS && chime_now() < end) {
+		int k = chime_wait(c, ev, 64, 500);
+
+		if (k < 0 && k != -EINTR) {
+			chime_close(c);
+			return false;
+		}
+		for (int j = 0; j < k; j++) {
+			cr_assert(ev[j].user_data < SERVE_TIMERS && ev[j].id == ids[ev[j].user_data], "%s: a stray event",
+				  what);
+			cr_assert(!got[ev[j].user_data], "%s: timer %llu fired twice", what,
+				  (unsigned long long)ev[j].user_data);
+			got[ev[j].user_data] = true;
+			n++;
+		}
+	}
+	chime_close(c);
+	cr_assert_eq(n, SERVE_TIMERS, "%s: every call succeeded, %d of %d events came in 5 s", what, n, SERVE_TIMERS);
+	return true;
+}
+
+static char serving[96];
+
+/* Has child pid exited (not reaped)? Looked at for grace_ms, for one on its way out. */
+static bool exited(pid_t pid, int grace_ms)
+{
+	for (int i = 0; i <= grace_ms; i++) {
+		siginfo_t si = { 0 };
+
+		if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid)
+			return true;
+		if (kill(pid, 0) < 0)
+			return true;
+		if (i < grace_ms)
+			usleep(1000);
+	}
+	return false;
+}
+
+/* Process pid's count of descriptors once it holds still (five looks 20 ms apart agree): a start-up ending. */
+static int settled_fds(pid_t pid)
+{
+	int n = t_open_fds(pid), same = 0;
+
+	for (int i = 0; i < 200 && same < 5; i++) {
+		int m;
+
+		usleep(20 * 1000);
+		m = t_open_fds(pid);
+		same = m == n ? same + 1 : 0;
+		n = m;
+	}
+	return n;
+}
+
+/* Process pid's descriptors, "N -> target" a line, for a failure's message. */
+static const char *fds_of(pid_t pid)
+{
+	static char text[4096];
+	char cmd[128];
+	FILE *p;
+	size_t n = 0;
+
+	snprintf(cmd, sizeof(cmd), "ls -l /proc/%d/fd | awk 'NR > 1 { print $9, $10, $11 }'", (int)pid);
+	text[0] = '\0';
+	p = popen(cmd, "r");
+	if (p) {
+		n = fread(text, 1, sizeof(text) - 1, p);
+		pclose(p);
+	}
+	text[n] = '\0';
+	return text;
+}
+
+/*
+ * Clients' lives, the failing call counted from the first: whichever meets
+ * the failure may fail; the one after it must not (a broker that failed
+ * once serves the next client), nor may the broker keep any descriptor of
+ * theirs. Up to eight before it; false if the broker exited meanwhile
+ * (then judge() wants it said why).
+ */
+static bool serve_clients(pid_t pid)
+{
+	int base = settled_fds(pid), now = -1;
+	char what[160], before[4096];
+
+	snprintf(before, sizeof(before), "%s", fds_of(pid));
+
+	for (int i = 1; i <= 8 && access(fired, F_OK) != 0; i++) {
+		snprintf(what, sizeof(what), "%s, client %d", serving, i);
+		(void)client_life(what);
+		if (exited(pid, 0))
+			return false;   /* judge() reaps it */
+	}
+	if (access(fired, F_OK) != 0)
+		return true;    /* fewer calls in eight lives: the run that counts them ends here */
+	snprintf(what, sizeof(what), "%s, the client after it", serving);
+	if (!client_life(what)) {
+		/* A broker that exited (a start-up step after listening failed) is judge()'s. */
+		if (exited(pid, 500))
+			return false;
+		cr_assert_fail("%s: a call failed, the broker running:\n%s", what, log_text());
+	}
+	/*
+	 * Its descriptors for them all given back (the discard helper's turn
+	 * included); fewer than at the start is no leak (one of the start-up's
+	 * own may still have been open then).
+	 */
+	for (int i = 0; i < 1000 && (now = t_open_fds(pid)) > base; i++)
+		usleep(10 * 1000);
+	if (now > base) {
+		const char *after = fds_of(pid);
+
+		cr_assert_fail("%s: the broker has %d descriptors more after its clients (%d when listed):\nbefore\n%s\n"
+			       "after\n%s", serving, now - base, t_open_fds(pid) - base, before, after);
+	}
+	return true;
+}
+
+static const struct {
+	const char *name;
+	int err;
+} serve_calls[] = {
+	{ "accept4", EMFILE },   { "recvmsg", ENOBUFS }, { "recv", EINTR },         { "send", ENOBUFS },
+	{ "sendmsg", ENOBUFS },  { "getsockopt", ENOBUFS }, { "memfd_create", EMFILE }, { "ftruncate", ENOSPC },
+	{ "fallocate", ENOSPC }, { "mmap", ENOMEM },     { "madvise", ENOMEM },      { "fcntl", EMFILE },
+	{ "dup", EMFILE },       { "fchmod", EIO },      { "open", EMFILE },         { "eventfd", EMFILE },
+	{ "pthread_create", EAGAIN }, { "socketpair", EMFILE }, { "pwrite", ENOSPC }, { "munmap", ENOMEM },
+};
+
+/*
+ * Each call a running broker makes to serve clients (accepting,
+ * handshakes, the segments it makes, maps, seals and sends, the threads it
+ * starts on demand), failed in turn: the client that meets it gets an
+ * error or carries on, the next is served whole, the broker keeps no
+ * descriptor of theirs and runs on (or exits 1 saying why), and the
+ * session it holds survives.
+ */
+Test(failstart, no_call_failing_while_serving_clients_wedges_the_broker_or_loses_a_session)
+{
+	unsigned runs = 0, exited = 0;
+
+	if (!have_preload())
+		cr_skip("$CHIME_FAILCALL_SO names no failcall_preload.so (meson test sets it)");
+	leave_a_session();
+	for (size_t k = 0; k < sizeof(serve_calls) / sizeof(serve_calls[0]); k++) {
+		unsigned n;
+
+		for (n = 1; n <= cap(3); n++) {
+			bool did_fail;
+			int st;
+
+			snprintf(serving, sizeof(serving), "%s #%u failing (%s)", serve_calls[k].name, n,
+				 strerror(serve_calls[k].err));
+			st = run_failing_while(serve_calls[k].name, n, serve_calls[k].err, serve_clients, &did_fail);
+			runs++;
+			exited += judge(serve_calls[k].name, n, serve_calls[k].err, st);
+			if (!did_fail)
+				break;
+		}
+		if (getenv("FAILSTART_VERBOSE"))
+			fprintf(stderr, "failstart: serving, %s failed %u times in turn\n", serve_calls[k].name, n - 1);
+	}
+	fprintf(stderr, "failstart: %u brokers serving, %u of them exited 1 saying why\n", runs, exited);
 }

@@ -289,6 +289,13 @@ struct broker {
 	bool sess_gone;                 /* its path names it no more, said (restart_watch()) */
 	bool sock_gone;                 /* the socket's path names it no more, said (restart_watch()) */
 	bool sess_lost;                 /* a stop could not write it again (restart_keep()) */
+	/*
+	 * [max_clients]: a slot whose record the sessions file does not hold
+	 * as it should (its write failed): written again at every heartbeat
+	 * and before a stop keeps the file (restart_retry()).
+	 */
+	bool *rec_stale;
+	uint32_t recs_stale;            /* how many */
 	uint64_t watched_ns;            /* restart_watch() last looked */
 	bool restoring;                 /* start-up: sessions of an earlier broker are being taken over */
 	uint32_t sessions_unadmitted;   /* of those, none can attach to under the policy (chime_ctl's) */
@@ -338,6 +345,8 @@ uint64_t restart_remove_shard_files(const struct broker *b, uint32_t from, bool 
 /* Record a session's slot (opened, detached) or clear it (reclaimed). */
 void restart_put(struct broker *b, const struct client *c);
 void restart_clear(struct broker *b, const struct client *c);
+/* The records whose writes failed, written again (the heartbeat; restart_keep()). */
+void restart_retry(struct broker *b);
 /* What a stop leaves for the next broker: sessions that are not being reclaimed, nor created by an open not yet welcomed. */
 bool restart_session_kept(const struct client *c);
 uint32_t restart_sessions(const struct broker *b);

@@ -1763,6 +1763,8 @@ int broker_run(struct broker *b)
 			limits_report(b, now);
 			wall_check(b, false);
 			quiet &= clients_beat(b, now);
+			restart_retry(b);
+			quiet &= !b->recs_stale;        /* a record to write again: no rest meanwhile */
 			restart_watch(b, now);
 			closer_beat(b);
 			b->quiet_beats = quiet ? b->quiet_beats + 1 : 0;
@@ -2148,6 +2150,7 @@ void broker_stop(struct broker *b)
 	discard_stop(b->discard);
 	b->discard = NULL;
 	free(b->clients);
+	free(b->rec_stale);
 	free(b->acking);
 	policy_free(&b->policy);
 	free(b->shards);

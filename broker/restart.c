@@ -536,22 +536,58 @@ int restart_save(struct broker *b)
 	return 0;
 }
 
+/*
+ * A record written (e 0) or not (-errno): a failure is said once and the
+ * slot marked, so that the heartbeat writes it again, until it succeeds
+ * (restart_retry()). Before, a failed write (a disk's EIO) was only said,
+ * and a session detached meanwhile was lost at the next restart, or a
+ * dropped one taken over again by the next broker.
+ */
+static void rec_written(struct broker *b, const struct client *c, int e, bool put)
+{
+	bool was = b->rec_stale && b->rec_stale[c->slot];
+	const char *name = c->session[0] ? c->session : "(dropped)";
+
+	if (e < 0 && !was) {
+		log_errno(LOG_WARNING, e, put ? "'%s': cannot record session '%s' (written again at every heartbeat; a "
+			  "broker restart meanwhile would lose it)" : "'%s': cannot remove session '%s' (removed again "
+			  "at every heartbeat; a broker restart meanwhile would take it over)", b->sess_path, name);
+		if (b->rec_stale) {
+			b->rec_stale[c->slot] = true;
+			b->recs_stale++;
+		}
+	} else if (e == 0 && was) {
+		log_msg(LOG_NOTICE, "'%s': session '%s' %s after all", b->sess_path, name, put ? "recorded" : "removed");
+		b->rec_stale[c->slot] = false;
+		b->recs_stale--;
+	}
+}
+
 void restart_put(struct broker *b, const struct client *c)
 {
 	struct sessfile_rec r = rec_of(c);
-	int e = sessfile_put(&b->sess, &r);
 
-	if (e < 0)
-		log_errno(LOG_WARNING, e, "'%s': cannot record session '%s' (a broker restart would lose it)",
-			  b->sess_path, c->session);
+	rec_written(b, c, sessfile_put(&b->sess, &r), true);
 }
 
 void restart_clear(struct broker *b, const struct client *c)
 {
-	int e = sessfile_clear(&b->sess, c->slot);
+	rec_written(b, c, sessfile_clear(&b->sess, c->slot), false);
+}
 
-	if (e < 0)
-		log_errno(LOG_WARNING, e, "'%s': cannot remove session '%s'", b->sess_path, c->session);
+void restart_retry(struct broker *b)
+{
+	for (uint32_t s = 0; b->recs_stale && s < b->o.max_clients; s++) {
+		const struct client *c = &b->clients[s];
+
+		if (!b->rec_stale[s])
+			continue;
+		/* What the slot holds now: a record, or none (dropped, freed, or another's anonymous connection). */
+		if (restart_session_kept(c))
+			restart_put(b, c);
+		else
+			restart_clear(b, c);
+	}
 }
 
 bool restart_session_kept(const struct client *c)
@@ -575,9 +611,15 @@ uint32_t restart_sessions(const struct broker *b)
  */
 void restart_keep(struct broker *b)
 {
-	if (b->sess.fd >= 0)
-		b->sess_lost = !keep_file(b->sess.fd, b->sess_path, "the next broker will have none of the "
-					  "sessions' timers", NULL, 0);
+	if (b->sess.fd < 0)
+		return;
+	restart_retry(b);       /* a last try, the sessions parked by the stop included */
+	if (b->recs_stale)
+		log_msg(LOG_ERR, "'%s': %u session record%s could not be written: the next broker will not have "
+			"%s timers (or will take over a session dropped since)", b->sess_path, b->recs_stale,
+			b->recs_stale == 1 ? "" : "s", b->recs_stale == 1 ? "that session's" : "those sessions'");
+	b->sess_lost = !keep_file(b->sess.fd, b->sess_path, "the next broker will have none of the "
+				  "sessions' timers", NULL, 0);
 }
 
 void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards, const struct stop_timers *t)

@@ -699,7 +699,8 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 	}
 	b->clients = calloc(o->max_clients, sizeof(*b->clients));
 	b->acking = calloc(o->max_clients, sizeof(*b->acking));
-	if (!b->clients || !b->acking) {
+	b->rec_stale = calloc(o->max_clients, sizeof(*b->rec_stale));
+	if (!b->clients || !b->acking || !b->rec_stale) {
 		r = log_errno(LOG_ERR, ENOMEM, "client table");
 		goto fail;
 	}

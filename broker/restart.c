@@ -342,6 +342,24 @@ int restart_load(struct broker *b)
 				(unsigned long long)timers, timers == 1 ? "" : "s");
 		return 0;
 	}
+	{
+		/*
+		 * Read first, said as what it is: sessfile_load() fails on it too,
+		 * but as "cannot take over sessions file (--fresh discards it)",
+		 * which would have an operator discard every timer over a
+		 * descriptor it lacked for a moment.
+		 */
+		char boot[40];
+		int e = sessfile_boot_id(boot);
+
+		if (e < 0) {
+			log_errno(LOG_ERR, e, "cannot read this boot's id ('/proc/sys/kernel/random/boot_id'), which "
+				  "says whether '%s' is this boot's: not started, its sessions and their timers kept in "
+				  "the files for a broker that can read it", b->sess_path);
+			free(recs);
+			return e;
+		}
+	}
 	n = load(b, &g, recs, &bad, &info);
 	found = info.geom;
 	switch (n) {
@@ -575,6 +593,13 @@ void restart_clear(struct broker *b, const struct client *c)
 	rec_written(b, c, sessfile_clear(&b->sess, c->slot), false);
 }
 
+/* Should the sessions file hold slot c's record now? A named session's, from its open to its drop. */
+static bool rec_wanted(const struct client *c)
+{
+	return c->session[0] && c->state != CL_FREE && c->state != CL_DETACHING && c->state != CL_HELD &&
+	       !c->drop_parked;
+}
+
 void restart_retry(struct broker *b)
 {
 	for (uint32_t s = 0; b->recs_stale && s < b->o.max_clients; s++) {
@@ -582,8 +607,14 @@ void restart_retry(struct broker *b)
 
 		if (!b->rec_stale[s])
 			continue;
-		/* What the slot holds now: a record, or none (dropped, freed, or another's anonymous connection). */
-		if (restart_session_kept(c))
+		/*
+		 * What the slot holds now: a record, or none (dropped, freed, or
+		 * another's anonymous connection). Not restart_session_kept(),
+		 * the stop's count: a session being created has its record from
+		 * its open on (client_open()), and a heartbeat during its
+		 * handshake cleared it (found by a review).
+		 */
+		if (rec_wanted(c))
 			restart_put(b, c);
 		else
 			restart_clear(b, c);

@@ -70,9 +70,14 @@ int sessfile_boot_id(char out[40])
 	ssize_t n;
 
 	memset(out, 0, 40);
-	/* No /proc mounted (a chroot, test_daemon's case): "", unknown, as every broker there writes it. */
+	/*
+	 * No /proc mounted (a chroot, test_daemon's case), or a sandbox that
+	 * refuses it: "", unknown, as every broker there writes it (and a
+	 * file of another boot is then taken for this one's, as before).
+	 * Anything else (no descriptor left, no memory) passes: an error.
+	 */
 	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno;
+		return errno == ENOENT || errno == EACCES || errno == EPERM ? 0 : -errno;
 	n = read(fd, out, 39);
 	err = errno;
 	close(fd);
@@ -80,7 +85,7 @@ int sessfile_boot_id(char out[40])
 		return -err;
 	while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == 0))
 		out[--n] = 0;
-	return n > 0 ? 0 : -EIO;
+	return 0;
 }
 
 static bool rec_valid(const struct sessfile_rec *r, uint32_t slot)

@@ -133,9 +133,10 @@ uint64_t sessfile_hash(const void *p, size_t n);
 
 /*
  * This boot's id (/proc/sys/kernel/random/boot_id), 36 characters and a
- * NUL; "" with no /proc mounted. 0, or -errno if it could not be read
- * (out ""): a caller that took "" for this boot's would take its files
- * for another boot's.
+ * NUL; "" with no /proc mounted or a sandbox that refuses it (ENOENT,
+ * EACCES, EPERM: for good, and every broker there alike). 0, or -errno if
+ * it could not be read for now (EMFILE, ENOMEM, EIO: out ""): a caller
+ * that took "" for this boot's would take its files for another boot's.
  */
 int sessfile_boot_id(char out[40]);
 

@@ -346,7 +346,8 @@ static void socket_reach_warn(const struct broker *b, mode_t mode)
 	char dir[PATH_MAX], *cut;
 	struct stat st;
 
-	if (mode == 0600 || !realpath(b->o.socket_path, dir))
+	/* Only root and the broker's user admitted (whatever --socket-group gives the mode): none to warn of. */
+	if (mode == 0600 || !policy_is_open(&b->policy) || !realpath(b->o.socket_path, dir))
 		return;
 	while ((cut = strrchr(dir, '/')) != NULL) {
 		cut[cut == dir] = '\0';        /* "/a/b" -> "/a", "/a" -> "/" */

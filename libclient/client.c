@@ -404,7 +404,7 @@ static int map_seg(int fd, uint32_t kind, bool writable, uint64_t size, struct c
 	int r;
 
 	if (fstat(fd, &st) < 0)
-		return -errno;
+		return map_errno(-errno);
 	if (!S_ISREG(st.st_mode) || st.st_size < (off_t)sizeof(struct chime_seg_hdr) ||
 	    (uint64_t)st.st_size != size)
 		return -EBADMSG;

@@ -14,7 +14,8 @@
  * _FILE_OFFSET_BITS=64 (open64, mmap64, ...: chimed is built with it),
  * counted as one.
  * Calls that liburing makes as raw system calls (io_uring_setup) cannot
- * be failed here.
+ * be failed here. glibc's names (__CONST_SOCKADDR_ARG, __O_TMPFILE): a
+ * test of glibc builds.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -110,11 +111,12 @@ FAILABLE(int, bind, -1, (int fd, __CONST_SOCKADDR_ARG a, socklen_t l), (fd, a, l
 FAILABLE(int, listen, -1, (int fd, int n), (fd, n))
 FAILABLE(int, memfd_create, -1, (const char *n, unsigned f), (n, f))
 FAILABLE(int, ftruncate, -1, (int fd, off_t l), (fd, l))
-FAILABLE_AS(int, ftruncate64, ftruncate, -1, (int fd, off_t l), (fd, l))
+FAILABLE_AS(int, ftruncate64, ftruncate, -1, (int fd, off64_t l), (fd, l))
 FAILABLE(int, fallocate, -1, (int fd, int m, off_t o, off_t l), (fd, m, o, l))
-FAILABLE_AS(int, fallocate64, fallocate, -1, (int fd, int m, off_t o, off_t l), (fd, m, o, l))
+FAILABLE_AS(int, fallocate64, fallocate, -1, (int fd, int m, off64_t o, off64_t l), (fd, m, o, l))
 FAILABLE(void *, mmap, (void *)-1, (void *a, size_t l, int p, int f, int fd, off_t o), (a, l, p, f, fd, o))
-FAILABLE_AS(void *, mmap64, mmap, (void *)-1, (void *a, size_t l, int p, int f, int fd, off_t o), (a, l, p, f, fd, o))
+FAILABLE_AS(void *, mmap64, mmap, (void *)-1, (void *a, size_t l, int p, int f, int fd, off64_t o),
+	    (a, l, p, f, fd, o))
 FAILABLE(int, madvise, -1, (void *a, size_t l, int adv), (a, l, adv))
 FAILABLE(int, eventfd, -1, (unsigned v, int f), (v, f))
 FAILABLE(int, timerfd_create, -1, (int c, int f), (c, f))
@@ -126,7 +128,7 @@ FAILABLE(int, fdatasync, -1, (int fd), (fd))
 FAILABLE(int, flock, -1, (int fd, int op), (fd, op))
 FAILABLE(int, mkdir, -1, (const char *p, mode_t m), (p, m))
 FAILABLE(ssize_t, pwrite, -1, (int fd, const void *b, size_t n, off_t o), (fd, b, n, o))
-FAILABLE_AS(ssize_t, pwrite64, pwrite, -1, (int fd, const void *b, size_t n, off_t o), (fd, b, n, o))
+FAILABLE_AS(ssize_t, pwrite64, pwrite, -1, (int fd, const void *b, size_t n, off64_t o), (fd, b, n, o))
 FAILABLE(int, accept4, -1, (int fd, __SOCKADDR_ARG a, socklen_t *l, int f), (fd, a, l, f))
 FAILABLE(ssize_t, send, -1, (int fd, const void *b, size_t n, int f), (fd, b, n, f))
 FAILABLE(ssize_t, sendmsg, -1, (int fd, const struct msghdr *m, int f), (fd, m, f))

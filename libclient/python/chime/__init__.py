@@ -80,7 +80,8 @@ class Op:
         # ctypes would pass a field modulo 2**64 (a cancel of 2**64 + id
         # cancels id), and submit() could not name an unknown code's
         # refusal once the rest of its batch was applied.
-        if type(self.code) is not int or self.code not in (1, 2, 3, 4, 5):     # not 1.0, not True
+        if not isinstance(self.code, int) or isinstance(self.code, bool) or \
+                self.code not in (1, 2, 3, 4, 5):      # not 1.0, not True; an IntEnum is an int
             raise ValueError(f"code must be one of Op.ARM, RESET, CANCEL, CANCEL_KEY, ARM_REALTIME, "
                              f"not {self.code!r}")
         for name in ("id", "key", "deadline_ns", "period_ns", "data"):

@@ -71,6 +71,11 @@ class AsyncChime:
         loop that stops has not reached stay pending."""
         self._check_open()
         loop = asyncio.get_running_loop()
+        watch = self._watch
+        if watch is not None and watch[0] is not loop and not watch[0].is_closed():
+            # Its reader and future are one loop's: a second loop collecting
+            # at once would orphan them (the first lock, shared, said so too).
+            raise RuntimeError("an AsyncChime is awaited in one event loop at a time")
         lock = self._locks.get(loop)
         if lock is None:
             lock = self._locks[loop] = asyncio.Lock()

@@ -820,6 +820,21 @@ int t_open_fds(int pid)
 	return t_count_files(path);
 }
 
+int t_open_fds_settled(int pid)
+{
+	int n = t_open_fds(pid), same = 0;
+
+	for (int i = 0; i < 200 && same < 5; i++) {
+		int m;
+
+		usleep(20 * 1000);
+		m = t_open_fds(pid);
+		same = m == n ? same + 1 : 0;
+		n = m;
+	}
+	return n;
+}
+
 int t_kill_after_syscall(int pid, int tid, long nr, unsigned ms)
 {
 	uint64_t t0 = now_ns();

@@ -148,6 +148,9 @@ void t_missed(struct t_misses *m, const char *fmt, ...) __attribute__((format(pr
 /* How many descriptors process pid has open (/proc/PID/fd), or -1. */
 int t_open_fds(int pid);
 
+/* t_open_fds() once it holds still (five looks 20 ms apart agree, 4 s at most): a start-up's or a close's end. */
+int t_open_fds_settled(int pid);
+
 /*
  * The next of process pid's descriptors, from d (opendir("/proc/PID/fd")),
  * that is an anonymous inode of this kind ("[io_uring]", "[timerfd]"): its

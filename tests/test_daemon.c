@@ -1101,24 +1101,16 @@ static int expect_msg(int fd, const char *what, int ms)
 }
 
 /* chimed's standard error from a start with `extra`, once it listens, as one string (static). */
+static const char *start_log_at(const char *sock, const char *extra, const char *err_path);
+
 static const char *start_log(const char *extra)
 {
-	static char text[8192];
-	char dir[] = "/tmp/chime-td-XXXXXX", opts[512], path[300];
-	struct t_chimed b;
-	FILE *f;
-	size_t n;
+	char dir[] = "/tmp/chime-td-XXXXXX", path[300];
+	const char *text;
 
 	cr_assert(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/err", dir);
-	snprintf(opts, sizeof(opts), "%s 2>'%s'", extra, path);
-	cr_assert_eq(t_chimed_start(&b, NULL, opts), 0);
-	t_chimed_stop(&b, SIGTERM);
-	f = fopen(path, "r");
-	cr_assert(f, "no log at %s", path);
-	n = fread(text, 1, sizeof(text) - 1, f);
-	text[n] = 0;
-	fclose(f);
+	text = start_log_at(NULL, extra, path);
 	t_rmdir_files(dir);
 	return text;
 }
@@ -1166,7 +1158,7 @@ Test(daemon, busy_poll_on_every_cpu_is_warned_about, .timeout = 30)
 	}
 }
 
-/* The log of a broker started with extra at socket path sock, stopped again. */
+/* The log of a broker started with extra at socket path sock (NULL: its own directory), stopped again. */
 static const char *start_log_at(const char *sock, const char *extra, const char *err_path)
 {
 	static char text[8192];

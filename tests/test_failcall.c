@@ -200,22 +200,6 @@ static void session_drop(const char *session)
 	cr_assert(r == 0 || r == -ESRCH, "dropping session '%s': %d", session, r);
 }
 
-/* Process pid's count of descriptors once it holds still (five looks 20 ms apart agree). */
-static int settled_fds(pid_t pid)
-{
-	int n = t_open_fds(pid), same = 0;
-
-	for (int i = 0; i < 200 && same < 5; i++) {
-		int m;
-
-		usleep(20 * 1000);
-		m = t_open_fds(pid);
-		same = m == n ? same + 1 : 0;
-		n = m;
-	}
-	return n;
-}
-
 /* The broker's descriptors once it has let go of every client (what failed half way included): no more than want. */
 static int broker_fds_settled(int want)
 {
@@ -249,7 +233,7 @@ static void every_call_failing(const char *session)
 	for (int k = 0; k < NR_CALLS; k++)
 		cr_assert(made[k] > 0 || (k == C_TIMERFD_CREATE && !session), "%s: never called (not wrapped?)",
 			  calls[k].name);
-	base = settled_fds(broker.pid);         /* the first client let go of */
+	base = t_open_fds_settled(broker.pid);         /* the first client let go of */
 	cr_assert_gt(base, 0);
 	for (int k = 0; k < NR_CALLS; k++) {
 		for (nth = 1; nth <= made[k] + 1; nth++) {

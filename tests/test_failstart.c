@@ -29,6 +29,7 @@
 static uint64_t expect;                 /* the timers the next broker must hold: TIMERS, and those armed since */
 
 static char dir[64], sock[96], log_path[128], fired[128], trigger[128];
+static char serving[96];                /* "NAME #N failing (ERR)", for messages */
 
 static void setup(void)
 {
@@ -158,15 +159,13 @@ done:
 	return st;
 }
 
-static int run_failing(const char *name, unsigned nth, int err, bool *did_fail)
-{
-	return run_failing_while(name, nth, err, NULL, did_fail);
-}
-
-static const struct {
+/* A call to fail, and with what. */
+struct failing {
 	const char *name;
 	int err;
-} calls[] = {
+};
+
+static const struct failing calls[] = {
 	{ "open", EMFILE },      { "flock", ENOLCK },    { "socket", EMFILE },      { "socketpair", EMFILE },
 	{ "bind", EADDRINUSE },  { "listen", ENOBUFS },  { "memfd_create", EMFILE }, { "ftruncate", ENOSPC },
 	{ "fallocate", ENOSPC }, { "mmap", ENOMEM },     { "madvise", ENOMEM },      { "eventfd", EMFILE },
@@ -222,32 +221,44 @@ static bool have_preload(void)
 	return so && *so && access(so, R_OK) == 0;
 }
 
-Test(failstart, no_call_failing_at_start_or_stop_crashes_the_broker_or_loses_a_session)
+/*
+ * Each of `list`'s calls in turn, each time it is made, a broker each
+ * (serve: as run_failing_while() says), at most `most` times a call: every
+ * one must be made at least once (a list of calls chimed makes).
+ */
+static void each_in_turn(const struct failing *list, size_t len, unsigned most, bool (*serve)(pid_t),
+			 const char *what)
 {
 	unsigned runs = 0, exited = 0;
 
 	if (!have_preload())
 		cr_skip("$CHIME_FAILCALL_SO names no failcall_preload.so (meson test sets it)");
 	leave_a_session();
-	for (size_t k = 0; k < sizeof(calls) / sizeof(calls[0]); k++) {
+	for (size_t k = 0; k < len; k++) {
 		unsigned n;
 
-		for (n = 1; n <= cap(24); n++) {
+		for (n = 1; n <= most; n++) {
 			bool did_fail;
-			int st = run_failing(calls[k].name, n, calls[k].err, &did_fail);
+			int st;
 
+			snprintf(serving, sizeof(serving), "%s #%u failing (%s)", list[k].name, n, strerror(list[k].err));
+			st = run_failing_while(list[k].name, n, list[k].err, serve, &did_fail);
 			runs++;
-			exited += judge(calls[k].name, n, calls[k].err, st);
+			exited += judge(list[k].name, n, list[k].err, st);
 			if (!did_fail)
 				break;          /* made fewer than n times: every one has failed */
 		}
 		if (getenv("FAILSTART_VERBOSE"))
-			fprintf(stderr, "failstart: %s failed %u times in turn\n", calls[k].name, n - 1);
-		/* Each listed call is one the broker makes (accepts go through io_uring, not accept4()). */
-		cr_assert_gt(n, 1, "%s: chimed never called it (not preloaded, or called by another name?)",
-			     calls[k].name);
+			fprintf(stderr, "failstart: %s, %s failed %u times in turn\n", what, list[k].name, n - 1);
+		/* accepts, for one, are io_uring's, not accept4()'s: a call listed must be one chimed makes */
+		cr_assert_gt(n, 1, "%s: chimed never called %s", what, list[k].name);
 	}
-	fprintf(stderr, "failstart: %u starts, %u of them exited 1 saying why\n", runs, exited);
+	fprintf(stderr, "failstart: %s: %u brokers, %u of them exited 1 saying why\n", what, runs, exited);
+}
+
+Test(failstart, no_call_failing_at_start_or_stop_crashes_the_broker_or_loses_a_session)
+{
+	each_in_turn(calls, sizeof(calls) / sizeof(calls[0]), cap(24), NULL, "start and stop");
 }
 
 /* ---- while serving ---- */
@@ -333,8 +344,6 @@ static bool session_life(const char *what)
 	return ok;
 }
 
-static char serving[96];
-
 /* Has child pid exited (not reaped)? Looked at for grace_ms, for one on its way out. */
 static bool exited(pid_t pid, int grace_ms)
 {
@@ -349,22 +358,6 @@ static bool exited(pid_t pid, int grace_ms)
 			usleep(1000);
 	}
 	return false;
-}
-
-/* Process pid's count of descriptors once it holds still (five looks 20 ms apart agree): a start-up ending. */
-static int settled_fds(pid_t pid)
-{
-	int n = t_open_fds(pid), same = 0;
-
-	for (int i = 0; i < 200 && same < 5; i++) {
-		int m;
-
-		usleep(20 * 1000);
-		m = t_open_fds(pid);
-		same = m == n ? same + 1 : 0;
-		n = m;
-	}
-	return n;
 }
 
 /* Process pid's descriptors, "N -> target" a line, for a failure's message. */
@@ -395,7 +388,7 @@ static const char *fds_of(pid_t pid)
  */
 static bool serve_clients(pid_t pid)
 {
-	int base = settled_fds(pid), now = -1;
+	int base = t_open_fds_settled(pid), now = -1;
 	char what[160], before[4096];
 
 	snprintf(before, sizeof(before), "%s", fds_of(pid));
@@ -432,10 +425,7 @@ static bool serve_clients(pid_t pid)
 	return true;
 }
 
-static const struct {
-	const char *name;
-	int err;
-} serve_calls[] = {
+static const struct failing serve_calls[] = {
 	{ "recvmsg", ENOBUFS },  { "recv", EINTR },      { "send", ENOBUFS },        { "sendmsg", ENOBUFS },
 	{ "getsockopt", ENOBUFS }, { "memfd_create", EMFILE }, { "ftruncate", ENOSPC }, { "fallocate", ENOSPC },
 	{ "mmap", ENOMEM },      { "madvise", ENOMEM },  { "fcntl", EMFILE },        { "fchmod", EIO },
@@ -452,34 +442,24 @@ static const struct {
  */
 Test(failstart, no_call_failing_while_serving_clients_wedges_the_broker_or_loses_a_session)
 {
-	unsigned runs = 0, exited = 0;
+	each_in_turn(serve_calls, sizeof(serve_calls) / sizeof(serve_calls[0]), cap(3), serve_clients, "serving");
+}
+
+/* ---- a sessions-file record that could not be written ---- */
+
+/* A broker whose first write of the sessions file once serving fails (EIO), serve() run against it: its status. */
+static int first_record_write_failing(bool (*serve)(pid_t))
+{
+	bool did_fail;
+	int st;
 
 	if (!have_preload())
 		cr_skip("$CHIME_FAILCALL_SO names no failcall_preload.so (meson test sets it)");
 	leave_a_session();
-	for (size_t k = 0; k < sizeof(serve_calls) / sizeof(serve_calls[0]); k++) {
-		unsigned n;
-
-		for (n = 1; n <= cap(3); n++) {
-			bool did_fail;
-			int st;
-
-			snprintf(serving, sizeof(serving), "%s #%u failing (%s)", serve_calls[k].name, n,
-				 strerror(serve_calls[k].err));
-			st = run_failing_while(serve_calls[k].name, n, serve_calls[k].err, serve_clients, &did_fail);
-			runs++;
-			exited += judge(serve_calls[k].name, n, serve_calls[k].err, st);
-			if (!did_fail)
-				break;
-		}
-		if (getenv("FAILSTART_VERBOSE"))
-			fprintf(stderr, "failstart: serving, %s failed %u times in turn\n", serve_calls[k].name, n - 1);
-		cr_assert_gt(n, 1, "%s: chimed never called it serving clients", serve_calls[k].name);
-	}
-	fprintf(stderr, "failstart: %u brokers serving, %u of them exited 1 saying why\n", runs, exited);
+	st = run_failing_while("pwrite", 1, EIO, serve, &did_fail);
+	cr_assert(did_fail, "no write of the sessions file failed:\n%s", log_text());
+	return st;
 }
-
-/* ---- a sessions-file record that could not be written ---- */
 
 /*
  * serve(): session "gone", detached with timers, then dropped while the
@@ -521,14 +501,8 @@ Test(failstart, a_record_the_broker_could_not_write_is_written_at_the_next_heart
 {
 	struct chime_opts o = { .socket_path = sock, .session = "gone" };
 	struct t_chimed b;
-	bool did_fail;
-	int st;
+	int st = first_record_write_failing(drop_while_failing);
 
-	if (!have_preload())
-		cr_skip("$CHIME_FAILCALL_SO names no failcall_preload.so (meson test sets it)");
-	leave_a_session();
-	st = run_failing_while("pwrite", 1, EIO, drop_while_failing, &did_fail);
-	cr_assert(did_fail);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x:\n%s", st, log_text());
 	cr_assert_eq(t_chimed_start(&b, sock, "--shards 2 2>/dev/null"), 0);
 	cr_assert_eq(chime_drop_session(&o), -ESRCH, "the session dropped came back with the next broker");
@@ -572,14 +546,8 @@ Test(failstart, a_session_created_while_its_record_fails_is_recorded_by_the_hear
 {
 	struct chime_opts o = { .socket_path = sock, .session = "slow" };
 	struct t_chimed b;
-	bool did_fail;
-	int st;
+	int st = first_record_write_failing(create_slowly_while_failing);
 
-	if (!have_preload())
-		cr_skip("$CHIME_FAILCALL_SO names no failcall_preload.so (meson test sets it)");
-	leave_a_session();
-	st = run_failing_while("pwrite", 1, EIO, create_slowly_while_failing, &did_fail);
-	cr_assert(did_fail);
 	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "status %#x", st);
 	cr_assert_eq(t_chimed_start(&b, sock, "--shards 2 2>/dev/null"), 0);
 	cr_assert_eq(chime_drop_session(&o), 0, "session 'slow' was lost with the crash");

@@ -229,10 +229,14 @@ static void every_call_failing(const char *session)
 	if (session)
 		session_drop(session);
 	memcpy(made, seen, sizeof(made));
-	/* Each listed call is one the lifecycle makes (a session's alone makes the timerfd). */
+	/*
+	 * Each listed call is one the lifecycle makes: a session's alone makes
+	 * the timerfd, and the doorbell's write() and the eventfd's read() come
+	 * only when a shard sleeps (CI once had none).
+	 */
 	for (int k = 0; k < NR_CALLS; k++)
-		cr_assert(made[k] > 0 || (k == C_TIMERFD_CREATE && !session), "%s: never called (not wrapped?)",
-			  calls[k].name);
+		cr_assert(made[k] > 0 || (k == C_TIMERFD_CREATE && !session) || k == C_WRITE || k == C_READ,
+			  "%s: never called (not wrapped?)", calls[k].name);
 	base = t_open_fds_settled(broker.pid);         /* the first client let go of */
 	cr_assert_gt(base, 0);
 	for (int k = 0; k < NR_CALLS; k++) {

@@ -2006,7 +2006,7 @@ static void *stop_ping_main(void *arg)
 
 	/*
 	 * The control loop has ended: nothing else calls notify_watchdog() now.
-	 * P1: done; pairs with P2 in stop_ping_end() (the join orders the rest).
+	 * PING1: done; pairs with PING2 in stop_ping_end() (the join orders the rest).
 	 */
 	for (uint64_t now = now_ns(); !at_load_acq(&p->done) && now < until; now = now_ns()) {
 		notify_watchdog(now, HEARTBEAT_NS);
@@ -2025,7 +2025,7 @@ static void stop_ping_end(struct stop_pinger *p)
 {
 	if (!p->started)
 		return;
-	at_store_rel(&p->done, 1);    /* P2: pairs with P1 */
+	at_store_rel(&p->done, 1);    /* PING2: pairs with PING1 */
 	pthread_join(p->thr, NULL);
 }
 
@@ -2084,6 +2084,7 @@ void broker_stop(struct broker *b)
 	if (!b->stopping && !b->restart)
 		notify_stopping();
 	b->stopping = true;
+	/* H0: STOPPED, a final state; pairs with H1 (the library's load, client.c). */
 	if (b->ctl)
 		at_store_rel(&b->ctl->state, CHIME_BROKER_STOPPED);
 	if (b->pub)

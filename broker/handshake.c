@@ -408,7 +408,7 @@ bool query_step(struct broker *b)
 
 		for (; q->next < hw && budget; q->next++, budget--) {
 			const struct chime_node *nd = &wh->nodes[q->next];
-			uint32_t gen = at_load_acq(&nd->gen);
+			uint32_t gen = at_load_acq(&nd->gen);     /* QT1: the generation before the fields (QT2 below) */
 			uint8_t st = at_load(&nd->state);
 			uint64_t period = at_load(&nd->period_ns);
 			struct chime_query_timer t;
@@ -435,7 +435,7 @@ bool query_step(struct broker *b)
 			 * (the flags above it may change in a live timer) and owner
 			 * after the copy mean it is this client's.
 			 */
-			at_fence_acq();
+			at_fence_acq();         /* QT2: the fields before the generation's second load */
 			if (((at_load(&nd->gen) ^ gen) & CHIME_ID_GEN_MASK) || at_load(&nd->owner) != q->slot) {
 				q->head.total--;
 				continue;

@@ -12,8 +12,8 @@
  *
  * Two executables are built from this file (tests/meson.build):
  * test_hostile_release has the cases declared ReleaseTest(), which bound
- * the broker's stalls beside busy loops that starve its idle-priority
- * thread (ASan's runtime takes its own locks in that thread, and a starved
+ * the broker's stalls and other users' lateness beside busy loops and
+ * hostile clients (ASan's runtime takes locks of its own, and a starved
  * holder of one stalled every other thread of an ASan chimed for seconds:
  * not what they measure); test_hostile has those declared AsanTest(), run
  * under ASan+UBSan (helpers.h, T_RELEASE_CASES).

@@ -172,7 +172,7 @@ static uint64_t timers_expected(struct demo *d, struct arm_thread *threads, unsi
 
 	*failed = 0;
 	for (unsigned i = 0; i < d->threads; i++) {
-		/* A1: the thread's count before its error; pairs with R1 in arm_main(). */
+		/* DEMO1: the thread's count before its error; pairs with DEMO2 in arm_main(). */
 		if (atomic_load_explicit(&threads[i].error, memory_order_acquire)) {
 			sum += atomic_load_explicit(&threads[i].armed, memory_order_relaxed);
 			++*failed;
@@ -211,7 +211,7 @@ static void *arm_main(void *arg)
 
 			if (r < 0) {
 				atomic_store_explicit(&t->armed, done, memory_order_relaxed);
-				/* R1: pairs with A1 in timers_expected(). */
+				/* DEMO2: pairs with DEMO1 in timers_expected(). */
 				atomic_store_explicit(&t->error, r, memory_order_release);
 				break;
 			}

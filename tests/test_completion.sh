@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# completion: tools/completion.bash offers each command's options, exactly
+# those its --help lists (so neither can change without the other), and
+# completes what a running broker knows: the pids of its clients, the names
+# of its sessions, the names of its counters; a missing broker completes
+# nothing and prints nothing.
+#
+# Usage: test_completion.sh COMPLETION_BASH CHIMED CHIMECTL CHIMESTAT CHIME_DEMO
+# Exit: 0 pass, 1 fail.
+set -u
+
+script=$1 chimed=$2 chimectl=$3 chimestat=$4 demo=$5
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/chime-completion-XXXXXX") || exit 1
+broker=""
+cleanup() {
+	[ -n "$broker" ] && kill "$broker" 2>/dev/null && wait "$broker" 2>/dev/null
+	rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM HUP
+status=0
+fail() {
+	echo "completion: FAIL: $*"
+	status=1
+}
+
+# The commands by their installed names, as the script calls them.
+mkdir "$tmp/bin"
+ln -s "$(realpath "$chimed")" "$tmp/bin/chimed"
+ln -s "$(realpath "$chimectl")" "$tmp/bin/chimectl"
+ln -s "$(realpath "$chimestat")" "$tmp/bin/chimestat"
+ln -s "$(realpath "$demo")" "$tmp/bin/chime-demo"
+PATH="$tmp/bin:$PATH"
+# shellcheck source=/dev/null
+. "$script" || { echo "completion: FAIL: $script does not load"; exit 1; }
+
+# complete LINE: COMPREPLY for the cursor at the end of LINE (a trailing
+# space: a new, empty word), one per line, sorted.
+complete_line() {
+	local line=$1 fn
+	read -r -a COMP_WORDS <<<"$line"
+	[[ $line == *" " ]] && COMP_WORDS+=("")
+	COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+	COMP_LINE=$line
+	COMP_POINT=${#line}
+	COMPREPLY=()
+	fn=$(complete -p "${COMP_WORDS[0]}" 2>/dev/null | sed -n 's/.*-F \([^ ]*\) .*/\1/p')
+	[ -n "$fn" ] || { echo "no completion for ${COMP_WORDS[0]}"; return; }
+	"$fn" "${COMP_WORDS[0]}" "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}" 2>&1
+	printf '%s\n' "${COMPREPLY[@]}" | sort -u | sed '/^$/d'
+}
+
+# expect LINE WORD...: completing LINE offers each WORD (and maybe more).
+expect() {
+	local line=$1 got w
+	shift
+	got=$(complete_line "$line")
+	for w in "$@"; do
+		grep -qxF -- "$w" <<<"$got" || fail "'$line<Tab>' does not offer '$w'; it offers: $(echo $got)"
+	done
+}
+
+# expect_only LINE WORD...: exactly those.
+expect_only() {
+	local line=$1 got want
+	shift
+	got=$(complete_line "$line")
+	want=$(printf '%s\n' "$@" | sort -u | sed '/^$/d')
+	[ "$got" = "$want" ] || fail "'$line<Tab>' offers '$(echo $got)', not '$(echo $want)'"
+}
+
+# A command's long options as its --help lists them: the lines that start
+# with an option (or, for chimectl, with the command that takes it).
+help_options() {
+	"$@" --help | grep -E '^ +(-[A-Za-z0-9], |-[A-Za-z0-9]\|)?--|^  timers ' |
+		grep -oE -- '--[a-z][a-z-]*' | sort -u
+}
+
+# ---- each command's options: those of its --help, no more, no fewer ----
+expect_only "chimed --" $(help_options chimed)
+expect_only "chime-demo --" $(help_options chime-demo)
+expect_only "chimestat --" $(help_options chimestat)
+# chimectl's global ones, then timers' own (--json is every command's)
+expect_only "chimectl timers --" $(help_options chimectl | grep -xE -- '--(client|session|limit|json)')
+expect_only "chimectl --" $(help_options chimectl | grep -vxE -- '--(client|session|limit)')
+[ "$(help_options chimed | wc -l)" -ge 25 ] || fail "chimed --help lists $(help_options chimed | wc -l) long options: the parse of it broke"
+
+# ---- commands and fixed values ----
+expect_only "chimectl " status clients timers sessions users drop-session reset-stats reload shutdown restart
+expect_only "chimectl --socket /x re" reset-stats reload restart
+expect_only "chimed --log-level w" warning
+expect "chimed --allow-uid ro" root
+expect "chimed --allow-uid daemon,ro" daemon,root
+expect "chimed --socket-group ro" root
+touch "$tmp/a-socket-file"
+expect "chimectl --socket $tmp/a-sock" "$tmp/a-socket-file"
+expect_only "chimed --capacity "
+
+# ---- nothing running: nothing offered, nothing printed ----
+expect_only "chimectl -s $tmp/none.sock drop-session "
+expect_only "chimestat -s $tmp/none.sock -f "
+
+# ---- a running broker: its sessions, clients and counters ----
+sock=$tmp/chime.sock
+chimed --foreground --socket "$sock" --shards 1 >"$tmp/chimed.log" 2>&1 &
+broker=$!
+for _ in $(seq 100); do
+	[ -S "$sock" ] && grep -q "listening on" "$tmp/chimed.log" && break
+	sleep 0.05
+done
+grep -q "listening on" "$tmp/chimed.log" || { fail "chimed did not start: $(cat "$tmp/chimed.log")"; exit 1; }
+# a session that stays (detached, its timers an hour ahead) and a client that stays connected
+demo_client() {
+	chime-demo --socket "$sock" --timers 1 --max-ms 60000 --seconds 1 --session "$1" >/dev/null 2>&1
+}
+demo_client completion-test-session &
+demo_pid=$!
+pid=""
+for _ in $(seq 100); do
+	pid=$(chimectl --socket "$sock" clients 2>/dev/null | awk 'NR > 1 && $1 !~ /^\(/ { print $2; exit }')
+	[ -n "$pid" ] && break
+	sleep 0.05
+done
+[ -n "$pid" ] || fail "no client listed: $(chimectl --socket "$sock" clients 2>&1)"
+expect "chimectl --socket $sock timers --client " "$pid"
+expect "chimestat -s $sock --pid " "$pid"
+expect_only "chimectl -s $sock drop-session completion-" completion-test-session
+expect_only "chime-demo -s $sock -S completion-" completion-test-session
+expect "chimestat --socket=$sock -f shard.0.fi" shard.0.fires
+expect "chimestat -s $sock -f broker.st" broker.state broker.status
+kill "$demo_pid" 2>/dev/null
+wait "$demo_pid" 2>/dev/null
+
+[ $status -eq 0 ] && echo "completion: every option of chimed, chimectl, chimestat and chime-demo; a broker's clients, sessions and counters"
+exit $status

@@ -323,7 +323,7 @@ bool t_sock_accepts(const char *path)
  * socket alone does not say it: it listens before the shards take over an
  * earlier broker's files, and a client that connects then waits for them.
  */
-static bool broker_running(const char *sock, pid_t pid)
+bool t_broker_running(const char *sock, int pid)
 {
 	struct chime_ctl ctl;
 	char path[PATH_MAX];
@@ -416,7 +416,7 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 		_exit(127);
 	}
 	b->pid = p;
-	for (t0 = now_ns(); !broker_running(b->sock, p) || !t_sock_accepts(b->sock); usleep(1000)) {
+	for (t0 = now_ns(); !t_broker_running(b->sock, p) || !t_sock_accepts(b->sock); usleep(1000)) {
 		int st;
 
 		if (waitpid(p, &st, WNOHANG) == p) {
@@ -476,6 +476,30 @@ int t_chimed_stop(struct t_chimed *b, int sig)
 		b->own_dir = 0;
 	}
 	return st;
+}
+
+bool t_alive(int pid)
+{
+	siginfo_t si = { 0 };
+	char path[64], buf[512], *close_paren;
+	ssize_t n;
+	int fd;
+
+	if (pid <= 0)
+		return false;
+	if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0)
+		return si.si_pid == 0;  /* ours: nothing to reap yet */
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	close_paren = strrchr(buf, ')');        /* the name may hold anything, ')' included */
+	return close_paren && close_paren[1] == ' ' && close_paren[2] != 'Z' && close_paren[2] != 'X';
 }
 
 uint64_t t_nodes(const char *sock, unsigned states)

@@ -41,6 +41,16 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra);
 int t_chimed_stop(struct t_chimed *b, int sig);
 
 /*
+ * Is process pid running? Not exited: a child of ours that died and is not
+ * reaped yet (a zombie) is not (kill(pid, 0) still finds it); it is left to
+ * be reaped. Another's: /proc/PID/stat's state is not Z or X.
+ */
+bool t_alive(int pid);
+
+/* Broker pid at sock has started: its control segment names it and says RUNNING. */
+bool t_broker_running(const char *sock, int pid);
+
+/*
  * Stop the broker with `sig` (0: it is expected to exit by itself), reap it,
  * and start a new one on the same socket with `extra`, keeping the
  * directory and what the old one left in it. Returns t_chimed_start()'s

@@ -970,6 +970,13 @@ static int thief(void *arg)
 	(void)chime_cancel(c, stolen);
 	(void)chime_reset(c, stolen, chime_now() + 3600000 * MS);
 	(void)chime_cancel_key(c, 42);
+	/*
+	 * Wake the shard: records that can wait ring no doorbell, and closed
+	 * before the shard's next look they would go with the connection,
+	 * never judged (an audit: the test passed without the owner check).
+	 */
+	if (chime_flush(c) < 0)
+		return 2;
 	usleep(50000);          /* let the shard apply them */
 	chime_close(c);
 	return 0;
@@ -1566,7 +1573,7 @@ Test(access, a_reload_sets_the_mode_of_its_own_socket_only)
 		  (unsigned)st.st_mode, (unsigned)st.st_gid);
 	cr_expect_eq(user_done(child_start(NULL, 65534, canary_closed, canary)), 0, "uid 65534 opened root's canary");
 	cr_expect(t_file_has(logf, "is not the socket this broker bound"), "the log does not say why");
-	cr_expect_eq(kill(tb.pid, 0), 0, "the broker stopped");
+	cr_expect(t_alive(tb.pid), "the broker stopped");
 	t_chimed_stop(&tb, SIGTERM);
 	cr_expect_eq(lstat(sock, &st), 0, "the stop removed the link");
 	t_rmdir_files(dir);
@@ -2033,7 +2040,7 @@ Test(access, tools_work_on_what_a_client_may_see_and_say_why_not_the_rest)
 	cr_assert_eq(as_user("chimet1", run_tool, &t), 0, "chimestat must say why it cannot");
 	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s shutdown >/dev/null 2>&1", tb.dir, chimectl, tb.sock);
 	cr_assert_neq(as_user("chimet1", run_tool, &t), 0, "a client stopped the broker");
-	cr_assert_eq(kill(tb.pid, 0), 0, "the broker is still running");
+	cr_assert(t_alive(tb.pid), "the broker is not running");
 }
 
 /* chimet1: session "t1jobs" with two timers an hour ahead, left detached. */
@@ -2153,7 +2160,7 @@ Test(access, sighup_reloads_the_policy_file_and_the_broker_keeps_running)
 	cr_assert_eq(t_write_file(file, "allow-uid no-such-user-here\n"), 0);
 	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
 	usleep(200000);
-	cr_assert_eq(kill(tb.pid, 0), 0, "SIGHUP stopped the broker");
+	cr_assert(t_alive(tb.pid), "SIGHUP stopped the broker");
 	cr_assert_eq(as_user("chimet1", open_status, NULL), 0, "a bad reload must keep the old policy");
 	unlink(file);
 }

@@ -51,7 +51,8 @@ static struct chime_op arm_op(uint64_t key, uint64_t deadline_ns, uint64_t user_
  * more; checks none is early. Returns how many arrived; counts per
  * user_data in seen[] (user_data < nseen).
  */
-static unsigned collect(chime_t *c, unsigned *seen, unsigned nseen, unsigned want, unsigned quiet_ms)
+/* Events until `want` and then quiet_ms without one; seen[user_data] counted, dl[user_data] its deadline (dl may be NULL). */
+static unsigned collect_dl(chime_t *c, unsigned *seen, uint64_t *dl, unsigned nseen, unsigned want, unsigned quiet_ms)
 {
 	struct chime_event ev[64];
 	unsigned got = 0;
@@ -68,10 +69,17 @@ static unsigned collect(chime_t *c, unsigned *seen, unsigned nseen, unsigned wan
 			cr_assert_geq(now_ns(), ev[i].deadline_ns, "returned early");
 			cr_assert_lt(ev[i].user_data, nseen);
 			seen[ev[i].user_data]++;
+			if (dl)
+				dl[ev[i].user_data] = ev[i].deadline_ns;
 		}
 		got += (unsigned)n;
 	}
 	return got;
+}
+
+static unsigned collect(chime_t *c, unsigned *seen, unsigned nseen, unsigned want, unsigned quiet_ms)
+{
+	return collect_dl(c, seen, NULL, nseen, want, quiet_ms);
 }
 
 Test(batch, bad_arguments)
@@ -126,7 +134,7 @@ Test(batch, mixed_operations_hold_when_it_returns)
 	enum { N = 12 };
 	struct chime_op ops[N], mix[8];
 	unsigned seen[N] = { 0 };
-	uint64_t now;
+	uint64_t now, dl[N] = { 0 };
 	chime_t *c;
 	int r;
 
@@ -157,12 +165,16 @@ Test(batch, mixed_operations_hold_when_it_returns)
 			cr_assert_eq(mix[i].result, 0, "op %u: %s", i, strerror(-mix[i].result));
 
 	/* live: 0, 2 (at +600 ms), 4..7, 10 = 7 timers */
-	cr_assert_eq(collect(c, seen, N, 7, 500), 7);
+	cr_assert_eq(collect_dl(c, seen, dl, N, 7, 500), 7);
 	for (unsigned i = 0; i < N; i++) {
 		unsigned want = (i == 0 || i == 2 || (i >= 4 && i <= 7) || i == 10) ? 1 : 0;
 
 		cr_assert_eq(seen[i], want, "timer %u fired %u times, want %u", i, seen[i], want);
 	}
+	/* The reset held: 2 fired at its new deadline, not at the one it was armed with (an audit: unchecked). */
+	cr_assert_eq(dl[2], now + 600 * MS, "timer 2 fired at +%lld ms, not at its reset's +600",
+		     (long long)(dl[2] - now) / (long long)MS);
+	cr_assert_eq(dl[0], now + 300 * MS);
 	chime_close(c);
 }
 

@@ -2068,7 +2068,7 @@ AsanTest(broker, client_sigkill_reclaims_its_timers)
 	char x;
 	int st;
 
-	cr_assert(wait_sum(armed, 0, 2000) || true);
+	(void)wait_sum(armed, 0, 2000);        /* earlier cases' timers gone, or counted in base */
 	base = ctl_sum(armed);
 	cr_assert_eq(pipe(pipe_fd), 0);
 	run_children(1, idle_armer, &victim);

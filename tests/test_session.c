@@ -304,6 +304,9 @@ Test(session, a_policy_file_reserves_session_names_for_their_users)
 	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
 	usleep(200000);
 	cr_assert_eq(opens_as(65534, "late-q", -EACCES), 0, "a bad reload must keep the old policy");
+	/* ... all of it: a policy emptied (admitting only root) would refuse that too. */
+	cr_assert_eq(opens_as(65534, "other2", 0), 0, "a bad reload must keep the old policy's allow-all");
+	cr_assert_eq(opens_as(0, "late-q", 0), 0, "a bad reload must keep the old policy's reservation for root");
 	unlink(file);
 }
 

@@ -129,9 +129,13 @@ def test_submit_applies_a_batch(chime_conn):
     a, b, p, k, *rest = c.submit([chime.Op.arm(1, after=0.5), chime.Op.arm(2, after=0.05, data=5),
                                   chime.Op.arm(3, after=0.02, period=0.01), chime.Op.arm(4, after=0.05)])
     assert rest == [] and all(isinstance(x, int) and x for x in (a, b, p, k))
+    reset_at = time.monotonic_ns()
     assert c.submit([chime.Op.reset(a, after=0.03), chime.Op.cancel(k), chime.Op.cancel_key(3)]) == [None] * 3
     evs = wait_for(c, 2)
     assert sorted((ev.key, ev.periodic) for ev in evs) == [(1, False), (2, False)]
+    # the reset held: a's event is due 30 ms after it, not at the 0.5 s it was armed for
+    (ea,) = [ev for ev in evs if ev.key == 1]
+    assert reset_at + 30_000_000 <= ea.deadline_ns < reset_at + 200_000_000
     assert [ev.data for ev in evs if ev.key == 2] == [5]
     assert c.wait(timeout=0.1) == []
     assert c.submit([]) == []

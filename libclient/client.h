@@ -331,17 +331,6 @@ static inline bool cl_in_own_dispatch(const struct chime *c)
 	return __builtin_expect(d != NULL, 0) && d == &cl_thread_token;
 }
 
-/*
- * Whether this thread holds session c's lock as its drainer (poll.c): a
- * chime_dispatch() callback runs under it, and an arm there that finds the
- * broker gone must reconnect as the lock's holder (timer.c). Per session,
- * not "the last session this thread drained": a callback may drain another
- * session first, and would then wait forever for its own reconnect.
- */
-static inline bool cl_holds_drainer_lock(const struct chime *c)
-{
-	return at_load(&c->drainer) == &cl_thread_token;
-}
 
 static inline bool cl_reconnecting(const struct chime *c)
 {

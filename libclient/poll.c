@@ -244,6 +244,40 @@ static uint32_t judge(const struct chime *c, const struct chime_cqe *e, struct c
 	return CHIME_PEND_RESET;
 }
 
+/*
+ * A dispatch callback, run with a named session's lock let go: another
+ * thread's arm, reset or cancel that waits for a reconnect (a planned
+ * restart: stop_wait(), wait_room() in timer.c) takes the lock to make it,
+ * and a callback that waits for that thread (a lock of the application's
+ * that both take) held it: neither ever went on (an API audit). The drain
+ * takes it back after; a reconnect meanwhile moved c->link, and the caller
+ * stops there, as after a callback's own reconnect. Cancellation stays
+ * put off through the callback, as it was under the lock.
+ */
+static void run_callback(struct chime *c, const struct sink *to, const struct chime_event *ev)
+{
+	int cancel;
+
+	if (likely(!c->session[0])) {
+		to->cb(ev, to->arg);
+		return;
+	}
+	cancel = c->lock_cancel;        /* the thread's own, from before the drain took the lock */
+	at_store(&c->drainer, (const char *)NULL);
+	pthread_mutex_unlock(&c->lock); /* cancellation still off (cl_lock_try()) */
+	to->cb(ev, to->arg);
+	if (unlikely(at_load(&c->forked))) {
+		/* The child of the callback's fork: another thread of the parent's may have held it then. */
+		(void)pthread_setcancelstate(cancel, NULL);
+		return;
+	}
+	/* Only a reconnect attempt can hold it now, a step at a time (reconnect.c). */
+	while (!cl_lock_try(c))
+		nanosleep(&(struct timespec){ .tv_nsec = 20 * 1000 }, NULL);
+	c->lock_cancel = cancel;
+	at_store(&c->drainer, &cl_thread_token);
+}
+
 /* Steps 1-4 for one shard. */
 static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct sink *to, unsigned max)
 {
@@ -331,15 +365,16 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct 
 		}
 		n++;
 		link = at_load(&c->link);
-		to->cb(&(struct chime_event){
+		run_callback(c, to, &(struct chime_event){
 			.id = e->id, .key = e->key, .user_data = e->user_data,
 			.deadline_ns = e->deadline_ns, .fired_ns = e->fired_ns,
-		}, to->arg);
+		});
 		/*
-		 * The callback's arm reconnected a session (or found the broker
-		 * dead): these rings are gone. Or it forked, and this is the child,
-		 * back in its parent's drain: not one more event of the parent's,
-		 * nor a store into its rings (libchime(3), FORK).
+		 * A reconnect of the session while the callback ran (its own arm's,
+		 * or another thread's) or a broker found dead: these rings are
+		 * gone. Or it forked, and this is the child, back in its parent's
+		 * drain: not one more event of the parent's, nor a store into its
+		 * rings (libchime(3), FORK).
 		 */
 		if (unlikely(at_load(&c->link) != link || at_load(&c->forked)))
 			return n;
@@ -414,7 +449,8 @@ static bool drainer_trylock(struct chime *c)
 
 static void drainer_unlock(struct chime *c)
 {
-	if (c->session[0]) {
+	/* Not after a fork in a dispatch callback: the child never took it back (run_callback()). */
+	if (c->session[0] && at_load(&c->drainer) == &cl_thread_token) {
 		at_store(&c->drainer, (const char *)NULL);
 		cl_unlock(c);
 	}

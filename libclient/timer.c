@@ -87,10 +87,10 @@ wait_room(struct chime *c, struct chime_chan *ch, uint64_t *pos)
 		if (unlikely(cl_reconnecting(c))) {
 			/*
 			 * A session's broker is gone and its rings closed: reconnect,
-			 * or wait for whoever does. A dispatch callback's thread holds
-			 * the lock already: it reconnects, and the drain it is in stops.
+			 * or wait for whoever does. From a dispatch callback too (the
+			 * drain let the lock go for it): the drain it is in then stops.
 			 */
-			if (cl_reconnect(c, cl_holds_drainer_lock(c)))
+			if (cl_reconnect(c, false))
 				nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
 			continue;
 		}
@@ -400,8 +400,8 @@ static __attribute__((noinline)) int stop_wait(struct chime *c)
 		if (!cl_reconnecting(c) && at_load_acq(&c->pub->state) == CHIME_BROKER_RUNNING)
 			return 0;
 		if (cl_reconnecting(c)) {
-			/* A dispatch callback's thread holds the lock already (wait_room()). */
-			if (!cl_reconnect(c, cl_holds_drainer_lock(c)))
+			/* A dispatch callback runs with the lock let go (poll.c, run_callback()): it may take it. */
+			if (!cl_reconnect(c, false))
 				continue;
 		} else {
 			(void)cl_broker_gone(c, true);  /* it hangs up once its sessions are parked */

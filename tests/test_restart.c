@@ -5484,3 +5484,99 @@ Test(restart, a_detached_periodics_held_event_goes_with_a_cancel_key_before_the_
 {
 	detached_periodic(0, true);
 }
+
+/* ---- a dispatch callback that waits for a thread arming on its session ---- */
+
+struct cb_wait {
+	chime_t *c;
+	pthread_mutex_t table;          /* the application's: the callback and the worker take it */
+	chime_id_t id;                  /* the worker's keepalive */
+	volatile bool stop, in_cb, reset_done;
+	volatile int reset_r;
+	unsigned long fired;            /* under table */
+};
+
+static void cb_wait_event(const struct chime_event *ev, void *arg)
+{
+	struct cb_wait *w = arg;
+
+	(void)ev;
+	w->in_cb = true;
+	pthread_mutex_lock(&w->table);
+	w->fired++;
+	pthread_mutex_unlock(&w->table);
+}
+
+static void *cb_wait_dispatcher(void *arg)
+{
+	struct cb_wait *w = arg;
+
+	while (!w->stop)
+		if (chime_dispatch(w->c, cb_wait_event, w, 0) <= 0)
+			usleep(1000);
+	return NULL;
+}
+
+/* The worker: its keepalive reset with the table held (the test holds it for it). */
+static void *cb_wait_worker(void *arg)
+{
+	struct cb_wait *w = arg;
+
+	w->reset_r = chime_reset(w->c, w->id, chime_now() + HOUR);
+	w->reset_done = true;
+	return NULL;
+}
+
+/*
+ * A dispatch callback takes a lock of the application's that a worker
+ * holds while it resets a timer of the same session (ordinary code: the
+ * connection's object found under the table's mutex). After a planned
+ * restart the worker's reset waits for the reconnect (a call that returns
+ * during a stop is kept), which the session's lock excludes; the callback
+ * ran under that lock, waiting for the worker: both waited for good (an
+ * API audit: 2 restarts in 3 froze its process). The lock is let go while
+ * a callback runs now. Here the callback is made to wait on the table
+ * before the stop, and the worker resets with the table held after it.
+ */
+Test(restart, a_dispatch_callback_waiting_for_a_thread_that_arms_survives_a_planned_restart, .timeout = 60)
+{
+	static struct cb_wait w = { .table = PTHREAD_MUTEX_INITIALIZER };
+	unsigned long fired;
+	pthread_t d, k;
+	chime_id_t now_id;
+
+	start("-n 1");
+	w.c = sopen_ok("cbwait");
+	cr_assert_eq(chime_arm(w.c, 1, chime_now() + HOUR, 0, 1, &w.id), 0);
+	cr_assert_eq(pthread_create(&d, NULL, cb_wait_dispatcher, &w), 0);
+	/* The table held ("by the worker"), an event due: its callback waits for the table. */
+	pthread_mutex_lock(&w.table);
+	cr_assert_eq(chime_arm(w.c, 2, 0, 0, 2, &now_id), 0);
+	for (int i = 0; i < 500 && !w.in_cb; i++)
+		usleep(10 * 1000);
+	cr_assert(w.in_cb, "the event's callback did not run");
+	restart(SIGTERM, "-n 1");
+	/* The worker's reset, the table still held for it: it must come back. */
+	cr_assert_eq(pthread_create(&k, NULL, cb_wait_worker, &w), 0);
+	for (int i = 0; i < 1000 && !w.reset_done; i++)
+		usleep(10 * 1000);
+	cr_assert(w.reset_done, "a reset made while a dispatch callback waits for its thread never returned "
+		  "across a planned restart");
+	pthread_mutex_unlock(&w.table);
+	cr_assert_eq(w.reset_r, 0, "the reset: %s", strerror(-w.reset_r));
+	cr_assert_eq(pthread_join(k, NULL), 0);
+	for (int i = 0; i < 500; i++) {
+		pthread_mutex_lock(&w.table);
+		fired = w.fired;
+		pthread_mutex_unlock(&w.table);
+		if (fired)
+			break;
+		usleep(10 * 1000);
+	}
+	cr_assert_eq(fired, 1, "the event whose callback waited was delivered %lu times", fired);
+	w.stop = true;
+	cr_assert_eq(pthread_join(d, NULL), 0);
+	/* The reset held through the restart: the keepalive is armed in the next broker, an hour ahead. */
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 1), 1);
+	chime_close(w.c);
+}

@@ -953,7 +953,7 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 {
 	char path[CHIME_PATH_MAX];
 	struct opening op;
-	int r;
+	int r, cancel;
 
 	/* A session name as the broker accepts it: 1..63 bytes of [A-Za-z0-9._-]. */
 	if (!out || (flags & ~CHIME_OPEN_RECORD_RESETS) || (session && chime_session_len(session) <= 0))
@@ -963,9 +963,18 @@ static int open_session(chime_t **out, const char *socket_path, unsigned flags, 
 		return r;
 	/* Before the dial: a fork during a process's first open must find its socket too. */
 	(void)pthread_once(&atfork_once, atfork_register);
+	/*
+	 * Not cancelled in between (pthread_cancel(3)): `op` is on this stack and
+	 * in the process's list of opens, and a cancel at the handshake's
+	 * connect() or recvmsg() left it there, for fork_child() and the next
+	 * open to write into whatever reused the stack (an API audit: every fork
+	 * after such a cancel crashed its child), and its socket open.
+	 */
+	cl_cancel_off(&cancel);
 	opening_begin(&op);
 	r = open_dialled(out, path, flags, session);
 	opening_end(&op);
+	cl_cancel_restore(cancel);
 	return r;
 }
 
@@ -1022,13 +1031,23 @@ static int open_dialled(chime_t **out, const char *path, unsigned flags, const c
 	return 0;
 }
 
+void cl_cancel_off(int *old)
+{
+	(void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, old);
+}
+
+void cl_cancel_restore(int old)
+{
+	(void)pthread_setcancelstate(old, NULL);
+}
+
 bool cl_lock_try(struct chime *c)
 {
 	int old;
 
-	(void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	cl_cancel_off(&old);
 	if (pthread_mutex_trylock(&c->lock) != 0) {
-		(void)pthread_setcancelstate(old, NULL);
+		cl_cancel_restore(old);
 		return false;
 	}
 	c->lock_cancel = old;   /* the holder's alone: a callback's nested lock is another session's */
@@ -1040,7 +1059,7 @@ void cl_unlock(struct chime *c)
 	int old = c->lock_cancel;
 
 	pthread_mutex_unlock(&c->lock);
-	(void)pthread_setcancelstate(old, NULL);
+	cl_cancel_restore(old);
 }
 
 void cl_sock_ready(int sock)
@@ -1143,13 +1162,18 @@ static int drop_session(const char *path, const char *name)
 CHIME_PUBLIC int chime_drop_session(const struct chime_opts *opts)
 {
 	char path[CHIME_PATH_MAX];
-	int r;
+	int r, cancel;
 
 	if (!opts || !opts->session || chime_session_len(opts->session) <= 0 ||
 	    (opts->flags & ~CHIME_OPEN_RECORD_RESETS))
 		return -EINVAL;
 	r = resolve_path(opts->socket_path, path);
-	return r < 0 ? r : drop_session(path, opts->session);
+	if (r < 0)
+		return r;
+	cl_cancel_off(&cancel);    /* its socket closed whatever happens (chime_open()'s reason) */
+	r = drop_session(path, opts->session);
+	cl_cancel_restore(cancel);
+	return r;
 }
 
 #define COMMIT_WAIT_NS   (UINT64_C(1000) * 1000000u)   /* chime_close(3): a stuck broker */
@@ -1239,10 +1263,18 @@ CHIME_PUBLIC void chime_close(chime_t *c)
 	 * on (a crash). The dispatch stops after that callback, and closes c as
 	 * it returns (poll.c).
 	 */
+	int cancel;
+
 	if (c && cl_in_own_dispatch(c)) {
 		c->close_deferred = 1;
 		return;
 	}
+	/*
+	 * Whole or not at all: a cancel at the commit's nanosleep() or the
+	 * hang-up's recv() left c unfreed and its session attached (EBUSY to
+	 * the next open) for as long as the process lived (an API audit).
+	 */
+	cl_cancel_off(&cancel);
 	if (c && c->session[0] && !at_load(&c->forked))
 		session_commit(c);
 	/*
@@ -1259,6 +1291,7 @@ CHIME_PUBLIC void chime_close(chime_t *c)
 	if (c && !at_load(&c->forked) && c->sock >= 0)
 		cl_sock_hang_up(c->sock);
 	chime_free(c);
+	cl_cancel_restore(cancel);
 }
 
 /* ---- doorbells ---- */

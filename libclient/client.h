@@ -259,6 +259,9 @@ void cl_sock_ready(int sock);
  */
 bool cl_lock_try(struct chime *c);
 void cl_unlock(struct chime *c);
+/* Cancellation (pthread_cancel(3)) put off, *old the state before; and given back. */
+void cl_cancel_off(int *old);
+void cl_cancel_restore(int old);
 
 static inline bool cl_is_dead(const struct chime *c)
 {

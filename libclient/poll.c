@@ -268,7 +268,7 @@ static void run_callback(struct chime *c, const struct sink *to, const struct ch
 	to->cb(ev, to->arg);
 	if (unlikely(at_load(&c->forked))) {
 		/* The child of the callback's fork: another thread of the parent's may have held it then. */
-		(void)pthread_setcancelstate(cancel, NULL);
+		cl_cancel_restore(cancel);
 		return;
 	}
 	/* Only a reconnect attempt can hold it now, a step at a time (reconnect.c). */
@@ -713,6 +713,42 @@ static unsigned pending_now(struct chime *c)
 	return n == 0 ? 1 : n > UINT_MAX ? UINT_MAX : (unsigned)n;
 }
 
+/* One chime_dispatch() call's rounds of drains. */
+struct dispatch_run {
+	struct chime *c;
+	const struct sink *to;
+	unsigned limit;
+	const char *outer;      /* c->dispatcher before the call */
+	unsigned total;
+	int err;
+};
+
+static void dispatch_rounds(struct dispatch_run *run)
+{
+	struct chime *c = run->c;
+
+	while (run->total < run->limit) {
+		unsigned want = run->limit - run->total < DISPATCH_BATCH ? run->limit - run->total : DISPATCH_BATCH;
+		/* Runs until a round comes back empty: that one arms the fd's wake-up. */
+		int n = poll_events(c, run->to, want, at_load(&c->fd_used), false);
+
+		if (n <= 0) {
+			run->err = n;
+			break;
+		}
+		run->total += (unsigned)n;
+		if (c->close_deferred)
+			break;
+	}
+}
+
+static void dispatch_cancelled(void *arg)
+{
+	const struct dispatch_run *run = arg;
+
+	at_store(&run->c->dispatcher, run->outer);
+}
+
 CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max)
 {
 	/*
@@ -720,7 +756,7 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	 * cannot stretch the call (they did: a limit of every ring's size let
 	 * callbacks re-arming at deadline 0 keep one call going for seconds).
 	 */
-	unsigned limit, total = 0;
+	unsigned limit, total;
 	/*
 	 * Each event is claimed just before its callback, inside the drain, and
 	 * a callback that cancels or resets cuts the drain short
@@ -728,7 +764,8 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	 */
 	struct sink to = { NULL, cb, arg };
 	const char *outer;      /* NULL, but for another thread's overlapping dispatch (not checked) */
-	int err = 0;
+	struct dispatch_run run = { .c = c, .to = &to };
+	int err;
 
 	if (unlikely(!c || !cb))
 		return -EINVAL;
@@ -740,19 +777,20 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 	outer = at_load(&c->dispatcher);
 	c->voided = 0;
 	at_store(&c->dispatcher, &cl_thread_token);
-	while (total < limit) {
-		unsigned want = limit - total < DISPATCH_BATCH ? limit - total : DISPATCH_BATCH;
-		/* Runs until a round comes back empty: that one arms the fd's wake-up. */
-		int n = poll_events(c, &to, want, at_load(&c->fd_used), false);
-
-		if (n <= 0) {
-			err = n;
-			break;
-		}
-		total += (unsigned)n;
-		if (c->close_deferred)
-			break;
-	}
+	/*
+	 * A thread cancelled in a callback (an anonymous connection's: a
+	 * session's are not cancelled there, run_callback()) gives c back:
+	 * left marked as dispatching, every later drain of it returned
+	 * -EDEADLK and chime_close() waited for a dispatch that had gone
+	 * (an API audit). A callback must return; chime_dispatch(3).
+	 */
+	run.limit = limit;
+	run.outer = outer;
+	pthread_cleanup_push(dispatch_cancelled, &run);
+	dispatch_rounds(&run);
+	pthread_cleanup_pop(0);
+	total = run.total;
+	err = run.err;
 	at_store(&c->dispatcher, outer);
 	if (c->close_deferred) {
 		/* A callback closed c (chime_close()): now that no drain is under way. */

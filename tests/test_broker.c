@@ -3714,3 +3714,70 @@ ReleaseTest(broker, a_client_in_another_time_namespace_gets_no_timer_early_or_la
 			cr_assert(r == 0 || r == 3, "a client %+ld s off the broker's clock: see its stderr", offs[i]);
 	}
 }
+
+/* The thread of the case below: cancel itself pending, it dispatches; the callback acts on the cancel. */
+static void cancel_in_callback_cb(const struct chime_event *ev, void *arg)
+{
+	(void)ev;
+	(*(int *)arg)++;
+	pthread_testcancel();
+}
+
+static void *dispatch_cancelled_in_callback(void *arg)
+{
+	chime_t *c = arg;
+	static int calls;
+
+	(void)pthread_cancel(pthread_self());   /* deferred: acted on at the callback's testcancel */
+	(void)chime_dispatch(c, cancel_in_callback_cb, &calls, 0);
+	return NULL;
+}
+
+/* The drains and the close after it, on a new thread: glibc gives it the cancelled one's cached stack, and TLS. */
+static void *after_the_cancel(void *arg)
+{
+	struct chime_event ev[4];
+	chime_t *c = arg;
+	chime_id_t id;
+	intptr_t bad = 0;
+	int n = chime_wait(c, ev, 4, 1000);
+
+	if (n != 1) {
+		fprintf(stderr, "the drain after the cancel: %d (%s), not the other event\n", n,
+			n < 0 ? strerror(-n) : "");
+		bad |= 1;
+	}
+	if (chime_arm(c, 1, 0, 0, 3, &id) != 0 || chime_wait(c, ev, 4, 1000) != 1)
+		bad |= 2;
+	chime_close(c);
+	return (void *)bad;
+}
+
+/*
+ * A thread cancelled in a dispatch callback (an anonymous connection's,
+ * whose callbacks run with cancellation on) leaves the connection usable:
+ * it stayed marked as dispatching, every later drain returned -EDEADLK and
+ * chime_close() took the "waits for the dispatch" path and freed nothing
+ * (an API audit). Released here: drains work, the close hangs up.
+ */
+ReleaseTest(broker, a_thread_cancelled_in_a_dispatch_callback_leaves_the_connection_usable)
+{
+	chime_t *c = copen();
+	chime_id_t id;
+	pthread_t t;
+	void *ret;
+	int fds;
+
+	cr_assert_not_null(c);
+	fds = t_open_fds(getpid());
+	cr_assert_eq(chime_arm(c, 1, 0, 0, 1, &id), 0);
+	cr_assert_eq(chime_arm(c, 1, 0, 0, 2, &id), 0);
+	usleep(50 * 1000);      /* both due, in the ring */
+	cr_assert_eq(pthread_create(&t, NULL, dispatch_cancelled_in_callback, c), 0);
+	cr_assert_eq(pthread_join(t, &ret), 0);
+	cr_assert_eq(ret, PTHREAD_CANCELED);
+	cr_assert_eq(pthread_create(&t, NULL, after_the_cancel, c), 0);
+	cr_assert_eq(pthread_join(t, &ret), 0);
+	cr_assert_eq((intptr_t)ret, 0, "after the cancel: %s", (intptr_t)ret & 1 ? "the drain failed" : "an arm's event");
+	cr_assert_lt(t_open_fds(getpid()), fds, "chime_close() freed nothing");
+}

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -169,6 +170,7 @@ enum fake {
 	FAKE_RW_SEALED,         /* rw sealed against writes already: mmap's EPERM */
 	FAKE_RW_DIR,            /* rw a directory */
 	FAKE_WELCOME_HANGUP,    /* a good welcome, then close: the client's answer meets a closed socket */
+	FAKE_SLOW_HANGUP,       /* read the hello, close 300 ms later */
 };
 
 static void fake_reply(int s, enum fake how)
@@ -187,6 +189,9 @@ static void fake_reply(int s, enum fake how)
 
 	switch (how) {
 	case FAKE_HANGUP:
+		return;
+	case FAKE_SLOW_HANGUP:
+		usleep(300 * 1000);
 		return;
 	case FAKE_REFUSE_EACCES:
 		w.status = -EACCES;
@@ -491,4 +496,60 @@ Test(client, a_handshake_whose_ready_never_comes_ends_within_its_10_s, .timeout 
 	(void)waitpid(pid, &st, 0);
 	cr_assert_eq(r, -ETIMEDOUT, "chime_open: %d", r);
 	cr_assert_lt(took, 11 * UINT64_C(1000000000), "chime_open gave up after %.1f s, not 10", (double)took / 1e9);
+}
+
+/* A thread that opens against the fake, then meets a cancellation point. */
+static void *open_then_testcancel(void *arg)
+{
+	struct chime_opts o = { .socket_path = sock_path };
+	chime_t *c = NULL;
+
+	*(int *)arg = chime_open(&c, &o);
+	pthread_testcancel();
+	return NULL;
+}
+
+/* Another thread's stack where the cancelled one's was, written over. */
+static void *scribble_stack(void *arg)
+{
+	volatile char buf[64 * 1024];
+
+	(void)arg;
+	memset((char *)buf, 0xff, sizeof(buf));
+	usleep(100 * 1000);
+	return (void *)(intptr_t)buf[100];
+}
+
+/*
+ * A thread cancelled (pthread_cancel(3)) while chime_open() waits for the
+ * broker's answer: the open finishes first, then the cancel acts. A
+ * cancel at the handshake's recvmsg() left the open's record, on the dead
+ * thread's stack, in the process's list of opens: the next open and every
+ * fork's child handler wrote into whatever reused that stack (an API
+ * audit: each fork's child died of SIGSEGV), and its socket stayed open.
+ */
+Test(client, a_thread_cancelled_in_chime_open_leaves_nothing_behind)
+{
+	int fds = count_fds(), r = 1, st;
+	pthread_t t;
+	void *ret;
+	pid_t fake = fake_start(FAKE_SLOW_HANGUP), child;
+
+	cr_assert_eq(pthread_create(&t, NULL, open_then_testcancel, &r), 0);
+	usleep(100 * 1000);     /* in the handshake: the fake answers nothing for 300 ms */
+	cr_assert_eq(pthread_cancel(t), 0);
+	cr_assert_eq(pthread_join(t, &ret), 0);
+	cr_assert_eq(ret, PTHREAD_CANCELED);
+	cr_assert_eq(r, -ECONNRESET, "the open was cut short: %d", r);
+	cr_assert_eq(waitpid(fake, &st, 0), fake);
+	cr_assert_eq(count_fds(), fds, "the cancelled open's socket is still open");
+	cr_assert_eq(pthread_create(&t, NULL, scribble_stack, NULL), 0);
+	usleep(50 * 1000);
+	child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0)
+		_exit(0);       /* the library's fork handler ran before this */
+	cr_assert_eq(waitpid(child, &st, 0), child);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "a fork's child died (status %#x)", st);
+	cr_assert_eq(pthread_join(t, NULL), 0);
 }

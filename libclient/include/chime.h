@@ -43,7 +43,7 @@ typedef struct chime chime_t;   /* one connection to a broker */
 typedef uint64_t chime_id_t;    /* a timer handle; never 0 */
 
 struct chime_opts {
-	const char *socket_path;    /* NULL: $CHIME_SOCKET if set, else the default path */
+	const char *socket_path;    /* NULL: $CHIME_SOCKET if set and not empty, else the default path */
 	unsigned    flags;          /* 0, or CHIME_OPEN_RECORD_RESETS */
 	const char *session;        /* NULL: anonymous; else a session name (chime_open()) */
 };
@@ -231,7 +231,9 @@ int chime_arm_realtime(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t 
  * -EINVAL (c NULL, or id malformed: 0, or not in the form of this broker's
  * ids: one naming a shard it does not have, or generation 0) or -ENOTCONN. A
  * well-formed id that names no live timer of this connection (another
- * connection's, a stale one) is accepted and ignored.
+ * connection's, a stale one) is accepted and ignored; a stale id is told
+ * from its node's later timers by a 24-bit generation, so do not keep ids
+ * of timers that have ended (chime_cancel(3)).
  *
  * On an anonymous connection (not CHIME_OPEN_RECORD_RESETS), once the
  * broker has applied one reset of a one-shot timer (not a wall-clock one:
@@ -252,7 +254,8 @@ int chime_reset(chime_t *c, chime_id_t id, uint64_t deadline_ns);
  * Cancel a timer. After this returns, no event for id is ever returned, even
  * one the broker had already fired. Cancelling a timer that already fired or
  * was cancelled is not an error, nor is an id that names no timer of this
- * connection. Thread-safe. Returns 0, -EINVAL (as chime_reset()) or -ENOTCONN.
+ * connection (but an id kept long after its timer ended may name a later
+ * timer on its node: chime_reset()'s 24-bit generation). Thread-safe. Returns 0, -EINVAL (as chime_reset()) or -ENOTCONN.
  */
 int chime_cancel(chime_t *c, chime_id_t id);
 

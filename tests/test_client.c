@@ -136,23 +136,6 @@ Test(client, open_stale_socket_is_enoent)
 	cr_assert_eq(chime_open(&c, &o), -ENOENT);
 }
 
-Test(client, socket_path_from_environment)
-{
-	chime_t *c = NULL;
-
-	setenv("CHIME_SOCKET", sock_path, 1);
-	cr_assert_eq(chime_open(&c, NULL), -ENOENT);
-	/* opts->socket_path wins over the environment */
-	setenv("CHIME_SOCKET", "", 1);
-	if (geteuid() != 0) {
-		setenv("XDG_RUNTIME_DIR", dir, 1);
-		cr_assert_eq(chime_open(&c, &(struct chime_opts){ 0 }), -ENOENT);
-		unsetenv("XDG_RUNTIME_DIR");
-		cr_assert_eq(chime_open(&c, NULL), -ENOENT);
-	}
-	cr_assert_null(c);
-}
-
 /* ---- a fake broker ---- */
 
 enum fake {
@@ -552,4 +535,37 @@ Test(client, a_thread_cancelled_in_chime_open_leaves_nothing_behind)
 	cr_assert_eq(waitpid(child, &st, 0), child);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "a fork's child died (status %#x)", st);
 	cr_assert_eq(pthread_join(t, NULL), 0);
+}
+
+/*
+ * $CHIME_SOCKET when opts names none, opts->socket_path over it: told
+ * apart by a fake broker that refuses (-EACCES) at one path and nothing at
+ * the other (-ENOENT). Each fake serves one connection.
+ */
+Test(client, socket_path_from_environment)
+{
+	char none[PATH_MAX];
+	chime_t *c = NULL;
+	pid_t f;
+
+	snprintf(none, sizeof(none), "%s/no-broker.sock", dir);
+	f = fake_start(FAKE_REFUSE_EACCES);
+	setenv("CHIME_SOCKET", sock_path, 1);
+	cr_assert_eq(chime_open(&c, NULL), -EACCES, "$CHIME_SOCKET not used");
+	cr_assert_eq(waitpid(f, NULL, 0), f);
+	unlink(sock_path);
+	f = fake_start(FAKE_REFUSE_EACCES);
+	setenv("CHIME_SOCKET", none, 1);
+	cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = sock_path }), -EACCES,
+		     "opts->socket_path did not win over $CHIME_SOCKET");
+	cr_assert_eq(waitpid(f, NULL, 0), f);
+	unlink(sock_path);
+	f = fake_start(FAKE_REFUSE_EACCES);
+	setenv("CHIME_SOCKET", sock_path, 1);
+	cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = none }), -ENOENT,
+		     "$CHIME_SOCKET won over opts->socket_path");
+	kill(f, SIGKILL);
+	cr_assert_eq(waitpid(f, NULL, 0), f);
+	unsetenv("CHIME_SOCKET");
+	cr_assert_null(c);
 }

@@ -516,8 +516,13 @@ Test(client, a_thread_cancelled_in_chime_open_leaves_nothing_behind)
 	int fds = count_fds(), r = 1, st;
 	pthread_t t;
 	void *ret;
-	pid_t fake = fake_start(FAKE_SLOW_HANGUP), child;
+	pid_t fake, child;
 
+#if defined(__SANITIZE_ADDRESS__)
+	/* A cancelled thread's exit unwinds past ASan's stack poisoning, which it then reports as ours. */
+	cr_skip("the release build runs it: ASan misreports a cancelled thread's exit (sigaltstack)");
+#endif
+	fake = fake_start(FAKE_SLOW_HANGUP);
 	cr_assert_eq(pthread_create(&t, NULL, open_then_testcancel, &r), 0);
 	usleep(100 * 1000);     /* in the handshake: the fake answers nothing for 300 ms */
 	cr_assert_eq(pthread_cancel(t), 0);

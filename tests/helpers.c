@@ -478,28 +478,36 @@ int t_chimed_stop(struct t_chimed *b, int sig)
 	return st;
 }
 
+/* The state letter of a /proc/.../stat file (after "PID (COMM)", which may hold anything), or 0. */
+static char proc_state(const char *path)
+{
+	char buf[512], *p;
+	ssize_t n;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' ? p[2] : 0;
+}
+
 bool t_alive(int pid)
 {
 	siginfo_t si = { 0 };
-	char path[64], buf[512], *close_paren;
-	ssize_t n;
-	int fd;
+	char path[64], st;
 
 	if (pid <= 0)
 		return false;
 	if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0)
 		return si.si_pid == 0;  /* ours: nothing to reap yet */
 	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	close_paren = strrchr(buf, ')');        /* the name may hold anything, ')' included */
-	return close_paren && close_paren[1] == ' ' && close_paren[2] != 'Z' && close_paren[2] != 'X';
+	st = proc_state(path);
+	return st && st != 'Z' && st != 'X';
 }
 
 uint64_t t_nodes(const char *sock, unsigned states)
@@ -699,21 +707,10 @@ int t_lingering_tcp_socket(int linger_s, int *peer, int *listener)
 
 bool t_thread_asleep(int pid, int tid)
 {
-	char path[96], buf[512], *p;
-	ssize_t n;
-	int fd;
+	char path[96];
 
 	snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, tid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = 0;
-	p = strrchr(buf, ')');  /* after "TID (COMM)", which may hold anything */
-	return p && p[1] == ' ' && p[2] == 'S';
+	return proc_state(path) == 'S';
 }
 
 int t_thread_hold(int tid)

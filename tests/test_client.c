@@ -547,30 +547,30 @@ Test(client, a_thread_cancelled_in_chime_open_leaves_nothing_behind)
  * apart by a fake broker that refuses (-EACCES) at one path and nothing at
  * the other (-ENOENT). Each fake serves one connection.
  */
+/* chime_open() with $CHIME_SOCKET env and opts->socket_path path (NULL: no opts), a refusing fake at sock_path. */
+static int open_with_env(const char *env, const char *path)
+{
+	struct chime_opts o = { .socket_path = path };
+	chime_t *c = NULL;
+	pid_t f = fake_start(FAKE_REFUSE_EACCES);
+	int r;
+
+	setenv("CHIME_SOCKET", env, 1);
+	r = chime_open(&c, path ? &o : NULL);
+	kill(f, SIGKILL);       /* not reached: still waiting for its connection */
+	cr_assert_eq(waitpid(f, NULL, 0), f);
+	unlink(sock_path);
+	unsetenv("CHIME_SOCKET");
+	cr_assert_null(c);
+	return r;
+}
+
 Test(client, socket_path_from_environment)
 {
 	char none[PATH_MAX];
-	chime_t *c = NULL;
-	pid_t f;
 
 	snprintf(none, sizeof(none), "%s/no-broker.sock", dir);
-	f = fake_start(FAKE_REFUSE_EACCES);
-	setenv("CHIME_SOCKET", sock_path, 1);
-	cr_assert_eq(chime_open(&c, NULL), -EACCES, "$CHIME_SOCKET not used");
-	cr_assert_eq(waitpid(f, NULL, 0), f);
-	unlink(sock_path);
-	f = fake_start(FAKE_REFUSE_EACCES);
-	setenv("CHIME_SOCKET", none, 1);
-	cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = sock_path }), -EACCES,
-		     "opts->socket_path did not win over $CHIME_SOCKET");
-	cr_assert_eq(waitpid(f, NULL, 0), f);
-	unlink(sock_path);
-	f = fake_start(FAKE_REFUSE_EACCES);
-	setenv("CHIME_SOCKET", sock_path, 1);
-	cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = none }), -ENOENT,
-		     "$CHIME_SOCKET won over opts->socket_path");
-	kill(f, SIGKILL);
-	cr_assert_eq(waitpid(f, NULL, 0), f);
-	unsetenv("CHIME_SOCKET");
-	cr_assert_null(c);
+	cr_assert_eq(open_with_env(sock_path, NULL), -EACCES, "$CHIME_SOCKET not used");
+	cr_assert_eq(open_with_env(none, sock_path), -EACCES, "opts->socket_path did not win over $CHIME_SOCKET");
+	cr_assert_eq(open_with_env(sock_path, none), -ENOENT, "$CHIME_SOCKET won over opts->socket_path");
 }

@@ -43,18 +43,24 @@ int t_write_file(const char *path, const char *text)
 	return r;
 }
 
-bool t_file_has(const char *path, const char *needle)
+/* Up to len - 1 bytes of the file at path into buf, NUL-terminated: how many, or -1. */
+static ssize_t read_small(const char *path, char *buf, size_t len)
 {
-	static char buf[65536];
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+	ssize_t n = fd >= 0 ? read(fd, buf, len - 1) : -1;
 
 	if (fd >= 0)
 		close(fd);
-	if (n < 0)
-		return false;
-	buf[n] = 0;
-	return strstr(buf, needle) != NULL;
+	if (n >= 0)
+		buf[n] = 0;
+	return n;
+}
+
+bool t_file_has(const char *path, const char *needle)
+{
+	static char buf[65536];
+
+	return read_small(path, buf, sizeof(buf)) >= 0 && strstr(buf, needle) != NULL;
 }
 
 void t_rmdir_files(const char *dir)
@@ -482,16 +488,9 @@ int t_chimed_stop(struct t_chimed *b, int sig)
 static char proc_state(const char *path)
 {
 	char buf[512], *p;
-	ssize_t n;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
 
-	if (fd < 0)
+	if (read_small(path, buf, sizeof(buf)) <= 0)
 		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
 	p = strrchr(buf, ')');
 	return p && p[1] == ' ' ? p[2] : 0;
 }

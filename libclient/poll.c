@@ -271,8 +271,12 @@ static void run_callback(struct chime *c, const struct sink *to, const struct ch
 		cl_cancel_restore(cancel);
 		return;
 	}
-	/* Only a reconnect attempt can hold it now, a step at a time (reconnect.c). */
-	while (!cl_lock_try(c))
+	/*
+	 * Only a reconnect attempt can hold it now, a step at a time
+	 * (reconnect.c). Cancellation is still off: the lock alone, and the
+	 * state the next unlock gives back, which that holder's lock wrote over.
+	 */
+	while (pthread_mutex_trylock(&c->lock) != 0)
 		nanosleep(&(struct timespec){ .tv_nsec = 20 * 1000 }, NULL);
 	c->lock_cancel = cancel;
 	at_store(&c->drainer, &cl_thread_token);

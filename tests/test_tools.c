@@ -916,7 +916,8 @@ static int64_t settle(const char *expr, int64_t want)
 
 		cr_assert_eq(r, 0, "chimestat exit %d: %s", r, slurp(err));
 		v = jq(expr);
-		if (v == want || now_ns() - t0 > UINT64_C(3000000000))
+		/* generous: it returns as soon as the figure is there (a loaded host took more than 3 s) */
+		if (v == want || now_ns() - t0 > UINT64_C(10000000000))
 			return v;
 		usleep(20000);
 	}
@@ -1145,6 +1146,7 @@ Test(tools_live, lateness_percentiles_match_the_client)
 	chime_id_t id;
 	chime_t *a;
 	size_t i;
+	int64_t v;
 	int got = 0;
 
 	start_broker("--shards 2");
@@ -1162,8 +1164,8 @@ Test(tools_live, lateness_percentiles_match_the_client)
 		got += n;
 	}
 	qsort(lat, N, sizeof(lat[0]), cmp_u64);
-	settle(".lateness.count", N);
-	cr_assert_eq(jq(".lateness.count"), N);
+	v = settle(".lateness.count", N);
+	cr_assert_eq(v, N, "chimestat's lateness count: %" PRId64 " of %d after 10 s", v, N);
 	cr_assert_eq(jq(".lateness.max_ns"), (int64_t)lat[N - 1], "max is exact");
 	for (i = 0; i < sizeof(pc) / sizeof(pc[0]); i++) {
 		size_t rank = (size_t)((double)N * pc[i].p);

@@ -36,10 +36,21 @@ PATH="$tmp/bin:$PATH"
 . "$script" || { echo "completion: FAIL: $script does not load"; exit 1; }
 
 # complete LINE: COMPREPLY for the cursor at the end of LINE (a trailing
-# space: a new, empty word), one per line, sorted.
+# space: a new, empty word), one per line, sorted. Words are split as bash
+# splits them for completion: at white space, and '=' a word of its own
+# (COMP_WORDBREAKS), so --socket=PATH is --socket, =, PATH.
 complete_line() {
-	local line=$1 fn
-	read -r -a COMP_WORDS <<<"$line"
+	local line=$1 fn w words
+	read -r -a words <<<"$line"
+	COMP_WORDS=()
+	for w in "${words[@]}"; do
+		if [[ $w == -*=* ]]; then
+			COMP_WORDS+=("${w%%=*}" "=")
+			[ -n "${w#*=}" ] && COMP_WORDS+=("${w#*=}")
+		else
+			COMP_WORDS+=("$w")
+		fi
+	done
 	[[ $line == *" " ]] && COMP_WORDS+=("")
 	COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
 	COMP_LINE=$line
@@ -97,6 +108,46 @@ touch "$tmp/a-socket-file"
 expect "chimectl --socket $tmp/a-sock" "$tmp/a-socket-file"
 expect_only "chimed --capacity "
 
+# ---- what a broker answers is never run nor expanded ----
+# Any user may run a broker on a socket of theirs and have it answer any
+# session name; the completion runs in the operator's shell (root's). A
+# stand-in chimectl answers as such a broker would (the real one prints a
+# broker's names as they come, made printable), and a slow one never ends.
+mkdir "$tmp/hostile"
+cat >"$tmp/hostile/chimectl" <<EOF
+#!/bin/sh
+[ -n "\${CHIME_TEST_SLOW:-}" ] && exec sleep 60
+echo "(this user's clients only: a note before the header)"
+case "\$*" in
+*sessions*) echo "SESSION UID STATE" ;;
+*) echo "SLOT PID UID" ;;
+esac
+echo 'x\$(touch\${IFS}$tmp/pwned-1) 0 attached'
+echo '\`touch\${IFS}$tmp/pwned-2\` 0 attached'
+echo 'x;touch\${IFS}$tmp/pwned-3 0 attached'
+echo '~root 0 attached'
+echo '* 0 attached'
+echo 'x{a,b} 0 attached'
+echo 'x-plain.name_1 0 attached'
+EOF
+chmod +x "$tmp/hostile/chimectl"
+(
+	PATH="$tmp/hostile:$PATH"
+	expect_only "chimectl -s $tmp/h.sock drop-session " x-plain.name_1
+	expect_only "chimectl -s $tmp/h.sock drop-session x" x-plain.name_1
+	expect_only "chime-demo -s $tmp/h.sock -S " x-plain.name_1
+	expect_only "chimectl -s $tmp/h.sock timers --client " 0
+	start=$SECONDS
+	CHIME_TEST_SLOW=1 expect_only "chimectl -s $tmp/h.sock drop-session "
+	[ $((SECONDS - start)) -le 10 ] || fail "a broker that never answers held the completion $((SECONDS - start)) s"
+	exit $status
+) || status=1
+# nor is the word being completed (it went into a sed script once)
+complete_line "chimed --allow-uid /;e\${IFS}touch\${IFS}$tmp/pwned-4;#," >/dev/null
+for n in 1 2 3 4; do
+	[ -e "$tmp/pwned-$n" ] && fail "completing ran code it was given (pwned-$n exists)"
+done
+
 # ---- nothing running: nothing offered, nothing printed ----
 expect_only "chimectl -s $tmp/none.sock drop-session "
 expect_only "chimestat -s $tmp/none.sock -f "
@@ -128,6 +179,9 @@ expect "chimestat -s $sock --pid " "$pid"
 expect_only "chimectl -s $sock drop-session completion-" completion-test-session
 expect_only "chime-demo -s $sock -S completion-" completion-test-session
 expect "chimestat --socket=$sock -f shard.0.fi" shard.0.fires
+# --socket=PATH (three words to bash) asks PATH, not a socket named '='
+expect_only "chimectl --socket=$sock drop-session completion-" completion-test-session
+expect_only "chimectl --socket=$sock --session=completion-" completion-test-session
 expect "chimestat -s $sock -f broker.st" broker.state broker.status
 kill "$demo_pid" 2>/dev/null
 wait "$demo_pid" 2>/dev/null

@@ -8,14 +8,34 @@
 # asked of it with the command line's own --socket, if any, and only when
 # that argument is being completed.
 
+# Nothing a broker answers, nor the word being completed, is ever expanded:
+# any user may run a broker on a socket an operator's --socket names (its
+# session names, in a shell running as root, would otherwise be command
+# substitutions), so no untrusted text goes through compgen -W, eval or a
+# sed script; broker words are kept only if they are plain names
+# (_chime_safe) and matched with a quoted prefix.
+
+# _chime_safe WORD: letters, digits, '.', '_', '-' only (session names, pids,
+# counter names, user and group names), so that the completed line needs no
+# quoting and means what it shows.
+_chime_safe()
+{
+	[[ $1 =~ ^[A-Za-z0-9._-]+$ ]]
+}
+
 # The --socket/-s argument already on the line, for the broker's questions.
+# bash splits --socket=PATH at '=' (COMP_WORDBREAKS): --socket, =, PATH.
 _chime_socket_of_line()
 {
 	local i
 	for ((i = 1; i < COMP_CWORD; i++)); do
 		case ${COMP_WORDS[i]} in
 		-s | --socket)
-			printf '%s' "${COMP_WORDS[i + 1]}"
+			if [[ ${COMP_WORDS[i + 1]} == = ]]; then
+				((i + 2 < COMP_CWORD)) && printf '%s' "${COMP_WORDS[i + 2]}"
+			else
+				((i + 1 < COMP_CWORD)) && printf '%s' "${COMP_WORDS[i + 1]}"
+			fi
 			return
 			;;
 		--socket=*)
@@ -26,44 +46,96 @@ _chime_socket_of_line()
 	done
 }
 
-# _chime_reply WORDS...: the words that start with the one being completed.
-_chime_reply()
+# The word before the one being completed, an option's '=' stepped over
+# (--session=<Tab> is --session, =, '').
+_chime_prev()
+{
+	local k=$((COMP_CWORD - 1))
+	[[ ${COMP_WORDS[k]} == = && k -gt 0 ]] && ((k--))
+	[[ ${COMP_WORDS[COMP_CWORD]} == = ]] && ((k = COMP_CWORD - 1))
+	printf '%s' "${COMP_WORDS[k]}"
+}
+
+# The word being completed ('' right after an option's '=').
+_chime_cur()
 {
 	local cur=${COMP_WORDS[COMP_CWORD]}
-	mapfile -t COMPREPLY < <(compgen -W "$*" -- "$cur")
+	[[ $cur == = ]] && cur=""
+	printf '%s' "$cur"
+}
+
+# _chime_reply WORDS...: the words (split at white space; never expanded)
+# that start with the one being completed.
+_chime_reply()
+{
+	local cur w words
+	cur=$(_chime_cur)
+	read -ra words -d '' <<<"$*"       # split (lines too), never globbed
+	COMPREPLY=()
+	for w in "${words[@]}"; do
+		[[ $w == "$cur"* ]] && COMPREPLY+=("$w")
+	done
+}
+
+# _chime_reply_lines PREFIX < LINES: the lines that are plain names
+# (_chime_safe) and start with the word being completed after PREFIX,
+# offered as PREFIX + line (a comma list's earlier entries).
+_chime_reply_lines()
+{
+	local prefix=$1 cur w
+	cur=$(_chime_cur)
+	cur=${cur#"$prefix"}
+	COMPREPLY=()
+	while IFS= read -r w; do
+		_chime_safe "$w" && [[ $w == "$cur"* ]] && COMPREPLY+=("$prefix$w")
+	done
 }
 
 _chime_files()
 {
-	local cur=${COMP_WORDS[COMP_CWORD]}
+	local cur
+	cur=$(_chime_cur)
 	compopt -o filenames 2>/dev/null
 	mapfile -t COMPREPLY < <(compgen -f -- "$cur")
 }
 
-# A column of a chimectl table (header line skipped): client pids, session names.
+# A column of a chimectl table: the rows after its header line, whose first
+# column is HEADER (a user's own listing has a note before it).
 _chime_ctl_column()
 {
-	local what=$1 col=$2 sock
+	local what=$1 col=$2 header=$3 sock
 	sock=$(_chime_socket_of_line)
-	chimectl ${sock:+--socket "$sock"} "$what" 2>/dev/null |
-		awk -v c="$col" 'NR > 1 && $1 !~ /^\(/ { print $c }'
+	timeout 3 chimectl ${sock:+--socket "$sock"} "$what" 2>/dev/null |
+		awk -v c="$col" -v h="$header" 'rows { print $c } $1 == h { rows = 1 }'
+}
+
+# A user or group list (NAME,NAME,...): the last entry completed.
+_chime_id_list()
+{
+	local kind=$1 cur last
+	cur=$(_chime_cur)
+	last=${cur##*,}
+	_chime_reply_lines "${cur%"$last"}" < <(compgen "-$kind" -- "$last")
 }
 
 _chimectl()
 {
-	local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]} cmd="" i
+	local cur prev cmd="" i
 	local commands="status clients timers sessions users drop-session reset-stats reload shutdown restart"
+
+	cur=$(_chime_cur)
+	prev=$(_chime_prev)
 
 	case $prev in
 	-s | --socket) _chime_files; return ;;
-	-c | --client) _chime_reply "$(_chime_ctl_column clients 2)"; return ;;
-	-S | --session | drop-session) _chime_reply "$(_chime_ctl_column sessions 1)"; return ;;
+	-c | --client) _chime_reply_lines "" < <(_chime_ctl_column clients 2 SLOT); return ;;
+	-S | --session | drop-session) _chime_reply_lines "" < <(_chime_ctl_column sessions 1 SESSION); return ;;
 	-n | --limit) return ;;
 	esac
 	for ((i = 1; i < COMP_CWORD; i++)); do
 		case ${COMP_WORDS[i]} in
-		-s | --socket) ((i++)) ;;
-		-*) ;;
+		-s | --socket) [[ ${COMP_WORDS[i + 1]} == = ]] && ((i++)); ((i++)) ;;
+		-* | =) ;;
 		*) cmd=${COMP_WORDS[i]}; break ;;
 		esac
 	done
@@ -76,16 +148,18 @@ _chimectl()
 
 _chimestat()
 {
-	local prev=${COMP_WORDS[COMP_CWORD - 1]} sock
+	local prev sock
 
+	prev=$(_chime_prev)
 	case $prev in
 	-s | --socket) _chime_files; return ;;
 	-f | --field)
 		sock=$(_chime_socket_of_line)
-		_chime_reply "$(chimestat ${sock:+--socket "$sock"} --once --field '*' 2>/dev/null | awk '{ print $1 }')"
+		_chime_reply_lines "" < <(timeout 3 chimestat ${sock:+--socket "$sock"} --once --field '*' 2>/dev/null |
+			awk '{ print $1 }')
 		return
 		;;
-	--pid) _chime_reply "$(_chime_ctl_column clients 2)"; return ;;
+	--pid) _chime_reply_lines "" < <(_chime_ctl_column clients 2 SLOT); return ;;
 	--uid | --comm | -i | --interval) return ;;
 	esac
 	_chime_reply "--socket --once --json --prometheus --field --interval --pid --uid --comm --help --version"
@@ -93,13 +167,15 @@ _chimestat()
 
 _chimed()
 {
-	local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]}
+	local cur prev
 
+	cur=$(_chime_cur)
+	prev=$(_chime_prev)
 	case $prev in
 	-s | --socket | --policy-file | --subuid-file) _chime_files; return ;;
-	--socket-group | --stats-group) mapfile -t COMPREPLY < <(compgen -g -- "$cur"); return ;;
-	--allow-uid) mapfile -t COMPREPLY < <(compgen -u -- "${cur##*,}" | sed "s/^/${cur%"${cur##*,}"}/"); return ;;
-	--allow-gid) mapfile -t COMPREPLY < <(compgen -g -- "${cur##*,}" | sed "s/^/${cur%"${cur##*,}"}/"); return ;;
+	--socket-group | --stats-group) _chime_reply_lines "" < <(compgen -g -- "$cur"); return ;;
+	--allow-uid) _chime_id_list u; return ;;
+	--allow-gid) _chime_id_list g; return ;;
 	--log-level) _chime_reply "err warning notice info debug"; return ;;
 	-n | --shards | --spin-us | --spin-share | --resolution-us | --capacity | --max-clients | \
 		--max-clients-per-uid | --session-linger | --max-timers-per-client | --max-timers-per-uid | \
@@ -114,11 +190,12 @@ _chimed()
 
 _chime_demo()
 {
-	local prev=${COMP_WORDS[COMP_CWORD - 1]}
+	local prev
 
+	prev=$(_chime_prev)
 	case $prev in
 	-s | --socket) _chime_files; return ;;
-	-S | --session) _chime_reply "$(_chime_ctl_column sessions 1)"; return ;;
+	-S | --session) _chime_reply_lines "" < <(_chime_ctl_column sessions 1 SESSION); return ;;
 	-n | --timers | -t | --threads | -d | --seconds | -m | --max-ms) return ;;
 	esac
 	_chime_reply "--socket --timers --threads --seconds --max-ms --session --help --version"

@@ -655,7 +655,7 @@ int main(int argc, char **argv)
 			o.capacity = (uint32_t)parse_num("capacity", optarg, 1024, CHIME_NIL - 1);
 			break;
 		case OPT_MAX_CLIENTS:
-			o.max_clients = (uint32_t)parse_num("max-clients", optarg, 1, 65536);
+			o.max_clients = (uint32_t)parse_num("max-clients", optarg, 1, CHIME_CLIENTS_MAX);
 			break;
 		case OPT_SQ_SIZE:
 			o.sq_size = parse_pow2("sq-size", optarg, CHIME_SQ_MIN, 1u << 20);
@@ -664,7 +664,7 @@ int main(int argc, char **argv)
 			o.cq_size = parse_pow2("cq-size", optarg, CHIME_CQ_MIN, 1u << 20);
 			break;
 		case OPT_MAX_PER_UID:
-			o.max_clients_per_uid = (uint32_t)parse_num("max-clients-per-uid", optarg, 0, 65536);
+			o.max_clients_per_uid = (uint32_t)parse_num("max-clients-per-uid", optarg, 0, CHIME_CLIENTS_MAX);
 			break;
 		case OPT_SESSION_LINGER:
 			o.session_linger_s = (uint32_t)parse_num("session-linger", optarg, 0, 365u * 86400u);

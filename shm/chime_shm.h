@@ -999,6 +999,7 @@ struct chime_hello {
 
 #define CHIME_QUERY_BATCH 32u       /* records per answer message */
 #define CHIME_QUERY_MAX   1024u     /* records per answer at most (they fit a socket buffer) */
+#define CHIME_CLIENTS_MAX 65536u    /* chimed --max-clients at most: client slots, and so sessions */
 
 struct chime_query_head {
 	uint32_t magic;             /* CHIME_HELLO_MAGIC */

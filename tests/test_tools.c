@@ -3886,6 +3886,87 @@ Test(tools_fake, a_query_at_a_listener_that_never_accepts_times_out)
 }
 
 /*
+ * A broker is any user's (on a socket of theirs an operator names), and
+ * its answer is believed only as far as it can be: a sessions query follows
+ * pages of ever higher slots, and took memory without end from one that
+ * made them up (1.2 GB in 8 s, never done: a security audit), and each
+ * recv's 5 s bound let one that sends a record every few seconds hold the
+ * query (and a shell's <Tab>) for an hour. Pages now end below
+ * CHIME_CLIENTS_MAX slots (a session holds a client slot), and an answer
+ * has 10 s in all.
+ */
+static void fake_sessions_broker(int l, bool drip)
+{
+	for (;;) {
+		struct chime_hello h;
+		struct chime_query_head head = { .magic = CHIME_HELLO_MAGIC, .total = UINT64_C(1) << 62,
+						 .count = CHIME_QUERY_MAX };
+		struct chime_query_session rec[CHIME_QUERY_BATCH];
+		int c = accept(l, NULL, NULL);
+
+		if (c < 0)
+			_exit(1);
+		if (recv(c, &h, sizeof(h), 0) != (ssize_t)sizeof(h) || h.flags != CHIME_HELLO_QUERY_SESSIONS)
+			_exit(1);
+		(void)send(c, &head, sizeof(head), MSG_NOSIGNAL);
+		for (uint32_t k = 0; k < CHIME_QUERY_MAX; k += drip ? 1 : CHIME_QUERY_BATCH) {
+			uint32_t n = drip ? 1 : CHIME_QUERY_BATCH;
+
+			memset(rec, 0, sizeof(rec));
+			for (uint32_t j = 0; j < n; j++) {
+				snprintf(rec[j].name, sizeof(rec[j].name), "made-up-%u", (uint32_t)h.pid + k + j);
+				rec[j].slot = (uint32_t)h.pid + k + j;
+				rec[j].state = CHIME_SESSION_DETACHED;
+			}
+			if (send(c, rec, n * sizeof(rec[0]), MSG_NOSIGNAL) < 0)
+				break;
+			if (drip)
+				sleep(1);
+		}
+		close(c);
+	}
+}
+
+Test(tools_fake, a_broker_making_up_sessions_or_dripping_them_is_given_up, .timeout = 90)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	uint64_t t0;
+	pid_t fake;
+	int l, r;
+
+	cr_assert_lt(strlen(sock), sizeof(sa.sun_path));
+	memcpy(sa.sun_path, sock, strlen(sock));
+	for (int drip = 0; drip < 2; drip++) {
+		unlink(sock);
+		l = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+		cr_assert_geq(l, 0);
+		cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		cr_assert_eq(listen(l, 4), 0);
+		fake = fork();
+		cr_assert_geq(fake, 0);
+		if (fake == 0) {
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			fake_sessions_broker(l, drip);
+		}
+		close(l);
+		t0 = now_ns();
+		r = run("timeout 60 %s --socket '%s' sessions | wc -l", bin("CHIMECTL"), sock);
+		kill(fake, SIGKILL);
+		waitpid(fake, NULL, 0);
+		cr_assert_eq(r, 0, "%s: exit %d after %.1f s: %s", drip ? "drip" : "pages", r,
+			     (double)(now_ns() - t0) / 1e9, slurp(err));
+		if (drip) {
+			cr_assert_lt(now_ns() - t0, 30 * UINT64_C(1000000000), "a dripping answer held chimectl %.1f s",
+				     (double)(now_ns() - t0) / 1e9);
+			cr_assert_lt(atoll(slurp(out)), 20, "%s", slurp(out));
+		} else {
+			/* the header, the sessions, the line saying how many of how many */
+			cr_assert_leq(atoll(slurp(out)), CHIME_CLIENTS_MAX + 3, "%s", slurp(out));
+		}
+	}
+}
+
+/*
  * chime_arm() takes any deadline, UINT64_MAX too, and the shard's "next
  * deadline" said UINT64_MAX for "nothing armed": a shard holding one such
  * timer, alone, showed "-" in chimestat's table and null in its JSON, as

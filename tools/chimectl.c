@@ -1261,6 +1261,8 @@ static int cmd_reload(const char *sock)
  * (malloc'd), their number in head->count, all of them in head->total. A
  * broker before pages answers from slot 0 again: its first page is then
  * all there is. Sessions that come or go meanwhile may be missed or not.
+ * A session holds a client slot, so pages end below CHIME_CLIENTS_MAX: a
+ * broker (any user's) answering ever higher slots took memory without end.
  */
 static int sessions_query(const char *sock, struct chime_query_session **recs, struct chime_query_head *head,
 			  enum query_step *step)
@@ -1286,10 +1288,12 @@ static int sessions_query(const char *sock, struct chime_query_session **recs, s
 			break;
 		if (page.count && (int64_t)all[n].slot < from)
 			break;          /* a broker before pages: from slot 0 again */
+		while (page.count && all[n + page.count - 1].slot >= CHIME_CLIENTS_MAX)
+			page.count--;   /* no such slot: the rest is made up */
 		n += page.count;
 		*head = page;
 		head->count = n;
-		if (r < 0 || !page.count || n >= page.total)
+		if (r < 0 || !page.count || n >= page.total || all[n - 1].slot + 1 >= CHIME_CLIENTS_MAX)
 			break;
 	}
 	*recs = all;

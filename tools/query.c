@@ -13,7 +13,13 @@
 #include "clock.h"
 #include "segment.h"        /* chime_broker_trusted(), chime_recv_behind_reset() */
 
-#define QUERY_TIMEOUT_S 5
+#define QUERY_TIMEOUT_S 5       /* each step: the connect, the hello, each message of the answer */
+/*
+ * The whole answer: a broker (any user's, on a socket an operator names)
+ * that sends a record every few seconds kept a query, and a <Tab> of the
+ * shell completion, waiting for an hour (found by a security audit).
+ */
+#define QUERY_ANSWER_NS (10 * UINT64_C(1000000000))
 
 static ssize_t recv_msg(int fd, void *buf, size_t len)
 {
@@ -35,7 +41,7 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timeval tv = { .tv_sec = QUERY_TIMEOUT_S };
 	const struct chime_hello h = *hello;
-	uint64_t got = 0;
+	uint64_t got = 0, give_up;
 	ssize_t n;
 	int fd, r = 0;
 
@@ -105,7 +111,20 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 	}
 	if (head->count > limit)
 		head->count = limit;
+	give_up = now_ns() + QUERY_ANSWER_NS;
 	while (got < head->count) {
+		uint64_t now = now_ns();
+
+		if (now >= give_up) {
+			head->count = got;      /* what arrived is good; the rest is too slow */
+			r = -ECONNRESET;
+			break;
+		}
+		if (give_up - now < (uint64_t)QUERY_TIMEOUT_S * 1000000000u) {
+			tv.tv_sec = (time_t)((give_up - now) / 1000000000u);
+			tv.tv_usec = (suseconds_t)((give_up - now) % 1000000000u / 1000u + 1);
+			(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		}
 		n = recv_msg(fd, (char *)recs + got * recsz, (head->count - got) * recsz);
 		if (n <= 0 || n % (ssize_t)recsz) {
 			head->count = got;      /* what arrived is good; the rest did not */

@@ -402,10 +402,15 @@ int restart_load(struct broker *b)
 	case -EPERM: {
 		struct stat st = { .st_uid = (uid_t)-1 };
 
-		(void)stat(b->sess_path, &st);
-		log_msg(LOG_ERR, "sessions file '%s' belongs to uid %u, not to this broker's (%u) or root: "
-			"not taking it over (another user can write in its directory?); remove it, or start "
-			"with --fresh", b->sess_path, (unsigned)st.st_uid, (unsigned)geteuid());
+		(void)lstat(b->sess_path, &st);
+		if (st.st_nlink > 1 && (st.st_uid == geteuid() || st.st_uid == 0))
+			log_msg(LOG_ERR, "sessions file '%s' has %lu links (another name for someone's file, made by "
+				"a user who can write in its directory?): not taking it over; remove it, or start "
+				"with --fresh", b->sess_path, (unsigned long)st.st_nlink);
+		else
+			log_msg(LOG_ERR, "sessions file '%s' belongs to uid %u, not to this broker's (%u) or root: "
+				"not taking it over (another user can write in its directory?); remove it, or start "
+				"with --fresh", b->sess_path, (unsigned)st.st_uid, (unsigned)geteuid());
 		free(recs);
 		return -EPERM;
 	}
@@ -544,7 +549,11 @@ int restart_save(struct broker *b)
 	free(recs);
 	/* Not started: what the lines before said was taken over is left as it was, for the next broker. */
 	if (r < 0)
-		return log_errno_hint(LOG_ERR, r, "not started: the sessions and their timers stay in the files, "
+		return log_errno_hint(LOG_ERR, r, r == -EPERM ?
+				      "not started: the sessions and their timers stay in the files, for a broker "
+				      "that can write it (is it immutable, another user's, or a second name for a "
+				      "file, a hard link someone made in its directory?)" :
+				      "not started: the sessions and their timers stay in the files, "
 				      "for a broker that can write it", "cannot write sessions file '%s'",
 				      b->sess_path);
 	for (uint32_t slot = 0; slot < b->o.max_clients; slot++)

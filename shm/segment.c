@@ -278,7 +278,7 @@ int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, i
 
 bool chime_seg_ours(const struct stat *st)
 {
-	return st->st_uid == geteuid() || st->st_uid == 0;
+	return (st->st_uid == geteuid() || st->st_uid == 0) && st->st_nlink <= 1;
 }
 
 int chime_seg_file_reopen(const char *path, size_t size, mode_t mode, int *fd, struct chime_map *map)

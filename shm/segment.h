@@ -52,10 +52,13 @@ int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, i
 
 /*
  * A file an earlier broker could have left: owned by this process's
- * effective uid, or by root. The socket's directory may be writable by
- * others (a shared /tmp): a file another uid put there is not a broker's
- * (taken over, its owner would read everyone's timers and write the live
- * slab under the broker).
+ * effective uid, or by root, and with no other name (at most one link).
+ * The socket's directory may be writable by others (a shared /tmp): a file
+ * another uid put there is not a broker's (taken over, its owner would
+ * read everyone's timers and write the live slab under the broker), and a
+ * hard link another uid made there to a file of root's (its /etc/shadow)
+ * would have a root broker truncate and write that file (found by a
+ * security audit).
  */
 bool chime_seg_ours(const struct stat *st);
 

@@ -1514,6 +1514,58 @@ Test(access, a_lock_file_of_another_user_is_refused_and_named)
 	cr_assert(strstr(out, "exit 1\n") && strstr(out, want), "chimed on chimet1's lock file said:\n%s", out);
 }
 
+/*
+ * A hard link in a socket directory others may write, made to a file of
+ * root's at the path of the broker's lock or sessions file: a root broker
+ * truncated it and wrote its pid, or its session records, into it, and
+ * made it 0600 (an /etc file, where links can be made to it: found by a
+ * security audit, with an inotify-timed link for the sessions file). Each
+ * is now refused for its second name, said, and left as it was.
+ */
+Test(access, a_hard_link_at_the_lock_or_sessions_file_is_refused_and_left_alone)
+{
+	static const char *const files[] = { "chime.sock.lock", "chime.sock.sessions" };
+	static const char *const said[] = { "lock file '", "sessions file '" };
+	static const char victim_text[] = "root's file, not the broker's\n";
+	const char *chimed = getenv("CHIMED");
+
+	cr_assert_not_null(chimed);
+	for (int i = 0; i < 2; i++) {
+		char dir[] = "/tmp/chime-t-XXXXXX", victim[256], at[256], cmd[1024], want[400], buf[128] = { 0 };
+		char out[4096] = { 0 };
+		struct stat st;
+		FILE *f;
+		int fd;
+
+		cr_assert_not_null(mkdtemp(dir));
+		cr_assert_eq(chmod(dir, 01777), 0);     /* as /tmp */
+		snprintf(victim, sizeof(victim), "%s/victim", dir);
+		snprintf(at, sizeof(at), "%s/%s", dir, files[i]);
+		fd = open(victim, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(write(fd, victim_text, strlen(victim_text)), (ssize_t)strlen(victim_text));
+		close(fd);
+		cr_assert_eq(link(victim, at), 0, "%s", strerror(errno));
+		snprintf(cmd, sizeof(cmd), "timeout 10 '%s' --foreground --shards 1 --socket '%s/chime.sock' 2>&1; "
+			 "echo \"exit $?\"", chimed, dir);
+		f = popen(cmd, "r");
+		cr_assert_not_null(f);
+		(void)!fread(out, 1, sizeof(out) - 1, f);
+		pclose(f);
+		snprintf(want, sizeof(want), "%s%s' has 2 links", said[i], at);
+		cr_expect(strstr(out, "exit 1\n") && strstr(out, want), "chimed on a hard link at its %s said:\n%s",
+			  files[i], out);
+		cr_assert_eq(stat(victim, &st), 0);
+		fd = open(victim, O_RDONLY | O_CLOEXEC);
+		cr_assert_geq(fd, 0);
+		(void)!read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		t_rmdir_files(dir);
+		cr_assert_str_eq(buf, victim_text, "the linked file was written: '%s'", buf);
+		cr_assert_eq(st.st_mode & 07777, 0644, "the linked file's mode is %04o", (unsigned)(st.st_mode & 07777));
+	}
+}
+
 /* As uid 65534: put a symbolic link to `canary` where the broker's socket is (arg: the socket's path). */
 static int plant_socket_link(void *arg)
 {

@@ -283,6 +283,13 @@ keep:
 			rs->sessions++;
 		stats_restored(sc->st, slot, armed[slot]);
 		stats_client_depth(sc->st, slot, 0, ch->nr_backlog);
+		/*
+		 * What the quotas count: a parked channel is not active, and the
+		 * shard publishes `owned` for active ones only (chimectl users
+		 * showed 0 of a quota the restored sessions' timers and held
+		 * events were using: an operator audit).
+		 */
+		stats_client_owned(sc->st, slot, ch->owned);
 	}
 	stats_armed_realtime(sc->st, armed_realtime);
 	free(armed);

@@ -857,6 +857,12 @@ static void reclaim_step(struct shard *s, bool *work)
 		    !(c->op == SHARD_CMD_PARK ? chan_park(&s->core, c->ch, RECLAIM_BUDGET) :
 					        chan_reclaim(&s->core, c->ch, RECLAIM_BUDGET)))
 			return;
+		/*
+		 * What a parked session holds still counts against its user's
+		 * quota: its count as the park left it (only active channels'
+		 * are published, publish()), 0 for a channel that is gone.
+		 */
+		stats_client_owned(&s->st, c->ch->slot, c->op == SHARD_CMD_PARK ? c->ch->owned : 0);
 		if (c->op == SHARD_CMD_DETACH)
 			chan_fini(c->ch);
 		/* Its last counts (refused_left()) published before the ack: the control thread logs them then. */

@@ -1745,6 +1745,32 @@ Test(tools_live, users_shows_each_users_use_of_the_limits)
 }
 
 /*
+ * A session parked with timers counts against its user's quota, in the
+ * broker and in what `users` says, before a restart and after it: a
+ * channel taken over from the files is parked, never active, and the
+ * shards published the count of active ones only, so `users` said 0 of
+ * a quota the restored timers used (an operator audit: 0/3000 shown, arms
+ * refused at 2408/3000 shown).
+ */
+Test(tools_live, a_parked_sessions_timers_count_in_users_across_a_restart, .timeout = 60)
+{
+	struct chime_opts os = { .socket_path = sock, .session = "users-kept" };
+	chime_t *sess;
+	chime_id_t id;
+
+	start_broker("--shards 2 --max-timers-per-uid 100000");
+	cr_assert_eq(chime_open(&sess, &os), 0);
+	for (int i = 0; i < 40; i++)
+		cr_assert_eq(chime_arm(sess, (uint64_t)i, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
+	cr_assert_eq(chime_flush(sess), 0);
+	chime_close(sess);
+	cr_assert_eq(users_settle(".users[0].counted >= 40 and .users[0].armed == 40", 1), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(users_settle(".users[0].counted >= 40 and .users[0].armed == 40", 1), 1,
+		     "after the restart: %s", slurp(out));
+}
+
+/*
  * A user refused for its quota shows at its limit: the shards count the
  * ids each connection's library is handed ahead of its arms, and the
  * fullest shard's count is what they refuse past (ARMED alone showed 30 of

@@ -57,45 +57,56 @@ static int resolve(char kind, const char *tok, unsigned *id, char *err, size_t e
 	return -EINVAL;
 }
 
+/* One entry of a list: its id appended to *out. */
+static int add_id(char kind, const char *tok, unsigned **out, size_t *n, char *err, size_t errlen)
+{
+	unsigned id, *grown;
+	int r = resolve(kind, tok, &id, err, errlen);
+
+	if (r < 0)
+		return r;
+	if (*n >= MAX_IDS) {
+		snprintf(err, errlen, "more than %d entries", MAX_IDS);
+		return -EINVAL;
+	}
+	grown = realloc(*out, (*n + 1) * sizeof(**out));
+	if (!grown) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	*out = grown;
+	(*out)[(*n)++] = id;
+	return 0;
+}
+
 /* "a,b, c" -> ids, appended to *out. */
 static int parse_list(char kind, const char *list, unsigned **out, size_t *n, char *err, size_t errlen)
 {
-	char *copy = strdup(list), *save = NULL, *tok;
-	size_t seen = 0;
+	char *copy = strdup(list), *rest = copy, *part, *save, *tok;
 	int r = 0;
 
 	if (!copy) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	for (tok = strtok_r(copy, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
-		unsigned id, *grown;
-
-		seen++;
-		r = resolve(kind, tok, &id, err, errlen);
-		if (r < 0)
-			break;
-		if (*n >= MAX_IDS) {
-			snprintf(err, errlen, "more than %d entries", MAX_IDS);
-			r = -EINVAL;
-			break;
-		}
-		grown = realloc(*out, (*n + 1) * sizeof(**out));
-		if (!grown) {
-			snprintf(err, errlen, "out of memory");
-			r = -ENOMEM;
-			break;
-		}
-		*out = grown;
-		(*out)[(*n)++] = id;
-	}
-	free(copy);
-	/* "--allow-uid ''" or a bare "allow-uid" line admits nobody more: a mistake, not a policy. */
-	if (r == 0 && !seen) {
+	/* "--allow-uid ''", "," or a bare "allow-uid" line admits nobody more: a mistake, not a policy. */
+	if (list[strspn(list, ", \t")] == '\0') {
 		snprintf(err, errlen, "an empty list (%s names or numbers, separated by commas)",
 			 kind == 'u' ? "user" : "group");
-		r = -EINVAL;
+		free(copy);
+		return -EINVAL;
 	}
+	while (r == 0 && (part = strsep(&rest, ",")) != NULL) {
+		tok = strtok_r(part, " \t", &save);
+		/* "a,,b" or "a,": no one where an entry was meant, the mark of an empty variable in a generated list */
+		if (!tok) {
+			snprintf(err, errlen, "an empty entry in '%.64s' (two commas in a row, or one at an end)", list);
+			r = -EINVAL;
+		}
+		for (; tok && r == 0; tok = strtok_r(NULL, " \t", &save))
+			r = add_id(kind, tok, out, n, err, errlen);
+	}
+	free(copy);
 	return r;
 }
 
@@ -164,8 +175,11 @@ static int session_line(struct policy *p, char *val, char *err, size_t errlen)
  */
 static int file_line(struct policy *p, char *line, char *err, size_t errlen)
 {
-	char *key = line, *val;
+	char *key = line, *val, *end = line + strlen(line);
 
+	/* a file saved with CRLF line ends: the \r is white space, not part of the last word */
+	while (end > line && isspace((unsigned char)end[-1]))
+		*--end = '\0';
 	while (isspace((unsigned char)*key))
 		key++;
 	if (!*key || *key == '#')

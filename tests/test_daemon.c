@@ -247,13 +247,17 @@ Test(daemon, malformed_numbers_and_policy_files_are_usage_errors)
 					   "--capacity 99999999999999999999", "--policy-file /",
 					   "--policy-file ''", "--policy-file /nonexistent/policy", "--allow-uid ''",
 					   "--allow-gid ' , '", "--spin-us -0", "--session-linger -0",
-					   "--max-clients-per-uid -0" };
+					   "--max-clients-per-uid -0", "--allow-uid 0,,1", "--allow-uid 0,",
+					   "--allow-gid ,0" };
 	char msg[512];
 
 	expect_usage_errors(bad, sizeof(bad) / sizeof(bad[0]));
 	/* The message names the file and why, and a ring size out of range says "power of two". */
 	chimed_first_line("--policy-file /", msg, sizeof(msg));
 	cr_expect(strstr(msg, "cannot read policy file '/': Is a directory"), "%s", msg);
+	/* a list an empty variable left a hole in ("a,,b") was taken as if whole */
+	chimed_first_line("--allow-uid 0,,1", msg, sizeof(msg));
+	cr_expect(strstr(msg, "an empty entry in '0,,1'"), "%s", msg);
 	chimed_first_line("--cq-size 4", msg, sizeof(msg));
 	cr_expect(strstr(msg, "expected a power of two in 8..1048576"), "%s", msg);
 }
@@ -324,6 +328,16 @@ Test(daemon, a_policy_file_admits_everyone_only_when_it_says_allow_all)
 	cr_expect_eq(st, 1, "long list: status %d (%.200s)", st, msg);
 	cr_expect(strstr(msg, more), "not '%s': %s", more, msg);
 	free(text);
+
+	/*
+	 * Saved with CRLF line ends: the \r is white space. It was part of the
+	 * last word: "unknown setting 'allow-all'" and "no user named 'root'",
+	 * the \r unseen in the message (an operator audit).
+	 */
+	st = policy_file_says("allow-uid root\r\nsession crlf-name root\r\n# a comment\r\n\r\nallow-all\r\n", 66,
+			      msg, sizeof(msg));
+	cr_expect_eq(st, 1, "CRLF: status %d (%s)", st, msg);
+	cr_expect(strstr(msg, "admitting any local user"), "%s", msg);
 
 	/* not a text file: refused, never read up to the NUL and past it */
 	st = policy_file_says(nul, sizeof(nul) - 1, msg, sizeof(msg));

@@ -1770,6 +1770,16 @@ Test(tools_live, a_parked_sessions_timers_count_in_users_across_a_restart, .time
 		     "after the restart: %s", slurp(out));
 }
 
+/* A running broker's socket removed: chimectl says so, not "is chimed running?" (an operator audit). */
+Test(tools_live, a_removed_socket_beside_a_brokers_segments_is_said)
+{
+	start_broker("--shards 1");
+	cr_assert_eq(unlink(sock), 0);
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), ".ctl' is there: a broker still running had its socket removed"), "%s",
+		  slurp(err));
+}
+
 /*
  * A user refused for its quota shows at its limit: the shards count the
  * ids each connection's library is handed ahead of its arms, and the

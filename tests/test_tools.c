@@ -1780,6 +1780,21 @@ Test(tools_live, a_removed_socket_beside_a_brokers_segments_is_said)
 		  slurp(err));
 }
 
+/* A session or client with no timers says so, as clients, sessions and users do (a header alone before). */
+Test(tools_live, timers_of_a_session_with_none_says_so)
+{
+	struct chime_opts os = { .socket_path = sock, .session = "none-armed" };
+	chime_t *sess;
+
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&sess, &os), 0);
+	cr_assert_eq(run("%s --socket '%s' timers --session none-armed", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "(no timers)\n"), "%s", slurp(out));
+	chime_close(sess);
+	cr_assert_eq(run("%s --socket '%s' timers --session none-armed", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "(no timers)\n"), "detached: %s", slurp(out));
+}
+
 /*
  * A user refused for its quota shows at its limit: the shards count the
  * ids each connection's library is handed ahead of its arms, and the

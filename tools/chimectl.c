@@ -575,6 +575,8 @@ static int timers_by_query(const char *sock, struct whose w, uint64_t limit)
 	}
 	if (head.total > head.count)
 		out("(%" PRIu64 " of %" PRIu64 " timers shown)\n", head.count, head.total);
+	else if (!head.total)
+		out("(no timers)\n");      /* as clients, sessions and users say theirs: not a header alone */
 	jset("timers", arr);
 	jset("shown", json_integer((json_int_t)head.count));
 	jset("total", json_integer((json_int_t)head.total));
@@ -805,6 +807,8 @@ static int cmd_timers(const char *sock, struct whose w, uint64_t limit)
 		r = fail(SR_EXIT_NOSHM, "no client with pid %ld is connected to '%s'", w.pid, sock);
 	else if (!r && total > shown)
 		out("(%" PRIu64 " of %" PRIu64 " timers shown; --limit 0 shows all)\n", shown, total);
+	else if (!r && !total)
+		out("(no timers)\n");      /* as clients, sessions and users say theirs: not a header alone */
 	/* Not running comes first: a dead broker's shard files may be gone or half written. */
 	if (found && down)
 		r = fail(SR_EXIT_NOT_RUNNING, "%s; %s", why, r ? "its timers cannot be listed" :

@@ -412,3 +412,16 @@ int log_errno_hint(int level, int err, const char *hint, const char *fmt, ...)
 	va_end(ap);
 	return err;
 }
+
+int log_file_not_ours(const char *what, const char *path, const struct stat *st, const char *remedy)
+{
+	if (st->st_uid != geteuid() && st->st_uid != 0)
+		log_msg(LOG_ERR, "%s '%s' belongs to uid %u, not to this broker's (%u) or root: not using it "
+			"(another user can write in its directory?); %s", what, path, (unsigned)st->st_uid,
+			(unsigned)geteuid(), remedy);
+	else
+		log_msg(LOG_ERR, "%s '%s' has %lu links (another name for someone's file, made by a user who can "
+			"write in its directory?): not using it; %s", what, path, (unsigned long)st->st_nlink,
+			remedy);
+	return -EPERM;
+}

@@ -89,6 +89,16 @@ int log_errno(int level, int err, const char *fmt, ...) __attribute__((format(pr
 int log_errno_hint(int level, int err, const char *hint, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
+struct stat;
+
+/*
+ * A state file chime_seg_ours() refused (what: "lock file", "sessions
+ * file", "shard file"; remedy: what to do): another uid's, or one with a
+ * second name (a hard link someone made to a file of theirs or root's).
+ * Returns -EPERM.
+ */
+int log_file_not_ours(const char *what, const char *path, const struct stat *st, const char *remedy);
+
 /* A new state file refused ENOSPC: the space, or the inodes (a tmpfs's nr_inodes), ran out. */
 #define SEG_NO_ROOM_HINT "no room for it on its filesystem, or no free inode: see df and df -i"
 

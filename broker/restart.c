@@ -403,16 +403,8 @@ int restart_load(struct broker *b)
 		struct stat st = { .st_uid = (uid_t)-1 };
 
 		(void)lstat(b->sess_path, &st);
-		if (st.st_nlink > 1 && (st.st_uid == geteuid() || st.st_uid == 0))
-			log_msg(LOG_ERR, "sessions file '%s' has %lu links (another name for someone's file, made by "
-				"a user who can write in its directory?): not taking it over; remove it, or start "
-				"with --fresh", b->sess_path, (unsigned long)st.st_nlink);
-		else
-			log_msg(LOG_ERR, "sessions file '%s' belongs to uid %u, not to this broker's (%u) or root: "
-				"not taking it over (another user can write in its directory?); remove it, or start "
-				"with --fresh", b->sess_path, (unsigned)st.st_uid, (unsigned)geteuid());
 		free(recs);
-		return -EPERM;
+		return log_file_not_ours("sessions file", b->sess_path, &st, "remove it, or start with --fresh");
 	}
 	case -EMEDIUMTYPE:
 		log_msg(LOG_ERR, "'%s' was written by a broker with %u shards, --capacity %u, --max-clients %u "

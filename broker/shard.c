@@ -331,11 +331,8 @@ static int seg_reopen(struct shard *s, const struct chime_shard_geom *g)
 	if (r == -EPERM) {
 		struct stat st = { .st_uid = (uid_t)-1 };
 
-		(void)stat(s->path, &st);
-		log_msg(LOG_ERR, "shard file '%s' belongs to uid %u, not to this broker's (%u) or root: not "
-			"taking it over (another user can write in its directory?); remove it, or start with "
-			"--fresh", s->path, (unsigned)st.st_uid, (unsigned)geteuid());
-		return r;
+		(void)lstat(s->path, &st);
+		return log_file_not_ours("shard file", s->path, &st, "remove it, or start with --fresh");
 	}
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "cannot open shard file '%s'", s->path);

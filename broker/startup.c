@@ -64,19 +64,13 @@ static pid_t lock_owner(int fd)
  */
 static int lock_not_ours(const struct broker *b, const struct stat *st)
 {
-	if (!S_ISREG(st->st_mode))
+	if (!S_ISREG(st->st_mode)) {
 		log_msg(LOG_ERR, "lock file '%s' is not a regular file (uid %u's): not using it; remove it",
 			b->lock_path, (unsigned)st->st_uid);
-	else if (st->st_nlink > 1)
-		log_msg(LOG_ERR, "lock file '%s' has %lu links (another name for someone's file, made by a user "
-			"who can write in its directory?): not writing it; remove it, or put the socket in a "
-			"directory only the broker's user can write", b->lock_path, (unsigned long)st->st_nlink);
-	else
-		log_msg(LOG_ERR, "lock file '%s' belongs to uid %u, not to this broker's (%u) or root: not using "
-			"it (another user can write in its directory?); remove it, or put the socket in a "
-			"directory only the broker's user can write", b->lock_path, (unsigned)st->st_uid,
-			(unsigned)geteuid());
-	return -EPERM;
+		return -EPERM;
+	}
+	return log_file_not_ours("lock file", b->lock_path, st,
+				 "remove it, or put the socket in a directory only the broker's user can write");
 }
 
 /*

@@ -186,19 +186,21 @@ const char *chime_socket_absent_why(const char *path)
 {
 	struct stat st;
 
-	static __thread char why[PATH_MAX + 200];
 	char ctl[PATH_MAX];
 
 	if (stat(path, &st) < 0) {
 		if (errno == ENOTDIR)
 			return "a component of the path is not a directory";
-		/* chimectl status said "is chimed running?" of a broker that ran, its socket removed (an operator audit) */
-		if ((size_t)snprintf(ctl, sizeof(ctl), "%s.ctl", path) < sizeof(ctl) && stat(ctl, &st) == 0) {
-			snprintf(why, sizeof(why), "no such file, but '%s' is there: a broker still running had its "
-				 "socket removed (chimestat says whether it runs; chimectl restart makes the socket "
-				 "again), or one that was killed left it", ctl);
-			return why;
-		}
+		/*
+		 * chimectl status said "is chimed running?" of a broker that ran,
+		 * its socket removed (an operator audit). A constant: a buffer of
+		 * this thread's (TLS in libchime, which links this file) kept
+		 * libchime.so from loading with dlopen(), Python's too.
+		 */
+		if ((size_t)snprintf(ctl, sizeof(ctl), "%s.ctl", path) < sizeof(ctl) && stat(ctl, &st) == 0)
+			return "no such file, but its PATH.ctl segment is there: a broker still running had its "
+			       "socket removed (chimestat says whether it runs; chimectl restart makes the socket "
+			       "again), or one that was killed left it";
 		return "no such file: is chimed running?";
 	}
 	if (!S_ISSOCK(st.st_mode))

@@ -190,7 +190,7 @@ int chime_seg_resident(const void *p, size_t bytes, unsigned char *vec);
  * tool's message after "nothing listens there": no such file (and
  * whether a broker's segments are still beside it: a socket removed from
  * under a running broker), not a socket, or a socket file left behind.
- * A constant string, or this thread's buffer until its next call.
+ * A constant string.
  */
 const char *chime_socket_absent_why(const char *path);
 

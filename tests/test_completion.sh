@@ -40,7 +40,7 @@ PATH="$tmp/bin:$PATH"
 # splits them for completion: at white space, and '=' a word of its own
 # (COMP_WORDBREAKS), so --socket=PATH is --socket, =, PATH.
 complete_line() {
-	local line=$1 fn w words
+	local line=$1 fn w words word
 	read -r -a words <<<"$line"
 	COMP_WORDS=()
 	for w in "${words[@]}"; do
@@ -58,7 +58,10 @@ complete_line() {
 	COMPREPLY=()
 	fn=$(complete -p "${COMP_WORDS[0]}" 2>/dev/null | sed -n 's/.*-F \([^ ]*\) .*/\1/p')
 	[ -n "$fn" ] || { echo "no completion for ${COMP_WORDS[0]}"; return; }
-	"$fn" "${COMP_WORDS[0]}" "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}" 2>&1
+	# $2 as bash passes it: the word unquoted, '' right after an option's '='
+	word=${CHIME_TEST_WORD-${COMP_WORDS[COMP_CWORD]}}
+	[ "$word" = "=" ] && word=""
+	"$fn" "${COMP_WORDS[0]}" "$word" "${COMP_WORDS[COMP_CWORD - 1]}" 2>&1
 	printf '%s\n' "${COMPREPLY[@]}" | sort -u | sed '/^$/d'
 }
 
@@ -100,6 +103,9 @@ expect_only "chimectl --" $(help_options chimectl | grep -vxE -- '--(client|sess
 # ---- commands and fixed values ----
 expect_only "chimectl " status clients timers sessions users drop-session reset-stats reload shutdown restart
 expect_only "chimectl --socket /x re" reset-stats reload restart
+expect_only "chimectl --j" --json
+expect_only "chimectl --socket=/x --s" --socket
+expect_only "chimectl --h" --help
 expect_only "chimed --log-level w" warning
 expect "chimed --allow-uid ro" root
 expect "chimed --allow-uid daemon,ro" daemon,root
@@ -182,6 +188,8 @@ expect "chimestat --socket=$sock -f shard.0.fi" shard.0.fires
 # --socket=PATH (three words to bash) asks PATH, not a socket named '='
 expect_only "chimectl --socket=$sock drop-session completion-" completion-test-session
 expect_only "chimectl --socket=$sock --session=completion-" completion-test-session
+# a word begun with a quote: bash hands the function the word unquoted
+CHIME_TEST_WORD=completion- expect_only "chimectl -s $sock drop-session 'completion-" completion-test-session
 expect "chimestat -s $sock -f broker.st" broker.state broker.status
 kill "$demo_pid" 2>/dev/null
 wait "$demo_pid" 2>/dev/null

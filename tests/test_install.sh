@@ -51,6 +51,14 @@ if [ "$prefix" != "$(pkg-config --variable=prefix systemd 2>/dev/null)" ]; then
 	done
 	echo "install: everything under the prefix $prefix, the systemd files included"
 fi
+# Loadable at run time (dlopen: Python's ctypes, plugins), not only linked:
+# a thread-local buffer of 4 KiB in the library (its TLS is initial-exec)
+# left no room in glibc's static TLS reserve for a library loaded late.
+so=$(find "$dest" -name 'libchime.so.*' -type f | head -n 1)
+[ -n "$so" ] || fail "no libchime.so.* installed under $dest"
+python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' "$so" 2>"$dest/dlopen.log" ||
+	fail "dlopen('$so') failed: $(cat "$dest/dlopen.log")"
+echo "install: $so loads with dlopen()"
 pc=$(find "$dest" -name libchime.pc | head -n 1)
 [ -n "$pc" ] || fail "no libchime.pc installed under $dest"
 echo "install: $pc:"

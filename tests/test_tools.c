@@ -1152,8 +1152,13 @@ Test(tools_live, lateness_percentiles_match_the_client)
 	start_broker("--shards 2");
 	cr_assert_eq(chime_open(&a, &o), 0);
 	now = chime_now();
+	/*
+	 * 300 ms ahead: a timer the shard learns of only once it is due is
+	 * counted apart (immediate), not in the lateness; 5 ms was too short
+	 * for a loaded host under ASan (399 of 400 counted).
+	 */
 	for (i = 0; i < N; i++)
-		cr_assert_eq(chime_arm(a, 0, now + 5000000 + splitmix64(&seed) % 100000000, 0, 0, &id), 0);
+		cr_assert_eq(chime_arm(a, 0, now + 300000000 + splitmix64(&seed) % 100000000, 0, 0, &id), 0);
 	while (got < N) {
 		int n = chime_wait(a, ev, 64, 3000);
 
@@ -1776,8 +1781,8 @@ Test(tools_live, a_removed_socket_beside_a_brokers_segments_is_said)
 	start_broker("--shards 1");
 	cr_assert_eq(unlink(sock), 0);
 	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 3, "%s", slurp(err));
-	cr_assert(strstr(slurp(err), ".ctl' is there: a broker still running had its socket removed"), "%s",
-		  slurp(err));
+	cr_assert(strstr(slurp(err), "PATH.ctl segment is there: a broker still running had its socket removed"),
+		  "%s", slurp(err));
 }
 
 /* A session or client with no timers says so, as clients, sessions and users do (a header alone before). */
@@ -3943,11 +3948,17 @@ Test(tools_fake, a_query_at_a_listener_that_never_accepts_times_out)
  * made them up (1.2 GB in 8 s, never done: a security audit), and each
  * recv's 5 s bound let one that sends a record every few seconds hold the
  * query (and a shell's <Tab>) for an hour. Pages now end below
- * CHIME_CLIENTS_MAX slots (a session holds a client slot), and an answer
- * has 10 s in all.
+ * CHIME_CLIENTS_MAX slots (a session holds a client slot), each page's
+ * slots must rise from the one asked for (a page of one good slot and
+ * then slot 0 again grew it 128 KiB a page, for good: a review), and an
+ * answer has 10 s in all.
  */
-static void fake_sessions_broker(int l, bool drip)
+enum fake_sessions { FAKE_PAGES, FAKE_DRIP, FAKE_BACK };
+
+static void fake_sessions_broker(int l, enum fake_sessions how)
 {
+	bool drip = how == FAKE_DRIP;
+
 	for (;;) {
 		struct chime_hello h;
 		struct chime_query_head head = { .magic = CHIME_HELLO_MAGIC, .total = UINT64_C(1) << 62,
@@ -3966,7 +3977,8 @@ static void fake_sessions_broker(int l, bool drip)
 			memset(rec, 0, sizeof(rec));
 			for (uint32_t j = 0; j < n; j++) {
 				snprintf(rec[j].name, sizeof(rec[j].name), "made-up-%u", (uint32_t)h.pid + k + j);
-				rec[j].slot = (uint32_t)h.pid + k + j;
+				/* FAKE_BACK: the slot asked for, then slot 0 again and again */
+				rec[j].slot = how == FAKE_BACK ? (k + j ? 0 : (uint32_t)h.pid) : (uint32_t)h.pid + k + j;
 				rec[j].state = CHIME_SESSION_DETACHED;
 			}
 			if (send(c, rec, n * sizeof(rec[0]), MSG_NOSIGNAL) < 0)
@@ -3987,7 +3999,9 @@ Test(tools_fake, a_broker_making_up_sessions_or_dripping_them_is_given_up, .time
 
 	cr_assert_lt(strlen(sock), sizeof(sa.sun_path));
 	memcpy(sa.sun_path, sock, strlen(sock));
-	for (int drip = 0; drip < 2; drip++) {
+	for (int how = FAKE_PAGES; how <= FAKE_BACK; how++) {
+		bool drip = how == FAKE_DRIP;
+
 		unlink(sock);
 		l = socket(AF_UNIX, SOCK_SEQPACKET, 0);
 		cr_assert_geq(l, 0);
@@ -3997,19 +4011,22 @@ Test(tools_fake, a_broker_making_up_sessions_or_dripping_them_is_given_up, .time
 		cr_assert_geq(fake, 0);
 		if (fake == 0) {
 			prctl(PR_SET_PDEATHSIG, SIGKILL);
-			fake_sessions_broker(l, drip);
+			fake_sessions_broker(l, (enum fake_sessions)how);
 		}
 		close(l);
 		t0 = now_ns();
 		r = run("timeout 60 %s --socket '%s' sessions | wc -l", bin("CHIMECTL"), sock);
 		kill(fake, SIGKILL);
 		waitpid(fake, NULL, 0);
-		cr_assert_eq(r, 0, "%s: exit %d after %.1f s: %s", drip ? "drip" : "pages", r,
-			     (double)(now_ns() - t0) / 1e9, slurp(err));
+		cr_assert_eq(r, 0, "fake %d: exit %d after %.1f s: %s", how, r, (double)(now_ns() - t0) / 1e9,
+			     slurp(err));
 		if (drip) {
 			cr_assert_lt(now_ns() - t0, 30 * UINT64_C(1000000000), "a dripping answer held chimectl %.1f s",
 				     (double)(now_ns() - t0) / 1e9);
 			cr_assert_lt(atoll(slurp(out)), 20, "%s", slurp(out));
+		} else if (how == FAKE_BACK) {
+			/* the header, one session per page: the first; the line saying how many of how many */
+			cr_assert_leq(atoll(slurp(out)), 4, "%s", slurp(out));
 		} else {
 			/* the header, the sessions, the line saying how many of how many */
 			cr_assert_leq(atoll(slurp(out)), CHIME_CLIENTS_MAX + 3, "%s", slurp(out));

@@ -1265,15 +1265,18 @@ static int cmd_reload(const char *sock)
  * (malloc'd), their number in head->count, all of them in head->total. A
  * broker before pages answers from slot 0 again: its first page is then
  * all there is. Sessions that come or go meanwhile may be missed or not.
- * A session holds a client slot, so pages end below CHIME_CLIENTS_MAX: a
- * broker (any user's) answering ever higher slots took memory without end.
+ * A session holds a client slot, and each page's slots rise, from the
+ * one asked for, below CHIME_CLIENTS_MAX: a record that breaks that ends
+ * the listing (a broker, any user's, answering made-up pages took memory
+ * without end), and so does SESSIONS_LIST_NS (pages that come slowly).
  */
+#define SESSIONS_LIST_NS (3 * QUERY_ANSWER_NS)
 static int sessions_query(const char *sock, struct chime_query_session **recs, struct chime_query_head *head,
 			  enum query_step *step)
 {
 	struct chime_query_session *all = NULL, *more;
 	struct chime_query_head page;
-	uint64_t n = 0;
+	uint64_t n = 0, give_up = now_ns() + SESSIONS_LIST_NS;
 	int r;
 
 	memset(head, 0, sizeof(*head));
@@ -1286,18 +1289,23 @@ static int sessions_query(const char *sock, struct chime_query_session **recs, s
 			break;
 		}
 		all = more;
-		r = query_broker(sock, CHIME_HELLO_QUERY_SESSIONS, from, NULL, CHIME_QUERY_MAX, &page, all + n,
-				 sizeof(*all), step);
+		uint64_t ok = 0;
+
+		r = query_broker_by(sock, CHIME_HELLO_QUERY_SESSIONS, from, NULL, CHIME_QUERY_MAX, &page, all + n,
+				    sizeof(*all), step, give_up);
 		if (r < 0 && !partial(r, &page))
 			break;
 		if (page.count && (int64_t)all[n].slot < from)
 			break;          /* a broker before pages: from slot 0 again */
-		while (page.count && all[n + page.count - 1].slot >= CHIME_CLIENTS_MAX)
-			page.count--;   /* no such slot: the rest is made up */
-		n += page.count;
+		/* rising slots from `from`, below the bound: what breaks that, and all after it, is made up */
+		while (ok < page.count && all[n + ok].slot < CHIME_CLIENTS_MAX &&
+		       (ok ? all[n + ok].slot > all[n + ok - 1].slot : (int64_t)all[n].slot >= from))
+			ok++;
+		n += ok;
 		*head = page;
 		head->count = n;
-		if (r < 0 || !page.count || n >= page.total || all[n - 1].slot + 1 >= CHIME_CLIENTS_MAX)
+		if (r < 0 || ok < page.count || !ok || n >= page.total || all[n - 1].slot + 1 >= CHIME_CLIENTS_MAX ||
+		    now_ns() >= give_up)
 			break;
 	}
 	*recs = all;

@@ -56,10 +56,12 @@ _chime_prev()
 	printf '%s' "${COMP_WORDS[k]}"
 }
 
-# The word being completed ('' right after an option's '=').
+# The word being completed: as bash passes it to the completion function
+# ($2, kept in _chime_word: its quotes removed, so that -S 'al<Tab> matches
+# alpha), else as typed; '' right after an option's '='.
 _chime_cur()
 {
-	local cur=${COMP_WORDS[COMP_CWORD]}
+	local cur=${_chime_word-${COMP_WORDS[COMP_CWORD]}}
 	[[ $cur == = ]] && cur=""
 	printf '%s' "$cur"
 }
@@ -75,6 +77,7 @@ _chime_reply()
 	for w in "${words[@]}"; do
 		[[ $w == "$cur"* ]] && COMPREPLY+=("$w")
 	done
+	return 0        # a caller's `_chime_reply A || _chime_reply B` must not run B for a last word unmatched
 }
 
 # _chime_reply_lines PREFIX < LINES: the lines that are plain names
@@ -89,6 +92,7 @@ _chime_reply_lines()
 	while IFS= read -r w; do
 		_chime_safe "$w" && [[ $w == "$cur"* ]] && COMPREPLY+=("$prefix$w")
 	done
+	return 0
 }
 
 _chime_files()
@@ -120,6 +124,7 @@ _chime_id_list()
 
 _chimectl()
 {
+	local _chime_word=$2
 	local cur prev cmd="" i
 	local commands="status clients timers sessions users drop-session reset-stats reload shutdown restart"
 
@@ -140,7 +145,13 @@ _chimectl()
 		esac
 	done
 	case $cmd in
-	"") [[ $cur == -* ]] && _chime_reply "--socket --json --help --version" || _chime_reply "$commands" ;;
+	"")
+		if [[ $cur == -* ]]; then
+			_chime_reply "--socket --json --help --version"
+		else
+			_chime_reply "$commands"
+		fi
+		;;
 	timers) _chime_reply "--client --session --limit --json" ;;
 	*) [[ $cur == -* ]] && _chime_reply "--json" ;;
 	esac
@@ -148,6 +159,7 @@ _chimectl()
 
 _chimestat()
 {
+	local _chime_word=$2
 	local prev sock
 
 	prev=$(_chime_prev)
@@ -167,6 +179,7 @@ _chimestat()
 
 _chimed()
 {
+	local _chime_word=$2
 	local cur prev
 
 	cur=$(_chime_cur)
@@ -190,6 +203,7 @@ _chimed()
 
 _chime_demo()
 {
+	local _chime_word=$2
 	local prev
 
 	prev=$(_chime_prev)

@@ -14,12 +14,6 @@
 #include "segment.h"        /* chime_broker_trusted(), chime_recv_behind_reset() */
 
 #define QUERY_TIMEOUT_S 5       /* each step: the connect, the hello, each message of the answer */
-/*
- * The whole answer: a broker (any user's, on a socket an operator names)
- * that sends a record every few seconds kept a query, and a <Tab> of the
- * shell completion, waiting for an hour (found by a security audit).
- */
-#define QUERY_ANSWER_NS (10 * UINT64_C(1000000000))
 
 static ssize_t recv_msg(int fd, void *buf, size_t len)
 {
@@ -35,13 +29,34 @@ static ssize_t recv_msg(int fd, void *buf, size_t len)
 	return n;
 }
 
+/*
+ * Bound fd's next send and receive (and so a connect) by QUERY_TIMEOUT_S and
+ * by what is left until give_up (CLOCK_MONOTONIC ns); false: nothing left.
+ */
+static bool time_left(int fd, uint64_t give_up)
+{
+	uint64_t now = now_ns(), left = now < give_up ? give_up - now : 0;
+	struct timeval tv = { .tv_sec = QUERY_TIMEOUT_S };
+
+	if (!left)
+		return false;
+	if (left < (uint64_t)QUERY_TIMEOUT_S * 1000000000u) {
+		tv.tv_sec = (time_t)(left / 1000000000u);
+		tv.tv_usec = (suseconds_t)(left % 1000000000u / 1000u);
+		if (!tv.tv_sec && !tv.tv_usec)
+			tv.tv_usec = 1;         /* 0 would be no bound at all */
+	}
+	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	return true;
+}
+
 static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit,
-	       struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step)
+	       struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step, uint64_t give_up)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct timeval tv = { .tv_sec = QUERY_TIMEOUT_S };
 	const struct chime_hello h = *hello;
-	uint64_t got = 0, give_up;
+	uint64_t got = 0;
 	ssize_t n;
 	int fd, r = 0;
 
@@ -53,13 +68,15 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
-	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	/*
 	 * The send timeout bounds the connect too: a listener whose queue is
 	 * full (a broker stopped or wedged, or one user's connect loop) kept it
 	 * waiting for good, as chime_open() did before its own.
 	 */
-	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	if (!time_left(fd, give_up)) {
+		r = -ETIMEDOUT;
+		goto out;
+	}
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		r = errno == ECONNREFUSED ? -ENOENT : errno == EPERM ? -EACCES :
 		    errno == EAGAIN || errno == EINPROGRESS ? -ETIMEDOUT : -errno;
@@ -93,7 +110,7 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 			struct chime_welcome w;
 		} u;
 
-		n = recv_msg(fd, &u, sizeof(u));
+		n = time_left(fd, give_up) ? recv_msg(fd, &u, sizeof(u)) : (errno = EAGAIN, -1);
 		if (n == (ssize_t)sizeof(u.w) && u.w.magic == CHIME_HELLO_MAGIC) {
 			r = u.w.status < 0 ? u.w.status : -EPROTO;
 			goto out;
@@ -111,19 +128,11 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 	}
 	if (head->count > limit)
 		head->count = limit;
-	give_up = now_ns() + QUERY_ANSWER_NS;
 	while (got < head->count) {
-		uint64_t now = now_ns();
-
-		if (now >= give_up) {
+		if (!time_left(fd, give_up)) {
 			head->count = got;      /* what arrived is good; the rest is too slow */
 			r = -ECONNRESET;
 			break;
-		}
-		if (give_up - now < (uint64_t)QUERY_TIMEOUT_S * 1000000000u) {
-			tv.tv_sec = (time_t)((give_up - now) / 1000000000u);
-			tv.tv_usec = (suseconds_t)((give_up - now) % 1000000000u / 1000u + 1);
-			(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 		}
 		n = recv_msg(fd, (char *)recs + got * recsz, (head->count - got) * recsz);
 		if (n <= 0 || n % (ssize_t)recsz) {
@@ -163,15 +172,15 @@ static bool hello_session(struct chime_hello *h, const char *name)
  */
 static int ask_patiently(const char *sock, const struct chime_hello *h, uint64_t limit,
 			 struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step,
-			 bool busy_too)
+			 bool busy_too, uint64_t give_up)
 {
 	const struct timespec pause = { 0, (QUERY_INTERVAL_MS + 10) * 1000000L };
 	uint64_t t0 = now_ns();
 	int r;
 
-	while (((r = ask(sock, h, limit, head, recs, recsz, step)) == -EBUSY && busy_too && *step == QUERY_ANSWER) ||
-	       r == -EAGAIN) {
-		if (now_ns() - t0 >= QUERY_BUSY_WAIT_MS * UINT64_C(1000000))
+	while (((r = ask(sock, h, limit, head, recs, recsz, step, give_up)) == -EBUSY && busy_too &&
+		*step == QUERY_ANSWER) || r == -EAGAIN) {
+		if (now_ns() - t0 >= QUERY_BUSY_WAIT_MS * UINT64_C(1000000) || now_ns() >= give_up)
 			break;
 		nanosleep(&pause, NULL);
 	}
@@ -181,10 +190,19 @@ static int ask_patiently(const char *sock, const struct chime_hello *h, uint64_t
 int query_broker(const char *sock, uint32_t kind, int32_t pid, const char *session, uint64_t limit,
 		 struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step)
 {
+	return query_broker_by(sock, kind, pid, session, limit, head, recs, recsz, step,
+			       now_ns() + QUERY_ANSWER_NS);
+}
+
+int query_broker_by(const char *sock, uint32_t kind, int32_t pid, const char *session, uint64_t limit,
+		    struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step,
+		    uint64_t give_up)
+{
 	struct chime_hello h = {
 		.magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT,
 		.flags = kind, .pid = pid, .limit = limit,
 	};
+	uint64_t own = now_ns() + QUERY_ANSWER_NS;
 	enum query_step dummy;
 
 	if (!step)
@@ -192,7 +210,8 @@ int query_broker(const char *sock, uint32_t kind, int32_t pid, const char *sessi
 	*step = QUERY_HELLO;
 	if (session && !hello_session(&h, session))
 		return -EINVAL;
-	return ask_patiently(sock, &h, limit, head, recs, recsz, step, true);
+	/* each query has QUERY_ANSWER_NS at most, whatever is left of the caller's time */
+	return ask_patiently(sock, &h, limit, head, recs, recsz, step, true, own < give_up ? own : give_up);
 }
 
 int query_drop_session(const char *sock, const char *name, enum query_step *step)
@@ -209,5 +228,5 @@ int query_drop_session(const char *sock, const char *name, enum query_step *step
 	*step = QUERY_HELLO;
 	if (!hello_session(&h, name))
 		return -EINVAL;
-	return ask_patiently(sock, &h, 0, &head, NULL, 0, step, false);
+	return ask_patiently(sock, &h, 0, &head, NULL, 0, step, false, now_ns() + QUERY_ANSWER_NS);
 }

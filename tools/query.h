@@ -47,6 +47,20 @@ int query_broker(const char *sock, uint32_t kind, int32_t pid, const char *sessi
 		 struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step);
 
 /*
+ * A query's whole time, from its connect to its last record: a broker (any
+ * user's, on a socket an operator names) that sent a record every few
+ * seconds kept a query, and a <Tab> of the shell completion, waiting for
+ * an hour (found by a security audit). What came by then is kept, as for
+ * an answer cut short (-ECONNRESET).
+ */
+#define QUERY_ANSWER_NS (10 * UINT64_C(1000000000))
+
+/* query_broker() within a time of the caller's too: until give_up (CLOCK_MONOTONIC ns), for a listing of pages. */
+int query_broker_by(const char *sock, uint32_t kind, int32_t pid, const char *session, uint64_t limit,
+		    struct chime_query_head *head, void *recs, size_t recsz, enum query_step *step,
+		    uint64_t give_up);
+
+/*
  * CHIME_HELLO_DROP_SESSION of `name` (too long: -EINVAL at QUERY_HELLO); as
  * query_broker(), but -EBUSY is the session's: a process has it attached.
  */

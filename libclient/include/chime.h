@@ -175,9 +175,12 @@ const char *chime_version(void);
  * not 0 (it fires at deadline_ns + k * period_ns for every k, never drifting;
  * a period under the broker's resolution, 100 us by default, is taken as it).
  * A deadline in the past fires at once; a periodic timer then fires once for
- * every period already missed, as fast as the broker goes (deadline 0 with a
- * 1 s period: one event per second of uptime), as it does when its events
- * are collected late: to start one now, arm it at chime_now(). A deadline of
+ * every period already missed (deadline 0 with a 1 s period: one event per
+ * second of uptime), as it does when its events are collected late; one at a
+ * time: a timer has at most one event waiting, and its next is delivered once
+ * the broker has seen that one taken (so a drain on the program's own
+ * schedule takes one per drain; chime_wait() takes each as it comes). To
+ * start one now, arm it at chime_now(). A deadline of
  * UINT64_MAX never comes, and a periodic timer whose next deadline would
  * pass it stays armed there after its last firing (until cancelled, counted
  * in the quotas). key groups timers for

@@ -26,7 +26,7 @@ class ChimeEvent(ctypes.Structure):
 
 
 class ChimeOp(ctypes.Structure):
-    # struct chime_op (chime_submit, CHIME_0.4)
+    # struct chime_op (chime_submit, CHIME_0.2)
     _fields_ = [
         ("op", ctypes.c_uint32),
         ("result", ctypes.c_int32),
@@ -46,7 +46,10 @@ def _load():
     except OSError as e:
         found = None if os.environ.get("CHIME_LIBRARY") else ctypes.util.find_library("chime")
         if found:
-            return ctypes.CDLL(found)
+            try:
+                return ctypes.CDLL(found)
+            except OSError as e2:
+                e = e2      # say why the one found failed too, with the hint below
         raise ImportError(
             f"chime: cannot load {path} ({e}); install libchime (meson install, then "
             f"ldconfig) or set CHIME_LIBRARY to its path") from None

@@ -70,7 +70,13 @@ void table_set(struct broker *b, struct client *c, uint32_t state)
 
 	chime_stats_begin(&e->seq);
 	e->state = state;
-	if (state == CHIME_CLIENT_ACTIVE || state == CHIME_CLIENT_DETACHED) {
+	/*
+	 * DYING too: a slot can go there without ever being ACTIVE (a welcome
+	 * never answered, then HELD), and it showed its last occupant's pid,
+	 * uid and comm (root's, say) while chimectl users counted it for its
+	 * real user.
+	 */
+	if (state != CHIME_CLIENT_EMPTY) {
 		e->pid = c->cred.pid;
 		e->uid = c->cred.uid;
 		e->gid = c->cred.gid;

@@ -508,6 +508,57 @@ Test(access, welcomes_never_read_keep_their_slots_taken)
 	chime_seg_unmap(&m);
 }
 
+/*
+ * A slot held (its welcome never read) was listed (chimectl clients,
+ * chimestat) under the pid, uid and comm of whoever had the slot before:
+ * the control table's identity was written for ACTIVE and DETACHED only,
+ * and a slot that never became ACTIVE went to DYING with its last
+ * occupant's. Here the last occupant is a child that opened and closed;
+ * the held slot must show this process, as chimectl users counts it.
+ */
+Test(access, a_held_slot_is_listed_as_its_own_clients_not_the_slots_last)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	struct chime_map m;
+	const struct chime_ctl *ctl;
+	const struct chime_client_ctl *cc;
+	char path[300];
+	int held, st, shown = -1;
+	pid_t child;
+
+	start("--allow-all --shards 1 --max-clients-per-uid 4");
+	o.socket_path = tb.sock;
+	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	ctl = m.base;
+	cc = (const void *)((const char *)ctl + ctl->clients_off);
+	child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		chime_t *c;
+
+		_exit(chime_open(&c, &o) == 0 ? (chime_close(c), 0) : 1);
+	}
+	cr_assert_eq(waitpid(child, &st, 0), child);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child's open and close failed");
+	for (int k = 0; k < 2000 && in_state(ctl, CHIME_CLIENT_EMPTY) != ctl->max_clients; k++)
+		usleep(1000);
+	held = hello_unread("");
+	for (int k = 0; k < 2000 && at_load(&ctl->clients_total) < 2; k++)
+		usleep(1000);
+	shutdown(held, SHUT_RDWR);
+	for (int k = 0; k < 2000 && in_state(ctl, CHIME_CLIENT_DYING) != 1; k++)
+		usleep(1000);
+	cr_assert_eq(in_state(ctl, CHIME_CLIENT_DYING), 1, "the held slot is not shown as taken");
+	for (uint32_t i = 0; i < ctl->max_clients; i++)
+		if (at_load(&cc[i].state) == CHIME_CLIENT_DYING)
+			shown = (int)at_load(&cc[i].pid);
+	cr_assert_eq(shown, (int)getpid(), "the held slot is listed as pid %d (the child was %d), not %d",
+		     shown, (int)child, (int)getpid());
+	close(held);
+	chime_seg_unmap(&m);
+}
+
 struct session_opener {
 	struct chime_opts o;
 	chime_t *c;

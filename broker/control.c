@@ -421,6 +421,15 @@ static uint64_t reserve_failed_total(const struct broker *b)
 	return n;
 }
 
+/* Some shard's slab is reserved short of --capacity (shard_slab_short()). */
+static bool any_slab_short(const struct broker *b)
+{
+	for (uint32_t i = 0; i < b->o.nr_shards; i++)
+		if (shard_slab_short(&b->shards[i]))
+			return true;
+	return false;
+}
+
 /*
  * A client's refused arms not logged yet, one line per cause: from the
  * report every LIMITS_REPORT_NS, and when its connection ends (`at_end`,
@@ -438,8 +447,12 @@ static void refusals_log(struct broker *b, struct client *c, bool at_end)
 	 * Reservations that failed since the last look (its attach, or at most
 	 * LIMITS_REPORT_NS ago): the filesystem's doing, not --capacity. The
 	 * lifetime total said so for every refusal after the first failure.
+	 * Nor is a refusal by a shard whose slab is still reserved short of
+	 * its capacity after a failure: a shard retries at most once a second,
+	 * and a client refused in between, no failure counted since its
+	 * attach, was said to be at --capacity on a full filesystem.
 	 */
-	bool fs_full = no_room != c->no_room_seen;
+	bool fs_full = no_room != c->no_room_seen || (no_room && any_slab_short(b));
 
 	c->no_room_seen = no_room;
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {

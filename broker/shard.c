@@ -153,7 +153,13 @@ static void reserve_note(struct shard *s, uint64_t bytes)
 	if (bytes <= s->reserved_bytes)
 		return;
 	s->reserved_bytes = bytes;
-	s->core.wh.reserved = nodes < s->cfg.capacity ? (uint32_t)nodes : s->cfg.capacity;
+	/* Atomic: the control thread reads it (shard_slab_short()). */
+	at_store(&s->core.wh.reserved, nodes < s->cfg.capacity ? (uint32_t)nodes : s->cfg.capacity);
+}
+
+bool shard_slab_short(const struct shard *s)
+{
+	return at_load(&s->core.wh.reserved) < s->cfg.capacity;
 }
 
 /* The first byte of a new chunk's population: the page holding the reserve's end. */

@@ -151,6 +151,13 @@ struct shard {
  */
 int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_path);
 
+/*
+ * Whether the shard's slab has storage reserved short of its --capacity
+ * (any thread, once the shard started): a node refused then is the
+ * filesystem's doing, not --capacity's.
+ */
+bool shard_slab_short(const struct shard *s);
+
 /* Wake the shard for a pass (a new wall-clock offset to follow: wall.h). Control thread. */
 void shard_poke(struct shard *s);
 

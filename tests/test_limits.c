@@ -353,6 +353,37 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 }
 
 /*
+ * A client that connects while the filesystem is still full, within the
+ * second before the shard tries to reserve again, is refused for want of
+ * room as well: its refusals were put down to --capacity ("the shards are
+ * full") since no reservation had failed since its attach (found by a
+ * full-tmpfs audit: the slab held 3% of its capacity).
+ */
+Test(limits, a_client_refused_on_a_still_full_filesystem_is_told_it_is_the_filesystem, .timeout = 60)
+{
+	char dir[64], log[64];
+	chime_t *c, *c2;
+	chime_id_t id;
+	unsigned n;
+	int err;
+
+	start_on_small_tmpfs(dir, log, "-n 1 --capacity 1048576");
+	c = copen();
+	n = arm_until_refused(c, 1000000, &err, NULL);
+	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
+	c2 = copen();   /* at once: the shard's last reservation failed less than a second ago */
+	cr_assert_eq(chime_arm(c2, 1, now_ns() + HOUR, 0, 0, &id), -ENOMEM);
+	chime_close(c2);
+	cr_expect(logged(log, "1 arm refused: the filesystem of"),
+		  "the second client's refusal is not put down to the filesystem");
+	cr_expect(!t_file_has(log, "the shards are full"), "a refusal on a full filesystem is put down to --capacity");
+	chime_close(c);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	unlink(log);
+	t_unmount_tmpfs(dir);
+}
+
+/*
  * A refusal at --capacity after the filesystem was full once, and has room
  * again, is put down to --capacity: the lifetime count of failed
  * reservations blamed the filesystem for every refusal after the first

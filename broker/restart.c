@@ -539,6 +539,13 @@ int restart_save(struct broker *b)
 	}
 	r = sessfile_open(&b->sess, b->sess_path, &g, recs);
 	free(recs);
+	/*
+	 * A start that took nothing over has no sessions to leave in the files:
+	 * the hint is the other state files' (the room, or an inode).
+	 */
+	if (r < 0 && !b->restoring && r != -EPERM)
+		return log_errno_hint(LOG_ERR, r, r == -ENOSPC || r == -EDQUOT ? SEG_NO_ROOM_HINT : NULL,
+				      "cannot write sessions file '%s'", b->sess_path);
 	/* Not started: what the lines before said was taken over is left as it was, for the next broker. */
 	if (r < 0)
 		return log_errno_hint(LOG_ERR, r, r == -EPERM ?

@@ -196,6 +196,14 @@ struct client {
 	pid_t holder_pid;
 	uint32_t token;                 /* chime_welcome.session_token of the last attach; 0: unknown */
 	/*
+	 * Restored holding grants carried for holder_pid (the process that
+	 * was attached when the last broker went): its exit before it resumes
+	 * frees them (holder_watch() in control.c). holder_lost: it did, and
+	 * its resume is refused (ESTALE): what it would re-submit against is gone.
+	 */
+	bool holder_watched;
+	bool holder_lost;
+	/*
 	 * Both as they were before this re-attach: one that fails before the
 	 * shards attach it (offer_failed()) freed nothing of the last holder's,
 	 * which may still resume, so they come back.
@@ -342,6 +350,12 @@ int restart_save(struct broker *b);
  * `count` (for --fresh's message), else 0.
  */
 uint64_t restart_remove_shard_files(const struct broker *b, uint32_t from, bool count);
+/*
+ * After the shards restored, before they run: each restored session that
+ * holds grants carried for its process is watched for that process's exit
+ * (holder_watched; control.c, holder_watch()).
+ */
+void restart_watch_holders(struct broker *b);
 /* Record a session's slot (opened, detached) or clear it (reclaimed). */
 void restart_put(struct broker *b, const struct client *c);
 void restart_clear(struct broker *b, const struct client *c);

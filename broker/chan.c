@@ -195,6 +195,11 @@ static void carried_free(struct shard_core *sc, struct chan *ch)
 	ch->resuming = 0;
 }
 
+void chan_forget_carried(struct shard_core *sc, struct chan *ch)
+{
+	carried_free(sc, ch);
+}
+
 /* The carried node a re-submitted ARM names, taken off the list; else CHIME_NIL. */
 static uint32_t carried_take(struct shard_core *sc, struct chan *ch, uint64_t id)
 {

@@ -529,6 +529,12 @@ void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem
 void chan_carry(struct shard_core *sc, struct chan *ch, uint32_t idx);
 
 /*
+ * Free the carried nodes of parked channel ch: the process that would
+ * re-submit ARMs naming them is gone (it exited before it resumed).
+ */
+void chan_forget_carried(struct shard_core *sc, struct chan *ch);
+
+/*
  * After restore: the held events of ch the old broker had delivered (at
  * old-ring positions), in order; the array is the channel's now. A process
  * that resumes tells which it took (resume_cq_head): those are dropped, the

@@ -650,6 +650,7 @@ bool held_drained(struct broker *b, struct client *c)
 
 static void client_release(struct broker *b, struct client *c)
 {
+	c->holder_watched = false;
 	for (uint32_t i = 0; c->chans && i < b->o.nr_shards; i++)
 		chan_fini(&c->chans[i]);
 	free(c->chans);
@@ -1483,6 +1484,37 @@ static bool word_awaited(const struct client *c, const struct chan_mem *m)
 	return c->resume && at_load(&m->rw->resume_set) != 1;
 }
 
+/*
+ * A session restored with the process that was attached when the last
+ * broker went keeps that process's unused grants (carried, chan.c) for
+ * the ARMs its library re-submits when it resumes. Had it exited first,
+ * nothing freed them before the linger ran out: sq-size nodes per shard
+ * counted against its user's quota for an hour, past restarts (an
+ * accounting audit). Its exit (looked for once a beat, only for such
+ * sessions, until they are attached or gone) frees them now, and its
+ * resume, should a process of that pid try one, is refused. A pid reused
+ * meanwhile keeps them to the linger, as before.
+ */
+static void holder_watch(struct broker *b, struct client *c)
+{
+	if (kill(c->holder_pid, 0) == 0 || errno != ESRCH)
+		return;
+	for (uint32_t s = 0; c->chans && s < b->o.nr_shards; s++) {
+		struct shard_cmd cmd = {
+			.op = SHARD_CMD_FORGET,
+			.slot = c->slot,
+			.generation = c->generation,
+			.ch = &c->chans[s],
+		};
+
+		shard_post(&b->shards[s], &cmd);
+	}
+	log_msg(LOG_DEBUG, "session '%s': pid %d exited before it resumed: the ids it held for its next arms are freed",
+		c->session, (int)c->holder_pid);
+	c->holder_watched = false;
+	c->holder_lost = true;
+}
+
 static bool clients_beat(struct broker *b, uint64_t now)
 {
 	bool asleep[CHIME_MAX_SHARDS], quiet = true;
@@ -1545,6 +1577,8 @@ static bool clients_beat(struct broker *b, uint64_t now)
 			}
 			continue;
 		}
+		if (c->state == CL_DETACHED && c->holder_watched && !b->stopping)
+			holder_watch(b, c);
 		/* A stop hands detached sessions over too: their lingers go on in the next broker. */
 		if (c->state == CL_DETACHED && !b->stopping && now >= c->linger_until_ns) {
 			if (log_budget_take(&b->conn_log, CONN_LOG_PER_S, CONN_LOG_WHAT))
@@ -1891,6 +1925,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	c->sq_base = 0;
 	c->cred = *cred;
 	c->holder_pid = session[0] ? cred->pid : 0;
+	c->holder_watched = c->holder_lost = false;
 	c->created = session[0] != 0;
 	c->no_room_seen = reserve_failed_total(b);
 	if (session[0])
@@ -1947,6 +1982,7 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 		return;
 	}
 	c->fd = fd;
+	c->holder_watched = c->holder_lost = false;     /* it resumes, or its attach frees them */
 	c->last_holder_pid = c->holder_pid;     /* back if this attach fails before the shards' (offer_failed()) */
 	c->last_token = c->token;
 	c->holder_pid = cred->pid;

@@ -666,7 +666,7 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		send_status(cn->fd, -ECONNREFUSED);
 		return;
 	}
-	if (resume && ((h->limit && c->token && h->limit != c->token) ||
+	if (resume && ((h->limit && c->token && h->limit != c->token) || c->holder_lost ||
 		       (c->holder_pid && c->holder_pid != cred->pid))) {
 		/*
 		 * Another attach since this library's (another process, or
@@ -675,8 +675,12 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		 * returned 0. It learns instead. The token says which attach; the
 		 * pid, for a library before tokens.
 		 */
-		snprintf(why, sizeof(why), "session '%s' was opened again (pid %d) since this connection "
-			 "held it: it cannot be resumed", name, (int)c->holder_pid);
+		if (c->holder_lost)
+			snprintf(why, sizeof(why), "session '%s': its process (pid %d) exited before it resumed, what "
+				 "it held is freed", name, (int)c->holder_pid);
+		else
+			snprintf(why, sizeof(why), "session '%s' was opened again (pid %d) since this connection "
+				 "held it: it cannot be resumed", name, (int)c->holder_pid);
 		refuse_log(b, cred, why);
 		send_status(cn->fd, -ESTALE);
 		return;

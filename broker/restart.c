@@ -204,6 +204,7 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	c->cred.gid = r->gid;
 	c->cred.pid = 0;
 	c->holder_pid = r->pid;
+	c->holder_watched = c->holder_lost = false;     /* restart_watch_holders(), once the shards restored */
 	c->token = r->token;
 	snprintf(c->comm, sizeof(c->comm), "(restored)");
 	c->generation = r->generation;
@@ -213,6 +214,21 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	c->connected_ns = now;
 	b->clients_now++;
 	b->clients_total++;
+}
+
+void restart_watch_holders(struct broker *b)
+{
+	for (uint32_t i = 0; b->clients && i < b->o.max_clients; i++) {
+		struct client *c = &b->clients[i];
+		uint32_t carried = 0;
+
+		c->holder_watched = false;
+		if (c->state != CL_DETACHED || !c->session[0] || c->holder_pid <= 0 || !c->chans)
+			continue;
+		for (uint32_t s = 0; s < b->o.nr_shards; s++)
+			carried += c->chans[s].nr_carried;
+		c->holder_watched = carried != 0;
+	}
 }
 
 /*

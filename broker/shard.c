@@ -825,6 +825,13 @@ static bool run_cmds(struct shard *s, bool *work)
 			bell_cancel(s, c.ch);
 			s->dying[s->nr_dying++] = c;
 			break;
+		case SHARD_CMD_FORGET:
+			if (s->core.by_slot[c.slot] != c.ch || !c.ch->parked)
+				break;
+			chan_forget_carried(&s->core, c.ch);
+			/* a parked channel's count is published by whoever changes it (reclaim_step()) */
+			stats_client_owned(&s->st, c.ch->slot, c.ch->owned);
+			break;
 		case SHARD_CMD_STOP:
 			return true;
 		}

@@ -31,6 +31,7 @@
 #define SHARD_CMD_STOP   3u
 #define SHARD_CMD_PARK   4u     /* a session's process is gone: keep its timers, drop its rings (chan_park) */
 #define SHARD_CMD_REATTACH 5u   /* a parked session's new process: its new rings (chan_reattach) */
+#define SHARD_CMD_FORGET 6u     /* a parked session's carried grants: their process is gone (no ack) */
 
 /* chan.bell_state: the io_uring read on a client's doorbell. */
 #define SHARD_BELL_IDLE       0u  /* none outstanding */

@@ -659,6 +659,7 @@ out:
 	if (r < 0)
 		return r;
 	b->ctl->sessions_unadmitted = b->sessions_unadmitted;
+	restart_watch_holders(b);       /* the shards' threads not started: their carried counts are still ours */
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
 		b->ctl->shards_lost += b->shards[i].file_lost;
 		r = shard_start(&b->shards[i], nth_cpu(&cpus, ncpu, i));

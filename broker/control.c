@@ -1018,6 +1018,13 @@ static void on_mapped(struct broker *b, struct client *c, int res)
 	 */
 	(void)chime_seg_populate(c->rw.base, c->rw.size);
 	rw_publish(b, c);
+	/*
+	 * It resumes, or its attach frees them: only now. An attach that
+	 * failed before this (offer_failed()) left the last holder's grants
+	 * carried, and they stay watched for its exit.
+	 */
+	if (c->reattaching)
+		c->holder_watched = c->holder_lost = false;
 	post_all(b, c, c->reattaching ? SHARD_CMD_REATTACH : SHARD_CMD_ATTACH);
 }
 
@@ -1982,7 +1989,6 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 		return;
 	}
 	c->fd = fd;
-	c->holder_watched = c->holder_lost = false;     /* it resumes, or its attach frees them */
 	c->last_holder_pid = c->holder_pid;     /* back if this attach fails before the shards' (offer_failed()) */
 	c->last_token = c->token;
 	c->holder_pid = cred->pid;

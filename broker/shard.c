@@ -529,7 +529,8 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->core.user_of_slot = calloc(cfg->max_clients, sizeof(*s->core.user_of_slot));
 	s->active = calloc(cfg->max_clients, sizeof(*s->active));
 	s->dying = calloc(cfg->max_clients, sizeof(*s->dying));
-	while (qsize < cfg->max_clients + 2)
+	/* a client's command and its unacknowledged FORGET (holder_watch()), and STOP */
+	while (qsize < 2 * cfg->max_clients + 2)
 		qsize <<= 1;
 	s->q = calloc(qsize, sizeof(*s->q));
 	s->q_mask = qsize - 1;
@@ -584,7 +585,11 @@ void shard_post(struct shard *s, const struct shard_cmd *cmd)
 {
 	uint64_t t = s->q_tail;
 
-	/* The control thread never has more than max_clients + 1 commands out. */
+	/*
+	 * The control thread never has more than 2 * max_clients + 1 commands
+	 * out: one acknowledged command a client, a FORGET (not acknowledged,
+	 * once a restore) a client, and STOP.
+	 */
 	s->q[t & s->q_mask] = *cmd;
 	/* M1: the command before the tail; pairs with M2 in run_cmds(). */
 	at_store_rel(&s->q_tail, t + 1);

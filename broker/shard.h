@@ -167,7 +167,8 @@ int shard_start(struct shard *s, int cpu);
 
 /*
  * Post a command (control thread only) and ring the doorbell. The queue holds
- * max_clients + 2 commands; a client has at most one outstanding.
+ * 2 * max_clients + 2 commands; a client has at most one acknowledged command
+ * outstanding, and one FORGET (holder_watch(), not acknowledged).
  */
 void shard_post(struct shard *s, const struct shard_cmd *cmd);
 

@@ -1538,6 +1538,78 @@ static int shard0_hold(void)
 }
 
 /*
+ * A restored session's holder that exits before it resumes gets its
+ * carried grants freed by a command no one acknowledges (SHARD_CMD_FORGET,
+ * control.c's holder_watch()), so a slot can have it and its next command
+ * in a shard's command ring at once. The ring was sized for one command a
+ * client: with the shard held, six holders' exits and six re-opens of
+ * their sessions (12 commands in a ring of 8 at --max-clients 6)
+ * overwrote some; 2 of 6 opens came back and the broker died of SIGSEGV
+ * (3 of 4 runs: a review). All six must open, the broker running.
+ */
+Test(restart, forgotten_grants_and_reopens_of_every_slot_fit_a_held_shards_command_ring, .timeout = 60)
+{
+	enum { N = 6 };
+	pid_t holders[N], openers[N];
+	int ready[2], hold[2], st, tid, opened = 0;
+	char c;
+
+	start("--shards 1 --max-clients 6 --sq-size 16");
+	cr_assert_eq(pipe(ready), 0);
+	cr_assert_eq(pipe(hold), 0);
+	for (int i = 0; i < N; i++) {
+		holders[i] = fork();
+		cr_assert_geq(holders[i], 0);
+		if (holders[i] == 0) {
+			char name[16];
+			chime_t *h;
+			chime_id_t id;
+
+			snprintf(name, sizeof(name), "held-%d", i);
+			(void)!write(ready[1], sopen(&h, name) == 0 && chime_arm(h, 1, now_ns() + HOUR, 0, 0, &id) == 0 &&
+					       chime_flush(h) == 0 ? "y" : "n", 1);
+			(void)!read(hold[0], &c, 1);    /* held: no call into libchime after the restart */
+			_exit(0);
+		}
+	}
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(read(ready[0], &c, 1), 1);
+		cr_assert_eq(c, 'y', "a holder could not open and arm");
+	}
+	restart(SIGTERM, "--shards 1 --max-clients 6 --sq-size 16");   /* their grants carried */
+	tid = shard0_hold();
+	for (int i = 0; i < N; i++) {
+		kill(holders[i], SIGKILL);
+		waitpid(holders[i], &st, 0);
+	}
+	usleep(1000 * 1000);    /* a beat or two: a FORGET for each */
+	for (int i = 0; i < N; i++) {
+		openers[i] = fork();
+		if (openers[i] == 0) {
+			char name[16];
+			chime_t *o;
+
+			alarm(20);
+			snprintf(name, sizeof(name), "held-%d", i);
+			_exit(sopen(&o, name) == 0 ? 0 : 1);
+		}
+	}
+	usleep(1000 * 1000);    /* their REATTACHes posted behind the FORGETs */
+	cr_assert_eq(t_thread_release(tid), 0);
+	for (int i = 0; i < N; i++) {
+		if (openers[i] > 0 && waitpid(openers[i], &st, 0) == openers[i] && WIFEXITED(st) &&
+		    WEXITSTATUS(st) == 0)
+			opened++;
+	}
+	close(ready[0]);
+	close(ready[1]);
+	close(hold[0]);
+	close(hold[1]);
+	cr_assert(t_broker_running(tb.sock, tb.pid), "the broker died");
+	cr_assert_eq(opened, N, "%d of %d re-opens of the sessions succeeded", opened, N);
+}
+
+/*
  * SIGTERM the broker with its shard 0 held under ptrace: a stop that waits
  * for the attached sessions to park until the shard is released
  * (t_thread_release() of the tid returned, before any assertion: a test

@@ -1776,19 +1776,16 @@ Test(tools_live, a_parked_sessions_timers_count_in_users_across_a_restart, .time
 }
 
 /*
- * A session's process attached at a restart keeps its unused grants for
- * the arms its library re-submits when it resumes (carried). One that
- * exited before it resumed left them counted against its user's quota
- * until the linger ran out (an hour by default), past further restarts:
- * sq-size nodes a shard (an accounting audit: 74 of 300 counted for 10
- * timers). Its exit frees them now, within a heartbeat or two.
+ * A child holding session `holder-gone` with 10 timers armed, attached
+ * through a `chimectl restart` and never calling libchime after it: its
+ * unused grants are carried for it (counted, the fullest shard's share of
+ * both rings of 64). The child waits on hold[0].
  */
-Test(tools_live, grants_carried_for_a_process_that_exits_before_it_resumes_are_freed, .timeout = 60)
+static pid_t holder_across_a_restart(int hold[2])
 {
-	int ready[2], hold[2];
+	int ready[2];
 	char c;
 	pid_t child;
-	int st;
 
 	start_broker("--shards 2 --sq-size 64 --max-timers-per-uid 100000");
 	cr_assert_eq(pipe(ready), 0);
@@ -1810,21 +1807,75 @@ Test(tools_live, grants_carried_for_a_process_that_exits_before_it_resumes_are_f
 	}
 	cr_assert_eq(read(ready[0], &c, 1), 1);
 	cr_assert_eq(c, 'y', "the session's process could not arm");
-	cr_assert_eq(users_settle(".users[0].armed == 10", 1), 1, "%s", slurp(out));
-	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
-	/* carried: the 10 timers and the grants of both old rings (64 a shard, the fullest shard's share shown) */
-	cr_assert_eq(users_settle(".users[0].armed == 10 and .users[0].counted > 40", 1), 1, "after the restart: %s",
-		     slurp(out));
-	kill(child, SIGKILL);
-	cr_assert_eq(waitpid(child, &st, 0), child);
-	cr_assert_eq(users_settle(".users[0].armed == 10 and .users[0].counted <= 10", 1), 1,
-		     "the grants carried for a process that is gone still count: %s", slurp(out));
-	cr_assert_eq(run("%s --socket '%s' sessions", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
-	cr_assert(strstr(slurp(out), "holder-gone"), "the session itself went: %s", slurp(out));
 	close(ready[0]);
 	close(ready[1]);
+	cr_assert_eq(users_settle(".users[0].armed == 10", 1), 1, "%s", slurp(out));
+	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(users_settle(".users[0].armed == 10 and .users[0].counted > 40", 1), 1, "after the restart: %s",
+		     slurp(out));
+	return child;
+}
+
+/* The holder killed: its carried grants are freed within a heartbeat or two (users_settle() waits 3 s). */
+static void holder_killed_frees_its_grants(pid_t child, int hold[2], const char *after)
+{
+	int st;
+
+	kill(child, SIGKILL);
+	cr_assert_eq(waitpid(child, &st, 0), child);
 	close(hold[0]);
 	close(hold[1]);
+	cr_assert_eq(users_settle(".users[0].armed == 10 and .users[0].counted <= 10", 1), 1,
+		     "the grants carried for a process that is gone still count%s: %s", after, slurp(out));
+}
+
+/*
+ * A session's process attached at a restart keeps its unused grants for
+ * the arms its library re-submits when it resumes (carried). One that
+ * exited before it resumed left them counted against its user's quota
+ * until the linger ran out (an hour by default), past further restarts:
+ * sq-size nodes a shard (an accounting audit: 74 of 300 counted for 10
+ * timers). Its exit frees them now, within a heartbeat or two.
+ */
+Test(tools_live, grants_carried_for_a_process_that_exits_before_it_resumes_are_freed, .timeout = 60)
+{
+	int hold[2];
+	pid_t child = holder_across_a_restart(hold);
+
+	holder_killed_frees_its_grants(child, hold, "");
+	cr_assert_eq(run("%s --socket '%s' sessions", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "holder-gone"), "the session itself went: %s", slurp(out));
+}
+
+/*
+ * An attach of the session that fails before the shards attach it
+ * (offer_failed(): here another process opens it anew and hangs up
+ * without answering its welcome) leaves the holder's grants carried, and
+ * watched: it switched the watch off for good (a review), and the
+ * holder's exit then freed nothing until the linger ran out.
+ */
+Test(tools_live, carried_grants_are_freed_after_a_failed_open_and_the_holders_exit, .timeout = 60)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
+	struct chime_welcome w = { 0 };
+	int hold[2], fd;
+	pid_t child = holder_across_a_restart(hold);
+
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	memcpy(sa.sun_path, sock, strlen(sock));
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	strcpy(h.session, "holder-gone");
+	cr_assert_eq(send(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+	cr_assert_eq(recv(fd, &w, sizeof(w), 0), (ssize_t)sizeof(w));
+	cr_assert_eq(w.status, 0, "the open was refused: %d", w.status);
+	close(fd);
+	/* the failed open left it as it was: detached, the holder's grants still carried */
+	cr_assert_eq(users_settle(".users[0].armed == 10 and .users[0].counted > 40", 1), 1,
+		     "after the failed open: %s", slurp(out));
+	usleep(300000);
+	holder_killed_frees_its_grants(child, hold, " after a failed open");
 }
 
 /* A running broker's socket removed: chimectl says so, not "is chimed running?" (an operator audit). */

@@ -550,6 +550,22 @@ Test(limits, a_restart_on_a_full_filesystem_starts_with_what_it_had, .timeout = 
 	t_unmount_tmpfs(dir);
 }
 
+/* chimed started on the tmpfs at dir, which cannot start there: its output (in out) and exit status 1. */
+static void start_fails_on(const char *dir, char *out, size_t len)
+{
+	char cmd[512];
+	FILE *p;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "%s --foreground -n 1 --socket %s/chime.sock 2>&1", getenv("CHIMED"), dir);
+	memset(out, 0, len);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	(void)!fread(out, 1, len - 1, p);
+	st = pclose(p);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; output: %s", st, out);
+}
+
 /*
  * A fresh start whose sessions file finds no room (here no inode: the root,
  * the socket, lock, control and shard files take the five) fails naming it
@@ -558,19 +574,12 @@ Test(limits, a_restart_on_a_full_filesystem_starts_with_what_it_had, .timeout = 
  */
 Test(limits, a_fresh_start_without_room_for_the_sessions_file_says_so)
 {
-	char dir[64], cmd[512], out[2048] = "";
-	FILE *p;
-	int st;
+	char dir[64], out[2048];
 
 	if (geteuid() != 0)
 		cr_skip("mounting a tmpfs needs root");
 	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m,nr_inodes=5"), 0, "mount tmpfs: %s", strerror(errno));
-	snprintf(cmd, sizeof(cmd), "%s --foreground -n 1 --socket %s/chime.sock 2>&1", getenv("CHIMED"), dir);
-	p = popen(cmd, "r");
-	cr_assert_not_null(p);
-	(void)!fread(out, 1, sizeof(out) - 1, p);
-	st = pclose(p);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; output: %s", st, out);
+	start_fails_on(dir, out, sizeof(out));
 	cr_assert(strstr(out, "cannot write sessions file") && strstr(out, "No space left"), "unclear message: %s", out);
 	cr_expect(strstr(out, "no free inode"), "the room is not named: %s", out);
 	cr_expect(!strstr(out, "sessions and their timers stay"), "sessions said kept where there were none: %s", out);
@@ -580,30 +589,18 @@ Test(limits, a_fresh_start_without_room_for_the_sessions_file_says_so)
 
 Test(limits, tiny_tmpfs_fails_start_with_a_clear_message)
 {
-	char dir[64], cmd[512], out[1024] = "";
-	FILE *p;
-	int st;
+	char dir[64], out[1024];
 
 	if (geteuid() != 0)
 		cr_skip("mounting a tmpfs needs root");
 	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "1m"), 0, "mount tmpfs: %s", strerror(errno));
-	snprintf(cmd, sizeof(cmd), "%s --foreground -n 1 --socket %s/chime.sock 2>&1", getenv("CHIMED"), dir);
-	p = popen(cmd, "r");
-	cr_assert_not_null(p);
-	(void)!fread(out, 1, sizeof(out) - 1, p);
-	st = pclose(p);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; output: %s", st, out);
+	start_fails_on(dir, out, sizeof(out));
 	cr_assert(strstr(out, "cannot reserve") && strstr(out, dir), "unclear message: %s", out);
 	cr_assert_eq(t_count_files(dir), 0, "a failed start left files behind");
 
 	/* No room even for the lock file's pid: said, and the empty file not left (found by an audit) */
 	cr_assert_geq(t_fill(dir, "filler", 0), 0, "filling: %s", strerror(errno));
-	memset(out, 0, sizeof(out));
-	p = popen(cmd, "r");
-	cr_assert_not_null(p);
-	(void)!fread(out, 1, sizeof(out) - 1, p);
-	st = pclose(p);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; output: %s", st, out);
+	start_fails_on(dir, out, sizeof(out));
 	cr_assert(strstr(out, "cannot write lock file") && strstr(out, "No space left"), "unclear message: %s", out);
 	cr_assert_eq(t_count_files(dir), 1, "a failed start left files behind (the filler is the one)");
 	t_unmount_tmpfs(dir);

@@ -1556,6 +1556,37 @@ Test(tools_live, restart_says_when_the_new_broker_has_fewer_sessions, .timeout =
 }
 
 /*
+ * A broker that cannot execute itself again at a restart (its binary
+ * removed from under it, or a new one that fails to start) stops; chimectl
+ * waited its full 10 s and said "no new chimed runs" as if one were slow.
+ * It says the broker exited as soon as no broker holds the lock file.
+ */
+Test(tools_live, restart_says_at_once_that_the_broker_exited, .timeout = 60)
+{
+	char copy[256], cmd[600];
+	const char *chimed = getenv("CHIMED");
+	uint64_t t0;
+	double secs;
+
+	cr_assert(chimed);
+	snprintf(copy, sizeof(copy), "%s/bin/chimed", dir);     /* chimectl signals only a "chimed" */
+	snprintf(cmd, sizeof(cmd), "mkdir '%s/bin' && cp '%s' '%s'", dir, chimed, copy);
+	cr_assert_eq(system(cmd), 0);
+	cr_assert_eq(setenv("CHIMED", copy, 1), 0);
+	start_broker("--shards 1");
+	cr_assert_eq(setenv("CHIMED", chimed, 1), 0);
+	cr_assert_eq(unlink(copy), 0);          /* execv() of /proc/self/exe's path fails: it stops */
+	t0 = now_ns();
+	cr_assert_eq(run("%s --socket '%s' -j restart", bin("CHIMECTL"), sock), 1, "%s", slurp(err));
+	secs = (double)(now_ns() - t0) / 1e9;
+	cr_assert(strstr(slurp(err), "exited on SIGUSR2 and no new chimed started"), "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "\"restarted\":false"), "%s", slurp(out));
+	cr_assert_lt(secs, 8.0, "it took %.1f s (the 10 s wait for a new broker)", secs);
+	broker = 0;             /* gone: nothing for the teardown to stop */
+	tb.pid = 0;
+}
+
+/*
  * Any uint64_t deadline and period is valid (UINT64_MAX: never, in
  * effect): chimectl timers shows them far ahead, never as long overdue.
  * Before, a signed difference put them 51636 s in the past, and the

@@ -108,6 +108,8 @@ static void jset(const char *key, json_t *v)
 #define SHUTDOWN_WAIT_NS (UINT64_C(5) * 1000000000u)
 /* How long `restart` waits for the new broker. */
 #define RESTART_WAIT_NS (UINT64_C(10) * 1000000000u)
+/* ... and how long for a new one once the old is gone (systemd's unit restarts it after 100 ms). */
+#define RESTART_GONE_NS (UINT64_C(2) * 1000000000u)
 
 static void usage(FILE *f)
 {
@@ -1016,17 +1018,36 @@ static int64_t sessions_total(const char *sock)
  */
 static int cmd_restart(const char *sock)
 {
-	uint64_t t0, start;
+	uint64_t t0, start, gone_ns;
 	int64_t before = sessions_total(sock), after;
 	pid_t pid;
 	int r = signal_broker(sock, SIGUSR2, &pid, &start);
 
 	if (r)
 		return r;
-	for (t0 = now_ns();; pause_20ms()) {
+	for (t0 = now_ns(), gone_ns = 0;; pause_20ms()) {
 		struct sr_snap sn;
 		struct sr s;
 
+		/*
+		 * It re-executes itself in place (same pid): gone, with no
+		 * broker holding the lock file for a while, it stopped (its
+		 * execv() failed, or the new one could not start) and nothing
+		 * starts another (a service manager would within RestartSec).
+		 */
+		if (pid_gone(pid) && !sr_broker_alive(sock)) {
+			if (!gone_ns)
+				gone_ns = now_ns();
+			else if (now_ns() - gone_ns > RESTART_GONE_NS) {
+				jset("restarted", json_false());
+				jset("sessions_before", before >= 0 ? json_integer(before) : json_null());
+				jset("sessions_after", json_null());
+				return fail(SR_EXIT_NOSHM, "chimed (pid %d) exited on SIGUSR2 and no new chimed started "
+					    "at '%s' (see its log: it says why)", (int)pid, sock);
+			}
+		} else {
+			gone_ns = 0;
+		}
 		if (now_ns() - t0 > RESTART_WAIT_NS) {
 			jset("restarted", json_false());
 			jset("sessions_before", before >= 0 ? json_integer(before) : json_null());

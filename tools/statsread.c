@@ -201,7 +201,7 @@ static int sr_fits(uint64_t map_size, uint64_t off, uint64_t n, uint64_t size)
  * user cannot read (another user's broker) says nothing: alive, as far as
  * we know.
  */
-static bool broker_alive(const char *sock)
+bool sr_broker_alive(const char *sock)
 {
 	char path[PATH_MAX], buf[32] = "";
 	ssize_t n;
@@ -256,7 +256,7 @@ int sr_open(struct sr *s, const char *sock)
 	snprintf(s->ctl_path, sizeof(s->ctl_path), "%s.ctl", sock);
 	/* The file's identity kept for sr_follow(). */
 	r = sr_map(s->ctl_path, CHIME_SEG_CONTROL, &s->map, &st, &s->layout_seen);
-	if (r == -EAGAIN && !broker_alive(sock))
+	if (r == -EAGAIN && !sr_broker_alive(sock))
 		r = -ESRCH;
 	if (r < 0)
 		return r;

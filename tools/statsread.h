@@ -163,6 +163,11 @@ void sr_snap_free(struct sr_snap *snap);
 /* Liveness from the snapshot: state, heartbeat age and whether the pid exists. why: a reason. */
 enum sr_state sr_liveness(const struct sr_snap *snap, const char **why);
 
+/*
+ * Does a broker hold the socket's lock file (the pid it names is there)?
+ * true too for a lock file this user cannot read: alive, as far as we know.
+ */
+bool sr_broker_alive(const char *sock);
 /* Process pid's state letter in /proc/PID/stat ('R', 'S', 'Z'...), or 0 if it cannot be read (gone, no /proc). */
 char sr_pid_state(pid_t pid);
 const char *sr_state_name(uint32_t state);

@@ -419,9 +419,12 @@ int log_file_not_ours(const char *what, const char *path, const struct stat *st,
 		log_msg(LOG_ERR, "%s '%s' belongs to uid %u, not to this broker's (%u) or root: not using it "
 			"(another user can write in its directory?); %s", what, path, (unsigned)st->st_uid,
 			(unsigned)geteuid(), remedy);
-	else
+	else if (st->st_nlink > 1)
 		log_msg(LOG_ERR, "%s '%s' has %lu links (another name for someone's file, made by a user who can "
 			"write in its directory?): not using it; %s", what, path, (unsigned long)st->st_nlink,
 			remedy);
+	else    /* ours, one name: the EPERM was the open's or fchmod's (it said "has 1 links" of these) */
+		log_msg(LOG_ERR, "%s '%s' cannot be opened for writing: %s (immutable or append-only? lsattr "
+			"shows it, chattr -i -a clears it): not using it", what, path, strerror(EPERM));
 	return -EPERM;
 }

@@ -94,8 +94,9 @@ struct stat;
 /*
  * A state file chime_seg_ours() refused (what: "lock file", "sessions
  * file", "shard file"; remedy: what to do): another uid's, or one with a
- * second name (a hard link someone made to a file of theirs or root's).
- * Returns -EPERM.
+ * second name (a hard link someone made to a file of theirs or root's);
+ * else one that is ours and that open(2) or fchmod(2) refused EPERM (an
+ * immutable or append-only file). Returns -EPERM.
  */
 int log_file_not_ours(const char *what, const char *path, const struct stat *st, const char *remedy);
 

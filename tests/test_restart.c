@@ -640,7 +640,7 @@ Test(restart, a_sessions_file_with_a_damaged_header_is_refused_and_said_so)
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10);
 }
 
-/* Set (on) or clear the sessions file's immutable flag; false where its filesystem has none. */
+/* Set (on) or clear the immutable flag of fd (a sessions or shard file); false where its filesystem has none. */
 static bool sessions_immutable(int fd, bool on)
 {
 	int flags;
@@ -679,6 +679,34 @@ Test(restart, a_sessions_file_it_cannot_write_is_refused_said_and_its_timers_kep
 	restart(0, "-n 2");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "the next broker did not take the timers over");
 	chime_close(sopen_ok("ro"));
+}
+
+/*
+ * A shard file the next broker may not open for writing (immutable: root's
+ * open gets EPERM) is the broker's own, with one name: it was said to be
+ * "another name for someone's file ... has 1 links", which sends an
+ * operator looking for a hard link that is not there.
+ */
+Test(restart, a_shard_file_it_cannot_write_is_said_as_such_not_as_a_second_name)
+{
+	char log[300], extra[400], path[PATH_MAX];
+	int fd;
+
+	detached_session_on_two_shards("ro-shard", 10, log, sizeof(log));
+	close(killed_sessions_file());
+	snprintf(path, sizeof(path), "%s.shard1", tb.sock);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
+	if (!sessions_immutable(fd, true))
+		cr_skip_test("no immutable flag on this filesystem: %s", strerror(errno));
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker started on a shard file it cannot write");
+	cr_assert(sessions_immutable(fd, false));
+	close(fd);
+	cr_assert(t_file_has(log, path) && t_file_has(log, "immutable"), "the refusal does not name the file and why");
+	cr_assert_not(t_file_has(log, "links"), "the refusal speaks of a hard link that is not there");
+	restart(0, "-n 2");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 10, "the next broker did not take the timers over");
 }
 
 /*

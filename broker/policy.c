@@ -96,11 +96,24 @@ static int parse_list(char kind, const char *list, unsigned **out, size_t *n, ch
 		free(copy);
 		return -EINVAL;
 	}
+	/*
+	 * One comma at the end is what a template's loop writes ("{{u}},"),
+	 * and brokers before the empty-entry rule took it: refused, a
+	 * `chimectl restart` onto this version left no broker. Dropped.
+	 */
+	for (size_t len = strlen(copy); len > 0; len--) {
+		if (copy[len - 1] == ',') {
+			copy[len - 1] = '\0';
+			break;
+		}
+		if (copy[len - 1] != ' ' && copy[len - 1] != '\t')
+			break;
+	}
 	while (r == 0 && (part = strsep(&rest, ",")) != NULL) {
 		tok = strtok_r(part, " \t", &save);
-		/* "a,,b" or "a,": no one where an entry was meant, the mark of an empty variable in a generated list */
+		/* "a,,b", ",a" or "a,,": no one where an entry was meant, the mark of an empty variable in a generated list */
 		if (!tok) {
-			snprintf(err, errlen, "an empty entry in '%.64s' (two commas in a row, or one at an end)", list);
+			snprintf(err, errlen, "an empty entry in '%.64s' (two commas in a row, or one at the start)", list);
 			r = -EINVAL;
 		}
 		for (; tok && r == 0; tok = strtok_r(NULL, " \t", &save))
@@ -304,7 +317,8 @@ static int load_file(struct policy *p, const char *path, char *err, size_t errle
 			break;
 		}
 		msg[0] = '\0';
-		r = file_line(p, line, msg, sizeof(msg));
+		/* a UTF-8 byte order mark first (Windows editors, as CRLF): no part of the first word, and unseen in its message */
+		r = file_line(p, line + (no == 1 && !strncmp(line, "\xef\xbb\xbf", 3) ? 3 : 0), msg, sizeof(msg));
 		if (r < 0)
 			snprintf(err, errlen, "%s:%u: %s", path, no, msg);
 	}

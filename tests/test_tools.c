@@ -4085,9 +4085,11 @@ Test(tools_fake, a_query_at_a_listener_that_never_accepts_times_out)
  * CHIME_CLIENTS_MAX slots (a session holds a client slot), each page's
  * slots must rise from the one asked for (a page of one good slot and
  * then slot 0 again grew it 128 KiB a page, for good: a review), and an
- * answer has 10 s in all.
+ * answer has 10 s in all, a listing 30 s (pages each whole and good, but
+ * slow, held it for days; chimectl's status and elapsed time are checked:
+ * one killed at the `timeout` printed nothing, so passed on its lines).
  */
-enum fake_sessions { FAKE_PAGES, FAKE_DRIP, FAKE_BACK };
+enum fake_sessions { FAKE_PAGES, FAKE_DRIP, FAKE_BACK, FAKE_SLOW };
 
 static void fake_sessions_broker(int l, enum fake_sessions how)
 {
@@ -4104,9 +4106,14 @@ static void fake_sessions_broker(int l, enum fake_sessions how)
 			_exit(1);
 		if (recv(c, &h, sizeof(h), 0) != (ssize_t)sizeof(h) || h.flags != CHIME_HELLO_QUERY_SESSIONS)
 			_exit(1);
+		/* FAKE_SLOW: each page whole and good, one session, after 1.5 s: only the listing's 30 s ends it */
+		if (how == FAKE_SLOW) {
+			usleep(1500 * 1000);
+			head.count = 1;
+		}
 		(void)send(c, &head, sizeof(head), MSG_NOSIGNAL);
-		for (uint32_t k = 0; k < CHIME_QUERY_MAX; k += drip ? 1 : CHIME_QUERY_BATCH) {
-			uint32_t n = drip ? 1 : CHIME_QUERY_BATCH;
+		for (uint32_t k = 0; k < head.count; k += drip ? 1 : CHIME_QUERY_BATCH) {
+			uint32_t n = drip || how == FAKE_SLOW ? 1 : CHIME_QUERY_BATCH;
 
 			memset(rec, 0, sizeof(rec));
 			for (uint32_t j = 0; j < n; j++) {
@@ -4133,7 +4140,7 @@ Test(tools_fake, a_broker_making_up_sessions_or_dripping_them_is_given_up, .time
 
 	cr_assert_lt(strlen(sock), sizeof(sa.sun_path));
 	memcpy(sa.sun_path, sock, strlen(sock));
-	for (int how = FAKE_PAGES; how <= FAKE_BACK; how++) {
+	for (int how = FAKE_PAGES; how <= FAKE_SLOW; how++) {
 		bool drip = how == FAKE_DRIP;
 
 		unlink(sock);
@@ -4149,7 +4156,9 @@ Test(tools_fake, a_broker_making_up_sessions_or_dripping_them_is_given_up, .time
 		}
 		close(l);
 		t0 = now_ns();
-		r = run("timeout 60 %s --socket '%s' sessions | wc -l", bin("CHIMECTL"), sock);
+		/* chimectl's own status (a pipe's was wc's), and its lines: one killed at 60 s printed none */
+		r = run("{ timeout 60 %s --socket '%s' sessions >'%s/list'; r=$?; wc -l <'%s/list'; exit $r; }",
+			bin("CHIMECTL"), sock, dir, dir);
 		kill(fake, SIGKILL);
 		waitpid(fake, NULL, 0);
 		cr_assert_eq(r, 0, "fake %d: exit %d after %.1f s: %s", how, r, (double)(now_ns() - t0) / 1e9,
@@ -4158,6 +4167,10 @@ Test(tools_fake, a_broker_making_up_sessions_or_dripping_them_is_given_up, .time
 			cr_assert_lt(now_ns() - t0, 30 * UINT64_C(1000000000), "a dripping answer held chimectl %.1f s",
 				     (double)(now_ns() - t0) / 1e9);
 			cr_assert_lt(atoll(slurp(out)), 20, "%s", slurp(out));
+		} else if (how == FAKE_SLOW) {
+			cr_assert_lt(now_ns() - t0, 40 * UINT64_C(1000000000), "slow pages held chimectl %.1f s",
+				     (double)(now_ns() - t0) / 1e9);
+			cr_assert_leq(atoll(slurp(out)), 30 / 1.5 + 3, "%s", slurp(out));
 		} else if (how == FAKE_BACK) {
 			/* the header, one session per page: the first; the line saying how many of how many */
 			cr_assert_leq(atoll(slurp(out)), 4, "%s", slurp(out));

@@ -135,6 +135,8 @@ echo '~root 0 attached'
 echo '* 0 attached'
 echo 'x{a,b} 0 attached'
 echo 'x-plain.name_1 0 attached'
+# as chimectl ends a listing cut at 1024 (a user's own clients, by query): "of" is a plain word
+echo "(1024 of 1100 clients shown: the broker's answer holds at most 1024, and what its socket takes at once)"
 EOF
 chmod +x "$tmp/hostile/chimectl"
 (
@@ -150,7 +152,9 @@ chmod +x "$tmp/hostile/chimectl"
 ) || status=1
 # nor is the word being completed (it went into a sed script once)
 complete_line "chimed --allow-uid /;e\${IFS}touch\${IFS}$tmp/pwned-4;#," >/dev/null
-for n in 1 2 3 4; do
+# nor the --socket word, taken off its quotes
+complete_line "chimectl -s \"\$(touch\${IFS}$tmp/pwned-5)\" drop-session " >/dev/null
+for n in 1 2 3 4 5; do
 	[ -e "$tmp/pwned-$n" ] && fail "completing ran code it was given (pwned-$n exists)"
 done
 
@@ -190,6 +194,10 @@ expect_only "chimectl --socket=$sock drop-session completion-" completion-test-s
 expect_only "chimectl --socket=$sock --session=completion-" completion-test-session
 # a word begun with a quote: bash hands the function the word unquoted
 CHIME_TEST_WORD=completion- expect_only "chimectl -s $sock drop-session 'completion-" completion-test-session
+# the --socket word is in COMP_WORDS as typed: quoted, or from ~ (nothing was offered)
+expect_only "chimectl -s '$sock' drop-session completion-" completion-test-session
+expect_only "chimectl --socket=\"$sock\" drop-session completion-" completion-test-session
+HOME=$tmp expect_only "chimectl -s ~/chime.sock drop-session completion-" completion-test-session
 expect "chimestat -s $sock -f broker.st" broker.state broker.status
 kill "$demo_pid" 2>/dev/null
 wait "$demo_pid" 2>/dev/null

@@ -23,6 +23,33 @@ _chime_safe()
 	[[ $1 =~ ^[A-Za-z0-9._-]+$ ]]
 }
 
+# _chime_path WORD: a path word of the line (COMP_WORDS holds it as typed)
+# as the command will get it: quotes and backslashes taken off, a leading
+# ~/ made $HOME/ ('/run/x.sock', ~/chime.sock asked a socket of that very
+# name). Nothing else is expanded: $(...), `...` and globs stay text.
+_chime_path()
+{
+	local w=$1 out="" q="" c i
+	[[ $w == "~" || $w == "~/"* ]] && w=$HOME${w:1}
+	for ((i = 0; i < ${#w}; i++)); do
+		c=${w:i:1}
+		if [[ -z $q && ($c == "'" || $c == '"') ]]; then
+			q=$c
+			continue
+		fi
+		if [[ -n $q && $c == "$q" ]]; then
+			q=""
+			continue
+		fi
+		if [[ $c == '\' && $q != "'" ]] && ((i + 1 < ${#w})); then
+			((++i))
+			c=${w:i:1}
+		fi
+		out+=$c
+	done
+	printf '%s' "$out"
+}
+
 # The --socket/-s argument already on the line, for the broker's questions.
 # bash splits --socket=PATH at '=' (COMP_WORDBREAKS): --socket, =, PATH.
 _chime_socket_of_line()
@@ -32,14 +59,14 @@ _chime_socket_of_line()
 		case ${COMP_WORDS[i]} in
 		-s | --socket)
 			if [[ ${COMP_WORDS[i + 1]} == = ]]; then
-				((i + 2 < COMP_CWORD)) && printf '%s' "${COMP_WORDS[i + 2]}"
+				((i + 2 < COMP_CWORD)) && _chime_path "${COMP_WORDS[i + 2]}"
 			else
-				((i + 1 < COMP_CWORD)) && printf '%s' "${COMP_WORDS[i + 1]}"
+				((i + 1 < COMP_CWORD)) && _chime_path "${COMP_WORDS[i + 1]}"
 			fi
 			return
 			;;
 		--socket=*)
-			printf '%s' "${COMP_WORDS[i]#--socket=}"
+			_chime_path "${COMP_WORDS[i]#--socket=}"
 			return
 			;;
 		esac
@@ -104,13 +131,14 @@ _chime_files()
 }
 
 # A column of a chimectl table: the rows after its header line, whose first
-# column is HEADER (a user's own listing has a note before it).
+# column is HEADER (a user's own listing has a note before it), and not the
+# notes after them ("(1024 of 1100 clients shown: ...)" offered "of" as a pid).
 _chime_ctl_column()
 {
 	local what=$1 col=$2 header=$3 sock
 	sock=$(_chime_socket_of_line)
 	timeout 3 chimectl ${sock:+--socket "$sock"} "$what" 2>/dev/null |
-		awk -v c="$col" -v h="$header" 'rows { print $c } $1 == h { rows = 1 }'
+		awk -v c="$col" -v h="$header" 'rows && $1 !~ /^\(/ { print $c } $1 == h { rows = 1 }'
 }
 
 # A user or group list (NAME,NAME,...): the last entry completed.

@@ -420,9 +420,16 @@ int log_file_not_ours(const char *what, const char *path, const struct stat *st,
 			"(another user can write in its directory?); %s", what, path, (unsigned)st->st_uid,
 			(unsigned)geteuid(), remedy);
 	else if (st->st_nlink > 1)
+		/*
+		 * Or a second name given to the broker's own file (a hard-link
+		 * backup, cp -al): then removing that other name keeps the
+		 * sessions, and find shows which it is. Never said as the way:
+		 * the other name may be /etc/shadow.
+		 */
 		log_msg(LOG_ERR, "%s '%s' has %lu links (another name for someone's file, made by a user who can "
-			"write in its directory?): not using it; %s", what, path, (unsigned long)st->st_nlink,
-			remedy);
+			"write in its directory?): not using it; %s (find / -xdev -samefile '%s' lists its names: "
+			"if it is the broker's own file and another name is a hard-link copy of it, removing that "
+			"copy instead keeps it)", what, path, (unsigned long)st->st_nlink, remedy, path);
 	else    /* ours, one name: the EPERM was the open's or fchmod's (it said "has 1 links" of these) */
 		log_msg(LOG_ERR, "%s '%s' cannot be opened for writing: %s (immutable or append-only? lsattr "
 			"shows it, chattr -i -a clears it): not using it", what, path, strerror(EPERM));

@@ -1189,6 +1189,23 @@ static const char *sig_sender(uint32_t pid, char buf[32])
 	return buf;
 }
 
+/*
+ * SIGUSR2: the new broker reads its options and policy file again and
+ * exits on what it refuses (a user deleted since, a file edited badly),
+ * leaving none. Checked first: a restart that would fail is not begun.
+ */
+static bool restart_refused(struct broker *b)
+{
+	char err[512], from[32];
+	int r = policy_check(&b->o.policy, err, sizeof(err));
+
+	if (r < 0)
+		log_msg(LOG_ERR, "SIGUSR2 received%s: not restarting, since the new broker would not start: %s "
+			"(still running, sessions kept: fix it, then restart again; chimectl reload says when it "
+			"loads)", sig_sender(b->sig_buf.ssi_pid, from), err);
+	return r < 0;
+}
+
 /* ---- the wall clock (ARCHITECTURE.md, "Wall-clock timers") ---- */
 
 /*
@@ -1291,6 +1308,9 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 
 			if (res == (int)sizeof(b->sig_buf) && b->sig_buf.ssi_signo == SIGHUP) {
 				broker_reload(b, NULL);        /* never a stop */
+			} else if (res == (int)sizeof(b->sig_buf) && b->sig_buf.ssi_signo == SIGUSR2 && !b->stopping &&
+				   restart_refused(b)) {
+				/* logged: it keeps running, its sessions attached */
 			} else if (res == (int)sizeof(b->sig_buf) && b->sig_buf.ssi_signo == SIGUSR2 && !b->stopping) {
 				/* chimectl restart: stop as for SIGTERM, then main() executes chimed again. */
 				log_msg(LOG_NOTICE, "SIGUSR2 received from pid %u: restarting; sessions are handed over",

@@ -748,16 +748,13 @@ int main(int argc, char **argv)
 		 * want of memory or descriptors, or a disk's error: a start-up
 		 * failure (1), as chimed(8) says.
 		 */
-		struct policy check = { 0 };
-
-		r = policy_load(&check, &o.policy, err, sizeof(err));
+		r = policy_check(&o.policy, err, sizeof(err));
 		if (r == -ENOMEM || r == -EMFILE || r == -ENFILE || r == -EIO) {
 			log_msg(LOG_ERR, "%s", err);
 			return EXIT_FAILURE;
 		}
 		if (r < 0)
 			usage_error("%s", err);
-		policy_free(&check);
 	}
 	if (!have_socket)
 		default_socket(o.socket_path, sizeof(o.socket_path), &o.mkdir_parent);

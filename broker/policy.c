@@ -543,6 +543,15 @@ void policy_free(struct policy *p)
 	*p = (struct policy){ 0 };
 }
 
+int policy_check(const struct policy_src *src, char *err, size_t errlen)
+{
+	struct policy check = { 0 };
+	int r = policy_load(&check, src, err, errlen);
+
+	policy_free(&check);
+	return r;
+}
+
 static bool has_gid(const struct policy *p, gid_t g)
 {
 	for (size_t i = 0; i < p->nr_gids; i++)

@@ -78,6 +78,12 @@ struct policy {
  */
 int policy_load(struct policy *p, const struct policy_src *src, char *err, size_t errlen);
 void policy_free(struct policy *p);
+/*
+ * Would policy_load() succeed now? The same result and message, nothing
+ * kept: at the start, and before a restart, whose new broker reads it all
+ * again and would exit on what it refuses.
+ */
+int policy_check(const struct policy_src *src, char *err, size_t errlen);
 
 /* Is a peer with these credentials admitted? (root and `self` always are) */
 bool policy_admits(const struct policy *p, uid_t self, uid_t uid, gid_t gid,

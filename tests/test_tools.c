@@ -1587,6 +1587,39 @@ Test(tools_live, restart_says_at_once_that_the_broker_exited, .timeout = 60)
 }
 
 /*
+ * The new broker reads its policy again, and exits on what it refuses: a
+ * policy file that no longer loads (edited badly, a user deleted) left no
+ * broker at a `chimectl restart`. The broker refuses such a restart and
+ * runs on, and chimectl says so, well before its 10 s.
+ */
+Test(tools_live, a_restart_the_new_broker_would_not_survive_is_refused, .timeout = 60)
+{
+	char policy[256], extra[400];
+	uint64_t t0;
+	FILE *f;
+
+	snprintf(policy, sizeof(policy), "%s/policy", dir);
+	f = fopen(policy, "w");
+	cr_assert(f && fputs("allow-uid 4242\n", f) >= 0 && fclose(f) == 0);
+	snprintf(extra, sizeof(extra), "--shards 1 --policy-file '%s'", policy);
+	start_broker(extra);
+	f = fopen(policy, "w");
+	cr_assert(f && fputs("allow-uid no-such-user-here\n", f) >= 0 && fclose(f) == 0);
+	t0 = now_ns();
+	cr_assert_eq(run("%s --socket '%s' -j restart", bin("CHIMECTL"), sock), 1, "%s", slurp(err));
+	cr_assert_lt(now_ns() - t0, UINT64_C(8000000000), "it waited for a new broker");
+	cr_assert(strstr(slurp(err), "did not restart: it runs on with its sessions"), "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "\"restarted\":false"), "%s", slurp(out));
+	cr_assert_eq(kill(broker, 0), 0, "the broker is gone");
+	cr_assert_eq(run("%s --socket '%s' status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	/* fixed: restarted */
+	f = fopen(policy, "w");
+	cr_assert(f && fputs("allow-uid 4242\n", f) >= 0 && fclose(f) == 0);
+	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "restarted in place"), "%s", slurp(out));
+}
+
+/*
  * Any uint64_t deadline and period is valid (UINT64_MAX: never, in
  * effect): chimectl timers shows them far ahead, never as long overdue.
  * Before, a signed difference put them 51636 s in the past, and the

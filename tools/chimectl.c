@@ -110,6 +110,8 @@ static void jset(const char *key, json_t *v)
 #define RESTART_WAIT_NS (UINT64_C(10) * 1000000000u)
 /* ... and how long for a new one once the old is gone (systemd's unit restarts it after 100 ms). */
 #define RESTART_GONE_NS (UINT64_C(2) * 1000000000u)
+/* After the signal, the same broker running and not stopping this long refused it (it stops within ms). */
+#define RESTART_REFUSED_NS (UINT64_C(3) * 1000000000u)
 
 static void usage(FILE *f)
 {
@@ -1061,6 +1063,21 @@ static int cmd_restart(const char *sock)
 		sr_close(&s);
 		if (r < 0)
 			continue;
+		/*
+		 * The same broker, running and not stopping, well after the
+		 * signal: it refused the restart (its log says why: a policy
+		 * the new broker would not start with) and keeps its sessions.
+		 */
+		if (sn.hdr.start_ns == start && sn.hdr.state == CHIME_BROKER_RUNNING &&
+		    sr_liveness(&sn, NULL) == SR_RUNNING && now_ns() - t0 > RESTART_REFUSED_NS) {
+			sr_snap_free(&sn);
+			jset("restarted", json_false());
+			jset("sessions_before", before >= 0 ? json_integer(before) : json_null());
+			jset("sessions_after", before >= 0 ? json_integer(before) : json_null());
+			return fail(SR_EXIT_NOSHM, "chimed (pid %d) did not restart: it runs on with its sessions (see "
+				    "its log: it refuses a restart whose new broker would not start, such as one with a "
+				    "policy that no longer loads)", (int)pid);
+		}
 		r = sn.hdr.start_ns != start && sr_liveness(&sn, NULL) == SR_RUNNING;
 		if (r) {
 			jset("restarted", json_true());

@@ -998,6 +998,13 @@ static inline __attribute__((always_inline)) void deliver(struct shard_core *sc,
 		at_crash_order();
 		n->state = CHIME_NODE_ALLOC;
 		wheel_rearm_periodic(&sc->wh, idx);
+		/*
+		 * Its next period due already (catching up: armed long ago, or
+		 * its events taken late): that fire's lateness would be the
+		 * schedule's age, not the broker's delay (one client's periodic
+		 * at deadline 0 put the uptime in every lateness figure).
+		 */
+		mark_immediate(sc, n, n->deadline_ns);
 		at_crash_order();       /* F5 */
 		n->cq_pos = pos;
 	} else {

@@ -49,7 +49,8 @@
  *                 the wheel (each period of a periodic timer counts), with
  *                 the same two values the completion record carries;
  *                 records the lateness, unless
- *                 `immediate` (armed already due: counted apart), in the
+ *                 `immediate` (armed already due, or a periodic's period
+ *                 due when the one before went out: counted apart), in the
  *                 shard's and the client's histograms and in the shard's
  *                 one-second slot of fired_ns (the recent window). A one-shot
  *                 that fires leaves the armed gauges: it is no longer armed,

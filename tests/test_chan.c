@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1473,6 +1474,44 @@ Test(chan, a_timer_armed_already_due_counts_as_immediate_not_as_lateness)
 		lat += F.st.sh.lat[b];
 	cr_assert_eq(lat, 1, "only the normal timer's lateness is recorded");
 	cr_assert_lt(F.st.sh.lat_max_ns, MS, "the lateness of deadline 0 leaked into the maximum");
+}
+
+/*
+ * A periodic timer behind its schedule (armed with a first deadline long
+ * past, or its events taken late) catches up one period at a time: each
+ * of those periods was already due when the one before went out, so its
+ * fired - deadline is the schedule's age, not the broker's delay. They
+ * were counted as lateness: one client's periodic armed at deadline 0 put
+ * the host's uptime into every shard's lateness maximum and p99 (a
+ * hostile client could set off every lateness alarm).
+ */
+Test(chan, a_periodic_catching_up_counts_its_past_periods_apart_not_as_lateness)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	uint64_t lat = 0;
+
+	step_at(T0 + 50 * MS);
+	(void)arm(c, 1, T0 + MS, MS, 0);        /* 50 periods behind */
+	for (unsigned i = 0; i < 10; i++) {
+		step_at(T0 + 50 * MS);
+		cr_assert_eq(take(c, &e), 1, "period %u", i);
+		cr_assert_eq(e.deadline_ns, T0 + (i + 1) * MS, "the event keeps its period's deadline");
+	}
+	cr_assert_eq(F.st.sh.immediate, 10);
+	for (unsigned b = 0; b < CHIME_LAT_BUCKETS; b++)
+		lat += F.st.sh.lat[b];
+	cr_assert_eq(lat, 0, "%" PRIu64 " catch-up periods counted as lateness (max %" PRIu64 " ns)", lat,
+		     F.st.sh.lat_max_ns);
+
+	/* on its schedule again, its periods are lateness as any timer's */
+	(void)arm(c, 2, T0 + 60 * MS, MS, 0);
+	step_at(T0 + 60 * MS);
+	step_at(T0 + 61 * MS);
+	for (unsigned b = 0; b < CHIME_LAT_BUCKETS; b++)
+		lat += F.st.sh.lat[b];
+	cr_assert_eq(lat, 2, "the periods of a periodic on time are lateness");
+	cr_assert_lt(F.st.sh.lat_max_ns, MS);
 }
 
 /*

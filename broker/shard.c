@@ -1177,15 +1177,20 @@ static void loop(struct shard *s)
 			last_pub = now;
 		}
 		/*
-		 * Nothing else to do, or timers are firing (the time a cascade
-		 * would hold them back): part of the next cascade, so that the
-		 * advance that reaches it does not stop while it moves every
-		 * timer of a span (20 ms for a million 30-second timers on this
-		 * VM). Not while only applying records: that is the clients'
-		 * throughput. Keeps the shard awake until done, as the cascade
+		 * Every pass: part of the next cascade, so that the advance that
+		 * reaches it does not stop while it moves every timer of a span
+		 * (20 ms for a million 30-second timers on this VM). Applying
+		 * records too: only idle or firing, a client that kept the shard
+		 * applying its records (a reset flood) kept the slot unstaged,
+		 * and another user's timer due as it started fired 64-65 ms
+		 * late; and a node more per record applied, or passes long with
+		 * records staged too little in the horizon (2M timers: a probe
+		 * still 13-18 ms late with a node per four). The work is the
+		 * cascade's, done earlier: nothing is staged but a slot within
+		 * the horizon. Keeps the shard awake until done, as the cascade
 		 * would.
 		 */
-		staged = (!work || fired) && wheel_stage(&sc->wh, STAGE_BUDGET) > 0;
+		staged = wheel_stage(&sc->wh, STAGE_BUDGET + drained) > 0;
 		/*
 		 * Idle, and nothing due for a while: which pages of the clients'
 		 * touch tables the shard wants next are resident, one client's a

@@ -1196,13 +1196,20 @@ static const char *sig_sender(uint32_t pid, char buf[32])
  */
 static bool restart_refused(struct broker *b)
 {
-	char err[512], from[32];
+	char err[512], msg[400], from[32];
 	int r = policy_check(&b->o.policy, err, sizeof(err));
+	gid_t gid;
+
+	/* --socket-group and --stats-group too: a group deleted since is the new broker's usage error */
+	if (r == 0 && b->o.socket_group && (r = policy_group(b->o.socket_group, &gid, msg, sizeof(msg))) < 0)
+		snprintf(err, sizeof(err), "--socket-group: %s", msg);
+	if (r == 0 && b->o.stats_group && (r = policy_group(b->o.stats_group, &gid, msg, sizeof(msg))) < 0)
+		snprintf(err, sizeof(err), "--stats-group: %s", msg);
 
 	if (r < 0)
 		log_msg(LOG_ERR, "SIGUSR2 received%s: not restarting, since the new broker would not start: %s "
-			"(still running, sessions kept: fix it, then restart again; chimectl reload says when it "
-			"loads)", sig_sender(b->sig_buf.ssi_pid, from), err);
+			"(still running, sessions kept: fix it, then restart again; chimectl reload checks the "
+			"policy)", sig_sender(b->sig_buf.ssi_pid, from), err);
 	return r < 0;
 }
 

@@ -32,6 +32,8 @@ struct broker_opts {
 	uint32_t session_linger_s;  /* a detached session is reclaimed after this */
 	gid_t    socket_gid;        /* --socket-group, or (gid_t)-1 */
 	gid_t    stats_gid;         /* --stats-group, or (gid_t)-1 */
+	const char *socket_group;   /* --socket-group as given (a name the next broker looks up), or NULL */
+	const char *stats_group;    /* --stats-group as given, or NULL */
 	bool     fresh;             /* --fresh: discard what an earlier broker left */
 };
 

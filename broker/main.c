@@ -692,10 +692,12 @@ int main(int argc, char **argv)
 		case OPT_SOCKET_GROUP:
 			if (policy_group(optarg, &o.socket_gid, err, sizeof(err)) < 0)
 				usage_error("--socket-group: %s", err);
+			o.socket_group = optarg;
 			break;
 		case OPT_STATS_GROUP:
 			if (policy_group(optarg, &o.stats_gid, err, sizeof(err)) < 0)
 				usage_error("--stats-group: %s", err);
+			o.stats_group = optarg;
 			break;
 		case OPT_MAX_TIMERS:
 			o.max_timers_per_client = (uint64_t)parse_num("max-timers-per-client", optarg, 0,

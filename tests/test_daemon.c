@@ -1039,6 +1039,45 @@ Test(daemon, a_user_refused_the_default_directory_is_told_to_give_socket, .timeo
 }
 
 /*
+ * A restart's new broker looks --socket-group and --stats-group up again
+ * (a usage error if one is gone): a group deleted since left no broker at
+ * a `chimectl restart`, as a deleted user did before the broker checked
+ * its policy first. It is refused the same way; the broker runs on. In a
+ * mount namespace of the test's own: /etc/group with the group, then
+ * without it, bind-mounted.
+ */
+static const char *read_log(const char *path);
+
+Test(daemon, a_restart_onto_a_deleted_stats_group_is_refused, .timeout = 30)
+{
+	char dir[] = "/tmp/chime-td-XXXXXX", sock[PATH_MAX], cmd[4 * PATH_MAX], out[4096] = "", logp[PATH_MAX + 8];
+	const char *chimed = namespaced_setup(dir, sock, sizeof(sock));
+	size_t n = 0;
+	FILE *p;
+	int st;
+
+	snprintf(logp, sizeof(logp), "%s/log", dir);
+	snprintf(cmd, sizeof(cmd), "unshare -m sh -c \"cp /etc/group '%s/g0' && cp /etc/group '%s/g1' && "
+		 "echo chimetdg:x:54329: >>'%s/g1' && mount --bind '%s/g1' /etc/group && "
+		 "{ '%s' --foreground --socket '%s' --shards 1 --allow-all --stats-group chimetdg 2>'%s' & P=\\$!; "
+		 "i=0; while [ ! -S '%s' ] && [ \\$i -lt 100 ]; do sleep 0.05; i=\\$((i+1)); done; sleep 0.2; "
+		 "umount /etc/group && mount --bind '%s/g0' /etc/group && kill -USR2 \\$P && sleep 1.5 && "
+		 "kill -0 \\$P && echo ALIVE; kill \\$P; wait \\$P; echo EXIT=\\$?; }\" 2>&1",
+		 dir, dir, dir, dir, chimed, sock, logp, sock, dir);
+	p = popen(cmd, "r");
+	cr_assert(p);
+	while (n < sizeof(out) - 1 && fgets(out + n, (int)(sizeof(out) - n), p))
+		n = strlen(out);
+	st = pclose(p);
+	cr_assert(WIFEXITED(st), "status %#x:\n%s", st, out);
+	cr_expect(strstr(out, "ALIVE") && strstr(out, "EXIT=0"), "the broker did not run on:\n%s\nits log: %s", out,
+		  read_log(logp));
+	cr_expect(strstr(read_log(logp), "not restarting") && strstr(read_log(logp), "--stats-group: no group named "
+		  "'chimetdg'"), "%s", read_log(logp));
+	t_rmdir_files(dir);
+}
+
+/*
  * A broker whose files were removed while it ran, and a second one started
  * on the same path since: the first one's stop leaves the second's files
  * alone. Before, it unlinked the socket, lock and control segment by name,

@@ -1620,6 +1620,44 @@ Test(tools_live, a_restart_the_new_broker_would_not_survive_is_refused, .timeout
 }
 
 /*
+ * A restart whose park outlasts chimectl's 3 s (a shard slow to park its
+ * sessions: here, stopped under ptrace as a debugger would, for 4 s of the
+ * stop's 5) was said refused ("did not restart: it runs on"), exit 1, and
+ * the broker then restarted: the control segment's state stays RUNNING
+ * through the park, its heartbeat going on. It waits for the new broker.
+ */
+Test(tools_live, a_restart_whose_park_outlasts_3_s_is_not_said_refused, .timeout = 60)
+{
+	struct chime_opts o = { .socket_path = sock, .session = "slowpark" };
+	chime_id_t id;
+	chime_t *c;
+	pid_t p;
+	int tid, st;
+
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm(c, 0, chime_now() + UINT64_C(3600000000000), 0, 0, &id), 0);
+	usleep(100000);
+	tid = t_thread_named(broker, "chimed-shard0");
+	cr_assert_gt(tid, 0, "no thread chimed-shard0 in chimed %d", (int)broker);
+	st = t_thread_hold(tid);
+	if (st == -EPERM || st == -EACCES)
+		cr_skip_test("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-st));
+	cr_assert_eq(st, 0, "the shard thread did not stop: %s", strerror(-st));
+	p = fork();
+	cr_assert_geq(p, 0);
+	if (p == 0)
+		_exit(run("%s --socket '%s' restart", bin("CHIMECTL"), sock));
+	usleep(4000000);        /* the park waits for the shard: past chimectl's 3 s, within the stop's 5 */
+	cr_assert_eq(t_thread_release(tid), 0);
+	cr_assert_eq(waitpid(p, &st, 0), p);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimectl restart: status %#x: %s", st, slurp(err));
+	cr_assert(strstr(slurp(out), "restarted in place") && strstr(slurp(out), "its 1 session was handed over"),
+		  "%s", slurp(out));
+	chime_close(c);
+}
+
+/*
  * Any uint64_t deadline and period is valid (UINT64_MAX: never, in
  * effect): chimectl timers shows them far ahead, never as long overdue.
  * Before, a signed difference put them 51636 s in the past, and the

@@ -1012,6 +1012,26 @@ static int64_t sessions_total(const char *sock)
 }
 
 /*
+ * Is the broker that answers on sock running on, not stopping (after a
+ * restart's signal: it refused it)? The control segment cannot say: its
+ * state stays RUNNING through the stop's park (CHIME_BROKER_STOPPING is the
+ * public segment's), which lasts up to 5 s, with the heartbeat going on.
+ * A ping can: a stopping broker answers it -ECONNREFUSED. 1: running on;
+ * 0: stopping; -1: no answer that says (none yet, a broker before pings).
+ */
+static int broker_runs_on(const char *sock)
+{
+	struct chime_query_head head;
+	enum query_step step = QUERY_CONNECT;
+	int r = query_broker_by(sock, CHIME_HELLO_PING, 0, NULL, 0, &head, NULL, 0, &step,
+				now_ns() + UINT64_C(1000000000));
+
+	if (step == QUERY_ANSWER && (r == 0 || r == -EUSERS))
+		return 1;
+	return step == QUERY_ANSWER && r == -ECONNREFUSED ? 0 : -1;
+}
+
+/*
  * SIGUSR2: the broker parks its sessions, stops and executes itself again;
  * the new one takes the sessions over. Done when a broker started after the
  * signal runs and beats; then the sessions it has are counted against those
@@ -1022,6 +1042,7 @@ static int cmd_restart(const char *sock)
 {
 	uint64_t t0, start, gone_ns;
 	int64_t before = sessions_total(sock), after;
+	bool stopping = false;
 	pid_t pid;
 	int r = signal_broker(sock, SIGUSR2, &pid, &start);
 
@@ -1067,16 +1088,24 @@ static int cmd_restart(const char *sock)
 		 * The same broker, running and not stopping, well after the
 		 * signal: it refused the restart (its log says why: a policy
 		 * the new broker would not start with) and keeps its sessions.
+		 * Not stopping is its ping's answer: the control segment says
+		 * RUNNING through a park that may outlast the 3 s (a stop never
+		 * turns back, so once seen stopping it is not asked again).
 		 */
-		if (sn.hdr.start_ns == start && sn.hdr.state == CHIME_BROKER_RUNNING &&
+		if (!stopping && sn.hdr.start_ns == start && sn.hdr.state == CHIME_BROKER_RUNNING &&
 		    sr_liveness(&sn, NULL) == SR_RUNNING && now_ns() - t0 > RESTART_REFUSED_NS) {
-			sr_snap_free(&sn);
-			jset("restarted", json_false());
-			jset("sessions_before", before >= 0 ? json_integer(before) : json_null());
-			jset("sessions_after", before >= 0 ? json_integer(before) : json_null());
-			return fail(SR_EXIT_NOSHM, "chimed (pid %d) did not restart: it runs on with its sessions (see "
-				    "its log: it refuses a restart whose new broker would not start, such as one with a "
-				    "policy that no longer loads)", (int)pid);
+			int on = broker_runs_on(sock);
+
+			stopping = on == 0;     /* it stops: it restarts (or exits, said above) */
+			if (on == 1) {
+				sr_snap_free(&sn);
+				jset("restarted", json_false());
+				jset("sessions_before", before >= 0 ? json_integer(before) : json_null());
+				jset("sessions_after", before >= 0 ? json_integer(before) : json_null());
+				return fail(SR_EXIT_NOSHM, "chimed (pid %d) did not restart: it runs on with its "
+					    "sessions (see its log: it refuses a restart whose new broker would not "
+					    "start, such as one with a policy that no longer loads)", (int)pid);
+			}
 		}
 		r = sn.hdr.start_ns != start && sr_liveness(&sn, NULL) == SR_RUNNING;
 		if (r) {

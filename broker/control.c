@@ -1206,6 +1206,16 @@ static bool restart_refused(struct broker *b)
 	if (r == 0 && b->o.stats_group && (r = policy_group(b->o.stats_group, &gid, msg, sizeof(msg))) < 0)
 		snprintf(err, sizeof(err), "--stats-group: %s", msg);
 
+	/*
+	 * This broker's own want of descriptors or memory (one at its
+	 * RLIMIT_NOFILE with every client's segments open) is not the new
+	 * broker's: it starts with none of them open. Restarted, as before.
+	 */
+	if (r == -EMFILE || r == -ENFILE || r == -ENOMEM) {
+		log_msg(LOG_WARNING, "SIGUSR2 received%s: the policy could not be read again to check it (%s): "
+			"restarting all the same", sig_sender(b->sig_buf.ssi_pid, from), err);
+		return false;
+	}
 	if (r < 0)
 		log_msg(LOG_ERR, "SIGUSR2 received%s: not restarting, since the new broker would not start: %s "
 			"(still running, sessions kept: fix it, then restart again; chimectl reload checks the "

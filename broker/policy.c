@@ -54,7 +54,8 @@ static int resolve(char kind, const char *tok, unsigned *id, char *err, size_t e
 	}
 	snprintf(err, errlen, "no %s named '%s'%s%s", kind == 'u' ? "user" : "group", tok,
 		 r ? ": " : "", r ? strerror(r) : "");
-	return -EINVAL;
+	/* the lookup's own want of descriptors or memory: not an answer about the name */
+	return r == EMFILE || r == ENFILE || r == ENOMEM ? -r : -EINVAL;
 }
 
 /* One entry of a list: its id appended to *out. */

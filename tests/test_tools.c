@@ -13,6 +13,7 @@
 #include <criterion/criterion.h>
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -1655,6 +1656,47 @@ Test(tools_live, a_restart_whose_park_outlasts_3_s_is_not_said_refused, .timeout
 	cr_assert(strstr(slurp(out), "restarted in place") && strstr(slurp(out), "its 1 session was handed over"),
 		  "%s", slurp(out));
 	chime_close(c);
+}
+
+/*
+ * A broker at its RLIMIT_NOFILE (its clients' segments hold every
+ * descriptor it may have) cannot open its policy file, nor look a user
+ * up, to check them before a restart: that was said as "the new broker
+ * would not start" and the restart refused, though the new broker starts
+ * with none of those descriptors open. It restarts.
+ */
+Test(tools_live, a_restart_of_a_broker_at_its_descriptor_limit_is_not_refused, .timeout = 60)
+{
+	struct chime_opts o = { .socket_path = sock };
+	char policy[256], extra[400], path[64];
+	chime_t *c[2];
+	struct rlimit rl;
+	struct dirent *e;
+	int fds = 0;
+	DIR *d;
+	FILE *f;
+
+	snprintf(policy, sizeof(policy), "%s/policy", dir);
+	f = fopen(policy, "w");
+	cr_assert(f && fputs("allow-uid 4242\n", f) >= 0 && fclose(f) == 0);
+	snprintf(extra, sizeof(extra), "--shards 1 --policy-file '%s' --allow-uid root", policy);
+	start_broker(extra);
+	cr_assert_eq(chime_open(&c[0], &o), 0);
+	cr_assert_eq(chime_open(&c[1], &o), 0);
+	usleep(200000);
+	/* every descriptor it may have is open: its clients' hold them */
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)broker);
+	d = opendir(path);
+	cr_assert(d);
+	while ((e = readdir(d)))
+		fds += e->d_name[0] != '.';
+	closedir(d);
+	rl.rlim_cur = rl.rlim_max = (rlim_t)fds;
+	cr_assert_eq(prlimit(broker, RLIMIT_NOFILE, &rl, NULL), 0, "prlimit: %s", strerror(errno));
+	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "restarted in place"), "%s", slurp(out));
+	chime_close(c[0]);
+	chime_close(c[1]);
 }
 
 /*

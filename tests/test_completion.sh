@@ -158,6 +158,19 @@ for n in 1 2 3 4 5; do
 	[ -e "$tmp/pwned-$n" ] && fail "completing ran code it was given (pwned-$n exists)"
 done
 
+# ---- a path word as the command gets it (_chime_path) ----
+path_is() {
+	local got
+	got=$(_chime_path "$1")
+	[ "$got" = "$2" ] || fail "_chime_path [$1] gave [$got], not [$2]"
+}
+path_is '/run/a\ b.sock' '/run/a b.sock'
+path_is "'/run/a\\b.sock'" '/run/a\b.sock'
+# inside double quotes a backslash is itself but before $ ` " \
+path_is '"/run/a\b.sock"' '/run/a\b.sock'
+path_is '"/run/a\$b\"c\\d.sock"' '/run/a$b"c\d.sock'
+path_is "'/run/it'\\''s.sock'" "/run/it's.sock"
+
 # ---- nothing running: nothing offered, nothing printed ----
 expect_only "chimectl -s $tmp/none.sock drop-session "
 expect_only "chimestat -s $tmp/none.sock -f "

@@ -24,7 +24,7 @@ _chime_safe()
 }
 
 # _chime_path WORD: a path word of the line (COMP_WORDS holds it as typed)
-# as the command will get it: quotes and backslashes taken off, a leading
+# as the command will get it: quotes and quoting backslashes taken off, a leading
 # ~/ made $HOME/ ('/run/x.sock', ~/chime.sock asked a socket of that very
 # name). Nothing else is expanded: $(...), `...` and globs stay text.
 _chime_path()
@@ -41,7 +41,10 @@ _chime_path()
 			q=""
 			continue
 		fi
-		if [[ $c == '\' && $q != "'" ]] && ((i + 1 < ${#w})); then
+		# A backslash quotes the next character outside quotes; inside
+		# double quotes only before $ ` " \ (else it is itself).
+		if [[ $c == '\' && $q != "'" ]] && ((i + 1 < ${#w})) &&
+		   [[ -z $q || ${w:i+1:1} == [\$\`\"\\] ]]; then
 			((++i))
 			c=${w:i:1}
 		fi

@@ -413,8 +413,31 @@ int log_errno_hint(int level, int err, const char *hint, const char *fmt, ...)
 	return err;
 }
 
+/* path in single quotes for a shell, each ' as '\'' (too long for buf: the path bare). */
+static const char *sh_quoted(const char *path, char *buf, size_t size)
+{
+	size_t n = 0;
+
+	buf[n++] = '\'';
+	for (const char *p = path; *p; p++) {
+		if (n + 5 >= size)
+			return path;
+		if (*p == '\'') {
+			memcpy(buf + n, "'\\''", 4);
+			n += 4;
+		} else {
+			buf[n++] = *p;
+		}
+	}
+	buf[n++] = '\'';
+	buf[n] = '\0';
+	return buf;
+}
+
 int log_file_not_ours(const char *what, const char *path, const struct stat *st, const char *remedy)
 {
+	char quoted[1024];
+
 	if (st->st_uid != geteuid() && st->st_uid != 0)
 		log_msg(LOG_ERR, "%s '%s' belongs to uid %u, not to this broker's (%u) or root: not using it "
 			"(another user can write in its directory?); %s", what, path, (unsigned)st->st_uid,
@@ -427,9 +450,10 @@ int log_file_not_ours(const char *what, const char *path, const struct stat *st,
 		 * the other name may be /etc/shadow.
 		 */
 		log_msg(LOG_ERR, "%s '%s' has %lu links (another name for someone's file, made by a user who can "
-			"write in its directory?): not using it; %s (find / -xdev -samefile '%s' lists its names: "
+			"write in its directory?): not using it; %s (find / -xdev -samefile %s lists its names: "
 			"if it is the broker's own file and another name is a hard-link copy of it, removing that "
-			"copy instead keeps it)", what, path, (unsigned long)st->st_nlink, remedy, path);
+			"copy instead keeps it)", what, path, (unsigned long)st->st_nlink, remedy,
+			sh_quoted(path, quoted, sizeof(quoted)));
 	else    /* ours, one name: the EPERM was the open's or fchmod's (it said "has 1 links" of these) */
 		log_msg(LOG_ERR, "%s '%s' cannot be opened for writing: %s (immutable or append-only? lsattr "
 			"shows it, chattr -i -a clears it): not using it", what, path, strerror(EPERM));

@@ -1617,6 +1617,42 @@ Test(access, a_hard_link_at_the_lock_or_sessions_file_is_refused_and_left_alone)
 	}
 }
 
+/*
+ * The refusal of a second name says how to find the file's names with a
+ * find command to paste: a path with a quote in it must stay one word there
+ * (it was put between single quotes as it was: a review).
+ */
+Test(access, a_second_names_find_hint_quotes_a_path_with_a_quote)
+{
+	const char *chimed = getenv("CHIMED");
+	char dir[] = "/tmp/chime-t-XXXXXX", sub[64], victim[128], at[128], want[256], out[4096] = { 0 };
+	FILE *f;
+	int fd;
+
+	cr_assert_not_null(chimed);
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(sub, sizeof(sub), "%s/it's", dir);
+	cr_assert_eq(mkdir(sub, 0755), 0);
+	snprintf(victim, sizeof(victim), "%s/victim", dir);
+	snprintf(at, sizeof(at), "%s/chime.sock.lock", sub);
+	fd = open(victim, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	cr_assert_eq(link(victim, at), 0, "%s", strerror(errno));
+	cr_assert_eq(setenv("T_SOCK", sub, 1), 0);
+	f = popen("timeout 10 \"$CHIMED\" --foreground --shards 1 --socket \"$T_SOCK/chime.sock\" 2>&1", "r");
+	cr_assert_not_null(f);
+	(void)!fread(out, 1, sizeof(out) - 1, f);
+	pclose(f);
+	unsetenv("T_SOCK");
+	unlink(at);
+	rmdir(sub);
+	t_rmdir_files(dir);
+	snprintf(want, sizeof(want), "find / -xdev -samefile '%s/it'\\''s/chime.sock.lock' lists", dir);
+	cr_assert(strstr(out, want), "chimed on a hard link at its lock file in '%s' said:\n%s\n(wanted: %s)", sub,
+		  out, want);
+}
+
 /* As uid 65534: put a symbolic link to `canary` where the broker's socket is (arg: the socket's path). */
 static int plant_socket_link(void *arg)
 {

@@ -454,6 +454,11 @@ int log_file_not_ours(const char *what, const char *path, const struct stat *st,
 			"if it is the broker's own file and another name is a hard-link copy of it, removing that "
 			"copy instead keeps it)", what, path, (unsigned long)st->st_nlink, remedy,
 			sh_quoted(path, quoted, sizeof(quoted)));
+	else if (st->st_uid != geteuid())
+		/* root's, we are not: fchmod() refused (root made it writable to others by hand), or an immutable open */
+		log_msg(LOG_ERR, "%s '%s' is root's, and this broker (uid %u) may not set its mode or write it: "
+			"not using it; %s, or give it to the broker's user (chown %u)", what, path,
+			(unsigned)geteuid(), remedy, (unsigned)geteuid());
 	else    /* ours, one name: the EPERM was the open's or fchmod's (it said "has 1 links" of these) */
 		log_msg(LOG_ERR, "%s '%s' cannot be opened for writing: %s (immutable or append-only? lsattr "
 			"shows it, chattr -i -a clears it): not using it", what, path, strerror(EPERM));

@@ -113,9 +113,10 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *   -ETIMEDOUT     the broker did not take the connection (its queue full) and
  *                  answer within 10 s
  *   -EBADMSG       the broker's reply or segments were malformed
- * or another negative errno of socket(2), connect(2), send(2), recvmsg(2), mmap(2),
+ * or another negative errno of socket(2), connect(2), send(2), recvmsg(2),
  * eventfd(2), timerfd_create(2) (a session's), epoll_create1(2), epoll_ctl(2),
- * getsockopt(2), stat(2) or fstat(2).
+ * getsockopt(2) or stat(2). (A failed mmap(2) or fstat(2) of a segment is
+ * -ENOMEM or -EBADMSG, as above.)
  */
 int chime_open(chime_t **out, const struct chime_opts *opts);
 

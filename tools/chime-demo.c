@@ -24,6 +24,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,6 +256,24 @@ static int parse_uint(const char *s, const char *opt, uint64_t min, uint64_t max
 	return 0;
 }
 
+/*
+ * Past the last deadline by more than the slack (give_up), wait on only
+ * while events still come: a broker restarted on a busy host delivers late
+ * what came due meanwhile (a documentation audit saw events 4.3 s late,
+ * still arriving, said to be missing). A timer really lost ends the wait
+ * LATE_QUIET_NS after the slack or the last event, whichever is later;
+ * LATE_MAX_NS is libchime's own bound on a reconnect ($CHIME_RECONNECT_S).
+ */
+#define LATE_QUIET_NS (2 * NSEC_PER_SEC)
+#define LATE_MAX_NS   (30 * NSEC_PER_SEC)
+
+static bool still_waiting(uint64_t give_up, uint64_t last_event)
+{
+	uint64_t now = chime_now(), quiet_from = last_event > give_up ? last_event : give_up;
+
+	return now < give_up || (now - quiet_from < LATE_QUIET_NS && now < give_up + LATE_MAX_NS);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -355,7 +374,10 @@ int main(int argc, char **argv)
 	 * waiting for its share would only run into give_up.
 	 */
 	uint64_t give_up = d.start_ns + (uint64_t)(d.seconds + 5) * NSEC_PER_SEC + d.max_ms * NSEC_PER_MSEC;
-	while (t.fired < (expected = timers_expected(&d, threads, &failed)) && chime_now() < give_up) {
+	uint64_t last_event = d.start_ns;
+	bool said_late = false;
+
+	while (t.fired < (expected = timers_expected(&d, threads, &failed)) && still_waiting(give_up, last_event)) {
 		int n;
 		uint64_t now;
 
@@ -375,6 +397,14 @@ int main(int argc, char **argv)
 			break;
 		}
 		tally_events(&d, &t, ev, n, now);
+		if (n > 0)
+			last_event = now;
+		if (now >= give_up && !said_late) {
+			printf("  %" PRIu64 " of %" PRIu64 " fired 5 s past the last deadline (a broker restart, a busy "
+			       "host?): waiting on while events come (%u s without one ends it, %u s at most)\n", t.fired,
+			       expected, (unsigned)(LATE_QUIET_NS / NSEC_PER_SEC), (unsigned)(LATE_MAX_NS / NSEC_PER_SEC));
+			said_late = true;
+		}
 		if (now >= next_report) {
 			printf("  %2" PRIu64 " s: %8" PRIu64 " fired/s  (%" PRIu64 " of %" PRIu64 " so far)\n",
 			       (now - d.start_ns) / NSEC_PER_SEC, t.per_sec, t.fired, expected);

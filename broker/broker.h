@@ -274,6 +274,7 @@ struct broker {
 	uint64_t refuse_log;            /* log_ratelimit() of those refusals */
 	uint64_t table_full_log;        /* log_ratelimit() of "the client table is full" */
 	uint64_t reopen_log;            /* log_ratelimit() of chime_seg_reopen_ro() failing */
+	uint64_t segments_log;          /* log_ratelimit() of "cannot create segments" (client_segments()) */
 	bool listening;
 	bool stopping;
 	struct io_uring ring;

@@ -1980,7 +1980,9 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	read_comm(cred->pid, c->comm);
 	r = client_segments(b, c);
 	if (r < 0) {
-		log_errno(LOG_ERR, r, "cannot create segments for pid %d", (int)cred->pid);
+		/* Any user can open in a loop while the broker is short of descriptors: once a second. */
+		if (log_ratelimit(&b->segments_log, 1))
+			log_errno(LOG_ERR, r, "cannot create segments for pid %d", (int)cred->pid);
 		send_status(cn->fd, r == -EMFILE || r == -ENFILE ? -EUSERS : -ENOMEM);
 		client_release(b, c);
 		return;
@@ -2018,8 +2020,9 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 	read_comm(cred->pid, c->comm);
 	r = client_segments(b, c);
 	if (r < 0) {
-		log_errno(LOG_ERR, r, "cannot create segments for pid %d (session '%s')",
-			  (int)cred->pid, c->session);
+		if (log_ratelimit(&b->segments_log, 1))    /* as client_admit()'s */
+			log_errno(LOG_ERR, r, "cannot create segments for pid %d (session '%s')",
+				  (int)cred->pid, c->session);
 		send_status(fd, r == -EMFILE || r == -ENFILE ? -EUSERS : -ENOMEM);
 		close_aside(b, fd);
 		conn_release(b, c);

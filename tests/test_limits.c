@@ -786,3 +786,52 @@ Test(limits, a_broker_out_of_descriptors_refuses_at_once_and_recovers, .timeout 
 	}
 	chime_close(c[0]);
 }
+
+/*
+ * A broker short of descriptors for a client's segments (accepted, then
+ * its memfds cannot be had: EMFILE, as above) refuses it with EUSERS; that
+ * refusal, which any user admitted can provoke by opening in a loop, is
+ * logged at most once a second, as every refusal a client can provoke
+ * (log.h). It was one "cannot create segments" error line per attempt:
+ * here 300 opens in about a second, 300 lines at LOG_ERR, thousands a
+ * second from a loop, enough for journald's rate limit to drop the
+ * broker's real messages (a hostile-client audit).
+ */
+Test(limits, segments_refused_in_a_loop_for_want_of_descriptors_cannot_flood_the_log, .timeout = 60)
+{
+	enum { OPENS = 300 };
+	char dir[] = "/tmp/chime-segflood-XXXXXX", sock[300], logf[300], extra[400], line[512];
+	unsigned long long logged = 0;
+	uint64_t t0, secs;
+	rlim_t lim;
+	FILE *f;
+
+	cr_assert(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/s", dir);
+	snprintf(logf, sizeof(logf), "%s/chimed.log", dir);
+	snprintf(extra, sizeof(extra), "--shards 1 2>'%s'", logf);
+	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
+	/* Room for the accepted socket and one memfd: the client's segments cannot all be had. */
+	lim = open_fds(tb.pid) + 2;
+	cr_assert_eq(prlimit(tb.pid, RLIMIT_NOFILE, &(struct rlimit){ .rlim_cur = lim, .rlim_max = lim }, NULL), 0,
+		     "prlimit: %s", strerror(errno));
+	t0 = now_ns();
+	for (unsigned i = 0; i < OPENS; i++) {
+		chime_t *c;
+		int r = chime_open(&c, &(struct chime_opts){ .socket_path = tb.sock });
+
+		cr_assert_eq(r, -EUSERS, "open %u: %d (%s)", i, r, strerror(-r));
+	}
+	secs = (now_ns() - t0) / 1000000000u + 1;
+	t_chimed_stop(&tb, SIGTERM);
+	f = fopen(logf, "r");
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f))
+		logged += strstr(line, "cannot create segments") != NULL;
+	fclose(f);
+	cr_log_info("%d opens refused in %llu s: %llu lines logged", OPENS, (unsigned long long)secs, logged);
+	cr_assert_geq(logged, 1, "no refusal for want of descriptors logged at all: another path refused them");
+	cr_assert_leq(logged, secs + 1, "%llu lines for %d refused opens in %llu s", logged, OPENS,
+		      (unsigned long long)secs);
+	t_rmdir_files(dir);
+}

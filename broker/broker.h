@@ -412,6 +412,10 @@ void close_sent_fds(struct broker *b, struct msghdr *mh);
 /* handshake.c */
 /* "refusing pid ... (uid ...): why", at most once a second (anyone may make the broker refuse). */
 void refuse_log(struct broker *b, const struct ucred *cred, const char *why);
+
+/* The table's last 1/TABLE_RESERVE_DIV is for users holding no slot: may cred's user not take one? */
+#define TABLE_RESERVE_DIV 16u
+bool table_kept_from(const struct broker *b, const struct ucred *cred);
 /* The policy part of broker_reload(): re-read it, log the outcome, say it in *out (if not NULL). */
 void policy_reload(struct broker *b, struct chime_query_reload *out);
 void arm_hello(struct broker *b, struct conn *cn);

@@ -1958,6 +1958,12 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 		send_status(cn->fd, -EUSERS);
 		return;
 	}
+	if (table_kept_from(b, cred)) {
+		refuse_log(b, cred, "the last sixteenth of the client table is kept for users that hold none of it "
+			   "(see --max-clients)");
+		send_status(cn->fd, -EUSERS);
+		return;
+	}
 	/* generation survives: it counts the slot's reuses. */
 	memset(c, 0, offsetof(struct client, generation));
 	c->slot = (uint16_t)(c - b->clients);

@@ -128,6 +128,34 @@ static bool uid_full(const struct broker *b, uid_t uid)
 }
 
 /*
+ * The last sixteenth of the client table is kept for users that hold no
+ * slot of it (root and the broker's user aside): users who filled the
+ * rest (a user and its subordinate uids are two shares, and detached
+ * sessions hold their slots for --session-linger, across restarts) leave
+ * every other user a way in. True if cred's user may not take one now.
+ * O(max_clients), as client_admit()'s search for a free slot.
+ */
+static bool privileged(const struct ucred *asker);
+
+bool table_kept_from(const struct broker *b, const struct ucred *cred)
+{
+	uint32_t reserve = b->o.max_clients / TABLE_RESERVE_DIV, free_slots = 0;
+	uid_t as;
+	bool holds = false;
+
+	if (!reserve || privileged(cred))
+		return false;
+	as = policy_account_uid(&b->policy, cred->uid);
+	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+		const struct client *c = &b->clients[i];
+
+		free_slots += c->state == CL_FREE;
+		holds = holds || (c->state != CL_FREE && c->acct_uid == as);
+	}
+	return holds && free_slots <= reserve;
+}
+
+/*
  * The segments of a user's connections that ended before their client
  * sealed them wait for our seal before we unmap them, or stay mapped for
  * good if the client sealed them otherwise (discard_post()). A user may
@@ -1024,7 +1052,7 @@ static void ping_answer(struct broker *b, int fd, const struct ucred *cred)
 		table_full = b->clients[i].state != CL_FREE;
 	if (b->stopping)
 		head.status = -ECONNREFUSED;
-	else if (unsealed_full(b, cred->uid) || uid_full(b, cred->uid) || table_full)
+	else if (unsealed_full(b, cred->uid) || uid_full(b, cred->uid) || table_full || table_kept_from(b, cred))
 		head.status = -EUSERS;
 	log_msg(LOG_DEBUG, "pinged by pid %d (uid %u): %s", (int)cred->pid, (unsigned)cred->uid,
 		head.status ? strerror(-head.status) : "it would be admitted");

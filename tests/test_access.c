@@ -280,6 +280,71 @@ Test(access, max_clients_per_uid_gives_eusers_to_that_user_only)
 	cr_assert_eq(as_user("chimet2", open_many, &two), 0, "another user is not affected");
 }
 
+/*
+ * As `user`, in a child: open clients until one is refused (at most 64)
+ * and keep them. *opened says how many opened; returns the child's pid
+ * (unhold() ends it) and the refusal's errno in *err.
+ */
+static pid_t hold_clients(const char *user, int *opened, int *err)
+{
+	int p[2], got[2] = { -1, -1 };
+	pid_t pid;
+
+	cr_assert_eq(pipe(p), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct chime_opts o = { .socket_path = tb.sock };
+		chime_t *c[64];
+		int n = 0, r = 0;
+
+		close(p[0]);
+		become(user);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);      /* after: a change of credentials clears it */
+		while (n < 64 && (r = chime_open(&c[n], &o)) == 0)
+			n++;
+		got[0] = n;
+		got[1] = -r;
+		if (write(p[1], got, sizeof(got)) != sizeof(got))
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	close(p[1]);
+	cr_assert_eq(read(p[0], got, sizeof(got)), (ssize_t)sizeof(got));
+	close(p[0]);
+	*opened = got[0];
+	*err = got[1];
+	return pid;
+}
+
+static void unhold(pid_t pid);
+
+/*
+ * The last sixteenth of the client table is kept for users that hold none
+ * of it: a user and its subordinate uids are two shares, and detached
+ * sessions keep their slots for an hour across restarts, so two users
+ * could fill a table of 256 and lock every other user out (a hostile-client
+ * audit). Root and the broker's user are not kept out of it.
+ */
+Test(access, the_last_sixteenth_of_the_client_table_is_kept_for_users_holding_none)
+{
+	pid_t first, second;
+	int n, err, n2, err2;
+
+	need_users();
+	start("--allow-all --max-clients 32 --max-clients-per-uid 0");
+	first = hold_clients("chimet1", &n, &err);
+	second = hold_clients("chimet2", &n2, &err2);
+	cr_expect_eq(n, 30, "one user took %d of 32 slots (%s), not all but the last 2", n, strerror(err));
+	cr_expect_eq(err, EUSERS);
+	cr_expect_eq(n2, 1, "another user took %d of the last slots (%s), not 1", n2, strerror(err2));
+	cr_expect_eq(err2, EUSERS);
+	cr_expect_eq(open_status(NULL), 0, "root was kept out of the last slot");
+	unhold(first);
+	unhold(second);
+}
+
 /* Slots of the control segment's client table in `state` (CHIME_CLIENT_*). */
 static unsigned in_state(const struct chime_ctl *ctl, uint32_t state)
 {

@@ -104,7 +104,8 @@ typedef void (*chime_cb)(const struct chime_event *event, void *arg);
  *   -EXDEV         this process's CLOCK_MONOTONIC is not the broker's (a time
  *                  namespace with another offset): its deadlines would be off
  *   -EUSERS        the broker's client table is full (or this user's share of
- *                  it), or the broker has no descriptor left for a client
+ *                  it, or all but its last sixteenth, kept for users holding
+ *                  none), or the broker has no descriptor left for a client
  *   -ENOMEM        out of memory (or mapping the segments failed)
  *   -EMFILE, -ENFILE  no descriptor left in this process (or the system) for the
  *                  socket, the welcome's descriptors or chime_fd()'s

@@ -2169,11 +2169,16 @@ static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan
 	ch->taken_seen = ch->periodic_end = cq_base;
 	at_store(&ch->head_watch, UINT64_MAX);  /* B1: nothing of the new ring to watch yet */
 	ch->sq_head_pub = m->sq_base;
-	/* Plain stores: no client has the segment yet. */
-	m->rw->sq_tail = m->sq_base;
-	m->ro->sq_head = m->sq_base;
-	m->rw->cq_head = cq_base;
-	m->ro->cq_tail = cq_base;
+	/*
+	 * The client has mapped (and sealed) the writable segment already, but
+	 * has no welcome yet: what it writes meanwhile is its own loss, and
+	 * every later read of these is one load, checked (single atomic
+	 * stores, so that even a hostile writer is no data race of ours).
+	 */
+	at_store(&m->rw->sq_tail, m->sq_base);
+	at_store(&m->ro->sq_head, m->sq_base);
+	at_store(&m->rw->cq_head, cq_base);
+	at_store(&m->ro->cq_tail, cq_base);
 	/* Formats the slots (seq = position); the grants follow below. */
 	chime_sq_cons_init(&ch->sq, m->sq_slots, m->sq_size, m->sq_base);
 	chime_cq_prod_init(&ch->cq, m->cq_slots, m->claim, &m->ro->cq_tail, &m->rw->cq_head,
@@ -2185,9 +2190,9 @@ static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan
 		ch->grants[i] = grant_slot(sc, ch);
 		ch->grant_flags[i] = 0;         /* its tag is the client's to write: no block faulted in yet */
 		ch->marked += (uint32_t)chime_grant_is_marker(ch->grants[i]);
-		/* Plain stores: no client has the segment yet; the welcome follows our hand-back. */
-		m->sq_slots[i].grant = grant_public(ch->grants[i]);
-		m->sq_slots[i].grant_flags = 0;
+		/* As above: before the welcome, which follows our hand-back. */
+		at_store(&m->sq_slots[i].grant, grant_public(ch->grants[i]));
+		at_store(&m->sq_slots[i].grant_flags, 0);
 	}
 }
 

@@ -150,7 +150,8 @@ bool table_kept_from(const struct broker *b, const struct ucred *cred)
 		const struct client *c = &b->clients[i];
 
 		free_slots += c->state == CL_FREE;
-		holds = holds || (c->state != CL_FREE && c->acct_uid == as);
+		/* one being reclaimed is not held: a worker replacing one that exited gets in (as uid_full()) */
+		holds = holds || (c->state != CL_FREE && c->state != CL_DETACHING && c->acct_uid == as);
 	}
 	return holds && free_slots <= reserve;
 }

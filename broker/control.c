@@ -1135,7 +1135,12 @@ static void on_notify(struct broker *b)
  * once descriptors were back. Refuse what is queued at once (EUSERS), with
  * the descriptor kept spare for it, and say whether the queue is empty
  * (the accept can be armed again without spinning on the same failure).
+ * REFUSE_BATCH at most a call, then the same is said: clients connecting
+ * as fast as they are refused would keep the control thread here, its
+ * heartbeat with it; the accept armed again comes back through the ring.
  */
+#define REFUSE_BATCH 64u
+
 static bool refuse_queued(struct broker *b, int why)
 {
 	struct pollfd p = { .fd = b->listen_fd, .events = POLLIN };
@@ -1146,7 +1151,7 @@ static bool refuse_queued(struct broker *b, int why)
 		return false;
 	close(b->spare_fd);
 	/* The listening socket blocks: accept only what poll says is there. */
-	while (poll(&p, 1, 0) == 1 && (p.revents & POLLIN) &&
+	while (n < REFUSE_BATCH && poll(&p, 1, 0) == 1 && (p.revents & POLLIN) &&
 	       (fd = accept4(b->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
 		struct chime_hello hello;
 		union {
@@ -1169,7 +1174,7 @@ static bool refuse_queued(struct broker *b, int why)
 	if (n && log_ratelimit(&b->refuse_log, 10))
 		log_msg(LOG_WARNING, "refused %u connection%s at once: %s (RLIMIT_NOFILE; chimed --max-clients)",
 			n, n == 1 ? "" : "s", strerror(-why));
-	return b->spare_fd >= 0 && poll(&p, 1, 0) == 0;
+	return b->spare_fd >= 0 && (n == REFUSE_BATCH || poll(&p, 1, 0) == 0);
 }
 
 /* "TERM" for SIGTERM: an operator greps for the name kill(1) and systemd use, not strsignal()'s text. */

@@ -133,20 +133,21 @@ static bool uid_full(const struct broker *b, uid_t uid)
  * rest (a user and its subordinate uids are two shares, and detached
  * sessions hold their slots for --session-linger, across restarts) leave
  * every other user a way in. True if cred's user may not take one now.
- * O(max_clients), as client_admit()'s search for a free slot.
+ * O(1) while the slots above clients_hi alone outnumber the reserve, else
+ * O(clients_hi), as uid_full().
  */
 static bool privileged(const struct ucred *asker);
 
 bool table_kept_from(const struct broker *b, const struct ucred *cred)
 {
-	uint32_t reserve = b->o.max_clients / TABLE_RESERVE_DIV, free_slots = 0;
+	uint32_t reserve = b->o.max_clients / TABLE_RESERVE_DIV, free_slots = b->o.max_clients - b->clients_hi;
 	uid_t as;
 	bool holds = false;
 
-	if (!reserve || privileged(cred))
+	if (!reserve || free_slots > reserve || privileged(cred))
 		return false;
 	as = policy_account_uid(&b->policy, cred->uid);
-	for (uint32_t i = 0; i < b->o.max_clients; i++) {
+	for (uint32_t i = 0; i < b->clients_hi; i++) {
 		const struct client *c = &b->clients[i];
 
 		free_slots += c->state == CL_FREE;

@@ -431,6 +431,60 @@ Test(access, a_worker_replaced_at_once_takes_the_slot_of_the_one_that_exited)
 }
 
 /*
+ * As chimet1, 50 rounds: a worker opens and exits, and its replacement
+ * opens at once. 0, or 100 + the round whose replacement was refused
+ * (EUSERS), or 1 for anything else.
+ */
+static int replace_at_the_kept_sixteenth(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+
+	(void)arg;
+	for (int round = 0; round < 50; round++) {
+		chime_t *c = NULL;
+		pid_t w = fork();
+		int st, r;
+
+		if (w < 0)
+			return 1;
+		if (w == 0)
+			worker_exits();
+		if (waitpid(w, &st, 0) != w || !WIFEXITED(st) || WEXITSTATUS(st))
+			return 1;
+		r = chime_open(&c, &o);
+		if (r == -EUSERS)
+			return 100 + round;
+		if (r < 0)
+			return 1;
+		chime_close(c);
+		usleep(50000);          /* both reclaimed: the next worker finds the table as this one did */
+	}
+	return 0;
+}
+
+/*
+ * The kept sixteenth counts a slot being reclaimed as no slot held, as
+ * uid_full() does: a user whose only client just exited and is replaced
+ * at once, with the table at its last sixteenth (root holds 29 of 32, the
+ * user 1: 2 left), gets in (6283fec, which had no test; a review).
+ */
+Test(access, a_worker_replaced_at_once_at_the_tables_kept_sixteenth_gets_in)
+{
+	chime_t *held[29];
+	int st;
+
+	need_users();
+	start("--allow-all --shards 1 --max-clients 32 --max-clients-per-uid 0");
+	for (int i = 0; i < 29; i++)
+		cr_assert_not_null(held[i] = t_open(tb.sock));
+	st = as_user("chimet1", replace_at_the_kept_sixteenth, NULL);
+	cr_expect_eq(st, 0, "%s %d", st >= 100 ? "the replacement got EUSERS in round" : "chimet1's side failed:",
+		     st >= 100 ? st - 100 : st);
+	for (int i = 0; i < 29; i++)
+		chime_close(held[i]);
+}
+
+/*
  * A client being reclaimed does not count against --max-clients-per-uid,
  * but only as many again as the limit may be reclaiming: a user who closes
  * faster than the shards reclaim must not take the whole table. At a limit

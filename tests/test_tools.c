@@ -4272,54 +4272,72 @@ static void fake_sessions_broker(int l, enum fake_sessions how)
 	}
 }
 
-Test(tools_fake, a_broker_making_up_sessions_or_dripping_them_is_given_up, .timeout = 90)
+/* One of the fake brokers above against `chimectl sessions`: a case each, so two run at once. */
+static void fake_sessions_given_up(enum fake_sessions how)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	bool drip = how == FAKE_DRIP;
 	uint64_t t0;
 	pid_t fake;
 	int l, r;
 
 	cr_assert_lt(strlen(sock), sizeof(sa.sun_path));
 	memcpy(sa.sun_path, sock, strlen(sock));
-	for (int how = FAKE_PAGES; how <= FAKE_SLOW; how++) {
-		bool drip = how == FAKE_DRIP;
-
-		unlink(sock);
-		l = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-		cr_assert_geq(l, 0);
-		cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
-		cr_assert_eq(listen(l, 4), 0);
-		fake = fork();
-		cr_assert_geq(fake, 0);
-		if (fake == 0) {
-			prctl(PR_SET_PDEATHSIG, SIGKILL);
-			fake_sessions_broker(l, (enum fake_sessions)how);
-		}
-		close(l);
-		t0 = now_ns();
-		/* chimectl's own status (a pipe's was wc's), and its lines: one killed at 60 s printed none */
-		r = run("{ timeout 60 %s --socket '%s' sessions >'%s/list'; r=$?; wc -l <'%s/list'; exit $r; }",
-			bin("CHIMECTL"), sock, dir, dir);
-		kill(fake, SIGKILL);
-		waitpid(fake, NULL, 0);
-		cr_assert_eq(r, 0, "fake %d: exit %d after %.1f s: %s", how, r, (double)(now_ns() - t0) / 1e9,
-			     slurp(err));
-		if (drip) {
-			cr_assert_lt(now_ns() - t0, 30 * UINT64_C(1000000000), "a dripping answer held chimectl %.1f s",
-				     (double)(now_ns() - t0) / 1e9);
-			cr_assert_lt(atoll(slurp(out)), 20, "%s", slurp(out));
-		} else if (how == FAKE_SLOW) {
-			cr_assert_lt(now_ns() - t0, 40 * UINT64_C(1000000000), "slow pages held chimectl %.1f s",
-				     (double)(now_ns() - t0) / 1e9);
-			cr_assert_leq(atoll(slurp(out)), 30 / 1.5 + 3, "%s", slurp(out));
-		} else if (how == FAKE_BACK) {
-			/* the header, one session per page: the first; the line saying how many of how many */
-			cr_assert_leq(atoll(slurp(out)), 4, "%s", slurp(out));
-		} else {
-			/* the header, the sessions, the line saying how many of how many */
-			cr_assert_leq(atoll(slurp(out)), CHIME_CLIENTS_MAX + 3, "%s", slurp(out));
-		}
+	unlink(sock);
+	l = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	cr_assert_geq(l, 0);
+	cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(l, 4), 0);
+	fake = fork();
+	cr_assert_geq(fake, 0);
+	if (fake == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		fake_sessions_broker(l, how);
 	}
+	close(l);
+	t0 = now_ns();
+	/* chimectl's own status (a pipe's was wc's), and its lines: one killed at 60 s printed none */
+	r = run("{ timeout 60 %s --socket '%s' sessions >'%s/list'; r=$?; wc -l <'%s/list'; exit $r; }",
+		bin("CHIMECTL"), sock, dir, dir);
+	kill(fake, SIGKILL);
+	waitpid(fake, NULL, 0);
+	cr_assert_eq(r, 0, "fake %d: exit %d after %.1f s: %s", how, r, (double)(now_ns() - t0) / 1e9,
+		     slurp(err));
+	if (drip) {
+		cr_assert_lt(now_ns() - t0, 30 * UINT64_C(1000000000), "a dripping answer held chimectl %.1f s",
+			     (double)(now_ns() - t0) / 1e9);
+		cr_assert_lt(atoll(slurp(out)), 20, "%s", slurp(out));
+	} else if (how == FAKE_SLOW) {
+		cr_assert_lt(now_ns() - t0, 40 * UINT64_C(1000000000), "slow pages held chimectl %.1f s",
+			     (double)(now_ns() - t0) / 1e9);
+		cr_assert_leq(atoll(slurp(out)), 30 / 1.5 + 3, "%s", slurp(out));
+	} else if (how == FAKE_BACK) {
+		/* the header, one session per page: the first; the line saying how many of how many */
+		cr_assert_leq(atoll(slurp(out)), 4, "%s", slurp(out));
+	} else {
+		/* the header, the sessions, the line saying how many of how many */
+		cr_assert_leq(atoll(slurp(out)), CHIME_CLIENTS_MAX + 3, "%s", slurp(out));
+	}
+}
+
+Test(tools_fake, a_broker_making_up_sessions_is_given_up, .timeout = 90)
+{
+	fake_sessions_given_up(FAKE_PAGES);
+}
+
+Test(tools_fake, a_broker_dripping_sessions_is_given_up, .timeout = 90)
+{
+	fake_sessions_given_up(FAKE_DRIP);
+}
+
+Test(tools_fake, a_broker_paging_back_to_slot_0_is_given_up, .timeout = 90)
+{
+	fake_sessions_given_up(FAKE_BACK);
+}
+
+Test(tools_fake, a_broker_sending_good_pages_slowly_is_given_up, .timeout = 90)
+{
+	fake_sessions_given_up(FAKE_SLOW);
 }
 
 /*

@@ -399,6 +399,8 @@ void restart_watch(struct broker *b, uint64_t now);
 /* How long a session's process that takes none of its events keeps the 90 ms beat (takes_awake()). */
 #define WATCH_WAIT_NS (1000u * 1000000u)
 
+/* control.c: can a client still punch holes in this memfd of its own (not sealed against writes)? */
+bool punchable(int fd);
 /* control.c: close c->held_fd once its peer has read or dropped what we sent; true if none is held. */
 bool held_drained(struct broker *b, struct client *c);
 /*

@@ -532,7 +532,7 @@ static void refusals_log(struct broker *b, struct client *c, bool at_end)
  * munmap of it would wait for a punch under way (discard_post()).
  * F_GET_SEALS takes no lock a punch holds.
  */
-static bool punchable(int fd)
+bool punchable(int fd)
 {
 	int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : F_SEAL_WRITE;
 

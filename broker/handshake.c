@@ -166,8 +166,12 @@ bool table_kept_from(const struct broker *b, const struct ucred *cred)
  * (honest opens at once may all be under way). Each attach under way
  * whose client has not answered yet counts as its two: checked at the
  * hello only, four answered at once kept 8 past a bound of 2 (a review).
- * Counted whatever the attach: a session's re-attach that fails leaves
- * them too. O(clients_hi), as uid_full().
+ * So does each refused one the shards have not let go of yet (detaching
+ * or parking: not posted to the discard thread until they have): not
+ * counted, a wave of hellos sent while the last wave's shards were busy
+ * went past the bound by that wave (a test's, under load). Counted
+ * whatever the attach: a session's re-attach that fails leaves them too.
+ * O(clients_hi), as uid_full().
  */
 static bool unsealed_full(const struct broker *b, uid_t uid)
 {
@@ -176,8 +180,16 @@ static bool unsealed_full(const struct broker *b, uid_t uid)
 	uint32_t conns = share / 4 > MAX_HANDSHAKES_PER_UID ? share / 4 : MAX_HANDSHAKES_PER_UID;
 	uint32_t segs = discard_unsealed(b->discard, as);
 
-	for (uint32_t i = 0; i < b->clients_hi; i++)
-		segs += b->clients[i].offered && b->clients[i].acct_uid == as ? 2 : 0;
+	for (uint32_t i = 0; i < b->clients_hi; i++) {
+		const struct client *c = &b->clients[i];
+
+		if (c->acct_uid != as)
+			continue;
+		if (c->offered)
+			segs += 2;
+		else if (c->state == CL_DETACHING || c->state == CL_PARKING)
+			segs += (unsigned)punchable(c->rw_fd) + (unsigned)punchable(c->touch_fd);
+	}
 	return segs >= 2 * conns;
 }
 

@@ -194,6 +194,7 @@ struct client {
 	 * library would re-submit against (the carried grants, chan.c). 0: any.
 	 */
 	pid_t holder_pid;
+	uint64_t holder_start;          /* its start time (chime_proc_start()): a pid reused since is another's; 0: unknown */
 	uint32_t token;                 /* chime_welcome.session_token of the last attach; 0: unknown */
 	/*
 	 * Restored holding grants carried for holder_pid (the process that
@@ -209,6 +210,7 @@ struct client {
 	 * which may still resume, so they come back.
 	 */
 	pid_t last_holder_pid;
+	uint64_t last_holder_start;
 	uint32_t last_token;
 	uint32_t hup_seq;               /* tags its hang-up poll: a stale one of an earlier attach is ignored */
 	uint64_t connected_ns;

@@ -904,6 +904,7 @@ static void offer_failed(struct broker *b, struct client *c, int status)
 	 * failed process's made that resume -ESTALE.
 	 */
 	c->holder_pid = c->last_holder_pid;
+	c->holder_start = c->last_holder_start;
 	c->token = c->last_token;
 	parked(b, c);                           /* the session as it was: detached, its timers kept */
 }
@@ -1542,11 +1543,24 @@ static bool word_awaited(const struct client *c, const struct chan_mem *m)
  * accounting audit). Its exit (looked for once a beat, only for such
  * sessions, until they are attached or gone) frees them now, and its
  * resume, should a process of that pid try one, is refused. A pid reused
- * meanwhile keeps them to the linger, as before.
+ * meanwhile is another start time: gone too. (Kept to the linger before,
+ * by a kill(pid, 0) that the reuser passed.) A holder of unknown start (a
+ * sessions file of a broker before it), or whose stat this broker may not
+ * read (/proc's hidepid), is gone only once its pid is.
  */
+static bool holder_gone(const struct client *c)
+{
+	uint64_t start;
+
+	if (kill(c->holder_pid, 0) < 0 && errno == ESRCH)
+		return true;
+	start = c->holder_start ? chime_proc_start(c->holder_pid) : 0;
+	return start && start != c->holder_start;
+}
+
 static void holder_watch(struct broker *b, struct client *c)
 {
-	if (kill(c->holder_pid, 0) == 0 || errno != ESRCH)
+	if (!holder_gone(c))
 		return;
 	for (uint32_t s = 0; c->chans && s < b->o.nr_shards; s++) {
 		struct shard_cmd cmd = {
@@ -1980,6 +1994,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	c->sq_base = 0;
 	c->cred = *cred;
 	c->holder_pid = session[0] ? cred->pid : 0;
+	c->holder_start = session[0] ? chime_proc_start(cred->pid) : 0;
 	c->holder_watched = c->holder_lost = false;
 	c->created = session[0] != 0;
 	c->no_room_seen = reserve_failed_total(b);
@@ -2041,8 +2056,10 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 	}
 	c->fd = fd;
 	c->last_holder_pid = c->holder_pid;     /* back if this attach fails before the shards' (offer_failed()) */
+	c->last_holder_start = c->holder_start;
 	c->last_token = c->token;
 	c->holder_pid = cred->pid;
+	c->holder_start = chime_proc_start(cred->pid);
 	c->no_room_seen = reserve_failed_total(b);
 	if (!resume)
 		token_next(c);
@@ -2085,6 +2102,7 @@ static void stop_refuse_attaching(struct broker *b)
 		} else if (c->offered && c->reattaching) {
 			/* Not withdrawn by stop_begin() (the loop failed): as offer_failed() leaves it. */
 			c->holder_pid = c->last_holder_pid;
+			c->holder_start = c->last_holder_start;
 			c->token = c->last_token;
 			restart_put(b, c);
 		}

@@ -656,6 +656,18 @@ static bool process_gone(const struct client *c)
 }
 
 /*
+ * A resume from the holder's pid: is it the holder, not a process that
+ * reused the pid since (a library before tokens says only its pid)? As
+ * the holder when either start time is unknown (holder_gone() in control.c).
+ */
+static bool holder_start_matches(const struct client *c, const struct ucred *cred)
+{
+	uint64_t start = c->holder_start && c->holder_pid == cred->pid ? chime_proc_start(cred->pid) : 0;
+
+	return !start || start == c->holder_start;
+}
+
+/*
  * flags 0 with a session name: open it (a new slot, as an anonymous client
  * gets) or re-attach it. A session whose process has just gone (hung up,
  * or being parked) is handed to this one as soon as its shards are done.
@@ -709,7 +721,7 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		return;
 	}
 	if (resume && ((h->limit && c->token && h->limit != c->token) || c->holder_lost ||
-		       (c->holder_pid && c->holder_pid != cred->pid))) {
+		       (c->holder_pid && c->holder_pid != cred->pid) || !holder_start_matches(c, cred))) {
 		/*
 		 * Another attach since this library's (another process, or
 		 * another chime_t of this one) freed the grants it would
@@ -720,6 +732,9 @@ static void session_open(struct broker *b, struct conn *cn, const struct ucred *
 		if (c->holder_lost)
 			snprintf(why, sizeof(why), "session '%s': its process (pid %d) exited before it resumed, what "
 				 "it held is freed", name, (int)c->holder_pid);
+		else if (c->holder_pid == cred->pid && !holder_start_matches(c, cred))
+			snprintf(why, sizeof(why), "session '%s': its process (pid %d) is gone and this one reused its "
+				 "pid: it cannot be resumed", name, (int)c->holder_pid);
 		else
 			snprintf(why, sizeof(why), "session '%s' was opened again (pid %d) since this connection "
 				 "held it: it cannot be resumed", name, (int)c->holder_pid);

@@ -204,6 +204,7 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	c->cred.gid = r->gid;
 	c->cred.pid = 0;
 	c->holder_pid = r->pid;
+	c->holder_start = r->pid_start;
 	c->holder_watched = c->holder_lost = false;     /* restart_watch_holders(), once the shards restored */
 	c->token = r->token;
 	snprintf(c->comm, sizeof(c->comm), "(restored)");
@@ -523,6 +524,7 @@ static struct sessfile_rec rec_of(const struct client *c)
 		.generation = c->generation,
 		.linger_until_ns = c->state == CL_DETACHED ? c->linger_until_ns : 0,
 		.pid = c->holder_pid,
+		.pid_start = c->holder_start,
 		.token = c->token,
 	};
 

@@ -52,7 +52,8 @@ struct sessfile_rec {
 	char     name[CHIME_SESSION_MAX];
 	int32_t  pid;               /* the last process attached, the one that may resume it; 0: unknown */
 	uint32_t token;             /* its attach's token (chime_welcome.session_token); 0: unknown */
-	uint8_t  _reserved[16];
+	uint64_t pid_start;         /* pid's start time (chime_proc_start()); 0: unknown (a broker before it) */
+	uint8_t  _reserved[8];
 	uint64_t check;             /* FNV-1a of the bytes before it */
 };
 _Static_assert(sizeof(struct sessfile_rec) == 128, "a record is 128 B");

@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <stdio.h>
@@ -823,6 +824,43 @@ void chime_printable(char *s, size_t len)
 		else
 			s[i++] = '?';
 	}
+}
+
+const char *chime_proc_stat(pid_t pid, char *buf, size_t len)
+{
+	char path[32];
+	const char *p;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	if (fd < 0)
+		return NULL;
+	n = read(fd, buf, len - 1);
+	close(fd);
+	if (n <= 0)
+		return NULL;
+	buf[n] = 0;
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' && p[2] ? p + 2 : NULL;
+}
+
+uint64_t chime_proc_start(pid_t pid)
+{
+	char buf[1024], *end;
+	const char *f = chime_proc_stat(pid, buf, sizeof(buf));
+	unsigned long long start;
+
+	/* starttime is field 22; the state, field 3, is the first after the name */
+	for (unsigned field = 3; f && field < 22; field++)
+		if ((f = strchr(f, ' ')))
+			f++;
+	if (!f)
+		return 0;
+	errno = 0;
+	start = strtoull(f, &end, 10);
+	return end != f && errno == 0 ? start : 0;
 }
 
 int64_t chime_timens_monotonic(void)

@@ -252,6 +252,21 @@ int chime_seg_client_sealed(int fd, uint64_t size);
  */
 void chime_printable(char *s, size_t len);
 
+/*
+ * The fields of /proc/PID/stat from the state on, read into buf (len
+ * bytes): they start after the command name's last ')', as the name may
+ * hold spaces and parentheses. NULL if the file cannot be read (no such
+ * process, no /proc, another user's under hidepid).
+ */
+const char *chime_proc_stat(pid_t pid, char *buf, size_t len);
+
+/*
+ * When process pid started (/proc/PID/stat's starttime, clock ticks since
+ * boot): with the pid, it names one process of this boot, a pid reused
+ * since being another start time. 0 if it cannot be read.
+ */
+uint64_t chime_proc_start(pid_t pid);
+
 /* Write the common header (layout, kind, size) and then, last, the magic (release). */
 void chime_seg_publish(struct chime_seg_hdr *hdr, uint32_t kind, uint64_t size);
 

@@ -526,20 +526,10 @@ const char *sr_client_state(uint32_t state)
 
 char sr_pid_state(pid_t pid)
 {
-	char path[64], buf[512], *p;
-	FILE *f;
-	size_t n;
+	char buf[512];
+	const char *f = chime_proc_stat(pid, buf, sizeof(buf));
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	f = fopen(path, "re");
-	if (!f)
-		return 0;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	/* after the name, which may hold anything, ')' and spaces included */
-	p = strrchr(buf, ')');
-	return p && p[1] == ' ' && p[2] ? p[2] : 0;
+	return f ? f[0] : 0;
 }
 
 enum sr_state sr_liveness(const struct sr_snap *snap, const char **why)

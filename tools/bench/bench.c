@@ -15,6 +15,7 @@
 
 #include "cliarg.h"
 #include "paths.h"
+#include "segment.h"      /* chime_proc_stat() */
 
 const char *bench_prog = "chime-bench";
 
@@ -172,21 +173,11 @@ void bench_unmap(void *p, size_t len)
 /* Sum of utime+stime in /proc/PID/stat (clock ticks), as ns; UINT64_MAX if unreadable. */
 static uint64_t stat_cpu_ns(pid_t pid)
 {
-	char path[64], buf[1024], *p;
+	char buf[1024];
+	const char *f = chime_proc_stat(pid, buf, sizeof(buf));
 	unsigned long long ut = 0, st = 0;
-	FILE *f;
-	size_t n;
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	f = fopen(path, "r");
-	if (!f)
-		return UINT64_MAX;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	/* comm may hold spaces and parentheses: fields start after the last ')' */
-	p = strrchr(buf, ')');
-	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+	if (!f || sscanf(f, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
 		return UINT64_MAX;
 	return (ut + st) * (UINT64_C(1000000000) / (uint64_t)sysconf(_SC_CLK_TCK));
 }

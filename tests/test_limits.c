@@ -550,14 +550,14 @@ Test(limits, a_restart_on_a_full_filesystem_starts_with_what_it_had, .timeout = 
 	t_unmount_tmpfs(dir);
 }
 
-/* chimed started on the tmpfs at dir, which cannot start there: its output (in out) and exit status 1. */
-static void start_fails_on(const char *dir, char *out, size_t len)
+/* chimed with opts started on the tmpfs at dir, which cannot start there: its output (in out) and exit status 1. */
+static void start_fails_on(const char *dir, const char *opts, char *out, size_t len)
 {
 	char cmd[512];
 	FILE *p;
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "%s --foreground -n 1 --socket %s/chime.sock 2>&1", getenv("CHIMED"), dir);
+	snprintf(cmd, sizeof(cmd), "%s --foreground %s --socket %s/chime.sock 2>&1", getenv("CHIMED"), opts, dir);
 	memset(out, 0, len);
 	p = popen(cmd, "r");
 	cr_assert_not_null(p);
@@ -579,7 +579,7 @@ Test(limits, a_fresh_start_without_room_for_the_sessions_file_says_so)
 	if (geteuid() != 0)
 		cr_skip("mounting a tmpfs needs root");
 	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m,nr_inodes=5"), 0, "mount tmpfs: %s", strerror(errno));
-	start_fails_on(dir, out, sizeof(out));
+	start_fails_on(dir, "-n 1", out, sizeof(out));
 	cr_assert(strstr(out, "cannot write sessions file") && strstr(out, "No space left"), "unclear message: %s", out);
 	cr_expect(strstr(out, "no free inode"), "the room is not named: %s", out);
 	cr_expect(!strstr(out, "sessions and their timers stay"), "sessions said kept where there were none: %s", out);
@@ -594,13 +594,13 @@ Test(limits, tiny_tmpfs_fails_start_with_a_clear_message)
 	if (geteuid() != 0)
 		cr_skip("mounting a tmpfs needs root");
 	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "1m"), 0, "mount tmpfs: %s", strerror(errno));
-	start_fails_on(dir, out, sizeof(out));
+	start_fails_on(dir, "-n 1", out, sizeof(out));
 	cr_assert(strstr(out, "cannot reserve") && strstr(out, dir), "unclear message: %s", out);
 	cr_assert_eq(t_count_files(dir), 0, "a failed start left files behind");
 
 	/* No room even for the lock file's pid: said, and the empty file not left (found by an audit) */
 	cr_assert_geq(t_fill(dir, "filler", 0), 0, "filling: %s", strerror(errno));
-	start_fails_on(dir, out, sizeof(out));
+	start_fails_on(dir, "-n 1", out, sizeof(out));
 	cr_assert(strstr(out, "cannot write lock file") && strstr(out, "No space left"), "unclear message: %s", out);
 	cr_assert_eq(t_count_files(dir), 1, "a failed start left files behind (the filler is the one)");
 	t_unmount_tmpfs(dir);

@@ -481,9 +481,10 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 		/* Said here, and counted for chimectl restart (chime_ctl.shards_lost): else the shard starts empty unsaid. */
 		if (!reopened && sessions) {
 			s->file_lost = true;
-			log_msg(LOG_ERR, "shard file '%s' is missing: the %u sessions taken over have lost their "
+			log_msg(LOG_ERR, "shard file '%s' is missing: the %u session%s taken over %s lost %s "
 				"timers on shard %u (it was removed, and the last stop could not write it again, or "
-				"a crash came first)", s->path, sessions, cfg->idx);
+				"a crash came first)", s->path, sessions, sessions == 1 ? "" : "s",
+				sessions == 1 ? "has" : "have", sessions == 1 ? "its" : "their", cfg->idx);
 		}
 	}
 	if (!reopened) {

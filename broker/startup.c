@@ -656,6 +656,10 @@ out:
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
 		free(su[i].sessions);
 	free(su);
+	/* Each shard said why; the lines before it said what was taken over, and that is not lost. */
+	if (r < 0 && b->restoring)
+		log_msg(LOG_ERR, "not started: the sessions taken over and their timers stay in the files, for a "
+			"broker that can set up every shard");
 	if (r < 0)
 		return r;
 	b->ctl->sessions_unadmitted = b->sessions_unadmitted;

@@ -688,6 +688,8 @@ Test(limits, a_start_without_room_for_a_missing_shard_file_leaves_the_others_res
 
 	start_fails_on(dir, "-n 2 --capacity 65536", out, sizeof(out));
 	cr_assert(strstr(out, ".shard1'") && strstr(out, "No space left"), "unclear message: %s", out);
+	cr_assert(strstr(out, "not started: the sessions taken over and their timers stay in the files"),
+		  "the failed start does not say what became of what it took over: %s", out);
 	n1 = file_bytes(path, sess1, sizeof(sess1));
 	cr_assert(n1 == n0 && memcmp(sess0, sess1, (size_t)n0) == 0, "the failed start changed the sessions file");
 	cr_assert_eq(t_nodes(sock, T_NODES_TIMERS), 100, "the failed start changed shard 0's timers");

@@ -943,6 +943,24 @@ ReleaseTest(broker, a_neighbours_timers_after_its_burst_do_not_take_the_places_a
 }
 
 /*
+ * The start of a level-2 slot (409.6 ms at 100 us) 2.5-2.9 s ahead, in the
+ * level-3 slot of now (waited for, if this one ends before it): its
+ * timers are placed on level 2, and staged 409.5 ms before it starts.
+ */
+static uint64_t level2_slot_ahead(void)
+{
+	const uint64_t span2 = 4096 * 100000ull, span3 = 64 * span2;
+
+	for (;;) {
+		uint64_t now = chime_now(), base = (now / span2 + 7) * span2;
+
+		if (base / span3 == now / span3)
+			return base;
+		usleep((useconds_t)((base / span3 * span3 - now) / 1000 + 1000));
+	}
+}
+
+/*
  * A million timers due late in a level-2 slot (409.6 ms at 100 us): a
  * shard asleep when the slot came within its staging horizon woke only at
  * the slot's start, and moved them all down a level there, so a timer due
@@ -954,26 +972,19 @@ ReleaseTest(broker, a_neighbours_timers_after_its_burst_do_not_take_the_places_a
  */
 ReleaseTest(broker, a_timer_due_as_a_crowded_slot_starts_is_not_held_back_by_its_cascade, .timeout = 120)
 {
-	const uint64_t span2 = 4096 * 100000ull, span3 = 64 * span2, crowd = 500000;
+	const uint64_t crowd = 500000;
 	struct t_chimed b2 = { 0 };
 	struct chime_shard_stats st;
 	struct chime_event ev;
 	chime_t *a, *v;
 	chime_id_t id;
-	uint64_t now, base, late, all;
+	uint64_t base, late, all;
 
 	cr_assert_eq(t_chimed_start(&b2, NULL, "--shards 1"), 0);
 	a = t_open(b2.sock);
 	v = t_open(b2.sock);
 	cr_assert(a && v);
-	/* A slot 2.5-2.9 s ahead, in this level-3 slot: level 2, staged 409.5 ms before it starts. */
-	for (;;) {
-		now = chime_now();
-		base = (now / span2 + 7) * span2;
-		if (base / span3 == now / span3)
-			break;
-		usleep((useconds_t)((base / span3 * span3 - now) / 1000 + 1000));
-	}
+	base = level2_slot_ahead();
 	for (uint64_t i = 0; i < crowd; i++)
 		cr_assert_eq(chime_arm(a, 1, base + 300 * MS, 0, i, &id), 0);
 	cr_assert_eq(chime_arm(v, 2, base + MS, 0, 0, &id), 0);
@@ -1061,14 +1072,7 @@ ReleaseTest(broker, a_record_flood_does_not_keep_a_crowded_slot_from_being_stage
 		if (base - now < 6000 * MS)
 			base += span3;
 	} else {
-		/* A level-2 slot 2.5-2.9 s ahead, in this level-3 slot (staged 409.5 ms before it starts). */
-		for (;;) {
-			now = chime_now();
-			base = (now / span2 + 7) * span2;
-			if (base / span3 == now / span3)
-				break;
-			usleep((useconds_t)((base / span3 * span3 - now) / 1000 + 1000));
-		}
+		base = level2_slot_ahead();
 	}
 	/* two clients' million each: one client's quota is a million, a uid's two */
 	for (uint64_t i = 0; i < 2 * crowd; i++)

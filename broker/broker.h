@@ -204,6 +204,7 @@ struct client {
 	 */
 	bool holder_watched;
 	bool holder_lost;
+	int holder_pidfd;               /* the holder watched, its start time checked (holder_watch()); -1: none yet */
 	/*
 	 * Both as they were before this re-attach: one that fails before the
 	 * shards attach it (offer_failed()) freed nothing of the last holder's,
@@ -324,6 +325,10 @@ struct io_uring_sqe *get_sqe(struct broker *b);
 void arm_accept(struct broker *b);
 void send_status(int fd, int32_t status);
 void read_comm(pid_t pid, char comm[16]);
+/* Has the process of this pidfd exited (a zombie's is readable too)? */
+bool pidfd_exited(int fd);
+/* The session's holder no longer watched (holder_watch()): its pidfd closed. */
+void holder_unwatch(struct client *c);
 void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, const char *session,
 		  bool want_touch);
 void client_park(struct broker *b, struct client *c);

@@ -650,9 +650,7 @@ static bool peer_gone(const struct client *c)
  */
 static bool process_gone(const struct client *c)
 {
-	struct pollfd p = { .fd = c->pidfd, .events = POLLIN };
-
-	return c->pidfd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+	return c->pidfd >= 0 && pidfd_exited(c->pidfd);
 }
 
 /*

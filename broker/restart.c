@@ -205,7 +205,8 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	c->cred.pid = 0;
 	c->holder_pid = r->pid;
 	c->holder_start = r->pid_start;
-	c->holder_watched = c->holder_lost = false;     /* restart_watch_holders(), once the shards restored */
+	holder_unwatch(c);                              /* restart_watch_holders(), once the shards restored */
+	c->holder_lost = false;
 	c->token = r->token;
 	snprintf(c->comm, sizeof(c->comm), "(restored)");
 	c->generation = r->generation;
@@ -223,7 +224,7 @@ void restart_watch_holders(struct broker *b)
 		struct client *c = &b->clients[i];
 		uint32_t carried = 0;
 
-		c->holder_watched = false;
+		holder_unwatch(c);
 		if (c->state != CL_DETACHED || !c->session[0] || c->holder_pid <= 0 || !c->chans)
 			continue;
 		for (uint32_t s = 0; s < b->o.nr_shards; s++)

@@ -709,7 +709,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 		goto fail;
 	}
 	for (uint32_t i = 0; i < o->max_clients; i++)
-		b->clients[i].held_fd = -1;
+		b->clients[i].held_fd = b->clients[i].holder_pidfd = -1;
 	r = discard_start(&b->discard);
 	if (r < 0) {
 		r = log_errno(LOG_ERR, -r, "cannot start the segment discard helper (chimed-discard)");

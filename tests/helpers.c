@@ -94,6 +94,34 @@ int t_count_files(const char *dir)
 	return n;
 }
 
+int t_fds(pid_t pid, unsigned *pidfds)
+{
+	char dir[64], path[320], to[64];
+	struct dirent *e;
+	int n = 0;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+	*pidfds = 0;
+	if (!(d = opendir(dir)))
+		return -1;
+	while ((e = readdir(d))) {
+		ssize_t len;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		len = readlink(path, to, sizeof(to) - 1);
+		to[len > 0 ? len : 0] = 0;
+		if (!strcmp(to, "anon_inode:[pidfd]"))
+			++*pidfds;
+		else
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
 /*
  * /dev/shm when it is a tmpfs this process can write and run programs from
  * (t_tool_copy() puts programs in a broker's directory), as chime-bench

@@ -114,6 +114,8 @@ void t_rmdir_files(const char *dir);
 
 /* The entries of a directory, but those starting with '.'; -1 if it cannot be read. */
 int t_count_files(const char *dir);
+/* Process pid's open descriptors other than pidfds (-1 if unreadable); its pidfds into *pidfds. */
+int t_fds(pid_t pid, unsigned *pidfds);
 
 /*
  * A fresh tmpfs of `size` ("16m") on a new directory under /tmp, named in dir

@@ -336,21 +336,27 @@ static unsigned count_entries(const char *dir)
 /*
  * The broker's descriptors once closed connections (a readiness probe, a
  * client just closed) are gone: at most 'want' if it gets there within 2 s,
- * else the lowest count seen. A leak stays above it.
+ * else the lowest count seen. A leak stays above it. Pidfds apart, at
+ * most one by then: the holder of the session, which the broker watches
+ * while it holds grants carried for it (holder_watch() in control.c), its
+ * connected clients' gone.
  */
 static unsigned broker_fds(unsigned want)
 {
-	char p[64];
-	unsigned n, low = UINT_MAX;
+	unsigned n, low = UINT_MAX, pidfds, low_pidfds = UINT_MAX;
 
-	snprintf(p, sizeof(p), "/proc/%d/fd", tb.pid);
 	for (int i = 0; i < 200; i++) {
-		n = count_entries(p);
+		int r = t_fds(tb.pid, &pidfds);
+
+		cr_assert_geq(r, 0, "/proc/%d/fd", (int)tb.pid);
+		n = (unsigned)r;
 		low = n < low ? n : low;
-		if (low <= want)
+		low_pidfds = pidfds < low_pidfds ? pidfds : low_pidfds;
+		if (low <= want && low_pidfds <= 1)
 			break;
 		usleep(10 * 1000);
 	}
+	cr_assert_leq(low_pidfds, 1, "the broker holds %u pidfds, and no client", low_pidfds);
 	return low;
 }
 

@@ -2056,13 +2056,15 @@ static pid_t fork_with_pid(pid_t pid)
 
 /*
  * The holder gone and its pid taken by another process before the broker
- * looked (here: the broker stopped meanwhile): the watch's kill(pid, 0)
- * found the newcomer, and the grants stayed counted until the linger ran
- * out (a known leftover, ARCHITECTURE.md). The holder's start time, kept
- * with its pid, tells them apart.
+ * looked again (here: the broker stopped meanwhile): the watch's
+ * kill(pid, 0) found the newcomer, and the grants stayed counted until the
+ * linger ran out (a known leftover). The watch now holds the holder's
+ * pidfd from its first look on, which no reuse fools (fails with the
+ * kill alone: 2 of 2 runs).
  */
 Test(tools_live, grants_carried_for_a_process_whose_pid_was_reused_are_freed, .timeout = 60)
 {
+	unsigned pidfds = 0;
 	int hold[2], st;
 	pid_t child = holder_across_a_restart(hold), reuser;
 
@@ -2075,6 +2077,37 @@ Test(tools_live, grants_carried_for_a_process_whose_pid_was_reused_are_freed, .t
 	close(hold[1]);
 	if (reuser < 0)
 		cr_skip("pid %d could not be had again (/proc/sys/kernel/ns_last_pid needs root)", (int)child);
+	cr_assert_eq(users_settle(".users[0].armed == 10 and .users[0].counted <= 10", 1), 1,
+		     "the grants carried for a process whose pid another one took still count: %s", slurp(out));
+	/* the holder's pidfd closed with its watch (no client is connected) */
+	for (int i = 0; i < 200 && (t_fds(broker, &pidfds) < 0 || pidfds); i++)
+		usleep(10 * 1000);
+	cr_assert_eq(pidfds, 0, "the broker holds %u pidfds, and no client", pidfds);
+	kill(reuser, SIGKILL);
+	cr_assert_eq(waitpid(reuser, &st, 0), reuser);
+}
+
+/*
+ * The same across a crash: the next broker learns the holder from the
+ * sessions file, and its first look finds the pid taken again. The start
+ * time recorded there with the pid tells them apart (fails with the kill
+ * alone, and with a pidfd opened at that look unchecked: the newcomer's).
+ */
+Test(tools_live, grants_carried_for_a_process_whose_pid_was_reused_across_a_crash_are_freed, .timeout = 60)
+{
+	int hold[2], st;
+	pid_t child = holder_across_a_restart(hold), reuser;
+
+	t_chimed_stop(&tb, SIGKILL);
+	broker = 0;
+	kill(child, SIGKILL);
+	cr_assert_eq(waitpid(child, &st, 0), child);
+	reuser = fork_with_pid(child);
+	close(hold[0]);
+	close(hold[1]);
+	if (reuser < 0)
+		cr_skip("pid %d could not be had again (/proc/sys/kernel/ns_last_pid needs root)", (int)child);
+	start_broker("--shards 2 --sq-size 64 --max-timers-per-uid 100000");
 	cr_assert_eq(users_settle(".users[0].armed == 10 and .users[0].counted <= 10", 1), 1,
 		     "the grants carried for a process whose pid another one took still count: %s", slurp(out));
 	kill(reuser, SIGKILL);

@@ -86,6 +86,13 @@ void table_set(struct broker *b, struct client *c, uint32_t state)
 	(void)state;
 }
 
+/* No pidfd is opened here (holder_watch() is the control thread's): nothing to close. */
+void holder_unwatch(struct client *c)
+{
+	c->holder_pidfd = -1;
+	c->holder_watched = false;
+}
+
 bool keep_file(int fd, const char *path, const char *lost, const struct chime_seg_range *keep, unsigned n)
 {
 	(void)fd;

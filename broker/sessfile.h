@@ -5,7 +5,8 @@
  *
  * The shard files hold the timers; this file says whose they are: for
  * every client slot that holds a named session, its name, uid and gid,
- * the slot's generation and the linger deadline. Nodes of a slot with no
+ * the slot's generation, the linger deadline and its last process (pid and
+ * start time: the one that may resume it). Nodes of a slot with no
  * record here are an anonymous client's and are freed on restore.
  *
  *   header   128 B: magic, layout, geometry, boot id, monotonic offset, checksum

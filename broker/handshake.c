@@ -127,6 +127,24 @@ static bool uid_full(const struct broker *b, uid_t uid)
 	return live >= max || all >= 2 * max || held >= (max / 4 ? max / 4 : 1);
 }
 
+static bool privileged(const struct ucred *asker);
+
+/* The client table's free slots, counted exactly up to `upto` (past it, a count above it). */
+static uint32_t table_free(const struct broker *b, uint32_t upto)
+{
+	uint32_t n = b->o.max_clients - b->clients_hi;
+
+	for (uint32_t i = 0; i < b->clients_hi && n <= upto; i++)
+		n += b->clients[i].state == CL_FREE;
+	return n;
+}
+
+/* One being reclaimed is not held: a worker replacing one that exited gets in (as uid_full()). */
+static bool holds_slot(const struct client *c)
+{
+	return c->state != CL_FREE && c->state != CL_DETACHING;
+}
+
 /*
  * The last sixteenth of the client table is kept for users that hold no
  * slot of it (root and the broker's user aside): users who filled the
@@ -136,25 +154,18 @@ static bool uid_full(const struct broker *b, uid_t uid)
  * O(1) while the slots above clients_hi alone outnumber the reserve, else
  * O(clients_hi), as uid_full().
  */
-static bool privileged(const struct ucred *asker);
-
 bool table_kept_from(const struct broker *b, const struct ucred *cred)
 {
-	uint32_t reserve = b->o.max_clients / TABLE_RESERVE_DIV, free_slots = b->o.max_clients - b->clients_hi;
+	uint32_t reserve = b->o.max_clients / TABLE_RESERVE_DIV;
 	uid_t as;
-	bool holds = false;
 
-	if (!reserve || free_slots > reserve || privileged(cred))
+	if (!reserve || privileged(cred) || table_free(b, reserve) > reserve)
 		return false;
 	as = policy_account_uid(&b->policy, cred->uid);
-	for (uint32_t i = 0; i < b->clients_hi; i++) {
-		const struct client *c = &b->clients[i];
-
-		free_slots += c->state == CL_FREE;
-		/* one being reclaimed is not held: a worker replacing one that exited gets in (as uid_full()) */
-		holds = holds || (c->state != CL_FREE && c->state != CL_DETACHING && c->acct_uid == as);
-	}
-	return holds && free_slots <= reserve;
+	for (uint32_t i = 0; i < b->clients_hi; i++)
+		if (holds_slot(&b->clients[i]) && b->clients[i].acct_uid == as)
+			return true;
+	return false;
 }
 
 /*
@@ -909,7 +920,8 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 	const struct chime_client_stats *cs =
 		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
 	struct chime_query_head head = { .status = 0 };
-	uint32_t nk = 0, shards = b->o.nr_shards;
+	uint32_t nk = 0, shards = b->o.nr_shards, free_slots;
+	bool at_kept;
 	uint64_t *keys = malloc(((size_t)b->clients_hi + 1) * sizeof(*keys));
 	uint64_t *per = calloc(2 * (size_t)shards, sizeof(*per));       /* armed, then owned, per shard */
 	size_t n = 0;
@@ -927,13 +939,17 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 			keys[nk++] = (uint64_t)c->acct_uid << 32 | slot;
 	}
 	qsort(keys, nk, sizeof(*keys), key_cmp);
+	free_slots = table_free(b, UINT32_MAX);
+	at_kept = b->o.max_clients / TABLE_RESERVE_DIV && free_slots <= b->o.max_clients / TABLE_RESERVE_DIV;
 	for (uint32_t i = 0; i < nk;) {
 		uint32_t uid = (uint32_t)(keys[i] >> 32), all = 0;
 		struct chime_query_user u = {
 			.uid = uid, .max_clients = b->o.max_clients_per_uid, .nr_shards = shards,
 			.max_timers = b->o.max_timers_per_uid,
 			.max_timers_shard = b->shards[0].core.user_quota,       /* what the shards refuse past */
+			.table_free = free_slots, .table_kept = b->o.max_clients / TABLE_RESERVE_DIV,
 		};
+		bool holds = false;
 
 		memset(per, 0, 2 * (size_t)shards * sizeof(*per));
 		for (; i < nk && (uint32_t)(keys[i] >> 32) == uid; i++) {
@@ -941,6 +957,7 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 			const struct client *c = &b->clients[slot];
 
 			slot_tally(c, &all, &u.held, &u.clients);
+			holds = holds || holds_slot(c);
 			u.reclaiming += c->state == CL_DETACHING;
 			u.sessions += session_listed(c);
 			u.detached += session_listed(c) && (c->state == CL_DETACHED || c->state == CL_PARKING);
@@ -953,6 +970,9 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 				}
 			}
 		}
+		/* as table_kept_from() decides for this user's own open: root and the broker's user are never kept out */
+		if (at_kept && holds && uid != 0 && uid != geteuid())
+			u.flags |= CHIME_QUERY_USER_KEPT_OUT;
 		for (uint32_t k = 0; k < shards; k++) {
 			uint64_t own = per[shards + k];
 

@@ -1078,9 +1078,18 @@ struct chime_query_user {
 	uint64_t max_timers_shard;  /* each shard refuses its arms past this; UINT64_MAX: none */
 	uint64_t owned;             /* what the shards count against the quotas: armed + ids handed ahead */
 	uint64_t owned_fullest;     /* of them, in the shard counting the most: what max_timers_shard bounds */
-	uint8_t  _reserved[48];
+	uint32_t flags;             /* CHIME_QUERY_USER_*; 0 from a broker before them */
+	uint32_t table_free;        /* the client table's free slots (for every user: a table-wide count) */
+	uint32_t table_kept;        /* of them, those kept for users holding no slot (its last sixteenth) */
+	uint8_t  _reserved[36];
 };
 _Static_assert(sizeof(struct chime_query_user) == 128, "user record is 128 B");
+/*
+ * The user holds a slot, is neither root nor the broker's user, and the
+ * table's free slots are all kept for users holding none: its next open is
+ * refused EUSERS whatever its own limits say.
+ */
+#define CHIME_QUERY_USER_KEPT_OUT 1u
 
 /* CHIME_HELLO_RELOAD's answer. The counts are of the policy's rules: before the reload and now. */
 struct chime_query_reload {

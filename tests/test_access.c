@@ -320,6 +320,88 @@ static pid_t hold_clients(const char *user, int *opened, int *err)
 
 static void unhold(pid_t pid);
 
+static int connect_raw(void);
+
+/* One query by hand: its answer's head in *head (status -1: no answer), then up to n records. */
+static void raw_query(uint32_t flags, pid_t pid, uint64_t limit, struct chime_query_head *head,
+		      void *recs, size_t rec_size, size_t n)
+{
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = flags,
+				 .pid = pid, .limit = limit };
+	int fd = connect_raw();
+	size_t got = 0;
+
+	head->status = -1;
+	if (fd < 0 || send(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
+	    recv(fd, head, sizeof(*head), 0) != (ssize_t)sizeof(*head))
+		head->status = -1;
+	while (head->status == 0 && got < n && got < head->count) {
+		ssize_t r = recv(fd, (char *)recs + got * rec_size, (n - got) * rec_size, 0);
+
+		if (r <= 0)
+			break;
+		got += (size_t)r / rec_size;
+	}
+	if (fd >= 0)
+		close(fd);
+}
+
+/*
+ * What chimectl users is told with the table at its kept sixteenth (32
+ * slots, 2 kept, 31 taken by the two users): each of them kept out, with
+ * the table's free slots; root, once its client is reclaimed, not listed.
+ */
+static void users_said_kept_out(uid_t one, uid_t two)
+{
+	struct chime_query_user u[4];
+	struct chime_query_head head;
+	unsigned seen = 0;
+
+	/*
+	 * root's own client (open_status()) is listed until the shards have
+	 * reclaimed its slot; a query right after another is answered EBUSY
+	 * (chimectl asks again 60 ms later, as here)
+	 */
+	for (int k = 0; k < 50; k++) {
+		memset(u, 0, sizeof(u));
+		raw_query(CHIME_HELLO_QUERY_USERS, 0, 4, &head, u, sizeof(u[0]), 4);
+		if (head.status != -EBUSY && (head.status != 0 || head.count != 3))
+			break;
+		usleep(60000);
+	}
+	cr_assert_eq(head.status, 0, "the users query: %s", strerror(-head.status));
+	for (uint64_t i = 0; i < head.count && i < 4; i++) {
+		bool kept = u[i].flags & CHIME_QUERY_USER_KEPT_OUT;
+
+		cr_expect(u[i].uid == one || u[i].uid == two, "uid %u listed, holding %u slots", u[i].uid, u[i].clients);
+		cr_expect(kept, "uid %u (%u slots) not said kept out, %u of 32 free", u[i].uid, u[i].clients,
+			  u[i].table_free);
+		cr_expect_eq(u[i].table_free, 1, "uid %u: %u free slots said, not 1", u[i].uid, u[i].table_free);
+		cr_expect_eq(u[i].table_kept, 2, "uid %u: %u kept slots said, not 2", u[i].uid, u[i].table_kept);
+		seen += kept;
+	}
+	cr_expect_eq(seen, 2, "%u users said kept out of %lu listed, not 2", seen, (unsigned long)head.count);
+}
+
+/* chimectl users says so, on each kept-out user's line and in its JSON. */
+static void chimectl_says_kept_out(void)
+{
+	char cmd[1024], out[4096];
+	size_t n;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd), "\"$CHIMECTL\" --socket '%s' users; \"$CHIMECTL\" --socket '%s' -j users | "
+		 "jq -c '[.users[] | select(.kept_out) | [.table_free, .table_kept]]'", tb.sock, tb.sock);
+	f = popen(cmd, "r");
+	cr_assert(f, "popen: %s", strerror(errno));
+	n = fread(out, 1, sizeof(out) - 1, f);
+	out[n] = '\0';
+	cr_expect_eq(pclose(f), 0, "chimectl users failed: %s", out);
+	cr_expect(strstr(out, "(kept out: the table's 1 free slot is kept for users holding none)"),
+		  "no kept-out note in chimectl users: %s", out);
+	cr_expect(strstr(out, "[[1,2],[1,2]]"), "chimectl -j users does not say both kept out of 1 free: %s", out);
+}
+
 /*
  * The last sixteenth of the client table is kept for users that hold none
  * of it: a user and its subordinate uids are two shares, and detached
@@ -341,6 +423,8 @@ Test(access, the_last_sixteenth_of_the_client_table_is_kept_for_users_holding_no
 	cr_expect_eq(n2, 1, "another user took %d of the last slots (%s), not 1", n2, strerror(err2));
 	cr_expect_eq(err2, EUSERS);
 	cr_expect_eq(open_status(NULL), 0, "root was kept out of the last slot");
+	users_said_kept_out(getpwnam("chimet1")->pw_uid, getpwnam("chimet2")->pw_uid);
+	chimectl_says_kept_out();
 	unhold(first);
 	unhold(second);
 }
@@ -1952,30 +2036,6 @@ Test(access, a_reload_sets_the_mode_of_its_own_socket_only)
 
 /* ---- queries (what chimectl asks when it cannot read the segments) ---- */
 
-/* One query by hand: its answer's head in *head (status -1: no answer), then up to n records. */
-static void raw_query(uint32_t flags, pid_t pid, uint64_t limit, struct chime_query_head *head,
-		      struct chime_query_timer *recs, size_t n)
-{
-	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = flags,
-				 .pid = pid, .limit = limit };
-	int fd = connect_raw();
-	size_t got = 0;
-
-	head->status = -1;
-	if (fd < 0 || send(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
-	    recv(fd, head, sizeof(*head), 0) != (ssize_t)sizeof(*head))
-		head->status = -1;
-	while (head->status == 0 && got < n && got < head->count) {
-		ssize_t r = recv(fd, recs + got, (n - got) * sizeof(*recs), 0);
-
-		if (r <= 0)
-			break;
-		got += (size_t)r / sizeof(*recs);
-	}
-	if (fd >= 0)
-		close(fd);
-}
-
 enum { SCANNED = 100000 };      /* timers: several of the broker's scan steps per shard */
 
 /*
@@ -1998,7 +2058,7 @@ static int query_many(void *arg)
 			return 2;
 	/* The shards apply the arms meanwhile: ask until all are armed (one query per 50 ms). */
 	for (uint64_t t0 = now_ns(); now_ns() - t0 < 5000 * MS; usleep(60000)) {
-		raw_query(CHIME_HELLO_QUERY_TIMERS, getpid(), 5, &head, recs, 5);
+		raw_query(CHIME_HELLO_QUERY_TIMERS, getpid(), 5, &head, recs, sizeof(*recs), 5);
 		if (head.status != 0 || head.total == SCANNED)
 			break;
 	}
@@ -2027,8 +2087,8 @@ static int query_twice(void *arg)
 		struct chime_query_head a, b;
 		uint64_t sent = now_ns();
 
-		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &a, NULL, 0);
-		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &b, NULL, 0);
+		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &a, NULL, 0, 0);
+		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &b, NULL, 0, 0);
 		if (a.status == 0 && b.status == -EBUSY)
 			return 0;
 		if (a.status == 0 && b.status == 0 && now_ns() - sent < 50 * MS)
@@ -2049,7 +2109,7 @@ Test(access, a_timers_query_counts_every_timer_and_a_user_cannot_starve_roots_qu
 	usleep(60000);
 	cr_assert_eq(as_user("chimet1", query_twice, NULL), 0, "one query per 50 ms for a user");
 	/* Within those 50 ms: root's queries have their own turn. */
-	raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &head, NULL, 0);
+	raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &head, NULL, 0, 0);
 	cr_assert_eq(head.status, 0, "root's query after another user's: %d", head.status);
 }
 
@@ -2062,7 +2122,7 @@ static int query_spin(void *arg)
 
 	(void)arg;
 	while (chime_now() < until) {
-		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &head, NULL, 0);
+		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &head, NULL, 0, 0);
 		served += head.status == 0;
 	}
 	return served > 0 ? 0 : 1;
@@ -2076,7 +2136,7 @@ static int query_patiently(void *arg)
 
 	(void)arg;
 	do {
-		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &head, NULL, 0);
+		raw_query(CHIME_HELLO_QUERY_SESSIONS, 0, 0, &head, NULL, 0, 0);
 		if (head.status == 0)
 			return 0;
 		usleep(60000);
@@ -2181,7 +2241,7 @@ static int scan_loop(void *patient)
 	if (!c || chime_arm(c, 5, chime_now() + 3600000 * MS, 0, 0, &id) < 0 || chime_flush(c) < 0)
 		return 200;
 	for (until = chime_now() + 3000 * MS; chime_now() < until && served < 199;) {
-		raw_query(CHIME_HELLO_QUERY_TIMERS, getpid(), 1, &head, &rec, 1);
+		raw_query(CHIME_HELLO_QUERY_TIMERS, getpid(), 1, &head, &rec, sizeof(rec), 1);
 		if (head.status == 0)
 			served++;
 		else if (head.status != -EBUSY)

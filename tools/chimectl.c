@@ -131,7 +131,8 @@ static void usage(FILE *f)
 		"                     held, time left before an unattached one is reclaimed)\n"
 		"  users              each user's use of chimed's per-user limits: clients,\n"
 		"                     sessions, timers (and in the fullest shard, against its\n"
-		"                     share there); a user not root nor the broker's: its own\n"
+		"                     share there), and who is kept out of the table's last\n"
+		"                     free slots; a user not root nor the broker's: its own\n"
 		"  drop-session NAME  reclaim the detached session NAME and its timers now\n"
 		"                     (root and the broker's user: any; others: their own)\n"
 		"  reset-stats        restart the lateness histograms and the high-water marks\n"
@@ -1193,14 +1194,18 @@ static int cmd_users(const char *sock)
 	for (uint64_t i = 0; i < head.count; i++) {
 		const struct chime_query_user *u = &recs[i];
 		char cl[24], tm[48], sh[48];
+		json_t *rec;
 
 		out("%10u %11s %8u %8u %22s %22s", u->uid, of_limit(cl, sizeof(cl), u->clients, u->max_clients),
 		    u->sessions, u->detached, of_limit(tm, sizeof(tm), u->armed, u->max_timers),
 		    of_limit(sh, sizeof(sh), u->owned_fullest, u->max_timers_shard));
 		if (u->held || u->reclaiming)
 			out("  (%u held, %u reclaiming)", u->held, u->reclaiming);
+		if (u->flags & CHIME_QUERY_USER_KEPT_OUT)
+			out("  (kept out: the table's %u free slot%s kept for users holding none)", u->table_free,
+			    u->table_free == 1 ? " is" : "s are");
 		out("\n");
-		json_array_append_new(arr, json_pack("{s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:o,s:I}",
+		rec = json_pack("{s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:o,s:I}",
 						     "uid", (json_int_t)u->uid, "clients", (json_int_t)u->clients,
 						     "max_clients_per_uid", jlimit(u->max_clients),
 						     "held", (json_int_t)u->held, "reclaiming", (json_int_t)u->reclaiming,
@@ -1212,7 +1217,14 @@ static int cmd_users(const char *sock)
 						     "counted", (json_int_t)u->owned,
 						     "counted_fullest_shard", (json_int_t)u->owned_fullest,
 						     "max_timers_per_shard", jlimit(u->max_timers_shard),
-						     "shards", (json_int_t)u->nr_shards));
+						     "shards", (json_int_t)u->nr_shards);
+		/* zeros from a broker before them, or a table too small to keep slots: no table counts */
+		json_object_set_new(rec, "kept_out", json_boolean(u->flags & CHIME_QUERY_USER_KEPT_OUT));
+		json_object_set_new(rec, "table_free", u->table_kept ? json_integer((json_int_t)u->table_free)
+								      : json_null());
+		json_object_set_new(rec, "table_kept", u->table_kept ? json_integer((json_int_t)u->table_kept)
+								      : json_null());
+		json_array_append_new(arr, rec);
 	}
 	free(recs);
 	if (head.count == 0 && head.total == 0)

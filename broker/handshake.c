@@ -313,20 +313,47 @@ static bool may_see(const struct ucred *asker, uid_t owner)
 	return privileged(asker) || asker->uid == owner;
 }
 
-static void query_clients(struct broker *b, int fd, const struct ucred *asker, uint64_t limit,
-			  struct chime_query_client *out)
+/*
+ * What the control segment's table shows of a slot (table_set()'s states,
+ * control.c): a parking session stays active there until its shards have
+ * parked it, a slot attaching is not shown yet.
+ */
+static uint32_t slot_shown(const struct client *c)
+{
+	switch (c->state) {
+	case CL_ACTIVE:
+	case CL_PARKING:
+		return CHIME_CLIENT_ACTIVE;
+	case CL_DETACHING:
+	case CL_HELD:
+		return CHIME_CLIENT_DYING;
+	case CL_DETACHED:
+		return CHIME_CLIENT_DETACHED;
+	default:
+		return CHIME_CLIENT_EMPTY;
+	}
+}
+
+/*
+ * The asker's clients (all, to root and the broker's user): the connected
+ * ones (CHIME_HELLO_QUERY_CLIENTS), or every slot the table shows, with
+ * its state (CHIME_HELLO_QUERY_SLOTS: `out` holds struct chime_query_slot).
+ */
+static void query_clients(struct broker *b, int fd, const struct ucred *asker, uint64_t limit, bool slots,
+			  void *out)
 {
 	const char *base = (const char *)b->ctl;
 	const struct chime_client_stats *cs =
 		(const struct chime_client_stats *)(base + b->ctl->client_stats_off);
 	struct chime_query_head head = { .status = 0 };
-	size_t n = 0;
+	size_t n = 0, size = slots ? sizeof(struct chime_query_slot) : sizeof(struct chime_query_client);
 
 	for (uint32_t slot = 0; slot < b->o.max_clients; slot++) {
 		const struct client *c = &b->clients[slot];
-		struct chime_query_client *r = &out[n];
+		uint32_t shown = slot_shown(c);
+		struct chime_query_client *r = (struct chime_query_client *)((char *)out + n * size);
 
-		if (c->state != CL_ACTIVE || !may_see(asker, c->cred.uid))
+		if ((slots ? shown == CHIME_CLIENT_EMPTY : c->state != CL_ACTIVE) || !may_see(asker, c->cred.uid))
 			continue;
 		head.total++;
 		if (n == limit)
@@ -335,6 +362,8 @@ static void query_clients(struct broker *b, int fd, const struct ucred *asker, u
 			.pid = c->cred.pid, .uid = c->cred.uid, .gid = c->cred.gid, .slot = slot,
 			.connected_ns = c->connected_ns,
 		};
+		if (slots)
+			((struct chime_query_slot *)r)->state = shown;
 		memcpy(r->comm, c->comm, sizeof(r->comm));
 		for (uint32_t k = 0; k < b->o.nr_shards; k++) {
 			const struct chime_client_stats *e = &cs[(uint64_t)slot * b->o.nr_shards + k];
@@ -347,7 +376,7 @@ static void query_clients(struct broker *b, int fd, const struct ucred *asker, u
 		}
 		n++;
 	}
-	query_send(fd, &head, out, n, sizeof(*out));
+	query_send(fd, &head, out, n, size);
 }
 
 static struct client *session_find(struct broker *b, const char *name);
@@ -1011,13 +1040,15 @@ static void answer_query(struct broker *b, struct conn *cn, const struct chime_h
 			b->scan_owed.until_ns = now + QUERY_TURN_HOLD_NS;
 		return;
 	}
+	_Static_assert(sizeof(struct chime_query_slot) <= sizeof(struct chime_query_session) &&
+		       sizeof(struct chime_query_user) <= sizeof(struct chime_query_session), "the largest record");
 	buf = calloc(limit, sizeof(struct chime_query_session));     /* the largest record */
 	if (!buf) {
 		query_send(cn->fd, &(struct chime_query_head){ .status = -ENOMEM }, NULL, 0, 0);
 		return;
 	}
-	if (h->flags == CHIME_HELLO_QUERY_CLIENTS)
-		query_clients(b, cn->fd, asker, limit, buf);
+	if (h->flags == CHIME_HELLO_QUERY_CLIENTS || h->flags == CHIME_HELLO_QUERY_SLOTS)
+		query_clients(b, cn->fd, asker, limit, h->flags == CHIME_HELLO_QUERY_SLOTS, buf);
 	else if (h->flags == CHIME_HELLO_QUERY_SESSIONS)
 		query_sessions(b, cn->fd, asker, h->pid > 0 ? (uint32_t)h->pid : 0, limit, buf);
 	else if (h->flags == CHIME_HELLO_QUERY_USERS)

@@ -943,6 +943,16 @@ _Static_assert(sizeof(struct chime_shard_seg) == 128, "shard header is 128 B");
  */
 #define CHIME_HELLO_PING          8u
 /*
+ * As CHIME_HELLO_QUERY_CLIENTS, with every slot the client table shows of
+ * the caller's uid, not only the connected clients: one struct
+ * chime_query_slot each, with the state a reader of the control segment
+ * sees (chimectl clients as root): active, dying (closed, or holding a
+ * slot whose peer has not read the broker's answer: its timers being
+ * reclaimed, the slot still counted) and detached sessions. A broker
+ * before it answers -EINVAL.
+ */
+#define CHIME_HELLO_QUERY_SLOTS   9u
+/*
  * With a session name, or'ed into flags 0: libchime re-attaching by itself
  * after losing its broker (ARCHITECTURE.md, "libchime's reconnect"). The
  * session's grants kept from the old rings stay valid until its
@@ -1022,6 +1032,14 @@ struct chime_query_client {
 	uint64_t fires;
 };
 _Static_assert(sizeof(struct chime_query_client) == 64, "query record is 64 B");
+
+/* CHIME_HELLO_QUERY_SLOTS's record. */
+struct chime_query_slot {
+	struct chime_query_client client;
+	uint32_t state;             /* CHIME_CLIENT_ACTIVE, _DYING or _DETACHED, as the control segment's table */
+	uint8_t  _reserved[60];
+};
+_Static_assert(sizeof(struct chime_query_slot) == 128, "slot record is 128 B");
 
 struct chime_query_timer {
 	uint64_t id;

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -2472,6 +2473,77 @@ Test(access, tools_work_on_what_a_client_may_see_and_say_why_not_the_rest)
 	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s shutdown >/dev/null 2>&1", tb.dir, chimectl, tb.sock);
 	cr_assert_neq(as_user("chimet1", run_tool, &t), 0, "a client stopped the broker");
 	cr_assert(t_alive(tb.pid), "the broker is not running");
+}
+
+/*
+ * chimet1: a hello whose welcome it never reads, the socket shut down but
+ * kept open (the slot stays taken: welcomes_never_read_...), then its
+ * chimectl clients until it lists that slot, as `jq` prints it: 0 once it
+ * lists exactly this process's slot as dying, else 1 + what it last said.
+ */
+static int own_held_slot(void *arg)
+{
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
+	char cmd[1024], want[64], *said = arg;
+	int fd = connect_raw();
+	FILE *p;
+
+	if (fd < 0 || send(fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h))
+		return 1;
+	usleep(50000);          /* the welcome sent: HELD once we hang up */
+	shutdown(fd, SHUT_RDWR);
+	snprintf(want, sizeof(want), "[[%d,\"dying\"]]", (int)getpid());
+	snprintf(cmd, sizeof(cmd), "LD_LIBRARY_PATH=%s %s -s %s -j clients | jq -c '[.clients[] | [.pid, .state]]'",
+		 tb.dir, g_ctl, tb.sock);
+	for (int tries = 0; tries < 50; tries++) {
+		size_t n;
+
+		p = popen(cmd, "r");
+		n = p ? fread(said, 1, 255, p) : 0;
+		said[n] = '\0';
+		if (p)
+			pclose(p);
+		if (!strncmp(said, want, strlen(want)))
+			return close(fd), 0;
+		usleep(100000);
+	}
+	close(fd);
+	return 1;
+}
+
+/*
+ * A user's own slot held by a welcome it never read counts against its
+ * limits (chimectl users: "held"), and root's chimectl clients lists it
+ * as dying, but the user's own listing (a query: it may not read the
+ * segments) showed connected clients only, so its count had nothing to
+ * show for it. Another user's held slot (root's, here) stays unlisted.
+ */
+Test(access, a_users_own_held_slot_is_listed_by_its_query_and_no_one_elses)
+{
+	/* the child's last answer, for the message: as_user() forks */
+	char *said = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct chime_map m;
+	char path[300];
+	int roots;
+
+	cr_assert_neq(said, MAP_FAILED);
+	said[0] = '\0';
+	need_users();
+	start("--allow-all --shards 1");
+	g_ctl = tool_copy("CHIMECTL");
+	roots = hello_unread("");
+	usleep(50000);
+	shutdown(roots, SHUT_RDWR);
+	snprintf(path, sizeof(path), "%s.ctl", tb.sock);
+	cr_assert_eq(chime_seg_open(path, CHIME_SEG_CONTROL, &m), 0);
+	for (int k = 0; k < 2000 && in_state(m.base, CHIME_CLIENT_DYING) != 1; k++)
+		usleep(1000);
+	cr_assert_eq(in_state(m.base, CHIME_CLIENT_DYING), 1, "root's held slot is not shown as taken");
+	chime_seg_unmap(&m);
+	cr_expect_eq(as_user("chimet1", own_held_slot, said), 0,
+		     "chimet1's chimectl clients did not list its held slot alone, as dying: last said %s", said);
+	close(roots);
+	munmap(said, 4096);
 }
 
 /* chimet1: session "t1jobs" with two timers an hour ahead, left detached. */

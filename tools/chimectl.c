@@ -494,40 +494,55 @@ static void shown_of(uint64_t shown, uint64_t total, const char *what)
 
 /*
  * `clients` and `timers` for a user who may connect but not read the
- * segments: the broker answers for the caller's own clients only.
+ * segments: the broker answers for the caller's own clients only, with
+ * the slots that are not connected clients (dying, detached) as the
+ * segment shows them; a broker before CHIME_HELLO_QUERY_SLOTS, the
+ * connected ones only.
  */
 static int clients_by_query(const char *sock)
 {
-	struct chime_query_client recs[CHIME_QUERY_MAX];
+	static struct chime_query_slot recs[CHIME_QUERY_MAX];
 	struct chime_query_head head;
 	enum query_step step;
+	bool with_state = true;
 	json_t *arr;
-	int r = query_broker(sock, CHIME_HELLO_QUERY_CLIENTS, 0, NULL, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]),
+	int r = query_broker(sock, CHIME_HELLO_QUERY_SLOTS, 0, NULL, CHIME_QUERY_MAX, &head, recs, sizeof(recs[0]),
 			     &step);
 
+	if (r == -EINVAL && step == QUERY_ANSWER) {
+		static struct chime_query_client old[CHIME_QUERY_MAX];
+
+		with_state = false;
+		r = query_broker(sock, CHIME_HELLO_QUERY_CLIENTS, 0, NULL, CHIME_QUERY_MAX, &head, old, sizeof(old[0]),
+				 &step);
+		for (uint64_t i = 0; i < head.count && i < CHIME_QUERY_MAX; i++)
+			recs[i] = (struct chime_query_slot){ .client = old[i], .state = CHIME_CLIENT_ACTIVE };
+	}
 	if (r < 0 && !partial(r, &head))
 		return query_error(sock, "asking for this user's clients", r, step, NULL);
 	arr = json_array();
-	out("(this user's clients only: the others' need root, the broker's user or chimed --stats-group)\n");
-	out("%4s %7s %6s %6s %-15s %10s %8s %10s %10s\n", "SLOT", "PID", "UID", "GID", "COMM",
-	    "CONNECTED", "ARMED", "ARMS", "FIRES");
+	out("(this user's clients only: the others' need root, the broker's user or chimed --stats-group%s)\n",
+	    with_state ? "" : "; a broker this old lists connected clients only");
+	out("%4s %7s %6s %6s %-15s %10s %8s %10s %10s %8s\n", "SLOT", "PID", "UID", "GID", "COMM",
+	    "CONNECTED", "ARMED", "ARMS", "FIRES", "STATE");
 	for (uint64_t i = 0; i < head.count; i++) {
-		const struct chime_query_client *c = &recs[i];
+		const struct chime_query_client *c = &recs[i].client;
 		uint64_t age = head.now_ns > c->connected_ns ? head.now_ns - c->connected_ns : 0;
+		const char *state = sr_client_state(recs[i].state);
 		char since[32], comm[17];
 
 		memcpy(comm, c->comm, 16);
 		comm[16] = '\0';
 		chime_printable(comm, sizeof(comm));    /* the answer is whoever listens at the socket's */
 		sr_fmt_dur(since, sizeof(since), age);
-		out("%4u %7d %6u %6u %-15s %10s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "\n", c->slot,
-		    (int)c->pid, c->uid, c->gid, comm, since, c->armed, c->arms, c->fires);
-		json_array_append_new(arr, json_pack("{s:i,s:i,s:i,s:i,s:o,s:I,s:I,s:I,s:I}", "slot", (int)c->slot,
+		out("%4u %7d %6u %6u %-15s %10s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 " %8s\n", c->slot,
+		    (int)c->pid, c->uid, c->gid, comm, since, c->armed, c->arms, c->fires, state);
+		json_array_append_new(arr, json_pack("{s:i,s:i,s:i,s:i,s:o,s:I,s:I,s:I,s:I,s:s}", "slot", (int)c->slot,
 						     "pid", (int)c->pid, "uid", (int)c->uid, "gid", (int)c->gid,
 						     "comm", jtext(comm, sizeof(comm)),
 						     "connected_for_ns", (json_int_t)age,
 						     "armed", (json_int_t)c->armed, "arms", (json_int_t)c->arms,
-						     "fires", (json_int_t)c->fires));
+						     "fires", (json_int_t)c->fires, "state", state));
 	}
 	if (head.count == 0 && head.total == 0)
 		out("(no clients)\n");

@@ -413,7 +413,7 @@ static void make_hello(struct in *in, struct chime_hello *h)
 		CHIME_HELLO_QUERY_TIMERS, CHIME_HELLO_RESET_STATS, CHIME_HELLO_QUERY_SESSIONS,
 		CHIME_HELLO_DROP_SESSION, CHIME_HELLO_RESUME | CHIME_HELLO_QUERY_CLIENTS,
 		0, CHIME_HELLO_RESUME,  /* an attach of a library that does not seal: refused */
-		CHIME_HELLO_QUERY_USERS, CHIME_HELLO_RELOAD, CHIME_HELLO_PING,
+		CHIME_HELLO_QUERY_USERS, CHIME_HELLO_RELOAD, CHIME_HELLO_PING, CHIME_HELLO_QUERY_SLOTS,
 	};
 	enum { NF = sizeof(flags) / sizeof(flags[0]) };
 	uint8_t bits = byte(in), f = byte(in), s = byte(in), l = byte(in), q = byte(in);
@@ -494,6 +494,7 @@ static void check_answer(const struct answer *a, const struct chime_hello *h, co
 	struct chime_query_head head;
 	size_t sz = h->flags == CHIME_HELLO_QUERY_SESSIONS ? sizeof(struct chime_query_session) :
 		    h->flags == CHIME_HELLO_QUERY_CLIENTS ? sizeof(struct chime_query_client) :
+		    h->flags == CHIME_HELLO_QUERY_SLOTS ? sizeof(struct chime_query_slot) :
 		    h->flags == CHIME_HELLO_QUERY_TIMERS ? sizeof(struct chime_query_timer) :
 		    h->flags == CHIME_HELLO_QUERY_USERS ? sizeof(struct chime_query_user) :
 		    h->flags == CHIME_HELLO_RELOAD ? sizeof(struct chime_query_reload) : 0;
@@ -525,6 +526,19 @@ static void check_answer(const struct answer *a, const struct chime_hello *h, co
 			CHECK(r.slot < MAXC && B.clients[r.slot].state == CL_ACTIVE, "client record of slot %u", r.slot);
 			CHECK(privileged(asker->uid) || r.uid == asker->uid, "uid %u sees a client of uid %u",
 			      (unsigned)asker->uid, r.uid);
+		} else if (h->flags == CHIME_HELLO_QUERY_SLOTS) {
+			struct chime_query_slot r;
+			int st;
+
+			memcpy(&r, rec, sizeof(r));
+			CHECK(r.client.slot < MAXC, "slot record of slot %u", r.client.slot);
+			st = B.clients[r.client.slot].state;
+			CHECK(r.state == (st == CL_ACTIVE || st == CL_PARKING ? CHIME_CLIENT_ACTIVE :
+					  st == CL_DETACHING || st == CL_HELD ? CHIME_CLIENT_DYING :
+					  st == CL_DETACHED ? CHIME_CLIENT_DETACHED : UINT32_MAX),
+			      "slot %u in state %d shown as %u", r.client.slot, st, r.state);
+			CHECK(privileged(asker->uid) || r.client.uid == asker->uid, "uid %u sees a slot of uid %u",
+			      (unsigned)asker->uid, r.client.uid);
 		} else if (h->flags == CHIME_HELLO_RELOAD) {
 			break;  /* the stub's: nothing of the asker's to check */
 		} else if (h->flags == CHIME_HELLO_QUERY_USERS) {

@@ -1470,7 +1470,15 @@ Test(access, an_unprivileged_users_pings_cost_the_broker_no_more_at_max_clients_
 	t_chimed_stop(&b, SIGKILL);
 	cr_log_info("control thread per ping of chimet1: %.1f us at --max-clients 256, %.1f us at 65536",
 		    small / 1e3, big / 1e3);
-	cr_assert_leq(big, small * 2, "a ping of chimet1 cost the control thread %.1f us at --max-clients 65536, "
+	/*
+	 * Against the 256-slot broker plus 100 us, not a multiple of it: a walk
+	 * of 65536 slots costs 250 us or more under ASan (the fixed walk's 306
+	 * against 27), while the least of five rounds of a ping alone is 10 or
+	 * 20 us from one run to the next on a 2-CPU host (2026-12-06, the same
+	 * with 5c2e0d1's chimed: 10.3 against 22.0 there), which failed a
+	 * bound of twice the 256-slot figure one run in 14 under ASan.
+	 */
+	cr_assert_leq(big, small + 100000, "a ping of chimet1 cost the control thread %.1f us at --max-clients 65536, "
 		      "%.1f us at 256", big / 1e3, small / 1e3);
 }
 

@@ -1,5 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* bench.c - helpers shared by chime-bench's modes. */
+/* secure_getenv() (paths.h): ../shared/bench-ref compiles this file without meson's -D_GNU_SOURCE */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include "bench.h"
 
 #include <errno.h>

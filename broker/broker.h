@@ -242,6 +242,9 @@ struct broker {
 	int lock_fd, listen_fd, ctl_fd, pub_fd, sig_fd, notify_fd;
 	int wall_fd;                    /* CLOCK_REALTIME timerfd far ahead, cancelled by a step (control.c) */
 	uint64_t wall_buf;
+	uint64_t wall_log;              /* log_ratelimit() of the steps' lines (wall_step_log()) */
+	uint32_t wall_steps_held;       /* steps since the last line, and what they moved in all (ns) */
+	int64_t wall_moved_held;
 	struct stat sock_st;            /* the socket file as bound: a stop unlinks only that one */
 	struct chime_map ctl_map;
 	struct chime_map pub_map;       /* the public segment (clients read it) */

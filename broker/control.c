@@ -1233,6 +1233,9 @@ static bool restart_refused(struct broker *b)
 
 /* ---- the wall clock (ARCHITECTURE.md, "Wall-clock timers") ---- */
 
+/* Steps of the wall clock after the first: one line per this many seconds (wall_step_log()). */
+#define WALL_LOG_S 60u
+
 /*
  * Watch for steps of the wall clock (clock_set_watch_arm(): its read
  * completes with -ECANCELED when the clock is set). A failure, or a wall
@@ -1248,11 +1251,42 @@ static void wall_watch(struct broker *b)
 }
 
 /*
+ * A step's line: the first at once, the next ones at most once per
+ * WALL_LOG_S, as a count and a sum (some VMs' agents set the clock ten
+ * times a second: a line each was 864,000 a day). Called at every beat
+ * too (moved 0), to say what was held back once the minute is up, and at
+ * the stop (`now`), so that no step goes unsaid.
+ */
+static void wall_step_log(struct broker *b, int64_t moved, bool now)
+{
+	if (moved) {
+		b->wall_steps_held++;
+		b->wall_moved_held += moved;
+	}
+	if (!b->wall_steps_held || !(log_ratelimit(&b->wall_log, WALL_LOG_S) || now))
+		return;
+	if (b->wall_steps_held == 1 && moved)
+		log_msg(LOG_INFO, "the wall clock was set, %+.6f s: wall-clock timers follow it",
+			(double)b->wall_moved_held / 1e9);
+	else if (b->wall_steps_held == 1)
+		log_msg(LOG_INFO, "the wall clock was set once more since the last such line, %+.6f s: "
+			"wall-clock timers follow it (a line a minute at most)", (double)b->wall_moved_held / 1e9);
+	else
+		log_msg(LOG_INFO, "the wall clock was set %u more times since the last such line, %+.6f s in "
+			"all: wall-clock timers follow it (a line a minute at most)", b->wall_steps_held,
+			(double)b->wall_moved_held / 1e9);
+	b->wall_steps_held = 0;
+	b->wall_moved_held = 0;
+}
+
+/*
  * At each heartbeat, and at a step: if the wall clock's offset from the
  * monotonic one moved by more than WALL_FOLLOW_NS ahead or
  * WALL_FOLLOW_BACK_NS behind since the shards last followed it (a slew),
  * or stepped (the timerfd, the test hook), the shards follow the new one
- * (wall.h): published, and every shard woken for it.
+ * (wall.h): published, and the shards that may hold wall-clock timers
+ * woken for it. The others follow at their next pass, before they apply
+ * a record: nothing of theirs moves, so a step costs them no wake-up.
  */
 static void wall_check(struct broker *b, bool stepped)
 {
@@ -1261,16 +1295,19 @@ static void wall_check(struct broker *b, bool stepped)
 	stepped |= wall_hook_read();
 	off = wall_offset_now();
 	moved = off - wall_published();
-	if (moved == 0 || (!stepped && moved <= WALL_FOLLOW_NS && moved >= -WALL_FOLLOW_BACK_NS))
+	if (moved == 0 || (!stepped && moved <= WALL_FOLLOW_NS && moved >= -WALL_FOLLOW_BACK_NS)) {
+		wall_step_log(b, 0, false);
 		return;
-	if (stepped)
-		log_msg(LOG_INFO, "the wall clock was set, %+.6f s: wall-clock timers follow it",
-			(double)moved / 1e9);
+	}
+	wall_step_log(b, stepped ? moved : 0, false);
 	wall_publish(off);
 	at_store(&b->pub->wall_off, off);
 	at_store(&b->ctl->wall_off, off);
+	/* W0: the new offset, full barrier, then wall_any; pairs with W1 before a shard's sleep. */
+	at_fence();
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
-		shard_poke(&b->shards[i]);
+		if (at_load(&b->shards[i].wall_any))
+			shard_poke(&b->shards[i]);
 }
 
 void broker_reload(struct broker *b, struct chime_query_reload *out)
@@ -1886,7 +1923,7 @@ int broker_run(struct broker *b)
 		struct io_uring_cqe *cqe;
 		struct __kernel_timespec ts;
 		uint64_t now = now_ns(), wait;
-		unsigned head, seen = 0;
+		unsigned head, seen = 0, woke = 0;
 		bool busy;
 		int r;
 
@@ -1949,10 +1986,12 @@ int broker_run(struct broker *b)
 			return log_errno(LOG_ERR, r, "io_uring_enter on the control ring");
 		io_uring_for_each_cqe(&b->ring, head, cqe) {
 			seen++;
+			/* A step of the wall clock is followed in full at once: no reason to end a rest. */
+			woke += cqe->user_data != UD_WALL;
 			stop += on_cqe(b, cqe);
 		}
 		io_uring_cq_advance(&b->ring, seen);
-		if (seen) {
+		if (woke) {
 			/*
 			 * A client came, went or asked, or a shard woke us:
 			 * heartbeats at HEARTBEAT_NS. Ending a rest, from the next
@@ -1978,6 +2017,7 @@ int broker_run(struct broker *b)
 		if (b->stopping && (stop > 1 || !stop_parking(b) || now_ns() >= stop_by))
 			break;
 	}
+	wall_step_log(b, 0, true);
 	return b->restart ? 1 : 0;
 }
 

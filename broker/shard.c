@@ -995,6 +995,9 @@ static bool anything_pending(struct shard *s, uint64_t wake_at)
 {
 	if (cmds_pending(s) || s->nr_dying || chan_walking(&s->core))
 		return true;
+	/* W2: a step published after the top of the pass, by a control thread that read wall_any 0 */
+	if (wall_published() != s->core.wall_seen)
+		return true;
 	for (uint32_t i = 0; i < s->nr_active; i++)
 		if (chan_pending(&s->core, s->active[i]))
 			return true;
@@ -1270,6 +1273,13 @@ static void loop(struct shard *s)
 		 * deadline would be another user's timer, to the nanosecond.
 		 */
 		at_store(s->wake_ns, wake_at | (WAKE_GRAIN_NS - 1));
+		/*
+		 * W1: whether a step must wake us, before the fence and the
+		 * re-check of wall_published(); pairs with W0 in wall_check().
+		 * Either the control thread sees 1 and rings, or we see its step.
+		 */
+		if (s->wall_any != (sc->wall_nodes != 0))
+			at_store(&s->wall_any, sc->wall_nodes != 0);
 		at_store_rel(s->sleeping, s->sleep_no);
 		at_fence();
 		if (!anything_pending(s, wake_at)) {

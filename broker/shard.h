@@ -127,6 +127,12 @@ struct shard {
 	uint64_t wake_lead_ns;          /* how early it wakes for a deadline and spins the rest (shard.c) */
 	struct spin_watch spin;         /* spinning off while its yields give the core away (spin.h) */
 	uint64_t passes;                /* loop passes; atomic: the control thread checks it moves */
+	/*
+	 * 1 while the shard may hold wall-clock nodes (core.wall_nodes), as of
+	 * its last sleep; atomic: a step of the wall clock wakes only those
+	 * shards (W1/W2: wall_check() in control.c, the S-SLEEP re-check).
+	 */
+	uint32_t wall_any;
 
 	/* the control thread's liveness check (control.c, shards_alive()) */
 	uint64_t seen_passes;

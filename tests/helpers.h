@@ -244,8 +244,9 @@ void t_at_rest_within(const char *sock, unsigned within_ms);
 
 /*
  * A set of the host's wall clock, by anyone (another test, an NTP step at
- * boot), rightly ends a broker's rest: its wall-clock timers follow the
- * set, and it beats every 90 ms for a second after (control.c). A test
+ * boot, a VM's agent), rightly wakes a broker: its control thread follows
+ * the set at once, and so does each shard holding wall-clock timers
+ * (control.c, wall_check()). A test
  * that measures a rest watches for sets with t_clock_watch(): a
  * CLOCK_REALTIME timerfd armed far ahead with TFD_TIMER_CANCEL_ON_SET, as
  * the broker's own watch (-1 if none could be made: then no set is seen).
@@ -263,7 +264,7 @@ static inline void t_clock_set_skips(int fd, struct t_chimed *b)
 	if (b)
 		t_chimed_stop(b, SIGTERM);
 	cr_skip("the host's wall clock was set during the measurement (by another process): a set rightly "
-		"ends a broker's rest for a second, so this rest measured nothing");
+		"wakes a broker to follow it, so this rest measured more than the broker's own wake-ups");
 }
 #endif
 

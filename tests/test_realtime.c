@@ -875,22 +875,32 @@ Test(realtime, real_sets_of_the_host_clock_are_each_followed_at_once)
 	}
 }
 
-/* The wall-clock timers among the armed ones, over the shards, as chimestat shows them (shard.N.armed_realtime). */
-static uint64_t armed_realtime(void)
+/* A counter of every shard, summed, as chimestat shows it (shard.N.<field>). */
+static uint64_t shards_sum(const char *field)
 {
+	size_t len = strlen(field);
 	char cmd[512], line[256];
-	uint64_t sum = 0, v;
+	uint64_t sum = 0;
 	FILE *p;
 
 	cr_assert_not_null(getenv("CHIMESTAT"), "$CHIMESTAT names no chimestat");
-	snprintf(cmd, sizeof(cmd), "%s -s '%s' -1 -f 'shard.*.armed_realtime'", getenv("CHIMESTAT"), sock);
+	snprintf(cmd, sizeof(cmd), "%s -s '%s' -1 -f 'shard.*.%s'", getenv("CHIMESTAT"), sock, field);
 	p = popen(cmd, "r");
 	cr_assert_not_null(p);
-	while (fgets(line, sizeof(line), p))
-		if (sscanf(line, "shard.%*u.armed_realtime %" SCNu64, &v) == 1)
-			sum += v;
+	while (fgets(line, sizeof(line), p)) {
+		char *name = strncmp(line, "shard.", 6) == 0 ? strchr(line + 6, '.') : NULL;
+
+		if (name && strncmp(name + 1, field, len) == 0 && name[1 + len] == ' ')
+			sum += strtoull(name + 1 + len, NULL, 10);
+	}
 	cr_assert_eq(pclose(p), 0, "%s failed", cmd);
 	return sum;
+}
+
+/* The wall-clock timers among the armed ones, over the shards (shard.N.armed_realtime). */
+static uint64_t armed_realtime(void)
+{
+	return shards_sum("armed_realtime");
 }
 
 /* armed_realtime() once it is `want` (the shards publish within a millisecond), or after 2 s. */
@@ -953,6 +963,78 @@ Test(realtime, chimestat_counts_wall_clock_timers_reset_after_firing_and_restore
 	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 2"), 0);
 	cr_assert_eq(armed_realtime_becomes(2), 2, "the next broker restored them");
 	cr_assert_eq(chime_drop_session(&o), 0);
+}
+
+/*
+ * Real sets of the host's wall clock, ten a second for 2 s (as this VM's
+ * agent set it, 2026-12-06), 50 us forward each (1 ms in all: forward, so
+ * that no other test sees a wall-clock timer early; root only). A broker
+ * holding no wall-clock timer follows each at once, and stays at rest:
+ * its shards asleep (nothing of theirs moves), its heartbeat at 450 ms,
+ * and one line in its log for the first set and one at the stop for the
+ * rest. Before: every set woke both shards, ended the rest for a second
+ * (11 beats a second, not 2.2) and logged a line, 864,000 a day.
+ */
+Test(realtime, sets_ten_a_second_leave_a_broker_without_wall_clock_timers_at_rest)
+{
+	const int64_t by = 50000;
+	char logf[300], extra[400], line[512];
+	uint64_t sleeps0, sleeps, last_beat, end;
+	int64_t off0, want, got;
+	unsigned beats = 0, said = 0, summed = 0;
+	chime_t *c;
+	chime_id_t id;
+	FILE *f;
+
+	if (geteuid() != 0)
+		cr_skip("sets the host's wall clock: root only");
+	t_chimed_stop(&broker, SIGTERM);
+	snprintf(logf, sizeof(logf), "%s/chimed.log", dir);
+	snprintf(extra, sizeof(extra), "--shards 2 2>'%s'", logf);
+	cr_assert_eq(t_chimed_start(&broker, sock, extra), 0);
+	c = t_open(sock);
+	cr_assert_not_null(c);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600 * SEC, 0, 0, &id), 0);
+	t_at_rest_within(sock, 3000);
+	sleeps0 = shards_sum("sleeps");
+	off0 = broker_wall_off();
+	last_beat = broker_beat();
+	for (int i = 0; i < 20; i++) {
+		struct timespec ts;
+		uint64_t w = host_wall() + (uint64_t)by;
+
+		ts = (struct timespec){ .tv_sec = (time_t)(w / SEC), .tv_nsec = (long)(w % SEC) };
+		if (clock_settime(CLOCK_REALTIME, &ts) < 0) {
+			cr_assert_eq(i, 0, "clock_settime() worked once, then: %s", strerror(errno));
+			cr_skip("clock_settime(CLOCK_REALTIME): %s", strerror(errno));
+		}
+		for (end = now_ns() + 100 * MS; now_ns() < end; usleep(2000))
+			if (broker_beat() != last_beat) {
+				last_beat = broker_beat();
+				beats++;
+			}
+	}
+	want = host_offset();
+	got = broker_wall_off();
+	cr_assert(got - want < 50000 && want - got < 50000,
+		  "the broker's offset %+lld ns from the host's after 20 sets (moved %lld ns)",
+		  (long long)(got - want), (long long)(got - off0));
+	sleeps = shards_sum("sleeps") - sleeps0;
+	cr_assert_leq(sleeps, 4, "the shards slept %llu times more over 20 sets: each set woke them",
+		      (unsigned long long)sleeps);
+	cr_assert_leq(beats, 8, "%u heartbeats in 2 s of sets: the sets ended the rest (11 a second)", beats);
+	cr_assert_eq(t_beat_ms_becomes(sock, 450, 0), 450, "the period chimestat shows");
+	chime_close(c);
+	cr_assert_eq(t_chimed_stop(&broker, SIGTERM), 0);
+	f = fopen(logf, "r");
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		said += strstr(line, "the wall clock was set") != NULL;
+		summed += strstr(line, "more times since") != NULL || strstr(line, "once more since") != NULL;
+	}
+	fclose(f);
+	cr_assert_leq(said, 2, "%u lines about 20 sets of the wall clock", said);
+	cr_assert_eq(summed, 1, "the sets after the first are not said at the stop");
 }
 
 /*

@@ -30,9 +30,9 @@
  * mapped in huge pages.
  *
  * A set of the host's wall clock in the window (by anyone: an NTP step,
- * date(1)) rightly wakes the broker and its shards, which follow it, and
- * has it beat every 90 ms for a second: the report says so, and then
- * judges neither target.
+ * date(1), a VM's agent) rightly wakes the broker's control thread, and
+ * each shard holding wall-clock timers, to follow it: the report says so,
+ * and then judges neither target.
  */
 #include <chime.h>
 
@@ -399,9 +399,9 @@ int bench_rest(int argc, char **argv)
 		       sw > beats ? (double)(sw - beats) / win : 0., REST_SLACK, clock_set ? "not judged" :
 		       wake_ok ? "ok" : "MISS");
 		if (clock_set)
-			printf("  the host's wall clock was set in the window (by another process): the broker and its\n"
-			       "  shards rightly woke to follow it, and it beat every 90 ms for a second: these are not\n"
-			       "  figures at rest (run it again)\n");
+			printf("  the host's wall clock was set in the window (by another process): the broker woke to\n"
+			       "  follow it (its control thread, and each shard holding wall-clock timers, once a set):\n"
+			       "  these are not the broker's own figures at rest (run it again)\n");
 		printf("\n  %-7s %-16s %10s %12s\n", "tid", "thread", "switches", "cpu us");
 		for (unsigned i = 0; i < p1.threads && i < BENCH_MAX_THREADS; i++) {
 			const struct bench_thread *a = NULL, *z = &p1.thr[i];

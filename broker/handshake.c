@@ -470,6 +470,49 @@ static void touched_deadline(const struct client *c, uint32_t shard, uint32_t id
 		t->deadline_ns = w;
 }
 
+/*
+ * One node of the scan: true if it is one of client slot's live timers, and,
+ * with copy, its fields in *t (id and shard left to the caller) and its
+ * generation word in *genp. An optimistic read: the shard writes these
+ * fields with plain stores while this thread reads them (aligned words,
+ * each store single-copy atomic on every target), and a copy counts only if
+ * the generation and owner read after it are those read before (QT1, QT2).
+ * ThreadSanitizer sees each such pair as a race and is told not to look
+ * here; every other access of the scan is checked.
+ */
+static bool __attribute__((no_sanitize("thread")))
+node_peek(const struct chime_node *nd, uint32_t slot, bool copy, struct chime_query_timer *t, uint32_t *genp)
+{
+	uint32_t gen = at_load_acq(&nd->gen);     /* QT1: the generation before the fields (QT2 below) */
+	uint8_t st = at_load(&nd->state);
+	uint64_t period = at_load(&nd->period_ns);
+
+	if (at_load(&nd->owner) != slot ||
+	    !(st == CHIME_NODE_ARMED || st == CHIME_NODE_EXPIRED || (st == CHIME_NODE_BACKLOG && period)))
+		return false;
+	if (!copy)
+		return true;
+	*t = (struct chime_query_timer){
+		.key = at_load(&nd->key), .user_data = at_load(&nd->user_data),
+		.deadline_ns = at_load(&nd->deadline_ns), .period_ns = period,
+		.state = st,
+		.flags = gen & CHIME_NODE_REALTIME ? CHIME_QUERY_TIMER_REALTIME : 0,
+	};
+	/*
+	 * The node freed and taken again while this thread read it
+	 * (preempted between two loads): its key and user data may be
+	 * another user's. A new timer bumps the generation before the
+	 * shard writes its owner and fields, so the same generation
+	 * (the flags above it may change in a live timer) and owner
+	 * after the copy mean it is this client's.
+	 */
+	at_fence_acq();         /* QT2: the fields before the generation's second load */
+	if (((at_load(&nd->gen) ^ gen) & CHIME_ID_GEN_MASK) || at_load(&nd->owner) != slot)
+		return false;
+	*genp = gen;
+	return true;
+}
+
 bool query_step(struct broker *b)
 {
 	struct timers_scan *q = &b->scan;
@@ -489,42 +532,19 @@ bool query_step(struct broker *b)
 		uint32_t hw = at_load(&wh->w->high_water);
 
 		for (; q->next < hw && budget; q->next++, budget--) {
-			const struct chime_node *nd = &wh->nodes[q->next];
-			uint32_t gen = at_load_acq(&nd->gen);     /* QT1: the generation before the fields (QT2 below) */
-			uint8_t st = at_load(&nd->state);
-			uint64_t period = at_load(&nd->period_ns);
-			struct chime_query_timer t;
+			bool copy = q->n < q->limit;
+			uint32_t gen = 0;
 
-			if (at_load(&nd->owner) != q->slot ||
-			    !(st == CHIME_NODE_ARMED || st == CHIME_NODE_EXPIRED ||
-			      (st == CHIME_NODE_BACKLOG && period)))
+			if (!node_peek(&wh->nodes[q->next], q->slot, copy, copy ? &q->out[q->n] : NULL, &gen))
 				continue;
 			q->head.total++;
-			if (q->n == q->limit)
+			if (!copy)
 				continue;
-			t = (struct chime_query_timer){
-				.id = chime_id_make(gen & CHIME_ID_GEN_MASK, q->shard, q->next),
-				.key = at_load(&nd->key), .user_data = at_load(&nd->user_data),
-				.deadline_ns = at_load(&nd->deadline_ns), .period_ns = period,
-				.state = st, .shard = q->shard,
-				.flags = gen & CHIME_NODE_REALTIME ? CHIME_QUERY_TIMER_REALTIME : 0,
-			};
-			/*
-			 * The node freed and taken again while this thread read it
-			 * (preempted between two loads): its key and user data may be
-			 * another user's. A new timer bumps the generation before the
-			 * shard writes its owner and fields, so the same generation
-			 * (the flags above it may change in a live timer) and owner
-			 * after the copy mean it is this client's.
-			 */
-			at_fence_acq();         /* QT2: the fields before the generation's second load */
-			if (((at_load(&nd->gen) ^ gen) & CHIME_ID_GEN_MASK) || at_load(&nd->owner) != q->slot) {
-				q->head.total--;
-				continue;
-			}
-			q->out[q->n++] = t;
+			q->out[q->n].id = chime_id_make(gen & CHIME_ID_GEN_MASK, q->shard, q->next);
+			q->out[q->n].shard = q->shard;
 			if (gen & CHIME_NODE_TOUCH)
-				touched_deadline(c, q->shard, q->next, &q->out[q->n - 1]);
+				touched_deadline(c, q->shard, q->next, &q->out[q->n]);
+			q->n++;
 		}
 		if (q->next < hw)
 			return true;    /* budget spent inside this shard */

@@ -631,8 +631,10 @@ uint32_t wheel_alloc(struct wheel *wh)
 	if (idx == NIL) {
 		if (w->high_water >= wh->reserved)
 			return NIL;
-		/* bump: first touch of this node's page happens here */
-		idx = w->high_water++;
+		/* bump: first touch of this node's page happens here; the
+		 * control thread's timers scan reads the mark (at_load) */
+		idx = w->high_water;
+		at_store(&w->high_water, idx + 1);
 		wh->nodes[idx].gen = wh->gen_base;
 	}
 	n = &wh->nodes[idx];

@@ -102,7 +102,11 @@ static void slot_tally(const struct client *c, uint32_t *all, uint32_t *held, ui
  * As many again may be reclaiming, no more: a user who opens and exits
  * faster than the shards reclaim holds at most twice its share. A slot
  * HELD (its peer has not read what we sent, control.c) does not count as
- * live either, but a user may hold at most a quarter of its share so.
+ * live either, but a user that holds a quarter of its share so is refused
+ * until they drain. Its attaches under way (unsealed_full(): up to
+ * MAX_HANDSHAKES_PER_UID, more than a quarter of a share under 32) and
+ * its live clients can still end HELD after that check, so a user holds
+ * at most its share plus a quarter, less one: never twice its share.
  */
 static bool uid_full(const struct broker *b, uid_t uid)
 {

@@ -293,6 +293,7 @@ static int ctl_setup(struct broker *b)
 	c->client_stats_off = g.client_stats_off;
 	/* wall_now_ns(): pub_setup() above has read the test hook's shift already. */
 	c->start_realtime_ns = wall_now_ns();
+	c->mono_off = b->pub->mono_off;         /* for the tools, as the public segment's for clients */
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
 		((struct chime_shard_ctl *)chime_at(&b->ctl_map, g.shards_off))[i].stats.next_deadline_ns = UINT64_MAX;
 	b->ctl_clients = chime_at(&b->ctl_map, g.clients_off);

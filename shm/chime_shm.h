@@ -790,8 +790,18 @@ struct chime_ctl {
 	 * broker before it (it was reserved).
 	 */
 	uint32_t sessions_unadmitted;
-	uint8_t  _reserved[256 - 64 - 128 - 24 - 16 - 4];
+	uint32_t _pad0;
+	/*
+	 * The offset of CLOCK_MONOTONIC in the broker's time namespace from
+	 * the host's, as chime_pub.mono_off: its times here (start, heartbeat,
+	 * deadlines) are read on its clock, which a tool in another namespace
+	 * does not share (tools/statsread.c). Set before the magic, then fixed.
+	 * 0 from a broker before it (it was reserved).
+	 */
+	int64_t  mono_off;
+	uint8_t  _reserved[256 - 64 - 128 - 24 - 16 - 4 - 4 - 8];
 };
+_Static_assert(offsetof(struct chime_ctl, mono_off) == 240, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, sessions_unadmitted) == 232, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, wall_off) == 224, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(sizeof(struct chime_ctl) == 256, "control header is 256 B");

@@ -2280,6 +2280,44 @@ Test(tools_live, chimectl_status_says_when_the_broker_rests)
 	chime_close(a);
 }
 
+/*
+ * From a time namespace of its own (a container's unshare --time, CRIU),
+ * the tools read the broker's times on another clock: chimectl status said
+ * "not running (stale heartbeat)", exit 3, with the clock 100 s ahead, and
+ * "running, up 35 s", exit 0, 100 s behind, where chime_open() fails with
+ * EXDEV (an audit). Now status fails saying why (exit 1), and chimestat
+ * shows the broker alive, its ages on its clock, and the offset.
+ */
+Test(tools_live, the_tools_from_another_time_namespace_say_so)
+{
+	const char *ns[] = { "100", "-100" };
+
+	if (run("unshare --time --monotonic 100 --fork true") != 0)
+		cr_skip_test("no time namespace here (unshare --time, as root, Linux 5.6): %s", slurp(err));
+	start_broker("--shards 1");
+	cr_assert_eq(run("%s --socket '%s' --json status", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".clock_offset_ns"), 0, "%s", slurp(out));
+	for (int i = 0; i < 2; i++) {
+		int64_t off = -strtoll(ns[i], NULL, 10) * INT64_C(1000000000);
+
+		cr_assert_eq(run("unshare --time --monotonic %s --fork %s --socket '%s' --json status", ns[i],
+				 bin("CHIMECTL"), sock), 1, "offset %s s: %s", ns[i], slurp(out));
+		cr_assert_eq(jq(".clock_offset_ns"), off, "%s", slurp(out));
+		cr_assert_eq(jq(".admits_this_user"), 0, "%s", slurp(out));
+		cr_assert(strstr(slurp(out), "another time namespace") && strstr(slurp(out), "EXDEV"), "%s", slurp(out));
+		cr_assert_eq(run("unshare --time --monotonic %s --fork %s --socket '%s' -j", ns[i], bin("CHIMESTAT"),
+				 sock), 0, "offset %s s: %s", ns[i], slurp(err));
+		cr_assert_eq(jq(".broker.running"), 1, "%s", slurp(out));
+		cr_assert_eq(jq(".broker.clock_offset_ns"), off, "%s", slurp(out));
+		cr_assert_lt(jq(".broker.heartbeat_age_ns"), INT64_C(1000000000), "%s", slurp(out));
+		cr_assert_lt(jq(".broker.uptime_ns"), INT64_C(60000000000), "%s", slurp(out));
+		cr_assert_eq(run("unshare --time --monotonic %s --fork %s --socket '%s' -1", ns[i], bin("CHIMESTAT"),
+				 sock), 0, "offset %s s: %s", ns[i], slurp(err));
+		cr_assert(strstr(slurp(out), "another time namespace") && !strstr(slurp(out), "NOT RUNNING"), "%s",
+			  slurp(out));
+	}
+}
+
 /* chimectl --json: one document per command, the text's information, ok and exit_status. */
 Test(tools_live, chimectl_json_for_every_command)
 {

@@ -158,8 +158,9 @@ static void usage(FILE *f)
 		"  1  failure: the broker's shared memory cannot be read (a segment file\n"
 		"     that shrank as it was read included), its socket cannot be\n"
 		"     reached (permissions), it did not admit this user (these two are 4 for\n"
-		"     reset-stats and reload), the handshake or the query failed, it is\n"
-		"     still starting, no such client or session (a\n"
+		"     reset-stats and reload), the handshake or the query failed, it runs\n"
+		"     in another time namespace (status), it is still starting, no such\n"
+		"     client or session (a\n"
 		"     well-formed NAME the broker does not know), the session is attached,\n"
 		"     the signal failed, it did not stop or restart in time, or the restarted\n"
 		"     broker has fewer sessions than there were or lost a shard's file, the\n"
@@ -259,6 +260,9 @@ static int handshake_fail(const char *sock, int r)
 		why = UNTRUSTED;
 	else if (r == -EUSERS)
 		why = " (the broker runs, but " AT_LIMIT ")";
+	else if (r == -EXDEV)
+		why = " (the broker runs in another time namespace: its CLOCK_MONOTONIC is not this one's, and "
+		      "chime_open() here fails with EXDEV; run clients in the broker's time namespace)";
 	return fail(r == -ENOENT ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "handshake with '%s' failed: %s%s", sock,
 		    strerror(-r), why);
 }
@@ -268,13 +272,22 @@ static int handshake_fail(const char *sock, int r)
  * CHIME_HELLO_PING: the broker's checks of an attach, short of it, so a
  * health check is no client (a slot, segments, two log lines each time);
  * a broker before it (-EINVAL) is asked by an attach. 0, -EUSERS (at a
- * limit), or chime_open()'s errors.
+ * limit), -EXDEV (another clock), or chime_open()'s errors.
  */
 static int handshake(const char *sock)
 {
 	struct chime_query_head head;
 	enum query_step step;
+	uint64_t t0 = now_ns();
 	int r = query_broker(sock, CHIME_HELLO_PING, 0, NULL, 0, &head, NULL, 0, &step);
+
+	/*
+	 * The broker read its clock between our hello and its answer: outside
+	 * that span it reads another one (a time namespace of its own), and
+	 * chime_open() here would fail with EXDEV after its welcome.
+	 */
+	if ((r == 0 || r == -EUSERS) && (head.now_ns < t0 || head.now_ns > now_ns()))
+		return -EXDEV;
 
 	if (r == -EINVAL && step == QUERY_ANSWER) {
 		struct chime_opts o = { .socket_path = sock, .flags = 0 };
@@ -339,10 +352,12 @@ static int cmd_status(const char *sock)
 			 sn.now_ns > sn.hdr.heartbeat_ns ? (double)(sn.now_ns - sn.hdr.heartbeat_ns) / 1e9 : 0.0);
 		goto out;
 	}
+	jset("clock_offset_ns", json_integer((json_int_t)sn.clock_off));
 	/* The segment says alive; only a handshake proves it answers (a refusal for the limits too). */
 	r = handshake(sock);
 	if (r < 0 && r != -EUSERS) {
-		jset("running", json_false());
+		/* another clock: it runs, but for no client here */
+		jset(r == -EXDEV ? "admits_this_user" : "running", json_false());
 		r = handshake_fail(sock, r);
 		goto out;
 	}
@@ -816,7 +831,7 @@ static int cmd_timers(const char *sock, struct whose w, uint64_t limit)
 	if (found)      /* no table at all for a pid that is not there: only the error */
 		out("%18s %20s %16s %12s %6s %5s %5s\n", "ID", "KEY", "DEADLINE", "PERIOD", "STATE", "SHARD", "CLOCK");
 	for (k = 0; found && k < sn.hdr.nr_shards && !r; k++)
-		r = list_shard(sock, k, slots, now_ns(), limit, &shown, &total, arr);
+		r = list_shard(sock, k, slots, sr_now(&sn), limit, &shown, &total, arr);
 	if (!found && down && w.session)
 		r = fail(SR_EXIT_NOT_RUNNING, "%s; its last state has no session '%s'", why, w.session);
 	else if (!found && down)

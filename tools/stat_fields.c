@@ -295,6 +295,11 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	f = field_add(l, F_GAUGE, "broker.heartbeat_age_ns");
 	f->u = sn->now_ns > h->heartbeat_ns ? sn->now_ns - h->heartbeat_ns : 0;
 	fprom(f, "chime_broker_heartbeat_age_seconds", "gauge", "Age of the broker's heartbeat.", NULL, 1e-9);
+	f = field_add(l, F_INT, "broker.clock_offset_ns");
+	f->i = sn->clock_off;
+	fprom(f, "chime_broker_clock_offset_seconds", "gauge",
+	      "The broker's CLOCK_MONOTONIC minus this reader's: not 0 from another time namespace, where "
+	      "chime_open() fails with EXDEV.", NULL, 1e-9);
 	f = field_add(l, F_GAUGE, "broker.heartbeat_period_ns");
 	f->u = st == SR_RUNNING || st == SR_STARTING ? (uint64_t)h->beat_ms * 1000000u : 0;
 	fprom(f, "chime_broker_heartbeat_period_seconds", "gauge",

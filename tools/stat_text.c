@@ -103,6 +103,9 @@ void print_table(FILE *out, const struct flist *fields, const struct flist *prev
 		sr_state_name(h->state), st == SR_DEAD ? " (NOT RUNNING: last state shown)" : "");
 	if (st == SR_DEAD || st == SR_STOPPED)
 		fprintf(out, "*** %s ***\n", why);
+	if (sn->clock_off)
+		fprintf(out, "*** another time namespace: the broker's clock is %+.3f s from this one's (times shown on "
+			"its clock); chime_open() here fails with EXDEV ***\n", (double)sn->clock_off / 1e9);
 	if (h->stats_reset_gen && h->stats_reset_ns) {
 		char ago[32];
 

@@ -491,9 +491,19 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	}
 	snap->now_ns = now_ns();
 	r = sr_guard(&s->map, snapshot_read, &(struct snap_read){ s, snap });
-	if (r < 0)
+	if (r < 0) {
 		sr_snap_free(snap);
-	return r;
+		return r;
+	}
+	/* unsigned: a scribbled segment's offset wraps, as any of its times may */
+	snap->clock_off = (int64_t)((uint64_t)snap->hdr.mono_off - (uint64_t)chime_timens_monotonic());
+	snap->now_ns += (uint64_t)snap->clock_off;
+	return 0;
+}
+
+uint64_t sr_now(const struct sr_snap *snap)
+{
+	return now_ns() + (uint64_t)snap->clock_off;
 }
 
 void sr_snap_free(struct sr_snap *snap)

@@ -71,7 +71,13 @@ struct sr_shard {
 };
 
 struct sr_snap {
-	uint64_t now_ns;                /* CLOCK_MONOTONIC when taken */
+	uint64_t now_ns;                /* CLOCK_MONOTONIC when taken, on the broker's clock (clock_off) */
+	/*
+	 * The broker's CLOCK_MONOTONIC minus ours: not 0 when one of us runs in
+	 * a time namespace the other does not (its clients here get EXDEV).
+	 * now_ns, and sr_now(), are moved by it, so that ages come out right.
+	 */
+	int64_t clock_off;
 	struct chime_ctl hdr;
 	struct chime_shard_stats *shards;   /* [hdr.nr_shards] */
 	struct sr_shard *sh;            /* [hdr.nr_shards], derived from shards[] */
@@ -84,6 +90,9 @@ struct sr_snap {
 	uint64_t win_sum_ns, win_max_ns;
 	uint32_t reset_pending;         /* shards that have not applied the last reset yet */
 };
+
+/* CLOCK_MONOTONIC now, on the clock of the broker snap was taken of. */
+uint64_t sr_now(const struct sr_snap *snap);
 
 enum sr_state {
 	SR_RUNNING,     /* RUNNING, fresh heartbeat, pid alive */

@@ -413,6 +413,8 @@ void restart_watch(struct broker *b, uint64_t now);
 bool punchable(int fd);
 /* control.c: close c->held_fd once its peer has read or dropped what we sent; true if none is held. */
 bool held_drained(struct broker *b, struct client *c);
+/* control.c: held_drained(), and a HELD slot whose socket drained is free again; true if it was freed. */
+bool held_free_if_drained(struct broker *b, struct client *c);
 /*
  * The broker's last close of a file a client could have chosen or holds
  * (a socket, whose queue may hold descriptors it sent; a doorbell), on a

@@ -648,6 +648,15 @@ bool held_drained(struct broker *b, struct client *c)
 	return c->held_fd < 0;
 }
 
+bool held_free_if_drained(struct broker *b, struct client *c)
+{
+	if (c->held_fd < 0 || !held_drained(b, c) || c->state != CL_HELD)
+		return false;
+	c->state = CL_FREE;
+	table_set(b, c, CHIME_CLIENT_EMPTY);
+	return true;
+}
+
 static void client_release(struct broker *b, struct client *c)
 {
 	holder_unwatch(c);
@@ -1690,11 +1699,8 @@ static bool clients_beat(struct broker *b, uint64_t now)
 			offer_withdraw(b, c, -ETIMEDOUT);
 			continue;
 		}
-		if (c->held_fd >= 0 && held_drained(b, c) && c->state == CL_HELD) {
-			c->state = CL_FREE;
-			table_set(b, c, CHIME_CLIENT_EMPTY);
+		if (held_free_if_drained(b, c))
 			continue;
-		}
 		if (c->state == CL_DETACHED && c->next_fd >= 0) {
 			/* A process waits to re-attach until the last connection is drained (handshake.c). */
 			int fd = c->next_fd;

@@ -201,7 +201,9 @@ const char *chime_version(void);
  *              nothing was armed
  *   -ENOTCONN  the broker is gone
  * Both refusals are immediate (no broker round trip) and counted; arms
- * succeed again as soon as timers fire or are cancelled.
+ * succeed again once timers have fired, or the shard has applied their
+ * cancels (a cancel rings no doorbell: a sleeping shard applies it when it
+ * wakes, within a heartbeat, or at once after chime_flush()).
  */
 int chime_arm(chime_t *c, uint64_t key, uint64_t deadline_ns, uint64_t period_ns,
 	      uint64_t user_data, chime_id_t *id);

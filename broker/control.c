@@ -1152,6 +1152,7 @@ static void on_notify(struct broker *b)
  * heartbeat with it; the accept armed again comes back through the ring.
  */
 #define REFUSE_BATCH 64u
+#define REFUSE_DRAIN 8u         /* messages read from each before its close */
 
 static bool refuse_queued(struct broker *b, int why)
 {
@@ -1172,13 +1173,20 @@ static bool refuse_queued(struct broker *b, int why)
 		} u;
 		struct iovec iov = { .iov_base = &hello, .iov_len = sizeof(hello) };
 		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+		unsigned m = 0;
 
 		send_status(fd, -EUSERS);
-		/* A hello left unread would make the close a reset, which the client reads first. */
+		/*
+		 * A hello left unread would make the close a reset, which the
+		 * client reads first. A few messages at most: a peer that sent
+		 * as fast as they were read would keep this loop, and the
+		 * control thread, going.
+		 */
 		do {
 			mh.msg_control = u.buf;
 			mh.msg_controllen = sizeof(u.buf);
-		} while (recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) > 0 && (close_sent_fds(b, &mh), true));
+		} while (m++ < REFUSE_DRAIN && recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) > 0 &&
+			 (close_sent_fds(b, &mh), true));
 		close_aside(b, fd);
 		n++;
 	}

@@ -17,7 +17,10 @@
  *                 (with the fds) sent;
  *   hang-up       a POLLRDHUP poll on every client's socket: death is seen at
  *                 once; then DETACH to every shard, and when all have
- *                 reclaimed the client's nodes, its slot is freed;
+ *                 reclaimed the client's nodes, its slot is freed (nothing
+ *                 comes from a client after its attach, and nothing is read
+ *                 then: what a hostile one sends waits in its socket, its
+ *                 own send buffer's worth);
  *   signals       a signalfd read (SIGTERM, SIGINT: stop; SIGHUP: reload);
  *   heartbeat     the wait times out so heartbeat_ns moves every 90 ms (every
  *                 450 ms at rest: IDLE_BEAT_NS in broker.h).
@@ -1474,8 +1477,8 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 		} else if (res < 0 && res != -ECANCELED) {
 			log_errno(LOG_WARNING, res, "poll on client %u", slot);
 		} else if (res >= 0 && !(res & (POLLRDHUP | POLLHUP | POLLERR))) {
-			/* Data after the hello is not part of the protocol: the peer gets closed. */
-			log_msg(LOG_DEBUG, "client %u sent unexpected data, closing", slot);
+			/* Not a hang-up, which is all this poll asks for: said, and the client ends anyway. */
+			log_msg(LOG_DEBUG, "client %u: its hang-up poll returned %#x, closing", slot, (unsigned)res);
 		}
 		if (c->session[0])
 			client_park(b, c);

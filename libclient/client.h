@@ -335,6 +335,19 @@ static inline bool cl_in_own_dispatch(const struct chime *c)
 }
 
 
+/*
+ * Whether a drain of c may start here: -ECHILD in a child its parent's fork
+ * left c to, tested first (a child forked from a callback is inside that
+ * dispatch too, and got -EDEADLK where chime_poll(3) promises -ECHILD: an
+ * API audit), -EDEADLK inside its own dispatch, else 0.
+ */
+static inline int cl_drain_refused(const struct chime *c)
+{
+	if (__builtin_expect(at_load(&c->forked) != 0, 0))
+		return -ECHILD;
+	return cl_in_own_dispatch(c) ? -EDEADLK : 0;
+}
+
 static inline bool cl_reconnecting(const struct chime *c)
 {
 	return (at_load(&c->link) & 1) != 0;

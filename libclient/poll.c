@@ -685,11 +685,12 @@ static int poll_events(struct chime *c, const struct sink *to, unsigned max, boo
 CHIME_PUBLIC int chime_poll(chime_t *c, struct chime_event *events, unsigned max)
 {
 	bool fd_used;
+	int err;
 
 	if (unlikely(!c || !events || max == 0))
 		return -EINVAL;
-	if (cl_in_own_dispatch(c))
-		return -EDEADLK;
+	if ((err = cl_drain_refused(c)) < 0)
+		return err;
 	fd_used = at_load(&c->fd_used);
 	return poll_events(c, &(struct sink){ .out = events }, max, fd_used, fd_used);
 }
@@ -773,8 +774,8 @@ CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max
 
 	if (unlikely(!c || !cb))
 		return -EINVAL;
-	if (cl_in_own_dispatch(c))
-		return -EDEADLK;
+	if ((err = cl_drain_refused(c)) < 0)
+		return err;
 	limit = max ? max : pending_now(c);
 	if (limit > INT_MAX)
 		limit = INT_MAX;        /* the count returned: a periodic timer catching up could pass it */
@@ -1038,11 +1039,12 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 	uint64_t deadline = UINT64_MAX;
 	unsigned ready_again = 0;
 	long held_nap_ns = HELD_NAP_MIN_NS;
+	int err;
 
 	if (unlikely(!c || !events || max == 0 || timeout_ms < -1))
 		return -EINVAL;
-	if (cl_in_own_dispatch(c))
-		return -EDEADLK;
+	if ((err = cl_drain_refused(c)) < 0)
+		return err;
 	if (timeout_ms == 0)
 		return chime_poll(c, events, max);  /* exactly chime_poll() */
 	if (timeout_ms > 0)

@@ -985,6 +985,58 @@ Test(session, a_forked_child_gets_echild_and_leaves_its_parents_connection_alone
 }
 
 /*
+ * A child forked from a dispatch callback is inside that dispatch too: its
+ * drains said -EDEADLK (the dispatch is its own) where libchime(3), FORK,
+ * promises -ECHILD (an API audit). The child's status: a bit for each
+ * drain that did not say -ECHILD.
+ */
+struct cb_fork {
+	chime_t *c;
+	int status;
+};
+
+static void fork_in_callback(const struct chime_event *ev, void *arg)
+{
+	struct cb_fork *f = arg;
+	pid_t pid;
+
+	(void)ev;
+	pid = fork();
+	if (pid == 0) {
+		struct chime_event e;
+
+		_exit((chime_poll(f->c, &e, 1) != -ECHILD) | (chime_wait(f->c, &e, 1, 10) != -ECHILD) << 1 |
+		      (chime_dispatch(f->c, child_cb, NULL, 0) != -ECHILD) << 2);
+	}
+	f->status = pid < 0 ? -1 : wait_child(pid);
+}
+
+Test(session, a_child_forked_from_a_callback_gets_echild_from_its_drains)
+{
+	const char *names[] = { NULL, "forked-cb" };
+
+	start("");
+	for (int i = 0; i < 2; i++) {
+		struct cb_fork f = { .status = -2 };
+		chime_id_t id;
+
+		if (names[i])
+			f.c = sopen_ok(names[i]);
+		else
+			cr_assert_eq(chime_open(&f.c, &(struct chime_opts){ .socket_path = tb.sock }), 0);
+		cr_assert_eq(chime_arm(f.c, 1, now_ns(), 0, 7, &id), 0);
+		for (int k = 0; k < 400 && f.status == -2; k++) {
+			cr_assert_geq(chime_dispatch(f.c, fork_in_callback, &f, 1), 0);
+			if (f.status == -2)
+				usleep(5000);
+		}
+		cr_assert_eq(f.status, 0, "the child of a callback's fork (session %s): its drains that did not "
+			     "say ECHILD: %#x (poll 1, wait 2, dispatch 4)", names[i] ? names[i] : "none", f.status);
+		chime_close(f.c);
+	}
+}
+
+/*
  * A worker forked without exec that keeps its copy of its parent's chime_t
  * and never calls chime_close() (a pre-forked server's worker) must not keep
  * the parent's connection alive: once the parent dies, its session is free

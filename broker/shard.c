@@ -168,14 +168,20 @@ static uint64_t reserve_populate_from(const struct shard *s)
 	return s->reserved_bytes & ~(uint64_t)4095;
 }
 
-static void reserve_set(struct shard *s, uint64_t bytes)
+/*
+ * Map the reserve's new part, up to bytes, now: not one page fault at a
+ * time on the path that arms timers, and not at all where the kernel
+ * refuses it. On tmpfs the fallocate before it holds the pages; on a disk
+ * filesystem it holds blocks, but a full one can still refuse the write
+ * through the mapping (ext4: -EFAULT here), and those pages, touched by an
+ * arm, were the broker's SIGBUS (a storage audit). 0, or the populate's
+ * -errno: nothing of it counts as reserved then.
+ */
+static int reserve_map(struct shard *s, uint64_t bytes)
 {
 	uint64_t from = reserve_populate_from(s);
 
-	/* The new chunk mapped now, not one page fault at a time on the path that arms timers. */
-	if (bytes > from)
-		(void)chime_seg_populate((char *)s->seg.base + from, bytes - from);     /* else they fault */
-	reserve_note(s, bytes);
+	return bytes > from ? chime_seg_populate((char *)s->seg.base + from, bytes - from) : 0;
 }
 
 /*
@@ -196,6 +202,9 @@ static bool reserve_chunk(struct shard *s, uint64_t now)
 	do {
 		want = s->reserved_bytes + chunk < s->seg.size ? s->reserved_bytes + chunk : s->seg.size;
 		r = chime_seg_reserve(s->seg_fd, s->reserved_bytes, want - s->reserved_bytes);
+		/* the pages refused for want of room: a smaller chunk may still map */
+		if (r == 0 && (r = reserve_map(s, want)) == -EFAULT)
+			r = -ENOSPC;
 		chunk /= 2;
 	} while ((r == -ENOSPC || r == -EDQUOT) && chunk >= RESERVE_MIN);
 	if (r < 0) {
@@ -203,7 +212,7 @@ static bool reserve_chunk(struct shard *s, uint64_t now)
 		s->reserve_retry_ns = now + RESERVE_RETRY_NS;
 		return false;
 	}
-	reserve_set(s, want);
+	reserve_note(s, want);
 	return true;
 }
 
@@ -398,7 +407,17 @@ static int restore(struct shard *s, uint64_t now)
 	if (r < 0)
 		return log_errno_hint(LOG_ERR, -EBADMSG, "--fresh discards it",
 				      "shard file '%s': damaged wheel header", s->path);
-	reserve_set(s, want);
+	r = reserve_map(s, want);
+	if (r < 0 && want > must) {
+		log_msg(LOG_WARNING, "shard file '%s': its filesystem will not map it beyond its %llu KiB: new "
+			"timers get ENOMEM until it does", s->path, (unsigned long long)(must >> 10));
+		want = must;
+		r = reserve_map(s, want);
+	}
+	if (r < 0)
+		return log_errno_hint(LOG_ERR, r, SEG_NO_ROOM_HINT, "cannot map shard file '%s' (%llu KiB): its "
+				      "filesystem refused the pages", s->path, (unsigned long long)(want >> 10));
+	reserve_note(s, want);
 	/* The index's chains run through the slab the rebuild has just mapped. */
 	keyidx_init(&s->core.ki, s->core.ki.heads, s->core.ki.mask + 1, s->core.wh.nodes, s->core.ki.seed);
 	r = restore_nodes(&s->core, old_now, &rs);
@@ -512,7 +531,12 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 		if (r < 0)
 			return log_errno(LOG_ERR, r, "wheel_init(capacity %u, resolution %llu ns)",
 					 cfg->capacity, (unsigned long long)cfg->resolution_ns);
-		reserve_set(s, reserve);
+		r = reserve_map(s, reserve);
+		if (r < 0)
+			return log_errno_hint(LOG_ERR, r, SEG_NO_ROOM_HINT, "cannot map shard segment '%s' (%llu KiB): "
+					      "its filesystem refused the pages", s->path,
+					      (unsigned long long)(reserve >> 10));
+		reserve_note(s, reserve);
 	}
 	if (cfg->seg_gid != (gid_t)-1 && fchown(s->seg_fd, (uid_t)-1, cfg->seg_gid) < 0)
 		return log_errno_hint(LOG_ERR, errno, GROUP_HINT(errno), "cannot give '%s' to group %u (--stats-group)",

@@ -2393,6 +2393,13 @@ void broker_stop(struct broker *b)
 	chime_seg_unmap(&b->pub_map);
 	chime_seg_unmap(&b->ctl_map);
 	if (b->ctl_fd >= 0) {
+		/*
+		 * Emptied, not only unlinked: a reader still mapping it (a
+		 * chimestat left running) kept its pages, and the next broker
+		 * on a full filesystem found no room for its own (a storage
+		 * audit). The readers see it shrink and wait for the next one.
+		 */
+		(void)ftruncate(b->ctl_fd, 0);
 		(void)chime_seg_unlink_named(b->ctl_fd, b->ctl_path);
 		close(b->ctl_fd);
 	}

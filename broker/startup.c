@@ -657,12 +657,8 @@ out:
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
 		free(su[i].sessions);
 	free(su);
-	/* Each shard said why; the lines before it said what was taken over, and that is not lost. */
-	if (r < 0 && b->restoring)
-		log_msg(LOG_ERR, "not started: the sessions taken over and their timers stay in the files, for a "
-			"broker that can set up every shard");
 	if (r < 0)
-		return r;
+		return r;       /* each shard said why; broker_start() says what is kept */
 	b->ctl->sessions_unadmitted = b->sessions_unadmitted;
 	restart_watch_holders(b);       /* the shards' threads not started: their carried counts are still ours */
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
@@ -780,13 +776,26 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 	 */
 	if ((r = take_lock(b)) < 0 || (r = clear_stale_socket(b)) < 0 || (r = listen_setup(b)) < 0 ||
 	    (r = restart_load(b)) < 0 || (r = ctl_setup(b)) < 0 || (r = ring_setup(b)) < 0 ||
-	    (r = shards_setup(b)) < 0 || (r = restart_save(b)) < 0)
+	    (r = shards_setup(b)) < 0)
 		goto fail;
+	if ((r = restart_save(b)) < 0) {
+		broker_stop(b);         /* it said what is kept */
+		return r;
+	}
 	at_store_rel(&b->ctl->state, CHIME_BROKER_RUNNING);
 	at_store_rel(&b->pub->state, CHIME_BROKER_RUNNING);
 	*out = b;
 	return 0;
 fail:
+	/*
+	 * The lines before said what was taken over, and that is not lost:
+	 * said after a failure of any step, not only of the shards' (a full
+	 * filesystem refused the control segment after "taking over", and
+	 * nothing said the sessions were kept: a storage audit).
+	 */
+	if (b->restoring)
+		log_msg(LOG_ERR, "not started: the sessions taken over and their timers stay in the files, for a "
+			"broker that can start");
 	broker_stop(b);
 	return r;
 }

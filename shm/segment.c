@@ -264,6 +264,24 @@ int chime_seg_reserve(int fd, uint64_t off, uint64_t len)
 	return -r;
 }
 
+/*
+ * Empty the file at path, if it is ours (chime_seg_ours(): a regular file
+ * of one link, this user's or root's), before it is replaced: a reader that
+ * still maps it (a chimestat left running) kept its pages, and on a full
+ * filesystem the file replacing it found no room (a storage audit).
+ */
+static void empty_replaced(const char *path)
+{
+	struct stat st;
+	int f = open(path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+
+	if (f < 0)
+		return;
+	if (fstat(f, &st) == 0 && S_ISREG(st.st_mode) && chime_seg_ours(&st))
+		(void)ftruncate(f, 0);
+	close(f);
+}
+
 int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, int *fd,
 		   struct chime_map *map)
 {
@@ -271,6 +289,7 @@ int chime_seg_file(const char *path, size_t size, size_t reserve, mode_t mode, i
 
 	if (!size || size > (size_t)INT64_MAX || reserve > size)
 		return -EINVAL;
+	empty_replaced(path);
 	if (unlink(path) < 0 && errno != ENOENT)
 		return -errno;
 	f = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);

@@ -623,6 +623,66 @@ Test(limits, a_restart_on_a_full_filesystem_starts_with_what_it_had, .timeout = 
 	t_unmount_tmpfs(dir);
 }
 
+/* A broker answers at sock within 10 s (chime_open()), while pid, if not 0, lives: 0 or its last errno. */
+static int broker_answers(const char *sock, int pid)
+{
+	uint64_t t0 = now_ns();
+	chime_t *c;
+	int r;
+
+	do {
+		usleep(20000);
+		r = chime_open(&c, &(struct chime_opts){ .socket_path = sock });
+	} while (r < 0 && (!pid || kill(pid, 0) == 0) && now_ns() - t0 < 10000 * MS);
+	if (r == 0)
+		chime_close(c);
+	return r;
+}
+
+/*
+ * A reader that maps the control segment (a chimestat left running) kept
+ * a stopped broker's segment's pages: on a full filesystem the next broker
+ * found no room for its own and did not start, for as long as the reader
+ * ran (a storage audit: chimectl restart, and a start after SIGKILL). A
+ * stopping broker now empties its segment before it removes it, and one
+ * starting empties the dead one's it replaces. Here the reader keeps the
+ * old segment mapped through a restart in place, then through a SIGKILL
+ * and a new start, the filesystem filled each time while it waited.
+ */
+Test(limits, a_reader_of_the_control_segment_keeps_no_broker_off_a_full_filesystem, .timeout = 60)
+{
+	char dir[64], sock[128], ctl[160], filler[128];
+	struct chime_map m = { 0 };
+	int pid, r;
+
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	snprintf(ctl, sizeof(ctl), "%s.ctl", sock);
+	snprintf(filler, sizeof(filler), "%s/filler", dir);
+	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 262144"), 0);
+	pid = tb.pid;
+	/* chimectl restart: the same process executes itself again */
+	cr_assert_eq(chime_seg_open(ctl, CHIME_SEG_CONTROL, &m), 0);
+	cr_assert_geq(t_fill(dir, "filler", 0), 0, "filling: %s", strerror(errno));
+	cr_assert_eq(kill(pid, SIGUSR2), 0);
+	r = broker_answers(sock, pid);
+	cr_assert_eq(r, 0, "no broker after a restart on a full filesystem with a reader: %s", strerror(-r));
+	chime_seg_unmap(&m);
+	cr_assert_eq(unlink(filler), 0);
+	/* SIGKILL, then a new broker in the dead one's files */
+	cr_assert_eq(chime_seg_open(ctl, CHIME_SEG_CONTROL, &m), 0);
+	(void)t_chimed_stop(&tb, SIGKILL);
+	cr_assert_geq(t_fill(dir, "filler", 0), 0, "filling: %s", strerror(errno));
+	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 262144"), 0,
+		     "no broker after a SIGKILL on a full filesystem with a reader");
+	cr_assert_eq(broker_answers(sock, tb.pid), 0);
+	chime_seg_unmap(&m);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0, "the broker stops cleanly (exit 0, no signal)");
+	t_unmount_tmpfs(dir);
+}
+
 /* chimed with opts started on the tmpfs at dir, which cannot start there: its output (in out) and exit status 1. */
 static void start_fails_on(const char *dir, const char *opts, char *out, size_t len)
 {

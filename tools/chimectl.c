@@ -195,10 +195,11 @@ static int sr_fail(const struct sr *s, int r)
 			 r == -ENOENT || r == -EACCES || r == -ELOOP ? "open" : "read", s->ctl_path,
 			 r == -EPROTO ? "shm layout not supported by this build" :
 			 r == -ESRCH ? "chimed is not running (an unfinished segment left behind)" :
-			 r == -ENODATA ? SR_SHRANK_WHY : r == -ELOOP ? SR_SYMLINK_WHY : strerror(-r));
+			 r == -ENODATA ? SR_SHRANK_WHY : r == -ESTALE ? "its chimed stopped as it was read" :
+			 r == -ELOOP ? SR_SYMLINK_WHY : strerror(-r));
 		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));
 	}
-	return r == -ENOENT || r == -ESRCH ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
+	return r == -ENOENT || r == -ESRCH || r == -ESTALE ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
 }
 
 /* Snapshot the opened segment s; closes it on failure. */

@@ -37,6 +37,16 @@ _Static_assert(sizeof(long) > sizeof(uid_t), "struct opts.uid holds every uid_t"
 
 static volatile sig_atomic_t stop;
 
+/* The interval between frames, cut short by SIGINT or SIGTERM. */
+static void interval_sleep(double interval)
+{
+	struct timespec ts = { .tv_sec = (time_t)interval };
+
+	ts.tv_nsec = (long)((interval - (double)ts.tv_sec) * 1e9);
+	while (!stop && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
 static void on_signal(int sig)
 {
 	(void)sig;
@@ -154,7 +164,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	struct sr_snap sn, ps;
 	char sock[PATH_MAX];
 	int have_prev = 0, r, opt;
-	bool warned = false;
+	bool warned = false, gone_said = false;
 	struct sr s;
 
 	/* getopt's own messages start with argv[0]: the program's name, as chimectl's, not its path. */
@@ -262,7 +272,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 		if (r < 0) {
 			sr_perror(PROG, &s, r);
 			sr_close(&s);
-			return SR_EXIT_NOSHM;
+			return r == -ESTALE ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;  /* it stopped as it was read */
 		}
 		keep_clients(&sn, &o);
 		collect(&cur, &sn);
@@ -305,8 +315,6 @@ static int chimestat(struct opts *op, int argc, char **argv)
 	signal(SIGTERM, on_signal);
 	r = SR_EXIT_OK;
 	while (!stop) {
-		struct timespec ts;
-
 		if (sr_follow(&s)) {
 			/* chimectl restart, or another broker started: show it, with no rates against the old one. */
 			fprintf(stderr, PROG ": '%s' is a new broker's now: following it\n", s.ctl_path);
@@ -315,12 +323,22 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			have_prev = 0;
 		}
 		r = sr_snapshot(&s, &sn);
+		if (r == -ESTALE) {
+			/* Its broker stopped and emptied it: sr_follow() above takes the next one. */
+			if (!gone_said)
+				fprintf(stderr, PROG ": the broker at '%s' stopped: waiting for the next one\n", s.sock);
+			gone_said = true;
+			r = SR_EXIT_NOT_RUNNING;
+			interval_sleep(o.interval);
+			continue;
+		}
 		if (r < 0) {
 			/* -ENODATA: the file mapped shrank (one replaced at the path, sr_follow() took above). */
 			sr_perror(PROG, &s, r);
 			r = SR_EXIT_NOSHM;
 			break;
 		}
+		gone_said = false;
 		keep_clients(&sn, &o);
 		collect(&cur, &sn);
 		if (!have_prev && !warned) {
@@ -355,10 +373,7 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			cur = t;
 		}
 		have_prev = 1;
-		ts.tv_sec = (time_t)o.interval;
-		ts.tv_nsec = (long)((o.interval - (double)ts.tv_sec) * 1e9);
-		while (!stop && nanosleep(&ts, &ts) < 0 && errno == EINTR)
-			;
+		interval_sleep(o.interval);
 	}
 	if (have_prev)
 		sr_snap_free(&ps);

@@ -909,6 +909,11 @@ static int sample(struct live *L)
 	struct sr_snap sn;
 	int r = sr_snapshot(L->s, &sn);
 
+	if (r == -ESTALE) {
+		/* Its broker stopped and emptied it: the last frame stays, sr_follow() takes the next one. */
+		snprintf(L->err, sizeof(L->err), "the broker stopped: waiting for the next one");
+		return r;
+	}
 	if (r < 0) {
 		snprintf(L->err, sizeof(L->err), "snapshot failed: %s", strerror(-r));
 		return r;

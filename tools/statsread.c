@@ -278,6 +278,14 @@ void sr_close(struct sr *s)
 	s->ctl = NULL;
 }
 
+bool sr_segment_gone(const struct sr *s)
+{
+	struct stat st;
+
+	/* A stopping broker empties its segment, then removes it (broker_stop()). */
+	return stat(s->ctl_path, &st) < 0 || st.st_dev != s->dev || st.st_ino != s->ino || st.st_size == 0;
+}
+
 int sr_follow(struct sr *s)
 {
 	struct stat st;
@@ -328,6 +336,10 @@ void sr_perror(const char *prog, const struct sr *s, int err)
 		break;
 	case -ENODATA:
 		fprintf(stderr, "%s: cannot read '%s': " SR_SHRANK_WHY "\n", prog, s->ctl_path);
+		break;
+	case -ESTALE:
+		fprintf(stderr, "%s: cannot read '%s': its chimed stopped as it was read (a stopping broker empties "
+			"and removes it; the next one makes its own)\n", prog, s->ctl_path);
 		break;
 	case -ELOOP:
 		fprintf(stderr, "%s: cannot open '%s': " SR_SYMLINK_WHY "\n", prog, s->ctl_path);
@@ -491,6 +503,8 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 	}
 	snap->now_ns = now_ns();
 	r = sr_guard(&s->map, snapshot_read, &(struct snap_read){ s, snap });
+	if (r == -ENODATA && sr_segment_gone(s))
+		r = -ESTALE;
 	if (r < 0) {
 		sr_snap_free(snap);
 		return r;

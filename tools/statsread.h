@@ -133,8 +133,8 @@ int sr_copy(const struct chime_map *m, void *dst, uint64_t off, size_t len);
 int sr_map(const char *path, uint32_t kind, struct chime_map *m, struct stat *st, uint32_t *layout);
 
 /* Why a read ended in -ENODATA, after "cannot read 'PATH': ". */
-#define SR_SHRANK_WHY "the file shrank while it was read (truncated in place: chimed never does that, " \
-	"whoever owns it or its directory did)"
+#define SR_SHRANK_WHY "the file shrank while it was read (truncated in place, still named: chimed never " \
+	"does that, whoever owns it or its directory did)"
 
 /* Why an open ended in -ELOOP, after "cannot open 'PATH': ". */
 #define SR_SYMLINK_WHY "a symbolic link (chimed's segments never are: not followed)"
@@ -162,10 +162,17 @@ void sr_close(struct sr *s);
  */
 int sr_follow(struct sr *s);
 
+/* The segment mapped is no longer the one at PATH.ctl, or is empty: its broker stopped. */
+bool sr_segment_gone(const struct sr *s);
+
 /* Print the standard message for an sr_open() or sr_snapshot() failure: "prog: cannot open 'path': ... (hint)". */
 void sr_perror(const char *prog, const struct sr *s, int err);
 
-/* 0, -ENOMEM, or -ENODATA: the file shrank since sr_open() (no snapshot then; the mapping is unusable). */
+/*
+ * 0, -ENOMEM, -ESTALE (its broker stopped: it emptied and removed the file)
+ * or -ENODATA (the file shrank otherwise); no snapshot then, the mapping
+ * unusable.
+ */
 int sr_snapshot(const struct sr *s, struct sr_snap *snap);
 void sr_snap_free(struct sr_snap *snap);
 

@@ -273,8 +273,12 @@ int chime_seg_reserve(int fd, uint64_t off, uint64_t len)
 static void empty_replaced(const char *path)
 {
 	struct stat st;
-	int f = open(path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	int f;
 
+	/* Not even opened otherwise: opening a device node can do something. */
+	if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode))
+		return;
+	f = open(path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (f < 0)
 		return;
 	if (fstat(f, &st) == 0 && S_ISREG(st.st_mode) && chime_seg_ours(&st))

@@ -747,6 +747,21 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 				"there are written back to disk and grow slower; a socket on a tmpfs "
 				"(such as /dev/shm, or /run where it is one) avoids both",
 				o->socket_path, fs);
+		/*
+		 * mincore() tells a shard which pages of a client's touch table
+		 * the client wrote; a system call filter that refuses it (systemd
+		 * 252's @system-service does not hold it) made every keepalive
+		 * reset a ring record, silently (a packaging audit).
+		 */
+		{
+			static unsigned char probe[2];
+			int res = chime_seg_resident(probe, 1, probe + 1);
+
+			if (res < 0)
+				log_msg(LOG_WARNING, "mincore() is refused: %s (a system call filter?): the shards "
+					"cannot tell which pages of a client's touch table it wrote, so every "
+					"keepalive reset is sent as a ring record", strerror(-res));
+		}
 		/* Clients of other users trust a broker that is root or owns the socket's directory. */
 		if (chime_broker_trusted(o->socket_path, geteuid(), (uid_t)-1) == 0)
 			log_msg(LOG_WARNING, "the directory of '%s' is not this broker's user's (uid %u): other "

@@ -668,7 +668,7 @@ class Chime:
         return out
 
     def _buffer(self, max):
-        if not isinstance(max, int) or not 0 < max <= 65536:
+        if not isinstance(max, int) or isinstance(max, bool) or not 0 < max <= 65536:
             raise ValueError(f"max must be an int in 1..65536, not {max!r}")
         # A collection under way (a signal handler polling on its thread
         # between the outer call's C call and its conversion) gets a buffer

@@ -364,6 +364,8 @@ def test_bad_arguments(chime_conn):
         c.arm(-1, after=1)
     with pytest.raises(ValueError):
         c.poll(max=0)
+    with pytest.raises(ValueError):
+        c.poll(max=True)        # a bool is an int to Python, not a count
     with pytest.raises(OSError) as e:
         c.reset(0, after=1)
     assert e.value.errno == errno.EINVAL and "chime_reset" in str(e.value)

@@ -1906,6 +1906,9 @@ static void limits_say(const struct broker_opts *o)
 		snprintf(client, sizeof(client), "any number of timers per client");
 	if (!o->max_timers_per_uid)
 		snprintf(uid, sizeof(uid), "any number per uid");
+	else if (o->slab_fits)
+		snprintf(uid, sizeof(uid), "%llu per uid (half of the %llu its filesystem holds)",
+			 (unsigned long long)o->max_timers_per_uid, (unsigned long long)o->slab_fits);
 	else if (o->max_timers_per_uid == half)
 		snprintf(uid, sizeof(uid), "%llu per uid (half of %u shard%s x %u)", (unsigned long long)half,
 			 o->nr_shards, o->nr_shards == 1 ? "" : "s", o->capacity);

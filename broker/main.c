@@ -37,6 +37,7 @@
 #include "paths.h"
 #include "policy.h"
 #include "ring.h"
+#include "segment.h"
 
 #define EXIT_USAGE 2
 
@@ -109,7 +110,8 @@ static const char usage_text_more[] =
 "                          timers the clients of one user may hold together,\n"
 "                          named sessions kept for later included, counted the\n"
 "                          same way; beyond it chime_arm() fails with EDQUOT\n"
-"                          (default: half of --capacity times --shards, so that\n"
+"                          (default: half of --capacity times --shards, or of\n"
+"                          what the socket's filesystem holds if less, so that\n"
 "                          one user cannot take every timer; 0: no limit)\n"
 "      --sq-size N         submission ring slots per client and shard\n"
 "                          (power of two, 2..1048576, default 1024)\n"
@@ -304,6 +306,40 @@ static int absolute_path(const char *path, char *out, size_t len)
 		n = snprintf(out, len, "%s/%s", strcmp(real, "/") ? real : "", base);
 	}
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+/*
+ * Timer nodes the socket's filesystem can hold, a tenth of it kept for its
+ * other writers (chime_fs_room()), with what the shard files an earlier
+ * broker left hold already; UINT64_MAX if it gives no size. The default
+ * per-user quota is half of this where it is less than the slab: half of
+ * --capacity x --shards let one user take every node a smaller filesystem
+ * (the service's /run on a small host) could give the others (a security
+ * audit: 3.1M timers filled a 200 MiB /run).
+ */
+static uint64_t slab_fits(const struct broker_opts *o)
+{
+	char dir[sizeof(o->socket_path)], path[sizeof(o->socket_path) + 16];
+	uint64_t room = UINT64_MAX, held = 0;
+	bool found = false;
+	struct stat st;
+	char *slash;
+
+	/* The socket's directory, or (not made yet: /run/chime) the one it goes in. */
+	snprintf(dir, sizeof(dir), "%s", o->socket_path);
+	for (int up = 0; up < 2 && !found && (slash = strrchr(dir, '/')); up++) {
+		slash[slash == dir] = 0;
+		found = stat(dir, &st) == 0;
+		if (found)
+			room = chime_fs_room(-1, dir);
+	}
+	if (room == UINT64_MAX)
+		return UINT64_MAX;
+	for (uint32_t k = 0; k < o->nr_shards; k++)
+		if (chime_shard_path(path, sizeof(path), o->socket_path, k) && lstat(path, &st) == 0 &&
+		    S_ISREG(st.st_mode))
+			held += (uint64_t)st.st_blocks * 512;
+	return (room + held) / sizeof(struct chime_node);
 }
 
 /* Absolute, so that the daemon can chdir("/") and messages name the real file. */
@@ -737,9 +773,6 @@ int main(int argc, char **argv)
 		o.fresh = false;
 		unsetenv(RESTART_ENV);
 	}
-	uid_quota_derived = o.max_timers_per_uid == UINT64_MAX;
-	if (uid_quota_derived)
-		o.max_timers_per_uid = (uint64_t)o.capacity * o.nr_shards / 2;
 	if ((uint64_t)o.sq_size * 2 > o.capacity)
 		usage_error("--capacity %u is too small for --sq-size %u (each client holds sq-size nodes per shard)",
 			    o.capacity, o.sq_size);
@@ -761,6 +794,14 @@ int main(int argc, char **argv)
 	if (!have_socket)
 		default_socket(o.socket_path, sizeof(o.socket_path), &o.mkdir_parent);
 	absolutize(o.socket_path, sizeof(o.socket_path));
+	uid_quota_derived = o.max_timers_per_uid == UINT64_MAX;
+	if (uid_quota_derived) {
+		uint64_t slab = (uint64_t)o.capacity * o.nr_shards, fits = slab_fits(&o);
+
+		if (fits < slab)
+			o.slab_fits = fits;
+		o.max_timers_per_uid = (fits < slab ? fits : slab) / 2 ? (fits < slab ? fits : slab) / 2 : 1;
+	}
 
 	/*
 	 * Signals: SIGTERM, SIGINT and SIGHUP are taken by the control loop's
@@ -827,7 +868,8 @@ int main(int argc, char **argv)
 				"arming any timer (%s %llu per shard, %u shard%s), so %llu of them use%s up its "
 				"quota; %s",
 				(unsigned long long)o.max_timers_per_uid,
-				uid_quota_derived ? " (the default: half of --capacity times --shards)" : "",
+				!uid_quota_derived ? "" : o.slab_fits ? " (the default: half of what the socket's "
+				"filesystem holds)" : " (the default: half of --capacity times --shards)",
 				o.max_clients_per_uid, (unsigned long long)(held * o.nr_shards),
 				held < o.sq_size ? "their share of --max-timers-per-client," : "--sq-size",
 				(unsigned long long)held, o.nr_shards, o.nr_shards == 1 ? "" : "s",

@@ -194,17 +194,22 @@ static int reserve_map(struct shard *s, uint64_t bytes)
  */
 static bool reserve_chunk(struct shard *s, uint64_t now)
 {
-	uint64_t want, chunk = RESERVE_CHUNK;
+	uint64_t want, chunk = RESERVE_CHUNK, room;
 	int r;
 
 	if (s->core.wh.reserved == s->cfg.capacity || now < s->reserve_retry_ns)
 		return false;
+	room = chime_fs_room(s->seg_fd, NULL);
 	do {
 		want = s->reserved_bytes + chunk < s->seg.size ? s->reserved_bytes + chunk : s->seg.size;
-		r = chime_seg_reserve(s->seg_fd, s->reserved_bytes, want - s->reserved_bytes);
-		/* the pages refused for want of room: a smaller chunk may still map */
-		if (r == 0 && (r = reserve_map(s, want)) == -EFAULT)
-			r = -ENOSPC;
+		if (want - s->reserved_bytes > room) {
+			r = -ENOSPC;    /* the filesystem's last tenth is its other writers' */
+		} else {
+			r = chime_seg_reserve(s->seg_fd, s->reserved_bytes, want - s->reserved_bytes);
+			/* the pages refused for want of room: a smaller chunk may still map */
+			if (r == 0 && (r = reserve_map(s, want)) == -EFAULT)
+				r = -ENOSPC;
+		}
 		chunk /= 2;
 	} while ((r == -ENOSPC || r == -EDQUOT) && chunk >= RESERVE_MIN);
 	if (r < 0) {
@@ -237,7 +242,8 @@ static bool reserve_async(struct shard *s)
 			       .len = want - s->reserved_bytes, .addr = (char *)s->seg.base + from,
 			       .plen = want - from, .ud = UD_RESERVE };
 
-	if (s->reserve_async_off || !aside_post(s->aside, &j))
+	/* Short of room (chime_fs_room()): in line, in halves that fit. */
+	if (s->reserve_async_off || j.len > chime_fs_room(s->seg_fd, NULL) || !aside_post(s->aside, &j))
 		return false;
 	s->reserve_pending = want;
 	return true;
@@ -397,7 +403,8 @@ static int restore(struct shard *s, uint64_t now)
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for shard file '%s'",
 				 (unsigned long long)(must >> 10), s->path);
-	if (want > must && chime_seg_reserve(s->seg_fd, must, want - must) < 0) {
+	if (want > must && (want - must > chime_fs_room(s->seg_fd, NULL) ||
+			    chime_seg_reserve(s->seg_fd, must, want - must) < 0)) {
 		log_msg(LOG_WARNING, "shard file '%s': no room on its filesystem beyond its %llu KiB: new "
 			"timers get ENOMEM until it has", s->path, (unsigned long long)(must >> 10));
 		want = must;

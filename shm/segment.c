@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 #include <linux/magic.h>
@@ -262,6 +263,18 @@ int chime_seg_reserve(int fd, uint64_t off, uint64_t len)
 		r = posix_fallocate(fd, (off_t)off, (off_t)len);
 	while (r == EINTR);
 	return -r;
+}
+
+uint64_t chime_fs_room(int fd, const char *path)
+{
+	struct statvfs v;
+	uint64_t avail, keep;
+
+	if ((fd >= 0 ? fstatvfs(fd, &v) : statvfs(path, &v)) < 0 || v.f_blocks == 0)
+		return UINT64_MAX;
+	avail = (uint64_t)v.f_bavail * v.f_frsize;
+	keep = (uint64_t)v.f_blocks * v.f_frsize / CHIME_FS_KEEP_DIV;
+	return avail > keep ? avail - keep : 0;
 }
 
 /*

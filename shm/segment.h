@@ -219,6 +219,21 @@ ssize_t chime_recv_behind_reset(int fd, struct msghdr *msg, int flags);
 int chime_seg_reserve(int fd, uint64_t off, uint64_t len);
 
 /*
+ * A tenth of a filesystem stays free for its other writers: the shard files
+ * grow only into the rest (the service's socket directory is /run, where one
+ * user arming up to its quota left the host's other services ENOSPC).
+ */
+#define CHIME_FS_KEEP_DIV 10
+
+/*
+ * How many more bytes the filesystem holding fd (if fd >= 0, else path) can
+ * give the shard files, a tenth of its size kept free (CHIME_FS_KEEP_DIV);
+ * UINT64_MAX where it reports no size (a tmpfs mounted without one) or
+ * cannot be asked.
+ */
+uint64_t chime_fs_room(int fd, const char *path);
+
+/*
  * Seal a memfd: what the broker does to every segment it hands to a
  * client, so that a client's ftruncate cannot SIGBUS it. SIZE: against
  * resizing, and the client seals the rest (its rw segment and touch table:

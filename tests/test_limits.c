@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -359,8 +360,70 @@ Test(limits, small_tmpfs_gives_enomem_not_sigbus)
 {
 	char dir[64], log[64];
 
-	start_on_small_tmpfs(dir, log, "-n 1 --capacity 1048576");
+	start_on_small_tmpfs(dir, log, "-n 1 --capacity 1048576 --max-timers-per-uid 0");
 	arm_until_the_filesystem_is_full(log);
+	unlink(log);
+	t_unmount_tmpfs(dir);
+}
+
+/*
+ * The shards grow only while their filesystem keeps a tenth of its size
+ * free: the service's socket directory is /run, and one user arming up to
+ * its quota filled it to the last 220 KiB (a security audit: 3.1M timers in
+ * a 200 MiB /run), every other writer there then refused with ENOSPC.
+ */
+Test(limits, a_full_slab_leaves_a_tenth_of_its_filesystem_to_other_writers)
+{
+	char dir[64], log[64], path[128];
+	struct statvfs v;
+	chime_t *c;
+	unsigned n;
+	int err, fd;
+
+	start_on_small_tmpfs(dir, log, "-n 1 --capacity 1048576 --max-timers-per-uid 0");
+	c = copen();
+	n = arm_until_refused(c, 1000000, &err, NULL);
+	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));
+	cr_assert_eq(statvfs(dir, &v), 0);
+	cr_expect_geq((uint64_t)v.f_bavail * CHIME_FS_KEEP_DIV, (uint64_t)v.f_blocks,
+		      "the slab full, %llu of %llu blocks are free: less than a tenth",
+		      (unsigned long long)v.f_bavail, (unsigned long long)v.f_blocks);
+	/* another writer on it: a file of a twentieth of it fits */
+	snprintf(path, sizeof(path), "%s/other", dir);
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	cr_assert_geq(fd, 0);
+	cr_expect_eq(posix_fallocate(fd, 0, (off_t)(v.f_blocks * v.f_frsize / 20)), 0,
+		     "another writer found no room");
+	close(fd);
+	unlink(path);
+	chime_close(c);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	unlink(log);
+	t_unmount_tmpfs(dir);
+}
+
+/*
+ * And a user's default quota is half of what that filesystem holds, not
+ * half of --capacity x --shards: on a filesystem smaller than the slab, the
+ * one user took every node the others could have armed (the same audit).
+ */
+Test(limits, on_a_filesystem_smaller_than_the_slab_one_user_gets_half_of_it)
+{
+	char dir[64], log[64];
+	chime_t *c;
+	unsigned n;
+	int err;
+
+	start_on_small_tmpfs(dir, log, "-n 1 --capacity 1048576");
+	cr_assert(logged(log, "per uid (half of the "), "the limits line does not say the quota is the filesystem's");
+	c = copen();
+	n = arm_until_refused(c, 1000000, &err, NULL);
+	cr_assert_eq(err, -EDQUOT, "arm %u: %s, not EDQUOT", n, strerror(-err));
+	/* 16 MiB less a tenth holds 235929 nodes (the other files take some): the quota is about half */
+	cr_expect(n > 90000 && n < 125000, "%u armed before the quota", n);
+	cr_assert(t_alive(tb.pid));
+	chime_close(c);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
 	unlink(log);
 	t_unmount_tmpfs(dir);
 }
@@ -417,7 +480,7 @@ Test(limits, a_full_disk_filesystem_gives_enomem_not_sigbus, .timeout = 60)
 		cr_skip("no ext4 image can be loop-mounted here (mkfs.ext4, a loop device)");
 	snprintf(sock, sizeof(sock), "%s/chime.sock", ext4_dir);
 	snprintf(log, sizeof(log), "/tmp/chime-tl-%d.log", (int)getpid());
-	snprintf(extra, sizeof(extra), "-n 1 --capacity 1048576 2>'%s'", log);
+	snprintf(extra, sizeof(extra), "-n 1 --capacity 1048576 --max-timers-per-uid 0 2>'%s'", log);
 	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
 	arm_until_the_filesystem_is_full(log);
 	unlink(log);
@@ -439,7 +502,7 @@ Test(limits, a_client_refused_on_a_still_full_filesystem_is_told_it_is_the_files
 	unsigned n;
 	int err;
 
-	start_on_small_tmpfs(dir, log, "-n 1 --capacity 1048576");
+	start_on_small_tmpfs(dir, log, "-n 1 --capacity 1048576 --max-timers-per-uid 0");
 	c = copen();
 	n = arm_until_refused(c, 1000000, &err, NULL);
 	cr_assert_eq(err, -ENOMEM, "arm %u: %s, not ENOMEM", n, strerror(-err));

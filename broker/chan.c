@@ -559,11 +559,59 @@ static void wall_unmix(struct shard_core *sc)
 	sc->wall_mixed = false;
 }
 
-void chan_wall_follow(struct shard_core *sc, int64_t off)
+/* Node idx moved onto offset `to` (0 or 1): the deadline first, then its base, as a walk does. */
+static void wall_rebase(struct shard_core *sc, uint32_t idx, uint32_t to)
 {
-	uint32_t to = sc->wall_cur ^ 1u, end;
-	uint64_t count = 0;
+	struct chime_node *n = NODE(sc, idx);
 
+	if (wall_base(sc, n) != sc->wall_off[to])
+		wall_move(sc, idx, wall_base(sc, n), sc->wall_off[to]);
+	at_crash_order();       /* the deadline, then its base */
+	n->gen = to ? n->gen | CHIME_NODE_WALL_B : n->gen & ~CHIME_NODE_WALL_B;
+}
+
+bool chan_wall_step(struct shard_core *sc, uint32_t budget)
+{
+	uint32_t to = sc->wall_cur ^ 1u, stop;
+
+	if (!sc->wall_walking)
+		return false;
+	stop = sc->wall_walk_end - sc->wall_walk_i > budget ? sc->wall_walk_i + budget : sc->wall_walk_end;
+	for (; sc->wall_walk_i < stop; sc->wall_walk_i++) {
+		uint32_t idx = wall_at(sc, sc->wall_walk_i);
+
+		if (!wall_node(NODE(sc, idx))) {
+			if (!sc->wall_scan)     /* off the list: what is no longer a wall-clock timer's */
+				sc->wall_listed[idx / 64] &= ~(UINT64_C(1) << (idx % 64));
+			continue;
+		}
+		if (!sc->wall_scan)
+			sc->wall_list[sc->wall_walk_kept++] = idx;
+		wall_rebase(sc, idx, to);
+		sc->wall_walk_count++;
+	}
+	if (sc->wall_walk_i < sc->wall_walk_end)
+		return true;
+	if (!sc->wall_scan) {
+		/* the list's tail: arms since the walk began */
+		memmove(&sc->wall_list[sc->wall_walk_kept], &sc->wall_list[sc->wall_walk_end],
+			(size_t)(sc->wall_len - sc->wall_walk_end) * sizeof(*sc->wall_list));
+		sc->wall_len = sc->wall_walk_kept + (sc->wall_len - sc->wall_walk_end);
+	}
+	/* wall_cur last: a broker killed before it leaves each node's base known */
+	at_crash_order();
+	sc->wall_cur = to;
+	wall_file_cur(sc);
+	sc->wall_nodes = sc->wall_walk_count + (sc->wall_nodes - sc->wall_walk_nodes0);
+	sc->wall_walking = false;
+	return false;
+}
+
+void chan_wall_begin(struct shard_core *sc, int64_t off)
+{
+	uint32_t to;
+
+	(void)chan_wall_step(sc, UINT32_MAX);   /* one under way ends first: the other offset is its */
 	if (!sc->wall_nodes) {
 		sc->wall_off[sc->wall_cur] = off;
 		wall_file_off(sc, sc->wall_cur);
@@ -572,27 +620,25 @@ void chan_wall_follow(struct shard_core *sc, int64_t off)
 	}
 	if (sc->wall_mixed)
 		wall_unmix(sc);
+	else if (off == sc->wall_off[sc->wall_cur])
+		return;
 	/* The new base first, the nodes next, wall_cur last: a broker killed in between leaves each node's base known. */
+	to = sc->wall_cur ^ 1u;
 	sc->wall_off[to] = off;
 	wall_file_off(sc, to);
 	at_crash_order();
-	end = wall_walk_len(sc);
-	for (uint32_t i = 0; i < end; i++) {
-		uint32_t idx = wall_at(sc, i);
-		struct chime_node *n = NODE(sc, idx);
+	/* the list as it is, each node looked at once (wall_walk_len() would look at all of them now) */
+	sc->wall_walk_end = sc->wall_scan ? sc->wh.w->high_water : sc->wall_len;
+	sc->wall_walk_i = sc->wall_walk_kept = 0;
+	sc->wall_walk_count = 0;
+	sc->wall_walk_nodes0 = sc->wall_nodes;
+	sc->wall_walking = true;
+}
 
-		if (!wall_node(n))
-			continue;
-		if (wall_base(sc, n) != off)
-			wall_move(sc, idx, wall_base(sc, n), off);
-		at_crash_order();       /* the deadline, then its base */
-		n->gen = to ? n->gen | CHIME_NODE_WALL_B : n->gen & ~CHIME_NODE_WALL_B;
-		count++;
-	}
-	at_crash_order();
-	sc->wall_cur = to;
-	wall_file_cur(sc);
-	sc->wall_nodes = count;
+void chan_wall_follow(struct shard_core *sc, int64_t off)
+{
+	chan_wall_begin(sc, off);
+	(void)chan_wall_step(sc, UINT32_MAX);
 }
 
 /*
@@ -614,8 +660,12 @@ static __attribute__((noinline)) bool wall_early(struct shard_core *sc, uint32_t
 
 	if (now >= due)
 		return false;
-	if (due - now >= (sc->wall_wait_ns ? sc->wall_wait_ns : WALL_FOLLOW_NS))
-		chan_wall_follow(sc, wall_offset_now());
+	if (due - now >= (sc->wall_wait_ns ? sc->wall_wait_ns : WALL_FOLLOW_NS)) {
+		if (sc->wall_walking && !(n->gen & CHIME_NODE_WALL_B) == !sc->wall_cur)
+			wall_rebase(sc, idx, sc->wall_cur ^ 1u);        /* the walk under way has not moved it yet */
+		else
+			chan_wall_follow(sc, wall_offset_now());
+	}
 	wheel_arm(&sc->wh, idx, n->deadline_ns);
 	return true;
 }
@@ -1378,7 +1428,8 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	n->cq_pos = CHIME_POS_NONE;
 	n->state = CHIME_NODE_ALLOC;
 	if (unlikely(wall)) {
-		n->gen |= CHIME_NODE_REALTIME | (sc->wall_cur ? CHIME_NODE_WALL_B : 0);
+		/* during a walk, on the offset it moves the others to */
+		n->gen |= CHIME_NODE_REALTIME | ((sc->wall_cur ^ sc->wall_walking) ? CHIME_NODE_WALL_B : 0);
 		sc->wall_nodes++;
 		chan_wall_note(sc, idx);
 		stats_armed_realtime(sc->st, 1);

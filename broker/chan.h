@@ -103,6 +103,17 @@ struct shard_core {
 	 */
 	bool wall_mixed;
 	/*
+	 * A walk under way (chan_wall_step()): the nodes of [wall_walk_i,
+	 * wall_walk_end) of it are still on wall_cur's offset; those before,
+	 * and every wall-clock arm since, on the other one, which it moves them
+	 * to. wall_walk_count: the nodes it found still wall-clock timers;
+	 * wall_walk_nodes0: wall_nodes at its start; wall_walk_kept: where
+	 * the list's next kept entry goes (it drops the others as it goes).
+	 */
+	bool wall_walking;
+	uint32_t wall_walk_i, wall_walk_end, wall_walk_kept;
+	uint64_t wall_walk_count, wall_walk_nodes0;
+	/*
 	 * The nodes a walk visits: every node a wall-clock timer took since
 	 * the last walk, or before it and still one (each once: wall_listed,
 	 * a bit per node; a walk drops what is no longer one). wall_scan: no
@@ -233,6 +244,18 @@ static inline bool chan_counts_as_armed(const struct chime_node *n)
  * Persists the offsets in sc->wall_file as it goes (chime_shm.h).
  */
 void chan_wall_follow(struct shard_core *sc, int64_t off);
+
+/*
+ * The same in steps: chan_wall_begin() ends a walk under way, then starts
+ * one to `off` (or, with no wall-clock node or nothing to move, just takes
+ * it); chan_wall_step() moves up to `budget` nodes of it, true while more
+ * are left. The shard walks so, a step a pass: one user's wall-clock
+ * timers held each shard 42-56 ms per step of the wall clock, every other
+ * timer with them (a security audit, 2.1M a shard). A node the wheel pops
+ * before the walk reaches it is moved then (chan.c, wall_early()).
+ */
+void chan_wall_begin(struct shard_core *sc, int64_t off);
+bool chan_wall_step(struct shard_core *sc, uint32_t budget);
 
 /* Node idx is a wall-clock timer's: on the list walks visit (restore.c; op_arm()). */
 void chan_wall_note(struct shard_core *sc, uint32_t idx);

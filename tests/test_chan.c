@@ -2098,6 +2098,76 @@ Test(chan, a_follow_moves_wall_clock_timers_in_every_state_and_no_other)
 	step_at(T0 + 3 * MS);
 }
 
+/*
+ * The shard walks in steps (chan_wall_begin(), chan_wall_step()), so that
+ * one user's wall-clock timers do not hold every other timer up for the
+ * whole walk: the nodes not reached yet keep the old offset, those passed
+ * and any armed meanwhile have the new one, and the last step makes it
+ * the shard's (the file's too).
+ */
+Test(chan, a_walk_in_steps_moves_each_node_once_and_arms_meanwhile_take_the_new_offset)
+{
+	enum { N = 100 };
+	struct client_sim *c = &F.cl[0];
+	struct chime_shard_seg file = { 0 };
+	int64_t off = wall_setup(10 * 1000 * MS), by = 50 * (int64_t)MS;
+	uint64_t ids[N], late;
+	struct chime_node *n;
+	unsigned steps = 0;
+
+	F.sc.wall_file = &file;
+	for (unsigned i = 0; i < N; i++) {
+		ids[i] = submit(c, CHIME_OP_ARM_REALTIME, 0, i, (uint64_t)off + T0 + 100 * MS + i, 0, i);
+		if (i % 8 == 7 || i == N - 1)
+			step_at(T0 + MS);       /* applied before the ring fills */
+	}
+	cr_assert_eq(F.sc.wall_nodes, N);
+	chan_wall_begin(&F.sc, off + by);
+	cr_assert(F.sc.wall_walking);
+	cr_assert_eq(file.wall_off[1], off + by, "the new offset persisted before any node is on it");
+	cr_assert(chan_wall_step(&F.sc, 10), "10 of 100 moved: more to go");
+	for (unsigned i = 0; i < N; i++) {
+		n = wheel_node(&F.sc.wh, chime_id_index(ids[i]));
+		cr_assert_eq(n->deadline_ns, T0 + 100 * MS + i - (i < 10 ? (uint64_t)by : 0), "node %u", i);
+		cr_assert_eq(!!(n->gen & CHIME_NODE_WALL_B), i < 10, "node %u's base", i);
+	}
+	cr_assert_eq(F.sc.wall_cur, 0, "the shard's offset is the old one until the walk ends");
+	cr_assert_eq(file.wall_cur, 0);
+
+	/* armed meanwhile: on the new offset at once, and not moved again */
+	late = submit(c, CHIME_OP_ARM_REALTIME, 0, N, (uint64_t)off + T0 + 300 * MS, 0, N);
+	step_at(T0 + MS);
+	n = wheel_node(&F.sc.wh, chime_id_index(late));
+	cr_assert_eq(n->deadline_ns, T0 + 300 * MS - (uint64_t)by);
+	while (chan_wall_step(&F.sc, 10))
+		steps++;
+	cr_assert_eq(steps, 8, "the rest in steps of 10");
+	cr_assert_not(F.sc.wall_walking);
+	cr_assert_eq(F.sc.wall_cur, 1);
+	cr_assert_eq(file.wall_cur, 1);
+	cr_assert_eq(F.sc.wall_nodes, N + 1);
+	cr_assert_eq(n->deadline_ns, T0 + 300 * MS - (uint64_t)by);
+	for (unsigned i = 0; i < N; i++) {
+		n = wheel_node(&F.sc.wh, chime_id_index(ids[i]));
+		cr_assert_eq(n->deadline_ns, T0 + 100 * MS + i - (uint64_t)by, "node %u", i);
+	}
+
+	/* A step while one is under way ends that one first, then walks to the newest offset. */
+	chan_wall_begin(&F.sc, off);
+	cr_assert(chan_wall_step(&F.sc, 10));
+	chan_wall_begin(&F.sc, off - by);
+	cr_assert_eq(F.sc.wall_cur, 0, "the walk to `off` ended: the shard is on it");
+	while (chan_wall_step(&F.sc, 10))
+		;
+	cr_assert_eq(F.sc.wall_cur, 1);
+	for (unsigned i = 0; i < N; i++) {
+		n = wheel_node(&F.sc.wh, chime_id_index(ids[i]));
+		cr_assert_eq(n->deadline_ns, T0 + 100 * MS + i + (uint64_t)by, "node %u", i);
+	}
+	n = wheel_node(&F.sc.wh, chime_id_index(late));
+	cr_assert_eq(n->deadline_ns, T0 + 300 * MS + (uint64_t)by);
+}
+
 Test(chan, a_wall_clock_timer_due_early_by_the_wall_clock_goes_back_until_it_is_due)
 {
 	struct client_sim *c = &F.cl[0];

@@ -336,8 +336,9 @@ log_write(int level, int err, const char *hint, const char *fmt, va_list ap)
 	n = vsnprintf(buf + len, sizeof(buf) - len, fmt, ap);
 	if (n > 0)
 		len += (size_t)n;
-	if (len > sizeof(buf) - 2)
-		len = sizeof(buf) - 2;      /* truncated: still one whole line */
+	/* truncated: still one whole line, and the reason after it (a long path ate it) */
+	if (len > sizeof(buf) - 2 - (err ? sizeof(buf) / 4 : 0))
+		len = sizeof(buf) - 2 - (err ? sizeof(buf) / 4 : 0);
 	if (err) {
 		n = snprintf(buf + len, sizeof(buf) - len, ": %s%s%s%s", strerror(err),
 			     hint ? " (" : "", hint ? hint : "", hint ? ")" : "");

@@ -224,7 +224,7 @@ static int64_t parse_num(const char *opt, const char *arg, int64_t lo, int64_t h
 	long long v;
 
 	if (!whole_number(arg, &v) || v < lo || v > hi)
-		usage_error("invalid value '%s' for --%s: expected an integer in %" PRId64 "..%" PRId64,
+		usage_error("invalid value '%.200s' for --%s: expected an integer in %" PRId64 "..%" PRId64,
 			    arg, opt, lo, hi);
 	return v;
 }
@@ -234,7 +234,7 @@ static uint32_t parse_pow2(const char *opt, const char *arg, uint32_t lo, uint32
 	long long v;
 
 	if (!whole_number(arg, &v) || v < lo || v > hi || (v & (v - 1)))
-		usage_error("invalid value '%s' for --%s: expected a power of two in %u..%u",
+		usage_error("invalid value '%.200s' for --%s: expected a power of two in %u..%u",
 			    arg, opt, lo, hi);
 	return (uint32_t)v;
 }
@@ -273,7 +273,7 @@ static void default_socket(char *out, size_t len, bool *mkdir_parent)
 	const char *p = chime_socket_path(NULL, mkdir_parent);
 
 	if ((size_t)snprintf(out, len, "%s", p) >= len)
-		usage_error("$CHIME_SOCKET '%s' is too long (at most %zu bytes)", p, len - 1);
+		usage_error("$CHIME_SOCKET '%.200s' is too long (at most %zu bytes)", p, len - 1);
 }
 
 /*
@@ -349,7 +349,7 @@ static void absolutize(char *path, size_t len)
 	int r = absolute_path(path, tmp, sizeof(tmp));
 
 	if (r == -ENAMETOOLONG || (r == 0 && strlen(tmp) >= len))
-		usage_error("socket path '%s' is too long as an absolute path (at most %zu bytes)", path, len - 1);
+		usage_error("socket path '%.200s' is too long as an absolute path (at most %zu bytes)", path, len - 1);
 	if (r < 0) {
 		log_errno(LOG_ERR, -r, "getcwd");
 		exit(EXIT_FAILURE);
@@ -361,13 +361,16 @@ static void absolutize(char *path, size_t len)
  * --policy-file is re-read on SIGHUP, after the daemon's chdir("/"): a
  * relative path is made absolute now (absolute_path()).
  */
-static const char *absolute_file(const char *path)
+static const char *absolute_file(const char *opt, const char *path)
 {
 	char tmp[PATH_MAX], *abs;
 	int r = absolute_path(path, tmp, sizeof(tmp));
 
+	if (r == -ENAMETOOLONG)
+		usage_error("--%s: path '%.200s' is too long as an absolute path (at most %d bytes)", opt, path,
+			    PATH_MAX - 1);
 	if (r < 0) {
-		log_errno(LOG_ERR, -r, "'%s'", path);
+		log_errno(LOG_ERR, -r, "--%s '%.200s': cannot make it an absolute path", opt, path);
 		exit(EXIT_FAILURE);
 	}
 	abs = strdup(tmp);
@@ -667,7 +670,7 @@ int main(int argc, char **argv)
 			if (!*optarg)
 				usage_error("--socket needs a path");
 			if (strlen(optarg) >= sizeof(o.socket_path))
-				usage_error("socket path '%s' is too long (at most %zu bytes)",
+				usage_error("socket path '%.200s' is too long (at most %zu bytes)",
 					    optarg, sizeof(o.socket_path) - 1);
 			snprintf(o.socket_path, sizeof(o.socket_path), "%s", optarg);
 			have_socket = true;
@@ -720,10 +723,10 @@ int main(int argc, char **argv)
 		case OPT_POLICY_FILE:
 			if (!*optarg)
 				usage_error("--policy-file needs a path");
-			o.policy.file = absolute_file(optarg);
+			o.policy.file = absolute_file("policy-file", optarg);
 			break;
 		case OPT_SUBUID_FILE:
-			o.policy.subuid_file = *optarg ? absolute_file(optarg) : NULL;
+			o.policy.subuid_file = *optarg ? absolute_file("subuid-file", optarg) : NULL;
 			break;
 		case OPT_SOCKET_GROUP:
 			if (policy_group(optarg, &o.socket_gid, err, sizeof(err)) < 0)
@@ -745,7 +748,7 @@ int main(int argc, char **argv)
 		case OPT_LOG_LEVEL:
 			r = log_parse_level(optarg);
 			if (r < 0)
-				usage_error("invalid value '%s' for --log-level: expected err, warning, notice, info or debug",
+				usage_error("invalid value '%.200s' for --log-level: expected err, warning, notice, info or debug",
 					    optarg);
 			log_max_level = r;
 			break;
@@ -766,7 +769,7 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind < argc)
-		usage_error("unexpected argument '%s'", argv[optind]);
+		usage_error("unexpected argument '%.200s'", argv[optind]);
 	restarted = getenv(RESTART_ENV) != NULL;
 	if (restarted) {
 		/* chimectl restart: its --fresh would discard every session it just handed over. */

@@ -29,7 +29,7 @@ static int resolve(char kind, const char *tok, unsigned *id, char *err, size_t e
 		errno = 0;
 		v = strtoul(tok, &end, 10);
 		if (errno || *end || v >= UINT_MAX) {
-			snprintf(err, errlen, "'%s' is not a valid %s id", tok, kind == 'u' ? "user" : "group");
+			snprintf(err, errlen, "'%.200s' is not a valid %s id", tok, kind == 'u' ? "user" : "group");
 			return -EINVAL;
 		}
 		*id = (unsigned)v;
@@ -52,7 +52,7 @@ static int resolve(char kind, const char *tok, unsigned *id, char *err, size_t e
 			return 0;
 		}
 	}
-	snprintf(err, errlen, "no %s named '%s'%s%s", kind == 'u' ? "user" : "group", tok,
+	snprintf(err, errlen, "no %s named '%.200s'%s%s", kind == 'u' ? "user" : "group", tok,
 		 r ? ": " : "", r ? strerror(r) : "");
 	/* the lookup's own want of descriptors or memory: not an answer about the name */
 	return r == EMFILE || r == ENFILE || r == ENOMEM ? -r : -EINVAL;
@@ -297,15 +297,15 @@ static int load_file(struct policy *p, const char *path, char *err, size_t errle
 	if (!f) {
 		r = -errno;
 		if (fifo)
-			snprintf(err, errlen, "policy file '%s' is a FIFO, not a file", path);
+			snprintf(err, errlen, "policy file '%.200s' is a FIFO, not a file", path);
 		else
-			snprintf(err, errlen, "cannot open policy file '%s': %s", path, strerror(-r));
+			snprintf(err, errlen, "cannot open policy file '%.200s': %s", path, strerror(-r));
 		return r;
 	}
 	line = malloc(LINE_MAX_BYTES);
 	if (!line) {
 		fclose(f);
-		snprintf(err, errlen, "policy file '%s': out of memory", path);
+		snprintf(err, errlen, "policy file '%.200s': out of memory", path);
 		return -ENOMEM;
 	}
 	errno = 0;
@@ -326,7 +326,7 @@ static int load_file(struct policy *p, const char *path, char *err, size_t errle
 	/* A directory opens, and reading it then fails (EISDIR): not an empty policy. */
 	if (r == 0 && ferror(f)) {
 		r = errno ? -errno : -EIO;
-		snprintf(err, errlen, "cannot read policy file '%s': %s", path, strerror(-r));
+		snprintf(err, errlen, "cannot read policy file '%.200s': %s", path, strerror(-r));
 	}
 	free(line);
 	fclose(f);
@@ -430,15 +430,15 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 			return 0;       /* no user namespaces configured */
 		r = -errno;
 		if (fifo)
-			snprintf(err, errlen, "subordinate-uid file '%s' is a FIFO, not a file", path);
+			snprintf(err, errlen, "subordinate-uid file '%.200s' is a FIFO, not a file", path);
 		else
-			snprintf(err, errlen, "cannot open subordinate-uid file '%s': %s", path, strerror(-r));
+			snprintf(err, errlen, "cannot open subordinate-uid file '%.200s': %s", path, strerror(-r));
 		return r;
 	}
 	line = malloc(LINE_MAX_BYTES);
 	if (!line) {
 		fclose(f);
-		snprintf(err, errlen, "subordinate-uid file '%s': out of memory", path);
+		snprintf(err, errlen, "subordinate-uid file '%.200s': out of memory", path);
 		return -ENOMEM;
 	}
 	/* Whole lines (as the policy file's): a split one's tail is not a range; a too long one is skipped. */
@@ -479,13 +479,13 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 	}
 	if (ferror(f)) {
 		r = errno ? -errno : -EIO;
-		snprintf(err, errlen, "cannot read subordinate-uid file '%s': %s", path, strerror(-r));
+		snprintf(err, errlen, "cannot read subordinate-uid file '%.200s': %s", path, strerror(-r));
 	}
 	free(line);
 	fclose(f);
 	if (r == 0 && subuids_index(p, l, n) < 0) {
 		r = -ENOMEM;
-		snprintf(err, errlen, "subordinate-uid file '%s': out of memory", path);
+		snprintf(err, errlen, "subordinate-uid file '%.200s': out of memory", path);
 	}
 	for (size_t i = 0; i < n; i++)
 		free(l[i].owner);

@@ -266,7 +266,10 @@ args)
 		bad_arg "chime-bench $m: --socket needs a path (empty given)" $m --socket ''
 		bad_arg "chime-bench $m: unexpected argument 'extra'" $m extra
 		bad_arg "chime-bench $m: unrecognized option '--bogus'" $m --bogus
+		bad_arg "chime-bench $m: unexpected argument 'extra'" $m --help extra
 	done
+	bad_arg "chime-bench apply: unexpected argument 'extra'" apply --help extra
+	bad_arg "chime-bench wheel: unexpected argument 'extra'" wheel -h extra
 	bad_arg "chime-bench compare: --lateness-csv needs a directory (empty given)" compare --lateness-csv ''
 	bad_arg "chime-bench apply: unexpected argument 'extra'" apply --quick extra
 	bad_arg "chime-bench apply: unrecognized option '--bogus'" apply --bogus
@@ -283,6 +286,13 @@ args)
 	[ "$st" -eq 1 ] || fail "compare --lateness-csv under a file: exit status $st, expected 1 at once"
 	grep -qF -- "--lateness-csv: cannot make directory '$dir/out.json/csv'" "$dir/err" ||
 		fail "compare --lateness-csv under a file: $(cat "$dir/err")"
+	# and a --lateness-csv that is a file is named so, not "Permission denied" (its mode has no x)
+	: >"$dir/plain"
+	timeout 2 "$bench" compare --quick --lateness-csv "$dir/plain" >/dev/null 2>"$dir/err"
+	st=$?
+	[ "$st" -eq 1 ] || fail "compare --lateness-csv on a file: exit status $st, expected 1 at once"
+	grep -qF -- "--lateness-csv: '$dir/plain' is not a directory" "$dir/err" ||
+		fail "compare --lateness-csv on a file: $(cat "$dir/err")"
 	echo "bench args: $nbad bad values refused at once, each named; a --lateness-csv that cannot be made too"
 	exit 0
 	;;

@@ -196,7 +196,7 @@ Test(daemon, bad_log_level_is_a_usage_error)
 static void expect_usage_errors(const char *const *bad, size_t n)
 {
 	const char *chimed = getenv("CHIMED");
-	char cmd[PATH_MAX + 200];
+	char cmd[2 * PATH_MAX];
 
 	cr_assert(chimed);
 	for (size_t i = 0; i < n; i++) {
@@ -229,7 +229,7 @@ Test(daemon, spin_share_out_of_range_is_a_usage_error)
 static void chimed_first_line(const char *opts, char *msg, size_t len)
 {
 	const char *chimed = getenv("CHIMED");
-	char cmd[PATH_MAX + 200];
+	char cmd[2 * PATH_MAX];
 	FILE *p;
 
 	cr_assert(chimed);
@@ -261,6 +261,27 @@ Test(daemon, malformed_numbers_and_policy_files_are_usage_errors)
 	chimed_first_line("--allow-uid 0,,1", msg, sizeof(msg));
 	cr_expect(strstr(msg, "an empty entry in '0,,1'"), "%s", msg);
 	/*
+	 * A long value keeps the option and the reason in the line (a CLI
+	 * audit: the line was cut at 512 bytes inside the value, and a
+	 * --policy-file path past PATH_MAX was exit 1 with the path alone).
+	 */
+	{
+		static char opts[5100], big[1100];
+		char *line = big;
+
+		memcpy(opts, "--shards ", 9);
+		memset(opts + 9, '9', 600);
+		opts[609] = 0;
+		chimed_first_line(opts, big, sizeof(big));
+		cr_expect(strstr(line, "for --shards: expected an integer in 1..128"), "%s", line);
+		memcpy(opts, "--policy-file ", 14);
+		memset(opts + 14, 'a', 5000);  /* past PATH_MAX */
+		opts[14 + 5000] = 0;
+		chimed_first_line(opts, big, sizeof(big));
+		cr_expect(strstr(line, "--policy-file: path") && strstr(line, "is too long"), "%s", line);
+		expect_usage_errors((const char *const[]){ opts }, 1);
+	}
+	/*
 	 * One comma at the end, as a template's loop writes it, is taken: it
 	 * was a usage error for a while, and a policy file a broker before
 	 * that took left none after a `chimectl restart` onto it (a review).
@@ -279,7 +300,7 @@ static int policy_file_says(const char *text, size_t text_len, char *msg, size_t
 	char path[] = "/tmp/chime-policy-XXXXXX", opt[64];
 	int fd = mkstemp(path), st;
 	FILE *p;
-	char cmd[PATH_MAX + 200];
+	char cmd[2 * PATH_MAX];
 
 	cr_assert(fd >= 0);
 	cr_assert_eq(write(fd, text, text_len), (ssize_t)text_len);

@@ -422,6 +422,8 @@ static const char *query_why(int r, enum query_step step)
 		       "try again)";
 	if (step == QUERY_ANSWER && r == -ETIMEDOUT)
 		return " (the broker did not answer within 5 s)";
+	if (step == QUERY_ANSWER && r == -EBADMSG)
+		return " (not a chime broker's answer: is something else listening there?)";
 	return "";
 }
 

@@ -117,7 +117,8 @@ static int ask(const char *sock, const struct chime_hello *hello, uint64_t limit
 		}
 		*step = QUERY_ANSWER;
 		if (n != (ssize_t)sizeof(u.q) || u.q.magic != CHIME_HELLO_MAGIC) {
-			r = n < 0 && errno == EAGAIN ? -ETIMEDOUT : -ECONNRESET;
+			/* a hang-up, or bytes that are no broker's answer (something else listens there) */
+			r = n < 0 && errno == EAGAIN ? -ETIMEDOUT : n <= 0 ? -ECONNRESET : -EBADMSG;
 			goto out;
 		}
 		*head = u.q;

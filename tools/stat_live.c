@@ -748,7 +748,8 @@ static void list_rows(struct live *L)
 		}
 	}
 	sort_ctx = L;
-	qsort(L->rows, L->nrows, sizeof(*L->rows), cmp_rows);
+	if (L->nrows > 1)       /* rows is NULL with none: qsort() is not to be given it */
+		qsort(L->rows, L->nrows, sizeof(*L->rows), cmp_rows);
 }
 
 static int list_pane(struct live *L, int y)

@@ -354,6 +354,7 @@ int bench_apply(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
+	bool help = false;
 	struct bench_machine mc;
 	int quick = 0, o;
 
@@ -363,14 +364,18 @@ int bench_apply(int argc, char **argv)
 			quick = 1;
 			break;
 		case 'h':
-			usage(stdout);
-			return 0;
+			help = true;    /* after the check for what is left over, as chime-bench -h does */
+			break;
 		default:
 			return bench_usage_error("apply", NULL);
 		}
 	}
 	if (optind != argc)
 		return bench_usage_error("apply", argv[optind]);
+	if (help) {
+		usage(stdout);
+		return 0;
+	}
 	bench_machine(&mc);
 	printf("chime-bench apply: the shard's cost per submission record, in-process, one thread\n"
 	       "date:    %s\nmachine: %ld CPUs online, %s, Linux %s; load average %.2f %.2f %.2f at start\n"

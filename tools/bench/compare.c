@@ -217,6 +217,7 @@ int bench_compare(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
+	bool help = false;
 	static struct run R;
 	const char *sizes = NULL;
 	struct broker b;
@@ -245,12 +246,16 @@ int bench_compare(int argc, char **argv)
 			if (bench_opt_u64("compare", "--lateness-rounds", optarg, 1, 100, &rounds) < 0)
 				return 2;
 			break;
-		case 'h': usage(stdout); return 0;
+		case 'h': help = true; break;   /* after the check for what is left over */
 		default: return bench_usage_error("compare", NULL);
 		}
 	}
 	if (optind < argc)
 		return bench_usage_error("compare", argv[optind]);
+	if (help) {
+		usage(stdout);
+		return 0;
+	}
 	if (parse_sizes(&R, sizes ? sizes : R.quick ? "10000,50000" : "100000,1000000") < 0)
 		return 2;
 	if (R.csv_dir && compare_csv_prepare(&R) < 0)

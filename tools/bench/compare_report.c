@@ -21,9 +21,15 @@
  */
 int compare_csv_prepare(const struct run *R)
 {
+	struct stat st;
+
 	if (mkdir(R->csv_dir, 0755) < 0 && errno != EEXIST) {
 		fprintf(stderr, "chime-bench compare: --lateness-csv: cannot make directory '%s': %s\n", R->csv_dir,
 			strerror(errno));
+		return -1;
+	}
+	if (stat(R->csv_dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+		fprintf(stderr, "chime-bench compare: --lateness-csv: '%s' is not a directory\n", R->csv_dir);
 		return -1;
 	}
 	if (access(R->csv_dir, W_OK | X_OK) < 0) {

@@ -167,7 +167,7 @@ static void usage(FILE *f)
 		"      --only PARTS    comma list of ops,flood,expire,lat,timerfd (default: all)\n"
 		"  -N, --expire N      timers due at one instant in the expire phase,\n"
 		"                      1..100000000 (default 1M, --quick 50k); above 1M the\n"
-		"                      private chimed gets --capacity N and no quotas\n"
+		"                      private chimed gets --capacity N + 65536 and no quotas\n"
 		"      --busy-poll     lateness drained by chime_poll() in a loop, not\n"
 		"                      chime_wait(); the private chimed runs with --spin-us -1\n"
 		"                      (busy-poll mode) and, without --shards, a shard fewer\n"
@@ -191,6 +191,7 @@ int bench_e2e(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
+	bool help = false;
 	struct cfg cf = { .socket = NULL, .quick = 0, .shards = 0, .only = 0, .busy_poll = 0, .expire_n = 0 };
 	uint64_t v;
 	struct broker b;
@@ -226,12 +227,16 @@ int bench_e2e(int argc, char **argv)
 				return 2;
 			cf.expire_n = (size_t)v;
 			break;
-		case 'h': usage(stdout); return 0;
+		case 'h': help = true; break;   /* after the check for what is left over */
 		default: return bench_usage_error("e2e", NULL);
 		}
 	}
 	if (optind < argc)
 		return bench_usage_error("e2e", argv[optind]);
+	if (help) {
+		usage(stdout);
+		return 0;
+	}
 	sizes = cf.quick ? sizes_quick : sizes_full;
 	batch = cf.quick ? 100 : 1000;
 	flood_ns = cf.quick ? 300 * NS_PER_MS : 2 * NS_PER_S;

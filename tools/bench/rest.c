@@ -194,6 +194,7 @@ int bench_rest(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
+	bool help = false;
 	const char *socket = NULL, *session = NULL;
 	long n = 1000000, secs = 10;
 	uint64_t v;
@@ -237,12 +238,16 @@ int bench_rest(int argc, char **argv)
 			session = optarg;
 			break;
 		case 'j': json = 1; break;
-		case 'h': usage(stdout); return 0;
+		case 'h': help = true; break;   /* after the check for what is left over */
 		default: return bench_usage_error("rest", NULL);
 		}
 	}
 	if (optind < argc)
 		return bench_usage_error("rest", argv[optind]);
+	if (help) {
+		usage(stdout);
+		return 0;
+	}
 	bench_machine(&m);
 	memset(&b, 0, sizeof(b));
 	if (socket) {

@@ -383,6 +383,7 @@ int bench_wheel(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
+	bool help = false;
 	unsigned nsizes = 4;
 	int o;
 
@@ -392,14 +393,18 @@ int bench_wheel(int argc, char **argv)
 			nsizes = 2;
 			break;
 		case 'h':
-			usage(stdout);
-			return 0;
+			help = true;    /* after the check for what is left over, as chime-bench -h does */
+			break;
 		default:
 			return bench_usage_error("wheel", NULL);
 		}
 	}
 	if (optind != argc)
 		return bench_usage_error("wheel", argv[optind]);
+	if (help) {
+		usage(stdout);
+		return 0;
+	}
 
 	printf("chime-bench wheel: N timers armed at random deadlines uniform over 60 s;\n"
 	       "  wheel: chime's (11 levels x 64 slots, 64 B nodes, resolution %llu ns);\n"

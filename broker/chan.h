@@ -40,6 +40,7 @@ struct chan_user {
 	uint32_t drain_left;            /* records its channels may still apply in that pass */
 	uint32_t service_left;          /* events and nodes chan_service_n() may still move in it */
 	uint32_t wake_left;             /* wake-ups (sends) chan_service_n() may still make in it */
+	uint64_t reclaim_turn;          /* when its channels' sweeps last had a turn (shard.c, reclaim_pick()) */
 };
 
 /* What the channel logic needs of its shard. Owned by the shard thread. */

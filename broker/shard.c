@@ -878,6 +878,34 @@ static bool run_cmds(struct shard *s, bool *work)
 	return false;
 }
 
+/*
+ * The dying channel whose sweep goes next: one of the user whose channels
+ * had a turn longest ago, the first after the last one served. In turn by
+ * channel, one user's many reclaims held another user's single park back
+ * for all of them: with 60-120 of them over 1.8M nodes, a session's reopen
+ * took 1.3-1.4 s, 8-19 ms before (a security audit).
+ */
+static uint32_t reclaim_pick(struct shard *s)
+{
+	uint32_t best = 0, start = s->reclaim_rr % s->nr_dying;
+	uint64_t oldest = UINT64_MAX;
+
+	for (uint32_t k = 0; k < s->nr_dying; k++) {
+		uint32_t i = start + k < s->nr_dying ? start + k : start + k - s->nr_dying;
+		const struct chan_user *u = s->dying[i].ch->user;
+		uint64_t turn = u ? u->reclaim_turn : 0;
+
+		if (turn < oldest) {
+			oldest = turn;
+			best = i;
+		}
+	}
+	s->reclaim_rr = best + 1;
+	if (s->dying[best].ch->user)
+		s->dying[best].ch->user->reclaim_turn = ++s->reclaim_turns;
+	return best;
+}
+
 static void reclaim_step(struct shard *s, bool *work)
 {
 	for (uint32_t i = 0; i < s->nr_dying; i++) {
@@ -887,13 +915,13 @@ static void reclaim_step(struct shard *s, bool *work)
 		}
 	}
 	/*
-	 * One channel's sweep per pass (RECLAIM_BUDGET nodes), in turn: a
+	 * One channel's sweep per pass (RECLAIM_BUDGET nodes), users in turn: a
 	 * budget each for every channel going at once (a user closing sixty
 	 * sessions together) held every timer of the shard back for tens to
 	 * hundreds of milliseconds per pass.
 	 */
 	if (s->nr_dying) {
-		uint32_t i = s->reclaim_rr++ % s->nr_dying;
+		uint32_t i = reclaim_pick(s);
 		struct shard_cmd *c = &s->dying[i];
 
 		*work = true;

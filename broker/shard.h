@@ -117,7 +117,8 @@ struct shard {
 	uint32_t nr_active;
 	struct shard_cmd *dying;        /* detaches and parks in progress */
 	uint32_t nr_dying;
-	uint32_t reclaim_rr;            /* the dying channel whose turn it is to sweep */
+	uint32_t reclaim_rr;            /* where the search for the next dying channel to sweep starts */
+	uint64_t reclaim_turns;         /* sweep turns given (chan_user.reclaim_turn) */
 	struct io_uring ring;
 	uint64_t bell_buf;
 	int bell_armed;

@@ -1777,12 +1777,24 @@ static bool index_step(struct shard_core *sc, struct chan *ch, unsigned scan, un
 	return true;
 }
 
+/* The walk at the head of the list to its back. */
+static void walk_rotate(struct shard_core *sc)
+{
+	struct chan *h = sc->walk_head;
+
+	sc->walk_head = h->walk_next;
+	sc->walk_tail->walk_next = h;
+	sc->walk_tail = h;
+	h->walk_next = NULL;
+}
+
 /*
  * One step of this channel's CANCEL_KEY, if it is its turn. True once the
  * walk is over: the record is applied and its slot the caller's to free.
  * Each matching node is cancelled as it is met, as chime_cancel() would.
  * A channel that took the last step goes to the back of the list at its
- * next call, so the next walk steps in the next call of its own channel:
+ * next call (and with it its user's walks at the head, if another user's
+ * waits), so the next walk steps in the next call of its own channel:
  * one step per pass, whoever's, as the shard drains each channel once.
  */
 static bool walk_step(struct shard_core *sc, struct chan *ch)
@@ -1795,10 +1807,20 @@ static bool walk_step(struct shard_core *sc, struct chan *ch)
 	if (ch->walk_stepped) {
 		ch->walk_stepped = 0;
 		if (ch->walk_next) {
-			sc->walk_head = ch->walk_next;
-			sc->walk_tail->walk_next = ch;
-			sc->walk_tail = ch;
-			ch->walk_next = NULL;
+			const struct chan *c;
+
+			walk_rotate(sc);
+			/*
+			 * Users in turn: past the walks of ch's user at the head,
+			 * if another user's waits. In turn by connection, one
+			 * user's many walks held another's single one back for all
+			 * of them (a security audit: an arm after a
+			 * chime_cancel_key() up to 462 ms late).
+			 */
+			for (c = sc->walk_head; c != ch && c->user == ch->user; c = c->walk_next)
+				;
+			while (c != ch && sc->walk_head != c)
+				walk_rotate(sc);
 			return false;
 		}
 	}

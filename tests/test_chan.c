@@ -26,8 +26,8 @@
 #define SQ      16u
 #define CQ      8u
 #define T0      UINT64_C(1000000000)
-#define MAXCL   4u
-#define NSIM    4               /* simulated clients (F.cl) */
+#define MAXCL   8u
+#define NSIM    8               /* simulated clients (F.cl) */
 
 struct client_sim {
 	void *rw, *ro;
@@ -301,7 +301,7 @@ Test(chan, one_users_clients_hold_at_most_their_share_of_the_places_ahead_of_a_b
 		arm(n2, 0, T0 + 20 * MS, 0, k);
 	}
 	arm(v, 0, T0 + 20 * MS + RES, 0, 0);
-	for (int i = 0; i < NSIM; i++)
+	for (int i = 0; i < 4; i++)
 		chan_drain(&F.sc, &F.cl[i].ch, 1000);
 	cr_assert_eq(t_advance(&F.sc.wh, T0 + 10 * MS), 12);
 	cr_assert_eq(t_advance(&F.sc.wh, T0 + 20 * MS + RES), 5);
@@ -1057,6 +1057,53 @@ Test(chan, cancel_key_is_applied_in_steps_and_in_turn)
 	cr_assert_null(F.sc.walk_head);
 	cr_assert_eq(F.st.sh.cancel_keys, 4);
 	cr_assert_eq(F.st.sh.cancels, 220);
+}
+
+/*
+ * Walks take turns by user: after a step of one user's walk, the next is
+ * another user's if one waits (chan.c, walk_step()). Seven connections of
+ * uid 0 walking long chains and one of uid 8 a shorter one: in turn by
+ * connection uid 8 stepped once in eight passes (a security audit's user
+ * held another's arm after chime_cancel_key() up to 462 ms so).
+ */
+Test(chan, walks_take_turns_by_user_not_by_connection)
+{
+	enum { MANY = NSIM - 1 };       /* uid 0's connections; the last one is uid 8's */
+	struct client_sim *v = &F.cl[MANY];
+	unsigned passes = 0, left = 0;
+
+	for (uint16_t k = 1; k < MANY; k++)
+		client_init_uid(&F.cl[k], k, 0);
+	client_init_uid(v, MANY, 8);
+	for (int k = 0; k < NSIM; k++)
+		submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);   /* keyed: no indexing first */
+	step();
+	for (int i = 0; i < 200; i++) {
+		for (int k = 0; k < NSIM; k++)
+			if (k < MANY || i < 64)
+				arm(&F.cl[k], 9, T0 + 3600 * MS, 0, 1);
+		if (i % 4 == 3)
+			step();
+	}
+	step();
+	cr_assert_eq(armed_of(MANY, 9), 64);
+	F.sc.walk_budget = 8;
+	for (int k = 0; k < MANY; k++)
+		submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	step();
+	submit(v, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	/* uid 8's 64 in steps of 8: a step in three passes or better; in turn by connection one in eight */
+	while (armed_of(MANY, 9) > 0) {
+		step();
+		cr_assert_lt(++passes, 8 * 4, "uid 8's walk waited for uid 0's %u connections in turn", MANY);
+	}
+	for (uint16_t k = 0; k < MANY; k++)
+		left += armed_of(k, 9);
+	cr_assert_gt(left, 0, "uid 0's walks are still going");
+	while (F.sc.walk_head)
+		step();
+	for (uint16_t k = 0; k < MANY; k++)
+		cr_assert_eq(armed_of(k, 9), 0);
 }
 
 /* A client that goes while its CANCEL_KEY is being walked: the walk is dropped, the next one begins. */

@@ -1225,7 +1225,7 @@ static const char *sig_sender(uint32_t pid, char buf[32])
 static bool restart_refused(struct broker *b)
 {
 	char err[512], msg[400], from[32];
-	int r = policy_check(&b->o.policy, err, sizeof(err));
+	int r = policy_check(&b->o.policy, err, sizeof(err), NULL);
 	gid_t gid;
 
 	/* --socket-group and --stats-group too: a group deleted since is the new broker's usage error */
@@ -1892,7 +1892,7 @@ static uint64_t idle_beat_ns(void)
  */
 static void limits_say(const struct broker_opts *o)
 {
-	char per_uid[32], client[48], uid[96];
+	char per_uid[32], client[48], uid[160];
 	uint64_t half = (uint64_t)o->capacity * o->nr_shards / 2;
 
 	if (o->max_clients_per_uid)
@@ -1906,6 +1906,14 @@ static void limits_say(const struct broker_opts *o)
 		snprintf(client, sizeof(client), "any number of timers per client");
 	if (!o->max_timers_per_uid)
 		snprintf(uid, sizeof(uid), "any number per uid");
+	else if (o->quota_div == 4 && o->slab_fits)
+		snprintf(uid, sizeof(uid), "%llu per uid (a quarter of the %llu its filesystem holds: users have "
+			 "subordinate uids)", (unsigned long long)o->max_timers_per_uid,
+			 (unsigned long long)o->slab_fits);
+	else if (o->quota_div == 4)
+		snprintf(uid, sizeof(uid), "%llu per uid (a quarter of %u shard%s x %u: users have subordinate "
+			 "uids)", (unsigned long long)o->max_timers_per_uid, o->nr_shards,
+			 o->nr_shards == 1 ? "" : "s", o->capacity);
 	else if (o->slab_fits)
 		snprintf(uid, sizeof(uid), "%llu per uid (half of the %llu its filesystem holds)",
 			 (unsigned long long)o->max_timers_per_uid, (unsigned long long)o->slab_fits);

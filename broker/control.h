@@ -23,8 +23,10 @@ struct broker_opts {
 	uint32_t cq_size;
 	uint64_t max_timers_per_client;  /* 0: no limit; enforced per shard, rounded up */
 	uint64_t max_timers_per_uid;     /* one user's clients together; the same */
-	uint64_t slab_fits;              /* the default quota was half of this many nodes, all the
+	uint64_t slab_fits;              /* the default quota was a share of this many nodes, all the
 					  * socket's filesystem holds (less than the slab); else 0 */
+	uint32_t quota_div;              /* the default quota was the slab (or slab_fits) / this:
+					  * 2, or 4 where users have subordinate uids; 0: given */
 	uint64_t resolution_ns;
 	int64_t  spin_us;           /* -1: busy-poll */
 	uint32_t spin_share;        /* percent of a shard's time it may spin with no work */

@@ -112,7 +112,8 @@ static const char usage_text_more[] =
 "                          same way; beyond it chime_arm() fails with EDQUOT\n"
 "                          (default: half of --capacity times --shards, or of\n"
 "                          what the socket's filesystem holds if less, so that\n"
-"                          one user cannot take every timer; 0: no limit)\n"
+"                          one user cannot take every timer; a quarter where\n"
+"                          users have subordinate uids; 0: no limit)\n"
 "      --sq-size N         submission ring slots per client and shard\n"
 "                          (power of two, 2..1048576, default 1024)\n"
 "      --cq-size N         completion ring slots per client and shard\n"
@@ -646,6 +647,7 @@ int main(int argc, char **argv)
 	};
 	char err[512];
 	bool foreground = false, have_socket = false, restarted, uid_quota_derived;
+	size_t subuid_ranges = 0;
 	sigset_t old_mask;
 	struct broker *b = NULL;
 	int c, r, verdict_fd = -1;
@@ -786,7 +788,7 @@ int main(int argc, char **argv)
 		 * want of memory or descriptors, or a disk's error: a start-up
 		 * failure (1), as chimed(8) says.
 		 */
-		r = policy_check(&o.policy, err, sizeof(err));
+		r = policy_check(&o.policy, err, sizeof(err), &subuid_ranges);
 		if (r == -ENOMEM || r == -EMFILE || r == -ENFILE || r == -EIO) {
 			log_msg(LOG_ERR, "%s", err);
 			return EXIT_FAILURE;
@@ -802,8 +804,14 @@ int main(int argc, char **argv)
 		uint64_t slab = (uint64_t)o.capacity * o.nr_shards, fits = slab_fits(&o);
 
 		if (fits < slab)
-			o.slab_fits = fits;
-		o.max_timers_per_uid = (fits < slab ? fits : slab) / 2 ? (fits < slab ? fits : slab) / 2 : 1;
+			o.slab_fits = slab = fits;
+		/*
+		 * A quarter where users have subordinate uids: the owner's uid and
+		 * its range are two users (policy_account_uid()), and with half
+		 * each, one person held every node (a security audit).
+		 */
+		o.quota_div = subuid_ranges ? 4 : 2;
+		o.max_timers_per_uid = slab / o.quota_div ? slab / o.quota_div : 1;
 	}
 
 	/*
@@ -871,8 +879,9 @@ int main(int argc, char **argv)
 				"arming any timer (%s %llu per shard, %u shard%s), so %llu of them use%s up its "
 				"quota; %s",
 				(unsigned long long)o.max_timers_per_uid,
-				!uid_quota_derived ? "" : o.slab_fits ? " (the default: half of what the socket's "
-				"filesystem holds)" : " (the default: half of --capacity times --shards)",
+				!uid_quota_derived ? "" : o.quota_div == 4 ? " (the default where users have "
+				"subordinate uids: a quarter of the slab)" : o.slab_fits ? " (the default: half of "
+				"what the socket's filesystem holds)" : " (the default: half of --capacity times --shards)",
 				o.max_clients_per_uid, (unsigned long long)(held * o.nr_shards),
 				held < o.sq_size ? "their share of --max-timers-per-client," : "--sq-size",
 				(unsigned long long)held, o.nr_shards, o.nr_shards == 1 ? "" : "s",

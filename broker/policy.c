@@ -544,11 +544,13 @@ void policy_free(struct policy *p)
 	*p = (struct policy){ 0 };
 }
 
-int policy_check(const struct policy_src *src, char *err, size_t errlen)
+int policy_check(const struct policy_src *src, char *err, size_t errlen, size_t *subuid_ranges)
 {
 	struct policy check = { 0 };
 	int r = policy_load(&check, src, err, errlen);
 
+	if (subuid_ranges)
+		*subuid_ranges = r == 0 ? check.nr_subuids : 0;
 	policy_free(&check);
 	return r;
 }

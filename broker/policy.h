@@ -81,9 +81,10 @@ void policy_free(struct policy *p);
 /*
  * Would policy_load() succeed now? The same result and message, nothing
  * kept: at the start, and before a restart, whose new broker reads it all
- * again and would exit on what it refuses.
+ * again and would exit on what it refuses. *subuid_ranges (if not NULL):
+ * how many subordinate-uid ranges it would count.
  */
-int policy_check(const struct policy_src *src, char *err, size_t errlen);
+int policy_check(const struct policy_src *src, char *err, size_t errlen, size_t *subuid_ranges);
 
 /* Is a peer with these credentials admitted? (root and `self` always are) */
 bool policy_admits(const struct policy *p, uid_t self, uid_t uid, gid_t gid,

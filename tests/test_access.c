@@ -1064,6 +1064,47 @@ Test(access, a_users_subordinate_uids_count_as_one_user)
 }
 
 /*
+ * Where users have subordinate uids, the default --max-timers-per-uid is a
+ * quarter of the slab, not half: the owner's uid and its range are two
+ * users, and with half each one person held every node, every other user's
+ * arm ENOMEM (a security audit). One shard of 4096: the owner and one of
+ * its subordinate uids arm until refused, and a third user still arms.
+ */
+Test(access, an_owner_and_its_subordinate_uids_hold_half_the_slab_at_most_by_default)
+{
+	char file[300], extra[400];
+	struct passwd *pw;
+	unsigned n;
+	chime_t *c;
+	pid_t a, b;
+	int ra, rb, err;
+
+	need_users();
+	pw = getpwnam("chimet1");
+	cr_assert_not_null(pw);
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 4096 --sq-size 16 --subuid-file %s", file);
+	start(extra);
+	ra = hold_as_uid(pw->pw_uid, true, &a);
+	rb = hold_as_uid(200001, true, &b);
+	cr_assert(ra >= 1000 && rb >= 1000, "opens refused: %d, %d", ra, rb);
+	cr_assert_leq(ra - 1000 + rb - 1000, 4096 / 2, "the owner armed %d and its subordinate uid %d: more than "
+		      "half the slab", ra - 1000, rb - 1000);
+	cr_assert_geq(ra - 1000, 900, "the owner's own quarter");
+	c = t_open(tb.sock);
+	cr_assert_not_null(c);
+	n = arm_until_refused(c, &err);
+	cr_assert_eq(err, -EDQUOT, "another user: %s after %u, not its quota", strerror(-err), n);
+	cr_assert_geq(n, 900, "another user armed %u", n);
+	chime_close(c);
+	unhold(a);
+	unhold(b);
+	t_chimed_stop(&tb, SIGTERM);
+	unlink(file);
+}
+
+/*
  * As a user whose quota is 300: a named session keeps 100 timers after its
  * process closes it, and two clients then arm 200 between them, no more.
  * When one of them goes, the other arms again.

@@ -1212,8 +1212,9 @@ static const char *start_log(const char *extra)
  */
 Test(daemon, the_start_logs_the_limits_clients_meet, .timeout = 30)
 {
+	/* no subordinate uids (the host's /etc/subuid may have some): the default is half the slab */
 	const char *log = start_log("--shards 2 --capacity 4096 --max-clients 100 --max-clients-per-uid 7 "
-				    "--max-timers-per-client 500 --session-linger 60");
+				    "--max-timers-per-client 500 --session-linger 60 --subuid-file ''");
 	const char *want = "chimed: limits: 100 clients (7 per uid); 500 timers per client, 4096 per uid "
 			   "(half of 2 shards x 4096); a detached session is kept 60 s\n";
 
@@ -1319,10 +1320,10 @@ Test(daemon, a_uid_quota_that_idle_connections_use_up_is_warned_about, .timeout 
 		  "arming any timer (their share of --max-timers-per-client, 50 per shard, 2 shards), so 50 of them" },
 		{ "--shards 2 --max-timers-per-client 100 --max-timers-per-uid 10000", NULL },
 		/* a quota nobody gave: said to be the default, and what to change */
-		{ "--shards 1 --capacity 4096", "--max-timers-per-uid 2048 (the default: half of --capacity times "
-		  "--shards) is less than" },
-		{ "--shards 1 --capacity 4096", "use up its quota; raise --capacity, set --max-timers-per-uid, or lower "
-		  "--max-clients-per-uid" },
+		{ "--shards 1 --capacity 4096 --subuid-file ''", "--max-timers-per-uid 2048 (the default: half of "
+		  "--capacity times --shards) is less than" },
+		{ "--shards 1 --capacity 4096 --subuid-file ''", "use up its quota; raise --capacity, set "
+		  "--max-timers-per-uid, or lower --max-clients-per-uid" },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -464,16 +464,34 @@ static void wall_move(struct shard_core *sc, uint32_t idx, int64_t from, int64_t
 		n->deadline_ns = d;
 }
 
+/*
+ * No list from now on: walks scan the used slab. A walk under way over the
+ * list starts again over the slab (a node it moved already moves no more,
+ * wall_rebase()): going on, it read list positions as node indices and
+ * left the nodes it missed on the old offset, which the next walk then
+ * overwrote (a review: 200 of 1024 timers 100 ms late).
+ */
+static void wall_to_scan(struct shard_core *sc)
+{
+	sc->wall_scan = true;
+	if (sc->wall_walking) {
+		sc->wall_walk_i = 0;
+		sc->wall_walk_end = sc->wh.w->high_water;
+		sc->wall_walk_count = 0;
+		sc->wall_walk_nodes0 = sc->wall_nodes;  /* the arm in hand counted already */
+	}
+}
+
 void chan_wall_note(struct shard_core *sc, uint32_t idx)
 {
 	if (sc->wall_scan)
 		return;
 	if (idx >= sc->capacity) {
-		sc->wall_scan = true;   /* cannot happen: a node of the slab */
+		wall_to_scan(sc);       /* cannot happen: a node of the slab */
 		return;
 	}
 	if (!sc->wall_listed && !(sc->wall_listed = calloc((sc->capacity + 63) / 64, sizeof(uint64_t)))) {
-		sc->wall_scan = true;
+		wall_to_scan(sc);
 		return;
 	}
 	if (sc->wall_listed[idx / 64] >> (idx % 64) & 1)
@@ -483,7 +501,7 @@ void chan_wall_note(struct shard_core *sc, uint32_t idx)
 		uint32_t *list = realloc(sc->wall_list, (size_t)cap * sizeof(*list));
 
 		if (!list) {
-			sc->wall_scan = true;
+			wall_to_scan(sc);
 			return;
 		}
 		sc->wall_list = list;

@@ -2215,6 +2215,78 @@ Test(chan, a_walk_in_steps_moves_each_node_once_and_arms_meanwhile_take_the_new_
 	cr_assert_eq(n->deadline_ns, T0 + 300 * MS + (uint64_t)by);
 }
 
+/*
+ * A wall-clock arm during a walk, when the list cannot grow (realloc()
+ * fails): the shard scans the slab from then on, and the walk under way
+ * with it. Going on over list positions as if they were nodes, it left
+ * the nodes it missed on the old offset, and the next walk overwrote that
+ * offset: 200 of 1024 timers 100 ms off their wall deadline (a review).
+ * realloc() is replaced for this binary, not under the sanitizers (theirs).
+ */
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+static size_t fail_realloc_of;  /* the size of the next realloc() to refuse, once */
+extern void *__libc_realloc(void *p, size_t n);
+
+void *realloc(void *p, size_t n);
+void *realloc(void *p, size_t n)
+{
+	if (fail_realloc_of && n == fail_realloc_of) {
+		fail_realloc_of = 0;
+		return NULL;
+	}
+	return __libc_realloc(p, n);
+}
+
+Test(chan, a_list_that_cannot_grow_during_a_walk_leaves_no_node_behind)
+{
+	enum { N = 1024 };      /* the list's first capacity: the next wall-clock arm grows it */
+	struct client_sim *c = &F.cl[0];
+	struct chime_shard_seg file = { 0 };
+	int64_t off = wall_setup(10 * 1000 * MS), by = 50 * (int64_t)MS;
+	static uint64_t ids[N];
+	unsigned behind = 0, off_by = 0;
+
+	F.sc.wall_file = &file;
+	/* monotonic timers first: the list's positions are not the nodes' indices */
+	for (unsigned i = 0; i < 200; i++) {
+		arm(c, 2, T0 + 100 * 1000 * MS, 0, i);
+		if (i % 8 == 7)
+			step_at(T0);
+	}
+	for (unsigned i = 0; i < N; i++) {
+		ids[i] = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, (uint64_t)off + T0 + 100 * 1000 * MS + i, 0, i);
+		if (i % 8 == 7)
+			step_at(T0);
+	}
+	cr_assert_eq(F.sc.wall_len, N);
+	cr_assert_eq(F.sc.wall_cap, N);
+	chan_wall_begin(&F.sc, off + by);
+	cr_assert(chan_wall_step(&F.sc, 10));
+	fail_realloc_of = (size_t)2 * N * sizeof(uint32_t);
+	submit(c, CHIME_OP_ARM_REALTIME, 0, 1, (uint64_t)off + T0 + 200 * 1000 * MS, 0, N);
+	step_at(T0);
+	cr_assert(F.sc.wall_scan, "the list could not grow: the shard scans the slab from now on");
+	while (chan_wall_step(&F.sc, 10))
+		;
+	cr_assert_eq(F.sc.wall_cur, 1);
+	for (unsigned i = 0; i < N; i++)
+		behind += !(wheel_node(&F.sc.wh, chime_id_index(ids[i]))->gen & CHIME_NODE_WALL_B);
+	/* the next step of the wall clock takes the offset any left behind are still on */
+	chan_wall_begin(&F.sc, off + 2 * by);
+	while (chan_wall_step(&F.sc, 10))
+		;
+	for (unsigned i = 0; i < N; i++) {
+		const struct chime_node *n = wheel_node(&F.sc.wh, chime_id_index(ids[i]));
+
+		off_by += n->deadline_ns + (uint64_t)(off + 2 * by) != (uint64_t)off + T0 + 100 * 1000 * MS + i;
+	}
+	cr_assert_eq(behind + off_by, 0, "%u of %u wall-clock timers left on the old offset by the walk, %u off "
+		     "their wall deadline after the next one (wall_nodes %llu)", behind, N, off_by,
+		     (unsigned long long)F.sc.wall_nodes);
+	cr_assert_eq(F.sc.wall_nodes, N + 1);
+}
+#endif
+
 Test(chan, a_wall_clock_timer_due_early_by_the_wall_clock_goes_back_until_it_is_due)
 {
 	struct client_sim *c = &F.cl[0];

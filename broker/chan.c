@@ -1825,20 +1825,25 @@ static bool walk_step(struct shard_core *sc, struct chan *ch)
 	if (ch->walk_stepped) {
 		ch->walk_stepped = 0;
 		if (ch->walk_next) {
-			const struct chan *c;
+			struct chan *c, *prev = NULL;
 
 			walk_rotate(sc);
 			/*
-			 * Users in turn: past the walks of ch's user at the head,
-			 * if another user's waits. In turn by connection, one
-			 * user's many walks held another's single one back for all
-			 * of them (a security audit: an arm after a
-			 * chime_cancel_key() up to 462 ms late).
+			 * Users in turn: the first walk of another user, if one
+			 * waits, goes to the head, the others keeping their order
+			 * (so ch's user's next walk is next for it). In turn by
+			 * connection, one user's many walks held another's single
+			 * one back for all of them (a security audit: an arm after
+			 * a chime_cancel_key() up to 462 ms late); rotated past,
+			 * a user's short walk waited for its own long one (a review).
 			 */
-			for (c = sc->walk_head; c != ch && c->user == ch->user; c = c->walk_next)
+			for (c = sc->walk_head; c != ch && c->user == ch->user; prev = c, c = c->walk_next)
 				;
-			while (c != ch && sc->walk_head != c)
-				walk_rotate(sc);
+			if (c != ch && prev) {  /* not the tail: ch is */
+				prev->walk_next = c->walk_next;
+				c->walk_next = sc->walk_head;
+				sc->walk_head = c;
+			}
 			return false;
 		}
 	}

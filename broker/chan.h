@@ -377,6 +377,7 @@ struct chan {
 	uint64_t head_watch;
 	uint64_t sq_head_pub;           /* sq_head last published */
 	uint32_t sweep_pos;             /* reclaim, park: next slab index to look at */
+	uint64_t sweep_turn;            /* when its sweep last had a turn (shard.c, reclaim_pick()) */
 	uint32_t *park_order;           /* park: by cq position, the nodes whose events come back */
 	uint64_t wakes;                 /* client wake-ups done (socket messages) */
 	/* A CANCEL_KEY being applied in steps: its record, at walk_pos, is consumed last. */

@@ -336,16 +336,20 @@ log_write(int level, int err, const char *hint, const char *fmt, va_list ap)
 	n = vsnprintf(buf + len, sizeof(buf) - len, fmt, ap);
 	if (n > 0)
 		len += (size_t)n;
-	/* truncated: still one whole line, and the reason after it (a long path ate it) */
-	if (len > sizeof(buf) - 2 - (err ? sizeof(buf) / 4 : 0))
-		len = sizeof(buf) - 2 - (err ? sizeof(buf) / 4 : 0);
+	if (len > sizeof(buf) - 2)
+		len = sizeof(buf) - 2;      /* truncated: still one whole line */
 	if (err) {
-		n = snprintf(buf + len, sizeof(buf) - len, ": %s%s%s%s", strerror(err),
-			     hint ? " (" : "", hint ? hint : "", hint ? ")" : "");
-		if (n > 0)
-			len += (size_t)n;
-		if (len > sizeof(buf) - 2)
-			len = sizeof(buf) - 2;
+		char why[sizeof(buf) / 4];
+		size_t wl;
+
+		n = snprintf(why, sizeof(why), ": %s%s%s%s", strerror(err), hint ? " (" : "", hint ? hint : "",
+			     hint ? ")" : "");
+		wl = n > 0 ? ((size_t)n < sizeof(why) ? (size_t)n : sizeof(why) - 1) : 0;
+		/* the reason kept whole, the message cut before it if both do not fit (a long path ate it) */
+		if (len + wl > sizeof(buf) - 2)
+			len = sizeof(buf) - 2 - wl;
+		memcpy(buf + len, why, wl);
+		len += wl;
 	}
 	if (to_syslog) {
 		sl_line(level, buf, len);

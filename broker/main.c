@@ -38,6 +38,7 @@
 #include "policy.h"
 #include "ring.h"
 #include "segment.h"
+#include "shard.h"
 
 #define EXIT_USAGE 2
 
@@ -310,18 +311,20 @@ static int absolute_path(const char *path, char *out, size_t len)
 }
 
 /*
- * Timer nodes the socket's filesystem can hold, a tenth of it kept for its
- * other writers (chime_fs_room()), with what the shard files an earlier
- * broker left hold already; UINT64_MAX if it gives no size. The default
- * per-user quota is half of this where it is less than the slab: half of
- * --capacity x --shards let one user take every node a smaller filesystem
- * (the service's /run on a small host) could give the others (a security
- * audit: 3.1M timers filled a 200 MiB /run).
+ * Timer nodes the socket's filesystem can hold: its room (a tenth of it
+ * kept for its other writers, chime_fs_room()) with what the shard files
+ * an earlier broker left hold already, less the shard files' fixed parts
+ * (header, key index: --capacity bytes each), but at least the first chunk
+ * each start takes whatever the room; UINT64_MAX if it gives no size. The
+ * default per-user quota is a share of this where it is less than the
+ * slab: half of --capacity x --shards let one user take every node a
+ * smaller filesystem (the service's /run on a small host) could give the
+ * others (a security audit: 3.1M timers filled a 200 MiB /run).
  */
 static uint64_t slab_fits(const struct broker_opts *o)
 {
 	char dir[sizeof(o->socket_path)], path[sizeof(o->socket_path) + 16];
-	uint64_t room = UINT64_MAX, held = 0;
+	uint64_t room = UINT64_MAX, held = 0, fixed, start = shard_start_bytes(o->capacity, &fixed), nodes, least;
 	bool found = false;
 	struct stat st;
 	char *slash;
@@ -334,13 +337,17 @@ static uint64_t slab_fits(const struct broker_opts *o)
 		if (found)
 			room = chime_fs_room(-1, dir);
 	}
-	if (room == UINT64_MAX)
+	if (room == UINT64_MAX || !start)
 		return UINT64_MAX;
 	for (uint32_t k = 0; k < o->nr_shards; k++)
 		if (chime_shard_path(path, sizeof(path), o->socket_path, k) && lstat(path, &st) == 0 &&
 		    S_ISREG(st.st_mode))
 			held += (uint64_t)st.st_blocks * 512;
-	return (room + held) / sizeof(struct chime_node);
+	room += held;
+	nodes = room > fixed * o->nr_shards ? (room - fixed * o->nr_shards) / sizeof(struct chime_node) : 0;
+	/* a start on a filesystem at its keep line still has this much (shard_init()) */
+	least = (start - fixed) / sizeof(struct chime_node) * o->nr_shards;
+	return nodes > least ? nodes : least;
 }
 
 /* Absolute, so that the daemon can chdir("/") and messages name the real file. */

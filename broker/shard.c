@@ -164,6 +164,18 @@ bool shard_slab_short(const struct shard *s)
 	return at_load(&s->core.wh.reserved) < s->cfg.capacity;
 }
 
+uint64_t shard_start_bytes(uint32_t capacity, uint64_t *fixed)
+{
+	struct chime_shard_geom g = { .capacity = capacity, .key_buckets = keyidx_buckets_for(capacity),
+				      .wheel_size = wheel_region_size(capacity) };
+
+	*fixed = 0;
+	if (chime_shard_layout(&g) < 0)
+		return 0;
+	*fixed = g.wheel_off + sizeof(struct chime_wheel);
+	return *fixed + RESERVE_CHUNK < g.size ? *fixed + RESERVE_CHUNK : g.size;
+}
+
 /* The first byte of a new chunk's population: the page holding the reserve's end. */
 static uint64_t reserve_populate_from(const struct shard *s)
 {
@@ -187,6 +199,24 @@ static int reserve_map(struct shard *s, uint64_t bytes)
 }
 
 /*
+ * What the slab may still take from its filesystem past byte `from` of its
+ * file: the room chime_fs_room() leaves, and the blocks the file holds
+ * there already (an earlier broker's reserve ahead, taken over by a
+ * restart), which take none (a review: restarted at the keep line, new
+ * arms got ENOMEM with 5.6 MiB of the file's own blocks unused).
+ */
+static uint64_t slab_room(const struct shard *s, uint64_t from)
+{
+	uint64_t room = chime_fs_room(s->seg_fd, NULL), held;
+	struct stat st;
+
+	if (room == UINT64_MAX || fstat(s->seg_fd, &st) < 0)
+		return room;
+	held = (uint64_t)st.st_blocks * 512;
+	return held > from ? room + (held - from) : room;
+}
+
+/*
  * Reserve the next chunk of the slab now, or as much of it as the
  * filesystem has room for, down to RESERVE_MIN (a nearly full filesystem
  * still gives its last megabytes to timers). When it refuses even that,
@@ -201,7 +231,7 @@ static bool reserve_chunk(struct shard *s, uint64_t now)
 
 	if (s->core.wh.reserved == s->cfg.capacity || now < s->reserve_retry_ns)
 		return false;
-	room = chime_fs_room(s->seg_fd, NULL);
+	room = slab_room(s, s->reserved_bytes);
 	do {
 		want = s->reserved_bytes + chunk < s->seg.size ? s->reserved_bytes + chunk : s->seg.size;
 		if (want - s->reserved_bytes > room) {
@@ -245,7 +275,7 @@ static bool reserve_async(struct shard *s)
 			       .plen = want - from, .ud = UD_RESERVE };
 
 	/* Short of room (chime_fs_room()): in line, in halves that fit. */
-	if (s->reserve_async_off || j.len > chime_fs_room(s->seg_fd, NULL) || !aside_post(s->aside, &j))
+	if (s->reserve_async_off || j.len > slab_room(s, s->reserved_bytes) || !aside_post(s->aside, &j))
 		return false;
 	s->reserve_pending = want;
 	return true;
@@ -405,7 +435,7 @@ static int restore(struct shard *s, uint64_t now)
 	if (r < 0)
 		return log_errno(LOG_ERR, r, "cannot reserve %llu KiB for shard file '%s'",
 				 (unsigned long long)(must >> 10), s->path);
-	if (want > must && (want - must > chime_fs_room(s->seg_fd, NULL) ||
+	if (want > must && (want - must > slab_room(s, must) ||
 			    chime_seg_reserve(s->seg_fd, must, want - must) < 0)) {
 		log_msg(LOG_WARNING, "shard file '%s': no room on its filesystem beyond its %llu KiB: new "
 			"timers get ENOMEM until it has", s->path, (unsigned long long)(must >> 10));
@@ -887,22 +917,30 @@ static bool run_cmds(struct shard *s, bool *work)
  */
 static uint32_t reclaim_pick(struct shard *s)
 {
-	uint32_t best = 0, start = s->reclaim_rr % s->nr_dying;
-	uint64_t oldest = UINT64_MAX;
+	const struct chan_user *who = NULL;
+	uint64_t oldest = UINT64_MAX, turn = ++s->reclaim_turns;
+	uint32_t best = 0;
+	struct chan *ch;
 
-	for (uint32_t k = 0; k < s->nr_dying; k++) {
-		uint32_t i = start + k < s->nr_dying ? start + k : start + k - s->nr_dying;
+	for (uint32_t i = 0; i < s->nr_dying; i++) {
 		const struct chan_user *u = s->dying[i].ch->user;
-		uint64_t turn = u ? u->reclaim_turn : 0;
 
-		if (turn < oldest) {
-			oldest = turn;
-			best = i;
+		if (u && u->reclaim_turn < oldest) {
+			oldest = u->reclaim_turn;
+			who = u;
 		}
 	}
-	s->reclaim_rr = best + 1;
-	if (s->dying[best].ch->user)
-		s->dying[best].ch->user->reclaim_turn = ++s->reclaim_turns;
+	/* of that user's, the channel served longest ago (a cursor shared by all users kept one behind another's) */
+	oldest = UINT64_MAX;
+	for (uint32_t i = 0; i < s->nr_dying; i++)
+		if (s->dying[i].ch->user == who && s->dying[i].ch->sweep_turn < oldest) {
+			oldest = s->dying[i].ch->sweep_turn;
+			best = i;
+		}
+	ch = s->dying[best].ch;
+	ch->sweep_turn = turn;
+	if (ch->user)
+		ch->user->reclaim_turn = turn;
 	return best;
 }
 

@@ -117,8 +117,7 @@ struct shard {
 	uint32_t nr_active;
 	struct shard_cmd *dying;        /* detaches and parks in progress */
 	uint32_t nr_dying;
-	uint32_t reclaim_rr;            /* where the search for the next dying channel to sweep starts */
-	uint64_t reclaim_turns;         /* sweep turns given (chan_user.reclaim_turn) */
+	uint64_t reclaim_turns;         /* sweep turns given (chan_user.reclaim_turn, chan.sweep_turn) */
 	struct io_uring ring;
 	uint64_t bell_buf;
 	int bell_armed;
@@ -165,6 +164,13 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
  * filesystem's doing, not --capacity's.
  */
 bool shard_slab_short(const struct shard *s);
+
+/*
+ * A shard file of `capacity` nodes: the bytes before its slab (*fixed), and
+ * what a start takes of it whatever the room (that and the slab's first
+ * chunk, shard_init()); 0 if the layout fails.
+ */
+uint64_t shard_start_bytes(uint32_t capacity, uint64_t *fixed);
 
 /* Wake the shard for a pass (a new wall-clock offset to follow: wall.h). Control thread. */
 void shard_poke(struct shard *s);

@@ -265,6 +265,14 @@ int chime_seg_reserve(int fd, uint64_t off, uint64_t len)
 	return -r;
 }
 
+/* a * b, or just under UINT64_MAX if that does not fit (UINT64_MAX says "no size") */
+static inline uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+
+	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX - 1 : r;
+}
+
 uint64_t chime_fs_room(int fd, const char *path)
 {
 	struct statvfs v;
@@ -272,8 +280,9 @@ uint64_t chime_fs_room(int fd, const char *path)
 
 	if ((fd >= 0 ? fstatvfs(fd, &v) : statvfs(path, &v)) < 0 || v.f_blocks == 0)
 		return UINT64_MAX;
-	avail = (uint64_t)v.f_bavail * v.f_frsize;
-	keep = (uint64_t)v.f_blocks * v.f_frsize / CHIME_FS_KEEP_DIV;
+	/* block counts times the block size can pass 2^64 (a review, with a faked statvfs) */
+	avail = mul_sat(v.f_bavail, v.f_frsize);
+	keep = mul_sat(v.f_blocks / CHIME_FS_KEEP_DIV, v.f_frsize);
 	return avail > keep ? avail - keep : 0;
 }
 

@@ -1106,6 +1106,47 @@ Test(chan, walks_take_turns_by_user_not_by_connection)
 		cr_assert_eq(armed_of(k, 9), 0);
 }
 
+/*
+ * And a user's walks keep their order among themselves: moved to the back
+ * past the user's own, its second connection's one-step walk waited for
+ * its first connection's whole walk (a review: 37 passes, 2 before).
+ */
+Test(chan, a_users_second_walk_is_not_held_back_by_its_first_until_it_ends)
+{
+	struct client_sim *a0 = &F.cl[0], *a1 = &F.cl[1], *b = &F.cl[2];
+	unsigned passes = 0;
+
+	client_init_uid(a1, 1, 0);
+	client_init_uid(b, 2, 8);
+	for (int k = 0; k < 3; k++)
+		submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);   /* keyed: no indexing first */
+	step();
+	for (int i = 0; i < 400; i++) {
+		if (i < 100)
+			arm(a0, 9, T0 + 3600 * MS, 0, 1);
+		arm(b, 9, T0 + 3600 * MS, 0, 1);
+		if (i < 8)
+			arm(a1, 9, T0 + 3600 * MS, 0, 1);
+		if (i % 4 == 3)
+			step();
+	}
+	step();
+	cr_assert_eq(armed_of(1, 9), 8);
+	F.sc.walk_budget = 8;
+	submit(a0, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	submit(a1, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	submit(b, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	while (armed_of(1, 9) > 0 && passes < 400) {
+		step();
+		passes++;
+	}
+	cr_expect_lt(passes, 10, "uid 0's second connection's one-step walk waited %u passes (%u of its first "
+		     "connection's walk left)", passes, armed_of(0, 9));
+	while (F.sc.walk_head)
+		step();
+	cr_assert_eq(armed_of(0, 9) + armed_of(1, 9) + armed_of(2, 9), 0);
+}
+
 /* A client that goes while its CANCEL_KEY is being walked: the walk is dropped, the next one begins. */
 Test(chan, a_detach_drops_its_walk_and_the_next_one_goes_on)
 {

@@ -402,6 +402,134 @@ Test(limits, a_full_slab_leaves_a_tenth_of_its_filesystem_to_other_writers)
 	t_unmount_tmpfs(dir);
 }
 
+/* Fill dir/name so that the filesystem keeps `free_bytes` available to us. */
+static void fill_down_to(const char *dir, const char *name, uint64_t free_bytes)
+{
+	struct statvfs v;
+	uint64_t avail;
+
+	cr_assert_eq(statvfs(dir, &v), 0);
+	avail = (uint64_t)v.f_bavail * v.f_frsize;
+	cr_assert_gt(avail, free_bytes, "only %llu bytes free", (unsigned long long)avail);
+	cr_assert_geq(t_fill(dir, name, avail - free_bytes), 0, "fill: %s", strerror(errno));
+}
+
+/*
+ * Arms beyond 40000 in a session, on a 32 MiB tmpfs another writer then
+ * fills to 128 KiB over its keep line; with `restart`, across a chimectl
+ * restart in between. The old broker's reserve ahead is blocks its file
+ * holds: the new one refused them as new room, and its arms got ENOMEM
+ * with 5.6 MiB of them unused (a review: 1024 more against 91072).
+ */
+static unsigned arms_after_fill(bool restart)
+{
+	char dir[64], sock[128];
+	struct statvfs v;
+	chime_t *c;
+	unsigned n;
+	uint64_t t0;
+	int err, r, pid;
+
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "32m"), 0);
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576 --max-timers-per-uid 0"), 0);
+	pid = tb.pid;
+	cr_assert_eq(chime_open(&c, &(struct chime_opts){ .socket_path = sock, .session = "s" }), 0);
+	cr_assert_eq(arm_until_refused(c, 40000, &err, NULL), 40000, "%s", strerror(-err));
+	usleep(500 * 1000);     /* the reserve ahead settles (aside thread) */
+	cr_assert_eq(statvfs(dir, &v), 0);
+	fill_down_to(dir, "other", (uint64_t)v.f_blocks * v.f_frsize / 10 + (128 << 10));
+	if (restart) {
+		chime_close(c);
+		cr_assert_eq(kill(pid, SIGUSR2), 0);    /* chimectl restart */
+		t0 = now_ns();
+		do {
+			usleep(20000);
+			r = chime_open(&c, &(struct chime_opts){ .socket_path = sock, .session = "s" });
+		} while (r < 0 && kill(pid, 0) == 0 && now_ns() - t0 < 10000 * MS);
+		cr_assert_eq(r, 0, "no broker after the restart: %s", strerror(-r));
+		cr_assert_eq(counter_settled(offsetof(struct chime_shard_stats, armed), 40000), 40000);
+	}
+	n = arm_until_refused(c, 1000000, &err, NULL);
+	chime_close(c);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	t_unmount_tmpfs(dir);
+	return n;
+}
+
+Test(limits, a_restart_at_the_keep_line_uses_the_blocks_its_file_holds, .timeout = 90)
+{
+	unsigned before, after;
+
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	before = arms_after_fill(false);
+	after = arms_after_fill(true);
+	cr_expect_geq(after + 2048, before, "%u arms after a restart, %u without: the file's own blocks refused",
+		      after, before);
+}
+
+/*
+ * The derived quota leaves out what never becomes slab: the key index
+ * alone is --capacity bytes a shard. Counted as slab, one user's quota
+ * (117964) was more than every node 16 MiB holds with --capacity 8388608:
+ * it got ENOMEM, not EDQUOT, and nobody else anything (a review).
+ */
+Test(limits, the_derived_quota_counts_only_what_the_slab_can_take)
+{
+	char dir[64], log[64];
+	chime_t *c;
+	unsigned n;
+	int err;
+
+	start_on_small_tmpfs(dir, log, "-n 1 --capacity 8388608 --subuid-file ''");
+	cr_assert(logged(log, "per uid (half of the "), "the limits line does not say the quota is the filesystem's");
+	c = copen();
+	n = arm_until_refused(c, 1000000, &err, NULL);
+	cr_expect_eq(err, -EDQUOT, "arm %u: %s, not EDQUOT: one user took every node the filesystem holds",
+		     n, strerror(-err));
+	chime_close(c);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	unlink(log);
+	t_unmount_tmpfs(dir);
+}
+
+/*
+ * A start on a filesystem already at its keep line (it starts: its first
+ * chunk is excepted) counts that chunk as the slab's least: it derived a
+ * quota of 1 timer, for good, the room coming back or not (a review).
+ */
+Test(limits, a_start_at_the_keep_line_derives_the_quota_from_its_first_chunk)
+{
+	char dir[64], sock[128], log[64], path[128], cmd[512];
+	struct statvfs v;
+	chime_t *c;
+	unsigned n;
+	int err;
+
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "16m"), 0);
+	cr_assert_eq(statvfs(dir, &v), 0);
+	fill_down_to(dir, "ballast", (uint64_t)v.f_blocks * v.f_frsize / 10 - (64 << 10));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	snprintf(log, sizeof(log), "/tmp/chime-tl-%d.log", (int)getpid());
+	snprintf(cmd, sizeof(cmd), "-n 1 --capacity 16384 --subuid-file '' 2>'%s'", log);
+	cr_assert_eq(t_chimed_start(&tb, sock, cmd), 0, "the broker did not start");
+	/* its first chunk holds the whole slab here: half of it, as on a filesystem with room */
+	cr_assert(logged(log, " 8192 per uid (half of 1 shard x 16384)"), "the quota is not half the slab");
+	snprintf(path, sizeof(path), "%s/ballast", dir);
+	cr_assert_eq(unlink(path), 0);          /* the room comes back */
+	usleep(1500 * 1000);
+	c = copen();
+	n = arm_until_refused(c, 100000, &err, NULL);
+	cr_expect_gt(n, 1000, "a user may hold %u timer(s) (%s)", n, strerror(-err));
+	chime_close(c);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	unlink(log);
+	t_unmount_tmpfs(dir);
+}
+
 /*
  * And a user's default quota is half of what that filesystem holds, not
  * half of --capacity x --shards: on a filesystem smaller than the slab, the

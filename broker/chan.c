@@ -1825,24 +1825,32 @@ static bool walk_step(struct shard_core *sc, struct chan *ch)
 	if (ch->walk_stepped) {
 		ch->walk_stepped = 0;
 		if (ch->walk_next) {
-			struct chan *c, *prev = NULL;
+			struct chan *c, *prev = NULL, *next = NULL, *next_prev = NULL;
 
 			walk_rotate(sc);
 			/*
-			 * Users in turn: the first walk of another user, if one
-			 * waits, goes to the head, the others keeping their order
-			 * (so ch's user's next walk is next for it). In turn by
-			 * connection, one user's many walks held another's single
-			 * one back for all of them (a security audit: an arm after
-			 * a chime_cancel_key() up to 462 ms late); rotated past,
-			 * a user's short walk waited for its own long one (a review).
+			 * Users in turn: the first walk of the user whose walks
+			 * stepped longest ago goes to the head, the others keeping
+			 * their order. In turn by connection, one user's many
+			 * walks held another's single one back for all of them (a
+			 * security audit: an arm after a chime_cancel_key() up to
+			 * 462 ms late); reviews of the first two versions found a
+			 * user's short walk waiting for its own long one, and a
+			 * user with two walks taking every other step beside two
+			 * users with one.
 			 */
-			for (c = sc->walk_head; c != ch && c->user == ch->user; prev = c, c = c->walk_next)
-				;
-			if (c != ch && prev) {  /* not the tail: ch is */
-				prev->walk_next = c->walk_next;
-				c->walk_next = sc->walk_head;
-				sc->walk_head = c;
+			ch->user->walk_turn = ++sc->walk_turns;
+			for (c = sc->walk_head; c; prev = c, c = c->walk_next)
+				if (!next || c->user->walk_turn < next->user->walk_turn) {
+					next = c;
+					next_prev = prev;
+				}
+			if (next_prev) {
+				next_prev->walk_next = next->walk_next;
+				if (sc->walk_tail == next)
+					sc->walk_tail = next_prev;
+				next->walk_next = sc->walk_head;
+				sc->walk_head = next;
 			}
 			return false;
 		}

@@ -41,6 +41,7 @@ struct chan_user {
 	uint32_t service_left;          /* events and nodes chan_service_n() may still move in it */
 	uint32_t wake_left;             /* wake-ups (sends) chan_service_n() may still make in it */
 	uint64_t reclaim_turn;          /* when its channels' sweeps last had a turn (shard.c, reclaim_pick()) */
+	uint64_t walk_turn;             /* when its CANCEL_KEY walks last stepped (chan.c, walk_step()) */
 };
 
 /* What the channel logic needs of its shard. Owned by the shard thread. */
@@ -83,6 +84,7 @@ struct shard_core {
 	 * nodes per call; 0: CHAN_INDEX_BUDGET).
 	 */
 	struct chan *walk_head, *walk_tail;
+	uint64_t walk_turns;            /* walk turns given (chan_user.walk_turn) */
 	unsigned walk_budget, index_budget;
 	/*
 	 * Wall-clock timers (ARCHITECTURE.md, "Wall-clock timers"): the two

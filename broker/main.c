@@ -343,7 +343,7 @@ static uint64_t slab_fits(const struct broker_opts *o)
 		if (chime_shard_path(path, sizeof(path), o->socket_path, k) && lstat(path, &st) == 0 &&
 		    S_ISREG(st.st_mode))
 			held += (uint64_t)st.st_blocks * 512;
-	room += held;
+	room = room + held < room ? UINT64_MAX - 1 : room + held;
 	nodes = room > fixed * o->nr_shards ? (room - fixed * o->nr_shards) / sizeof(struct chime_node) : 0;
 	/* a start on a filesystem at its keep line still has this much (shard_init()) */
 	least = (start - fixed) / sizeof(struct chime_node) * o->nr_shards;

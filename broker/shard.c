@@ -213,7 +213,9 @@ static uint64_t slab_room(const struct shard *s, uint64_t from)
 	if (room == UINT64_MAX || fstat(s->seg_fd, &st) < 0)
 		return room;
 	held = (uint64_t)st.st_blocks * 512;
-	return held > from ? room + (held - from) : room;
+	if (held <= from)
+		return room;
+	return room + (held - from) < room ? UINT64_MAX - 1 : room + (held - from);
 }
 
 /*

@@ -280,10 +280,10 @@ uint64_t chime_fs_room(int fd, const char *path)
 
 	if ((fd >= 0 ? fstatvfs(fd, &v) : statvfs(path, &v)) < 0 || v.f_blocks == 0)
 		return UINT64_MAX;
-	/* block counts times the block size can pass 2^64 (a review, with a faked statvfs) */
-	avail = mul_sat(v.f_bavail, v.f_frsize);
-	keep = mul_sat(v.f_blocks / CHIME_FS_KEEP_DIV, v.f_frsize);
-	return avail > keep ? avail - keep : 0;
+	/* in blocks, then bytes: the products can pass 2^64 (reviews, with a faked statvfs) */
+	avail = v.f_bavail;
+	keep = v.f_blocks / CHIME_FS_KEEP_DIV;
+	return avail > keep ? mul_sat(avail - keep, v.f_frsize) : 0;
 }
 
 /*

@@ -1147,6 +1147,49 @@ Test(chan, a_users_second_walk_is_not_held_back_by_its_first_until_it_ends)
 	cr_assert_eq(armed_of(0, 9) + armed_of(1, 9) + armed_of(2, 9), 0);
 }
 
+/*
+ * Three users walking: uid 0 with two walks, uid 8 and uid 9 with one each.
+ * Users in turn, uid 0 gets about a third of the steps; a version that
+ * moved the first walk of another user to the head gave it every other
+ * step (a review: 128 cancels against 64 and 64).
+ */
+Test(chan, three_users_walks_take_turns_by_user)
+{
+	struct client_sim *a1 = &F.cl[1], *b = &F.cl[2], *c = &F.cl[3];
+	unsigned passes = 0, a_done;
+
+	client_init_uid(a1, 1, 0);
+	client_init_uid(b, 2, 8);
+	client_init_uid(c, 3, 9);
+	for (int k = 0; k < 4; k++)
+		submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);   /* keyed: no indexing first */
+	step();
+	for (int i = 0; i < 400; i++) {
+		arm(&F.cl[0], 9, T0 + 3600 * MS, 0, 1);
+		arm(a1, 9, T0 + 3600 * MS, 0, 1);
+		if (i < 64) {
+			arm(b, 9, T0 + 3600 * MS, 0, 1);
+			arm(c, 9, T0 + 3600 * MS, 0, 1);
+		}
+		if (i % 4 == 3)
+			step();
+	}
+	step();
+	F.sc.walk_budget = 8;
+	for (int k = 0; k < 4; k++)
+		submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	while ((armed_of(2, 9) > 0 || armed_of(3, 9) > 0) && passes < 1000) {
+		step();
+		passes++;
+	}
+	a_done = 800 - armed_of(0, 9) - armed_of(1, 9);
+	cr_expect_leq(a_done, 64 + 16, "uid 0 (two walks) took %u cancels while uid 8 and uid 9 took 64 each: "
+		      "not users in turn", a_done);
+	while (F.sc.walk_head)
+		step();
+	cr_assert_eq(armed_of(0, 9) + armed_of(1, 9) + armed_of(2, 9) + armed_of(3, 9), 0);
+}
+
 /* A client that goes while its CANCEL_KEY is being walked: the walk is dropped, the next one begins. */
 Test(chan, a_detach_drops_its_walk_and_the_next_one_goes_on)
 {

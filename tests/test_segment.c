@@ -697,3 +697,69 @@ Test(segment, relink_that_finds_no_room_leaves_nothing_at_the_path)
 	close(fd);
 	t_unmount_tmpfs(dir);
 }
+
+/* ---- the room a filesystem leaves (chime_fs_room()) ---- */
+
+/*
+ * fstatvfs() replaced for this binary (the headers name it fstatvfs64 with
+ * 64-bit offsets): for the descriptor fake_vfs_fd it returns fake_vfs,
+ * which no filesystem here would (a petabyte of 64 KiB fragments), for any
+ * other the real one's answer.
+ */
+#include <dlfcn.h>
+#include <sys/statvfs.h>
+
+static int fake_vfs_fd = -1;
+static struct statvfs fake_vfs;
+
+int fstatvfs64(int fd, struct statvfs64 *v);
+int fstatvfs64(int fd, struct statvfs64 *v)
+{
+	int (*real)(int, struct statvfs64 *);
+
+	if (fd >= 0 && fd == fake_vfs_fd) {
+		_Static_assert(sizeof(*v) == sizeof(fake_vfs), "one struct under two names");
+		memcpy(v, &fake_vfs, sizeof(*v));
+		return 0;
+	}
+	*(void **)&real = dlsym(RTLD_NEXT, "fstatvfs64");
+	return real ? real(fd, v) : (errno = ENOSYS, -1);
+}
+
+static uint64_t room_of(uint64_t blocks, uint64_t avail, uint64_t frsize)
+{
+	uint64_t room;
+
+	fake_vfs = (struct statvfs){ .f_blocks = blocks, .f_bavail = avail, .f_frsize = frsize };
+	fake_vfs_fd = 0;
+	room = chime_fs_room(0, NULL);
+	fake_vfs_fd = -1;
+	return room;
+}
+
+Test(segment, fs_room_keeps_a_tenth_and_saturates_where_bytes_pass_64_bits)
+{
+	struct statvfs v;
+	int fd = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	/* a tenth of the blocks kept: 1000 blocks, 950 free -> 850 of 4 KiB */
+	cr_assert_eq(room_of(1000, 950, 4096), UINT64_C(850) * 4096);
+	/* at or under the keep line: nothing */
+	cr_assert_eq(room_of(1000, 100, 4096), 0);
+	cr_assert_eq(room_of(1000, 0, 4096), 0);
+	/* no size (f_blocks 0, as some virtual filesystems say): no limit */
+	cr_assert_eq(room_of(0, 0, 4096), UINT64_MAX);
+	/*
+	 * 2^60 free blocks of 64 KiB: 2^76 bytes. Multiplied in 64 bits that
+	 * wraps (to a small or zero room, which would refuse every chunk);
+	 * saturated, it is just under "no size".
+	 */
+	cr_assert_eq(room_of(UINT64_C(1) << 61, UINT64_C(1) << 60, 65536), UINT64_MAX - 1);
+	cr_assert_eq(room_of(UINT64_MAX, UINT64_MAX - 1, 2), UINT64_MAX - 1);
+	/* the real call still answers through the replacement */
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(fstatvfs(fd, &v), 0);
+	cr_assert_gt(v.f_blocks, 0);
+	cr_assert_neq(chime_fs_room(fd, NULL), UINT64_MAX - 1);
+	close(fd);
+}

@@ -2670,6 +2670,26 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 	return true;
 }
 
+/* A user's last sweep turn; a channel without one (never one chan_init() made) goes last. */
+static inline uint64_t sweep_user_turn(const struct chan *ch)
+{
+	return ch->user ? ch->user->reclaim_turn : UINT64_MAX;
+}
+
+bool chan_sweeps_before(const struct chan *a, const struct chan *b)
+{
+	uint64_t ua = sweep_user_turn(a), ub = sweep_user_turn(b);
+
+	return ua != ub ? ua < ub : a->sweep_turn < b->sweep_turn;
+}
+
+void chan_sweep_served(struct chan *ch, uint64_t turn)
+{
+	ch->sweep_turn = turn;
+	if (ch->user)
+		ch->user->reclaim_turn = turn;
+}
+
 int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint64_t generation,
 		      uint32_t uid, uint32_t sq_size)
 {

@@ -40,7 +40,7 @@ struct chan_user {
 	uint32_t drain_left;            /* records its channels may still apply in that pass */
 	uint32_t service_left;          /* events and nodes chan_service_n() may still move in it */
 	uint32_t wake_left;             /* wake-ups (sends) chan_service_n() may still make in it */
-	uint64_t reclaim_turn;          /* when its channels' sweeps last had a turn (shard.c, reclaim_pick()) */
+	uint64_t reclaim_turn;          /* when its channels' sweeps last had a turn (chan_sweep_served()) */
 	uint64_t walk_turn;             /* when its CANCEL_KEY walks last stepped (chan.c, walk_step()) */
 };
 
@@ -379,7 +379,7 @@ struct chan {
 	uint64_t head_watch;
 	uint64_t sq_head_pub;           /* sq_head last published */
 	uint32_t sweep_pos;             /* reclaim, park: next slab index to look at */
-	uint64_t sweep_turn;            /* when its sweep last had a turn (shard.c, reclaim_pick()) */
+	uint64_t sweep_turn;            /* when its sweep last had a turn (chan_sweep_served()) */
 	uint32_t *park_order;           /* park: by cq position, the nodes whose events come back */
 	uint64_t wakes;                 /* client wake-ups done (socket messages) */
 	/* A CANCEL_KEY being applied in steps: its record, at walk_pos, is consumed last. */
@@ -534,6 +534,17 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget);
  * chan_reclaim().
  */
 bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget);
+
+/*
+ * Sweeps (chan_reclaim(), chan_park()) take turns by user, then by channel:
+ * true if a's sweep goes before b's, a's user having had a turn longer ago
+ * (a channel without a user last), or the same user and a's own turn
+ * longer ago. chan_sweep_served() says one had its turn (`turn`: a counter
+ * of the shard's, always growing). In turn by channel, one user's many
+ * sweeps held another user's single one back for all of theirs.
+ */
+bool chan_sweeps_before(const struct chan *a, const struct chan *b);
+void chan_sweep_served(struct chan *ch, uint64_t turn);
 
 /*
  * A parked session's new process: fresh rings (m), fresh grants, the same

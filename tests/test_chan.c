@@ -1147,6 +1147,56 @@ Test(chan, a_users_second_walk_is_not_held_back_by_its_first_until_it_ends)
 	cr_assert_eq(armed_of(0, 9) + armed_of(1, 9) + armed_of(2, 9), 0);
 }
 
+
+/*
+ * Slab sweeps (reclaims, parks) take turns by user, then by channel: the
+ * shard's pick (shard.c, reclaim_pick()) is this loop. uid 0 has five
+ * channels dying, uids 8 and 9 one each.
+ */
+static unsigned sweep_pick(struct chan *const *dying, unsigned n, uint64_t *turns)
+{
+	unsigned best = 0;
+
+	for (unsigned i = 1; i < n; i++)
+		if (chan_sweeps_before(dying[i], dying[best]))
+			best = i;
+	chan_sweep_served(dying[best], ++*turns);
+	return best;
+}
+
+Test(chan, sweeps_take_turns_by_user_then_by_channel)
+{
+	struct chan *dying[7];
+	unsigned turns_of[7] = { 0 }, order[7];
+	uint64_t turns = 0;
+
+	for (uint16_t k = 1; k < 7; k++)
+		client_init_uid(&F.cl[k], k, k < 5 ? 0 : k == 5 ? 8 : 9);
+	/* uid 8's and 9's in the middle and at the end, as the shard's array may hold them */
+	for (unsigned i = 0; i < 7; i++) {
+		order[i] = i == 2 ? 5 : i == 5 ? 2 : i;
+		dying[i] = &F.cl[order[i]].ch;
+	}
+	for (unsigned round = 0; round < 10; round++) {
+		bool seen0 = false, seen8 = false, seen9 = false;
+
+		for (unsigned k = 0; k < 3; k++) {
+			unsigned who = order[sweep_pick(dying, 7, &turns)];
+
+			turns_of[who]++;
+			seen0 |= who < 5;
+			seen8 |= who == 5;
+			seen9 |= who == 6;
+		}
+		/* in turn by channel, uid 8 and 9 would wait for all five of uid 0's */
+		cr_assert(seen0 && seen8 && seen9, "round %u: a user had no turn among three", round);
+	}
+	cr_assert_eq(turns_of[5], 10);
+	cr_assert_eq(turns_of[6], 10);
+	/* uid 0's ten turns go round its five channels, two each: none held behind another */
+	for (unsigned k = 0; k < 5; k++)
+		cr_assert_eq(turns_of[k], 2, "uid 0's channel %u had %u of its user's turns", k, turns_of[k]);
+}
 /*
  * Three users walking: uid 0 with two walks, uid 8 and uid 9 with one each.
  * Users in turn, uid 0 gets about a third of the steps; a version that

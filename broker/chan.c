@@ -1807,6 +1807,28 @@ static void walk_rotate(struct shard_core *sc)
 }
 
 /*
+ * The first walk of the user whose walks stepped longest ago to the head,
+ * the others keeping their order.
+ */
+static void walk_pick(struct shard_core *sc)
+{
+	struct chan *c, *prev = NULL, *next = NULL, *next_prev = NULL;
+
+	for (c = sc->walk_head; c; prev = c, c = c->walk_next)
+		if (!next || c->user->walk_turn < next->user->walk_turn) {
+			next = c;
+			next_prev = prev;
+		}
+	if (next_prev) {
+		next_prev->walk_next = next->walk_next;
+		if (sc->walk_tail == next)
+			sc->walk_tail = next_prev;
+		next->walk_next = sc->walk_head;
+		sc->walk_head = next;
+	}
+}
+
+/*
  * One step of this channel's CANCEL_KEY, if it is its turn. True once the
  * walk is over: the record is applied and its slot the caller's to free.
  * Each matching node is cancelled as it is met, as chime_cancel() would.
@@ -1825,8 +1847,6 @@ static bool walk_step(struct shard_core *sc, struct chan *ch)
 	if (ch->walk_stepped) {
 		ch->walk_stepped = 0;
 		if (ch->walk_next) {
-			struct chan *c, *prev = NULL, *next = NULL, *next_prev = NULL;
-
 			walk_rotate(sc);
 			/*
 			 * Users in turn: the first walk of the user whose walks
@@ -1840,18 +1860,7 @@ static bool walk_step(struct shard_core *sc, struct chan *ch)
 			 * users with one.
 			 */
 			ch->user->walk_turn = ++sc->walk_turns;
-			for (c = sc->walk_head; c; prev = c, c = c->walk_next)
-				if (!next || c->user->walk_turn < next->user->walk_turn) {
-					next = c;
-					next_prev = prev;
-				}
-			if (next_prev) {
-				next_prev->walk_next = next->walk_next;
-				if (sc->walk_tail == next)
-					sc->walk_tail = next_prev;
-				next->walk_next = sc->walk_head;
-				sc->walk_head = next;
-			}
+			walk_pick(sc);
 			return false;
 		}
 	}
@@ -1876,7 +1885,10 @@ static bool walk_step(struct shard_core *sc, struct chan *ch)
 	stats_cancel_key(sc->st, ch->slot, ch->walk_armed);
 	if (ch->walk_fired)
 		stats_cancel_fired(sc->st, ch->slot, ch->walk_fired);
+	/* its last step is a turn too: a walk that ends hands the head to the user served longest ago */
+	ch->user->walk_turn = ++sc->walk_turns;
 	walk_dequeue(sc, ch);
+	walk_pick(sc);
 	return true;
 }
 

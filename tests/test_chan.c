@@ -1240,6 +1240,56 @@ Test(chan, three_users_walks_take_turns_by_user)
 	cr_assert_eq(armed_of(0, 9) + armed_of(1, 9) + armed_of(2, 9) + armed_of(3, 9), 0);
 }
 
+/*
+ * A walk that ends in its step is a turn of its user's too: ended, it
+ * handed the head on in list order, and its user's turn never moved, so a
+ * user whose seven connections each sent CANCEL_KEYs of a step took seven
+ * steps for each of another user's long walk (a review: 336 against 49;
+ * each such step may visit a whole budget of the chain).
+ */
+Test(chan, walks_of_one_step_take_turns_by_user_too)
+{
+	enum { MANY = NSIM - 1, SHORT = 6 };
+	struct client_sim *v = &F.cl[MANY];
+	unsigned a_steps = 0, v_steps = 0, v_left, passes = 0;
+
+	for (uint16_t k = 1; k < MANY; k++)
+		client_init_uid(&F.cl[k], k, 0);
+	client_init_uid(v, MANY, 8);
+	for (int k = 0; k < NSIM; k++)
+		submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);   /* keyed: no indexing first */
+	step();
+	for (int i = 0; i < 400; i++) {
+		arm(v, 9, T0 + 3600 * MS, 0, 1);
+		if (i % 8 == 7)
+			step();
+	}
+	step();
+	F.sc.walk_budget = 8;
+	submit(v, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	step();
+	v_left = armed_of(MANY, 9);
+	while (v_left > 0 && passes < 400) {
+		/* each of uid 0's connections whose last walk ended: SHORT timers of key 9 and a CANCEL_KEY of them */
+		for (int k = 0; k < MANY; k++)
+			if (!F.cl[k].ch.walk_queued) {
+				if (armed_of((uint16_t)k, 9) == 0)
+					a_steps += passes > 0;
+				for (int j = 0; j < SHORT; j++)
+					arm(&F.cl[k], 9, T0 + 3600 * MS, 0, 1);
+				submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+			}
+		step();
+		passes++;
+		if (armed_of(MANY, 9) < v_left)
+			v_steps += (v_left - armed_of(MANY, 9) + 7) / 8;
+		v_left = armed_of(MANY, 9);
+	}
+	cr_assert_eq(v_left, 0, "uid 8's walk not done in %u passes", passes);
+	cr_assert_leq(a_steps, 2 * v_steps + 8, "uid 0's one-step walks took %u steps against uid 8's %u: "
+		      "not users in turn", a_steps, v_steps);
+}
+
 /* A client that goes while its CANCEL_KEY is being walked: the walk is dropped, the next one begins. */
 Test(chan, a_detach_drops_its_walk_and_the_next_one_goes_on)
 {
@@ -2364,7 +2414,7 @@ extern void *__libc_realloc(void *p, size_t n);
 void *realloc(void *p, size_t n);
 void *realloc(void *p, size_t n)
 {
-	if (fail_realloc_of && n == fail_realloc_of) {
+	if (fail_realloc_of && (n == fail_realloc_of || fail_realloc_of == 1)) {
 		fail_realloc_of = 0;
 		return NULL;
 	}
@@ -2418,6 +2468,132 @@ Test(chan, a_list_that_cannot_grow_during_a_walk_leaves_no_node_behind)
 		     "their wall deadline after the next one (wall_nodes %llu)", behind, N, off_by,
 		     (unsigned long long)F.sc.wall_nodes);
 	cr_assert_eq(F.sc.wall_nodes, N + 1);
+}
+
+/*
+ * The stepped walk against random arms, resets and cancels of wall-clock
+ * timers, clock steps (a second one mid-walk too), walk steps of 1-40
+ * nodes, a list that cannot grow (from then on a scan) and restores: after
+ * each, every live node gives its wall-clock deadline through the offset
+ * its base bit names, in the shard and in the file (a crash then restores
+ * it right). Written by a review of the stepped walk, which found nothing.
+ */
+static uint64_t fz_state = 88172645463325252ull;
+static uint64_t fz(void)
+{
+	fz_state ^= fz_state << 13;
+	fz_state ^= fz_state >> 7;
+	fz_state ^= fz_state << 17;
+	return fz_state;
+}
+
+static void fz_check(const struct chime_shard_seg *file, const uint64_t *ids, const uint64_t *walls,
+		     const bool *live, unsigned n, const char *when, unsigned it)
+{
+	for (unsigned i = 0; i < n; i++) {
+		const struct chime_node *nd;
+		unsigned b;
+
+		if (!live[i])
+			continue;
+		nd = wheel_node(&F.sc.wh, chime_id_index(ids[i]));
+		cr_assert(nd->gen & CHIME_NODE_REALTIME, "%s it %u: node %u not realtime", when, it, i);
+		b = (nd->gen & CHIME_NODE_WALL_B) != 0;
+		cr_assert_eq(nd->deadline_ns + (uint64_t)F.sc.wall_off[b], walls[i],
+			     "%s it %u: node %u (bit %u, cur %u, walking %d, scan %d) off its wall deadline by %lld",
+			     when, it, i, b, F.sc.wall_cur, F.sc.wall_walking, F.sc.wall_scan,
+			     (long long)(nd->deadline_ns + (uint64_t)F.sc.wall_off[b] - walls[i]));
+		cr_assert_eq(nd->deadline_ns + (uint64_t)file->wall_off[b], walls[i],
+			     "%s it %u: node %u: a crash now restores it off its wall deadline", when, it, i);
+		if (!F.sc.wall_walking && !F.sc.wall_mixed)
+			cr_assert_eq(b, F.sc.wall_cur, "%s it %u: node %u on the other offset with no walk", when, it, i);
+	}
+}
+
+/* A restore, as shard.c's start and restore.c do it: the offsets from the file, mixed, the list from the slab. */
+static void fz_restore(const struct chime_shard_seg *file)
+{
+	chan_wall_fini(&F.sc);
+	F.sc.wall_scan = false;
+	F.sc.wall_walking = false;
+	F.sc.wall_nodes = 0;
+	F.sc.wall_off[0] = file->wall_off[0];
+	F.sc.wall_off[1] = file->wall_off[1];
+	F.sc.wall_cur = file->wall_cur;
+	F.sc.wall_mixed = true;
+	for (uint32_t i = 0; i < F.sc.wh.w->high_water; i++) {
+		const struct chime_node *nd = wheel_node(&F.sc.wh, i);
+
+		if (nd->state != CHIME_NODE_FREE && (nd->gen & CHIME_NODE_REALTIME)) {
+			F.sc.wall_nodes++;
+			chan_wall_note(&F.sc, i);
+		}
+	}
+}
+
+Test(chan, a_walk_in_steps_keeps_every_node_through_random_operations_steps_and_restores, .timeout = 120)
+{
+	enum { N = 3000, ITERS = 40000 };
+	struct client_sim *c = &F.cl[0];
+	static struct chime_shard_seg file;
+	int64_t off = wall_setup(10 * 1000 * MS), cur_off = off;
+	static uint64_t ids[N], walls[N];
+	static bool live[N];
+	unsigned nlive = 0, walks = 0, scan_its = 0, restores = 0;
+
+	memset(&file, 0, sizeof(file));
+	file.wall_off[0] = file.wall_off[1] = off;
+	F.sc.wall_file = &file;
+	for (unsigned it = 0; it < ITERS; it++) {
+		unsigned r = (unsigned)(fz() % 100), i = (unsigned)(fz() % N);
+
+		scan_its += F.sc.wall_scan;
+
+		if (r < 55) {
+			if (live[i]) {
+				if (fz() % 2) {
+					submit(c, CHIME_OP_CANCEL, ids[i], 0, 0, 0, 0);
+					live[i] = false;
+					nlive--;
+				} else {
+					walls[i] = (uint64_t)off + T0 + 100 * 1000 * MS + fz() % (1000 * MS);
+					submit(c, CHIME_OP_RESET, ids[i], 0, walls[i], 0, 0);
+				}
+			} else {
+				walls[i] = (uint64_t)off + T0 + 100 * 1000 * MS + fz() % (1000 * MS);
+				ids[i] = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, walls[i], 0, i);
+				live[i] = true;
+				nlive++;
+			}
+			if (it == ITERS / 2)
+				fail_realloc_of = 1;     /* the next realloc() fails, whatever its size */
+			step_at(T0);
+			fz_check(&file, ids, walls, live, N, "drain", it);
+		} else if (r < 90) {
+			(void)chan_wall_step(&F.sc, 1 + (uint32_t)(fz() % 40));
+			fz_check(&file, ids, walls, live, N, "step", it);
+		} else if (r < 98) {
+			cur_off = off + (int64_t)(fz() % (10 * 1000 * MS)) - 5 * 1000 * (int64_t)MS;
+			chan_wall_begin(&F.sc, cur_off);
+			walks += F.sc.wall_walking;
+			fz_check(&file, ids, walls, live, N, "begin", it);
+		} else {
+			fz_restore(&file);
+			restores++;
+			fz_check(&file, ids, walls, live, N, "restore", it);
+		}
+	}
+	step_at(T0);
+	while (chan_wall_step(&F.sc, 100))
+		;
+	fz_check(&file, ids, walls, live, N, "end", ITERS);
+	fail_realloc_of = 0;
+	/* what it went through: else it checked less than it says */
+	cr_assert_gt(restores, 100);
+	cr_assert_gt(walks, 100);
+	cr_assert_gt(scan_its, 0, "no scan: the list never failed to grow");
+	cr_assert_gt(nlive, N / 4);
+	cr_assert_geq(F.sc.wall_nodes, nlive);
 }
 #endif
 

@@ -1060,6 +1060,20 @@ Test(chan, cancel_key_is_applied_in_steps_and_in_turn)
 }
 
 /*
+ * uid 0's connections F.cl[0 .. NSIM - 2], uid 8's the last one, each
+ * keyed already (a first CANCEL_KEY: no indexing before later walks).
+ */
+static void many_and_one_keyed(void)
+{
+	for (uint16_t k = 1; k < NSIM - 1; k++)
+		client_init_uid(&F.cl[k], k, 0);
+	client_init_uid(&F.cl[NSIM - 1], NSIM - 1, 8);
+	for (int k = 0; k < NSIM; k++)
+		submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);
+	step();
+}
+
+/*
  * Walks take turns by user: after a step of one user's walk, the next is
  * another user's if one waits (chan.c, walk_step()). Seven connections of
  * uid 0 walking long chains and one of uid 8 a shorter one: in turn by
@@ -1072,12 +1086,7 @@ Test(chan, walks_take_turns_by_user_not_by_connection)
 	struct client_sim *v = &F.cl[MANY];
 	unsigned passes = 0, left = 0;
 
-	for (uint16_t k = 1; k < MANY; k++)
-		client_init_uid(&F.cl[k], k, 0);
-	client_init_uid(v, MANY, 8);
-	for (int k = 0; k < NSIM; k++)
-		submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);   /* keyed: no indexing first */
-	step();
+	many_and_one_keyed();
 	for (int i = 0; i < 200; i++) {
 		for (int k = 0; k < NSIM; k++)
 			if (k < MANY || i < 64)
@@ -1253,12 +1262,7 @@ Test(chan, walks_of_one_step_take_turns_by_user_too)
 	struct client_sim *v = &F.cl[MANY];
 	unsigned a_steps = 0, v_steps = 0, v_left, passes = 0;
 
-	for (uint16_t k = 1; k < MANY; k++)
-		client_init_uid(&F.cl[k], k, 0);
-	client_init_uid(v, MANY, 8);
-	for (int k = 0; k < NSIM; k++)
-		submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);   /* keyed: no indexing first */
-	step();
+	many_and_one_keyed();
 	for (int i = 0; i < 400; i++) {
 		arm(v, 9, T0 + 3600 * MS, 0, 1);
 		if (i % 8 == 7)

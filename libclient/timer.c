@@ -410,10 +410,18 @@ static __attribute__((noinline)) int stop_wait(struct chime *c)
 	}
 }
 
-/* After a publication (a full barrier): is the broker stopping? (S-STOP in broker/control.c) */
+/*
+ * After a publication (a full barrier): is the broker stopping (S-STOP in
+ * broker/control.c), or has this process found it gone (a crash: its state
+ * still says running)? Either way the record may be in rings no broker
+ * reads, and the call waits for the reconnect that hands them over
+ * (stop_wait()). Without the second look a session's calls after a crash
+ * returned 0 at once into the dead broker's rings, and a process that died
+ * before anything drained lost them (an API audit).
+ */
 static inline bool broker_stopping(const struct chime *c)
 {
-	return __builtin_expect(at_load_sc(&c->pub->state) != CHIME_BROKER_RUNNING, 0);
+	return __builtin_expect(at_load_sc(&c->pub->state) != CHIME_BROKER_RUNNING || cl_reconnecting(c), 0);
 }
 
 static inline __attribute__((always_inline)) int submit(struct chime *c, uint32_t shard, uint32_t op, uint64_t id, uint64_t key,

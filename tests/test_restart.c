@@ -313,6 +313,76 @@ Test(restart, a_drain_does_not_wait_for_a_broker_that_has_not_answered)
 	chime_close(c);
 }
 
+/*
+ * Once the library has found its broker gone (here a chime_flush() that
+ * sees the heartbeat a second old), a session's arms and cancels wait for
+ * the next broker, as chime_arm(3) says, so that a process that then dies
+ * loses none of them. Before, they went into the dead broker's rings and
+ * returned 0 at once, and went to the next broker only with a drain or a
+ * full ring: the process died first, and its 5 arms were lost and its 5
+ * cancelled timers fired (an API audit).
+ */
+Test(restart, calls_after_the_broker_is_found_gone_wait_for_the_next_one)
+{
+	struct chime_event ev[16];
+	int go[2], done[2], st;
+	unsigned later = 0, cancelled = 0, n;
+	char b;
+	pid_t pid;
+	chime_t *c;
+
+	start("-n 1");
+	cr_assert_eq(pipe(go), 0);
+	cr_assert_eq(pipe(done), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		chime_id_t ids[5], id;
+		uint64_t t0;
+		int r = 0;
+
+		c = NULL;
+		if (sopen(&c, "found-gone") < 0)
+			_exit(10);
+		for (unsigned i = 0; i < 5; i++)
+			r |= chime_arm(c, 0, now_ns() + 4000 * MS, 0, i, &ids[i]);
+		r |= chime_flush(c);
+		if (r || write(done[1], "a", 1) != 1 || read(go[0], &b, 1) != 1)
+			_exit(11);
+		/* the heartbeat a second old: the flush finds the broker gone */
+		usleep(1200 * 1000);
+		(void)chime_flush(c);
+		if (!cl_reconnecting(c))
+			_exit(12);      /* not found gone: nothing would be tested */
+		t0 = now_ns();
+		for (unsigned i = 0; i < 5; i++)
+			r |= chime_arm(c, 0, now_ns() + 2000 * MS, 0, 100 + i, &id) | chime_cancel(c, ids[i]);
+		if (r)
+			_exit(13);
+		fprintf(stderr, "arms and cancels after the broker was found gone: %.1f ms\n",
+			(double)(now_ns() - t0) / 1e6);
+		kill(getpid(), SIGKILL);        /* dies without a close */
+	}
+	cr_assert_eq(read(done[0], &b, 1), 1, "the child could not arm");
+	restart(SIGKILL, "-n 1");
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the child ended with status %#x", st);
+	c = sopen_ok("found-gone");
+	n = collect(c, ev, 16, now_ns() + 5000 * MS);
+	for (unsigned i = 0; i < n; i++) {
+		later += ev[i].user_data >= 100;
+		cancelled += ev[i].user_data < 100;
+	}
+	cr_assert_eq(cancelled, 0, "%u timers cancelled after the crash fired", cancelled);
+	cr_assert_eq(later, 5, "%u of the 5 timers armed after the crash fired", later);
+	chime_close(c);
+	close(go[0]);
+	close(go[1]);
+	close(done[0]);
+	close(done[1]);
+}
+
 Test(restart, planned_stop_keeps_events_exactly_once_by_the_claim_word)
 {
 	claim_word_case(SIGTERM, true);

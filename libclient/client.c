@@ -1176,8 +1176,10 @@ CHIME_PUBLIC int chime_drop_session(const struct chime_opts *opts)
 	return r;
 }
 
-#define COMMIT_WAIT_NS   (UINT64_C(1000) * 1000000u)   /* chime_close(3): a stuck broker */
-#define COMMIT_PAUSE_NS  20000
+#define COMMIT_WAIT_NS   (UINT64_C(1000) * 1000000u)   /* chime_close(3): a gone broker's successor */
+#define COMMIT_STUCK_NS  (UINT64_C(10000) * 1000000u)  /* and a broker there that applies nothing */
+#define COMMIT_PAUSE_NS  20000                         /* looked again after this, doubling, */
+#define COMMIT_PAUSE_MAX_NS (UINT64_C(5) * 1000000u)   /* up to this */
 #define COMMIT_RETRY_NS  (UINT64_C(50) * 1000000u)     /* a gone broker's successor, tried this often */
 #define COMMIT_AFTER_NS  (UINT64_C(100) * 1000000u)    /* for it to apply them, after a late welcome */
 #define COMMIT_ANSWER_NS (UINT64_C(5) * 1000000u)      /* a hello taken: its welcome looked for this often */
@@ -1191,7 +1193,11 @@ CHIME_PUBLIC int chime_drop_session(const struct chime_opts *opts)
  * A broker that is gone (crashed, or stopped by a restart) never reads
  * them: the close reconnects, as any call would, so that they go to the
  * next broker, and waits for that one. Bounded: 1 s for a broker to take
- * the connection, whatever it does. It tries every 50 ms, not on the
+ * the connection, whatever it does, from when it is found gone; 10 s
+ * for one that is there and applies nothing (stopped, frozen, stuck: the
+ * shipped unit's watchdog kills it after 5 s, and the close then hands the
+ * records to the next one; with 1 s the close returned first, and the
+ * crash lost them: an API audit). It tries every 50 ms, not on the
  * reconnect's back-off, whose attempts (10 ms doubling) left the last
  * 370 ms of that second untried: a broker back then was missed and the
  * arms lost. A broker that has taken it answers once its shards have taken
@@ -1213,7 +1219,8 @@ static bool session_applied(struct chime *c)
 
 static void session_commit(struct chime *c)
 {
-	uint64_t until = now_ns() + COMMIT_WAIT_NS, answer_by = 0, now, wait;
+	uint64_t until = now_ns() + COMMIT_STUCK_NS, answer_by = 0, now, wait, pause = COMMIT_PAUSE_NS;
+	bool gone = false;
 
 	/*
 	 * New attempts until `until`; past it, only the answer to a hello a
@@ -1224,6 +1231,10 @@ static void session_commit(struct chime *c)
 	 */
 	while (!cl_is_dead(c) && ((now = now_ns()) < until || now < answer_by)) {
 		if (cl_reconnecting(c) || cl_broker_gone(c, true)) {
+			if (!gone) {
+				gone = true;    /* a second for a successor from now, not the stuck one's ten */
+				until = now + COMMIT_WAIT_NS;
+			}
 			if (now < until)
 				cl_reconnect_hurry(c);
 			else if (!cl_reconnect_answer_by(c))
@@ -1249,7 +1260,9 @@ static void session_commit(struct chime *c)
 		} else {
 			if (chime_flush(c) < 0 || session_applied(c))
 				return;
-			wait = COMMIT_PAUSE_NS;
+			/* doubling: a stuck broker's ten seconds are not spent polling every 20 us */
+			wait = pause;
+			pause = pause < COMMIT_PAUSE_MAX_NS / 2 ? pause * 2 : COMMIT_PAUSE_MAX_NS;
 		}
 		nanosleep(&(struct timespec){ .tv_sec = (time_t)(wait / 1000000000u),
 					      .tv_nsec = (long)(wait % 1000000000u) }, NULL);

@@ -383,6 +383,59 @@ Test(restart, calls_after_the_broker_is_found_gone_wait_for_the_next_one)
 	close(done[1]);
 }
 
+/*
+ * A session's close at a broker that is there but applies nothing
+ * (stopped: a frozen cgroup, a debugger; stuck: the shipped unit's watchdog
+ * kills it after 5 s and systemd starts another) waits for it, and for the
+ * next one when it is killed, so that the arms reach a broker. Before, the
+ * close gave up after 1 s, and the crash 1.5 s in lost all 100 (an API
+ * audit).
+ */
+struct timed_close {
+	chime_t *c;
+	uint64_t took;
+};
+
+/* On a thread of its own: the broker is restarted by the test's (PR_SET_PDEATHSIG names the thread). */
+static void *close_timed(void *arg)
+{
+	struct timed_close *t = arg;
+	uint64_t t0 = now_ns();
+
+	chime_close(t->c);
+	t->took = now_ns() - t0;
+	return NULL;
+}
+
+Test(restart, a_close_at_a_stopped_broker_hands_its_records_to_the_next_one)
+{
+	enum { N = 100 };
+	struct chime_event ev[N + 1];
+	struct timed_close t;
+	pthread_t th;
+	chime_id_t id;
+	chime_t *c;
+	unsigned n;
+
+	start("-n 1");
+	c = sopen_ok("stopped-close");
+	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
+	for (unsigned i = 0; i < N; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + 4000 * MS, 0, i, &id), 0);
+	t = (struct timed_close){ .c = c };
+	cr_assert_eq(pthread_create(&th, NULL, close_timed, &t), 0);
+	usleep(1500 * 1000);
+	restart(SIGKILL, "-n 1");
+	cr_assert_eq(pthread_join(th, NULL), 0);
+	cr_assert_gt(t.took, 1400 * MS, "the close returned after %.0f ms, before the broker was killed",
+		     (double)t.took / 1e6);
+	cr_assert_lt(t.took, 10000 * MS, "the close took %.0f ms", (double)t.took / 1e6);
+	c = sopen_ok("stopped-close");
+	n = collect(c, ev, N + 1, now_ns() + 6000 * MS);
+	cr_assert_eq(n, N, "%u of the %u timers armed before the close fired", n, N);
+	chime_close(c);
+}
+
 Test(restart, planned_stop_keeps_events_exactly_once_by_the_claim_word)
 {
 	claim_word_case(SIGTERM, true);

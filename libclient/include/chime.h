@@ -127,7 +127,9 @@ int chime_open(chime_t **out, const struct chime_opts *opts);
  * close first waits until the broker has applied everything the process
  * submitted, so that a broker crash right after loses none of it (for a
  * broker being restarted: up to 1 s for it to listen, then its restore,
- * within the handshake's 10 s; see chime_close(3)). NULL-safe. Not
+ * within the handshake's 10 s; for one that is there but applies nothing,
+ * stopped or stuck: up to 10 s, and its successor's second if it is killed
+ * meanwhile; see chime_close(3)). NULL-safe. Not
  * thread-safe: no other thread may use c during or after the call (a
  * thread in chime_wait() must be woken and have returned first). c is
  * freed: any call with it afterwards, in any thread (a second

@@ -202,7 +202,9 @@ const char *chime_version(void);
  *              sessions together hold theirs (--max-timers-per-uid);
  *              nothing was armed
  *   -ENOTCONN  the broker is gone
- * Both refusals are immediate (no broker round trip) and counted; arms
+ * Both refusals are immediate (no broker round trip) and counted, each in
+ * a submission slot (a full ring of them waits for room, as arms do, with
+ * a broker that applies nothing: stopped, frozen); arms
  * succeed again once timers have fired, or the shard has applied their
  * cancels (a cancel rings no doorbell: a sleeping shard applies it when it
  * wakes, within a heartbeat, or at once after chime_flush()).

@@ -2898,3 +2898,71 @@ Test(chan, armed_realtime_counts_the_armed_wall_clock_timers_through_every_state
 	cr_assert_eq(F.st.sh.armed_realtime, 4, "client b's alone");
 	WALL_ARMED_IS_THE_SLABS("reclaimed");
 }
+
+/*
+ * Walks of random lengths by connections of three users, ended in their
+ * step or not, with connections detached mid-walk and new ones attached:
+ * the walk list stays whole (every queued walk on it once, walk_tail its
+ * last) and every walk ends (a review of walk_pick()).
+ */
+static void walk_list_check(unsigned it)
+{
+	unsigned n = 0, queued = 0;
+	struct chan *last = NULL;
+
+	for (struct chan *c = F.sc.walk_head; c; last = c, c = c->walk_next) {
+		cr_assert(c->walk_queued, "it %u: a walk on the list not queued", it);
+		cr_assert_leq(++n, NSIM, "it %u: a cycle in the walk list", it);
+	}
+	cr_assert_eq(F.sc.walk_tail, last, "it %u: walk_tail is not the list's last", it);
+	for (int k = 0; k < NSIM; k++)
+		queued += F.cl[k].rw && F.cl[k].ch.walk_queued;
+	cr_assert_eq(queued, n, "it %u: %u walks queued, %u on the list", it, queued, n);
+}
+
+Test(chan, the_walk_list_stays_whole_through_random_walks_detaches_and_attaches)
+{
+	static uint64_t st = 0x9E3779B97F4A7C15ull;
+#define RND() (st ^= st << 13, st ^= st >> 7, st ^= st << 17, st)
+
+	for (uint16_t k = 1; k < NSIM; k++)
+		client_init_uid(&F.cl[k], k, k % 3);
+	for (int k = 0; k < NSIM; k++)
+		submit(&F.cl[k], CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);
+	step();
+	for (unsigned it = 0; it < 20000; it++) {
+		F.sc.walk_budget = 1 + (unsigned)(RND() % 4);
+		for (int k = 0; k < NSIM; k++) {
+			struct client_sim *c = &F.cl[k];
+
+			if (RND() % 50 == 0) {
+				while (!chan_reclaim(&F.sc, &c->ch, 1 + (uint32_t)(RND() % 64)))
+					walk_list_check(it);
+				chan_fini(&c->ch);
+				free(c->rw);
+				free(c->ro);
+				memset(c, 0, sizeof(*c));
+				client_init_uid(c, (uint16_t)k, (uint32_t)(RND() % 3));
+				submit(c, CHIME_OP_CANCEL_KEY, 0, 12345, 0, 0, 0);
+				continue;
+			}
+			if (!c->ch.walk_queued && RND() % 3 == 0) {
+				unsigned a = (unsigned)(RND() % 7);
+
+				for (unsigned j = 0; j < a; j++)
+					arm(c, 9, T0 + 3600 * MS, 0, 1);
+				submit(c, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+			}
+		}
+		step();
+		walk_list_check(it);
+	}
+	for (unsigned i = 0; F.sc.walk_head && i < 10000; i++) {
+		step();
+		walk_list_check(i);
+	}
+	cr_assert_null(F.sc.walk_head, "walks left");
+	for (uint16_t k = 0; k < NSIM; k++)
+		cr_assert_eq(armed_of(k, 9), 0, "client %u: timers of key 9 left", k);
+#undef RND
+}

@@ -5809,3 +5809,26 @@ Test(restart, a_dispatch_callback_waiting_for_a_thread_that_arms_survives_a_plan
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 1), 1);
 	chime_close(w.c);
 }
+
+/* A close after its broker was killed outright (no successor) waits the second for one, not a stuck broker's ten. */
+Test(restart, a_close_after_its_broker_was_killed_waits_a_second_not_ten)
+{
+	chime_id_t id;
+	uint64_t t0, took;
+	chime_t *c;
+	int st;
+
+	start("-n 1");
+	c = sopen_ok("killed-close");
+	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
+	for (unsigned i = 0; i < 10; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	cr_assert_eq(kill(tb.pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(tb.pid, &st, 0), tb.pid);
+	tb.pid = 0;
+	t0 = now_ns();
+	chime_close(c);
+	took = now_ns() - t0;
+	cr_assert_gt(took, 900 * MS, "the close did not wait for a successor: %.0f ms", (double)took / 1e6);
+	cr_assert_lt(took, 5000 * MS, "the close took %.0f ms", (double)took / 1e6);
+}

@@ -437,8 +437,8 @@ int t_chimed_start(struct t_chimed *b, const char *sock, const char *extra)
 		t_dirs_note(b->dir, true);
 		snprintf(b->sock, sizeof(b->sock), "%s/chime.sock", b->dir);
 	}
-	snprintf(cmd, sizeof(cmd), "exec '%s' --foreground --socket '%s' %s", chimed, b->sock,
-		 extra ? extra : "");
+	snprintf(cmd, sizeof(cmd), "exec '%s' --foreground --socket '%s' %s %s", chimed, b->sock,
+		 T_SUBUIDS_NONE(extra), extra ? extra : "");
 	p = fork();
 	if (p < 0) {
 		perror("t_chimed_start: fork");

@@ -14,7 +14,7 @@
 
 /*
  * A private chimed for integration tests: "$CHIMED --foreground --socket SOCK
- * EXTRA" (EXTRA: more shell words, may be ""), killed with the test process
+ * [--subuid-file ''] EXTRA" (EXTRA: more shell words, may be ""), killed with the test process
  * (PR_SET_PDEATHSIG), ready once its control segment says it runs (its socket
  * listens earlier: clients connecting while the shards restore an earlier
  * broker's files wait for them) and its socket accepts. One helper for every test that needs a
@@ -26,6 +26,15 @@ struct t_chimed {
 	char dir[200];
 	char sock[256];
 };
+
+/*
+ * "--subuid-file ''" unless extra names a subordinate-uid file: a test's
+ * broker reads no host's /etc/subuid, whose ranges (any user added with
+ * useradd has one) make the default --max-timers-per-uid a quarter of the
+ * slab instead of half, and cases arming more than a quarter as one user
+ * failed on such a host.
+ */
+#define T_SUBUIDS_NONE(extra) ((extra) && strstr((extra), "--subuid-file") ? "" : "--subuid-file ''")
 
 /*
  * Start a broker on `sock`, or (sock NULL) on "chime.sock" in a fresh

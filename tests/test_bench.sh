@@ -228,7 +228,7 @@ fail_check() {
 	echo "bench fail: a lateness contender that could not run leaves no earlier CSV behind, and is marked"
 
 	sock=$dir/rest.sock
-	"$CHIMED" --foreground --shards 1 --socket "$sock" >"$dir/chimed.log" 2>&1 &
+	"$CHIMED" --foreground --shards 1 --subuid-file '' --socket "$sock" >"$dir/chimed.log" 2>&1 &
 	cpid=$!
 	i=0
 	while [ ! -S "$sock" ] || [ ! -e "$sock.ctl" ]; do

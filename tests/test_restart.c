@@ -4436,7 +4436,8 @@ static pid_t chimed_spawn(int *errfd, const char *extra)
 	int p[2];
 	pid_t pid;
 
-	snprintf(cmd, sizeof(cmd), "exec '%s' --foreground --socket '%s' %s", getenv("CHIMED"), tb.sock, extra);
+	snprintf(cmd, sizeof(cmd), "exec '%s' --foreground --socket '%s' %s %s", getenv("CHIMED"), tb.sock,
+		 T_SUBUIDS_NONE(extra), extra);
 	cr_assert_eq(pipe(p), 0);
 	pid = fork();
 	cr_assert_geq(pid, 0);

@@ -46,7 +46,7 @@ trap 'exit 1' INT TERM HUP PIPE   # so that the EXIT trap stops the broker
 # 200k records fit in a ring, so that a shard starved of CPU by other work on
 # the host is not waited for (a full ring's sched_yield() is the slow path,
 # not this one: 6,592 of them failed a CI run at load average 5.8).
-"$chimed" --foreground --spin-us 2000 --sq-size 262144 --socket "$sock" >"$dir/chimed.log" 2>&1 &
+"$chimed" --foreground --spin-us 2000 --sq-size 262144 --subuid-file '' --socket "$sock" >"$dir/chimed.log" 2>&1 &
 pid=$!
 i=0
 while [ ! -S "$sock" ] || [ ! -e "$sock.ctl" ]; do

@@ -25,7 +25,7 @@ trap 'exit 1' INT TERM HUP PIPE   # so that the EXIT trap stops the broker
 start_broker() {
 	local before
 	before=$(grep -c "listening on" "$dir/chimed.log" 2>/dev/null)
-	"$chimed" --foreground --shards 2 --socket "$sock" 2>>"$dir/chimed.log" &
+	"$chimed" --foreground --shards 2 --subuid-file '' --socket "$sock" 2>>"$dir/chimed.log" &
 	broker=$!
 	for _ in $(seq 400); do
 		[ "$(grep -c "listening on" "$dir/chimed.log" 2>/dev/null)" -gt "${before:-0}" ] && return 0

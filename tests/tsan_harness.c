@@ -156,7 +156,8 @@ void broker_alive(void)
 pid_t spawn_broker(void)
 {
 	char *argv[] = { (char *)chimed_path, (char *)"--foreground", (char *)"--shards", (char *)"2",
-			 (char *)"--socket", sock_path, NULL };
+			 (char *)"--socket", sock_path,
+			 (char *)"--subuid-file", (char *)"", NULL };     /* not the host's (T_SUBUIDS_NONE()) */
 	posix_spawn_file_actions_t fa;
 	pid_t pid;
 	int r;

@@ -198,6 +198,7 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	c->slot = (uint16_t)r->slot;
 	client_taken(b, c);
 	c->rw_fd = c->ro_fd = c->ro_wfd = c->touch_fd = c->fd = c->next_fd = c->pidfd = c->held_fd = -1;
+	c->holder_pidfd = -1;                           /* memset above: 0 is not "none" (holder_unwatch() closes it) */
 	memcpy(c->session, r->name, sizeof(c->session));
 	c->cred.uid = r->uid;
 	c->acct_uid = policy_account_uid(&b->policy, r->uid);

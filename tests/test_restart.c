@@ -183,6 +183,33 @@ Test(restart, a_short_linger_does_not_reclaim_a_session_whose_process_is_reconne
 
 /* ---- (2) due while no broker ran: fired at once, late, never lost ---- */
 
+/*
+ * A session taken over from the sessions file closes no descriptor of the
+ * broker's. Before, adopt() zeroed the client and then closed its holder
+ * pidfd, 0: the broker's standard input. The control segment then opened
+ * as descriptor 0, and a broker in the background (which points 0 to
+ * /dev/null after) lost it: its stop left PATH.ctl behind (an operator's
+ * audit).
+ */
+Test(restart, taking_over_a_session_closes_no_descriptor_of_the_broker, .timeout = 30)
+{
+	char fd0[PATH_MAX], link[64];
+	chime_id_t id;
+	chime_t *c;
+	ssize_t n;
+
+	start("--shards 1");
+	c = open_armed("fd0", 1, &id);
+	chime_close(c);
+	restart(SIGTERM, "--shards 1");
+	snprintf(link, sizeof(link), "/proc/%d/fd/0", tb.pid);
+	n = readlink(link, fd0, sizeof(fd0) - 1);
+	cr_assert_gt(n, 0, "%s: %s (the broker's standard input was closed)", link, strerror(errno));
+	fd0[n] = 0;
+	cr_assert(strstr(fd0, ".ctl") == NULL, "the broker's standard input was closed: fd 0 is now '%s'", fd0);
+	cr_assert_eq(chime_drop_session(&(struct chime_opts){ .socket_path = tb.sock, .session = "fd0" }), 0);
+}
+
 Test(restart, timers_due_while_no_broker_ran_fire_at_once_late)
 {
 	struct chime_event ev[64];

@@ -277,6 +277,9 @@ void policy_reload(struct broker *b, struct chime_query_reload *out)
 	memcpy(out->message, desc, strnlen(desc, sizeof(out->message) - 1));
 	out->socket_error = socket_access(b);   /* the socket's mode follows (it logs a failure) */
 	out->sessions_unadmitted = restart_say_unattachable(b, now_ns(), true);
+	/* the segment says it as the answer does, not a heartbeat later (clients_beat()): an operator's audit */
+	b->sessions_unadmitted = out->sessions_unadmitted;
+	at_store(&b->ctl->sessions_unadmitted, out->sessions_unadmitted);
 }
 
 /* ---- queries: chimectl clients/timers for a user who may not read the segments ---- */

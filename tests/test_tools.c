@@ -1786,6 +1786,10 @@ Test(tools_live, reload_says_what_changed_or_why_it_failed)
 	cr_assert_eq(run("%s --socket '%s' reload", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 	cr_assert(strstr(slurp(out), "changed: uids 1 -> 2, session rules 0 -> 1\n"), "%s", slurp(out));
 	cr_assert(strstr(slurp(out), "1 detached session no process can attach to under it"), "%s", slurp(out));
+	/* and the segment says so at once, not a heartbeat later (an operator's audit: 0 for ~110 ms) */
+	cr_assert_eq(run("%s --socket '%s' -1 -f broker.sessions_unadmitted", bin("CHIMESTAT"), sock), 0, "%s",
+		     slurp(err));
+	cr_assert(strstr(slurp(out), "sessions_unadmitted") && strstr(slurp(out), " 1\n"), "%s", slurp(out));
 	cr_assert_eq(run("%s --socket '%s' -j reload", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 	cr_assert_eq(jq(".reloaded and .supported and .policy_file and .ok"), 1, "%s", slurp(out));
 	cr_assert_eq(jq(".rules_before.uids"), 2, "%s", slurp(out));

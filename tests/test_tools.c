@@ -3265,7 +3265,7 @@ Test(tools_live_view, shows_the_broker_dying_and_restores_on_sigterm)
  * NULL array, which UBSan reports (a CLI audit; under the sanitizer build,
  * whose halt_on_error makes it an exit status).
  */
-Test(tools_live_view, a_broker_without_clients_is_shown_and_quit_cleanly)
+Test(tools_live_view, a_broker_without_clients_is_shown_then_shown_stopped)
 {
 	static const char *const args[] = { "-i", "0.1", NULL };
 	char *e;
@@ -3275,13 +3275,20 @@ Test(tools_live_view, a_broker_without_clients_is_shown_and_quit_cleanly)
 	term_start("xterm", 24, 80, args);
 	cr_assert(term_wait("running", 3000), "%s", screen());
 	term_wait(NULL, 300);   /* a few more frames */
+	/*
+	 * Stopped, it empties its segment: the last frame stays, said to be a
+	 * stopped broker's (its header said "running" on: an operator's audit).
+	 */
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	cr_assert(term_wait("NOT RUNNING (stopped)", 3000), "%s", screen());
+	cr_assert(vt_find(&term.vt, "waiting for the next one") >= 0, "%s", screen());
+	cr_assert_eq(vt_find(&term.vt, "running, at rest"), -1, "still said running:\n%s", screen());
 	term_keys("q");
 	st = term_exit(2000);
-	cr_assert_eq(st, 0, "exit status %d", st);
+	cr_assert_eq(st, 3, "exit status %d (3: not running)", st);
 	e = slurp(err);
 	cr_assert(e && !strstr(e, "runtime error"), "%s", e ? e : "");
 	cr_assert_eq(memmem(term.raw, term.nraw, "runtime error", 13), NULL, "a sanitizer report on the screen");
-	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
 }
 
 /* The live view follows a new broker's segment at the path, as the plain frames do. */

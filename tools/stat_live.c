@@ -135,6 +135,7 @@ struct live {
 	long sel_id;            /* the selected row's id, kept across refreshes and sorts */
 	size_t sel, top, page;
 	char err[96];
+	int stopped;            /* its broker stopped and emptied the segment: the last frame is shown */
 };
 
 static volatile sig_atomic_t live_stop;
@@ -491,6 +492,12 @@ static int header(struct live *L)
 	f = fld(L, "broker", -1, "heartbeat_period_ns", NULL);
 	if (running && f && f->u > SR_HEARTBEAT_MS * UINT64_C(1000000))
 		state = "running, at rest";     /* its heartbeat slowed: an old one is no alarm */
+	if (L->stopped) {
+		/* the last frame is a running broker's: its header said "running" after the stop (an operator's audit) */
+		running = 0;
+		state = "stopped";
+		why = "stopped";
+	}
 	if ((int)(strlen(line) + strlen(state) + 2) <= COLS)
 		put(y, COLS - (int)strlen(state), running ? A_BOLD : A_BOLD | A_REVERSE, "%s", state);
 	y++;
@@ -913,6 +920,7 @@ static int sample(struct live *L)
 	if (r == -ESTALE) {
 		/* Its broker stopped and emptied it: the last frame stays, sr_follow() takes the next one. */
 		snprintf(L->err, sizeof(L->err), "the broker stopped: waiting for the next one");
+		L->stopped = 1;
 		return r;
 	}
 	if (r < 0) {
@@ -920,6 +928,7 @@ static int sample(struct live *L)
 		return r;
 	}
 	L->err[0] = '\0';
+	L->stopped = 0;
 	keep_clients(&sn, L->o);
 	if (L->have_cur) {
 		/* This sample becomes the previous one, for the rates. */

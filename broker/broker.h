@@ -386,6 +386,7 @@ struct stop_timers {
 	uint64_t kept;
 	uint64_t kept_events;   /* events of those sessions fired and not consumed (a periodic's: its timer too) */
 	uint64_t dropped;
+	uint64_t dropped_events; /* of those clients, fired and not consumed (the next broker's restore frees them too) */
 	uint32_t anonymous;     /* clients whose timers those are (anonymous, or sessions being reclaimed) */
 };
 

@@ -2297,8 +2297,9 @@ static struct stop_timers stop_timers(const struct broker *b)
 		if (restart_session_kept(c)) {
 			t.kept += n;
 			t.kept_events += events;
-		} else if (n) {
+		} else if (n || events) {
 			t.dropped += n;
+			t.dropped_events += events;
 			t.anonymous++;
 		}
 	}

@@ -700,7 +700,13 @@ void restart_close(struct broker *b, uint32_t sessions, uint32_t lost_shards, co
 		log_msg(LOG_WARNING, "keeping the timers of %u session%s%s for the next broker ('%s'), except "
 			"those of %u shard%s", sessions, sessions == 1 ? "" : "s", timers, b->sess_path, lost_shards,
 			lost_shards == 1 ? "" : "s");
-	if (t && t->dropped)
+	/* events counted as the kept sessions' are: a next broker's restore frees their nodes too (an operator's audit) */
+	if (t && t->dropped_events)
+		log_msg(LOG_INFO, "%llu timer%s armed and %llu event%s not consumed, of %u client%s that no next broker "
+			"takes over (anonymous, or sessions being reclaimed), end with this one",
+			(unsigned long long)t->dropped, t->dropped == 1 ? "" : "s", (unsigned long long)t->dropped_events,
+			t->dropped_events == 1 ? "" : "s", t->anonymous, t->anonymous == 1 ? "" : "s");
+	else if (t && t->dropped)
 		log_msg(LOG_INFO, "%llu timer%s of %u client%s that no next broker takes over (anonymous, or "
 			"sessions being reclaimed) end with this one", (unsigned long long)t->dropped,
 			t->dropped == 1 ? "" : "s", t->anonymous, t->anonymous == 1 ? "" : "s");

@@ -158,6 +158,7 @@ struct client {
 	int refuse;             /* status to send once the detach is done (failed attach) */
 	struct ucred cred;
 	uid_t acct_uid;         /* whose share it counts against: cred.uid's (policy_account_uid()) */
+	uint64_t timer_quota;   /* what its user's clients may own together, then (uid_timer_quota()) */
 	char comm[16];
 	uint64_t refused_logged[3];     /* nomem, quota, of which the user's: the counts last logged */
 	uint64_t no_room_seen;          /* reserve_failed_total() then, or at its attach */
@@ -433,6 +434,7 @@ void refuse_log(struct broker *b, const struct ucred *cred, const char *why);
 bool table_kept_from(const struct broker *b, const struct ucred *cred);
 /* The policy part of broker_reload(): re-read it, log the outcome, say it in *out (if not NULL). */
 void policy_reload(struct broker *b, struct chime_query_reload *out);
+
 void arm_hello(struct broker *b, struct conn *cn);
 void on_hello(struct broker *b, struct conn *cn, int res);
 /*
@@ -448,6 +450,12 @@ bool query_step(struct broker *b);
 void query_abort(struct broker *b);
 
 /* A CL_FREE slot is being taken: keep clients_hi above it. */
+/* The timers the clients of account `as` may own together, by the policy now (0: no limit). */
+static inline uint64_t uid_timer_quota(const struct broker *b, uid_t as)
+{
+	return policy_has_subuids(&b->policy, as) ? b->o.max_timers_with_subuids : b->o.max_timers_per_uid;
+}
+
 static inline void client_taken(struct broker *b, const struct client *c)
 {
 	if (c->slot >= b->clients_hi)

@@ -1320,7 +1320,7 @@ static uint64_t grant_slot(struct shard_core *sc, struct chan *ch)
 
 	if (ch->owned >= sc->quota)
 		return CHIME_GRANT_QUOTA;
-	if (ch->user->owned >= sc->user_quota)
+	if (ch->user->owned >= ch->user->quota)
 		return GRANT_USER_QUOTA;
 	g = grant_new(sc, ch);
 	return g ? g : CHIME_GRANT_NOMEM;
@@ -2313,11 +2313,11 @@ static void rings_init(struct shard_core *sc, struct chan *ch, const struct chan
 }
 
 /*
- * The share of user uid in this shard, for one more channel. A linear
- * scan, at attach only: at most one entry per channel, and the first free
- * one is reused.
+ * The share of user uid in this shard, for one more channel, now `quota`
+ * nodes (a reload may have moved it). A linear scan, at attach only: at
+ * most one entry per channel, and the first free one is reused.
  */
-static struct chan_user *user_get(struct shard_core *sc, uint32_t uid)
+static struct chan_user *user_get(struct shard_core *sc, uint32_t uid, uint64_t quota)
 {
 	struct chan_user *u = NULL;
 
@@ -2326,6 +2326,7 @@ static struct chan_user *user_get(struct shard_core *sc, uint32_t uid)
 
 		if (e->chans && e->uid == uid) {
 			e->chans++;
+			e->quota = quota;
 			return e;
 		}
 		if (!e->chans && !u)
@@ -2335,7 +2336,7 @@ static struct chan_user *user_get(struct shard_core *sc, uint32_t uid)
 		assert(sc->nr_users < sc->max_clients);
 		u = &sc->users[sc->nr_users++];
 	}
-	*u = (struct chan_user){ .uid = uid, .chans = 1 };
+	*u = (struct chan_user){ .uid = uid, .chans = 1, .quota = quota };
 	return u;
 }
 
@@ -2356,7 +2357,8 @@ void chan_mem_layout(struct chan_mem *m, void *rw, void *ro, const struct chime_
 }
 
 /* A channel with no records, grants or lists yet, for slot and uid. */
-static int chan_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint32_t uid, uint32_t sq_size)
+static int chan_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint32_t uid, uint64_t user_quota,
+		     uint32_t sq_size)
 {
 	memset(ch, 0, sizeof(*ch));
 	ch->grants = calloc(sq_size, sizeof(*ch->grants));
@@ -2369,7 +2371,7 @@ static int chan_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint
 		return -ENOMEM;
 	}
 	ch->slot = slot;
-	ch->user = user_get(sc, uid);
+	ch->user = user_get(sc, uid, user_quota);
 	if (sc->user_of_slot)   /* the slot has no timer in the wheel: reclaimed, or never used */
 		sc->user_of_slot[slot] = (uint16_t)(ch->user - sc->users);
 	ch->backlog.head = ch->backlog.tail = CHIME_NIL;
@@ -2379,9 +2381,9 @@ static int chan_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint
 }
 
 int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
-		uint64_t generation, uint32_t uid)
+		uint64_t generation, uint32_t uid, uint64_t user_quota)
 {
-	int r = chan_init(sc, ch, slot, uid, m->sq_size);
+	int r = chan_init(sc, ch, slot, uid, user_quota, m->sq_size);
 
 	if (r < 0)
 		return r;
@@ -2703,9 +2705,9 @@ void chan_sweep_served(struct chan *ch, uint64_t turn)
 }
 
 int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint64_t generation,
-		      uint32_t uid, uint32_t sq_size)
+		      uint32_t uid, uint64_t user_quota, uint32_t sq_size)
 {
-	int r = chan_init(sc, ch, slot, uid, sq_size);
+	int r = chan_init(sc, ch, slot, uid, user_quota, sq_size);
 
 	if (r < 0)
 		return r;

@@ -30,12 +30,15 @@
  * One user's share of a shard's nodes (the per-user quota): every channel of
  * that uid in the shard counts into it, attached, parked or dying, so
  * neither many connections nor sessions kept past their process give one
- * user more of the slab than --max-timers-per-uid.
+ * user more of the slab than --max-timers-per-uid. Its quota comes with
+ * each attach (the user's, from the control thread's policy: users differ),
+ * the latest one's kept.
  */
 struct chan_user {
 	uint32_t uid;
 	uint32_t chans;                 /* its channels in this shard; 0: the entry is free */
 	uint64_t owned;                 /* nodes they own here, any state */
+	uint64_t quota;                 /* nodes they may own here together (UINT64_MAX: no limit) */
 	uint64_t drain_pass;            /* the shard pass drain_left is for (shard.c) */
 	uint32_t drain_left;            /* records its channels may still apply in that pass */
 	uint32_t service_left;          /* events and nodes chan_service_n() may still move in it */
@@ -54,7 +57,6 @@ struct shard_core {
 	uint32_t capacity;              /* private copy of the slab size */
 	uint32_t max_clients;
 	uint64_t quota;                 /* nodes one client may own here (UINT64_MAX: no limit) */
-	uint64_t user_quota;            /* nodes one user's clients may own here together (the same) */
 	/* [max_clients]: each channel holds one entry, so [0, nr_users) never outgrows it */
 	struct chan_user *users;
 	uint32_t nr_users;              /* entries ever used, free ones (chans 0) among them */
@@ -406,12 +408,13 @@ struct chan {
 /*
  * Attach: set up private state, give every submission slot a grant (a node,
  * or a no-grant marker when the slab is full or the client or its user
- * (uid) at its quota) and write it with seq = slot (free for position
- * slot). The client must not see the segment before this returns. -ENOMEM
- * only if private memory runs out: a full slab does not keep a client out.
+ * (uid) at its quota, user_quota nodes in this shard) and write it with
+ * seq = slot (free for position slot). The client must not see the segment
+ * before this returns. -ENOMEM only if private memory runs out: a full slab
+ * does not keep a client out.
  */
 int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m, uint16_t slot,
-		uint64_t generation, uint32_t uid);
+		uint64_t generation, uint32_t uid, uint64_t user_quota);
 
 /*
  * Apply up to `budget` published submissions. Returns how many records were
@@ -592,7 +595,7 @@ void chan_hold(struct shard_core *sc, struct chan *ch, uint32_t idx);
  * chan_reattach() gives it rings when its process comes. -ENOMEM only.
  */
 int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uint64_t generation,
-		      uint32_t uid, uint32_t sq_size);
+		      uint32_t uid, uint64_t user_quota, uint32_t sq_size);
 
 /* Node ownership: a node becomes, or stops being, one of ch's (and its user's). */
 static inline void chan_own(struct chan *ch)

@@ -504,17 +504,17 @@ static void refusals_log(struct broker *b, struct client *c, bool at_end)
 			"fired and not consumed, and one set aside per submission slot of each)",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
 			(unsigned long long)user, user == 1 ? "" : "s", (unsigned)c->cred.uid,
-			(unsigned long long)b->o.max_timers_per_uid);
+			(unsigned long long)c->timer_quota);
 	else if (sum[2] > c->refused_logged[2])
 		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused by a shard: the "
 			"clients of uid %u together hold its share of their quota there (%llu of "
-			"--max-timers-per-uid %llu on each of %u shards; armed, fired and not consumed, "
+			"%llu on each of %u shards, --max-timers-per-uid; armed, fired and not consumed, "
 			"and one set aside per submission slot of each); libchime tries the other shards, "
 			"and the arm fails only if they all refuse",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
 			(unsigned long long)user, user == 1 ? "" : "s", (unsigned)c->cred.uid,
-			(unsigned long long)b->shards[0].cfg.user_quota,
-			(unsigned long long)b->o.max_timers_per_uid, b->o.nr_shards);
+			(unsigned long long)shard_share(c->timer_quota, b->o.nr_shards),
+			(unsigned long long)c->timer_quota, b->o.nr_shards);
 	/* The shard's own warning says more. */
 	if (sum[0] > c->refused_logged[0] && fs_full)
 		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused: the filesystem of "
@@ -808,6 +808,7 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 					    (op == SHARD_CMD_PARK && b->stopping ? SHARD_CMD_F_HANDOVER : 0) |
 					    (op == SHARD_CMD_ATTACH && c->session[0] ? SHARD_CMD_F_SESSION : 0)),
 			.uid = c->acct_uid,
+			.user_quota = shard_share(c->timer_quota, b->o.nr_shards),
 			.generation = c->generation,
 			.ch = &c->chans[s],
 			.mem = c->mems ? &c->mems[s] : NULL,    /* a detached session has none */
@@ -1892,8 +1893,7 @@ static uint64_t idle_beat_ns(void)
  */
 static void limits_say(const struct broker_opts *o)
 {
-	char per_uid[32], client[48], uid[160];
-	uint64_t half = (uint64_t)o->capacity * o->nr_shards / 2;
+	char per_uid[32], client[48], uid[200];
 
 	if (o->max_clients_per_uid)
 		snprintf(per_uid, sizeof(per_uid), "%u per uid", o->max_clients_per_uid);
@@ -1906,20 +1906,15 @@ static void limits_say(const struct broker_opts *o)
 		snprintf(client, sizeof(client), "any number of timers per client");
 	if (!o->max_timers_per_uid)
 		snprintf(uid, sizeof(uid), "any number per uid");
-	else if (o->quota_div == 4 && o->slab_fits)
-		snprintf(uid, sizeof(uid), "%llu per uid (a quarter of the %llu its filesystem holds: users have "
-			 "subordinate uids)", (unsigned long long)o->max_timers_per_uid,
-			 (unsigned long long)o->slab_fits);
-	else if (o->quota_div == 4)
-		snprintf(uid, sizeof(uid), "%llu per uid (a quarter of %u shard%s x %u: users have subordinate "
-			 "uids)", (unsigned long long)o->max_timers_per_uid, o->nr_shards,
-			 o->nr_shards == 1 ? "" : "s", o->capacity);
-	else if (o->slab_fits)
-		snprintf(uid, sizeof(uid), "%llu per uid (half of the %llu its filesystem holds)",
-			 (unsigned long long)o->max_timers_per_uid, (unsigned long long)o->slab_fits);
-	else if (o->max_timers_per_uid == half)
-		snprintf(uid, sizeof(uid), "%llu per uid (half of %u shard%s x %u)", (unsigned long long)half,
-			 o->nr_shards, o->nr_shards == 1 ? "" : "s", o->capacity);
+	else if (o->quota_derived && o->slab_fits)
+		snprintf(uid, sizeof(uid), "%llu per uid (half of the %llu its filesystem holds; %llu, a quarter, for "
+			 "a user with subordinate uids and for each range)", (unsigned long long)o->max_timers_per_uid,
+			 (unsigned long long)o->slab_fits, (unsigned long long)o->max_timers_with_subuids);
+	else if (o->quota_derived)
+		snprintf(uid, sizeof(uid), "%llu per uid (half of %u shard%s x %u; %llu, a quarter, for a user with "
+			 "subordinate uids and for each range)", (unsigned long long)o->max_timers_per_uid,
+			 o->nr_shards, o->nr_shards == 1 ? "" : "s", o->capacity,
+			 (unsigned long long)o->max_timers_with_subuids);
 	else
 		snprintf(uid, sizeof(uid), "%llu per uid", (unsigned long long)o->max_timers_per_uid);
 	log_msg(LOG_INFO, "limits: %u clients (%s); %s, %s; a detached session is kept %u s", o->max_clients,
@@ -2108,6 +2103,7 @@ void client_admit(struct broker *b, struct conn *cn, const struct ucred *cred, c
 	if (session[0])
 		token_next(c);
 	c->acct_uid = policy_account_uid(&b->policy, cred->uid);
+	c->timer_quota = uid_timer_quota(b, c->acct_uid);
 	c->generation++;
 	c->connected_ns = now_ns();
 	read_comm(cred->pid, c->comm);

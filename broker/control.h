@@ -23,10 +23,11 @@ struct broker_opts {
 	uint32_t cq_size;
 	uint64_t max_timers_per_client;  /* 0: no limit; enforced per shard, rounded up */
 	uint64_t max_timers_per_uid;     /* one user's clients together; the same */
+	uint64_t max_timers_with_subuids;  /* the same for a user owning subordinate uids, and for each
+					    * range (policy_has_subuids()): a quarter by default */
 	uint64_t slab_fits;              /* the default quota was a share of this many nodes, all the
 					  * socket's filesystem holds (less than the slab); else 0 */
-	uint32_t quota_div;              /* the default quota was the slab (or slab_fits) / this:
-					  * 2, or 4 where users have subordinate uids; 0: given */
+	bool     quota_derived;          /* the per-uid quotas are the defaults (half and a quarter) */
 	uint64_t resolution_ns;
 	int64_t  spin_us;           /* -1: busy-poll */
 	uint32_t spin_share;        /* percent of a shard's time it may spin with no work */
@@ -76,5 +77,14 @@ int broker_run(struct broker *b);
 
 /* Stop: state STOPPED, shards joined, clients see EOF, files removed. NULL-safe. */
 void broker_stop(struct broker *b);
+
+/*
+ * A quota's share in each shard, rounded up (0: no limit): each shard
+ * enforces its own, so the hot path never counts across shards.
+ */
+static inline uint64_t shard_share(uint64_t total, uint32_t nr_shards)
+{
+	return total ? (total + nr_shards - 1) / nr_shards : UINT64_MAX;
+}
 
 #endif /* CHIMED_CONTROL_H */

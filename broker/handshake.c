@@ -1018,8 +1018,9 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 		uint32_t uid = (uint32_t)(keys[i] >> 32), all = 0;
 		struct chime_query_user u = {
 			.uid = uid, .max_clients = b->o.max_clients_per_uid, .nr_shards = shards,
-			.max_timers = b->o.max_timers_per_uid,
-			.max_timers_shard = b->shards[0].core.user_quota,       /* what the shards refuse past */
+			.max_timers = uid_timer_quota(b, uid),
+			/* what the shards refuse past (its clients attached under this policy) */
+			.max_timers_shard = shard_share(uid_timer_quota(b, uid), shards),
 			.table_free = free_slots, .table_kept = b->o.max_clients / TABLE_RESERVE_DIV,
 		};
 		bool holds = false;

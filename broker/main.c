@@ -653,7 +653,7 @@ int main(int argc, char **argv)
 		.policy.subuid_file = "/etc/subuid",
 	};
 	char err[512];
-	bool foreground = false, have_socket = false, restarted, uid_quota_derived;
+	bool foreground = false, have_socket = false, restarted;
 	size_t subuid_ranges = 0;
 	sigset_t old_mask;
 	struct broker *b = NULL;
@@ -806,19 +806,23 @@ int main(int argc, char **argv)
 	if (!have_socket)
 		default_socket(o.socket_path, sizeof(o.socket_path), &o.mkdir_parent);
 	absolutize(o.socket_path, sizeof(o.socket_path));
-	uid_quota_derived = o.max_timers_per_uid == UINT64_MAX;
-	if (uid_quota_derived) {
+	if (o.max_timers_per_uid == UINT64_MAX) {
 		uint64_t slab = (uint64_t)o.capacity * o.nr_shards, fits = slab_fits(&o);
 
 		if (fits < slab)
 			o.slab_fits = slab = fits;
 		/*
-		 * A quarter where users have subordinate uids: the owner's uid and
-		 * its range are two users (policy_account_uid()), and with half
-		 * each, one person held every node (a security audit).
+		 * Half, and a quarter for a user owning subordinate uids and for
+		 * each range: the owner's uid and its range are two users
+		 * (policy_account_uid()), and with half each, one person held
+		 * every node (a security audit). Decided per user at its attach
+		 * (uid_timer_quota()), so a range a reload adds counts too.
 		 */
-		o.quota_div = subuid_ranges ? 4 : 2;
-		o.max_timers_per_uid = slab / o.quota_div ? slab / o.quota_div : 1;
+		o.quota_derived = true;
+		o.max_timers_per_uid = slab / 2 ? slab / 2 : 1;
+		o.max_timers_with_subuids = slab / 4 ? slab / 4 : 1;
+	} else {
+		o.max_timers_with_subuids = o.max_timers_per_uid;
 	}
 
 	/*
@@ -871,10 +875,12 @@ int main(int argc, char **argv)
 	 * of the shard goes (grant_slot()), and they count against its user's
 	 * share of the shard: below what --max-clients-per-uid of them hold,
 	 * a user's idle connections alone use it up, and the next ones can
-	 * arm nothing.
+	 * arm nothing. Where users have subordinate uids, theirs is the
+	 * smaller quota.
 	 */
 	if (o.max_timers_per_uid && o.max_clients_per_uid) {
-		uint64_t held = o.sq_size, user_share = (o.max_timers_per_uid + o.nr_shards - 1) / o.nr_shards;
+		uint64_t quota = subuid_ranges ? o.max_timers_with_subuids : o.max_timers_per_uid;
+		uint64_t held = o.sq_size, user_share = shard_share(quota, o.nr_shards);
 		uint64_t client_share = (o.max_timers_per_client + o.nr_shards - 1) / o.nr_shards, idle;
 
 		if (o.max_timers_per_client && client_share < held)
@@ -885,15 +891,15 @@ int main(int argc, char **argv)
 				"what one connection holds: a user's connections hold %llu nodes each before "
 				"arming any timer (%s %llu per shard, %u shard%s), so %llu of them use%s up its "
 				"quota; %s",
-				(unsigned long long)o.max_timers_per_uid,
-				!uid_quota_derived ? "" : o.quota_div == 4 ? " (the default where users have "
+				(unsigned long long)quota,
+				!o.quota_derived ? "" : subuid_ranges ? " (the default for a user with "
 				"subordinate uids: a quarter of the slab)" : o.slab_fits ? " (the default: half of "
 				"what the socket's filesystem holds)" : " (the default: half of --capacity times --shards)",
 				o.max_clients_per_uid, (unsigned long long)(held * o.nr_shards),
 				held < o.sq_size ? "their share of --max-timers-per-client," : "--sq-size",
 				(unsigned long long)held, o.nr_shards, o.nr_shards == 1 ? "" : "s",
 				(unsigned long long)idle, idle == 1 ? "s" : "",
-				uid_quota_derived ? "raise --capacity, set --max-timers-per-uid, or lower "
+				o.quota_derived ? "raise --capacity, set --max-timers-per-uid, or lower "
 				"--max-clients-per-uid" : "raise it or lower --max-clients-per-uid");
 	}
 	loop_signals(&set);

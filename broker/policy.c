@@ -348,6 +348,13 @@ static int by_owner(const void *pa, const void *pb)
 	return c ? c : a->r.start < b->r.start ? -1 : a->r.start > b->r.start;
 }
 
+static int by_uid(const void *pa, const void *pb)
+{
+	uid_t a = *(const uid_t *)pa, b = *(const uid_t *)pb;
+
+	return a < b ? -1 : a > b;
+}
+
 static int by_start(const void *pa, const void *pb)
 {
 	const struct uid_range *a = pa, *b = pb;
@@ -398,8 +405,18 @@ static int subuids_index(struct policy *p, struct subuid_line *l, size_t n)
 	for (size_t i = 0; i < n; i++)
 		l[i].r.as = i && !strcmp(l[i].owner, l[i - 1].owner) ? l[i - 1].r.as : l[i].r.start;
 	p->subuids = malloc(n * sizeof(*p->subuids));
-	if (!p->subuids)
+	p->subuid_owners = malloc(n * sizeof(*p->subuid_owners));
+	if (!p->subuids || !p->subuid_owners)
 		return -ENOMEM;
+	/* each owner once (l is sorted by owner); a name no one has owns nothing here */
+	for (size_t i = 0; i < n; i++) {
+		char msg[8];
+		unsigned uid;
+
+		if ((!i || strcmp(l[i].owner, l[i - 1].owner)) && resolve('u', l[i].owner, &uid, msg, sizeof(msg)) == 0)
+			p->subuid_owners[p->nr_subuid_owners++] = (uid_t)uid;
+	}
+	qsort(p->subuid_owners, p->nr_subuid_owners, sizeof(*p->subuid_owners), by_uid);
 	for (size_t i = 0; i < n; i++)
 		p->subuids[i] = l[i].r;
 	qsort(p->subuids, n, sizeof(*p->subuids), by_start);
@@ -493,7 +510,8 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 	return r;
 }
 
-uid_t policy_account_uid(const struct policy *p, uid_t uid)
+/* The range holding uid, or NULL. */
+static const struct uid_range *range_of(const struct policy *p, uid_t uid)
 {
 	size_t lo = 0, hi = p->nr_subuids;
 
@@ -507,8 +525,22 @@ uid_t policy_account_uid(const struct policy *p, uid_t uid)
 			hi = mid;
 	}
 	if (lo && uid - p->subuids[lo - 1].start < p->subuids[lo - 1].count)
-		return p->subuids[lo - 1].as;
-	return uid;
+		return &p->subuids[lo - 1];
+	return NULL;
+}
+
+uid_t policy_account_uid(const struct policy *p, uid_t uid)
+{
+	const struct uid_range *r = range_of(p, uid);
+
+	return r ? r->as : uid;
+}
+
+bool policy_has_subuids(const struct policy *p, uid_t uid)
+{
+	return range_of(p, uid) ||
+	       (p->nr_subuid_owners &&
+		bsearch(&uid, p->subuid_owners, p->nr_subuid_owners, sizeof(uid), by_uid));
 }
 
 int policy_load(struct policy *p, const struct policy_src *src, char *err, size_t errlen)
@@ -541,6 +573,7 @@ void policy_free(struct policy *p)
 	free(p->gids);
 	free(p->sessions);
 	free(p->subuids);
+	free(p->subuid_owners);
 	*p = (struct policy){ 0 };
 }
 

@@ -64,6 +64,8 @@ struct policy {
 	size_t nr_sessions;
 	struct uid_range *subuids;      /* by start, disjoint */
 	size_t nr_subuids;
+	uid_t *subuid_owners;           /* the uids owning a range, sorted, distinct */
+	size_t nr_subuid_owners;
 	size_t subuids_skipped;         /* lines of the file not understood, or overlapping */
 };
 
@@ -92,6 +94,13 @@ bool policy_admits(const struct policy *p, uid_t self, uid_t uid, gid_t gid,
 
 /* The uid whose share uid counts against: its range's, or its own. */
 uid_t policy_account_uid(const struct policy *p, uid_t uid);
+
+/*
+ * Does uid own a subordinate-uid range, or lie in one? Such a user is one
+ * of the two accounts of a login (its own and its range's): its default
+ * timer quota is a quarter of the slab, not half (main.c).
+ */
+bool policy_has_subuids(const struct policy *p, uid_t uid);
 
 /* Is session `name` reserved for a user? true and *uid if so. */
 bool policy_session_owner(const struct policy *p, const char *name, uid_t *uid);

@@ -202,6 +202,7 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	memcpy(c->session, r->name, sizeof(c->session));
 	c->cred.uid = r->uid;
 	c->acct_uid = policy_account_uid(&b->policy, r->uid);
+	c->timer_quota = uid_timer_quota(b, c->acct_uid);
 	c->cred.gid = r->gid;
 	c->cred.pid = 0;
 	c->holder_pid = r->pid;
@@ -512,6 +513,7 @@ struct shard_session *restart_shard_sessions(struct broker *b, uint32_t shard)
 		ss[slot].ch = &c->chans[shard];
 		ss[slot].generation = c->generation;
 		ss[slot].uid = c->acct_uid;
+		ss[slot].user_quota = shard_share(c->timer_quota, b->o.nr_shards);
 	}
 	return ss;
 }

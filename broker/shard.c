@@ -587,7 +587,6 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->core.capacity = cfg->capacity;
 	s->core.max_clients = cfg->max_clients;
 	s->core.quota = cfg->quota;
-	s->core.user_quota = cfg->user_quota;
 	s->core.grow = slab_grow;
 	s->core.st = &s->st;
 	s->core.by_slot = calloc(cfg->max_clients, sizeof(*s->core.by_slot));
@@ -621,7 +620,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 		const struct shard_session *ss = &cfg->sessions[slot];
 
 		if (ss->ch && chan_restore_init(&s->core, ss->ch, (uint16_t)slot, ss->generation, ss->uid,
-						cfg->sq_size) < 0)
+						ss->user_quota, cfg->sq_size) < 0)
 			return log_errno(LOG_ERR, ENOMEM, "shard %u: restoring sessions", cfg->idx);
 	}
 	wall_init(s, reopened);
@@ -872,7 +871,7 @@ static bool run_cmds(struct shard *s, bool *work)
 		*work = true;
 		switch (c.op) {
 		case SHARD_CMD_ATTACH:
-			r = chan_attach(&s->core, c.ch, c.mem, c.slot, c.generation, c.uid);
+			r = chan_attach(&s->core, c.ch, c.mem, c.slot, c.generation, c.uid, c.user_quota);
 			if (!r) {
 				c.ch->session = (c.flags & SHARD_CMD_F_SESSION) != 0;
 				s->active[s->nr_active++] = c.ch;  /* its doorbell is read from the next sleep on */

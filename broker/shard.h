@@ -53,6 +53,7 @@ struct shard_cmd {
 	uint16_t slot;
 	uint16_t flags;         /* SHARD_CMD_F_* */
 	uint32_t uid;           /* ATTACH: the client's user (the per-user quota) */
+	uint64_t user_quota;    /* ATTACH: that user's quota in this shard (UINT64_MAX: none) */
 	uint64_t generation;
 	struct chan *ch;
 	const struct chan_mem *mem;
@@ -64,6 +65,7 @@ struct shard_session {
 	struct chan *ch;        /* NULL: no session in this slot */
 	uint64_t generation;
 	uint32_t uid;
+	uint64_t user_quota;    /* nodes its user may own in each shard (UINT64_MAX: no limit) */
 };
 
 struct shard_cfg {
@@ -71,7 +73,6 @@ struct shard_cfg {
 	uint32_t capacity;
 	uint32_t max_clients;
 	uint64_t quota;         /* nodes per client in this shard (UINT64_MAX: no limit) */
-	uint64_t user_quota;    /* nodes per user in this shard (the same) */
 	uint64_t resolution_ns;
 	int64_t spin_us;        /* -1: busy-poll, never sleep */
 	uint32_t spin_share;    /* percent of its time it may spin with no work (1..100) */

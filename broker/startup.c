@@ -504,15 +504,6 @@ static int ring_setup(struct broker *b)
 	return 0;
 }
 
-/*
- * A quota's share in each shard, rounded up (0: no limit): each shard
- * enforces its own, so the hot path never counts across shards.
- */
-static uint64_t shard_share(uint64_t total, uint32_t nr_shards)
-{
-	return total ? (total + nr_shards - 1) / nr_shards : UINT64_MAX;
-}
-
 /* One shard's shard_init(), in a thread of its own (shards_setup()). */
 struct shard_setup {
 	struct broker *b;
@@ -616,7 +607,6 @@ static int shards_setup(struct broker *b)
 				.capacity = b->o.capacity,
 				.max_clients = b->o.max_clients,
 				.quota = shard_share(b->o.max_timers_per_client, b->o.nr_shards),
-				.user_quota = shard_share(b->o.max_timers_per_uid, b->o.nr_shards),
 				.resolution_ns = b->o.resolution_ns,
 				.spin_us = b->o.spin_us,
 				.spin_share = b->o.spin_share,

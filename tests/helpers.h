@@ -30,9 +30,10 @@ struct t_chimed {
 /*
  * "--subuid-file ''" unless extra names a subordinate-uid file: a test's
  * broker reads no host's /etc/subuid, whose ranges (any user added with
- * useradd has one) make the default --max-timers-per-uid a quarter of the
- * slab instead of half, and cases arming more than a quarter as one user
- * failed on such a host.
+ * useradd has one) made the default --max-timers-per-uid a quarter of the
+ * slab instead of half for every user until 2026-12-07, and still do for
+ * their owners (root, on a host that gave it one): cases arming more than
+ * a quarter as one user failed on such a host.
  */
 #define T_SUBUIDS_NONE(extra) ((extra) && strstr((extra), "--subuid-file") ? "" : "--subuid-file ''")
 

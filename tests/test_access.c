@@ -1063,12 +1063,37 @@ Test(access, a_users_subordinate_uids_count_as_one_user)
 	unlink(file);
 }
 
+/* The quota chimectl users is told for account uid `as` (0 if not listed). */
+static uint64_t quota_said(uid_t as)
+{
+	struct chime_query_user u[8];
+	struct chime_query_head head;
+
+	for (int k = 0; k < 50; k++) {
+		memset(u, 0, sizeof(u));
+		raw_query(CHIME_HELLO_QUERY_USERS, 0, 8, &head, u, sizeof(u[0]), 8);
+		if (head.status != -EBUSY)
+			break;
+		usleep(60000);
+	}
+	cr_assert_eq(head.status, 0, "the users query: %s", strerror(-head.status));
+	for (uint64_t i = 0; i < head.count && i < 8; i++)
+		if (u[i].uid == as) {
+			cr_expect_eq(u[i].max_timers_shard, u[i].max_timers, "one shard: its share is the quota");
+			return u[i].max_timers;
+		}
+	return 0;
+}
+
 /*
- * Where users have subordinate uids, the default --max-timers-per-uid is a
- * quarter of the slab, not half: the owner's uid and its range are two
- * users, and with half each one person held every node, every other user's
- * arm ENOMEM (a security audit). One shard of 4096: the owner and one of
- * its subordinate uids arm until refused, and a third user still arms.
+ * Where users have subordinate uids, the default --max-timers-per-uid of an
+ * owner and of its range is a quarter of the slab, not half: the owner's
+ * uid and its range are two users, and with half each one person held
+ * every node, every other user's arm ENOMEM (a security audit). A user
+ * with no range keeps half: the quarter was everyone's once the file named
+ * any range, root's too (so on any host where useradd had made a user).
+ * One shard of 4096: the owner and one of its subordinate uids arm until
+ * refused, each a quarter; root arms half, refused EDQUOT.
  */
 Test(access, an_owner_and_its_subordinate_uids_hold_half_the_slab_at_most_by_default)
 {
@@ -1089,19 +1114,67 @@ Test(access, an_owner_and_its_subordinate_uids_hold_half_the_slab_at_most_by_def
 	ra = hold_as_uid(pw->pw_uid, true, &a);
 	rb = hold_as_uid(200001, true, &b);
 	cr_assert(ra >= 1000 && rb >= 1000, "opens refused: %d, %d", ra, rb);
-	cr_assert_leq(ra - 1000 + rb - 1000, 4096 / 2, "the owner armed %d and its subordinate uid %d: more than "
-		      "half the slab", ra - 1000, rb - 1000);
-	cr_assert_geq(ra - 1000, 900, "the owner's own quarter");
+	cr_assert(ra - 1000 <= 4096 / 4 && rb - 1000 <= 4096 / 4, "the owner armed %d and its subordinate uid %d: "
+		  "more than a quarter each", ra - 1000, rb - 1000);
+	cr_assert_geq(ra - 1000, 4096 / 4 - 16, "the owner's own quarter (less its grants set aside)");
+	cr_assert_geq(rb - 1000, 4096 / 4 - 16, "the range's quarter");
 	c = t_open(tb.sock);
 	cr_assert_not_null(c);
 	n = arm_until_refused(c, &err);
-	cr_assert_eq(err, -EDQUOT, "another user: %s after %u, not its quota", strerror(-err), n);
-	cr_assert_geq(n, 900, "another user armed %u", n);
+	cr_assert_eq(err, -EDQUOT, "root: %s after %u, not its quota", strerror(-err), n);
+	cr_assert(n >= 4096 / 2 - 16 && n <= 4096 / 2, "root, with no range, armed %u: not half the slab", n);
+	cr_expect_eq(quota_said(0), 4096 / 2, "root's quota");
+	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 4, "the owner's");
 	chime_close(c);
 	unhold(a);
 	unhold(b);
 	t_chimed_stop(&tb, SIGTERM);
 	unlink(file);
+}
+
+/*
+ * Each user is told its own quota: a quarter for the owner and its range,
+ * half for the rest. A range that a reload adds is a quarter's from its
+ * next attach: before, the quarter was decided once, at the start.
+ */
+Test(access, a_range_a_reload_adds_holds_a_quarter_from_its_next_attach)
+{
+	char file[300], logf[300], extra[700];
+	struct passwd *pw;
+	pid_t a, b, c;
+	int ra, rb, rc;
+
+	need_users();
+	pw = getpwnam("chimet1");
+	cr_assert_not_null(pw);
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	snprintf(logf, sizeof(logf), "/tmp/chime-subuid-%d.log", (int)getpid());
+	cr_assert_eq(t_write_file(file, "# no ranges yet\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 8192 --sq-size 16 --subuid-file %s 2>'%s'",
+		 file, logf);
+	start(extra);
+	ra = hold_as_uid(200001, true, &a);
+	cr_assert(ra - 1000 >= 8192 / 2 - 16 && ra - 1000 <= 8192 / 2, "uid 200001, no range's yet, armed %d, "
+		  "not half", ra - 1000);
+	cr_expect_eq(quota_said(200001), 8192 / 2);
+	unhold(a);
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	for (int i = 0; i < 200 && !t_file_has(logf, "reloaded the policy"); i++)
+		usleep(10000);
+	cr_assert(t_file_has(logf, "reloaded the policy"), "no reload in 2 s");
+	rb = hold_as_uid(200002, true, &b);
+	rc = hold_as_uid(pw->pw_uid, true, &c);
+	cr_assert(rb - 1000 >= 8192 / 4 - 16 && rb - 1000 <= 8192 / 4, "the range's uid armed %d, not a quarter",
+		  rb - 1000);
+	cr_assert(rc - 1000 >= 8192 / 4 - 16 && rc - 1000 <= 8192 / 4, "its owner armed %d, not a quarter", rc - 1000);
+	cr_expect_eq(quota_said(200000), 8192 / 4, "the range (counted as its start)");
+	cr_expect_eq(quota_said(pw->pw_uid), 8192 / 4, "the owner");
+	unhold(b);
+	unhold(c);
+	t_chimed_stop(&tb, SIGTERM);
+	unlink(file);
+	unlink(logf);
 }
 
 /*

@@ -50,6 +50,7 @@ static struct {
 	struct chime_client_geom g;
 	struct client_sim cl[NSIM];
 	uint64_t now;
+	uint64_t user_quota;    /* what client_init_uid() attaches with: its user's quota here */
 } F;
 
 /* A client's two segments in malloc'd memory (a re-attach gets new ones). */
@@ -94,7 +95,7 @@ static void park_and_reattach(struct client_sim *c, bool resume)
 static void client_init_uid(struct client_sim *c, uint16_t slot, uint32_t uid)
 {
 	client_mem(c);
-	cr_assert_eq(chan_attach(&F.sc, &c->ch, &c->m, slot, 1, uid), 0);
+	cr_assert_eq(chan_attach(&F.sc, &c->ch, &c->m, slot, 1, uid, F.user_quota), 0);
 	client_rings(c);
 }
 
@@ -125,7 +126,7 @@ static void setup(void)
 	F.sc.users = F.users;
 	F.sc.user_of_slot = F.user_of_slot;
 	wheel_group_owners(&F.sc.wh, F.user_of_slot);    /* as the shard: by user */
-	F.sc.user_quota = UINT64_MAX;
+	F.user_quota = UINT64_MAX;
 	F.g.nr_shards = 1;
 	F.g.sq_size = SQ;
 	F.g.cq_size = CQ;
@@ -1457,13 +1458,47 @@ Test(chan, a_refusal_is_put_down_to_the_quota_full_at_its_marker)
 	cr_assert_eq(F.st.cl[0].c.refused_user_quota, 0, "counted as its user's quota");
 }
 
+/*
+ * Each user's quota comes with its attach (the control thread's policy
+ * gives an owner of subordinate uids a quarter, the others half): two
+ * users held to two quotas in one shard, and a later attach of a user
+ * moves its quota for all its channels (a reload changed it).
+ */
+Test(chan, each_user_is_held_to_the_quota_its_attach_brought)
+{
+	struct client_sim *a = &F.cl[1], *b = &F.cl[2], *a2 = &F.cl[3];
+
+	F.user_quota = SQ + 1;
+	client_init_uid(a, 1, 1000);
+	F.user_quota = SQ + 3;
+	client_init_uid(b, 2, 2000);
+	for (unsigned n = 0; n < 4; n++) {
+		(void)arm(a, 7, T0 + 3600 * MS, 0, n);
+		(void)arm(b, 8, T0 + 3600 * MS, 0, n);
+		step_at(T0);
+	}
+	cr_assert_eq(a->ch.user->owned, SQ + 1, "uid 1000 past its own quota");
+	cr_assert_eq(b->ch.user->owned, SQ + 3, "uid 2000 held to uid 1000's quota, or past its own");
+	cr_assert(a->ch.marked && b->ch.marked);
+	/* uid 1000 attaches again, now with room for 4 more: its first channel arms too */
+	F.user_quota = 2 * SQ + 5;
+	client_init_uid(a2, 3, 1000);
+	cr_assert_eq(a2->ch.user, a->ch.user);
+	for (unsigned n = 0; n < 4; n++) {
+		(void)arm(a, 7, T0 + 3600 * MS, 0, 4 + n);
+		step_at(T0);
+	}
+	cr_assert_eq(a->ch.user->owned, 2 * SQ + 5, "uid 1000 not moved to its new quota");
+	cr_assert_eq(b->ch.user->owned, SQ + 3, "uid 2000's quota moved with uid 1000's");
+}
+
 Test(chan, the_clients_of_one_user_share_its_quota_and_another_user_is_not_refused)
 {
 	struct client_sim *a = &F.cl[1], *b = &F.cl[2], *other = &F.cl[0];
 	uint64_t ids[3];
 
 	/* uid 1000's two clients: their grants and two more nodes, together */
-	F.sc.user_quota = 2 * SQ + 2;
+	F.user_quota = 2 * SQ + 2;
 	client_init_uid(a, 1, 1000);
 	client_init_uid(b, 2, 1000);
 	cr_assert_eq(a->ch.user, b->ch.user, "one share for one user");
@@ -1572,7 +1607,7 @@ Test(chan, a_failed_attach_gives_back_its_users_share)
 
 		F.sc.capacity = UINT32_MAX - 1;         /* bitmaps of some 3 MiB: mmap'd, refused */
 		cr_assert_eq(setrlimit(RLIMIT_AS, &low), 0);
-		r = chan_attach(&F.sc, &a->ch, &a->m, 1, 1, 1000 + i);
+		r = chan_attach(&F.sc, &a->ch, &a->m, 1, 1, 1000 + i, UINT64_MAX);
 		cr_assert_eq(setrlimit(RLIMIT_AS, &was), 0);
 		F.sc.capacity = CAP;
 		cr_assert_eq(r, -ENOMEM, "attempt %u: %d", i, r);
@@ -1583,7 +1618,7 @@ Test(chan, a_failed_attach_gives_back_its_users_share)
 	cr_assert_leq(F.sc.nr_users, nr + 1);
 	a->m.touch_word = NULL;
 	a->m.touch_tag = NULL;
-	cr_assert_eq(chan_attach(&F.sc, &a->ch, &a->m, 1, 1, 1000), 0);
+	cr_assert_eq(chan_attach(&F.sc, &a->ch, &a->m, 1, 1, 1000, UINT64_MAX), 0);
 	client_rings(a);
 }
 

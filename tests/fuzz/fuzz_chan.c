@@ -106,6 +106,7 @@ static struct {
 	struct chime_client_geom g;
 	struct client cl[NCL];
 	uint64_t now;
+	uint64_t user_quota;    /* every user's, brought by each attach */
 	struct htimer t[MAXT];
 	unsigned nt;
 	uint64_t max_deadline;  /* latest honest deadline submitted */
@@ -144,7 +145,7 @@ static int client_attach(struct client *c, uint16_t slot)
 		c->m.touch_word = chime_touch_words(c->touch, 0, CAP);
 		c->m.touch_tag = chime_touch_tags(c->touch, 1, 0, CAP);
 	}
-	r = chan_attach(&W.sc, &c->ch, &c->m, slot, 1, uid_of(slot));
+	r = chan_attach(&W.sc, &c->ch, &c->m, slot, 1, uid_of(slot), W.user_quota);
 	if (r)
 		return r;
 	client_rings(c);
@@ -220,7 +221,7 @@ static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget
 	W.sc.wh.jump_max = 8;
 	W.sc.wh.jump_owner = 4;
 	W.sc.wh.jump_group = 2;
-	W.sc.user_quota = user_quota;
+	W.user_quota = user_quota;
 	W.sc.walk_budget = walk_budget;
 	W.sc.index_budget = walk_budget;        /* a client's first CANCEL_KEY indexes in steps too */
 	W.now = T0;
@@ -351,8 +352,8 @@ static void check_world(void)
 			}
 		CHECK(u->owned == sum && u->chans == chans, "uid %u: owned %lu in %u channels, its entry "
 		      "says %lu in %u", u->uid, (unsigned long)sum, chans, (unsigned long)u->owned, u->chans);
-		CHECK(u->owned <= W.sc.user_quota, "uid %u owns %lu nodes, user quota %lu", u->uid,
-		      (unsigned long)u->owned, (unsigned long)W.sc.user_quota);
+		CHECK(u->owned <= W.user_quota && u->quota == W.user_quota, "uid %u owns %lu nodes, user quota %lu", u->uid,
+		      (unsigned long)u->owned, (unsigned long)W.user_quota);
 	}
 	CHECK(W.sc.nr_users <= NCL, "%u user entries for %u clients", W.sc.nr_users, NCL);
 }

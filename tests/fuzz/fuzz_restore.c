@@ -196,7 +196,6 @@ static int restore(struct in *in, uint64_t old_now)
 	W.sc.capacity = CAP;
 	W.sc.max_clients = NCL;
 	W.sc.quota = UINT64_MAX;
-	W.sc.user_quota = UINT64_MAX;
 	W.sc.users = W.users;
 	W.sc.user_of_slot = W.user_of_slot;
 	W.sc.walk_budget = 16;
@@ -205,7 +204,7 @@ static int restore(struct in *in, uint64_t old_now)
 	for (uint16_t s = 0; s < NCL; s++) {
 		W.session[s] = sessions >> s & 1;
 		if (W.session[s])
-			CHECK(chan_restore_init(&W.sc, &W.ch[s], s, 1, 1000 + s % 2, SQ) == 0, "chan_restore_init");
+			CHECK(chan_restore_init(&W.sc, &W.ch[s], s, 1, 1000 + s % 2, UINT64_MAX, SQ) == 0, "chan_restore_init");
 	}
 	r = wheel_rebuild(&W.sc.wh, W.wmem, W.wsz, CAP, RES, W.now, &ws);
 	if (r < 0)

@@ -113,9 +113,8 @@ static void world_init(struct world *w, uint32_t cap)
 	w->sc.max_clients = 1;
 	w->sc.quota = UINT64_MAX;
 	w->sc.users = w->users;
-	w->sc.user_quota = UINT64_MAX;
 	chan_mem_layout(&w->m, w->rw, w->ro, &w->g, 0);
-	if (chan_attach(&w->sc, &w->ch, &w->m, 0, 1, 0))
+	if (chan_attach(&w->sc, &w->ch, &w->m, 0, 1, 0, UINT64_MAX))
 		world_fail("chan_attach");
 	chime_sq_prod_init(&w->prod, w->m.sq_slots, &w->m.rw->sq_tail, SQ);
 	chime_cq_cons_init(&w->cons, w->m.cq_slots, w->m.claim, &w->m.ro->cq_tail, &w->m.rw->cq_head, CQ);

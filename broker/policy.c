@@ -391,6 +391,58 @@ static bool subuid_parse(char *line, struct subuid_line *l)
 	return l->owner != NULL;
 }
 
+static int by_name(const void *key, const void *elt)
+{
+	return strcmp(key, *(char *const *)elt);
+}
+
+/*
+ * The owners' uids into p->subuid_owners, sorted: a name no user has owns
+ * nothing. One pass over the user database, then a lookup each for the
+ * names it did not list (numbers, and directories that do not enumerate):
+ * a lookup each alone reads /etc/passwd once per owner, seconds of the
+ * control thread's time on a host of ten thousand users. l is sorted by
+ * owner.
+ */
+static int owners_resolve(struct policy *p, const struct subuid_line *l, size_t n)
+{
+	const char **names = malloc(n * sizeof(*names));
+	bool *found = calloc(n, sizeof(*found));
+	struct passwd pw, *res;
+	char buf[NSS_BUF];
+	size_t k = 0;
+
+	if (!names || !found) {
+		free(names);
+		free(found);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (!i || strcmp(l[i].owner, l[i - 1].owner))
+			names[k++] = l[i].owner;
+	setpwent();
+	while (getpwent_r(&pw, buf, sizeof(buf), &res) == 0 && res) {
+		const char **at = bsearch(pw.pw_name, names, k, sizeof(*names), by_name);
+
+		if (at && !found[at - names]) {
+			found[at - names] = true;
+			p->subuid_owners[p->nr_subuid_owners++] = pw.pw_uid;
+		}
+	}
+	endpwent();
+	for (size_t i = 0; i < k; i++) {
+		char msg[8];
+		unsigned uid;
+
+		if (!found[i] && resolve('u', names[i], &uid, msg, sizeof(msg)) == 0)
+			p->subuid_owners[p->nr_subuid_owners++] = (uid_t)uid;
+	}
+	free(names);
+	free(found);
+	qsort(p->subuid_owners, p->nr_subuid_owners, sizeof(*p->subuid_owners), by_uid);
+	return 0;
+}
+
 /*
  * Each owner's ranges count as the lowest of their starts; then by start,
  * a range overlapping the one before it dropped (and counted).
@@ -408,15 +460,8 @@ static int subuids_index(struct policy *p, struct subuid_line *l, size_t n)
 	p->subuid_owners = malloc(n * sizeof(*p->subuid_owners));
 	if (!p->subuids || !p->subuid_owners)
 		return -ENOMEM;
-	/* each owner once (l is sorted by owner); a name no one has owns nothing here */
-	for (size_t i = 0; i < n; i++) {
-		char msg[8];
-		unsigned uid;
-
-		if ((!i || strcmp(l[i].owner, l[i - 1].owner)) && resolve('u', l[i].owner, &uid, msg, sizeof(msg)) == 0)
-			p->subuid_owners[p->nr_subuid_owners++] = (uid_t)uid;
-	}
-	qsort(p->subuid_owners, p->nr_subuid_owners, sizeof(*p->subuid_owners), by_uid);
+	if (owners_resolve(p, l, n) < 0)
+		return -ENOMEM;
 	for (size_t i = 0; i < n; i++)
 		p->subuids[i] = l[i].r;
 	qsort(p->subuids, n, sizeof(*p->subuids), by_start);

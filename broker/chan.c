@@ -2761,7 +2761,21 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		ch->dying = 1;
 		if (!ch->parked && ch->sq.slots)
 			refused_left(sc, ch);   /* a parked channel's rings went with its process */
-		walk_dequeue(sc, ch);   /* its CANCEL_KEY too: every node of the client goes */
+		if (sc->walk_head == ch) {
+			/*
+			 * Its CANCEL_KEY goes too (every node of the client
+			 * goes), and the head with it to the user served
+			 * longest ago, as when a walk ends: in list order, a
+			 * user detaching its connections one by one kept the
+			 * head (a review).
+			 */
+			if (ch->walk_stepped)
+				ch->user->walk_turn = ++sc->walk_turns;
+			walk_dequeue(sc, ch);
+			walk_pick(sc);
+		} else {
+			walk_dequeue(sc, ch);
+		}
 		grants_drop(sc, ch);
 		carried_free(sc, ch);
 		settle(sc, ch, false, 0);

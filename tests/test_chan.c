@@ -1325,6 +1325,40 @@ Test(chan, a_detach_drops_its_walk_and_the_next_one_goes_on)
 	cr_assert_null(F.sc.walk_tail);
 }
 
+/*
+ * A walk that goes with its connection while at the head hands the head to
+ * the user whose walks stepped longest ago, as a walk that ends does: in
+ * list order, a user's next walk got it, and one user detaching its
+ * connections one after the other kept another user's walk waiting (a
+ * review).
+ */
+Test(chan, a_walk_detached_at_the_head_hands_it_to_the_user_served_longest_ago)
+{
+	struct client_sim *a = &F.cl[0], *a2 = &F.cl[1], *b = &F.cl[2];
+
+	client_init_uid(a2, 1, 0);      /* a's user's second connection */
+	client_init(b, 2);
+	for (int i = 0; i < 100; i++) {
+		arm(a, 9, T0 + 3600 * MS, 0, 1);
+		arm(a2, 9, T0 + 3600 * MS, 0, 1);
+		arm(b, 9, T0 + 3600 * MS, 0, 1);
+		if (i % 4 == 3)
+			step();
+	}
+	step();
+	F.sc.walk_budget = 4;
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	submit(a2, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	submit(b, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	step();
+	cr_assert_eq(F.sc.walk_head, &a->ch, "a's walk stepped first");
+	cr_assert_eq(F.sc.walk_head->walk_next, &a2->ch, "then its user's second, in arrival order");
+	while (!chan_reclaim(&F.sc, &a->ch, 1000))
+		;
+	cr_assert_eq(F.sc.walk_head, &b->ch, "the head went to a's user again, not to the user waiting");
+	cr_assert_eq(F.sc.walk_tail, &a2->ch);
+}
+
 /* Take every free node of the slab for a client that is not ours (slot 3). */
 static void fill_slab(void)
 {

@@ -174,6 +174,52 @@ static int load(const struct broker *b, const struct sessfile_geom *g, struct se
 	return n;
 }
 
+/*
+ * A sessions file found damaged (records dropped, or its header read from
+ * the copy) is rewritten in place by restart_save(): a copy of it as found,
+ * at PATH.sessions.damaged, so that the operator still has what was dropped
+ * (the records' bytes: the session names, users and slots). Never over
+ * another file (O_EXCL | O_NOFOLLOW); a copy that finds no room is only said.
+ */
+static void keep_damaged(const struct broker *b)
+{
+	char path[PATH_MAX + 16], buf[16384];
+	int in, out, e = 0;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "%s.damaged", b->sess_path);
+	in = open(b->sess_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (in < 0)
+		return;
+	out = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (out < 0) {
+		log_errno(LOG_WARNING, errno, "cannot keep a copy of the damaged sessions file at '%s'%s", path,
+			  errno == EEXIST ? " (one is there already: not replaced)" : "");
+		close(in);
+		return;
+	}
+	while ((n = read(in, buf, sizeof(buf))) != 0) {
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 || write(out, buf, (size_t)n) != n) {
+			e = errno ? errno : EIO;
+			break;
+		}
+	}
+	if (!e && fsync(out) < 0 && errno != EINVAL)
+		e = errno;
+	close(in);
+	if (close(out) < 0 && !e)
+		e = errno;
+	if (e) {
+		unlink(path);
+		log_errno(LOG_WARNING, e, "cannot keep a copy of the damaged sessions file at '%s'", path);
+		return;
+	}
+	log_msg(LOG_WARNING, "'%s': a copy of it as found is kept at '%s' (the file itself is rewritten without "
+		"what was damaged)", b->sess_path, path);
+}
+
 /* A monotonic offset (ns) in seconds as unshare --monotonic takes it: "100", "-2.5". */
 static void mono_secs(int64_t ns, char *buf, size_t len)
 {
@@ -467,8 +513,15 @@ int restart_load(struct broker *b)
 	}
 	default:
 		if (n < 0) {
-			log_errno_hint(LOG_ERR, n, "--fresh discards it", "cannot take over sessions file '%s'",
-				       b->sess_path);
+			/*
+			 * A mode set by hand (chmod 000, a restrictive umask in a
+			 * copy put back): chmod is the way out, not --fresh, which
+			 * discards every session's timers.
+			 */
+			log_errno_hint(LOG_ERR, n, n == -EACCES ?
+				       "not started: its sessions and their timers stay in the files; give chimed's user "
+				       "read and write access to it (chmod 600), or --fresh discards them" :
+				       "--fresh discards it", "cannot take over sessions file '%s'", b->sess_path);
 			free(recs);
 			return n;
 		}
@@ -478,8 +531,11 @@ int restart_load(struct broker *b)
 			"taken over by its copy at the end of the file, which is whole (the header is written "
 			"again)", b->sess_path);
 	if (bad)
-		log_msg(LOG_WARNING, "'%s': %u damaged session records dropped (their timers are freed)",
-			b->sess_path, bad);
+		log_msg(LOG_WARNING, "'%s': %u damaged session record%s dropped (%s timers are freed, counted in the "
+			"shards' lines below as anonymous clients')", b->sess_path, bad, bad == 1 ? "" : "s",
+			bad == 1 ? "its" : "their");
+	if (bad || info.from_copy)
+		keep_damaged(b);
 	if (n > 0) {
 		b->restoring = true;
 		for (uint32_t slot = 0; slot < b->o.max_clients; slot++)

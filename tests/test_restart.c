@@ -903,6 +903,37 @@ Test(restart, a_sessions_file_header_damaged_in_one_copy_is_taken_over_from_the_
 }
 
 /*
+ * One bit flipped in a session record (past its header): that session is
+ * dropped and its timers freed, as chimed(8) says; but the
+ * start rewrote the file in place without the record, and the operator had
+ * nothing left of it (its name, its user) to say what was lost. A copy of
+ * the file as found is kept at PATH.sessions.damaged, and said.
+ */
+Test(restart, a_damaged_session_record_is_said_and_the_file_as_found_kept)
+{
+	char log[300], extra[400], copy[PATH_MAX];
+	uint8_t before[256], after[256];
+	int fd, cfd;
+
+	detached_session_on_two_shards("rec", 10, log, sizeof(log));
+	fd = killed_sessions_file();
+	flip_bit(fd, 128 + 40);         /* slot 0's record, inside its name */
+	cr_assert_eq(pread(fd, before, sizeof(before), 0), (ssize_t)sizeof(before));
+	close(fd);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	restart(0, extra);
+	cr_assert(t_file_has(log, "1 damaged session record dropped"), "the dropped record is not said");
+	snprintf(copy, sizeof(copy), "%s.sessions.damaged", tb.sock);
+	cr_assert(t_file_has(log, copy), "the copy of the damaged file is not named");
+	cfd = open(copy, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(cfd, 0, "%s: %s", copy, strerror(errno));
+	cr_assert_eq(pread(cfd, after, sizeof(after), 0), (ssize_t)sizeof(after));
+	close(cfd);
+	cr_assert_eq(memcmp(before, after, sizeof(before)), 0, "the copy is not the file as it was found");
+	unlink(copy);
+}
+
+/*
  * Files of another boot (state kept on a disk filesystem across a reboot):
  * CLOCK_MONOTONIC started again from 0, so every deadline in them is
  * another clock's. The sessions file's boot id says so, and the next

@@ -2144,6 +2144,14 @@ void client_reattach(struct broker *b, struct client *c, int fd, const struct uc
 	c->resume = resume;
 	c->created = false;
 	c->sq_base = sq_base;
+	/*
+	 * Its user's quota by the policy now, brought to the shards by the
+	 * reattach as an attach brings it: a session taken over by one
+	 * process after another kept the quota of its first attach across
+	 * any reload, half where a range added since made it a quarter (a
+	 * review). Its account stays the channels' (they are that user's).
+	 */
+	c->timer_quota = uid_timer_quota(b, c->acct_uid);
 	c->connected_ns = now_ns();
 	c->hup_seq++;
 	read_comm(cred->pid, c->comm);

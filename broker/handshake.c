@@ -1018,18 +1018,27 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 		uint32_t uid = (uint32_t)(keys[i] >> 32), all = 0;
 		struct chime_query_user u = {
 			.uid = uid, .max_clients = b->o.max_clients_per_uid, .nr_shards = shards,
-			.max_timers = uid_timer_quota(b, uid),
-			/* what the shards refuse past (its clients attached under this policy) */
-			.max_timers_shard = shard_share(uid_timer_quota(b, uid), shards),
 			.table_free = free_slots, .table_kept = b->o.max_clients / TABLE_RESERVE_DIV,
 		};
 		bool holds = false;
+		uint64_t latest = 0;
 
 		memset(per, 0, 2 * (size_t)shards * sizeof(*per));
 		for (; i < nk && (uint32_t)(keys[i] >> 32) == uid; i++) {
 			uint32_t slot = (uint32_t)keys[i];
 			const struct client *c = &b->clients[slot];
 
+			/*
+			 * What the shards refuse past: the quota its latest
+			 * (re)attach brought (chan_user.quota), not the policy's
+			 * now, which its connections from before a reload do not
+			 * hold to until its next one (a review: a quarter said
+			 * where half was enforced).
+			 */
+			if (c->connected_ns >= latest) {
+				latest = c->connected_ns;
+				u.max_timers = c->timer_quota;
+			}
 			slot_tally(c, &all, &u.held, &u.clients);
 			holds = holds || holds_slot(c);
 			u.reclaiming += c->state == CL_DETACHING;
@@ -1044,6 +1053,7 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 				}
 			}
 		}
+		u.max_timers_shard = shard_share(u.max_timers, shards);
 		/* as table_kept_from() decides for this user's own open: root and the broker's user are never kept out */
 		if (at_kept && holds && uid != 0 && uid != geteuid())
 			u.flags |= CHIME_QUERY_USER_KEPT_OUT;

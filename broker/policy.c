@@ -338,6 +338,8 @@ static int load_file(struct policy *p, const char *path, char *err, size_t errle
 struct subuid_line {
 	char *owner;                    /* as written: a name or a number */
 	struct uid_range r;
+	uid_t uid;                      /* the owner's uid, if `known` (owners_resolve()) */
+	bool known;
 };
 
 static int by_owner(const void *pa, const void *pb)
@@ -353,6 +355,27 @@ static int by_uid(const void *pa, const void *pb)
 	uid_t a = *(const uid_t *)pa, b = *(const uid_t *)pb;
 
 	return a < b ? -1 : a > b;
+}
+
+/*
+ * By account: the ranges of one uid together, whatever names it (its name,
+ * its number, another name of the same uid: newuidmap(1) gives it all of
+ * them), then those of a name no user has, by name; each by start.
+ */
+static int by_account(const void *pa, const void *pb)
+{
+	const struct subuid_line *a = pa, *b = pb;
+	int c;
+
+	if (a->known != b->known)
+		return a->known ? -1 : 1;
+	c = a->known ? (a->uid < b->uid ? -1 : a->uid > b->uid) : strcmp(a->owner, b->owner);
+	return c ? c : a->r.start < b->r.start ? -1 : a->r.start > b->r.start;
+}
+
+static bool same_account(const struct subuid_line *a, const struct subuid_line *b)
+{
+	return a->known == b->known && (a->known ? a->uid == b->uid : !strcmp(a->owner, b->owner));
 }
 
 static int by_start(const void *pa, const void *pb)
@@ -404,17 +427,19 @@ static int by_name(const void *key, const void *elt)
  * control thread's time on a host of ten thousand users. l is sorted by
  * owner.
  */
-static int owners_resolve(struct policy *p, const struct subuid_line *l, size_t n)
+static int owners_resolve(struct policy *p, struct subuid_line *l, size_t n)
 {
 	const char **names = malloc(n * sizeof(*names));
 	bool *found = calloc(n, sizeof(*found));
+	uid_t *uids = malloc(n * sizeof(*uids));
 	struct passwd pw, *res;
 	char buf[NSS_BUF];
-	size_t k = 0;
+	size_t k = 0, m = 0;
 
-	if (!names || !found) {
+	if (!names || !found || !uids) {
 		free(names);
 		free(found);
+		free(uids);
 		return -ENOMEM;
 	}
 	for (size_t i = 0; i < n; i++)
@@ -426,7 +451,7 @@ static int owners_resolve(struct policy *p, const struct subuid_line *l, size_t 
 
 		if (at && !found[at - names]) {
 			found[at - names] = true;
-			p->subuid_owners[p->nr_subuid_owners++] = pw.pw_uid;
+			uids[at - names] = pw.pw_uid;
 		}
 	}
 	endpwent();
@@ -434,12 +459,29 @@ static int owners_resolve(struct policy *p, const struct subuid_line *l, size_t 
 		char msg[8];
 		unsigned uid;
 
-		if (!found[i] && resolve('u', names[i], &uid, msg, sizeof(msg)) == 0)
-			p->subuid_owners[p->nr_subuid_owners++] = (uid_t)uid;
+		if (!found[i] && resolve('u', names[i], &uid, msg, sizeof(msg)) == 0) {
+			found[i] = true;
+			uids[i] = (uid_t)uid;
+		}
 	}
+	/* each line's owner's uid (l and names alike by owner) */
+	for (size_t i = 0, j = 0; i < n; i++) {
+		if (i && strcmp(l[i].owner, l[i - 1].owner))
+			j++;
+		l[i].known = found[j];
+		l[i].uid = found[j] ? uids[j] : 0;
+	}
+	for (size_t i = 0; i < k; i++)
+		if (found[i])
+			uids[m++] = uids[i];
+	qsort(uids, m, sizeof(*uids), by_uid);
+	/* distinct: an owner named twice (by name and number, or by two names of its uid) once */
+	for (size_t i = 0; i < m; i++)
+		if (!p->nr_subuid_owners || p->subuid_owners[p->nr_subuid_owners - 1] != uids[i])
+			p->subuid_owners[p->nr_subuid_owners++] = uids[i];
 	free(names);
 	free(found);
-	qsort(p->subuid_owners, p->nr_subuid_owners, sizeof(*p->subuid_owners), by_uid);
+	free(uids);
 	return 0;
 }
 
@@ -454,14 +496,21 @@ static int subuids_index(struct policy *p, struct subuid_line *l, size_t n)
 	if (n == 0)
 		return 0;       /* nothing to sort: l may be NULL, which qsort() must not get */
 	qsort(l, n, sizeof(*l), by_owner);
-	for (size_t i = 0; i < n; i++)
-		l[i].r.as = i && !strcmp(l[i].owner, l[i - 1].owner) ? l[i - 1].r.as : l[i].r.start;
 	p->subuids = malloc(n * sizeof(*p->subuids));
 	p->subuid_owners = malloc(n * sizeof(*p->subuid_owners));
 	if (!p->subuids || !p->subuid_owners)
 		return -ENOMEM;
 	if (owners_resolve(p, l, n) < 0)
 		return -ENOMEM;
+	/*
+	 * One account per owner's uid, however the lines name it: by the
+	 * string as written, an owner named by name, by number and by an
+	 * alias of its uid had three range accounts, a quarter each (a
+	 * review: one login held the whole slab by default).
+	 */
+	qsort(l, n, sizeof(*l), by_account);
+	for (size_t i = 0; i < n; i++)
+		l[i].r.as = i && same_account(&l[i], &l[i - 1]) ? l[i - 1].r.as : l[i].r.start;
 	for (size_t i = 0; i < n; i++)
 		p->subuids[i] = l[i].r;
 	qsort(p->subuids, n, sizeof(*p->subuids), by_start);

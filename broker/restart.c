@@ -198,12 +198,27 @@ static void keep_damaged(const struct broker *b)
 		close(in);
 		return;
 	}
-	while ((n = read(in, buf, sizeof(buf))) != 0) {
+	while (!e && (n = read(in, buf, sizeof(buf))) != 0) {
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n < 0 || write(out, buf, (size_t)n) != n) {
-			e = errno ? errno : EIO;
+		if (n < 0) {
+			e = errno;
 			break;
+		}
+		/*
+		 * A short write is no error (the next one says why, ENOSPC):
+		 * taken as one, its message was whatever errno held before.
+		 */
+		for (ssize_t done = 0, w; done < n; done += w) {
+			w = write(out, buf + done, (size_t)(n - done));
+			if (w < 0 && errno == EINTR) {
+				w = 0;
+				continue;
+			}
+			if (w <= 0) {
+				e = w < 0 ? errno : EIO;
+				break;
+			}
 		}
 	}
 	if (!e && fsync(out) < 0 && errno != EINVAL)

@@ -880,6 +880,7 @@ static bool run_cmds(struct shard *s, bool *work)
 			break;
 		case SHARD_CMD_REATTACH:
 			chan_reattach(&s->core, c.ch, c.mem, c.flags & SHARD_CMD_F_RESUME);
+			c.ch->user->quota = c.user_quota;       /* the latest attach's, as chan_attach() keeps it */
 			s->active[s->nr_active++] = c.ch;
 			ack(s, c.ack, 0);
 			break;

@@ -53,7 +53,7 @@ struct shard_cmd {
 	uint16_t slot;
 	uint16_t flags;         /* SHARD_CMD_F_* */
 	uint32_t uid;           /* ATTACH: the client's user (the per-user quota) */
-	uint64_t user_quota;    /* ATTACH: that user's quota in this shard (UINT64_MAX: none) */
+	uint64_t user_quota;    /* ATTACH, REATTACH: that user's quota in this shard (UINT64_MAX: none) */
 	uint64_t generation;
 	struct chan *ch;
 	const struct chan_mem *mem;

@@ -1180,6 +1180,207 @@ Test(access, a_range_a_reload_adds_holds_a_quarter_from_its_next_attach)
 }
 
 /*
+ * newuidmap(1) gives a user the ranges whose owner is its name, its uid as a
+ * number, or another name of the same uid (shadow's find_range()): all of
+ * them are one login's. Each owner as written was a range account of its
+ * own: an owner named by name, by number and by an alias held three
+ * quarters of the slab between its ranges, and its own uid a fourth, where
+ * the default is to keep one login to half (a review).
+ */
+Test(access, an_owners_ranges_named_by_name_number_and_alias_are_one_account)
+{
+	char pw[300], file[300], extra[400], text[400], line[1024];
+	struct passwd *p;
+	FILE *f, *in;
+	pid_t a, b, c, d;
+	int ra, rb, rc, rd, sum;
+
+	need_users();
+	p = getpwnam("chimet1");
+	cr_assert_not_null(p);
+	snprintf(pw, sizeof(pw), "/tmp/chime-passwd-%d", (int)getpid());
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	f = fopen(pw, "w");
+	in = fopen("/etc/passwd", "r");
+	cr_assert(f && in);
+	while (fgets(line, sizeof(line), in))
+		fputs(line, f);
+	fclose(in);
+	/* an alias of chimet1's uid, seen only in this test's mount namespace */
+	fprintf(f, "chimealias:x:%u:%u::/nonexistent:/usr/sbin/nologin\n", (unsigned)p->pw_uid, (unsigned)p->pw_gid);
+	cr_assert_eq(fclose(f), 0);
+	cr_assert_eq(unshare(CLONE_NEWNS), 0, "unshare: %s", strerror(errno));
+	cr_assert_eq(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), 0);
+	cr_assert_eq(mount(pw, "/etc/passwd", NULL, MS_BIND, NULL), 0, "bind mount: %s", strerror(errno));
+	snprintf(text, sizeof(text), "chimet1:200000:65536\n%u:300000:65536\nchimealias:400000:65536\n",
+		 (unsigned)p->pw_uid);
+	cr_assert_eq(t_write_file(file, text), 0);
+	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 4096 --sq-size 16 --subuid-file %s", file);
+	start(extra);
+	ra = hold_as_uid(p->pw_uid, true, &a);
+	rb = hold_as_uid(200001, true, &b);
+	rc = hold_as_uid(300001, true, &c);
+	rd = hold_as_uid(400001, true, &d);
+	cr_assert(ra >= 1000 && rb >= 1000 && rc >= 1000 && rd >= 1000, "opens refused: %d %d %d %d", ra, rb, rc, rd);
+	sum = ra + rb + rc + rd - 4000;
+	cr_expect_leq(sum, 4096 / 2, "one login (chimet1 and its ranges by name, by number, by alias) armed %d "
+		      "of 4096: %d + %d + %d + %d", sum, ra - 1000, rb - 1000, rc - 1000, rd - 1000);
+	unhold(a);
+	unhold(b);
+	unhold(c);
+	unhold(d);
+	t_chimed_stop(&tb, SIGTERM);
+	umount("/etc/passwd");
+	unlink(pw);
+	unlink(file);
+}
+
+/* As the owner: open session "rq" and close it, one timer kept. */
+static int session_one_timer(void *arg)
+{
+	struct chime_opts so = { .socket_path = tb.sock, .session = "rq" };
+	chime_t *s = NULL;
+	chime_id_t id;
+
+	(void)arg;
+	if (chime_open(&s, &so) < 0)
+		return 1;
+	if (chime_arm(s, 1, now_ns() + 3600000 * MS, 0, 0, &id) < 0)
+		return 2;
+	chime_close(s);
+	return 0;
+}
+
+/* As the owner, a new process: session "rq" again, armed until refused; the count in *(unsigned *)arg. */
+static int session_reopen_fill(void *arg)
+{
+	struct chime_opts so = { .socket_path = tb.sock, .session = "rq" };
+	chime_t *s = NULL;
+	int err = 0, r;
+
+	for (int i = 0; i < 100 && (r = chime_open(&s, &so)) == -EBUSY; i++)
+		usleep(20000);
+	if (!s)
+		return 1;
+	*(unsigned *)arg = 1 + arm_until_refused(s, &err);    /* the first process's one timer */
+	chime_close(s);
+	return err == -EDQUOT ? 0 : 2;
+}
+
+/*
+ * A range a reload adds makes its owner's quota a quarter from its next
+ * connection (chimed(8)). A named session taken over by a new process is
+ * one: it must bring the quarter too. The reattach (SHARD_CMD_REATTACH)
+ * carried no quota, so an owner that only ever reattaches kept half of the
+ * slab for good, beside its range's new quarter (three quarters for one
+ * login), and chimectl users said a quarter all along (a review).
+ */
+Test(access, a_session_reattached_after_a_reload_brings_the_new_quota)
+{
+	char file[300], logf[300], extra[700];
+	unsigned *armed;
+	struct passwd *pw;
+
+	need_users();
+	pw = getpwnam("chimet1");
+	cr_assert_not_null(pw);
+	armed = mmap(NULL, sizeof(*armed), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(armed, MAP_FAILED);
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	snprintf(logf, sizeof(logf), "/tmp/chime-subuid-%d.log", (int)getpid());
+	cr_assert_eq(t_write_file(file, "# no ranges yet\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 4096 --sq-size 16 --subuid-file %s 2>'%s'",
+		 file, logf);
+	start(extra);
+	cr_assert_eq(as_user("chimet1", session_one_timer, NULL), 0);
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	for (int i = 0; i < 200 && !t_file_has(logf, "reloaded the policy"); i++)
+		usleep(10000);
+	cr_assert(t_file_has(logf, "reloaded the policy"), "no reload in 2 s");
+	cr_assert_eq(as_user("chimet1", session_reopen_fill, armed), 0);
+	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 4, "chimectl users: the owner's quota");
+	cr_expect_leq(*armed, 4096 / 4, "the owner's session, reattached after the reload, holds %u of 4096 "
+		      "(its quota is a quarter, 1024)", *armed);
+	t_chimed_stop(&tb, SIGTERM);
+	munmap(armed, sizeof(*armed));
+	unlink(file);
+	unlink(logf);
+}
+
+/*
+ * chimectl users says the quota the shards hold a user to: its latest
+ * attach's. A connection from before a reload that added the user's range
+ * keeps half until the user's next one; users said the policy's quarter
+ * meanwhile, while the shards let it arm half (a review).
+ */
+Test(access, users_says_the_quota_a_users_connections_are_held_to)
+{
+	char file[300], logf[300], extra[700];
+	struct passwd *pw;
+	pid_t a, b;
+
+	need_users();
+	pw = getpwnam("chimet1");
+	cr_assert_not_null(pw);
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	snprintf(logf, sizeof(logf), "/tmp/chime-subuid-%d.log", (int)getpid());
+	cr_assert_eq(t_write_file(file, "# no ranges yet\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 4096 --sq-size 16 --subuid-file %s 2>'%s'",
+		 file, logf);
+	start(extra);
+	cr_assert_eq(hold_as_uid(pw->pw_uid, false, &a), 0);
+	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 2, "before the reload");
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	for (int i = 0; i < 200 && !t_file_has(logf, "reloaded the policy"); i++)
+		usleep(10000);
+	cr_assert(t_file_has(logf, "reloaded the policy"), "no reload in 2 s");
+	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 2, "its connection from before the reload is held to half");
+	cr_assert_eq(hold_as_uid(pw->pw_uid, false, &b), 0);
+	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 4, "from its next connection, a quarter");
+	unhold(a);
+	unhold(b);
+	t_chimed_stop(&tb, SIGTERM);
+	unlink(file);
+	unlink(logf);
+}
+
+/*
+ * A session restored by the next broker holds its user's quota by that
+ * broker's policy: the owner of a range added while no broker ran gets a
+ * quarter back, not the half it had (a crash: SIGKILL, then a start).
+ */
+Test(access, a_restored_session_holds_the_quota_of_the_new_brokers_policy)
+{
+	char file[300], extra[700];
+	unsigned *armed;
+	struct passwd *pw;
+
+	need_users();
+	pw = getpwnam("chimet1");
+	cr_assert_not_null(pw);
+	armed = mmap(NULL, sizeof(*armed), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(armed, MAP_FAILED);
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	cr_assert_eq(t_write_file(file, "# no ranges yet\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 4096 --sq-size 16 --subuid-file %s", file);
+	start(extra);
+	cr_assert_eq(as_user("chimet1", session_one_timer, NULL), 0);
+	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 2, "before: no range");
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	cr_assert_eq(t_chimed_restart(&tb, SIGKILL, extra), 0);
+	cr_assert_eq(chmod(tb.dir, 0755), 0);
+	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 4, "the restored session's user: a quarter");
+	cr_assert_eq(as_user("chimet1", session_reopen_fill, armed), 0);
+	cr_expect(*armed >= 4096 / 4 - 16 && *armed <= 4096 / 4, "the restored session, taken over, holds %u of "
+		  "4096 (its quota is a quarter, 1024)", *armed);
+	t_chimed_stop(&tb, SIGTERM);
+	munmap(armed, sizeof(*armed));
+	unlink(file);
+}
+
+/*
  * The owners of ten thousand ranges, each a user of /etc/passwd (a bigger
  * one bound over it, in a mount namespace of this test's), are found in
  * one pass over the user database: looked up one by one, each lookup read

@@ -1359,6 +1359,140 @@ Test(chan, a_walk_detached_at_the_head_hands_it_to_the_user_served_longest_ago)
 	cr_assert_eq(F.sc.walk_tail, &a2->ch);
 }
 
+/* The walk list is whole: from the head, every queued walk once, to the tail, which ends it. */
+static void walk_list_whole(void)
+{
+	unsigned queued = 0, listed = 0;
+	const struct chan *c, *last = NULL;
+
+	for (int k = 0; k < NSIM; k++)
+		queued += F.cl[k].rw && F.cl[k].ch.walk_queued;
+	for (c = F.sc.walk_head; c && listed <= NSIM; last = c, c = c->walk_next) {
+		cr_assert(c->walk_queued, "a channel on the walk list not queued");
+		cr_assert(!c->dying, "a dying channel on the walk list");
+		listed++;
+	}
+	cr_assert_eq(listed, queued, "%u walks listed, %u queued", listed, queued);
+	cr_assert_eq(F.sc.walk_tail, last, "walk_tail is not the list's last");
+}
+
+/*
+ * A walk reclaimed at the head, alone on the list or not begun yet (its
+ * client's timers still being indexed): the list stays whole, head and
+ * tail, and a walk queued after it goes on to its end.
+ */
+Test(chan, a_walk_reclaimed_at_the_head_alone_or_not_begun_leaves_the_list_whole)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1], *c = &F.cl[2];
+
+	client_init(b, 1);
+	client_init(c, 2);
+	for (int i = 0; i < 200; i++) {
+		arm(a, 9, T0 + 3600 * MS, 0, 1);
+		arm(b, 9, T0 + 3600 * MS, 0, 1);
+		arm(c, 9, T0 + 3600 * MS, 0, 1);
+		if (i % 4 == 3)
+			step();
+	}
+	step();
+	F.sc.walk_budget = 4;
+	F.sc.index_budget = 8;
+	/* alone, begun or not */
+	submit(a, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	step();
+	cr_assert_eq(F.sc.walk_head, &a->ch);
+	cr_assert_not(a->ch.walk_begun, "a's first CANCEL_KEY is still indexing its timers");
+	walk_list_whole();
+	while (!chan_reclaim(&F.sc, &a->ch, 1000))
+		;
+	cr_assert_null(F.sc.walk_head);
+	cr_assert_null(F.sc.walk_tail);
+	/* a walk after it: queued on the empty list, walked to its end */
+	submit(b, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	step();
+	walk_list_whole();
+	submit(c, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	step();
+	walk_list_whole();
+	cr_assert_eq(F.sc.walk_tail, F.sc.walk_head == &b->ch ? &c->ch : &b->ch);
+	/* the head reclaimed while another waits: that one is head and tail */
+	{
+		struct client_sim *h = F.sc.walk_head == &b->ch ? b : c, *o = h == b ? c : b;
+
+		while (!chan_reclaim(&F.sc, &h->ch, 1000))
+			;
+		walk_list_whole();
+		cr_assert_eq(F.sc.walk_head, &o->ch);
+		cr_assert_eq(F.sc.walk_tail, &o->ch);
+		for (unsigned n = 0; F.sc.walk_head && n < 2000; n++)
+			step();
+		cr_assert_null(F.sc.walk_head);
+		cr_assert_null(F.sc.walk_tail);
+		cr_assert_eq(armed_of(o == b ? 1 : 2, 9), 0, "the walk left after the head's did not end");
+	}
+}
+
+/*
+ * At random: clients of three users send CANCEL_KEYs and go (reclaimed at
+ * the head of the walk list or anywhere on it), the list checked whole
+ * after every pass and every reclaim; whatever is left walks to its end.
+ */
+Test(chan, walks_reclaimed_at_random_leave_the_list_whole)
+{
+	unsigned heads = 0, others = 0;
+
+	for (unsigned seed = 1; seed <= 40; seed++) {
+		unsigned rs = seed;
+
+		teardown();
+		setup();
+		for (uint16_t k = 1; k < NSIM; k++)
+			client_init_uid(&F.cl[k], k, k % 3);
+		for (int i = 0; i < 64; i++) {
+			for (int k = 0; k < NSIM; k++)
+				arm(&F.cl[k], (uint64_t)(rand_r(&rs) % 3), T0 + 3600 * MS, 0, 1);
+			if (i % 4 == 3)
+				step();
+		}
+		step();
+		F.sc.walk_budget = 1 + rand_r(&rs) % 4;
+		F.sc.index_budget = 1 + rand_r(&rs) % 16;
+		for (unsigned pass = 0; pass < 300; pass++) {
+			int k = rand_r(&rs) % NSIM;
+			struct client_sim *c = &F.cl[k];
+
+			if (!c->ch.dying && !c->ch.walk_queued && rand_r(&rs) % 2)
+				submit(c, CHIME_OP_CANCEL_KEY, 0, (uint64_t)(rand_r(&rs) % 3), 0, 0, 0);
+			if (rand_r(&rs) % 16 == 0) {
+				/* the head's client most often */
+				struct chan *h = F.sc.walk_head;
+				int g = k;
+
+				for (int j = 0; h && j < NSIM && rand_r(&rs) % 4; j++)
+					if (&F.cl[j].ch == h)
+						g = j;
+				if (!F.cl[g].ch.dying) {
+					heads += F.sc.walk_head == &F.cl[g].ch;
+					others += F.cl[g].ch.walk_queued && F.sc.walk_head != &F.cl[g].ch;
+					while (!chan_reclaim(&F.sc, &F.cl[g].ch, 1000))
+						;
+					walk_list_whole();
+				}
+			}
+			step();
+			walk_list_whole();
+		}
+		for (unsigned n = 0; F.sc.walk_head && n < 5000; n++) {
+			step();
+			walk_list_whole();
+		}
+		cr_assert_null(F.sc.walk_head, "seed %u: walks left", seed);
+		cr_assert_null(F.sc.walk_tail, "seed %u", seed);
+	}
+	cr_assert(heads >= 20 && others >= 10, "reclaimed %u walks at the head, %u behind it: too few to say", heads,
+		  others);
+}
+
 /* Take every free node of the slab for a client that is not ours (slot 3). */
 static void fill_slab(void)
 {

@@ -435,6 +435,7 @@ static int owners_resolve(struct policy *p, struct subuid_line *l, size_t n)
 	struct passwd pw, *res;
 	char buf[NSS_BUF];
 	size_t k = 0, m = 0;
+	int r = 0;
 
 	if (!names || !found || !uids) {
 		free(names);
@@ -455,13 +456,22 @@ static int owners_resolve(struct policy *p, struct subuid_line *l, size_t n)
 		}
 	}
 	endpwent();
-	for (size_t i = 0; i < k; i++) {
+	for (size_t i = 0; i < k && !r; i++) {
 		char msg[8];
 		unsigned uid;
+		int e;
 
-		if (!found[i] && resolve('u', names[i], &uid, msg, sizeof(msg)) == 0) {
+		if (found[i])
+			continue;
+		e = resolve('u', names[i], &uid, msg, sizeof(msg));
+		if (e == 0) {
 			found[i] = true;
 			uids[i] = (uid_t)uid;
+		} else if (e == -EINVAL) {
+			p->subuid_owners_unknown++;
+		} else {
+			/* the lookup's own want of descriptors or memory: no answer, as for --allow-uid */
+			r = e;
 		}
 	}
 	/* each line's owner's uid (l and names alike by owner) */
@@ -482,7 +492,7 @@ static int owners_resolve(struct policy *p, struct subuid_line *l, size_t n)
 	free(names);
 	free(found);
 	free(uids);
-	return 0;
+	return r;
 }
 
 /*
@@ -492,6 +502,7 @@ static int owners_resolve(struct policy *p, struct subuid_line *l, size_t n)
 static int subuids_index(struct policy *p, struct subuid_line *l, size_t n)
 {
 	size_t k = 0;
+	int e;
 
 	if (n == 0)
 		return 0;       /* nothing to sort: l may be NULL, which qsort() must not get */
@@ -500,8 +511,9 @@ static int subuids_index(struct policy *p, struct subuid_line *l, size_t n)
 	p->subuid_owners = malloc(n * sizeof(*p->subuid_owners));
 	if (!p->subuids || !p->subuid_owners)
 		return -ENOMEM;
-	if (owners_resolve(p, l, n) < 0)
-		return -ENOMEM;
+	e = owners_resolve(p, l, n);
+	if (e < 0)
+		return e;
 	/*
 	 * One account per owner's uid, however the lines name it: by the
 	 * string as written, an owner named by name, by number and by an
@@ -594,10 +606,9 @@ static int load_subuids(struct policy *p, const char *path, char *err, size_t er
 	}
 	free(line);
 	fclose(f);
-	if (r == 0 && subuids_index(p, l, n) < 0) {
-		r = -ENOMEM;
-		snprintf(err, errlen, "subordinate-uid file '%.200s': out of memory", path);
-	}
+	if (r == 0 && (r = subuids_index(p, l, n)) < 0)
+		snprintf(err, errlen, "subordinate-uid file '%.200s': %s", path, r == -ENOMEM ? "out of memory" :
+			 "cannot look its owners up: no descriptors or memory for the user database");
 	for (size_t i = 0; i < n; i++)
 		free(l[i].owner);
 	free(l);
@@ -761,6 +772,10 @@ void policy_describe(const struct policy *p, char *buf, size_t len)
 		o += (size_t)snprintf(buf + o, len - o, "; %zu subordinate-uid range%s (each "
 				      "owner's counted as one user)", p->nr_subuids, p->nr_subuids == 1 ? "" : "s");
 	if (p->subuids_skipped && o < len)
-		snprintf(buf + o, len - o, " (%zu line%s of the file skipped: not owner:start:count, or "
-			 "overlapping)", p->subuids_skipped, p->subuids_skipped == 1 ? "" : "s");
+		o += (size_t)snprintf(buf + o, len - o, " (%zu line%s of the file skipped: not owner:start:count, or "
+				      "overlapping)", p->subuids_skipped, p->subuids_skipped == 1 ? "" : "s");
+	if (p->subuid_owners_unknown && o < len)
+		snprintf(buf + o, len - o, " (%zu owner%s no user has: %s ranges counted by the name)",
+			 p->subuid_owners_unknown, p->subuid_owners_unknown == 1 ? "" : "s",
+			 p->subuid_owners_unknown == 1 ? "its" : "their");
 }

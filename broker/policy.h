@@ -66,6 +66,7 @@ struct policy {
 	size_t nr_subuids;
 	uid_t *subuid_owners;           /* the uids owning a range, sorted, distinct */
 	size_t nr_subuid_owners;
+	size_t subuid_owners_unknown;   /* owners named that no user has (counted by name) */
 	size_t subuids_skipped;         /* lines of the file not understood, or overlapping */
 };
 

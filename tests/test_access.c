@@ -1434,6 +1434,27 @@ Test(access, ten_thousand_range_owners_are_found_in_one_pass)
 }
 
 /*
+ * An owner no user has owns its range by the name as written (a user
+ * made later under it is found at a reload): said at start, not silent.
+ */
+Test(access, an_owner_no_user_has_is_said)
+{
+	char file[300], logf[300], extra[700];
+
+	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
+	snprintf(logf, sizeof(logf), "/tmp/chime-subuid-%d.log", (int)getpid());
+	cr_assert_eq(t_write_file(file, "chime-no-such-user:200000:65536\n0:300000:65536\n"), 0);
+	snprintf(extra, sizeof(extra), "-n 1 --subuid-file %s 2>'%s'", file, logf);
+	start(extra);
+	cr_expect(t_file_has(logf, "2 subordinate-uid ranges"), "the ranges are not counted");
+	cr_expect(t_file_has(logf, "(1 owner no user has: its ranges counted by the name)"),
+		  "the owner no user has is not said");
+	t_chimed_stop(&tb, SIGTERM);
+	unlink(file);
+	unlink(logf);
+}
+
+/*
  * As a user whose quota is 300: a named session keeps 100 timers after its
  * process closes it, and two clients then arm 200 between them, no more.
  * When one of them goes, the other arms again.

@@ -1893,13 +1893,18 @@ static uint64_t idle_beat_ns(void)
  */
 static void limits_say(const struct broker_opts *o)
 {
-	char per_uid[32], client[48], uid[200];
+	char per_uid[32], client[80], uid[200];
 
 	if (o->max_clients_per_uid)
 		snprintf(per_uid, sizeof(per_uid), "%u per uid", o->max_clients_per_uid);
 	else
 		snprintf(per_uid, sizeof(per_uid), "any number per uid");
-	if (o->max_timers_per_client)
+	if (o->max_timers_per_client && o->max_timers_per_client % o->nr_shards)
+		/* each shard enforces its share, rounded up: say what is enforced */
+		snprintf(client, sizeof(client), "%llu timers per client (%llu per shard)",
+			 (unsigned long long)o->max_timers_per_client,
+			 (unsigned long long)shard_share(o->max_timers_per_client, o->nr_shards));
+	else if (o->max_timers_per_client)
 		snprintf(client, sizeof(client), "%llu timers per client",
 			 (unsigned long long)o->max_timers_per_client);
 	else

@@ -1216,7 +1216,8 @@ Test(daemon, the_start_logs_the_limits_clients_meet, .timeout = 30)
 	const char *log = start_log("--shards 2 --capacity 4096 --max-clients 100 --max-clients-per-uid 7 "
 				    "--max-timers-per-client 500 --session-linger 60 --subuid-file ''");
 	const char *want = "chimed: limits: 100 clients (7 per uid); 500 timers per client, 4096 per uid "
-			   "(half of 2 shards x 4096); a detached session is kept 60 s\n";
+			   "(half of 2 shards x 4096; 2048, a quarter, for a user with subordinate uids and for "
+			   "each range); a detached session is kept 60 s\n";
 
 	cr_expect(strstr(log, want), "the log does not say '%s':\n%s", want, log);
 	log = start_log("--shards 1 --max-clients-per-uid 0 --max-timers-per-client 0 --max-timers-per-uid 0");
@@ -1225,6 +1226,11 @@ Test(daemon, the_start_logs_the_limits_clients_meet, .timeout = 30)
 	cr_expect(strstr(log, want), "the log does not say '%s':\n%s", want, log);
 	log = start_log("--shards 1 --max-timers-per-uid 9000");
 	want = "chimed: limits: 256 clients (64 per uid); 1048576 timers per client, 9000 per uid; "
+	       "a detached session is kept 3600 s\n";
+	cr_expect(strstr(log, want), "the log does not say '%s':\n%s", want, log);
+	/* each shard enforces its share rounded up: 3 over 2 shards is 2 each, 4 in all (an audit) */
+	log = start_log("--shards 2 --max-timers-per-client 3 --max-timers-per-uid 9000");
+	want = "chimed: limits: 256 clients (64 per uid); 3 timers per client (2 per shard), 9000 per uid; "
 	       "a detached session is kept 3600 s\n";
 	cr_expect(strstr(log, want), "the log does not say '%s':\n%s", want, log);
 }

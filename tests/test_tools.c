@@ -837,6 +837,9 @@ Test(tools_fake, usage_errors_exit_2)
 	cr_assert_eq(run("%s drop-session ''", bin("CHIMECTL")), 2);
 	cr_assert_eq(run("%s timers --session 'a b'", bin("CHIMECTL")), 2);
 	cr_assert(strstr(slurp(err), "invalid --session 'a b'"), "%s", slurp(err));
+	/* chime-demo too, before it asks any broker (it said "cannot connect" with none there: an audit) */
+	cr_assert_eq(run("%s -s /nonexistent/chime.sock -S 'a b' -n 10", bin("CHIME_DEMO")), 2);
+	cr_assert(strstr(slurp(err), "invalid --session 'a b'") && !strstr(slurp(err), "connect"), "%s", slurp(err));
 	/* a client or a session, one of them; and only with timers */
 	cr_assert_eq(run("%s timers -c 1 -S x", bin("CHIMECTL")), 2);
 	cr_assert(strstr(slurp(err), "one of them"), "%s", slurp(err));

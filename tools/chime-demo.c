@@ -306,7 +306,15 @@ int main(int argc, char **argv)
 				return 2;
 			opts.socket_path = optarg;
 			break;
-		case 'S': opts.session = optarg; break;
+		case 'S':
+			/* What chime_open() refuses (EINVAL): a usage error, said as one, before any broker is asked. */
+			if (chime_session_len(optarg) <= 0) {
+				fprintf(stderr, "chime-demo: invalid --session '%s': not a session name (1 to %u bytes "
+					"of A-Z, a-z, 0-9, '.', '_', '-')\n", optarg, CHIME_SESSION_MAX - 1);
+				return 2;
+			}
+			opts.session = optarg;
+			break;
 		case 'n': if (parse_uint(optarg, "--timers", 1, 100000000, &d.timers)) return 2; break;
 		case 't': if (parse_uint(optarg, "--threads", 1, 64, &v)) return 2; d.threads = (unsigned)v; break;
 		case 'd': if (parse_uint(optarg, "--seconds", 1, 3600, &v)) return 2; d.seconds = (unsigned)v; break;
@@ -333,7 +341,6 @@ int main(int argc, char **argv)
 
 		fprintf(stderr, "chime-demo: cannot connect to chimed at '%s'%s%s%s: %s%s\n", path,
 			opts.session ? " (session '" : "", opts.session ? opts.session : "", opts.session ? "')" : "",
-			r == -EINVAL && opts.session ? "not a session name (1..63 of A-Z a-z 0-9 . _ -)" :
 			r == -EINVAL ? "not a socket path (longer than a unix socket's 107 bytes)" :
 			r == -ENOENT ? "nothing listens there" : strerror(-r),
 			r == -ENOENT ? absent :

@@ -585,8 +585,17 @@ CHIME_PUBLIC int chime_flush(chime_t *c)
 	 * without a word (its heartbeat stale for a second) is found here,
 	 * by a probe of the socket at most once a second, not only by a drain.
 	 */
-	if (unlikely(cl_gone_for_ops(c) || cl_broker_check(c, chime_now())) && cl_is_dead(c))
-		return cl_dead_errno(c);
+	if (unlikely(cl_gone_for_ops(c) || cl_broker_check(c, chime_now()))) {
+		/*
+		 * A session reconnecting: the flush makes the attempts that are
+		 * due, as a drain or an arm waiting for room does. Without them a
+		 * process that only flushed neither reconnected nor ever gave up:
+		 * 0 for good (an adopter audit).
+		 */
+		(void)cl_reconnect(c, false);
+		if (cl_is_dead(c))
+			return cl_dead_errno(c);
+	}
 	for (uint32_t s = 0; s < c->nr_shards; s++) {
 		struct chime_chan *ch = &c->chan[s];
 

@@ -4679,13 +4679,15 @@ Test(restart, a_dispatch_callback_arming_into_a_crashed_brokers_full_ring_reconn
 
 /*
  * No broker comes back: a session gives up after $CHIME_RECONNECT_S (here
- * 1 s) with -ENOTCONN, in the drainer and in a thread that only arms (it
- * drives the attempts itself: no deadlock); 0 gives up at once.
+ * 1 s) with -ENOTCONN, in the drainer, in a thread that only arms (it
+ * drives the attempts itself: no deadlock) and in one that only flushes
+ * (a flush made no attempt, so it said 0 for good: an adopter audit had
+ * 10 s of flushes return 0); 0 gives up at once.
  */
 Test(restart, a_session_gives_up_after_chime_reconnect_s)
 {
 	struct chime_event ev;
-	chime_t *c, *a, *z;
+	chime_t *c, *a, *z, *f;
 	chime_id_t id;
 	uint64_t t0;
 	int r = 0;
@@ -4694,6 +4696,7 @@ Test(restart, a_session_gives_up_after_chime_reconnect_s)
 	cr_assert_eq(setenv("CHIME_RECONNECT_S", "1", 1), 0);
 	c = sopen_ok("waits");
 	a = sopen_ok("arms");
+	f = sopen_ok("flushes");
 	cr_assert_eq(setenv("CHIME_RECONNECT_S", "0", 1), 0);
 	z = sopen_ok("never");
 	unsetenv("CHIME_RECONNECT_S");
@@ -4712,6 +4715,11 @@ Test(restart, a_session_gives_up_after_chime_reconnect_s)
 	for (int i = 0; i < 300 && (r = chime_wait(z, &ev, 1, 10)) == 0; i++)
 		;
 	cr_assert_eq(r, -ENOTCONN, "CHIME_RECONNECT_S=0: %d", r);
+	t0 = now_ns();
+	while ((r = chime_flush(f)) == 0 && now_ns() - t0 < 8000 * MS)
+		usleep(10000);
+	cr_assert_eq(r, -ENOTCONN, "chime_flush: %d after %llu ms", r, (unsigned long long)((now_ns() - t0) / MS));
+	chime_close(f);
 	chime_close(a);
 	chime_close(c);
 	chime_close(z);

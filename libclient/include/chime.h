@@ -339,7 +339,8 @@ int chime_submit(chime_t *c, struct chime_op *ops, unsigned n);
  * for the shards. Thread-safe; covers every operation that returned before
  * the call. Returns 0, -EINVAL (c is NULL), -ECHILD (after fork) or
  * -ENOTCONN (the broker stopped, or died a second or more ago; a session
- * only once reconnecting has failed: 0 meanwhile).
+ * only once reconnecting has failed: 0 meanwhile, the flush making the
+ * attempts that are due).
  */
 int chime_flush(chime_t *c);
 

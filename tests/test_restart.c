@@ -4725,6 +4725,39 @@ Test(restart, a_session_gives_up_after_chime_reconnect_s)
 	chime_close(z);
 }
 
+/*
+ * A process that only flushes reconnects too, and what the dead broker
+ * never read reaches the next one: arms published while the broker was
+ * stopped, then killed, then started again. Before, a flush made no
+ * attempt: the ten arms waited in closed rings for good.
+ */
+Test(restart, a_session_that_only_flushes_reconnects_and_hands_its_records_over)
+{
+	chime_id_t id;
+	chime_t *c;
+	uint64_t t0;
+	unsigned n = 0;
+	int r = 0;
+
+	start("-n 1");
+	c = sopen_ok("flush-only");
+	cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 0, &id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 1), 1);
+	cr_assert_eq(kill(tb.pid, SIGSTOP), 0);
+	cr_assert_eq(waitpid(tb.pid, &(int){ 0 }, WUNTRACED), tb.pid);
+	for (unsigned i = 1; i <= 10; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, i, &id), 0);
+	restart(SIGKILL, "-n 1");
+	t0 = now_ns();
+	while (now_ns() - t0 < 5000 * MS && r == 0 && (n = t_nodes(tb.sock, ARMED_STATES)) < 11) {
+		r = chime_flush(c);
+		usleep(10000);
+	}
+	cr_assert_eq(r, 0, "chime_flush: %d", r);
+	cr_assert_eq(n, 11, "%u of 11 timers in the next broker after 5 s of flushes", n);
+	chime_close(c);
+}
+
 /* ---- a resume the broker no longer has the session for ends the reconnect ---- */
 
 /* Until chime_wait() fails (it reconnects on the way), up to 5 s; its result. */

@@ -789,6 +789,27 @@ Test(tools_fake, no_broker_chimestat_exits_1_every_chimectl_command_3)
 	cr_assert_eq(run("%s --socket '%s' sessions", bin("CHIMECTL"), sock), 3, "%s", slurp(err));
 }
 
+/*
+ * A stream socket at the path (not chimed's SOCK_SEQPACKET): chimectl says
+ * something else listens there, as chimectl(1) promises, not the bare
+ * "Protocol wrong type for socket" (an adopter audit).
+ */
+Test(tools_fake, another_kind_of_socket_at_the_path_is_named_so)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	cr_assert_geq(fd, 0);
+	cr_assert_lt(strlen(sock), sizeof(a.sun_path));
+	memcpy(a.sun_path, sock, strlen(sock) + 1);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0, "%s", strerror(errno));
+	cr_assert_eq(listen(fd, 4), 0);
+	cr_assert_eq(run("%s --socket '%s' sessions", bin("CHIMECTL"), sock), 1, "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "not a chime broker's socket: something else listens there"), "%s", slurp(err));
+	close(fd);
+	unlink(sock);
+}
+
 Test(tools_fake, usage_errors_exit_2)
 {
 	/* numbers are digits only, and a pid fits a pid_t */

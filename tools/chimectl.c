@@ -257,6 +257,8 @@ static int handshake_fail(const char *sock, int r)
 		why = " (the broker speaks another shm layout: upgrade one side)";
 	else if (r == -ECONNREFUSED)
 		why = " (the broker is stopping or restarting)";
+	else if (r == -EPROTOTYPE)
+		why = " (not a chime broker's socket: something else listens there)";
 	else if (r == -EPERM)
 		why = UNTRUSTED;
 	else if (r == -EUSERS)
@@ -410,6 +412,9 @@ static const char *query_why(int r, enum query_step step)
 		return " (this user may not connect: the socket's permissions or a directory's above it)";
 	if (step == QUERY_CONNECT && r == -EPERM)
 		return UNTRUSTED;
+	/* chimed's socket is SOCK_SEQPACKET: a stream or datagram one there is someone else's */
+	if (step == QUERY_CONNECT && r == -EPROTOTYPE)
+		return " (not a chime broker's socket: something else listens there)";
 	if (step == QUERY_CONNECT && r == -ETIMEDOUT)
 		return " (the broker did not take the connection within 5 s: its queue is full, and it is stopped, "
 		       "wedged or flooded)";

@@ -1088,6 +1088,34 @@ static uint64_t quota_said(uid_t as)
 }
 
 /*
+ * A broker of one shard of `capacity` nodes (16 submission slots) reading
+ * the subordinate-uid file `file`, which holds no range yet, with its log
+ * in `logf` (NULL: none). Paths are this test's own.
+ */
+static void start_without_ranges(char file[300], char logf[300], unsigned capacity)
+{
+	char extra[700];
+
+	snprintf(file, 300, "/tmp/chime-subuid-%d", (int)getpid());
+	cr_assert_eq(t_write_file(file, "# no ranges yet\n"), 0);
+	if (logf)
+		snprintf(logf, 300, "/tmp/chime-subuid-%d.log", (int)getpid());
+	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity %u --sq-size 16 --subuid-file %s%s%s%s", capacity,
+		 file, logf ? " 2>'" : "", logf ? logf : "", logf ? "'" : "");
+	start(extra);
+}
+
+/* Give chimet1 the range 200000-265535 and reload, until the log says so. */
+static void reload_with_a_range(const char *file, const char *logf)
+{
+	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
+	for (int i = 0; i < 200 && !t_file_has(logf, "reloaded the policy"); i++)
+		usleep(10000);
+	cr_assert(t_file_has(logf, "reloaded the policy"), "no reload in 2 s");
+}
+
+/*
  * Where users have subordinate uids, the default --max-timers-per-uid of an
  * owner and of its range is a quarter of the slab, not half: the owner's
  * uid and its range are two users, and with half each one person held
@@ -1141,7 +1169,7 @@ Test(access, an_owner_and_its_subordinate_uids_hold_half_the_slab_at_most_by_def
  */
 Test(access, a_range_a_reload_adds_holds_a_quarter_from_its_next_attach)
 {
-	char file[300], logf[300], extra[700];
+	char file[300], logf[300];
 	struct passwd *pw;
 	pid_t a, b, c;
 	int ra, rb, rc;
@@ -1149,22 +1177,13 @@ Test(access, a_range_a_reload_adds_holds_a_quarter_from_its_next_attach)
 	need_users();
 	pw = getpwnam("chimet1");
 	cr_assert_not_null(pw);
-	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
-	snprintf(logf, sizeof(logf), "/tmp/chime-subuid-%d.log", (int)getpid());
-	cr_assert_eq(t_write_file(file, "# no ranges yet\n"), 0);
-	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 8192 --sq-size 16 --subuid-file %s 2>'%s'",
-		 file, logf);
-	start(extra);
+	start_without_ranges(file, logf, 8192);
 	ra = hold_as_uid(200001, true, &a);
 	cr_assert(ra - 1000 >= 8192 / 2 - 16 && ra - 1000 <= 8192 / 2, "uid 200001, no range's yet, armed %d, "
 		  "not half", ra - 1000);
 	cr_expect_eq(quota_said(200001), 8192 / 2);
 	unhold(a);
-	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
-	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
-	for (int i = 0; i < 200 && !t_file_has(logf, "reloaded the policy"); i++)
-		usleep(10000);
-	cr_assert(t_file_has(logf, "reloaded the policy"), "no reload in 2 s");
+	reload_with_a_range(file, logf);
 	rb = hold_as_uid(200002, true, &b);
 	rc = hold_as_uid(pw->pw_uid, true, &c);
 	cr_assert(rb - 1000 >= 8192 / 4 - 16 && rb - 1000 <= 8192 / 4, "the range's uid armed %d, not a quarter",
@@ -1268,6 +1287,25 @@ static int session_reopen_fill(void *arg)
 }
 
 /*
+ * A broker of 4096 nodes with no range yet (start_without_ranges()), and
+ * chimet1's session "rq" holding one timer, its process gone; *armed a
+ * count shared with the processes as_user() forks. chimet1's passwd entry.
+ */
+static struct passwd *owner_session_before_ranges(char file[300], char logf[300], unsigned **armed)
+{
+	struct passwd *pw;
+
+	need_users();
+	pw = getpwnam("chimet1");
+	cr_assert_not_null(pw);
+	*armed = mmap(NULL, sizeof(**armed), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(*armed, MAP_FAILED);
+	start_without_ranges(file, logf, 4096);
+	cr_assert_eq(as_user("chimet1", session_one_timer, NULL), 0);
+	return pw;
+}
+
+/*
  * A range a reload adds makes its owner's quota a quarter from its next
  * connection (chimed(8)). A named session taken over by a new process is
  * one: it must bring the quarter too. The reattach (SHARD_CMD_REATTACH)
@@ -1277,27 +1315,12 @@ static int session_reopen_fill(void *arg)
  */
 Test(access, a_session_reattached_after_a_reload_brings_the_new_quota)
 {
-	char file[300], logf[300], extra[700];
+	char file[300], logf[300];
 	unsigned *armed;
 	struct passwd *pw;
 
-	need_users();
-	pw = getpwnam("chimet1");
-	cr_assert_not_null(pw);
-	armed = mmap(NULL, sizeof(*armed), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	cr_assert_neq(armed, MAP_FAILED);
-	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
-	snprintf(logf, sizeof(logf), "/tmp/chime-subuid-%d.log", (int)getpid());
-	cr_assert_eq(t_write_file(file, "# no ranges yet\n"), 0);
-	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 4096 --sq-size 16 --subuid-file %s 2>'%s'",
-		 file, logf);
-	start(extra);
-	cr_assert_eq(as_user("chimet1", session_one_timer, NULL), 0);
-	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
-	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
-	for (int i = 0; i < 200 && !t_file_has(logf, "reloaded the policy"); i++)
-		usleep(10000);
-	cr_assert(t_file_has(logf, "reloaded the policy"), "no reload in 2 s");
+	pw = owner_session_before_ranges(file, logf, &armed);
+	reload_with_a_range(file, logf);
 	cr_assert_eq(as_user("chimet1", session_reopen_fill, armed), 0);
 	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 4, "chimectl users: the owner's quota");
 	cr_expect_leq(*armed, 4096 / 4, "the owner's session, reattached after the reload, holds %u of 4096 "
@@ -1316,26 +1339,17 @@ Test(access, a_session_reattached_after_a_reload_brings_the_new_quota)
  */
 Test(access, users_says_the_quota_a_users_connections_are_held_to)
 {
-	char file[300], logf[300], extra[700];
+	char file[300], logf[300];
 	struct passwd *pw;
 	pid_t a, b;
 
 	need_users();
 	pw = getpwnam("chimet1");
 	cr_assert_not_null(pw);
-	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
-	snprintf(logf, sizeof(logf), "/tmp/chime-subuid-%d.log", (int)getpid());
-	cr_assert_eq(t_write_file(file, "# no ranges yet\n"), 0);
-	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 4096 --sq-size 16 --subuid-file %s 2>'%s'",
-		 file, logf);
-	start(extra);
+	start_without_ranges(file, logf, 4096);
 	cr_assert_eq(hold_as_uid(pw->pw_uid, false, &a), 0);
 	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 2, "before the reload");
-	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
-	cr_assert_eq(kill(tb.pid, SIGHUP), 0);
-	for (int i = 0; i < 200 && !t_file_has(logf, "reloaded the policy"); i++)
-		usleep(10000);
-	cr_assert(t_file_has(logf, "reloaded the policy"), "no reload in 2 s");
+	reload_with_a_range(file, logf);
 	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 2, "its connection from before the reload is held to half");
 	cr_assert_eq(hold_as_uid(pw->pw_uid, false, &b), 0);
 	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 4, "from its next connection, a quarter");
@@ -1357,18 +1371,10 @@ Test(access, a_restored_session_holds_the_quota_of_the_new_brokers_policy)
 	unsigned *armed;
 	struct passwd *pw;
 
-	need_users();
-	pw = getpwnam("chimet1");
-	cr_assert_not_null(pw);
-	armed = mmap(NULL, sizeof(*armed), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	cr_assert_neq(armed, MAP_FAILED);
-	snprintf(file, sizeof(file), "/tmp/chime-subuid-%d", (int)getpid());
-	cr_assert_eq(t_write_file(file, "# no ranges yet\n"), 0);
-	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 4096 --sq-size 16 --subuid-file %s", file);
-	start(extra);
-	cr_assert_eq(as_user("chimet1", session_one_timer, NULL), 0);
+	pw = owner_session_before_ranges(file, NULL, &armed);
 	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 2, "before: no range");
 	cr_assert_eq(t_write_file(file, "chimet1:200000:65536\n"), 0);
+	snprintf(extra, sizeof(extra), "--allow-all -n 1 --capacity 4096 --sq-size 16 --subuid-file %s", file);
 	cr_assert_eq(t_chimed_restart(&tb, SIGKILL, extra), 0);
 	cr_assert_eq(chmod(tb.dir, 0755), 0);
 	cr_expect_eq(quota_said(pw->pw_uid), 4096 / 4, "the restored session's user: a quarter");

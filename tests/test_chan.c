@@ -1295,6 +1295,19 @@ Test(chan, walks_of_one_step_take_turns_by_user_too)
 		      "not users in turn", a_steps, v_steps);
 }
 
+/* n timers an hour ahead under key 9 for each of three clients, applied as they go. */
+static void arm_keyed_each(int n, struct client_sim *a, struct client_sim *b, struct client_sim *c)
+{
+	for (int i = 0; i < n; i++) {
+		arm(a, 9, T0 + 3600 * MS, 0, 1);
+		arm(b, 9, T0 + 3600 * MS, 0, 1);
+		arm(c, 9, T0 + 3600 * MS, 0, 1);
+		if (i % 4 == 3)
+			step();
+	}
+	step();
+}
+
 /* A client that goes while its CANCEL_KEY is being walked: the walk is dropped, the next one begins. */
 Test(chan, a_detach_drops_its_walk_and_the_next_one_goes_on)
 {
@@ -1338,14 +1351,7 @@ Test(chan, a_walk_detached_at_the_head_hands_it_to_the_user_served_longest_ago)
 
 	client_init_uid(a2, 1, 0);      /* a's user's second connection */
 	client_init(b, 2);
-	for (int i = 0; i < 100; i++) {
-		arm(a, 9, T0 + 3600 * MS, 0, 1);
-		arm(a2, 9, T0 + 3600 * MS, 0, 1);
-		arm(b, 9, T0 + 3600 * MS, 0, 1);
-		if (i % 4 == 3)
-			step();
-	}
-	step();
+	arm_keyed_each(100, a, a2, b);
 	F.sc.walk_budget = 4;
 	submit(a, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
 	submit(a2, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
@@ -1387,14 +1393,7 @@ Test(chan, a_walk_reclaimed_at_the_head_alone_or_not_begun_leaves_the_list_whole
 
 	client_init(b, 1);
 	client_init(c, 2);
-	for (int i = 0; i < 200; i++) {
-		arm(a, 9, T0 + 3600 * MS, 0, 1);
-		arm(b, 9, T0 + 3600 * MS, 0, 1);
-		arm(c, 9, T0 + 3600 * MS, 0, 1);
-		if (i % 4 == 3)
-			step();
-	}
-	step();
+	arm_keyed_each(200, a, b, c);
 	F.sc.walk_budget = 4;
 	F.sc.index_budget = 8;
 	/* alone, begun or not */

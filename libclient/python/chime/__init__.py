@@ -142,6 +142,8 @@ _WHY = {
     ("chime_open", errno.EINVAL): "{invalid}",
     ("chime_open", errno.EBUSY): "the session is attached to another process, or to another Chime of this "
                                  "process (one at a time)",
+    ("chime_open", errno.EXDEV): "this process's CLOCK_MONOTONIC is not chimed's (a time namespace with "
+                                 "another offset, unshare --time): its deadlines would be off",
     ("chime_drop_session", errno.ENOENT): "no chimed listens at {socket} (is chimed running?)",
     ("chime_drop_session", errno.ESRCH): "no session is named {session!r}",
     ("chime_drop_session", errno.EBUSY): "a live process has session {session!r} attached (close it first)",
@@ -166,6 +168,8 @@ _WHY = {
 
 def _error(func, err, **what):
     why = _WHY.get((func, err))
+    if why is None and func == "chime_drop_session":
+        why = _WHY.get(("chime_open", err))     # "as chime_open()" (chime_drop_session(3)): EPERM, EUSERS, ...
     if why is None:
         why = "chimed is gone" if err == errno.ENOTCONN else \
             "this connection was opened by the parent process, before fork(); open another one" \
@@ -253,7 +257,7 @@ def drop_session(session, socket=None):
     if r < 0:
         shown = _socket_shown(socket)
         raise _error("chime_drop_session", -r, socket=shown, session=os.fsdecode(session),
-                     invalid=_open_invalid(shown, session))
+                     invalid=_open_invalid(shown, session), or_session="")
 
 
 # Every Chime with a handle, for the child of a fork (Chime._after_fork).

@@ -20,6 +20,7 @@ broker behind, or a named session's broker restarting (once its ring is
 full, until the next broker is up: $CHIME_RECONNECT_S, 30 s, at most).
 """
 import asyncio
+import threading
 import weakref
 
 from . import Chime
@@ -52,9 +53,17 @@ class AsyncChime:
         # and no task's reader replaces another's. A lock per loop: an
         # asyncio.Lock is bound to the loop it was first contended in, and
         # one held by a task whose loop was closed stays held for good.
-        self._locks = weakref.WeakKeyDictionary()
+        # Shared by every AsyncChime wrapping this Chime: a loop has one
+        # reader per descriptor, and a second wrapper's add_reader() replaced
+        # the first's, whose task then slept on with its event pending.
+        self._locks = self.chime.__dict__.setdefault("_aio_locks", weakref.WeakKeyDictionary())
         self._ready = None      # the future the collecting task sleeps on
         self._watch = None      # (loop, fd) while a reader is registered for it
+        # The loop whose tasks are in wait(), and how many (under _guard):
+        # checked and claimed at once, or two loops starting together both
+        # passed the check, and one's _unwatch() removed the other's reader.
+        self._guard = threading.Lock()
+        self._loop, self._tasks = None, 0
         self._closed = False
         self._hook = weakref.WeakMethod(self._chime_closed)
         hooks = self.chime._close_hooks     # those of wrappers gone dropped: a Chime may outlive many
@@ -71,11 +80,24 @@ class AsyncChime:
         loop that stops has not reached stay pending."""
         self._check_open()
         loop = asyncio.get_running_loop()
-        watch = self._watch
-        if watch is not None and watch[0] is not loop and not watch[0].is_closed():
-            # Its reader and future are one loop's: a second loop collecting
-            # at once would orphan them (the first lock, shared, said so too).
-            raise RuntimeError("an AsyncChime is awaited in one event loop at a time")
+        with self._guard:
+            if self._loop is not None and self._loop is not loop and not self._loop.is_closed():
+                # Its reader and future are one loop's: a second loop collecting
+                # at once would orphan them (the first lock, shared, said so too).
+                raise RuntimeError("an AsyncChime is awaited in one event loop at a time")
+            if self._loop is not loop:      # none, or one closed with its tasks in here
+                self._loop, self._tasks = loop, 0
+            self._tasks += 1
+        try:
+            return await self._wait(loop, max)
+        finally:
+            with self._guard:
+                if self._loop is loop:      # not a closed loop's task, finalised later
+                    self._tasks -= 1
+                    if not self._tasks:
+                        self._loop = None
+
+    async def _wait(self, loop, max):
         lock = self._locks.get(loop)
         if lock is None:
             lock = self._locks[loop] = asyncio.Lock()
@@ -106,12 +128,17 @@ class AsyncChime:
                 ready = self._ready = loop.create_future()
                 fd = self.chime.fileno()
                 loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
-                self._watch = (loop, fd)
+                watch = self._watch = (loop, fd)
                 try:
                     await ready
                 finally:
-                    self._ready = None
-                    self._unwatch()
+                    # Only what this task set: a task of a closed loop, finalised
+                    # (GC) while another loop's task waits, cleared that one's
+                    # future and removed its reader, which then slept for good.
+                    if self._ready is ready:
+                        self._ready = None
+                    if self._watch is watch:
+                        self._unwatch()
                 empty += 1
 
     def _chime_closed(self):

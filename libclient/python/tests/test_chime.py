@@ -1206,3 +1206,115 @@ def test_a_wall_clock_timer_fires_at_its_wall_deadline(chime_conn):
     evs = wait_for(c, 2)
     assert time.time_ns() >= at + 30_000_000
     assert [(e.id, e.deadline_ns, e.data) for e in evs] == [(tid, at, 9), (b, at + 30_000_000, 0)]
+
+
+def test_asyncio_a_closed_loops_task_finalised_later_leaves_the_next_loops_wait_alone(broker):
+    """A task left awaiting when its loop closed is finalised by the garbage
+    collector whenever it runs: its `finally` cleared the future and removed
+    the reader of the task now awaiting in the next loop, which slept on for
+    good with its event pending (close() could not end it either)."""
+    import gc
+    a = chime.aio.AsyncChime(socket=broker.socket)
+    loop = asyncio.new_event_loop()
+    loop.create_task(a.wait())          # left awaiting when its loop closes
+    loop.run_until_complete(asyncio.sleep(0.05))
+    loop.close()
+    del loop
+
+    async def main():
+        a.arm(1, after=0.2, data=5)
+        task = asyncio.create_task(a.wait())
+        await asyncio.sleep(0.05)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gc.collect()                # the first loop's task and its coroutine go
+        return [e.data for e in await asyncio.wait_for(task, 3)]
+
+    try:
+        assert asyncio.run(main()) == [5]
+    finally:
+        a.close()
+
+
+def test_asyncio_two_wrappers_of_one_chime_in_one_loop_both_get_their_events(broker):
+    """Two AsyncChime wrapping one Chime, awaited in one loop: the second's
+    add_reader() replaced the first's reader on the same descriptor, and the
+    first's task slept on with its event pending."""
+    with chime.Chime(socket=broker.socket) as c:
+        a1, a2 = chime.aio.AsyncChime(c), chime.aio.AsyncChime(c)
+
+        async def main():
+            t1 = asyncio.create_task(a1.wait(1))
+            await asyncio.sleep(0.01)
+            t2 = asyncio.create_task(a2.wait(1))
+            await asyncio.sleep(0.01)
+            c.arm(1, after=0.05, data=1)
+            c.arm(1, after=0.10, data=2)
+            done, pending = await asyncio.wait({t1, t2}, timeout=3)
+            for t in pending:
+                t.cancel()
+            assert not pending, f"a task slept on; still pending in C: {[e.data for e in c.poll()]}"
+            return sorted(e.data for t in done for e in t.result())
+
+        assert asyncio.run(main()) == [1, 2]
+
+
+def test_asyncio_a_second_loop_starting_while_the_first_polls_is_refused(broker):
+    """Two loops' tasks entering wait() together: the second checked for
+    another loop while the first was still in its poll (before it noted its
+    reader), both went on, and the first to finish removed the other's
+    reader: that task slept on with its event pending."""
+    a = chime.aio.AsyncChime(socket=broker.socket)
+    poll, in_poll, second_done = a.chime.poll, threading.Event(), threading.Event()
+    first = []
+
+    def slow_poll(max=64):
+        if not first:                   # the first loop's first poll: held until the second loop tried
+            first.append(threading.get_ident())
+            in_poll.set()
+            second_done.wait(2)
+        return poll(max)
+
+    a.chime.poll = slow_poll
+    got = {}
+
+    def run(n, before=None):
+        async def main():
+            if before:
+                before.wait(2)
+            try:
+                got[n] = [e.data for e in await asyncio.wait_for(a.wait(), 2)]
+            except (RuntimeError, asyncio.TimeoutError) as e:
+                got[n] = type(e).__name__
+            finally:
+                if n == 2:
+                    second_done.set()
+        asyncio.run(main())
+
+    try:
+        threads = [threading.Thread(target=run, args=(1,)), threading.Thread(target=run, args=(2, in_poll))]
+        for t in threads:
+            t.start()
+        threads[1].join(3)
+        a.arm(1, after=0.01, data=1)
+        threads[0].join(5)
+        assert got == {1: [1], 2: "RuntimeError"}, got
+    finally:
+        a.close()
+
+
+def test_open_in_another_time_namespace_says_so(broker):
+    """EXDEV from chime_open() (another CLOCK_MONOTONIC offset) read
+    "Invalid cross-device link"."""
+    e = chime._error("chime_open", errno.EXDEV, socket="/s", invalid="", or_session="")
+    assert "CLOCK_MONOTONIC" in str(e) and "time namespace" in str(e), str(e)
+    e = chime._error("chime_drop_session", errno.EPERM, socket="/s", session="x", invalid="", or_session="")
+    assert "/s runs as a user" in str(e), str(e)
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--time", "--fork", "true"],
+                                           capture_output=True).returncode != 0:
+        return                          # no time namespace here: the messages alone
+    r = subprocess.run(["unshare", "--time", "--monotonic", "1000", "--fork", sys.executable, "-c",
+                        "import chime, sys\ntry:\n    chime.Chime(socket=sys.argv[1])\n"
+                        "except OSError as e:\n    print(e.errno, e)\n", broker.socket],
+                       capture_output=True, text=True, timeout=30)
+    assert r.stdout.startswith(f"{errno.EXDEV} ") and "time namespace" in r.stdout, (r.stdout, r.stderr)

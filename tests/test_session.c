@@ -1657,3 +1657,47 @@ Test(session, a_child_forked_during_its_parents_open_opens_its_own)
 	chime_close(ret);
 	chime_close(other);
 }
+
+/* Hold a session's lock for 50 ms, as a thread making a reconnect attempt does (white box). */
+static void *lock_a_while(void *arg)
+{
+	struct chime *c = arg;
+
+	pthread_mutex_lock(&c->lock);
+	usleep(50 * 1000);
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
+/*
+ * chime_wait()'s looks take the session's lock, which a thread making a
+ * reconnect attempt (an arm waiting for room, a flush) may hold for a
+ * moment: held while the wait begins, the wait looks again until it gets
+ * it, then asks its wake-up and sleeps, and its event wakes it. (Not
+ * covered: the lock taken exactly between the wait's spin and its last
+ * look before sleeping, which a stress review suspected and could not
+ * make happen; that look would ask no wake-up.)
+ */
+Test(session, a_wait_begun_while_a_reconnect_holds_the_lock_still_wakes_for_its_event)
+{
+	struct chime_event ev;
+	pthread_t thr;
+	chime_id_t id;
+	uint64_t t0;
+	chime_t *c;
+
+	start("-n 1");
+	c = sopen_ok("lookbusy");
+	cr_assert_eq(chime_arm(c, 1, now_ns() + 5 * MS, 0, 1, &id), 0);
+	cr_assert_eq(chime_wait(c, &ev, 1, 2000), 1, "the first event");     /* events: no wake-up asked now */
+	cr_assert_eq(chime_arm(c, 1, now_ns() + 100 * MS, 0, 2, &id), 0);
+	cr_assert_eq(pthread_create(&thr, NULL, lock_a_while, c), 0);
+	usleep(5000);           /* the lock taken */
+	t0 = now_ns();
+	cr_assert_eq(chime_wait(c, &ev, 1, 2000), 1, "no event in 2 s");
+	cr_assert_eq(ev.user_data, 2);
+	cr_assert_lt(now_ns() - t0, 1000 * MS, "woken after %llu ms for an event due in 100",
+		     (unsigned long long)((now_ns() - t0) / MS));
+	cr_assert_eq(pthread_join(thr, NULL), 0);
+	chime_close(c);
+}

@@ -1117,6 +1117,17 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 			continue;
 		}
 		held_nap_ns = HELD_NAP_MIN_NS;
+		/*
+		 * No wake-up asked: the look above found the session's lock
+		 * taken (a thread's reconnect check, between the spin and the
+		 * look), or a shard has just taken the request and sent its
+		 * byte. A sleep now could outlast events already coming (a
+		 * stress review): look again in a moment instead.
+		 */
+		if (unlikely(c->session[0] && !at_load(&c->rw->want_wakeup))) {
+			nanosleep(&(struct timespec){ .tv_nsec = 200000 }, NULL);
+			continue;
+		}
 		slept = chime_now();
 		n = c->has_ring ? sleep_uring(c, left) : sleep_poll(c, left);
 		if (n < 0)

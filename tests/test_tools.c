@@ -864,6 +864,11 @@ Test(tools_fake, usage_errors_exit_2)
 	/* a client or a session, one of them; and only with timers */
 	cr_assert_eq(run("%s timers -c 1 -S x", bin("CHIMECTL")), 2);
 	cr_assert(strstr(slurp(err), "one of them"), "%s", slurp(err));
+	/* one of each: a second was kept silently, the first dropped (an audit) */
+	cr_assert_eq(run("%s timers -c 1 -c 2", bin("CHIMECTL")), 2);
+	cr_assert(strstr(slurp(err), "--client given twice"), "%s", slurp(err));
+	cr_assert_eq(run("%s timers -S a -S b", bin("CHIMECTL")), 2);
+	cr_assert(strstr(slurp(err), "--session given twice"), "%s", slurp(err));
 	cr_assert_eq(run("%s sessions --session x", bin("CHIMECTL")), 2);
 	cr_assert_eq(run("%s --help", bin("CHIMESTAT")), 0);
 	cr_assert(strstr(slurp(out), "Exit status"));

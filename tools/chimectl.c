@@ -1580,6 +1580,11 @@ int main(int argc, char **argv)
 					INT32_MAX);
 				return SR_EXIT_USAGE;
 			}
+			if (pid != -1) {
+				/* one client a listing: the last one silently kept was a surprise (an audit) */
+				fprintf(stderr, PROG ": --client given twice (one client a listing)\n");
+				return SR_EXIT_USAGE;
+			}
 			pid = (long)v;
 			break;
 		case 'S':
@@ -1587,6 +1592,10 @@ int main(int argc, char **argv)
 			if (chime_session_len(optarg) <= 0) {
 				fprintf(stderr, PROG ": invalid --session '%s' (1 to %u bytes of A-Z, a-z, 0-9, "
 					"'.', '_', '-')\n", optarg, CHIME_SESSION_MAX - 1);
+				return SR_EXIT_USAGE;
+			}
+			if (session) {
+				fprintf(stderr, PROG ": --session given twice (one session a listing)\n");
 				return SR_EXIT_USAGE;
 			}
 			session = optarg;

@@ -169,7 +169,9 @@ static inline int fill(struct chime_sqe *sqe, uint32_t shard, uint32_t op, uint6
  * the timer's, which only the broker knows: a deadline at or past the
  * offset (the wall-clock time of boot; as a monotonic deadline, 56 years
  * of uptime or more) is taken as a wall-clock one, which errs only towards
- * ringing (ARCHITECTURE.md, "Wall-clock timers").
+ * ringing (ARCHITECTURE.md, "Wall-clock timers"). One from half the offset
+ * on (28 years of uptime) may be a wall-clock time before the boot,
+ * already past: taken as due now, or it waited for the heartbeat.
  */
 static inline uint64_t need_by(const struct chime *c, uint32_t op, uint64_t deadline_ns)
 {
@@ -184,7 +186,9 @@ static inline uint64_t need_by(const struct chime *c, uint32_t op, uint64_t dead
 	case CHIME_OP_RESET:
 	case CHIME_OP_RESET_TOUCH:
 		off = (uint64_t)at_load(&c->pub->wall_off);
-		return off && deadline_ns >= off ? deadline_ns - off : deadline_ns;
+		if (!off || deadline_ns < off / 2)
+			return deadline_ns;
+		return deadline_ns >= off ? deadline_ns - off : 0;
 	case CHIME_OP_RESUMED:
 		return 0;
 	default:

@@ -790,6 +790,46 @@ Test(tools_fake, no_broker_chimestat_exits_1_every_chimectl_command_3)
 }
 
 /*
+ * chimestat -j says a failure in a document, as chimectl -j does: it printed
+ * nothing at all with no broker, and a script had no document to read.
+ */
+Test(tools_fake, chimestat_json_says_its_failure_as_chimectl_does)
+{
+	char expr[512], path[PATH_MAX];
+	struct fake f;
+
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 1, "%s", slurp(err));
+	snprintf(expr, sizeof(expr), ".socket == \"%s\" and .ok == false and .exit_status == 1 and "
+		 "(.error | startswith(\"cannot open \")) and (.error | endswith(\"(is chimed running?)\")) and "
+		 "(has(\"shards\") | not)", sock);
+	cr_assert_eq(jq(expr), 1, "%s", slurp(out));
+	/* the document's error is the message on stderr */
+	cr_assert(strstr(slurp(err), "chimestat: cannot open '"), "%s", slurp(err));
+	/* the same with an unfinished segment no broker holds */
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	cr_assert_eq(t_write_file(path, ""), 0);
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 1, "%s", slurp(err));
+	cr_assert_eq(jq(".exit_status == 1 and (.error | contains(\"chimed is not running\"))"), 1, "%s", slurp(out));
+	unlink(path);
+	/* a dead broker: its last state, and why it is no success */
+	fake_make(&f, dead_pid(), 0);
+	cr_assert_eq(run("%s --socket '%s' -j", bin("CHIMESTAT"), sock), 3, "%s", slurp(err));
+	cr_assert_eq(jq(".ok == false and .exit_status == 3 and .shards[0].arms == 10 and "
+			"(.error | endswith(\"the state shown is its last\"))"), 1, "%s", slurp(out));
+	chime_seg_unmap(&f.map);
+	unlink(path);
+	/* a live one: ok, and no error */
+	fake_make(&f, getpid(), 0);
+	cr_assert_eq(run("%s --socket '%s' -j -f broker.pid", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert_eq(jq(".ok == true and .exit_status == 0 and (has(\"error\") | not) and .broker.pid > 0"), 1,
+		     "%s", slurp(out));
+	chime_seg_unmap(&f.map);
+	/* a usage error prints no document, as chimectl's */
+	cr_assert_eq(run("%s --socket '%s' -j --bogus", bin("CHIMESTAT"), sock), 2);
+	cr_assert_eq(slurp(out)[0], '\0', "%s", slurp(out));
+}
+
+/*
  * A stream socket at the path (not chimed's SOCK_SEQPACKET): chimectl says
  * something else listens there, as chimectl(1) promises, not the bare
  * "Protocol wrong type for socket" (an adopter audit).

@@ -20,6 +20,7 @@
 #include <fnmatch.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,8 @@ static void usage(FILE *f)
 		"  -1, --once           print once and exit (rates are averages since start, a\n"
 		"                       client's since it connected, a named session's since\n"
 		"                       the broker started)\n"
-		"  -j, --json           print one JSON document and exit (implies -1)\n"
+		"  -j, --json           print one JSON document and exit (implies -1); on a\n"
+		"                       failure too, with its \"error\"\n"
 		"      --prometheus     print the Prometheus text exposition format and exit\n"
 		"  -f, --field PATTERN  only fields whose name matches the shell PATTERN\n"
 		"                       (fnmatch; repeatable), e.g. 'shard.*.fires'\n"
@@ -140,6 +142,38 @@ static void unmatched_patterns(const struct flist *l, const struct opts *o)
 			fprintf(stderr, PROG ": no field matches '%s' (chimestat -1 -f '*' lists their names)\n",
 				o->pat[i]);
 	}
+}
+
+/*
+ * A failure after the options: its message on stderr and, with -j, a
+ * document that says it (chimectl -j's shape), not an empty stdout.
+ */
+static int fail(const struct opts *o, const char *sock, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int fail(const struct opts *o, const char *sock, int code, const char *fmt, ...)
+{
+	char msg[PATH_MAX + 512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, PROG ": %s\n", msg);
+	if (o->json) {
+		print_json(stdout, NULL, o, &(struct json_end){ .socket = sock, .status = code, .error = msg });
+		if (sr_stdout_check(PROG))
+			code = SR_EXIT_NOSHM;
+	}
+	return code;
+}
+
+/* sr_open() or sr_snapshot() failed: fail() with the standard message. */
+static int sr_fail(const struct opts *o, const struct sr *s, int code, int err)
+{
+	char msg[PATH_MAX + 256];
+
+	sr_strerror(s, err, msg, sizeof(msg));
+	return fail(o, s->sock, code, "%s", msg);
 }
 
 static int chimestat(struct opts *op, int argc, char **argv)
@@ -257,41 +291,43 @@ static int chimestat(struct opts *op, int argc, char **argv)
 			chime_socket_path(o.socket, NULL), SR_SOCKET_PATH_MAX);
 		return SR_EXIT_USAGE;
 	}
-	if (r < 0) {
-		fprintf(stderr, PROG ": no socket path: %s (set $CHIME_SOCKET or use --socket)\n", strerror(-r));
-		return SR_EXIT_NOSHM;
-	}
+	if (r < 0)
+		return fail(&o, NULL, SR_EXIT_NOSHM, "no socket path: %s (set $CHIME_SOCKET or use --socket)",
+			    strerror(-r));
 	r = sr_open(&s, sock);
-	if (r < 0) {
-		sr_perror(PROG, &s, r);
-		return SR_EXIT_NOSHM;
-	}
+	if (r < 0)
+		return sr_fail(&o, &s, SR_EXIT_NOSHM, r);
 
 	if (o.once) {
+		char why_last[256] = "";
+
 		r = sr_snapshot(&s, &sn);
 		if (r < 0) {
-			sr_perror(PROG, &s, r);
+			r = sr_fail(&o, &s, r == -ESTALE ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, r);
 			sr_close(&s);
-			return r == -ESTALE ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;  /* it stopped as it was read */
+			return r;   /* -ESTALE: it stopped as it was read */
 		}
 		keep_clients(&sn, &o);
 		collect(&cur, &sn);
 		unmatched_patterns(&cur, &o);
+		r = exit_for(&sn);
+		if (r == SR_EXIT_NOT_RUNNING) {
+			const char *why;
+
+			sr_liveness(&sn, &why);
+			snprintf(why_last, sizeof(why_last), "%s; the state shown is its last", why);
+		}
 		if (o.json)
-			print_json(stdout, &cur, &o);
+			print_json(stdout, &cur, &o, &(struct json_end){ .socket = s.sock, .status = r,
+					.error = why_last[0] ? why_last : NULL });
 		else if (o.prom)
 			print_prom(stdout, &cur, &o);
 		else if (o.nr_pat)
 			print_flat(stdout, &cur, NULL, &sn, NULL, &o);
 		else
 			print_table(stdout, &cur, NULL, &sn, NULL);
-		r = exit_for(&sn);
-		if (r == SR_EXIT_NOT_RUNNING) {
-			const char *why;
-
-			sr_liveness(&sn, &why);
-			fprintf(stderr, PROG ": %s; the state shown is its last\n", why);
-		}
+		if (why_last[0])
+			fprintf(stderr, PROG ": %s\n", why_last);
 		if (sr_stdout_check(PROG))
 			r = SR_EXIT_NOSHM;
 		free(cur.v);

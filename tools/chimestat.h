@@ -93,8 +93,13 @@ void findex_build(struct findex *x, const struct flist *l);
 long findex_find(const struct findex *x, const char *name);
 void findex_free(struct findex *x);
 
-/* stat_json.c */
-void print_json(FILE *out, const struct flist *l, const struct opts *o);
+/* stat_json.c: -j's document; end (NULL: none) its envelope, as chimectl -j's. */
+struct json_end {
+	const char *socket;     /* NULL: none known */
+	int status;             /* the exit status */
+	const char *error;      /* NULL on success: the message on stderr, without "chimestat: " */
+};
+void print_json(FILE *out, const struct flist *l, const struct opts *o, const struct json_end *end);
 void print_value(FILE *out, const struct field *f);
 
 /* stat_prom.c */

@@ -110,20 +110,35 @@ static json_t *json_child(json_t *obj, const char *key)
 }
 
 /*
- * The document: {"version", "timestamp" (Unix time, s), "broker": {...},
- * "shards": [{"shard": N, ...}], "clients": [{"slot": S, ...}] (always an
- * array, empty with no clients), "lateness": {...}}. A field name
- * "shard.N.lateness.p99_ns" becomes shards[i].lateness.p99_ns.
+ * The document: {"version", "timestamp" (Unix time, s), "socket", "ok",
+ * "exit_status", "error" (on failure), "broker": {...}, "shards":
+ * [{"shard": N, ...}], "clients": [{"slot": S, ...}] (always an array,
+ * empty with no clients), "lateness": {...}}. A field name
+ * "shard.N.lateness.p99_ns" becomes shards[i].lateness.p99_ns. l NULL: a
+ * failure before any counters were read, the envelope alone (as chimectl
+ * -j's: a script is told why, not handed an empty stdout).
  */
-void print_json(FILE *out, const struct flist *l, const struct opts *o)
+void print_json(FILE *out, const struct flist *l, const struct opts *o, const struct json_end *end)
 {
 	struct timespec rt;
-	json_t *doc, *shards = json_array(), *clients = json_array();
+	json_t *doc, *shards, *clients;
 
+	doc = json_pack("{s:s}", "version", CHIME_VERSION);
+	if (end) {
+		json_object_set_new(doc, "socket", end->socket ? json_text(end->socket) : json_null());
+		json_object_set_new(doc, "ok", json_boolean(end->status == SR_EXIT_OK));
+		json_object_set_new(doc, "exit_status", json_integer(end->status));
+		if (end->error)
+			json_object_set_new(doc, "error", json_text(end->error));
+	}
+	if (!l)
+		goto print;
 	clock_gettime(CLOCK_REALTIME, &rt);
-	doc = json_pack("{s:s,s:f,s:o,s:o}", "version", CHIME_VERSION,
-			"timestamp", (double)rt.tv_sec + (double)rt.tv_nsec / 1e9,
-			"shards", shards, "clients", clients);
+	json_object_set_new(doc, "timestamp", json_real((double)rt.tv_sec + (double)rt.tv_nsec / 1e9));
+	shards = json_array();
+	clients = json_array();
+	json_object_set_new(doc, "shards", shards);
+	json_object_set_new(doc, "clients", clients);
 	for (size_t i = 0; i < l->n; i++) {
 		const struct field *f = &l->v[i];
 		char name[sizeof(f->name)], *save = NULL, *part[4];
@@ -153,6 +168,7 @@ void print_json(FILE *out, const struct flist *l, const struct opts *o)
 		}
 		json_object_set_new(at, part[n - 1], json_field(f));
 	}
+print:
 	json_dumpf(doc, out, JSON_COMPACT | JSON_REAL_PRECISION(17));
 	fputc('\n', out);
 	json_decref(doc);

@@ -306,50 +306,55 @@ int sr_follow(struct sr *s)
 	return 1;
 }
 
-void sr_perror(const char *prog, const struct sr *s, int err)
+void sr_strerror(const struct sr *s, int err, char *buf, size_t len)
 {
 	switch (err) {
 	case -ENOENT:
-		fprintf(stderr, "%s: cannot open '%s': %s (is chimed running?)\n",
-			prog, s->ctl_path, strerror(-err));
+		snprintf(buf, len, "cannot open '%s': %s (is chimed running?)", s->ctl_path, strerror(-err));
 		break;
 	case -EACCES:
-		fprintf(stderr, "%s: cannot open '%s': %s (the broker's counters and timers are for root, "
-			"the broker's user and the group given to chimed --stats-group)\n",
-			prog, s->ctl_path, strerror(-err));
+		snprintf(buf, len, "cannot open '%s': %s (the broker's counters and timers are for root, "
+			 "the broker's user and the group given to chimed --stats-group)",
+			 s->ctl_path, strerror(-err));
 		break;
 	case -EAGAIN:
-		fprintf(stderr, "%s: cannot read '%s': not ready yet (chimed is starting; try again)\n",
-			prog, s->ctl_path);
+		snprintf(buf, len, "cannot read '%s': not ready yet (chimed is starting; try again)", s->ctl_path);
 		break;
 	case -ESRCH:
-		fprintf(stderr, "%s: cannot read '%s': chimed is not running (it died while starting, leaving "
-			"this unfinished segment; the next chimed replaces it)\n", prog, s->ctl_path);
+		snprintf(buf, len, "cannot read '%s': chimed is not running (it died while starting, leaving "
+			 "this unfinished segment; the next chimed replaces it)", s->ctl_path);
 		break;
 	case -EPROTO:
-		fprintf(stderr, "%s: shm layout %u of '%s' not supported (this build speaks %u); upgrade one side\n",
-			prog, s->layout_seen, s->ctl_path, CHIME_SHM_LAYOUT);
+		snprintf(buf, len, "shm layout %u of '%s' not supported (this build speaks %u); upgrade one side",
+			 s->layout_seen, s->ctl_path, CHIME_SHM_LAYOUT);
 		break;
 	case -EBADMSG:
-		fprintf(stderr, "%s: cannot read '%s': not a chime control segment, or corrupt\n",
-			prog, s->ctl_path);
+		snprintf(buf, len, "cannot read '%s': not a chime control segment, or corrupt", s->ctl_path);
 		break;
 	case -ENODATA:
-		fprintf(stderr, "%s: cannot read '%s': " SR_SHRANK_WHY "\n", prog, s->ctl_path);
+		snprintf(buf, len, "cannot read '%s': " SR_SHRANK_WHY, s->ctl_path);
 		break;
 	case -ESTALE:
-		fprintf(stderr, "%s: cannot read '%s': its chimed stopped as it was read (a stopping broker empties "
-			"and removes it; the next one makes its own)\n", prog, s->ctl_path);
+		snprintf(buf, len, "cannot read '%s': its chimed stopped as it was read (a stopping broker empties "
+			 "and removes it; the next one makes its own)", s->ctl_path);
 		break;
 	case -ELOOP:
-		fprintf(stderr, "%s: cannot open '%s': " SR_SYMLINK_WHY "\n", prog, s->ctl_path);
+		snprintf(buf, len, "cannot open '%s': " SR_SYMLINK_WHY, s->ctl_path);
 		break;
 	case -ENOMEM:
-		fprintf(stderr, "%s: cannot read '%s': %s\n", prog, s->ctl_path, strerror(-err));
+		snprintf(buf, len, "cannot read '%s': %s", s->ctl_path, strerror(-err));
 		break;
 	default:
-		fprintf(stderr, "%s: cannot open '%s': %s\n", prog, s->ctl_path, strerror(-err));
+		snprintf(buf, len, "cannot open '%s': %s", s->ctl_path, strerror(-err));
 	}
+}
+
+void sr_perror(const char *prog, const struct sr *s, int err)
+{
+	char msg[PATH_MAX + 256];
+
+	sr_strerror(s, err, msg, sizeof(msg));
+	fprintf(stderr, "%s: %s\n", prog, msg);
 }
 
 /* *wait_ns: what is left of the snapshot's wait; the time spent here comes off it. */

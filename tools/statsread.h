@@ -167,6 +167,8 @@ bool sr_segment_gone(const struct sr *s);
 
 /* Print the standard message for an sr_open() or sr_snapshot() failure: "prog: cannot open 'path': ... (hint)". */
 void sr_perror(const char *prog, const struct sr *s, int err);
+/* The same message, without "prog: ", in buf (chimestat -j's "error"). */
+void sr_strerror(const struct sr *s, int err, char *buf, size_t len);
 
 /*
  * 0, -ENOMEM, -ESTALE (its broker stopped: it emptied and removed the file)

@@ -379,7 +379,7 @@ static void run_output(int which, const struct flist *l, const struct sr_snap *s
 	CHECK(f, "open_memstream");
 	switch (which) {
 	case 0:
-		print_json(f, l, o);
+		print_json(f, l, o, &(struct json_end){ .socket = "fuzz" });
 		break;
 	case 1:
 		print_prom(f, l, o);

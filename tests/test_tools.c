@@ -830,6 +830,35 @@ Test(tools_fake, chimestat_json_says_its_failure_as_chimectl_does)
 }
 
 /*
+ * chimectl -j's error is the message on stderr, as chimectl(1) says: for a
+ * segment it could not read it was a shorter one ("Bad message" for one
+ * that is no chime segment, no "is chimed running?").
+ */
+Test(tools_fake, chimectl_json_error_is_the_message_on_stderr)
+{
+	char path[PATH_MAX], e2[PATH_MAX + 8], junk[4097], *said;
+
+	snprintf(e2, sizeof(e2), "%s/e2", dir);
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	for (int i = 0; i < 2; i++) {
+		if (i == 1) {
+			/* a page of bytes that is no chime segment */
+			memset(junk, 'Z', sizeof(junk) - 1);
+			junk[sizeof(junk) - 1] = '\0';
+			cr_assert_eq(t_write_file(path, junk), 0);
+		}
+		cr_assert_eq(run("%s -s '%s' -j clients 2>'%s' | jq -r '\"chimectl: \" + .error'", bin("CHIMECTL"),
+				 sock, e2), 0, "%s", slurp(err));
+		said = strdup(slurp(e2));       /* slurp()'s buffer is the next one's */
+		cr_assert_not_null(said);
+		cr_assert(strstr(said, i ? "not a chime control segment" : "(is chimed running?)"), "%s", said);
+		cr_assert_str_eq(slurp(out), said, "the document's error is not the message on stderr");
+		free(said);
+	}
+	unlink(path);
+}
+
+/*
  * A stream socket at the path (not chimed's SOCK_SEQPACKET): chimectl says
  * something else listens there, as chimectl(1) promises, not the bare
  * "Protocol wrong type for socket" (an adopter audit).

@@ -181,25 +181,16 @@ static void usage(FILE *f)
 }
 
 /*
- * sr_open() or sr_snapshot() failed: the standard message, and a short one
- * in the JSON document. No segment: no broker.
+ * sr_open() or sr_snapshot() failed: the standard message, on stderr and
+ * in the JSON document (a shorter one there said "Bad message" for a
+ * corrupt segment). No segment: no broker.
  */
 static int sr_fail(const struct sr *s, int r)
 {
-	char msg[PATH_MAX + 128];
+	char msg[PATH_MAX + 256];
 
-	sr_perror(PROG, s, r);
-	if (J) {
-		/* the verb sr_perror() uses: it could not be opened, or not read */
-		snprintf(msg, sizeof(msg), "cannot %s '%s': %s",
-			 r == -ENOENT || r == -EACCES || r == -ELOOP ? "open" : "read", s->ctl_path,
-			 r == -EPROTO ? "shm layout not supported by this build" :
-			 r == -ESRCH ? "chimed is not running (an unfinished segment left behind)" :
-			 r == -ENODATA ? SR_SHRANK_WHY : r == -ESTALE ? "its chimed stopped as it was read" :
-			 r == -ELOOP ? SR_SYMLINK_WHY : strerror(-r));
-		json_object_set_new(J, "error", jtext(msg, sizeof(msg)));
-	}
-	return r == -ENOENT || r == -ESRCH || r == -ESTALE ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM;
+	sr_strerror(s, r, msg, sizeof(msg));
+	return fail(r == -ENOENT || r == -ESRCH || r == -ESTALE ? SR_EXIT_NOT_RUNNING : SR_EXIT_NOSHM, "%s", msg);
 }
 
 /* Snapshot the opened segment s; closes it on failure. */

@@ -945,6 +945,26 @@ Test(tools_fake, usage_errors_exit_2)
 	cr_assert(strstr(slurp(out), "chimectl 0."));
 }
 
+/* chimestat's client filters take one value each: a second silently replaced the first. */
+Test(tools_fake, a_client_filter_given_twice_is_a_usage_error)
+{
+	static const char *const twice[] = { "--pid 1 --pid 2", "--uid 0 --uid=1000", "--comm a --comm b" };
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	for (size_t i = 0; i < sizeof(twice) / sizeof(twice[0]); i++) {
+		cr_assert_eq(run("%s -s '%s' -j %s", bin("CHIMESTAT"), sock, twice[i]), 2, "%s: %s", twice[i],
+			     slurp(err));
+		cr_assert(strstr(slurp(err), "given twice"), "%s: %s", twice[i], slurp(err));
+		cr_assert_eq(slurp(out)[0], '\0', "%s: a document on a usage error: %s", twice[i], slurp(out));
+	}
+	/* one of each is fine */
+	cr_assert_eq(run("%s -s '%s' -j --pid 4242 --uid 1000 --comm 'fake \"client\"'", bin("CHIMESTAT"), sock), 0,
+		     "%s", slurp(err));
+	cr_assert_eq(jq(".clients | length"), 1, "%s", slurp(out));
+	chime_seg_unmap(&f.map);
+}
+
 Test(tools_fake, clients_and_status_without_socket)
 {
 	struct fake f;

@@ -233,6 +233,12 @@ static int chimestat(struct opts *op, int argc, char **argv)
 					opt == OPT_PID ? "--pid" : "--uid", optarg, min, max);
 				return SR_EXIT_USAGE;
 			}
+			/* -f adds up, these do not: a second one silently replaced the first (as chimectl --client) */
+			if (*(opt == OPT_PID ? &o.pid : &o.uid) >= 0) {
+				fprintf(stderr, PROG ": %s given twice (a client filter takes one value)\n",
+					opt == OPT_PID ? "--pid" : "--uid");
+				return SR_EXIT_USAGE;
+			}
 			*(opt == OPT_PID ? &o.pid : &o.uid) = (long)v;
 			break;
 		}
@@ -242,6 +248,10 @@ static int chimestat(struct opts *op, int argc, char **argv)
 				fprintf(stderr, PROG ": invalid --comm '%s' (a process name as /proc/PID/comm and ps "
 					"show it: 1 to %zu bytes, longer ones cut there)\n", optarg,
 					sizeof(((struct chime_client_ctl *)0)->comm) - 1);
+				return SR_EXIT_USAGE;
+			}
+			if (o.comm) {
+				fprintf(stderr, PROG ": --comm given twice (a client filter takes one value)\n");
 				return SR_EXIT_USAGE;
 			}
 			o.comm = optarg;

@@ -585,6 +585,38 @@ Test(tools_fake, prometheus_has_the_sizes_to_divide_by)
 	chime_seg_unmap(&f.map);
 }
 
+/*
+ * With --prometheus, -f 'client.*' selects the client series and -f
+ * 'shard.0.*' shard 0's lateness histogram too: their fields were named
+ * prom.*, in no FIELD NAMES, so the one selected nothing and the other
+ * lost the histogram, without a word.
+ */
+Test(tools_fake, prometheus_field_filter_selects_every_series_of_a_shard_or_a_client)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	cr_assert_eq(run("%s --socket '%s' --prometheus -f 'client.*'", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "\nchime_client_info{") && strstr(slurp(out), "\nchime_client_arms_total{") &&
+		  strstr(slurp(out), "\nchime_client_group_clients{"), "%s", slurp(out));
+	cr_assert_null(strstr(slurp(out), "chime_shard_"), "%s", slurp(out));
+	check_prom_format(slurp(out));
+	cr_assert_eq(run("%s --socket '%s' --prometheus -f 'client.*.arms'", bin("CHIMESTAT"), sock), 0);
+	cr_assert(strstr(slurp(out), "\nchime_client_arms_total{") && !strstr(slurp(out), "chime_client_info"), "%s",
+		  slurp(out));
+	cr_assert_eq(run("%s --socket '%s' --prometheus -f 'shard.0.*'", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "\nchime_shard_lateness_seconds_bucket{shard=\"0\",") &&
+		  !strstr(slurp(out), "shard=\"1\""), "%s", slurp(out));
+	check_prom_format(slurp(out));
+	cr_assert_eq(run("%s --socket '%s' --prometheus -f 'shard.*.lateness*'", bin("CHIMESTAT"), sock), 0);
+	cr_assert(strstr(slurp(out), "\nchime_shard_lateness_seconds_count{shard=\"1\"}"), "%s", slurp(out));
+	/* and these fields stay out of the text and the JSON */
+	cr_assert_eq(run("%s --socket '%s' -1 -f '*'", bin("CHIMESTAT"), sock), 0);
+	cr_assert(!strstr(slurp(out), "since_start") && !strstr(slurp(out), "group") && !strstr(slurp(out), ".info"),
+		  "%s", slurp(out));
+	chime_seg_unmap(&f.map);
+}
+
 /* The rate printed after `client.1.arms VALUE` in text (-f), from its first line with that value; -1 if none. */
 static double arms_rate_at(const char *text, unsigned long value)
 {

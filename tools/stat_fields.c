@@ -232,7 +232,6 @@ static void client_groups(struct flist *l, const struct sr_snap *sn)
 	qsort_r(by, sn->nr_clients, sizeof(*by), cmp_group, (void *)sn);
 	for (uint32_t g = 0, end; g < sn->nr_clients; g = end) {
 		const struct sr_client *cl = &sn->clients[by[g]];
-		uint32_t c = by[g];
 		char esc[64], lab[112];
 		uint64_t sum[sizeof(client_defs) / sizeof(client_defs[0])] = { 0 };
 
@@ -247,14 +246,14 @@ static void client_groups(struct flist *l, const struct sr_snap *sn)
 		snprintf(lab, sizeof(lab), "comm=\"%s\",uid=\"%u\"", esc, cl->id.uid);
 		for (size_t i = 0; i < sizeof(client_defs) / sizeof(client_defs[0]); i++) {
 			const struct cdef *d = &client_defs[i];
-			struct field *f = field_add(l, d->kind, "prom.clients.%u.%s", c, d->name);
+			struct field *f = field_add(l, d->kind, "client.group.%u.%s", cl->slot, d->name);
 
 			f->u = sum[i];
 			f->prom_only = 1;
 			fprom(f, d->prom, d->kind == F_COUNTER ? "counter" : "gauge", d->help, lab, d->scale);
 		}
 		{
-			struct field *f = field_add(l, F_GAUGE, "prom.clients.%u.connected", c);
+			struct field *f = field_add(l, F_GAUGE, "client.group.%u.connected", cl->slot);
 
 			f->u = end - g;
 			f->prom_only = 1;
@@ -401,7 +400,7 @@ void collect(struct flist *l, const struct sr_snap *sn)
 		snprintf(pre, sizeof(pre), "shard.%u.lateness_10s", k);
 		add_lateness(l, pre, sn->sh[k].win, sn->sh[k].win_sum_ns, sn->sh[k].win_max_ns, lab,
 			     LAT_SUM | LAT_RECENT);
-		f = field_add(l, F_HIST, "prom.shard.%u.lateness", k);
+		f = field_add(l, F_HIST, "shard.%u.lateness_since_start", k);
 		f->hist = s->lat;
 		f->hist_sum_ns = s->lat_sum_ns;
 		f->prom_only = 1;
@@ -417,7 +416,7 @@ void collect(struct flist *l, const struct sr_snap *sn)
 		/* Identity as an info series: pid and slot change on every restart, comm and uid do not. */
 		snprintf(lab, sizeof(lab), "comm=\"%s\",uid=\"%u\",pid=\"%d\",slot=\"%u\"", esc,
 			 cl->id.uid, (int)cl->id.pid, cl->slot);
-		f = field_add(l, F_GAUGE, "prom.client.%u.info", cl->slot);
+		f = field_add(l, F_GAUGE, "client.%u.info", cl->slot);
 		f->u = 1;
 		f->prom_only = 1;
 		fprom(f, "chime_client_info", "gauge", "A connected client (always 1).", lab, 1);

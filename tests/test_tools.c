@@ -2757,6 +2757,9 @@ Test(tools_options, help_everywhere)
 				  programs[i].name, flags[j], slurp(out));
 			cr_assert(strstr(slurp(out), "version"), "%s %s does not mention --version",
 				  programs[i].name, flags[j]);
+			/* as a daemon's and every other tool's: chime-bench's said none */
+			cr_assert(strstr(slurp(out), "\nExit status"), "%s %s does not say its exit status",
+				  programs[i].name, flags[j]);
 			wide = help_too_wide(slurp(out), &len);
 			cr_assert(!wide, "%s %s: a line of %d columns wraps on an 80-column terminal:\n%.*s",
 				  programs[i].name, flags[j], len, len, wide);

@@ -38,6 +38,8 @@ static void usage(FILE *f)
 		"       chime-bench -h|--help | -V|--version\n\nmodes:\n");
 	for (size_t i = 0; i < NR_MODES; i++)
 		fprintf(f, "  %-8s %s\n", modes[i].name, modes[i].help);
+	fprintf(f, "\nExit status: 0 the benchmark ran; 1 it could not (the message says why), or\n"
+		"a problem was seen (lines marked !!; rest: a target missed); 2 usage error.\n");
 }
 
 int main(int argc, char **argv)

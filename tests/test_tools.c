@@ -4992,6 +4992,30 @@ Test(tools_options, bench_without_a_broker_names_its_mode)
 }
 
 /*
+ * chime-bench compare and rest --json that cannot run print a document
+ * that says so (chimectl -j's shape); stdout was empty. Not on a usage
+ * error, as chimectl's.
+ */
+Test(tools_options, bench_json_that_cannot_run_says_so_in_a_document)
+{
+	static const char *const modes[] = { "compare", "rest" };
+	char expr[256];
+
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		cr_assert_eq(run("%s %s --json --socket '%s/none.sock'", bin("CHIME_BENCH"), modes[i], dir), 1, "%s: %s",
+			     modes[i], slurp(err));
+		snprintf(expr, sizeof(expr), ".mode == \"%s\" and .ok == false and .exit_status == 1 and "
+			 "(.error | startswith(\"cannot open \")) and (.error | endswith(\"(is chimed running?)\"))",
+			 modes[i]);
+		cr_assert_eq(jq(expr), 1, "%s: %s", modes[i], slurp(out));
+		cr_assert_eq(run("%s %s --json --bogus", bin("CHIME_BENCH"), modes[i]), 2);
+		cr_assert_eq(slurp(out)[0], '\0', "%s: a document on a usage error: %s", modes[i], slurp(out));
+	}
+	cr_assert_eq(run("%s compare --json --quick --lateness-csv /dev/null", bin("CHIME_BENCH")), 1, "%s", slurp(err));
+	cr_assert_eq(jq(".ok == false and (.error | contains(\"is not a directory\"))"), 1, "%s", slurp(out));
+}
+
+/*
  * chimestat --comm NAME longer than a process name (the kernel's comm,
  * 15 bytes) or empty: a usage error that says so. Such a name matched no
  * client ever, and the table, JSON and Prometheus output came out empty,

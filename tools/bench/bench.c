@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,22 @@
 #include "paths.h"
 
 const char *bench_prog = "chime-bench";
+int bench_json, bench_json_done;
+char bench_last_error[1024];
+
+void bench_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(bench_last_error, sizeof(bench_last_error), fmt, ap);
+	va_end(ap);
+	va_start(ap, fmt);
+	fprintf(stderr, "%s: ", bench_prog);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
 
 /*
  * The number in p[0..len): 0, -EINVAL if it is not a decimal number, or

@@ -19,6 +19,17 @@
  */
 extern const char *bench_prog;
 
+/*
+ * --json (compare, rest): bench_json once the mode took it, bench_json_done
+ * once its document is printed. A run that fails before that gets one from
+ * main() with the message of the last bench_error(), as chimectl -j's: an
+ * empty stdout told a script nothing.
+ */
+extern int bench_json, bench_json_done;
+extern char bench_last_error[1024];
+/* A failure: "bench_prog: MESSAGE" on stderr, the message kept for that document. */
+void bench_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* A mode: argv[0] is the mode's name. Returns the exit status (2: usage). */
 typedef int (*bench_mode_fn)(int argc, char **argv);
 

@@ -233,7 +233,7 @@ int bench_compare(int argc, char **argv)
 				return 2;
 			break;
 		case 'q': R.quick = 1; break;
-		case 'j': R.json = 1; break;
+		case 'j': R.json = bench_json = 1; break;
 		case 'S': sizes = optarg; break;
 		case 'L':
 			if (!*optarg) {

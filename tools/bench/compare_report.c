@@ -24,17 +24,15 @@ int compare_csv_prepare(const struct run *R)
 	struct stat st;
 
 	if (mkdir(R->csv_dir, 0755) < 0 && errno != EEXIST) {
-		fprintf(stderr, "chime-bench compare: --lateness-csv: cannot make directory '%s': %s\n", R->csv_dir,
-			strerror(errno));
+		bench_error("--lateness-csv: cannot make directory '%s': %s", R->csv_dir, strerror(errno));
 		return -1;
 	}
 	if (stat(R->csv_dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
-		fprintf(stderr, "chime-bench compare: --lateness-csv: '%s' is not a directory\n", R->csv_dir);
+		bench_error("--lateness-csv: '%s' is not a directory", R->csv_dir);
 		return -1;
 	}
 	if (access(R->csv_dir, W_OK | X_OK) < 0) {
-		fprintf(stderr, "chime-bench compare: --lateness-csv: cannot write in '%s': %s\n", R->csv_dir,
-			strerror(errno));
+		bench_error("--lateness-csv: cannot write in '%s': %s", R->csv_dir, strerror(errno));
 		return -1;
 	}
 	/* An earlier run's CSV of a contender this run leaves out would be plotted beside this run's */
@@ -43,8 +41,7 @@ int compare_csv_prepare(const struct run *R)
 
 		snprintf(path, sizeof(path), "%s/%s.csv", R->csv_dir, contender_name[lat_c[k]]);
 		if (unlink(path) < 0 && errno != ENOENT) {
-			fprintf(stderr, "chime-bench compare: --lateness-csv: cannot remove the earlier '%s': %s\n",
-				path, strerror(errno));
+			bench_error("--lateness-csv: cannot remove the earlier '%s': %s", path, strerror(errno));
 			return -1;
 		}
 	}
@@ -313,5 +310,6 @@ void compare_json(const struct run *R, const struct broker *b)
 	json_object_set_new(o, "problems", json_integer(g_problems));
 	json_dumpf(o, stdout, JSON_INDENT(2));
 	printf("\n");
+	bench_json_done = 1;
 	json_decref(o);
 }

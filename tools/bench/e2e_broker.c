@@ -189,7 +189,10 @@ int broker_map_ctl(struct broker *b)
 			sr_close(&b->sr);
 	}
 	if (r < 0) {
-		sr_perror(bench_prog, &b->sr, r);
+		char msg[PATH_MAX + 256];
+
+		sr_strerror(&b->sr, r, msg, sizeof(msg));
+		bench_error("%s", msg);
 		return -1;
 	}
 	b->hdr = snap.hdr;
@@ -278,7 +281,7 @@ int broker_open(struct broker *b, unsigned flags, chime_t **c)
 	int r = chime_open(c, &o);
 
 	if (r < 0)
-		fprintf(stderr, "%s: chime_open('%s') failed: %s\n", bench_prog, b->sock, strerror(-r));
+		bench_error("chime_open('%s') failed: %s", b->sock, strerror(-r));
 	return r;
 }
 
@@ -444,13 +447,12 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 
 	r = find_chimed(b->bin, sizeof(b->bin));
 	if (r < 0) {
-		fprintf(stderr, "%s: cannot find chimed (set $CHIMED, or pass --socket): %s\n", bench_prog,
-			strerror(-r));
+		bench_error("cannot find chimed (set $CHIMED, or pass --socket): %s", strerror(-r));
 		return -1;
 	}
 	snprintf(b->dir, sizeof(b->dir), "%s/chime-bench-XXXXXX", tmp && *tmp ? tmp : "/tmp");
 	if (!mkdtemp(b->dir)) {
-		fprintf(stderr, "%s: mkdtemp('%s') failed: %s\n", bench_prog, b->dir, strerror(errno));
+		bench_error("mkdtemp('%s') failed: %s", b->dir, strerror(errno));
 		b->dir[0] = '\0';
 		return -1;
 	}
@@ -472,7 +474,7 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 	fflush(NULL);
 	b->pid = fork();
 	if (b->pid < 0) {
-		fprintf(stderr, "%s: fork failed: %s\n", bench_prog, strerror(errno));
+		bench_error("fork failed: %s", strerror(errno));
 		b->pid = 0;
 		pthread_sigmask(SIG_SETMASK, &old, NULL);
 		return -1;
@@ -518,8 +520,8 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 		int st;
 
 		if (waitpid(b->pid, &st, WNOHANG) == b->pid) {
-			fprintf(stderr, "%s: chimed exited at start-up (status %d); its log: %s\n", bench_prog,
-				WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), log);
+			bench_error("chimed exited at start-up (status %d); its log: %s",
+				    WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), log);
 			/* reaped: the handler must not signal its pid; the log is kept, as said */
 			cleanup_block(&old);
 			cleanup_disarm();
@@ -532,7 +534,7 @@ int broker_start(struct broker *b, int shards, const char *spin_us)
 			break;
 		}
 		if (now_ns() > end) {
-			fprintf(stderr, "%s: chimed did not accept clients within 10 s; its log: %s\n", bench_prog, log);
+			bench_error("chimed did not accept clients within 10 s; its log: %s", log);
 			return -1;
 		}
 		sleep_ns(10 * NS_PER_MS);

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "chime_config.h"
 #include "bench.h"
 #include "e2e.h"
@@ -31,6 +33,33 @@ static const struct {
 };
 
 #define NR_MODES (sizeof(modes) / sizeof(modes[0]))
+
+/*
+ * --json and a run that failed before its document: one that says so, in
+ * chimectl -j's shape (a message quoting a path may not be UTF-8: such
+ * bytes become '?').
+ */
+static void json_failure(const char *mode, int status)
+{
+	json_t *o, *e;
+
+	if (!bench_last_error[0])
+		snprintf(bench_last_error, sizeof(bench_last_error), "it could not run (see standard error)");
+	e = json_string(bench_last_error);
+	if (!e) {
+		for (char *p = bench_last_error; *p; p++)
+			if ((unsigned char)*p >= 0x80)
+				*p = '?';
+		e = json_string(bench_last_error);
+	}
+	o = json_pack("{s:s,s:s,s:b,s:i,s:o}", "version", CHIME_VERSION, "mode", mode, "ok", 0,
+		      "exit_status", status, "error", e);
+	if (o) {
+		json_dumpf(o, stdout, JSON_INDENT(2));
+		putchar('\n');
+		json_decref(o);
+	}
+}
 
 static void usage(FILE *f)
 {
@@ -73,6 +102,8 @@ int main(int argc, char **argv)
 			argv[1] = name;
 			bench_prog = name;
 			r = modes[i].fn(argc - 1, argv + 1);
+			if (r == 1 && bench_json && !bench_json_done)
+				json_failure(modes[i].name, r);
 			/* Figures that did not arrive (a full disk) are no success. */
 			return sr_stdout_check(name) && !r ? 1 : r;
 		}

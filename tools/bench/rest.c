@@ -237,7 +237,7 @@ int bench_rest(int argc, char **argv)
 			}
 			session = optarg;
 			break;
-		case 'j': json = 1; break;
+		case 'j': json = bench_json = 1; break;
 		case 'h': help = true; break;   /* after the check for what is left over */
 		default: return bench_usage_error("rest", NULL);
 		}
@@ -263,8 +263,7 @@ int bench_rest(int argc, char **argv)
 
 		r = chime_open(&c, &o);
 		if (r < 0)
-			fprintf(stderr, "chime-bench rest: opening session '%s' at '%s' failed: %s\n", session, b.sock,
-				strerror(-r));
+			bench_error("opening session '%s' at '%s' failed: %s", session, b.sock, strerror(-r));
 	} else {
 		r = broker_open(&b, 0, &c);
 	}
@@ -277,7 +276,7 @@ int bench_rest(int argc, char **argv)
 	for (long i = 0; i < n && r == 0; i++)
 		r = chime_arm(c, (uint64_t)i, base + (uint64_t)i * 1000, 0, (uint64_t)i, &ids[i]);
 	if (r < 0 || wait_armed(&b, (uint64_t)n, 60 * NS_PER_S) < 0) {
-		fprintf(stderr, "chime-bench rest: arming %ld timers failed: %s\n", n, strerror(r < 0 ? -r : ETIMEDOUT));
+		bench_error("arming %ld timers failed: %s", n, strerror(r < 0 ? -r : ETIMEDOUT));
 		chime_close(c);
 		free(ids);
 		broker_stop(&b);
@@ -313,8 +312,7 @@ int bench_rest(int argc, char **argv)
 		close(clock_fd);
 	}
 	if (r < 0) {
-		fprintf(stderr, "chime-bench rest: cannot read /proc/%d of the broker: %s\n", (int)b.ctl->pid,
-			strerror(-r));
+		bench_error("cannot read /proc/%d of the broker: %s", (int)b.ctl->pid, strerror(-r));
 		chime_close(c);
 		free(ids);
 		broker_stop(&b);
@@ -369,6 +367,7 @@ int bench_rest(int argc, char **argv)
 		}
 		json_object_set_new(o, "threads", th);
 		json_dumpf(o, stdout, JSON_INDENT(2));
+		bench_json_done = 1;
 		printf("\n");
 		json_decref(o);
 	} else {

@@ -513,8 +513,10 @@ static void wake_clear(struct chime *c)
 			continue;
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+		if (n == 0 || errno == ECONNRESET || errno == ENOTCONN)
 			cl_lost(c, link);
+		else if (errno != EAGAIN && errno != EWOULDBLOCK)
+			(void)cl_broker_gone(c, true);  /* ours (ENOMEM): gone only if the socket says so */
 		break;
 	}
 	if (c->timer_on) {      /* a session's made at its open: read only while it may have fired */

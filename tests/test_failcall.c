@@ -62,6 +62,7 @@ static int open_err;                    /* what chime_open() returned, the last 
 static int target = -1;                 /* the call to fail, */
 static unsigned nth;                    /* its nth time (1-based) since armed */
 static unsigned seen[NR_CALLS];         /* calls made while armed */
+static int fail_err;                    /* not 0: the errno to fail with, instead of calls[].err */
 
 /* True if this call is the one to fail (errno set). */
 static bool fail_now(enum call k)
@@ -71,7 +72,7 @@ static bool fail_now(enum call k)
 	seen[k]++;
 	if ((int)k != target || seen[k] != nth)
 		return false;
-	errno = calls[k].err;
+	errno = fail_err ? fail_err : calls[k].err;
 	return true;
 }
 
@@ -289,4 +290,40 @@ Test(failcall, every_call_failing_once_leaves_the_client_whole_and_the_broker_cl
 Test(failcall, every_call_of_a_sessions_failing_once_leaves_it_whole)
 {
 	every_call_failing("failcall");
+}
+
+/*
+ * A read of the connection that fails for a reason of this process's (no
+ * memory for the recv(2)) is no hang-up: the broker is still there, and
+ * an anonymous connection taken for gone returned -ENOTCONN from every
+ * call after, its timers lost with a broker that ran on (an API audit).
+ */
+Test(failcall, a_failed_read_of_the_connection_is_not_the_broker_gone)
+{
+	struct chime_opts o = { .socket_path = sock };
+	struct chime_event ev[4];
+	chime_t *c = NULL;
+	chime_id_t id = 0;
+	int n = 0;
+
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 50 * 1000000ull, 0, 7, &id), 0);
+	/* The first recv(2) a drain makes: the wait's, once its rings are empty. */
+	memset(seen, 0, sizeof(seen));
+	target = C_RECV;
+	nth = 1;
+	fail_err = ENOMEM;
+	armed = 1;
+	for (int i = 0; i < 10 && n == 0; i++)
+		n = chime_wait(c, ev, 4, 300);
+	armed = 0;
+	fail_err = 0;
+	target = -1;
+	cr_assert_geq(seen[C_RECV], 1, "the wait read nothing: no failure injected");
+	cr_assert_eq(n, 1, "the wait said %d (%s) with the broker running", n, n < 0 ? strerror(-n) : "");
+	cr_assert(ev[0].id == id && ev[0].user_data == 7);
+	cr_assert_eq(chime_arm(c, 1, chime_now(), 0, 8, &id), 0);
+	n = chime_wait(c, ev, 4, 1000);
+	cr_assert_eq(n, 1, "the next wait said %d (%s)", n, n < 0 ? strerror(-n) : "");
+	chime_close(c);
 }

@@ -599,8 +599,10 @@ int cl_await_ready(int sock, bool wait, uint64_t until)
 	}
 	if (n < 0 && errno == EAGAIN && !wait)
 		return -EINPROGRESS;
+	/* Another errno is this process's (ENOMEM), not a hang-up: as recv_welcome() says it. */
 	if (n < 0)
-		return errno == EAGAIN || errno == EINTR ? -ETIMEDOUT : -ECONNRESET;
+		return errno == EAGAIN || errno == EINTR ? -ETIMEDOUT :
+		       errno == ECONNRESET || errno == ENOTCONN || errno == EPIPE ? -ECONNRESET : -errno;
 	if (n == 0)
 		return -ECONNRESET;
 	if (n != (ssize_t)sizeof(w) || w.magic != CHIME_HELLO_MAGIC)

@@ -327,3 +327,32 @@ Test(failcall, a_failed_read_of_the_connection_is_not_the_broker_gone)
 	cr_assert_eq(n, 1, "the next wait said %d (%s)", n, n < 0 ? strerror(-n) : "");
 	chime_close(c);
 }
+
+/*
+ * The same in the handshake: the read of the broker's last answer failing
+ * here said -ECONNRESET, "the broker hung up" (chime_open(3)), for this
+ * process's own want of memory.
+ */
+Test(failcall, a_failed_read_of_the_handshake_is_ours_not_a_hang_up)
+{
+	struct chime_opts o = { .socket_path = sock };
+	chime_t *c = NULL;
+	int fds = count_fds(), r;
+
+	memset(seen, 0, sizeof(seen));
+	target = C_RECV;        /* the handshake's only recv(2): the broker's ready (its welcome is a recvmsg) */
+	nth = 1;
+	fail_err = ENOMEM;
+	armed = 1;
+	r = chime_open(&c, &o);
+	armed = 0;
+	fail_err = 0;
+	target = -1;
+	cr_assert_eq(seen[C_RECV], 1, "the handshake made %u recv(2) calls, not 1", seen[C_RECV]);
+	cr_assert_eq(r, -ENOMEM, "chime_open said %d (%s)", r, strerror(-r));
+	cr_assert_null(c);
+	cr_assert_eq(count_fds(), fds, "a descriptor leaked");
+	/* And the broker let go of it: the next open is served. */
+	cr_assert_eq(chime_open(&c, &o), 0);
+	chime_close(c);
+}

@@ -591,6 +591,12 @@ CHIME_PUBLIC int chime_flush(chime_t *c)
 	 */
 	if (unlikely(cl_gone_for_ops(c) || cl_broker_check(c, chime_now()))) {
 		/*
+		 * Dead, or a child's copy (dead too): no attempt. A child's was its
+		 * parent's, made through the descriptors they share (an API audit).
+		 */
+		if (cl_is_dead(c))
+			return cl_dead_errno(c);
+		/*
 		 * A session reconnecting: the flush makes the attempts that are
 		 * due, as a drain or an arm waiting for room does. Without them a
 		 * process that only flushed neither reconnected nor ever gave up:

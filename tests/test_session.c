@@ -1037,6 +1037,60 @@ Test(session, a_child_forked_from_a_callback_gets_echild_from_its_drains)
 }
 
 /*
+ * A child's copy of a session its parent is reconnecting: chime_flush()
+ * there made the parent's next reconnect attempt (a resume hello of the
+ * parent's session from the child's pid) before it said -ECHILD, through
+ * the descriptors the two share: the attempt's socket joined the parent's
+ * chime_fd() set and, given up, it disarmed the parent's reconnect timer,
+ * whose event loop then slept past its next attempt (an API audit).
+ * libchime(3), FORK: every call in the child says -ECHILD and leaves the
+ * parent's connection alone. The socket is a listener of the test's here,
+ * which counts who connects.
+ */
+Test(session, a_childs_flush_makes_no_reconnect_attempt_of_its_parents)
+{
+	struct chime_opts o;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct chime_event ev[4];
+	chime_t *c = NULL;
+	chime_id_t id;
+	int lfd, conn, st;
+	pid_t pid;
+
+	start("");
+	o = (struct chime_opts){ .socket_path = tb.sock, .session = "childflush" };
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + HOUR, 0, 1, &id), 0);
+	kill(tb.pid, SIGKILL);
+	cr_assert_eq(waitpid(tb.pid, NULL, 0), tb.pid);
+	tb.pid = 0;
+	/* The parent finds its broker gone: reconnecting (0, not -ENOTCONN). */
+	for (int i = 0; i < 100 && chime_poll(c, ev, 4) == 0 && !cl_reconnecting(c); i++)
+		usleep(10 * 1000);
+	cr_assert(cl_reconnecting(c), "the parent did not start reconnecting");
+	/* Something listens there again, and counts. */
+	cr_assert_eq(unlink(tb.sock), 0);
+	lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	cr_assert_geq(lfd, 0);
+	cr_assert_lt(strlen(tb.sock), sizeof(sa.sun_path));
+	memcpy(sa.sun_path, tb.sock, strlen(tb.sock) + 1);
+	cr_assert_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(lfd, 8), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		usleep(1200 * 1000);    /* past the back-off (1 s at most): an attempt is due */
+		_exit(chime_flush(c) == -ECHILD ? 0 : 1);
+	}
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child's flush did not say -ECHILD");
+	conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+	cr_assert(conn < 0 && errno == EAGAIN, "the child's flush connected to the broker's socket");
+	close(lfd);
+	chime_close(c);
+}
+
+/*
  * A worker forked without exec that keeps its copy of its parent's chime_t
  * and never calls chime_close() (a pre-forked server's worker) must not keep
  * the parent's connection alive: once the parent dies, its session is free

@@ -159,6 +159,14 @@ struct client {
 	struct ucred cred;
 	uid_t acct_uid;         /* whose share it counts against: cred.uid's (policy_account_uid()) */
 	uint64_t timer_quota;   /* what its user's clients may own together, then (uid_timer_quota()) */
+	/*
+	 * What its latest attach or re-attach posted to the shards (they keep
+	 * the user's latest one's), and when (broker.quota_orders then; 0:
+	 * none yet): timer_quota is set before the handshake ends, and a
+	 * re-attach that fails then never reaches them.
+	 */
+	uint64_t quota_held;
+	uint64_t quota_order;
 	char comm[16];
 	uint64_t refused_logged[3];     /* nomem, quota, of which the user's: the counts last logged */
 	uint64_t no_room_seen;          /* reserve_failed_total() then, or at its attach */
@@ -289,6 +297,7 @@ struct broker {
 	uint64_t notify_buf;
 	struct signalfd_siginfo sig_buf;
 	uint64_t clients_now, clients_total;
+	uint64_t quota_orders;          /* attaches and re-attaches posted (client.quota_order) */
 	uint64_t last_report_ns;
 	struct policy policy;
 	uint64_t refused_logged_ns;     /* last "refusing" line: at most one a second */

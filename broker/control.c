@@ -800,6 +800,10 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 		c->acking = true;
 		b->acking[b->nr_acking++] = c->slot;
 	}
+	if (op == SHARD_CMD_ATTACH || op == SHARD_CMD_REATTACH) {
+		c->quota_held = c->timer_quota;
+		c->quota_order = ++b->quota_orders;
+	}
 	for (uint32_t s = 0; s < b->o.nr_shards; s++) {
 		struct shard_cmd cmd = {
 			.op = op,

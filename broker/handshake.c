@@ -1021,7 +1021,7 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 			.table_free = free_slots, .table_kept = b->o.max_clients / TABLE_RESERVE_DIV,
 		};
 		bool holds = false;
-		uint64_t latest = 0;
+		uint64_t latest = 0, order = 0;
 
 		memset(per, 0, 2 * (size_t)shards * sizeof(*per));
 		for (; i < nk && (uint32_t)(keys[i] >> 32) == uid; i++) {
@@ -1033,9 +1033,15 @@ static void query_users(struct broker *b, int fd, const struct ucred *asker, uid
 			 * (re)attach brought (chan_user.quota), not the policy's
 			 * now, which its connections from before a reload do not
 			 * hold to until its next one (a review: a quarter said
-			 * where half was enforced).
+			 * where half was enforced). Latest as posted to the
+			 * shards, not as connected: a re-attach that failed
+			 * before they took it brought nothing. With none posted
+			 * yet, what the newest will bring.
 			 */
-			if (c->connected_ns >= latest) {
+			if (c->quota_order > order) {
+				order = c->quota_order;
+				u.max_timers = c->quota_held;
+			} else if (!order && c->connected_ns >= latest) {
 				latest = c->connected_ns;
 				u.max_timers = c->timer_quota;
 			}

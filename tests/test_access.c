@@ -1378,6 +1378,51 @@ Test(access, users_says_the_quota_a_users_connections_are_held_to)
 	unlink(logf);
 }
 
+/* As the owner: a re-attach of session "rq" whose welcome is read and never answered (the process goes). */
+static int reattach_then_go(void *arg)
+{
+	struct chime_welcome w;
+	int fd = hello_unread("rq");
+	ssize_t n = recv(fd, &w, sizeof(w), 0);        /* its descriptors dropped with the control data */
+
+	(void)arg;
+	close(fd);
+	return n == (ssize_t)sizeof(w) && w.status == 0 ? 0 : 1;
+}
+
+/*
+ * A re-attach that fails before the shards took it (its process gone
+ * before answering the welcome) brings them no quota: chimectl users must
+ * go on saying the one they hold the user to, not the one the failed
+ * attempt would have brought (it said the new quarter while the owner's
+ * connection from before the reload armed half, a review).
+ */
+Test(access, a_reattach_that_fails_leaves_the_quota_users_says)
+{
+	char file[300], logf[300];
+	unsigned *armed;
+	struct passwd *pw;
+	uint64_t q;
+	pid_t a;
+
+	pw = owner_session_before_ranges(file, logf, &armed);
+	cr_assert_eq(hold_as_uid(pw->pw_uid, false, &a), 0);
+	cr_assert_eq(quota_said(pw->pw_uid), 4096 / 2, "before the reload");
+	reload_with_a_range(file, logf);
+	cr_assert_eq(as_user("chimet1", reattach_then_go, NULL), 0, "the re-attach's welcome");
+	q = quota_said(pw->pw_uid);
+	cr_expect_eq(q, 4096 / 2, "while the failed re-attach is under way: %llu said", (unsigned long long)q);
+	usleep(300000);         /* its hang-up seen, the session parked again */
+	q = quota_said(pw->pw_uid);
+	cr_expect_eq(q, 4096 / 2, "after it: %llu said, where the connection from before the reload is held "
+		     "to half", (unsigned long long)q);
+	unhold(a);
+	t_chimed_stop(&tb, SIGTERM);
+	munmap(armed, sizeof(*armed));
+	unlink(file);
+	unlink(logf);
+}
+
 /*
  * A session restored by the next broker holds its user's quota by that
  * broker's policy: the owner of a range added while no broker ran gets a

@@ -529,6 +529,20 @@ int restart_load(struct broker *b)
 		return -ENODATA;
 	}
 	default:
+		if (n == -EACCES) {
+			struct stat st;
+
+			/*
+			 * Not its user's: a mode it cannot set is no way out (root's
+			 * 0600 has it already), chown is, as for a file of root's
+			 * it may not write (log_file_not_ours()).
+			 */
+			if (lstat(b->sess_path, &st) == 0 && st.st_uid != geteuid()) {
+				free(recs);
+				return log_file_not_ours("sessions file", b->sess_path, &st,
+							 "remove it, or start with --fresh");
+			}
+		}
 		if (n < 0) {
 			/*
 			 * A mode set by hand (chmod 000, a restrictive umask in a

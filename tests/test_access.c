@@ -2468,6 +2468,48 @@ Test(access, roots_session_files_made_writable_by_hand_are_said_to_be_roots)
 		  !strstr(out, "immutable"), "a broker as uid 65534 on root's files, mode 0666, said:\n%s", out);
 }
 
+/*
+ * The same files left as root's broker wrote them (0600): the second broker
+ * cannot open the sessions file (EACCES). It was told to chmod 600, which
+ * root's file has already and which gives uid 65534 nothing: it must say the
+ * file is root's, and chown as the way to keep its sessions (a review).
+ */
+Test(access, roots_unreadable_sessions_file_is_said_to_be_roots_not_a_mode_to_set)
+{
+	char sock[PATH_MAX], out[4096] = { 0 };
+	struct t_chimed b;
+	chime_id_t id;
+	chime_t *c;
+	FILE *f;
+
+	if (geteuid() != 0)
+		cr_skip("needs root (the files are root's, the second broker uid 65534's)");
+	cr_assert_not_null(getenv("CHIMED"));
+	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1"), 0);
+	snprintf(sock, sizeof(sock), "%s", b.sock);
+	{
+		struct chime_opts o = { .socket_path = sock, .session = "kept" };
+
+		cr_assert_eq(chime_open(&c, &o), 0);
+	}
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600 * UINT64_C(1000000000), 0, 0, &id), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	chime_close(c);
+	b.own_dir = 0;          /* its files stay for the next broker */
+	cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
+	cr_assert_eq(chown(b.dir, 65534, 65534), 0);
+	cr_assert_eq(setenv("T_SOCK", sock, 1), 0);
+	f = popen("timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups \"$CHIMED\" --foreground "
+		  "--shards 1 --socket \"$T_SOCK\" 2>&1; echo \"exit $?\"", "r");
+	cr_assert_not_null(f);
+	(void)!fread(out, 1, sizeof(out) - 1, f);
+	pclose(f);
+	unsetenv("T_SOCK");
+	t_rmdir_files(b.dir);
+	cr_assert(strstr(out, "exit 1\n") && strstr(out, "' is root's") && strstr(out, "chown 65534") &&
+		  !strstr(out, "chmod 600"), "a broker as uid 65534 on root's files, mode 0600, said:\n%s", out);
+}
+
 /* As uid 65534: put a symbolic link to `canary` where the broker's socket is (arg: the socket's path). */
 static int plant_socket_link(void *arg)
 {

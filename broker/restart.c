@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,37 +175,17 @@ static int load(const struct broker *b, const struct sessfile_geom *g, struct se
 	return n;
 }
 
-/*
- * A sessions file found damaged (records dropped, or its header read from
- * the copy) is rewritten in place by restart_save(): a copy of it as found,
- * at PATH.sessions.damaged, so that the operator still has what was dropped
- * (the records' bytes: the session names, users and slots). Never over
- * another file (O_EXCL | O_NOFOLLOW); a copy that finds no room is only said.
- */
-static void keep_damaged(const struct broker *b)
+/* Copy in into out, and sync it: 0 or an errno. */
+static int copy_synced(int in, int out)
 {
-	char path[PATH_MAX + 16], buf[16384];
-	int in, out, e = 0;
+	char buf[16384];
 	ssize_t n;
 
-	snprintf(path, sizeof(path), "%s.damaged", b->sess_path);
-	in = open(b->sess_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (in < 0)
-		return;
-	out = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (out < 0) {
-		log_errno(LOG_WARNING, errno, "cannot keep a copy of the damaged sessions file at '%s'%s", path,
-			  errno == EEXIST ? " (one is there already: not replaced)" : "");
-		close(in);
-		return;
-	}
-	while (!e && (n = read(in, buf, sizeof(buf))) != 0) {
+	while ((n = read(in, buf, sizeof(buf))) != 0) {
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n < 0) {
-			e = errno;
-			break;
-		}
+		if (n < 0)
+			return errno;
 		/*
 		 * A short write is no error (the next one says why, ENOSPC):
 		 * taken as one, its message was whatever errno held before.
@@ -215,20 +196,65 @@ static void keep_damaged(const struct broker *b)
 				w = 0;
 				continue;
 			}
-			if (w <= 0) {
-				e = w < 0 ? errno : EIO;
-				break;
-			}
+			if (w <= 0)
+				return w < 0 ? errno : EIO;
 		}
 	}
-	if (!e && fsync(out) < 0 && errno != EINVAL)
-		e = errno;
+	return fsync(out) < 0 && errno != EINVAL ? errno : 0;
+}
+
+/*
+ * The copy at path, named once whole (O_TMPFILE, then linked: `unnamed`),
+ * or, where that cannot be done (-EOPNOTSUPP), created there: 0 or -errno,
+ * nothing left at path on an error.
+ */
+static int copy_damaged(const char *from, const char *path, bool unnamed)
+{
+	int in = open(from, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), out, e;
+
+	if (in < 0)
+		return -errno;
+	out = unnamed ? chime_seg_tmpfile(path, O_WRONLY, 0600) :
+	      open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (out < 0) {
+		e = unnamed ? out : -errno;
+		close(in);
+		return e;
+	}
+	e = -copy_synced(in, out);
 	close(in);
-	if (close(out) < 0 && !e)
-		e = errno;
-	if (e) {
+	if (e == 0 && unnamed)
+		e = chime_seg_link(out, path);          /* never over another file: EEXIST */
+	if (close(out) < 0 && e == 0)
+		e = -errno;
+	if (e < 0 && !unnamed)
 		unlink(path);
-		log_errno(LOG_WARNING, e, "cannot keep a copy of the damaged sessions file at '%s'", path);
+	return e;
+}
+
+/*
+ * A sessions file found damaged (records dropped, or its header read from
+ * the copy) is rewritten in place by restart_save(): a copy of it as found,
+ * at PATH.sessions.damaged, so that the operator still has what was dropped
+ * (the records' bytes: the session names, users and slots). Never over
+ * another file; a copy that finds no room is only said. Named once whole:
+ * a broker killed while it copied left a cut copy there, which no later
+ * start replaced, while each rewrote the file (a review).
+ */
+static void keep_damaged(const struct broker *b)
+{
+	char path[PATH_MAX + 16];
+	struct stat st;
+	int r;
+
+	snprintf(path, sizeof(path), "%s.damaged", b->sess_path);
+	/* Said before copying: unnamed, the copy would find it there only at its end. */
+	r = lstat(path, &st) == 0 ? -EEXIST : copy_damaged(b->sess_path, path, true);
+	if (r == -EOPNOTSUPP)
+		r = copy_damaged(b->sess_path, path, false);
+	if (r < 0) {
+		log_errno(LOG_WARNING, -r, "cannot keep a copy of the damaged sessions file at '%s'%s", path,
+			  r == -EEXIST ? " (one is there already: not replaced)" : "");
 		return;
 	}
 	log_msg(LOG_WARNING, "'%s': a copy of it as found is kept at '%s' (the file itself is rewritten without "

@@ -7,6 +7,10 @@
  * starts once that file exists (a broker running, its start-up's calls
  * left alone). The file $CHIME_FAILCALL_FIRED is created when it fails,
  * so that a test can tell a run that made fewer than N such calls.
+ * With $CHIME_FAILCALL_KILL set, that call kills the process (SIGKILL)
+ * instead: a broker killed in the middle of what it was doing. write() is
+ * counted only on files in $CHIME_FAILCALL_DIR (named or not yet: an
+ * O_TMPFILE's is "DIR/#INO (deleted)"), not the log's.
  * test_failstart fails each of the broker's calls in turn.
  * Built for the tests only (tests/meson.build), never installed.
  *
@@ -82,6 +86,8 @@ static bool fail_now(const char *name)
 		if (fd >= 0)
 			syscall(SYS_close, fd);
 	}
+	if (getenv("CHIME_FAILCALL_KILL"))
+		syscall(SYS_kill, syscall(SYS_getpid), SIGKILL);
 	errno = fail_errno;
 	return true;
 }
@@ -138,6 +144,35 @@ FAILABLE(int, getsockopt, -1, (int fd, int lv, int o, void *v, socklen_t *l), (f
 FAILABLE(int, dup, -1, (int fd), (fd))
 FAILABLE(int, fchmod, -1, (int fd, mode_t m), (fd, m))
 FAILABLE(int, munmap, -1, (void *a, size_t l), (a, l))
+
+/* Is fd a file in $CHIME_FAILCALL_DIR? (raw: a call of ours would be counted) */
+static bool in_dir(int fd)
+{
+	const char *dir = getenv("CHIME_FAILCALL_DIR");
+	char proc[64], link[4096];
+	size_t len;
+	long n;
+
+	if (!dir)
+		return false;
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	n = syscall(SYS_readlinkat, AT_FDCWD, proc, link, sizeof(link) - 1);
+	if (n < 0)
+		return false;
+	link[n] = '\0';
+	len = strlen(dir);
+	return strncmp(link, dir, len) == 0 && link[len] == '/';
+}
+
+ssize_t write(int fd, const void *b, size_t n)
+{
+	ssize_t (*real)(int, const void *, size_t);
+
+	if (!strcmp(target, "write") && in_dir(fd) && fail_now("write"))
+		return -1;
+	*(void **)&real = real_of("write");
+	return real(fd, b, n);
+}
 
 /* fcntl's third argument is an int or a pointer: passed on as a pointer-sized word, as glibc does. */
 #define FAILABLE_FCNTL(name)                                                    \

@@ -13,6 +13,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -552,4 +553,54 @@ Test(failstart, a_session_created_while_its_record_fails_is_recorded_by_the_hear
 	cr_assert_eq(t_chimed_start(&b, sock, "--shards 2 2>/dev/null"), 0);
 	cr_assert_eq(chime_drop_session(&o), 0, "session 'slow' was lost with the crash");
 	cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
+}
+
+/*
+ * A broker killed while it copies a damaged sessions file (at the second
+ * write of the copy) must leave no part of the copy at
+ * PATH.sessions.damaged: one there is never replaced, so the next start
+ * said "one is there already", rewrote the file without the damaged
+ * record, and what was dropped was left only in a cut copy that said
+ * nothing of being one (a review). Named once whole, as relink_whole()
+ * names the shard files: the next start keeps the file as it found it.
+ */
+Test(failstart, a_broker_killed_while_copying_the_damaged_sessions_file_leaves_no_part_of_it)
+{
+	const char *chimed = getenv("CHIMED"), *so = getenv("CHIME_FAILCALL_SO");
+	static uint8_t before[65536], after[65536];
+	char sess[160], copy[192], cmd[1024];
+	struct t_chimed b;
+	ssize_t nb, na;
+	uint8_t bit;
+	int fd, st;
+
+	if (!have_preload())
+		cr_skip("$CHIME_FAILCALL_SO names no failcall_preload.so (meson test sets it)");
+	leave_a_session();
+	snprintf(sess, sizeof(sess), "%s.sessions", sock);
+	snprintf(copy, sizeof(copy), "%s.damaged", sess);
+	fd = open(sess, O_RDWR | O_CLOEXEC);
+	cr_assert_geq(fd, 0, "%s: %s", sess, strerror(errno));
+	cr_assert_eq(pread(fd, &bit, 1, 128 + 40), 1);         /* slot 0's record, in its name */
+	bit ^= 0x10;
+	cr_assert_eq(pwrite(fd, &bit, 1, 128 + 40), 1);
+	nb = pread(fd, before, sizeof(before), 0);
+	close(fd);
+	cr_assert_gt(nb, 16384, "the sessions file is %zd bytes: the copy takes one write", nb);
+	snprintf(cmd, sizeof(cmd), "exec env ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0\" "
+		 "LD_PRELOAD='%s' CHIME_FAILCALL=write:2:5 CHIME_FAILCALL_KILL=1 CHIME_FAILCALL_DIR='%s' "
+		 "CHIME_FAILCALL_FIRED='%s' '%s' --foreground --socket '%s' --shards 2 2>/dev/null", so, dir, fired,
+		 chimed, sock);
+	unlink(fired);
+	st = system(cmd);
+	/* its log is not in the directory: the writes counted are the copy's */
+	cr_assert(access(fired, F_OK) == 0, "the copy was not written twice (exit status %#x)", st);
+	cr_assert_eq(t_chimed_start(&b, sock, "--shards 2 2>/dev/null"), 0);
+	cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
+	fd = open(copy, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0, "%s: %s", copy, strerror(errno));
+	na = pread(fd, after, sizeof(after), 0);
+	close(fd);
+	cr_expect(na == nb && memcmp(before, after, (size_t)nb) == 0, "the copy is %zd bytes, not the %zd of the file "
+		  "as found", na, nb);
 }

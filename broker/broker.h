@@ -167,6 +167,7 @@ struct client {
 	 */
 	uint64_t quota_held;
 	uint64_t quota_order;
+	uint64_t user_quota;    /* what the shards hold its user to: its account's latest quota_held */
 	char comm[16];
 	uint64_t refused_logged[3];     /* nomem, quota, of which the user's: the counts last logged */
 	uint64_t no_room_seen;          /* reserve_failed_total() then, or at its attach */

@@ -504,7 +504,7 @@ static void refusals_log(struct broker *b, struct client *c, bool at_end)
 			"fired and not consumed, and one set aside per submission slot of each)",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
 			(unsigned long long)user, user == 1 ? "" : "s", (unsigned)c->cred.uid,
-			(unsigned long long)c->timer_quota);
+			(unsigned long long)c->user_quota);
 	else if (sum[2] > c->refused_logged[2])
 		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused by a shard: the "
 			"clients of uid %u together hold its share of their quota there (%llu of "
@@ -513,8 +513,8 @@ static void refusals_log(struct broker *b, struct client *c, bool at_end)
 			"and the arm fails only if they all refuse",
 			(int)c->cred.pid, c->comm, (unsigned)c->cred.uid,
 			(unsigned long long)user, user == 1 ? "" : "s", (unsigned)c->cred.uid,
-			(unsigned long long)shard_share(c->timer_quota, b->o.nr_shards),
-			(unsigned long long)c->timer_quota, b->o.nr_shards);
+			(unsigned long long)shard_share(c->user_quota, b->o.nr_shards),
+			(unsigned long long)c->user_quota, b->o.nr_shards);
 	/* The shard's own warning says more. */
 	if (sum[0] > c->refused_logged[0] && fs_full)
 		log_msg(LOG_WARNING, "client pid %d '%s' uid %u: %llu arm%s refused: the filesystem of "
@@ -803,6 +803,16 @@ static void post_all(struct broker *b, struct client *c, uint32_t op)
 	if (op == SHARD_CMD_ATTACH || op == SHARD_CMD_REATTACH) {
 		c->quota_held = c->timer_quota;
 		c->quota_order = ++b->quota_orders;
+		/*
+		 * The shards hold all of the user's connections to it from now
+		 * on (chan_user.quota): their refusals are said with it, not with
+		 * the one each came with (a review). O(clients_hi), as uid_full()
+		 * at each admit.
+		 */
+		for (uint32_t i = 0; i < b->clients_hi; i++)
+			if (b->clients[i].state != CL_FREE && b->clients[i].acct_uid == c->acct_uid)
+				b->clients[i].user_quota = c->timer_quota;
+		c->user_quota = c->timer_quota;
 	}
 	for (uint32_t s = 0; s < b->o.nr_shards; s++) {
 		struct shard_cmd cmd = {

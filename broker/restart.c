@@ -292,6 +292,7 @@ static void adopt(struct broker *b, const struct sessfile_rec *r, uint64_t now)
 	c->timer_quota = uid_timer_quota(b, c->acct_uid);
 	c->quota_held = c->timer_quota;                 /* the shards restore it with the session */
 	c->quota_order = ++b->quota_orders;
+	c->user_quota = c->timer_quota;                 /* its user's other sessions bring the same */
 	c->cred.gid = r->gid;
 	c->cred.pid = 0;
 	c->holder_pid = r->pid;

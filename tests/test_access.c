@@ -1423,6 +1423,62 @@ Test(access, a_reattach_that_fails_leaves_the_quota_users_says)
 	unlink(logf);
 }
 
+/* As the owner: open, wait for a byte on the pipe *(int *)arg, arm until refused, close: 0 if EDQUOT. */
+static int open_wait_fill(void *arg)
+{
+	struct chime_opts o = { .socket_path = tb.sock };
+	chime_t *c = NULL;
+	int err = 0;
+	char b;
+
+	if (chime_open(&c, &o) < 0)
+		return 1;
+	if (read(*(int *)arg, &b, 1) != 1)
+		return 2;
+	(void)arm_until_refused(c, &err);
+	chime_close(c);
+	return err == -EDQUOT ? 0 : 3;
+}
+
+/*
+ * A connection from before a reload that gave its user a range is held to
+ * the quarter once the user's next connection brought it to the shards;
+ * its refusals were logged against the half it came with ("its quota of
+ * 2048 timers" while refused at 1024, a review): the log says the quota
+ * the shards hold the user to.
+ */
+Test(access, a_refusal_is_logged_with_the_quota_the_shards_enforce)
+{
+	char file[300], logf[300], want[200];
+	struct passwd *pw;
+	pid_t a, b;
+	int go[2];
+
+	need_users();
+	pw = getpwnam("chimet1");
+	cr_assert_not_null(pw);
+	start_without_ranges(file, logf, 4096);
+	cr_assert_eq(pipe(go), 0);
+	a = as_user_start("chimet1", open_wait_fill, &go[0]);
+	for (int i = 0; i < 200 && quota_said(pw->pw_uid) == 0; i++)
+		usleep(10000);
+	reload_with_a_range(file, logf);
+	cr_assert_eq(hold_as_uid(pw->pw_uid, false, &b), 0);
+	cr_assert_eq(quota_said(pw->pw_uid), 4096 / 4, "the owner's next connection brought the quarter");
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	cr_assert_eq(user_done(a), 0, "the first connection was not refused EDQUOT");
+	unhold(b);
+	snprintf(want, sizeof(want), "together hold its quota of %u timers", 4096 / 4);
+	for (int i = 0; i < 300 && !t_file_has(logf, "together hold its quota"); i++)
+		usleep(10000);
+	cr_expect(t_file_has(logf, want), "the refusal is not logged with the quota enforced (%s)", want);
+	close(go[0]);
+	close(go[1]);
+	t_chimed_stop(&tb, SIGTERM);
+	unlink(file);
+	unlink(logf);
+}
+
 /*
  * A session restored by the next broker holds its user's quota by that
  * broker's policy: the owner of a range added while no broker ran gets a

@@ -250,7 +250,9 @@ fail_check() {
 	[ "$st" -ne 124 ] || fail "rest with its broker killed: still running after 20 s"
 	[ "$st" -eq 1 ] || fail "rest with its broker killed: exit status $st, expected 1"
 	grep -qF "cannot read /proc/$cpid of the broker" "$dir/err" || fail "rest with its broker killed: /proc not named"
-	[ ! -s "$dir/out.json" ] || fail "rest with its broker killed: figures printed"
+	# --json: the failure's document (chime-bench(1)), and no figure in it
+	grep -q '"ok": false' "$dir/out.json" || fail "rest with its broker killed: no failure document"
+	! grep -q '_per_s\|cpu_' "$dir/out.json" || fail "rest with its broker killed: figures printed"
 	echo "bench fail: rest with its broker gone inside the window fails, naming /proc, with no figures"
 }
 

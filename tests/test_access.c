@@ -2473,37 +2473,57 @@ Test(access, a_second_names_find_hint_quotes_a_path_with_a_quote)
 }
 
 /*
+ * Root's broker leaves its files in a directory of uid 65534's (a session
+ * with one timer, stopped): sock gets its socket's path.
+ */
+static void leave_roots_session_files(struct t_chimed *b, char *sock, size_t len)
+{
+	struct chime_opts o = { .session = "kept" };
+	chime_id_t id;
+	chime_t *c;
+
+	cr_assert_not_null(getenv("CHIMED"));
+	cr_assert_eq(t_chimed_start(b, NULL, "--shards 1"), 0);
+	snprintf(sock, len, "%s", b->sock);
+	o.socket_path = sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600 * UINT64_C(1000000000), 0, 0, &id), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	chime_close(c);
+	b->own_dir = 0;         /* its files stay for the next broker */
+	cr_assert_eq(t_chimed_stop(b, SIGTERM), 0);
+	cr_assert_eq(chown(b->dir, 65534, 65534), 0);
+}
+
+/* A broker as uid 65534 started on sock: what it said, and "exit N" after it. */
+static void start_on_them_as_nobody(const char *sock, char *out, size_t len)
+{
+	FILE *f;
+
+	cr_assert_eq(setenv("T_SOCK", sock, 1), 0);
+	f = popen("timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups \"$CHIMED\" --foreground "
+		  "--shards 1 --socket \"$T_SOCK\" 2>&1; echo \"exit $?\"", "r");
+	cr_assert_not_null(f);
+	(void)!fread(out, 1, len - 1, f);
+	pclose(f);
+	unsetenv("T_SOCK");
+}
+
+/*
  * A broker that now runs as a user of its own, on the files of one that ran
  * as root, which root made writable to everyone by hand: it may not set
  * their mode, and was said to find them immutable or append-only (a review).
  */
 Test(access, roots_session_files_made_writable_by_hand_are_said_to_be_roots)
 {
-	const char *chimed = getenv("CHIMED");
 	char sock[PATH_MAX], path[PATH_MAX + 64], out[4096] = { 0 };
 	struct t_chimed b;
 	struct dirent *e;
-	chime_id_t id;
-	chime_t *c;
 	DIR *d;
-	FILE *f;
 
 	if (geteuid() != 0)
 		cr_skip("needs root (the files are root's, the second broker uid 65534's)");
-	cr_assert_not_null(chimed);
-	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1"), 0);
-	snprintf(sock, sizeof(sock), "%s", b.sock);
-	{
-		struct chime_opts o = { .socket_path = sock, .session = "kept" };
-
-		cr_assert_eq(chime_open(&c, &o), 0);
-	}
-	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600 * UINT64_C(1000000000), 0, 0, &id), 0);
-	cr_assert_eq(chime_flush(c), 0);
-	chime_close(c);
-	b.own_dir = 0;          /* its files stay for the next broker */
-	cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
-	cr_assert_eq(chown(b.dir, 65534, 65534), 0);
+	leave_roots_session_files(&b, sock, sizeof(sock));
 	d = opendir(b.dir);
 	cr_assert_not_null(d);
 	while ((e = readdir(d)))
@@ -2512,13 +2532,7 @@ Test(access, roots_session_files_made_writable_by_hand_are_said_to_be_roots)
 			cr_assert_eq(chmod(path, 0666), 0);
 		}
 	closedir(d);
-	cr_assert_eq(setenv("T_SOCK", sock, 1), 0);
-	f = popen("timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups \"$CHIMED\" --foreground "
-		  "--shards 1 --socket \"$T_SOCK\" 2>&1; echo \"exit $?\"", "r");
-	cr_assert_not_null(f);
-	(void)!fread(out, 1, sizeof(out) - 1, f);
-	pclose(f);
-	unsetenv("T_SOCK");
+	start_on_them_as_nobody(sock, out, sizeof(out));
 	t_rmdir_files(b.dir);
 	cr_assert(strstr(out, "exit 1\n") && strstr(out, "' is root's, and this broker (uid 65534) may not set its mode") &&
 		  !strstr(out, "immutable"), "a broker as uid 65534 on root's files, mode 0666, said:\n%s", out);
@@ -2534,33 +2548,11 @@ Test(access, roots_unreadable_sessions_file_is_said_to_be_roots_not_a_mode_to_se
 {
 	char sock[PATH_MAX], out[4096] = { 0 };
 	struct t_chimed b;
-	chime_id_t id;
-	chime_t *c;
-	FILE *f;
 
 	if (geteuid() != 0)
 		cr_skip("needs root (the files are root's, the second broker uid 65534's)");
-	cr_assert_not_null(getenv("CHIMED"));
-	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1"), 0);
-	snprintf(sock, sizeof(sock), "%s", b.sock);
-	{
-		struct chime_opts o = { .socket_path = sock, .session = "kept" };
-
-		cr_assert_eq(chime_open(&c, &o), 0);
-	}
-	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600 * UINT64_C(1000000000), 0, 0, &id), 0);
-	cr_assert_eq(chime_flush(c), 0);
-	chime_close(c);
-	b.own_dir = 0;          /* its files stay for the next broker */
-	cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
-	cr_assert_eq(chown(b.dir, 65534, 65534), 0);
-	cr_assert_eq(setenv("T_SOCK", sock, 1), 0);
-	f = popen("timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups \"$CHIMED\" --foreground "
-		  "--shards 1 --socket \"$T_SOCK\" 2>&1; echo \"exit $?\"", "r");
-	cr_assert_not_null(f);
-	(void)!fread(out, 1, sizeof(out) - 1, f);
-	pclose(f);
-	unsetenv("T_SOCK");
+	leave_roots_session_files(&b, sock, sizeof(sock));
+	start_on_them_as_nobody(sock, out, sizeof(out));
 	t_rmdir_files(b.dir);
 	cr_assert(strstr(out, "exit 1\n") && strstr(out, "' is root's") && strstr(out, "chown 65534") &&
 		  !strstr(out, "chmod 600"), "a broker as uid 65534 on root's files, mode 0600, said:\n%s", out);

@@ -325,6 +325,7 @@ struct broker {
 	uint64_t watched_ns;            /* restart_watch() last looked */
 	bool restoring;                 /* start-up: sessions of an earlier broker are being taken over */
 	uint32_t sessions_unadmitted;   /* of those, none can attach to under the policy (chime_ctl's) */
+	uint32_t sessions_damaged;      /* records of the sessions file dropped at start (chime_ctl's) */
 	bool restart;                   /* SIGUSR2: stop, then main() executes chimed again */
 };
 

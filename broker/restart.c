@@ -594,6 +594,7 @@ int restart_load(struct broker *b)
 			bad == 1 ? "its" : "their");
 	if (bad || info.from_copy)
 		keep_damaged(b);
+	b->sessions_damaged = bad;
 	if (n > 0) {
 		b->restoring = true;
 		for (uint32_t slot = 0; slot < b->o.max_clients; slot++)

@@ -650,6 +650,7 @@ out:
 	if (r < 0)
 		return r;       /* each shard said why; broker_start() says what is kept */
 	b->ctl->sessions_unadmitted = b->sessions_unadmitted;
+	b->ctl->sessions_damaged = b->sessions_damaged;
 	restart_watch_holders(b);       /* the shards' threads not started: their carried counts are still ours */
 	for (uint32_t i = 0; i < b->o.nr_shards; i++) {
 		b->ctl->shards_lost += b->shards[i].file_lost;

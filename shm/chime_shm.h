@@ -790,7 +790,13 @@ struct chime_ctl {
 	 * broker before it (it was reserved).
 	 */
 	uint32_t sessions_unadmitted;
-	uint32_t _pad0;
+	/*
+	 * Set before RUNNING, then fixed: records of the sessions file found
+	 * damaged at start (a checksum that does not hold, a name in two
+	 * slots): those sessions were dropped, their timers freed. 0 from a
+	 * broker before it (it was padding).
+	 */
+	uint32_t sessions_damaged;
 	/*
 	 * The offset of CLOCK_MONOTONIC in the broker's time namespace from
 	 * the host's, as chime_pub.mono_off: its times here (start, heartbeat,
@@ -803,6 +809,7 @@ struct chime_ctl {
 };
 _Static_assert(offsetof(struct chime_ctl, mono_off) == 240, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, sessions_unadmitted) == 232, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_ctl, sessions_damaged) == 236, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, wall_off) == 224, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(sizeof(struct chime_ctl) == 256, "control header is 256 B");
 _Static_assert(offsetof(struct chime_ctl, heartbeat_ns) == 88, "moved: bump CHIME_SHM_LAYOUT");

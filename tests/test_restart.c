@@ -933,6 +933,55 @@ Test(restart, a_damaged_session_record_is_said_and_the_file_as_found_kept)
 	unlink(copy);
 }
 
+/* chimestat's figure `field` (broker.NAME), or UINT_MAX if it has none. */
+static unsigned chimestat_figure(const char *field)
+{
+	const char *stat = getenv("CHIMESTAT");
+	char cmd[800], name[96];
+	unsigned n = UINT_MAX;
+	FILE *f;
+
+	cr_assert_not_null(stat);
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' -1 -f %s 2>/dev/null", stat, tb.sock, field);
+	f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	if (fscanf(f, " %95s %u", name, &n) != 2 || strcmp(name, field) != 0)
+		n = UINT_MAX;
+	pclose(f);
+	return n;
+}
+
+/*
+ * A damaged session record drops its session and frees its timers: the
+ * log said so, but chimestat and chimectl showed a broker that had lost
+ * nothing (restored counts what was kept, restore_dropped damaged nodes,
+ * not these), where a missing shard file is counted (shards_lost). The
+ * start counts the records it dropped (chimestat broker.sessions_damaged),
+ * and a start that drops none counts 0.
+ */
+Test(restart, a_damaged_session_record_is_counted_for_chimestat)
+{
+	char log[300], extra[400], copy[PATH_MAX];
+	unsigned n;
+	int fd;
+
+	detached_session_on_two_shards("counted", 10, log, sizeof(log));
+	cr_assert_eq(n = chimestat_figure("broker.sessions_damaged"), 0, "a start from nothing counts %u", n);
+	fd = killed_sessions_file();
+	flip_bit(fd, 128 + 40);         /* slot 0's record, inside its name */
+	close(fd);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	restart(0, extra);
+	cr_assert(t_file_has(log, "1 damaged session record dropped"), "the dropped record is not said");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0, "the dropped session's timers were kept");
+	cr_assert_eq(n = chimestat_figure("broker.sessions_damaged"), 1,
+		     "chimestat does not count the dropped session (%u; UINT_MAX: no such figure)", n);
+	snprintf(copy, sizeof(copy), "%s.sessions.damaged", tb.sock);
+	unlink(copy);
+	restart(SIGKILL, "-n 2");
+	cr_assert_eq(n = chimestat_figure("broker.sessions_damaged"), 0, "a clean start counts %u", n);
+}
+
 /*
  * Files of another boot (state kept on a disk filesystem across a reboot):
  * CLOCK_MONOTONIC started again from 0, so every deadline in them is

@@ -346,6 +346,10 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	f->u = h->shards_lost;
 	fprom(f, "chime_broker_shards_lost", "gauge", "Shards whose file was missing at start while sessions were "
 	      "taken over: their timers there were lost.", NULL, 1);
+	f = field_add(l, F_GAUGE, "broker.sessions_damaged");
+	f->u = h->sessions_damaged;
+	fprom(f, "chime_broker_sessions_damaged", "gauge", "Damaged records of the sessions file dropped at start: "
+	      "those sessions' timers were lost (the file as found is kept at PATH.sessions.damaged).", NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.sessions_unadmitted");
 	f->u = h->sessions_unadmitted;
 	fprom(f, "chime_broker_sessions_unadmitted", "gauge", "Detached sessions that no process can attach to "

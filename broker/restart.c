@@ -472,6 +472,25 @@ int restart_load(struct broker *b)
 	}
 	n = load(b, &g, recs, &bad, &info);
 	found = info.geom;
+	/*
+	 * A broker killed holding no session: nothing of it to keep, its shard
+	 * files' timers anonymous clients' (no broker takes those over).
+	 * Refused, a broker of other options or another layout did not start,
+	 * told to --fresh away sessions there were none of.
+	 */
+	if (n == -EMEDIUMTYPE && info.empty) {
+		log_msg(LOG_NOTICE, "'%s' was written by a broker with other options and names no session: "
+			"discarding it and the %llu timers of anonymous clients left in the shard files",
+			b->sess_path, (unsigned long long)discard(b));
+		n = 0;
+	} else if (n == -EPROTO && info.empty) {
+		/* Shard files of another layout: count_timers() cannot read them. */
+		(void)discard(b);
+		log_msg(LOG_NOTICE, "'%s' was written by another version of chimed (shard file layout %u; this "
+			"one's is %u) and names no session: discarding it and the shard files (what they hold is "
+			"anonymous clients' timers)", b->sess_path, found.layout, g.layout);
+		n = 0;
+	}
 	switch (n) {
 	case -EBUSY:
 		free(recs);

@@ -162,6 +162,27 @@ static int read_at(int fd, void *buf, size_t n, off_t off)
 	return 0;
 }
 
+/*
+ * A file of another geometry or layout, its records in our format: does it
+ * name no session? Read by its own geometry, whole, every record zero (a
+ * damaged one is not nothing: it may be a session's). A broker killed
+ * holding none leaves such a file, and refused, it kept a broker of other
+ * options or another layout from starting, with nothing to keep.
+ */
+static bool names_nothing(int fd, const struct sessfile_hdr *h, off_t size)
+{
+	struct sessfile_rec rec;
+	static const struct sessfile_rec zero;
+
+	if (h->version != SESSFILE_VERSION || h->rec_size != sizeof(rec) || size < copy_at(h->geom.max_clients))
+		return false;
+	for (uint32_t slot = 0; slot < h->geom.max_clients; slot++)
+		if (read_at(fd, &rec, sizeof(rec), (off_t)sizeof(*h) + (off_t)slot * (off_t)sizeof(rec)) < 0 ||
+		    memcmp(&rec, &zero, sizeof(rec)) != 0)
+			return false;
+	return true;
+}
+
 int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfile_rec *recs,
 		  uint32_t *bad, struct sessfile_info *info)
 {
@@ -219,12 +240,16 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 	info->geom = h.geom;
 	r = -EPROTO;
 	if (h.version != SESSFILE_VERSION || h.rec_size != sizeof(struct sessfile_rec) ||
-	    h.geom.layout != g->layout)
+	    h.geom.layout != g->layout) {
+		info->empty = names_nothing(fd, &h, st.st_size);
 		goto out;
+	}
 	r = -EMEDIUMTYPE;
 	if (h.geom.nr_shards != g->nr_shards || h.geom.max_clients != g->max_clients ||
-	    h.geom.capacity != g->capacity || h.geom.resolution_ns != g->resolution_ns)
+	    h.geom.capacity != g->capacity || h.geom.resolution_ns != g->resolution_ns) {
+		info->empty = names_nothing(fd, &h, st.st_size);
 		goto out;
+	}
 	/*
 	 * Not read (no descriptor left): not "another boot", which discards
 	 * every timer (found by failing the broker's calls in turn,

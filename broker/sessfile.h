@@ -64,6 +64,12 @@ struct sessfile_info {
 	struct sessfile_geom geom;
 	int64_t mono_off;           /* the writer's CLOCK_MONOTONIC offset (SESSFILE_F_MONO) */
 	bool from_copy;             /* the header was damaged: its copy was read */
+	/*
+	 * -EPROTO (layout only) or -EMEDIUMTYPE: the file, read by its own
+	 * geometry, is whole and every record in it is zero (it names no
+	 * session, not even a damaged one).
+	 */
+	bool empty;
 };
 
 struct sessfile {
@@ -83,8 +89,10 @@ struct sessfile {
  *             whose CLOCK_MONOTONIC is off ours (info->mono_off: its
  *             offset, chime_timens_monotonic()); a file of a broker before
  *             the offset was recorded is taken as ours;
- *   -EPROTO   another version or layout;
- *   -EMEDIUMTYPE  the geometry differs (info->geom tells how);
+ *   -EPROTO   another version or layout (info->empty: a layout's file of
+ *             no session);
+ *   -EMEDIUMTYPE  the geometry differs (info->geom tells how; info->empty
+ *             as for -EPROTO);
  *   -ENODATA  cut short: fewer bytes than the header and a record per
  *             client slot (a broker writes them all);
  *   -EBADMSG  not a sessions file, or its header is damaged and its copy

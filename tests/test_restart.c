@@ -761,6 +761,84 @@ Test(restart, a_sessions_file_of_another_layout_is_refused_and_said_so)
 	sessions_file_of_another_version(SESS_HDR_LAYOUT);
 }
 
+/*
+ * A broker killed holding no session (anonymous clients only: a crash, a
+ * watchdog's kill) leaves a sessions file that names none. The next one,
+ * started with other options (--shards) or by an upgrade that changed the
+ * layout, refused it as it refuses one with sessions: it did not start (a
+ * unit that failed), and said "--fresh to discard its sessions", of which
+ * there were none; without the file it starts. Now a file of another
+ * geometry or layout whose every record is empty is discarded with its
+ * shard files (their timers were anonymous clients', which no broker takes
+ * over), said, and the broker starts. One record not empty (a session, or
+ * one damaged) is refused as before, the file left alone.
+ */
+static void killed_without_sessions(const char *how, unsigned at, char *log, size_t len)
+{
+	chime_t *c;
+	chime_id_t id;
+	int fd;
+
+	start("-n 2");
+	snprintf(log, len, "%s/start.log", tb.dir);
+	c = t_open(tb.sock);
+	cr_assert_not_null(c);
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(chime_arm(c, 0, now_ns() + HOUR, 0, 0, &id), 0);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 3), 3);
+	fd = killed_sessions_file();
+	chime_close(c);
+	if (at) {
+		uint8_t h[128];
+
+		cr_assert_eq(pread(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+		h[at]++;
+		sessions_header_write(fd, h);
+	}
+	close(fd);
+	cr_log_info("%s", how);
+}
+
+Test(restart, a_sessions_file_naming_no_session_does_not_keep_a_broker_of_other_options_from_starting)
+{
+	char log[300], extra[400], path[PATH_MAX];
+	uint8_t one = 1;
+	int fd;
+
+	killed_without_sessions("other options", 0, log, sizeof(log));
+	snprintf(extra, sizeof(extra), "-n 1 2>'%s'", log);
+	cr_assert_eq(t_chimed_restart(&tb, 0, extra), 0, "a broker of other options refused a sessions file of no "
+		     "session");
+	cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "names no session") && t_file_has(log, "3 timers"),
+		  "the discarded files are not said");
+	cr_assert_not(t_file_has(log, "--fresh"), "the log still asks for --fresh");
+	cr_assert_eq(t_nodes(tb.sock, T_NODES_USED), 0, "anonymous clients' timers kept");
+	chime_close(sopen_ok("after"));
+
+	/* A record not empty (a session's, here: a byte of one) is not nothing: refused as before. */
+	fd = killed_sessions_file();
+	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
+	cr_assert_eq(pwrite(fd, &one, 1, 128 + 5 * 128 + 64), 1);
+	close(fd);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a sessions file with a record in it was discarded");
+	cr_assert(t_file_has(log, "--fresh"), "the refusal does not say the way out");
+	cr_assert_eq(access(path, F_OK), 0, "the refused file was not left alone");
+}
+
+Test(restart, a_sessions_file_naming_no_session_does_not_keep_a_broker_of_another_layout_from_starting)
+{
+	char log[300], extra[400];
+
+	killed_without_sessions("another layout", SESS_HDR_LAYOUT, log, sizeof(log));
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	cr_assert_eq(t_chimed_restart(&tb, 0, extra), 0, "a broker of another layout refused a sessions file of no "
+		     "session");
+	cr_assert(t_file_has(log, ".sessions") && t_file_has(log, "names no session"), "the discarded file is not said");
+	cr_assert_eq(t_nodes(tb.sock, T_NODES_USED), 0, "anonymous clients' timers kept");
+	chime_close(sopen_ok("after"));
+}
+
 /* A bit of the sessions file's byte at off flipped. */
 static void flip_bit(int fd, off_t off)
 {

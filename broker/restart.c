@@ -506,8 +506,17 @@ int restart_load(struct broker *b)
 		break;
 	}
 	case -ESTALE:
-		log_msg(LOG_WARNING, "'%s' was written before the last reboot (its deadlines are another "
-			"boot's clock): discarding %llu timers", b->sess_path, (unsigned long long)discard(b));
+		if (found.layout == g.layout) {
+			log_msg(LOG_WARNING, "'%s' was written before the last reboot (its deadlines are another "
+				"boot's clock): discarding %llu timers", b->sess_path, (unsigned long long)discard(b));
+		} else {
+			/* Shard files of another layout: count_timers() cannot read them. */
+			(void)discard(b);
+			log_msg(LOG_WARNING, "'%s' was written before the last reboot (its deadlines are another "
+				"boot's clock), by another version of chimed (shard file layout %u; this one's is "
+				"%u): discarding it and the shard files, with their timers", b->sess_path,
+				found.layout, g.layout);
+		}
 		n = 0;
 		break;
 	case -EXDEV: {

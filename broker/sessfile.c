@@ -239,8 +239,26 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 	}
 	info->geom = h.geom;
 	r = -EPROTO;
-	if (h.version != SESSFILE_VERSION || h.rec_size != sizeof(struct sessfile_rec) ||
-	    h.geom.layout != g->layout) {
+	if (h.version != SESSFILE_VERSION || h.rec_size != sizeof(struct sessfile_rec))
+		goto out;
+	/*
+	 * Not read (no descriptor left): not "another boot", which discards
+	 * every timer (found by failing the broker's calls in turn,
+	 * tests/test_failstart.c), but a failure to start.
+	 */
+	r = sessfile_boot_id(boot);
+	if (r < 0)
+		goto out;
+	/*
+	 * Before the layout and the geometry: another boot's deadlines are no
+	 * broker's to keep, and a reboot that brought another chimed or other
+	 * options was refused, no broker started to discard them.
+	 */
+	r = -ESTALE;
+	if (strncmp(boot, h.boot_id, sizeof(boot)) != 0)
+		goto out;
+	r = -EPROTO;
+	if (h.geom.layout != g->layout) {
 		info->empty = names_nothing(fd, &h, st.st_size);
 		goto out;
 	}
@@ -250,17 +268,6 @@ int sessfile_load(const char *path, const struct sessfile_geom *g, struct sessfi
 		info->empty = names_nothing(fd, &h, st.st_size);
 		goto out;
 	}
-	/*
-	 * Not read (no descriptor left): not "another boot", which discards
-	 * every timer (found by failing the broker's calls in turn,
-	 * tests/test_failstart.c), but a failure to start.
-	 */
-	r = sessfile_boot_id(boot);
-	if (r < 0)
-		goto out;
-	r = -ESTALE;
-	if (strncmp(boot, h.boot_id, sizeof(boot)) != 0)
-		goto out;
 	info->mono_off = h.mono_off;
 	/* Its deadlines are its time namespace's clock: read on ours, every one off by the difference. */
 	r = -EXDEV;

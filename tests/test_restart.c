@@ -1095,6 +1095,40 @@ Test(restart, files_of_another_boot_are_discarded_and_said_so)
 }
 
 /*
+ * The same across a reboot that also brought another chimed (an upgrade
+ * that changed the layout, installed before the reboot) or other options:
+ * the files' deadlines are another boot's clock, and no broker of any
+ * version or options would take their timers over. They were refused as
+ * another layout's or geometry's (those checks came first): chimed did
+ * not start after the reboot, and said to start the version or the
+ * options that wrote them, which would only have discarded them.
+ */
+Test(restart, files_of_another_boot_are_discarded_whatever_their_layout_or_options)
+{
+	char log[300], extra[400];
+	uint8_t h[128];
+	int fd;
+
+	for (int round = 0; round < 2; round++) {
+		detached_session_on_two_shards("rebooted", 10, log, sizeof(log));
+		fd = killed_sessions_file();
+		cr_assert_eq(pread(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+		h[SESS_HDR_BOOT_ID] = h[SESS_HDR_BOOT_ID] == 'f' ? 'e' : 'f';        /* another boot's id */
+		if (round == 0)
+			h[SESS_HDR_LAYOUT]++;   /* and another version's layout */
+		sessions_header_write(fd, h);
+		close(fd);
+		snprintf(extra, sizeof(extra), "-n %d 2>'%s'", round == 0 ? 2 : 1, log);
+		cr_assert_eq(t_chimed_restart(&tb, 0, extra), 0, "a broker did not start on files of another boot and %s",
+			     round == 0 ? "another layout" : "other options");
+		cr_assert(t_file_has(log, "before the last reboot"), "the discarded files are not said");
+		cr_assert_eq(t_nodes(tb.sock, T_NODES_USED), 0, "nodes of another boot's files kept");
+		chime_close(sopen_ok("rebooted"));
+		cr_assert_neq(t_chimed_stop(&tb, SIGTERM), -1);
+	}
+}
+
+/*
  * A broker restarted in the same boot into another time namespace (the
  * old one ran in a container whose CLOCK_MONOTONIC was offset, the new
  * one without): the deadlines in the files are the old namespace's clock.

@@ -622,14 +622,28 @@ bool chan_wall_step(struct shard_core *sc, uint32_t budget)
 	wall_file_cur(sc);
 	sc->wall_nodes = sc->wall_walk_count + (sc->wall_nodes - sc->wall_walk_nodes0);
 	sc->wall_walking = false;
-	return false;
+	if (sc->wall_next_set) {
+		/* a step came during this one: the next walk, to the latest offset, from the next step on */
+		sc->wall_next_set = false;
+		chan_wall_begin(sc, sc->wall_next);
+	}
+	return sc->wall_walking;
 }
 
 void chan_wall_begin(struct shard_core *sc, int64_t off)
 {
 	uint32_t to;
 
-	(void)chan_wall_step(sc, UINT32_MAX);   /* one under way ends first: the other offset is its */
+	if (sc->wall_walking) {
+		/*
+		 * The other offset is the walk's under way: it goes on in its
+		 * steps, and this one is the next walk's (chan_wall_step()).
+		 * Ending it here held the shard for the rest of it in one pass.
+		 */
+		sc->wall_next_set = off != sc->wall_off[sc->wall_cur ^ 1u];
+		sc->wall_next = off;
+		return;
+	}
 	if (!sc->wall_nodes) {
 		sc->wall_off[sc->wall_cur] = off;
 		wall_file_off(sc, sc->wall_cur);
@@ -656,7 +670,8 @@ void chan_wall_begin(struct shard_core *sc, int64_t off)
 void chan_wall_follow(struct shard_core *sc, int64_t off)
 {
 	chan_wall_begin(sc, off);
-	(void)chan_wall_step(sc, UINT32_MAX);
+	while (chan_wall_step(sc, UINT32_MAX))
+		;
 }
 
 /*
@@ -666,10 +681,14 @@ void chan_wall_follow(struct shard_core *sc, int64_t off)
  * clock by WALL_FOLLOW_BACK_NS, plus what a beat's slew adds), it waits on
  * the expired list, looked at again at each advance, until the wall clock
  * is there: microseconds, and no walk. Early by more (a step not yet
- * followed), the shard follows the offset it measures now, a walk that
- * moves this node too, and it goes back on the wheel at its moved
- * deadline. A walk at every early firing cost, under a wall clock
- * slewed slower, a walk of the slab per wall-clock timer fired.
+ * followed), the shard begins a walk to the offset it measures now, in
+ * steps as any (after the one under way, if that one moved this node
+ * already), and the node, if the walk under way has not moved it yet,
+ * goes back on the wheel at its moved deadline at once; else it waits,
+ * as for a slew, until a walk moves it. A walk at every early firing
+ * cost, under a wall clock slewed slower, a walk of the slab per
+ * wall-clock timer fired; a whole walk here, in one go, held the shard
+ * for all of it at a step back (a hostile-client audit, 2026-12-07).
  */
 static __attribute__((noinline)) bool wall_early(struct shard_core *sc, uint32_t idx)
 {
@@ -679,10 +698,10 @@ static __attribute__((noinline)) bool wall_early(struct shard_core *sc, uint32_t
 	if (now >= due)
 		return false;
 	if (due - now >= (sc->wall_wait_ns ? sc->wall_wait_ns : WALL_FOLLOW_NS)) {
+		if (!sc->wall_walking || !(n->gen & CHIME_NODE_WALL_B) != !sc->wall_cur)
+			chan_wall_begin(sc, wall_offset_now());
 		if (sc->wall_walking && !(n->gen & CHIME_NODE_WALL_B) == !sc->wall_cur)
 			wall_rebase(sc, idx, sc->wall_cur ^ 1u);        /* the walk under way has not moved it yet */
-		else
-			chan_wall_follow(sc, wall_offset_now());
 	}
 	wheel_arm(&sc->wh, idx, n->deadline_ns);
 	return true;

@@ -116,6 +116,13 @@ struct shard_core {
 	 * the list's next kept entry goes (it drops the others as it goes).
 	 */
 	bool wall_walking;
+	/*
+	 * An offset given while a walk was under way (wall_next_set): the
+	 * next walk's, begun as that one ends. Ending it at once instead held
+	 * the shard for the rest of it (steps closer than a walk lasts).
+	 */
+	bool wall_next_set;
+	int64_t wall_next;
 	uint32_t wall_walk_i, wall_walk_end, wall_walk_kept;
 	uint64_t wall_walk_count, wall_walk_nodes0;
 	/*
@@ -251,13 +258,16 @@ static inline bool chan_counts_as_armed(const struct chime_node *n)
 void chan_wall_follow(struct shard_core *sc, int64_t off);
 
 /*
- * The same in steps: chan_wall_begin() ends a walk under way, then starts
- * one to `off` (or, with no wall-clock node or nothing to move, just takes
- * it); chan_wall_step() moves up to `budget` nodes of it, true while more
- * are left. The shard walks so, a step a pass: one user's wall-clock
- * timers held each shard 42-56 ms per step of the wall clock, every other
- * timer with them (a security audit, 2.1M a shard). A node the wheel pops
- * before the walk reaches it is moved then (chan.c, wall_early()).
+ * The same in steps: chan_wall_begin() starts a walk to `off` (or, with no
+ * wall-clock node or nothing to move, just takes it); with one under way,
+ * that one goes on and the next one, to the latest offset given meanwhile,
+ * begins as it ends. chan_wall_step() moves up to `budget` nodes, true
+ * while more are left. The shard walks so, a step a pass: one user's
+ * wall-clock timers held each shard 42-56 ms per step of the wall clock,
+ * every other timer with them (a security audit, 2.1M a shard); and a step
+ * during a walk, or a node found early at firing, ended or made a whole
+ * walk in one pass (a hostile-client audit, 2026-12-07). A node the wheel
+ * pops before the walk reaches it is moved then (chan.c, wall_early()).
  */
 void chan_wall_begin(struct shard_core *sc, int64_t off);
 bool chan_wall_step(struct shard_core *sc, uint32_t budget);

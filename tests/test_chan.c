@@ -2589,11 +2589,12 @@ Test(chan, a_walk_in_steps_moves_each_node_once_and_arms_meanwhile_take_the_new_
 		cr_assert_eq(n->deadline_ns, T0 + 100 * MS + i - (uint64_t)by, "node %u", i);
 	}
 
-	/* A step while one is under way ends that one first, then walks to the newest offset. */
+	/* A step while one is under way leaves that one to its steps, then walks to the newest offset. */
 	chan_wall_begin(&F.sc, off);
 	cr_assert(chan_wall_step(&F.sc, 10));
 	chan_wall_begin(&F.sc, off - by);
-	cr_assert_eq(F.sc.wall_cur, 0, "the walk to `off` ended: the shard is on it");
+	cr_assert(F.sc.wall_walking);
+	cr_assert_eq(F.sc.wall_cur, 1, "the walk to `off` goes on in its steps, not ended at once");
 	while (chan_wall_step(&F.sc, 10))
 		;
 	cr_assert_eq(F.sc.wall_cur, 1);
@@ -2603,6 +2604,114 @@ Test(chan, a_walk_in_steps_moves_each_node_once_and_arms_meanwhile_take_the_new_
 	}
 	n = wheel_node(&F.sc.wh, chime_id_index(late));
 	cr_assert_eq(n->deadline_ns, T0 + 300 * MS + (uint64_t)by);
+}
+
+/* Of ids[0..n), how many are on offset 1 (CHIME_NODE_WALL_B): moved by a walk from offset 0. */
+static unsigned wall_on_b(const uint64_t *ids, unsigned n)
+{
+	unsigned k = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		k += (wheel_node(&F.sc.wh, chime_id_index(ids[i]))->gen & CHIME_NODE_WALL_B) != 0;
+	return k;
+}
+
+/*
+ * A step of the wall clock while a walk is under way (steps closer
+ * together than a walk lasts: a VM agent's, ten a second) leaves the walk
+ * to its steps, and the next one follows it, to the latest offset: ending
+ * it at once, in the pass that saw the step, held the shard for the rest
+ * of it (up to a whole walk of one user's wall-clock timers). Every node
+ * keeps its wall deadline through the offset its base names meanwhile.
+ */
+Test(chan, a_step_during_a_walk_leaves_the_rest_of_it_to_its_steps)
+{
+	enum { N = 100 };
+	struct client_sim *c = &F.cl[0];
+	struct chime_shard_seg file = { 0 };
+	int64_t off = wall_setup(10 * 1000 * MS), by = 50 * (int64_t)MS;
+	uint64_t ids[N];
+	unsigned steps = 0, moved;
+
+	F.sc.wall_file = &file;
+	for (unsigned i = 0; i < N; i++) {
+		ids[i] = submit(c, CHIME_OP_ARM_REALTIME, 0, i, (uint64_t)off + T0 + 100 * MS + i, 0, i);
+		if (i % 8 == 7 || i == N - 1)
+			step_at(T0 + MS);
+	}
+	chan_wall_begin(&F.sc, off + by);
+	cr_assert(chan_wall_step(&F.sc, 10));
+	chan_wall_begin(&F.sc, off + 2 * by);
+	chan_wall_begin(&F.sc, off + 3 * by);   /* two steps in a walk: the latest is the one taken */
+	moved = 0;
+	for (unsigned i = 0; i < N; i++)
+		moved += wheel_node(&F.sc.wh, chime_id_index(ids[i]))->deadline_ns != T0 + 100 * MS + i;
+	cr_assert_eq(moved, 10, "%u of %u moved by the steps' begins and the walk's step of 10: the walk under way "
+		     "was ended at once", moved, N);
+	cr_assert_eq(wall_on_b(ids, N), 10);
+	cr_assert(F.sc.wall_walking);
+	for (unsigned i = 0; i < N; i++) {
+		const struct chime_node *n = wheel_node(&F.sc.wh, chime_id_index(ids[i]));
+
+		cr_assert_eq(n->deadline_ns + (uint64_t)F.sc.wall_off[(n->gen & CHIME_NODE_WALL_B) != 0],
+			     (uint64_t)off + T0 + 100 * MS + i, "node %u off its wall deadline", i);
+	}
+	while (chan_wall_step(&F.sc, 10))
+		steps++;
+	cr_assert_eq(steps, 8 + 10, "the rest of the first walk in steps of 10, then all of the next");
+	cr_assert_not(F.sc.wall_walking);
+	cr_assert_eq(F.sc.wall_off[F.sc.wall_cur], off + 3 * by);
+	cr_assert_eq(file.wall_cur, F.sc.wall_cur);
+	for (unsigned i = 0; i < N; i++) {
+		const struct chime_node *n = wheel_node(&F.sc.wh, chime_id_index(ids[i]));
+
+		cr_assert_eq(n->deadline_ns, T0 + 100 * MS + i - 3 * (uint64_t)by, "node %u", i);
+		cr_assert_eq(!!(n->gen & CHIME_NODE_WALL_B), F.sc.wall_cur, "node %u's base", i);
+	}
+}
+
+/*
+ * A wall-clock timer the wheel pops early by a step the shard has not
+ * followed yet (a step back, seen by the shard before the control thread
+ * publishes it): the shard begins the walk to the offset it measures,
+ * in steps as any, and moves the early node alone at once. It walked all
+ * of the shard's wall-clock timers there, inside the firing, in one go.
+ */
+Test(chan, a_wall_clock_timer_found_early_begins_a_walk_in_steps)
+{
+	enum { N = 100 };
+	struct client_sim *c = &F.cl[0];
+	/* The shard believes the wall clock 500 ms ahead of the host's: its timers come due 500 ms early. */
+	int64_t off = wall_setup(0) + 500 * (int64_t)MS;
+	uint64_t ids[N], far = wall_now_ns() + 3600 * 1000 * MS, wall_deadline, id;
+	struct chime_node *n;
+	struct chime_cqe e;
+	unsigned moved;
+
+	F.sc.wall_off[0] = F.sc.wall_off[1] = off;
+	for (unsigned i = 0; i < N; i++) {
+		ids[i] = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, far + i, 0, i);
+		if (i % 8 == 7 || i == N - 1)
+			step_at(T0);
+	}
+	wall_deadline = wall_now_ns() + 300 * MS;
+	id = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, wall_deadline, 0, N);
+	step_at(T0);
+	cr_assert_eq(take(c, &e), 0, "fired 300 ms before its wall deadline");
+	n = wheel_node(&F.sc.wh, chime_id_index(id));
+	cr_assert(n->gen & CHIME_NODE_WALL_B, "the early node is moved at once");
+	cr_assert_eq(n->deadline_ns + (uint64_t)F.sc.wall_off[1], wall_deadline);
+	cr_assert_gt(n->deadline_ns, F.sc.wh.w->now_ns, "back on the wheel, not due");
+	moved = wall_on_b(ids, N);
+	cr_assert_eq(moved, 0, "%u of the other %u wall-clock timers moved in the firing", moved, N);
+	cr_assert(F.sc.wall_walking, "the walk goes on in the shard's next passes");
+	while (chan_wall_step(&F.sc, 10))
+		;
+	cr_assert_eq(F.sc.wall_cur, 1);
+	cr_assert_eq(wall_on_b(ids, N), N);
+	for (unsigned i = 0; i < N; i++)
+		cr_assert_eq(wheel_node(&F.sc.wh, chime_id_index(ids[i]))->deadline_ns + (uint64_t)F.sc.wall_off[1],
+			     far + i, "node %u", i);
 }
 
 /*
@@ -2722,6 +2831,7 @@ static void fz_restore(const struct chime_shard_seg *file)
 	chan_wall_fini(&F.sc);
 	F.sc.wall_scan = false;
 	F.sc.wall_walking = false;
+	F.sc.wall_next_set = false;
 	F.sc.wall_nodes = 0;
 	F.sc.wall_off[0] = file->wall_off[0];
 	F.sc.wall_off[1] = file->wall_off[1];
@@ -2819,7 +2929,7 @@ Test(chan, a_wall_clock_timer_due_early_by_the_wall_clock_goes_back_until_it_is_
 	n = wheel_node(&F.sc.wh, chime_id_index(id));
 	cr_assert_eq(take(c, &e), 0, "fired 300 ms before its wall deadline");
 	cr_assert_eq(n->state, CHIME_NODE_ARMED, "back on the wheel");
-	cr_assert_eq(n->deadline_ns + (uint64_t)F.sc.wall_off[F.sc.wall_cur], wall_deadline,
+	cr_assert_eq(n->deadline_ns + (uint64_t)F.sc.wall_off[(n->gen & CHIME_NODE_WALL_B) != 0], wall_deadline,
 		     "based on the offset the shard measured, the same wall deadline");
 	cr_assert_gt(n->deadline_ns, F.sc.wh.w->now_ns);
 }

@@ -1178,3 +1178,51 @@ Test(realtime, a_step_moving_many_wall_clock_timers_holds_the_shards_other_timer
 	chime_close(probe);
 	chime_close(mass);
 }
+
+/*
+ * Steps closer together than a walk lasts (a VM agent's, ten a second;
+ * here two 5 ms apart): the walk under way goes on in its steps and the
+ * next follows it (chan_wall_begin()). It was ended at once in the pass
+ * that saw the second step, the rest of the walk in one go: the probe's
+ * 1 ms periodic as late as that rest took (a hostile-client audit,
+ * 2026-12-07), where one step alone keeps it under a millisecond.
+ */
+Test(realtime, steps_closer_than_a_walk_hold_the_shards_other_timers_up_little, .timeout = 120)
+{
+	enum { WALL = 2000000, STEPS = 3 };
+	uint64_t least = UINT64_MAX, deadline;
+	chime_t *mass, *probe;
+	chime_id_t id;
+
+	if (getenv("CHIME_BROKER_TSAN"))
+		cr_skip("a bound on the broker's speed: not for a broker built with ThreadSanitizer");
+	t_chimed_stop(&broker, SIGTERM);
+	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 1 --max-timers-per-client 0 --max-timers-per-uid 0"), 0);
+	mass = t_open(sock);
+	probe = t_open(sock);
+	cr_assert(mass && probe);
+	deadline = wall() + 3600 * SEC;
+	for (unsigned i = 0; i < WALL; i++)
+		cr_assert_eq(chime_arm_realtime(mass, 1, deadline + i, 0, 0, &id), 0, "arm %u", i);
+	cr_assert_eq(chime_flush(mass), 0);
+	usleep(300 * 1000);     /* the last ring applied */
+	cr_assert_eq(chime_arm(probe, 2, chime_now() + MS, MS, 0, &id), 0);
+	for (unsigned s = 0; s < STEPS; s++) {
+		uint64_t worst;
+
+		(void)periodic_worst(probe, 100);       /* taken as they come: a periodic's next waits for its last */
+		step((int64_t)SEC, true);
+		usleep(5 * 1000);
+		step((int64_t)SEC, true);
+		worst = periodic_worst(probe, 300);
+		if (!worst)
+			worst = 300 * MS;       /* no event in 300 ms: the shard held all of it */
+		followed(2000);
+		if (worst < least)
+			least = worst;
+	}
+	cr_assert_lt(least, 20 * MS, "the 1 ms periodic was at least %llu us late after each pair of steps",
+		     (unsigned long long)(least / 1000));
+	chime_close(probe);
+	chime_close(mass);
+}

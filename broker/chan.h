@@ -520,9 +520,10 @@ uint64_t chan_sq_waiting(const struct chan *ch);
 bool chan_pending(struct shard_core *sc, struct chan *ch);
 
 /*
- * Reclaim: free every node this client owns in the shard: grants, backlog and
- * ACKWAIT lists at once, armed ones by sweeping the slab [sweep_pos,
- * high_water) up to `budget` nodes per call (the sweep stops as soon as the
+ * Reclaim: free every node this client owns in the shard: grants at once,
+ * the backlog and ACKWAIT lists (a backlog holds up to the client's quota)
+ * and then the armed ones, by sweeping the slab [sweep_pos, high_water),
+ * up to `budget` nodes per call in all (the sweep stops as soon as the
  * client owns nothing). Returns true when done. Must not be followed by
  * chan_drain/chan_service on this channel.
  */

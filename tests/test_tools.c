@@ -3392,6 +3392,37 @@ Test(tools_live_view, uses_a_larger_terminal_and_follows_resizes)
 	chime_seg_unmap(&f.map);
 }
 
+/*
+ * A client with nothing fired has no lateness: "-" in the live view as in the
+ * plain table, not "0ns", which reads as timers fired on time (an adoption audit).
+ */
+Test(tools_live_view, a_client_with_nothing_fired_shows_no_lateness)
+{
+	static const char *const args[] = { NULL };
+	struct fake f;
+	char row[VT_COLS + 1];
+	int r = -1;
+
+	fake_make(&f, getpid(), 0);
+	fake_40_clients(&f);
+	term_start("xterm", 40, 132, args);
+	cr_assert(term_wait("of 40", 3000), "%s", screen());
+	cr_assert(vt_find(&term.vt, " p99 ") >= 0, "132 columns: the clients' p99 is shown:\n%s", screen());
+	for (int i = 0; i < term.vt.rows; i++)
+		if (!strncmp(vt_row(&term.vt, i), "   0    5000", 12))
+			r = i;
+	cr_assert_geq(r, 0, "no row of slot 0:\n%s", screen());
+	snprintf(row, sizeof(row), "%s", vt_row(&term.vt, r));
+	cr_assert_null(strstr(row, "0ns"), "nothing fired, yet a lateness: %s\n%s", row, screen());
+	cr_assert(strstr(row, " - "), "%s\n%s", row, screen());
+	/* slot 1's timers fired: its p99 is a figure */
+	snprintf(row, sizeof(row), "%s", vt_row(&term.vt, r + 1));
+	cr_assert(strstr(row, "fake \"client\"") && strstr(row, "3.0ms"), "%s\n%s", row, screen());
+	term_keys("q");
+	cr_assert_eq(term_exit(2000), 0);
+	chime_seg_unmap(&f.map);
+}
+
 Test(tools_live_view, shows_the_broker_dying_and_restores_on_sigterm)
 {
 	static const char *const args[] = { "-i", "0.1", NULL };

@@ -42,7 +42,7 @@ enum ckind {
 	K_ID,           /* the row's shard or slot number */
 	K_NUM,          /* a value */
 	K_RATE,         /* a counter's rate per second */
-	K_NS,           /* a duration in ns, "12.3us" */
+	K_NS,           /* a duration in ns, "12.3us"; "-" when the count name2 is 0 (nothing fired) */
 	K_DUR,          /* a duration in ns, "1h02m03s" */
 	K_STR,          /* a string, left-aligned */
 	K_CPU,          /* cpu_ns per second, as a percentage */
@@ -94,7 +94,7 @@ static const struct col client_cols[] = {
 	{ "cancels", "cancels", NULL, K_NUM, 8, 5, 0 },
 	{ "cq", "cq_depth", NULL, K_NUM, 6, 3, 0 },
 	{ "backlog", "backlog", NULL, K_NUM, 7, 2, 0 },
-	{ "p99", "lateness.p99_ns", NULL, K_NS, 8, 3, 1 },  /* per-client lateness, if collected */
+	{ "p99", "lateness.p99_ns", "lateness.count", K_NS, 8, 3, 1 },  /* per-client lateness, if collected */
 	{ "wakeups", "wakeups", NULL, K_NUM, 7, 6, 0 },
 	{ "refused", "refused_nomem", "refused_quota", K_PAIR, 9, 5, 0 },
 	{ "state", "state", NULL, K_STR, 6, 7, 0 },
@@ -308,7 +308,9 @@ static void cell(char *buf, size_t len, const struct live *L, const struct col *
 		snprintf(buf, len, "%.1f", rate(L, f, idx) / 1e7);    /* ns per s -> percent */
 		break;
 	case K_NS:
-		if (f->kind == F_NULL)
+		/* a client with nothing fired has no lateness, not 0, as in the plain table */
+		g = c->name2 ? fld(L, group, id, c->name2, NULL) : NULL;
+		if (f->kind == F_NULL || (g && !num_of(g)))
 			snprintf(buf, len, "-");
 		else
 			sr_fmt_ns(buf, len, (uint64_t)num_of(f));

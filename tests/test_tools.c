@@ -728,6 +728,33 @@ Test(tools_fake, prometheus_is_valid)
 	chime_seg_unmap(&f.map);
 }
 
+/*
+ * A detached named session holds a client slot: chime_clients, chime_client_info
+ * and chime_client_group_clients count it, and their HELP must not say "connected"
+ * (an operator would read a dead worker's session as a live process).
+ */
+Test(tools_fake, prometheus_help_counts_a_detached_session_as_a_slot_not_a_connection)
+{
+	struct fake f;
+
+	fake_make(&f, getpid(), 0);
+	f.cc[1].state = CHIME_CLIENT_DETACHED;
+	cr_assert_eq(run("%s --socket '%s' --prometheus", bin("CHIMESTAT"), sock), 0, "%s", slurp(err));
+	cr_assert(strstr(slurp(out), "chime_client_info{comm=\"fake \\\"client\\\"\",uid=\"1000\",pid=\"4242\",slot=\"1\"} 1\n"),
+		  "%s", slurp(out));
+	for (const char *m = "chime_clients \0chime_client_info \0chime_client_group_clients \0"; *m; m += strlen(m) + 1) {
+		char want[64];
+		const char *help;
+
+		snprintf(want, sizeof(want), "# HELP %s", m);
+		help = strstr(slurp(out), want);
+		cr_assert_not_null(help, "no %s:\n%s", want, slurp(out));
+		cr_assert(strstr(help, "detached") && strstr(help, "detached") < strchr(help, '\n'),
+			  "%.*s", (int)(strchr(help, '\n') - help), help);
+	}
+	chime_seg_unmap(&f.map);
+}
+
 Test(tools_fake, dead_pid_means_not_running)
 {
 	struct fake f;

@@ -257,7 +257,7 @@ static void client_groups(struct flist *l, const struct sr_snap *sn)
 
 			f->u = end - g;
 			f->prom_only = 1;
-			fprom(f, "chime_client_group_clients", "gauge", "Connected clients with this comm and uid.", lab, 1);
+			fprom(f, "chime_client_group_clients", "gauge", "Clients with this comm and uid: slots in use, detached named sessions included.", lab, 1);
 		}
 	}
 	free(by);
@@ -336,7 +336,7 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	      NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.clients_now");
 	f->u = h->clients_now;
-	fprom(f, "chime_clients", "gauge", "Clients connected now.", NULL, 1);
+	fprom(f, "chime_clients", "gauge", "Client slots in use now: connected, being reclaimed, or a detached named session.", NULL, 1);
 	f = field_add(l, F_COUNTER, "broker.clients_total");
 	f->u = h->clients_total;
 	fprom(f, "chime_clients_connected_total", "counter", "Clients accepted since start.", NULL, 1);
@@ -423,7 +423,7 @@ void collect(struct flist *l, const struct sr_snap *sn)
 		f = field_add(l, F_GAUGE, "client.%u.info", cl->slot);
 		f->u = 1;
 		f->prom_only = 1;
-		fprom(f, "chime_client_info", "gauge", "A connected client (always 1).", lab, 1);
+		fprom(f, "chime_client_info", "gauge", "A client slot in use (always 1): connected, being reclaimed, or a detached named session.", lab, 1);
 		f = field_add(l, F_INT, "client.%u.pid", cl->slot);
 		f->i = cl->id.pid;
 		f = field_add(l, F_GAUGE, "client.%u.uid", cl->slot);

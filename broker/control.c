@@ -1100,6 +1100,13 @@ static void on_notify(struct broker *b)
 			}
 			if (b->stopping && c->session[0])
 				send_status(c->fd, -ECONNREFUSED);
+			else
+				/*
+				 * Before the ready: its chime_open() returns on it, and
+				 * a tool run next must list it (set after, 49-88 opens
+				 * in 300 returned before the table showed them).
+				 */
+				table_set(b, c, CHIME_CLIENT_ACTIVE);
 			r = b->stopping && c->session[0] ? -ESHUTDOWN : send_ready(b, c);
 			if (r < 0) {
 				log_errno(LOG_DEBUG, r, "client %u (pid %d) left during the handshake",
@@ -1117,7 +1124,6 @@ static void on_notify(struct broker *b)
 				continue;
 			}
 			c->state = CL_ACTIVE;
-			table_set(b, c, CHIME_CLIENT_ACTIVE);
 			/* A session's record says so already: client_admit(), client_reattach(). */
 			if (!arm_hup(b, c)) {
 				/* Exited between its hello and now: as if the exit poll had said so. */

@@ -989,9 +989,11 @@ Test(tools_fake, usage_errors_exit_2)
 	/* chime-demo too, before it asks any broker (it said "cannot connect" with none there: an audit) */
 	cr_assert_eq(run("%s -s /nonexistent/chime.sock -S 'a b' -n 10", bin("CHIME_DEMO")), 2);
 	cr_assert(strstr(slurp(err), "invalid --session 'a b'") && !strstr(slurp(err), "connect"), "%s", slurp(err));
-	/* a client or a session, one of them; and only with timers */
+	/* a client or a session, one of them (both: said so, not "needs" them); and only with timers */
 	cr_assert_eq(run("%s timers -c 1 -S x", bin("CHIMECTL")), 2);
-	cr_assert(strstr(slurp(err), "one of them"), "%s", slurp(err));
+	cr_assert(strstr(slurp(err), "not both"), "%s", slurp(err));
+	cr_assert_eq(run("%s timers", bin("CHIMECTL")), 2);
+	cr_assert(strstr(slurp(err), "'timers' needs --client PID or --session NAME"), "%s", slurp(err));
 	/* one of each: a second was kept silently, the first dropped (an audit) */
 	cr_assert_eq(run("%s timers -c 1 -c 2", bin("CHIMECTL")), 2);
 	cr_assert(strstr(slurp(err), "--client given twice"), "%s", slurp(err));
@@ -1823,6 +1825,8 @@ Test(tools_live, a_restart_the_new_broker_would_not_survive_is_refused, .timeout
 	cr_assert(f && fputs("allow-uid 4242\n", f) >= 0 && fclose(f) == 0);
 	cr_assert_eq(run("%s --socket '%s' restart", bin("CHIMECTL"), sock), 0, "%s", slurp(err));
 	cr_assert(strstr(slurp(out), "restarted in place"), "%s", slurp(out));
+	/* none to hand over: said so, not "its 0 sessions were handed over" (an adoption audit) */
+	cr_assert(strstr(slurp(out), "it had no session to hand over"), "%s", slurp(out));
 }
 
 /*

@@ -1165,7 +1165,9 @@ static int cmd_restart(const char *sock)
 				out("chimed restarted in place (pid %d)", (int)pid);
 			else
 				out("chimed restarted (pid %d, was %d)", (int)new_pid, (int)pid);
-			if (after >= 0)
+			if (after == 0)
+				out("; it had no session to hand over");
+			else if (after > 0)
 				out("; its %lld session%s handed over", (long long)after, after == 1 ? " was" : "s were");
 			if (unadmitted)
 				out(" (%u of them no process can attach to under its policy: see its log)", unadmitted);
@@ -1645,8 +1647,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, PROG ": --client, --session and --limit go with 'timers' only\n");
 		return SR_EXIT_USAGE;
 	}
-	if (!strcmp(cmd, "timers") && (pid == -1) == !session) {
-		fprintf(stderr, PROG ": 'timers' needs --client PID or --session NAME (one of them)\n");
+	if (!strcmp(cmd, "timers") && pid == -1 && !session) {
+		fprintf(stderr, PROG ": 'timers' needs --client PID or --session NAME\n");
+		return SR_EXIT_USAGE;
+	}
+	if (!strcmp(cmd, "timers") && pid != -1 && session) {
+		fprintf(stderr, PROG ": 'timers' takes --client PID or --session NAME, not both\n");
 		return SR_EXIT_USAGE;
 	}
 	if (!strcmp(cmd, "timers"))

@@ -74,6 +74,32 @@ static int lock_not_ours(const struct broker *b, const struct stat *st)
 }
 
 /*
+ * Why the lock file could not be created. Nothing of an earlier broker's
+ * was read or written yet: a sessions file there keeps its sessions and
+ * their timers for a start that can write the directory, and the refusal
+ * says so, as the sessions file's own refusals do.
+ */
+static const char *lock_hint(const struct broker *b, int e)
+{
+	char sess[PATH_MAX + 16];
+	struct stat st;
+	bool kept;
+
+	if (e == ENOENT)
+		return "does the directory exist?";
+	if (e != EACCES && e != EROFS)
+		return NULL;
+	snprintf(sess, sizeof(sess), "%s.sessions", b->o.socket_path);
+	kept = lstat(sess, &st) == 0;
+	if (!kept)
+		return "is the directory writable?";
+	return e == EROFS ? "not started: the sessions and their timers stay in the files, for a start once the "
+			    "filesystem is mounted read-write" :
+	       "is the directory writable? not started: the sessions and their timers stay in the files, for a "
+	       "start that can write there";
+}
+
+/*
  * "<socket>.lock", flock()ed for the broker's life: two brokers starting on
  * one path race safely, and the loser learns the winner's pid. A lock file
  * unlinked by a stopping broker between our open and our flock is detected
@@ -102,11 +128,11 @@ static int take_lock(struct broker *b)
 			if (fd < 0 && errno == ENOENT)
 				continue;       /* removed by a stopping broker in between: again */
 		}
-		if (fd < 0)
-			return log_errno_hint(LOG_ERR, errno,
-					      errno == ENOENT ? "does the directory exist?" :
-					      errno == EACCES || errno == EROFS ? "is the directory writable?" : NULL,
-					      "cannot create lock file '%s'", b->lock_path);
+		if (fd < 0) {
+			int e = errno;  /* lock_hint() looks for the sessions file */
+
+			return log_errno_hint(LOG_ERR, e, lock_hint(b, e), "cannot create lock file '%s'", b->lock_path);
+		}
 		if (fstat(fd, &a) < 0) {
 			int e = errno;
 

@@ -25,6 +25,7 @@
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -1330,6 +1331,69 @@ Test(restart, a_missing_sessions_file_discards_the_shard_files_timers_and_says_h
 	cr_assert(t_file_has(log, "no sessions file") && t_file_has(log, "the 30 timers"),
 		  "the discarded timers were not counted");
 	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
+}
+
+/*
+ * A tmpfs mounted with `opts` ("16m,nr_inodes=64": t_mount_tmpfs() puts
+ * "size=" before them) in a mount namespace of this test's own (criterion
+ * runs each test in a process of its own), named in fs; the broker's log
+ * beside it, in log. Skips where a tmpfs cannot be mounted.
+ */
+static void private_tmpfs(char *fs, size_t fs_len, char *log, size_t log_len, const char *opts)
+{
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(unshare(CLONE_NEWNS), 0, "unshare: %s", strerror(errno));
+	cr_assert_eq(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), 0, "mount --make-rprivate /: %s",
+		     strerror(errno));
+	cr_assert_eq(t_mount_tmpfs(fs, fs_len, opts), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(log, log_len, "%s.log", fs);
+}
+
+/*
+ * The socket's directory on a filesystem mounted read-only under the files
+ * of a stopped broker's sessions: the lock file cannot be created, and the
+ * broker does not start. Its message said only "is the directory
+ * writable?", not what its other refusals say: that the sessions and their
+ * timers stay in the files, and for what. They do (nothing was written),
+ * and a start once it is read-write takes them over.
+ */
+Test(restart, a_read_only_filesystem_keeps_the_sessions_and_says_so, .timeout = 60)
+{
+	char fs[64], log[80], sock[96], extra[200], path[PATH_MAX];
+	struct stat before, after;
+	chime_id_t id;
+
+	private_tmpfs(fs, sizeof(fs), log, sizeof(log), "64m");
+	snprintf(sock, sizeof(sock), "%s/chime.sock", fs);
+	snprintf(extra, sizeof(extra), "-n 1 --capacity 65536 2>'%s'", log);
+	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
+	t_session_sock = tb.sock;
+	chime_close(open_armed("readonly", 20, &id));
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 20), 20);
+	snprintf(path, sizeof(path), "%s.sessions", sock);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	cr_assert_eq(stat(path, &before), 0, "the stop kept no sessions file");
+	cr_assert_eq(mount(NULL, fs, NULL, MS_REMOUNT | MS_RDONLY, NULL), 0, "remount ro: %s", strerror(errno));
+	cr_assert_neq(t_chimed_start(&tb, sock, extra), 0, "chimed started on a read-only filesystem");
+	cr_assert(t_file_has(log, "cannot create lock file") && t_file_has(log, "Read-only file system"),
+		  "the refusal is not the lock file's");
+	cr_assert(t_file_has(log, "not started: the sessions and their timers stay in the files"),
+		  "the refusal does not say that the sessions and their timers stay in the files");
+	cr_assert(t_file_has(log, "once the filesystem is mounted read-write"), "the refusal does not say what to do");
+	cr_assert_eq(stat(path, &after), 0, "the sessions file is gone");
+	cr_assert(after.st_ino == before.st_ino && after.st_size == before.st_size &&
+		  after.st_mtim.tv_sec == before.st_mtim.tv_sec && after.st_mtim.tv_nsec == before.st_mtim.tv_nsec,
+		  "the sessions file changed");
+	snprintf(path, sizeof(path), "%s.shard0", sock);
+	cr_assert_eq(stat(path, &after), 0, "the shard file is gone");
+	cr_assert_eq(mount(NULL, fs, NULL, MS_REMOUNT, NULL), 0, "remount rw: %s", strerror(errno));
+	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0, "chimed did not start on the read-write filesystem");
+	cr_assert(t_file_has(log, "taking over 1 session from"), "the sessions were not taken over");
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 20), 20, "timers lost");
+	t_chimed_stop(&tb, SIGTERM);
+	unlink(log);
+	t_unmount_tmpfs(fs);
 }
 
 /*

@@ -496,12 +496,21 @@ int restart_load(struct broker *b)
 		free(recs);
 		return -EBUSY;
 	case -ENOENT: {
-		/* Shard files without it: their timers are no session's (it was removed, or never written). */
+		/*
+		 * Shard files without it. Every broker writes it at its start and
+		 * a killed one leaves it; a stop that keeps no session removes the
+		 * shard files with it. So timers left here were the sessions' it
+		 * named (and anonymous clients'), and it was removed: while the
+		 * broker ran (logged then), after it, or by a --fresh killed in
+		 * between. Whose they were nothing says any more.
+		 */
 		uint64_t timers = left_timers(b);
 
 		if (timers)
-			log_msg(LOG_WARNING, "no sessions file '%s': the %llu timers left in the shard files "
-				"belong to no session and are discarded", b->sess_path, (unsigned long long)timers);
+			log_msg(LOG_WARNING, "no sessions file '%s', but shard files: it was removed (while the "
+				"broker before ran, or since; a killed broker leaves it), and the %llu timers left in "
+				"the shard files are discarded with the sessions it named (none is taken over)",
+				b->sess_path, (unsigned long long)timers);
 		n = 0;
 		break;
 	}

@@ -1334,6 +1334,29 @@ Test(restart, a_missing_sessions_file_discards_the_shard_files_timers_and_says_h
 }
 
 /*
+ * The sessions file removed while the broker ran (a cleanup of the
+ * directory), then a crash: the shard files' timers were a session's, and
+ * the next broker said they "belong to no session", as if none had been
+ * named. A killed broker always leaves the file (written at its start):
+ * the log says that it is missing and how many timers go with it.
+ */
+Test(restart, a_sessions_file_removed_before_a_crash_is_said_missing)
+{
+	char log[300], extra[400], path[PATH_MAX];
+
+	detached_session_on_two_shards("gone-live", 30, log, sizeof(log));
+	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
+	cr_assert_eq(unlink(path), 0);
+	snprintf(extra, sizeof(extra), "-n 2 2>'%s'", log);
+	restart(SIGKILL, extra);
+	cr_assert(t_file_has(log, "no sessions file") && t_file_has(log, "it was removed") &&
+		  t_file_has(log, "the 30 timers left in the shard files are discarded"),
+		  "the log does not say that the sessions file was removed and 30 timers are discarded");
+	cr_assert(!t_file_has(log, "belong to no session"), "the log says the timers were no session's");
+	cr_assert_eq(t_nodes(tb.sock, ARMED_STATES), 0);
+}
+
+/*
  * A tmpfs mounted with `opts` ("16m,nr_inodes=64": t_mount_tmpfs() puts
  * "size=" before them) in a mount namespace of this test's own (criterion
  * runs each test in a process of its own), named in fs; the broker's log

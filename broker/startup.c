@@ -74,12 +74,15 @@ static int lock_not_ours(const struct broker *b, const struct stat *st)
 }
 
 /*
- * Why the lock file could not be created. Nothing of an earlier broker's
- * was read or written yet: a sessions file there keeps its sessions and
- * their timers for a start that can write the directory, and the refusal
- * says so, as the sessions file's own refusals do.
+ * Why the lock file or the socket could not be created (or the lock file
+ * written). Nothing of an earlier broker's was read or written yet: a
+ * sessions file there keeps its sessions and their timers for a start
+ * that can write the directory, and the refusal says so, as the sessions
+ * file's own refusals do. No room (or no inode) is what a restart on a
+ * full filesystem finds once another writer took what the stop freed
+ * (the lock file, the socket, the control segment).
  */
-static const char *lock_hint(const struct broker *b, int e)
+static const char *dir_hint(const struct broker *b, int e)
 {
 	char sess[PATH_MAX + 16];
 	struct stat st;
@@ -87,10 +90,13 @@ static const char *lock_hint(const struct broker *b, int e)
 
 	if (e == ENOENT)
 		return "does the directory exist?";
-	if (e != EACCES && e != EROFS)
+	if (e != EACCES && e != EROFS && e != ENOSPC && e != EDQUOT)
 		return NULL;
 	snprintf(sess, sizeof(sess), "%s.sessions", b->o.socket_path);
 	kept = lstat(sess, &st) == 0;
+	if (e == ENOSPC || e == EDQUOT)
+		return kept ? SEG_NO_ROOM_HINT "; not started: the sessions and their timers stay in the files, for "
+			      "a start once there is room" : SEG_NO_ROOM_HINT;
 	if (!kept)
 		return "is the directory writable?";
 	return e == EROFS ? "not started: the sessions and their timers stay in the files, for a start once the "
@@ -129,9 +135,9 @@ static int take_lock(struct broker *b)
 				continue;       /* removed by a stopping broker in between: again */
 		}
 		if (fd < 0) {
-			int e = errno;  /* lock_hint() looks for the sessions file */
+			int e = errno;  /* dir_hint() looks for the sessions file */
 
-			return log_errno_hint(LOG_ERR, e, lock_hint(b, e), "cannot create lock file '%s'", b->lock_path);
+			return log_errno_hint(LOG_ERR, e, dir_hint(b, e), "cannot create lock file '%s'", b->lock_path);
 		}
 		if (fstat(fd, &a) < 0) {
 			int e = errno;
@@ -171,7 +177,7 @@ static int take_lock(struct broker *b)
 			/* Ours and locked (checked just above): remove it, as a stop does, so nothing is left. */
 			(void)unlink(b->lock_path);
 			close(fd);
-			return log_errno(LOG_ERR, e, "cannot write lock file '%s'", b->lock_path);
+			return log_errno_hint(LOG_ERR, e, dir_hint(b, e), "cannot write lock file '%s'", b->lock_path);
 		}
 		b->lock_fd = fd;
 		return 0;
@@ -478,9 +484,11 @@ static int listen_setup(struct broker *b)
 		log_errno(LOG_INFO, errno, "setsockopt(SO_PASSRIGHTS) (Linux 6.16): descriptors clients send are "
 			  "taken and closed on the closer threads instead");
 #endif
-	if (bind(b->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		return log_errno_hint(LOG_ERR, errno, errno == EACCES ? "is the directory writable?" : NULL,
-				      "cannot bind socket '%s'", path);
+	if (bind(b->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;  /* dir_hint() looks for the sessions file */
+
+		return log_errno_hint(LOG_ERR, e, dir_hint(b, e), "cannot bind socket '%s'", path);
+	}
 	b->listening = true;    /* from here on, stop unlinks it (socket_unlink()) */
 	if (stat(path, &b->sock_st) < 0)
 		memset(&b->sock_st, 0, sizeof(b->sock_st));

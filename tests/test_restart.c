@@ -1625,6 +1625,119 @@ static void stop_now(int sig)
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed's stop: status %#x", st);
 }
 
+/* Create empty files in dir until the filesystem has no inode left: how many. */
+static unsigned fill_inodes(const char *dir)
+{
+	char path[PATH_MAX];
+	unsigned n = 0;
+
+	for (;; n++) {
+		int fd;
+
+		snprintf(path, sizeof(path), "%s/inode%u", dir, n);
+		fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (fd < 0) {
+			if (errno == EEXIST)
+				continue;
+			cr_assert_eq(errno, ENOSPC, "creating %s: %s", path, strerror(errno));
+			return n;
+		}
+		close(fd);
+	}
+}
+
+/* Take what room the filesystem has left: its inodes (empty files), or its space. */
+static void fill_up(const char *fs, bool inodes, const char *name)
+{
+	if (inodes)
+		cr_assert_gt(fill_inodes(fs), 0);
+	else
+		cr_assert_geq(t_fill(fs, name, 0), 0, "filling: %s", strerror(errno));
+}
+
+/*
+ * A stop (SIGTERM) on a tmpfs with no inode or no space left, sessions
+ * attached and detached: the sessions file and the shard files are
+ * written in place (the one reserved whole at the start, the others
+ * mapped and reserved), so the stop needs no room and keeps every timer.
+ * A start on it then (the room the stop freed taken again) finds none
+ * for the lock file: it said only "No space left on device", where
+ * the files were kept, and nothing about them or what to do.
+ */
+static void a_stop_on_a_full_tmpfs(bool inodes, bool one_left)
+{
+	char fs[64], log[80], sock[96], extra[200], path[PATH_MAX], sess[PATH_MAX];
+	struct stat before, after;
+	chime_t *c, *c2;
+	chime_id_t id;
+
+	private_tmpfs(fs, sizeof(fs), log, sizeof(log), "64m,nr_inodes=64");
+	snprintf(sock, sizeof(sock), "%s/chime.sock", fs);
+	snprintf(extra, sizeof(extra), "-n 2 --capacity 65536 2>'%s'", log);
+	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
+	t_session_sock = tb.sock;
+	chime_close(open_armed("full-detached", 30, &id));
+	c = open_armed("full-attached", 40, &id);
+	c2 = open_armed("full-attached2", 20, &id);
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 90), 90);
+	fill_up(fs, inodes, "filler");
+	stop_now(SIGTERM);
+	cr_assert_eq(log_lines(log, "keeping the timers of 3 sessions (90 timers) for the next broker", ""), 1,
+		     "the stop does not keep the 3 sessions' 90 timers");
+	cr_assert_eq(log_lines(log, "cannot", ""), 0, "the stop could not write something");
+	snprintf(sess, sizeof(sess), "%s.sessions", sock);
+	cr_assert_eq(stat(sess, &before), 0);
+	/* The lock file, socket and control segment the stop removed: their room taken again. */
+	fill_up(fs, inodes, "filler2");
+	if (one_left) {
+		/* one inode, for the lock file: the socket has none */
+		snprintf(path, sizeof(path), "%s/inode0", fs);
+		cr_assert_eq(unlink(path), 0);
+	}
+	cr_assert_neq(t_chimed_start(&tb, sock, extra), 0, "chimed started on a full filesystem");
+	cr_assert(log_lines(log, one_left ? "cannot bind socket" : "lock file", "No space left on device"),
+		  "the refusal is not the %s's", one_left ? "socket" : "lock file");
+	cr_assert(log_lines(log, "not started: the sessions and their timers stay in the files", "once there is room"),
+		  "the refusal does not say that the sessions and their timers stay in the files, nor what to do");
+	cr_assert_eq(stat(sess, &after), 0, "the sessions file is gone");
+	cr_assert(after.st_ino == before.st_ino && after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+		  after.st_mtim.tv_nsec == before.st_mtim.tv_nsec, "the sessions file changed");
+	/* Room again: every timer is there. */
+	for (unsigned i = one_left; inodes; i++) {
+		snprintf(path, sizeof(path), "%s/inode%u", fs, i);
+		if (unlink(path) < 0)
+			break;
+	}
+	snprintf(path, sizeof(path), "%s/filler", fs);
+	(void)unlink(path);
+	snprintf(path, sizeof(path), "%s/filler2", fs);
+	(void)unlink(path);
+	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0, "chimed did not start once there was room");
+	cr_assert(t_file_has(log, "taking over 3 sessions from"), "the sessions were not taken over");
+	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 90), 90, "timers lost");
+	chime_close(c);
+	chime_close(c2);
+	t_chimed_stop(&tb, SIGTERM);
+	unlink(log);
+	t_unmount_tmpfs(fs);
+}
+
+Test(restart, a_stop_on_a_tmpfs_out_of_space_keeps_every_session_and_a_start_without_room_says_so, .timeout = 60)
+{
+	a_stop_on_a_full_tmpfs(false, false);
+}
+
+Test(restart, a_stop_on_a_tmpfs_out_of_inodes_keeps_every_session_and_a_start_without_room_says_so, .timeout = 60)
+{
+	a_stop_on_a_full_tmpfs(true, false);
+}
+
+/* One inode left, the lock file's: the socket's bind is refused, and said the same way. */
+Test(restart, a_start_on_a_tmpfs_with_one_inode_left_says_the_sessions_stay_in_the_files, .timeout = 60)
+{
+	a_stop_on_a_full_tmpfs(true, true);
+}
+
 /*
  * A stop says how many timers it keeps for the next broker, and how many
  * end with it: "keeping the timers of 1 session" said neither, and nothing

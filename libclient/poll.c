@@ -1080,9 +1080,10 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 			 * Readable again with nothing done: another thread holds the
 			 * lock (an attempt of its own) and will clear it. Not a spin.
 			 */
-			if (r > 0 && ready_again++)
-				nanosleep(&(struct timespec){ .tv_nsec = 200000 }, NULL);
-			else if (r == 0)
+			if (r > 0 && ready_again++) {
+				if (nanosleep(&(struct timespec){ .tv_nsec = 200000 }, NULL) < 0 && errno == EINTR)
+					return -EINTR;  /* a nap is the wait's sleep too */
+			} else if (r == 0)
 				ready_again = 0;
 			continue;
 		}
@@ -1127,7 +1128,8 @@ CHIME_PUBLIC int chime_wait(chime_t *c, struct chime_event *events, unsigned max
 		 * stress review): look again in a moment instead.
 		 */
 		if (unlikely(c->session[0] && !at_load(&c->rw->want_wakeup))) {
-			nanosleep(&(struct timespec){ .tv_nsec = 200000 }, NULL);
+			if (nanosleep(&(struct timespec){ .tv_nsec = 200000 }, NULL) < 0 && errno == EINTR)
+				return -EINTR;  /* a nap is the wait's sleep too */
 			continue;
 		}
 		slept = chime_now();

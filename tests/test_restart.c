@@ -1373,6 +1373,20 @@ static void private_tmpfs(char *fs, size_t fs_len, char *log, size_t log_len, co
 	snprintf(log, log_len, "%s.log", fs);
 }
 
+/* A broker on a private_tmpfs(opts) with chimed's `args`, its log in p->log, its sessions' socket. */
+struct private_broker {
+	char fs[64], log[80], sock[96], extra[200];
+};
+
+static void private_broker_start(struct private_broker *p, const char *opts, const char *args)
+{
+	private_tmpfs(p->fs, sizeof(p->fs), p->log, sizeof(p->log), opts);
+	snprintf(p->sock, sizeof(p->sock), "%s/chime.sock", p->fs);
+	snprintf(p->extra, sizeof(p->extra), "%s 2>'%s'", args, p->log);
+	cr_assert_eq(t_chimed_start(&tb, p->sock, p->extra), 0);
+	t_session_sock = tb.sock;
+}
+
 /*
  * The socket's directory on a filesystem mounted read-only under the files
  * of a stopped broker's sessions: the lock file cannot be created, and the
@@ -1383,18 +1397,15 @@ static void private_tmpfs(char *fs, size_t fs_len, char *log, size_t log_len, co
  */
 Test(restart, a_read_only_filesystem_keeps_the_sessions_and_says_so, .timeout = 60)
 {
-	char fs[64], log[80], sock[96], extra[200], path[PATH_MAX];
+	struct private_broker pb;
+	char path[PATH_MAX];
 	struct stat before, after;
 	chime_id_t id;
 
-	private_tmpfs(fs, sizeof(fs), log, sizeof(log), "64m");
-	snprintf(sock, sizeof(sock), "%s/chime.sock", fs);
-	snprintf(extra, sizeof(extra), "-n 1 --capacity 65536 2>'%s'", log);
-	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
-	t_session_sock = tb.sock;
+	private_broker_start(&pb, "64m", "-n 1 --capacity 65536");
 	chime_close(open_armed("readonly", 20, &id));
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 20), 20);
-	snprintf(path, sizeof(path), "%s.sessions", sock);
+	snprintf(path, sizeof(path), "%s.sessions", pb.sock);
 	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
 	cr_assert_eq(stat(path, &before), 0, "the stop kept no sessions file");
 	/*
@@ -1402,27 +1413,27 @@ Test(restart, a_read_only_filesystem_keeps_the_sessions_and_says_so, .timeout = 
 	 * broker's io_uring is torn down by a kernel worker after its exit,
 	 * and under load that comes a moment later (once in a suite's run).
 	 */
-	for (uint64_t t0 = now_ns(); mount(NULL, fs, NULL, MS_REMOUNT | MS_RDONLY, NULL) < 0; usleep(20000))
+	for (uint64_t t0 = now_ns(); mount(NULL, pb.fs, NULL, MS_REMOUNT | MS_RDONLY, NULL) < 0; usleep(20000))
 		cr_assert(errno == EBUSY && now_ns() - t0 < 5000 * MS, "remount ro: %s", strerror(errno));
-	cr_assert_neq(t_chimed_start(&tb, sock, extra), 0, "chimed started on a read-only filesystem");
-	cr_assert(t_file_has(log, "cannot create lock file") && t_file_has(log, "Read-only file system"),
+	cr_assert_neq(t_chimed_start(&tb, pb.sock, pb.extra), 0, "chimed started on a read-only filesystem");
+	cr_assert(t_file_has(pb.log, "cannot create lock file") && t_file_has(pb.log, "Read-only file system"),
 		  "the refusal is not the lock file's");
-	cr_assert(t_file_has(log, "not started: the sessions and their timers stay in the files"),
+	cr_assert(t_file_has(pb.log, "not started: the sessions and their timers stay in the files"),
 		  "the refusal does not say that the sessions and their timers stay in the files");
-	cr_assert(t_file_has(log, "once the filesystem is mounted read-write"), "the refusal does not say what to do");
+	cr_assert(t_file_has(pb.log, "once the filesystem is mounted read-write"), "the refusal does not say what to do");
 	cr_assert_eq(stat(path, &after), 0, "the sessions file is gone");
 	cr_assert(after.st_ino == before.st_ino && after.st_size == before.st_size &&
 		  after.st_mtim.tv_sec == before.st_mtim.tv_sec && after.st_mtim.tv_nsec == before.st_mtim.tv_nsec,
 		  "the sessions file changed");
-	snprintf(path, sizeof(path), "%s.shard0", sock);
+	snprintf(path, sizeof(path), "%s.shard0", pb.sock);
 	cr_assert_eq(stat(path, &after), 0, "the shard file is gone");
-	cr_assert_eq(mount(NULL, fs, NULL, MS_REMOUNT, NULL), 0, "remount rw: %s", strerror(errno));
-	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0, "chimed did not start on the read-write filesystem");
-	cr_assert(t_file_has(log, "taking over 1 session from"), "the sessions were not taken over");
+	cr_assert_eq(mount(NULL, pb.fs, NULL, MS_REMOUNT, NULL), 0, "remount rw: %s", strerror(errno));
+	cr_assert_eq(t_chimed_start(&tb, pb.sock, pb.extra), 0, "chimed did not start on the read-write filesystem");
+	cr_assert(t_file_has(pb.log, "taking over 1 session from"), "the sessions were not taken over");
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 20), 20, "timers lost");
 	t_chimed_stop(&tb, SIGTERM);
-	unlink(log);
-	t_unmount_tmpfs(fs);
+	unlink(pb.log);
+	t_unmount_tmpfs(pb.fs);
 }
 
 /*
@@ -1672,60 +1683,57 @@ static void fill_up(const char *fs, bool inodes, const char *name)
  */
 static void a_stop_on_a_full_tmpfs(bool inodes, bool one_left)
 {
-	char fs[64], log[80], sock[96], extra[200], path[PATH_MAX], sess[PATH_MAX];
+	struct private_broker pb;
+	char path[PATH_MAX], sess[PATH_MAX];
 	struct stat before, after;
 	chime_t *c, *c2;
 	chime_id_t id;
 
-	private_tmpfs(fs, sizeof(fs), log, sizeof(log), "64m,nr_inodes=64");
-	snprintf(sock, sizeof(sock), "%s/chime.sock", fs);
-	snprintf(extra, sizeof(extra), "-n 2 --capacity 65536 2>'%s'", log);
-	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0);
-	t_session_sock = tb.sock;
+	private_broker_start(&pb, "64m,nr_inodes=64", "-n 2 --capacity 65536");
 	chime_close(open_armed("full-detached", 30, &id));
 	c = open_armed("full-attached", 40, &id);
 	c2 = open_armed("full-attached2", 20, &id);
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 90), 90);
-	fill_up(fs, inodes, "filler");
+	fill_up(pb.fs, inodes, "filler");
 	stop_now(SIGTERM);
-	cr_assert_eq(log_lines(log, "keeping the timers of 3 sessions (90 timers) for the next broker", ""), 1,
+	cr_assert_eq(log_lines(pb.log, "keeping the timers of 3 sessions (90 timers) for the next broker", ""), 1,
 		     "the stop does not keep the 3 sessions' 90 timers");
-	cr_assert_eq(log_lines(log, "cannot", ""), 0, "the stop could not write something");
-	snprintf(sess, sizeof(sess), "%s.sessions", sock);
+	cr_assert_eq(log_lines(pb.log, "cannot", ""), 0, "the stop could not write something");
+	snprintf(sess, sizeof(sess), "%s.sessions", pb.sock);
 	cr_assert_eq(stat(sess, &before), 0);
 	/* The lock file, socket and control segment the stop removed: their room taken again. */
-	fill_up(fs, inodes, "filler2");
+	fill_up(pb.fs, inodes, "filler2");
 	if (one_left) {
 		/* one inode, for the lock file: the socket has none */
-		snprintf(path, sizeof(path), "%s/inode0", fs);
+		snprintf(path, sizeof(path), "%s/inode0", pb.fs);
 		cr_assert_eq(unlink(path), 0);
 	}
-	cr_assert_neq(t_chimed_start(&tb, sock, extra), 0, "chimed started on a full filesystem");
-	cr_assert(log_lines(log, one_left ? "cannot bind socket" : "lock file", "No space left on device"),
+	cr_assert_neq(t_chimed_start(&tb, pb.sock, pb.extra), 0, "chimed started on a full filesystem");
+	cr_assert(log_lines(pb.log, one_left ? "cannot bind socket" : "lock file", "No space left on device"),
 		  "the refusal is not the %s's", one_left ? "socket" : "lock file");
-	cr_assert(log_lines(log, "not started: the sessions and their timers stay in the files", "once there is room"),
+	cr_assert(log_lines(pb.log, "not started: the sessions and their timers stay in the files", "once there is room"),
 		  "the refusal does not say that the sessions and their timers stay in the files, nor what to do");
 	cr_assert_eq(stat(sess, &after), 0, "the sessions file is gone");
 	cr_assert(after.st_ino == before.st_ino && after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
 		  after.st_mtim.tv_nsec == before.st_mtim.tv_nsec, "the sessions file changed");
 	/* Room again: every timer is there. */
 	for (unsigned i = one_left; inodes; i++) {
-		snprintf(path, sizeof(path), "%s/inode%u", fs, i);
+		snprintf(path, sizeof(path), "%s/inode%u", pb.fs, i);
 		if (unlink(path) < 0)
 			break;
 	}
-	snprintf(path, sizeof(path), "%s/filler", fs);
+	snprintf(path, sizeof(path), "%s/filler", pb.fs);
 	(void)unlink(path);
-	snprintf(path, sizeof(path), "%s/filler2", fs);
+	snprintf(path, sizeof(path), "%s/filler2", pb.fs);
 	(void)unlink(path);
-	cr_assert_eq(t_chimed_start(&tb, sock, extra), 0, "chimed did not start once there was room");
-	cr_assert(t_file_has(log, "taking over 3 sessions from"), "the sessions were not taken over");
+	cr_assert_eq(t_chimed_start(&tb, pb.sock, pb.extra), 0, "chimed did not start once there was room");
+	cr_assert(t_file_has(pb.log, "taking over 3 sessions from"), "the sessions were not taken over");
 	cr_assert_eq(t_nodes_settle(tb.sock, ARMED_STATES, 90), 90, "timers lost");
 	chime_close(c);
 	chime_close(c2);
 	t_chimed_stop(&tb, SIGTERM);
-	unlink(log);
-	t_unmount_tmpfs(fs);
+	unlink(pb.log);
+	t_unmount_tmpfs(pb.fs);
 }
 
 Test(restart, a_stop_on_a_tmpfs_out_of_space_keeps_every_session_and_a_start_without_room_says_so, .timeout = 60)

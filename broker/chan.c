@@ -2627,24 +2627,6 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		 * until it is freed (a restore reads it taken by the head).
 		 */
 		ch->room = room_refresh(sc, ch);
-		if (periodics_behind(ch)) {
-			uint32_t all = UINT32_MAX;      /* the ring's last look: a ring's size at most */
-
-			periodics_taken(sc, ch, &all);
-		}
-		while ((idx = ch->ackwait.head) != CHIME_NIL) {
-			struct chime_node *n = NODE(sc, idx);
-			uint64_t pos = n->cq_pos;
-
-			nl_del(sc, &ch->ackwait, idx);
-			if (pos >> 62 == 0 && !chime_cq_consumed(&ch->cq, pos) && park_void(ch, n, pos)) {
-				park_keep(sc, ch, &back, idx, pos);
-				n->cq_pos = CHIME_POS_NONE;
-				nback++;
-			} else {
-				node_release(sc, ch, idx);      /* from ACKWAIT, as in chan_service() */
-			}
-		}
 		ch->parked = 1;
 		/*
 		 * A periodic with an event in the old ring is at a position in
@@ -2653,13 +2635,48 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		 * A process that closes with its events taken parks at once.
 		 */
 		ch->sweep_pos = ch->cq.head == ch->cq.tail ? sc->wh.w->high_water : 0;
+		ch->park_pos = ch->cq.head;
+		ch->park_last = CHIME_NIL;
+	}
+	/*
+	 * The ring's last look, then its delivered one-shots, then the sweep,
+	 * then the ring order: `budget` in all per call, each part done before
+	 * the next begins. The ring's head and tail are the shard's own copies,
+	 * read for the last time above: nothing moves them while it parks.
+	 * Before, the first call did the first two whole, up to a ring's worth
+	 * each (--cq-size, up to 1M), and the last the ring order: a session
+	 * gone with a full 1M-slot ring of delivered events made another
+	 * user's timers 174-208 ms late, 5-15 ms after
+	 * (hostile/a_session_that_goes_with_a_full_ring_...).
+	 */
+	if (periodics_behind(ch))
+		periodics_taken(sc, ch, &budget);
+	while (!periodics_behind(ch) && (idx = ch->ackwait.head) != CHIME_NIL) {
+		struct chime_node *n = NODE(sc, idx);
+		uint64_t pos = n->cq_pos;
+
+		/* Without park_order those coming back go on `back` in this order: all in one call, as they were. */
+		if (ch->park_order) {
+			if (!budget)
+				break;
+			budget--;
+		}
+		nl_del(sc, &ch->ackwait, idx);
+		if (pos >> 62 == 0 && !chime_cq_consumed(&ch->cq, pos) && park_void(ch, n, pos)) {
+			park_keep(sc, ch, &back, idx, pos);
+			n->cq_pos = CHIME_POS_NONE;
+			nback++;
+		} else {
+			node_release(sc, ch, idx);      /* from ACKWAIT, as in chan_service() */
+		}
 	}
 	/* Periodic timers with an event in the old ring: the claim word decides for them too. */
 	end = sc->wh.w->high_water;
-	while (ch->sweep_pos < end && budget--) {
+	while (!periodics_behind(ch) && ch->ackwait.head == CHIME_NIL && ch->sweep_pos < end && budget) {
 		struct chime_node *n = NODE(sc, idx = ch->sweep_pos++);
 		uint64_t pos = n->cq_pos;
 
+		budget--;
 		if (n->owner != ch->slot || pos == CHIME_POS_NONE)
 			continue;
 		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
@@ -2676,15 +2693,45 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 				event_void(ch, n);
 		}
 	}
-	if (ch->sweep_pos >= end && ch->park_order) {
-		/* Done: what the ring held comes back in ring order. */
-		for (uint64_t pos = ch->cq.head; pos != ch->cq.tail; pos++) {
-			idx = ch->park_order[pos & ch->cq.mask];
+	if (!periodics_behind(ch) && ch->ackwait.head == CHIME_NIL && ch->sweep_pos >= end && ch->park_order) {
+		struct nlist ring = { CHIME_NIL, CHIME_NIL };
+
+		/*
+		 * Done: what the ring held comes back in ring order, right after
+		 * what the calls before put back in ring order (earlier in the
+		 * ring), or, the first, at the head of the backlog.
+		 */
+		for (; ch->park_pos != ch->cq.tail && budget; ch->park_pos++, budget--) {
+			idx = ch->park_order[ch->park_pos & ch->cq.mask];
 			if (idx != CHIME_NIL)
-				nl_push(sc, &back, idx);
+				nl_push(sc, &ring, idx);
 		}
-		free(ch->park_order);
-		ch->park_order = NULL;
+		if (ring.head != CHIME_NIL && ch->park_last == CHIME_NIL) {
+			if (back.head == CHIME_NIL) {
+				back = ring;
+			} else {
+				NODE(sc, back.tail)->next = ring.head;
+				NODE(sc, ring.head)->prev = back.tail;
+				back.tail = ring.tail;
+			}
+		} else if (ring.head != CHIME_NIL) {
+			/* Still in the backlog: nothing takes a parking channel's nodes out of it. */
+			uint32_t next = NODE(sc, ch->park_last)->next;
+
+			NODE(sc, ch->park_last)->next = ring.head;
+			NODE(sc, ring.head)->prev = ch->park_last;
+			NODE(sc, ring.tail)->next = next;
+			if (next != CHIME_NIL)
+				NODE(sc, next)->prev = ring.tail;
+			else
+				ch->backlog.tail = ring.tail;
+		}
+		if (ring.head != CHIME_NIL)
+			ch->park_last = ring.tail;
+		if (ch->park_pos == ch->cq.tail) {
+			free(ch->park_order);
+			ch->park_order = NULL;
+		}
 	}
 	/* Those fired before anything in the backlog: they go first. */
 	if (back.head != CHIME_NIL) {
@@ -2697,7 +2744,7 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 	}
 	ch->nr_backlog += nback;
 	sc->backlog += nback;
-	if (ch->sweep_pos < end)
+	if (periodics_behind(ch) || ch->ackwait.head != CHIME_NIL || ch->sweep_pos < end || ch->park_order)
 		return false;
 	stats_client_depth(sc->st, ch->slot, 0, ch->nr_backlog);
 	return true;

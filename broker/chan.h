@@ -393,6 +393,8 @@ struct chan {
 	uint32_t sweep_pos;             /* reclaim, park: next slab index to look at */
 	uint64_t sweep_turn;            /* when its sweep last had a turn (chan_sweep_served()) */
 	uint32_t *park_order;           /* park: by cq position, the nodes whose events come back */
+	uint64_t park_pos;              /* park: next cq position of park_order to put in the backlog */
+	uint32_t park_last;             /* park: the last node put back in ring order so far, or CHIME_NIL */
 	uint64_t wakes;                 /* client wake-ups done (socket messages) */
 	/* A CANCEL_KEY being applied in steps: its record, at walk_pos, is consumed last. */
 	struct chan *walk_next;         /* shard_core's list */
@@ -534,14 +536,17 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget);
  * timers, stop using its rings. The first call applies what the process
  * published and we had not read yet (one ring's worth at most), frees the
  * unused grants (carries them instead if ch->handover: the broker stops and
- * the live process will re-submit what it publishes later), and settles every delivered one-shot by the claim word:
+ * the live process will re-submit what it publishes later). Then, up to
+ * `budget` nodes per call in all, it reads what the process took
+ * (periodics_taken()) and settles every delivered one-shot by the claim word:
  * an event the process never took (the shard wins FRESH -> VOID) will be
  * held again; one it took (or consumed) is freed. Then it sweeps the slab
  * [sweep_pos, high_water) up to `budget` nodes per call for periodic
  * timers with an event in the old ring, settled the same way (untaken: off
  * the wheel, held again with the deadline of that event). When the sweep
  * is done, the events coming back go to the head of the backlog in ring
- * order (out of memory for that order: in no particular order), and no
+ * order, `budget` positions per call (out of memory for that order: in no
+ * particular order, and the one-shots settled in one call), and no
  * node keeps a position in the old ring. Returns true when done (false:
  * call again); from then on the channel touches no client memory and
  * holds what fires in its backlog, until chan_reattach() or

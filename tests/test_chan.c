@@ -2219,6 +2219,75 @@ Test(chan, park_of_a_periodic_held_behind_its_event_loses_no_period)
 }
 
 /*
+ * A park in steps (chan_park() with a budget of one node): its ring's last
+ * look, its delivered one-shots, its sweep and the ring order each go over
+ * many calls (a full 1M-slot ring held the shard 19-26 ms in one). The
+ * next process gets what a park in one call gives back: the untaken events
+ * in ring order, then the held ones, each once, and none it took.
+ */
+static void ring_full(struct client_sim *c)
+{
+	/* due one after another: they fire in this order */
+	(void)arm(c, 1, T0 + RES, 50 * MS, 100);
+	for (unsigned i = 0; i < 11; i++)
+		(void)arm(c, 1, T0 + (i + 2) * RES, i % 4 ? 0 : 50 * MS, i);
+}
+
+static void take_two(struct client_sim *c)
+{
+	struct chime_cqe e;
+
+	cr_assert_eq(take(c, &e), 1);
+	cr_assert_eq(take(c, &e), 1);
+}
+
+static unsigned given_back(struct client_sim *c, uint64_t *ud, unsigned max)
+{
+	struct chime_cqe e;
+	unsigned n = 0;
+
+	reattach(c, false);
+	for (int k = 0; k < 20; k++) {
+		step_at(T0 + 2 * MS);
+		while (n < max && take(c, &e) == 1)
+			ud[n++] = e.user_data;
+	}
+	return n;
+}
+
+Test(chan, a_park_in_steps_gives_back_what_a_park_in_one_does)
+{
+	struct client_sim *a = &F.cl[0], *b = &F.cl[1];
+	uint64_t in_steps[32], in_one[32];
+	unsigned n_steps, n_one, calls = 0;
+
+	client_init(b, 1);
+	ring_full(a);
+	ring_full(b);
+	step_at(T0 + 2 * MS);   /* 8 in each ring (CQ), 4 held */
+	cr_assert_eq(a->ch.nr_backlog, 4);
+	take_two(a);
+	take_two(b);
+	step_at(T0 + 2 * MS);   /* 2 freed, 2 more delivered, 2 held */
+	cr_assert_eq(a->ch.nr_backlog, 2);
+	take_two(a);            /* taken, the shard has not seen it yet */
+	take_two(b);
+	cr_assert(chan_park(&F.sc, &b->ch, 1u << 20));
+	while (!chan_park(&F.sc, &a->ch, 1)) {
+		cr_assert_lt(++calls, 1000);
+		step_at(T0 + 2 * MS);   /* passes between the steps, nothing new due */
+	}
+	cr_assert_gt(calls, 10, "the park went in %u steps", calls);
+	n_steps = given_back(a, in_steps, 32);
+	n_one = given_back(b, in_one, 32);
+	cr_assert_eq(n_steps, 8, "%u events given back: 6 untaken in the ring, 2 held", n_steps);
+	cr_assert_eq(n_one, n_steps);
+	for (unsigned i = 0; i < n_one; i++)
+		cr_assert_eq(in_steps[i], in_one[i], "event %u: user_data %lu in steps, %lu in one", i,
+			     (unsigned long)in_steps[i], (unsigned long)in_one[i]);
+}
+
+/*
  * Events restored as "delivered, maybe taken" (three, at old positions
  * 0..2), their session re-attached by a resuming process that has not
  * written its word yet.

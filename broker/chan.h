@@ -305,6 +305,7 @@ struct chan {
 	uint32_t *want_wakeup;
 	const uint64_t *sq_tail;        /* the client's sq_tail (rw): read for the depth only, bounded */
 	uint64_t *grants;               /* private: each submission slot's grant (an id, or a marker) */
+	uint64_t *marked_bits;          /* private: a bit per slot whose grant is a marker counted in marked */
 	uint8_t  *grant_flags;          /* private: and its CHIME_GRANT_F_* (the shard wrote its tag) */
 	uint32_t marked;                /* slots whose grant is a no-grant marker */
 	uint32_t sq_mask;

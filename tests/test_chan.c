@@ -1603,6 +1603,42 @@ Test(chan, a_client_at_its_quota_gets_quota_markers_until_it_cancels)
 }
 
 /*
+ * Room given back goes to the markers the client reaches first from its
+ * tail, round the ring: found by their bits (marked_bits) now, where the
+ * walk read every slot's grant (up to --sq-size a call, each pass).
+ */
+Test(chan, room_given_back_goes_to_the_markers_next_from_the_tail_round_the_ring)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t ids[6];
+
+	F.sc.quota = SQ + 2;
+	for (unsigned n = 0; n < 6; n++)
+		ids[n] = arm(c, 7, T0 + 3600 * MS, 0, n);
+	step_at(T0);
+	cr_assert_eq(c->ch.marked, 4, "slots 2-5 over quota");
+	for (unsigned n = 6; n < SQ + 2; n++) {
+		(void)submit(c, CHIME_OP_NOP, 0, 0, 0, 0, 0);
+		step_at(T0);
+	}
+	/* the tail at slot 2: the cancels take slots 2 and 3, then the tail is at 4 */
+	(void)submit(c, CHIME_OP_CANCEL, ids[0], 0, 0, 0, 0);
+	(void)submit(c, CHIME_OP_CANCEL, ids[1], 0, 0, 0, 0);
+	step_at(T0);
+	cr_assert_eq(c->ch.marked, 2);
+	cr_assert_neq(c->m.sq_slots[4].grant, CHIME_GRANT_QUOTA, "slot 4, the tail's, has a grant again");
+	cr_assert_neq(c->m.sq_slots[5].grant, CHIME_GRANT_QUOTA);
+	cr_assert_eq(c->m.sq_slots[2].grant, CHIME_GRANT_QUOTA, "slot 2, reached last, keeps its marker");
+	cr_assert_eq(c->m.sq_slots[3].grant, CHIME_GRANT_QUOTA);
+	/* two more: round the ring to them */
+	(void)submit(c, CHIME_OP_CANCEL, ids[2], 0, 0, 0, 0);
+	(void)submit(c, CHIME_OP_CANCEL, ids[3], 0, 0, 0, 0);
+	step_at(T0);
+	cr_assert_eq(c->ch.marked, 0);
+	cr_assert_eq(shared_markers(c), 0);
+}
+
+/*
  * A refusal is put down to the quota that was full when its slot's marker
  * was set. Read off the quotas when the refused arm came, a cancel applied
  * just before it in the same pass had the client below its own quota, and

@@ -2397,6 +2397,310 @@ ReleaseTest(hostile, forced_wakeups_of_one_users_connections_hold_up_anothers_ti
 }
 
 /*
+ * Epoll watches. Each is an entry on the wait queue of the file it
+ * watches, and each wake-up of that file calls every entry, with the
+ * queue's lock held and interrupts off, in whoever makes the wake-up: any
+ * user may put fs.epoll.max_user_watches of them (5.5 million on a 24 GiB
+ * VM) on a file it holds, its end of its connection or its doorbell, and
+ * the shard makes wake-ups of both (a send() to wake the client, a read of
+ * its doorbell). Here `want` of them on fd: descriptors numbered from 1000
+ * up dup'd from it, each number a watch of its own in every one of as many
+ * epoll instances as it takes, the instances left open (the watches with
+ * them) until the caller exits. The cheaper way, one instance watched a
+ * million times that watches fd once, the kernel refuses: adding fd to it
+ * fails with EINVAL, at most 500 wake-up paths through a nested instance
+ * (fs/eventpoll.c, path_limits). How many it added; it says why it stopped.
+ */
+static long watch_many(int fd, long want)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	struct rlimit rl;
+	long added = 0;
+	int per_ep, nr_eps, *eps;
+
+	if (!want)
+		return 0;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < 4096) {
+		fprintf(stderr, "RLIMIT_NOFILE: too few descriptors for %ld watches\n", want);
+		return 0;
+	}
+	per_ep = rl.rlim_cur - 1024 > 20000 ? 20000 : (int)rl.rlim_cur - 1024;
+	nr_eps = (int)((want + per_ep - 1) / per_ep) + 1;     /* one more: numbers already taken are skipped */
+	eps = calloc((size_t)nr_eps, sizeof(*eps));
+	for (int e = 0; eps && e < nr_eps; e++)
+		if ((eps[e] = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+			fprintf(stderr, "epoll_create1: %s\n", strerror(errno));
+			return 0;
+		}
+	for (int k = 0; eps && k < per_ep && added < want; k++) {
+		int n = 1000 + k;
+
+		if (fcntl(n, F_GETFD) >= 0)
+			continue;       /* taken (the library's) */
+		if (dup2(fd, n) != n) {
+			fprintf(stderr, "dup2: %s\n", strerror(errno));
+			return added;
+		}
+		for (int e = 0; e < nr_eps && added < want; e++) {
+			if (epoll_ctl(eps[e], EPOLL_CTL_ADD, n, &ev) < 0) {
+				fprintf(stderr, "epoll_ctl after %ld watches: %s (fs.epoll.max_user_watches)\n",
+					added, strerror(errno));
+				return added;
+			}
+			added++;
+		}
+		close(n);
+	}
+	return added;
+}
+
+/* Skips unless user 65534 may put want watches on one file (fs.epoll.max_user_watches, RLIMIT_NOFILE). */
+static void watches_allowed(long want)
+{
+	FILE *f = fopen("/proc/sys/fs/epoll/max_user_watches", "r");
+	struct rlimit rl;
+	long max = 0;
+
+	if (f) {
+		if (fscanf(f, "%ld", &max) != 1)
+			max = 0;
+		fclose(f);
+	}
+	if (max < want + 1000)
+		cr_skip("fs.epoll.max_user_watches is %ld: user 65534 may not put %ld watches on a file", max, want);
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_max < 4096)
+		cr_skip("RLIMIT_NOFILE's hard limit is %llu: too few descriptors for %ld watches",
+			(unsigned long long)rl.rlim_max, want);
+}
+
+/*
+ * User 65534 with one connection to sock, holding no descriptor but the
+ * library's and ready (now 3): the test runner's (sockets, eventfds of its
+ * own) closed, so that the attacker's scans of /proc/self/fd find only
+ * the library's. RLIMIT_NOFILE up to its hard limit, as any user may.
+ */
+static chime_t *one_connection_as_nobody(const char *sock, int *ready)
+{
+	struct chime_opts o = { .socket_path = sock };
+	struct rlimit rl;
+	chime_t *c;
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (*ready != 3 && dup2(*ready, 3) != 3)
+		_exit(90);
+	*ready = 3;
+	close_range(4, ~0U, 0);
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+		rl.rlim_cur = rl.rlim_max;
+		(void)setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+		_exit(90);
+	if (chime_open(&c, &o) != 0)
+		_exit(91);
+	return c;
+}
+
+/* The first of this process's descriptors that fits, or -1. */
+static int first_fd_that(bool (*fits)(int fd))
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int found = -1;
+
+	while (d && found < 0 && (e = readdir(d))) {
+		int fd = atoi(e->d_name);
+
+		if (e->d_name[0] != '.' && fd != dirfd(d) && fits(fd))
+			found = fd;
+	}
+	if (d)
+		closedir(d);
+	return found;
+}
+
+static bool is_socket(int fd)
+{
+	struct stat st;
+
+	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/* An eventfd's count, from /proc/self/fdinfo (UINT64_MAX: none found). */
+static uint64_t eventfd_count(int fd)
+{
+	char path[64], line[128];
+	uint64_t n = UINT64_MAX;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+	f = fopen(path, "r");
+	while (f && fgets(line, sizeof(line), f))
+		if (strncmp(line, "eventfd-count:", 14) == 0)
+			n = strtoull(line + 14, NULL, 16);
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/*
+ * An eventfd the broker reads: rung once, it is back to 0 within 100 ms.
+ * The library's own (its kick, chime_fd()) stays rung: read back to 0.
+ */
+static bool is_a_doorbell(int fd)
+{
+	char path[64], target[64];
+	eventfd_t v;
+	ssize_t len;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	len = readlink(path, target, sizeof(target) - 1);
+	if (len <= 0)
+		return false;
+	target[len] = 0;
+	if (strcmp(target, "anon_inode:[eventfd]") != 0 || eventfd_write(fd, 1) != 0)
+		return false;
+	for (int i = 0; i < 100; i++, usleep(1000))
+		if (eventfd_count(fd) == 0)
+			return true;
+	(void)eventfd_read(fd, &v);
+	return false;
+}
+
+enum { EPOLL_WATCHES = 1000000 };
+
+/*
+ * Wake-ups through a watched socket. User 65534's one connection, with
+ * four 100 us periodic timers, stores want_wakeup = 1 and marks every
+ * event consumed without pause, as forced_wakes_as_nobody() does, with
+ * `watches` epoll watches on its end of the connection: each wake-up's
+ * send() on the shard walks them all. It reads the wake-ups too: a full
+ * socket would refuse them (EAGAIN) without a walk.
+ */
+static void wakes_watched_by(const char *sock, long watches, int ready)
+{
+	struct chime_client_geom g = { .nr_shards = 1, .sq_size = 1024, .cq_size = 8192 };
+	chime_t *c = one_connection_as_nobody(sock, &ready);
+	char line[512], buf[16], *rw = NULL, one = 1;
+	int s = first_fd_that(is_socket);
+	FILE *f;
+
+	if (s < 0 || chime_client_layout(&g) != 0)
+		_exit(93);
+	if (watch_many(s, watches) < watches)
+		_exit(94);
+	for (unsigned i = 0; i < 4; i++)
+		if (chime_arm(c, i, chime_now() + 10 * MS, 100 * 1000, 0, &junk) != 0)
+			_exit(92);
+	f = fopen("/proc/self/maps", "r");
+	while (f && !rw && fgets(line, sizeof(line), f))
+		if (strstr(line, "chime-client-rw"))
+			rw = (char *)strtoull(line, NULL, 16);
+	if (!f || !rw)
+		_exit(93);
+	fclose(f);
+	(void)!write(ready, &one, 1);
+	for (;;) {
+		/* want_wakeup: offset 128 of the rw segment (chime_shm.h) */
+		__atomic_store_n((uint32_t *)(rw + 128), 1, __ATOMIC_RELAXED);
+		at_store_rel(&((struct chime_chan_rw *)(rw + g.rw_chan_off))->cq_head, UINT64_C(1) << 40);
+		while (recv(s, buf, sizeof(buf), MSG_DONTWAIT) > 0)
+			;
+	}
+}
+
+static void wakes_unwatched_as_nobody(const char *sock, unsigned conns, int ready)
+{
+	(void)conns;
+	wakes_watched_by(sock, 0, ready);
+}
+
+static void wakes_watched_as_nobody(const char *sock, unsigned conns, int ready)
+{
+	(void)conns;
+	wakes_watched_by(sock, EPOLL_WATCHES, ready);
+}
+
+/*
+ * A wake-up's walk. User 65534's one connection forcing wake-ups (as
+ * above) with a million epoll watches on its end: each send() of the shard
+ * calls a million callbacks with the socket's queue lock held and
+ * interrupts off (110-150 ms each, a throwaway probe), and every other
+ * timer of the shard waits for it (ARCHITECTURE.md, "The wait queues of
+ * its connection socket and doorbells"). The margin (5 ms) is far above
+ * the base's noise and far below a single walk. Before (5 runs of 3
+ * tries, 11-13 s a run): root's timers 50.3-154.5 ms late at the median,
+ * up to 108-294 ms, against 0.1-415 us (up to 0.002-23.6 ms, this host's
+ * preemption) beside the same connection without the watches. After:
+ */
+ReleaseTest(hostile, wakeups_walking_one_users_epoll_watches_hold_up_anothers_timers_little, .timeout = 90)
+{
+	watches_allowed(EPOLL_WATCHES);
+	later_beside_by_at_most(wakes_unwatched_as_nobody, 1, wakes_watched_as_nobody, 1, 5 * MS,
+				"beside one connection of one user forcing wake-ups",
+				"beside the same with a million epoll watches on its socket");
+}
+
+/*
+ * A doorbell rung with `watches` epoll watches on it: user 65534's one
+ * connection rings it every 200 us or so, time for the shard to go to
+ * sleep between rings, and each ring completes the shard's read of it,
+ * whose eventfd_read() wakes the doorbell's writers: all its watches.
+ */
+static void rings_watched_by(const char *sock, long watches, int ready)
+{
+	char one = 1;
+	int bell;
+
+	(void)one_connection_as_nobody(sock, &ready);
+	bell = first_fd_that(is_a_doorbell);
+	if (bell < 0)
+		_exit(93);
+	if (watch_many(bell, watches) < watches)
+		_exit(94);
+	(void)!write(ready, &one, 1);
+	for (;;) {
+		(void)eventfd_write(bell, 1);
+		usleep(200);
+	}
+}
+
+static void rings_unwatched_as_nobody(const char *sock, unsigned conns, int ready)
+{
+	(void)conns;
+	rings_watched_by(sock, 0, ready);
+}
+
+static void rings_watched_as_nobody(const char *sock, unsigned conns, int ready)
+{
+	(void)conns;
+	rings_watched_by(sock, EPOLL_WATCHES, ready);
+}
+
+/*
+ * A doorbell's walk. The shard kept an io_uring READ on each client's
+ * doorbell, and each read's eventfd_read() wakes the eventfd's writers:
+ * every watch on it, a million here, on the shard with interrupts off.
+ * The ringer's own eventfd_write() walks them too, on its CPU, under the
+ * lock the shard's read takes: likely why one run of four was 465-894 ms
+ * late at the median in every try (not looked into). Margin as above.
+ * Before (4 runs of 3 tries, 11-15 s a run): root's timers 75.6-894.3 ms
+ * late at the median, up to 141-1024 ms, against 0.1-46.5 us (up to
+ * 1.3-98 ms) beside the same ringing without the watches. A stand-in for
+ * a shard that never walks them (a throwaway variant: the million watches
+ * on an eventfd of the ringer's own, rung beside the bare doorbell) gave
+ * 0.3-0.4 us at the median, up to 54-102 ms (2 runs): what the ringer's
+ * walks cost the shard's CPU still shows in the maximum. After:
+ */
+ReleaseTest(hostile, a_doorbell_under_one_users_epoll_watches_holds_up_anothers_timers_little, .timeout = 90)
+{
+	watches_allowed(EPOLL_WATCHES);
+	later_beside_by_at_most(rings_unwatched_as_nobody, 1, rings_watched_as_nobody, 1, 5 * MS,
+				"beside one user ringing its doorbell",
+				"beside the same with a million epoll watches on it");
+}
+
+/*
  * Held events handed over at once. A client that does not drain has its
  * timers' events held (the backlog); as it consumes, each pass moved as
  * many of them as its completion ring had room for and freed as many

@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "atomics.h"
+#include "clock.h"
 #include "segment.h"
 #include "wall.h"
 
@@ -2171,8 +2172,43 @@ waiting:
  * audit of 2026-12-02; hostile/forced_wakeups_...). So a user's wake-ups
  * come out of *wakes (its share for this pass, shard.c); one past it is
  * owed: the flag stays set and the next pass sends it.
+ *
+ * And a send can be long: the kernel wakes every waiter of the client's
+ * end inside it, one callback per epoll watch the client put there (up to
+ * fs.epoll.max_user_watches; a million cost 75 ms, with interrupts off).
+ * A send that took CHAN_WAKE_SLOW_NS by the clock makes its user a suspect, and
+ * the next one is timed by this thread's CPU time, which a preemption does
+ * not inflate: one that took CHAN_WAKE_SLOW_NS of it holds the user's wake-ups
+ * back (held: sent in the first pass after) for CHAN_WAKE_QUIET_FACTOR times
+ * as long. The walks made for that user are then at most 1 in
+ * CHAN_WAKE_QUIET_FACTOR of the shard's time; a user could make the same walk
+ * on any CPU itself, no broker involved.
  */
-static void wake_client(struct shard_core *sc, struct chan *ch, uint32_t *wakes)
+static void wake_send(struct chan *ch, uint64_t now)
+{
+	struct chan_user *u = ch->user;
+	uint64_t cpu0 = u->wake_suspect ? thread_cpu_ns() : 0, t0 = now_ns(), took;
+
+	/*
+	 * Our own end of the client's connection, never a file the client
+	 * shares: nothing it does can make this block. MSG_DONTWAIT: a full
+	 * socket (EAGAIN) means wake-ups are unread already; a client gone
+	 * (EPIPE) is the control thread's to notice.
+	 */
+	(void)send(ch->wake_fd, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+	took = now_ns() - t0;
+	if (!u->wake_suspect) {
+		u->wake_suspect = took >= CHAN_WAKE_SLOW_NS;
+		return;
+	}
+	took = thread_cpu_ns() - cpu0;
+	u->wake_suspect = took >= CHAN_WAKE_SLOW_NS;
+	if (u->wake_suspect)
+		u->wake_quiet_until = now + (CHAN_WAKE_QUIET_FACTOR + 1) * took;     /* now: the pass's, before the send */
+}
+
+/* True if the wake-up is owed to the next pass (its user's share for this one is spent). */
+static bool wake_client(struct shard_core *sc, struct chan *ch, uint32_t *wakes, uint64_t now)
 {
 	uint32_t *w = ch->want_wakeup;
 
@@ -2186,26 +2222,27 @@ static void wake_client(struct shard_core *sc, struct chan *ch, uint32_t *wakes)
 
 	at_fence();
 	ch->wake_owed = 0;
+	ch->wake_held = 0;
 	if (at_load(w) != 1)
-		return;
+		return false;
 	if (!*wakes) {
 		ch->wake_owed = 1;
-		return;
+		return true;
+	}
+	if (now < ch->user->wake_quiet_until) {
+		ch->wake_held = 1;
+		if (ch->user->wake_quiet_until < sc->wake_retry_ns)
+			sc->wake_retry_ns = ch->user->wake_quiet_until;
+		return false;
 	}
 	if (!at_cas(w, &one, 0))
-		return;
+		return false;
 	(*wakes)--;
 	ch->wakes++;
 	stats_wake_client(sc->st, ch->slot);
-	if (ch->wake_fd >= 0) {
-		/*
-		 * Our own end of the client's connection, never a file the client
-		 * shares: nothing it does can make this block. MSG_DONTWAIT: a
-		 * full socket (EAGAIN) means wake-ups are unread already; a
-		 * client gone (EPIPE) is the control thread's to notice.
-		 */
-		(void)send(ch->wake_fd, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-	}
+	if (ch->wake_fd >= 0)
+		wake_send(ch, now);
+	return false;
 }
 
 static void head_watch_publish(struct shard_core *sc, struct chan *ch)
@@ -2281,11 +2318,12 @@ bool chan_service_n(struct shard_core *sc, struct chan *ch, uint64_t now_ns, uin
 	if (ch->cq.tail != ch->flushed) {
 		chime_cq_flush(&ch->cq);
 		ch->flushed = ch->cq.tail;
-		wake_client(sc, ch, wakes);
+		(void)wake_client(sc, ch, wakes, now_ns);
 		did = true;
-	} else if (ch->wake_owed) {
-		wake_client(sc, ch, wakes);
-		did = true;
+	} else if (ch->wake_owed || ch->wake_held) {
+		/* held: no work of its own, the shard wakes at sc->wake_retry_ns for it */
+		did |= ch->wake_owed;
+		did |= wake_client(sc, ch, wakes, now_ns);
 	}
 	return did;
 }

@@ -34,6 +34,13 @@
  * each attach (the user's, from the control thread's policy: users differ),
  * the latest one's kept.
  */
+/*
+ * A wake-up's send() this long is slow; one slow by CPU time holds its
+ * user's next ones back this many times as long (wake_send(), chan.c).
+ */
+#define CHAN_WAKE_SLOW_NS      (500u * 1000u)
+#define CHAN_WAKE_QUIET_FACTOR 16u
+
 struct chan_user {
 	uint32_t uid;
 	uint32_t chans;                 /* its channels in this shard; 0: the entry is free */
@@ -45,6 +52,8 @@ struct chan_user {
 	uint32_t wake_left;             /* wake-ups (sends) chan_service_n() may still make in it */
 	uint64_t reclaim_turn;          /* when its channels' sweeps last had a turn (chan_sweep_served()) */
 	uint64_t walk_turn;             /* when its CANCEL_KEY walks last stepped (chan.c, walk_step()) */
+	uint64_t wake_quiet_until;      /* its wake-ups are held till then: the last walked its watches (wake_send()) */
+	uint8_t wake_suspect;           /* its last wake-up's send was slow: time the next by CPU time */
 };
 
 /* What the channel logic needs of its shard. Owned by the shard thread. */
@@ -64,6 +73,8 @@ struct shard_core {
 	 * owner groups: WHEEL_JUMP_GROUP); NULL in tests that need none */
 	uint16_t *user_of_slot;
 	uint64_t backlog;               /* events held in backlogs, all channels */
+	/* the earliest end of a hold on a wake-up owed (chan_service_n()); the shard sleeps no later */
+	uint64_t wake_retry_ns;
 	/*
 	 * A session's channel started to wait for its process to take events
 	 * (head_watch no longer UINT64_MAX) since the shard last looked: a
@@ -313,15 +324,15 @@ struct chan {
 	uint16_t slot;                  /* the client's slot; node.owner of its nodes */
 	uint8_t  dying;                 /* detached: its nodes are being reclaimed */
 	uint8_t  parked;                /* a session with no process: its timers run, events are held */
-	uint8_t  bell_state;            /* shard.c: its doorbell read in io_uring (SHARD_BELL_*) */
+	uint8_t  bell_state;            /* shard.c: its doorbell's poll in io_uring (SHARD_BELL_*) */
 	uint8_t  handover;              /* parked for the next broker: the grants are carried, not freed */
 	uint8_t  resuming;              /* re-attached by a reconnecting library, until its RESUMED */
 	uint8_t  word_wait;             /* re-attached so: nothing delivered until its word (settled()) */
 	uint8_t  session;               /* a named session's: its takes are watched (head_watch) */
 	uint8_t  wake_owed;             /* its client asked for a wake-up its user's share had no room for */
+	uint8_t  wake_held;             /* ... or one while its user's wake-ups are held (wake_quiet_until) */
 	int wake_fd;
 	int bell_fd;
-	uint64_t bell_buf;              /* shard.c: the doorbell read's buffer */
 	struct nlist backlog;           /* fired, not yet in the ring, in firing order */
 	struct nlist ackwait;           /* one-shots delivered, by cq position */
 	struct nlist carried;           /* GRANTED nodes of old rings, for ARMs the library re-submits */

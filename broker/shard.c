@@ -20,21 +20,28 @@
  *
  * Sleeping (the doorbell handshake, ARCHITECTURE.md): after --spin-us with
  * nothing to do, store a new sleep number, full barrier, re-check
- * everything, and only then wait in io_uring for a doorbell read or the
+ * everything, and only then wait in io_uring for a doorbell or the
  * wheel's next deadline. With nothing armed there is no timeout at all: an idle shard
  * costs no CPU. Nothing here logs once the loop runs: counters go to shm.
  *
  * Doorbells: each client has its own eventfd per shard, and the shard keeps
- * one io_uring READ outstanding on it. io_uring never blocks the thread on a
- * file (a client that clears O_NONBLOCK or saturates the counter changes
- * nothing for us), and a client that reads its doorbell itself steals only
- * its own wake-ups. The control thread's commands use a doorbell no client
- * holds. A detach cancels the read and waits for its completion before it
- * is acknowledged: the read's buffer lives in the channel.
+ * one io_uring multishot POLL on it, never a read: a completion comes with
+ * each write (the kernel's wake-up of the eventfd's waiters, in the
+ * writer's call), and the counter is never reset. A read would wake the
+ * eventfd's EPOLLOUT waiters, every epoll watch the client put on it (up to
+ * fs.epoll.max_user_watches), one callback each on this thread: a million
+ * made another user's timers up to 54-105 ms late. io_uring never blocks
+ * the thread on a file (a client that clears O_NONBLOCK or saturates the
+ * counter stops only its own rings), and a client that reads its doorbell
+ * itself steals nothing: the completion came with the write. The control
+ * thread's commands use a doorbell no client holds. A detach cancels the
+ * poll and waits for its last completion before it is acknowledged: the
+ * completion names the channel by its slot, which the next client reuses.
  */
 #include "shard.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -587,6 +594,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->core.capacity = cfg->capacity;
 	s->core.max_clients = cfg->max_clients;
 	s->core.quota = cfg->quota;
+	s->core.wake_retry_ns = UINT64_MAX;
 	s->core.grow = slab_grow;
 	s->core.st = &s->st;
 	s->core.by_slot = calloc(cfg->max_clients, sizeof(*s->core.by_slot));
@@ -708,7 +716,7 @@ static void active_del(struct shard *s, struct chan *ch)
 	}
 }
 
-/* ---- client doorbells (io_uring reads) ---- */
+/* ---- client doorbells (io_uring multishot polls) ---- */
 
 static struct io_uring_sqe *sqe_get(struct shard *s)
 {
@@ -722,7 +730,7 @@ static struct io_uring_sqe *sqe_get(struct shard *s)
 	return sqe;
 }
 
-/* One read on each idle client doorbell (before sleeping; submitted by the wait). */
+/* A poll on each client doorbell that has none (before sleeping; submitted by the wait). */
 static void bells_arm(struct shard *s)
 {
 	for (uint32_t i = 0; i < s->nr_active; i++) {
@@ -734,7 +742,7 @@ static void bells_arm(struct shard *s)
 		sqe = sqe_get(s);
 		if (!sqe)
 			return;         /* the ring is wedged: the loop's timeout still wakes us */
-		io_uring_prep_read(sqe, ch->bell_fd, &ch->bell_buf, sizeof(ch->bell_buf), 0);
+		io_uring_prep_poll_multishot(sqe, ch->bell_fd, POLLIN);
 		io_uring_sqe_set_data64(sqe, (uint64_t)ch->slot << 2 | UD_CHAN);
 		ch->bell_state = SHARD_BELL_ARMED;
 	}
@@ -763,7 +771,7 @@ static struct chan *chan_of_slot(struct shard *s, uint64_t slot)
 	return NULL;
 }
 
-/* The channel a doorbell read belongs to. */
+/* The channel a doorbell's poll belongs to. */
 static struct chan *bell_owner(struct shard *s, uint64_t ud)
 {
 	return chan_of_slot(s, ud >> 2);
@@ -792,7 +800,7 @@ static void reap_aside(struct shard *s)
 	}
 }
 
-/* Take every completion: doorbells rung, reads cancelled; and the aside thread's. */
+/* Take every completion: doorbells rung, polls ended; and the aside thread's. */
 static void reap(struct shard *s)
 {
 	struct io_uring_cqe *cqe;
@@ -807,8 +815,13 @@ static void reap(struct shard *s)
 		} else if (UD_TAG(ud) == UD_CHAN) {
 			struct chan *ch = bell_owner(s, ud);
 
-			/* Whatever the result (a count, -ECANCELED, an error): the read is over. */
-			if (ch)
+			/*
+			 * A ring (F_MORE: the poll goes on), or its end (cancelled,
+			 * an error, a completion queue that overflowed): re-armed
+			 * before the next sleep, when it at once reports the
+			 * counter never reset, a spurious pass at most.
+			 */
+			if (ch && !(cqe->flags & IORING_CQE_F_MORE))
 				ch->bell_state = SHARD_BELL_IDLE;
 		}
 		seen++;
@@ -816,7 +829,7 @@ static void reap(struct shard *s)
 	io_uring_cq_advance(&s->ring, seen);
 }
 
-/* While a detach waits for its read to be cancelled: collect completions without sleeping. */
+/* While a detach waits for its poll to end: collect completions without sleeping. */
 static void reap_cancelled(struct shard *s)
 {
 	for (uint32_t i = 0; i < s->nr_dying; i++) {
@@ -874,7 +887,7 @@ static bool run_cmds(struct shard *s, bool *work)
 			r = chan_attach(&s->core, c.ch, c.mem, c.slot, c.generation, c.uid, c.user_quota);
 			if (!r) {
 				c.ch->session = (c.flags & SHARD_CMD_F_SESSION) != 0;
-				s->active[s->nr_active++] = c.ch;  /* its doorbell is read from the next sleep on */
+				s->active[s->nr_active++] = c.ch;  /* its doorbell is polled from the next sleep on */
 			}
 			ack(s, c.ack, r);
 			break;
@@ -948,9 +961,10 @@ static void reclaim_step(struct shard *s, bool *work)
 
 		*work = true;
 		/*
-		 * The read's buffer is in the channel, and a populate maps the
-		 * client's table, which the control thread unmaps after the ack:
-		 * acknowledge only once neither is left.
+		 * The poll's completions name the slot, the next client's after
+		 * the ack, and a populate maps the client's table, which the
+		 * control thread unmaps after the ack: acknowledge only once
+		 * neither is left.
 		 */
 		if (c->ch->bell_state != SHARD_BELL_IDLE || c->ch->touch_pop ||
 		    !(c->op == SHARD_CMD_PARK ? chan_park(&s->core, c->ch, RECLAIM_BUDGET) :
@@ -1070,6 +1084,7 @@ static uint64_t next_wake(struct shard *s)
 	int inexact;
 
 	due = wheel_earliest(&s->core.wh, WAKE_SCAN, &inexact);
+	due = s->core.wake_retry_ns < due ? s->core.wake_retry_ns : due;
 	return stage < due ? stage : due;
 }
 
@@ -1234,6 +1249,7 @@ static void loop(struct shard *s)
 			if (s->spin_credit > SPIN_BURST_NS)
 				s->spin_credit = SPIN_BURST_NS;
 		}
+		sc->wake_retry_ns = UINT64_MAX;        /* found again by every held wake-up */
 		for (uint32_t k = 0, i = s->nr_active ? (uint32_t)(s->passes % s->nr_active) : 0; k < s->nr_active; k++) {
 			struct chan *ch = s->active[i];
 			struct chan_user *u = user_budgets(s, ch);

@@ -2,7 +2,7 @@
 /*
  * shard.h - a shard thread: one timing wheel in its own shard segment, one
  * io_uring, one private command doorbell, and a channel per client (chan.h)
- * with that client's own doorbell eventfd, read through io_uring.
+ * with that client's own doorbell eventfd, polled through io_uring.
  *
  * The control thread talks to a shard only through its command queue (SPSC,
  * lock-free) followed by a write to the shard's private doorbell (no client
@@ -33,10 +33,10 @@
 #define SHARD_CMD_REATTACH 5u   /* a parked session's new process: its new rings (chan_reattach) */
 #define SHARD_CMD_FORGET 6u     /* a parked session's carried grants: their process is gone (no ack) */
 
-/* chan.bell_state: the io_uring read on a client's doorbell. */
+/* chan.bell_state: the io_uring multishot poll on a client's doorbell. */
 #define SHARD_BELL_IDLE       0u  /* none outstanding */
-#define SHARD_BELL_ARMED      1u  /* a read is outstanding */
-#define SHARD_BELL_CANCELLING 2u  /* detached: its read is being cancelled; the detach waits */
+#define SHARD_BELL_ARMED      1u  /* a poll is outstanding */
+#define SHARD_BELL_CANCELLING 2u  /* detached: its poll is being cancelled; the detach waits */
 
 /* Shared by all shards for one client request; lives in the control thread's client. */
 struct shard_ack {

@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "chan.h"
 #include "keyidx.h"
@@ -821,6 +824,122 @@ Test(chan, a_wake_up_past_the_users_share_is_owed_to_the_next_pass)
 	cr_assert_eq(c->ch.wakes, 1, "a wake-up nobody asked for any more");
 	cr_assert_eq(one, 1);
 	cr_assert_not(chan_pending(&F.sc, &c->ch));
+}
+
+/*
+ * Up to `want` epoll watches on fd (each of up to `per` descriptor numbers
+ * from 200 on, in each of enough epoll instances), kept after the numbers
+ * close: the kernel walks them all inside each write to fd's peer. The
+ * instances (to close after) in *eps; the watches made, or -1 (none
+ * allowed: too few descriptors, or fs.epoll.max_user_watches).
+ */
+static long watches_on(int fd, long want, int **eps, int *nr_eps)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	struct rlimit rl;
+	long per, added = 0;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return -1;
+	rl.rlim_cur = rl.rlim_max;
+	(void)setrlimit(RLIMIT_NOFILE, &rl);
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur < 1024)
+		return -1;
+	per = (long)rl.rlim_cur - 400 > 2000 ? 2000 : (long)rl.rlim_cur - 400;
+	*nr_eps = (int)((want + per - 1) / per);
+	*eps = calloc((size_t)*nr_eps, sizeof(**eps));
+	cr_assert_not_null(*eps);
+	for (int e = 0; e < *nr_eps; e++)
+		cr_assert_geq((*eps)[e] = epoll_create1(EPOLL_CLOEXEC), 0);
+	for (long k = 0; k < per && added < want; k++) {
+		int n = 200 + (int)k;
+
+		cr_assert_eq(dup2(fd, n), n, "dup2: %s", strerror(errno));
+		for (int e = 0; e < *nr_eps && added < want; e++, added++)
+			if (epoll_ctl((*eps)[e], EPOLL_CTL_ADD, n, &ev) < 0)
+				return close(n), -1;
+		close(n);
+	}
+	return added;
+}
+
+/*
+ * A wake-up's send() walks every epoll watch the client put on its end of
+ * the connection, on the shard (wake_send(), chan.c). One slow by the clock
+ * makes the user a suspect, the next is timed by CPU time, and one slow by
+ * that holds the user's wake-ups back for CHAN_WAKE_QUIET_FACTOR times as long:
+ * held, not owed (no work for the shard, which wakes for it at
+ * wake_retry_ns). Fast sends hold nothing back.
+ */
+Test(chan, a_wake_up_that_walked_many_watches_holds_its_users_next_ones_back)
+{
+	struct client_sim *c = &F.cl[0];
+	uint32_t budget = UINT32_MAX, wakes = UINT32_MAX;
+	uint64_t t = T0, quiet;
+	int sv[2], *eps = NULL, nr_eps = 0;
+	char buf[64];
+	long w;
+
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	c->ch.wake_fd = sv[0];
+	for (int i = 1; i <= 4; i++) {
+		arm(c, 0, t + MS, 0, 0);
+		step_at(t);
+		*c->m.want_wakeup = 1;
+		t += MS;
+		drain_and_fire(t);
+		F.sc.wake_retry_ns = UINT64_MAX;
+		(void)chan_service_n(&F.sc, &c->ch, t, &budget, &wakes);
+		cr_assert_eq(c->ch.wakes, (unsigned)i, "wake-up %d, with no watches, not sent", i);
+		cr_assert_not(c->ch.user->wake_suspect || c->ch.user->wake_quiet_until, "a fast send held back");
+		while (take(c, &(struct chime_cqe){ 0 }) > 0)
+			;
+	}
+	cr_assert_eq(read(sv[1], buf, sizeof(buf)), 4);
+	/* 200k watches: 15 ms a walk here, 500 us is the threshold. */
+	w = watches_on(sv[1], 200000, &eps, &nr_eps);
+	if (w < 0)
+		cr_skip("no room for the watches (RLIMIT_NOFILE, fs.epoll.max_user_watches)");
+	for (int i = 5; i <= 6; i++) {
+		arm(c, 0, t + MS, 0, 0);
+		step_at(t);
+		*c->m.want_wakeup = 1;
+		t += MS;
+		drain_and_fire(t);
+		F.sc.wake_retry_ns = UINT64_MAX;
+		(void)chan_service_n(&F.sc, &c->ch, t, &budget, &wakes);
+		cr_assert_eq(c->ch.wakes, (unsigned)i, "wake-up %d not sent: only the one after a slow one is held", i);
+		cr_assert(c->ch.user->wake_suspect, "a send walking %ld watches not found slow", w);
+		while (take(c, &(struct chime_cqe){ 0 }) > 0)
+			;
+	}
+	quiet = c->ch.user->wake_quiet_until;
+	cr_assert_gt(quiet, t + (uint64_t)CHAN_WAKE_QUIET_FACTOR * CHAN_WAKE_SLOW_NS, "no hold after a send slow by CPU time");
+	arm(c, 0, t + MS, 0, 0);
+	step_at(t);
+	*c->m.want_wakeup = 1;
+	t += MS;
+	cr_assert_lt(t, quiet);
+	drain_and_fire(t);
+	F.sc.wake_retry_ns = UINT64_MAX;
+	cr_assert(chan_service_n(&F.sc, &c->ch, t, &budget, &wakes), "the event not published");
+	cr_assert_eq(c->ch.wakes, 6, "a wake-up sent while its user's are held back");
+	cr_assert_eq(*c->m.want_wakeup, 1, "the request consumed without a wake-up");
+	cr_assert_eq(F.sc.wake_retry_ns, quiet, "the shard not told when to wake for the held wake-up");
+	cr_assert_not(chan_pending(&F.sc, &c->ch), "a held wake-up is work: the shard would spin through the hold");
+	F.sc.wake_retry_ns = UINT64_MAX;
+	cr_assert_not(chan_service_n(&F.sc, &c->ch, quiet - 1, &budget, &wakes), "a held wake-up is work");
+	cr_assert_eq(c->ch.wakes, 6);
+	cr_assert_eq(F.sc.wake_retry_ns, quiet);
+	(void)chan_service_n(&F.sc, &c->ch, quiet, &budget, &wakes);
+	cr_assert_eq(c->ch.wakes, 7, "the held wake-up not sent when the hold ended");
+	cr_assert_eq(*c->m.want_wakeup, 0);
+	for (int e = 0; e < nr_eps; e++)
+		close(eps[e]);
+	free(eps);
+	c->ch.wake_fd = -1;
+	close(sv[0]);
+	close(sv[1]);
 }
 
 /* Armed timers of (owner, key), from the slab. */

@@ -2184,7 +2184,7 @@ waiting:
  * CHAN_WAKE_QUIET_FACTOR of the shard's time; a user could make the same walk
  * on any CPU itself, no broker involved.
  */
-static void wake_send(struct chan *ch, uint64_t now)
+static void wake_send(struct shard_core *sc, struct chan *ch, uint64_t now)
 {
 	struct chan_user *u = ch->user;
 	uint64_t cpu0 = u->wake_suspect ? thread_cpu_ns() : 0, t0 = now_ns(), took;
@@ -2203,8 +2203,10 @@ static void wake_send(struct chan *ch, uint64_t now)
 	}
 	took = thread_cpu_ns() - cpu0;
 	u->wake_suspect = took >= CHAN_WAKE_SLOW_NS;
-	if (u->wake_suspect)
+	if (u->wake_suspect) {
 		u->wake_quiet_until = now + (CHAN_WAKE_QUIET_FACTOR + 1) * took;     /* now: the pass's, before the send */
+		stats_slow_wake(sc->st, ch->slot);
+	}
 }
 
 /* True if the wake-up is owed to the next pass (its user's share for this one is spent). */
@@ -2241,7 +2243,7 @@ static bool wake_client(struct shard_core *sc, struct chan *ch, uint32_t *wakes,
 	ch->wakes++;
 	stats_wake_client(sc->st, ch->slot);
 	if (ch->wake_fd >= 0)
-		wake_send(ch, now);
+		wake_send(sc, ch, now);
 	return false;
 }
 

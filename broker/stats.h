@@ -415,6 +415,18 @@ static inline void stats_wake_client(struct stats *st, uint32_t slot)
 		c->wakeups++;
 }
 
+/* A wake-up's send slow by CPU time: its user's next ones are held back (wake_send(), chan.c). */
+static inline void stats_slow_wake(struct stats *st, uint32_t slot)
+{
+	struct chime_client_stats *c = stats__cl(st, slot);
+
+	if (!CHIME_COUNTERS)
+		return;
+	st->sh.slow_wakeups++;
+	if (c)
+		c->slow_wakeups++;
+}
+
 static inline void stats_client_depth(struct stats *st, uint32_t slot, uint64_t cq_depth,
 				      uint64_t backlog)
 {

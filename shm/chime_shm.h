@@ -643,7 +643,8 @@ struct chime_shard_stats {
 	uint64_t armed_realtime;    /* of armed: wall-clock timers (chime_arm_realtime()) */
 	/* a counter again (zero from a broker before it: it was reserved) */
 	uint64_t spin_busy;         /* spinning turned off: a yield gave the CPU away for 1 ms (shm/spin.h) */
-	uint8_t  _reserved[7936 - 8 * (35 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
+	uint64_t slow_wakeups;      /* wake-up sends slow by CPU time, each holding its user's back (chan.c) */
+	uint8_t  _reserved[7936 - 8 * (36 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
 };
 _Static_assert(sizeof(struct chime_shard_stats) == 7936, "stats block size is part of the layout");
 _Static_assert(offsetof(struct chime_shard_stats, lat) == 152, "moved: bump CHIME_SHM_LAYOUT");
@@ -653,6 +654,7 @@ _Static_assert(offsetof(struct chime_shard_stats, lat_base) == 880, "moved: bump
 _Static_assert(offsetof(struct chime_shard_stats, win) == 1536, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_shard_stats, armed_realtime) == 5096, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_shard_stats, spin_busy) == 5104, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_shard_stats, slow_wakeups) == 5112, "moved: bump CHIME_SHM_LAYOUT");
 
 struct chime_shard_ctl {
 	uint8_t  _reserved[256];
@@ -719,7 +721,8 @@ struct chime_client_stats {
 	 * was handed ahead of its arms. 0 from a broker before it (reserved).
 	 */
 	uint64_t owned;
-	uint8_t  _reserved[896 - 8 * (19 + CHIME_LAT_BUCKETS)];
+	uint64_t slow_wakeups;      /* its wake-up sends slow by CPU time (its epoll watches), each holding its user's back */
+	uint8_t  _reserved[896 - 8 * (20 + CHIME_LAT_BUCKETS)];
 };
 _Static_assert(sizeof(struct chime_client_stats) == 896, "client stats block is 896 B");
 _Static_assert(offsetof(struct chime_client_stats, sq_depth) == 96, "moved: bump CHIME_SHM_LAYOUT");

@@ -105,6 +105,7 @@ static const struct cdef shard_defs[] = {
 	{ "spin_ns", SS(spin_ns), F_COUNTER, "chime_shard_spin_seconds_total", "Time spent spinning with no work (idle, or into a deadline); at most chimed --spin-share of the time plus 2 us per timer fired, not limited with --spin-us -1.", 1e-9 },
 	{ "spin_capped", SS(spin_capped), F_COUNTER, "chime_shard_spin_capped_total", "Sleeps taken early because spinning had used its share (--spin-share).", 1 },
 	{ "spin_busy", SS(spin_busy), F_COUNTER, "chime_shard_spin_busy_total", "Times spinning was turned off because a yield gave the CPU to another task for 1 ms or more (a busy host): the shard sleeps instead for 2-100 ms.", 1 },
+	{ "slow_wakeups", SS(slow_wakeups), F_COUNTER, "chime_shard_slow_wakeups_total", "Wake-up sends that took 500 us or more of the shard's CPU time (the kernel woke as many epoll watches of the client's), each holding that client's user's wake-ups back 16 times as long (0 from a broker before it).", 1 },
 	{ "cpu_ns", SS(cpu_ns), F_COUNTER, "chime_shard_cpu_seconds_total", "CPU time of the shard thread (CLOCK_THREAD_CPUTIME_ID), spinning included.", 1e-9 },
 	{ "immediate", SS(immediate), F_COUNTER, "chime_shard_immediate_total", "Fires of timers armed already due (not in the lateness histogram).", 1 },
 	{ "restored", SS(restored), F_COUNTER, "chime_shard_restored_total", "Timers of named sessions taken over from the previous broker at start.", 1 },
@@ -129,6 +130,7 @@ static const struct cdef client_defs[] = {
 	{ "refused_quota", CS(refused_quota), F_COUNTER, "chime_client_refused_quota_total", "Its arms refused by a shard: at its quota (EDQUOT); one per shard that refused an arm (libchime tries each).", 1 },
 	{ "refused_user_quota", CS(refused_user_quota), F_COUNTER, "chime_client_refused_user_quota_total", "Its arms refused because its user's clients together held --max-timers-per-uid (EDQUOT, also counted in refused_quota).", 1 },
 	{ "malformed", CS(malformed), F_COUNTER, "chime_client_malformed_total", "Its records dropped by validation: an id it was never given, an unknown op (a bug in it, or a hostile client).", 1 },
+	{ "slow_wakeups", CS(slow_wakeups), F_COUNTER, "chime_client_slow_wakeups_total", "Wake-up sends to the client that took 500 us or more of a shard's CPU time (its epoll watches on its socket), each holding its user's wake-ups back 16 times as long (0 from a broker before it).", 1 },
 	{ "counted", CS(owned), F_GAUGE, "chime_client_counted", "Timer ids of the client the shards count against the quotas: armed or held, and handed ahead of its arms (0 from a broker before it).", 1 },
 };
 

@@ -479,6 +479,7 @@ static int snapshot_read(void *arg)
 			cl->sum.refused_user_quota += b.refused_user_quota;
 			cl->sum.malformed += b.malformed;
 			cl->sum.owned += b.owned;
+			cl->sum.slow_wakeups += b.slow_wakeups;
 #define SR_MAX(f) (cl->sum.f = b.f > cl->sum.f ? b.f : cl->sum.f)
 			SR_MAX(sq_depth);
 			SR_MAX(sq_depth_max);

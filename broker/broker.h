@@ -31,6 +31,7 @@
  */
 #define MAX_HANDSHAKES   64
 #define MAX_HANDSHAKES_PER_UID 8
+#define SEND_HOLDS       32     /* users held back at once (struct broker.send_holds) */
 #define HELLO_TIMEOUT_S  2
 #define HEARTBEAT_NS     (90u * 1000000u)  /* the promise is 100 ms; 10 ms of slack */
 /*
@@ -114,8 +115,10 @@ struct conn {
 	int fd;
 	uid_t uid;              /* SO_PEERCRED at accept, as counted (policy_account_uid()):
 				 * handshakes are capped per user */
-	uint8_t inflight;       /* recv + timeout completions still to come */
+	uint8_t inflight;       /* recv + timeout completions still to come (or its held hello's answer) */
 	uint8_t closed;
+	int held_res;           /* a hello held back (hello_dispatch()): its recvmsg's result */
+	struct conn *held_next; /* the hellos held back after it */
 	uint8_t buf[128] __attribute__((aligned(8)));  /* larger than a hello (96 B): a longer one is garbage */
 	/* The hello's recvmsg: room for every descriptor sent with it (SCM_MAX_FD), closed aside. */
 	struct msghdr msg;
@@ -283,6 +286,18 @@ struct broker {
 	uint32_t *acking;               /* [max_clients]: a slot is in it at most once */
 	uint32_t nr_acking;
 	struct conn *conns;
+	/*
+	 * Users whose last answers cost the control thread SEND_SLOW_NS of CPU
+	 * time or more (the kernel wakes every epoll watch on the client's end
+	 * inside the send): their next hellos wait in held, in arrival order,
+	 * until the hold ends (hello_dispatch(), handshake.c).
+	 */
+	struct send_hold {
+		uid_t uid;
+		uint64_t until;
+	} send_holds[SEND_HOLDS];
+	struct conn *held;
+	uint64_t send_hold_log;         /* log_ratelimit() of "... holding its connections back" */
 	bool accept_armed;
 	uint32_t quiet_beats;           /* heartbeats in a row that found nothing to do (IDLE_BEAT_NS) */
 	uint32_t resting;               /* 1: beating at IDLE_BEAT_NS, or about to; a shard may clear it (rest_end()) */
@@ -447,12 +462,27 @@ bool table_kept_from(const struct broker *b, const struct ucred *cred);
 void policy_reload(struct broker *b, struct chime_query_reload *out);
 
 void arm_hello(struct broker *b, struct conn *cn);
-void on_hello(struct broker *b, struct conn *cn, int res);
 /*
- * on_hello() with the peer's credentials given (NULL: SO_PEERCRED, as
- * on_hello()): tests/fuzz/fuzz_hello.c speaks for users it is not.
+ * A hello's completion: its descriptors closed, then answered now, or held
+ * back while its user's are (then answered by hellos_held_run()).
+ */
+void hello_dispatch(struct broker *b, struct conn *cn, int res);
+/*
+ * Check a hello and its peer, answer it, start the attach. The peer's
+ * credentials given (NULL: SO_PEERCRED): tests/fuzz/fuzz_hello.c speaks
+ * for users it is not.
  */
 void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred *peer);
+/* Answer the held hellos whose user's hold has ended; the earliest end of the rest (UINT64_MAX: none). */
+uint64_t hellos_held_run(struct broker *b);
+/* The sends to clients since the last call: if slow, uid's next hellos are held back. */
+void sends_judge(struct broker *b, uid_t uid);
+/*
+ * send() and sendmsg() (MSG_NOSIGNAL | MSG_DONTWAIT) to a client's socket,
+ * their CPU time counted for sends_judge(): -1 and errno as theirs.
+ */
+ssize_t client_send(int fd, const void *buf, size_t len);
+ssize_t client_sendmsg(int fd, const struct msghdr *mh);
 bool handshake_allowed(struct broker *b, struct conn *cn);
 void conn_put(struct broker *b, struct conn *cn);
 /* Scan on for the pending timers query (answering it when done); true while one is left. */

@@ -341,7 +341,7 @@ void send_status(int fd, int32_t status)
 	};
 
 	/* A fresh SEQPACKET socket has room for one 64-byte message: this never blocks. */
-	(void)send(fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT);
+	(void)client_send(fd, &w, sizeof(w));
 }
 
 static struct chime_welcome welcome_of(const struct broker *b, const struct client *c, uint32_t nfds)
@@ -391,7 +391,7 @@ static int send_offer(struct broker *b, struct client *c)
 		fds[CHIME_WELCOME_FIXED_FDS + i] = c->bells[i];
 	if (c->touch_fd >= 0)
 		fds[CHIME_WELCOME_FIXED_FDS + b->o.nr_shards] = c->touch_fd;
-	if (sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+	if (client_sendmsg(c->fd, &mh) < 0)
 		r = -errno;
 	free(cbuf);
 	return r;
@@ -402,7 +402,7 @@ static int send_ready(struct broker *b, struct client *c)
 {
 	struct chime_welcome w = welcome_of(b, c, 0);
 
-	return send(c->fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 ? -errno : 0;
+	return client_send(c->fd, &w, sizeof(w)) < 0 ? -errno : 0;
 }
 
 /* Has the peer of socket fd not read everything we sent on it? (SIOCOUTQ: our messages in its queue) */
@@ -739,7 +739,7 @@ static int client_segments(struct broker *b, struct client *c)
 	for (uint32_t s = 0; s < g->nr_shards; s++) {
 		struct chan_mem *m = &c->mems[s];
 
-		chan_mem_layout(m, c->rw.base, c->ro.base, g, s);     /* the socket: once the client owns it (on_hello) */
+		chan_mem_layout(m, c->rw.base, c->ro.base, g, s);     /* the socket: once the client owns it (hello_answer) */
 		m->sq_base = c->sq_base;
 		m->bell_fd = c->bells[s];
 	}
@@ -1456,13 +1456,9 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 			wall_check(b, res == -ECANCELED);
 		}
 		return 0;
-	case TAG_HELLO: {
-		struct conn *cn = (struct conn *)(uintptr_t)(ud & ~(uint64_t)7);
-
-		on_hello(b, cn, res);
-		conn_put(b, cn);
+	case TAG_HELLO:
+		hello_dispatch(b, (struct conn *)(uintptr_t)(ud & ~(uint64_t)7), res);
 		return 0;
-	}
 	case TAG_HTIMER: {
 		struct conn *cn = (struct conn *)(uintptr_t)(ud & ~(uint64_t)7);
 
@@ -1481,7 +1477,11 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 		c = &b->clients[slot];
 		if ((ud & HUP_MAPPED) && c->state == CL_ATTACHING && c->offered &&
 		    (uint32_t)(ud >> 32) == c->hup_seq) {
+			uid_t uid = c->acct_uid;
+
+			sends_judge(b, (uid_t)-1);      /* what came before is not this client's */
 			on_mapped(b, c, res);
+			sends_judge(b, uid);
 			return 0;
 		}
 		if (c->state != CL_ACTIVE || (ud & HUP_MAPPED) || (uint32_t)(ud >> 32) != c->hup_seq)
@@ -1970,7 +1970,7 @@ int broker_run(struct broker *b)
 	for (;;) {
 		struct io_uring_cqe *cqe;
 		struct __kernel_timespec ts;
-		uint64_t now = now_ns(), wait;
+		uint64_t now = now_ns(), wait, held_end;
 		unsigned head, seen = 0, woke = 0;
 		bool busy;
 		int r;
@@ -2027,6 +2027,11 @@ int broker_run(struct broker *b)
 				"clients' close meanwhile", b->discard_lost);
 		}
 		wait = busy ? 0 : beat - (now - last_hb);
+		held_end = hellos_held_run(b);
+		if (held_end != UINT64_MAX) {
+			now = now_ns();
+			wait = held_end <= now ? 0 : held_end - now < wait ? held_end - now : wait;
+		}
 		ts.tv_sec = 0;
 		ts.tv_nsec = (long long)wait;
 		r = io_uring_submit_and_wait_timeout(&b->ring, &cqe, 1, &ts, NULL);

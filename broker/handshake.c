@@ -315,12 +315,12 @@ static void query_send(int fd, struct chime_query_head *head, const void *recs, 
 	head->now_ns = now_ns();
 	if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &have, &len) == 0 && have < 2 * want)
 		(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
-	if (send(fd, head, sizeof(*head), MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+	if (client_send(fd, head, sizeof(*head)) < 0)
 		return;
 	for (size_t i = 0; i < n; i += per) {
 		size_t k = n - i < per ? n - i : per;
 
-		if (send(fd, (const char *)recs + i * sz, k * sz, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+		if (client_send(fd, (const char *)recs + i * sz, k * sz) < 0)
 			return;
 	}
 }
@@ -1199,12 +1199,131 @@ static void ping_answer(struct broker *b, int fd, const struct ucred *cred)
 	query_send(fd, &head, NULL, 0, 0);
 }
 
-/* A hello arrived on cn: check it and the peer, then start the attach. */
-void on_hello(struct broker *b, struct conn *cn, int res)
+/* ---- answers that walk a client's epoll watches ---- */
+
+/*
+ * The kernel wakes every waiter of the client's end of a connection inside
+ * each send to it, one callback per epoll watch the client put there (up
+ * to fs.epoll.max_user_watches; a million: 110-216 ms, interrupts off),
+ * and the control thread is every user's. A user whose answers cost
+ * SEND_SLOW_NS of CPU time (a preemption does not count) has its next
+ * hellos wait SEND_QUIET_FACTOR times as long, so the control thread walks
+ * for it at most about one part in SEND_QUIET_FACTOR + 1 of its time.
+ * Each new socket needs its watches made anew (a million epoll_ctl() calls),
+ * and a connection gets at most its welcome and its ready: holding back
+ * hellos is enough. See ARCHITECTURE.md, "What a client can touch".
+ */
+#define SEND_SLOW_NS      (500u * 1000u)
+#define SEND_QUIET_FACTOR 16u
+
+/* The control thread's sends since the last sends_judge(): CPU time, and time by the clock. */
+static uint64_t sends_cpu_ns, sends_ns;
+
+ssize_t client_sendmsg(int fd, const struct msghdr *mh)
+{
+	uint64_t c0 = thread_cpu_ns(), t0 = now_ns();
+	ssize_t n = sendmsg(fd, mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+	int e = errno;
+
+	sends_ns += now_ns() - t0;
+	sends_cpu_ns += thread_cpu_ns() - c0;
+	errno = e;
+	return n;
+}
+
+ssize_t client_send(int fd, const void *buf, size_t len)
+{
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	return client_sendmsg(fd, &mh);
+}
+
+/* When uid's hold ends, if it is held at now; 0 if not. */
+static uint64_t held_until(const struct broker *b, uid_t uid, uint64_t now)
+{
+	for (unsigned i = 0; i < SEND_HOLDS; i++)
+		if (b->send_holds[i].uid == uid && b->send_holds[i].until > now)
+			return b->send_holds[i].until;
+	return 0;
+}
+
+void sends_judge(struct broker *b, uid_t uid)
+{
+	uint64_t took = sends_cpu_ns, wall = sends_ns, now, until;
+	struct send_hold *h = NULL;
+
+	sends_cpu_ns = sends_ns = 0;
+	if (took < SEND_SLOW_NS || uid == (uid_t)-1)
+		return;
+	/*
+	 * Slow by CPU time; held for as long as it took by the clock, if
+	 * longer: on a VM the walk's CPU time leaves out what the host took.
+	 */
+	took = wall > took ? wall : took;
+	now = now_ns();
+	until = now + SEND_QUIET_FACTOR * took;
+	/* Its entry, or a free one, or (SEND_HOLDS users held) the one that ends first: cut short. */
+	for (unsigned i = 0; i < SEND_HOLDS; i++) {
+		struct send_hold *e = &b->send_holds[i];
+
+		if (e->uid == uid && e->until > now) {
+			h = e;
+			break;
+		}
+		if (!h || (h->until > now && e->until < h->until))
+			h = e;
+	}
+	h->uid = uid;
+	h->until = until;
+	if (log_ratelimit(&b->send_hold_log, 10))
+		log_msg(LOG_WARNING, "answering a connection of uid %u took %.1f ms (the kernel woke as many "
+			"epoll watches on its socket): that user's next connections wait %.0f ms",
+			(unsigned)uid, took / 1e6, (until - now) / 1e6);
+}
+
+static void hello_answer_judged(struct broker *b, struct conn *cn, int res)
+{
+	sends_judge(b, (uid_t)-1);      /* what came before is not this hello's */
+	hello_answer(b, cn, res, NULL);
+	sends_judge(b, cn->uid);
+	conn_put(b, cn);
+}
+
+void hello_dispatch(struct broker *b, struct conn *cn, int res)
 {
 	if (res >= 0)
 		close_sent_fds(b, &cn->msg);
-	hello_answer(b, cn, res, NULL);
+	if (res >= 0 && held_until(b, cn->uid, now_ns())) {
+		struct conn **tail = &b->held;
+
+		while (*tail)
+			tail = &(*tail)->held_next;
+		cn->held_res = res;
+		cn->held_next = NULL;
+		*tail = cn;     /* its reference (inflight) is the answer's now */
+		return;
+	}
+	hello_answer_judged(b, cn, res);
+}
+
+uint64_t hellos_held_run(struct broker *b)
+{
+	uint64_t next = UINT64_MAX, now = now_ns(), until;
+	struct conn **pp = &b->held, *cn;
+
+	while ((cn = *pp)) {
+		until = held_until(b, cn->uid, now);
+		if (until) {
+			next = until < next ? until : next;
+			pp = &cn->held_next;
+			continue;
+		}
+		*pp = cn->held_next;
+		hello_answer_judged(b, cn, cn->held_res);
+		now = now_ns();
+	}
+	return next;
 }
 
 void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred *peer)

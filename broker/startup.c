@@ -396,7 +396,7 @@ static void socket_reach_warn(const struct broker *b, mode_t mode)
 }
 
 /*
- * Who may connect at all is the policy's to decide (on_hello), but the
+ * Who may connect at all is the policy's to decide (hello_answer()), but the
  * socket's mode keeps out those it would refuse anyway: 0660 and its group
  * with --socket-group, 0666 when other users may be admitted, else 0600.
  * Set at the bind and at every reload (SIGHUP), on the socket this broker

@@ -2717,6 +2717,141 @@ ReleaseTest(hostile, a_doorbell_under_one_users_epoll_watches_holds_up_anothers_
 }
 
 /*
+ * The control thread's answers walk watches too: the welcome's sendmsg()
+ * wakes every epoll watch on the client's end of the connection. User
+ * 65534's HELLO_CONNS connections, each with HELLO_WATCHES watches made
+ * before its connect (the hello must come within 2 s), say hello at once;
+ * root opens right after. The control thread answered them in turn, a
+ * walk each, and root's open waited for all of them. Now a user whose
+ * answer took 500 us of CPU time has its next hellos wait 16 times as
+ * long (hello_dispatch(), handshake.c): root's open waits for one walk,
+ * and every held hello is answered in the end. Times on CLOCK_MONOTONIC.
+ * Before (2 runs): root's open ended 291-450 ms after the hellos, after all
+ * six welcomes, 25 ms apart. After (2 runs): 182-196 ms, the welcomes
+ * 430-870 ms apart, every one of them answered. What is left of the 182
+ * ms is the hellos' reads: a read frees the sender's message, and the
+ * kernel then wakes the sender's writers (sock_wfree()), every watch again,
+ * once per connection.
+ */
+enum { HELLO_CONNS = 6, HELLO_WATCHES = 250000 };
+
+static void hellos_watched_as_nobody(const char *sock, int ready, int go)
+{
+	struct chime_hello h = { .magic = CHIME_HELLO_MAGIC, .layout = CHIME_SHM_LAYOUT, .flags = CHIME_HELLO_SEALS };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	uint64_t at[HELLO_CONNS] = { 0 }, end;
+	int u[HELLO_CONNS], got = 0;
+	struct rlimit rl;
+	char one = 1;
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+		rl.rlim_cur = rl.rlim_max;
+		(void)setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+		_exit(90);
+	memcpy(sa.sun_path, sock, strlen(sock) + 1);
+	for (int k = 0; k < HELLO_CONNS; k++) {
+		u[k] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+		if (u[k] < 0 || watch_many(u[k], HELLO_WATCHES) < HELLO_WATCHES)
+			_exit(94);
+	}
+	for (int k = 0; k < HELLO_CONNS; k++)
+		if (connect(u[k], (struct sockaddr *)&sa, sizeof(sa)) < 0)
+			_exit(95);
+	(void)!write(ready, &one, 1);
+	if (read(go, &one, 1) != 1)
+		_exit(96);
+	for (int k = 0; k < HELLO_CONNS; k++)
+		if (send(u[k], &h, sizeof(h), 0) != (ssize_t)sizeof(h))
+			_exit(97);
+	(void)!write(ready, &one, 1);
+	end = chime_now() + 60000 * MS;
+	/* Each welcome as it comes, its descriptors closed (a connection that never maps them). */
+	while (got < HELLO_CONNS && chime_now() < end) {
+		struct pollfd pf[HELLO_CONNS];
+
+		for (int k = 0; k < HELLO_CONNS; k++)
+			pf[k] = (struct pollfd){ .fd = at[k] ? -1 : u[k], .events = POLLIN };
+		if (poll(pf, HELLO_CONNS, 60000) <= 0)
+			break;
+		for (int k = 0; k < HELLO_CONNS; k++) {
+			struct chime_welcome wl;
+			char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+			struct iovec iov = { .iov_base = &wl, .iov_len = sizeof(wl) };
+			struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+					     .msg_controllen = sizeof(cbuf) };
+			struct cmsghdr *cm;
+
+			if (!(pf[k].revents & POLLIN) || recvmsg(u[k], &mh, MSG_CMSG_CLOEXEC) <= 0)
+				continue;
+			at[k] = chime_now();
+			got++;
+			for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+				for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+					close(((int *)CMSG_DATA(cm))[i]);
+		}
+	}
+	(void)!write(ready, at, sizeof(at));
+	pause();
+	_exit(0);
+}
+
+ReleaseTest(hostile, answers_walking_one_users_epoll_watches_hold_up_anothers_open_little, .timeout = 120)
+{
+	struct chime_opts o = { .socket_path = NULL };
+	struct t_chimed b = { 0 };
+	uint64_t at[HELLO_CONNS], sent, opened, second = UINT64_MAX;
+	int rd[2], gp[2], st;
+	char one = 0;
+	chime_t *me;
+	pid_t pid;
+
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || geteuid() != 0)
+		cr_skip("needs 2 CPUs and root (to pin the broker's threads and run as another user)");
+	watches_allowed((long)HELLO_CONNS * HELLO_WATCHES);
+	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1 --allow-all"), 0);
+	cr_assert_eq(chmod(b.dir, 0755), 0);    /* user 65534 reaches the socket */
+	cr_assert_gt(t_pin_threads(b.pid, 0), 0);
+	o.socket_path = b.sock;
+	cr_assert_eq(pipe(rd), 0);
+	cr_assert_eq(pipe(gp), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(rd[0]);
+		close(gp[1]);
+		(void)t_pin_threads(getpid(), 1);
+		hellos_watched_as_nobody(b.sock, rd[1], gp[0]);
+	}
+	close(rd[1]);
+	close(gp[0]);
+	cr_assert_eq(read(rd[0], &one, 1), 1, "user 65534's %d connections with their watches not made", HELLO_CONNS);
+	cr_assert_eq(write(gp[1], &one, 1), 1);
+	cr_assert_eq(read(rd[0], &one, 1), 1, "user 65534's hellos not sent");
+	sent = chime_now();
+	usleep(2000);           /* its hellos read by the control thread before root's */
+	cr_assert_eq(chime_open(&me, &o), 0);
+	opened = chime_now();
+	chime_close(me);
+	cr_assert_eq(read(rd[0], at, sizeof(at)), (ssize_t)sizeof(at), "user 65534's welcomes not reported");
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	t_chimed_stop(&b, SIGTERM);
+	qsort(at, HELLO_CONNS, sizeof(at[0]), cmp_u64);
+	for (int k = 0; k < HELLO_CONNS; k++)
+		fprintf(stderr, "user 65534's welcome %d of %d: %.1f ms after its hellos%s\n", k + 1, HELLO_CONNS,
+			at[k] ? (at[k] - sent) / 1e6 : -1.0, at[k] ? "" : " (never)");
+	fprintf(stderr, "root's chime_open() beside them: ended %.1f ms after their hellos\n", (opened - sent) / 1e6);
+	for (int k = 0; k < HELLO_CONNS; k++)
+		cr_assert_neq(at[k], 0, "a hello of user 65534's was never answered: held back for good");
+	second = at[1];
+	cr_assert_lt(opened, second, "root's open ended %.1f ms after user 65534's hellos, after its second welcome "
+		     "(%.1f ms): the control thread answered them in turn", (opened - sent) / 1e6, (second - sent) / 1e6);
+}
+
+/*
  * Held events handed over at once. A client that does not drain has its
  * timers' events held (the backlog); as it consumes, each pass moved as
  * many of them as its completion ring had room for and freed as many

@@ -1219,10 +1219,9 @@ static void ping_answer(struct broker *b, int fd, const struct ucred *cred)
 /* The control thread's sends since the last sends_judge(): CPU time, and time by the clock. */
 static uint64_t sends_cpu_ns, sends_ns;
 
-ssize_t client_sendmsg(int fd, const struct msghdr *mh)
+/* Count a send that began at CPU time c0, clock t0; errno as the send left it. */
+static ssize_t sends_count(ssize_t n, uint64_t c0, uint64_t t0)
 {
-	uint64_t c0 = thread_cpu_ns(), t0 = now_ns();
-	ssize_t n = sendmsg(fd, mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 	int e = errno;
 
 	sends_ns += now_ns() - t0;
@@ -1231,12 +1230,18 @@ ssize_t client_sendmsg(int fd, const struct msghdr *mh)
 	return n;
 }
 
+ssize_t client_sendmsg(int fd, const struct msghdr *mh)
+{
+	uint64_t c0 = thread_cpu_ns(), t0 = now_ns();
+
+	return sends_count(sendmsg(fd, mh, MSG_NOSIGNAL | MSG_DONTWAIT), c0, t0);
+}
+
 ssize_t client_send(int fd, const void *buf, size_t len)
 {
-	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	uint64_t c0 = thread_cpu_ns(), t0 = now_ns();
 
-	return client_sendmsg(fd, &mh);
+	return sends_count(send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT), c0, t0);
 }
 
 /* When uid's hold ends, if it is held at now; 0 if not. */

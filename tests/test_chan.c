@@ -863,6 +863,17 @@ static long watches_on(int fd, long want, int **eps, int *nr_eps)
 	return added;
 }
 
+/* A timer of c's due 1 ms after t, fired with its client asking for a wake-up; the pass's time returned. */
+static uint64_t event_asking_for_a_wake_up(struct client_sim *c, uint64_t t)
+{
+	arm(c, 0, t + MS, 0, 0);
+	step_at(t);
+	*c->m.want_wakeup = 1;
+	drain_and_fire(t + MS);
+	F.sc.wake_retry_ns = UINT64_MAX;        /* as the shard's pass begins */
+	return t + MS;
+}
+
 /*
  * A wake-up's send() walks every epoll watch the client put on its end of
  * the connection, on the shard (wake_send(), chan.c). One slow by the clock
@@ -883,12 +894,7 @@ Test(chan, a_wake_up_that_walked_many_watches_holds_its_users_next_ones_back)
 	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
 	c->ch.wake_fd = sv[0];
 	for (int i = 1; i <= 4; i++) {
-		arm(c, 0, t + MS, 0, 0);
-		step_at(t);
-		*c->m.want_wakeup = 1;
-		t += MS;
-		drain_and_fire(t);
-		F.sc.wake_retry_ns = UINT64_MAX;
+		t = event_asking_for_a_wake_up(c, t);
 		(void)chan_service_n(&F.sc, &c->ch, t, &budget, &wakes);
 		cr_assert_eq(c->ch.wakes, (unsigned)i, "wake-up %d, with no watches, not sent", i);
 		/* A send preempted on a busy host makes a suspect, never a hold: its CPU time is short. */
@@ -903,12 +909,7 @@ Test(chan, a_wake_up_that_walked_many_watches_holds_its_users_next_ones_back)
 	if (w < 0)
 		cr_skip("no room for the watches (RLIMIT_NOFILE, fs.epoll.max_user_watches)");
 	for (int i = 5; i <= 6; i++) {
-		arm(c, 0, t + MS, 0, 0);
-		step_at(t);
-		*c->m.want_wakeup = 1;
-		t += MS;
-		drain_and_fire(t);
-		F.sc.wake_retry_ns = UINT64_MAX;
+		t = event_asking_for_a_wake_up(c, t);
 		(void)chan_service_n(&F.sc, &c->ch, t, &budget, &wakes);
 		cr_assert_eq(c->ch.wakes, (unsigned)i, "wake-up %d not sent: only the one after a slow one is held", i);
 		cr_assert(c->ch.user->wake_suspect, "a send walking %ld watches not found slow", w);
@@ -918,13 +919,8 @@ Test(chan, a_wake_up_that_walked_many_watches_holds_its_users_next_ones_back)
 	cr_assert_eq(F.st.sh.slow_wakeups, 1, "the slow send by CPU time not counted, or the one by the clock counted");
 	quiet = c->ch.user->wake_quiet_until;
 	cr_assert_gt(quiet, t + (uint64_t)CHAN_WAKE_QUIET_FACTOR * CHAN_WAKE_SLOW_NS, "no hold after a send slow by CPU time");
-	arm(c, 0, t + MS, 0, 0);
-	step_at(t);
-	*c->m.want_wakeup = 1;
-	t += MS;
+	t = event_asking_for_a_wake_up(c, t);
 	cr_assert_lt(t, quiet);
-	drain_and_fire(t);
-	F.sc.wake_retry_ns = UINT64_MAX;
 	cr_assert(chan_service_n(&F.sc, &c->ch, t, &budget, &wakes), "the event not published");
 	cr_assert_eq(c->ch.wakes, 6, "a wake-up sent while its user's are held back");
 	cr_assert_eq(*c->m.want_wakeup, 1, "the request consumed without a wake-up");

@@ -117,7 +117,8 @@ struct conn {
 				 * handshakes are capped per user */
 	uint8_t inflight;       /* recv + timeout completions still to come (or its held hello's answer) */
 	uint8_t closed;
-	int held_res;           /* a hello held back (hello_dispatch()): its recvmsg's result */
+	uint8_t released;       /* read after a hold: answered whatever its user's hold (hellos_held_run()) */
+	int held_res;           /* a hello held back (hello_dispatch()): its recvmsg's result, or HELD_UNREAD */
 	struct conn *held_next; /* the hellos held back after it */
 	uint8_t buf[128] __attribute__((aligned(8)));  /* larger than a hello (96 B): a longer one is garbage */
 	/* The hello's recvmsg: room for every descriptor sent with it (SCM_MAX_FD), closed aside. */
@@ -294,6 +295,7 @@ struct broker {
 	 */
 	struct send_hold {
 		uid_t uid;
+		bool reading;   /* not slow (yet): one connection of it read, the rest wait for its answer */
 		uint64_t until;
 	} send_holds[SEND_HOLDS];
 	struct conn *held;
@@ -462,6 +464,8 @@ bool table_kept_from(const struct broker *b, const struct ucred *cred);
 void policy_reload(struct broker *b, struct chime_query_reload *out);
 
 void arm_hello(struct broker *b, struct conn *cn);
+/* A connection accepted: its hello read from now on, or (its user held back) once the hold ends. */
+void hello_arm(struct broker *b, struct conn *cn);
 /*
  * A hello's completion: its descriptors closed, then answered now, or held
  * back while its user's are (then answered by hellos_held_run()).
@@ -473,7 +477,10 @@ void hello_dispatch(struct broker *b, struct conn *cn, int res);
  * for users it is not.
  */
 void hello_answer(struct broker *b, struct conn *cn, int res, const struct ucred *peer);
-/* Answer the held hellos whose user's hold has ended; the earliest end of the rest (UINT64_MAX: none). */
+/*
+ * Answer the held hellos whose user's hold has ended, and read one held
+ * connection of each such user; the earliest end of the rest (UINT64_MAX: none).
+ */
 uint64_t hellos_held_run(struct broker *b);
 /* The sends to clients since the last call: if slow, uid's next hellos are held back. */
 void sends_judge(struct broker *b, uid_t uid);

@@ -1404,7 +1404,7 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 				cn->next->prev = cn;
 			b->conns = cn;
 			b->nr_handshakes++;
-			arm_hello(b, cn);
+			hello_arm(b, cn);
 			arm_accept(b);
 		} else if (ud == UD_SIGNAL) {
 			char from[32];

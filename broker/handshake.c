@@ -9,6 +9,7 @@
  * may do what" and "What a client can touch".
  */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -1211,7 +1212,11 @@ static void ping_answer(struct broker *b, int fd, const struct ucred *cred)
  * for it at most about one part in SEND_QUIET_FACTOR + 1 of its time.
  * Each new socket needs its watches made anew (a million epoll_ctl() calls),
  * and a connection gets at most its welcome and its ready: holding back
- * hellos is enough. See ARCHITECTURE.md, "What a client can touch".
+ * hellos is enough. Reads walk them too (a read frees the sender's message,
+ * and the kernel wakes its writers, sock_wfree()): a held user's new
+ * connections are not read either, and when the hold ends one of them is,
+ * the others waiting for its answer. See ARCHITECTURE.md, "What a client
+ * can touch".
  */
 #define SEND_SLOW_NS      (500u * 1000u)
 #define SEND_QUIET_FACTOR 16u
@@ -1253,34 +1258,49 @@ static uint64_t held_until(const struct broker *b, uid_t uid, uint64_t now)
 	return 0;
 }
 
+/* uid's hold: its entry, or a free one, or (SEND_HOLDS users held) the one that ends first, cut short. */
+static struct send_hold *hold_of(struct broker *b, uid_t uid, uint64_t now)
+{
+	struct send_hold *h = NULL;
+
+	for (unsigned i = 0; i < SEND_HOLDS; i++) {
+		struct send_hold *e = &b->send_holds[i];
+
+		if (e->uid == uid && e->until > now)
+			return e;
+		if (!h || (h->until > now && e->until < h->until))
+			h = e;
+	}
+	h->uid = uid;
+	h->until = 0;
+	return h;
+}
+
 void sends_judge(struct broker *b, uid_t uid)
 {
 	uint64_t took = sends_cpu_ns, wall = sends_ns, now, until;
-	struct send_hold *h = NULL;
+	struct send_hold *h;
 
 	sends_cpu_ns = sends_ns = 0;
-	if (took < SEND_SLOW_NS || uid == (uid_t)-1)
+	if (uid == (uid_t)-1)
 		return;
+	now = now_ns();
+	if (took < SEND_SLOW_NS) {
+		/* answered, and not slow: a user's connection read after its hold lets the others be read */
+		for (unsigned i = 0; i < SEND_HOLDS; i++)
+			if (b->send_holds[i].uid == uid && b->send_holds[i].reading)
+				b->send_holds[i].until = 0;
+		return;
+	}
 	/*
 	 * Slow by CPU time; held for as long as it took by the clock, if
 	 * longer: on a VM the walk's CPU time leaves out what the host took.
 	 */
 	took = wall > took ? wall : took;
-	now = now_ns();
 	until = now + SEND_QUIET_FACTOR * took;
-	/* Its entry, or a free one, or (SEND_HOLDS users held) the one that ends first: cut short. */
-	for (unsigned i = 0; i < SEND_HOLDS; i++) {
-		struct send_hold *e = &b->send_holds[i];
-
-		if (e->uid == uid && e->until > now) {
-			h = e;
-			break;
-		}
-		if (!h || (h->until > now && e->until < h->until))
-			h = e;
-	}
-	h->uid = uid;
+	h = hold_of(b, uid, now);
 	h->until = until;
+	h->reading = false;
 	if (log_ratelimit(&b->send_hold_log, 10))
 		log_msg(LOG_WARNING, "answering a connection of uid %u took %.1f ms (the kernel woke as many "
 			"epoll watches on its socket): that user's next connections wait %.0f ms",
@@ -1295,18 +1315,35 @@ static void hello_answer_judged(struct broker *b, struct conn *cn, int res)
 	conn_put(b, cn);
 }
 
+#define HELD_UNREAD INT_MIN       /* conn.held_res of a connection not read yet */
+
+static void held_append(struct broker *b, struct conn *cn, int res)
+{
+	struct conn **tail = &b->held;
+
+	while (*tail)
+		tail = &(*tail)->held_next;
+	cn->held_res = res;
+	cn->held_next = NULL;
+	*tail = cn;
+}
+
+void hello_arm(struct broker *b, struct conn *cn)
+{
+	if (held_until(b, cn->uid, now_ns())) {
+		cn->inflight = 1;       /* the hold's: arm_hello() gives it to the read and its timeout */
+		held_append(b, cn, HELD_UNREAD);
+		return;
+	}
+	arm_hello(b, cn);
+}
+
 void hello_dispatch(struct broker *b, struct conn *cn, int res)
 {
 	if (res >= 0)
 		close_sent_fds(b, &cn->msg);
-	if (res >= 0 && held_until(b, cn->uid, now_ns())) {
-		struct conn **tail = &b->held;
-
-		while (*tail)
-			tail = &(*tail)->held_next;
-		cn->held_res = res;
-		cn->held_next = NULL;
-		*tail = cn;     /* its reference (inflight) is the answer's now */
+	if (res >= 0 && !cn->released && held_until(b, cn->uid, now_ns())) {
+		held_append(b, cn, res);        /* its reference (inflight) is the answer's now */
 		return;
 	}
 	hello_answer_judged(b, cn, res);
@@ -1325,7 +1362,17 @@ uint64_t hellos_held_run(struct broker *b)
 			continue;
 		}
 		*pp = cn->held_next;
-		hello_answer_judged(b, cn, cn->held_res);
+		if (cn->held_res == HELD_UNREAD) {
+			/* Read it; the user's others wait for its answer (sends_judge()), or its hello's timeout. */
+			struct send_hold *h = hold_of(b, cn->uid, now);
+
+			h->until = now + HELLO_TIMEOUT_S * UINT64_C(1000000000);
+			h->reading = true;
+			cn->released = 1;
+			arm_hello(b, cn);
+		} else {
+			hello_answer_judged(b, cn, cn->held_res);
+		}
 		now = now_ns();
 	}
 	return next;

@@ -2676,7 +2676,8 @@ static void park_keep(struct shard_core *sc, struct chan *ch, struct nlist *back
 		nl_push(sc, back, idx);
 }
 
-bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
+/* chan_park(); taken_only: the ring's last look and its delivered one-shots only (chan_park_cut()). */
+static bool park_n(struct shard_core *sc, struct chan *ch, uint32_t budget, bool taken_only)
 {
 	struct nlist back = { CHIME_NIL, CHIME_NIL };
 	uint32_t idx, end;
@@ -2775,7 +2776,8 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 	}
 	/* Periodic timers with an event in the old ring: the claim word decides for them too. */
 	end = sc->wh.w->high_water;
-	while (!periodics_behind(ch) && ch->ackwait.head == CHIME_NIL && ch->sweep_pos < end && budget) {
+	while (!taken_only && !periodics_behind(ch) && ch->ackwait.head == CHIME_NIL && ch->sweep_pos < end &&
+	       budget) {
 		struct chime_node *n = NODE(sc, idx = ch->sweep_pos++);
 		uint64_t pos = n->cq_pos;
 
@@ -2796,7 +2798,8 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 				event_void(ch, n);
 		}
 	}
-	if (!periodics_behind(ch) && ch->ackwait.head == CHIME_NIL && ch->sweep_pos >= end && ch->park_order) {
+	if (!taken_only && !periodics_behind(ch) && ch->ackwait.head == CHIME_NIL && ch->sweep_pos >= end &&
+	    ch->park_order) {
 		struct nlist ring = { CHIME_NIL, CHIME_NIL };
 
 		/*
@@ -2851,6 +2854,16 @@ bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		return false;
 	stats_client_depth(sc->st, ch->slot, 0, ch->nr_backlog);
 	return true;
+}
+
+bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget)
+{
+	return park_n(sc, ch, budget, false);
+}
+
+void chan_park_cut(struct shard_core *sc, struct chan *ch)
+{
+	(void)park_n(sc, ch, UINT32_MAX, true);
 }
 
 /* A user's last sweep turn; a channel without one (never one chan_init() made) goes last. */

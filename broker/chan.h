@@ -565,6 +565,14 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget);
  * chan_reclaim().
  */
 bool chan_park(struct shard_core *sc, struct chan *ch, uint32_t budget);
+/*
+ * A stop cuts a park in its steps short (the shard stops, the park left
+ * where it is): first, in one call, what the park does before its sweep,
+ * so that no event its process took comes back. What the steps left (the
+ * sweep, the ring order) the next broker's restore settles, as after a
+ * crash. Up to a ring's worth of events and its periodics' positions.
+ */
+void chan_park_cut(struct shard_core *sc, struct chan *ch);
 
 /*
  * Sweeps (chan_reclaim(), chan_park()) take turns by user, then by channel:

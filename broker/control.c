@@ -1797,8 +1797,9 @@ static bool clients_beat(struct broker *b, uint64_t now)
  * A stop hands every attached session to the next broker: parked, so the
  * claim words settle what is in their completion rings (exactly once) and
  * what their processes published is applied. Bounded: a second signal, or
- * STOP_PARK_NS, and the broker stops with what is parked by then (the rest
- * is restored as after a crash).
+ * STOP_PARK_NS, and the broker stops with what is parked by then: a park
+ * still in its steps settles what its process took first, when its shard
+ * stops (chan_park_cut()); the rest is restored as after a crash.
  */
 #define STOP_PARK_NS (UINT64_C(5) * 1000000000u)
 
@@ -2067,8 +2068,13 @@ int broker_run(struct broker *b)
 			stop_begin(b);
 			stop_by = now_ns() + STOP_PARK_NS;
 		}
-		if (b->stopping && (stop > 1 || !stop_parking(b) || now_ns() >= stop_by))
+		if (b->stopping && (stop > 1 || !stop_parking(b) || now_ns() >= stop_by)) {
+			if (stop_parking(b))
+				log_msg(LOG_WARNING, "stopping with sessions still parking or attaching (%s): what their "
+					"processes took is settled, the rest as after a crash (restored, their "
+					"events held again)", stop > 1 ? "a second signal" : "5 s passed");
 			break;
+		}
 	}
 	wall_step_log(b, 0, true);
 	return b->restart ? 1 : 0;

@@ -917,6 +917,14 @@ static bool run_cmds(struct shard *s, bool *work)
 			stats_client_owned(&s->st, c.ch->slot, c.ch->owned);
 			break;
 		case SHARD_CMD_STOP:
+			/*
+			 * Parks still in their steps (the stop gave up on them
+			 * after STOP_PARK_NS): what their processes took, settled
+			 * now, or the next process gets it again.
+			 */
+			for (uint32_t i = 0; i < s->nr_dying; i++)
+				if (s->dying[i].op == SHARD_CMD_PARK)
+					chan_park_cut(&s->core, s->dying[i].ch);
 			return true;
 		}
 	}

@@ -2633,8 +2633,10 @@ static void wakes_watched_as_nobody(const char *sock, unsigned conns, int ready)
  * calls a million callbacks with the socket's queue lock held and
  * interrupts off (110-150 ms each, a throwaway probe), and every other
  * timer of the shard waits for it (ARCHITECTURE.md, "The wait queues of
- * its connection socket and doorbells"). The margin (5 ms) is far above
- * the base's noise and far below a single walk. Before (5 runs of 3
+ * its connection socket and doorbells"). The margin (15 ms) is far above
+ * the base's noise and far below a single walk (beside a busy loop, the
+ * doorbell's case below was 4.8 ms late once: the ringer's walks on its
+ * CPU push the loop onto the broker's). Before (5 runs of 3
  * tries, 11-13 s a run): root's timers 50.3-154.5 ms late at the median,
  * up to 108-294 ms, against 0.1-415 us (up to 0.002-23.6 ms, this host's
  * preemption) beside the same connection without the watches. Now a send
@@ -2647,7 +2649,7 @@ static void wakes_watched_as_nobody(const char *sock, unsigned conns, int ready)
 ReleaseTest(hostile, wakeups_walking_one_users_epoll_watches_hold_up_anothers_timers_little, .timeout = 90)
 {
 	watches_allowed(EPOLL_WATCHES);
-	later_beside_by_at_most(wakes_unwatched_as_nobody, 1, wakes_watched_as_nobody, 1, 5 * MS,
+	later_beside_by_at_most(wakes_unwatched_as_nobody, 1, wakes_watched_as_nobody, 1, 15 * MS,
 				"beside one connection of one user forcing wake-ups",
 				"beside the same with a million epoll watches on its socket");
 }
@@ -2711,7 +2713,7 @@ static void rings_watched_as_nobody(const char *sock, unsigned conns, int ready)
 ReleaseTest(hostile, a_doorbell_under_one_users_epoll_watches_holds_up_anothers_timers_little, .timeout = 90)
 {
 	watches_allowed(EPOLL_WATCHES);
-	later_beside_by_at_most(rings_unwatched_as_nobody, 1, rings_watched_as_nobody, 1, 5 * MS,
+	later_beside_by_at_most(rings_unwatched_as_nobody, 1, rings_watched_as_nobody, 1, 15 * MS,
 				"beside one user ringing its doorbell",
 				"beside the same with a million epoll watches on it");
 }

@@ -1663,6 +1663,30 @@ static unsigned fill_inodes(const char *dir)
 	}
 }
 
+/*
+ * Wait until what a stopped broker held on fs is given back: its listening
+ * socket's last reference is the io_uring accept in flight, dropped by the
+ * kernel's ring teardown after the process is reaped, so the socket's inode
+ * comes free a little later (under load, after a filling had taken the
+ * others: the next start then created its lock file and failed its bind).
+ * Settled: free inodes and blocks unchanged for 300 ms (10 s at most).
+ */
+static void room_settle(const char *fs)
+{
+	struct statvfs v;
+	fsfilcnt_t inodes = (fsfilcnt_t)-1;
+	fsblkcnt_t blocks = (fsblkcnt_t)-1;
+	int same = 0;
+
+	for (int i = 0; i < 1000 && same < 30; i++, usleep(10 * 1000)) {
+		cr_assert_eq(statvfs(fs, &v), 0, "statvfs('%s'): %s", fs, strerror(errno));
+		same = v.f_ffree == inodes && v.f_bfree == blocks ? same + 1 : 0;
+		inodes = v.f_ffree;
+		blocks = v.f_bfree;
+	}
+	cr_assert_eq(same, 30, "the room on %s kept changing for 10 s", fs);
+}
+
 /* Take what room the filesystem has left: its inodes (empty files), or its space. */
 static void fill_up(const char *fs, bool inodes, const char *name)
 {
@@ -1702,6 +1726,7 @@ static void a_stop_on_a_full_tmpfs(bool inodes, bool one_left)
 	snprintf(sess, sizeof(sess), "%s.sessions", pb.sock);
 	cr_assert_eq(stat(sess, &before), 0);
 	/* The lock file, socket and control segment the stop removed: their room taken again. */
+	room_settle(pb.fs);
 	fill_up(pb.fs, inodes, "filler2");
 	if (one_left) {
 		/* one inode, for the lock file: the socket has none */

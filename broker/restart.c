@@ -951,6 +951,21 @@ static void watch_socket(struct broker *b)
 			b->o.socket_path);
 }
 
+/* What the look found, for chimestat: the log says it once, an operator may look later. */
+static void publish_gone(struct broker *b)
+{
+	uint16_t shards = 0;
+
+	if (!b->ctl)
+		return;
+	for (uint32_t i = 0; i < b->o.nr_shards; i++)
+		shards += b->shards[i].seg_fd >= 0 && b->shards[i].file_gone;
+	at_store(&b->ctl->socket_gone, (uint8_t)b->sock_gone);
+	at_store(&b->ctl->sessions_file_gone, (uint8_t)(b->sess.fd >= 0 && b->sess_gone));
+	at_store(&b->ctl->shard_files_gone, shards);
+	at_store(&b->ctl->session_records_unwritten, b->recs_stale);
+}
+
 void restart_watch(struct broker *b, uint64_t now)
 {
 	if (now - b->watched_ns < WATCH_NS)
@@ -962,4 +977,5 @@ void restart_watch(struct broker *b, uint64_t now)
 	for (uint32_t i = 0; i < b->o.nr_shards; i++)
 		if (b->shards[i].seg_fd >= 0)
 			watch(b->shards[i].seg_fd, b->shards[i].path, &b->shards[i].file_gone);
+	publish_gone(b);
 }

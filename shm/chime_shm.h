@@ -808,9 +808,28 @@ struct chime_ctl {
 	 * 0 from a broker before it (it was reserved).
 	 */
 	int64_t  mono_off;
-	uint8_t  _reserved[256 - 64 - 128 - 24 - 16 - 4 - 4 - 8];
+	/*
+	 * State files the running broker's paths no longer name (removed or
+	 * replaced: a cleanup of the directory), as its once-a-second look
+	 * finds them (restart_watch()): its socket (no new client can
+	 * connect), its sessions file and how many shard files (a crash would
+	 * lose the named sessions' timers). Relaxed; 0 from a broker before
+	 * it (it was reserved).
+	 */
+	uint8_t  socket_gone;
+	uint8_t  sessions_file_gone;
+	uint16_t shard_files_gone;
+	/*
+	 * Session records the sessions file could not take (a write failed:
+	 * EIO, no room), written again at every heartbeat until they are; a
+	 * restart meanwhile loses those sessions' changes. Relaxed; 0 from a
+	 * broker before it (it was reserved).
+	 */
+	uint32_t session_records_unwritten;
 };
 _Static_assert(offsetof(struct chime_ctl, mono_off) == 240, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_ctl, socket_gone) == 248, "moved: bump CHIME_SHM_LAYOUT");
+_Static_assert(offsetof(struct chime_ctl, session_records_unwritten) == 252, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, sessions_unadmitted) == 232, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, sessions_damaged) == 236, "moved: bump CHIME_SHM_LAYOUT");
 _Static_assert(offsetof(struct chime_ctl, wall_off) == 224, "moved: bump CHIME_SHM_LAYOUT");

@@ -1959,6 +1959,54 @@ Test(restart, a_removed_shard_file_is_written_again_on_a_nearly_full_filesystem,
 }
 
 /*
+ * chimestat's gauge `field` (broker.sessions_unadmitted...), once it is
+ * `want` (up to 3 s: the broker counts at its heartbeat, and looks at its
+ * files once a second); else the last value read.
+ */
+static unsigned gauge_settles(const char *field, unsigned want)
+{
+	const char *stat = getenv("CHIMESTAT");
+	char cmd[800], name[128];
+	unsigned n = UINT_MAX;
+
+	cr_assert_not_null(stat);
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' -1 -f %s", stat, tb.sock, field);
+	for (int i = 0; i < 30 && n != want; i++) {
+		FILE *f = popen(cmd, "r");
+
+		cr_assert_not_null(f);
+		if (fscanf(f, " %127s %u", name, &n) != 2 || strcmp(name, field))
+			n = UINT_MAX;
+		pclose(f);
+		if (n != want)
+			usleep(100 * 1000);
+	}
+	return n;
+}
+
+/* Does chimestat's plain table (-1) show a line holding `needle`? Once, up to 3 s. */
+static bool stat_says(const char *needle)
+{
+	const char *stat = getenv("CHIMESTAT");
+	char cmd[800], line[2048];
+	bool found = false;
+
+	cr_assert_not_null(stat);
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' -1", stat, tb.sock);
+	for (int i = 0; i < 30 && !found; i++) {
+		FILE *f = popen(cmd, "r");
+
+		cr_assert_not_null(f);
+		while (fgets(line, sizeof(line), f))
+			found |= strstr(line, needle) != NULL;
+		pclose(f);
+		if (!found)
+			usleep(100 * 1000);
+	}
+	return found;
+}
+
+/*
  * A crash between the removal and the stop loses the timers: the heartbeat
  * says so at once, once per file and per removal (the flag clears when the
  * path names the file again), and only for the files removed.
@@ -1983,12 +2031,20 @@ Test(restart, a_file_removed_while_the_broker_runs_is_reported_once_per_removal)
 	cr_assert(log_says(log, said_sess, "was removed while the broker runs: a crash now would lose"),
 		  "no error for the removed sessions file within 3 s");
 	cr_assert(log_says(log, said_shard1, "was removed while the broker runs"), "no error for shard1");
+	/* Said once in the log, shown as long as it lasts: an operator may look later (it was only in the log). */
+	cr_assert_eq(gauge_settles("broker.sessions_file_gone", 1), 1, "chimestat does not show the sessions file gone");
+	cr_assert_eq(gauge_settles("broker.shard_files_gone", 1), 1, "chimestat does not count the shard file gone");
+	cr_assert_eq(gauge_settles("broker.socket_gone", 0), 0, "chimestat shows the socket gone");
+	cr_assert(stat_says("*** its sessions file and 1 shard file were removed or replaced: a crash now would lose "
+			    "the named sessions' timers"), "chimestat's table does not warn of the files gone");
 	usleep(3000 * 1000);    /* two more looks: 1-1.35 s apart (heartbeats of 450 ms at rest) */
 	cr_assert_eq(log_lines(log, said_sess, "was removed"), 1, "said more than once");
 	cr_assert_eq(log_lines(log, said_shard1, "was removed"), 1, "said more than once");
 	cr_assert_eq(log_lines(log, ".shard0'", "was removed"), 0, "shard0 was not removed");
 	/* Put back (the same file), then removed again: a new removal, said again. */
 	cr_assert_eq(rename(aside, shard1), 0);
+	cr_assert_eq(gauge_settles("broker.shard_files_gone", 0), 0, "the shard file put back, still counted gone");
+	cr_assert(stat_says("*** its sessions file was removed or replaced"), "the warning does not follow the files");
 	usleep(1500 * 1000);
 	cr_assert_eq(unlink(shard1), 0);
 	for (int i = 0; i < 300 && log_lines(log, said_shard1, "was removed") < 2; i++)
@@ -2055,9 +2111,13 @@ Test(restart, a_removed_socket_is_reported_once)
 	cr_assert_eq(rename(tb.sock, aside), 0);
 	cr_assert(log_says(log, said, "was removed or replaced while the broker runs"),
 		  "no error for the removed socket within 3 s");
+	cr_assert_eq(gauge_settles("broker.socket_gone", 1), 1, "chimestat does not show the socket gone");
+	cr_assert(stat_says("*** its socket was removed or replaced: no new client can connect"),
+		  "chimestat's table does not warn of the socket gone");
 	usleep(3000 * 1000);    /* two more looks: 1-1.35 s apart (heartbeats of 450 ms at rest) */
 	cr_assert_eq(log_lines(log, said, "was removed"), 1, "said more than once");
 	cr_assert_eq(rename(aside, tb.sock), 0);
+	cr_assert_eq(gauge_settles("broker.socket_gone", 0), 0, "the socket put back, still shown gone");
 	usleep(1200 * 1000);
 	cr_assert_eq(log_lines(log, said, "was removed"), 1, "said again once put back");
 	stop_now(SIGTERM);
@@ -2407,29 +2467,9 @@ static void lapsed_child(int wfd, void *arg)
 	(void)!write(wfd, "r", 1);
 }
 
-/*
- * chimestat's broker.sessions_unadmitted, once it is `want` (up to 3 s: the
- * broker counts at its heartbeat); else the last value read.
- */
 static unsigned unadmitted_settles(unsigned want)
 {
-	const char *stat = getenv("CHIMESTAT");
-	char cmd[800];
-	unsigned n = UINT_MAX;
-
-	cr_assert_not_null(stat);
-	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' -1 -f broker.sessions_unadmitted", stat, tb.sock);
-	for (int i = 0; i < 30 && n != want; i++) {
-		FILE *f = popen(cmd, "r");
-
-		cr_assert_not_null(f);
-		if (fscanf(f, " broker.sessions_unadmitted %u", &n) != 1)
-			n = UINT_MAX;
-		pclose(f);
-		if (n != want)
-			usleep(100 * 1000);
-	}
-	return n;
+	return gauge_settles("broker.sessions_unadmitted", want);
 }
 
 /*

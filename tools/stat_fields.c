@@ -357,6 +357,23 @@ void collect(struct flist *l, const struct sr_snap *sn)
 	fprom(f, "chime_broker_sessions_unadmitted", "gauge", "Detached sessions that no process can attach to "
 	      "under the policy (user not admitted, or name reserved for another), as judged at start and at each "
 	      "reload; they go when their linger ends.", NULL, 1);
+	f = field_add(l, F_GAUGE, "broker.socket_gone");
+	f->u = h->socket_gone;
+	fprom(f, "chime_broker_socket_gone", "gauge", "1 if the socket's path no longer names the broker's socket "
+	      "(removed or replaced while it runs): no new client can connect until a restart.", NULL, 1);
+	f = field_add(l, F_GAUGE, "broker.sessions_file_gone");
+	f->u = h->sessions_file_gone;
+	fprom(f, "chime_broker_sessions_file_gone", "gauge", "1 if the sessions file was removed or replaced while the "
+	      "broker runs: a crash now would lose the named sessions' timers (a stop writes it again).", NULL, 1);
+	f = field_add(l, F_GAUGE, "broker.shard_files_gone");
+	f->u = h->shard_files_gone;
+	fprom(f, "chime_broker_shard_files_gone", "gauge", "Shard files removed or replaced while the broker runs: a "
+	      "crash now would lose the named sessions' timers there (a stop writes them again).", NULL, 1);
+	f = field_add(l, F_GAUGE, "broker.session_records_unwritten");
+	f->u = h->session_records_unwritten;
+	fprom(f, "chime_broker_session_records_unwritten", "gauge", "Session records the sessions file could not take "
+	      "(a failed write), tried again at every heartbeat: a restart meanwhile loses those sessions' changes.",
+	      NULL, 1);
 	f = field_add(l, F_GAUGE, "broker.stats_reset_gen");
 	f->u = h->stats_reset_gen;
 	/* When `chimectl reset-stats` last ran: null if never. */

@@ -461,7 +461,7 @@ static int header(struct live *L)
 	const struct field *status = fld(L, "broker", -1, "status", NULL);
 	const char *why = status ? status->s : "?", *state;
 	int running = f && f->u, y = 0;
-	char line[512], seg[96], a[32];
+	char line[512], seg[96], a[32], warn[512];
 
 	line[0] = '\0';
 	f = fld(L, "broker", -1, "pid", NULL);
@@ -518,6 +518,8 @@ static int header(struct live *L)
 	f = fld(L, "broker", -1, "torn_blocks", NULL);
 	if (f && f->u)
 		put(y++, 0, A_BOLD, "%" PRIu64 " block(s) torn by a writer that stopped: values may be inconsistent", f->u);
+	if (sr_files_warning(&L->sn.hdr, warn, sizeof(warn)))
+		put(y++, 0, A_BOLD, "%s", warn);
 
 	line[0] = '\0';
 	snprintf(seg, sizeof(seg), "sort %s %s", sort_name(L), sort_desc(L) ? "(desc)" : "(asc)");

@@ -80,7 +80,7 @@ void print_table(FILE *out, const struct flist *fields, const struct flist *prev
 {
 	struct findex index = { 0 }, *l = &index;
 	const struct chime_ctl *h = &sn->hdr;
-	char up[32], hb[32], res[16], since[32], nd[24], name[64], every[40] = "";
+	char up[32], hb[32], res[16], since[32], nd[24], name[64], every[40] = "", warn[512];
 	const char *why;
 	enum sr_state st = sr_liveness(sn, &why);
 	uint32_t k, c;
@@ -116,6 +116,8 @@ void print_table(FILE *out, const struct flist *fields, const struct flist *prev
 	if (sn->torn)
 		fprintf(out, "*** %u block(s) were being written by a writer that stopped: values may be inconsistent ***\n",
 			sn->torn);
+	if (sr_files_warning(h, warn, sizeof(warn)))
+		fprintf(out, "*** %s ***\n", warn);
 	fprintf(out, "%s\n", ps ? "" : "(rates: averages since start)");
 
 	fprintf(out, "%5s %9s %7s %9s %9s %9s %9s %6s %7s %7s %12s %6s %9s %8s %9s %5s %10s\n",

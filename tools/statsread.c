@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <signal.h>
@@ -560,6 +561,54 @@ char sr_pid_state(pid_t pid)
 	const char *f = chime_proc_stat(pid, buf, sizeof(buf));
 
 	return f ? f[0] : 0;
+}
+
+/* Append "; " and the formatted text to buf (cut to len). */
+static void sr_append(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void sr_append(char *buf, size_t len, const char *fmt, ...)
+{
+	size_t at = strlen(buf);
+	va_list ap;
+
+	if (at && at + 2 < len) {
+		memcpy(buf + at, "; ", 3);
+		at += 2;
+	}
+	if (at + 1 >= len)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf + at, len - at, fmt, ap);
+	va_end(ap);
+}
+
+bool sr_files_warning(const struct chime_ctl *h, char *buf, size_t len)
+{
+	uint32_t shards = h->shard_files_gone, recs = h->session_records_unwritten;
+
+	if (!len)
+		return false;
+	buf[0] = '\0';
+	if (h->socket_gone)
+		sr_append(buf, len, "its socket was removed or replaced: no new client can connect until a restart");
+	if (h->sessions_file_gone || shards) {
+		char what[64];
+
+		if (h->sessions_file_gone && shards)
+			snprintf(what, sizeof(what), "its sessions file and %u shard file%s were", shards,
+				 shards == 1 ? "" : "s");
+		else if (h->sessions_file_gone)
+			snprintf(what, sizeof(what), "its sessions file was");
+		else
+			snprintf(what, sizeof(what), "%u shard file%s %s", shards, shards == 1 ? "" : "s",
+				 shards == 1 ? "was" : "were");
+		sr_append(buf, len, "%s removed or replaced: a crash now would lose the named sessions' timers "
+			  "(a stop writes them again)", what);
+	}
+	if (recs)
+		sr_append(buf, len, "%u session record%s could not be written to the sessions file (tried again at "
+			  "every heartbeat; a restart meanwhile loses %s)", recs, recs == 1 ? "" : "s",
+			  recs == 1 ? "that session's change" : "those sessions' changes");
+	return buf[0] != '\0';
 }
 
 enum sr_state sr_liveness(const struct sr_snap *snap, const char **why)

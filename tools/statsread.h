@@ -178,6 +178,14 @@ void sr_strerror(const struct sr *s, int err, char *buf, size_t len);
 int sr_snapshot(const struct sr *s, struct sr_snap *snap);
 void sr_snap_free(struct sr_snap *snap);
 
+/*
+ * What the broker's state files have lost while it runs (chime_ctl's
+ * socket_gone, sessions_file_gone, shard_files_gone and
+ * session_records_unwritten), as one sentence in buf, for the views to
+ * show: false (buf empty) if nothing.
+ */
+bool sr_files_warning(const struct chime_ctl *h, char *buf, size_t len);
+
 /* Liveness from the snapshot: state, heartbeat age and whether the pid exists. why: a reason. */
 enum sr_state sr_liveness(const struct sr_snap *snap, const char **why);
 

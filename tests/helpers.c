@@ -756,31 +756,72 @@ int t_thread_release(int tid)
 	return ptrace(PTRACE_DETACH, tid, 0, 0) < 0 ? -errno : 0;
 }
 
+/* SIGRTMIN + 3, caught by a no-op without SA_RESTART: ends t_thread_step()'s wait. */
+static void step_timeout(int sig)
+{
+	(void)sig;
+}
+
+/* This thread's (the tracer's) timer for t_thread_step(): made once per thread; false if it cannot be. */
+static bool step_timer(timer_t *out)
+{
+	static __thread timer_t timer;
+	static __thread int made;       /* 1 made, -1 failed */
+	struct sigevent ev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = SIGRTMIN + 3 };
+	struct sigaction sa = { .sa_handler = step_timeout };
+
+	if (!made) {
+		ev._sigev_un._tid = (pid_t)syscall(SYS_gettid);     /* sigev_notify_thread_id, before glibc 2.35 names it */
+		sigemptyset(&sa.sa_mask);
+		made = sigaction(SIGRTMIN + 3, &sa, NULL) == 0 && timer_create(CLOCK_MONOTONIC, &ev, &timer) == 0 ? 1 : -1;
+	}
+	*out = timer;
+	return made == 1;
+}
+
+/*
+ * The tracer waits for the step blocked in waitpid(), woken by the
+ * tracee's stop, not polling: its loop of sched_yield() and 100 us sleeps
+ * took a CPU from the tracee it waited for, and on a loaded host (the CI,
+ * four such cases at once) a step took 1.5 ms instead of 33 us, so a stop
+ * reached its 5 s bound before the park it stepped through stored
+ * anything. A timer of 2 s (a signal to this thread) ends the wait on a
+ * tracee asleep in a system call.
+ */
 int t_thread_step(int tid)
 {
 	static __thread int pending;
+	const struct itimerspec two = { .it_value = { .tv_sec = 2 } }, off = { 0 };
 	int st, sig = pending;
+	uint64_t t0 = now_ns();
+	timer_t timer;
+	bool timed = step_timer(&timer);
+	pid_t w;
 
 	pending = 0;
 	if (ptrace(PTRACE_SINGLESTEP, tid, 0, (void *)(long)sig) < 0)
 		return -errno;
-	for (unsigned i = 0;; i++) {
-		pid_t w = waitpid(tid, &st, __WALL | WNOHANG);
+	for (;;) {
+		int e;
 
+		if (timed)
+			(void)timer_settime(timer, 0, &two, NULL);
+		w = timed ? waitpid(tid, &st, __WALL) : waitpid(tid, &st, __WALL | WNOHANG);
+		e = errno;
+		if (timed)
+			(void)timer_settime(timer, 0, &off, NULL);
 		if (w == tid)
 			break;
-		if (w < 0)
-			return -errno;
-		if (i == 20000) {
+		if (w < 0 && e != EINTR)
+			return -e;
+		if (now_ns() - t0 >= UINT64_C(2000000000)) {
 			/* Asleep in a system call: stop it there, as t_thread_hold() does. */
 			if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) < 0 || waitpid(tid, &st, __WALL) != tid)
 				return -errno;
 			return -ETIMEDOUT;
 		}
-		if (i < 100)
-			sched_yield();
-		else
-			usleep(100);
+		if (!timed)
+			usleep(100);    /* no timer here: polled, as before */
 	}
 	if (!WIFSTOPPED(st))
 		return -ECHILD;

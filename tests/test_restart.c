@@ -4119,9 +4119,18 @@ static unsigned store_stride(void)
 static void t4_kill_after_each_store(unsigned (*killed_after)(unsigned j, unsigned run), unsigned least,
 				     const char *what)
 {
-	unsigned total = killed_after(UINT_MAX, 0), stride = store_stride();
+	unsigned total = 0, stride = store_stride();
 
-	cr_assert_geq(total, least, "%s made %u stores to the four nodes", what, total);
+	/*
+	 * The count: a whole run. Single steps on a loaded host (CI, other
+	 * cases beside) can be so slow that a stop's park reaches none of the
+	 * nodes before the stop's 5 s bound ends it (step_changes() says "ended
+	 * by itself after 0"): 1 run in 3 under CI's load. Counted again then;
+	 * a park that never stores to them fails every try.
+	 */
+	for (int tries = 0; tries < 3 && total < least; tries++)
+		total = killed_after(UINT_MAX, 0);
+	cr_assert_geq(total, least, "%s made %u stores to the four nodes (3 tries)", what, total);
 	for (unsigned j = 0; j < total; j++)
 		if (j % stride == 0 || j == total - 1)
 			killed_after(j, j + 1);

@@ -143,6 +143,17 @@ int chime_seg_discard(int fd, size_t size)
 #define MADV_POPULATE_WRITE 23
 #endif
 
+int chime_seg_populate_write(void *p, size_t len)
+{
+	int r;
+
+	/* EINTR (a signal pending) and EAGAIN (a page busy) are the kernel's "again" */
+	for (int tries = 0; (r = madvise(p, len, MADV_POPULATE_WRITE)) < 0 && (errno == EINTR || errno == EAGAIN) &&
+	     tries < 100; tries++)
+		;
+	return r < 0 ? -errno : 0;
+}
+
 int chime_seg_populate(void *p, size_t bytes)
 {
 	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
@@ -151,14 +162,9 @@ int chime_seg_populate(void *p, size_t bytes)
 
 	if (to <= from)
 		return 0;
-	/* EINTR (a signal pending) and EAGAIN (a page busy) are the kernel's "again" */
-	for (int tries = 0; (r = madvise((void *)from, to - from, MADV_POPULATE_WRITE)) < 0 &&
-	     (errno == EINTR || errno == EAGAIN) && tries < 100; tries++)
-		;
-	if (r == 0)
-		return 0;
-	if (errno != EINVAL)
-		return -errno;
+	r = chime_seg_populate_write((void *)from, to - from);
+	if (r != -EINVAL)
+		return r;
 	/* Before Linux 5.14: a read fault allocates a shared memfd's page too (a SIGBUS if it cannot). */
 	for (uintptr_t a = from; a < to; a += page)
 		(void)*(volatile const char *)a;

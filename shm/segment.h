@@ -177,6 +177,14 @@ int chime_seg_discard(int fd, size_t size);
 int chime_seg_populate(void *p, size_t bytes);
 
 /*
+ * MADV_POPULATE_WRITE over [p, p + len) (page-aligned), tried again while
+ * the kernel says "again" (EINTR: a signal pending; EAGAIN: a page busy):
+ * 0 or -errno (-EINVAL before Linux 5.14). A caller that took EINTR for
+ * a failure gave up on a client's touch table for good (broker/aside.c).
+ */
+int chime_seg_populate_write(void *p, size_t len);
+
+/*
  * Which pages of [p, p + bytes) of a shared mapping are in its file's page
  * cache (mincore(2): nothing is allocated or mapped, unlike any access or
  * populate): bit 0 of vec[i] for the i-th page of the range widened to

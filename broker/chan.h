@@ -404,7 +404,7 @@ struct chan {
 	uint64_t sq_head_pub;           /* sq_head last published */
 	uint32_t sweep_pos;             /* reclaim, park: next slab index to look at */
 	uint64_t sweep_turn;            /* when its sweep last had a turn (chan_sweep_served()) */
-	uint32_t *park_order;           /* park: by cq position, the nodes whose events come back */
+	uint32_t *park_order;           /* park: by cq position, node + 1 of the events that come back (0: none) */
 	uint64_t park_pos;              /* park: next cq position of park_order to put in the backlog */
 	uint32_t park_last;             /* park: the last node put back in ring order so far, or CHIME_NIL */
 	uint64_t wakes;                 /* client wake-ups done (socket messages) */

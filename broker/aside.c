@@ -58,6 +58,8 @@ static int run(struct aside_job *j)
 	case ASIDE_CLOSE:
 		(void)close(j->fd);
 		return 0;
+	case ASIDE_PUNCH:
+		return chime_seg_punch(j->fd, j->off, j->len);
 	default:
 		return -EINVAL;
 	}

@@ -34,7 +34,8 @@ struct aside;
 enum aside_op {
 	ASIDE_RESERVE = 1,      /* fallocate(fd, 0, off, len), then populate (addr, plen) */
 	ASIDE_POPULATE = 2,     /* madvise(addr, plen, MADV_POPULATE_WRITE) */
-	ASIDE_CLOSE = 3         /* close(fd); no result comes back */
+	ASIDE_CLOSE = 3,        /* close(fd); no result comes back */
+	ASIDE_PUNCH = 4         /* a hole punched in fd at [off, off + len) (chime_seg_punch()) */
 };
 
 struct aside_job {

@@ -1440,6 +1440,33 @@ static void slot_free(struct chan *ch, uint64_t pos)
 }
 
 /*
+ * slot_free(), the slot's unused grant swapped first for the lowest free
+ * node when it lies in the slab's top GRANT_LOWER_NODES and that node is
+ * at least as far below it. A connection's grants, taken as it armed a
+ * burst, sat at the top of the slab until it armed a lap of its ring or
+ * went, and no storage above them could be given back once the burst's
+ * timers were gone (slab_give_back(), shard.c). The slot is the shard's
+ * until chime_sq_free(): the client reads its grant only after that.
+ */
+#define GRANT_LOWER_NODES 65536u        /* a chunk of the slab (shard.c's RESERVE_CHUNK) */
+static void slot_free_lower(struct shard_core *sc, struct chan *ch, uint64_t pos)
+{
+	uint32_t s = (uint32_t)pos & ch->sq_mask;
+	uint64_t g = ch->grants[s], idx = chime_id_index(g);
+
+	if (!chime_grant_is_marker(g) && idx + GRANT_LOWER_NODES >= sc->wh.w->high_water &&
+	    (uint64_t)wheel_lowest_free(&sc->wh) + GRANT_LOWER_NODES <= idx) {
+		uint64_t low = grant_new(sc, ch);
+
+		if (low) {
+			grant_free(sc, ch, g);
+			slot_set(sc, ch, s, low);
+		}
+	}
+	slot_free(ch, pos);
+}
+
+/*
  * Nodes are free again (or the client below its quota): replace the markers
  * at once rather than when the client next uses each slot, so its arms stop
  * failing as soon as there is room. The slot may be free, reserved or
@@ -1552,14 +1579,21 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
  * as stale (the timer is gone: its node was freed or reused, a normal race
  * for a cancel after the event) or malformed (an id this client was never given).
  */
+static uint32_t lookup_malformed(struct shard_core *sc, const struct chan *ch)
+{
+	stats_malformed(sc->st, ch->slot);
+	return CHIME_NIL;
+}
+
 static uint32_t lookup(struct shard_core *sc, struct chan *ch, uint64_t id)
 {
 	uint32_t idx = chime_id_index(id), gen = chime_id_gen(id);
 	const struct chime_node *n;
 
-	if (chime_id_shard(id) != sc->shard || gen == 0 || idx >= sc->capacity ||
-	    idx >= sc->wh.w->high_water)
+	if (chime_id_shard(id) != sc->shard || gen == 0 || idx >= sc->capacity)
 		goto malformed;
+	if (idx >= sc->wh.w->high_water)
+		return idx < sc->wh.shrunk_from ? CHIME_NIL : lookup_malformed(sc, ch);      /* given back: stale */
 	n = NODE(sc, idx);
 	if ((n->gen & CHIME_ID_GEN_MASK) != gen || n->state == CHIME_NODE_FREE)
 		return CHIME_NIL;       /* stale: not an error, counts nothing */
@@ -1575,8 +1609,7 @@ static uint32_t lookup(struct shard_core *sc, struct chan *ch, uint64_t id)
 		break;          /* GRANTED: an id not armed yet cannot be named */
 	}
 malformed:
-	stats_malformed(sc->st, ch->slot);
-	return CHIME_NIL;
+	return lookup_malformed(sc, ch);
 }
 
 /* Remove a client's timer whatever its state; true if it counted as armed. */
@@ -2149,8 +2182,8 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 			stats_malformed(sc->st, ch->slot);
 			break;
 		}
-		/* The slot keeps its unused grant, or tries again if it held a marker. */
-		slot_free(ch, pos);
+		/* The slot keeps its unused grant (or a lower one), or tries again if it held a marker. */
+		slot_free_lower(sc, ch, pos);
 	}
 waiting:
 	applied = ch->walk_queued ? ch->walk_pos : ch->sq.head;

@@ -142,12 +142,15 @@
 #define RESERVE_MIN     (UINT64_C(256) << 10) /* ... or as little as this on a nearly full filesystem */
 #define RESERVE_AHEAD_NODES 32768u           /* reserve more when high_water is this close */
 #define RESERVE_RETRY_NS (UINT64_C(1000000000))
+#define GIVE_BACK_MIN   (2 * RESERVE_CHUNK)   /* the least of the slab's free top given back */
+#define GIVE_BACK_EVERY_NS (UINT64_C(1000000000))
 #define UD_BELL   1u    /* the command doorbell */
 #define UD_CANCEL 2u    /* a cancel request (its own completion means nothing) */
 #define UD_CHAN   3u    /* a client doorbell: slot << 2 | UD_CHAN */
 /* The aside thread's jobs (aside.h), by what they were for: */
 #define UD_RESERVE        (2u << 2)     /* the slab's next chunk reserved and mapped */
 #define UD_TOUCH          (3u << 2)     /* slot << 8 | UD_TOUCH: a client's touch-table pages mapped */
+#define UD_PUNCH          (4u << 2)     /* the slab's free top given back (slab_give_back()) */
 #define UD_TAG(ud) ((ud) & 3u)
 #define RING_SQ_ENTRIES 64u
 #define SHARD_STOP_TIMEOUT_S 2
@@ -225,6 +228,9 @@ static uint64_t slab_room(const struct shard *s, uint64_t from)
 	return room + (held - from) < room ? UINT64_MAX - 1 : room + (held - from);
 }
 
+static void reap_aside(struct shard *s);
+static void reserve_settle(struct shard *s);
+
 /*
  * Reserve the next chunk of the slab now, or as much of it as the
  * filesystem has room for, down to RESERVE_MIN (a nearly full filesystem
@@ -240,6 +246,9 @@ static bool reserve_chunk(struct shard *s, uint64_t now)
 
 	if (s->core.wh.reserved == s->cfg.capacity || now < s->reserve_retry_ns)
 		return false;
+	/* A hole still being punched where this chunk goes would take it back after us. */
+	if (s->punches)
+		reserve_settle(s);
 	room = slab_room(s, s->reserved_bytes);
 	do {
 		want = s->reserved_bytes + chunk < s->seg.size ? s->reserved_bytes + chunk : s->seg.size;
@@ -261,8 +270,6 @@ static bool reserve_chunk(struct shard *s, uint64_t now)
 	reserve_note(s, want);
 	return true;
 }
-
-static void reap_aside(struct shard *s);
 
 /*
  * The next chunk reserved and mapped on the shard's aside thread
@@ -328,6 +335,86 @@ static void reserve_ahead(struct shard *s, uint64_t now)
 		s->reserve_inline = false;
 		(void)reserve_chunk(s, now);
 	}
+}
+
+/* A generation for nodes grown into (wheel_alloc()): random, so that ids are not guessable. */
+static void draw_gen_base(struct shard *s, uint64_t now)
+{
+	uint32_t g;
+
+	if (getrandom(&g, sizeof(g), GRND_NONBLOCK) != sizeof(g))
+		g = (uint32_t)(now ^ (now >> 32)) ^ s->core.wh.gen_base * 2654435761u;
+	s->core.wh.gen_base = g;
+}
+
+/*
+ * The storage of the slab's free top given back to its filesystem (true:
+ * a look is now due at give_back_at, the sleep to end there). The
+ * slab grows a chunk at a time as timers are armed and hands out its
+ * lowest free node first, so once a burst of timers has gone the top of
+ * it is free again; kept, the room it held (on /run, shared with the
+ * host's other services) stayed the broker's until a restart. What stays:
+ * the nodes up to the highest in use, the reserve that reserve_ahead()
+ * keeps ahead of them, and a chunk more, so that it is not grown again at
+ * once; at least GIVE_BACK_MIN goes, or nothing. Looked for at most once a
+ * second, by a pass that runs anyway, or, after passes that came sooner,
+ * by one wake-up a second after the last look: none at rest. The hole is punched aside, after any chunk on its
+ * way there (jobs run in order); a growth in line waits for it
+ * (reserve_chunk()). The nodes given back are grown into again as new
+ * ones, under a new generation base (wheel_shrink()).
+ */
+static bool slab_give_back(struct shard *s, uint64_t now)
+{
+	struct wheel *wh = &s->core.wh;
+	uint64_t keep, was = s->reserved_bytes, nodes;
+	uint32_t end;
+	int r;
+
+	/* A chunk on its way: its completion rings the shard, and the pass then looks. */
+	if (was < s->slab_off + GIVE_BACK_MIN || s->give_back_off || s->reserve_pending)
+		return false;
+	/* Not yet: the pass at give_back_at looks, a sleep ending there for it (next_wake()). */
+	if (now < s->give_back_at) {
+		if (s->give_back_due)
+			return false;
+		s->give_back_due = true;
+		return true;
+	}
+	s->give_back_due = false;
+	s->give_back_at = now + GIVE_BACK_EVERY_NS;
+	end = wheel_slab_end(wh);
+	keep = s->slab_off + ((uint64_t)end + RESERVE_AHEAD_NODES) * sizeof(struct chime_node) + RESERVE_CHUNK;
+	keep = (keep + 4095) & ~(uint64_t)4095;
+	if (keep + GIVE_BACK_MIN > was)
+		return false;
+	wheel_shrink(wh, end);
+	draw_gen_base(s, now);
+	nodes = (keep - s->slab_off) / sizeof(struct chime_node);
+	s->reserved_bytes = keep;
+	at_store(&wh->reserved, nodes < s->cfg.capacity ? (uint32_t)nodes : s->cfg.capacity);
+	stats_slab_given_back(&s->st, was - keep);
+	/* To the file's end: blocks a reader faulted in past the reserve go too. */
+	{
+		struct aside_job j = { .op = ASIDE_PUNCH, .fd = s->seg_fd, .off = keep, .len = s->seg.size - keep,
+				       .ud = UD_PUNCH };
+
+		if (aside_post(s->aside, &j)) {
+			s->punches++;
+			return false;
+		}
+		r = chime_seg_punch(s->seg_fd, keep, s->seg.size - keep);
+		if (r == -EOPNOTSUPP)
+			s->give_back_off = true;
+	}
+	return false;
+}
+
+/* The completion of slab_give_back()'s punch: a filesystem that cannot gives nothing back again. */
+static void give_back_done(struct shard *s, int res)
+{
+	s->punches--;
+	if (res == -EOPNOTSUPP)
+		s->give_back_off = true;
 }
 
 /* Before the thread goes: no chunk or client's page on its way into a mapping about to be unmapped. */
@@ -640,8 +727,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	/* Who may go ahead of a backlog is counted per user too. */
 	wheel_group_owners(&s->core.wh, s->core.user_of_slot);
 	/* Ids differ from one broker run to the next: a client cannot guess another's. */
-	if (getrandom(&s->core.wh.gen_base, sizeof(s->core.wh.gen_base), 0) != sizeof(s->core.wh.gen_base))
-		s->core.wh.gen_base = (uint32_t)now;
+	draw_gen_base(s, now);
 	chime_seg_publish(&((struct chime_shard_seg *)s->seg.base)->hdr, CHIME_SEG_SHARD, g.size);
 
 	s->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -789,6 +875,8 @@ static void reap_aside(struct shard *s)
 
 			if (ud == UD_RESERVE) {
 				reserve_async_done(s, done[i].res);
+			} else if (ud == UD_PUNCH) {
+				give_back_done(s, done[i].res);
 			} else if ((ud & 0xffu) == UD_TOUCH) {
 				struct chan *ch = chan_of_slot(s, ud >> 8);
 
@@ -1093,6 +1181,7 @@ static uint64_t next_wake(struct shard *s)
 
 	due = wheel_earliest(&s->core.wh, WAKE_SCAN, &inexact);
 	due = s->core.wake_retry_ns < due ? s->core.wake_retry_ns : due;
+	due = s->give_back_due && s->give_back_at < due ? s->give_back_at : due;
 	return stage < due ? stage : due;
 }
 
@@ -1250,6 +1339,8 @@ static void loop(struct shard *s)
 			work = true;
 		now = now_ns();
 		reserve_ahead(s, now);
+		if (slab_give_back(s, now))
+			wake_known = false;     /* the sleep's end moves to give_back_at */
 		fired = fire_due(s, now);
 		if (fired) {
 			work = true;

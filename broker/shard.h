@@ -100,9 +100,13 @@ struct shard {
 	uint64_t reserve_retry_ns;      /* after a failed reservation: not before this */
 	uint64_t reserve_pending;       /* reserve_async(): the chunk on its way ends here (0: none) */
 	uint32_t touch_pops;            /* clients' touch-table pages being mapped aside (touch_populate()) */
-	struct aside *aside;            /* runs those two (aside.h); NULL: the reserves are made in line */
+	uint32_t punches;               /* slab storage given back, its hole being punched aside */
+	uint64_t give_back_at;          /* the slab's free top looked for again not before this */
+	struct aside *aside;            /* runs those (aside.h); NULL: the reserves are made in line */
 	bool reserve_async_off;         /* chunks reserved in line only (not possible here) */
 	bool reserve_inline;            /* the next one in line (the last one failed) */
+	bool give_back_off;             /* the filesystem cannot punch holes: the slab is not given back */
+	bool give_back_due;             /* a pass came before give_back_at: the sleep ends there */
 	char path[4096];
 
 	/* command queue: control thread -> shard */

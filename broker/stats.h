@@ -44,6 +44,7 @@
  *   refused       stats_refused(&st, slot, why): an arm the client could not
  *                 make (it found a no-grant marker and published a NOP)
  *   reserve       stats_reserve_failed(&st): the filesystem refused a slab chunk
+ *                 stats_slab_given_back(&st, bytes): the slab's free top given back
  *   fire          stats_fire_n(&st, slot, deadline_ns, fired_ns, periodic,
  *                 immediate, n) once for n expirations alike popped from
  *                 the wheel (each period of a periodic timer counts), with
@@ -348,6 +349,12 @@ static inline void stats_refused(struct stats *st, uint32_t slot, enum stats_ref
 static inline void stats_reserve_failed(struct stats *st)
 {
 	st->sh.reserve_failed++;
+}
+
+/* Bytes of the slab given back to its filesystem (always counted, as reserve_failed). */
+static inline void stats_slab_given_back(struct stats *st, uint64_t bytes)
+{
+	st->sh.slab_given_back += bytes;
 }
 
 /*

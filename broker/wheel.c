@@ -67,7 +67,8 @@
  *     groups g modulo WHEEL_JUMP_OWNERS.
  *  I4 FREE <=> its bit set in the free map (wh->free_bits), index <
  *     high_water; each upper level's bit set <=> the word below non-zero. Nodes at or beyond
- *     high_water were never touched (the slab costs no RSS until used).
+ *     high_water are not in use: never touched (the slab costs no RSS until used), or
+ *     given back (wheel_shrink()) and grown into again as new ones.
  *  I5 armed == number of ARMED + EXPIRED nodes.
  *  I6 every deadline in the level-0 slot of tick T is >= cur_min_ns.
  *  I7 every deadline in slot [L][s] is >= wh->slot_min[L][s] (private): a
@@ -230,6 +231,7 @@ static void handle_init(struct wheel *wh, void *mem)
 	wh->cur_min_ns = 0;
 	wh->reserved = w->capacity;     /* the caller lowers it if it reserves storage in steps */
 	wh->gen_base = 0;
+	wh->shrunk_from = 0;
 	wh->stage_wake_min = WHEEL_STAGE_WAKE_TIMERS;
 	wh->jump_backlog = WHEEL_JUMP_BACKLOG;
 	wh->jump_max = WHEEL_JUMP_MAX;
@@ -594,8 +596,8 @@ void wheel_fini(struct wheel *wh)
 	wh->free_levels = 0;
 }
 
-/* The lowest free node, taken off the map; NIL if none. */
-static inline uint32_t free_take_lowest(struct wheel *wh)
+/* The lowest free node; NIL if none. */
+static inline uint32_t free_lowest(const struct wheel *wh)
 {
 	unsigned top = wh->free_levels - 1;
 	uint64_t i = 0;
@@ -604,6 +606,16 @@ static inline uint32_t free_take_lowest(struct wheel *wh)
 		return NIL;
 	for (unsigned l = top + 1; l-- > 0;)
 		i = i * 64 + (uint64_t)__builtin_ctzll(wh->free_bits[l][i]);
+	return (uint32_t)i;
+}
+
+/* The lowest free node, taken off the map; NIL if none. */
+static inline uint32_t free_take_lowest(struct wheel *wh)
+{
+	uint64_t i = free_lowest(wh);
+
+	if (i == NIL)
+		return NIL;
 	{
 		/* the next alloc most likely takes the next free node of this word: start its miss now */
 		uint64_t word = wh->free_bits[0][i / 64], rest = word & (word - 1);     /* i's is its lowest bit */
@@ -620,6 +632,58 @@ static inline uint32_t free_take_lowest(struct wheel *wh)
 		j += 6;
 	}
 	return (uint32_t)i;
+}
+
+uint32_t wheel_lowest_free(const struct wheel *wh)
+{
+	return free_lowest(wh);
+}
+
+uint32_t wheel_slab_end(const struct wheel *wh)
+{
+	uint32_t end = wh->w->high_water;
+
+	while (end > 0) {
+		uint32_t base = (end - 1) / 64 * 64, bits = end - base;
+		uint64_t mask = bits == 64 ? ~UINT64_C(0) : (UINT64_C(1) << bits) - 1;
+		uint64_t used = ~wh->free_bits[0][base / 64] & mask;
+
+		if (used)
+			return base + (uint32_t)(64 - __builtin_clzll(used));
+		end = base;
+	}
+	return 0;
+}
+
+void wheel_shrink(struct wheel *wh, uint32_t end)
+{
+	uint64_t lo = end, hi = wh->w->high_water;
+
+	assert(end >= wheel_slab_end(wh));
+	if (end >= hi)
+		return;
+	if (hi > wh->shrunk_from)
+		wh->shrunk_from = (uint32_t)hi;
+	/* Level 0: the nodes' bits; each level above: a bit per word below, set while that word is non-zero. */
+	for (unsigned l = 0; l < wh->free_levels; l++) {
+		for (uint64_t j = lo; j < hi;) {
+			uint64_t *word = &wh->free_bits[l][j / 64], bit = UINT64_C(1) << (j % 64);
+
+			if (l == 0 && j % 64 == 0 && hi - j >= 64) {
+				*word = 0;      /* a whole word of nodes at once */
+				j += 64;
+				continue;
+			}
+			if (l == 0 || !wh->free_bits[l - 1][j])
+				*word &= ~bit;
+			else
+				*word |= bit;
+			j++;
+		}
+		lo /= 64;
+		hi = (hi - 1) / 64 + 1;
+	}
+	at_store(&wh->w->high_water, end);
 }
 
 uint32_t wheel_alloc(struct wheel *wh)

@@ -71,6 +71,9 @@ struct wheel {
 	/* generation a node gets when first used: random per broker run, so
 	 * ids are not guessable from one run to the next (0 in tests) */
 	uint32_t gen_base;
+	/* the highest high_water a wheel_shrink() lowered: an id of a node
+	 * from there down to high_water is a given-back node's, stale */
+	uint32_t shrunk_from;
 	/* wheel_stage_at() asks for no wake-up below this many timers
 	 * (WHEEL_STAGE_WAKE_TIMERS; tests lower it) */
 	uint32_t stage_wake_min;
@@ -203,6 +206,27 @@ static inline struct chime_node *wheel_node(const struct wheel *wh, uint32_t idx
  * wh->reserved, set by the caller; capacity after init and rebuild).
  */
 uint32_t wheel_alloc(struct wheel *wh);
+
+/* The lowest free node below high_water (the next wheel_alloc()'s), CHIME_NIL if none. */
+uint32_t wheel_lowest_free(const struct wheel *wh);
+
+/*
+ * One past the highest node in use (not FREE), 0 if none: the nodes from
+ * there to high_water are free, and may be given back (wheel_shrink()).
+ * O(those nodes / 64).
+ */
+uint32_t wheel_slab_end(const struct wheel *wh);
+
+/*
+ * Give back the free nodes [end, high_water), end >= wheel_slab_end(): out
+ * of the free map, and high_water lowered to end. Their storage is the
+ * caller's to release, and wh->reserved to lower. wheel_alloc() grows into
+ * them again as into new nodes, their generations from gen_base: the
+ * caller draws a new one, since gen_base + 1 was the first generation of
+ * each, and an id of it may still be held (a client cancelling a timer
+ * that fired). O(high_water - end).
+ */
+void wheel_shrink(struct wheel *wh, uint32_t end);
 
 /* Return a node in state ALLOC (or any broker state) to the free nodes. */
 void wheel_free(struct wheel *wh, uint32_t idx);

@@ -132,11 +132,16 @@ int chime_seg_reopen_ro(int fd)
 	return ro < 0 ? -errno : ro;
 }
 
+int chime_seg_punch(int fd, uint64_t off, uint64_t len)
+{
+	if (fd < 0 || !len)
+		return 0;
+	return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0 ? -errno : 0;
+}
+
 int chime_seg_discard(int fd, size_t size)
 {
-	if (fd < 0 || !size)
-		return 0;
-	return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)size) < 0 ? -errno : 0;
+	return chime_seg_punch(fd, 0, size);
 }
 
 #ifndef MADV_POPULATE_WRITE

@@ -164,6 +164,14 @@ int chime_seg_reopen_ro(int fd);
 int chime_seg_discard(int fd, size_t size);
 
 /*
+ * Free the storage of bytes [off, off + len) of file `fd`, its size kept
+ * (a hole punched, fallocate): every mapping of them reads zeros, and a
+ * write there takes storage again. Whole pages only on tmpfs (a partial
+ * one is zeroed). 0 or -errno.
+ */
+int chime_seg_punch(int fd, uint64_t off, uint64_t len);
+
+/*
  * Map the pages of [p, p + bytes) of a shared mapping now, writable, in one
  * call, rather than one page fault at a time on a path that should not
  * wait (MADV_POPULATE_WRITE, Linux 5.14; on an older kernel a read of each

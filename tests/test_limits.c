@@ -402,6 +402,145 @@ Test(limits, a_full_slab_leaves_a_tenth_of_its_filesystem_to_other_writers)
 	t_unmount_tmpfs(dir);
 }
 
+/* Bytes available on dir's filesystem. */
+static uint64_t fs_avail(const char *dir)
+{
+	struct statvfs v;
+
+	cr_assert_eq(statvfs(dir, &v), 0);
+	return (uint64_t)v.f_bavail * v.f_frsize;
+}
+
+/*
+ * A burst of timers gone, the storage the slab grew for them goes back to
+ * its filesystem within seconds (it stayed the broker's until a restart:
+ * on /run, room the host's other services lacked), with no wake-up asked
+ * for; an id of a node given back is stale, not malformed; and the slab
+ * grows into that room again, its timers firing.
+ */
+Test(limits, the_slab_gives_back_its_free_top_once_its_timers_are_gone, .timeout = 60)
+{
+	const unsigned n = 300000;     /* 19.2 MB of nodes */
+	chime_id_t *ids = malloc(n * sizeof(*ids)), soon;
+	struct chime_event ev;
+	char dir[64], sock[128];
+	uint64_t avail0, avail1, back = 0, arms;
+	unsigned got;
+	int err, r = 0;
+
+	cr_assert(ids);
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "128m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576 --max-timers-per-uid 0"), 0);
+	avail0 = fs_avail(dir);
+	{
+		chime_t *c = copen();
+
+		got = arm_until_refused(c, n, &err, ids);
+		cr_assert_eq(got, n, "arm %u: %s", got, strerror(-err));
+		avail1 = fs_avail(dir);
+		cr_assert_geq(avail0 - avail1, (uint64_t)n * 64, "the slab grew by %llu bytes for %u timers",
+			      (unsigned long long)(avail0 - avail1), n);
+		for (unsigned i = 0; i < n; i++)
+			cr_assert_eq(chime_cancel(c, ids[i]), 0);
+		cr_assert_eq(chime_flush(c), 0);
+		/* given back by a pass within a second or so of the last one: no record rings for it */
+		for (int i = 0; i < 1000 && (back = shard_counter(offsetof(struct chime_shard_stats,
+									    slab_given_back))) == 0; i++)
+			usleep(10 * 1000);
+		cr_assert_geq(back, (uint64_t)12 << 20, "%llu bytes given back", (unsigned long long)back);
+		for (int i = 0; i < 100 && avail0 - fs_avail(dir) > (uint64_t)10 << 20; i++)
+			usleep(10 * 1000);
+		cr_assert_leq(avail0 - fs_avail(dir), (uint64_t)10 << 20,
+			      "the filesystem still short of %llu bytes of its room before the burst, %llu given back",
+			      (unsigned long long)(avail0 - fs_avail(dir)), (unsigned long long)back);
+		/* an id of the given-back top: stale, as after any cancel */
+		arms = shard_counter(offsetof(struct chime_shard_stats, arms));
+		cr_assert_eq(chime_cancel(c, ids[n - 1]), 0);
+		cr_assert_eq(chime_reset(c, ids[n - 2], now_ns() + HOUR), 0);
+		cr_assert_eq(chime_arm(c, 1, now_ns() + HOUR, 0, 0, &soon), 0);
+		cr_assert_eq(chime_flush(c), 0);
+		cr_assert_geq(counter_settled(offsetof(struct chime_shard_stats, arms), arms + 1), arms + 1);
+		cr_expect_eq(shard_counter(offsetof(struct chime_shard_stats, malformed)), 0,
+			     "ids of given-back nodes counted as malformed");
+		chime_close(c);
+	}
+	{
+		/* grown into again: every arm succeeds, and the topmost one fires */
+		chime_t *c = copen();
+
+		got = arm_until_refused(c, n, &err, NULL);
+		cr_assert_eq(got, n, "arm %u after the give-back: %s", got, strerror(-err));
+		cr_assert_eq(chime_arm(c, 2, now_ns() + 20 * MS, 0, 7, &soon), 0);
+		cr_assert_geq(chime_id_index(soon), n, "the last timer is in the grown-into part (index %u)",
+			      chime_id_index(soon));
+		r = chime_wait(c, &ev, 1, 5000);
+		cr_assert_eq(r, 1, "chime_wait: %d", r);
+		cr_assert_eq(ev.id, soon);
+		cr_assert_eq(ev.user_data, 7);
+		chime_close(c);
+	}
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	t_unmount_tmpfs(dir);
+	free(ids);
+}
+
+/*
+ * A broker killed after giving its slab's top back: the next one takes the
+ * session over from the shard file as the give-back left it (the lowered
+ * high-water mark, the hole past it), and the timers kept below fire.
+ */
+Test(limits, a_broker_killed_after_giving_back_its_slab_restores_the_timers_it_kept, .timeout = 60)
+{
+	enum { kept = 16 };
+	const unsigned n = 300000;
+	const char *opts = "-n 1 --capacity 1048576 --max-timers-per-uid 0";
+	chime_id_t *ids = malloc(n * sizeof(*ids)), id;
+	struct chime_opts o = { .session = "given-back" };
+	struct chime_event ev[kept];
+	char dir[64], sock[128];
+	uint64_t back = 0, due;
+	unsigned got = 0;
+	chime_t *c = NULL;
+	int err;
+
+	cr_assert(ids);
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "128m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	cr_assert_eq(t_chimed_start(&tb, sock, opts), 0);
+	o.socket_path = sock;
+	cr_assert_eq(chime_open(&c, &o), 0);
+	due = now_ns() + 3000 * MS;
+	for (unsigned i = 0; i < kept; i++)
+		cr_assert_eq(chime_arm(c, 1, due, 0, i, &id), 0);
+	cr_assert_eq(arm_until_refused(c, n, &err, ids), n, "%s", strerror(-err));
+	for (unsigned i = 0; i < n; i++)
+		cr_assert_eq(chime_cancel(c, ids[i]), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	for (int i = 0; i < 1000 && (back = shard_counter(offsetof(struct chime_shard_stats,
+								    slab_given_back))) == 0; i++)
+		usleep(10 * 1000);
+	cr_assert_geq(back, (uint64_t)12 << 20, "%llu bytes given back", (unsigned long long)back);
+	cr_assert_eq(t_chimed_restart(&tb, SIGKILL, opts), 0);
+	for (int i = 0; i < 100 && got < kept; i++) {
+		int r = chime_wait(c, ev + got, kept - got, 100);
+
+		cr_assert_geq(r, 0, "chime_wait: %s", strerror(-r));
+		for (int k = 0; k < r; k++)
+			cr_assert_geq(ev[got + k].fired_ns, due, "fired early");
+		got += (unsigned)r;
+	}
+	cr_assert_eq(got, kept, "%u of the %u timers kept below the given-back top fired", got, kept);
+	chime_close(c);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	t_unmount_tmpfs(dir);
+	free(ids);
+}
+
 /* Fill dir/name so that the filesystem keeps `free_bytes` available to us. */
 static void fill_down_to(const char *dir, const char *name, uint64_t free_bytes)
 {

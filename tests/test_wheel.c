@@ -395,6 +395,64 @@ Test(wheel, a_node_freed_anywhere_is_handed_out_lowest_first)
 	tw_fini(&t);
 }
 
+/*
+ * The free nodes at the slab's top given back (wheel_shrink()): whatever
+ * the order the nodes were freed in, the slab's end is one past the
+ * highest in use, the shrunk map passes wheel_check(), and nodes are
+ * handed out lowest first below the end and grown into again beyond it.
+ */
+Test(wheel, the_free_top_of_the_slab_is_given_back_and_grown_into_again)
+{
+	const uint32_t n = 70000;       /* more than a word of every level of the free map */
+	uint64_t rng = 11;
+	uint32_t *idx = malloc(n * sizeof(*idx)), keep[3] = { 5, 4097, 40000 };
+	struct tw t;
+
+	cr_assert(idx);
+	tw_init(&t, 2 * n, 1000, 0);
+	for (uint32_t i = 0; i < n; i++)
+		idx[i] = arm_new(&t, 1000 + splitmix64(&rng) % 1000000000);
+	cr_assert_eq(wheel_slab_end(&t.wh), n, "every node in use");
+	for (uint32_t i = n - 1; i > 0; i--) {          /* freed in a random order */
+		uint32_t j = (uint32_t)(splitmix64(&rng) % (i + 1)), x = idx[i];
+
+		idx[i] = idx[j];
+		idx[j] = x;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		if (idx[i] != keep[0] && idx[i] != keep[1] && idx[i] != keep[2])
+			wheel_free(&t.wh, idx[i]);
+	cr_assert_eq(wheel_slab_end(&t.wh), keep[2] + 1, "one past the highest node in use");
+	wheel_shrink(&t.wh, keep[2] + 1);
+	cr_assert_eq(t.wh.w->high_water, keep[2] + 1);
+	wheel_check(&t.wh);
+	wheel_free(&t.wh, keep[2]);
+	cr_assert_eq(wheel_slab_end(&t.wh), keep[1] + 1);
+	wheel_shrink(&t.wh, keep[1] + 1);
+	wheel_check(&t.wh);
+	/* below the end the free nodes first, lowest first; then new ones from the end up */
+	for (uint32_t want = 0; want <= keep[1] + 2; want++) {
+		if (want == keep[0] || want == keep[1])
+			continue;
+		cr_assert_eq(wheel_alloc(&t.wh), want, "after the shrink, allocation of node %u", want);
+	}
+	cr_assert_eq(t.wh.w->high_water, keep[1] + 3);
+	wheel_check(&t.wh);
+	/* nothing in use above node 0 after all: down to one node, then none */
+	for (uint32_t i = 1; i <= keep[1] + 2; i++)
+		wheel_free(&t.wh, i);
+	cr_assert_eq(wheel_slab_end(&t.wh), 1);
+	wheel_free(&t.wh, 0);
+	cr_assert_eq(wheel_slab_end(&t.wh), 0);
+	wheel_shrink(&t.wh, 0);
+	cr_assert_eq(t.wh.w->high_water, 0);
+	wheel_check(&t.wh);
+	cr_assert_eq(wheel_alloc(&t.wh), 0, "an empty slab grows from its start");
+	wheel_check(&t.wh);
+	free(idx);
+	tw_fini(&t);
+}
+
 Test(wheel, only_the_due_part_of_the_current_tick_fires)
 {
 	struct tw t;

@@ -357,8 +357,8 @@ static void draw_gen_base(struct shard *s, uint64_t now)
  * the nodes up to the highest in use, the reserve that reserve_ahead()
  * keeps ahead of them, and a chunk more, so that it is not grown again at
  * once; at least GIVE_BACK_MIN goes, or nothing. Looked for at most once a
- * second, by a pass that runs anyway, or, after passes that came sooner,
- * by one wake-up a second after the last look: none at rest. The hole is punched aside, after any chunk on its
+ * second, by a pass that runs anyway, or, after passes in which timers
+ * went, by one wake-up a second after the last look: none at rest. The hole is punched aside, after any chunk on its
  * way there (jobs run in order); a growth in line waits for it
  * (reserve_chunk()). The nodes given back are grown into again as new
  * ones, under a new generation base (wheel_shrink()).
@@ -373,15 +373,21 @@ static bool slab_give_back(struct shard *s, uint64_t now)
 	/* A chunk on its way: its completion rings the shard, and the pass then looks. */
 	if (was < s->slab_off + GIVE_BACK_MIN || s->give_back_off || s->reserve_pending)
 		return false;
-	/* Not yet: the pass at give_back_at looks, a sleep ending there for it (next_wake()). */
+	/*
+	 * Not yet: if timers have gone since the last look (fired, cancelled,
+	 * reclaimed: the count fell), the pass at give_back_at looks, a sleep
+	 * ending there for it (next_wake()). Arms alone (a broker filling
+	 * up, then at rest) ask for none.
+	 */
 	if (now < s->give_back_at) {
-		if (s->give_back_due)
+		if (s->give_back_due || wh->armed >= s->armed_at_look)
 			return false;
 		s->give_back_due = true;
 		return true;
 	}
 	s->give_back_due = false;
 	s->give_back_at = now + GIVE_BACK_EVERY_NS;
+	s->armed_at_look = wh->armed;
 	end = wheel_slab_end(wh);
 	keep = s->slab_off + ((uint64_t)end + RESERVE_AHEAD_NODES) * sizeof(struct chime_node) + RESERVE_CHUNK;
 	keep = (keep + 4095) & ~(uint64_t)4095;

@@ -1452,10 +1452,10 @@ static void slot_free(struct chan *ch, uint64_t pos)
 static void slot_free_lower(struct shard_core *sc, struct chan *ch, uint64_t pos)
 {
 	uint32_t s = (uint32_t)pos & ch->sq_mask;
-	uint64_t g = ch->grants[s], idx = chime_id_index(g);
+	uint64_t g = ch->grants[s], idx = chime_id_index(g), far = sc->grant_lower ? sc->grant_lower : GRANT_LOWER_NODES;
 
-	if (!chime_grant_is_marker(g) && idx + GRANT_LOWER_NODES >= sc->wh.w->high_water &&
-	    (uint64_t)wheel_lowest_free(&sc->wh) + GRANT_LOWER_NODES <= idx) {
+	if (!chime_grant_is_marker(g) && idx + far >= sc->wh.w->high_water &&
+	    (uint64_t)wheel_lowest_free(&sc->wh) + far <= idx) {
 		uint64_t low = grant_new(sc, ch);
 
 		if (low) {

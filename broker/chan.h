@@ -99,6 +99,8 @@ struct shard_core {
 	struct chan *walk_head, *walk_tail;
 	uint64_t walk_turns;            /* walk turns given (chan_user.walk_turn) */
 	unsigned walk_budget, index_budget;
+	/* a grant this near the slab's top and this far above its lowest free node is swapped (0: GRANT_LOWER_NODES) */
+	uint32_t grant_lower;
 	/*
 	 * Wall-clock timers (ARCHITECTURE.md, "Wall-clock timers"): the two
 	 * offsets their deadlines may be based on (CHIME_NODE_WALL_B picks

@@ -329,6 +329,46 @@ Test(chan, arm_refreshes_the_slot_grant)
 	cr_assert_eq(c->m.sq_slots[0].seq, SQ, "slot freed for position SQ");
 }
 
+/*
+ * A burst's grants sat at the slab's top until the client armed a lap of
+ * its ring, and nothing above them could be given back once the burst's
+ * timers were gone (shard.c, slab_give_back()): a cancel's slot swaps its
+ * grant for the lowest free node, and a reset's; a grant near the bottom
+ * stays.
+ */
+Test(chan, a_slot_swaps_a_grant_at_the_slabs_top_for_the_lowest_free_node)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t ids[1000];
+	uint32_t end;
+
+	F.sc.grant_lower = 64;
+	for (unsigned i = 0; i < 1000; i++) {
+		ids[i] = arm(c, 0, T0 + 3600000 * MS, 0, i);
+		if (i % SQ == SQ - 1)
+			step();
+	}
+	step();
+	end = wheel_slab_end(&F.sc.wh);
+	cr_assert_geq(end, 1000 + SQ - 1, "the burst's grants at the top: the slab ends at %u", end);
+	for (unsigned i = 0; i < 1000; i++) {
+		submit(c, i % 2 ? CHIME_OP_CANCEL : CHIME_OP_RESET, ids[i], 0, T0 + 7200000 * MS, 0, 0);
+		if (i % 2)
+			continue;
+		submit(c, CHIME_OP_CANCEL, ids[i], 0, 0, 0, 0);
+		if (i % (SQ / 2) == SQ / 2 - 2)
+			step();
+	}
+	step();
+	for (uint32_t s = 0; s < SQ; s++)
+		cr_assert_lt(chime_id_index(c->ch.grants[s]), 64 + SQ, "slot %u's grant at node %u", s,
+			     chime_id_index(c->ch.grants[s]));
+	end = wheel_slab_end(&F.sc.wh);
+	cr_assert_lt(end, 64 + SQ, "the slab still ends at node %u", end);
+	cr_assert_eq(F.pub.malformed + F.st.sh.malformed, 0);
+	cr_assert_eq(c->ch.owned, SQ, "the client owns its grants only");
+}
+
 Test(chan, cancel_before_fire)
 {
 	struct client_sim *c = &F.cl[0];

@@ -224,6 +224,7 @@ static void world_init(uint64_t quota, uint64_t user_quota, unsigned walk_budget
 	W.user_quota = user_quota;
 	W.sc.walk_budget = walk_budget;
 	W.sc.index_budget = walk_budget;        /* a client's first CANCEL_KEY indexes in steps too */
+	W.sc.grant_lower = walk_budget;         /* grants at a 64-node slab's top swapped for lower ones */
 	W.now = T0;
 	W.nt = 0;
 	W.max_deadline = T0;
@@ -774,12 +775,25 @@ static void step(struct prog *g)
 		}
 		break;
 	}
-	case 13:
-		if (u8(g) < 16)
+	case 13: {
+		uint8_t how = u8(g);
+
+		if (how < 16) {
 			honest_park(g);
-		else
+		} else if (how < 32) {
+			/*
+			 * The shard gives the slab's free top back (shard.c,
+			 * slab_give_back()): a new generation base far from the
+			 * old, so that no id of a node given back names its next
+			 * life (by chance, 1 in 2^24, it could).
+			 */
+			wheel_shrink(&W.sc.wh, wheel_slab_end(&W.sc.wh));
+			W.sc.wh.gen_base += UINT32_C(1) << 20;
+		} else {
 			*W.cl[HONEST].m.want_wakeup = 1;
+		}
 		break;
+	}
 	case 14:
 		/* a hostile client arms a burst of well-formed timers: fills the slab fast */
 		if (live(hc))

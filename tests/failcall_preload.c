@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * failcall_preload.so: chimed, preloaded with it, has one of its calls
- * fail. $CHIME_FAILCALL is "NAME:N:ERRNO": the Nth call of NAME (counted
- * over every thread, from the start) fails with ERRNO (a number); every
- * other call is the real one. With $CHIME_FAILCALL_FROM set, counting
- * starts once that file exists (a broker running, its start-up's calls
- * left alone). The file $CHIME_FAILCALL_FIRED is created when it fails,
+ * fail. $CHIME_FAILCALL is "NAME:N:ERRNO[:TIMES]": the Nth call of NAME
+ * (counted over every thread, from the start) fails with ERRNO (a number),
+ * and the TIMES - 1 after it too (TIMES 0: every one from the Nth on);
+ * every other call is the real one. With $CHIME_FAILCALL_FROM set,
+ * counting starts once that file exists (a broker running, its start-up's
+ * calls left alone); with $CHIME_FAILCALL_UNTIL set, no call fails once
+ * that file exists (a fault that lasts, then mends). The file $CHIME_FAILCALL_FIRED is created when it fails,
  * so that a test can tell a run that made fewer than N such calls.
  * With $CHIME_FAILCALL_KILL set, that call kills the process (SIGKILL)
  * instead: a broker killed in the middle of what it was doing. write() is
@@ -43,7 +45,7 @@
 #include <unistd.h>
 
 static char target[64];
-static unsigned long nth;
+static unsigned long nth, times = 1;
 static int fail_errno;
 static atomic_ulong made;
 static const char *from;                /* $CHIME_FAILCALL_FROM: count once it exists */
@@ -54,7 +56,7 @@ __attribute__((constructor)) static void failcall_init(void)
 	const char *spec = getenv("CHIME_FAILCALL");
 	char name[64];
 
-	if (spec && sscanf(spec, "%63[^:]:%lu:%d", name, &nth, &fail_errno) == 3 && nth > 0)
+	if (spec && sscanf(spec, "%63[^:]:%lu:%d:%lu", name, &nth, &fail_errno, &times) >= 3 && nth > 0)
 		memcpy(target, name, sizeof(target));
 	from = getenv("CHIME_FAILCALL_FROM");
 	atomic_store(&counting, !from);
@@ -74,9 +76,16 @@ static bool started(void)
 /* True (errno set) if this is the call to fail. */
 static bool fail_now(const char *name)
 {
-	const char *fired;
+	const char *fired, *until = getenv("CHIME_FAILCALL_UNTIL");
+	unsigned long n;
 
-	if (!target[0] || strcmp(name, target) || !started() || atomic_fetch_add(&made, 1) + 1 != nth)
+	if (!target[0] || strcmp(name, target) || !started())
+		return false;
+	n = atomic_fetch_add(&made, 1) + 1;
+	if (n < nth || (times && n >= nth + times))
+		return false;
+	/* Raw, as in started(). */
+	if (until && syscall(SYS_faccessat, AT_FDCWD, until, F_OK, 0) == 0)
 		return false;
 	fired = getenv("CHIME_FAILCALL_FIRED");
 	if (fired) {

@@ -23,13 +23,17 @@
 #include <unistd.h>
 
 #include "chime.h"
+#include "atomics.h"
+#include "chime_shm.h"
+#include "segment.h"
 #include "helpers.h"
 
 #define TIMERS 1000
 
 static uint64_t expect;                 /* the timers the next broker must hold: TIMERS, and those armed since */
 
-static char dir[64], sock[96], log_path[128], fired[128], trigger[128];
+static char dir[64], sock[96], log_path[128], fired[128], trigger[128], mended[128];
+static unsigned fail_times = 1;         /* calls failed in a row from the Nth (0: every one, until `mended` exists) */
 static char serving[96];                /* "NAME #N failing (ERR)", for messages */
 
 static void setup(void)
@@ -39,6 +43,7 @@ static void setup(void)
 	snprintf(log_path, sizeof(log_path), "%s/log", dir);
 	snprintf(fired, sizeof(fired), "%s/fired", dir);
 	snprintf(trigger, sizeof(trigger), "%s/failing", dir);
+	snprintf(mended, sizeof(mended), "%s/mended", dir);
 }
 
 static void teardown(void)
@@ -108,12 +113,13 @@ static int run_failing_while(const char *name, unsigned nth, int err, bool (*ser
 
 	unlink(fired);
 	unlink(trigger);
-	snprintf(spec, sizeof(spec), "%s:%u:%d", name, nth, err);
+	unlink(mended);
+	snprintf(spec, sizeof(spec), "%s:%u:%d:%u", name, nth, err, fail_times);
 	if (serve)
 		snprintf(from, sizeof(from), "CHIME_FAILCALL_FROM='%s'", trigger);
 	snprintf(cmd, sizeof(cmd), "exec env ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0\" "
-		 "LD_PRELOAD='%s' CHIME_FAILCALL='%s' CHIME_FAILCALL_FIRED='%s' %s '%s' --foreground --socket '%s' "
-		 "--shards 2 2>'%s'", so, spec, fired, from, chimed, sock, log_path);
+		 "LD_PRELOAD='%s' CHIME_FAILCALL='%s' CHIME_FAILCALL_FIRED='%s' CHIME_FAILCALL_UNTIL='%s' %s '%s' "
+		 "--foreground --socket '%s' --shards 2 2>'%s'", so, spec, fired, mended, from, chimed, sock, log_path);
 	p = fork();
 	cr_assert_geq(p, 0);
 	if (p == 0) {
@@ -553,6 +559,71 @@ Test(failstart, a_session_created_while_its_record_fails_is_recorded_by_the_hear
 	cr_assert_eq(t_chimed_start(&b, sock, "--shards 2 2>/dev/null"), 0);
 	cr_assert_eq(chime_drop_session(&o), 0, "session 'slow' was lost with the crash");
 	cr_assert_eq(t_chimed_stop(&b, SIGTERM), 0);
+}
+
+/* The control segment's session_records_unwritten, once it is `want` (up to 3 s: a look a second). */
+static uint32_t unwritten_settles(uint32_t want)
+{
+	char path[128];
+	uint32_t n = UINT32_MAX;
+
+	snprintf(path, sizeof(path), "%s.ctl", sock);
+	for (int i = 0; i < 300 && n != want; i++) {
+		struct chime_map m = { 0 };
+
+		if (chime_seg_open(path, CHIME_SEG_CONTROL, &m) == 0) {
+			n = at_load(&((const struct chime_ctl *)m.base)->session_records_unwritten);
+			chime_seg_unmap(&m);
+		}
+		if (n != want)
+			usleep(10 * 1000);
+	}
+	return n;
+}
+
+/*
+ * serve(): session "stuck" opened while every write of the sessions file
+ * fails (EIO, a failing disk), then the fault mended: the record the
+ * heartbeat keeps trying shows in the control segment (chimestat's
+ * broker.session_records_unwritten, its warning line) while it lasts, and
+ * not once written.
+ */
+static bool unwritten_while_failing(pid_t pid)
+{
+	struct chime_opts o = { .socket_path = sock, .session = "stuck" };
+	chime_t *c;
+	chime_id_t id;
+
+	(void)pid;
+	cr_assert_eq(unwritten_settles(0), 0);
+	cr_assert_eq(chime_open(&c, &o), 0);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 3600 * UINT64_C(1000000000), 0, 0, &id), 0);
+	for (int i = 0; i < 300 && !t_file_has(log_path, "cannot record session 'stuck'"); i++)
+		usleep(10 * 1000);
+	cr_assert(t_file_has(log_path, "cannot record session 'stuck'"), "%s", log_text());
+	cr_assert_eq(unwritten_settles(1), 1, "a record the heartbeat cannot write is not counted\n%s", log_text());
+	usleep(1500 * 1000);    /* more heartbeats, every write failing: still one record, said once */
+	cr_assert_eq(unwritten_settles(1), 1);
+	cr_assert_eq(t_write_file(mended, ""), 0);
+	for (int i = 0; i < 300 && !t_file_has(log_path, "session 'stuck' recorded after all"); i++)
+		usleep(10 * 1000);
+	cr_assert(t_file_has(log_path, "session 'stuck' recorded after all"), "%s", log_text());
+	cr_assert_eq(unwritten_settles(0), 0, "a record written is still counted unwritten");
+	chime_close(c);
+	return true;
+}
+
+Test(failstart, a_record_the_heartbeat_cannot_write_is_counted_until_written)
+{
+	bool did_fail;
+	int st;
+
+	if (!have_preload())
+		cr_skip("$CHIME_FAILCALL_SO names no failcall_preload.so (meson test sets it)");
+	fail_times = 0;
+	st = run_failing_while("pwrite", 1, EIO, unwritten_while_failing, &did_fail);
+	cr_assert(did_fail, "no write of the sessions file failed:\n%s", log_text());
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x:\n%s", st, log_text());
 }
 
 /*

@@ -411,6 +411,38 @@ static uint64_t fs_avail(const char *dir)
 	return (uint64_t)v.f_bavail * v.f_frsize;
 }
 
+/* n one-hour timers armed (their ids in ids) and cancelled; what dir's filesystem had free while they were armed. */
+static uint64_t burst_gone(chime_t *c, unsigned n, chime_id_t *ids, const char *dir)
+{
+	unsigned got;
+	uint64_t avail;
+	int err;
+
+	got = arm_until_refused(c, n, &err, ids);
+	cr_assert_eq(got, n, "arm %u: %s", got, strerror(-err));
+	avail = fs_avail(dir);
+	for (unsigned i = 0; i < n; i++)
+		cr_assert_eq(chime_cancel(c, ids[i]), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	return avail;
+}
+
+/*
+ * The shards' slab_given_back once non-zero (up to 10 s; a pass within a
+ * second or so of the last look gives it back: no record rings for it),
+ * at least 12 MiB of a 300k-timer burst's.
+ */
+static uint64_t given_back(void)
+{
+	uint64_t back = 0;
+
+	for (int i = 0; i < 1000 && (back = shard_counter(offsetof(struct chime_shard_stats, slab_given_back))) == 0;
+	     i++)
+		usleep(10 * 1000);
+	cr_assert_geq(back, (uint64_t)12 << 20, "%llu bytes given back", (unsigned long long)back);
+	return back;
+}
+
 /*
  * A burst of timers gone, the storage the slab grew for them goes back to
  * its filesystem within seconds (it stayed the broker's until a restart:
@@ -438,19 +470,10 @@ Test(limits, the_slab_gives_back_its_free_top_once_its_timers_are_gone, .timeout
 	{
 		chime_t *c = copen();
 
-		got = arm_until_refused(c, n, &err, ids);
-		cr_assert_eq(got, n, "arm %u: %s", got, strerror(-err));
-		avail1 = fs_avail(dir);
+		avail1 = burst_gone(c, n, ids, dir);
 		cr_assert_geq(avail0 - avail1, (uint64_t)n * 64, "the slab grew by %llu bytes for %u timers",
 			      (unsigned long long)(avail0 - avail1), n);
-		for (unsigned i = 0; i < n; i++)
-			cr_assert_eq(chime_cancel(c, ids[i]), 0);
-		cr_assert_eq(chime_flush(c), 0);
-		/* given back by a pass within a second or so of the last one: no record rings for it */
-		for (int i = 0; i < 1000 && (back = shard_counter(offsetof(struct chime_shard_stats,
-									    slab_given_back))) == 0; i++)
-			usleep(10 * 1000);
-		cr_assert_geq(back, (uint64_t)12 << 20, "%llu bytes given back", (unsigned long long)back);
+		back = given_back();
 		for (int i = 0; i < 100 && avail0 - fs_avail(dir) > (uint64_t)10 << 20; i++)
 			usleep(10 * 1000);
 		cr_assert_leq(avail0 - fs_avail(dir), (uint64_t)10 << 20,
@@ -501,10 +524,9 @@ Test(limits, a_broker_killed_after_giving_back_its_slab_restores_the_timers_it_k
 	struct chime_opts o = { .session = "given-back" };
 	struct chime_event ev[kept];
 	char dir[64], sock[128];
-	uint64_t back = 0, due;
+	uint64_t due;
 	unsigned got = 0;
 	chime_t *c = NULL;
-	int err;
 
 	cr_assert(ids);
 	if (geteuid() != 0)
@@ -517,14 +539,8 @@ Test(limits, a_broker_killed_after_giving_back_its_slab_restores_the_timers_it_k
 	due = now_ns() + 3000 * MS;
 	for (unsigned i = 0; i < kept; i++)
 		cr_assert_eq(chime_arm(c, 1, due, 0, i, &id), 0);
-	cr_assert_eq(arm_until_refused(c, n, &err, ids), n, "%s", strerror(-err));
-	for (unsigned i = 0; i < n; i++)
-		cr_assert_eq(chime_cancel(c, ids[i]), 0);
-	cr_assert_eq(chime_flush(c), 0);
-	for (int i = 0; i < 1000 && (back = shard_counter(offsetof(struct chime_shard_stats,
-								    slab_given_back))) == 0; i++)
-		usleep(10 * 1000);
-	cr_assert_geq(back, (uint64_t)12 << 20, "%llu bytes given back", (unsigned long long)back);
+	(void)burst_gone(c, n, ids, dir);
+	(void)given_back();
 	cr_assert_eq(t_chimed_restart(&tb, SIGKILL, opts), 0);
 	for (int i = 0; i < 100 && got < kept; i++) {
 		int r = chime_wait(c, ev + got, kept - got, 100);

@@ -356,12 +356,13 @@ static void draw_gen_base(struct shard *s, uint64_t now)
  * host's other services) stayed the broker's until a restart. What stays:
  * the nodes up to the highest in use, the reserve that reserve_ahead()
  * keeps ahead of them, and a chunk more, so that it is not grown again at
- * once; at least GIVE_BACK_MIN goes, or nothing. Looked for at most once a
- * second, by a pass that runs anyway, or, after passes in which timers
- * went, by one wake-up a second after the last look: none at rest. The hole is punched aside, after any chunk on its
- * way there (jobs run in order); a growth in line waits for it
- * (reserve_chunk()). The nodes given back are grown into again as new
- * ones, under a new generation base (wheel_shrink()).
+ * once; at least GIVE_BACK_MIN goes, or nothing. Looked for at most once
+ * a second, by a pass that runs anyway, or, after passes in which timers
+ * went, by one wake-up a second after the last look: none at rest. The
+ * hole is punched aside, after any chunk on its way there (jobs run in
+ * order); a growth in line waits for it (reserve_chunk()). The nodes
+ * given back are grown into again as new ones, under a new generation
+ * base (wheel_shrink()).
  */
 static bool slab_give_back(struct shard *s, uint64_t now)
 {

@@ -1129,6 +1129,7 @@ static void publish(struct shard *s)
 	if (next == UINT64_MAX && wheel_armed(&sc->wh))
 		next = UINT64_MAX - 1;
 	stats_shard_gauges(&s->st, sc->backlog, next, inexact, thread_cpu_ns());
+	stats_slab_bytes(&s->st, s->reserved_bytes > s->slab_off ? s->reserved_bytes - s->slab_off : 0);
 	stats_publish(&s->st);
 }
 

@@ -45,6 +45,7 @@
  *                 make (it found a no-grant marker and published a NOP)
  *   reserve       stats_reserve_failed(&st): the filesystem refused a slab chunk
  *                 stats_slab_given_back(&st, bytes): the slab's free top given back
+ *                 stats_slab_bytes(&st, bytes): the slab's storage now (at each publish)
  *   fire          stats_fire_n(&st, slot, deadline_ns, fired_ns, periodic,
  *                 immediate, n) once for n expirations alike popped from
  *                 the wheel (each period of a periodic timer counts), with
@@ -355,6 +356,12 @@ static inline void stats_reserve_failed(struct stats *st)
 static inline void stats_slab_given_back(struct stats *st, uint64_t bytes)
 {
 	st->sh.slab_given_back += bytes;
+}
+
+/* The slab's storage reserved now (a gauge: grown a chunk at a time, its free top given back). */
+static inline void stats_slab_bytes(struct stats *st, uint64_t bytes)
+{
+	st->sh.slab_bytes = bytes;
 }
 
 /*

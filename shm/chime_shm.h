@@ -645,7 +645,8 @@ struct chime_shard_stats {
 	uint64_t spin_busy;         /* spinning turned off: a yield gave the CPU away for 1 ms (shm/spin.h) */
 	uint64_t slow_wakeups;      /* wake-up sends slow by CPU time, each holding its user's back (chan.c) */
 	uint64_t slab_given_back;   /* bytes of the slab's free top given back to its filesystem (shard.c) */
-	uint8_t  _reserved[7936 - 8 * (37 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
+	uint64_t slab_bytes;        /* a gauge: the slab's storage reserved on its filesystem now */
+	uint8_t  _reserved[7936 - 8 * (38 + 2 * CHIME_LAT_BUCKETS) - 352 * CHIME_LAT_WINDOW];
 };
 _Static_assert(sizeof(struct chime_shard_stats) == 7936, "stats block size is part of the layout");
 _Static_assert(offsetof(struct chime_shard_stats, lat) == 152, "moved: bump CHIME_SHM_LAYOUT");

@@ -475,6 +475,14 @@ Test(limits, the_slab_gives_back_its_free_top_once_its_timers_are_gone, .timeout
 		cr_assert_geq(avail0 - avail1, (uint64_t)n * 64 - (UINT64_C(4) << 20),
 			      "the slab grew by %llu bytes for %u timers", (unsigned long long)(avail0 - avail1), n);
 		back = given_back();
+		{
+			/* published with the count: what it holds now, and with what went, what it held */
+			uint64_t slab = shard_counter(offsetof(struct chime_shard_stats, slab_bytes));
+
+			cr_assert_leq(slab, (uint64_t)8 << 20, "the slab still holds %llu bytes", (unsigned long long)slab);
+			cr_assert_geq(slab + back, (uint64_t)n * 64, "it held %llu bytes for %u timers",
+				      (unsigned long long)(slab + back), n);
+		}
 		for (int i = 0; i < 100 && avail0 - fs_avail(dir) > (uint64_t)10 << 20; i++)
 			usleep(10 * 1000);
 		cr_assert_leq(avail0 - fs_avail(dir), (uint64_t)10 << 20,

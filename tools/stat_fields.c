@@ -101,6 +101,7 @@ static const struct cdef shard_defs[] = {
 	{ "refused_nomem", SS(refused_nomem), F_COUNTER, "chime_shard_refused_nomem_total", "Arms this shard refused: no free timer node (ENOMEM). An arm is tried on each shard in turn: one call can count on several.", 1 },
 	{ "refused_quota", SS(refused_quota), F_COUNTER, "chime_shard_refused_quota_total", "Arms this shard refused: the client, or its user, held its quota (EDQUOT). An arm is tried on each shard in turn: a failed call counts once per shard.", 1 },
 	{ "reserve_failed", SS(reserve_failed), F_COUNTER, "chime_shard_reserve_failed_total", "Slab chunks the filesystem would not reserve.", 1 },
+	{ "slab_bytes", SS(slab_bytes), F_GAUGE, "chime_shard_slab_bytes", "Storage the shard's timer slab holds on its filesystem now: grown 4 MiB at a time ahead of use, its free top given back (0 from a broker before it).", 1 },
 	{ "slab_given_back", SS(slab_given_back), F_COUNTER, "chime_shard_slab_given_back_bytes_total", "Bytes of the slab's storage given back to its filesystem once the timers at its top were gone (0 from a broker before it).", 1 },
 	{ "busy_ns", SS(busy_ns), F_COUNTER, "chime_shard_busy_seconds_total", "Time spent in loop iterations that had work.", 1e-9 },
 	{ "spin_ns", SS(spin_ns), F_COUNTER, "chime_shard_spin_seconds_total", "Time spent spinning with no work (idle, or into a deadline); at most chimed --spin-share of the time plus 2 us per timer fired, not limited with --spin-us -1.", 1e-9 },

@@ -4,7 +4,8 @@
  * the other, while the caller goes on.
  *
  * A shard grows its slab (fallocate, then MADV_POPULATE_WRITE: 3-4 ms a
- * chunk here) and maps its clients' touch-table pages, and the control
+ * chunk here), punches its free top back out, and maps its clients'
+ * touch-table pages, and the control
  * thread closes descriptors whose last close can run a client's work (a
  * doorbell's epoll watches: 600 ms for 1.9 million), without waiting for
  * them. They were io_uring requests punted to the kernel's workers

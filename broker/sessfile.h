@@ -43,6 +43,26 @@ struct sessfile_geom {
 	uint64_t resolution_ns;
 };
 
+/* The file's first 128 bytes, and again after the records (the copy a damaged header is read from). */
+struct sessfile_hdr {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t rec_size;
+	struct sessfile_geom geom;
+	char     boot_id[40];
+	/*
+	 * The writer's CLOCK_MONOTONIC offset (chime_timens_monotonic()), valid
+	 * with SESSFILE_F_MONO. Zero in a file of a broker before it (these
+	 * were reserved, and the checksum covered them): its clock is unknown.
+	 */
+	int64_t  mono_off;
+	uint32_t flags;
+	uint8_t  _reserved[128 - 16 - sizeof(struct sessfile_geom) - 40 - 12 - 8];
+	uint64_t check;
+};
+_Static_assert(sizeof(struct sessfile_hdr) == 128, "the header is 128 B");
+_Static_assert(offsetof(struct sessfile_hdr, mono_off) == 80, "in the old reserved bytes");
+
 struct sessfile_rec {
 	uint32_t used;              /* 1: a session holds this slot */
 	uint32_t slot;

@@ -46,20 +46,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define MAXC 8u
 #define LINGER_S 30u
 
-/* sessfile.c's header, restated: the file's format is what is fuzzed. */
-struct hdr {
-	uint64_t magic;
-	uint32_t version;
-	uint32_t rec_size;
-	struct sessfile_geom geom;
-	char     boot_id[40];
-	int64_t  mono_off;
-	uint32_t flags;
-	uint8_t  _reserved[128 - 16 - sizeof(struct sessfile_geom) - 40 - 12 - 8];
-	uint64_t check;
-};
-_Static_assert(sizeof(struct hdr) == 128, "the header is 128 B");
-
 /* flags (the input's first byte) */
 #define RAW       0x01u         /* the rest of the input is the file */
 #define BAD_MAGIC 0x02u
@@ -152,21 +138,21 @@ static bool rec_valid(const struct sessfile_rec *r, uint32_t slot)
 /* The file the input describes; *len its length. */
 static uint8_t *build(struct in *in, uint8_t flags, size_t *len)
 {
-	size_t size = sizeof(struct hdr) + MAXC * sizeof(struct sessfile_rec) + (flags & COPY ? sizeof(struct hdr) : 0);
+	size_t size = sizeof(struct sessfile_hdr) + MAXC * sizeof(struct sessfile_rec) + (flags & COPY ? sizeof(struct sessfile_hdr) : 0);
 	uint8_t *f = calloc(1, size);
-	struct hdr *h = (struct hdr *)f;
+	struct sessfile_hdr *h = (struct sessfile_hdr *)f;
 	struct sessfile_rec *recs = (struct sessfile_rec *)(f + sizeof(*h));
 
 	CHECK(f, "calloc");
 	if (flags & COPY) {
-		struct hdr *c = (struct hdr *)(f + sizeof(*h) + MAXC * sizeof(struct sessfile_rec));
+		struct sessfile_hdr *c = (struct sessfile_hdr *)(f + sizeof(*h) + MAXC * sizeof(struct sessfile_rec));
 
 		c->magic = SESSFILE_MAGIC;
 		c->version = SESSFILE_VERSION;
 		c->rec_size = sizeof(struct sessfile_rec);
 		c->geom = geom;
 		(void)sessfile_boot_id(c->boot_id);
-		c->check = sessfile_hash(c, offsetof(struct hdr, check));
+		c->check = sessfile_hash(c, offsetof(struct sessfile_hdr, check));
 	}
 	h->magic = flags & BAD_MAGIC ? take(in, 8) : SESSFILE_MAGIC;
 	h->version = flags & BAD_VER ? (uint32_t)take(in, 4) : SESSFILE_VERSION;
@@ -180,7 +166,7 @@ static uint8_t *build(struct in *in, uint8_t flags, size_t *len)
 	(void)sessfile_boot_id(h->boot_id);
 	if (flags & BAD_BOOT)
 		h->boot_id[byte(in) % sizeof(h->boot_id)] ^= (char)(1 | byte(in));
-	h->check = flags & BAD_CHECK ? take(in, 8) : sessfile_hash(h, offsetof(struct hdr, check));
+	h->check = flags & BAD_CHECK ? take(in, 8) : sessfile_hash(h, offsetof(struct sessfile_hdr, check));
 	for (uint32_t i = 0; i < MAXC && in->n; i++) {
 		struct sessfile_rec *r = &recs[i];
 		uint8_t what = byte(in), nm = byte(in);
@@ -272,7 +258,7 @@ static void reset_broker(void)
 static struct sessfile_rec rec_at(const uint8_t *f, size_t len, uint32_t i)
 {
 	struct sessfile_rec r = { 0 };
-	size_t at = sizeof(struct hdr) + i * sizeof(r);
+	size_t at = sizeof(struct sessfile_hdr) + i * sizeof(r);
 
 	if (at < len)
 		memcpy(&r, f + at, len - at < sizeof(r) ? len - at : sizeof(r));
@@ -295,12 +281,12 @@ static bool recorded_twice(const uint8_t *f, size_t len, uint32_t i)
 /* What restart_load() took over, checked against the file it read (f: NULL if it was no sessions file of ours). */
 static void check_taken(const uint8_t *f, size_t len, uint64_t before, uint64_t after)
 {
-	size_t at = sizeof(struct hdr) + MAXC * sizeof(struct sessfile_rec);
-	const struct hdr *h = (const struct hdr *)f, *copy = (const struct hdr *)(f + at);
-	bool sealed = h->magic == SESSFILE_MAGIC && h->check == sessfile_hash(h, offsetof(struct hdr, check));
+	size_t at = sizeof(struct sessfile_hdr) + MAXC * sizeof(struct sessfile_rec);
+	const struct sessfile_hdr *h = (const struct sessfile_hdr *)f, *copy = (const struct sessfile_hdr *)(f + at);
+	bool sealed = h->magic == SESSFILE_MAGIC && h->check == sessfile_hash(h, offsetof(struct sessfile_hdr, check));
 	/* A damaged header is read from its copy, when that one is there and sealed. */
 	bool by_copy = !sealed && len >= at + sizeof(*copy) && copy->magic == SESSFILE_MAGIC &&
-		       copy->check == sessfile_hash(copy, offsetof(struct hdr, check));
+		       copy->check == sessfile_hash(copy, offsetof(struct sessfile_hdr, check));
 	/* Whole: its header (or its copy) right, and a record per slot (a file cut short is refused). */
 	bool whole;
 	uint64_t n = 0;
@@ -391,7 +377,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	CHECK(r == 0 || r == -EMEDIUMTYPE || r == -EBADMSG || r == -EPROTO || r == -ENODATA || r == -EXDEV,
 	      "restart_load: %d", r);
 	/* Cut short (shorter than a broker writes it): refused, never a session taken from what is left. */
-	CHECK(r != -ENODATA || len < sizeof(struct hdr) + MAXC * sizeof(struct sessfile_rec), "a whole file refused as cut short");
+	CHECK(r != -ENODATA || len < sizeof(struct sessfile_hdr) + MAXC * sizeof(struct sessfile_rec), "a whole file refused as cut short");
 	if (r == 0 && (B.o.fresh || access(path, F_OK) < 0))
 		CHECK(B.clients_now == 0, "no sessions file, or --fresh, and %llu sessions taken",
 		      (unsigned long long)B.clients_now);

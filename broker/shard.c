@@ -144,6 +144,13 @@
 #define RESERVE_RETRY_NS (UINT64_C(1000000000))
 #define GIVE_BACK_MIN   (2 * RESERVE_CHUNK)   /* the least of the slab's free top given back */
 #define GIVE_BACK_EVERY_NS (UINT64_C(1000000000))
+/*
+ * A slab grown again within GIVE_BACK_SOON holds of its give-back doubles
+ * its hold, up to GIVE_BACK_HOLD_MAX_NS: bursts that come back every few
+ * seconds keep their room instead of giving it back and growing it again.
+ */
+#define GIVE_BACK_SOON  8u
+#define GIVE_BACK_HOLD_MAX_NS (UINT64_C(64) * 1000000000u)
 #define UD_BELL   1u    /* the command doorbell */
 #define UD_CANCEL 2u    /* a cancel request (its own completion means nothing) */
 #define UD_CHAN   3u    /* a client doorbell: slot << 2 | UD_CHAN */
@@ -164,6 +171,11 @@ static void reserve_note(struct shard *s, uint64_t bytes)
 
 	if (bytes <= s->reserved_bytes)
 		return;
+	s->grown_ns = now_ns();
+	if (s->given_back_ns && s->grown_ns - s->given_back_ns < GIVE_BACK_SOON * s->give_back_hold_ns &&
+	    s->give_back_hold_ns < GIVE_BACK_HOLD_MAX_NS)
+		s->give_back_hold_ns *= 2;
+	s->given_back_ns = 0;   /* one doubling a give-back, however many chunks grow after it */
 	s->reserved_bytes = bytes;
 	/* Atomic: the control thread reads it (shard_slab_short()). */
 	at_store(&s->core.wh.reserved, nodes < s->cfg.capacity ? (uint32_t)nodes : s->cfg.capacity);
@@ -358,7 +370,10 @@ static void draw_gen_base(struct shard *s, uint64_t now)
  * keeps ahead of them, and a chunk more, so that it is not grown again at
  * once; at least GIVE_BACK_MIN goes, or nothing. Looked for at most once
  * a second, by a pass that runs anyway, or, after passes in which timers
- * went, by one wake-up a second after the last look: none at rest. The
+ * went, by one wake-up a second after the last look: none at rest. Not
+ * until the slab has gone a hold without growing (a second, doubled each
+ * time it grows again soon after a give-back: a workload's bursts that
+ * come back keep their room, a once-only burst's goes a second on). The
  * hole is punched aside, after any chunk on its way there (jobs run in
  * order); a growth in line waits for it (reserve_chunk()). The nodes
  * given back are grown into again as new ones, under a new generation
@@ -371,30 +386,43 @@ static bool slab_give_back(struct shard *s, uint64_t now)
 	uint32_t end;
 	int r;
 
+	/*
+	 * The count's peak since the last look, as the passes saw it: the
+	 * count then, it missed a burst armed after a look and gone again
+	 * (down to the count it had) before the next, and that room stayed.
+	 */
+	if (wh->armed > s->armed_peak)
+		s->armed_peak = wh->armed;
 	/* A chunk on its way: its completion rings the shard, and the pass then looks. */
 	if (was < s->slab_off + GIVE_BACK_MIN || s->give_back_off || s->reserve_pending)
 		return false;
 	/*
-	 * Not yet: if timers have gone since the last look (fired, cancelled,
-	 * reclaimed: the count fell), the pass at give_back_at looks, a sleep
-	 * ending there for it (next_wake()). Arms alone (a broker filling
-	 * up, then at rest) ask for none.
+	 * Not yet: if timers have gone since that peak (fired, cancelled,
+	 * reclaimed), the pass at give_back_at looks, a sleep ending there
+	 * for it (next_wake()). Arms alone (a broker filling up, then at
+	 * rest) ask for none.
 	 */
 	if (now < s->give_back_at) {
-		if (s->give_back_due || wh->armed >= s->armed_at_look)
+		if (s->give_back_due || wh->armed >= s->armed_peak)
 			return false;
 		s->give_back_due = true;
 		return true;
 	}
+	s->armed_peak = wh->armed;
+	/* Grown lately (a burst, maybe one that comes back): looked at again once its hold is over. */
+	if (now < s->grown_ns + s->give_back_hold_ns) {
+		s->give_back_at = s->grown_ns + s->give_back_hold_ns;
+		return s->give_back_due = true;
+	}
 	s->give_back_due = false;
 	s->give_back_at = now + GIVE_BACK_EVERY_NS;
-	s->armed_at_look = wh->armed;
 	end = wheel_slab_end(wh);
 	keep = s->slab_off + ((uint64_t)end + RESERVE_AHEAD_NODES) * sizeof(struct chime_node) + RESERVE_CHUNK;
 	keep = (keep + 4095) & ~(uint64_t)4095;
 	if (keep + GIVE_BACK_MIN > was)
 		return false;
 	wheel_shrink(wh, end);
+	s->given_back_ns = now;
 	draw_gen_base(s, now);
 	nodes = (keep - s->slab_off) / sizeof(struct chime_node);
 	s->reserved_bytes = keep;
@@ -619,6 +647,7 @@ int shard_init(struct shard *s, const struct shard_cfg *cfg, const char *socket_
 	s->cfg = *cfg;
 	s->seg_fd = -1;
 	s->doorbell = -1;
+	s->give_back_hold_ns = GIVE_BACK_EVERY_NS;
 	s->sleeping = &((struct chime_pub_shard *)((char *)cfg->pub + cfg->pub->shards_off))[cfg->idx].sleeping;
 	s->wake_ns = &((struct chime_pub_shard *)((char *)cfg->pub + cfg->pub->shards_off))[cfg->idx].wake_ns;
 	if (!chime_shard_path(s->path, sizeof(s->path), socket_path, cfg->idx))

@@ -102,7 +102,10 @@ struct shard {
 	uint32_t touch_pops;            /* clients' touch-table pages being mapped aside (touch_populate()) */
 	uint32_t punches;               /* slab storage given back, its hole being punched aside */
 	uint64_t give_back_at;          /* the slab's free top looked for again not before this */
-	uint64_t armed_at_look;         /* the wheel's armed count then: fewer since, a look is due */
+	uint64_t armed_peak;            /* the wheel's armed count at its peak since: fewer now, a look is due */
+	uint64_t grown_ns;              /* the reserved part last grew then (reserve_note()) */
+	uint64_t given_back_ns;         /* the last give-back, until the slab grows again (0: none since) */
+	uint64_t give_back_hold_ns;     /* what grew is given back no sooner than this after its growth */
 	struct aside *aside;            /* runs those (aside.h); NULL: the reserves are made in line */
 	bool reserve_async_off;         /* chunks reserved in line only (not possible here) */
 	bool reserve_inline;            /* the next one in line (the last one failed) */

@@ -428,16 +428,16 @@ static uint64_t burst_gone(chime_t *c, unsigned n, chime_id_t *ids, const char *
 }
 
 /*
- * The shards' slab_given_back once non-zero (up to 10 s; a pass within a
- * second or so of the last look gives it back: no record rings for it),
- * at least 12 MiB of a 300k-timer burst's.
+ * What the shards' slab_given_back has grown by past `before`, once it has
+ * (up to 15 s; a pass within a second or so of the last look gives it
+ * back: no record rings for it), at least 12 MiB of a 300k-timer burst's.
  */
-static uint64_t given_back(void)
+static uint64_t given_back(uint64_t before)
 {
 	uint64_t back = 0, t0 = now_ns();
 
-	for (int i = 0; i < 1000 && (back = shard_counter(offsetof(struct chime_shard_stats, slab_given_back))) == 0;
-	     i++)
+	for (int i = 0; i < 1500 && (back = shard_counter(offsetof(struct chime_shard_stats, slab_given_back)) -
+				     before) == 0; i++)
 		usleep(10 * 1000);
 	cr_assert_geq(back, (uint64_t)12 << 20, "%llu bytes given back", (unsigned long long)back);
 	fprintf(stderr, "%.1f MiB given back %.0f ms after the burst's last cancel was flushed\n", back / 1048576.0,
@@ -476,7 +476,7 @@ Test(limits, the_slab_gives_back_its_free_top_once_its_timers_are_gone, .timeout
 		avail1 = burst_gone(c, n, ids, dir);
 		cr_assert_geq(avail0 - avail1, (uint64_t)n * 64 - (UINT64_C(4) << 20),
 			      "the slab grew by %llu bytes for %u timers", (unsigned long long)(avail0 - avail1), n);
-		back = given_back();
+		back = given_back(0);
 		{
 			/* published with the count: what it holds now, and with what went, what it held */
 			uint64_t slab = shard_counter(offsetof(struct chime_shard_stats, slab_bytes));
@@ -522,6 +522,44 @@ Test(limits, the_slab_gives_back_its_free_top_once_its_timers_are_gone, .timeout
 }
 
 /*
+ * Bursts that come back: a slab grown again within seconds of giving its
+ * top back keeps it twice as long the next time (1 s, then 2, then 4),
+ * where it gave it back a second after each burst and grew it again at
+ * the next one.
+ */
+Test(limits, a_slab_grown_again_soon_after_its_give_back_holds_its_room_longer, .timeout = 90)
+{
+	const unsigned n = 300000;
+	chime_id_t *ids = malloc(n * sizeof(*ids));
+	char dir[64], sock[128];
+	uint64_t total = 0;
+	chime_t *c;
+
+	cr_assert(ids);
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "128m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576 --max-timers-per-uid 0"), 0);
+	c = copen();
+	for (unsigned round = 0; round < 3; round++) {
+		uint64_t t0 = now_ns(), hold = (UINT64_C(1000) << round) * MS, took;
+
+		(void)burst_gone(c, n, ids, dir);
+		total += given_back(total);
+		took = now_ns() - t0;
+		fprintf(stderr, "burst %u: given back %.0f ms after it began (its hold: %llu ms)\n", round + 1,
+			took / 1e6, (unsigned long long)(hold / MS));
+		cr_assert_geq(took, hold, "burst %u: its room given back %.0f ms after it began, before its hold of %llu ms",
+			      round + 1, took / 1e6, (unsigned long long)(hold / MS));
+	}
+	chime_close(c);
+	cr_assert_eq(t_chimed_stop(&tb, SIGTERM), 0);
+	t_unmount_tmpfs(dir);
+	free(ids);
+}
+
+/*
  * A broker killed after giving its slab's top back: the next one takes the
  * session over from the shard file as the give-back left it (the lowered
  * high-water mark, the hole past it), and the timers kept below fire.
@@ -551,7 +589,7 @@ Test(limits, a_broker_killed_after_giving_back_its_slab_restores_the_timers_it_k
 	for (unsigned i = 0; i < kept; i++)
 		cr_assert_eq(chime_arm(c, 1, due, 0, i, &id), 0);
 	(void)burst_gone(c, n, ids, dir);
-	(void)given_back();
+	(void)given_back(0);
 	cr_assert_eq(t_chimed_restart(&tb, SIGKILL, opts), 0);
 	for (int i = 0; i < 100 && got < kept; i++) {
 		int r = chime_wait(c, ev + got, kept - got, 100);

@@ -528,6 +528,19 @@ static inline bool wall_node(const struct chime_node *n)
 }
 
 /*
+ * Node idx of the list (or of a scan's end taken before it) still a
+ * wall-clock timer's. The list keeps freed nodes until a walk comes, and
+ * a give-back may have lowered the high-water mark past them since
+ * (slab_give_back()): their storage is a hole, and reading one took it
+ * from the filesystem again, or, on a full one, was a SIGBUS (a review,
+ * `limits/a_wall_clock_step_after_a_give_back_reads_no_node_given_back`).
+ */
+static inline bool wall_listed_node(const struct shard_core *sc, uint32_t idx)
+{
+	return idx < sc->wh.w->high_water && wall_node(NODE(sc, idx));
+}
+
+/*
  * How many nodes a walk visits, wall_at(sc, 0..n-1): the list, what is no
  * longer a wall-clock timer's dropped first; without it, the used slab
  * (the caller skips what wall_node() refuses).
@@ -541,7 +554,7 @@ static uint32_t wall_walk_len(struct shard_core *sc)
 	for (uint32_t i = 0; i < sc->wall_len; i++) {
 		uint32_t idx = sc->wall_list[i];
 
-		if (wall_node(NODE(sc, idx)))
+		if (wall_listed_node(sc, idx))
 			sc->wall_list[kept++] = idx;
 		else
 			sc->wall_listed[idx / 64] &= ~(UINT64_C(1) << (idx % 64));
@@ -599,7 +612,7 @@ bool chan_wall_step(struct shard_core *sc, uint32_t budget)
 	for (; sc->wall_walk_i < stop; sc->wall_walk_i++) {
 		uint32_t idx = wall_at(sc, sc->wall_walk_i);
 
-		if (!wall_node(NODE(sc, idx))) {
+		if (!wall_listed_node(sc, idx)) {
 			if (!sc->wall_scan)     /* off the list: what is no longer a wall-clock timer's */
 				sc->wall_listed[idx / 64] &= ~(UINT64_C(1) << (idx % 64));
 			continue;

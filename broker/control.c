@@ -1321,6 +1321,13 @@ static void wall_step_log(struct broker *b, int64_t moved, bool now)
 }
 
 /*
+ * Why wall_check() looks: the heartbeat's look (a slew past the bounds
+ * below), a set the watch reported, or a look after one may have gone
+ * unreported (start-up, before the watch was armed).
+ */
+enum wall_look { WALL_BEAT, WALL_SET, WALL_MAYBE_SET };
+
+/*
  * At each heartbeat, and at a step: if the wall clock's offset from the
  * monotonic one moved by more than WALL_FOLLOW_NS ahead or
  * WALL_FOLLOW_BACK_NS behind since the shards last followed it (a slew),
@@ -1329,18 +1336,24 @@ static void wall_step_log(struct broker *b, int64_t moved, bool now)
  * woken for it. The others follow at their next pass, before they apply
  * a record: nothing of theirs moves, so a step costs them no wake-up.
  */
-static void wall_check(struct broker *b, bool stepped)
+static void wall_check(struct broker *b, enum wall_look why)
 {
+	bool set = why == WALL_SET || wall_hook_read(), stepped = set || why == WALL_MAYBE_SET;
 	int64_t off, moved;
 
-	stepped |= wall_hook_read();
 	off = wall_offset_now();
 	moved = off - wall_published();
 	if (moved == 0 || (!stepped && moved <= WALL_FOLLOW_NS && moved >= -WALL_FOLLOW_BACK_NS)) {
 		wall_step_log(b, 0, false);
 		return;
 	}
-	wall_step_log(b, stepped ? moved : 0, false);
+	/*
+	 * A look for a set that may have gone unreported follows any move,
+	 * but says only one past what two reads of the offset differ by
+	 * anyway: it said "set, +0.000000 s" at every start.
+	 */
+	set |= why == WALL_MAYBE_SET && (moved > WALL_PAIR_NS || moved < -(int64_t)WALL_PAIR_NS);
+	wall_step_log(b, set ? moved : 0, false);
 	wall_publish(off);
 	at_store(&b->pub->wall_off, off);
 	at_store(&b->ctl->wall_off, off);
@@ -1355,7 +1368,7 @@ void broker_reload(struct broker *b, struct chime_query_reload *out)
 {
 	log_reopen();
 	policy_reload(b, out);
-	wall_check(b, false);
+	wall_check(b, WALL_BEAT);
 }
 
 static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
@@ -1453,7 +1466,7 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 			 */
 			if (res <= 0)
 				wall_watch(b);
-			wall_check(b, res == -ECANCELED);
+			wall_check(b, res == -ECANCELED ? WALL_SET : WALL_BEAT);
 		}
 		return 0;
 	case TAG_HELLO:
@@ -1974,7 +1987,7 @@ int broker_run(struct broker *b)
 	 * slow to get here, missed a test's first set 2 times in 3).
 	 */
 	wall_watch(b);
-	wall_check(b, true);
+	wall_check(b, WALL_MAYBE_SET);
 	arm_accept(b);
 	for (;;) {
 		struct io_uring_cqe *cqe;
@@ -2009,7 +2022,7 @@ int broker_run(struct broker *b)
 			quiet &= b->accept_armed;       /* else a failed accept, retried at each beat */
 			arm_accept(b);  /* after a failed accept (out of descriptors): a no-op when armed */
 			limits_report(b, now);
-			wall_check(b, false);
+			wall_check(b, WALL_BEAT);
 			quiet &= clients_beat(b, now);
 			restart_retry(b);
 			quiet &= !b->recs_stale;        /* a record to write again: no rest meanwhile */

@@ -553,9 +553,25 @@ bool query_step(struct broker *b)
 		return false;
 	}
 	for (; q->shard < b->o.nr_shards && budget; q->shard++, q->next = 0) {
-		const struct wheel *wh = &b->shards[q->shard].core.wh;
-		uint32_t hw = at_load(&wh->w->high_water);
+		struct shard *sh = &b->shards[q->shard];
+		const struct wheel *wh = &sh->core.wh;
+		uint32_t hw;
 
+		/*
+		 * SH2: `scanning` stored, a full barrier, then `shrinking`
+		 * loaded; pairs with SH1 (slab_give_back()): a give-back's
+		 * punch never runs while this step reads up to a mark loaded
+		 * before it lowered the mark. One under way (SH4: acquire, its
+		 * punch done before the mark is loaded; pairs with SH3): this
+		 * step waits for the next iteration.
+		 */
+		at_store(&sh->scanning, 1);
+		at_fence();
+		if (at_load_acq(&sh->shrinking)) {
+			at_store_rel(&sh->scanning, 0);
+			return true;
+		}
+		hw = at_load(&wh->w->high_water);
 		for (; q->next < hw && budget; q->next++, budget--) {
 			bool copy = q->n < q->limit;
 			uint32_t gen = 0;
@@ -571,6 +587,7 @@ bool query_step(struct broker *b)
 				touched_deadline(c, q->shard, q->next, &q->out[q->n]);
 			q->n++;
 		}
+		at_store_rel(&sh->scanning, 0);         /* SH5: the step's reads before it; the shard's SH1 load */
 		if (q->next < hw)
 			return true;    /* budget spent inside this shard */
 	}

@@ -150,6 +150,8 @@
  * seconds keep their room instead of giving it back and growing it again.
  */
 #define GIVE_BACK_SOON  8u
+/* A look that met a timers query reading the slab looks again this much later (SH1). */
+#define GIVE_BACK_SCAN_WAIT_NS (UINT64_C(10) * 1000000u)
 #define GIVE_BACK_HOLD_MAX_NS (UINT64_C(64) * 1000000000u)
 #define UD_BELL   1u    /* the command doorbell */
 #define UD_CANCEL 2u    /* a cancel request (its own completion means nothing) */
@@ -379,12 +381,13 @@ static void draw_gen_base(struct shard *s, uint64_t now)
  * given back are grown into again as new ones, under a new generation
  * base (wheel_shrink()).
  */
+static void give_back_done(struct shard *s, int res);
+
 static bool slab_give_back(struct shard *s, uint64_t now)
 {
 	struct wheel *wh = &s->core.wh;
 	uint64_t keep, was = s->reserved_bytes, nodes;
 	uint32_t end;
-	int r;
 
 	/*
 	 * The count's peak since the last look, as the passes saw it: the
@@ -393,8 +396,12 @@ static bool slab_give_back(struct shard *s, uint64_t now)
 	 */
 	if (wh->armed > s->armed_peak)
 		s->armed_peak = wh->armed;
-	/* A chunk on its way: its completion rings the shard, and the pass then looks. */
-	if (was < s->slab_off + GIVE_BACK_MIN || s->give_back_off || s->reserve_pending)
+	if (s->give_back_off) {
+		s->give_back_due = false;       /* else a look due that never comes keeps the loop from sleeping */
+		return false;
+	}
+	/* A chunk or a punch on its way: its completion rings the shard, and the pass then looks. */
+	if (was < s->slab_off + GIVE_BACK_MIN || s->reserve_pending || s->punches)
 		return false;
 	/*
 	 * Not yet: if timers have gone since that peak (fired, cancelled,
@@ -421,35 +428,56 @@ static bool slab_give_back(struct shard *s, uint64_t now)
 	keep = (keep + 4095) & ~(uint64_t)4095;
 	if (keep + GIVE_BACK_MIN > was)
 		return false;
+	/*
+	 * SH1: no punch while the control thread reads the slab up to a
+	 * high-water mark it loaded before the shrink (a timers query,
+	 * query_step()): on a full filesystem its read of a hole is a SIGBUS.
+	 * Pairs with SH2 there: `shrinking` stored, a full barrier, `scanning`
+	 * loaded, against the reverse; one of the two sees the other's store.
+	 * Until the punch is done, no step of the query begins, and the next
+	 * loads the lowered mark.
+	 */
+	at_store(&s->shrinking, 1);
+	at_fence();
+	if (at_load_acq(&s->scanning)) {      /* and the reads of a step that ended (SH5) before the punch */
+		at_store_rel(&s->shrinking, 0);
+		s->give_back_at = now + GIVE_BACK_SCAN_WAIT_NS;
+		return s->give_back_due = true;
+	}
 	wheel_shrink(wh, end);
 	s->given_back_ns = now;
 	draw_gen_base(s, now);
 	nodes = (keep - s->slab_off) / sizeof(struct chime_node);
+	s->punch_bytes = was - keep;
 	s->reserved_bytes = keep;
 	at_store(&wh->reserved, nodes < s->cfg.capacity ? (uint32_t)nodes : s->cfg.capacity);
-	stats_slab_given_back(&s->st, was - keep);
 	/* To the file's end: blocks a reader faulted in past the reserve go too. */
 	{
 		struct aside_job j = { .op = ASIDE_PUNCH, .fd = s->seg_fd, .off = keep, .len = s->seg.size - keep,
 				       .ud = UD_PUNCH };
 
-		if (aside_post(s->aside, &j)) {
-			s->punches++;
-			return false;
-		}
-		r = chime_seg_punch(s->seg_fd, keep, s->seg.size - keep);
-		if (r == -EOPNOTSUPP)
-			s->give_back_off = true;
+		s->punches++;
+		if (!aside_post(s->aside, &j))
+			give_back_done(s, chime_seg_punch(s->seg_fd, keep, s->seg.size - keep));
 	}
 	return false;
 }
 
-/* The completion of slab_give_back()'s punch: a filesystem that cannot gives nothing back again. */
+/*
+ * The completion of slab_give_back()'s punch: counted given back once it
+ * is. A filesystem that cannot punch gives nothing back, now or again.
+ * Either way the reserve stays lowered: a punch that failed may have made
+ * holes all the same, and the slab grows there again as anywhere, its
+ * blocks reserved and mapped first (the file's own blocks take no room).
+ */
 static void give_back_done(struct shard *s, int res)
 {
 	s->punches--;
-	if (res == -EOPNOTSUPP)
+	if (res == 0)
+		stats_slab_given_back(&s->st, s->punch_bytes);
+	else if (res == -EOPNOTSUPP)
 		s->give_back_off = true;
+	at_store_rel(&s->shrinking, 0);         /* SH3: the punch done; pairs with SH4 (query_step()) */
 }
 
 /* Before the thread goes: no chunk or client's page on its way into a mapping about to be unmapped. */
@@ -1218,7 +1246,9 @@ static uint64_t next_wake(struct shard *s)
 
 	due = wheel_earliest(&s->core.wh, WAKE_SCAN, &inexact);
 	due = s->core.wake_retry_ns < due ? s->core.wake_retry_ns : due;
-	due = s->give_back_due && s->give_back_at < due ? s->give_back_at : due;
+	/* not while a chunk or a punch is on its way: its completion wakes the shard for the look */
+	if (s->give_back_due && !s->reserve_pending && !s->punches && s->give_back_at < due)
+		due = s->give_back_at;
 	return stage < due ? stage : due;
 }
 

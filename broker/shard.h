@@ -100,7 +100,15 @@ struct shard {
 	uint64_t reserve_retry_ns;      /* after a failed reservation: not before this */
 	uint64_t reserve_pending;       /* reserve_async(): the chunk on its way ends here (0: none) */
 	uint32_t touch_pops;            /* clients' touch-table pages being mapped aside (touch_populate()) */
-	uint32_t punches;               /* slab storage given back, its hole being punched aside */
+	uint32_t punches;               /* slab storage given back, its hole being punched aside (one at most) */
+	uint64_t punch_bytes;           /* what that punch gives back (counted once it has) */
+	/*
+	 * Atomic, SH1-SH4: a timers query reads this shard's slab
+	 * (`scanning`, the control thread's) / a give-back's punch is under
+	 * way (`shrinking`, the shard's).
+	 */
+	uint32_t scanning;
+	uint32_t shrinking;
 	uint64_t give_back_at;          /* the slab's free top looked for again not before this */
 	uint64_t armed_peak;            /* the wheel's armed count at its peak since: fewer now, a look is due */
 	uint64_t grown_ns;              /* the reserved part last grew then (reserve_note()) */

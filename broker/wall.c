@@ -38,9 +38,6 @@ void wall_pin(uint64_t wall_ns)
 	at_store(&wall_shift, (int64_t)(wall_ns - realtime_ns()));
 }
 
-/* Reads 20 us apart or more: the thread was preempted between them, read again (three times at most). */
-#define WALL_PAIR_NS 20000u
-
 int64_t wall_offset_now(void)
 {
 	uint64_t m0, w, m1;

@@ -24,6 +24,12 @@
  */
 #define WALL_FOLLOW_NS      1000000
 #define WALL_FOLLOW_BACK_NS 50000
+/*
+ * wall_offset_now()'s clock reads 20 us apart or more: the thread was
+ * preempted between them, read again (three times at most). So two
+ * offsets read differ by up to this with no set in between.
+ */
+#define WALL_PAIR_NS 20000
 
 /* CLOCK_REALTIME in ns, plus the test hook's shift (wall_hook_read()). Any thread. */
 uint64_t wall_now_ns(void);

@@ -1070,6 +1070,28 @@ Test(realtime, sets_ten_a_second_leave_a_broker_without_wall_clock_timers_at_res
 }
 
 /*
+ * A start, its offset read again once the watch is armed (a set in
+ * between is followed), says no set where there was none: the two reads'
+ * own difference was logged as "the wall clock was set, +0.000000 s" at
+ * every start (a review).
+ */
+Test(realtime, a_start_says_no_set_of_the_wall_clock_where_there_was_none)
+{
+	char logf[PATH_MAX], extra[PATH_MAX + 32];
+
+	t_chimed_stop(&broker, SIGTERM);
+	snprintf(logf, sizeof(logf), "%s/chimed.log", dir);
+	for (int i = 0; i < 3; i++) {
+		snprintf(extra, sizeof(extra), "--shards 2 2>'%s'", logf);
+		cr_assert_eq(t_chimed_start(&broker, sock, extra), 0);
+		cr_assert_eq(t_chimed_stop(&broker, SIGTERM), 0);
+		cr_assert(t_file_has(logf, "listening on"), "no log in '%s'", logf);
+		cr_assert_not(t_file_has(logf, "the wall clock was set"), "start %d logged a set of the wall clock", i + 1);
+	}
+	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 2"), 0);    /* for the teardown */
+}
+
+/*
  * The test hook's file moves the broker's clock only if no one but the
  * broker's user can write it: in a shared directory, anyone else's
  * writable file would step everyone's wall-clock timers. Nor another

@@ -66,6 +66,7 @@ struct broker {
 	const struct chime_ctl *ctl;    /* &hdr: what a broker sets once (pid, sizes), never the live segment */
 	uint32_t nr_shards;
 	uint64_t capacity;              /* broker_start(): if not 0, --capacity this, no per-client quota */
+	uint64_t armed_base;            /* others' timers on an external broker when mapped: wait_armed() counts past them */
 };
 
 struct shard_sum {
@@ -82,6 +83,7 @@ int broker_open(struct broker *b, unsigned flags, chime_t **c);
 /* spin_us: chimed's --spin-us (NULL: its default) */
 int broker_start(struct broker *b, int shards, const char *spin_us);
 int broker_stop(struct broker *b);
+/* Wait until the broker holds `want` armed timers besides b->armed_base; -1 (said) after timeout_ns. */
 int wait_armed(const struct broker *b, uint64_t want, uint64_t timeout_ns);
 /* Wait until the broker has applied every record c published (its rings empty). */
 int wait_applied(chime_t *c, uint64_t timeout_ns);

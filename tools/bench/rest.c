@@ -276,7 +276,10 @@ int bench_rest(int argc, char **argv)
 	for (long i = 0; i < n && r == 0; i++)
 		r = chime_arm(c, (uint64_t)i, base + (uint64_t)i * 1000, 0, (uint64_t)i, &ids[i]);
 	if (r < 0 || wait_armed(&b, (uint64_t)n, 60 * NS_PER_S) < 0) {
-		bench_error("arming %ld timers failed: %s", n, strerror(r < 0 ? -r : ETIMEDOUT));
+		if (r < 0)
+			bench_error("arming %ld timers failed: %s", n, strerror(-r));
+		else
+			bench_error("the broker did not report the %ld timers armed (above)", n);
 		chime_close(c);
 		free(ids);
 		broker_stop(&b);

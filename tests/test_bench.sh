@@ -46,7 +46,10 @@
 #            plotted beside this run's curves. And `chime-bench rest
 #            --json` against a chimed killed inside its window: exit 1
 #            at the window's end, naming /proc, no figures on stdout (not a CPU
-#            share computed from a sample that was never read).
+#            share computed from a sample that was never read). And `chime-bench
+#            rest --socket` beside a killed session's 1000 timers: exit 0,
+#            with a note that counts them apart (it waited 60 s for a count
+#            that could not be, then failed).
 #   interrupt `chime-bench e2e --quick` on a private $TMPDIR, sent SIGTERM a
 #            second after its chimed is up: exit 143, the chimed is gone and
 #            its directory removed.
@@ -254,6 +257,32 @@ fail_check() {
 	grep -q '"ok": false' "$dir/out.json" || fail "rest with its broker killed: no failure document"
 	! grep -q '_per_s\|cpu_' "$dir/out.json" || fail "rest with its broker killed: figures printed"
 	echo "bench fail: rest with its broker gone inside the window fails, naming /proc, with no figures"
+
+	# a broker holding another client's timers: a session's 1000, its process
+	# killed inside its own window; a run beside them counts them apart
+	sock=$dir/others.sock
+	"$CHIMED" --foreground --shards 1 --subuid-file '' --socket "$sock" >"$dir/chimed.log" 2>&1 &
+	cpid=$!
+	i=0
+	while [ ! -S "$sock" ] || [ ! -e "$sock.ctl" ]; do
+		i=$((i + 1))
+		[ $i -le 200 ] && kill -0 "$cpid" 2>/dev/null || fail "chimed did not start"
+		sleep 0.05
+	done
+	"$bench" rest --socket "$sock" --session others --timers 1000 --seconds 10 >/dev/null 2>&1 &
+	rpid=$!
+	sleep 3
+	kill -9 "$rpid"
+	wait "$rpid"
+	timeout 30 "$bench" rest --socket "$sock" --timers 1000 --seconds 1 >"$dir/out.txt" 2>"$dir/err"
+	st=$?
+	kill "$cpid"
+	wait "$cpid"
+	[ "$st" -ne 124 ] || fail "rest beside another client's timers: still running after 30 s"
+	[ "$st" -eq 0 ] || fail "rest beside another client's timers: exit status $st ($(cat "$dir/err"))"
+	grep -qF "holds 1000 timers of other clients" "$dir/err" ||
+		fail "rest beside another client's timers: no note of them ($(cat "$dir/err"))"
+	echo "bench fail: rest beside another client's 1000 timers counts them apart, and says so"
 }
 
 case $mode in

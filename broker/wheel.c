@@ -231,7 +231,8 @@ static void handle_init(struct wheel *wh, void *mem)
 	wh->cur_min_ns = 0;
 	wh->reserved = w->capacity;     /* the caller lowers it if it reserves storage in steps */
 	wh->gen_base = 0;
-	wh->shrunk_from = 0;
+	/* kept in the file: an id the last broker gave back is still stale to the next, not malformed */
+	wh->shrunk_from = w->shrunk_from < w->capacity ? w->shrunk_from : w->capacity;
 	wh->stage_wake_min = WHEEL_STAGE_WAKE_TIMERS;
 	wh->jump_backlog = WHEEL_JUMP_BACKLOG;
 	wh->jump_max = WHEEL_JUMP_MAX;
@@ -663,7 +664,7 @@ void wheel_shrink(struct wheel *wh, uint32_t end)
 	if (end >= hi)
 		return;
 	if (hi > wh->shrunk_from)
-		wh->shrunk_from = (uint32_t)hi;
+		wh->w->shrunk_from = wh->shrunk_from = (uint32_t)hi;
 	/* Level 0: the nodes' bits; each level above: a bit per word below, set while that word is non-zero. */
 	for (unsigned l = 0; l < wh->free_levels; l++) {
 		for (uint64_t j = lo; j < hi;) {

@@ -205,7 +205,8 @@ struct chime_wheel {
 	uint32_t capacity;          /* nodes in the slab */
 	uint32_t high_water;        /* nodes [0, high_water) have been handed out at least once */
 	uint32_t free_head;         /* unused, CHIME_NIL: the free nodes are in the shard's private map */
-	uint32_t _pad0;
+	uint32_t shrunk_from;       /* nodes [high_water, shrunk_from) were given back: an id there is stale
+				     * (0 from a broker before it, whose slab never shrank) */
 	uint64_t armed;             /* unused, 0: the shard counts its timers privately */
 	uint64_t slab_off;          /* byte offset of node 0 from this struct */
 	uint32_t expired_head;      /* due timers not yet popped (through next/prev) */

@@ -177,6 +177,13 @@ void chan_carry(struct shard_core *sc, struct chan *ch, uint32_t idx)
 
 	n->state = CHIME_NODE_GRANTED;
 	n->cq_pos = CHIME_POS_CARRIED;
+	/*
+	 * A grant has no flags. An ARM the old shard was applying when it
+	 * was killed had set its own (a wall-clock one's base among them);
+	 * left, its re-submission kept a base a walk had since moved off,
+	 * and fired a whole step early (a review).
+	 */
+	n->gen &= CHIME_ID_GEN_MASK;
 	keyidx_leave_out(n);
 	nl_push(sc, &ch->carried, idx);
 	ch->nr_carried++;
@@ -711,13 +718,20 @@ static __attribute__((noinline)) bool wall_early(struct shard_core *sc, uint32_t
 
 	if (now >= due)
 		return false;
+	/*
+	 * Back on the wheel first: moved while popped (ALLOC) and the broker
+	 * killed before it was armed, its later deadline read as an ARM not
+	 * yet applied, a grant, and the timer was lost (a review). Armed, it
+	 * moves as any walk moves one: wheel_reset(), the deadline, then the
+	 * base.
+	 */
+	wheel_arm(&sc->wh, idx, n->deadline_ns);
 	if (due - now >= (sc->wall_wait_ns ? sc->wall_wait_ns : WALL_FOLLOW_NS)) {
 		if (!sc->wall_walking || !(n->gen & CHIME_NODE_WALL_B) != !sc->wall_cur)
 			chan_wall_begin(sc, wall_offset_now());
 		if (sc->wall_walking && !(n->gen & CHIME_NODE_WALL_B) == !sc->wall_cur)
 			wall_rebase(sc, idx, sc->wall_cur ^ 1u);        /* the walk under way has not moved it yet */
 	}
-	wheel_arm(&sc->wh, idx, n->deadline_ns);
 	return true;
 }
 
@@ -1564,7 +1578,8 @@ static void op_arm(struct shard_core *sc, struct chan *ch, const struct chime_sq
 	n->state = CHIME_NODE_ALLOC;
 	if (unlikely(wall)) {
 		/* during a walk, on the offset it moves the others to */
-		n->gen |= CHIME_NODE_REALTIME | ((sc->wall_cur ^ sc->wall_walking) ? CHIME_NODE_WALL_B : 0);
+		n->gen = (n->gen & ~CHIME_NODE_WALL_B) | CHIME_NODE_REALTIME |
+			 ((sc->wall_cur ^ sc->wall_walking) ? CHIME_NODE_WALL_B : 0);
 		sc->wall_nodes++;
 		chan_wall_note(sc, idx);
 		stats_armed_realtime(sc->st, 1);

@@ -198,6 +198,20 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 		} else {
 			/* BACKLOG, or ALLOC: fired (popped) and not yet held or delivered. */
 			n->cq_pos = CHIME_POS_NONE;
+			if (n->state == CHIME_NODE_ALLOC && (n->gen & CHIME_NODE_REALTIME)) {
+				/*
+				 * Popped by the wheel, not yet judged by the wall
+				 * clock (wall_early()): early by a step back the
+				 * old shard had not followed, it was held and
+				 * delivered at once (a review). Back on the wheel,
+				 * due: its first firing judges it. It has no event
+				 * in a ring, so it cannot come twice.
+				 */
+				wheel_arm(wh, idx, n->deadline_ns);
+				rs->due++;
+				armed[n->owner]++;
+				goto keep;
+			}
 		}
 		if (n->deadline_ns > now) {
 			/* Held with a deadline still ahead: not what a held event can be (a damaged

@@ -17,6 +17,7 @@
 
 #include "chan.h"
 #include "keyidx.h"
+#include "restore.h"
 #include "ring.h"
 #include "segment.h"
 #include "stats.h"
@@ -3540,4 +3541,116 @@ Test(chan, the_walk_list_stays_whole_through_random_walks_detaches_and_attaches)
 	for (uint16_t k = 0; k < NSIM; k++)
 		cr_assert_eq(armed_of(k, 9), 0, "client %u: timers of key 9 left", k);
 #undef RND
+}
+
+/*
+ * A broker killed inside op_arm() of a wall-clock ARM (the node ALLOC,
+ * its base bit set for offset 1, its deadline not stored): the restore
+ * carries it as a grant, the next broker's first walk makes offset 0
+ * current, and the process re-submits the ARM. It kept the stale base,
+ * so the next step's walk, overwriting offset 1, left it there: it fired
+ * a whole step early (a review).
+ */
+Test(chan, a_wall_clock_arm_resubmitted_after_a_kill_takes_the_current_offset)
+{
+	struct client_sim *c = &F.cl[0];
+	static struct chime_shard_seg file;
+	int64_t off = wall_setup(0), o1 = off + 2 * (int64_t)MS, o2 = o1 - 1000 * (int64_t)MS;
+	uint64_t W = T0 + 500 * MS + (uint64_t)o1, x, pos = 0;
+	struct chime_node *nx;
+	struct chime_sqe *s;
+	struct chime_cqe e;
+	uint32_t ix;
+
+	memset(&file, 0, sizeof(file));
+	file.wall_off[0] = file.wall_off[1] = off;
+	F.sc.wall_file = &file;
+	wall_pin(T0 + (uint64_t)off);
+	submit(c, CHIME_OP_ARM_REALTIME, 0, 1, T0 + 3600 * 1000 * MS + (uint64_t)off, 0, 1);  /* a walk has work */
+	step_at(T0);
+	chan_wall_follow(&F.sc, o1);    /* the old broker followed a step: offset 1 current */
+	wall_pin(T0 + (uint64_t)o1);
+	cr_assert_eq(F.sc.wall_cur, 1);
+	x = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, W, 0, 3);
+	step_at(T0);
+	ix = chime_id_index(x);
+	nx = wheel_node(&F.sc.wh, ix);
+	cr_assert(nx->gen & CHIME_NODE_WALL_B);
+	/* killed inside op_arm(): ALLOC, REALTIME | WALL_B, the grant's deadline 0; restore_nodes() carries it */
+	wheel_cancel(&F.sc.wh, ix);
+	nx->deadline_ns = 0;
+	chan_carry(&F.sc, &c->ch, ix);
+	/* the next broker: the file's offsets, read as mixed (wall_init()), and only the kept nodes listed (restore_nodes()) */
+	chan_wall_fini(&F.sc);
+	F.sc.wall_nodes = 0;
+	F.sc.wall_off[0] = file.wall_off[0];
+	F.sc.wall_off[1] = file.wall_off[1];
+	F.sc.wall_cur = file.wall_cur;
+	F.sc.wall_mixed = true;
+	for (uint32_t i = 0; i < F.sc.wh.w->high_water; i++) {
+		const struct chime_node *nd = wheel_node(&F.sc.wh, i);
+
+		if (nd->state != CHIME_NODE_FREE && nd->state != CHIME_NODE_GRANTED && (nd->gen & CHIME_NODE_REALTIME)) {
+			F.sc.wall_nodes++;
+			chan_wall_note(&F.sc, i);
+		}
+	}
+	/* its first pass follows the offset of now: a walk, offset 0 current */
+	chan_wall_follow(&F.sc, o1);
+	cr_assert_eq(F.sc.wall_cur, 0);
+	/* the process re-submits its ARM, by the id it was given */
+	s = chime_sq_reserve(&c->prod, &pos);
+	*s = (struct chime_sqe){ .op = CHIME_OP_ARM_REALTIME, .id = x, .key = 1, .deadline_ns = W, .user_data = 3 };
+	chime_sq_publish(s, pos);
+	step_at(T0 + 1 * MS);
+	cr_assert_eq(nx->state, CHIME_NODE_ARMED, "the re-submitted arm applied");
+	cr_assert_not(nx->gen & CHIME_NODE_WALL_B, "re-armed on offset 1, the shard's current one 0");
+	/* the wall clock steps 1 s back; 500 ms later it reads W - 1 s: nothing due */
+	wall_pin(T0 + 1 * MS + (uint64_t)o2);
+	chan_wall_follow(&F.sc, o2);
+	wall_pin(T0 + 500 * MS + (uint64_t)o2);
+	step_at(T0 + 500 * MS);
+	cr_assert_eq(take(c, &e), 0, "fired with the wall clock at W%+lld ms (event deadline W%+lld ms)",
+		     (long long)(wall_now_ns() - W) / (long long)MS, (long long)(e.deadline_ns - W) / (long long)MS);
+}
+
+/*
+ * A broker killed with a wall-clock timer popped by the wheel (ALLOC, its
+ * monotonic deadline passed) before wall_early() judged it: the wall clock
+ * was stepped back and the shard had not followed, so it was not due. The
+ * restore took it for fired and delivered it at once, a whole step early
+ * (a review); it goes back on the wheel, and fires when the wall clock
+ * reaches it.
+ */
+Test(chan, a_restore_does_not_deliver_a_popped_wall_clock_timer_before_its_wall_deadline)
+{
+	struct client_sim *c = &F.cl[0];
+	int64_t off = wall_setup(0), back = off - 1000 * (int64_t)MS;
+	uint64_t W = T0 + 500 * MS + (uint64_t)off, y;
+	struct restore_stats rs;
+	struct chime_cqe e;
+	uint32_t buf[8];
+
+	wall_pin(T0 + (uint64_t)off);
+	y = submit(c, CHIME_OP_ARM_REALTIME, 0, 1, W, 0, 2);
+	step_at(T0);
+	/* the wall clock steps 1 s back, not followed yet; the wheel pops the timer at W's old monotonic deadline */
+	F.now = T0 + 500 * MS;
+	wall_pin(F.now + (uint64_t)back);
+	wheel_advance(&F.sc.wh, F.now);
+	cr_assert_eq(wheel_pop_expired(&F.sc.wh, buf, 8), 1);
+	cr_assert_eq(buf[0], chime_id_index(y));
+	/* killed there: restored, and the next broker's first pass follows the offset of now */
+	cr_assert_eq(restore_nodes(&F.sc, F.sc.wh.w->now_ns, &rs), 0);
+	chan_wall_follow(&F.sc, back);
+	step_at(F.now);
+	cr_assert_eq(take(c, &e), 0, "delivered with the wall clock at W%+lld ms",
+		     (long long)(wall_now_ns() - W) / (long long)MS);
+	/* a second of the monotonic clock on, the wall clock is at W: it fires, once */
+	F.now += 1000 * MS;
+	wall_pin(F.now + (uint64_t)back);
+	step_at(F.now);
+	cr_assert_eq(take(c, &e), 1, "not delivered once the wall clock reached it");
+	cr_assert_eq(e.id, y);
+	cr_assert_eq(take(c, &e), 0, "delivered twice");
 }

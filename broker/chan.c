@@ -2785,8 +2785,17 @@ static bool park_n(struct shard_core *sc, struct chan *ch, uint32_t budget, bool
 		 */
 		while (!ch->walk_queued && ch->sq.head < lap_end && chime_sq_skip_unpublished(&ch->sq))
 			(void)chan_drain(sc, ch, ch->sq_mask + 1);
-		if (ch->walk_queued)
-			return false;   /* a CANCEL_KEY in steps: the rest once it is done */
+		/*
+		 * A CANCEL_KEY in steps: the rest once it is done. Not for a
+		 * stop's cut, which settles what the process took now (the
+		 * shard stops right after): it returned here, settled nothing,
+		 * and the restore gave back events the process had taken (a
+		 * review). A process that lives re-submits the CANCEL_KEY from
+		 * its ring (sq_head stayed at it); one that died loses the
+		 * rest of its walk, as a crash does.
+		 */
+		if (ch->walk_queued && !taken_only)
+			return false;
 		/*
 		 * Restored events still waiting for the process's word: by the
 		 * word if it came (a stop before the shard read it); else they
@@ -2856,6 +2865,32 @@ static bool park_n(struct shard_core *sc, struct chan *ch, uint32_t budget, bool
 			nback++;
 		} else {
 			node_release(sc, ch, idx);      /* from ACKWAIT, as in chan_service() */
+		}
+	}
+	/*
+	 * A cut: the periodics with an event in the old ring, found by the
+	 * ring's own slots (written by this shard; a ring's worth at most),
+	 * not by the sweep, which it skips. Left to the restore, an event the
+	 * process took came again (a review).
+	 */
+	for (uint64_t pos = ch->cq.head; taken_only && !periodics_behind(ch) && ch->ackwait.head == CHIME_NIL &&
+	     pos != ch->cq.tail; pos++) {
+		const struct chime_cqe *e = &ch->cq.slots[pos & ch->cq.mask];
+		struct chime_node *n;
+
+		idx = chime_id_index(e->id);
+		if (!(e->flags & CHIME_CQE_PERIODIC) || idx >= sc->wh.w->high_water)
+			continue;
+		n = NODE(sc, idx);
+		if (n->owner != ch->slot || n->cq_pos != pos)
+			continue;
+		if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED) {
+			if (park_periodic(sc, ch, idx, pos)) {
+				park_keep(sc, ch, &back, idx, pos);
+				nback++;
+			}
+		} else if (n->state == CHIME_NODE_BACKLOG && n->period_ns && !chime_cq_consumed(&ch->cq, pos)) {
+			park_held_periodic(sc, ch, idx, pos);
 		}
 	}
 	/* Periodic timers with an event in the old ring: the claim word decides for them too. */

@@ -3654,3 +3654,258 @@ Test(chan, a_restore_does_not_deliver_a_popped_wall_clock_timer_before_its_wall_
 	cr_assert_eq(e.id, y);
 	cr_assert_eq(take(c, &e), 0, "delivered twice");
 }
+
+/* ---- a park in steps, cut by a stop, or killed: every event once (a review's model test) ---- */
+
+struct park_model {
+	uint64_t id, deadline, period, next;
+	unsigned got;
+};
+
+static struct park_model PM[16];
+static unsigned NPM;
+static char pm_fail[512];       /* the first violation, "" none */
+
+/* An event taken by the old process or the next one, judged against the model. */
+static void pm_take(const struct chime_cqe *e, const char *who)
+{
+	for (unsigned i = 0; i < NPM; i++) {
+		struct park_model *m = &PM[i];
+
+		if (m->id != e->id)
+			continue;
+		if (pm_fail[0])
+			return;
+		if (!m->period && m->got)
+			snprintf(pm_fail, sizeof(pm_fail), "%s: one-shot %u came twice", who, i);
+		else if (!m->period && e->deadline_ns != m->deadline)
+			snprintf(pm_fail, sizeof(pm_fail), "%s: one-shot %u's deadline", who, i);
+		else if (m->period && e->deadline_ns != m->next)
+			snprintf(pm_fail, sizeof(pm_fail), "%s: periodic %u deadline T0%+lld us, want T0%+lld us", who, i,
+				 (long long)(e->deadline_ns - T0) / 1000, (long long)(m->next - T0) / 1000);
+		else if (e->fired_ns < e->deadline_ns)
+			snprintf(pm_fail, sizeof(pm_fail), "%s: timer %u early", who, i);
+		m->next = e->deadline_ns + m->period;
+		m->got++;
+		return;
+	}
+	if (!pm_fail[0])
+		snprintf(pm_fail, sizeof(pm_fail), "%s: unknown id %#llx", who, (unsigned long long)e->id);
+}
+
+/* The next broker over the same slab, as shard.c's restore() builds it. */
+static void restart_over_the_slab(struct client_sim *c, uint64_t now)
+{
+	uint64_t old_now = F.sc.wh.w->now_ns;
+	struct wheel_rebuild_stats ws;
+	struct restore_stats rs;
+
+	chan_fini(&c->ch);
+	stats_fini(&F.st);
+	keyidx_walks_fini(&F.sc.ki);
+	chan_wall_fini(&F.sc);
+	wheel_fini(&F.sc.wh);
+	memset(&F.sc, 0, sizeof(F.sc));
+	memset(F.by_slot, 0, sizeof(F.by_slot));
+	memset(F.users, 0, sizeof(F.users));
+	memset(F.user_of_slot, 0, sizeof(F.user_of_slot));
+	memset(&F.pub, 0, sizeof(F.pub));
+	memset(F.cpub, 0, sizeof(F.cpub));
+	memset(F.heads, 0, 1024 * sizeof(uint32_t));
+	cr_assert_eq(stats_init_blocks(&F.st, &F.pub, F.cpub, MAXCL, 1, 0), 0);
+	F.sc.st = &F.st;
+	F.sc.by_slot = F.by_slot;
+	F.sc.capacity = CAP;
+	F.sc.max_clients = MAXCL;
+	F.sc.quota = UINT64_MAX;
+	F.sc.users = F.users;
+	F.sc.user_of_slot = F.user_of_slot;
+	cr_assert_eq(keyidx_walks_init(&F.sc.ki, MAXCL), 0);
+	cr_assert_eq(chan_restore_init(&F.sc, &c->ch, 0, 1, 0, UINT64_MAX, SQ), 0);
+	cr_assert_eq(wheel_rebuild(&F.sc.wh, F.wmem, wheel_region_size(CAP), CAP, RES, now, &ws), 0);
+	wheel_group_owners(&F.sc.wh, F.user_of_slot);
+	keyidx_init(&F.sc.ki, F.heads, 1024, F.sc.wh.nodes, 0);
+	cr_assert_eq(restore_nodes(&F.sc, old_now, &rs), 0);
+}
+
+/* The session's next process: resuming (the old ring's claim words and head copied, as libchime does) or new. */
+static void next_process(struct client_sim *c, bool resume)
+{
+	uint64_t claims[CQ], head = c->cons.head;
+
+	memcpy(claims, c->m.claim, sizeof(claims));
+	reattach(c, resume);
+	if (resume) {
+		memcpy(c->m.claim, claims, sizeof(claims));
+		c->m.rw->resume_claims = 1;
+		c->m.rw->resume_cq_head = head;
+		__atomic_store_n(&c->m.rw->resume_set, 1u, __ATOMIC_RELEASE);
+	}
+}
+
+enum park_end { PARK_WHOLE, PARK_CUT, PARK_KILLED };
+
+/*
+ * One round: one-shots and periodics fire into an 8-slot ring while the
+ * process takes some (claimed and released, or, with claim_only, some
+ * only claimed), then it goes; the park runs in steps of a random budget,
+ * timers firing between them, and ends whole, cut by a stop (then a
+ * restart) or killed (a restart); the next process, resuming or not,
+ * takes the rest. Every one-shot exactly once, every periodic's periods
+ * in order, none early.
+ */
+static void park_round(unsigned seed, enum park_end how, bool resume, bool claim_only)
+{
+	struct client_sim *c = &F.cl[0];
+	struct chime_cqe e;
+	unsigned r = seed;
+	uint64_t now = T0;
+
+	NPM = 4 + rand_r(&r) % 12;
+	for (unsigned i = 0; i < NPM; i++) {
+		uint64_t d = T0 + (1 + rand_r(&r) % 30) * RES;
+		uint64_t p = rand_r(&r) % 3 == 0 ? (3 + rand_r(&r) % 8) * RES : 0;
+
+		PM[i] = (struct park_model){ .deadline = d, .period = p, .next = d };
+		PM[i].id = arm(c, i, d, p, i);
+	}
+	for (unsigned k = 0, nk = 1 + rand_r(&r) % 6; k < nk; k++) {
+		now += (rand_r(&r) % 12) * RES;
+		step_at(now);
+		for (unsigned t = rand_r(&r) % 6; t--;) {
+			if (claim_only && rand_r(&r) % 2) {
+				if (chime_cq_take(&c->cons, &e) != 1)
+					break;
+				pm_take(&e, "old process (claimed only)");
+			} else {
+				if (take(c, &e) != 1)
+					break;
+				pm_take(&e, "old process");
+			}
+		}
+		if (rand_r(&r) % 2)
+			chime_cq_release(&c->cons);
+	}
+	if (!claim_only)
+		chime_cq_release(&c->cons);
+	{
+		uint32_t budget = 1 + rand_r(&r) % 40;
+		unsigned stop_at = rand_r(&r) % 30, calls = 0;
+		bool done = false;
+
+		c->ch.handover = resume;
+		while (!done && !(how != PARK_WHOLE && calls == stop_at)) {
+			done = chan_park(&F.sc, &c->ch, budget);
+			calls++;
+			if (rand_r(&r) % 2) {
+				now += (rand_r(&r) % 5) * RES;
+				fire_at(now);
+			}
+			cr_assert_lt(calls, 100000, "the park never ends");
+		}
+		if (how == PARK_CUT && !done)
+			chan_park_cut(&F.sc, &c->ch);
+		if (how != PARK_WHOLE) {
+			now += (rand_r(&r) % 5) * RES;
+			restart_over_the_slab(c, now);
+		}
+	}
+	now += (rand_r(&r) % 5) * RES;
+	next_process(c, resume);
+	if (now < T0 + 31 * RES)
+		now = T0 + 31 * RES;
+	for (unsigned k = 0; k < 400; k++) {
+		step_at(now);
+		while (take(c, &e) == 1)
+			pm_take(&e, "next process");
+		if (k == 200)
+			now += 10 * RES;
+	}
+	for (unsigned i = 0; i < NPM && !pm_fail[0]; i++) {
+		if (!PM[i].period && PM[i].got != 1)
+			snprintf(pm_fail, sizeof(pm_fail), "one-shot %u came %u times", i, PM[i].got);
+		else if (PM[i].period && PM[i].next + PM[i].period <= now)
+			snprintf(pm_fail, sizeof(pm_fail), "periodic %u: next T0%+lld us at T0%+lld us: periods lost", i,
+				 (long long)(PM[i].next - T0) / 1000, (long long)(now - T0) / 1000);
+	}
+}
+
+static void park_rounds(enum park_end how, bool resume, bool claim_only)
+{
+	for (unsigned seed = 1; seed <= 1000; seed++) {
+		pm_fail[0] = 0;
+		park_round(seed, how, resume, claim_only);
+		cr_assert_eq(pm_fail[0], 0, "seed %u (end %d, resume %d, claim only %d): %s", seed, how, resume,
+			     claim_only, pm_fail);
+		teardown();
+		setup();
+	}
+}
+
+Test(chan, a_park_in_steps_with_fires_between_gives_every_event_once)
+{
+	park_rounds(PARK_WHOLE, false, true);
+	park_rounds(PARK_WHOLE, true, true);
+}
+
+/*
+ * Cut by a stop: what the process took is settled, the rest restored. The
+ * periodics were left to the restore, unswept, and an event only claimed
+ * (its head not yet released) came again to a new process (a review).
+ */
+Test(chan, a_park_cut_by_a_stop_gives_every_event_once)
+{
+	park_rounds(PARK_CUT, true, true);
+	park_rounds(PARK_CUT, false, false);
+	park_rounds(PARK_CUT, false, true);
+}
+
+/* Killed mid-park: a resuming process's word settles every event (a new one's is not exactly once: "Sessions and restarts"). */
+Test(chan, a_park_killed_midway_gives_a_resuming_process_every_event_once)
+{
+	park_rounds(PARK_KILLED, true, true);
+}
+
+/*
+ * A stop that cuts a park short while the session's last CANCEL_KEY is
+ * still in its steps: the process took two of four delivered one-shots
+ * and died. The cut returned at the walk and settled nothing, and the
+ * restore gave all four to the next process (a review).
+ */
+Test(chan, a_park_cut_during_a_cancel_key_walk_gives_back_only_what_was_not_taken)
+{
+	struct client_sim *c = &F.cl[0];
+	bool taken[4] = { false };
+	struct chime_cqe e;
+	unsigned got = 0;
+	uint64_t id[4];
+
+	F.sc.index_budget = 1;
+	F.sc.walk_budget = 1;
+	for (unsigned i = 0; i < 4; i++)
+		id[i] = arm(c, 1, T0 + 1 * MS, 0, i);
+	for (unsigned i = 0; i < 10; i++)
+		(void)arm(c, 9, T0 + 1000 * MS, 0, 100 + i);   /* not due: what the walk indexes */
+	step_at(T0 + 1 * MS);                                   /* the four in the ring */
+	for (unsigned t = 0; t < 2; t++) {
+		cr_assert_eq(take(c, &e), 1);
+		for (unsigned i = 0; i < 4; i++)
+			taken[i] |= e.id == id[i];
+	}
+	(void)submit(c, CHIME_OP_CANCEL_KEY, 0, 9, 0, 0, 0);
+	/* the process dies; the park's first call; then the stop gives up on it */
+	cr_assert_not(chan_park(&F.sc, &c->ch, 1u << 20), "the park ended in its first call: no walk in steps");
+	chan_park_cut(&F.sc, &c->ch);
+	restart_over_the_slab(c, T0 + 2 * MS);
+	next_process(c, false);
+	for (unsigned k = 0; k < 20; k++) {
+		step_at(T0 + 2 * MS);
+		while (take(c, &e) == 1)
+			for (unsigned i = 0; i < 4; i++)
+				if (e.id == id[i]) {
+					got++;
+					cr_assert_not(taken[i], "one-shot %u, taken by the process that died, came again", i);
+				}
+	}
+	cr_assert_eq(got, 2, "%u of the 2 untaken one-shots came", got);
+}

@@ -186,10 +186,9 @@ interrupt_check() {
 	echo "bench interrupt: e2e --quick stopped its chimed and removed its directory on SIGTERM"
 }
 
-# e2e's client operations against a chimed that refuses the arms (its quota).
-fail_check() {
-	sock=$dir/quota.sock
-	"$CHIMED" --foreground --shards 1 --max-timers-per-uid 1024 --socket "$sock" >"$dir/chimed.log" 2>&1 &
+# A chimed of one shard at $sock with options "$@", in the background ($cpid), up within 10 s.
+start_chimed() {
+	"$CHIMED" --foreground --shards 1 "$@" --socket "$sock" >"$dir/chimed.log" 2>&1 &
 	cpid=$!
 	i=0
 	while [ ! -S "$sock" ] || [ ! -e "$sock.ctl" ]; do
@@ -200,6 +199,12 @@ fail_check() {
 		fi
 		sleep 0.05
 	done
+}
+
+# e2e's client operations against a chimed that refuses the arms (its quota).
+fail_check() {
+	sock=$dir/quota.sock
+	start_chimed --max-timers-per-uid 1024
 	timeout 30 "$bench" e2e --quick --only ops --socket "$sock" >"$dir/out.json" 2>"$dir/err"
 	st=$?
 	kill "$cpid"
@@ -231,14 +236,7 @@ fail_check() {
 	echo "bench fail: a lateness contender that could not run leaves no earlier CSV behind, and is marked"
 
 	sock=$dir/rest.sock
-	"$CHIMED" --foreground --shards 1 --subuid-file '' --socket "$sock" >"$dir/chimed.log" 2>&1 &
-	cpid=$!
-	i=0
-	while [ ! -S "$sock" ] || [ ! -e "$sock.ctl" ]; do
-		i=$((i + 1))
-		[ $i -le 200 ] && kill -0 "$cpid" 2>/dev/null || fail "chimed did not start"
-		sleep 0.05
-	done
+	start_chimed --subuid-file ''
 	# the window opens about a second after the start (1000 timers armed, 1 s
 	# to settle) and lasts 4: the kill at 3.5 s lands in it on a host slow to
 	# start too (its length only has to outlast the kill; rest reads /proc at
@@ -261,14 +259,7 @@ fail_check() {
 	# a broker holding another client's timers: a session's 1000, its process
 	# killed inside its own window; a run beside them counts them apart
 	sock=$dir/others.sock
-	"$CHIMED" --foreground --shards 1 --subuid-file '' --socket "$sock" >"$dir/chimed.log" 2>&1 &
-	cpid=$!
-	i=0
-	while [ ! -S "$sock" ] || [ ! -e "$sock.ctl" ]; do
-		i=$((i + 1))
-		[ $i -le 200 ] && kill -0 "$cpid" 2>/dev/null || fail "chimed did not start"
-		sleep 0.05
-	done
+	start_chimed --subuid-file ''
 	"$bench" rest --socket "$sock" --session others --timers 1000 --seconds 10 >/dev/null 2>&1 &
 	rpid=$!
 	sleep 3

@@ -429,6 +429,17 @@ static uint64_t burst_gone(chime_t *c, unsigned n, chime_id_t *ids, const char *
 	return avail;
 }
 
+/* The give-back tests' broker: one shard of 1M timers, no per-user quota, on a 128 MiB tmpfs of its own. */
+#define GIVE_BACK_OPTS "-n 1 --capacity 1048576 --max-timers-per-uid 0"
+
+static void give_back_tmpfs(char dir[64], char sock[128])
+{
+	if (geteuid() != 0)
+		cr_skip("mounting a tmpfs needs root");
+	cr_assert_eq(t_mount_tmpfs(dir, 64, "128m"), 0, "mount tmpfs: %s", strerror(errno));
+	snprintf(sock, 128, "%s/chime.sock", dir);
+}
+
 /*
  * What the shards' slab_given_back has grown by past `before`, once it has
  * (up to 15 s; a pass within a second or so of the last look gives it
@@ -465,11 +476,8 @@ Test(limits, the_slab_gives_back_its_free_top_once_its_timers_are_gone, .timeout
 	int err, r = 0;
 
 	cr_assert(ids);
-	if (geteuid() != 0)
-		cr_skip("mounting a tmpfs needs root");
-	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "128m"), 0, "mount tmpfs: %s", strerror(errno));
-	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
-	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576 --max-timers-per-uid 0"), 0);
+	give_back_tmpfs(dir, sock);
+	cr_assert_eq(t_chimed_start(&tb, sock, GIVE_BACK_OPTS), 0);
 	avail0 = fs_avail(dir);
 	{
 		chime_t *c = copen();
@@ -538,11 +546,8 @@ Test(limits, a_slab_grown_again_soon_after_its_give_back_holds_its_room_longer, 
 	chime_t *c;
 
 	cr_assert(ids);
-	if (geteuid() != 0)
-		cr_skip("mounting a tmpfs needs root");
-	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "128m"), 0, "mount tmpfs: %s", strerror(errno));
-	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
-	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576 --max-timers-per-uid 0"), 0);
+	give_back_tmpfs(dir, sock);
+	cr_assert_eq(t_chimed_start(&tb, sock, GIVE_BACK_OPTS), 0);
 	c = copen();
 	for (unsigned round = 0; round < 3; round++) {
 		uint64_t t0 = now_ns(), hold = (UINT64_C(1000) << round) * MS, took;
@@ -588,15 +593,12 @@ Test(limits, a_wall_clock_step_after_a_give_back_reads_no_node_given_back, .time
 	chime_t *c;
 
 	cr_assert(ids);
-	if (geteuid() != 0)
-		cr_skip("mounting a tmpfs needs root");
-	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "128m"), 0, "mount tmpfs: %s", strerror(errno));
-	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	give_back_tmpfs(dir, sock);
 	snprintf(shift, sizeof(shift), "%s/shift", dir);
 	cr_assert_eq(t_write_file(shift, "0\n"), 0);
 	cr_assert_eq(chmod(shift, 0600), 0);   /* only its user may write it, or the broker ignores it */
 	setenv("CHIMED_WALL_SHIFT_FILE", shift, 1);
-	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576 --max-timers-per-uid 0"), 0);
+	cr_assert_eq(t_chimed_start(&tb, sock, GIVE_BACK_OPTS), 0);
 	unsetenv("CHIMED_WALL_SHIFT_FILE");
 	c = copen();
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -674,12 +676,9 @@ Test(limits, a_filesystem_that_cannot_punch_holes_gives_nothing_back_and_the_sha
 	pthread_t th;
 
 	cr_assert(ids);
-	if (geteuid() != 0)
-		cr_skip("mounting a tmpfs needs root");
 	if (!so || access(so, R_OK) != 0)
 		cr_skip("$CHIME_FAILCALL_SO names no failcall_preload.so (meson test sets it)");
-	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "128m"), 0, "mount tmpfs: %s", strerror(errno));
-	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	give_back_tmpfs(dir, sock);
 	/*
 	 * Every fallocate(2) call refused as on a filesystem without it (the
 	 * reserves' posix_fallocate makes none); an ASan chimed takes the
@@ -690,7 +689,7 @@ Test(limits, a_filesystem_that_cannot_punch_holes_gives_nothing_back_and_the_sha
 	setenv("ASAN_OPTIONS", opts, 1);
 	setenv("LD_PRELOAD", so, 1);
 	setenv("CHIME_FAILCALL", "fallocate:1:95:0", 1);
-	cr_assert_eq(t_chimed_start(&tb, sock, "-n 1 --capacity 1048576 --max-timers-per-uid 0"), 0);
+	cr_assert_eq(t_chimed_start(&tb, sock, GIVE_BACK_OPTS), 0);
 	unsetenv("LD_PRELOAD");
 	unsetenv("CHIME_FAILCALL");
 	if (asan[0])
@@ -744,7 +743,7 @@ Test(limits, a_broker_killed_after_giving_back_its_slab_restores_the_timers_it_k
 {
 	enum { kept = 16 };
 	const unsigned n = 300000;
-	const char *opts = "-n 1 --capacity 1048576 --max-timers-per-uid 0";
+	const char *opts = GIVE_BACK_OPTS;
 	chime_id_t *ids = malloc(n * sizeof(*ids)), id;
 	struct chime_opts o = { .session = "given-back" };
 	struct chime_event ev[kept];
@@ -754,10 +753,7 @@ Test(limits, a_broker_killed_after_giving_back_its_slab_restores_the_timers_it_k
 	chime_t *c = NULL;
 
 	cr_assert(ids);
-	if (geteuid() != 0)
-		cr_skip("mounting a tmpfs needs root");
-	cr_assert_eq(t_mount_tmpfs(dir, sizeof(dir), "128m"), 0, "mount tmpfs: %s", strerror(errno));
-	snprintf(sock, sizeof(sock), "%s/chime.sock", dir);
+	give_back_tmpfs(dir, sock);
 	cr_assert_eq(t_chimed_start(&tb, sock, opts), 0);
 	o.socket_path = sock;
 	cr_assert_eq(chime_open(&c, &o), 0);

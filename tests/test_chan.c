@@ -3832,7 +3832,7 @@ static void park_round(unsigned seed, enum park_end how, bool resume, bool claim
 
 static void park_rounds(enum park_end how, bool resume, bool claim_only)
 {
-	for (unsigned seed = 1; seed <= 1000; seed++) {
+	for (unsigned seed = 1; seed <= 400; seed++) {
 		pm_fail[0] = 0;
 		park_round(seed, how, resume, claim_only);
 		cr_assert_eq(pm_fail[0], 0, "seed %u (end %d, resume %d, claim only %d): %s", seed, how, resume,

@@ -4486,6 +4486,9 @@ static void behind_next(chime_t *c, uint64_t first, unsigned run)
 	static struct chime_event ev[256];
 	unsigned n = collect(c, ev, 256, now_ns() + 200 * MS);
 
+	/* the reconnect to the next broker alone took the 200 ms once on a loaded host (a CI run): up to 3 s more */
+	for (uint64_t end = now_ns() + 3000 * MS; n < 2 && now_ns() < end;)
+		n += collect(c, ev + n, 256 - n, now_ns() + 100 * MS);
 	cr_assert_geq(n, 2, "run %u: %u events of P", run, n);
 	for (unsigned k = 0; k < n; k++) {
 		int64_t at = (int64_t)(ev[k].deadline_ns - first);

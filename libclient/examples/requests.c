@@ -71,8 +71,11 @@ int requests_start(struct requests *rq, chime_t *c, unsigned n)
 		}
 		rq->expected++;
 	}
-	if (r < 0)
+	if (r < 0) {
 		fprintf(stderr, "requests: arming: %s\n", strerror(-r));
+		free(rq->req);          /* no requests_finish() follows */
+		rq->req = NULL;
+	}
 	return r;
 }
 

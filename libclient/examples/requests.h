@@ -34,7 +34,7 @@ struct requests {
  */
 int requests_open(int argc, char **argv, const char *prog, chime_t **c, unsigned *n);
 
-/* Arm (and cancel and reset) everything; 0 or a negative errno (printed). */
+/* Arm (and cancel and reset) everything; 0, or a negative errno (printed; nothing left to finish). */
 int requests_start(struct requests *rq, chime_t *c, unsigned n);
 
 /* The chime_cb for chime_dispatch(): arg is the struct requests. */

@@ -126,9 +126,19 @@ class AsyncChime:
                 if watch is not None and watch[0].is_closed():
                     self._watch = None      # a task of a loop closed in its wait: its reader went with it
                 ready = self._ready = loop.create_future()
-                fd = self.chime.fileno()
-                loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
-                watch = self._watch = (loop, fd)
+                # Held open until the reader is on the number (a close() on
+                # another thread meanwhile closes it at _leave()), and a close
+                # that came before _watch was set, which told no one
+                # (_chime_closed), is seen here.
+                self.chime._enter()
+                try:
+                    fd = self.chime.fileno()
+                    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+                    watch = self._watch = (loop, fd)
+                    if self._closed or self.chime.closed:
+                        self._abandon()
+                finally:
+                    self.chime._leave()
                 try:
                     await ready
                 finally:

@@ -1092,6 +1092,37 @@ def test_asyncio_close_from_another_thread_ends_the_wait(broker):
     assert a.chime.closed
 
 
+@pytest.mark.parametrize("where", ["poll", "fileno"])
+def test_asyncio_a_close_on_another_thread_before_the_task_sleeps_ends_the_wait(broker, monkeypatch, where):
+    """A close on another thread while the task is on its way to sleep: in
+    its poll (a C call: the GIL is free), an AsyncChime.close() of one
+    wrapping a given Chime told no one (no reader yet), and the task then
+    slept for good; between fileno() and add_reader(), the Chime's close()
+    closed the descriptor, and the task got OSError EBADF (or watched
+    whatever reused the number). Both end the wait with ValueError now."""
+    c = chime.Chime(socket=broker.socket)
+    a = chime.aio.AsyncChime(c)
+    real, closed = getattr(c, where), []
+
+    def closing(*args):
+        r = real(*args)
+        if not closed:          # the close lands in the window, once, from another thread
+            closed.append(True)
+            t = threading.Thread(target=a.close if where == "poll" else c.close)
+            t.start()
+            t.join()
+        return r
+
+    monkeypatch.setattr(c, where, closing)
+
+    async def main():
+        with pytest.raises(ValueError, match="closed"):
+            await asyncio.wait_for(a.wait(), 3)
+
+    asyncio.run(main())
+    c.close()
+
+
 def test_asyncio_chime_works_in_one_loop_after_another(broker):
     """An AsyncChime used by tasks of one asyncio.run(), then another's: its
     lock was bound to the first loop ("bound to a different event loop"),

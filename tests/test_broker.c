@@ -3580,12 +3580,17 @@ ReleaseTest(broker, a_waiter_after_a_waiting_thread_exited_is_woken_on_time)
 
 /* ---- the examples run against the broker ---- */
 
-static void run_example(const char *name, const char *const *args)
+/*
+ * Run example `name` against the broker; it must exit 0. `stops`: stopped
+ * and continued that many times, 10 ms apart (^Z and fg, a debugger), which
+ * ends a sleep in chime_wait() with -EINTR.
+ */
+static void run_example_stopped(const char *name, const char *const *args, int stops)
 {
 	const char *exdir = getenv("CHIME_EXAMPLES");
 	char path[PATH_MAX];
 	const char *argv[8] = { name };
-	pid_t pid;
+	pid_t pid, done = 0;
 	int st;
 
 	cr_assert_not_null(exdir, "$CHIME_EXAMPLES must name the examples' build dir");
@@ -3599,8 +3604,20 @@ static void run_example(const char *name, const char *const *args)
 		execv(path, (char *const *)argv);
 		_exit(127);
 	}
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	for (int i = 0; i < stops && (done = waitpid(pid, &st, WNOHANG)) == 0; i++) {
+		usleep(10000);
+		kill(pid, SIGSTOP);
+		usleep(1000);
+		kill(pid, SIGCONT);
+	}
+	if (done != pid)
+		cr_assert_eq(waitpid(pid, &st, 0), pid);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s failed: status %#x", name, st);
+}
+
+static void run_example(const char *name, const char *const *args)
+{
+	run_example_stopped(name, args, 0);
 }
 
 AsanTest(broker, example_timeout_tasks)
@@ -3627,6 +3644,21 @@ AsanTest(broker, example_heartbeat)
 
 	run_example("heartbeat", stress ? full : quick);
 	run_example("heartbeat", short_run);
+}
+
+/*
+ * The examples that sleep in chime_wait() go on when stopped and continued
+ * (^Z and fg): its -EINTR (chime_wait(3)) ended timeout_tasks and heartbeat
+ * with exit 1, "Interrupted system call".
+ */
+AsanTest(broker, the_examples_go_on_when_stopped_and_continued)
+{
+	const char *quick[] = { "-n", "2000", "-t", "100", "-d", "300", NULL };
+
+	run_example_stopped("timeout_tasks", NULL, 15);
+	run_example_stopped("heartbeat", quick, 30);
+	run_example_stopped("unpaid_orders", NULL, 30);
+	run_example_stopped("delayed_jobs", NULL, 10);
 }
 
 /*

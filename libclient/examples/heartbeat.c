@@ -41,7 +41,8 @@ static int report(chime_t *c, struct conn *conns, unsigned n, int timeout_ms, un
 	struct chime_event ev[256];
 	int r;
 
-	while ((r = chime_wait(c, ev, 256, timeout_ms)) > 0) {
+	/* -EINTR: the process was stopped and continued (^Z, fg): wait on */
+	while ((r = chime_wait(c, ev, 256, timeout_ms)) > 0 || r == -EINTR) {
 		for (int i = 0; i < r; i++) {
 			struct conn *k = ev[i].user_data < n ? &conns[ev[i].user_data] : NULL;
 

@@ -58,8 +58,11 @@ int main(void)
 	(void)chime_cancel(c, d.timer);         /* "d" finished in time */
 	(void)chime_cancel_key(c, 2);           /* group 2 was abandoned: drop all its timeouts */
 
-	/* Collect timeouts until a quiet 100 ms; none of d, e, f may show up. */
-	while ((r = chime_wait(c, ev, 8, 100)) > 0) {
+	/*
+	 * Collect timeouts until a quiet 100 ms; none of d, e, f may show up.
+	 * -EINTR: the process was stopped and continued (^Z, fg): wait on.
+	 */
+	while ((r = chime_wait(c, ev, 8, 100)) > 0 || r == -EINTR) {
 		for (int i = 0; i < r; i++) {
 			struct task *t = (struct task *)(uintptr_t)ev[i].user_data;
 

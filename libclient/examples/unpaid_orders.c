@@ -128,8 +128,11 @@ int main(void)
 	{
 		struct chime_event ev;
 
-		if (chime_wait(c, &ev, 1, 300) != 0) {
-			fprintf(stderr, "unpaid_orders: an event after the last unpaid order\n");
+		while ((r = chime_wait(c, &ev, 1, 300)) == -EINTR)
+			;       /* stopped and continued (^Z, fg): wait on */
+		if (r != 0) {
+			fprintf(stderr, "unpaid_orders: %s after the last unpaid order\n",
+				r > 0 ? "an event" : strerror(-r));
 			bad = 1;
 		}
 	}

@@ -759,7 +759,8 @@ class Chime:
             return
         with lock:
             c, self._c = self._c, None      # no call starts from here on
-            hooks = self._close_hooks if c is not None else []
+            # a copy: a wrapper's close() on another thread takes its hook out meanwhile
+            hooks = list(self._close_hooks) if c is not None else []
             if c is not None and self._calls:
                 self._closing, c = c, None  # _leave() closes it
         if c is not None:

@@ -1290,6 +1290,26 @@ def test_asyncio_two_wrappers_of_one_chime_in_one_loop_both_get_their_events(bro
         assert asyncio.run(main()) == [1, 2]
 
 
+def test_asyncio_a_wrapper_closed_while_the_chime_tells_its_wrappers_skips_none(broker):
+    """Another wrapper's AsyncChime.close() (on another thread) while the
+    Chime's close() called its wrappers' hooks: it took its hook out of the
+    very list being walked, the walk skipped the next one, and that
+    wrapper's task slept on a closed descriptor for good."""
+    c = chime.Chime(socket=broker.socket)
+    a2, a3 = chime.aio.AsyncChime(c), chime.aio.AsyncChime(c)
+    # a2.close() just as the walk has passed a2's hook: a hook of its own, after a2's
+    c._close_hooks.insert(c._close_hooks.index(a2._hook) + 1, lambda: a2.close)
+
+    async def main():
+        waiter = asyncio.create_task(a3.wait())
+        await asyncio.sleep(0.05)
+        c.close()
+        with pytest.raises(ValueError, match="closed"):
+            await asyncio.wait_for(waiter, 3)
+
+    asyncio.run(main())
+
+
 def test_asyncio_a_second_loop_starting_while_the_first_polls_is_refused(broker):
     """Two loops' tasks entering wait() together: the second checked for
     another loop while the first was still in its poll (before it noted its

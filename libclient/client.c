@@ -1316,6 +1316,7 @@ static void ring(struct chime_chan *ch, uint32_t sleep_no)
 {
 	uint64_t one = 1;
 	uint32_t last;
+	int cancel;
 
 	/*
 	 * The shard stays "asleep" until it is scheduled again, and every
@@ -1327,7 +1328,14 @@ static void ring(struct chime_chan *ch, uint32_t sleep_no)
 	last = at_load(&ch->rung);
 	if (last == sleep_no || !at_cas_relaxed(&ch->rung, &last, sleep_no))
 		return;
+	/*
+	 * Not cancelled at the write(2), a cancellation point: a thread
+	 * cancelled there had claimed this sleep's ring and never written it,
+	 * and every other thread's records waited for the heartbeat.
+	 */
+	cl_cancel_off(&cancel);
 	(void)!write(ch->doorbell, &one, sizeof(one));
+	cl_cancel_restore(cancel);
 }
 
 void cl_ring_doorbell(struct chime_chan *ch)

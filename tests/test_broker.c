@@ -3922,6 +3922,47 @@ ReleaseTest(broker, a_thread_cancelled_in_a_dispatch_callback_leaves_the_connect
 	cr_assert_lt(t_open_fds(getpid()), fds, "chime_close() freed nothing");
 }
 
+/* Arm with a cancel pending: the thread is cancelled at the first cancellation point of chime_arm(). */
+static void *arm_with_a_cancel_pending(void *arg)
+{
+	chime_id_t id;
+
+	pthread_cancel(pthread_self());
+	(void)chime_arm(arg, 1, chime_now() + 2 * MS, 0, 1, &id);
+	return NULL;
+}
+
+/*
+ * A thread cancelled in chime_arm() at the doorbell of a sleeping shard
+ * does not keep the others' arms from waking it: it had claimed that
+ * sleep's ring (one write per sleep and client) and was cancelled at the
+ * write(2), and another thread's arm 2 ms ahead fired 426 ms late, at the
+ * broker's heartbeat at rest (a review). Release build only, as above.
+ */
+ReleaseTest(broker, a_thread_cancelled_at_a_doorbell_does_not_keep_others_from_ringing)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_event ev;
+	chime_id_t far, id;
+	uint64_t deadline;
+	pthread_t t;
+	chime_t *c;
+
+	c = one_sleeping_shard(&b2, "", 9, &far);
+	t_at_rest_within(b2.sock, 2000);
+	cr_assert_eq(pthread_create(&t, NULL, arm_with_a_cancel_pending, c), 0);
+	cr_assert_eq(pthread_join(t, NULL), 0);        /* cancelled later, or not at all: its arm is made */
+	deadline = chime_now() + 2 * MS;
+	cr_assert_eq(chime_arm(c, 1, deadline, 0, 2, &id), 0);
+	do
+		cr_assert_eq(chime_wait(c, &ev, 1, 2000), 1, "no event within 2 s");
+	while (ev.user_data != 2);
+	cr_assert_lt(ev.fired_ns - deadline, 50 * MS, "fired %llu ms late: the shard slept on",
+		     (unsigned long long)(ev.fired_ns - deadline) / MS);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGKILL);
+}
+
 /*
  * A process whose chime_open() returned is in the control segment's table
  * as active: a tool it runs next (chimectl clients, chimestat, as root

@@ -282,6 +282,24 @@ static void run_callback(struct chime *c, const struct sink *to, const struct ch
 	at_store(&c->drainer, &cl_thread_token);
 }
 
+/* Step 4: what the drain took and skipped, up to the consumer's head, handed back. */
+static void chan_release(struct chime_chan *ch)
+{
+	/* D3 (ring.h Q3): our copies are done; pairs with the shard's acquire of cq_head. */
+	chime_cq_release(&ch->cq);
+	/*
+	 * D6: full barrier between our cq_head and the loads of backlog
+	 * and of the shard's sleep number; pairs with the shard's barrier
+	 * between publishing backlog (and its sleep number) and re-reading
+	 * cq_head before it sleeps. Either it sees the room we made, or
+	 * we see its backlog and ring. Without it both could read stale
+	 * values and wait for each other forever (once a drain, not per event).
+	 */
+	at_fence();
+	if (unlikely(at_load(ch->backlog) != 0))
+		cl_ring_doorbell(ch);
+}
+
 /* Steps 1-4 for one shard. */
 static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct sink *to, unsigned max)
 {
@@ -392,21 +410,8 @@ static unsigned drain_chan(struct chime *c, struct chime_chan *ch, const struct 
 		}
 	}
 	ch->seen = ch->held ? tail : q->head;
-	if (q->head != start) {
-		/* D3 (ring.h Q3): our copies are done; pairs with the shard's acquire of cq_head. */
-		chime_cq_release(q);
-		/*
-		 * D6: full barrier between our cq_head and the loads of backlog
-		 * and of the shard's sleep number; pairs with the shard's barrier
-		 * between publishing backlog (and its sleep number) and re-reading
-		 * cq_head before it sleeps. Either it sees the room we made, or
-		 * we see its backlog and ring. Without it both could read stale
-		 * values and wait for each other forever (once a drain, not per event).
-		 */
-		at_fence();
-		if (unlikely(at_load(ch->backlog) != 0))
-			cl_ring_doorbell(ch);
-	}
+	if (q->head != start)
+		chan_release(ch);
 	return n;
 }
 
@@ -753,6 +758,16 @@ static void dispatch_cancelled(void *arg)
 {
 	const struct dispatch_run *run = arg;
 
+	/*
+	 * The events taken up to the callback's are consumed: left unreleased,
+	 * the shard never saw them taken until another event came to that
+	 * ring, and a periodic timer among them fired no more (its next event
+	 * waits for that), a one-shot's node stayed held. A session's drain
+	 * is not cancelled before it released them (cl_lock_try()); a child
+	 * forked by the callback writes nothing of its parent's.
+	 */
+	for (uint32_t s = 0; !run->c->session[0] && !at_load(&run->c->forked) && s < run->c->nr_shards; s++)
+		chan_release(&run->c->chan[s]);
 	at_store(&run->c->dispatcher, run->outer);
 }
 

@@ -3922,6 +3922,37 @@ ReleaseTest(broker, a_thread_cancelled_in_a_dispatch_callback_leaves_the_connect
 	cr_assert_lt(t_open_fds(getpid()), fds, "chime_close() freed nothing");
 }
 
+/*
+ * The same, with a periodic timer alone on its shard: the events the
+ * cancelled dispatch took up to its callback's are handed back to the
+ * shard, which sees the periodic's event taken and fires its next periods.
+ * They stayed unreleased until another event came to that ring, and the
+ * periodic timer fired no more (a review). Release build only, as above.
+ */
+ReleaseTest(broker, a_periodic_timer_fires_on_after_a_thread_cancelled_in_its_dispatch_callback)
+{
+	struct t_chimed b2 = { 0 };
+	struct chime_event ev[4];
+	chime_id_t far, id;
+	uint64_t start;
+	pthread_t t;
+	void *ret;
+	chime_t *c;
+	int got = 0, n;
+
+	c = one_sleeping_shard(&b2, "", 9, &far);
+	cr_assert_eq(chime_arm(c, 1, chime_now() + 10 * MS, 20 * MS, 1, &id), 0);
+	usleep(30 * 1000);      /* its first event in the ring */
+	cr_assert_eq(pthread_create(&t, NULL, dispatch_cancelled_in_callback, c), 0);
+	cr_assert_eq(pthread_join(t, &ret), 0);
+	cr_assert_eq(ret, PTHREAD_CANCELED);
+	for (start = chime_now(); chime_now() - start < 500 * MS; got += n)
+		cr_assert_geq(n = chime_wait(c, ev, 4, 100), 0);
+	cr_assert_geq(got, 10, "%d events of a 20 ms periodic timer in 500 ms after the cancel", got);
+	chime_close(c);
+	t_chimed_stop(&b2, SIGKILL);
+}
+
 /* Arm with a cancel pending: the thread is cancelled at the first cancellation point of chime_arm(). */
 static void *arm_with_a_cancel_pending(void *arg)
 {

@@ -769,6 +769,9 @@ static void dispatch_cancelled(void *arg)
 	for (uint32_t s = 0; !run->c->session[0] && !at_load(&run->c->forked) && s < run->c->nr_shards; s++)
 		chan_release(&run->c->chan[s]);
 	at_store(&run->c->dispatcher, run->outer);
+	/* A callback's close waited for the dispatch to return, which it never does now. */
+	if (run->c->close_deferred)
+		chime_close(run->c);
 }
 
 CHIME_PUBLIC int chime_dispatch(chime_t *c, chime_cb cb, void *arg, unsigned max)

@@ -3953,6 +3953,46 @@ ReleaseTest(broker, a_periodic_timer_fires_on_after_a_thread_cancelled_in_its_di
 	t_chimed_stop(&b2, SIGKILL);
 }
 
+/* A callback that closes its connection, then reaches a cancellation point with a cancel pending. */
+static void close_then_cancelled_cb(const struct chime_event *ev, void *arg)
+{
+	(void)ev;
+	chime_close(arg);
+	pthread_testcancel();
+}
+
+static void *dispatch_closed_then_cancelled(void *arg)
+{
+	(void)pthread_cancel(pthread_self());
+	(void)chime_dispatch(arg, close_then_cancelled_cb, arg, 0);
+	return NULL;
+}
+
+/*
+ * A callback that closes its connection and is then cancelled: the close
+ * is done all the same. It was put off until the dispatch returned, which
+ * a cancelled one never does, and the connection stayed open (its
+ * descriptors, its slot in the broker, its timers) for the life of the
+ * process (a review). Release build only, as above.
+ */
+ReleaseTest(broker, a_close_from_a_callback_is_done_when_the_thread_is_then_cancelled)
+{
+	chime_t *c = copen();
+	chime_id_t id;
+	pthread_t t;
+	void *ret;
+	int fds;
+
+	cr_assert_not_null(c);
+	fds = t_open_fds(getpid());
+	cr_assert_eq(chime_arm(c, 1, 0, 0, 1, &id), 0);
+	usleep(50 * 1000);      /* due, in the ring */
+	cr_assert_eq(pthread_create(&t, NULL, dispatch_closed_then_cancelled, c), 0);
+	cr_assert_eq(pthread_join(t, &ret), 0);
+	cr_assert_eq(ret, PTHREAD_CANCELED);
+	cr_assert_lt(t_open_fds(getpid()), fds, "the close in the callback freed nothing");
+}
+
 /* Arm with a cancel pending: the thread is cancelled at the first cancellation point of chime_arm(). */
 static void *arm_with_a_cancel_pending(void *arg)
 {

@@ -914,6 +914,12 @@ int main(int argc, char **argv)
 		start_dir[0] = 0;
 	if (!foreground)
 		verdict_fd = daemonize(&old_mask);
+	/*
+	 * A daemon's restart has the /dev/null its predecessor detached to
+	 * for stderr: why it cannot start goes to syslog, or nowhere.
+	 */
+	if (restarted && verdict_fd >= 0)
+		log_use_syslog();
 	fd_table_presize(2 * fds_needed(&o));
 	/*
 	 * Our one child is the discard helper (discard.c), killed and never

@@ -968,6 +968,65 @@ Test(daemon, a_syslog_nobody_reads_does_not_stall_the_broker, .timeout = 90)
 }
 
 /*
+ * A broker in the background that restarts (SIGUSR2, chimectl restart)
+ * executes itself with the stdio it let go of, /dev/null: a new broker that
+ * could not start said why there, and chimectl restart's "see its log" found
+ * nothing in syslog. Here a cleanup removed its socket's directory before
+ * the restart: the lock file it cannot create is named in syslog.
+ */
+Test(daemon, a_restart_in_the_background_that_cannot_start_says_why_in_syslog, .timeout = 30)
+{
+	char dir[] = "/tmp/chime-sl-XXXXXX", sub[300], sock[320], lock[340], logsock[300], cmd[2 * PATH_MAX];
+	char line[1500], all[8192] = "";
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	const char *chimed = namespaced_setup(dir, sub, sizeof(sub));
+	bool said = false;
+	int fd, st, pid = 0;
+	pid_t starter;
+	FILE *f;
+
+	snprintf(sub, sizeof(sub), "%s/sub", dir);
+	cr_assert_eq(mkdir(sub, 0700), 0);
+	snprintf(sock, sizeof(sock), "%s/s", sub);
+	snprintf(logsock, sizeof(logsock), "%s/log", dir);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	memcpy(sa.sun_path, logsock, strlen(logsock) + 1);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "bind('%s'): %s", logsock, strerror(errno));
+	snprintf(cmd, sizeof(cmd), "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && "
+		 "ln -s '%s' /dev/log && exec '%s' --shards 1 --capacity 4096 --max-timers-per-uid 0 --socket '%s'",
+		 logsock, chimed, sock);
+	starter = fork();
+	cr_assert_geq(starter, 0);
+	if (starter == 0) {
+		execlp("unshare", "unshare", "-m", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	cr_assert_eq(waitpid(starter, &st, 0), starter);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed did not start: status %d", st);
+	snprintf(lock, sizeof(lock), "%s.lock", sock);
+	f = fopen(lock, "r");
+	cr_assert(f, "no lock file '%s'", lock);
+	if (fscanf(f, "%d", &pid) != 1)
+		pid = 0;
+	fclose(f);
+	cr_assert_gt(pid, 0);
+	t_rmdir_files(sub);
+	cr_assert_eq(kill(pid, SIGUSR2), 0);
+	while (!said && recv_within(fd, line, sizeof(line), 5000) > 0) {
+		snprintf(all + strlen(all), sizeof(all) - strlen(all), "%s\n", line);
+		said = strstr(line, "lock file") && strstr(line, sock);
+	}
+	for (int i = 0; i < 500 && kill(pid, 0) == 0; i++)
+		sleep_ms(10);
+	if (kill(pid, 0) == 0)
+		kill(pid, SIGKILL);
+	close(fd);
+	cr_expect(said, "the restarted broker did not say in syslog why it could not start; syslog had:\n%s", all);
+	t_rmdir_files(dir);
+}
+
+/*
  * The same for a broker of another user than the pipe's (root's pipe, a
  * supervisor's): it cannot open the pipe again for itself (a pipe is mode
  * 0600), and polls before each line instead. Before, with the pipe full

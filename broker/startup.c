@@ -216,6 +216,12 @@ static int clear_stale_socket(struct broker *b)
 			return log_errno(LOG_ERR, errno, "socket(AF_UNIX)");
 		r = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno == EAGAIN ? 0 : errno;
 		close(fd);
+		/* A stream or datagram socket bound there: another program's, live. */
+		if (r == EPROTOTYPE) {
+			log_msg(LOG_ERR, "socket '%s' is in use by another process (a socket of another type, not "
+				"chimed's: choose another --socket)", path);
+			return -EADDRINUSE;
+		}
 		if (r)
 			break;
 		if (tries * 10 >= STALE_SOCKET_WAIT_MS) {

@@ -662,6 +662,44 @@ Test(daemon, a_restart_after_its_start_directory_is_removed_keeps_its_paths, .ti
 	restart_keeps_relative_paths(true);
 }
 
+/*
+ * Another program's socket at the path, listening: chimed's probe (a
+ * SOCK_SEQPACKET connect) gets EPROTOTYPE from a stream or datagram one,
+ * which it said as "cannot probe socket: Protocol wrong type for socket",
+ * naming neither the other process nor the way out. It is in use, as a
+ * live seqpacket socket is, and left alone.
+ */
+Test(daemon, a_socket_another_program_listens_on_is_said_to_be_in_use, .timeout = 30)
+{
+	const char *chimed = getenv("CHIMED");
+	char dir[] = "/tmp/chime-td-XXXXXX", cmd[2 * PATH_MAX], out[4096] = "";
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t n = 0;
+	FILE *p;
+	int fd, st;
+
+	cr_assert(chimed);
+	cr_assert(mkdtemp(dir));
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/s", dir);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "bind: %s", strerror(errno));
+	cr_assert_eq(listen(fd, 8), 0);
+	snprintf(cmd, sizeof(cmd), "exec '%s' --foreground --shards 1 --capacity 4096 --socket '%s' 2>&1", chimed,
+		 sa.sun_path);
+	p = popen(cmd, "r");
+	cr_assert(p);
+	while (n < sizeof(out) - 1 && fgets(out + n, (int)(sizeof(out) - n), p))
+		n = strlen(out);
+	st = pclose(p);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %#x:\n%s", st, out);
+	cr_expect(strstr(out, "is in use by another process"), "the error does not say the socket is in use:\n%s",
+		  out);
+	cr_expect(exists(sa.sun_path), "the other program's socket was removed");
+	close(fd);
+	t_rmdir_files(dir);
+}
+
 /* A file-size limit below a shard file: a message naming it and exit 1, not death by SIGXFSZ (153). */
 Test(daemon, a_file_size_limit_is_an_error_not_a_signal, .timeout = 30)
 {

@@ -1434,7 +1434,11 @@ static int on_cqe(struct broker *b, struct io_uring_cqe *cqe)
 				b->restart = true;
 				arm_read(b, b->sig_fd, &b->sig_buf, sizeof(b->sig_buf), UD_SIGNAL);
 				return 1;
-			} else if (res == (int)sizeof(b->sig_buf) && b->restart && b->sig_buf.ssi_signo != SIGUSR2) {
+			} else if (res == (int)sizeof(b->sig_buf) && b->restart && b->sig_buf.ssi_signo == SIGUSR2) {
+				/* A second chimectl restart (a retry): not a second stop signal, which cuts the park short. */
+				log_msg(LOG_NOTICE, "SIGUSR2 received%s while restarting already: the restart goes on",
+					sig_sender(b->sig_buf.ssi_pid, from));
+			} else if (res == (int)sizeof(b->sig_buf) && b->restart) {
 				/* A stop asked for while a restart parks (systemctl stop): a stop, not a restart. */
 				log_msg(LOG_NOTICE, "SIG%s received%s while restarting: stopping instead",
 					sig_name((int)b->sig_buf.ssi_signo), sig_sender(b->sig_buf.ssi_pid, from));

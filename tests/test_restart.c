@@ -5648,6 +5648,44 @@ Test(restart, sigterm_during_a_restart_stops_the_broker_instead_of_restarting_it
 	chime_close(held);
 }
 
+/*
+ * A second SIGUSR2 (a second chimectl restart, a retry) while a restart
+ * parks the sessions: the restart under way goes on, its park whole. It
+ * was taken as a second stop signal, logged "SIGUSR2 received: stopping"
+ * (it restarted), and cut the park short: the sessions went to the next
+ * broker as after a crash, where a planned restart delivers each event
+ * exactly once. The shard is held so that the restart is still parking
+ * "held" when the second signal comes.
+ */
+Test(restart, a_second_sigusr2_during_a_restart_does_not_cut_its_park_short)
+{
+	char log[300];
+	chime_t *held;
+	int tid;
+
+	start_logged("-n 1", log, sizeof(log));
+	held = sopen_ok("held");
+	tid = shard0_hold();
+	kill(tb.pid, SIGUSR2);
+	if (!log_says(log, "SIGUSR2 received", "")) {
+		(void)t_thread_release(tid);
+		cr_assert_fail("the broker did not begin its restart within 3 s");
+	}
+	kill(tb.pid, SIGUSR2);
+	/* the second one read (a line of its own, as the first), or 1 s */
+	for (int i = 0; i < 100 && log_lines(log, "SIGUSR2", "") < 2; i++)
+		usleep(10 * 1000);
+	cr_assert_eq(t_thread_release(tid), 0);
+	for (int i = 0; i < 1000 && log_lines(log, "listening on", "") < 2; i++)
+		usleep(10 * 1000);
+	cr_assert_eq(log_lines(log, "listening on", ""), 2, "the broker did not restart");
+	cr_expect_eq(log_lines(log, "still parking or attaching", ""), 0, "the second SIGUSR2 cut the park short");
+	cr_expect_eq(log_lines(log, "SIGUSR2 received", "stopping"), 0, "a SIGUSR2 was said to stop the broker");
+	chime_close(held);
+	cr_assert_eq(sopen(&held, "held"), 0, "the session was not handed over");
+	chime_close(held);
+}
+
 struct hup_spam {
 	pid_t pid;
 	int stop;

@@ -608,6 +608,15 @@ int restart_load(struct broker *b)
 			}
 		}
 		if (n < 0) {
+			struct stat st;
+
+			/* A directory or FIFO made there: its errno named neither, and --fresh leaves a directory. */
+			if (lstat(b->sess_path, &st) == 0 && !S_ISREG(st.st_mode)) {
+				log_msg(LOG_ERR, "sessions file '%s' is not a regular file (uid %u's): not using it; "
+					"remove it", b->sess_path, (unsigned)st.st_uid);
+				free(recs);
+				return n;
+			}
 			/*
 			 * A mode set by hand (chmod 000, a restrictive umask in a
 			 * copy put back): chmod is the way out, not --fresh, which

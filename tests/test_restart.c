@@ -2171,6 +2171,35 @@ Test(restart, a_second_broker_does_not_take_over_the_files_of_one_that_runs)
 }
 
 /*
+ * Something other than a file at PATH.sessions (a directory made by hand,
+ * a FIFO): refused and said as such. It was "cannot take over sessions
+ * file: Is a directory (--fresh discards it)", and "Invalid argument" for
+ * a FIFO; --fresh does not remove a directory, and that start failed too.
+ */
+Test(restart, a_sessions_path_that_is_not_a_file_is_said_so)
+{
+	char log[300], extra[400], path[PATH_MAX];
+
+	start("-n 1");
+	stop_now(SIGTERM);
+	snprintf(path, sizeof(path), "%s.sessions", tb.sock);
+	snprintf(log, sizeof(log), "%s/next.log", tb.dir);
+	snprintf(extra, sizeof(extra), "-n 1 2>'%s'", log);
+	cr_assert_eq(mkdir(path, 0700), 0);
+	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker started with a directory at its sessions file");
+	cr_expect(t_file_has(log, path) && t_file_has(log, "not a regular file"),
+		  "a directory at the sessions file is not said as such");
+	cr_expect(!t_file_has(log, "--fresh"), "told to --fresh, which does not remove a directory");
+	cr_assert_eq(rmdir(path), 0);
+	cr_assert_eq(mkfifo(path, 0600), 0);
+	cr_assert_neq(t_chimed_restart(&tb, 0, extra), 0, "a broker started with a FIFO at its sessions file");
+	cr_expect(t_file_has(log, path) && t_file_has(log, "not a regular file"),
+		  "a FIFO at the sessions file is not said as such");
+	cr_assert_eq(unlink(path), 0);
+	restart(0, "-n 1");
+}
+
+/*
  * Another file put where a removed one was (a new broker's, another
  * program's): neither the heartbeat nor the stop writes over it, and both
  * say the timers are lost; the stop does not claim to keep them.

@@ -5868,6 +5868,41 @@ Test(restart, a_stop_that_gives_up_on_a_wedged_shard_leaves_no_file_when_no_sess
 }
 
 /*
+ * chimectl shutdown waits for a stop as long as one may take: a session's
+ * park up to 5 s, then its shard's stop. It waited 5 s and said the
+ * broker "did not exit" of a stop that then ended well (a review). The
+ * shard is held past the park's 5 s, then let go.
+ */
+Test(restart, chimectl_shutdown_waits_out_a_stop_whose_park_takes_its_5_s)
+{
+	const char *ctl = getenv("CHIMECTL");
+	char log[300], cmd[600];
+	chime_t *held;
+	pid_t sh;
+	int tid, st;
+
+	cr_assert_not_null(ctl);
+	start_logged("-n 1", log, sizeof(log));
+	held = sopen_ok("held");
+	tid = shard0_hold();
+	snprintf(cmd, sizeof(cmd), "exec '%s' --socket '%s' shutdown >/dev/null", ctl, tb.sock);
+	sh = fork();
+	if (sh == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	cr_assert_gt(sh, 0);
+	usleep(5500 * 1000);
+	cr_assert_eq(t_thread_release(tid), 0);
+	cr_assert_eq(waitpid(sh, &st, 0), sh);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		  "chimectl shutdown of a stop that took 5.5 s: status %#x (its log: %s)", st, log);
+	st = reap_within(10000);
+	cr_assert_neq(st, -1, "chimed still runs 10 s after its shard was let go");
+	chime_close(held);
+}
+
+/*
  * A session "fresh" opened while the shard is held, a stop (cut short by a
  * second SIGTERM) before its welcome: the open is refused, and the next
  * broker takes over "held" alone.

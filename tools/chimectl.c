@@ -104,8 +104,13 @@ static void jset(const char *key, json_t *v)
 		json_decref(v);
 }
 
-/* How long `shutdown` waits for the broker to exit. */
-#define SHUTDOWN_WAIT_NS (UINT64_C(5) * 1000000000u)
+/*
+ * How long `shutdown` waits for the broker to exit: a stop parks its
+ * sessions for up to 5 s, then gives its shards 2 s to stop, then writes
+ * its files (chimed(8), RESTARTS).
+ */
+#define SHUTDOWN_WAIT_S  10u
+#define SHUTDOWN_WAIT_NS (UINT64_C(1000000000) * SHUTDOWN_WAIT_S)
 /* How long `restart` waits for the new broker. */
 #define RESTART_WAIT_NS (UINT64_C(10) * 1000000000u)
 /* ... and how long for a new one once the old is gone (systemd's unit restarts it after 100 ms). */
@@ -141,7 +146,7 @@ static void usage(FILE *f)
 		"                     what it admits now and which rule counts changed, or why\n"
 		"                     it failed (the old policy is kept); root and the\n"
 		"                     broker's user\n"
-		"  shutdown           stop the broker (SIGTERM) and wait up to 5 s for it\n"
+		"  shutdown           stop the broker (SIGTERM) and wait up to 10 s for it\n"
 		"  restart            restart the broker in place (SIGUSR2): attached sessions\n"
 		"                     are parked, the new broker takes every session's timers\n"
 		"                     over; waits up to 10 s for it\n"
@@ -1022,7 +1027,8 @@ static int cmd_shutdown(const char *sock)
 	while (!pid_gone(pid)) {
 		if (now_ns() - t0 > SHUTDOWN_WAIT_NS) {
 			jset("stopped", json_false());
-			return fail(SR_EXIT_NOSHM, "chimed (pid %d) did not exit within 5 s of SIGTERM", (int)pid);
+			return fail(SR_EXIT_NOSHM, "chimed (pid %d) did not exit within %u s of SIGTERM", (int)pid,
+				    SHUTDOWN_WAIT_S);
 		}
 		pause_20ms();
 	}

@@ -2766,11 +2766,11 @@ static bool park_n(struct shard_core *sc, struct chan *ch, uint32_t budget, bool
 	uint64_t nback = 0;
 
 	if (!ch->parked) {
-		uint64_t lap_end = ch->sq.head + ch->sq_mask + 1;
-
-		/* What the process published before it went is applied, as if it had lived a little longer. */
-		(void)chan_drain(sc, ch, ch->sq_mask + 1);
+		if (!ch->park_lap_end)
+			ch->park_lap_end = ch->sq.head + ch->sq_mask + 1;
 		/*
+		 * What the process published before it went is applied, as if it
+		 * had lived a little longer.
 		 * Also what its other threads published behind a slot that one
 		 * of them reserved and never published (killed in between): the
 		 * head stops at that slot, and the arms after it, whose ids their
@@ -2782,9 +2782,26 @@ static bool park_n(struct shard_core *sc, struct chan *ch, uint32_t budget, bool
 		 * says so: a stepped-over slot is never freed). Up to a lap from
 		 * where the park began: a writer still alive (the segment passed
 		 * to another process) cannot keep the shard here.
+		 * In steps, a record costing what a walked node does: a ring
+		 * (--sq-size, up to 1M) applied in one call held every timer of
+		 * the shard back for all of it.
 		 */
-		while (!ch->walk_queued && ch->sq.head < lap_end && chime_sq_skip_unpublished(&ch->sq))
-			(void)chan_drain(sc, ch, ch->sq_mask + 1);
+		for (;;) {
+			uint64_t left = ch->park_lap_end > ch->sq.head ? ch->park_lap_end - ch->sq.head : 0;
+			uint32_t want = budget / WALK_COST ? budget / WALK_COST : 1, n;
+
+			if (want > left)
+				want = (uint32_t)left;  /* 0: a CANCEL_KEY's step only */
+			n = chan_drain(sc, ch, want);
+			budget = budget > n * WALK_COST ? budget - n * WALK_COST : 0;
+			if (want && n == want) {
+				if (!budget)
+					return false;   /* more may be published: the next call's */
+				continue;
+			}
+			if (!want || ch->walk_queued || !chime_sq_skip_unpublished(&ch->sq))
+				break;
+		}
 		/*
 		 * A CANCEL_KEY in steps: the rest once it is done. Not for a
 		 * stop's cut, which settles what the process took now (the
@@ -2828,6 +2845,7 @@ static bool park_n(struct shard_core *sc, struct chan *ch, uint32_t budget, bool
 		 */
 		ch->room = room_refresh(sc, ch);
 		ch->parked = 1;
+		ch->park_lap_end = 0;
 		/*
 		 * A periodic with an event in the old ring is at a position in
 		 * [head, tail): with none there, nothing is left to find, and

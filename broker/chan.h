@@ -409,6 +409,7 @@ struct chan {
 	uint32_t *park_order;           /* park: by cq position, node + 1 of the events that come back (0: none) */
 	uint64_t park_pos;              /* park: next cq position of park_order to put in the backlog */
 	uint32_t park_last;             /* park: the last node put back in ring order so far, or CHIME_NIL */
+	uint64_t park_lap_end;          /* park: its records applied up to here at most (0: not begun) */
 	uint64_t wakes;                 /* client wake-ups done (socket messages) */
 	/* A CANCEL_KEY being applied in steps: its record, at walk_pos, is consumed last. */
 	struct chan *walk_next;         /* shard_core's list */

@@ -2721,6 +2721,40 @@ Test(chan, a_park_with_only_an_unpublished_slot_at_the_head_applies_nothing)
 	cr_assert_eq(c->ch.owned, 0, "no timer, and every grant freed");
 }
 
+/*
+ * A session's process gone with its submission ring full of records not
+ * applied yet: the park applies them in steps of its budget, as it sweeps,
+ * not a whole ring (--sq-size, up to 1M) in its first call, a pass that
+ * held every other timer of the shard back (hostile/a_session_that_goes_
+ * with_a_full_submission_ring_...: 132 ms); up to the lap it began with.
+ */
+Test(chan, a_park_applies_the_records_left_in_its_ring_in_steps)
+{
+	struct client_sim *c = &F.cl[0];
+	uint64_t id[SQ / 2], head;
+	unsigned calls = 1;
+
+	for (unsigned i = 0; i < SQ / 2; i++)
+		id[i] = arm(c, 1, T0 + 10 * MS, 0, i);
+	step();
+	head = c->ch.sq.head;
+	for (unsigned i = 0; i < SQ; i++)
+		submit(c, CHIME_OP_RESET, id[i % (SQ / 2)], 0, T0 + (20 + i) * MS, 0, 0);
+	/* a budget of 72 slab nodes: a few records' worth */
+	cr_assert_not(chan_park(&F.sc, &c->ch, 72), "a ring of %u records applied in one call", SQ);
+	cr_assert_lt(c->ch.sq.head - head, SQ, "the first call applied the whole ring");
+	while (!chan_park(&F.sc, &c->ch, 72)) {
+		cr_assert_lt(++calls, 100, "the park never ends");
+		/* A writer still alive (its segment passed on): past the lap the park began with. */
+		submit(c, CHIME_OP_NOP, 0, 0, 0, 0, 0);
+	}
+	cr_assert_eq(c->ch.sq.head, head + SQ, "every record of the lap applied, and none after it");
+	for (unsigned i = 0; i < SQ / 2; i++)
+		cr_assert_eq(F.sc.wh.nodes[chime_id_index(id[i])].deadline_ns, T0 + (20 + SQ / 2 + i) * MS,
+			     "timer %u at its last reset's deadline", i);
+	cr_assert_eq(c->ch.owned, SQ / 2, "the timers, and no grant left");
+}
+
 
 /* ---- wall-clock timers (ARCHITECTURE.md, "Wall-clock timers") ---- */
 

@@ -2599,28 +2599,35 @@ int chan_attach(struct shard_core *sc, struct chan *ch, const struct chan_mem *m
 	return 0;
 }
 
-/* Free the grants of unused slots (their ids were never armed: nobody can name them). */
-static void grants_drop(struct shard_core *sc, struct chan *ch)
+/*
+ * The grants of unused slots, from ch->grants_pos on: freed (their ids were
+ * never armed: nobody can name them), or carried if the broker stops under
+ * a live process (they stay valid for what it publishes next). A slot a
+ * unit of *budget; false if it ran out first. In steps: a 1M-slot ring
+ * (--sq-size) let go in one call held every timer of the shard back for
+ * all of it.
+ */
+static bool grants_let_go(struct shard_core *sc, struct chan *ch, bool carry, uint32_t *budget)
 {
-	for (uint32_t i = 0; i <= ch->sq_mask; i++)
-		if (!chime_grant_is_marker(ch->grants[i]))
-			grant_free(sc, ch, ch->grants[i]);
-	ch->marked = 0;
-	memset(ch->marked_bits, 0, (ch->sq_mask + 64) / 64 * sizeof(*ch->marked_bits));
-	memset(ch->grants, 0, (ch->sq_mask + 1) * sizeof(*ch->grants));
-	memset(ch->grant_flags, 0, (ch->sq_mask + 1) * sizeof(*ch->grant_flags));
-}
+	/* None owned, none granted: the slots left hold markers, which every walk skips. */
+	for (; ch->grants_pos <= ch->sq_mask && ch->owned; ch->grants_pos++) {
+		uint64_t g = ch->grants[ch->grants_pos];
 
-/* The broker stops under a live process: its unused grants stay valid for what it publishes next. */
-static void grants_carry(struct shard_core *sc, struct chan *ch)
-{
-	for (uint32_t i = 0; i <= ch->sq_mask; i++)
-		if (!chime_grant_is_marker(ch->grants[i]))
-			chan_carry(sc, ch, chime_id_index(ch->grants[i]));
+		if (!*budget)
+			return false;
+		(*budget)--;
+		ch->grants[ch->grants_pos] = 0;
+		ch->grant_flags[ch->grants_pos] = 0;
+		if (chime_grant_is_marker(g))
+			continue;
+		if (carry)
+			chan_carry(sc, ch, chime_id_index(g));
+		else
+			grant_free(sc, ch, g);
+	}
 	ch->marked = 0;
 	memset(ch->marked_bits, 0, (ch->sq_mask + 64) / 64 * sizeof(*ch->marked_bits));
-	memset(ch->grants, 0, (ch->sq_mask + 1) * sizeof(*ch->grants));
-	memset(ch->grant_flags, 0, (ch->sq_mask + 1) * sizeof(*ch->grant_flags));
+	return true;
 }
 
 void chan_hold_at(struct shard_core *sc, uint32_t idx, uint64_t deadline_ns)
@@ -2826,10 +2833,9 @@ static bool park_n(struct shard_core *sc, struct chan *ch, uint32_t budget, bool
 		 */
 		if (!settled(sc, ch))
 			ch->word_wait = 0;
-		if (ch->handover)
-			grants_carry(sc, ch);
-		else
-			grants_drop(sc, ch);
+		/* At once: a 1M-slot ring's took 20-36 ms of one pass (2026-12-07), within what one may take. */
+		ch->grants_pos = 0;
+		(void)grants_let_go(sc, ch, ch->handover, &(uint32_t){ UINT32_MAX });
 		/*
 		 * Node + 1 by position, 0 for none: zeroed pages from calloc(),
 		 * faulted in as the walk writes them, in ring order, a page a
@@ -3032,7 +3038,7 @@ int chan_restore_init(struct shard_core *sc, struct chan *ch, uint16_t slot, uin
 
 	if (r < 0)
 		return r;
-	ch->sq_mask = sq_size - 1;      /* grants_drop() walks the (empty) grants on a reclaim */
+	ch->sq_mask = sq_size - 1;      /* grants_let_go() walks the (empty) grants on a reclaim */
 	ch->parked = 1;
 	ch->session = 1;
 	ch->wake_fd = ch->bell_fd = -1;
@@ -3058,20 +3064,27 @@ void chan_reattach(struct shard_core *sc, struct chan *ch, const struct chan_mem
  * Arms the client could not make that are still in its ring (NOPs in
  * marked slots): counted now, when it goes, or a client refused and gone
  * at once would be in neither the counters nor the log. Nothing else of the
- * ring is applied; at most a ring's worth, published or not.
+ * ring is applied; at most a ring's worth from its head, published or not,
+ * a slot a unit of *budget from ch->refused_pos on (false if it ran out
+ * first): a 1M-slot ring read in one call held the shard that long.
  */
-static void refused_left(struct shard_core *sc, struct chan *ch)
+static bool refused_left(struct shard_core *sc, struct chan *ch, uint32_t *budget)
 {
 	struct chime_sqe r;
 
-	for (uint64_t pos = ch->sq.head; pos - ch->sq.head <= ch->sq_mask; pos++) {
-		uint64_t g = ch->grants[pos & ch->sq_mask];
+	for (; ch->refused_pos - ch->sq.head <= ch->sq_mask; ch->refused_pos++) {
+		uint64_t g = ch->grants[ch->refused_pos & ch->sq_mask];
 
-		if (!chime_sq_peek(ch->sq.slots, ch->sq.mask, pos, &r))
+		if (!*budget)
+			return false;
+		if (!chime_sq_peek(ch->sq.slots, ch->sq.mask, ch->refused_pos, &r))
 			break;
+		(*budget)--;
 		if (r.op == CHIME_OP_NOP && chime_grant_is_marker(g))
 			stats_refused(sc->st, ch->slot, refusal(g));
 	}
+	ch->refused_pos = ch->sq.head + ch->sq_mask + 1;       /* done: the next calls read nothing */
+	return true;
 }
 
 bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
@@ -3080,8 +3093,9 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 
 	if (!ch->dying) {
 		ch->dying = 1;
-		if (!ch->parked && ch->sq.slots)
-			refused_left(sc, ch);   /* a parked channel's rings went with its process */
+		/* A parked channel's rings went with its process: none to read. */
+		ch->refused_pos = ch->sq.head + (!ch->parked && ch->sq.slots ? 0 : (uint64_t)ch->sq_mask + 1);
+		ch->grants_pos = 0;
 		if (sc->walk_head == ch) {
 			/*
 			 * Its CANCEL_KEY goes too (every node of the client
@@ -3097,11 +3111,13 @@ bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget)
 		} else {
 			walk_dequeue(sc, ch);
 		}
-		grants_drop(sc, ch);
 		carried_free(sc, ch);
 		settle(sc, ch, false, 0);
 		ch->sweep_pos = 0;
 	}
+	/* Its ring's refused arms read before its grants go (a marker says refused), both in steps. */
+	if (!refused_left(sc, ch, &budget) || !grants_let_go(sc, ch, false, &budget))
+		return false;
 	/*
 	 * Its held events (up to its quota: a client that never drained) and
 	 * its delivered ones, in steps as the sweep: all at once, a client

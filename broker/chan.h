@@ -410,6 +410,8 @@ struct chan {
 	uint64_t park_pos;              /* park: next cq position of park_order to put in the backlog */
 	uint32_t park_last;             /* park: the last node put back in ring order so far, or CHIME_NIL */
 	uint64_t park_lap_end;          /* park: its records applied up to here at most (0: not begun) */
+	uint32_t grants_pos;            /* reclaim: the slots below let go of their grants (grants_let_go()) */
+	uint64_t refused_pos;           /* reclaim: its ring read for refused arms up to here (refused_left()) */
 	uint64_t wakes;                 /* client wake-ups done (socket messages) */
 	/* A CANCEL_KEY being applied in steps: its record, at walk_pos, is consumed last. */
 	struct chan *walk_next;         /* shard_core's list */
@@ -537,11 +539,11 @@ uint64_t chan_sq_waiting(const struct chan *ch);
 bool chan_pending(struct shard_core *sc, struct chan *ch);
 
 /*
- * Reclaim: free every node this client owns in the shard: grants at once,
- * the backlog and ACKWAIT lists (a backlog holds up to the client's quota)
- * and then the armed ones, by sweeping the slab [sweep_pos, high_water),
- * up to `budget` nodes per call in all (the sweep stops as soon as the
- * client owns nothing). Returns true when done. Must not be followed by
+ * Reclaim: free every node this client owns in the shard: the refused arms
+ * left in its ring counted and its grants freed, a slot each, the backlog
+ * and ACKWAIT lists (a backlog holds up to the client's quota) and then the
+ * armed ones, by sweeping the slab [sweep_pos, high_water), up to `budget`
+ * in all per call (the sweep stops as soon as the client owns nothing). Returns true when done. Must not be followed by
  * chan_drain/chan_service on this channel.
  */
 bool chan_reclaim(struct shard_core *sc, struct chan *ch, uint32_t budget);

@@ -1999,6 +1999,40 @@ Test(chan, attach_to_a_full_slab_succeeds_with_markers_only)
 	cr_assert(chan_reclaim(&F.sc, &c->ch, 1));
 }
 
+/*
+ * A client gone with its ring full of refused arms (NOPs in marked slots)
+ * published and not applied, and one gone with a grant in every slot: the
+ * reclaim reads the ring and lets the grants go in steps of its budget, not
+ * a whole ring (--sq-size, up to 1M) in its first call, a pass that held
+ * every other timer of the shard back (hostile/connections_that_go_with_
+ * 1m_slot_rings_...: 34.8-54.6 ms); each refused arm counted once, each
+ * grant freed once.
+ */
+Test(chan, a_reclaim_reads_the_ring_and_lets_the_grants_go_in_steps)
+{
+	struct client_sim *a = &F.cl[0], *c = &F.cl[1];
+	unsigned calls = 1;
+
+	fill_slab();
+	client_init(c, 1);
+	cr_assert_eq(c->ch.marked, SQ);
+	for (unsigned i = 0; i < SQ; i++)
+		submit(c, CHIME_OP_NOP, 0, 0, 0, 0, 0);
+	cr_assert_not(chan_reclaim(&F.sc, &c->ch, 3), "a ring of %u records read in one call", SQ);
+	while (!chan_reclaim(&F.sc, &c->ch, 3))
+		cr_assert_lt(++calls, 100, "the reclaim never ends");
+	step_at(T0);
+	cr_assert_eq(F.st.sh.refused_nomem, SQ, "%lu of %u refused arms counted", (unsigned long)F.st.sh.refused_nomem,
+		     SQ);
+	cr_assert_eq(a->ch.owned, SQ, "client 0's grants");
+	calls = 1;
+	cr_assert_not(chan_reclaim(&F.sc, &a->ch, 3), "%u grants let go in one call", SQ);
+	while (!chan_reclaim(&F.sc, &a->ch, 3))
+		cr_assert_lt(++calls, 100, "the reclaim never ends");
+	cr_assert_eq(a->ch.owned, 0, "every grant freed");
+	wheel_check(&F.sc.wh);
+}
+
 /* shard_core.grow as the shard's: a few more nodes of the slab usable per call, up to `grow_to`. */
 static uint32_t grow_to, grow_calls;
 

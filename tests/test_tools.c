@@ -2503,6 +2503,39 @@ Test(tools_live, the_tools_from_another_time_namespace_say_so)
 	}
 }
 
+/* The last 10 s of lateness, read from another time namespace, are the broker's last 10 s, not the reader's. */
+Test(tools_live, the_recent_lateness_from_another_time_namespace_is_the_brokers)
+{
+	const char *ns[] = { "100", "-100" };
+	struct chime_opts o = { .socket_path = sock };
+	struct chime_event ev[8];
+	chime_id_t id;
+	chime_t *c;
+	int got = 0;
+
+	if (run("unshare --time --monotonic 100 --fork true") != 0)
+		cr_skip_test("no time namespace here (unshare --time, as root, Linux 5.6): %s", slurp(err));
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&c, &o), 0);
+	for (int i = 0; i < 5; i++)
+		cr_assert_eq(chime_arm(c, 1, chime_now() + 5000000, 0, 0, &id), 0);
+	while (got < 5) {
+		int n = chime_wait(c, ev, 8, 2000);
+
+		cr_assert_gt(n, 0, "%d of 5 timers fired", got);
+		got += n;
+	}
+	cr_assert_eq(settle(".lateness_10s.count", 5), 5, "%s", slurp(out));
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(run("unshare --time --monotonic %s --fork %s --socket '%s' -j", ns[i], bin("CHIMESTAT"),
+				 sock), 0, "offset %s s: %s", ns[i], slurp(err));
+		cr_assert_eq(jq(".lateness.count"), 5, "%s", slurp(out));
+		cr_assert_eq(jq(".lateness_10s.count"), 5, "offset %s s: %s", ns[i], slurp(out));
+		cr_assert_eq(jq(".shards[0].lateness_10s.count"), 5, "offset %s s: %s", ns[i], slurp(out));
+	}
+	chime_close(c);
+}
+
 /* chimectl --json: one document per command, the text's information, ok and exit_status. */
 Test(tools_live, chimectl_json_for_every_command)
 {

@@ -382,6 +382,7 @@ static int sr_read_block(struct sr_snap *snap, void *dst, const void *src, size_
 struct snap_read {
 	const struct sr *s;
 	struct sr_snap *snap;
+	int64_t timens;         /* chime_timens_monotonic(): ours, read before the guard */
 };
 
 /* sr_snapshot()'s reads, under sr_guard(): into the snapshot's own memory only. */
@@ -389,6 +390,7 @@ static int snapshot_read(void *arg)
 {
 	const struct sr *s = ((struct snap_read *)arg)->s;
 	struct sr_snap *snap = ((struct snap_read *)arg)->snap;
+	int64_t timens = ((struct snap_read *)arg)->timens;
 	const char *base = s->map.base;
 	const struct chime_shard_ctl *sc;
 	const struct chime_client_ctl *cc;
@@ -416,6 +418,14 @@ static int snapshot_read(void *arg)
 	snap->hdr.client_stats_off = s->client_stats_off;
 	snap->hdr.version[sizeof(snap->hdr.version) - 1] = '\0';
 	chime_printable(snap->hdr.version, sizeof(snap->hdr.version));
+	/*
+	 * On the broker's clock before the shards' windows are read: their
+	 * slots are stamped with its seconds (another time namespace's reader
+	 * found the last 10 s empty). unsigned: a scribbled segment's offset
+	 * wraps, as any of its times may.
+	 */
+	snap->clock_off = (int64_t)((uint64_t)snap->hdr.mono_off - (uint64_t)timens);
+	snap->now_ns += (uint64_t)snap->clock_off;
 
 	/* The offsets checked at sr_open(), never the segment's again (its writer may change them). */
 	sc = (const struct chime_shard_ctl *)(base + s->shards_off);
@@ -509,16 +519,13 @@ int sr_snapshot(const struct sr *s, struct sr_snap *snap)
 		return -ENOMEM;
 	}
 	snap->now_ns = now_ns();
-	r = sr_guard(&s->map, snapshot_read, &(struct snap_read){ s, snap });
+	r = sr_guard(&s->map, snapshot_read, &(struct snap_read){ s, snap, chime_timens_monotonic() });
 	if (r == -ENODATA && sr_segment_gone(s))
 		r = -ESTALE;
 	if (r < 0) {
 		sr_snap_free(snap);
 		return r;
 	}
-	/* unsigned: a scribbled segment's offset wraps, as any of its times may */
-	snap->clock_off = (int64_t)((uint64_t)snap->hdr.mono_off - (uint64_t)chime_timens_monotonic());
-	snap->now_ns += (uint64_t)snap->clock_off;
 	return 0;
 }
 

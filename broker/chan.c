@@ -878,6 +878,8 @@ static void touch_unflag(struct chan *ch, struct chime_node *n, uint32_t idx)
  * from 21 to 53 ns in `chime-bench e2e`).
  */
 #define TOUCH_CHECK_GRANTS 1024u
+/* A RESET_TOUCH of a timer due within this is not held for its run (touch_hold()). */
+#define TOUCH_HOLD_DUE_NS UINT64_C(10000000)
 
 static inline void touch_want(const struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
@@ -1805,7 +1807,16 @@ static bool touch_hold(const struct shard_core *sc, struct chan *ch, uint32_t id
 	if (!ch->touch_word || (n->gen & (CHIME_NODE_TOUCH | CHIME_NODE_REALTIME)) || n->period_ns ||
 	    n->state != CHIME_NODE_ARMED || pos + 1 == ch->touch_plain_pos || !touch_budget_left(ch))
 		return false;
-	return !touch_page_ok(sc, ch, idx);
+	if (touch_page_ok(sc, ch, idx))
+		return false;
+	/*
+	 * Its run is asked for either way. A timer due before the run is
+	 * likely mapped is reset plain now: held, it fired at the deadline
+	 * the reset moved, and the reset then voided that event (a reset
+	 * made 50 ms ahead of a sleeping shard's wake-up counted two fires,
+	 * two events delivered and a wake-up for one timer).
+	 */
+	return n->deadline_ns > now_ns() + TOUCH_HOLD_DUE_NS;
 }
 
 void chan_touch_unhold(struct chan *ch)

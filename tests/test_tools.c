@@ -1332,6 +1332,48 @@ Test(tools_live, exact_counters_under_known_load)
 	chime_close(b);
 }
 
+/*
+ * The first reset of a timer (a record for the shard to flag it, on an
+ * anonymous connection's touch table), made well before its deadline to a
+ * later one, moves it: the shard fires it once, at the later deadline, and
+ * the counters say one fire, one event delivered.
+ */
+Test(tools_live, a_first_reset_well_before_the_deadline_counts_one_fire_not_two)
+{
+	enum { N = 10 };
+	struct chime_opts o = { .socket_path = sock };
+	struct chime_event ev[N];
+	chime_id_t id[N];
+	chime_t *c;
+	uint64_t now;
+	int got = 0;
+
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&c, &o), 0);
+	now = chime_now();
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(chime_arm(c, 1, now + 60000000, 0, 0, &id[i]), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	usleep(10000);
+	/* 50 ms ahead of the deadline, no flush: the shard sleeps until it, as it would for a keepalive. */
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(chime_reset(c, id[i], now + 120000000), 0);
+	while (got < N) {
+		int n = chime_wait(c, ev, N, 2000);
+
+		cr_assert_gt(n, 0, "%d of %d timers fired", got, N);
+		for (int j = 0; j < n; j++)
+			cr_assert_eq(ev[j].deadline_ns, now + 120000000, "fired at the deadline before the reset");
+		got += n;
+	}
+	cr_assert_eq(chime_wait(c, ev, N, 100), 0);
+	cr_assert_eq(settle(".shards[0].resets", N), N, "%s", slurp(out));
+	cr_assert_eq(jq(".shards[0].fires"), N, "%s", slurp(out));
+	cr_assert_eq(jq(".shards[0].delivered"), N, "%s", slurp(out));
+	cr_assert_eq(jq(".shards[0].lateness.count + .shards[0].immediate"), N, "%s", slurp(out));
+	chime_close(c);
+}
+
 static int cmp_u64(const void *x, const void *y)
 {
 	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;

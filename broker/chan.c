@@ -3009,6 +3009,8 @@ static bool park_n(struct shard_core *sc, struct chan *ch, uint32_t budget, bool
 	if (periodics_behind(ch) || ch->ackwait.head != CHIME_NIL || ch->sweep_pos < end || ch->park_order)
 		return false;
 	stats_client_depth(sc->st, ch->slot, 0, ch->nr_backlog);
+	/* Its rings went with its process, and the shard measures active channels only (publish()). */
+	stats_client_sq(sc->st, ch->slot, 0);
 	return true;
 }
 

@@ -2377,6 +2377,26 @@ Test(chan, a_periodics_look_at_its_last_event_that_fills_the_room_holds_it)
 	cr_assert_eq(take(c, &e), 0);
 }
 
+/*
+ * A parked session's rings went with its process, and the park applied
+ * what waited in them: the tools show no records waiting for it. The
+ * shard measures the depth of active channels only (shard.c, publish()),
+ * so a session that went with records waiting showed them for good.
+ */
+Test(chan, a_park_leaves_no_records_waiting_in_the_counters)
+{
+	struct client_sim *c = &F.cl[0];
+
+	arm(c, 1, T0 + 50 * MS, 0, 1);
+	stats_client_sq(&F.st, c->ch.slot, 3);  /* as publish() measured it while the process lived */
+	stats_publish(&F.st);
+	cr_assert_eq(F.cpub[c->ch.slot].sq_depth, 3);
+	cr_assert(chan_park(&F.sc, &c->ch, 1u << 20));
+	stats_publish(&F.st);
+	cr_assert_eq(F.cpub[c->ch.slot].sq_depth, 0, "a parked session's ring is gone: nothing waits in it");
+	cr_assert_eq(F.cpub[c->ch.slot].sq_depth_max, 3, "its high-water mark stays");
+}
+
 Test(chan, park_keeps_a_periodics_untaken_event)
 {
 	struct client_sim *c = &F.cl[0];

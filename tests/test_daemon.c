@@ -926,6 +926,36 @@ Test(daemon, a_daemon_without_syslog_says_so_on_stderr, .timeout = 30)
 }
 
 /*
+ * chimed started as a daemon (no -f) with `args`, in a mount namespace of
+ * its own whose /dev/log is a socket in dir the test holds: its descriptor,
+ * to read the broker's syslog lines from (or not).
+ */
+static int daemon_with_syslog(const char *dir, const char *chimed, const char *args)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char logsock[300], cmd[2 * PATH_MAX];
+	pid_t starter;
+	int fd, st;
+
+	snprintf(logsock, sizeof(logsock), "%s/log", dir);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	memcpy(sa.sun_path, logsock, strlen(logsock) + 1);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "bind('%s'): %s", logsock, strerror(errno));
+	snprintf(cmd, sizeof(cmd), "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && "
+		 "ln -s '%s' /dev/log && exec '%s' %s", logsock, chimed, args);
+	starter = fork();
+	cr_assert_geq(starter, 0);
+	if (starter == 0) {
+		execlp("unshare", "unshare", "-m", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	cr_assert_eq(waitpid(starter, &st, 0), starter);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed did not start: status %d", st);
+	return fd;
+}
+
+/*
  * The same for a daemon's syslog. glibc's syslog(3) waited while the
  * syslog daemon was behind (ten datagrams queued on /dev/log by default):
  * the control thread blocked, and opens timed out. Here /dev/log, in a
@@ -936,29 +966,15 @@ Test(daemon, a_daemon_without_syslog_says_so_on_stderr, .timeout = 30)
  */
 Test(daemon, a_syslog_nobody_reads_does_not_stall_the_broker, .timeout = 90)
 {
-	char dir[] = "/tmp/chime-sl-XXXXXX", sock[300], logsock[300], cmd[2 * PATH_MAX], line[1500];
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char dir[] = "/tmp/chime-sl-XXXXXX", sock[300], args[400], line[1500];
 	const char *chimed = namespaced_setup(dir, sock, sizeof(sock)), *at;
-	int fd, st, pri = -1, opened = 0, queued = 0, said = 0;
+	int fd, pri = -1, opened = 0, queued = 0, said = 0;
 	uint64_t worst = 0;
-	pid_t starter, pid = 0;
+	pid_t pid = 0;
 
-	snprintf(logsock, sizeof(logsock), "%s/log", dir);
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(fd, 0);
-	memcpy(sa.sun_path, logsock, strlen(logsock) + 1);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "bind('%s'): %s", logsock, strerror(errno));
 	/* Without -f: a daemon, which logs to syslog once it listens. */
-	snprintf(cmd, sizeof(cmd), "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && "
-		 "ln -s '%s' /dev/log && exec '%s' --shards 1 --log-level debug --socket '%s'", logsock, chimed, sock);
-	starter = fork();
-	cr_assert_geq(starter, 0);
-	if (starter == 0) {
-		execlp("unshare", "unshare", "-m", "sh", "-c", cmd, (char *)NULL);
-		_exit(127);
-	}
-	cr_assert_eq(waitpid(starter, &st, 0), starter);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed did not start: status %d", st);
+	snprintf(args, sizeof(args), "--shards 1 --log-level debug --socket '%s'", sock);
+	fd = daemon_with_syslog(dir, chimed, args);
 	/* Its first line: "<PRI>Mmm dd hh:mm:ss chimed[PID]: ...", and the pid to stop it by. */
 	cr_assert_gt(recv_within(fd, line, sizeof(line), 5000), 0, "no line reached syslog");
 	at = strstr(line, " chimed[");
@@ -1014,34 +1030,18 @@ Test(daemon, a_syslog_nobody_reads_does_not_stall_the_broker, .timeout = 90)
  */
 Test(daemon, a_restart_in_the_background_that_cannot_start_says_why_in_syslog, .timeout = 30)
 {
-	char dir[] = "/tmp/chime-sl-XXXXXX", sub[300], sock[320], lock[340], logsock[300], cmd[2 * PATH_MAX];
+	char dir[] = "/tmp/chime-sl-XXXXXX", sub[300], sock[320], lock[340], args[500];
 	char line[1500], all[8192] = "";
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	const char *chimed = namespaced_setup(dir, sub, sizeof(sub));
 	bool said = false;
-	int fd, st, pid = 0;
-	pid_t starter;
+	int fd, pid = 0;
 	FILE *f;
 
 	snprintf(sub, sizeof(sub), "%s/sub", dir);
 	cr_assert_eq(mkdir(sub, 0700), 0);
 	snprintf(sock, sizeof(sock), "%s/s", sub);
-	snprintf(logsock, sizeof(logsock), "%s/log", dir);
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(fd, 0);
-	memcpy(sa.sun_path, logsock, strlen(logsock) + 1);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "bind('%s'): %s", logsock, strerror(errno));
-	snprintf(cmd, sizeof(cmd), "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && "
-		 "ln -s '%s' /dev/log && exec '%s' --shards 1 --capacity 4096 --max-timers-per-uid 0 --socket '%s'",
-		 logsock, chimed, sock);
-	starter = fork();
-	cr_assert_geq(starter, 0);
-	if (starter == 0) {
-		execlp("unshare", "unshare", "-m", "sh", "-c", cmd, (char *)NULL);
-		_exit(127);
-	}
-	cr_assert_eq(waitpid(starter, &st, 0), starter);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chimed did not start: status %d", st);
+	snprintf(args, sizeof(args), "--shards 1 --capacity 4096 --max-timers-per-uid 0 --socket '%s'", sock);
+	fd = daemon_with_syslog(dir, chimed, args);
 	snprintf(lock, sizeof(lock), "%s.lock", sock);
 	f = fopen(lock, "r");
 	cr_assert(f, "no lock file '%s'", lock);

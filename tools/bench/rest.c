@@ -199,7 +199,7 @@ int bench_rest(int argc, char **argv)
 	long n = 1000000, secs = 10;
 	uint64_t v;
 	int opt, json = 0, r = 0, cpu_ok, wake_ok, clock_fd;
-	bool clock_set = false;
+	bool clock_set = false, judged;
 	struct bench_proc p0, p1;
 	struct bench_machine m;
 	struct broker b;
@@ -334,6 +334,8 @@ int bench_rest(int argc, char **argv)
 	sw = (p1.vol + p1.nonvol) - (p0.vol + p0.nonvol);
 	cpu_ok = cpu_sched < REST_CPU_TARGET;   /* stat cannot resolve it: see the note printed */
 	wake_ok = sw <= beats + REST_SLACK;
+	/* Beside a set of the wall clock, or others' timers, these are not the broker's own figures at rest. */
+	judged = !clock_set && !b.armed_base;
 
 	if (json) {
 		json_t *o = json_pack("{s:s, s:{s:s, s:s, s:s, s:i}, s:{s:b, s:i, s:i}, s:I, s:o, s:f,"
@@ -354,6 +356,8 @@ int bench_rest(int argc, char **argv)
 				      "floor_period_ns", (json_int_t)floor_period);
 		json_object_set_new(o, "host_damon_on", damon < 0 ? json_null() : json_boolean(damon));
 		json_object_set_new(o, "wall_clock_set", json_boolean(clock_set));
+		json_object_set_new(o, "others_timers", json_integer((json_int_t)b.armed_base));
+		json_object_set_new(o, "judged", json_boolean(judged));
 		json_object_set_new(o, "broker_rss_shmem_kib", shmem_kib < 0 ? json_null() : json_integer(shmem_kib));
 		json_object_set_new(o, "broker_shmem_huge_kib", huge_kib < 0 ? json_null() : json_integer(huge_kib));
 		json_t *th = json_array();
@@ -393,7 +397,7 @@ int bench_rest(int argc, char **argv)
 		printf("  CPU, /proc/PID/stat utime+stime    %8.4f%% of a core   (+-%.1f%%: whole clock ticks; not judged)\n",
 		       cpu_stat * 100, 200.0 / (double)sysconf(_SC_CLK_TCK) / win);
 		printf("  CPU, schedstat of all threads      %8.4f%% of a core   target < %.1f%%  %s\n",
-		       cpu_sched * 100, REST_CPU_TARGET * 100, clock_set ? "not judged" : cpu_ok ? "ok" : "MISS");
+		       cpu_sched * 100, REST_CPU_TARGET * 100, !judged ? "not judged" : cpu_ok ? "ok" : "MISS");
 		if (floor >= 0)
 			printf("  the floor: a process waking every %llu ms %8.4f%% of a core   (%.1f us per wake-up, the "
 			       "broker %.1f per beat)\n", (unsigned long long)(floor_period / NS_PER_MS), floor * 100,
@@ -403,12 +407,16 @@ int bench_rest(int argc, char **argv)
 		printf("  heartbeats seen (heartbeat_ns)     %8.2f /s  (%llu; by design every 90 ms, 450 ms at rest)\n",
 		       (double)beats / win, (unsigned long long)beats);
 		printf("  wake-ups beyond the heartbeat      %8.2f /s  target 0 (%u of slack for the window's edges)  %s\n",
-		       sw > beats ? (double)(sw - beats) / win : 0., REST_SLACK, clock_set ? "not judged" :
+		       sw > beats ? (double)(sw - beats) / win : 0., REST_SLACK, !judged ? "not judged" :
 		       wake_ok ? "ok" : "MISS");
 		if (clock_set)
 			printf("  the host's wall clock was set in the window (by another process): the broker woke to\n"
 			       "  follow it (its control thread, and each shard holding wall-clock timers, once a set):\n"
 			       "  these are not the broker's own figures at rest (run it again)\n");
+		if (b.armed_base)
+			printf("  the broker holds %llu timers of other clients: its CPU and wake-ups include their work,\n"
+			       "  so these are not its own figures at rest (run it beside an idle broker)\n",
+			       (unsigned long long)b.armed_base);
 		printf("\n  %-7s %-16s %10s %12s\n", "tid", "thread", "switches", "cpu us");
 		for (unsigned i = 0; i < p1.threads && i < BENCH_MAX_THREADS; i++) {
 			const struct bench_thread *a = NULL, *z = &p1.thr[i];
@@ -439,5 +447,5 @@ int bench_rest(int argc, char **argv)
 	wait_armed(&b, 0, 60 * NS_PER_S);
 	if (broker_stop(&b) < 0)
 		g_problems++;
-	return g_problems || (!clock_set && (!cpu_ok || !wake_ok)) ? 1 : 0;
+	return g_problems || (judged && (!cpu_ok || !wake_ok)) ? 1 : 0;
 }

@@ -675,8 +675,16 @@ ReleaseTest(broker, short_periodic_timers_cannot_keep_a_shard_spinning)
 	 */
 	run_periodic_timers("--shards 1 --spin-share 100", 4, 100000, &spun_all, &cpu_all, &elapsed_all, &fires,
 			    &sleeps_all);
-	cr_assert_geq(spun_all, spun * 3 / 2 + 10 * MS, "--spin-share 100: spun %.0f ms of %.0f, against %.0f capped",
-		      (double)spun_all / 1e6, (double)elapsed_all / 1e6, (double)spun / 1e6);
+	/*
+	 * Or, on a host too busy to let it spin (390 ms against 299 capped in a
+	 * CI run), it slept a tenth as often or less: what spinning to each
+	 * deadline does whatever the CPU it gets (6-460 sleeps uncapped against
+	 * 10-50k capped, below).
+	 */
+	cr_assert(spun_all >= spun * 3 / 2 + 10 * MS || sleeps_all * 10 <= sleeps,
+		  "--spin-share 100: spun %.0f ms of %.0f, against %.0f capped, and slept %llu times against %llu",
+		  (double)spun_all / 1e6, (double)elapsed_all / 1e6, (double)spun / 1e6,
+		  (unsigned long long)sleeps_all, (unsigned long long)sleeps);
 	/*
 	 * What is left of the shard's CPU is the work, a sleep and a wake-up
 	 * per few deadlines: it sleeps (10-50k times for 60k fires here,

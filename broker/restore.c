@@ -157,7 +157,8 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 		} else if (n->state == CHIME_NODE_ARMED || n->state == CHIME_NODE_EXPIRED ||
 			   alloc_rearming(n) || (n->state == CHIME_NODE_BACKLOG && chan_pos_behind(n->cq_pos))) {
 			if (n->cq_pos == CHIME_POS_NONE || !n->period_ns || n->deadline_ns < n->period_ns ||
-			    n->deadline_ns - n->period_ns > now) {
+			    (n->deadline_ns - n->period_ns > now &&
+			     (!(n->gen & CHIME_NODE_REALTIME) || n->deadline_ns - n->period_ns >= CHAN_POS_AT))) {
 				/*
 				 * On the wheel, and no event of it in a ring anyone can still
 				 * read. Not on it yet (ALLOC, BACKLOG; ACKWAIT, which only a
@@ -175,7 +176,8 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 			}
 			/* A periodic whose last event was in the old ring: it comes back with that deadline
 			 * (or, still with an old position, a settle re-armed it as the broker went;
-			 * or, CHAN_POS_UNSURE, a park was voiding it; CHAN_POS_BEHIND, held behind it). */
+			 * or, CHAN_POS_UNSURE, a park was voiding it; CHAN_POS_BEHIND, held behind it).
+			 * A wall-clock one's may be ahead: a step back since it fired (below). */
 			key = n->cq_pos & ~(CHAN_POS_OLD | CHAN_POS_BEHIND);
 			chan_hold_at(sc, idx, n->deadline_ns - n->period_ns);
 			n->cq_pos = CHAN_POS_OLD | key;
@@ -213,7 +215,15 @@ int restore_nodes(struct shard_core *sc, uint64_t old_now_ns, struct restore_sta
 				goto keep;
 			}
 		}
-		if (n->deadline_ns > now) {
+		/*
+		 * A wall-clock timer's event in the old ring keeps its wall
+		 * deadline through a step of the wall clock back (wall_move()),
+		 * which leaves its deadline here ahead: delivered all the same,
+		 * it waits for its process's word (on the wheel, a process that
+		 * took it got it again once the wall clock came back there, and
+		 * one that had not waited for that).
+		 */
+		if (n->deadline_ns > now && !(cls == 0 && (n->gen & CHIME_NODE_REALTIME) && chan_pos_old(n->cq_pos))) {
 			/* Held with a deadline still ahead: not what a held event can be (a damaged
 			 * node, or one the old broker was putting back on the wheel). Never early: it
 			 * goes back on the wheel. */

@@ -698,6 +698,110 @@ Test(realtime, a_sessions_wall_clock_arm_the_broker_never_read_reaches_the_next_
 }
 
 /*
+ * A step of the wall clock back moves a wall-clock timer whose event is
+ * in the ring (it keeps its wall deadline): its monotonic deadline in the
+ * shard file is then ahead. A process that took the event and lives
+ * through a broker crash gets it once: the next broker holds it for the
+ * process's word, as any delivered event. The shard is held under ptrace
+ * from before the take to the kill, so that it never sees the take.
+ */
+Test(realtime, a_wall_clock_event_taken_before_a_step_back_and_a_crash_is_not_delivered_again)
+{
+	struct chime_opts o = { .socket_path = sock, .session = "rt-taken" };
+	uint64_t deadline;
+	chime_t *c = NULL;
+	struct chime_event ev;
+	chime_id_t id, later;
+	int tid, r;
+
+	cr_assert_neq(t_chimed_stop(&broker, SIGTERM), -1);
+	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 1"), 0);
+	cr_assert_eq(chime_open(&c, &o), 0);
+	deadline = wall() + 50 * MS;
+	cr_assert_eq(chime_arm_realtime(c, 1, deadline, 0, 1, &id), 0);
+	usleep(300 * 1000);     /* fired: its event waits in the ring */
+	step(-(int64_t)(3600 * SEC), true);
+	followed(1000);
+	usleep(300 * 1000);     /* the shard's walk moved the node */
+	tid = t_thread_named(broker.pid, "chimed-shard0");
+	cr_assert_gt(tid, 0);
+	r = t_thread_hold(tid);
+	if (r == -EPERM || r == -EACCES)
+		cr_skip("ptrace(PTRACE_SEIZE) of the shard thread: %s", strerror(-r));
+	cr_assert_eq(r, 0, "the shard thread did not stop: %s", strerror(-r));
+	ev = next_event(c, 1000);
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.deadline_ns, deadline);
+	/* Killed held: the traced thread's end is ours to reap before its process's. */
+	cr_assert_eq(kill(broker.pid, SIGKILL), 0);
+	(void)waitpid(tid, NULL, __WALL);
+	cr_assert_neq(t_chimed_stop(&broker, SIGKILL), -1);
+	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 1"), 0);
+	/* Resumed (the arm waits for the reconnect), and nothing of the old ring came again. */
+	cr_assert_eq(chime_arm(c, 2, chime_now() + 100 * MS, 0, 2, &later), 0);
+	ev = next_event(c, 5000);
+	cr_assert_eq(ev.id, later, "id %llx (deadline %llu) came again after the crash", (unsigned long long)ev.id,
+		     (unsigned long long)ev.deadline_ns);
+	/* The wall clock back where it was: the taken event's deadline passes again. */
+	step((int64_t)(3600 * SEC), true);
+	followed(1000);
+	r = chime_wait(c, &ev, 1, 1000);
+	cr_assert_eq(r, 0, "the event taken before the crash came again (id %llx, deadline %llu: %s)",
+		     (unsigned long long)ev.id, (unsigned long long)ev.deadline_ns, ev.id == id ? "the same" : "another");
+	chime_close(c);
+	cr_assert_eq(chime_drop_session(&o), 0);
+}
+
+/*
+ * The same for a periodic: its event in the ring, not taken, when the wall
+ * clock steps back a period (so that the event's deadline, moved, is
+ * ahead of the monotonic clock), then the broker crashes, and its process
+ * dies. The session's next process gets that event: it was read as a
+ * periodic with no event in a ring, and lost.
+ */
+Test(realtime, a_wall_clock_periodics_untaken_event_survives_a_step_back_and_a_crash)
+{
+	struct chime_opts o = { .socket_path = sock, .session = "rt-periodic" };
+	uint64_t deadline = wall() + 50 * MS;
+	chime_t *c = NULL;
+	struct chime_event ev;
+	chime_id_t id;
+	int fds[2], st;
+	pid_t pid;
+
+	cr_assert_eq(pipe(fds), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		/* The session's process: arms, never drains, and is killed. */
+		if (chime_open(&c, &o) != 0 || chime_arm_realtime(c, 1, deadline, 3600 * SEC, 1, &id) != 0)
+			_exit(1);
+		if (write(fds[1], &id, sizeof(id)) != (ssize_t)sizeof(id))
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	close(fds[1]);
+	cr_assert_eq(read(fds[0], &id, sizeof(id)), (ssize_t)sizeof(id), "the session's process did not arm");
+	close(fds[0]);
+	usleep(300 * 1000);     /* fired: its event waits in the ring, untaken */
+	step(-(int64_t)(3600 * SEC), true);
+	followed(1000);
+	usleep(300 * 1000);     /* the shard's walk moved the node */
+	cr_assert_neq(t_chimed_stop(&broker, SIGKILL), -1);
+	cr_assert_eq(kill(pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert_eq(t_chimed_start(&broker, sock, "--shards 2"), 0);
+	cr_assert_eq(chime_open(&c, &o), 0);
+	ev = next_event(c, 2000);
+	cr_assert_eq(ev.id, id);
+	cr_assert_eq(ev.deadline_ns, deadline);
+	no_event(c, 500);
+	chime_close(c);
+	cr_assert_eq(chime_drop_session(&o), 0);
+}
+
+/*
  * The doorbell of a sleeping shard: a record needed before the shard's
  * planned wake-up rings it, one that can wait does not (chime_arm(3)). A
  * wall-clock deadline is compared with that monotonic wake-up through the

@@ -1170,6 +1170,20 @@ static inline __attribute__((always_inline)) void fire(struct shard_core *sc, st
 		node_release(sc, ch, idx);
 		return;
 	}
+	/*
+	 * The client's records wait behind a RESET_TOUCH for its run
+	 * (touch_hold()), and one of them may move or cancel this timer: fired
+	 * now, its event would be voided when that record is applied (two
+	 * fires counted and two events delivered for one). The wait ends at
+	 * the next drain (that reset applied plain), and the timer, with the
+	 * client's others due in this pass, is due again in the next, which
+	 * drains first.
+	 */
+	if (unlikely(ch->touch_hold)) {
+		ch->touch_plain_pos = ch->sq.head + 1;
+		wheel_arm(&sc->wh, idx, n->deadline_ns);
+		return;
+	}
 	if (unlikely(n->gen & CHIME_NODE_TOUCH) && touch_moved(sc, ch, idx))
 		return;
 	if (unlikely(n->gen & CHIME_NODE_REALTIME)) {
@@ -2159,9 +2173,9 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 		slot_free(ch, ch->walk_pos);
 	}
 	if (ch->touch_hold) {
-		if (ch->touch_pop)
-			return 0;       /* its run is being mapped */
-		ch->touch_hold = 0;     /* mapped: the record decides again */
+		if (ch->touch_pop && ch->touch_plain_pos != ch->sq.head + 1)
+			return 0;       /* its run is being mapped, and no timer of the client came due meanwhile */
+		ch->touch_hold = 0;     /* mapped, or plain now: the record decides again */
 	}
 	for (; n < budget; n++) {
 		if (!chime_sq_pop(&ch->sq, &r, &pos))

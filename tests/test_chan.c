@@ -35,6 +35,7 @@
 
 struct client_sim {
 	void *rw, *ro;
+	void *touch;            /* its touch table, if it has one (touch_client_init()) */
 	struct chan_mem m;
 	struct chan ch;
 	struct chime_sq_prod prod;
@@ -146,6 +147,7 @@ static void teardown(void)
 			chan_fini(&F.cl[i].ch);
 			free(F.cl[i].rw);
 			free(F.cl[i].ro);
+			free(F.cl[i].touch);
 		}
 	}
 	stats_fini(&F.st);
@@ -3996,4 +3998,90 @@ Test(chan, a_park_cut_during_a_cancel_key_walk_gives_back_only_what_was_not_take
 				}
 	}
 	cr_assert_eq(got, 2, "%u of the 2 untaken one-shots came", got);
+}
+
+/* ---- the touch table (ARCHITECTURE.md, "Keepalive resets without a record") ---- */
+
+/* A client of its own user with a touch table (words, then tags), resident: written, as libchime's. */
+static void touch_client_init(struct client_sim *c, uint16_t slot)
+{
+	size_t words = CAP * sizeof(uint64_t), len = words + CAP * sizeof(uint32_t);
+
+	client_mem(c);
+	c->touch = aligned_alloc(4096, (len + 4095) & ~(size_t)4095);
+	cr_assert_not_null(c->touch);
+	memset(c->touch, 0, len);
+	c->m.touch_word = c->touch;
+	c->m.touch_tag = (uint32_t *)((char *)c->touch + words);
+	cr_assert_eq(chan_attach(&F.sc, &c->ch, &c->m, slot, 1, slot, F.user_quota), 0);
+	client_rings(c);
+}
+
+/* A reset of id to d through the table, as libchime's first one: the word, then a RESET_TOUCH. */
+static void touch_reset(struct client_sim *c, uint64_t id, uint64_t d)
+{
+	c->m.touch_word[chime_id_index(id)] = d;
+	(void)submit(c, CHIME_OP_RESET_TOUCH, id, 0, d, 0, 0);
+}
+
+/*
+ * The shard's part while a RESET_TOUCH of c waits for its run (touch_hold()):
+ * the populate the aside thread would make, done at once, and the ring
+ * drained again, until nothing waits.
+ */
+static void touch_mapped(struct client_sim *c)
+{
+	struct chan_populate p;
+
+	for (;;) {
+		if (c->ch.touch_pop)
+			chan_touch_populated(&c->ch, 0);
+		chan_drain(&F.sc, &c->ch, 1000);
+		if (!c->ch.touch_hold)
+			return;
+		if (!chan_touch_check(&F.sc, &c->ch, &p))
+			chan_touch_unhold(&c->ch);
+	}
+}
+
+/*
+ * A client's records wait behind its first reset of a timer whose run is
+ * being mapped (touch_hold()). A reset among them of another timer, due
+ * meanwhile, made well before that timer's deadline: the timer fired at
+ * the deadline the reset moved, and the reset, applied once the run was
+ * mapped, voided that event and armed it again (two fires counted and two
+ * events delivered for one the application saw).
+ */
+Test(chan, a_reset_waiting_behind_a_first_reset_moves_its_timer_before_the_old_deadline_fires_it)
+{
+	struct client_sim *c = &F.cl[1];
+	uint64_t far = now_ns() + 3600000 * MS;         /* touch_hold() reads the clock */
+	struct chan_populate p;
+	struct chime_cqe e;
+	uint64_t a, b[2];
+
+	touch_client_init(c, 1);
+	a = arm(c, 1, far, 0, 1);
+	for (unsigned i = 0; i < 2; i++)
+		b[i] = arm(c, 2, T0 + 2 * MS, 0, 2 + i);
+	step_at(T0);
+	touch_reset(c, a, far + MS);                    /* its run not mapped yet: waits */
+	for (unsigned i = 0; i < 2; i++)
+		touch_reset(c, b[i], T0 + 50 * MS);     /* behind it, 2 ms before their deadline */
+	chan_drain(&F.sc, &c->ch, 1000);
+	cr_assert(c->ch.touch_hold, "the first reset did not wait for its run");
+	cr_assert(chan_touch_check(&F.sc, &c->ch, &p), "no populate for the run");
+	step_at(T0 + 3 * MS);                           /* their old deadline passes before the populate is done */
+	touch_mapped(c);
+	step_at(T0 + 3 * MS);
+	step_at(T0 + 50 * MS);
+	for (unsigned i = 0; i < 2; i++) {
+		cr_assert_eq(take(c, &e), 1, "%u of 2 timers fired", i);
+		cr_assert(e.id == b[0] || e.id == b[1]);
+		cr_assert_eq(e.deadline_ns, T0 + 50 * MS, "fired for +%llu ms",
+			     (unsigned long long)(e.deadline_ns - T0) / MS);
+	}
+	cr_assert_eq(take(c, &e), 0, "a third event");
+	cr_assert_eq(F.st.sh.fires, 2, "%llu fires counted for two", (unsigned long long)F.st.sh.fires);
+	cr_assert_eq(F.st.sh.delivered, 2, "%llu events delivered for two", (unsigned long long)F.st.sh.delivered);
 }

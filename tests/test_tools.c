@@ -1374,6 +1374,51 @@ Test(tools_live, a_first_reset_well_before_the_deadline_counts_one_fire_not_two)
 	chime_close(c);
 }
 
+/*
+ * The same resets, behind the first reset of a timer due much later, which
+ * waits at the head of the ring for its run of the touch table to be mapped
+ * (the aside thread's populate): the shard drains them at its wake-up for
+ * the old deadline, and the timers behind the waiting record fired at it,
+ * their resets then voiding those events (two fires, two events delivered
+ * for each timer the application saw once).
+ */
+Test(tools_live, resets_behind_a_first_reset_waiting_for_its_run_count_one_fire_not_two)
+{
+	enum { N = 10 };
+	struct chime_opts o = { .socket_path = sock };
+	struct chime_event ev[N];
+	chime_id_t id[N], far;
+	chime_t *c;
+	uint64_t now;
+	int got = 0;
+
+	start_broker("--shards 1");
+	cr_assert_eq(chime_open(&c, &o), 0);
+	now = chime_now();
+	cr_assert_eq(chime_arm(c, 2, now + 3600000000000ull, 0, 0, &far), 0);
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(chime_arm(c, 1, now + 60000000, 0, 0, &id[i]), 0);
+	cr_assert_eq(chime_flush(c), 0);
+	usleep(10000);
+	/* no flush: the shard sleeps until the old deadline, and finds the far timer's reset first */
+	cr_assert_eq(chime_reset(c, far, now + 7200000000000ull), 0);
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(chime_reset(c, id[i], now + 120000000), 0);
+	while (got < N) {
+		int n = chime_wait(c, ev, N, 2000);
+
+		cr_assert_gt(n, 0, "%d of %d timers fired", got, N);
+		for (int j = 0; j < n; j++)
+			cr_assert_eq(ev[j].deadline_ns, now + 120000000, "fired at the deadline before the reset");
+		got += n;
+	}
+	cr_assert_eq(chime_wait(c, ev, N, 100), 0);
+	cr_assert_eq(settle(".shards[0].resets", N + 1), N + 1, "%s", slurp(out));
+	cr_assert_eq(jq(".shards[0].fires"), N, "%s", slurp(out));
+	cr_assert_eq(jq(".shards[0].delivered"), N, "%s", slurp(out));
+	chime_close(c);
+}
+
 static int cmp_u64(const void *x, const void *y)
 {
 	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;

@@ -1833,6 +1833,12 @@ static bool touch_hold(const struct shard_core *sc, struct chan *ch, uint32_t id
 	return n->deadline_ns > now_ns() + TOUCH_HOLD_DUE_NS;
 }
 
+/* The RESET_TOUCH at the ring's head waits for its run's populate, and no timer of the client came due meanwhile (fire()). */
+static inline bool touch_waits(const struct chan *ch)
+{
+	return ch->touch_hold && ch->touch_pop && ch->touch_plain_pos != ch->sq.head + 1;
+}
+
 void chan_touch_unhold(struct chan *ch)
 {
 	ch->touch_hold = 0;
@@ -2173,7 +2179,7 @@ unsigned chan_drain(struct shard_core *sc, struct chan *ch, unsigned budget)
 		slot_free(ch, ch->walk_pos);
 	}
 	if (ch->touch_hold) {
-		if (ch->touch_pop && ch->touch_plain_pos != ch->sq.head + 1)
+		if (touch_waits(ch))
 			return 0;       /* its run is being mapped, and no timer of the client came due meanwhile */
 		ch->touch_hold = 0;     /* mapped, or plain now: the record decides again */
 	}
@@ -2437,9 +2443,13 @@ bool chan_pending(struct shard_core *sc, struct chan *ch)
 	 * (chan_drain()): till then they are nothing to stay awake for, or a
 	 * client that published without its word would keep the shard from
 	 * ever sleeping (nor does the heartbeat ring it for them:
-	 * word_awaited(), control.c).
+	 * word_awaited(), control.c). Nor do records behind a RESET_TOUCH
+	 * whose run is being mapped (touch_hold()): the aside thread rings the
+	 * shard's doorbell when done, and a shard that counted them stayed
+	 * awake, spinning outright once its spin share was spent, for as long
+	 * as the populate took.
 	 */
-	if (at_load(&s->seq) == ch->sq.head + 1 &&
+	if (at_load(&s->seq) == ch->sq.head + 1 && !touch_waits(ch) &&
 	    !(ch->word_wait && at_load_acq(&ch->crw->resume_set) != 1))     /* R1 */
 		return true;
 	if (ch->cq.tail != ch->flushed || ch->wake_owed || periodics_behind(ch))

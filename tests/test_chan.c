@@ -4085,3 +4085,33 @@ Test(chan, a_reset_waiting_behind_a_first_reset_moves_its_timer_before_the_old_d
 	cr_assert_eq(F.st.sh.fires, 2, "%llu fires counted for two", (unsigned long long)F.st.sh.fires);
 	cr_assert_eq(F.st.sh.delivered, 2, "%llu events delivered for two", (unsigned long long)F.st.sh.delivered);
 }
+
+/*
+ * While a RESET_TOUCH waits for its run's populate, the ring's head record
+ * is no work: the populate's completion rings the shard's doorbell. Counted
+ * as work, the shard neither slept nor yielded until the aside thread was
+ * done, a populate of a page the client paged out included.
+ */
+Test(chan, a_reset_waiting_for_its_run_keeps_the_shard_awake_only_once_the_run_is_mapped)
+{
+	struct client_sim *c = &F.cl[1];
+	uint64_t far = now_ns() + 3600000 * MS;
+	struct chan_populate p;
+	uint64_t a;
+
+	touch_client_init(c, 1);
+	a = arm(c, 1, far, 0, 1);
+	step_at(T0);
+	cr_assert_not(chan_pending(&F.sc, &c->ch));
+	touch_reset(c, a, far + MS);
+	cr_assert(chan_pending(&F.sc, &c->ch), "a record published is work");
+	chan_drain(&F.sc, &c->ch, 1000);
+	cr_assert(c->ch.touch_hold);
+	cr_assert(chan_touch_check(&F.sc, &c->ch, &p));
+	cr_assert_not(chan_pending(&F.sc, &c->ch), "the record waiting for the populate keeps the shard awake");
+	chan_touch_populated(&c->ch, 0);
+	cr_assert(chan_pending(&F.sc, &c->ch), "mapped: the record is work again");
+	touch_mapped(c);
+	cr_assert_eq(c->m.ro->sq_head, c->m.rw->sq_tail, "the record was not applied");
+	cr_assert_eq(c->m.touch_tag[chime_id_index(a)], chime_id_gen(a) | CHIME_TOUCH_ON, "not flagged");
+}

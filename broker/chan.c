@@ -814,14 +814,27 @@ static bool touch_moved(struct shard_core *sc, struct chan *ch, uint32_t idx)
 {
 	struct chime_node *n = NODE(sc, idx);
 	uint64_t *word = &ch->touch_word[idx];
-	uint64_t w = at_load(word);
+	uint64_t w = at_load(word), now = sc->wh.w->now_ns;
 
-	if ((w & CHIME_TOUCH_FIRED) || w <= n->deadline_ns) {
+	/*
+	 * Later but come already (the shard late, or a client writing past
+	 * deadlines): it fires now, for the word's deadline. Put back on the
+	 * wheel, it was due again at the next pass, where a word moved again
+	 * put it back again: a re-arm a pass, the shard kept awake, and the
+	 * timer never fired while its client went on.
+	 */
+	if ((w & CHIME_TOUCH_FIRED) || w <= n->deadline_ns || w <= now) {
 		uint64_t fired;
 
 		w = at_fetch_or(word, CHIME_TOUCH_FIRED);
 		if ((w & CHIME_TOUCH_FIRED) || w <= n->deadline_ns)
 			return false;
+		if (w <= now) {
+			mark_immediate(sc, n, w);
+			n->deadline_ns = w;
+			stats_reset(sc->st, ch->slot);
+			return false;
+		}
 		fired = w | CHIME_TOUCH_FIRED;
 		(void)at_cas(word, &fired, w);
 	}
@@ -1161,7 +1174,7 @@ static void run_flush(struct shard_core *sc, struct fire_run *r, uint64_t now_ns
 static inline __attribute__((always_inline)) void fire(struct shard_core *sc, struct chan *ch, uint32_t idx, uint64_t now_ns, struct fire_run *r)
 {
 	struct chime_node *n = NODE(sc, idx);
-	bool periodic = n->period_ns != 0, immediate = (n->gen & CHIME_NODE_IMMEDIATE) != 0;
+	bool periodic = n->period_ns != 0, immediate;
 
 	if (ch->dying) {
 		/* Reclaim is under way: the client is gone, so is its timer (popped: it was armed). */
@@ -1192,6 +1205,7 @@ static inline __attribute__((always_inline)) void fire(struct shard_core *sc, st
 		if (!periodic)
 			stats_disarmed_realtime(sc->st, 1);     /* fires: no longer armed, as stats_fire_n() counts it */
 	}
+	immediate = (n->gen & CHIME_NODE_IMMEDIATE) != 0;     /* after touch_moved(), which may move the deadline */
 	if (r->ch != ch || r->deadline_ns != n->deadline_ns || r->periodic != periodic ||
 	    r->immediate != immediate) {
 		run_flush(sc, r, now_ns);

@@ -4115,3 +4115,44 @@ Test(chan, a_reset_waiting_for_its_run_keeps_the_shard_awake_only_once_the_run_i
 	cr_assert_eq(c->m.ro->sq_head, c->m.rw->sq_tail, "the record was not applied");
 	cr_assert_eq(c->m.touch_tag[chime_id_index(a)], chime_id_gen(a) | CHIME_TOUCH_ON, "not flagged");
 }
+
+/*
+ * A flagged timer whose word is later than its deadline but already past
+ * when the shard reads it: it fires then, at the word's deadline. Put back
+ * on the wheel there, it was due again at the next pass, where a word
+ * moved again, still past, put it back again: a client bumping its word
+ * kept its timer from firing and the shard re-arming it at every pass,
+ * awake, without a record (the docs: at most one re-arm per timer per tick).
+ */
+Test(chan, a_word_moved_to_a_deadline_already_past_fires_the_timer_in_the_pass_that_reads_it)
+{
+	struct client_sim *c = &F.cl[1];
+	uint64_t far = now_ns() + 3600000 * MS;
+	struct chime_cqe e;
+	uint64_t a, resets;
+	unsigned pass;
+
+	touch_client_init(c, 1);
+	a = arm(c, 1, far, 0, 1);
+	step_at(T0);
+	touch_reset(c, a, far);
+	touch_mapped(c);
+	cr_assert_eq(c->m.touch_tag[chime_id_index(a)], chime_id_gen(a) | CHIME_TOUCH_ON, "not flagged");
+	touch_reset(c, a, T0 + 5 * MS);                 /* earlier: a record, the node moved */
+	step_at(T0);
+	resets = F.st.sh.resets;
+	for (pass = 0; pass < 100; pass++) {
+		/* later than the deadline the shard last took, and past */
+		c->m.touch_word[chime_id_index(a)] = T0 + 6 * MS + pass;
+		step_at(T0 + 10 * MS);
+		if (take(c, &e) == 1)
+			break;
+	}
+	cr_assert_lt(pass, 100, "never fired in 100 passes, re-armed %llu times",
+		     (unsigned long long)(F.st.sh.resets - resets));
+	cr_assert_eq(pass, 0, "fired at pass %u", pass);
+	cr_assert_eq(e.id, a);
+	cr_assert_eq(e.deadline_ns, T0 + 6 * MS, "fired for +%llu ns", (unsigned long long)(e.deadline_ns - T0));
+	cr_assert_leq(F.st.sh.resets - resets, 1, "re-armed %llu times", (unsigned long long)(F.st.sh.resets - resets));
+	cr_assert_eq(F.st.sh.fires, 1);
+}

@@ -1332,6 +1332,25 @@ Test(tools_live, exact_counters_under_known_load)
 	chime_close(b);
 }
 
+/* n events, each at deadline (the reset's, not the one before it), then none for 100 ms. */
+static void take_each_once_at(chime_t *c, int n, uint64_t deadline)
+{
+	struct chime_event ev[64];
+	int got = 0;
+
+	cr_assert_leq(n, 64);
+	while (got < n) {
+		int k = chime_wait(c, ev, 64, 2000);
+
+		cr_assert_gt(k, 0, "%d of %d timers fired", got, n);
+		for (int j = 0; j < k; j++)
+			cr_assert_eq(ev[j].deadline_ns, deadline, "fired at the deadline before the reset");
+		got += k;
+	}
+	cr_assert_eq(got, n, "%d events for %d timers", got, n);
+	cr_assert_eq(chime_wait(c, ev, 64, 100), 0, "an event more");
+}
+
 /*
  * The first reset of a timer (a record for the shard to flag it, on an
  * anonymous connection's touch table), made well before its deadline to a
@@ -1342,11 +1361,9 @@ Test(tools_live, a_first_reset_well_before_the_deadline_counts_one_fire_not_two)
 {
 	enum { N = 10 };
 	struct chime_opts o = { .socket_path = sock };
-	struct chime_event ev[N];
 	chime_id_t id[N];
 	chime_t *c;
 	uint64_t now;
-	int got = 0;
 
 	start_broker("--shards 1");
 	cr_assert_eq(chime_open(&c, &o), 0);
@@ -1358,15 +1375,7 @@ Test(tools_live, a_first_reset_well_before_the_deadline_counts_one_fire_not_two)
 	/* 50 ms ahead of the deadline, no flush: the shard sleeps until it, as it would for a keepalive. */
 	for (int i = 0; i < N; i++)
 		cr_assert_eq(chime_reset(c, id[i], now + 120000000), 0);
-	while (got < N) {
-		int n = chime_wait(c, ev, N, 2000);
-
-		cr_assert_gt(n, 0, "%d of %d timers fired", got, N);
-		for (int j = 0; j < n; j++)
-			cr_assert_eq(ev[j].deadline_ns, now + 120000000, "fired at the deadline before the reset");
-		got += n;
-	}
-	cr_assert_eq(chime_wait(c, ev, N, 100), 0);
+	take_each_once_at(c, N, now + 120000000);
 	cr_assert_eq(settle(".shards[0].resets", N), N, "%s", slurp(out));
 	cr_assert_eq(jq(".shards[0].fires"), N, "%s", slurp(out));
 	cr_assert_eq(jq(".shards[0].delivered"), N, "%s", slurp(out));
@@ -1386,11 +1395,9 @@ Test(tools_live, resets_behind_a_first_reset_waiting_for_its_run_count_one_fire_
 {
 	enum { N = 10 };
 	struct chime_opts o = { .socket_path = sock };
-	struct chime_event ev[N];
 	chime_id_t id[N], far;
 	chime_t *c;
 	uint64_t now;
-	int got = 0;
 
 	start_broker("--shards 1");
 	cr_assert_eq(chime_open(&c, &o), 0);
@@ -1404,15 +1411,7 @@ Test(tools_live, resets_behind_a_first_reset_waiting_for_its_run_count_one_fire_
 	cr_assert_eq(chime_reset(c, far, now + 7200000000000ull), 0);
 	for (int i = 0; i < N; i++)
 		cr_assert_eq(chime_reset(c, id[i], now + 120000000), 0);
-	while (got < N) {
-		int n = chime_wait(c, ev, N, 2000);
-
-		cr_assert_gt(n, 0, "%d of %d timers fired", got, N);
-		for (int j = 0; j < n; j++)
-			cr_assert_eq(ev[j].deadline_ns, now + 120000000, "fired at the deadline before the reset");
-		got += n;
-	}
-	cr_assert_eq(chime_wait(c, ev, N, 100), 0);
+	take_each_once_at(c, N, now + 120000000);
 	cr_assert_eq(settle(".shards[0].resets", N + 1), N + 1, "%s", slurp(out));
 	cr_assert_eq(jq(".shards[0].fires"), N, "%s", slurp(out));
 	cr_assert_eq(jq(".shards[0].delivered"), N, "%s", slurp(out));

@@ -459,7 +459,7 @@ Test(batch, a_big_batch_split_between_shards_is_submitted_in_linear_time)
 {
 	enum { N = 200001 };
 	static struct chime_op ops[N];
-	uint64_t t0, took;
+	uint64_t t0, took, bound;
 	chime_t *c;
 	int r;
 
@@ -473,6 +473,12 @@ Test(batch, a_big_batch_split_between_shards_is_submitted_in_linear_time)
 	took = now_ns() - t0;
 	fprintf(stderr, "chime_submit of %d arms and a CANCEL_KEY: %d done in %.0f ms\n", N - 1, r, (double)took / 1e6);
 	cr_assert_geq(r, N - 4);
-	cr_assert_lt(took, 1500 * MS, "a split batch of %d arms took %.0f ms", N - 1, (double)took / 1e6);
+	/*
+	 * Against a ThreadSanitizer broker (tsan_suites.sh), 2 s more for the
+	 * shards' own pace: one took 1551 ms in a CI run. The scan this is
+	 * about is the client's, 3.9 s alone when it was quadratic.
+	 */
+	bound = (getenv("CHIME_BROKER_TSAN") ? 3500 : 1500) * MS;
+	cr_assert_lt(took, bound, "a split batch of %d arms took %.0f ms", N - 1, (double)took / 1e6);
 	chime_close(c);
 }

@@ -2282,19 +2282,29 @@ waiting:
  * And a send can be long: the kernel wakes every waiter of the client's
  * end inside it, one callback per epoll watch the client put there (up to
  * fs.epoll.max_user_watches; a million cost 75 ms, with interrupts off).
- * A send that took CHAN_WAKE_SLOW_NS by the clock makes its user a suspect, and
- * the next one is timed by this thread's CPU time, which a preemption does
- * not inflate: one that took CHAN_WAKE_SLOW_NS of it holds the user's wake-ups
- * back (held: sent in the first pass after) for CHAN_WAKE_QUIET_FACTOR times
- * as long. The walks made for that user are then at most 1 in
- * CHAN_WAKE_QUIET_FACTOR of the shard's time; a user could make the same walk
- * on any CPU itself, no broker involved.
+ * A send that took CHAN_WAKE_SLOW_NS by the clock is timed by this thread's
+ * CPU time too, which a preemption does not inflate: one that took
+ * CHAN_WAKE_SLOW_NS of it holds the user's wake-ups back (held: sent in the
+ * first pass after) for CHAN_WAKE_QUIET_FACTOR times as long. The walks
+ * made for that user are then at most 1 in CHAN_WAKE_QUIET_FACTOR of the
+ * shard's time, the first one included; a user could make the same walk on
+ * any CPU itself, no broker involved.
+ *
+ * The CPU time is read once a pass before its first send (a system call
+ * as dear as a send), and again after a send slow by the clock. What the
+ * thread did between the marks and the send took at most the clock's time
+ * between them: what is left of the CPU time is the send's, at least.
  */
 static void wake_send(struct shard_core *sc, struct chan *ch, uint64_t now)
 {
 	struct chan_user *u = ch->user;
-	uint64_t cpu0 = u->wake_suspect ? thread_cpu_ns() : 0, t0 = now_ns(), took;
+	uint64_t t0, t1, cpu;
 
+	if (!sc->wake_clock_ns) {
+		sc->wake_clock_ns = now_ns();   /* first: the CPU time after it is bounded by the clock's */
+		sc->wake_cpu_ns = thread_cpu_ns();
+	}
+	t0 = now_ns();
 	/*
 	 * Our own end of the client's connection, never a file the client
 	 * shares: nothing it does can make this block. MSG_DONTWAIT: a full
@@ -2302,17 +2312,17 @@ static void wake_send(struct shard_core *sc, struct chan *ch, uint64_t now)
 	 * (EPIPE) is the control thread's to notice.
 	 */
 	(void)send(ch->wake_fd, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-	took = now_ns() - t0;
-	if (!u->wake_suspect) {
-		u->wake_suspect = took >= CHAN_WAKE_SLOW_NS;
+	t1 = now_ns();
+	if (t1 - t0 < CHAN_WAKE_SLOW_NS)
 		return;
-	}
-	/* Slow by CPU time; held for as long as it took by the clock, if longer (a VM's host took its part). */
-	u->wake_suspect = thread_cpu_ns() - cpu0 >= CHAN_WAKE_SLOW_NS;
-	if (u->wake_suspect) {
-		u->wake_quiet_until = now + (CHAN_WAKE_QUIET_FACTOR + 1) * took;     /* now: the pass's, before the send */
+	cpu = thread_cpu_ns();
+	if ((int64_t)(cpu - sc->wake_cpu_ns) - (int64_t)(t0 - sc->wake_clock_ns) >= (int64_t)CHAN_WAKE_SLOW_NS) {
+		/* held for as long as it took by the clock, if longer (a VM's host took its part); now: the pass's */
+		u->wake_quiet_until = now + (CHAN_WAKE_QUIET_FACTOR + 1) * (t1 - t0);
 		stats_slow_wake(sc->st, ch->slot);
 	}
+	sc->wake_clock_ns = t1;
+	sc->wake_cpu_ns = cpu;
 }
 
 /* True if the wake-up is owed to the next pass (its user's share for this one is spent). */

@@ -53,7 +53,6 @@ struct chan_user {
 	uint64_t reclaim_turn;          /* when its channels' sweeps last had a turn (chan_sweep_served()) */
 	uint64_t walk_turn;             /* when its CANCEL_KEY walks last stepped (chan.c, walk_step()) */
 	uint64_t wake_quiet_until;      /* its wake-ups are held till then: the last walked its watches (wake_send()) */
-	uint8_t wake_suspect;           /* its last wake-up's send was slow: time the next by CPU time */
 };
 
 /* What the channel logic needs of its shard. Owned by the shard thread. */
@@ -75,6 +74,8 @@ struct shard_core {
 	uint64_t backlog;               /* events held in backlogs, all channels */
 	/* the earliest end of a hold on a wake-up owed (chan_service_n()); the shard sleeps no later */
 	uint64_t wake_retry_ns;
+	/* wake_send()'s marks: the clock, then this thread's CPU time, read before the pass's first send (0: none yet) */
+	uint64_t wake_clock_ns, wake_cpu_ns;
 	/*
 	 * A session's channel started to wait for its process to take events
 	 * (head_watch no longer UINT64_MAX) since the shard last looked: a

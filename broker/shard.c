@@ -1416,6 +1416,7 @@ static void loop(struct shard *s)
 				s->spin_credit = SPIN_BURST_NS;
 		}
 		sc->wake_retry_ns = UINT64_MAX;        /* found again by every held wake-up */
+		sc->wake_clock_ns = 0;                 /* wake_send() reads the CPU time afresh */
 		for (uint32_t k = 0, i = s->nr_active ? (uint32_t)(s->passes % s->nr_active) : 0; k < s->nr_active; k++) {
 			struct chan *ch = s->active[i];
 			struct chan_user *u = user_budgets(s, ch);

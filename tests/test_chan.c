@@ -914,16 +914,18 @@ static uint64_t event_asking_for_a_wake_up(struct client_sim *c, uint64_t t)
 	*c->m.want_wakeup = 1;
 	drain_and_fire(t + MS);
 	F.sc.wake_retry_ns = UINT64_MAX;        /* as the shard's pass begins */
+	F.sc.wake_clock_ns = 0;
 	return t + MS;
 }
 
 /*
  * A wake-up's send() walks every epoll watch the client put on its end of
- * the connection, on the shard (wake_send(), chan.c). One slow by the clock
- * makes the user a suspect, the next is timed by CPU time, and one slow by
- * that holds the user's wake-ups back for CHAN_WAKE_QUIET_FACTOR times as long:
- * held, not owed (no work for the shard, which wakes for it at
- * wake_retry_ns). Fast sends hold nothing back.
+ * the connection, on the shard (wake_send(), chan.c). One slow by the
+ * thread's CPU time holds the user's wake-ups back for
+ * CHAN_WAKE_QUIET_FACTOR times as long, from the first: held, not owed (no
+ * work for the shard, which wakes for it at wake_retry_ns). Fast sends hold
+ * nothing back; nor does one slow by the clock alone, preempted (not shown
+ * here: a preemption inside a send cannot be made to order).
  */
 Test(chan, a_wake_up_that_walked_many_watches_holds_its_users_next_ones_back)
 {
@@ -940,41 +942,37 @@ Test(chan, a_wake_up_that_walked_many_watches_holds_its_users_next_ones_back)
 		t = event_asking_for_a_wake_up(c, t);
 		(void)chan_service_n(&F.sc, &c->ch, t, &budget, &wakes);
 		cr_assert_eq(c->ch.wakes, (unsigned)i, "wake-up %d, with no watches, not sent", i);
-		/* A send preempted on a busy host makes a suspect, never a hold: its CPU time is short. */
 		cr_assert_eq(c->ch.user->wake_quiet_until, 0, "a fast send held the next ones back");
 		while (take(c, &(struct chime_cqe){ 0 }) > 0)
 			;
 	}
 	cr_assert_eq(read(sv[1], buf, sizeof(buf)), 4);
-	c->ch.user->wake_suspect = 0;   /* as if no send had been preempted */
 	/* 200k watches: 15 ms a walk here, 500 us is the threshold. */
 	w = watches_on(sv[1], 200000, &eps, &nr_eps);
 	if (w < 0)
 		cr_skip("no room for the watches (RLIMIT_NOFILE, fs.epoll.max_user_watches)");
-	for (int i = 5; i <= 6; i++) {
-		t = event_asking_for_a_wake_up(c, t);
-		(void)chan_service_n(&F.sc, &c->ch, t, &budget, &wakes);
-		cr_assert_eq(c->ch.wakes, (unsigned)i, "wake-up %d not sent: only the one after a slow one is held", i);
-		cr_assert(c->ch.user->wake_suspect, "a send walking %ld watches not found slow", w);
-		while (take(c, &(struct chime_cqe){ 0 }) > 0)
-			;
-	}
-	cr_assert_eq(F.st.sh.slow_wakeups, 1, "the slow send by CPU time not counted, or the one by the clock counted");
+	t = event_asking_for_a_wake_up(c, t);
+	(void)chan_service_n(&F.sc, &c->ch, t, &budget, &wakes);
+	cr_assert_eq(c->ch.wakes, 5, "the wake-up walking %ld watches not sent", w);
+	while (take(c, &(struct chime_cqe){ 0 }) > 0)
+		;
+	cr_assert_eq(F.st.sh.slow_wakeups, 1, "the send walking %ld watches not found slow by CPU time", w);
 	quiet = c->ch.user->wake_quiet_until;
-	cr_assert_gt(quiet, t + (uint64_t)CHAN_WAKE_QUIET_FACTOR * CHAN_WAKE_SLOW_NS, "no hold after a send slow by CPU time");
+	cr_assert_gt(quiet, t + (uint64_t)CHAN_WAKE_QUIET_FACTOR * CHAN_WAKE_SLOW_NS,
+		     "no hold after the first send slow by CPU time: the next walks too");
 	t = event_asking_for_a_wake_up(c, t);
 	cr_assert_lt(t, quiet);
 	cr_assert(chan_service_n(&F.sc, &c->ch, t, &budget, &wakes), "the event not published");
-	cr_assert_eq(c->ch.wakes, 6, "a wake-up sent while its user's are held back");
+	cr_assert_eq(c->ch.wakes, 5, "a wake-up sent while its user's are held back");
 	cr_assert_eq(*c->m.want_wakeup, 1, "the request consumed without a wake-up");
 	cr_assert_eq(F.sc.wake_retry_ns, quiet, "the shard not told when to wake for the held wake-up");
 	cr_assert_not(chan_pending(&F.sc, &c->ch), "a held wake-up is work: the shard would spin through the hold");
 	F.sc.wake_retry_ns = UINT64_MAX;
 	cr_assert_not(chan_service_n(&F.sc, &c->ch, quiet - 1, &budget, &wakes), "a held wake-up is work");
-	cr_assert_eq(c->ch.wakes, 6);
+	cr_assert_eq(c->ch.wakes, 5);
 	cr_assert_eq(F.sc.wake_retry_ns, quiet);
 	(void)chan_service_n(&F.sc, &c->ch, quiet, &budget, &wakes);
-	cr_assert_eq(c->ch.wakes, 7, "the held wake-up not sent when the hold ended");
+	cr_assert_eq(c->ch.wakes, 6, "the held wake-up not sent when the hold ended");
 	cr_assert_eq(*c->m.want_wakeup, 0);
 	for (int e = 0; e < nr_eps; e++)
 		close(eps[e]);

@@ -561,7 +561,13 @@ static inline void place(struct wheel *wh, struct chime_node *n, uint32_t idx)
 /*
  * The free map's memory for `capacity` nodes, all taken (zero): NORESERVE
  * anonymous pages, touched only as high_water grows (a 4M-node shard's
- * first level is 512 KiB, an eighth of a bit per node above it).
+ * first level is 512 KiB, an eighth of a bit per node above it). Shared,
+ * not private: a private page read first maps the zero page, and the
+ * write after it replaces that with a TLB flush on every CPU the broker
+ * has run on, waiting for each to take it; a CPU with interrupts off (a
+ * user's million-watch eventfd_write(), 300 ms) held the shard that long
+ * in wheel_free_unlisted() (perf, tlb:tlb_flush, 2026-12-08). A shared
+ * page is allocated on its first touch, read or write.
  */
 static int free_map(struct wheel *wh, uint32_t capacity)
 {
@@ -577,7 +583,7 @@ static int free_map(struct wheel *wh, uint32_t capacity)
 		l++;
 	} while (n > 1);
 	p = mmap(NULL, total * sizeof(uint64_t), PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		 MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (p == MAP_FAILED)
 		return -ENOMEM;
 	wh->free_levels = l;

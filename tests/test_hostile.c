@@ -2230,37 +2230,117 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/*
- * Another user's (root's) n timers 1 ms apart from base, beside user
- * 65534's attacker pid on broker b, up to wait_ms past base: each one's
- * lateness by the broker (fired_ns - deadline_ns), sorted, in late[].
- * Then the attacker is killed and the broker stopped.
- */
-static void victim_lateness(struct t_chimed *b, pid_t pid, uint64_t base, unsigned n, unsigned wait_ms,
-			    uint64_t *late)
-{
-	struct chime_opts o = { .socket_path = b->sock };
-	struct chime_event ev[64];
-	unsigned got = 0;
-	chime_t *me;
-	int st;
+/* The victim's half of victim_lateness(), in its own process: what it got, or why not. */
+struct victim_result {
+	int err;                /* 0, or the failing call's -errno */
+	const char *failed;     /* which call (a string of this file's, the same in the parent) */
+	unsigned got;
+	uint64_t late[];
+};
 
-	cr_assert_eq(chime_open(&me, &o), 0);
+/* Root's process: n timers 1 ms apart from the base it is sent, up to wait_ms past it. */
+struct victim {
+	pid_t pid;
+	int go;                 /* the base goes down it */
+	unsigned n;
+	size_t len;
+	struct victim_result *r;        /* shared with it */
+};
+
+static _Noreturn void victim_arms_and_waits(const char *sock, int go, unsigned n, unsigned wait_ms,
+					    struct victim_result *r)
+{
+	struct chime_opts o = { .socket_path = sock };
+	struct chime_event ev[64];
+	uint64_t base;
+	chime_t *me;
+	int e;
+
+	if (read(go, &base, sizeof(base)) != sizeof(base))
+		_exit(2);       /* the test gave up before the attack */
+	if ((e = chime_open(&me, &o)) != 0) {
+		r->err = e, r->failed = "chime_open";
+		_exit(1);
+	}
 	for (unsigned i = 0; i < n; i++)
-		cr_assert_eq(chime_arm(me, 1, base + i * MS, 0, i, &junk), 0);
-	while (got < n && chime_now() < base + (uint64_t)wait_ms * MS) {
+		if ((e = chime_arm(me, 1, base + i * MS, 0, i, &junk)) != 0) {
+			r->err = e, r->failed = "chime_arm";
+			_exit(1);
+		}
+	while (r->got < n && chime_now() < base + (uint64_t)wait_ms * MS) {
 		int k = chime_wait(me, ev, 64, 100);
 
-		cr_assert_geq(k, 0);
-		for (int i = 0; i < k && got < n; i++)
-			late[got++] = ev[i].fired_ns - ev[i].deadline_ns;
+		if (k < 0) {
+			r->err = k, r->failed = "chime_wait";
+			_exit(1);
+		}
+		for (int i = 0; i < k && r->got < n; i++)
+			r->late[r->got++] = ev[i].fired_ns - ev[i].deadline_ns;
 	}
+	chime_close(me);
+	_exit(0);
+}
+
+/*
+ * Root's process, forked before the attack and waiting for its base. It
+ * runs only on the broker's CPU (0), and has from its start. The test's
+ * own process has run on CPU 1 too, where the attacker walks epoll watches
+ * with interrupts off: a fork there, or its copies on write after one,
+ * flushed that CPU's TLB and spun on CPU 0 till the walk let the flush
+ * in, the broker's thread waiting (perf, tlb:tlb_flush and
+ * sched:sched_switch: the test's process running 111-152 ms on CPU 0 in
+ * fork() or a page fault; root's timers 33-141 ms late at the median
+ * with 2.5 million watches on the doorbell, 2026-12-08). A process that
+ * has only run on CPU 0 flushes CPU 0 alone.
+ */
+static void victim_fork(struct victim *v, const char *sock, unsigned n, unsigned wait_ms)
+{
+	cpu_set_t was, cpu0;
+	int go[2];
+
+	v->n = n;
+	v->len = sizeof(struct victim_result) + n * sizeof(uint64_t);
+	v->r = mmap(NULL, v->len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(v->r, MAP_FAILED);
+	cr_assert_eq(pipe2(go, O_CLOEXEC), 0);
+	CPU_ZERO(&cpu0);
+	CPU_SET(0, &cpu0);
+	cr_assert_eq(sched_getaffinity(0, sizeof(was), &was), 0);
+	cr_assert_eq(sched_setaffinity(0, sizeof(cpu0), &cpu0), 0);
+	v->pid = fork();
+	if (v->pid == 0) {
+		close(go[1]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		victim_arms_and_waits(sock, go[0], n, wait_ms, v->r);
+	}
+	cr_assert_eq(sched_setaffinity(0, sizeof(was), &was), 0);
+	cr_assert_geq(v->pid, 0);
+	close(go[0]);
+	v->go = go[1];
+}
+
+/*
+ * Root's timers from base, 1 ms apart, beside user 65534's attacker pid
+ * on broker b (v, forked before the attack): each one's lateness by the
+ * broker (fired_ns - deadline_ns), sorted, in late[]. Then the attacker
+ * is killed and the broker stopped.
+ */
+static void victim_lateness(struct t_chimed *b, pid_t pid, struct victim *v, uint64_t base, uint64_t *late)
+{
+	int st, vst;
+
+	cr_assert_eq(write(v->go, &base, sizeof(base)), (ssize_t)sizeof(base));
+	close(v->go);
+	cr_assert_eq(waitpid(v->pid, &vst, 0), v->pid);
 	kill(pid, SIGKILL);
 	waitpid(pid, &st, 0);
-	chime_close(me);
 	t_chimed_stop(b, SIGTERM);
-	cr_assert_eq(got, n, "%u of %u timers fired beside the attack", got, n);
-	qsort(late, got, sizeof(late[0]), cmp_u64);
+	cr_assert(WIFEXITED(vst) && WEXITSTATUS(vst) == 0, "root's process: %s: %s (status 0x%x)",
+		  v->r->failed ? v->r->failed : "killed", strerror(-v->r->err), vst);
+	cr_assert_eq(v->r->got, v->n, "%u of %u timers fired beside the attack", v->r->got, v->n);
+	memcpy(late, v->r->late, v->n * sizeof(uint64_t));
+	munmap(v->r, v->len);
+	qsort(late, v->n, sizeof(late[0]), cmp_u64);
 }
 
 /* How late (the broker's fired_ns - deadline_ns) 300 timers 1 ms apart fire beside conns attacking: the median. */
@@ -2268,6 +2348,7 @@ static uint64_t lateness_beside(void (*attack)(const char *, unsigned, int), uns
 {
 	static uint64_t late[VICTIM_TIMERS];
 	struct t_chimed b = { 0 };
+	struct victim v;
 	int pfd[2];
 	char one;
 	pid_t pid;
@@ -2275,6 +2356,7 @@ static uint64_t lateness_beside(void (*attack)(const char *, unsigned, int), uns
 	cr_assert_eq(t_chimed_start(&b, NULL, "--shards 1 --allow-all"), 0);
 	cr_assert_eq(chmod(b.dir, 0755), 0);    /* user 65534 reaches the socket */
 	cr_assert_gt(t_pin_threads(b.pid, 0), 0);
+	victim_fork(&v, b.sock, VICTIM_TIMERS, 5000);
 	cr_assert_eq(pipe(pfd), 0);
 	pid = fork();
 	cr_assert_geq(pid, 0);
@@ -2287,30 +2369,33 @@ static uint64_t lateness_beside(void (*attack)(const char *, unsigned, int), uns
 	cr_assert_eq(read(pfd[0], &one, 1), 1, "user 65534's %u connections did not open and arm", conns);
 	close(pfd[0]);
 	usleep(200 * 1000);     /* the flood under way */
-	victim_lateness(&b, pid, chime_now() + 50 * MS, VICTIM_TIMERS, 5000, late);
+	victim_lateness(&b, pid, &v, chime_now() + 50 * MS, late);
 	*max = late[VICTIM_TIMERS - 1];
 	return late[VICTIM_TIMERS / 2];
 }
 
 /*
  * Root's timers beside `attack` (conns connections of user 65534) fire at
- * most margin_ns later at the median than beside `base` (base_conns). The
- * maximum is this host's: a shard kept busy is preempted for a time slice
- * on a loaded host. Up to three tries, each pair measured afresh: the
- * host's noise only ever adds lateness, and one try in five beside other
- * builds was 230 us late (a second or so each), while what the bound
- * catches is in every try (the forced wake-ups before the share: 66-89 us
- * in each of three).
+ * most margin_ns later at the median than beside `base` (base_conns), and
+ * the latest at most max_margin_ns later than there (UINT64_MAX: not
+ * judged). The maximum is mostly this host's: a shard kept busy is
+ * preempted for a time slice on a loaded host; where an attack's
+ * stall is one in the window, only the maximum shows it. Up to three
+ * tries, each pair measured afresh: the host's noise only ever adds
+ * lateness, and one try in five beside other builds was 230 us late (a
+ * second or so each), while what the bound catches is in every try (the
+ * forced wake-ups before the share: 66-89 us in each of three).
  */
 static void later_beside_by_at_most(void (*base)(const char *, unsigned, int), unsigned base_conns,
 				    void (*attack)(const char *, unsigned, int), unsigned conns,
-				    uint64_t margin_ns, const char *what_base, const char *what)
+				    uint64_t margin_ns, uint64_t max_margin_ns, const char *what_base, const char *what)
 {
-	uint64_t before = 0, after = UINT64_MAX, max_before, max_after;
+	uint64_t before = 0, after = UINT64_MAX, max_before = 0, max_after = UINT64_MAX;
 
 	if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || geteuid() != 0)
 		cr_skip("needs 2 CPUs and root (to pin the broker's threads and run as another user)");
-	for (int try = 0; try < 3 && after >= before + margin_ns; try++) {
+	for (int try = 0; try < 3 && (after >= before + margin_ns ||
+				      (max_margin_ns != UINT64_MAX && max_after >= max_before + max_margin_ns)); try++) {
 		before = lateness_beside(base, base_conns, &max_before);
 		after = lateness_beside(attack, conns, &max_after);
 		fprintf(stderr, "another user's timers, late at the median (max), try %d: %.1f us (%.1f) %s, "
@@ -2319,12 +2404,15 @@ static void later_beside_by_at_most(void (*base)(const char *, unsigned, int), u
 	}
 	cr_assert_lt(after, before + margin_ns, "another user's timers fired %.1f us late at the median %s, "
 		     "against %.1f %s", after / 1e3, what, before / 1e3, what_base);
+	if (max_margin_ns != UINT64_MAX)
+		cr_assert_lt(max_after, max_before + max_margin_ns, "another user's timers fired up to %.1f us late %s, "
+			     "against %.1f %s", max_after / 1e3, what, max_before / 1e3, what_base);
 }
 
 ReleaseTest(hostile, one_users_many_connections_flooding_their_rings_hold_up_anothers_timers_as_one_does,
 	    .timeout = 60)
 {
-	later_beside_by_at_most(flood_as_nobody, 1, flood_as_nobody, 64, 200 * 1000,
+	later_beside_by_at_most(flood_as_nobody, 1, flood_as_nobody, 64, 200 * 1000, UINT64_MAX,
 				"beside one connection flooding its ring",
 				"beside 64 connections of one user flooding theirs");
 }
@@ -2391,7 +2479,7 @@ static void forced_wakes_as_nobody(const char *sock, unsigned conns, int ready)
 
 ReleaseTest(hostile, forced_wakeups_of_one_users_connections_hold_up_anothers_timers_little, .timeout = 60)
 {
-	later_beside_by_at_most(periodics_as_nobody, 64, forced_wakes_as_nobody, 64, 50 * 1000,
+	later_beside_by_at_most(periodics_as_nobody, 64, forced_wakes_as_nobody, 64, 50 * 1000, UINT64_MAX,
 				"beside 64 connections of one user taking periodic events",
 				"beside the same forcing wake-ups");
 }
@@ -2573,7 +2661,12 @@ static bool is_a_doorbell(int fd)
 	return first_fd_that(watches_the_candidate) < 0;
 }
 
-enum { EPOLL_WATCHES = 1000000 };
+/*
+ * 2.5 million: a walk (220-340 ms here) outlasts the victim's lead (200 ms
+ * and its open), and any stall of the shard behind one stands out of this
+ * host's noise. A million (110-150 ms) caught the same only in some runs.
+ */
+enum { EPOLL_WATCHES = 2500000 };
 
 /*
  * Wake-ups through a watched socket. User 65534's one connection, with
@@ -2621,13 +2714,10 @@ static void wakes_unwatched_as_nobody(const char *sock, unsigned conns, int read
 	wakes_watched_by(sock, 0, ready);
 }
 
-/* 2.5 million: a walk (220-340 ms here) outlasts the victim's lead (the 200 ms below and its open). */
-enum { WAKE_WATCHES = 2500000 };
-
 static void wakes_watched_as_nobody(const char *sock, unsigned conns, int ready)
 {
 	(void)conns;
-	wakes_watched_by(sock, WAKE_WATCHES, ready);
+	wakes_watched_by(sock, EPOLL_WATCHES, ready);
 }
 
 /*
@@ -2655,8 +2745,8 @@ static void wakes_watched_as_nobody(const char *sock, unsigned conns, int ready)
  */
 ReleaseTest(hostile, wakeups_walking_one_users_epoll_watches_hold_up_anothers_timers_little, .timeout = 90)
 {
-	watches_allowed(WAKE_WATCHES);
-	later_beside_by_at_most(wakes_unwatched_as_nobody, 1, wakes_watched_as_nobody, 1, 15 * MS,
+	watches_allowed(EPOLL_WATCHES);
+	later_beside_by_at_most(wakes_unwatched_as_nobody, 1, wakes_watched_as_nobody, 1, 15 * MS, UINT64_MAX,
 				"beside one connection of one user forcing wake-ups",
 				"beside the same with 2.5 million epoll watches on its socket");
 }
@@ -2701,7 +2791,7 @@ static void rings_watched_as_nobody(const char *sock, unsigned conns, int ready)
 /*
  * A doorbell's walk. The shard kept an io_uring READ on each client's
  * doorbell, and each read's eventfd_read() woke the eventfd's writers:
- * every watch on it, a million here, on the shard with interrupts off.
+ * every watch on it (a million then), on the shard with interrupts off.
  * The ringer's own eventfd_write() walks them too, on its CPU, under the
  * lock the shard's read takes: likely why one run of four was 465-894 ms
  * late at the median in every try (not looked into). Margin as above.
@@ -2716,13 +2806,26 @@ static void rings_watched_as_nobody(const char *sock, unsigned conns, int ready)
  * runs of one try), 0.1-7.3 us at the median, up to 1.2-5.8 ms, against
  * 0.1 us (up to 0.07-1.0 ms) without the watches; with the read put back
  * (a throwaway build), 68.6-202.1 ms, up to 157-351 ms (3 tries).
+ *
+ * What was left, and failed runs now and then (a million watches) or
+ * most (2.5 million, now): TLB flushes sent to the ringer's CPU, which
+ * takes none with interrupts off, each spinning on the broker's CPU till
+ * the walk ended (ARCHITECTURE.md, the same row). Root's own process
+ * forking or copying on write there (victim_fork() says more), and the
+ * shard's first write to a page of its free map that a read had mapped to
+ * the zero page (wheel.c, free_map()). Before, with 2.5 million watches:
+ * 33.4-140.8 ms at the median in 8 tries of 14 (5 runs), up to
+ * 150-290 ms; with root's process fixed, still up to 53-68 ms in each of
+ * 4 runs (the shard's flush); now 0.0-0.1 us at the median, up to
+ * 0.02-1.4 ms (4 runs), against 0.1 us (up to 0.2-0.9 ms). Hence the
+ * bound on the maximum too (25 ms).
  */
 ReleaseTest(hostile, a_doorbell_under_one_users_epoll_watches_holds_up_anothers_timers_little, .timeout = 90)
 {
 	watches_allowed(EPOLL_WATCHES);
-	later_beside_by_at_most(rings_unwatched_as_nobody, 1, rings_watched_as_nobody, 1, 15 * MS,
+	later_beside_by_at_most(rings_unwatched_as_nobody, 1, rings_watched_as_nobody, 1, 15 * MS, 25 * MS,
 				"beside one user ringing its doorbell",
-				"beside the same with a million epoll watches on it");
+				"beside the same with 2.5 million epoll watches on it");
 }
 
 /*
@@ -2974,6 +3077,7 @@ static uint64_t latest_beside(const char *args, uint64_t lead_ms, void (*attack)
 {
 	static uint64_t late[HELD_VICTIM];
 	struct t_chimed b = { 0 };
+	struct victim v;
 	uint64_t due, base;
 	int pfd[2];
 	char one;
@@ -2982,6 +3086,7 @@ static uint64_t latest_beside(const char *args, uint64_t lead_ms, void (*attack)
 	cr_assert_eq(t_chimed_start(&b, NULL, args), 0);
 	cr_assert_eq(chmod(b.dir, 0755), 0);    /* user 65534 reaches the socket */
 	cr_assert_gt(t_pin_threads(b.pid, 0), 0);
+	victim_fork(&v, b.sock, HELD_VICTIM, 10000);
 	cr_assert_eq(pipe(pfd), 0);
 	due = chime_now() + lead_ms * MS;
 	base = due + 3000 * MS;     /* all of its events fired and delivered (or held) by then */
@@ -2996,7 +3101,7 @@ static uint64_t latest_beside(const char *args, uint64_t lead_ms, void (*attack)
 	cr_assert_eq(read(pfd[0], &one, 1), 1, "user 65534's connections did not open and arm");
 	close(pfd[0]);
 	cr_assert_lt(chime_now(), due, "user 65534's arms took past their deadline");
-	victim_lateness(&b, pid, base, HELD_VICTIM, 10000, late);
+	victim_lateness(&b, pid, &v, base, late);
 	fprintf(stderr, "another user's timers beside one user's held events going out or let go: median %.1f us, "
 		"p99 %.1f us, max %.1f us\n", late[HELD_VICTIM / 2] / 1e3, late[HELD_VICTIM * 99 / 100] / 1e3,
 		late[HELD_VICTIM - 1] / 1e3);

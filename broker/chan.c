@@ -472,6 +472,12 @@ static void wall_move(struct shard_core *sc, uint32_t idx, int64_t from, int64_t
 		n->deadline_ns = d;
 }
 
+/* wall_listed's bytes: a bit per node of the slab. */
+static size_t wall_listed_len(const struct shard_core *sc)
+{
+	return ((size_t)sc->capacity + 63) / 64 * sizeof(uint64_t);
+}
+
 /*
  * No list from now on: walks scan the used slab. A walk under way over the
  * list starts again over the slab (a node it moved already moves no more,
@@ -498,7 +504,7 @@ void chan_wall_note(struct shard_core *sc, uint32_t idx)
 		wall_to_scan(sc);       /* cannot happen: a node of the slab */
 		return;
 	}
-	if (!sc->wall_listed && !(sc->wall_listed = calloc((sc->capacity + 63) / 64, sizeof(uint64_t)))) {
+	if (!sc->wall_listed && !(sc->wall_listed = wheel_bits_map(wall_listed_len(sc)))) {
 		wall_to_scan(sc);
 		return;
 	}
@@ -522,7 +528,7 @@ void chan_wall_note(struct shard_core *sc, uint32_t idx)
 void chan_wall_fini(struct shard_core *sc)
 {
 	free(sc->wall_list);
-	free(sc->wall_listed);
+	wheel_bits_unmap(sc->wall_listed, wall_listed_len(sc));
 	sc->wall_list = NULL;
 	sc->wall_listed = NULL;
 	sc->wall_len = sc->wall_cap = 0;

@@ -559,15 +559,31 @@ static inline void place(struct wheel *wh, struct chime_node *n, uint32_t idx)
 /* ---- allocation ----------------------------------------------------------- */
 
 /*
- * The free map's memory for `capacity` nodes, all taken (zero): NORESERVE
- * anonymous pages, touched only as high_water grows (a 4M-node shard's
- * first level is 512 KiB, an eighth of a bit per node above it). Shared,
- * not private: a private page read first maps the zero page, and the
- * write after it replaces that with a TLB flush on every CPU the broker
- * has run on, waiting for each to take it; a CPU with interrupts off (a
- * user's million-watch eventfd_write(), 300 ms) held the shard that long
- * in wheel_free_unlisted() (perf, tlb:tlb_flush, 2026-12-08). A shared
- * page is allocated on its first touch, read or write.
+ * Zeroed memory for bitmaps over the nodes, touched only as used:
+ * NORESERVE anonymous pages. Shared, not private: a private page read
+ * first maps the zero page, and the write after it replaces that with a
+ * TLB flush on every CPU the broker has run on, waiting for each to take
+ * it; a CPU with interrupts off (a user's million-watch eventfd_write(),
+ * 300 ms) held the shard that long in wheel_free_unlisted() (perf,
+ * tlb:tlb_flush, 2026-12-08). A shared page is allocated on its first
+ * touch, read or write. NULL if it cannot be had.
+ */
+void *wheel_bits_map(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+void wheel_bits_unmap(void *bits, size_t len)
+{
+	if (bits)
+		munmap(bits, len);
+}
+
+/*
+ * The free map's memory for `capacity` nodes, all taken (zero): a 4M-node
+ * shard's first level is 512 KiB, an eighth of a bit per node above it.
  */
 static int free_map(struct wheel *wh, uint32_t capacity)
 {
@@ -582,9 +598,8 @@ static int free_map(struct wheel *wh, uint32_t capacity)
 		total += (size_t)n;
 		l++;
 	} while (n > 1);
-	p = mmap(NULL, total * sizeof(uint64_t), PROT_READ | PROT_WRITE,
-		 MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (p == MAP_FAILED)
+	p = wheel_bits_map(total * sizeof(uint64_t));
+	if (!p)
 		return -ENOMEM;
 	wh->free_levels = l;
 	wh->free_len = total * sizeof(uint64_t);
@@ -597,8 +612,7 @@ static int free_map(struct wheel *wh, uint32_t capacity)
 
 void wheel_fini(struct wheel *wh)
 {
-	if (wh->free_bits[0])
-		munmap(wh->free_bits[0], wh->free_len);
+	wheel_bits_unmap(wh->free_bits[0], wh->free_len);
 	memset(wh->free_bits, 0, sizeof(wh->free_bits));
 	wh->free_levels = 0;
 }

@@ -165,6 +165,10 @@ int wheel_init(struct wheel *wh, void *mem, size_t len, uint32_t capacity,
 /* Release the private memory of a handle wheel_init() or wheel_rebuild() set up (the region stays). */
 void wheel_fini(struct wheel *wh);
 
+/* Zeroed bitmap memory over the nodes, never the zero page (wheel.c says why); NULL if none. */
+void *wheel_bits_map(size_t len);
+void wheel_bits_unmap(void *bits, size_t len);
+
 /* What wheel_rebuild() found. */
 struct wheel_rebuild_stats {
 	uint32_t dropped;       /* nodes in no known state, or with a bad generation: freed */

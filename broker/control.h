@@ -39,6 +39,7 @@ struct broker_opts {
 	gid_t    stats_gid;         /* --stats-group, or (gid_t)-1 */
 	const char *socket_group;   /* --socket-group as given (a name the next broker looks up), or NULL */
 	const char *stats_group;    /* --stats-group as given, or NULL */
+	const char *helper_exe;     /* what discard_start() runs as chimed-discard (main.c, helper_exe()) */
 	bool     fresh;             /* --fresh: discard what an earlier broker left */
 };
 

@@ -7,6 +7,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -62,6 +64,7 @@ struct discard_kept {
  * is a process: nothing here is shared with it but the socket.
  */
 struct discard {
+	char *exe;                          /* chimed's path, run again as the helper */
 	pid_t helper;                       /* 0 while there is none (and sock is -1) */
 	int sock;                           /* ours: jobs out, a byte back for each one done */
 	uint64_t lost_ns;                   /* when the last one was lost */
@@ -114,85 +117,17 @@ static void close_all_but(int keep)
 			(void)close((int)fd);
 }
 
-/* Is line [p, end) of /proc/self/maps a shared mapping ("s" in its perms) of ours to drop? */
-static bool maps_line_shared(const char *p, const char *end, uintptr_t *from, uintptr_t *to)
-{
-	uintptr_t a = 0, b = 0;
-	const char *q = p;
-
-	for (; q < end && *q != '-'; q++)
-		a = a * 16 + (uintptr_t)(*q <= '9' ? *q - '0' : (*q | 0x20) - 'a' + 10);
-	for (q++; q < end && *q != ' '; q++)
-		b = b * 16 + (uintptr_t)(*q <= '9' ? *q - '0' : (*q | 0x20) - 'a' + 10);
-	if (end - q < 5 || q[4] != 's' || memchr(q, '[', (size_t)(end - q)))
-		return false;   /* private, or the kernel's ([vvar] and such) */
-	*from = a;
-	*to = b;
-	return true;
-}
-
-/*
- * Unmap what the fork copied of the broker's shared mappings (shard
- * files, segments, clients' memfds): the helper would keep each file,
- * and a client's pages, as long as it lives. Read with system calls
- * only, a line at a time; the kernel resumes the file after the last
- * mapping shown, so unmapping as it reads skips nothing.
- */
-static void unmap_shared(void)
-{
-	char buf[4096];
-	size_t have = 0;
-	bool skip = false;      /* in a line longer than buf (a long path): not ours to judge */
-	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-
-	if (fd < 0)
-		return;
-	for (;;) {
-		ssize_t r = read(fd, buf + have, sizeof(buf) - have);
-		char *p = buf, *nl;
-
-		if (r <= 0)
-			break;
-		have += (size_t)r;
-		while ((nl = memchr(p, '\n', have - (size_t)(p - buf)))) {
-			uintptr_t a, b;
-
-			if (!skip && maps_line_shared(p, nl, &a, &b))
-				(void)munmap((void *)a, b - a);
-			skip = false;
-			p = nl + 1;
-		}
-		have -= (size_t)(p - buf);
-		if (have == sizeof(buf)) {
-			have = 0;
-			skip = true;
-		}
-		memmove(buf, p, have);
-	}
-	close(fd);
-}
-
-/*
- * The helper process: forked by discard_start(), it gets jobs on `sock`,
- * punches and closes their descriptors, and answers a byte for each.
- * System calls only (the broker may have threads when it forks), none
- * of the broker's descriptors or shared mappings kept: a starved helper
- * holds nothing the broker, or its next start, waits for (discard.h).
- */
-static _Noreturn void helper_main(int sock, pid_t parent)
+_Noreturn void discard_helper_main(const char *parent_pid)
 {
 	struct sched_param idle = { .sched_priority = 0 };
-	sigset_t none;
+	pid_t parent = (pid_t)strtol(parent_pid, NULL, 10);
+	int sock = DISCARD_HELPER_FD;
 
-	/* Gone with the broker, however it ends (a stop kills it first). */
+	/* Gone with the broker, however it ends (a stop kills it first); not a helper of anyone else's. */
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
 		_exit(0);
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);  /* the broker blocks SIGTERM for its signalfd */
-	/* Not the broker's socket, lock file (flock()ed: a copy would hold it), clients' descriptors or log. */
-	close_all_but(sock);
-	unmap_shared();
-	(void)prctl(PR_SET_NAME, "chimed-discard");
+	close_all_but(sock);    /* its standard streams: what it has to say goes nowhere */
+	(void)prctl(PR_SET_NAME, DISCARD_HELPER_NAME);
 	(void)sched_setscheduler(0, SCHED_IDLE, &idle);
 	for (;;) {
 		struct discard_msg m;
@@ -518,22 +453,46 @@ static unsigned waiting(const struct discard *d, uint32_t uid)
 }
 
 /*
- * Fork the helper: 0, or -errno. Forked by the thread that calls
- * discard_step() (its death is the helper's: PR_SET_PDEATHSIG).
+ * Start the helper: chimed run again (d->exe) as DISCARD_HELPER_NAME, our
+ * pid its argument, its end of a socket pair its descriptor
+ * DISCARD_HELPER_FD, its signals as at a start, our environment. 0, or
+ * -errno. Run, not forked: a fork() shares every page of ours with the
+ * child until we write it again, and each such write is then a copy and a
+ * TLB flush of every CPU the broker has run on (discard.h). Started by the
+ * thread that calls discard_step() (its death is the helper's:
+ * PR_SET_PDEATHSIG).
  */
 static int helper_spawn(struct discard *d)
 {
-	pid_t parent = getpid(), pid;
+	char parent[24];
+	char *argv[] = { (char *)DISCARD_HELPER_NAME, parent, NULL };
+	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t at;
+	sigset_t none, all;
 	int sv[2], err;
+	pid_t pid;
 
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
 		return -errno;
-	pid = fork();
-	if (pid == 0)
-		helper_main(sv[1], parent);
-	err = errno;
+	snprintf(parent, sizeof(parent), "%ld", (long)getpid());
+	sigemptyset(&none);
+	sigfillset(&all);       /* the broker ignores SIGPIPE and SIGCHLD: not the helper */
+	err = posix_spawn_file_actions_init(&fa);
+	if (err == 0) {
+		err = posix_spawnattr_init(&at);
+		if (err == 0) {
+			if (!(err = posix_spawn_file_actions_adddup2(&fa, sv[1], DISCARD_HELPER_FD)) &&
+			    !(err = posix_spawn_file_actions_addclosefrom_np(&fa, DISCARD_HELPER_FD + 1)) &&
+			    !(err = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF)) &&
+			    !(err = posix_spawnattr_setsigmask(&at, &none)) &&
+			    !(err = posix_spawnattr_setsigdefault(&at, &all)))
+				err = posix_spawn(&pid, d->exe, &fa, &at, argv, environ);
+			posix_spawnattr_destroy(&at);
+		}
+		posix_spawn_file_actions_destroy(&fa);
+	}
 	close(sv[1]);
-	if (pid < 0) {
+	if (err) {
 		close(sv[0]);
 		return -err;
 	}
@@ -678,16 +637,19 @@ static void job_hand_over(struct discard *d)
 	d->tail = &j->next;
 }
 
-int discard_start(struct discard **out)
+int discard_start(struct discard **out, const char *exe)
 {
 	struct discard *d = calloc(1, sizeof(*d));
 	int r;
 
-	if (!d)
+	if (!d || !(d->exe = strdup(exe))) {
+		free(d);
 		return -ENOMEM;
+	}
 	d->sock = -1;
 	r = helper_spawn(d);
 	if (r < 0) {
+		free(d->exe);
 		free(d);
 		return r;
 	}
@@ -784,5 +746,6 @@ void discard_stop(struct discard *d)
 		return;         /* theirs until the exit */
 	pthread_cond_destroy(&d->scond);
 	pthread_mutex_destroy(&d->slock);
+	free(d->exe);
 	free(d);
 }

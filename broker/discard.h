@@ -24,11 +24,16 @@
  * waited for a CPU, with the control thread's next mmap behind it.
  *
  * Now a process of its own does it, the "chimed-discard" child: its own
- * memory, its own locks, and the broker exits without it. It gets
- * descriptors, never mappings (the control thread unmaps its own, in
- * steps), over a socket pair, one datagram a job, and answers a byte for
- * each one done; it closes every descriptor but its socket, unmaps the
- * broker's shared mappings, and dies with the broker (PR_SET_PDEATHSIG). One killed is replaced a second later.
+ * memory, its own locks, and the broker exits without it. It is chimed
+ * run again (posix_spawn()), not forked: a fork shared every page of the
+ * broker's with it until the broker wrote the page again, and each such
+ * write was a copy and a TLB flush of every CPU the broker had run on,
+ * waiting for each (one with interrupts off, in a user's epoll walk, held
+ * the writer for the walk). It gets descriptors, never mappings (the
+ * control thread unmaps its own, in steps), over a socket pair, one
+ * datagram a job, and answers a byte for each one done; it holds no other
+ * descriptor, and dies with the broker (PR_SET_PDEATHSIG). One killed is
+ * replaced a second later.
  *
  * A writable segment its client never sealed (an attach that failed
  * before it did) it may still punch: our munmap of it would wait for the
@@ -57,13 +62,26 @@
 
 struct discard;
 
+/* The helper's argv[0] and name, and its socket's descriptor there. */
+#define DISCARD_HELPER_NAME "chimed-discard"
+#define DISCARD_HELPER_FD 3
+
 /*
- * Fork the helper (at idle priority, "chimed-discard"): 0, or -errno.
- * The thread that calls it and discard_step() must outlive the helper's
- * use: the helper dies with it. The broker should reap its children
- * (SIGCHLD ignored): a helper killed is not waited for.
+ * Start the helper: exe (chimed: "/proc/self/exe", itself, even once
+ * replaced on disk) run as DISCARD_HELPER_NAME, at idle priority. 0, or
+ * -errno. The thread that calls it and discard_step() must outlive the
+ * helper's use: the helper dies with it. The broker should reap its
+ * children (SIGCHLD ignored): a helper killed is not waited for.
  */
-int discard_start(struct discard **d);
+int discard_start(struct discard **d, const char *exe);
+
+/*
+ * The helper, for chimed's main() when run as DISCARD_HELPER_NAME with the
+ * broker's pid: gets jobs on DISCARD_HELPER_FD, punches and closes their
+ * descriptors, and answers a byte for each. It holds that socket alone,
+ * and exits if the broker is not its parent or is gone.
+ */
+_Noreturn void discard_helper_main(const char *parent_pid);
 
 /*
  * Hand over n segments of a connection of user uid (its acct_uid), which

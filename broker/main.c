@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/close_range.h>
+#include <sys/auxv.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -33,6 +34,7 @@
 #include "chime_shm.h"
 #include "cliarg.h"
 #include "control.h"
+#include "discard.h"
 #include "log.h"
 #include "paths.h"
 #include "policy.h"
@@ -391,6 +393,22 @@ static const char *absolute_file(const char *opt, const char *path)
 }
 
 /*
+ * The discard helper is this file run again (discard.c): "/proc/self/exe"
+ * while /proc shows it, which stays this file even once an upgrade has
+ * replaced the path; without /proc, the path we were run by, absolute
+ * before the daemon's chdir("/").
+ */
+static const char *helper_exe(void)
+{
+	static char abs[PATH_MAX];
+	const char *run_as = (const char *)getauxval(AT_EXECFN);
+
+	if (access("/proc/self/exe", X_OK) == 0 || !run_as)
+		return "/proc/self/exe";
+	return absolute_path(run_as, abs, sizeof(abs)) == 0 ? abs : run_as;
+}
+
+/*
  * Started with stdin, stdout or stderr closed, our own descriptors (the
  * verdict pipe, the socket) would take those numbers and later be hit by a
  * log line or by detach_stdio()'s dup2. Fill the holes with /dev/null.
@@ -662,6 +680,9 @@ int main(int argc, char **argv)
 	long ncpu;
 	sigset_t set;
 
+	/* The segment discard helper: chimed run again by itself (discard.c), and nothing else. */
+	if (argc == 2 && strcmp(argv[0], DISCARD_HELPER_NAME) == 0)
+		discard_helper_main(argv[1]);
 	open_stdio();
 	log_stderr_setup();
 	{
@@ -912,6 +933,7 @@ int main(int argc, char **argv)
 
 	if (!getcwd(start_dir, sizeof(start_dir)))
 		start_dir[0] = 0;
+	o.helper_exe = helper_exe();
 	if (!foreground)
 		verdict_fd = daemonize(&old_mask);
 	/*

@@ -738,7 +738,7 @@ int broker_start(struct broker **out, const struct broker_opts *o)
 	}
 	for (uint32_t i = 0; i < o->max_clients; i++)
 		b->clients[i].held_fd = b->clients[i].holder_pidfd = -1;
-	r = discard_start(&b->discard);
+	r = discard_start(&b->discard, o->helper_exe);
 	if (r < 0) {
 		r = log_errno(LOG_ERR, -r, "cannot start the segment discard helper (chimed-discard)");
 		goto fail;

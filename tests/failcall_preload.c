@@ -33,6 +33,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -203,14 +204,17 @@ ssize_t write(int fd, const void *b, size_t n)
 FAILABLE_FCNTL(fcntl)
 FAILABLE_FCNTL(fcntl64)
 
-pid_t fork(void)
+/* posix_spawn returns the error, not -1 and errno. */
+int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa, const posix_spawnattr_t *at,
+		char *const argv[], char *const envp[])
 {
-	pid_t (*real)(void);
+	int (*real)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+		    char *const[], char *const[]);
 
-	if (fail_now("fork"))
-		return -1;
-	*(void **)&real = real_of("fork");
-	return real();
+	if (fail_now("posix_spawn"))
+		return errno;
+	*(void **)&real = real_of("posix_spawn");
+	return real(pid, path, fa, at, argv, envp);
 }
 
 /* pthread_create returns the error, not -1 and errno. */

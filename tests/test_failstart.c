@@ -176,7 +176,7 @@ static const struct failing calls[] = {
 	{ "open", EMFILE },      { "flock", ENOLCK },    { "socket", EMFILE },      { "socketpair", EMFILE },
 	{ "bind", EADDRINUSE },  { "listen", ENOBUFS },  { "memfd_create", EMFILE }, { "ftruncate", ENOSPC },
 	{ "fallocate", ENOSPC }, { "mmap", ENOMEM },     { "madvise", ENOMEM },      { "eventfd", EMFILE },
-	{ "timerfd_create", EMFILE }, { "signalfd", EMFILE }, { "pthread_create", EAGAIN }, { "fork", EAGAIN },
+	{ "timerfd_create", EMFILE }, { "signalfd", EMFILE }, { "pthread_create", EAGAIN }, { "posix_spawn", EAGAIN },
 	{ "pwrite", ENOSPC },    { "unlink", EIO },
 };
 
